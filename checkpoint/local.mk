@@ -1,0 +1,1 @@
+# checkpoint/: HDF5 checkpoints, the state file, retention, async save.

@@ -1,0 +1,1 @@
+# cluster/: cluster spec, wire protocol, parameter servers, workers, launcher.

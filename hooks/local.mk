@@ -1,0 +1,1 @@
+# hooks/: the standard session-run hooks, TensorBoard event files, traces.

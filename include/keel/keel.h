@@ -1,0 +1,24 @@
+/* keel/keel.h - umbrella header and version.
+ *
+ * Process-wide state in libkeel (nothing else is global):
+ *   - the thread-local error message (keel_last_error),
+ *   - the log handler (keel_log_set_handler),
+ *   - the OpenBLAS thread count, set by train/ only on request. */
+#ifndef KEEL_KEEL_H
+#define KEEL_KEEL_H
+
+#include <keel/status.h>
+#include <keel/log.h>
+#include <keel/tensor.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The library's version string ("0.1.0"); never NULL. */
+const char *keel_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

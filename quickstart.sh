@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# quickstart.sh - set up keel on Debian 12 and run it.
+#   ./quickstart.sh          install missing packages, build, run the main job
+#   ./quickstart.sh check    install missing packages, build, run every test
+# Idempotent: it installs, configures and builds only what is missing or stale.
+# KEEL_SANITIZE=1 ./quickstart.sh check also runs the suite on an ASan+UBSan
+# build (in _build-san/).
+set -euo pipefail
+cd "$(dirname "$0")"
+top=$(pwd)
+
+mode=${1:-run}
+case "$mode" in
+  run|check) ;;
+  -h|--help)
+    sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'
+    exit 0 ;;
+  *)
+    echo "keel: quickstart.sh: unknown mode '$mode'; use no argument (run the main job) or 'check' (run the tests)" >&2
+    exit 2 ;;
+esac
+
+say() { printf '== %s\n' "$*"; }
+
+# ---- 1. Debian packages ---------------------------------------------------
+# Build tools, the libraries keel links, the test framework, the Python
+# packages the checkpoint-format test uses, and the seeds' dataset.
+packages=(
+  build-essential autoconf automake libtool pkg-config
+  libhdf5-dev libopenblas-dev libzmq3-dev libinih-dev zlib1g-dev
+  libxxhash-dev libjson-c-dev check
+  python3 python3-h5py python3-numpy
+  dataset-fashion-mnist
+)
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+    missing+=("$p")
+  fi
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "keel: quickstart.sh: missing Debian packages: ${missing[*]}" >&2
+    echo "keel: install them with: sudo apt-get update && sudo apt-get install -y ${missing[*]}" >&2
+    exit 2
+  fi
+  say "installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# ---- 2. Build (only what is stale) ------------------------------------------
+jobs=$(nproc 2>/dev/null || echo 2)
+build() {   # build DIR [configure args...]
+  local dir=$1; shift
+  if [ ! -x configure ] || [ configure.ac -nt configure ] || [ Makefile.am -nt configure ]; then
+    say "autogen.sh"
+    ./autogen.sh >/dev/null 2>&1 || ./autogen.sh
+  fi
+  mkdir -p "$dir"
+  if [ ! -f "$dir/Makefile" ] || [ configure -nt "$dir/config.status" ]; then
+    say "configure $* (in $dir)"
+    (cd "$dir" && "$top/configure" --quiet "$@")
+  fi
+  say "make (in $dir)"
+  make -C "$dir" -j"$jobs" --no-print-directory >/dev/null
+}
+build _build --enable-werror
+
+# ---- 3. Run -------------------------------------------------------------------
+# Prints Check's per-suite summary lines and a closing "N passed, N failed".
+run_suite() {   # run_suite DIR
+  local dir=$1 status=0
+  make -C "$dir" -j"$jobs" --no-print-directory check >"$dir/check.out" 2>&1 || status=$?
+  grep -h -E '^[0-9]+%: Checks: ' "$dir"/tests/*.log 2>/dev/null || true
+  if [ $status -ne 0 ]; then
+    cat "$dir/check.out"
+    for log in "$dir"/tests/*.log; do
+      if grep -q -E '^(FAIL|ERROR)' "${log%.log}.trs" 2>/dev/null; then
+        echo "---- $log"; tail -n 60 "$log"
+      fi
+    done
+  fi
+  # Count Check's test cases (a program that crashed before its summary
+  # counts as one failure).
+  local pass=0 fail=0 line n f e
+  while IFS= read -r line; do
+    n=$(sed -E 's/.*Checks: ([0-9]+).*/\1/' <<<"$line")
+    f=$(sed -E 's/.*Failures: ([0-9]+).*/\1/' <<<"$line")
+    e=$(sed -E 's/.*Errors: ([0-9]+).*/\1/' <<<"$line")
+    pass=$((pass + n - f - e)); fail=$((fail + f + e))
+  done < <(grep -h -E '^[0-9]+%: Checks: ' "$dir"/tests/*.log 2>/dev/null || true)
+  for trs in "$dir"/tests/*.trs; do
+    [ -f "$trs" ] || continue
+    if grep -q -E '^:test-result: (FAIL|ERROR)' "$trs" &&
+       ! grep -q -E '^[0-9]+%: Checks: ' "${trs%.trs}.log"; then
+      fail=$((fail + 1))
+    fi
+  done
+  echo "$dir: $pass passed, $fail failed"
+  return $status
+}
+
+if [ "$mode" = check ]; then
+  rc=0
+  run_suite _build || rc=$?
+  if [ "${KEEL_SANITIZE:-0}" = 1 ]; then
+    build _build-san --enable-werror --enable-sanitizers
+    ASAN_OPTIONS=detect_leaks=1 run_suite _build-san || rc=$?
+  fi
+  [ $rc -eq 0 ] && say "all tests passed" || say "tests FAILED"
+  exit $rc
+fi
+
+# The main job: the most real thing keel has today.
+say "keel $(_build/keel --version)"
+_build/keel --help

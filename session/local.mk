@@ -1,0 +1,1 @@
+# session/: Scaffold, SessionManager, MonitoredSession, Supervisor, Coordinator, config.

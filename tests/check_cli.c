@@ -1,0 +1,101 @@
+/* check_cli.c - the keel binary's contract: --help, --version, unknown
+ * verbs and options exit 2 with a "keel: " message on stderr. */
+#include <config.h>
+
+#include <stdio.h>
+#include <string.h>
+
+#include <keel/keel.h>
+#include "testutil.h"
+
+static char out[65536], err[65536];
+
+START_TEST(test_help_lists_verbs_and_exits_0)
+{
+    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
+                             "--help", NULL), 0);
+    ck_assert_ptr_nonnull(strstr(out, "usage: keel"));
+    ck_assert_ptr_nonnull(strstr(out, "version"));
+    ck_assert_str_eq(err, "");
+}
+END_TEST
+
+START_TEST(test_version_prints_library_version)
+{
+    char want[64];
+    snprintf(want, sizeof want, "keel %s\n", keel_version());
+    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
+                             "--version", NULL), 0);
+    ck_assert_str_eq(out, want);
+    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
+                             "version", NULL), 0);
+    ck_assert_str_eq(out, want);
+}
+END_TEST
+
+START_TEST(test_unknown_verb_exits_2_with_message)
+{
+    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
+                             "nosuchverb", NULL), 2);
+    ck_assert_ptr_nonnull(strstr(err, "keel: unknown verb 'nosuchverb'"));
+    ck_assert_ptr_nonnull(strstr(err, "keel --help"));
+    ck_assert_str_eq(out, "");
+}
+END_TEST
+
+START_TEST(test_no_verb_and_bad_option_exit_2)
+{
+    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err, NULL),
+                     2);
+    ck_assert_ptr_nonnull(strstr(err, "usage: keel"));
+    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
+                             "--frobnicate", NULL), 2);
+    ck_assert_ptr_nonnull(strstr(err, "keel: unknown option '--frobnicate'"));
+}
+END_TEST
+
+START_TEST(test_every_verb_has_help)
+{
+    /* Each verb named in `keel --help` answers `keel <verb> --help` with 0
+     * and a usage line. */
+    char *line, *save = NULL;
+    char listing[65536];
+    int in_verbs = 0, checked = 0;
+    ck_assert_int_eq(tu_keel(10000, listing, sizeof listing, NULL, 0,
+                             "--help", NULL), 0);
+    for (line = strtok_r(listing, "\n", &save); line != NULL;
+         line = strtok_r(NULL, "\n", &save)) {
+        char verb[64];
+        if (strcmp(line, "verbs:") == 0) {
+            in_verbs = 1;
+            continue;
+        }
+        if (!in_verbs || strncmp(line, "  ", 2) != 0)
+            continue;
+        ck_assert_int_eq(sscanf(line, " %63s", verb), 1);
+        ck_assert_msg(tu_keel(10000, out, sizeof out, err, sizeof err, verb,
+                              "--help", NULL) == 0, "keel %s --help", verb);
+        ck_assert_msg(strstr(out, "usage: keel") != NULL,
+                      "keel %s --help prints no usage", verb);
+        checked++;
+    }
+    ck_assert_int_ge(checked, 1);
+}
+END_TEST
+
+static Suite *
+cli_suite(void)
+{
+    Suite *s = suite_create("cli");
+    TCase *tc = tcase_create("contract");
+    tcase_set_timeout(tc, 30);
+    tcase_add_test(tc, test_help_lists_verbs_and_exits_0);
+    tcase_add_test(tc, test_version_prints_library_version);
+    tcase_add_test(tc, test_unknown_verb_exits_2_with_message);
+    tcase_add_test(tc, test_no_verb_and_bad_option_exit_2);
+    tcase_add_test(tc, test_every_verb_has_help);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+KEEL_TEST_MAIN(cli_suite)

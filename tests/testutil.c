@@ -1,0 +1,362 @@
+/* testutil.c - helpers for keel's Check suites (see testutil.h). */
+#include <config.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "testutil.h"
+
+char tu_dir[4096];
+
+#define MAX_CHILDREN 64
+static pid_t children[MAX_CHILDREN];
+
+int64_t
+tu_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void
+tu_mkdtemp(char *buf, size_t size)
+{
+    const char *tmp = getenv("TMPDIR");
+    if (tmp == NULL || tmp[0] == '\0')
+        tmp = "/tmp";
+    ck_assert_int_lt(snprintf(buf, size, "%s/keel-test-XXXXXX", tmp),
+                     (int)size);
+    ck_assert_msg(mkdtemp(buf) != NULL, "mkdtemp %s: %s", buf,
+                  strerror(errno));
+}
+
+static int
+rm_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb; (void)flag; (void)ftw;
+    remove(path);
+    return 0;
+}
+
+void
+tu_rmrf(const char *path)
+{
+    if (path != NULL && path[0] != '\0')
+        nftw(path, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+void
+tu_setup(void)
+{
+    tu_mkdtemp(tu_dir, sizeof tu_dir);
+}
+
+void
+tu_teardown(void)
+{
+    tu_kill_all();
+    if (getenv("KEEL_KEEP_TEST_DIR") == NULL)
+        tu_rmrf(tu_dir);
+    tu_dir[0] = '\0';
+}
+
+static const char *
+rotating(const char *a, const char *b)
+{
+    static char bufs[8][4096];
+    static int next;
+    char *buf = bufs[next++ % 8];
+    int n = snprintf(buf, sizeof bufs[0], "%s/%s", a, b);
+    ck_assert_msg(n >= 0 && (size_t)n < sizeof bufs[0], "path too long");
+    return buf;
+}
+
+const char *
+tu_path(const char *name)
+{
+    return rotating(tu_dir, name);
+}
+
+const char *
+tu_build_path(const char *rel)
+{
+    const char *d = getenv("KEEL_BUILDDIR");
+    return rotating(d != NULL ? d : ".", rel);
+}
+
+const char *
+tu_src_path(const char *rel)
+{
+    const char *d = getenv("KEEL_SRCDIR");
+    return rotating(d != NULL ? d : ".", rel);
+}
+
+void
+tu_write_file(const char *path, const void *data, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    ck_assert_msg(f != NULL, "open %s: %s", path, strerror(errno));
+    ck_assert_uint_eq(fwrite(data, 1, n, f), n);
+    ck_assert_int_eq(fclose(f), 0);
+}
+
+char *
+tu_read_file(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    char *buf;
+    long len;
+    ck_assert_msg(f != NULL, "open %s: %s", path, strerror(errno));
+    ck_assert_int_eq(fseek(f, 0, SEEK_END), 0);
+    len = ftell(f);
+    ck_assert_int_ge(len, 0);
+    rewind(f);
+    buf = malloc((size_t)len + 1);
+    ck_assert_ptr_nonnull(buf);
+    ck_assert_uint_eq(fread(buf, 1, (size_t)len, f), (size_t)len);
+    fclose(f);
+    buf[len] = '\0';
+    if (n != NULL)
+        *n = (size_t)len;
+    return buf;
+}
+
+void
+tu_truncate(const char *path, off_t n)
+{
+    ck_assert_msg(truncate(path, n) == 0, "truncate %s: %s", path,
+                  strerror(errno));
+}
+
+void
+tu_flip_byte(const char *path, off_t offset, unsigned char mask)
+{
+    int fd = open(path, O_RDWR);
+    unsigned char c;
+    ck_assert_msg(fd >= 0, "open %s: %s", path, strerror(errno));
+    ck_assert_int_eq(pread(fd, &c, 1, offset), 1);
+    c ^= mask;
+    ck_assert_int_eq(pwrite(fd, &c, 1, offset), 1);
+    close(fd);
+}
+
+off_t
+tu_file_size(const char *path)
+{
+    struct stat sb;
+    if (stat(path, &sb) != 0)
+        return -1;
+    return sb.st_size;
+}
+
+static void
+register_child(pid_t pid)
+{
+    for (int i = 0; i < MAX_CHILDREN; i++)
+        if (children[i] == 0) {
+            children[i] = pid;
+            return;
+        }
+}
+
+static void
+forget_child(pid_t pid)
+{
+    for (int i = 0; i < MAX_CHILDREN; i++)
+        if (children[i] == pid)
+            children[i] = 0;
+}
+
+static void
+child_env(char *const env[])
+{
+    for (int i = 0; env != NULL && env[i] != NULL; i++)
+        putenv(env[i]);
+}
+
+static int
+decode_status(int status)
+{
+    if (WIFEXITED(status))
+        return WEXITSTATUS(status);
+    if (WIFSIGNALED(status))
+        return 128 + WTERMSIG(status);
+    return -1;
+}
+
+pid_t
+tu_spawn(char *const argv[], char *const env[], const char *log_path)
+{
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        int fd = open(log_path != NULL ? log_path : "/dev/null",
+                      O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+            close(fd);
+        }
+        setpgid(0, 0);
+        child_env(env);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    register_child(pid);
+    return pid;
+}
+
+int
+tu_wait(pid_t pid, int timeout_ms)
+{
+    int64_t deadline = tu_now_ms() + timeout_ms;
+    int status;
+    /* waitpid has no timeout: poll with short naps (the only wait here
+     * without an event to block on). */
+    for (;;) {
+        pid_t r = waitpid(pid, &status, WNOHANG);
+        if (r == pid) {
+            forget_child(pid);
+            return decode_status(status);
+        }
+        if (r < 0 && errno != EINTR)
+            return -1;
+        if (tu_now_ms() >= deadline)
+            return -1;
+        usleep(2000);
+    }
+}
+
+void
+tu_kill(pid_t pid)
+{
+    int status;
+    if (pid <= 0)
+        return;
+    kill(pid, SIGKILL);
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    forget_child(pid);
+}
+
+void
+tu_kill_all(void)
+{
+    for (int i = 0; i < MAX_CHILDREN; i++)
+        if (children[i] > 0) {
+            kill(-children[i], SIGKILL);   /* its process group too */
+            tu_kill(children[i]);
+        }
+}
+
+static void
+drain(int fd, char *buf, size_t size, size_t *used, int *open_flag)
+{
+    char scratch[4096];
+    ssize_t r;
+    if (buf != NULL && *used + 1 < size)
+        r = read(fd, buf + *used, size - 1 - *used);
+    else
+        r = read(fd, scratch, sizeof scratch);
+    if (r <= 0) {
+        if (r == 0 || (errno != EINTR && errno != EAGAIN))
+            *open_flag = 0;
+        return;
+    }
+    if (buf != NULL && *used + 1 < size) {
+        *used += (size_t)r;
+        buf[*used] = '\0';
+    }
+}
+
+int
+tu_run(char *const argv[], char *const env[], int timeout_ms, char *out,
+       size_t out_size, char *err, size_t err_size)
+{
+    int po[2], pe[2], status, out_open = 1, err_open = 1;
+    size_t out_used = 0, err_used = 0;
+    int64_t deadline = tu_now_ms() + timeout_ms;
+    pid_t pid;
+
+    if (out != NULL && out_size > 0)
+        out[0] = '\0';
+    if (err != NULL && err_size > 0)
+        err[0] = '\0';
+    ck_assert_int_eq(pipe(po), 0);
+    ck_assert_int_eq(pipe(pe), 0);
+    pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        dup2(po[1], 1);
+        dup2(pe[1], 2);
+        close(po[0]); close(po[1]); close(pe[0]); close(pe[1]);
+        child_env(env);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    register_child(pid);
+    close(po[1]);
+    close(pe[1]);
+    while (out_open || err_open) {
+        struct pollfd fds[2] = { { po[0], POLLIN, 0 }, { pe[0], POLLIN, 0 } };
+        int64_t left = deadline - tu_now_ms();
+        if (left <= 0)
+            break;
+        if (!out_open)
+            fds[0].fd = -1;
+        if (!err_open)
+            fds[1].fd = -1;
+        if (poll(fds, 2, (int)left) < 0 && errno != EINTR)
+            break;
+        if (fds[0].revents)
+            drain(po[0], out, out_size, &out_used, &out_open);
+        if (fds[1].revents)
+            drain(pe[0], err, err_size, &err_used, &err_open);
+    }
+    close(po[0]);
+    close(pe[0]);
+    if (out_open || err_open) {
+        tu_kill(pid);
+        return -1;
+    }
+    {
+        int64_t left = deadline - tu_now_ms();
+        int r = tu_wait(pid, left > 0 ? (int)left : 1);
+        if (r == -1)
+            tu_kill(pid);
+        (void)status;
+        return r;
+    }
+}
+
+int
+tu_keel(int timeout_ms, char *out, size_t out_size, char *err,
+        size_t err_size, ...)
+{
+    char *argv[64];
+    int n = 0;
+    va_list ap;
+    argv[n++] = (char *)tu_build_path("keel");
+    va_start(ap, err_size);
+    for (;;) {
+        char *a = va_arg(ap, char *);
+        if (a == NULL || n == 63)
+            break;
+        argv[n++] = a;
+    }
+    va_end(ap);
+    argv[n] = NULL;
+    return tu_run(argv, NULL, timeout_ms, out, out_size, err, err_size);
+}

@@ -1,0 +1,77 @@
+/* testutil.h - shared helpers for keel's Check suites: temp directories,
+ * running the keel binary and child processes with deadlines, files. Tests
+ * never write into the source tree: everything goes under tu_dir. */
+#ifndef KEEL_TESTUTIL_H
+#define KEEL_TESTUTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <check.h>
+
+/* A fresh mkdtemp directory made by tu_setup(), removed by tu_teardown(). */
+extern char tu_dir[4096];
+void tu_setup(void);
+void tu_teardown(void);
+
+/* Make a fresh temp directory into buf (size >= 64); aborts the test on
+ * failure. */
+void tu_mkdtemp(char *buf, size_t size);
+/* rm -rf path (only paths under the temp directory are ever passed). */
+void tu_rmrf(const char *path);
+
+/* "<tu_dir>/<name>" in a static rotating buffer (8 slots). */
+const char *tu_path(const char *name);
+/* $KEEL_BUILDDIR/<rel> ("keel" for the CLI); $KEEL_SRCDIR/<rel>. */
+const char *tu_build_path(const char *rel);
+const char *tu_src_path(const char *rel);
+
+/* Write / read whole files; abort the test on failure. tu_read returns a
+ * malloc'd NUL-terminated buffer (caller frees) and sets *n if not NULL. */
+void tu_write_file(const char *path, const void *data, size_t n);
+char *tu_read_file(const char *path, size_t *n);
+/* Truncate a file to n bytes; flip one byte at offset (xor mask). */
+void tu_truncate(const char *path, off_t n);
+void tu_flip_byte(const char *path, off_t offset, unsigned char mask);
+off_t tu_file_size(const char *path);
+
+/* Run argv (argv[0] a path) to completion within timeout_ms, capturing
+ * stdout and stderr (each truncated to its buffer, NUL-terminated; either
+ * buffer may be NULL). env (may be NULL) is a NULL-terminated list of
+ * "K=V" added to the environment. Returns the exit status (0..255), 128+sig
+ * when killed by a signal, or -1 on timeout (the child is killed). */
+int tu_run(char *const argv[], char *const env[], int timeout_ms,
+           char *out, size_t out_size, char *err, size_t err_size);
+/* The same for the keel CLI: tu_keel(timeout, out, n, err, n, "ckpt", ...,
+ * NULL). */
+int tu_keel(int timeout_ms, char *out, size_t out_size, char *err,
+            size_t err_size, ...);
+
+/* Start a child (stdout+stderr to log_path, or /dev/null if NULL); it is
+ * registered and killed + reaped by tu_teardown() whatever happens. */
+pid_t tu_spawn(char *const argv[], char *const env[], const char *log_path);
+/* Wait for pid up to timeout_ms. Returns the exit status (0..255), 128+sig
+ * when killed by a signal, or -1 on timeout (the child keeps running). */
+int tu_wait(pid_t pid, int timeout_ms);
+/* SIGKILL and reap one registered child. */
+void tu_kill(pid_t pid);
+/* Kill and reap every registered child. */
+void tu_kill_all(void);
+
+/* Monotonic milliseconds. */
+int64_t tu_now_ms(void);
+
+/* main() for a test program: runs the suite and exits 0 only when every
+ * test passed. */
+#define KEEL_TEST_MAIN(suite_fn)                                          \
+    int main(void)                                                        \
+    {                                                                     \
+        SRunner *sr = srunner_create(suite_fn());                         \
+        int failed;                                                       \
+        srunner_run_all(sr, CK_NORMAL);                                   \
+        failed = srunner_ntests_failed(sr);                               \
+        srunner_free(sr);                                                 \
+        return failed == 0 ? 0 : 1;                                       \
+    }
+
+#endif

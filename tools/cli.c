@@ -1,0 +1,74 @@
+/* cli.c - error reporting and logging for the keel CLI. */
+#include <config.h>
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli.h"
+
+int
+cli_error(int code, const char *fmt, ...)
+{
+    va_list ap;
+    fputs("keel: ", stderr);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    return code;
+}
+
+int
+cli_exit_code(keel_status st)
+{
+    switch (st) {
+    case KEEL_OK:
+        return CLI_OK;
+    case KEEL_EINVAL:
+        return CLI_USAGE;
+    default:
+        return CLI_RUNTIME;
+    }
+}
+
+int
+cli_fail(keel_status st, const char *context)
+{
+    const char *msg = keel_last_error();
+    if (msg[0] == '\0')
+        msg = keel_status_str(st);
+    if (context != NULL && context[0] != '\0')
+        return cli_error(cli_exit_code(st), "%s: %s", context, msg);
+    return cli_error(cli_exit_code(st), "%s", msg);
+}
+
+int
+cli_wants_help(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--") == 0)
+            return 0;
+        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0)
+            return 1;
+    }
+    return 0;
+}
+
+static void
+log_to_stderr(void *ctx, keel_log_level level, const char *msg)
+{
+    (void)ctx;
+    if (level >= KEEL_LOG_WARN)
+        fprintf(stderr, "keel: %s: %s\n", keel_log_level_str(level), msg);
+    else
+        fprintf(stderr, "%s\n", msg);
+}
+
+void
+cli_install_logger(int verbose)
+{
+    keel_log_set_handler(log_to_stderr, NULL,
+                         verbose ? KEEL_LOG_DEBUG : KEEL_LOG_INFO);
+}

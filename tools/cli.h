@@ -1,0 +1,33 @@
+/* cli.h - shared pieces of the keel command line: the verb table, error
+ * reporting with the exit-code contract, and option helpers. The CLI uses
+ * only libkeel's public API. */
+#ifndef KEEL_CLI_H
+#define KEEL_CLI_H
+
+#include <stdio.h>
+#include <keel/keel.h>
+
+/* Exit codes: 0 success, 1 runtime failure, 2 usage or configuration. */
+enum { CLI_OK = 0, CLI_RUNTIME = 1, CLI_USAGE = 2 };
+
+typedef struct cli_verb {
+    const char *name;
+    const char *summary;       /* one line for `keel --help` */
+    int (*run)(int argc, char **argv);   /* argv[0] is the verb */
+} cli_verb;
+
+/* Print "keel: <fmt>" to stderr and return code. */
+int cli_error(int code, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Report a failed libkeel call: "keel: <context>: <keel_last_error()>" and
+ * the exit code for its status (2 for KEEL_EINVAL, else 1). */
+int cli_fail(keel_status st, const char *context);
+/* The exit code for a status. */
+int cli_exit_code(keel_status st);
+/* 1 if argv holds -h or --help (before any "--"). */
+int cli_wants_help(int argc, char **argv);
+/* Route libkeel's log lines to stderr ("keel: " prefix for warnings and
+ * errors); verbose also shows debug lines. */
+void cli_install_logger(int verbose);
+
+#endif

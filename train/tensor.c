@@ -1,0 +1,119 @@
+/* tensor.c - float32 tensors of up to 4 dimensions: overflow-checked shapes
+ * and 64-byte aligned storage (the alignment OpenBLAS and AVX-512 like). */
+#include <config.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <keel/keel.h>
+#include "util.h"
+
+keel_status
+keel_shape_count(int ndim, const int64_t *shape, size_t *count)
+{
+    size_t n = 1;
+    if (ndim < 0 || ndim > KEEL_MAX_DIMS)
+        return keel__fail(KEEL_EINVAL, "shape has %d dimensions; keel "
+                          "tensors have 0 to %d", ndim, KEEL_MAX_DIMS);
+    if (ndim > 0 && shape == NULL)
+        return keel__fail(KEEL_EINVAL, "shape is NULL");
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 1)
+            return keel__fail(KEEL_EINVAL, "dimension %d is %lld; every "
+                              "dimension must be at least 1", i,
+                              (long long)shape[i]);
+        if ((uint64_t)shape[i] > KEEL_TENSOR_MAX_BYTES / sizeof(float) / n)
+            return keel__fail(KEEL_EINVAL, "shape is too large (over %zu "
+                              "bytes)", (size_t)KEEL_TENSOR_MAX_BYTES);
+        n *= (size_t)shape[i];
+    }
+    *count = n;
+    return KEEL_OK;
+}
+
+void *
+keel_aligned_alloc(size_t bytes)
+{
+    void *p = NULL;
+    size_t rounded;
+    if (bytes == 0 || bytes > KEEL_TENSOR_MAX_BYTES)
+        return NULL;
+    rounded = (bytes + KEEL_TENSOR_ALIGN - 1) & ~(size_t)(KEEL_TENSOR_ALIGN - 1);
+    if (posix_memalign(&p, KEEL_TENSOR_ALIGN, rounded) != 0)
+        return NULL;
+    return p;
+}
+
+void
+keel_aligned_free(void *p)
+{
+    free(p);
+}
+
+keel_status
+keel_tensor_alloc(keel_tensor *t, int ndim, const int64_t *shape)
+{
+    size_t count;
+    keel_status st;
+    if (t == NULL)
+        return keel__fail(KEEL_EINVAL, "tensor: t is NULL");
+    memset(t, 0, sizeof *t);
+    st = keel_shape_count(ndim, shape, &count);
+    if (st != KEEL_OK)
+        return st;
+    t->data = keel_aligned_alloc(count * sizeof(float));
+    if (t->data == NULL)
+        return keel__fail(KEEL_ENOMEM, "tensor: %zu bytes",
+                          count * sizeof(float));
+    memset(t->data, 0, count * sizeof(float));
+    t->ndim = ndim;
+    for (int i = 0; i < KEEL_MAX_DIMS; i++)
+        t->shape[i] = i < ndim ? shape[i] : 1;
+    t->count = count;
+    t->is_owner = 1;
+    return KEEL_OK;
+}
+
+void
+keel_tensor_release(keel_tensor *t)
+{
+    if (t == NULL)
+        return;
+    if (t->is_owner)
+        keel_aligned_free(t->data);
+    memset(t, 0, sizeof *t);
+}
+
+size_t
+keel_tensor_bytes(const keel_tensor *t)
+{
+    return t != NULL ? t->count * sizeof(float) : 0;
+}
+
+int
+keel_shape_equal(int ndim_a, const int64_t *a, int ndim_b, const int64_t *b)
+{
+    if (ndim_a != ndim_b)
+        return 0;
+    for (int i = 0; i < ndim_a; i++)
+        if (a[i] != b[i])
+            return 0;
+    return 1;
+}
+
+char *
+keel_shape_format(char *buf, size_t size, int ndim, const int64_t *shape)
+{
+    size_t used = 0;
+    if (buf == NULL || size == 0)
+        return buf;
+    buf[0] = '\0';
+    used += (size_t)snprintf(buf, size, "[");
+    for (int i = 0; i < ndim && used < size; i++)
+        used += (size_t)snprintf(buf + used, size - used, "%s%lld",
+                                 i > 0 ? "," : "", (long long)shape[i]);
+    if (used < size)
+        snprintf(buf + used, size - used, "]");
+    return buf;
+}

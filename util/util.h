@@ -1,0 +1,86 @@
+/* util.h - private helpers shared by every keel module: failure reporting,
+ * logging, crash-safe file writes, clocks and small string helpers.
+ * Never installed; nothing here is exported from libkeel. */
+#ifndef KEEL_UTIL_H
+#define KEEL_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <sys/types.h>
+#include <keel/status.h>
+#include <keel/log.h>
+
+#define KEEL_PATH_MAX 4096
+#define KEEL_ERR_MAX 512
+
+/* Set this thread's message and return code. */
+keel_status keel__fail(keel_status code, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Like keel__fail, but keeps the current message as the cause:
+ * "<new text>: <previous message>". */
+keel_status keel__wrap(keel_status code, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* Log a line through the installed handler (no-op without one). */
+void keel__log(keel_log_level level, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+int keel__log_enabled(keel_log_level level);
+
+/* Clocks. */
+int64_t keel__now_mono_ns(void);   /* CLOCK_MONOTONIC */
+double keel__now_wall(void);       /* seconds since the epoch */
+
+/* snprintf that fails (KEEL_EINVAL naming what) when the result would be
+ * truncated. */
+keel_status keel__fmt(char *buf, size_t size, const char *what,
+                      const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* dir + "/" + name into buf (size KEEL_PATH_MAX at least advisable). */
+keel_status keel__path_join(char *buf, size_t size, const char *dir,
+                            const char *name);
+
+/* Parse helpers: whole string must be a number within [lo, hi]. */
+int keel__parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);
+int keel__parse_double(const char *s, double *out);
+
+/* ---- files that must survive a crash (STYLE §7) ------------------------- */
+
+/* The I/O calls keel's durable writers go through; tests swap the table to
+ * inject failures at the N-th write, fsync or rename. */
+typedef struct keel__fs_ops {
+    ssize_t (*write)(int fd, const void *buf, size_t n);
+    int (*fsync)(int fd);
+    int (*rename)(const char *from, const char *to);
+} keel__fs_ops;
+
+extern const keel__fs_ops *keel__fs;          /* current table */
+extern const keel__fs_ops keel__fs_default;   /* the real calls */
+/* Install ops (NULL restores the default). Test use only. */
+void keel__fs_set_ops(const keel__fs_ops *ops);
+
+/* Write all n bytes to fd through keel__fs (retries short writes, EINTR). */
+keel_status keel__fs_write_all(int fd, const void *buf, size_t n,
+                               const char *path);
+/* fsync a path (file or directory). */
+keel_status keel__fs_fsync_path(const char *path);
+/* fsync the directory that holds path. */
+keel_status keel__fs_fsync_parent(const char *path);
+/* The temp name used for path: "<dir>/.<base>.tmp.<pid>". */
+keel_status keel__fs_tmp_name(char *buf, size_t size, const char *path);
+/* Atomically replace path with data: temp file in the same directory,
+ * fsync, rename, fsync the directory. On failure the temp file is removed
+ * and path is untouched. */
+keel_status keel__fs_write_atomic(const char *path, const void *data,
+                                  size_t n);
+/* Rename tmp onto path through keel__fs, then fsync the directory; on
+ * failure unlinks tmp. */
+keel_status keel__fs_commit(const char *tmp, const char *path);
+/* Read a whole file (at most max_bytes; larger is KEEL_ECORRUPT). Caller
+ * frees *data; a NUL is appended (not counted in *n). */
+keel_status keel__fs_read_all(const char *path, size_t max_bytes,
+                              char **data, size_t *n);
+/* mkdir -p. */
+keel_status keel__fs_mkdirs(const char *path);
+
+#endif
