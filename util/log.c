@@ -1,4 +1,5 @@
-/* log.c - the process-wide log handler (keel/log.h) and clocks. libkeel hands
+/* log.c - the process-wide log handler (keel/log.h), clocks and the HDF5
+ * lock. libkeel hands
  * lines to the handler and never writes to a stream itself. */
 #include <config.h>
 
@@ -89,4 +90,18 @@ keel__now_wall(void)
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static pthread_mutex_t h5_mutex = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
+
+void
+keel__h5_lock(void)
+{
+    pthread_mutex_lock(&h5_mutex);
+}
+
+void
+keel__h5_unlock(void)
+{
+    pthread_mutex_unlock(&h5_mutex);
 }

@@ -27,6 +27,12 @@ void keel__log(keel_log_level level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 int keel__log_enabled(keel_log_level level);
 
+/* Debian's HDF5 is built without thread safety: every HDF5 call in keel
+ * (checkpoint writer thread, readers, the HDF5 data reader) runs under this
+ * one recursive process-wide lock. */
+void keel__h5_lock(void);
+void keel__h5_unlock(void);
+
 /* Clocks. */
 int64_t keel__now_mono_ns(void);   /* CLOCK_MONOTONIC */
 double keel__now_wall(void);       /* seconds since the epoch */

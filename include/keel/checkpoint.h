@@ -1,0 +1,161 @@
+/* keel/checkpoint.h - crash-safe HDF5 checkpoints: one file per save
+ * (<basename>-<step>.h5) holding every variable, optimizer slot, the global
+ * step and run metadata, each dataset with an xxh64 checksum verified on
+ * every read; a TF-format `checkpoint` state file; retention; restore with
+ * fallback to the newest valid checkpoint; async save. File format:
+ * docs/checkpoint-format.md. A saver is used by one thread at a time (its
+ * background writer is internal). */
+#ifndef KEEL_CHECKPOINT_H
+#define KEEL_CHECKPOINT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <keel/status.h>
+#include <keel/tensor.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KEEL_CKPT_FORMAT_VERSION 1
+#define KEEL_CKPT_DEFAULT_BASENAME "model.ckpt"
+#define KEEL_CKPT_MAX_BLOBS 16
+
+/* An opaque byte string stored under /meta (data-iterator state, RNG
+ * state, ...). Borrowed for the call that takes it. */
+typedef struct keel_ckpt_blob {
+    const char *name;          /* single segment, e.g. "data_iterator" */
+    const void *data;
+    size_t size;
+} keel_ckpt_blob;
+
+/* What a checkpoint records besides variables and slots. The global step
+ * saved is always keel_vars_global_step() of the store. */
+typedef struct keel_ckpt_meta {
+    const char *config_text;   /* the run's resolved config; may be NULL */
+    const char *topology;      /* e.g. "ps=2 workers=4 mode=sync"; may be NULL */
+    const keel_ckpt_blob *blobs;
+    size_t n_blobs;            /* <= KEEL_CKPT_MAX_BLOBS */
+} keel_ckpt_meta;
+
+/* ---- saving ---------------------------------------------------------------- */
+
+typedef struct keel_saver keel_saver;
+
+typedef struct keel_saver_config {
+    const char *dir;           /* checkpoint directory (created if missing) */
+    const char *basename;      /* default "model.ckpt" */
+    int max_to_keep;           /* default 5; 0 keeps all */
+    double keep_every_n_hours; /* default 0 (off): also keep one per N hours */
+    int is_async;              /* default 0: write in a background thread */
+} keel_saver_config;
+
+/* Fill cfg with the defaults above (dir NULL). Cannot fail. */
+void keel_saver_config_init(keel_saver_config *cfg);
+
+/* Open a saver on cfg->dir (strings copied): creates the directory, removes
+ * leftover temporary files of earlier crashed saves, reads the state file
+ * (retention settings recorded there are superseded by cfg and rewritten at
+ * the next save). Caller owns *out: keel_saver_free(). */
+keel_status keel_saver_new(const keel_saver_config *cfg, keel_saver **out);
+
+/* Save vs (variables not flagged KEEL_VAR_LOCAL, their slots, the global
+ * step) and meta as <dir>/<basename>-<step>.h5, commit it durably, update
+ * the state file, then apply retention. Saving a step that is already the
+ * newest checkpoint is a no-op returning KEEL_OK. Async savers copy the data
+ * into a staging buffer and return; the write's result is reported by the
+ * next keel_saver_save/keel_saver_wait (never dropped). path (may be NULL)
+ * receives the checkpoint's path. */
+keel_status keel_saver_save(keel_saver *s, const keel_vars *vs,
+                            const keel_ckpt_meta *meta, char *path,
+                            size_t path_size);
+
+/* Wait for an in-flight async save; returns its status. Cannot block
+ * forever: the write either finishes or fails. */
+keel_status keel_saver_wait(keel_saver *s);
+
+/* The step of the newest checkpoint this saver knows, or -1. */
+int64_t keel_saver_last_step(const keel_saver *s);
+
+/* Wait for any in-flight save, then release. NULL is a no-op. */
+void keel_saver_free(keel_saver *s);
+
+/* ---- finding and verifying ---------------------------------------------------- */
+
+/* The newest checkpoint in dir that verifies: reads the state file (and, if
+ * it is missing or unusable, scans for <basename>-<step>.h5), verifies from
+ * the newest down, logs which checkpoint was skipped and why, and returns
+ * the first valid one's path and step. KEEL_ENOTFOUND when there is none.
+ * basename NULL means the default. */
+keel_status keel_ckpt_latest(const char *dir, const char *basename,
+                             char *path, size_t path_size, int64_t *step);
+
+/* Verify every dataset's checksum, shapes and the format version of one
+ * checkpoint file: KEEL_OK, or KEEL_ECORRUPT/KEEL_EIO naming the file and
+ * the first bad dataset. */
+keel_status keel_ckpt_verify(const char *path);
+
+/* ---- restoring ------------------------------------------------------------- */
+
+typedef enum keel_restore_mode {
+    KEEL_RESTORE_STRICT = 0,  /* every non-local variable must be in the file */
+    KEEL_RESTORE_PARTIAL      /* missing variables keep their initializer */
+} keel_restore_mode;
+
+typedef struct keel_restore_opts {
+    keel_restore_mode mode;
+    /* Renames for layers renamed since the save: "old/name=new/name". */
+    const char *const *name_map;
+    size_t n_name_map;
+    int skip_slots;           /* 1: do not restore optimizer slots */
+} keel_restore_opts;
+
+/* What a restore found. */
+typedef struct keel_restore_report {
+    int64_t global_step;
+    size_t n_restored;        /* variables restored */
+    size_t n_missing;         /* in the store, not in the file */
+    size_t n_unexpected;      /* in the file, not in the store */
+    char missing[1024];       /* comma-separated names, truncated "..." */
+    char unexpected[1024];
+} keel_restore_report;
+
+/* Restore variables (by name, shape-checked: the error names the variable
+ * and both shapes), their slots (created if absent) and the global step from
+ * the checkpoint file path, verifying checksums. opts and report may be
+ * NULL (strict, no report). On failure the store may be partly written but
+ * the error says so; callers re-initialize or fail. */
+keel_status keel_ckpt_restore(const char *path, keel_vars *vs,
+                              const keel_restore_opts *opts,
+                              keel_restore_report *report);
+
+/* Read a checkpoint's metadata: global step, wall time, format version,
+ * keel version, config text, topology, and blobs. Caller owns *out:
+ * keel_ckpt_info_free(). */
+typedef struct keel_ckpt_info {
+    int64_t global_step;
+    double wall_time;
+    int format_version;
+    char keel_version[32];
+    char *config_text;        /* NULL if absent */
+    char *topology;           /* NULL if absent */
+    size_t n_blobs;
+    struct {
+        char name[64];
+        void *data;
+        size_t size;
+    } blobs[KEEL_CKPT_MAX_BLOBS];
+    size_t n_variables;       /* datasets under /variables */
+    size_t n_slots;           /* datasets under /slots */
+} keel_ckpt_info;
+
+keel_status keel_ckpt_read_info(const char *path, keel_ckpt_info **out);
+void keel_ckpt_info_free(keel_ckpt_info *info);
+/* The blob with this name, or NULL (size in *size). */
+const void *keel_ckpt_info_blob(const keel_ckpt_info *info, const char *name,
+                                size_t *size);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
