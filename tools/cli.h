@@ -30,4 +30,13 @@ int cli_wants_help(int argc, char **argv);
  * errors); verbose also shows debug lines. */
 void cli_install_logger(int verbose);
 
+/* Load a config file, apply -s overrides and $OUTPUT_DIR, validate; prints
+ * the error and returns its exit code, or CLI_OK with *out (caller frees). */
+struct keel_config;
+int cli_load_config(const char *path, int n_over, char **over,
+                    struct keel_config **out);
+
+/* The verbs (tools/cmd_<verb>.c). */
+int cmd_config(int argc, char **argv);
+
 #endif

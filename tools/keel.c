@@ -11,6 +11,7 @@ static int cmd_version(int argc, char **argv);
 
 /* The verbs, in the order `keel --help` lists them. */
 static const cli_verb verbs[] = {
+    { "config", "check a config file; list every key", cmd_config },
     { "version", "print keel's version", cmd_version },
 };
 static const size_t n_verbs = sizeof verbs / sizeof verbs[0];

@@ -1,0 +1,994 @@
+/* config.c - the job configuration (keel/config.h): one schema table that
+ * validates INI files, -s overrides and $OUTPUT_DIR, and documents every
+ * key. inih parses; this file owns all knowledge of keys. */
+#include <config.h>
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <ini.h>
+
+#include <keel/keel.h>
+#include <keel/config.h>
+#include "util.h"
+
+typedef enum { T_INT, T_DOUBLE, T_BOOL, T_STRING, T_ENUM, T_INT_LIST,
+               T_DOUBLE_LIST } key_type;
+
+typedef struct key_def {
+    const char *section;
+    const char *name;
+    key_type type;
+    const char *def;        /* default as text */
+    double lo, hi;          /* numeric bounds (inclusive) */
+    const char *choices;    /* T_ENUM: "a|b|c" */
+    const char *doc;
+} key_def;
+
+#define NOLIM -1e300, 1e300
+#define I64MAX 9.2e18
+
+/* The schema. Order here is the order of `keel config check` and docs. */
+static const key_def schema[] = {
+    { "model", "type", T_ENUM, "mlp", NOLIM, "softmax|mlp|cnn",
+      "Model: softmax regression, a multi-layer perceptron, or seed 002's "
+      "CNN (Conv32-Pool-Conv64-Pool-Dense64-Dense10)." },
+    { "model", "hidden", T_INT_LIST, "256,256", 1, 65536, NULL,
+      "MLP hidden layer widths, comma-separated (mlp only)." },
+
+    { "data", "dir", T_STRING, "/usr/share/datasets/fashion-mnist", NOLIM,
+      NULL, "Directory of the IDX files (train-images-idx3-ubyte[.gz], "
+      "train-labels-idx1-ubyte[.gz], t10k-...). Debian's "
+      "dataset-fashion-mnist installs them here." },
+    { "data", "format", T_ENUM, "idx", NOLIM, "idx|hdf5",
+      "idx: MNIST-format files in data.dir; hdf5: data.train_file and "
+      "data.test_file with datasets x and y." },
+    { "data", "train_file", T_STRING, "", NOLIM, NULL,
+      "HDF5 training file (format = hdf5); relative paths are relative to "
+      "data.dir." },
+    { "data", "test_file", T_STRING, "", NOLIM, NULL,
+      "HDF5 test file (format = hdf5) for keel eval." },
+    { "data", "shuffle", T_BOOL, "true", NOLIM, NULL,
+      "Shuffle the training set every epoch (deterministically from "
+      "train.seed)." },
+
+    { "optimizer", "name", T_ENUM, "sgd", NOLIM,
+      "sgd|momentum|adagrad|adam|rmsprop", "Optimizer." },
+    { "optimizer", "learning_rate", T_DOUBLE, "0.01", 0, 1e6, NULL,
+      "Learning rate (the first value of a schedule)." },
+    { "optimizer", "momentum", T_DOUBLE, "0.9", 0, 1, NULL,
+      "Momentum (momentum, rmsprop)." },
+    { "optimizer", "nesterov", T_BOOL, "false", NOLIM, NULL,
+      "Nesterov momentum (momentum only)." },
+    { "optimizer", "beta1", T_DOUBLE, "0.9", 0, 1, NULL, "Adam beta1." },
+    { "optimizer", "beta2", T_DOUBLE, "0.999", 0, 1, NULL, "Adam beta2." },
+    { "optimizer", "epsilon", T_DOUBLE, "1e-7", 0, 1, NULL,
+      "Adam, Adagrad and RMSProp epsilon." },
+    { "optimizer", "rho", T_DOUBLE, "0.9", 0, 1, NULL,
+      "RMSProp decay of the squared-gradient average." },
+    { "optimizer", "initial_accumulator_value", T_DOUBLE, "0.1", 0, 1e6,
+      NULL, "Adagrad's starting accumulator." },
+    { "optimizer", "schedule", T_ENUM, "constant", NOLIM,
+      "constant|piecewise|exponential",
+      "Learning-rate schedule over global steps." },
+    { "optimizer", "boundaries", T_INT_LIST, "", 0, I64MAX, NULL,
+      "piecewise: step boundaries, increasing (e.g. 2814,6566)." },
+    { "optimizer", "values", T_DOUBLE_LIST, "", 0, 1e6, NULL,
+      "piecewise: learning rates, one more than boundaries." },
+    { "optimizer", "decay_rate", T_DOUBLE, "0.96", 0, 1, NULL,
+      "exponential: lr * decay_rate^(step / decay_steps)." },
+    { "optimizer", "decay_steps", T_INT, "1000", 1, I64MAX, NULL,
+      "exponential: steps per decay." },
+    { "optimizer", "staircase", T_BOOL, "false", NOLIM, NULL,
+      "exponential: decay in whole steps of decay_steps." },
+
+    { "train", "batch_size", T_INT, "64", 1, 1 << 20, NULL,
+      "Global batch size (split across workers)." },
+    { "train", "max_steps", T_INT, "0", 0, I64MAX, NULL,
+      "Stop at this global step (0: no step limit). With epochs, "
+      "whichever comes first." },
+    { "train", "epochs", T_INT, "0", 0, 1000000, NULL,
+      "Stop after this many passes over the data (0: no epoch limit)." },
+    { "train", "seed", T_INT, "0", 0, I64MAX, NULL,
+      "Seed for initialization and shuffling." },
+    { "train", "threads", T_INT, "0", 0, 1024, NULL,
+      "OpenBLAS threads (0: OpenBLAS's default). Results are bitwise "
+      "reproducible for a fixed value." },
+    { "train", "eval_batch_size", T_INT, "1000", 1, 1 << 20, NULL,
+      "Batch size of keel eval." },
+
+    { "checkpoint", "dir", T_STRING, "keel_output", NOLIM, NULL,
+      "Checkpoint and summary directory; $OUTPUT_DIR, when set, "
+      "replaces it." },
+    { "checkpoint", "basename", T_STRING, "model.ckpt", NOLIM, NULL,
+      "Checkpoint files are <basename>-<step>.h5." },
+    { "checkpoint", "save_steps", T_INT, "0", 0, I64MAX, NULL,
+      "Save every N global steps (0: use save_secs)." },
+    { "checkpoint", "save_secs", T_DOUBLE, "600", 0, 1e9, NULL,
+      "Save every N seconds when save_steps is not set (0: only at "
+      "start and end)." },
+    { "checkpoint", "max_to_keep", T_INT, "5", 0, 1000000, NULL,
+      "Newest checkpoints to keep (0: keep all)." },
+    { "checkpoint", "keep_checkpoint_every_n_hours", T_DOUBLE, "0", 0, 1e6,
+      NULL, "Also keep one checkpoint per N hours (0: off)." },
+    { "checkpoint", "async", T_BOOL, "false", NOLIM, NULL,
+      "Write checkpoints in a background thread; the step waits only for "
+      "a copy of the variables." },
+    { "checkpoint", "save_on_error", T_BOOL, "false", NOLIM, NULL,
+      "Also write the final checkpoint when training stops on an error "
+      "(TF1 never does)." },
+    { "checkpoint", "restore", T_BOOL, "true", NOLIM, NULL,
+      "Resume from the newest valid checkpoint in checkpoint.dir." },
+
+    { "hooks", "log_every_steps", T_INT, "100", 0, I64MAX, NULL,
+      "Log step, loss and examples/s every N steps (0: off)." },
+    { "hooks", "summary_every_steps", T_INT, "100", 0, I64MAX, NULL,
+      "Write TensorBoard and CSV scalars every N steps (0: off)." },
+    { "hooks", "nan_check", T_BOOL, "true", NOLIM, NULL,
+      "Stop with an error when the loss is NaN." },
+    { "hooks", "inf_check", T_BOOL, "false", NOLIM, NULL,
+      "Also treat an infinite loss as an error." },
+    { "hooks", "profile_steps", T_INT, "0", 0, I64MAX, NULL,
+      "Write a Chrome trace of step timings every N steps (0: off)." },
+    { "hooks", "progress", T_ENUM, "auto", NOLIM, "auto|on|off",
+      "Progress bar with ETA (auto: only on a terminal)." },
+
+    { "cluster", "chief", T_STRING, "", NOLIM, NULL,
+      "Chief address host:port (empty: worker 0 is the chief)." },
+    { "cluster", "ps", T_STRING, "", NOLIM, NULL,
+      "Parameter servers, comma-separated host:port list." },
+    { "cluster", "workers", T_STRING, "", NOLIM, NULL,
+      "Workers, comma-separated host:port list." },
+    { "cluster", "mode", T_ENUM, "sync", NOLIM, "sync|async",
+      "sync: SyncReplicas with tokens; async: each push applied as it "
+      "arrives." },
+    { "cluster", "replicas_to_aggregate", T_INT, "0", 0, 1 << 20, NULL,
+      "sync: gradients averaged per step (0: the number of workers)." },
+    { "cluster", "total_num_replicas", T_INT, "0", 0, 1 << 20, NULL,
+      "sync: workers producing gradients (0: the number of workers; more "
+      "than replicas_to_aggregate gives backup workers)." },
+    { "cluster", "num_ps", T_INT, "1", 0, 4096, NULL,
+      "Slurm: how many of the tasks are parameter servers." },
+    { "cluster", "port_base", T_INT, "8888", 1, 65535, NULL,
+      "Slurm: first port on each node." },
+    { "cluster", "placement", T_ENUM, "size_balanced", NOLIM,
+      "round_robin|size_balanced",
+      "How variables are spread over parameter servers." },
+    { "cluster", "heartbeat_ms", T_INT, "500", 10, 600000, NULL,
+      "Heartbeat period between tasks." },
+    { "cluster", "dead_after_ms", T_INT, "10000", 100, 86400000, NULL,
+      "A silent peer is declared dead after this long." },
+    { "cluster", "ready_retry_ms", T_INT, "50", 1, 60000, NULL,
+      "Workers' retry interval while waiting for the chief (readiness is "
+      "also pushed as an event)." },
+    { "cluster", "max_wait_secs", T_DOUBLE, "7200", 0, 1e9, NULL,
+      "How long a worker waits for the chief before failing." },
+    { "cluster", "stop_grace_secs", T_DOUBLE, "120", 0, 1e6, NULL,
+      "Grace period for threads at shutdown." },
+
+    { "security", "curve", T_BOOL, "false", NOLIM, NULL,
+      "CURVE authentication and encryption on every socket." },
+    { "security", "key_dir", T_STRING, "", NOLIM, NULL,
+      "Directory with this task's key pair (keel keygen) and the allowed "
+      "public keys." },
+};
+
+#define N_KEYS (sizeof schema / sizeof schema[0])
+
+typedef struct value {
+    char *text;
+    char origin[KEEL_PATH_MAX + 32];
+    int is_set;          /* by file, override or env */
+    int is_cli;          /* by an override */
+    int seen_in_file;    /* duplicate detection within one load */
+    int64_t i;
+    double d;
+} value;
+
+struct keel_config {
+    value v[N_KEYS];
+    char *source;        /* the loaded file's text */
+};
+
+static int
+find_key(const char *section, const char *name)
+{
+    for (size_t k = 0; k < N_KEYS; k++)
+        if (strcmp(schema[k].section, section) == 0 &&
+            strcmp(schema[k].name, name) == 0)
+            return (int)k;
+    return -1;
+}
+
+static int
+find_dotted(const char *key)
+{
+    const char *dot = key != NULL ? strchr(key, '.') : NULL;
+    char section[64];
+    size_t n;
+    if (dot == NULL)
+        return -1;
+    n = (size_t)(dot - key);
+    if (n >= sizeof section)
+        return -1;
+    memcpy(section, key, n);
+    section[n] = '\0';
+    return find_key(section, dot + 1);
+}
+
+static int
+section_known(const char *section)
+{
+    for (size_t k = 0; k < N_KEYS; k++)
+        if (strcmp(schema[k].section, section) == 0)
+            return 1;
+    return 0;
+}
+
+static void
+list_sections(char *buf, size_t size)
+{
+    size_t used = 0;
+    buf[0] = '\0';
+    for (size_t k = 0; k < N_KEYS; k++) {
+        if (k > 0 && strcmp(schema[k].section, schema[k - 1].section) == 0)
+            continue;
+        used += (size_t)snprintf(buf + used, used < size ? size - used : 0,
+                                 "%s[%s]", used > 0 ? " " : "",
+                                 schema[k].section);
+        if (used >= size)
+            break;
+    }
+}
+
+static void
+list_keys(const char *section, char *buf, size_t size)
+{
+    size_t used = 0;
+    buf[0] = '\0';
+    for (size_t k = 0; k < N_KEYS; k++) {
+        if (strcmp(schema[k].section, section) != 0)
+            continue;
+        used += (size_t)snprintf(buf + used, used < size ? size - used : 0,
+                                 "%s%s", used > 0 ? ", " : "",
+                                 schema[k].name);
+        if (used >= size)
+            break;
+    }
+}
+
+static char *
+trim(char *s)
+{
+    char *e;
+    while (*s == ' ' || *s == '\t')
+        s++;
+    e = s + strlen(s);
+    while (e > s && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\r' ||
+                     e[-1] == '\n'))
+        *--e = '\0';
+    return s;
+}
+
+static int
+parse_bool(const char *s, int *out)
+{
+    static const char *yes[] = { "true", "yes", "on", "1" };
+    static const char *no[] = { "false", "no", "off", "0" };
+    for (size_t i = 0; i < 4; i++) {
+        if (strcasecmp(s, yes[i]) == 0) {
+            *out = 1;
+            return 1;
+        }
+        if (strcasecmp(s, no[i]) == 0) {
+            *out = 0;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static int
+enum_has(const char *choices, const char *s)
+{
+    size_t n = strlen(s);
+    const char *p = choices;
+    while (*p != '\0') {
+        const char *bar = strchr(p, '|');
+        size_t len = bar != NULL ? (size_t)(bar - p) : strlen(p);
+        if (len == n && strncmp(p, s, n) == 0)
+            return 1;
+        if (bar == NULL)
+            break;
+        p = bar + 1;
+    }
+    return 0;
+}
+
+/* Parse a comma-separated numeric list; returns count or -1 (message in
+ * why). */
+static int
+parse_list(const char *s, int is_int, double lo, double hi, int64_t *iout,
+           double *dout, int max, char *why, size_t why_size)
+{
+    char buf[4096];
+    char *save = NULL, *tok;
+    int n = 0;
+    if (strlen(s) >= sizeof buf) {
+        snprintf(why, why_size, "list is too long");
+        return -1;
+    }
+    snprintf(buf, sizeof buf, "%s", s);
+    if (trim(buf)[0] == '\0')
+        return 0;
+    for (tok = strtok_r(buf, ",", &save); tok != NULL;
+         tok = strtok_r(NULL, ",", &save)) {
+        char *t = trim(tok);
+        int64_t iv;
+        double dv;
+        if (is_int) {
+            if (!keel__parse_i64(t, (int64_t)lo,
+                                 hi >= I64MAX ? INT64_MAX : (int64_t)hi,
+                                 &iv)) {
+                snprintf(why, why_size, "'%s' is not an integer in [%.0f, "
+                         "%.0f]", t, lo, hi >= I64MAX ? 9.2e18 : hi);
+                return -1;
+            }
+            dv = (double)iv;
+        } else {
+            if (!keel__parse_double(t, &dv) || dv < lo || dv > hi) {
+                snprintf(why, why_size, "'%s' is not a number in [%g, %g]",
+                         t, lo, hi);
+                return -1;
+            }
+            iv = 0;
+        }
+        if (n < max) {
+            if (iout != NULL)
+                iout[n] = iv;
+            if (dout != NULL)
+                dout[n] = dv;
+        }
+        n++;
+    }
+    return n;
+}
+
+/* Validate text for key k and store it. why gets the reason on failure. */
+static int
+set_value(keel_config *cfg, int k, const char *raw, char *why,
+          size_t why_size)
+{
+    const key_def *d = &schema[k];
+    value *v = &cfg->v[k];
+    char buf[4096];
+    char *text, *copy;
+    int64_t i = 0;
+    double dv = 0;
+    int b;
+
+    if (strlen(raw) >= sizeof buf) {
+        snprintf(why, why_size, "value of %s.%s is too long (limit %zu "
+                 "bytes)", d->section, d->name, sizeof buf - 1);
+        return 0;
+    }
+    snprintf(buf, sizeof buf, "%s", raw);
+    text = trim(buf);
+    switch (d->type) {
+    case T_INT: {
+        int64_t hi = d->hi >= I64MAX ? INT64_MAX : (int64_t)d->hi;
+        if (!keel__parse_i64(text, (int64_t)d->lo, hi, &i)) {
+            snprintf(why, why_size, "%s.%s = '%s' is not an integer from "
+                     "%lld to %lld", d->section, d->name, text,
+                     (long long)d->lo, (long long)hi);
+            return 0;
+        }
+        dv = (double)i;
+        break;
+    }
+    case T_DOUBLE:
+        if (!keel__parse_double(text, &dv) || dv < d->lo || dv > d->hi) {
+            snprintf(why, why_size, "%s.%s = '%s' is not a number from %g "
+                     "to %g", d->section, d->name, text, d->lo, d->hi);
+            return 0;
+        }
+        break;
+    case T_BOOL:
+        if (!parse_bool(text, &b)) {
+            snprintf(why, why_size, "%s.%s = '%s' is not a boolean; use "
+                     "true or false", d->section, d->name, text);
+            return 0;
+        }
+        i = b;
+        break;
+    case T_ENUM:
+        if (!enum_has(d->choices, text)) {
+            char choices[256];
+            size_t used = 0;
+            for (const char *p = d->choices; *p != '\0' &&
+                 used + 3 < sizeof choices; p++) {
+                if (*p == '|') {
+                    choices[used++] = ',';
+                    choices[used++] = ' ';
+                } else {
+                    choices[used++] = *p;
+                }
+            }
+            choices[used] = '\0';
+            snprintf(why, why_size, "%s.%s = '%s' is not one of: %s",
+                     d->section, d->name, text, choices);
+            return 0;
+        }
+        break;
+    case T_INT_LIST:
+    case T_DOUBLE_LIST: {
+        char inner[256];
+        if (parse_list(text, d->type == T_INT_LIST, d->lo, d->hi, NULL,
+                       NULL, 0, inner, sizeof inner) < 0) {
+            snprintf(why, why_size, "%s.%s: %s", d->section, d->name,
+                     inner);
+            return 0;
+        }
+        break;
+    }
+    case T_STRING:
+        break;
+    }
+    copy = strdup(text);
+    if (copy == NULL) {
+        snprintf(why, why_size, "out of memory");
+        return 0;
+    }
+    free(v->text);
+    v->text = copy;
+    v->i = i;
+    v->d = dv;
+    return 1;
+}
+
+keel_status
+keel_config_new(keel_config **out)
+{
+    keel_config *cfg;
+    char why[512];
+    if (out == NULL)
+        return keel__fail(KEEL_EINVAL, "config: out is NULL");
+    *out = NULL;
+    cfg = calloc(1, sizeof *cfg);
+    if (cfg == NULL)
+        return keel__fail(KEEL_ENOMEM, "config");
+    for (size_t k = 0; k < N_KEYS; k++) {
+        if (!set_value(cfg, (int)k, schema[k].def, why, sizeof why)) {
+            keel_config_free(cfg);
+            return keel__fail(KEEL_EINTERNAL, "config default: %s", why);
+        }
+        snprintf(cfg->v[k].origin, sizeof cfg->v[k].origin, "default");
+    }
+    *out = cfg;
+    return KEEL_OK;
+}
+
+void
+keel_config_free(keel_config *cfg)
+{
+    if (cfg == NULL)
+        return;
+    for (size_t k = 0; k < N_KEYS; k++)
+        free(cfg->v[k].text);
+    free(cfg->source);
+    free(cfg);
+}
+
+typedef struct load_ctx {
+    keel_config *cfg;
+    const char *path;
+    char why[768];          /* the first error only: inih reports its line */
+} load_ctx;
+
+#define FAIL_FIRST(lc, ...)                                              \
+    do {                                                                 \
+        if ((lc)->why[0] == '\0')                                        \
+            snprintf((lc)->why, sizeof (lc)->why, __VA_ARGS__);          \
+        return 0;                                                        \
+    } while (0)
+
+static int
+on_ini(void *user, const char *section, const char *name, const char *val)
+{
+    load_ctx *lc = user;
+    char why[768];
+    int k;
+    if (section[0] == '\0')
+        FAIL_FIRST(lc, "key '%s' is outside any section; put it under one "
+                   "such as [train]", name);
+    if (!section_known(section)) {
+        char secs[256];
+        list_sections(secs, sizeof secs);
+        FAIL_FIRST(lc, "unknown section [%s]; valid sections: %s", section,
+                   secs);
+    }
+    k = find_key(section, name);
+    if (k < 0) {
+        char keys[600];
+        list_keys(section, keys, sizeof keys);
+        FAIL_FIRST(lc, "unknown key '%s' in [%s]; valid keys: %s", name,
+                   section, keys);
+    }
+    if (lc->cfg->v[k].seen_in_file)
+        FAIL_FIRST(lc, "%s.%s is set twice", section, name);
+    if (!set_value(lc->cfg, k, val, why, sizeof why))
+        FAIL_FIRST(lc, "%s", why);
+    lc->cfg->v[k].seen_in_file = 1;
+    lc->cfg->v[k].is_set = 1;
+    snprintf(lc->cfg->v[k].origin, sizeof lc->cfg->v[k].origin, "%s",
+             lc->path);
+    return 1;
+}
+
+/* inih reports the line of the first handler failure through its return
+ * value, and never reports an empty section; this scan finds unknown section
+ * headers (with their line) and, with cfg, records each key's line in its
+ * origin. Returns the line of an unknown section, or 0. */
+static int
+scan_lines(keel_config *cfg, const char *path, const char *text,
+           char *bad_section, size_t bad_size)
+{
+    char section[64] = "";
+    int line = 0;
+    const char *p = text;
+    while (*p != '\0') {
+        const char *eol = strchr(p, '\n');
+        size_t len = eol != NULL ? (size_t)(eol - p) : strlen(p);
+        char buf[512];
+        char *s;
+        line++;
+        if (len < sizeof buf) {
+            memcpy(buf, p, len);
+            buf[len] = '\0';
+            s = trim(buf);
+            if (s[0] == '[') {
+                char *close = strchr(s, ']');
+                if (close != NULL) {
+                    *close = '\0';
+                    snprintf(section, sizeof section, "%s", trim(s + 1));
+                    if (cfg == NULL && !section_known(section)) {
+                        snprintf(bad_section, bad_size, "%s", section);
+                        return line;
+                    }
+                }
+            } else if (cfg != NULL && s[0] != ';' && s[0] != '#' &&
+                       s[0] != '\0') {
+                char *eq = strpbrk(s, "=:");
+                if (eq != NULL) {
+                    int k;
+                    *eq = '\0';
+                    k = find_key(section, trim(s));
+                    if (k >= 0 && strcmp(cfg->v[k].origin, path) == 0)
+                        snprintf(cfg->v[k].origin, sizeof cfg->v[k].origin,
+                                 "%s:%d", path, line);
+                }
+            }
+        }
+        if (eol == NULL)
+            break;
+        p = eol + 1;
+    }
+    return 0;
+}
+
+keel_status
+keel_config_load(keel_config *cfg, const char *path)
+{
+    load_ctx lc;
+    char *text;
+    size_t n;
+    keel_status st;
+    int rc;
+
+    if (cfg == NULL || path == NULL)
+        return keel__fail(KEEL_EINVAL, "config: NULL argument");
+    st = keel__fs_read_all(path, 1 << 20, &text, &n);
+    if (st == KEEL_ENOTFOUND)
+        return keel__fail(KEEL_EINVAL, "config file %s does not exist",
+                          path);
+    if (st != KEEL_OK)
+        return keel__wrap(KEEL_EINVAL, "config file %s", path);
+    if (strlen(text) != n) {
+        free(text);
+        return keel__fail(KEEL_EINVAL, "%s: config file contains a NUL "
+                          "byte; is it a text file?", path);
+    }
+    {
+        char bad[64], secs[256];
+        int line = scan_lines(NULL, path, text, bad, sizeof bad);
+        if (line > 0) {
+            free(text);
+            list_sections(secs, sizeof secs);
+            return keel__fail(KEEL_EINVAL, "%s:%d: unknown section [%s]; "
+                              "valid sections: %s", path, line, bad, secs);
+        }
+    }
+    memset(&lc, 0, sizeof lc);
+    lc.cfg = cfg;
+    lc.path = path;
+    for (size_t k = 0; k < N_KEYS; k++)
+        cfg->v[k].seen_in_file = 0;
+    rc = ini_parse_string(text, on_ini, &lc);
+    if (rc != 0) {
+        free(text);
+        if (lc.why[0] == '\0')
+            return keel__fail(KEEL_EINVAL, "%s:%d: syntax error; expected "
+                              "'[section]' or 'key = value'", path, rc);
+        return keel__fail(KEEL_EINVAL, "%s:%d: %s", path, rc, lc.why);
+    }
+    scan_lines(cfg, path, text, NULL, 0);
+    free(cfg->source);
+    cfg->source = text;
+    return KEEL_OK;
+}
+
+keel_status
+keel_config_override(keel_config *cfg, const char *assignment,
+                     const char *origin)
+{
+    char buf[4096], why[768];
+    char *eq, *key;
+    int k;
+    if (cfg == NULL || assignment == NULL)
+        return keel__fail(KEEL_EINVAL, "config: NULL argument");
+    if (origin == NULL)
+        origin = "override";
+    if (strlen(assignment) >= sizeof buf)
+        return keel__fail(KEEL_EINVAL, "%s: '%.40s...' is too long", origin,
+                          assignment);
+    snprintf(buf, sizeof buf, "%s", assignment);
+    eq = strchr(buf, '=');
+    if (eq == NULL)
+        return keel__fail(KEEL_EINVAL, "%s: '%s' is not section.key=value "
+                          "(e.g. train.max_steps=100)", origin, assignment);
+    *eq = '\0';
+    key = trim(buf);
+    k = find_dotted(key);
+    if (k < 0) {
+        char *dot = strchr(key, '.');
+        char keys[768], secs[256];
+        if (dot != NULL) {
+            *dot = '\0';
+            if (section_known(key)) {
+                list_keys(key, keys, sizeof keys);
+                return keel__fail(KEEL_EINVAL, "%s: unknown key '%s' in "
+                                  "[%s]; valid keys: %s", origin, dot + 1,
+                                  key, keys);
+            }
+        }
+        list_sections(secs, sizeof secs);
+        return keel__fail(KEEL_EINVAL, "%s: unknown setting '%s'; use "
+                          "section.key with a section of %s", origin,
+                          assignment, secs);
+    }
+    if (!set_value(cfg, k, eq + 1, why, sizeof why))
+        return keel__fail(KEEL_EINVAL, "%s: %s", origin, why);
+    cfg->v[k].is_set = 1;
+    cfg->v[k].is_cli = 1;
+    snprintf(cfg->v[k].origin, sizeof cfg->v[k].origin, "%s", origin);
+    return KEEL_OK;
+}
+
+keel_status
+keel_config_apply_env(keel_config *cfg)
+{
+    const char *out = getenv("OUTPUT_DIR");
+    int k = find_key("checkpoint", "dir");
+    char why[768];
+    if (cfg == NULL)
+        return keel__fail(KEEL_EINVAL, "config: NULL argument");
+    if (out == NULL || out[0] == '\0' || cfg->v[k].is_cli)
+        return KEEL_OK;
+    if (!set_value(cfg, k, out, why, sizeof why))
+        return keel__fail(KEEL_EINVAL, "$OUTPUT_DIR: %s", why);
+    cfg->v[k].is_set = 1;
+    snprintf(cfg->v[k].origin, sizeof cfg->v[k].origin, "$OUTPUT_DIR");
+    return KEEL_OK;
+}
+
+static const value *
+get(const keel_config *cfg, const char *key, key_type want, int alt)
+{
+    int k = find_dotted(key);
+    if (cfg == NULL || k < 0)
+        return NULL;
+    if (schema[k].type != want && (alt < 0 || schema[k].type != (key_type)alt))
+        return NULL;
+    return &cfg->v[k];
+}
+
+int64_t
+keel_config_int(const keel_config *cfg, const char *key)
+{
+    const value *v = get(cfg, key, T_INT, T_BOOL);
+    return v != NULL ? v->i : 0;
+}
+
+double
+keel_config_double(const keel_config *cfg, const char *key)
+{
+    const value *v = get(cfg, key, T_DOUBLE, T_INT);
+    return v != NULL ? v->d : 0.0;
+}
+
+int
+keel_config_bool(const keel_config *cfg, const char *key)
+{
+    const value *v = get(cfg, key, T_BOOL, -1);
+    return v != NULL ? (int)v->i : 0;
+}
+
+const char *
+keel_config_str(const keel_config *cfg, const char *key)
+{
+    int k = find_dotted(key);
+    if (cfg == NULL || k < 0 || cfg->v[k].text == NULL)
+        return "";
+    return cfg->v[k].text;
+}
+
+int
+keel_config_is_set(const keel_config *cfg, const char *key)
+{
+    int k = find_dotted(key);
+    return cfg != NULL && k >= 0 && cfg->v[k].is_set;
+}
+
+const char *
+keel_config_origin(const keel_config *cfg, const char *key)
+{
+    int k = find_dotted(key);
+    if (cfg == NULL || k < 0)
+        return "";
+    return cfg->v[k].origin;
+}
+
+int
+keel_config_int_list(const keel_config *cfg, const char *key, int64_t *out,
+                     int max)
+{
+    const value *v = get(cfg, key, T_INT_LIST, -1);
+    int k = find_dotted(key);
+    char why[256];
+    if (v == NULL)
+        return -1;
+    return parse_list(v->text, 1, schema[k].lo, schema[k].hi, out, NULL, max,
+                      why, sizeof why);
+}
+
+int
+keel_config_double_list(const keel_config *cfg, const char *key, double *out,
+                        int max)
+{
+    const value *v = get(cfg, key, T_DOUBLE_LIST, -1);
+    int k = find_dotted(key);
+    char why[256];
+    if (v == NULL)
+        return -1;
+    return parse_list(v->text, 0, schema[k].lo, schema[k].hi, NULL, out, max,
+                      why, sizeof why);
+}
+
+/* Cross-key rules. Each names both keys and where they were set. */
+keel_status
+keel_config_validate(const keel_config *cfg)
+{
+    const char *opt, *model, *sched;
+    if (cfg == NULL)
+        return keel__fail(KEEL_EINVAL, "config: NULL argument");
+    if (keel_config_is_set(cfg, "checkpoint.save_steps") &&
+        keel_config_is_set(cfg, "checkpoint.save_secs") &&
+        keel_config_int(cfg, "checkpoint.save_steps") > 0 &&
+        keel_config_double(cfg, "checkpoint.save_secs") > 0)
+        return keel__fail(KEEL_EINVAL, "checkpoint.save_steps (%s) and "
+                          "checkpoint.save_secs (%s) are both set; keep one",
+                          keel_config_origin(cfg, "checkpoint.save_steps"),
+                          keel_config_origin(cfg, "checkpoint.save_secs"));
+    if (keel_config_int(cfg, "train.max_steps") == 0 &&
+        keel_config_int(cfg, "train.epochs") == 0)
+        return keel__fail(KEEL_EINVAL, "the run has no end: set "
+                          "train.max_steps or train.epochs (or both; the "
+                          "first reached stops training)");
+    model = keel_config_str(cfg, "model.type");
+    if (keel_config_is_set(cfg, "model.hidden") && strcmp(model, "mlp") != 0)
+        return keel__fail(KEEL_EINVAL, "model.hidden (%s) applies only to "
+                          "model.type = mlp, not '%s'",
+                          keel_config_origin(cfg, "model.hidden"), model);
+    if (strcmp(model, "mlp") == 0) {
+        int64_t h[1];
+        if (keel_config_int_list(cfg, "model.hidden", h, 1) < 1)
+            return keel__fail(KEEL_EINVAL, "model.hidden is empty; an mlp "
+                              "needs at least one hidden layer (e.g. "
+                              "256,256)");
+    }
+    opt = keel_config_str(cfg, "optimizer.name");
+    if (keel_config_is_set(cfg, "optimizer.momentum") &&
+        strcmp(opt, "momentum") != 0 && strcmp(opt, "rmsprop") != 0)
+        return keel__fail(KEEL_EINVAL, "optimizer.momentum (%s) has no "
+                          "effect with optimizer.name = %s; use momentum or "
+                          "rmsprop, or remove it",
+                          keel_config_origin(cfg, "optimizer.momentum"), opt);
+    if (keel_config_bool(cfg, "optimizer.nesterov") &&
+        strcmp(opt, "momentum") != 0)
+        return keel__fail(KEEL_EINVAL, "optimizer.nesterov needs "
+                          "optimizer.name = momentum, not %s", opt);
+    if ((keel_config_is_set(cfg, "optimizer.beta1") ||
+         keel_config_is_set(cfg, "optimizer.beta2")) &&
+        strcmp(opt, "adam") != 0)
+        return keel__fail(KEEL_EINVAL, "optimizer.beta1/beta2 apply only to "
+                          "optimizer.name = adam, not %s", opt);
+    sched = keel_config_str(cfg, "optimizer.schedule");
+    if (strcmp(sched, "piecewise") == 0) {
+        int64_t b[256];
+        double vals[257];
+        int nb = keel_config_int_list(cfg, "optimizer.boundaries", b, 256);
+        int nv = keel_config_double_list(cfg, "optimizer.values", vals, 257);
+        if (nb < 1 || nb > 256)
+            return keel__fail(KEEL_EINVAL, "optimizer.schedule = piecewise "
+                              "needs optimizer.boundaries (1 to 256 steps)");
+        if (nv != nb + 1)
+            return keel__fail(KEEL_EINVAL, "optimizer.values has %d entries; "
+                              "piecewise needs one more than "
+                              "optimizer.boundaries (%d)", nv, nb + 1);
+        for (int i = 1; i < nb; i++)
+            if (b[i] <= b[i - 1])
+                return keel__fail(KEEL_EINVAL, "optimizer.boundaries must "
+                                  "increase: %lld follows %lld",
+                                  (long long)b[i], (long long)b[i - 1]);
+    } else if (keel_config_is_set(cfg, "optimizer.boundaries") ||
+               keel_config_is_set(cfg, "optimizer.values")) {
+        return keel__fail(KEEL_EINVAL, "optimizer.boundaries/values need "
+                          "optimizer.schedule = piecewise, not %s", sched);
+    }
+    if (strcmp(keel_config_str(cfg, "data.format"), "hdf5") == 0 &&
+        keel_config_str(cfg, "data.train_file")[0] == '\0')
+        return keel__fail(KEEL_EINVAL, "data.format = hdf5 needs "
+                          "data.train_file (an HDF5 file with datasets x "
+                          "and y)");
+    if (keel_config_str(cfg, "checkpoint.dir")[0] == '\0')
+        return keel__fail(KEEL_EINVAL, "checkpoint.dir is empty; set it or "
+                          "$OUTPUT_DIR");
+    if (!keel_name_is_valid(keel_config_str(cfg, "checkpoint.basename")) ||
+        strchr(keel_config_str(cfg, "checkpoint.basename"), '/') != NULL)
+        return keel__fail(KEEL_EINVAL, "checkpoint.basename '%s' must be a "
+                          "plain file name of [A-Za-z0-9_.-]",
+                          keel_config_str(cfg, "checkpoint.basename"));
+    if (keel_config_int(cfg, "cluster.total_num_replicas") > 0 &&
+        keel_config_int(cfg, "cluster.replicas_to_aggregate") >
+        keel_config_int(cfg, "cluster.total_num_replicas"))
+        return keel__fail(KEEL_EINVAL, "cluster.replicas_to_aggregate "
+                          "(%lld) exceeds cluster.total_num_replicas (%lld)",
+                          (long long)keel_config_int(cfg,
+                              "cluster.replicas_to_aggregate"),
+                          (long long)keel_config_int(cfg,
+                              "cluster.total_num_replicas"));
+    if (keel_config_bool(cfg, "security.curve") &&
+        keel_config_str(cfg, "security.key_dir")[0] == '\0')
+        return keel__fail(KEEL_EINVAL, "security.curve = true needs "
+                          "security.key_dir (make keys with 'keel keygen "
+                          "DIR')");
+    return KEEL_OK;
+}
+
+typedef struct strbuf {
+    char *p;
+    size_t n, cap;
+    int failed;
+} strbuf;
+
+static void
+sb_add(strbuf *sb, const char *fmt, ...)
+{
+    va_list ap;
+    int need;
+    if (sb->failed)
+        return;
+    for (;;) {
+        va_start(ap, fmt);
+        need = vsnprintf(sb->p != NULL ? sb->p + sb->n : NULL,
+                         sb->p != NULL ? sb->cap - sb->n : 0, fmt, ap);
+        va_end(ap);
+        if (need < 0) {
+            sb->failed = 1;
+            return;
+        }
+        if (sb->p != NULL && sb->n + (size_t)need < sb->cap) {
+            sb->n += (size_t)need;
+            return;
+        }
+        {
+            size_t cap = (sb->cap + (size_t)need + 1) * 2;
+            char *p = realloc(sb->p, cap);
+            if (p == NULL) {
+                sb->failed = 1;
+                return;
+            }
+            sb->p = p;
+            sb->cap = cap;
+        }
+    }
+}
+
+keel_status
+keel_config_dump(const keel_config *cfg, int with_origin, char **text)
+{
+    strbuf sb = { 0 };
+    if (cfg == NULL || text == NULL)
+        return keel__fail(KEEL_EINVAL, "config: NULL argument");
+    *text = NULL;
+    for (size_t k = 0; k < N_KEYS; k++) {
+        if (k == 0 || strcmp(schema[k].section, schema[k - 1].section) != 0)
+            sb_add(&sb, "%s[%s]\n", k > 0 ? "\n" : "", schema[k].section);
+        if (with_origin)
+            sb_add(&sb, "%-28s = %-36s ; %s\n", schema[k].name,
+                   cfg->v[k].text, cfg->v[k].origin);
+        else
+            sb_add(&sb, "%s = %s\n", schema[k].name, cfg->v[k].text);
+    }
+    if (sb.failed) {
+        free(sb.p);
+        return keel__fail(KEEL_ENOMEM, "config dump");
+    }
+    *text = sb.p;
+    return KEEL_OK;
+}
+
+const char *
+keel_config_source_text(const keel_config *cfg)
+{
+    return cfg != NULL && cfg->source != NULL ? cfg->source : "";
+}
+
+static const char *
+type_name(const key_def *d)
+{
+    switch (d->type) {
+    case T_INT: return "integer";
+    case T_DOUBLE: return "number";
+    case T_BOOL: return "boolean";
+    case T_STRING: return "string";
+    case T_ENUM: return "choice";
+    case T_INT_LIST: return "integer list";
+    case T_DOUBLE_LIST: return "number list";
+    }
+    return "?";
+}
+
+keel_status
+keel_config_write_reference(FILE *out)
+{
+    if (out == NULL)
+        return keel__fail(KEEL_EINVAL, "config reference: NULL stream");
+    fprintf(out, "<!-- Generated by `keel config keys`; do not edit. -->\n"
+            "# keel configuration reference\n\n"
+            "A job is configured by an INI file. Every key is optional; "
+            "unknown sections or keys, bad values and conflicting options "
+            "are errors that name the file and line. `-s section.key=value` "
+            "overrides a key, and `$OUTPUT_DIR`, when set, replaces "
+            "`checkpoint.dir` (unless `-s` sets it). `keel config check "
+            "FILE` prints the resolved settings and where each came "
+            "from.\n");
+    for (size_t k = 0; k < N_KEYS; k++) {
+        const key_def *d = &schema[k];
+        if (k == 0 || strcmp(d->section, schema[k - 1].section) != 0)
+            fprintf(out, "\n## [%s]\n\n| key | type | default | meaning |\n"
+                    "|---|---|---|---|\n", d->section);
+        fprintf(out, "| `%s` | %s", d->name, type_name(d));
+        if (d->type == T_ENUM)
+            fprintf(out, " (`%s`)", d->choices);
+        fprintf(out, " | `%s` | %s |\n", d->def[0] != '\0' ? d->def : "\"\"",
+                d->doc);
+    }
+    if (ferror(out))
+        return keel__fail(KEEL_EIO, "config reference: write failed");
+    return KEEL_OK;
+}

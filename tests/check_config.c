@@ -1,0 +1,268 @@
+/* check_config.c - the job configuration: schema validation with file:line
+ * errors, overrides, $OUTPUT_DIR, cross-key rules, and the CLI verb. */
+#include <config.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <keel/keel.h>
+#include <keel/config.h>
+#include "testutil.h"
+
+static keel_config *cfg;
+
+static void
+setup(void)
+{
+    tu_setup();
+    unsetenv("OUTPUT_DIR");
+    ck_assert_int_eq(keel_config_new(&cfg), KEEL_OK);
+}
+
+static void
+teardown(void)
+{
+    keel_config_free(cfg);
+    cfg = NULL;
+    tu_teardown();
+}
+
+static const char *
+write_ini(const char *text)
+{
+    const char *p = tu_path("job.ini");
+    tu_write_file(p, text, strlen(text));
+    return p;
+}
+
+START_TEST(test_defaults_match_tf_and_issue)
+{
+    ck_assert_str_eq(keel_config_str(cfg, "model.type"), "mlp");
+    ck_assert_int_eq(keel_config_int(cfg, "train.batch_size"), 64);
+    ck_assert(keel_config_double(cfg, "checkpoint.save_secs") == 600.0);
+    ck_assert_int_eq(keel_config_int(cfg, "checkpoint.max_to_keep"), 5);
+    ck_assert_int_eq(keel_config_int(cfg, "hooks.log_every_steps"), 100);
+    ck_assert_int_eq(keel_config_bool(cfg, "hooks.nan_check"), 1);
+    ck_assert(keel_config_double(cfg, "cluster.max_wait_secs") == 7200.0);
+    ck_assert_str_eq(keel_config_origin(cfg, "model.type"), "default");
+    ck_assert(!keel_config_is_set(cfg, "model.type"));
+}
+END_TEST
+
+START_TEST(test_load_valid_file_records_origin_lines)
+{
+    int64_t h[4];
+    const char *p = write_ini("; a job\n[model]\ntype = mlp\nhidden = 128, 64\n"
+                              "\n[train]\nmax_steps = 100\nseed=7 ; inline\n");
+    ck_assert_int_eq(keel_config_load(cfg, p), KEEL_OK);
+    ck_assert_int_eq(keel_config_int(cfg, "train.max_steps"), 100);
+    ck_assert_int_eq(keel_config_int(cfg, "train.seed"), 7);
+    ck_assert_int_eq(keel_config_int_list(cfg, "model.hidden", h, 4), 2);
+    ck_assert_int_eq(h[0], 128);
+    ck_assert_int_eq(h[1], 64);
+    ck_assert(keel_config_is_set(cfg, "train.seed"));
+    ck_assert_ptr_nonnull(strstr(keel_config_origin(cfg, "train.seed"),
+                                 "job.ini:8"));
+    ck_assert_ptr_nonnull(strstr(keel_config_source_text(cfg), "[model]"));
+    ck_assert_int_eq(keel_config_validate(cfg), KEEL_OK);
+}
+END_TEST
+
+START_TEST(test_typo_key_names_file_line_and_choices)
+{
+    const char *p = write_ini("[train]\nbatch_size = 32\nmax_stpes = 10\n");
+    ck_assert_int_eq(keel_config_load(cfg, p), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "job.ini:3"));
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "unknown key 'max_stpes'"));
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "max_steps"));
+}
+END_TEST
+
+START_TEST(test_unknown_section_even_when_empty)
+{
+    const char *p = write_ini("[train]\nmax_steps = 1\n\n[trian]\n");
+    ck_assert_int_eq(keel_config_load(cfg, p), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "job.ini:4"));
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "[trian]"));
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "[checkpoint]"));
+}
+END_TEST
+
+START_TEST(test_bad_values_explain_valid_range)
+{
+    const char *p = write_ini("[model]\ntype = resnet\n");
+    ck_assert_int_eq(keel_config_load(cfg, p), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "job.ini:2"));
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "softmax, mlp, cnn"));
+    p = write_ini("[train]\nbatch_size = 0\n");
+    ck_assert_int_eq(keel_config_load(cfg, p), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "from 1 to"));
+    p = write_ini("[checkpoint]\nasync = maybe\n");
+    ck_assert_int_eq(keel_config_load(cfg, p), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "true or false"));
+    p = write_ini("[optimizer]\nlearning_rate = fast\n");
+    ck_assert_int_eq(keel_config_load(cfg, p), KEEL_EINVAL);
+    p = write_ini("[model]\nhidden = 256,,x\n");
+    ck_assert_int_eq(keel_config_load(cfg, p), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "model.hidden"));
+    /* the failed loads changed nothing that was valid before */
+    ck_assert_str_eq(keel_config_str(cfg, "model.type"), "mlp");
+}
+END_TEST
+
+START_TEST(test_duplicate_key_and_key_outside_section)
+{
+    const char *p = write_ini("[train]\nseed = 1\nseed = 2\n");
+    ck_assert_int_eq(keel_config_load(cfg, p), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "set twice"));
+    p = write_ini("seed = 1\n");
+    ck_assert_int_eq(keel_config_load(cfg, p), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "outside any section"));
+}
+END_TEST
+
+START_TEST(test_missing_and_binary_files)
+{
+    ck_assert_int_eq(keel_config_load(cfg, tu_path("nope.ini")), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "nope.ini"));
+    tu_write_file(tu_path("bin.ini"), "[train]\0x", 9);
+    ck_assert_int_eq(keel_config_load(cfg, tu_path("bin.ini")), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "NUL"));
+}
+END_TEST
+
+START_TEST(test_overrides_and_output_dir)
+{
+    ck_assert_int_eq(keel_config_override(cfg, "train.max_steps=50", "-s"),
+                     KEEL_OK);
+    ck_assert_int_eq(keel_config_int(cfg, "train.max_steps"), 50);
+    ck_assert_str_eq(keel_config_origin(cfg, "train.max_steps"), "-s");
+    ck_assert_int_eq(keel_config_override(cfg, "train.max_step=5", "-s"),
+                     KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "unknown key 'max_step'"));
+    ck_assert_int_eq(keel_config_override(cfg, "nosection", "-s"),
+                     KEEL_EINVAL);
+    ck_assert_int_eq(keel_config_override(cfg, "x.y=1", "-s"), KEEL_EINVAL);
+    setenv("OUTPUT_DIR", "/tmp/out-from-env", 1);
+    ck_assert_int_eq(keel_config_apply_env(cfg), KEEL_OK);
+    ck_assert_str_eq(keel_config_str(cfg, "checkpoint.dir"),
+                     "/tmp/out-from-env");
+    ck_assert_str_eq(keel_config_origin(cfg, "checkpoint.dir"), "$OUTPUT_DIR");
+    /* -s beats the environment */
+    ck_assert_int_eq(keel_config_override(cfg, "checkpoint.dir=/tmp/cli",
+                                          "-s"), KEEL_OK);
+    ck_assert_int_eq(keel_config_apply_env(cfg), KEEL_OK);
+    ck_assert_str_eq(keel_config_str(cfg, "checkpoint.dir"), "/tmp/cli");
+    unsetenv("OUTPUT_DIR");
+}
+END_TEST
+
+START_TEST(test_conflicting_options_are_errors)
+{
+    keel_config_override(cfg, "train.max_steps=10", "-s");
+    ck_assert_int_eq(keel_config_validate(cfg), KEEL_OK);
+    keel_config_override(cfg, "checkpoint.save_steps=100", "-s");
+    keel_config_override(cfg, "checkpoint.save_secs=60", "-s");
+    ck_assert_int_eq(keel_config_validate(cfg), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "both set"));
+    keel_config_override(cfg, "checkpoint.save_secs=0", "-s");
+    ck_assert_int_eq(keel_config_validate(cfg), KEEL_OK);
+    keel_config_override(cfg, "model.type=cnn", "-s");
+    keel_config_override(cfg, "model.hidden=10", "-s");
+    ck_assert_int_eq(keel_config_validate(cfg), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "model.hidden"));
+}
+END_TEST
+
+START_TEST(test_run_needs_an_end_and_piecewise_needs_values)
+{
+    ck_assert_int_eq(keel_config_validate(cfg), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "no end"));
+    keel_config_override(cfg, "train.epochs=2", "-s");
+    keel_config_override(cfg, "optimizer.schedule=piecewise", "-s");
+    keel_config_override(cfg, "optimizer.boundaries=100,200", "-s");
+    keel_config_override(cfg, "optimizer.values=0.1,0.01", "-s");
+    ck_assert_int_eq(keel_config_validate(cfg), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "one more"));
+    keel_config_override(cfg, "optimizer.values=0.1,0.01,0.001", "-s");
+    ck_assert_int_eq(keel_config_validate(cfg), KEEL_OK);
+    keel_config_override(cfg, "optimizer.boundaries=200,100", "-s");
+    ck_assert_int_eq(keel_config_validate(cfg), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "increase"));
+}
+END_TEST
+
+START_TEST(test_dump_lists_every_section_with_origins)
+{
+    char *text;
+    keel_config_override(cfg, "train.seed=42", "-s");
+    ck_assert_int_eq(keel_config_dump(cfg, 1, &text), KEEL_OK);
+    ck_assert_ptr_nonnull(strstr(text, "[security]"));
+    ck_assert_ptr_nonnull(strstr(text, "; -s"));
+    ck_assert_ptr_nonnull(strstr(text, "42"));
+    free(text);
+}
+END_TEST
+
+START_TEST(test_cli_config_check_contract)
+{
+    static char out[65536], err[8192];
+    const char *good = write_ini("[train]\nmax_steps = 5\n");
+    const char *bad;
+    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
+                             "config", "check", good, "-s", "train.seed=3",
+                             NULL), 0);
+    ck_assert_ptr_nonnull(strstr(out, "valid"));
+    ck_assert_ptr_nonnull(strstr(out, "max_steps"));
+    bad = tu_path("bad.ini");
+    tu_write_file(bad, "[train]\nmax_stpes = 5\n", 22);
+    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
+                             "config", "check", bad, NULL), 2);
+    ck_assert_ptr_nonnull(strstr(err, "keel: "));
+    ck_assert_ptr_nonnull(strstr(err, "bad.ini:2"));
+    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
+                             "config", "check", NULL), 2);
+    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
+                             "config", "frob", NULL), 2);
+}
+END_TEST
+
+START_TEST(test_docs_config_md_is_the_generated_reference)
+{
+    static char out[131072];
+    char *doc;
+    ck_assert_int_eq(tu_keel(10000, out, sizeof out, NULL, 0, "config",
+                             "keys", NULL), 0);
+    doc = tu_read_file(tu_src_path("docs/config.md"), NULL);
+    ck_assert_msg(strcmp(doc, out) == 0, "docs/config.md is stale: "
+                  "regenerate it with 'keel config keys > docs/config.md'");
+    free(doc);
+}
+END_TEST
+
+static Suite *
+config_suite(void)
+{
+    Suite *s = suite_create("config");
+    TCase *tc = tcase_create("config");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 30);
+    tcase_add_test(tc, test_defaults_match_tf_and_issue);
+    tcase_add_test(tc, test_load_valid_file_records_origin_lines);
+    tcase_add_test(tc, test_typo_key_names_file_line_and_choices);
+    tcase_add_test(tc, test_unknown_section_even_when_empty);
+    tcase_add_test(tc, test_bad_values_explain_valid_range);
+    tcase_add_test(tc, test_duplicate_key_and_key_outside_section);
+    tcase_add_test(tc, test_missing_and_binary_files);
+    tcase_add_test(tc, test_overrides_and_output_dir);
+    tcase_add_test(tc, test_conflicting_options_are_errors);
+    tcase_add_test(tc, test_run_needs_an_end_and_piecewise_needs_values);
+    tcase_add_test(tc, test_dump_lists_every_section_with_origins);
+    tcase_add_test(tc, test_cli_config_check_contract);
+    tcase_add_test(tc, test_docs_config_md_is_the_generated_reference);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+KEEL_TEST_MAIN(config_suite)

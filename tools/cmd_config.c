@@ -1,0 +1,113 @@
+/* cmd_config.c - `keel config check FILE` (validate and print the resolved
+ * settings) and `keel config keys` (the reference of every key). */
+#include <config.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <keel/config.h>
+#include "cli.h"
+
+static int
+usage(FILE *out, int code)
+{
+    fprintf(out,
+            "usage: keel config check CONFIG [-s section.key=value]...\n"
+            "       keel config keys\n"
+            "\n"
+            "check  validate CONFIG (with overrides and $OUTPUT_DIR) and print\n"
+            "       every resolved setting with where it came from\n"
+            "keys   print the reference of every section and key (Markdown)\n");
+    return code;
+}
+
+/* Load CONFIG, apply -s overrides and the environment, validate. Shared
+ * with train/eval through cli.h. */
+int
+cli_load_config(const char *path, int n_over, char **over, keel_config **out)
+{
+    keel_config *cfg;
+    keel_status st = keel_config_new(&cfg);
+    *out = NULL;
+    if (st != KEEL_OK)
+        return cli_fail(st, NULL);
+    st = keel_config_load(cfg, path);
+    for (int i = 0; st == KEEL_OK && i < n_over; i++)
+        st = keel_config_override(cfg, over[i], "-s");
+    if (st == KEEL_OK)
+        st = keel_config_apply_env(cfg);
+    if (st == KEEL_OK)
+        st = keel_config_validate(cfg);
+    if (st != KEEL_OK) {
+        keel_config_free(cfg);
+        return cli_fail(st, NULL);
+    }
+    *out = cfg;
+    return CLI_OK;
+}
+
+int
+cmd_config(int argc, char **argv)
+{
+    const char *sub = argc > 1 ? argv[1] : NULL;
+    if (sub == NULL)
+        return usage(stderr, CLI_USAGE);
+    if (strcmp(sub, "-h") == 0 || strcmp(sub, "--help") == 0)
+        return usage(stdout, CLI_OK);
+    if (strcmp(sub, "keys") == 0) {
+        keel_status st;
+        if (cli_wants_help(argc - 1, argv + 1))
+            return usage(stdout, CLI_OK);
+        if (argc > 2)
+            return cli_error(CLI_USAGE, "config keys takes no arguments");
+        st = keel_config_write_reference(stdout);
+        return st == KEEL_OK ? CLI_OK : cli_fail(st, NULL);
+    }
+    if (strcmp(sub, "check") == 0) {
+        const char *path = NULL;
+        char *over[256];
+        int n_over = 0, rc;
+        keel_config *cfg;
+        char *text;
+        keel_status st;
+        if (cli_wants_help(argc - 1, argv + 1))
+            return usage(stdout, CLI_OK);
+        for (int i = 2; i < argc; i++) {
+            if (strcmp(argv[i], "-s") == 0 || strcmp(argv[i], "--set") == 0) {
+                if (i + 1 >= argc)
+                    return cli_error(CLI_USAGE, "%s needs section.key=value",
+                                     argv[i]);
+                if (n_over == 256)
+                    return cli_error(CLI_USAGE, "too many -s overrides "
+                                     "(limit 256)");
+                over[n_over++] = argv[++i];
+            } else if (argv[i][0] == '-') {
+                return cli_error(CLI_USAGE, "config check: unknown option "
+                                 "'%s'; see 'keel config --help'", argv[i]);
+            } else if (path == NULL) {
+                path = argv[i];
+            } else {
+                return cli_error(CLI_USAGE, "config check takes one CONFIG "
+                                 "file, got '%s' and '%s'", path, argv[i]);
+            }
+        }
+        if (path == NULL)
+            return cli_error(CLI_USAGE, "config check needs a CONFIG file; "
+                             "see 'keel config --help'");
+        rc = cli_load_config(path, n_over, over, &cfg);
+        if (rc != CLI_OK)
+            return rc;
+        st = keel_config_dump(cfg, 1, &text);
+        if (st != KEEL_OK) {
+            keel_config_free(cfg);
+            return cli_fail(st, NULL);
+        }
+        printf("# %s: valid\n%s", path, text);
+        free(text);
+        keel_config_free(cfg);
+        return CLI_OK;
+    }
+    return cli_error(CLI_USAGE, "unknown config command '%s'; use check or "
+                     "keys (see 'keel config --help')", sub);
+}
