@@ -99,17 +99,27 @@ run_suite() {   # run_suite DIR
     fi
   done
   echo "$dir: $pass passed, $fail failed"
+  total_pass=$((total_pass + pass)); total_fail=$((total_fail + fail))
   return $status
 }
 
+total_pass=0 total_fail=0
 if [ "$mode" = check ]; then
   rc=0
   run_suite _build || rc=$?
+  # The packagers' route: install into a scratch DESTDIR and build an
+  # outside program with pkg-config alone.
+  if tests/install/smoke.sh _build 2>"_build/smoke.err"; then
+    total_pass=$((total_pass + 1))
+  else
+    cat _build/smoke.err; total_fail=$((total_fail + 1)); rc=1
+  fi
   if [ "${KEEL_SANITIZE:-0}" = 1 ]; then
     build _build-san --enable-werror --enable-sanitizers
     ASAN_OPTIONS=detect_leaks=1 run_suite _build-san || rc=$?
   fi
   [ $rc -eq 0 ] && say "all tests passed" || say "tests FAILED"
+  echo "check: $total_pass passed, $total_fail failed"
   exit $rc
 fi
 

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# smoke.sh BUILDDIR - install keel into a temporary DESTDIR, then compile and
+# run an outside program with `cc $(pkg-config --cflags --libs keel)` only.
+set -euo pipefail
+build=$(cd "$1" && pwd)
+src=$(cd "$(dirname "$0")" && pwd)
+dest=$(mktemp -d "${TMPDIR:-/tmp}/keel-install-XXXXXX")
+trap 'rm -rf "$dest"' EXIT
+make -C "$build" --no-print-directory install DESTDIR="$dest" >/dev/null
+libdir=$(sed -n 's/^libdir=//p' "$build/keel.pc")
+prefix=$(sed -n 's/^prefix=//p' "$build/keel.pc")
+libdir=${libdir//\$\{exec_prefix\}/$prefix}
+libdir=${libdir//\$\{prefix\}/$prefix}
+export PKG_CONFIG_PATH="$dest$libdir/pkgconfig"
+export PKG_CONFIG_SYSROOT_DIR="$dest"
+# shellcheck disable=SC2046
+cc -o "$dest/smoke" "$src/smoke.c" $(pkg-config --cflags --libs keel)
+out=$(LD_LIBRARY_PATH="$dest$libdir" "$dest/smoke")
+echo "$out"
+grep -q '1 variable, 802816 bytes' <<<"$out"
+test -f "$dest$prefix/share/man/man1/keel.1"
+test -x "$dest$prefix/bin/keel"
+# Only keel_* symbols are exported.
+bad=$(nm -D --defined-only "$dest$libdir/libkeel.so" | awk '{print $3}' | grep -v -E '^(keel_[a-z]|_init$|_fini$)' || true)
+if [ -n "$bad" ]; then echo "install smoke: libkeel exports non-keel symbols: $bad" >&2; exit 1; fi
+echo "install smoke: 1 passed, 0 failed"
