@@ -109,11 +109,13 @@ if [ "$mode" = check ]; then
   run_suite _build || rc=$?
   # The packagers' route: install into a scratch DESTDIR and build an
   # outside program with pkg-config alone.
-  if tests/install/smoke.sh _build 2>"_build/smoke.err"; then
-    total_pass=$((total_pass + 1))
-  else
-    cat _build/smoke.err; total_fail=$((total_fail + 1)); rc=1
-  fi
+  for script in smoke.sh missing_dep.sh; do
+    if tests/install/$script _build 2>"_build/$script.err"; then
+      total_pass=$((total_pass + 1))
+    else
+      cat "_build/$script.err"; total_fail=$((total_fail + 1)); rc=1
+    fi
+  done
   if [ "${KEEL_SANITIZE:-0}" = 1 ]; then
     build _build-san --enable-werror --enable-sanitizers
     ASAN_OPTIONS=detect_leaks=1 run_suite _build-san || rc=$?
