@@ -12,3 +12,9 @@ tests_check_events_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/hooks
 tests_check_events_CFLAGS = $(TEST_CFLAGS)
 tests_check_events_LDADD = $(TEST_LIBS)
 endif
+
+# Benchmark (built by `make check`, never run by it): see bench/README.md.
+check_PROGRAMS += bench/bench_events
+bench_bench_events_SOURCES = bench/bench_events.c
+bench_bench_events_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/hooks $(ZLIB_CFLAGS)
+bench_bench_events_LDADD = libkeel_core.la $(ZLIB_LIBS)

@@ -40,6 +40,8 @@ run_py(const char *script, const char *file, char *out, size_t out_size,
     snprintf(arg, sizeof arg, "%s", file);
     ck_assert_msg(access(py, X_OK) == 0, "python3 not found at %s (set "
                   "PYTHON3): the independent readers need it", py);
+    ck_assert_msg(access(sc, R_OK) == 0, "%s not found (set KEEL_SRCDIR)",
+                  sc);
     char *argv[] = { py, sc, arg, NULL };
     return tu_run(argv, NULL, PY_TIMEOUT_MS, out, out_size, err, err_size);
 }
@@ -222,8 +224,8 @@ START_TEST(test_events_roundtrip_through_independent_python_reader)
                               "scalar %lld %s %.9g\n",
                               (long long)samples[i].step, samples[i].tag,
                               (double)(float)samples[i].value);
-    ck_assert_int_eq(run_py("tests/read_tfevents.py", path, out, sizeof out,
-                            err, sizeof err), 0);
+    ck_assert_msg(run_py("tests/read_tfevents.py", path, out, sizeof out,
+                         err, sizeof err) == 0, "reader: %s", err);
     ck_assert_str_eq(err, "");
     ck_assert_str_eq(out, expect);
 }
