@@ -92,7 +92,8 @@ def expect(wt, want, what):
 
 def decode_event(data):
     """Event: wall_time=1 double, step=2 int64, file_version=3 string,
-    summary=5 Summary { value=1 Value { tag=1 string, simple_value=2 float } }"""
+    summary=5 Summary { value=1 Value { tag=1 string, simple_value=2 float }}
+    (field numbers from tensorflow/core/util/event.proto, summary.proto)"""
     wall_time, step, version, values = None, 0, None, []
     for num, wt, val in fields(data):
         if num == 1:
@@ -142,7 +143,8 @@ def read(path, out):
         if len(buf) - pos - 12 < length + 4:
             raise Bad("%s: truncated data (length %d)" % (where, length))
         data = buf[pos + 12:pos + 12 + length]
-        (data_crc,) = struct.unpack("<I", buf[pos + 12 + length:pos + 16 + length])
+        end = pos + 12 + length
+        (data_crc,) = struct.unpack("<I", buf[end:end + 4])
         if masked(crc32c(data)) != data_crc:
             raise Bad("%s: data CRC error" % where)
         try:
