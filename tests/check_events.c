@@ -231,6 +231,26 @@ START_TEST(test_events_roundtrip_through_independent_python_reader)
 }
 END_TEST
 
+START_TEST(test_events_flush_makes_live_file_readable_while_open)
+{
+    keel_events *w = NULL;
+    char out[4096], err[2048];
+    ck_assert_int_eq(keel_events_open(tu_dir, NULL, &w), KEEL_OK);
+    ck_assert_int_eq(keel_events_scalar(w, 1, "loss", 4.0), KEEL_OK);
+    ck_assert_int_eq(keel_events_flush(w), KEEL_OK);
+    ck_assert_msg(run_py("tests/read_tfevents.py", keel_events_path(w), out,
+                         sizeof out, err, sizeof err) == 0, "%s", err);
+    ck_assert_str_eq(out, "version brain.Event:2\nscalar 1 loss 4\n");
+    ck_assert_int_eq(keel_events_scalar(w, 2, "loss", 2.0), KEEL_OK);
+    ck_assert_int_eq(keel_events_flush(w), KEEL_OK);
+    ck_assert_msg(run_py("tests/read_tfevents.py", keel_events_path(w), out,
+                         sizeof out, err, sizeof err) == 0, "%s", err);
+    ck_assert_str_eq(out, "version brain.Event:2\nscalar 1 loss 4\n"
+                          "scalar 2 loss 2\n");
+    keel_events_close(w);
+}
+END_TEST
+
 START_TEST(test_events_corrupt_byte_is_a_crc_error_for_python_reader)
 {
     keel_events *w = NULL;
@@ -495,6 +515,7 @@ events_suite(void)
     tcase_add_checked_fixture(ev, tu_setup, tu_teardown);
     tcase_set_timeout(ev, 30);
     tcase_add_test(ev, test_events_roundtrip_through_independent_python_reader);
+    tcase_add_test(ev, test_events_flush_makes_live_file_readable_while_open);
     tcase_add_test(ev,
                    test_events_corrupt_byte_is_a_crc_error_for_python_reader);
     tcase_add_test(ev,
