@@ -364,6 +364,9 @@ keel_events_open(const char *dir, const char *suffix, keel_events **out)
     if (st == KEEL_OK)
         st = keel__fs_fsync_parent(w->ev.path);
     if (st != KEEL_OK) {
+        // Leave no empty or half-written event file behind for TensorBoard.
+        if (w->ev.path != NULL)
+            unlink(w->ev.path);
         keel_events_close(w);
         return st;
     }
