@@ -3,6 +3,7 @@
  * Python reader (tests/read_tfevents.py), scalars.csv, Chrome traces. */
 #include <config.h>
 
+#include <dirent.h>
 #include <errno.h>
 #include <libgen.h>
 #include <math.h>
@@ -10,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <keel/keel.h>
@@ -374,6 +376,29 @@ START_TEST(test_events_open_rejects_bad_arguments)
 }
 END_TEST
 
+START_TEST(test_events_failed_open_leaves_no_event_file)
+{
+    keel_events *w = NULL;
+    DIR *d;
+    struct dirent *e;
+    int n_events = 0;
+    // scalars.csv is a directory: the CSV open fails after the event file
+    // was created.
+    ck_assert_int_eq(mkdir(tu_path("scalars.csv"), 0755), 0);
+    ck_assert_int_eq(keel_events_open(tu_dir, NULL, &w), KEEL_EIO);
+    ck_assert_ptr_null(w);
+    ck_assert_msg(strstr(keel_last_error(), "scalars.csv") != NULL, "%s",
+                  keel_last_error());
+    d = opendir(tu_dir);
+    ck_assert_ptr_nonnull(d);
+    while ((e = readdir(d)) != NULL)
+        if (strstr(e->d_name, "tfevents") != NULL)
+            n_events++;
+    closedir(d);
+    ck_assert_int_eq(n_events, 0);
+}
+END_TEST
+
 static ssize_t
 failing_write(int fd, const void *buf, size_t n)
 {
@@ -524,6 +549,7 @@ events_suite(void)
     tcase_add_test(ev, test_events_same_second_opens_get_distinct_files);
     tcase_add_test(ev, test_events_rejects_bad_tags_naming_the_file);
     tcase_add_test(ev, test_events_open_rejects_bad_arguments);
+    tcase_add_test(ev, test_events_failed_open_leaves_no_event_file);
     tcase_add_test(ev, test_events_write_failure_names_file_and_is_sticky);
     suite_add_tcase(s, ev);
 
