@@ -391,8 +391,22 @@ START_TEST(test_python_snippet_reads_same_values)
         "for (sl, n), a in sorted(s.items()): dump('slot', sl, n, a)\n"
         "print('step', int(m['global_step']))\n";
 
-    if (py == NULL || py[0] == '\0')
-        py = "/usr/bin/python3";
+    /* $PYTHON3 from configure may be a python3 without h5py (pyenv);
+     * then the system one, where Debian's python3-h5py lives. */
+    {
+        const char *cands[2] = { py, "/usr/bin/python3" };
+        const char *pick = NULL;
+        for (int i = 0; i < 2 && pick == NULL; i++) {
+            char *argv[] = { (char *)cands[i], "-c", "import h5py, numpy",
+                             NULL };
+            if (cands[i] != NULL && cands[i][0] != '\0' &&
+                tu_run(argv, NULL, 60000, NULL, 0, NULL, 0) == 0)
+                pick = cands[i];
+        }
+        ck_assert_msg(pick != NULL, "no python3 with h5py and numpy "
+                      "($PYTHON3=%s, /usr/bin/python3)", py ? py : "");
+        py = pick;
+    }
     save_step(s, a, 321, path, sizeof path);
     snip = doc_snippet();
     len = strlen(snip) + sizeof driver;
