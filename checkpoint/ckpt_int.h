@@ -79,6 +79,11 @@ typedef struct ck_state {
     double last_preserved;      /* < 0 when absent */
     int max_to_keep;            /* -1 when not recorded */
     double keep_every_n_hours;  /* < 0 when not recorded */
+    /* Files retention dropped from the list ("# keel: delete=NAME"): a
+     * crash between the state write and the unlink leaves them; the next
+     * saver removes them. */
+    char (*doomed)[KEEL_NAME_MAX];
+    size_t n_doomed;
 } ck_state;
 
 /* Parse <dir>/checkpoint. KEEL_ENOTFOUND when absent, KEEL_ECORRUPT when

@@ -96,6 +96,7 @@ void
 keel__ckpt_state_free(ck_state *st)
 {
     free(st->e);
+    free(st->doomed);
     memset(st, 0, sizeof *st);
 }
 
@@ -188,6 +189,19 @@ keel__ckpt_state_read(const char *dir, ck_state *st)
                 else if (strncmp(kv, "keep_every_n_hours=", 19) == 0 &&
                          keel__parse_double(kv + 19, &d) && d >= 0)
                     st->keep_every_n_hours = d;
+                else if (strncmp(kv, "delete=", 7) == 0 &&
+                         keel_name_is_valid(kv + 7) &&
+                         strchr(kv + 7, '/') == NULL &&
+                         st->n_doomed < 1024) {
+                    void *nd = realloc(st->doomed, (st->n_doomed + 1) *
+                                       sizeof *st->doomed);
+                    if (nd == NULL) {
+                        rc = keel__fail(KEEL_ENOMEM, "state file list");
+                        goto fail;
+                    }
+                    st->doomed = nd;
+                    strcpy(st->doomed[st->n_doomed++], kv + 7);
+                }
             }
             continue;
         }
@@ -241,10 +255,11 @@ fail:
 }
 
 static keel_status
-state_write(const keel_saver *s)
+state_write(const keel_saver *s, char (*doomed)[KEEL_NAME_MAX],
+            size_t n_doomed)
 {
     char path[KEEL_PATH_MAX];
-    size_t cap = 512 + s->state.n * (KEEL_NAME_MAX + 96);
+    size_t cap = 512 + (s->state.n + n_doomed) * (KEEL_NAME_MAX + 96);
     char *buf = malloc(cap);
     size_t len = 0;
     keel_status st;
@@ -261,6 +276,9 @@ state_write(const keel_saver *s)
     APPEND("last_preserved_timestamp: %.6f\n", s->state.last_preserved);
     APPEND("# keel: max_to_keep=%d keep_every_n_hours=%.9g\n",
            s->max_to_keep, s->keep_every_n_hours);
+    for (size_t i = 0; i < n_doomed; i++)
+        if (strchr(doomed[i], '/') == NULL)
+            APPEND("# keel: delete=%s\n", doomed[i]);
 #undef APPEND
     st = keel__path_join(path, sizeof path, s->dir, CK_STATE_NAME);
     if (st == KEEL_OK)
@@ -304,6 +322,29 @@ clean_temp_files(const keel_saver *s)
                       "%lld", path, (long long)pid);
     }
     closedir(d);
+}
+
+/* Checkpoints newer than the newest listed one were committed by a
+ * process that died before updating the state file: list them (by step) so
+ * retention manages them. Older unlisted files are left alone: they may be
+ * kept on purpose (keep_every_n_hours). */
+static void
+adopt_orphans(keel_saver *s)
+{
+    keel_ckpt_file *f = NULL;
+    size_t n = 0;
+    if (keel_ckpt_scan(s->dir, s->basename, &f, &n) != KEEL_OK)
+        return;
+    for (size_t i = 0; i < n; i++) {
+        if (f[i].step <= s->last_step)
+            continue;
+        if (state_push(&s->state, f[i].name, f[i].mtime) != KEEL_OK)
+            break;
+        s->last_step = f[i].step;
+        keel__log(KEEL_LOG_INFO, "adopted %s/%s, committed by a process "
+                  "that stopped before recording it", s->dir, f[i].name);
+    }
+    keel_ckpt_scan_free(f);
 }
 
 keel_status
@@ -368,6 +409,22 @@ keel_saver_new(const keel_saver_config *cfg, keel_saver **out)
             }
             i++;
         }
+        /* Retention deletions a crash interrupted. */
+        for (size_t k = 0; k < s->state.n_doomed; k++) {
+            char p[KEEL_PATH_MAX];
+            int listed = 0;
+            for (size_t i = 0; i < s->state.n; i++)
+                listed |= strcmp(s->state.e[i].name, s->state.doomed[k]) == 0;
+            if (!listed &&
+                keel__path_join(p, sizeof p, s->dir, s->state.doomed[k]) ==
+                    KEEL_OK &&
+                unlink(p) == 0)
+                keel__log(KEEL_LOG_INFO, "retention: removed %s (deletion "
+                          "interrupted earlier)", p);
+        }
+        free(s->state.doomed);
+        s->state.doomed = NULL;
+        s->state.n_doomed = 0;
         if (s->state.n > 0) {
             const char *nm = s->state.e[s->state.n - 1].name;
             const char *sl = strrchr(nm, '/');
@@ -375,6 +432,7 @@ keel_saver_new(const keel_saver_config *cfg, keel_saver **out)
                                                 s->basename);
         }
     }
+    adopt_orphans(s);
     if (s->state.last_preserved < 0)
         s->state.last_preserved = keel__now_wall();
     *out = s;
@@ -474,7 +532,7 @@ commit_save(keel_saver *s, ck_plan *p)
         }
         snprintf(doomed[n_doomed++], KEEL_NAME_MAX, "%s", old.name);
     }
-    st = state_write(s);
+    st = state_write(s, doomed, n_doomed);
     if (st != KEEL_OK) {
         /* The .h5 is committed but unrecorded; keep the old list. */
         memcpy(s->state.e, backup, backup_n * sizeof *backup);
