@@ -269,6 +269,41 @@ START_TEST(test_list_and_read_tensor)
 }
 END_TEST
 
+START_TEST(test_large_checkpoint_checksums_recorded_after_data)
+{
+    /* Over 32 MiB the writer records checksums after writing the data;
+     * both savers, then a flipped byte deep in the data. */
+    keel_vars *a, *b;
+    keel_var *v;
+    keel_tensor *t;
+    char path[4096];
+    int64_t shape[2] = { 2304, 4096 };   /* 36 MiB */
+
+    ck_assert_int_eq(keel_vars_new(&a), KEEL_OK);
+    ck_assert_int_eq(keel_vars_new(&b), KEEL_OK);
+    ck_assert_int_eq(keel_vars_create(a, "big", 2, shape, 0, &v), KEEL_OK);
+    t = keel_var_tensor(v);
+    for (size_t j = 0; j < t->count; j++)
+        t->data[j] = (float)j;
+    ck_assert_int_eq(keel_vars_create(b, "big", 2, shape, 0, NULL), KEEL_OK);
+    for (int is_async = 0; is_async < 2; is_async++) {
+        keel_saver *s = new_saver(tu_dir, 5, is_async);
+        save_step(s, a, 1 + is_async, path, sizeof path);
+        keel_saver_free(s);
+        ck_assert_msg(keel_ckpt_verify(path) == KEEL_OK, "%s",
+                      keel_last_error());
+        ck_assert_int_eq(keel_ckpt_restore(path, b, NULL, NULL), KEEL_OK);
+        ck_assert_int_eq(memcmp(keel_var_tensor(keel_vars_find(b, "big"))
+                                ->data, t->data, keel_tensor_bytes(t)), 0);
+    }
+    tu_flip_byte(path, tu_file_size(path) - 1000, 0x01);
+    ck_assert_int_eq(keel_ckpt_verify(path), KEEL_ECORRUPT);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "'big'"));
+    keel_vars_free(a);
+    keel_vars_free(b);
+}
+END_TEST
+
 /* ---- restore options -------------------------------------------------------- */
 
 START_TEST(test_restore_shape_mismatch_names_variable_and_shapes)
@@ -958,6 +993,7 @@ checkpoint_suite(void)
     tcase_add_test(tc, test_sync_roundtrip_every_shape_slot_and_meta);
     tcase_add_test(tc, test_async_roundtrip_uses_staging_copy);
     tcase_add_test(tc, test_list_and_read_tensor);
+    tcase_add_test(tc, test_large_checkpoint_checksums_recorded_after_data);
     tcase_add_test(tc, test_restore_shape_mismatch_names_variable_and_shapes);
     tcase_add_test(tc, test_restore_strict_partial_report_and_name_map);
     tcase_add_test(tc, test_python_snippet_reads_same_values);
