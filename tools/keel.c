@@ -13,6 +13,7 @@ static int cmd_version(int argc, char **argv);
 static const cli_verb verbs[] = {
     { "config", "check a config file; list every key", cmd_config },
     { "version", "print keel's version", cmd_version },
+    { "ckpt", "list, show, verify and diff checkpoints", cmd_ckpt },
 };
 static const size_t n_verbs = sizeof verbs / sizeof verbs[0];
 

@@ -11,6 +11,7 @@
 #include <keel/log.h>
 #include <keel/tensor.h>
 #include <keel/events.h>
+#include <keel/checkpoint.h>
 
 #ifdef __cplusplus
 extern "C" {
