@@ -10,6 +10,9 @@
 #include <keel/status.h>
 #include <keel/log.h>
 #include <keel/tensor.h>
+#include <keel/checkpoint.h>
+#include <keel/hooks.h>
+#include <keel/session.h>
 
 #ifdef __cplusplus
 extern "C" {
