@@ -1,1 +1,19 @@
 # checkpoint/: HDF5 checkpoints, the state file, retention, async save.
+libkeel_core_la_SOURCES += checkpoint/ckpt_int.h checkpoint/h5io.c \
+	checkpoint/saver.c checkpoint/restore.c
+
+if HAVE_CHECK
+check_PROGRAMS += tests/check_checkpoint tests/ckpt_child
+TESTS += tests/check_checkpoint
+LONG_TESTS += tests/check_checkpoint
+tests_check_checkpoint_SOURCES = tests/check_checkpoint.c
+tests_check_checkpoint_CFLAGS = $(TEST_CFLAGS) $(HDF5_CFLAGS)
+tests_check_checkpoint_LDADD = $(TEST_LIBS) $(HDF5_LIBS)
+tests_ckpt_child_SOURCES = tests/ckpt_child.c
+tests_ckpt_child_LDADD = libkeel.la
+endif
+
+# Benchmark (not built by default): make bench/ckpt_bench
+EXTRA_PROGRAMS = bench/ckpt_bench
+bench_ckpt_bench_SOURCES = bench/ckpt_bench.c
+bench_ckpt_bench_LDADD = libkeel.la

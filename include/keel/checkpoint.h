@@ -155,6 +155,45 @@ void keel_ckpt_info_free(keel_ckpt_info *info);
 const void *keel_ckpt_info_blob(const keel_ckpt_info *info, const char *name,
                                 size_t *size);
 
+/* ---- reading, for tools (keel ckpt ls/show/diff) ------------------------- */
+
+/* One dataset of a checkpoint: a variable (slot "") or one of its slots. */
+typedef struct keel_ckpt_entry {
+    char name[KEEL_NAME_MAX];     /* variable name, e.g. "conv1/kernel" */
+    char slot[KEEL_NAME_MAX];     /* slot name, "" for the variable itself */
+    int ndim;
+    int64_t shape[KEEL_MAX_DIMS];
+    uint64_t xxh64;               /* the recorded checksum */
+} keel_ckpt_entry;
+
+/* Every variable and slot dataset of a checkpoint file, variables first,
+ * each group sorted by name. Checks the format, types and shapes but not
+ * checksums (cheap). Caller owns *out: keel_ckpt_list_free(). */
+keel_status keel_ckpt_list(const char *path, keel_ckpt_entry **out,
+                           size_t *n);
+void keel_ckpt_list_free(keel_ckpt_entry *entries);
+
+/* Read one variable (slot NULL or "") or slot into a newly allocated
+ * tensor *out, verifying its checksum. KEEL_ENOTFOUND when absent. Caller
+ * owns out: keel_tensor_release(). */
+keel_status keel_ckpt_read_tensor(const char *path, const char *name,
+                                  const char *slot, keel_tensor *out);
+
+/* One <basename>-<step>.h5 file found in a directory. */
+typedef struct keel_ckpt_file {
+    char name[KEEL_NAME_MAX];     /* file name, relative to the directory */
+    int64_t step;                 /* from the file name */
+    int64_t size;                 /* bytes */
+    double mtime;                 /* seconds since the epoch */
+    int in_state_file;            /* listed in the `checkpoint` state file */
+} keel_ckpt_file;
+
+/* The checkpoint files in dir, by step ascending; basename NULL matches
+ * any "<something>-<digits>.h5". Caller owns *out: keel_ckpt_scan_free(). */
+keel_status keel_ckpt_scan(const char *dir, const char *basename,
+                           keel_ckpt_file **out, size_t *n);
+void keel_ckpt_scan_free(keel_ckpt_file *files);
+
 #ifdef __cplusplus
 }
 #endif

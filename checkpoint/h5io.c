@@ -1,0 +1,1048 @@
+/* h5io.c - the checkpoint file itself: HDF5 layout, xxh64 checksums and
+ * the bulk data path. HDF5 (not thread-safe in Debian's build) is only used
+ * for metadata, under keel__h5_lock(); datasets are contiguous and
+ * allocated early, so tensor bytes are written and read with plain
+ * write()/pread() at their file offsets, outside the lock. */
+#include <config.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <hdf5.h>
+#include <xxhash.h>
+
+#include "ckpt_int.h"
+
+#define CK_ALIGN_THRESHOLD ((hsize_t)64 << 10)
+#define CK_ALIGN ((hsize_t)4096)
+#define CK_IO_CHUNK ((size_t)8 << 20)
+
+/* Lock HDF5 and switch its error printing off (libkeel never prints). */
+static void
+h5_begin(void)
+{
+    keel__h5_lock();
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+}
+
+static void
+h5_end(void)
+{
+    keel__h5_unlock();
+}
+
+static void
+h5_close_id(hid_t id)
+{
+    if (id < 0)
+        return;
+    switch (H5Iget_type(id)) {
+    case H5I_FILE: H5Fclose(id); break;
+    case H5I_GROUP: H5Gclose(id); break;
+    case H5I_DATASET: H5Dclose(id); break;
+    case H5I_DATASPACE: H5Sclose(id); break;
+    case H5I_DATATYPE: H5Tclose(id); break;
+    case H5I_ATTR: H5Aclose(id); break;
+    case H5I_GENPROP_LST: H5Pclose(id); break;
+    default: break;
+    }
+}
+
+static hid_t
+file_access_plist(void)
+{
+    hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+    if (fapl < 0)
+        return -1;
+    if (H5Pset_fapl_sec2(fapl) < 0 ||
+        H5Pset_libver_bounds(fapl, H5F_LIBVER_V18, H5F_LIBVER_LATEST) < 0 ||
+        H5Pset_alignment(fapl, CK_ALIGN_THRESHOLD, CK_ALIGN) < 0 ||
+        H5Pset_fclose_degree(fapl, H5F_CLOSE_STRONG) < 0 ||
+        H5Pset_file_locking(fapl, 0, 1) < 0) {
+        H5Pclose(fapl);
+        return -1;
+    }
+    return fapl;
+}
+
+/* ---- writing --------------------------------------------------------------- */
+
+static int
+attr_write(hid_t obj, const char *name, hid_t ftype, hid_t mtype,
+           const void *val)
+{
+    hid_t sp = H5Screate(H5S_SCALAR);
+    hid_t a = sp >= 0 ? H5Acreate2(obj, name, ftype, sp, H5P_DEFAULT,
+                                   H5P_DEFAULT) : -1;
+    int ok = a >= 0 && H5Awrite(a, mtype, val) >= 0;
+    h5_close_id(a);
+    h5_close_id(sp);
+    return ok;
+}
+
+/* A fixed-length, NUL-padded byte string (h5py reads it as bytes). */
+static int
+attr_write_str(hid_t obj, const char *name, const char *val)
+{
+    size_t n = strlen(val);
+    hid_t t = H5Tcopy(H5T_C_S1);
+    int ok = t >= 0 && H5Tset_size(t, n > 0 ? n : 1) >= 0 &&
+             H5Tset_strpad(t, H5T_STR_NULLPAD) >= 0 &&
+             H5Tset_cset(t, H5T_CSET_UTF8) >= 0;
+    if (ok) {
+        char zero = '\0';
+        ok = attr_write(obj, name, t, t, n > 0 ? val : &zero);
+    }
+    h5_close_id(t);
+    return ok;
+}
+
+/* Create one dataset (early-allocated, contiguous, never filled) with its
+ * checksum attribute; *offset receives where its bytes go. */
+static keel_status
+create_dset(hid_t parent, const char *h5name, hid_t ftype, int ndim,
+            const int64_t *shape, uint64_t hash, int64_t *offset,
+            const char *path)
+{
+    hsize_t dims[KEEL_MAX_DIMS];
+    hid_t sp, dcpl = -1, lcpl = -1, d = -1;
+    haddr_t addr;
+    keel_status st = KEEL_OK;
+
+    for (int i = 0; i < ndim; i++)
+        dims[i] = (hsize_t)shape[i];
+    sp = ndim == 0 ? H5Screate(H5S_SCALAR)
+                   : H5Screate_simple(ndim, dims, NULL);
+    dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    lcpl = H5Pcreate(H5P_LINK_CREATE);
+    if (sp < 0 || dcpl < 0 || lcpl < 0 ||
+        H5Pset_layout(dcpl, H5D_CONTIGUOUS) < 0 ||
+        H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY) < 0 ||
+        H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER) < 0 ||
+        H5Pset_create_intermediate_group(lcpl, 1) < 0) {
+        st = keel__fail(KEEL_EIO, "HDF5 property setup failed for %s in %s",
+                        h5name, path);
+        goto out;
+    }
+    d = H5Dcreate2(parent, h5name, ftype, sp, lcpl, dcpl, H5P_DEFAULT);
+    if (d < 0) {
+        st = keel__fail(KEEL_EIO, "cannot create dataset %s in %s (a name "
+                        "used both as a variable and as a prefix of "
+                        "another, or out of space)", h5name, path);
+        goto out;
+    }
+    if (!attr_write(d, "xxh64", H5T_STD_U64LE, H5T_NATIVE_UINT64, &hash)) {
+        st = keel__fail(KEEL_EIO, "cannot write the xxh64 attribute of %s "
+                        "in %s", h5name, path);
+        goto out;
+    }
+    addr = H5Dget_offset(d);
+    *offset = addr == HADDR_UNDEF ? -1 : (int64_t)addr;
+out:
+    h5_close_id(d);
+    h5_close_id(lcpl);
+    h5_close_id(dcpl);
+    h5_close_id(sp);
+    return st;
+}
+
+typedef struct w_piece {
+    const void *data;
+    size_t bytes;
+    int64_t offset;
+    const char *what;
+} w_piece;
+
+/* Create the file's whole HDF5 structure; pieces[i] gets each dataset's
+ * data offset (items first, then blobs). */
+static keel_status
+write_structure(const ck_plan *p, const char *tmp, w_piece *pieces)
+{
+    hid_t fapl, f = -1, meta = -1, g = -1;
+    char h5name[2 * KEEL_NAME_MAX + 32];
+    keel_status st = KEEL_OK;
+    int format = KEEL_CKPT_FORMAT_VERSION;
+
+    h5_begin();
+    fapl = file_access_plist();
+    if (fapl >= 0)
+        f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+    if (f < 0) {
+        st = keel__fail(KEEL_EIO, "cannot create checkpoint file %s: %s",
+                        tmp, strerror(errno));
+        goto out;
+    }
+    meta = H5Gcreate2(f, "/meta", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    g = H5Gcreate2(f, "/variables", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    h5_close_id(g);
+    g = H5Gcreate2(f, "/slots", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    h5_close_id(g);
+    g = -1;
+    if (meta < 0 ||
+        !attr_write(meta, "format_version", H5T_STD_I32LE, H5T_NATIVE_INT,
+                    &format) ||
+        !attr_write_str(meta, "keel_version", keel_version()) ||
+        !attr_write(meta, "global_step", H5T_STD_I64LE, H5T_NATIVE_INT64,
+                    &p->step) ||
+        !attr_write(meta, "wall_time", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE,
+                    &p->wall_time) ||
+        (p->config_text != NULL &&
+         !attr_write_str(meta, "config", p->config_text)) ||
+        (p->topology != NULL &&
+         !attr_write_str(meta, "topology", p->topology))) {
+        st = keel__fail(KEEL_EIO, "cannot write /meta attributes of %s",
+                        tmp);
+        goto out;
+    }
+    for (size_t i = 0; i < p->n; i++) {
+        const ck_item *it = &p->items[i];
+        if (it->slot == NULL)
+            st = keel__fmt(h5name, sizeof h5name, "dataset name",
+                           "/variables/%s", it->name);
+        else
+            st = keel__fmt(h5name, sizeof h5name, "dataset name",
+                           "/slots/%s/%s", it->slot, it->name);
+        if (st == KEEL_OK)
+            st = create_dset(f, h5name, H5T_IEEE_F32LE, it->ndim,
+                             it->shape, it->hash, &pieces[i].offset, tmp);
+        if (st != KEEL_OK)
+            goto out;
+        pieces[i].data = it->data;
+        pieces[i].bytes = it->bytes;
+        pieces[i].what = it->name;
+    }
+    if (p->n_blobs > 0) {
+        g = H5Gcreate2(meta, "blobs", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+        if (g < 0) {
+            st = keel__fail(KEEL_EIO, "cannot create /meta/blobs in %s", tmp);
+            goto out;
+        }
+    }
+    for (size_t i = 0; i < p->n_blobs; i++) {
+        const keel_ckpt_blob *b = &p->blobs[i];
+        int64_t shape = (int64_t)b->size;
+        w_piece *pc = &pieces[p->n + i];
+        uint64_t hash = XXH64(b->data, b->size, 0);
+        if (b->size == 0) {
+            /* An empty blob: a dataset of shape (0,), nothing to write. */
+            hsize_t zero = 0;
+            hid_t sp = H5Screate_simple(1, &zero, NULL);
+            hid_t d = sp >= 0 ? H5Dcreate2(g, b->name, H5T_STD_U8LE, sp,
+                                           H5P_DEFAULT, H5P_DEFAULT,
+                                           H5P_DEFAULT) : -1;
+            int ok = d >= 0 && attr_write(d, "xxh64", H5T_STD_U64LE,
+                                          H5T_NATIVE_UINT64, &hash);
+            h5_close_id(d);
+            h5_close_id(sp);
+            if (!ok) {
+                st = keel__fail(KEEL_EIO, "cannot create blob %s in %s",
+                                b->name, tmp);
+                goto out;
+            }
+            pc->data = NULL;
+            pc->bytes = 0;
+            pc->offset = -1;
+            continue;
+        }
+        st = create_dset(g, b->name, H5T_STD_U8LE, 1, &shape, hash,
+                         &pc->offset, tmp);
+        if (st != KEEL_OK)
+            goto out;
+        pc->data = b->data;
+        pc->bytes = b->size;
+        pc->what = b->name;
+    }
+out:
+    h5_close_id(g);
+    h5_close_id(meta);
+    if (f >= 0 && H5Fclose(f) < 0 && st == KEEL_OK)
+        st = keel__fail(KEEL_EIO, "HDF5 could not close %s", tmp);
+    h5_close_id(fapl);
+    h5_end();
+    return st;
+}
+
+keel_status
+keel__ckpt_write_file(const ck_plan *p, const char *path)
+{
+    char tmp[KEEL_PATH_MAX];
+    w_piece *pieces;
+    keel_status st;
+    int fd = -1;
+    size_t np = p->n + p->n_blobs;
+
+    st = keel__fs_tmp_name(tmp, sizeof tmp, path);
+    if (st != KEEL_OK)
+        return st;
+    pieces = calloc(np > 0 ? np : 1, sizeof *pieces);
+    if (pieces == NULL)
+        return keel__fail(KEEL_ENOMEM, "checkpoint %s: no memory for %zu "
+                          "datasets", path, np);
+    st = write_structure(p, tmp, pieces);
+    if (st != KEEL_OK)
+        goto fail;
+    fd = open(tmp, O_WRONLY | O_CLOEXEC);
+    if (fd < 0) {
+        st = keel__fail(KEEL_EIO, "reopen %s to write data: %s", tmp,
+                        strerror(errno));
+        goto fail;
+    }
+    for (size_t i = 0; i < np; i++) {
+        const w_piece *pc = &pieces[i];
+        if (pc->bytes == 0)
+            continue;
+        if (pc->offset < 0) {
+            st = keel__fail(KEEL_EINTERNAL, "HDF5 gave no data offset for "
+                            "%s in %s", pc->what, tmp);
+            goto fail;
+        }
+        if (lseek(fd, (off_t)pc->offset, SEEK_SET) < 0) {
+            st = keel__fail(KEEL_EIO, "seek in %s: %s", tmp, strerror(errno));
+            goto fail;
+        }
+        st = keel__fs_write_all(fd, pc->data, pc->bytes, tmp);
+        if (st != KEEL_OK)
+            goto fail;
+    }
+    if (keel__fs->fsync(fd) != 0) {
+        st = keel__fail(KEEL_EIO, "fsync %s: %s", tmp, strerror(errno));
+        goto fail;
+    }
+    if (close(fd) != 0) {
+        fd = -1;
+        st = keel__fail(KEEL_EIO, "close %s: %s", tmp, strerror(errno));
+        goto fail;
+    }
+    fd = -1;
+    free(pieces);
+    /* rename + fsync of the directory; unlinks tmp if the rename fails. */
+    return keel__fs_commit(tmp, path);
+fail:
+    if (fd >= 0)
+        close(fd);
+    unlink(tmp);
+    free(pieces);
+    return st;
+}
+
+/* ---- reading --------------------------------------------------------------- */
+
+static int
+attr_exists(hid_t obj, const char *name)
+{
+    return H5Aexists(obj, name) > 0;
+}
+
+static int
+attr_read_num(hid_t obj, const char *name, hid_t mtype, H5T_class_t cls,
+              void *out)
+{
+    hid_t a, t, sp;
+    int ok = 0;
+    if (!attr_exists(obj, name))
+        return 0;
+    a = H5Aopen(obj, name, H5P_DEFAULT);
+    t = a >= 0 ? H5Aget_type(a) : -1;
+    sp = a >= 0 ? H5Aget_space(a) : -1;
+    if (t >= 0 && sp >= 0 && H5Tget_class(t) == cls &&
+        H5Sget_simple_extent_npoints(sp) == 1)
+        ok = H5Aread(a, mtype, out) >= 0;
+    h5_close_id(sp);
+    h5_close_id(t);
+    h5_close_id(a);
+    return ok;
+}
+
+/* A string attribute (fixed or variable length) into a malloc'd copy.
+ * Returns 1 ok, 0 absent, -1 unreadable. */
+static int
+attr_read_str(hid_t obj, const char *name, char **out)
+{
+    hid_t a, t = -1, sp = -1, mt = -1;
+    int rc = -1;
+    *out = NULL;
+    if (!attr_exists(obj, name))
+        return 0;
+    a = H5Aopen(obj, name, H5P_DEFAULT);
+    if (a >= 0)
+        t = H5Aget_type(a);
+    if (a >= 0)
+        sp = H5Aget_space(a);
+    if (t < 0 || sp < 0 || H5Tget_class(t) != H5T_STRING ||
+        H5Sget_simple_extent_npoints(sp) != 1)
+        goto out;
+    if (H5Tis_variable_str(t) > 0) {
+        char *v = NULL;
+        mt = H5Tcopy(H5T_C_S1);
+        if (mt < 0 || H5Tset_size(mt, H5T_VARIABLE) < 0 ||
+            H5Aread(a, mt, &v) < 0 || v == NULL)
+            goto out;
+        if (strlen(v) <= CK_META_MAX_TEXT)
+            *out = strdup(v);
+        H5free_memory(v);
+    } else {
+        size_t n = H5Tget_size(t);
+        char *buf;
+        if (n == 0 || n > CK_META_MAX_TEXT)
+            goto out;
+        buf = calloc(1, n + 1);
+        mt = H5Tcopy(t);
+        if (buf == NULL || mt < 0 || H5Aread(a, mt, buf) < 0) {
+            free(buf);
+            goto out;
+        }
+        *out = buf;
+    }
+    rc = *out != NULL ? 1 : -1;
+out:
+    h5_close_id(mt);
+    h5_close_id(sp);
+    h5_close_id(t);
+    h5_close_id(a);
+    return rc;
+}
+
+typedef struct visit_ctx {
+    ck_file *f;
+    size_t cap;
+    const char *prefix;       /* "/variables" or "/slots" */
+    int is_slots;
+    keel_status st;
+} visit_ctx;
+
+static herr_t
+visit_cb(hid_t obj, const char *name, const H5O_info_t *info, void *op)
+{
+    visit_ctx *c = op;
+    ck_file *f = c->f;
+    ck_dset *d;
+    hid_t ds = -1, t = -1, sp = -1, dcpl = -1;
+    hsize_t dims[KEEL_MAX_DIMS + 1];
+    int nd;
+    const char *var = name;
+    herr_t rc = -1;
+
+    if (info->type == H5O_TYPE_GROUP)
+        return 0;
+    if (info->type != H5O_TYPE_DATASET) {
+        c->st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: %s/%s is not a "
+                           "dataset or group", f->path, c->prefix, name);
+        return -1;
+    }
+    if (f->n >= CK_MAX_ENTRIES) {
+        c->st = keel__fail(KEEL_ECORRUPT, "checkpoint %s holds more than %d "
+                           "datasets", f->path, CK_MAX_ENTRIES);
+        return -1;
+    }
+    if (f->n == c->cap) {
+        size_t nc = c->cap ? c->cap * 2 : 64;
+        ck_dset *nd2 = realloc(f->d, nc * sizeof *nd2);
+        if (nd2 == NULL) {
+            c->st = keel__fail(KEEL_ENOMEM, "checkpoint %s: dataset table",
+                               f->path);
+            return -1;
+        }
+        f->d = nd2;
+        c->cap = nc;
+    }
+    d = &f->d[f->n];
+    memset(d, 0, sizeof *d);
+    if (c->is_slots) {
+        const char *sl = strchr(name, '/');
+        size_t n = sl != NULL ? (size_t)(sl - name) : 0;
+        if (sl == NULL || n >= sizeof d->e.slot) {
+            c->st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: slot dataset "
+                               "/slots/%s is not /slots/<slot>/<variable>",
+                               f->path, name);
+            return -1;
+        }
+        memcpy(d->e.slot, name, n);
+        d->e.slot[n] = '\0';
+        var = sl + 1;
+    }
+    if (!keel_name_is_valid(var) || strlen(var) >= sizeof d->e.name ||
+        (c->is_slots && !keel_name_is_valid(d->e.slot))) {
+        c->st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: %s/%s is not a "
+                           "valid variable name", f->path, c->prefix, name);
+        return -1;
+    }
+    strcpy(d->e.name, var);
+    ds = H5Dopen2(obj, name, H5P_DEFAULT);
+    t = ds >= 0 ? H5Dget_type(ds) : -1;
+    sp = ds >= 0 ? H5Dget_space(ds) : -1;
+    if (t < 0 || sp < 0) {
+        c->st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: cannot open "
+                           "dataset %s/%s", f->path, c->prefix, name);
+        goto out;
+    }
+    if (H5Tequal(t, H5T_IEEE_F32LE) <= 0) {
+        c->st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: dataset %s/%s is "
+                           "not float32 little-endian (HDF5 class %d, %zu "
+                           "bytes)", f->path, c->prefix, name,
+                           (int)H5Tget_class(t), H5Tget_size(t));
+        goto out;
+    }
+    nd = H5Sget_simple_extent_ndims(sp);
+    if (nd < 0 || nd > KEEL_MAX_DIMS) {
+        c->st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: dataset %s/%s has "
+                           "%d dimensions (at most %d)", f->path, c->prefix,
+                           name, nd, KEEL_MAX_DIMS);
+        goto out;
+    }
+    H5Sget_simple_extent_dims(sp, dims, NULL);
+    d->e.ndim = nd;
+    for (int i = 0; i < KEEL_MAX_DIMS; i++)
+        d->e.shape[i] = 1;
+    for (int i = 0; i < nd; i++) {
+        if (dims[i] < 1 || dims[i] > (hsize_t)INT64_MAX) {
+            c->st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: dataset %s/%s "
+                               "has an empty or huge dimension", f->path,
+                               c->prefix, name);
+            goto out;
+        }
+        d->e.shape[i] = (int64_t)dims[i];
+    }
+    if (keel_shape_count(nd, d->e.shape, &d->count) != KEEL_OK) {
+        c->st = keel__wrap(KEEL_ECORRUPT, "checkpoint %s: dataset %s/%s",
+                           f->path, c->prefix, name);
+        goto out;
+    }
+    if (!attr_read_num(ds, "xxh64", H5T_NATIVE_UINT64, H5T_INTEGER,
+                       &d->e.xxh64)) {
+        c->st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: dataset %s/%s has "
+                           "no xxh64 checksum attribute", f->path, c->prefix,
+                           name);
+        goto out;
+    }
+    d->offset = -1;
+    dcpl = H5Dget_create_plist(ds);
+    if (dcpl >= 0 && H5Pget_layout(dcpl) == H5D_CONTIGUOUS &&
+        H5Pget_nfilters(dcpl) == 0 &&
+        H5Dget_storage_size(ds) == (hsize_t)d->count * 4) {
+        haddr_t a = H5Dget_offset(ds);
+        if (a != HADDR_UNDEF && a <= (haddr_t)INT64_MAX)
+            d->offset = (int64_t)a;
+    }
+    if (d->offset >= 0 &&
+        (d->offset > f->file_size ||
+         (uint64_t)(f->file_size - d->offset) < (uint64_t)d->count * 4)) {
+        c->st = keel__fail(KEEL_ECORRUPT, "checkpoint %s is truncated: "
+                           "dataset %s/%s ends past the end of the file",
+                           f->path, c->prefix, name);
+        goto out;
+    }
+    f->n++;
+    rc = 0;
+out:
+    h5_close_id(dcpl);
+    h5_close_id(sp);
+    h5_close_id(t);
+    h5_close_id(ds);
+    return rc;
+}
+
+static int
+dset_cmp(const void *a, const void *b)
+{
+    const ck_dset *x = a, *y = b;
+    int c = strcmp(x->e.slot, y->e.slot);
+    return c != 0 ? c : strcmp(x->e.name, y->e.name);
+}
+
+/* Open the file with HDF5 after checking it is a non-empty HDF5 file. */
+static keel_status
+open_h5(const char *path, int64_t *size, hid_t *out)
+{
+    struct stat sb;
+    hid_t fapl;
+    htri_t is;
+
+    *out = -1;
+    if (stat(path, &sb) != 0)
+        return keel__fail(errno == ENOENT ? KEEL_ENOTFOUND : KEEL_EIO,
+                          "checkpoint %s: %s", path, strerror(errno));
+    if (!S_ISREG(sb.st_mode))
+        return keel__fail(KEEL_ECORRUPT, "checkpoint %s is not a regular "
+                          "file", path);
+    if (sb.st_size == 0)
+        return keel__fail(KEEL_ECORRUPT, "checkpoint %s is empty (0 bytes): "
+                          "an interrupted copy or a full disk?", path);
+    *size = (int64_t)sb.st_size;
+    fapl = file_access_plist();
+    is = H5Fis_hdf5(path);
+    if (is <= 0) {
+        H5Pclose(fapl);
+        return keel__fail(KEEL_ECORRUPT, "checkpoint %s is not an HDF5 file "
+                          "(no HDF5 signature)", path);
+    }
+    *out = H5Fopen(path, H5F_ACC_RDONLY, fapl);
+    H5Pclose(fapl);
+    if (*out < 0)
+        return keel__fail(KEEL_ECORRUPT, "checkpoint %s cannot be opened by "
+                          "HDF5 (truncated or damaged, %lld bytes)", path,
+                          (long long)sb.st_size);
+    return KEEL_OK;
+}
+
+static keel_status
+read_meta_step(hid_t h, const char *path, int64_t *step)
+{
+    hid_t meta;
+    int format = 0;
+    keel_status st = KEEL_OK;
+    if (H5Lexists(h, "/meta", H5P_DEFAULT) <= 0)
+        return keel__fail(KEEL_ECORRUPT, "checkpoint %s has no /meta group: "
+                          "not a keel checkpoint", path);
+    meta = H5Gopen2(h, "/meta", H5P_DEFAULT);
+    if (meta < 0 || !attr_read_num(meta, "format_version", H5T_NATIVE_INT,
+                                   H5T_INTEGER, &format))
+        st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: /meta has no "
+                        "format_version", path);
+    else if (format != KEEL_CKPT_FORMAT_VERSION)
+        st = keel__fail(KEEL_ECORRUPT, "checkpoint %s has format version %d; "
+                        "this keel reads version %d", path, format,
+                        KEEL_CKPT_FORMAT_VERSION);
+    else if (!attr_read_num(meta, "global_step", H5T_NATIVE_INT64,
+                            H5T_INTEGER, step))
+        st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: /meta has no "
+                        "global_step", path);
+    h5_close_id(meta);
+    return st;
+}
+
+keel_status
+keel__ckpt_open(const char *path, ck_file *f)
+{
+    hid_t h = -1;
+    keel_status st;
+    visit_ctx c;
+
+    memset(f, 0, sizeof *f);
+    st = keel__fmt(f->path, sizeof f->path, "checkpoint path", "%s", path);
+    if (st != KEEL_OK)
+        return st;
+    h5_begin();
+    st = open_h5(path, &f->file_size, &h);
+    if (st == KEEL_OK)
+        st = read_meta_step(h, path, &f->global_step);
+    memset(&c, 0, sizeof c);
+    c.f = f;
+    c.st = KEEL_OK;
+    if (st == KEEL_OK) {
+        if (H5Lexists(h, "/variables", H5P_DEFAULT) <= 0) {
+            st = keel__fail(KEEL_ECORRUPT, "checkpoint %s has no /variables "
+                            "group", path);
+        } else {
+            hid_t g = H5Gopen2(h, "/variables", H5P_DEFAULT);
+            c.prefix = "/variables";
+            if (g < 0 || H5Ovisit(g, H5_INDEX_NAME, H5_ITER_INC, visit_cb,
+                                  &c) < 0)
+                st = c.st != KEEL_OK ? c.st :
+                     keel__fail(KEEL_ECORRUPT, "checkpoint %s: cannot list "
+                                "/variables", path);
+            h5_close_id(g);
+        }
+    }
+    f->n_vars = f->n;
+    if (st == KEEL_OK && H5Lexists(h, "/slots", H5P_DEFAULT) > 0) {
+        hid_t g = H5Gopen2(h, "/slots", H5P_DEFAULT);
+        c.prefix = "/slots";
+        c.is_slots = 1;
+        if (g < 0 || H5Ovisit(g, H5_INDEX_NAME, H5_ITER_INC, visit_cb,
+                              &c) < 0)
+            st = c.st != KEEL_OK ? c.st :
+                 keel__fail(KEEL_ECORRUPT, "checkpoint %s: cannot list "
+                            "/slots", path);
+        h5_close_id(g);
+    }
+    if (h >= 0)
+        H5Fclose(h);
+    h5_end();
+    if (st != KEEL_OK) {
+        keel__ckpt_close(f);
+        return st;
+    }
+    qsort(f->d, f->n_vars, sizeof *f->d, dset_cmp);
+    qsort(f->d + f->n_vars, f->n - f->n_vars, sizeof *f->d, dset_cmp);
+    return KEEL_OK;
+}
+
+void
+keel__ckpt_close(ck_file *f)
+{
+    if (f == NULL)
+        return;
+    free(f->d);
+    f->d = NULL;
+    f->n = f->n_vars = 0;
+}
+
+/* Fallback for datasets whose bytes are not one contiguous run (written by
+ * another tool, e.g. chunked h5py): let HDF5 read them. */
+static keel_status
+read_via_h5(const ck_file *f, const ck_dset *d, void *dst)
+{
+    char h5name[2 * KEEL_NAME_MAX + 32];
+    hid_t h = -1, ds = -1;
+    int64_t size;
+    keel_status st;
+    if (d->e.slot[0] == '\0')
+        snprintf(h5name, sizeof h5name, "/variables/%s", d->e.name);
+    else
+        snprintf(h5name, sizeof h5name, "/slots/%s/%s", d->e.slot,
+                 d->e.name);
+    h5_begin();
+    st = open_h5(f->path, &size, &h);
+    if (st == KEEL_OK) {
+        ds = H5Dopen2(h, h5name, H5P_DEFAULT);
+        if (ds < 0 || H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL,
+                              H5P_DEFAULT, dst) < 0)
+            st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: cannot read "
+                            "dataset %s", f->path, h5name);
+    }
+    h5_close_id(ds);
+    h5_close_id(h);
+    h5_end();
+    return st;
+}
+
+static keel_status
+pread_all(int fd, void *dst, size_t n, int64_t off, const char *path)
+{
+    char *p = dst;
+    while (n > 0) {
+        size_t want = n > ((size_t)1 << 30) ? ((size_t)1 << 30) : n;
+        ssize_t r = pread(fd, p, want, (off_t)off);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            return keel__fail(KEEL_EIO, "read %s: %s", path, strerror(errno));
+        if (r == 0)
+            return keel__fail(KEEL_ECORRUPT, "checkpoint %s is truncated "
+                              "(unexpected end of file)", path);
+        p += r;
+        n -= (size_t)r;
+        off += r;
+    }
+    return KEEL_OK;
+}
+
+static void
+describe(const ck_dset *d, char *buf, size_t size)
+{
+    if (d->e.slot[0] == '\0')
+        snprintf(buf, size, "variable '%s'", d->e.name);
+    else
+        snprintf(buf, size, "slot '%s' of variable '%s'", d->e.slot,
+                 d->e.name);
+}
+
+keel_status
+keel__ckpt_read(const ck_file *f, const ck_dset *d, void *dst)
+{
+    size_t bytes = d->count * sizeof(float);
+    keel_status st;
+    char what[2 * KEEL_NAME_MAX + 64];
+
+    if (d->offset >= 0) {
+        int fd = open(f->path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+            return keel__fail(KEEL_EIO, "open checkpoint %s: %s", f->path,
+                              strerror(errno));
+        st = pread_all(fd, dst, bytes, d->offset, f->path);
+        close(fd);
+    } else {
+        st = read_via_h5(f, d, dst);
+    }
+    if (st != KEEL_OK)
+        return st;
+    if (XXH64(dst, bytes, 0) != d->e.xxh64) {
+        describe(d, what, sizeof what);
+        return keel__fail(KEEL_ECORRUPT, "checkpoint %s: %s fails its xxh64 "
+                          "checksum (the data is corrupt)", f->path, what);
+    }
+    return KEEL_OK;
+}
+
+/* Stream one contiguous dataset through xxh64 without holding all of it. */
+static keel_status
+hash_stream(int fd, const ck_file *f, const ck_dset *d, void *buf,
+            uint64_t *out)
+{
+    XXH64_state_t *s = XXH64_createState();
+    size_t left = d->count * sizeof(float);
+    int64_t off = d->offset;
+    keel_status st = KEEL_OK;
+    if (s == NULL)
+        return keel__fail(KEEL_ENOMEM, "xxh64 state");
+    XXH64_reset(s, 0);
+    while (left > 0 && st == KEEL_OK) {
+        size_t n = left < CK_IO_CHUNK ? left : CK_IO_CHUNK;
+        st = pread_all(fd, buf, n, off, f->path);
+        if (st == KEEL_OK)
+            XXH64_update(s, buf, n);
+        left -= n;
+        off += (int64_t)n;
+    }
+    *out = XXH64_digest(s);
+    XXH64_freeState(s);
+    return st;
+}
+
+/* Verify the metadata and blobs under /meta (small: read through HDF5). */
+static keel_status
+verify_blobs(const char *path)
+{
+    keel_ckpt_info *info = NULL;
+    keel_status st = keel_ckpt_read_info(path, &info);
+    keel_ckpt_info_free(info);
+    return st;
+}
+
+keel_status
+keel__ckpt_verify(const char *path, int64_t *step)
+{
+    ck_file f;
+    keel_status st;
+    void *buf = NULL;
+    int fd = -1;
+    size_t max_fallback = 0;
+
+    st = keel__ckpt_open(path, &f);
+    if (st != KEEL_OK)
+        return st;
+    /* Slots must match their variable's shape. */
+    for (size_t i = f.n_vars; i < f.n; i++) {
+        ck_dset key = f.d[i];
+        ck_dset *v;
+        key.e.slot[0] = '\0';
+        v = bsearch(&key, f.d, f.n_vars, sizeof *f.d, dset_cmp);
+        if (v != NULL && !keel_shape_equal(v->e.ndim, v->e.shape,
+                                           f.d[i].e.ndim, f.d[i].e.shape)) {
+            char a[64], b[64];
+            st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: slot '%s' of "
+                            "variable '%s' has shape %s, the variable %s",
+                            path, f.d[i].e.slot, f.d[i].e.name,
+                            keel_shape_format(a, sizeof a, f.d[i].e.ndim,
+                                              f.d[i].e.shape),
+                            keel_shape_format(b, sizeof b, v->e.ndim,
+                                              v->e.shape));
+            goto out;
+        }
+        if (f.d[i].offset < 0 && f.d[i].count > max_fallback)
+            max_fallback = f.d[i].count;
+    }
+    for (size_t i = 0; i < f.n_vars; i++)
+        if (f.d[i].offset < 0 && f.d[i].count > max_fallback)
+            max_fallback = f.d[i].count;
+    buf = malloc(max_fallback * sizeof(float) > CK_IO_CHUNK ?
+                 max_fallback * sizeof(float) : CK_IO_CHUNK);
+    if (buf == NULL) {
+        st = keel__fail(KEEL_ENOMEM, "verify %s: read buffer", path);
+        goto out;
+    }
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        st = keel__fail(KEEL_EIO, "open checkpoint %s: %s", path,
+                        strerror(errno));
+        goto out;
+    }
+    posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    for (size_t i = 0; i < f.n && st == KEEL_OK; i++) {
+        const ck_dset *d = &f.d[i];
+        uint64_t h = 0;
+        if (d->offset < 0) {
+            st = keel__ckpt_read(&f, d, buf);
+            continue;
+        }
+        st = hash_stream(fd, &f, d, buf, &h);
+        if (st == KEEL_OK && h != d->e.xxh64) {
+            char what[2 * KEEL_NAME_MAX + 64];
+            describe(d, what, sizeof what);
+            st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: %s fails its "
+                            "xxh64 checksum (the data is corrupt)", path,
+                            what);
+        }
+    }
+    if (st == KEEL_OK)
+        st = verify_blobs(path);
+    if (st == KEEL_OK && step != NULL)
+        *step = f.global_step;
+out:
+    if (fd >= 0)
+        close(fd);
+    free(buf);
+    keel__ckpt_close(&f);
+    return st;
+}
+
+keel_status
+keel_ckpt_verify(const char *path)
+{
+    if (path == NULL)
+        return keel__fail(KEEL_EINVAL, "keel_ckpt_verify: path is NULL");
+    return keel__ckpt_verify(path, NULL);
+}
+
+/* ---- metadata -------------------------------------------------------------- */
+
+typedef struct blob_ctx {
+    keel_ckpt_info *info;
+    const char *path;
+    keel_status st;
+} blob_ctx;
+
+static herr_t
+blob_read_cb(hid_t g, const char *name, const H5L_info_t *linfo, void *op)
+{
+    blob_ctx *c = op;
+    keel_ckpt_info *info = c->info;
+    hid_t d, sp;
+    hssize_t n;
+    uint64_t want = 0;
+    void *buf;
+    (void)linfo;
+    if (info->n_blobs >= KEEL_CKPT_MAX_BLOBS ||
+        strlen(name) >= sizeof info->blobs[0].name) {
+        c->st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: too many blobs or "
+                           "blob name '%s' too long", c->path, name);
+        return -1;
+    }
+    d = H5Dopen2(g, name, H5P_DEFAULT);
+    sp = d >= 0 ? H5Dget_space(d) : -1;
+    n = sp >= 0 ? H5Sget_simple_extent_npoints(sp) : -1;
+    h5_close_id(sp);
+    if (d < 0 || n < 0 || (uint64_t)n > CK_BLOB_MAX ||
+        !attr_read_num(d, "xxh64", H5T_NATIVE_UINT64, H5T_INTEGER, &want)) {
+        h5_close_id(d);
+        c->st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: blob /meta/blobs/"
+                           "%s is unreadable or has no xxh64", c->path, name);
+        return -1;
+    }
+    buf = malloc(n > 0 ? (size_t)n : 1);
+    if (buf == NULL) {
+        h5_close_id(d);
+        c->st = keel__fail(KEEL_ENOMEM, "checkpoint %s: blob %s (%lld "
+                           "bytes)", c->path, name, (long long)n);
+        return -1;
+    }
+    if ((n > 0 && H5Dread(d, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL,
+                          H5P_DEFAULT, buf) < 0) ||
+        XXH64(buf, (size_t)n, 0) != want) {
+        free(buf);
+        h5_close_id(d);
+        c->st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: blob /meta/blobs/"
+                           "%s fails its xxh64 checksum", c->path, name);
+        return -1;
+    }
+    h5_close_id(d);
+    strcpy(info->blobs[info->n_blobs].name, name);
+    info->blobs[info->n_blobs].data = buf;
+    info->blobs[info->n_blobs].size = (size_t)n;
+    info->n_blobs++;
+    return 0;
+}
+
+keel_status
+keel_ckpt_read_info(const char *path, keel_ckpt_info **out)
+{
+    keel_ckpt_info *info;
+    ck_file f;
+    hid_t h = -1, meta = -1;
+    int64_t size;
+    keel_status st;
+    char *s = NULL;
+
+    if (path == NULL || out == NULL)
+        return keel__fail(KEEL_EINVAL, "keel_ckpt_read_info: NULL argument");
+    *out = NULL;
+    st = keel__ckpt_open(path, &f);
+    if (st != KEEL_OK)
+        return st;
+    info = calloc(1, sizeof *info);
+    if (info == NULL) {
+        keel__ckpt_close(&f);
+        return keel__fail(KEEL_ENOMEM, "checkpoint info for %s", path);
+    }
+    info->global_step = f.global_step;
+    info->n_variables = f.n_vars;
+    info->n_slots = f.n - f.n_vars;
+    info->format_version = KEEL_CKPT_FORMAT_VERSION;
+    keel__ckpt_close(&f);
+
+    h5_begin();
+    st = open_h5(path, &size, &h);
+    if (st == KEEL_OK)
+        meta = H5Gopen2(h, "/meta", H5P_DEFAULT);
+    if (st == KEEL_OK && meta < 0)
+        st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: cannot open /meta",
+                        path);
+    if (st == KEEL_OK &&
+        !attr_read_num(meta, "wall_time", H5T_NATIVE_DOUBLE, H5T_FLOAT,
+                       &info->wall_time))
+        st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: /meta has no "
+                        "wall_time", path);
+    if (st == KEEL_OK) {
+        int rc = attr_read_str(meta, "keel_version", &s);
+        if (rc > 0)
+            snprintf(info->keel_version, sizeof info->keel_version, "%s", s);
+        free(s);
+        s = NULL;
+        if (rc < 0 ||
+            attr_read_str(meta, "config", &info->config_text) < 0 ||
+            attr_read_str(meta, "topology", &info->topology) < 0)
+            st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: unreadable text "
+                            "attribute under /meta", path);
+    }
+    if (st == KEEL_OK && H5Lexists(meta, "blobs", H5P_DEFAULT) > 0) {
+        blob_ctx c = { info, path, KEEL_OK };
+        hid_t g = H5Gopen2(meta, "blobs", H5P_DEFAULT);
+        if (g < 0 || H5Literate(g, H5_INDEX_NAME, H5_ITER_INC, NULL,
+                                blob_read_cb, &c) < 0)
+            st = c.st != KEEL_OK ? c.st : keel__fail(KEEL_ECORRUPT,
+                 "checkpoint %s: cannot list /meta/blobs", path);
+        h5_close_id(g);
+    }
+    h5_close_id(meta);
+    h5_close_id(h);
+    h5_end();
+    if (st != KEEL_OK) {
+        keel_ckpt_info_free(info);
+        return st;
+    }
+    *out = info;
+    return KEEL_OK;
+}
+
+void
+keel_ckpt_info_free(keel_ckpt_info *info)
+{
+    if (info == NULL)
+        return;
+    free(info->config_text);
+    free(info->topology);
+    for (size_t i = 0; i < info->n_blobs; i++)
+        free(info->blobs[i].data);
+    free(info);
+}
+
+const void *
+keel_ckpt_info_blob(const keel_ckpt_info *info, const char *name,
+                    size_t *size)
+{
+    if (info == NULL || name == NULL)
+        return NULL;
+    for (size_t i = 0; i < info->n_blobs; i++) {
+        if (strcmp(info->blobs[i].name, name) == 0) {
+            if (size != NULL)
+                *size = info->blobs[i].size;
+            /* A zero-size blob still has a non-NULL (1-byte) buffer. */
+            return info->blobs[i].data;
+        }
+    }
+    return NULL;
+}

@@ -1,0 +1,908 @@
+/* saver.c - keel_saver: one checkpoint file per save committed durably,
+ * then the TF-format `checkpoint` state file, then retention (max_to_keep,
+ * keep_every_n_hours, recorded in the state file as `# keel:` comments so
+ * they survive restarts and TF's parser still accepts the file). Async
+ * saves copy everything into one reusable staging buffer and write it on a
+ * background thread; at most one is in flight. */
+#include <config.h>
+
+#include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <xxhash.h>
+
+#include "ckpt_int.h"
+
+struct keel_saver {
+    char dir[KEEL_PATH_MAX];
+    char basename[KEEL_NAME_MAX];
+    int max_to_keep;
+    double keep_every_n_hours;
+    int is_async;
+
+    ck_state state;             /* the retention list, save order */
+    int64_t last_step;          /* atomic: read by keel_saver_last_step */
+
+    /* async */
+    pthread_t thread;
+    int in_flight;
+    keel_status th_status;
+    char th_err[KEEL_ERR_MAX];
+    ck_plan plan;
+    char *stage;                /* staging buffer, KEEL_TENSOR_ALIGN'd */
+    size_t stage_cap;
+    char *names;                /* copied names, config, topology */
+    size_t names_cap;
+};
+
+void
+keel_saver_config_init(keel_saver_config *cfg)
+{
+    if (cfg == NULL)
+        return;
+    memset(cfg, 0, sizeof *cfg);
+    cfg->basename = KEEL_CKPT_DEFAULT_BASENAME;
+    cfg->max_to_keep = 5;
+    cfg->keep_every_n_hours = 0;
+    cfg->is_async = 0;
+}
+
+/* ---- names and the state file -------------------------------------------- */
+
+int64_t
+keel__ckpt_name_step(const char *name, const char *base)
+{
+    size_t n = strlen(name), bl;
+    const char *dash, *p;
+    int64_t step;
+    char digits[32];
+    if (n < 5 || strcmp(name + n - 3, ".h5") != 0)
+        return -1;
+    if (base != NULL) {
+        bl = strlen(base);
+        if (strncmp(name, base, bl) != 0 || name[bl] != '-')
+            return -1;
+        dash = name + bl;
+    } else {
+        dash = NULL;
+        for (p = name; p < name + n - 3; p++)
+            if (*p == '-')
+                dash = p;
+        if (dash == NULL || dash == name)
+            return -1;
+    }
+    p = dash + 1;
+    if ((size_t)(name + n - 3 - p) == 0 ||
+        (size_t)(name + n - 3 - p) >= sizeof digits)
+        return -1;
+    memcpy(digits, p, (size_t)(name + n - 3 - p));
+    digits[name + n - 3 - p] = '\0';
+    for (p = digits; *p; p++)
+        if (!isdigit((unsigned char)*p))
+            return -1;
+    if (!keel__parse_i64(digits, 0, INT64_MAX, &step))
+        return -1;
+    return step;
+}
+
+void
+keel__ckpt_state_free(ck_state *st)
+{
+    free(st->e);
+    free(st->doomed);
+    memset(st, 0, sizeof *st);
+}
+
+static keel_status
+state_push(ck_state *st, const char *name, double ts)
+{
+    if (st->n == st->cap) {
+        size_t nc = st->cap ? st->cap * 2 : 16;
+        ck_state_entry *e = realloc(st->e, nc * sizeof *e);
+        if (e == NULL)
+            return keel__fail(KEEL_ENOMEM, "checkpoint state list");
+        st->e = e;
+        st->cap = nc;
+    }
+    snprintf(st->e[st->n].name, sizeof st->e[0].name, "%s", name);
+    st->e[st->n].ts = ts;
+    st->n++;
+    return KEEL_OK;
+}
+
+static void
+state_remove(ck_state *st, size_t i)
+{
+    memmove(&st->e[i], &st->e[i + 1], (st->n - i - 1) * sizeof *st->e);
+    st->n--;
+}
+
+/* Parse a quoted string value: "..." with \" and \\ escapes. */
+static int
+parse_quoted(const char *v, char *out, size_t size)
+{
+    size_t n = 0;
+    if (*v++ != '"')
+        return 0;
+    while (*v != '\0' && *v != '"') {
+        if (*v == '\\' && v[1] != '\0')
+            v++;
+        if (n + 1 >= size)
+            return 0;
+        out[n++] = *v++;
+    }
+    if (*v != '"')
+        return 0;
+    out[n] = '\0';
+    return n > 0;
+}
+
+keel_status
+keel__ckpt_state_read(const char *dir, ck_state *st)
+{
+    char path[KEEL_PATH_MAX], *data, *line, *save = NULL;
+    size_t n, n_ts = 0, lineno = 0;
+    keel_status rc;
+
+    memset(st, 0, sizeof *st);
+    st->last_preserved = -1;
+    st->max_to_keep = -1;
+    st->keep_every_n_hours = -1;
+    rc = keel__path_join(path, sizeof path, dir, CK_STATE_NAME);
+    if (rc != KEEL_OK)
+        return rc;
+    rc = keel__fs_read_all(path, (size_t)16 << 20, &data, &n);
+    if (rc != KEEL_OK)
+        return rc;
+    if (strlen(data) != n) {
+        free(data);
+        return keel__fail(KEEL_ECORRUPT, "state file %s contains NUL bytes",
+                          path);
+    }
+    for (line = strtok_r(data, "\n", &save); line != NULL;
+         line = strtok_r(NULL, "\n", &save)) {
+        char *colon, *key, *val, name[KEEL_NAME_MAX];
+        double d;
+        lineno++;
+        while (isspace((unsigned char)*line))
+            line++;
+        if (*line == '\0')
+            continue;
+        if (*line == '#') {
+            /* "# keel: max_to_keep=5 keep_every_n_hours=0" */
+            char *kv, *s2 = NULL;
+            if (strncmp(line, "# keel:", 7) != 0)
+                continue;
+            for (kv = strtok_r(line + 7, " \t", &s2); kv != NULL;
+                 kv = strtok_r(NULL, " \t", &s2)) {
+                int64_t iv;
+                if (strncmp(kv, "max_to_keep=", 12) == 0 &&
+                    keel__parse_i64(kv + 12, 0, 1000000000, &iv))
+                    st->max_to_keep = (int)iv;
+                else if (strncmp(kv, "keep_every_n_hours=", 19) == 0 &&
+                         keel__parse_double(kv + 19, &d) && d >= 0)
+                    st->keep_every_n_hours = d;
+                else if (strncmp(kv, "delete=", 7) == 0 &&
+                         keel_name_is_valid(kv + 7) &&
+                         strchr(kv + 7, '/') == NULL &&
+                         st->n_doomed < 1024) {
+                    void *nd = realloc(st->doomed, (st->n_doomed + 1) *
+                                       sizeof *st->doomed);
+                    if (nd == NULL) {
+                        rc = keel__fail(KEEL_ENOMEM, "state file list");
+                        goto fail;
+                    }
+                    st->doomed = nd;
+                    strcpy(st->doomed[st->n_doomed++], kv + 7);
+                }
+            }
+            continue;
+        }
+        colon = strchr(line, ':');
+        if (colon == NULL)
+            goto bad;
+        *colon = '\0';
+        key = line;
+        val = colon + 1;
+        while (isspace((unsigned char)*val))
+            val++;
+        for (char *e = val + strlen(val); e > val &&
+             isspace((unsigned char)e[-1]); )
+            *--e = '\0';
+        if (strcmp(key, "model_checkpoint_path") == 0) {
+            if (!parse_quoted(val, st->latest, sizeof st->latest))
+                goto bad;
+        } else if (strcmp(key, "all_model_checkpoint_paths") == 0) {
+            if (!parse_quoted(val, name, sizeof name))
+                goto bad;
+            rc = state_push(st, name, 0);
+            if (rc != KEEL_OK)
+                goto fail;
+        } else if (strcmp(key, "all_model_checkpoint_timestamps") == 0) {
+            if (!keel__parse_double(val, &d))
+                goto bad;
+            if (n_ts < st->n)
+                st->e[n_ts].ts = d;
+            n_ts++;
+        } else if (strcmp(key, "last_preserved_timestamp") == 0) {
+            if (!keel__parse_double(val, &d))
+                goto bad;
+            st->last_preserved = d;
+        }
+        /* Other keys are ignored (forward compatibility). */
+    }
+    free(data);
+    if (st->latest[0] == '\0' && st->n == 0) {
+        keel__ckpt_state_free(st);
+        return keel__fail(KEEL_ECORRUPT, "state file %s names no checkpoint",
+                          path);
+    }
+    return KEEL_OK;
+bad:
+    rc = keel__fail(KEEL_ECORRUPT, "state file %s: line %zu is not "
+                    "`key: value` in TF's checkpoint format", path, lineno);
+fail:
+    free(data);
+    keel__ckpt_state_free(st);
+    return rc;
+}
+
+static keel_status
+state_write(const keel_saver *s, char (*doomed)[KEEL_NAME_MAX],
+            size_t n_doomed)
+{
+    char path[KEEL_PATH_MAX];
+    size_t cap = 512 + (s->state.n + n_doomed) * (KEEL_NAME_MAX + 96);
+    char *buf = malloc(cap);
+    size_t len = 0;
+    keel_status st;
+
+    if (buf == NULL)
+        return keel__fail(KEEL_ENOMEM, "state file buffer");
+#define APPEND(...) len += (size_t)snprintf(buf + len, cap - len, __VA_ARGS__)
+    APPEND("model_checkpoint_path: \"%s\"\n",
+           s->state.n > 0 ? s->state.e[s->state.n - 1].name : "");
+    for (size_t i = 0; i < s->state.n; i++)
+        APPEND("all_model_checkpoint_paths: \"%s\"\n", s->state.e[i].name);
+    for (size_t i = 0; i < s->state.n; i++)
+        APPEND("all_model_checkpoint_timestamps: %.6f\n", s->state.e[i].ts);
+    APPEND("last_preserved_timestamp: %.6f\n", s->state.last_preserved);
+    APPEND("# keel: max_to_keep=%d keep_every_n_hours=%.9g\n",
+           s->max_to_keep, s->keep_every_n_hours);
+    for (size_t i = 0; i < n_doomed; i++)
+        if (strchr(doomed[i], '/') == NULL)
+            APPEND("# keel: delete=%s\n", doomed[i]);
+#undef APPEND
+    st = keel__path_join(path, sizeof path, s->dir, CK_STATE_NAME);
+    if (st == KEEL_OK)
+        st = keel__fs_write_atomic(path, buf, len);
+    free(buf);
+    return st;
+}
+
+/* ---- saver lifetime ---------------------------------------------------------- */
+
+/* Remove ".<base>-*.h5.tmp.<pid>" and ".checkpoint.tmp.<pid>" left by
+ * processes that no longer exist. */
+static void
+clean_temp_files(const keel_saver *s)
+{
+    DIR *d = opendir(s->dir);
+    struct dirent *de;
+    size_t bl = strlen(s->basename);
+    if (d == NULL)
+        return;
+    while ((de = readdir(d)) != NULL) {
+        const char *nm = de->d_name, *t;
+        int64_t pid;
+        char path[KEEL_PATH_MAX];
+        if (nm[0] != '.')
+            continue;
+        if (!((strncmp(nm + 1, s->basename, bl) == 0 && nm[1 + bl] == '-') ||
+              strncmp(nm + 1, CK_STATE_NAME ".tmp.",
+                      sizeof CK_STATE_NAME + 4) == 0))
+            continue;
+        t = strstr(nm, ".tmp.");
+        if (t == NULL || !keel__parse_i64(t + 5, 1, INT32_MAX, &pid))
+            continue;
+        if (pid == (int64_t)getpid() ||
+            (kill((pid_t)pid, 0) != 0 ? errno != ESRCH : 1))
+            continue;          /* owner may still be alive */
+        if (keel__path_join(path, sizeof path, s->dir, nm) != KEEL_OK)
+            continue;
+        if (unlink(path) == 0)
+            keel__log(KEEL_LOG_INFO, "removed %s, left by crashed process "
+                      "%lld", path, (long long)pid);
+    }
+    closedir(d);
+}
+
+/* Checkpoints newer than the newest listed one were committed by a
+ * process that died before updating the state file: list them (by step) so
+ * retention manages them. Older unlisted files are left alone: they may be
+ * kept on purpose (keep_every_n_hours). */
+static void
+adopt_orphans(keel_saver *s)
+{
+    keel_ckpt_file *f = NULL;
+    size_t n = 0;
+    if (keel_ckpt_scan(s->dir, s->basename, &f, &n) != KEEL_OK)
+        return;
+    for (size_t i = 0; i < n; i++) {
+        if (f[i].step <= s->last_step)
+            continue;
+        if (state_push(&s->state, f[i].name, f[i].mtime) != KEEL_OK)
+            break;
+        s->last_step = f[i].step;
+        keel__log(KEEL_LOG_INFO, "adopted %s/%s, committed by a process "
+                  "that stopped before recording it", s->dir, f[i].name);
+    }
+    keel_ckpt_scan_free(f);
+}
+
+keel_status
+keel_saver_new(const keel_saver_config *cfg, keel_saver **out)
+{
+    keel_saver *s;
+    keel_status st;
+    const char *base;
+
+    if (out == NULL || cfg == NULL || cfg->dir == NULL || cfg->dir[0] == 0)
+        return keel__fail(KEEL_EINVAL, "keel_saver_new: a checkpoint "
+                          "directory is required");
+    *out = NULL;
+    base = cfg->basename != NULL ? cfg->basename : KEEL_CKPT_DEFAULT_BASENAME;
+    if (!keel_name_is_valid(base) || strchr(base, '/') != NULL ||
+        strlen(base) > 200)
+        return keel__fail(KEEL_EINVAL, "checkpoint basename '%s' must be one "
+                          "path segment of [A-Za-z0-9_.-]", base);
+    if (cfg->max_to_keep < 0)
+        return keel__fail(KEEL_EINVAL, "max_to_keep %d: must be >= 0 "
+                          "(0 keeps all)", cfg->max_to_keep);
+    if (!(cfg->keep_every_n_hours >= 0))
+        return keel__fail(KEEL_EINVAL, "keep_every_n_hours must be >= 0");
+    s = calloc(1, sizeof *s);
+    if (s == NULL)
+        return keel__fail(KEEL_ENOMEM, "saver");
+    st = keel__fmt(s->dir, sizeof s->dir, "checkpoint directory", "%s",
+                   cfg->dir);
+    if (st != KEEL_OK)
+        goto fail;
+    snprintf(s->basename, sizeof s->basename, "%s", base);
+    s->max_to_keep = cfg->max_to_keep;
+    s->keep_every_n_hours = cfg->keep_every_n_hours;
+    s->is_async = cfg->is_async != 0;
+    s->last_step = -1;
+    st = keel__fs_mkdirs(s->dir);
+    if (st != KEEL_OK) {
+        st = keel__wrap(st, "checkpoint directory %s", s->dir);
+        goto fail;
+    }
+    clean_temp_files(s);
+    st = keel__ckpt_state_read(s->dir, &s->state);
+    if (st == KEEL_ENOTFOUND) {
+        memset(&s->state, 0, sizeof s->state);
+    } else if (st != KEEL_OK) {
+        keel__log(KEEL_LOG_WARN, "%s; starting a new checkpoint list",
+                  keel_last_error());
+        memset(&s->state, 0, sizeof s->state);
+    } else {
+        /* Drop entries whose file is gone; remember the newest step. */
+        for (size_t i = 0; i < s->state.n; ) {
+            char p[KEEL_PATH_MAX];
+            struct stat sb;
+            const char *nm = s->state.e[i].name;
+            if (nm[0] == '/')
+                snprintf(p, sizeof p, "%s", nm);
+            else if (keel__path_join(p, sizeof p, s->dir, nm) != KEEL_OK)
+                p[0] = '\0';
+            if (stat(p, &sb) != 0) {
+                state_remove(&s->state, i);
+                continue;
+            }
+            i++;
+        }
+        /* Retention deletions a crash interrupted. */
+        for (size_t k = 0; k < s->state.n_doomed; k++) {
+            char p[KEEL_PATH_MAX];
+            int listed = 0;
+            for (size_t i = 0; i < s->state.n; i++)
+                listed |= strcmp(s->state.e[i].name, s->state.doomed[k]) == 0;
+            if (!listed &&
+                keel__path_join(p, sizeof p, s->dir, s->state.doomed[k]) ==
+                    KEEL_OK &&
+                unlink(p) == 0)
+                keel__log(KEEL_LOG_INFO, "retention: removed %s (deletion "
+                          "interrupted earlier)", p);
+        }
+        free(s->state.doomed);
+        s->state.doomed = NULL;
+        s->state.n_doomed = 0;
+        if (s->state.n > 0) {
+            const char *nm = s->state.e[s->state.n - 1].name;
+            const char *sl = strrchr(nm, '/');
+            s->last_step = keel__ckpt_name_step(sl ? sl + 1 : nm,
+                                                s->basename);
+        }
+    }
+    adopt_orphans(s);
+    if (s->state.last_preserved < 0)
+        s->state.last_preserved = keel__now_wall();
+    *out = s;
+    return KEEL_OK;
+fail:
+    free(s);
+    return st;
+}
+
+int64_t
+keel_saver_last_step(const keel_saver *s)
+{
+    if (s == NULL)
+        return -1;
+    return __atomic_load_n(&s->last_step, __ATOMIC_ACQUIRE);
+}
+
+/* ---- one save -------------------------------------------------------------- */
+
+static keel_status
+plan_add(ck_plan *p, const char *name, const char *slot,
+         const keel_tensor *t, const void *data)
+{
+    ck_item *it;
+    if (p->n == p->cap) {
+        size_t nc = p->cap ? p->cap * 2 : 64;
+        ck_item *ni = realloc(p->items, nc * sizeof *ni);
+        if (ni == NULL)
+            return keel__fail(KEEL_ENOMEM, "checkpoint plan");
+        p->items = ni;
+        p->cap = nc;
+    }
+    it = &p->items[p->n++];
+    memset(it, 0, sizeof *it);
+    it->name = name;
+    it->slot = slot;
+    it->ndim = t->ndim;
+    memcpy(it->shape, t->shape, sizeof it->shape);
+    it->data = data;
+    it->bytes = keel_tensor_bytes(t);
+    return KEEL_OK;
+}
+
+/* Commit the file, record it in the state file, apply retention. Runs on
+ * the caller's thread (sync) or the writer thread (async). */
+static keel_status
+commit_save(keel_saver *s, ck_plan *p)
+{
+    char name[KEEL_NAME_MAX], path[KEEL_PATH_MAX];
+    char (*doomed)[KEEL_NAME_MAX] = NULL;
+    size_t n_doomed = 0;
+    double now = keel__now_wall(), saved_lp = s->state.last_preserved;
+    ck_state_entry *backup = NULL;
+    size_t backup_n = s->state.n;
+    keel_status st;
+
+    for (size_t i = 0; i < p->n; i++)
+        p->items[i].hash = XXH64(p->items[i].data, p->items[i].bytes, 0);
+    st = keel__fmt(name, sizeof name, "checkpoint name", "%s-%lld.h5",
+                   s->basename, (long long)p->step);
+    if (st == KEEL_OK)
+        st = keel__path_join(path, sizeof path, s->dir, name);
+    if (st == KEEL_OK)
+        st = keel__ckpt_write_file(p, path);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "save of step %lld failed", (long long)p->step);
+
+    /* New list: without an older entry of the same name, plus this one. */
+    backup = malloc((backup_n + 1) * sizeof *backup);
+    doomed = malloc((backup_n + 1) * sizeof *doomed);
+    if (backup == NULL || doomed == NULL) {
+        st = keel__fail(KEEL_ENOMEM, "checkpoint retention list");
+        goto out;
+    }
+    if (backup_n > 0)
+        memcpy(backup, s->state.e, backup_n * sizeof *backup);
+    for (size_t i = 0; i < s->state.n; ) {
+        const char *nm = s->state.e[i].name;
+        const char *sl = strrchr(nm, '/');
+        if (strcmp(sl ? sl + 1 : nm, name) == 0)
+            state_remove(&s->state, i);
+        else
+            i++;
+    }
+    st = state_push(&s->state, name, now);
+    if (st != KEEL_OK)
+        goto out;
+    /* Retention: the entry just added is never removed (n > max >= 1). */
+    while (s->max_to_keep > 0 && s->state.n > (size_t)s->max_to_keep) {
+        ck_state_entry old = s->state.e[0];
+        state_remove(&s->state, 0);
+        if (s->keep_every_n_hours > 0 &&
+            old.ts - s->state.last_preserved >=
+                s->keep_every_n_hours * 3600.0) {
+            s->state.last_preserved = old.ts;   /* kept for good */
+            continue;
+        }
+        snprintf(doomed[n_doomed++], KEEL_NAME_MAX, "%s", old.name);
+    }
+    st = state_write(s, doomed, n_doomed);
+    if (st != KEEL_OK) {
+        /* The .h5 is committed but unrecorded; keep the old list. */
+        memcpy(s->state.e, backup, backup_n * sizeof *backup);
+        s->state.n = backup_n;
+        s->state.last_preserved = saved_lp;
+        n_doomed = 0;
+        st = keel__wrap(st, "checkpoint %s was written but the state file "
+                        "could not be updated", path);
+        goto out;
+    }
+    __atomic_store_n(&s->last_step, p->step, __ATOMIC_RELEASE);
+    /* Only now that the state file no longer lists them. */
+    for (size_t i = 0; i < n_doomed; i++) {
+        char dp[KEEL_PATH_MAX];
+        if (doomed[i][0] == '/')
+            snprintf(dp, sizeof dp, "%s", doomed[i]);
+        else if (keel__path_join(dp, sizeof dp, s->dir, doomed[i]) != KEEL_OK)
+            continue;
+        if (unlink(dp) != 0 && errno != ENOENT)
+            keel__log(KEEL_LOG_WARN, "retention: cannot remove %s: %s", dp,
+                      strerror(errno));
+        else
+            keel__log(KEEL_LOG_DEBUG, "retention: removed %s", dp);
+    }
+out:
+    free(backup);
+    free(doomed);
+    return st;
+}
+
+static void *
+writer_main(void *arg)
+{
+    keel_saver *s = arg;
+    s->th_status = commit_save(s, &s->plan);
+    if (s->th_status != KEEL_OK)
+        snprintf(s->th_err, sizeof s->th_err, "%s", keel_last_error());
+    return NULL;
+}
+
+/* Join the in-flight save and return its status (re-raised here). */
+static keel_status
+join_writer(keel_saver *s)
+{
+    if (!s->in_flight)
+        return KEEL_OK;
+    pthread_join(s->thread, NULL);
+    s->in_flight = 0;
+    if (s->th_status != KEEL_OK)
+        return keel__fail(s->th_status, "async checkpoint: %s", s->th_err);
+    return KEEL_OK;
+}
+
+keel_status
+keel_saver_wait(keel_saver *s)
+{
+    if (s == NULL)
+        return keel__fail(KEEL_EINVAL, "keel_saver_wait: saver is NULL");
+    return join_writer(s);
+}
+
+static size_t
+round_up(size_t n)
+{
+    return (n + KEEL_TENSOR_ALIGN - 1) & ~(size_t)(KEEL_TENSOR_ALIGN - 1);
+}
+
+static keel_status
+check_meta(const keel_ckpt_meta *meta)
+{
+    if (meta == NULL)
+        return KEEL_OK;
+    if (meta->n_blobs > KEEL_CKPT_MAX_BLOBS)
+        return keel__fail(KEEL_EINVAL, "checkpoint meta: %zu blobs, at most "
+                          "%d", meta->n_blobs, KEEL_CKPT_MAX_BLOBS);
+    if (meta->n_blobs > 0 && meta->blobs == NULL)
+        return keel__fail(KEEL_EINVAL, "checkpoint meta: blobs is NULL");
+    for (size_t i = 0; i < meta->n_blobs; i++) {
+        const keel_ckpt_blob *b = &meta->blobs[i];
+        if (b->name == NULL || !keel_name_is_valid(b->name) ||
+            strchr(b->name, '/') != NULL || strlen(b->name) >= 64)
+            return keel__fail(KEEL_EINVAL, "checkpoint blob name '%s' must "
+                              "be one segment of [A-Za-z0-9_.-], < 64 bytes",
+                              b->name ? b->name : "(null)");
+        if (b->size > 0 && b->data == NULL)
+            return keel__fail(KEEL_EINVAL, "checkpoint blob '%s': data is "
+                              "NULL", b->name);
+        for (size_t j = 0; j < i; j++)
+            if (strcmp(meta->blobs[j].name, b->name) == 0)
+                return keel__fail(KEEL_EINVAL, "checkpoint blob '%s' given "
+                                  "twice", b->name);
+    }
+    return KEEL_OK;
+}
+
+/* Copy a string into the saver's name arena at *off. */
+static const char *
+arena_put(keel_saver *s, size_t *off, const char *str)
+{
+    size_t n = strlen(str) + 1;
+    char *p = s->names + *off;
+    memcpy(p, str, n);
+    *off += n;
+    return p;
+}
+
+/* Async: copy every tensor, name and meta into staging memory. */
+static keel_status
+stage(keel_saver *s, const keel_vars *vs, const keel_ckpt_meta *meta)
+{
+    size_t total = 0, text = 0, off = 0, toff = 0;
+    ck_plan *p = &s->plan;
+    size_t nv = keel_vars_count(vs);
+    keel_status st;
+
+    for (size_t i = 0; i < nv; i++) {
+        keel_var *v = keel_vars_at(vs, i);
+        const char *sn;
+        if (keel_var_flags(v) & KEEL_VAR_LOCAL)
+            continue;
+        total += round_up(keel_tensor_bytes(keel_var_tensor(v)));
+        text += strlen(keel_var_name(v)) + 1;
+        for (size_t j = 0; keel_var_slot_at(v, j, &sn) != NULL; j++) {
+            total += round_up(keel_tensor_bytes(keel_var_slot_at(v, j,
+                                                                 NULL)));
+            text += strlen(sn) + 1;
+        }
+    }
+    if (meta != NULL) {
+        for (size_t i = 0; i < meta->n_blobs; i++) {
+            total += round_up(meta->blobs[i].size);
+            text += strlen(meta->blobs[i].name) + 1;
+        }
+        text += (meta->config_text ? strlen(meta->config_text) + 1 : 0) +
+                (meta->topology ? strlen(meta->topology) + 1 : 0);
+    }
+    if (total > s->stage_cap) {
+        char *nb = keel_aligned_alloc(total);
+        if (nb == NULL)
+            return keel__fail(KEEL_ENOMEM, "async checkpoint staging buffer "
+                              "of %zu bytes", total);
+        keel_aligned_free(s->stage);
+        s->stage = nb;
+        s->stage_cap = total;
+    }
+    if (text + 1 > s->names_cap) {
+        char *nn = realloc(s->names, text + 1);
+        if (nn == NULL)
+            return keel__fail(KEEL_ENOMEM, "async checkpoint names");
+        s->names = nn;
+        s->names_cap = text + 1;
+    }
+    p->n = 0;
+    for (size_t i = 0; i < nv; i++) {
+        keel_var *v = keel_vars_at(vs, i);
+        keel_tensor *t = keel_var_tensor(v), *sl;
+        const char *name, *sn;
+        if (keel_var_flags(v) & KEEL_VAR_LOCAL)
+            continue;
+        name = arena_put(s, &toff, keel_var_name(v));
+        memcpy(s->stage + off, t->data, keel_tensor_bytes(t));
+        st = plan_add(p, name, NULL, t, s->stage + off);
+        if (st != KEEL_OK)
+            return st;
+        off += round_up(keel_tensor_bytes(t));
+        for (size_t j = 0; (sl = keel_var_slot_at(v, j, &sn)) != NULL; j++) {
+            const char *slot = arena_put(s, &toff, sn);
+            memcpy(s->stage + off, sl->data, keel_tensor_bytes(sl));
+            st = plan_add(p, name, slot, sl, s->stage + off);
+            if (st != KEEL_OK)
+                return st;
+            off += round_up(keel_tensor_bytes(sl));
+        }
+    }
+    p->n_blobs = 0;
+    p->config_text = p->topology = NULL;
+    if (meta != NULL) {
+        for (size_t i = 0; i < meta->n_blobs; i++) {
+            keel_ckpt_blob *b = &p->blobs[p->n_blobs++];
+            b->name = arena_put(s, &toff, meta->blobs[i].name);
+            b->size = meta->blobs[i].size;
+            if (b->size > 0)
+                memcpy(s->stage + off, meta->blobs[i].data, b->size);
+            b->data = s->stage + off;
+            off += round_up(b->size);
+        }
+        if (meta->config_text != NULL)
+            p->config_text = arena_put(s, &toff, meta->config_text);
+        if (meta->topology != NULL)
+            p->topology = arena_put(s, &toff, meta->topology);
+    }
+    return KEEL_OK;
+}
+
+/* Sync: the plan points straight at the store's tensors. */
+static keel_status
+plan_direct(ck_plan *p, const keel_vars *vs, const keel_ckpt_meta *meta)
+{
+    size_t nv = keel_vars_count(vs);
+    keel_status st;
+    p->n = 0;
+    for (size_t i = 0; i < nv; i++) {
+        keel_var *v = keel_vars_at(vs, i);
+        keel_tensor *t = keel_var_tensor(v), *sl;
+        const char *sn;
+        if (keel_var_flags(v) & KEEL_VAR_LOCAL)
+            continue;
+        st = plan_add(p, keel_var_name(v), NULL, t, t->data);
+        if (st != KEEL_OK)
+            return st;
+        for (size_t j = 0; (sl = keel_var_slot_at(v, j, &sn)) != NULL; j++) {
+            st = plan_add(p, keel_var_name(v), sn, sl, sl->data);
+            if (st != KEEL_OK)
+                return st;
+        }
+    }
+    p->n_blobs = 0;
+    p->config_text = meta != NULL ? meta->config_text : NULL;
+    p->topology = meta != NULL ? meta->topology : NULL;
+    if (meta != NULL)
+        for (size_t i = 0; i < meta->n_blobs; i++)
+            p->blobs[p->n_blobs++] = meta->blobs[i];
+    return KEEL_OK;
+}
+
+keel_status
+keel_saver_save(keel_saver *s, const keel_vars *vs,
+                const keel_ckpt_meta *meta, char *path, size_t path_size)
+{
+    keel_status st;
+    int64_t step;
+    char name[KEEL_NAME_MAX];
+
+    if (s == NULL || vs == NULL)
+        return keel__fail(KEEL_EINVAL, "keel_saver_save: NULL saver or "
+                          "variable store");
+    /* A failed earlier async save is reported here, never dropped; this
+     * save is then not started. */
+    st = join_writer(s);
+    if (st != KEEL_OK)
+        return st;
+    st = check_meta(meta);
+    if (st != KEEL_OK)
+        return st;
+    step = keel_vars_global_step(vs);
+    if (step < 0)
+        return keel__fail(KEEL_EINVAL, "cannot checkpoint negative global "
+                          "step %lld", (long long)step);
+    st = keel__fmt(name, sizeof name, "checkpoint name", "%s-%lld.h5",
+                   s->basename, (long long)step);
+    if (st == KEEL_OK && path != NULL)
+        st = keel__path_join(path, path_size, s->dir, name);
+    if (st != KEEL_OK)
+        return st;
+    if (step == keel_saver_last_step(s))
+        return KEEL_OK;
+    s->plan.step = step;
+    s->plan.wall_time = keel__now_wall();
+    if (!s->is_async) {
+        st = plan_direct(&s->plan, vs, meta);
+        if (st == KEEL_OK)
+            st = commit_save(s, &s->plan);
+        return st;
+    }
+    st = stage(s, vs, meta);
+    if (st != KEEL_OK)
+        return st;
+    s->th_status = KEEL_OK;
+    s->th_err[0] = '\0';
+    if (pthread_create(&s->thread, NULL, writer_main, s) != 0) {
+        /* No thread: write it here rather than drop it. */
+        return commit_save(s, &s->plan);
+    }
+    s->in_flight = 1;
+    return KEEL_OK;
+}
+
+void
+keel_saver_free(keel_saver *s)
+{
+    if (s == NULL)
+        return;
+    if (join_writer(s) != KEEL_OK)
+        keel__log(KEEL_LOG_ERROR, "%s", keel_last_error());
+    keel__ckpt_state_free(&s->state);
+    free(s->plan.items);
+    keel_aligned_free(s->stage);
+    free(s->names);
+    free(s);
+}
+
+/* ---- scanning a directory ---------------------------------------------------- */
+
+static int
+file_cmp(const void *a, const void *b)
+{
+    const keel_ckpt_file *x = a, *y = b;
+    if (x->step != y->step)
+        return x->step < y->step ? -1 : 1;
+    return strcmp(x->name, y->name);
+}
+
+keel_status
+keel_ckpt_scan(const char *dir, const char *basename, keel_ckpt_file **out,
+               size_t *n)
+{
+    DIR *d;
+    struct dirent *de;
+    keel_ckpt_file *v = NULL;
+    size_t cap = 0, cnt = 0;
+    ck_state state;
+    int have_state;
+
+    if (dir == NULL || out == NULL || n == NULL)
+        return keel__fail(KEEL_EINVAL, "keel_ckpt_scan: NULL argument");
+    *out = NULL;
+    *n = 0;
+    d = opendir(dir);
+    if (d == NULL)
+        return keel__fail(errno == ENOENT ? KEEL_ENOTFOUND : KEEL_EIO,
+                          "checkpoint directory %s: %s", dir,
+                          strerror(errno));
+    have_state = keel__ckpt_state_read(dir, &state) == KEEL_OK;
+    while ((de = readdir(d)) != NULL) {
+        int64_t step = keel__ckpt_name_step(de->d_name, basename);
+        char p[KEEL_PATH_MAX];
+        struct stat sb;
+        if (step < 0 || de->d_name[0] == '.' ||
+            strlen(de->d_name) >= KEEL_NAME_MAX ||
+            keel__path_join(p, sizeof p, dir, de->d_name) != KEEL_OK ||
+            stat(p, &sb) != 0 || !S_ISREG(sb.st_mode))
+            continue;
+        if (cnt == cap) {
+            size_t nc = cap ? cap * 2 : 16;
+            keel_ckpt_file *nv = realloc(v, nc * sizeof *nv);
+            if (nv == NULL) {
+                free(v);
+                closedir(d);
+                if (have_state)
+                    keel__ckpt_state_free(&state);
+                return keel__fail(KEEL_ENOMEM, "scan of %s", dir);
+            }
+            v = nv;
+            cap = nc;
+        }
+        memset(&v[cnt], 0, sizeof v[cnt]);
+        strcpy(v[cnt].name, de->d_name);
+        v[cnt].step = step;
+        v[cnt].size = (int64_t)sb.st_size;
+        v[cnt].mtime = (double)sb.st_mtim.tv_sec +
+                       (double)sb.st_mtim.tv_nsec * 1e-9;
+        for (size_t i = 0; have_state && i < state.n; i++) {
+            const char *nm = state.e[i].name, *sl = strrchr(nm, '/');
+            if (strcmp(sl ? sl + 1 : nm, de->d_name) == 0)
+                v[cnt].in_state_file = 1;
+        }
+        cnt++;
+    }
+    closedir(d);
+    if (have_state)
+        keel__ckpt_state_free(&state);
+    if (cnt > 0)
+        qsort(v, cnt, sizeof *v, file_cmp);
+    *out = v;
+    *n = cnt;
+    return KEEL_OK;
+}
+
+void
+keel_ckpt_scan_free(keel_ckpt_file *files)
+{
+    free(files);
+}

@@ -1,0 +1,982 @@
+/* check_checkpoint.c - the checkpoint module against real HDF5 files:
+ * round trips, h5py compatibility (the documented snippet), corruption and
+ * bad files, fallback, retention across restarts, injected I/O faults,
+ * SIGKILL crash safety and the `keel ckpt` CLI. */
+#include <config.h>
+
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <dirent.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <hdf5.h>
+#include <keel/keel.h>
+#include "util.h"
+#include "testutil.h"
+
+static char out[65536], err[65536];
+
+static int
+long_mode(void)
+{
+    const char *e = getenv("KEEL_LONG");
+    return e != NULL && strcmp(e, "1") == 0;
+}
+
+/* A store with every shape kind, path-like names, slots and a local var;
+ * values derived from seed. */
+static keel_vars *
+make_store(float seed, int with_data)
+{
+    static const struct { const char *name; int ndim; int64_t shape[4]; }
+    spec[] = {
+        { "global_scale", 0, { 1 } },
+        { "dense/bias", 1, { 7 } },
+        { "dense/kernel", 2, { 5, 7 } },
+        { "conv1/kernel", 4, { 3, 3, 2, 4 } },
+        { "deep/er/still/w", 3, { 2, 3, 4 } },
+    };
+    keel_vars *vs;
+    keel_var *v;
+    keel_tensor *sl;
+    ck_assert_int_eq(keel_vars_new(&vs), KEEL_OK);
+    for (size_t i = 0; i < sizeof spec / sizeof spec[0]; i++) {
+        keel_tensor *t;
+        ck_assert_int_eq(keel_vars_create(vs, spec[i].name, spec[i].ndim,
+                                          spec[i].shape, KEEL_VAR_TRAINABLE,
+                                          &v), KEEL_OK);
+        t = keel_var_tensor(v);
+        for (size_t j = 0; with_data && j < t->count; j++)
+            t->data[j] = seed + (float)i * 100.0f + (float)j * 0.25f;
+        if (i >= 1) {
+            ck_assert_int_eq(keel_var_add_slot(v, "m", &sl), KEEL_OK);
+            for (size_t j = 0; with_data && j < sl->count; j++)
+                sl->data[j] = -seed - (float)j;
+        }
+        if (i == 2) {
+            ck_assert_int_eq(keel_var_add_slot(v, "v", &sl), KEEL_OK);
+            for (size_t j = 0; with_data && j < sl->count; j++)
+                sl->data[j] = seed * 0.5f + (float)j;
+        }
+    }
+    ck_assert_int_eq(keel_vars_create(vs, "local/counter", 1,
+                                      (int64_t[]){ 3 }, KEEL_VAR_LOCAL,
+                                      &v), KEEL_OK);
+    keel_var_tensor(v)->data[0] = 42;
+    return vs;
+}
+
+/* Bitwise equality of every non-local variable and slot. */
+static void
+assert_stores_equal(keel_vars *a, keel_vars *b)
+{
+    for (size_t i = 0; i < keel_vars_count(a); i++) {
+        keel_var *va = keel_vars_at(a, i), *vb;
+        keel_tensor *ta, *tb, *sa;
+        const char *sn;
+        if (keel_var_flags(va) & KEEL_VAR_LOCAL)
+            continue;
+        vb = keel_vars_find(b, keel_var_name(va));
+        ck_assert_ptr_nonnull(vb);
+        ta = keel_var_tensor(va);
+        tb = keel_var_tensor(vb);
+        ck_assert(keel_shape_equal(ta->ndim, ta->shape, tb->ndim, tb->shape));
+        ck_assert_msg(memcmp(ta->data, tb->data, keel_tensor_bytes(ta)) == 0,
+                      "variable %s differs", keel_var_name(va));
+        ck_assert_uint_eq(keel_var_slot_count(va), keel_var_slot_count(vb));
+        for (size_t j = 0; (sa = keel_var_slot_at(va, j, &sn)) != NULL;
+             j++) {
+            keel_tensor *sb = keel_var_slot(vb, sn);
+            ck_assert_ptr_nonnull(sb);
+            ck_assert_msg(memcmp(sa->data, sb->data,
+                                 keel_tensor_bytes(sa)) == 0,
+                          "slot %s of %s differs", sn, keel_var_name(va));
+        }
+    }
+    ck_assert_int_eq(keel_vars_global_step(a), keel_vars_global_step(b));
+}
+
+static keel_saver *
+new_saver(const char *dir, int max_to_keep, int is_async)
+{
+    keel_saver_config cfg;
+    keel_saver *s;
+    keel_saver_config_init(&cfg);
+    cfg.dir = dir;
+    cfg.max_to_keep = max_to_keep;
+    cfg.is_async = is_async;
+    ck_assert_msg(keel_saver_new(&cfg, &s) == KEEL_OK, "%s",
+                  keel_last_error());
+    return s;
+}
+
+static void
+save_step(keel_saver *s, keel_vars *vs, int64_t step, char *path,
+          size_t size)
+{
+    keel_vars_set_global_step(vs, step);
+    ck_assert_msg(keel_saver_save(s, vs, NULL, path, size) == KEEL_OK, "%s",
+                  keel_last_error());
+    ck_assert_msg(keel_saver_wait(s) == KEEL_OK, "%s", keel_last_error());
+}
+
+static int
+count_files(const char *dir, const char *needle)
+{
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    int n = 0;
+    ck_assert_ptr_nonnull(d);
+    while ((de = readdir(d)) != NULL)
+        if (strstr(de->d_name, needle) != NULL)
+            n++;
+    closedir(d);
+    return n;
+}
+
+/* ---- round trips ----------------------------------------------------------- */
+
+static void
+roundtrip(int is_async)
+{
+    keel_vars *a = make_store(1.5f, 1), *b = make_store(0, 0);
+    keel_saver *s = new_saver(tu_dir, 5, is_async);
+    char path[4096], latest[4096];
+    unsigned char blob1[300];
+    keel_ckpt_blob blobs[2] = { { "data_iterator", blob1, sizeof blob1 },
+                                { "rng", "", 0 } };
+    keel_ckpt_meta meta = { "[train]\nlr = 0.1\n", "ps=2 workers=4", blobs,
+                            2 };
+    keel_restore_report rep;
+    keel_ckpt_info *info;
+    const void *bd;
+    size_t bs;
+    int64_t step;
+
+    for (size_t i = 0; i < sizeof blob1; i++)
+        blob1[i] = (unsigned char)(i * 7);
+    keel_vars_set_global_step(a, 1234);
+    ck_assert_int_eq(keel_saver_save(s, a, &meta, path, sizeof path),
+                     KEEL_OK);
+    if (is_async) {
+        /* The staging copy was taken: scribbling now must not matter. */
+        keel_tensor *t = keel_var_tensor(keel_vars_find(a, "dense/kernel"));
+        float keep = t->data[0];
+        t->data[0] = 999.0f;
+        blob1[0] = 77;
+        ck_assert_int_eq(keel_saver_wait(s), KEEL_OK);
+        t->data[0] = keep;
+        blob1[0] = 0;
+    }
+    ck_assert_int_eq(keel_saver_last_step(s), 1234);
+    ck_assert_ptr_nonnull(strstr(path, "model.ckpt-1234.h5"));
+    ck_assert_int_eq(keel_ckpt_verify(path), KEEL_OK);
+    ck_assert_int_eq(keel_ckpt_latest(tu_dir, NULL, latest, sizeof latest,
+                                      &step), KEEL_OK);
+    ck_assert_str_eq(latest, path);
+    ck_assert_int_eq(step, 1234);
+
+    ck_assert_msg(keel_ckpt_restore(path, b, NULL, &rep) == KEEL_OK, "%s",
+                  keel_last_error());
+    assert_stores_equal(a, b);
+    ck_assert_uint_eq(rep.n_restored, 5);
+    ck_assert_uint_eq(rep.n_missing, 0);
+    ck_assert_uint_eq(rep.n_unexpected, 0);
+    ck_assert_int_eq(rep.global_step, 1234);
+    /* The local variable was neither saved nor touched. */
+    ck_assert_float_eq(keel_var_tensor(keel_vars_find(b, "local/counter"))
+                       ->data[0], 42.0f);
+
+    ck_assert_int_eq(keel_ckpt_read_info(path, &info), KEEL_OK);
+    ck_assert_int_eq(info->global_step, 1234);
+    ck_assert_int_eq(info->format_version, KEEL_CKPT_FORMAT_VERSION);
+    ck_assert_str_eq(info->keel_version, keel_version());
+    ck_assert_str_eq(info->config_text, meta.config_text);
+    ck_assert_str_eq(info->topology, meta.topology);
+    ck_assert_uint_eq(info->n_variables, 5);
+    ck_assert_uint_eq(info->n_slots, 5);
+    ck_assert(fabs(info->wall_time - keel__now_wall()) < 600);
+    bd = keel_ckpt_info_blob(info, "data_iterator", &bs);
+    ck_assert_ptr_nonnull(bd);
+    ck_assert_uint_eq(bs, sizeof blob1);
+    ck_assert_int_eq(memcmp(bd, blob1, bs), 0);
+    ck_assert_ptr_nonnull(keel_ckpt_info_blob(info, "rng", &bs));
+    ck_assert_uint_eq(bs, 0);
+    ck_assert_ptr_null(keel_ckpt_info_blob(info, "nope", &bs));
+    keel_ckpt_info_free(info);
+
+    /* Saving the same step again is a no-op. */
+    ck_assert_int_eq(keel_saver_save(s, a, NULL, NULL, 0), KEEL_OK);
+    ck_assert_int_eq(keel_saver_wait(s), KEEL_OK);
+    keel_saver_free(s);
+    keel_vars_free(a);
+    keel_vars_free(b);
+}
+
+START_TEST(test_sync_roundtrip_every_shape_slot_and_meta)
+{
+    roundtrip(0);
+}
+END_TEST
+
+START_TEST(test_async_roundtrip_uses_staging_copy)
+{
+    roundtrip(1);
+}
+END_TEST
+
+START_TEST(test_list_and_read_tensor)
+{
+    keel_vars *a = make_store(3.0f, 1);
+    keel_saver *s = new_saver(tu_dir, 5, 0);
+    char path[4096];
+    keel_ckpt_entry *e;
+    size_t n;
+    keel_tensor t;
+    keel_tensor *want;
+
+    save_step(s, a, 7, path, sizeof path);
+    ck_assert_int_eq(keel_ckpt_list(path, &e, &n), KEEL_OK);
+    ck_assert_uint_eq(n, 10);
+    ck_assert_str_eq(e[0].name, "conv1/kernel");
+    ck_assert_str_eq(e[0].slot, "");
+    ck_assert_int_eq(e[0].ndim, 4);
+    ck_assert_int_eq(e[0].shape[3], 4);
+    ck_assert_str_eq(e[5].slot, "m");
+    ck_assert_str_eq(e[9].slot, "v");
+    keel_ckpt_list_free(e);
+    ck_assert_int_eq(keel_ckpt_read_tensor(path, "dense/kernel", "v", &t),
+                     KEEL_OK);
+    want = keel_var_slot(keel_vars_find(a, "dense/kernel"), "v");
+    ck_assert_int_eq(memcmp(t.data, want->data, keel_tensor_bytes(want)), 0);
+    keel_tensor_release(&t);
+    ck_assert_int_eq(keel_ckpt_read_tensor(path, "global_scale", NULL, &t),
+                     KEEL_OK);
+    ck_assert_int_eq(t.ndim, 0);
+    ck_assert_float_eq(t.data[0], 3.0f);
+    keel_tensor_release(&t);
+    ck_assert_int_eq(keel_ckpt_read_tensor(path, "nope", NULL, &t),
+                     KEEL_ENOTFOUND);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "nope"));
+    keel_saver_free(s);
+    keel_vars_free(a);
+}
+END_TEST
+
+/* ---- restore options -------------------------------------------------------- */
+
+START_TEST(test_restore_shape_mismatch_names_variable_and_shapes)
+{
+    keel_vars *a = make_store(1, 1), *b;
+    keel_saver *s = new_saver(tu_dir, 5, 0);
+    char path[4096];
+    save_step(s, a, 5, path, sizeof path);
+    ck_assert_int_eq(keel_vars_new(&b), KEEL_OK);
+    ck_assert_int_eq(keel_vars_create(b, "dense/kernel", 2,
+                                      (int64_t[]){ 7, 5 }, 0, NULL), KEEL_OK);
+    ck_assert_int_eq(keel_ckpt_restore(path, b, NULL, NULL), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "dense/kernel"));
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "[5,7]"));
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "[7,5]"));
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), path));
+    keel_vars_free(b);
+    keel_saver_free(s);
+    keel_vars_free(a);
+}
+END_TEST
+
+START_TEST(test_restore_strict_partial_report_and_name_map)
+{
+    keel_vars *a = make_store(2, 1), *b;
+    keel_saver *s = new_saver(tu_dir, 5, 0);
+    char path[4096];
+    keel_restore_report rep;
+    keel_restore_opts o;
+    const char *map[] = { "dense=fc" };
+    keel_var *v;
+
+    save_step(s, a, 9, path, sizeof path);
+    ck_assert_int_eq(keel_vars_new(&b), KEEL_OK);
+    ck_assert_int_eq(keel_vars_create(b, "fc/kernel", 2, (int64_t[]){ 5, 7 },
+                                      0, NULL), KEEL_OK);
+    ck_assert_int_eq(keel_vars_create(b, "new/thing", 1, (int64_t[]){ 2 },
+                                      0, &v), KEEL_OK);
+    keel_var_tensor(v)->data[0] = 17;
+    /* Strict: "new/thing" and "fc/kernel" are missing. */
+    ck_assert_int_eq(keel_ckpt_restore(path, b, NULL, &rep), KEEL_ENOTFOUND);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "new/thing"));
+    ck_assert_uint_eq(rep.n_missing, 2);
+    /* Partial with a map: fc/kernel restored from dense/kernel with its
+     * slots; new/thing keeps its value. */
+    memset(&o, 0, sizeof o);
+    o.mode = KEEL_RESTORE_PARTIAL;
+    o.name_map = map;
+    o.n_name_map = 1;
+    ck_assert_msg(keel_ckpt_restore(path, b, &o, &rep) == KEEL_OK, "%s",
+                  keel_last_error());
+    ck_assert_uint_eq(rep.n_restored, 1);
+    ck_assert_uint_eq(rep.n_missing, 1);
+    ck_assert_str_eq(rep.missing, "new/thing");
+    ck_assert_uint_eq(rep.n_unexpected, 4);
+    ck_assert_ptr_nonnull(strstr(rep.unexpected, "conv1/kernel"));
+    ck_assert_ptr_nonnull(strstr(rep.unexpected, "dense/bias"));
+    ck_assert_float_eq(keel_var_tensor(v)->data[0], 17);
+    ck_assert_int_eq(memcmp(keel_var_tensor(keel_vars_find(b, "fc/kernel"))
+                            ->data,
+                            keel_var_tensor(keel_vars_find(a, "dense/kernel"))
+                            ->data, 35 * sizeof(float)), 0);
+    ck_assert_ptr_nonnull(keel_var_slot(keel_vars_find(b, "fc/kernel"),
+                                        "v"));
+    ck_assert_int_eq(keel_vars_global_step(b), 9);
+    /* skip_slots leaves a fresh store without slots. */
+    keel_vars_free(b);
+    ck_assert_int_eq(keel_vars_new(&b), KEEL_OK);
+    ck_assert_int_eq(keel_vars_create(b, "fc/kernel", 2, (int64_t[]){ 5, 7 },
+                                      0, NULL), KEEL_OK);
+    o.skip_slots = 1;
+    ck_assert_int_eq(keel_ckpt_restore(path, b, &o, &rep), KEEL_OK);
+    ck_assert_uint_eq(keel_var_slot_count(keel_vars_find(b, "fc/kernel")),
+                      0);
+    /* A malformed map entry is a clear EINVAL. */
+    map[0] = "nonsense";
+    ck_assert_int_eq(keel_ckpt_restore(path, b, &o, &rep), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "nonsense"));
+    keel_vars_free(b);
+    keel_saver_free(s);
+    keel_vars_free(a);
+}
+END_TEST
+
+/* ---- h5py ------------------------------------------------------------------ */
+
+/* The ```python block after the keel-test marker in the format doc. */
+static char *
+doc_snippet(void)
+{
+    char *doc = tu_read_file(tu_src_path("docs/checkpoint-format.md"), NULL);
+    char *m = strstr(doc, "<!-- keel-test: python-snippet");
+    char *b, *e, *snip;
+    ck_assert_ptr_nonnull(m);
+    b = strstr(m, "```python\n");
+    ck_assert_ptr_nonnull(b);
+    b += 10;
+    e = strstr(b, "```");
+    ck_assert_ptr_nonnull(e);
+    snip = strndup(b, (size_t)(e - b));
+    free(doc);
+    return snip;
+}
+
+START_TEST(test_python_snippet_reads_same_values)
+{
+    const char *py = getenv("PYTHON3");
+    keel_vars *a = make_store(0.1f, 1);
+    keel_saver *s = new_saver(tu_dir, 5, 0);
+    char path[4096], *snip, *script, *line, *save = NULL;
+    size_t len;
+    int n_lines = 0, n_vals = 0;
+    static const char driver[] =
+        "\nimport sys\n"
+        "v, s, m = load_keel_checkpoint(sys.argv[1])\n"
+        "def dump(kind, slot, n, a):\n"
+        "    print(kind, slot, n, ','.join(str(d) for d in a.shape) or '-',"
+        " ' '.join(float(x).hex() for x in a.ravel()))\n"
+        "for n, a in sorted(v.items()): dump('var', '-', n, a)\n"
+        "for (sl, n), a in sorted(s.items()): dump('slot', sl, n, a)\n"
+        "print('step', int(m['global_step']))\n";
+
+    /* $PYTHON3 from configure may be a python3 without h5py (pyenv);
+     * then the system one, where Debian's python3-h5py lives. */
+    {
+        const char *cands[2] = { py, "/usr/bin/python3" };
+        const char *pick = NULL;
+        for (int i = 0; i < 2 && pick == NULL; i++) {
+            char *argv[] = { (char *)cands[i], "-c", "import h5py, numpy",
+                             NULL };
+            if (cands[i] != NULL && cands[i][0] != '\0' &&
+                tu_run(argv, NULL, 60000, NULL, 0, NULL, 0) == 0)
+                pick = cands[i];
+        }
+        ck_assert_msg(pick != NULL, "no python3 with h5py and numpy "
+                      "($PYTHON3=%s, /usr/bin/python3)", py ? py : "");
+        py = pick;
+    }
+    save_step(s, a, 321, path, sizeof path);
+    snip = doc_snippet();
+    len = strlen(snip) + sizeof driver;
+    script = malloc(len);
+    snprintf(script, len, "%s%s", snip, driver);
+    tu_write_file(tu_path("load.py"), script, strlen(script));
+    {
+        char *argv[] = { (char *)py, (char *)tu_path("load.py"), path, NULL };
+        int rc = tu_run(argv, NULL, 60000, out, sizeof out, err, sizeof err);
+        ck_assert_msg(rc == 0, "python snippet failed (%d): %s", rc, err);
+    }
+    for (line = strtok_r(out, "\n", &save); line != NULL;
+         line = strtok_r(NULL, "\n", &save)) {
+        char kind[8], slot[64], name[256], shape[64];
+        int off = 0;
+        keel_tensor t;
+        if (strncmp(line, "step ", 5) == 0) {
+            ck_assert_int_eq(atoll(line + 5), 321);
+            n_lines++;
+            continue;
+        }
+        ck_assert_int_eq(sscanf(line, "%7s %63s %255s %63s %n", kind, slot,
+                                name, shape, &off), 4);
+        ck_assert_msg(keel_ckpt_read_tensor(path, name,
+                                            strcmp(kind, "slot") == 0 ?
+                                            slot : NULL, &t) == KEEL_OK,
+                      "%s", keel_last_error());
+        {
+            char want[64] = "";
+            for (int d = 0; d < t.ndim; d++) {
+                char tmp[24];
+                snprintf(tmp, sizeof tmp, d ? ",%lld" : "%lld",
+                         (long long)t.shape[d]);
+                strcat(want, tmp);
+            }
+            ck_assert_str_eq(shape, t.ndim ? want : "-");
+        }
+        {
+            char *p = line + off, *end;
+            for (size_t j = 0; j < t.count; j++) {
+                float x = (float)strtod(p, &end);
+                ck_assert_msg(end != p, "short value list for %s", name);
+                ck_assert_msg(memcmp(&x, &t.data[j], 4) == 0,
+                              "%s[%zu]: python %a keel %a", name, j,
+                              (double)x, (double)t.data[j]);
+                p = end;
+                n_vals++;
+            }
+        }
+        keel_tensor_release(&t);
+        n_lines++;
+    }
+    ck_assert_int_eq(n_lines, 11);     /* 5 vars + 5 slots + step */
+    ck_assert_int_gt(n_vals, 200);
+    free(script);
+    free(snip);
+    keel_saver_free(s);
+    keel_vars_free(a);
+}
+END_TEST
+
+/* ---- corruption and bad files ----------------------------------------------- */
+
+START_TEST(test_flipped_tensor_byte_detected_every_time)
+{
+    keel_vars *vs;
+    keel_var *v;
+    keel_saver *s = new_saver(tu_dir, 5, 0);
+    char path[4096], *file;
+    size_t fsize;
+    char *hit;
+    int64_t off;
+    keel_tensor *t;
+    int trials = long_mode() ? 1000 : 100;
+
+    ck_assert_int_eq(keel_vars_new(&vs), KEEL_OK);
+    ck_assert_int_eq(keel_vars_create(vs, "w", 2, (int64_t[]){ 64, 64 }, 0,
+                                      &v), KEEL_OK);
+    t = keel_var_tensor(v);
+    for (size_t j = 0; j < t->count; j++)
+        t->data[j] = (float)j * 1.000123f + 0.5f;
+    save_step(s, vs, 1, path, sizeof path);
+    file = tu_read_file(path, &fsize);
+    hit = memmem(file, fsize, t->data, keel_tensor_bytes(t));
+    ck_assert_ptr_nonnull(hit);
+    off = hit - file;
+    free(file);
+    srand(12345);
+    for (int i = 0; i < trials; i++) {
+        off_t at = off + rand() % (int)keel_tensor_bytes(t);
+        unsigned char mask = (unsigned char)(1 + rand() % 255);
+        keel_tensor got;
+        tu_flip_byte(path, at, mask);
+        ck_assert_int_eq(keel_ckpt_verify(path), KEEL_ECORRUPT);
+        ck_assert_ptr_nonnull(strstr(keel_last_error(), path));
+        ck_assert_ptr_nonnull(strstr(keel_last_error(), "'w'"));
+        ck_assert_int_eq(keel_ckpt_restore(path, vs, NULL, NULL),
+                         KEEL_ECORRUPT);
+        ck_assert_int_eq(keel_ckpt_read_tensor(path, "w", NULL, &got),
+                         KEEL_ECORRUPT);
+        tu_flip_byte(path, at, mask);
+    }
+    ck_assert_int_eq(keel_ckpt_verify(path), KEEL_OK);
+    keel_saver_free(s);
+    keel_vars_free(vs);
+}
+END_TEST
+
+/* Replace /variables/<name> with a float64 dataset (with a checksum). */
+static void
+rewrite_as_float64(const char *path, const char *dset)
+{
+    hid_t f, sp, d, a, asp;
+    hsize_t dims[2] = { 5, 7 };
+    double buf[35] = { 0 };
+    unsigned long long h = 0;
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+    ck_assert_int_ge(f, 0);
+    ck_assert_int_ge(H5Ldelete(f, dset, H5P_DEFAULT), 0);
+    sp = H5Screate_simple(2, dims, NULL);
+    d = H5Dcreate2(f, dset, H5T_IEEE_F64LE, sp, H5P_DEFAULT, H5P_DEFAULT,
+                   H5P_DEFAULT);
+    ck_assert_int_ge(d, 0);
+    H5Dwrite(d, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf);
+    asp = H5Screate(H5S_SCALAR);
+    a = H5Acreate2(d, "xxh64", H5T_STD_U64LE, asp, H5P_DEFAULT, H5P_DEFAULT);
+    H5Awrite(a, H5T_NATIVE_ULLONG, &h);
+    H5Aclose(a);
+    H5Sclose(asp);
+    H5Dclose(d);
+    H5Sclose(sp);
+    H5Fclose(f);
+}
+
+START_TEST(test_bad_files_give_clear_errors_and_latest_falls_back)
+{
+    keel_vars *a = make_store(4, 1), *b = make_store(0, 0);
+    keel_saver *s = new_saver(tu_dir, 0, 0);
+    char good[4096], bad[4096], got[4096];
+    char *orig;
+    size_t osize;
+    int64_t step;
+    keel_status st;
+
+    save_step(s, a, 10, good, sizeof good);
+    save_step(s, a, 20, bad, sizeof bad);
+    orig = tu_read_file(bad, &osize);
+
+    /* Truncations at many points, zero length, not HDF5, wrong dtype,
+     * slot with the wrong shape. */
+    for (int k = 0; k < 12; k++) {
+        off_t cut = k == 0 ? 0 : (off_t)(osize * (size_t)k / 12);
+        tu_write_file(bad, orig, osize);
+        tu_truncate(bad, cut);
+        st = keel_ckpt_verify(bad);
+        ck_assert_msg(st == KEEL_ECORRUPT, "cut at %lld: %d %s",
+                      (long long)cut, st, keel_last_error());
+        ck_assert_ptr_nonnull(strstr(keel_last_error(), bad));
+        if (k == 0)
+            ck_assert_ptr_nonnull(strstr(keel_last_error(), "empty"));
+        ck_assert_int_ne(keel_ckpt_restore(bad, b, NULL, NULL), KEEL_OK);
+        ck_assert_int_eq(keel_ckpt_latest(tu_dir, NULL, got, sizeof got,
+                                          &step), KEEL_OK);
+        ck_assert_str_eq(got, good);
+        ck_assert_int_eq(step, 10);
+    }
+    tu_write_file(bad, "model_checkpoint_path: nope\n", 28);
+    ck_assert_int_eq(keel_ckpt_verify(bad), KEEL_ECORRUPT);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "not an HDF5 file"));
+    ck_assert_int_eq(keel_ckpt_latest(tu_dir, NULL, got, sizeof got, &step),
+                     KEEL_OK);
+    ck_assert_int_eq(step, 10);
+
+    tu_write_file(bad, orig, osize);
+    ck_assert_int_eq(keel_ckpt_verify(bad), KEEL_OK);
+    keel__h5_lock();
+    rewrite_as_float64(bad, "/variables/dense/kernel");
+    keel__h5_unlock();
+    ck_assert_int_eq(keel_ckpt_verify(bad), KEEL_ECORRUPT);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "dense/kernel"));
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "float32"));
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), bad));
+    ck_assert_int_eq(keel_ckpt_restore(bad, b, NULL, NULL), KEEL_ECORRUPT);
+    ck_assert_int_eq(keel_ckpt_latest(tu_dir, NULL, got, sizeof got, &step),
+                     KEEL_OK);
+    ck_assert_int_eq(step, 10);
+
+    /* Missing file named by the state file: fallback too. */
+    ck_assert_int_eq(unlink(bad), 0);
+    ck_assert_int_eq(keel_ckpt_latest(tu_dir, NULL, got, sizeof got, &step),
+                     KEEL_OK);
+    ck_assert_int_eq(step, 10);
+    ck_assert_int_eq(keel_ckpt_verify(bad), KEEL_ENOTFOUND);
+    /* No valid checkpoint at all. */
+    tu_write_file(good, "junk", 4);
+    ck_assert_int_eq(keel_ckpt_latest(tu_dir, NULL, got, sizeof got, &step),
+                     KEEL_ENOTFOUND);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), tu_dir));
+    free(orig);
+    keel_saver_free(s);
+    keel_vars_free(a);
+    keel_vars_free(b);
+}
+END_TEST
+
+START_TEST(test_latest_without_state_file_scans)
+{
+    keel_vars *a = make_store(1, 1);
+    keel_saver *s = new_saver(tu_dir, 0, 0);
+    char got[4096];
+    int64_t step;
+    save_step(s, a, 3, NULL, 0);
+    save_step(s, a, 11, NULL, 0);
+    save_step(s, a, 7, NULL, 0);     /* newest saved, older step */
+    ck_assert_int_eq(keel_ckpt_latest(tu_dir, NULL, got, sizeof got, &step),
+                     KEEL_OK);
+    ck_assert_int_eq(step, 7);       /* the state file's latest */
+    ck_assert_int_eq(unlink(tu_path("checkpoint")), 0);
+    ck_assert_int_eq(keel_ckpt_latest(tu_dir, NULL, got, sizeof got, &step),
+                     KEEL_OK);
+    ck_assert_int_eq(step, 11);      /* highest step by scan */
+    tu_write_file(tu_path("checkpoint"), "garbage without colon\n", 22);
+    ck_assert_int_eq(keel_ckpt_latest(tu_dir, NULL, got, sizeof got, &step),
+                     KEEL_OK);
+    ck_assert_int_eq(step, 11);
+    keel_saver_free(s);
+    keel_vars_free(a);
+}
+END_TEST
+
+/* ---- retention ---------------------------------------------------------------- */
+
+START_TEST(test_retention_survives_restart_and_lowered_max_prunes)
+{
+    keel_vars *a = make_store(1, 1);
+    keel_saver *s = new_saver(tu_dir, 3, 0);
+    char *state;
+    for (int i = 1; i <= 6; i++)
+        save_step(s, a, i * 10, NULL, 0);
+    ck_assert_int_eq(count_files(tu_dir, ".h5"), 3);
+    state = tu_read_file(tu_path("checkpoint"), NULL);
+    ck_assert_ptr_nonnull(strstr(state, "model_checkpoint_path: "
+                                        "\"model.ckpt-60.h5\""));
+    ck_assert_ptr_nonnull(strstr(state, "all_model_checkpoint_paths: "
+                                        "\"model.ckpt-40.h5\""));
+    ck_assert_ptr_null(strstr(state, "\"model.ckpt-30.h5\""));
+    ck_assert_ptr_nonnull(strstr(state, "max_to_keep=3"));
+    free(state);
+    keel_saver_free(s);
+    ck_assert_int_eq(access(tu_path("model.ckpt-30.h5"), F_OK), -1);
+
+    /* Restart with max_to_keep 1: the first save prunes down to 1. */
+    s = new_saver(tu_dir, 1, 0);
+    ck_assert_int_eq(keel_saver_last_step(s), 60);
+    save_step(s, a, 70, NULL, 0);
+    ck_assert_int_eq(count_files(tu_dir, ".h5"), 1);
+    ck_assert_int_eq(access(tu_path("model.ckpt-70.h5"), F_OK), 0);
+    keel_saver_free(s);
+
+    /* Restart with keep all: nothing is removed. */
+    s = new_saver(tu_dir, 0, 0);
+    for (int i = 8; i <= 10; i++)
+        save_step(s, a, i * 10, NULL, 0);
+    ck_assert_int_eq(count_files(tu_dir, ".h5"), 4);
+    keel_saver_free(s);
+    keel_vars_free(a);
+}
+END_TEST
+
+START_TEST(test_keep_every_n_hours_preserves_pruned_files)
+{
+    keel_vars *a = make_store(1, 1);
+    keel_saver_config cfg;
+    keel_saver *s;
+    char *state;
+    keel_saver_config_init(&cfg);
+    cfg.dir = tu_dir;
+    cfg.max_to_keep = 1;
+    cfg.keep_every_n_hours = 1e-9;   /* every pruned file is "old enough" */
+    ck_assert_int_eq(keel_saver_new(&cfg, &s), KEEL_OK);
+    for (int i = 1; i <= 4; i++)
+        save_step(s, a, i, NULL, 0);
+    ck_assert_int_eq(count_files(tu_dir, ".h5"), 4);
+    state = tu_read_file(tu_path("checkpoint"), NULL);
+    ck_assert_ptr_null(strstr(state, "\"model.ckpt-3.h5\""));
+    ck_assert_ptr_nonnull(strstr(state, "keep_every_n_hours=1e-09"));
+    free(state);
+    keel_saver_free(s);
+    keel_vars_free(a);
+}
+END_TEST
+
+START_TEST(test_dead_process_temp_files_cleaned_at_start)
+{
+    pid_t dead = fork();
+    char name[256], mine[256];
+    keel_saver *s;
+    ck_assert_int_ge(dead, 0);
+    if (dead == 0)
+        _exit(0);
+    ck_assert_int_eq(waitpid(dead, NULL, 0), dead);
+    snprintf(name, sizeof name, ".model.ckpt-5.h5.tmp.%d", (int)dead);
+    tu_write_file(tu_path(name), "x", 1);
+    snprintf(name, sizeof name, ".checkpoint.tmp.%d", (int)dead);
+    tu_write_file(tu_path(name), "x", 1);
+    snprintf(mine, sizeof mine, ".model.ckpt-6.h5.tmp.%d", (int)getppid());
+    tu_write_file(tu_path(mine), "x", 1);
+    tu_write_file(tu_path(".other.tmp.1"), "x", 1);
+    s = new_saver(tu_dir, 5, 0);
+    ck_assert_int_eq(count_files(tu_dir, ".tmp."), 2);
+    ck_assert_int_eq(access(tu_path(mine), F_OK), 0);
+    keel_saver_free(s);
+}
+END_TEST
+
+/* ---- injected I/O faults --------------------------------------------------------- */
+
+static int fail_fsync_at, fail_rename_at, n_fsync, n_rename;
+
+static int
+inj_fsync(int fd)
+{
+    if (++n_fsync == fail_fsync_at) {
+        errno = EIO;
+        return -1;
+    }
+    return fsync(fd);
+}
+
+static int
+inj_rename(const char *a, const char *b)
+{
+    if (++n_rename == fail_rename_at) {
+        errno = ENOSPC;
+        return -1;
+    }
+    return rename(a, b);
+}
+
+static ssize_t
+inj_write(int fd, const void *buf, size_t n)
+{
+    return write(fd, buf, n);
+}
+
+static const keel__fs_ops inj_ops = { inj_write, inj_fsync, inj_rename };
+
+static void
+fault_run(int is_async)
+{
+    keel_vars *a = make_store(1, 1), *b = make_store(0, 0);
+    keel_saver *s = new_saver(tu_dir, 2, is_async);
+    char got[4096];
+    int64_t step, next = 2;
+    int failures = 0;
+
+    save_step(s, a, 1, NULL, 0);
+    /* A save does 4 fsyncs (file, dir, state file, dir) and 2 renames. */
+    for (int which = 0; which < 6; which++) {
+        keel_status st;
+        n_fsync = n_rename = 0;
+        fail_fsync_at = which < 4 ? which + 1 : 0;
+        fail_rename_at = which >= 4 ? which - 3 : 0;
+        keel__fs_set_ops(&inj_ops);
+        keel_vars_set_global_step(a, next++);
+        st = keel_saver_save(s, a, NULL, NULL, 0);
+        if (st == KEEL_OK)
+            st = keel_saver_wait(s);
+        keel__fs_set_ops(NULL);
+        ck_assert_msg(st == KEEL_EIO, "fault %d: %d %s", which, st,
+                      keel_last_error());
+        failures++;
+        ck_assert_int_eq(count_files(tu_dir, ".tmp."), 0);
+        ck_assert_int_eq(keel_ckpt_latest(tu_dir, NULL, got, sizeof got,
+                                          &step), KEEL_OK);
+        ck_assert_int_eq(keel_ckpt_restore(got, b, NULL, NULL), KEEL_OK);
+        ck_assert_int_eq(keel_vars_global_step(b), step);
+    }
+    /* After the faults, saving works again. */
+    save_step(s, a, 100, NULL, 0);
+    ck_assert_int_eq(keel_ckpt_latest(tu_dir, NULL, got, sizeof got, &step),
+                     KEEL_OK);
+    ck_assert_int_eq(step, 100);
+    ck_assert_int_eq(failures, 6);
+    keel_saver_free(s);
+    keel_vars_free(a);
+    keel_vars_free(b);
+}
+
+START_TEST(test_io_faults_keep_previous_checkpoint_findable)
+{
+    fault_run(0);
+}
+END_TEST
+
+START_TEST(test_async_failure_is_reported_not_dropped)
+{
+    fault_run(1);
+}
+END_TEST
+
+/* ---- SIGKILL crash safety ------------------------------------------------------ */
+
+static void
+crash_trials(int is_async)
+{
+    const char *child = tu_build_path("tests/ckpt_child");
+    int trials = long_mode() ? 1000 : 10;
+    char first[32];
+    char *argv0[] = { (char *)child, tu_dir, "1", "1", "0", "3", NULL };
+    keel_vars *b = make_store(0, 0);
+    long next = 2;
+
+    ck_assert_int_eq(tu_wait(tu_spawn(argv0, NULL, NULL), 30000), 0);
+    srand(777 + is_async);
+    for (int i = 0; i < trials; i++) {
+        char got[4096];
+        int64_t step;
+        keel_tensor t;
+        pid_t pid;
+        snprintf(first, sizeof first, "%ld", next);
+        {
+            char *argv[] = { (char *)child, tu_dir, first, "-1",
+                             is_async ? "1" : "0", "3", NULL };
+            pid = tu_spawn(argv, NULL, NULL);
+        }
+        next += 100000;
+        usleep((useconds_t)(rand() % 60000));
+        tu_kill(pid);
+        ck_assert_msg(keel_ckpt_latest(tu_dir, NULL, got, sizeof got, &step)
+                      == KEEL_OK, "trial %d: %s", i, keel_last_error());
+        ck_assert_msg(keel_ckpt_read_tensor(got, "dense/kernel", "m", &t) ==
+                      KEEL_OK, "%s", keel_last_error());
+        ck_assert_float_eq(t.data[0], (float)step);
+        keel_tensor_release(&t);
+    }
+    /* Leftover temp files of the killed children go at the next start,
+     * and nothing leaks: after one more save exactly 3 files remain. */
+    {
+        keel_saver *s = new_saver(tu_dir, 3, 0);
+        int64_t last = keel_saver_last_step(s);
+        ck_assert_int_ge(last, 1);
+        ck_assert_int_eq(count_files(tu_dir, ".tmp."), 0);
+        char *state, *p;
+        int listed = 0;
+        save_step(s, b, last + 1, NULL, 0);
+        state = tu_read_file(tu_path("checkpoint"), NULL);
+        for (p = state; (p = strstr(p, "all_model_checkpoint_paths")); p++)
+            listed++;
+        free(state);
+        ck_assert_int_le(listed, 3);
+        ck_assert_int_eq(count_files(tu_dir, ".h5"), listed);
+        keel_saver_free(s);
+    }
+    keel_vars_free(b);
+}
+
+START_TEST(test_sigkill_at_random_moments_leaves_valid_latest)
+{
+    crash_trials(0);
+}
+END_TEST
+
+START_TEST(test_sigkill_async_saver_leaves_valid_latest)
+{
+    crash_trials(1);
+}
+END_TEST
+
+/* ---- CLI ------------------------------------------------------------------------ */
+
+START_TEST(test_cli_ls_show_verify_diff)
+{
+    keel_vars *a = make_store(1, 1);
+    keel_saver *s = new_saver(tu_dir, 0, 0);
+    char p1[4096], p2[4096], p3[4096];
+    keel_tensor *t;
+
+    save_step(s, a, 10, p1, sizeof p1);
+    save_step(s, a, 20, p2, sizeof p2);
+    t = keel_var_slot(keel_vars_find(a, "dense/bias"), "m");
+    t->data[3] += 0.5f;
+    save_step(s, a, 30, p3, sizeof p3);
+
+    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err,
+                             "ckpt", "--help", NULL), 0);
+    ck_assert_ptr_nonnull(strstr(out, "usage: keel ckpt"));
+    {
+        const char *subs[] = { "ls", "show", "verify", "diff" };
+        for (int i = 0; i < 4; i++) {
+            ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err,
+                                     "ckpt", subs[i], "--help", NULL), 0);
+            ck_assert_ptr_nonnull(strstr(out, "usage: keel ckpt"));
+        }
+    }
+    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err,
+                             "ckpt", "ls", tu_dir, NULL), 0);
+    ck_assert_ptr_nonnull(strstr(out, "model.ckpt-20.h5"));
+    ck_assert_ptr_nonnull(strstr(out, "valid"));
+
+    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err,
+                             "ckpt", "show", p1, NULL), 0);
+    ck_assert_ptr_nonnull(strstr(out, "conv1/kernel"));
+    ck_assert_ptr_nonnull(strstr(out, "[3,3,2,4]"));
+    ck_assert_ptr_nonnull(strstr(out, "10"));
+    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err,
+                             "ckpt", "show", p1, "dense/bias", NULL), 0);
+    ck_assert_ptr_nonnull(strstr(out, "101.25"));
+
+    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err,
+                             "ckpt", "verify", tu_dir, NULL), 0);
+    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err,
+                             "ckpt", "diff", p1, p2, NULL), 0);
+    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err,
+                             "ckpt", "diff", p2, p3, NULL), 1);
+    ck_assert_ptr_nonnull(strstr(out, "dense/bias"));
+    ck_assert_ptr_nonnull(strstr(out, "0.5"));
+    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err,
+                             "ckpt", "diff", p1, tu_path("nope.h5"), NULL),
+                     2);
+    ck_assert_ptr_nonnull(strstr(err, "keel: "));
+
+    tu_flip_byte(p3, tu_file_size(p3) - 1, 0x40);
+    tu_truncate(p2, tu_file_size(p2) / 2);
+    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err,
+                             "ckpt", "verify", p2, NULL), 1);
+    ck_assert_ptr_nonnull(strstr(err, p2));
+    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err,
+                             "ckpt", "verify", tu_dir, NULL), 1);
+    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err,
+                             "ckpt", "ls", tu_dir, NULL), 0);
+    ck_assert_ptr_nonnull(strstr(out, "INVALID"));
+    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err,
+                             "ckpt", "frob", NULL), 2);
+    keel_saver_free(s);
+    keel_vars_free(a);
+}
+END_TEST
+
+static Suite *
+checkpoint_suite(void)
+{
+    Suite *s = suite_create("checkpoint");
+    TCase *tc = tcase_create("core");
+    TCase *slow = tcase_create("slow");
+    tcase_add_checked_fixture(tc, tu_setup, tu_teardown);
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_sync_roundtrip_every_shape_slot_and_meta);
+    tcase_add_test(tc, test_async_roundtrip_uses_staging_copy);
+    tcase_add_test(tc, test_list_and_read_tensor);
+    tcase_add_test(tc, test_restore_shape_mismatch_names_variable_and_shapes);
+    tcase_add_test(tc, test_restore_strict_partial_report_and_name_map);
+    tcase_add_test(tc, test_python_snippet_reads_same_values);
+    tcase_add_test(tc, test_flipped_tensor_byte_detected_every_time);
+    tcase_add_test(tc, test_bad_files_give_clear_errors_and_latest_falls_back);
+    tcase_add_test(tc, test_latest_without_state_file_scans);
+    tcase_add_test(tc, test_retention_survives_restart_and_lowered_max_prunes);
+    tcase_add_test(tc, test_keep_every_n_hours_preserves_pruned_files);
+    tcase_add_test(tc, test_dead_process_temp_files_cleaned_at_start);
+    tcase_add_test(tc, test_io_faults_keep_previous_checkpoint_findable);
+    tcase_add_test(tc, test_async_failure_is_reported_not_dropped);
+    tcase_add_test(tc, test_cli_ls_show_verify_diff);
+    suite_add_tcase(s, tc);
+    tcase_add_checked_fixture(slow, tu_setup, tu_teardown);
+    tcase_set_timeout(slow, long_mode() ? 7200 : 120);
+    tcase_add_test(slow, test_sigkill_at_random_moments_leaves_valid_latest);
+    tcase_add_test(slow, test_sigkill_async_saver_leaves_valid_latest);
+    suite_add_tcase(s, slow);
+    return s;
+}
+
+KEEL_TEST_MAIN(checkpoint_suite)

@@ -1,0 +1,388 @@
+/* cmd_ckpt.c - `keel ckpt ls|show|verify|diff`: inspect checkpoint
+ * directories and files through libkeel's public reader API. */
+#include <config.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "cli.h"
+
+static const char ckpt_usage[] =
+    "usage: keel ckpt <ls|show|verify|diff> [options] ...\n"
+    "\n"
+    "  keel ckpt ls DIR            checkpoints in DIR: step, size, time, "
+    "valid\n"
+    "  keel ckpt show FILE [VAR]   names, shapes, step, metadata; values "
+    "of VAR\n"
+    "  keel ckpt verify FILE|DIR   exit 0 only if every checksum matches\n"
+    "  keel ckpt diff A B          per-variable max abs difference; exit 0 "
+    "if\n"
+    "                              bitwise equal, 1 if any differs, 2 on "
+    "error\n"
+    "\n"
+    "`keel ckpt <sub> --help` describes one. Format: "
+    "docs/checkpoint-format.md.\n";
+
+static void
+fmt_shape(char *buf, size_t size, const keel_ckpt_entry *e)
+{
+    keel_shape_format(buf, size, e->ndim, e->shape);
+}
+
+static void
+entry_label(char *buf, size_t size, const keel_ckpt_entry *e)
+{
+    if (e->slot[0] == '\0')
+        snprintf(buf, size, "%s", e->name);
+    else
+        snprintf(buf, size, "%s [slot %s]", e->name, e->slot);
+}
+
+static int
+is_dir(const char *p)
+{
+    struct stat sb;
+    return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+/* ---- ls ------------------------------------------------------------------- */
+
+static int
+ckpt_ls(int argc, char **argv)
+{
+    keel_ckpt_file *f;
+    size_t n;
+    keel_status st;
+    char latest[4096] = "";
+    int64_t lstep = -1;
+
+    if (cli_wants_help(argc, argv)) {
+        printf("usage: keel ckpt ls DIR\n\n"
+               "List the <basename>-<step>.h5 checkpoints in DIR by step "
+               "with size,\nmodification time, whether every checksum "
+               "verifies, and which one\nkeel would restore (latest).\n");
+        return CLI_OK;
+    }
+    if (argc != 2)
+        return cli_error(CLI_USAGE, "ckpt ls takes one directory; see "
+                         "'keel ckpt ls --help'");
+    st = keel_ckpt_scan(argv[1], NULL, &f, &n);
+    if (st != KEEL_OK)
+        return cli_fail(st, "ckpt ls");
+    keel_log_set_handler(NULL, NULL, KEEL_LOG_ERROR);
+    if (keel_ckpt_latest(argv[1], NULL, latest, sizeof latest, &lstep) !=
+        KEEL_OK)
+        lstep = -1;
+    printf("%-12s %12s  %-19s  %-7s  %s\n", "step", "bytes", "modified",
+           "valid", "file");
+    for (size_t i = 0; i < n; i++) {
+        char path[4096], when[32];
+        time_t t = (time_t)f[i].mtime;
+        struct tm tm;
+        int ok;
+        snprintf(path, sizeof path, "%s/%s", argv[1], f[i].name);
+        ok = keel_ckpt_verify(path) == KEEL_OK;
+        localtime_r(&t, &tm);
+        strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &tm);
+        printf("%-12lld %12lld  %-19s  %-7s  %s%s%s\n",
+               (long long)f[i].step, (long long)f[i].size, when,
+               ok ? "valid" : "INVALID", f[i].name,
+               f[i].in_state_file ? "" : " (not in state file)",
+               ok && f[i].step == lstep &&
+               strstr(latest, f[i].name) != NULL ? "  <- latest" : "");
+        if (!ok)
+            printf("    %s\n", keel_last_error());
+    }
+    if (n == 0)
+        printf("(no checkpoints in %s)\n", argv[1]);
+    keel_ckpt_scan_free(f);
+    return CLI_OK;
+}
+
+/* ---- show ------------------------------------------------------------------ */
+
+static int
+ckpt_show(int argc, char **argv)
+{
+    const char *file = NULL, *var = NULL, *slot = NULL;
+    long limit = 1000;
+    keel_ckpt_info *info;
+    keel_status st;
+
+    if (cli_wants_help(argc, argv)) {
+        printf("usage: keel ckpt show [--slot S] [--limit N|--all] FILE "
+               "[VAR]\n\n"
+               "Print a checkpoint's step, wall time, versions, topology, "
+               "config and\nblobs, then every variable and slot with its "
+               "shape. With VAR, print\nthe values of that variable (or of "
+               "its slot S), verified against the\nchecksum; at most N "
+               "values (default 1000) unless --all.\n");
+        return CLI_OK;
+    }
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--slot") == 0 && i + 1 < argc) {
+            slot = argv[++i];
+        } else if (strcmp(argv[i], "--limit") == 0 && i + 1 < argc) {
+            char *end;
+            limit = strtol(argv[++i], &end, 10);
+            if (*end != '\0' || limit < 0)
+                return cli_error(CLI_USAGE, "--limit needs a count >= 0");
+        } else if (strcmp(argv[i], "--all") == 0) {
+            limit = -1;
+        } else if (argv[i][0] == '-' && argv[i][1] != '\0') {
+            return cli_error(CLI_USAGE, "ckpt show: unknown option '%s'; "
+                             "see 'keel ckpt show --help'", argv[i]);
+        } else if (file == NULL) {
+            file = argv[i];
+        } else if (var == NULL) {
+            var = argv[i];
+        } else {
+            return cli_error(CLI_USAGE, "ckpt show takes FILE [VAR]; see "
+                             "'keel ckpt show --help'");
+        }
+    }
+    if (file == NULL)
+        return cli_error(CLI_USAGE, "ckpt show needs a checkpoint file; see "
+                         "'keel ckpt show --help'");
+    if (var != NULL) {
+        keel_tensor t;
+        char shape[96];
+        st = keel_ckpt_read_tensor(file, var, slot, &t);
+        if (st != KEEL_OK)
+            return cli_fail(st, "ckpt show");
+        printf("%s%s%s %s\n", var, slot ? " slot " : "", slot ? slot : "",
+               keel_shape_format(shape, sizeof shape, t.ndim, t.shape));
+        for (size_t j = 0; j < t.count; j++) {
+            if (limit >= 0 && j >= (size_t)limit) {
+                printf("... (%zu more; --all prints them)\n", t.count - j);
+                break;
+            }
+            printf("%.9g\n", (double)t.data[j]);
+        }
+        keel_tensor_release(&t);
+        return CLI_OK;
+    }
+    st = keel_ckpt_read_info(file, &info);
+    if (st != KEEL_OK)
+        return cli_fail(st, "ckpt show");
+    {
+        keel_ckpt_entry *e;
+        size_t n;
+        time_t t = (time_t)info->wall_time;
+        struct tm tm;
+        char when[40];
+        gmtime_r(&t, &tm);
+        strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S UTC", &tm);
+        printf("file:           %s\n", file);
+        printf("global_step:    %lld\n", (long long)info->global_step);
+        printf("wall_time:      %.3f (%s)\n", info->wall_time, when);
+        printf("format_version: %d\n", info->format_version);
+        printf("keel_version:   %s\n", info->keel_version);
+        printf("topology:       %s\n", info->topology ? info->topology
+                                                      : "(none)");
+        for (size_t i = 0; i < info->n_blobs; i++)
+            printf("blob:           %s (%zu bytes)\n", info->blobs[i].name,
+                   info->blobs[i].size);
+        printf("config:%s\n", info->config_text ? "" : "         (none)");
+        if (info->config_text != NULL) {
+            const char *p = info->config_text;
+            while (*p != '\0') {
+                const char *nl = strchr(p, '\n');
+                size_t len = nl ? (size_t)(nl - p) : strlen(p);
+                printf("    %.*s\n", (int)len, p);
+                p += len + (nl ? 1 : 0);
+            }
+        }
+        keel_ckpt_info_free(info);
+        st = keel_ckpt_list(file, &e, &n);
+        if (st != KEEL_OK)
+            return cli_fail(st, "ckpt show");
+        printf("%zu datasets:\n", n);
+        for (size_t i = 0; i < n; i++) {
+            char label[600], shape[96];
+            entry_label(label, sizeof label, &e[i]);
+            fmt_shape(shape, sizeof shape, &e[i]);
+            printf("  %-50s %s\n", label, shape);
+        }
+        keel_ckpt_list_free(e);
+    }
+    return CLI_OK;
+}
+
+/* ---- verify ------------------------------------------------------------------ */
+
+static int
+ckpt_verify(int argc, char **argv)
+{
+    int bad = 0;
+    if (cli_wants_help(argc, argv)) {
+        printf("usage: keel ckpt verify FILE|DIR\n\n"
+               "Check every dataset's xxh64 checksum, types, shapes and the "
+               "format\nversion of one checkpoint, or of every checkpoint "
+               "in DIR. Exit 0 only\nif all verify, 1 if any fails.\n");
+        return CLI_OK;
+    }
+    if (argc != 2)
+        return cli_error(CLI_USAGE, "ckpt verify takes one file or "
+                         "directory; see 'keel ckpt verify --help'");
+    if (is_dir(argv[1])) {
+        keel_ckpt_file *f;
+        size_t n;
+        keel_status st = keel_ckpt_scan(argv[1], NULL, &f, &n);
+        if (st != KEEL_OK)
+            return cli_fail(st, "ckpt verify");
+        if (n == 0) {
+            keel_ckpt_scan_free(f);
+            return cli_error(CLI_RUNTIME, "no checkpoints in %s", argv[1]);
+        }
+        for (size_t i = 0; i < n; i++) {
+            char path[4096];
+            snprintf(path, sizeof path, "%s/%s", argv[1], f[i].name);
+            if (keel_ckpt_verify(path) == KEEL_OK) {
+                printf("ok       %s\n", path);
+            } else {
+                printf("CORRUPT  %s\n", path);
+                fprintf(stderr, "keel: %s\n", keel_last_error());
+                bad++;
+            }
+        }
+        keel_ckpt_scan_free(f);
+        return bad ? CLI_RUNTIME : CLI_OK;
+    }
+    if (keel_ckpt_verify(argv[1]) != KEEL_OK) {
+        printf("CORRUPT  %s\n", argv[1]);
+        fprintf(stderr, "keel: %s\n", keel_last_error());
+        return CLI_RUNTIME;
+    }
+    printf("ok       %s\n", argv[1]);
+    return CLI_OK;
+}
+
+/* ---- diff ---------------------------------------------------------------------- */
+
+static const keel_ckpt_entry *
+find_entry(const keel_ckpt_entry *e, size_t n, const keel_ckpt_entry *key)
+{
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(e[i].name, key->name) == 0 &&
+            strcmp(e[i].slot, key->slot) == 0)
+            return &e[i];
+    return NULL;
+}
+
+static int
+ckpt_diff(int argc, char **argv)
+{
+    keel_ckpt_entry *ea = NULL, *eb = NULL;
+    size_t na = 0, nb = 0;
+    int differs = 0, rc = CLI_OK;
+    keel_status st;
+
+    if (cli_wants_help(argc, argv)) {
+        printf("usage: keel ckpt diff A B\n\n"
+               "Compare two checkpoint files variable by variable and slot "
+               "by slot:\nprint the max absolute difference of each "
+               "differing one and the\nnames found in only one file. Exit 0 "
+               "when every variable and slot is\nbitwise equal, 1 when any "
+               "differs, 2 on error (unreadable or corrupt).\n");
+        return CLI_OK;
+    }
+    if (argc != 3)
+        return cli_error(CLI_USAGE, "ckpt diff takes two files; see "
+                         "'keel ckpt diff --help'");
+    st = keel_ckpt_list(argv[1], &ea, &na);
+    if (st == KEEL_OK)
+        st = keel_ckpt_list(argv[2], &eb, &nb);
+    if (st != KEEL_OK) {
+        keel_ckpt_list_free(ea);
+        cli_fail(st, "ckpt diff");
+        return CLI_USAGE;
+    }
+    for (size_t i = 0; i < na && rc == CLI_OK; i++) {
+        const keel_ckpt_entry *o = find_entry(eb, nb, &ea[i]);
+        char label[600], sa[96], sb[96];
+        keel_tensor ta, tb;
+        double maxd = 0;
+        int equal;
+        entry_label(label, sizeof label, &ea[i]);
+        if (o == NULL) {
+            printf("only in A   %s\n", label);
+            differs = 1;
+            continue;
+        }
+        if (!keel_shape_equal(ea[i].ndim, ea[i].shape, o->ndim, o->shape)) {
+            fmt_shape(sa, sizeof sa, &ea[i]);
+            fmt_shape(sb, sizeof sb, o);
+            printf("shape       %s: %s vs %s\n", label, sa, sb);
+            differs = 1;
+            continue;
+        }
+        if (keel_ckpt_read_tensor(argv[1], ea[i].name, ea[i].slot, &ta) !=
+            KEEL_OK) {
+            rc = cli_error(CLI_USAGE, "ckpt diff: %s", keel_last_error());
+            break;
+        }
+        if (keel_ckpt_read_tensor(argv[2], o->name, o->slot, &tb) !=
+            KEEL_OK) {
+            keel_tensor_release(&ta);
+            rc = cli_error(CLI_USAGE, "ckpt diff: %s", keel_last_error());
+            break;
+        }
+        equal = memcmp(ta.data, tb.data, ta.count * sizeof(float)) == 0;
+        for (size_t j = 0; !equal && j < ta.count; j++) {
+            double d = fabs((double)ta.data[j] - (double)tb.data[j]);
+            if (isnan(d))
+                d = INFINITY;
+            if (d > maxd)
+                maxd = d;
+        }
+        if (!equal) {
+            printf("differs     %-50s max_abs_diff %.9g\n", label, maxd);
+            differs = 1;
+        }
+        keel_tensor_release(&ta);
+        keel_tensor_release(&tb);
+    }
+    for (size_t i = 0; i < nb && rc == CLI_OK; i++) {
+        char label[600];
+        if (find_entry(ea, na, &eb[i]) != NULL)
+            continue;
+        entry_label(label, sizeof label, &eb[i]);
+        printf("only in B   %s\n", label);
+        differs = 1;
+    }
+    keel_ckpt_list_free(ea);
+    keel_ckpt_list_free(eb);
+    if (rc != CLI_OK)
+        return rc;
+    if (!differs)
+        printf("identical: %zu variables and slots bitwise equal\n", na);
+    return differs ? CLI_RUNTIME : CLI_OK;
+}
+
+int
+cmd_ckpt(int argc, char **argv)
+{
+    if (argc < 2) {
+        fputs(ckpt_usage, stderr);
+        return CLI_USAGE;
+    }
+    if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
+        fputs(ckpt_usage, stdout);
+        return CLI_OK;
+    }
+    if (strcmp(argv[1], "ls") == 0)
+        return ckpt_ls(argc - 1, argv + 1);
+    if (strcmp(argv[1], "show") == 0)
+        return ckpt_show(argc - 1, argv + 1);
+    if (strcmp(argv[1], "verify") == 0)
+        return ckpt_verify(argc - 1, argv + 1);
+    if (strcmp(argv[1], "diff") == 0)
+        return ckpt_diff(argc - 1, argv + 1);
+    return cli_error(CLI_USAGE, "unknown ckpt command '%s'; run 'keel ckpt "
+                     "--help'", argv[1]);
+}
