@@ -8,7 +8,7 @@
 
 #include "util.h"
 #include "hooks_int.h"
-#include "events_api.h"
+#include <keel/events.h>
 
 #define SUMMARY_NAMES_MAX 16
 
@@ -275,8 +275,18 @@ profiler_begin(void *ctx)
 {
     profiler_hook *h = ctx;
     keel_status st;
+    char dir[KEEL_PATH_MAX];
+    char *slash;
     if (h->t != NULL)
         return KEEL_OK;
+    snprintf(dir, sizeof dir, "%s", h->path);
+    slash = strrchr(dir, '/');
+    if (slash != NULL) {
+        *slash = '\0';
+        st = keel__fs_mkdirs(dir);
+        if (st != KEEL_OK)
+            return keel__wrap(st, "profiler hook: create %s", dir);
+    }
     st = keel_trace_open(h->path, &h->t);
     if (st != KEEL_OK)
         return keel__wrap(st, "profiler hook: open %s", h->path);

@@ -11,6 +11,7 @@
 #include <keel/log.h>
 #include <keel/tensor.h>
 #include <keel/checkpoint.h>
+#include <keel/events.h>
 #include <keel/hooks.h>
 #include <keel/session.h>
 
