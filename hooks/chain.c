@@ -55,7 +55,8 @@ keel_run_context_request_stop(keel_run_context *rc, const char *why)
     if (rc == NULL)
         return;
     if (!rc->is_stop_requested)
-        keel__log(KEEL_LOG_INFO, "hook '%s' requested stop at step %lld: %s",
+        keel__log(KEEL_LOG_INFO, "hook '%s' requested stop (step from "
+                  "global step %lld): %s",
                   rc->hook_name != NULL ? rc->hook_name : "?",
                   (long long)rc->global_step, why != NULL ? why : "");
     rc->is_stop_requested = 1;
