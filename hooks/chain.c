@@ -36,14 +36,24 @@ int
 keel__values_slot(keel__values *t, const char *name, int is_add)
 {
     size_t i;
+    /* Callers pass the same pointer every step (a literal or the hook's
+     * own copy): look where that pointer matched last time first (the
+     * name is still compared: a reused buffer may hold another name). */
     for (i = 0; i < t->n; i++)
-        if (strcmp(t->v[i].name, name) == 0)
+        if (t->v[i].last_ptr == name && strcmp(t->v[i].name, name) == 0)
             return (int)i;
+    for (i = 0; i < t->n; i++) {
+        if (strcmp(t->v[i].name, name) == 0) {
+            t->v[i].last_ptr = name;
+            return (int)i;
+        }
+    }
     if (!is_add || t->n >= KEEL_MAX_VALUES
         || strlen(name) >= KEEL_VALUE_NAME_MAX)
         return -1;
     memcpy(t->v[t->n].name, name, strlen(name) + 1);
     t->v[t->n].set_gen = -1;
+    t->v[t->n].last_ptr = name;
     return (int)t->n++;
 }
 
@@ -152,21 +162,17 @@ keel_run_values_start_ns(const keel_run_values *v)
 int
 keel_run_values_find(const keel_run_values *v, const char *name, double *out)
 {
-    size_t i;
     const keel__values *t;
+    int slot;
     if (v == NULL || v->values == NULL || name == NULL)
         return 0;
     t = v->values;
-    for (i = 0; i < t->n; i++) {
-        if (strcmp(t->v[i].name, name) == 0) {
-            if (t->v[i].set_gen != t->gen)
-                return 0;
-            if (out != NULL)
-                *out = t->v[i].value;
-            return 1;
-        }
-    }
-    return 0;
+    slot = keel__values_slot(v->values, name, 0);
+    if (slot < 0 || t->v[slot].set_gen != t->gen)
+        return 0;
+    if (out != NULL)
+        *out = t->v[slot].value;
+    return 1;
 }
 
 double

@@ -31,6 +31,7 @@ void keel__ckpt_set_ops(const keel__ckpt_ops *ops);
  * path never allocates. */
 typedef struct keel__value {
     char name[KEEL_VALUE_NAME_MAX];
+    const char *last_ptr;     /* last caller's pointer for this name */
     double value;
     int64_t set_gen;          /* == values generation when set this step */
 } keel__value;

@@ -5,6 +5,7 @@
 #include <config.h>
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -28,6 +29,7 @@ struct keel_coord {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int is_stopped;
+    atomic_int stop_flag;     /* mirrors is_stopped: lock-free should_stop */
     keel_status error;
     char msg[KEEL_ERR_MAX];
     coord_thread *threads;
@@ -104,6 +106,7 @@ keel_coord_request_stop(keel_coord *c, keel_status error, const char *why)
         keel__log(error == KEEL_OK ? KEEL_LOG_INFO : KEEL_LOG_ERROR,
                   "coordinator: stop requested: %s", why);
     c->is_stopped = 1;
+    atomic_store_explicit(&c->stop_flag, 1, memory_order_release);
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
 }
@@ -111,11 +114,7 @@ keel_coord_request_stop(keel_coord *c, keel_status error, const char *why)
 int
 keel_coord_should_stop(keel_coord *c)
 {
-    int r;
-    pthread_mutex_lock(&c->mu);
-    r = c->is_stopped;
-    pthread_mutex_unlock(&c->mu);
-    return r;
+    return atomic_load_explicit(&c->stop_flag, memory_order_acquire);
 }
 
 int
@@ -150,6 +149,7 @@ keel_coord_clear_stop(keel_coord *c)
 {
     pthread_mutex_lock(&c->mu);
     c->is_stopped = 0;
+    atomic_store_explicit(&c->stop_flag, 0, memory_order_release);
     c->error = KEEL_OK;
     c->msg[0] = '\0';
     pthread_mutex_unlock(&c->mu);

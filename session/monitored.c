@@ -38,6 +38,7 @@ struct keel_session {
     keel_run_context rc;
     keel_run_values rv;
     int is_recovering;
+    int skip_grad_zeroing;
     int max_attempts, backoff_ms, backoff_max_ms;
     double grace_secs;
     int needs_create;
@@ -295,6 +296,7 @@ keel__session_new(const keel_session_config *cfg, int is_recovering,
     if (cfg->backend != NULL && cfg->backend->updater.apply != NULL)
         s->updater = cfg->backend->updater;
     s->is_recovering = is_recovering;
+    s->skip_grad_zeroing = cfg->skip_grad_zeroing;
     s->max_attempts = cfg->max_recovery_attempts;
     s->backoff_ms = cfg->backoff_ms > 0 ? cfg->backoff_ms : 1;
     s->backoff_max_ms = cfg->backoff_max_ms > s->backoff_ms
@@ -438,7 +440,8 @@ run_once(keel_session *s, const void *batch, int with_hooks)
     s->st.batch = rc->batch;
     s->st.is_applied = 0;
     s->st.global_step = gs;
-    keel_grads_zero(s->grads);
+    if (!s->skip_grad_zeroing)
+        keel_grads_zero(s->grads);
     t0 = keel__now_mono_ns();
     st = s->step(s->step_ctx, &s->st);
     if (st != KEEL_OK)

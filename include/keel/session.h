@@ -38,7 +38,8 @@ keel_vars *keel_step_vars(keel_step *st);
 /* The batch supplied by keel_session_run's caller or a FeedFnHook; NULL if
  * none. */
 const void *keel_step_batch(const keel_step *st);
-/* Gradients for the store's trainable variables, zeroed before each step. */
+/* Gradients for the store's trainable variables, zeroed before each step
+ * (unless the config's skip_grad_zeroing). */
 keel_grads *keel_step_grads(keel_step *st);
 /* Global step before this step. */
 int64_t keel_step_global_step(const keel_step *st);
@@ -253,6 +254,9 @@ typedef struct keel_session_config {
     keel_status (*restore_fn)(void *ctx, const keel_ckpt_info *info);
     void *restore_ctx;
     const keel_restore_opts *restore_opts;
+    /* 0 (default): gradients are zeroed before every step. 1: not (the step
+     * overwrites every gradient; saves one pass over them per step). */
+    int skip_grad_zeroing;
 } keel_session_config;
 
 /* Defaults above; vars, step NULL. Cannot fail. */
