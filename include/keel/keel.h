@@ -12,6 +12,10 @@
 #include <keel/tensor.h>
 #include <keel/events.h>
 #include <keel/checkpoint.h>
+#include <keel/checkpoint.h>
+#include <keel/events.h>
+#include <keel/hooks.h>
+#include <keel/session.h>
 
 #ifdef __cplusplus
 extern "C" {

@@ -1,0 +1,249 @@
+/* hooks_bench.c - hook-chain overhead per step and keel's share of a
+ * training loop. (1) per-step cost of the default MonitoredTrainingSession
+ * hooks plus StopAtStep, NaN and Logging hooks when none triggers, measured
+ * as keel_session_run minus keel_session_run_without_hooks on a step that
+ * does nothing; (2) a 10,000-step run of a trivial step (a 1024-parameter
+ * and an 8192-parameter linear model, gradient + SGD) through keel_session_run with those hooks
+ * against the bare loop calling the same step and update directly. Medians
+ * of reps repetitions.
+ * usage: hooks_bench [reps [n_params [skip_grad_zeroing]]] (7 1024 1) */
+#include <config.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <keel/keel.h>
+
+#define MAX_PARAMS 16384
+#define N_STEPS 10000
+
+static double
+now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static int
+cmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double
+median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+static float xs[MAX_PARAMS];
+static int N_PARAMS = 1024;
+
+/* The user's math, shared by the bare loop and the keel step so both run
+ * the same machine code: y = <w, x> with target 1, loss and gradient. */
+static __attribute__((noinline)) double
+forward_backward(const float *w, float *g)
+{
+    double y = 0, err;
+    int i;
+    for (i = 0; i < N_PARAMS; i++)
+        y += w[i] * xs[i];
+    err = y - 1.0;
+    for (i = 0; i < N_PARAMS; i++)
+        g[i] = (float)(2 * err) * xs[i];
+    return err * err;
+}
+
+static __attribute__((noinline)) void
+update(float *w, const float *g)
+{
+    int i;
+    for (i = 0; i < N_PARAMS; i++)
+        w[i] -= 1e-4f * g[i];
+}
+
+/* Time spent inside the user's callbacks during keel runs: keel's own time
+ * is the rest of keel_session_run, measured in the very same steps. */
+static double user_s;
+
+static keel_status
+linear_step(void *ctx, keel_step *st)
+{
+    double t0 = now_s();
+    keel_vars *vs = keel_step_vars(st);
+    float *w = keel_var_tensor(keel_vars_at(vs, 0))->data;
+    float *g = keel_grads_at(keel_step_grads(st), 0)->data;
+    double loss = forward_backward(w, g);
+    (void)ctx;
+    user_s += now_s() - t0;
+    return keel_step_set_value(st, "loss", loss);
+}
+
+static keel_status
+empty_step(void *ctx, keel_step *st)
+{
+    (void)ctx;
+    return keel_step_set_value(st, "loss", 1.0);
+}
+
+static keel_status
+sgd(void *ctx, keel_vars *vs, keel_grads *gr, int64_t step)
+{
+    double t0 = now_s();
+    (void)ctx;
+    (void)step;
+    update(keel_var_tensor(keel_vars_at(vs, 0))->data,
+           keel_grads_at(gr, 0)->data);
+    user_s += now_s() - t0;
+    return KEEL_OK;
+}
+
+/* The bare loop: the same arithmetic without keel (own gradient buffer). */
+static double
+bare_loop(keel_vars *vs, float *g, int n_steps)
+{
+    float *w = keel_var_tensor(keel_vars_at(vs, 0))->data;
+    double t0 = now_s(), sink = 0;
+    int64_t s, gs = keel_vars_global_step(vs);
+    for (s = 0; s < n_steps; s++) {
+        sink += forward_backward(w, g);
+        update(w, g);
+        gs++;
+    }
+    keel_vars_set_global_step(vs, gs);
+    if (sink < 0)
+        printf("%g\n", sink);
+    return now_s() - t0;
+}
+
+int
+main(int argc, char **argv)
+{
+    int reps = argc > 1 ? atoi(argv[1]) : 7, r, i;
+    int skip_zero = argc > 3 ? atoi(argv[3]) : 1;
+    char dir[] = "/tmp/keel-hooks-bench-XXXXXX";
+    keel_training_config cfg;
+    keel_vars *vs;
+    keel_session *s;
+    keel_hook extra[3];
+    keel_logging_hook_config lc;
+    const char *names[] = { "loss" };
+    int64_t shape[1];
+    double *with_h, *without_h, *keel_t, *bare_t, *share, *own;
+    float *g;
+    if (argc > 2)
+        N_PARAMS = atoi(argv[2]);
+    if (reps < 1 || N_PARAMS < 1 || N_PARAMS > MAX_PARAMS
+        || mkdtemp(dir) == NULL)
+        return 2;
+    shape[0] = N_PARAMS;
+    with_h = calloc((size_t)reps, sizeof *with_h);
+    without_h = calloc((size_t)reps, sizeof *without_h);
+    keel_t = calloc((size_t)reps, sizeof *keel_t);
+    bare_t = calloc((size_t)reps, sizeof *bare_t);
+    share = calloc((size_t)reps, sizeof *share);
+    own = calloc((size_t)reps, sizeof *own);
+    g = calloc(N_PARAMS, sizeof *g);
+    for (i = 0; i < N_PARAMS; i++)
+        xs[i] = (float)((i % 7) - 3) / 100.0f;
+    if (keel_vars_new(&vs) != KEEL_OK
+        || keel_vars_create(vs, "w", 1, shape, KEEL_VAR_TRAINABLE, NULL)
+           != KEEL_OK)
+        return 1;
+    memset(&lc, 0, sizeof lc);
+    lc.names = names;
+    lc.n_names = 1;
+    lc.every_n_iter = 1000000000;
+    if (keel_stop_at_step_hook_new(0, (int64_t)1 << 60, &extra[0]) != KEEL_OK
+        || keel_nan_hook_new("loss", 1, 1, &extra[1]) != KEEL_OK
+        || keel_logging_hook_new(&lc, &extra[2]) != KEEL_OK)
+        return 1;
+    keel_training_config_init(&cfg);
+    cfg.session.vars = vs;
+    cfg.session.step = linear_step;
+    cfg.session.updater.apply = sgd;
+    cfg.session.hooks = extra;
+    cfg.session.n_hooks = 3;
+    cfg.session.skip_grad_zeroing = skip_zero;   // the step writes them all
+    cfg.checkpoint_dir = dir;
+    /* Default hooks present but not triggering inside the timed loops. */
+    cfg.save_checkpoint_steps = (int64_t)1 << 60;
+    cfg.log_step_count_steps = (int64_t)1 << 60;
+    cfg.save_summaries_steps = (int64_t)1 << 60;
+    if (keel_training_session_new(&cfg, &s) != KEEL_OK) {
+        fprintf(stderr, "session: %s\n", keel_last_error());
+        return 1;
+    }
+    for (r = 0; r < reps; r++) {
+        int chunk;
+        /* (2) trivial step: 10,000 steps each of keel and bare, interleaved
+         * in chunks of 500 so machine noise hits both alike. */
+        bare_t[r] = keel_t[r] = 0;
+        user_s = 0;
+        for (chunk = 0; chunk < N_STEPS / 500; chunk++) {
+            double t0;
+            bare_t[r] += bare_loop(vs, g, 500);
+            t0 = now_s();
+            for (i = 0; i < 500; i++)
+                if (keel_session_run(s, NULL) != KEEL_OK)
+                    return 1;
+            keel_t[r] += now_s() - t0;
+        }
+        share[r] = (keel_t[r] - bare_t[r]) / keel_t[r];
+        own[r] = (keel_t[r] - user_s) / keel_t[r];
+    }
+    keel_session_free(s);
+    /* (1) the hook chain alone: empty step, with and without hooks. */
+    cfg.session.step = empty_step;
+    cfg.session.updater.apply = NULL;
+    if (keel_training_session_new(&cfg, &s) != KEEL_OK)
+        return 1;
+    for (r = 0; r < reps; r++) {
+        double t0 = now_s();
+        for (i = 0; i < N_STEPS; i++)
+            keel_session_run_without_hooks(s, NULL);
+        without_h[r] = now_s() - t0;
+        t0 = now_s();
+        for (i = 0; i < N_STEPS; i++)
+            keel_session_run(s, NULL);
+        with_h[r] = now_s() - t0;
+    }
+    keel_session_free(s);
+    for (i = 0; i < 3; i++)
+        keel_hook_release(&extra[i]);
+    keel_vars_free(vs);
+    {
+        double mh = median(with_h, reps) / N_STEPS * 1e9;
+        double mw = median(without_h, reps) / N_STEPS * 1e9;
+        double mk = median(keel_t, reps) / N_STEPS * 1e9;
+        double mb = median(bare_t, reps) / N_STEPS * 1e9;
+        printf("hooks: 6 hooks (step_counter, summary_saver, "
+               "checkpoint_saver, stop_at_step, nan_tensor, logging), none "
+               "triggering; %d parameters; gradient zeroing %s; medians of "
+               "%d x %d steps\n", N_PARAMS, skip_zero ? "off" : "on", reps,
+               N_STEPS);
+        printf("| quantity | median ns/step |\n|---|---|\n");
+        printf("| empty step, run_without_hooks (baseline) | %.1f |\n", mw);
+        printf("| empty step, run with 6 hooks | %.1f |\n", mh);
+        printf("| hook-chain overhead per step | %.1f |\n", mh - mw);
+        printf("| trivial step, bare loop (baseline) | %.1f |\n", mb);
+        printf("| trivial step, keel_session_run + 6 hooks | %.1f |\n", mk);
+        printf("| share in keel: (keel run - bare loop) / keel run | "
+               "%.2f %% |\n", 100.0 * median(share, reps));
+        printf("| share in keel: time outside the callbacks, same steps | "
+               "%.2f %% |\n", 100.0 * median(own, reps));
+    }
+    {
+        char cmd[256];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+        if (system(cmd) != 0)
+            return 1;
+    }
+    return 0;
+}

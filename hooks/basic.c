@@ -1,0 +1,432 @@
+/* basic.c - the small standard hooks: LoggingTensorHook, StopAtStepHook,
+ * NanTensorHook, GlobalStepWaiterHook, FinalOpsHook and FeedFnHook. All of
+ * them read the global step from the step's run values (no extra reads). */
+#include <config.h>
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+#include "hooks_int.h"
+
+#define LOG_NAMES_MAX 16
+
+static keel_status
+new_ctx(void **ctx, size_t size, const char *what)
+{
+    *ctx = calloc(1, size);
+    if (*ctx == NULL)
+        return keel__fail(KEEL_ENOMEM, "%s hook: %zu bytes", what, size);
+    return KEEL_OK;
+}
+
+static void
+fill(keel_hook *out, const char *name, void *ctx)
+{
+    memset(out, 0, sizeof *out);
+    out->struct_size = sizeof *out;
+    out->name = name;
+    out->ctx = ctx;
+    out->destroy = free;
+}
+
+/* ---- LoggingTensorHook ---------------------------------------------------------- */
+
+typedef struct logging_hook {
+    char names[LOG_NAMES_MAX][KEEL_VALUE_NAME_MAX];
+    size_t n;
+    keel_timer timer;
+    int at_end;
+    int64_t iter;
+    int is_triggered;         /* this step */
+    double last[LOG_NAMES_MAX];
+    int has_last;
+} logging_hook;
+
+static keel_status
+logging_before(void *ctx, keel_run_context *rc)
+{
+    logging_hook *h = ctx;
+    size_t i;
+    h->is_triggered = keel_timer_should_trigger(&h->timer, h->iter);
+    if (!h->is_triggered && !h->at_end)
+        return KEEL_OK;
+    for (i = 0; i < h->n; i++) {
+        keel_status st = keel_run_context_request(rc, h->names[i]);
+        if (st != KEEL_OK)
+            return st;
+    }
+    return KEEL_OK;
+}
+
+static void
+log_values(logging_hook *h, const double *vals, double elapsed, int has_dt)
+{
+    char line[1024];
+    size_t i, len = 0;
+    line[0] = '\0';
+    for (i = 0; i < h->n && len < sizeof line; i++) {
+        int w = snprintf(line + len, sizeof line - len, "%s%s = %g",
+                         i > 0 ? ", " : "", h->names[i], vals[i]);
+        if (w > 0)
+            len += (size_t)w;
+    }
+    if (has_dt && len < sizeof line)
+        snprintf(line + len, sizeof line - len, " (%.3f sec)", elapsed);
+    keel__log(KEEL_LOG_INFO, "%s", line);
+}
+
+static keel_status
+logging_after(void *ctx, keel_run_context *rc, const keel_run_values *v)
+{
+    logging_hook *h = ctx;
+    size_t i;
+    (void)rc;
+    if (h->is_triggered || h->at_end) {
+        for (i = 0; i < h->n; i++)
+            h->last[i] = keel_run_values_get(v, h->names[i]);
+        h->has_last = 1;
+    }
+    if (h->is_triggered) {
+        double dt = 0;
+        int has_dt = keel_timer_update(&h->timer, h->iter, &dt, NULL);
+        log_values(h, h->last, dt, has_dt);
+    }
+    h->iter++;
+    return KEEL_OK;
+}
+
+static void
+logging_end(void *ctx, keel_session *s, keel_end_reason why)
+{
+    logging_hook *h = ctx;
+    (void)s;
+    (void)why;
+    if (h->at_end && h->has_last)
+        log_values(h, h->last, 0, 0);
+}
+
+keel_status
+keel_logging_hook_new(const keel_logging_hook_config *cfg, keel_hook *out)
+{
+    logging_hook *h;
+    keel_status st;
+    size_t i;
+    if (cfg == NULL || out == NULL || (cfg->n_names > 0 && cfg->names == NULL))
+        return keel__fail(KEEL_EINVAL, "logging hook: NULL argument");
+    if (cfg->n_names == 0 || cfg->n_names > LOG_NAMES_MAX)
+        return keel__fail(KEEL_EINVAL, "logging hook: %zu names (1..%d)",
+                          cfg->n_names, LOG_NAMES_MAX);
+    if (cfg->every_n_iter < 0)
+        return keel__fail(KEEL_EINVAL, "logging hook: every_n_iter %lld <= 0",
+                          (long long)cfg->every_n_iter);
+    st = new_ctx((void **)&h, sizeof *h, "logging");
+    if (st != KEEL_OK)
+        return st;
+    for (i = 0; i < cfg->n_names; i++) {
+        if (cfg->names[i] == NULL
+            || strlen(cfg->names[i]) >= KEEL_VALUE_NAME_MAX) {
+            free(h);
+            return keel__fail(KEEL_EINVAL, "logging hook: name %zu is NULL "
+                              "or too long", i);
+        }
+        memcpy(h->names[i], cfg->names[i], strlen(cfg->names[i]) + 1);
+    }
+    h->n = cfg->n_names;
+    h->at_end = cfg->at_end;
+    if (cfg->at_end && cfg->every_n_iter == 0 && cfg->every_n_secs <= 0) {
+        keel_timer_init_never(&h->timer);
+    } else {
+        st = keel_timer_init(&h->timer, cfg->every_n_secs, cfg->every_n_iter,
+                             &cfg->clock);
+        if (st != KEEL_OK) {
+            free(h);
+            return keel__wrap(st, "logging hook (every_n_iter/every_n_secs)");
+        }
+    }
+    fill(out, "logging_tensor", h);
+    out->before_run = logging_before;
+    out->after_run = logging_after;
+    out->end = logging_end;
+    return KEEL_OK;
+}
+
+/* ---- StopAtStepHook ---------------------------------------------------------- */
+
+typedef struct stop_hook {
+    int64_t num_steps;
+    int64_t last_step;
+    int is_resolved;
+} stop_hook;
+
+static keel_status
+stop_after_create(void *ctx, keel_session *s)
+{
+    stop_hook *h = ctx;
+    int64_t gs = keel_session_global_step(s);
+    if (!h->is_resolved) {
+        h->last_step = gs + h->num_steps;
+        h->is_resolved = 1;
+        keel__log(KEEL_LOG_INFO, "stop_at_step: %lld steps from global step "
+                  "%lld: last step %lld", (long long)h->num_steps,
+                  (long long)gs, (long long)h->last_step);
+    }
+    if (gs >= h->last_step) {
+        char why[128];
+        snprintf(why, sizeof why, "stop_at_step: global step %lld already "
+                 ">= last step %lld", (long long)gs, (long long)h->last_step);
+        keel_session_request_stop(s, why);
+    }
+    return KEEL_OK;
+}
+
+static keel_status
+stop_after_run(void *ctx, keel_run_context *rc, const keel_run_values *v)
+{
+    stop_hook *h = ctx;
+    if (keel_run_values_step_after(v) >= h->last_step) {
+        char why[128];
+        snprintf(why, sizeof why, "global step %lld reached last step %lld",
+                 (long long)keel_run_values_step_after(v),
+                 (long long)h->last_step);
+        keel_run_context_request_stop(rc, why);
+    }
+    return KEEL_OK;
+}
+
+keel_status
+keel_stop_at_step_hook_new(int64_t num_steps, int64_t last_step,
+                           keel_hook *out)
+{
+    stop_hook *h;
+    keel_status st;
+    if (out == NULL)
+        return keel__fail(KEEL_EINVAL, "stop_at_step hook: out is NULL");
+    if ((num_steps > 0) == (last_step > 0))
+        return keel__fail(KEEL_EINVAL, "stop_at_step hook: give exactly one "
+                          "of num_steps (%lld) and last_step (%lld) > 0",
+                          (long long)num_steps, (long long)last_step);
+    st = new_ctx((void **)&h, sizeof *h, "stop_at_step");
+    if (st != KEEL_OK)
+        return st;
+    h->num_steps = num_steps;
+    h->last_step = last_step;
+    h->is_resolved = last_step > 0;
+    fill(out, "stop_at_step", h);
+    out->after_create_session = stop_after_create;
+    out->after_run = stop_after_run;
+    return KEEL_OK;
+}
+
+/* ---- NanTensorHook ----------------------------------------------------------- */
+
+typedef struct nan_hook {
+    char name[KEEL_VALUE_NAME_MAX];
+    int fail_on_nan;
+    int fail_on_inf;
+} nan_hook;
+
+static keel_status
+nan_before(void *ctx, keel_run_context *rc)
+{
+    nan_hook *h = ctx;
+    return keel_run_context_request(rc, h->name);
+}
+
+static keel_status
+nan_after(void *ctx, keel_run_context *rc, const keel_run_values *v)
+{
+    nan_hook *h = ctx;
+    double x = keel_run_values_get(v, h->name);
+    const char *what;
+    if (isnan(x))
+        what = "NaN";
+    else if (h->fail_on_inf && isinf(x))
+        what = "Inf";
+    else
+        return KEEL_OK;
+    if (h->fail_on_nan) {
+        keel__log(KEEL_LOG_ERROR, "Model diverged with %s = %s at global "
+                  "step %lld", h->name, what,
+                  (long long)keel_run_values_step_after(v));
+        return keel__fail(KEEL_EHOOK, "%s %s during training (global step "
+                          "%lld)", what, h->name,
+                          (long long)keel_run_values_step_after(v));
+    }
+    keel__log(KEEL_LOG_WARN, "Model diverged with %s = %s; stopping", h->name,
+              what);
+    keel_run_context_request_stop(rc, "model diverged (NaN/Inf)");
+    return KEEL_OK;
+}
+
+keel_status
+keel_nan_hook_new(const char *name, int fail_on_nan, int fail_on_inf,
+                  keel_hook *out)
+{
+    nan_hook *h;
+    keel_status st;
+    if (name == NULL)
+        name = "loss";
+    if (out == NULL || strlen(name) >= KEEL_VALUE_NAME_MAX)
+        return keel__fail(KEEL_EINVAL, "nan hook: bad name or out NULL");
+    st = new_ctx((void **)&h, sizeof *h, "nan");
+    if (st != KEEL_OK)
+        return st;
+    memcpy(h->name, name, strlen(name) + 1);
+    h->fail_on_nan = fail_on_nan;
+    h->fail_on_inf = fail_on_inf;
+    fill(out, "nan_tensor", h);
+    out->before_run = nan_before;
+    out->after_run = nan_after;
+    return KEEL_OK;
+}
+
+/* ---- GlobalStepWaiterHook ----------------------------------------------------- */
+
+typedef struct waiter_hook {
+    int64_t target;
+    int poll_ms;
+    int is_done;
+} waiter_hook;
+
+static keel_status
+waiter_before(void *ctx, keel_run_context *rc)
+{
+    waiter_hook *h = ctx;
+    keel_session *s = keel_run_context_session(rc);
+    int64_t last_logged = -1;
+    if (h->is_done || h->target <= 0) {
+        h->is_done = 1;
+        return KEEL_OK;
+    }
+    for (;;) {
+        int64_t gs = keel_session_global_step(s);
+        if (gs >= h->target)
+            break;
+        if (last_logged < 0 || gs - last_logged > 1000) {
+            keel__log(KEEL_LOG_INFO, "waiting for global step %lld before "
+                      "starting (now %lld)", (long long)h->target,
+                      (long long)gs);
+            last_logged = gs;
+        }
+        if (keel_coord_wait_for_stop(keel_session_coord(s), h->poll_ms)
+            || keel_session_signal_received())
+            return keel__fail(KEEL_ECANCELLED, "global step waiter: stop "
+                              "requested while waiting for step %lld",
+                              (long long)h->target);
+    }
+    h->is_done = 1;
+    return KEEL_OK;
+}
+
+keel_status
+keel_global_step_waiter_hook_new(int64_t wait_until_step, int poll_ms,
+                                 keel_hook *out)
+{
+    waiter_hook *h;
+    keel_status st;
+    if (out == NULL || poll_ms < 0)
+        return keel__fail(KEEL_EINVAL, "global step waiter hook: bad "
+                          "argument (poll_ms %d)", poll_ms);
+    st = new_ctx((void **)&h, sizeof *h, "global_step_waiter");
+    if (st != KEEL_OK)
+        return st;
+    h->target = wait_until_step;
+    h->poll_ms = poll_ms > 0 ? poll_ms : 50;
+    fill(out, "global_step_waiter", h);
+    out->before_run = waiter_before;
+    return KEEL_OK;
+}
+
+/* ---- FinalOpsHook --------------------------------------------------------------- */
+
+typedef struct final_hook {
+    keel_status (*fn)(void *ctx, keel_session *s, double *value);
+    void *ctx;
+    double value;
+    int has_value;
+} final_hook;
+
+static void
+final_end(void *ctx, keel_session *s, keel_end_reason why)
+{
+    final_hook *h = ctx;
+    keel_status st;
+    (void)why;
+    st = h->fn(h->ctx, s, &h->value);
+    if (st == KEEL_OK)
+        h->has_value = 1;
+    else
+        keel__log(KEEL_LOG_WARN, "final ops failed (%s): %s",
+                  keel_status_str(st), keel_last_error());
+}
+
+keel_status
+keel_final_ops_hook_new(keel_status (*fn)(void *ctx, keel_session *s,
+                                          double *value),
+                        void *ctx, keel_hook *out)
+{
+    final_hook *h;
+    keel_status st;
+    if (fn == NULL || out == NULL)
+        return keel__fail(KEEL_EINVAL, "final ops hook: fn or out is NULL");
+    st = new_ctx((void **)&h, sizeof *h, "final_ops");
+    if (st != KEEL_OK)
+        return st;
+    h->fn = fn;
+    h->ctx = ctx;
+    fill(out, "final_ops", h);
+    out->end = final_end;
+    return KEEL_OK;
+}
+
+int
+keel_final_ops_hook_value(const keel_hook *hk, double *value)
+{
+    const final_hook *h;
+    if (hk == NULL || hk->end != final_end)
+        return 0;
+    h = hk->ctx;
+    if (!h->has_value)
+        return 0;
+    if (value != NULL)
+        *value = h->value;
+    return 1;
+}
+
+/* ---- FeedFnHook ------------------------------------------------------------------ */
+
+typedef struct feed_hook {
+    keel_status (*fn)(void *ctx, const void **batch);
+    void *ctx;
+} feed_hook;
+
+static keel_status
+feed_before(void *ctx, keel_run_context *rc)
+{
+    feed_hook *h = ctx;
+    const void *batch = NULL;
+    keel_status st = h->fn(h->ctx, &batch);
+    if (st != KEEL_OK)
+        return st;
+    return keel_run_context_set_batch(rc, batch);
+}
+
+keel_status
+keel_feed_fn_hook_new(keel_status (*fn)(void *ctx, const void **batch),
+                      void *ctx, keel_hook *out)
+{
+    feed_hook *h;
+    keel_status st;
+    if (fn == NULL || out == NULL)
+        return keel__fail(KEEL_EINVAL, "feed fn hook: fn or out is NULL");
+    st = new_ctx((void **)&h, sizeof *h, "feed_fn");
+    if (st != KEEL_OK)
+        return st;
+    h->fn = fn;
+    h->ctx = ctx;
+    fill(out, "feed_fn", h);
+    out->before_run = feed_before;
+    return KEEL_OK;
+}

@@ -1,0 +1,264 @@
+/* chain.c - the pieces of the hook chain every hook sees: run context and
+ * run values accessors, the named-value table, end reasons, the clock and
+ * TF's SecondOrStepTimer (on a monotonic, injectable clock). */
+#include <config.h>
+
+#include <math.h>
+#include <string.h>
+
+#include "util.h"
+#include "hooks_int.h"
+
+const char *
+keel_end_reason_str(keel_end_reason why)
+{
+    switch (why) {
+    case KEEL_END_CLEAN: return "clean";
+    case KEEL_END_OUT_OF_RANGE: return "end of input";
+    case KEEL_END_STOP_REQUESTED: return "stop requested";
+    case KEEL_END_ERROR: return "error";
+    case KEEL_END_SIGNAL: return "signal";
+    }
+    return "unknown";
+}
+
+void
+keel_hook_release(keel_hook *h)
+{
+    if (h == NULL)
+        return;
+    if (h->destroy != NULL)
+        h->destroy(h->ctx);
+    memset(h, 0, sizeof *h);
+}
+
+int
+keel__values_slot(keel__values *t, const char *name, int is_add)
+{
+    size_t i;
+    /* Callers pass the same pointer every step (a literal or the hook's
+     * own copy): look where that pointer matched last time first (the
+     * name is still compared: a reused buffer may hold another name). */
+    for (i = 0; i < t->n; i++)
+        if (t->v[i].last_ptr == name && strcmp(t->v[i].name, name) == 0)
+            return (int)i;
+    for (i = 0; i < t->n; i++) {
+        if (strcmp(t->v[i].name, name) == 0) {
+            t->v[i].last_ptr = name;
+            return (int)i;
+        }
+    }
+    if (!is_add || t->n >= KEEL_MAX_VALUES
+        || strlen(name) >= KEEL_VALUE_NAME_MAX)
+        return -1;
+    memcpy(t->v[t->n].name, name, strlen(name) + 1);
+    t->v[t->n].set_gen = -1;
+    t->v[t->n].last_ptr = name;
+    return (int)t->n++;
+}
+
+/* ---- run context ---------------------------------------------------------- */
+
+void
+keel_run_context_request_stop(keel_run_context *rc, const char *why)
+{
+    if (rc == NULL)
+        return;
+    if (!rc->is_stop_requested)
+        keel__log(KEEL_LOG_INFO, "hook '%s' requested stop (step from "
+                  "global step %lld): %s",
+                  rc->hook_name != NULL ? rc->hook_name : "?",
+                  (long long)rc->global_step, why != NULL ? why : "");
+    rc->is_stop_requested = 1;
+}
+
+int
+keel_run_context_stop_requested(const keel_run_context *rc)
+{
+    return rc != NULL && rc->is_stop_requested;
+}
+
+keel_status
+keel_run_context_request(keel_run_context *rc, const char *name)
+{
+    int slot;
+    size_t i;
+    if (rc == NULL || name == NULL)
+        return keel__fail(KEEL_EINVAL, "request value: NULL argument");
+    slot = keel__values_slot(rc->values, name, 1);
+    if (slot < 0)
+        return keel__fail(KEEL_EINVAL, "hook '%s' requested value '%s': "
+                          "name too long or more than %d names",
+                          rc->hook_name != NULL ? rc->hook_name : "?", name,
+                          KEEL_MAX_VALUES);
+    for (i = 0; i < rc->n_requested; i++)
+        if (rc->requested[i] == slot)
+            return KEEL_OK;
+    rc->requested[rc->n_requested] = slot;
+    rc->requested_by[rc->n_requested] = rc->hook_name;
+    rc->n_requested++;
+    return KEEL_OK;
+}
+
+keel_status
+keel_run_context_set_batch(keel_run_context *rc, const void *batch)
+{
+    if (rc == NULL)
+        return keel__fail(KEEL_EINVAL, "set batch: NULL run context");
+    if (rc->has_batch)
+        return keel__fail(KEEL_EINVAL, "hook '%s' supplied a batch but the "
+                          "caller or another hook already did (one feeder "
+                          "per step)",
+                          rc->hook_name != NULL ? rc->hook_name : "?");
+    rc->batch = batch;
+    rc->has_batch = 1;
+    return KEEL_OK;
+}
+
+keel_session *
+keel_run_context_session(keel_run_context *rc)
+{
+    return rc != NULL ? rc->s : NULL;
+}
+
+int64_t
+keel_run_context_global_step(const keel_run_context *rc)
+{
+    return rc != NULL ? rc->global_step : 0;
+}
+
+/* ---- run values ------------------------------------------------------------ */
+
+int64_t
+keel_run_values_step_before(const keel_run_values *v)
+{
+    return v->step_before;
+}
+
+int64_t
+keel_run_values_step_after(const keel_run_values *v)
+{
+    return v->step_after;
+}
+
+int64_t
+keel_run_values_local_step(const keel_run_values *v)
+{
+    return v->local_step;
+}
+
+int64_t
+keel_run_values_duration_ns(const keel_run_values *v)
+{
+    return v->duration_ns;
+}
+
+int64_t
+keel_run_values_start_ns(const keel_run_values *v)
+{
+    return v->start_ns;
+}
+
+int
+keel_run_values_find(const keel_run_values *v, const char *name, double *out)
+{
+    const keel__values *t;
+    int slot;
+    if (v == NULL || v->values == NULL || name == NULL)
+        return 0;
+    t = v->values;
+    slot = keel__values_slot(v->values, name, 0);
+    if (slot < 0 || t->v[slot].set_gen != t->gen)
+        return 0;
+    if (out != NULL)
+        *out = t->v[slot].value;
+    return 1;
+}
+
+double
+keel_run_values_get(const keel_run_values *v, const char *name)
+{
+    double x;
+    return keel_run_values_find(v, name, &x) ? x : NAN;
+}
+
+/* ---- clock and timer --------------------------------------------------------- */
+
+int64_t
+keel_clock_now_ns(const keel_clock *c)
+{
+    if (c != NULL && c->fn != NULL)
+        return c->fn(c->ctx);
+    return keel__now_mono_ns();
+}
+
+keel_status
+keel_timer_init(keel_timer *t, double every_secs, int64_t every_steps,
+                const keel_clock *clock)
+{
+    if (t == NULL)
+        return keel__fail(KEEL_EINVAL, "timer: NULL");
+    memset(t, 0, sizeof *t);
+    if (every_secs <= 0 && every_steps <= 0)
+        return keel__fail(KEEL_EINVAL, "timer: Either every_secs or "
+                          "every_steps should be provided.");
+    if (every_secs > 0 && every_steps > 0)
+        return keel__fail(KEEL_EINVAL, "timer: Can not provide both "
+                          "every_secs (%g) and every_steps (%lld).",
+                          every_secs, (long long)every_steps);
+    t->every_secs = every_secs > 0 ? every_secs : 0;
+    t->every_steps = every_steps > 0 ? every_steps : 0;
+    t->last_step = -1;
+    if (clock != NULL)
+        t->clock = *clock;
+    return KEEL_OK;
+}
+
+void
+keel_timer_init_never(keel_timer *t)
+{
+    memset(t, 0, sizeof *t);
+    t->is_never = 1;
+    t->last_step = -1;
+}
+
+int
+keel_timer_should_trigger(const keel_timer *t, int64_t step)
+{
+    if (t->is_never)
+        return 0;
+    if (!t->is_triggered)
+        return 1;
+    if (step == t->last_step)
+        return 0;
+    if (t->every_secs > 0)
+        return keel_clock_now_ns(&t->clock)
+               >= t->last_ns + (int64_t)(t->every_secs * 1e9);
+    return step >= t->last_step + t->every_steps;
+}
+
+int
+keel_timer_update(keel_timer *t, int64_t step, double *elapsed_secs,
+                  int64_t *elapsed_steps)
+{
+    int64_t now = keel_clock_now_ns(&t->clock);
+    int had = t->is_triggered;
+    if (had) {
+        if (elapsed_secs != NULL)
+            *elapsed_secs = (double)(now - t->last_ns) / 1e9;
+        if (elapsed_steps != NULL)
+            *elapsed_steps = step - t->last_step;
+    }
+    t->is_triggered = 1;
+    t->last_step = step;
+    t->last_ns = now;
+    return had;
+}
+
+void
+keel_timer_reset(keel_timer *t)
+{
+    t->is_triggered = 0;
+    t->last_step = -1;
+    t->last_ns = 0;
+}

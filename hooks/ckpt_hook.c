@@ -1,0 +1,259 @@
+/* ckpt_hook.c - CheckpointSaverHook: a checkpoint at every session creation,
+ * at every timer trigger and at end (by reason), never twice for one step,
+ * with listeners that can veto training; metadata blobs from the session's
+ * meta_fn so data-iterator and RNG state resume exactly. */
+#include <config.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+#include "hooks_int.h"
+
+#define LISTENERS_MAX 8
+
+typedef struct ckpt_hook {
+    char *dir;                       /* NULL: the session's saver */
+    keel_saver_config saver_cfg;
+    char *basename;
+    keel_saver *own;
+    keel_timer timer;
+    keel_ckpt_listener listeners[LISTENERS_MAX];
+    size_t n_listeners;
+    int save_on_error;
+    int64_t last_saved;
+    int64_t n_saves;
+} ckpt_hook;
+
+static keel_status
+resolve_saver(ckpt_hook *h, keel_session *s, keel_saver **out)
+{
+    keel_status st;
+    if (h->dir == NULL) {
+        *out = keel_session_saver(s);
+        if (*out == NULL)
+            return keel__fail(KEEL_EINVAL, "checkpoint saver hook: no dir "
+                              "and the session has no checkpoint_dir");
+        return KEEL_OK;
+    }
+    if (h->own == NULL) {
+        st = keel__ckpt->saver_new(&h->saver_cfg, &h->own);
+        if (st != KEEL_OK)
+            return keel__wrap(st, "checkpoint saver hook: open %s", h->dir);
+    }
+    *out = h->own;
+    return KEEL_OK;
+}
+
+/* Save at step unless already saved; *should_stop from listeners. */
+static keel_status
+save(ckpt_hook *h, keel_session *s, int64_t step, int *should_stop)
+{
+    char path[KEEL_PATH_MAX];
+    keel_ckpt_meta meta;
+    keel_saver *sv;
+    size_t i;
+    keel_status st;
+    if (step == h->last_saved)
+        return KEEL_OK;
+    st = resolve_saver(h, s, &sv);
+    if (st != KEEL_OK)
+        return st;
+    for (i = 0; i < h->n_listeners; i++) {
+        if (h->listeners[i].before_save == NULL)
+            continue;
+        st = h->listeners[i].before_save(h->listeners[i].ctx, s, step);
+        if (st != KEEL_OK)
+            return keel__wrap(st, "checkpoint listener %zu before_save", i);
+    }
+    st = keel_session_collect_meta(s, &meta);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "checkpoint at step %lld: meta_fn",
+                          (long long)step);
+    path[0] = '\0';
+    st = keel__ckpt->saver_save(sv, keel_session_vars(s), &meta, path,
+                                sizeof path);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "checkpoint at step %lld", (long long)step);
+    h->last_saved = step;
+    h->n_saves++;
+    keel__log(KEEL_LOG_INFO, "saved checkpoint for step %lld: %s",
+              (long long)step, path);
+    for (i = 0; i < h->n_listeners; i++) {
+        int stop = 0;
+        if (h->listeners[i].after_save == NULL)
+            continue;
+        st = h->listeners[i].after_save(h->listeners[i].ctx, s, step, path,
+                                        &stop);
+        if (st != KEEL_OK)
+            return keel__wrap(st, "checkpoint listener %zu after_save", i);
+        if (stop) {
+            keel__log(KEEL_LOG_INFO, "A CheckpointSaverListener (%zu) "
+                      "requested that training be stopped (step %lld)", i,
+                      (long long)step);
+            *should_stop = 1;
+        }
+    }
+    return KEEL_OK;
+}
+
+static keel_status
+ck_begin(void *ctx)
+{
+    ckpt_hook *h = ctx;
+    size_t i;
+    for (i = 0; i < h->n_listeners; i++) {
+        if (h->listeners[i].begin == NULL)
+            continue;
+        keel_status st = h->listeners[i].begin(h->listeners[i].ctx);
+        if (st != KEEL_OK)
+            return keel__wrap(st, "checkpoint listener %zu begin", i);
+    }
+    return KEEL_OK;
+}
+
+static keel_status
+ck_after_create(void *ctx, keel_session *s)
+{
+    ckpt_hook *h = ctx;
+    int64_t gs = keel_session_global_step(s);
+    int stop = 0;
+    keel_status st = save(h, s, gs, &stop);
+    if (st != KEEL_OK)
+        return st;
+    keel_timer_update(&h->timer, gs, NULL, NULL);
+    if (stop)
+        keel_session_request_stop(s, "checkpoint listener");
+    return KEEL_OK;
+}
+
+static keel_status
+ck_after_run(void *ctx, keel_run_context *rc, const keel_run_values *v)
+{
+    ckpt_hook *h = ctx;
+    int64_t gs = keel_run_values_step_after(v);
+    int stop = 0;
+    keel_status st;
+    if (!keel_timer_should_trigger(&h->timer, gs))
+        return KEEL_OK;
+    keel_timer_update(&h->timer, gs, NULL, NULL);
+    st = save(h, keel_run_context_session(rc), gs, &stop);
+    if (st != KEEL_OK)
+        return st;
+    if (stop)
+        keel_run_context_request_stop(rc, "a checkpoint listener asked to "
+                                      "stop");
+    return KEEL_OK;
+}
+
+static void
+ck_end(void *ctx, keel_session *s, keel_end_reason why)
+{
+    ckpt_hook *h = ctx;
+    int64_t gs = keel_session_global_step(s);
+    int stop = 0;
+    size_t i;
+    if (why == KEEL_END_ERROR && !h->save_on_error) {
+        keel__log(KEEL_LOG_WARN, "session ended with an error at step %lld: "
+                  "no final checkpoint (save_on_error is off)",
+                  (long long)gs);
+    } else {
+        keel_status st = save(h, s, gs, &stop);
+        if (st != KEEL_OK)
+            keel__log(KEEL_LOG_ERROR, "final checkpoint failed: %s",
+                      keel_last_error());
+    }
+    if (h->own != NULL) {
+        keel_status st = keel__ckpt->saver_wait(h->own);
+        if (st != KEEL_OK)
+            keel__log(KEEL_LOG_ERROR, "final checkpoint failed: %s",
+                      keel_last_error());
+    }
+    for (i = 0; i < h->n_listeners; i++)
+        if (h->listeners[i].end != NULL)
+            h->listeners[i].end(h->listeners[i].ctx, s, h->last_saved);
+}
+
+static void
+ck_destroy(void *ctx)
+{
+    ckpt_hook *h = ctx;
+    if (h == NULL)
+        return;
+    if (h->own != NULL)
+        keel__ckpt->saver_free(h->own);
+    free(h->dir);
+    free(h->basename);
+    free(h);
+}
+
+keel_status
+keel_ckpt_hook_new(const keel_ckpt_hook_config *cfg, keel_hook *out)
+{
+    ckpt_hook *h;
+    keel_status st;
+    if (cfg == NULL || out == NULL)
+        return keel__fail(KEEL_EINVAL, "checkpoint saver hook: NULL "
+                          "argument");
+    if (cfg->n_listeners > LISTENERS_MAX
+        || (cfg->n_listeners > 0 && cfg->listeners == NULL))
+        return keel__fail(KEEL_EINVAL, "checkpoint saver hook: %zu listeners "
+                          "(at most %d)", cfg->n_listeners, LISTENERS_MAX);
+    h = calloc(1, sizeof *h);
+    if (h == NULL)
+        return keel__fail(KEEL_ENOMEM, "checkpoint saver hook");
+    h->last_saved = -1;
+    st = keel_timer_init(&h->timer, cfg->save_secs, cfg->save_steps,
+                         &cfg->clock);
+    if (st != KEEL_OK) {
+        ck_destroy(h);
+        return keel__wrap(st, "checkpoint saver hook (save_secs/save_steps)");
+    }
+    if (cfg->saver_cfg != NULL)
+        h->saver_cfg = *cfg->saver_cfg;
+    else
+        keel_saver_config_init(&h->saver_cfg);
+    if (cfg->dir != NULL) {
+        h->dir = strdup(cfg->dir);
+        h->basename = h->saver_cfg.basename != NULL
+                      ? strdup(h->saver_cfg.basename) : NULL;
+        if (h->dir == NULL
+            || (h->saver_cfg.basename != NULL && h->basename == NULL)) {
+            ck_destroy(h);
+            return keel__fail(KEEL_ENOMEM, "checkpoint saver hook: copy dir");
+        }
+        h->saver_cfg.dir = h->dir;
+        h->saver_cfg.basename = h->basename;
+    }
+    if (cfg->n_listeners > 0)
+        memcpy(h->listeners, cfg->listeners,
+               cfg->n_listeners * sizeof *h->listeners);
+    h->n_listeners = cfg->n_listeners;
+    h->save_on_error = cfg->save_on_error;
+    memset(out, 0, sizeof *out);
+    out->struct_size = sizeof *out;
+    out->name = "checkpoint_saver";
+    out->ctx = h;
+    out->begin = ck_begin;
+    out->after_create_session = ck_after_create;
+    out->after_run = ck_after_run;
+    out->end = ck_end;
+    out->destroy = ck_destroy;
+    return KEEL_OK;
+}
+
+int64_t
+keel_ckpt_hook_save_count(const keel_hook *hk)
+{
+    if (hk == NULL || hk->end != ck_end)
+        return 0;
+    return ((const ckpt_hook *)hk->ctx)->n_saves;
+}
+
+int64_t
+keel_ckpt_hook_last_step(const keel_hook *hk)
+{
+    if (hk == NULL || hk->end != ck_end)
+        return -1;
+    return ((const ckpt_hook *)hk->ctx)->last_saved;
+}

@@ -1,0 +1,67 @@
+/* hooks_int.h - private to hooks/ and session/: the checkpoint call table
+ * (tests swap in an in-memory fake to count saves without HDF5) and the
+ * run-context internals shared by the session and the hook chain. */
+#ifndef KEEL_HOOKS_INT_H
+#define KEEL_HOOKS_INT_H
+
+#include <keel/session.h>
+
+typedef struct keel__ckpt_ops {
+    keel_status (*saver_new)(const keel_saver_config *cfg, keel_saver **out);
+    keel_status (*saver_save)(keel_saver *s, const keel_vars *vs,
+                              const keel_ckpt_meta *meta, char *path,
+                              size_t path_size);
+    keel_status (*saver_wait)(keel_saver *s);
+    void (*saver_free)(keel_saver *s);
+    keel_status (*latest)(const char *dir, const char *basename, char *path,
+                          size_t path_size, int64_t *step);
+    keel_status (*restore)(const char *path, keel_vars *vs,
+                           const keel_restore_opts *opts,
+                           keel_restore_report *report);
+    keel_status (*read_info)(const char *path, keel_ckpt_info **out);
+    void (*info_free)(keel_ckpt_info *info);
+} keel__ckpt_ops;
+
+extern const keel__ckpt_ops *keel__ckpt;          /* current table */
+extern const keel__ckpt_ops keel__ckpt_default;   /* checkpoint/ */
+/* Install ops (NULL restores the default). Test use only. */
+void keel__ckpt_set_ops(const keel__ckpt_ops *ops);
+
+/* Named step values: a fixed table, names kept across steps so the step
+ * path never allocates. */
+typedef struct keel__value {
+    char name[KEEL_VALUE_NAME_MAX];
+    const char *last_ptr;     /* last caller's pointer for this name */
+    double value;
+    int64_t set_gen;          /* == values generation when set this step */
+} keel__value;
+
+typedef struct keel__values {
+    keel__value v[KEEL_MAX_VALUES];
+    size_t n;
+    int64_t gen;
+} keel__values;
+
+/* Slot of name (adding it if is_add); -1 if absent or the table is full. */
+int keel__values_slot(keel__values *t, const char *name, int is_add);
+
+struct keel_run_context {
+    keel_session *s;
+    const void *batch;
+    int has_batch;
+    int is_stop_requested;
+    const char *hook_name;          /* hook being called (for logs) */
+    int64_t global_step;
+    int requested[KEEL_MAX_VALUES]; /* slots */
+    const char *requested_by[KEEL_MAX_VALUES];
+    size_t n_requested;
+    keel__values *values;
+};
+
+struct keel_run_values {
+    int64_t step_before, step_after, local_step;
+    int64_t start_ns, duration_ns;
+    keel__values *values;
+};
+
+#endif

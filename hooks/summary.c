@@ -1,0 +1,377 @@
+/* summary.c - the hooks that write TensorBoard data through keel_events:
+ * StepCounterHook ("global_step/sec"), SummarySaverHook (named step values
+ * as scalars) and ProfilerHook (per-step timing as a Chrome trace). */
+#include <config.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+#include "hooks_int.h"
+#include <keel/events.h>
+
+#define SUMMARY_NAMES_MAX 16
+
+/* An event file that cannot be opened degrades the hook to logging only
+ * (a warning names the cause): losing TensorBoard output must not stop
+ * training. */
+static keel_status
+open_events(const char *dir, keel_events **w, const char *who)
+{
+    keel_status st = keel_events_open(dir, "", w);
+    if (st != KEEL_OK) {
+        keel__log(KEEL_LOG_WARN, "%s: no event file in %s (%s): logging "
+                  "only", who, dir, keel_last_error());
+        *w = NULL;
+    }
+    return KEEL_OK;
+}
+
+/* ---- StepCounterHook ------------------------------------------------------------ */
+
+typedef struct counter_hook {
+    keel_timer timer;
+    char *dir;
+    keel_events *w;
+    int64_t last_before;
+    int64_t n_stalled;
+} counter_hook;
+
+static keel_status
+counter_begin(void *ctx)
+{
+    counter_hook *h = ctx;
+    if (h->dir != NULL && h->w == NULL)
+        return open_events(h->dir, &h->w, "step counter hook");
+    return KEEL_OK;
+}
+
+static keel_status
+counter_after_run(void *ctx, keel_run_context *rc, const keel_run_values *v)
+{
+    counter_hook *h = ctx;
+    int64_t gs = keel_run_values_step_after(v), dsteps = 0;
+    double dt = 0;
+    (void)rc;
+    if (keel_run_values_step_before(v) == h->last_before) {
+        if (++h->n_stalled <= 5)
+            keel__log(KEEL_LOG_WARN, "It seems that the global step has not "
+                      "been increased (still %lld)", (long long)gs);
+    }
+    h->last_before = keel_run_values_step_before(v);
+    if (!keel_timer_should_trigger(&h->timer, gs))
+        return KEEL_OK;
+    if (keel_timer_update(&h->timer, gs, &dt, &dsteps) && dt > 0) {
+        double rate = (double)dsteps / dt;
+        keel__log(KEEL_LOG_INFO, "global_step/sec: %g", rate);
+        if (h->w != NULL) {
+            keel_status st = keel_events_scalar(h->w, gs, "global_step/sec",
+                                                rate);
+            if (st != KEEL_OK)
+                return keel__wrap(st, "step counter hook at step %lld",
+                                  (long long)gs);
+        }
+    }
+    return KEEL_OK;
+}
+
+static void
+counter_end(void *ctx, keel_session *s, keel_end_reason why)
+{
+    counter_hook *h = ctx;
+    (void)s;
+    (void)why;
+    if (h->w != NULL && keel_events_flush(h->w) != KEEL_OK)
+        keel__log(KEEL_LOG_WARN, "step counter: flush: %s",
+                  keel_last_error());
+}
+
+static void
+counter_destroy(void *ctx)
+{
+    counter_hook *h = ctx;
+    if (h == NULL)
+        return;
+    keel_events_close(h->w);
+    free(h->dir);
+    free(h);
+}
+
+keel_status
+keel_step_counter_hook_new(int64_t every_n_steps, double every_n_secs,
+                           const char *output_dir, const keel_clock *clock,
+                           keel_hook *out)
+{
+    counter_hook *h;
+    keel_status st;
+    if (out == NULL)
+        return keel__fail(KEEL_EINVAL, "step counter hook: out is NULL");
+    h = calloc(1, sizeof *h);
+    if (h == NULL)
+        return keel__fail(KEEL_ENOMEM, "step counter hook");
+    h->last_before = -1;
+    st = keel_timer_init(&h->timer, every_n_secs, every_n_steps, clock);
+    if (st != KEEL_OK) {
+        free(h);
+        return keel__wrap(st, "step counter hook: exactly one of "
+                          "every_n_steps and every_n_secs should be "
+                          "provided");
+    }
+    if (output_dir != NULL && (h->dir = strdup(output_dir)) == NULL) {
+        free(h);
+        return keel__fail(KEEL_ENOMEM, "step counter hook: copy dir");
+    }
+    memset(out, 0, sizeof *out);
+    out->struct_size = sizeof *out;
+    out->name = "step_counter";
+    out->ctx = h;
+    out->begin = counter_begin;
+    out->after_run = counter_after_run;
+    out->end = counter_end;
+    out->destroy = counter_destroy;
+    return KEEL_OK;
+}
+
+/* ---- SummarySaverHook ------------------------------------------------------------ */
+
+typedef struct summary_hook {
+    char names[SUMMARY_NAMES_MAX][KEEL_VALUE_NAME_MAX];
+    size_t n;
+    keel_timer timer;
+    char *dir;
+    keel_events *w;
+    int is_requested;
+} summary_hook;
+
+static keel_status
+summary_begin(void *ctx)
+{
+    summary_hook *h = ctx;
+    if (h->w == NULL)
+        return open_events(h->dir, &h->w, "summary saver hook");
+    return KEEL_OK;
+}
+
+static keel_status
+summary_before(void *ctx, keel_run_context *rc)
+{
+    summary_hook *h = ctx;
+    size_t i;
+    /* The step about to run ends at global step + 1. */
+    h->is_requested = keel_timer_should_trigger(
+        &h->timer, keel_run_context_global_step(rc) + 1);
+    if (!h->is_requested)
+        return KEEL_OK;
+    for (i = 0; i < h->n; i++) {
+        keel_status st = keel_run_context_request(rc, h->names[i]);
+        if (st != KEEL_OK)
+            return st;
+    }
+    return KEEL_OK;
+}
+
+static keel_status
+summary_after(void *ctx, keel_run_context *rc, const keel_run_values *v)
+{
+    summary_hook *h = ctx;
+    int64_t gs = keel_run_values_step_after(v);
+    size_t i;
+    (void)rc;
+    if (!h->is_requested)
+        return KEEL_OK;
+    keel_timer_update(&h->timer, gs, NULL, NULL);
+    for (i = 0; i < h->n && h->w != NULL; i++) {
+        keel_status st = keel_events_scalar(h->w, gs, h->names[i],
+                                            keel_run_values_get(v,
+                                                                h->names[i]));
+        if (st != KEEL_OK)
+            return keel__wrap(st, "summary saver hook: '%s' at step %lld",
+                              h->names[i], (long long)gs);
+    }
+    return KEEL_OK;
+}
+
+static void
+summary_end(void *ctx, keel_session *s, keel_end_reason why)
+{
+    summary_hook *h = ctx;
+    (void)s;
+    (void)why;
+    if (h->w != NULL && keel_events_flush(h->w) != KEEL_OK)
+        keel__log(KEEL_LOG_WARN, "summary saver: flush: %s",
+                  keel_last_error());
+}
+
+static void
+summary_destroy(void *ctx)
+{
+    summary_hook *h = ctx;
+    if (h == NULL)
+        return;
+    keel_events_close(h->w);
+    free(h->dir);
+    free(h);
+}
+
+keel_status
+keel_summary_hook_new(const char *const *names, size_t n_names,
+                      int64_t save_steps, double save_secs,
+                      const char *output_dir, const keel_clock *clock,
+                      keel_hook *out)
+{
+    summary_hook *h;
+    keel_status st;
+    size_t i;
+    if (out == NULL || output_dir == NULL)
+        return keel__fail(KEEL_EINVAL, "summary saver hook: output_dir is "
+                          "required");
+    if (n_names == 0 || n_names > SUMMARY_NAMES_MAX || names == NULL)
+        return keel__fail(KEEL_EINVAL, "summary saver hook: %zu names "
+                          "(1..%d)", n_names, SUMMARY_NAMES_MAX);
+    h = calloc(1, sizeof *h);
+    if (h == NULL)
+        return keel__fail(KEEL_ENOMEM, "summary saver hook");
+    for (i = 0; i < n_names; i++) {
+        if (names[i] == NULL || strlen(names[i]) >= KEEL_VALUE_NAME_MAX) {
+            free(h);
+            return keel__fail(KEEL_EINVAL, "summary saver hook: name %zu is "
+                              "NULL or too long", i);
+        }
+        memcpy(h->names[i], names[i], strlen(names[i]) + 1);
+    }
+    h->n = n_names;
+    st = keel_timer_init(&h->timer, save_secs, save_steps, clock);
+    if (st != KEEL_OK) {
+        free(h);
+        return keel__wrap(st, "summary saver hook (save_steps/save_secs)");
+    }
+    if ((h->dir = strdup(output_dir)) == NULL) {
+        free(h);
+        return keel__fail(KEEL_ENOMEM, "summary saver hook: copy dir");
+    }
+    memset(out, 0, sizeof *out);
+    out->struct_size = sizeof *out;
+    out->name = "summary_saver";
+    out->ctx = h;
+    out->begin = summary_begin;
+    out->before_run = summary_before;
+    out->after_run = summary_after;
+    out->end = summary_end;
+    out->destroy = summary_destroy;
+    return KEEL_OK;
+}
+
+/* ---- ProfilerHook ----------------------------------------------------------------- */
+
+typedef struct profiler_hook {
+    keel_timer timer;
+    char path[KEEL_PATH_MAX];
+    keel_trace *t;
+    int is_first;
+} profiler_hook;
+
+static keel_status
+profiler_begin(void *ctx)
+{
+    profiler_hook *h = ctx;
+    keel_status st;
+    char dir[KEEL_PATH_MAX];
+    char *slash;
+    if (h->t != NULL)
+        return KEEL_OK;
+    snprintf(dir, sizeof dir, "%s", h->path);
+    slash = strrchr(dir, '/');
+    if (slash != NULL) {
+        *slash = '\0';
+        st = keel__fs_mkdirs(dir);
+        if (st != KEEL_OK)
+            return keel__wrap(st, "profiler hook: create %s", dir);
+    }
+    st = keel_trace_open(h->path, &h->t);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "profiler hook: open %s", h->path);
+    return KEEL_OK;
+}
+
+static keel_status
+profiler_after(void *ctx, keel_run_context *rc, const keel_run_values *v)
+{
+    profiler_hook *h = ctx;
+    int64_t gs = keel_run_values_step_after(v);
+    char name[48];
+    keel_status st;
+    (void)rc;
+    if (h->is_first) {          // TF skips the first run: prime the timer
+        h->is_first = 0;
+        keel_timer_update(&h->timer, gs, NULL, NULL);
+        return KEEL_OK;
+    }
+    if (!keel_timer_should_trigger(&h->timer, gs))
+        return KEEL_OK;
+    keel_timer_update(&h->timer, gs, NULL, NULL);
+    snprintf(name, sizeof name, "step_%lld", (long long)gs);
+    st = keel_trace_event(h->t, name, "step",
+                          keel_run_values_start_ns(v) / 1000,
+                          keel_run_values_duration_ns(v) / 1000, 0);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "profiler hook: %s", h->path);
+    return KEEL_OK;
+}
+
+static void
+profiler_end(void *ctx, keel_session *s, keel_end_reason why)
+{
+    profiler_hook *h = ctx;
+    (void)s;
+    (void)why;
+    if (h->t != NULL) {
+        if (keel_trace_close(h->t) != KEEL_OK)
+            keel__log(KEEL_LOG_WARN, "profiler: close %s: %s", h->path,
+                      keel_last_error());
+        h->t = NULL;
+    }
+}
+
+static void
+profiler_destroy(void *ctx)
+{
+    profiler_hook *h = ctx;
+    if (h == NULL)
+        return;
+    if (h->t != NULL)
+        keel_trace_close(h->t);
+    free(h);
+}
+
+keel_status
+keel_profiler_hook_new(int64_t save_steps, double save_secs,
+                       const char *output_dir, const keel_clock *clock,
+                       keel_hook *out)
+{
+    profiler_hook *h;
+    keel_status st;
+    if (out == NULL || output_dir == NULL)
+        return keel__fail(KEEL_EINVAL, "profiler hook: output_dir is "
+                          "required");
+    h = calloc(1, sizeof *h);
+    if (h == NULL)
+        return keel__fail(KEEL_ENOMEM, "profiler hook");
+    h->is_first = 1;
+    st = keel_timer_init(&h->timer, save_secs, save_steps, clock);
+    if (st == KEEL_OK)
+        st = keel__path_join(h->path, sizeof h->path, output_dir,
+                             "timeline.json");
+    if (st != KEEL_OK) {
+        free(h);
+        return keel__wrap(st, "profiler hook");
+    }
+    memset(out, 0, sizeof *out);
+    out->struct_size = sizeof *out;
+    out->name = "profiler";
+    out->ctx = h;
+    out->begin = profiler_begin;
+    out->after_run = profiler_after;
+    out->end = profiler_end;
+    out->destroy = profiler_destroy;
+    return KEEL_OK;
+}

@@ -1,0 +1,258 @@
+/* keel/hooks.h - the hook chain: what user code can observe and veto around
+ * every training step (TF1's SessionRunHook), the SecondOrStepTimer and the
+ * standard hooks (logging, stop-at-step, checkpoints, NaN guard, step
+ * counter, summaries, global-step waiter, final values, feeding, profiling).
+ * Hooks run on the thread that runs the steps, in the order they were added,
+ * and never free or re-enter their session. Docs: docs/session.md. */
+#ifndef KEEL_HOOKS_H
+#define KEEL_HOOKS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <keel/status.h>
+#include <keel/tensor.h>
+#include <keel/checkpoint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct keel_session keel_session;          /* session.h */
+typedef struct keel_run_context keel_run_context;  /* one step, for hooks */
+typedef struct keel_run_values keel_run_values;    /* one step's results */
+
+/* Why a session ended; handed to every hook's end(). */
+typedef enum keel_end_reason {
+    KEEL_END_CLEAN = 0,       /* the caller closed the session */
+    KEEL_END_OUT_OF_RANGE,    /* end of input: step or feed returned
+                               * KEEL_EOUTOFRANGE */
+    KEEL_END_STOP_REQUESTED,  /* a hook, listener or the coordinator */
+    KEEL_END_ERROR,           /* a step, hook or creation failed */
+    KEEL_END_SIGNAL           /* SIGTERM/SIGINT (see session.h) */
+} keel_end_reason;
+
+/* Static lowercase name of a reason ("signal"); never NULL. */
+const char *keel_end_reason_str(keel_end_reason why);
+
+/* A hook: function pointers plus a context, copied when added. Any member
+ * may be NULL. Pointer arguments are borrowed for the call. A non-OK return
+ * stops the session; the caller sees KEEL_EHOOK (recoverable codes,
+ * KEEL_EABORTED/KEEL_EUNAVAILABLE, are passed through so a MonitoredSession
+ * re-creates itself). Call order: begin once; after_create_session after
+ * every session (re)creation; before_run and after_run around every step
+ * (after_run only for steps that succeeded); end once with the reason. */
+typedef struct keel_hook {
+    uint32_t    struct_size;  /* sizeof(keel_hook) as the caller compiled it */
+    const char *name;         /* for logs: "checkpoint_saver" */
+    void       *ctx;          /* caller owns; must outlive the session */
+    keel_status (*begin)(void *ctx);
+    keel_status (*after_create_session)(void *ctx, keel_session *s);
+    keel_status (*before_run)(void *ctx, keel_run_context *rc);
+    keel_status (*after_run)(void *ctx, keel_run_context *rc,
+                             const keel_run_values *v);
+    void        (*end)(void *ctx, keel_session *s, keel_end_reason why);
+    /* Frees ctx; called by keel_hook_release() only (sessions never call
+     * it). Set by the built-in hook constructors below. */
+    void        (*destroy)(void *ctx);
+} keel_hook;
+
+/* Free a built-in hook's context (h->destroy) and clear *h. NULL or a hook
+ * without destroy is a no-op. Cannot fail. */
+void keel_hook_release(keel_hook *h);
+
+/* ---- run context and values ---------------------------------------------- */
+
+/* Request that the session stop after this step; every hook still sees
+ * after_run of this step. why (copied) is logged with the hook's name. */
+void keel_run_context_request_stop(keel_run_context *rc, const char *why);
+/* 1 once any hook requested a stop in this step. */
+int keel_run_context_stop_requested(const keel_run_context *rc);
+/* Ask for the named value of this step (set by the step with
+ * keel_step_set_value); call from before_run. The step must set it, else
+ * the step fails with KEEL_ENOTFOUND naming the value and the hook. */
+keel_status keel_run_context_request(keel_run_context *rc, const char *name);
+/* Supply the step's batch (FeedFnHook). Supplying one when the caller or
+ * another hook already did is KEEL_EINVAL. batch is borrowed until
+ * after_run. */
+keel_status keel_run_context_set_batch(keel_run_context *rc,
+                                       const void *batch);
+/* The session running the step (for keel_session_vars and such). */
+keel_session *keel_run_context_session(keel_run_context *rc);
+/* Global step before this step (what the step will see). */
+int64_t keel_run_context_global_step(const keel_run_context *rc);
+
+/* Global step before and after the step: hooks never need an extra read. */
+int64_t keel_run_values_step_before(const keel_run_values *v);
+int64_t keel_run_values_step_after(const keel_run_values *v);
+/* Steps run by this session so far, counting this one (1 for the first). */
+int64_t keel_run_values_local_step(const keel_run_values *v);
+/* Monotonic duration of the step callback plus the update, in ns, and the
+ * monotonic start time. */
+int64_t keel_run_values_duration_ns(const keel_run_values *v);
+int64_t keel_run_values_start_ns(const keel_run_values *v);
+/* The named value set by the step in this step: 1 and *out, or 0 if the
+ * step did not set it. */
+int keel_run_values_find(const keel_run_values *v, const char *name,
+                         double *out);
+/* The named value, or NaN when it was not set. */
+double keel_run_values_get(const keel_run_values *v, const char *name);
+
+/* ---- clocks and the SecondOrStepTimer ------------------------------------ */
+
+/* A monotonic clock in nanoseconds; tests inject a fake one. fn NULL means
+ * CLOCK_MONOTONIC. */
+typedef struct keel_clock {
+    int64_t (*fn)(void *ctx);
+    void *ctx;
+} keel_clock;
+
+/* Read a clock (CLOCK_MONOTONIC when c or c->fn is NULL). */
+int64_t keel_clock_now_ns(const keel_clock *c);
+
+/* TF's SecondOrStepTimer: triggers every N seconds or every N steps. A value
+ * type; no resources. */
+typedef struct keel_timer {
+    double every_secs;        /* > 0: time based */
+    int64_t every_steps;      /* > 0: step based */
+    int is_never;             /* NeverTriggerTimer */
+    int is_triggered;         /* triggered at least once */
+    int64_t last_step;
+    int64_t last_ns;
+    keel_clock clock;
+} keel_timer;
+
+/* Exactly one of every_secs > 0 / every_steps > 0, else KEEL_EINVAL
+ * ("Either every_secs or every_steps should be provided." / "Can not
+ * provide both ..."). clock may be NULL. */
+keel_status keel_timer_init(keel_timer *t, double every_secs,
+                            int64_t every_steps, const keel_clock *clock);
+/* A timer that never triggers. Cannot fail. */
+void keel_timer_init_never(keel_timer *t);
+/* TF semantics: never triggered => 1; step == last triggered step => 0;
+ * else secs: now >= last + every_secs; steps: step >= last + every_steps. */
+int keel_timer_should_trigger(const keel_timer *t, int64_t step);
+/* Record a trigger at step (now). Returns 0 on the first trigger, else 1
+ * with the elapsed seconds and steps since the previous trigger (either
+ * pointer may be NULL). */
+int keel_timer_update(keel_timer *t, int64_t step, double *elapsed_secs,
+                      int64_t *elapsed_steps);
+/* Forget the last trigger. */
+void keel_timer_reset(keel_timer *t);
+
+/* ---- standard hooks -------------------------------------------------------
+ * Each constructor validates its config (copied; strings copied), allocates
+ * the context and fills *out with a hook whose destroy frees it: the caller
+ * owns it and calls keel_hook_release() after the session is freed. */
+
+/* LoggingTensorHook: logs "name = value, ... (0.123 sec)" for the named
+ * values every every_n_iter local iterations or every every_n_secs (exactly
+ * one), and/or at_end with the last values seen. */
+typedef struct keel_logging_hook_config {
+    const char *const *names;
+    size_t n_names;           /* <= 16 */
+    int64_t every_n_iter;
+    double every_n_secs;
+    int at_end;
+    keel_clock clock;
+} keel_logging_hook_config;
+keel_status keel_logging_hook_new(const keel_logging_hook_config *cfg,
+                                  keel_hook *out);
+
+/* StopAtStepHook: exactly one of num_steps (relative to the global step at
+ * the first session creation of this hook; a new process recomputes it from
+ * the restored step) or last_step (absolute, restart safe). Stops after the
+ * step that brings the global step to >= last_step. */
+keel_status keel_stop_at_step_hook_new(int64_t num_steps, int64_t last_step,
+                                       keel_hook *out);
+
+/* CheckpointSaverListener. Any member may be NULL. after_save setting
+ * *should_stop to 1 makes the hook request a stop. */
+typedef struct keel_ckpt_listener {
+    void *ctx;
+    keel_status (*begin)(void *ctx);
+    keel_status (*before_save)(void *ctx, keel_session *s, int64_t step);
+    keel_status (*after_save)(void *ctx, keel_session *s, int64_t step,
+                              const char *path, int *should_stop);
+    void (*end)(void *ctx, keel_session *s, int64_t step);
+} keel_ckpt_listener;
+
+/* CheckpointSaverHook: saves at every session creation, whenever its timer
+ * triggers (exactly one of save_secs / save_steps) and at end (if the last
+ * step was not already saved; on KEEL_END_ERROR only with save_on_error).
+ * Never saves twice for one step. dir NULL uses the session's own saver
+ * (its checkpoint_dir); otherwise the hook opens its own saver on dir with
+ * saver_cfg (NULL: defaults). Metadata blobs come from the session's
+ * meta_fn. */
+typedef struct keel_ckpt_hook_config {
+    const char *dir;
+    const keel_saver_config *saver_cfg;
+    double save_secs;
+    int64_t save_steps;
+    const keel_ckpt_listener *listeners;
+    size_t n_listeners;       /* <= 8; copied */
+    int save_on_error;
+    keel_clock clock;
+} keel_ckpt_hook_config;
+keel_status keel_ckpt_hook_new(const keel_ckpt_hook_config *cfg,
+                               keel_hook *out);
+/* Saves this hook made so far, and the step of its last save (-1). */
+int64_t keel_ckpt_hook_save_count(const keel_hook *h);
+int64_t keel_ckpt_hook_last_step(const keel_hook *h);
+
+/* NanTensorHook: checks the named value (default "loss") after each step;
+ * NaN (and +-Inf with fail_on_inf) either fails the step (fail_on_nan:
+ * KEEL_EHOOK "NaN loss during training") or requests a stop. */
+keel_status keel_nan_hook_new(const char *name, int fail_on_nan,
+                              int fail_on_inf, keel_hook *out);
+
+/* StepCounterHook: "global_step/sec" every every_n_steps or every_n_secs
+ * (exactly one), logged and written as a scalar to the events writer in
+ * output_dir (NULL: log only). */
+keel_status keel_step_counter_hook_new(int64_t every_n_steps,
+                                       double every_n_secs,
+                                       const char *output_dir,
+                                       const keel_clock *clock,
+                                       keel_hook *out);
+
+/* SummarySaverHook: writes the named step values as TensorBoard scalars to
+ * output_dir (required) every save_steps or save_secs (exactly one). */
+keel_status keel_summary_hook_new(const char *const *names, size_t n_names,
+                                  int64_t save_steps, double save_secs,
+                                  const char *output_dir,
+                                  const keel_clock *clock, keel_hook *out);
+
+/* GlobalStepWaiterHook: the first before_run blocks until the global step
+ * (keel_session_global_step, refreshed by the backend) reaches
+ * wait_until_step (<= 0: no wait), re-checking every poll_ms (0: 50 ms) and
+ * giving up at once (KEEL_ECANCELLED) on a coordinator stop or signal. */
+keel_status keel_global_step_waiter_hook_new(int64_t wait_until_step,
+                                             int poll_ms, keel_hook *out);
+
+/* FinalOpsHook: at end, calls fn once (e.g. to compute eval metrics) and
+ * keeps the double it returns; read with keel_final_ops_hook_value. */
+keel_status keel_final_ops_hook_new(keel_status (*fn)(void *ctx,
+                                                      keel_session *s,
+                                                      double *value),
+                                    void *ctx, keel_hook *out);
+/* 1 and *value once the final op ran successfully, else 0. */
+int keel_final_ops_hook_value(const keel_hook *h, double *value);
+
+/* FeedFnHook: before every step, fn supplies the batch. fn returning
+ * KEEL_EOUTOFRANGE ends the input (the session ends with
+ * KEEL_END_OUT_OF_RANGE). */
+keel_status keel_feed_fn_hook_new(keel_status (*fn)(void *ctx,
+                                                    const void **batch),
+                                  void *ctx, keel_hook *out);
+
+/* ProfilerHook: per-step timing (step callback + update) as Chrome trace
+ * JSON (chrome://tracing, Perfetto) in <output_dir>/timeline.json, one
+ * complete event per traced step, every save_steps or save_secs (exactly
+ * one). The file is closed (valid JSON) at end. */
+keel_status keel_profiler_hook_new(int64_t save_steps, double save_secs,
+                                   const char *output_dir,
+                                   const keel_clock *clock, keel_hook *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,412 @@
+/* keel/session.h - the session layer: the train step as a C callback, the
+ * updater and backend seams, Scaffold, SessionManager and session creators,
+ * MonitoredSession (recovering), SingularMonitoredSession,
+ * MonitoredTrainingSession, Coordinator with looper threads, Supervisor and
+ * preemption-safe signal handling. TF1 tf.train semantics with the fixes
+ * listed in docs/session.md. A session is used by one thread at a time (the
+ * coordinator is thread-safe). */
+#ifndef KEEL_SESSION_H
+#define KEEL_SESSION_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <keel/status.h>
+#include <keel/tensor.h>
+#include <keel/checkpoint.h>
+#include <keel/hooks.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KEEL_MAX_VALUES 64          /* distinct named step values */
+#define KEEL_VALUE_NAME_MAX 64      /* bytes, including the NUL */
+
+/* ---- the step -------------------------------------------------------------- */
+
+typedef struct keel_step keel_step;
+
+/* A user's train step: read vars and the batch, write gradients and named
+ * values. KEEL_OK: the session applies the update (unless the step marked
+ * it applied) and advances the global step. KEEL_EOUTOFRANGE: end of input.
+ * KEEL_EABORTED/KEEL_EUNAVAILABLE: recoverable (retried after re-creating
+ * the session). Anything else fails the step. */
+typedef keel_status (*keel_step_fn)(void *ctx, keel_step *st);
+
+/* The variable store (borrowed for the call). */
+keel_vars *keel_step_vars(keel_step *st);
+/* The batch supplied by keel_session_run's caller or a FeedFnHook; NULL if
+ * none. */
+const void *keel_step_batch(const keel_step *st);
+/* Gradients for the store's trainable variables, zeroed before each step
+ * (unless the config's skip_grad_zeroing). */
+keel_grads *keel_step_grads(keel_step *st);
+/* Global step before this step. */
+int64_t keel_step_global_step(const keel_step *st);
+/* Set a named value ("loss") that hooks can read; name (copied) is at most
+ * KEEL_VALUE_NAME_MAX-1 bytes; KEEL_ENOMEM past KEEL_MAX_VALUES names.
+ * Allocation-free. */
+keel_status keel_step_set_value(keel_step *st, const char *name, double v);
+/* The step applied its own update (K-FAC, ...): the session will not call
+ * the updater; it still advances the global step unless the step set it. */
+void keel_step_mark_applied(keel_step *st);
+
+/* How gradients reach the variables. The session calls apply after each
+ * successful step with the global step before the step. If apply leaves
+ * keel_vars_global_step(vs) unchanged the session increments it; if apply
+ * sets it (a parameter-server updater reporting the shared step), that value
+ * is kept. */
+typedef struct keel_updater {
+    void *ctx;
+    keel_status (*apply)(void *ctx, keel_vars *vs, keel_grads *grads,
+                         int64_t global_step);
+} keel_updater;
+
+/* ---- scaffold ------------------------------------------------------------ */
+
+/* What to run to make the model ready (TF's Scaffold). A NULL member means
+ * "none" (as TF's None): ready NULL means always ready. Use
+ * keel_scaffold_default() to get TF's default behaviour. */
+typedef struct keel_scaffold {
+    void *ctx;
+    /* Global init: runs only when nothing was restored. */
+    keel_status (*init)(void *ctx, keel_vars *vs);
+    /* After init, only when nothing was restored (e.g. warm start). */
+    keel_status (*init_fn)(void *ctx, keel_vars *vs);
+    /* Names of what is not ready into missing (comma separated), count in
+     * *n_missing; 0 means ready. */
+    keel_status (*ready)(void *ctx, const keel_vars *vs, char *missing,
+                         size_t size, size_t *n_missing);
+    /* The gate for local_init (global state ready). */
+    keel_status (*ready_for_local_init)(void *ctx, const keel_vars *vs,
+                                        char *missing, size_t size,
+                                        size_t *n_missing);
+    /* Per-process state; must be idempotent (may run more than once). */
+    keel_status (*local_init)(void *ctx, keel_vars *vs);
+    /* Checkpoint settings (dir ignored: the session's checkpoint_dir). */
+    keel_saver_config saver;
+} keel_scaffold;
+
+/* TF's defaults: init marks every non-local variable initialized (their
+ * current contents are the initial values), ready reports every
+ * uninitialized variable (keel_vars_uninitialized), ready_for_local_init
+ * reports uninitialized non-local variables, local_init marks local
+ * variables initialized; saver defaults. Cannot fail. */
+void keel_scaffold_default(keel_scaffold *sc);
+
+/* ---- backend --------------------------------------------------------------- */
+
+/* Where shared state lives. NULL (or NULL members) means local: this
+ * process's variable store is the shared state. The cluster supplies a
+ * parameter-server backend. */
+typedef struct keel_backend {
+    uint32_t struct_size;     /* sizeof(keel_backend) as compiled */
+    const char *name;         /* "local", "ps" */
+    void *ctx;
+    keel_updater updater;     /* apply NULL: the session config's updater */
+    /* Chief, after restore/init and the ready check: publish the state and
+     * announce readiness (restored: 1 if it came from a checkpoint). */
+    keel_status (*publish)(void *ctx, keel_vars *vs, int restored);
+    /* Chief recovery: 1 in *is_intact when the shared state survived, so
+     * the manager skips the checkpoint restore (no rollback). */
+    keel_status (*is_intact)(void *ctx, keel_vars *vs, int *is_intact);
+    /* Worker: refresh the local copy of shared state; 1 in *is_ready when
+     * the chief has made it ready (why: what is missing). NULL: the
+     * scaffold's ready check on the local store. */
+    keel_status (*fetch)(void *ctx, keel_vars *vs, int *is_ready, char *why,
+                         size_t why_size);
+    /* Block until shared state may have changed or the monotonic deadline
+     * passes (KEEL_OK either way). NULL: a condition variable woken by
+     * keel_session_manager_notify(), timing out after the retry
+     * interval. */
+    keel_status (*wait_for_change)(void *ctx, int64_t deadline_ns);
+} keel_backend;
+
+/* ---- session manager and creators ----------------------------------------- */
+
+typedef struct keel_session_manager keel_session_manager;
+
+typedef struct keel_session_manager_config {
+    keel_vars *vars;                  /* borrowed; required */
+    const keel_scaffold *scaffold;    /* copied; NULL: keel_scaffold_default */
+    const char *checkpoint_dir;       /* NULL: never restore */
+    const keel_restore_opts *restore_opts; /* copied; NULL: strict */
+    const keel_backend *backend;      /* copied; NULL: local */
+    int recovery_wait_ms;             /* worker retry interval; 0: 50 */
+    /* After every restore: the checkpoint's metadata with blobs (data
+     * iterator, RNG state), borrowed for the call. */
+    keel_status (*restore_fn)(void *ctx, const keel_ckpt_info *info);
+    void *restore_ctx;
+} keel_session_manager_config;
+
+keel_status keel_session_manager_new(const keel_session_manager_config *cfg,
+                                     keel_session_manager **out);
+void keel_session_manager_free(keel_session_manager *sm);
+
+/* Chief: restore the newest valid checkpoint (falling back past corrupt
+ * ones), else init + init_fn (error if the scaffold has no init, init_fn
+ * or local_init); then local_init (gated by ready_for_local_init: "Init
+ * operations did not make model ready for local_init"); then ready ("Init
+ * operations did not make model ready: <names>"), then backend publish.
+ * *restored (may be NULL) says whether a checkpoint was used. On a
+ * re-creation with is_recovery and a backend reporting intact state the
+ * restore is skipped. */
+keel_status keel_session_manager_prepare(keel_session_manager *sm,
+                                         int is_recovery, int *restored);
+/* Worker: until max_wait_secs (<= 0: forever) passes, fetch shared state,
+ * run local_init when ready_for_local_init passes, return once ready;
+ * between attempts wait for a change (event) or the retry interval. Logs
+ * "Waiting for model to be ready ...". KEEL_ETIMEOUT at the deadline,
+ * KEEL_ECANCELLED after keel_session_manager_cancel(). */
+keel_status keel_session_manager_wait(keel_session_manager *sm,
+                                      double max_wait_secs);
+/* TF recover_session: restore if possible and local init; *is_ready 1 only
+ * when a checkpoint was restored and the model is ready. Never inits. */
+keel_status keel_session_manager_recover(keel_session_manager *sm,
+                                         int *is_ready);
+/* Wake waiters (readiness may have changed). Thread-safe. */
+void keel_session_manager_notify(keel_session_manager *sm);
+/* Make current and future waits return KEEL_ECANCELLED. Thread-safe. */
+void keel_session_manager_cancel(keel_session_manager *sm);
+
+/* How a session gets ready state, at start and after every recovery. */
+typedef struct keel_session_creator {
+    void *ctx;
+    keel_status (*create)(void *ctx, int is_recovery);
+} keel_session_creator;
+/* Chief creator: keel_session_manager_prepare. sm borrowed. */
+keel_session_creator keel_chief_creator(keel_session_manager *sm);
+/* Worker creator: keel_session_manager_wait with the manager's
+ * max_wait_secs set by keel_session_manager_set_max_wait (default 1800). */
+keel_session_creator keel_worker_creator(keel_session_manager *sm);
+void keel_session_manager_set_max_wait(keel_session_manager *sm,
+                                       double max_wait_secs);
+
+/* ---- coordinator ------------------------------------------------------------ */
+
+typedef struct keel_coord keel_coord;
+
+keel_status keel_coord_new(keel_coord **out);
+/* Joins remaining registered threads (blocks until they exit). */
+void keel_coord_free(keel_coord *c);
+/* Request a stop. The first non-OK status (and its message) is kept; later
+ * ones are ignored. Wakes every waiter at once. Thread-safe. */
+void keel_coord_request_stop(keel_coord *c, keel_status error,
+                             const char *why);
+int keel_coord_should_stop(keel_coord *c);
+/* Wait up to timeout_ms (< 0: forever) for a stop; 1 if stopped. */
+int keel_coord_wait_for_stop(keel_coord *c, int64_t timeout_ms);
+/* The first recorded error (KEEL_OK if none) and its message (msg may be
+ * NULL). */
+keel_status keel_coord_error(keel_coord *c, char *msg, size_t size);
+/* Reset the stop flag and recorded error (threads must be joined). */
+void keel_coord_clear_stop(keel_coord *c);
+/* Start a registered thread running fn(arg, c); a non-OK return requests a
+ * stop with that error. name copied. */
+keel_status keel_coord_start_thread(keel_coord *c, const char *name,
+                                    keel_status (*fn)(void *arg,
+                                                      keel_coord *c),
+                                    void *arg);
+/* A looper thread: calls fn at once, then every interval_ms on fixed
+ * boundaries (no drift; overruns catch up), until stop; interval_ms 0:
+ * back to back. Wakes at once on a stop. */
+keel_status keel_coord_start_looper(keel_coord *c, const char *name,
+                                    int64_t interval_ms,
+                                    keel_status (*fn)(void *arg),
+                                    void *arg);
+/* Wait until every registered thread exited or a stop was requested, then
+ * up to grace_ms more for the rest. Stragglers: KEEL_ETIMEOUT naming them
+ * (logged instead with ignore_live_threads; they are joined at free).
+ * Returns the recorded error in preference. */
+keel_status keel_coord_join(keel_coord *c, int64_t grace_ms,
+                            int ignore_live_threads);
+
+/* ---- MonitoredSession ---------------------------------------------------- */
+
+typedef struct keel_session_config {
+    keel_vars *vars;                  /* borrowed; required */
+    keel_step_fn step;                /* required */
+    void *step_ctx;
+    keel_updater updater;             /* used when the backend has none */
+    const keel_backend *backend;      /* copied; NULL: local */
+    const keel_hook *hooks;           /* copied, run in this order */
+    size_t n_hooks;
+    /* Creation: creator.create non-NULL wins; else is_chief (default 1)
+     * picks the chief (prepare) or worker (wait max_wait_secs) creator over
+     * a manager built from scaffold/checkpoint_dir/backend. */
+    keel_session_creator creator;
+    int is_chief;
+    const keel_scaffold *scaffold;    /* NULL: defaults */
+    const char *checkpoint_dir;       /* restore + keel_session_save_now */
+    double max_wait_secs;             /* worker; default 1800 */
+    int recovery_wait_ms;             /* worker retry; default 50 */
+    /* Recovery (MonitoredSession only): bounded retries with exponential
+     * backoff, doubling from backoff_ms up to backoff_max_ms. */
+    int max_recovery_attempts;        /* default 8 (consecutive) */
+    int backoff_ms;                   /* default 50 */
+    int backoff_max_ms;               /* default 5000 */
+    double stop_grace_period_secs;    /* default 120 */
+    /* Checkpoint metadata: called at every save; fill meta->blobs (data
+     * iterator, RNG state; borrowed until the save returns). */
+    keel_status (*meta_fn)(void *ctx, keel_ckpt_meta *meta);
+    void *meta_ctx;
+    /* After every restore: the restored checkpoint's info and blobs. */
+    keel_status (*restore_fn)(void *ctx, const keel_ckpt_info *info);
+    void *restore_ctx;
+    const keel_restore_opts *restore_opts;
+    /* 0 (default): gradients are zeroed before every step. 1: not (the step
+     * overwrites every gradient; saves one pass over them per step). */
+    int skip_grad_zeroing;
+} keel_session_config;
+
+/* Defaults above; vars, step NULL. Cannot fail. */
+void keel_session_config_init(keel_session_config *cfg);
+
+/* MonitoredSession: runs begin on every hook, then creates the session
+ * (creator, then after_create_session on every hook), retrying recoverable
+ * errors. Caller owns *out: keel_session_close + keel_session_free. */
+keel_status keel_session_new(const keel_session_config *cfg,
+                             keel_session **out);
+/* SingularMonitoredSession: the same without recovery. */
+keel_status keel_session_new_singular(const keel_session_config *cfg,
+                                      keel_session **out);
+
+/* Run one step with hooks. batch (may be NULL) is borrowed for the call.
+ * Recoverable errors re-create the session and retry the same step (bounded;
+ * KEEL_EABORTED/KEEL_EUNAVAILABLE once exhausted). KEEL_EOUTOFRANGE: end of
+ * input, the session is stopped. Any failure stops the session (sticky).
+ * After a stop: KEEL_ESTATE; when the stop comes from a signal noticed at
+ * this boundary: KEEL_ECANCELLED. */
+keel_status keel_session_run(keel_session *s, const void *batch);
+/* Run one step (and update) without hooks (TF issue 8425). */
+keel_status keel_session_run_without_hooks(keel_session *s,
+                                           const void *batch);
+/* Run steps until should_stop. KEEL_OK for every clean ending (stop
+ * request, end of input, signal), else the failing step's status. */
+keel_status keel_session_train(keel_session *s);
+/* 1 when closed, stopped (hook, coordinator, error, end of input) or a
+ * signal arrived. Cheap. */
+int keel_session_should_stop(keel_session *s);
+/* Request a stop (logged with why). */
+void keel_session_request_stop(keel_session *s, const char *why);
+/* Save a checkpoint now through the session's saver (checkpoint_dir,
+ * metadata from meta_fn). KEEL_ESTATE without a checkpoint_dir. path may
+ * be NULL. */
+keel_status keel_session_save_now(keel_session *s, char *path,
+                                  size_t path_size);
+/* End the session: every hook's end with the reason, then coordinator stop
+ * and join (grace). Idempotent. Returns KEEL_OK, or an error from the
+ * coordinator's threads. */
+keel_status keel_session_close(keel_session *s);
+/* The reason recorded (or that close used). */
+keel_end_reason keel_session_end_reason(const keel_session *s);
+/* Close if needed and release. NULL is a no-op. */
+void keel_session_free(keel_session *s);
+
+/* Accessors for hooks. All borrowed for the session's life. */
+keel_vars *keel_session_vars(keel_session *s);
+keel_coord *keel_session_coord(keel_session *s);
+int64_t keel_session_global_step(const keel_session *s);
+/* The session's own saver (NULL without checkpoint_dir). */
+keel_saver *keel_session_saver(keel_session *s);
+/* Fill meta through the config's meta_fn (zeroed if none). */
+keel_status keel_session_collect_meta(keel_session *s, keel_ckpt_meta *meta);
+/* Times the session was created (1 + recoveries). */
+int keel_session_creation_count(const keel_session *s);
+/* The session manager (NULL with a custom creator). */
+keel_session_manager *keel_session_get_manager(keel_session *s);
+
+/* ---- MonitoredTrainingSession ------------------------------------------ */
+
+#define KEEL_USE_DEFAULT (-1)
+
+typedef struct keel_training_config {
+    keel_session_config session;      /* vars, step, updater, ... */
+    int is_chief;                     /* default 1 */
+    const char *checkpoint_dir;       /* NULL: no restore, no ckpt hook */
+    const char *summary_dir;          /* NULL: checkpoint_dir */
+    const keel_hook *chief_only_hooks;
+    size_t n_chief_only_hooks;
+    /* KEEL_USE_DEFAULT (-1): 600 s iff steps also default. Both set > 0:
+     * KEEL_EINVAL. 0: off. */
+    double save_checkpoint_secs;
+    int64_t save_checkpoint_steps;
+    int64_t save_summaries_steps;     /* default 100 iff secs default */
+    double save_summaries_secs;
+    const char *const *summary_names; /* values SummarySaverHook writes */
+    size_t n_summary_names;           /* default: "loss" */
+    int64_t log_step_count_steps;     /* default 100; 0: off */
+    double stop_grace_period_secs;    /* default 120 */
+    double max_wait_secs;             /* worker; default 7200 */
+    int save_on_error;                /* final checkpoint on error; 0 */
+    const keel_ckpt_listener *listeners;
+    size_t n_listeners;
+    keel_clock clock;                 /* for the default hooks */
+} keel_training_config;
+
+void keel_training_config_init(keel_training_config *cfg);
+/* MonitoredTrainingSession: chief hooks = chief_only, StepCounter,
+ * SummarySaver, CheckpointSaver, then session.hooks; workers get only
+ * session.hooks. Returns a recovering session. */
+keel_status keel_training_session_new(const keel_training_config *cfg,
+                                      keel_session **out);
+
+/* ---- signals -------------------------------------------------------------- */
+
+/* Install SIGTERM and SIGINT handlers (sigaction) that set an
+ * async-signal-safe flag; every session then stops at its next step
+ * boundary with KEEL_END_SIGNAL and writes its final checkpoint. The library
+ * never installs handlers by itself. Process-wide. */
+keel_status keel_session_install_signal_handlers(void);
+/* Restore the previous handlers. */
+void keel_session_uninstall_signal_handlers(void);
+/* The signal received (0 if none); clear it (tests, restart loops). */
+int keel_session_signal_received(void);
+void keel_session_clear_signal(void);
+
+/* ---- Supervisor (older API over the same parts) ------------------------- */
+
+typedef struct keel_supervisor keel_supervisor;
+
+typedef struct keel_supervisor_config {
+    keel_vars *vars;                  /* required */
+    keel_step_fn step;
+    void *step_ctx;
+    keel_updater updater;
+    int is_chief;                     /* default 1 */
+    const char *logdir;               /* checkpoints; NULL: none */
+    const keel_scaffold *scaffold;
+    double save_model_secs;           /* default 600; 0: off */
+    int recovery_wait_ms;             /* default 50 */
+    double stop_grace_secs;           /* default 120 */
+    keel_status (*meta_fn)(void *ctx, keel_ckpt_meta *meta);
+    void *meta_ctx;
+    keel_status (*restore_fn)(void *ctx, const keel_ckpt_info *info);
+    void *restore_ctx;
+    keel_clock clock;
+} keel_supervisor_config;
+
+void keel_supervisor_config_init(keel_supervisor_config *cfg);
+keel_status keel_supervisor_new(const keel_supervisor_config *cfg,
+                                keel_supervisor **out);
+/* Chief: restore or init; worker: wait (max_wait_secs). Clears a previous
+ * stop. Checkpoints (chief with logdir) every save_model_secs, taken at step
+ * boundaries, the first at once. */
+keel_status keel_supervisor_prepare_or_wait(keel_supervisor *sv,
+                                            double max_wait_secs);
+int keel_supervisor_should_stop(keel_supervisor *sv);
+void keel_supervisor_request_stop(keel_supervisor *sv, const char *why);
+/* One step at a step boundary (checkpoint when due). */
+keel_status keel_supervisor_run_step(keel_supervisor *sv, const void *batch);
+/* The managed loop: steps until should_stop (or max_steps > 0 steps), then
+ * stop. KEEL_OK on a clean ending. */
+keel_status keel_supervisor_loop(keel_supervisor *sv, int64_t max_steps);
+/* Request stop, write a final checkpoint (TF did not), join threads. */
+keel_status keel_supervisor_stop(keel_supervisor *sv);
+keel_session *keel_supervisor_session(keel_supervisor *sv);
+void keel_supervisor_free(keel_supervisor *sv);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

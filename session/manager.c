@@ -1,0 +1,492 @@
+/* manager.c - Scaffold defaults, the SessionManager (chief prepare: restore
+ * or init, local init, ready check; worker wait: readiness as an event with
+ * a deadline; recover) and the chief/worker session creators. */
+#include <config.h>
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+#include "session_int.h"
+
+#define MISSING_MAX 1024
+
+struct keel_session_manager {
+    keel_vars *vars;
+    keel_scaffold sc;
+    char *checkpoint_dir;
+    keel_restore_opts restore_opts;
+    int has_restore_opts;
+    keel_backend backend;
+    int recovery_wait_ms;
+    double max_wait_secs;
+    keel_status (*restore_fn)(void *ctx, const keel_ckpt_info *info);
+    void *restore_ctx;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint64_t change_gen;
+    int is_cancelled;
+};
+
+/* ---- scaffold defaults ------------------------------------------------------- */
+
+static keel_status
+default_init(void *ctx, keel_vars *vs)
+{
+    size_t i, n = keel_vars_count(vs);
+    (void)ctx;
+    for (i = 0; i < n; i++) {
+        keel_var *v = keel_vars_at(vs, i);
+        if (!(keel_var_flags(v) & KEEL_VAR_LOCAL))
+            keel_var_set_initialized(v, 1);
+    }
+    return KEEL_OK;
+}
+
+static keel_status
+default_local_init(void *ctx, keel_vars *vs)
+{
+    size_t i, n = keel_vars_count(vs);
+    (void)ctx;
+    for (i = 0; i < n; i++) {
+        keel_var *v = keel_vars_at(vs, i);
+        if (keel_var_flags(v) & KEEL_VAR_LOCAL)
+            keel_var_set_initialized(v, 1);
+    }
+    return KEEL_OK;
+}
+
+static keel_status
+default_ready(void *ctx, const keel_vars *vs, char *missing, size_t size,
+              size_t *n_missing)
+{
+    (void)ctx;
+    *n_missing = keel_vars_uninitialized(vs, missing, size);
+    return KEEL_OK;
+}
+
+static keel_status
+default_ready_for_local_init(void *ctx, const keel_vars *vs, char *missing,
+                             size_t size, size_t *n_missing)
+{
+    size_t i, n = keel_vars_count(vs), len = 0;
+    (void)ctx;
+    *n_missing = 0;
+    if (size > 0)
+        missing[0] = '\0';
+    for (i = 0; i < n; i++) {
+        keel_var *v = keel_vars_at(vs, i);
+        if ((keel_var_flags(v) & KEEL_VAR_LOCAL) || keel_var_is_initialized(v))
+            continue;
+        (*n_missing)++;
+        if (len + 4 < size) {
+            int w = snprintf(missing + len, size - len, "%s%s",
+                             len > 0 ? "," : "", keel_var_name(v));
+            if (w > 0 && (size_t)w < size - len)
+                len += (size_t)w;
+            else if (size >= 4) {
+                memcpy(missing + size - 4, "...", 4);
+                len = size;
+            }
+        }
+    }
+    return KEEL_OK;
+}
+
+void
+keel_scaffold_default(keel_scaffold *sc)
+{
+    memset(sc, 0, sizeof *sc);
+    sc->init = default_init;
+    sc->ready = default_ready;
+    sc->ready_for_local_init = default_ready_for_local_init;
+    sc->local_init = default_local_init;
+    keel_saver_config_init(&sc->saver);
+}
+
+/* ---- manager ----------------------------------------------------------------- */
+
+keel_status
+keel_session_manager_new(const keel_session_manager_config *cfg,
+                         keel_session_manager **out)
+{
+    keel_session_manager *sm;
+    if (out == NULL)
+        return keel__fail(KEEL_EINVAL, "session manager: out is NULL");
+    *out = NULL;
+    if (cfg == NULL || cfg->vars == NULL)
+        return keel__fail(KEEL_EINVAL, "session manager: config needs vars");
+    if (cfg->recovery_wait_ms < 0)
+        return keel__fail(KEEL_EINVAL, "session manager: recovery_wait_ms "
+                          "%d < 0", cfg->recovery_wait_ms);
+    if (cfg->backend != NULL && cfg->backend->struct_size != 0
+        && cfg->backend->struct_size < sizeof(keel_backend))
+        return keel__fail(KEEL_EINVAL, "session manager: backend '%s' "
+                          "struct_size %u is older than this keel (%zu)",
+                          cfg->backend->name != NULL ? cfg->backend->name
+                                                     : "?",
+                          cfg->backend->struct_size, sizeof(keel_backend));
+    sm = calloc(1, sizeof *sm);
+    if (sm == NULL)
+        return keel__fail(KEEL_ENOMEM, "session manager: %zu bytes",
+                          sizeof *sm);
+    sm->vars = cfg->vars;
+    if (cfg->scaffold != NULL)
+        sm->sc = *cfg->scaffold;
+    else
+        keel_scaffold_default(&sm->sc);
+    if (sm->sc.local_init == NULL && sm->sc.ready_for_local_init != NULL) {
+        free(sm);
+        return keel__fail(KEEL_EINVAL, "session manager: scaffold has "
+                          "ready_for_local_init but no local_init");
+    }
+    if (cfg->checkpoint_dir != NULL) {
+        sm->checkpoint_dir = strdup(cfg->checkpoint_dir);
+        if (sm->checkpoint_dir == NULL) {
+            free(sm);
+            return keel__fail(KEEL_ENOMEM, "session manager: copy dir");
+        }
+    }
+    if (cfg->restore_opts != NULL) {
+        sm->restore_opts = *cfg->restore_opts;
+        sm->has_restore_opts = 1;
+    }
+    if (cfg->backend != NULL)
+        sm->backend = *cfg->backend;
+    sm->recovery_wait_ms = cfg->recovery_wait_ms > 0 ? cfg->recovery_wait_ms
+                                                     : 50;
+    sm->max_wait_secs = 1800;
+    sm->restore_fn = cfg->restore_fn;
+    sm->restore_ctx = cfg->restore_ctx;
+    pthread_mutex_init(&sm->mu, NULL);
+    keel__cond_init_mono(&sm->cv);
+    *out = sm;
+    return KEEL_OK;
+}
+
+void
+keel_session_manager_free(keel_session_manager *sm)
+{
+    if (sm == NULL)
+        return;
+    pthread_cond_destroy(&sm->cv);
+    pthread_mutex_destroy(&sm->mu);
+    free(sm->checkpoint_dir);
+    free(sm);
+}
+
+void
+keel_session_manager_set_max_wait(keel_session_manager *sm,
+                                  double max_wait_secs)
+{
+    sm->max_wait_secs = max_wait_secs;
+}
+
+void
+keel_session_manager_notify(keel_session_manager *sm)
+{
+    pthread_mutex_lock(&sm->mu);
+    sm->change_gen++;
+    pthread_cond_broadcast(&sm->cv);
+    pthread_mutex_unlock(&sm->mu);
+}
+
+void
+keel_session_manager_cancel(keel_session_manager *sm)
+{
+    pthread_mutex_lock(&sm->mu);
+    sm->is_cancelled = 1;
+    pthread_cond_broadcast(&sm->cv);
+    pthread_mutex_unlock(&sm->mu);
+}
+
+/* Restore the newest valid checkpoint: 1 in *restored if one was used. */
+static keel_status
+restore_latest(keel_session_manager *sm, int *restored)
+{
+    char path[KEEL_PATH_MAX];
+    int64_t step = -1;
+    keel_restore_report rep;
+    keel_ckpt_info *info = NULL;
+    keel_status st;
+    *restored = 0;
+    if (sm->checkpoint_dir == NULL)
+        return KEEL_OK;
+    st = keel__ckpt->latest(sm->checkpoint_dir, sm->sc.saver.basename, path,
+                            sizeof path, &step);
+    if (st == KEEL_ENOTFOUND) {
+        keel__log(KEEL_LOG_INFO, "no checkpoint in %s: initializing",
+                  sm->checkpoint_dir);
+        return KEEL_OK;
+    }
+    if (st != KEEL_OK)
+        return keel__wrap(st, "restore from %s", sm->checkpoint_dir);
+    memset(&rep, 0, sizeof rep);
+    st = keel__ckpt->restore(path, sm->vars,
+                             sm->has_restore_opts ? &sm->restore_opts : NULL,
+                             &rep);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "restore %s", path);
+    /* Restore covers every checkpointed variable and the global step. */
+    keel_session_manager_notify(sm);
+    if (sm->restore_fn != NULL) {
+        st = keel__ckpt->read_info(path, &info);
+        if (st != KEEL_OK)
+            return keel__wrap(st, "read metadata of %s", path);
+        st = sm->restore_fn(sm->restore_ctx, info);
+        keel__ckpt->info_free(info);
+        if (st != KEEL_OK)
+            return keel__wrap(st, "restore_fn for %s", path);
+    }
+    keel__log(KEEL_LOG_INFO, "restored %s at global step %lld (%zu "
+              "variables)", path, (long long)keel_vars_global_step(sm->vars),
+              rep.n_restored);
+    *restored = 1;
+    return KEEL_OK;
+}
+
+static keel_status
+check(keel_session_manager *sm,
+      keel_status (*fn)(void *, const keel_vars *, char *, size_t, size_t *),
+      char *missing, size_t size, size_t *n)
+{
+    *n = 0;
+    missing[0] = '\0';
+    if (fn == NULL)
+        return KEEL_OK;
+    return fn(sm->sc.ctx, sm->vars, missing, size, n);
+}
+
+/* TF _try_run_local_init_op: 1 in *ok when local init ran (or there is
+ * none); else why in missing. */
+static keel_status
+try_local_init(keel_session_manager *sm, int *ok, char *missing, size_t size)
+{
+    size_t n;
+    keel_status st;
+    *ok = 1;
+    missing[0] = '\0';
+    if (sm->sc.local_init == NULL)
+        return KEEL_OK;
+    st = check(sm, sm->sc.ready_for_local_init, missing, size, &n);
+    if (st != KEEL_OK)
+        return st;
+    if (n > 0) {
+        *ok = 0;
+        return KEEL_OK;
+    }
+    keel__log(KEEL_LOG_DEBUG, "running local_init");
+    st = sm->sc.local_init(sm->sc.ctx, sm->vars);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "local_init");
+    return KEEL_OK;
+}
+
+keel_status
+keel_session_manager_prepare(keel_session_manager *sm, int is_recovery,
+                             int *restored)
+{
+    char missing[MISSING_MAX];
+    int is_restored = 0, ok, is_intact = 0;
+    size_t n;
+    keel_status st;
+    if (restored != NULL)
+        *restored = 0;
+    if (sm == NULL)
+        return keel__fail(KEEL_EINVAL, "prepare: NULL manager");
+    if (is_recovery && sm->backend.is_intact != NULL) {
+        st = sm->backend.is_intact(sm->backend.ctx, sm->vars, &is_intact);
+        if (st != KEEL_OK)
+            return keel__wrap(st, "backend '%s' is_intact",
+                              sm->backend.name ? sm->backend.name : "?");
+    }
+    if (is_intact) {
+        keel__log(KEEL_LOG_INFO, "recovery: shared state intact at step "
+                  "%lld, not restoring", (long long)keel_vars_global_step(
+                      sm->vars));
+        is_restored = 1;
+    } else {
+        st = restore_latest(sm, &is_restored);
+        if (st != KEEL_OK)
+            return st;
+    }
+    if (!is_restored) {
+        if (sm->sc.init == NULL && sm->sc.init_fn == NULL
+            && sm->sc.local_init == NULL)
+            return keel__fail(KEEL_ESTATE, "Model is not initialized and no "
+                              "init, init_fn or local_init was given");
+        if (sm->sc.init != NULL) {
+            st = sm->sc.init(sm->sc.ctx, sm->vars);
+            if (st != KEEL_OK)
+                return keel__wrap(st, "scaffold init");
+        }
+        if (sm->sc.init_fn != NULL) {
+            st = sm->sc.init_fn(sm->sc.ctx, sm->vars);
+            if (st != KEEL_OK)
+                return keel__wrap(st, "scaffold init_fn");
+        }
+    }
+    st = try_local_init(sm, &ok, missing, sizeof missing);
+    if (st != KEEL_OK)
+        return st;
+    if (!ok)
+        return keel__fail(KEEL_ESTATE, "Init operations did not make model "
+                          "ready for local_init: %s", missing);
+    st = check(sm, sm->sc.ready, missing, sizeof missing, &n);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "scaffold ready");
+    if (n > 0)
+        return keel__fail(KEEL_ESTATE, "Init operations did not make model "
+                          "ready: %zu not initialized: %s", n, missing);
+    if (sm->backend.publish != NULL) {
+        st = sm->backend.publish(sm->backend.ctx, sm->vars, is_restored);
+        if (st != KEEL_OK)
+            return keel__wrap(st, "backend '%s' publish",
+                              sm->backend.name ? sm->backend.name : "?");
+    }
+    keel_session_manager_notify(sm);
+    if (restored != NULL)
+        *restored = is_restored;
+    return KEEL_OK;
+}
+
+keel_status
+keel_session_manager_recover(keel_session_manager *sm, int *is_ready)
+{
+    char missing[MISSING_MAX];
+    int restored = 0, ok;
+    size_t n;
+    keel_status st;
+    *is_ready = 0;
+    st = restore_latest(sm, &restored);
+    if (st != KEEL_OK)
+        return st;
+    st = try_local_init(sm, &ok, missing, sizeof missing);
+    if (st != KEEL_OK)
+        return st;
+    if (!restored)
+        return KEEL_OK;
+    if (!ok) {
+        keel__log(KEEL_LOG_INFO, "restored model not ready for local_init: "
+                  "%s", missing);
+        return KEEL_OK;
+    }
+    st = check(sm, sm->sc.ready, missing, sizeof missing, &n);
+    if (st != KEEL_OK)
+        return st;
+    if (n > 0) {
+        keel__log(KEEL_LOG_INFO, "restored model is not ready: %s", missing);
+        return KEEL_OK;
+    }
+    *is_ready = 1;
+    return KEEL_OK;
+}
+
+keel_status
+keel_session_manager_wait(keel_session_manager *sm, double max_wait_secs)
+{
+    char why[MISSING_MAX], missing[MISSING_MAX];
+    int64_t start = keel__now_mono_ns(), deadline = -1;
+    int attempts = 0;
+    if (sm == NULL)
+        return keel__fail(KEEL_EINVAL, "wait for session: NULL manager");
+    if (max_wait_secs > 0 && isfinite(max_wait_secs))
+        deadline = start + (int64_t)(max_wait_secs * 1e9);
+    for (;;) {
+        int is_ready = 1, ok;
+        size_t n = 0;
+        uint64_t gen;
+        int64_t next;
+        keel_status st;
+        pthread_mutex_lock(&sm->mu);
+        gen = sm->change_gen;
+        if (sm->is_cancelled) {
+            pthread_mutex_unlock(&sm->mu);
+            return keel__fail(KEEL_ECANCELLED, "wait for session: "
+                              "cancelled after %d attempts", attempts);
+        }
+        pthread_mutex_unlock(&sm->mu);
+        attempts++;
+        why[0] = '\0';
+        missing[0] = '\0';
+        if (sm->backend.fetch != NULL) {
+            st = sm->backend.fetch(sm->backend.ctx, sm->vars, &is_ready, why,
+                                   sizeof why);
+            if (st != KEEL_OK)
+                return keel__wrap(st, "backend '%s' fetch",
+                                  sm->backend.name ? sm->backend.name : "?");
+        }
+        if (is_ready) {
+            st = try_local_init(sm, &ok, why, sizeof why);
+            if (st != KEEL_OK)
+                return st;
+            if (ok) {
+                st = check(sm, sm->sc.ready, missing, sizeof missing, &n);
+                if (st != KEEL_OK)
+                    return st;
+                if (n == 0) {
+                    keel__log(KEEL_LOG_INFO, "model ready after %d "
+                              "attempt(s), %.3f s", attempts,
+                              (double)(keel__now_mono_ns() - start) / 1e9);
+                    return KEEL_OK;
+                }
+            }
+        }
+        next = keel__now_mono_ns() + (int64_t)sm->recovery_wait_ms * 1000000;
+        if (deadline >= 0 && keel__now_mono_ns() >= deadline)
+            return keel__fail(KEEL_ETIMEOUT, "Session was not ready after "
+                              "waiting %.0f secs (ready_for_local_init: %s; "
+                              "ready: %s)", max_wait_secs,
+                              why[0] ? why : "None",
+                              missing[0] ? missing : "None");
+        if (deadline >= 0 && next > deadline)
+            next = deadline;
+        if (attempts == 1 || attempts % 100 == 0)
+            keel__log(KEEL_LOG_INFO, "Waiting for model to be ready. "
+                      "Ready_for_local_init: %s, ready: %s",
+                      why[0] ? why : "None", missing[0] ? missing : "None");
+        if (sm->backend.wait_for_change != NULL) {
+            st = sm->backend.wait_for_change(sm->backend.ctx, next);
+            if (st != KEEL_OK)
+                return keel__wrap(st, "backend '%s' wait_for_change",
+                                  sm->backend.name ? sm->backend.name : "?");
+        } else {
+            pthread_mutex_lock(&sm->mu);
+            while (sm->change_gen == gen && !sm->is_cancelled)
+                if (keel__cond_wait_until(&sm->cv, &sm->mu, next))
+                    break;
+            pthread_mutex_unlock(&sm->mu);
+        }
+    }
+}
+
+/* ---- creators ------------------------------------------------------------------ */
+
+static keel_status
+chief_create(void *ctx, int is_recovery)
+{
+    return keel_session_manager_prepare(ctx, is_recovery, NULL);
+}
+
+static keel_status
+worker_create(void *ctx, int is_recovery)
+{
+    keel_session_manager *sm = ctx;
+    (void)is_recovery;
+    return keel_session_manager_wait(sm, sm->max_wait_secs);
+}
+
+keel_session_creator
+keel_chief_creator(keel_session_manager *sm)
+{
+    keel_session_creator c = { sm, chief_create };
+    return c;
+}
+
+keel_session_creator
+keel_worker_creator(keel_session_manager *sm)
+{
+    keel_session_creator c = { sm, worker_create };
+    return c;
+}

@@ -1,0 +1,27 @@
+/* session_int.h - private to session/: the condition-variable helpers and
+ * what the session files share. Threads: a session is single-threaded; the
+ * coordinator and the manager's wait/notify are thread-safe. */
+#ifndef KEEL_SESSION_INT_H
+#define KEEL_SESSION_INT_H
+
+#include <pthread.h>
+#include <keel/session.h>
+#include "../hooks/hooks_int.h"
+
+/* A condition variable on CLOCK_MONOTONIC. */
+void keel__cond_init_mono(pthread_cond_t *cv);
+/* Wait until deadline_ns (monotonic; < 0: forever). 1 on timeout. */
+int keel__cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu,
+                          int64_t deadline_ns);
+
+/* The process-wide signal flag (0: none). */
+int keel__signal_pending(void);
+
+/* Session internals used by training.c and supervisor.c. */
+keel_status keel__session_new(const keel_session_config *cfg,
+                              int is_recovering, keel_hook *owned,
+                              size_t n_owned, keel_session **out);
+/* Default values that training.c needs to resolve. */
+double keel__session_grace_secs(const keel_session *s);
+
+#endif

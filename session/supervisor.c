@@ -1,0 +1,170 @@
+/* supervisor.c - TF's Supervisor API over the same parts: a
+ * non-recovering session from the chief or worker creator, checkpoints every
+ * save_model_secs taken at step boundaries (never concurrently with a
+ * step, unlike TF's background thread) and a final checkpoint at stop. */
+#include <config.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+#include "session_int.h"
+
+struct keel_supervisor {
+    keel_supervisor_config cfg;
+    char *logdir;
+    keel_session *s;
+};
+
+void
+keel_supervisor_config_init(keel_supervisor_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->is_chief = 1;
+    cfg->save_model_secs = 600;
+    cfg->recovery_wait_ms = 50;
+    cfg->stop_grace_secs = 120;
+}
+
+keel_status
+keel_supervisor_new(const keel_supervisor_config *cfg, keel_supervisor **out)
+{
+    keel_supervisor *sv;
+    if (out == NULL)
+        return keel__fail(KEEL_EINVAL, "supervisor: out is NULL");
+    *out = NULL;
+    if (cfg == NULL || cfg->vars == NULL || cfg->step == NULL)
+        return keel__fail(KEEL_EINVAL, "supervisor: config needs vars and "
+                          "step");
+    if (cfg->save_model_secs < 0)
+        return keel__fail(KEEL_EINVAL, "supervisor: save_model_secs %g < 0",
+                          cfg->save_model_secs);
+    sv = calloc(1, sizeof *sv);
+    if (sv == NULL)
+        return keel__fail(KEEL_ENOMEM, "supervisor");
+    sv->cfg = *cfg;
+    if (cfg->logdir != NULL && (sv->logdir = strdup(cfg->logdir)) == NULL) {
+        free(sv);
+        return keel__fail(KEEL_ENOMEM, "supervisor: copy logdir");
+    }
+    sv->cfg.logdir = sv->logdir;
+    *out = sv;
+    return KEEL_OK;
+}
+
+keel_status
+keel_supervisor_prepare_or_wait(keel_supervisor *sv, double max_wait_secs)
+{
+    keel_session_config sc;
+    keel_hook *owned = NULL;
+    size_t n_owned = 0;
+    keel_status st;
+    if (sv == NULL)
+        return keel__fail(KEEL_EINVAL, "supervisor: NULL");
+    if (sv->s != NULL) {            // clear_stop: a fresh session
+        keel_session_free(sv->s);
+        sv->s = NULL;
+    }
+    keel_session_config_init(&sc);
+    sc.vars = sv->cfg.vars;
+    sc.step = sv->cfg.step;
+    sc.step_ctx = sv->cfg.step_ctx;
+    sc.updater = sv->cfg.updater;
+    sc.is_chief = sv->cfg.is_chief;
+    sc.scaffold = sv->cfg.scaffold;
+    sc.checkpoint_dir = sv->cfg.is_chief ? sv->logdir : NULL;
+    sc.max_wait_secs = max_wait_secs;
+    sc.recovery_wait_ms = sv->cfg.recovery_wait_ms;
+    sc.stop_grace_period_secs = sv->cfg.stop_grace_secs;
+    sc.meta_fn = sv->cfg.meta_fn;
+    sc.meta_ctx = sv->cfg.meta_ctx;
+    sc.restore_fn = sv->cfg.restore_fn;
+    sc.restore_ctx = sv->cfg.restore_ctx;
+    if (sv->cfg.is_chief && sv->logdir != NULL
+        && sv->cfg.save_model_secs > 0) {
+        keel_ckpt_hook_config hc;
+        memset(&hc, 0, sizeof hc);
+        hc.save_secs = sv->cfg.save_model_secs;
+        hc.clock = sv->cfg.clock;
+        owned = calloc(1, sizeof *owned);
+        if (owned == NULL)
+            return keel__fail(KEEL_ENOMEM, "supervisor: hook");
+        st = keel_ckpt_hook_new(&hc, owned);
+        if (st != KEEL_OK) {
+            free(owned);
+            return st;
+        }
+        n_owned = 1;
+        sc.hooks = owned;
+        sc.n_hooks = 1;
+    }
+    return keel__session_new(&sc, 0, owned, n_owned, &sv->s);
+}
+
+int
+keel_supervisor_should_stop(keel_supervisor *sv)
+{
+    return sv == NULL || sv->s == NULL || keel_session_should_stop(sv->s);
+}
+
+void
+keel_supervisor_request_stop(keel_supervisor *sv, const char *why)
+{
+    if (sv != NULL && sv->s != NULL)
+        keel_session_request_stop(sv->s, why);
+}
+
+keel_status
+keel_supervisor_run_step(keel_supervisor *sv, const void *batch)
+{
+    if (sv == NULL || sv->s == NULL)
+        return keel__fail(KEEL_ESTATE, "supervisor: no session (call "
+                          "keel_supervisor_prepare_or_wait first)");
+    return keel_session_run(sv->s, batch);
+}
+
+keel_status
+keel_supervisor_loop(keel_supervisor *sv, int64_t max_steps)
+{
+    int64_t n = 0;
+    keel_status st = KEEL_OK, cs;
+    if (sv == NULL || sv->s == NULL)
+        return keel__fail(KEEL_ESTATE, "supervisor: no session (call "
+                          "keel_supervisor_prepare_or_wait first)");
+    while (!keel_supervisor_should_stop(sv)
+           && (max_steps <= 0 || n < max_steps)) {
+        st = keel_session_run(sv->s, NULL);
+        if (st == KEEL_EOUTOFRANGE || st == KEEL_ECANCELLED)
+            st = KEEL_OK;
+        if (st != KEEL_OK || keel_session_should_stop(sv->s))
+            break;
+        n++;
+    }
+    cs = keel_supervisor_stop(sv);
+    return st != KEEL_OK ? st : cs;
+}
+
+keel_status
+keel_supervisor_stop(keel_supervisor *sv)
+{
+    if (sv == NULL || sv->s == NULL)
+        return KEEL_OK;
+    keel_session_request_stop(sv->s, "supervisor stop");
+    return keel_session_close(sv->s);
+}
+
+keel_session *
+keel_supervisor_session(keel_supervisor *sv)
+{
+    return sv != NULL ? sv->s : NULL;
+}
+
+void
+keel_supervisor_free(keel_supervisor *sv)
+{
+    if (sv == NULL)
+        return;
+    keel_session_free(sv->s);
+    free(sv->logdir);
+    free(sv);
+}

@@ -1,0 +1,151 @@
+/* training.c - MonitoredTrainingSession: TF's arguments and defaults
+ * resolved, the default chief hooks assembled in TF's order (chief-only,
+ * StepCounter, SummarySaver, CheckpointSaver, then user hooks; workers get
+ * only user hooks) and a recovering MonitoredSession returned. */
+#include <config.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+#include "session_int.h"
+
+void
+keel_training_config_init(keel_training_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    keel_session_config_init(&cfg->session);
+    cfg->is_chief = 1;
+    cfg->save_checkpoint_secs = KEEL_USE_DEFAULT;
+    cfg->save_checkpoint_steps = KEEL_USE_DEFAULT;
+    cfg->save_summaries_steps = KEEL_USE_DEFAULT;
+    cfg->save_summaries_secs = KEEL_USE_DEFAULT;
+    cfg->log_step_count_steps = 100;
+    cfg->stop_grace_period_secs = 120;
+    cfg->max_wait_secs = 7200;
+}
+
+/* TF's USE_DEFAULT pair: secs defaults to dflt_secs (steps to dflt_steps)
+ * only when both are defaulted; both positive is an error. */
+static keel_status
+resolve_pair(const char *what, double *secs, int64_t *steps,
+             double dflt_secs, int64_t dflt_steps)
+{
+    int secs_default = *secs == KEEL_USE_DEFAULT;
+    int steps_default = *steps == KEEL_USE_DEFAULT;
+    if (secs_default && steps_default) {
+        *secs = dflt_secs;
+        *steps = dflt_steps;
+    } else {
+        if (secs_default)
+            *secs = 0;
+        if (steps_default)
+            *steps = 0;
+    }
+    if (*secs < 0 || *steps < 0)
+        return keel__fail(KEEL_EINVAL, "training session: %s_secs %g and "
+                          "%s_steps %lld must be >= 0 (or KEEL_USE_DEFAULT)",
+                          what, *secs, what, (long long)*steps);
+    if (*secs > 0 && *steps > 0)
+        return keel__fail(KEEL_EINVAL, "training session: both %s_secs (%g) "
+                          "and %s_steps (%lld) are set; give only one",
+                          what, *secs, what, (long long)*steps);
+    return KEEL_OK;
+}
+
+keel_status
+keel_training_session_new(const keel_training_config *cfg,
+                          keel_session **out)
+{
+    keel_session_config sc;
+    keel_hook *all = NULL, *owned = NULL;
+    size_t n_all = 0, n_owned = 0, i, cap;
+    double ck_secs, sum_secs;
+    int64_t ck_steps, sum_steps;
+    const char *summary_dir;
+    static const char *const default_names[] = { "loss" };
+    keel_status st;
+    if (out == NULL)
+        return keel__fail(KEEL_EINVAL, "training session: out is NULL");
+    *out = NULL;
+    if (cfg == NULL)
+        return keel__fail(KEEL_EINVAL, "training session: config is NULL");
+    ck_secs = cfg->save_checkpoint_secs;
+    ck_steps = cfg->save_checkpoint_steps;
+    sum_secs = cfg->save_summaries_secs;
+    sum_steps = cfg->save_summaries_steps;
+    st = resolve_pair("save_checkpoint", &ck_secs, &ck_steps, 600, 0);
+    if (st == KEEL_OK)
+        st = resolve_pair("save_summaries", &sum_secs, &sum_steps, 0, 100);
+    if (st != KEEL_OK)
+        return st;
+    summary_dir = cfg->summary_dir != NULL ? cfg->summary_dir
+                                           : cfg->checkpoint_dir;
+    cap = cfg->n_chief_only_hooks + 3 + cfg->session.n_hooks;
+    all = calloc(cap, sizeof *all);
+    owned = calloc(3, sizeof *owned);
+    if (all == NULL || owned == NULL) {
+        free(all);
+        free(owned);
+        return keel__fail(KEEL_ENOMEM, "training session: %zu hooks", cap);
+    }
+    if (cfg->is_chief) {
+        for (i = 0; i < cfg->n_chief_only_hooks; i++)
+            all[n_all++] = cfg->chief_only_hooks[i];
+        if (summary_dir != NULL && cfg->log_step_count_steps > 0) {
+            st = keel_step_counter_hook_new(cfg->log_step_count_steps, 0,
+                                            summary_dir, &cfg->clock,
+                                            &owned[n_owned]);
+            if (st != KEEL_OK)
+                goto fail;
+            all[n_all++] = owned[n_owned++];
+        }
+        if (summary_dir != NULL && (sum_secs > 0 || sum_steps > 0)) {
+            st = keel_summary_hook_new(
+                cfg->n_summary_names > 0 ? cfg->summary_names : default_names,
+                cfg->n_summary_names > 0 ? cfg->n_summary_names : 1,
+                sum_steps, sum_secs, summary_dir, &cfg->clock,
+                &owned[n_owned]);
+            if (st != KEEL_OK)
+                goto fail;
+            all[n_all++] = owned[n_owned++];
+        }
+        if (cfg->checkpoint_dir != NULL && (ck_secs > 0 || ck_steps > 0)) {
+            keel_ckpt_hook_config hc;
+            memset(&hc, 0, sizeof hc);
+            hc.save_secs = ck_secs;
+            hc.save_steps = ck_steps;
+            hc.listeners = cfg->listeners;
+            hc.n_listeners = cfg->n_listeners;
+            hc.save_on_error = cfg->save_on_error;
+            hc.clock = cfg->clock;
+            st = keel_ckpt_hook_new(&hc, &owned[n_owned]);
+            if (st != KEEL_OK)
+                goto fail;
+            all[n_all++] = owned[n_owned++];
+        }
+    }
+    for (i = 0; i < cfg->session.n_hooks; i++)
+        all[n_all++] = cfg->session.hooks[i];
+    sc = cfg->session;
+    sc.hooks = all;
+    sc.n_hooks = n_all;
+    sc.is_chief = cfg->is_chief;
+    sc.checkpoint_dir = cfg->is_chief ? cfg->checkpoint_dir : NULL;
+    sc.max_wait_secs = cfg->max_wait_secs;
+    sc.stop_grace_period_secs = cfg->stop_grace_period_secs;
+    keel__log(KEEL_LOG_INFO, "training session (%s): %zu hooks, checkpoints "
+              "%s every %g s / %lld steps", cfg->is_chief ? "chief" : "worker",
+              n_all, cfg->checkpoint_dir != NULL ? cfg->checkpoint_dir
+                                                 : "(none)",
+              ck_secs, (long long)ck_steps);
+    st = keel__session_new(&sc, 1, owned, n_owned, out);
+    free(all);              // the session copied the hooks
+    return st;
+fail:
+    for (i = 0; i < n_owned; i++)
+        keel_hook_release(&owned[i]);
+    free(owned);
+    free(all);
+    return st;
+}

@@ -1,0 +1,979 @@
+/* check_session.c - unit tests for session/ and hooks/: the exact hook call
+ * sequences (clean, stop request, step error, recovery, end of input,
+ * SIGTERM), timers on an injected clock, StopAtStepHook across a restore,
+ * CheckpointSaverHook timing, the coordinator, SessionManager readiness,
+ * MonitoredTrainingSession assembly and the Supervisor. Checkpoints go
+ * through an in-memory fake (tests/fake_ckpt.c). */
+#include <config.h>
+
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <keel/keel.h>
+#include "util.h"
+#include "testutil.h"
+#include "fake_ckpt.h"
+
+/* ---- a shared event log ------------------------------------------------------ */
+
+static char ev[8192];
+
+static void
+logev(const char *fmt, ...)
+{
+    va_list ap;
+    size_t n = strlen(ev);
+    va_start(ap, fmt);
+    vsnprintf(ev + n, sizeof ev - n, fmt, ap);
+    va_end(ap);
+}
+
+static void
+on_save(int64_t step)
+{
+    logev("S%lld ", (long long)step);
+}
+
+/* A recording hook: "b:x c:x r:x a:x e:x:reason". */
+typedef struct rec {
+    const char *tag;
+    int64_t stop_at;          /* request stop in after_run at this gs */
+} rec;
+
+static keel_status
+rec_begin(void *ctx)
+{
+    logev("b:%s ", ((rec *)ctx)->tag);
+    return KEEL_OK;
+}
+
+static keel_status
+rec_create(void *ctx, keel_session *s)
+{
+    (void)s;
+    logev("c:%s ", ((rec *)ctx)->tag);
+    return KEEL_OK;
+}
+
+static keel_status
+rec_before(void *ctx, keel_run_context *rc)
+{
+    logev("r:%s ", ((rec *)ctx)->tag);
+    (void)rc;
+    return KEEL_OK;
+}
+
+static keel_status
+rec_after(void *ctx, keel_run_context *rc, const keel_run_values *v)
+{
+    rec *r = ctx;
+    logev("a:%s%lld ", r->tag, (long long)keel_run_values_step_after(v));
+    if (r->stop_at > 0 && keel_run_values_step_after(v) == r->stop_at)
+        keel_run_context_request_stop(rc, "test");
+    return KEEL_OK;
+}
+
+static void
+rec_end(void *ctx, keel_session *s, keel_end_reason why)
+{
+    (void)s;
+    logev("e:%s:%s ", ((rec *)ctx)->tag, keel_end_reason_str(why));
+}
+
+static keel_hook
+rec_hook(rec *r)
+{
+    keel_hook h = { .struct_size = sizeof h, .name = r->tag, .ctx = r,
+                    .begin = rec_begin, .after_create_session = rec_create,
+                    .before_run = rec_before, .after_run = rec_after,
+                    .end = rec_end };
+    return h;
+}
+
+/* ---- a scripted step ------------------------------------------------------------ */
+
+typedef struct script {
+    int64_t fail_at;          /* global step (before) at which to fail */
+    keel_status fail_code;
+    int fail_times;           /* how many times (then succeed) */
+    int64_t signal_at;
+    double loss;
+    int calls;
+    const void *last_batch;
+} script;
+
+static keel_status
+scripted_step(void *ctx, keel_step *st)
+{
+    script *sc = ctx;
+    int64_t gs = keel_step_global_step(st);
+    sc->calls++;
+    sc->last_batch = keel_step_batch(st);
+    logev("s%lld ", (long long)gs);
+    if (sc->fail_times != 0 && gs == sc->fail_at) {
+        if (sc->fail_times > 0)
+            sc->fail_times--;
+        return keel_error_set(sc->fail_code, "scripted failure at %lld",
+                              (long long)gs);
+    }
+    if (sc->signal_at > 0 && gs == sc->signal_at)
+        raise(SIGTERM);
+    keel_tensor *g = keel_grads_find(keel_step_grads(st), "w");
+    g->data[0] = 1.0f;
+    return keel_step_set_value(st, "loss", sc->loss);
+}
+
+static int n_applied;
+
+static keel_status
+count_apply(void *ctx, keel_vars *vs, keel_grads *g, int64_t gs)
+{
+    (void)ctx;
+    (void)gs;
+    n_applied++;
+    keel_var_tensor(keel_vars_find(vs, "w"))->data[0] -=
+        0.5f * keel_grads_find(g, "w")->data[0];
+    return KEEL_OK;
+}
+
+static keel_vars *vs;
+
+static void
+setup(void)
+{
+    tu_setup();
+    ev[0] = '\0';
+    n_applied = 0;
+    fake_install();
+    ck_assert_int_eq(keel_vars_new(&vs), KEEL_OK);
+    ck_assert_int_eq(keel_vars_create(vs, "w", 0, NULL, KEEL_VAR_TRAINABLE,
+                                      NULL), KEEL_OK);
+    keel_session_clear_signal();
+}
+
+static void
+teardown(void)
+{
+    keel_session_uninstall_signal_handlers();
+    keel_session_clear_signal();
+    keel_vars_free(vs);
+    vs = NULL;
+    fake_uninstall();
+    tu_teardown();
+}
+
+static void
+base_cfg(keel_session_config *c, script *sc, keel_hook *hooks, size_t n)
+{
+    keel_session_config_init(c);
+    c->vars = vs;
+    c->step = scripted_step;
+    c->step_ctx = sc;
+    c->updater.apply = count_apply;
+    c->hooks = hooks;
+    c->n_hooks = n;
+    c->backoff_ms = 1;
+    c->backoff_max_ms = 4;
+}
+
+/* ---- sequences ------------------------------------------------------------- */
+
+START_TEST(test_clean_run_calls_hooks_in_order_and_end_clean)
+{
+    rec a = { "A", 0 }, b = { "B", 0 };
+    keel_hook h[2] = { rec_hook(&a), rec_hook(&b) };
+    script sc = { 0 };
+    keel_session_config c;
+    keel_session *s;
+    base_cfg(&c, &sc, h, 2);
+    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
+    ck_assert_int_eq(keel_session_run(s, NULL), KEEL_OK);
+    ck_assert_int_eq(keel_session_run(s, NULL), KEEL_OK);
+    ck_assert_int_eq(keel_session_close(s), KEEL_OK);
+    ck_assert_int_eq(keel_session_close(s), KEEL_OK);   // idempotent
+    ck_assert_str_eq(ev, "b:A b:B c:A c:B r:A r:B s0 a:A1 a:B1 "
+                         "r:A r:B s1 a:A2 a:B2 e:A:clean e:B:clean ");
+    ck_assert_int_eq(keel_vars_global_step(vs), 2);
+    ck_assert_int_eq(n_applied, 2);
+    ck_assert_int_eq(keel_session_run(s, NULL), KEEL_ESTATE);
+    keel_session_free(s);
+}
+END_TEST
+
+START_TEST(test_hook_stop_request_lets_all_hooks_see_after_run_then_refuses)
+{
+    rec a = { "A", 2 }, b = { "B", 0 };
+    keel_hook h[2] = { rec_hook(&a), rec_hook(&b) };
+    script sc = { 0 };
+    keel_session_config c;
+    keel_session *s;
+    base_cfg(&c, &sc, h, 2);
+    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
+    ck_assert_int_eq(keel_session_train(s), KEEL_OK);
+    ck_assert(keel_session_should_stop(s));
+    ck_assert_int_eq(keel_session_run(s, NULL), KEEL_ESTATE);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "should_stop"));
+    keel_session_close(s);
+    ck_assert_str_eq(ev, "b:A b:B c:A c:B r:A r:B s0 a:A1 a:B1 r:A r:B s1 "
+                         "a:A2 a:B2 e:A:stop requested "
+                         "e:B:stop requested ");
+    keel_session_free(s);
+}
+END_TEST
+
+START_TEST(test_step_error_skips_after_run_and_ends_with_error)
+{
+    rec a = { "A", 0 };
+    keel_hook h[1] = { rec_hook(&a) };
+    script sc = { .fail_at = 1, .fail_code = KEEL_EIO, .fail_times = -1 };
+    keel_session_config c;
+    keel_session *s;
+    base_cfg(&c, &sc, h, 1);
+    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
+    ck_assert_int_eq(keel_session_run(s, NULL), KEEL_OK);
+    ck_assert_int_eq(keel_session_run(s, NULL), KEEL_EIO);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "scripted failure"));
+    ck_assert_int_eq(keel_session_run(s, NULL), KEEL_ESTATE);
+    keel_session_close(s);
+    ck_assert_str_eq(ev, "b:A c:A r:A s0 a:A1 r:A s1 e:A:error ");
+    ck_assert_int_eq(keel_session_end_reason(s), KEEL_END_ERROR);
+    keel_session_free(s);
+}
+END_TEST
+
+START_TEST(test_recoverable_error_recreates_session_and_retries_same_step)
+{
+    rec a = { "A", 0 };
+    keel_hook h[1] = { rec_hook(&a) };
+    script sc = { .fail_at = 1, .fail_code = KEEL_EABORTED, .fail_times = 1 };
+    keel_session_config c;
+    keel_session *s;
+    base_cfg(&c, &sc, h, 1);
+    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
+    ck_assert_int_eq(keel_session_run(s, NULL), KEEL_OK);
+    ck_assert_int_eq(keel_session_run(s, NULL), KEEL_OK);
+    ck_assert_int_eq(keel_session_creation_count(s), 2);
+    keel_session_close(s);
+    /* begin once; after_create_session again; step 1 retried */
+    ck_assert_str_eq(ev, "b:A c:A r:A s0 a:A1 r:A s1 c:A r:A s1 a:A2 "
+                         "e:A:clean ");
+    keel_session_free(s);
+}
+END_TEST
+
+START_TEST(test_recovery_is_bounded_and_singular_does_not_recover)
+{
+    script sc = { .fail_at = 0, .fail_code = KEEL_EUNAVAILABLE,
+                  .fail_times = -1 };
+    keel_session_config c;
+    keel_session *s;
+    base_cfg(&c, &sc, NULL, 0);
+    c.max_recovery_attempts = 3;
+    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
+    ck_assert_int_eq(keel_session_run(s, NULL), KEEL_EUNAVAILABLE);
+    ck_assert_int_eq(sc.calls, 4);
+    ck_assert_int_eq(keel_session_creation_count(s), 4);
+    ck_assert_int_eq(keel_session_close(s), KEEL_OK);
+    ck_assert_int_eq(keel_session_end_reason(s), KEEL_END_ERROR);
+    keel_session_free(s);
+    sc.calls = 0;
+    ck_assert_int_eq(keel_session_new_singular(&c, &s), KEEL_OK);
+    ck_assert_int_eq(keel_session_run(s, NULL), KEEL_EUNAVAILABLE);
+    ck_assert_int_eq(sc.calls, 1);
+    keel_session_free(s);
+}
+END_TEST
+
+START_TEST(test_end_of_input_ends_with_out_of_range)
+{
+    rec a = { "A", 0 };
+    keel_hook h[1] = { rec_hook(&a) };
+    script sc = { .fail_at = 1, .fail_code = KEEL_EOUTOFRANGE,
+                  .fail_times = -1 };
+    keel_session_config c;
+    keel_session *s;
+    base_cfg(&c, &sc, h, 1);
+    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
+    ck_assert_int_eq(keel_session_train(s), KEEL_OK);
+    keel_session_close(s);
+    ck_assert_str_eq(ev, "b:A c:A r:A s0 a:A1 r:A s1 e:A:end of input ");
+    keel_session_free(s);
+}
+END_TEST
+
+START_TEST(test_sigterm_stops_at_step_boundary_and_saves_final_checkpoint)
+{
+    rec a = { "A", 0 };
+    keel_hook h[2];
+    keel_ckpt_hook_config hc = { .save_steps = 100 };
+    script sc = { .signal_at = 2 };
+    keel_session_config c;
+    keel_session *s;
+    fake_on_save = on_save;
+    h[0] = rec_hook(&a);
+    ck_assert_int_eq(keel_ckpt_hook_new(&hc, &h[1]), KEEL_OK);
+    base_cfg(&c, &sc, h, 2);
+    c.checkpoint_dir = tu_dir;
+    ck_assert_int_eq(keel_session_install_signal_handlers(), KEEL_OK);
+    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
+    ck_assert_int_eq(keel_session_train(s), KEEL_OK);
+    ck_assert_int_eq(keel_session_signal_received(), SIGTERM);
+    ck_assert_int_eq(keel_session_close(s), KEEL_OK);
+    /* the step that saw the signal completes (after_run), then stop */
+    ck_assert_str_eq(ev, "b:A c:A S0 r:A s0 a:A1 r:A s1 a:A2 r:A s2 a:A3 "
+                         "e:A:signal S3 ");
+    ck_assert_int_eq(keel_session_end_reason(s), KEEL_END_SIGNAL);
+    keel_session_free(s);
+    keel_hook_release(&h[1]);
+}
+END_TEST
+
+/* ---- values, feeding, NaN ------------------------------------------------------ */
+
+static keel_status
+want_missing(void *ctx, keel_run_context *rc)
+{
+    (void)ctx;
+    return keel_run_context_request(rc, "accuracy");
+}
+
+START_TEST(test_requested_value_the_step_never_sets_fails_naming_it)
+{
+    keel_hook h = { .struct_size = sizeof h, .name = "wants_acc",
+                    .before_run = want_missing };
+    script sc = { 0 };
+    keel_session_config c;
+    keel_session *s;
+    base_cfg(&c, &sc, &h, 1);
+    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
+    ck_assert_int_eq(keel_session_run(s, NULL), KEEL_ENOTFOUND);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "accuracy"));
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "wants_acc"));
+    keel_session_free(s);
+}
+END_TEST
+
+START_TEST(test_nan_hook_fails_or_stops_and_inf_is_optional)
+{
+    script sc = { .loss = NAN };
+    keel_session_config c;
+    keel_session *s;
+    keel_hook h;
+    ck_assert_int_eq(keel_nan_hook_new("loss", 1, 0, &h), KEEL_OK);
+    base_cfg(&c, &sc, &h, 1);
+    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
+    ck_assert_int_eq(keel_session_run(s, NULL), KEEL_EHOOK);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "NaN"));
+    keel_session_free(s);
+    keel_hook_release(&h);
+
+    sc.loss = INFINITY;
+    ck_assert_int_eq(keel_nan_hook_new("loss", 0, 0, &h), KEEL_OK);
+    c.hooks = &h;
+    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
+    ck_assert_int_eq(keel_session_run(s, NULL), KEEL_OK);
+    ck_assert(!keel_session_should_stop(s));        // Inf passes
+    keel_session_free(s);
+    keel_hook_release(&h);
+
+    ck_assert_int_eq(keel_nan_hook_new("loss", 0, 1, &h), KEEL_OK);
+    c.hooks = &h;
+    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
+    ck_assert_int_eq(keel_session_run(s, NULL), KEEL_OK);
+    ck_assert(keel_session_should_stop(s));         // Inf stops
+    keel_session_free(s);
+    keel_hook_release(&h);
+}
+END_TEST
+
+static int feed_left = 2;
+static int batch_value = 7;
+
+static keel_status
+feed(void *ctx, const void **batch)
+{
+    (void)ctx;
+    if (feed_left-- <= 0)
+        return KEEL_EOUTOFRANGE;
+    *batch = &batch_value;
+    return KEEL_OK;
+}
+
+START_TEST(test_feed_fn_supplies_batch_and_its_end_of_input_ends_cleanly)
+{
+    script sc = { 0 };
+    keel_session_config c;
+    keel_session *s;
+    keel_hook h;
+    int mine = 1;
+    feed_left = 2;
+    ck_assert_int_eq(keel_feed_fn_hook_new(feed, NULL, &h), KEEL_OK);
+    base_cfg(&c, &sc, &h, 1);
+    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
+    ck_assert_int_eq(keel_session_run(s, &mine), KEEL_EHOOK); // two feeders
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "one feeder"));
+    keel_session_free(s);
+    feed_left = 2;
+    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
+    ck_assert_int_eq(keel_session_train(s), KEEL_OK);
+    ck_assert_ptr_eq(sc.last_batch, &batch_value);
+    ck_assert_int_eq(keel_vars_global_step(vs), 2);
+    ck_assert_int_eq(keel_session_end_reason(s), KEEL_END_OUT_OF_RANGE);
+    keel_session_free(s);
+    keel_hook_release(&h);
+}
+END_TEST
+
+START_TEST(test_run_without_hooks_skips_hooks_but_updates)
+{
+    rec a = { "A", 0 };
+    keel_hook h[1] = { rec_hook(&a) };
+    script sc = { 0 };
+    keel_session_config c;
+    keel_session *s;
+    char path[256];
+    base_cfg(&c, &sc, h, 1);
+    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
+    ck_assert_int_eq(keel_session_save_now(s, NULL, 0), KEEL_ESTATE);
+    ck_assert_int_eq(keel_session_run_without_hooks(s, NULL), KEEL_OK);
+    ck_assert_str_eq(ev, "b:A c:A s0 ");
+    ck_assert_int_eq(n_applied, 1);
+    keel_session_free(s);
+    c.checkpoint_dir = tu_dir;
+    keel_vars_set_global_step(vs, 0);
+    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
+    ck_assert_int_eq(keel_session_run(s, NULL), KEEL_OK);
+    ck_assert_int_eq(keel_session_save_now(s, path, sizeof path), KEEL_OK);
+    ck_assert_str_eq(path, "fake-1");
+    keel_session_free(s);
+}
+END_TEST
+
+/* ---- timers ------------------------------------------------------------------- */
+
+static int64_t fake_now;
+
+static int64_t
+fake_clock(void *ctx)
+{
+    (void)ctx;
+    return fake_now;
+}
+
+START_TEST(test_timer_trigger_semantics_with_injected_clock)
+{
+    keel_clock clk = { fake_clock, NULL };
+    keel_timer t;
+    double dt;
+    int64_t ds;
+    ck_assert_int_eq(keel_timer_init(&t, 0, 0, NULL), KEEL_EINVAL);
+    ck_assert_int_eq(keel_timer_init(&t, 1.0, 5, NULL), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "both"));
+    ck_assert_int_eq(keel_timer_init(&t, 0, 5, NULL), KEEL_OK);
+    ck_assert(keel_timer_should_trigger(&t, 3));        // never triggered
+    ck_assert_int_eq(keel_timer_update(&t, 3, &dt, &ds), 0);
+    ck_assert(!keel_timer_should_trigger(&t, 3));       // same step
+    ck_assert(!keel_timer_should_trigger(&t, 7));
+    ck_assert(keel_timer_should_trigger(&t, 8));
+    ck_assert_int_eq(keel_timer_update(&t, 9, &dt, &ds), 1);
+    ck_assert_int_eq(ds, 6);
+    fake_now = 1000000000;
+    ck_assert_int_eq(keel_timer_init(&t, 2.0, 0, &clk), KEEL_OK);
+    ck_assert(keel_timer_should_trigger(&t, 0));
+    keel_timer_update(&t, 0, NULL, NULL);
+    fake_now += 1999999999;
+    ck_assert(!keel_timer_should_trigger(&t, 1));
+    fake_now += 1;
+    ck_assert(keel_timer_should_trigger(&t, 1));
+    ck_assert(!keel_timer_should_trigger(&t, 0));       // same step
+    ck_assert_int_eq(keel_timer_update(&t, 4, &dt, &ds), 1);
+    ck_assert(fabs(dt - 2.0) < 1e-9);
+    ck_assert_int_eq(ds, 4);
+    keel_timer_init_never(&t);
+    ck_assert(!keel_timer_should_trigger(&t, 0));
+}
+END_TEST
+
+/* ---- stop at step across a restore ---------------------------------------------- */
+
+static int64_t
+train_with_stop(int64_t num_steps, int64_t last_step, int64_t *start)
+{
+    keel_hook h[2];
+    keel_ckpt_hook_config hc = { .save_steps = 1000 };
+    script sc = { 0 };
+    keel_session_config c;
+    keel_session *s;
+    int64_t end;
+    ck_assert_int_eq(keel_stop_at_step_hook_new(num_steps, last_step, &h[0]),
+                     KEEL_OK);
+    ck_assert_int_eq(keel_ckpt_hook_new(&hc, &h[1]), KEEL_OK);
+    base_cfg(&c, &sc, h, 2);
+    c.checkpoint_dir = tu_dir;
+    keel_vars_set_global_step(vs, 0);       // a "new process"
+    keel_vars_set_all_initialized(vs, 0);
+    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
+    *start = keel_session_global_step(s);
+    ck_assert_int_eq(keel_session_train(s), KEEL_OK);
+    ck_assert_int_eq(keel_session_close(s), KEEL_OK);
+    end = keel_session_global_step(s);
+    keel_session_free(s);
+    keel_hook_release(&h[0]);
+    keel_hook_release(&h[1]);
+    return end;
+}
+
+START_TEST(test_stop_at_step_num_steps_is_relative_last_step_absolute)
+{
+    int64_t start;
+    ck_assert_int_eq(train_with_stop(3, 0, &start), 3);
+    ck_assert_int_eq(start, 0);
+    ck_assert_int_eq(train_with_stop(3, 0, &start), 6);  // from restore
+    ck_assert_int_eq(start, 3);
+    ck_assert_int_eq(train_with_stop(0, 8, &start), 8);  // absolute
+    ck_assert_int_eq(start, 6);
+    ck_assert_int_eq(train_with_stop(0, 8, &start), 8);  // nothing to do
+    ck_assert_int_eq(fake.n_restores, 3);
+    ck_assert_int_eq(keel_stop_at_step_hook_new(1, 1, NULL), KEEL_EINVAL);
+}
+END_TEST
+
+/* ---- checkpoint saver hook ------------------------------------------------------ */
+
+static int listener_saves;
+
+static keel_status
+stop_after_second(void *ctx, keel_session *s, int64_t step, const char *path,
+                  int *should_stop)
+{
+    (void)ctx;
+    (void)s;
+    (void)step;
+    (void)path;
+    if (++listener_saves == 2)
+        *should_stop = 1;
+    return KEEL_OK;
+}
+
+START_TEST(test_ckpt_hook_saves_at_creation_every_n_and_end_never_twice)
+{
+    keel_hook h;
+    keel_ckpt_hook_config hc = { .save_steps = 2 };
+    script sc = { 0 };
+    keel_session_config c;
+    keel_session *s;
+    int i;
+    ck_assert_int_eq(keel_ckpt_hook_new(&hc, &h), KEEL_OK);
+    base_cfg(&c, &sc, &h, 1);
+    c.checkpoint_dir = tu_dir;
+    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
+    for (i = 0; i < 4; i++)
+        ck_assert_int_eq(keel_session_run(s, NULL), KEEL_OK);
+    keel_session_close(s);
+    ck_assert_int_eq(fake.n_saves, 3);      // 0, 2, 4; not again at end
+    ck_assert_int_eq(fake.steps[0], 0);
+    ck_assert_int_eq(fake.steps[1], 2);
+    ck_assert_int_eq(fake.steps[2], 4);
+    ck_assert_int_eq(keel_ckpt_hook_save_count(&h), 3);
+    keel_session_free(s);
+    keel_hook_release(&h);
+
+    fake_install();
+    keel_vars_set_global_step(vs, 0);
+    ck_assert_int_eq(keel_ckpt_hook_new(&hc, &h), KEEL_OK);
+    c.hooks = &h;
+    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
+    for (i = 0; i < 5; i++)
+        ck_assert_int_eq(keel_session_run(s, NULL), KEEL_OK);
+    keel_session_close(s);
+    ck_assert_int_eq(fake.n_saves, 4);      // 0, 2, 4 and 5 at end
+    ck_assert_int_eq(fake.steps[3], 5);
+    keel_session_free(s);
+    keel_hook_release(&h);
+}
+END_TEST
+
+START_TEST(test_ckpt_listener_can_stop_training_and_error_skips_final_save)
+{
+    keel_ckpt_listener l = { .after_save = stop_after_second };
+    keel_hook h;
+    keel_ckpt_hook_config hc = { .save_steps = 3, .listeners = &l,
+                                 .n_listeners = 1 };
+    script sc = { 0 };
+    keel_session_config c;
+    keel_session *s;
+    listener_saves = 0;
+    ck_assert_int_eq(keel_ckpt_hook_new(&hc, &h), KEEL_OK);
+    base_cfg(&c, &sc, &h, 1);
+    c.checkpoint_dir = tu_dir;
+    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
+    ck_assert_int_eq(keel_session_train(s), KEEL_OK);
+    ck_assert_int_eq(keel_session_global_step(s), 3);
+    keel_session_free(s);
+    keel_hook_release(&h);
+
+    fake_install();
+    keel_vars_set_global_step(vs, 0);
+    sc.fail_at = 2;
+    sc.fail_code = KEEL_EIO;
+    sc.fail_times = -1;
+    hc.n_listeners = 0;
+    ck_assert_int_eq(keel_ckpt_hook_new(&hc, &h), KEEL_OK);
+    c.hooks = &h;
+    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
+    ck_assert_int_eq(keel_session_train(s), KEEL_EIO);
+    keel_session_close(s);
+    ck_assert_int_eq(fake.n_saves, 1);      // creation only
+    keel_session_free(s);
+    keel_hook_release(&h);
+}
+END_TEST
+
+/* ---- metadata blobs ------------------------------------------------------------- */
+
+static int64_t data_pos;
+
+static keel_status
+meta(void *ctx, keel_ckpt_meta *m)
+{
+    static keel_ckpt_blob b;
+    (void)ctx;
+    b.name = "data_iterator";
+    b.data = &data_pos;
+    b.size = sizeof data_pos;
+    m->blobs = &b;
+    m->n_blobs = 1;
+    return KEEL_OK;
+}
+
+static keel_status
+restore_blob(void *ctx, const keel_ckpt_info *info)
+{
+    (void)ctx;
+    ck_assert_str_eq(info->blobs[0].name, "data_iterator");
+    memcpy(&data_pos, info->blobs[0].data, sizeof data_pos);
+    return KEEL_OK;
+}
+
+START_TEST(test_meta_blobs_saved_and_handed_back_after_restore)
+{
+    script sc = { 0 };
+    keel_session_config c;
+    keel_session *s;
+    base_cfg(&c, &sc, NULL, 0);
+    c.checkpoint_dir = tu_dir;
+    c.meta_fn = meta;
+    c.restore_fn = restore_blob;
+    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
+    data_pos = 1234;
+    ck_assert_int_eq(keel_session_run(s, NULL), KEEL_OK);
+    ck_assert_int_eq(keel_session_save_now(s, NULL, 0), KEEL_OK);
+    keel_session_free(s);
+    data_pos = 0;
+    keel_vars_set_global_step(vs, 0);
+    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
+    ck_assert_int_eq(data_pos, 1234);
+    ck_assert_int_eq(keel_session_global_step(s), 1);
+    keel_session_free(s);
+}
+END_TEST
+
+/* ---- session manager ---------------------------------------------------------- */
+
+static keel_status
+mark_ready_init_fn_fails_nothing(void *ctx, keel_vars *v)
+{
+    (void)ctx;
+    (void)v;
+    return KEEL_OK;         // a warm start that forgot a variable
+}
+
+START_TEST(test_prepare_errors_match_tf_conditions)
+{
+    keel_session_manager_config mc = { .vars = vs };
+    keel_session_manager *sm;
+    keel_scaffold empty;
+    int restored = -1;
+    memset(&empty, 0, sizeof empty);
+    mc.scaffold = &empty;
+    ck_assert_int_eq(keel_session_manager_new(&mc, &sm), KEEL_OK);
+    ck_assert_int_eq(keel_session_manager_prepare(sm, 0, &restored),
+                     KEEL_ESTATE);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "no init"));
+    keel_session_manager_free(sm);
+    keel_scaffold_default(&empty);
+    empty.init = NULL;
+    empty.init_fn = NULL;
+    ck_assert_int_eq(keel_session_manager_new(&mc, &sm), KEEL_OK);
+    ck_assert_int_eq(keel_session_manager_prepare(sm, 0, &restored),
+                     KEEL_ESTATE);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(),
+                                 "ready for local_init: w"));
+    keel_session_manager_free(sm);
+    empty.local_init = NULL;
+    empty.ready_for_local_init = NULL;
+    ck_assert_int_eq(keel_session_manager_new(&mc, &sm), KEEL_OK);
+    ck_assert_int_eq(keel_session_manager_prepare(sm, 0, &restored),
+                     KEEL_ESTATE);      // only init_fn would be... none
+    keel_session_manager_free(sm);
+    empty.init_fn = mark_ready_init_fn_fails_nothing;
+    ck_assert_int_eq(keel_session_manager_new(&mc, &sm), KEEL_OK);
+    ck_assert_int_eq(keel_session_manager_prepare(sm, 0, &restored),
+                     KEEL_ESTATE);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(),
+                                 "did not make model ready: 1 not "
+                                 "initialized: w"));
+    keel_session_manager_free(sm);
+    mc.scaffold = NULL;
+    ck_assert_int_eq(keel_session_manager_new(&mc, &sm), KEEL_OK);
+    ck_assert_int_eq(keel_session_manager_prepare(sm, 0, &restored),
+                     KEEL_OK);
+    ck_assert_int_eq(restored, 0);
+    keel_session_manager_free(sm);
+}
+END_TEST
+
+static void *
+init_later(void *arg)
+{
+    keel_session_manager *sm = arg;
+    usleep(20000);          // the chief is "slow"; the waiter must not poll
+    keel_vars_set_all_initialized(vs, 1);
+    keel_session_manager_notify(sm);
+    return NULL;
+}
+
+START_TEST(test_worker_wait_wakes_on_notify_and_times_out)
+{
+    keel_session_manager_config mc = { .vars = vs, .recovery_wait_ms = 60000 };
+    keel_session_manager *sm;
+    pthread_t t;
+    int64_t t0;
+    ck_assert_int_eq(keel_session_manager_new(&mc, &sm), KEEL_OK);
+    t0 = tu_now_ms();
+    ck_assert_int_eq(keel_session_manager_wait(sm, 0.1), KEEL_ETIMEOUT);
+    ck_assert_int_lt(tu_now_ms() - t0, 2000);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "w"));
+    t0 = tu_now_ms();
+    ck_assert_int_eq(pthread_create(&t, NULL, init_later, sm), 0);
+    ck_assert_int_eq(keel_session_manager_wait(sm, 30), KEEL_OK);
+    ck_assert_int_lt(tu_now_ms() - t0, 2000);   // far below the 60 s retry
+    pthread_join(t, NULL);
+    keel_session_manager_cancel(sm);
+    keel_vars_set_all_initialized(vs, 0);
+    ck_assert_int_eq(keel_session_manager_wait(sm, 30), KEEL_ECANCELLED);
+    keel_session_manager_free(sm);
+}
+END_TEST
+
+/* ---- coordinator ---------------------------------------------------------------- */
+
+static keel_status
+wait_stop(void *arg, keel_coord *c)
+{
+    (void)arg;
+    keel_coord_wait_for_stop(c, -1);
+    return KEEL_OK;
+}
+
+static volatile int release_stubborn;
+
+static keel_status
+stubborn(void *arg, keel_coord *c)
+{
+    (void)arg;
+    (void)c;
+    while (!release_stubborn)
+        usleep(1000);
+    return KEEL_OK;
+}
+
+static keel_status
+failing(void *arg, keel_coord *c)
+{
+    (void)arg;
+    (void)c;
+    return keel_error_set(KEEL_EPEER, "peer 3 went away");
+}
+
+static int looper_calls;
+
+static keel_status
+loop_fn(void *arg)
+{
+    (void)arg;
+    looper_calls++;
+    return KEEL_OK;
+}
+
+START_TEST(test_coordinator_wakes_waiters_on_stop_and_join_honours_grace)
+{
+    keel_coord *c;
+    int64_t t0;
+    char msg[128];
+    ck_assert_int_eq(keel_coord_new(&c), KEEL_OK);
+    ck_assert_int_eq(keel_coord_start_thread(c, "waiter", wait_stop, NULL),
+                     KEEL_OK);
+    looper_calls = 0;
+    ck_assert_int_eq(keel_coord_start_looper(c, "loop", 3600000, loop_fn,
+                                             NULL), KEEL_OK);
+    ck_assert(!keel_coord_wait_for_stop(c, 10));
+    t0 = tu_now_ms();
+    keel_coord_request_stop(c, KEEL_OK, "test");
+    ck_assert_int_eq(keel_coord_join(c, 5000, 0), KEEL_OK);
+    ck_assert_int_lt(tu_now_ms() - t0, 1000);   // woke at once
+    ck_assert_int_eq(looper_calls, 1);          // first call immediate
+    keel_coord_clear_stop(c);
+    release_stubborn = 0;
+    ck_assert_int_eq(keel_coord_start_thread(c, "stubborn", stubborn, NULL),
+                     KEEL_OK);
+    keel_coord_request_stop(c, KEEL_OK, NULL);
+    t0 = tu_now_ms();
+    ck_assert_int_eq(keel_coord_join(c, 100, 0), KEEL_ETIMEOUT);
+    ck_assert_int_ge(tu_now_ms() - t0, 90);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "stubborn"));
+    release_stubborn = 1;
+    keel_coord_clear_stop(c);
+    ck_assert_int_eq(keel_coord_start_thread(c, "bad", failing, NULL),
+                     KEEL_OK);
+    keel_coord_request_stop(c, KEEL_EIO, "second error");   // may race
+    ck_assert(keel_coord_wait_for_stop(c, 5000));
+    ck_assert_int_ne(keel_coord_join(c, 1000, 0), KEEL_OK);
+    ck_assert_int_ne(keel_coord_error(c, msg, sizeof msg), KEEL_OK);
+    keel_coord_free(c);
+}
+END_TEST
+
+START_TEST(test_coordinator_keeps_first_error_only)
+{
+    keel_coord *c;
+    char msg[128];
+    ck_assert_int_eq(keel_coord_new(&c), KEEL_OK);
+    keel_coord_request_stop(c, KEEL_EPEER, "first");
+    keel_coord_request_stop(c, KEEL_EIO, "second");
+    ck_assert_int_eq(keel_coord_error(c, msg, sizeof msg), KEEL_EPEER);
+    ck_assert_str_eq(msg, "first");
+    ck_assert_int_eq(keel_coord_join(c, 10, 0), KEEL_EPEER);
+    keel_coord_free(c);
+}
+END_TEST
+
+/* ---- MonitoredTrainingSession and Supervisor ------------------------------------- */
+
+START_TEST(test_training_session_rejects_both_secs_and_steps)
+{
+    keel_training_config tc;
+    keel_session *s;
+    script sc = { 0 };
+    keel_training_config_init(&tc);
+    tc.session.vars = vs;
+    tc.session.step = scripted_step;
+    tc.session.step_ctx = &sc;
+    tc.checkpoint_dir = tu_dir;
+    tc.save_checkpoint_secs = 10;
+    tc.save_checkpoint_steps = 10;
+    ck_assert_int_eq(keel_training_session_new(&tc, &s), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "save_checkpoint"));
+    ck_assert_ptr_null(s);
+}
+END_TEST
+
+START_TEST(test_training_session_hook_order_chief_and_worker)
+{
+    keel_training_config tc;
+    keel_session *s;
+    script sc = { 0 };
+    rec ch = { "C", 0 }, us = { "U", 0 };
+    keel_hook chief = rec_hook(&ch), user = rec_hook(&us);
+    fake_on_save = on_save;
+    keel_training_config_init(&tc);
+    tc.session.vars = vs;
+    tc.session.step = scripted_step;
+    tc.session.step_ctx = &sc;
+    tc.session.hooks = &user;
+    tc.session.n_hooks = 1;
+    tc.chief_only_hooks = &chief;
+    tc.n_chief_only_hooks = 1;
+    tc.checkpoint_dir = tu_dir;
+    tc.save_summaries_steps = 0;
+    ck_assert_int_eq(keel_training_session_new(&tc, &s), KEEL_OK);
+    ck_assert_int_eq(keel_session_run(s, NULL), KEEL_OK);
+    keel_session_free(s);
+    /* chief-only first, the checkpoint hook (S0), then user hooks; the
+     * default 600 s timer does not trigger again; final save at end. */
+    ck_assert_str_eq(ev, "b:C b:U c:C S0 c:U r:C r:U s0 a:C1 a:U1 "
+                         "e:C:clean S1 e:U:clean ");
+    ev[0] = '\0';
+    fake_install();
+    keel_vars_set_all_initialized(vs, 1);  // the chief made it ready
+    tc.is_chief = 0;
+    ck_assert_int_eq(keel_training_session_new(&tc, &s), KEEL_OK);
+    keel_session_free(s);
+    ck_assert_str_eq(ev, "b:U c:U e:U:clean ");
+    ck_assert_int_eq(fake.n_saves, 0);
+}
+END_TEST
+
+START_TEST(test_supervisor_checkpoints_at_start_and_at_stop)
+{
+    keel_supervisor_config cfg;
+    keel_supervisor *sv;
+    script sc = { 0 };
+    keel_supervisor_config_init(&cfg);
+    cfg.vars = vs;
+    cfg.step = scripted_step;
+    cfg.step_ctx = &sc;
+    cfg.logdir = tu_dir;
+    ck_assert_int_eq(keel_supervisor_new(&cfg, &sv), KEEL_OK);
+    ck_assert_int_eq(keel_supervisor_run_step(sv, NULL), KEEL_ESTATE);
+    ck_assert_int_eq(keel_supervisor_prepare_or_wait(sv, 1), KEEL_OK);
+    ck_assert_int_eq(keel_supervisor_loop(sv, 5), KEEL_OK);
+    ck_assert(keel_supervisor_should_stop(sv));
+    ck_assert_int_eq(fake.n_saves, 2);
+    ck_assert_int_eq(fake.steps[0], 0);
+    ck_assert_int_eq(fake.steps[1], 5);
+    keel_supervisor_free(sv);
+}
+END_TEST
+
+static Suite *
+session_suite(void)
+{
+    Suite *s = suite_create("session");
+    TCase *tc = tcase_create("session");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 20);
+    tcase_add_test(tc, test_clean_run_calls_hooks_in_order_and_end_clean);
+    tcase_add_test(tc, test_hook_stop_request_lets_all_hooks_see_after_run_then_refuses);
+    tcase_add_test(tc, test_step_error_skips_after_run_and_ends_with_error);
+    tcase_add_test(tc, test_recoverable_error_recreates_session_and_retries_same_step);
+    tcase_add_test(tc, test_recovery_is_bounded_and_singular_does_not_recover);
+    tcase_add_test(tc, test_end_of_input_ends_with_out_of_range);
+    tcase_add_test(tc, test_sigterm_stops_at_step_boundary_and_saves_final_checkpoint);
+    tcase_add_test(tc, test_requested_value_the_step_never_sets_fails_naming_it);
+    tcase_add_test(tc, test_nan_hook_fails_or_stops_and_inf_is_optional);
+    tcase_add_test(tc, test_feed_fn_supplies_batch_and_its_end_of_input_ends_cleanly);
+    tcase_add_test(tc, test_run_without_hooks_skips_hooks_but_updates);
+    tcase_add_test(tc, test_timer_trigger_semantics_with_injected_clock);
+    tcase_add_test(tc, test_stop_at_step_num_steps_is_relative_last_step_absolute);
+    tcase_add_test(tc, test_ckpt_hook_saves_at_creation_every_n_and_end_never_twice);
+    tcase_add_test(tc, test_ckpt_listener_can_stop_training_and_error_skips_final_save);
+    tcase_add_test(tc, test_meta_blobs_saved_and_handed_back_after_restore);
+    tcase_add_test(tc, test_prepare_errors_match_tf_conditions);
+    tcase_add_test(tc, test_worker_wait_wakes_on_notify_and_times_out);
+    tcase_add_test(tc, test_coordinator_wakes_waiters_on_stop_and_join_honours_grace);
+    tcase_add_test(tc, test_coordinator_keeps_first_error_only);
+    tcase_add_test(tc, test_training_session_rejects_both_secs_and_steps);
+    tcase_add_test(tc, test_training_session_hook_order_chief_and_worker);
+    tcase_add_test(tc, test_supervisor_checkpoints_at_start_and_at_stop);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+KEEL_TEST_MAIN(session_suite)

@@ -1,0 +1,148 @@
+/* it_sigterm.c - preemption safety end to end: SIGTERM to a training child
+ * (tests/session_child: MonitoredTrainingSession, real HDF5 checkpoints)
+ * in mid-run leaves a checkpoint at the step it stopped on and exit status
+ * 0; a rerun resumes from that step and data position. The test learns the
+ * child is mid-run from a line on its stdout pipe, never from a sleep. */
+#include <config.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <keel/keel.h>
+#include "testutil.h"
+
+static pid_t child = -1;
+static int out_fd = -1;
+static char buf[8192];
+static size_t buf_len;
+
+static void
+start_child(const char *dir, const char *last_step, const char *min_steps)
+{
+    int p[2];
+    ck_assert_int_eq(pipe(p), 0);
+    child = fork();
+    ck_assert_int_ge(child, 0);
+    if (child == 0) {
+        const char *exe = tu_build_path("tests/session_child");
+        int devnull = open("/dev/null", O_WRONLY);
+        dup2(p[1], 1);
+        if (devnull >= 0)
+            dup2(devnull, 2);
+        close(p[0]);
+        close(p[1]);
+        execl(exe, exe, dir, last_step, min_steps, (char *)NULL);
+        _exit(127);
+    }
+    close(p[1]);
+    out_fd = p[0];
+    buf_len = 0;
+    buf[0] = '\0';
+}
+
+/* Read the child's stdout until it contains want or deadline_ms passes. */
+static int
+wait_for_output(const char *want, int deadline_ms)
+{
+    int64_t deadline = tu_now_ms() + deadline_ms;
+    while (strstr(buf, want) == NULL) {
+        struct pollfd pfd = { out_fd, POLLIN, 0 };
+        int64_t left = deadline - tu_now_ms();
+        ssize_t n;
+        if (left <= 0)
+            return 0;
+        if (poll(&pfd, 1, (int)left) <= 0)
+            continue;
+        n = read(out_fd, buf + buf_len, sizeof buf - 1 - buf_len);
+        if (n <= 0)
+            return strstr(buf, want) != NULL;
+        buf_len += (size_t)n;
+        buf[buf_len] = '\0';
+    }
+    return 1;
+}
+
+static int
+finish_child(void)
+{
+    int rc;
+    wait_for_output("final_step", 20000);
+    rc = tu_wait(child, 20000);
+    close(out_fd);
+    out_fd = -1;
+    if (rc >= 0)
+        child = -1;
+    return rc;
+}
+
+static long long
+field(const char *key)
+{
+    const char *p = strstr(buf, key);
+    ck_assert_msg(p != NULL, "no '%s' in child output: %s", key, buf);
+    return strtoll(p + strlen(key), NULL, 10);
+}
+
+static void
+teardown(void)
+{
+    if (child > 0) {
+        kill(child, SIGKILL);
+        waitpid(child, NULL, 0);
+        child = -1;
+    }
+    if (out_fd >= 0)
+        close(out_fd);
+    out_fd = -1;
+    tu_teardown();
+}
+
+START_TEST(test_sigterm_mid_run_checkpoints_current_step_exits_0_and_resumes)
+{
+    char path[4096], last[32];
+    int64_t step = -1;
+    long long stopped, resumed;
+    start_child(tu_dir, "1000000000", "200");
+    ck_assert_msg(wait_for_output("running", 20000), "child never ran: %s",
+                  buf);
+    ck_assert_int_eq(kill(child, SIGTERM), 0);
+    ck_assert_int_eq(finish_child(), 0);
+    ck_assert_ptr_nonnull(strstr(buf, "reason signal"));
+    stopped = field("final_step ");
+    ck_assert_int_ge(stopped, 200);
+    ck_assert_int_lt(stopped, 1000000000LL);
+    ck_assert_int_eq(keel_ckpt_latest(tu_dir, NULL, path, sizeof path,
+                                      &step), KEEL_OK);
+    ck_assert_int_eq(step, stopped);        // the current step, not older
+
+    snprintf(last, sizeof last, "%lld", stopped + 5);
+    start_child(tu_dir, last, "1");
+    ck_assert_int_eq(finish_child(), 0);
+    resumed = field("start_step ");
+    ck_assert_int_eq(resumed, stopped);
+    ck_assert_int_eq(field("position "), stopped);  // data iterator blob
+    ck_assert_int_eq(field("final_step "), stopped + 5);
+}
+END_TEST
+
+static Suite *
+sigterm_suite(void)
+{
+    Suite *s = suite_create("it_sigterm");
+    TCase *tc = tcase_create("sigterm");
+    tcase_add_checked_fixture(tc, tu_setup, teardown);
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc,
+        test_sigterm_mid_run_checkpoints_current_step_exits_0_and_resumes);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+KEEL_TEST_MAIN(sigterm_suite)
