@@ -19,6 +19,7 @@ tests_check_core_LDADD = $(TEST_LIBS)
 check_PROGRAMS += tests/check_train
 TESTS += tests/check_train
 tests_check_train_SOURCES = tests/check_train.c
+tests_check_train_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/train
 tests_check_train_CFLAGS = $(TEST_CFLAGS) $(HDF5_CFLAGS) $(ZLIB_CFLAGS)
 tests_check_train_LDADD = $(TEST_LIBS) $(HDF5_LIBS) $(ZLIB_LIBS)
 endif
