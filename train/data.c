@@ -19,6 +19,8 @@
 #include "util.h"
 #include "train_int.h"
 
+KEEL__VECTORIZE_FILE
+
 #define IDX_MAX_BYTES ((size_t)4 << 30)   /* 4 GiB uncompressed */
 #define MAX_SIDE 65536
 
@@ -30,15 +32,6 @@ struct keel_dataset {
     float *xf;             /* or floats */
     int32_t *y;
 };
-
-static float u8_lut[256];
-
-static void
-init_lut(void)
-{
-    for (int i = 0; i < 256; i++)
-        u8_lut[i] = (float)i / 255.0f;   /* like numpy's x/np.float32(255) */
-}
 
 void
 keel_dataset_free(keel_dataset *ds)
@@ -75,13 +68,18 @@ keel_dataset_example_size(const keel_dataset *ds)
     return ds != NULL ? ds->esize : 0;
 }
 
+static KEEL__HOT void
+u8_to_float(const uint8_t *restrict p, float *restrict x, size_t n)
+{
+    for (size_t j = 0; j < n; j++)
+        x[j] = (float)p[j] / 255.0f;     /* like numpy's x/np.float32(255) */
+}
+
 static void
 copy_example(const keel_dataset *ds, size_t i, float *x)
 {
     if (ds->x8 != NULL) {
-        const uint8_t *p = ds->x8 + i * ds->esize;
-        for (size_t j = 0; j < ds->esize; j++)
-            x[j] = u8_lut[p[j]];
+        u8_to_float(ds->x8 + i * ds->esize, x, ds->esize);
     } else {
         memcpy(x, ds->xf + i * ds->esize, ds->esize * sizeof *x);
     }
@@ -196,7 +194,6 @@ keel_dataset_open_idx(const char *images_path, const char *labels_path,
     if (num_classes < 2 || num_classes > 256)
         return keel__fail(KEEL_EINVAL, "dataset: IDX num_classes %d outside "
                           "2..256", num_classes);
-    init_lut();
     if ((st = read_maybe_gz(images_path, "IDX images", &img, &ilen)) !=
         KEEL_OK)
         return st;
@@ -437,7 +434,6 @@ keel_dataset_open_h5(const char *path, int num_classes, keel_dataset **out)
                           num_classes);
     if (access(path, R_OK) != 0)
         return open_fail(path, "HDF5 data");
-    init_lut();
     ds = calloc(1, sizeof *ds);
     if (ds == NULL)
         return keel__fail(KEEL_ENOMEM, "dataset %s", path);

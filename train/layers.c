@@ -13,6 +13,8 @@
 #include "util.h"
 #include "train_int.h"
 
+KEEL__VECTORIZE_FILE
+
 int keel__prof_on;
 keel_train_profile keel__prof;
 
@@ -137,13 +139,33 @@ keel__sgemm(int trans_a, int trans_b, size_t m, size_t n, size_t k,
 
 /* ---- activations ------------------------------------------------------------ */
 
+static KEEL__HOT void
+relu_inplace(float *restrict y, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        y[i] = y[i] > 0.0f ? y[i] : 0.0f;
+}
+
+static KEEL__HOT void
+relu_grad(const float *restrict y, float *restrict dy, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dy[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+}
+
+static KEEL__HOT void
+tanh_grad(const float *restrict y, float *restrict dy, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dy[i] *= 1.0f - y[i] * y[i];
+}
+
 void
 keel__act_forward(keel_activation a, float *y, size_t count)
 {
     KEEL__PROF_BEGIN();
     if (a == KEEL_ACT_RELU) {
-        for (size_t i = 0; i < count; i++)
-            y[i] = y[i] > 0.0f ? y[i] : 0.0f;
+        relu_inplace(y, count);
     } else if (a == KEEL_ACT_TANH) {
         for (size_t i = 0; i < count; i++)
             y[i] = tanhf(y[i]);
@@ -156,14 +178,27 @@ keel__act_backward(keel_activation a, const float *y, float *dy,
                    size_t count)
 {
     KEEL__PROF_BEGIN();
-    if (a == KEEL_ACT_RELU) {
-        for (size_t i = 0; i < count; i++)
-            dy[i] = y[i] > 0.0f ? dy[i] : 0.0f;
-    } else if (a == KEEL_ACT_TANH) {
-        for (size_t i = 0; i < count; i++)
-            dy[i] *= 1.0f - y[i] * y[i];
-    }
+    if (a == KEEL_ACT_RELU)
+        relu_grad(y, dy, count);
+    else if (a == KEEL_ACT_TANH)
+        tanh_grad(y, dy, count);
     KEEL__PROF_END(elementwise_ns);
+}
+
+static KEEL__HOT void
+bias_relu_row(float *restrict row, const float *restrict b, size_t cols)
+{
+    for (size_t c = 0; c < cols; c++) {
+        float v = row[c] + b[c];
+        row[c] = v > 0.0f ? v : 0.0f;
+    }
+}
+
+static KEEL__HOT void
+bias_row(float *restrict row, const float *restrict b, size_t cols)
+{
+    for (size_t c = 0; c < cols; c++)
+        row[c] += b[c];
 }
 
 void
@@ -174,32 +209,40 @@ keel__bias_act_forward(keel_activation a, float *y, size_t rows, size_t cols,
     for (size_t r = 0; r < rows; r++) {
         float *row = y + r * cols;
         if (a == KEEL_ACT_RELU) {
-            for (size_t c = 0; c < cols; c++) {
-                float v = row[c] + b[c];
-                row[c] = v > 0.0f ? v : 0.0f;
-            }
+            bias_relu_row(row, b, cols);
         } else if (a == KEEL_ACT_TANH) {
             for (size_t c = 0; c < cols; c++)
                 row[c] = tanhf(row[c] + b[c]);
         } else {
-            for (size_t c = 0; c < cols; c++)
-                row[c] += b[c];
+            bias_row(row, b, cols);
         }
     }
     KEEL__PROF_END(elementwise_ns);
 }
 
+static KEEL__HOT void
+add_row(float *restrict acc, const float *restrict row, size_t cols)
+{
+    for (size_t c = 0; c < cols; c++)
+        acc[c] += row[c];
+}
+
 /* Column sums of dy[rows,cols] into db (overwritten), fixed order. */
-static void
-col_sums(const float *dy, size_t rows, size_t cols, float *db)
+void
+keel__col_sums(const float *dy, size_t rows, size_t cols, float *db)
 {
     KEEL__PROF_BEGIN();
     memset(db, 0, cols * sizeof *db);
-    for (size_t r = 0; r < rows; r++) {
-        const float *row = dy + r * cols;
-        for (size_t c = 0; c < cols; c++)
-            db[c] += row[c];
-    }
+    for (size_t r = 0; r < rows; r++)
+        add_row(db, dy + r * cols, cols);
+    KEEL__PROF_END(elementwise_ns);
+}
+
+void
+keel__add_into(float *dst, const float *src, size_t count)
+{
+    KEEL__PROF_BEGIN();
+    add_row(dst, src, count);
     KEEL__PROF_END(elementwise_ns);
 }
 
@@ -221,7 +264,7 @@ keel__dense_backward(const float *x, const float *dy, size_t n, size_t in,
 {
     keel__sgemm(1, 0, in, out, n, 1.0f, x, in, dy, out, 0.0f, dw, out);
     if (db != NULL)
-        col_sums(dy, n, out, db);
+        keel__col_sums(dy, n, out, db);
     if (dx != NULL)
         keel__sgemm(0, 1, n, in, out, 1.0f, dy, out, w, out, 0.0f, dx, in);
 }
@@ -361,7 +404,7 @@ keel__conv_backward(const keel__conv_geom *g, const float *x, size_t n,
     keel__sgemm(1, 0, k, g->cout, m, 1.0f, col, k, dy, g->cout, 0.0f, dw,
                 g->cout);
     if (db != NULL)
-        col_sums(dy, m, g->cout, db);
+        keel__col_sums(dy, m, g->cout, db);
     if (dx != NULL) {
         /* dcol = dy W^T into the col workspace, then scatter-add */
         keel__sgemm(0, 1, m, k, g->cout, 1.0f, dy, g->cout, w, g->cout, 0.0f,
@@ -385,12 +428,54 @@ keel__pool_geom_init(keel__pool_geom *g)
     return KEEL_OK;
 }
 
+/* 2x2 window, one output pixel, all channels: branch-free max and index
+ * (ties keep the earliest position, in row-major window order). */
+static KEEL__HOT void
+pool2_pixel(const float *restrict p00, size_t c, size_t rowstride,
+            int32_t first, float *restrict y, int32_t *restrict arg)
+{
+    const float *p01 = p00 + c, *p10 = p00 + rowstride;
+    const float *p11 = p10 + c;
+    int32_t o01 = (int32_t)c, o10 = (int32_t)rowstride;
+    int32_t o11 = (int32_t)(rowstride + c);
+    for (size_t ch = 0; ch < c; ch++) {
+        float m = p00[ch], v;
+        int32_t a = 0;
+        v = p01[ch];
+        a = v > m ? o01 : a;
+        m = v > m ? v : m;
+        v = p10[ch];
+        a = v > m ? o10 : a;
+        m = v > m ? v : m;
+        v = p11[ch];
+        a = v > m ? o11 : a;
+        m = v > m ? v : m;
+        y[ch] = m;
+        arg[ch] = first + (int32_t)ch + a;
+    }
+}
+
 void
 keel__pool_forward(const keel__pool_geom *g, const float *x, size_t n,
                    float *y, int32_t *arg)
 {
     KEEL__PROF_BEGIN();
     size_t c = g->c;
+    if (g->k == 2 && g->s == 2) {
+        for (size_t e = 0; e < n; e++) {
+            size_t xbase = e * g->h * g->w * c;
+            for (size_t oy = 0; oy < g->oh; oy++)
+                for (size_t ox = 0; ox < g->ow; ox++) {
+                    size_t first = xbase + (oy * 2 * g->w + ox * 2) * c;
+                    pool2_pixel(x + first, c, g->w * c, (int32_t)first, y,
+                                arg);
+                    y += c;
+                    arg += c;
+                }
+        }
+        KEEL__PROF_END(elementwise_ns);
+        return;
+    }
     for (size_t e = 0; e < n; e++) {
         size_t xbase = e * g->h * g->w * c;
         for (size_t oy = 0; oy < g->oh; oy++) {

@@ -26,6 +26,9 @@ typedef struct layer {
     int32_t *arg;                 /* pool argmax */
     float *col;                   /* conv im2col workspace */
     float *dw, *db;               /* this call's gradient */
+    int fused;                    /* conv followed by max-pool: bias and
+                                   * activation are applied after the pool
+                                   * (max commutes with both), 4x less work */
 } layer;
 
 struct keel_model {
@@ -350,6 +353,7 @@ keel_model_new(const keel_model_config *cfg, keel_vars *vs, keel_model **out)
                 goto fail;
             h = m->l[m->nl - 1].pg.oh;
             w = m->l[m->nl - 1].pg.ow;
+            m->l[m->nl - 2].fused = 1;
         }
         flat = h * w * c;
         memset(&p, 0, sizeof p);
@@ -460,22 +464,20 @@ forward(keel_model *m, const float *x, size_t n)
         } else if (L->kind == L_CONV) {
             keel__conv_forward(&L->cg, in, n, keel_var_tensor(L->w)->data,
                                NULL, L->col, L->y);
-            keel__bias_act_forward(L->act, L->y, n * L->cg.oh * L->cg.ow,
-                                   L->cg.cout, keel_var_tensor(L->b)->data);
+            if (!L->fused)
+                keel__bias_act_forward(L->act, L->y,
+                                       n * L->cg.oh * L->cg.ow, L->cg.cout,
+                                       keel_var_tensor(L->b)->data);
         } else {
+            layer *P = i > 0 ? &m->l[i - 1] : NULL;
             keel__pool_forward(&L->pg, in, n, L->y, L->arg);
+            if (P != NULL && P->fused)
+                keel__bias_act_forward(P->act, L->y,
+                                       n * L->pg.oh * L->pg.ow, L->pg.c,
+                                       keel_var_tensor(P->b)->data);
         }
         in = L->y;
     }
-}
-
-static void
-add_into(float *dst, const float *src, size_t count)
-{
-    KEEL__PROF_BEGIN();
-    for (size_t i = 0; i < count; i++)
-        dst[i] += src[i];
-    KEEL__PROF_END(elementwise_ns);
 }
 
 keel_status
@@ -515,8 +517,14 @@ keel_model_step(keel_model *m, keel_vars *vs, const keel_batch *batch,
         layer *L = &m->l[i];
         const float *in = i > 0 ? m->l[i - 1].y : batch->x;
         float *dx = i > 0 ? m->l[i - 1].dy : NULL;
-        if (L->act != KEEL_ACT_NONE)
+        layer *P = i > 0 ? &m->l[i - 1] : NULL;
+        if (L->act != KEEL_ACT_NONE && !L->fused)
             keel__act_backward(L->act, L->y, L->dy, n * L->out_size);
+        if (L->kind == L_POOL && P != NULL && P->fused) {
+            /* the conv's activation and bias live on the pooled output */
+            keel__act_backward(P->act, L->y, L->dy, n * L->out_size);
+            keel__col_sums(L->dy, n * L->pg.oh * L->pg.ow, L->pg.c, P->db);
+        }
         if (L->kind == L_DENSE)
             keel__dense_backward(in, L->dy, n, L->din, L->dout,
                                  keel_var_tensor(L->w)->data, L->dw, L->db,
@@ -524,7 +532,7 @@ keel_model_step(keel_model *m, keel_vars *vs, const keel_batch *batch,
         else if (L->kind == L_CONV)
             keel__conv_backward(&L->cg, in, n, L->dy,
                                 keel_var_tensor(L->w)->data, L->col, 1,
-                                L->dw, L->db, dx);
+                                L->dw, L->fused ? NULL : L->db, dx);
         else
             keel__pool_backward(&L->pg, L->dy, n, L->arg, dx);
     }
@@ -535,8 +543,8 @@ keel_model_step(keel_model *m, keel_vars *vs, const keel_batch *batch,
             continue;
         gw = keel_grads_at(grads, keel_var_index(L->w));
         gb = keel_grads_at(grads, keel_var_index(L->b));
-        add_into(gw->data, L->dw, gw->count);
-        add_into(gb->data, L->db, gb->count);
+        keel__add_into(gw->data, L->dw, gw->count);
+        keel__add_into(gb->data, L->db, gb->count);
     }
     if (stats != NULL) {
         stats->loss_sum = loss;

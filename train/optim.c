@@ -13,6 +13,8 @@
 #include "util.h"
 #include "train_int.h"
 
+KEEL__VECTORIZE_FILE
+
 struct keel_optimizer {
     keel_optimizer_config cfg;
 };
@@ -348,6 +350,72 @@ need_slot(keel_var *v, const char *slot, float **out)
     return KEEL_OK;
 }
 
+/* The update kernels (float32, elementwise, no FMA contraction). */
+
+static KEEL__HOT void
+sgd_update(float *restrict x, const float *restrict g, size_t n, float lr)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] -= lr * g[i];
+}
+
+/* TF ApplyMomentum == PyTorch SGD(momentum, dampening 0):
+ * a = mu a + g; x -= lr a   (Nesterov: x -= lr (g + mu a)) */
+static KEEL__HOT void
+momentum_update(float *restrict x, float *restrict a, const float *restrict g,
+                size_t n, float lr, float mu, int nesterov)
+{
+    if (nesterov)
+        for (size_t i = 0; i < n; i++) {
+            a[i] = mu * a[i] + g[i];
+            x[i] -= lr * (g[i] + mu * a[i]);
+        }
+    else
+        for (size_t i = 0; i < n; i++) {
+            a[i] = mu * a[i] + g[i];
+            x[i] -= lr * a[i];
+        }
+}
+
+/* Keras Adagrad: a += g^2; x -= lr g / (sqrt(a) + eps) */
+static KEEL__HOT void
+adagrad_update(float *restrict x, float *restrict a, const float *restrict g,
+               size_t n, float lr, float eps)
+{
+    for (size_t i = 0; i < n; i++) {
+        a[i] += g[i] * g[i];
+        x[i] -= lr * g[i] / (sqrtf(a[i]) + eps);
+    }
+}
+
+/* TF1 ApplyAdam: t = step + 1, lr_t = lr sqrt(1 - b2^t) / (1 - b1^t),
+ * m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; x -= lr_t m / (sqrt(v) + eps) */
+static KEEL__HOT void
+adam_update(float *restrict x, float *restrict m, float *restrict v,
+            const float *restrict g, size_t n, float lr_t, float b1,
+            float b2, float eps)
+{
+    for (size_t i = 0; i < n; i++) {
+        m[i] = b1 * m[i] + (1.0f - b1) * g[i];
+        v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
+        x[i] -= lr_t * m[i] / (sqrtf(v[i]) + eps);
+    }
+}
+
+/* TF1 ApplyRMSProp: ms = rho ms + (1-rho) g^2;
+ * mom = mu mom + lr g / sqrt(ms + eps); x -= mom */
+static KEEL__HOT void
+rmsprop_update(float *restrict x, float *restrict ms, float *restrict mom,
+               const float *restrict g, size_t n, float lr, float rho,
+               float mu, float eps)
+{
+    for (size_t i = 0; i < n; i++) {
+        ms[i] = rho * ms[i] + (1.0f - rho) * g[i] * g[i];
+        mom[i] = mu * mom[i] + lr * g[i] / sqrtf(ms[i] + eps);
+        x[i] -= mom[i];
+    }
+}
+
 keel_status
 keel_optimizer_apply_var(keel_optimizer *o, keel_var *v,
                          const keel_tensor *grad, int64_t global_step)
@@ -377,74 +445,38 @@ keel_optimizer_apply_var(keel_optimizer *o, keel_var *v,
     KEEL__PROF_BEGIN();
     switch (c->kind) {
     case KEEL_OPT_SGD:
-        for (size_t i = 0; i < n; i++)
-            x[i] -= lr * g[i];
+        sgd_update(x, g, n, lr);
         break;
-    case KEEL_OPT_MOMENTUM: {
-        /* TF ApplyMomentum == PyTorch SGD(momentum, dampening 0):
-         * a = mu a + g; x -= lr a   (Nesterov: x -= lr (g + mu a)) */
-        float mu = (float)c->momentum;
+    case KEEL_OPT_MOMENTUM:
         if ((st = need_slot(v, "momentum", &s1)) != KEEL_OK)
             break;
-        if (c->use_nesterov)
-            for (size_t i = 0; i < n; i++) {
-                s1[i] = mu * s1[i] + g[i];
-                x[i] -= lr * (g[i] + mu * s1[i]);
-            }
-        else
-            for (size_t i = 0; i < n; i++) {
-                s1[i] = mu * s1[i] + g[i];
-                x[i] -= lr * s1[i];
-            }
+        momentum_update(x, s1, g, n, lr, (float)c->momentum,
+                        c->use_nesterov);
         break;
-    }
-    case KEEL_OPT_ADAGRAD: {
-        /* Keras Adagrad: a += g^2; x -= lr g / (sqrt(a) + eps) */
-        float eps = (float)c->epsilon;
+    case KEEL_OPT_ADAGRAD:
         if ((st = need_slot(v, "accumulator", &s1)) != KEEL_OK)
             break;
-        for (size_t i = 0; i < n; i++) {
-            s1[i] += g[i] * g[i];
-            x[i] -= lr * g[i] / (sqrtf(s1[i]) + eps);
-        }
+        adagrad_update(x, s1, g, n, lr, (float)c->epsilon);
         break;
-    }
     case KEEL_OPT_ADAM: {
-        /* TF1 ApplyAdam: t = step + 1,
-         * lr_t = lr sqrt(1 - b2^t) / (1 - b1^t),
-         * m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
-         * x -= lr_t m / (sqrt(v) + eps) */
         double t = (double)global_step + 1.0;
-        float b1 = (float)c->beta1, b2 = (float)c->beta2;
-        float eps = (float)c->epsilon;
         float lr_t = (float)(keel_lr_at(&c->schedule, global_step) *
                              sqrt(1.0 - pow(c->beta2, t)) /
                              (1.0 - pow(c->beta1, t)));
         if ((st = need_slot(v, "m", &s1)) != KEEL_OK ||
             (st = need_slot(v, "v", &s2)) != KEEL_OK)
             break;
-        for (size_t i = 0; i < n; i++) {
-            s1[i] = b1 * s1[i] + (1.0f - b1) * g[i];
-            s2[i] = b2 * s2[i] + (1.0f - b2) * g[i] * g[i];
-            x[i] -= lr_t * s1[i] / (sqrtf(s2[i]) + eps);
-        }
+        adam_update(x, s1, s2, g, n, lr_t, (float)c->beta1,
+                    (float)c->beta2, (float)c->epsilon);
         break;
     }
-    case KEEL_OPT_RMSPROP: {
-        /* TF1 ApplyRMSProp: ms = rho ms + (1-rho) g^2;
-         * mom = mu mom + lr g / sqrt(ms + eps); x -= mom */
-        float rho = (float)c->rho, mu = (float)c->momentum;
-        float eps = (float)c->epsilon;
+    case KEEL_OPT_RMSPROP:
         if ((st = need_slot(v, "rms", &s1)) != KEEL_OK ||
             (st = need_slot(v, "mom", &s2)) != KEEL_OK)
             break;
-        for (size_t i = 0; i < n; i++) {
-            s1[i] = rho * s1[i] + (1.0f - rho) * g[i] * g[i];
-            s2[i] = mu * s2[i] + lr * g[i] / sqrtf(s1[i] + eps);
-            x[i] -= s2[i];
-        }
+        rmsprop_update(x, s1, s2, g, n, lr, (float)c->rho,
+                       (float)c->momentum, (float)c->epsilon);
         break;
-    }
     }
     KEEL__PROF_END(optimizer_ns);
     return st;

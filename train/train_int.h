@@ -8,6 +8,20 @@
 #include <stdint.h>
 #include <keel/train.h>
 
+/* Hot elementwise loops: vectorized (O3) and cloned for AVX2/AVX-512 with
+ * runtime dispatch. FMA contraction stays off so every clone computes the
+ * same bits as the scalar code. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && \
+    !defined(KEEL_NO_CLONES)
+#define KEEL__HOT \
+    __attribute__((target_clones("avx512f", "avx2", "default")))
+#define KEEL__VECTORIZE_FILE \
+    _Pragma("GCC optimize(\"O3\", \"fp-contract=off\")")
+#else
+#define KEEL__HOT
+#define KEEL__VECTORIZE_FILE
+#endif
+
 /* ---- profiling ---- */
 extern int keel__prof_on;
 extern keel_train_profile keel__prof;
@@ -85,6 +99,10 @@ void keel__pool_backward(const keel__pool_geom *g, const float *dy, size_t n,
 void keel__softmax_xent(const float *logits, const int32_t *y, size_t n,
                         size_t k, float scale, float *dlogits,
                         double *loss_sum, int64_t *correct);
+
+/* db[c] = sum over rows of dy[r,c] (overwritten); dst += src. */
+void keel__col_sums(const float *dy, size_t rows, size_t cols, float *db);
+void keel__add_into(float *dst, const float *src, size_t count);
 
 /* sgemm wrapper (row-major, with profiling). */
 void keel__sgemm(int trans_a, int trans_b, size_t m, size_t n, size_t k,
