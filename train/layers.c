@@ -306,11 +306,51 @@ keel__conv_col_size(const keel__conv_geom *g, size_t n)
     return n * g->oh * g->ow * g->kh * g->kw * g->cin;
 }
 
+static KEEL__HOT void
+copy_floats(float *restrict dst, const float *restrict src, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = src[i];
+}
+
+static KEEL__HOT void
+add_floats(float *restrict dst, const float *restrict src, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] += src[i];
+}
+
+/* 1 if every window lies inside the input (no padding anywhere). */
+static int
+inside(const keel__conv_geom *g)
+{
+    return g->pad_top == 0 && g->pad_left == 0 &&
+           (g->oh - 1) * g->sh + g->kh <= g->h &&
+           (g->ow - 1) * g->sw + g->kw <= g->w;
+}
+
 static void
 im2col(const keel__conv_geom *g, const float *x, size_t n, float *col)
 {
     KEEL__PROF_BEGIN();
     size_t krow = g->kw * g->cin;
+    if (inside(g)) {
+        /* valid padding: every window row is krow contiguous floats */
+        for (size_t e = 0; e < n; e++) {
+            const float *xe = x + e * g->h * g->w * g->cin;
+            for (size_t oy = 0; oy < g->oh; oy++)
+                for (size_t ox = 0; ox < g->ow; ox++) {
+                    const float *src =
+                        xe + (oy * g->sh * g->w + ox * g->sw) * g->cin;
+                    for (size_t ky = 0; ky < g->kh; ky++)
+                        copy_floats(col + ky * krow,
+                                    src + ky * g->w * g->cin, krow);
+                    col += g->kh * krow;
+                }
+        }
+        KEEL__PROF_END(im2col_ns);
+        return;
+    }
     for (size_t e = 0; e < n; e++) {
         const float *xe = x + e * g->h * g->w * g->cin;
         for (size_t oy = 0; oy < g->oh; oy++) {
@@ -353,7 +393,24 @@ static void
 col2im(const keel__conv_geom *g, const float *col, size_t n, float *dx)
 {
     KEEL__PROF_BEGIN();
+    size_t krow = g->kw * g->cin;
     memset(dx, 0, n * g->h * g->w * g->cin * sizeof *dx);
+    if (inside(g)) {
+        for (size_t e = 0; e < n; e++) {
+            float *xe = dx + e * g->h * g->w * g->cin;
+            for (size_t oy = 0; oy < g->oh; oy++)
+                for (size_t ox = 0; ox < g->ow; ox++) {
+                    float *dst =
+                        xe + (oy * g->sh * g->w + ox * g->sw) * g->cin;
+                    for (size_t ky = 0; ky < g->kh; ky++)
+                        add_floats(dst + ky * g->w * g->cin,
+                                   col + ky * krow, krow);
+                    col += g->kh * krow;
+                }
+        }
+        KEEL__PROF_END(im2col_ns);
+        return;
+    }
     for (size_t e = 0; e < n; e++) {
         float *xe = dx + e * g->h * g->w * g->cin;
         for (size_t oy = 0; oy < g->oh; oy++) {
