@@ -16,6 +16,7 @@
 #include <keel/events.h>
 #include <keel/hooks.h>
 #include <keel/session.h>
+#include <keel/train.h>
 
 #ifdef __cplusplus
 extern "C" {

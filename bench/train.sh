@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# bench/train.sh - keel's training throughput beside PyTorch's, in one run:
+# ROUNDS rounds, each running keel's bench/train_bench and then
+# /work/shared/bench/torch_train.py (both thread settings PyTorch likes best)
+# under the same OPENBLAS_CORETYPE, so the noise of this shared machine
+# hits both alike. Prints medians over rounds and keel/PyTorch ratios.
+#   usage: bench/train.sh [throughput|accuracy] [BUILD_DIR]
+#   env:   ROUNDS=3 CORETYPES="SkylakeX Haswell" MODELS=mlp,cnn
+#          BATCHES=64,256 SEG=1.5 EPOCHS=5 BENCH_OUT=./train-bench
+#          PEER=/work/shared/bench (where torch_train.py lives)
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+mode=${1:-throughput}
+build=${2:-$here/../_build}
+ROUNDS=${ROUNDS:-3}
+CORETYPES=${CORETYPES:-"SkylakeX Haswell"}
+MODELS=${MODELS:-mlp,cnn}
+BATCHES=${BATCHES:-64,256}
+SEG=${SEG:-1.5}
+EPOCHS=${EPOCHS:-5}
+PEER=${PEER:-/work/shared/bench}
+OUT=${BENCH_OUT:-$PWD/train-bench}
+PY=/usr/bin/python3
+mkdir -p "$OUT"
+make -s -C "$build" bench/train_bench
+kb="$build/bench/train_bench"
+
+if [ "$mode" = accuracy ]; then
+    # fixed seed, batch 64, test accuracy after every epoch (keel, then
+    # PyTorch's own run of the same protocol)
+    OPENBLAS_NUM_THREADS=1 "$kb" --mode accuracy --models "$MODELS" \
+        --batches 64 --epochs "$EPOCHS" --threads 2 --init torch \
+        | tee "$OUT/keel_acc.jsonl"
+    OPENBLAS_NUM_THREADS=1 $PY "$PEER/torch_train.py" --mode accuracy \
+        --models "$MODELS" --batches 64 --epochs "$EPOCHS" --threads 2 \
+        | tee "$OUT/torch_acc.jsonl"
+    exit 0
+fi
+
+: > "$OUT/keel.jsonl"
+: > "$OUT/torch.jsonl"
+for core in $CORETYPES; do
+    for r in $(seq "$ROUNDS"); do
+        echo "== round $r/$ROUNDS OPENBLAS_CORETYPE=$core" >&2
+        OPENBLAS_CORETYPE=$core "$kb" --mode throughput --models "$MODELS" \
+            --batches "$BATCHES" --threads-list 1,2 --reps 1 \
+            --seg-seconds "$SEG" | sed "s/^{/{\"round\": $r, \"coretype\": \"$core\", /" \
+            >> "$OUT/keel.jsonl"
+        for env in "OMP_WAIT_POLICY=PASSIVE" "OPENBLAS_NUM_THREADS=1"; do
+            env OPENBLAS_CORETYPE="$core" $env $PY "$PEER/torch_train.py" \
+                --mode throughput --models "$MODELS" --batches "$BATCHES" \
+                --reps 1 --seg-seconds "$SEG" \
+                | sed "s/^{/{\"round\": $r, \"coretype\": \"$core\", \"torch_env\": \"$env\", /" \
+                >> "$OUT/torch.jsonl"
+        done
+    done
+done
+
+$PY - "$OUT/keel.jsonl" "$OUT/torch.jsonl" <<'EOF'
+import json, statistics, sys
+from collections import defaultdict
+keel = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+torch = [json.loads(l) for l in open(sys.argv[2]) if l.strip()]
+k = defaultdict(list)       # (core, model, batch, threads) -> [ex/s per round]
+split = {}
+peak = defaultdict(list)
+core_name = {}
+for r in keel:
+    if r["bench"] == "keel_train_tput":
+        k[(r["coretype"], r["model"], r["batch"], r["threads"])].append(r["median"])
+        core_name[r["coretype"]] = r["corename"]
+    elif r["bench"] == "keel_sgemm_peak":
+        peak[(r["coretype"], r["threads"])].append(r["gflops"])
+    elif r["bench"] == "keel_train_split":
+        split[(r["coretype"], r["model"], r["batch"])] = r
+t = defaultdict(list)       # (core, model, batch, env/threads) -> [ex/s]
+for r in torch:
+    if r["bench"] == "torch_train_tput":
+        t[(r["coretype"], r["model"], r["batch"],
+           r["torch_env"] + " threads=%d" % r["threads"])].append(r["median"])
+flops = {"mlp": 1.21e6, "cnn": 14.8e6}
+print("| coretype (keel corename) | model | batch | keel ex/s (threads) | keel GFLOP/s (% of sgemm peak) | PyTorch best ex/s (setting) | keel/PyTorch | rounds |")
+print("|---|---|---|---|---|---|---|---|")
+for (core, model, batch) in sorted({(a, b, c) for (a, b, c, _) in k}):
+    kbest = max(((statistics.median(v), th) for (a, b, c, th), v in k.items()
+                 if (a, b, c) == (core, model, batch)))
+    tbest = max(((statistics.median(v), s) for (a, b, c, s), v in t.items()
+                 if (a, b, c) == (core, model, batch)), default=(float("nan"), "-"))
+    pk = statistics.median(peak[(core, kbest[1])])
+    g = kbest[0] * flops[model] / 1e9
+    n = len(k[(core, model, batch, kbest[1])])
+    print("| %s (%s) | %s | %d | %.0f (%d) | %.0f (%.0f%% of %.0f) | %.0f (%s) | %.2f | %d |" % (
+        core, core_name.get(core, "?"), model, batch, kbest[0], kbest[1], g,
+        100 * g / pk, pk, tbest[0], tbest[1], kbest[0] / tbest[0], n))
+print()
+print("time split of keel's 2-thread run (last round):")
+for key, r in sorted(split.items()):
+    print("  %s %s b%d: gemm %.0f%%, im2col %.0f%%, elementwise %.0f%%, optimizer %.0f%%, data %.0f%%" % (
+        key[0], key[1], key[2], r["gemm_pct"], r["im2col_pct"], r["elementwise_pct"],
+        r["optimizer_pct"], r["data_pct"]))
+print()
+print("all keel figures (min..max over rounds):")
+for key, v in sorted(k.items()):
+    print("  %s %s b%d threads=%d: median %.0f (%.0f..%.0f)" % (key + (statistics.median(v), min(v), max(v))))
+print("all PyTorch figures:")
+for key, v in sorted(t.items()):
+    print("  %s %s b%d %s: median %.0f (%.0f..%.0f)" % (key + (statistics.median(v), min(v), max(v))))
+EOF

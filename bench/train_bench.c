@@ -1,0 +1,389 @@
+/* train_bench.c - keel training throughput and accuracy on real
+ * Fashion-MNIST, the twin of /work/shared/bench/torch_train.py: same models,
+ * optimizers, batch sizes and step counting; prints one JSON object per line
+ * with examples/s, GFLOP/s against an sgemm peak measured in the same run,
+ * the OpenBLAS core name and the time split. Run by bench/train.sh. */
+#include <config.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cblas.h>
+#include <keel/keel.h>
+
+static const char *data_dir = "/usr/share/datasets/fashion-mnist";
+
+static double
+now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void
+die(const char *what)
+{
+    fprintf(stderr, "train_bench: %s: %s\n", what, keel_last_error());
+    exit(1);
+}
+
+static int
+cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double
+median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* sgemm n^3 GFLOP/s, best of reps, with the current thread count. */
+static double
+sgemm_peak(int n, int reps)
+{
+    size_t sz = (size_t)n * (size_t)n;
+    float *a = malloc(sz * 4), *b = malloc(sz * 4), *c = malloc(sz * 4);
+    double best = 0.0;
+    for (size_t i = 0; i < sz; i++) {
+        a[i] = (float)(i % 7) * 0.1f;
+        b[i] = (float)(i % 5) * 0.1f;
+    }
+    for (int r = 0; r < reps + 1; r++) {
+        double t0 = now(), g;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f,
+                    a, n, b, n, 0.0f, c, n);
+        g = 2.0 * n * (double)n * n / (now() - t0) / 1e9;
+        if (r > 0 && g > best)
+            best = g;
+    }
+    free(a);
+    free(b);
+    free(c);
+    return best;
+}
+
+typedef struct run {
+    keel_vars *vs;
+    keel_model *m;
+    keel_grads *g;
+    keel_optimizer *o;
+    keel_data_iter *it;
+    int64_t batch;
+} run;
+
+static void
+run_new(run *r, const char *model, int64_t batch, const keel_dataset *train,
+        keel_init_kind init, uint64_t seed, double lr)
+{
+    keel_model_config mc;
+    keel_optimizer_config oc;
+    keel_data_iter_config ic;
+    keel_model_config_init(&mc);
+    if (keel_model_kind_from_name(model, &mc.kind) != KEEL_OK)
+        die("model");
+    mc.max_batch = batch;
+    mc.init = init;
+    if (keel_vars_new(&r->vs) != KEEL_OK ||
+        keel_model_new(&mc, r->vs, &r->m) != KEEL_OK ||
+        keel_model_init_vars(r->m, r->vs, seed) != KEEL_OK ||
+        keel_grads_new(r->vs, &r->g) != KEEL_OK)
+        die("model setup");
+    /* the PyTorch twin: MLP SGD momentum 0.9 lr 0.01, CNN Adam lr 1e-3 */
+    if (mc.kind == KEEL_MODEL_CNN) {
+        keel_optimizer_config_init(&oc, KEEL_OPT_ADAM);
+        oc.schedule.learning_rate = lr > 0 ? lr : 1e-3;
+        oc.epsilon = 1e-8;
+    } else {
+        keel_optimizer_config_init(&oc, KEEL_OPT_MOMENTUM);
+        oc.schedule.learning_rate = lr > 0 ? lr : 0.01;
+    }
+    if (keel_optimizer_new(&oc, &r->o) != KEEL_OK ||
+        keel_optimizer_prepare(r->o, r->vs) != KEEL_OK)
+        die("optimizer");
+    keel_data_iter_config_init(&ic);
+    ic.global_batch_size = batch;
+    ic.seed = seed;
+    if (keel_data_iter_new(train, &ic, &r->it) != KEEL_OK)
+        die("iterator");
+    r->batch = batch;
+}
+
+static void
+run_free(run *r)
+{
+    keel_data_iter_free(r->it);
+    keel_optimizer_free(r->o);
+    keel_grads_free(r->g);
+    keel_model_free(r->m);
+    keel_vars_free(r->vs);
+}
+
+static double data_s;
+
+/* n training steps; returns the last batch's mean loss. */
+static double
+steps(run *r, int n)
+{
+    keel_step_stats st = { 0 };
+    for (int i = 0; i < n; i++) {
+        keel_batch b;
+        double t0 = now();
+        if (keel_data_iter_next(r->it, &b) != KEEL_OK)
+            die("next batch");
+        data_s += now() - t0;
+        keel_grads_zero(r->g);
+        if (keel_model_step(r->m, r->vs, &b, r->batch, r->g, &st) !=
+            KEEL_OK)
+            die("step");
+        int64_t gs = keel_vars_global_step(r->vs);
+        if (keel_optimizer_apply(r->o, r->vs, r->g, gs) != KEEL_OK)
+            die("apply");
+        keel_vars_set_global_step(r->vs, gs + 1);
+    }
+    return st.loss_sum / (double)r->batch;
+}
+
+static double
+evaluate(run *r, const keel_dataset *test)
+{
+    size_t n = keel_dataset_count(test), es = keel_dataset_example_size(test);
+    size_t bs = (size_t)r->batch;
+    float *x = malloc(bs * es * sizeof *x);
+    int32_t *y = malloc(bs * sizeof *y);
+    int64_t correct = 0;
+    for (size_t i = 0; i < n; i += bs) {
+        size_t k = n - i < bs ? n - i : bs;
+        keel_step_stats st;
+        keel_batch b = { x, y, k };
+        for (size_t j = 0; j < k; j++)
+            keel_dataset_get(test, i + j, x + j * es, y + j);
+        if (keel_model_eval(r->m, r->vs, &b, &st) != KEEL_OK)
+            die("eval");
+        correct += st.correct;
+    }
+    free(x);
+    free(y);
+    return (double)correct / (double)n;
+}
+
+static keel_dataset *
+load(const char *split)
+{
+    char img[512], lab[512];
+    keel_dataset *ds;
+    snprintf(img, sizeof img, "%s/%s-images-idx3-ubyte.gz", data_dir, split);
+    snprintf(lab, sizeof lab, "%s/%s-labels-idx1-ubyte.gz", data_dir, split);
+    if (keel_dataset_open_idx(img, lab, 10, &ds) != KEEL_OK)
+        die("open data");
+    return ds;
+}
+
+static void
+throughput(const char *model, int64_t batch, const int *threads, int nt,
+           int reps, double seg_s, const keel_dataset *train, double *peak)
+{
+    run r;
+    double res[2][64], split[4] = { 0 }, split_data = 0, total_s = 0;
+    int nsteps;
+    double flops;
+    run_new(&r, model, batch, train, KEEL_INIT_GLOROT, 0, 0);
+    flops = keel_model_flops_per_example(r.m);
+    keel_train_set_threads(threads[nt - 1]);
+    steps(&r, 5);
+    {
+        double t0 = now();
+        steps(&r, 10);
+        nsteps = (int)(seg_s / ((now() - t0) / 10));
+        if (nsteps < 10)
+            nsteps = 10;
+    }
+    for (int rep = 0; rep < reps; rep++) {
+        for (int t = 0; t < nt; t++) {
+            keel_train_profile p;
+            double t0;
+            keel_train_set_threads(threads[t]);
+            steps(&r, 2);
+            keel_train_profile_reset();
+            keel_train_profile_enable(1);
+            data_s = 0;
+            t0 = now();
+            steps(&r, nsteps);
+            res[t][rep] = (double)nsteps * (double)batch / (now() - t0);
+            keel_train_profile_enable(0);
+            if (t == nt - 1) {
+                keel_train_profile_get(&p);
+                split[0] += (double)p.gemm_ns * 1e-9;
+                split[1] += (double)p.im2col_ns * 1e-9;
+                split[2] += (double)p.elementwise_ns * 1e-9;
+                split[3] += (double)p.optimizer_ns * 1e-9;
+                split_data += data_s;
+                total_s += (double)nsteps * (double)batch / res[t][rep];
+            }
+        }
+    }
+    for (int t = 0; t < nt; t++) {
+        double lo = res[t][0], hi = res[t][0], med;
+        for (int i = 1; i < reps; i++) {
+            lo = res[t][i] < lo ? res[t][i] : lo;
+            hi = res[t][i] > hi ? res[t][i] : hi;
+        }
+        med = median(res[t], reps);
+        printf("{\"bench\": \"keel_train_tput\", \"model\": \"%s\", "
+               "\"batch\": %lld, \"threads\": %d, \"corename\": \"%s\", "
+               "\"steps_per_rep\": %d, \"unit\": \"examples/s\", "
+               "\"median\": %.1f, \"min\": %.1f, \"max\": %.1f, \"reps\": %d, "
+               "\"gflops\": %.1f, \"sgemm_peak_gflops\": %.1f, "
+               "\"pct_of_peak\": %.1f}\n",
+               model, (long long)batch, threads[t],
+               keel_train_blas_corename(), nsteps, med, lo, hi, reps,
+               med * flops / 1e9, peak[t], 100.0 * med * flops / 1e9 / peak[t]);
+    }
+    printf("{\"bench\": \"keel_train_split\", \"model\": \"%s\", \"batch\": "
+           "%lld, \"threads\": %d, \"gemm_pct\": %.1f, \"im2col_pct\": %.1f, "
+           "\"elementwise_pct\": %.1f, \"optimizer_pct\": %.1f, "
+           "\"data_pct\": %.1f, \"other_pct\": %.1f}\n",
+           model, (long long)batch, threads[nt - 1],
+           100 * split[0] / total_s, 100 * split[1] / total_s,
+           100 * split[2] / total_s, 100 * split[3] / total_s,
+           100 * split_data / total_s,
+           100 * (total_s - split[0] - split[1] - split[2] - split[3] -
+                  split_data) / total_s);
+    fflush(stdout);
+    run_free(&r);
+}
+
+static void
+accuracy(const char *model, int64_t batch, int epochs, uint64_t seed,
+         keel_init_kind init, const keel_dataset *train,
+         const keel_dataset *test)
+{
+    run r;
+    int64_t spe;
+    run_new(&r, model, batch, train, init, seed, 0);
+    spe = keel_data_iter_steps_per_epoch(r.it);
+    for (int ep = 1; ep <= epochs; ep++) {
+        double t0 = now(), loss, dt, acc;
+        loss = steps(&r, (int)spe);
+        dt = now() - t0;
+        acc = evaluate(&r, test);
+        printf("{\"bench\": \"keel_train_epoch\", \"model\": \"%s\", "
+               "\"batch\": %lld, \"threads\": %d, \"corename\": \"%s\", "
+               "\"seed\": %llu, \"init\": \"%s\", \"epoch\": %d, "
+               "\"epoch_s\": %.2f, \"examples_per_s\": %.1f, "
+               "\"last_batch_loss\": %.4f, \"test_acc\": %.4f}\n",
+               model, (long long)batch, keel_train_get_threads(),
+               keel_train_blas_corename(), (unsigned long long)seed,
+               init == KEEL_INIT_TORCH ? "torch" : "glorot", ep, dt,
+               (double)(spe * batch) / dt, loss, acc);
+        fflush(stdout);
+    }
+    run_free(&r);
+}
+
+static void
+usage(void)
+{
+    fprintf(stderr,
+            "usage: train_bench --mode throughput|accuracy [--models mlp,cnn]"
+            " [--batches 64,256]\n"
+            "       [--threads-list 1,2] [--reps 5] [--seg-seconds 1.5]"
+            " [--epochs 5] [--threads 2]\n"
+            "       [--seed 0] [--init glorot|torch] [--data DIR]\n");
+    exit(2);
+}
+
+int
+main(int argc, char **argv)
+{
+    const char *mode = NULL, *models = "mlp,cnn", *batches = "64,256";
+    const char *tlist = "1,2";
+    int reps = 5, epochs = 5, threads = 2;
+    double seg = 1.5;
+    uint64_t seed = 0;
+    keel_init_kind init = KEEL_INIT_GLOROT;
+    int tl[2], nt = 0;
+    char buf[256], *tok, *save;
+    keel_dataset *train, *test = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (v == NULL)
+            usage();
+        i++;
+        if (!strcmp(a, "--mode"))
+            mode = v;
+        else if (!strcmp(a, "--models"))
+            models = v;
+        else if (!strcmp(a, "--batches"))
+            batches = v;
+        else if (!strcmp(a, "--threads-list"))
+            tlist = v;
+        else if (!strcmp(a, "--reps"))
+            reps = atoi(v);
+        else if (!strcmp(a, "--seg-seconds"))
+            seg = atof(v);
+        else if (!strcmp(a, "--epochs"))
+            epochs = atoi(v);
+        else if (!strcmp(a, "--threads"))
+            threads = atoi(v);
+        else if (!strcmp(a, "--seed"))
+            seed = strtoull(v, NULL, 10);
+        else if (!strcmp(a, "--init")) {
+            if (keel_init_kind_from_name(v, &init) != KEEL_OK)
+                die("--init");
+        } else if (!strcmp(a, "--data"))
+            data_dir = v;
+        else
+            usage();
+    }
+    if (mode == NULL || reps < 1 || reps > 64)
+        usage();
+    snprintf(buf, sizeof buf, "%s", tlist);
+    for (tok = strtok_r(buf, ",", &save); tok != NULL && nt < 2;
+         tok = strtok_r(NULL, ",", &save))
+        tl[nt++] = atoi(tok);
+    train = load("train");
+    if (!strcmp(mode, "throughput")) {
+        double peak[2];
+        for (int t = 0; t < nt; t++) {
+            keel_train_set_threads(tl[t]);
+            peak[t] = sgemm_peak(2048, 3);
+            printf("{\"bench\": \"keel_sgemm_peak\", \"n\": 2048, "
+                   "\"threads\": %d, \"corename\": \"%s\", \"gflops\": "
+                   "%.1f}\n", tl[t], keel_train_blas_corename(), peak[t]);
+        }
+        snprintf(buf, sizeof buf, "%s", models);
+        for (tok = strtok_r(buf, ",", &save); tok != NULL;
+             tok = strtok_r(NULL, ",", &save)) {
+            char b2[128], *t2, *s2;
+            snprintf(b2, sizeof b2, "%s", batches);
+            for (t2 = strtok_r(b2, ",", &s2); t2 != NULL;
+                 t2 = strtok_r(NULL, ",", &s2))
+                throughput(tok, atoll(t2), tl, nt, reps, seg, train, peak);
+        }
+    } else if (!strcmp(mode, "accuracy")) {
+        test = load("t10k");
+        keel_train_set_threads(threads);
+        snprintf(buf, sizeof buf, "%s", models);
+        for (tok = strtok_r(buf, ",", &save); tok != NULL;
+             tok = strtok_r(NULL, ",", &save)) {
+            char b2[128], *t2, *s2;
+            snprintf(b2, sizeof b2, "%s", batches);
+            for (t2 = strtok_r(b2, ",", &s2); t2 != NULL;
+                 t2 = strtok_r(NULL, ",", &s2))
+                accuracy(tok, atoll(t2), epochs, seed, init, train, test);
+        }
+    } else {
+        usage();
+    }
+    keel_dataset_free(test);
+    keel_dataset_free(train);
+    return 0;
+}

@@ -1,0 +1,288 @@
+/* keel/train.h - training math: models (softmax regression, MLP, the seed-002
+ * CNN) with forward and backward passes on OpenBLAS, optimizers with their
+ * checkpointed slots, learning-rate schedules, and data readers (IDX, HDF5)
+ * with a deterministic, resumable, worker-sliced batch iterator.
+ * Everything is configured by plain structs filled with defaults by the
+ * matching _config_init(). Handles are not thread-safe. */
+#ifndef KEEL_TRAIN_H
+#define KEEL_TRAIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <keel/status.h>
+#include <keel/tensor.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- batches and models -------------------------------------------------- */
+
+/* n examples: x is n x H x W x C floats (NHWC, [0,1] for images), y is n
+ * labels in [0, classes). Borrowed by every call that takes it. */
+typedef struct keel_batch {
+    const float *x;
+    const int32_t *y;
+    size_t n;
+} keel_batch;
+
+typedef enum keel_model_kind {
+    KEEL_MODEL_SOFTMAX = 0,   /* softmax regression: Flatten -> Dense(classes) */
+    KEEL_MODEL_MLP,           /* Flatten -> Dense(h) act ... -> Dense(classes) */
+    KEEL_MODEL_CNN            /* seed 002: Conv32 3x3 ReLU, Pool2, Conv64 3x3
+                               * ReLU, Pool2, Flatten, Dense64 ReLU, Dense */
+} keel_model_kind;
+
+typedef enum keel_activation {
+    KEEL_ACT_RELU = 0,
+    KEEL_ACT_TANH,
+    KEEL_ACT_NONE
+} keel_activation;
+
+typedef enum keel_init_kind {
+    KEEL_INIT_GLOROT = 0,  /* Keras: kernels Glorot-uniform, biases zero */
+    KEEL_INIT_TORCH        /* PyTorch default: kernel and bias
+                            * U(-1/sqrt(fan_in), 1/sqrt(fan_in)) */
+} keel_init_kind;
+
+#define KEEL_MODEL_MAX_HIDDEN 8
+
+typedef struct keel_model_config {
+    keel_model_kind kind;          /* default KEEL_MODEL_MLP */
+    int n_hidden;                  /* MLP hidden layers; default 2 */
+    int64_t hidden[KEEL_MODEL_MAX_HIDDEN];   /* default 256, 256 */
+    keel_activation activation;    /* MLP hidden activation; default ReLU */
+    int64_t height, width, channels;         /* default 28 x 28 x 1 */
+    int64_t classes;               /* default 10 */
+    int64_t max_batch;             /* workspaces are sized for this many
+                                    * examples per call; default 256 */
+    keel_init_kind init;           /* default KEEL_INIT_GLOROT */
+} keel_model_config;
+
+typedef struct keel_model keel_model;
+
+/* Per-call statistics: the summed (not averaged) cross-entropy of the batch
+ * in double, the number of correct argmax predictions and the examples. */
+typedef struct keel_step_stats {
+    double loss_sum;
+    int64_t correct;
+    int64_t count;
+} keel_step_stats;
+
+/* Defaults above. Cannot fail. */
+void keel_model_config_init(keel_model_config *cfg);
+/* "softmax" | "mlp" | "cnn". Unknown names are KEEL_EINVAL listing the
+ * valid choices. Same for activations ("relu" | "tanh" | "none") and init
+ * schemes ("glorot" | "torch"). */
+keel_status keel_model_kind_from_name(const char *name, keel_model_kind *out);
+const char *keel_model_kind_name(keel_model_kind k);
+keel_status keel_activation_from_name(const char *name, keel_activation *out);
+keel_status keel_init_kind_from_name(const char *name, keel_init_kind *out);
+/* Parse "256,256" into cfg->hidden / cfg->n_hidden ("" = no hidden layer). */
+keel_status keel_model_parse_hidden(const char *s, keel_model_config *cfg);
+
+/* Build a model and create its trainable variables in vs ("dense_1/kernel"
+ * [in,out], "dense_1/bias" [out], "conv2d_1/kernel" [kh,kw,cin,cout],
+ * "conv2d_1/bias" [cout]; Keras layouts and names). Variables are zero and
+ * NOT initialized: call keel_model_init_vars or restore a checkpoint. All
+ * workspaces are allocated here. vs is borrowed and must outlive the model.
+ * Caller owns *out: keel_model_free(). */
+keel_status keel_model_new(const keel_model_config *cfg, keel_vars *vs,
+                           keel_model **out);
+void keel_model_free(keel_model *m);
+/* Deterministic initialization from seed (cfg->init scheme); the same seed
+ * gives the same bits on every machine. Marks the variables initialized. */
+keel_status keel_model_init_vars(keel_model *m, keel_vars *vs, uint64_t seed);
+/* Forward + backward on batch (1 <= n <= max_batch). ADDS this batch's
+ * gradient of (sum of per-example losses) / global_batch_size into grads
+ * (made by keel_grads_new for vs); the batch's own gradient is computed
+ * alone and then added elementwise, so accumulating fixed micro-batches in a
+ * fixed order gives the same bits wherever each micro-batch was computed.
+ * stats (may be NULL) is overwritten with this batch's figures. */
+keel_status keel_model_step(keel_model *m, keel_vars *vs,
+                            const keel_batch *batch, int64_t global_batch_size,
+                            keel_grads *grads, keel_step_stats *stats);
+/* Forward only; stats overwritten (loss_sum, correct, count). */
+keel_status keel_model_eval(keel_model *m, keel_vars *vs,
+                            const keel_batch *batch, keel_step_stats *stats);
+/* Forward only: class probabilities (n x classes) into probs. */
+keel_status keel_model_predict(keel_model *m, keel_vars *vs,
+                               const keel_batch *batch, float *probs);
+/* Floating-point operations of one training example (forward + backward,
+ * multiply-add = 2), for GFLOP/s reports. */
+double keel_model_flops_per_example(const keel_model *m);
+/* Number of variables the model created, and its config. */
+size_t keel_model_num_vars(const keel_model *m);
+const keel_model_config *keel_model_get_config(const keel_model *m);
+
+/* ---- learning-rate schedules and optimizers ----------------------------- */
+
+typedef enum keel_lr_kind {
+    KEEL_LR_CONSTANT = 0,   /* learning_rate */
+    KEEL_LR_PIECEWISE,      /* values[i] for boundaries[i-1] <= step <
+                             * boundaries[i] (see docs/train.md) */
+    KEEL_LR_EXPONENTIAL     /* learning_rate * decay_rate^(step/decay_steps),
+                             * integer division when staircase */
+} keel_lr_kind;
+
+#define KEEL_LR_MAX_PIECES 16
+
+typedef struct keel_lr_schedule {
+    keel_lr_kind kind;             /* default constant */
+    double learning_rate;          /* default 0.001 */
+    int n_boundaries;              /* piecewise: values has n_boundaries+1 */
+    int64_t boundaries[KEEL_LR_MAX_PIECES - 1];   /* strictly increasing */
+    double values[KEEL_LR_MAX_PIECES];
+    int64_t decay_steps;           /* exponential; default 1000 */
+    double decay_rate;             /* exponential; default 0.96 */
+    int staircase;                 /* exponential; default 0 */
+} keel_lr_schedule;
+
+void keel_lr_schedule_init(keel_lr_schedule *s);
+/* "constant" | "piecewise" | "exponential". */
+keel_status keel_lr_kind_from_name(const char *name, keel_lr_kind *out);
+const char *keel_lr_kind_name(keel_lr_kind k);
+/* Check a schedule (positive steps, increasing boundaries, finite values). */
+keel_status keel_lr_schedule_validate(const keel_lr_schedule *s);
+/* Learning rate at a global step (negative steps count as 0). */
+double keel_lr_at(const keel_lr_schedule *s, int64_t step);
+/* Parse "1000,2000" into boundaries and "1e-3,1e-4,1e-5" into values. */
+keel_status keel_lr_parse_piecewise(const char *boundaries,
+                                    const char *values, keel_lr_schedule *s);
+
+typedef enum keel_optimizer_kind {
+    KEEL_OPT_SGD = 0,
+    KEEL_OPT_MOMENTUM,
+    KEEL_OPT_ADAGRAD,
+    KEEL_OPT_ADAM,
+    KEEL_OPT_RMSPROP
+} keel_optimizer_kind;
+
+typedef struct keel_optimizer_config {
+    keel_optimizer_kind kind;      /* default adam */
+    keel_lr_schedule schedule;     /* the learning rate, per step */
+    double momentum;               /* momentum, rmsprop; default 0.9 / 0.0 */
+    int use_nesterov;              /* momentum; default 0 */
+    double beta1, beta2;           /* adam; default 0.9, 0.999 */
+    double epsilon;                /* adam, adagrad, rmsprop; default 1e-7 */
+    double rho;                    /* rmsprop decay; default 0.9 */
+    double initial_accumulator_value;   /* adagrad; default 0.1 */
+} keel_optimizer_config;
+
+typedef struct keel_optimizer keel_optimizer;
+
+/* Defaults for kind (momentum 0.9 for momentum, 0.0 for rmsprop). */
+void keel_optimizer_config_init(keel_optimizer_config *cfg,
+                                keel_optimizer_kind kind);
+/* "sgd" | "momentum" | "adagrad" | "adam" | "rmsprop". */
+keel_status keel_optimizer_kind_from_name(const char *name,
+                                          keel_optimizer_kind *out);
+const char *keel_optimizer_kind_name(keel_optimizer_kind k);
+/* Validate and copy cfg. Caller owns *out: keel_optimizer_free(). */
+keel_status keel_optimizer_new(const keel_optimizer_config *cfg,
+                               keel_optimizer **out);
+void keel_optimizer_free(keel_optimizer *o);
+const keel_optimizer_config *keel_optimizer_get_config(
+    const keel_optimizer *o);
+/* Create the slots of every trainable variable of vs ("momentum"; "m", "v";
+ * "accumulator" filled with initial_accumulator_value; "rms", "mom").
+ * Idempotent: existing slots keep their values. */
+keel_status keel_optimizer_prepare(keel_optimizer *o, keel_vars *vs);
+/* Apply grads to every trainable variable, with the learning rate and Adam
+ * bias correction of global_step (t = global_step + 1). Does not change the
+ * store's global step. Slots must exist (prepare). */
+keel_status keel_optimizer_apply(keel_optimizer *o, keel_vars *vs,
+                                 keel_grads *grads, int64_t global_step);
+/* The same for one variable (a parameter server's shard). */
+keel_status keel_optimizer_apply_var(keel_optimizer *o, keel_var *v,
+                                     const keel_tensor *grad,
+                                     int64_t global_step);
+
+/* ---- data ----------------------------------------------------------------- */
+
+typedef struct keel_dataset keel_dataset;
+
+/* Read an IDX image file (magic 0x00000803, uint8 [N,rows,cols]) and its
+ * label file (0x00000801, uint8 [N]), each gzip'd or plain, fully into
+ * memory. Labels must be < num_classes. Any malformed, truncated or
+ * mismatched file is KEEL_ECORRUPT naming it. Caller owns *out. */
+keel_status keel_dataset_open_idx(const char *images_path,
+                                  const char *labels_path, int num_classes,
+                                  keel_dataset **out);
+/* Read an HDF5 file with datasets "x" (float32 or uint8, [N,H,W] or
+ * [N,H,W,C]; uint8 is scaled by 1/255) and "y" (integer, [N]). */
+keel_status keel_dataset_open_h5(const char *path, int num_classes,
+                                 keel_dataset **out);
+void keel_dataset_free(keel_dataset *ds);
+size_t keel_dataset_count(const keel_dataset *ds);
+/* Example shape (H, W, C) and floats per example (H*W*C). */
+void keel_dataset_shape(const keel_dataset *ds, int64_t *h, int64_t *w,
+                        int64_t *c);
+size_t keel_dataset_example_size(const keel_dataset *ds);
+/* Copy example i as floats (example_size of them) and its label. */
+keel_status keel_dataset_get(const keel_dataset *ds, size_t i, float *x,
+                             int32_t *y);
+
+typedef struct keel_data_iter_config {
+    int64_t global_batch_size;   /* examples per step over all workers; 64 */
+    int worker_index;            /* 0 .. num_workers-1; default 0 */
+    int num_workers;             /* default 1 */
+    uint64_t seed;               /* shuffle seed; default 0 */
+    int shuffle;                 /* default 1 */
+    int64_t max_epochs;          /* 0 = unlimited; default 0 */
+    int drop_remainder;          /* default 1: a last partial global batch
+                                  * of an epoch is skipped */
+} keel_data_iter_config;
+
+typedef struct keel_data_iter keel_data_iter;
+
+#define KEEL_DATA_ITER_STATE_BYTES 40
+
+void keel_data_iter_config_init(keel_data_iter_config *cfg);
+/* ds is borrowed and must outlive the iterator. Caller owns *out. */
+keel_status keel_data_iter_new(const keel_dataset *ds,
+                               const keel_data_iter_config *cfg,
+                               keel_data_iter **out);
+void keel_data_iter_free(keel_data_iter *it);
+/* This worker's slice of the next global batch: worker i of n gets
+ * examples [i*B/n, (i+1)*B/n) of it (B = that global batch's size).
+ * out->x and out->y are borrowed until the next call. KEEL_EOUTOFRANGE
+ * after max_epochs. A worker whose slice is empty gets n == 0. */
+keel_status keel_data_iter_next(keel_data_iter *it, keel_batch *out);
+/* Current position: epoch (0-based) and offset of the next global batch
+ * within it. */
+int64_t keel_data_iter_epoch(const keel_data_iter *it);
+int64_t keel_data_iter_offset(const keel_data_iter *it);
+/* Global batches per epoch. */
+int64_t keel_data_iter_steps_per_epoch(const keel_data_iter *it);
+/* The position as a versioned little-endian blob of
+ * KEEL_DATA_ITER_STATE_BYTES: magic, version, epoch, offset, seed,
+ * dataset count. Set checks all of them (KEEL_ECORRUPT/EINVAL). */
+keel_status keel_data_iter_get_state(const keel_data_iter *it, void *buf,
+                                     size_t size, size_t *len);
+keel_status keel_data_iter_set_state(keel_data_iter *it, const void *buf,
+                                     size_t len);
+
+/* ---- BLAS and profiling -------------------------------------------------- */
+
+/* OpenBLAS thread count (n >= 1) and kernel name ("Haswell", "SkylakeX"). */
+void keel_train_set_threads(int n);
+int keel_train_get_threads(void);
+const char *keel_train_blas_corename(void);
+
+/* Process-wide time split of model steps and optimizer updates, collected
+ * only while enabled (not thread-safe; for benchmarks). */
+typedef struct keel_train_profile {
+    int64_t gemm_ns;        /* sgemm calls */
+    int64_t im2col_ns;      /* im2col and col2im */
+    int64_t elementwise_ns; /* bias, activations, pooling, softmax, adds */
+    int64_t optimizer_ns;   /* keel_optimizer_apply* */
+} keel_train_profile;
+void keel_train_profile_enable(int on);
+void keel_train_profile_get(keel_train_profile *p);
+void keel_train_profile_reset(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

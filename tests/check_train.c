@@ -1,0 +1,1405 @@
+/* check_train.c - unit tests for train/: finite-difference gradient checks
+ * of every layer and of whole models, optimizer and schedule formulas
+ * against hand-computed values, exact Adam continuation after a restore,
+ * micro-batch determinism, IDX/HDF5 readers (good and corrupt files) and the
+ * batch iterator (shuffling, worker slices, resume, epoch limit). */
+#include <config.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <hdf5.h>
+#include <zlib.h>
+
+#include <keel/keel.h>
+#include "util.h"
+#include "train_int.h"
+#include "testutil.h"
+
+/* ---- helpers ---------------------------------------------------------------- */
+
+static void
+fill_uniform(float *p, size_t n, uint64_t seed, float lo, float hi)
+{
+    keel__rng r;
+    keel__rng_seed(&r, seed);
+    for (size_t i = 0; i < n; i++)
+        p[i] = keel__rng_uniform(&r, lo, hi);
+}
+
+/* A layer under test: fwd() recomputes out (ny floats) from the current
+ * parameter buffers. The checked scalar is L = sum r[i] * out[i]. */
+typedef struct gcheck {
+    void (*fwd)(struct gcheck *g);
+    float *out;
+    size_t ny;
+    float *r;
+    void *ctx;
+} gcheck;
+
+static double
+gc_loss(gcheck *g)
+{
+    double s = 0.0;
+    g->fwd(g);
+    for (size_t i = 0; i < g->ny; i++)
+        s += (double)g->r[i] * (double)g->out[i];
+    return s;
+}
+
+/* Central differences for every element of p against analytic grad. */
+static void
+gc_param(gcheck *g, float *p, size_t np, const float *analytic, float eps,
+         const char *what)
+{
+    for (size_t i = 0; i < np; i++) {
+        float save = p[i];
+        double lp, lm, num;
+        p[i] = save + eps;
+        lp = gc_loss(g);
+        p[i] = save - eps;
+        lm = gc_loss(g);
+        p[i] = save;
+        num = (lp - lm) / (2.0 * (double)eps);
+        ck_assert_msg(fabs(num - (double)analytic[i]) <=
+                          2e-3 + 1e-2 * fabs(num),
+                      "%s[%zu]: analytic %.6g, numeric %.6g", what, i,
+                      (double)analytic[i], num);
+    }
+}
+
+/* ---- layer gradient checks ----------------------------------------------------- */
+
+typedef struct dense_ctx {
+    float *x, *w, *b;
+    size_t n, in, out;
+} dense_ctx;
+
+static void
+dense_fwd(gcheck *g)
+{
+    dense_ctx *c = g->ctx;
+    keel__dense_forward(c->x, c->n, c->in, c->out, c->w, c->b, g->out);
+}
+
+START_TEST(test_dense_gradients_match_finite_differences)
+{
+    dense_ctx c = { .n = 3, .in = 5, .out = 4 };
+    float x[15], w[20], b[4], y[12], r[12], dw[20], db[4], dx[15];
+    gcheck g = { dense_fwd, y, 12, r, &c };
+    c.x = x;
+    c.w = w;
+    c.b = b;
+    fill_uniform(x, 15, 1, -1, 1);
+    fill_uniform(w, 20, 2, -1, 1);
+    fill_uniform(b, 4, 3, -1, 1);
+    fill_uniform(r, 12, 4, -1, 1);
+    keel__dense_backward(x, r, 3, 5, 4, w, dw, db, dx);
+    gc_param(&g, w, 20, dw, 1e-2f, "dense dW");
+    gc_param(&g, b, 4, db, 1e-2f, "dense db");
+    gc_param(&g, x, 15, dx, 1e-2f, "dense dx");
+}
+END_TEST
+
+typedef struct conv_ctx {
+    keel__conv_geom geom;
+    float *x, *w, *b, *col;
+    size_t n;
+} conv_ctx;
+
+static void
+conv_fwd(gcheck *g)
+{
+    conv_ctx *c = g->ctx;
+    keel__conv_forward(&c->geom, c->x, c->n, c->w, c->b, c->col, g->out);
+}
+
+static void
+check_conv(size_t h, size_t w, size_t cin, size_t cout, size_t k,
+           size_t stride, int same)
+{
+    conv_ctx c;
+    size_t nx, nw, ny;
+    float *x, *wt, *b, *y, *r, *dw, *db, *dx, *col;
+    gcheck g;
+    memset(&c, 0, sizeof c);
+    c.geom.h = h;
+    c.geom.w = w;
+    c.geom.cin = cin;
+    c.geom.cout = cout;
+    c.geom.kh = c.geom.kw = k;
+    c.geom.sh = c.geom.sw = stride;
+    ck_assert_int_eq(keel__conv_geom_init(&c.geom, same), KEEL_OK);
+    c.n = 2;
+    nx = c.n * h * w * cin;
+    nw = k * k * cin * cout;
+    ny = c.n * c.geom.oh * c.geom.ow * cout;
+    x = malloc(nx * 4);
+    wt = malloc(nw * 4);
+    b = malloc(cout * 4);
+    y = malloc(ny * 4);
+    r = malloc(ny * 4);
+    dw = malloc(nw * 4);
+    db = malloc(cout * 4);
+    dx = malloc(nx * 4);
+    col = malloc(keel__conv_col_size(&c.geom, c.n) * 4);
+    fill_uniform(x, nx, 11, -1, 1);
+    fill_uniform(wt, nw, 12, -1, 1);
+    fill_uniform(b, cout, 13, -1, 1);
+    fill_uniform(r, ny, 14, -1, 1);
+    c.x = x;
+    c.w = wt;
+    c.b = b;
+    c.col = col;
+    g = (gcheck){ conv_fwd, y, ny, r, &c };
+    keel__conv_backward(&c.geom, x, c.n, r, wt, col, 0, dw, db, dx);
+    gc_param(&g, wt, nw, dw, 1e-2f, "conv dW");
+    gc_param(&g, b, cout, db, 1e-2f, "conv db");
+    gc_param(&g, x, nx, dx, 1e-2f, "conv dx");
+    free(x);
+    free(wt);
+    free(b);
+    free(y);
+    free(r);
+    free(dw);
+    free(db);
+    free(dx);
+    free(col);
+}
+
+START_TEST(test_conv2d_valid_gradients_match_finite_differences)
+{
+    check_conv(5, 6, 2, 3, 3, 1, 0);
+}
+END_TEST
+
+START_TEST(test_conv2d_same_strided_gradients_match_finite_differences)
+{
+    keel__conv_geom g = { .h = 5, .w = 6, .cin = 1, .kh = 3, .kw = 3,
+                          .cout = 1, .sh = 2, .sw = 2 };
+    ck_assert_int_eq(keel__conv_geom_init(&g, 1), KEEL_OK);
+    ck_assert_uint_eq(g.oh, 3);      /* ceil(5/2) like TF 'SAME' */
+    ck_assert_uint_eq(g.ow, 3);
+    check_conv(5, 6, 2, 3, 3, 2, 1);
+    check_conv(4, 4, 3, 2, 2, 1, 1);
+}
+END_TEST
+
+typedef struct pool_ctx {
+    keel__pool_geom geom;
+    float *x;
+    int32_t *arg;
+    size_t n;
+} pool_ctx;
+
+static void
+pool_fwd(gcheck *g)
+{
+    pool_ctx *c = g->ctx;
+    keel__pool_forward(&c->geom, c->x, c->n, g->out, c->arg);
+}
+
+START_TEST(test_maxpool_gradients_match_finite_differences)
+{
+    pool_ctx c = { .geom = { .h = 5, .w = 4, .c = 3, .k = 2, .s = 2 },
+                   .n = 2 };
+    size_t nx = 2 * 5 * 4 * 3, ny;
+    float x[120], y[64], r[64], dx[120];
+    int32_t arg[64];
+    keel__rng rng;
+    gcheck g;
+    ck_assert_int_eq(keel__pool_geom_init(&c.geom), KEEL_OK);
+    ck_assert_uint_eq(c.geom.oh, 2);   /* the 5th row is dropped (valid) */
+    ny = 2 * 2 * 2 * 3;
+    /* distinct values 0.05 apart so no perturbation changes a winner */
+    for (size_t i = 0; i < nx; i++)
+        x[i] = 0.05f * (float)i;
+    keel__rng_seed(&rng, 5);
+    for (size_t i = nx - 1; i > 0; i--) {
+        size_t j = keel__rng_below(&rng, i + 1);
+        float t = x[i];
+        x[i] = x[j];
+        x[j] = t;
+    }
+    c.x = x;
+    c.arg = arg;
+    fill_uniform(r, ny, 6, -1, 1);
+    g = (gcheck){ pool_fwd, y, ny, r, &c };
+    pool_fwd(&g);
+    keel__pool_backward(&c.geom, r, 2, arg, dx);
+    gc_param(&g, x, nx, dx, 1e-2f, "maxpool dx");
+}
+END_TEST
+
+typedef struct act_ctx {
+    keel_activation a;
+    float *x;
+    size_t n;
+} act_ctx;
+
+static void
+act_fwd(gcheck *g)
+{
+    act_ctx *c = g->ctx;
+    memcpy(g->out, c->x, c->n * sizeof(float));
+    keel__act_forward(c->a, g->out, c->n);
+}
+
+START_TEST(test_relu_and_tanh_gradients_match_finite_differences)
+{
+    for (int a = KEEL_ACT_RELU; a <= KEEL_ACT_TANH; a++) {
+        float x[40], y[40], r[40], dx[40];
+        act_ctx c = { (keel_activation)a, x, 40 };
+        gcheck g = { act_fwd, y, 40, r, &c };
+        fill_uniform(x, 40, 21, -2, 2);
+        for (int i = 0; i < 40; i++)     /* keep ReLU away from its kink */
+            if (fabsf(x[i]) < 0.1f)
+                x[i] = 0.5f;
+        fill_uniform(r, 40, 22, -1, 1);
+        act_fwd(&g);
+        memcpy(dx, r, sizeof dx);
+        keel__act_backward(c.a, y, dx, 40);
+        gc_param(&g, x, 40, dx, a == KEEL_ACT_RELU ? 1e-2f : 1e-3f,
+                 a == KEEL_ACT_RELU ? "relu dx" : "tanh dx");
+    }
+}
+END_TEST
+
+typedef struct xent_ctx {
+    float *z;
+    int32_t *y;
+    size_t n, k;
+} xent_ctx;
+
+static void
+xent_fwd(gcheck *g)
+{
+    xent_ctx *c = g->ctx;
+    double loss;
+    int64_t correct;
+    keel__softmax_xent(c->z, c->y, c->n, c->k, 1.0f, NULL, &loss, &correct);
+    g->out[0] = (float)loss;
+}
+
+START_TEST(test_softmax_xent_gradients_match_finite_differences)
+{
+    float z[12], dz[12], out[1], one[1] = { 1.0f };
+    int32_t y[3] = { 0, 3, 2 };
+    xent_ctx c = { z, y, 3, 4 };
+    gcheck g = { xent_fwd, out, 1, one, &c };
+    double loss, ref = 0.0;
+    int64_t correct;
+    fill_uniform(z, 12, 31, -3, 3);
+    keel__softmax_xent(z, y, 3, 4, 1.0f, dz, &loss, &correct);
+    for (int i = 0; i < 3; i++) {
+        double s = 0.0;
+        for (int j = 0; j < 4; j++)
+            s += exp((double)z[i * 4 + j]);
+        ref += log(s) - (double)z[i * 4 + y[i]];
+    }
+    ck_assert_double_eq_tol(loss, ref, 1e-9);
+    gc_param(&g, z, 12, dz, 1e-3f, "softmax xent dlogits");
+    /* the scale (1 / global batch) multiplies the gradient only */
+    {
+        float dz2[12];
+        keel__softmax_xent(z, y, 3, 4, 0.25f, dz2, &loss, &correct);
+        for (int i = 0; i < 12; i++)
+            ck_assert_float_eq_tol(dz2[i], 0.25f * dz[i], 1e-7);
+    }
+}
+END_TEST
+
+/* ---- model-level checks --------------------------------------------------------- */
+
+typedef struct fixture {
+    keel_vars *vs;
+    keel_model *m;
+    keel_grads *g;
+} fixture;
+
+static void
+fx_new(fixture *f, const keel_model_config *cfg, uint64_t seed)
+{
+    ck_assert_int_eq(keel_vars_new(&f->vs), KEEL_OK);
+    ck_assert_msg(keel_model_new(cfg, f->vs, &f->m) == KEEL_OK, "%s",
+                  keel_last_error());
+    ck_assert_int_eq(keel_model_init_vars(f->m, f->vs, seed), KEEL_OK);
+    ck_assert_int_eq(keel_grads_new(f->vs, &f->g), KEEL_OK);
+}
+
+static void
+fx_free(fixture *f)
+{
+    keel_grads_free(f->g);
+    keel_model_free(f->m);
+    keel_vars_free(f->vs);
+}
+
+static void
+synthetic(float *x, int32_t *y, size_t n, size_t esize, int classes,
+          uint64_t seed)
+{
+    /* class c lights up block c of the input, plus noise */
+    keel__rng r;
+    keel__rng_seed(&r, seed);
+    for (size_t i = 0; i < n; i++) {
+        int c = (int)keel__rng_below(&r, (uint64_t)classes);
+        y[i] = c;
+        for (size_t j = 0; j < esize; j++) {
+            float v = keel__rng_uniform(&r, 0.0f, 0.3f);
+            if (j * (size_t)classes / esize == (size_t)c)
+                v += 0.6f;
+            x[i * esize + j] = v;
+        }
+    }
+}
+
+/* Sampled central differences of the mean loss over every variable. */
+static void
+model_gradcheck(const keel_model_config *cfg, float eps, double min_ok)
+{
+    fixture f;
+    size_t esize = (size_t)(cfg->height * cfg->width * cfg->channels);
+    size_t n = 4, checked = 0, ok = 0;
+    float *x = malloc(n * esize * 4);
+    int32_t y[4];
+    keel_batch b = { x, y, n };
+    keel_step_stats st;
+    fx_new(&f, cfg, 7);
+    synthetic(x, y, n, esize, (int)cfg->classes, 8);
+    ck_assert_int_eq(keel_model_step(f.m, f.vs, &b, (int64_t)n, f.g, &st),
+                     KEEL_OK);
+    ck_assert_int_eq(st.count, 4);
+    for (size_t v = 0; v < keel_vars_count(f.vs); v++) {
+        keel_tensor *t = keel_var_tensor(keel_vars_at(f.vs, v));
+        keel_tensor *gt = keel_grads_at(f.g, v);
+        ck_assert_ptr_nonnull(gt);
+        for (size_t s = 0; s < 12; s++) {
+            size_t i = (s * 7919u) % t->count;
+            float save = t->data[i];
+            double lp, lm, num, an = gt->data[i];
+            keel_step_stats e;
+            t->data[i] = save + eps;
+            keel_model_eval(f.m, f.vs, &b, &e);
+            lp = e.loss_sum / (double)n;
+            t->data[i] = save - eps;
+            keel_model_eval(f.m, f.vs, &b, &e);
+            lm = e.loss_sum / (double)n;
+            t->data[i] = save;
+            num = (lp - lm) / (2.0 * (double)eps);
+            checked++;
+            if (fabs(num - an) <= 1e-3 + 5e-2 * fabs(num))
+                ok++;
+        }
+    }
+    ck_assert_msg((double)ok >= min_ok * (double)checked,
+                  "model %s: only %zu of %zu sampled gradients match",
+                  keel_model_kind_name(cfg->kind), ok, checked);
+    fx_free(&f);
+    free(x);
+}
+
+START_TEST(test_mlp_model_gradients_match_finite_differences)
+{
+    keel_model_config cfg;
+    keel_model_config_init(&cfg);
+    cfg.height = cfg.width = 6;
+    cfg.n_hidden = 2;
+    cfg.hidden[0] = 8;
+    cfg.hidden[1] = 5;
+    cfg.activation = KEEL_ACT_TANH;     /* smooth: every sample must match */
+    cfg.classes = 3;
+    cfg.max_batch = 8;
+    model_gradcheck(&cfg, 1e-3f, 1.0);
+    cfg.kind = KEEL_MODEL_SOFTMAX;
+    model_gradcheck(&cfg, 1e-3f, 1.0);
+}
+END_TEST
+
+START_TEST(test_cnn_model_gradients_match_finite_differences)
+{
+    keel_model_config cfg;
+    keel_model_config_init(&cfg);
+    cfg.kind = KEEL_MODEL_CNN;
+    cfg.height = cfg.width = 12;      /* 12 -> 10 -> 5 -> 3 -> 1 */
+    cfg.classes = 4;
+    cfg.max_batch = 8;
+    cfg.init = KEEL_INIT_TORCH;
+    /* ReLU and max-pool kinks may be crossed by a perturbation */
+    model_gradcheck(&cfg, 1e-3f, 0.9);
+}
+END_TEST
+
+START_TEST(test_cnn_variables_have_keras_names_and_shapes)
+{
+    keel_model_config cfg;
+    fixture f;
+    keel_var *v;
+    keel_model_config_init(&cfg);
+    cfg.kind = KEEL_MODEL_CNN;
+    cfg.max_batch = 4;
+    fx_new(&f, &cfg, 1);
+    ck_assert_uint_eq(keel_vars_count(f.vs), 8);
+    v = keel_vars_find(f.vs, "conv2d_1/kernel");
+    ck_assert_ptr_nonnull(v);
+    ck_assert_int_eq(keel_var_tensor(v)->shape[3], 32);
+    v = keel_vars_find(f.vs, "conv2d_2/kernel");
+    ck_assert_int_eq(keel_var_tensor(v)->shape[2], 32);
+    ck_assert_int_eq(keel_var_tensor(v)->shape[3], 64);
+    v = keel_vars_find(f.vs, "dense_1/kernel");
+    ck_assert_int_eq(keel_var_tensor(v)->shape[0], 5 * 5 * 64);
+    ck_assert_ptr_nonnull(keel_vars_find(f.vs, "dense_2/bias"));
+    ck_assert(keel_var_is_initialized(v));
+    ck_assert_uint_eq(keel_vars_uninitialized(f.vs, NULL, 0), 0);
+    ck_assert_double_eq_tol(keel_model_flops_per_example(f.m) / 1e6, 14.8,
+                            0.3);
+    fx_free(&f);
+}
+END_TEST
+
+START_TEST(test_init_is_deterministic_and_glorot_bounded)
+{
+    keel_model_config cfg;
+    fixture a, b;
+    keel_tensor *ta, *tb;
+    double limit = sqrt(6.0 / (784 + 256));
+    int differs = 0;
+    keel_model_config_init(&cfg);
+    cfg.max_batch = 2;
+    fx_new(&a, &cfg, 42);
+    fx_new(&b, &cfg, 42);
+    ta = keel_var_tensor(keel_vars_find(a.vs, "dense_1/kernel"));
+    tb = keel_var_tensor(keel_vars_find(b.vs, "dense_1/kernel"));
+    ck_assert_mem_eq(ta->data, tb->data, keel_tensor_bytes(ta));
+    for (size_t i = 0; i < ta->count; i++)
+        ck_assert(fabs(ta->data[i]) <= limit);
+    ck_assert_float_eq(
+        keel_var_tensor(keel_vars_find(a.vs, "dense_1/bias"))->data[0], 0);
+    ck_assert_int_eq(keel_model_init_vars(b.m, b.vs, 43), KEEL_OK);
+    for (size_t i = 0; i < ta->count; i++)
+        differs += ta->data[i] != tb->data[i];
+    ck_assert_int_gt(differs, (int)ta->count / 2);
+    fx_free(&a);
+    fx_free(&b);
+}
+END_TEST
+
+START_TEST(test_microbatch_gradients_are_bitwise_reproducible)
+{
+    keel_model_config cfg;
+    fixture a, b, full;
+    float x[16 * 144];
+    int32_t y[16];
+    keel_model_config_init(&cfg);
+    cfg.kind = KEEL_MODEL_CNN;
+    cfg.height = cfg.width = 12;
+    cfg.classes = 4;
+    cfg.max_batch = 16;
+    fx_new(&a, &cfg, 3);
+    fx_new(&b, &cfg, 3);
+    fx_new(&full, &cfg, 3);
+    synthetic(x, y, 16, 144, 4, 9);
+    /* a: micro-batches 0..3 in order; b: each micro-batch computed into
+     * its own gradients (another "process"), then summed in the same order */
+    for (int i = 0; i < 4; i++) {
+        keel_batch mb = { x + i * 4 * 144, y + i * 4, 4 };
+        keel_grads *tmp;
+        ck_assert_int_eq(keel_model_step(a.m, a.vs, &mb, 16, a.g, NULL),
+                         KEEL_OK);
+        ck_assert_int_eq(keel_grads_new(b.vs, &tmp), KEEL_OK);
+        ck_assert_int_eq(keel_model_step(b.m, b.vs, &mb, 16, tmp, NULL),
+                         KEEL_OK);
+        for (size_t v = 0; v < keel_grads_count(b.g); v++) {
+            keel_tensor *d = keel_grads_at(b.g, v), *s = keel_grads_at(tmp, v);
+            for (size_t j = 0; j < d->count; j++)
+                d->data[j] += s->data[j];
+        }
+        keel_grads_free(tmp);
+    }
+    {
+        keel_batch fb = { x, y, 16 };
+        ck_assert_int_eq(keel_model_step(full.m, full.vs, &fb, 16, full.g,
+                                         NULL), KEEL_OK);
+    }
+    for (size_t v = 0; v < keel_grads_count(a.g); v++) {
+        keel_tensor *ga = keel_grads_at(a.g, v), *gb = keel_grads_at(b.g, v);
+        keel_tensor *gf = keel_grads_at(full.g, v);
+        ck_assert_mem_eq(ga->data, gb->data, keel_tensor_bytes(ga));
+        for (size_t j = 0; j < ga->count; j++)
+            ck_assert_float_eq_tol(ga->data[j], gf->data[j],
+                                   1e-5 + 1e-3 * fabsf(gf->data[j]));
+    }
+    fx_free(&a);
+    fx_free(&b);
+    fx_free(&full);
+}
+END_TEST
+
+START_TEST(test_tiny_mlp_learns_separable_problem)
+{
+    keel_model_config cfg;
+    keel_optimizer_config oc;
+    keel_optimizer *opt;
+    fixture f;
+    float x[64 * 36];
+    int32_t y[64];
+    keel_batch b = { x, y, 64 };
+    keel_step_stats first, last;
+    keel_model_config_init(&cfg);
+    cfg.height = cfg.width = 6;
+    cfg.n_hidden = 1;
+    cfg.hidden[0] = 16;
+    cfg.classes = 3;
+    cfg.max_batch = 64;
+    fx_new(&f, &cfg, 1);
+    keel_optimizer_config_init(&oc, KEEL_OPT_MOMENTUM);
+    oc.schedule.learning_rate = 0.1;
+    ck_assert_int_eq(keel_optimizer_new(&oc, &opt), KEEL_OK);
+    ck_assert_int_eq(keel_optimizer_prepare(opt, f.vs), KEEL_OK);
+    synthetic(x, y, 64, 36, 3, 77);
+    keel_model_eval(f.m, f.vs, &b, &first);
+    for (int s = 0; s < 60; s++) {
+        keel_grads_zero(f.g);
+        ck_assert_int_eq(keel_model_step(f.m, f.vs, &b, 64, f.g, NULL),
+                         KEEL_OK);
+        ck_assert_int_eq(keel_optimizer_apply(opt, f.vs, f.g, s), KEEL_OK);
+    }
+    keel_model_eval(f.m, f.vs, &b, &last);
+    ck_assert_msg(last.loss_sum < 0.2 * first.loss_sum,
+                  "loss %g -> %g", first.loss_sum, last.loss_sum);
+    ck_assert_int_ge(last.correct, 62);
+    keel_optimizer_free(opt);
+    fx_free(&f);
+}
+END_TEST
+
+START_TEST(test_model_rejects_bad_batches_and_configs)
+{
+    keel_model_config cfg;
+    fixture f;
+    float x[4 * 784] = { 0 };
+    int32_t y[4] = { 0, 1, 10, 2 };
+    keel_batch b = { x, y, 4 };
+    keel_vars *vs;
+    keel_model *m;
+    keel_model_config_init(&cfg);
+    cfg.max_batch = 4;
+    fx_new(&f, &cfg, 1);
+    ck_assert_int_eq(keel_model_step(f.m, f.vs, &b, 4, f.g, NULL),
+                     KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "label 10"));
+    y[2] = 3;
+    ck_assert_int_eq(keel_model_step(f.m, f.vs, &b, 2, f.g, NULL),
+                     KEEL_EINVAL);
+    b.n = 5;
+    ck_assert_int_eq(keel_model_step(f.m, f.vs, &b, 8, f.g, NULL),
+                     KEEL_EINVAL);
+    fx_free(&f);
+    ck_assert_int_eq(keel_vars_new(&vs), KEEL_OK);
+    cfg.classes = 1;
+    ck_assert_int_eq(keel_model_new(&cfg, vs, &m), KEEL_EINVAL);
+    ck_assert_ptr_null(m);
+    keel_vars_free(vs);
+}
+END_TEST
+
+/* ---- names, schedules, optimizers ---------------------------------------------- */
+
+START_TEST(test_names_parse_and_errors_list_choices)
+{
+    keel_optimizer_kind ok;
+    keel_model_kind mk;
+    keel_lr_kind lk;
+    keel_model_config cfg;
+    ck_assert_int_eq(keel_optimizer_kind_from_name("rmsprop", &ok), KEEL_OK);
+    ck_assert_int_eq(ok, KEEL_OPT_RMSPROP);
+    ck_assert_int_eq(keel_optimizer_kind_from_name("adamw", &ok),
+                     KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "'adamw'"));
+    ck_assert_ptr_nonnull(strstr(keel_last_error(),
+                                 "sgd, momentum, adagrad, adam, rmsprop"));
+    ck_assert_int_eq(keel_model_kind_from_name("cnn", &mk), KEEL_OK);
+    ck_assert_int_eq(mk, KEEL_MODEL_CNN);
+    ck_assert_int_eq(keel_model_kind_from_name("resnet", &mk), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "softmax, mlp, cnn"));
+    ck_assert_int_eq(keel_lr_kind_from_name("piecewise", &lk), KEEL_OK);
+    ck_assert_int_eq(lk, KEEL_LR_PIECEWISE);
+    keel_model_config_init(&cfg);
+    ck_assert_int_eq(keel_model_parse_hidden("128,64,32", &cfg), KEEL_OK);
+    ck_assert_int_eq(cfg.n_hidden, 3);
+    ck_assert_int_eq(cfg.hidden[2], 32);
+    ck_assert_int_eq(keel_model_parse_hidden("128,,3", &cfg), KEEL_EINVAL);
+    ck_assert_int_eq(keel_model_parse_hidden("12x", &cfg), KEEL_EINVAL);
+}
+END_TEST
+
+START_TEST(test_lr_schedules_follow_their_formulas)
+{
+    keel_lr_schedule s;
+    keel_lr_schedule_init(&s);
+    s.learning_rate = 0.5;
+    ck_assert_double_eq(keel_lr_at(&s, 12345), 0.5);
+    /* seed 002's decay() with 100 steps per epoch */
+    ck_assert_int_eq(keel_lr_parse_piecewise("300,700", "1e-3,1e-4,1e-5",
+                                             &s), KEEL_OK);
+    ck_assert_double_eq(keel_lr_at(&s, 0), 1e-3);
+    ck_assert_double_eq(keel_lr_at(&s, 299), 1e-3);
+    ck_assert_double_eq(keel_lr_at(&s, 300), 1e-4);
+    ck_assert_double_eq(keel_lr_at(&s, 699), 1e-4);
+    ck_assert_double_eq(keel_lr_at(&s, 700), 1e-5);
+    ck_assert_double_eq(keel_lr_at(&s, 1000000), 1e-5);
+    ck_assert_int_eq(keel_lr_parse_piecewise("300,200", "1,2,3", &s),
+                     KEEL_EINVAL);
+    ck_assert_int_eq(keel_lr_parse_piecewise("300", "1,2,3", &s),
+                     KEEL_EINVAL);
+    keel_lr_schedule_init(&s);
+    s.kind = KEEL_LR_EXPONENTIAL;
+    s.learning_rate = 0.1;
+    s.decay_steps = 10;
+    s.decay_rate = 0.5;
+    ck_assert_double_eq_tol(keel_lr_at(&s, 15), 0.1 * pow(0.5, 1.5), 1e-15);
+    s.staircase = 1;
+    ck_assert_double_eq_tol(keel_lr_at(&s, 15), 0.05, 1e-15);
+    ck_assert_double_eq_tol(keel_lr_at(&s, 20), 0.025, 1e-15);
+    s.decay_steps = 0;
+    ck_assert_int_eq(keel_lr_schedule_validate(&s), KEEL_EINVAL);
+}
+END_TEST
+
+/* One variable w = {1, -2}, two steps with gradients g1, g2; returns w and
+ * the slots after each step. */
+static keel_var *
+opt_var(keel_vars **vs)
+{
+    int64_t shape[1] = { 2 };
+    keel_var *v;
+    ck_assert_int_eq(keel_vars_new(vs), KEEL_OK);
+    ck_assert_int_eq(keel_vars_create(*vs, "w", 1, shape,
+                                      KEEL_VAR_TRAINABLE, &v), KEEL_OK);
+    keel_var_tensor(v)->data[0] = 1.0f;
+    keel_var_tensor(v)->data[1] = -2.0f;
+    return v;
+}
+
+static void
+run_opt(const keel_optimizer_config *oc, keel_var *v, keel_vars *vs,
+        int64_t step0)
+{
+    keel_optimizer *o;
+    keel_tensor g;
+    int64_t shape[1] = { 2 };
+    const float gs[2][2] = { { 0.5f, -1.0f }, { 0.25f, 2.0f } };
+    ck_assert_int_eq(keel_optimizer_new(oc, &o), KEEL_OK);
+    ck_assert_int_eq(keel_optimizer_prepare(o, vs), KEEL_OK);
+    ck_assert_int_eq(keel_tensor_alloc(&g, 1, shape), KEEL_OK);
+    for (int s = 0; s < 2; s++) {
+        memcpy(g.data, gs[s], sizeof gs[s]);
+        ck_assert_int_eq(keel_optimizer_apply_var(o, v, &g, step0 + s),
+                         KEEL_OK);
+    }
+    keel_tensor_release(&g);
+    keel_optimizer_free(o);
+}
+
+#define W(i) ((double)keel_var_tensor(v)->data[i])
+#define SLOT(n, i) ((double)keel_var_slot(v, n)->data[i])
+
+START_TEST(test_optimizer_updates_match_hand_computed_values)
+{
+    keel_optimizer_config oc;
+    keel_vars *vs;
+    keel_var *v;
+    const double g1[2] = { 0.5, -1.0 }, g2[2] = { 0.25, 2.0 };
+    const double w0[2] = { 1.0, -2.0 };
+    double tol = 1e-6;
+
+    /* SGD with a piecewise schedule: lr 0.1 at step 0, 0.01 from step 1 */
+    v = opt_var(&vs);
+    keel_optimizer_config_init(&oc, KEEL_OPT_SGD);
+    ck_assert_int_eq(keel_lr_parse_piecewise("1", "0.1,0.01", &oc.schedule),
+                     KEEL_OK);
+    run_opt(&oc, v, vs, 0);
+    for (int i = 0; i < 2; i++)
+        ck_assert_double_eq_tol(W(i), w0[i] - 0.1 * g1[i] - 0.01 * g2[i],
+                                tol);
+    ck_assert_uint_eq(keel_var_slot_count(v), 0);
+    keel_vars_free(vs);
+
+    /* Momentum 0.9, lr 0.1; then Nesterov */
+    for (int nes = 0; nes <= 1; nes++) {
+        v = opt_var(&vs);
+        keel_optimizer_config_init(&oc, KEEL_OPT_MOMENTUM);
+        oc.schedule.learning_rate = 0.1;
+        oc.use_nesterov = nes;
+        run_opt(&oc, v, vs, 0);
+        for (int i = 0; i < 2; i++) {
+            double a1 = g1[i], a2 = 0.9 * a1 + g2[i], w = w0[i];
+            w -= 0.1 * (nes ? g1[i] + 0.9 * a1 : a1);
+            w -= 0.1 * (nes ? g2[i] + 0.9 * a2 : a2);
+            ck_assert_double_eq_tol(SLOT("momentum", i), a2, tol);
+            ck_assert_double_eq_tol(W(i), w, tol);
+        }
+        keel_vars_free(vs);
+    }
+
+    /* Adagrad, initial accumulator 0.1 */
+    v = opt_var(&vs);
+    keel_optimizer_config_init(&oc, KEEL_OPT_ADAGRAD);
+    oc.schedule.learning_rate = 0.1;
+    run_opt(&oc, v, vs, 0);
+    for (int i = 0; i < 2; i++) {
+        double a = 0.1 + g1[i] * g1[i], w = w0[i];
+        w -= 0.1 * g1[i] / (sqrt(a) + 1e-7);
+        a += g2[i] * g2[i];
+        w -= 0.1 * g2[i] / (sqrt(a) + 1e-7);
+        ck_assert_double_eq_tol(SLOT("accumulator", i), a, tol);
+        ck_assert_double_eq_tol(W(i), w, tol);
+    }
+    keel_vars_free(vs);
+
+    /* Adam starting at global step 5 (t = 6, 7) */
+    v = opt_var(&vs);
+    keel_optimizer_config_init(&oc, KEEL_OPT_ADAM);
+    oc.schedule.learning_rate = 0.01;
+    run_opt(&oc, v, vs, 5);
+    for (int i = 0; i < 2; i++) {
+        double m = 0, vv = 0, w = w0[i];
+        const double *gs[2] = { g1, g2 };
+        for (int s = 0; s < 2; s++) {
+            double t = 6 + s;
+            double lr_t = 0.01 * sqrt(1 - pow(0.999, t)) / (1 - pow(0.9, t));
+            m = 0.9 * m + 0.1 * gs[s][i];
+            vv = 0.999 * vv + 0.001 * gs[s][i] * gs[s][i];
+            w -= lr_t * m / (sqrt(vv) + 1e-7);
+        }
+        ck_assert_double_eq_tol(SLOT("m", i), m, tol);
+        ck_assert_double_eq_tol(SLOT("v", i), vv, tol);
+        ck_assert_double_eq_tol(W(i), w, tol);
+    }
+    keel_vars_free(vs);
+
+    /* RMSProp rho 0.9, momentum 0.5, lr 0.01 */
+    v = opt_var(&vs);
+    keel_optimizer_config_init(&oc, KEEL_OPT_RMSPROP);
+    oc.schedule.learning_rate = 0.01;
+    oc.momentum = 0.5;
+    run_opt(&oc, v, vs, 0);
+    for (int i = 0; i < 2; i++) {
+        double ms = 0, mom = 0, w = w0[i];
+        const double *gs[2] = { g1, g2 };
+        for (int s = 0; s < 2; s++) {
+            ms = 0.9 * ms + 0.1 * gs[s][i] * gs[s][i];
+            mom = 0.5 * mom + 0.01 * gs[s][i] / sqrt(ms + 1e-7);
+            w -= mom;
+        }
+        ck_assert_double_eq_tol(SLOT("rms", i), ms, tol);
+        ck_assert_double_eq_tol(SLOT("mom", i), mom, tol);
+        ck_assert_double_eq_tol(W(i), w, tol);
+    }
+    keel_vars_free(vs);
+}
+END_TEST
+
+START_TEST(test_optimizer_prepare_is_idempotent_and_apply_needs_slots)
+{
+    keel_optimizer_config oc;
+    keel_optimizer *o;
+    keel_vars *vs;
+    keel_var *v = opt_var(&vs);
+    keel_tensor g;
+    int64_t shape[1] = { 2 };
+    keel_optimizer_config_init(&oc, KEEL_OPT_ADAGRAD);
+    ck_assert_int_eq(keel_optimizer_new(&oc, &o), KEEL_OK);
+    ck_assert_int_eq(keel_tensor_alloc(&g, 1, shape), KEEL_OK);
+    ck_assert_int_eq(keel_optimizer_apply_var(o, v, &g, 0), KEEL_ESTATE);
+    ck_assert_int_eq(keel_optimizer_prepare(o, vs), KEEL_OK);
+    keel_var_slot(v, "accumulator")->data[0] = 7.0f;
+    ck_assert_int_eq(keel_optimizer_prepare(o, vs), KEEL_OK);
+    ck_assert_uint_eq(keel_var_slot_count(v), 1);
+    ck_assert_float_eq(keel_var_slot(v, "accumulator")->data[0], 7.0f);
+    ck_assert_float_eq_tol(keel_var_slot(v, "accumulator")->data[1], 0.1f,
+                           1e-7);
+    keel_tensor_release(&g);
+    keel_optimizer_free(o);
+    keel_vars_free(vs);
+    oc.schedule.learning_rate = -1;
+    ck_assert_int_eq(keel_optimizer_new(&oc, &o), KEEL_EINVAL);
+}
+END_TEST
+
+/* Copy every variable and slot of src into dst (same model layout). */
+static void
+copy_store(keel_vars *dst, keel_vars *src)
+{
+    for (size_t i = 0; i < keel_vars_count(src); i++) {
+        keel_var *a = keel_vars_at(src, i), *b = keel_vars_at(dst, i);
+        ck_assert_str_eq(keel_var_name(a), keel_var_name(b));
+        memcpy(keel_var_tensor(b)->data, keel_var_tensor(a)->data,
+               keel_tensor_bytes(keel_var_tensor(a)));
+        for (size_t s = 0; s < keel_var_slot_count(a); s++) {
+            const char *name;
+            keel_tensor *ta = keel_var_slot_at(a, s, &name), *tb;
+            ck_assert_int_eq(keel_var_add_slot(b, name, &tb), KEEL_OK);
+            memcpy(tb->data, ta->data, keel_tensor_bytes(ta));
+        }
+    }
+    keel_vars_set_global_step(dst, keel_vars_global_step(src));
+}
+
+START_TEST(test_adam_continues_bitwise_after_restore)
+{
+    keel_model_config cfg;
+    keel_optimizer_config oc;
+    keel_optimizer *o;
+    fixture a, b;
+    float x[8 * 36];
+    int32_t y[8];
+    keel_batch bt = { x, y, 8 };
+    keel_model_config_init(&cfg);
+    cfg.height = cfg.width = 6;
+    cfg.n_hidden = 1;
+    cfg.hidden[0] = 7;
+    cfg.classes = 3;
+    cfg.max_batch = 8;
+    keel_optimizer_config_init(&oc, KEEL_OPT_ADAM);
+    ck_assert_int_eq(keel_optimizer_new(&oc, &o), KEEL_OK);
+    fx_new(&a, &cfg, 5);
+    ck_assert_int_eq(keel_optimizer_prepare(o, a.vs), KEEL_OK);
+    synthetic(x, y, 8, 36, 3, 6);
+    for (int s = 0; s < 6; s++) {
+        if (s == 3) {
+            /* "restore" into a fresh store, then continue there */
+            fx_new(&b, &cfg, 99);
+            copy_store(b.vs, a.vs);
+            ck_assert_int_eq(keel_optimizer_prepare(o, b.vs), KEEL_OK);
+        }
+        if (s >= 3) {
+            keel_grads_zero(b.g);
+            keel_model_step(b.m, b.vs, &bt, 8, b.g, NULL);
+            ck_assert_int_eq(keel_optimizer_apply(o, b.vs, b.g,
+                                                  keel_vars_global_step(b.vs)),
+                             KEEL_OK);
+            keel_vars_set_global_step(b.vs, keel_vars_global_step(b.vs) + 1);
+        }
+        keel_grads_zero(a.g);
+        keel_model_step(a.m, a.vs, &bt, 8, a.g, NULL);
+        ck_assert_int_eq(keel_optimizer_apply(o, a.vs, a.g,
+                                              keel_vars_global_step(a.vs)),
+                         KEEL_OK);
+        keel_vars_set_global_step(a.vs, keel_vars_global_step(a.vs) + 1);
+    }
+    for (size_t i = 0; i < keel_vars_count(a.vs); i++) {
+        keel_var *va = keel_vars_at(a.vs, i), *vb = keel_vars_at(b.vs, i);
+        ck_assert_mem_eq(keel_var_tensor(va)->data, keel_var_tensor(vb)->data,
+                         keel_tensor_bytes(keel_var_tensor(va)));
+        ck_assert_mem_eq(keel_var_slot(va, "v")->data,
+                         keel_var_slot(vb, "v")->data,
+                         keel_tensor_bytes(keel_var_tensor(va)));
+    }
+    fx_free(&a);
+    fx_free(&b);
+    keel_optimizer_free(o);
+}
+END_TEST
+
+/* ---- data files ------------------------------------------------------------------- */
+
+#define NEX 10
+
+static void
+put_be32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)(v >> 24);
+    p[1] = (uint8_t)(v >> 16);
+    p[2] = (uint8_t)(v >> 8);
+    p[3] = (uint8_t)v;
+}
+
+static void
+write_maybe_gz(const char *path, const void *data, size_t n, int gz)
+{
+    if (gz) {
+        gzFile f = gzopen(path, "wb");
+        ck_assert_ptr_nonnull(f);
+        ck_assert_int_eq(gzwrite(f, data, (unsigned)n), (int)n);
+        ck_assert_int_eq(gzclose(f), Z_OK);
+    } else {
+        tu_write_file(path, data, n);
+    }
+}
+
+/* NEX images of 4x3 pixels (pixel j of image i = i*12 + j) and labels i%3;
+ * count_labels lets a test make the two files disagree. */
+static void
+write_idx(const char *img, const char *lab, int gz, uint32_t count_labels)
+{
+    uint8_t ibuf[16 + NEX * 12], lbuf[8 + NEX];
+    ibuf[0] = ibuf[1] = 0;
+    ibuf[2] = 8;
+    ibuf[3] = 3;
+    put_be32(ibuf + 4, NEX);
+    put_be32(ibuf + 8, 4);
+    put_be32(ibuf + 12, 3);
+    for (int i = 0; i < NEX * 12; i++)
+        ibuf[16 + i] = (uint8_t)i;
+    lbuf[0] = lbuf[1] = 0;
+    lbuf[2] = 8;
+    lbuf[3] = 1;
+    put_be32(lbuf + 4, count_labels);
+    for (int i = 0; i < NEX; i++)
+        lbuf[8 + i] = (uint8_t)(i % 3);
+    write_maybe_gz(img, ibuf, sizeof ibuf, gz);
+    write_maybe_gz(lab, lbuf, 8 + (count_labels < NEX ? count_labels : NEX),
+                   gz);
+}
+
+START_TEST(test_idx_reader_reads_plain_and_gzip)
+{
+    for (int gz = 0; gz <= 1; gz++) {
+        keel_dataset *ds;
+        float x[12];
+        int32_t y;
+        int64_t h, w, c;
+        const char *img = tu_path(gz ? "i.gz" : "i.idx");
+        const char *lab = tu_path(gz ? "l.gz" : "l.idx");
+        write_idx(img, lab, gz, NEX);
+        ck_assert_msg(keel_dataset_open_idx(img, lab, 3, &ds) == KEEL_OK,
+                      "%s", keel_last_error());
+        ck_assert_uint_eq(keel_dataset_count(ds), NEX);
+        keel_dataset_shape(ds, &h, &w, &c);
+        ck_assert_int_eq(h, 4);
+        ck_assert_int_eq(w, 3);
+        ck_assert_int_eq(c, 1);
+        ck_assert_int_eq(keel_dataset_get(ds, 7, x, &y), KEEL_OK);
+        ck_assert_int_eq(y, 1);
+        ck_assert_float_eq(x[5], (float)(7 * 12 + 5) / 255.0f);
+        ck_assert_int_eq(keel_dataset_get(ds, NEX, x, &y), KEEL_EINVAL);
+        keel_dataset_free(ds);
+    }
+}
+END_TEST
+
+static void
+expect_corrupt(const char *img, const char *lab, int classes,
+               const char *needle, const char *name)
+{
+    keel_dataset *ds = (keel_dataset *)1;
+    ck_assert_int_eq(keel_dataset_open_idx(img, lab, classes, &ds),
+                     KEEL_ECORRUPT);
+    ck_assert_ptr_null(ds);
+    ck_assert_msg(strstr(keel_last_error(), needle) != NULL &&
+                      strstr(keel_last_error(), name) != NULL,
+                  "message '%s' lacks '%s' or '%s'", keel_last_error(),
+                  needle, name);
+}
+
+START_TEST(test_idx_reader_rejects_corrupt_files)
+{
+    const char *img = tu_path("i.idx"), *lab = tu_path("l.idx");
+    const char *gimg = tu_path("i.gz"), *glab = tu_path("l.gz");
+    keel_dataset *ds;
+    write_idx(img, lab, 0, NEX);
+    expect_corrupt(img, lab, 2, "outside [0, 2)", "l.idx");
+    tu_flip_byte(img, 3, 0x01);                      /* magic 0x802 */
+    expect_corrupt(img, lab, 3, "wrong magic", "i.idx");
+    write_idx(img, lab, 0, NEX);
+    tu_truncate(img, 16 + NEX * 12 - 1);
+    expect_corrupt(img, lab, 3, "truncated", "i.idx");
+    tu_truncate(img, 10);
+    expect_corrupt(img, lab, 3, "16-byte header", "i.idx");
+    write_idx(img, lab, 0, NEX - 1);                 /* 9 labels */
+    expect_corrupt(img, lab, 3, "has 9 labels", "l.idx");
+    write_idx(img, lab, 0, NEX);
+    tu_flip_byte(img, 8, 0x80);                      /* huge rows */
+    expect_corrupt(img, lab, 3, "bad header", "i.idx");
+    write_idx(img, lab, 0, NEX);
+    {
+        char *d;
+        size_t n;
+        d = tu_read_file(lab, &n);
+        tu_write_file(lab, d, n - 1);
+        free(d);
+    }
+    expect_corrupt(img, lab, 3, "truncated", "l.idx");
+    /* a gzip stream cut short */
+    write_idx(gimg, glab, 1, NEX);
+    tu_truncate(gimg, tu_file_size(gimg) - 12);
+    expect_corrupt(gimg, glab, 3, "", "i.gz");
+    ck_assert_int_eq(keel_dataset_open_idx(tu_path("missing"), glab, 3, &ds),
+                     KEEL_ENOTFOUND);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "missing"));
+}
+END_TEST
+
+/* An HDF5 file with x (uint8 [n,4,3] or float [n,4,3,2]) and y int32. */
+static void
+write_h5(const char *path, int as_float, hsize_t nx, hsize_t ny,
+         int32_t bad_label)
+{
+    hid_t f, s, d;
+    hsize_t xd[4] = { nx, 4, 3, 2 };
+    size_t per = as_float ? 24 : 12;
+    void *xbuf = calloc(nx * per, as_float ? 4 : 1);
+    int32_t *y = calloc(ny, sizeof *y);
+    for (size_t i = 0; i < nx * per; i++) {
+        if (as_float)
+            ((float *)xbuf)[i] = (float)i * 0.001f;
+        else
+            ((uint8_t *)xbuf)[i] = (uint8_t)i;
+    }
+    for (size_t i = 0; i < ny; i++)
+        y[i] = (int32_t)(i % 3);
+    if (ny > 0)
+        y[ny - 1] = bad_label >= 0 ? bad_label : y[ny - 1];
+    f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    ck_assert_int_ge(f, 0);
+    s = H5Screate_simple(as_float ? 4 : 3, xd, NULL);
+    d = H5Dcreate2(f, "x", as_float ? H5T_IEEE_F32LE : H5T_STD_U8LE, s,
+                   H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    ck_assert_int_ge(H5Dwrite(d, as_float ? H5T_NATIVE_FLOAT
+                                          : H5T_NATIVE_UINT8,
+                              H5S_ALL, H5S_ALL, H5P_DEFAULT, xbuf), 0);
+    H5Dclose(d);
+    H5Sclose(s);
+    s = H5Screate_simple(1, &ny, NULL);
+    d = H5Dcreate2(f, "y", H5T_STD_I32LE, s, H5P_DEFAULT, H5P_DEFAULT,
+                   H5P_DEFAULT);
+    ck_assert_int_ge(H5Dwrite(d, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL,
+                              H5P_DEFAULT, y), 0);
+    H5Dclose(d);
+    H5Sclose(s);
+    H5Fclose(f);
+    free(xbuf);
+    free(y);
+}
+
+START_TEST(test_h5_reader_reads_uint8_and_float)
+{
+    keel_dataset *ds;
+    float x[24];
+    int32_t y;
+    int64_t c;
+    const char *p = tu_path("d.h5");
+    write_h5(p, 0, 5, 5, -1);
+    ck_assert_msg(keel_dataset_open_h5(p, 3, &ds) == KEEL_OK, "%s",
+                  keel_last_error());
+    ck_assert_uint_eq(keel_dataset_count(ds), 5);
+    ck_assert_uint_eq(keel_dataset_example_size(ds), 12);
+    keel_dataset_get(ds, 2, x, &y);
+    ck_assert_int_eq(y, 2);
+    ck_assert_float_eq(x[1], 25.0f / 255.0f);
+    keel_dataset_free(ds);
+    write_h5(p, 1, 4, 4, -1);
+    ck_assert_int_eq(keel_dataset_open_h5(p, 3, &ds), KEEL_OK);
+    keel_dataset_shape(ds, NULL, NULL, &c);
+    ck_assert_int_eq(c, 2);
+    keel_dataset_get(ds, 3, x, &y);
+    ck_assert_float_eq(x[4], (float)(3 * 24 + 4) * 0.001f);
+    keel_dataset_free(ds);
+}
+END_TEST
+
+START_TEST(test_h5_reader_rejects_corrupt_files)
+{
+    keel_dataset *ds;
+    const char *p = tu_path("d.h5");
+    write_h5(p, 0, 5, 4, -1);
+    ck_assert_int_eq(keel_dataset_open_h5(p, 3, &ds), KEEL_ECORRUPT);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "5 examples but 'y' "
+                                                   "has 4"));
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "d.h5"));
+    write_h5(p, 1, 5, 5, 7);
+    ck_assert_int_eq(keel_dataset_open_h5(p, 3, &ds), KEEL_ECORRUPT);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "label 7"));
+    tu_write_file(p, "not hdf5 at all", 15);
+    ck_assert_int_eq(keel_dataset_open_h5(p, 3, &ds), KEEL_ECORRUPT);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "not a readable"));
+    {
+        hid_t f = H5Fcreate(p, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+        H5Fclose(f);
+    }
+    ck_assert_int_eq(keel_dataset_open_h5(p, 3, &ds), KEEL_ECORRUPT);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "'x'"));
+    ck_assert_int_eq(keel_dataset_open_h5(tu_path("nope.h5"), 3, &ds),
+                     KEEL_ENOTFOUND);
+}
+END_TEST
+
+/* ---- iterator ------------------------------------------------------------------------ */
+
+/* A dataset of n examples whose pixel 0 encodes the index. */
+static keel_dataset *
+index_dataset(size_t n)
+{
+    keel_dataset *ds;
+    uint8_t *ibuf = calloc(16 + n, 1), lbuf[8 + 256];
+    ck_assert(n <= 256);
+    ibuf[2] = 8;
+    ibuf[3] = 3;
+    put_be32(ibuf + 4, (uint32_t)n);
+    put_be32(ibuf + 8, 1);
+    put_be32(ibuf + 12, 1);
+    memset(lbuf, 0, sizeof lbuf);
+    lbuf[2] = 8;
+    lbuf[3] = 1;
+    put_be32(lbuf + 4, (uint32_t)n);
+    for (size_t i = 0; i < n; i++) {
+        ibuf[16 + i] = (uint8_t)i;
+        lbuf[8 + i] = (uint8_t)(i % 2);
+    }
+    tu_write_file(tu_path("ix"), ibuf, 16 + n);
+    tu_write_file(tu_path("lx"), lbuf, 8 + n);
+    free(ibuf);
+    ck_assert_int_eq(keel_dataset_open_idx(tu_path("ix"), tu_path("lx"), 2,
+                                           &ds), KEEL_OK);
+    return ds;
+}
+
+static int
+ex_id(const keel_batch *b, size_t i)
+{
+    return (int)lrintf(b->x[i] * 255.0f);
+}
+
+/* Example ids of the next n_steps global batches for worker w of nw. */
+static int
+collect(const keel_dataset *ds, int64_t gb, int w, int nw, uint64_t seed,
+        int n_steps, int *ids)
+{
+    keel_data_iter_config c;
+    keel_data_iter *it;
+    int k = 0;
+    keel_data_iter_config_init(&c);
+    c.global_batch_size = gb;
+    c.worker_index = w;
+    c.num_workers = nw;
+    c.seed = seed;
+    ck_assert_int_eq(keel_data_iter_new(ds, &c, &it), KEEL_OK);
+    for (int s = 0; s < n_steps; s++) {
+        keel_batch b;
+        ck_assert_int_eq(keel_data_iter_next(it, &b), KEEL_OK);
+        for (size_t i = 0; i < b.n; i++)
+            ids[k++] = ex_id(&b, i);
+    }
+    keel_data_iter_free(it);
+    return k;
+}
+
+START_TEST(test_iterator_shuffles_deterministically_per_epoch)
+{
+    keel_dataset *ds = index_dataset(100);
+    int a[200], b[200], c[200], seen[100] = { 0 };
+    ck_assert_int_eq(collect(ds, 10, 0, 1, 7, 20, a), 200);
+    ck_assert_int_eq(collect(ds, 10, 0, 1, 7, 20, b), 200);
+    ck_assert_int_eq(collect(ds, 10, 0, 1, 8, 20, c), 200);
+    ck_assert_mem_eq(a, b, sizeof a);
+    ck_assert(memcmp(a, c, sizeof a) != 0);
+    ck_assert(memcmp(a, a + 100, 100 * sizeof *a) != 0);  /* new epoch order */
+    for (int i = 0; i < 100; i++)
+        seen[a[i]]++;
+    for (int i = 0; i < 100; i++)
+        ck_assert_int_eq(seen[i], 1);
+    keel_dataset_free(ds);
+}
+END_TEST
+
+START_TEST(test_worker_slices_union_to_the_global_batch)
+{
+    keel_dataset *ds = index_dataset(100);
+    int global[100];
+    collect(ds, 12, 0, 1, 3, 8, global);
+    for (int nw = 2; nw <= 5; nw += 1) {
+        int parts[5][100], n[5];
+        for (int w = 0; w < nw; w++)
+            n[w] = collect(ds, 12, w, nw, 3, 8, parts[w]);
+        /* step s: concatenating the workers' slices gives global batch s */
+        for (int s = 0; s < 8; s++) {
+            int k = 0;
+            for (int w = 0; w < nw; w++) {
+                int lo = 12 * w / nw, hi = 12 * (w + 1) / nw, len = hi - lo;
+                ck_assert_int_eq(n[w], 8 * len);
+                for (int i = 0; i < len; i++)
+                    ck_assert_int_eq(parts[w][s * len + i],
+                                     global[s * 12 + k++]);
+            }
+            ck_assert_int_eq(k, 12);
+        }
+    }
+    keel_dataset_free(ds);
+}
+END_TEST
+
+START_TEST(test_iterator_state_resumes_with_the_next_example)
+{
+    keel_dataset *ds = index_dataset(50);
+    keel_data_iter_config c;
+    keel_data_iter *a, *b;
+    uint8_t state[KEEL_DATA_ITER_STATE_BYTES];
+    size_t len;
+    keel_batch ba, bb;
+    keel_data_iter_config_init(&c);
+    c.global_batch_size = 8;
+    c.seed = 11;
+    ck_assert_int_eq(keel_data_iter_new(ds, &c, &a), KEEL_OK);
+    for (int s = 0; s < 9; s++)     /* 6 steps per epoch: mid epoch 1 */
+        ck_assert_int_eq(keel_data_iter_next(a, &ba), KEEL_OK);
+    ck_assert_int_eq(keel_data_iter_epoch(a), 1);
+    ck_assert_int_eq(keel_data_iter_offset(a), 24);
+    ck_assert_int_eq(keel_data_iter_get_state(a, state, sizeof state, &len),
+                     KEEL_OK);
+    ck_assert_uint_eq(len, KEEL_DATA_ITER_STATE_BYTES);
+    c.seed = 999;                   /* the state's seed wins */
+    ck_assert_int_eq(keel_data_iter_new(ds, &c, &b), KEEL_OK);
+    ck_assert_int_eq(keel_data_iter_set_state(b, state, len), KEEL_OK);
+    for (int s = 0; s < 10; s++) {
+        ck_assert_int_eq(keel_data_iter_next(a, &ba), KEEL_OK);
+        ck_assert_int_eq(keel_data_iter_next(b, &bb), KEEL_OK);
+        ck_assert_uint_eq(ba.n, bb.n);
+        ck_assert_mem_eq(ba.x, bb.x, ba.n * sizeof(float));
+    }
+    state[0] ^= 1;
+    ck_assert_int_eq(keel_data_iter_set_state(b, state, len), KEEL_ECORRUPT);
+    state[0] ^= 1;
+    ck_assert_int_eq(keel_data_iter_set_state(b, state, len - 1),
+                     KEEL_ECORRUPT);
+    state[32] ^= 1;                 /* dataset size differs */
+    ck_assert_int_eq(keel_data_iter_set_state(b, state, len), KEEL_EINVAL);
+    keel_data_iter_free(a);
+    keel_data_iter_free(b);
+    keel_dataset_free(ds);
+}
+END_TEST
+
+START_TEST(test_iterator_epoch_limit_and_remainder)
+{
+    keel_dataset *ds = index_dataset(10);
+    keel_data_iter_config c;
+    keel_data_iter *it;
+    keel_batch b;
+    int steps = 0;
+    size_t last = 0;
+    keel_data_iter_config_init(&c);
+    c.global_batch_size = 4;
+    c.max_epochs = 2;
+    c.drop_remainder = 0;
+    ck_assert_int_eq(keel_data_iter_new(ds, &c, &it), KEEL_OK);
+    ck_assert_int_eq(keel_data_iter_steps_per_epoch(it), 3);
+    while (keel_data_iter_next(it, &b) == KEEL_OK) {
+        steps++;
+        last = b.n;
+    }
+    ck_assert_int_eq(steps, 6);
+    ck_assert_uint_eq(last, 2);        /* the partial batch is kept */
+    ck_assert_int_eq(keel_data_iter_next(it, &b), KEEL_EOUTOFRANGE);
+    keel_data_iter_free(it);
+    c.drop_remainder = 1;
+    ck_assert_int_eq(keel_data_iter_new(ds, &c, &it), KEEL_OK);
+    steps = 0;
+    while (keel_data_iter_next(it, &b) == KEEL_OK)
+        steps++;
+    ck_assert_int_eq(steps, 4);
+    keel_data_iter_free(it);
+    c.global_batch_size = 11;
+    ck_assert_int_eq(keel_data_iter_new(ds, &c, &it), KEEL_EINVAL);
+    keel_dataset_free(ds);
+}
+END_TEST
+
+#define FMNIST "/usr/share/datasets/fashion-mnist"
+
+START_TEST(test_real_fashion_mnist_opens_if_installed)
+{
+    keel_dataset *ds;
+    keel_data_iter_config c;
+    keel_data_iter *it;
+    keel_batch b;
+    int hist[10] = { 0 };
+    if (access(FMNIST "/t10k-images-idx3-ubyte.gz", R_OK) != 0) {
+        fprintf(stderr, "SKIP test_real_fashion_mnist: %s not installed "
+                "(apt-get install dataset-fashion-mnist)\n", FMNIST);
+        return;
+    }
+    ck_assert_msg(keel_dataset_open_idx(FMNIST "/t10k-images-idx3-ubyte.gz",
+                                        FMNIST "/t10k-labels-idx1-ubyte.gz",
+                                        10, &ds) == KEEL_OK,
+                  "%s", keel_last_error());
+    ck_assert_uint_eq(keel_dataset_count(ds), 10000);
+    ck_assert_uint_eq(keel_dataset_example_size(ds), 784);
+    keel_data_iter_config_init(&c);
+    c.global_batch_size = 1000;
+    c.shuffle = 0;
+    ck_assert_int_eq(keel_data_iter_new(ds, &c, &it), KEEL_OK);
+    for (int s = 0; s < 10; s++) {
+        ck_assert_int_eq(keel_data_iter_next(it, &b), KEEL_OK);
+        for (size_t i = 0; i < b.n; i++)
+            hist[b.y[i]]++;
+    }
+    for (int k = 0; k < 10; k++)         /* the test set is balanced */
+        ck_assert_int_eq(hist[k], 1000);
+    keel_data_iter_free(it);
+    keel_dataset_free(ds);
+}
+END_TEST
+
+START_TEST(test_blas_threads_and_corename)
+{
+    keel_train_set_threads(1);
+    ck_assert_int_eq(keel_train_get_threads(), 1);
+    ck_assert_ptr_nonnull(keel_train_blas_corename());
+    ck_assert_int_gt((int)strlen(keel_train_blas_corename()), 0);
+}
+END_TEST
+
+static Suite *
+train_suite(void)
+{
+    Suite *s = suite_create("train");
+    TCase *t = tcase_create("layers");
+    tcase_add_test(t, test_dense_gradients_match_finite_differences);
+    tcase_add_test(t, test_conv2d_valid_gradients_match_finite_differences);
+    tcase_add_test(t,
+                   test_conv2d_same_strided_gradients_match_finite_differences);
+    tcase_add_test(t, test_maxpool_gradients_match_finite_differences);
+    tcase_add_test(t, test_relu_and_tanh_gradients_match_finite_differences);
+    tcase_add_test(t, test_softmax_xent_gradients_match_finite_differences);
+    suite_add_tcase(s, t);
+    t = tcase_create("models");
+    tcase_set_timeout(t, 20);
+    tcase_add_test(t, test_mlp_model_gradients_match_finite_differences);
+    tcase_add_test(t, test_cnn_model_gradients_match_finite_differences);
+    tcase_add_test(t, test_cnn_variables_have_keras_names_and_shapes);
+    tcase_add_test(t, test_init_is_deterministic_and_glorot_bounded);
+    tcase_add_test(t, test_microbatch_gradients_are_bitwise_reproducible);
+    tcase_add_test(t, test_tiny_mlp_learns_separable_problem);
+    tcase_add_test(t, test_model_rejects_bad_batches_and_configs);
+    tcase_add_test(t, test_blas_threads_and_corename);
+    suite_add_tcase(s, t);
+    t = tcase_create("optim");
+    tcase_add_test(t, test_names_parse_and_errors_list_choices);
+    tcase_add_test(t, test_lr_schedules_follow_their_formulas);
+    tcase_add_test(t, test_optimizer_updates_match_hand_computed_values);
+    tcase_add_test(t,
+                   test_optimizer_prepare_is_idempotent_and_apply_needs_slots);
+    tcase_add_test(t, test_adam_continues_bitwise_after_restore);
+    suite_add_tcase(s, t);
+    t = tcase_create("data");
+    tcase_set_timeout(t, 20);
+    tcase_add_checked_fixture(t, tu_setup, tu_teardown);
+    tcase_add_test(t, test_idx_reader_reads_plain_and_gzip);
+    tcase_add_test(t, test_idx_reader_rejects_corrupt_files);
+    tcase_add_test(t, test_h5_reader_reads_uint8_and_float);
+    tcase_add_test(t, test_h5_reader_rejects_corrupt_files);
+    tcase_add_test(t, test_iterator_shuffles_deterministically_per_epoch);
+    tcase_add_test(t, test_worker_slices_union_to_the_global_batch);
+    tcase_add_test(t, test_iterator_state_resumes_with_the_next_example);
+    tcase_add_test(t, test_iterator_epoch_limit_and_remainder);
+    tcase_add_test(t, test_real_fashion_mnist_opens_if_installed);
+    suite_add_tcase(s, t);
+    return s;
+}
+
+KEEL_TEST_MAIN(train_suite)

@@ -1,0 +1,689 @@
+/* data.c - training data: IDX (MNIST format, gzip'd or plain) and HDF5
+ * readers that validate every header field, and the batch iterator with
+ * deterministic per-epoch shuffling, per-worker slices of the global batch
+ * and a small versioned state blob for exact resumes. */
+#include <config.h>
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <hdf5.h>
+#include <zlib.h>
+
+#include <keel/keel.h>
+#include <keel/train.h>
+#include "util.h"
+#include "train_int.h"
+
+KEEL__VECTORIZE_FILE
+
+#define IDX_MAX_BYTES ((size_t)4 << 30)   /* 4 GiB uncompressed */
+#define MAX_SIDE 65536
+
+struct keel_dataset {
+    size_t n;
+    int64_t h, w, c;
+    size_t esize;          /* h*w*c */
+    uint8_t *x8;           /* either pixels (scaled by 1/255) */
+    float *xf;             /* or floats */
+    int32_t *y;
+};
+
+void
+keel_dataset_free(keel_dataset *ds)
+{
+    if (ds == NULL)
+        return;
+    free(ds->x8);
+    free(ds->xf);
+    free(ds->y);
+    free(ds);
+}
+
+size_t
+keel_dataset_count(const keel_dataset *ds)
+{
+    return ds != NULL ? ds->n : 0;
+}
+
+void
+keel_dataset_shape(const keel_dataset *ds, int64_t *h, int64_t *w,
+                   int64_t *c)
+{
+    if (h != NULL)
+        *h = ds->h;
+    if (w != NULL)
+        *w = ds->w;
+    if (c != NULL)
+        *c = ds->c;
+}
+
+size_t
+keel_dataset_example_size(const keel_dataset *ds)
+{
+    return ds != NULL ? ds->esize : 0;
+}
+
+static KEEL__HOT void
+u8_to_float(const uint8_t *restrict p, float *restrict x, size_t n)
+{
+    for (size_t j = 0; j < n; j++)
+        x[j] = (float)p[j] / 255.0f;     /* like numpy's x/np.float32(255) */
+}
+
+static void
+copy_example(const keel_dataset *ds, size_t i, float *x)
+{
+    if (ds->x8 != NULL) {
+        u8_to_float(ds->x8 + i * ds->esize, x, ds->esize);
+    } else {
+        memcpy(x, ds->xf + i * ds->esize, ds->esize * sizeof *x);
+    }
+}
+
+keel_status
+keel_dataset_get(const keel_dataset *ds, size_t i, float *x, int32_t *y)
+{
+    if (ds == NULL || x == NULL)
+        return keel__fail(KEEL_EINVAL, "dataset get: NULL argument");
+    if (i >= ds->n)
+        return keel__fail(KEEL_EINVAL, "dataset get: example %zu of %zu", i,
+                          ds->n);
+    copy_example(ds, i, x);
+    if (y != NULL)
+        *y = ds->y[i];
+    return KEEL_OK;
+}
+
+/* ---- IDX -------------------------------------------------------------------- */
+
+static keel_status
+open_fail(const char *path, const char *what)
+{
+    int e = errno;
+    return keel__fail(e == ENOENT ? KEEL_ENOTFOUND : KEEL_EIO,
+                      "%s file %s: %s", what, path, strerror(e));
+}
+
+/* Whole file, decompressed if it is gzip'd (zlib reads plain files as is). */
+static keel_status
+read_maybe_gz(const char *path, const char *what, uint8_t **data,
+              size_t *len)
+{
+    gzFile f;
+    uint8_t *buf = NULL;
+    size_t cap = 0, n = 0;
+    int errnum = Z_OK;
+    const char *msg;
+    *data = NULL;
+    *len = 0;
+    if (access(path, R_OK) != 0)
+        return open_fail(path, what);
+    f = gzopen(path, "rb");
+    if (f == NULL)
+        return open_fail(path, what);
+    for (;;) {
+        int got;
+        if (n == cap) {
+            size_t ncap = cap == 0 ? (size_t)1 << 20 : cap * 2;
+            uint8_t *nb;
+            if (cap >= IDX_MAX_BYTES) {
+                free(buf);
+                gzclose(f);
+                return keel__fail(KEEL_ECORRUPT, "%s file %s: larger than "
+                                  "%zu bytes uncompressed", what, path,
+                                  IDX_MAX_BYTES);
+            }
+            nb = realloc(buf, ncap);
+            if (nb == NULL) {
+                free(buf);
+                gzclose(f);
+                return keel__fail(KEEL_ENOMEM, "%s file %s: %zu bytes", what,
+                                  path, ncap);
+            }
+            buf = nb;
+            cap = ncap;
+        }
+        got = gzread(f, buf + n, (unsigned)(cap - n > INT_MAX ? INT_MAX
+                                                              : cap - n));
+        if (got < 0)
+            break;
+        if (got == 0)
+            break;
+        n += (size_t)got;
+    }
+    msg = gzerror(f, &errnum);
+    if (errnum != Z_OK && errnum != Z_STREAM_END) {
+        keel_status st = keel__fail(KEEL_ECORRUPT, "%s file %s: bad or "
+                                    "truncated gzip data (%s)", what, path,
+                                    msg != NULL ? msg : "zlib error");
+        free(buf);
+        gzclose(f);
+        return st;
+    }
+    gzclose(f);
+    *data = buf;
+    *len = n;
+    return KEEL_OK;
+}
+
+static uint32_t
+be32(const uint8_t *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 |
+           (uint32_t)p[2] << 8 | (uint32_t)p[3];
+}
+
+keel_status
+keel_dataset_open_idx(const char *images_path, const char *labels_path,
+                      int num_classes, keel_dataset **out)
+{
+    uint8_t *img = NULL, *lab = NULL;
+    size_t ilen, llen, n, rows, cols, need;
+    keel_dataset *ds = NULL;
+    keel_status st;
+    if (out == NULL)
+        return keel__fail(KEEL_EINVAL, "dataset: out is NULL");
+    *out = NULL;
+    if (images_path == NULL || labels_path == NULL)
+        return keel__fail(KEEL_EINVAL, "dataset: NULL path");
+    if (num_classes < 2 || num_classes > 256)
+        return keel__fail(KEEL_EINVAL, "dataset: IDX num_classes %d outside "
+                          "2..256", num_classes);
+    if ((st = read_maybe_gz(images_path, "IDX images", &img, &ilen)) !=
+        KEEL_OK)
+        return st;
+    if ((st = read_maybe_gz(labels_path, "IDX labels", &lab, &llen)) !=
+        KEEL_OK)
+        goto out;
+    st = KEEL_ECORRUPT;
+    if (ilen < 16 || img[0] != 0 || img[1] != 0 || img[2] != 0x08 ||
+        img[3] != 3) {
+        keel__fail(st, "IDX images file %s: %s (want magic 0x00000803, "
+                   "uint8 [N,rows,cols])", images_path,
+                   ilen < 16 ? "shorter than its 16-byte header"
+                             : "wrong magic");
+        goto out;
+    }
+    n = be32(img + 4);
+    rows = be32(img + 8);
+    cols = be32(img + 12);
+    if (n < 1 || n > INT32_MAX || rows < 1 || rows > MAX_SIDE || cols < 1 ||
+        cols > MAX_SIDE) {
+        keel__fail(st, "IDX images file %s: bad header dimensions %zu x %zu "
+                   "x %zu", images_path, n, rows, cols);
+        goto out;
+    }
+    need = n * rows * cols;         /* < 2^31 * 2^32: no overflow */
+    if (ilen - 16 != need) {
+        keel__fail(st, "IDX images file %s: %s: header says %zu x %zu x %zu "
+                   "= %zu bytes of pixels, file has %zu", images_path,
+                   ilen - 16 < need ? "truncated" : "trailing bytes", n,
+                   rows, cols, need, ilen - 16);
+        goto out;
+    }
+    if (llen < 8 || lab[0] != 0 || lab[1] != 0 || lab[2] != 0x08 ||
+        lab[3] != 1) {
+        keel__fail(st, "IDX labels file %s: %s (want magic 0x00000801, "
+                   "uint8 [N])", labels_path,
+                   llen < 8 ? "shorter than its 8-byte header"
+                            : "wrong magic");
+        goto out;
+    }
+    if (be32(lab + 4) != n) {
+        keel__fail(st, "IDX labels file %s has %u labels but images file %s "
+                   "has %zu images", labels_path, be32(lab + 4),
+                   images_path, n);
+        goto out;
+    }
+    if (llen - 8 != n) {
+        keel__fail(st, "IDX labels file %s: %s: header says %zu labels, "
+                   "file has %zu bytes of them", labels_path,
+                   llen - 8 < n ? "truncated" : "trailing bytes", n,
+                   llen - 8);
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (lab[8 + i] >= num_classes) {
+            keel__fail(st, "IDX labels file %s: label %u of example %zu "
+                       "outside [0, %d)", labels_path, lab[8 + i], i,
+                       num_classes);
+            goto out;
+        }
+    ds = calloc(1, sizeof *ds);
+    if (ds == NULL || (ds->y = malloc(n * sizeof *ds->y)) == NULL) {
+        st = keel__fail(KEEL_ENOMEM, "dataset %s", images_path);
+        goto out;
+    }
+    ds->n = n;
+    ds->h = (int64_t)rows;
+    ds->w = (int64_t)cols;
+    ds->c = 1;
+    ds->esize = rows * cols;
+    for (size_t i = 0; i < n; i++)
+        ds->y[i] = lab[8 + i];
+    memmove(img, img + 16, need);    /* keep the pixels, drop the header */
+    ds->x8 = img;
+    img = NULL;
+    *out = ds;
+    ds = NULL;
+    st = KEEL_OK;
+out:
+    keel_dataset_free(ds);
+    free(img);
+    free(lab);
+    return st;
+}
+
+/* ---- HDF5 ------------------------------------------------------------------- */
+
+static keel_status
+h5_read_dataset(const char *path, int num_classes, keel_dataset *ds)
+{
+    hid_t f = H5I_INVALID_HID, dx = H5I_INVALID_HID, dy = H5I_INVALID_HID;
+    hid_t sx = H5I_INVALID_HID, sy = H5I_INVALID_HID;
+    hid_t tx = H5I_INVALID_HID, ty = H5I_INVALID_HID;
+    hsize_t xd[8], yd[8];
+    int xr, yr, is_u8 = 0;
+    size_t n, count;
+    int64_t *labels = NULL;
+    keel_status st = KEEL_ECORRUPT;
+
+    f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (f < 0) {
+        keel__fail(st, "HDF5 data file %s: not a readable HDF5 file", path);
+        goto out;
+    }
+    dx = H5Dopen2(f, "x", H5P_DEFAULT);
+    dy = H5Dopen2(f, "y", H5P_DEFAULT);
+    if (dx < 0 || dy < 0) {
+        keel__fail(st, "HDF5 data file %s: needs datasets 'x' and 'y' (%s "
+                   "missing)", path, dx < 0 ? "'x'" : "'y'");
+        goto out;
+    }
+    sx = H5Dget_space(dx);
+    sy = H5Dget_space(dy);
+    tx = H5Dget_type(dx);
+    ty = H5Dget_type(dy);
+    if (sx < 0 || sy < 0 || tx < 0 || ty < 0) {
+        keel__fail(st, "HDF5 data file %s: cannot read dataset headers",
+                   path);
+        goto out;
+    }
+    xr = H5Sget_simple_extent_ndims(sx);
+    yr = H5Sget_simple_extent_ndims(sy);
+    if (xr < 3 || xr > 4 || yr != 1) {
+        keel__fail(st, "HDF5 data file %s: 'x' must be [N,H,W] or [N,H,W,C] "
+                   "and 'y' [N] (ranks are %d and %d)", path, xr, yr);
+        goto out;
+    }
+    H5Sget_simple_extent_dims(sx, xd, NULL);
+    H5Sget_simple_extent_dims(sy, yd, NULL);
+    if (xr == 3)
+        xd[3] = 1;
+    if (xd[0] < 1 || xd[0] > INT32_MAX || xd[1] < 1 || xd[1] > MAX_SIDE ||
+        xd[2] < 1 || xd[2] > MAX_SIDE || xd[3] < 1 || xd[3] > 4096) {
+        keel__fail(st, "HDF5 data file %s: 'x' has bad dimensions", path);
+        goto out;
+    }
+    if (yd[0] != xd[0]) {
+        keel__fail(st, "HDF5 data file %s: 'x' has %llu examples but 'y' "
+                   "has %llu labels", path, (unsigned long long)xd[0],
+                   (unsigned long long)yd[0]);
+        goto out;
+    }
+    if (H5Tget_class(tx) == H5T_FLOAT && H5Tget_size(tx) == 4) {
+        is_u8 = 0;
+    } else if (H5Tget_class(tx) == H5T_INTEGER && H5Tget_size(tx) == 1 &&
+               H5Tget_sign(tx) == H5T_SGN_NONE) {
+        is_u8 = 1;
+    } else {
+        keel__fail(st, "HDF5 data file %s: 'x' must be float32 or uint8",
+                   path);
+        goto out;
+    }
+    if (H5Tget_class(ty) != H5T_INTEGER) {
+        keel__fail(st, "HDF5 data file %s: 'y' must be an integer type",
+                   path);
+        goto out;
+    }
+    n = (size_t)xd[0];
+    ds->n = n;
+    ds->h = (int64_t)xd[1];
+    ds->w = (int64_t)xd[2];
+    ds->c = (int64_t)xd[3];
+    ds->esize = (size_t)(xd[1] * xd[2] * xd[3]);
+    if (ds->esize > KEEL_TENSOR_MAX_BYTES / 4 / n) {
+        keel__fail(KEEL_EINVAL, "HDF5 data file %s: 'x' too large", path);
+        goto out;
+    }
+    count = n * ds->esize;
+    labels = malloc(n * sizeof *labels);
+    ds->y = malloc(n * sizeof *ds->y);
+    if (is_u8)
+        ds->x8 = malloc(count);
+    else
+        ds->xf = malloc(count * sizeof(float));
+    if (labels == NULL || ds->y == NULL ||
+        (ds->x8 == NULL && ds->xf == NULL)) {
+        st = keel__fail(KEEL_ENOMEM, "HDF5 data file %s: %zu values", path,
+                        count);
+        goto out;
+    }
+    if (H5Dread(dx, is_u8 ? H5T_NATIVE_UINT8 : H5T_NATIVE_FLOAT, H5S_ALL,
+                H5S_ALL, H5P_DEFAULT,
+                is_u8 ? (void *)ds->x8 : (void *)ds->xf) < 0 ||
+        H5Dread(dy, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT,
+                labels) < 0) {
+        keel__fail(st, "HDF5 data file %s: H5Dread failed (corrupt data)",
+                   path);
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (labels[i] < 0 || labels[i] >= num_classes) {
+            keel__fail(st, "HDF5 data file %s: label %lld of example %zu "
+                       "outside [0, %d)", path, (long long)labels[i], i,
+                       num_classes);
+            goto out;
+        }
+        ds->y[i] = (int32_t)labels[i];
+    }
+    if (!is_u8)
+        for (size_t i = 0; i < count; i++)
+            if (!isfinite(ds->xf[i])) {
+                keel__fail(st, "HDF5 data file %s: 'x' value %zu is not "
+                           "finite", path, i);
+                goto out;
+            }
+    st = KEEL_OK;
+out:
+    free(labels);
+    if (tx >= 0)
+        H5Tclose(tx);
+    if (ty >= 0)
+        H5Tclose(ty);
+    if (sx >= 0)
+        H5Sclose(sx);
+    if (sy >= 0)
+        H5Sclose(sy);
+    if (dx >= 0)
+        H5Dclose(dx);
+    if (dy >= 0)
+        H5Dclose(dy);
+    if (f >= 0)
+        H5Fclose(f);
+    return st;
+}
+
+keel_status
+keel_dataset_open_h5(const char *path, int num_classes, keel_dataset **out)
+{
+    keel_dataset *ds;
+    keel_status st;
+    if (out == NULL)
+        return keel__fail(KEEL_EINVAL, "dataset: out is NULL");
+    *out = NULL;
+    if (path == NULL)
+        return keel__fail(KEEL_EINVAL, "dataset: NULL path");
+    if (num_classes < 2)
+        return keel__fail(KEEL_EINVAL, "dataset: num_classes %d < 2",
+                          num_classes);
+    if (access(path, R_OK) != 0)
+        return open_fail(path, "HDF5 data");
+    ds = calloc(1, sizeof *ds);
+    if (ds == NULL)
+        return keel__fail(KEEL_ENOMEM, "dataset %s", path);
+    keel__h5_lock();
+    H5E_BEGIN_TRY {
+        st = h5_read_dataset(path, num_classes, ds);
+    } H5E_END_TRY;
+    keel__h5_unlock();
+    if (st != KEEL_OK) {
+        keel_dataset_free(ds);
+        return st;
+    }
+    *out = ds;
+    return KEEL_OK;
+}
+
+/* ---- iterator -------------------------------------------------------------- */
+
+struct keel_data_iter {
+    const keel_dataset *ds;
+    keel_data_iter_config cfg;
+    int64_t epoch, offset;
+    int64_t steps_per_epoch, epoch_end;   /* examples used per epoch */
+    uint32_t *perm;
+    int64_t perm_epoch;                   /* -1: none built */
+    float *x;
+    int32_t *y;
+    size_t cap;                           /* examples in x / y */
+};
+
+void
+keel_data_iter_config_init(keel_data_iter_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->global_batch_size = 64;
+    cfg->num_workers = 1;
+    cfg->shuffle = 1;
+    cfg->drop_remainder = 1;
+}
+
+void
+keel_data_iter_free(keel_data_iter *it)
+{
+    if (it == NULL)
+        return;
+    free(it->perm);
+    keel_aligned_free(it->x);
+    free(it->y);
+    free(it);
+}
+
+keel_status
+keel_data_iter_new(const keel_dataset *ds, const keel_data_iter_config *cfg,
+                   keel_data_iter **out)
+{
+    keel_data_iter *it;
+    int64_t b, n;
+    if (out == NULL)
+        return keel__fail(KEEL_EINVAL, "data iterator: out is NULL");
+    *out = NULL;
+    if (ds == NULL || cfg == NULL)
+        return keel__fail(KEEL_EINVAL, "data iterator: NULL argument");
+    b = cfg->global_batch_size;
+    n = (int64_t)ds->n;
+    if (cfg->num_workers < 1 || cfg->worker_index < 0 ||
+        cfg->worker_index >= cfg->num_workers)
+        return keel__fail(KEEL_EINVAL, "data iterator: worker %d of %d",
+                          cfg->worker_index, cfg->num_workers);
+    if (b < cfg->num_workers || b > 1 << 24)
+        return keel__fail(KEEL_EINVAL, "data iterator: global batch size "
+                          "%lld must be in [num_workers (%d), 16777216]",
+                          (long long)b, cfg->num_workers);
+    if (cfg->max_epochs < 0)
+        return keel__fail(KEEL_EINVAL, "data iterator: max_epochs %lld < 0",
+                          (long long)cfg->max_epochs);
+    if (cfg->drop_remainder && n < b)
+        return keel__fail(KEEL_EINVAL, "data iterator: dataset of %lld "
+                          "examples is smaller than one global batch (%lld) "
+                          "and drop_remainder is set", (long long)n,
+                          (long long)b);
+    it = calloc(1, sizeof *it);
+    if (it == NULL)
+        return keel__fail(KEEL_ENOMEM, "data iterator");
+    it->ds = ds;
+    it->cfg = *cfg;
+    it->perm_epoch = -1;
+    it->steps_per_epoch = cfg->drop_remainder ? n / b : (n + b - 1) / b;
+    it->epoch_end = cfg->drop_remainder ? it->steps_per_epoch * b : n;
+    it->cap = (size_t)(b / cfg->num_workers + 1);
+    it->perm = malloc((size_t)n * sizeof *it->perm);
+    it->x = keel_aligned_alloc(it->cap * ds->esize * sizeof(float));
+    it->y = malloc(it->cap * sizeof *it->y);
+    if (it->perm == NULL || it->x == NULL || it->y == NULL) {
+        keel_data_iter_free(it);
+        return keel__fail(KEEL_ENOMEM, "data iterator buffers");
+    }
+    *out = it;
+    return KEEL_OK;
+}
+
+static void
+build_perm(keel_data_iter *it)
+{
+    size_t n = it->ds->n;
+    keel__rng r;
+    uint64_t mix = it->cfg.seed;
+    for (size_t i = 0; i < n; i++)
+        it->perm[i] = (uint32_t)i;
+    if (it->cfg.shuffle) {
+        /* each epoch's order depends only on (seed, epoch) */
+        mix ^= keel__splitmix64(&(uint64_t){ (uint64_t)it->epoch });
+        keel__rng_seed(&r, mix);
+        for (size_t i = n - 1; i > 0; i--) {
+            size_t j = (size_t)keel__rng_below(&r, (uint64_t)i + 1);
+            uint32_t t = it->perm[i];
+            it->perm[i] = it->perm[j];
+            it->perm[j] = t;
+        }
+    }
+    it->perm_epoch = it->epoch;
+}
+
+keel_status
+keel_data_iter_next(keel_data_iter *it, keel_batch *out)
+{
+    int64_t b, lo, hi;
+    int nw, wi;
+    if (it == NULL || out == NULL)
+        return keel__fail(KEEL_EINVAL, "data iterator next: NULL argument");
+    if (it->offset >= it->epoch_end) {
+        it->epoch++;
+        it->offset = 0;
+    }
+    if (it->cfg.max_epochs > 0 && it->epoch >= it->cfg.max_epochs)
+        return keel__fail(KEEL_EOUTOFRANGE, "data iterator: end of data "
+                          "after %lld epochs", (long long)it->cfg.max_epochs);
+    if (it->perm_epoch != it->epoch)
+        build_perm(it);
+    b = it->epoch_end - it->offset;
+    if (b > it->cfg.global_batch_size)
+        b = it->cfg.global_batch_size;
+    nw = it->cfg.num_workers;
+    wi = it->cfg.worker_index;
+    lo = it->offset + b * wi / nw;
+    hi = it->offset + b * (wi + 1) / nw;
+    for (int64_t i = lo; i < hi; i++) {
+        size_t ex = it->perm[i];
+        copy_example(it->ds, ex, it->x + (size_t)(i - lo) * it->ds->esize);
+        it->y[i - lo] = it->ds->y[ex];
+    }
+    it->offset += b;
+    out->x = it->x;
+    out->y = it->y;
+    out->n = (size_t)(hi - lo);
+    return KEEL_OK;
+}
+
+int64_t
+keel_data_iter_epoch(const keel_data_iter *it)
+{
+    if (it == NULL)
+        return 0;
+    return it->offset >= it->epoch_end ? it->epoch + 1 : it->epoch;
+}
+
+int64_t
+keel_data_iter_offset(const keel_data_iter *it)
+{
+    if (it == NULL)
+        return 0;
+    return it->offset >= it->epoch_end ? 0 : it->offset;
+}
+
+int64_t
+keel_data_iter_steps_per_epoch(const keel_data_iter *it)
+{
+    return it != NULL ? it->steps_per_epoch : 0;
+}
+
+#define STATE_MAGIC 0x5449444bu   /* "KDIT" little-endian */
+#define STATE_VERSION 1u
+
+static void
+put64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint64_t
+get64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+keel_status
+keel_data_iter_get_state(const keel_data_iter *it, void *buf, size_t size,
+                         size_t *len)
+{
+    uint8_t *p = buf;
+    if (it == NULL || buf == NULL)
+        return keel__fail(KEEL_EINVAL, "data iterator state: NULL argument");
+    if (size < KEEL_DATA_ITER_STATE_BYTES)
+        return keel__fail(KEEL_EINVAL, "data iterator state: buffer of %zu "
+                          "bytes, need %d", size, KEEL_DATA_ITER_STATE_BYTES);
+    put64(p, (uint64_t)STATE_MAGIC | (uint64_t)STATE_VERSION << 32);
+    put64(p + 8, (uint64_t)keel_data_iter_epoch(it));
+    put64(p + 16, (uint64_t)keel_data_iter_offset(it));
+    put64(p + 24, it->cfg.seed);
+    put64(p + 32, (uint64_t)it->ds->n);
+    if (len != NULL)
+        *len = KEEL_DATA_ITER_STATE_BYTES;
+    return KEEL_OK;
+}
+
+keel_status
+keel_data_iter_set_state(keel_data_iter *it, const void *buf, size_t len)
+{
+    const uint8_t *p = buf;
+    uint64_t head, epoch, offset, count;
+    if (it == NULL || buf == NULL)
+        return keel__fail(KEEL_EINVAL, "data iterator state: NULL argument");
+    if (len != KEEL_DATA_ITER_STATE_BYTES)
+        return keel__fail(KEEL_ECORRUPT, "data iterator state: %zu bytes, "
+                          "expected %d", len, KEEL_DATA_ITER_STATE_BYTES);
+    head = get64(p);
+    if ((uint32_t)head != STATE_MAGIC)
+        return keel__fail(KEEL_ECORRUPT, "data iterator state: bad magic");
+    if ((head >> 32) != STATE_VERSION)
+        return keel__fail(KEEL_ECORRUPT, "data iterator state: version %u "
+                          "(this keel reads %u)", (unsigned)(head >> 32),
+                          STATE_VERSION);
+    epoch = get64(p + 8);
+    offset = get64(p + 16);
+    count = get64(p + 32);
+    if (count != it->ds->n)
+        return keel__fail(KEEL_EINVAL, "data iterator state: saved for a "
+                          "dataset of %llu examples, this one has %zu",
+                          (unsigned long long)count, it->ds->n);
+    if (epoch > INT64_MAX / 2 || offset > (uint64_t)it->epoch_end)
+        return keel__fail(KEEL_ECORRUPT, "data iterator state: epoch %llu "
+                          "offset %llu out of range",
+                          (unsigned long long)epoch,
+                          (unsigned long long)offset);
+    it->epoch = (int64_t)epoch;
+    it->offset = (int64_t)offset;
+    it->cfg.seed = get64(p + 24);
+    it->perm_epoch = -1;
+    return KEEL_OK;
+}

@@ -1,0 +1,619 @@
+/* layers.c - layer kernels on raw NHWC float buffers: dense, conv2d (im2col +
+ * one large sgemm per layer), max-pool with argmax indices, activations and
+ * softmax cross-entropy, plus the BLAS glue, profiling and the PRNG. Every
+ * kernel is a fixed sequence of operations: same inputs, same bits. */
+#include <config.h>
+
+#include <math.h>
+#include <string.h>
+#include <time.h>
+
+#include <cblas.h>
+
+#include "util.h"
+#include "train_int.h"
+
+KEEL__VECTORIZE_FILE
+
+int keel__prof_on;
+keel_train_profile keel__prof;
+
+int64_t
+keel__prof_now(void)
+{
+    return keel__now_mono_ns();
+}
+
+void
+keel_train_profile_enable(int on)
+{
+    keel__prof_on = on != 0;
+}
+
+void
+keel_train_profile_get(keel_train_profile *p)
+{
+    if (p != NULL)
+        *p = keel__prof;
+}
+
+void
+keel_train_profile_reset(void)
+{
+    memset(&keel__prof, 0, sizeof keel__prof);
+}
+
+void
+keel_train_set_threads(int n)
+{
+    if (n >= 1)
+        openblas_set_num_threads(n);
+}
+
+int
+keel_train_get_threads(void)
+{
+    return openblas_get_num_threads();
+}
+
+const char *
+keel_train_blas_corename(void)
+{
+    const char *s = openblas_get_corename();
+    return s != NULL ? s : "unknown";
+}
+
+/* ---- PRNG ---------------------------------------------------------------- */
+
+uint64_t
+keel__splitmix64(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+void
+keel__rng_seed(keel__rng *r, uint64_t seed)
+{
+    uint64_t x = seed;
+    for (int i = 0; i < 4; i++)
+        r->s[i] = keel__splitmix64(&x);
+}
+
+static uint64_t
+rotl(uint64_t x, int k)
+{
+    return (x << k) | (x >> (64 - k));
+}
+
+uint64_t
+keel__rng_next(keel__rng *r)
+{
+    uint64_t *s = r->s;
+    uint64_t result = rotl(s[1] * 5, 7) * 9;
+    uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return result;
+}
+
+uint64_t
+keel__rng_below(keel__rng *r, uint64_t n)
+{
+    uint64_t limit = UINT64_MAX - UINT64_MAX % n;
+    uint64_t v;
+    do
+        v = keel__rng_next(r);
+    while (v >= limit);
+    return v % n;
+}
+
+float
+keel__rng_uniform(keel__rng *r, float lo, float hi)
+{
+    /* 24 random bits: exactly representable, in [0, 1). */
+    float u = (float)(keel__rng_next(r) >> 40) * (1.0f / 16777216.0f);
+    return lo + (hi - lo) * u;
+}
+
+/* ---- BLAS ------------------------------------------------------------------ */
+
+void
+keel__sgemm(int trans_a, int trans_b, size_t m, size_t n, size_t k,
+            float alpha, const float *a, size_t lda, const float *b,
+            size_t ldb, float beta, float *c, size_t ldc)
+{
+    KEEL__PROF_BEGIN();
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, (blasint)m, (blasint)n,
+                (blasint)k, alpha, a, (blasint)lda, b, (blasint)ldb, beta, c,
+                (blasint)ldc);
+    KEEL__PROF_END(gemm_ns);
+}
+
+/* ---- activations ------------------------------------------------------------ */
+
+static KEEL__HOT void
+relu_inplace(float *restrict y, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        y[i] = y[i] > 0.0f ? y[i] : 0.0f;
+}
+
+static KEEL__HOT void
+relu_grad(const float *restrict y, float *restrict dy, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dy[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+}
+
+static KEEL__HOT void
+tanh_grad(const float *restrict y, float *restrict dy, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dy[i] *= 1.0f - y[i] * y[i];
+}
+
+void
+keel__act_forward(keel_activation a, float *y, size_t count)
+{
+    KEEL__PROF_BEGIN();
+    if (a == KEEL_ACT_RELU) {
+        relu_inplace(y, count);
+    } else if (a == KEEL_ACT_TANH) {
+        for (size_t i = 0; i < count; i++)
+            y[i] = tanhf(y[i]);
+    }
+    KEEL__PROF_END(elementwise_ns);
+}
+
+void
+keel__act_backward(keel_activation a, const float *y, float *dy,
+                   size_t count)
+{
+    KEEL__PROF_BEGIN();
+    if (a == KEEL_ACT_RELU)
+        relu_grad(y, dy, count);
+    else if (a == KEEL_ACT_TANH)
+        tanh_grad(y, dy, count);
+    KEEL__PROF_END(elementwise_ns);
+}
+
+static KEEL__HOT void
+bias_relu_row(float *restrict row, const float *restrict b, size_t cols)
+{
+    for (size_t c = 0; c < cols; c++) {
+        float v = row[c] + b[c];
+        row[c] = v > 0.0f ? v : 0.0f;
+    }
+}
+
+static KEEL__HOT void
+bias_row(float *restrict row, const float *restrict b, size_t cols)
+{
+    for (size_t c = 0; c < cols; c++)
+        row[c] += b[c];
+}
+
+void
+keel__bias_act_forward(keel_activation a, float *y, size_t rows, size_t cols,
+                       const float *b)
+{
+    KEEL__PROF_BEGIN();
+    for (size_t r = 0; r < rows; r++) {
+        float *row = y + r * cols;
+        if (a == KEEL_ACT_RELU) {
+            bias_relu_row(row, b, cols);
+        } else if (a == KEEL_ACT_TANH) {
+            for (size_t c = 0; c < cols; c++)
+                row[c] = tanhf(row[c] + b[c]);
+        } else {
+            bias_row(row, b, cols);
+        }
+    }
+    KEEL__PROF_END(elementwise_ns);
+}
+
+static KEEL__HOT void
+add_row(float *restrict acc, const float *restrict row, size_t cols)
+{
+    for (size_t c = 0; c < cols; c++)
+        acc[c] += row[c];
+}
+
+/* Column sums of dy[rows,cols] into db (overwritten), fixed order. */
+void
+keel__col_sums(const float *dy, size_t rows, size_t cols, float *db)
+{
+    KEEL__PROF_BEGIN();
+    memset(db, 0, cols * sizeof *db);
+    for (size_t r = 0; r < rows; r++)
+        add_row(db, dy + r * cols, cols);
+    KEEL__PROF_END(elementwise_ns);
+}
+
+void
+keel__add_into(float *dst, const float *src, size_t count)
+{
+    KEEL__PROF_BEGIN();
+    add_row(dst, src, count);
+    KEEL__PROF_END(elementwise_ns);
+}
+
+/* ---- dense ------------------------------------------------------------------- */
+
+void
+keel__dense_forward(const float *x, size_t n, size_t in, size_t out,
+                    const float *w, const float *b, float *y)
+{
+    keel__sgemm(0, 0, n, out, in, 1.0f, x, in, w, out, 0.0f, y, out);
+    if (b != NULL)
+        keel__bias_act_forward(KEEL_ACT_NONE, y, n, out, b);
+}
+
+void
+keel__dense_backward(const float *x, const float *dy, size_t n, size_t in,
+                     size_t out, const float *w, float *dw, float *db,
+                     float *dx)
+{
+    keel__sgemm(1, 0, in, out, n, 1.0f, x, in, dy, out, 0.0f, dw, out);
+    if (db != NULL)
+        keel__col_sums(dy, n, out, db);
+    if (dx != NULL)
+        keel__sgemm(0, 1, n, in, out, 1.0f, dy, out, w, out, 0.0f, dx, in);
+}
+
+/* ---- conv2d ------------------------------------------------------------------- */
+
+keel_status
+keel__conv_geom_init(keel__conv_geom *g, int same)
+{
+    if (g->h == 0 || g->w == 0 || g->cin == 0 || g->kh == 0 || g->kw == 0 ||
+        g->cout == 0 || g->sh == 0 || g->sw == 0)
+        return keel__fail(KEEL_EINVAL, "conv2d: zero dimension");
+    if (same) {
+        size_t ph, pw;
+        g->oh = (g->h + g->sh - 1) / g->sh;
+        g->ow = (g->w + g->sw - 1) / g->sw;
+        ph = (g->oh - 1) * g->sh + g->kh;
+        pw = (g->ow - 1) * g->sw + g->kw;
+        ph = ph > g->h ? ph - g->h : 0;
+        pw = pw > g->w ? pw - g->w : 0;
+        g->pad_top = ph / 2;         /* TF: the extra row goes bottom/right */
+        g->pad_left = pw / 2;
+    } else {
+        if (g->kh > g->h || g->kw > g->w)
+            return keel__fail(KEEL_EINVAL,
+                              "conv2d: kernel %zux%zu larger than input "
+                              "%zux%zu with valid padding",
+                              g->kh, g->kw, g->h, g->w);
+        g->oh = (g->h - g->kh) / g->sh + 1;
+        g->ow = (g->w - g->kw) / g->sw + 1;
+        g->pad_top = g->pad_left = 0;
+    }
+    return KEEL_OK;
+}
+
+size_t
+keel__conv_col_size(const keel__conv_geom *g, size_t n)
+{
+    return n * g->oh * g->ow * g->kh * g->kw * g->cin;
+}
+
+static KEEL__HOT void
+copy_floats(float *restrict dst, const float *restrict src, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = src[i];
+}
+
+static KEEL__HOT void
+add_floats(float *restrict dst, const float *restrict src, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] += src[i];
+}
+
+/* 1 if every window lies inside the input (no padding anywhere). */
+static int
+inside(const keel__conv_geom *g)
+{
+    return g->pad_top == 0 && g->pad_left == 0 &&
+           (g->oh - 1) * g->sh + g->kh <= g->h &&
+           (g->ow - 1) * g->sw + g->kw <= g->w;
+}
+
+static void
+im2col(const keel__conv_geom *g, const float *x, size_t n, float *col)
+{
+    KEEL__PROF_BEGIN();
+    size_t krow = g->kw * g->cin;
+    if (inside(g)) {
+        /* valid padding: every window row is krow contiguous floats */
+        for (size_t e = 0; e < n; e++) {
+            const float *xe = x + e * g->h * g->w * g->cin;
+            for (size_t oy = 0; oy < g->oh; oy++)
+                for (size_t ox = 0; ox < g->ow; ox++) {
+                    const float *src =
+                        xe + (oy * g->sh * g->w + ox * g->sw) * g->cin;
+                    for (size_t ky = 0; ky < g->kh; ky++)
+                        copy_floats(col + ky * krow,
+                                    src + ky * g->w * g->cin, krow);
+                    col += g->kh * krow;
+                }
+        }
+        KEEL__PROF_END(im2col_ns);
+        return;
+    }
+    for (size_t e = 0; e < n; e++) {
+        const float *xe = x + e * g->h * g->w * g->cin;
+        for (size_t oy = 0; oy < g->oh; oy++) {
+            for (size_t ox = 0; ox < g->ow; ox++) {
+                long iy0 = (long)(oy * g->sh) - (long)g->pad_top;
+                long ix0 = (long)(ox * g->sw) - (long)g->pad_left;
+                for (size_t ky = 0; ky < g->kh; ky++) {
+                    long iy = iy0 + (long)ky;
+                    float *dst = col + ky * krow;
+                    if (iy < 0 || iy >= (long)g->h) {
+                        memset(dst, 0, krow * sizeof *dst);
+                        continue;
+                    }
+                    if (ix0 >= 0 && ix0 + (long)g->kw <= (long)g->w) {
+                        memcpy(dst, xe + ((size_t)iy * g->w + (size_t)ix0) *
+                                             g->cin,
+                               krow * sizeof *dst);
+                        continue;
+                    }
+                    for (size_t kx = 0; kx < g->kw; kx++) {
+                        long ix = ix0 + (long)kx;
+                        if (ix < 0 || ix >= (long)g->w)
+                            memset(dst + kx * g->cin, 0,
+                                   g->cin * sizeof *dst);
+                        else
+                            memcpy(dst + kx * g->cin,
+                                   xe + ((size_t)iy * g->w + (size_t)ix) *
+                                            g->cin,
+                                   g->cin * sizeof *dst);
+                    }
+                }
+                col += g->kh * krow;
+            }
+        }
+    }
+    KEEL__PROF_END(im2col_ns);
+}
+
+static void
+col2im(const keel__conv_geom *g, const float *col, size_t n, float *dx)
+{
+    KEEL__PROF_BEGIN();
+    size_t krow = g->kw * g->cin;
+    memset(dx, 0, n * g->h * g->w * g->cin * sizeof *dx);
+    if (inside(g)) {
+        for (size_t e = 0; e < n; e++) {
+            float *xe = dx + e * g->h * g->w * g->cin;
+            for (size_t oy = 0; oy < g->oh; oy++)
+                for (size_t ox = 0; ox < g->ow; ox++) {
+                    float *dst =
+                        xe + (oy * g->sh * g->w + ox * g->sw) * g->cin;
+                    for (size_t ky = 0; ky < g->kh; ky++)
+                        add_floats(dst + ky * g->w * g->cin,
+                                   col + ky * krow, krow);
+                    col += g->kh * krow;
+                }
+        }
+        KEEL__PROF_END(im2col_ns);
+        return;
+    }
+    for (size_t e = 0; e < n; e++) {
+        float *xe = dx + e * g->h * g->w * g->cin;
+        for (size_t oy = 0; oy < g->oh; oy++) {
+            for (size_t ox = 0; ox < g->ow; ox++) {
+                long iy0 = (long)(oy * g->sh) - (long)g->pad_top;
+                long ix0 = (long)(ox * g->sw) - (long)g->pad_left;
+                for (size_t ky = 0; ky < g->kh; ky++) {
+                    long iy = iy0 + (long)ky;
+                    for (size_t kx = 0; kx < g->kw; kx++) {
+                        long ix = ix0 + (long)kx;
+                        const float *src = col + (ky * g->kw + kx) * g->cin;
+                        float *d;
+                        if (iy < 0 || iy >= (long)g->h || ix < 0 ||
+                            ix >= (long)g->w)
+                            continue;
+                        d = xe + ((size_t)iy * g->w + (size_t)ix) * g->cin;
+                        for (size_t c = 0; c < g->cin; c++)
+                            d[c] += src[c];
+                    }
+                }
+                col += g->kh * g->kw * g->cin;
+            }
+        }
+    }
+    KEEL__PROF_END(im2col_ns);
+}
+
+void
+keel__conv_forward(const keel__conv_geom *g, const float *x, size_t n,
+                   const float *w, const float *b, float *col, float *y)
+{
+    size_t m = n * g->oh * g->ow, k = g->kh * g->kw * g->cin;
+    im2col(g, x, n, col);
+    keel__sgemm(0, 0, m, g->cout, k, 1.0f, col, k, w, g->cout, 0.0f, y,
+                g->cout);
+    if (b != NULL)
+        keel__bias_act_forward(KEEL_ACT_NONE, y, m, g->cout, b);
+}
+
+void
+keel__conv_backward(const keel__conv_geom *g, const float *x, size_t n,
+                    const float *dy, const float *w, float *col,
+                    int col_is_valid, float *dw, float *db, float *dx)
+{
+    size_t m = n * g->oh * g->ow, k = g->kh * g->kw * g->cin;
+    if (!col_is_valid)
+        im2col(g, x, n, col);
+    keel__sgemm(1, 0, k, g->cout, m, 1.0f, col, k, dy, g->cout, 0.0f, dw,
+                g->cout);
+    if (db != NULL)
+        keel__col_sums(dy, m, g->cout, db);
+    if (dx != NULL) {
+        /* dcol = dy W^T into the col workspace, then scatter-add */
+        keel__sgemm(0, 1, m, k, g->cout, 1.0f, dy, g->cout, w, g->cout, 0.0f,
+                    col, k);
+        col2im(g, col, n, dx);
+    }
+}
+
+/* ---- max-pool ------------------------------------------------------------------- */
+
+keel_status
+keel__pool_geom_init(keel__pool_geom *g)
+{
+    if (g->h == 0 || g->w == 0 || g->c == 0 || g->k == 0 || g->s == 0)
+        return keel__fail(KEEL_EINVAL, "max-pool: zero dimension");
+    if (g->k > g->h || g->k > g->w)
+        return keel__fail(KEEL_EINVAL, "max-pool: window %zu larger than "
+                          "input %zux%zu", g->k, g->h, g->w);
+    g->oh = (g->h - g->k) / g->s + 1;
+    g->ow = (g->w - g->k) / g->s + 1;
+    return KEEL_OK;
+}
+
+/* 2x2 window, one output pixel, all channels: branch-free max and index
+ * (ties keep the earliest position, in row-major window order). */
+static KEEL__HOT void
+pool2_pixel(const float *restrict p00, size_t c, size_t rowstride,
+            int32_t first, float *restrict y, int32_t *restrict arg)
+{
+    const float *p01 = p00 + c, *p10 = p00 + rowstride;
+    const float *p11 = p10 + c;
+    int32_t o01 = (int32_t)c, o10 = (int32_t)rowstride;
+    int32_t o11 = (int32_t)(rowstride + c);
+    for (size_t ch = 0; ch < c; ch++) {
+        float m = p00[ch], v;
+        int32_t a = 0;
+        v = p01[ch];
+        a = v > m ? o01 : a;
+        m = v > m ? v : m;
+        v = p10[ch];
+        a = v > m ? o10 : a;
+        m = v > m ? v : m;
+        v = p11[ch];
+        a = v > m ? o11 : a;
+        m = v > m ? v : m;
+        y[ch] = m;
+        arg[ch] = first + (int32_t)ch + a;
+    }
+}
+
+void
+keel__pool_forward(const keel__pool_geom *g, const float *x, size_t n,
+                   float *y, int32_t *arg)
+{
+    KEEL__PROF_BEGIN();
+    size_t c = g->c;
+    if (g->k == 2 && g->s == 2) {
+        for (size_t e = 0; e < n; e++) {
+            size_t xbase = e * g->h * g->w * c;
+            for (size_t oy = 0; oy < g->oh; oy++)
+                for (size_t ox = 0; ox < g->ow; ox++) {
+                    size_t first = xbase + (oy * 2 * g->w + ox * 2) * c;
+                    pool2_pixel(x + first, c, g->w * c, (int32_t)first, y,
+                                arg);
+                    y += c;
+                    arg += c;
+                }
+        }
+        KEEL__PROF_END(elementwise_ns);
+        return;
+    }
+    for (size_t e = 0; e < n; e++) {
+        size_t xbase = e * g->h * g->w * c;
+        for (size_t oy = 0; oy < g->oh; oy++) {
+            for (size_t ox = 0; ox < g->ow; ox++) {
+                size_t first = xbase + (oy * g->s * g->w + ox * g->s) * c;
+                /* first window element, then the others (ties keep the
+                 * earliest, like TF and PyTorch) */
+                for (size_t ch = 0; ch < c; ch++) {
+                    y[ch] = x[first + ch];
+                    arg[ch] = (int32_t)(first + ch);
+                }
+                for (size_t ky = 0; ky < g->k; ky++) {
+                    for (size_t kx = 0; kx < g->k; kx++) {
+                        size_t base;
+                        if (ky == 0 && kx == 0)
+                            continue;
+                        base = xbase + ((oy * g->s + ky) * g->w +
+                                        ox * g->s + kx) * c;
+                        for (size_t ch = 0; ch < c; ch++) {
+                            float v = x[base + ch];
+                            if (v > y[ch]) {
+                                y[ch] = v;
+                                arg[ch] = (int32_t)(base + ch);
+                            }
+                        }
+                    }
+                }
+                y += c;
+                arg += c;
+            }
+        }
+    }
+    KEEL__PROF_END(elementwise_ns);
+}
+
+void
+keel__pool_backward(const keel__pool_geom *g, const float *dy, size_t n,
+                    const int32_t *arg, float *dx)
+{
+    KEEL__PROF_BEGIN();
+    size_t count = n * g->oh * g->ow * g->c;
+    memset(dx, 0, n * g->h * g->w * g->c * sizeof *dx);
+    for (size_t i = 0; i < count; i++)
+        dx[arg[i]] += dy[i];
+    KEEL__PROF_END(elementwise_ns);
+}
+
+/* ---- softmax cross-entropy ------------------------------------------------------- */
+
+void
+keel__softmax_xent(const float *logits, const int32_t *y, size_t n, size_t k,
+                   float scale, float *dlogits, double *loss_sum,
+                   int64_t *correct)
+{
+    KEEL__PROF_BEGIN();
+    double loss = 0.0;
+    int64_t ok = 0;
+    for (size_t i = 0; i < n; i++) {
+        const float *z = logits + i * k;
+        size_t best = 0;
+        double sum = 0.0, lse;
+        float mx = z[0];
+        for (size_t j = 1; j < k; j++)
+            if (z[j] > z[best])
+                best = j;
+        mx = z[best];
+        for (size_t j = 0; j < k; j++)
+            sum += exp((double)z[j] - (double)mx);
+        lse = (double)mx + log(sum);
+        loss += lse - (double)z[y[i]];
+        if ((int32_t)best == y[i])
+            ok++;
+        if (dlogits != NULL) {
+            float *d = dlogits + i * k;
+            for (size_t j = 0; j < k; j++) {
+                double p = exp((double)z[j] - lse);
+                d[j] = (float)(p - (j == (size_t)y[i] ? 1.0 : 0.0)) * scale;
+            }
+        }
+    }
+    *loss_sum = loss;
+    *correct = ok;
+    KEEL__PROF_END(elementwise_ns);
+}

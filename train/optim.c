@@ -1,0 +1,509 @@
+/* optim.c - learning-rate schedules and optimizers (SGD, Momentum/Nesterov,
+ * Adagrad, Adam, RMSProp) with TF1/Keras update formulas. All optimizer
+ * state lives in variable slots (checkpointed); Adam's bias correction comes
+ * from the global step, so a restored run continues bit for bit. */
+#include <config.h>
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <keel/keel.h>
+#include <keel/train.h>
+#include "util.h"
+#include "train_int.h"
+
+KEEL__VECTORIZE_FILE
+
+struct keel_optimizer {
+    keel_optimizer_config cfg;
+};
+
+static const char *const lr_names[] = { "constant", "piecewise",
+                                        "exponential" };
+static const char *const opt_names[] = { "sgd", "momentum", "adagrad",
+                                         "adam", "rmsprop" };
+
+static keel_status
+lookup(const char *what, const char *name, const char *const *names, int n,
+       int *out)
+{
+    char list[128] = "";
+    for (int i = 0; i < n; i++)
+        if (name != NULL && strcmp(name, names[i]) == 0) {
+            *out = i;
+            return KEEL_OK;
+        }
+    for (int i = 0; i < n; i++) {
+        strncat(list, names[i], sizeof list - strlen(list) - 1);
+        if (i + 1 < n)
+            strncat(list, ", ", sizeof list - strlen(list) - 1);
+    }
+    return keel__fail(KEEL_EINVAL, "unknown %s '%s' (valid: %s)", what,
+                      name != NULL ? name : "(null)", list);
+}
+
+void
+keel_lr_schedule_init(keel_lr_schedule *s)
+{
+    memset(s, 0, sizeof *s);
+    s->kind = KEEL_LR_CONSTANT;
+    s->learning_rate = 0.001;
+    s->decay_steps = 1000;
+    s->decay_rate = 0.96;
+}
+
+keel_status
+keel_lr_kind_from_name(const char *name, keel_lr_kind *out)
+{
+    int i = 0;
+    keel_status st = lookup("learning-rate schedule", name, lr_names, 3, &i);
+    if (st == KEEL_OK)
+        *out = (keel_lr_kind)i;
+    return st;
+}
+
+const char *
+keel_lr_kind_name(keel_lr_kind k)
+{
+    return (unsigned)k < 3 ? lr_names[k] : "unknown";
+}
+
+keel_status
+keel_lr_schedule_validate(const keel_lr_schedule *s)
+{
+    if (s == NULL)
+        return keel__fail(KEEL_EINVAL, "schedule: NULL");
+    switch (s->kind) {
+    case KEEL_LR_CONSTANT:
+    case KEEL_LR_EXPONENTIAL:
+        if (!isfinite(s->learning_rate) || s->learning_rate < 0.0)
+            return keel__fail(KEEL_EINVAL, "schedule: learning_rate %g must "
+                              "be finite and >= 0", s->learning_rate);
+        if (s->kind == KEEL_LR_EXPONENTIAL &&
+            (s->decay_steps < 1 || !isfinite(s->decay_rate) ||
+             s->decay_rate <= 0.0))
+            return keel__fail(KEEL_EINVAL, "schedule: exponential needs "
+                              "decay_steps >= 1 and decay_rate > 0 (got "
+                              "%lld, %g)", (long long)s->decay_steps,
+                              s->decay_rate);
+        return KEEL_OK;
+    case KEEL_LR_PIECEWISE:
+        if (s->n_boundaries < 0 || s->n_boundaries >= KEEL_LR_MAX_PIECES)
+            return keel__fail(KEEL_EINVAL, "schedule: %d boundaries "
+                              "(0..%d)", s->n_boundaries,
+                              KEEL_LR_MAX_PIECES - 1);
+        for (int i = 0; i < s->n_boundaries; i++)
+            if (s->boundaries[i] < 0 ||
+                (i > 0 && s->boundaries[i] <= s->boundaries[i - 1]))
+                return keel__fail(KEEL_EINVAL, "schedule: boundaries must "
+                                  "be >= 0 and strictly increasing (at "
+                                  "index %d)", i);
+        for (int i = 0; i <= s->n_boundaries; i++)
+            if (!isfinite(s->values[i]) || s->values[i] < 0.0)
+                return keel__fail(KEEL_EINVAL, "schedule: value %d (%g) "
+                                  "must be finite and >= 0", i,
+                                  s->values[i]);
+        return KEEL_OK;
+    }
+    return keel__fail(KEEL_EINVAL, "schedule: unknown kind %d", s->kind);
+}
+
+double
+keel_lr_at(const keel_lr_schedule *s, int64_t step)
+{
+    if (step < 0)
+        step = 0;
+    switch (s->kind) {
+    case KEEL_LR_PIECEWISE: {
+        int i = 0;
+        while (i < s->n_boundaries && step >= s->boundaries[i])
+            i++;
+        return s->values[i];
+    }
+    case KEEL_LR_EXPONENTIAL: {
+        double p;
+        if (s->staircase)
+            p = (double)(step / s->decay_steps);
+        else
+            p = (double)step / (double)s->decay_steps;
+        return s->learning_rate * pow(s->decay_rate, p);
+    }
+    default:
+        return s->learning_rate;
+    }
+}
+
+static keel_status
+parse_list(const char *what, const char *s, int max, int is_int,
+           int64_t *iv, double *dv, int *n)
+{
+    const char *p = s;
+    *n = 0;
+    if (s == NULL || *s == '\0')
+        return KEEL_OK;
+    for (;;) {
+        char buf[64];
+        size_t len = strcspn(p, ",");
+        if (*n == max)
+            return keel__fail(KEEL_EINVAL, "%s '%s': at most %d entries",
+                              what, s, max);
+        if (len == 0 || len >= sizeof buf)
+            return keel__fail(KEEL_EINVAL, "%s '%s': empty or overlong "
+                              "entry", what, s);
+        memcpy(buf, p, len);
+        buf[len] = '\0';
+        if (is_int ? !keel__parse_i64(buf, 0, INT64_MAX, &iv[*n])
+                   : !keel__parse_double(buf, &dv[*n]))
+            return keel__fail(KEEL_EINVAL, "%s '%s': bad number '%s'", what,
+                              s, buf);
+        (*n)++;
+        p += len;
+        if (*p == '\0')
+            return KEEL_OK;
+        p++;
+    }
+}
+
+keel_status
+keel_lr_parse_piecewise(const char *boundaries, const char *values,
+                        keel_lr_schedule *s)
+{
+    int nb, nv;
+    keel_status st;
+    keel_lr_schedule t = *s;
+    st = parse_list("piecewise boundaries", boundaries,
+                    KEEL_LR_MAX_PIECES - 1, 1, t.boundaries, NULL, &nb);
+    if (st != KEEL_OK)
+        return st;
+    st = parse_list("piecewise values", values, KEEL_LR_MAX_PIECES, 0, NULL,
+                    t.values, &nv);
+    if (st != KEEL_OK)
+        return st;
+    if (nv != nb + 1)
+        return keel__fail(KEEL_EINVAL, "piecewise schedule: %d boundaries "
+                          "need %d values, got %d", nb, nb + 1, nv);
+    t.kind = KEEL_LR_PIECEWISE;
+    t.n_boundaries = nb;
+    if ((st = keel_lr_schedule_validate(&t)) != KEEL_OK)
+        return st;
+    *s = t;
+    return KEEL_OK;
+}
+
+void
+keel_optimizer_config_init(keel_optimizer_config *cfg,
+                           keel_optimizer_kind kind)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->kind = kind;
+    keel_lr_schedule_init(&cfg->schedule);
+    cfg->momentum = kind == KEEL_OPT_MOMENTUM ? 0.9 : 0.0;
+    cfg->beta1 = 0.9;
+    cfg->beta2 = 0.999;
+    cfg->epsilon = 1e-7;
+    cfg->rho = 0.9;
+    cfg->initial_accumulator_value = 0.1;
+    if (kind == KEEL_OPT_SGD || kind == KEEL_OPT_MOMENTUM)
+        cfg->schedule.learning_rate = 0.01;
+}
+
+keel_status
+keel_optimizer_kind_from_name(const char *name, keel_optimizer_kind *out)
+{
+    int i = 0;
+    keel_status st = lookup("optimizer", name, opt_names, 5, &i);
+    if (st == KEEL_OK)
+        *out = (keel_optimizer_kind)i;
+    return st;
+}
+
+const char *
+keel_optimizer_kind_name(keel_optimizer_kind k)
+{
+    return (unsigned)k < 5 ? opt_names[k] : "unknown";
+}
+
+keel_status
+keel_optimizer_new(const keel_optimizer_config *cfg, keel_optimizer **out)
+{
+    keel_optimizer *o;
+    keel_status st;
+    if (out == NULL)
+        return keel__fail(KEEL_EINVAL, "optimizer: out is NULL");
+    *out = NULL;
+    if (cfg == NULL)
+        return keel__fail(KEEL_EINVAL, "optimizer: config is NULL");
+    if ((unsigned)cfg->kind > KEEL_OPT_RMSPROP)
+        return keel__fail(KEEL_EINVAL, "optimizer: unknown kind %d",
+                          cfg->kind);
+    if ((st = keel_lr_schedule_validate(&cfg->schedule)) != KEEL_OK)
+        return keel__wrap(st, "optimizer %s",
+                          keel_optimizer_kind_name(cfg->kind));
+    if (!(cfg->momentum >= 0.0 && cfg->momentum < 1.0) ||
+        !(cfg->beta1 >= 0.0 && cfg->beta1 < 1.0) ||
+        !(cfg->beta2 >= 0.0 && cfg->beta2 < 1.0) ||
+        !(cfg->rho >= 0.0 && cfg->rho < 1.0))
+        return keel__fail(KEEL_EINVAL, "optimizer %s: momentum, beta1, beta2 "
+                          "and rho must be in [0, 1)",
+                          keel_optimizer_kind_name(cfg->kind));
+    if (!(cfg->epsilon >= 0.0) || !isfinite(cfg->epsilon) ||
+        !(cfg->initial_accumulator_value >= 0.0) ||
+        !isfinite(cfg->initial_accumulator_value))
+        return keel__fail(KEEL_EINVAL, "optimizer %s: epsilon and "
+                          "initial_accumulator_value must be finite and >= 0",
+                          keel_optimizer_kind_name(cfg->kind));
+    if (cfg->kind == KEEL_OPT_ADAGRAD &&
+        cfg->initial_accumulator_value == 0.0 && cfg->epsilon == 0.0)
+        return keel__fail(KEEL_EINVAL, "optimizer adagrad: "
+                          "initial_accumulator_value and epsilon are both 0 "
+                          "(division by zero)");
+    o = calloc(1, sizeof *o);
+    if (o == NULL)
+        return keel__fail(KEEL_ENOMEM, "optimizer");
+    o->cfg = *cfg;
+    *out = o;
+    return KEEL_OK;
+}
+
+void
+keel_optimizer_free(keel_optimizer *o)
+{
+    free(o);
+}
+
+const keel_optimizer_config *
+keel_optimizer_get_config(const keel_optimizer *o)
+{
+    return o != NULL ? &o->cfg : NULL;
+}
+
+/* Slots of a kind, NULL-terminated. */
+static void
+slot_names(const keel_optimizer_config *c, const char *names[3])
+{
+    names[0] = names[1] = names[2] = NULL;
+    switch (c->kind) {
+    case KEEL_OPT_MOMENTUM:
+        names[0] = "momentum";
+        break;
+    case KEEL_OPT_ADAGRAD:
+        names[0] = "accumulator";
+        break;
+    case KEEL_OPT_ADAM:
+        names[0] = "m";
+        names[1] = "v";
+        break;
+    case KEEL_OPT_RMSPROP:
+        names[0] = "rms";
+        names[1] = "mom";
+        break;
+    default:
+        break;
+    }
+}
+
+static keel_status
+prepare_var(const keel_optimizer *o, keel_var *v)
+{
+    const char *names[3];
+    slot_names(&o->cfg, names);
+    for (int i = 0; names[i] != NULL; i++) {
+        keel_tensor *t;
+        int existed = keel_var_slot(v, names[i]) != NULL;
+        keel_status st = keel_var_add_slot(v, names[i], &t);
+        if (st != KEEL_OK)
+            return keel__wrap(st, "optimizer: slot '%s' of '%s'", names[i],
+                              keel_var_name(v));
+        if (!existed && o->cfg.kind == KEEL_OPT_ADAGRAD)
+            for (size_t j = 0; j < t->count; j++)
+                t->data[j] = (float)o->cfg.initial_accumulator_value;
+    }
+    return KEEL_OK;
+}
+
+keel_status
+keel_optimizer_prepare(keel_optimizer *o, keel_vars *vs)
+{
+    if (o == NULL || vs == NULL)
+        return keel__fail(KEEL_EINVAL, "optimizer prepare: NULL argument");
+    for (size_t i = 0; i < keel_vars_count(vs); i++) {
+        keel_var *v = keel_vars_at(vs, i);
+        keel_status st;
+        if (!keel_var_is_trainable(v))
+            continue;
+        if ((st = prepare_var(o, v)) != KEEL_OK)
+            return st;
+    }
+    return KEEL_OK;
+}
+
+static keel_status
+need_slot(keel_var *v, const char *slot, float **out)
+{
+    keel_tensor *t = keel_var_slot(v, slot);
+    if (t == NULL)
+        return keel__fail(KEEL_ESTATE, "optimizer: variable '%s' has no "
+                          "slot '%s' (call keel_optimizer_prepare first)",
+                          keel_var_name(v), slot);
+    *out = t->data;
+    return KEEL_OK;
+}
+
+/* The update kernels (float32, elementwise, no FMA contraction). */
+
+static KEEL__HOT void
+sgd_update(float *restrict x, const float *restrict g, size_t n, float lr)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] -= lr * g[i];
+}
+
+/* TF ApplyMomentum == PyTorch SGD(momentum, dampening 0):
+ * a = mu a + g; x -= lr a   (Nesterov: x -= lr (g + mu a)) */
+static KEEL__HOT void
+momentum_update(float *restrict x, float *restrict a, const float *restrict g,
+                size_t n, float lr, float mu, int nesterov)
+{
+    if (nesterov)
+        for (size_t i = 0; i < n; i++) {
+            a[i] = mu * a[i] + g[i];
+            x[i] -= lr * (g[i] + mu * a[i]);
+        }
+    else
+        for (size_t i = 0; i < n; i++) {
+            a[i] = mu * a[i] + g[i];
+            x[i] -= lr * a[i];
+        }
+}
+
+/* Keras Adagrad: a += g^2; x -= lr g / (sqrt(a) + eps) */
+static KEEL__HOT void
+adagrad_update(float *restrict x, float *restrict a, const float *restrict g,
+               size_t n, float lr, float eps)
+{
+    for (size_t i = 0; i < n; i++) {
+        a[i] += g[i] * g[i];
+        x[i] -= lr * g[i] / (sqrtf(a[i]) + eps);
+    }
+}
+
+/* TF1 ApplyAdam: t = step + 1, lr_t = lr sqrt(1 - b2^t) / (1 - b1^t),
+ * m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; x -= lr_t m / (sqrt(v) + eps) */
+static KEEL__HOT void
+adam_update(float *restrict x, float *restrict m, float *restrict v,
+            const float *restrict g, size_t n, float lr_t, float b1,
+            float b2, float eps)
+{
+    for (size_t i = 0; i < n; i++) {
+        m[i] = b1 * m[i] + (1.0f - b1) * g[i];
+        v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
+        x[i] -= lr_t * m[i] / (sqrtf(v[i]) + eps);
+    }
+}
+
+/* TF1 ApplyRMSProp: ms = rho ms + (1-rho) g^2;
+ * mom = mu mom + lr g / sqrt(ms + eps); x -= mom */
+static KEEL__HOT void
+rmsprop_update(float *restrict x, float *restrict ms, float *restrict mom,
+               const float *restrict g, size_t n, float lr, float rho,
+               float mu, float eps)
+{
+    for (size_t i = 0; i < n; i++) {
+        ms[i] = rho * ms[i] + (1.0f - rho) * g[i] * g[i];
+        mom[i] = mu * mom[i] + lr * g[i] / sqrtf(ms[i] + eps);
+        x[i] -= mom[i];
+    }
+}
+
+keel_status
+keel_optimizer_apply_var(keel_optimizer *o, keel_var *v,
+                         const keel_tensor *grad, int64_t global_step)
+{
+    const keel_optimizer_config *c;
+    keel_tensor *w;
+    float *x, *s1 = NULL, *s2 = NULL;
+    const float *g;
+    size_t n;
+    float lr;
+    keel_status st = KEEL_OK;
+    if (o == NULL || v == NULL || grad == NULL || grad->data == NULL)
+        return keel__fail(KEEL_EINVAL, "optimizer apply: NULL argument");
+    c = &o->cfg;
+    w = keel_var_tensor(v);
+    if (!keel_shape_equal(w->ndim, w->shape, grad->ndim, grad->shape))
+        return keel__fail(KEEL_EINVAL, "optimizer apply: gradient shape of "
+                          "'%s' does not match the variable",
+                          keel_var_name(v));
+    if (global_step < 0)
+        return keel__fail(KEEL_EINVAL, "optimizer apply: negative global "
+                          "step %lld", (long long)global_step);
+    x = w->data;
+    g = grad->data;
+    n = w->count;
+    lr = (float)keel_lr_at(&c->schedule, global_step);
+    KEEL__PROF_BEGIN();
+    switch (c->kind) {
+    case KEEL_OPT_SGD:
+        sgd_update(x, g, n, lr);
+        break;
+    case KEEL_OPT_MOMENTUM:
+        if ((st = need_slot(v, "momentum", &s1)) != KEEL_OK)
+            break;
+        momentum_update(x, s1, g, n, lr, (float)c->momentum,
+                        c->use_nesterov);
+        break;
+    case KEEL_OPT_ADAGRAD:
+        if ((st = need_slot(v, "accumulator", &s1)) != KEEL_OK)
+            break;
+        adagrad_update(x, s1, g, n, lr, (float)c->epsilon);
+        break;
+    case KEEL_OPT_ADAM: {
+        double t = (double)global_step + 1.0;
+        float lr_t = (float)(keel_lr_at(&c->schedule, global_step) *
+                             sqrt(1.0 - pow(c->beta2, t)) /
+                             (1.0 - pow(c->beta1, t)));
+        if ((st = need_slot(v, "m", &s1)) != KEEL_OK ||
+            (st = need_slot(v, "v", &s2)) != KEEL_OK)
+            break;
+        adam_update(x, s1, s2, g, n, lr_t, (float)c->beta1,
+                    (float)c->beta2, (float)c->epsilon);
+        break;
+    }
+    case KEEL_OPT_RMSPROP:
+        if ((st = need_slot(v, "rms", &s1)) != KEEL_OK ||
+            (st = need_slot(v, "mom", &s2)) != KEEL_OK)
+            break;
+        rmsprop_update(x, s1, s2, g, n, lr, (float)c->rho,
+                       (float)c->momentum, (float)c->epsilon);
+        break;
+    }
+    KEEL__PROF_END(optimizer_ns);
+    return st;
+}
+
+keel_status
+keel_optimizer_apply(keel_optimizer *o, keel_vars *vs, keel_grads *grads,
+                     int64_t global_step)
+{
+    if (o == NULL || vs == NULL || grads == NULL)
+        return keel__fail(KEEL_EINVAL, "optimizer apply: NULL argument");
+    if (keel_grads_vars(grads) != vs)
+        return keel__fail(KEEL_EINVAL, "optimizer apply: gradients were "
+                          "made for another variable store");
+    for (size_t i = 0; i < keel_vars_count(vs); i++) {
+        keel_var *v = keel_vars_at(vs, i);
+        keel_tensor *g;
+        keel_status st;
+        if (!keel_var_is_trainable(v))
+            continue;
+        g = keel_grads_at(grads, i);
+        if (g == NULL)
+            return keel__fail(KEEL_EINVAL, "optimizer apply: no gradient "
+                              "for '%s' (gradients made before it was "
+                              "created?)", keel_var_name(v));
+        if ((st = keel_optimizer_apply_var(o, v, g, global_step)) != KEEL_OK)
+            return st;
+    }
+    return KEEL_OK;
+}

@@ -1,0 +1,112 @@
+/* train_int.h - private interface of train/: the layer kernels (forward and
+ * backward on raw NHWC float buffers) shared by the models and the tests,
+ * the profiling counters and the small deterministic PRNG. */
+#ifndef KEEL_TRAIN_INT_H
+#define KEEL_TRAIN_INT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <keel/train.h>
+
+/* Hot elementwise loops: vectorized (O3) and cloned for AVX2/AVX-512 with
+ * runtime dispatch. FMA contraction stays off so every clone computes the
+ * same bits as the scalar code. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && \
+    !defined(KEEL_NO_CLONES)
+#define KEEL__HOT \
+    __attribute__((target_clones("avx512f", "avx2", "default")))
+#define KEEL__VECTORIZE_FILE \
+    _Pragma("GCC optimize(\"O3\", \"fp-contract=off\")")
+#else
+#define KEEL__HOT
+#define KEEL__VECTORIZE_FILE
+#endif
+
+/* ---- profiling ---- */
+extern int keel__prof_on;
+extern keel_train_profile keel__prof;
+int64_t keel__prof_now(void);
+#define KEEL__PROF_BEGIN() int64_t prof_t0_ = keel__prof_on ? keel__prof_now() : 0
+#define KEEL__PROF_END(field) \
+    do { if (keel__prof_on) keel__prof.field += keel__prof_now() - prof_t0_; } \
+    while (0)
+
+/* ---- PRNG: splitmix64 seeding xoshiro256** (never libc) ---- */
+typedef struct keel__rng {
+    uint64_t s[4];
+} keel__rng;
+uint64_t keel__splitmix64(uint64_t *x);
+void keel__rng_seed(keel__rng *r, uint64_t seed);
+uint64_t keel__rng_next(keel__rng *r);
+/* Uniform in [0, n) without modulo bias (n >= 1). */
+uint64_t keel__rng_below(keel__rng *r, uint64_t n);
+/* Uniform float in [lo, hi). */
+float keel__rng_uniform(keel__rng *r, float lo, float hi);
+
+/* ---- dense: y[n,out] = x[n,in] W[in,out] + b ---- */
+void keel__dense_forward(const float *x, size_t n, size_t in, size_t out,
+                         const float *w, const float *b, float *y);
+/* dw = x^T dy, db = sum dy (both OVERWRITTEN); dx = dy W^T (if dx). */
+void keel__dense_backward(const float *x, const float *dy, size_t n,
+                          size_t in, size_t out, const float *w, float *dw,
+                          float *db, float *dx);
+
+/* ---- activations (in place on y; backward scales dy in place) ---- */
+void keel__act_forward(keel_activation a, float *y, size_t count);
+void keel__act_backward(keel_activation a, const float *y, float *dy,
+                        size_t count);
+/* Fused y[r,c] = act(y[r,c] + b[c]). */
+void keel__bias_act_forward(keel_activation a, float *y, size_t rows,
+                            size_t cols, const float *b);
+
+/* ---- conv2d, NHWC, kernel [kh,kw,cin,cout] ---- */
+typedef struct keel__conv_geom {
+    size_t h, w, cin;          /* input */
+    size_t kh, kw, cout;
+    size_t sh, sw;             /* strides */
+    size_t pad_top, pad_left;  /* 0 for valid */
+    size_t oh, ow;             /* output */
+} keel__conv_geom;
+/* Fill oh/ow/pads from h,w,kh,kw,sh,sw and same (TF/Keras rules). Fails if
+ * the output would be empty. */
+keel_status keel__conv_geom_init(keel__conv_geom *g, int same);
+/* Floats of the im2col workspace for n examples. */
+size_t keel__conv_col_size(const keel__conv_geom *g, size_t n);
+void keel__conv_forward(const keel__conv_geom *g, const float *x, size_t n,
+                        const float *w, const float *b, float *col,
+                        float *y);
+/* col must still hold the forward im2col of x (or is recomputed if
+ * col_is_valid == 0). dw, db OVERWRITTEN; dx (if non-NULL) overwritten. */
+void keel__conv_backward(const keel__conv_geom *g, const float *x, size_t n,
+                         const float *dy, const float *w, float *col,
+                         int col_is_valid, float *dw, float *db, float *dx);
+
+/* ---- max-pool, NHWC, window k x k, stride s, valid ---- */
+typedef struct keel__pool_geom {
+    size_t h, w, c, k, s, oh, ow;
+} keel__pool_geom;
+keel_status keel__pool_geom_init(keel__pool_geom *g);
+/* arg (n*oh*ow*c int32) receives the winning input index per output. */
+void keel__pool_forward(const keel__pool_geom *g, const float *x, size_t n,
+                        float *y, int32_t *arg);
+/* dx overwritten (zero + scatter). */
+void keel__pool_backward(const keel__pool_geom *g, const float *dy, size_t n,
+                         const int32_t *arg, float *dx);
+
+/* ---- softmax cross-entropy on logits[n,k] ----
+ * Loss sum (double) and correct count; if dlogits, writes
+ * (softmax - onehot) * scale. Labels must be in range (checked by caller). */
+void keel__softmax_xent(const float *logits, const int32_t *y, size_t n,
+                        size_t k, float scale, float *dlogits,
+                        double *loss_sum, int64_t *correct);
+
+/* db[c] = sum over rows of dy[r,c] (overwritten); dst += src. */
+void keel__col_sums(const float *dy, size_t rows, size_t cols, float *db);
+void keel__add_into(float *dst, const float *src, size_t count);
+
+/* sgemm wrapper (row-major, with profiling). */
+void keel__sgemm(int trans_a, int trans_b, size_t m, size_t n, size_t k,
+                 float alpha, const float *a, size_t lda, const float *b,
+                 size_t ldb, float beta, float *c, size_t ldc);
+
+#endif
