@@ -30,4 +30,7 @@ int cli_wants_help(int argc, char **argv);
  * errors); verbose also shows debug lines. */
 void cli_install_logger(int verbose);
 
+/* Verbs (tools/cmd_<verb>.c). */
+int cmd_keygen(int argc, char **argv);
+
 #endif

@@ -12,6 +12,7 @@ static int cmd_version(int argc, char **argv);
 /* The verbs, in the order `keel --help` lists them. */
 static const cli_verb verbs[] = {
     { "version", "print keel's version", cmd_version },
+    { "keygen", "write a CURVE key pair for cluster sockets", cmd_keygen },
 };
 static const size_t n_verbs = sizeof verbs / sizeof verbs[0];
 

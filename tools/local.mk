@@ -6,3 +6,4 @@ tests_check_cli_SOURCES = tests/check_cli.c
 tests_check_cli_CFLAGS = $(TEST_CFLAGS)
 tests_check_cli_LDADD = $(TEST_LIBS)
 endif
+keel_SOURCES += tools/cmd_keygen.c

@@ -10,6 +10,7 @@
 #include <keel/status.h>
 #include <keel/log.h>
 #include <keel/tensor.h>
+#include <keel/cluster.h>
 
 #ifdef __cplusplus
 extern "C" {
