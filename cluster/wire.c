@@ -645,12 +645,22 @@ keel__wire_client_call(keel__wire_client *c, keel__wire_header *h,
     keel_status st;
 
     keel__wire_msg_init(reply);
+    /* A DEALER whose peer is unreachable (or refused us) blocks on send:
+     * the call's deadline bounds that too. */
+    if (zmq_setsockopt(c->sock, ZMQ_SNDTIMEO, &timeout_ms,
+                       sizeof timeout_ms) != 0)
+        return keel__fail(KEEL_EIO, "client: send timeout: %s",
+                          zmq_strerror(errno));
     h->request_id = c->next_id++;
     h->sender_type = (uint8_t)c->type;
     h->sender_index = (uint32_t)c->index;
     h->generation = c->generation;
     st = keel__wire_send(c->sock, NULL, h, ts, n, NULL,
                          zero_copy ? &c->pin : NULL);
+    if (st == KEEL_ETIMEOUT)
+        return keel__fail(KEEL_ETIMEOUT, "request to %s not accepted within "
+                          "%d ms (peer unreachable or refused us)",
+                          c->endpoint, timeout_ms);
     if (st != KEEL_OK)
         return keel__wrap(st, "request to %s", c->endpoint);
     for (;;) {
