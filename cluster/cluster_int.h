@@ -69,7 +69,10 @@ enum {
     KEEL_WIRE_F_REPLY = 1u << 0,       /* an answer of the same type */
     KEEL_WIRE_F_NAMES_ONLY = 1u << 1,  /* descriptors without data frames */
     KEEL_WIRE_F_TEXT = 1u << 2,        /* a trailing text frame */
-    KEEL_WIRE_F_KNOWN = 0x7u
+    KEEL_WIRE_F_WANT_VALUES = 1u << 3, /* PUSH: ack carries the new values
+                                        * of the pushed variables (push and
+                                        * pull in one round trip) */
+    KEEL_WIRE_F_KNOWN = 0xfu
 };
 
 typedef struct keel__wire_header {

@@ -244,13 +244,14 @@ handle_update(keel__ps *ps, keel__wire_msg *req, int is_init)
     }
     for (size_t i = 0; i < req->n; i++) {
         keel_tensor *t = keel_var_tensor(vars[i]);
-        const float *g = req->tensors[i].t.data;
+        const float *restrict g = req->tensors[i].t.data;
+        float *restrict d = t->data;
         if (is_init) {
-            memcpy(t->data, g, t->count * sizeof(float));
+            memcpy(d, g, t->count * sizeof(float));
             keel_var_set_initialized(vars[i], 1);
         } else {
             for (size_t k = 0; k < t->count; k++)
-                t->data[k] += g[k];
+                d[k] += g[k];
         }
     }
     if (is_init) {
@@ -261,6 +262,22 @@ handle_update(keel__ps *ps, keel__wire_msg *req, int is_init)
         keel_vars_set_global_step(ps->vars,
                                   keel_vars_global_step(ps->vars) + 1);
         reply_header(ps, req, &h, KEEL_MSG_PUSH_ACK, 0);
+    }
+    if (!is_init && (req->h.flags & KEEL_WIRE_F_WANT_VALUES)) {
+        keel__wire_out *outs = calloc(req->n ? req->n : 1, sizeof *outs);
+        if (outs == NULL) {
+            st = keel__fail(KEEL_ENOMEM, "ps: values of %zu variables",
+                            req->n);
+            goto out;
+        }
+        for (size_t i = 0; i < req->n; i++) {
+            outs[i].name = keel_var_name(vars[i]);
+            outs[i].t = keel_var_tensor(vars[i]);
+        }
+        st = keel__wire_send(ps->sock, &req->identity, &h, outs, req->n,
+                             NULL, &ps->pin);
+        free(outs);
+        goto out;
     }
     st = keel__wire_send(ps->sock, &req->identity, &h, NULL, 0, NULL, NULL);
 out:

@@ -1177,6 +1177,26 @@ START_TEST(test_pull_of_named_and_unknown_variables)
                      KEEL_EPEER);
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "no variable 'nope'"));
     keel__wire_msg_clear(&r);
+    /* PUSH with F_WANT_VALUES: the ack carries the updated variable */
+    {
+        keel_tensor g;
+        int64_t bs[1] = { 3 };
+        keel__wire_out o = { "layer/b", &g };
+        keel__wire_header ph = { .type = KEEL_MSG_PUSH,
+                                 .flags = KEEL_WIRE_F_WANT_VALUES };
+        ck_assert_int_eq(keel_tensor_alloc(&g, 1, bs), KEEL_OK);
+        for (int i = 0; i < 3; i++)
+            g.data[i] = 0.5f;
+        ck_assert_int_eq(keel__wire_client_call(c, &ph, &o, 1, 1, 3000, &r),
+                         KEEL_OK);
+        ck_assert_int_eq(r.h.type, KEEL_MSG_PUSH_ACK);
+        ck_assert_int_eq(r.n, 1);
+        ck_assert_str_eq(r.tensors[0].name, "layer/b");
+        for (int i = 0; i < 3; i++)
+            ck_assert_float_eq(r.tensors[0].t.data[i], 10.5f + (float)i);
+        keel__wire_msg_clear(&r);
+        keel_tensor_release(&g);
+    }
     names[1].name = "layer/b";              /* duplicate */
     ck_assert_int_eq(keel__wire_client_call(c, &h, names, 2, 0, 3000, &r),
                      KEEL_EPEER);
