@@ -40,5 +40,7 @@ int cli_load_config(const char *path, int n_over, char **over,
 int cmd_config(int argc, char **argv);
 /* Verbs (tools/cmd_<verb>.c). */
 int cmd_ckpt(int argc, char **argv);
+/* Verbs (tools/cmd_<verb>.c). */
+int cmd_keygen(int argc, char **argv);
 
 #endif

@@ -14,6 +14,7 @@ static const cli_verb verbs[] = {
     { "config", "check a config file; list every key", cmd_config },
     { "version", "print keel's version", cmd_version },
     { "ckpt", "list, show, verify and diff checkpoints", cmd_ckpt },
+    { "keygen", "write a CURVE key pair for cluster sockets", cmd_keygen },
 };
 static const size_t n_verbs = sizeof verbs / sizeof verbs[0];
 

@@ -8,3 +8,4 @@ tests_check_cli_CFLAGS = $(TEST_CFLAGS)
 tests_check_cli_LDADD = $(TEST_LIBS)
 endif
 keel_SOURCES += tools/cmd_ckpt.c
+keel_SOURCES += tools/cmd_keygen.c

@@ -17,6 +17,7 @@
 #include <keel/hooks.h>
 #include <keel/session.h>
 #include <keel/train.h>
+#include <keel/cluster.h>
 
 #ifdef __cplusplus
 extern "C" {

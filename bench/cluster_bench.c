@@ -1,0 +1,206 @@
+/* cluster_bench.c - push+pull throughput of keel's wire protocol: a
+ * variable server (own zmq context, own thread) holding S MiB of float32
+ * variables and a client (own context) that PUSHes S MiB of gradients
+ * (zero-copy, summed into the variables) and PULLs the S MiB back, over
+ * tcp://127.0.0.1. One JSON line per size. bench/cluster_bench.sh runs it
+ * beside the raw ZeroMQ and gloo baselines and prints the ratios.
+ * --mode pushpull (default: a PUSH call then a PULL call, TF's pattern),
+ * fused (one PUSH with F_WANT_VALUES: the ack carries the new values),
+ * push or pull (one direction only).
+ * usage: cluster_bench [--reps N] [--sizes-mib 1,16,64] [--vars K]
+ *                      [--total-mib T] [--mode pushpull|fused|push|pull] */
+#include <config.h>
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <keel/keel.h>
+#include "../cluster/cluster_int.h"
+
+static double
+now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int
+cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+typedef struct srv {
+    keel__ps *ps;
+    atomic_int stop;
+} srv;
+
+static void *
+srv_main(void *arg)
+{
+    srv *s = arg;
+    keel__ps_run(s->ps, &s->stop);
+    return NULL;
+}
+
+#define DIE(...)                                                          \
+    do {                                                                  \
+        fprintf(stderr, "cluster_bench: " __VA_ARGS__);                   \
+        fprintf(stderr, ": %s\n", keel_last_error());                     \
+        exit(1);                                                          \
+    } while (0)
+
+/* One size: returns per-op seconds for each rep in secs[]. */
+static int g_mode = 3;      /* bit 0: push, bit 1: pull, 4: both at once */
+
+static void
+run_size(size_t mib, int nvars, int reps, size_t total_mib, double *secs,
+         long *iters_out)
+{
+    keel_vars *vars;
+    keel__ps_config cfg = { .bind = "tcp://127.0.0.1:*" };
+    srv s;
+    pthread_t th;
+    keel__wire_client *c;
+    keel_tensor *grads = calloc((size_t)nvars, sizeof *grads);
+    keel__wire_out *outs = calloc((size_t)nvars, sizeof *outs);
+    char (*names)[32] = calloc((size_t)nvars, sizeof *names);
+    size_t per = (mib << 20) / sizeof(float) / (size_t)nvars;
+    long iters = (long)(total_mib / mib);
+    if (iters < 3)
+        iters = 3;
+
+    if (keel_vars_new(&vars) != KEEL_OK)
+        DIE("vars");
+    for (int i = 0; i < nvars; i++) {
+        int64_t shape[1] = { (int64_t)per };
+        keel_var *v;
+        snprintf(names[i], sizeof names[i], "layer%d/w", i);
+        if (keel_vars_create(vars, names[i], 1, shape, KEEL_VAR_TRAINABLE,
+                             &v) != KEEL_OK ||
+            keel_tensor_alloc(&grads[i], 1, shape) != KEEL_OK)
+            DIE("alloc");
+        for (size_t k = 0; k < per; k++)
+            grads[i].data[k] = 1e-3f;
+        outs[i].name = names[i];
+        outs[i].t = &grads[i];
+    }
+    cfg.vars = vars;
+    memset(&s, 0, sizeof s);
+    if (keel__ps_new(&cfg, &s.ps) != KEEL_OK)
+        DIE("ps");
+    pthread_create(&th, NULL, srv_main, &s);
+    if (keel__wire_client_new(keel__ps_endpoint(s.ps), NULL, KEEL_TASK_WORKER,
+                              0, &c) != KEEL_OK)
+        DIE("client");
+    for (int r = -1; r < reps; r++) {       /* r = -1: warm-up */
+        double t0 = now_s();
+        long n = r < 0 ? 2 : iters;
+        for (long i = 0; i < n; i++) {
+            keel__wire_header h = { .type = KEEL_MSG_PUSH };
+            keel__wire_msg m;
+            if (g_mode == 4) {
+                h.flags = KEEL_WIRE_F_WANT_VALUES;
+                if (keel__wire_client_call(c, &h, outs, (size_t)nvars, 1,
+                                           60000, &m) != KEEL_OK)
+                    DIE("push+values");
+                if (m.n != (size_t)nvars || m.tensors[0].t.count != per)
+                    DIE("push+values reply shape");
+                keel__wire_msg_clear(&m);
+            }
+            if (g_mode & 1) {
+                if (keel__wire_client_call(c, &h, outs, (size_t)nvars, 1,
+                                           60000, &m) != KEEL_OK)
+                    DIE("push");
+                keel__wire_msg_clear(&m);
+            }
+            if (g_mode & 2) {
+                memset(&h, 0, sizeof h);
+                h.type = KEEL_MSG_PULL;
+                h.flags = KEEL_WIRE_F_NAMES_ONLY;
+                if (keel__wire_client_call(c, &h, NULL, 0, 0, 60000, &m) !=
+                    KEEL_OK)
+                    DIE("pull");
+                if (m.n != (size_t)nvars || m.tensors[0].t.count != per)
+                    DIE("pull reply shape");
+                keel__wire_msg_clear(&m);
+            }
+        }
+        if (r >= 0)
+            secs[r] = (now_s() - t0) / (double)n;
+    }
+    *iters_out = iters;
+    keel__wire_client_free(c);
+    atomic_store(&s.stop, 1);
+    pthread_join(th, NULL);
+    keel__ps_free(s.ps);
+    keel_vars_free(vars);
+    for (int i = 0; i < nvars; i++)
+        keel_tensor_release(&grads[i]);
+    free(grads);
+    free(outs);
+    free(names);
+}
+
+int
+main(int argc, char **argv)
+{
+    int reps = 5, nvars = 4;
+    size_t total_mib = 256, sizes[16] = { 1, 16, 64 }, nsizes = 3;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--reps") && i + 1 < argc)
+            reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--vars") && i + 1 < argc)
+            nvars = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--mode") && i + 1 < argc)
+            g_mode = !strcmp(argv[++i], "push") ? 1
+                     : !strcmp(argv[i], "pull") ? 2
+                     : !strcmp(argv[i], "fused") ? 4 : 3;
+        else if (!strcmp(argv[i], "--total-mib") && i + 1 < argc)
+            total_mib = (size_t)atol(argv[++i]);
+        else if (!strcmp(argv[i], "--sizes-mib") && i + 1 < argc) {
+            char *d = strdup(argv[++i]), *sv = NULL;
+            nsizes = 0;
+            for (char *p = strtok_r(d, ",", &sv); p && nsizes < 16;
+                 p = strtok_r(NULL, ",", &sv))
+                sizes[nsizes++] = (size_t)atol(p);
+            free(d);
+        } else {
+            fprintf(stderr, "usage: cluster_bench [--reps N] [--sizes-mib "
+                    "1,16,64] [--vars K] [--total-mib T] [--mode "
+                    "pushpull|fused|push|pull]\n");
+            return 2;
+        }
+    }
+    if (reps < 1 || reps > 100 || nvars < 1 || nvars > 1024)
+        return 2;
+    for (size_t si = 0; si < nsizes; si++) {
+        double secs[100], alg[100], wire[100];
+        long iters;
+        size_t bytes = sizes[si] << 20;
+        run_size(sizes[si], nvars, reps, total_mib, secs, &iters);
+        for (int r = 0; r < reps; r++) {
+            alg[r] = (double)bytes / secs[r] / 1e9;
+            wire[r] = 2.0 * (double)bytes / secs[r] / 1e9;
+        }
+        qsort(alg, (size_t)reps, sizeof alg[0], cmp_d);
+        qsort(wire, (size_t)reps, sizeof wire[0], cmp_d);
+        qsort(secs, (size_t)reps, sizeof secs[0], cmp_d);
+        printf("{\"bench\":\"keel_%s\",\"mib\":%zu,\"bytes\":%zu,"
+               "\"vars\":%d,\"ops_per_rep\":%ld,\"reps\":%d,"
+               "\"unit\":\"GB/s\",\"algbw_median\":%.4f,\"algbw_min\":%.4f,"
+               "\"algbw_max\":%.4f,\"wire_median\":%.4f,"
+               "\"op_ms_median\":%.3f}\n",
+               g_mode == 4 ? "pushpull_fused" : g_mode == 3 ? "pushpull"
+               : g_mode == 1 ? "push" : "pull",
+               sizes[si], bytes, nvars, iters, reps, alg[reps / 2], alg[0],
+               alg[reps - 1], wire[reps / 2], secs[reps / 2] * 1e3);
+        fflush(stdout);
+    }
+    return 0;
+}

@@ -1,0 +1,268 @@
+/* cluster_int.h - private to cluster/: problem lists, the binary wire
+ * protocol over ZeroMQ ROUTER/DEALER, CURVE keys and the ZAP handler, and
+ * the variable server skeleton. The only header that includes <zmq.h>. */
+#ifndef KEEL_CLUSTER_INT_H
+#define KEEL_CLUSTER_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <zmq.h>
+
+#include <keel/cluster.h>
+#include <keel/tensor.h>
+#include "util.h"
+
+/* ---- problem lists (spec.c) --------------------------------------------- */
+
+/* Collects every problem of a validation; fails once with all of them. */
+typedef struct keel__problems {
+    int count;
+    size_t len;
+    char text[KEEL_ERR_MAX];
+} keel__problems;
+void keel__problems_add(keel__problems *p, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* KEEL_OK when empty, else KEEL_EINVAL "<what>: N problems: a; b; c". */
+keel_status keel__problems_fail(const keel__problems *p, const char *what);
+
+void keel__cluster_validate_into(const keel_cluster_spec *s,
+                                 keel__problems *p);
+/* 1 if a is host:port (host non-empty, port 1..65535), else 0 with why. */
+int keel__cluster_check_address(const char *a, char *why, size_t size);
+/* "tcp://<host:port>" of a task's own address, for its server to bind
+ * (never a wildcard unless the spec says so). */
+keel_status keel__cluster_bind_address(const keel_cluster_spec *s,
+                                       keel_task_type type, int index,
+                                       char *buf, size_t size);
+
+/* ---- wire format (wire.c) ------------------------------------------------
+ * A message is one multipart ZeroMQ message:
+ *   [identity]            ROUTER side only
+ *   header                KEEL_WIRE_HEADER_SIZE bytes, little endian
+ *   per tensor:  descriptor frame, then (unless F_NAMES_ONLY) data frame
+ *   [text]                if F_TEXT: UTF-8, at most limits.max_text bytes
+ * docs/cluster.md lays the header and descriptor out byte by byte. */
+
+#define KEEL_WIRE_VERSION 1
+#define KEEL_WIRE_HEADER_SIZE 56
+#define KEEL_WIRE_DTYPE_F32 1
+
+enum keel__msg_type {
+    KEEL_MSG_HELLO = 1,     /* a task announces itself */
+    KEEL_MSG_READY,         /* answer to HELLO: the server is serving */
+    KEEL_MSG_PULL,          /* names only (count 0 = every variable) */
+    KEEL_MSG_PULL_REPLY,    /* the variables' values */
+    KEEL_MSG_PUSH,          /* gradients to apply */
+    KEEL_MSG_PUSH_ACK,      /* global_step after the apply */
+    KEEL_MSG_ERROR,         /* arg = keel_status, text = reason */
+    KEEL_MSG_STEP,          /* global step query (reply: F_REPLY) */
+    KEEL_MSG_SHUTDOWN,      /* stop serving (reply: F_REPLY) */
+    KEEL_MSG_HEARTBEAT,     /* liveness (reply: F_REPLY) */
+    KEEL_MSG_TOKEN,         /* sync token; arg/global_step carry it */
+    KEEL_MSG_INIT,          /* chief pushes initial values */
+    KEEL_MSG_TYPE_END
+};
+
+enum {
+    KEEL_WIRE_F_REPLY = 1u << 0,       /* an answer of the same type */
+    KEEL_WIRE_F_NAMES_ONLY = 1u << 1,  /* descriptors without data frames */
+    KEEL_WIRE_F_TEXT = 1u << 2,        /* a trailing text frame */
+    KEEL_WIRE_F_WANT_VALUES = 1u << 3, /* PUSH: ack carries the new values
+                                        * of the pushed variables (push and
+                                        * pull in one round trip) */
+    KEEL_WIRE_F_KNOWN = 0xfu
+};
+
+typedef struct keel__wire_header {
+    uint8_t type;
+    uint8_t flags;
+    uint64_t request_id;
+    uint8_t sender_type;        /* keel_task_type */
+    uint32_t sender_index;
+    uint64_t generation;        /* the sender's incarnation (random) */
+    int64_t global_step;
+    int64_t local_step;
+    uint32_t count;             /* tensors */
+    uint32_t arg;               /* ERROR: keel_status; TOKEN: payload */
+} keel__wire_header;
+
+typedef struct keel__wire_limits {
+    size_t max_tensors;         /* default 65536 */
+    uint64_t max_total_bytes;   /* tensor data, default 4 GiB */
+    size_t max_text;            /* default 4096 */
+} keel__wire_limits;
+/* Fill zero members with the defaults. */
+void keel__wire_limits_default(keel__wire_limits *l);
+
+/* Header to and from its 56 bytes. decode checks magic, version, type,
+ * flags, reserved bytes and sender type (KEEL_ECORRUPT naming the field). */
+void keel__wire_header_encode(const keel__wire_header *h,
+                              unsigned char out[KEEL_WIRE_HEADER_SIZE]);
+keel_status keel__wire_header_decode(const void *buf, size_t n,
+                                     keel__wire_header *h);
+/* Descriptor frame: u16 name length, u8 dtype, u8 ndim, ndim x i64 dims,
+ * name bytes. Returns the frame size; 0 if buf is too small. */
+size_t keel__wire_desc_encode(const char *name, int ndim,
+                              const int64_t *shape, unsigned char *buf,
+                              size_t size);
+
+/* One decoded tensor. t.data points into the received frame (or an
+ * aligned copy when the frame's data is not float-aligned); t.is_owner is
+ * 0: valid until keel__wire_msg_clear(). Names-only tensors have no data. */
+typedef struct keel__wire_tensor {
+    char name[KEEL_NAME_MAX];
+    keel_tensor t;
+} keel__wire_tensor;
+
+typedef struct keel__wire_msg {
+    keel__wire_header h;
+    zmq_msg_t identity;         /* ROUTER peer (when has_identity) */
+    int has_identity;
+    size_t n;
+    keel__wire_tensor *tensors;
+    char *text;                 /* NUL-terminated, or NULL */
+    zmq_msg_t *frames;
+    size_t n_frames;
+    void **copies;              /* aligned copies to free */
+    size_t n_copies;
+} keel__wire_msg;
+
+void keel__wire_msg_init(keel__wire_msg *m);
+void keel__wire_msg_clear(keel__wire_msg *m);
+
+/* Decode frames (taking ownership of them: they are moved into m, and
+ * closed by keel__wire_msg_clear even on failure). Everything is checked
+ * before anything is allocated from a peer-given size. KEEL_ECORRUPT
+ * naming the problem. */
+keel_status keel__wire_decode(zmq_msg_t *frames, size_t n_frames,
+                              const keel__wire_limits *lim,
+                              keel__wire_msg *m);
+
+/* Receive one whole multipart message within timeout_ms (-1: forever):
+ * KEEL_ETIMEOUT when nothing came. has_identity: a ROUTER socket (first
+ * frame is the peer). A malformed message is drained entirely and reported
+ * as KEEL_ECORRUPT (m->has_identity still set so the caller can answer). */
+keel_status keel__wire_recv(void *sock, int has_identity,
+                            const keel__wire_limits *lim, int timeout_ms,
+                            keel__wire_msg *m);
+
+/* Zero-copy send bookkeeping: every data frame sent with a pin keeps the
+ * pinned buffer in use until libzmq releases it. Wait before changing or
+ * freeing the data. */
+typedef struct keel__wire_pin {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    long pending;
+} keel__wire_pin;
+void keel__wire_pin_init(keel__wire_pin *p);
+void keel__wire_pin_destroy(keel__wire_pin *p);
+/* KEEL_ETIMEOUT if frames are still in flight after timeout_ms. */
+keel_status keel__wire_pin_wait(keel__wire_pin *p, int timeout_ms);
+
+typedef struct keel__wire_out {
+    const char *name;
+    const keel_tensor *t;       /* NULL with F_NAMES_ONLY */
+} keel__wire_out;
+
+/* Send a message. identity (ROUTER side) is copied, not consumed. With a
+ * pin, data frames are zero-copy (the tensors must stay unchanged until
+ * keel__wire_pin_wait); without one they are copied. h->count is set from
+ * n; F_TEXT from text. */
+keel_status keel__wire_send(void *sock, zmq_msg_t *identity,
+                            const keel__wire_header *h,
+                            const keel__wire_out *ts, size_t n,
+                            const char *text, keel__wire_pin *pin);
+
+/* A random 64-bit incarnation id (getrandom). */
+uint64_t keel__wire_new_generation(void);
+
+/* Common socket options: linger 0, send timeout, max message size. */
+keel_status keel__wire_sockopts(void *sock, const keel__wire_limits *lim);
+
+/* ---- CURVE (security.c) ------------------------------------------------- */
+
+#define KEEL_Z85_KEY 41     /* 40 characters + NUL */
+
+typedef struct keel__curve {
+    int enabled;
+    char public_key[KEEL_Z85_KEY];
+    char secret_key[KEEL_Z85_KEY];
+    char server_key[KEEL_Z85_KEY];   /* clients: the server's public key */
+    char (*allowed)[KEEL_Z85_KEY];   /* servers: allowed client keys */
+    size_t n_allowed;
+} keel__curve;
+
+/* Load DIR/NAME.key and DIR/NAME.key_secret (the secret must not be
+ * readable by group or others). Sets enabled. */
+keel_status keel__curve_load(keel__curve *c, const char *dir,
+                             const char *name);
+/* Read a public key file (40 Z85 characters, optional newline). */
+keel_status keel__curve_read_public(const char *path,
+                                    char out[KEEL_Z85_KEY]);
+/* Allow one client key, or every *.key file in dir. */
+keel_status keel__curve_allow_key(keel__curve *c, const char *z85);
+keel_status keel__curve_allow_dir(keel__curve *c, const char *dir);
+/* Wipe the secret and free the allowed list. */
+void keel__curve_clear(keel__curve *c);
+/* Socket setup: server (CURVE_SERVER + secret + ZAP domain) or client
+ * (server key + own pair). No-op when c is NULL or not enabled. */
+keel_status keel__curve_setup_server(void *sock, const keel__curve *c);
+keel_status keel__curve_setup_client(void *sock, const keel__curve *c);
+
+/* The ZAP handler of one zmq context: accepts CURVE clients whose public
+ * key is in c->allowed (copied), refuses everything else. */
+typedef struct keel__zap keel__zap;
+keel_status keel__zap_start(void *zctx, const keel__curve *c,
+                            keel__zap **out);
+void keel__zap_stop(keel__zap *z);
+/* Refusals so far (for tests and logs). */
+long keel__zap_refused(const keel__zap *z);
+
+/* ---- client and variable server skeleton (wire.c, ps.c) ----------------- */
+
+typedef struct keel__wire_client keel__wire_client;
+/* A DEALER connected to endpoint, in its own zmq context. */
+keel_status keel__wire_client_new(const char *endpoint,
+                                  const keel__curve *curve,
+                                  keel_task_type type, int index,
+                                  keel__wire_client **out);
+void keel__wire_client_free(keel__wire_client *c);
+/* Send a request (request id, sender and generation filled in) and wait
+ * up to timeout_ms for the reply with the same request id (stale replies
+ * are dropped). An ERROR reply is KEEL_EPEER naming the peer's reason;
+ * the reply is kept in *reply either way (clear it). With zero_copy the
+ * tensors are sent in place and must not change until this returns (after
+ * a KEEL_ETIMEOUT, until the client is freed). */
+keel_status keel__wire_client_call(keel__wire_client *c,
+                                   keel__wire_header *h,
+                                   const keel__wire_out *ts, size_t n,
+                                   int zero_copy, int timeout_ms,
+                                   keel__wire_msg *reply);
+uint64_t keel__wire_client_generation(const keel__wire_client *c);
+
+typedef struct keel__ps_config {
+    const char *bind;           /* "tcp://127.0.0.1:*" or a spec address */
+    keel_vars *vars;            /* borrowed; the server is its only user */
+    const keel__curve *curve;   /* NULL or !enabled: plain TCP */
+    keel__wire_limits limits;   /* zeros: defaults */
+    int task_index;
+} keel__ps_config;
+
+typedef struct keel__ps keel__ps;
+keel_status keel__ps_new(const keel__ps_config *cfg, keel__ps **out);
+void keel__ps_free(keel__ps *ps);
+/* The bound endpoint (ZMQ_LAST_ENDPOINT). */
+const char *keel__ps_endpoint(const keel__ps *ps);
+/* Serve one message (wait up to timeout_ms). KEEL_ETIMEOUT when none
+ * came, KEEL_ECANCELLED after a SHUTDOWN, KEEL_OK otherwise (also when a
+ * malformed message was answered with ERROR). */
+keel_status keel__ps_serve_once(keel__ps *ps, int timeout_ms);
+/* Serve until SHUTDOWN or *stop becomes nonzero (checked every 50 ms). */
+keel_status keel__ps_run(keel__ps *ps, const atomic_int *stop);
+/* Counters. */
+long keel__ps_served(const keel__ps *ps);
+long keel__ps_rejected(const keel__ps *ps);
+
+#endif

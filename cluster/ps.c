@@ -1,0 +1,369 @@
+/* ps.c - the variable server skeleton: a ROUTER socket bound to one
+ * address serving PULL / PUSH / INIT / STEP / HELLO / HEARTBEAT /
+ * SHUTDOWN on a keel_vars store. PUSH sums the gradients into the
+ * variables (the real optimizers and the sync token protocol are layered on
+ * top later). A malformed or wrong request gets an ERROR reply naming the
+ * problem and the server goes on serving everyone else. */
+#include <config.h>
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cluster_int.h"
+
+#define PIN_WAIT_MS 5000
+
+struct keel__ps {
+    void *zctx;
+    void *sock;
+    keel__zap *zap;
+    keel_vars *vars;
+    keel__wire_limits limits;
+    keel__wire_pin pin;          /* PULL_REPLY frames point into vars */
+    uint64_t generation;
+    int task_index;
+    int is_shutdown;
+    long served, rejected;
+    unsigned char *seen;         /* per variable, for duplicate checks */
+    size_t seen_size;
+    char endpoint[KEEL_ADDR_MAX + 16];
+};
+
+keel_status
+keel__ps_new(const keel__ps_config *cfg, keel__ps **out)
+{
+    keel__ps *ps;
+    keel_status st;
+    size_t len = sizeof ps->endpoint;
+    *out = NULL;
+    if (cfg == NULL || cfg->bind == NULL || cfg->vars == NULL)
+        return keel__fail(KEEL_EINVAL, "ps: bind address and vars needed");
+    ps = calloc(1, sizeof *ps);
+    if (ps == NULL)
+        return keel__fail(KEEL_ENOMEM, "ps: %zu bytes", sizeof *ps);
+    keel__wire_pin_init(&ps->pin);
+    ps->vars = cfg->vars;
+    ps->limits = cfg->limits;
+    keel__wire_limits_default(&ps->limits);
+    ps->task_index = cfg->task_index;
+    ps->generation = keel__wire_new_generation();
+    ps->zctx = zmq_ctx_new();
+    if (ps->zctx == NULL) {
+        st = keel__fail(KEEL_EIO, "ps: zmq_ctx_new: %s", zmq_strerror(errno));
+        goto fail;
+    }
+    if (cfg->curve != NULL && cfg->curve->enabled &&
+        (st = keel__zap_start(ps->zctx, cfg->curve, &ps->zap)) != KEEL_OK)
+        goto fail;
+    ps->sock = zmq_socket(ps->zctx, ZMQ_ROUTER);
+    if (ps->sock == NULL) {
+        st = keel__fail(KEEL_EIO, "ps: socket: %s", zmq_strerror(errno));
+        goto fail;
+    }
+    if ((st = keel__wire_sockopts(ps->sock, &ps->limits)) != KEEL_OK ||
+        (st = keel__curve_setup_server(ps->sock, cfg->curve)) != KEEL_OK)
+        goto fail;
+    if (zmq_bind(ps->sock, cfg->bind) != 0) {
+        st = keel__fail(KEEL_EUNAVAILABLE, "ps %d: bind %s: %s",
+                        cfg->task_index, cfg->bind, zmq_strerror(errno));
+        goto fail;
+    }
+    if (zmq_getsockopt(ps->sock, ZMQ_LAST_ENDPOINT, ps->endpoint, &len) != 0) {
+        st = keel__fail(KEEL_EIO, "ps: last endpoint: %s",
+                        zmq_strerror(errno));
+        goto fail;
+    }
+    keel__log(KEEL_LOG_INFO, "ps %d: serving %zu variables on %s%s",
+              ps->task_index, keel_vars_count(ps->vars), ps->endpoint,
+              ps->zap ? " (CURVE)" : "");
+    *out = ps;
+    return KEEL_OK;
+fail:
+    keel__ps_free(ps);
+    return st;
+}
+
+void
+keel__ps_free(keel__ps *ps)
+{
+    if (ps == NULL)
+        return;
+    if (ps->sock != NULL)
+        zmq_close(ps->sock);
+    keel__zap_stop(ps->zap);
+    if (ps->zctx != NULL)
+        zmq_ctx_term(ps->zctx);   /* linger 0: releases pinned frames */
+    keel__wire_pin_destroy(&ps->pin);
+    free(ps->seen);
+    free(ps);
+}
+
+const char *
+keel__ps_endpoint(const keel__ps *ps)
+{
+    return ps->endpoint;
+}
+
+long
+keel__ps_served(const keel__ps *ps)
+{
+    return ps->served;
+}
+
+long
+keel__ps_rejected(const keel__ps *ps)
+{
+    return ps->rejected;
+}
+
+static void
+reply_header(keel__ps *ps, const keel__wire_msg *req, keel__wire_header *h,
+             uint8_t type, uint8_t flags)
+{
+    memset(h, 0, sizeof *h);
+    h->type = type;
+    h->flags = flags;
+    h->request_id = req ? req->h.request_id : 0;
+    h->sender_type = KEEL_TASK_PS;
+    h->sender_index = (uint32_t)ps->task_index;
+    h->generation = ps->generation;
+    h->global_step = keel_vars_global_step(ps->vars);
+}
+
+static void
+send_error(keel__ps *ps, keel__wire_msg *req, keel_status code,
+           const char *text)
+{
+    keel__wire_header h;
+    reply_header(ps, req, &h, KEEL_MSG_ERROR, 0);
+    h.arg = (uint32_t)code;
+    if (keel__wire_send(ps->sock, &req->identity, &h, NULL, 0, text, NULL)
+        != KEEL_OK)
+        keel__log(KEEL_LOG_WARN, "ps %d: could not send error reply: %s",
+                  ps->task_index, keel_last_error());
+}
+
+static keel_status
+ensure_seen(keel__ps *ps)
+{
+    size_t n = keel_vars_count(ps->vars);
+    if (ps->seen_size < n) {
+        unsigned char *s = realloc(ps->seen, n);
+        if (s == NULL)
+            return keel__fail(KEEL_ENOMEM, "ps: %zu flags", n);
+        ps->seen = s;
+        ps->seen_size = n;
+    }
+    memset(ps->seen, 0, ps->seen_size);
+    return KEEL_OK;
+}
+
+/* Every tensor of req names a distinct variable of the same shape. */
+static keel_status
+check_tensors(keel__ps *ps, const keel__wire_msg *req, keel_var **vars)
+{
+    keel_status st = ensure_seen(ps);
+    if (st != KEEL_OK)
+        return st;
+    for (size_t i = 0; i < req->n; i++) {
+        const keel__wire_tensor *wt = &req->tensors[i];
+        keel_var *v = keel_vars_find(ps->vars, wt->name);
+        keel_tensor *t;
+        char a[96], b[96];
+        if (v == NULL)
+            return keel__fail(KEEL_ENOTFOUND, "no variable '%s' on ps %d",
+                              wt->name, ps->task_index);
+        if (ps->seen[keel_var_index(v)]++)
+            return keel__fail(KEEL_ECORRUPT, "variable '%s' given twice",
+                              wt->name);
+        t = keel_var_tensor(v);
+        if (vars != NULL &&
+            !keel_shape_equal(t->ndim, t->shape, wt->t.ndim, wt->t.shape))
+            return keel__fail(KEEL_EINVAL, "'%s' has shape %s on ps %d, "
+                              "message has %s", wt->name,
+                              keel_shape_format(a, sizeof a, t->ndim,
+                                                t->shape),
+                              ps->task_index,
+                              keel_shape_format(b, sizeof b, wt->t.ndim,
+                                                wt->t.shape));
+        if (vars != NULL)
+            vars[i] = v;
+    }
+    return KEEL_OK;
+}
+
+static keel_status
+handle_pull(keel__ps *ps, keel__wire_msg *req)
+{
+    size_t n = req->n ? req->n : keel_vars_count(ps->vars);
+    keel__wire_out *outs;
+    keel__wire_header h;
+    keel_status st;
+    if (!(req->h.flags & KEEL_WIRE_F_NAMES_ONLY) && req->n > 0)
+        return keel__fail(KEEL_ECORRUPT, "PULL must carry names only");
+    if ((st = check_tensors(ps, req, NULL)) != KEEL_OK)
+        return st;
+    outs = calloc(n ? n : 1, sizeof *outs);
+    if (outs == NULL)
+        return keel__fail(KEEL_ENOMEM, "ps: pull of %zu variables", n);
+    for (size_t i = 0; i < n; i++) {
+        keel_var *v = req->n ? keel_vars_find(ps->vars, req->tensors[i].name)
+                             : keel_vars_at(ps->vars, i);
+        outs[i].name = keel_var_name(v);
+        outs[i].t = keel_var_tensor(v);
+    }
+    reply_header(ps, req, &h, KEEL_MSG_PULL_REPLY, 0);
+    st = keel__wire_send(ps->sock, &req->identity, &h, outs, n, NULL,
+                         &ps->pin);
+    free(outs);
+    return st;
+}
+
+/* PUSH sums gradients into the variables; INIT assigns values. Checked
+ * completely before anything changes. */
+static keel_status
+handle_update(keel__ps *ps, keel__wire_msg *req, int is_init)
+{
+    keel_var **vars;
+    keel__wire_header h;
+    keel_status st;
+    if (req->h.flags & KEEL_WIRE_F_NAMES_ONLY)
+        return keel__fail(KEEL_ECORRUPT, "%s without data",
+                          is_init ? "INIT" : "PUSH");
+    vars = calloc(req->n ? req->n : 1, sizeof *vars);
+    if (vars == NULL)
+        return keel__fail(KEEL_ENOMEM, "ps: %zu updates", req->n);
+    if ((st = check_tensors(ps, req, vars)) != KEEL_OK)
+        goto out;
+    /* PULL replies in flight read the variables: let them finish. */
+    if ((st = keel__wire_pin_wait(&ps->pin, PIN_WAIT_MS)) != KEEL_OK) {
+        st = keel__fail(KEEL_EUNAVAILABLE, "ps %d busy: earlier replies not "
+                        "yet sent", ps->task_index);
+        goto out;
+    }
+    for (size_t i = 0; i < req->n; i++) {
+        keel_tensor *t = keel_var_tensor(vars[i]);
+        const float *restrict g = req->tensors[i].t.data;
+        float *restrict d = t->data;
+        if (is_init) {
+            memcpy(d, g, t->count * sizeof(float));
+            keel_var_set_initialized(vars[i], 1);
+        } else {
+            for (size_t k = 0; k < t->count; k++)
+                d[k] += g[k];
+        }
+    }
+    if (is_init) {
+        if (req->h.global_step > 0)
+            keel_vars_set_global_step(ps->vars, req->h.global_step);
+        reply_header(ps, req, &h, KEEL_MSG_INIT, KEEL_WIRE_F_REPLY);
+    } else {
+        keel_vars_set_global_step(ps->vars,
+                                  keel_vars_global_step(ps->vars) + 1);
+        reply_header(ps, req, &h, KEEL_MSG_PUSH_ACK, 0);
+    }
+    if (!is_init && (req->h.flags & KEEL_WIRE_F_WANT_VALUES)) {
+        keel__wire_out *outs = calloc(req->n ? req->n : 1, sizeof *outs);
+        if (outs == NULL) {
+            st = keel__fail(KEEL_ENOMEM, "ps: values of %zu variables",
+                            req->n);
+            goto out;
+        }
+        for (size_t i = 0; i < req->n; i++) {
+            outs[i].name = keel_var_name(vars[i]);
+            outs[i].t = keel_var_tensor(vars[i]);
+        }
+        st = keel__wire_send(ps->sock, &req->identity, &h, outs, req->n,
+                             NULL, &ps->pin);
+        free(outs);
+        goto out;
+    }
+    st = keel__wire_send(ps->sock, &req->identity, &h, NULL, 0, NULL, NULL);
+out:
+    free(vars);
+    return st;
+}
+
+static keel_status
+handle(keel__ps *ps, keel__wire_msg *req)
+{
+    keel__wire_header h;
+    if (req->h.flags & KEEL_WIRE_F_REPLY)
+        return keel__fail(KEEL_EINVAL, "a reply (type %u) sent as a request",
+                          req->h.type);
+    switch (req->h.type) {
+    case KEEL_MSG_PULL:
+        return handle_pull(ps, req);
+    case KEEL_MSG_PUSH:
+        return handle_update(ps, req, 0);
+    case KEEL_MSG_INIT:
+        return handle_update(ps, req, 1);
+    case KEEL_MSG_HELLO:
+        reply_header(ps, req, &h, KEEL_MSG_READY, 0);
+        break;
+    case KEEL_MSG_STEP:
+    case KEEL_MSG_HEARTBEAT:
+        reply_header(ps, req, &h, req->h.type, KEEL_WIRE_F_REPLY);
+        break;
+    case KEEL_MSG_SHUTDOWN:
+        reply_header(ps, req, &h, req->h.type, KEEL_WIRE_F_REPLY);
+        ps->is_shutdown = 1;
+        break;
+    default:
+        return keel__fail(KEEL_EINVAL, "message type %u is not served by "
+                          "this ps", req->h.type);
+    }
+    return keel__wire_send(ps->sock, &req->identity, &h, NULL, 0, NULL, NULL);
+}
+
+keel_status
+keel__ps_serve_once(keel__ps *ps, int timeout_ms)
+{
+    keel__wire_msg req;
+    keel_status st;
+    if (ps->is_shutdown)
+        return keel__fail(KEEL_ECANCELLED, "ps %d was shut down",
+                          ps->task_index);
+    st = keel__wire_recv(ps->sock, 1, &ps->limits, timeout_ms, &req);
+    if (st == KEEL_ETIMEOUT || st == KEEL_ECANCELLED) {
+        keel__wire_msg_clear(&req);
+        return st;
+    }
+    if (st == KEEL_OK)
+        st = handle(ps, &req);
+    if (st != KEEL_OK && req.has_identity) {
+        char why[KEEL_ERR_MAX];
+        snprintf(why, sizeof why, "%s", keel_last_error());
+        ps->rejected++;
+        keel__log(KEEL_LOG_WARN, "ps %d: rejected a request from task %s %u "
+                  "(request %llu): %s", ps->task_index,
+                  keel_task_type_name((keel_task_type)req.h.sender_type),
+                  req.h.sender_index, (unsigned long long)req.h.request_id,
+                  why);
+        send_error(ps, &req, st == KEEL_ECORRUPT || st == KEEL_ENOTFOUND ||
+                             st == KEEL_EUNAVAILABLE ? st : KEEL_EINVAL,
+                   why);
+    } else if (st != KEEL_OK) {
+        ps->rejected++;
+        keel__log(KEEL_LOG_WARN, "ps %d: dropped a message: %s",
+                  ps->task_index, keel_last_error());
+    } else {
+        ps->served++;
+    }
+    keel__wire_msg_clear(&req);
+    return ps->is_shutdown ? KEEL_ECANCELLED : KEEL_OK;
+}
+
+keel_status
+keel__ps_run(keel__ps *ps, const atomic_int *stop)
+{
+    while (stop == NULL || !atomic_load(stop)) {
+        keel_status st = keel__ps_serve_once(ps, 50);
+        if (st == KEEL_ECANCELLED)
+            return KEEL_OK;
+        if (st != KEEL_OK && st != KEEL_ETIMEOUT)
+            return st;
+    }
+    return KEEL_OK;
+}

@@ -1,0 +1,1249 @@
+/* spec.c - the cluster table: TF_CONFIG (json-c), Slurm's environment and
+ * explicit lists in, validation that lists every problem at once, a human
+ * summary and TF_CONFIG out. Rules follow TF1's RunConfig and
+ * multi_worker_util (reference §3.1, §3.2, §1.17). */
+#include <config.h>
+
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <json-c/json.h>
+
+#include <keel/cluster.h>
+#include "util.h"
+#include "cluster_int.h"
+
+#define MAX_TASKS_PER_JOB 65536
+#define MAX_HOSTS 65536
+
+extern char **environ;
+
+struct keel_cluster_spec {
+    char **addr[KEEL_TASK_TYPE_COUNT];
+    size_t n[KEEL_TASK_TYPE_COUNT];
+    size_t cap[KEEL_TASK_TYPE_COUNT];
+    keel_task_type task;
+    int index;
+    keel_cluster_mode mode;
+    int replicas_to_aggregate;   /* 0: default */
+    int total_num_replicas;      /* 0: default */
+    char *model_dir;
+};
+
+static const char *const type_names[KEEL_TASK_TYPE_COUNT] = {
+    "none", "chief", "worker", "ps", "evaluator"
+};
+
+const char *
+keel_task_type_name(keel_task_type t)
+{
+    if ((int)t < 0 || (int)t >= KEEL_TASK_TYPE_COUNT)
+        return "unknown";
+    return type_names[t];
+}
+
+keel_status
+keel_task_type_parse(const char *name, keel_task_type *out)
+{
+    if (name == NULL || out == NULL)
+        return keel__fail(KEEL_EINVAL, "task type: NULL argument");
+    for (int t = KEEL_TASK_CHIEF; t < KEEL_TASK_TYPE_COUNT; t++)
+        if (strcmp(name, type_names[t]) == 0) {
+            *out = (keel_task_type)t;
+            return KEEL_OK;
+        }
+    if (strcmp(name, "master") == 0) {
+        *out = KEEL_TASK_CHIEF;
+        return KEEL_OK;
+    }
+    return keel__fail(KEEL_EINVAL, "unknown task type '%.64s' (expected "
+                      "chief, master, worker, ps or evaluator)", name);
+}
+
+/* ---- problem lists ------------------------------------------------------ */
+
+void
+keel__problems_add(keel__problems *p, const char *fmt, ...)
+{
+    va_list ap;
+    size_t room;
+    int k;
+    p->count++;
+    if (p->len >= sizeof p->text - 1)
+        return;
+    if (p->len > 0) {
+        room = sizeof p->text - p->len;
+        k = snprintf(p->text + p->len, room, "; ");
+        p->len += (size_t)k < room ? (size_t)k : room - 1;
+    }
+    room = sizeof p->text - p->len;
+    va_start(ap, fmt);
+    k = vsnprintf(p->text + p->len, room, fmt, ap);
+    va_end(ap);
+    if (k < 0)
+        return;
+    p->len += (size_t)k < room ? (size_t)k : room - 1;
+}
+
+keel_status
+keel__problems_fail(const keel__problems *p, const char *what)
+{
+    if (p->count == 0)
+        return KEEL_OK;
+    return keel__fail(KEEL_EINVAL, "%s: %d problem%s: %s", what, p->count,
+                      p->count == 1 ? "" : "s", p->text);
+}
+
+/* ---- the spec ----------------------------------------------------------- */
+
+keel_status
+keel_cluster_spec_new(keel_cluster_spec **out)
+{
+    keel_cluster_spec *s;
+    if (out == NULL)
+        return keel__fail(KEEL_EINVAL, "cluster spec: out is NULL");
+    *out = NULL;
+    s = calloc(1, sizeof *s);
+    if (s == NULL)
+        return keel__fail(KEEL_ENOMEM, "cluster spec: %zu bytes", sizeof *s);
+    s->task = KEEL_TASK_NONE;
+    s->mode = KEEL_CLUSTER_SYNC;
+    *out = s;
+    return KEEL_OK;
+}
+
+void
+keel_cluster_spec_free(keel_cluster_spec *s)
+{
+    if (s == NULL)
+        return;
+    for (int t = 0; t < KEEL_TASK_TYPE_COUNT; t++) {
+        for (size_t i = 0; i < s->n[t]; i++)
+            free(s->addr[t][i]);
+        free(s->addr[t]);
+    }
+    free(s->model_dir);
+    free(s);
+}
+
+/* Append one address (copied, at most KEEL_ADDR_MAX-1 bytes kept whole;
+ * longer ones are kept too so validation can name them). */
+static keel_status
+spec_add(keel_cluster_spec *s, keel_task_type t, const char *a, size_t len)
+{
+    char *copy;
+    if (s->n[t] >= MAX_TASKS_PER_JOB)
+        return keel__fail(KEEL_EINVAL, "cluster: more than %d %s tasks",
+                          MAX_TASKS_PER_JOB, type_names[t]);
+    if (s->n[t] == s->cap[t]) {
+        size_t cap = s->cap[t] ? s->cap[t] * 2 : 8;
+        char **p = realloc(s->addr[t], cap * sizeof *p);
+        if (p == NULL)
+            return keel__fail(KEEL_ENOMEM, "cluster: %zu addresses", cap);
+        s->addr[t] = p;
+        s->cap[t] = cap;
+    }
+    copy = strndup(a, len);
+    if (copy == NULL)
+        return keel__fail(KEEL_ENOMEM, "cluster: copy address");
+    s->addr[t][s->n[t]++] = copy;
+    return KEEL_OK;
+}
+
+static int
+type_ok(keel_task_type t)
+{
+    return (int)t > KEEL_TASK_NONE && (int)t < KEEL_TASK_TYPE_COUNT;
+}
+
+keel_status
+keel_cluster_spec_add_list(keel_cluster_spec *s, keel_task_type t,
+                           const char *list)
+{
+    const char *p, *end;
+    if (s == NULL || list == NULL || !type_ok(t))
+        return keel__fail(KEEL_EINVAL, "cluster: add_list: bad argument");
+    p = list;
+    for (;;) {
+        size_t len;
+        const char *a;
+        end = strchr(p, ',');
+        len = end ? (size_t)(end - p) : strlen(p);
+        a = p;
+        while (len > 0 && isspace((unsigned char)*a)) {
+            a++;
+            len--;
+        }
+        while (len > 0 && isspace((unsigned char)a[len - 1]))
+            len--;
+        /* An empty element is kept so validation reports it, except a
+         * wholly empty list (no tasks). */
+        if (!(len == 0 && end == NULL && p == list)) {
+            keel_status st = spec_add(s, t, a, len);
+            if (st != KEEL_OK)
+                return st;
+        }
+        if (end == NULL)
+            break;
+        p = end + 1;
+    }
+    return KEEL_OK;
+}
+
+keel_status
+keel_cluster_spec_set_task(keel_cluster_spec *s, keel_task_type t, int index)
+{
+    if (s == NULL || !type_ok(t) || index < 0)
+        return keel__fail(KEEL_EINVAL, "cluster: set_task: bad task %s %d",
+                          keel_task_type_name(t), index);
+    s->task = t;
+    s->index = index;
+    return KEEL_OK;
+}
+
+void
+keel_cluster_spec_set_mode(keel_cluster_spec *s, keel_cluster_mode mode)
+{
+    if (s != NULL)
+        s->mode = mode;
+}
+
+void
+keel_cluster_spec_set_replicas(keel_cluster_spec *s, int rta, int tnr)
+{
+    if (s == NULL)
+        return;
+    s->replicas_to_aggregate = rta;
+    s->total_num_replicas = tnr;
+}
+
+size_t
+keel_cluster_spec_num_tasks(const keel_cluster_spec *s, keel_task_type t)
+{
+    if (s == NULL || !type_ok(t))
+        return 0;
+    return s->n[t];
+}
+
+const char *
+keel_cluster_spec_address(const keel_cluster_spec *s, keel_task_type t,
+                          int index)
+{
+    if (s == NULL || !type_ok(t) || index < 0 || (size_t)index >= s->n[t])
+        return NULL;
+    return s->addr[t][index];
+}
+
+keel_task_type
+keel_cluster_spec_task_type(const keel_cluster_spec *s)
+{
+    return s ? s->task : KEEL_TASK_NONE;
+}
+
+int
+keel_cluster_spec_task_index(const keel_cluster_spec *s)
+{
+    return s ? s->index : 0;
+}
+
+int
+keel_cluster_spec_is_local(const keel_cluster_spec *s)
+{
+    if (s == NULL)
+        return 1;
+    for (int t = 1; t < KEEL_TASK_TYPE_COUNT; t++)
+        if (s->n[t] > 0)
+            return 0;
+    return 1;
+}
+
+int
+keel_cluster_spec_is_chief(const keel_cluster_spec *s)
+{
+    if (s == NULL || keel_cluster_spec_is_local(s))
+        return 1;
+    if (s->task == KEEL_TASK_CHIEF)
+        return 1;
+    return s->n[KEEL_TASK_CHIEF] == 0 && s->task == KEEL_TASK_WORKER &&
+           s->index == 0;
+}
+
+int
+keel_cluster_spec_num_replicas(const keel_cluster_spec *s)
+{
+    if (s == NULL)
+        return 0;
+    if (keel_cluster_spec_is_local(s))
+        return 1;
+    return (int)(s->n[KEEL_TASK_CHIEF] + s->n[KEEL_TASK_WORKER]);
+}
+
+keel_cluster_mode
+keel_cluster_spec_mode(const keel_cluster_spec *s)
+{
+    return s ? s->mode : KEEL_CLUSTER_SYNC;
+}
+
+int
+keel_cluster_spec_replicas_to_aggregate(const keel_cluster_spec *s)
+{
+    if (s == NULL)
+        return 0;
+    return s->replicas_to_aggregate > 0 ? s->replicas_to_aggregate
+                                        : keel_cluster_spec_num_replicas(s);
+}
+
+int
+keel_cluster_spec_total_num_replicas(const keel_cluster_spec *s)
+{
+    if (s == NULL)
+        return 0;
+    return s->total_num_replicas > 0 ? s->total_num_replicas
+                                     : keel_cluster_spec_num_replicas(s);
+}
+
+const char *
+keel_cluster_spec_model_dir(const keel_cluster_spec *s)
+{
+    return s ? s->model_dir : NULL;
+}
+
+/* ---- validation --------------------------------------------------------- */
+
+int
+keel__cluster_check_address(const char *a, char *why, size_t size)
+{
+    const char *colon, *host_end, *port;
+    size_t len = strlen(a), hlen;
+    long v = 0;
+    if (len == 0) {
+        snprintf(why, size, "empty address");
+        return 0;
+    }
+    if (len >= KEEL_ADDR_MAX) {
+        snprintf(why, size, "address longer than %d bytes",
+                 KEEL_ADDR_MAX - 1);
+        return 0;
+    }
+    if (a[0] == '[') {                     /* [v6]:port */
+        host_end = strchr(a, ']');
+        if (host_end == NULL || host_end[1] != ':') {
+            snprintf(why, size, "'%.64s' is not [ipv6]:port", a);
+            return 0;
+        }
+        colon = host_end + 1;
+        hlen = (size_t)(host_end - a - 1);
+        for (const char *h = a + 1; h < host_end; h++)
+            if (!isxdigit((unsigned char)*h) && *h != ':' && *h != '.') {
+                snprintf(why, size, "'%.64s' has a bad IPv6 host", a);
+                return 0;
+            }
+    } else {
+        colon = strrchr(a, ':');
+        if (colon == NULL) {
+            snprintf(why, size, "'%.64s' has no ':port'", a);
+            return 0;
+        }
+        if (memchr(a, ':', (size_t)(colon - a)) != NULL) {
+            snprintf(why, size, "'%.64s' has more than one ':' (write IPv6 "
+                     "as [addr]:port)", a);
+            return 0;
+        }
+        hlen = (size_t)(colon - a);
+        for (const char *h = a; h < colon; h++)
+            if (!isalnum((unsigned char)*h) && *h != '.' && *h != '-' &&
+                *h != '_' && !(*h == '*' && hlen == 1)) {
+                snprintf(why, size, "'%.64s' has a bad host character "
+                         "'%c'", a, isprint((unsigned char)*h) ? *h : '?');
+                return 0;
+            }
+    }
+    if (hlen == 0) {
+        snprintf(why, size, "'%.64s' has an empty host", a);
+        return 0;
+    }
+    port = colon + 1;
+    if (*port == '\0') {
+        snprintf(why, size, "'%.64s' has an empty port", a);
+        return 0;
+    }
+    for (const char *q = port; *q; q++) {
+        if (!isdigit((unsigned char)*q) || q - port > 5) {
+            snprintf(why, size, "'%.64s' has a bad port (want 1..65535)", a);
+            return 0;
+        }
+        v = v * 10 + (*q - '0');
+    }
+    if (v < 1 || v > 65535) {
+        snprintf(why, size, "'%.64s' has port %ld out of 1..65535", a, v);
+        return 0;
+    }
+    return 1;
+}
+
+typedef struct addr_ref {
+    const char *a;
+    int type;
+    size_t index;
+} addr_ref;
+
+static int
+cmp_ref(const void *x, const void *y)
+{
+    const addr_ref *a = x, *b = y;
+    int c = strcmp(a->a, b->a);
+    if (c != 0)
+        return c;
+    if (a->type != b->type)
+        return a->type - b->type;
+    return a->index < b->index ? -1 : a->index > b->index;
+}
+
+void
+keel__cluster_validate_into(const keel_cluster_spec *s, keel__problems *p)
+{
+    size_t total = 0, k = 0;
+    addr_ref *refs;
+    char why[160];
+    int local = keel_cluster_spec_is_local(s);
+
+    for (int t = 1; t < KEEL_TASK_TYPE_COUNT; t++)
+        for (size_t i = 0; i < s->n[t]; i++) {
+            total++;
+            if (!keel__cluster_check_address(s->addr[t][i], why, sizeof why))
+                keel__problems_add(p, "%s[%zu]: %s", type_names[t], i, why);
+        }
+    if (s->n[KEEL_TASK_CHIEF] > 1)
+        keel__problems_add(p, "%zu chief tasks (at most 1)",
+                           s->n[KEEL_TASK_CHIEF]);
+    if (s->n[KEEL_TASK_EVALUATOR] > 1)
+        keel__problems_add(p, "%zu evaluator tasks (at most 1)",
+                           s->n[KEEL_TASK_EVALUATOR]);
+    if (!local && s->n[KEEL_TASK_CHIEF] + s->n[KEEL_TASK_WORKER] == 0)
+        keel__problems_add(p, "no chief or worker task");
+    /* duplicates, across every job */
+    refs = total ? malloc(total * sizeof *refs) : NULL;
+    if (total && refs == NULL) {
+        keel__problems_add(p, "out of memory checking duplicates");
+    } else if (total) {
+        for (int t = 1; t < KEEL_TASK_TYPE_COUNT; t++)
+            for (size_t i = 0; i < s->n[t]; i++)
+                refs[k++] = (addr_ref){ s->addr[t][i], t, i };
+        qsort(refs, total, sizeof *refs, cmp_ref);
+        for (size_t i = 1; i < total; i++)
+            if (refs[i].a[0] != '\0' && strcmp(refs[i].a, refs[i - 1].a) == 0)
+                keel__problems_add(p, "duplicate address '%.64s' (%s[%zu] "
+                                   "and %s[%zu])", refs[i].a,
+                                   type_names[refs[i - 1].type],
+                                   refs[i - 1].index,
+                                   type_names[refs[i].type], refs[i].index);
+    }
+    free(refs);
+    /* the task */
+    if (local) {
+        if (s->task != KEEL_TASK_NONE &&
+            !(s->task == KEEL_TASK_WORKER && s->index == 0))
+            keel__problems_add(p, "task %s %d given but the cluster is "
+                               "empty (local mode allows only worker 0)",
+                               type_names[s->task], s->index);
+    } else if (s->task == KEEL_TASK_NONE) {
+        keel__problems_add(p, "no task type/index set for this process");
+    } else if (s->task == KEEL_TASK_EVALUATOR && s->n[s->task] == 0) {
+        if (s->index != 0)
+            keel__problems_add(p, "evaluator index %d out of range (no "
+                               "evaluator job: only 0)", s->index);
+    } else if (s->n[s->task] == 0) {
+        keel__problems_add(p, "task type '%s' has no job in the cluster",
+                           type_names[s->task]);
+    } else if (s->index < 0 || (size_t)s->index >= s->n[s->task]) {
+        keel__problems_add(p, "task index %d out of range for '%s' "
+                           "(%zu tasks)", s->index, type_names[s->task],
+                           s->n[s->task]);
+    }
+    if (s->replicas_to_aggregate < 0)
+        keel__problems_add(p, "replicas_to_aggregate %d < 1",
+                           s->replicas_to_aggregate);
+    if (s->total_num_replicas < 0)
+        keel__problems_add(p, "total_num_replicas %d < 1",
+                           s->total_num_replicas);
+    if (s->mode != KEEL_CLUSTER_SYNC && s->mode != KEEL_CLUSTER_ASYNC)
+        keel__problems_add(p, "unknown mode %d", (int)s->mode);
+}
+
+keel_status
+keel_cluster_spec_validate(const keel_cluster_spec *s)
+{
+    keel__problems p = { .count = 0 };
+    if (s == NULL)
+        return keel__fail(KEEL_EINVAL, "cluster spec is NULL");
+    keel__cluster_validate_into(s, &p);
+    return keel__problems_fail(&p, "cluster spec");
+}
+
+/* ---- TF_CONFIG ---------------------------------------------------------- */
+
+static int
+json_int(struct json_object *o, int64_t lo, int64_t hi, int64_t *out)
+{
+    int64_t v;
+    if (o == NULL || !json_object_is_type(o, json_type_int))
+        return 0;
+    errno = 0;
+    v = json_object_get_int64(o);
+    if (errno != 0 || v < lo || v > hi)
+        return 0;
+    *out = v;
+    return 1;
+}
+
+/* One job: a list of "host:port" or a sparse {"<index>": "host:port"} map
+ * that must cover 0..n-1. */
+static keel_status
+parse_job(keel_cluster_spec *s, keel_task_type t, const char *key,
+          struct json_object *job, keel__problems *p)
+{
+    keel_status st;
+    if (json_object_is_type(job, json_type_array)) {
+        size_t n = json_object_array_length(job);
+        if (n > MAX_TASKS_PER_JOB) {
+            keel__problems_add(p, "cluster.%s has %zu tasks (max %d)", key,
+                               n, MAX_TASKS_PER_JOB);
+            return KEEL_OK;
+        }
+        for (size_t i = 0; i < n; i++) {
+            struct json_object *e = json_object_array_get_idx(job, i);
+            const char *a = "";
+            size_t len = 0;
+            if (e == NULL || !json_object_is_type(e, json_type_string))
+                keel__problems_add(p, "cluster.%s[%zu] is not a string",
+                                   key, i);
+            else {
+                a = json_object_get_string(e);
+                len = (size_t)json_object_get_string_len(e);
+                if (strlen(a) != len) {
+                    keel__problems_add(p, "cluster.%s[%zu] contains NUL",
+                                       key, i);
+                    len = strlen(a);
+                }
+            }
+            /* keep a slot either way so indices stay meaningful */
+            if ((st = spec_add(s, t, a, len)) != KEEL_OK)
+                return st;
+        }
+        return KEEL_OK;
+    }
+    if (json_object_is_type(job, json_type_object)) {
+        size_t n = (size_t)json_object_object_length(job), start = s->n[t];
+        const char **slots;
+        int ok = 1;
+        if (n > MAX_TASKS_PER_JOB) {
+            keel__problems_add(p, "cluster.%s has %zu tasks (max %d)", key,
+                               n, MAX_TASKS_PER_JOB);
+            return KEEL_OK;
+        }
+        slots = calloc(n ? n : 1, sizeof *slots);
+        if (slots == NULL)
+            return keel__fail(KEEL_ENOMEM, "TF_CONFIG: sparse job %s", key);
+        json_object_object_foreach(job, k, v) {
+            int64_t idx;
+            if (!keel__parse_i64(k, 0, (int64_t)n - 1, &idx)) {
+                keel__problems_add(p, "cluster.%s key '%.32s' is not an "
+                                   "index in 0..%zu", key, k, n - 1);
+                ok = 0;
+            } else if (!json_object_is_type(v, json_type_string)) {
+                keel__problems_add(p, "cluster.%s[\"%s\"] is not a string",
+                                   key, k);
+                ok = 0;
+            } else if (slots[idx] != NULL) {
+                keel__problems_add(p, "cluster.%s index %s given twice",
+                                   key, k);
+                ok = 0;
+            } else {
+                slots[idx] = json_object_get_string(v);
+            }
+        }
+        for (size_t i = 0; ok && i < n; i++)
+            if ((st = spec_add(s, t, slots[i], strlen(slots[i]))) !=
+                KEEL_OK) {
+                free(slots);
+                return st;
+            }
+        (void)start;
+        free(slots);
+        return KEEL_OK;
+    }
+    keel__problems_add(p, "cluster.%s is not a list of \"host:port\"", key);
+    return KEEL_OK;
+}
+
+static keel_status
+parse_tf_config(keel_cluster_spec *s, struct json_object *root,
+                keel__problems *p)
+{
+    struct json_object *cluster = NULL, *task = NULL, *o;
+    int has_chief = 0, has_master = 0, cluster_set = 0;
+    keel_status st;
+
+    if (!json_object_is_type(root, json_type_object)) {
+        keel__problems_add(p, "top level is not a JSON object");
+        return KEEL_OK;
+    }
+    if (json_object_object_get_ex(root, "cluster", &cluster)) {
+        if (!json_object_is_type(cluster, json_type_object)) {
+            keel__problems_add(p, "'cluster' is not an object");
+        } else {
+            json_object_object_foreach(cluster, key, job) {
+                keel_task_type t;
+                if (strcmp(key, "master") == 0) {
+                    has_master = 1;
+                    t = KEEL_TASK_CHIEF;
+                    keel__log(KEEL_LOG_WARN, "TF_CONFIG: job 'master' read "
+                              "as 'chief' (legacy name)");
+                } else if (strcmp(key, "chief") == 0) {
+                    has_chief = 1;
+                    t = KEEL_TASK_CHIEF;
+                } else if (strcmp(key, "worker") == 0) {
+                    t = KEEL_TASK_WORKER;
+                } else if (strcmp(key, "ps") == 0) {
+                    t = KEEL_TASK_PS;
+                } else if (strcmp(key, "evaluator") == 0) {
+                    t = KEEL_TASK_EVALUATOR;
+                } else {
+                    keel__problems_add(p, "unknown task type '%.32s' in "
+                                       "cluster (allowed: chief, master, "
+                                       "worker, ps, evaluator)", key);
+                    continue;
+                }
+                cluster_set = 1;
+                if ((st = parse_job(s, t, key, job, p)) != KEEL_OK)
+                    return st;
+            }
+            if (has_chief && has_master)
+                keel__problems_add(p, "both 'chief' and 'master' jobs "
+                                   "(master is an alias of chief; keep "
+                                   "one)");
+        }
+    }
+    if (json_object_object_get_ex(root, "task", &task)) {
+        struct json_object *ty = NULL, *ix = NULL;
+        int64_t idx = 0;
+        if (!json_object_is_type(task, json_type_object)) {
+            keel__problems_add(p, "'task' is not an object");
+        } else {
+            int has_type = json_object_object_get_ex(task, "type", &ty);
+            int has_index = json_object_object_get_ex(task, "index", &ix);
+            keel_task_type t = KEEL_TASK_NONE;
+            if (!has_type) {
+                if (cluster_set)
+                    keel__problems_add(p, "task.type is missing");
+                else
+                    t = KEEL_TASK_WORKER;
+            } else if (!json_object_is_type(ty, json_type_string)) {
+                keel__problems_add(p, "task.type is not a string");
+            } else if (keel_task_type_parse(json_object_get_string(ty), &t)
+                       != KEEL_OK) {
+                keel__problems_add(p, "unknown task.type '%.32s'",
+                                   json_object_get_string(ty));
+                t = KEEL_TASK_NONE;
+            }
+            if (!has_index) {
+                if (cluster_set)
+                    keel__problems_add(p, "task.index is missing");
+            } else if (!json_object_is_type(ix, json_type_int)) {
+                keel__problems_add(p, "task.index is not an integer");
+            } else if (!json_int(ix, 0, INT_MAX, &idx)) {
+                keel__problems_add(p, "task.index %.32s is negative or too "
+                                   "large", json_object_to_json_string(ix));
+            }
+            if (t != KEEL_TASK_NONE) {
+                s->task = t;
+                s->index = (int)idx;
+            }
+        }
+    } else if (cluster_set) {
+        keel__problems_add(p, "'task' is missing (cluster is set)");
+    }
+    if (json_object_object_get_ex(root, "mode", &o)) {
+        const char *m = json_object_is_type(o, json_type_string)
+                            ? json_object_get_string(o) : NULL;
+        if (m != NULL && strcmp(m, "sync") == 0)
+            s->mode = KEEL_CLUSTER_SYNC;
+        else if (m != NULL && strcmp(m, "async") == 0)
+            s->mode = KEEL_CLUSTER_ASYNC;
+        else
+            keel__problems_add(p, "mode must be \"sync\" or \"async\"");
+    }
+    if (json_object_object_get_ex(root, "replicas_to_aggregate", &o)) {
+        int64_t v;
+        if (!json_int(o, 1, 1 << 20, &v))
+            keel__problems_add(p, "replicas_to_aggregate must be an "
+                               "integer in 1..1048576");
+        else
+            s->replicas_to_aggregate = (int)v;
+    }
+    if (json_object_object_get_ex(root, "total_num_replicas", &o)) {
+        int64_t v;
+        if (!json_int(o, 1, 1 << 20, &v))
+            keel__problems_add(p, "total_num_replicas must be an integer "
+                               "in 1..1048576");
+        else
+            s->total_num_replicas = (int)v;
+    }
+    if (json_object_object_get_ex(root, "model_dir", &o)) {
+        if (!json_object_is_type(o, json_type_string) ||
+            json_object_get_string_len(o) == 0) {
+            keel__problems_add(p, "model_dir must be a non-empty string");
+        } else {
+            s->model_dir = strdup(json_object_get_string(o));
+            if (s->model_dir == NULL)
+                return keel__fail(KEEL_ENOMEM, "TF_CONFIG: model_dir");
+        }
+    }
+    return KEEL_OK;
+}
+
+keel_status
+keel_cluster_spec_from_tf_config(const char *json, keel_cluster_spec **out)
+{
+    keel_cluster_spec *s = NULL;
+    struct json_tokener *tok = NULL;
+    struct json_object *root = NULL;
+    keel__problems p = { .count = 0 };
+    keel_status st;
+    size_t len;
+
+    if (out == NULL || json == NULL)
+        return keel__fail(KEEL_EINVAL, "TF_CONFIG: NULL argument");
+    *out = NULL;
+    len = strnlen(json, (size_t)KEEL_TF_CONFIG_MAX + 1);
+    if (len > KEEL_TF_CONFIG_MAX)
+        return keel__fail(KEEL_EINVAL, "TF_CONFIG: longer than %d bytes",
+                          KEEL_TF_CONFIG_MAX);
+    if ((st = keel_cluster_spec_new(&s)) != KEEL_OK)
+        return st;
+    tok = json_tokener_new_ex(32);
+    if (tok == NULL) {
+        st = keel__fail(KEEL_ENOMEM, "TF_CONFIG: json tokener");
+        goto out;
+    }
+    root = json_tokener_parse_ex(tok, json, (int)len);
+    if (root == NULL || json_tokener_get_error(tok) != json_tokener_success
+        || json_tokener_get_parse_end(tok) != len) {
+        enum json_tokener_error e = json_tokener_get_error(tok);
+        if (root != NULL || e == json_tokener_continue)
+            st = keel__fail(KEEL_EINVAL, "TF_CONFIG: not valid JSON "
+                            "(incomplete or trailing data at offset %zu)",
+                            json_tokener_get_parse_end(tok));
+        else
+            st = keel__fail(KEEL_EINVAL, "TF_CONFIG: not valid JSON: %s "
+                            "at offset %zu", json_tokener_error_desc(e),
+                            json_tokener_get_parse_end(tok));
+        goto out;
+    }
+    if ((st = parse_tf_config(s, root, &p)) != KEEL_OK)
+        goto out;
+    keel__cluster_validate_into(s, &p);
+    if ((st = keel__problems_fail(&p, "TF_CONFIG")) != KEEL_OK)
+        goto out;
+    *out = s;
+    s = NULL;
+out:
+    json_object_put(root);
+    if (tok != NULL)
+        json_tokener_free(tok);
+    keel_cluster_spec_free(s);
+    return st;
+}
+
+keel_status
+keel_cluster_spec_from_env(keel_cluster_spec **out)
+{
+    const char *v = getenv("TF_CONFIG");
+    if (out == NULL)
+        return keel__fail(KEEL_EINVAL, "TF_CONFIG: out is NULL");
+    if (v == NULL || v[0] == '\0')
+        return keel_cluster_spec_new(out);
+    return keel_cluster_spec_from_tf_config(v, out);
+}
+
+/* ---- Slurm -------------------------------------------------------------- */
+
+typedef struct hostbuf {
+    char *buf;
+    size_t size, used, n;
+} hostbuf;
+
+static keel_status
+host_emit(hostbuf *hb, const char *h, size_t len)
+{
+    if (hb->n >= MAX_HOSTS)
+        return keel__fail(KEEL_EINVAL, "host list: more than %d hosts",
+                          MAX_HOSTS);
+    if (len == 0)
+        return keel__fail(KEEL_EINVAL, "host list: empty host name");
+    if (hb->used + len + 1 > hb->size)
+        return keel__fail(KEEL_EINVAL, "host list: expansion longer than "
+                          "%zu bytes", hb->size);
+    memcpy(hb->buf + hb->used, h, len);
+    hb->buf[hb->used + len] = '\0';
+    hb->used += len + 1;
+    hb->n++;
+    return KEEL_OK;
+}
+
+/* Expand one item (no top-level commas): prefix, then [ranges] groups. */
+static keel_status
+expand_item(hostbuf *hb, char *prefix, size_t plen, const char *rest,
+            size_t rlen)
+{
+    const char *lb = memchr(rest, '[', rlen), *rb, *q;
+    keel_status st;
+    if (lb == NULL) {
+        if (memchr(rest, ']', rlen) != NULL)
+            return keel__fail(KEEL_EINVAL, "host list: ']' without '['");
+        if (plen + rlen >= 256)
+            return keel__fail(KEEL_EINVAL, "host list: host name too long");
+        memcpy(prefix + plen, rest, rlen);
+        return host_emit(hb, prefix, plen + rlen);
+    }
+    rb = memchr(lb, ']', rlen - (size_t)(lb - rest));
+    if (rb == NULL)
+        return keel__fail(KEEL_EINVAL, "host list: '[' without ']'");
+    if ((size_t)(lb - rest) + plen >= 256)
+        return keel__fail(KEEL_EINVAL, "host list: host name too long");
+    memcpy(prefix + plen, rest, (size_t)(lb - rest));
+    plen += (size_t)(lb - rest);
+    q = lb + 1;
+    if (q == rb)
+        return keel__fail(KEEL_EINVAL, "host list: empty '[]'");
+    while (q < rb) {
+        const char *e = memchr(q, ',', (size_t)(rb - q)), *dash;
+        long lo, hi;
+        size_t width;
+        char num[16];
+        if (e == NULL)
+            e = rb;
+        dash = memchr(q, '-', (size_t)(e - q));
+        width = (size_t)((dash ? dash : e) - q);
+        if (width == 0 || width > 9 || (dash && (e - dash - 1 == 0 ||
+                                                 e - dash - 1 > 9)))
+            return keel__fail(KEEL_EINVAL, "host list: bad range '%.*s'",
+                              (int)(e - q), q);
+        for (const char *d = q; d < e; d++)
+            if (!isdigit((unsigned char)*d) && d != dash)
+                return keel__fail(KEEL_EINVAL, "host list: bad range "
+                                  "'%.*s'", (int)(e - q), q);
+        lo = strtol(q, NULL, 10);
+        hi = dash ? strtol(dash + 1, NULL, 10) : lo;
+        if (hi < lo)
+            return keel__fail(KEEL_EINVAL, "host list: range '%.*s' runs "
+                              "backwards", (int)(e - q), q);
+        if (hi - lo >= MAX_HOSTS)
+            return keel__fail(KEEL_EINVAL, "host list: more than %d hosts",
+                              MAX_HOSTS);
+        for (long v = lo; v <= hi; v++) {
+            int k = snprintf(num, sizeof num, "%0*ld", (int)width, v);
+            if (plen + (size_t)k >= 256)
+                return keel__fail(KEEL_EINVAL, "host list: host name too "
+                                  "long");
+            memcpy(prefix + plen, num, (size_t)k);
+            st = expand_item(hb, prefix, plen + (size_t)k, rb + 1,
+                             rlen - (size_t)(rb + 1 - rest));
+            if (st != KEEL_OK)
+                return st;
+        }
+        q = e + (e < rb);
+        if (e < rb && q == rb)
+            return keel__fail(KEEL_EINVAL, "host list: trailing ',' in "
+                              "'[...]'");
+    }
+    return KEEL_OK;
+}
+
+keel_status
+keel_cluster_expand_hostlist(const char *list, char *buf, size_t size,
+                             size_t *n)
+{
+    hostbuf hb = { buf, size, 0, 0 };
+    const char *p;
+    char prefix[272];
+    keel_status st;
+    if (list == NULL || buf == NULL || n == NULL)
+        return keel__fail(KEEL_EINVAL, "host list: NULL argument");
+    *n = 0;
+    p = list;
+    if (*p == '\0')
+        return keel__fail(KEEL_EINVAL, "host list: empty");
+    while (*p) {
+        const char *e = p;
+        int depth = 0;
+        while (*e && (depth > 0 || *e != ',')) {
+            if (*e == '[')
+                depth++;
+            else if (*e == ']')
+                depth--;
+            if (depth < 0 || depth > 1)
+                return keel__fail(KEEL_EINVAL, "host list '%.64s': "
+                                  "unbalanced brackets", list);
+            if (!isalnum((unsigned char)*e) && !strchr("[]-,._", *e))
+                return keel__fail(KEEL_EINVAL, "host list '%.64s': bad "
+                                  "character", list);
+            e++;
+        }
+        if (depth != 0)
+            return keel__fail(KEEL_EINVAL, "host list '%.64s': unbalanced "
+                              "brackets", list);
+        if (e == p)
+            return keel__fail(KEEL_EINVAL, "host list '%.64s': empty item",
+                              list);
+        st = expand_item(&hb, prefix, 0, p, (size_t)(e - p));
+        if (st != KEEL_OK)
+            return keel__wrap(st, "host list '%.64s'", list);
+        p = *e ? e + 1 : e;
+        if (*e && *p == '\0')
+            return keel__fail(KEEL_EINVAL, "host list '%.64s': trailing ','",
+                              list);
+    }
+    *n = hb.n;
+    return KEEL_OK;
+}
+
+static const char *
+env_get(char *const *env, const char *key)
+{
+    size_t kl = strlen(key);
+    if (env == NULL)
+        env = environ;
+    for (; env != NULL && *env != NULL; env++)
+        if (strncmp(*env, key, kl) == 0 && (*env)[kl] == '=')
+            return *env + kl + 1;
+    return NULL;
+}
+
+/* "3(x2),2,1" -> 3,3,2,1 into counts[0..max). Returns entries or -1. */
+static long
+expand_tasks_per_node(const char *s, int *counts, long max)
+{
+    long n = 0;
+    const char *p = s;
+    while (*p) {
+        char *end;
+        long c = strtol(p, &end, 10), rep = 1;
+        if (end == p || c < 1 || c > 65536)
+            return -1;
+        p = end;
+        if (*p == '(') {
+            if (p[1] != 'x')
+                return -1;
+            rep = strtol(p + 2, &end, 10);
+            if (end == p + 2 || *end != ')' || rep < 1 || rep > MAX_HOSTS)
+                return -1;
+            p = end + 1;
+        }
+        for (long i = 0; i < rep; i++) {
+            if (n >= max)
+                return -1;
+            counts[n++] = (int)c;
+        }
+        if (*p == ',')
+            p++;
+        else if (*p != '\0')
+            return -1;
+    }
+    return n;
+}
+
+keel_status
+keel_cluster_spec_from_slurm(const keel_cluster_slurm_options *opt,
+                             keel_cluster_spec **out)
+{
+    keel_cluster_spec *s = NULL;
+    keel__problems p = { .count = 0 };
+    const char *v_rank, *v_n, *v_nodes, *v_tpn;
+    int64_t rank = -1, ntasks = -1;
+    int port_base, num_ps;
+    char *hosts = NULL;
+    int *tpn = NULL;
+    size_t nhosts = 0, hsize = (size_t)MAX_HOSTS * 32;
+    keel_status st;
+
+    if (out == NULL || opt == NULL)
+        return keel__fail(KEEL_EINVAL, "slurm: NULL argument");
+    *out = NULL;
+    port_base = opt->port_base ? opt->port_base : 8888;
+    num_ps = opt->num_ps;
+    v_rank = env_get(opt->env, "SLURM_PROCID");
+    v_n = env_get(opt->env, "SLURM_STEP_NUM_TASKS");
+    if (v_n == NULL)
+        v_n = env_get(opt->env, "SLURM_NTASKS");
+    v_nodes = env_get(opt->env, "SLURM_STEP_NODELIST");
+    if (v_nodes == NULL)
+        v_nodes = env_get(opt->env, "SLURM_JOB_NODELIST");
+    v_tpn = env_get(opt->env, "SLURM_STEP_TASKS_PER_NODE");
+    if (v_tpn == NULL)
+        v_tpn = env_get(opt->env, "SLURM_TASKS_PER_NODE");
+
+    if (v_rank == NULL)
+        keel__problems_add(&p, "SLURM_PROCID not set (not running inside "
+                           "a Slurm step?)");
+    else if (!keel__parse_i64(v_rank, 0, MAX_TASKS_PER_JOB - 1, &rank))
+        keel__problems_add(&p, "SLURM_PROCID '%.16s' is not a rank", v_rank);
+    if (v_n == NULL)
+        keel__problems_add(&p, "SLURM_NTASKS not set");
+    else if (!keel__parse_i64(v_n, 1, MAX_TASKS_PER_JOB, &ntasks))
+        keel__problems_add(&p, "SLURM_NTASKS '%.16s' is not a count", v_n);
+    if (v_nodes == NULL)
+        keel__problems_add(&p, "SLURM_JOB_NODELIST not set");
+    if (port_base < 1 || port_base > 65535)
+        keel__problems_add(&p, "port base %d out of 1..65535", port_base);
+    if (num_ps < 0)
+        keel__problems_add(&p, "number of ps %d < 0", num_ps);
+    if (rank >= 0 && ntasks > 0 && rank >= ntasks)
+        keel__problems_add(&p, "SLURM_PROCID %lld >= SLURM_NTASKS %lld",
+                           (long long)rank, (long long)ntasks);
+    if (ntasks > 0 && num_ps >= ntasks)
+        keel__problems_add(&p, "%d ps leave no worker among %lld tasks",
+                           num_ps, (long long)ntasks);
+    if (p.count > 0)
+        return keel__problems_fail(&p, "slurm");
+
+    hosts = malloc(hsize);
+    tpn = malloc(sizeof *tpn * MAX_HOSTS);
+    if (hosts == NULL || tpn == NULL) {
+        st = keel__fail(KEEL_ENOMEM, "slurm: host buffers");
+        goto out;
+    }
+    if ((st = keel_cluster_expand_hostlist(v_nodes, hosts, hsize, &nhosts))
+        != KEEL_OK) {
+        st = keel__wrap(st, "slurm: SLURM_JOB_NODELIST");
+        goto out;
+    }
+    if (v_tpn != NULL) {
+        long k = expand_tasks_per_node(v_tpn, tpn, MAX_HOSTS);
+        int64_t sum = 0;
+        if (k < 0) {
+            st = keel__fail(KEEL_EINVAL, "slurm: SLURM_TASKS_PER_NODE "
+                            "'%.64s' is malformed (want e.g. 3(x2),2)", v_tpn);
+            goto out;
+        }
+        if ((size_t)k != nhosts) {
+            st = keel__fail(KEEL_EINVAL, "slurm: SLURM_TASKS_PER_NODE names "
+                            "%ld nodes but the node list has %zu", k, nhosts);
+            goto out;
+        }
+        for (long i = 0; i < k; i++)
+            sum += tpn[i];
+        if (sum != ntasks) {
+            st = keel__fail(KEEL_EINVAL, "slurm: tasks per node sum to %lld, "
+                            "SLURM_NTASKS is %lld", (long long)sum,
+                            (long long)ntasks);
+            goto out;
+        }
+    } else {
+        /* block distribution: ceil(ntasks / nhosts) per node in order */
+        int64_t per = (ntasks + (int64_t)nhosts - 1) / (int64_t)nhosts;
+        int64_t left = ntasks;
+        for (size_t i = 0; i < nhosts; i++) {
+            int64_t c = left < per ? left : per;
+            tpn[i] = (int)c;
+            left -= c;
+        }
+    }
+    for (size_t i = 0; i < nhosts; i++)
+        if (port_base + tpn[i] - 1 > 65535) {
+            st = keel__fail(KEEL_EINVAL, "slurm: port base %d + %d tasks "
+                            "per node exceeds 65535", port_base, tpn[i]);
+            goto out;
+        }
+    if ((st = keel_cluster_spec_new(&s)) != KEEL_OK)
+        goto out;
+    {
+        const char *h = hosts;
+        int64_t r = 0;
+        for (size_t i = 0; i < nhosts; i++, h += strlen(h) + 1)
+            for (int k = 0; k < tpn[i]; k++, r++) {
+                char a[KEEL_ADDR_MAX];
+                keel_task_type t = r < num_ps ? KEEL_TASK_PS
+                                              : KEEL_TASK_WORKER;
+                int len = snprintf(a, sizeof a, "%s:%d", h, port_base + k);
+                if ((st = spec_add(s, t, a, (size_t)len)) != KEEL_OK)
+                    goto out;
+            }
+        s->task = rank < num_ps ? KEEL_TASK_PS : KEEL_TASK_WORKER;
+        s->index = (int)(rank < num_ps ? rank : rank - num_ps);
+    }
+    keel__cluster_validate_into(s, &p);
+    if ((st = keel__problems_fail(&p, "slurm")) != KEEL_OK)
+        goto out;
+    *out = s;
+    s = NULL;
+out:
+    keel_cluster_spec_free(s);
+    free(hosts);
+    free(tpn);
+    return st;
+}
+
+/* ---- output ------------------------------------------------------------- */
+
+typedef struct outbuf {
+    char *buf;
+    size_t size, len;
+    int overflow;
+} outbuf;
+
+static void
+out_add(outbuf *o, const char *fmt, ...)
+{
+    va_list ap;
+    int k;
+    if (o->overflow)
+        return;
+    va_start(ap, fmt);
+    k = vsnprintf(o->buf + o->len, o->size - o->len, fmt, ap);
+    va_end(ap);
+    if (k < 0 || (size_t)k >= o->size - o->len) {
+        o->overflow = 1;
+        return;
+    }
+    o->len += (size_t)k;
+}
+
+keel_status
+keel_cluster_spec_format(const keel_cluster_spec *s, char *buf, size_t size)
+{
+    outbuf o = { buf, size, 0, 0 };
+    if (s == NULL || buf == NULL || size == 0)
+        return keel__fail(KEEL_EINVAL, "cluster format: bad argument");
+    buf[0] = '\0';
+    if (keel_cluster_spec_is_local(s)) {
+        out_add(&o, "cluster: local (no cluster configured; one process "
+                "is chief)\n");
+    } else {
+        out_add(&o, "cluster: %zu chief, %zu worker%s, %zu ps, %zu "
+                "evaluator%s (%d training replica%s)\n",
+                s->n[KEEL_TASK_CHIEF], s->n[KEEL_TASK_WORKER],
+                s->n[KEEL_TASK_WORKER] == 1 ? "" : "s", s->n[KEEL_TASK_PS],
+                s->n[KEEL_TASK_EVALUATOR],
+                s->n[KEEL_TASK_EVALUATOR] == 1 ? "" : "s",
+                keel_cluster_spec_num_replicas(s),
+                keel_cluster_spec_num_replicas(s) == 1 ? "" : "s");
+        out_add(&o, "mode: %s, replicas_to_aggregate %d, "
+                "total_num_replicas %d\n",
+                s->mode == KEEL_CLUSTER_ASYNC ? "async" : "sync",
+                keel_cluster_spec_replicas_to_aggregate(s),
+                keel_cluster_spec_total_num_replicas(s));
+        for (int t = 1; t < KEEL_TASK_TYPE_COUNT; t++)
+            for (size_t i = 0; i < s->n[t]; i++)
+                out_add(&o, "  %-9s %-4zu %s%s%s\n", type_names[t], i,
+                        s->addr[t][i],
+                        t == KEEL_TASK_EVALUATOR ? "  (not in the training "
+                                                   "cluster)" : "",
+                        (t == (int)s->task && (int)i == s->index)
+                            ? "  <- this task" : "");
+        if (s->n[KEEL_TASK_CHIEF] == 0 && s->n[KEEL_TASK_WORKER] > 0)
+            out_add(&o, "chief: worker 0 (no chief job)\n");
+    }
+    if (s->task != KEEL_TASK_NONE)
+        out_add(&o, "this task: %s %d%s\n", type_names[s->task], s->index,
+                keel_cluster_spec_is_chief(s) ? " (chief)" : "");
+    if (s->model_dir != NULL)
+        out_add(&o, "model_dir: %s\n", s->model_dir);
+    if (o.overflow)
+        return keel__fail(KEEL_EINVAL, "cluster format: %zu-byte buffer is "
+                          "too small", size);
+    return KEEL_OK;
+}
+
+keel_status
+keel_cluster_spec_to_tf_config(const keel_cluster_spec *s,
+                               keel_task_type type, int index, char *buf,
+                               size_t size)
+{
+    struct json_object *root = NULL, *cl, *task;
+    const char *text;
+    keel_status st = KEEL_OK;
+    size_t len;
+
+    if (s == NULL || buf == NULL || size == 0)
+        return keel__fail(KEEL_EINVAL, "to_tf_config: bad argument");
+    if (!type_ok(type) || index < 0 ||
+        ((size_t)index >= s->n[type] &&
+         !(type == KEEL_TASK_EVALUATOR && index == 0)))
+        return keel__fail(KEEL_EINVAL, "to_tf_config: no task %s %d in the "
+                          "cluster", keel_task_type_name(type), index);
+    root = json_object_new_object();
+    cl = json_object_new_object();
+    task = json_object_new_object();
+    if (root == NULL || cl == NULL || task == NULL) {
+        json_object_put(cl);
+        json_object_put(task);
+        st = keel__fail(KEEL_ENOMEM, "to_tf_config: json");
+        goto out;
+    }
+    json_object_object_add(root, "cluster", cl);
+    for (int t = 1; t < KEEL_TASK_TYPE_COUNT; t++) {
+        struct json_object *arr;
+        if (s->n[t] == 0)
+            continue;
+        arr = json_object_new_array();
+        if (arr == NULL) {
+            st = keel__fail(KEEL_ENOMEM, "to_tf_config: json");
+            goto out;
+        }
+        json_object_object_add(cl, type_names[t], arr);
+        for (size_t i = 0; i < s->n[t]; i++)
+            json_object_array_add(arr, json_object_new_string(s->addr[t][i]));
+    }
+    json_object_object_add(root, "task", task);
+    json_object_object_add(task, "type",
+                           json_object_new_string(type_names[type]));
+    json_object_object_add(task, "index", json_object_new_int(index));
+    json_object_object_add(root, "mode", json_object_new_string(
+        s->mode == KEEL_CLUSTER_ASYNC ? "async" : "sync"));
+    if (s->replicas_to_aggregate > 0)
+        json_object_object_add(root, "replicas_to_aggregate",
+                               json_object_new_int(s->replicas_to_aggregate));
+    if (s->total_num_replicas > 0)
+        json_object_object_add(root, "total_num_replicas",
+                               json_object_new_int(s->total_num_replicas));
+    if (s->model_dir != NULL)
+        json_object_object_add(root, "model_dir",
+                               json_object_new_string(s->model_dir));
+    text = json_object_to_json_string_ext(root, JSON_C_TO_STRING_PLAIN |
+                                          JSON_C_TO_STRING_NOSLASHESCAPE);
+    if (text == NULL) {
+        st = keel__fail(KEEL_ENOMEM, "to_tf_config: serialize");
+        goto out;
+    }
+    len = strlen(text);
+    if (len >= size) {
+        st = keel__fail(KEEL_EINVAL, "to_tf_config: needs %zu bytes, buffer "
+                        "has %zu", len + 1, size);
+        goto out;
+    }
+    memcpy(buf, text, len + 1);
+out:
+    json_object_put(root);
+    return st;
+}
+
+keel_status
+keel__cluster_bind_address(const keel_cluster_spec *s, keel_task_type type,
+                           int index, char *buf, size_t size)
+{
+    const char *a = keel_cluster_spec_address(s, type, index);
+    char why[160];
+    if (a == NULL)
+        return keel__fail(KEEL_EINVAL, "bind: no task %s %d in the cluster",
+                          keel_task_type_name(type), index);
+    if (!keel__cluster_check_address(a, why, sizeof why))
+        return keel__fail(KEEL_EINVAL, "bind: %s %d: %s",
+                          keel_task_type_name(type), index, why);
+    return keel__fmt(buf, size, "bind address", "tcp://%s", a);
+}

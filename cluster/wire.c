@@ -1,0 +1,697 @@
+/* wire.c - keel's binary message format over ZeroMQ: a fixed 56-byte
+ * header frame, then a descriptor and a zero-copy data frame per tensor.
+ * Decoding checks every count, length, name, shape and size against limits
+ * before it allocates anything; nothing is ever deserialized beyond that.
+ * Also the DEALER request/reply client. */
+#include <config.h>
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cluster_int.h"
+
+/* ---- little-endian helpers ---------------------------------------------- */
+
+static void
+put16(unsigned char *p, uint16_t v)
+{
+    p[0] = (unsigned char)v;
+    p[1] = (unsigned char)(v >> 8);
+}
+
+static void
+put32(unsigned char *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static void
+put64(unsigned char *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static uint16_t
+get16(const unsigned char *p)
+{
+    return (uint16_t)(p[0] | (p[1] << 8));
+}
+
+static uint32_t
+get32(const unsigned char *p)
+{
+    uint32_t v = 0;
+    for (int i = 3; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+static uint64_t
+get64(const unsigned char *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+/* ---- header and descriptor ---------------------------------------------- */
+
+void
+keel__wire_limits_default(keel__wire_limits *l)
+{
+    if (l->max_tensors == 0)
+        l->max_tensors = 65536;
+    if (l->max_total_bytes == 0)
+        l->max_total_bytes = (uint64_t)4 << 30;
+    if (l->max_text == 0)
+        l->max_text = 4096;
+}
+
+void
+keel__wire_header_encode(const keel__wire_header *h,
+                         unsigned char out[KEEL_WIRE_HEADER_SIZE])
+{
+    memset(out, 0, KEEL_WIRE_HEADER_SIZE);
+    memcpy(out, "KEEL", 4);
+    put16(out + 4, KEEL_WIRE_VERSION);
+    out[6] = h->type;
+    out[7] = h->flags;
+    put64(out + 8, h->request_id);
+    out[16] = h->sender_type;
+    put32(out + 20, h->sender_index);
+    put64(out + 24, h->generation);
+    put64(out + 32, (uint64_t)h->global_step);
+    put64(out + 40, (uint64_t)h->local_step);
+    put32(out + 48, h->count);
+    put32(out + 52, h->arg);
+}
+
+keel_status
+keel__wire_header_decode(const void *buf, size_t n, keel__wire_header *h)
+{
+    const unsigned char *p = buf;
+    uint16_t version;
+    if (n != KEEL_WIRE_HEADER_SIZE)
+        return keel__fail(KEEL_ECORRUPT, "header frame is %zu bytes, not "
+                          "%d", n, KEEL_WIRE_HEADER_SIZE);
+    if (memcmp(p, "KEEL", 4) != 0)
+        return keel__fail(KEEL_ECORRUPT, "bad magic (not a keel message)");
+    version = get16(p + 4);
+    if (version != KEEL_WIRE_VERSION)
+        return keel__fail(KEEL_ECORRUPT, "wire version %u (this keel speaks "
+                          "%d)", version, KEEL_WIRE_VERSION);
+    h->type = p[6];
+    h->flags = p[7];
+    if (h->type < KEEL_MSG_HELLO || h->type >= KEEL_MSG_TYPE_END)
+        return keel__fail(KEEL_ECORRUPT, "unknown message type %u", h->type);
+    if (h->flags & ~KEEL_WIRE_F_KNOWN)
+        return keel__fail(KEEL_ECORRUPT, "unknown flags 0x%02x", h->flags);
+    if (p[17] != 0 || get16(p + 18) != 0)
+        return keel__fail(KEEL_ECORRUPT, "reserved header bytes not zero");
+    h->request_id = get64(p + 8);
+    h->sender_type = p[16];
+    if (h->sender_type >= KEEL_TASK_TYPE_COUNT)
+        return keel__fail(KEEL_ECORRUPT, "unknown sender task type %u",
+                          h->sender_type);
+    h->sender_index = get32(p + 20);
+    h->generation = get64(p + 24);
+    h->global_step = (int64_t)get64(p + 32);
+    h->local_step = (int64_t)get64(p + 40);
+    h->count = get32(p + 48);
+    h->arg = get32(p + 52);
+    return KEEL_OK;
+}
+
+size_t
+keel__wire_desc_encode(const char *name, int ndim, const int64_t *shape,
+                       unsigned char *buf, size_t size)
+{
+    size_t len = strlen(name), need = 4 + 8 * (size_t)ndim + len;
+    if (need > size || len > 0xffff || ndim < 0 || ndim > KEEL_MAX_DIMS)
+        return 0;
+    put16(buf, (uint16_t)len);
+    buf[2] = KEEL_WIRE_DTYPE_F32;
+    buf[3] = (unsigned char)ndim;
+    for (int i = 0; i < ndim; i++)
+        put64(buf + 4 + 8 * i, (uint64_t)shape[i]);
+    memcpy(buf + 4 + 8 * ndim, name, len);
+    return need;
+}
+
+/* Decode one descriptor into wt (name copied, shape set, count computed). */
+static keel_status
+desc_decode(const unsigned char *p, size_t n, size_t i, keel__wire_tensor *wt)
+{
+    size_t len, ndim;
+    if (n < 4)
+        return keel__fail(KEEL_ECORRUPT, "tensor %zu: descriptor of %zu "
+                          "bytes is truncated", i, n);
+    len = get16(p);
+    if (p[2] != KEEL_WIRE_DTYPE_F32)
+        return keel__fail(KEEL_ECORRUPT, "tensor %zu: dtype %u (only "
+                          "float32=1)", i, p[2]);
+    ndim = p[3];
+    if (ndim > KEEL_MAX_DIMS)
+        return keel__fail(KEEL_ECORRUPT, "tensor %zu: ndim %zu > %d", i,
+                          ndim, KEEL_MAX_DIMS);
+    if (len == 0 || len >= KEEL_NAME_MAX)
+        return keel__fail(KEEL_ECORRUPT, "tensor %zu: name length %zu not in "
+                          "1..%d", i, len, KEEL_NAME_MAX - 1);
+    if (n != 4 + 8 * ndim + len)
+        return keel__fail(KEEL_ECORRUPT, "tensor %zu: descriptor is %zu "
+                          "bytes, expected %zu", i, n, 4 + 8 * ndim + len);
+    memcpy(wt->name, p + 4 + 8 * ndim, len);
+    wt->name[len] = '\0';
+    if (memchr(wt->name, '\0', len) != NULL || !keel_name_is_valid(wt->name))
+        return keel__fail(KEEL_ECORRUPT, "tensor %zu: invalid name", i);
+    wt->t.ndim = (int)ndim;
+    for (int d = 0; d < KEEL_MAX_DIMS; d++)
+        wt->t.shape[d] = 1;
+    for (size_t d = 0; d < ndim; d++) {
+        int64_t v = (int64_t)get64(p + 4 + 8 * d);
+        if (v <= 0)
+            return keel__fail(KEEL_ECORRUPT, "tensor %zu '%s': dimension %zu "
+                              "is %lld (must be > 0)", i, wt->name, d,
+                              (long long)v);
+        wt->t.shape[d] = v;
+    }
+    if (keel_shape_count(wt->t.ndim, wt->t.shape, &wt->t.count) != KEEL_OK)
+        return keel__fail(KEEL_ECORRUPT, "tensor %zu '%s': element count "
+                          "overflows", i, wt->name);
+    return KEEL_OK;
+}
+
+/* ---- messages ----------------------------------------------------------- */
+
+void
+keel__wire_msg_init(keel__wire_msg *m)
+{
+    memset(m, 0, sizeof *m);
+}
+
+void
+keel__wire_msg_clear(keel__wire_msg *m)
+{
+    if (m == NULL)
+        return;
+    if (m->has_identity)
+        zmq_msg_close(&m->identity);
+    for (size_t i = 0; i < m->n_frames; i++)
+        zmq_msg_close(&m->frames[i]);
+    free(m->frames);
+    for (size_t i = 0; i < m->n_copies; i++)
+        keel_aligned_free(m->copies[i]);
+    free(m->copies);
+    free(m->tensors);
+    free(m->text);
+    memset(m, 0, sizeof *m);
+}
+
+keel_status
+keel__wire_decode(zmq_msg_t *frames, size_t n_frames,
+                  const keel__wire_limits *lim_in, keel__wire_msg *m)
+{
+    keel__wire_limits lim = *lim_in;
+    int names_only, has_text;
+    size_t per, want, i;
+    uint64_t total = 0;
+    keel_status st;
+
+    keel__wire_limits_default(&lim);
+    m->frames = frames;
+    m->n_frames = n_frames;
+    if (n_frames == 0)
+        return keel__fail(KEEL_ECORRUPT, "empty message");
+    st = keel__wire_header_decode(zmq_msg_data(&frames[0]),
+                                  zmq_msg_size(&frames[0]), &m->h);
+    if (st != KEEL_OK)
+        return st;
+    names_only = (m->h.flags & KEEL_WIRE_F_NAMES_ONLY) != 0;
+    has_text = (m->h.flags & KEEL_WIRE_F_TEXT) != 0;
+    if (m->h.count > lim.max_tensors)
+        return keel__fail(KEEL_ECORRUPT, "%u tensors (limit %zu)",
+                          m->h.count, lim.max_tensors);
+    per = names_only ? 1 : 2;
+    want = 1 + per * (size_t)m->h.count + (has_text ? 1 : 0);
+    if (n_frames != want)
+        return keel__fail(KEEL_ECORRUPT, "%zu frames for %u tensor%s%s "
+                          "(expected %zu)", n_frames, m->h.count,
+                          m->h.count == 1 ? "" : "s",
+                          has_text ? " and text" : "", want);
+    if (has_text) {
+        zmq_msg_t *tf = &frames[n_frames - 1];
+        size_t tl = zmq_msg_size(tf);
+        if (tl > lim.max_text)
+            return keel__fail(KEEL_ECORRUPT, "text of %zu bytes (limit %zu)",
+                              tl, lim.max_text);
+        if (memchr(zmq_msg_data(tf), '\0', tl) != NULL)
+            return keel__fail(KEEL_ECORRUPT, "text contains NUL");
+    }
+    /* Every size is known to be bounded now: allocate. */
+    if (m->h.count > 0) {
+        m->tensors = calloc(m->h.count, sizeof *m->tensors);
+        if (m->tensors == NULL)
+            return keel__fail(KEEL_ENOMEM, "%u tensor slots", m->h.count);
+    }
+    for (i = 0; i < m->h.count; i++) {
+        keel__wire_tensor *wt = &m->tensors[i];
+        zmq_msg_t *df = &frames[1 + per * i];
+        st = desc_decode(zmq_msg_data(df), zmq_msg_size(df), i, wt);
+        if (st != KEEL_OK)
+            return st;
+        if (names_only)
+            continue;
+        {
+            zmq_msg_t *data = &frames[2 + per * i];
+            size_t bytes = zmq_msg_size(data);
+            void *p = zmq_msg_data(data);
+            if (wt->t.count > SIZE_MAX / sizeof(float) ||
+                bytes != wt->t.count * sizeof(float))
+                return keel__fail(KEEL_ECORRUPT, "tensor '%s': data frame is "
+                                  "%zu bytes, shape needs %zu x 4", wt->name,
+                                  bytes, wt->t.count);
+            total += bytes;
+            if (total > lim.max_total_bytes)
+                return keel__fail(KEEL_ECORRUPT, "tensor data exceeds %llu "
+                                  "bytes at '%s'",
+                                  (unsigned long long)lim.max_total_bytes,
+                                  wt->name);
+            if (((uintptr_t)p % _Alignof(float)) != 0) {
+                void *c = keel_aligned_alloc(bytes);
+                void **cs;
+                if (c == NULL)
+                    return keel__fail(KEEL_ENOMEM, "aligned copy of '%s'",
+                                      wt->name);
+                cs = realloc(m->copies, (m->n_copies + 1) * sizeof *cs);
+                if (cs == NULL) {
+                    keel_aligned_free(c);
+                    return keel__fail(KEEL_ENOMEM, "copy list");
+                }
+                m->copies = cs;
+                m->copies[m->n_copies++] = c;
+                memcpy(c, p, bytes);
+                p = c;
+            }
+            wt->t.data = p;
+            wt->t.is_owner = 0;
+        }
+    }
+    if (has_text) {
+        zmq_msg_t *tf = &frames[n_frames - 1];
+        size_t tl = zmq_msg_size(tf);
+        m->text = malloc(tl + 1);
+        if (m->text == NULL)
+            return keel__fail(KEEL_ENOMEM, "text of %zu bytes", tl);
+        memcpy(m->text, zmq_msg_data(tf), tl);
+        m->text[tl] = '\0';
+    }
+    m->n = m->h.count;
+    return KEEL_OK;
+}
+
+keel_status
+keel__wire_recv(void *sock, int has_identity, const keel__wire_limits *lim_in,
+                int timeout_ms, keel__wire_msg *m)
+{
+    keel__wire_limits lim = *lim_in;
+    zmq_pollitem_t item = { sock, 0, ZMQ_POLLIN, 0 };
+    zmq_msg_t *frames = NULL;
+    size_t n = 0, cap = 0, max_frames;
+    int more = 1, too_many = 0, rc;
+
+    keel__wire_limits_default(&lim);
+    keel__wire_msg_init(m);
+    max_frames = 2 + 2 * lim.max_tensors + 1;
+    rc = zmq_poll(&item, 1, timeout_ms);
+    if (rc < 0)
+        return keel__fail(errno == ETERM ? KEEL_ECANCELLED : KEEL_EIO,
+                          "poll: %s", zmq_strerror(errno));
+    if (rc == 0)
+        return keel__fail(KEEL_ETIMEOUT, "no message within %d ms",
+                          timeout_ms);
+    if (has_identity) {
+        zmq_msg_init(&m->identity);
+        if (zmq_msg_recv(&m->identity, sock, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&m->identity);
+            return keel__fail(KEEL_EIO, "recv identity: %s",
+                              zmq_strerror(errno));
+        }
+        m->has_identity = 1;
+        more = zmq_msg_more(&m->identity);
+        if (!more)
+            return keel__fail(KEEL_ECORRUPT, "message has no header frame");
+    }
+    /* All parts of a multipart message arrive together: drain them. */
+    while (more) {
+        zmq_msg_t f;
+        zmq_msg_init(&f);
+        if (zmq_msg_recv(&f, sock, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&f);
+            for (size_t i = 0; i < n; i++)
+                zmq_msg_close(&frames[i]);
+            free(frames);
+            return keel__fail(KEEL_EIO, "recv frame %zu: %s", n,
+                              zmq_strerror(errno));
+        }
+        more = zmq_msg_more(&f);
+        if (n >= max_frames) {
+            too_many = 1;
+            zmq_msg_close(&f);
+            continue;
+        }
+        if (n == cap) {
+            size_t nc = cap ? cap * 2 : 8;
+            zmq_msg_t *nf = realloc(frames, nc * sizeof *nf);
+            if (nf == NULL) {
+                zmq_msg_close(&f);
+                too_many = 1;       /* keep draining, then fail */
+                continue;
+            }
+            frames = nf;
+            cap = nc;
+        }
+        frames[n++] = f;
+    }
+    if (too_many) {
+        for (size_t i = 0; i < n; i++)
+            zmq_msg_close(&frames[i]);
+        free(frames);
+        return keel__fail(KEEL_ECORRUPT, "more than %zu frames", max_frames);
+    }
+    return keel__wire_decode(frames, n, &lim, m);
+}
+
+/* ---- sending ------------------------------------------------------------ */
+
+void
+keel__wire_pin_init(keel__wire_pin *p)
+{
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->cv, NULL);
+    p->pending = 0;
+}
+
+void
+keel__wire_pin_destroy(keel__wire_pin *p)
+{
+    pthread_cond_destroy(&p->cv);
+    pthread_mutex_destroy(&p->mu);
+}
+
+static void
+pin_release(void *data, void *hint)
+{
+    keel__wire_pin *p = hint;
+    (void)data;
+    pthread_mutex_lock(&p->mu);
+    if (--p->pending == 0)
+        pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+}
+
+keel_status
+keel__wire_pin_wait(keel__wire_pin *p, int timeout_ms)
+{
+    struct timespec dl;
+    int rc = 0;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += timeout_ms / 1000;
+    dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (dl.tv_nsec >= 1000000000L) {
+        dl.tv_sec++;
+        dl.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&p->mu);
+    while (p->pending > 0 && rc == 0)
+        rc = pthread_cond_timedwait(&p->cv, &p->mu, &dl);
+    rc = p->pending > 0;
+    pthread_mutex_unlock(&p->mu);
+    return rc ? keel__fail(KEEL_ETIMEOUT, "zero-copy frames still in flight "
+                           "after %d ms", timeout_ms) : KEEL_OK;
+}
+
+static keel_status
+send_frame(void *sock, zmq_msg_t *f, int more)
+{
+    if (zmq_msg_send(f, sock, more ? ZMQ_SNDMORE : 0) < 0) {
+        int e = errno;
+        zmq_msg_close(f);
+        return keel__fail(e == EAGAIN ? KEEL_ETIMEOUT : KEEL_EUNAVAILABLE,
+                          "send: %s", zmq_strerror(e));
+    }
+    return KEEL_OK;
+}
+
+static keel_status
+send_bytes(void *sock, const void *buf, size_t n, int more)
+{
+    zmq_msg_t f;
+    if (zmq_msg_init_size(&f, n) != 0)
+        return keel__fail(KEEL_ENOMEM, "message frame of %zu bytes", n);
+    if (n > 0)
+        memcpy(zmq_msg_data(&f), buf, n);
+    return send_frame(sock, &f, more);
+}
+
+keel_status
+keel__wire_send(void *sock, zmq_msg_t *identity, const keel__wire_header *h_in,
+                const keel__wire_out *ts, size_t n, const char *text,
+                keel__wire_pin *pin)
+{
+    keel__wire_header h = *h_in;
+    unsigned char hdr[KEEL_WIRE_HEADER_SIZE];
+    unsigned char desc[4 + 8 * KEEL_MAX_DIMS + KEEL_NAME_MAX];
+    int names_only;
+    keel_status st;
+
+    if (n > UINT32_MAX)
+        return keel__fail(KEEL_EINVAL, "send: %zu tensors", n);
+    h.count = (uint32_t)n;
+    h.flags &= (uint8_t)~KEEL_WIRE_F_TEXT;
+    if (text != NULL)
+        h.flags |= KEEL_WIRE_F_TEXT;
+    names_only = (h.flags & KEEL_WIRE_F_NAMES_ONLY) != 0;
+    keel__wire_header_encode(&h, hdr);
+    if (identity != NULL) {
+        zmq_msg_t id;
+        zmq_msg_init(&id);
+        if (zmq_msg_copy(&id, identity) != 0) {
+            zmq_msg_close(&id);
+            return keel__fail(KEEL_EINTERNAL, "copy identity");
+        }
+        if ((st = send_frame(sock, &id, 1)) != KEEL_OK)
+            return st;
+    }
+    st = send_bytes(sock, hdr, sizeof hdr, n > 0 || text != NULL);
+    if (st != KEEL_OK)
+        return st;
+    for (size_t i = 0; i < n; i++) {
+        const keel_tensor *t = ts[i].t;
+        int last = i + 1 == n && text == NULL;
+        int64_t scalar[1] = { 1 };
+        size_t dl = keel__wire_desc_encode(ts[i].name, t ? t->ndim : 0,
+                                           t ? t->shape : scalar, desc,
+                                           sizeof desc);
+        if (dl == 0)
+            return keel__fail(KEEL_EINVAL, "send: tensor '%.64s' cannot be "
+                              "described", ts[i].name);
+        if ((st = send_bytes(sock, desc, dl, !(names_only && last))) !=
+            KEEL_OK)
+            return st;
+        if (names_only)
+            continue;
+        if (t == NULL || t->data == NULL)
+            return keel__fail(KEEL_EINVAL, "send: tensor '%s' has no data",
+                              ts[i].name);
+        if (pin != NULL) {
+            zmq_msg_t f;
+            pthread_mutex_lock(&pin->mu);
+            pin->pending++;
+            pthread_mutex_unlock(&pin->mu);
+            if (zmq_msg_init_data(&f, t->data, t->count * sizeof(float),
+                                  pin_release, pin) != 0) {
+                pin_release(NULL, pin);
+                return keel__fail(KEEL_ENOMEM, "send: data frame");
+            }
+            st = send_frame(sock, &f, !last);
+        } else {
+            st = send_bytes(sock, t->data, t->count * sizeof(float), !last);
+        }
+        if (st != KEEL_OK)
+            return st;
+    }
+    if (text != NULL)
+        return send_bytes(sock, text, strlen(text), 0);
+    return KEEL_OK;
+}
+
+uint64_t
+keel__wire_new_generation(void)
+{
+    uint64_t g = 0;
+    if (getrandom(&g, sizeof g, 0) != (ssize_t)sizeof g)
+        g = (uint64_t)keel__now_mono_ns() ^ ((uint64_t)getpid() << 32);
+    return g ? g : 1;
+}
+
+keel_status
+keel__wire_sockopts(void *sock, const keel__wire_limits *lim_in)
+{
+    keel__wire_limits lim = *lim_in;
+    int zero = 0, sndto = 10000;
+    int64_t maxmsg;
+    keel__wire_limits_default(&lim);
+    maxmsg = lim.max_total_bytes > INT64_MAX / 2 ? -1
+                                                 : (int64_t)lim.max_total_bytes;
+    if (zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
+        zmq_setsockopt(sock, ZMQ_SNDTIMEO, &sndto, sizeof sndto) != 0 ||
+        zmq_setsockopt(sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg) != 0)
+        return keel__fail(KEEL_EIO, "socket options: %s",
+                          zmq_strerror(errno));
+    return KEEL_OK;
+}
+
+/* ---- client ------------------------------------------------------------- */
+
+struct keel__wire_client {
+    void *zctx;
+    void *sock;
+    keel_task_type type;
+    int index;
+    uint64_t generation;
+    uint64_t next_id;
+    keel__wire_limits limits;
+    keel__wire_pin pin;
+    char endpoint[KEEL_ADDR_MAX + 16];
+};
+
+keel_status
+keel__wire_client_new(const char *endpoint, const keel__curve *curve,
+                      keel_task_type type, int index,
+                      keel__wire_client **out)
+{
+    keel__wire_client *c;
+    keel_status st;
+    *out = NULL;
+    c = calloc(1, sizeof *c);
+    if (c == NULL)
+        return keel__fail(KEEL_ENOMEM, "client: %zu bytes", sizeof *c);
+    keel__wire_pin_init(&c->pin);
+    c->type = type;
+    c->index = index;
+    c->generation = keel__wire_new_generation();
+    c->next_id = 1;
+    keel__wire_limits_default(&c->limits);
+    snprintf(c->endpoint, sizeof c->endpoint, "%s", endpoint);
+    c->zctx = zmq_ctx_new();
+    if (c->zctx == NULL) {
+        keel__wire_client_free(c);
+        return keel__fail(KEEL_EIO, "client: zmq_ctx_new: %s",
+                          zmq_strerror(errno));
+    }
+    c->sock = zmq_socket(c->zctx, ZMQ_DEALER);
+    if (c->sock == NULL) {
+        keel__wire_client_free(c);
+        return keel__fail(KEEL_EIO, "client: socket: %s",
+                          zmq_strerror(errno));
+    }
+    if ((st = keel__wire_sockopts(c->sock, &c->limits)) != KEEL_OK ||
+        (st = keel__curve_setup_client(c->sock, curve)) != KEEL_OK) {
+        keel__wire_client_free(c);
+        return st;
+    }
+    if (zmq_connect(c->sock, endpoint) != 0) {
+        st = keel__fail(KEEL_EINVAL, "client: connect %s: %s", endpoint,
+                        zmq_strerror(errno));
+        keel__wire_client_free(c);
+        return st;
+    }
+    *out = c;
+    return KEEL_OK;
+}
+
+void
+keel__wire_client_free(keel__wire_client *c)
+{
+    if (c == NULL)
+        return;
+    if (c->sock != NULL)
+        zmq_close(c->sock);
+    if (c->zctx != NULL)
+        zmq_ctx_term(c->zctx);      /* linger 0: releases pinned frames */
+    keel__wire_pin_destroy(&c->pin);
+    free(c);
+}
+
+uint64_t
+keel__wire_client_generation(const keel__wire_client *c)
+{
+    return c->generation;
+}
+
+keel_status
+keel__wire_client_call(keel__wire_client *c, keel__wire_header *h,
+                       const keel__wire_out *ts, size_t n, int zero_copy,
+                       int timeout_ms, keel__wire_msg *reply)
+{
+    int64_t deadline = keel__now_mono_ns() + (int64_t)timeout_ms * 1000000;
+    keel_status st;
+
+    keel__wire_msg_init(reply);
+    /* A DEALER whose peer is unreachable (or refused us) blocks on send:
+     * the call's deadline bounds that too. */
+    if (zmq_setsockopt(c->sock, ZMQ_SNDTIMEO, &timeout_ms,
+                       sizeof timeout_ms) != 0)
+        return keel__fail(KEEL_EIO, "client: send timeout: %s",
+                          zmq_strerror(errno));
+    h->request_id = c->next_id++;
+    h->sender_type = (uint8_t)c->type;
+    h->sender_index = (uint32_t)c->index;
+    h->generation = c->generation;
+    st = keel__wire_send(c->sock, NULL, h, ts, n, NULL,
+                         zero_copy ? &c->pin : NULL);
+    if (st == KEEL_ETIMEOUT)
+        return keel__fail(KEEL_ETIMEOUT, "request to %s not accepted within "
+                          "%d ms (peer unreachable or refused us)",
+                          c->endpoint, timeout_ms);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "request to %s", c->endpoint);
+    for (;;) {
+        int64_t left = (deadline - keel__now_mono_ns()) / 1000000;
+        if (left < 0)
+            left = 0;
+        st = keel__wire_recv(c->sock, 0, &c->limits, (int)left, reply);
+        if (st == KEEL_ETIMEOUT) {
+            st = keel__fail(KEEL_ETIMEOUT, "no reply from %s within %d ms",
+                            c->endpoint, timeout_ms);
+            break;
+        }
+        if (st != KEEL_OK) {
+            st = keel__wrap(st, "reply from %s", c->endpoint);
+            break;
+        }
+        if (reply->h.request_id == h->request_id)
+            break;
+        keel__wire_msg_clear(reply);          /* stale: an old request's */
+    }
+    /* The reply proves the request arrived; wait for libzmq to let go of
+     * zero-copy frames before the caller may touch them again. */
+    if (zero_copy && st != KEEL_ETIMEOUT) {
+        keel_status ps = keel__wire_pin_wait(&c->pin, 10000);
+        if (st == KEEL_OK && ps != KEEL_OK)
+            st = ps;
+    }
+    if (st == KEEL_OK && reply->h.type == KEEL_MSG_ERROR)
+        st = keel__fail(KEEL_EPEER, "%s answered error %u (%s): %s",
+                        c->endpoint, reply->h.arg,
+                        keel_status_str((keel_status)reply->h.arg),
+                        reply->text ? reply->text : "(no text)");
+    return st;
+}

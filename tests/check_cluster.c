@@ -1,0 +1,1400 @@
+/* check_cluster.c - the cluster module: TF_CONFIG rules (good and bad,
+ * every problem listed), Slurm host lists and rank mapping, explicit lists,
+ * wire encode/decode and every malformed-message class, a live ROUTER
+ * server that keeps serving one client while another sends garbage, CURVE
+ * allow/deny on real sockets, and `keel keygen`. */
+#include <config.h>
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <keel/keel.h>
+#include "util.h"
+#include "../cluster/cluster_int.h"
+#include "testutil.h"
+
+static char out[65536], err[65536];
+
+/* ---- helpers ------------------------------------------------------------ */
+
+/* Parse json expecting failure; the message must contain every needle. */
+static void
+expect_bad(const char *json, const char *const *needles)
+{
+    keel_cluster_spec *s = (keel_cluster_spec *)1;
+    keel_status st = keel_cluster_spec_from_tf_config(json, &s);
+    ck_assert_msg(st == KEEL_EINVAL, "accepted %s", json);
+    ck_assert_ptr_null(s);
+    for (; *needles != NULL; needles++)
+        ck_assert_msg(strstr(keel_last_error(), *needles) != NULL,
+                      "for %s: '%s' lacks '%s'", json, keel_last_error(),
+                      *needles);
+}
+#define BAD(json, ...)                                                     \
+    do {                                                                   \
+        const char *const nd_[] = { __VA_ARGS__, NULL };                   \
+        expect_bad(json, nd_);                                             \
+    } while (0)
+
+static keel_cluster_spec *
+good(const char *json)
+{
+    keel_cluster_spec *s = NULL;
+    keel_status st = keel_cluster_spec_from_tf_config(json, &s);
+    ck_assert_msg(st == KEEL_OK, "%s rejected: %s", json, keel_last_error());
+    return s;
+}
+
+/* ---- TF_CONFIG ---------------------------------------------------------- */
+
+START_TEST(test_tf_config_full_cluster_reads_every_job_and_the_task)
+{
+    keel_cluster_spec *s = good(
+        "{\"cluster\": {\"chief\": [\"host0:2222\"],"
+        " \"worker\": [\"host1:2222\", \"host2:2222\"],"
+        " \"ps\": [\"host3:2222\"], \"evaluator\": [\"host4:2222\"]},"
+        " \"task\": {\"type\": \"worker\", \"index\": 1},"
+        " \"rpc_layer\": \"grpc\", \"environment\": \"cloud\","
+        " \"model_dir\": \"/runs/r1\"}");
+    ck_assert_int_eq(keel_cluster_spec_num_tasks(s, KEEL_TASK_CHIEF), 1);
+    ck_assert_int_eq(keel_cluster_spec_num_tasks(s, KEEL_TASK_WORKER), 2);
+    ck_assert_int_eq(keel_cluster_spec_num_tasks(s, KEEL_TASK_PS), 1);
+    ck_assert_int_eq(keel_cluster_spec_num_tasks(s, KEEL_TASK_EVALUATOR), 1);
+    ck_assert_str_eq(keel_cluster_spec_address(s, KEEL_TASK_WORKER, 1),
+                     "host2:2222");
+    ck_assert_ptr_null(keel_cluster_spec_address(s, KEEL_TASK_WORKER, 2));
+    ck_assert_int_eq(keel_cluster_spec_task_type(s), KEEL_TASK_WORKER);
+    ck_assert_int_eq(keel_cluster_spec_task_index(s), 1);
+    ck_assert(!keel_cluster_spec_is_chief(s));
+    ck_assert(!keel_cluster_spec_is_local(s));
+    ck_assert_int_eq(keel_cluster_spec_num_replicas(s), 3);
+    ck_assert_int_eq(keel_cluster_spec_replicas_to_aggregate(s), 3);
+    ck_assert_int_eq(keel_cluster_spec_total_num_replicas(s), 3);
+    ck_assert_int_eq(keel_cluster_spec_mode(s), KEEL_CLUSTER_SYNC);
+    ck_assert_str_eq(keel_cluster_spec_model_dir(s), "/runs/r1");
+    keel_cluster_spec_free(s);
+}
+END_TEST
+
+START_TEST(test_tf_config_master_is_chief_and_keel_keys_are_read)
+{
+    keel_cluster_spec *s = good(
+        "{\"cluster\": {\"master\": [\"m:1\"], \"worker\": [\"w:1\"]},"
+        " \"task\": {\"type\": \"master\", \"index\": 0}, \"mode\": \"async\","
+        " \"replicas_to_aggregate\": 1, \"total_num_replicas\": 2}");
+    ck_assert_int_eq(keel_cluster_spec_num_tasks(s, KEEL_TASK_CHIEF), 1);
+    ck_assert_int_eq(keel_cluster_spec_task_type(s), KEEL_TASK_CHIEF);
+    ck_assert(keel_cluster_spec_is_chief(s));
+    ck_assert_int_eq(keel_cluster_spec_mode(s), KEEL_CLUSTER_ASYNC);
+    ck_assert_int_eq(keel_cluster_spec_replicas_to_aggregate(s), 1);
+    ck_assert_int_eq(keel_cluster_spec_total_num_replicas(s), 2);
+    keel_cluster_spec_free(s);
+}
+END_TEST
+
+START_TEST(test_tf_config_without_chief_worker_0_is_chief)
+{
+#define FMT "{\"cluster\": {\"worker\": [\"a:1\", \"b:1\"]," \
+            " \"ps\": [\"c:1\"]}, \"task\": {\"type\": \"%s\"," \
+            " \"index\": %d}}"
+    char json[256];
+    keel_cluster_spec *s;
+    snprintf(json, sizeof json, FMT, "worker", 0);
+    s = good(json);
+    ck_assert(keel_cluster_spec_is_chief(s));
+    keel_cluster_spec_free(s);
+    snprintf(json, sizeof json, FMT, "worker", 1);
+    s = good(json);
+    ck_assert(!keel_cluster_spec_is_chief(s));
+    keel_cluster_spec_free(s);
+    snprintf(json, sizeof json, FMT, "ps", 0);
+    s = good(json);
+    ck_assert(!keel_cluster_spec_is_chief(s));
+    keel_cluster_spec_free(s);
+#undef FMT
+}
+END_TEST
+
+START_TEST(test_tf_config_evaluator_is_outside_the_training_cluster)
+{
+    keel_cluster_spec *s = good(
+        "{\"cluster\": {\"chief\": [\"a:1\"], \"worker\": [\"b:1\"]},"
+        " \"task\": {\"type\": \"evaluator\", \"index\": 0}}");
+    ck_assert_int_eq(keel_cluster_spec_task_type(s), KEEL_TASK_EVALUATOR);
+    ck_assert(!keel_cluster_spec_is_chief(s));
+    ck_assert_int_eq(keel_cluster_spec_num_replicas(s), 2);
+    keel_cluster_spec_free(s);
+    BAD("{\"cluster\": {\"chief\": [\"a:1\"]},"
+        " \"task\": {\"type\": \"evaluator\", \"index\": 1}}",
+        "evaluator index 1 out of range");
+    BAD("{\"cluster\": {\"chief\": [\"a:1\"], \"evaluator\": [\"e:1\","
+        " \"f:1\"]}, \"task\": {\"type\": \"chief\", \"index\": 0}}",
+        "2 evaluator tasks");
+}
+END_TEST
+
+START_TEST(test_tf_config_local_mode)
+{
+    keel_cluster_spec *s = good("{}");
+    ck_assert(keel_cluster_spec_is_local(s));
+    ck_assert(keel_cluster_spec_is_chief(s));
+    ck_assert_int_eq(keel_cluster_spec_num_replicas(s), 1);
+    keel_cluster_spec_free(s);
+    s = good("{\"task\": {\"type\": \"worker\", \"index\": 0}}");
+    ck_assert(keel_cluster_spec_is_local(s));
+    keel_cluster_spec_free(s);
+    BAD("{\"task\": {\"type\": \"ps\", \"index\": 0}}", "local mode");
+    BAD("{\"task\": {\"type\": \"worker\", \"index\": 3}}", "local mode");
+}
+END_TEST
+
+START_TEST(test_tf_config_sparse_jobs_are_ordered_and_must_be_dense)
+{
+    keel_cluster_spec *s = good(
+        "{\"cluster\": {\"worker\": {\"1\": \"w1:1\", \"0\": \"w0:1\"}},"
+        " \"task\": {\"type\": \"worker\", \"index\": 1}}");
+    ck_assert_str_eq(keel_cluster_spec_address(s, KEEL_TASK_WORKER, 0),
+                     "w0:1");
+    ck_assert_str_eq(keel_cluster_spec_address(s, KEEL_TASK_WORKER, 1),
+                     "w1:1");
+    keel_cluster_spec_free(s);
+    BAD("{\"cluster\": {\"worker\": {\"0\": \"a:1\", \"5\": \"b:1\"}},"
+        " \"task\": {\"type\": \"worker\", \"index\": 0}}",
+        "key '5' is not an index");
+    BAD("{\"cluster\": {\"worker\": {\"0\": 7}},"
+        " \"task\": {\"type\": \"worker\", \"index\": 0}}",
+        "is not a string");
+}
+END_TEST
+
+START_TEST(test_tf_config_each_bad_input_is_named)
+{
+    const char *task = "\"task\": {\"type\": \"worker\", \"index\": 0}";
+    char j[512];
+    BAD("[1, 2]", "not a JSON object");
+    BAD("\"cluster\"", "not a JSON object");
+    BAD("{\"cluster\": ", "not valid JSON");
+    BAD("{} trailing", "not valid JSON");
+    BAD("", "not valid JSON");
+    snprintf(j, sizeof j, "{\"cluster\": [\"a:1\"], %s}", task);
+    BAD(j, "'cluster' is not an object");
+    snprintf(j, sizeof j, "{\"cluster\": {\"worker\": \"a:1\"}, %s}", task);
+    BAD(j, "cluster.worker is not a list");
+    snprintf(j, sizeof j, "{\"cluster\": {\"worker\": [\"a:1\", 5]}, %s}",
+             task);
+    BAD(j, "cluster.worker[1] is not a string");
+    snprintf(j, sizeof j, "{\"cluster\": {\"worker\": [\"a:1\"], "
+             "\"trainer\": [\"b:1\"]}, %s}", task);
+    BAD(j, "unknown task type 'trainer'");
+    BAD("{\"cluster\": {\"worker\": [\"a:1\"]}, \"task\": {\"type\": "
+        "\"boss\", \"index\": 0}}", "unknown task.type 'boss'");
+    BAD("{\"cluster\": {\"worker\": [\"a:1\"]}, \"task\": {\"type\": 3, "
+        "\"index\": 0}}", "task.type is not a string");
+    BAD("{\"cluster\": {\"worker\": [\"a:1\"]}, \"task\": {\"type\": "
+        "\"worker\", \"index\": \"0\"}}", "task.index is not an integer");
+    BAD("{\"cluster\": {\"worker\": [\"a:1\"]}, \"task\": {\"type\": "
+        "\"worker\", \"index\": -1}}", "negative");
+    BAD("{\"cluster\": {\"worker\": [\"a:1\"]}, \"task\": {\"type\": "
+        "\"worker\", \"index\": 1}}", "task index 1 out of range for 'worker'");
+    BAD("{\"cluster\": {\"worker\": [\"a:1\"]}, \"task\": {\"type\": "
+        "\"ps\", \"index\": 0}}", "task type 'ps' has no job");
+    BAD("{\"cluster\": {\"worker\": [\"a:1\"]}, \"task\": {\"index\": 0}}",
+        "task.type is missing");
+    BAD("{\"cluster\": {\"worker\": [\"a:1\"]}, \"task\": {\"type\": "
+        "\"worker\"}}", "task.index is missing");
+    BAD("{\"cluster\": {\"worker\": [\"a:1\"]}, \"task\": 1}",
+        "'task' is not an object");
+    BAD("{\"cluster\": {\"worker\": [\"a:1\"]}}", "'task' is missing");
+    snprintf(j, sizeof j, "{\"cluster\": {\"worker\": [\"\"]}, %s}", task);
+    BAD(j, "worker[0]: empty address");
+    snprintf(j, sizeof j, "{\"cluster\": {\"worker\": [\"a:1\"], \"ps\": "
+             "[\"a:1\"]}, %s}", task);
+    BAD(j, "duplicate address 'a:1'");
+    snprintf(j, sizeof j, "{\"cluster\": {\"chief\": [\"c:1\"], \"master\": "
+             "[\"m:1\"]}, \"task\": {\"type\": \"chief\", \"index\": 0}}");
+    BAD(j, "both 'chief' and 'master'");
+    snprintf(j, sizeof j, "{\"cluster\": {\"chief\": [\"c:1\", \"d:1\"]}, "
+             "\"task\": {\"type\": \"chief\", \"index\": 0}}");
+    BAD(j, "2 chief tasks");
+    snprintf(j, sizeof j, "{\"cluster\": {\"ps\": [\"p:1\"]}, "
+             "\"task\": {\"type\": \"ps\", \"index\": 0}}");
+    BAD(j, "no chief or worker");
+    snprintf(j, sizeof j, "{\"cluster\": {\"worker\": [\"a:0\"]}, %s}", task);
+    BAD(j, "port 0 out of 1..65535");
+    snprintf(j, sizeof j, "{\"cluster\": {\"worker\": [\"a:65536\"]}, %s}",
+             task);
+    BAD(j, "port 65536 out of 1..65535");
+    snprintf(j, sizeof j, "{\"cluster\": {\"worker\": [\"a:http\"]}, %s}",
+             task);
+    BAD(j, "bad port");
+    snprintf(j, sizeof j, "{\"cluster\": {\"worker\": [\"a\"]}, %s}", task);
+    BAD(j, "has no ':port'");
+    snprintf(j, sizeof j, "{\"cluster\": {\"worker\": [\":2222\"]}, %s}",
+             task);
+    BAD(j, "empty host");
+    snprintf(j, sizeof j, "{\"cluster\": {\"worker\": [\"a b:1\"]}, %s}",
+             task);
+    BAD(j, "bad host character");
+    snprintf(j, sizeof j, "{\"cluster\": {\"worker\": [\"a:\"]}, %s}", task);
+    BAD(j, "empty port");
+    snprintf(j, sizeof j, "{\"cluster\": {\"worker\": [\"a:1\"]}, %s, "
+             "\"mode\": \"eventual\"}", task);
+    BAD(j, "mode must be");
+    snprintf(j, sizeof j, "{\"cluster\": {\"worker\": [\"a:1\"]}, %s, "
+             "\"replicas_to_aggregate\": 0}", task);
+    BAD(j, "replicas_to_aggregate must be");
+    snprintf(j, sizeof j, "{\"cluster\": {\"worker\": [\"a:1\"]}, %s, "
+             "\"total_num_replicas\": \"2\"}", task);
+    BAD(j, "total_num_replicas must be");
+    snprintf(j, sizeof j, "{\"model_dir\": \"\"}");
+    BAD(j, "model_dir must be");
+}
+END_TEST
+
+START_TEST(test_tf_config_lists_every_problem_at_once)
+{
+    BAD("{\"cluster\": {\"chief\": [\"c:1\"], \"master\": [\"m:1\"],"
+        " \"worker\": [\"w:0\", \"c:1\"], \"bogus\": [\"x:1\"]},"
+        " \"task\": {\"type\": \"worker\", \"index\": 9}}",
+        "6 problems", "unknown task type 'bogus'", "both 'chief' and "
+        "'master'", "port 0", "duplicate address 'c:1'", "2 chief tasks",
+        "task index 9 out of range");
+}
+END_TEST
+
+START_TEST(test_tf_config_size_is_bounded)
+{
+    size_t n = (size_t)KEEL_TF_CONFIG_MAX + 16;
+    char *big = malloc(n + 1);
+    keel_cluster_spec *s = NULL;
+    ck_assert_ptr_nonnull(big);
+    memset(big, ' ', n);
+    big[0] = '{';
+    big[n - 1] = '}';
+    big[n] = '\0';
+    ck_assert_int_eq(keel_cluster_spec_from_tf_config(big, &s), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "longer than"));
+    big[KEEL_TF_CONFIG_MAX - 1] = '}';
+    big[KEEL_TF_CONFIG_MAX] = '\0';
+    ck_assert_int_eq(keel_cluster_spec_from_tf_config(big, &s), KEEL_OK);
+    keel_cluster_spec_free(s);
+    free(big);
+    /* nesting depth is bounded too */
+    {
+        char deep[200];
+        memset(deep, '[', 100);
+        memset(deep + 100, ']', 99);
+        deep[199] = '\0';
+        ck_assert_int_eq(keel_cluster_spec_from_tf_config(deep, &s),
+                         KEEL_EINVAL);
+    }
+}
+END_TEST
+
+START_TEST(test_tf_config_from_env)
+{
+    keel_cluster_spec *s = NULL;
+    unsetenv("TF_CONFIG");
+    ck_assert_int_eq(keel_cluster_spec_from_env(&s), KEEL_OK);
+    ck_assert(keel_cluster_spec_is_local(s));
+    keel_cluster_spec_free(s);
+    setenv("TF_CONFIG", "{\"cluster\": {\"worker\": [\"a:1\", \"b:2\"]}, "
+           "\"task\": {\"type\": \"worker\", \"index\": 1}}", 1);
+    ck_assert_int_eq(keel_cluster_spec_from_env(&s), KEEL_OK);
+    ck_assert_int_eq(keel_cluster_spec_task_index(s), 1);
+    keel_cluster_spec_free(s);
+    setenv("TF_CONFIG", "{oops", 1);
+    ck_assert_int_eq(keel_cluster_spec_from_env(&s), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "TF_CONFIG"));
+    unsetenv("TF_CONFIG");
+}
+END_TEST
+
+START_TEST(test_tf_config_generator_round_trips)
+{
+    keel_cluster_spec *s = good(
+        "{\"cluster\": {\"chief\": [\"c:1\"], \"worker\": [\"w0:1\", "
+        "\"w1:1\"], \"ps\": [\"p:1\"]}, \"task\": {\"type\": \"chief\", "
+        "\"index\": 0}, \"mode\": \"async\", \"replicas_to_aggregate\": 2}");
+    char buf[1024];
+    keel_task_type types[] = { KEEL_TASK_CHIEF, KEEL_TASK_WORKER,
+                               KEEL_TASK_WORKER, KEEL_TASK_PS };
+    int idx[] = { 0, 0, 1, 0 };
+    for (int i = 0; i < 4; i++) {
+        keel_cluster_spec *b;
+        ck_assert_int_eq(keel_cluster_spec_to_tf_config(s, types[i], idx[i],
+                                                         buf, sizeof buf),
+                         KEEL_OK);
+        b = good(buf);
+        ck_assert_int_eq(keel_cluster_spec_task_type(b), types[i]);
+        ck_assert_int_eq(keel_cluster_spec_task_index(b), idx[i]);
+        ck_assert_int_eq(keel_cluster_spec_mode(b), KEEL_CLUSTER_ASYNC);
+        ck_assert_int_eq(keel_cluster_spec_replicas_to_aggregate(b), 2);
+        for (int t = KEEL_TASK_CHIEF; t < KEEL_TASK_TYPE_COUNT; t++) {
+            size_t n = keel_cluster_spec_num_tasks(s, (keel_task_type)t);
+            ck_assert_int_eq(keel_cluster_spec_num_tasks(b, (keel_task_type)t),
+                             n);
+            for (size_t k = 0; k < n; k++)
+                ck_assert_str_eq(
+                    keel_cluster_spec_address(b, (keel_task_type)t, (int)k),
+                    keel_cluster_spec_address(s, (keel_task_type)t, (int)k));
+        }
+        keel_cluster_spec_free(b);
+    }
+    ck_assert_int_eq(keel_cluster_spec_to_tf_config(s, KEEL_TASK_WORKER, 2,
+                                                    buf, sizeof buf),
+                     KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "no task worker 2"));
+    ck_assert_int_eq(keel_cluster_spec_to_tf_config(s, KEEL_TASK_PS, 0,
+                                                    buf, 20), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "buffer"));
+    keel_cluster_spec_free(s);
+}
+END_TEST
+
+START_TEST(test_format_summarises_the_cluster)
+{
+    keel_cluster_spec *s = good(
+        "{\"cluster\": {\"worker\": [\"w0:1\", \"w1:1\"], \"ps\": [\"p:1\"],"
+        " \"evaluator\": [\"e:1\"]}, \"task\": {\"type\": \"worker\", "
+        "\"index\": 1}}");
+    char buf[2048], small[16];
+    ck_assert_int_eq(keel_cluster_spec_format(s, buf, sizeof buf), KEEL_OK);
+    ck_assert_ptr_nonnull(strstr(buf, "0 chief, 2 workers, 1 ps, 1 "
+                                      "evaluator"));
+    ck_assert_ptr_nonnull(strstr(buf, "w1:1  <- this task"));
+    ck_assert_ptr_nonnull(strstr(buf, "chief: worker 0 (no chief job)"));
+    ck_assert_ptr_nonnull(strstr(buf, "not in the training cluster"));
+    ck_assert_ptr_nonnull(strstr(buf, "mode: sync, replicas_to_aggregate 2"));
+    ck_assert_int_eq(keel_cluster_spec_format(s, small, sizeof small),
+                     KEEL_EINVAL);
+    keel_cluster_spec_free(s);
+}
+END_TEST
+
+/* ---- explicit lists ----------------------------------------------------- */
+
+START_TEST(test_explicit_lists_from_ini_values)
+{
+    keel_cluster_spec *s;
+    char bind[128];
+    ck_assert_int_eq(keel_cluster_spec_new(&s), KEEL_OK);
+    ck_assert_int_eq(keel_cluster_spec_add_list(s, KEEL_TASK_PS,
+                                                "127.0.0.1:2222, 127.0.0.1:2223"),
+                     KEEL_OK);
+    ck_assert_int_eq(keel_cluster_spec_add_list(s, KEEL_TASK_WORKER,
+                                                "h1:3000,h2:3000"), KEEL_OK);
+    ck_assert_int_eq(keel_cluster_spec_add_list(s, KEEL_TASK_CHIEF,
+                                                "[::1]:4000"), KEEL_OK);
+    ck_assert_int_eq(keel_cluster_spec_set_task(s, KEEL_TASK_PS, 1), KEEL_OK);
+    ck_assert_int_eq(keel_cluster_spec_validate(s), KEEL_OK);
+    ck_assert_str_eq(keel_cluster_spec_address(s, KEEL_TASK_PS, 1),
+                     "127.0.0.1:2223");
+    ck_assert_int_eq(keel__cluster_bind_address(s, KEEL_TASK_PS, 1, bind,
+                                                sizeof bind), KEEL_OK);
+    ck_assert_str_eq(bind, "tcp://127.0.0.1:2223");
+    ck_assert_int_eq(keel__cluster_bind_address(s, KEEL_TASK_CHIEF, 0, bind,
+                                                sizeof bind), KEEL_OK);
+    ck_assert_str_eq(bind, "tcp://[::1]:4000");
+    ck_assert_int_eq(keel__cluster_bind_address(s, KEEL_TASK_PS, 2, bind,
+                                                sizeof bind), KEEL_EINVAL);
+    ck_assert_int_eq(keel_cluster_spec_set_task(s, KEEL_TASK_NONE, 0),
+                     KEEL_EINVAL);
+    keel_cluster_spec_free(s);
+
+    ck_assert_int_eq(keel_cluster_spec_new(&s), KEEL_OK);
+    ck_assert_int_eq(keel_cluster_spec_add_list(s, KEEL_TASK_WORKER,
+                                                "a:1,,b:0,a:1"), KEEL_OK);
+    ck_assert_int_eq(keel_cluster_spec_set_task(s, KEEL_TASK_WORKER, 7),
+                     KEEL_OK);
+    keel_cluster_spec_set_replicas(s, -1, 0);
+    ck_assert_int_eq(keel_cluster_spec_validate(s), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "5 problems"));
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "worker[1]: empty"));
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "port 0"));
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "duplicate address 'a:1'"));
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "task index 7"));
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "replicas_to_aggregate"));
+    keel_cluster_spec_free(s);
+
+    /* A wildcard bind only when the spec says so. */
+    ck_assert_int_eq(keel_cluster_spec_new(&s), KEEL_OK);
+    ck_assert_int_eq(keel_cluster_spec_add_list(s, KEEL_TASK_WORKER,
+                                                "*:5000"), KEEL_OK);
+    ck_assert_int_eq(keel_cluster_spec_set_task(s, KEEL_TASK_WORKER, 0),
+                     KEEL_OK);
+    ck_assert_int_eq(keel__cluster_bind_address(s, KEEL_TASK_WORKER, 0, bind,
+                                                sizeof bind), KEEL_OK);
+    ck_assert_str_eq(bind, "tcp://*:5000");
+    keel_cluster_spec_free(s);
+}
+END_TEST
+
+/* ---- Slurm -------------------------------------------------------------- */
+
+static void
+expect_hosts(const char *list, const char *const *want)
+{
+    char buf[4096];
+    size_t n = 0, k = 0;
+    const char *h = buf;
+    ck_assert_msg(keel_cluster_expand_hostlist(list, buf, sizeof buf, &n) ==
+                  KEEL_OK, "%s: %s", list, keel_last_error());
+    for (; want[k] != NULL; k++, h += strlen(h) + 1) {
+        ck_assert_msg(k < n, "%s: only %zu hosts", list, n);
+        ck_assert_str_eq(h, want[k]);
+    }
+    ck_assert_int_eq(n, k);
+}
+#define HOSTS(list, ...)                                                   \
+    do {                                                                   \
+        const char *const w_[] = { __VA_ARGS__, NULL };                    \
+        expect_hosts(list, w_);                                            \
+    } while (0)
+
+START_TEST(test_slurm_hostlist_expansion)
+{
+    char buf[256];
+    size_t n;
+    const char *bad[] = { "", "n[", "n]", "n[3-1]", "n[]", "n[1-2", "a,,b",
+                          "n[a-b]", "n[1,]", "a,", "n[1-2]]", "n[[1]]",
+                          "n;1", "n[-3]", "n[1-]" };
+    HOSTS("node[01-04,07],gpu2", "node01", "node02", "node03", "node04",
+          "node07", "gpu2");
+    HOSTS("n[1-2],m5,o[3-4,6,7-9]", "n1", "n2", "m5", "o3", "o4", "o6", "o7",
+          "o8", "o9");
+    HOSTS("host", "host");
+    HOSTS("r[1-2]n[08-09]", "r1n08", "r1n09", "r2n08", "r2n09");
+    HOSTS("n[9-11]", "n9", "n10", "n11");
+    HOSTS("n[009-011]x", "n009x", "n010x", "n011x");
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        ck_assert_msg(keel_cluster_expand_hostlist(bad[i], buf, sizeof buf,
+                                                   &n) == KEEL_EINVAL,
+                      "accepted '%s'", bad[i]);
+    ck_assert_int_eq(keel_cluster_expand_hostlist("n[1-100000]", buf,
+                                                  sizeof buf, &n),
+                     KEEL_EINVAL);
+    ck_assert_int_eq(keel_cluster_expand_hostlist("n[1-200]", buf, 64, &n),
+                     KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "bytes"));
+}
+END_TEST
+
+START_TEST(test_slurm_ranks_map_to_ps_then_workers)
+{
+    char *env[] = { "SLURM_PROCID=3", "SLURM_NTASKS=4",
+                    "SLURM_JOB_NODELIST=node[1-2]",
+                    "SLURM_TASKS_PER_NODE=2(x2)", NULL };
+    keel_cluster_slurm_options o = { .num_ps = 1, .port_base = 9000,
+                                     .env = env };
+    keel_cluster_spec *s = NULL;
+    ck_assert_int_eq(keel_cluster_spec_from_slurm(&o, &s), KEEL_OK);
+    ck_assert_int_eq(keel_cluster_spec_num_tasks(s, KEEL_TASK_PS), 1);
+    ck_assert_int_eq(keel_cluster_spec_num_tasks(s, KEEL_TASK_WORKER), 3);
+    ck_assert_str_eq(keel_cluster_spec_address(s, KEEL_TASK_PS, 0),
+                     "node1:9000");
+    ck_assert_str_eq(keel_cluster_spec_address(s, KEEL_TASK_WORKER, 0),
+                     "node1:9001");
+    ck_assert_str_eq(keel_cluster_spec_address(s, KEEL_TASK_WORKER, 1),
+                     "node2:9000");
+    ck_assert_str_eq(keel_cluster_spec_address(s, KEEL_TASK_WORKER, 2),
+                     "node2:9001");
+    ck_assert_int_eq(keel_cluster_spec_task_type(s), KEEL_TASK_WORKER);
+    ck_assert_int_eq(keel_cluster_spec_task_index(s), 2);
+    ck_assert(!keel_cluster_spec_is_chief(s));
+    keel_cluster_spec_free(s);
+
+    env[0] = "SLURM_PROCID=1";      /* worker 0: the chief */
+    ck_assert_int_eq(keel_cluster_spec_from_slurm(&o, &s), KEEL_OK);
+    ck_assert_int_eq(keel_cluster_spec_task_type(s), KEEL_TASK_WORKER);
+    ck_assert(keel_cluster_spec_is_chief(s));
+    keel_cluster_spec_free(s);
+
+    /* No tasks-per-node: block distribution, default port 8888. */
+    {
+        char *e2[] = { "SLURM_PROCID=0", "SLURM_STEP_NUM_TASKS=3",
+                       "SLURM_STEP_NODELIST=a,b", NULL };
+        keel_cluster_slurm_options o2 = { .num_ps = 0, .env = e2 };
+        ck_assert_int_eq(keel_cluster_spec_from_slurm(&o2, &s), KEEL_OK);
+        ck_assert_str_eq(keel_cluster_spec_address(s, KEEL_TASK_WORKER, 1),
+                         "a:8889");
+        ck_assert_str_eq(keel_cluster_spec_address(s, KEEL_TASK_WORKER, 2),
+                         "b:8888");
+        ck_assert(keel_cluster_spec_is_chief(s));
+        keel_cluster_spec_free(s);
+    }
+}
+END_TEST
+
+START_TEST(test_slurm_errors_are_named_and_listed_together)
+{
+    keel_cluster_spec *s = NULL;
+    char *none[] = { NULL };
+    char *tpn[] = { "SLURM_PROCID=0", "SLURM_NTASKS=4",
+                    "SLURM_JOB_NODELIST=n[1-2]", "SLURM_TASKS_PER_NODE=3,2",
+                    NULL };
+    char *many_ps[] = { "SLURM_PROCID=0", "SLURM_NTASKS=2",
+                        "SLURM_JOB_NODELIST=n1", NULL };
+    keel_cluster_slurm_options o = { .num_ps = 0, .env = none };
+    ck_assert_int_eq(keel_cluster_spec_from_slurm(&o, &s), KEEL_EINVAL);
+    ck_assert_ptr_null(s);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "3 problems"));
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "SLURM_PROCID not set"));
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "SLURM_NTASKS not set"));
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "SLURM_JOB_NODELIST"));
+    o.env = tpn;
+    ck_assert_int_eq(keel_cluster_spec_from_slurm(&o, &s), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "sum to 5"));
+    o.env = many_ps;
+    o.num_ps = 2;
+    ck_assert_int_eq(keel_cluster_spec_from_slurm(&o, &s), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "leave no worker"));
+}
+END_TEST
+
+/* ---- wire: encode / decode ---------------------------------------------- */
+
+static keel__wire_limits no_limits;
+
+START_TEST(test_header_round_trip_keeps_every_field)
+{
+    keel__wire_header h = { .type = KEEL_MSG_TOKEN, .flags = KEEL_WIRE_F_REPLY,
+                            .request_id = 0x0102030405060708ull,
+                            .sender_type = KEEL_TASK_PS, .sender_index = 77,
+                            .generation = 0xfedcba9876543210ull,
+                            .global_step = -5, .local_step = 1ll << 40,
+                            .count = 3, .arg = 0xdeadbeef }, g;
+    unsigned char b[KEEL_WIRE_HEADER_SIZE];
+    keel__wire_header_encode(&h, b);
+    ck_assert(memcmp(b, "KEEL", 4) == 0);
+    ck_assert_int_eq(b[4], 1);      /* version, little endian */
+    ck_assert_int_eq(b[5], 0);
+    memset(&g, 0, sizeof g);
+    ck_assert_int_eq(keel__wire_header_decode(b, sizeof b, &g), KEEL_OK);
+    ck_assert_int_eq(g.type, h.type);
+    ck_assert_int_eq(g.flags, h.flags);
+    ck_assert(g.request_id == h.request_id);
+    ck_assert_int_eq(g.sender_type, h.sender_type);
+    ck_assert_int_eq(g.sender_index, h.sender_index);
+    ck_assert(g.generation == h.generation);
+    ck_assert(g.global_step == h.global_step);
+    ck_assert(g.local_step == h.local_step);
+    ck_assert_int_eq(g.count, h.count);
+    ck_assert_uint_eq(g.arg, h.arg);
+}
+END_TEST
+
+/* Send through an inproc PAIR and decode on the other end. */
+START_TEST(test_send_recv_round_trip_tensors_names_and_text)
+{
+    void *ctx = zmq_ctx_new(), *a = zmq_socket(ctx, ZMQ_PAIR),
+         *b = zmq_socket(ctx, ZMQ_PAIR);
+    keel_tensor t[5];
+    int64_t shapes[5][4] = { { 1 }, { 7 }, { 2, 3 }, { 2, 1, 3 },
+                             { 1, 2, 2, 2 } };
+    const char *names[5] = { "step_scale", "b", "layer/w", "x/y/z",
+                             "conv1/kernel" };
+    keel__wire_out outs[5];
+    keel__wire_header h = { .type = KEEL_MSG_PULL_REPLY, .global_step = 9 };
+    keel__wire_msg m;
+    keel__wire_pin pin;
+    keel__wire_pin_init(&pin);
+    ck_assert_int_eq(zmq_bind(a, "inproc://rt"), 0);
+    ck_assert_int_eq(zmq_connect(b, "inproc://rt"), 0);
+    for (int i = 0; i < 5; i++) {
+        ck_assert_int_eq(keel_tensor_alloc(&t[i], i, shapes[i]), KEEL_OK);
+        for (size_t k = 0; k < t[i].count; k++)
+            t[i].data[k] = (float)(i * 100 + (int)k) + 0.5f;
+        outs[i].name = names[i];
+        outs[i].t = &t[i];
+    }
+    ck_assert_int_eq(keel__wire_send(a, NULL, &h, outs, 5, "hi there", &pin),
+                     KEEL_OK);
+    ck_assert_int_eq(keel__wire_recv(b, 0, &no_limits, 2000, &m), KEEL_OK);
+    ck_assert_int_eq(m.h.type, KEEL_MSG_PULL_REPLY);
+    ck_assert_int_eq(m.h.global_step, 9);
+    ck_assert_int_eq(m.n, 5);
+    ck_assert_str_eq(m.text, "hi there");
+    for (int i = 0; i < 5; i++) {
+        ck_assert_str_eq(m.tensors[i].name, names[i]);
+        ck_assert(keel_shape_equal(m.tensors[i].t.ndim, m.tensors[i].t.shape,
+                                   t[i].ndim, t[i].shape));
+        ck_assert_int_eq(m.tensors[i].t.count, t[i].count);
+        ck_assert(memcmp(m.tensors[i].t.data, t[i].data,
+                         t[i].count * 4) == 0);
+        ck_assert_int_eq(m.tensors[i].t.is_owner, 0);
+    }
+    keel__wire_msg_clear(&m);
+    ck_assert_int_eq(keel__wire_pin_wait(&pin, 2000), KEEL_OK);
+
+    /* names only (a PULL) */
+    h.type = KEEL_MSG_PULL;
+    h.flags = KEEL_WIRE_F_NAMES_ONLY;
+    outs[0].t = NULL;
+    ck_assert_int_eq(keel__wire_send(a, NULL, &h, outs, 2, NULL, NULL),
+                     KEEL_OK);
+    ck_assert_int_eq(keel__wire_recv(b, 0, &no_limits, 2000, &m), KEEL_OK);
+    ck_assert_int_eq(m.n, 2);
+    ck_assert_str_eq(m.tensors[1].name, "b");
+    ck_assert_ptr_null(m.tensors[1].t.data);
+    ck_assert_ptr_null(m.text);
+    keel__wire_msg_clear(&m);
+    ck_assert_int_eq(keel__wire_recv(b, 0, &no_limits, 10, &m),
+                     KEEL_ETIMEOUT);
+    keel__wire_msg_clear(&m);
+    for (int i = 0; i < 5; i++)
+        keel_tensor_release(&t[i]);
+    zmq_close(a);
+    zmq_close(b);
+    zmq_ctx_term(ctx);
+    keel__wire_pin_destroy(&pin);
+}
+END_TEST
+
+/* A hand-built one-tensor message "w" [2,3] (or as mutated). */
+typedef struct raw {
+    unsigned char hdr[64];
+    size_t hdr_len;
+    unsigned char desc[400];
+    size_t desc_len;
+    unsigned char data[64];
+    size_t data_len;
+    size_t data_offset;       /* to misalign */
+    int n_frames;             /* 3 normally */
+    const char *extra;        /* a fourth frame (text) */
+} raw;
+
+static void
+raw_init(raw *r)
+{
+    keel__wire_header h = { .type = KEEL_MSG_PUSH, .count = 1 };
+    int64_t shape[2] = { 2, 3 };
+    memset(r, 0, sizeof *r);
+    keel__wire_header_encode(&h, r->hdr);
+    r->hdr_len = KEEL_WIRE_HEADER_SIZE;
+    r->desc_len = keel__wire_desc_encode("w", 2, shape, r->desc,
+                                         sizeof r->desc);
+    for (int i = 0; i < 6; i++) {
+        float f = (float)i + 0.25f;
+        memcpy(r->data + 4 * i, &f, 4);
+    }
+    r->data_len = 24;
+    r->n_frames = 3;
+}
+
+static void
+frame_set(zmq_msg_t *f, const void *p, size_t n)
+{
+    ck_assert_int_eq(zmq_msg_init_size(f, n), 0);
+    if (n)
+        memcpy(zmq_msg_data(f), p, n);
+}
+
+static void
+noop_free(void *d, void *h)
+{
+    (void)d;
+    (void)h;
+}
+
+static keel_status
+raw_decode(const raw *r, const keel__wire_limits *lim, keel__wire_msg *m)
+{
+    zmq_msg_t *f = calloc(5, sizeof *f);
+    int n = 0;
+    static unsigned char buf[128] __attribute__((aligned(64)));
+    if (r->n_frames >= 1)
+        frame_set(&f[n++], r->hdr, r->hdr_len);
+    if (r->n_frames >= 2)
+        frame_set(&f[n++], r->desc, r->desc_len);
+    if (r->n_frames >= 3) {
+        memcpy(buf + r->data_offset, r->data, r->data_len);
+        zmq_msg_init_data(&f[n++], buf + r->data_offset, r->data_len,
+                          noop_free, NULL);
+    }
+    if (r->extra)
+        frame_set(&f[n++], r->extra, strlen(r->extra));
+    keel__wire_msg_init(m);
+    return keel__wire_decode(f, (size_t)n, lim, m);
+}
+
+static void
+expect_corrupt(const raw *r, const keel__wire_limits *lim, const char *needle)
+{
+    keel__wire_msg m;
+    keel_status st = raw_decode(r, lim, &m);
+    keel__wire_msg_clear(&m);
+    ck_assert_msg(st == KEEL_ECORRUPT, "accepted (want '%s')", needle);
+    ck_assert_msg(strstr(keel_last_error(), needle) != NULL,
+                  "'%s' lacks '%s'", keel_last_error(), needle);
+}
+
+START_TEST(test_decode_rejects_every_malformed_class)
+{
+    raw r;
+    keel__wire_msg m;
+    keel__wire_limits lim = { 0 };
+    int64_t d2[2] = { 2, 3 };
+
+    raw_init(&r);                           /* the valid baseline */
+    ck_assert_int_eq(raw_decode(&r, &lim, &m), KEEL_OK);
+    ck_assert_str_eq(m.tensors[0].name, "w");
+    ck_assert(m.tensors[0].t.data[5] == 5.25f);
+    keel__wire_msg_clear(&m);
+
+    raw_init(&r); r.n_frames = 0;
+    expect_corrupt(&r, &lim, "empty message");
+    raw_init(&r); r.hdr_len = 55;
+    expect_corrupt(&r, &lim, "header frame is 55 bytes");
+    raw_init(&r); r.hdr[0] = 'X';
+    expect_corrupt(&r, &lim, "bad magic");
+    raw_init(&r); r.hdr[4] = 2;
+    expect_corrupt(&r, &lim, "wire version 2");
+    raw_init(&r); r.hdr[6] = 0;
+    expect_corrupt(&r, &lim, "unknown message type 0");
+    raw_init(&r); r.hdr[6] = 200;
+    expect_corrupt(&r, &lim, "unknown message type 200");
+    raw_init(&r); r.hdr[7] = 0x80;
+    expect_corrupt(&r, &lim, "unknown flags");
+    raw_init(&r); r.hdr[17] = 1;
+    expect_corrupt(&r, &lim, "reserved");
+    raw_init(&r); r.hdr[16] = 9;
+    expect_corrupt(&r, &lim, "sender task type 9");
+    raw_init(&r); r.hdr[48] = 0; r.hdr[50] = 2;      /* count 131072 */
+    expect_corrupt(&r, &lim, "131072 tensors (limit 65536)");
+    raw_init(&r); r.n_frames = 2;                   /* truncated */
+    expect_corrupt(&r, &lim, "2 frames for 1 tensor (expected 3)");
+    raw_init(&r); r.extra = "surplus";               /* extra frame */
+    expect_corrupt(&r, &lim, "4 frames for 1 tensor (expected 3)");
+    raw_init(&r); r.desc_len = 3;
+    expect_corrupt(&r, &lim, "descriptor of 3 bytes is truncated");
+    raw_init(&r); r.desc[2] = 2;
+    expect_corrupt(&r, &lim, "dtype 2");
+    raw_init(&r); r.desc[3] = 5;
+    expect_corrupt(&r, &lim, "ndim 5 > 4");
+    raw_init(&r); r.desc[0] = 0;
+    expect_corrupt(&r, &lim, "name length 0");
+    raw_init(&r); r.desc[0] = 44; r.desc[1] = 1;     /* 300 */
+    expect_corrupt(&r, &lim, "name length 300");
+    raw_init(&r); r.desc_len += 1;
+    expect_corrupt(&r, &lim, "descriptor is 22 bytes, expected 21");
+    raw_init(&r);
+    r.desc_len = keel__wire_desc_encode("../x", 2, d2, r.desc, sizeof r.desc);
+    expect_corrupt(&r, &lim, "invalid name");
+    raw_init(&r);
+    r.desc_len = keel__wire_desc_encode("ab", 2, d2, r.desc, sizeof r.desc);
+    r.desc[r.desc_len - 1] = '\0';                    /* "a\0" */
+    expect_corrupt(&r, &lim, "invalid name");
+    raw_init(&r);
+    {
+        int64_t z[2] = { 0, 3 }, neg[2] = { 2, -3 },
+                big[3] = { 1ll << 40, 1ll << 40, 1ll << 40 };
+        r.desc_len = keel__wire_desc_encode("w", 2, z, r.desc, sizeof r.desc);
+        expect_corrupt(&r, &lim, "dimension 0 is 0");
+        r.desc_len = keel__wire_desc_encode("w", 2, neg, r.desc,
+                                            sizeof r.desc);
+        expect_corrupt(&r, &lim, "dimension 1 is -3");
+        r.desc_len = keel__wire_desc_encode("w", 3, big, r.desc,
+                                            sizeof r.desc);
+        expect_corrupt(&r, &lim, "element count overflows");
+    }
+    raw_init(&r); r.data_len = 20;
+    expect_corrupt(&r, &lim, "data frame is 20 bytes, shape needs 6 x 4");
+    raw_init(&r);
+    lim.max_total_bytes = 16;
+    expect_corrupt(&r, &lim, "tensor data exceeds 16 bytes");
+    lim.max_total_bytes = 0;
+    raw_init(&r); r.hdr[7] = KEEL_WIRE_F_TEXT; r.extra = "x";
+    lim.max_text = 0;
+    ck_assert_int_eq(raw_decode(&r, &lim, &m), KEEL_OK);
+    ck_assert_str_eq(m.text, "x");
+    keel__wire_msg_clear(&m);
+    lim.max_text = 0;
+    {
+        keel__wire_limits small = { .max_text = 3 };
+        r.extra = "longer";
+        expect_corrupt(&r, &small, "text of 6 bytes (limit 3)");
+    }
+    raw_init(&r); r.hdr[7] = KEEL_WIRE_F_NAMES_ONLY;  /* names-only: 2 frames */
+    expect_corrupt(&r, &lim, "3 frames for 1 tensor (expected 2)");
+}
+END_TEST
+
+START_TEST(test_decode_copies_misaligned_data_only)
+{
+    raw r;
+    keel__wire_msg m;
+    keel__wire_limits lim = { 0 };
+    raw_init(&r);
+    r.data_offset = 1;
+    ck_assert_int_eq(raw_decode(&r, &lim, &m), KEEL_OK);
+    ck_assert_int_eq(m.n_copies, 1);
+    ck_assert_int_eq((uintptr_t)m.tensors[0].t.data % KEEL_TENSOR_ALIGN, 0);
+    ck_assert(m.tensors[0].t.data[2] == 2.25f);
+    keel__wire_msg_clear(&m);
+    r.data_offset = 0;
+    ck_assert_int_eq(raw_decode(&r, &lim, &m), KEEL_OK);
+    ck_assert_int_eq(m.n_copies, 0);
+    keel__wire_msg_clear(&m);
+}
+END_TEST
+
+START_TEST(test_recv_drains_and_rejects_too_many_frames)
+{
+    void *ctx = zmq_ctx_new(), *a = zmq_socket(ctx, ZMQ_PAIR),
+         *b = zmq_socket(ctx, ZMQ_PAIR);
+    keel__wire_limits lim = { .max_tensors = 2 };
+    keel__wire_msg m;
+    keel__wire_header h = { .type = KEEL_MSG_HEARTBEAT };
+    ck_assert_int_eq(zmq_bind(a, "inproc://many"), 0);
+    ck_assert_int_eq(zmq_connect(b, "inproc://many"), 0);
+    for (int i = 0; i < 50; i++)
+        zmq_send(a, "x", 1, i < 49 ? ZMQ_SNDMORE : 0);
+    ck_assert_int_eq(keel__wire_recv(b, 0, &lim, 2000, &m), KEEL_ECORRUPT);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "more than 7 frames"));
+    keel__wire_msg_clear(&m);
+    /* the stream is still in sync: the next message decodes */
+    ck_assert_int_eq(keel__wire_send(a, NULL, &h, NULL, 0, NULL, NULL),
+                     KEEL_OK);
+    ck_assert_int_eq(keel__wire_recv(b, 0, &lim, 2000, &m), KEEL_OK);
+    ck_assert_int_eq(m.h.type, KEEL_MSG_HEARTBEAT);
+    keel__wire_msg_clear(&m);
+    zmq_close(a);
+    zmq_close(b);
+    zmq_ctx_term(ctx);
+}
+END_TEST
+
+/* ---- a live server ------------------------------------------------------ */
+
+typedef struct server {
+    keel_vars *vars;
+    keel__ps *ps;
+    pthread_t th;
+    atomic_int stop;
+    keel_status result;
+} server;
+
+static void *
+server_main(void *arg)
+{
+    server *sv = arg;
+    sv->result = keel__ps_run(sv->ps, &sv->stop);
+    return NULL;
+}
+
+static void
+server_start(server *sv, const keel__curve *curve,
+             const keel__wire_limits *lim)
+{
+    int64_t ws[2] = { 2, 3 }, bs[1] = { 3 };
+    keel_var *w, *b;
+    keel__ps_config cfg = { .bind = "tcp://127.0.0.1:*", .curve = curve };
+    memset(sv, 0, sizeof *sv);
+    ck_assert_int_eq(keel_vars_new(&sv->vars), KEEL_OK);
+    ck_assert_int_eq(keel_vars_create(sv->vars, "layer/w", 2, ws,
+                                      KEEL_VAR_TRAINABLE, &w), KEEL_OK);
+    ck_assert_int_eq(keel_vars_create(sv->vars, "layer/b", 1, bs,
+                                      KEEL_VAR_TRAINABLE, &b), KEEL_OK);
+    for (int i = 0; i < 6; i++)
+        keel_var_tensor(w)->data[i] = (float)i;
+    for (int i = 0; i < 3; i++)
+        keel_var_tensor(b)->data[i] = 10.0f + (float)i;
+    cfg.vars = sv->vars;
+    if (lim)
+        cfg.limits = *lim;
+    ck_assert_int_eq(keel__ps_new(&cfg, &sv->ps), KEEL_OK);
+    ck_assert_int_eq(strncmp(keel__ps_endpoint(sv->ps), "tcp://127.0.0.1:",
+                             16), 0);
+    atomic_store(&sv->stop, 0);
+    ck_assert_int_eq(pthread_create(&sv->th, NULL, server_main, sv), 0);
+}
+
+static void
+server_join(server *sv)
+{
+    atomic_store(&sv->stop, 1);
+    pthread_join(sv->th, NULL);
+}
+
+static void
+server_free(server *sv)
+{
+    keel__ps_free(sv->ps);
+    keel_vars_free(sv->vars);
+}
+
+static void
+server_stop(server *sv)
+{
+    server_join(sv);
+    server_free(sv);
+}
+
+/* PULL everything through c and check w[i] = w0 + i, b[i] = b0 + i. */
+static void
+check_pull(keel__wire_client *c, float w0, float b0)
+{
+    keel__wire_header h = { .type = KEEL_MSG_PULL,
+                            .flags = KEEL_WIRE_F_NAMES_ONLY };
+    keel__wire_msg r;
+    ck_assert_msg(keel__wire_client_call(c, &h, NULL, 0, 0, 3000, &r) ==
+                  KEEL_OK, "%s", keel_last_error());
+    ck_assert_int_eq(r.h.type, KEEL_MSG_PULL_REPLY);
+    ck_assert_int_eq(r.n, 2);
+    ck_assert_str_eq(r.tensors[0].name, "layer/w");
+    ck_assert_int_eq(r.tensors[0].t.count, 6);
+    for (int i = 0; i < 6; i++)
+        ck_assert_float_eq(r.tensors[0].t.data[i], w0 + (float)i);
+    ck_assert_str_eq(r.tensors[1].name, "layer/b");
+    for (int i = 0; i < 3; i++)
+        ck_assert_float_eq(r.tensors[1].t.data[i], b0 + (float)i);
+    keel__wire_msg_clear(&r);
+}
+
+/* Raw DEALER: send frames, return the reply (ERROR expected) or timeout. */
+static keel_status
+raw_call(void *sock, zmq_msg_t *frames, int n, keel__wire_msg *reply,
+         int timeout_ms)
+{
+    keel__wire_limits lim = { 0 };
+    for (int i = 0; i < n; i++)
+        ck_assert_int_ge(zmq_msg_send(&frames[i], sock,
+                                      i + 1 < n ? ZMQ_SNDMORE : 0), 0);
+    return keel__wire_recv(sock, 0, &lim, timeout_ms, reply);
+}
+
+static void
+expect_error_reply(void *sock, const raw *r, keel_status code,
+                   const char *needle)
+{
+    zmq_msg_t f[4];
+    int n = 0;
+    keel__wire_msg m;
+    if (r->n_frames >= 1)
+        frame_set(&f[n++], r->hdr, r->hdr_len);
+    if (r->n_frames >= 2)
+        frame_set(&f[n++], r->desc, r->desc_len);
+    if (r->n_frames >= 3)
+        frame_set(&f[n++], r->data, r->data_len);
+    if (r->extra)
+        frame_set(&f[n++], r->extra, strlen(r->extra));
+    ck_assert_int_eq(raw_call(sock, f, n, &m, 3000), KEEL_OK);
+    ck_assert_int_eq(m.h.type, KEEL_MSG_ERROR);
+    ck_assert_int_eq(m.h.arg, code);
+    ck_assert_ptr_nonnull(m.text);
+    ck_assert_msg(strstr(m.text, needle) != NULL, "'%s' lacks '%s'", m.text,
+                  needle);
+    keel__wire_msg_clear(&m);
+}
+
+START_TEST(test_live_server_survives_garbage_and_serves_others)
+{
+    server sv;
+    keel__wire_limits lim = { .max_total_bytes = 1 << 20 };
+    keel__wire_client *good_c;
+    void *zctx = zmq_ctx_new(), *bad = zmq_socket(zctx, ZMQ_DEALER);
+    int zero = 0;
+    keel_tensor gw, gb;
+    int64_t ws[2] = { 2, 3 }, bs[1] = { 3 }, wrong[2] = { 3, 2 };
+    keel__wire_out push[2];
+    keel__wire_header h;
+    keel__wire_msg r;
+    raw rw;
+    long rejected;
+
+    server_start(&sv, NULL, &lim);
+    zmq_setsockopt(bad, ZMQ_LINGER, &zero, sizeof zero);
+    ck_assert_int_eq(zmq_connect(bad, keel__ps_endpoint(sv.ps)), 0);
+    ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps), NULL,
+                                           KEEL_TASK_WORKER, 0, &good_c),
+                     KEEL_OK);
+
+    /* garbage: one frame of junk */
+    {
+        zmq_msg_t f;
+        frame_set(&f, "GET / HTTP/1.0\r\n", 16);
+        ck_assert_int_eq(raw_call(bad, &f, 1, &r, 3000), KEEL_OK);
+        ck_assert_int_eq(r.h.type, KEEL_MSG_ERROR);
+        ck_assert_int_eq(r.h.arg, KEEL_ECORRUPT);
+        ck_assert_ptr_nonnull(strstr(r.text, "header frame is 16 bytes"));
+        keel__wire_msg_clear(&r);
+    }
+    check_pull(good_c, 0.0f, 10.0f);
+    /* truncated: header says one tensor, no tensor frames */
+    raw_init(&rw);
+    rw.n_frames = 1;
+    expect_error_reply(bad, &rw, KEEL_ECORRUPT, "1 frames for 1 tensor");
+    /* wrong shape */
+    raw_init(&rw);
+    rw.desc_len = keel__wire_desc_encode("layer/w", 2, wrong, rw.desc,
+                                         sizeof rw.desc);
+    expect_error_reply(bad, &rw, KEEL_EINVAL, "shape [2,3] on ps 0, message "
+                       "has [3,2]");
+    /* unknown variable */
+    raw_init(&rw);
+    expect_error_reply(bad, &rw, KEEL_ENOTFOUND, "no variable 'w'");
+    /* size mismatch between shape and data */
+    raw_init(&rw);
+    rw.desc_len = keel__wire_desc_encode("layer/w", 2, ws, rw.desc,
+                                         sizeof rw.desc);
+    rw.data_len = 8;
+    expect_error_reply(bad, &rw, KEEL_ECORRUPT, "data frame is 8 bytes");
+    /* a reply type sent as a request */
+    raw_init(&rw);
+    rw.hdr[6] = KEEL_MSG_STEP;
+    rw.hdr[7] = KEEL_WIRE_F_REPLY;
+    rw.hdr[48] = 0;
+    rw.n_frames = 1;
+    expect_error_reply(bad, &rw, KEEL_EINVAL, "a reply");
+
+    /* the good client pushes; values are summed, the step advances */
+    ck_assert_int_eq(keel_tensor_alloc(&gw, 2, ws), KEEL_OK);
+    ck_assert_int_eq(keel_tensor_alloc(&gb, 1, bs), KEEL_OK);
+    for (int i = 0; i < 6; i++)
+        gw.data[i] = 100.0f;
+    for (int i = 0; i < 3; i++)
+        gb.data[i] = -10.0f;
+    push[0] = (keel__wire_out){ "layer/w", &gw };
+    push[1] = (keel__wire_out){ "layer/b", &gb };
+    memset(&h, 0, sizeof h);
+    h.type = KEEL_MSG_PUSH;
+    ck_assert_int_eq(keel__wire_client_call(good_c, &h, push, 2, 1, 3000, &r),
+                     KEEL_OK);
+    ck_assert_int_eq(r.h.type, KEEL_MSG_PUSH_ACK);
+    ck_assert_int_eq(r.h.global_step, 1);
+    ck_assert_int_eq(r.h.sender_type, KEEL_TASK_PS);
+    keel__wire_msg_clear(&r);
+    check_pull(good_c, 100.0f, 0.0f);
+
+    /* oversized: one 2 MiB frame exceeds ZMQ_MAXMSGSIZE (1 MiB): the
+     * connection is dropped, no reply; then a 2-tensor message under the
+     * per-frame cap but over the total cap gets an ERROR. */
+    {
+        size_t big = 2u << 20;
+        char *junk = calloc(1, big);
+        zmq_msg_t f[3];
+        raw_init(&rw);
+        frame_set(&f[0], rw.hdr, rw.hdr_len);
+        frame_set(&f[1], rw.desc, rw.desc_len);
+        frame_set(&f[2], junk, big);
+        ck_assert_int_eq(raw_call(bad, f, 3, &r, 300), KEEL_ETIMEOUT);
+        keel__wire_msg_clear(&r);
+        free(junk);
+    }
+    check_pull(good_c, 100.0f, 0.0f);
+    {
+        void *bad2 = zmq_socket(zctx, ZMQ_DEALER);
+        keel__wire_header hh = { .type = KEEL_MSG_PUSH };
+        int64_t s1[1] = { 150000 };            /* 600 kB each */
+        keel_tensor a1, a2;
+        keel__wire_out o2[2];
+        zmq_setsockopt(bad2, ZMQ_LINGER, &zero, sizeof zero);
+        ck_assert_int_eq(zmq_connect(bad2, keel__ps_endpoint(sv.ps)), 0);
+        ck_assert_int_eq(keel_tensor_alloc(&a1, 1, s1), KEEL_OK);
+        ck_assert_int_eq(keel_tensor_alloc(&a2, 1, s1), KEEL_OK);
+        o2[0] = (keel__wire_out){ "layer/w", &a1 };
+        o2[1] = (keel__wire_out){ "layer/b", &a2 };
+        ck_assert_int_eq(keel__wire_send(bad2, NULL, &hh, o2, 2, NULL, NULL),
+                         KEEL_OK);
+        ck_assert_int_eq(keel__wire_recv(bad2, 0, &no_limits, 3000, &r),
+                         KEEL_OK);
+        ck_assert_int_eq(r.h.type, KEEL_MSG_ERROR);
+        ck_assert_ptr_nonnull(strstr(r.text, "exceeds 1048576 bytes"));
+        keel__wire_msg_clear(&r);
+        keel_tensor_release(&a1);
+        keel_tensor_release(&a2);
+        zmq_close(bad2);
+    }
+
+    /* STEP, HELLO, HEARTBEAT, INIT answer as they should */
+    memset(&h, 0, sizeof h);
+    h.type = KEEL_MSG_STEP;
+    ck_assert_int_eq(keel__wire_client_call(good_c, &h, NULL, 0, 0, 3000, &r),
+                     KEEL_OK);
+    ck_assert_int_eq(r.h.type, KEEL_MSG_STEP);
+    ck_assert_int_eq(r.h.flags & KEEL_WIRE_F_REPLY, KEEL_WIRE_F_REPLY);
+    ck_assert_int_eq(r.h.global_step, 1);
+    keel__wire_msg_clear(&r);
+    h.type = KEEL_MSG_HELLO;
+    ck_assert_int_eq(keel__wire_client_call(good_c, &h, NULL, 0, 0, 3000, &r),
+                     KEEL_OK);
+    ck_assert_int_eq(r.h.type, KEEL_MSG_READY);
+    keel__wire_msg_clear(&r);
+    h.type = KEEL_MSG_INIT;
+    h.global_step = 42;
+    for (int i = 0; i < 6; i++)
+        gw.data[i] = 7.0f + (float)i;
+    ck_assert_int_eq(keel__wire_client_call(good_c, &h, push, 1, 1, 3000, &r),
+                     KEEL_OK);
+    ck_assert_int_eq(r.h.global_step, 42);
+    keel__wire_msg_clear(&r);
+    check_pull(good_c, 7.0f, 0.0f);
+
+    /* SHUTDOWN ends the serving loop */
+    memset(&h, 0, sizeof h);
+    h.type = KEEL_MSG_SHUTDOWN;
+    ck_assert_int_eq(keel__wire_client_call(good_c, &h, NULL, 0, 0, 3000, &r),
+                     KEEL_OK);
+    ck_assert_int_eq(r.h.type, KEEL_MSG_SHUTDOWN);
+    keel__wire_msg_clear(&r);
+    pthread_join(sv.th, NULL);
+    ck_assert_int_eq(sv.result, KEEL_OK);
+    rejected = keel__ps_rejected(sv.ps);
+    ck_assert_int_eq(rejected, 7);
+    server_free(&sv);
+
+    keel_tensor_release(&gw);
+    keel_tensor_release(&gb);
+    keel__wire_client_free(good_c);
+    zmq_close(bad);
+    zmq_ctx_term(zctx);
+}
+END_TEST
+
+START_TEST(test_pull_of_named_and_unknown_variables)
+{
+    server sv;
+    keel__wire_client *c;
+    keel__wire_out names[2] = { { "layer/b", NULL }, { "nope", NULL } };
+    keel__wire_header h = { .type = KEEL_MSG_PULL,
+                            .flags = KEEL_WIRE_F_NAMES_ONLY };
+    keel__wire_msg r;
+    server_start(&sv, NULL, NULL);
+    ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps), NULL,
+                                           KEEL_TASK_WORKER, 1, &c), KEEL_OK);
+    ck_assert_int_eq(keel__wire_client_call(c, &h, names, 1, 0, 3000, &r),
+                     KEEL_OK);
+    ck_assert_int_eq(r.n, 1);
+    ck_assert_str_eq(r.tensors[0].name, "layer/b");
+    ck_assert_float_eq(r.tensors[0].t.data[2], 12.0f);
+    keel__wire_msg_clear(&r);
+    ck_assert_int_eq(keel__wire_client_call(c, &h, names, 2, 0, 3000, &r),
+                     KEEL_EPEER);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "no variable 'nope'"));
+    keel__wire_msg_clear(&r);
+    /* PUSH with F_WANT_VALUES: the ack carries the updated variable */
+    {
+        keel_tensor g;
+        int64_t bs[1] = { 3 };
+        keel__wire_out o = { "layer/b", &g };
+        keel__wire_header ph = { .type = KEEL_MSG_PUSH,
+                                 .flags = KEEL_WIRE_F_WANT_VALUES };
+        ck_assert_int_eq(keel_tensor_alloc(&g, 1, bs), KEEL_OK);
+        for (int i = 0; i < 3; i++)
+            g.data[i] = 0.5f;
+        ck_assert_int_eq(keel__wire_client_call(c, &ph, &o, 1, 1, 3000, &r),
+                         KEEL_OK);
+        ck_assert_int_eq(r.h.type, KEEL_MSG_PUSH_ACK);
+        ck_assert_int_eq(r.n, 1);
+        ck_assert_str_eq(r.tensors[0].name, "layer/b");
+        for (int i = 0; i < 3; i++)
+            ck_assert_float_eq(r.tensors[0].t.data[i], 10.5f + (float)i);
+        keel__wire_msg_clear(&r);
+        keel_tensor_release(&g);
+    }
+    names[1].name = "layer/b";              /* duplicate */
+    ck_assert_int_eq(keel__wire_client_call(c, &h, names, 2, 0, 3000, &r),
+                     KEEL_EPEER);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "given twice"));
+    keel__wire_msg_clear(&r);
+    keel__wire_client_free(c);
+    server_stop(&sv);
+}
+END_TEST
+
+/* ---- CURVE -------------------------------------------------------------- */
+
+START_TEST(test_keygen_writes_pair_with_modes_and_never_overwrites)
+{
+    char dir[4200], pub[41], path[4300], loaded[41];
+    struct stat sb;
+    keel__curve c;
+    snprintf(dir, sizeof dir, "%s/keys/sub", tu_dir);
+    ck_assert_int_eq(keel_cluster_keygen(dir, "ps0", pub), KEEL_OK);
+    ck_assert_int_eq(strlen(pub), 40);
+    snprintf(path, sizeof path, "%s/ps0.key_secret", dir);
+    ck_assert_int_eq(stat(path, &sb), 0);
+    ck_assert_int_eq(sb.st_mode & 0777, 0600);
+    snprintf(path, sizeof path, "%s/ps0.key", dir);
+    ck_assert_int_eq(stat(path, &sb), 0);
+    ck_assert_int_eq(sb.st_mode & 0777, 0644);
+    ck_assert_int_eq(keel__curve_read_public(path, loaded), KEEL_OK);
+    ck_assert_str_eq(loaded, pub);
+    memset(&c, 0, sizeof c);
+    ck_assert_int_eq(keel__curve_load(&c, dir, "ps0"), KEEL_OK);
+    ck_assert_str_eq(c.public_key, pub);
+    ck_assert(c.enabled);
+    keel__curve_clear(&c);
+    ck_assert_int_eq(keel_cluster_keygen(dir, "ps0", NULL), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "already exists"));
+    ck_assert_int_eq(keel_cluster_keygen(dir, "../evil", NULL), KEEL_EINVAL);
+    ck_assert_int_eq(keel_cluster_keygen(dir, "", NULL), KEEL_EINVAL);
+    /* a secret readable by others is refused */
+    snprintf(path, sizeof path, "%s/ps0.key_secret", dir);
+    ck_assert_int_eq(chmod(path, 0644), 0);
+    ck_assert_int_eq(keel__curve_load(&c, dir, "ps0"), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "chmod 600"));
+    ck_assert_ptr_null(strstr(keel_last_error(), c.secret_key[0] ?
+                              c.secret_key : "\x01"));
+    keel__curve_clear(&c);
+    /* a corrupt public key file */
+    snprintf(path, sizeof path, "%s/junk.key", dir);
+    tu_write_file(path, "short\n", 6);
+    ck_assert_int_eq(keel__curve_read_public(path, loaded), KEEL_EINVAL);
+}
+END_TEST
+
+START_TEST(test_curve_admits_allowed_keys_only)
+{
+    char keys[4200], allowed[4200], path[4300];
+    keel__curve srv, ok_c, bad_c;
+    server sv;
+    keel__wire_client *c1, *c2, *c3;
+    keel__wire_header h = { .type = KEEL_MSG_PULL,
+                            .flags = KEEL_WIRE_F_NAMES_ONLY };
+    keel__wire_msg r;
+    char pub[41];
+
+    snprintf(keys, sizeof keys, "%s/keys", tu_dir);
+    snprintf(allowed, sizeof allowed, "%s/allowed", tu_dir);
+    ck_assert_int_eq(keel_cluster_keygen(keys, "server", NULL), KEEL_OK);
+    ck_assert_int_eq(keel_cluster_keygen(keys, "good", NULL), KEEL_OK);
+    ck_assert_int_eq(keel_cluster_keygen(keys, "stranger", NULL), KEEL_OK);
+    ck_assert_int_eq(keel_cluster_keygen(allowed, "good", pub), KEEL_OK);
+    memset(&srv, 0, sizeof srv);
+    memset(&ok_c, 0, sizeof ok_c);
+    memset(&bad_c, 0, sizeof bad_c);
+    ck_assert_int_eq(keel__curve_load(&srv, keys, "server"), KEEL_OK);
+    /* the allowed dir holds good's public key (and its own secret, which
+     * the server ignores): use the key pair written there. */
+    ck_assert_int_eq(keel__curve_allow_dir(&srv, allowed), KEEL_OK);
+    ck_assert_int_eq(srv.n_allowed, 1);
+    ck_assert_int_eq(keel__curve_load(&ok_c, allowed, "good"), KEEL_OK);
+    ck_assert_int_eq(keel__curve_load(&bad_c, keys, "stranger"), KEEL_OK);
+    memcpy(ok_c.server_key, srv.public_key, KEEL_Z85_KEY);
+    memcpy(bad_c.server_key, srv.public_key, KEEL_Z85_KEY);
+
+    server_start(&sv, &srv, NULL);
+    ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps), &ok_c,
+                                           KEEL_TASK_WORKER, 0, &c1), KEEL_OK);
+    ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps), &bad_c,
+                                           KEEL_TASK_WORKER, 1, &c2), KEEL_OK);
+    ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps), NULL,
+                                           KEEL_TASK_WORKER, 2, &c3), KEEL_OK);
+    check_pull(c1, 0.0f, 10.0f);
+    ck_assert_int_eq(keel__wire_client_call(c2, &h, NULL, 0, 0, 400, &r),
+                     KEEL_ETIMEOUT);
+    keel__wire_msg_clear(&r);
+    ck_assert_int_eq(keel__wire_client_call(c3, &h, NULL, 0, 0, 400, &r),
+                     KEEL_ETIMEOUT);
+    keel__wire_msg_clear(&r);
+    /* the stranger cannot push either, and nothing changed */
+    {
+        keel_tensor g;
+        int64_t bs[1] = { 3 };
+        keel__wire_out o = { "layer/b", &g };
+        keel__wire_header ph = { .type = KEEL_MSG_PUSH };
+        ck_assert_int_eq(keel_tensor_alloc(&g, 1, bs), KEEL_OK);
+        g.data[0] = 1000.0f;
+        ck_assert_int_eq(keel__wire_client_call(c2, &ph, &o, 1, 0, 400, &r),
+                         KEEL_ETIMEOUT);
+        keel__wire_msg_clear(&r);
+        keel_tensor_release(&g);
+    }
+    check_pull(c1, 0.0f, 10.0f);
+    keel__wire_client_free(c1);
+    keel__wire_client_free(c2);
+    keel__wire_client_free(c3);
+    server_join(&sv);
+    ck_assert_int_eq(keel__ps_served(sv.ps), 2);    /* only c1's pulls */
+    ck_assert_int_eq(keel__ps_rejected(sv.ps), 0);
+    server_free(&sv);
+    keel__curve_clear(&srv);
+    keel__curve_clear(&ok_c);
+    keel__curve_clear(&bad_c);
+    (void)path;
+}
+END_TEST
+
+/* ---- CLI ---------------------------------------------------------------- */
+
+START_TEST(test_cli_keygen)
+{
+    const char *dir = tu_path("clikeys");
+    char path[4300];
+    struct stat sb;
+    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
+                             "keygen", "--help", NULL), 0);
+    ck_assert_ptr_nonnull(strstr(out, "usage: keel keygen"));
+    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
+                             "keygen", NULL), 2);
+    ck_assert_ptr_nonnull(strstr(err, "keel: keygen: missing DIR"));
+    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
+                             "keygen", dir, "--name", "w3", NULL), 0);
+    ck_assert_ptr_nonnull(strstr(out, "public key: "));
+    snprintf(path, sizeof path, "%s/w3.key_secret", dir);
+    ck_assert_int_eq(stat(path, &sb), 0);
+    ck_assert_int_eq(sb.st_mode & 0777, 0600);
+    {
+        char *secret = tu_read_file(path, NULL);
+        secret[40] = '\0';
+        ck_assert_ptr_null(strstr(out, secret));   /* never printed */
+        ck_assert_ptr_null(strstr(err, secret));
+        free(secret);
+    }
+    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
+                             "keygen", dir, "--name", "w3", NULL), 2);
+    ck_assert_ptr_nonnull(strstr(err, "already exists"));
+    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
+                             "keygen", dir, "--bogus", NULL), 2);
+}
+END_TEST
+
+static Suite *
+cluster_suite(void)
+{
+    Suite *s = suite_create("cluster");
+    TCase *spec = tcase_create("spec"), *wire = tcase_create("wire"),
+          *live = tcase_create("live"), *sec = tcase_create("security");
+    tcase_add_test(spec, test_tf_config_full_cluster_reads_every_job_and_the_task);
+    tcase_add_test(spec, test_tf_config_master_is_chief_and_keel_keys_are_read);
+    tcase_add_test(spec, test_tf_config_without_chief_worker_0_is_chief);
+    tcase_add_test(spec, test_tf_config_evaluator_is_outside_the_training_cluster);
+    tcase_add_test(spec, test_tf_config_local_mode);
+    tcase_add_test(spec, test_tf_config_sparse_jobs_are_ordered_and_must_be_dense);
+    tcase_add_test(spec, test_tf_config_each_bad_input_is_named);
+    tcase_add_test(spec, test_tf_config_lists_every_problem_at_once);
+    tcase_add_test(spec, test_tf_config_size_is_bounded);
+    tcase_add_test(spec, test_tf_config_from_env);
+    tcase_add_test(spec, test_tf_config_generator_round_trips);
+    tcase_add_test(spec, test_format_summarises_the_cluster);
+    tcase_add_test(spec, test_explicit_lists_from_ini_values);
+    tcase_add_test(spec, test_slurm_hostlist_expansion);
+    tcase_add_test(spec, test_slurm_ranks_map_to_ps_then_workers);
+    tcase_add_test(spec, test_slurm_errors_are_named_and_listed_together);
+    suite_add_tcase(s, spec);
+    tcase_add_test(wire, test_header_round_trip_keeps_every_field);
+    tcase_add_test(wire, test_send_recv_round_trip_tensors_names_and_text);
+    tcase_add_test(wire, test_decode_rejects_every_malformed_class);
+    tcase_add_test(wire, test_decode_copies_misaligned_data_only);
+    tcase_add_test(wire, test_recv_drains_and_rejects_too_many_frames);
+    suite_add_tcase(s, wire);
+    tcase_set_timeout(live, 20);
+    tcase_add_test(live, test_live_server_survives_garbage_and_serves_others);
+    tcase_add_test(live, test_pull_of_named_and_unknown_variables);
+    suite_add_tcase(s, live);
+    tcase_add_checked_fixture(sec, tu_setup, tu_teardown);
+    tcase_set_timeout(sec, 20);
+    tcase_add_test(sec, test_keygen_writes_pair_with_modes_and_never_overwrites);
+    tcase_add_test(sec, test_curve_admits_allowed_keys_only);
+    tcase_add_test(sec, test_cli_keygen);
+    suite_add_tcase(s, sec);
+    return s;
+}
+
+KEEL_TEST_MAIN(cluster_suite)
