@@ -38,8 +38,9 @@ typedef struct ck_plan {
 } ck_plan;
 
 /* Write plan as a complete, durable file at path (temp file, fsync,
- * rename, fsync dir). On failure nothing is left behind at path. */
-keel_status keel__ckpt_write_file(const ck_plan *p, const char *path);
+ * rename, fsync dir); fills in the items' hashes. On failure nothing is
+ * left behind at path. */
+keel_status keel__ckpt_write_file(ck_plan *p, const char *path);
 
 /* One dataset found in a file, with where its raw bytes are. */
 typedef struct ck_dset {

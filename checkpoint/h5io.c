@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -20,6 +21,7 @@
 #define CK_ALIGN_THRESHOLD ((hsize_t)64 << 10)
 #define CK_ALIGN ((hsize_t)4096)
 #define CK_IO_CHUNK ((size_t)8 << 20)
+#define CK_LATE_HASH_BYTES ((size_t)32 << 20)
 
 /* Lock HDF5 and switch its error printing off (libkeel never prints). */
 static void
@@ -266,14 +268,78 @@ out:
     return st;
 }
 
+/* Fill in the xxh64 attributes once the checksums are known. */
+static keel_status
+write_hashes(const ck_plan *p, const char *tmp)
+{
+    char h5name[2 * KEEL_NAME_MAX + 32];
+    hid_t fapl, f = -1;
+    keel_status st = KEEL_OK;
+
+    h5_begin();
+    fapl = file_access_plist();
+    if (fapl >= 0)
+        f = H5Fopen(tmp, H5F_ACC_RDWR, fapl);
+    if (f < 0) {
+        st = keel__fail(KEEL_EIO, "cannot reopen %s to record checksums",
+                        tmp);
+        goto out;
+    }
+    for (size_t i = 0; i < p->n; i++) {
+        const ck_item *it = &p->items[i];
+        hid_t d, a = -1;
+        int ok;
+        if (it->slot == NULL)
+            snprintf(h5name, sizeof h5name, "/variables/%s", it->name);
+        else
+            snprintf(h5name, sizeof h5name, "/slots/%s/%s", it->slot,
+                     it->name);
+        d = H5Dopen2(f, h5name, H5P_DEFAULT);
+        if (d >= 0)
+            a = H5Aopen(d, "xxh64", H5P_DEFAULT);
+        ok = a >= 0 && H5Awrite(a, H5T_NATIVE_UINT64, &it->hash) >= 0;
+        h5_close_id(a);
+        h5_close_id(d);
+        if (!ok) {
+            st = keel__fail(KEEL_EIO, "cannot record the checksum of %s in "
+                            "%s", h5name, tmp);
+            goto out;
+        }
+    }
+out:
+    if (f >= 0 && H5Fclose(f) < 0 && st == KEEL_OK)
+        st = keel__fail(KEEL_EIO, "HDF5 could not close %s", tmp);
+    h5_close_id(fapl);
+    h5_end();
+    return st;
+}
+
+typedef struct flush_job {
+    int fd;
+} flush_job;
+
+/* Start writing the data back while the checksums are computed; the
+ * final fsync (through keel__fs) is what makes the file durable. */
+static void *
+flush_main(void *arg)
+{
+    flush_job *j = arg;
+    fdatasync(j->fd);
+    return NULL;
+}
+
 keel_status
-keel__ckpt_write_file(const ck_plan *p, const char *path)
+keel__ckpt_write_file(ck_plan *p, const char *path)
 {
     char tmp[KEEL_PATH_MAX];
     w_piece *pieces;
     keel_status st;
     int fd = -1;
     size_t np = p->n + p->n_blobs;
+    pthread_t flusher;
+    flush_job job;
+    int flushing = 0, late;
+    size_t total = 0;
 
     st = keel__fs_tmp_name(tmp, sizeof tmp, path);
     if (st != KEEL_OK)
@@ -282,6 +348,15 @@ keel__ckpt_write_file(const ck_plan *p, const char *path)
     if (pieces == NULL)
         return keel__fail(KEEL_ENOMEM, "checkpoint %s: no memory for %zu "
                           "datasets", path, np);
+    /* Small checkpoints: checksums first (cheaper than the extra flush
+     * and reopen). Large ones: checksums while the data is written back,
+     * recorded afterwards. */
+    for (size_t i = 0; i < p->n; i++)
+        total += p->items[i].bytes;
+    late = total >= CK_LATE_HASH_BYTES;
+    for (size_t i = 0; i < p->n; i++)
+        p->items[i].hash = late ? 0 : XXH64(p->items[i].data,
+                                            p->items[i].bytes, 0);
     st = write_structure(p, tmp, pieces);
     if (st != KEEL_OK)
         goto fail;
@@ -308,6 +383,18 @@ keel__ckpt_write_file(const ck_plan *p, const char *path)
         if (st != KEEL_OK)
             goto fail;
     }
+    if (late) {
+        job.fd = fd;
+        flushing = pthread_create(&flusher, NULL, flush_main, &job) == 0;
+        for (size_t i = 0; i < p->n; i++)
+            p->items[i].hash = XXH64(p->items[i].data, p->items[i].bytes, 0);
+        if (flushing)
+            pthread_join(flusher, NULL);
+        flushing = 0;
+        st = write_hashes(p, tmp);
+        if (st != KEEL_OK)
+            goto fail;
+    }
     if (keel__fs->fsync(fd) != 0) {
         st = keel__fail(KEEL_EIO, "fsync %s: %s", tmp, strerror(errno));
         goto fail;
@@ -322,6 +409,8 @@ keel__ckpt_write_file(const ck_plan *p, const char *path)
     /* rename + fsync of the directory; unlinks tmp if the rename fails. */
     return keel__fs_commit(tmp, path);
 fail:
+    if (flushing)
+        pthread_join(flusher, NULL);
     if (fd >= 0)
         close(fd);
     unlink(tmp);
@@ -731,6 +820,42 @@ pread_all(int fd, void *dst, size_t n, int64_t off, const char *path)
     return KEEL_OK;
 }
 
+/* Read n bytes at off into dst (or, with dst NULL, through bounce) in
+ * chunks, hashing each chunk while it is hot and asking the kernel to read
+ * the next chunks ahead, so disk reads overlap the checksum work. */
+static keel_status
+read_hashed(int fd, void *dst, void *bounce, size_t n, int64_t off,
+            const char *path, uint64_t *hash)
+{
+    XXH64_state_t *s = XXH64_createState();
+    const int ahead = 4;
+    size_t done = 0;
+    keel_status st = KEEL_OK;
+    if (s == NULL)
+        return keel__fail(KEEL_ENOMEM, "xxh64 state");
+    XXH64_reset(s, 0);
+    posix_fadvise(fd, (off_t)off, (off_t)(n < ahead * CK_IO_CHUNK ? n :
+                                          ahead * CK_IO_CHUNK),
+                  POSIX_FADV_WILLNEED);
+    while (done < n && st == KEEL_OK) {
+        size_t c = n - done < CK_IO_CHUNK ? n - done : CK_IO_CHUNK;
+        size_t next = done + (size_t)ahead * CK_IO_CHUNK;
+        char *p = dst != NULL ? (char *)dst + done : bounce;
+        if (next < n)
+            posix_fadvise(fd, (off_t)(off + (int64_t)next),
+                          (off_t)(n - next < CK_IO_CHUNK ? n - next
+                                                         : CK_IO_CHUNK),
+                          POSIX_FADV_WILLNEED);
+        st = pread_all(fd, p, c, off + (int64_t)done, path);
+        if (st == KEEL_OK)
+            XXH64_update(s, p, c);
+        done += c;
+    }
+    *hash = XXH64_digest(s);
+    XXH64_freeState(s);
+    return st;
+}
+
 static void
 describe(const ck_dset *d, char *buf, size_t size)
 {
@@ -748,49 +873,27 @@ keel__ckpt_read(const ck_file *f, const ck_dset *d, void *dst)
     keel_status st;
     char what[2 * KEEL_NAME_MAX + 64];
 
+    uint64_t h = 0;
+
     if (d->offset >= 0) {
         int fd = open(f->path, O_RDONLY | O_CLOEXEC);
         if (fd < 0)
             return keel__fail(KEEL_EIO, "open checkpoint %s: %s", f->path,
                               strerror(errno));
-        st = pread_all(fd, dst, bytes, d->offset, f->path);
+        st = read_hashed(fd, dst, NULL, bytes, d->offset, f->path, &h);
         close(fd);
     } else {
         st = read_via_h5(f, d, dst);
+        h = XXH64(dst, bytes, 0);
     }
     if (st != KEEL_OK)
         return st;
-    if (XXH64(dst, bytes, 0) != d->e.xxh64) {
+    if (h != d->e.xxh64) {
         describe(d, what, sizeof what);
         return keel__fail(KEEL_ECORRUPT, "checkpoint %s: %s fails its xxh64 "
                           "checksum (the data is corrupt)", f->path, what);
     }
     return KEEL_OK;
-}
-
-/* Stream one contiguous dataset through xxh64 without holding all of it. */
-static keel_status
-hash_stream(int fd, const ck_file *f, const ck_dset *d, void *buf,
-            uint64_t *out)
-{
-    XXH64_state_t *s = XXH64_createState();
-    size_t left = d->count * sizeof(float);
-    int64_t off = d->offset;
-    keel_status st = KEEL_OK;
-    if (s == NULL)
-        return keel__fail(KEEL_ENOMEM, "xxh64 state");
-    XXH64_reset(s, 0);
-    while (left > 0 && st == KEEL_OK) {
-        size_t n = left < CK_IO_CHUNK ? left : CK_IO_CHUNK;
-        st = pread_all(fd, buf, n, off, f->path);
-        if (st == KEEL_OK)
-            XXH64_update(s, buf, n);
-        left -= n;
-        off += (int64_t)n;
-    }
-    *out = XXH64_digest(s);
-    XXH64_freeState(s);
-    return st;
 }
 
 /* Verify the metadata and blobs under /meta (small: read through HDF5). */
@@ -851,7 +954,6 @@ keel__ckpt_verify(const char *path, int64_t *step)
                         strerror(errno));
         goto out;
     }
-    posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
     for (size_t i = 0; i < f.n && st == KEEL_OK; i++) {
         const ck_dset *d = &f.d[i];
         uint64_t h = 0;
@@ -859,7 +961,8 @@ keel__ckpt_verify(const char *path, int64_t *step)
             st = keel__ckpt_read(&f, d, buf);
             continue;
         }
-        st = hash_stream(fd, &f, d, buf, &h);
+        st = read_hashed(fd, NULL, buf, d->count * sizeof(float), d->offset,
+                         path, &h);
         if (st == KEEL_OK && h != d->e.xxh64) {
             char what[2 * KEEL_NAME_MAX + 64];
             describe(d, what, sizeof what);

@@ -17,3 +17,4 @@ endif
 EXTRA_PROGRAMS = bench/ckpt_bench
 bench_ckpt_bench_SOURCES = bench/ckpt_bench.c
 bench_ckpt_bench_LDADD = libkeel.la
+EXTRA_DIST += tests/lsan-hdf5.supp bench/ckpt.sh

