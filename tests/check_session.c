@@ -739,6 +739,28 @@ START_TEST(test_prepare_errors_match_tf_conditions)
 }
 END_TEST
 
+START_TEST(test_recover_session_ready_only_after_a_restore)
+{
+    keel_session_manager_config mc = { .vars = vs, .checkpoint_dir = "x" };
+    keel_session_manager *sm;
+    int is_ready = -1;
+    ck_assert_int_eq(keel_session_manager_new(&mc, &sm), KEEL_OK);
+    ck_assert_int_eq(keel_session_manager_recover(sm, &is_ready), KEEL_OK);
+    ck_assert_int_eq(is_ready, 0);          // nothing to restore: no init
+    ck_assert(!keel_var_is_initialized(keel_vars_find(vs, "w")));
+    keel_vars_set_global_step(vs, 42);
+    keel_var_tensor(keel_vars_find(vs, "w"))->data[0] = 2.5f;
+    ck_assert_int_eq(fake_save_vars(vs), KEEL_OK);
+    keel_vars_set_global_step(vs, 0);
+    keel_var_tensor(keel_vars_find(vs, "w"))->data[0] = 0;
+    ck_assert_int_eq(keel_session_manager_recover(sm, &is_ready), KEEL_OK);
+    ck_assert_int_eq(is_ready, 1);
+    ck_assert_int_eq(keel_vars_global_step(vs), 42);
+    ck_assert(keel_var_tensor(keel_vars_find(vs, "w"))->data[0] == 2.5f);
+    keel_session_manager_free(sm);
+}
+END_TEST
+
 static void *
 init_later(void *arg)
 {
@@ -967,6 +989,7 @@ session_suite(void)
     tcase_add_test(tc, test_meta_blobs_saved_and_handed_back_after_restore);
     tcase_add_test(tc, test_prepare_errors_match_tf_conditions);
     tcase_add_test(tc, test_worker_wait_wakes_on_notify_and_times_out);
+    tcase_add_test(tc, test_recover_session_ready_only_after_a_restore);
     tcase_add_test(tc, test_coordinator_wakes_waiters_on_stop_and_join_honours_grace);
     tcase_add_test(tc, test_coordinator_keeps_first_error_only);
     tcase_add_test(tc, test_training_session_rejects_both_secs_and_steps);
