@@ -249,7 +249,7 @@ START_TEST(test_hook_with_bad_struct_size_is_rejected)
 }
 END_TEST
 
-/* ---- backend seams -------------------------------------------------------------- */
+/* ---- backend seams ------------------------------------------------------ */
 
 typedef struct fake_backend {
     int n_publish, last_restored, n_fetch, n_wait, ready_after, n_intact;
@@ -356,13 +356,17 @@ hooks_suite(void)
     TCase *tc = tcase_create("hooks");
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 20);
-    tcase_add_test(tc, test_logging_hook_logs_first_then_every_n_iter_and_at_end);
+    tcase_add_test(tc,
+        test_logging_hook_logs_first_then_every_n_iter_and_at_end);
     tcase_add_test(tc, test_step_counter_and_summary_write_event_files);
-    tcase_add_test(tc, test_profiler_hook_writes_closed_chrome_trace_skipping_first);
-    tcase_add_test(tc, test_global_step_waiter_passes_when_reached_and_wakes_on_stop);
+    tcase_add_test(tc,
+        test_profiler_hook_writes_closed_chrome_trace_skipping_first);
+    tcase_add_test(tc,
+        test_global_step_waiter_passes_when_reached_and_wakes_on_stop);
     tcase_add_test(tc, test_final_ops_hook_runs_once_at_end);
     tcase_add_test(tc, test_hook_with_bad_struct_size_is_rejected);
-    tcase_add_test(tc, test_backend_worker_waits_on_events_and_chief_skips_rollback);
+    tcase_add_test(tc,
+        test_backend_worker_waits_on_events_and_chief_skips_rollback);
     tcase_add_test(tc, test_supervisor_worker_times_out_when_chief_never_ready);
     suite_add_tcase(s, tc);
     return s;
