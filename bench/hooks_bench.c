@@ -2,10 +2,11 @@
  * training loop. (1) per-step cost of the default MonitoredTrainingSession
  * hooks plus StopAtStep, NaN and Logging hooks when none triggers, measured
  * as keel_session_run minus keel_session_run_without_hooks on a step that
- * does nothing; (2) a 10,000-step run of a trivial step (a 1024-parameter
- * and an 8192-parameter linear model, gradient + SGD) through keel_session_run with those hooks
- * against the bare loop calling the same step and update directly. Medians
- * of reps repetitions.
+ * does nothing; (2) a 10,000-step run of a trivial step (a linear model of
+ * n_params parameters, gradient + SGD) through keel_session_run with those
+ * hooks against the bare loop calling the same step and update functions,
+ * plus the time outside the callbacks in the same keel steps. Medians of
+ * reps repetitions.
  * usage: hooks_bench [reps [n_params [skip_grad_zeroing]]] (7 1024 1) */
 #include <config.h>
 

@@ -31,7 +31,7 @@ fill(keel_hook *out, const char *name, void *ctx)
     out->destroy = free;
 }
 
-/* ---- LoggingTensorHook ---------------------------------------------------------- */
+/* ---- LoggingTensorHook -------------------------------------------------- */
 
 typedef struct logging_hook {
     char names[LOG_NAMES_MAX][KEEL_VALUE_NAME_MAX];
@@ -152,7 +152,7 @@ keel_logging_hook_new(const keel_logging_hook_config *cfg, keel_hook *out)
     return KEEL_OK;
 }
 
-/* ---- StopAtStepHook ---------------------------------------------------------- */
+/* ---- StopAtStepHook ----------------------------------------------------- */
 
 typedef struct stop_hook {
     int64_t num_steps;
@@ -219,7 +219,7 @@ keel_stop_at_step_hook_new(int64_t num_steps, int64_t last_step,
     return KEEL_OK;
 }
 
-/* ---- NanTensorHook ----------------------------------------------------------- */
+/* ---- NanTensorHook ------------------------------------------------------ */
 
 typedef struct nan_hook {
     char name[KEEL_VALUE_NAME_MAX];
@@ -282,7 +282,7 @@ keel_nan_hook_new(const char *name, int fail_on_nan, int fail_on_inf,
     return KEEL_OK;
 }
 
-/* ---- GlobalStepWaiterHook ----------------------------------------------------- */
+/* ---- GlobalStepWaiterHook ----------------------------------------------- */
 
 typedef struct waiter_hook {
     int64_t target;
@@ -339,7 +339,7 @@ keel_global_step_waiter_hook_new(int64_t wait_until_step, int poll_ms,
     return KEEL_OK;
 }
 
-/* ---- FinalOpsHook --------------------------------------------------------------- */
+/* ---- FinalOpsHook ------------------------------------------------------- */
 
 typedef struct final_hook {
     keel_status (*fn)(void *ctx, keel_session *s, double *value);
@@ -395,7 +395,7 @@ keel_final_ops_hook_value(const keel_hook *hk, double *value)
     return 1;
 }
 
-/* ---- FeedFnHook ------------------------------------------------------------------ */
+/* ---- FeedFnHook --------------------------------------------------------- */
 
 typedef struct feed_hook {
     keel_status (*fn)(void *ctx, const void **batch);

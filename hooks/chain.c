@@ -57,7 +57,7 @@ keel__values_slot(keel__values *t, const char *name, int is_add)
     return (int)t->n++;
 }
 
-/* ---- run context ---------------------------------------------------------- */
+/* ---- run context -------------------------------------------------------- */
 
 void
 keel_run_context_request_stop(keel_run_context *rc, const char *why)
@@ -127,7 +127,7 @@ keel_run_context_global_step(const keel_run_context *rc)
     return rc != NULL ? rc->global_step : 0;
 }
 
-/* ---- run values ------------------------------------------------------------ */
+/* ---- run values --------------------------------------------------------- */
 
 int64_t
 keel_run_values_step_before(const keel_run_values *v)
@@ -182,7 +182,7 @@ keel_run_values_get(const keel_run_values *v, const char *name)
     return keel_run_values_find(v, name, &x) ? x : NAN;
 }
 
-/* ---- clock and timer --------------------------------------------------------- */
+/* ---- clock and timer ---------------------------------------------------- */
 
 int64_t
 keel_clock_now_ns(const keel_clock *c)

@@ -21,3 +21,12 @@ check_PROGRAMS += bench/bench_events
 bench_bench_events_SOURCES = bench/bench_events.c
 bench_bench_events_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/hooks $(ZLIB_CFLAGS)
 bench_bench_events_LDADD = libkeel_core.la $(ZLIB_LIBS)
+
+if HAVE_CHECK
+check_PROGRAMS += tests/check_hooks
+TESTS += tests/check_hooks
+tests_check_hooks_SOURCES = tests/check_hooks.c tests/fake_ckpt.c \
+	tests/fake_ckpt.h
+tests_check_hooks_CFLAGS = $(TEST_CFLAGS)
+tests_check_hooks_LDADD = $(TEST_LIBS)
+endif

@@ -27,7 +27,7 @@ open_events(const char *dir, keel_events **w, const char *who)
     return KEEL_OK;
 }
 
-/* ---- StepCounterHook ------------------------------------------------------------ */
+/* ---- StepCounterHook ---------------------------------------------------- */
 
 typedef struct counter_hook {
     keel_timer timer;
@@ -132,7 +132,7 @@ keel_step_counter_hook_new(int64_t every_n_steps, double every_n_secs,
     return KEEL_OK;
 }
 
-/* ---- SummarySaverHook ------------------------------------------------------------ */
+/* ---- SummarySaverHook --------------------------------------------------- */
 
 typedef struct summary_hook {
     char names[SUMMARY_NAMES_MAX][KEEL_VALUE_NAME_MAX];
@@ -261,7 +261,7 @@ keel_summary_hook_new(const char *const *names, size_t n_names,
     return KEEL_OK;
 }
 
-/* ---- ProfilerHook ----------------------------------------------------------------- */
+/* ---- ProfilerHook ------------------------------------------------------- */
 
 typedef struct profiler_hook {
     keel_timer timer;

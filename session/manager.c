@@ -29,7 +29,7 @@ struct keel_session_manager {
     int is_cancelled;
 };
 
-/* ---- scaffold defaults ------------------------------------------------------- */
+/* ---- scaffold defaults -------------------------------------------------- */
 
 static keel_status
 default_init(void *ctx, keel_vars *vs)
@@ -105,7 +105,7 @@ keel_scaffold_default(keel_scaffold *sc)
     keel_saver_config_init(&sc->saver);
 }
 
-/* ---- manager ----------------------------------------------------------------- */
+/* ---- manager ------------------------------------------------------------ */
 
 keel_status
 keel_session_manager_new(const keel_session_manager_config *cfg,
@@ -461,7 +461,7 @@ keel_session_manager_wait(keel_session_manager *sm, double max_wait_secs)
     }
 }
 
-/* ---- creators ------------------------------------------------------------------ */
+/* ---- creators ----------------------------------------------------------- */
 
 static keel_status
 chief_create(void *ctx, int is_recovery)

@@ -51,7 +51,7 @@ struct keel_session {
     void *meta_ctx;
 };
 
-/* ---- signals ---------------------------------------------------------------- */
+/* ---- signals ------------------------------------------------------------ */
 
 static volatile sig_atomic_t g_signal;
 static struct sigaction g_old_term, g_old_int;
@@ -108,7 +108,7 @@ keel__signal_pending(void)
     return g_signal;
 }
 
-/* ---- the step ---------------------------------------------------------------- */
+/* ---- the step ----------------------------------------------------------- */
 
 keel_vars *
 keel_step_vars(keel_step *st)
@@ -158,7 +158,7 @@ keel_step_mark_applied(keel_step *st)
     st->is_applied = 1;
 }
 
-/* ---- construction ------------------------------------------------------------- */
+/* ---- construction ------------------------------------------------------- */
 
 void
 keel_session_config_init(keel_session_config *cfg)
@@ -406,7 +406,7 @@ keel_session_new_singular(const keel_session_config *cfg, keel_session **out)
     return keel__session_new(cfg, 0, NULL, 0, out);
 }
 
-/* ---- running ----------------------------------------------------------------- */
+/* ---- running ------------------------------------------------------------ */
 
 /* One attempt at one step. */
 static keel_status

@@ -20,7 +20,7 @@
 #include "testutil.h"
 #include "fake_ckpt.h"
 
-/* ---- a shared event log ------------------------------------------------------ */
+/* ---- a shared event log ------------------------------------------------- */
 
 static char ev[8192];
 
@@ -96,7 +96,7 @@ rec_hook(rec *r)
     return h;
 }
 
-/* ---- a scripted step ------------------------------------------------------------ */
+/* ---- a scripted step ---------------------------------------------------- */
 
 typedef struct script {
     int64_t fail_at;          /* global step (before) at which to fail */
@@ -182,7 +182,7 @@ base_cfg(keel_session_config *c, script *sc, keel_hook *hooks, size_t n)
     c->backoff_max_ms = 4;
 }
 
-/* ---- sequences ------------------------------------------------------------- */
+/* ---- sequences ---------------------------------------------------------- */
 
 START_TEST(test_clean_run_calls_hooks_in_order_and_end_clean)
 {
@@ -334,7 +334,7 @@ START_TEST(test_sigterm_stops_at_step_boundary_and_saves_final_checkpoint)
 }
 END_TEST
 
-/* ---- values, feeding, NaN ------------------------------------------------------ */
+/* ---- values, feeding, NaN ----------------------------------------------- */
 
 static keel_status
 want_missing(void *ctx, keel_run_context *rc)
@@ -455,7 +455,7 @@ START_TEST(test_run_without_hooks_skips_hooks_but_updates)
 }
 END_TEST
 
-/* ---- timers ------------------------------------------------------------------- */
+/* ---- timers ------------------------------------------------------------- */
 
 static int64_t fake_now;
 
@@ -500,7 +500,7 @@ START_TEST(test_timer_trigger_semantics_with_injected_clock)
 }
 END_TEST
 
-/* ---- stop at step across a restore ---------------------------------------------- */
+/* ---- stop at step across a restore -------------------------------------- */
 
 static int64_t
 train_with_stop(int64_t num_steps, int64_t last_step, int64_t *start)
@@ -544,7 +544,7 @@ START_TEST(test_stop_at_step_num_steps_is_relative_last_step_absolute)
 }
 END_TEST
 
-/* ---- checkpoint saver hook ------------------------------------------------------ */
+/* ---- checkpoint saver hook ---------------------------------------------- */
 
 static int listener_saves;
 
@@ -635,7 +635,7 @@ START_TEST(test_ckpt_listener_can_stop_training_and_error_skips_final_save)
 }
 END_TEST
 
-/* ---- metadata blobs ------------------------------------------------------------- */
+/* ---- metadata blobs ----------------------------------------------------- */
 
 static int64_t data_pos;
 
@@ -684,7 +684,7 @@ START_TEST(test_meta_blobs_saved_and_handed_back_after_restore)
 }
 END_TEST
 
-/* ---- session manager ---------------------------------------------------------- */
+/* ---- session manager ---------------------------------------------------- */
 
 static keel_status
 mark_ready_init_fn_fails_nothing(void *ctx, keel_vars *v)
@@ -739,6 +739,28 @@ START_TEST(test_prepare_errors_match_tf_conditions)
 }
 END_TEST
 
+START_TEST(test_recover_session_ready_only_after_a_restore)
+{
+    keel_session_manager_config mc = { .vars = vs, .checkpoint_dir = "x" };
+    keel_session_manager *sm;
+    int is_ready = -1;
+    ck_assert_int_eq(keel_session_manager_new(&mc, &sm), KEEL_OK);
+    ck_assert_int_eq(keel_session_manager_recover(sm, &is_ready), KEEL_OK);
+    ck_assert_int_eq(is_ready, 0);          // nothing to restore: no init
+    ck_assert(!keel_var_is_initialized(keel_vars_find(vs, "w")));
+    keel_vars_set_global_step(vs, 42);
+    keel_var_tensor(keel_vars_find(vs, "w"))->data[0] = 2.5f;
+    ck_assert_int_eq(fake_save_vars(vs), KEEL_OK);
+    keel_vars_set_global_step(vs, 0);
+    keel_var_tensor(keel_vars_find(vs, "w"))->data[0] = 0;
+    ck_assert_int_eq(keel_session_manager_recover(sm, &is_ready), KEEL_OK);
+    ck_assert_int_eq(is_ready, 1);
+    ck_assert_int_eq(keel_vars_global_step(vs), 42);
+    ck_assert(keel_var_tensor(keel_vars_find(vs, "w"))->data[0] == 2.5f);
+    keel_session_manager_free(sm);
+}
+END_TEST
+
 static void *
 init_later(void *arg)
 {
@@ -772,7 +794,7 @@ START_TEST(test_worker_wait_wakes_on_notify_and_times_out)
 }
 END_TEST
 
-/* ---- coordinator ---------------------------------------------------------------- */
+/* ---- coordinator -------------------------------------------------------- */
 
 static keel_status
 wait_stop(void *arg, keel_coord *c)
@@ -864,7 +886,7 @@ START_TEST(test_coordinator_keeps_first_error_only)
 }
 END_TEST
 
-/* ---- MonitoredTrainingSession and Supervisor ------------------------------------- */
+/* ---- MonitoredTrainingSession and Supervisor ---------------------------- */
 
 START_TEST(test_training_session_rejects_both_secs_and_steps)
 {
@@ -950,24 +972,34 @@ session_suite(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 20);
     tcase_add_test(tc, test_clean_run_calls_hooks_in_order_and_end_clean);
-    tcase_add_test(tc, test_hook_stop_request_lets_all_hooks_see_after_run_then_refuses);
+    tcase_add_test(tc,
+        test_hook_stop_request_lets_all_hooks_see_after_run_then_refuses);
     tcase_add_test(tc, test_step_error_skips_after_run_and_ends_with_error);
-    tcase_add_test(tc, test_recoverable_error_recreates_session_and_retries_same_step);
+    tcase_add_test(tc,
+        test_recoverable_error_recreates_session_and_retries_same_step);
     tcase_add_test(tc, test_recovery_is_bounded_and_singular_does_not_recover);
     tcase_add_test(tc, test_end_of_input_ends_with_out_of_range);
-    tcase_add_test(tc, test_sigterm_stops_at_step_boundary_and_saves_final_checkpoint);
-    tcase_add_test(tc, test_requested_value_the_step_never_sets_fails_naming_it);
+    tcase_add_test(tc,
+        test_sigterm_stops_at_step_boundary_and_saves_final_checkpoint);
+    tcase_add_test(tc,
+        test_requested_value_the_step_never_sets_fails_naming_it);
     tcase_add_test(tc, test_nan_hook_fails_or_stops_and_inf_is_optional);
-    tcase_add_test(tc, test_feed_fn_supplies_batch_and_its_end_of_input_ends_cleanly);
+    tcase_add_test(tc,
+        test_feed_fn_supplies_batch_and_its_end_of_input_ends_cleanly);
     tcase_add_test(tc, test_run_without_hooks_skips_hooks_but_updates);
     tcase_add_test(tc, test_timer_trigger_semantics_with_injected_clock);
-    tcase_add_test(tc, test_stop_at_step_num_steps_is_relative_last_step_absolute);
-    tcase_add_test(tc, test_ckpt_hook_saves_at_creation_every_n_and_end_never_twice);
-    tcase_add_test(tc, test_ckpt_listener_can_stop_training_and_error_skips_final_save);
+    tcase_add_test(tc,
+        test_stop_at_step_num_steps_is_relative_last_step_absolute);
+    tcase_add_test(tc,
+        test_ckpt_hook_saves_at_creation_every_n_and_end_never_twice);
+    tcase_add_test(tc,
+        test_ckpt_listener_can_stop_training_and_error_skips_final_save);
     tcase_add_test(tc, test_meta_blobs_saved_and_handed_back_after_restore);
     tcase_add_test(tc, test_prepare_errors_match_tf_conditions);
     tcase_add_test(tc, test_worker_wait_wakes_on_notify_and_times_out);
-    tcase_add_test(tc, test_coordinator_wakes_waiters_on_stop_and_join_honours_grace);
+    tcase_add_test(tc, test_recover_session_ready_only_after_a_restore);
+    tcase_add_test(tc,
+        test_coordinator_wakes_waiters_on_stop_and_join_honours_grace);
     tcase_add_test(tc, test_coordinator_keeps_first_error_only);
     tcase_add_test(tc, test_training_session_rejects_both_secs_and_steps);
     tcase_add_test(tc, test_training_session_hook_order_chief_and_worker);

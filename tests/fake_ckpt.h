@@ -24,6 +24,8 @@ extern fake_ckpt fake;
 /* Reset the fake and install it (fake_uninstall restores the real one). */
 void fake_install(void);
 void fake_uninstall(void);
+/* Save vs into the fake as a checkpoint would. */
+keel_status fake_save_vars(const keel_vars *vs);
 /* Hook for a shared event log: called on every save with the step. */
 extern void (*fake_on_save)(int64_t step);
 

@@ -104,7 +104,8 @@ teardown(void)
     tu_teardown();
 }
 
-START_TEST(test_sigterm_mid_run_checkpoints_current_step_exits_0_and_resumes)
+static void
+interrupt_and_resume(int sig)
 {
     char path[4096], last[32];
     int64_t step = -1;
@@ -112,7 +113,7 @@ START_TEST(test_sigterm_mid_run_checkpoints_current_step_exits_0_and_resumes)
     start_child(tu_dir, "1000000000", "200");
     ck_assert_msg(wait_for_output("running", 20000), "child never ran: %s",
                   buf);
-    ck_assert_int_eq(kill(child, SIGTERM), 0);
+    ck_assert_int_eq(kill(child, sig), 0);
     ck_assert_int_eq(finish_child(), 0);
     ck_assert_ptr_nonnull(strstr(buf, "reason signal"));
     stopped = field("final_step ");
@@ -130,6 +131,17 @@ START_TEST(test_sigterm_mid_run_checkpoints_current_step_exits_0_and_resumes)
     ck_assert_int_eq(field("position "), stopped);  // data iterator blob
     ck_assert_int_eq(field("final_step "), stopped + 5);
 }
+
+START_TEST(test_sigterm_mid_run_checkpoints_current_step_exits_0_and_resumes)
+{
+    interrupt_and_resume(SIGTERM);
+}
+END_TEST
+
+START_TEST(test_sigint_behaves_like_sigterm)
+{
+    interrupt_and_resume(SIGINT);
+}
 END_TEST
 
 static Suite *
@@ -141,6 +153,7 @@ sigterm_suite(void)
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc,
         test_sigterm_mid_run_checkpoints_current_step_exits_0_and_resumes);
+    tcase_add_test(tc, test_sigint_behaves_like_sigterm);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -60,7 +60,7 @@ typedef struct keel_hook {
  * without destroy is a no-op. Cannot fail. */
 void keel_hook_release(keel_hook *h);
 
-/* ---- run context and values ---------------------------------------------- */
+/* ---- run context and values --------------------------------------------- */
 
 /* Request that the session stop after this step; every hook still sees
  * after_run of this step. why (copied) is logged with the hook's name. */
@@ -97,7 +97,7 @@ int keel_run_values_find(const keel_run_values *v, const char *name,
 /* The named value, or NaN when it was not set. */
 double keel_run_values_get(const keel_run_values *v, const char *name);
 
-/* ---- clocks and the SecondOrStepTimer ------------------------------------ */
+/* ---- clocks and the SecondOrStepTimer ----------------------------------- */
 
 /* A monotonic clock in nanoseconds; tests inject a fake one. fn NULL means
  * CLOCK_MONOTONIC. */

@@ -22,7 +22,7 @@ extern "C" {
 #define KEEL_MAX_VALUES 64          /* distinct named step values */
 #define KEEL_VALUE_NAME_MAX 64      /* bytes, including the NUL */
 
-/* ---- the step -------------------------------------------------------------- */
+/* ---- the step ----------------------------------------------------------- */
 
 typedef struct keel_step keel_step;
 
@@ -62,7 +62,7 @@ typedef struct keel_updater {
                          int64_t global_step);
 } keel_updater;
 
-/* ---- scaffold ------------------------------------------------------------ */
+/* ---- scaffold ----------------------------------------------------------- */
 
 /* What to run to make the model ready (TF's Scaffold). A NULL member means
  * "none" (as TF's None): ready NULL means always ready. Use
@@ -94,7 +94,7 @@ typedef struct keel_scaffold {
  * variables initialized; saver defaults. Cannot fail. */
 void keel_scaffold_default(keel_scaffold *sc);
 
-/* ---- backend --------------------------------------------------------------- */
+/* ---- backend ------------------------------------------------------------ */
 
 /* Where shared state lives. NULL (or NULL members) means local: this
  * process's variable store is the shared state. The cluster supplies a
@@ -122,7 +122,7 @@ typedef struct keel_backend {
     keel_status (*wait_for_change)(void *ctx, int64_t deadline_ns);
 } keel_backend;
 
-/* ---- session manager and creators ----------------------------------------- */
+/* ---- session manager and creators --------------------------------------- */
 
 typedef struct keel_session_manager keel_session_manager;
 
@@ -182,7 +182,7 @@ keel_session_creator keel_worker_creator(keel_session_manager *sm);
 void keel_session_manager_set_max_wait(keel_session_manager *sm,
                                        double max_wait_secs);
 
-/* ---- coordinator ------------------------------------------------------------ */
+/* ---- coordinator -------------------------------------------------------- */
 
 typedef struct keel_coord keel_coord;
 
@@ -221,7 +221,7 @@ keel_status keel_coord_start_looper(keel_coord *c, const char *name,
 keel_status keel_coord_join(keel_coord *c, int64_t grace_ms,
                             int ignore_live_threads);
 
-/* ---- MonitoredSession ---------------------------------------------------- */
+/* ---- MonitoredSession --------------------------------------------------- */
 
 typedef struct keel_session_config {
     keel_vars *vars;                  /* borrowed; required */
@@ -351,7 +351,7 @@ void keel_training_config_init(keel_training_config *cfg);
 keel_status keel_training_session_new(const keel_training_config *cfg,
                                       keel_session **out);
 
-/* ---- signals -------------------------------------------------------------- */
+/* ---- signals ------------------------------------------------------------ */
 
 /* Install SIGTERM and SIGINT handlers (sigaction) that set an
  * async-signal-safe flag; every session then stops at its next step
