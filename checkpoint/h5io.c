@@ -340,6 +340,7 @@ keel__ckpt_write_file(ck_plan *p, const char *path)
     flush_job job;
     int flushing = 0, late;
     size_t total = 0;
+    int64_t tm[6] = { 0 };
 
     st = keel__fs_tmp_name(tmp, sizeof tmp, path);
     if (st != KEEL_OK)
@@ -357,9 +358,11 @@ keel__ckpt_write_file(ck_plan *p, const char *path)
     for (size_t i = 0; i < p->n; i++)
         p->items[i].hash = late ? 0 : XXH64(p->items[i].data,
                                             p->items[i].bytes, 0);
+    tm[0] = keel__now_mono_ns();
     st = write_structure(p, tmp, pieces);
     if (st != KEEL_OK)
         goto fail;
+    tm[1] = keel__now_mono_ns();
     fd = open(tmp, O_WRONLY | O_CLOEXEC);
     if (fd < 0) {
         st = keel__fail(KEEL_EIO, "reopen %s to write data: %s", tmp,
@@ -383,6 +386,7 @@ keel__ckpt_write_file(ck_plan *p, const char *path)
         if (st != KEEL_OK)
             goto fail;
     }
+    tm[2] = keel__now_mono_ns();
     if (late) {
         job.fd = fd;
         flushing = pthread_create(&flusher, NULL, flush_main, &job) == 0;
@@ -391,10 +395,12 @@ keel__ckpt_write_file(ck_plan *p, const char *path)
         if (flushing)
             pthread_join(flusher, NULL);
         flushing = 0;
+        tm[3] = keel__now_mono_ns();
         st = write_hashes(p, tmp);
         if (st != KEEL_OK)
             goto fail;
     }
+    tm[4] = keel__now_mono_ns();
     if (keel__fs->fsync(fd) != 0) {
         st = keel__fail(KEEL_EIO, "fsync %s: %s", tmp, strerror(errno));
         goto fail;
@@ -406,8 +412,18 @@ keel__ckpt_write_file(ck_plan *p, const char *path)
     }
     fd = -1;
     free(pieces);
+    tm[5] = keel__now_mono_ns();
     /* rename + fsync of the directory; unlinks tmp if the rename fails. */
-    return keel__fs_commit(tmp, path);
+    st = keel__fs_commit(tmp, path);
+    keel__log(KEEL_LOG_DEBUG, "wrote %s: structure %.1f ms, data %.1f ms, "
+              "checksums+flush %.1f ms, record checksums %.1f ms, fsync "
+              "%.1f ms, rename+dir fsync %.1f ms", path,
+              (double)(tm[1] - tm[0]) / 1e6, (double)(tm[2] - tm[1]) / 1e6,
+              late ? (double)(tm[3] - tm[2]) / 1e6 : 0.0,
+              late ? (double)(tm[4] - tm[3]) / 1e6 : 0.0,
+              (double)(tm[5] - tm[4]) / 1e6,
+              (double)(keel__now_mono_ns() - tm[5]) / 1e6);
+    return st;
 fail:
     if (flushing)
         pthread_join(flusher, NULL);
