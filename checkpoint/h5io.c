@@ -7,7 +7,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -21,7 +20,8 @@
 #define CK_ALIGN_THRESHOLD ((hsize_t)64 << 10)
 #define CK_ALIGN ((hsize_t)4096)
 #define CK_IO_CHUNK ((size_t)8 << 20)
-#define CK_LATE_HASH_BYTES ((size_t)32 << 20)
+#define CK_LATE_HASH_BYTES ((size_t)4 << 20)
+#define CK_HASH_CHUNK ((size_t)1 << 20)
 
 /* Lock HDF5 and switch its error printing off (libkeel never prints). */
 static void
@@ -314,20 +314,6 @@ out:
     return st;
 }
 
-typedef struct flush_job {
-    int fd;
-} flush_job;
-
-/* Start writing the data back while the checksums are computed; the
- * final fsync (through keel__fs) is what makes the file durable. */
-static void *
-flush_main(void *arg)
-{
-    flush_job *j = arg;
-    fdatasync(j->fd);
-    return NULL;
-}
-
 keel_status
 keel__ckpt_write_file(ck_plan *p, const char *path)
 {
@@ -336,9 +322,7 @@ keel__ckpt_write_file(ck_plan *p, const char *path)
     keel_status st;
     int fd = -1;
     size_t np = p->n + p->n_blobs;
-    pthread_t flusher;
-    flush_job job;
-    int flushing = 0, late;
+    int late;
     size_t total = 0;
     int64_t tm[6] = { 0 };
 
@@ -349,9 +333,9 @@ keel__ckpt_write_file(ck_plan *p, const char *path)
     if (pieces == NULL)
         return keel__fail(KEEL_ENOMEM, "checkpoint %s: no memory for %zu "
                           "datasets", path, np);
-    /* Small checkpoints: checksums first (cheaper than the extra flush
-     * and reopen). Large ones: checksums while the data is written back,
-     * recorded afterwards. */
+    /* Small checkpoints: checksums first (cheaper than reopening the file
+     * to record them). Large ones: each chunk hashed right before it is
+     * written (one pass over memory), checksums recorded afterwards. */
     for (size_t i = 0; i < p->n; i++)
         total += p->items[i].bytes;
     late = total >= CK_LATE_HASH_BYTES;
@@ -382,20 +366,34 @@ keel__ckpt_write_file(ck_plan *p, const char *path)
             st = keel__fail(KEEL_EIO, "seek in %s: %s", tmp, strerror(errno));
             goto fail;
         }
-        st = keel__fs_write_all(fd, pc->data, pc->bytes, tmp);
+        if (late && i < p->n) {
+            /* Hash each chunk just before write() copies it: one pass
+             * over memory for both. */
+            const char *d = pc->data;
+            XXH64_state_t *hs = XXH64_createState();
+            if (hs == NULL) {
+                st = keel__fail(KEEL_ENOMEM, "xxh64 state");
+                goto fail;
+            }
+            XXH64_reset(hs, 0);
+            for (size_t done = 0; done < pc->bytes && st == KEEL_OK; ) {
+                size_t c = pc->bytes - done < CK_HASH_CHUNK ?
+                           pc->bytes - done : CK_HASH_CHUNK;
+                XXH64_update(hs, d + done, c);
+                st = keel__fs_write_all(fd, d + done, c, tmp);
+                done += c;
+            }
+            p->items[i].hash = XXH64_digest(hs);
+            XXH64_freeState(hs);
+        } else {
+            st = keel__fs_write_all(fd, pc->data, pc->bytes, tmp);
+        }
         if (st != KEEL_OK)
             goto fail;
     }
     tm[2] = keel__now_mono_ns();
     if (late) {
-        job.fd = fd;
-        flushing = pthread_create(&flusher, NULL, flush_main, &job) == 0;
-        for (size_t i = 0; i < p->n; i++)
-            p->items[i].hash = XXH64(p->items[i].data, p->items[i].bytes, 0);
-        if (flushing)
-            pthread_join(flusher, NULL);
-        flushing = 0;
-        tm[3] = keel__now_mono_ns();
+        tm[3] = tm[2];
         st = write_hashes(p, tmp);
         if (st != KEEL_OK)
             goto fail;
@@ -416,17 +414,14 @@ keel__ckpt_write_file(ck_plan *p, const char *path)
     /* rename + fsync of the directory; unlinks tmp if the rename fails. */
     st = keel__fs_commit(tmp, path);
     keel__log(KEEL_LOG_DEBUG, "wrote %s: structure %.1f ms, data %.1f ms, "
-              "checksums+flush %.1f ms, record checksums %.1f ms, fsync "
+              "record checksums %.1f ms, fsync "
               "%.1f ms, rename+dir fsync %.1f ms", path,
               (double)(tm[1] - tm[0]) / 1e6, (double)(tm[2] - tm[1]) / 1e6,
-              late ? (double)(tm[3] - tm[2]) / 1e6 : 0.0,
               late ? (double)(tm[4] - tm[3]) / 1e6 : 0.0,
               (double)(tm[5] - tm[4]) / 1e6,
               (double)(keel__now_mono_ns() - tm[5]) / 1e6);
     return st;
 fail:
-    if (flushing)
-        pthread_join(flusher, NULL);
     if (fd >= 0)
         close(fd);
     unlink(tmp);
