@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -22,6 +23,7 @@
 #define CK_IO_CHUNK ((size_t)8 << 20)
 #define CK_LATE_HASH_BYTES ((size_t)4 << 20)
 #define CK_HASH_CHUNK ((size_t)1 << 20)
+#define CK_THREADED_READ_BYTES ((size_t)16 << 20)
 
 /* Lock HDF5 and switch its error printing off (libkeel never prints). */
 static void
@@ -831,6 +833,102 @@ pread_all(int fd, void *dst, size_t n, int64_t off, const char *path)
     return KEEL_OK;
 }
 
+/* Large reads into memory: a reader thread pread()s ahead while the
+ * caller hashes what has arrived, so the checksum overlaps the disk. */
+typedef struct rd_job {
+    int fd;
+    char *dst;
+    size_t n;
+    int64_t off;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    size_t done;
+    int failed;               /* errno, or -1 for an early end of file */
+} rd_job;
+
+static void *
+rd_main(void *arg)
+{
+    rd_job *j = arg;
+    size_t pos = 0;
+    while (pos < j->n) {
+        size_t c = j->n - pos < CK_IO_CHUNK ? j->n - pos : CK_IO_CHUNK;
+        ssize_t r = pread(j->fd, j->dst + pos, c, (off_t)(j->off +
+                                                          (int64_t)pos));
+        if (r < 0 && errno == EINTR)
+            continue;
+        pthread_mutex_lock(&j->mu);
+        if (r <= 0)
+            j->failed = r < 0 ? errno : -1;
+        else
+            j->done = pos + (size_t)r;
+        pthread_cond_signal(&j->cv);
+        pthread_mutex_unlock(&j->mu);
+        if (r <= 0)
+            return NULL;
+        pos += (size_t)r;
+    }
+    return NULL;
+}
+
+static keel_status
+read_hashed_mt(int fd, void *dst, size_t n, int64_t off, const char *path,
+               uint64_t *hash, int *ran)
+{
+    rd_job j;
+    pthread_t th;
+    XXH64_state_t *s;
+    size_t hashed = 0;
+    int failed = 0;
+
+    *ran = 0;
+    memset(&j, 0, sizeof j);
+    j.fd = fd;
+    j.dst = dst;
+    j.n = n;
+    j.off = off;
+    s = XXH64_createState();
+    if (s == NULL)
+        return keel__fail(KEEL_ENOMEM, "xxh64 state");
+    pthread_mutex_init(&j.mu, NULL);
+    pthread_cond_init(&j.cv, NULL);
+    if (pthread_create(&th, NULL, rd_main, &j) != 0) {
+        pthread_cond_destroy(&j.cv);
+        pthread_mutex_destroy(&j.mu);
+        XXH64_freeState(s);
+        return KEEL_OK;       /* *ran = 0: caller reads without a thread */
+    }
+    *ran = 1;
+    XXH64_reset(s, 0);
+    while (hashed < n) {
+        size_t avail;
+        pthread_mutex_lock(&j.mu);
+        while (j.done == hashed && j.failed == 0)
+            pthread_cond_wait(&j.cv, &j.mu);
+        avail = j.done;
+        failed = j.failed;
+        pthread_mutex_unlock(&j.mu);
+        if (avail > hashed) {
+            XXH64_update(s, (char *)dst + hashed, avail - hashed);
+            hashed = avail;
+        } else if (failed != 0) {
+            break;
+        }
+    }
+    pthread_join(th, NULL);
+    pthread_cond_destroy(&j.cv);
+    pthread_mutex_destroy(&j.mu);
+    *hash = XXH64_digest(s);
+    XXH64_freeState(s);
+    if (hashed < n) {
+        if (failed == -1)
+            return keel__fail(KEEL_ECORRUPT, "checkpoint %s is truncated "
+                              "(unexpected end of file)", path);
+        return keel__fail(KEEL_EIO, "read %s: %s", path, strerror(failed));
+    }
+    return KEEL_OK;
+}
+
 /* Read n bytes at off into dst (or, with dst NULL, through bounce) in
  * chunks, hashing each chunk while it is hot and asking the kernel to read
  * the next chunks ahead, so disk reads overlap the checksum work. */
@@ -842,6 +940,14 @@ read_hashed(int fd, void *dst, void *bounce, size_t n, int64_t off,
     const int ahead = 4;
     size_t done = 0;
     keel_status st = KEEL_OK;
+    if (dst != NULL && n >= CK_THREADED_READ_BYTES) {
+        int ran;
+        XXH64_freeState(s);
+        st = read_hashed_mt(fd, dst, n, off, path, hash, &ran);
+        if (ran || st != KEEL_OK)
+            return st;
+        s = XXH64_createState();
+    }
     if (s == NULL)
         return keel__fail(KEEL_ENOMEM, "xxh64 state");
     XXH64_reset(s, 0);

@@ -199,6 +199,7 @@ keel_ckpt_restore(const char *path, keel_vars *vs,
     keel_var **target = NULL;       /* per file variable: store variable */
     char mapped[KEEL_NAME_MAX];
     char *found = NULL;             /* per store variable: in the file */
+    int64_t t0, t1;
     keel_restore_mode mode = opts != NULL ? opts->mode : KEEL_RESTORE_STRICT;
     keel_status st;
     size_t nv;
@@ -210,11 +211,13 @@ keel_ckpt_restore(const char *path, keel_vars *vs,
     st = parse_map(opts, &map);
     if (st != KEEL_OK)
         return st;
+    t0 = keel__now_mono_ns();
     st = keel__ckpt_open(path, &f);
     if (st != KEEL_OK) {
         free(map);
         return st;
     }
+    t1 = keel__now_mono_ns();
     rep.global_step = f.global_step;
     target = calloc(f.n_vars > 0 ? f.n_vars : 1, sizeof *target);
     if (target == NULL) {
@@ -336,6 +339,9 @@ keel_ckpt_restore(const char *path, keel_vars *vs,
         }
     }
     keel_vars_set_global_step(vs, f.global_step);
+    keel__log(KEEL_LOG_DEBUG, "restored %s: open %.1f ms, data %.1f ms",
+              path, (double)(t1 - t0) / 1e6,
+              (double)(keel__now_mono_ns() - t1) / 1e6);
     if (rep.n_missing > 0)
         keel__log(KEEL_LOG_INFO, "partial restore from %s: %zu variable(s) "
                   "keep their initializer (%s)", path, rep.n_missing,
