@@ -205,6 +205,10 @@ main(int argc, char **argv)
                                         sizeof ck_path) != KEEL_OK)
                         die("save");
                     w_keel[r] = gb / (now() - t0);
+                    /* Retention's unlink of the previous file runs on a
+                     * thread; let it finish before the raw run. */
+                    if (keel_saver_wait(sync_s) != KEEL_OK)
+                        die("wait");
                 } else {
                     unlink(raw_path);
                     t0 = now();

@@ -21,7 +21,9 @@
 #define CK_ALIGN_THRESHOLD ((hsize_t)64 << 10)
 #define CK_ALIGN ((hsize_t)4096)
 #define CK_IO_CHUNK ((size_t)8 << 20)
-#define CK_LATE_HASH_BYTES ((size_t)32 << 20)
+#define CK_LATE_HASH_BYTES ((size_t)4 << 20)
+#define CK_HASH_CHUNK ((size_t)1 << 20)
+#define CK_THREADED_READ_BYTES ((size_t)16 << 20)
 
 /* Lock HDF5 and switch its error printing off (libkeel never prints). */
 static void
@@ -314,20 +316,6 @@ out:
     return st;
 }
 
-typedef struct flush_job {
-    int fd;
-} flush_job;
-
-/* Start writing the data back while the checksums are computed; the
- * final fsync (through keel__fs) is what makes the file durable. */
-static void *
-flush_main(void *arg)
-{
-    flush_job *j = arg;
-    fdatasync(j->fd);
-    return NULL;
-}
-
 keel_status
 keel__ckpt_write_file(ck_plan *p, const char *path)
 {
@@ -336,10 +324,9 @@ keel__ckpt_write_file(ck_plan *p, const char *path)
     keel_status st;
     int fd = -1;
     size_t np = p->n + p->n_blobs;
-    pthread_t flusher;
-    flush_job job;
-    int flushing = 0, late;
+    int late;
     size_t total = 0;
+    int64_t tm[6] = { 0 };
 
     st = keel__fs_tmp_name(tmp, sizeof tmp, path);
     if (st != KEEL_OK)
@@ -348,18 +335,20 @@ keel__ckpt_write_file(ck_plan *p, const char *path)
     if (pieces == NULL)
         return keel__fail(KEEL_ENOMEM, "checkpoint %s: no memory for %zu "
                           "datasets", path, np);
-    /* Small checkpoints: checksums first (cheaper than the extra flush
-     * and reopen). Large ones: checksums while the data is written back,
-     * recorded afterwards. */
+    /* Small checkpoints: checksums first (cheaper than reopening the file
+     * to record them). Large ones: each chunk hashed right before it is
+     * written (one pass over memory), checksums recorded afterwards. */
     for (size_t i = 0; i < p->n; i++)
         total += p->items[i].bytes;
     late = total >= CK_LATE_HASH_BYTES;
     for (size_t i = 0; i < p->n; i++)
         p->items[i].hash = late ? 0 : XXH64(p->items[i].data,
                                             p->items[i].bytes, 0);
+    tm[0] = keel__now_mono_ns();
     st = write_structure(p, tmp, pieces);
     if (st != KEEL_OK)
         goto fail;
+    tm[1] = keel__now_mono_ns();
     fd = open(tmp, O_WRONLY | O_CLOEXEC);
     if (fd < 0) {
         st = keel__fail(KEEL_EIO, "reopen %s to write data: %s", tmp,
@@ -379,22 +368,39 @@ keel__ckpt_write_file(ck_plan *p, const char *path)
             st = keel__fail(KEEL_EIO, "seek in %s: %s", tmp, strerror(errno));
             goto fail;
         }
-        st = keel__fs_write_all(fd, pc->data, pc->bytes, tmp);
+        if (late && i < p->n) {
+            /* Hash each chunk just before write() copies it: one pass
+             * over memory for both. */
+            const char *d = pc->data;
+            XXH64_state_t *hs = XXH64_createState();
+            if (hs == NULL) {
+                st = keel__fail(KEEL_ENOMEM, "xxh64 state");
+                goto fail;
+            }
+            XXH64_reset(hs, 0);
+            for (size_t done = 0; done < pc->bytes && st == KEEL_OK; ) {
+                size_t c = pc->bytes - done < CK_HASH_CHUNK ?
+                           pc->bytes - done : CK_HASH_CHUNK;
+                XXH64_update(hs, d + done, c);
+                st = keel__fs_write_all(fd, d + done, c, tmp);
+                done += c;
+            }
+            p->items[i].hash = XXH64_digest(hs);
+            XXH64_freeState(hs);
+        } else {
+            st = keel__fs_write_all(fd, pc->data, pc->bytes, tmp);
+        }
         if (st != KEEL_OK)
             goto fail;
     }
+    tm[2] = keel__now_mono_ns();
     if (late) {
-        job.fd = fd;
-        flushing = pthread_create(&flusher, NULL, flush_main, &job) == 0;
-        for (size_t i = 0; i < p->n; i++)
-            p->items[i].hash = XXH64(p->items[i].data, p->items[i].bytes, 0);
-        if (flushing)
-            pthread_join(flusher, NULL);
-        flushing = 0;
+        tm[3] = tm[2];
         st = write_hashes(p, tmp);
         if (st != KEEL_OK)
             goto fail;
     }
+    tm[4] = keel__now_mono_ns();
     if (keel__fs->fsync(fd) != 0) {
         st = keel__fail(KEEL_EIO, "fsync %s: %s", tmp, strerror(errno));
         goto fail;
@@ -406,11 +412,18 @@ keel__ckpt_write_file(ck_plan *p, const char *path)
     }
     fd = -1;
     free(pieces);
+    tm[5] = keel__now_mono_ns();
     /* rename + fsync of the directory; unlinks tmp if the rename fails. */
-    return keel__fs_commit(tmp, path);
+    st = keel__fs_commit(tmp, path);
+    keel__log(KEEL_LOG_DEBUG, "wrote %s: structure %.1f ms, data %.1f ms, "
+              "record checksums %.1f ms, fsync "
+              "%.1f ms, rename+dir fsync %.1f ms", path,
+              (double)(tm[1] - tm[0]) / 1e6, (double)(tm[2] - tm[1]) / 1e6,
+              late ? (double)(tm[4] - tm[3]) / 1e6 : 0.0,
+              (double)(tm[5] - tm[4]) / 1e6,
+              (double)(keel__now_mono_ns() - tm[5]) / 1e6);
+    return st;
 fail:
-    if (flushing)
-        pthread_join(flusher, NULL);
     if (fd >= 0)
         close(fd);
     unlink(tmp);
@@ -820,6 +833,102 @@ pread_all(int fd, void *dst, size_t n, int64_t off, const char *path)
     return KEEL_OK;
 }
 
+/* Large reads into memory: a reader thread pread()s ahead while the
+ * caller hashes what has arrived, so the checksum overlaps the disk. */
+typedef struct rd_job {
+    int fd;
+    char *dst;
+    size_t n;
+    int64_t off;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    size_t done;
+    int failed;               /* errno, or -1 for an early end of file */
+} rd_job;
+
+static void *
+rd_main(void *arg)
+{
+    rd_job *j = arg;
+    size_t pos = 0;
+    while (pos < j->n) {
+        size_t c = j->n - pos < CK_IO_CHUNK ? j->n - pos : CK_IO_CHUNK;
+        ssize_t r = pread(j->fd, j->dst + pos, c, (off_t)(j->off +
+                                                          (int64_t)pos));
+        if (r < 0 && errno == EINTR)
+            continue;
+        pthread_mutex_lock(&j->mu);
+        if (r <= 0)
+            j->failed = r < 0 ? errno : -1;
+        else
+            j->done = pos + (size_t)r;
+        pthread_cond_signal(&j->cv);
+        pthread_mutex_unlock(&j->mu);
+        if (r <= 0)
+            return NULL;
+        pos += (size_t)r;
+    }
+    return NULL;
+}
+
+static keel_status
+read_hashed_mt(int fd, void *dst, size_t n, int64_t off, const char *path,
+               uint64_t *hash, int *ran)
+{
+    rd_job j;
+    pthread_t th;
+    XXH64_state_t *s;
+    size_t hashed = 0;
+    int failed = 0;
+
+    *ran = 0;
+    memset(&j, 0, sizeof j);
+    j.fd = fd;
+    j.dst = dst;
+    j.n = n;
+    j.off = off;
+    s = XXH64_createState();
+    if (s == NULL)
+        return keel__fail(KEEL_ENOMEM, "xxh64 state");
+    pthread_mutex_init(&j.mu, NULL);
+    pthread_cond_init(&j.cv, NULL);
+    if (pthread_create(&th, NULL, rd_main, &j) != 0) {
+        pthread_cond_destroy(&j.cv);
+        pthread_mutex_destroy(&j.mu);
+        XXH64_freeState(s);
+        return KEEL_OK;       /* *ran = 0: caller reads without a thread */
+    }
+    *ran = 1;
+    XXH64_reset(s, 0);
+    while (hashed < n) {
+        size_t avail;
+        pthread_mutex_lock(&j.mu);
+        while (j.done == hashed && j.failed == 0)
+            pthread_cond_wait(&j.cv, &j.mu);
+        avail = j.done;
+        failed = j.failed;
+        pthread_mutex_unlock(&j.mu);
+        if (avail > hashed) {
+            XXH64_update(s, (char *)dst + hashed, avail - hashed);
+            hashed = avail;
+        } else if (failed != 0) {
+            break;
+        }
+    }
+    pthread_join(th, NULL);
+    pthread_cond_destroy(&j.cv);
+    pthread_mutex_destroy(&j.mu);
+    *hash = XXH64_digest(s);
+    XXH64_freeState(s);
+    if (hashed < n) {
+        if (failed == -1)
+            return keel__fail(KEEL_ECORRUPT, "checkpoint %s is truncated "
+                              "(unexpected end of file)", path);
+        return keel__fail(KEEL_EIO, "read %s: %s", path, strerror(failed));
+    }
+    return KEEL_OK;
+}
+
 /* Read n bytes at off into dst (or, with dst NULL, through bounce) in
  * chunks, hashing each chunk while it is hot and asking the kernel to read
  * the next chunks ahead, so disk reads overlap the checksum work. */
@@ -831,6 +940,14 @@ read_hashed(int fd, void *dst, void *bounce, size_t n, int64_t off,
     const int ahead = 4;
     size_t done = 0;
     keel_status st = KEEL_OK;
+    if (dst != NULL && n >= CK_THREADED_READ_BYTES) {
+        int ran;
+        XXH64_freeState(s);
+        st = read_hashed_mt(fd, dst, n, off, path, hash, &ran);
+        if (ran || st != KEEL_OK)
+            return st;
+        s = XXH64_createState();
+    }
     if (s == NULL)
         return keel__fail(KEEL_ENOMEM, "xxh64 state");
     XXH64_reset(s, 0);

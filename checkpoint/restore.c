@@ -197,7 +197,9 @@ keel_ckpt_restore(const char *path, keel_vars *vs,
     size_t n_map = opts != NULL ? opts->n_name_map : 0;
     keel_restore_report rep;
     keel_var **target = NULL;       /* per file variable: store variable */
-    char mapped[KEEL_NAME_MAX], missing_first[KEEL_NAME_MAX] = "";
+    char mapped[KEEL_NAME_MAX];
+    char *found = NULL;             /* per store variable: in the file */
+    int64_t t0, t1;
     keel_restore_mode mode = opts != NULL ? opts->mode : KEEL_RESTORE_STRICT;
     keel_status st;
     size_t nv;
@@ -209,11 +211,13 @@ keel_ckpt_restore(const char *path, keel_vars *vs,
     st = parse_map(opts, &map);
     if (st != KEEL_OK)
         return st;
+    t0 = keel__now_mono_ns();
     st = keel__ckpt_open(path, &f);
     if (st != KEEL_OK) {
         free(map);
         return st;
     }
+    t1 = keel__now_mono_ns();
     rep.global_step = f.global_step;
     target = calloc(f.n_vars > 0 ? f.n_vars : 1, sizeof *target);
     if (target == NULL) {
@@ -256,17 +260,19 @@ keel_ckpt_restore(const char *path, keel_vars *vs,
         target[i] = v;
     }
     nv = keel_vars_count(vs);
+    found = calloc(nv > 0 ? nv : 1, 1);
+    if (found == NULL) {
+        st = keel__fail(KEEL_ENOMEM, "restore from %s", path);
+        goto out;
+    }
+    for (size_t i = 0; i < f.n_vars; i++)
+        if (target[i] != NULL)
+            found[keel_var_index(target[i])] = 1;
     for (size_t j = 0; j < nv; j++) {
         keel_var *v = keel_vars_at(vs, j);
-        int found = 0;
         if (keel_var_flags(v) & KEEL_VAR_LOCAL)
             continue;
-        for (size_t i = 0; i < f.n_vars && !found; i++)
-            found = target[i] == v;
-        if (!found) {
-            if (rep.n_missing == 0)
-                snprintf(missing_first, sizeof missing_first, "%s",
-                         keel_var_name(v));
+        if (!found[j]) {
             rep.n_missing++;
             list_append(rep.missing, sizeof rep.missing, keel_var_name(v));
         }
@@ -333,12 +339,15 @@ keel_ckpt_restore(const char *path, keel_vars *vs,
         }
     }
     keel_vars_set_global_step(vs, f.global_step);
+    keel__log(KEEL_LOG_DEBUG, "restored %s: open %.1f ms, data %.1f ms",
+              path, (double)(t1 - t0) / 1e6,
+              (double)(keel__now_mono_ns() - t1) / 1e6);
     if (rep.n_missing > 0)
         keel__log(KEEL_LOG_INFO, "partial restore from %s: %zu variable(s) "
                   "keep their initializer (%s)", path, rep.n_missing,
                   rep.missing);
-    (void)missing_first;
 out:
+    free(found);
     if (report != NULL)
         *report = rep;
     free(target);

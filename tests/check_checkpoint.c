@@ -271,7 +271,7 @@ END_TEST
 
 START_TEST(test_large_checkpoint_checksums_recorded_after_data)
 {
-    /* Over 32 MiB the writer records checksums after writing the data;
+    /* Over 4 MiB the writer records checksums after writing the data;
      * both savers, then a flipped byte deep in the data. */
     keel_vars *a, *b;
     keel_var *v;
