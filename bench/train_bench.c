@@ -261,7 +261,8 @@ throughput(const char *model, int64_t batch, const setting *set, int nt,
         run_free(&r[t]);
     }
     printf("{\"bench\": \"keel_train_split\", \"model\": \"%s\", \"batch\": "
-           "%lld, \"threads\": \"%s\", \"gemm_pct\": %.1f, \"im2col_pct\": %.1f, "
+           "%lld, \"threads\": \"%s\", \"gemm_pct\": %.1f, "
+           "\"im2col_pct\": %.1f, "
            "\"elementwise_pct\": %.1f, \"optimizer_pct\": %.1f, "
            "\"data_pct\": %.1f, \"other_pct\": %.1f}\n",
            model, (long long)batch, set[0].name,
@@ -289,11 +290,13 @@ accuracy(const char *model, int64_t batch, int epochs, uint64_t seed,
         acc = evaluate(&r, test);
         printf("{\"bench\": \"keel_train_epoch\", \"model\": \"%s\", "
                "\"batch\": %lld, \"threads\": %d, \"model_threads\": %d, "
-               "\"corename\": \"%s\", \"seed\": %llu, \"init\": \"%s\", \"epoch\": %d, "
+               "\"corename\": \"%s\", \"seed\": %llu, \"init\": \"%s\", "
+               "\"epoch\": %d, "
                "\"epoch_s\": %.2f, \"examples_per_s\": %.1f, "
                "\"last_batch_loss\": %.4f, \"test_acc\": %.4f}\n",
                model, (long long)batch, keel_train_get_threads(),
-               model_threads, keel_train_blas_corename(), (unsigned long long)seed,
+               model_threads, keel_train_blas_corename(),
+               (unsigned long long)seed,
                init == KEEL_INIT_TORCH ? "torch" : "glorot", ep, dt,
                (double)(spe * batch) / dt, loss, acc);
         fflush(stdout);
@@ -307,8 +310,9 @@ usage(void)
     fprintf(stderr,
             "usage: train_bench --mode throughput|accuracy [--models mlp,cnn]"
             " [--batches 64,256]\n"
-            "       [--threads-list 1,2,m2] [--model-threads 1] [--reps 5] [--seg-seconds 1.5]"
-            " [--epochs 5] [--threads 2]\n"
+            "       [--threads-list 1,2,m2] [--model-threads 1] [--reps 5]"
+            " [--seg-seconds 1.5]\n"
+            "       [--epochs 5] [--threads 2]"
             "       [--seed 0] [--init glorot|torch] [--data DIR]\n");
     exit(2);
 }

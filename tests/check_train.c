@@ -20,7 +20,7 @@
 #include "train_int.h"
 #include "testutil.h"
 
-/* ---- helpers ---------------------------------------------------------------- */
+/* ---- helpers ------------------------------------------------------------ */
 
 static void
 fill_uniform(float *p, size_t n, uint64_t seed, float lo, float hi)
@@ -72,7 +72,7 @@ gc_param(gcheck *g, float *p, size_t np, const float *analytic, float eps,
     }
 }
 
-/* ---- layer gradient checks ----------------------------------------------------- */
+/* ---- layer gradient checks ---------------------------------------------- */
 
 typedef struct dense_ctx {
     float *x, *w, *b;
@@ -313,7 +313,7 @@ START_TEST(test_softmax_xent_gradients_match_finite_differences)
 }
 END_TEST
 
-/* ---- model-level checks --------------------------------------------------------- */
+/* ---- model-level checks ------------------------------------------------- */
 
 typedef struct fixture {
     keel_vars *vs;
@@ -566,7 +566,8 @@ START_TEST(test_model_threads_split_batches_deterministically)
     ck_assert_int_eq(s1.correct, s2.correct);
     ck_assert_double_eq_tol(s1.loss_sum, s2.loss_sum, 1e-9);
     for (size_t v = 0; v < keel_grads_count(one.g); v++) {
-        keel_tensor *g1 = keel_grads_at(one.g, v), *g2 = keel_grads_at(two.g, v);
+        keel_tensor *g1 = keel_grads_at(one.g, v);
+        keel_tensor *g2 = keel_grads_at(two.g, v);
         keel_tensor *g3 = keel_grads_at(again.g, v);
         ck_assert_mem_eq(g2->data, g3->data, keel_tensor_bytes(g2));
         for (size_t j = 0; j < g1->count; j++)
@@ -652,7 +653,7 @@ START_TEST(test_model_rejects_bad_batches_and_configs)
 }
 END_TEST
 
-/* ---- names, schedules, optimizers ---------------------------------------------- */
+/* ---- names, schedules, optimizers --------------------------------------- */
 
 START_TEST(test_names_parse_and_errors_list_choices)
 {
@@ -951,7 +952,7 @@ START_TEST(test_adam_continues_bitwise_after_restore)
 }
 END_TEST
 
-/* ---- data files ------------------------------------------------------------------- */
+/* ---- data files --------------------------------------------------------- */
 
 #define NEX 10
 
@@ -1174,7 +1175,7 @@ START_TEST(test_h5_reader_rejects_corrupt_files)
 }
 END_TEST
 
-/* ---- iterator ------------------------------------------------------------------------ */
+/* ---- iterator ----------------------------------------------------------- */
 
 /* A dataset of n examples whose pixel 0 encodes the index. */
 static keel_dataset *
