@@ -4,6 +4,8 @@
 # /work/shared/bench/torch_train.py (both thread settings PyTorch likes best)
 # under the same OPENBLAS_CORETYPE, so the noise of this shared machine
 # hits both alike. Prints medians over rounds and keel/PyTorch ratios.
+# keel thread settings: "1", "2" = OpenBLAS threads; "m2" = 2 model threads
+# (keel_model_config.threads) with 1 OpenBLAS thread each.
 #   usage: bench/train.sh [throughput|accuracy] [BUILD_DIR]
 #   env:   ROUNDS=3 CORETYPES="SkylakeX Haswell" MODELS=mlp,cnn
 #          BATCHES=64,256 SEG=1.5 EPOCHS=5 BENCH_OUT=./train-bench
@@ -43,7 +45,7 @@ for core in $CORETYPES; do
     for r in $(seq "$ROUNDS"); do
         echo "== round $r/$ROUNDS OPENBLAS_CORETYPE=$core" >&2
         OPENBLAS_CORETYPE=$core "$kb" --mode throughput --models "$MODELS" \
-            --batches "$BATCHES" --threads-list 1,2 --reps 1 \
+            --batches "$BATCHES" --threads-list 1,2,m2 --reps 1 \
             --seg-seconds "$SEG" | sed "s/^{/{\"round\": $r, \"coretype\": \"$core\", /" \
             >> "$OUT/keel.jsonl"
         for env in "OMP_WAIT_POLICY=PASSIVE" "OPENBLAS_NUM_THREADS=1"; do
@@ -63,11 +65,13 @@ keel = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 torch = [json.loads(l) for l in open(sys.argv[2]) if l.strip()]
 k = defaultdict(list)       # (core, model, batch, threads) -> [ex/s per round]
 split = {}
+cores = {}
 peak = defaultdict(list)
 core_name = {}
 for r in keel:
     if r["bench"] == "keel_train_tput":
         k[(r["coretype"], r["model"], r["batch"], r["threads"])].append(r["median"])
+        cores[r["threads"]] = r["blas_threads"] * r["model_threads"]
         core_name[r["coretype"]] = r["corename"]
     elif r["bench"] == "keel_sgemm_peak":
         peak[(r["coretype"], r["threads"])].append(r["gflops"])
@@ -86,14 +90,14 @@ for (core, model, batch) in sorted({(a, b, c) for (a, b, c, _) in k}):
                  if (a, b, c) == (core, model, batch)))
     tbest = max(((statistics.median(v), s) for (a, b, c, s), v in t.items()
                  if (a, b, c) == (core, model, batch)), default=(float("nan"), "-"))
-    pk = statistics.median(peak[(core, kbest[1])])
+    pk = statistics.median(peak[(core, min(cores[kbest[1]], 2))])
     g = kbest[0] * flops[model] / 1e9
     n = len(k[(core, model, batch, kbest[1])])
-    print("| %s (%s) | %s | %d | %.0f (%d) | %.0f (%.0f%% of %.0f) | %.0f (%s) | %.2f | %d |" % (
+    print("| %s (%s) | %s | %d | %.0f (%s) | %.0f (%.0f%% of %.0f) | %.0f (%s) | %.2f | %d |" % (
         core, core_name.get(core, "?"), model, batch, kbest[0], kbest[1], g,
         100 * g / pk, pk, tbest[0], tbest[1], kbest[0] / tbest[0], n))
 print()
-print("time split of keel's 2-thread run (last round):")
+print("time split of keel's 1-thread run (last round):")
 for key, r in sorted(split.items()):
     print("  %s %s b%d: gemm %.0f%%, im2col %.0f%%, elementwise %.0f%%, optimizer %.0f%%, data %.0f%%" % (
         key[0], key[1], key[2], r["gemm_pct"], r["im2col_pct"], r["elementwise_pct"],
@@ -101,7 +105,7 @@ for key, r in sorted(split.items()):
 print()
 print("all keel figures (min..max over rounds):")
 for key, v in sorted(k.items()):
-    print("  %s %s b%d threads=%d: median %.0f (%.0f..%.0f)" % (key + (statistics.median(v), min(v), max(v))))
+    print("  %s %s b%d threads=%s: median %.0f (%.0f..%.0f)" % (key + (statistics.median(v), min(v), max(v))))
 print("all PyTorch figures:")
 for key, v in sorted(t.items()):
     print("  %s %s b%d %s: median %.0f (%.0f..%.0f)" % (key + (statistics.median(v), min(v), max(v))))

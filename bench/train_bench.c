@@ -81,7 +81,7 @@ typedef struct run {
 
 static void
 run_new(run *r, const char *model, int64_t batch, const keel_dataset *train,
-        keel_init_kind init, uint64_t seed, double lr)
+        keel_init_kind init, uint64_t seed, double lr, int model_threads)
 {
     keel_model_config mc;
     keel_optimizer_config oc;
@@ -91,6 +91,7 @@ run_new(run *r, const char *model, int64_t batch, const keel_dataset *train,
         die("model");
     mc.max_batch = batch;
     mc.init = init;
+    mc.threads = model_threads;
     if (keel_vars_new(&r->vs) != KEEL_OK ||
         keel_model_new(&mc, r->vs, &r->m) != KEEL_OK ||
         keel_model_init_vars(r->m, r->vs, seed) != KEEL_OK ||
@@ -186,21 +187,30 @@ load(const char *split)
     return ds;
 }
 
+/* A thread setting: "2" = OpenBLAS 2 threads; "m2" = 2 model threads
+ * splitting each batch, OpenBLAS 1 thread. */
+typedef struct setting {
+    char name[8];
+    int blas, model;
+} setting;
+
 static void
-throughput(const char *model, int64_t batch, const int *threads, int nt,
+throughput(const char *model, int64_t batch, const setting *set, int nt,
            int reps, double seg_s, const keel_dataset *train, double *peak)
 {
-    run r;
-    double res[2][64], split[4] = { 0 }, split_data = 0, total_s = 0;
+    run r[4];
+    double res[4][64], split[4] = { 0 }, split_data = 0, total_s = 0;
     int nsteps;
     double flops;
-    run_new(&r, model, batch, train, KEEL_INIT_GLOROT, 0, 0);
-    flops = keel_model_flops_per_example(r.m);
-    keel_train_set_threads(threads[nt - 1]);
-    steps(&r, 5);
+    for (int t = 0; t < nt; t++)
+        run_new(&r[t], model, batch, train, KEEL_INIT_GLOROT, 0, 0,
+                set[t].model);
+    flops = keel_model_flops_per_example(r[0].m);
+    keel_train_set_threads(set[nt - 1].blas);
+    steps(&r[nt - 1], 5);
     {
         double t0 = now();
-        steps(&r, 10);
+        steps(&r[nt - 1], 10);
         nsteps = (int)(seg_s / ((now() - t0) / 10));
         if (nsteps < 10)
             nsteps = 10;
@@ -209,16 +219,16 @@ throughput(const char *model, int64_t batch, const int *threads, int nt,
         for (int t = 0; t < nt; t++) {
             keel_train_profile p;
             double t0;
-            keel_train_set_threads(threads[t]);
-            steps(&r, 2);
+            keel_train_set_threads(set[t].blas);
+            steps(&r[t], 2);
             keel_train_profile_reset();
-            keel_train_profile_enable(1);
+            keel_train_profile_enable(set[t].model == 1);
             data_s = 0;
             t0 = now();
-            steps(&r, nsteps);
+            steps(&r[t], nsteps);
             res[t][rep] = (double)nsteps * (double)batch / (now() - t0);
             keel_train_profile_enable(0);
-            if (t == nt - 1) {
+            if (t == 0) {
                 keel_train_profile_get(&p);
                 split[0] += (double)p.gemm_ns * 1e-9;
                 split[1] += (double)p.im2col_ns * 1e-9;
@@ -231,43 +241,47 @@ throughput(const char *model, int64_t batch, const int *threads, int nt,
     }
     for (int t = 0; t < nt; t++) {
         double lo = res[t][0], hi = res[t][0], med;
+        int cores = set[t].blas * set[t].model;
         for (int i = 1; i < reps; i++) {
             lo = res[t][i] < lo ? res[t][i] : lo;
             hi = res[t][i] > hi ? res[t][i] : hi;
         }
         med = median(res[t], reps);
         printf("{\"bench\": \"keel_train_tput\", \"model\": \"%s\", "
-               "\"batch\": %lld, \"threads\": %d, \"corename\": \"%s\", "
+               "\"batch\": %lld, \"threads\": \"%s\", \"blas_threads\": %d, "
+               "\"model_threads\": %d, \"corename\": \"%s\", "
                "\"steps_per_rep\": %d, \"unit\": \"examples/s\", "
                "\"median\": %.1f, \"min\": %.1f, \"max\": %.1f, \"reps\": %d, "
                "\"gflops\": %.1f, \"sgemm_peak_gflops\": %.1f, "
                "\"pct_of_peak\": %.1f}\n",
-               model, (long long)batch, threads[t],
-               keel_train_blas_corename(), nsteps, med, lo, hi, reps,
-               med * flops / 1e9, peak[t], 100.0 * med * flops / 1e9 / peak[t]);
+               model, (long long)batch, set[t].name, set[t].blas,
+               set[t].model, keel_train_blas_corename(), nsteps, med, lo, hi,
+               reps, med * flops / 1e9, peak[cores > 1],
+               100.0 * med * flops / 1e9 / peak[cores > 1]);
+        run_free(&r[t]);
     }
     printf("{\"bench\": \"keel_train_split\", \"model\": \"%s\", \"batch\": "
-           "%lld, \"threads\": %d, \"gemm_pct\": %.1f, \"im2col_pct\": %.1f, "
+           "%lld, \"threads\": \"%s\", \"gemm_pct\": %.1f, "
+           "\"im2col_pct\": %.1f, "
            "\"elementwise_pct\": %.1f, \"optimizer_pct\": %.1f, "
            "\"data_pct\": %.1f, \"other_pct\": %.1f}\n",
-           model, (long long)batch, threads[nt - 1],
+           model, (long long)batch, set[0].name,
            100 * split[0] / total_s, 100 * split[1] / total_s,
            100 * split[2] / total_s, 100 * split[3] / total_s,
            100 * split_data / total_s,
            100 * (total_s - split[0] - split[1] - split[2] - split[3] -
                   split_data) / total_s);
     fflush(stdout);
-    run_free(&r);
 }
 
 static void
 accuracy(const char *model, int64_t batch, int epochs, uint64_t seed,
-         keel_init_kind init, const keel_dataset *train,
+         keel_init_kind init, int model_threads, const keel_dataset *train,
          const keel_dataset *test)
 {
     run r;
     int64_t spe;
-    run_new(&r, model, batch, train, init, seed, 0);
+    run_new(&r, model, batch, train, init, seed, 0, model_threads);
     spe = keel_data_iter_steps_per_epoch(r.it);
     for (int ep = 1; ep <= epochs; ep++) {
         double t0 = now(), loss, dt, acc;
@@ -275,12 +289,14 @@ accuracy(const char *model, int64_t batch, int epochs, uint64_t seed,
         dt = now() - t0;
         acc = evaluate(&r, test);
         printf("{\"bench\": \"keel_train_epoch\", \"model\": \"%s\", "
-               "\"batch\": %lld, \"threads\": %d, \"corename\": \"%s\", "
-               "\"seed\": %llu, \"init\": \"%s\", \"epoch\": %d, "
+               "\"batch\": %lld, \"threads\": %d, \"model_threads\": %d, "
+               "\"corename\": \"%s\", \"seed\": %llu, \"init\": \"%s\", "
+               "\"epoch\": %d, "
                "\"epoch_s\": %.2f, \"examples_per_s\": %.1f, "
                "\"last_batch_loss\": %.4f, \"test_acc\": %.4f}\n",
                model, (long long)batch, keel_train_get_threads(),
-               keel_train_blas_corename(), (unsigned long long)seed,
+               model_threads, keel_train_blas_corename(),
+               (unsigned long long)seed,
                init == KEEL_INIT_TORCH ? "torch" : "glorot", ep, dt,
                (double)(spe * batch) / dt, loss, acc);
         fflush(stdout);
@@ -294,8 +310,9 @@ usage(void)
     fprintf(stderr,
             "usage: train_bench --mode throughput|accuracy [--models mlp,cnn]"
             " [--batches 64,256]\n"
-            "       [--threads-list 1,2] [--reps 5] [--seg-seconds 1.5]"
-            " [--epochs 5] [--threads 2]\n"
+            "       [--threads-list 1,2,m2] [--model-threads 1] [--reps 5]"
+            " [--seg-seconds 1.5]\n"
+            "       [--epochs 5] [--threads 2]"
             "       [--seed 0] [--init glorot|torch] [--data DIR]\n");
     exit(2);
 }
@@ -304,12 +321,14 @@ int
 main(int argc, char **argv)
 {
     const char *mode = NULL, *models = "mlp,cnn", *batches = "64,256";
-    const char *tlist = "1,2";
+    const char *tlist = "1,2,m2";
+    int model_threads = 1;
     int reps = 5, epochs = 5, threads = 2;
     double seg = 1.5;
     uint64_t seed = 0;
     keel_init_kind init = KEEL_INIT_GLOROT;
-    int tl[2], nt = 0;
+    setting tl[4];
+    int nt = 0;
     char buf[256], *tok, *save;
     keel_dataset *train, *test = NULL;
     for (int i = 1; i < argc; i++) {
@@ -331,6 +350,8 @@ main(int argc, char **argv)
             seg = atof(v);
         else if (!strcmp(a, "--epochs"))
             epochs = atoi(v);
+        else if (!strcmp(a, "--model-threads"))
+            model_threads = atoi(v);
         else if (!strcmp(a, "--threads"))
             threads = atoi(v);
         else if (!strcmp(a, "--seed"))
@@ -346,18 +367,24 @@ main(int argc, char **argv)
     if (mode == NULL || reps < 1 || reps > 64)
         usage();
     snprintf(buf, sizeof buf, "%s", tlist);
-    for (tok = strtok_r(buf, ",", &save); tok != NULL && nt < 2;
-         tok = strtok_r(NULL, ",", &save))
-        tl[nt++] = atoi(tok);
+    for (tok = strtok_r(buf, ",", &save); tok != NULL && nt < 4;
+         tok = strtok_r(NULL, ",", &save)) {
+        snprintf(tl[nt].name, sizeof tl[nt].name, "%s", tok);
+        tl[nt].model = tok[0] == 'm' ? atoi(tok + 1) : 1;
+        tl[nt].blas = tok[0] == 'm' ? 1 : atoi(tok);
+        if (tl[nt].model < 1 || tl[nt].blas < 1)
+            usage();
+        nt++;
+    }
     train = load("train");
     if (!strcmp(mode, "throughput")) {
         double peak[2];
-        for (int t = 0; t < nt; t++) {
-            keel_train_set_threads(tl[t]);
+        for (int t = 0; t < 2; t++) {
+            keel_train_set_threads(t + 1);
             peak[t] = sgemm_peak(2048, 3);
             printf("{\"bench\": \"keel_sgemm_peak\", \"n\": 2048, "
                    "\"threads\": %d, \"corename\": \"%s\", \"gflops\": "
-                   "%.1f}\n", tl[t], keel_train_blas_corename(), peak[t]);
+                   "%.1f}\n", t + 1, keel_train_blas_corename(), peak[t]);
         }
         snprintf(buf, sizeof buf, "%s", models);
         for (tok = strtok_r(buf, ",", &save); tok != NULL;
@@ -378,7 +405,8 @@ main(int argc, char **argv)
             snprintf(b2, sizeof b2, "%s", batches);
             for (t2 = strtok_r(b2, ",", &s2); t2 != NULL;
                  t2 = strtok_r(NULL, ",", &s2))
-                accuracy(tok, atoll(t2), epochs, seed, init, train, test);
+                accuracy(tok, atoll(t2), epochs, seed, init, model_threads,
+                         train, test);
         }
     } else {
         usage();

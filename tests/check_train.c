@@ -20,7 +20,7 @@
 #include "train_int.h"
 #include "testutil.h"
 
-/* ---- helpers ---------------------------------------------------------------- */
+/* ---- helpers ------------------------------------------------------------ */
 
 static void
 fill_uniform(float *p, size_t n, uint64_t seed, float lo, float hi)
@@ -72,7 +72,7 @@ gc_param(gcheck *g, float *p, size_t np, const float *analytic, float eps,
     }
 }
 
-/* ---- layer gradient checks ----------------------------------------------------- */
+/* ---- layer gradient checks ---------------------------------------------- */
 
 typedef struct dense_ctx {
     float *x, *w, *b;
@@ -313,7 +313,7 @@ START_TEST(test_softmax_xent_gradients_match_finite_differences)
 }
 END_TEST
 
-/* ---- model-level checks --------------------------------------------------------- */
+/* ---- model-level checks ------------------------------------------------- */
 
 typedef struct fixture {
     keel_vars *vs;
@@ -539,6 +539,52 @@ START_TEST(test_microbatch_gradients_are_bitwise_reproducible)
 }
 END_TEST
 
+START_TEST(test_model_threads_split_batches_deterministically)
+{
+    keel_model_config cfg;
+    fixture one, two, again;
+    float x[10 * 144];
+    int32_t y[10];
+    keel_batch b = { x, y, 10 };
+    keel_step_stats s1, s2, s3;
+    keel_model_config_init(&cfg);
+    cfg.kind = KEEL_MODEL_CNN;
+    cfg.height = cfg.width = 12;
+    cfg.classes = 4;
+    cfg.max_batch = 10;
+    fx_new(&one, &cfg, 3);
+    cfg.threads = 3;                       /* shards of 3, 3, 4 examples */
+    fx_new(&two, &cfg, 3);
+    fx_new(&again, &cfg, 3);
+    synthetic(x, y, 10, 144, 4, 12);
+    ck_assert_int_eq(keel_model_step(one.m, one.vs, &b, 10, one.g, &s1),
+                     KEEL_OK);
+    ck_assert_int_eq(keel_model_step(two.m, two.vs, &b, 10, two.g, &s2),
+                     KEEL_OK);
+    ck_assert_int_eq(keel_model_step(again.m, again.vs, &b, 10, again.g,
+                                     &s3), KEEL_OK);
+    ck_assert_int_eq(s1.correct, s2.correct);
+    ck_assert_double_eq_tol(s1.loss_sum, s2.loss_sum, 1e-9);
+    for (size_t v = 0; v < keel_grads_count(one.g); v++) {
+        keel_tensor *g1 = keel_grads_at(one.g, v);
+        keel_tensor *g2 = keel_grads_at(two.g, v);
+        keel_tensor *g3 = keel_grads_at(again.g, v);
+        ck_assert_mem_eq(g2->data, g3->data, keel_tensor_bytes(g2));
+        for (size_t j = 0; j < g1->count; j++)
+            ck_assert_float_eq_tol(g1->data[j], g2->data[j],
+                                   1e-6 + 1e-4 * fabsf(g1->data[j]));
+    }
+    /* a batch smaller than the thread count leaves shards empty */
+    b.n = 2;
+    ck_assert_int_eq(keel_model_eval(two.m, two.vs, &b, &s2), KEEL_OK);
+    ck_assert_int_eq(keel_model_eval(one.m, one.vs, &b, &s1), KEEL_OK);
+    ck_assert_double_eq_tol(s1.loss_sum, s2.loss_sum, 1e-5);
+    fx_free(&one);
+    fx_free(&two);
+    fx_free(&again);
+}
+END_TEST
+
 START_TEST(test_tiny_mlp_learns_separable_problem)
 {
     keel_model_config cfg;
@@ -607,7 +653,7 @@ START_TEST(test_model_rejects_bad_batches_and_configs)
 }
 END_TEST
 
-/* ---- names, schedules, optimizers ---------------------------------------------- */
+/* ---- names, schedules, optimizers --------------------------------------- */
 
 START_TEST(test_names_parse_and_errors_list_choices)
 {
@@ -906,7 +952,7 @@ START_TEST(test_adam_continues_bitwise_after_restore)
 }
 END_TEST
 
-/* ---- data files ------------------------------------------------------------------- */
+/* ---- data files --------------------------------------------------------- */
 
 #define NEX 10
 
@@ -1129,7 +1175,7 @@ START_TEST(test_h5_reader_rejects_corrupt_files)
 }
 END_TEST
 
-/* ---- iterator ------------------------------------------------------------------------ */
+/* ---- iterator ----------------------------------------------------------- */
 
 /* A dataset of n examples whose pixel 0 encodes the index. */
 static keel_dataset *
@@ -1374,6 +1420,7 @@ train_suite(void)
     tcase_add_test(t, test_cnn_variables_have_keras_names_and_shapes);
     tcase_add_test(t, test_init_is_deterministic_and_glorot_bounded);
     tcase_add_test(t, test_microbatch_gradients_are_bitwise_reproducible);
+    tcase_add_test(t, test_model_threads_split_batches_deterministically);
     tcase_add_test(t, test_tiny_mlp_learns_separable_problem);
     tcase_add_test(t, test_model_rejects_bad_batches_and_configs);
     tcase_add_test(t, test_blas_threads_and_corename);

@@ -99,7 +99,7 @@ keel_dataset_get(const keel_dataset *ds, size_t i, float *x, int32_t *y)
     return KEEL_OK;
 }
 
-/* ---- IDX -------------------------------------------------------------------- */
+/* ---- IDX ---------------------------------------------------------------- */
 
 static keel_status
 open_fail(const char *path, const char *what)
@@ -279,7 +279,7 @@ out:
     return st;
 }
 
-/* ---- HDF5 ------------------------------------------------------------------- */
+/* ---- HDF5 --------------------------------------------------------------- */
 
 static keel_status
 h5_read_dataset(const char *path, int num_classes, keel_dataset *ds)
@@ -450,7 +450,7 @@ keel_dataset_open_h5(const char *path, int num_classes, keel_dataset **out)
     return KEEL_OK;
 }
 
-/* ---- iterator -------------------------------------------------------------- */
+/* ---- iterator ----------------------------------------------------------- */
 
 struct keel_data_iter {
     const keel_dataset *ds;

@@ -63,7 +63,7 @@ keel_train_blas_corename(void)
     return s != NULL ? s : "unknown";
 }
 
-/* ---- PRNG ---------------------------------------------------------------- */
+/* ---- PRNG --------------------------------------------------------------- */
 
 uint64_t
 keel__splitmix64(uint64_t *x)
@@ -122,7 +122,7 @@ keel__rng_uniform(keel__rng *r, float lo, float hi)
     return lo + (hi - lo) * u;
 }
 
-/* ---- BLAS ------------------------------------------------------------------ */
+/* ---- BLAS --------------------------------------------------------------- */
 
 void
 keel__sgemm(int trans_a, int trans_b, size_t m, size_t n, size_t k,
@@ -137,7 +137,7 @@ keel__sgemm(int trans_a, int trans_b, size_t m, size_t n, size_t k,
     KEEL__PROF_END(gemm_ns);
 }
 
-/* ---- activations ------------------------------------------------------------ */
+/* ---- activations -------------------------------------------------------- */
 
 static KEEL__HOT void
 relu_inplace(float *restrict y, size_t n)
@@ -246,7 +246,7 @@ keel__add_into(float *dst, const float *src, size_t count)
     KEEL__PROF_END(elementwise_ns);
 }
 
-/* ---- dense ------------------------------------------------------------------- */
+/* ---- dense -------------------------------------------------------------- */
 
 void
 keel__dense_forward(const float *x, size_t n, size_t in, size_t out,
@@ -269,7 +269,7 @@ keel__dense_backward(const float *x, const float *dy, size_t n, size_t in,
         keel__sgemm(0, 1, n, in, out, 1.0f, dy, out, w, out, 0.0f, dx, in);
 }
 
-/* ---- conv2d ------------------------------------------------------------------- */
+/* ---- conv2d ------------------------------------------------------------- */
 
 keel_status
 keel__conv_geom_init(keel__conv_geom *g, int same)
@@ -470,7 +470,7 @@ keel__conv_backward(const keel__conv_geom *g, const float *x, size_t n,
     }
 }
 
-/* ---- max-pool ------------------------------------------------------------------- */
+/* ---- max-pool ----------------------------------------------------------- */
 
 keel_status
 keel__pool_geom_init(keel__pool_geom *g)
@@ -580,7 +580,7 @@ keel__pool_backward(const keel__pool_geom *g, const float *dy, size_t n,
     KEEL__PROF_END(elementwise_ns);
 }
 
-/* ---- softmax cross-entropy ------------------------------------------------------- */
+/* ---- softmax cross-entropy ---------------------------------------------- */
 
 void
 keel__softmax_xent(const float *logits, const int32_t *y, size_t n, size_t k,

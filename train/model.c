@@ -4,6 +4,7 @@
 #include <config.h>
 
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,14 +23,20 @@ typedef struct layer {
     keel__conv_geom cg;
     keel__pool_geom pg;
     keel_var *w, *b;
-    float *y, *dy;                /* [max_batch * out_size] */
-    int32_t *arg;                 /* pool argmax */
-    float *col;                   /* conv im2col workspace */
-    float *dw, *db;               /* this call's gradient */
     int fused;                    /* conv followed by max-pool: bias and
                                    * activation are applied after the pool
                                    * (max commutes with both), 4x less work */
 } layer;
+
+/* One shard's buffers for one layer, sized for shard_cap examples. */
+typedef struct lbuf {
+    float *y, *dy;                /* outputs and their gradients */
+    int32_t *arg;                 /* pool argmax */
+    float *col;                   /* conv im2col workspace */
+    float *dw, *db;               /* this shard's parameter gradients */
+} lbuf;
+
+#define MAX_THREADS 8
 
 struct keel_model {
     keel_model_config cfg;
@@ -37,6 +44,9 @@ struct keel_model {
     int nl;
     size_t nvars;
     double flops;
+    int nshard;                   /* cfg.threads */
+    size_t shard_cap;             /* ceil(max_batch / nshard) */
+    lbuf *buf[MAX_THREADS];       /* [shard][layer] */
 };
 
 void
@@ -54,6 +64,7 @@ keel_model_config_init(keel_model_config *cfg)
     cfg->classes = 10;
     cfg->max_batch = 256;
     cfg->init = KEEL_INIT_GLOROT;
+    cfg->threads = 1;
 }
 
 static const char *const model_names[] = { "softmax", "mlp", "cnn" };
@@ -159,14 +170,19 @@ keel_model_free(keel_model *m)
 {
     if (m == NULL)
         return;
-    for (int i = 0; i < m->nl; i++) {
-        layer *L = &m->l[i];
-        keel_aligned_free(L->y);
-        keel_aligned_free(L->dy);
-        keel_aligned_free(L->arg);
-        keel_aligned_free(L->col);
-        keel_aligned_free(L->dw);
-        keel_aligned_free(L->db);
+    for (int s = 0; s < MAX_THREADS; s++) {
+        if (m->buf[s] == NULL)
+            continue;
+        for (int i = 0; i < m->nl; i++) {
+            lbuf *B = &m->buf[s][i];
+            keel_aligned_free(B->y);
+            keel_aligned_free(B->dy);
+            keel_aligned_free(B->arg);
+            keel_aligned_free(B->col);
+            keel_aligned_free(B->dw);
+            keel_aligned_free(B->db);
+        }
+        free(m->buf[s]);
     }
     free(m->l);
     free(m);
@@ -206,7 +222,6 @@ add_layer(keel_model *m, keel_vars *vs, layer *proto, int *n_dense,
           int *n_conv)
 {
     layer *L = &m->l[m->nl];
-    size_t nb = (size_t)m->cfg.max_batch;
     keel_status st;
     char scope[32];
     *L = *proto;
@@ -231,9 +246,7 @@ add_layer(keel_model *m, keel_vars *vs, layer *proto, int *n_dense,
             return st;
         L->out_size = g->oh * g->ow * g->cout;
         if ((st = make_var(vs, scope, "kernel", 4, ks, &L->w)) != KEEL_OK ||
-            (st = make_var(vs, scope, "bias", 1, bs, &L->b)) != KEEL_OK ||
-            (st = alloc_floats(&L->col, keel__conv_col_size(g, nb),
-                               "im2col workspace")) != KEEL_OK)
+            (st = make_var(vs, scope, "bias", 1, bs, &L->b)) != KEEL_OK)
             return st;
         m->flops += 2.0 * (double)(g->oh * g->ow) *
                     (double)(g->kh * g->kw * g->cin) * (double)g->cout *
@@ -242,26 +255,51 @@ add_layer(keel_model *m, keel_vars *vs, layer *proto, int *n_dense,
         if ((st = keel__pool_geom_init(&L->pg)) != KEEL_OK)
             return st;
         L->out_size = L->pg.oh * L->pg.ow * L->pg.c;
-        if (nb * L->in_size > INT32_MAX)
-            return keel__fail(KEEL_EINVAL, "model: max_batch %zu too large "
-                              "for max-pool indices", nb);
-        L->arg = keel_aligned_alloc(nb * L->out_size * sizeof(int32_t));
-        if (L->arg == NULL)
-            return keel__fail(KEEL_ENOMEM, "model: pool indices");
     }
-    if ((st = alloc_floats(&L->y, nb * L->out_size, "activations")) !=
-            KEEL_OK ||
-        (st = alloc_floats(&L->dy, nb * L->out_size, "activation grads")) !=
-            KEEL_OK)
-        return st;
-    if (L->w != NULL &&
-        ((st = alloc_floats(&L->dw, keel_var_tensor(L->w)->count,
-                            "kernel grad")) != KEEL_OK ||
-         (st = alloc_floats(&L->db, keel_var_tensor(L->b)->count,
-                            "bias grad")) != KEEL_OK))
-        return st;
     if (L->w != NULL)
         m->nvars += 2;
+    return KEEL_OK;
+}
+
+/* Every shard's workspaces, allocated once (nothing is allocated per step). */
+static keel_status
+alloc_buffers(keel_model *m)
+{
+    size_t nb = m->shard_cap;
+    keel_status st;
+    for (int s = 0; s < m->nshard; s++) {
+        m->buf[s] = calloc((size_t)m->nl, sizeof(lbuf));
+        if (m->buf[s] == NULL)
+            return keel__fail(KEEL_ENOMEM, "model: layer buffers");
+        for (int i = 0; i < m->nl; i++) {
+            layer *L = &m->l[i];
+            lbuf *B = &m->buf[s][i];
+            if (L->kind == L_CONV &&
+                (st = alloc_floats(&B->col, keel__conv_col_size(&L->cg, nb),
+                                   "im2col workspace")) != KEEL_OK)
+                return st;
+            if (L->kind == L_POOL) {
+                if (nb * L->in_size > INT32_MAX)
+                    return keel__fail(KEEL_EINVAL, "model: max_batch too "
+                                      "large for max-pool indices");
+                B->arg = keel_aligned_alloc(nb * L->out_size *
+                                            sizeof(int32_t));
+                if (B->arg == NULL)
+                    return keel__fail(KEEL_ENOMEM, "model: pool indices");
+            }
+            if ((st = alloc_floats(&B->y, nb * L->out_size,
+                                   "activations")) != KEEL_OK ||
+                (st = alloc_floats(&B->dy, nb * L->out_size,
+                                   "activation grads")) != KEEL_OK)
+                return st;
+            if (L->w != NULL &&
+                ((st = alloc_floats(&B->dw, keel_var_tensor(L->w)->count,
+                                    "kernel grad")) != KEEL_OK ||
+                 (st = alloc_floats(&B->db, keel_var_tensor(L->b)->count,
+                                    "bias grad")) != KEEL_OK))
+                return st;
+        }
+    }
     return KEEL_OK;
 }
 
@@ -289,6 +327,9 @@ check_config(const keel_model_config *c)
         if (c->hidden[i] < 1 || c->hidden[i] > 1 << 20)
             return keel__fail(KEEL_EINVAL, "model: hidden size %lld",
                               (long long)c->hidden[i]);
+    if (c->threads < 1 || c->threads > MAX_THREADS)
+        return keel__fail(KEEL_EINVAL, "model: threads %d out of range "
+                          "(1..%d)", c->threads, MAX_THREADS);
     if ((unsigned)c->activation > KEEL_ACT_NONE ||
         (unsigned)c->init > KEEL_INIT_TORCH)
         return keel__fail(KEEL_EINVAL, "model: bad activation or init");
@@ -383,6 +424,11 @@ keel_model_new(const keel_model_config *cfg, keel_vars *vs, keel_model **out)
     p.dout = (size_t)cfg->classes;
     if ((st = add_layer(m, vs, &p, &n_dense, &n_conv)) != KEEL_OK)
         goto fail;
+    m->nshard = cfg->threads;
+    m->shard_cap = ((size_t)cfg->max_batch + (size_t)m->nshard - 1) /
+                   (size_t)m->nshard;
+    if ((st = alloc_buffers(m)) != KEEL_OK)
+        goto fail;
     *out = m;
     return KEEL_OK;
 fail:
@@ -451,32 +497,149 @@ check_batch(const keel_model *m, const keel_batch *b, const char *what)
 }
 
 static void
-forward(keel_model *m, const float *x, size_t n)
+forward(keel_model *m, lbuf *buf, const float *x, size_t n)
 {
     const float *in = x;
     for (int i = 0; i < m->nl; i++) {
         layer *L = &m->l[i];
+        lbuf *B = &buf[i];
         if (L->kind == L_DENSE) {
             keel__dense_forward(in, n, L->din, L->dout,
-                                keel_var_tensor(L->w)->data, NULL, L->y);
-            keel__bias_act_forward(L->act, L->y, n, L->dout,
+                                keel_var_tensor(L->w)->data, NULL, B->y);
+            keel__bias_act_forward(L->act, B->y, n, L->dout,
                                    keel_var_tensor(L->b)->data);
         } else if (L->kind == L_CONV) {
             keel__conv_forward(&L->cg, in, n, keel_var_tensor(L->w)->data,
-                               NULL, L->col, L->y);
+                               NULL, B->col, B->y);
             if (!L->fused)
-                keel__bias_act_forward(L->act, L->y,
+                keel__bias_act_forward(L->act, B->y,
                                        n * L->cg.oh * L->cg.ow, L->cg.cout,
                                        keel_var_tensor(L->b)->data);
         } else {
             layer *P = i > 0 ? &m->l[i - 1] : NULL;
-            keel__pool_forward(&L->pg, in, n, L->y, L->arg);
+            keel__pool_forward(&L->pg, in, n, B->y, B->arg);
             if (P != NULL && P->fused)
-                keel__bias_act_forward(P->act, L->y,
+                keel__bias_act_forward(P->act, B->y,
                                        n * L->pg.oh * L->pg.ow, L->pg.c,
                                        keel_var_tensor(P->b)->data);
         }
-        in = L->y;
+        in = B->y;
+    }
+}
+
+/* Backward through every layer of one shard; dlogits already in place. */
+static void
+backward(keel_model *m, lbuf *buf, const float *x, size_t n)
+{
+    for (int i = m->nl - 1; i >= 0; i--) {
+        layer *L = &m->l[i];
+        lbuf *B = &buf[i];
+        layer *P = i > 0 ? &m->l[i - 1] : NULL;
+        const float *in = i > 0 ? buf[i - 1].y : x;
+        float *dx = i > 0 ? buf[i - 1].dy : NULL;
+        if (L->act != KEEL_ACT_NONE && !L->fused)
+            keel__act_backward(L->act, B->y, B->dy, n * L->out_size);
+        if (L->kind == L_POOL && P != NULL && P->fused) {
+            /* the conv's activation and bias live on the pooled output */
+            keel__act_backward(P->act, B->y, B->dy, n * L->out_size);
+            keel__col_sums(B->dy, n * L->pg.oh * L->pg.ow, L->pg.c,
+                           buf[i - 1].db);
+        }
+        if (L->kind == L_DENSE)
+            keel__dense_backward(in, B->dy, n, L->din, L->dout,
+                                 keel_var_tensor(L->w)->data, B->dw, B->db,
+                                 dx);
+        else if (L->kind == L_CONV)
+            keel__conv_backward(&L->cg, in, n, B->dy,
+                                keel_var_tensor(L->w)->data, B->col, 1,
+                                B->dw, L->fused ? NULL : B->db, dx);
+        else
+            keel__pool_backward(&L->pg, B->dy, n, B->arg, dx);
+    }
+}
+
+enum { JOB_STEP, JOB_EVAL, JOB_PREDICT };
+
+typedef struct job {
+    keel_model *m;
+    int what, shard;
+    const keel_batch *batch;
+    size_t lo, hi;               /* examples of this shard */
+    float scale;                 /* 1 / global batch size */
+    float *probs;
+    double loss;
+    int64_t correct;
+} job;
+
+static void
+run_job(job *j)
+{
+    keel_model *m = j->m;
+    lbuf *buf = m->buf[j->shard];
+    size_t n = j->hi - j->lo;
+    size_t esize = m->l[0].in_size;
+    const float *x = j->batch->x + j->lo * esize;
+    lbuf *last = &buf[m->nl - 1];
+    size_t k = m->l[m->nl - 1].dout;
+    j->loss = 0.0;
+    j->correct = 0;
+    if (n == 0)
+        return;
+    forward(m, buf, x, n);
+    if (j->what == JOB_PREDICT) {
+        for (size_t i = 0; i < n; i++) {
+            const float *z = last->y + i * k;
+            float *p = j->probs + (j->lo + i) * k;
+            float mx = z[0];
+            double sum = 0.0;
+            for (size_t c = 1; c < k; c++)
+                mx = z[c] > mx ? z[c] : mx;
+            for (size_t c = 0; c < k; c++)
+                sum += exp((double)z[c] - (double)mx);
+            for (size_t c = 0; c < k; c++)
+                p[c] = (float)(exp((double)z[c] - (double)mx) / sum);
+        }
+        return;
+    }
+    keel__softmax_xent(last->y, j->batch->y + j->lo, n, k, j->scale,
+                       j->what == JOB_STEP ? last->dy : NULL, &j->loss,
+                       &j->correct);
+    if (j->what == JOB_STEP)
+        backward(m, buf, x, n);
+}
+
+static void *
+job_thread(void *arg)
+{
+    run_job(arg);
+    return NULL;
+}
+
+/* Split the batch into the model's shards (contiguous, in order), run them
+ * on threads 1..S-1 and the caller's thread, and wait. Which thread runs a
+ * shard never changes its result. */
+static void
+run_shards(keel_model *m, job *jobs, int what, const keel_batch *batch,
+           float scale, float *probs)
+{
+    pthread_t tid[MAX_THREADS];
+    int started[MAX_THREADS] = { 0 };
+    int S = m->nshard;
+    for (int s = 0; s < S; s++) {
+        jobs[s] = (job){ .m = m, .what = what, .shard = s, .batch = batch,
+                         .lo = batch->n * (size_t)s / (size_t)S,
+                         .hi = batch->n * (size_t)(s + 1) / (size_t)S,
+                         .scale = scale, .probs = probs };
+    }
+    for (int s = 1; s < S; s++)
+        started[s] = pthread_create(&tid[s], NULL, job_thread,
+                                    &jobs[s]) == 0;
+    run_job(&jobs[0]);
+    for (int s = 1; s < S; s++) {
+        if (started[s])
+            pthread_join(tid[s], NULL);
+        else
+            run_job(&jobs[s]);       /* no thread: same result inline */
     }
 }
 
@@ -486,10 +649,9 @@ keel_model_step(keel_model *m, keel_vars *vs, const keel_batch *batch,
                 keel_step_stats *stats)
 {
     keel_status st;
-    layer *last;
+    job jobs[MAX_THREADS];
     double loss = 0.0;
     int64_t correct = 0;
-    size_t n;
     if (m == NULL || vs == NULL || grads == NULL)
         return keel__fail(KEEL_EINVAL, "model step: NULL argument");
     if ((st = check_batch(m, batch, "step")) != KEEL_OK)
@@ -507,49 +669,37 @@ keel_model_step(keel_model *m, keel_vars *vs, const keel_batch *batch,
              keel_grads_at(grads, keel_var_index(m->l[i].b)) == NULL))
             return keel__fail(KEEL_EINVAL, "model step: no gradient for "
                               "'%s'", keel_var_name(m->l[i].w));
-    n = batch->n;
-    forward(m, batch->x, n);
-    last = &m->l[m->nl - 1];
-    keel__softmax_xent(last->y, batch->y, n, last->dout,
-                       (float)(1.0 / (double)global_batch_size), last->dy,
-                       &loss, &correct);
-    for (int i = m->nl - 1; i >= 0; i--) {
-        layer *L = &m->l[i];
-        const float *in = i > 0 ? m->l[i - 1].y : batch->x;
-        float *dx = i > 0 ? m->l[i - 1].dy : NULL;
-        layer *P = i > 0 ? &m->l[i - 1] : NULL;
-        if (L->act != KEEL_ACT_NONE && !L->fused)
-            keel__act_backward(L->act, L->y, L->dy, n * L->out_size);
-        if (L->kind == L_POOL && P != NULL && P->fused) {
-            /* the conv's activation and bias live on the pooled output */
-            keel__act_backward(P->act, L->y, L->dy, n * L->out_size);
-            keel__col_sums(L->dy, n * L->pg.oh * L->pg.ow, L->pg.c, P->db);
-        }
-        if (L->kind == L_DENSE)
-            keel__dense_backward(in, L->dy, n, L->din, L->dout,
-                                 keel_var_tensor(L->w)->data, L->dw, L->db,
-                                 dx);
-        else if (L->kind == L_CONV)
-            keel__conv_backward(&L->cg, in, n, L->dy,
-                                keel_var_tensor(L->w)->data, L->col, 1,
-                                L->dw, L->fused ? NULL : L->db, dx);
-        else
-            keel__pool_backward(&L->pg, L->dy, n, L->arg, dx);
-    }
+    run_shards(m, jobs, JOB_STEP, batch,
+               (float)(1.0 / (double)global_batch_size), NULL);
+    /* this batch's gradient: shard 0 + shard 1 + ... (fixed order), then
+     * added into grads */
     for (int i = 0; i < m->nl; i++) {
         layer *L = &m->l[i];
+        lbuf *B0 = &m->buf[0][i];
         keel_tensor *gw, *gb;
         if (L->w == NULL)
             continue;
+        for (int s = 1; s < m->nshard; s++) {
+            if (jobs[s].hi == jobs[s].lo)
+                continue;
+            keel__add_into(B0->dw, m->buf[s][i].dw,
+                           keel_var_tensor(L->w)->count);
+            keel__add_into(B0->db, m->buf[s][i].db,
+                           keel_var_tensor(L->b)->count);
+        }
         gw = keel_grads_at(grads, keel_var_index(L->w));
         gb = keel_grads_at(grads, keel_var_index(L->b));
-        keel__add_into(gw->data, L->dw, gw->count);
-        keel__add_into(gb->data, L->db, gb->count);
+        keel__add_into(gw->data, B0->dw, gw->count);
+        keel__add_into(gb->data, B0->db, gb->count);
+    }
+    for (int s = 0; s < m->nshard; s++) {
+        loss += jobs[s].loss;
+        correct += jobs[s].correct;
     }
     if (stats != NULL) {
         stats->loss_sum = loss;
         stats->correct = correct;
-        stats->count = (int64_t)n;
+        stats->count = (int64_t)batch->n;
     }
     return KEEL_OK;
 }
@@ -559,17 +709,18 @@ keel_model_eval(keel_model *m, keel_vars *vs, const keel_batch *batch,
                 keel_step_stats *stats)
 {
     keel_status st;
-    layer *last;
+    job jobs[MAX_THREADS];
     double loss = 0.0;
     int64_t correct = 0;
     if (m == NULL || vs == NULL)
         return keel__fail(KEEL_EINVAL, "model eval: NULL argument");
     if ((st = check_batch(m, batch, "eval")) != KEEL_OK)
         return st;
-    forward(m, batch->x, batch->n);
-    last = &m->l[m->nl - 1];
-    keel__softmax_xent(last->y, batch->y, batch->n, last->dout, 1.0f, NULL,
-                       &loss, &correct);
+    run_shards(m, jobs, JOB_EVAL, batch, 1.0f, NULL);
+    for (int s = 0; s < m->nshard; s++) {
+        loss += jobs[s].loss;
+        correct += jobs[s].correct;
+    }
     if (stats != NULL) {
         stats->loss_sum = loss;
         stats->correct = correct;
@@ -582,8 +733,7 @@ keel_status
 keel_model_predict(keel_model *m, keel_vars *vs, const keel_batch *batch,
                    float *probs)
 {
-    layer *last;
-    size_t k;
+    job jobs[MAX_THREADS];
     if (m == NULL || vs == NULL || batch == NULL || batch->x == NULL ||
         probs == NULL)
         return keel__fail(KEEL_EINVAL, "model predict: NULL argument");
@@ -591,20 +741,7 @@ keel_model_predict(keel_model *m, keel_vars *vs, const keel_batch *batch,
         return keel__fail(KEEL_EINVAL, "model predict: batch of %zu "
                           "examples (1..max_batch %lld)", batch->n,
                           (long long)m->cfg.max_batch);
-    forward(m, batch->x, batch->n);
-    last = &m->l[m->nl - 1];
-    k = last->dout;
-    for (size_t i = 0; i < batch->n; i++) {
-        const float *z = last->y + i * k;
-        float mx = z[0];
-        double sum = 0.0;
-        for (size_t j = 1; j < k; j++)
-            mx = z[j] > mx ? z[j] : mx;
-        for (size_t j = 0; j < k; j++)
-            sum += exp((double)z[j] - (double)mx);
-        for (size_t j = 0; j < k; j++)
-            probs[i * k + j] = (float)(exp((double)z[j] - (double)mx) / sum);
-    }
+    run_shards(m, jobs, JOB_PREDICT, batch, 1.0f, probs);
     return KEEL_OK;
 }
 

@@ -26,7 +26,8 @@
 extern int keel__prof_on;
 extern keel_train_profile keel__prof;
 int64_t keel__prof_now(void);
-#define KEEL__PROF_BEGIN() int64_t prof_t0_ = keel__prof_on ? keel__prof_now() : 0
+#define KEEL__PROF_BEGIN() \
+    int64_t prof_t0_ = keel__prof_on ? keel__prof_now() : 0
 #define KEEL__PROF_END(field) \
     do { if (keel__prof_on) keel__prof.field += keel__prof_now() - prof_t0_; } \
     while (0)

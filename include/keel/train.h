@@ -16,7 +16,7 @@
 extern "C" {
 #endif
 
-/* ---- batches and models -------------------------------------------------- */
+/* ---- batches and models ------------------------------------------------- */
 
 /* n examples: x is n x H x W x C floats (NHWC, [0,1] for images), y is n
  * labels in [0, classes). Borrowed by every call that takes it. */
@@ -27,8 +27,8 @@ typedef struct keel_batch {
 } keel_batch;
 
 typedef enum keel_model_kind {
-    KEEL_MODEL_SOFTMAX = 0,   /* softmax regression: Flatten -> Dense(classes) */
-    KEEL_MODEL_MLP,           /* Flatten -> Dense(h) act ... -> Dense(classes) */
+    KEEL_MODEL_SOFTMAX = 0,   /* softmax regression: Dense(classes) */
+    KEEL_MODEL_MLP,           /* Dense(h) act ... -> Dense(classes) */
     KEEL_MODEL_CNN            /* seed 002: Conv32 3x3 ReLU, Pool2, Conv64 3x3
                                * ReLU, Pool2, Flatten, Dense64 ReLU, Dense */
 } keel_model_kind;
@@ -57,6 +57,11 @@ typedef struct keel_model_config {
     int64_t max_batch;             /* workspaces are sized for this many
                                     * examples per call; default 256 */
     keel_init_kind init;           /* default KEEL_INIT_GLOROT */
+    int threads;                   /* 1..8 threads that each take a fixed
+                                    * contiguous part of every batch (set
+                                    * OpenBLAS to 1 thread when > 1); the
+                                    * result depends on this count but not
+                                    * on timing. Default 1. */
 } keel_model_config;
 
 typedef struct keel_model keel_model;
@@ -198,7 +203,7 @@ keel_status keel_optimizer_apply_var(keel_optimizer *o, keel_var *v,
                                      const keel_tensor *grad,
                                      int64_t global_step);
 
-/* ---- data ----------------------------------------------------------------- */
+/* ---- data --------------------------------------------------------------- */
 
 typedef struct keel_dataset keel_dataset;
 
@@ -263,7 +268,7 @@ keel_status keel_data_iter_get_state(const keel_data_iter *it, void *buf,
 keel_status keel_data_iter_set_state(keel_data_iter *it, const void *buf,
                                      size_t len);
 
-/* ---- BLAS and profiling -------------------------------------------------- */
+/* ---- BLAS and profiling ------------------------------------------------- */
 
 /* OpenBLAS thread count (n >= 1) and kernel name ("Haswell", "SkylakeX"). */
 void keel_train_set_threads(int n);
