@@ -8,9 +8,11 @@
  * fused (one PUSH with F_WANT_VALUES: the ack carries the new values),
  * push or pull (one direction only).
  * usage: cluster_bench [--reps N] [--sizes-mib 1,16,64] [--vars K]
- *                      [--total-mib T] [--mode pushpull|fused|push|pull] */
+ *                      [--total-mib T] [--mode pushpull|fused|push|pull]
+ *                      [--mallopt] */
 #include <config.h>
 
+#include <malloc.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -157,7 +159,13 @@ main(int argc, char **argv)
             reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--vars") && i + 1 < argc)
             nvars = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--mode") && i + 1 < argc)
+        else if (!strcmp(argv[i], "--mallopt")) {
+            /* keep freed message buffers instead of returning them to the
+             * kernel (no page faults on every receive): a process-wide
+             * knob for a PS binary, never set by libkeel */
+            mallopt(M_MMAP_THRESHOLD, 256 << 20);
+            mallopt(M_TRIM_THRESHOLD, 1 << 30);
+        } else if (!strcmp(argv[i], "--mode") && i + 1 < argc)
             g_mode = !strcmp(argv[++i], "push") ? 1
                      : !strcmp(argv[i], "pull") ? 2
                      : !strcmp(argv[i], "fused") ? 4 : 3;
@@ -173,7 +181,7 @@ main(int argc, char **argv)
         } else {
             fprintf(stderr, "usage: cluster_bench [--reps N] [--sizes-mib "
                     "1,16,64] [--vars K] [--total-mib T] [--mode "
-                    "pushpull|fused|push|pull]\n");
+                    "pushpull|fused|push|pull] [--mallopt]\n");
             return 2;
         }
     }
