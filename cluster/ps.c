@@ -259,8 +259,9 @@ handle_update(keel__ps *ps, keel__wire_msg *req, int is_init)
             keel_vars_set_global_step(ps->vars, req->h.global_step);
         reply_header(ps, req, &h, KEEL_MSG_INIT, KEEL_WIRE_F_REPLY);
     } else {
-        keel_vars_set_global_step(ps->vars,
-                                  keel_vars_global_step(ps->vars) + 1);
+        if (req->h.arg == 0)              /* the step's last part */
+            keel_vars_set_global_step(ps->vars,
+                                      keel_vars_global_step(ps->vars) + 1);
         reply_header(ps, req, &h, KEEL_MSG_PUSH_ACK, 0);
     }
     if (!is_init && (req->h.flags & KEEL_WIRE_F_WANT_VALUES)) {
