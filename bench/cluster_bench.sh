@@ -30,6 +30,8 @@ for r in $(seq "$REPS"); do
     "$BUILD/bench/cluster_bench" --reps 1 --total-mib 128 \
         --mode fused --mallopt | sed 's/keel_pushpull_fused/keel_fused_mallopt/' \
         >> "$OUT/keel.jsonl"
+    "$BUILD/bench/cluster_bench" --reps 1 --total-mib 128 \
+        --mode pipelined >> "$OUT/keel.jsonl"
 done
 GLOO_SRC=recorded
 if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
@@ -60,7 +62,8 @@ print(f"| size | raw zmq GB/s | mode | keel wire GB/s | keel/raw | keel algbw GB
 print("|---|---|---|---|---|---|---|---|")
 for mib in (1, 16, 64):
     r = [d["median"] for d in raw if d["msg_bytes"] == mib << 20]
-    for mode in ("pushpull", "pushpull_fused", "fused_mallopt"):
+    for mode in ("pushpull", "pushpull_fused", "fused_mallopt",
+                 "pushpull_pipelined"):
         k = [d for d in keel if d["mib"] == mib and d["bench"] == "keel_" + mode]
         n = min(len(r), len(k))
         ratio = [k[i]["wire_median"] / r[i] for i in range(n)]
