@@ -165,10 +165,11 @@ keel_status keel__wire_pin_wait(keel__wire_pin *p, int timeout_ms);
 typedef struct keel__wire_out {
     const char *name;
     const keel_tensor *t;       /* NULL with F_NAMES_ONLY */
+    keel__wire_pin *pin;        /* NULL: the message's pin (if any) */
 } keel__wire_out;
 
 /* Send a message. identity (ROUTER side) is copied, not consumed. With a
- * pin, data frames are zero-copy (the tensors must stay unchanged until
+ * pin (the tensor's own, else the message's), data frames are zero-copy (the tensors must stay unchanged until
  * keel__wire_pin_wait); without one they are copied. h->count is set from
  * n; F_TEXT from text. */
 keel_status keel__wire_send(void *sock, zmq_msg_t *identity,

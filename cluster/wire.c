@@ -510,14 +510,15 @@ keel__wire_send(void *sock, zmq_msg_t *identity, const keel__wire_header *h_in,
         if (t == NULL || t->data == NULL)
             return keel__fail(KEEL_EINVAL, "send: tensor '%s' has no data",
                               ts[i].name);
-        if (pin != NULL) {
+        if (ts[i].pin != NULL || pin != NULL) {
+            keel__wire_pin *tp = ts[i].pin != NULL ? ts[i].pin : pin;
             zmq_msg_t f;
-            pthread_mutex_lock(&pin->mu);
-            pin->pending++;
-            pthread_mutex_unlock(&pin->mu);
+            pthread_mutex_lock(&tp->mu);
+            tp->pending++;
+            pthread_mutex_unlock(&tp->mu);
             if (zmq_msg_init_data(&f, t->data, t->count * sizeof(float),
-                                  pin_release, pin) != 0) {
-                pin_release(NULL, pin);
+                                  pin_release, tp) != 0) {
+                pin_release(NULL, tp);
                 return keel__fail(KEEL_ENOMEM, "send: data frame");
             }
             st = send_frame(sock, &f, !last);

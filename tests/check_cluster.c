@@ -1080,8 +1080,8 @@ START_TEST(test_live_server_survives_garbage_and_serves_others)
         gw.data[i] = 100.0f;
     for (int i = 0; i < 3; i++)
         gb.data[i] = -10.0f;
-    push[0] = (keel__wire_out){ "layer/w", &gw };
-    push[1] = (keel__wire_out){ "layer/b", &gb };
+    push[0] = (keel__wire_out){ "layer/w", &gw, NULL };
+    push[1] = (keel__wire_out){ "layer/b", &gb, NULL };
     memset(&h, 0, sizeof h);
     h.type = KEEL_MSG_PUSH;
     ck_assert_int_eq(keel__wire_client_call(good_c, &h, push, 2, 1, 3000, &r),
@@ -1118,8 +1118,8 @@ START_TEST(test_live_server_survives_garbage_and_serves_others)
         ck_assert_int_eq(zmq_connect(bad2, keel__ps_endpoint(sv.ps)), 0);
         ck_assert_int_eq(keel_tensor_alloc(&a1, 1, s1), KEEL_OK);
         ck_assert_int_eq(keel_tensor_alloc(&a2, 1, s1), KEEL_OK);
-        o2[0] = (keel__wire_out){ "layer/w", &a1 };
-        o2[1] = (keel__wire_out){ "layer/b", &a2 };
+        o2[0] = (keel__wire_out){ "layer/w", &a1, NULL };
+        o2[1] = (keel__wire_out){ "layer/b", &a2, NULL };
         ck_assert_int_eq(keel__wire_send(bad2, NULL, &hh, o2, 2, NULL, NULL),
                          KEEL_OK);
         ck_assert_int_eq(keel__wire_recv(bad2, 0, &no_limits, 3000, &r),
@@ -1201,7 +1201,7 @@ START_TEST(test_pull_of_named_and_unknown_variables)
 {
     server sv;
     keel__wire_client *c;
-    keel__wire_out names[2] = { { "layer/b", NULL }, { "nope", NULL } };
+    keel__wire_out names[2] = { { "layer/b", NULL, NULL }, { "nope", NULL, NULL } };
     keel__wire_header h = { .type = KEEL_MSG_PULL,
                             .flags = KEEL_WIRE_F_NAMES_ONLY };
     keel__wire_msg r;
@@ -1222,7 +1222,7 @@ START_TEST(test_pull_of_named_and_unknown_variables)
     {
         keel_tensor g;
         int64_t bs[1] = { 3 };
-        keel__wire_out o = { "layer/b", &g };
+        keel__wire_out o = { "layer/b", &g, NULL };
         keel__wire_header ph = { .type = KEEL_MSG_PUSH,
                                  .flags = KEEL_WIRE_F_WANT_VALUES };
         ck_assert_int_eq(keel_tensor_alloc(&g, 1, bs), KEEL_OK);
@@ -1242,7 +1242,7 @@ START_TEST(test_pull_of_named_and_unknown_variables)
     {
         keel_tensor g[2];
         int64_t ws[2] = { 2, 3 }, bs[1] = { 3 };
-        keel__wire_out o[2] = { { "layer/w", &g[0] }, { "layer/b", &g[1] } };
+        keel__wire_out o[2] = { { "layer/w", &g[0], NULL }, { "layer/b", &g[1], NULL } };
         keel__wire_header sh = { .type = KEEL_MSG_STEP };
         pp_seen = 0;
         ck_assert_int_eq(keel_tensor_alloc(&g[0], 2, ws), KEEL_OK);
@@ -1368,7 +1368,7 @@ START_TEST(test_curve_admits_allowed_keys_only)
     {
         keel_tensor g;
         int64_t bs[1] = { 3 };
-        keel__wire_out o = { "layer/b", &g };
+        keel__wire_out o = { "layer/b", &g, NULL };
         keel__wire_header ph = { .type = KEEL_MSG_PUSH };
         ck_assert_int_eq(keel_tensor_alloc(&g, 1, bs), KEEL_OK);
         g.data[0] = 1000.0f;
