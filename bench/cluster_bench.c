@@ -6,11 +6,15 @@
  * beside the raw ZeroMQ and gloo baselines and prints the ratios.
  * --mode pushpull (default: a PUSH call then a PULL call, TF's pattern),
  * fused (one PUSH with F_WANT_VALUES: the ack carries the new values),
- * push or pull (one direction only).
+ * pipelined (fused, split into parts of S/8 sent back to back so the
+ * server applies one part while the next arrives), push or pull (one
+ * direction only). --vars K: S is split into K variables (default 16).
  * usage: cluster_bench [--reps N] [--sizes-mib 1,16,64] [--vars K]
- *                      [--total-mib T] [--mode pushpull|fused|push|pull] */
+ *                      [--total-mib T] [--mode pushpull|fused|pipelined|push|pull]
+ *                      [--mallopt] */
 #include <config.h>
 
+#include <malloc.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,7 +60,16 @@ srv_main(void *arg)
     } while (0)
 
 /* One size: returns per-op seconds for each rep in secs[]. */
-static int g_mode = 3;      /* bit 0: push, bit 1: pull, 4: both at once */
+static int g_mode = 3;      /* bit 0: push, bit 1: pull, 4: both at once,
+                             * 5: both at once, pipelined in parts */
+static size_t g_reply_count;
+
+static void
+count_reply(void *ctx, const keel__wire_msg *m)
+{
+    (void)ctx;
+    g_reply_count += m->n;
+}
 
 static void
 run_size(size_t mib, int nvars, int reps, size_t total_mib, double *secs,
@@ -104,6 +117,18 @@ run_size(size_t mib, int nvars, int reps, size_t total_mib, double *secs,
         for (long i = 0; i < n; i++) {
             keel__wire_header h = { .type = KEEL_MSG_PUSH };
             keel__wire_msg m;
+            if (g_mode == 5) {
+                size_t part = (mib << 20) / 8;
+                g_reply_count = 0;
+                if (keel__wire_client_push_parts(
+                        c, outs, (size_t)nvars, part < (256u << 10)
+                                                    ? (256u << 10) : part,
+                        KEEL_WIRE_F_WANT_VALUES, 60000, count_reply, NULL)
+                    != KEEL_OK)
+                    DIE("pipelined push");
+                if (g_reply_count != (size_t)nvars)
+                    DIE("pipelined push: %zu values", g_reply_count);
+            }
             if (g_mode == 4) {
                 h.flags = KEEL_WIRE_F_WANT_VALUES;
                 if (keel__wire_client_call(c, &h, outs, (size_t)nvars, 1,
@@ -150,17 +175,24 @@ run_size(size_t mib, int nvars, int reps, size_t total_mib, double *secs,
 int
 main(int argc, char **argv)
 {
-    int reps = 5, nvars = 4;
+    int reps = 5, nvars = 16;
     size_t total_mib = 256, sizes[16] = { 1, 16, 64 }, nsizes = 3;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--reps") && i + 1 < argc)
             reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--vars") && i + 1 < argc)
             nvars = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--mode") && i + 1 < argc)
+        else if (!strcmp(argv[i], "--mallopt")) {
+            /* keep freed message buffers instead of returning them to the
+             * kernel (no page faults on every receive): a process-wide
+             * knob for a PS binary, never set by libkeel */
+            mallopt(M_MMAP_THRESHOLD, 256 << 20);
+            mallopt(M_TRIM_THRESHOLD, 1 << 30);
+        } else if (!strcmp(argv[i], "--mode") && i + 1 < argc)
             g_mode = !strcmp(argv[++i], "push") ? 1
                      : !strcmp(argv[i], "pull") ? 2
-                     : !strcmp(argv[i], "fused") ? 4 : 3;
+                     : !strcmp(argv[i], "fused") ? 4
+                     : !strcmp(argv[i], "pipelined") ? 5 : 3;
         else if (!strcmp(argv[i], "--total-mib") && i + 1 < argc)
             total_mib = (size_t)atol(argv[++i]);
         else if (!strcmp(argv[i], "--sizes-mib") && i + 1 < argc) {
@@ -173,7 +205,7 @@ main(int argc, char **argv)
         } else {
             fprintf(stderr, "usage: cluster_bench [--reps N] [--sizes-mib "
                     "1,16,64] [--vars K] [--total-mib T] [--mode "
-                    "pushpull|fused|push|pull]\n");
+                    "pushpull|fused|pipelined|push|pull] [--mallopt]\n");
             return 2;
         }
     }
@@ -196,7 +228,8 @@ main(int argc, char **argv)
                "\"unit\":\"GB/s\",\"algbw_median\":%.4f,\"algbw_min\":%.4f,"
                "\"algbw_max\":%.4f,\"wire_median\":%.4f,"
                "\"op_ms_median\":%.3f}\n",
-               g_mode == 4 ? "pushpull_fused" : g_mode == 3 ? "pushpull"
+               g_mode == 5 ? "pushpull_pipelined"
+               : g_mode == 4 ? "pushpull_fused" : g_mode == 3 ? "pushpull"
                : g_mode == 1 ? "push" : "pull",
                sizes[si], bytes, nvars, iters, reps, alg[reps / 2], alg[0],
                alg[reps - 1], wire[reps / 2], secs[reps / 2] * 1e3);

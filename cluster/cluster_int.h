@@ -85,7 +85,8 @@ typedef struct keel__wire_header {
     int64_t global_step;
     int64_t local_step;
     uint32_t count;             /* tensors */
-    uint32_t arg;               /* ERROR: keel_status; TOKEN: payload */
+    uint32_t arg;               /* ERROR: keel_status; PUSH: parts that
+                                 * follow in this step; TOKEN: payload */
 } keel__wire_header;
 
 typedef struct keel__wire_limits {
@@ -164,10 +165,11 @@ keel_status keel__wire_pin_wait(keel__wire_pin *p, int timeout_ms);
 typedef struct keel__wire_out {
     const char *name;
     const keel_tensor *t;       /* NULL with F_NAMES_ONLY */
+    keel__wire_pin *pin;        /* NULL: the message's pin (if any) */
 } keel__wire_out;
 
 /* Send a message. identity (ROUTER side) is copied, not consumed. With a
- * pin, data frames are zero-copy (the tensors must stay unchanged until
+ * pin (the tensor's own, else the message's), data frames are zero-copy (the tensors must stay unchanged until
  * keel__wire_pin_wait); without one they are copied. h->count is set from
  * n; F_TEXT from text. */
 keel_status keel__wire_send(void *sock, zmq_msg_t *identity,
@@ -241,6 +243,18 @@ keel_status keel__wire_client_call(keel__wire_client *c,
                                    int zero_copy, int timeout_ms,
                                    keel__wire_msg *reply);
 uint64_t keel__wire_client_generation(const keel__wire_client *c);
+/* PUSH ts[0..n) split into parts of about part_bytes (whole tensors), all
+ * sent before any reply is awaited so that the server applies one part
+ * while the next is on the wire and the previous reply travels back. Each
+ * part's header arg says how many parts follow (the server advances the
+ * global step on the last). flags may add KEEL_WIRE_F_WANT_VALUES; every
+ * reply is handed to on_reply (borrowed for the call). All replies are
+ * collected even after an ERROR (the first error is returned). Tensors are
+ * sent zero-copy: unchanged until this returns. */
+keel_status keel__wire_client_push_parts(
+    keel__wire_client *c, const keel__wire_out *ts, size_t n,
+    size_t part_bytes, uint8_t flags, int timeout_ms,
+    void (*on_reply)(void *ctx, const keel__wire_msg *m), void *ctx);
 
 typedef struct keel__ps_config {
     const char *bind;           /* "tcp://127.0.0.1:*" or a spec address */

@@ -20,7 +20,9 @@ struct keel__ps {
     keel__zap *zap;
     keel_vars *vars;
     keel__wire_limits limits;
-    keel__wire_pin pin;          /* PULL_REPLY frames point into vars */
+    keel__wire_pin pin;          /* for variables added after start */
+    keel__wire_pin *pins;        /* one per variable: replies in flight */
+    size_t n_pins;
     uint64_t generation;
     int task_index;
     int is_shutdown;
@@ -44,6 +46,15 @@ keel__ps_new(const keel__ps_config *cfg, keel__ps **out)
         return keel__fail(KEEL_ENOMEM, "ps: %zu bytes", sizeof *ps);
     keel__wire_pin_init(&ps->pin);
     ps->vars = cfg->vars;
+    ps->n_pins = keel_vars_count(cfg->vars);
+    ps->pins = calloc(ps->n_pins ? ps->n_pins : 1, sizeof *ps->pins);
+    if (ps->pins == NULL) {
+        ps->n_pins = 0;
+        st = keel__fail(KEEL_ENOMEM, "ps: %zu pins", ps->n_pins);
+        goto fail;
+    }
+    for (size_t i = 0; i < ps->n_pins; i++)
+        keel__wire_pin_init(&ps->pins[i]);
     ps->limits = cfg->limits;
     keel__wire_limits_default(&ps->limits);
     ps->task_index = cfg->task_index;
@@ -95,6 +106,9 @@ keel__ps_free(keel__ps *ps)
     if (ps->zctx != NULL)
         zmq_ctx_term(ps->zctx);   /* linger 0: releases pinned frames */
     keel__wire_pin_destroy(&ps->pin);
+    for (size_t i = 0; i < ps->n_pins; i++)
+        keel__wire_pin_destroy(&ps->pins[i]);
+    free(ps->pins);
     free(ps->seen);
     free(ps);
 }
@@ -115,6 +129,14 @@ long
 keel__ps_rejected(const keel__ps *ps)
 {
     return ps->rejected;
+}
+
+/* The pin of a variable's in-flight replies. */
+static keel__wire_pin *
+pin_of(keel__ps *ps, const keel_var *v)
+{
+    size_t i = keel_var_index(v);
+    return i < ps->n_pins ? &ps->pins[i] : &ps->pin;
 }
 
 static void
@@ -212,10 +234,10 @@ handle_pull(keel__ps *ps, keel__wire_msg *req)
                              : keel_vars_at(ps->vars, i);
         outs[i].name = keel_var_name(v);
         outs[i].t = keel_var_tensor(v);
+        outs[i].pin = pin_of(ps, v);
     }
     reply_header(ps, req, &h, KEEL_MSG_PULL_REPLY, 0);
-    st = keel__wire_send(ps->sock, &req->identity, &h, outs, n, NULL,
-                         &ps->pin);
+    st = keel__wire_send(ps->sock, &req->identity, &h, outs, n, NULL, NULL);
     free(outs);
     return st;
 }
@@ -228,6 +250,7 @@ handle_update(keel__ps *ps, keel__wire_msg *req, int is_init)
     keel_var **vars;
     keel__wire_header h;
     keel_status st;
+    int64_t deadline = keel__now_mono_ns() + (int64_t)PIN_WAIT_MS * 1000000;
     if (req->h.flags & KEEL_WIRE_F_NAMES_ONLY)
         return keel__fail(KEEL_ECORRUPT, "%s without data",
                           is_init ? "INIT" : "PUSH");
@@ -236,11 +259,19 @@ handle_update(keel__ps *ps, keel__wire_msg *req, int is_init)
         return keel__fail(KEEL_ENOMEM, "ps: %zu updates", req->n);
     if ((st = check_tensors(ps, req, vars)) != KEEL_OK)
         goto out;
-    /* PULL replies in flight read the variables: let them finish. */
-    if ((st = keel__wire_pin_wait(&ps->pin, PIN_WAIT_MS)) != KEEL_OK) {
-        st = keel__fail(KEEL_EUNAVAILABLE, "ps %d busy: earlier replies not "
-                        "yet sent", ps->task_index);
-        goto out;
+    /* Replies in flight read these variables: let them finish (only
+     * these: other variables' replies may still be on the wire). */
+    for (size_t i = 0; i < req->n; i++) {
+        int64_t left = deadline - keel__now_mono_ns();
+        if (left < 0 ||
+            keel__wire_pin_wait(pin_of(ps, vars[i]),
+                                (int)(left / 1000000)) != KEEL_OK) {
+            st = keel__fail(KEEL_EUNAVAILABLE, "ps %d busy: earlier replies "
+                            "of '%s' not yet sent after %d ms",
+                            ps->task_index, keel_var_name(vars[i]),
+                            PIN_WAIT_MS);
+            goto out;
+        }
     }
     for (size_t i = 0; i < req->n; i++) {
         keel_tensor *t = keel_var_tensor(vars[i]);
@@ -259,8 +290,9 @@ handle_update(keel__ps *ps, keel__wire_msg *req, int is_init)
             keel_vars_set_global_step(ps->vars, req->h.global_step);
         reply_header(ps, req, &h, KEEL_MSG_INIT, KEEL_WIRE_F_REPLY);
     } else {
-        keel_vars_set_global_step(ps->vars,
-                                  keel_vars_global_step(ps->vars) + 1);
+        if (req->h.arg == 0)              /* the step's last part */
+            keel_vars_set_global_step(ps->vars,
+                                      keel_vars_global_step(ps->vars) + 1);
         reply_header(ps, req, &h, KEEL_MSG_PUSH_ACK, 0);
     }
     if (!is_init && (req->h.flags & KEEL_WIRE_F_WANT_VALUES)) {
@@ -273,9 +305,10 @@ handle_update(keel__ps *ps, keel__wire_msg *req, int is_init)
         for (size_t i = 0; i < req->n; i++) {
             outs[i].name = keel_var_name(vars[i]);
             outs[i].t = keel_var_tensor(vars[i]);
+            outs[i].pin = pin_of(ps, vars[i]);
         }
         st = keel__wire_send(ps->sock, &req->identity, &h, outs, req->n,
-                             NULL, &ps->pin);
+                             NULL, NULL);
         free(outs);
         goto out;
     }

@@ -510,14 +510,15 @@ keel__wire_send(void *sock, zmq_msg_t *identity, const keel__wire_header *h_in,
         if (t == NULL || t->data == NULL)
             return keel__fail(KEEL_EINVAL, "send: tensor '%s' has no data",
                               ts[i].name);
-        if (pin != NULL) {
+        if (ts[i].pin != NULL || pin != NULL) {
+            keel__wire_pin *tp = ts[i].pin != NULL ? ts[i].pin : pin;
             zmq_msg_t f;
-            pthread_mutex_lock(&pin->mu);
-            pin->pending++;
-            pthread_mutex_unlock(&pin->mu);
+            pthread_mutex_lock(&tp->mu);
+            tp->pending++;
+            pthread_mutex_unlock(&tp->mu);
             if (zmq_msg_init_data(&f, t->data, t->count * sizeof(float),
-                                  pin_release, pin) != 0) {
-                pin_release(NULL, pin);
+                                  pin_release, tp) != 0) {
+                pin_release(NULL, tp);
                 return keel__fail(KEEL_ENOMEM, "send: data frame");
             }
             st = send_frame(sock, &f, !last);
@@ -694,4 +695,82 @@ keel__wire_client_call(keel__wire_client *c, keel__wire_header *h,
                         keel_status_str((keel_status)reply->h.arg),
                         reply->text ? reply->text : "(no text)");
     return st;
+}
+
+keel_status
+keel__wire_client_push_parts(keel__wire_client *c, const keel__wire_out *ts,
+                             size_t n, size_t part_bytes, uint8_t flags,
+                             int timeout_ms,
+                             void (*on_reply)(void *, const keel__wire_msg *),
+                             void *ctx)
+{
+    int64_t deadline = keel__now_mono_ns() + (int64_t)timeout_ms * 1000000;
+    size_t starts[1024], parts = 0, got = 0;
+    uint64_t first_id;
+    keel_status st = KEEL_OK, first_err = KEEL_OK;
+    char err[KEEL_ERR_MAX] = "";
+
+    if (n == 0)
+        return keel__fail(KEEL_EINVAL, "push_parts: nothing to push");
+    /* whole tensors per part, at most 1024 parts */
+    for (size_t i = 0, acc = 0; i < n; i++) {
+        if (acc == 0 && parts < 1024)
+            starts[parts++] = i;
+        acc += ts[i].t->count * sizeof(float);
+        if (acc >= part_bytes)
+            acc = 0;
+    }
+    if (zmq_setsockopt(c->sock, ZMQ_SNDTIMEO, &timeout_ms,
+                       sizeof timeout_ms) != 0)
+        return keel__fail(KEEL_EIO, "client: send timeout: %s",
+                          zmq_strerror(errno));
+    first_id = c->next_id;
+    for (size_t p = 0; p < parts; p++) {
+        size_t end = p + 1 < parts ? starts[p + 1] : n;
+        keel__wire_header h = { .type = KEEL_MSG_PUSH, .flags = flags,
+                                .request_id = c->next_id++,
+                                .sender_type = (uint8_t)c->type,
+                                .sender_index = (uint32_t)c->index,
+                                .generation = c->generation,
+                                .arg = (uint32_t)(parts - 1 - p) };
+        st = keel__wire_send(c->sock, NULL, &h, ts + starts[p],
+                             end - starts[p], NULL, &c->pin);
+        if (st != KEEL_OK)
+            return keel__wrap(st, "push part %zu/%zu to %s", p + 1, parts,
+                              c->endpoint);
+    }
+    while (got < parts) {
+        keel__wire_msg m;
+        int64_t left = (deadline - keel__now_mono_ns()) / 1000000;
+        st = keel__wire_recv(c->sock, 0, &c->limits, left < 0 ? 0 : (int)left,
+                             &m);
+        if (st == KEEL_ETIMEOUT) {
+            keel__wire_msg_clear(&m);
+            return keel__fail(KEEL_ETIMEOUT, "%zu of %zu push replies from "
+                              "%s within %d ms", got, parts, c->endpoint,
+                              timeout_ms);
+        }
+        if (st != KEEL_OK) {
+            keel__wire_msg_clear(&m);
+            return keel__wrap(st, "push reply from %s", c->endpoint);
+        }
+        if (m.h.request_id >= first_id && m.h.request_id < first_id + parts) {
+            got++;
+            if (m.h.type == KEEL_MSG_ERROR && first_err == KEEL_OK) {
+                first_err = KEEL_EPEER;
+                snprintf(err, sizeof err, "%s answered error %u (%s): %s",
+                         c->endpoint, m.h.arg,
+                         keel_status_str((keel_status)m.h.arg),
+                         m.text ? m.text : "(no text)");
+            } else if (m.h.type != KEEL_MSG_ERROR && on_reply != NULL) {
+                on_reply(ctx, &m);
+            }
+        }
+        keel__wire_msg_clear(&m);
+    }
+    if ((st = keel__wire_pin_wait(&c->pin, 10000)) != KEEL_OK)
+        return st;
+    if (first_err != KEEL_OK)
+        return keel__fail(first_err, "%s", err);
+    return KEEL_OK;
 }

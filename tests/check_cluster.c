@@ -871,6 +871,25 @@ END_TEST
 
 /* ---- a live server ------------------------------------------------------ */
 
+/* Counts warning lines that mention a rejection or refusal (any thread). */
+static atomic_int n_warned;
+static char last_warning[512];
+static pthread_mutex_t warn_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void
+count_warnings(void *ctx, keel_log_level level, const char *msg)
+{
+    (void)ctx;
+    if (level < KEEL_LOG_WARN)
+        return;
+    if (strstr(msg, "rejected") || strstr(msg, "refused")) {
+        atomic_fetch_add(&n_warned, 1);
+        pthread_mutex_lock(&warn_mu);
+        snprintf(last_warning, sizeof last_warning, "%s", msg);
+        pthread_mutex_unlock(&warn_mu);
+    }
+}
+
 typedef struct server {
     keel_vars *vars;
     keel__ps *ps;
@@ -1007,6 +1026,8 @@ START_TEST(test_live_server_survives_garbage_and_serves_others)
     raw rw;
     long rejected;
 
+    atomic_store(&n_warned, 0);
+    keel_log_set_handler(count_warnings, NULL, KEEL_LOG_WARN);
     server_start(&sv, NULL, &lim);
     zmq_setsockopt(bad, ZMQ_LINGER, &zero, sizeof zero);
     ck_assert_int_eq(zmq_connect(bad, keel__ps_endpoint(sv.ps)), 0);
@@ -1059,8 +1080,8 @@ START_TEST(test_live_server_survives_garbage_and_serves_others)
         gw.data[i] = 100.0f;
     for (int i = 0; i < 3; i++)
         gb.data[i] = -10.0f;
-    push[0] = (keel__wire_out){ "layer/w", &gw };
-    push[1] = (keel__wire_out){ "layer/b", &gb };
+    push[0] = (keel__wire_out){ "layer/w", &gw, NULL };
+    push[1] = (keel__wire_out){ "layer/b", &gb, NULL };
     memset(&h, 0, sizeof h);
     h.type = KEEL_MSG_PUSH;
     ck_assert_int_eq(keel__wire_client_call(good_c, &h, push, 2, 1, 3000, &r),
@@ -1097,8 +1118,8 @@ START_TEST(test_live_server_survives_garbage_and_serves_others)
         ck_assert_int_eq(zmq_connect(bad2, keel__ps_endpoint(sv.ps)), 0);
         ck_assert_int_eq(keel_tensor_alloc(&a1, 1, s1), KEEL_OK);
         ck_assert_int_eq(keel_tensor_alloc(&a2, 1, s1), KEEL_OK);
-        o2[0] = (keel__wire_out){ "layer/w", &a1 };
-        o2[1] = (keel__wire_out){ "layer/b", &a2 };
+        o2[0] = (keel__wire_out){ "layer/w", &a1, NULL };
+        o2[1] = (keel__wire_out){ "layer/b", &a2, NULL };
         ck_assert_int_eq(keel__wire_send(bad2, NULL, &hh, o2, 2, NULL, NULL),
                          KEEL_OK);
         ck_assert_int_eq(keel__wire_recv(bad2, 0, &no_limits, 3000, &r),
@@ -1146,6 +1167,9 @@ START_TEST(test_live_server_survives_garbage_and_serves_others)
     ck_assert_int_eq(sv.result, KEEL_OK);
     rejected = keel__ps_rejected(sv.ps);
     ck_assert_int_eq(rejected, 7);
+    keel_log_set_handler(NULL, NULL, KEEL_LOG_WARN);
+    ck_assert_int_eq(atomic_load(&n_warned), 7);      /* each one logged */
+    ck_assert_ptr_nonnull(strstr(last_warning, "exceeds 1048576 bytes"));
     server_free(&sv);
 
     keel_tensor_release(&gw);
@@ -1156,11 +1180,28 @@ START_TEST(test_live_server_survives_garbage_and_serves_others)
 }
 END_TEST
 
+static int pp_seen;
+
+/* Record which variables came back (bit 0: layer/w = 1 + i, bit 1:
+ * layer/b = 11.5 + i after the earlier pushes). */
+static void
+pp_reply(void *ctx, const keel__wire_msg *m)
+{
+    (void)ctx;
+    for (size_t i = 0; i < m->n; i++) {
+        const keel__wire_tensor *t = &m->tensors[i];
+        if (strcmp(t->name, "layer/w") == 0 && t->t.data[5] == 6.0f)
+            pp_seen |= 1;
+        if (strcmp(t->name, "layer/b") == 0 && t->t.data[2] == 13.5f)
+            pp_seen |= 2;
+    }
+}
+
 START_TEST(test_pull_of_named_and_unknown_variables)
 {
     server sv;
     keel__wire_client *c;
-    keel__wire_out names[2] = { { "layer/b", NULL }, { "nope", NULL } };
+    keel__wire_out names[2] = { { "layer/b", NULL, NULL }, { "nope", NULL, NULL } };
     keel__wire_header h = { .type = KEEL_MSG_PULL,
                             .flags = KEEL_WIRE_F_NAMES_ONLY };
     keel__wire_msg r;
@@ -1181,7 +1222,7 @@ START_TEST(test_pull_of_named_and_unknown_variables)
     {
         keel_tensor g;
         int64_t bs[1] = { 3 };
-        keel__wire_out o = { "layer/b", &g };
+        keel__wire_out o = { "layer/b", &g, NULL };
         keel__wire_header ph = { .type = KEEL_MSG_PUSH,
                                  .flags = KEEL_WIRE_F_WANT_VALUES };
         ck_assert_int_eq(keel_tensor_alloc(&g, 1, bs), KEEL_OK);
@@ -1196,6 +1237,34 @@ START_TEST(test_pull_of_named_and_unknown_variables)
             ck_assert_float_eq(r.tensors[0].t.data[i], 10.5f + (float)i);
         keel__wire_msg_clear(&r);
         keel_tensor_release(&g);
+    }
+    /* pipelined parts: one step, values of both variables come back */
+    {
+        keel_tensor g[2];
+        int64_t ws[2] = { 2, 3 }, bs[1] = { 3 };
+        keel__wire_out o[2] = { { "layer/w", &g[0], NULL }, { "layer/b", &g[1], NULL } };
+        keel__wire_header sh = { .type = KEEL_MSG_STEP };
+        pp_seen = 0;
+        ck_assert_int_eq(keel_tensor_alloc(&g[0], 2, ws), KEEL_OK);
+        ck_assert_int_eq(keel_tensor_alloc(&g[1], 1, bs), KEEL_OK);
+        for (int i = 0; i < 6; i++)
+            g[0].data[i] = 1.0f;
+        for (int i = 0; i < 3; i++)
+            g[1].data[i] = 1.0f;
+        ck_assert_int_eq(keel__wire_client_push_parts(
+                             c, o, 2, 1, KEEL_WIRE_F_WANT_VALUES, 3000,
+                             pp_reply, NULL), KEEL_OK);
+        ck_assert_int_eq(pp_seen, 3);          /* both parts' values */
+        ck_assert_int_eq(keel__wire_client_call(c, &sh, NULL, 0, 0, 3000,
+                                                &r), KEEL_OK);
+        ck_assert_int_eq(r.h.global_step, 2);  /* 1 + one pipelined step */
+        keel__wire_msg_clear(&r);
+        o[1].name = "nope";                    /* an error in one part */
+        ck_assert_int_eq(keel__wire_client_push_parts(
+                             c, o, 2, 1, 0, 3000, NULL, NULL), KEEL_EPEER);
+        ck_assert_ptr_nonnull(strstr(keel_last_error(), "no variable 'nope'"));
+        keel_tensor_release(&g[0]);
+        keel_tensor_release(&g[1]);
     }
     names[1].name = "layer/b";              /* duplicate */
     ck_assert_int_eq(keel__wire_client_call(c, &h, names, 2, 0, 3000, &r),
@@ -1279,6 +1348,8 @@ START_TEST(test_curve_admits_allowed_keys_only)
     memcpy(ok_c.server_key, srv.public_key, KEEL_Z85_KEY);
     memcpy(bad_c.server_key, srv.public_key, KEEL_Z85_KEY);
 
+    atomic_store(&n_warned, 0);
+    keel_log_set_handler(count_warnings, NULL, KEEL_LOG_WARN);
     server_start(&sv, &srv, NULL);
     ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps), &ok_c,
                                            KEEL_TASK_WORKER, 0, &c1), KEEL_OK);
@@ -1297,7 +1368,7 @@ START_TEST(test_curve_admits_allowed_keys_only)
     {
         keel_tensor g;
         int64_t bs[1] = { 3 };
-        keel__wire_out o = { "layer/b", &g };
+        keel__wire_out o = { "layer/b", &g, NULL };
         keel__wire_header ph = { .type = KEEL_MSG_PUSH };
         ck_assert_int_eq(keel_tensor_alloc(&g, 1, bs), KEEL_OK);
         g.data[0] = 1000.0f;
@@ -1313,6 +1384,12 @@ START_TEST(test_curve_admits_allowed_keys_only)
     server_join(&sv);
     ck_assert_int_eq(keel__ps_served(sv.ps), 2);    /* only c1's pulls */
     ck_assert_int_eq(keel__ps_rejected(sv.ps), 0);
+    keel_log_set_handler(NULL, NULL, KEEL_LOG_WARN);
+    /* the stranger was refused by the ZAP handler (logged with its public
+     * key, never a secret) */
+    ck_assert_int_ge(atomic_load(&n_warned), 1);
+    ck_assert_ptr_nonnull(strstr(last_warning, bad_c.public_key));
+    ck_assert_ptr_null(strstr(last_warning, bad_c.secret_key));
     server_free(&sv);
     keel__curve_clear(&srv);
     keel__curve_clear(&ok_c);

@@ -1,0 +1,76 @@
+#!/bin/sh
+# cluster_bench.sh - keel's wire protocol (push + pull of 1, 16, 64 MiB of
+# variables through a variable server) against, in the same run: a raw
+# ZeroMQ zero-copy transfer of the same bytes (the peer baseline's
+# zmq_bench, called from ../shared/bench, never copied) and gloo all_reduce
+# (torch_ddp.py, when /usr/bin/python3 has torch; else the recorded
+# baseline figures). Reps are interleaved; medians and per-rep ratios.
+# usage: bench/cluster_bench.sh [BUILD_DIR] [REPS]
+set -eu
+SRC=$(cd "$(dirname "$0")/.." && pwd)
+BUILD=${1:-$SRC/_build}
+REPS=${2:-5}
+PEER=${KEEL_PEER_BENCH:-/work/shared/bench}
+OUT=${BENCH_OUT:-/tmp/keel-cluster-bench}
+SIZES=1048576,16777216,67108864
+mkdir -p "$OUT"
+make -C "$BUILD" bench/cluster_bench >/dev/null
+make -s -C "$PEER" B="$OUT/build" "$OUT/build/zmq_bench"
+: > "$OUT/raw.jsonl"
+: > "$OUT/keel.jsonl"
+: > "$OUT/gloo.jsonl"
+for r in $(seq "$REPS"); do
+    echo "rep $r/$REPS" >&2
+    "$OUT/build/zmq_bench" --reps 1 --skip-lat --sizes "$SIZES" \
+        --total-mib 128 >> "$OUT/raw.jsonl"
+    "$BUILD/bench/cluster_bench" --reps 1 --total-mib 128 \
+        --mode pushpull >> "$OUT/keel.jsonl"
+    "$BUILD/bench/cluster_bench" --reps 1 --total-mib 128 \
+        --mode fused >> "$OUT/keel.jsonl"
+    "$BUILD/bench/cluster_bench" --reps 1 --total-mib 128 \
+        --mode fused --mallopt | sed 's/keel_pushpull_fused/keel_fused_mallopt/' \
+        >> "$OUT/keel.jsonl"
+    "$BUILD/bench/cluster_bench" --reps 1 --total-mib 128 \
+        --mode pipelined >> "$OUT/keel.jsonl"
+done
+GLOO_SRC=recorded
+if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+    echo "gloo all_reduce (torch_ddp.py)" >&2
+    if (cd "$PEER" && /usr/bin/python3 torch_ddp.py --reps "$REPS" \
+            --batches 256 --examples 2560 --blas-threads 1) \
+            > "$OUT/gloo.jsonl"; then
+        GLOO_SRC=measured
+    fi
+fi
+if [ "$GLOO_SRC" = recorded ]; then
+    grep '"gloo_allreduce"' "$PEER/baseline/ddp.jsonl" | head -3 \
+        > "$OUT/gloo.jsonl"
+fi
+python3 - "$OUT" "$GLOO_SRC" <<'PYEOF'
+import json, statistics, sys
+out, gloo_src = sys.argv[1], sys.argv[2]
+def rows(name):
+    with open(f"{out}/{name}") as f:
+        return [json.loads(l) for l in f if l.startswith("{")]
+raw = [d for d in rows("raw.jsonl") if d.get("bench") == "zmq_tput"
+       and d["transport"] == "tcp" and d["send"] == "zerocopy"]
+keel = rows("keel.jsonl")
+gloo = {d["mib"]: d["median"] for d in rows("gloo.jsonl")
+        if d.get("bench") == "gloo_allreduce"}
+med = statistics.median
+print(f"| size | raw zmq GB/s | mode | keel wire GB/s | keel/raw | keel algbw GB/s | gloo algbw GB/s ({gloo_src}) | keel/gloo |")
+print("|---|---|---|---|---|---|---|---|")
+for mib in (1, 16, 64):
+    r = [d["median"] for d in raw if d["msg_bytes"] == mib << 20]
+    for mode in ("pushpull", "pushpull_fused", "fused_mallopt",
+                 "pushpull_pipelined"):
+        k = [d for d in keel if d["mib"] == mib and d["bench"] == "keel_" + mode]
+        n = min(len(r), len(k))
+        ratio = [k[i]["wire_median"] / r[i] for i in range(n)]
+        alg = med([d["algbw_median"] for d in k])
+        g = gloo.get(mib)
+        print(f"| {mib} MiB | {med(r):.2f} | {mode} | {med([d['wire_median'] for d in k]):.2f} "
+              f"| {med(ratio):.2f} (min {min(ratio):.2f}) | {alg:.2f} | "
+              f"{g:.2f} | {alg / g:.2f} |" if g else "| - | - |")
+print(f"\n{len(r)} interleaved reps; medians; other jobs share the 2 CPUs.")
+PYEOF
