@@ -4,7 +4,7 @@ libkeel_core_la_SOURCES += train/train_int.h train/layers.c train/model.c \
 pkginclude_HEADERS += include/keel/train.h
 
 # Throughput / accuracy benchmark (bench/train.sh runs it); not installed.
-EXTRA_PROGRAMS = bench/train_bench
+EXTRA_PROGRAMS += bench/train_bench
 bench_train_bench_SOURCES = bench/train_bench.c
 bench_train_bench_CPPFLAGS = $(AM_CPPFLAGS) $(OPENBLAS_CFLAGS)
 bench_train_bench_LDADD = libkeel_core.la
