@@ -121,8 +121,6 @@ static const key_def schema[] = {
     { "checkpoint", "save_on_error", T_BOOL, "false", NOLIM, NULL,
       "Also write the final checkpoint when training stops on an error "
       "(TF1 never does)." },
-    { "checkpoint", "restore", T_BOOL, "true", NOLIM, NULL,
-      "Resume from the newest valid checkpoint in checkpoint.dir." },
 
     { "hooks", "log_every_steps", T_INT, "100", 0, I64MAX, NULL,
       "Log step, loss and examples/s every N steps (0: off)." },
@@ -580,14 +578,47 @@ scan_lines(keel_config *cfg, const char *path, const char *text,
     return 0;
 }
 
+/* Parse text (takes ownership) as if read from the file named name. */
+static keel_status
+load_text(keel_config *cfg, const char *name, char *text)
+{
+    load_ctx lc;
+    int rc;
+    {
+        char bad[64], secs[256];
+        int line = scan_lines(NULL, name, text, bad, sizeof bad);
+        if (line > 0) {
+            free(text);
+            list_sections(secs, sizeof secs);
+            return keel__fail(KEEL_EINVAL, "%s:%d: unknown section [%s]; "
+                              "valid sections: %s", name, line, bad, secs);
+        }
+    }
+    memset(&lc, 0, sizeof lc);
+    lc.cfg = cfg;
+    lc.path = name;
+    for (size_t k = 0; k < N_KEYS; k++)
+        cfg->v[k].seen_in_file = 0;
+    rc = ini_parse_string(text, on_ini, &lc);
+    if (rc != 0) {
+        free(text);
+        if (lc.why[0] == '\0')
+            return keel__fail(KEEL_EINVAL, "%s:%d: syntax error; expected "
+                              "'[section]' or 'key = value'", name, rc);
+        return keel__fail(KEEL_EINVAL, "%s:%d: %s", name, rc, lc.why);
+    }
+    scan_lines(cfg, name, text, NULL, 0);
+    free(cfg->source);
+    cfg->source = text;
+    return KEEL_OK;
+}
+
 keel_status
 keel_config_load(keel_config *cfg, const char *path)
 {
-    load_ctx lc;
     char *text;
     size_t n;
     keel_status st;
-    int rc;
 
     if (cfg == NULL || path == NULL)
         return keel__fail(KEEL_EINVAL, "config: NULL argument");
@@ -602,33 +633,23 @@ keel_config_load(keel_config *cfg, const char *path)
         return keel__fail(KEEL_EINVAL, "%s: config file contains a NUL "
                           "byte; is it a text file?", path);
     }
-    {
-        char bad[64], secs[256];
-        int line = scan_lines(NULL, path, text, bad, sizeof bad);
-        if (line > 0) {
-            free(text);
-            list_sections(secs, sizeof secs);
-            return keel__fail(KEEL_EINVAL, "%s:%d: unknown section [%s]; "
-                              "valid sections: %s", path, line, bad, secs);
-        }
-    }
-    memset(&lc, 0, sizeof lc);
-    lc.cfg = cfg;
-    lc.path = path;
-    for (size_t k = 0; k < N_KEYS; k++)
-        cfg->v[k].seen_in_file = 0;
-    rc = ini_parse_string(text, on_ini, &lc);
-    if (rc != 0) {
-        free(text);
-        if (lc.why[0] == '\0')
-            return keel__fail(KEEL_EINVAL, "%s:%d: syntax error; expected "
-                              "'[section]' or 'key = value'", path, rc);
-        return keel__fail(KEEL_EINVAL, "%s:%d: %s", path, rc, lc.why);
-    }
-    scan_lines(cfg, path, text, NULL, 0);
-    free(cfg->source);
-    cfg->source = text;
-    return KEEL_OK;
+    return load_text(cfg, path, text);
+}
+
+keel_status
+keel_config_load_text(keel_config *cfg, const char *text, const char *name)
+{
+    char *copy;
+    if (cfg == NULL || text == NULL)
+        return keel__fail(KEEL_EINVAL, "config: NULL argument");
+    if (name == NULL)
+        name = "(text)";
+    if (strlen(text) > (1 << 20))
+        return keel__fail(KEEL_EINVAL, "%s: config text over 1 MiB", name);
+    copy = strdup(text);
+    if (copy == NULL)
+        return keel__fail(KEEL_ENOMEM, "config text");
+    return load_text(cfg, name, copy);
 }
 
 keel_status

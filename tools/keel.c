@@ -11,6 +11,8 @@ static int cmd_version(int argc, char **argv);
 
 /* The verbs, in the order `keel --help` lists them. */
 static const cli_verb verbs[] = {
+    { "train", "train the job a config file describes", cmd_train },
+    { "eval", "evaluate a checkpoint on the test set", cmd_eval },
     { "config", "check a config file; list every key", cmd_config },
     { "version", "print keel's version", cmd_version },
     { "ckpt", "list, show, verify and diff checkpoints", cmd_ckpt },

@@ -1,5 +1,5 @@
 # tools/: the keel CLI. Verbs live in tools/cmd_<verb>.c.
-keel_SOURCES += tools/cmd_config.c
+keel_SOURCES += tools/cmd_config.c tools/cmd_train.c
 if HAVE_CHECK
 check_PROGRAMS += tests/check_cli
 TESTS += tests/check_cli

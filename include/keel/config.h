@@ -26,6 +26,11 @@ void keel_config_free(keel_config *cfg);
  * valid choices. The file's text is kept for checkpoints. */
 keel_status keel_config_load(keel_config *cfg, const char *path);
 
+/* The same for INI text (copied) held in memory, e.g. the config saved in
+ * a checkpoint; name stands for the file in messages. */
+keel_status keel_config_load_text(keel_config *cfg, const char *text,
+                                  const char *name);
+
 /* Apply "section.key=value" (from -s); origin names it in errors
  * ("command line"). */
 keel_status keel_config_override(keel_config *cfg, const char *assignment,

@@ -10,14 +10,14 @@
 #include <keel/status.h>
 #include <keel/log.h>
 #include <keel/tensor.h>
-#include <keel/events.h>
-#include <keel/checkpoint.h>
 #include <keel/checkpoint.h>
 #include <keel/events.h>
 #include <keel/hooks.h>
 #include <keel/session.h>
 #include <keel/train.h>
 #include <keel/cluster.h>
+#include <keel/config.h>
+#include <keel/job.h>
 
 #ifdef __cplusplus
 extern "C" {

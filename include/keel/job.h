@@ -1,0 +1,79 @@
+/* keel/job.h - keel's own trainer: a job described by a keel_config (model,
+ * data, optimizer, checkpoints, hooks) run under MonitoredTrainingSession,
+ * and evaluation of a checkpoint on the test set with no cluster. What
+ * `keel train` and `keel eval` run; usable from any program. */
+#ifndef KEEL_JOB_H
+#define KEEL_JOB_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <keel/status.h>
+#include <keel/config.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A progress report, handed to the caller's progress_fn after every step
+ * (borrowed for the call; keep the callback cheap). */
+typedef struct keel_job_progress {
+    int64_t global_step;
+    int64_t last_step;        /* the step the run ends at (0: unknown) */
+    int64_t epoch;            /* 0-based epoch of the next batch */
+    double loss;              /* this step's mean loss */
+    double accuracy;          /* this step's accuracy */
+    double examples_per_sec;  /* since the previous report */
+    double elapsed_secs;      /* since training started */
+} keel_job_progress;
+
+typedef struct keel_job_options {
+    /* Called after every step (NULL: none). */
+    void (*progress_fn)(void *ctx, const keel_job_progress *p);
+    void *progress_ctx;
+    /* Install SIGTERM/SIGINT handlers for a preemption-safe stop. */
+    int handle_signals;
+} keel_job_options;
+
+/* What a finished run reports. */
+typedef struct keel_job_result {
+    int64_t start_step;       /* global step at start (after any restore) */
+    int64_t final_step;
+    int64_t examples;         /* examples trained by this process */
+    double seconds;           /* wall time of the training loop */
+    int restored;             /* 1 if it resumed from a checkpoint */
+    char restored_from[1024]; /* that checkpoint's path */
+    int end_reason;           /* a keel_end_reason */
+} keel_job_result;
+
+/* Train as cfg says (validated with keel_config_validate first), resuming
+ * from the newest valid checkpoint in checkpoint.dir. Returns KEEL_OK when
+ * the run reached its limit or stopped cleanly (a stop request, SIGTERM,
+ * end of input); the final checkpoint is then written. opts and result may
+ * be NULL. */
+keel_status keel_job_train(const keel_config *cfg,
+                           const keel_job_options *opts,
+                           keel_job_result *result);
+
+typedef struct keel_eval_result {
+    int64_t step;             /* global step of the checkpoint */
+    double loss;              /* mean cross-entropy */
+    double accuracy;
+    int64_t examples;
+    char checkpoint[1024];    /* the file evaluated */
+} keel_eval_result;
+
+/* Evaluate a checkpoint on the test set: checkpoint_path, or (NULL) the
+ * newest valid one in cfg's checkpoint.dir. */
+keel_status keel_job_eval(const keel_config *cfg, const char *checkpoint_path,
+                          keel_eval_result *result);
+
+/* Load the config a checkpoint was saved with (its /meta config text) into
+ * a new config: how `keel eval DIR` knows the model and data. Caller owns
+ * *out. */
+keel_status keel_config_from_checkpoint(const char *checkpoint_path,
+                                        keel_config **out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,618 @@
+/* job.c - keel's own trainer (keel/job.h): builds the model, data, optimizer
+ * and hooks a keel_config describes and runs them under
+ * MonitoredTrainingSession; evaluates checkpoints with no cluster. The glue
+ * between train/, checkpoint/ and the session layer; no math lives here. */
+#include <config.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <keel/keel.h>
+#include <keel/job.h>
+#include "util.h"
+
+#define ITER_BLOB "data_iterator"
+
+/* Everything a training or evaluation run holds; freed by job_free. */
+typedef struct job {
+    const keel_config *cfg;
+    keel_dataset *ds;
+    keel_data_iter *it;
+    keel_vars *vs;
+    keel_model *model;
+    keel_optimizer *opt;
+    int64_t global_batch;
+    uint64_t seed;
+    /* step-to-step state */
+    unsigned char iter_state[KEEL_DATA_ITER_STATE_BYTES];
+    keel_ckpt_blob blob;
+    keel_batch batch;
+    keel_job_options opts;
+    int64_t last_step;
+    int64_t examples;
+    int64_t t0_ns, last_report_ns, last_report_examples;
+    int restored;
+    char restored_from[1024];
+    char topology[128];
+} job;
+
+static void
+job_free(job *j)
+{
+    keel_optimizer_free(j->opt);
+    keel_model_free(j->model);
+    keel_vars_free(j->vs);
+    keel_data_iter_free(j->it);
+    keel_dataset_free(j->ds);
+}
+
+/* "<dir>/<stem>-idx?-ubyte" with or without ".gz", whichever exists. */
+static keel_status
+find_idx(const char *dir, const char *stem, char *out, size_t size)
+{
+    static const char *suffix[] = { ".gz", "" };
+    struct stat sb;
+    for (int i = 0; i < 2; i++) {
+        keel_status st = keel__fmt(out, size, "data path", "%s/%s%s", dir,
+                                   stem, suffix[i]);
+        if (st != KEEL_OK)
+            return st;
+        if (stat(out, &sb) == 0)
+            return KEEL_OK;
+    }
+    return keel__fail(KEEL_EINVAL, "data file %s/%s[.gz] does not exist "
+                      "(data.dir = %s); install Debian's "
+                      "dataset-fashion-mnist or point data.dir at MNIST-"
+                      "format files", dir, stem, dir);
+}
+
+/* Open the training (is_test 0) or test set the config names. */
+static keel_status
+open_dataset(const keel_config *cfg, int is_test, keel_dataset **out)
+{
+    const char *dir = keel_config_str(cfg, "data.dir");
+    keel_status st;
+    if (strcmp(keel_config_str(cfg, "data.format"), "hdf5") == 0) {
+        const char *file = keel_config_str(cfg, is_test ? "data.test_file"
+                                                        : "data.train_file");
+        char path[KEEL_PATH_MAX];
+        if (file[0] == '\0')
+            return keel__fail(KEEL_EINVAL, "data.format = hdf5 needs "
+                              "data.%s_file", is_test ? "test" : "train");
+        if (file[0] == '/')
+            st = keel__fmt(path, sizeof path, "data path", "%s", file);
+        else
+            st = keel__path_join(path, sizeof path, dir, file);
+        if (st == KEEL_OK)
+            st = keel_dataset_open_h5(path, 10, out);
+        return st;
+    }
+    {
+        char images[KEEL_PATH_MAX], labels[KEEL_PATH_MAX];
+        const char *pre = is_test ? "t10k" : "train";
+        char stem[64];
+        snprintf(stem, sizeof stem, "%s-images-idx3-ubyte", pre);
+        st = find_idx(dir, stem, images, sizeof images);
+        if (st != KEEL_OK)
+            return st;
+        snprintf(stem, sizeof stem, "%s-labels-idx1-ubyte", pre);
+        st = find_idx(dir, stem, labels, sizeof labels);
+        if (st != KEEL_OK)
+            return st;
+        return keel_dataset_open_idx(images, labels, 10, out);
+    }
+}
+
+static keel_status
+model_config_from(const keel_config *cfg, const keel_dataset *ds,
+                  int64_t max_batch, keel_model_config *mc)
+{
+    keel_status st;
+    keel_model_config_init(mc);
+    st = keel_model_kind_from_name(keel_config_str(cfg, "model.type"),
+                                   &mc->kind);
+    if (st != KEEL_OK)
+        return keel__wrap(KEEL_EINVAL, "model.type");
+    if (mc->kind == KEEL_MODEL_MLP) {
+        st = keel_model_parse_hidden(keel_config_str(cfg, "model.hidden"),
+                                     mc);
+        if (st != KEEL_OK)
+            return keel__wrap(KEEL_EINVAL, "model.hidden");
+    }
+    keel_dataset_shape(ds, &mc->height, &mc->width, &mc->channels);
+    mc->max_batch = max_batch;
+    return KEEL_OK;
+}
+
+static keel_status
+optimizer_config_from(const keel_config *cfg, keel_optimizer_config *oc)
+{
+    keel_optimizer_kind kind;
+    keel_status st = keel_optimizer_kind_from_name(
+        keel_config_str(cfg, "optimizer.name"), &kind);
+    if (st != KEEL_OK)
+        return keel__wrap(KEEL_EINVAL, "optimizer.name");
+    keel_optimizer_config_init(oc, kind);
+    if (keel_config_is_set(cfg, "optimizer.momentum") ||
+        kind == KEEL_OPT_MOMENTUM)
+        oc->momentum = keel_config_double(cfg, "optimizer.momentum");
+    oc->use_nesterov = keel_config_bool(cfg, "optimizer.nesterov");
+    oc->beta1 = keel_config_double(cfg, "optimizer.beta1");
+    oc->beta2 = keel_config_double(cfg, "optimizer.beta2");
+    oc->epsilon = keel_config_double(cfg, "optimizer.epsilon");
+    oc->rho = keel_config_double(cfg, "optimizer.rho");
+    oc->initial_accumulator_value =
+        keel_config_double(cfg, "optimizer.initial_accumulator_value");
+    keel_lr_schedule_init(&oc->schedule);
+    oc->schedule.learning_rate =
+        keel_config_double(cfg, "optimizer.learning_rate");
+    st = keel_lr_kind_from_name(keel_config_str(cfg, "optimizer.schedule"),
+                                &oc->schedule.kind);
+    if (st != KEEL_OK)
+        return keel__wrap(KEEL_EINVAL, "optimizer.schedule");
+    if (oc->schedule.kind == KEEL_LR_PIECEWISE) {
+        st = keel_lr_parse_piecewise(
+            keel_config_str(cfg, "optimizer.boundaries"),
+            keel_config_str(cfg, "optimizer.values"), &oc->schedule);
+        if (st != KEEL_OK)
+            return keel__wrap(KEEL_EINVAL, "optimizer.boundaries/values");
+    }
+    oc->schedule.decay_rate = keel_config_double(cfg, "optimizer.decay_rate");
+    oc->schedule.decay_steps = keel_config_int(cfg, "optimizer.decay_steps");
+    oc->schedule.staircase = keel_config_bool(cfg, "optimizer.staircase");
+    return keel_lr_schedule_validate(&oc->schedule);
+}
+
+/* Build dataset, iterator, variables, model and optimizer. */
+static keel_status
+job_build(job *j, const keel_config *cfg)
+{
+    keel_model_config mc;
+    keel_optimizer_config oc;
+    keel_data_iter_config ic;
+    keel_status st;
+
+    memset(j, 0, sizeof *j);
+    j->cfg = cfg;
+    j->global_batch = keel_config_int(cfg, "train.batch_size");
+    j->seed = (uint64_t)keel_config_int(cfg, "train.seed");
+    if (keel_config_int(cfg, "train.threads") > 0)
+        keel_train_set_threads((int)keel_config_int(cfg, "train.threads"));
+    st = open_dataset(cfg, 0, &j->ds);
+    if (st != KEEL_OK)
+        return st;
+    keel_data_iter_config_init(&ic);
+    ic.global_batch_size = j->global_batch;
+    ic.seed = j->seed;
+    ic.shuffle = keel_config_bool(cfg, "data.shuffle");
+    ic.max_epochs = keel_config_int(cfg, "train.epochs");
+    st = keel_data_iter_new(j->ds, &ic, &j->it);
+    if (st == KEEL_OK)
+        st = keel_vars_new(&j->vs);
+    if (st == KEEL_OK)
+        st = model_config_from(cfg, j->ds, j->global_batch, &mc);
+    if (st == KEEL_OK)
+        st = keel_model_new(&mc, j->vs, &j->model);
+    if (st == KEEL_OK)
+        st = optimizer_config_from(cfg, &oc);
+    if (st == KEEL_OK)
+        st = keel_optimizer_new(&oc, &j->opt);
+    if (st == KEEL_OK)
+        st = keel_optimizer_prepare(j->opt, j->vs);
+    snprintf(j->topology, sizeof j->topology, "single-process workers=1 "
+             "batch=%lld", (long long)j->global_batch);
+    return st;
+}
+
+/* ---- session callbacks ------------------------------------------------------ */
+
+static keel_status
+job_step(void *ctx, keel_step *stp)
+{
+    job *j = ctx;
+    const keel_batch *b = keel_step_batch(stp);
+    keel_step_stats stats;
+    keel_status st;
+    if (b == NULL)
+        return keel__fail(KEEL_EINTERNAL, "train step: no batch was fed");
+    st = keel_model_step(j->model, keel_step_vars(stp), b, j->global_batch,
+                         keel_step_grads(stp), &stats);
+    if (st != KEEL_OK)
+        return st;
+    j->examples += (int64_t)b->n;
+    st = keel_step_set_value(stp, "loss", stats.count > 0
+                             ? stats.loss_sum / (double)stats.count : 0.0);
+    if (st == KEEL_OK)
+        st = keel_step_set_value(stp, "accuracy", stats.count > 0
+                                 ? (double)stats.correct / stats.count : 0.0);
+    return st;
+}
+
+static keel_status
+job_apply(void *ctx, keel_vars *vs, keel_grads *g, int64_t global_step)
+{
+    job *j = ctx;
+    return keel_optimizer_apply(j->opt, vs, g, global_step);
+}
+
+static keel_status
+job_init(void *ctx, keel_vars *vs)
+{
+    job *j = ctx;
+    return keel_model_init_vars(j->model, vs, j->seed);
+}
+
+static keel_status
+job_feed(void *ctx, const void **batch)
+{
+    job *j = ctx;
+    keel_status st = keel_data_iter_next(j->it, &j->batch);
+    if (st != KEEL_OK)
+        return st;
+    *batch = &j->batch;
+    return KEEL_OK;
+}
+
+static keel_status
+job_meta(void *ctx, keel_ckpt_meta *meta)
+{
+    job *j = ctx;
+    size_t len = 0;
+    keel_status st = keel_data_iter_get_state(j->it, j->iter_state,
+                                              sizeof j->iter_state, &len);
+    if (st != KEEL_OK)
+        return st;
+    j->blob.name = ITER_BLOB;
+    j->blob.data = j->iter_state;
+    j->blob.size = len;
+    meta->blobs = &j->blob;
+    meta->n_blobs = 1;
+    meta->config_text = keel_config_source_text(j->cfg);
+    meta->topology = j->topology;
+    return KEEL_OK;
+}
+
+static keel_status
+job_restore(void *ctx, const keel_ckpt_info *info)
+{
+    job *j = ctx;
+    size_t size = 0;
+    const void *blob = keel_ckpt_info_blob(info, ITER_BLOB, &size);
+    j->restored = 1;
+    snprintf(j->restored_from, sizeof j->restored_from, "%s/%s-%lld.h5",
+             keel_config_str(j->cfg, "checkpoint.dir"),
+             keel_config_str(j->cfg, "checkpoint.basename"),
+             (long long)info->global_step);
+    if (blob == NULL) {
+        keel__log(KEEL_LOG_WARN, "%s has no data-iterator state: the data "
+                  "restarts from the first example of epoch 0",
+                  j->restored_from);
+        return KEEL_OK;
+    }
+    return keel_data_iter_set_state(j->it, blob, size);
+}
+
+static keel_status
+progress_after_run(void *ctx, keel_run_context *rc, const keel_run_values *v)
+{
+    job *j = ctx;
+    keel_job_progress p;
+    int64_t now = keel__now_mono_ns();
+    double dt = (now - j->last_report_ns) / 1e9;
+    (void)rc;
+    if (j->opts.progress_fn == NULL)
+        return KEEL_OK;
+    memset(&p, 0, sizeof p);
+    p.global_step = keel_run_values_step_after(v);
+    p.last_step = j->last_step;
+    p.epoch = keel_data_iter_epoch(j->it);
+    p.loss = keel_run_values_get(v, "loss");
+    p.accuracy = keel_run_values_get(v, "accuracy");
+    p.examples_per_sec = dt > 0 ? (j->examples - j->last_report_examples) / dt
+                                : 0.0;
+    p.elapsed_secs = (now - j->t0_ns) / 1e9;
+    j->last_report_ns = now;
+    j->last_report_examples = j->examples;
+    j->opts.progress_fn(j->opts.progress_ctx, &p);
+    return KEEL_OK;
+}
+
+static keel_status
+progress_before_run(void *ctx, keel_run_context *rc)
+{
+    (void)ctx;
+    keel_status st = keel_run_context_request(rc, "loss");
+    if (st == KEEL_OK)
+        st = keel_run_context_request(rc, "accuracy");
+    return st;
+}
+
+/* Steps the run will end at: max_steps and/or epochs, whichever first. */
+static int64_t
+planned_last_step(const job *j)
+{
+    int64_t max_steps = keel_config_int(j->cfg, "train.max_steps");
+    int64_t epochs = keel_config_int(j->cfg, "train.epochs");
+    int64_t by_epochs = epochs > 0
+        ? epochs * keel_data_iter_steps_per_epoch(j->it) : 0;
+    if (max_steps > 0 && (by_epochs == 0 || max_steps < by_epochs))
+        return max_steps;
+    return by_epochs;
+}
+
+keel_status
+keel_job_train(const keel_config *cfg, const keel_job_options *opts,
+               keel_job_result *result)
+{
+    job j;
+    keel_training_config tc;
+    keel_scaffold sc;
+    keel_hook hooks[4], progress;
+    size_t n_hooks = 0;
+    keel_session *s = NULL;
+    keel_status st, cst;
+    static const char *const summary_names[] = { "loss", "accuracy" };
+    int64_t max_steps, every;
+    double secs;
+
+    if (result != NULL)
+        memset(result, 0, sizeof *result);
+    if (cfg == NULL)
+        return keel__fail(KEEL_EINVAL, "train: config is NULL");
+    st = keel_config_validate(cfg);
+    if (st != KEEL_OK)
+        return st;
+    st = job_build(&j, cfg);
+    if (st != KEEL_OK) {
+        job_free(&j);
+        return st;
+    }
+    if (opts != NULL)
+        j.opts = *opts;
+    memset(hooks, 0, sizeof hooks);
+
+    st = keel_feed_fn_hook_new(job_feed, &j, &hooks[n_hooks]);
+    if (st == KEEL_OK)
+        n_hooks++;
+    max_steps = keel_config_int(cfg, "train.max_steps");
+    if (st == KEEL_OK && max_steps > 0) {
+        st = keel_stop_at_step_hook_new(0, max_steps, &hooks[n_hooks]);
+        if (st == KEEL_OK)
+            n_hooks++;
+    }
+    if (st == KEEL_OK && keel_config_bool(cfg, "hooks.nan_check")) {
+        st = keel_nan_hook_new("loss", 1,
+                               keel_config_bool(cfg, "hooks.inf_check"),
+                               &hooks[n_hooks]);
+        if (st == KEEL_OK)
+            n_hooks++;
+    }
+    every = keel_config_int(cfg, "hooks.profile_steps");
+    if (st == KEEL_OK && every > 0) {
+        st = keel_profiler_hook_new(every, 0,
+                                    keel_config_str(cfg, "checkpoint.dir"),
+                                    NULL, &hooks[n_hooks]);
+        if (st == KEEL_OK)
+            n_hooks++;
+    }
+    memset(&progress, 0, sizeof progress);
+    progress.struct_size = sizeof progress;
+    progress.name = "progress";
+    progress.ctx = &j;
+    progress.before_run = progress_before_run;
+    progress.after_run = progress_after_run;
+    if (st != KEEL_OK)
+        goto out;
+
+    keel_scaffold_default(&sc);
+    sc.ctx = &j;
+    sc.init = job_init;
+    keel_saver_config_init(&sc.saver);
+    sc.saver.basename = keel_config_str(cfg, "checkpoint.basename");
+    sc.saver.max_to_keep = (int)keel_config_int(cfg, "checkpoint.max_to_keep");
+    sc.saver.keep_every_n_hours =
+        keel_config_double(cfg, "checkpoint.keep_checkpoint_every_n_hours");
+    sc.saver.is_async = keel_config_bool(cfg, "checkpoint.async");
+
+    keel_training_config_init(&tc);
+    tc.session.vars = j.vs;
+    tc.session.step = job_step;
+    tc.session.step_ctx = &j;
+    tc.session.updater.ctx = &j;
+    tc.session.updater.apply = job_apply;
+    tc.session.scaffold = &sc;
+    tc.session.meta_fn = job_meta;
+    tc.session.meta_ctx = &j;
+    tc.session.restore_fn = job_restore;
+    tc.session.restore_ctx = &j;
+    tc.session.hooks = hooks;
+    tc.session.n_hooks = n_hooks;
+    tc.chief_only_hooks = &progress;
+    tc.n_chief_only_hooks = 1;
+    tc.checkpoint_dir = keel_config_str(cfg, "checkpoint.dir");
+    every = keel_config_int(cfg, "checkpoint.save_steps");
+    secs = keel_config_double(cfg, "checkpoint.save_secs");
+    tc.save_checkpoint_steps = every > 0 ? every : 0;
+    tc.save_checkpoint_secs = every > 0 ? 0 : secs;
+    every = keel_config_int(cfg, "hooks.summary_every_steps");
+    tc.save_summaries_steps = every;
+    tc.save_summaries_secs = 0;
+    tc.summary_names = summary_names;
+    tc.n_summary_names = 2;
+    tc.log_step_count_steps = keel_config_int(cfg, "hooks.log_every_steps");
+    tc.save_on_error = keel_config_bool(cfg, "checkpoint.save_on_error");
+
+    st = keel__fs_mkdirs(tc.checkpoint_dir);
+    if (st != KEEL_OK)
+        goto out;
+    if (j.opts.handle_signals) {
+        st = keel_session_install_signal_handlers();
+        if (st != KEEL_OK)
+            goto out;
+    }
+    st = keel_training_session_new(&tc, &s);
+    if (st != KEEL_OK)
+        goto out;
+    j.last_step = planned_last_step(&j);
+    if (j.restored)
+        keel__log(KEEL_LOG_INFO, "resumed from %s at step %lld",
+                  j.restored_from, (long long)keel_session_global_step(s));
+    if (result != NULL) {
+        result->start_step = keel_session_global_step(s);
+        result->restored = j.restored;
+        snprintf(result->restored_from, sizeof result->restored_from, "%s",
+                 j.restored_from);
+    }
+    j.t0_ns = j.last_report_ns = keel__now_mono_ns();
+    st = keel_session_train(s);
+    cst = keel_session_close(s);
+    if (st == KEEL_OK)
+        st = cst;
+    if (result != NULL) {
+        result->final_step = keel_session_global_step(s);
+        result->examples = j.examples;
+        result->seconds = (keel__now_mono_ns() - j.t0_ns) / 1e9;
+        result->end_reason = (int)keel_session_end_reason(s);
+    }
+    if (st == KEEL_OK)
+        keel__log(KEEL_LOG_INFO, "training ended (%s) at step %lld",
+                  keel_end_reason_str(keel_session_end_reason(s)),
+                  (long long)keel_session_global_step(s));
+    keel_session_free(s);
+out:
+    if (j.opts.handle_signals)
+        keel_session_uninstall_signal_handlers();
+    for (size_t i = 0; i < n_hooks; i++)
+        keel_hook_release(&hooks[i]);
+    job_free(&j);
+    return st;
+}
+
+/* ---- evaluation ------------------------------------------------------------- */
+
+keel_status
+keel_config_from_checkpoint(const char *checkpoint_path, keel_config **out)
+{
+    keel_ckpt_info *info = NULL;
+    keel_config *cfg = NULL;
+    keel_status st;
+    char name[KEEL_PATH_MAX + 16];
+    if (out == NULL)
+        return keel__fail(KEEL_EINVAL, "config from checkpoint: out is NULL");
+    *out = NULL;
+    st = keel_ckpt_read_info(checkpoint_path, &info);
+    if (st != KEEL_OK)
+        return st;
+    if (info->config_text == NULL) {
+        keel_ckpt_info_free(info);
+        return keel__fail(KEEL_EINVAL, "%s holds no config; pass the job's "
+                          "CONFIG file instead", checkpoint_path);
+    }
+    snprintf(name, sizeof name, "%s:/meta/config", checkpoint_path);
+    st = keel_config_new(&cfg);
+    if (st == KEEL_OK)
+        st = keel_config_load_text(cfg, info->config_text, name);
+    keel_ckpt_info_free(info);
+    if (st != KEEL_OK) {
+        keel_config_free(cfg);
+        return st;
+    }
+    *out = cfg;
+    return KEEL_OK;
+}
+
+keel_status
+keel_job_eval(const keel_config *cfg, const char *checkpoint_path,
+              keel_eval_result *result)
+{
+    keel_dataset *ds = NULL;
+    keel_vars *vs = NULL;
+    keel_model *model = NULL;
+    keel_model_config mc;
+    keel_restore_opts ro;
+    keel_restore_report rep;
+    char path[1024];
+    float *x = NULL;
+    int32_t *y = NULL;
+    int64_t bs, step = 0;
+    double loss_sum = 0;
+    int64_t correct = 0;
+    size_t count;
+    keel_status st;
+
+    if (cfg == NULL || result == NULL)
+        return keel__fail(KEEL_EINVAL, "eval: NULL argument");
+    memset(result, 0, sizeof *result);
+    if (checkpoint_path != NULL) {
+        st = keel__fmt(path, sizeof path, "checkpoint path", "%s",
+                       checkpoint_path);
+    } else {
+        st = keel_ckpt_latest(keel_config_str(cfg, "checkpoint.dir"),
+                              keel_config_str(cfg, "checkpoint.basename"),
+                              path, sizeof path, &step);
+        if (st == KEEL_ENOTFOUND)
+            st = keel__wrap(KEEL_ENOTFOUND, "eval: no valid checkpoint in "
+                            "%s (train first: keel train CONFIG)",
+                            keel_config_str(cfg, "checkpoint.dir"));
+    }
+    if (st != KEEL_OK)
+        return st;
+    if (keel_config_int(cfg, "train.threads") > 0)
+        keel_train_set_threads((int)keel_config_int(cfg, "train.threads"));
+    bs = keel_config_int(cfg, "train.eval_batch_size");
+    st = open_dataset(cfg, 1, &ds);
+    if (st == KEEL_OK)
+        st = keel_vars_new(&vs);
+    if (st == KEEL_OK)
+        st = model_config_from(cfg, ds, bs, &mc);
+    if (st == KEEL_OK)
+        st = keel_model_new(&mc, vs, &model);
+    if (st != KEEL_OK)
+        goto out;
+    memset(&ro, 0, sizeof ro);
+    ro.mode = KEEL_RESTORE_STRICT;
+    ro.skip_slots = 1;          /* evaluation needs no optimizer state */
+    st = keel_ckpt_restore(path, vs, &ro, &rep);
+    if (st != KEEL_OK)
+        goto out;
+    count = keel_dataset_count(ds);
+    x = malloc((size_t)bs * keel_dataset_example_size(ds) * sizeof *x);
+    y = malloc((size_t)bs * sizeof *y);
+    if (x == NULL || y == NULL) {
+        st = keel__fail(KEEL_ENOMEM, "eval: batch of %lld", (long long)bs);
+        goto out;
+    }
+    for (size_t i = 0; i < count && st == KEEL_OK; i += (size_t)bs) {
+        size_t n = count - i < (size_t)bs ? count - i : (size_t)bs;
+        keel_batch b;
+        keel_step_stats stats;
+        size_t stride = keel_dataset_example_size(ds);
+        for (size_t k = 0; k < n && st == KEEL_OK; k++)
+            st = keel_dataset_get(ds, i + k, x + k * stride, y + k);
+        if (st != KEEL_OK)
+            break;
+        b.x = x;
+        b.y = y;
+        b.n = n;
+        st = keel_model_eval(model, vs, &b, &stats);
+        loss_sum += stats.loss_sum;
+        correct += stats.correct;
+    }
+    if (st != KEEL_OK)
+        goto out;
+    result->step = rep.global_step;
+    result->examples = (int64_t)count;
+    result->loss = count > 0 ? loss_sum / (double)count : NAN;
+    result->accuracy = count > 0 ? (double)correct / (double)count : NAN;
+    snprintf(result->checkpoint, sizeof result->checkpoint, "%s", path);
+out:
+    free(x);
+    free(y);
+    keel_model_free(model);
+    keel_vars_free(vs);
+    keel_dataset_free(ds);
+    return st;
+}

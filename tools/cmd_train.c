@@ -1,0 +1,281 @@
+/* cmd_train.c - `keel train CONFIG` and `keel eval CONFIG|DIR`: the main
+ * job on one process. Step lines go to stdout; on a terminal a progress bar
+ * with ETA is redrawn on stderr. */
+#include <config.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <keel/keel.h>
+#include "cli.h"
+
+static int
+train_usage(FILE *out, int code)
+{
+    fprintf(out,
+            "usage: keel train CONFIG [-s section.key=value]... [-v]\n"
+            "\n"
+            "Train the job CONFIG describes under a MonitoredTrainingSession:\n"
+            "resume from the newest valid checkpoint in checkpoint.dir (or\n"
+            "$OUTPUT_DIR), log step lines, write checkpoints and TensorBoard\n"
+            "scalars, and stop at train.max_steps or after train.epochs.\n"
+            "SIGTERM or SIGINT stops at the next step, writes a final\n"
+            "checkpoint and exits 0.\n"
+            "\n"
+            "  -s, --set K=V   override a config key (repeatable)\n"
+            "  -v, --verbose   debug logging\n");
+    return code;
+}
+
+typedef struct progress_state {
+    int64_t every;          /* step line every N steps (0: none) */
+    int bar;                /* draw a bar on stderr */
+    int64_t last_draw_ns;
+    int bar_drawn;
+} progress_state;
+
+static int64_t
+now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static void
+clear_bar(progress_state *ps)
+{
+    if (ps->bar_drawn) {
+        fputs("\r\033[K", stderr);
+        ps->bar_drawn = 0;
+    }
+}
+
+static void
+on_progress(void *ctx, const keel_job_progress *p)
+{
+    progress_state *ps = ctx;
+    if (ps->every > 0 && p->global_step % ps->every == 0) {
+        clear_bar(ps);
+        printf("step %lld  epoch %lld  loss %.4f  accuracy %.4f  "
+               "%.0f examples/s\n", (long long)p->global_step,
+               (long long)p->epoch + 1, p->loss, p->accuracy,
+               p->examples_per_sec);
+        fflush(stdout);
+    }
+    if (ps->bar && p->last_step > 0) {
+        int64_t t = now_ns();
+        if (t - ps->last_draw_ns >= 100000000 ||
+            p->global_step >= p->last_step) {
+            double frac = (double)p->global_step / (double)p->last_step;
+            int width = 30, filled;
+            char bar[64];
+            double eta;
+            if (frac > 1)
+                frac = 1;
+            filled = (int)(frac * width);
+            for (int i = 0; i < width; i++)
+                bar[i] = i < filled ? '#' : '.';
+            bar[width] = '\0';
+            eta = frac > 0 ? p->elapsed_secs * (1 - frac) / frac : 0;
+            fprintf(stderr, "\r\033[K[%s] %3.0f%%  step %lld/%lld  loss %.4f"
+                    "  ETA %dm%02ds", bar, frac * 100,
+                    (long long)p->global_step, (long long)p->last_step,
+                    p->loss, (int)(eta / 60), (int)fmod(eta, 60));
+            fflush(stderr);
+            ps->bar_drawn = 1;
+            ps->last_draw_ns = t;
+        }
+    }
+}
+
+/* Shared by train and eval: CONFIG and -s/-v options. */
+static int
+parse_common(int argc, char **argv, const char **path, char **over,
+             int *n_over, int *verbose, int *json, const char **ckpt,
+             int allow_eval_opts)
+{
+    *path = NULL;
+    *n_over = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "-s") == 0 || strcmp(a, "--set") == 0) {
+            if (i + 1 >= argc)
+                return cli_error(CLI_USAGE, "%s needs section.key=value", a);
+            if (*n_over == 256)
+                return cli_error(CLI_USAGE, "too many -s overrides");
+            over[(*n_over)++] = argv[++i];
+        } else if (strcmp(a, "-v") == 0 || strcmp(a, "--verbose") == 0) {
+            *verbose = 1;
+        } else if (allow_eval_opts && strcmp(a, "--json") == 0) {
+            *json = 1;
+        } else if (allow_eval_opts && strcmp(a, "--checkpoint") == 0) {
+            if (i + 1 >= argc)
+                return cli_error(CLI_USAGE, "--checkpoint needs a FILE");
+            *ckpt = argv[++i];
+        } else if (a[0] == '-') {
+            return cli_error(CLI_USAGE, "%s: unknown option '%s'; see "
+                             "'keel %s --help'", argv[0], a, argv[0]);
+        } else if (*path == NULL) {
+            *path = a;
+        } else {
+            return cli_error(CLI_USAGE, "%s takes one CONFIG, got '%s' and "
+                             "'%s'", argv[0], *path, a);
+        }
+    }
+    if (*path == NULL)
+        return cli_error(CLI_USAGE, "%s needs a CONFIG file; see 'keel %s "
+                         "--help'", argv[0], argv[0]);
+    return CLI_OK;
+}
+
+int
+cmd_train(int argc, char **argv)
+{
+    const char *path, *ckpt = NULL, *mode;
+    char *over[256];
+    int n_over, verbose = 0, json = 0, rc;
+    keel_config *cfg;
+    keel_job_options opts;
+    keel_job_result res;
+    progress_state ps;
+    keel_status st;
+
+    if (cli_wants_help(argc, argv))
+        return train_usage(stdout, CLI_OK);
+    rc = parse_common(argc, argv, &path, over, &n_over, &verbose, &json,
+                      &ckpt, 0);
+    if (rc != CLI_OK)
+        return rc;
+    cli_install_logger(verbose);
+    rc = cli_load_config(path, n_over, over, &cfg);
+    if (rc != CLI_OK)
+        return rc;
+    memset(&ps, 0, sizeof ps);
+    ps.every = keel_config_int(cfg, "hooks.log_every_steps");
+    mode = keel_config_str(cfg, "hooks.progress");
+    ps.bar = strcmp(mode, "on") == 0 ||
+             (strcmp(mode, "auto") == 0 && isatty(2));
+    memset(&opts, 0, sizeof opts);
+    opts.progress_fn = on_progress;
+    opts.progress_ctx = &ps;
+    opts.handle_signals = 1;
+    st = keel_job_train(cfg, &opts, &res);
+    clear_bar(&ps);
+    if (st != KEEL_OK) {
+        keel_config_free(cfg);
+        return cli_fail(st, "train");
+    }
+    printf("trained steps %lld..%lld (%lld examples, %.1f s, %.0f "
+           "examples/s); checkpoints in %s\n", (long long)res.start_step,
+           (long long)res.final_step, (long long)res.examples, res.seconds,
+           res.seconds > 0 ? res.examples / res.seconds : 0.0,
+           keel_config_str(cfg, "checkpoint.dir"));
+    keel_config_free(cfg);
+    return CLI_OK;
+}
+
+static int
+eval_usage(FILE *out, int code)
+{
+    fprintf(out,
+            "usage: keel eval CONFIG|DIR [--checkpoint FILE] [--json]\n"
+            "                 [-s section.key=value]...\n"
+            "\n"
+            "Restore a checkpoint with no cluster and print the test loss and\n"
+            "accuracy. CONFIG: its checkpoint.dir's newest valid checkpoint;\n"
+            "DIR: a checkpoint directory, whose newest checkpoint also gives\n"
+            "the model and data settings it was trained with.\n"
+            "\n"
+            "  --checkpoint FILE  evaluate this checkpoint instead\n"
+            "  --json             print one JSON object: step, loss, accuracy,\n"
+            "                     examples, checkpoint\n");
+    return code;
+}
+
+static void
+json_string(const char *s)
+{
+    putchar('"');
+    for (; *s != '\0'; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            printf("\\%c", c);
+        else if (c < 0x20)
+            printf("\\u%04x", c);
+        else
+            putchar(c);
+    }
+    putchar('"');
+}
+
+int
+cmd_eval(int argc, char **argv)
+{
+    const char *path, *ckpt = NULL;
+    char *over[256];
+    int n_over, verbose = 0, json = 0, rc;
+    keel_config *cfg = NULL;
+    keel_eval_result res;
+    struct stat sb;
+    keel_status st;
+    char latest[1024];
+
+    if (cli_wants_help(argc, argv))
+        return eval_usage(stdout, CLI_OK);
+    rc = parse_common(argc, argv, &path, over, &n_over, &verbose, &json,
+                      &ckpt, 1);
+    if (rc != CLI_OK)
+        return rc;
+    cli_install_logger(verbose);
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        /* A checkpoint directory: its checkpoint carries the config. */
+        int64_t step;
+        const char *src = ckpt;
+        if (src == NULL) {
+            st = keel_ckpt_latest(path, NULL, latest, sizeof latest, &step);
+            if (st != KEEL_OK)
+                return cli_fail(st, "eval");
+            src = latest;
+        }
+        st = keel_config_from_checkpoint(src, &cfg);
+        for (int i = 0; st == KEEL_OK && i < n_over; i++)
+            st = keel_config_override(cfg, over[i], "-s");
+        if (st == KEEL_OK) {
+            char set[1100];
+            snprintf(set, sizeof set, "checkpoint.dir=%s", path);
+            st = keel_config_override(cfg, set, "eval DIR");
+        }
+        if (st != KEEL_OK) {
+            keel_config_free(cfg);
+            return cli_fail(st, "eval");
+        }
+        if (ckpt == NULL)
+            ckpt = latest;
+    } else {
+        rc = cli_load_config(path, n_over, over, &cfg);
+        if (rc != CLI_OK)
+            return rc;
+    }
+    st = keel_job_eval(cfg, ckpt, &res);
+    keel_config_free(cfg);
+    if (st != KEEL_OK)
+        return cli_fail(st, "eval");
+    if (json) {
+        printf("{\"step\": %lld, \"loss\": %.6f, \"accuracy\": %.6f, "
+               "\"examples\": %lld, \"checkpoint\": ", (long long)res.step,
+               res.loss, res.accuracy, (long long)res.examples);
+        json_string(res.checkpoint);
+        printf("}\n");
+    } else {
+        printf("step %lld: test loss %.4f, accuracy %.4f (%lld examples, "
+               "%s)\n", (long long)res.step, res.loss, res.accuracy,
+               (long long)res.examples, res.checkpoint);
+    }
+    return CLI_OK;
+}
