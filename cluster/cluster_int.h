@@ -27,6 +27,10 @@ void keel__problems_add(keel__problems *p, const char *fmt, ...)
 /* KEEL_OK when empty, else KEEL_EINVAL "<what>: N problems: a; b; c". */
 keel_status keel__problems_fail(const keel__problems *p, const char *what);
 
+#define KEEL__MAX_TASKS_PER_JOB 65536
+/* Append an address (copied) to a job; KEEL_EINVAL past the task limit. */
+keel_status keel__cluster_spec_add(keel_cluster_spec *s, keel_task_type t,
+                                   const char *a, size_t len);
 void keel__cluster_validate_into(const keel_cluster_spec *s,
                                  keel__problems *p);
 /* 1 if a is host:port (host non-empty, port 1..65535), else 0 with why. */

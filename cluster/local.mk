@@ -1,5 +1,5 @@
 # cluster/: cluster spec, wire protocol, parameter servers, workers, launcher.
-libkeel_core_la_SOURCES += cluster/cluster_int.h cluster/spec.c \
+libkeel_core_la_SOURCES += cluster/cluster_int.h cluster/spec.c cluster/slurm.c \
 	cluster/wire.c cluster/security.c cluster/ps.c
 pkginclude_HEADERS += include/keel/cluster.h
 if HAVE_CHECK

@@ -598,7 +598,7 @@ START_TEST(test_send_recv_round_trip_tensors_names_and_text)
                              { 1, 2, 2, 2 } };
     const char *names[5] = { "step_scale", "b", "layer/w", "x/y/z",
                              "conv1/kernel" };
-    keel__wire_out outs[5];
+    keel__wire_out outs[5] = { { NULL, NULL, NULL } };
     keel__wire_header h = { .type = KEEL_MSG_PULL_REPLY, .global_step = 9 };
     keel__wire_msg m;
     keel__wire_pin pin;
