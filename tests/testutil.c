@@ -360,3 +360,80 @@ tu_keel(int timeout_ms, char *out, size_t out_size, char *err,
     argv[n] = NULL;
     return tu_run(argv, NULL, timeout_ms, out, out_size, err, err_size);
 }
+
+pid_t
+tu_spawn_pipe(char *const argv[], char *const env[], const char *err_log,
+              int *out_fd)
+{
+    int p[2];
+    pid_t pid;
+    ck_assert_int_eq(pipe(p), 0);
+    pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        int fd = open(err_log != NULL ? err_log : "/dev/null",
+                      O_WRONLY | O_CREAT | O_APPEND, 0644);
+        dup2(p[1], 1);
+        if (fd >= 0) {
+            dup2(fd, 2);
+            close(fd);
+        }
+        close(p[0]);
+        close(p[1]);
+        setpgid(0, 0);
+        child_env(env);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    register_child(pid);
+    close(p[1]);
+    fcntl(p[0], F_SETFL, fcntl(p[0], F_GETFL) | O_NONBLOCK);
+    *out_fd = p[0];
+    return pid;
+}
+
+int
+tu_wait_for_line(int fd, const char *needle, int timeout_ms, char *line,
+                 size_t line_size)
+{
+    static char buf[65536];
+    static size_t used;
+    static int buf_fd = -1;
+    int64_t deadline = tu_now_ms() + timeout_ms;
+    if (buf_fd != fd) {
+        buf_fd = fd;
+        used = 0;
+    }
+    for (;;) {
+        char *nl;
+        /* complete lines already buffered */
+        while ((nl = memchr(buf, '\n', used)) != NULL) {
+            size_t len = (size_t)(nl - buf);
+            int hit;
+            *nl = '\0';
+            hit = strstr(buf, needle) != NULL;
+            if (hit && line != NULL)
+                snprintf(line, line_size, "%s", buf);
+            memmove(buf, nl + 1, used - len - 1);
+            used -= len + 1;
+            if (hit)
+                return 1;
+        }
+        {
+            struct pollfd pfd = { fd, POLLIN, 0 };
+            int64_t left = deadline - tu_now_ms();
+            ssize_t r;
+            if (left <= 0)
+                return 0;
+            if (poll(&pfd, 1, (int)left) < 0 && errno != EINTR)
+                return 0;
+            if (used == sizeof buf - 1)
+                used = 0;                 /* an absurdly long line */
+            r = read(fd, buf + used, sizeof buf - 1 - used);
+            if (r == 0)
+                return 0;
+            if (r > 0)
+                used += (size_t)r;
+        }
+    }
+}

@@ -50,6 +50,16 @@ int tu_keel(int timeout_ms, char *out, size_t out_size, char *err,
 /* Start a child (stdout+stderr to log_path, or /dev/null if NULL); it is
  * registered and killed + reaped by tu_teardown() whatever happens. */
 pid_t tu_spawn(char *const argv[], char *const env[], const char *log_path);
+/* Start a registered child whose stdout is a pipe (*out_fd, the read end,
+ * non-blocking; caller closes it) and whose stderr goes to err_log (or
+ * /dev/null). */
+pid_t tu_spawn_pipe(char *const argv[], char *const env[],
+                    const char *err_log, int *out_fd);
+/* Read fd until a line containing needle arrives (1), or EOF / the
+ * deadline (0). The line (truncated) is copied into line if not NULL. */
+int tu_wait_for_line(int fd, const char *needle, int timeout_ms, char *line,
+                     size_t line_size);
+
 /* Wait for pid up to timeout_ms. Returns the exit status (0..255), 128+sig
  * when killed by a signal, or -1 on timeout (the child keeps running). */
 int tu_wait(pid_t pid, int timeout_ms);

@@ -1,6 +1,12 @@
 # tools/: the keel CLI. Verbs live in tools/cmd_<verb>.c.
 keel_SOURCES += tools/cmd_config.c tools/cmd_train.c
 if HAVE_CHECK
+check_PROGRAMS += tests/it_train
+TESTS += tests/it_train
+tests_it_train_SOURCES = tests/it_train.c
+tests_it_train_CFLAGS = $(TEST_CFLAGS)
+tests_it_train_LDADD = $(TEST_LIBS)
+
 check_PROGRAMS += tests/check_cli
 TESTS += tests/check_cli
 tests_check_cli_SOURCES = tests/check_cli.c

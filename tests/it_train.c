@@ -1,0 +1,223 @@
+/* it_train.c - `keel train` and `keel eval` as a user runs them: a small
+ * synthetic MNIST-format dataset, real checkpoints, resume after a clean
+ * stop and after SIGKILL (bitwise equal to an uninterrupted run), bad
+ * configs exiting 2 with one clear message. */
+#include <config.h>
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <keel/keel.h>
+#include "testutil.h"
+
+static char out[65536], err[65536];
+
+#define CHECKED_SNPRINTF(buf, size, ...) \
+    ck_assert_int_lt(snprintf(buf, size, __VA_ARGS__), (int)(size))
+
+static void
+put_be32(unsigned char *p, uint32_t v)
+{
+    p[0] = (unsigned char)(v >> 24);
+    p[1] = (unsigned char)(v >> 16);
+    p[2] = (unsigned char)(v >> 8);
+    p[3] = (unsigned char)v;
+}
+
+/* n examples: class c has a bright 6x6 patch at a class-specific place,
+ * over deterministic noise. */
+static void
+write_idx(const char *prefix, int n, uint32_t seed)
+{
+    size_t img_bytes = 16 + (size_t)n * 784, lab_bytes = 8 + (size_t)n;
+    unsigned char *img = calloc(1, img_bytes), *lab = calloc(1, lab_bytes);
+    char path[4096];
+    uint32_t s = seed;
+    ck_assert_ptr_nonnull(img);
+    ck_assert_ptr_nonnull(lab);
+    put_be32(img, 0x00000803);
+    put_be32(img + 4, (uint32_t)n);
+    put_be32(img + 8, 28);
+    put_be32(img + 12, 28);
+    put_be32(lab, 0x00000801);
+    put_be32(lab + 4, (uint32_t)n);
+    for (int i = 0; i < n; i++) {
+        int c = i % 10, r0 = 2 + (c / 5) * 12, c0 = 2 + (c % 5) * 5;
+        unsigned char *x = img + 16 + (size_t)i * 784;
+        for (int k = 0; k < 784; k++) {
+            s = s * 1664525u + 1013904223u;
+            x[k] = (unsigned char)(s >> 27);
+        }
+        for (int r = r0; r < r0 + 6; r++)
+            for (int q = c0; q < c0 + 6 && q < 28; q++)
+                x[r * 28 + q] = 230;
+        lab[8 + i] = (unsigned char)c;
+    }
+    snprintf(path, sizeof path, "%s-images-idx3-ubyte", prefix);
+    tu_write_file(path, img, img_bytes);
+    snprintf(path, sizeof path, "%s-labels-idx1-ubyte", prefix);
+    tu_write_file(path, lab, lab_bytes);
+    free(img);
+    free(lab);
+}
+
+static const char *cfg_path;
+
+static void
+setup(void)
+{
+    char text[2048];
+    char prefix[4096];
+    tu_setup();
+    unsetenv("OUTPUT_DIR");
+    write_idx(tu_path("train"), 640, 1);
+    write_idx(tu_path("t10k"), 200, 2);
+    (void)prefix;
+    CHECKED_SNPRINTF(text, sizeof text,
+             "[model]\ntype = mlp\nhidden = 32\n"
+             "[data]\ndir = %s\n"
+             "[optimizer]\nname = adam\nlearning_rate = 0.01\n"
+             "[train]\nbatch_size = 32\nmax_steps = 40\nseed = 5\n"
+             "threads = 1\n"
+             "[checkpoint]\ndir = %s/run\nsave_steps = 5\n"
+             "[hooks]\nlog_every_steps = 1\nsummary_every_steps = 10\n"
+             "progress = off\n", tu_dir, tu_dir);
+    cfg_path = tu_path("job.ini");
+    tu_write_file(cfg_path, text, strlen(text));
+}
+
+static void
+teardown(void)
+{
+    tu_teardown();
+}
+
+START_TEST(test_train_then_eval_learns_and_reports_json)
+{
+    double acc = 0;
+    long long step = 0;
+    char *p;
+    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "train",
+                             cfg_path, NULL), 0);
+    ck_assert_ptr_nonnull(strstr(out, "step 40 "));
+    ck_assert_ptr_nonnull(strstr(out, "trained steps 0..40"));
+    ck_assert_int_ge(tu_file_size(tu_path("run/model.ckpt-40.h5")), 1);
+    ck_assert_int_ge(tu_file_size(tu_path("run/checkpoint")), 1);
+    ck_assert_int_ge(tu_file_size(tu_path("run/scalars.csv")), 1);
+    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "eval",
+                             cfg_path, "--json", NULL), 0);
+    p = strstr(out, "\"step\": ");
+    ck_assert_ptr_nonnull(p);
+    ck_assert_int_eq(sscanf(p, "\"step\": %lld", &step), 1);
+    ck_assert_int_eq(step, 40);
+    p = strstr(out, "\"accuracy\": ");
+    ck_assert_ptr_nonnull(p);
+    ck_assert_int_eq(sscanf(p, "\"accuracy\": %lf", &acc), 1);
+    ck_assert_msg(acc > 0.9, "the synthetic task is easy: accuracy %g", acc);
+    ck_assert_ptr_nonnull(strstr(out, "\"examples\": 200"));
+    ck_assert_ptr_nonnull(strstr(out, "model.ckpt-40.h5"));
+    /* eval DIR: the checkpoint carries the config */
+    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "eval",
+                             tu_path("run"), NULL), 0);
+    ck_assert_ptr_nonnull(strstr(out, "step 40: test loss"));
+}
+END_TEST
+
+START_TEST(test_rerun_resumes_at_the_right_step)
+{
+    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "train",
+                             cfg_path, "-s", "train.max_steps=12", NULL), 0);
+    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "train",
+                             cfg_path, "-s", "train.max_steps=20", NULL), 0);
+    ck_assert_ptr_nonnull(strstr(err, "resumed from"));
+    ck_assert_ptr_nonnull(strstr(err, "model.ckpt-12.h5 at step 12"));
+    ck_assert_ptr_nonnull(strstr(out, "trained steps 12..20"));
+    /* at the limit already: nothing to do, still success */
+    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "train",
+                             cfg_path, "-s", "train.max_steps=20", NULL), 0);
+}
+END_TEST
+
+START_TEST(test_sigkill_and_resume_is_bitwise_identical)
+{
+    char *argv[] = { (char *)tu_build_path("keel"), "train",
+                     (char *)cfg_path, "-s", "", NULL };
+    char set_dir[4200], set_ref[4200], line[256];
+    int fd;
+    pid_t pid;
+    /* the uninterrupted reference run */
+    CHECKED_SNPRINTF(set_ref, sizeof set_ref, "checkpoint.dir=%s/ref",
+                     tu_dir);
+    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "train",
+                             cfg_path, "-s", set_ref, NULL), 0);
+    /* killed mid-run at a random-ish step, then restarted twice */
+    CHECKED_SNPRINTF(set_dir, sizeof set_dir, "checkpoint.dir=%s/killed", tu_dir);
+    argv[4] = set_dir;
+    for (int round = 0; round < 2; round++) {
+        /* first run: past the first checkpoints; second: its first step */
+        const char *needle = round == 0 ? "step 13 " : "step ";
+        pid = tu_spawn_pipe(argv, NULL, tu_path("killed.log"), &fd);
+        ck_assert_msg(tu_wait_for_line(fd, needle, 60000, line, sizeof line),
+                      "no '%s' line from keel train", needle);
+        kill(pid, SIGKILL);
+        ck_assert_int_eq(tu_wait(pid, 10000), 128 + SIGKILL);
+        close(fd);
+    }
+    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "train",
+                             cfg_path, "-s", set_dir, NULL), 0);
+    ck_assert_ptr_nonnull(strstr(err, "resumed from"));
+    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "ckpt",
+                             "diff", tu_path("ref/model.ckpt-40.h5"),
+                             tu_path("killed/model.ckpt-40.h5"), NULL), 0);
+}
+END_TEST
+
+START_TEST(test_bad_configs_exit_2_with_one_message)
+{
+    const char *bad = tu_path("bad.ini");
+    char text[512];
+    /* typo'd key */
+    tu_write_file(bad, "[train]\nmax_stpes = 3\n", 22);
+    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err, "train",
+                             bad, NULL), 2);
+    ck_assert_ptr_nonnull(strstr(err, "keel: "));
+    ck_assert_ptr_nonnull(strstr(err, "bad.ini:2"));
+    ck_assert_ptr_nonnull(strstr(err, "max_stpes"));
+    ck_assert_ptr_null(strchr(strchr(err, '\n') + 1, '\n'));   /* one line */
+    /* wrong model name */
+    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err, "train",
+                             cfg_path, "-s", "model.type=resnet", NULL), 2);
+    ck_assert_ptr_nonnull(strstr(err, "softmax, mlp, cnn"));
+    /* missing data file */
+    CHECKED_SNPRINTF(text, sizeof text, "[data]\ndir = %s/nodata\n[train]\n"
+             "max_steps = 3\n[checkpoint]\ndir = %s/x\n", tu_dir, tu_dir);
+    tu_write_file(bad, text, strlen(text));
+    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err, "train",
+                             bad, NULL), 2);
+    ck_assert_ptr_nonnull(strstr(err, "nodata/train-images-idx3-ubyte"));
+    /* eval with nothing trained yet is a runtime failure, not usage */
+    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err, "eval",
+                             cfg_path, NULL), 1);
+    ck_assert_ptr_nonnull(strstr(err, "no valid checkpoint"));
+}
+END_TEST
+
+static Suite *
+train_cli_suite(void)
+{
+    Suite *s = suite_create("it_train");
+    TCase *tc = tcase_create("train");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_train_then_eval_learns_and_reports_json);
+    tcase_add_test(tc, test_rerun_resumes_at_the_right_step);
+    tcase_add_test(tc, test_sigkill_and_resume_is_bitwise_identical);
+    tcase_add_test(tc, test_bad_configs_exit_2_with_one_message);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+KEEL_TEST_MAIN(train_cli_suite)
