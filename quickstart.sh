@@ -73,7 +73,7 @@ build _build --enable-werror
 run_suite() {   # run_suite DIR
   local dir=$1 status=0
   make -C "$dir" -j"$jobs" --no-print-directory check >"$dir/check.out" 2>&1 || status=$?
-  grep -h -E '^[0-9]+%: Checks: ' "$dir"/tests/*.log 2>/dev/null || true
+  grep -h -E '^[0-9]+%: Checks: |^[A-Za-z_ -]*: [0-9]+ passed, [0-9]+ failed$' "$dir"/tests/*.log 2>/dev/null || true
   if [ $status -ne 0 ]; then
     cat "$dir/check.out"
     for log in "$dir"/tests/*.log; do
@@ -82,20 +82,28 @@ run_suite() {   # run_suite DIR
       fi
     done
   fi
-  # Count Check's test cases (a program that crashed before its summary
-  # counts as one failure).
-  local pass=0 fail=0 line n f e
-  while IFS= read -r line; do
-    n=$(sed -E 's/.*Checks: ([0-9]+).*/\1/' <<<"$line")
-    f=$(sed -E 's/.*Failures: ([0-9]+).*/\1/' <<<"$line")
-    e=$(sed -E 's/.*Errors: ([0-9]+).*/\1/' <<<"$line")
-    pass=$((pass + n - f - e)); fail=$((fail + f + e))
-  done < <(grep -h -E '^[0-9]+%: Checks: ' "$dir"/tests/*.log 2>/dev/null || true)
-  for trs in "$dir"/tests/*.trs; do
+  # Count test cases: Check's summary line, or a script's own "N passed, N
+  # failed" line; a program that printed neither counts as one.
+  local pass=0 fail=0 log trs line n f e
+  for log in "$dir"/tests/*.log; do
+    trs=${log%.log}.trs
     [ -f "$trs" ] || continue
-    if grep -q -E '^:test-result: (FAIL|ERROR)' "$trs" &&
-       ! grep -q -E '^[0-9]+%: Checks: ' "${trs%.trs}.log"; then
+    if line=$(grep -h -E '^[0-9]+%: Checks: ' "$log" | tail -n 1) && [ -n "$line" ]; then
+      n=$(sed -E 's/.*Checks: ([0-9]+).*/\1/' <<<"$line")
+      f=$(sed -E 's/.*Failures: ([0-9]+).*/\1/' <<<"$line")
+      e=$(sed -E 's/.*Errors: ([0-9]+).*/\1/' <<<"$line")
+      pass=$((pass + n - f - e)); fail=$((fail + f + e))
+    elif line=$(grep -h -E '^[A-Za-z_ -]*: [0-9]+ passed, [0-9]+ failed$' "$log" | tail -n 1) && [ -n "$line" ]; then
+      n=$(sed -E 's/.*: ([0-9]+) passed.*/\1/' <<<"$line")
+      f=$(sed -E 's/.* ([0-9]+) failed$/\1/' <<<"$line")
+      pass=$((pass + n)); fail=$((fail + f))
+    elif grep -q '^:test-result: PASS' "$trs"; then
+      pass=$((pass + 1))
+    else
       fail=$((fail + 1))
+    fi
+    if grep -q -E '^:test-result: (FAIL|ERROR)' "$trs" && [ "$fail" -eq 0 ]; then
+      fail=1
     fi
   done
   echo "$dir: $pass passed, $fail failed"

@@ -15,3 +15,11 @@ tests_check_cli_LDADD = $(TEST_LIBS)
 endif
 keel_SOURCES += tools/cmd_ckpt.c
 keel_SOURCES += tools/cmd_keygen.c
+
+# examples/custom_step: a user's own model and step on the public API,
+# built against libkeel.la and run by `make check`.
+check_PROGRAMS += examples/custom_step
+examples_custom_step_SOURCES = examples/custom_step.c
+examples_custom_step_LDADD = libkeel.la
+TESTS += tests/it_custom_step.sh
+EXTRA_DIST += tests/it_custom_step.sh
