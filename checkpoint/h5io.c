@@ -20,7 +20,7 @@
 
 #define CK_ALIGN_THRESHOLD ((hsize_t)64 << 10)
 #define CK_ALIGN ((hsize_t)4096)
-#define CK_IO_CHUNK ((size_t)8 << 20)
+#define CK_IO_CHUNK ((size_t)32 << 20)
 #define CK_LATE_HASH_BYTES ((size_t)4 << 20)
 #define CK_HASH_CHUNK ((size_t)1 << 20)
 #define CK_THREADED_READ_BYTES ((size_t)16 << 20)
