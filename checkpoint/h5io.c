@@ -73,7 +73,7 @@ file_access_plist(void)
     return fapl;
 }
 
-/* ---- writing --------------------------------------------------------------- */
+/* ---- writing ------------------------------------------------------------ */
 
 static int
 attr_write(hid_t obj, const char *name, hid_t ftype, hid_t mtype,
@@ -431,7 +431,7 @@ fail:
     return st;
 }
 
-/* ---- reading --------------------------------------------------------------- */
+/* ---- reading ------------------------------------------------------------ */
 
 static int
 attr_exists(hid_t obj, const char *name)
@@ -1108,7 +1108,7 @@ keel_ckpt_verify(const char *path)
     return keel__ckpt_verify(path, NULL);
 }
 
-/* ---- metadata -------------------------------------------------------------- */
+/* ---- metadata ----------------------------------------------------------- */
 
 typedef struct blob_ctx {
     keel_ckpt_info *info;
