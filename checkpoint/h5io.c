@@ -20,7 +20,7 @@
 
 #define CK_ALIGN_THRESHOLD ((hsize_t)64 << 10)
 #define CK_ALIGN ((hsize_t)4096)
-#define CK_IO_CHUNK ((size_t)8 << 20)
+#define CK_IO_CHUNK ((size_t)32 << 20)
 #define CK_LATE_HASH_BYTES ((size_t)4 << 20)
 #define CK_HASH_CHUNK ((size_t)1 << 20)
 #define CK_THREADED_READ_BYTES ((size_t)16 << 20)
@@ -73,7 +73,7 @@ file_access_plist(void)
     return fapl;
 }
 
-/* ---- writing --------------------------------------------------------------- */
+/* ---- writing ------------------------------------------------------------ */
 
 static int
 attr_write(hid_t obj, const char *name, hid_t ftype, hid_t mtype,
@@ -431,7 +431,7 @@ fail:
     return st;
 }
 
-/* ---- reading --------------------------------------------------------------- */
+/* ---- reading ------------------------------------------------------------ */
 
 static int
 attr_exists(hid_t obj, const char *name)
@@ -1108,7 +1108,7 @@ keel_ckpt_verify(const char *path)
     return keel__ckpt_verify(path, NULL);
 }
 
-/* ---- metadata -------------------------------------------------------------- */
+/* ---- metadata ----------------------------------------------------------- */
 
 typedef struct blob_ctx {
     keel_ckpt_info *info;

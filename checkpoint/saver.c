@@ -60,7 +60,7 @@ keel_saver_config_init(keel_saver_config *cfg)
     cfg->is_async = 0;
 }
 
-/* ---- names and the state file -------------------------------------------- */
+/* ---- names and the state file ------------------------------------------- */
 
 int64_t
 keel__ckpt_name_step(const char *name, const char *base)
@@ -293,7 +293,7 @@ state_write(const keel_saver *s, char (*doomed)[KEEL_NAME_MAX],
     return st;
 }
 
-/* ---- saver lifetime ---------------------------------------------------------- */
+/* ---- saver lifetime ----------------------------------------------------- */
 
 /* Remove ".<base>-*.h5.tmp.<pid>" and ".checkpoint.tmp.<pid>" left by
  * processes that no longer exist. */
@@ -456,7 +456,7 @@ keel_saver_last_step(const keel_saver *s)
     return __atomic_load_n(&s->last_step, __ATOMIC_ACQUIRE);
 }
 
-/* ---- one save -------------------------------------------------------------- */
+/* ---- one save ----------------------------------------------------------- */
 
 static keel_status
 plan_add(ck_plan *p, const char *name, const char *slot,
@@ -878,7 +878,7 @@ keel_saver_free(keel_saver *s)
     free(s);
 }
 
-/* ---- scanning a directory ---------------------------------------------------- */
+/* ---- scanning a directory ----------------------------------------------- */
 
 static int
 file_cmp(const void *a, const void *b)

@@ -140,7 +140,7 @@ count_files(const char *dir, const char *needle)
     return n;
 }
 
-/* ---- round trips ----------------------------------------------------------- */
+/* ---- round trips -------------------------------------------------------- */
 
 static void
 roundtrip(int is_async)
@@ -304,7 +304,7 @@ START_TEST(test_large_checkpoint_checksums_recorded_after_data)
 }
 END_TEST
 
-/* ---- restore options -------------------------------------------------------- */
+/* ---- restore options ---------------------------------------------------- */
 
 START_TEST(test_restore_shape_mismatch_names_variable_and_shapes)
 {
@@ -388,7 +388,7 @@ START_TEST(test_restore_strict_partial_report_and_name_map)
 }
 END_TEST
 
-/* ---- h5py ------------------------------------------------------------------ */
+/* ---- h5py --------------------------------------------------------------- */
 
 /* The ```python block after the keel-test marker in the format doc. */
 static char *
@@ -503,7 +503,7 @@ START_TEST(test_python_snippet_reads_same_values)
 }
 END_TEST
 
-/* ---- corruption and bad files ----------------------------------------------- */
+/* ---- corruption and bad files ------------------------------------------- */
 
 START_TEST(test_flipped_tensor_byte_detected_every_time)
 {
@@ -673,7 +673,7 @@ START_TEST(test_latest_without_state_file_scans)
 }
 END_TEST
 
-/* ---- retention ---------------------------------------------------------------- */
+/* ---- retention ---------------------------------------------------------- */
 
 START_TEST(test_retention_survives_restart_and_lowered_max_prunes)
 {
@@ -758,7 +758,7 @@ START_TEST(test_dead_process_temp_files_cleaned_at_start)
 }
 END_TEST
 
-/* ---- injected I/O faults --------------------------------------------------------- */
+/* ---- injected I/O faults ------------------------------------------------ */
 
 static int fail_fsync_at, fail_rename_at, n_fsync, n_rename;
 
@@ -844,7 +844,7 @@ START_TEST(test_async_failure_is_reported_not_dropped)
 }
 END_TEST
 
-/* ---- SIGKILL crash safety ------------------------------------------------------ */
+/* ---- SIGKILL crash safety ----------------------------------------------- */
 
 static void
 crash_trials(int is_async)
@@ -912,7 +912,7 @@ START_TEST(test_sigkill_async_saver_leaves_valid_latest)
 }
 END_TEST
 
-/* ---- CLI ------------------------------------------------------------------------ */
+/* ---- CLI ---------------------------------------------------------------- */
 
 START_TEST(test_cli_ls_show_verify_diff)
 {

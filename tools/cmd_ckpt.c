@@ -49,7 +49,7 @@ is_dir(const char *p)
     return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
 }
 
-/* ---- ls ------------------------------------------------------------------- */
+/* ---- ls ----------------------------------------------------------------- */
 
 static int
 ckpt_ls(int argc, char **argv)
@@ -103,7 +103,7 @@ ckpt_ls(int argc, char **argv)
     return CLI_OK;
 }
 
-/* ---- show ------------------------------------------------------------------ */
+/* ---- show --------------------------------------------------------------- */
 
 static int
 ckpt_show(int argc, char **argv)
@@ -213,7 +213,7 @@ ckpt_show(int argc, char **argv)
     return CLI_OK;
 }
 
-/* ---- verify ------------------------------------------------------------------ */
+/* ---- verify ------------------------------------------------------------- */
 
 static int
 ckpt_verify(int argc, char **argv)
@@ -262,7 +262,7 @@ ckpt_verify(int argc, char **argv)
     return CLI_OK;
 }
 
-/* ---- diff ---------------------------------------------------------------------- */
+/* ---- diff --------------------------------------------------------------- */
 
 static const keel_ckpt_entry *
 find_entry(const keel_ckpt_entry *e, size_t n, const keel_ckpt_entry *key)
