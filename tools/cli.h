@@ -40,9 +40,7 @@ int cli_load_config(const char *path, int n_over, char **over,
 int cmd_config(int argc, char **argv);
 int cmd_train(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
-/* Verbs (tools/cmd_<verb>.c). */
 int cmd_ckpt(int argc, char **argv);
-/* Verbs (tools/cmd_<verb>.c). */
 int cmd_keygen(int argc, char **argv);
 
 #endif

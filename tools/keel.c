@@ -13,10 +13,10 @@ static int cmd_version(int argc, char **argv);
 static const cli_verb verbs[] = {
     { "train", "train the job a config file describes", cmd_train },
     { "eval", "evaluate a checkpoint on the test set", cmd_eval },
-    { "config", "check a config file; list every key", cmd_config },
-    { "version", "print keel's version", cmd_version },
     { "ckpt", "list, show, verify and diff checkpoints", cmd_ckpt },
+    { "config", "check a config file; list every key", cmd_config },
     { "keygen", "write a CURVE key pair for cluster sockets", cmd_keygen },
+    { "version", "print keel's version", cmd_version },
 };
 static const size_t n_verbs = sizeof verbs / sizeof verbs[0];
 

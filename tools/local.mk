@@ -1,5 +1,7 @@
 # tools/: the keel CLI. Verbs live in tools/cmd_<verb>.c.
-keel_SOURCES += tools/cmd_config.c tools/cmd_train.c
+keel_SOURCES += tools/cmd_config.c tools/cmd_train.c tools/cmd_ckpt.c \
+	tools/cmd_keygen.c
+
 if HAVE_CHECK
 check_PROGRAMS += tests/it_train
 TESTS += tests/it_train
@@ -13,8 +15,6 @@ tests_check_cli_SOURCES = tests/check_cli.c
 tests_check_cli_CFLAGS = $(TEST_CFLAGS)
 tests_check_cli_LDADD = $(TEST_LIBS)
 endif
-keel_SOURCES += tools/cmd_ckpt.c
-keel_SOURCES += tools/cmd_keygen.c
 
 # examples/custom_step: a user's own model and step on the public API,
 # built against libkeel.la and run by `make check`.
