@@ -106,6 +106,8 @@ run_suite() {   # run_suite DIR
       fail=1
     fi
   done
+  # make itself failed (a build error, a missing file): that is a failure too
+  if [ $status -ne 0 ] && [ $fail -eq 0 ]; then fail=1; fi
   echo "$dir: $pass passed, $fail failed"
   total_pass=$((total_pass + pass)); total_fail=$((total_fail + fail))
   return $status
