@@ -98,6 +98,10 @@ static const key_def schema[] = {
     { "train", "threads", T_INT, "0", 0, 1024, NULL,
       "OpenBLAS threads (0: OpenBLAS's default). Results are bitwise "
       "reproducible for a fixed value." },
+    { "train", "model_threads", T_INT, "1", 1, 8, NULL,
+      "Threads that each compute a fixed shard of every batch (with "
+      "single-threaded OpenBLAS); results are bitwise reproducible for a "
+      "fixed value, and differ in the last bits between values." },
     { "train", "eval_batch_size", T_INT, "1000", 1, 1 << 20, NULL,
       "Batch size of keel eval." },
 
@@ -820,6 +824,15 @@ keel_config_validate(const keel_config *cfg)
                           "train.max_steps or train.epochs (or both; the "
                           "first reached stops training)");
     model = keel_config_str(cfg, "model.type");
+    if (keel_config_int(cfg, "train.model_threads") > 1 &&
+        keel_config_int(cfg, "train.threads") > 1)
+        return keel__fail(KEEL_EINVAL, "train.model_threads (%lld) and "
+                          "train.threads (%lld) are both above 1; model "
+                          "threads use single-threaded OpenBLAS: set "
+                          "train.threads = 1 or remove it",
+                          (long long)keel_config_int(cfg,
+                                                     "train.model_threads"),
+                          (long long)keel_config_int(cfg, "train.threads"));
     if (keel_config_is_set(cfg, "model.hidden") && strcmp(model, "mlp") != 0)
         return keel__fail(KEEL_EINVAL, "model.hidden (%s) applies only to "
                           "model.type = mlp, not '%s'",

@@ -124,6 +124,7 @@ model_config_from(const keel_config *cfg, const keel_dataset *ds,
     }
     keel_dataset_shape(ds, &mc->height, &mc->width, &mc->channels);
     mc->max_batch = max_batch;
+    mc->threads = (int)keel_config_int(cfg, "train.model_threads");
     return KEEL_OK;
 }
 
@@ -166,6 +167,17 @@ optimizer_config_from(const keel_config *cfg, keel_optimizer_config *oc)
     return keel_lr_schedule_validate(&oc->schedule);
 }
 
+/* OpenBLAS threads: train.threads, or 1 under model threads (each model
+ * thread runs its own single-threaded sgemm). */
+static void
+set_blas_threads(const keel_config *cfg)
+{
+    if (keel_config_int(cfg, "train.model_threads") > 1)
+        keel_train_set_threads(1);
+    else if (keel_config_int(cfg, "train.threads") > 0)
+        keel_train_set_threads((int)keel_config_int(cfg, "train.threads"));
+}
+
 /* Build dataset, iterator, variables, model and optimizer. */
 static keel_status
 job_build(job *j, const keel_config *cfg)
@@ -179,8 +191,7 @@ job_build(job *j, const keel_config *cfg)
     j->cfg = cfg;
     j->global_batch = keel_config_int(cfg, "train.batch_size");
     j->seed = (uint64_t)keel_config_int(cfg, "train.seed");
-    if (keel_config_int(cfg, "train.threads") > 0)
-        keel_train_set_threads((int)keel_config_int(cfg, "train.threads"));
+    set_blas_threads(cfg);
     st = open_dataset(cfg, 0, &j->ds);
     if (st != KEEL_OK)
         return st;
@@ -560,8 +571,7 @@ keel_job_eval(const keel_config *cfg, const char *checkpoint_path,
     }
     if (st != KEEL_OK)
         return st;
-    if (keel_config_int(cfg, "train.threads") > 0)
-        keel_train_set_threads((int)keel_config_int(cfg, "train.threads"));
+    set_blas_threads(cfg);
     bs = keel_config_int(cfg, "train.eval_batch_size");
     st = open_dataset(cfg, 1, &ds);
     if (st == KEEL_OK)
