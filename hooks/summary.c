@@ -3,6 +3,7 @@
  * as scalars) and ProfilerHook (per-step timing as a Chrome trace). */
 #include <config.h>
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,19 +13,83 @@
 
 #define SUMMARY_NAMES_MAX 16
 
+/* Hooks writing to the same directory share one event file, as TF's
+ * FileWriterCache does (TensorBoard shows one run, scalars.csv gets one
+ * writer). The cache is process-wide, refcounted and locked: hooks of
+ * different sessions may live on different threads, though a writer is used
+ * by one step thread at a time. */
+typedef struct shared_writer {
+    char *dir;
+    keel_events *w;
+    int refs;
+    struct shared_writer *next;
+} shared_writer;
+
+static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
+static shared_writer *cache;
+
 /* An event file that cannot be opened degrades the hook to logging only
  * (a warning names the cause): losing TensorBoard output must not stop
  * training. */
 static keel_status
 open_events(const char *dir, keel_events **w, const char *who)
 {
-    keel_status st = keel_events_open(dir, "", w);
-    if (st != KEEL_OK) {
+    shared_writer *e;
+    keel_status st = KEEL_OK;
+    *w = NULL;
+    pthread_mutex_lock(&cache_lock);
+    for (e = cache; e != NULL; e = e->next)
+        if (strcmp(e->dir, dir) == 0)
+            break;
+    if (e == NULL) {
+        e = calloc(1, sizeof *e);
+        if (e == NULL || (e->dir = strdup(dir)) == NULL) {
+            free(e);
+            e = NULL;
+            st = keel__fail(KEEL_ENOMEM, "event writer for %s", dir);
+        } else if ((st = keel_events_open(dir, "", &e->w)) != KEEL_OK) {
+            free(e->dir);
+            free(e);
+            e = NULL;
+        } else {
+            e->next = cache;
+            cache = e;
+        }
+    }
+    if (e != NULL) {
+        e->refs++;
+        *w = e->w;
+    }
+    pthread_mutex_unlock(&cache_lock);
+    if (st != KEEL_OK)
         keel__log(KEEL_LOG_WARN, "%s: no event file in %s (%s): logging "
                   "only", who, dir, keel_last_error());
-        *w = NULL;
-    }
     return KEEL_OK;
+}
+
+/* Drop one reference; the last closes the file. NULL is a no-op. */
+static void
+close_events(keel_events *w)
+{
+    shared_writer **pp;
+    if (w == NULL)
+        return;
+    pthread_mutex_lock(&cache_lock);
+    for (pp = &cache; *pp != NULL; pp = &(*pp)->next) {
+        shared_writer *e = *pp;
+        if (e->w != w)
+            continue;
+        if (--e->refs == 0) {
+            *pp = e->next;
+            keel_events_close(e->w);
+            free(e->dir);
+            free(e);
+        } else {
+            keel_events_flush(w);
+        }
+        break;
+    }
+    pthread_mutex_unlock(&cache_lock);
 }
 
 /* ---- StepCounterHook ---------------------------------------------------- */
@@ -92,7 +157,7 @@ counter_destroy(void *ctx)
     counter_hook *h = ctx;
     if (h == NULL)
         return;
-    keel_events_close(h->w);
+    close_events(h->w);
     free(h->dir);
     free(h);
 }
@@ -208,7 +273,7 @@ summary_destroy(void *ctx)
     summary_hook *h = ctx;
     if (h == NULL)
         return;
-    keel_events_close(h->w);
+    close_events(h->w);
     free(h->dir);
     free(h);
 }

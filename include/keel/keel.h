@@ -3,7 +3,10 @@
  * Process-wide state in libkeel (nothing else is global):
  *   - the thread-local error message (keel_last_error),
  *   - the log handler (keel_log_set_handler),
- *   - the OpenBLAS thread count, set by train/ only on request. */
+ *   - the OpenBLAS thread count, set by train/ only on request,
+ *   - the SIGTERM/SIGINT flag, once keel_session_install_signal_handlers(),
+ *   - the event-writer cache that lets hooks writing to one directory share
+ *     one TensorBoard event file (as TF's FileWriterCache). */
 #ifndef KEEL_KEEL_H
 #define KEEL_KEEL_H
 
