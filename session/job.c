@@ -5,6 +5,7 @@
 #include <config.h>
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -448,6 +449,8 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     secs = keel_config_double(cfg, "checkpoint.save_secs");
     tc.save_checkpoint_steps = every > 0 ? every : 0;
     tc.save_checkpoint_secs = every > 0 ? 0 : secs;
+    if (every <= 0 && secs <= 0)        /* only at start and at the end */
+        tc.save_checkpoint_steps = INT64_MAX;
     every = keel_config_int(cfg, "hooks.summary_every_steps");
     tc.save_summaries_steps = every;
     tc.save_summaries_secs = 0;
@@ -565,8 +568,8 @@ keel_job_eval(const keel_config *cfg, const char *checkpoint_path,
                               keel_config_str(cfg, "checkpoint.basename"),
                               path, sizeof path, &step);
         if (st == KEEL_ENOTFOUND)
-            st = keel__wrap(KEEL_ENOTFOUND, "eval: no valid checkpoint in "
-                            "%s (train first: keel train CONFIG)",
+            st = keel__fail(KEEL_ENOTFOUND, "no valid checkpoint in %s "
+                            "(train first: keel train CONFIG)",
                             keel_config_str(cfg, "checkpoint.dir"));
     }
     if (st != KEEL_OK)

@@ -175,6 +175,22 @@ START_TEST(test_sigkill_and_resume_is_bitwise_identical)
 }
 END_TEST
 
+START_TEST(test_no_periodic_saves_still_saves_at_start_and_end)
+{
+    char set_dir[4200];
+    CHECKED_SNPRINTF(set_dir, sizeof set_dir, "checkpoint.dir=%s/ends",
+                     tu_dir);
+    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "train",
+                             cfg_path, "-s", set_dir, "-s",
+                             "checkpoint.save_steps=0", "-s",
+                             "checkpoint.save_secs=0", "-s",
+                             "train.max_steps=7", NULL), 0);
+    ck_assert_int_ge(tu_file_size(tu_path("ends/model.ckpt-0.h5")), 1);
+    ck_assert_int_ge(tu_file_size(tu_path("ends/model.ckpt-7.h5")), 1);
+    ck_assert_int_lt(tu_file_size(tu_path("ends/model.ckpt-5.h5")), 0);
+}
+END_TEST
+
 START_TEST(test_bad_configs_exit_2_with_one_message)
 {
     const char *bad = tu_path("bad.ini");
@@ -215,6 +231,7 @@ train_cli_suite(void)
     tcase_add_test(tc, test_train_then_eval_learns_and_reports_json);
     tcase_add_test(tc, test_rerun_resumes_at_the_right_step);
     tcase_add_test(tc, test_sigkill_and_resume_is_bitwise_identical);
+    tcase_add_test(tc, test_no_periodic_saves_still_saves_at_start_and_end);
     tcase_add_test(tc, test_bad_configs_exit_2_with_one_message);
     suite_add_tcase(s, tc);
     return s;
