@@ -42,5 +42,6 @@ int cmd_train(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_ckpt(int argc, char **argv);
 int cmd_keygen(int argc, char **argv);
+int cmd_launch(int argc, char **argv);
 
 #endif
