@@ -616,7 +616,9 @@ deliver_line(keel_launch *l, size_t i, int stream, char *line, size_t len)
     step = parse_step(line);
     if (step >= 0) {
         t->info.global_step = step;
-        if (t->wants_back_event) {
+        /* "back" counts a real step line (stdout), not a log line such
+         * as "resumed from ... at step N" (stderr) */
+        if (t->wants_back_event && stream == 0) {
             t->wants_back_event = 0;
             emit(l, KEEL_LAUNCH_EV_BACK, (int)i, t->info.pid, 0,
                  "%s back at step %lld, %.3f s after it died",

@@ -9,6 +9,12 @@ TESTS += tests/check_cluster
 tests_check_cluster_SOURCES = tests/check_cluster.c
 tests_check_cluster_CFLAGS = $(TEST_CFLAGS) $(ZMQ_CFLAGS) $(JSONC_CFLAGS)
 tests_check_cluster_LDADD = $(TEST_LIBS) $(ZMQ_LIBS)
+
+check_PROGRAMS += tests/it_launch
+TESTS += tests/it_launch
+tests_it_launch_SOURCES = tests/it_launch.c
+tests_it_launch_CFLAGS = $(TEST_CFLAGS)
+tests_it_launch_LDADD = $(TEST_LIBS)
 endif
 
 # bench/cluster_bench: wire protocol push+pull throughput (built by
