@@ -637,6 +637,12 @@ keel__wire_client_generation(const keel__wire_client *c)
     return c->generation;
 }
 
+void
+keel__wire_client_set_generation(keel__wire_client *c, uint64_t generation)
+{
+    c->generation = generation;
+}
+
 keel_status
 keel__wire_client_call(keel__wire_client *c, keel__wire_header *h,
                        const keel__wire_out *ts, size_t n, int zero_copy,

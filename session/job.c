@@ -13,6 +13,7 @@
 #include <keel/keel.h>
 #include <keel/job.h>
 #include "util.h"
+#include "../cluster/roles.h"
 
 #define ITER_BLOB "data_iterator"
 
@@ -168,7 +169,7 @@ optimizer_config_from(const keel_config *cfg, keel_optimizer_config *oc)
 
 /* Build dataset, iterator, variables, model and optimizer. */
 static keel_status
-job_build(job *j, const keel_config *cfg)
+job_build(job *j, const keel_config *cfg, int worker_index, int num_workers)
 {
     keel_model_config mc;
     keel_optimizer_config oc;
@@ -189,6 +190,8 @@ job_build(job *j, const keel_config *cfg)
     ic.seed = j->seed;
     ic.shuffle = keel_config_bool(cfg, "data.shuffle");
     ic.max_epochs = keel_config_int(cfg, "train.epochs");
+    ic.worker_index = worker_index;
+    ic.num_workers = num_workers;
     st = keel_data_iter_new(j->ds, &ic, &j->it);
     if (st == KEEL_OK)
         st = keel_vars_new(&j->vs);
@@ -202,8 +205,12 @@ job_build(job *j, const keel_config *cfg)
         st = keel_optimizer_new(&oc, &j->opt);
     if (st == KEEL_OK)
         st = keel_optimizer_prepare(j->opt, j->vs);
-    snprintf(j->topology, sizeof j->topology, "single-process workers=1 "
-             "batch=%lld", (long long)j->global_batch);
+    if (num_workers > 1)
+        snprintf(j->topology, sizeof j->topology, "cluster replicas=%d "
+                 "batch=%lld", num_workers, (long long)j->global_batch);
+    else
+        snprintf(j->topology, sizeof j->topology, "single-process "
+                 "workers=1 batch=%lld", (long long)j->global_batch);
     return st;
 }
 
@@ -343,10 +350,59 @@ planned_last_step(const job *j)
     return by_epochs;
 }
 
+static void
+role_opts_from(const keel_config *cfg, const keel_cluster_spec *spec,
+               keel__role_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->spec = spec;
+    o->round_robin = strcmp(keel_config_str(cfg, "cluster.placement"),
+                            "round_robin") == 0;
+    o->dead_after_ms = (int)keel_config_int(cfg, "cluster.dead_after_ms");
+    o->ready_retry_ms = (int)keel_config_int(cfg, "cluster.ready_retry_ms");
+    o->max_wait_secs = keel_config_double(cfg, "cluster.max_wait_secs");
+    o->curve = keel_config_bool(cfg, "security.curve");
+    o->key_dir = keel_config_str(cfg, "security.key_dir");
+}
+
+/* The ps task: build the model only to know the variables, then serve. */
+static keel_status
+run_ps(const keel_config *cfg, const keel_cluster_spec *spec,
+       const keel_job_options *opts)
+{
+    job j;
+    keel__role_opts o;
+    keel_status st = job_build(&j, cfg, 0, 1);
+    if (st == KEEL_OK && opts->handle_signals)
+        st = keel_session_install_signal_handlers();
+    if (st == KEEL_OK) {
+        role_opts_from(cfg, spec, &o);
+        st = keel__cluster_run_ps(&o, j.vs, j.opt);
+    }
+    if (opts->handle_signals)
+        keel_session_uninstall_signal_handlers();
+    job_free(&j);
+    return st;
+}
+
+/* CheckpointSaverListener of the chief: the ps hold the truth. */
+static keel_status
+pull_before_save(void *ctx, keel_session *s, int64_t step)
+{
+    (void)step;
+    return keel__worker_pull_all(ctx, keel_session_vars(s), 1);
+}
+
 keel_status
 keel_job_train(const keel_config *cfg, const keel_job_options *opts,
                keel_job_result *result)
 {
+    const keel_cluster_spec *spec = opts ? opts->cluster : NULL;
+    int in_cluster = spec != NULL && !keel_cluster_spec_is_local(spec);
+    int is_chief = 1, replica = 0, replicas = 1;
+    keel__worker *worker = NULL;
+    keel_backend backend;
+    keel_ckpt_listener listener;
     job j;
     keel_training_config tc;
     keel_scaffold sc;
@@ -365,7 +421,27 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     st = keel_config_validate(cfg);
     if (st != KEEL_OK)
         return st;
-    st = job_build(&j, cfg);
+    if (in_cluster) {
+        keel_task_type t = keel_cluster_spec_task_type(spec);
+        if ((st = keel_cluster_spec_validate(spec)) != KEEL_OK)
+            return st;
+        if (t == KEEL_TASK_PS)
+            return run_ps(cfg, spec, opts);
+        if (t != KEEL_TASK_CHIEF && t != KEEL_TASK_WORKER)
+            return keel__fail(KEEL_EINVAL, "train: task type %s does not "
+                              "train (use chief, worker or ps)",
+                              keel_task_type_name(t));
+        if (keel_cluster_spec_num_tasks(spec, KEEL_TASK_PS) == 0)
+            return keel__fail(KEEL_EINVAL, "train: the cluster has no ps "
+                              "task (parameter-server training needs at "
+                              "least one)");
+        is_chief = keel_cluster_spec_is_chief(spec);
+        replicas = keel_cluster_spec_num_replicas(spec);
+        replica = t == KEEL_TASK_CHIEF ? 0
+            : keel_cluster_spec_task_index(spec) +
+              (keel_cluster_spec_num_tasks(spec, KEEL_TASK_CHIEF) > 0);
+    }
+    st = job_build(&j, cfg, replica, replicas);
     if (st != KEEL_OK) {
         job_free(&j);
         return st;
@@ -444,9 +520,31 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     tc.n_summary_names = 2;
     tc.log_step_count_steps = keel_config_int(cfg, "hooks.log_every_steps");
     tc.save_on_error = keel_config_bool(cfg, "checkpoint.save_on_error");
+    if (in_cluster) {
+        keel__role_opts o;
+        role_opts_from(cfg, spec, &o);
+        st = keel__worker_new(&o, j.vs, &worker);
+        if (st != KEEL_OK)
+            goto out;
+        keel__worker_backend(worker, &backend);
+        tc.session.backend = &backend;
+        tc.is_chief = is_chief;
+        tc.max_wait_secs = o.max_wait_secs;
+        tc.stop_grace_period_secs =
+            keel_config_double(cfg, "cluster.stop_grace_secs");
+        if (is_chief) {
+            memset(&listener, 0, sizeof listener);
+            listener.ctx = worker;
+            listener.before_save = pull_before_save;
+            tc.listeners = &listener;
+            tc.n_listeners = 1;
+        } else {
+            tc.checkpoint_dir = NULL;
+        }
+    }
 
-    st = keel__fs_mkdirs(tc.checkpoint_dir);
-    if (st != KEEL_OK)
+    if (tc.checkpoint_dir != NULL &&
+        (st = keel__fs_mkdirs(tc.checkpoint_dir)) != KEEL_OK)
         goto out;
     if (j.opts.handle_signals) {
         st = keel_session_install_signal_handlers();
@@ -482,7 +580,10 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
                   keel_end_reason_str(keel_session_end_reason(s)),
                   (long long)keel_session_global_step(s));
     keel_session_free(s);
+    if (worker != NULL && is_chief && st == KEEL_OK)
+        keel__worker_shutdown_cluster(worker);
 out:
+    keel__worker_free(worker);
     if (j.opts.handle_signals)
         keel_session_uninstall_signal_handlers();
     for (size_t i = 0; i < n_hooks; i++)
