@@ -166,7 +166,14 @@ cli_resolve_cluster(const keel_config *cfg, const char *task,
                              "lists)", task);
         return CLI_OK;
     }
-    if (st == KEEL_OK && keel_cluster_spec_is_local(spec)) {
+    /* TF: a cluster of one task (only the chief) is local, master '' */
+    if (st == KEEL_OK && (keel_cluster_spec_is_local(spec) ||
+                          (keel_cluster_spec_num_tasks(spec, KEEL_TASK_CHIEF)
+                               == 1 &&
+                           keel_cluster_spec_num_tasks(spec, KEEL_TASK_PS)
+                               == 0 &&
+                           keel_cluster_spec_num_tasks(spec, KEEL_TASK_WORKER)
+                               == 0))) {
         keel_cluster_spec_free(spec);
         return CLI_OK;
     }
