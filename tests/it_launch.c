@@ -532,6 +532,74 @@ START_TEST(test_chaos_kills_chief_reproducibly_and_run_finishes)
 }
 END_TEST
 
+/* ---- keel launch: parameter-server clusters (cluster roles) ------------ */
+
+START_TEST(test_ps_and_two_workers_train_and_the_result_evaluates)
+{
+    char *log;
+    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err,
+                             "launch", cfg_path, "--ps", "1", "--workers",
+                             "2", NULL), 0);
+    ck_assert_ptr_nonnull(strstr(out, "launch | started ps.0 (pid "));
+    ck_assert_ptr_nonnull(strstr(out, "launch | started worker.1 (pid "));
+    ck_assert_ptr_nonnull(strstr(out, "ps.0 | "));
+    ck_assert_ptr_nonnull(strstr(out, "worker.0 | "));
+    ck_assert_ptr_nonnull(strstr(out, "chief | step 40 "));
+    ck_assert_ptr_nonnull(strstr(out, "launch | chief (pid "));
+    ck_assert_ptr_nonnull(strstr(out, "launch | the chief finished"));
+    ck_assert_ptr_null(strstr(out, "restarting"));
+    /* the ps is stopped after the chief: its end comes last */
+    ck_assert_ptr_nonnull(strstr(out, "launch | ps.0 (pid "));
+    ck_assert(strstr(out, "launch | ps.0 (pid ") >
+              strstr(out, "launch | chief (pid "));
+    for (int i = 0; i < 4; i++) {
+        static const char *const names[] = { "ps.0", "chief", "worker.0",
+                                             "worker.1" };
+        char name[64];
+        CHECKED_SNPRINTF(name, sizeof name, "run/logs/%s.log", names[i]);
+        ck_assert_int_ge(tu_file_size(tu_path(name)), 1);
+    }
+    log = tu_read_file(tu_path("run/logs/ps.0.log"), NULL);
+    ck_assert_ptr_nonnull(strstr(log, "TF_CONFIG task ps 0"));
+    free(log);
+    /* one process, no cluster: the checkpoint the cluster wrote */
+    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "eval",
+                             tu_path("run"), "--json", NULL), 0);
+    ck_assert_ptr_nonnull(strstr(out, "\"step\": 40"));
+    {
+        double acc = 0;
+        const char *p = strstr(out, "\"accuracy\": ");
+        ck_assert_ptr_nonnull(p);
+        ck_assert_int_eq(sscanf(p, "\"accuracy\": %lf", &acc), 1);
+        ck_assert_msg(acc > 0.9, "accuracy %g", acc);
+    }
+}
+END_TEST
+
+START_TEST(test_chaos_killing_workers_mid_run_still_finishes)
+{
+    int kills = 0;
+    for (const char *p = out;
+         (p = strstr(p, "chaos | killed worker.")) != NULL; p++)
+        kills++;
+    ck_assert_int_eq(kills, 0);
+    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err,
+                             "launch", cfg_path, "--ps", "1", "--workers",
+                             "2", "-s", "train.max_steps=300", "--chaos",
+                             "3,0.3", "--chaos-targets", "worker",
+                             "--max-restarts", "0", NULL), 0);
+    for (const char *p = out;
+         (p = strstr(p, "chaos | killed worker.")) != NULL; p++)
+        kills++;
+    ck_assert_msg(kills >= 2, "%d chaos kills:\n%s", kills, out);
+    ck_assert_ptr_null(strstr(out, "chaos | killed chief"));
+    ck_assert_ptr_null(strstr(out, "chaos | killed ps"));
+    ck_assert_ptr_nonnull(strstr(out, "launch | restarted worker."));
+    ck_assert_ptr_nonnull(strstr(out, "chief | step 300 "));
+    ck_assert_int_ge(tu_file_size(tu_path("run/model.ckpt-300.h5")), 1);
+}
+END_TEST
+
 START_TEST(test_usage_and_config_errors_exit_2_before_starting)
 {
     static const char *const bad[][4] = {
@@ -588,6 +656,8 @@ launch_suite(void)
     tcase_add_test(tc, test_chief_failing_for_good_exits_1_naming_it);
     tcase_add_test(tc, test_chaos_kills_chief_reproducibly_and_run_finishes);
     tcase_add_test(tc, test_usage_and_config_errors_exit_2_before_starting);
+    tcase_add_test(tc, test_ps_and_two_workers_train_and_the_result_evaluates);
+    tcase_add_test(tc, test_chaos_killing_workers_mid_run_still_finishes);
     suite_add_tcase(s, tc);
     return s;
 }
