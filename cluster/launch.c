@@ -36,6 +36,7 @@ extern char **environ;
 #define LINE_BYTES 8192            /* longer lines are split */
 #define TF_CONFIG_BYTES 65536
 #define BACKOFF_CAP_SECS 5.0
+#define HEALTHY_NS (10 * 1000000000LL) /* or a step line: backoff resets */
 #define SAMPLE_NS 500000000LL      /* /proc sampling interval */
 #define NS 1000000000LL
 
@@ -58,6 +59,9 @@ typedef struct task {
     int64_t term_sent_ns;
     int64_t died_ns;               /* for the "back" event */
     int wants_back_event;
+    int had_step;                  /* printed a step line since its start */
+    int64_t started_ns;
+    int backoff_level;             /* failures in a row before progress */
     uint64_t last_ticks;
     int64_t last_sample_ns;
 } task;
@@ -522,6 +526,8 @@ spawn(keel_launch *l, size_t i)
     t->is_alive = 1;
     t->chaos_pid = 0;
     t->kill_sent = 0;
+    t->had_step = 0;
+    t->started_ns = keel__now_mono_ns();
     t->last_ticks = 0;
     t->last_sample_ns = 0;
     t->info.cpu_percent = 0;
@@ -616,6 +622,7 @@ deliver_line(keel_launch *l, size_t i, int stream, char *line, size_t len)
     step = parse_step(line);
     if (step >= 0) {
         t->info.global_step = step;
+        t->had_step = 1;
         /* "back" counts a real step line (stdout), not a log line such
          * as "resumed from ... at step N" (stderr) */
         if (t->wants_back_event && stream == 0) {
@@ -721,22 +728,27 @@ on_exit_status(keel_launch *l, size_t i, int status, int64_t now)
     if (was_chaos || t->info.restarts < l->cfg.max_restarts) {
         double delay = l->cfg.backoff_secs;
         if (!was_chaos) {
+            /* a crash loop backs off exponentially; a task that made
+             * progress (a step line, or 10 s up) starts over at the base */
+            if (t->had_step || now - t->started_ns >= HEALTHY_NS)
+                t->backoff_level = 0;
             t->info.restarts++;
-            for (int k = 1; k < t->info.restarts && delay < BACKOFF_CAP_SECS;
-                 k++)
+            for (int k = 0; k < t->backoff_level &&
+                 delay < BACKOFF_CAP_SECS; k++)
                 delay *= 2;
             if (delay > BACKOFF_CAP_SECS)
                 delay = BACKOFF_CAP_SECS;
+            t->backoff_level++;
         }
         t->info.state = KEEL_LAUNCH_BACKOFF;
         t->restart_at_ns = now + (int64_t)(delay * 1e9);
         if (was_chaos)
             emit(l, KEEL_LAUNCH_EV_RESTART, (int)i, t->info.pid, status,
-                 "restarting %s in %.1f s (chaos kill; not counted)",
+                 "restarting %s in %.3g s (chaos kill; not counted)",
                  t->info.name, delay);
         else
             emit(l, KEEL_LAUNCH_EV_RESTART, (int)i, t->info.pid, status,
-                 "restarting %s in %.1f s (restart %d of %d after %s)",
+                 "restarting %s in %.3g s (restart %d of %d after %s)",
                  t->info.name, delay, t->info.restarts,
                  l->cfg.max_restarts, how);
         return;

@@ -231,6 +231,33 @@ START_TEST(test_failing_task_restarts_with_backoff_then_gives_up)
 }
 END_TEST
 
+START_TEST(test_backoff_doubles_only_while_a_task_makes_no_progress)
+{
+    keel_launch_config c;
+    recorder rc;
+    keel_launch *l;
+    /* no step line: a crash loop, 0.05 -> 0.1 -> 0.2 s */
+    lib_config(&c, &rc, "exit 1", 0, 0);
+    c.backoff_secs = 0.05;
+    ck_assert_int_eq(keel_launch_new(&c, &l), KEEL_OK);
+    ck_assert_int_eq(keel_launch_start(l), KEEL_OK);
+    ck_assert(run_until_done(l, 10000));
+    ck_assert_int_ge(find_rec(&rc, 0, 0, "in 0.05 s (restart 1 of 3"), 0);
+    ck_assert_int_ge(find_rec(&rc, 0, 0, "in 0.1 s (restart 2 of 3"), 0);
+    ck_assert_int_ge(find_rec(&rc, 0, 0, "in 0.2 s (restart 3 of 3"), 0);
+    keel_launch_free(l);
+    /* a step line before each failure: always the base delay */
+    lib_config(&c, &rc, "echo step 3; exit 1", 0, 0);
+    c.backoff_secs = 0.05;
+    ck_assert_int_eq(keel_launch_new(&c, &l), KEEL_OK);
+    ck_assert_int_eq(keel_launch_start(l), KEEL_OK);
+    ck_assert(run_until_done(l, 10000));
+    ck_assert_int_ge(find_rec(&rc, 0, 0, "in 0.05 s (restart 3 of 3"), 0);
+    ck_assert_int_lt(find_rec(&rc, 0, 0, "in 0.1 s"), 0);
+    keel_launch_free(l);
+}
+END_TEST
+
 START_TEST(test_task_ignoring_sigterm_is_killed_after_grace)
 {
     keel_launch_config c;
@@ -646,6 +673,7 @@ launch_suite(void)
     tcase_add_test(tl, test_each_task_gets_its_own_tf_config_and_shared_output_dir);
     tcase_add_test(tl, test_failing_task_restarts_with_backoff_then_gives_up);
     tcase_add_test(tl, test_task_ignoring_sigterm_is_killed_after_grace);
+    tcase_add_test(tl, test_backoff_doubles_only_while_a_task_makes_no_progress);
     tcase_add_test(tl, test_chaos_is_reproducible_bounded_and_not_counted);
     tcase_add_test(tl, test_bad_launch_configs_are_rejected);
     suite_add_tcase(s, tl);

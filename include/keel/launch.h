@@ -82,8 +82,9 @@ typedef struct keel_launch_config {
      * OUTPUT_DIR/logs/<task>.log (appended). Created if missing. */
     const char *output_dir;
     int max_restarts;         /* per task, failures only; < 0: 3 */
-    double backoff_secs;      /* first restart delay, doubled per failure
-                               * up to 5 s; < 0: 0.1 */
+    double backoff_secs;      /* restart delay; doubled per failure in a
+                               * row before any progress (a step line or
+                               * 10 s up), at most 5 s; < 0: 0.1 */
     double grace_secs;        /* SIGTERM -> SIGKILL; <= 0: 10 */
     /* Chaos: SIGKILL one eligible running task at random times with mean
      * chaos_period_secs (exponential gaps), reproducible from the seed;
