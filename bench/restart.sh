@@ -6,8 +6,10 @@
 # driver timestamps every line as it arrives, SIGKILLs one task (pid from
 # the launcher's "started/restarted X (pid N)" lines) and measures
 #   kill -> "restarted X" (detection + backoff + fork/exec), and
-#   kill -> the first chief step line after that restart (the next applied
-#           global step; for the chief this includes its checkpoint restore).
+#   kill -> victim back (the chief's first step line after its restore, a
+#           worker's "model ready", a ps's "initialized" line), and
+#   kill -> the first chief step line after that (the next applied global
+#           step with the victim back).
 # Scenarios: chief-only (kill the chief), 1 ps + 2 workers (kill a worker),
 # for a small (mlp 32) and a larger (mlp 1024,1024) model, with the default
 # backoff (0.1 s) and --backoff 0. Then /work/shared/bench/torchrun_restart.py.
@@ -93,6 +95,10 @@ def pid_of(run, task):
     return pid
 
 STEP = re.compile(r"chief \| step (\d+) ")
+# the victim is back in the job: the chief's first step line; a worker's
+# "model ready"; a ps's "initialized" (by the chief, from its checkpoint)
+READY = {"chief": STEP, "worker": re.compile(r"^worker\.1 \| model ready"),
+         "ps": re.compile(r"^ps\.0 \| .*initialized")}
 
 def scenario(d, victim, hidden, backoff):
     ps, workers = (0, 0) if victim == "chief" else (1, 2)
@@ -117,8 +123,10 @@ def scenario(d, victim, hidden, backoff):
             with run.cv:
                 j0 = len(run.lines)
             j, t_re, _ = run.wait(j0, lambda s: s.startswith("launch | restarted %s " % name))
-            i, t_step, m = run.wait(j + 1, STEP.search)
-            res.append((t_re - t_kill, t_step - t_kill, int(m.group(1))))
+            ready = READY[victim]
+            j, t_ready, _ = run.wait(j + 1, ready.search)
+            i, t_step, m = (j, t_ready, None) if victim == "chief" else run.wait(j + 1, STEP.search)
+            res.append((t_re - t_kill, t_ready - t_kill, t_step - t_kill))
     finally:
         run.stop()
     return res
@@ -144,15 +152,17 @@ for victim in SCEN:
             except Exception as e:  # report and go on
                 print("scenario %s/%s/backoff %g failed: %s" % (victim, label, backoff, e), file=sys.stderr)
                 continue
-            rows.append((victim, label, backoff, med([x[0] for x in r]), med([x[1] for x in r]), len(r)))
-            print("keel %-6s %-28s backoff %.1f: kill->restarted %.3f s, kill->next chief step %.3f s (median of %d; all: %s)"
-                  % (victim, label, backoff, rows[-1][3], rows[-1][4], len(r),
+            rows.append((victim, label, backoff, med([x[0] for x in r]), med([x[1] for x in r]),
+                         med([x[2] for x in r]), len(r)))
+            print("keel %-6s %-28s backoff %.1f: kill->restarted %.3f s, kill->victim back %.3f s, "
+                  "kill->next chief step %.3f s (median of %d; back: %s)"
+                  % (victim, label, backoff, rows[-1][3], rows[-1][4], rows[-1][5], len(r),
                      ", ".join("%.3f" % x[1] for x in r)), flush=True)
 print()
-print("| killed | model | backoff s | kill -> restarted s | kill -> next global step s | kills |")
-print("|---|---|---|---|---|---|")
+print("| killed | model | backoff s | kill -> restarted s | kill -> victim back s | kill -> next global step s | kills |")
+print("|---|---|---|---|---|---|---|")
 for r in rows:
-    print("| %s | %s | %.1f | %.3f | %.3f | %d |" % r)
+    print("| %s | %s | %.1f | %.3f | %.3f | %.3f | %d |" % r)
 EOF
 if [ "$TORCH" = 1 ]; then
     echo

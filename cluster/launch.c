@@ -61,6 +61,7 @@ typedef struct task {
     int wants_back_event;
     int had_step;                  /* printed a step line since its start */
     int64_t started_ns;
+    int64_t chief_step_at_start;   /* the cluster's step when it started */
     int backoff_level;             /* failures in a row before progress */
     uint64_t last_ticks;
     int64_t last_sample_ns;
@@ -528,6 +529,7 @@ spawn(keel_launch *l, size_t i)
     t->kill_sent = 0;
     t->had_step = 0;
     t->started_ns = keel__now_mono_ns();
+    t->chief_step_at_start = l->tasks[l->chief].info.global_step;
     t->last_ticks = 0;
     t->last_sample_ns = 0;
     t->info.cpu_percent = 0;
@@ -729,8 +731,10 @@ on_exit_status(keel_launch *l, size_t i, int status, int64_t now)
         double delay = l->cfg.backoff_secs;
         if (!was_chaos) {
             /* a crash loop backs off exponentially; a task that made
-             * progress (a step line, or 10 s up) starts over at the base */
-            if (t->had_step || now - t->started_ns >= HEALTHY_NS)
+             * progress (its own step line, the chief's step advancing
+             * while it was up, or 10 s up) starts over at the base */
+            if (t->had_step || now - t->started_ns >= HEALTHY_NS ||
+                l->tasks[l->chief].info.global_step > t->chief_step_at_start)
                 t->backoff_level = 0;
             t->info.restarts++;
             for (int k = 0; k < t->backoff_level &&

@@ -83,7 +83,8 @@ typedef struct keel_launch_config {
     const char *output_dir;
     int max_restarts;         /* per task, failures only; < 0: 3 */
     double backoff_secs;      /* restart delay; doubled per failure in a
-                               * row before any progress (a step line or
+                               * row before any progress (its step line,
+                               * the chief's step advancing meanwhile, or
                                * 10 s up), at most 5 s; < 0: 0.1 */
     double grace_secs;        /* SIGTERM -> SIGKILL; <= 0: 10 */
     /* Chaos: SIGKILL one eligible running task at random times with mean
