@@ -489,6 +489,51 @@ START_TEST(curve_worker_without_allowed_key_cannot_join)
 }
 END_TEST
 
+START_TEST(chief_sigterm_stops_everyone_with_exit_0)
+{
+    cluster c;
+    const char *const sets[] = { "train.max_steps=100000",
+                                 "hooks.log_every_steps=20", NULL };
+    long step, applied, dropped;
+    int64_t t0;
+    char ck[64];
+    cluster_init(&c, 1, 2, NULL, "t");
+    cluster_start(&c, sets);
+    ck_assert(wait_step(c.chief_fd, 40));
+    ck_assert_int_eq(kill(c.w[0], SIGTERM), 0);
+    t0 = tu_now_ms();
+    cluster_wait_ok(&c);
+    ck_assert_msg(tu_now_ms() - t0 < 5000, "shutdown took %lld ms",
+                  (long long)(tu_now_ms() - t0));
+    ps_stats(&c, 0, &step, &applied, &dropped);
+    ck_assert_int_ge(step, 40);
+    ck_assert_int_eq(applied, 2 * step);
+    snprintf(ck, sizeof ck, "saved checkpoint for step %ld", step);
+    ck_assert(log_has(&c, "worker0", ck));      /* the final checkpoint */
+}
+END_TEST
+
+START_TEST(worker_losing_the_ps_fails_clearly)
+{
+    cluster c;
+    const char *const sets[] = { "train.max_steps=100000",
+                                 "hooks.log_every_steps=20",
+                                 "cluster.dead_after_ms=300",
+                                 "cluster.max_wait_secs=0.5", NULL };
+    int rc;
+    cluster_init(&c, 1, 2, NULL, "l");
+    cluster_start(&c, sets);
+    ck_assert(wait_step(c.chief_fd, 20));
+    tu_kill(c.ps[0]);
+    rc = tu_wait(c.w[1], RUN_MS);
+    ck_assert_int_eq(rc, 1);
+    ck_assert(log_has(&c, "worker1", "127.0.0.1:"));
+    ck_assert(log_has(&c, "worker1", "unavailable"));
+    ck_assert_int_eq(tu_wait(c.w[0], RUN_MS), 1);
+    close(c.chief_fd);
+}
+END_TEST
+
 static Suite *
 suite(void)
 {
@@ -501,6 +546,8 @@ suite(void)
     tcase_add_test(tc, backup_worker_stopped_training_goes_on);
     tcase_add_test(tc, two_ps_split_and_restore_into_1_3_and_no_cluster);
     tcase_add_test(tc, chief_killed_and_restarted_rejoins_without_rollback);
+    tcase_add_test(tc, chief_sigterm_stops_everyone_with_exit_0);
+    tcase_add_test(tc, worker_losing_the_ps_fails_clearly);
     tcase_add_test(tc, bad_tf_config_exits_2_listing_problems);
     tcase_add_test(tc, curve_worker_without_allowed_key_cannot_join);
     suite_add_tcase(s, tc);
