@@ -23,3 +23,12 @@ check_PROGRAMS += bench/cluster_bench
 bench_cluster_bench_SOURCES = bench/cluster_bench.c
 bench_cluster_bench_CFLAGS = $(AM_CFLAGS) $(ZMQ_CFLAGS)
 bench_cluster_bench_LDADD = libkeel_core.la $(ZMQ_LIBS)
+
+# it_cluster: ps / chief / worker processes of the keel CLI on 127.0.0.1.
+if HAVE_CHECK
+check_PROGRAMS += tests/it_cluster
+TESTS += tests/it_cluster
+tests_it_cluster_SOURCES = tests/it_cluster.c
+tests_it_cluster_CFLAGS = $(TEST_CFLAGS)
+tests_it_cluster_LDADD = $(TEST_LIBS)
+endif

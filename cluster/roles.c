@@ -508,9 +508,10 @@ be_fetch(void *ctx, keel_vars *vs, int *is_ready, char *why, size_t size)
     keel__worker *w = ctx;
     int same;
     keel_status st;
+    int chunk = ms_of(w->o.max_wait_secs);
     w->last_fetch_ns = keel__now_mono_ns();
-    st = hello_all(w, 1, HELLO_CHUNK_MS, is_ready, &same, w->ps_gen, why,
-                   size);
+    st = hello_all(w, 1, chunk < HELLO_CHUNK_MS ? chunk : HELLO_CHUNK_MS,
+                   is_ready, &same, w->ps_gen, why, size);
     if (st != KEEL_OK || !*is_ready)
         return st;
     return keel__worker_pull_all(w, vs, 0);
