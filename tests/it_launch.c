@@ -560,7 +560,85 @@ START_TEST(test_chaos_kills_chief_reproducibly_and_run_finishes)
 }
 END_TEST
 
+/* 1 when pid is gone or a zombie (no longer running) within timeout_ms. */
+static int
+stops_running(int pid, int timeout_ms)
+{
+    int64_t deadline = tu_now_ms() + timeout_ms;
+    do {
+        char path[64], buf[512], *p;
+        FILE *f;
+        snprintf(path, sizeof path, "/proc/%d/stat", pid);
+        f = fopen(path, "r");
+        if (f == NULL)
+            return 1;
+        p = fgets(buf, sizeof buf, f);
+        fclose(f);
+        if (p == NULL || (p = strrchr(buf, ')')) == NULL || p[2] == 'Z' ||
+            p[2] == 'X')
+            return 1;
+        usleep(10000);      /* no event for another process's death */
+    } while (tu_now_ms() < deadline);
+    return 0;
+}
+
+START_TEST(test_sigkilled_launcher_takes_its_tasks_along)
+{
+    /* a silent chief (no step, checkpoint or summary lines), so that no
+     * SIGPIPE on a dead launcher's pipe can stand in for PDEATHSIG */
+    char *argv[] = { (char *)tu_build_path("keel"), "launch",
+                     (char *)cfg_path, "-s", "train.max_steps=100000000",
+                     "-s", "hooks.log_every_steps=0", "-s",
+                     "hooks.summary_every_steps=0", "-s",
+                     "checkpoint.save_steps=0", NULL };
+    char line[512];
+    int fd, chief = 0;
+    pid_t pid = tu_spawn_pipe(argv, NULL, NULL, &fd);
+    expect_line(fd, "launch | started chief (pid ", line, sizeof line);
+    ck_assert_int_eq(sscanf(strstr(line, "(pid ") + 5, "%d", &chief), 1);
+    expect_line(fd, "chief | no checkpoint in", line, sizeof line);
+    ck_assert(!stops_running(chief, 0));
+    ck_assert_int_eq(kill(pid, SIGKILL), 0);
+    ck_assert_int_eq(tu_wait(pid, 10000), 128 + SIGKILL);
+    /* PR_SET_PDEATHSIG: the chief dies with the launcher */
+    ck_assert_msg(stops_running(chief, 5000), "chief %d outlived its "
+                  "launcher", chief);
+    close(fd);
+}
+END_TEST
+
 /* ---- keel launch: parameter-server clusters (cluster roles) ------------ */
+
+START_TEST(test_sigterm_stops_a_cluster_with_a_final_checkpoint)
+{
+    char *argv[] = { (char *)tu_build_path("keel"), "launch",
+                     (char *)cfg_path, "--ps", "1", "--workers", "2", "-s",
+                     "train.max_steps=1000000", NULL };
+    char line[512], name[64];
+    int fd;
+    long long final = -1;
+    const char *p;
+    pid_t pid = tu_spawn_pipe(argv, NULL, tu_path("launch.err"), &fd);
+    expect_line(fd, "chief | step 20 ", line, sizeof line);
+    ck_assert_int_eq(kill(pid, SIGTERM), 0);
+    expect_line(fd, "launch | SIGTERM: stopping every task", line,
+                sizeof line);
+    expect_line(fd, "chief | trained steps ", line, sizeof line);
+    p = strstr(line, "..");
+    ck_assert_ptr_nonnull(p);
+    ck_assert_int_eq(sscanf(p, "..%lld", &final), 1);
+    ck_assert_int_ge(final, 20);
+    expect_line(fd, "launch | chief (pid ", line, sizeof line);
+    ck_assert_ptr_nonnull(strstr(line, "exit status 0"));
+    /* the ps goes last, once the chief has saved through it */
+    expect_line(fd, "launch | ps.0 (pid ", line, sizeof line);
+    expect_line(fd, "launch | stopped on request", line, sizeof line);
+    ck_assert_int_eq(tu_wait(pid, 30000), 0);
+    close(fd);
+    CHECKED_SNPRINTF(name, sizeof name, "run/model.ckpt-%lld.h5", final);
+    ck_assert_int_ge(tu_file_size(tu_path(name)), 1);
+}
+END_TEST
 
 START_TEST(test_ps_and_two_workers_train_and_the_result_evaluates)
 {
@@ -687,6 +765,8 @@ launch_suite(void)
     tcase_add_test(tc, test_usage_and_config_errors_exit_2_before_starting);
     tcase_add_test(tc, test_ps_and_two_workers_train_and_the_result_evaluates);
     tcase_add_test(tc, test_chaos_killing_workers_mid_run_still_finishes);
+    tcase_add_test(tc, test_sigkilled_launcher_takes_its_tasks_along);
+    tcase_add_test(tc, test_sigterm_stops_a_cluster_with_a_final_checkpoint);
     suite_add_tcase(s, tc);
     return s;
 }

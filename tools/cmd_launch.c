@@ -408,7 +408,9 @@ cmd_launch(int argc, char **argv)
         draw_status(&v);
     rc = keel_launch_exit_code(l, &why);
     if (rc == 0)
-        printf("launch | the chief finished: run complete in %.1f s\n",
+        printf("launch | %s in %.1f s\n", n_signals > 0
+               ? "stopped on request: the chief saved and exited 0"
+               : "the chief finished: run complete",
                keel_launch_elapsed(l));
     fflush(stdout);
     if (rc != 0)
