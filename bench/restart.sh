@@ -15,7 +15,8 @@
 # backoff (0.1 s) and --backoff 0. Then /work/shared/bench/torchrun_restart.py.
 #
 # usage: bench/restart.sh [BUILD_DIR]     (default _build; KILLS=5,
-#        TORCH=0 skips torchrun, SCENARIOS="chief worker ps")
+#        TORCH=0 skips torchrun, SCENARIOS="chief worker ps",
+#        DEAD_AFTER_MS=N sets cluster.dead_after_ms for every task)
 set -eu
 BUILD=${1:-_build}
 KEEL=$(cd "$BUILD" && pwd)/keel
@@ -23,7 +24,8 @@ KEEL=$(cd "$BUILD" && pwd)/keel
 KILLS=${KILLS:-5}
 SCENARIOS=${SCENARIOS:-"chief worker"}
 TORCH=${TORCH:-1}
-export KEEL KILLS SCENARIOS
+DEAD_AFTER_MS=${DEAD_AFTER_MS:-}
+export KEEL KILLS SCENARIOS DEAD_AFTER_MS
 OPENBLAS_NUM_THREADS=1 /usr/bin/python3 - <<'EOF'
 import os, re, signal, statistics, struct, subprocess, sys, tempfile, threading, time, random
 
@@ -107,6 +109,8 @@ def scenario(d, victim, hidden, backoff):
     args = [os.path.join(d, "job.ini"), "--ps", str(ps), "--workers", str(workers),
             "--backoff", str(backoff), "--max-restarts", str(KILLS + 2),
             "-s", "model.hidden=" + hidden, "-s", "checkpoint.dir=" + out]
+    if os.environ.get("DEAD_AFTER_MS"):
+        args += ["-s", "cluster.dead_after_ms=" + os.environ["DEAD_AFTER_MS"]]
     env = dict(os.environ); env.pop("OUTPUT_DIR", None)
     run = Run(args, env)
     res = []

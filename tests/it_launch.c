@@ -716,6 +716,7 @@ START_TEST(test_usage_and_config_errors_exit_2_before_starting)
         { "--chaos", "abc", NULL, NULL },
         { "--chaos", "1,0", NULL, NULL },
         { "--chaos-targets", "boss", NULL, NULL },
+        { "--chaos", "1", "--chaos-targets", "ps" },    /* but --ps 0 */
         { "--max-restarts", "-2", NULL, NULL },
         { "-s", "train.max_stpes=3", NULL, NULL },
         { "--frobnicate", NULL, NULL, NULL },
@@ -723,7 +724,7 @@ START_TEST(test_usage_and_config_errors_exit_2_before_starting)
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err,
                                  "launch", cfg_path, bad[i][0], bad[i][1],
-                                 NULL), 2);
+                                 bad[i][2], bad[i][3], NULL), 2);
         ck_assert_msg(strncmp(err, "keel: ", 6) == 0, "%s", err);
         ck_assert_msg(strstr(err, bad[i][0][0] == '-' && bad[i][0][1] == 's'
                               ? "max_stpes" : bad[i][0]) != NULL,

@@ -323,6 +323,13 @@ cmd_launch(int argc, char **argv)
     if (path == NULL)
         return cli_error(CLI_USAGE, "launch needs a CONFIG file; see 'keel "
                          "launch --help'");
+    if (lc.chaos && lc.chaos_types != 0 &&
+        !(lc.chaos_types & (1u << KEEL_TASK_CHIEF)) &&
+        !(lc.num_workers > 0 && (lc.chaos_types & (1u << KEEL_TASK_WORKER))) &&
+        !(lc.num_ps > 0 && (lc.chaos_types & (1u << KEEL_TASK_PS))))
+        return cli_error(CLI_USAGE, "launch: --chaos-targets leaves chaos "
+                         "nothing to kill (no such task: add --workers or "
+                         "--ps, or target chief)");
     /* the whole config is checked here, before anything starts */
     rc = cli_load_config(path, n_over, over, &cfg);
     if (rc != CLI_OK)
