@@ -99,6 +99,7 @@ for r in $(seq "$ROUNDS"); do
         run_cluster "$G" $((EXAMPLES / G)) 0.2 | sed "s/^{/{\"round\": $r, /" \
             >> "$OUT/keel.jsonl"
     done
+    [ "${DDP:-1}" = 1 ] || continue
     echo "== round $r/$ROUNDS torch DDP" >&2
     /usr/bin/python3 "$PEER/torch_ddp.py" --reps 1 \
         --batches "$(echo $BATCHES | tr ' ' ,)" --examples "$EXAMPLES" \
