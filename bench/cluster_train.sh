@@ -6,7 +6,8 @@
 # ready" to a waiting worker's "model ready" (its first step follows).
 # Rounds alternate keel and DDP so the shared machine's noise hits both.
 #   usage: bench/cluster_train.sh [BUILD_DIR]
-#   env:   ROUNDS=3 BATCHES="64 256" EXAMPLES=38400 LAT_REPS=5
+#   env:   ROUNDS=3 BATCHES="64 256" EXAMPLES=38400 LAT_REPS=5 DDP=1
+#          TUNABLES=<GLIBC_TUNABLES for keel and DDP alike>
 #          PEER=/work/shared/bench BENCH_OUT=./cluster-bench
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -17,6 +18,10 @@ EXAMPLES=${EXAMPLES:-38400}
 LAT_REPS=${LAT_REPS:-5}
 PEER=${PEER:-/work/shared/bench}
 OUT=${BENCH_OUT:-$PWD/cluster-bench}
+# keel's recommendation for ps and workers (docs/cluster.md "Performance
+# note"): keep freed multi-MiB receive buffers instead of unmapping them.
+# TUNABLES= (empty) measures glibc's defaults.
+export GLIBC_TUNABLES=${TUNABLES-glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=1073741824}
 mkdir -p "$OUT"
 : > "$OUT/keel.jsonl"
 : > "$OUT/ddp.jsonl"
@@ -99,6 +104,7 @@ for r in $(seq "$ROUNDS"); do
         run_cluster "$G" $((EXAMPLES / G)) 0.2 | sed "s/^{/{\"round\": $r, /" \
             >> "$OUT/keel.jsonl"
     done
+    [ "${DDP:-1}" = 1 ] || continue
     echo "== round $r/$ROUNDS torch DDP" >&2
     /usr/bin/python3 "$PEER/torch_ddp.py" --reps 1 \
         --batches "$(echo $BATCHES | tr ' ' ,)" --examples "$EXAMPLES" \

@@ -697,8 +697,23 @@ real_push(keel__ps *ps, keel__wire_msg *req)
     vars = calloc(req->n ? req->n : 1, sizeof *vars);
     if (vars == NULL)
         return keel__fail(KEEL_ENOMEM, "ps: %zu updates", req->n);
-    if ((st = check_tensors(ps, req, vars)) != KEEL_OK)
+    if (ps->sync) {
+        /* Sync pushes may name a variable once per micro-batch: they are
+         * folded in message order. */
+        for (size_t i = 0; i < req->n; i++) {
+            keel_tensor *t;
+            if ((st = resolve(ps, &req->tensors[i], 1, &vars[i], &t)) !=
+                KEEL_OK)
+                goto out;
+            if (t != keel_var_tensor(vars[i])) {
+                st = keel__fail(KEEL_EINVAL, "PUSH to slot '%s'",
+                                req->tensors[i].name);
+                goto out;
+            }
+        }
+    } else if ((st = check_tensors(ps, req, vars)) != KEEL_OK) {
         goto out;
+    }
     for (size_t i = 0; i < req->n; i++)
         if (!keel_var_is_trainable(vars[i])) {
             st = keel__fail(KEEL_EINVAL, "PUSH to '%s', which is not "

@@ -180,6 +180,8 @@ struct keel__worker {
     size_t n_names;
     int is_chief;
     uint64_t generation;           /* this process's incarnation */
+    keel_grads *const *micro;      /* micro-batch gradients, or NULL */
+    int n_micro;
     int64_t last_fetch_ns;
 };
 
@@ -214,7 +216,7 @@ keel__worker_new(const keel__role_opts *o, keel_vars *vs, keel__worker **out)
     w->clients = calloc((size_t)(w->n_ps ? w->n_ps : 1), sizeof *w->clients);
     w->ps_gen = calloc((size_t)(w->n_ps ? w->n_ps : 1), sizeof *w->ps_gen);
     w->ps_of = calloc(w->n_vars ? w->n_vars : 1, sizeof *w->ps_of);
-    w->outs = calloc(w->n_names ? w->n_names : 1, sizeof *w->outs);
+    w->outs = calloc(w->n_names + w->n_vars * 64 + 1, sizeof *w->outs);
     w->names = calloc(w->n_names ? w->n_names : 1, sizeof *w->names);
     if (w->clients == NULL || w->ps_gen == NULL || w->ps_of == NULL ||
         w->outs == NULL || w->names == NULL) {
@@ -549,14 +551,18 @@ be_apply(void *ctx, keel_vars *vs, keel_grads *grads, int64_t global_step)
         keel__wire_msg r;
         size_t k = 0;
         keel_status st;
-        for (size_t i = 0; i < w->n_vars; i++) {
-            keel_tensor *g;
-            if (w->ps_of[i] != p || (g = keel_grads_at(grads, i)) == NULL)
-                continue;
-            w->outs[k].name = keel_var_name(keel_vars_at(vs, i));
-            w->outs[k].t = g;
-            w->outs[k].pin = NULL;
-            k++;
+        int n_src = w->micro != NULL ? w->n_micro : 1;
+        for (int m = 0; m < n_src; m++) {
+            keel_grads *src = w->micro != NULL ? w->micro[m] : grads;
+            for (size_t i = 0; i < w->n_vars; i++) {
+                keel_tensor *g;
+                if (w->ps_of[i] != p || (g = keel_grads_at(src, i)) == NULL)
+                    continue;
+                w->outs[k].name = keel_var_name(keel_vars_at(vs, i));
+                w->outs[k].t = g;
+                w->outs[k].pin = NULL;
+                k++;
+            }
         }
         memset(&h, 0, sizeof h);
         h.type = KEEL_MSG_PUSH;
@@ -597,6 +603,13 @@ keel__worker_backend(keel__worker *w, keel_backend *out)
     out->is_intact = be_is_intact;
     out->fetch = be_fetch;
     out->wait_for_change = be_wait;
+}
+
+void
+keel__worker_set_micro(keel__worker *w, keel_grads *const *g, int n)
+{
+    w->micro = n > 0 ? g : NULL;
+    w->n_micro = n > 64 ? 64 : n;
 }
 
 void

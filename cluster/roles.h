@@ -41,6 +41,9 @@ void keel__worker_backend(keel__worker *w, keel_backend *out);
  * from the ps into vs (the chief, before each checkpoint). */
 keel_status keel__worker_pull_all(keel__worker *w, keel_vars *vs,
                                   int with_slots);
+/* Micro-batches: push these n gradients (one per micro-batch, in order)
+ * instead of the session's; the ps left-folds them in global order. */
+void keel__worker_set_micro(keel__worker *w, keel_grads *const *g, int n);
 /* The chief, at the end: tell every ps to stop (best effort). */
 void keel__worker_shutdown_cluster(keel__worker *w);
 

@@ -98,6 +98,11 @@ static const key_def schema[] = {
     { "train", "threads", T_INT, "0", 0, 1024, NULL,
       "OpenBLAS threads (0: OpenBLAS's default). Results are bitwise "
       "reproducible for a fixed value." },
+    { "train", "micro_batch", T_INT, "0", 0, 1 << 20, NULL,
+      "Fixed micro-batch size (0: off). Each gradient is summed over "
+      "micro-batches of this many examples in global order, so 1 process "
+      "and any number of cluster workers give identical bits; the "
+      "per-worker batch must be a multiple of it." },
     { "train", "eval_batch_size", T_INT, "1000", 1, 1 << 20, NULL,
       "Batch size of keel eval." },
 

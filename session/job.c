@@ -38,11 +38,18 @@ typedef struct job {
     int restored;
     char restored_from[1024];
     char topology[128];
+    /* train.micro_batch: size, and in a cluster one gradient store per
+     * micro-batch of this replica's slice (pushed separately) */
+    int64_t micro;
+    int n_micro;
+    keel_grads *micro_g[64];
 } job;
 
 static void
 job_free(job *j)
 {
+    for (int i = 0; i < j->n_micro; i++)
+        keel_grads_free(j->micro_g[i]);
     keel_optimizer_free(j->opt);
     keel_model_free(j->model);
     keel_vars_free(j->vs);
@@ -225,10 +232,42 @@ job_step(void *ctx, keel_step *stp)
     keel_status st;
     if (b == NULL)
         return keel__fail(KEEL_EINTERNAL, "train step: no batch was fed");
-    st = keel_model_step(j->model, keel_step_vars(stp), b, j->global_batch,
-                         keel_step_grads(stp), &stats);
-    if (st != KEEL_OK)
-        return st;
+    if (j->micro > 0) {
+        /* fixed micro-batches, each computed alone and added in order */
+        size_t m = (size_t)j->micro, stride = keel_dataset_example_size(j->ds);
+        keel_step_stats one;
+        if (b->n % m != 0)
+            return keel__fail(KEEL_EINVAL, "train.micro_batch = %zu does "
+                              "not divide this batch of %zu examples", m,
+                              b->n);
+        memset(&stats, 0, sizeof stats);
+        for (size_t k = 0; k < b->n / m; k++) {
+            keel_batch mb;
+            keel_grads *g = keel_step_grads(stp);
+            mb.x = b->x + k * m * stride;
+            mb.y = b->y + k * m;
+            mb.n = m;
+            if (j->n_micro > 0) {
+                if (k >= (size_t)j->n_micro)
+                    return keel__fail(KEEL_EINTERNAL, "micro-batch %zu of "
+                                      "%d", k, j->n_micro);
+                g = j->micro_g[k];
+                keel_grads_zero(g);
+            }
+            st = keel_model_step(j->model, keel_step_vars(stp), &mb,
+                                 j->global_batch, g, &one);
+            if (st != KEEL_OK)
+                return st;
+            stats.loss_sum += one.loss_sum;
+            stats.correct += one.correct;
+            stats.count += one.count;
+        }
+    } else {
+        st = keel_model_step(j->model, keel_step_vars(stp), b,
+                             j->global_batch, keel_step_grads(stp), &stats);
+        if (st != KEEL_OK)
+            return st;
+    }
     j->examples += (int64_t)b->n;
     st = keel_step_set_value(stp, "loss", stats.count > 0
                              ? stats.loss_sum / (double)stats.count : 0.0);
@@ -520,12 +559,34 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     tc.n_summary_names = 2;
     tc.log_step_count_steps = keel_config_int(cfg, "hooks.log_every_steps");
     tc.save_on_error = keel_config_bool(cfg, "checkpoint.save_on_error");
+    j.micro = keel_config_int(cfg, "train.micro_batch");
+    if (j.micro > 0) {
+        int64_t slice = j.global_batch / replicas;
+        if (j.global_batch % replicas != 0 || slice % j.micro != 0 ||
+            slice / j.micro > 64) {
+            st = keel__fail(KEEL_EINVAL, "train.micro_batch = %lld: each "
+                            "of the %d replicas' %lld-example part of "
+                            "train.batch_size = %lld must be a multiple of "
+                            "it, at most 64 micro-batches",
+                            (long long)j.micro, replicas,
+                            (long long)slice, (long long)j.global_batch);
+            goto out;
+        }
+    }
     if (in_cluster) {
         keel__role_opts o;
         role_opts_from(cfg, spec, &o);
         st = keel__worker_new(&o, j.vs, &worker);
         if (st != KEEL_OK)
             goto out;
+        if (j.micro > 0) {
+            int k = (int)(j.global_batch / replicas / j.micro);
+            for (; j.n_micro < k; j.n_micro++)
+                if ((st = keel_grads_new(j.vs, &j.micro_g[j.n_micro])) !=
+                    KEEL_OK)
+                    goto out;
+            keel__worker_set_micro(worker, j.micro_g, j.n_micro);
+        }
         keel__worker_backend(worker, &backend);
         tc.session.backend = &backend;
         tc.is_chief = is_chief;

@@ -259,6 +259,21 @@ wait_step(int fd, long min)
     return 0;
 }
 
+/* The last bytes of a task's log, for failure messages. */
+static const char *
+log_tail(const cluster *c, const char *task)
+{
+    static char tail[1024];
+    char log[64];
+    char *text;
+    size_t n;
+    snprintf(log, sizeof log, "%s-%s.log", c->tag, task);
+    text = tu_read_file(tu_path(log), &n);
+    snprintf(tail, sizeof tail, "%s", n > 1000 ? text + n - 1000 : text);
+    free(text);
+    return tail;
+}
+
 static double
 eval_accuracy(const char *dir)
 {
@@ -323,14 +338,15 @@ START_TEST(backup_worker_stopped_training_goes_on)
 {
     cluster c;
     const char *const sets[] = { "train.max_steps=400",
-                                 "hooks.log_every_steps=20", NULL };
+                                 "hooks.log_every_steps=1", NULL };
     long step, applied, dropped;
     cluster_init(&c, 1, 3, ", \"replicas_to_aggregate\": 2", "b");
     cluster_start(&c, sets);
     ck_assert(wait_step(c.chief_fd, 20));
     ck_assert_int_eq(kill(c.w[2], SIGSTOP), 0);
     /* two replicas are enough: the chief goes on while worker 2 sleeps */
-    ck_assert(wait_step(c.chief_fd, 120));
+    ck_assert_msg(wait_step(c.chief_fd, 120), "chief stuck: %s",
+                  log_tail(&c, "worker0"));
     ck_assert_int_eq(kill(c.w[2], SIGCONT), 0);
     cluster_wait_ok(&c);
     ps_stats(&c, 0, &step, &applied, &dropped);
@@ -534,6 +550,39 @@ START_TEST(worker_losing_the_ps_fails_clearly)
 }
 END_TEST
 
+START_TEST(micro_batches_give_identical_bits_for_1_2_and_4_workers)
+{
+    cluster c;
+    char d[4200], a[4200], b[4200];
+    const char *const sets[] = { "train.micro_batch=8", d, NULL };
+    CHECKED_SNPRINTF(d, sizeof d, "checkpoint.dir=%s/m1", tu_dir);
+    ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err,
+                             "train", cfg_path, "-s", sets[0], "-s", d,
+                             NULL), 0);
+    CHECKED_SNPRINTF(d, sizeof d, "checkpoint.dir=%s/m2", tu_dir);
+    cluster_init(&c, 1, 2, NULL, "m2");
+    cluster_start(&c, sets);
+    cluster_wait_ok(&c);
+    CHECKED_SNPRINTF(d, sizeof d, "checkpoint.dir=%s/m4", tu_dir);
+    cluster_init(&c, 2, 4, NULL, "m4");
+    cluster_start(&c, sets);
+    cluster_wait_ok(&c);
+    CHECKED_SNPRINTF(a, sizeof a, "%s/m1/model.ckpt-40.h5", tu_dir);
+    CHECKED_SNPRINTF(b, sizeof b, "%s/m2/model.ckpt-40.h5", tu_dir);
+    ck_assert_msg(tu_keel(RUN_MS, out, sizeof out, err, sizeof err, "ckpt",
+                          "diff", a, b, NULL) == 0, "1 vs 2 workers: %s",
+                  out);
+    CHECKED_SNPRINTF(b, sizeof b, "%s/m4/model.ckpt-40.h5", tu_dir);
+    ck_assert_msg(tu_keel(RUN_MS, out, sizeof out, err, sizeof err, "ckpt",
+                          "diff", a, b, NULL) == 0, "1 vs 4 workers: %s",
+                  out);
+    /* a micro-batch that does not divide a replica's part: exit 2 */
+    ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err,
+                             "train", cfg_path, "-s", "train.micro_batch=5",
+                             NULL), 2);
+}
+END_TEST
+
 static Suite *
 suite(void)
 {
@@ -543,6 +592,7 @@ suite(void)
     tcase_set_timeout(tc, 90);
     tcase_add_test(tc, sync_1ps_2workers_trains_like_one_process);
     tcase_add_test(tc, sync_rerun_is_bitwise_identical);
+    tcase_add_test(tc, micro_batches_give_identical_bits_for_1_2_and_4_workers);
     tcase_add_test(tc, backup_worker_stopped_training_goes_on);
     tcase_add_test(tc, two_ps_split_and_restore_into_1_3_and_no_cluster);
     tcase_add_test(tc, chief_killed_and_restarted_rejoins_without_rollback);
