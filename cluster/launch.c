@@ -1,7 +1,7 @@
 /* launch.c - the local cluster launcher behind `keel launch`: fork+exec of
  * one process per task with its own TF_CONFIG, line relaying and per-task
- * logs, restarts with backoff, a two-phase stop (chief and workers first,
- * then ps), and seeded chaos kills. Never prints: lines and events go to
+ * logs, restarts with backoff, an ordered stop (chief, then workers, then
+ * ps), and seeded chaos kills. Never prints: lines and events go to
  * the caller's callbacks. Single-threaded; children never outlive us
  * (own process group + PR_SET_PDEATHSIG). */
 #include <config.h>
@@ -77,7 +77,8 @@ struct keel_launch {
     int is_started;
     int64_t t0_ns;
     int is_stopping;
-    int stop_phase;                /* 1: chief+workers, 2: ps too */
+    int stop_phase;                /* task ranks told: 0..3 (chief,
+                                    * workers, ps) */
     int chief_done;
     int failed_task;               /* gave up; -1 none */
     char why[512];
@@ -820,23 +821,28 @@ term_task(task *t, int64_t now)
     t->term_sent_ns = now;
 }
 
+/* Stop order: the chief first (its final step may still need the workers'
+ * gradients, its final checkpoint the ps), then the workers, then the ps. */
 static int
-phase_one_alive(const keel_launch *l)
+stop_rank(keel_task_type type)
 {
-    for (size_t i = 0; i < l->n; i++)
-        if (l->tasks[i].is_alive && l->tasks[i].info.type != KEEL_TASK_PS)
-            return 1;
-    return 0;
+    return type == KEEL_TASK_CHIEF ? 0 : type == KEEL_TASK_PS ? 2 : 1;
 }
 
 static void
 advance_stop(keel_launch *l, int64_t now)
 {
-    if (l->stop_phase == 1 && !phase_one_alive(l)) {
-        l->stop_phase = 2;
+    for (;;) {
         for (size_t i = 0; i < l->n; i++)
-            if (l->tasks[i].info.type == KEEL_TASK_PS)
+            if (l->tasks[i].is_alive &&
+                stop_rank(l->tasks[i].info.type) < l->stop_phase)
+                return;                  /* the previous rank is not gone */
+        if (l->stop_phase >= 3)
+            return;
+        for (size_t i = 0; i < l->n; i++)
+            if (stop_rank(l->tasks[i].info.type) == l->stop_phase)
                 term_task(&l->tasks[i], now);
+        l->stop_phase++;
     }
 }
 
@@ -847,16 +853,12 @@ begin_stop(keel_launch *l, const char *reason)
     if (l->is_stopping)
         return;
     l->is_stopping = 1;
-    l->stop_phase = 1;
+    l->stop_phase = 0;
     emit(l, KEEL_LAUNCH_EV_STOP, -1, 0, 0, "%s: stopping every task "
          "(SIGTERM; SIGKILL after %.0f s)", reason, l->cfg.grace_secs);
-    for (size_t i = 0; i < l->n; i++) {
-        task *t = &l->tasks[i];
-        if (t->info.type != KEEL_TASK_PS)
-            term_task(t, now);
-        else if (!t->is_alive)
-            term_task(t, now);           /* a ps in backoff stays down */
-    }
+    for (size_t i = 0; i < l->n; i++)
+        if (!l->tasks[i].is_alive)
+            term_task(&l->tasks[i], now);   /* in backoff: stays down */
     advance_stop(l, now);
 }
 
@@ -880,7 +882,7 @@ keel_launch_stop(keel_launch *l, int force)
                 t->info.state = KEEL_LAUNCH_STOPPED;
             }
         }
-        l->stop_phase = 2;
+        l->stop_phase = 3;
     }
 }
 

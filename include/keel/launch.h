@@ -117,8 +117,9 @@ keel_status keel_launch_start(keel_launch *l);
  * something happened. *is_done becomes 1 once every task has ended and
  * been reaped (the run is over). */
 keel_status keel_launch_poll(keel_launch *l, int timeout_ms, int *is_done);
-/* Stop gracefully: SIGTERM the chief and workers, then (once they are
- * gone) the ps; SIGKILL whatever is left after grace_secs. A second call
+/* Stop gracefully: SIGTERM the chief, then (once it is gone) the workers,
+ * then the ps; SIGKILL what is still alive grace_secs after its SIGTERM
+ * (every process group, so nothing is orphaned). A second call
  * (force) SIGKILLs everything now. Safe to call any time; no restarts
  * happen after it. Cannot fail. */
 void keel_launch_stop(keel_launch *l, int force);
