@@ -247,6 +247,10 @@ keel_status keel__wire_client_call(keel__wire_client *c,
                                    int zero_copy, int timeout_ms,
                                    keel__wire_msg *reply);
 uint64_t keel__wire_client_generation(const keel__wire_client *c);
+/* One incarnation id for all of a process's clients (the chief's
+ * generation). */
+void keel__wire_client_set_generation(keel__wire_client *c,
+                                      uint64_t generation);
 /* PUSH ts[0..n) split into parts of about part_bytes (whole tensors), all
  * sent before any reply is awaited so that the server applies one part
  * while the next is on the wire and the previous reply travels back. Each
@@ -266,6 +270,15 @@ typedef struct keel__ps_config {
     const keel__curve *curve;   /* NULL or !enabled: plain TCP */
     keel__wire_limits limits;   /* zeros: defaults */
     int task_index;
+    /* The real parameter server (roles.c): apply one aggregated gradient
+     * with the optimizer (NULL: the skeleton sums gradients in). */
+    keel_status (*apply)(void *ctx, keel_var *v, const keel_tensor *grad,
+                         int64_t global_step);
+    void *apply_ctx;
+    int sync;                   /* SyncReplicas aggregation (with apply) */
+    int replicas_to_aggregate;  /* sync: fresh gradients per step */
+    int total_replicas;         /* chief + workers */
+    int has_chief;              /* replica index: chief 0, worker i i+1 */
 } keel__ps_config;
 
 typedef struct keel__ps keel__ps;
@@ -282,5 +295,11 @@ keel_status keel__ps_run(keel__ps *ps, const atomic_int *stop);
 /* Counters. */
 long keel__ps_served(const keel__ps *ps);
 long keel__ps_rejected(const keel__ps *ps);
+/* Gradients applied and dropped as stale (with apply). */
+long keel__ps_applied(const keel__ps *ps);
+long keel__ps_dropped(const keel__ps *ps);
+/* After a SHUTDOWN: answer whatever still comes (pushes of workers that
+ * have not heard yet) with ERROR KEEL_ECANCELLED for up to ms. */
+void keel__ps_drain(keel__ps *ps, int ms);
 
 #endif

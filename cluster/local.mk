@@ -1,13 +1,20 @@
 # cluster/: cluster spec, wire protocol, parameter servers, workers, launcher.
 libkeel_core_la_SOURCES += cluster/cluster_int.h cluster/spec.c cluster/slurm.c \
-	cluster/wire.c cluster/security.c cluster/ps.c
-pkginclude_HEADERS += include/keel/cluster.h
+	cluster/wire.c cluster/security.c cluster/ps.c \
+	cluster/roles.h cluster/roles.c cluster/launch.c
+pkginclude_HEADERS += include/keel/cluster.h include/keel/launch.h
 if HAVE_CHECK
 check_PROGRAMS += tests/check_cluster
 TESTS += tests/check_cluster
 tests_check_cluster_SOURCES = tests/check_cluster.c
 tests_check_cluster_CFLAGS = $(TEST_CFLAGS) $(ZMQ_CFLAGS) $(JSONC_CFLAGS)
 tests_check_cluster_LDADD = $(TEST_LIBS) $(ZMQ_LIBS)
+
+check_PROGRAMS += tests/it_launch
+TESTS += tests/it_launch
+tests_it_launch_SOURCES = tests/it_launch.c
+tests_it_launch_CFLAGS = $(TEST_CFLAGS)
+tests_it_launch_LDADD = $(TEST_LIBS)
 endif
 
 # bench/cluster_bench: wire protocol push+pull throughput (built by
@@ -16,3 +23,12 @@ check_PROGRAMS += bench/cluster_bench
 bench_cluster_bench_SOURCES = bench/cluster_bench.c
 bench_cluster_bench_CFLAGS = $(AM_CFLAGS) $(ZMQ_CFLAGS)
 bench_cluster_bench_LDADD = libkeel_core.la $(ZMQ_LIBS)
+
+# it_cluster: ps / chief / worker processes of the keel CLI on 127.0.0.1.
+if HAVE_CHECK
+check_PROGRAMS += tests/it_cluster
+TESTS += tests/it_cluster
+tests_it_cluster_SOURCES = tests/it_cluster.c
+tests_it_cluster_CFLAGS = $(TEST_CFLAGS)
+tests_it_cluster_LDADD = $(TEST_LIBS)
+endif

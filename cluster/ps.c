@@ -13,6 +13,20 @@
 #include "cluster_int.h"
 
 #define PIN_WAIT_MS 5000
+#define MAX_WAITERS 256
+
+/* A fresh gradient waiting for the rest of its step (sync). */
+typedef struct pending_push {
+    int used;
+    keel__wire_msg msg;
+    keel_var **vars;             /* msg.tensors[i] is vars[i]'s gradient */
+} pending_push;
+
+/* A HELLO waiting for readiness (answered when INIT arrives). */
+typedef struct hello_waiter {
+    zmq_msg_t identity;
+    uint64_t request_id;
+} hello_waiter;
 
 struct keel__ps {
     void *zctx;
@@ -30,6 +44,18 @@ struct keel__ps {
     unsigned char *seen;         /* per variable, for duplicate checks */
     size_t seen_size;
     char endpoint[KEEL_ADDR_MAX + 16];
+    /* the real server (cfg->apply set) */
+    keel_status (*apply)(void *ctx, keel_var *v, const keel_tensor *grad,
+                         int64_t global_step);
+    void *apply_ctx;
+    int sync, replicas_to_aggregate, total_replicas, has_chief;
+    int is_ready;                /* INIT received */
+    uint64_t chief_generation;
+    long applied, dropped;
+    pending_push *pending;       /* sync: one per replica */
+    keel_grads *acc;             /* sync: the sums */
+    hello_waiter waiters[MAX_WAITERS];
+    int n_waiters;
 };
 
 keel_status
@@ -59,6 +85,26 @@ keel__ps_new(const keel__ps_config *cfg, keel__ps **out)
     keel__wire_limits_default(&ps->limits);
     ps->task_index = cfg->task_index;
     ps->generation = keel__wire_new_generation();
+    ps->apply = cfg->apply;
+    ps->apply_ctx = cfg->apply_ctx;
+    ps->sync = cfg->sync;
+    ps->total_replicas = cfg->total_replicas > 0 ? cfg->total_replicas : 1;
+    ps->replicas_to_aggregate = cfg->replicas_to_aggregate > 0
+        ? cfg->replicas_to_aggregate : ps->total_replicas;
+    ps->has_chief = cfg->has_chief;
+    if (ps->apply != NULL) {
+        ps->pending = calloc((size_t)ps->total_replicas,
+                             sizeof *ps->pending);
+        if (ps->pending == NULL) {
+            st = keel__fail(KEEL_ENOMEM, "ps: %d pending pushes",
+                            ps->total_replicas);
+            goto fail;
+        }
+        for (int i = 0; i < ps->total_replicas; i++)
+            keel__wire_msg_init(&ps->pending[i].msg);
+        if ((st = keel_grads_new(ps->vars, &ps->acc)) != KEEL_OK)
+            goto fail;
+    }
     ps->zctx = zmq_ctx_new();
     if (ps->zctx == NULL) {
         st = keel__fail(KEEL_EIO, "ps: zmq_ctx_new: %s", zmq_strerror(errno));
@@ -105,6 +151,14 @@ keel__ps_free(keel__ps *ps)
     keel__zap_stop(ps->zap);
     if (ps->zctx != NULL)
         zmq_ctx_term(ps->zctx);   /* linger 0: releases pinned frames */
+    for (int i = 0; ps->pending != NULL && i < ps->total_replicas; i++) {
+        keel__wire_msg_clear(&ps->pending[i].msg);
+        free(ps->pending[i].vars);
+    }
+    free(ps->pending);
+    keel_grads_free(ps->acc);
+    for (int i = 0; i < ps->n_waiters; i++)
+        zmq_msg_close(&ps->waiters[i].identity);
     keel__wire_pin_destroy(&ps->pin);
     for (size_t i = 0; i < ps->n_pins; i++)
         keel__wire_pin_destroy(&ps->pins[i]);
@@ -129,6 +183,18 @@ long
 keel__ps_rejected(const keel__ps *ps)
 {
     return ps->rejected;
+}
+
+long
+keel__ps_applied(const keel__ps *ps)
+{
+    return ps->applied;
+}
+
+long
+keel__ps_dropped(const keel__ps *ps)
+{
+    return ps->dropped;
 }
 
 /* The pin of a variable's in-flight replies. */
@@ -318,6 +384,443 @@ out:
     return st;
 }
 
+/* ---- the real server: slots on the wire, sync aggregation, readiness ---- */
+
+/* A variable ("dense_1/kernel") or one of its slots ("dense_1/kernel/m"). */
+static keel_status
+resolve(keel__ps *ps, const keel__wire_tensor *wt, int want_shape,
+        keel_var **vout, keel_tensor **tout)
+{
+    keel_var *v = keel_vars_find(ps->vars, wt->name);
+    keel_tensor *t = NULL;
+    char a[96], b[96];
+    if (v != NULL) {
+        t = keel_var_tensor(v);
+    } else {
+        char base[KEEL_NAME_MAX];
+        const char *slash = strrchr(wt->name, '/');
+        size_t n = slash ? (size_t)(slash - wt->name) : 0;
+        if (slash != NULL && n < sizeof base) {
+            memcpy(base, wt->name, n);
+            base[n] = '\0';
+            v = keel_vars_find(ps->vars, base);
+            if (v != NULL)
+                t = keel_var_slot(v, slash + 1);
+        }
+        if (t == NULL)
+            return keel__fail(KEEL_ENOTFOUND, "no variable or slot '%s' on "
+                              "ps %d", wt->name, ps->task_index);
+    }
+    if (want_shape &&
+        !keel_shape_equal(t->ndim, t->shape, wt->t.ndim, wt->t.shape))
+        return keel__fail(KEEL_EINVAL, "'%s' has shape %s on ps %d, message "
+                          "has %s", wt->name,
+                          keel_shape_format(a, sizeof a, t->ndim, t->shape),
+                          ps->task_index,
+                          keel_shape_format(b, sizeof b, wt->t.ndim,
+                                            wt->t.shape));
+    *vout = v;
+    *tout = t;
+    return KEEL_OK;
+}
+
+static keel_status
+wait_pins(keel__ps *ps, keel_var *const *vars, size_t n)
+{
+    int64_t deadline = keel__now_mono_ns() + (int64_t)PIN_WAIT_MS * 1000000;
+    for (size_t i = 0; i < n; i++) {
+        int64_t left = deadline - keel__now_mono_ns();
+        if (left < 0 ||
+            keel__wire_pin_wait(pin_of(ps, vars[i]),
+                                (int)(left / 1000000)) != KEEL_OK)
+            return keel__fail(KEEL_EUNAVAILABLE, "ps %d busy: earlier "
+                              "replies of '%s' not yet sent after %d ms",
+                              ps->task_index, keel_var_name(vars[i]),
+                              PIN_WAIT_MS);
+    }
+    return KEEL_OK;
+}
+
+static keel_status
+real_pull(keel__ps *ps, keel__wire_msg *req)
+{
+    size_t n = req->n ? req->n : keel_vars_count(ps->vars);
+    keel__wire_out *outs;
+    keel__wire_header h;
+    keel_status st = KEEL_OK;
+    if (!ps->is_ready)
+        return keel__fail(KEEL_EUNAVAILABLE, "ps %d holds no state yet "
+                          "(waiting for the chief's INIT)", ps->task_index);
+    if (!(req->h.flags & KEEL_WIRE_F_NAMES_ONLY) && req->n > 0)
+        return keel__fail(KEEL_ECORRUPT, "PULL must carry names only");
+    outs = calloc(n ? n : 1, sizeof *outs);
+    if (outs == NULL)
+        return keel__fail(KEEL_ENOMEM, "ps: pull of %zu tensors", n);
+    for (size_t i = 0; i < n && st == KEEL_OK; i++) {
+        keel_var *v;
+        keel_tensor *t;
+        if (req->n) {
+            st = resolve(ps, &req->tensors[i], 0, &v, &t);
+            outs[i].name = req->tensors[i].name;
+        } else {
+            v = keel_vars_at(ps->vars, i);
+            t = keel_var_tensor(v);
+            outs[i].name = keel_var_name(v);
+        }
+        if (st == KEEL_OK) {
+            outs[i].t = t;
+            outs[i].pin = pin_of(ps, v);
+        }
+    }
+    if (st == KEEL_OK) {
+        reply_header(ps, req, &h, KEEL_MSG_PULL_REPLY, 0);
+        st = keel__wire_send(ps->sock, &req->identity, &h, outs, n, NULL,
+                             NULL);
+    }
+    free(outs);
+    return st;
+}
+
+static void
+answer_waiters(keel__ps *ps)
+{
+    for (int i = 0; i < ps->n_waiters; i++) {
+        keel__wire_header h;
+        keel__wire_msg fake;
+        keel__wire_msg_init(&fake);
+        fake.h.request_id = ps->waiters[i].request_id;
+        reply_header(ps, &fake, &h, KEEL_MSG_READY, 0);
+        h.arg = (uint32_t)ps->is_ready;
+        if (keel__wire_send(ps->sock, &ps->waiters[i].identity, &h, NULL, 0,
+                            NULL, NULL) != KEEL_OK)
+            keel__log(KEEL_LOG_WARN, "ps %d: readiness notice not sent: %s",
+                      ps->task_index, keel_last_error());
+        zmq_msg_close(&ps->waiters[i].identity);
+        keel__wire_msg_clear(&fake);
+    }
+    ps->n_waiters = 0;
+}
+
+/* Answer (and forget) every pending push with an ERROR. */
+static void
+fail_pending(keel__ps *ps, keel_status code, const char *why)
+{
+    for (int r = 0; ps->pending != NULL && r < ps->total_replicas; r++) {
+        pending_push *p = &ps->pending[r];
+        if (!p->used)
+            continue;
+        send_error(ps, &p->msg, code, why);
+        keel__wire_msg_clear(&p->msg);
+        free(p->vars);
+        p->vars = NULL;
+        p->used = 0;
+    }
+}
+
+static keel_status
+real_init(keel__ps *ps, keel__wire_msg *req)
+{
+    keel_var **vars;
+    keel_tensor **ts;
+    keel__wire_header h;
+    keel_status st = KEEL_OK;
+    if (req->h.flags & KEEL_WIRE_F_NAMES_ONLY)
+        return keel__fail(KEEL_ECORRUPT, "INIT without data");
+    if (req->h.sender_type != KEEL_TASK_CHIEF &&
+        !(req->h.sender_type == KEEL_TASK_WORKER && !ps->has_chief &&
+          req->h.sender_index == 0))
+        return keel__fail(KEEL_EINVAL, "INIT from %s %u: only the chief "
+                          "initializes parameter servers",
+                          keel_task_type_name((keel_task_type)
+                                              req->h.sender_type),
+                          req->h.sender_index);
+    vars = calloc(req->n ? req->n : 1, sizeof *vars);
+    ts = calloc(req->n ? req->n : 1, sizeof *ts);
+    if (vars == NULL || ts == NULL) {
+        free(vars);
+        free(ts);
+        return keel__fail(KEEL_ENOMEM, "ps: INIT of %zu tensors", req->n);
+    }
+    for (size_t i = 0; i < req->n && st == KEEL_OK; i++)
+        st = resolve(ps, &req->tensors[i], 1, &vars[i], &ts[i]);
+    if (st == KEEL_OK)
+        st = wait_pins(ps, vars, req->n);
+    if (st == KEEL_OK) {
+        for (size_t i = 0; i < req->n; i++) {
+            memcpy(ts[i]->data, req->tensors[i].t.data,
+                   ts[i]->count * sizeof(float));
+            if (ts[i] == keel_var_tensor(vars[i]))
+                keel_var_set_initialized(vars[i], 1);
+        }
+        if (req->h.arg == 0) {          /* the last part: ready */
+            if (ps->chief_generation != req->h.generation)
+                fail_pending(ps, KEEL_EABORTED, "a new chief initialized "
+                             "this ps; wait for readiness again");
+            keel_vars_set_global_step(ps->vars, req->h.global_step);
+            ps->chief_generation = req->h.generation;
+            ps->is_ready = 1;
+            keel__log(KEEL_LOG_INFO, "ps %d: initialized by the chief "
+                      "(generation %016llx) at step %lld", ps->task_index,
+                      (unsigned long long)req->h.generation,
+                      (long long)req->h.global_step);
+        }
+        reply_header(ps, req, &h, KEEL_MSG_INIT, KEEL_WIRE_F_REPLY);
+        h.local_step = (int64_t)ps->chief_generation;
+        st = keel__wire_send(ps->sock, &req->identity, &h, NULL, 0, NULL,
+                             NULL);
+        if (ps->is_ready)
+            answer_waiters(ps);
+    }
+    free(vars);
+    free(ts);
+    return st;
+}
+
+static keel_status
+send_ack(keel__ps *ps, keel__wire_msg *req, keel_var *const *vars, size_t n)
+{
+    keel__wire_header h;
+    keel_status st;
+    keel__wire_out *outs;
+    reply_header(ps, req, &h, KEEL_MSG_PUSH_ACK, 0);
+    h.local_step = (int64_t)ps->chief_generation;
+    if (!(req->h.flags & KEEL_WIRE_F_WANT_VALUES))
+        return keel__wire_send(ps->sock, &req->identity, &h, NULL, 0, NULL,
+                               NULL);
+    outs = calloc(n ? n : 1, sizeof *outs);
+    if (outs == NULL)
+        return keel__fail(KEEL_ENOMEM, "ps: values of %zu variables", n);
+    for (size_t i = 0; i < n; i++) {
+        outs[i].name = keel_var_name(vars[i]);
+        outs[i].t = keel_var_tensor(vars[i]);
+        outs[i].pin = pin_of(ps, vars[i]);
+    }
+    st = keel__wire_send(ps->sock, &req->identity, &h, outs, n, NULL, NULL);
+    free(outs);
+    return st;
+}
+
+/* Sum the pending gradients in ascending replica order, apply, step + 1,
+ * answer every pending push (the sync token). */
+static keel_status
+aggregate(keel__ps *ps)
+{
+    int64_t step = keel_vars_global_step(ps->vars);
+    size_t nv = keel_vars_count(ps->vars);
+    keel_var **all = calloc(nv ? nv : 1, sizeof *all);
+    unsigned char *have = calloc(nv ? nv : 1, 1);
+    keel_status st = KEEL_OK;
+    int fresh = 0;
+    if (all == NULL || have == NULL) {
+        free(all);
+        free(have);
+        return keel__fail(KEEL_ENOMEM, "ps: aggregation of %zu", nv);
+    }
+    for (size_t k = 0; k < nv; k++)
+        all[k] = keel_vars_at(ps->vars, k);
+    st = wait_pins(ps, all, nv);
+    for (size_t k = 0; k < nv && st == KEEL_OK; k++) {
+        keel_tensor *acc = keel_grads_at(ps->acc, k);
+        if (acc != NULL)
+            memset(acc->data, 0, acc->count * sizeof(float));
+    }
+    for (int r = 0; r < ps->total_replicas && st == KEEL_OK; r++) {
+        pending_push *p = &ps->pending[r];
+        if (!p->used)
+            continue;
+        fresh++;
+        for (size_t i = 0; i < p->msg.n; i++) {
+            size_t k = keel_var_index(p->vars[i]);
+            keel_tensor *acc = keel_grads_at(ps->acc, k);
+            float *restrict d = acc->data;
+            const float *restrict g = p->msg.tensors[i].t.data;
+            for (size_t e = 0; e < acc->count; e++)
+                d[e] += g[e];
+            have[k] = 1;
+        }
+    }
+    for (size_t k = 0; k < nv && st == KEEL_OK; k++)
+        if (have[k])
+            st = ps->apply(ps->apply_ctx, all[k], keel_grads_at(ps->acc, k),
+                           step);
+    if (st == KEEL_OK) {
+        keel_vars_set_global_step(ps->vars, step + 1);
+        ps->applied += fresh;
+    }
+    for (int r = 0; r < ps->total_replicas; r++) {
+        pending_push *p = &ps->pending[r];
+        if (!p->used)
+            continue;
+        if (st == KEEL_OK) {
+            if (send_ack(ps, &p->msg, p->vars, p->msg.n) != KEEL_OK)
+                keel__log(KEEL_LOG_WARN, "ps %d: token to replica %d not "
+                          "sent: %s", ps->task_index, r, keel_last_error());
+        } else {
+            send_error(ps, &p->msg, KEEL_EINVAL, keel_last_error());
+        }
+        keel__wire_msg_clear(&p->msg);
+        free(p->vars);
+        p->vars = NULL;
+        p->used = 0;
+    }
+    free(all);
+    free(have);
+    return st;
+}
+
+static keel_status
+real_push(keel__ps *ps, keel__wire_msg *req)
+{
+    keel_var **vars;
+    keel_status st;
+    int64_t step = keel_vars_global_step(ps->vars);
+    int replica, fresh = 0;
+    if (!ps->is_ready)
+        return keel__fail(KEEL_EUNAVAILABLE, "ps %d holds no state yet "
+                          "(restarted? waiting for the chief's INIT)",
+                          ps->task_index);
+    if (req->h.flags & KEEL_WIRE_F_NAMES_ONLY)
+        return keel__fail(KEEL_ECORRUPT, "PUSH without data");
+    if (req->h.sender_type == KEEL_TASK_CHIEF)
+        replica = 0;
+    else if (req->h.sender_type == KEEL_TASK_WORKER &&
+             req->h.sender_index < (uint32_t)ps->total_replicas)
+        replica = (int)req->h.sender_index + ps->has_chief;
+    else
+        replica = -1;
+    if (replica < 0 || replica >= ps->total_replicas)
+        return keel__fail(KEEL_EINVAL, "PUSH from %s %u: not a training "
+                          "replica of this cluster (%d replicas)",
+                          keel_task_type_name((keel_task_type)
+                                              req->h.sender_type),
+                          req->h.sender_index, ps->total_replicas);
+    vars = calloc(req->n ? req->n : 1, sizeof *vars);
+    if (vars == NULL)
+        return keel__fail(KEEL_ENOMEM, "ps: %zu updates", req->n);
+    if (ps->sync) {
+        /* Sync pushes may name a variable once per micro-batch: they are
+         * folded in message order. */
+        for (size_t i = 0; i < req->n; i++) {
+            keel_tensor *t;
+            if ((st = resolve(ps, &req->tensors[i], 1, &vars[i], &t)) !=
+                KEEL_OK)
+                goto out;
+            if (t != keel_var_tensor(vars[i])) {
+                st = keel__fail(KEEL_EINVAL, "PUSH to slot '%s'",
+                                req->tensors[i].name);
+                goto out;
+            }
+        }
+    } else if ((st = check_tensors(ps, req, vars)) != KEEL_OK) {
+        goto out;
+    }
+    for (size_t i = 0; i < req->n; i++)
+        if (!keel_var_is_trainable(vars[i])) {
+            st = keel__fail(KEEL_EINVAL, "PUSH to '%s', which is not "
+                            "trainable", keel_var_name(vars[i]));
+            goto out;
+        }
+    if (!ps->sync) {                    /* async: apply as it comes */
+        if ((st = wait_pins(ps, vars, req->n)) != KEEL_OK)
+            goto out;
+        for (size_t i = 0; i < req->n && st == KEEL_OK; i++)
+            st = ps->apply(ps->apply_ctx, vars[i], &req->tensors[i].t,
+                           step);
+        if (st != KEEL_OK)
+            goto out;
+        keel_vars_set_global_step(ps->vars, step + 1);
+        ps->applied++;
+        st = send_ack(ps, req, vars, req->n);
+        goto out;
+    }
+    if (req->h.local_step < step) {     /* stale: drop, count, go on */
+        ps->dropped++;
+        keel__log(KEEL_LOG_INFO, "ps %d: dropped a stale gradient of "
+                  "replica %d (computed at step %lld, now %lld; %ld dropped)",
+                  ps->task_index, replica, (long long)req->h.local_step,
+                  (long long)step, ps->dropped);
+        st = send_ack(ps, req, vars, req->n);
+        goto out;
+    }
+    if (req->h.local_step > step) {
+        st = keel__fail(KEEL_EABORTED, "replica %d pushed for step %lld but "
+                        "ps %d is at step %lld (the ps restarted or was "
+                        "re-initialized)", replica,
+                        (long long)req->h.local_step, ps->task_index,
+                        (long long)step);
+        goto out;
+    }
+    {
+        pending_push *p = &ps->pending[replica];
+        if (p->used) {                  /* a retry replaces the first try */
+            keel__wire_msg_clear(&p->msg);
+            free(p->vars);
+        }
+        p->msg = *req;
+        zmq_msg_init(&p->msg.identity);
+        zmq_msg_move(&p->msg.identity, &req->identity);
+        keel__wire_msg_init(req);       /* moved: the caller clears nothing */
+        p->vars = vars;
+        p->used = 1;
+        vars = NULL;
+    }
+    for (int r = 0; r < ps->total_replicas; r++)
+        fresh += ps->pending[r].used;
+    if (fresh >= ps->replicas_to_aggregate)
+        st = aggregate(ps);
+out:
+    free(vars);
+    return st;
+}
+
+static keel_status
+real_hello(keel__ps *ps, keel__wire_msg *req)
+{
+    keel__wire_header h;
+    char text[128];
+    if (!ps->is_ready && req->h.arg == 1) {   /* wait for readiness */
+        hello_waiter *w;
+        if (ps->n_waiters == MAX_WAITERS) {   /* forget the oldest */
+            zmq_msg_close(&ps->waiters[0].identity);
+            memmove(&ps->waiters[0], &ps->waiters[1],
+                    (MAX_WAITERS - 1) * sizeof *ps->waiters);
+            ps->n_waiters--;
+        }
+        w = &ps->waiters[ps->n_waiters++];
+        zmq_msg_init(&w->identity);
+        zmq_msg_copy(&w->identity, &req->identity);
+        w->request_id = req->h.request_id;
+        return KEEL_OK;
+    }
+    reply_header(ps, req, &h, KEEL_MSG_READY, 0);
+    h.arg = (uint32_t)ps->is_ready;
+    h.local_step = (int64_t)ps->chief_generation;
+    snprintf(text, sizeof text, "applied=%ld dropped=%ld ready=%d",
+             ps->applied, ps->dropped, ps->is_ready);
+    return keel__wire_send(ps->sock, &req->identity, &h, NULL, 0, text,
+                           NULL);
+}
+
+void
+keel__ps_drain(keel__ps *ps, int ms)
+{
+    int64_t deadline = keel__now_mono_ns() + (int64_t)ms * 1000000;
+    for (;;) {
+        keel__wire_msg req;
+        int64_t left = (deadline - keel__now_mono_ns()) / 1000000;
+        keel_status st;
+        if (left <= 0)
+            return;
+        st = keel__wire_recv(ps->sock, 1, &ps->limits, (int)left, &req);
+        if (req.has_identity && (st == KEEL_OK || st == KEEL_ECORRUPT))
+            send_error(ps, &req, KEEL_ECANCELLED, "training finished: the "
+                       "chief shut this ps down");
+        keel__wire_msg_clear(&req);
+        if (st == KEEL_ETIMEOUT)
+            return;
+    }
+}
+
 static keel_status
 handle(keel__ps *ps, keel__wire_msg *req)
 {
@@ -325,6 +828,26 @@ handle(keel__ps *ps, keel__wire_msg *req)
     if (req->h.flags & KEEL_WIRE_F_REPLY)
         return keel__fail(KEEL_EINVAL, "a reply (type %u) sent as a request",
                           req->h.type);
+    if (ps->apply != NULL) {
+        switch (req->h.type) {
+        case KEEL_MSG_PULL:
+            return real_pull(ps, req);
+        case KEEL_MSG_PUSH:
+            return real_push(ps, req);
+        case KEEL_MSG_INIT:
+            return real_init(ps, req);
+        case KEEL_MSG_HELLO:
+            return real_hello(ps, req);
+        case KEEL_MSG_SHUTDOWN:
+            fail_pending(ps, KEEL_ECANCELLED, "training finished: the chief "
+                         "shut this ps down");
+            ps->is_ready = 0;
+            answer_waiters(ps);
+            break;
+        default:
+            break;
+        }
+    }
     switch (req->h.type) {
     case KEEL_MSG_PULL:
         return handle_pull(ps, req);
@@ -338,6 +861,14 @@ handle(keel__ps *ps, keel__wire_msg *req)
     case KEEL_MSG_STEP:
     case KEEL_MSG_HEARTBEAT:
         reply_header(ps, req, &h, req->h.type, KEEL_WIRE_F_REPLY);
+        if (ps->apply != NULL) {        /* stats for tests and tools */
+            char text[160];
+            h.local_step = (int64_t)ps->chief_generation;
+            snprintf(text, sizeof text, "applied=%ld dropped=%ld ready=%d",
+                     ps->applied, ps->dropped, ps->is_ready);
+            return keel__wire_send(ps->sock, &req->identity, &h, NULL, 0,
+                                   text, NULL);
+        }
         break;
     case KEEL_MSG_SHUTDOWN:
         reply_header(ps, req, &h, req->h.type, KEEL_WIRE_F_REPLY);
@@ -375,7 +906,8 @@ keel__ps_serve_once(keel__ps *ps, int timeout_ms)
                   req.h.sender_index, (unsigned long long)req.h.request_id,
                   why);
         send_error(ps, &req, st == KEEL_ECORRUPT || st == KEEL_ENOTFOUND ||
-                             st == KEEL_EUNAVAILABLE ? st : KEEL_EINVAL,
+                             st == KEEL_EUNAVAILABLE || st == KEEL_EABORTED ||
+                             st == KEEL_ECANCELLED ? st : KEEL_EINVAL,
                    why);
     } else if (st != KEEL_OK) {
         ps->rejected++;

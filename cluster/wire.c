@@ -329,7 +329,21 @@ keel__wire_recv(void *sock, int has_identity, const keel__wire_limits *lim_in,
     keel__wire_limits_default(&lim);
     keel__wire_msg_init(m);
     max_frames = 2 + 2 * lim.max_tensors + 1;
-    rc = zmq_poll(&item, 1, timeout_ms);
+    {
+        /* A signal (SIGTERM for a clean stop) must not fail the call:
+         * poll again for the rest of the time. */
+        int64_t deadline = keel__now_mono_ns() + (int64_t)timeout_ms * 1000000;
+        for (;;) {
+            int left = timeout_ms;
+            if (timeout_ms >= 0) {
+                int64_t l = (deadline - keel__now_mono_ns()) / 1000000;
+                left = l < 0 ? 0 : (int)l;
+            }
+            rc = zmq_poll(&item, 1, left);
+            if (rc >= 0 || errno != EINTR)
+                break;
+        }
+    }
     if (rc < 0)
         return keel__fail(errno == ETERM ? KEEL_ECANCELLED : KEEL_EIO,
                           "poll: %s", zmq_strerror(errno));
@@ -440,7 +454,11 @@ keel__wire_pin_wait(keel__wire_pin *p, int timeout_ms)
 static keel_status
 send_frame(void *sock, zmq_msg_t *f, int more)
 {
-    if (zmq_msg_send(f, sock, more ? ZMQ_SNDMORE : 0) < 0) {
+    int rc;
+    do      /* a signal interrupting a blocking send: send again */
+        rc = zmq_msg_send(f, sock, more ? ZMQ_SNDMORE : 0);
+    while (rc < 0 && errno == EINTR);
+    if (rc < 0) {
         int e = errno;
         zmq_msg_close(f);
         return keel__fail(e == EAGAIN ? KEEL_ETIMEOUT : KEEL_EUNAVAILABLE,
@@ -635,6 +653,12 @@ uint64_t
 keel__wire_client_generation(const keel__wire_client *c)
 {
     return c->generation;
+}
+
+void
+keel__wire_client_set_generation(keel__wire_client *c, uint64_t generation)
+{
+    c->generation = generation;
 }
 
 keel_status

@@ -102,6 +102,11 @@ static const key_def schema[] = {
       "Threads that each compute a fixed shard of every batch (with "
       "single-threaded OpenBLAS); results are bitwise reproducible for a "
       "fixed value, and differ in the last bits between values." },
+    { "train", "micro_batch", T_INT, "0", 0, 1 << 20, NULL,
+      "Fixed micro-batch size (0: off). Each gradient is summed over "
+      "micro-batches of this many examples in global order, so 1 process "
+      "and any number of cluster workers give identical bits; the "
+      "per-worker batch must be a multiple of it." },
     { "train", "eval_batch_size", T_INT, "1000", 1, 1 << 20, NULL,
       "Batch size of keel eval." },
 

@@ -14,6 +14,7 @@
 #include <keel/keel.h>
 #include <keel/job.h>
 #include "util.h"
+#include "../cluster/roles.h"
 
 #define ITER_BLOB "data_iterator"
 
@@ -38,11 +39,18 @@ typedef struct job {
     int restored;
     char restored_from[1024];
     char topology[128];
+    /* train.micro_batch: size, and in a cluster one gradient store per
+     * micro-batch of this replica's slice (pushed separately) */
+    int64_t micro;
+    int n_micro;
+    keel_grads *micro_g[64];
 } job;
 
 static void
 job_free(job *j)
 {
+    for (int i = 0; i < j->n_micro; i++)
+        keel_grads_free(j->micro_g[i]);
     keel_optimizer_free(j->opt);
     keel_model_free(j->model);
     keel_vars_free(j->vs);
@@ -181,7 +189,7 @@ set_blas_threads(const keel_config *cfg)
 
 /* Build dataset, iterator, variables, model and optimizer. */
 static keel_status
-job_build(job *j, const keel_config *cfg)
+job_build(job *j, const keel_config *cfg, int worker_index, int num_workers)
 {
     keel_model_config mc;
     keel_optimizer_config oc;
@@ -201,6 +209,8 @@ job_build(job *j, const keel_config *cfg)
     ic.seed = j->seed;
     ic.shuffle = keel_config_bool(cfg, "data.shuffle");
     ic.max_epochs = keel_config_int(cfg, "train.epochs");
+    ic.worker_index = worker_index;
+    ic.num_workers = num_workers;
     st = keel_data_iter_new(j->ds, &ic, &j->it);
     if (st == KEEL_OK)
         st = keel_vars_new(&j->vs);
@@ -214,8 +224,12 @@ job_build(job *j, const keel_config *cfg)
         st = keel_optimizer_new(&oc, &j->opt);
     if (st == KEEL_OK)
         st = keel_optimizer_prepare(j->opt, j->vs);
-    snprintf(j->topology, sizeof j->topology, "single-process workers=1 "
-             "batch=%lld", (long long)j->global_batch);
+    if (num_workers > 1)
+        snprintf(j->topology, sizeof j->topology, "cluster replicas=%d "
+                 "batch=%lld", num_workers, (long long)j->global_batch);
+    else
+        snprintf(j->topology, sizeof j->topology, "single-process "
+                 "workers=1 batch=%lld", (long long)j->global_batch);
     return st;
 }
 
@@ -230,10 +244,42 @@ job_step(void *ctx, keel_step *stp)
     keel_status st;
     if (b == NULL)
         return keel__fail(KEEL_EINTERNAL, "train step: no batch was fed");
-    st = keel_model_step(j->model, keel_step_vars(stp), b, j->global_batch,
-                         keel_step_grads(stp), &stats);
-    if (st != KEEL_OK)
-        return st;
+    if (j->micro > 0) {
+        /* fixed micro-batches, each computed alone and added in order */
+        size_t m = (size_t)j->micro, stride = keel_dataset_example_size(j->ds);
+        keel_step_stats one;
+        if (b->n % m != 0)
+            return keel__fail(KEEL_EINVAL, "train.micro_batch = %zu does "
+                              "not divide this batch of %zu examples", m,
+                              b->n);
+        memset(&stats, 0, sizeof stats);
+        for (size_t k = 0; k < b->n / m; k++) {
+            keel_batch mb;
+            keel_grads *g = keel_step_grads(stp);
+            mb.x = b->x + k * m * stride;
+            mb.y = b->y + k * m;
+            mb.n = m;
+            if (j->n_micro > 0) {
+                if (k >= (size_t)j->n_micro)
+                    return keel__fail(KEEL_EINTERNAL, "micro-batch %zu of "
+                                      "%d", k, j->n_micro);
+                g = j->micro_g[k];
+                keel_grads_zero(g);
+            }
+            st = keel_model_step(j->model, keel_step_vars(stp), &mb,
+                                 j->global_batch, g, &one);
+            if (st != KEEL_OK)
+                return st;
+            stats.loss_sum += one.loss_sum;
+            stats.correct += one.correct;
+            stats.count += one.count;
+        }
+    } else {
+        st = keel_model_step(j->model, keel_step_vars(stp), b,
+                             j->global_batch, keel_step_grads(stp), &stats);
+        if (st != KEEL_OK)
+            return st;
+    }
     j->examples += (int64_t)b->n;
     st = keel_step_set_value(stp, "loss", stats.count > 0
                              ? stats.loss_sum / (double)stats.count : 0.0);
@@ -355,10 +401,59 @@ planned_last_step(const job *j)
     return by_epochs;
 }
 
+static void
+role_opts_from(const keel_config *cfg, const keel_cluster_spec *spec,
+               keel__role_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->spec = spec;
+    o->round_robin = strcmp(keel_config_str(cfg, "cluster.placement"),
+                            "round_robin") == 0;
+    o->dead_after_ms = (int)keel_config_int(cfg, "cluster.dead_after_ms");
+    o->ready_retry_ms = (int)keel_config_int(cfg, "cluster.ready_retry_ms");
+    o->max_wait_secs = keel_config_double(cfg, "cluster.max_wait_secs");
+    o->curve = keel_config_bool(cfg, "security.curve");
+    o->key_dir = keel_config_str(cfg, "security.key_dir");
+}
+
+/* The ps task: build the model only to know the variables, then serve. */
+static keel_status
+run_ps(const keel_config *cfg, const keel_cluster_spec *spec,
+       const keel_job_options *opts)
+{
+    job j;
+    keel__role_opts o;
+    keel_status st = job_build(&j, cfg, 0, 1);
+    if (st == KEEL_OK && opts->handle_signals)
+        st = keel_session_install_signal_handlers();
+    if (st == KEEL_OK) {
+        role_opts_from(cfg, spec, &o);
+        st = keel__cluster_run_ps(&o, j.vs, j.opt);
+    }
+    if (opts->handle_signals)
+        keel_session_uninstall_signal_handlers();
+    job_free(&j);
+    return st;
+}
+
+/* CheckpointSaverListener of the chief: the ps hold the truth. */
+static keel_status
+pull_before_save(void *ctx, keel_session *s, int64_t step)
+{
+    (void)step;
+    return keel__worker_pull_all(ctx, keel_session_vars(s), 1);
+}
+
 keel_status
 keel_job_train(const keel_config *cfg, const keel_job_options *opts,
                keel_job_result *result)
 {
+    const keel_cluster_spec *spec = opts ? opts->cluster : NULL;
+    int in_cluster = spec != NULL && !keel_cluster_spec_is_local(spec);
+    int is_chief = 1, replica = 0, replicas = 1;
+    keel__worker *worker = NULL;
+    keel_backend backend;
+    keel_ckpt_listener listener;
     job j;
     keel_training_config tc;
     keel_scaffold sc;
@@ -377,7 +472,27 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     st = keel_config_validate(cfg);
     if (st != KEEL_OK)
         return st;
-    st = job_build(&j, cfg);
+    if (in_cluster) {
+        keel_task_type t = keel_cluster_spec_task_type(spec);
+        if ((st = keel_cluster_spec_validate(spec)) != KEEL_OK)
+            return st;
+        if (t == KEEL_TASK_PS)
+            return run_ps(cfg, spec, opts);
+        if (t != KEEL_TASK_CHIEF && t != KEEL_TASK_WORKER)
+            return keel__fail(KEEL_EINVAL, "train: task type %s does not "
+                              "train (use chief, worker or ps)",
+                              keel_task_type_name(t));
+        if (keel_cluster_spec_num_tasks(spec, KEEL_TASK_PS) == 0)
+            return keel__fail(KEEL_EINVAL, "train: the cluster has no ps "
+                              "task (parameter-server training needs at "
+                              "least one)");
+        is_chief = keel_cluster_spec_is_chief(spec);
+        replicas = keel_cluster_spec_num_replicas(spec);
+        replica = t == KEEL_TASK_CHIEF ? 0
+            : keel_cluster_spec_task_index(spec) +
+              (keel_cluster_spec_num_tasks(spec, KEEL_TASK_CHIEF) > 0);
+    }
+    st = job_build(&j, cfg, replica, replicas);
     if (st != KEEL_OK) {
         job_free(&j);
         return st;
@@ -458,9 +573,53 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     tc.n_summary_names = 2;
     tc.log_step_count_steps = keel_config_int(cfg, "hooks.log_every_steps");
     tc.save_on_error = keel_config_bool(cfg, "checkpoint.save_on_error");
+    j.micro = keel_config_int(cfg, "train.micro_batch");
+    if (j.micro > 0) {
+        int64_t slice = j.global_batch / replicas;
+        if (j.global_batch % replicas != 0 || slice % j.micro != 0 ||
+            slice / j.micro > 64) {
+            st = keel__fail(KEEL_EINVAL, "train.micro_batch = %lld: each "
+                            "of the %d replicas' %lld-example part of "
+                            "train.batch_size = %lld must be a multiple of "
+                            "it, at most 64 micro-batches",
+                            (long long)j.micro, replicas,
+                            (long long)slice, (long long)j.global_batch);
+            goto out;
+        }
+    }
+    if (in_cluster) {
+        keel__role_opts o;
+        role_opts_from(cfg, spec, &o);
+        st = keel__worker_new(&o, j.vs, &worker);
+        if (st != KEEL_OK)
+            goto out;
+        if (j.micro > 0) {
+            int k = (int)(j.global_batch / replicas / j.micro);
+            for (; j.n_micro < k; j.n_micro++)
+                if ((st = keel_grads_new(j.vs, &j.micro_g[j.n_micro])) !=
+                    KEEL_OK)
+                    goto out;
+            keel__worker_set_micro(worker, j.micro_g, j.n_micro);
+        }
+        keel__worker_backend(worker, &backend);
+        tc.session.backend = &backend;
+        tc.is_chief = is_chief;
+        tc.max_wait_secs = o.max_wait_secs;
+        tc.stop_grace_period_secs =
+            keel_config_double(cfg, "cluster.stop_grace_secs");
+        if (is_chief) {
+            memset(&listener, 0, sizeof listener);
+            listener.ctx = worker;
+            listener.before_save = pull_before_save;
+            tc.listeners = &listener;
+            tc.n_listeners = 1;
+        } else {
+            tc.checkpoint_dir = NULL;
+        }
+    }
 
-    st = keel__fs_mkdirs(tc.checkpoint_dir);
-    if (st != KEEL_OK)
+    if (tc.checkpoint_dir != NULL &&
+        (st = keel__fs_mkdirs(tc.checkpoint_dir)) != KEEL_OK)
         goto out;
     if (j.opts.handle_signals) {
         st = keel_session_install_signal_handlers();
@@ -496,7 +655,10 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
                   keel_end_reason_str(keel_session_end_reason(s)),
                   (long long)keel_session_global_step(s));
     keel_session_free(s);
+    if (worker != NULL && is_chief && st == KEEL_OK)
+        keel__worker_shutdown_cluster(worker);
 out:
+    keel__worker_free(worker);
     if (j.opts.handle_signals)
         keel_session_uninstall_signal_handlers();
     for (size_t i = 0; i < n_hooks; i++)

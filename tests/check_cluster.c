@@ -1432,6 +1432,190 @@ START_TEST(test_cli_keygen)
 }
 END_TEST
 
+/* ---- the real ps (roles): optimizer apply, readiness, sync tokens ------- */
+
+static keel_status
+sgd_apply(void *ctx, keel_var *v, const keel_tensor *g, int64_t step)
+{
+    keel_tensor *t = keel_var_tensor(v);
+    (void)ctx;
+    (void)step;
+    for (size_t i = 0; i < t->count; i++)
+        t->data[i] -= g->data[i];
+    return KEEL_OK;
+}
+
+static keel_status
+make_tensor(keel_tensor *t, const float *v, int ndim, const int64_t *shape)
+{
+    keel_status st = keel_tensor_alloc(t, ndim, shape);
+    if (st == KEEL_OK)
+        memcpy(t->data, v, t->count * sizeof(float));
+    return st;
+}
+
+static void
+real_start(server *sv)
+{
+    int64_t ws[2] = { 2, 3 }, bs[1] = { 3 };
+    keel__ps_config cfg = { .bind = "tcp://127.0.0.1:*" };
+    memset(sv, 0, sizeof *sv);
+    ck_assert_int_eq(keel_vars_new(&sv->vars), KEEL_OK);
+    ck_assert_int_eq(keel_vars_create(sv->vars, "layer/w", 2, ws,
+                                      KEEL_VAR_TRAINABLE, NULL), KEEL_OK);
+    ck_assert_int_eq(keel_vars_create(sv->vars, "layer/b", 1, bs,
+                                      KEEL_VAR_TRAINABLE, NULL), KEEL_OK);
+    cfg.vars = sv->vars;
+    cfg.apply = sgd_apply;
+    cfg.sync = 1;
+    cfg.replicas_to_aggregate = 2;
+    cfg.total_replicas = 2;
+    ck_assert_int_eq(keel__ps_new(&cfg, &sv->ps), KEEL_OK);
+    atomic_store(&sv->stop, 0);
+    ck_assert_int_eq(pthread_create(&sv->th, NULL, server_main, sv), 0);
+}
+
+/* One call that must fail with an ERROR of code naming needle. */
+static void
+expect_call_error(keel__wire_client *c, keel__wire_header *h,
+                  const keel__wire_out *ts, size_t n, keel_status code,
+                  const char *needle)
+{
+    keel__wire_msg r;
+    ck_assert_int_eq(keel__wire_client_call(c, h, ts, n, 0, 3000, &r),
+                     KEEL_EPEER);
+    ck_assert_int_eq(r.h.type, KEEL_MSG_ERROR);
+    ck_assert_int_eq(r.h.arg, code);
+    ck_assert_msg(strstr(r.text, needle) != NULL, "'%s' lacks '%s'", r.text,
+                  needle);
+    keel__wire_msg_clear(&r);
+}
+
+START_TEST(test_real_ps_checks_requests_and_aggregates_in_sync)
+{
+    server sv;
+    keel__wire_client *w0, *w1;
+    float wv[6] = { 1, 2, 3, 4, 5, 6 }, bv[3] = { 7, 8, 9 };
+    float g0[6] = { 1, 1, 1, 1, 1, 1 }, g1[6] = { 2, 2, 2, 2, 2, 2 };
+    int64_t ws[2] = { 2, 3 }, bs[1] = { 3 }, wrong[2] = { 3, 2 };
+    keel_tensor tw, tb, tg0, tg1, twrong;
+    keel__wire_out init[2], p0[1], p1[1], bad[1];
+    keel__wire_header h;
+    keel__wire_msg r;
+    void *zctx = zmq_ctx_new(), *raw0 = zmq_socket(zctx, ZMQ_DEALER);
+    int zero = 0;
+
+    ck_assert_int_eq(make_tensor(&tw, wv, 2, ws), KEEL_OK);
+    ck_assert_int_eq(make_tensor(&tb, bv, 1, bs), KEEL_OK);
+    ck_assert_int_eq(make_tensor(&tg0, g0, 2, ws), KEEL_OK);
+    ck_assert_int_eq(make_tensor(&tg1, g1, 2, ws), KEEL_OK);
+    ck_assert_int_eq(make_tensor(&twrong, g0, 2, wrong), KEEL_OK);
+    init[0] = (keel__wire_out){ "layer/w", &tw, NULL };
+    init[1] = (keel__wire_out){ "layer/b", &tb, NULL };
+    p0[0] = (keel__wire_out){ "layer/w", &tg0, NULL };
+    p1[0] = (keel__wire_out){ "layer/w", &tg1, NULL };
+    bad[0] = (keel__wire_out){ "layer/w", &twrong, NULL };
+    real_start(&sv);
+    ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps), NULL,
+                                           KEEL_TASK_WORKER, 0, &w0), KEEL_OK);
+    ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps), NULL,
+                                           KEEL_TASK_WORKER, 1, &w1), KEEL_OK);
+    /* before INIT: nothing to pull or push, HELLO says not ready */
+    memset(&h, 0, sizeof h);
+    h.type = KEEL_MSG_PULL;
+    h.flags = KEEL_WIRE_F_NAMES_ONLY;
+    expect_call_error(w1, &h, NULL, 0, KEEL_EUNAVAILABLE, "no state yet");
+    memset(&h, 0, sizeof h);
+    h.type = KEEL_MSG_PUSH;
+    expect_call_error(w1, &h, p1, 1, KEEL_EUNAVAILABLE, "no state yet");
+    memset(&h, 0, sizeof h);
+    h.type = KEEL_MSG_HELLO;
+    ck_assert_int_eq(keel__wire_client_call(w1, &h, NULL, 0, 0, 3000, &r),
+                     KEEL_OK);
+    ck_assert_int_eq(r.h.type, KEEL_MSG_READY);
+    ck_assert_int_eq(r.h.arg, 0);
+    keel__wire_msg_clear(&r);
+    /* only the chief (worker 0: no chief job) initializes */
+    memset(&h, 0, sizeof h);
+    h.type = KEEL_MSG_INIT;
+    expect_call_error(w1, &h, init, 2, KEEL_EINVAL, "only the chief");
+    memset(&h, 0, sizeof h);
+    h.type = KEEL_MSG_INIT;
+    h.global_step = 5;
+    ck_assert_int_eq(keel__wire_client_call(w0, &h, init, 2, 0, 3000, &r),
+                     KEEL_OK);
+    keel__wire_msg_clear(&r);
+    /* wrong shape, slot, ahead of the ps: refused, server goes on */
+    memset(&h, 0, sizeof h);
+    h.type = KEEL_MSG_PUSH;
+    h.local_step = 5;
+    expect_call_error(w1, &h, bad, 1, KEEL_EINVAL, "has shape [2,3]");
+    memset(&h, 0, sizeof h);
+    h.type = KEEL_MSG_PUSH;
+    h.local_step = 6;
+    expect_call_error(w1, &h, p1, 1, KEEL_EABORTED, "ps 0 is at step 5");
+    /* sync: worker 0's push is held until worker 1's arrives */
+    zmq_setsockopt(raw0, ZMQ_LINGER, &zero, sizeof zero);
+    ck_assert_int_eq(zmq_connect(raw0, keel__ps_endpoint(sv.ps)), 0);
+    memset(&h, 0, sizeof h);
+    h.type = KEEL_MSG_PUSH;
+    h.request_id = 77;
+    h.sender_type = KEEL_TASK_WORKER;
+    h.sender_index = 0;
+    h.local_step = 5;
+    ck_assert_int_eq(keel__wire_send(raw0, NULL, &h, p0, 1, NULL, NULL),
+                     KEEL_OK);
+    {
+        keel__wire_limits lim = { 0 };
+        ck_assert_int_eq(keel__wire_recv(raw0, 0, &lim, 200, &r),
+                         KEEL_ETIMEOUT);          /* held: no token yet */
+        keel__wire_msg_clear(&r);
+        memset(&h, 0, sizeof h);
+        h.type = KEEL_MSG_PUSH;
+        h.flags = KEEL_WIRE_F_WANT_VALUES;
+        h.local_step = 5;
+        ck_assert_int_eq(keel__wire_client_call(w1, &h, p1, 1, 0, 3000, &r),
+                         KEEL_OK);
+        ck_assert_int_eq(r.h.type, KEEL_MSG_PUSH_ACK);
+        ck_assert_int_eq(r.h.global_step, 6);
+        ck_assert_int_eq(r.n, 1);
+        for (int i = 0; i < 6; i++)           /* w - (g0 + g1) */
+            ck_assert_float_eq(r.tensors[0].t.data[i], wv[i] - 3.0f);
+        keel__wire_msg_clear(&r);
+        ck_assert_int_eq(keel__wire_recv(raw0, 0, &lim, 3000, &r), KEEL_OK);
+        ck_assert_int_eq(r.h.type, KEEL_MSG_PUSH_ACK);
+        ck_assert_int_eq(r.h.request_id, 77);
+        ck_assert_int_eq(r.h.global_step, 6);
+        keel__wire_msg_clear(&r);
+    }
+    /* a late gradient for step 5 is stale: dropped, answered at once */
+    memset(&h, 0, sizeof h);
+    h.type = KEEL_MSG_PUSH;
+    h.local_step = 5;
+    ck_assert_int_eq(keel__wire_client_call(w1, &h, p1, 1, 0, 3000, &r),
+                     KEEL_OK);
+    ck_assert_int_eq(r.h.global_step, 6);
+    keel__wire_msg_clear(&r);
+    memset(&h, 0, sizeof h);
+    h.type = KEEL_MSG_STEP;
+    ck_assert_int_eq(keel__wire_client_call(w1, &h, NULL, 0, 0, 3000, &r),
+                     KEEL_OK);
+    ck_assert_ptr_nonnull(r.text);
+    ck_assert_str_eq(r.text, "applied=2 dropped=1 ready=1");
+    keel__wire_msg_clear(&r);
+    zmq_close(raw0);
+    zmq_ctx_term(zctx);
+    keel__wire_client_free(w0);
+    keel__wire_client_free(w1);
+    server_stop(&sv);
+    keel_tensor_release(&tw);
+    keel_tensor_release(&tb);
+    keel_tensor_release(&tg0);
+    keel_tensor_release(&tg1);
+    keel_tensor_release(&twrong);
+}
+END_TEST
+
 static Suite *
 cluster_suite(void)
 {
@@ -1464,6 +1648,7 @@ cluster_suite(void)
     tcase_set_timeout(live, 20);
     tcase_add_test(live, test_live_server_survives_garbage_and_serves_others);
     tcase_add_test(live, test_pull_of_named_and_unknown_variables);
+    tcase_add_test(live, test_real_ps_checks_requests_and_aggregates_in_sync);
     suite_add_tcase(s, live);
     tcase_add_checked_fixture(sec, tu_setup, tu_teardown);
     tcase_set_timeout(sec, 20);

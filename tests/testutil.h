@@ -68,6 +68,12 @@ void tu_kill(pid_t pid);
 /* Kill and reap every registered child. */
 void tu_kill_all(void);
 
+/* A synthetic MNIST-format (IDX) dataset: <prefix>-images-idx3-ubyte and
+ * <prefix>-labels-idx1-ubyte with n 28x28 examples; class c (i % 10) is a
+ * bright 6x6 patch at a class-specific place over deterministic noise, so
+ * a small model learns it in a few dozen steps. */
+void tu_write_idx_dataset(const char *prefix, int n, uint32_t seed);
+
 /* Monotonic milliseconds. */
 int64_t tu_now_ms(void);
 

@@ -36,11 +36,20 @@ struct keel_config;
 int cli_load_config(const char *path, int n_over, char **over,
                     struct keel_config **out);
 
+/* The cluster this task belongs to: TF_CONFIG, else Slurm (SLURM_PROCID
+ * set; cluster.num_ps, cluster.port_base), else the [cluster] lists with
+ * task "TYPE:INDEX" (required then); NULL in *out for one process. Applies
+ * cluster.mode/replicas keys and validates. Prints the problems and
+ * returns the exit code (2), or CLI_OK. */
+int cli_resolve_cluster(const struct keel_config *cfg, const char *task,
+                        keel_cluster_spec **out);
+
 /* The verbs (tools/cmd_<verb>.c). */
 int cmd_config(int argc, char **argv);
 int cmd_train(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_ckpt(int argc, char **argv);
 int cmd_keygen(int argc, char **argv);
+int cmd_launch(int argc, char **argv);
 
 #endif

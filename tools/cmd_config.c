@@ -13,11 +13,14 @@ static int
 usage(FILE *out, int code)
 {
     fprintf(out,
-            "usage: keel config check CONFIG [-s section.key=value]...\n"
+            "usage: keel config check CONFIG [-s section.key=value]... "
+            "[--task T:I]\n"
             "       keel config keys\n"
             "\n"
             "check  validate CONFIG (with overrides and $OUTPUT_DIR) and print\n"
-            "       every resolved setting with where it came from\n"
+            "       every resolved setting with where it came from, then the\n"
+            "       cluster (TF_CONFIG, Slurm or [cluster] + --task) and this\n"
+            "       task's role\n"
             "keys   print the reference of every section and key (Markdown)\n");
     return code;
 }
@@ -65,7 +68,7 @@ cmd_config(int argc, char **argv)
         return st == KEEL_OK ? CLI_OK : cli_fail(st, NULL);
     }
     if (strcmp(sub, "check") == 0) {
-        const char *path = NULL;
+        const char *path = NULL, *task = NULL;
         char *over[256];
         int n_over = 0, rc;
         keel_config *cfg;
@@ -82,6 +85,10 @@ cmd_config(int argc, char **argv)
                     return cli_error(CLI_USAGE, "too many -s overrides "
                                      "(limit 256)");
                 over[n_over++] = argv[++i];
+            } else if (strcmp(argv[i], "--task") == 0) {
+                if (i + 1 >= argc)
+                    return cli_error(CLI_USAGE, "--task needs TYPE:INDEX");
+                task = argv[++i];
             } else if (argv[i][0] == '-') {
                 return cli_error(CLI_USAGE, "config check: unknown option "
                                  "'%s'; see 'keel config --help'", argv[i]);
@@ -105,6 +112,26 @@ cmd_config(int argc, char **argv)
         }
         printf("# %s: valid\n%s", path, text);
         free(text);
+        {
+            keel_cluster_spec *spec = NULL;
+            char buf[8192];
+            rc = cli_resolve_cluster(cfg, task, &spec);
+            if (rc != CLI_OK) {
+                keel_config_free(cfg);
+                return rc;
+            }
+            if (spec == NULL) {
+                printf("# cluster: none (one process)\n");
+            } else if (keel_cluster_spec_format(spec, buf, sizeof buf) ==
+                       KEEL_OK) {
+                printf("# cluster (this task: %s %d%s):\n%s",
+                       keel_task_type_name(keel_cluster_spec_task_type(spec)),
+                       keel_cluster_spec_task_index(spec),
+                       keel_cluster_spec_is_chief(spec) ? ", chief" : "",
+                       buf);
+            }
+            keel_cluster_spec_free(spec);
+        }
         keel_config_free(cfg);
         return CLI_OK;
     }

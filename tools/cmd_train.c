@@ -19,6 +19,7 @@ train_usage(FILE *out, int code)
 {
     fprintf(out,
             "usage: keel train CONFIG [-s section.key=value]... [-v]\n"
+            "                  [--task TYPE:INDEX]\n"
             "\n"
             "Train the job CONFIG describes under a MonitoredTrainingSession:\n"
             "resume from the newest valid checkpoint in checkpoint.dir (or\n"
@@ -27,8 +28,15 @@ train_usage(FILE *out, int code)
             "SIGTERM or SIGINT stops at the next step, writes a final\n"
             "checkpoint and exits 0.\n"
             "\n"
-            "  -s, --set K=V   override a config key (repeatable)\n"
-            "  -v, --verbose   debug logging\n");
+            "In a cluster (TF_CONFIG, Slurm, or the [cluster] lists with\n"
+            "--task) this process takes its role: ps serves a shard of the\n"
+            "variables until the chief says stop; chief and workers train\n"
+            "replicas (docs/cluster.md).\n"
+            "\n"
+            "  -s, --set K=V       override a config key (repeatable)\n"
+            "  --task TYPE:INDEX   this task (chief:0, worker:1, ps:0) when\n"
+            "                      the cluster comes from [cluster] lists\n"
+            "  -v, --verbose       debug logging\n");
     return code;
 }
 
@@ -95,6 +103,100 @@ on_progress(void *ctx, const keel_job_progress *p)
 }
 
 /* Shared by train and eval: CONFIG and -s/-v options. */
+int
+cli_resolve_cluster(const keel_config *cfg, const char *task,
+                    keel_cluster_spec **out)
+{
+    keel_cluster_spec *spec = NULL;
+    const char *tf = getenv("TF_CONFIG");
+    keel_status st;
+    *out = NULL;
+    if (tf != NULL && tf[0] != '\0') {
+        st = keel_cluster_spec_from_env(&spec);
+    } else if (getenv("SLURM_PROCID") != NULL) {
+        keel_cluster_slurm_options so;
+        memset(&so, 0, sizeof so);
+        so.num_ps = (int)keel_config_int(cfg, "cluster.num_ps");
+        so.port_base = (int)keel_config_int(cfg, "cluster.port_base");
+        st = keel_cluster_spec_from_slurm(&so, &spec);
+    } else if (keel_config_str(cfg, "cluster.ps")[0] != '\0' ||
+               keel_config_str(cfg, "cluster.workers")[0] != '\0' ||
+               keel_config_str(cfg, "cluster.chief")[0] != '\0') {
+        char type[32];
+        const char *colon = task ? strchr(task, ':') : NULL;
+        keel_task_type tt;
+        char *end;
+        long idx;
+        if (task == NULL)
+            return cli_error(CLI_USAGE, "the config lists a [cluster]: say "
+                             "which task this is with --task TYPE:INDEX "
+                             "(e.g. --task worker:0)");
+        if (colon == NULL || (size_t)(colon - task) >= sizeof type)
+            return cli_error(CLI_USAGE, "--task '%s': expected TYPE:INDEX "
+                             "(chief:0, worker:1, ps:0)", task);
+        memcpy(type, task, (size_t)(colon - task));
+        type[colon - task] = '\0';
+        idx = strtol(colon + 1, &end, 10);
+        if (keel_task_type_parse(type, &tt) != KEEL_OK || *end != '\0' ||
+            end == colon + 1 || idx < 0 || idx > 65535)
+            return cli_error(CLI_USAGE, "--task '%s': expected TYPE:INDEX "
+                             "with TYPE chief, worker or ps", task);
+        st = keel_cluster_spec_new(&spec);
+        if (st == KEEL_OK)
+            st = keel_cluster_spec_add_list(spec, KEEL_TASK_CHIEF,
+                                            keel_config_str(cfg,
+                                                            "cluster.chief"));
+        if (st == KEEL_OK)
+            st = keel_cluster_spec_add_list(spec, KEEL_TASK_PS,
+                                            keel_config_str(cfg,
+                                                            "cluster.ps"));
+        if (st == KEEL_OK)
+            st = keel_cluster_spec_add_list(spec, KEEL_TASK_WORKER,
+                                            keel_config_str(cfg,
+                                                            "cluster.workers"));
+        if (st == KEEL_OK)
+            st = keel_cluster_spec_set_task(spec, tt, (int)idx);
+        if (st == KEEL_OK && strcmp(keel_config_str(cfg, "cluster.mode"),
+                                    "async") == 0)
+            keel_cluster_spec_set_mode(spec, KEEL_CLUSTER_ASYNC);
+    } else {
+        if (task != NULL)
+            return cli_error(CLI_USAGE, "--task %s given but there is no "
+                             "cluster (no TF_CONFIG, no Slurm, no [cluster] "
+                             "lists)", task);
+        return CLI_OK;
+    }
+    /* TF: a cluster of one task (only the chief) is local, master '' */
+    if (st == KEEL_OK && (keel_cluster_spec_is_local(spec) ||
+                          (keel_cluster_spec_num_tasks(spec, KEEL_TASK_CHIEF)
+                               == 1 &&
+                           keel_cluster_spec_num_tasks(spec, KEEL_TASK_PS)
+                               == 0 &&
+                           keel_cluster_spec_num_tasks(spec, KEEL_TASK_WORKER)
+                               == 0))) {
+        keel_cluster_spec_free(spec);
+        return CLI_OK;
+    }
+    if (st == KEEL_OK) {
+        if (keel_config_is_set(cfg, "cluster.mode"))
+            keel_cluster_spec_set_mode(spec,
+                strcmp(keel_config_str(cfg, "cluster.mode"), "async") == 0
+                ? KEEL_CLUSTER_ASYNC : KEEL_CLUSTER_SYNC);
+        if (keel_config_int(cfg, "cluster.replicas_to_aggregate") > 0 ||
+            keel_config_int(cfg, "cluster.total_num_replicas") > 0)
+            keel_cluster_spec_set_replicas(spec,
+                (int)keel_config_int(cfg, "cluster.replicas_to_aggregate"),
+                (int)keel_config_int(cfg, "cluster.total_num_replicas"));
+        st = keel_cluster_spec_validate(spec);
+    }
+    if (st != KEEL_OK) {
+        keel_cluster_spec_free(spec);
+        return cli_error(CLI_USAGE, "cluster: %s", keel_last_error());
+    }
+    *out = spec;
+    return CLI_OK;
+}
+
 static int
 parse_common(int argc, char **argv, const char **path, char **over,
              int *n_over, int *verbose, int *json, const char **ckpt,
@@ -112,6 +214,10 @@ parse_common(int argc, char **argv, const char **path, char **over,
             over[(*n_over)++] = argv[++i];
         } else if (strcmp(a, "-v") == 0 || strcmp(a, "--verbose") == 0) {
             *verbose = 1;
+        } else if (!allow_eval_opts && strcmp(a, "--task") == 0) {
+            if (i + 1 >= argc)
+                return cli_error(CLI_USAGE, "--task needs TYPE:INDEX");
+            *ckpt = argv[++i];
         } else if (allow_eval_opts && strcmp(a, "--json") == 0) {
             *json = 1;
         } else if (allow_eval_opts && strcmp(a, "--checkpoint") == 0) {
@@ -143,6 +249,7 @@ cmd_train(int argc, char **argv)
     keel_config *cfg;
     keel_job_options opts;
     keel_job_result res;
+    keel_cluster_spec *spec = NULL;
     progress_state ps;
     keel_status st;
 
@@ -156,6 +263,11 @@ cmd_train(int argc, char **argv)
     rc = cli_load_config(path, n_over, over, &cfg);
     if (rc != CLI_OK)
         return rc;
+    rc = cli_resolve_cluster(cfg, ckpt, &spec);     /* ckpt: --task */
+    if (rc != CLI_OK) {
+        keel_config_free(cfg);
+        return rc;
+    }
     memset(&ps, 0, sizeof ps);
     ps.every = keel_config_int(cfg, "hooks.log_every_steps");
     mode = keel_config_str(cfg, "hooks.progress");
@@ -165,12 +277,22 @@ cmd_train(int argc, char **argv)
     opts.progress_fn = on_progress;
     opts.progress_ctx = &ps;
     opts.handle_signals = 1;
+    opts.cluster = spec;
     st = keel_job_train(cfg, &opts, &res);
     clear_bar(&ps);
     if (st != KEEL_OK) {
+        keel_cluster_spec_free(spec);
         keel_config_free(cfg);
         return cli_fail(st, "train");
     }
+    if (spec != NULL &&
+        keel_cluster_spec_task_type(spec) == KEEL_TASK_PS) {
+        printf("ps %d: stopped\n", keel_cluster_spec_task_index(spec));
+        keel_cluster_spec_free(spec);
+        keel_config_free(cfg);
+        return CLI_OK;
+    }
+    keel_cluster_spec_free(spec);
     printf("trained steps %lld..%lld (%lld examples, %.1f s, %.0f "
            "examples/s); checkpoints in %s\n", (long long)res.start_step,
            (long long)res.final_step, (long long)res.examples, res.seconds,

@@ -12,6 +12,7 @@ static int cmd_version(int argc, char **argv);
 /* The verbs, in the order `keel --help` lists them. */
 static const cli_verb verbs[] = {
     { "train", "train the job a config file describes", cmd_train },
+    { "launch", "run a local cluster of keel train tasks", cmd_launch },
     { "eval", "evaluate a checkpoint on the test set", cmd_eval },
     { "ckpt", "list, show, verify and diff checkpoints", cmd_ckpt },
     { "config", "check a config file; list every key", cmd_config },

@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <keel/status.h>
 #include <keel/config.h>
+#include <keel/cluster.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -32,6 +33,10 @@ typedef struct keel_job_options {
     void *progress_ctx;
     /* Install SIGTERM/SIGINT handlers for a preemption-safe stop. */
     int handle_signals;
+    /* The cluster and this task's role (validated; borrowed). NULL or a
+     * local spec: one process. ps: serve a shard until the chief's
+     * shutdown; chief/worker: a training replica (docs/cluster.md). */
+    const keel_cluster_spec *cluster;
 } keel_job_options;
 
 /* What a finished run reports. */

@@ -21,6 +21,7 @@
 #include <keel/cluster.h>
 #include <keel/config.h>
 #include <keel/job.h>
+#include <keel/launch.h>
 
 #ifdef __cplusplus
 extern "C" {

@@ -1,0 +1,177 @@
+#!/bin/sh
+# restart.sh - recovery time of `keel launch` after a SIGKILL, beside
+# torchrun (torch.distributed.elastic) in the same script.
+#
+# For each scenario keel launch runs a job with log_every_steps = 1; the
+# driver timestamps every line as it arrives, SIGKILLs one task (pid from
+# the launcher's "started/restarted X (pid N)" lines) and measures
+#   kill -> "restarted X" (detection + backoff + fork/exec), and
+#   kill -> victim back (the chief's first step line after its restore, a
+#           worker's "model ready", a ps's "initialized" line), and
+#   kill -> the first chief step line after that (the next applied global
+#           step with the victim back).
+# Scenarios: chief-only (kill the chief), 1 ps + 2 workers (kill a worker),
+# for a small (mlp 32) and a larger (mlp 1024,1024) model, with the default
+# backoff (0.1 s) and --backoff 0. Then /work/shared/bench/torchrun_restart.py.
+#
+# usage: bench/restart.sh [BUILD_DIR]     (default _build; KILLS=5,
+#        TORCH=0 skips torchrun, SCENARIOS="chief worker ps",
+#        DEAD_AFTER_MS=N sets cluster.dead_after_ms for every task)
+set -eu
+BUILD=${1:-_build}
+KEEL=$(cd "$BUILD" && pwd)/keel
+[ -x "$KEEL" ] || { echo "restart.sh: build keel first ($KEEL)" >&2; exit 2; }
+KILLS=${KILLS:-5}
+SCENARIOS=${SCENARIOS:-"chief worker"}
+TORCH=${TORCH:-1}
+DEAD_AFTER_MS=${DEAD_AFTER_MS:-}
+export KEEL KILLS SCENARIOS DEAD_AFTER_MS
+OPENBLAS_NUM_THREADS=1 /usr/bin/python3 - <<'EOF'
+import os, re, signal, statistics, struct, subprocess, sys, tempfile, threading, time, random
+
+KEEL = os.environ["KEEL"]
+KILLS = int(os.environ["KILLS"])
+SCEN = os.environ["SCENARIOS"].split()
+
+def write_idx(prefix, n, seed):
+    r = random.Random(seed)
+    img = bytearray(struct.pack(">IIII", 0x803, n, 28, 28))
+    lab = bytearray(struct.pack(">II", 0x801, n))
+    for i in range(n):
+        c = i % 10; r0 = 2 + (c // 5) * 12; c0 = 2 + (c % 5) * 5
+        x = bytearray(r.getrandbits(5) for _ in range(784))
+        for rr in range(r0, r0 + 6):
+            for q in range(c0, min(c0 + 6, 28)):
+                x[rr * 28 + q] = 230
+        img += x; lab.append(c)
+    open(prefix + "-images-idx3-ubyte", "wb").write(img)
+    open(prefix + "-labels-idx1-ubyte", "wb").write(lab)
+
+class Run:
+    def __init__(self, args, env):
+        self.lines = []            # (t, text)
+        self.cv = threading.Condition()
+        self.p = subprocess.Popen([KEEL, "launch"] + args, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, env=env, text=True,
+                                  bufsize=1, start_new_session=True)
+        threading.Thread(target=self.reader, daemon=True).start()
+    def reader(self):
+        for line in self.p.stdout:
+            with self.cv:
+                self.lines.append((time.monotonic(), line.rstrip("\n")))
+                self.cv.notify_all()
+        with self.cv:
+            self.lines.append((time.monotonic(), None)); self.cv.notify_all()
+    def wait(self, start, pred, timeout=60):
+        end = time.monotonic() + timeout
+        with self.cv:
+            i = start
+            while True:
+                while i < len(self.lines):
+                    t, s = self.lines[i]
+                    if s is None:
+                        raise RuntimeError("launcher ended")
+                    m = pred(s)
+                    if m:
+                        return i, t, m
+                    i += 1
+                left = end - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("no matching line")
+                self.cv.wait(left)
+    def stop(self):
+        self.p.send_signal(signal.SIGTERM)
+        try:
+            self.p.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.p.pid, signal.SIGKILL); self.p.wait()
+
+def pid_of(run, task):
+    pid = None
+    with run.cv:
+        for _, s in run.lines:
+            if s is None: continue
+            m = re.match(r"launch \| (?:re)?started (\S+) \(pid (\d+)\)", s)
+            if m and m.group(1) == task:
+                pid = int(m.group(2))
+    return pid
+
+STEP = re.compile(r"chief \| step (\d+) ")
+# the victim is back in the job: the chief's first step line; a worker's
+# "model ready"; a ps's "initialized" (by the chief, from its checkpoint)
+READY = {"chief": STEP, "worker": re.compile(r"^worker\.1 \| model ready"),
+         "ps": re.compile(r"^ps\.0 \| .*initialized")}
+
+def scenario(d, victim, hidden, backoff):
+    ps, workers = (0, 0) if victim == "chief" else (1, 2)
+    name = {"chief": "chief", "worker": "worker.1", "ps": "ps.0"}[victim]
+    out = tempfile.mkdtemp(prefix="run-", dir=d)
+    args = [os.path.join(d, "job.ini"), "--ps", str(ps), "--workers", str(workers),
+            "--backoff", str(backoff), "--max-restarts", str(KILLS + 2),
+            "-s", "model.hidden=" + hidden, "-s", "checkpoint.dir=" + out]
+    if os.environ.get("DEAD_AFTER_MS"):
+        args += ["-s", "cluster.dead_after_ms=" + os.environ["DEAD_AFTER_MS"]]
+    env = dict(os.environ); env.pop("OUTPUT_DIR", None)
+    run = Run(args, env)
+    res = []
+    try:
+        i, _, _ = run.wait(0, STEP.search, 120)
+        for k in range(KILLS):
+            # let it train a little (and checkpoint) between kills
+            i, _, m = run.wait(i + 1, STEP.search)
+            target = int(m.group(1)) + 30
+            i, _, _ = run.wait(i, lambda s: STEP.search(s) and int(STEP.search(s).group(1)) >= target)
+            pid = pid_of(run, name)
+            t_kill = time.monotonic()
+            os.kill(pid, signal.SIGKILL)
+            with run.cv:
+                j0 = len(run.lines)
+            j, t_re, _ = run.wait(j0, lambda s: s.startswith("launch | restarted %s " % name))
+            ready = READY[victim]
+            j, t_ready, _ = run.wait(j + 1, ready.search)
+            i, t_step, m = (j, t_ready, None) if victim == "chief" else run.wait(j + 1, STEP.search)
+            res.append((t_re - t_kill, t_ready - t_kill, t_step - t_kill))
+    finally:
+        run.stop()
+    return res
+
+def med(v):
+    return statistics.median(v) if v else float("nan")
+
+d = tempfile.mkdtemp(prefix="keel-restart-")
+write_idx(os.path.join(d, "train"), 6400, 1)
+write_idx(os.path.join(d, "t10k"), 200, 2)
+open(os.path.join(d, "job.ini"), "w").write(
+    "[model]\ntype = mlp\nhidden = 32\n[data]\ndir = %s\n"
+    "[optimizer]\nname = adam\nlearning_rate = 0.001\n"
+    "[train]\nbatch_size = 32\nmax_steps = 100000000\nseed = 5\nthreads = 1\n"
+    "[checkpoint]\nsave_steps = 20\n"
+    "[hooks]\nlog_every_steps = 1\nsummary_every_steps = 100\nprogress = off\n" % d)
+rows = []
+for victim in SCEN:
+    for hidden, label in (("32", "small mlp 784-32-10"), ("1024,1024", "larger mlp 784-1024-1024-10")):
+        for backoff in (0.1, 0.0):
+            try:
+                r = scenario(d, victim, hidden, backoff)
+            except Exception as e:  # report and go on
+                print("scenario %s/%s/backoff %g failed: %s" % (victim, label, backoff, e), file=sys.stderr)
+                continue
+            rows.append((victim, label, backoff, med([x[0] for x in r]), med([x[1] for x in r]),
+                         med([x[2] for x in r]), len(r)))
+            print("keel %-6s %-28s backoff %.1f: kill->restarted %.3f s, kill->victim back %.3f s, "
+                  "kill->next chief step %.3f s (median of %d; back: %s)"
+                  % (victim, label, backoff, rows[-1][3], rows[-1][4], rows[-1][5], len(r),
+                     ", ".join("%.3f" % x[1] for x in r)), flush=True)
+print()
+print("| killed | model | backoff s | kill -> restarted s | kill -> victim back s | kill -> next global step s | kills |")
+print("|---|---|---|---|---|---|---|")
+for r in rows:
+    print("| %s | %s | %.1f | %.3f | %.3f | %.3f | %d |" % r)
+EOF
+if [ "$TORCH" = 1 ]; then
+    echo
+    echo "torchrun (2-worker DDP, SIGKILL rank 1, 3 kills, --monitor_interval 0.5):"
+    /usr/bin/python3 /work/shared/bench/torchrun_restart.py \
+        --monitor-intervals 0.5 --runs 1 | grep -E '"bench": "torchrun_restart"' |
+        grep -E 'first_step|new_proc' || true
+fi

@@ -1,0 +1,631 @@
+/* roles.c - the cluster roles: deterministic placement of variables on
+ * parameter servers, the ps task (its shard, the optimizer's slots, the
+ * SyncReplicas aggregation in ps.c) and the worker's session backend
+ * (push gradients, receive the token with fresh values, publish, fetch). */
+#include <config.h>
+
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <keel/session.h>
+#include "cluster_int.h"
+#include "roles.h"
+
+#define SHUTDOWN_TIMEOUT_MS 2000
+#define DRAIN_MS 300
+#define HELLO_CHUNK_MS 2000
+
+/* ---- placement ---------------------------------------------------------- */
+
+keel_status
+keel__cluster_place(const keel_vars *vs, int n_ps, int round_robin,
+                    int *ps_of)
+{
+    size_t n = keel_vars_count(vs), rr = 0;
+    uint64_t *load;
+    if (n_ps < 1)
+        return keel__fail(KEEL_EINVAL, "placement: the cluster has no ps");
+    load = calloc((size_t)n_ps, sizeof *load);
+    if (load == NULL)
+        return keel__fail(KEEL_ENOMEM, "placement: %d ps", n_ps);
+    for (size_t i = 0; i < n; i++) {
+        keel_var *v = keel_vars_at(vs, i);
+        int best = 0;
+        if (keel_var_flags(v) & KEEL_VAR_LOCAL) {
+            ps_of[i] = -1;
+            continue;
+        }
+        if (round_robin) {
+            best = (int)(rr++ % (size_t)n_ps);
+        } else {                /* least loaded so far; ties: lowest */
+            for (int p = 1; p < n_ps; p++)
+                if (load[p] < load[best])
+                    best = p;
+        }
+        load[best] += keel_var_tensor(v)->count;
+        ps_of[i] = best;
+    }
+    free(load);
+    return KEEL_OK;
+}
+
+/* ---- keys --------------------------------------------------------------- */
+
+/* KEY_DIR/<type><index>.key(_secret) is this task's pair; each
+ * .key file in KEY_DIR is allowed by servers; clients read ps<i>.key. */
+static keel_status
+load_curve(const keel__role_opts *o, keel__curve *c)
+{
+    char name[64];
+    memset(c, 0, sizeof *c);
+    if (!o->curve)
+        return KEEL_OK;
+    snprintf(name, sizeof name, "%s%d",
+             keel_task_type_name(keel_cluster_spec_task_type(o->spec)),
+             keel_cluster_spec_task_index(o->spec));
+    return keel__curve_load(c, o->key_dir, name);
+}
+
+/* ---- the ps task -------------------------------------------------------- */
+
+static keel_status
+ps_apply(void *ctx, keel_var *v, const keel_tensor *grad, int64_t step)
+{
+    return keel_optimizer_apply_var(ctx, v, grad, step);
+}
+
+keel_status
+keel__cluster_run_ps(const keel__role_opts *o, const keel_vars *model,
+                     keel_optimizer *opt)
+{
+    int idx = keel_cluster_spec_task_index(o->spec);
+    int n_ps = (int)keel_cluster_spec_num_tasks(o->spec, KEEL_TASK_PS);
+    size_t n = keel_vars_count(model);
+    int *ps_of = calloc(n ? n : 1, sizeof *ps_of);
+    keel_vars *shard = NULL;
+    keel__ps *ps = NULL;
+    keel__ps_config pc;
+    keel__curve curve;
+    char bind[KEEL_ADDR_MAX + 16];
+    keel_status st;
+
+    memset(&curve, 0, sizeof curve);
+    if (ps_of == NULL)
+        return keel__fail(KEEL_ENOMEM, "ps: placement of %zu", n);
+    st = keel__cluster_place(model, n_ps, o->round_robin, ps_of);
+    if (st == KEEL_OK)
+        st = keel_vars_new(&shard);
+    for (size_t i = 0; i < n && st == KEEL_OK; i++) {
+        keel_var *v = keel_vars_at(model, i);
+        keel_tensor *t = keel_var_tensor(v);
+        if (ps_of[i] == idx)
+            st = keel_vars_create(shard, keel_var_name(v), t->ndim, t->shape,
+                                  keel_var_flags(v), NULL);
+    }
+    if (st == KEEL_OK)
+        st = keel_optimizer_prepare(opt, shard);
+    if (st == KEEL_OK)
+        st = load_curve(o, &curve);
+    if (st == KEEL_OK && o->curve)
+        st = keel__curve_allow_dir(&curve, o->key_dir);
+    if (st == KEEL_OK)
+        st = keel__cluster_bind_address(o->spec, KEEL_TASK_PS, idx, bind,
+                                        sizeof bind);
+    if (st != KEEL_OK)
+        goto out;
+    memset(&pc, 0, sizeof pc);
+    pc.bind = bind;
+    pc.vars = shard;
+    pc.curve = &curve;
+    pc.task_index = idx;
+    pc.apply = ps_apply;
+    pc.apply_ctx = opt;
+    pc.sync = keel_cluster_spec_mode(o->spec) == KEEL_CLUSTER_SYNC;
+    pc.total_replicas = keel_cluster_spec_num_replicas(o->spec);
+    pc.replicas_to_aggregate =
+        keel_cluster_spec_replicas_to_aggregate(o->spec);
+    pc.has_chief = keel_cluster_spec_num_tasks(o->spec, KEEL_TASK_CHIEF) > 0;
+    st = keel__ps_new(&pc, &ps);
+    if (st != KEEL_OK)
+        goto out;
+    keel__log(KEEL_LOG_INFO, "ps %d: %zu of %zu variables (%s placement), "
+              "%s mode, %d of %d replicas per step", idx,
+              keel_vars_count(shard), n,
+              o->round_robin ? "round-robin" : "size-balanced",
+              pc.sync ? "sync" : "async", pc.replicas_to_aggregate,
+              pc.total_replicas);
+    for (;;) {
+        st = keel__ps_serve_once(ps, 100);
+        if (st == KEEL_ECANCELLED) {        /* the chief said stop */
+            keel__ps_drain(ps, DRAIN_MS);
+            st = KEEL_OK;
+            break;
+        }
+        if (st != KEEL_OK && st != KEEL_ETIMEOUT)
+            break;
+        if (keel_session_signal_received()) {
+            keel__log(KEEL_LOG_INFO, "ps %d: signal %d, stopping", idx,
+                      keel_session_signal_received());
+            st = KEEL_OK;
+            break;
+        }
+    }
+    keel__log(KEEL_LOG_INFO, "ps %d: done at step %lld: gradients applied "
+              "%ld, dropped %ld (stale)", idx,
+              (long long)keel_vars_global_step(shard), keel__ps_applied(ps),
+              keel__ps_dropped(ps));
+out:
+    keel__ps_free(ps);
+    keel__curve_clear(&curve);
+    keel_vars_free(shard);
+    free(ps_of);
+    return st;
+}
+
+/* ---- the worker backend ------------------------------------------------- */
+
+struct keel__worker {
+    const keel_cluster_spec *spec;
+    keel__role_opts o;
+    keel_vars *vs;
+    int n_ps;
+    keel__wire_client **clients;
+    uint64_t *ps_gen;              /* each ps's incarnation when joined */
+    int *ps_of;                    /* per variable */
+    size_t n_vars;
+    keel__wire_out *outs;          /* scratch, n_vars + slots */
+    char (*names)[KEEL_NAME_MAX];  /* scratch slot names */
+    size_t n_names;
+    int is_chief;
+    uint64_t generation;           /* this process's incarnation */
+    keel_grads *const *micro;      /* micro-batch gradients, or NULL */
+    int n_micro;
+    int64_t last_fetch_ns;
+};
+
+static int
+ms_of(double secs)
+{
+    double ms = secs * 1000.0;
+    return ms > INT_MAX / 2 ? INT_MAX / 2 : ms < 1 ? 1 : (int)ms;
+}
+
+keel_status
+keel__worker_new(const keel__role_opts *o, keel_vars *vs, keel__worker **out)
+{
+    keel__worker *w = calloc(1, sizeof *w);
+    keel__curve curve;
+    keel_status st = KEEL_OK;
+    size_t slots = 0;
+    *out = NULL;
+    memset(&curve, 0, sizeof curve);
+    if (w == NULL)
+        return keel__fail(KEEL_ENOMEM, "worker: %zu bytes", sizeof *w);
+    w->spec = o->spec;
+    w->o = *o;
+    w->vs = vs;
+    w->is_chief = keel_cluster_spec_is_chief(o->spec);
+    w->generation = keel__wire_new_generation();
+    w->n_ps = (int)keel_cluster_spec_num_tasks(o->spec, KEEL_TASK_PS);
+    w->n_vars = keel_vars_count(vs);
+    for (size_t i = 0; i < w->n_vars; i++)
+        slots += keel_var_slot_count(keel_vars_at(vs, i));
+    w->n_names = w->n_vars + slots;
+    w->clients = calloc((size_t)(w->n_ps ? w->n_ps : 1), sizeof *w->clients);
+    w->ps_gen = calloc((size_t)(w->n_ps ? w->n_ps : 1), sizeof *w->ps_gen);
+    w->ps_of = calloc(w->n_vars ? w->n_vars : 1, sizeof *w->ps_of);
+    w->outs = calloc(w->n_names + w->n_vars * 64 + 1, sizeof *w->outs);
+    w->names = calloc(w->n_names ? w->n_names : 1, sizeof *w->names);
+    if (w->clients == NULL || w->ps_gen == NULL || w->ps_of == NULL ||
+        w->outs == NULL || w->names == NULL) {
+        st = keel__fail(KEEL_ENOMEM, "worker: tables for %zu variables",
+                        w->n_vars);
+        goto fail;
+    }
+    if ((st = keel__cluster_place(vs, w->n_ps, o->round_robin, w->ps_of))
+        != KEEL_OK || (st = load_curve(o, &curve)) != KEEL_OK)
+        goto fail;
+    for (int p = 0; p < w->n_ps; p++) {
+        char ep[KEEL_ADDR_MAX + 16];
+        if ((st = keel__fmt(ep, sizeof ep, "ps address", "tcp://%s",
+                            keel_cluster_spec_address(o->spec, KEEL_TASK_PS,
+                                                      p))) != KEEL_OK)
+            goto fail;
+        if (o->curve) {
+            char path[KEEL_PATH_MAX], fname[32];
+            snprintf(fname, sizeof fname, "ps%d.key", p);
+            if ((st = keel__path_join(path, sizeof path, o->key_dir,
+                                      fname)) != KEEL_OK ||
+                (st = keel__curve_read_public(path, curve.server_key)) !=
+                    KEEL_OK)
+                goto fail;
+        }
+        st = keel__wire_client_new(ep, &curve,
+                                   keel_cluster_spec_task_type(o->spec),
+                                   keel_cluster_spec_task_index(o->spec),
+                                   &w->clients[p]);
+        if (st != KEEL_OK)
+            goto fail;
+        keel__wire_client_set_generation(w->clients[p], w->generation);
+    }
+    keel__curve_clear(&curve);
+    *out = w;
+    return KEEL_OK;
+fail:
+    keel__curve_clear(&curve);
+    keel__worker_free(w);
+    return st;
+}
+
+void
+keel__worker_free(keel__worker *w)
+{
+    if (w == NULL)
+        return;
+    for (int p = 0; w->clients != NULL && p < w->n_ps; p++)
+        keel__wire_client_free(w->clients[p]);
+    free(w->clients);
+    free(w->ps_gen);
+    free(w->ps_of);
+    free(w->outs);
+    free(w->names);
+    free(w);
+}
+
+/* A failed call to ps p as a session status: timeouts and a restarted or
+ * uninitialized ps are recoverable, a shut-down cluster ends the input. */
+static keel_status
+call_error(keel__worker *w, int p, keel_status st, const keel__wire_msg *r,
+           const char *what)
+{
+    (void)w;
+    if (st == KEEL_ETIMEOUT)
+        return keel__wrap(KEEL_EUNAVAILABLE, "ps %d did not answer %s", p,
+                          what);
+    if (st == KEEL_EPEER && r->h.type == KEEL_MSG_ERROR) {
+        switch ((keel_status)r->h.arg) {
+        case KEEL_ECANCELLED:
+            return keel__wrap(KEEL_EOUTOFRANGE, "ps %d: %s", p, what);
+        case KEEL_EABORTED:
+        case KEEL_EUNAVAILABLE:
+            return keel__wrap(KEEL_EABORTED, "ps %d: %s", p, what);
+        default:
+            break;
+        }
+    }
+    return keel__wrap(st, "ps %d: %s", p, what);
+}
+
+/* Copy the tensors of a reply into vs (variables or "var/slot"). */
+static keel_status
+take_values(keel_vars *vs, const keel__wire_msg *r)
+{
+    for (size_t i = 0; i < r->n; i++) {
+        const keel__wire_tensor *wt = &r->tensors[i];
+        keel_var *v = keel_vars_find(vs, wt->name);
+        keel_tensor *t = NULL;
+        if (v != NULL) {
+            t = keel_var_tensor(v);
+            keel_var_set_initialized(v, 1);
+        } else {
+            const char *slash = strrchr(wt->name, '/');
+            char base[KEEL_NAME_MAX];
+            size_t n = slash ? (size_t)(slash - wt->name) : 0;
+            if (slash != NULL && n < sizeof base) {
+                memcpy(base, wt->name, n);
+                base[n] = '\0';
+                if ((v = keel_vars_find(vs, base)) != NULL)
+                    t = keel_var_slot(v, slash + 1);
+            }
+        }
+        if (t == NULL || wt->t.data == NULL ||
+            !keel_shape_equal(t->ndim, t->shape, wt->t.ndim, wt->t.shape))
+            return keel__fail(KEEL_ECORRUPT, "ps sent '%s', which does not "
+                              "match any local variable or slot", wt->name);
+        memcpy(t->data, wt->t.data, t->count * sizeof(float));
+    }
+    return KEEL_OK;
+}
+
+/* Names (and tensors, for INIT) of ps p's variables and slots into
+ * w->outs; count in *n. */
+static void
+shard_outs(keel__worker *w, keel_vars *vs, int p, int with_data,
+           int with_slots, size_t *n)
+{
+    size_t k = 0, nn = 0;
+    for (size_t i = 0; i < w->n_vars; i++) {
+        keel_var *v = keel_vars_at(vs, i);
+        if (w->ps_of[i] != p)
+            continue;
+        w->outs[k].name = keel_var_name(v);
+        w->outs[k].t = with_data ? keel_var_tensor(v) : NULL;
+        w->outs[k].pin = NULL;
+        k++;
+        for (size_t s = 0; with_slots && s < keel_var_slot_count(v); s++) {
+            const char *sname;
+            keel_tensor *st = keel_var_slot_at(v, s, &sname);
+            snprintf(w->names[nn], KEEL_NAME_MAX, "%s/%s", keel_var_name(v),
+                     sname);
+            w->outs[k].name = w->names[nn++];
+            w->outs[k].t = with_data ? st : NULL;
+            w->outs[k].pin = NULL;
+            k++;
+        }
+    }
+    *n = k;
+}
+
+keel_status
+keel__worker_pull_all(keel__worker *w, keel_vars *vs, int with_slots)
+{
+    int timeout = w->o.dead_after_ms;
+    for (int p = 0; p < w->n_ps; p++) {
+        keel__wire_header h;
+        keel__wire_msg r;
+        size_t n;
+        keel_status st;
+        shard_outs(w, vs, p, 0, with_slots, &n);
+        if (n == 0 && p != 0)
+            continue;
+        memset(&h, 0, sizeof h);
+        h.type = KEEL_MSG_PULL;
+        h.flags = KEEL_WIRE_F_NAMES_ONLY;
+        if (n == 0) {           /* ps 0 holds nothing: a step query */
+            h.type = KEEL_MSG_STEP;
+            h.flags = 0;
+        }
+        st = keel__wire_client_call(w->clients[p], &h, w->outs, n, 0,
+                                    timeout, &r);
+        if (st == KEEL_OK)
+            st = take_values(vs, &r);
+        else
+            st = call_error(w, p, st, &r, "pull");
+        if (st == KEEL_OK && p == 0)
+            keel_vars_set_global_step(vs, r.h.global_step);
+        keel__wire_msg_clear(&r);
+        if (st != KEEL_OK)
+            return st;
+    }
+    return KEEL_OK;
+}
+
+/* HELLO every ps (wait: held until ready, up to timeout_ms). *all_ready
+ * and *same_chief (all ps initialized by the same chief incarnation). */
+static keel_status
+hello_all(keel__worker *w, int wait, int timeout_ms, int *all_ready,
+          int *same_chief, uint64_t *gens, char *why, size_t why_size)
+{
+    uint64_t chief = 0;
+    *all_ready = 1;
+    *same_chief = 1;
+    for (int p = 0; p < w->n_ps; p++) {
+        keel__wire_header h;
+        keel__wire_msg r;
+        keel_status st;
+        memset(&h, 0, sizeof h);
+        h.type = KEEL_MSG_HELLO;
+        h.arg = (uint32_t)wait;
+        st = keel__wire_client_call(w->clients[p], &h, NULL, 0, 0, timeout_ms,
+                                    &r);
+        if (st == KEEL_ETIMEOUT && wait) {
+            keel__wire_msg_clear(&r);
+            *all_ready = 0;
+            if (why != NULL)
+                snprintf(why, why_size, "ps %d (%s) not ready", p,
+                         keel_cluster_spec_address(w->spec, KEEL_TASK_PS,
+                                                   p));
+            return KEEL_OK;
+        }
+        if (st != KEEL_OK) {
+            st = call_error(w, p, st, &r, "hello");
+            keel__wire_msg_clear(&r);
+            return st;
+        }
+        if (gens != NULL)
+            gens[p] = r.h.generation;
+        if (!r.h.arg) {
+            *all_ready = 0;
+            if (why != NULL)
+                snprintf(why, why_size, "ps %d not initialized", p);
+        }
+        if (p == 0)
+            chief = (uint64_t)r.h.local_step;
+        else if ((uint64_t)r.h.local_step != chief)
+            *same_chief = 0;
+        keel__wire_msg_clear(&r);
+    }
+    if (chief == 0)
+        *same_chief = 0;
+    return KEEL_OK;
+}
+
+static keel_status
+be_publish(void *ctx, keel_vars *vs, int restored)
+{
+    keel__worker *w = ctx;
+    int ready, same;
+    keel_status st;
+    int timeout = ms_of(w->o.max_wait_secs);
+    (void)restored;
+    st = hello_all(w, 0, timeout, &ready, &same, w->ps_gen, NULL, 0);
+    if (st != KEEL_OK)
+        return st;
+    if (ready && same) {
+        /* A live cluster (this chief restarted): join it, no rollback. */
+        st = keel__worker_pull_all(w, vs, 1);
+        if (st == KEEL_OK)
+            keel__log(KEEL_LOG_INFO, "chief: joined live parameter servers "
+                      "at step %lld (their state wins over any checkpoint)",
+                      (long long)keel_vars_global_step(vs));
+        return st;
+    }
+    for (int p = 0; p < w->n_ps; p++) {
+        keel__wire_header h;
+        keel__wire_msg r;
+        size_t n;
+        shard_outs(w, vs, p, 1, 1, &n);
+        memset(&h, 0, sizeof h);
+        h.type = KEEL_MSG_INIT;
+        h.global_step = keel_vars_global_step(vs);
+        st = keel__wire_client_call(w->clients[p], &h, w->outs, n, 0,
+                                    timeout, &r);
+        if (st != KEEL_OK)
+            st = call_error(w, p, st, &r, "init");
+        keel__wire_msg_clear(&r);
+        if (st != KEEL_OK)
+            return st;
+    }
+    keel__log(KEEL_LOG_INFO, "chief: %d parameter server(s) initialized at "
+              "step %lld; cluster ready", w->n_ps,
+              (long long)keel_vars_global_step(vs));
+    return KEEL_OK;
+}
+
+static keel_status
+be_is_intact(void *ctx, keel_vars *vs, int *is_intact)
+{
+    keel__worker *w = ctx;
+    int ready, same;
+    uint64_t *gens = calloc((size_t)w->n_ps, sizeof *gens);
+    keel_status st;
+    *is_intact = 0;
+    if (gens == NULL)
+        return keel__fail(KEEL_ENOMEM, "is_intact: %d ps", w->n_ps);
+    st = hello_all(w, 0, w->o.dead_after_ms, &ready, &same, gens, NULL, 0);
+    if (st == KEEL_OK && ready && same) {
+        st = keel__worker_pull_all(w, vs, 1);
+        *is_intact = st == KEEL_OK;
+        memcpy(w->ps_gen, gens, (size_t)w->n_ps * sizeof *gens);
+    }
+    free(gens);
+    return st;
+}
+
+static keel_status
+be_fetch(void *ctx, keel_vars *vs, int *is_ready, char *why, size_t size)
+{
+    keel__worker *w = ctx;
+    int same;
+    keel_status st;
+    int chunk = ms_of(w->o.max_wait_secs);
+    w->last_fetch_ns = keel__now_mono_ns();
+    st = hello_all(w, 1, chunk < HELLO_CHUNK_MS ? chunk : HELLO_CHUNK_MS,
+                   is_ready, &same, w->ps_gen, why, size);
+    if (st != KEEL_OK || !*is_ready)
+        return st;
+    return keel__worker_pull_all(w, vs, 0);
+}
+
+/* fetch itself blocks until readiness (an event from the ps); only a
+ * fetch that returned quickly is followed by the retry floor. */
+static keel_status
+be_wait(void *ctx, int64_t deadline_ns)
+{
+    keel__worker *w = ctx;
+    int64_t until = w->last_fetch_ns +
+                    (int64_t)w->o.ready_retry_ms * 1000000;
+    if (until > deadline_ns)
+        until = deadline_ns;
+    for (;;) {
+        int64_t now = keel__now_mono_ns();
+        struct timespec ts;
+        if (now >= until)
+            return KEEL_OK;
+        ts.tv_sec = (until - now) / 1000000000;
+        ts.tv_nsec = (until - now) % 1000000000;
+        nanosleep(&ts, NULL);
+    }
+}
+
+static keel_status
+be_apply(void *ctx, keel_vars *vs, keel_grads *grads, int64_t global_step)
+{
+    keel__worker *w = ctx;
+    int64_t new_step = global_step;
+    int timeout = w->o.dead_after_ms;
+    for (int p = 0; p < w->n_ps; p++) {
+        keel__wire_header h;
+        keel__wire_msg r;
+        size_t k = 0;
+        keel_status st;
+        int n_src = w->micro != NULL ? w->n_micro : 1;
+        for (int m = 0; m < n_src; m++) {
+            keel_grads *src = w->micro != NULL ? w->micro[m] : grads;
+            for (size_t i = 0; i < w->n_vars; i++) {
+                keel_tensor *g;
+                if (w->ps_of[i] != p || (g = keel_grads_at(src, i)) == NULL)
+                    continue;
+                w->outs[k].name = keel_var_name(keel_vars_at(vs, i));
+                w->outs[k].t = g;
+                w->outs[k].pin = NULL;
+                k++;
+            }
+        }
+        memset(&h, 0, sizeof h);
+        h.type = KEEL_MSG_PUSH;
+        h.flags = KEEL_WIRE_F_WANT_VALUES;
+        h.local_step = global_step;
+        st = keel__wire_client_call(w->clients[p], &h, w->outs, k, 1,
+                                    timeout, &r);
+        if (st != KEEL_OK) {
+            st = call_error(w, p, st, &r, "push");
+        } else if (r.h.generation != w->ps_gen[p]) {
+            st = keel__fail(KEEL_EABORTED, "ps %d restarted (generation "
+                            "%016llx, was %016llx)", p,
+                            (unsigned long long)r.h.generation,
+                            (unsigned long long)w->ps_gen[p]);
+        } else {
+            st = take_values(vs, &r);
+        }
+        if (st == KEEL_OK && p == 0)
+            new_step = r.h.global_step;
+        keel__wire_msg_clear(&r);
+        if (st != KEEL_OK)
+            return st;
+    }
+    keel_vars_set_global_step(vs, new_step);
+    return KEEL_OK;
+}
+
+void
+keel__worker_backend(keel__worker *w, keel_backend *out)
+{
+    memset(out, 0, sizeof *out);
+    out->struct_size = sizeof *out;
+    out->name = "ps";
+    out->ctx = w;
+    out->updater.ctx = w;
+    out->updater.apply = be_apply;
+    out->publish = be_publish;
+    out->is_intact = be_is_intact;
+    out->fetch = be_fetch;
+    out->wait_for_change = be_wait;
+}
+
+void
+keel__worker_set_micro(keel__worker *w, keel_grads *const *g, int n)
+{
+    w->micro = n > 0 ? g : NULL;
+    w->n_micro = n > 64 ? 64 : n;
+}
+
+void
+keel__worker_shutdown_cluster(keel__worker *w)
+{
+    for (int p = 0; p < w->n_ps; p++) {
+        keel__wire_header h;
+        keel__wire_msg r;
+        memset(&h, 0, sizeof h);
+        h.type = KEEL_MSG_SHUTDOWN;
+        if (keel__wire_client_call(w->clients[p], &h, NULL, 0, 0,
+                                   SHUTDOWN_TIMEOUT_MS, &r) != KEEL_OK)
+            keel__log(KEEL_LOG_WARN, "chief: ps %d did not confirm the "
+                      "shutdown: %s", p, keel_last_error());
+        keel__wire_msg_clear(&r);
+    }
+    keel__log(KEEL_LOG_INFO, "chief: told %d parameter server(s) to stop",
+              w->n_ps);
+}

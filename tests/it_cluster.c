@@ -1,0 +1,607 @@
+/* it_cluster.c - parameter-server training across real processes of the
+ * keel CLI on 127.0.0.1: ps / chief / worker roles from a generated
+ * TF_CONFIG, SyncReplicas accounting, determinism, backup workers, several
+ * ps and re-placement on restore, a chief restarted while the ps live,
+ * bad TF_CONFIGs, and CURVE refusing a worker without an allowed key. */
+#include <config.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "testutil.h"
+
+#define MAX_TASKS 8
+#define RUN_MS 40000
+
+static char out[65536], err[65536];
+
+#define CHECKED_SNPRINTF(buf, size, ...)                                   \
+    ck_assert_int_lt(snprintf(buf, size, __VA_ARGS__), (int)(size))
+
+static void
+put_be32(unsigned char *p, uint32_t v)
+{
+    p[0] = (unsigned char)(v >> 24);
+    p[1] = (unsigned char)(v >> 16);
+    p[2] = (unsigned char)(v >> 8);
+    p[3] = (unsigned char)v;
+}
+
+/* n examples: class c has a bright 6x6 patch at a class-specific place,
+ * over deterministic noise (the same generator as it_train). */
+static void
+write_idx(const char *prefix, int n, uint32_t seed)
+{
+    size_t img_bytes = 16 + (size_t)n * 784, lab_bytes = 8 + (size_t)n;
+    unsigned char *img = calloc(1, img_bytes), *lab = calloc(1, lab_bytes);
+    char path[4096];
+    uint32_t s = seed;
+    ck_assert_ptr_nonnull(img);
+    ck_assert_ptr_nonnull(lab);
+    put_be32(img, 0x00000803);
+    put_be32(img + 4, (uint32_t)n);
+    put_be32(img + 8, 28);
+    put_be32(img + 12, 28);
+    put_be32(lab, 0x00000801);
+    put_be32(lab + 4, (uint32_t)n);
+    for (int i = 0; i < n; i++) {
+        int c = i % 10, r0 = 2 + (c / 5) * 12, c0 = 2 + (c % 5) * 5;
+        unsigned char *x = img + 16 + (size_t)i * 784;
+        for (int k = 0; k < 784; k++) {
+            s = s * 1664525u + 1013904223u;
+            x[k] = (unsigned char)(s >> 27);
+        }
+        for (int r = r0; r < r0 + 6; r++)
+            for (int q = c0; q < c0 + 6 && q < 28; q++)
+                x[r * 28 + q] = 230;
+        lab[8 + i] = (unsigned char)c;
+    }
+    snprintf(path, sizeof path, "%s-images-idx3-ubyte", prefix);
+    tu_write_file(path, img, img_bytes);
+    snprintf(path, sizeof path, "%s-labels-idx1-ubyte", prefix);
+    tu_write_file(path, lab, lab_bytes);
+    free(img);
+    free(lab);
+}
+
+static char cfg_path[4200];     /* tu_path's buffers rotate: copied */
+
+static void
+setup(void)
+{
+    char text[2048];
+    tu_setup();
+    write_idx(tu_path("train"), 640, 1);
+    write_idx(tu_path("t10k"), 200, 2);
+    CHECKED_SNPRINTF(text, sizeof text,
+             "[model]\ntype = mlp\nhidden = 32\n"
+             "[data]\ndir = %s\n"
+             "[optimizer]\nname = adam\nlearning_rate = 0.01\n"
+             "[train]\nbatch_size = 32\nmax_steps = 40\nseed = 5\n"
+             "[checkpoint]\ndir = %s/run\nsave_steps = 20\n"
+             "[hooks]\nlog_every_steps = 10\nsummary_every_steps = 0\n"
+             "[cluster]\ndead_after_ms = 8000\nmax_wait_secs = 20\n",
+             tu_dir, tu_dir);
+    CHECKED_SNPRINTF(cfg_path, sizeof cfg_path, "%s", tu_path("job.ini"));
+    tu_write_file(cfg_path, text, strlen(text));
+}
+
+static void
+teardown(void)
+{
+    tu_teardown();
+}
+
+/* A free loopback port: bind port 0, read it, close. */
+static int
+free_port(void)
+{
+    struct sockaddr_in a;
+    socklen_t len = sizeof a;
+    int fd = socket(AF_INET, SOCK_STREAM, 0), port;
+    ck_assert_int_ge(fd, 0);
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    port = ntohs(a.sin_port);
+    close(fd);
+    return port;
+}
+
+/* One cluster: n_ps ps and n_workers workers (worker 0 is the chief). */
+typedef struct cluster {
+    int n_ps, n_workers;
+    int ps_port[MAX_TASKS], w_port[MAX_TASKS];
+    char extra[256];                 /* more TF_CONFIG keys */
+    pid_t ps[MAX_TASKS], w[MAX_TASKS];
+    int chief_fd;                    /* worker 0's stdout */
+    char tag[32];                    /* log file prefix */
+} cluster;
+
+static void
+cluster_init(cluster *c, int n_ps, int n_workers, const char *extra,
+             const char *tag)
+{
+    memset(c, 0, sizeof *c);
+    c->n_ps = n_ps;
+    c->n_workers = n_workers;
+    c->chief_fd = -1;
+    for (int i = 0; i < n_ps; i++)
+        c->ps_port[i] = free_port();
+    for (int i = 0; i < n_workers; i++)
+        c->w_port[i] = free_port();
+    snprintf(c->extra, sizeof c->extra, "%s", extra ? extra : "");
+    snprintf(c->tag, sizeof c->tag, "%s", tag);
+}
+
+static void
+tf_config(const cluster *c, const char *type, int index, char *buf,
+          size_t size)
+{
+    size_t n = 0;
+    n += (size_t)snprintf(buf + n, size - n,
+                          "TF_CONFIG={\"cluster\": {\"ps\": [");
+    for (int i = 0; i < c->n_ps; i++)
+        n += (size_t)snprintf(buf + n, size - n, "%s\"127.0.0.1:%d\"",
+                              i ? ", " : "", c->ps_port[i]);
+    n += (size_t)snprintf(buf + n, size - n, "], \"worker\": [");
+    for (int i = 0; i < c->n_workers; i++)
+        n += (size_t)snprintf(buf + n, size - n, "%s\"127.0.0.1:%d\"",
+                              i ? ", " : "", c->w_port[i]);
+    n += (size_t)snprintf(buf + n, size - n, "]}, \"task\": {\"type\": "
+                          "\"%s\", \"index\": %d}%s}", type, index, c->extra);
+    ck_assert_uint_lt(n, size);
+}
+
+/* Start one task with extra "-s" overrides (NULL-terminated list). */
+static pid_t
+start_task(cluster *c, const char *type, int index, const char *const *sets,
+           int *out_fd)
+{
+    char tf[2048], log[64];
+    char *env[] = { tf, NULL };
+    char *argv[32];
+    int k = 0;
+    tf_config(c, type, index, tf, sizeof tf);
+    argv[k++] = (char *)tu_build_path("keel");
+    argv[k++] = "train";
+    argv[k++] = cfg_path;
+    for (int i = 0; sets != NULL && sets[i] != NULL && k < 28; i++) {
+        argv[k++] = "-s";
+        argv[k++] = (char *)sets[i];
+    }
+    argv[k] = NULL;
+    snprintf(log, sizeof log, "%s-%s%d.log", c->tag, type, index);
+    if (out_fd != NULL)
+        return tu_spawn_pipe(argv, env, tu_path(log), out_fd);
+    return tu_spawn(argv, env, tu_path(log));
+}
+
+static void
+cluster_start(cluster *c, const char *const *sets)
+{
+    for (int i = 0; i < c->n_ps; i++)
+        c->ps[i] = start_task(c, "ps", i, sets, NULL);
+    for (int i = 0; i < c->n_workers; i++)
+        c->w[i] = start_task(c, "worker", i, sets, i == 0 ? &c->chief_fd
+                                                          : NULL);
+}
+
+/* Every task exits 0 within the deadline. */
+static void
+cluster_wait_ok(cluster *c)
+{
+    int64_t deadline = tu_now_ms() + RUN_MS;
+    for (int i = 0; i < c->n_workers; i++)
+        ck_assert_msg(tu_wait(c->w[i], (int)(deadline - tu_now_ms())) == 0,
+                      "%s worker %d did not exit 0", c->tag, i);
+    for (int i = 0; i < c->n_ps; i++)
+        ck_assert_msg(tu_wait(c->ps[i], (int)(deadline - tu_now_ms())) == 0,
+                      "%s ps %d did not exit 0", c->tag, i);
+    if (c->chief_fd >= 0)
+        close(c->chief_fd);
+    c->chief_fd = -1;
+}
+
+/* From ps i's log: "done at step S: gradients applied A, dropped D". */
+static void
+ps_stats(const cluster *c, int i, long *step, long *applied, long *dropped)
+{
+    char log[64];
+    char *text, *p;
+    snprintf(log, sizeof log, "%s-ps%d.log", c->tag, i);
+    text = tu_read_file(tu_path(log), NULL);
+    p = strstr(text, "done at step ");
+    ck_assert_msg(p != NULL, "ps %d log has no summary: %s", i, text);
+    ck_assert_int_eq(sscanf(p, "done at step %ld: gradients applied %ld, "
+                            "dropped %ld", step, applied, dropped), 3);
+    free(text);
+}
+
+static int
+log_has(const cluster *c, const char *task, const char *needle)
+{
+    char log[64];
+    char *text;
+    int found;
+    snprintf(log, sizeof log, "%s-%s.log", c->tag, task);
+    text = tu_read_file(tu_path(log), NULL);
+    found = strstr(text, needle) != NULL;
+    free(text);
+    return found;
+}
+
+/* Read the chief's step lines until one reports a global step >= min
+ * (steps may jump: a backup replica's stale push returns the newer step). */
+static int
+wait_step(int fd, long min)
+{
+    int64_t deadline = tu_now_ms() + RUN_MS;
+    char line[256];
+    while (tu_now_ms() < deadline) {
+        long step;
+        const char *p;
+        if (!tu_wait_for_line(fd, "step ", (int)(deadline - tu_now_ms()),
+                              line, sizeof line))
+            return 0;
+        p = strstr(line, "step ");
+        if (p != NULL && sscanf(p, "step %ld", &step) == 1 && step >= min)
+            return 1;
+    }
+    return 0;
+}
+
+/* The last bytes of a task's log, for failure messages. */
+static const char *
+log_tail(const cluster *c, const char *task)
+{
+    static char tail[1024];
+    char log[64];
+    char *text;
+    size_t n;
+    snprintf(log, sizeof log, "%s-%s.log", c->tag, task);
+    text = tu_read_file(tu_path(log), &n);
+    snprintf(tail, sizeof tail, "%s", n > 1000 ? text + n - 1000 : text);
+    free(text);
+    return tail;
+}
+
+static double
+eval_accuracy(const char *dir)
+{
+    double acc = -1;
+    const char *p;
+    ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err,
+                             "eval", dir, "--json", NULL), 0);
+    p = strstr(out, "\"accuracy\": ");
+    ck_assert_ptr_nonnull(p);
+    ck_assert_int_eq(sscanf(p, "\"accuracy\": %lf", &acc), 1);
+    return acc;
+}
+
+START_TEST(sync_1ps_2workers_trains_like_one_process)
+{
+    cluster c;
+    long step, applied, dropped;
+    double acc_cluster, acc_single;
+    char set[4200];
+    cluster_init(&c, 1, 2, NULL, "a");
+    cluster_start(&c, NULL);
+    cluster_wait_ok(&c);
+    ps_stats(&c, 0, &step, &applied, &dropped);
+    ck_assert_int_eq(step, 40);
+    ck_assert_int_eq(applied, step * 2);     /* global_step x R */
+    ck_assert_int_eq(dropped, 0);
+    ck_assert(log_has(&c, "worker0", "saved checkpoint for step 40"));
+    ck_assert(!log_has(&c, "worker1", "saved checkpoint"));
+    /* the chief's checkpoints restore in one process */
+    acc_cluster = eval_accuracy(tu_path("run"));
+    CHECKED_SNPRINTF(set, sizeof set, "checkpoint.dir=%s/single", tu_dir);
+    ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err,
+                             "train", cfg_path, "-s", set, NULL), 0);
+    acc_single = eval_accuracy(tu_path("single"));
+    ck_assert_msg(acc_cluster >= acc_single - 0.05, "cluster accuracy %.3f "
+                  "vs one process %.3f", acc_cluster, acc_single);
+    ck_assert(acc_cluster > 0.5);
+}
+END_TEST
+
+START_TEST(sync_rerun_is_bitwise_identical)
+{
+    cluster c;
+    char d1[4200], d2[4200];
+    const char *sets[2] = { d1, NULL };
+    CHECKED_SNPRINTF(d1, sizeof d1, "checkpoint.dir=%s/r1", tu_dir);
+    cluster_init(&c, 1, 2, NULL, "r1");
+    cluster_start(&c, sets);
+    cluster_wait_ok(&c);
+    CHECKED_SNPRINTF(d1, sizeof d1, "checkpoint.dir=%s/r2", tu_dir);
+    cluster_init(&c, 1, 2, NULL, "r2");
+    cluster_start(&c, sets);
+    cluster_wait_ok(&c);
+    CHECKED_SNPRINTF(d1, sizeof d1, "%s/r1/model.ckpt-40.h5", tu_dir);
+    CHECKED_SNPRINTF(d2, sizeof d2, "%s/r2/model.ckpt-40.h5", tu_dir);
+    ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err,
+                             "ckpt", "diff", d1, d2, NULL), 0);
+}
+END_TEST
+
+START_TEST(backup_worker_stopped_training_goes_on)
+{
+    cluster c;
+    const char *const sets[] = { "train.max_steps=400",
+                                 "hooks.log_every_steps=1", NULL };
+    long step, applied, dropped;
+    cluster_init(&c, 1, 3, ", \"replicas_to_aggregate\": 2", "b");
+    cluster_start(&c, sets);
+    ck_assert(wait_step(c.chief_fd, 20));
+    ck_assert_int_eq(kill(c.w[2], SIGSTOP), 0);
+    /* two replicas are enough: the chief goes on while worker 2 sleeps */
+    ck_assert_msg(wait_step(c.chief_fd, 120), "chief stuck: %s",
+                  log_tail(&c, "worker0"));
+    ck_assert_int_eq(kill(c.w[2], SIGCONT), 0);
+    cluster_wait_ok(&c);
+    ps_stats(&c, 0, &step, &applied, &dropped);
+    ck_assert_int_eq(step, 400);
+    ck_assert_int_eq(applied, step * 2);
+    ck_assert_msg(dropped >= 1, "no stale gradient dropped");
+    ck_assert(log_has(&c, "ps0", "dropped a stale gradient of replica 2"));
+}
+END_TEST
+
+START_TEST(two_ps_split_and_restore_into_1_3_and_no_cluster)
+{
+    cluster c;
+    const char *const more[] = { "train.max_steps=60", NULL };
+    long step, applied, dropped, s2;
+    cluster_init(&c, 2, 2, NULL, "p2");
+    cluster_start(&c, NULL);
+    cluster_wait_ok(&c);
+    /* size-balanced: the 784x32 kernel alone on ps 0, the rest on ps 1 */
+    ck_assert(log_has(&c, "ps0", "ps 0: 1 of 4 variables"));
+    ck_assert(log_has(&c, "ps1", "ps 1: 3 of 4 variables"));
+    ps_stats(&c, 0, &step, &applied, &dropped);
+    ps_stats(&c, 1, &s2, &applied, &dropped);
+    ck_assert_int_eq(step, 40);
+    ck_assert_int_eq(s2, 40);
+    /* one process */
+    ck_assert(eval_accuracy(tu_path("run")) > 0.5);
+    /* 1 ps: resumes at 40, trains to 60 */
+    cluster_init(&c, 1, 2, NULL, "p1");
+    cluster_start(&c, more);
+    cluster_wait_ok(&c);
+    ck_assert(log_has(&c, "worker0", "resumed from"));
+    ck_assert(log_has(&c, "ps0", "initialized by the chief"));
+    ck_assert(log_has(&c, "ps0", "at step 40"));
+    ps_stats(&c, 0, &step, &applied, &dropped);
+    ck_assert_int_eq(step, 60);
+    ck_assert_int_eq(applied, 2 * 20);
+    /* 3 ps: resumes at 60, trains to 80 (placement recomputed) */
+    cluster_init(&c, 3, 2, NULL, "p3");
+    {
+        const char *const m80[] = { "train.max_steps=80", NULL };
+        cluster_start(&c, m80);
+    }
+    cluster_wait_ok(&c);
+    ck_assert(log_has(&c, "ps2", "initialized by the chief"));
+    ps_stats(&c, 2, &step, &applied, &dropped);
+    ck_assert_int_eq(step, 80);
+    ck_assert(eval_accuracy(tu_path("run")) > 0.5);
+}
+END_TEST
+
+START_TEST(chief_killed_and_restarted_rejoins_without_rollback)
+{
+    cluster c;
+    const char *const sets[] = { "train.max_steps=600",
+                                 "checkpoint.save_steps=100000",
+                                 "hooks.log_every_steps=50", NULL };
+    char log[64];
+    char *text, *p;
+    long joined = -1, step, applied, dropped;
+    cluster_init(&c, 1, 2, NULL, "k");
+    cluster_start(&c, sets);
+    ck_assert(wait_step(c.chief_fd, 100));
+    tu_kill(c.w[0]);
+    close(c.chief_fd);
+    snprintf(c.tag, sizeof c.tag, "k2");
+    c.w[0] = start_task(&c, "worker", 0, sets, &c.chief_fd);
+    snprintf(c.tag, sizeof c.tag, "k");
+    {
+        /* worker 1 and the ps logged under "k", the new chief "k2" */
+        int64_t deadline = tu_now_ms() + RUN_MS;
+        ck_assert_int_eq(tu_wait(c.w[0], RUN_MS), 0);
+        ck_assert_int_eq(tu_wait(c.w[1], (int)(deadline - tu_now_ms())), 0);
+        ck_assert_int_eq(tu_wait(c.ps[0], (int)(deadline - tu_now_ms())), 0);
+        close(c.chief_fd);
+    }
+    snprintf(log, sizeof log, "k2-worker0.log");
+    text = tu_read_file(tu_path(log), NULL);
+    p = strstr(text, "joined live parameter servers at step ");
+    ck_assert_msg(p != NULL, "restarted chief did not join: %s", text);
+    ck_assert_int_eq(sscanf(p, "joined live parameter servers at step %ld",
+                            &joined), 1);
+    free(text);
+    ck_assert_int_ge(joined, 100);           /* no rollback to step 0 */
+    ps_stats(&c, 0, &step, &applied, &dropped);
+    ck_assert_int_eq(step, 600);
+}
+END_TEST
+
+START_TEST(bad_tf_config_exits_2_listing_problems)
+{
+    char *argv[] = { (char *)tu_build_path("keel"), "train",
+                     cfg_path, NULL };
+    char *env1[] = { "TF_CONFIG={\"cluster\": {\"ps\": [\"nohost\"], "
+                     "\"worker\": [\"127.0.0.1:99999\"]}, \"task\": "
+                     "{\"type\": \"worker\", \"index\": 3}}", NULL };
+    char *env2[] = { "TF_CONFIG={not json", NULL };
+    char *env3[] = { "TF_CONFIG={\"cluster\": {\"worker\": "
+                     "[\"127.0.0.1:1\"]}, \"task\": {\"type\": \"worker\", "
+                     "\"index\": 0}}", NULL };
+    ck_assert_int_eq(tu_run(argv, env1, RUN_MS, out, sizeof out, err,
+                            sizeof err), 2);
+    ck_assert_msg(strstr(err, "problems") != NULL, "%s", err);
+    ck_assert_msg(strstr(err, "nohost") != NULL, "%s", err);
+    ck_assert_msg(strstr(err, "99999") != NULL, "%s", err);
+    ck_assert_int_eq(tu_run(argv, env2, RUN_MS, out, sizeof out, err,
+                            sizeof err), 2);
+    ck_assert_msg(strstr(err, "TF_CONFIG") != NULL, "%s", err);
+    ck_assert_int_eq(tu_run(argv, env3, RUN_MS, out, sizeof out, err,
+                            sizeof err), 2);
+    ck_assert_msg(strstr(err, "no ps") != NULL, "%s", err);
+}
+END_TEST
+
+START_TEST(curve_worker_without_allowed_key_cannot_join)
+{
+    cluster c;
+    char keys[4200], rogue[4200], src[4200], dst[4200];
+    char set_keys[4300], set_rogue[4300];
+    const char *const sets[] = { "security.curve=true", set_keys,
+                                 "cluster.max_wait_secs=3", NULL };
+    const char *const rsets[] = { "security.curve=true", set_rogue,
+                                  "cluster.max_wait_secs=3", NULL };
+    char *data;
+    size_t n;
+    long step, applied, dropped;
+    CHECKED_SNPRINTF(keys, sizeof keys, "%s/keys", tu_dir);
+    CHECKED_SNPRINTF(rogue, sizeof rogue, "%s/rogue", tu_dir);
+    ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err,
+                             "keygen", keys, "--name", "ps0", NULL), 0);
+    ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err,
+                             "keygen", keys, "--name", "worker0", NULL), 0);
+    ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err,
+                             "keygen", rogue, "--name", "worker1", NULL), 0);
+    CHECKED_SNPRINTF(src, sizeof src, "%s/ps0.key", keys);
+    CHECKED_SNPRINTF(dst, sizeof dst, "%s/ps0.key", rogue);
+    data = tu_read_file(src, &n);
+    tu_write_file(dst, data, n);
+    free(data);
+    CHECKED_SNPRINTF(set_keys, sizeof set_keys, "security.key_dir=%s", keys);
+    CHECKED_SNPRINTF(set_rogue, sizeof set_rogue, "security.key_dir=%s",
+                     rogue);
+    cluster_init(&c, 1, 2, ", \"replicas_to_aggregate\": 1", "c");
+    c.ps[0] = start_task(&c, "ps", 0, sets, NULL);
+    c.w[0] = start_task(&c, "worker", 0, sets, &c.chief_fd);
+    c.w[1] = start_task(&c, "worker", 1, rsets, NULL);
+    ck_assert_int_eq(tu_wait(c.w[0], RUN_MS), 0);
+    ck_assert_int_eq(tu_wait(c.ps[0], RUN_MS), 0);
+    ck_assert_int_ne(tu_wait(c.w[1], RUN_MS), 0);
+    close(c.chief_fd);
+    ck_assert(log_has(&c, "ps0", "(CURVE)"));
+    ck_assert(log_has(&c, "ps0", "refused"));
+    ps_stats(&c, 0, &step, &applied, &dropped);
+    ck_assert_int_eq(step, 40);
+    ck_assert_int_eq(applied, 40);           /* only the chief's */
+}
+END_TEST
+
+START_TEST(chief_sigterm_stops_everyone_with_exit_0)
+{
+    cluster c;
+    const char *const sets[] = { "train.max_steps=100000",
+                                 "hooks.log_every_steps=20", NULL };
+    long step, applied, dropped;
+    int64_t t0;
+    char ck[64];
+    cluster_init(&c, 1, 2, NULL, "t");
+    cluster_start(&c, sets);
+    ck_assert(wait_step(c.chief_fd, 40));
+    ck_assert_int_eq(kill(c.w[0], SIGTERM), 0);
+    t0 = tu_now_ms();
+    cluster_wait_ok(&c);
+    ck_assert_msg(tu_now_ms() - t0 < 5000, "shutdown took %lld ms",
+                  (long long)(tu_now_ms() - t0));
+    ps_stats(&c, 0, &step, &applied, &dropped);
+    ck_assert_int_ge(step, 40);
+    ck_assert_int_eq(applied, 2 * step);
+    snprintf(ck, sizeof ck, "saved checkpoint for step %ld", step);
+    ck_assert(log_has(&c, "worker0", ck));      /* the final checkpoint */
+}
+END_TEST
+
+START_TEST(worker_losing_the_ps_fails_clearly)
+{
+    cluster c;
+    const char *const sets[] = { "train.max_steps=100000",
+                                 "hooks.log_every_steps=20",
+                                 "cluster.dead_after_ms=300",
+                                 "cluster.max_wait_secs=0.5", NULL };
+    int rc;
+    cluster_init(&c, 1, 2, NULL, "l");
+    cluster_start(&c, sets);
+    ck_assert(wait_step(c.chief_fd, 20));
+    tu_kill(c.ps[0]);
+    rc = tu_wait(c.w[1], RUN_MS);
+    ck_assert_int_eq(rc, 1);
+    ck_assert(log_has(&c, "worker1", "127.0.0.1:"));
+    ck_assert(log_has(&c, "worker1", "unavailable"));
+    ck_assert_int_eq(tu_wait(c.w[0], RUN_MS), 1);
+    close(c.chief_fd);
+}
+END_TEST
+
+START_TEST(micro_batches_give_identical_bits_for_1_2_and_4_workers)
+{
+    cluster c;
+    char d[4200], a[4200], b[4200];
+    const char *const sets[] = { "train.micro_batch=8", d, NULL };
+    CHECKED_SNPRINTF(d, sizeof d, "checkpoint.dir=%s/m1", tu_dir);
+    ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err,
+                             "train", cfg_path, "-s", sets[0], "-s", d,
+                             NULL), 0);
+    CHECKED_SNPRINTF(d, sizeof d, "checkpoint.dir=%s/m2", tu_dir);
+    cluster_init(&c, 1, 2, NULL, "m2");
+    cluster_start(&c, sets);
+    cluster_wait_ok(&c);
+    CHECKED_SNPRINTF(d, sizeof d, "checkpoint.dir=%s/m4", tu_dir);
+    cluster_init(&c, 2, 4, NULL, "m4");
+    cluster_start(&c, sets);
+    cluster_wait_ok(&c);
+    CHECKED_SNPRINTF(a, sizeof a, "%s/m1/model.ckpt-40.h5", tu_dir);
+    CHECKED_SNPRINTF(b, sizeof b, "%s/m2/model.ckpt-40.h5", tu_dir);
+    ck_assert_msg(tu_keel(RUN_MS, out, sizeof out, err, sizeof err, "ckpt",
+                          "diff", a, b, NULL) == 0, "1 vs 2 workers: %s",
+                  out);
+    CHECKED_SNPRINTF(b, sizeof b, "%s/m4/model.ckpt-40.h5", tu_dir);
+    ck_assert_msg(tu_keel(RUN_MS, out, sizeof out, err, sizeof err, "ckpt",
+                          "diff", a, b, NULL) == 0, "1 vs 4 workers: %s",
+                  out);
+    /* a micro-batch that does not divide a replica's part: exit 2 */
+    ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err,
+                             "train", cfg_path, "-s", "train.micro_batch=5",
+                             NULL), 2);
+}
+END_TEST
+
+static Suite *
+suite(void)
+{
+    Suite *s = suite_create("it_cluster");
+    TCase *tc = tcase_create("cluster");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 90);
+    tcase_add_test(tc, sync_1ps_2workers_trains_like_one_process);
+    tcase_add_test(tc, sync_rerun_is_bitwise_identical);
+    tcase_add_test(tc, micro_batches_give_identical_bits_for_1_2_and_4_workers);
+    tcase_add_test(tc, backup_worker_stopped_training_goes_on);
+    tcase_add_test(tc, two_ps_split_and_restore_into_1_3_and_no_cluster);
+    tcase_add_test(tc, chief_killed_and_restarted_rejoins_without_rollback);
+    tcase_add_test(tc, chief_sigterm_stops_everyone_with_exit_0);
+    tcase_add_test(tc, worker_losing_the_ps_fails_clearly);
+    tcase_add_test(tc, bad_tf_config_exits_2_listing_problems);
+    tcase_add_test(tc, curve_worker_without_allowed_key_cannot_join);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+KEEL_TEST_MAIN(suite)

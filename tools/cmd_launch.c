@@ -1,0 +1,431 @@
+/* cmd_launch.c - `keel launch CONFIG`: run a whole cluster (ps, chief,
+ * workers) of `keel train` processes on this machine through keel_launch;
+ * prefixes their lines with the task name, draws a live status block on a
+ * terminal, forwards SIGINT/SIGTERM and exits with the chief's status. */
+#include <config.h>
+
+#include <errno.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <keel/keel.h>
+#include <keel/launch.h>
+#include "cli.h"
+
+#define MAX_OVERRIDES 256
+
+static int
+launch_usage(FILE *out, int code)
+{
+    fprintf(out,
+            "usage: keel launch CONFIG [--ps N] [--workers N] "
+            "[--max-restarts N]\n"
+            "                   [--chaos SEED[,PERIOD]] [--chaos-targets "
+            "LIST]\n"
+            "                   [--grace SECS] [--backoff SECS] [--no-status]"
+            "\n"
+            "                   [-s section.key=value]... [-v]\n"
+            "\n"
+            "Run a local cluster of `keel train CONFIG` processes: N ps, a\n"
+            "chief and N workers on 127.0.0.1 (free ports, one TF_CONFIG\n"
+            "each), sharing OUTPUT_DIR (default: the config's\n"
+            "checkpoint.dir). Lines are prefixed with the task name; per-task\n"
+            "logs go to OUTPUT_DIR/logs/<task>.log. A failed task is\n"
+            "restarted; when the chief finishes the rest are stopped.\n"
+            "SIGINT/SIGTERM stop every task gracefully (twice: at once).\n"
+            "Exit status: the chief's (0 or 1); 2 for usage/config errors.\n"
+            "\n"
+            "  --ps N               parameter servers (0..%d, default 0)\n"
+            "  --workers N          workers besides the chief (0..%d, "
+            "default 0)\n"
+            "  --max-restarts N     restarts per task after failures "
+            "(default 3)\n"
+            "  --chaos SEED[,PERIOD]  SIGKILL a random task every PERIOD s "
+            "on\n"
+            "                       average (default 10), reproducibly\n"
+            "  --chaos-targets LIST which task types chaos may kill: "
+            "comma list\n"
+            "                       of chief, worker, ps (default: all)\n"
+            "  --grace SECS         SIGTERM to SIGKILL when stopping "
+            "(default 10)\n"
+            "  --backoff SECS       restart delay (default 0.1), doubled "
+            "per failure\n"
+            "                       in a row before any progress (at most "
+            "5)\n"
+            "  --no-status          no live status block on a terminal\n"
+            "  -s, --set K=V        override a config key in every task "
+            "(repeatable)\n"
+            "  -v, --verbose        debug logging in every task\n",
+            KEEL_LAUNCH_MAX_PS, KEEL_LAUNCH_MAX_WORKERS);
+    return code;
+}
+
+static volatile sig_atomic_t got_signal;
+static volatile sig_atomic_t n_signals;
+
+static void
+on_signal(int sig)
+{
+    got_signal = sig;
+    n_signals++;
+}
+
+typedef struct view {
+    keel_launch *l;
+    int status_on;          /* draw the status block */
+    int drawn;              /* lines of the block on screen */
+    double last_draw;
+} view;
+
+static double
+mono_secs(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void
+erase_status(view *v)
+{
+    if (v->drawn > 0) {
+        printf("\033[%dA\033[J", v->drawn);
+        v->drawn = 0;
+    }
+}
+
+static void
+draw_status(view *v)
+{
+    size_t n = keel_launch_num_tasks(v->l);
+    erase_status(v);
+    for (size_t i = 0; i < n; i++) {
+        keel_launch_task_info t;
+        char step[32] = "-";
+        if (keel_launch_task(v->l, i, &t) != KEEL_OK)
+            continue;
+        if (t.global_step >= 0)
+            snprintf(step, sizeof step, "%lld", (long long)t.global_step);
+        /* 78 columns at most so the block never wraps */
+        printf("  %-10s %-8s pid %-7d step %-8s cpu %4.0f%% rss %7.1f MiB "
+               "r%d\n", t.name, keel_launch_state_name(t.state), t.pid, step,
+               t.cpu_percent, (double)t.rss_bytes / (1024.0 * 1024.0),
+               t.restarts + t.chaos_kills);
+        v->drawn++;
+    }
+    fflush(stdout);
+    v->last_draw = mono_secs();
+}
+
+static void
+on_line(void *ctx, int task, int stream, const char *line)
+{
+    view *v = ctx;
+    keel_launch_task_info t;
+    (void)stream;
+    if (keel_launch_task(v->l, (size_t)task, &t) != KEEL_OK)
+        return;
+    erase_status(v);
+    printf("%s | %s\n", t.name, line);
+}
+
+static void
+on_event(void *ctx, const keel_launch_event *ev)
+{
+    view *v = ctx;
+    erase_status(v);
+    printf("%s | %s\n", ev->kind == KEEL_LAUNCH_EV_CHAOS ? "chaos" : "launch",
+           ev->message);
+    fflush(stdout);
+}
+
+static int
+parse_int(const char *opt, const char *s, long lo, long hi, int *out)
+{
+    char *end;
+    long v;
+    errno = 0;
+    v = strtol(s, &end, 10);
+    if (errno != 0 || end == s || *end != '\0' || v < lo || v > hi)
+        return cli_error(CLI_USAGE, "launch: %s '%s': want an integer in "
+                         "%ld..%ld", opt, s, lo, hi);
+    *out = (int)v;
+    return CLI_OK;
+}
+
+static int
+parse_secs(const char *opt, const char *s, double lo, double hi, double *out)
+{
+    char *end;
+    double v;
+    errno = 0;
+    v = strtod(s, &end);
+    if (errno != 0 || end == s || *end != '\0' || !(v >= lo && v <= hi))
+        return cli_error(CLI_USAGE, "launch: %s '%s': want seconds in "
+                         "%g..%g", opt, s, lo, hi);
+    *out = v;
+    return CLI_OK;
+}
+
+/* SEED[,PERIOD] */
+static int
+parse_chaos(const char *s, uint64_t *seed, double *period)
+{
+    char *end;
+    unsigned long long v;
+    errno = 0;
+    if (s[0] == '-' || s[0] == '\0')
+        goto bad;
+    v = strtoull(s, &end, 10);
+    if (errno != 0 || end == s || (*end != '\0' && *end != ','))
+        goto bad;
+    *seed = v;
+    *period = 10;
+    if (*end == ',') {
+        char *e2;
+        double p;
+        errno = 0;
+        p = strtod(end + 1, &e2);
+        if (errno != 0 || e2 == end + 1 || *e2 != '\0' || !(p > 0) ||
+            p > 1e6)
+            goto bad;
+        *period = p;
+    }
+    return CLI_OK;
+bad:
+    return cli_error(CLI_USAGE, "launch: --chaos '%s': want SEED[,PERIOD] "
+                     "(a non-negative integer seed, a period in seconds > 0)",
+                     s);
+}
+
+static int
+parse_targets(const char *s, unsigned *mask)
+{
+    char buf[128], *save = NULL, *tok;
+    if (snprintf(buf, sizeof buf, "%s", s) >= (int)sizeof buf)
+        goto bad;
+    *mask = 0;
+    for (tok = strtok_r(buf, ",", &save); tok != NULL;
+         tok = strtok_r(NULL, ",", &save)) {
+        if (strcmp(tok, "chief") == 0)
+            *mask |= 1u << KEEL_TASK_CHIEF;
+        else if (strcmp(tok, "worker") == 0)
+            *mask |= 1u << KEEL_TASK_WORKER;
+        else if (strcmp(tok, "ps") == 0)
+            *mask |= 1u << KEEL_TASK_PS;
+        else
+            goto bad;
+    }
+    if (*mask != 0)
+        return CLI_OK;
+bad:
+    return cli_error(CLI_USAGE, "launch: --chaos-targets '%s': want a comma "
+                     "list of chief, worker, ps", s);
+}
+
+/* OUTPUT_DIR as an absolute path (tasks and logs agree whatever cwd). */
+static int
+absolute_dir(const char *dir, char *buf, size_t size)
+{
+    char cwd[PATH_MAX];
+    if (dir[0] == '/')
+        return snprintf(buf, size, "%s", dir) < (int)size ? CLI_OK
+               : cli_error(CLI_USAGE, "launch: OUTPUT_DIR is too long");
+    if (getcwd(cwd, sizeof cwd) == NULL)
+        return cli_error(CLI_RUNTIME, "launch: getcwd: %s", strerror(errno));
+    if (snprintf(buf, size, "%s/%s", cwd, dir) >= (int)size)
+        return cli_error(CLI_USAGE, "launch: OUTPUT_DIR is too long");
+    return CLI_OK;
+}
+
+int
+cmd_launch(int argc, char **argv)
+{
+    const char *path = NULL;
+    char *over[MAX_OVERRIDES];
+    char *task_argv[MAX_OVERRIDES * 2 + 8];
+    char exe[PATH_MAX], outdir[PATH_MAX];
+    int n_over = 0, verbose = 0, rc, done = 0, k = 0, status_flag = 1;
+    ssize_t len;
+    keel_config *cfg = NULL;
+    keel_launch_config lc;
+    keel_launch *l = NULL;
+    keel_status st;
+    view v;
+    struct sigaction sa, old_int, old_term, old_pipe;
+    const char *why;
+
+    if (cli_wants_help(argc, argv))
+        return launch_usage(stdout, CLI_OK);
+    memset(&lc, 0, sizeof lc);
+    lc.max_restarts = 3;
+    lc.backoff_secs = 0.1;
+    lc.grace_secs = 10;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+        int takes = strcmp(a, "--ps") == 0 || strcmp(a, "--workers") == 0 ||
+                    strcmp(a, "--max-restarts") == 0 ||
+                    strcmp(a, "--chaos") == 0 ||
+                    strcmp(a, "--chaos-targets") == 0 ||
+                    strcmp(a, "--grace") == 0 ||
+                    strcmp(a, "--backoff") == 0 || strcmp(a, "-s") == 0 ||
+                    strcmp(a, "--set") == 0;
+        if (takes && val == NULL)
+            return cli_error(CLI_USAGE, "launch: %s needs a value; see 'keel "
+                             "launch --help'", a);
+        rc = CLI_OK;
+        if (strcmp(a, "--ps") == 0)
+            rc = parse_int(a, val, 0, KEEL_LAUNCH_MAX_PS, &lc.num_ps);
+        else if (strcmp(a, "--workers") == 0)
+            rc = parse_int(a, val, 0, KEEL_LAUNCH_MAX_WORKERS,
+                           &lc.num_workers);
+        else if (strcmp(a, "--max-restarts") == 0)
+            rc = parse_int(a, val, 0, 1000000, &lc.max_restarts);
+        else if (strcmp(a, "--chaos") == 0) {
+            lc.chaos = 1;
+            rc = parse_chaos(val, &lc.chaos_seed, &lc.chaos_period_secs);
+        } else if (strcmp(a, "--chaos-targets") == 0)
+            rc = parse_targets(val, &lc.chaos_types);
+        else if (strcmp(a, "--grace") == 0)
+            rc = parse_secs(a, val, 0.001, 86400, &lc.grace_secs);
+        else if (strcmp(a, "--backoff") == 0)
+            rc = parse_secs(a, val, 0, 60, &lc.backoff_secs);
+        else if (strcmp(a, "-s") == 0 || strcmp(a, "--set") == 0) {
+            if (n_over == MAX_OVERRIDES)
+                return cli_error(CLI_USAGE, "launch: too many -s overrides");
+            over[n_over++] = (char *)val;
+        } else if (strcmp(a, "-v") == 0 || strcmp(a, "--verbose") == 0) {
+            verbose = 1;
+            continue;
+        } else if (strcmp(a, "--no-status") == 0) {
+            status_flag = 0;
+            continue;
+        } else if (a[0] == '-') {
+            return cli_error(CLI_USAGE, "launch: unknown option '%s'; see "
+                             "'keel launch --help'", a);
+        } else if (path == NULL) {
+            path = a;
+            continue;
+        } else {
+            return cli_error(CLI_USAGE, "launch takes one CONFIG, got '%s' "
+                             "and '%s'", path, a);
+        }
+        if (rc != CLI_OK)
+            return rc;
+        i++;
+    }
+    if (path == NULL)
+        return cli_error(CLI_USAGE, "launch needs a CONFIG file; see 'keel "
+                         "launch --help'");
+    if (lc.chaos && lc.chaos_types != 0 &&
+        !(lc.chaos_types & (1u << KEEL_TASK_CHIEF)) &&
+        !(lc.num_workers > 0 && (lc.chaos_types & (1u << KEEL_TASK_WORKER))) &&
+        !(lc.num_ps > 0 && (lc.chaos_types & (1u << KEEL_TASK_PS))))
+        return cli_error(CLI_USAGE, "launch: --chaos-targets leaves chaos "
+                         "nothing to kill (no such task: add --workers or "
+                         "--ps, or target chief)");
+    /* the whole config is checked here, before anything starts */
+    rc = cli_load_config(path, n_over, over, &cfg);
+    if (rc != CLI_OK)
+        return rc;
+    rc = absolute_dir(keel_config_str(cfg, "checkpoint.dir"), outdir,
+                      sizeof outdir);
+    keel_config_free(cfg);
+    if (rc != CLI_OK)
+        return rc;
+    len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len <= 0)
+        return cli_error(CLI_RUNTIME, "launch: cannot find the keel binary "
+                         "(/proc/self/exe): %s", strerror(errno));
+    exe[len] = '\0';
+    task_argv[k++] = "keel";
+    task_argv[k++] = "train";
+    task_argv[k++] = (char *)path;
+    for (int i = 0; i < n_over; i++) {
+        task_argv[k++] = "-s";
+        task_argv[k++] = over[i];
+    }
+    if (verbose)
+        task_argv[k++] = "-v";
+    task_argv[k] = NULL;
+
+    memset(&v, 0, sizeof v);
+    v.status_on = status_flag && isatty(1);
+    lc.exe = exe;
+    lc.argv = task_argv;
+    lc.output_dir = outdir;
+    lc.line_fn = on_line;
+    lc.event_fn = on_event;
+    lc.ctx = &v;
+    st = keel_launch_new(&lc, &l);
+    if (st != KEEL_OK)
+        return cli_fail(st, NULL);
+    v.l = l;
+
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;          /* no SA_RESTART: poll wakes */
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+    sa.sa_handler = SIG_IGN;            /* a closed stdout must not kill us */
+    sigaction(SIGPIPE, &sa, &old_pipe);
+
+    printf("launch | %d ps, chief, %d worker%s; OUTPUT_DIR=%s\n", lc.num_ps,
+           lc.num_workers, lc.num_workers == 1 ? "" : "s", outdir);
+    if (lc.chaos)
+        printf("chaos | seed %llu, mean period %g s\n",
+               (unsigned long long)lc.chaos_seed, lc.chaos_period_secs);
+    fflush(stdout);
+    st = keel_launch_start(l);
+    if (st != KEEL_OK) {
+        rc = cli_fail(st, NULL);
+        goto out;
+    }
+    {
+        int handled = 0;
+        while (!done) {
+            st = keel_launch_poll(l, 100, &done);
+            if (st != KEEL_OK) {
+                keel_launch_stop(l, 1);
+                rc = cli_fail(st, NULL);
+                goto out;
+            }
+            if (n_signals > handled) {
+                int sig = got_signal;
+                handled = n_signals;
+                erase_status(&v);
+                printf("launch | %s: %s\n",
+                       sig == SIGINT ? "SIGINT" : "SIGTERM",
+                       handled == 1 ? "stopping every task gracefully "
+                       "(again to kill at once)" : "killing every task");
+                keel_launch_stop(l, handled > 1);
+            }
+            if (v.status_on && !done && mono_secs() - v.last_draw >= 0.25)
+                draw_status(&v);
+            fflush(stdout);
+        }
+    }
+    if (v.status_on)
+        draw_status(&v);
+    rc = keel_launch_exit_code(l, &why);
+    if (rc == 0)
+        printf("launch | %s in %.1f s\n", n_signals > 0
+               ? "stopped on request: the chief saved and exited 0"
+               : "the chief finished: run complete",
+               keel_launch_elapsed(l));
+    fflush(stdout);
+    if (rc != 0)
+        cli_error(CLI_RUNTIME, "launch: %s", why);
+out:
+    keel_launch_free(l);
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
+    sigaction(SIGPIPE, &old_pipe, NULL);
+    return rc;
+}
