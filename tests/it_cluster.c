@@ -461,6 +461,39 @@ START_TEST(bad_tf_config_exits_2_listing_problems)
 }
 END_TEST
 
+START_TEST(config_check_prints_the_role_from_tf_config_slurm_and_lists)
+{
+    char *check[] = { (char *)tu_build_path("keel"), "config", "check",
+                      cfg_path, NULL, NULL, NULL };
+    char *tf[] = { "TF_CONFIG={\"cluster\": {\"ps\": [\"127.0.0.1:7000\"], "
+                   "\"worker\": [\"127.0.0.1:7001\", \"127.0.0.1:7002\"]}, "
+                   "\"task\": {\"type\": \"worker\", \"index\": 1}}", NULL };
+    char *slurm[] = { "SLURM_PROCID=0", "SLURM_NTASKS=3",
+                      "SLURM_JOB_NODELIST=localhost",
+                      "SLURM_TASKS_PER_NODE=3", NULL };
+    ck_assert_int_eq(tu_run(check, tf, RUN_MS, out, sizeof out, err,
+                            sizeof err), 0);
+    ck_assert_msg(strstr(out, "this task: worker 1") != NULL, "%s", out);
+    ck_assert_int_eq(tu_run(check, slurm, RUN_MS, out, sizeof out, err,
+                            sizeof err), 0);
+    ck_assert_msg(strstr(out, "this task: ps 0") != NULL, "%s%s", out, err);
+    check[4] = "-s";
+    check[5] = "cluster.ps=127.0.0.1:7000";
+    ck_assert_int_eq(tu_run(check, NULL, RUN_MS, out, sizeof out, err,
+                            sizeof err), 2);      /* lists need --task */
+    ck_assert_msg(strstr(err, "--task") != NULL, "%s", err);
+    ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err,
+                             "config", "check", cfg_path, "-s",
+                             "cluster.ps=127.0.0.1:7000", "-s",
+                             "cluster.workers=127.0.0.1:7001", "--task",
+                             "worker:0", NULL), 0);
+    ck_assert_msg(strstr(out, "this task: worker 0") != NULL, "%s", out);
+    ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err,
+                             "config", "check", cfg_path, NULL), 0);
+    ck_assert_msg(strstr(out, "cluster: none") != NULL, "%s", out);
+}
+END_TEST
+
 START_TEST(curve_worker_without_allowed_key_cannot_join)
 {
     cluster c;
@@ -599,6 +632,8 @@ suite(void)
     tcase_add_test(tc, chief_sigterm_stops_everyone_with_exit_0);
     tcase_add_test(tc, worker_losing_the_ps_fails_clearly);
     tcase_add_test(tc, bad_tf_config_exits_2_listing_problems);
+    tcase_add_test(tc,
+                   config_check_prints_the_role_from_tf_config_slurm_and_lists);
     tcase_add_test(tc, curve_worker_without_allowed_key_cannot_join);
     suite_add_tcase(s, tc);
     return s;
