@@ -616,6 +616,36 @@ START_TEST(micro_batches_give_identical_bits_for_1_2_and_4_workers)
 }
 END_TEST
 
+START_TEST(ps_killed_and_restarted_is_reinitialized_from_the_checkpoint)
+{
+    cluster c;
+    const char *const sets[] = { "train.max_steps=400",
+                                 "checkpoint.save_steps=50",
+                                 "hooks.log_every_steps=1",
+                                 "cluster.dead_after_ms=1000", NULL };
+    long step, applied, dropped, from = -1;
+    char *text, *p;
+    cluster_init(&c, 1, 2, NULL, "q");
+    cluster_start(&c, sets);
+    ck_assert(wait_step(c.chief_fd, 120));
+    tu_kill(c.ps[0]);
+    snprintf(c.tag, sizeof c.tag, "q2");
+    c.ps[0] = start_task(&c, "ps", 0, sets, NULL);
+    cluster_wait_ok(&c);
+    text = tu_read_file(tu_path("q2-ps0.log"), NULL);
+    p = strstr(text, "initialized by the chief");
+    ck_assert_msg(p != NULL, "%s", text);
+    p = strstr(p, "at step ");
+    ck_assert_int_eq(sscanf(p, "at step %ld", &from), 1);
+    free(text);
+    ck_assert_int_ge(from, 100);                 /* the newest checkpoint */
+    ck_assert_int_eq(from % 50, 0);
+    ps_stats(&c, 0, &step, &applied, &dropped);
+    ck_assert_int_eq(step, 400);
+    ck_assert_int_eq(applied, 2 * (400 - from));
+}
+END_TEST
+
 static Suite *
 suite(void)
 {
@@ -630,6 +660,8 @@ suite(void)
     tcase_add_test(tc, two_ps_split_and_restore_into_1_3_and_no_cluster);
     tcase_add_test(tc, chief_killed_and_restarted_rejoins_without_rollback);
     tcase_add_test(tc, chief_sigterm_stops_everyone_with_exit_0);
+    tcase_add_test(tc,
+                   ps_killed_and_restarted_is_reinitialized_from_the_checkpoint);
     tcase_add_test(tc, worker_losing_the_ps_fails_clearly);
     tcase_add_test(tc, bad_tf_config_exits_2_listing_problems);
     tcase_add_test(tc,
