@@ -646,6 +646,23 @@ START_TEST(ps_killed_and_restarted_is_reinitialized_from_the_checkpoint)
 }
 END_TEST
 
+START_TEST(async_applies_every_push_as_a_step)
+{
+    cluster c;
+    long step, applied, dropped;
+    cluster_init(&c, 1, 2, ", \"mode\": \"async\"", "as");
+    cluster_start(&c, NULL);
+    cluster_wait_ok(&c);
+    ck_assert(log_has(&c, "ps0", "async mode"));
+    ps_stats(&c, 0, &step, &applied, &dropped);
+    ck_assert_int_ge(step, 40);
+    ck_assert_int_le(step, 41);          /* the other replica's last push */
+    ck_assert_int_eq(applied, step);
+    ck_assert_int_eq(dropped, 0);
+    ck_assert(eval_accuracy(tu_path("run")) > 0.5);
+}
+END_TEST
+
 static Suite *
 suite(void)
 {
@@ -655,6 +672,7 @@ suite(void)
     tcase_set_timeout(tc, 90);
     tcase_add_test(tc, sync_1ps_2workers_trains_like_one_process);
     tcase_add_test(tc, sync_rerun_is_bitwise_identical);
+    tcase_add_test(tc, async_applies_every_push_as_a_step);
     tcase_add_test(tc, micro_batches_give_identical_bits_for_1_2_and_4_workers);
     tcase_add_test(tc, backup_worker_stopped_training_goes_on);
     tcase_add_test(tc, two_ps_split_and_restore_into_1_3_and_no_cluster);
