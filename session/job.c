@@ -667,6 +667,13 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
             goto out;
     }
     st = keel_training_session_new(&tc, &s);
+    if (st == KEEL_EOUTOFRANGE && in_cluster && !is_chief) {
+        /* the chief finished and shut the ps down before we joined */
+        keel__log(KEEL_LOG_INFO, "training already finished: %s",
+                  keel_last_error());
+        st = KEEL_OK;
+        goto out;
+    }
     if (st != KEEL_OK)
         goto out;
     j.last_step = planned_last_step(&j);
