@@ -246,6 +246,16 @@ keel_status keel__wire_client_call(keel__wire_client *c,
                                    const keel__wire_out *ts, size_t n,
                                    int zero_copy, int timeout_ms,
                                    keel__wire_msg *reply);
+/* The two halves of a call, so that requests to several servers travel
+ * at once: send (h->request_id set), then wait for that request's reply
+ * (same rules as keel__wire_client_call). */
+keel_status keel__wire_client_send(keel__wire_client *c,
+                                   keel__wire_header *h,
+                                   const keel__wire_out *ts, size_t n,
+                                   int zero_copy, int timeout_ms);
+keel_status keel__wire_client_wait(keel__wire_client *c, uint64_t request_id,
+                                   int zero_copy, int timeout_ms,
+                                   keel__wire_msg *reply);
 uint64_t keel__wire_client_generation(const keel__wire_client *c);
 /* One incarnation id for all of a process's clients (the chief's
  * generation). */

@@ -172,6 +172,7 @@ struct keel__worker {
     keel_vars *vs;
     int n_ps;
     keel__wire_client **clients;
+    uint64_t *req_ids;             /* per ps: the push in flight */
     uint64_t *ps_gen;              /* each ps's incarnation when joined */
     int *ps_of;                    /* per variable */
     size_t n_vars;
@@ -215,10 +216,13 @@ keel__worker_new(const keel__role_opts *o, keel_vars *vs, keel__worker **out)
     w->n_names = w->n_vars + slots;
     w->clients = calloc((size_t)(w->n_ps ? w->n_ps : 1), sizeof *w->clients);
     w->ps_gen = calloc((size_t)(w->n_ps ? w->n_ps : 1), sizeof *w->ps_gen);
+    w->req_ids = calloc((size_t)(w->n_ps ? w->n_ps : 1),
+                        sizeof *w->req_ids);
     w->ps_of = calloc(w->n_vars ? w->n_vars : 1, sizeof *w->ps_of);
     w->outs = calloc(w->n_names + w->n_vars * 64 + 1, sizeof *w->outs);
     w->names = calloc(w->n_names ? w->n_names : 1, sizeof *w->names);
-    if (w->clients == NULL || w->ps_gen == NULL || w->ps_of == NULL ||
+    if (w->clients == NULL || w->ps_gen == NULL || w->req_ids == NULL ||
+        w->ps_of == NULL ||
         w->outs == NULL || w->names == NULL) {
         st = keel__fail(KEEL_ENOMEM, "worker: tables for %zu variables",
                         w->n_vars);
@@ -268,6 +272,7 @@ keel__worker_free(keel__worker *w)
         keel__wire_client_free(w->clients[p]);
     free(w->clients);
     free(w->ps_gen);
+    free(w->req_ids);
     free(w->ps_of);
     free(w->outs);
     free(w->names);
@@ -546,9 +551,11 @@ be_apply(void *ctx, keel_vars *vs, keel_grads *grads, int64_t global_step)
     keel__worker *w = ctx;
     int64_t new_step = global_step;
     int timeout = w->o.dead_after_ms;
+    keel_status first = KEEL_OK;
+    int sent = 0;
+    /* Send to every ps first, then collect: the ps aggregate in parallel. */
     for (int p = 0; p < w->n_ps; p++) {
         keel__wire_header h;
-        keel__wire_msg r;
         size_t k = 0;
         keel_status st;
         int n_src = w->micro != NULL ? w->n_micro : 1;
@@ -568,8 +575,20 @@ be_apply(void *ctx, keel_vars *vs, keel_grads *grads, int64_t global_step)
         h.type = KEEL_MSG_PUSH;
         h.flags = KEEL_WIRE_F_WANT_VALUES;
         h.local_step = global_step;
-        st = keel__wire_client_call(w->clients[p], &h, w->outs, k, 1,
-                                    timeout, &r);
+        st = keel__wire_client_send(w->clients[p], &h, w->outs, k, 1,
+                                    timeout);
+        if (st != KEEL_OK) {
+            first = keel__wrap(st == KEEL_ETIMEOUT ? KEEL_EUNAVAILABLE : st,
+                               "ps %d: push", p);
+            break;
+        }
+        w->req_ids[p] = h.request_id;
+        sent++;
+    }
+    for (int p = 0; p < sent; p++) {
+        keel__wire_msg r;
+        keel_status st = keel__wire_client_wait(w->clients[p], w->req_ids[p],
+                                                1, timeout, &r);
         if (st != KEEL_OK) {
             st = call_error(w, p, st, &r, "push");
         } else if (r.h.generation != w->ps_gen[p]) {
@@ -583,9 +602,11 @@ be_apply(void *ctx, keel_vars *vs, keel_grads *grads, int64_t global_step)
         if (st == KEEL_OK && p == 0)
             new_step = r.h.global_step;
         keel__wire_msg_clear(&r);
-        if (st != KEEL_OK)
-            return st;
+        if (st != KEEL_OK && first == KEEL_OK)
+            first = st;
     }
+    if (first != KEEL_OK)
+        return first;
     keel_vars_set_global_step(vs, new_step);
     return KEEL_OK;
 }

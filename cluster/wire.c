@@ -662,14 +662,11 @@ keel__wire_client_set_generation(keel__wire_client *c, uint64_t generation)
 }
 
 keel_status
-keel__wire_client_call(keel__wire_client *c, keel__wire_header *h,
+keel__wire_client_send(keel__wire_client *c, keel__wire_header *h,
                        const keel__wire_out *ts, size_t n, int zero_copy,
-                       int timeout_ms, keel__wire_msg *reply)
+                       int timeout_ms)
 {
-    int64_t deadline = keel__now_mono_ns() + (int64_t)timeout_ms * 1000000;
     keel_status st;
-
-    keel__wire_msg_init(reply);
     /* A DEALER whose peer is unreachable (or refused us) blocks on send:
      * the call's deadline bounds that too. */
     if (zmq_setsockopt(c->sock, ZMQ_SNDTIMEO, &timeout_ms,
@@ -688,6 +685,16 @@ keel__wire_client_call(keel__wire_client *c, keel__wire_header *h,
                           c->endpoint, timeout_ms);
     if (st != KEEL_OK)
         return keel__wrap(st, "request to %s", c->endpoint);
+    return KEEL_OK;
+}
+
+keel_status
+keel__wire_client_wait(keel__wire_client *c, uint64_t request_id,
+                       int zero_copy, int timeout_ms, keel__wire_msg *reply)
+{
+    int64_t deadline = keel__now_mono_ns() + (int64_t)timeout_ms * 1000000;
+    keel_status st;
+    keel__wire_msg_init(reply);
     for (;;) {
         int64_t left = (deadline - keel__now_mono_ns()) / 1000000;
         if (left < 0)
@@ -702,7 +709,7 @@ keel__wire_client_call(keel__wire_client *c, keel__wire_header *h,
             st = keel__wrap(st, "reply from %s", c->endpoint);
             break;
         }
-        if (reply->h.request_id == h->request_id)
+        if (reply->h.request_id == request_id)
             break;
         keel__wire_msg_clear(reply);          /* stale: an old request's */
     }
@@ -719,6 +726,20 @@ keel__wire_client_call(keel__wire_client *c, keel__wire_header *h,
                         keel_status_str((keel_status)reply->h.arg),
                         reply->text ? reply->text : "(no text)");
     return st;
+}
+
+keel_status
+keel__wire_client_call(keel__wire_client *c, keel__wire_header *h,
+                       const keel__wire_out *ts, size_t n, int zero_copy,
+                       int timeout_ms, keel__wire_msg *reply)
+{
+    keel_status st;
+    keel__wire_msg_init(reply);
+    st = keel__wire_client_send(c, h, ts, n, zero_copy, timeout_ms);
+    if (st != KEEL_OK)
+        return st;
+    return keel__wire_client_wait(c, h->request_id, zero_copy, timeout_ms,
+                                  reply);
 }
 
 keel_status

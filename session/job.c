@@ -436,6 +436,53 @@ run_ps(const keel_config *cfg, const keel_cluster_spec *spec,
     return st;
 }
 
+/* A cluster replica, after every session creation: its data slice goes
+ * to the global step's batch (a worker that joins or rejoins, a chief that
+ * joined live ps). Exact for sync without backups, where every step takes
+ * one global batch. The state blob is train/'s little-endian layout
+ * (epoch at byte 8, offset at 16), checked against the accessors first. */
+static keel_status
+position_after_create(void *ctx, keel_session *s)
+{
+    job *j = ctx;
+    int64_t g = keel_session_global_step(s);
+    int64_t spe = keel_data_iter_steps_per_epoch(j->it);
+    int64_t epoch, offset;
+    unsigned char b[KEEL_DATA_ITER_STATE_BYTES];
+    size_t len = 0;
+    keel_status st;
+    if (spe <= 0)
+        return KEEL_OK;
+    epoch = g / spe;
+    offset = (g % spe) * j->global_batch;
+    if (epoch == keel_data_iter_epoch(j->it) &&
+        offset == keel_data_iter_offset(j->it))
+        return KEEL_OK;
+    st = keel_data_iter_get_state(j->it, b, sizeof b, &len);
+    if (st != KEEL_OK)
+        return st;
+    for (int k = 0; k < 8; k++) {
+        if (b[8 + k] != (unsigned char)((uint64_t)keel_data_iter_epoch(j->it)
+                                        >> (8 * k)) ||
+            b[16 + k] != (unsigned char)((uint64_t)
+                                         keel_data_iter_offset(j->it)
+                                         >> (8 * k))) {
+            keel__log(KEEL_LOG_WARN, "data: unknown iterator state layout; "
+                      "this replica's data position is not moved to step "
+                      "%lld", (long long)g);
+            return KEEL_OK;
+        }
+        b[8 + k] = (unsigned char)((uint64_t)epoch >> (8 * k));
+        b[16 + k] = (unsigned char)((uint64_t)offset >> (8 * k));
+    }
+    st = keel_data_iter_set_state(j->it, b, len);
+    if (st == KEEL_OK)
+        keel__log(KEEL_LOG_INFO, "data: this replica's slice continues at "
+                  "epoch %lld, example %lld (global step %lld)",
+                  (long long)epoch + 1, (long long)offset, (long long)g);
+    return st;
+}
+
 /* CheckpointSaverListener of the chief: the ps hold the truth. */
 static keel_status
 pull_before_save(void *ctx, keel_session *s, int64_t step)
@@ -457,7 +504,7 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     job j;
     keel_training_config tc;
     keel_scaffold sc;
-    keel_hook hooks[4], progress;
+    keel_hook hooks[5], progress, position;
     size_t n_hooks = 0;
     keel_session *s = NULL;
     keel_status st, cst;
@@ -603,6 +650,13 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
         }
         keel__worker_backend(worker, &backend);
         tc.session.backend = &backend;
+        memset(&position, 0, sizeof position);
+        position.struct_size = sizeof position;
+        position.name = "data_position";
+        position.ctx = &j;
+        position.after_create_session = position_after_create;
+        hooks[n_hooks] = position;      /* not released: owns nothing */
+        tc.session.n_hooks = n_hooks + 1;
         tc.is_chief = is_chief;
         tc.max_wait_secs = o.max_wait_secs;
         tc.stop_grace_period_secs =
@@ -627,6 +681,13 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
             goto out;
     }
     st = keel_training_session_new(&tc, &s);
+    if (st == KEEL_EOUTOFRANGE && in_cluster && !is_chief) {
+        /* the chief finished and shut the ps down before we joined */
+        keel__log(KEEL_LOG_INFO, "training already finished: %s",
+                  keel_last_error());
+        st = KEEL_OK;
+        goto out;
+    }
     if (st != KEEL_OK)
         goto out;
     j.last_step = planned_last_step(&j);

@@ -337,12 +337,18 @@ END_TEST
 START_TEST(backup_worker_stopped_training_goes_on)
 {
     cluster c;
-    const char *const sets[] = { "train.max_steps=400",
+    const char *const sets[] = { "train.max_steps=600",
                                  "hooks.log_every_steps=1", NULL };
     long step, applied, dropped;
+    int64_t deadline;
     cluster_init(&c, 1, 3, ", \"replicas_to_aggregate\": 2", "b");
     cluster_start(&c, sets);
     ck_assert(wait_step(c.chief_fd, 20));
+    /* worker 2 must have joined (its log file is the only signal; poll) */
+    deadline = tu_now_ms() + RUN_MS;
+    while (!log_has(&c, "worker2", "model ready") && tu_now_ms() < deadline)
+        usleep(10000);
+    ck_assert(log_has(&c, "worker2", "model ready"));
     ck_assert_int_eq(kill(c.w[2], SIGSTOP), 0);
     /* two replicas are enough: the chief goes on while worker 2 sleeps */
     ck_assert_msg(wait_step(c.chief_fd, 120), "chief stuck: %s",
@@ -350,7 +356,7 @@ START_TEST(backup_worker_stopped_training_goes_on)
     ck_assert_int_eq(kill(c.w[2], SIGCONT), 0);
     cluster_wait_ok(&c);
     ps_stats(&c, 0, &step, &applied, &dropped);
-    ck_assert_int_eq(step, 400);
+    ck_assert_int_eq(step, 600);
     ck_assert_int_eq(applied, step * 2);
     ck_assert_msg(dropped >= 1, "no stale gradient dropped");
     ck_assert(log_has(&c, "ps0", "dropped a stale gradient of replica 2"));
@@ -458,6 +464,39 @@ START_TEST(bad_tf_config_exits_2_listing_problems)
     ck_assert_int_eq(tu_run(argv, env3, RUN_MS, out, sizeof out, err,
                             sizeof err), 2);
     ck_assert_msg(strstr(err, "no ps") != NULL, "%s", err);
+}
+END_TEST
+
+START_TEST(config_check_prints_the_role_from_tf_config_slurm_and_lists)
+{
+    char *check[] = { (char *)tu_build_path("keel"), "config", "check",
+                      cfg_path, NULL, NULL, NULL };
+    char *tf[] = { "TF_CONFIG={\"cluster\": {\"ps\": [\"127.0.0.1:7000\"], "
+                   "\"worker\": [\"127.0.0.1:7001\", \"127.0.0.1:7002\"]}, "
+                   "\"task\": {\"type\": \"worker\", \"index\": 1}}", NULL };
+    char *slurm[] = { "SLURM_PROCID=0", "SLURM_NTASKS=3",
+                      "SLURM_JOB_NODELIST=localhost",
+                      "SLURM_TASKS_PER_NODE=3", NULL };
+    ck_assert_int_eq(tu_run(check, tf, RUN_MS, out, sizeof out, err,
+                            sizeof err), 0);
+    ck_assert_msg(strstr(out, "this task: worker 1") != NULL, "%s", out);
+    ck_assert_int_eq(tu_run(check, slurm, RUN_MS, out, sizeof out, err,
+                            sizeof err), 0);
+    ck_assert_msg(strstr(out, "this task: ps 0") != NULL, "%s%s", out, err);
+    check[4] = "-s";
+    check[5] = "cluster.ps=127.0.0.1:7000";
+    ck_assert_int_eq(tu_run(check, NULL, RUN_MS, out, sizeof out, err,
+                            sizeof err), 2);      /* lists need --task */
+    ck_assert_msg(strstr(err, "--task") != NULL, "%s", err);
+    ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err,
+                             "config", "check", cfg_path, "-s",
+                             "cluster.ps=127.0.0.1:7000", "-s",
+                             "cluster.workers=127.0.0.1:7001", "--task",
+                             "worker:0", NULL), 0);
+    ck_assert_msg(strstr(out, "this task: worker 0") != NULL, "%s", out);
+    ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err,
+                             "config", "check", cfg_path, NULL), 0);
+    ck_assert_msg(strstr(out, "cluster: none") != NULL, "%s", out);
 }
 END_TEST
 
@@ -583,6 +622,55 @@ START_TEST(micro_batches_give_identical_bits_for_1_2_and_4_workers)
 }
 END_TEST
 
+START_TEST(ps_restarted_is_reinitialized_from_checkpoint)
+{
+    cluster c;
+    const char *const sets[] = { "train.max_steps=400",
+                                 "checkpoint.save_steps=50",
+                                 "hooks.log_every_steps=1",
+                                 "cluster.dead_after_ms=1000", NULL };
+    long step, applied, dropped, from = -1;
+    char *text, *p;
+    cluster_init(&c, 1, 2, NULL, "q");
+    cluster_start(&c, sets);
+    ck_assert(wait_step(c.chief_fd, 120));
+    tu_kill(c.ps[0]);
+    snprintf(c.tag, sizeof c.tag, "q2");
+    c.ps[0] = start_task(&c, "ps", 0, sets, NULL);
+    cluster_wait_ok(&c);
+    text = tu_read_file(tu_path("q2-ps0.log"), NULL);
+    p = strstr(text, "initialized by the chief");
+    ck_assert_msg(p != NULL, "%s", text);
+    p = strstr(p, "at step ");
+    ck_assert_int_eq(sscanf(p, "at step %ld", &from), 1);
+    free(text);
+    ck_assert_int_ge(from, 100);                 /* the newest checkpoint */
+    ck_assert_int_eq(from % 50, 0);
+    ps_stats(&c, 0, &step, &applied, &dropped);
+    ck_assert_int_eq(step, 400);
+    ck_assert_int_eq(applied, 2 * (400 - from));
+}
+END_TEST
+
+START_TEST(async_applies_every_push_as_a_step)
+{
+    cluster c;
+    long step, applied, dropped;
+    /* enough steps that worker 1 joins before the chief alone finishes */
+    const char *const sets[] = { "train.max_steps=300", NULL };
+    cluster_init(&c, 1, 2, ", \"mode\": \"async\"", "as");
+    cluster_start(&c, sets);
+    cluster_wait_ok(&c);
+    ck_assert(log_has(&c, "ps0", "async mode"));
+    ps_stats(&c, 0, &step, &applied, &dropped);
+    ck_assert_int_ge(step, 300);
+    ck_assert_int_le(step, 301);         /* the other replica's last push */
+    ck_assert_int_eq(applied, step);
+    ck_assert_int_eq(dropped, 0);
+    ck_assert(eval_accuracy(tu_path("run")) > 0.5);
+}
+END_TEST
+
 static Suite *
 suite(void)
 {
@@ -592,13 +680,17 @@ suite(void)
     tcase_set_timeout(tc, 90);
     tcase_add_test(tc, sync_1ps_2workers_trains_like_one_process);
     tcase_add_test(tc, sync_rerun_is_bitwise_identical);
+    tcase_add_test(tc, async_applies_every_push_as_a_step);
     tcase_add_test(tc, micro_batches_give_identical_bits_for_1_2_and_4_workers);
     tcase_add_test(tc, backup_worker_stopped_training_goes_on);
     tcase_add_test(tc, two_ps_split_and_restore_into_1_3_and_no_cluster);
     tcase_add_test(tc, chief_killed_and_restarted_rejoins_without_rollback);
     tcase_add_test(tc, chief_sigterm_stops_everyone_with_exit_0);
+    tcase_add_test(tc, ps_restarted_is_reinitialized_from_checkpoint);
     tcase_add_test(tc, worker_losing_the_ps_fails_clearly);
     tcase_add_test(tc, bad_tf_config_exits_2_listing_problems);
+    tcase_add_test(tc,
+                   config_check_prints_the_role_from_tf_config_slurm_and_lists);
     tcase_add_test(tc, curve_worker_without_allowed_key_cannot_join);
     suite_add_tcase(s, tc);
     return s;
