@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -186,6 +187,17 @@ child_env(char *const env[])
         putenv(env[i]);
 }
 
+/* In a forked child before exec: die with the test process. Check kills a
+ * test that times out without running its teardown, and a cluster task
+ * left behind would wait for its peers forever. */
+static void
+die_with_parent(pid_t parent)
+{
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent)
+        _exit(127);
+}
+
 static int
 decode_status(int status)
 {
@@ -199,7 +211,7 @@ decode_status(int status)
 pid_t
 tu_spawn(char *const argv[], char *const env[], const char *log_path)
 {
-    pid_t pid = fork();
+    pid_t parent = getpid(), pid = fork();
     ck_assert_int_ge(pid, 0);
     if (pid == 0) {
         int fd = open(log_path != NULL ? log_path : "/dev/null",
@@ -211,6 +223,7 @@ tu_spawn(char *const argv[], char *const env[], const char *log_path)
         }
         setpgid(0, 0);
         child_env(env);
+        die_with_parent(parent);
         execv(argv[0], argv);
         _exit(127);
     }
@@ -288,7 +301,7 @@ tu_run(char *const argv[], char *const env[], int timeout_ms, char *out,
     int po[2], pe[2], status, out_open = 1, err_open = 1;
     size_t out_used = 0, err_used = 0;
     int64_t deadline = tu_now_ms() + timeout_ms;
-    pid_t pid;
+    pid_t pid, parent;
 
     if (out != NULL && out_size > 0)
         out[0] = '\0';
@@ -296,6 +309,7 @@ tu_run(char *const argv[], char *const env[], int timeout_ms, char *out,
         err[0] = '\0';
     ck_assert_int_eq(pipe(po), 0);
     ck_assert_int_eq(pipe(pe), 0);
+    parent = getpid();
     pid = fork();
     ck_assert_int_ge(pid, 0);
     if (pid == 0) {
@@ -303,6 +317,7 @@ tu_run(char *const argv[], char *const env[], int timeout_ms, char *out,
         dup2(pe[1], 2);
         close(po[0]); close(po[1]); close(pe[0]); close(pe[1]);
         child_env(env);
+        die_with_parent(parent);
         execv(argv[0], argv);
         _exit(127);
     }
@@ -366,8 +381,9 @@ tu_spawn_pipe(char *const argv[], char *const env[], const char *err_log,
               int *out_fd)
 {
     int p[2];
-    pid_t pid;
+    pid_t pid, parent;
     ck_assert_int_eq(pipe(p), 0);
+    parent = getpid();
     pid = fork();
     ck_assert_int_ge(pid, 0);
     if (pid == 0) {
@@ -382,6 +398,7 @@ tu_spawn_pipe(char *const argv[], char *const env[], const char *err_log,
         close(p[1]);
         setpgid(0, 0);
         child_env(env);
+        die_with_parent(parent);
         execv(argv[0], argv);
         _exit(127);
     }
