@@ -101,7 +101,7 @@ print("time split of keel's 1-thread run (last round):")
 for key, r in sorted(split.items()):
     print("  %s %s b%d: gemm %.0f%%, im2col %.0f%%, elementwise %.0f%%, optimizer %.0f%%, data %.0f%%" % (
         key[0], key[1], key[2], r["gemm_pct"], r["im2col_pct"], r["elementwise_pct"],
-        r["optimizer_pct"], r["data_pct"]))
+        r["optimizer_pct"], r["data_pct"]) + ", direct conv %.0f%%" % r.get("conv_direct_pct", 0))
 print()
 print("all keel figures (min..max over rounds):")
 for key, v in sorted(k.items()):

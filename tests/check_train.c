@@ -189,6 +189,85 @@ START_TEST(test_conv2d_same_strided_gradients_match_finite_differences)
 }
 END_TEST
 
+static const int direct_paths[] = { KEEL__DC_GENERIC, KEEL__DC_AVX2,
+                                     KEEL__DC_AVX512 };
+
+START_TEST(test_conv2d_direct_paths_gradients_match_finite_differences)
+{
+    /* cin == 1, valid: the direct kernels (3x3 full 16-channel blocks, a
+     * partial block, a 2x2 kernel, a stride), each path forced in turn */
+    for (size_t i = 0; i < sizeof direct_paths / sizeof *direct_paths;
+         i++) {
+        if (!keel__conv_direct_path_supported(direct_paths[i]))
+            continue;
+        keel__conv_direct = direct_paths[i];
+        check_conv(7, 6, 1, 32, 3, 1, 0);
+        check_conv(6, 7, 1, 20, 3, 2, 0);
+        check_conv(5, 5, 1, 3, 2, 1, 0);
+    }
+    keel__conv_direct = KEEL__DC_AUTO;
+}
+END_TEST
+
+START_TEST(test_conv2d_direct_paths_give_identical_bits)
+{
+    keel__conv_geom g = { .h = 28, .w = 28, .cin = 1, .kh = 3, .kw = 3,
+                          .cout = 48, .sh = 1, .sw = 1 };
+    size_t n = 3, nx, ny, nw;
+    float *x, *w, *dy, *col, *y0, *dw0, *y, *dw;
+    ck_assert_int_eq(keel__conv_geom_init(&g, 0), KEEL_OK);
+    nx = n * 28 * 28;
+    ny = n * g.oh * g.ow * g.cout;
+    nw = 9 * g.cout;
+    x = malloc(nx * 4);
+    w = malloc(nw * 4);
+    dy = malloc(ny * 4);
+    col = malloc(keel__conv_col_size(&g, n) * 4);
+    y0 = malloc(ny * 4);
+    y = malloc(ny * 4);
+    dw0 = malloc(nw * 4);
+    dw = malloc(nw * 4);
+    fill_uniform(x, nx, 21, 0, 1);
+    fill_uniform(w, nw, 22, -1, 1);
+    fill_uniform(dy, ny, 23, -1, 1);
+    keel__conv_direct = KEEL__DC_GENERIC;
+    keel__conv_forward(&g, x, n, w, NULL, col, y0);
+    keel__conv_backward(&g, x, n, dy, w, col, 1, dw0, NULL, NULL);
+    for (size_t i = 0; i < sizeof direct_paths / sizeof *direct_paths;
+         i++) {
+        if (!keel__conv_direct_path_supported(direct_paths[i]))
+            continue;
+        keel__conv_direct = direct_paths[i];
+        keel__conv_forward(&g, x, n, w, NULL, col, y);
+        keel__conv_backward(&g, x, n, dy, w, col, 1, dw, NULL, NULL);
+        ck_assert_msg(memcmp(y, y0, ny * 4) == 0, "forward of path %d "
+                      "differs from the portable kernel", direct_paths[i]);
+        ck_assert_msg(memcmp(dw, dw0, nw * 4) == 0, "dW of path %d "
+                      "differs from the portable kernel", direct_paths[i]);
+    }
+    /* and the same values as im2col + sgemm, up to summation order */
+    keel__conv_direct = KEEL__DC_OFF;
+    keel__conv_forward(&g, x, n, w, NULL, col, y);
+    keel__conv_backward(&g, x, n, dy, w, col, 0, dw, NULL, NULL);
+    keel__conv_direct = KEEL__DC_AUTO;
+    for (size_t i = 0; i < ny; i++)
+        ck_assert_msg(fabsf(y[i] - y0[i]) <= 1e-5f * (1 + fabsf(y[i])),
+                      "y[%zu]: %g vs %g", i, (double)y0[i], (double)y[i]);
+    for (size_t i = 0; i < nw; i++)
+        ck_assert_msg(fabsf(dw[i] - dw0[i]) <= 1e-3f * (1 + fabsf(dw[i])),
+                      "dw[%zu]: %g vs %g", i, (double)dw0[i],
+                      (double)dw[i]);
+    free(x);
+    free(w);
+    free(dy);
+    free(col);
+    free(y0);
+    free(y);
+    free(dw0);
+    free(dw);
+}
+END_TEST
+
 typedef struct pool_ctx {
     keel__pool_geom geom;
     float *x;
@@ -1409,6 +1488,9 @@ train_suite(void)
     tcase_add_test(t, test_conv2d_valid_gradients_match_finite_differences);
     tcase_add_test(t,
                    test_conv2d_same_strided_gradients_match_finite_differences);
+    tcase_add_test(t,
+                   test_conv2d_direct_paths_gradients_match_finite_differences);
+    tcase_add_test(t, test_conv2d_direct_paths_give_identical_bits);
     tcase_add_test(t, test_maxpool_gradients_match_finite_differences);
     tcase_add_test(t, test_relu_and_tanh_gradients_match_finite_differences);
     tcase_add_test(t, test_softmax_xent_gradients_match_finite_differences);

@@ -76,6 +76,15 @@ size_t keel__conv_col_size(const keel__conv_geom *g, size_t n);
 void keel__conv_forward(const keel__conv_geom *g, const float *x, size_t n,
                         const float *w, const float *b, float *col,
                         float *y);
+/* Single-input-channel convolutions with every window inside the input run
+ * as direct kernels (no im2col, no sgemm). keel__conv_direct selects: AUTO
+ * (default: the best path this CPU has), OFF (im2col + sgemm), or forces
+ * the portable, AVX2 or AVX-512 3x3 kernels (all give the same bits; for
+ * tests, which also check keel__conv_direct_path_supported first). */
+enum { KEEL__DC_OFF, KEEL__DC_AUTO, KEEL__DC_GENERIC, KEEL__DC_AVX2,
+       KEEL__DC_AVX512 };
+extern int keel__conv_direct;
+int keel__conv_direct_path_supported(int path);
 /* col must still hold the forward im2col of x (or is recomputed if
  * col_is_valid == 0). dw, db OVERWRITTEN; dx (if non-NULL) overwritten. */
 void keel__conv_backward(const keel__conv_geom *g, const float *x, size_t n,
