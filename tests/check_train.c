@@ -189,6 +189,21 @@ START_TEST(test_conv2d_same_strided_gradients_match_finite_differences)
 }
 END_TEST
 
+START_TEST(test_conv2d_chunked_im2col_gradients_match_finite_differences)
+{
+    /* one example per im2col chunk: dW accumulates over chunks, dx is
+     * scattered chunk by chunk */
+    size_t save = keel__conv_chunk_bytes;
+    keel__conv_chunk_bytes = 1;
+    check_conv(5, 6, 2, 3, 3, 1, 0);
+    check_conv(5, 6, 2, 3, 3, 2, 1);
+    keel__conv_direct = KEEL__DC_GENERIC;
+    check_conv(6, 5, 1, 17, 3, 1, 0);    /* direct dW, chunked dx */
+    keel__conv_direct = KEEL__DC_AUTO;
+    keel__conv_chunk_bytes = save;
+}
+END_TEST
+
 static const int direct_paths[] = { KEEL__DC_GENERIC, KEEL__DC_AVX2,
                                      KEEL__DC_AVX512 };
 
@@ -1488,6 +1503,8 @@ train_suite(void)
     tcase_add_test(t, test_conv2d_valid_gradients_match_finite_differences);
     tcase_add_test(t,
                    test_conv2d_same_strided_gradients_match_finite_differences);
+    tcase_add_test(t,
+                   test_conv2d_chunked_im2col_gradients_match_finite_differences);
     tcase_add_test(t,
                    test_conv2d_direct_paths_gradients_match_finite_differences);
     tcase_add_test(t, test_conv2d_direct_paths_give_identical_bits);

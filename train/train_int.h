@@ -71,7 +71,10 @@ typedef struct keel__conv_geom {
 /* Fill oh/ow/pads from h,w,kh,kw,sh,sw and same (TF/Keras rules). Fails if
  * the output would be empty. */
 keel_status keel__conv_geom_init(keel__conv_geom *g, int same);
-/* Floats of the im2col workspace for n examples. */
+/* Floats of the im2col workspace for n examples: im2col and its sgemm run
+ * over chunks of examples of about keel__conv_chunk_bytes of columns (at
+ * least one example), so the workspace is one chunk's. */
+extern size_t keel__conv_chunk_bytes;
 size_t keel__conv_col_size(const keel__conv_geom *g, size_t n);
 void keel__conv_forward(const keel__conv_geom *g, const float *x, size_t n,
                         const float *w, const float *b, float *col,
@@ -85,8 +88,8 @@ enum { KEEL__DC_OFF, KEEL__DC_AUTO, KEEL__DC_GENERIC, KEEL__DC_AVX2,
        KEEL__DC_AVX512 };
 extern int keel__conv_direct;
 int keel__conv_direct_path_supported(int path);
-/* col must still hold the forward im2col of x (or is recomputed if
- * col_is_valid == 0). dw, db OVERWRITTEN; dx (if non-NULL) overwritten. */
+/* col_is_valid: col still holds the forward im2col of x (used only when n
+ * fits one chunk; otherwise every chunk is recomputed). dw, db OVERWRITTEN; dx (if non-NULL) overwritten. */
 void keel__conv_backward(const keel__conv_geom *g, const float *x, size_t n,
                          const float *dy, const float *w, float *col,
                          int col_is_valid, float *dw, float *db, float *dx);
