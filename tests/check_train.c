@@ -297,18 +297,22 @@ pool_fwd(gcheck *g)
     keel__pool_forward(&c->geom, c->x, c->n, g->out, c->arg);
 }
 
-START_TEST(test_maxpool_gradients_match_finite_differences)
+static void
+check_pool(size_t h, size_t w)
 {
-    pool_ctx c = { .geom = { .h = 5, .w = 4, .c = 3, .k = 2, .s = 2 },
+    pool_ctx c = { .geom = { .h = h, .w = w, .c = 3, .k = 2, .s = 2 },
                    .n = 2 };
-    size_t nx = 2 * 5 * 4 * 3, ny;
+    size_t nx = 2 * h * w * 3, ny;
     float x[120], y[64], r[64], dx[120];
     int32_t arg[64];
     keel__rng rng;
     gcheck g;
     ck_assert_int_eq(keel__pool_geom_init(&c.geom), KEEL_OK);
-    ck_assert_uint_eq(c.geom.oh, 2);   /* the 5th row is dropped (valid) */
+    ck_assert_uint_eq(c.geom.oh, 2);   /* a 5th row/column is dropped */
+    ck_assert_uint_eq(c.geom.ow, 2);
     ny = 2 * 2 * 2 * 3;
+    for (size_t i = 0; i < nx; i++)
+        dx[i] = 7.0f;                  /* backward must overwrite all */
     /* distinct values 0.05 apart so no perturbation changes a winner */
     for (size_t i = 0; i < nx; i++)
         x[i] = 0.05f * (float)i;
@@ -326,6 +330,13 @@ START_TEST(test_maxpool_gradients_match_finite_differences)
     pool_fwd(&g);
     keel__pool_backward(&c.geom, r, 2, arg, dx);
     gc_param(&g, x, nx, dx, 1e-2f, "maxpool dx");
+}
+
+START_TEST(test_maxpool_gradients_match_finite_differences)
+{
+    check_pool(5, 4);
+    check_pool(4, 5);
+    check_pool(4, 4);
 }
 END_TEST
 
