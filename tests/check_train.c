@@ -98,7 +98,7 @@ START_TEST(test_dense_gradients_match_finite_differences)
     fill_uniform(w, 20, 2, -1, 1);
     fill_uniform(b, 4, 3, -1, 1);
     fill_uniform(r, 12, 4, -1, 1);
-    keel__dense_backward(x, r, 3, 5, 4, w, dw, db, dx);
+    keel__dense_backward(x, r, 3, 5, 4, w, dw, db, dx, 0);
     gc_param(&g, w, 20, dw, 1e-2f, "dense dW");
     gc_param(&g, b, 4, db, 1e-2f, "dense db");
     gc_param(&g, x, 15, dx, 1e-2f, "dense dx");
@@ -641,6 +641,46 @@ START_TEST(test_microbatch_gradients_are_bitwise_reproducible)
     fx_free(&a);
     fx_free(&b);
     fx_free(&full);
+}
+END_TEST
+
+START_TEST(test_direct_dense_gradients_equal_separate_then_added)
+{
+    /* MLP, one shard: gradients added straight into grads (sgemm beta 1)
+     * have the bits of the buffered path (own gradient, then added), also
+     * into non-zero grads, at the largest batch taking the direct path */
+    keel_model_config cfg;
+    fixture a, b;
+    size_t n = 256, es = 28 * 28;
+    float *x = malloc(n * es * sizeof *x);
+    int32_t *y = malloc(n * sizeof *y);
+    keel_batch bt = { x, y, n };
+    keel_model_config_init(&cfg);
+    cfg.max_batch = (int64_t)n;
+    fx_new(&a, &cfg, 4);
+    fx_new(&b, &cfg, 4);
+    synthetic(x, y, n, es, 10, 11);
+    for (int round = 0; round < 2; round++) {
+        keel__grads_direct = 1;
+        ck_assert_int_eq(keel_model_step(a.m, a.vs, &bt, 512, a.g, NULL),
+                         KEEL_OK);
+        keel__grads_direct = 0;
+        ck_assert_int_eq(keel_model_step(b.m, b.vs, &bt, 512, b.g, NULL),
+                         KEEL_OK);
+        keel__grads_direct = 1;
+    }
+    for (size_t v = 0; v < keel_grads_count(a.g); v++) {
+        keel_tensor *ga = keel_grads_at(a.g, v), *gb = keel_grads_at(b.g, v);
+        int nonzero = 0;
+        for (size_t j = 0; j < ga->count; j++)
+            nonzero |= ga->data[j] != 0.0f;
+        ck_assert_msg(nonzero, "gradient %zu is all zero", v);
+        ck_assert_mem_eq(ga->data, gb->data, keel_tensor_bytes(ga));
+    }
+    fx_free(&a);
+    fx_free(&b);
+    free(x);
+    free(y);
 }
 END_TEST
 
@@ -1531,6 +1571,8 @@ train_suite(void)
     tcase_add_test(t, test_init_is_deterministic_and_glorot_bounded);
     tcase_add_test(t, test_microbatch_gradients_are_bitwise_reproducible);
     tcase_add_test(t, test_model_threads_split_batches_deterministically);
+    tcase_add_test(t,
+                   test_direct_dense_gradients_equal_separate_then_added);
     tcase_add_test(t, test_tiny_mlp_learns_separable_problem);
     tcase_add_test(t, test_model_rejects_bad_batches_and_configs);
     tcase_add_test(t, test_blas_threads_and_corename);

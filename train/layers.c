@@ -241,6 +241,23 @@ keel__col_sums(const float *dy, size_t rows, size_t cols, float *db)
     KEEL__PROF_END(elementwise_ns);
 }
 
+/* db += column sums of dy, the sums formed first (same bits as col_sums
+ * into a zeroed buffer followed by add_into). */
+static void
+col_sums_add(const float *dy, size_t rows, size_t cols, float *db)
+{
+    KEEL__PROF_BEGIN();
+    float tmp[256];
+    for (size_t c0 = 0; c0 < cols; c0 += 256) {
+        size_t cb = cols - c0 < 256 ? cols - c0 : 256;
+        memset(tmp, 0, cb * sizeof *tmp);
+        for (size_t r = 0; r < rows; r++)
+            add_row(tmp, dy + r * cols + c0, cb);
+        add_row(db + c0, tmp, cb);
+    }
+    KEEL__PROF_END(elementwise_ns);
+}
+
 void
 keel__add_into(float *dst, const float *src, size_t count)
 {
@@ -263,10 +280,13 @@ keel__dense_forward(const float *x, size_t n, size_t in, size_t out,
 void
 keel__dense_backward(const float *x, const float *dy, size_t n, size_t in,
                      size_t out, const float *w, float *dw, float *db,
-                     float *dx)
+                     float *dx, int accumulate)
 {
-    keel__sgemm(1, 0, in, out, n, 1.0f, x, in, dy, out, 0.0f, dw, out);
-    if (db != NULL)
+    keel__sgemm(1, 0, in, out, n, 1.0f, x, in, dy, out,
+                accumulate ? 1.0f : 0.0f, dw, out);
+    if (db != NULL && accumulate)
+        col_sums_add(dy, n, out, db);
+    else if (db != NULL)
         keel__col_sums(dy, n, out, db);
     if (dx != NULL)
         keel__sgemm(0, 1, n, in, out, 1.0f, dy, out, w, out, 0.0f, dx, in);

@@ -47,10 +47,12 @@ float keel__rng_uniform(keel__rng *r, float lo, float hi);
 /* ---- dense: y[n,out] = x[n,in] W[in,out] + b ---- */
 void keel__dense_forward(const float *x, size_t n, size_t in, size_t out,
                          const float *w, const float *b, float *y);
-/* dw = x^T dy, db = sum dy (both OVERWRITTEN); dx = dy W^T (if dx). */
+/* dw = x^T dy, db = sum dy (both OVERWRITTEN, or with accumulate ADDED:
+ * sgemm beta 1, the column sums formed before they are added); dx = dy W^T
+ * (if dx, overwritten). */
 void keel__dense_backward(const float *x, const float *dy, size_t n,
                           size_t in, size_t out, const float *w, float *dw,
-                          float *db, float *dx);
+                          float *db, float *dx, int accumulate);
 
 /* ---- activations (in place on y; backward scales dy in place) ---- */
 void keel__act_forward(keel_activation a, float *y, size_t count);
@@ -116,6 +118,10 @@ void keel__softmax_xent(const float *logits, const int32_t *y, size_t n,
 /* db[c] = sum over rows of dy[r,c] (overwritten); dst += src. */
 void keel__col_sums(const float *dy, size_t rows, size_t cols, float *db);
 void keel__add_into(float *dst, const float *src, size_t count);
+
+/* 1 (default): single-shard model steps add dense gradients straight into
+ * the caller's grads; 0: into the shard's buffers, then added (tests). */
+extern int keel__grads_direct;
 
 /* sgemm wrapper (row-major, with profiling). */
 void keel__sgemm(int trans_a, int trans_b, size_t m, size_t n, size_t k,
