@@ -1554,8 +1554,8 @@ train_suite(void)
     tcase_add_test(t, test_conv2d_valid_gradients_match_finite_differences);
     tcase_add_test(t,
                    test_conv2d_same_strided_gradients_match_finite_differences);
-    tcase_add_test(t,
-                   test_conv2d_chunked_im2col_gradients_match_finite_differences);
+    tcase_add_test(
+        t, test_conv2d_chunked_im2col_gradients_match_finite_differences);
     tcase_add_test(t,
                    test_conv2d_direct_paths_gradients_match_finite_differences);
     tcase_add_test(t, test_conv2d_direct_paths_give_identical_bits);

@@ -91,7 +91,8 @@ enum { KEEL__DC_OFF, KEEL__DC_AUTO, KEEL__DC_GENERIC, KEEL__DC_AVX2,
 extern int keel__conv_direct;
 int keel__conv_direct_path_supported(int path);
 /* col_is_valid: col still holds the forward im2col of x (used only when n
- * fits one chunk; otherwise every chunk is recomputed). dw, db OVERWRITTEN; dx (if non-NULL) overwritten. */
+ * fits one chunk; otherwise every chunk is recomputed). dw, db
+ * OVERWRITTEN; dx (if non-NULL) overwritten. */
 void keel__conv_backward(const keel__conv_geom *g, const float *x, size_t n,
                          const float *dy, const float *w, float *col,
                          int col_is_valid, float *dw, float *db, float *dx);
