@@ -10,6 +10,8 @@
 #   env:   ROUNDS=3 CORETYPES="SkylakeX Haswell" MODELS=mlp,cnn
 #          BATCHES=64,256 SEG=1.5 EPOCHS=5 BENCH_OUT=./train-bench
 #          PEER=/work/shared/bench (where torch_train.py lives)
+#          KEEL_BEFORE=path/to/another/build/bench/train_bench: an older
+#          keel measured in the same rounds (before/after columns)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 mode=${1:-throughput}
@@ -41,6 +43,8 @@ fi
 
 : > "$OUT/keel.jsonl"
 : > "$OUT/torch.jsonl"
+: > "$OUT/before.jsonl"
+KEEL_BEFORE=${KEEL_BEFORE:-}
 for core in $CORETYPES; do
     for r in $(seq "$ROUNDS"); do
         echo "== round $r/$ROUNDS OPENBLAS_CORETYPE=$core" >&2
@@ -48,6 +52,13 @@ for core in $CORETYPES; do
             --batches "$BATCHES" --threads-list 1,2,m2 --reps 1 \
             --seg-seconds "$SEG" | sed "s/^{/{\"round\": $r, \"coretype\": \"$core\", /" \
             >> "$OUT/keel.jsonl"
+        if [ -n "$KEEL_BEFORE" ]; then
+            OPENBLAS_CORETYPE=$core "$KEEL_BEFORE" --mode throughput \
+                --models "$MODELS" --batches "$BATCHES" \
+                --threads-list 1,2,m2 --reps 1 --seg-seconds "$SEG" \
+                | sed "s/^{/{\"round\": $r, \"coretype\": \"$core\", /" \
+                >> "$OUT/before.jsonl"
+        fi
         for env in "OMP_WAIT_POLICY=PASSIVE" "OPENBLAS_NUM_THREADS=1"; do
             env OPENBLAS_CORETYPE="$core" $env $PY "$PEER/torch_train.py" \
                 --mode throughput --models "$MODELS" --batches "$BATCHES" \
@@ -58,11 +69,15 @@ for core in $CORETYPES; do
     done
 done
 
-$PY - "$OUT/keel.jsonl" "$OUT/torch.jsonl" <<'EOF'
+$PY - "$OUT/keel.jsonl" "$OUT/torch.jsonl" "$OUT/before.jsonl" <<'EOF'
 import json, statistics, sys
 from collections import defaultdict
 keel = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 torch = [json.loads(l) for l in open(sys.argv[2]) if l.strip()]
+before = defaultdict(list)
+for r in (json.loads(l) for l in open(sys.argv[3]) if l.strip()):
+    if r["bench"] == "keel_train_tput":
+        before[(r["coretype"], r["model"], r["batch"], r["threads"])].append(r["median"])
 k = defaultdict(list)       # (core, model, batch, threads) -> [ex/s per round]
 split = {}
 cores = {}
@@ -85,6 +100,7 @@ for r in torch:
 flops = {"mlp": 1.21e6, "cnn": 14.8e6}
 print("| coretype (keel corename) | model | batch | keel ex/s (threads) | keel GFLOP/s (% of sgemm peak) | PyTorch best ex/s (setting) | keel/PyTorch | rounds |")
 print("|---|---|---|---|---|---|---|---|")
+rows_before = []
 for (core, model, batch) in sorted({(a, b, c) for (a, b, c, _) in k}):
     kbest = max(((statistics.median(v), th) for (a, b, c, th), v in k.items()
                  if (a, b, c) == (core, model, batch)))
@@ -96,12 +112,25 @@ for (core, model, batch) in sorted({(a, b, c) for (a, b, c, _) in k}):
     print("| %s (%s) | %s | %d | %.0f (%s) | %.0f (%.0f%% of %.0f) | %.0f (%s) | %.2f | %d |" % (
         core, core_name.get(core, "?"), model, batch, kbest[0], kbest[1], g,
         100 * g / pk, pk, tbest[0], tbest[1], kbest[0] / tbest[0], n))
+    bb = max(((statistics.median(v), th) for (a, b, c, th), v in before.items()
+              if (a, b, c) == (core, model, batch)), default=None)
+    if bb:
+        rows_before.append("| %s | %s | %d | %.0f (%s) | %.2f | %.0f (%s) | %.2f | %.2f |" % (
+            core, model, batch, bb[0], bb[1], bb[0] / tbest[0], kbest[0], kbest[1],
+            kbest[0] / tbest[0], kbest[0] / bb[0]))
+if rows_before:
+    print()
+    print("before (KEEL_BEFORE) and after, best settings, same rounds:")
+    print("| coretype | model | batch | before ex/s | before/PyTorch | after ex/s | after/PyTorch | after/before |")
+    print("|---|---|---|---|---|---|---|---|")
+    for row in rows_before:
+        print(row)
 print()
 print("time split of keel's 1-thread run (last round):")
 for key, r in sorted(split.items()):
     print("  %s %s b%d: gemm %.0f%%, im2col %.0f%%, elementwise %.0f%%, optimizer %.0f%%, data %.0f%%" % (
         key[0], key[1], key[2], r["gemm_pct"], r["im2col_pct"], r["elementwise_pct"],
-        r["optimizer_pct"], r["data_pct"]))
+        r["optimizer_pct"], r["data_pct"]) + ", direct conv %.0f%%" % r.get("conv_direct_pct", 0))
 print()
 print("all keel figures (min..max over rounds):")
 for key, v in sorted(k.items()):

@@ -199,7 +199,7 @@ throughput(const char *model, int64_t batch, const setting *set, int nt,
            int reps, double seg_s, const keel_dataset *train, double *peak)
 {
     run r[4];
-    double res[4][64], split[4] = { 0 }, split_data = 0, total_s = 0;
+    double res[4][64], split[5] = { 0 }, split_data = 0, total_s = 0;
     int nsteps;
     double flops;
     for (int t = 0; t < nt; t++)
@@ -234,6 +234,7 @@ throughput(const char *model, int64_t batch, const setting *set, int nt,
                 split[1] += (double)p.im2col_ns * 1e-9;
                 split[2] += (double)p.elementwise_ns * 1e-9;
                 split[3] += (double)p.optimizer_ns * 1e-9;
+                split[4] += (double)p.conv_direct_ns * 1e-9;
                 split_data += data_s;
                 total_s += (double)nsteps * (double)batch / res[t][rep];
             }
@@ -264,13 +265,14 @@ throughput(const char *model, int64_t batch, const setting *set, int nt,
            "%lld, \"threads\": \"%s\", \"gemm_pct\": %.1f, "
            "\"im2col_pct\": %.1f, "
            "\"elementwise_pct\": %.1f, \"optimizer_pct\": %.1f, "
+           "\"conv_direct_pct\": %.1f, "
            "\"data_pct\": %.1f, \"other_pct\": %.1f}\n",
            model, (long long)batch, set[0].name,
            100 * split[0] / total_s, 100 * split[1] / total_s,
            100 * split[2] / total_s, 100 * split[3] / total_s,
-           100 * split_data / total_s,
+           100 * split[4] / total_s, 100 * split_data / total_s,
            100 * (total_s - split[0] - split[1] - split[2] - split[3] -
-                  split_data) / total_s);
+                  split[4] - split_data) / total_s);
     fflush(stdout);
 }
 

@@ -98,7 +98,7 @@ START_TEST(test_dense_gradients_match_finite_differences)
     fill_uniform(w, 20, 2, -1, 1);
     fill_uniform(b, 4, 3, -1, 1);
     fill_uniform(r, 12, 4, -1, 1);
-    keel__dense_backward(x, r, 3, 5, 4, w, dw, db, dx);
+    keel__dense_backward(x, r, 3, 5, 4, w, dw, db, dx, 0);
     gc_param(&g, w, 20, dw, 1e-2f, "dense dW");
     gc_param(&g, b, 4, db, 1e-2f, "dense db");
     gc_param(&g, x, 15, dx, 1e-2f, "dense dx");
@@ -189,6 +189,100 @@ START_TEST(test_conv2d_same_strided_gradients_match_finite_differences)
 }
 END_TEST
 
+START_TEST(test_conv2d_chunked_im2col_gradients_match_finite_differences)
+{
+    /* one example per im2col chunk: dW accumulates over chunks, dx is
+     * scattered chunk by chunk */
+    size_t save = keel__conv_chunk_bytes;
+    keel__conv_chunk_bytes = 1;
+    check_conv(5, 6, 2, 3, 3, 1, 0);
+    check_conv(5, 6, 2, 3, 3, 2, 1);
+    keel__conv_direct = KEEL__DC_GENERIC;
+    check_conv(6, 5, 1, 17, 3, 1, 0);    /* direct dW, chunked dx */
+    keel__conv_direct = KEEL__DC_AUTO;
+    keel__conv_chunk_bytes = save;
+}
+END_TEST
+
+static const int direct_paths[] = { KEEL__DC_GENERIC, KEEL__DC_AVX2,
+                                     KEEL__DC_AVX512 };
+
+START_TEST(test_conv2d_direct_paths_gradients_match_finite_differences)
+{
+    /* cin == 1, valid: the direct kernels (3x3 full 16-channel blocks, a
+     * partial block, a 2x2 kernel, a stride), each path forced in turn */
+    for (size_t i = 0; i < sizeof direct_paths / sizeof *direct_paths;
+         i++) {
+        if (!keel__conv_direct_path_supported(direct_paths[i]))
+            continue;
+        keel__conv_direct = direct_paths[i];
+        check_conv(7, 6, 1, 32, 3, 1, 0);
+        check_conv(6, 7, 1, 20, 3, 2, 0);
+        check_conv(5, 5, 1, 3, 2, 1, 0);
+    }
+    keel__conv_direct = KEEL__DC_AUTO;
+}
+END_TEST
+
+START_TEST(test_conv2d_direct_paths_give_identical_bits)
+{
+    keel__conv_geom g = { .h = 28, .w = 28, .cin = 1, .kh = 3, .kw = 3,
+                          .cout = 48, .sh = 1, .sw = 1 };
+    size_t n = 3, nx, ny, nw;
+    float *x, *w, *dy, *col, *y0, *dw0, *y, *dw;
+    ck_assert_int_eq(keel__conv_geom_init(&g, 0), KEEL_OK);
+    nx = n * 28 * 28;
+    ny = n * g.oh * g.ow * g.cout;
+    nw = 9 * g.cout;
+    x = malloc(nx * 4);
+    w = malloc(nw * 4);
+    dy = malloc(ny * 4);
+    col = malloc(keel__conv_col_size(&g, n) * 4);
+    y0 = malloc(ny * 4);
+    y = malloc(ny * 4);
+    dw0 = malloc(nw * 4);
+    dw = malloc(nw * 4);
+    fill_uniform(x, nx, 21, 0, 1);
+    fill_uniform(w, nw, 22, -1, 1);
+    fill_uniform(dy, ny, 23, -1, 1);
+    keel__conv_direct = KEEL__DC_GENERIC;
+    keel__conv_forward(&g, x, n, w, NULL, col, y0);
+    keel__conv_backward(&g, x, n, dy, w, col, 1, dw0, NULL, NULL);
+    for (size_t i = 0; i < sizeof direct_paths / sizeof *direct_paths;
+         i++) {
+        if (!keel__conv_direct_path_supported(direct_paths[i]))
+            continue;
+        keel__conv_direct = direct_paths[i];
+        keel__conv_forward(&g, x, n, w, NULL, col, y);
+        keel__conv_backward(&g, x, n, dy, w, col, 1, dw, NULL, NULL);
+        ck_assert_msg(memcmp(y, y0, ny * 4) == 0, "forward of path %d "
+                      "differs from the portable kernel", direct_paths[i]);
+        ck_assert_msg(memcmp(dw, dw0, nw * 4) == 0, "dW of path %d "
+                      "differs from the portable kernel", direct_paths[i]);
+    }
+    /* and the same values as im2col + sgemm, up to summation order */
+    keel__conv_direct = KEEL__DC_OFF;
+    keel__conv_forward(&g, x, n, w, NULL, col, y);
+    keel__conv_backward(&g, x, n, dy, w, col, 0, dw, NULL, NULL);
+    keel__conv_direct = KEEL__DC_AUTO;
+    for (size_t i = 0; i < ny; i++)
+        ck_assert_msg(fabsf(y[i] - y0[i]) <= 1e-5f * (1 + fabsf(y[i])),
+                      "y[%zu]: %g vs %g", i, (double)y0[i], (double)y[i]);
+    for (size_t i = 0; i < nw; i++)
+        ck_assert_msg(fabsf(dw[i] - dw0[i]) <= 1e-3f * (1 + fabsf(dw[i])),
+                      "dw[%zu]: %g vs %g", i, (double)dw0[i],
+                      (double)dw[i]);
+    free(x);
+    free(w);
+    free(dy);
+    free(col);
+    free(y0);
+    free(y);
+    free(dw0);
+    free(dw);
+}
+END_TEST
+
 typedef struct pool_ctx {
     keel__pool_geom geom;
     float *x;
@@ -203,18 +297,22 @@ pool_fwd(gcheck *g)
     keel__pool_forward(&c->geom, c->x, c->n, g->out, c->arg);
 }
 
-START_TEST(test_maxpool_gradients_match_finite_differences)
+static void
+check_pool(size_t h, size_t w)
 {
-    pool_ctx c = { .geom = { .h = 5, .w = 4, .c = 3, .k = 2, .s = 2 },
+    pool_ctx c = { .geom = { .h = h, .w = w, .c = 3, .k = 2, .s = 2 },
                    .n = 2 };
-    size_t nx = 2 * 5 * 4 * 3, ny;
+    size_t nx = 2 * h * w * 3, ny;
     float x[120], y[64], r[64], dx[120];
     int32_t arg[64];
     keel__rng rng;
     gcheck g;
     ck_assert_int_eq(keel__pool_geom_init(&c.geom), KEEL_OK);
-    ck_assert_uint_eq(c.geom.oh, 2);   /* the 5th row is dropped (valid) */
+    ck_assert_uint_eq(c.geom.oh, 2);   /* a 5th row/column is dropped */
+    ck_assert_uint_eq(c.geom.ow, 2);
     ny = 2 * 2 * 2 * 3;
+    for (size_t i = 0; i < nx; i++)
+        dx[i] = 7.0f;                  /* backward must overwrite all */
     /* distinct values 0.05 apart so no perturbation changes a winner */
     for (size_t i = 0; i < nx; i++)
         x[i] = 0.05f * (float)i;
@@ -232,6 +330,13 @@ START_TEST(test_maxpool_gradients_match_finite_differences)
     pool_fwd(&g);
     keel__pool_backward(&c.geom, r, 2, arg, dx);
     gc_param(&g, x, nx, dx, 1e-2f, "maxpool dx");
+}
+
+START_TEST(test_maxpool_gradients_match_finite_differences)
+{
+    check_pool(5, 4);
+    check_pool(4, 5);
+    check_pool(4, 4);
 }
 END_TEST
 
@@ -536,6 +641,46 @@ START_TEST(test_microbatch_gradients_are_bitwise_reproducible)
     fx_free(&a);
     fx_free(&b);
     fx_free(&full);
+}
+END_TEST
+
+START_TEST(test_direct_dense_gradients_equal_separate_then_added)
+{
+    /* MLP, one shard: gradients added straight into grads (sgemm beta 1)
+     * have the bits of the buffered path (own gradient, then added), also
+     * into non-zero grads, at the largest batch taking the direct path */
+    keel_model_config cfg;
+    fixture a, b;
+    size_t n = 256, es = 28 * 28;
+    float *x = malloc(n * es * sizeof *x);
+    int32_t *y = malloc(n * sizeof *y);
+    keel_batch bt = { x, y, n };
+    keel_model_config_init(&cfg);
+    cfg.max_batch = (int64_t)n;
+    fx_new(&a, &cfg, 4);
+    fx_new(&b, &cfg, 4);
+    synthetic(x, y, n, es, 10, 11);
+    for (int round = 0; round < 2; round++) {
+        keel__grads_direct = 1;
+        ck_assert_int_eq(keel_model_step(a.m, a.vs, &bt, 512, a.g, NULL),
+                         KEEL_OK);
+        keel__grads_direct = 0;
+        ck_assert_int_eq(keel_model_step(b.m, b.vs, &bt, 512, b.g, NULL),
+                         KEEL_OK);
+        keel__grads_direct = 1;
+    }
+    for (size_t v = 0; v < keel_grads_count(a.g); v++) {
+        keel_tensor *ga = keel_grads_at(a.g, v), *gb = keel_grads_at(b.g, v);
+        int nonzero = 0;
+        for (size_t j = 0; j < ga->count; j++)
+            nonzero |= ga->data[j] != 0.0f;
+        ck_assert_msg(nonzero, "gradient %zu is all zero", v);
+        ck_assert_mem_eq(ga->data, gb->data, keel_tensor_bytes(ga));
+    }
+    fx_free(&a);
+    fx_free(&b);
+    free(x);
+    free(y);
 }
 END_TEST
 
@@ -1409,6 +1554,11 @@ train_suite(void)
     tcase_add_test(t, test_conv2d_valid_gradients_match_finite_differences);
     tcase_add_test(t,
                    test_conv2d_same_strided_gradients_match_finite_differences);
+    tcase_add_test(
+        t, test_conv2d_chunked_im2col_gradients_match_finite_differences);
+    tcase_add_test(t,
+                   test_conv2d_direct_paths_gradients_match_finite_differences);
+    tcase_add_test(t, test_conv2d_direct_paths_give_identical_bits);
     tcase_add_test(t, test_maxpool_gradients_match_finite_differences);
     tcase_add_test(t, test_relu_and_tanh_gradients_match_finite_differences);
     tcase_add_test(t, test_softmax_xent_gradients_match_finite_differences);
@@ -1421,6 +1571,8 @@ train_suite(void)
     tcase_add_test(t, test_init_is_deterministic_and_glorot_bounded);
     tcase_add_test(t, test_microbatch_gradients_are_bitwise_reproducible);
     tcase_add_test(t, test_model_threads_split_batches_deterministically);
+    tcase_add_test(t,
+                   test_direct_dense_gradients_equal_separate_then_added);
     tcase_add_test(t, test_tiny_mlp_learns_separable_problem);
     tcase_add_test(t, test_model_rejects_bad_batches_and_configs);
     tcase_add_test(t, test_blas_threads_and_corename);

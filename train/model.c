@@ -37,6 +37,13 @@ typedef struct lbuf {
 } lbuf;
 
 #define MAX_THREADS 8
+/* With one shard and at most this many examples, dense layers add their
+ * gradients straight into the caller's grads (sgemm beta 1): one pass over
+ * the parameters less per step. The bound keeps sgemm's K (= n) inside one
+ * OpenBLAS K block, so the sum is rounded exactly like a separate gradient
+ * added afterwards (the micro-batch guarantee; tested). */
+#define DIRECT_MAX_BATCH 256
+int keel__grads_direct = 1;
 
 struct keel_model {
     keel_model_config cfg;
@@ -527,9 +534,12 @@ forward(keel_model *m, lbuf *buf, const float *x, size_t n)
     }
 }
 
-/* Backward through every layer of one shard; dlogits already in place. */
+/* Backward through every layer of one shard; dlogits already in place.
+ * With direct (the model's only shard), dense layers add their gradients
+ * straight into it (sgemm beta 1) instead of into the shard's buffers. */
 static void
-backward(keel_model *m, lbuf *buf, const float *x, size_t n)
+backward(keel_model *m, lbuf *buf, const float *x, size_t n,
+         keel_grads *direct)
 {
     for (int i = m->nl - 1; i >= 0; i--) {
         layer *L = &m->l[i];
@@ -545,10 +555,18 @@ backward(keel_model *m, lbuf *buf, const float *x, size_t n)
             keel__col_sums(B->dy, n * L->pg.oh * L->pg.ow, L->pg.c,
                            buf[i - 1].db);
         }
-        if (L->kind == L_DENSE)
+        if (L->kind == L_DENSE && direct != NULL)
+            keel__dense_backward(in, B->dy, n, L->din, L->dout,
+                                 keel_var_tensor(L->w)->data,
+                                 keel_grads_at(direct,
+                                               keel_var_index(L->w))->data,
+                                 keel_grads_at(direct,
+                                               keel_var_index(L->b))->data,
+                                 dx, 1);
+        else if (L->kind == L_DENSE)
             keel__dense_backward(in, B->dy, n, L->din, L->dout,
                                  keel_var_tensor(L->w)->data, B->dw, B->db,
-                                 dx);
+                                 dx, 0);
         else if (L->kind == L_CONV)
             keel__conv_backward(&L->cg, in, n, B->dy,
                                 keel_var_tensor(L->w)->data, B->col, 1,
@@ -567,6 +585,8 @@ typedef struct job {
     size_t lo, hi;               /* examples of this shard */
     float scale;                 /* 1 / global batch size */
     float *probs;
+    keel_grads *direct;          /* JOB_STEP with one shard: dense grads
+                                  * go straight into the caller's grads */
     double loss;
     int64_t correct;
 } job;
@@ -605,7 +625,7 @@ run_job(job *j)
                        j->what == JOB_STEP ? last->dy : NULL, &j->loss,
                        &j->correct);
     if (j->what == JOB_STEP)
-        backward(m, buf, x, n);
+        backward(m, buf, x, n, j->direct);
 }
 
 static void *
@@ -620,7 +640,7 @@ job_thread(void *arg)
  * shard never changes its result. */
 static void
 run_shards(keel_model *m, job *jobs, int what, const keel_batch *batch,
-           float scale, float *probs)
+           float scale, float *probs, keel_grads *direct)
 {
     pthread_t tid[MAX_THREADS];
     int started[MAX_THREADS] = { 0 };
@@ -629,7 +649,8 @@ run_shards(keel_model *m, job *jobs, int what, const keel_batch *batch,
         jobs[s] = (job){ .m = m, .what = what, .shard = s, .batch = batch,
                          .lo = batch->n * (size_t)s / (size_t)S,
                          .hi = batch->n * (size_t)(s + 1) / (size_t)S,
-                         .scale = scale, .probs = probs };
+                         .scale = scale, .probs = probs,
+                         .direct = direct };
     }
     for (int s = 1; s < S; s++)
         started[s] = pthread_create(&tid[s], NULL, job_thread,
@@ -670,15 +691,17 @@ keel_model_step(keel_model *m, keel_vars *vs, const keel_batch *batch,
             return keel__fail(KEEL_EINVAL, "model step: no gradient for "
                               "'%s'", keel_var_name(m->l[i].w));
     run_shards(m, jobs, JOB_STEP, batch,
-               (float)(1.0 / (double)global_batch_size), NULL);
+               (float)(1.0 / (double)global_batch_size), NULL,
+               m->nshard == 1 && batch->n <= DIRECT_MAX_BATCH &&
+                       keel__grads_direct ? grads : NULL);
     /* this batch's gradient: shard 0 + shard 1 + ... (fixed order), then
      * added into grads */
     for (int i = 0; i < m->nl; i++) {
         layer *L = &m->l[i];
         lbuf *B0 = &m->buf[0][i];
         keel_tensor *gw, *gb;
-        if (L->w == NULL)
-            continue;
+        if (L->w == NULL || (L->kind == L_DENSE && jobs[0].direct != NULL))
+            continue;                /* none, or already added */
         for (int s = 1; s < m->nshard; s++) {
             if (jobs[s].hi == jobs[s].lo)
                 continue;
@@ -716,7 +739,7 @@ keel_model_eval(keel_model *m, keel_vars *vs, const keel_batch *batch,
         return keel__fail(KEEL_EINVAL, "model eval: NULL argument");
     if ((st = check_batch(m, batch, "eval")) != KEEL_OK)
         return st;
-    run_shards(m, jobs, JOB_EVAL, batch, 1.0f, NULL);
+    run_shards(m, jobs, JOB_EVAL, batch, 1.0f, NULL, NULL);
     for (int s = 0; s < m->nshard; s++) {
         loss += jobs[s].loss;
         correct += jobs[s].correct;
@@ -741,7 +764,7 @@ keel_model_predict(keel_model *m, keel_vars *vs, const keel_batch *batch,
         return keel__fail(KEEL_EINVAL, "model predict: batch of %zu "
                           "examples (1..max_batch %lld)", batch->n,
                           (long long)m->cfg.max_batch);
-    run_shards(m, jobs, JOB_PREDICT, batch, 1.0f, probs);
+    run_shards(m, jobs, JOB_PREDICT, batch, 1.0f, probs, NULL);
     return KEEL_OK;
 }
 

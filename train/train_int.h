@@ -47,10 +47,12 @@ float keel__rng_uniform(keel__rng *r, float lo, float hi);
 /* ---- dense: y[n,out] = x[n,in] W[in,out] + b ---- */
 void keel__dense_forward(const float *x, size_t n, size_t in, size_t out,
                          const float *w, const float *b, float *y);
-/* dw = x^T dy, db = sum dy (both OVERWRITTEN); dx = dy W^T (if dx). */
+/* dw = x^T dy, db = sum dy (both OVERWRITTEN, or with accumulate ADDED:
+ * sgemm beta 1, the column sums formed before they are added); dx = dy W^T
+ * (if dx, overwritten). */
 void keel__dense_backward(const float *x, const float *dy, size_t n,
                           size_t in, size_t out, const float *w, float *dw,
-                          float *db, float *dx);
+                          float *db, float *dx, int accumulate);
 
 /* ---- activations (in place on y; backward scales dy in place) ---- */
 void keel__act_forward(keel_activation a, float *y, size_t count);
@@ -71,13 +73,26 @@ typedef struct keel__conv_geom {
 /* Fill oh/ow/pads from h,w,kh,kw,sh,sw and same (TF/Keras rules). Fails if
  * the output would be empty. */
 keel_status keel__conv_geom_init(keel__conv_geom *g, int same);
-/* Floats of the im2col workspace for n examples. */
+/* Floats of the im2col workspace for n examples: im2col and its sgemm run
+ * over chunks of examples of about keel__conv_chunk_bytes of columns (at
+ * least one example), so the workspace is one chunk's. */
+extern size_t keel__conv_chunk_bytes;
 size_t keel__conv_col_size(const keel__conv_geom *g, size_t n);
 void keel__conv_forward(const keel__conv_geom *g, const float *x, size_t n,
                         const float *w, const float *b, float *col,
                         float *y);
-/* col must still hold the forward im2col of x (or is recomputed if
- * col_is_valid == 0). dw, db OVERWRITTEN; dx (if non-NULL) overwritten. */
+/* Single-input-channel convolutions with every window inside the input run
+ * as direct kernels (no im2col, no sgemm). keel__conv_direct selects: AUTO
+ * (default: the best path this CPU has), OFF (im2col + sgemm), or forces
+ * the portable, AVX2 or AVX-512 3x3 kernels (all give the same bits; for
+ * tests, which also check keel__conv_direct_path_supported first). */
+enum { KEEL__DC_OFF, KEEL__DC_AUTO, KEEL__DC_GENERIC, KEEL__DC_AVX2,
+       KEEL__DC_AVX512 };
+extern int keel__conv_direct;
+int keel__conv_direct_path_supported(int path);
+/* col_is_valid: col still holds the forward im2col of x (used only when n
+ * fits one chunk; otherwise every chunk is recomputed). dw, db
+ * OVERWRITTEN; dx (if non-NULL) overwritten. */
 void keel__conv_backward(const keel__conv_geom *g, const float *x, size_t n,
                          const float *dy, const float *w, float *col,
                          int col_is_valid, float *dw, float *db, float *dx);
@@ -104,6 +119,10 @@ void keel__softmax_xent(const float *logits, const int32_t *y, size_t n,
 /* db[c] = sum over rows of dy[r,c] (overwritten); dst += src. */
 void keel__col_sums(const float *dy, size_t rows, size_t cols, float *db);
 void keel__add_into(float *dst, const float *src, size_t count);
+
+/* 1 (default): single-shard model steps add dense gradients straight into
+ * the caller's grads; 0: into the shard's buffers, then added (tests). */
+extern int keel__grads_direct;
 
 /* sgemm wrapper (row-major, with profiling). */
 void keel__sgemm(int trans_a, int trans_b, size_t m, size_t n, size_t k,

@@ -282,6 +282,7 @@ typedef struct keel_train_profile {
     int64_t im2col_ns;      /* im2col and col2im */
     int64_t elementwise_ns; /* bias, activations, pooling, softmax, adds */
     int64_t optimizer_ns;   /* keel_optimizer_apply* */
+    int64_t conv_direct_ns; /* direct (no im2col) convolution kernels */
 } keel_train_profile;
 void keel_train_profile_enable(int on);
 void keel_train_profile_get(keel_train_profile *p);
