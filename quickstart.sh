@@ -135,12 +135,16 @@ if [ "$mode" = check ]; then
   exit $rc
 fi
 
-# The main job: seed 002's CNN on Fashion-MNIST, trained, then evaluated
-# from its checkpoint with no cluster. Rerunning resumes (or, when the run is
-# complete, just evaluates again). Outputs go to $OUTPUT_DIR if set, else
-# ./fashion_mnist_output.
+# The main job (seeds 002 and 004): seed 002's CNN on Fashion-MNIST trained
+# by a local cluster — 1 parameter server and 2 training replicas (the chief
+# and one worker) in sync mode — while chaos SIGKILLs a worker now and then
+# to show the recovery in the log; then the newest checkpoint is evaluated
+# in one process with no cluster. Outputs go to $OUTPUT_DIR if set, else
+# ./fashion_mnist_output; rerunning resumes, or just evaluates a finished run.
 keel=_build/keel
-say "keel train examples/fashion_mnist.ini"
-"$keel" train examples/fashion_mnist.ini
+say "keel launch examples/fashion_mnist.ini --ps 1 --workers 1 --chaos 7,40 --chaos-targets worker"
+# One model thread per replica: two replicas already fill the two cores.
+"$keel" launch examples/fashion_mnist.ini --ps 1 --workers 1 \
+  --chaos 7,40 --chaos-targets worker -s train.model_threads=1
 say "keel eval examples/fashion_mnist.ini"
 "$keel" eval examples/fashion_mnist.ini

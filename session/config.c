@@ -37,6 +37,10 @@ static const key_def schema[] = {
     { "model", "type", T_ENUM, "mlp", NOLIM, "softmax|mlp|cnn",
       "Model: softmax regression, a multi-layer perceptron, or seed 002's "
       "CNN (Conv32-Pool-Conv64-Pool-Dense64-Dense10)." },
+    { "model", "init", T_ENUM, "glorot", NOLIM, "glorot|torch",
+      "Initial weights: glorot (Keras: Glorot-uniform kernels, zero "
+      "biases) or torch (PyTorch's default: kernels and biases "
+      "U(-1/sqrt(fan_in), 1/sqrt(fan_in)))." },
     { "model", "hidden", T_INT_LIST, "256,256", 1, 65536, NULL,
       "MLP hidden layer widths, comma-separated (mlp only)." },
 

@@ -131,6 +131,10 @@ model_config_from(const keel_config *cfg, const keel_dataset *ds,
         if (st != KEEL_OK)
             return keel__wrap(KEEL_EINVAL, "model.hidden");
     }
+    st = keel_init_kind_from_name(keel_config_str(cfg, "model.init"),
+                                  &mc->init);
+    if (st != KEEL_OK)
+        return keel__wrap(KEEL_EINVAL, "model.init");
     keel_dataset_shape(ds, &mc->height, &mc->width, &mc->channels);
     mc->max_batch = max_batch;
     mc->threads = (int)keel_config_int(cfg, "train.model_threads");

@@ -97,8 +97,11 @@ END_TEST
 
 START_TEST(test_sigkill_and_resume_is_bitwise_identical)
 {
+    /* 300 steps with a checkpoint every 5: a killed run is always far from
+     * its end when the SIGKILL lands (each save is an fsync or four). */
     char *argv[] = { (char *)tu_build_path("keel"), "train",
-                     (char *)cfg_path, "-s", "", NULL };
+                     (char *)cfg_path, "-s", "", "-s", "train.max_steps=300",
+                     NULL };
     char set_dir[4200], set_ref[4200], line[256];
     int fd;
     pid_t pid;
@@ -106,12 +109,13 @@ START_TEST(test_sigkill_and_resume_is_bitwise_identical)
     CHECKED_SNPRINTF(set_ref, sizeof set_ref, "checkpoint.dir=%s/ref",
                      tu_dir);
     ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "train",
-                             cfg_path, "-s", set_ref, NULL), 0);
-    /* killed mid-run at a random-ish step, then restarted twice */
-    CHECKED_SNPRINTF(set_dir, sizeof set_dir, "checkpoint.dir=%s/killed", tu_dir);
+                             cfg_path, "-s", set_ref, "-s",
+                             "train.max_steps=300", NULL), 0);
+    /* killed mid-run, then restarted and killed again at its first step */
+    CHECKED_SNPRINTF(set_dir, sizeof set_dir, "checkpoint.dir=%s/killed",
+                     tu_dir);
     argv[4] = set_dir;
     for (int round = 0; round < 2; round++) {
-        /* first run: past the first checkpoints; second: its first step */
         const char *needle = round == 0 ? "step 13 " : "step ";
         pid = tu_spawn_pipe(argv, NULL, tu_path("killed.log"), &fd);
         ck_assert_msg(tu_wait_for_line(fd, needle, 60000, line, sizeof line),
@@ -121,11 +125,12 @@ START_TEST(test_sigkill_and_resume_is_bitwise_identical)
         close(fd);
     }
     ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "train",
-                             cfg_path, "-s", set_dir, NULL), 0);
+                             cfg_path, "-s", set_dir, "-s",
+                             "train.max_steps=300", NULL), 0);
     ck_assert_ptr_nonnull(strstr(err, "resumed from"));
     ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "ckpt",
-                             "diff", tu_path("ref/model.ckpt-40.h5"),
-                             tu_path("killed/model.ckpt-40.h5"), NULL), 0);
+                             "diff", tu_path("ref/model.ckpt-300.h5"),
+                             tu_path("killed/model.ckpt-300.h5"), NULL), 0);
 }
 END_TEST
 

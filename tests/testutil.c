@@ -447,8 +447,11 @@ tu_wait_for_line(int fd, const char *needle, int timeout_ms, char *line,
             if (used == sizeof buf - 1)
                 used = 0;                 /* an absurdly long line */
             r = read(fd, buf + used, sizeof buf - 1 - used);
-            if (r == 0)
+            if (r == 0) {
+                buf_fd = -1;          /* EOF: a later pipe may reuse fd */
+                used = 0;
                 return 0;
+            }
             if (r > 0)
                 used += (size_t)r;
         }
