@@ -24,52 +24,6 @@ static char out[65536], err[65536];
 #define CHECKED_SNPRINTF(buf, size, ...)                                   \
     ck_assert_int_lt(snprintf(buf, size, __VA_ARGS__), (int)(size))
 
-static void
-put_be32(unsigned char *p, uint32_t v)
-{
-    p[0] = (unsigned char)(v >> 24);
-    p[1] = (unsigned char)(v >> 16);
-    p[2] = (unsigned char)(v >> 8);
-    p[3] = (unsigned char)v;
-}
-
-/* n examples: class c has a bright 6x6 patch at a class-specific place,
- * over deterministic noise (the same generator as it_train). */
-static void
-write_idx(const char *prefix, int n, uint32_t seed)
-{
-    size_t img_bytes = 16 + (size_t)n * 784, lab_bytes = 8 + (size_t)n;
-    unsigned char *img = calloc(1, img_bytes), *lab = calloc(1, lab_bytes);
-    char path[4096];
-    uint32_t s = seed;
-    ck_assert_ptr_nonnull(img);
-    ck_assert_ptr_nonnull(lab);
-    put_be32(img, 0x00000803);
-    put_be32(img + 4, (uint32_t)n);
-    put_be32(img + 8, 28);
-    put_be32(img + 12, 28);
-    put_be32(lab, 0x00000801);
-    put_be32(lab + 4, (uint32_t)n);
-    for (int i = 0; i < n; i++) {
-        int c = i % 10, r0 = 2 + (c / 5) * 12, c0 = 2 + (c % 5) * 5;
-        unsigned char *x = img + 16 + (size_t)i * 784;
-        for (int k = 0; k < 784; k++) {
-            s = s * 1664525u + 1013904223u;
-            x[k] = (unsigned char)(s >> 27);
-        }
-        for (int r = r0; r < r0 + 6; r++)
-            for (int q = c0; q < c0 + 6 && q < 28; q++)
-                x[r * 28 + q] = 230;
-        lab[8 + i] = (unsigned char)c;
-    }
-    snprintf(path, sizeof path, "%s-images-idx3-ubyte", prefix);
-    tu_write_file(path, img, img_bytes);
-    snprintf(path, sizeof path, "%s-labels-idx1-ubyte", prefix);
-    tu_write_file(path, lab, lab_bytes);
-    free(img);
-    free(lab);
-}
-
 static char cfg_path[4200];     /* tu_path's buffers rotate: copied */
 
 static void
@@ -77,8 +31,8 @@ setup(void)
 {
     char text[2048];
     tu_setup();
-    write_idx(tu_path("train"), 640, 1);
-    write_idx(tu_path("t10k"), 200, 2);
+    tu_write_idx_dataset(tu_path("train"), 640, 1);
+    tu_write_idx_dataset(tu_path("t10k"), 200, 2);
     CHECKED_SNPRINTF(text, sizeof text,
              "[model]\ntype = mlp\nhidden = 32\n"
              "[data]\ndir = %s\n"
