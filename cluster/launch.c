@@ -728,7 +728,8 @@ on_exit_status(keel_launch *l, size_t i, int status, int64_t now)
         }
         return;
     }
-    if (was_chaos || t->info.restarts < l->cfg.max_restarts) {
+    /* exit 2 is keel's usage/configuration error: a restart cannot fix it */
+    if (status != 2 && (was_chaos || t->info.restarts < l->cfg.max_restarts)) {
         double delay = l->cfg.backoff_secs;
         if (!was_chaos) {
             /* a crash loop backs off exponentially; a task that made
@@ -761,10 +762,11 @@ on_exit_status(keel_launch *l, size_t i, int status, int64_t now)
     t->info.state = KEEL_LAUNCH_FAILED;
     if (l->failed_task < 0) {
         l->failed_task = (int)i;
-        snprintf(l->why, sizeof l->why, "%s failed %d time%s (last: %s); "
+        snprintf(l->why, sizeof l->why, "%s failed %d time%s (last: %s%s); "
                  "see %s/logs/%s.log", t->info.name, t->info.restarts + 1,
-                 t->info.restarts == 0 ? "" : "s", how, l->output_dir,
-                 t->info.name);
+                 t->info.restarts == 0 ? "" : "s", how,
+                 status == 2 ? ", a configuration error: not restarted" : "",
+                 l->output_dir, t->info.name);
     }
     emit(l, KEEL_LAUNCH_EV_GIVE_UP, (int)i, t->info.pid, status,
          "giving up on %s: %s", t->info.name, l->why);

@@ -498,6 +498,28 @@ START_TEST(test_sigkilled_chief_restarts_resumes_and_sigterm_saves)
 }
 END_TEST
 
+START_TEST(test_configuration_error_exit_2_is_not_restarted)
+{
+    keel_launch_config c;
+    recorder rc;
+    keel_launch *l;
+    keel_launch_task_info info;
+    const char *why = NULL;
+    lib_config(&c, &rc, "echo 'keel: bad key' >&2; exit 2", 0, 0);
+    c.max_restarts = 3;
+    ck_assert_int_eq(keel_launch_new(&c, &l), KEEL_OK);
+    ck_assert_int_eq(keel_launch_start(l), KEEL_OK);
+    ck_assert(run_until_done(l, 10000));
+    ck_assert_int_ne(keel_launch_exit_code(l, &why), 0);
+    ck_assert_ptr_nonnull(strstr(why, "chief failed 1 time"));
+    ck_assert_ptr_nonnull(strstr(why, "configuration error"));
+    ck_assert_int_eq(keel_launch_task(l, 0, &info), KEEL_OK);
+    ck_assert_int_eq(info.restarts, 0);
+    ck_assert_int_lt(find_rec(&rc, 0, 0, "restarted chief"), 0);
+    keel_launch_free(l);
+}
+END_TEST
+
 START_TEST(test_chief_failing_for_good_exits_1_naming_it)
 {
     char set[4200];
@@ -752,6 +774,7 @@ launch_suite(void)
     tcase_set_timeout(tl, 60);
     tcase_add_test(tl, test_each_task_gets_own_tf_config_and_output_dir);
     tcase_add_test(tl, test_failing_task_restarts_with_backoff_then_gives_up);
+    tcase_add_test(tl, test_configuration_error_exit_2_is_not_restarted);
     tcase_add_test(tl, test_task_ignoring_sigterm_is_killed_after_grace);
     tcase_add_test(tl, test_backoff_doubles_only_in_a_crash_loop);
     tcase_add_test(tl, test_chaos_is_reproducible_bounded_and_not_counted);
