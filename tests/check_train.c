@@ -709,7 +709,9 @@ START_TEST(test_model_threads_split_batches_deterministically)
     ck_assert_int_eq(keel_model_step(again.m, again.vs, &b, 10, again.g,
                                      &s3), KEEL_OK);
     ck_assert_int_eq(s1.correct, s2.correct);
-    ck_assert_double_eq_tol(s1.loss_sum, s2.loss_sum, 1e-9);
+    /* sharding changes the summation order: equal up to rounding */
+    ck_assert_double_eq_tol(s1.loss_sum, s2.loss_sum,
+                            1e-6 * fabs(s1.loss_sum));
     for (size_t v = 0; v < keel_grads_count(one.g); v++) {
         keel_tensor *g1 = keel_grads_at(one.g, v);
         keel_tensor *g2 = keel_grads_at(two.g, v);
