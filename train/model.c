@@ -78,9 +78,11 @@ static const char *const model_names[] = { "softmax", "mlp", "cnn" };
 static const char *const act_names[] = { "relu", "tanh", "none" };
 static const char *const init_names[] = { "glorot", "torch" };
 
-static keel_status
-name_lookup(const char *what, const char *name, const char *const *names,
-            int n, int *out)
+/* The index of name in names (n entries), or KEEL_EINVAL naming what and
+ * listing the valid choices. Shared by the *_from_name() parsers. */
+keel_status
+keel__train_name_lookup(const char *what, const char *name,
+                        const char *const *names, int n, int *out)
 {
     char list[128] = "";
     for (int i = 0; i < n; i++)
@@ -101,7 +103,8 @@ keel_status
 keel_model_kind_from_name(const char *name, keel_model_kind *out)
 {
     int i = 0;
-    keel_status st = name_lookup("model type", name, model_names, 3, &i);
+    keel_status st = keel__train_name_lookup("model type", name, model_names,
+                                             3, &i);
     if (st == KEEL_OK)
         *out = (keel_model_kind)i;
     return st;
@@ -117,7 +120,8 @@ keel_status
 keel_activation_from_name(const char *name, keel_activation *out)
 {
     int i = 0;
-    keel_status st = name_lookup("activation", name, act_names, 3, &i);
+    keel_status st = keel__train_name_lookup("activation", name, act_names,
+                                             3, &i);
     if (st == KEEL_OK)
         *out = (keel_activation)i;
     return st;
@@ -127,7 +131,8 @@ keel_status
 keel_init_kind_from_name(const char *name, keel_init_kind *out)
 {
     int i = 0;
-    keel_status st = name_lookup("init scheme", name, init_names, 2, &i);
+    keel_status st = keel__train_name_lookup("init scheme", name, init_names,
+                                             2, &i);
     if (st == KEEL_OK)
         *out = (keel_init_kind)i;
     return st;

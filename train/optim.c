@@ -24,25 +24,6 @@ static const char *const lr_names[] = { "constant", "piecewise",
 static const char *const opt_names[] = { "sgd", "momentum", "adagrad",
                                          "adam", "rmsprop" };
 
-static keel_status
-lookup(const char *what, const char *name, const char *const *names, int n,
-       int *out)
-{
-    char list[128] = "";
-    for (int i = 0; i < n; i++)
-        if (name != NULL && strcmp(name, names[i]) == 0) {
-            *out = i;
-            return KEEL_OK;
-        }
-    for (int i = 0; i < n; i++) {
-        strncat(list, names[i], sizeof list - strlen(list) - 1);
-        if (i + 1 < n)
-            strncat(list, ", ", sizeof list - strlen(list) - 1);
-    }
-    return keel__fail(KEEL_EINVAL, "unknown %s '%s' (valid: %s)", what,
-                      name != NULL ? name : "(null)", list);
-}
-
 void
 keel_lr_schedule_init(keel_lr_schedule *s)
 {
@@ -57,7 +38,8 @@ keel_status
 keel_lr_kind_from_name(const char *name, keel_lr_kind *out)
 {
     int i = 0;
-    keel_status st = lookup("learning-rate schedule", name, lr_names, 3, &i);
+    keel_status st = keel__train_name_lookup("learning-rate schedule",
+                                             name, lr_names, 3, &i);
     if (st == KEEL_OK)
         *out = (keel_lr_kind)i;
     return st;
@@ -212,7 +194,8 @@ keel_status
 keel_optimizer_kind_from_name(const char *name, keel_optimizer_kind *out)
 {
     int i = 0;
-    keel_status st = lookup("optimizer", name, opt_names, 5, &i);
+    keel_status st = keel__train_name_lookup("optimizer", name, opt_names,
+                                             5, &i);
     if (st == KEEL_OK)
         *out = (keel_optimizer_kind)i;
     return st;

@@ -129,4 +129,9 @@ void keel__sgemm(int trans_a, int trans_b, size_t m, size_t n, size_t k,
                  float alpha, const float *a, size_t lda, const float *b,
                  size_t ldb, float beta, float *c, size_t ldc);
 
+/* model.c: index of name among n names, or KEEL_EINVAL listing them. */
+keel_status keel__train_name_lookup(const char *what, const char *name,
+                                    const char *const *names, int n,
+                                    int *out);
+
 #endif
