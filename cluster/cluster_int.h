@@ -226,6 +226,37 @@ void keel__zap_stop(keel__zap *z);
 /* Refusals so far (for tests and logs). */
 long keel__zap_refused(const keel__zap *z);
 
+/* ---- liveness (heartbeat.c) ----------------------------------------------
+ * A thread of a worker or the chief pings every ps each interval on its own
+ * sockets; the training thread reads snapshots while it waits. */
+typedef struct keel__hb_config {
+    const char *const *endpoints;  /* n "tcp://host:port" */
+    const keel__curve *curves;     /* n client set-ups, or NULL */
+    int n;
+    int interval_ms;
+    keel_task_type type;           /* the sender, as in requests */
+    int index;
+    uint64_t generation;
+} keel__hb_config;
+
+typedef struct keel__hb_peer {
+    int64_t last_heard_ns;         /* monotonic; 0: never answered */
+    int64_t since_ns;              /* last_heard_ns, or the start */
+    uint64_t generation;           /* the ps's incarnation */
+    int64_t global_step;
+    long beats;                    /* answers so far */
+    char status[192];              /* the ps's text: counters and what its
+                                    * current sync step still lacks */
+} keel__hb_peer;
+
+typedef struct keel__hb keel__hb;
+keel_status keel__hb_start(const keel__hb_config *cfg, keel__hb **out);
+/* Stops the thread at once (no interval wait). NULL is a no-op. */
+void keel__hb_stop(keel__hb *hb);
+void keel__hb_peer_get(keel__hb *hb, int p, keel__hb_peer *out);
+/* Wait until peer p has answered more than beats times; 1 if it has. */
+int keel__hb_wait(keel__hb *hb, int p, long beats, int timeout_ms);
+
 /* ---- client and variable server skeleton (wire.c, ps.c) ----------------- */
 
 typedef struct keel__wire_client keel__wire_client;
@@ -256,6 +287,11 @@ keel_status keel__wire_client_send(keel__wire_client *c,
 keel_status keel__wire_client_wait(keel__wire_client *c, uint64_t request_id,
                                    int zero_copy, int timeout_ms,
                                    keel__wire_msg *reply);
+/* Drop the connection and everything queued on it (an abandoned request
+ * whose peer died), wait until zero-copy frames are released, connect
+ * again. On failure the client is unusable (free it). */
+keel_status keel__wire_client_reconnect(keel__wire_client *c,
+                                        const keel__curve *curve);
 uint64_t keel__wire_client_generation(const keel__wire_client *c);
 /* One incarnation id for all of a process's clients (the chief's
  * generation). */
@@ -308,6 +344,12 @@ long keel__ps_rejected(const keel__ps *ps);
 /* Gradients applied and dropped as stale (with apply). */
 long keel__ps_applied(const keel__ps *ps);
 long keel__ps_dropped(const keel__ps *ps);
+/* Liveness: log (at most once per stall_ms) a sync step that has waited
+ * stall_ms for gradients, naming the replicas it lacks; 0: off. */
+void keel__ps_watch(keel__ps *ps, int stall_ms);
+/* Milliseconds since the chief (replica 0) was last heard from (or since
+ * the start). */
+int64_t keel__ps_chief_silent_ms(const keel__ps *ps);
 /* After a SHUTDOWN: answer whatever still comes (pushes of workers that
  * have not heard yet) with ERROR KEEL_ECANCELLED for up to ms. */
 void keel__ps_drain(keel__ps *ps, int ms);

@@ -56,6 +56,11 @@ struct keel__ps {
     keel_grads *acc;             /* sync: the sums */
     hello_waiter waiters[MAX_WAITERS];
     int n_waiters;
+    /* liveness: when each replica was last heard from (monotonic ns) */
+    int64_t started_ns;
+    int64_t *last_heard;         /* per replica */
+    int64_t pending_since_ns;    /* sync: first gradient of this step */
+    int64_t last_stall_log_ns;
 };
 
 keel_status
@@ -92,6 +97,13 @@ keel__ps_new(const keel__ps_config *cfg, keel__ps **out)
     ps->replicas_to_aggregate = cfg->replicas_to_aggregate > 0
         ? cfg->replicas_to_aggregate : ps->total_replicas;
     ps->has_chief = cfg->has_chief;
+    ps->started_ns = keel__now_mono_ns();
+    ps->last_heard = calloc((size_t)ps->total_replicas,
+                            sizeof *ps->last_heard);
+    if (ps->last_heard == NULL) {
+        st = keel__fail(KEEL_ENOMEM, "ps: %d replicas", ps->total_replicas);
+        goto fail;
+    }
     if (ps->apply != NULL) {
         ps->pending = calloc((size_t)ps->total_replicas,
                              sizeof *ps->pending);
@@ -164,6 +176,7 @@ keel__ps_free(keel__ps *ps)
         keel__wire_pin_destroy(&ps->pins[i]);
     free(ps->pins);
     free(ps->seen);
+    free(ps->last_heard);
     free(ps);
 }
 
@@ -203,6 +216,95 @@ pin_of(keel__ps *ps, const keel_var *v)
 {
     size_t i = keel_var_index(v);
     return i < ps->n_pins ? &ps->pins[i] : &ps->pin;
+}
+
+/* The training replica a request comes from (chief 0, worker i i+1, or
+ * worker i i without a chief), or -1. */
+static int
+replica_of(const keel__ps *ps, const keel__wire_header *h)
+{
+    int r = -1;
+    if (h->sender_type == KEEL_TASK_CHIEF)
+        r = 0;
+    else if (h->sender_type == KEEL_TASK_WORKER &&
+             h->sender_index < (uint32_t)ps->total_replicas)
+        r = (int)h->sender_index + ps->has_chief;
+    return r >= 0 && r < ps->total_replicas ? r : -1;
+}
+
+static void
+replica_name(const keel__ps *ps, int r, char *buf, size_t size)
+{
+    if (ps->has_chief && r == 0)
+        snprintf(buf, size, "chief");
+    else
+        snprintf(buf, size, "worker %d", r - ps->has_chief);
+}
+
+static int
+pending_count(const keel__ps *ps)
+{
+    int k = 0;
+    for (int r = 0; ps->pending != NULL && r < ps->total_replicas; r++)
+        k += ps->pending[r].used;
+    return k;
+}
+
+/* "applied=A dropped=D ready=R step=S" and, while a sync step is partly
+ * filled, " waiting=K/N missing=worker 1 (silent 2.5 s),...". */
+static void
+status_text(const keel__ps *ps, char *buf, size_t size)
+{
+    size_t len;
+    int k = pending_count(ps);
+    int64_t now = keel__now_mono_ns();
+    snprintf(buf, size, "applied=%ld dropped=%ld ready=%d step=%lld",
+             ps->applied, ps->dropped, ps->is_ready,
+             (long long)keel_vars_global_step(ps->vars));
+    if (!ps->sync || k == 0)
+        return;
+    len = strlen(buf);
+    snprintf(buf + len, size - len, " waiting=%.1fs have=%d/%d missing=",
+             (double)(now - ps->pending_since_ns) / 1e9, k,
+             ps->replicas_to_aggregate);
+    for (int r = 0, first = 1; r < ps->total_replicas; r++) {
+        char name[32];
+        int64_t heard = ps->last_heard[r] ? ps->last_heard[r]
+                                          : ps->started_ns;
+        if (ps->pending[r].used)
+            continue;
+        replica_name(ps, r, name, sizeof name);
+        len = strlen(buf);
+        if (len + 1 >= size)
+            break;
+        snprintf(buf + len, size - len, "%s%s (silent %.1f s)",
+                 first ? "" : ",", name, (double)(now - heard) / 1e9);
+        first = 0;
+    }
+}
+
+void
+keel__ps_watch(keel__ps *ps, int stall_ms)
+{
+    int64_t now = keel__now_mono_ns();
+    int64_t stall = (int64_t)stall_ms * 1000000;
+    char text[512];
+    if (stall_ms <= 0 || !ps->sync || pending_count(ps) == 0 ||
+        now - ps->pending_since_ns < stall ||
+        now - ps->last_stall_log_ns < stall)
+        return;
+    ps->last_stall_log_ns = now;
+    status_text(ps, text, sizeof text);
+    keel__log(KEEL_LOG_WARN, "ps %d: sync step %lld is stalled: %s",
+              ps->task_index, (long long)keel_vars_global_step(ps->vars),
+              strstr(text, "waiting=") ? strstr(text, "waiting=") : text);
+}
+
+int64_t
+keel__ps_chief_silent_ms(const keel__ps *ps)
+{
+    int64_t heard = ps->last_heard[0] ? ps->last_heard[0] : ps->started_ns;
+    return (keel__now_mono_ns() - heard) / 1000000;
 }
 
 static void
@@ -553,9 +655,10 @@ real_init(keel__ps *ps, keel__wire_msg *req)
                 keel_var_set_initialized(vars[i], 1);
         }
         if (req->h.arg == 0) {          /* the last part: ready */
-            if (ps->chief_generation != req->h.generation)
-                fail_pending(ps, KEEL_EABORTED, "a new chief initialized "
-                             "this ps; wait for readiness again");
+            /* Pending gradients were computed on the state just replaced
+             * (a new chief, or a rollback after another ps was lost). */
+            fail_pending(ps, KEEL_EABORTED, "the chief (re)initialized "
+                         "this ps; wait for readiness again");
             keel_vars_set_global_step(ps->vars, req->h.global_step);
             ps->chief_generation = req->h.generation;
             ps->is_ready = 1;
@@ -681,14 +784,8 @@ real_push(keel__ps *ps, keel__wire_msg *req)
                           ps->task_index);
     if (req->h.flags & KEEL_WIRE_F_NAMES_ONLY)
         return keel__fail(KEEL_ECORRUPT, "PUSH without data");
-    if (req->h.sender_type == KEEL_TASK_CHIEF)
-        replica = 0;
-    else if (req->h.sender_type == KEEL_TASK_WORKER &&
-             req->h.sender_index < (uint32_t)ps->total_replicas)
-        replica = (int)req->h.sender_index + ps->has_chief;
-    else
-        replica = -1;
-    if (replica < 0 || replica >= ps->total_replicas)
+    replica = replica_of(ps, &req->h);
+    if (replica < 0)
         return keel__fail(KEEL_EINVAL, "PUSH from %s %u: not a training "
                           "replica of this cluster (%d replicas)",
                           keel_task_type_name((keel_task_type)
@@ -761,6 +858,8 @@ real_push(keel__ps *ps, keel__wire_msg *req)
         zmq_msg_move(&p->msg.identity, &req->identity);
         keel__wire_msg_init(req);       /* moved: the caller clears nothing */
         p->vars = vars;
+        if (pending_count(ps) == 0)
+            ps->pending_since_ns = keel__now_mono_ns();
         p->used = 1;
         vars = NULL;
     }
@@ -777,7 +876,7 @@ static keel_status
 real_hello(keel__ps *ps, keel__wire_msg *req)
 {
     keel__wire_header h;
-    char text[128];
+    char text[512];
     if (!ps->is_ready && req->h.arg == 1) {   /* wait for readiness */
         hello_waiter *w;
         if (ps->n_waiters == MAX_WAITERS) {   /* forget the oldest */
@@ -795,8 +894,7 @@ real_hello(keel__ps *ps, keel__wire_msg *req)
     reply_header(ps, req, &h, KEEL_MSG_READY, 0);
     h.arg = (uint32_t)ps->is_ready;
     h.local_step = (int64_t)ps->chief_generation;
-    snprintf(text, sizeof text, "applied=%ld dropped=%ld ready=%d",
-             ps->applied, ps->dropped, ps->is_ready);
+    status_text(ps, text, sizeof text);
     return keel__wire_send(ps->sock, &req->identity, &h, NULL, 0, text,
                            NULL);
 }
@@ -862,10 +960,9 @@ handle(keel__ps *ps, keel__wire_msg *req)
     case KEEL_MSG_HEARTBEAT:
         reply_header(ps, req, &h, req->h.type, KEEL_WIRE_F_REPLY);
         if (ps->apply != NULL) {        /* stats for tests and tools */
-            char text[160];
+            char text[512];
             h.local_step = (int64_t)ps->chief_generation;
-            snprintf(text, sizeof text, "applied=%ld dropped=%ld ready=%d",
-                     ps->applied, ps->dropped, ps->is_ready);
+            status_text(ps, text, sizeof text);
             return keel__wire_send(ps->sock, &req->identity, &h, NULL, 0,
                                    text, NULL);
         }
@@ -894,8 +991,12 @@ keel__ps_serve_once(keel__ps *ps, int timeout_ms)
         keel__wire_msg_clear(&req);
         return st;
     }
-    if (st == KEEL_OK)
+    if (st == KEEL_OK) {
+        int r = replica_of(ps, &req.h);
+        if (r >= 0)
+            ps->last_heard[r] = keel__now_mono_ns();
         st = handle(ps, &req);
+    }
     if (st != KEEL_OK && req.has_identity) {
         char why[KEEL_ERR_MAX];
         snprintf(why, sizeof why, "%s", keel_last_error());

@@ -5,6 +5,8 @@
 #include <config.h>
 
 #include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -138,6 +140,16 @@ keel__cluster_run_ps(const keel__role_opts *o, const keel_vars *model,
               pc.total_replicas);
     for (;;) {
         st = keel__ps_serve_once(ps, 100);
+        keel__ps_watch(ps, (int)(o->stall_warn_secs * 1000));
+        if (o->orphan_secs > 0 &&
+            keel__ps_chief_silent_ms(ps) > (int64_t)(o->orphan_secs * 1000)) {
+            st = keel__fail(KEEL_EUNAVAILABLE, "ps %d: no word from the "
+                            "chief (%s) for %.0f s (cluster.orphan_secs): "
+                            "the job is gone; exiting", idx,
+                            pc.has_chief ? "chief 0" : "worker 0",
+                            o->orphan_secs);
+            break;
+        }
         if (st == KEEL_ECANCELLED) {        /* the chief said stop */
             keel__ps_drain(ps, DRAIN_MS);
             st = KEEL_OK;
@@ -184,6 +196,10 @@ struct keel__worker {
     keel_grads *const *micro;      /* micro-batch gradients, or NULL */
     int n_micro;
     int64_t last_fetch_ns;
+    keel__curve *curves;           /* per ps: client set-up (server key) */
+    keel__hb *hb;                  /* liveness of every ps */
+    int64_t gen_ns;                /* when ps_gen was last learned */
+    int64_t last_step_seen;        /* the cluster's step before a loss */
 };
 
 static int
@@ -191,6 +207,38 @@ ms_of(double secs)
 {
     double ms = secs * 1000.0;
     return ms > INT_MAX / 2 ? INT_MAX / 2 : ms < 1 ? 1 : (int)ms;
+}
+
+static keel_status
+start_heartbeats(keel__worker *w)
+{
+    char (*eps)[KEEL_ADDR_MAX + 16] = calloc((size_t)w->n_ps, sizeof *eps);
+    const char **ptrs = calloc((size_t)w->n_ps, sizeof *ptrs);
+    keel__hb_config hc;
+    keel_status st = KEEL_OK;
+    if (eps == NULL || ptrs == NULL) {
+        free(eps);
+        free(ptrs);
+        return keel__fail(KEEL_ENOMEM, "heartbeat: %d ps", w->n_ps);
+    }
+    for (int p = 0; p < w->n_ps && st == KEEL_OK; p++) {
+        st = keel__fmt(eps[p], sizeof eps[p], "ps address", "tcp://%s",
+                       keel_cluster_spec_address(w->spec, KEEL_TASK_PS, p));
+        ptrs[p] = eps[p];
+    }
+    memset(&hc, 0, sizeof hc);
+    hc.endpoints = ptrs;
+    hc.curves = w->o.curve ? w->curves : NULL;
+    hc.n = w->n_ps;
+    hc.interval_ms = w->o.heartbeat_ms > 0 ? w->o.heartbeat_ms : 200;
+    hc.type = keel_cluster_spec_task_type(w->spec);
+    hc.index = keel_cluster_spec_task_index(w->spec);
+    hc.generation = w->generation;
+    if (st == KEEL_OK)
+        st = keel__hb_start(&hc, &w->hb);
+    free(eps);
+    free(ptrs);
+    return st;
 }
 
 keel_status
@@ -219,10 +267,11 @@ keel__worker_new(const keel__role_opts *o, keel_vars *vs, keel__worker **out)
     w->req_ids = calloc((size_t)(w->n_ps ? w->n_ps : 1),
                         sizeof *w->req_ids);
     w->ps_of = calloc(w->n_vars ? w->n_vars : 1, sizeof *w->ps_of);
+    w->curves = calloc((size_t)(w->n_ps ? w->n_ps : 1), sizeof *w->curves);
     w->outs = calloc(w->n_names + w->n_vars * 64 + 1, sizeof *w->outs);
     w->names = calloc(w->n_names ? w->n_names : 1, sizeof *w->names);
     if (w->clients == NULL || w->ps_gen == NULL || w->req_ids == NULL ||
-        w->ps_of == NULL ||
+        w->ps_of == NULL || w->curves == NULL ||
         w->outs == NULL || w->names == NULL) {
         st = keel__fail(KEEL_ENOMEM, "worker: tables for %zu variables",
                         w->n_vars);
@@ -246,6 +295,7 @@ keel__worker_new(const keel__role_opts *o, keel_vars *vs, keel__worker **out)
                     KEEL_OK)
                 goto fail;
         }
+        w->curves[p] = curve;
         st = keel__wire_client_new(ep, &curve,
                                    keel_cluster_spec_task_type(o->spec),
                                    keel_cluster_spec_task_index(o->spec),
@@ -255,6 +305,8 @@ keel__worker_new(const keel__role_opts *o, keel_vars *vs, keel__worker **out)
         keel__wire_client_set_generation(w->clients[p], w->generation);
     }
     keel__curve_clear(&curve);
+    if (w->n_ps > 0 && (st = start_heartbeats(w)) != KEEL_OK)
+        goto fail;
     *out = w;
     return KEEL_OK;
 fail:
@@ -268,8 +320,12 @@ keel__worker_free(keel__worker *w)
 {
     if (w == NULL)
         return;
+    keel__hb_stop(w->hb);
     for (int p = 0; w->clients != NULL && p < w->n_ps; p++)
         keel__wire_client_free(w->clients[p]);
+    for (int p = 0; w->curves != NULL && p < w->n_ps; p++)
+        keel__curve_clear(&w->curves[p]);
+    free(w->curves);
     free(w->clients);
     free(w->ps_gen);
     free(w->req_ids);
@@ -444,6 +500,8 @@ hello_all(keel__worker *w, int wait, int timeout_ms, int *all_ready,
     }
     if (chief == 0)
         *same_chief = 0;
+    if (gens == w->ps_gen)
+        w->gen_ns = keel__now_mono_ns();
     return KEEL_OK;
 }
 
@@ -486,6 +544,14 @@ be_publish(void *ctx, keel_vars *vs, int restored)
     keel__log(KEEL_LOG_INFO, "chief: %d parameter server(s) initialized at "
               "step %lld; cluster ready", w->n_ps,
               (long long)keel_vars_global_step(vs));
+    if (w->last_step_seen > 0)          /* this process trained before */
+        keel__log(KEEL_LOG_WARN, "chief: the cluster had reached step %lld "
+                  "before it lost its state; restarting from step %lld: "
+                  "%lld step(s) lost", (long long)w->last_step_seen,
+                  (long long)keel_vars_global_step(vs),
+                  (long long)(w->last_step_seen -
+                              keel_vars_global_step(vs)));
+    w->last_step_seen = keel_vars_global_step(vs);
     return KEEL_OK;
 }
 
@@ -504,6 +570,7 @@ be_is_intact(void *ctx, keel_vars *vs, int *is_intact)
         st = keel__worker_pull_all(w, vs, 1);
         *is_intact = st == KEEL_OK;
         memcpy(w->ps_gen, gens, (size_t)w->n_ps * sizeof *gens);
+        w->gen_ns = keel__now_mono_ns();
     }
     free(gens);
     return st;
@@ -542,6 +609,88 @@ be_wait(void *ctx, int64_t deadline_ns)
         ts.tv_sec = (until - now) / 1000000000;
         ts.tv_nsec = (until - now) % 1000000000;
         nanosleep(&ts, NULL);
+    }
+}
+
+#define WAIT_CHUNK_MS 20
+
+/* Give up a push to ps p: drop its connection (and the queued frames, so
+ * the gradient buffers are ours again) and say why. */
+static keel_status
+abandon(keel__worker *w, int p, keel_status code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static keel_status
+abandon(keel__worker *w, int p, keel_status code, const char *fmt, ...)
+{
+    char why[KEEL_ERR_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    if (keel__wire_client_reconnect(w->clients[p],
+                                    w->o.curve ? &w->curves[p] : NULL) !=
+        KEEL_OK)
+        return keel__wrap(KEEL_EIO, "%s; then", why);
+    return keel__fail(code, "%s", why);
+}
+
+/* Wait for the reply to the push in flight to ps p: as long as the step
+ * needs (a sync step waits for the other replicas), but no longer than
+ * the ps stays alive and the same incarnation (heartbeats), and no longer
+ * than cluster.step_timeout_secs; a long wait is logged with what the
+ * step lacks. *r is initialized either way (type 0 when abandoned). */
+static keel_status
+wait_push(keel__worker *w, int p, int64_t step, keel__wire_msg *r)
+{
+    int64_t start = keel__now_mono_ns(), last_warn = start;
+    int64_t stall = (int64_t)(w->o.stall_warn_secs * 1e9);
+    int64_t limit = (int64_t)(w->o.step_timeout_secs * 1e9);
+    int64_t dead = (int64_t)w->o.dead_after_ms * 1000000;
+    const char *addr = keel_cluster_spec_address(w->spec, KEEL_TASK_PS, p);
+    for (;;) {
+        keel__hb_peer peer;
+        int64_t now;
+        keel_status st = keel__wire_client_wait(w->clients[p],
+                                                w->req_ids[p], 1,
+                                                WAIT_CHUNK_MS, r);
+        if (st != KEEL_ETIMEOUT)
+            return st;
+        keel__wire_msg_clear(r);
+        keel__wire_msg_init(r);
+        now = keel__now_mono_ns();
+        keel__hb_peer_get(w->hb, p, &peer);
+        if (peer.last_heard_ns > w->gen_ns &&
+            peer.generation != w->ps_gen[p])
+            return abandon(w, p, KEEL_EABORTED, "ps %d (%s) restarted "
+                           "(generation %016llx, was %016llx) while step "
+                           "%lld waited", p, addr,
+                           (unsigned long long)peer.generation,
+                           (unsigned long long)w->ps_gen[p],
+                           (long long)step);
+        if (now - (peer.since_ns > start ? peer.since_ns : start) > dead)
+            return abandon(w, p, KEEL_EUNAVAILABLE, "ps %d (%s) silent for "
+                           "%.1f s (cluster.dead_after_ms = %d): declared "
+                           "dead during step %lld", p, addr,
+                           (double)(now - (peer.since_ns > start
+                                               ? peer.since_ns : start)) /
+                               1e9,
+                           w->o.dead_after_ms, (long long)step);
+        if (limit > 0 && now - start > limit)
+            return abandon(w, p, KEEL_ETIMEOUT, "step %lld did not complete "
+                           "within %.0f s (cluster.step_timeout_secs); ps %d "
+                           "says: %s", (long long)step,
+                           w->o.step_timeout_secs, p,
+                           peer.status[0] ? peer.status : "(nothing)");
+        if (stall > 0 && now - last_warn >= stall) {
+            last_warn = now;
+            keel__log(KEEL_LOG_WARN, "step %lld has waited %.1f s for ps %d "
+                      "(alive, heard %.1f s ago): %s", (long long)step,
+                      (double)(now - start) / 1e9, p,
+                      (double)(now - peer.since_ns) / 1e9,
+                      strstr(peer.status, "waiting=")
+                          ? strstr(peer.status, "waiting=")
+                          : "not a sync step in progress there");
+        }
     }
 }
 
@@ -587,9 +736,23 @@ be_apply(void *ctx, keel_vars *vs, keel_grads *grads, int64_t global_step)
     }
     for (int p = 0; p < sent; p++) {
         keel__wire_msg r;
-        keel_status st = keel__wire_client_wait(w->clients[p], w->req_ids[p],
-                                                1, timeout, &r);
-        if (st != KEEL_OK) {
+        keel_status st;
+        if (first != KEEL_OK) {
+            /* The step failed elsewhere: give this push up too, so that
+             * its zero-copy frames are released before the next step. */
+            char keep[KEEL_ERR_MAX];
+            snprintf(keep, sizeof keep, "%s", keel_last_error());
+            if (abandon(w, p, KEEL_EABORTED, "step %lld abandoned",
+                        (long long)global_step) == KEEL_EIO)
+                first = KEEL_EIO;
+            else
+                (void)keel__fail(first, "%s", keep);
+            continue;
+        }
+        st = wait_push(w, p, global_step, &r);
+        if (st != KEEL_OK && r.h.type == 0) {
+            /* abandoned or failed locally: nothing was read */
+        } else if (st != KEEL_OK) {
             st = call_error(w, p, st, &r, "push");
         } else if (r.h.generation != w->ps_gen[p]) {
             st = keel__fail(KEEL_EABORTED, "ps %d restarted (generation "
@@ -608,6 +771,7 @@ be_apply(void *ctx, keel_vars *vs, keel_grads *grads, int64_t global_step)
     if (first != KEEL_OK)
         return first;
     keel_vars_set_global_step(vs, new_step);
+    w->last_step_seen = new_step;
     return KEEL_OK;
 }
 

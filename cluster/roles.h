@@ -12,6 +12,10 @@ typedef struct keel__role_opts {
     const keel_cluster_spec *spec;  /* validated; this task's role set */
     int round_robin;                /* placement: 1 round robin, 0 size */
     int dead_after_ms;              /* a silent ps is dead after this */
+    int heartbeat_ms;               /* liveness pings to every ps */
+    double stall_warn_secs;         /* log a waiting step; 0: never */
+    double step_timeout_secs;       /* a step's wait fails; 0: never */
+    double orphan_secs;             /* a ps without its chief exits */
     int ready_retry_ms;             /* retry floor while waiting */
     double max_wait_secs;           /* waiting for the chief / the ps */
     int curve;                      /* CURVE on every socket */

@@ -649,6 +649,32 @@ keel__wire_client_free(keel__wire_client *c)
     free(c);
 }
 
+keel_status
+keel__wire_client_reconnect(keel__wire_client *c, const keel__curve *curve)
+{
+    keel_status st;
+    /* Linger 0: whatever is queued for the old peer is dropped, and libzmq
+     * lets go of zero-copy frames; wait for that before new sends. */
+    if (c->sock != NULL)
+        zmq_close(c->sock);
+    c->sock = NULL;
+    st = keel__wire_pin_wait(&c->pin, 10000);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "reconnect to %s: frames of the abandoned "
+                          "request still held", c->endpoint);
+    c->sock = zmq_socket(c->zctx, ZMQ_DEALER);
+    if (c->sock == NULL)
+        return keel__fail(KEEL_EIO, "client: socket: %s",
+                          zmq_strerror(errno));
+    if ((st = keel__wire_sockopts(c->sock, &c->limits)) != KEEL_OK ||
+        (st = keel__curve_setup_client(c->sock, curve)) != KEEL_OK)
+        return st;
+    if (zmq_connect(c->sock, c->endpoint) != 0)
+        return keel__fail(KEEL_EINVAL, "client: connect %s: %s",
+                          c->endpoint, zmq_strerror(errno));
+    return KEEL_OK;
+}
+
 uint64_t
 keel__wire_client_generation(const keel__wire_client *c)
 {

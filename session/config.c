@@ -169,10 +169,23 @@ static const key_def schema[] = {
     { "cluster", "placement", T_ENUM, "size_balanced", NOLIM,
       "round_robin|size_balanced",
       "How variables are spread over parameter servers." },
-    { "cluster", "heartbeat_ms", T_INT, "500", 10, 600000, NULL,
-      "Heartbeat period between tasks." },
-    { "cluster", "dead_after_ms", T_INT, "10000", 100, 86400000, NULL,
-      "A silent peer is declared dead after this long." },
+    { "cluster", "heartbeat_ms", T_INT, "200", 10, 600000, NULL,
+      "Workers and the chief ping every ps this often (own thread and "
+      "sockets), so a lost or restarted ps is noticed within about one "
+      "period even while a sync step waits for other replicas." },
+    { "cluster", "dead_after_ms", T_INT, "5000", 100, 86400000, NULL,
+      "A ps silent this long is declared dead (the step is given up and "
+      "the session recovers); also the deadline of every request." },
+    { "cluster", "stall_warn_secs", T_DOUBLE, "10", 0, 1e6, NULL,
+      "A sync step waiting this long is logged (by the waiting replicas "
+      "and the ps) with the replicas it lacks and how long each has been "
+      "silent; 0: never." },
+    { "cluster", "step_timeout_secs", T_DOUBLE, "3600", 0, 1e9, NULL,
+      "A replica whose step has not completed after this long fails with "
+      "an error naming what the step lacks; 0: wait forever." },
+    { "cluster", "orphan_secs", T_DOUBLE, "600", 0, 1e9, NULL,
+      "A ps that has not heard from the chief for this long exits 1 "
+      "(no parameter server left running forever); 0: never." },
     { "cluster", "ready_retry_ms", T_INT, "50", 1, 60000, NULL,
       "Workers' retry interval while waiting for the chief (readiness is "
       "also pushed as an event)." },
@@ -905,6 +918,15 @@ keel_config_validate(const keel_config *cfg)
         return keel__fail(KEEL_EINVAL, "checkpoint.basename '%s' must be a "
                           "plain file name of [A-Za-z0-9_.-]",
                           keel_config_str(cfg, "checkpoint.basename"));
+    if (keel_config_int(cfg, "cluster.heartbeat_ms") >=
+        keel_config_int(cfg, "cluster.dead_after_ms"))
+        return keel__fail(KEEL_EINVAL, "cluster.heartbeat_ms (%lld) must be "
+                          "less than cluster.dead_after_ms (%lld): a peer "
+                          "would be declared dead between two heartbeats",
+                          (long long)keel_config_int(cfg,
+                                                     "cluster.heartbeat_ms"),
+                          (long long)keel_config_int(cfg,
+                                                     "cluster.dead_after_ms"));
     if (keel_config_int(cfg, "cluster.total_num_replicas") > 0 &&
         keel_config_int(cfg, "cluster.replicas_to_aggregate") >
         keel_config_int(cfg, "cluster.total_num_replicas"))

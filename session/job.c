@@ -414,6 +414,11 @@ role_opts_from(const keel_config *cfg, const keel_cluster_spec *spec,
     o->round_robin = strcmp(keel_config_str(cfg, "cluster.placement"),
                             "round_robin") == 0;
     o->dead_after_ms = (int)keel_config_int(cfg, "cluster.dead_after_ms");
+    o->heartbeat_ms = (int)keel_config_int(cfg, "cluster.heartbeat_ms");
+    o->stall_warn_secs = keel_config_double(cfg, "cluster.stall_warn_secs");
+    o->step_timeout_secs =
+        keel_config_double(cfg, "cluster.step_timeout_secs");
+    o->orphan_secs = keel_config_double(cfg, "cluster.orphan_secs");
     o->ready_retry_ms = (int)keel_config_int(cfg, "cluster.ready_retry_ms");
     o->max_wait_secs = keel_config_double(cfg, "cluster.max_wait_secs");
     o->curve = keel_config_bool(cfg, "security.curve");

@@ -1601,7 +1601,7 @@ START_TEST(test_real_ps_checks_requests_and_aggregates_in_sync)
     ck_assert_int_eq(keel__wire_client_call(w1, &h, NULL, 0, 0, 3000, &r),
                      KEEL_OK);
     ck_assert_ptr_nonnull(r.text);
-    ck_assert_str_eq(r.text, "applied=2 dropped=1 ready=1");
+    ck_assert_str_eq(r.text, "applied=2 dropped=1 ready=1 step=6");
     keel__wire_msg_clear(&r);
     zmq_close(raw0);
     zmq_ctx_term(zctx);
@@ -1613,6 +1613,113 @@ START_TEST(test_real_ps_checks_requests_and_aggregates_in_sync)
     keel_tensor_release(&tg0);
     keel_tensor_release(&tg1);
     keel_tensor_release(&twrong);
+}
+END_TEST
+
+/* The heartbeat thread sees a ps's incarnation, what its sync step lacks
+ * (naming the silent replica), and a new incarnation after a restart on
+ * the same address. */
+START_TEST(test_heartbeats_see_the_step_state_and_a_restarted_ps)
+{
+    server sv;
+    keel__wire_client *w0;
+    keel__hb *hb;
+    keel__hb_peer peer;
+    keel__hb_config hc;
+    char ep[KEEL_ADDR_MAX + 16];
+    const char *eps[1];
+    float wv[6] = { 0 }, bv[3] = { 0 }, g[6] = { 1, 1, 1, 1, 1, 1 };
+    int64_t ws[2] = { 2, 3 }, bs[1] = { 3 };
+    keel_tensor tw, tb, tg;
+    keel__wire_out init[2], push[1];
+    keel__wire_header h;
+    keel__wire_msg r;
+    uint64_t gen1;
+    long beats;
+
+    real_start(&sv);
+    snprintf(ep, sizeof ep, "%s", keel__ps_endpoint(sv.ps));
+    eps[0] = ep;
+    memset(&hc, 0, sizeof hc);
+    hc.endpoints = eps;
+    hc.n = 1;
+    hc.interval_ms = 20;
+    hc.type = KEEL_TASK_WORKER;
+    hc.index = 1;
+    hc.generation = 77;
+    ck_assert_int_eq(keel__hb_start(&hc, &hb), KEEL_OK);
+    ck_assert(keel__hb_wait(hb, 0, 0, 5000));
+    keel__hb_peer_get(hb, 0, &peer);
+    ck_assert_uint_ne(peer.generation, 0);
+    gen1 = peer.generation;
+    ck_assert_msg(strncmp(peer.status, "applied=0 dropped=0 ready=0 step=0",
+                          34) == 0, "%s", peer.status);
+    ck_assert_ptr_null(strstr(peer.status, "missing="));
+
+    /* worker 0 initializes (no chief) and pushes for step 0: the step now
+     * waits for worker 1, which heartbeats but has not pushed */
+    ck_assert_int_eq(keel__wire_client_new(ep, NULL, KEEL_TASK_WORKER, 0,
+                                           &w0), KEEL_OK);
+    ck_assert_int_eq(make_tensor(&tw, wv, 2, ws), KEEL_OK);
+    ck_assert_int_eq(make_tensor(&tb, bv, 1, bs), KEEL_OK);
+    ck_assert_int_eq(make_tensor(&tg, g, 2, ws), KEEL_OK);
+    init[0] = (keel__wire_out){ "layer/w", &tw, NULL };
+    init[1] = (keel__wire_out){ "layer/b", &tb, NULL };
+    memset(&h, 0, sizeof h);
+    h.type = KEEL_MSG_INIT;
+    ck_assert_int_eq(keel__wire_client_call(w0, &h, init, 2, 0, 3000, &r),
+                     KEEL_OK);
+    keel__wire_msg_clear(&r);
+    push[0] = (keel__wire_out){ "layer/w", &tg, NULL };
+    memset(&h, 0, sizeof h);
+    h.type = KEEL_MSG_PUSH;
+    ck_assert_int_eq(keel__wire_client_send(w0, &h, push, 1, 0, 3000),
+                     KEEL_OK);
+    for (int i = 0; i < 100; i++) {       /* each wait is one new answer */
+        keel__hb_peer_get(hb, 0, &peer);
+        if (strstr(peer.status, "missing=") != NULL)
+            break;
+        ck_assert(keel__hb_wait(hb, 0, peer.beats, 5000));
+    }
+    ck_assert_msg(strstr(peer.status, "ready=1") != NULL, "%s", peer.status);
+    ck_assert_msg(strstr(peer.status, "have=1/2 missing=worker 1 (silent ")
+                  != NULL, "%s", peer.status);
+    ck_assert_ptr_null(strstr(peer.status, "worker 0 (silent"));
+
+    /* the ps dies and a new one serves the same address */
+    keel__wire_client_free(w0);
+    server_stop(&sv);
+    {
+        keel__ps_config cfg = { .bind = ep };
+        int64_t ws2[2] = { 2, 3 };
+        memset(&sv, 0, sizeof sv);
+        ck_assert_int_eq(keel_vars_new(&sv.vars), KEEL_OK);
+        ck_assert_int_eq(keel_vars_create(sv.vars, "layer/w", 2, ws2,
+                                          KEEL_VAR_TRAINABLE, NULL), KEEL_OK);
+        cfg.vars = sv.vars;
+        cfg.apply = sgd_apply;
+        cfg.sync = 1;
+        cfg.replicas_to_aggregate = 2;
+        cfg.total_replicas = 2;
+        ck_assert_msg(keel__ps_new(&cfg, &sv.ps) == KEEL_OK, "%s",
+                      keel_last_error());
+        atomic_store(&sv.stop, 0);
+        ck_assert_int_eq(pthread_create(&sv.th, NULL, server_main, &sv), 0);
+    }
+    keel__hb_peer_get(hb, 0, &peer);
+    beats = peer.beats;
+    for (int i = 0; i < 200 && peer.generation == gen1; i++) {
+        ck_assert(keel__hb_wait(hb, 0, beats, 5000));
+        keel__hb_peer_get(hb, 0, &peer);
+        beats = peer.beats;
+    }
+    ck_assert_uint_ne(peer.generation, gen1);
+    ck_assert_msg(strstr(peer.status, "ready=0") != NULL, "%s", peer.status);
+    keel__hb_stop(hb);
+    server_stop(&sv);
+    keel_tensor_release(&tw);
+    keel_tensor_release(&tb);
+    keel_tensor_release(&tg);
 }
 END_TEST
 
@@ -1649,6 +1756,7 @@ cluster_suite(void)
     tcase_add_test(live, test_live_server_survives_garbage_and_serves_others);
     tcase_add_test(live, test_pull_of_named_and_unknown_variables);
     tcase_add_test(live, test_real_ps_checks_requests_and_aggregates_in_sync);
+    tcase_add_test(live, test_heartbeats_see_the_step_state_and_a_restarted_ps);
     suite_add_tcase(s, live);
     tcase_add_checked_fixture(sec, tu_setup, tu_teardown);
     tcase_set_timeout(sec, 20);

@@ -728,6 +728,118 @@ START_TEST(test_chaos_killing_workers_mid_run_still_finishes)
 }
 END_TEST
 
+/* The pid in "launch | started|restarted <task> (pid N" lines. */
+static int
+pid_in(const char *line)
+{
+    int pid = 0;
+    const char *p = strstr(line, "(pid ");
+    ck_assert_ptr_nonnull(p);
+    ck_assert_int_eq(sscanf(p + 5, "%d", &pid), 1);
+    return pid;
+}
+
+/* A SIGKILLed ps comes back empty; the heartbeats see its new incarnation
+ * (dead_after_ms is set far beyond the test's deadlines, so only that can
+ * end the wait), the chief reloads it from the latest checkpoint, logs the
+ * steps lost, and training goes on. */
+START_TEST(test_sigkilled_ps_is_reloaded_and_the_steps_lost_are_logged)
+{
+    char *argv[] = { (char *)tu_build_path("keel"), "launch",
+                     (char *)cfg_path, "--ps", "1", "--workers", "1",
+                     "-s", "train.max_steps=1000000", "-s",
+                     "cluster.dead_after_ms=120000", "--max-restarts", "1",
+                     NULL };
+    char line[512];
+    int fd, ps;
+    long long saved = -1, lost_from = -1, lost_to = -1, after = -1;
+    pid_t pid = tu_spawn_pipe(argv, NULL, tu_path("launch.err"), &fd);
+    const char *p;
+    expect_line(fd, "launch | started ps.0 (pid ", line, sizeof line);
+    ps = pid_in(line);
+    expect_line(fd, "chief | saved checkpoint for step ", line, sizeof line);
+    p = strstr(line, "for step ");
+    ck_assert_int_eq(sscanf(p, "for step %lld", &saved), 1);
+    expect_line(fd, "chief | step ", line, sizeof line);
+    ck_assert_int_eq(kill(ps, SIGKILL), 0);
+    expect_line(fd, "launch | restarted ps.0 (pid ", line, sizeof line);
+    ck_assert_int_ne(pid_in(line), ps);
+    expect_line(fd, "restarted (generation ", line, sizeof line);
+    expect_line(fd, "the cluster had reached step ", line, sizeof line);
+    p = strstr(line, "reached step ");
+    ck_assert_int_eq(sscanf(p, "reached step %lld", &lost_from), 1);
+    p = strstr(line, "restarting from step ");
+    ck_assert_ptr_nonnull(p);
+    ck_assert_int_eq(sscanf(p, "restarting from step %lld", &lost_to), 1);
+    ck_assert_int_ge(lost_to, saved);            /* the latest checkpoint */
+    ck_assert_int_ge(lost_from, lost_to);
+    ck_assert_ptr_nonnull(strstr(line, " step(s) lost"));
+    /* training goes on past the point where the ps was lost */
+    for (;;) {
+        expect_line(fd, "chief | step ", line, sizeof line);
+        p = strstr(line, "chief | step ");
+        ck_assert_int_eq(sscanf(p, "chief | step %lld", &after), 1);
+        if (after > lost_from)
+            break;
+    }
+    ck_assert_int_eq(kill(pid, SIGTERM), 0);
+    expect_line(fd, "launch | stopped on request", line, sizeof line);
+    ck_assert_int_eq(tu_wait(pid, 30000), 0);
+    close(fd);
+}
+END_TEST
+
+/* Sync without backups: a worker that stops (SIGSTOP: alive to TCP, silent
+ * to everyone) holds its step's gradient back; the waiting chief and the
+ * ps name it; killed and restarted, it rejoins and training goes on, with
+ * every gradient applied exactly once (global_step x 2 = applied). */
+START_TEST(test_stalled_worker_is_named_then_killed_and_the_step_resumes)
+{
+    char *argv[] = { (char *)tu_build_path("keel"), "launch",
+                     (char *)cfg_path, "--ps", "1", "--workers", "1",
+                     "-s", "train.max_steps=1000000", "-s",
+                     "cluster.stall_warn_secs=0.5", "--max-restarts", "1",
+                     NULL };
+    char line[512], *log;
+    int fd, worker;
+    long long stalled = -1, after = -1, step = -1;
+    long applied = -1, dropped = -1;
+    pid_t pid = tu_spawn_pipe(argv, NULL, tu_path("launch.err"), &fd);
+    const char *p;
+    expect_line(fd, "launch | started worker.0 (pid ", line, sizeof line);
+    worker = pid_in(line);
+    expect_line(fd, "chief | step 3 ", line, sizeof line);
+    ck_assert_int_eq(kill(worker, SIGSTOP), 0);
+    expect_line(fd, "missing=worker 0 (silent ", line, sizeof line);
+    p = strstr(line, "step ");
+    ck_assert_ptr_nonnull(p);
+    ck_assert_int_eq(sscanf(p, "step %lld", &stalled), 1);
+    ck_assert_int_eq(kill(worker, SIGKILL), 0);
+    expect_line(fd, "launch | restarted worker.0 (pid ", line, sizeof line);
+    for (;;) {
+        expect_line(fd, "chief | step ", line, sizeof line);
+        p = strstr(line, "chief | step ");
+        ck_assert_int_eq(sscanf(p, "chief | step %lld", &after), 1);
+        if (after > stalled + 2)
+            break;
+    }
+    ck_assert_int_eq(kill(pid, SIGTERM), 0);
+    expect_line(fd, "launch | stopped on request", line, sizeof line);
+    ck_assert_int_eq(tu_wait(pid, 30000), 0);
+    close(fd);
+    log = tu_read_file(tu_path("run/logs/ps.0.log"), NULL);
+    ck_assert_ptr_nonnull(log);
+    ck_assert_ptr_nonnull(strstr(log, "is stalled: waiting="));
+    p = strstr(log, "done at step ");
+    ck_assert_msg(p != NULL, "%s", log);
+    ck_assert_int_eq(sscanf(p, "done at step %lld: gradients applied %ld, "
+                            "dropped %ld", &step, &applied, &dropped), 3);
+    ck_assert_int_eq(applied, step * 2);       /* none lost, none twice */
+    ck_assert_int_eq(dropped, 0);
+    free(log);
+}
+END_TEST
+
 START_TEST(test_usage_and_config_errors_exit_2_before_starting)
 {
     static const char *const bad[][4] = {
@@ -791,6 +903,10 @@ launch_suite(void)
     tcase_add_test(tc, test_chaos_killing_workers_mid_run_still_finishes);
     tcase_add_test(tc, test_sigkilled_launcher_takes_its_tasks_along);
     tcase_add_test(tc, test_sigterm_stops_a_cluster_with_a_final_checkpoint);
+    tcase_add_test(tc,
+                   test_sigkilled_ps_is_reloaded_and_the_steps_lost_are_logged);
+    tcase_add_test(tc,
+                   test_stalled_worker_is_named_then_killed_and_the_step_resumes);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1,0 +1,269 @@
+/* heartbeat.c - liveness of the parameter servers, seen from a worker or
+ * the chief: a background thread with its own sockets sends a HEARTBEAT to
+ * every ps each interval and records when each last answered, with which
+ * incarnation, at which step, and what its current sync step still lacks.
+ * The training thread reads snapshots while it waits for a step, so a dead
+ * or restarted ps is noticed in about one interval, however long the step
+ * legitimately waits for other replicas. */
+#include <config.h>
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cluster_int.h"
+
+struct keel__hb {
+    void *zctx;
+    void **socks;                  /* one DEALER per ps */
+    void *wake_rx, *wake_tx;       /* inproc PAIR: stop now */
+    int n;
+    int interval_ms;
+    keel_task_type type;
+    int index;
+    uint64_t generation;
+    uint64_t next_id;
+    keel__wire_limits limits;
+    int64_t started_ns;
+    pthread_t thread;
+    int running;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;             /* broadcast on every answer */
+    keel__hb_peer *peers;          /* guarded by mu */
+};
+
+static void
+close_all(keel__hb *hb)
+{
+    for (int p = 0; hb->socks != NULL && p < hb->n; p++)
+        if (hb->socks[p] != NULL)
+            zmq_close(hb->socks[p]);
+    if (hb->wake_rx != NULL)
+        zmq_close(hb->wake_rx);
+    if (hb->wake_tx != NULL)
+        zmq_close(hb->wake_tx);
+    if (hb->zctx != NULL)
+        zmq_ctx_term(hb->zctx);
+}
+
+static void
+send_beats(keel__hb *hb)
+{
+    for (int p = 0; p < hb->n; p++) {
+        keel__wire_header h;
+        memset(&h, 0, sizeof h);
+        h.type = KEEL_MSG_HEARTBEAT;
+        h.request_id = hb->next_id++;
+        h.sender_type = (uint8_t)hb->type;
+        h.sender_index = (uint32_t)hb->index;
+        h.generation = hb->generation;
+        /* Non-blocking: a ps that is down just misses this beat. */
+        (void)keel__wire_send(hb->socks[p], NULL, &h, NULL, 0, NULL, NULL);
+    }
+}
+
+static void
+take_reply(keel__hb *hb, int p, const keel__wire_msg *m)
+{
+    keel__hb_peer *peer = &hb->peers[p];
+    if (m->h.type != KEEL_MSG_HEARTBEAT || !(m->h.flags & KEEL_WIRE_F_REPLY))
+        return;
+    pthread_mutex_lock(&hb->mu);
+    peer->last_heard_ns = keel__now_mono_ns();
+    peer->generation = m->h.generation;
+    peer->global_step = m->h.global_step;
+    peer->beats++;
+    snprintf(peer->status, sizeof peer->status, "%s",
+             m->text != NULL ? m->text : "");
+    pthread_cond_broadcast(&hb->cv);
+    pthread_mutex_unlock(&hb->mu);
+}
+
+static void *
+hb_main(void *arg)
+{
+    keel__hb *hb = arg;
+    zmq_pollitem_t *items = calloc((size_t)hb->n + 1, sizeof *items);
+    if (items == NULL)
+        return NULL;
+    for (int p = 0; p < hb->n; p++) {
+        items[p].socket = hb->socks[p];
+        items[p].events = ZMQ_POLLIN;
+    }
+    items[hb->n].socket = hb->wake_rx;
+    items[hb->n].events = ZMQ_POLLIN;
+    for (;;) {
+        int64_t next = keel__now_mono_ns() +
+                       (int64_t)hb->interval_ms * 1000000;
+        send_beats(hb);
+        for (;;) {
+            int64_t left = (next - keel__now_mono_ns()) / 1000000;
+            int rc;
+            if (left <= 0)
+                break;
+            rc = zmq_poll(items, hb->n + 1, (long)left);
+            if (rc < 0 && errno == EINTR)
+                continue;
+            if (rc < 0 || (items[hb->n].revents & ZMQ_POLLIN))
+                goto out;           /* stopped (or the context is gone) */
+            for (int p = 0; p < hb->n; p++) {
+                keel__wire_msg m;
+                if (!(items[p].revents & ZMQ_POLLIN))
+                    continue;
+                if (keel__wire_recv(hb->socks[p], 0, &hb->limits, 0, &m) ==
+                    KEEL_OK)
+                    take_reply(hb, p, &m);
+                keel__wire_msg_clear(&m);
+            }
+        }
+    }
+out:
+    free(items);
+    return NULL;
+}
+
+keel_status
+keel__hb_start(const keel__hb_config *cfg, keel__hb **out)
+{
+    keel__hb *hb;
+    keel_status st = KEEL_OK;
+    int zero = 0;
+    char wake[64];
+    *out = NULL;
+    if (cfg->n < 1 || cfg->interval_ms < 1)
+        return keel__fail(KEEL_EINVAL, "heartbeat: %d peers every %d ms",
+                          cfg->n, cfg->interval_ms);
+    hb = calloc(1, sizeof *hb);
+    if (hb == NULL)
+        return keel__fail(KEEL_ENOMEM, "heartbeat: %zu bytes", sizeof *hb);
+    pthread_mutex_init(&hb->mu, NULL);
+    {
+        pthread_condattr_t a;
+        pthread_condattr_init(&a);
+        pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+        pthread_cond_init(&hb->cv, &a);
+        pthread_condattr_destroy(&a);
+    }
+    hb->n = cfg->n;
+    hb->interval_ms = cfg->interval_ms;
+    hb->type = cfg->type;
+    hb->index = cfg->index;
+    hb->generation = cfg->generation;
+    hb->next_id = 1;
+    hb->started_ns = keel__now_mono_ns();
+    keel__wire_limits_default(&hb->limits);
+    hb->limits.max_tensors = 1;         /* replies carry a text only */
+    hb->limits.max_total_bytes = 1024;
+    hb->socks = calloc((size_t)cfg->n, sizeof *hb->socks);
+    hb->peers = calloc((size_t)cfg->n, sizeof *hb->peers);
+    hb->zctx = zmq_ctx_new();
+    if (hb->socks == NULL || hb->peers == NULL || hb->zctx == NULL) {
+        st = keel__fail(KEEL_ENOMEM, "heartbeat: tables for %d ps", cfg->n);
+        goto fail;
+    }
+    for (int p = 0; p < cfg->n; p++) {
+        void *s = zmq_socket(hb->zctx, ZMQ_DEALER);
+        if (s == NULL) {
+            st = keel__fail(KEEL_EIO, "heartbeat: socket: %s",
+                            zmq_strerror(errno));
+            goto fail;
+        }
+        hb->socks[p] = s;
+        if ((st = keel__wire_sockopts(s, &hb->limits)) != KEEL_OK ||
+            zmq_setsockopt(s, ZMQ_SNDTIMEO, &zero, sizeof zero) != 0 ||
+            (st = keel__curve_setup_client(
+                 s, cfg->curves != NULL ? &cfg->curves[p] : NULL)) !=
+                KEEL_OK) {
+            if (st == KEEL_OK)
+                st = keel__fail(KEEL_EIO, "heartbeat: options: %s",
+                                zmq_strerror(errno));
+            goto fail;
+        }
+        if (zmq_connect(s, cfg->endpoints[p]) != 0) {
+            st = keel__fail(KEEL_EINVAL, "heartbeat: connect %s: %s",
+                            cfg->endpoints[p], zmq_strerror(errno));
+            goto fail;
+        }
+    }
+    snprintf(wake, sizeof wake, "inproc://keel-hb-%p", (void *)hb);
+    hb->wake_rx = zmq_socket(hb->zctx, ZMQ_PAIR);
+    hb->wake_tx = zmq_socket(hb->zctx, ZMQ_PAIR);
+    if (hb->wake_rx == NULL || hb->wake_tx == NULL ||
+        zmq_setsockopt(hb->wake_tx, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
+        zmq_setsockopt(hb->wake_rx, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
+        zmq_bind(hb->wake_rx, wake) != 0 ||
+        zmq_connect(hb->wake_tx, wake) != 0) {
+        st = keel__fail(KEEL_EIO, "heartbeat: wake-up pair: %s",
+                        zmq_strerror(errno));
+        goto fail;
+    }
+    if (pthread_create(&hb->thread, NULL, hb_main, hb) != 0) {
+        st = keel__fail(KEEL_EIO, "heartbeat: thread: %s", strerror(errno));
+        goto fail;
+    }
+    hb->running = 1;
+    *out = hb;
+    return KEEL_OK;
+fail:
+    close_all(hb);
+    free(hb->socks);
+    free(hb->peers);
+    pthread_mutex_destroy(&hb->mu);
+    pthread_cond_destroy(&hb->cv);
+    free(hb);
+    return st;
+}
+
+void
+keel__hb_stop(keel__hb *hb)
+{
+    if (hb == NULL)
+        return;
+    if (hb->running) {
+        (void)zmq_send(hb->wake_tx, "", 0, ZMQ_DONTWAIT);
+        pthread_join(hb->thread, NULL);
+    }
+    close_all(hb);
+    free(hb->socks);
+    free(hb->peers);
+    pthread_mutex_destroy(&hb->mu);
+    pthread_cond_destroy(&hb->cv);
+    free(hb);
+}
+
+void
+keel__hb_peer_get(keel__hb *hb, int p, keel__hb_peer *out)
+{
+    memset(out, 0, sizeof *out);
+    if (hb == NULL || p < 0 || p >= hb->n)
+        return;
+    pthread_mutex_lock(&hb->mu);
+    *out = hb->peers[p];
+    pthread_mutex_unlock(&hb->mu);
+    out->since_ns = out->last_heard_ns ? out->last_heard_ns
+                                        : hb->started_ns;
+}
+
+int
+keel__hb_wait(keel__hb *hb, int p, long beats, int timeout_ms)
+{
+    int64_t deadline = keel__now_mono_ns() + (int64_t)timeout_ms * 1000000;
+    int ok;
+    if (hb == NULL || p < 0 || p >= hb->n)
+        return 0;
+    pthread_mutex_lock(&hb->mu);
+    while (hb->peers[p].beats <= beats) {
+        struct timespec ts;
+        if (keel__now_mono_ns() >= deadline)
+            break;
+        ts.tv_sec = deadline / 1000000000;
+        ts.tv_nsec = deadline % 1000000000;
+        pthread_cond_timedwait(&hb->cv, &hb->mu, &ts);
+    }
+    ok = hb->peers[p].beats > beats;
+    pthread_mutex_unlock(&hb->mu);
+    return ok;
+}
