@@ -11,21 +11,24 @@
 #   kill -> the first chief step line after that (the next applied global
 #           step with the victim back).
 # Scenarios: chief-only (kill the chief), 1 ps + 2 workers (kill a worker),
-# for a small (mlp 32) and a larger (mlp 1024,1024) model, with the default
+# for models of 1 MiB and 100 MiB of variables, with the default
 # backoff (0.1 s) and --backoff 0. Then /work/shared/bench/torchrun_restart.py.
 #
 # usage: bench/restart.sh [BUILD_DIR]     (default _build; KILLS=5,
 #        TORCH=0 skips torchrun, SCENARIOS="chief worker ps",
+#        MODELS=1mib,100mib,small,larger, BACKOFFS=0.1,0,
 #        DEAD_AFTER_MS=N sets cluster.dead_after_ms for every task)
 set -eu
 BUILD=${1:-_build}
 KEEL=$(cd "$BUILD" && pwd)/keel
 [ -x "$KEEL" ] || { echo "restart.sh: build keel first ($KEEL)" >&2; exit 2; }
 KILLS=${KILLS:-5}
-SCENARIOS=${SCENARIOS:-"chief worker"}
+SCENARIOS=${SCENARIOS:-"chief worker ps"}
 TORCH=${TORCH:-1}
 DEAD_AFTER_MS=${DEAD_AFTER_MS:-}
-export KEEL KILLS SCENARIOS DEAD_AFTER_MS
+MODELS=${MODELS:-1mib,100mib}
+BACKOFFS=${BACKOFFS:-0.1,0}
+export KEEL KILLS SCENARIOS DEAD_AFTER_MS MODELS BACKOFFS
 OPENBLAS_NUM_THREADS=1 /usr/bin/python3 - <<'EOF'
 import os, re, signal, statistics, struct, subprocess, sys, tempfile, threading, time, random
 
@@ -147,10 +150,18 @@ open(os.path.join(d, "job.ini"), "w").write(
     "[train]\nbatch_size = 32\nmax_steps = 100000000\nseed = 5\nthreads = 1\n"
     "[checkpoint]\nsave_steps = 20\n"
     "[hooks]\nlog_every_steps = 1\nsummary_every_steps = 100\nprogress = off\n" % d)
+# 1 MiB and 100 MiB of variables (float32; the ps also holds Adam's two
+# slots); MODELS=small,large picks, default both.
+ALL_MODELS = {"1mib": ("320", "1 MiB mlp 784-320-10"),
+              "100mib": ("5000,4200", "100 MiB mlp 784-5000-4200-10"),
+              "small": ("32", "small mlp 784-32-10"),
+              "larger": ("1024,1024", "larger mlp 784-1024-1024-10")}
+MODELS = [ALL_MODELS[m] for m in os.environ.get("MODELS", "1mib,100mib").split(",")]
+BACKOFFS = [float(b) for b in os.environ.get("BACKOFFS", "0.1,0").split(",")]
 rows = []
 for victim in SCEN:
-    for hidden, label in (("32", "small mlp 784-32-10"), ("1024,1024", "larger mlp 784-1024-1024-10")):
-        for backoff in (0.1, 0.0):
+    for hidden, label in MODELS:
+        for backoff in BACKOFFS:
             try:
                 r = scenario(d, victim, hidden, backoff)
             except Exception as e:  # report and go on
