@@ -232,6 +232,38 @@ START_TEST(test_failing_task_restarts_with_backoff_then_gives_up)
 }
 END_TEST
 
+/* A worker that never comes back: after its restarts the launcher names
+ * it, stops every other task and exits 1 (not the chief's 0). */
+START_TEST(test_worker_that_never_comes_back_stops_all_with_exit_1)
+{
+    const char *script =
+        "case \"$TF_CONFIG\" in *'\"type\":\"worker\"'*) echo lost >&2; "
+        "exit 3;; esac; exec sleep 30";
+    keel_launch_config c;
+    recorder rc;
+    keel_launch *l;
+    keel_launch_task_info info[3];
+    const char *why = NULL;
+    lib_config(&c, &rc, script, 1, 1);
+    c.max_restarts = 1;
+    ck_assert_int_eq(keel_launch_new(&c, &l), KEEL_OK);
+    ck_assert_int_eq(keel_launch_start(l), KEEL_OK);
+    ck_assert(run_until_done(l, 20000));
+    ck_assert_int_eq(keel_launch_exit_code(l, &why), 1);
+    ck_assert_msg(strstr(why, "worker.0") != NULL, "%s", why);
+    ck_assert_msg(strstr(why, "exit status 3") != NULL, "%s", why);
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_eq(keel_launch_task(l, (size_t)i, &info[i]), KEEL_OK);
+    ck_assert_str_eq(info[2].name, "worker.0");
+    ck_assert_int_eq(info[2].state, KEEL_LAUNCH_FAILED);
+    ck_assert_int_eq(info[2].restarts, 1);
+    ck_assert_int_ge(find_rec(&rc, 0, 2, "giving up on worker.0"), 0);
+    keel_launch_free(l);
+    for (int i = 0; i < 3; i++)
+        ck_assert_msg(is_gone(info[i].pid), "%s left behind", info[i].name);
+}
+END_TEST
+
 START_TEST(test_backoff_doubles_only_in_a_crash_loop)
 {
     keel_launch_config c;
@@ -886,6 +918,7 @@ launch_suite(void)
     tcase_set_timeout(tl, 60);
     tcase_add_test(tl, test_each_task_gets_own_tf_config_and_output_dir);
     tcase_add_test(tl, test_failing_task_restarts_with_backoff_then_gives_up);
+    tcase_add_test(tl, test_worker_that_never_comes_back_stops_all_with_exit_1);
     tcase_add_test(tl, test_configuration_error_exit_2_is_not_restarted);
     tcase_add_test(tl, test_task_ignoring_sigterm_is_killed_after_grace);
     tcase_add_test(tl, test_backoff_doubles_only_in_a_crash_loop);
