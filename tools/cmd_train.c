@@ -3,6 +3,7 @@
  * with ETA is redrawn on stderr. */
 #include <config.h>
 
+#include <malloc.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -240,6 +241,22 @@ parse_common(int argc, char **argv, const char **path, char **over,
     return CLI_OK;
 }
 
+/* A cluster task receives every variable or gradient in buffers libzmq
+ * mallocs per message; glibc hands freed multi-MiB blocks back to the
+ * kernel, so each receive page-faults them in again (sys time above user
+ * time, half the wire speed; bench/README.md). This process keeps them
+ * (a process-wide choice, so the binary's, never libkeel's); a user's own
+ * GLIBC_TUNABLES malloc settings win. */
+static void
+keep_message_buffers(void)
+{
+    const char *t = getenv("GLIBC_TUNABLES");
+    if (t != NULL && strstr(t, "glibc.malloc.") != NULL)
+        return;
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);    /* glibc's largest */
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+}
+
 int
 cmd_train(int argc, char **argv)
 {
@@ -268,6 +285,8 @@ cmd_train(int argc, char **argv)
         keel_config_free(cfg);
         return rc;
     }
+    if (spec != NULL && !keel_cluster_spec_is_local(spec))
+        keep_message_buffers();
     memset(&ps, 0, sizeof ps);
     ps.every = keel_config_int(cfg, "hooks.log_every_steps");
     mode = keel_config_str(cfg, "hooks.progress");
