@@ -691,6 +691,21 @@ START_TEST(test_sigterm_stops_a_cluster_with_a_final_checkpoint)
     close(fd);
     CHECKED_SNPRINTF(name, sizeof name, "run/model.ckpt-%lld.h5", final);
     ck_assert_int_ge(tu_file_size(tu_path(name)), 1);
+    /* a rerun resumes from that final checkpoint and goes on */
+    {
+        char set[64], want[128];
+        CHECKED_SNPRINTF(set, sizeof set, "train.max_steps=%lld", final + 5);
+        ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err,
+                                 "launch", cfg_path, "--ps", "1",
+                                 "--workers", "2", "-s", set, NULL), 0);
+        CHECKED_SNPRINTF(want, sizeof want, "chief | resumed from %s at "
+                         "step %lld", tu_path(name), final);
+        ck_assert_msg(strstr(out, want) != NULL, "no '%s' in:\n%s", want,
+                      out);
+        CHECKED_SNPRINTF(want, sizeof want, "chief | step %lld ", final + 5);
+        ck_assert_msg(strstr(out, want) != NULL, "no '%s' in:\n%s", want,
+                      out);
+    }
 }
 END_TEST
 
