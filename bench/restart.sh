@@ -105,34 +105,38 @@ STEP = re.compile(r"chief \| step (\d+) ")
 READY = {"chief": STEP, "worker": re.compile(r"^worker\.1 \| model ready"),
          "ps": re.compile(r"^ps\.0 \| .*initialized")}
 
-def scenario(d, victim, hidden, backoff):
+def scenario(d, victim, hidden, backoff, gap=30, timeout=60):
     ps, workers = (0, 0) if victim == "chief" else (1, 2)
     name = {"chief": "chief", "worker": "worker.1", "ps": "ps.0"}[victim]
     out = tempfile.mkdtemp(prefix="run-", dir=d)
     args = [os.path.join(d, "job.ini"), "--ps", str(ps), "--workers", str(workers),
             "--backoff", str(backoff), "--max-restarts", str(KILLS + 2),
-            "-s", "model.hidden=" + hidden, "-s", "checkpoint.dir=" + out]
+            "-s", "model.hidden=" + hidden, "-s", "checkpoint.dir=" + out,
+            "-s", "checkpoint.save_steps=%d" % max(1, gap * 2 // 3)]
     if os.environ.get("DEAD_AFTER_MS"):
         args += ["-s", "cluster.dead_after_ms=" + os.environ["DEAD_AFTER_MS"]]
     env = dict(os.environ); env.pop("OUTPUT_DIR", None)
     run = Run(args, env)
     res = []
     try:
-        i, _, _ = run.wait(0, STEP.search, 120)
+        i, _, _ = run.wait(0, STEP.search, 120 + timeout)
         for k in range(KILLS):
             # let it train a little (and checkpoint) between kills
-            i, _, m = run.wait(i + 1, STEP.search)
-            target = int(m.group(1)) + 30
-            i, _, _ = run.wait(i, lambda s: STEP.search(s) and int(STEP.search(s).group(1)) >= target)
+            i, _, m = run.wait(i + 1, STEP.search, timeout)
+            target = int(m.group(1)) + gap
+            i, _, _ = run.wait(i, lambda s: STEP.search(s) and int(STEP.search(s).group(1)) >= target,
+                               timeout)
             pid = pid_of(run, name)
             t_kill = time.monotonic()
             os.kill(pid, signal.SIGKILL)
             with run.cv:
                 j0 = len(run.lines)
-            j, t_re, _ = run.wait(j0, lambda s: s.startswith("launch | restarted %s " % name))
+            j, t_re, _ = run.wait(j0, lambda s: s.startswith("launch | restarted %s " % name),
+                                  timeout)
             ready = READY[victim]
-            j, t_ready, _ = run.wait(j + 1, ready.search)
-            i, t_step, m = (j, t_ready, None) if victim == "chief" else run.wait(j + 1, STEP.search)
+            j, t_ready, _ = run.wait(j + 1, ready.search, timeout)
+            i, t_step, m = (j, t_ready, None) if victim == "chief" else run.wait(j + 1, STEP.search,
+                                                                                  timeout)
             res.append((t_re - t_kill, t_ready - t_kill, t_step - t_kill))
     finally:
         run.stop()
@@ -152,18 +156,19 @@ open(os.path.join(d, "job.ini"), "w").write(
     "[hooks]\nlog_every_steps = 1\nsummary_every_steps = 100\nprogress = off\n" % d)
 # 1 MiB and 100 MiB of variables (float32; the ps also holds Adam's two
 # slots); MODELS=small,large picks, default both.
-ALL_MODELS = {"1mib": ("320", "1 MiB mlp 784-320-10"),
-              "100mib": ("5000,4200", "100 MiB mlp 784-5000-4200-10"),
-              "small": ("32", "small mlp 784-32-10"),
-              "larger": ("1024,1024", "larger mlp 784-1024-1024-10")}
+# (hidden, label, steps between kills, seconds a wait may take)
+ALL_MODELS = {"1mib": ("320", "1 MiB mlp 784-320-10", 30, 60),
+              "100mib": ("5000,4200", "100 MiB mlp 784-5000-4200-10", 6, 600),
+              "small": ("32", "small mlp 784-32-10", 30, 60),
+              "larger": ("1024,1024", "larger mlp 784-1024-1024-10", 30, 60)}
 MODELS = [ALL_MODELS[m] for m in os.environ.get("MODELS", "1mib,100mib").split(",")]
 BACKOFFS = [float(b) for b in os.environ.get("BACKOFFS", "0.1,0").split(",")]
 rows = []
 for victim in SCEN:
-    for hidden, label in MODELS:
+    for hidden, label, gap, timeout in MODELS:
         for backoff in BACKOFFS:
             try:
-                r = scenario(d, victim, hidden, backoff)
+                r = scenario(d, victim, hidden, backoff, gap, timeout)
             except Exception as e:  # report and go on
                 print("scenario %s/%s/backoff %g failed: %s" % (victim, label, backoff, e), file=sys.stderr)
                 continue
