@@ -39,6 +39,9 @@ typedef struct job {
     int restored;
     char restored_from[1024];
     char topology[128];
+    /* The resolved config (file + -s overrides + environment) as INI text,
+     * stored in every checkpoint so `keel eval DIR` rebuilds this model. */
+    char *config_dump;
     /* train.micro_batch: size, and in a cluster one gradient store per
      * micro-batch of this replica's slice (pushed separately) */
     int64_t micro;
@@ -56,6 +59,7 @@ job_free(job *j)
     keel_vars_free(j->vs);
     keel_data_iter_free(j->it);
     keel_dataset_free(j->ds);
+    free(j->config_dump);
 }
 
 /* "<dir>/<stem>-idx?-ubyte" with or without ".gz", whichever exists. */
@@ -228,6 +232,8 @@ job_build(job *j, const keel_config *cfg, int worker_index, int num_workers)
         st = keel_optimizer_new(&oc, &j->opt);
     if (st == KEEL_OK)
         st = keel_optimizer_prepare(j->opt, j->vs);
+    if (st == KEEL_OK)
+        st = keel_config_dump(cfg, 0, &j->config_dump);
     if (num_workers > 1)
         snprintf(j->topology, sizeof j->topology, "cluster replicas=%d "
                  "batch=%lld", num_workers, (long long)j->global_batch);
@@ -332,7 +338,7 @@ job_meta(void *ctx, keel_ckpt_meta *meta)
     j->blob.size = len;
     meta->blobs = &j->blob;
     meta->n_blobs = 1;
-    meta->config_text = keel_config_source_text(j->cfg);
+    meta->config_text = j->config_dump;
     meta->topology = j->topology;
     return KEEL_OK;
 }

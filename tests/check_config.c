@@ -205,6 +205,27 @@ START_TEST(test_dump_lists_every_section_with_origins)
 }
 END_TEST
 
+/* What a checkpoint stores: the dump loads back to the same settings. */
+START_TEST(test_dump_round_trips_through_load_text)
+{
+    char *text, *again;
+    keel_config *back;
+    ck_assert_int_eq(keel_config_override(cfg, "model.type=mlp", "-s"),
+                     KEEL_OK);
+    ck_assert_int_eq(keel_config_override(cfg, "model.hidden=48,12", "-s"),
+                     KEEL_OK);
+    ck_assert_int_eq(keel_config_dump(cfg, 0, &text), KEEL_OK);
+    ck_assert_int_eq(keel_config_new(&back), KEEL_OK);
+    ck_assert_int_eq(keel_config_load_text(back, text, "dump"), KEEL_OK);
+    ck_assert_str_eq(keel_config_str(back, "model.type"), "mlp");
+    ck_assert_int_eq(keel_config_dump(back, 0, &again), KEEL_OK);
+    ck_assert_str_eq(again, text);
+    free(again);
+    free(text);
+    keel_config_free(back);
+}
+END_TEST
+
 START_TEST(test_cli_config_check_contract)
 {
     static char out[65536], err[8192];
@@ -259,6 +280,7 @@ config_suite(void)
     tcase_add_test(tc, test_conflicting_options_are_errors);
     tcase_add_test(tc, test_run_needs_an_end_and_piecewise_needs_values);
     tcase_add_test(tc, test_dump_lists_every_section_with_origins);
+    tcase_add_test(tc, test_dump_round_trips_through_load_text);
     tcase_add_test(tc, test_cli_config_check_contract);
     tcase_add_test(tc, test_docs_config_md_is_the_generated_reference);
     suite_add_tcase(s, tc);

@@ -80,6 +80,24 @@ START_TEST(test_train_then_eval_learns_and_reports_json)
 }
 END_TEST
 
+/* The checkpoint stores the resolved config, -s overrides included: a model
+ * widened on the command line is rebuilt as trained by `keel eval DIR`. */
+START_TEST(test_eval_dir_rebuilds_a_model_changed_by_overrides)
+{
+    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "train",
+                             cfg_path, "-s", "model.hidden=48", "-s",
+                             "train.max_steps=10", NULL), 0);
+    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "eval",
+                             tu_path("run"), NULL), 0);
+    ck_assert_ptr_nonnull(strstr(out, "step 10: test loss"));
+    /* with the file alone the shapes differ: a configuration error that
+     * names the shapes */
+    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "eval",
+                             cfg_path, NULL), 2);
+    ck_assert_ptr_nonnull(strstr(err, "shape"));
+}
+END_TEST
+
 START_TEST(test_rerun_resumes_at_the_right_step)
 {
     ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "train",
@@ -188,6 +206,7 @@ train_cli_suite(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_train_then_eval_learns_and_reports_json);
+    tcase_add_test(tc, test_eval_dir_rebuilds_a_model_changed_by_overrides);
     tcase_add_test(tc, test_rerun_resumes_at_the_right_step);
     tcase_add_test(tc, test_sigkill_and_resume_is_bitwise_identical);
     tcase_add_test(tc, test_no_periodic_saves_still_saves_at_start_and_end);
