@@ -9,7 +9,10 @@
 #   kill -> victim back (the chief's first step line after its restore, a
 #           worker's "model ready", a ps's "initialized" line), and
 #   kill -> the first chief step line after that (the next applied global
-#           step with the victim back).
+#           step with the victim back), and of that the chief's checkpoint
+#           restore (its "restored ... in X s" line: a killed chief restores,
+#           a killed ps is reloaded by the chief), so the target "< 0.3 s
+#           plus the restore" reads off the last-but-one column.
 # Scenarios: chief-only (kill the chief), 1 ps + 2 workers (kill a worker),
 # for models of 1 MiB and 100 MiB of variables, with the default
 # backoff (0.1 s) and --backoff 0. Then /work/shared/bench/torchrun_restart.py.
@@ -100,6 +103,7 @@ def pid_of(run, task):
     return pid
 
 STEP = re.compile(r"chief \| step (\d+) ")
+RESTORED = re.compile(r"chief \| .*restored .* in ([0-9.]+) s\)")
 # the victim is back in the job: the chief's first step line; a worker's
 # "model ready"; a ps's "initialized" (by the chief, from its checkpoint)
 READY = {"chief": STEP, "worker": re.compile(r"^worker\.1 \| model ready"),
@@ -137,7 +141,15 @@ def scenario(d, victim, hidden, backoff, gap=30, timeout=60):
             j, t_ready, _ = run.wait(j + 1, ready.search, timeout)
             i, t_step, m = (j, t_ready, None) if victim == "chief" else run.wait(j + 1, STEP.search,
                                                                                   timeout)
-            res.append((t_re - t_kill, t_ready - t_kill, t_step - t_kill))
+            # the chief's checkpoint restore in this recovery, if any (a
+            # killed chief restores; a killed ps is reloaded by the chief)
+            restore = 0.0
+            with run.cv:
+                for _, s in run.lines[j0:i + 1]:
+                    rm = s and RESTORED.search(s)
+                    if rm:
+                        restore = float(rm.group(1))
+            res.append((t_re - t_kill, t_ready - t_kill, t_step - t_kill, restore))
     finally:
         run.stop()
     return res
@@ -173,16 +185,19 @@ for victim in SCEN:
                 print("scenario %s/%s/backoff %g failed: %s" % (victim, label, backoff, e), file=sys.stderr)
                 continue
             rows.append((victim, label, backoff, med([x[0] for x in r]), med([x[1] for x in r]),
-                         med([x[2] for x in r]), len(r)))
+                         med([x[2] for x in r]), med([x[3] for x in r]),
+                         med([x[2] - x[3] for x in r]), len(r)))
             print("keel %-6s %-28s backoff %.1f: kill->restarted %.3f s, kill->victim back %.3f s, "
-                  "kill->next chief step %.3f s (median of %d; back: %s)"
-                  % (victim, label, backoff, rows[-1][3], rows[-1][4], rows[-1][5], len(r),
-                     ", ".join("%.3f" % x[1] for x in r)), flush=True)
+                  "kill->next chief step %.3f s, of which checkpoint restore %.3f s "
+                  "(median of %d; back: %s)"
+                  % (victim, label, backoff, rows[-1][3], rows[-1][4], rows[-1][5], rows[-1][6],
+                     len(r), ", ".join("%.3f" % x[1] for x in r)), flush=True)
 print()
-print("| killed | model | backoff s | kill -> restarted s | kill -> victim back s | kill -> next global step s | kills |")
-print("|---|---|---|---|---|---|---|")
+print("| killed | model | backoff s | kill -> restarted s | kill -> victim back s | kill -> next global step s "
+      "| checkpoint restore s | next step minus restore s | kills |")
+print("|---|---|---|---|---|---|---|---|---|")
 for r in rows:
-    print("| %s | %s | %.1f | %.3f | %.3f | %.3f | %d |" % r)
+    print("| %s | %s | %.1f | %.3f | %.3f | %.3f | %.3f | %.3f | %d |" % r)
 EOF
 if [ "$TORCH" = 1 ]; then
     echo

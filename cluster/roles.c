@@ -419,10 +419,32 @@ shard_outs(keel__worker *w, keel_vars *vs, int p, int with_data,
     *n = k;
 }
 
+static keel_status wait_reply(keel__worker *w, int p, const char *what,
+                              keel__wire_msg *r);
+
+/* One request to ps p and its reply, waited for like a step's push: a ps
+ * that dies or restarts meanwhile ends the wait at once (heartbeats), not
+ * after a fixed timeout. Errors through call_error. */
+static keel_status
+call_ps(keel__worker *w, int p, keel__wire_header *h,
+        const keel__wire_out *outs, size_t n, const char *what,
+        keel__wire_msg *r)
+{
+    keel_status st = keel__wire_client_send(w->clients[p], h, outs, n, 0,
+                                            w->o.dead_after_ms);
+    keel__wire_msg_init(r);
+    if (st == KEEL_OK) {
+        w->req_ids[p] = h->request_id;
+        st = wait_reply(w, p, what, r);
+        if (st != KEEL_OK && r->h.type == 0)
+            return st;            /* abandoned: the reason is set */
+    }
+    return st == KEEL_OK ? KEEL_OK : call_error(w, p, st, r, what);
+}
+
 keel_status
 keel__worker_pull_all(keel__worker *w, keel_vars *vs, int with_slots)
 {
-    int timeout = w->o.dead_after_ms;
     for (int p = 0; p < w->n_ps; p++) {
         keel__wire_header h;
         keel__wire_msg r;
@@ -438,12 +460,9 @@ keel__worker_pull_all(keel__worker *w, keel_vars *vs, int with_slots)
             h.type = KEEL_MSG_STEP;
             h.flags = 0;
         }
-        st = keel__wire_client_call(w->clients[p], &h, w->outs, n, 0,
-                                    timeout, &r);
+        st = call_ps(w, p, &h, w->outs, n, "pull", &r);
         if (st == KEEL_OK)
             st = take_values(vs, &r);
-        else
-            st = call_error(w, p, st, &r, "pull");
         if (st == KEEL_OK && p == 0)
             keel_vars_set_global_step(vs, r.h.global_step);
         keel__wire_msg_clear(&r);
@@ -533,10 +552,7 @@ be_publish(void *ctx, keel_vars *vs, int restored)
         memset(&h, 0, sizeof h);
         h.type = KEEL_MSG_INIT;
         h.global_step = keel_vars_global_step(vs);
-        st = keel__wire_client_call(w->clients[p], &h, w->outs, n, 0,
-                                    timeout, &r);
-        if (st != KEEL_OK)
-            st = call_error(w, p, st, &r, "init");
+        st = call_ps(w, p, &h, w->outs, n, "init", &r);
         keel__wire_msg_clear(&r);
         if (st != KEEL_OK)
             return st;
@@ -567,10 +583,11 @@ be_is_intact(void *ctx, keel_vars *vs, int *is_intact)
         return keel__fail(KEEL_ENOMEM, "is_intact: %d ps", w->n_ps);
     st = hello_all(w, 0, w->o.dead_after_ms, &ready, &same, gens, NULL, 0);
     if (st == KEEL_OK && ready && same) {
-        st = keel__worker_pull_all(w, vs, 1);
-        *is_intact = st == KEEL_OK;
+        /* joining these incarnations: a restart during the pull is one */
         memcpy(w->ps_gen, gens, (size_t)w->n_ps * sizeof *gens);
         w->gen_ns = keel__now_mono_ns();
+        st = keel__worker_pull_all(w, vs, 1);
+        *is_intact = st == KEEL_OK;
     }
     free(gens);
     return st;
@@ -634,13 +651,14 @@ abandon(keel__worker *w, int p, keel_status code, const char *fmt, ...)
     return keel__fail(code, "%s", why);
 }
 
-/* Wait for the reply to the push in flight to ps p: as long as the step
- * needs (a sync step waits for the other replicas), but no longer than
- * the ps stays alive and the same incarnation (heartbeats), and no longer
- * than cluster.step_timeout_secs; a long wait is logged with what the
- * step lacks. *r is initialized either way (type 0 when abandoned). */
+/* Wait for the reply to the request in flight to ps p (what: "step N"
+ * for a push, "the pull at step N" for a pull): as long as it needs (a
+ * sync step waits for the other replicas), but no longer than the ps stays
+ * alive and the same incarnation (heartbeats), and no longer than
+ * cluster.step_timeout_secs; a long wait is logged with what the step
+ * lacks. *r is initialized either way (type 0 when abandoned). */
 static keel_status
-wait_push(keel__worker *w, int p, int64_t step, keel__wire_msg *r)
+wait_reply(keel__worker *w, int p, const char *what, keel__wire_msg *r)
 {
     int64_t start = keel__now_mono_ns(), last_warn = start;
     int64_t stall = (int64_t)(w->o.stall_warn_secs * 1e9);
@@ -649,7 +667,7 @@ wait_push(keel__worker *w, int p, int64_t step, keel__wire_msg *r)
     const char *addr = keel_cluster_spec_address(w->spec, KEEL_TASK_PS, p);
     for (;;) {
         keel__hb_peer peer;
-        int64_t now;
+        int64_t now, quiet;
         keel_status st = keel__wire_client_wait(w->clients[p],
                                                 w->req_ids[p], 1,
                                                 WAIT_CHUNK_MS, r);
@@ -659,32 +677,28 @@ wait_push(keel__worker *w, int p, int64_t step, keel__wire_msg *r)
         keel__wire_msg_init(r);
         now = keel__now_mono_ns();
         keel__hb_peer_get(w->hb, p, &peer);
+        quiet = now - (peer.since_ns > start ? peer.since_ns : start);
         if (peer.last_heard_ns > w->gen_ns &&
             peer.generation != w->ps_gen[p])
             return abandon(w, p, KEEL_EABORTED, "ps %d (%s) restarted "
-                           "(generation %016llx, was %016llx) while step "
-                           "%lld waited", p, addr,
+                           "(generation %016llx, was %016llx) while %s "
+                           "waited", p, addr,
                            (unsigned long long)peer.generation,
-                           (unsigned long long)w->ps_gen[p],
-                           (long long)step);
-        if (now - (peer.since_ns > start ? peer.since_ns : start) > dead)
+                           (unsigned long long)w->ps_gen[p], what);
+        if (quiet > dead)
             return abandon(w, p, KEEL_EUNAVAILABLE, "ps %d (%s) silent for "
                            "%.1f s (cluster.dead_after_ms = %d): declared "
-                           "dead during step %lld", p, addr,
-                           (double)(now - (peer.since_ns > start
-                                               ? peer.since_ns : start)) /
-                               1e9,
-                           w->o.dead_after_ms, (long long)step);
+                           "dead during %s", p, addr, (double)quiet / 1e9,
+                           w->o.dead_after_ms, what);
         if (limit > 0 && now - start > limit)
-            return abandon(w, p, KEEL_ETIMEOUT, "step %lld did not complete "
+            return abandon(w, p, KEEL_ETIMEOUT, "%s did not complete "
                            "within %.0f s (cluster.step_timeout_secs); ps %d "
-                           "says: %s", (long long)step,
-                           w->o.step_timeout_secs, p,
+                           "says: %s", what, w->o.step_timeout_secs, p,
                            peer.status[0] ? peer.status : "(nothing)");
         if (stall > 0 && now - last_warn >= stall) {
             last_warn = now;
-            keel__log(KEEL_LOG_WARN, "step %lld has waited %.1f s for ps %d "
-                      "(alive, heard %.1f s ago): %s", (long long)step,
+            keel__log(KEEL_LOG_WARN, "%s has waited %.1f s for ps %d "
+                      "(alive, heard %.1f s ago): %s", what,
                       (double)(now - start) / 1e9, p,
                       (double)(now - peer.since_ns) / 1e9,
                       strstr(peer.status, "waiting=")
@@ -702,6 +716,7 @@ be_apply(void *ctx, keel_vars *vs, keel_grads *grads, int64_t global_step)
     int timeout = w->o.dead_after_ms;
     keel_status first = KEEL_OK;
     int sent = 0;
+    char what[64];
     /* Send to every ps first, then collect: the ps aggregate in parallel. */
     for (int p = 0; p < w->n_ps; p++) {
         keel__wire_header h;
@@ -749,7 +764,8 @@ be_apply(void *ctx, keel_vars *vs, keel_grads *grads, int64_t global_step)
                 (void)keel__fail(first, "%s", keep);
             continue;
         }
-        st = wait_push(w, p, global_step, &r);
+        snprintf(what, sizeof what, "step %lld", (long long)global_step);
+        st = wait_reply(w, p, what, &r);
         if (st != KEEL_OK && r.h.type == 0) {
             /* abandoned or failed locally: nothing was read */
         } else if (st != KEEL_OK) {

@@ -564,14 +564,18 @@ keel_status
 keel__wire_sockopts(void *sock, const keel__wire_limits *lim_in)
 {
     keel__wire_limits lim = *lim_in;
-    int zero = 0, sndto = 10000;
+    /* Reconnect every 20 ms (libzmq's default is 100 ms): a restarted ps is
+     * found again, by heartbeats and clients, within one such interval. */
+    int zero = 0, sndto = 10000, reconnect_ms = 20;
     int64_t maxmsg;
     keel__wire_limits_default(&lim);
     maxmsg = lim.max_total_bytes > INT64_MAX / 2 ? -1
                                                  : (int64_t)lim.max_total_bytes;
     if (zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
         zmq_setsockopt(sock, ZMQ_SNDTIMEO, &sndto, sizeof sndto) != 0 ||
-        zmq_setsockopt(sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg) != 0)
+        zmq_setsockopt(sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg) != 0 ||
+        zmq_setsockopt(sock, ZMQ_RECONNECT_IVL, &reconnect_ms,
+                       sizeof reconnect_ms) != 0)
         return keel__fail(KEEL_EIO, "socket options: %s",
                           zmq_strerror(errno));
     return KEEL_OK;

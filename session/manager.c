@@ -210,6 +210,7 @@ restore_latest(keel_session_manager *sm, int *restored)
     keel_restore_report rep;
     keel_ckpt_info *info = NULL;
     keel_status st;
+    int64_t t0;
     *restored = 0;
     if (sm->checkpoint_dir == NULL)
         return KEEL_OK;
@@ -223,6 +224,7 @@ restore_latest(keel_session_manager *sm, int *restored)
     if (st != KEEL_OK)
         return keel__wrap(st, "restore from %s", sm->checkpoint_dir);
     memset(&rep, 0, sizeof rep);
+    t0 = keel__now_mono_ns();
     st = keel__ckpt->restore(path, sm->vars,
                              sm->has_restore_opts ? &sm->restore_opts : NULL,
                              &rep);
@@ -240,8 +242,9 @@ restore_latest(keel_session_manager *sm, int *restored)
             return keel__wrap(st, "restore_fn for %s", path);
     }
     keel__log(KEEL_LOG_INFO, "restored %s at global step %lld (%zu "
-              "variables)", path, (long long)keel_vars_global_step(sm->vars),
-              rep.n_restored);
+              "variables in %.3f s)", path,
+              (long long)keel_vars_global_step(sm->vars), rep.n_restored,
+              (double)(keel__now_mono_ns() - t0) / 1e9);
     *restored = 1;
     return KEEL_OK;
 }

@@ -836,6 +836,51 @@ START_TEST(test_sigkilled_ps_is_reloaded_and_the_steps_lost_are_logged)
 }
 END_TEST
 
+/* A ps lost while the chief pulls the variables for a checkpoint: the pull
+ * ends when the heartbeats see the new incarnation, like a step's push
+ * does, not after a fixed timeout (dead_after_ms is far beyond the test's
+ * deadlines). The ps is stopped until the chief's stall line shows it
+ * waiting in a pull (every step saves), then killed. */
+START_TEST(test_ps_lost_during_a_checkpoint_pull_is_found_at_once)
+{
+    char *argv[] = { (char *)tu_build_path("keel"), "launch",
+                     (char *)cfg_path, "--ps", "1", "--workers", "1",
+                     "-s", "train.max_steps=1000000", "-s",
+                     "cluster.dead_after_ms=120000", "-s",
+                     "cluster.stall_warn_secs=0.2", "-s",
+                     "checkpoint.save_steps=1", "--max-restarts", "1",
+                     NULL };
+    char line[512];
+    int fd, ps, in_pull = 0;
+    pid_t pid = tu_spawn_pipe(argv, NULL, tu_path("launch.err"), &fd);
+    expect_line(fd, "launch | started ps.0 (pid ", line, sizeof line);
+    ps = pid_in(line);
+    for (int attempt = 0; attempt < 40 && !in_pull; attempt++) {
+        expect_line(fd, "chief | step ", line, sizeof line);
+        ck_assert_int_eq(kill(ps, SIGSTOP), 0);
+        expect_line(fd, "chief | keel: warning: ", line, sizeof line);
+        ck_assert_msg(strstr(line, " has waited ") != NULL, "%s", line);
+        in_pull = strstr(line, "warning: pull has waited ") != NULL;
+        if (!in_pull)
+            ck_assert_int_eq(kill(ps, SIGCONT), 0);
+    }
+    ck_assert_msg(in_pull, "the chief was never caught in a pull");
+    ck_assert_int_eq(kill(ps, SIGKILL), 0);
+    expect_line(fd, "launch | restarted ps.0 (pid ", line, sizeof line);
+    expect_line(fd, "chief | keel: warning: recoverable error ", line,
+                sizeof line);
+    ck_assert_msg(strstr(line, "restarted (generation ") != NULL &&
+                  strstr(line, "while pull waited") != NULL, "%s", line);
+    expect_line(fd, "chief: 1 parameter server(s) initialized", line,
+                sizeof line);
+    expect_line(fd, "chief | step ", line, sizeof line);
+    ck_assert_int_eq(kill(pid, SIGTERM), 0);
+    expect_line(fd, "launch | stopped on request", line, sizeof line);
+    ck_assert_int_eq(tu_wait(pid, 30000), 0);
+    close(fd);
+}
+END_TEST
+
 /* Sync without backups: a worker that stops (SIGSTOP: alive to TCP, silent
  * to everyone) holds its step's gradient back; the waiting chief and the
  * ps name it; killed and restarted, it rejoins and training goes on, with
@@ -951,6 +996,7 @@ launch_suite(void)
     tcase_add_test(tc, test_chaos_killing_workers_mid_run_still_finishes);
     tcase_add_test(tc, test_sigkilled_launcher_takes_its_tasks_along);
     tcase_add_test(tc, test_sigterm_stops_a_cluster_with_a_final_checkpoint);
+    tcase_add_test(tc, test_ps_lost_during_a_checkpoint_pull_is_found_at_once);
     tcase_add_test(tc,
                    test_sigkilled_ps_is_reloaded_and_the_steps_lost_are_logged);
     tcase_add_test(tc,
