@@ -214,6 +214,7 @@ restore_latest(keel_session_manager *sm, int *restored)
     *restored = 0;
     if (sm->checkpoint_dir == NULL)
         return KEEL_OK;
+    t0 = keel__now_mono_ns();       /* finding (verifying) and reading */
     st = keel__ckpt->latest(sm->checkpoint_dir, sm->sc.saver.basename, path,
                             sizeof path, &step);
     if (st == KEEL_ENOTFOUND) {
@@ -224,7 +225,6 @@ restore_latest(keel_session_manager *sm, int *restored)
     if (st != KEEL_OK)
         return keel__wrap(st, "restore from %s", sm->checkpoint_dir);
     memset(&rep, 0, sizeof rep);
-    t0 = keel__now_mono_ns();
     st = keel__ckpt->restore(path, sm->vars,
                              sm->has_restore_opts ? &sm->restore_opts : NULL,
                              &rep);
