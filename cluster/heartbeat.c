@@ -16,6 +16,8 @@
 
 #include "cluster_int.h"
 
+#define RETRY_MS 20
+
 struct keel__hb {
     void *zctx;
     void **socks;                  /* one DEALER per ps */
@@ -49,9 +51,11 @@ close_all(keel__hb *hb)
         zmq_ctx_term(hb->zctx);
 }
 
-static void
+/* 1 if a beat could not be sent (no live connection to that ps). */
+static int
 send_beats(keel__hb *hb)
 {
+    int missed = 0;
     for (int p = 0; p < hb->n; p++) {
         keel__wire_header h;
         memset(&h, 0, sizeof h);
@@ -60,9 +64,13 @@ send_beats(keel__hb *hb)
         h.sender_type = (uint8_t)hb->type;
         h.sender_index = (uint32_t)hb->index;
         h.generation = hb->generation;
-        /* Non-blocking: a ps that is down just misses this beat. */
-        (void)keel__wire_send(hb->socks[p], NULL, &h, NULL, 0, NULL, NULL);
+        /* Non-blocking, and only on a live connection (ZMQ_IMMEDIATE): a
+         * ps that is down misses this beat, and the next comes soon. */
+        if (keel__wire_send(hb->socks[p], NULL, &h, NULL, 0, NULL, NULL) !=
+            KEEL_OK)
+            missed = 1;
     }
+    return missed;
 }
 
 static void
@@ -96,9 +104,13 @@ hb_main(void *arg)
     items[hb->n].socket = hb->wake_rx;
     items[hb->n].events = ZMQ_POLLIN;
     for (;;) {
+        /* A ps that could not be reached is tried again after RETRY_MS, so
+         * a restarted one answers (with its new generation) about as soon
+         * as it binds, not up to an interval later. */
+        int missed = send_beats(hb);
         int64_t next = keel__now_mono_ns() +
-                       (int64_t)hb->interval_ms * 1000000;
-        send_beats(hb);
+                       (int64_t)(missed && hb->interval_ms > RETRY_MS
+                                     ? RETRY_MS : hb->interval_ms) * 1000000;
         for (;;) {
             int64_t left = (next - keel__now_mono_ns()) / 1000000;
             int rc;
@@ -130,7 +142,7 @@ keel__hb_start(const keel__hb_config *cfg, keel__hb **out)
 {
     keel__hb *hb;
     keel_status st = KEEL_OK;
-    int zero = 0;
+    int zero = 0, one = 1;
     char wake[64];
     *out = NULL;
     if (cfg->n < 1 || cfg->interval_ms < 1)
@@ -174,6 +186,7 @@ keel__hb_start(const keel__hb_config *cfg, keel__hb **out)
         hb->socks[p] = s;
         if ((st = keel__wire_sockopts(s, &hb->limits)) != KEEL_OK ||
             zmq_setsockopt(s, ZMQ_SNDTIMEO, &zero, sizeof zero) != 0 ||
+            zmq_setsockopt(s, ZMQ_IMMEDIATE, &one, sizeof one) != 0 ||
             (st = keel__curve_setup_client(
                  s, cfg->curves != NULL ? &cfg->curves[p] : NULL)) !=
                 KEEL_OK) {
