@@ -3,6 +3,7 @@
 #include <config.h>
 
 #include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -32,23 +33,44 @@ keel_shape_count(int ndim, const int64_t *shape, size_t *count)
     return KEEL_OK;
 }
 
+/* Aligned blocks carry the pointer malloc/calloc returned just before the
+ * aligned address, so that zeroed blocks can come from calloc: for a large
+ * block that is fresh memory from the kernel, zero already and faulted in
+ * only where it is touched (a worker's optimizer slots never are). */
+static void *
+aligned_from(size_t bytes, int zero)
+{
+    void *raw, *p;
+    if (bytes == 0 || bytes > KEEL_TENSOR_MAX_BYTES)
+        return NULL;
+    raw = zero ? calloc(1, bytes + KEEL_TENSOR_ALIGN)
+               : malloc(bytes + KEEL_TENSOR_ALIGN);
+    if (raw == NULL)
+        return NULL;
+    /* at least one pointer's room below p; malloc aligns to 16 */
+    p = (void *)(((uintptr_t)raw + KEEL_TENSOR_ALIGN) &
+                 ~(uintptr_t)(KEEL_TENSOR_ALIGN - 1));
+    ((void **)p)[-1] = raw;
+    return p;
+}
+
 void *
 keel_aligned_alloc(size_t bytes)
 {
-    void *p = NULL;
-    size_t rounded;
-    if (bytes == 0 || bytes > KEEL_TENSOR_MAX_BYTES)
-        return NULL;
-    rounded = (bytes + KEEL_TENSOR_ALIGN - 1) & ~(size_t)(KEEL_TENSOR_ALIGN - 1);
-    if (posix_memalign(&p, KEEL_TENSOR_ALIGN, rounded) != 0)
-        return NULL;
-    return p;
+    return aligned_from(bytes, 0);
+}
+
+void *
+keel__aligned_zalloc(size_t bytes)
+{
+    return aligned_from(bytes, 1);
 }
 
 void
 keel_aligned_free(void *p)
 {
-    free(p);
+    if (p != NULL)
+        free(((void **)p)[-1]);
 }
 
 keel_status
@@ -62,11 +84,10 @@ keel_tensor_alloc(keel_tensor *t, int ndim, const int64_t *shape)
     st = keel_shape_count(ndim, shape, &count);
     if (st != KEEL_OK)
         return st;
-    t->data = keel_aligned_alloc(count * sizeof(float));
+    t->data = keel__aligned_zalloc(count * sizeof(float));
     if (t->data == NULL)
         return keel__fail(KEEL_ENOMEM, "tensor: %zu bytes",
                           count * sizeof(float));
-    memset(t->data, 0, count * sizeof(float));
     t->ndim = ndim;
     for (int i = 0; i < KEEL_MAX_DIMS; i++)
         t->shape[i] = i < ndim ? shape[i] : 1;

@@ -35,6 +35,8 @@ void keel__h5_unlock(void);
 
 /* Clocks. */
 int64_t keel__now_mono_ns(void);   /* CLOCK_MONOTONIC */
+/* keel_aligned_alloc, zeroed (lazily, for large blocks); keel_aligned_free. */
+void *keel__aligned_zalloc(size_t bytes);
 double keel__now_wall(void);       /* seconds since the epoch */
 
 /* snprintf that fails (KEEL_EINVAL naming what) when the result would be
