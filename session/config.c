@@ -194,6 +194,9 @@ static const key_def schema[] = {
       "How long a worker waits for the chief before failing." },
     { "cluster", "stop_grace_secs", T_DOUBLE, "120", 0, 1e6, NULL,
       "Grace period for threads at shutdown." },
+    { "cluster", "eval_timeout_secs", T_DOUBLE, "7200", 0.001, 1e9, NULL,
+      "Evaluator task: fail (exit 1) when no new checkpoint appears in "
+      "checkpoint.dir for this long." },
 
     { "security", "curve", T_BOOL, "false", NOLIM, NULL,
       "CURVE authentication and encryption on every socket." },
