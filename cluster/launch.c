@@ -69,6 +69,12 @@ pick_ports(keel_launch *l)
     for (size_t i = 0; i < l->n && st == KEEL_OK; i++) {
         struct sockaddr_in a;
         socklen_t len = sizeof a;
+        if (l->tasks[i].info.type == KEEL_TASK_EVALUATOR) {
+            /* serves nothing: no port */
+            snprintf(l->tasks[i].info.address,
+                     sizeof l->tasks[i].info.address, "-");
+            continue;
+        }
         socks[i] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
         memset(&a, 0, sizeof a);
         a.sin_family = AF_INET;
@@ -100,9 +106,13 @@ build_tf_configs(keel_launch *l)
     if (buf == NULL)
         return keel__fail(KEEL_ENOMEM, "launch: TF_CONFIG buffer");
     st = keel_cluster_spec_new(&spec);
+    /* the evaluator is not in the training cluster (TF: it may run
+     * beside it as evaluator 0): the other tasks' TF_CONFIGs are the same
+     * with or without it */
     for (size_t i = 0; i < l->n && st == KEEL_OK; i++)
-        st = keel_cluster_spec_add_list(spec, l->tasks[i].info.type,
-                                        l->tasks[i].info.address);
+        if (l->tasks[i].info.type != KEEL_TASK_EVALUATOR)
+            st = keel_cluster_spec_add_list(spec, l->tasks[i].info.type,
+                                            l->tasks[i].info.address);
     if (st == KEEL_OK)
         st = keel_cluster_spec_set_task(spec, KEEL_TASK_CHIEF, 0);
     if (st == KEEL_OK)
@@ -139,8 +149,9 @@ init_task(task *t, keel_task_type type, int index)
     t->info.state = KEEL_LAUNCH_PENDING;
     t->info.last_status = -1;
     t->info.global_step = -1;
-    if (type == KEEL_TASK_CHIEF)
-        snprintf(t->info.name, sizeof t->info.name, "chief");
+    if (type == KEEL_TASK_CHIEF || type == KEEL_TASK_EVALUATOR)
+        snprintf(t->info.name, sizeof t->info.name, "%s",
+                 keel_task_type_name(type));
     else
         snprintf(t->info.name, sizeof t->info.name, "%s.%d",
                  keel_task_type_name(type), index);
@@ -197,7 +208,8 @@ keel_launch_new(const keel_launch_config *cfg, keel_launch **out)
         l->clk_tck = 100;
     if (l->page_size <= 0)
         l->page_size = 4096;
-    l->n = (size_t)cfg->num_ps + 1 + (size_t)cfg->num_workers;
+    l->n = (size_t)cfg->num_ps + 1 + (size_t)cfg->num_workers +
+           (cfg->with_evaluator ? 1 : 0);
     l->tasks = calloc(l->n, sizeof *l->tasks);
     l->output_dir = strdup(cfg->output_dir);
     len = strlen(cfg->output_dir) + sizeof "OUTPUT_DIR=";
@@ -214,6 +226,8 @@ keel_launch_new(const keel_launch_config *cfg, keel_launch **out)
     init_task(&l->tasks[k++], KEEL_TASK_CHIEF, 0);
     for (int i = 0; i < cfg->num_workers; i++)
         init_task(&l->tasks[k++], KEEL_TASK_WORKER, i);
+    if (cfg->with_evaluator)
+        init_task(&l->tasks[k++], KEEL_TASK_EVALUATOR, 0);
     st = pick_ports(l);
     if (st == KEEL_OK)
         st = build_tf_configs(l);
@@ -385,8 +399,9 @@ start_task(keel_launch *l, size_t i, const char *why)
                           keel_task_type_name(t->info.type), t->info.index,
                           t->info.address);
     keel__launch_emit(l, KEEL_LAUNCH_EV_START, (int)i, t->info.pid, 0,
-                      "%s %s (pid %d) on %s", why, t->info.name, t->info.pid,
-                      t->info.address);
+                      "%s %s (pid %d)%s%s", why, t->info.name, t->info.pid,
+                      t->info.address[0] == '-' ? "" : " on ",
+                      t->info.address[0] == '-' ? "" : t->info.address);
     return KEEL_OK;
 }
 
@@ -522,6 +537,8 @@ next_deadline(const keel_launch *l)
             if (k < d)
                 d = k;
         }
+        if (t->term_due_ns > 0 && t->term_due_ns < d)
+            d = t->term_due_ns;
         if (t->is_alive && t->pidfd < 0 && l->last_sample_ns + NS / 20 < d)
             d = l->last_sample_ns + NS / 20;   /* no pidfd: poll exits */
     }
@@ -633,6 +650,7 @@ keel_launch_poll(keel_launch *l, int timeout_ms, int *is_done)
                 t->kill_sent = 1;
             }
         }
+        keel__launch_term_due(l, now);
         keel__launch_advance_stop(l, now);
     }
     keel__launch_chaos_tick(l, now);

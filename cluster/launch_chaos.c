@@ -35,7 +35,7 @@ keel__launch_chaos_gap_ns(keel_launch *l)
 void
 keel__launch_chaos_tick(keel_launch *l, int64_t now)
 {
-    size_t eligible[1 + KEEL_LAUNCH_MAX_PS + KEEL_LAUNCH_MAX_WORKERS];
+    size_t eligible[2 + KEEL_LAUNCH_MAX_PS + KEEL_LAUNCH_MAX_WORKERS];
     size_t n_eligible = 0, pick;
     task *t;
     if (!l->cfg.chaos || l->is_stopping)

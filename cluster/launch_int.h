@@ -42,6 +42,8 @@ typedef struct task {
     int backoff_level;             /* failures in a row before progress */
     uint64_t last_ticks;
     int64_t last_sample_ns;
+    int64_t term_due_ns;           /* evaluator after the chief finished:
+                                    * SIGTERM at this time; 0 none */
 } task;
 
 struct keel_launch {
@@ -54,10 +56,11 @@ struct keel_launch {
     int is_started;
     int64_t t0_ns;
     int is_stopping;
-    int stop_phase;                /* task ranks told: 0..3 (chief,
-                                    * workers, ps) */
+    int stop_phase;                /* task ranks told: 0..4 (chief,
+                                    * workers, ps, evaluator) */
     int chief_done;
-    int failed_task;               /* gave up; -1 none */
+    int failed_task;               /* gave up; -1 none (never the
+                                    * evaluator) */
     char why[512];
     uint64_t rng;
     int64_t next_chaos_ns;
@@ -89,6 +92,8 @@ void keel__launch_reap(keel_launch *l, int64_t now);
 void keel__launch_signal_task(task *t, int sig);
 void keel__launch_begin_stop(keel_launch *l, const char *reason);
 void keel__launch_advance_stop(keel_launch *l, int64_t now);
+/* The evaluator's SIGTERM once its term_due_ns has come. */
+void keel__launch_term_due(keel_launch *l, int64_t now);
 
 /* launch_chaos.c */
 int64_t keel__launch_chaos_gap_ns(keel_launch *l);

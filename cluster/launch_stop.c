@@ -27,6 +27,23 @@ keel__launch_close_task_fds(task *t)
     }
 }
 
+/* The evaluator failed for good: reported, but the training goes on and
+ * the run's exit status stays the chief's. */
+static void
+evaluator_failed(keel_launch *l, size_t i, int status, const char *how)
+{
+    task *t = &l->tasks[i];
+    t->info.state = KEEL_LAUNCH_FAILED;
+    t->term_due_ns = 0;
+    keel__launch_emit(l, KEEL_LAUNCH_EV_GIVE_UP, (int)i, t->info.pid, status,
+                      "giving up on %s: %s%s after %d restart%s; see "
+                      "%s/logs/%s.log (training goes on; the exit status "
+                      "is the chief's)", t->info.name, how,
+                      status == 2 ? " (a configuration error)" : "",
+                      t->info.restarts, t->info.restarts == 1 ? "" : "s",
+                      l->output_dir, t->info.name);
+}
+
 static void
 on_exit_status(keel_launch *l, size_t i, int status, int64_t now)
 {
@@ -49,6 +66,14 @@ on_exit_status(keel_launch *l, size_t i, int status, int64_t now)
                       was_chaos ? " (chaos)" : "");
     keel__launch_log_note(t, "%s (pid %d) ended: %s%s", t->info.name,
                           t->info.pid, how, was_chaos ? " (chaos)" : "");
+    if (t->info.type == KEEL_TASK_EVALUATOR && status != 0 &&
+        t->info.state != KEEL_LAUNCH_STOPPING &&
+        (l->is_stopping || status == 2 ||
+         (!was_chaos && t->info.restarts >= l->cfg.max_restarts))) {
+        evaluator_failed(l, i, status, how);
+        return;
+    }
+    t->term_due_ns = 0;
     if (l->is_stopping) {
         t->info.state = status == 0 ? KEEL_LAUNCH_DONE : KEEL_LAUNCH_STOPPED;
         return;
@@ -161,10 +186,14 @@ term_task(task *t, int64_t now)
 }
 
 /* Stop order: the chief first (its final step may still need the workers'
- * gradients, its final checkpoint the ps), then the workers, then the ps. */
+ * gradients, its final checkpoint the ps), then the workers, then the ps.
+ * The evaluator depends on nobody and nobody on it: it has no rank
+ * (-1) and is told in begin_stop. */
 static int
 stop_rank(keel_task_type type)
 {
+    if (type == KEEL_TASK_EVALUATOR)
+        return -1;
     return type == KEEL_TASK_CHIEF ? 0 : type == KEEL_TASK_PS ? 2 : 1;
 }
 
@@ -174,6 +203,7 @@ keel__launch_advance_stop(keel_launch *l, int64_t now)
     for (;;) {
         for (size_t i = 0; i < l->n; i++)
             if (l->tasks[i].is_alive &&
+                stop_rank(l->tasks[i].info.type) >= 0 &&
                 stop_rank(l->tasks[i].info.type) < l->stop_phase)
                 return;                  /* the previous rank is not gone */
         if (l->stop_phase >= 3)
@@ -196,10 +226,35 @@ keel__launch_begin_stop(keel_launch *l, const char *reason)
     keel__launch_emit(l, KEEL_LAUNCH_EV_STOP, -1, 0, 0,
                       "%s: stopping every task (SIGTERM; SIGKILL after "
                       "%.0f s)", reason, l->cfg.grace_secs);
-    for (size_t i = 0; i < l->n; i++)
-        if (!l->tasks[i].is_alive)
-            term_task(&l->tasks[i], now);   /* in backoff: stays down */
+    for (size_t i = 0; i < l->n; i++) {
+        task *t = &l->tasks[i];
+        if (!t->is_alive)
+            term_task(t, now);              /* in backoff: stays down */
+        else if (t->info.type == KEEL_TASK_EVALUATOR && l->chief_done)
+            /* a complete run: let it evaluate the final checkpoint */
+            t->term_due_ns = now + (int64_t)(l->cfg.grace_secs * 1e9);
+        else if (t->info.type == KEEL_TASK_EVALUATOR)
+            term_task(t, now);
+    }
     keel__launch_advance_stop(l, now);
+}
+
+void
+keel__launch_term_due(keel_launch *l, int64_t now)
+{
+    for (size_t i = 0; i < l->n; i++) {
+        task *t = &l->tasks[i];
+        if (t->term_due_ns > 0 && now >= t->term_due_ns) {
+            t->term_due_ns = 0;
+            if (t->is_alive)
+                keel__launch_emit(l, KEEL_LAUNCH_EV_STOP, (int)i,
+                                  t->info.pid, 0, "%s (pid %d) still "
+                                  "running %.0f s after the chief finished: "
+                                  "SIGTERM", t->info.name, t->info.pid,
+                                  l->cfg.grace_secs);
+            term_task(t, now);
+        }
+    }
 }
 
 void
@@ -207,10 +262,16 @@ keel_launch_stop(keel_launch *l, int force)
 {
     if (l == NULL)
         return;
-    if (!l->is_stopping)
+    if (!l->is_stopping) {
         keel__launch_begin_stop(l, force ? "forced stop" : "stop requested");
-    else if (!force)
+    } else if (!force) {
+        /* an evaluator finishing after the chief: stop it now */
+        for (size_t i = 0; i < l->n; i++)
+            if (l->tasks[i].term_due_ns > 0)
+                l->tasks[i].term_due_ns = keel__now_mono_ns();
+        keel__launch_term_due(l, keel__now_mono_ns());
         return;
+    }
     if (force) {
         for (size_t i = 0; i < l->n; i++) {
             task *t = &l->tasks[i];
@@ -221,6 +282,7 @@ keel_launch_stop(keel_launch *l, int force)
                        t->info.state == KEEL_LAUNCH_PENDING) {
                 t->info.state = KEEL_LAUNCH_STOPPED;
             }
+            t->term_due_ns = 0;
         }
         l->stop_phase = 3;
     }

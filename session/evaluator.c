@@ -340,9 +340,10 @@ keel_job_run_evaluator(const keel_config *cfg,
             goto out;
         installed = 1;
     }
-    keel__log(KEEL_LOG_INFO, "evaluator: watching %s; done after step %lld "
-              "(timeout %.0f s without a new checkpoint)", dir,
-              (long long)final_step, o.timeout_secs);
+    /* no "step N" here: keel launch takes such lines as progress */
+    keel__log(KEEL_LOG_INFO, "evaluator: watching %s until the checkpoint "
+              "of the final training step (%lld); timeout %.0f s without a "
+              "new one", dir, (long long)final_step, o.timeout_secs);
     deadline_ns = keel__now_mono_ns() + (int64_t)(o.timeout_secs * 1e9);
     for (;;) {
         char name[KEEL_NAME_MAX], path[KEEL_PATH_MAX];

@@ -228,7 +228,7 @@ START_TEST(test_cli_config_check_contract)
 }
 END_TEST
 
-START_TEST(test_tf_config_model_dir_sets_checkpoint_dir_or_conflicts)
+START_TEST(test_tf_config_model_dir_is_checkpoint_dir_unless_another)
 {
     static char out[65536], err[8192];
     const char *ini = write_ini("[train]\nmax_steps = 5\n");
@@ -305,7 +305,8 @@ config_suite(void)
     tcase_add_test(tc, test_run_needs_an_end_and_piecewise_needs_values);
     tcase_add_test(tc, test_dump_lists_every_section_with_origins);
     tcase_add_test(tc, test_cli_config_check_contract);
-    tcase_add_test(tc, test_tf_config_model_dir_sets_checkpoint_dir_or_conflicts);
+    tcase_add_test(tc,
+                   test_tf_config_model_dir_is_checkpoint_dir_unless_another);
     tcase_add_test(tc, test_docs_config_md_is_the_generated_reference);
     suite_add_tcase(s, tc);
     return s;
