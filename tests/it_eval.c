@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -57,34 +56,26 @@ teardown(void)
     tu_teardown();
 }
 
-/* Start an evaluator task on cfg_path (stdout+stderr to log); extra is
- * one more "-s" value or NULL. */
+/* Start an evaluator task on cfg_path; *fd reads its stdout and stderr
+ * (keel's log lines), one pipe, in order. */
 static pid_t
-spawn_evaluator(const char *log, const char *extra)
+spawn_evaluator(int *fd)
 {
     char *env[] = { EVAL_TF_CONFIG, NULL };
-    char *argv[] = { (char *)tu_build_path("keel"), "train", cfg_path,
-                     extra != NULL ? "-s" : NULL, (char *)extra, NULL };
-    return tu_spawn(argv, env, log);
+    char *argv[] = { "/bin/sh", "-c", "exec \"$0\" train \"$1\" 2>&1",
+                     (char *)tu_build_path("keel"), cfg_path, NULL };
+    return tu_spawn_pipe(argv, env, NULL, fd);
 }
 
-/* Wait (deadline) until file path contains needle; 1 when it does. */
-static int
-wait_for_text(const char *path, const char *needle, int timeout_ms)
+/* Read fd to its EOF (the task has exited) and close it, so that
+ * tu_wait_for_line's buffer never carries lines over to a later pipe that
+ * gets the same descriptor number. */
+static void
+drain_and_close(int fd)
 {
-    int64_t deadline = tu_now_ms() + timeout_ms;
-    while (tu_now_ms() < deadline) {
-        struct stat sb;
-        if (stat(path, &sb) == 0) {
-            char *t = tu_read_file(path, NULL);
-            int found = strstr(t, needle) != NULL;
-            free(t);
-            if (found)
-                return 1;
-        }
-        usleep(20000);   // a file, not a pipe: nothing to block on
-    }
-    return 0;
+    ck_assert_int_eq(tu_wait_for_line(fd, "\001 never printed", 10000, NULL,
+                                      0), 0);
+    close(fd);
 }
 
 static int
@@ -104,33 +95,34 @@ count_names(const char *dir, const char *needle)
 
 START_TEST(test_evaluator_follows_training_and_exits_0_at_final_step)
 {
-    char log[4200], *text, *csv;
-    const char *p;
-    long prev = -1, n_lines = 0;
-    pid_t ev;
-    CHECKED_SNPRINTF(log, sizeof log, "%s/evaluator.log", tu_dir);
-    ev = spawn_evaluator(log, NULL);
-    ck_assert_msg(wait_for_text(log, "evaluator: watching", 15000),
+    char line[1024], *csv;
+    long prev = -1;
+    int fd;
+    pid_t ev = spawn_evaluator(&fd);
+    ck_assert_msg(tu_wait_for_line(fd, "evaluator: watching", 15000, line,
+                                   sizeof line),
                   "the evaluator never started");
     ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err,
                              "train", cfg_path, NULL), 0);
-    ck_assert_int_eq(tu_wait(ev, 30000), 0);
-    text = tu_read_file(log, NULL);
-    ck_assert_ptr_nonnull(strstr(text, "eval step 40: loss "));
-    ck_assert_ptr_nonnull(strstr(text, "(model.ckpt-40.h5)"));
-    ck_assert_ptr_nonnull(strstr(text, "evaluator: done: evaluated the "
-                                       "final step 40"));
     /* every evaluation is of a newer checkpoint than the one before */
-    for (p = text; (p = strstr(p, "eval step ")) != NULL; p += 10) {
-        long s = strtol(p + 10, NULL, 10);
-        ck_assert_msg(s > prev, "eval step %ld after %ld", s, prev);
-        ck_assert_msg(s % 5 == 0, "eval step %ld is not a save step", s);
-        prev = s;
-        n_lines++;
+    while (prev < 40) {
+        long step;
+        ck_assert_msg(tu_wait_for_line(fd, "eval step ", 30000, line,
+                                       sizeof line),
+                      "no eval line after step %ld", prev);
+        step = strtol(strstr(line, "eval step ") + 10, NULL, 10);
+        ck_assert_msg(step > prev, "eval step %ld after %ld", step, prev);
+        ck_assert_msg(step % 5 == 0, "eval step %ld is not a save step",
+                      step);
+        ck_assert_ptr_nonnull(strstr(line, ": loss "));
+        prev = step;
     }
-    ck_assert_int_ge(n_lines, 1);
     ck_assert_int_eq(prev, 40);
-    free(text);
+    ck_assert_ptr_nonnull(strstr(line, "(model.ckpt-40.h5)"));
+    ck_assert(tu_wait_for_line(fd, "evaluator: done: evaluated the final "
+                                   "step 40", 10000, line, sizeof line));
+    ck_assert_int_eq(tu_wait(ev, 30000), 0);
+    drain_and_close(fd);
     /* TensorBoard event files and the CSV under <checkpoint.dir>/eval */
     ck_assert_int_eq(count_names(tu_path("run/eval"), "events.out.tfevents"),
                      1);
@@ -141,8 +133,11 @@ START_TEST(test_evaluator_follows_training_and_exits_0_at_final_step)
     /* it released every lease it took */
     ck_assert_int_eq(count_names(run_dir, ".lease-"), 0);
     /* started after training finished: evaluates the newest and exits */
-    ev = spawn_evaluator(log, NULL);
+    ev = spawn_evaluator(&fd);
+    ck_assert(tu_wait_for_line(fd, "eval step 40: ", 30000, line,
+                               sizeof line));
     ck_assert_int_eq(tu_wait(ev, 30000), 0);
+    drain_and_close(fd);
 }
 END_TEST
 
@@ -164,17 +159,17 @@ END_TEST
 
 START_TEST(test_evaluator_stops_on_sigterm_with_exit_0)
 {
-    char log[4200], *text;
-    pid_t ev;
-    CHECKED_SNPRINTF(log, sizeof log, "%s/evaluator.log", tu_dir);
-    ev = spawn_evaluator(log, NULL);
-    ck_assert_msg(wait_for_text(log, "evaluator: watching", 15000),
+    char line[1024];
+    int fd;
+    pid_t ev = spawn_evaluator(&fd);
+    ck_assert_msg(tu_wait_for_line(fd, "evaluator: watching", 15000, line,
+                                   sizeof line),
                   "the evaluator never started");
     ck_assert_int_eq(kill(ev, SIGTERM), 0);
+    ck_assert(tu_wait_for_line(fd, "stopped by signal", 10000, line,
+                               sizeof line));
     ck_assert_int_eq(tu_wait(ev, 10000), 0);
-    text = tu_read_file(log, NULL);
-    ck_assert_ptr_nonnull(strstr(text, "stopped by signal"));
-    free(text);
+    drain_and_close(fd);
 }
 END_TEST
 
