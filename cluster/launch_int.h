@@ -56,9 +56,12 @@ struct keel_launch {
     int is_started;
     int64_t t0_ns;
     int is_stopping;
-    int stop_phase;                /* task ranks told: 0..4 (chief,
-                                    * workers, ps, evaluator) */
+    int stop_phase;                /* task ranks told: 0..3 (chief,
+                                    * workers, ps; the evaluator has no
+                                    * rank) */
     int chief_done;
+    int64_t stop_began_ns;         /* when the stop began (the evaluator's
+                                    * grace is counted from it) */
     int failed_task;               /* gave up; -1 none (never the
                                     * evaluator) */
     char why[512];

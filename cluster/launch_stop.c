@@ -223,6 +223,7 @@ keel__launch_begin_stop(keel_launch *l, const char *reason)
         return;
     l->is_stopping = 1;
     l->stop_phase = 0;
+    l->stop_began_ns = now;
     keel__launch_emit(l, KEEL_LAUNCH_EV_STOP, -1, 0, 0,
                       "%s: stopping every task (SIGTERM; SIGKILL after "
                       "%.0f s)", reason, l->cfg.grace_secs);
@@ -249,9 +250,9 @@ keel__launch_term_due(keel_launch *l, int64_t now)
             if (t->is_alive)
                 keel__launch_emit(l, KEEL_LAUNCH_EV_STOP, (int)i,
                                   t->info.pid, 0, "%s (pid %d) still "
-                                  "running %.0f s after the chief finished: "
+                                  "running %.1f s after the chief finished: "
                                   "SIGTERM", t->info.name, t->info.pid,
-                                  l->cfg.grace_secs);
+                                  (double)(now - l->stop_began_ns) / 1e9);
             term_task(t, now);
         }
     }
