@@ -94,4 +94,15 @@ void keel__ckpt_state_free(ck_state *st);
 /* Parse "<base>-<digits>.h5" (any base if base is NULL): the step, or -1. */
 int64_t keel__ckpt_name_step(const char *name, const char *base);
 
+/* Leases (lease.c). Retention asks before deleting dir/file: 1 when a
+ * live reader holds a lease on it (then `.deferred-<file>` is recorded and
+ * the caller must not delete it), 0 to delete it now. */
+int keel__ckpt_lease_defer(const char *dir, const char *file);
+/* 1 when dir holds a `.deferred-<file>` marker. */
+int keel__ckpt_is_deferred(const char *dir, const char *file);
+/* Remove stale leases (dead pids) and every deferred file that is no longer
+ * leased, with its marker; a file listed in `listed` (may be NULL) is live:
+ * only its marker goes. Best effort, logs what it removed; cannot fail. */
+void keel__ckpt_lease_sweep(const char *dir, const ck_state *listed);
+
 #endif

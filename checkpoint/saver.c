@@ -69,7 +69,8 @@ keel__ckpt_name_step(const char *name, const char *base)
     const char *dash, *p;
     int64_t step;
     char digits[32];
-    if (n < 5 || strcmp(name + n - 3, ".h5") != 0)
+    /* hidden names (temp files, `.lease-*`, `.deferred-*`) never are */
+    if (n < 5 || name[0] == '.' || strcmp(name + n - 3, ".h5") != 0)
         return -1;
     if (base != NULL) {
         bl = strlen(base);
@@ -342,7 +343,8 @@ adopt_orphans(keel_saver *s)
     if (keel_ckpt_scan(s->dir, s->basename, &f, &n) != KEEL_OK)
         return;
     for (size_t i = 0; i < n; i++) {
-        if (f[i].step <= s->last_step)
+        if (f[i].step <= s->last_step ||
+            keel__ckpt_is_deferred(s->dir, f[i].name))
             continue;
         if (state_push(&s->state, f[i].name, f[i].mtime) != KEEL_OK)
             break;
@@ -424,6 +426,7 @@ keel_saver_new(const keel_saver_config *cfg, keel_saver **out)
             if (!listed &&
                 keel__path_join(p, sizeof p, s->dir, s->state.doomed[k]) ==
                     KEEL_OK &&
+                !keel__ckpt_lease_defer(s->dir, s->state.doomed[k]) &&
                 unlink(p) == 0)
                 keel__log(KEEL_LOG_INFO, "retention: removed %s (deletion "
                           "interrupted earlier)", p);
@@ -438,6 +441,8 @@ keel_saver_new(const keel_saver_config *cfg, keel_saver **out)
                                                 s->basename);
         }
     }
+    /* stale leases of dead readers; deferred deletions now unleased */
+    keel__ckpt_lease_sweep(s->dir, &s->state);
     adopt_orphans(s);
     if (s->state.last_preserved < 0)
         s->state.last_preserved = keel__now_wall();
@@ -482,11 +487,31 @@ plan_add(ck_plan *p, const char *name, const char *slot,
     return KEEL_OK;
 }
 
+/* A reader's lease on path: record `.deferred-<file>` instead of deleting
+ * it now (lease.c). */
+static int
+reap_is_leased(const char *path)
+{
+    char dir[KEEL_PATH_MAX];
+    const char *sl = strrchr(path, '/');
+    if (sl == NULL)
+        return keel__ckpt_lease_defer(".", path);
+    if (sl == path)
+        return keel__ckpt_lease_defer("/", sl + 1);
+    if ((size_t)(sl - path) >= sizeof dir)
+        return 0;
+    memcpy(dir, path, (size_t)(sl - path));
+    dir[sl - path] = '\0';
+    return keel__ckpt_lease_defer(dir, sl + 1);
+}
+
 static void *
 reaper_main(void *arg)
 {
     keel_saver *s = arg;
     for (size_t i = 0; i < s->n_reap; i++) {
+        if (reap_is_leased(s->reap[i]))
+            continue;                   // deleted by a later save
         if (unlink(s->reap[i]) != 0 && errno != ENOENT)
             keel__log(KEEL_LOG_WARN, "retention: cannot remove %s: %s",
                       s->reap[i], strerror(errno));
@@ -580,6 +605,8 @@ commit_save(keel_saver *s, ck_plan *p)
         goto out;
     }
     __atomic_store_n(&s->last_step, p->step, __ATOMIC_RELEASE);
+    /* deletions deferred by readers' leases, now released */
+    keel__ckpt_lease_sweep(s->dir, &s->state);
     t3 = keel__now_mono_ns();
     /* Only now that the state file no longer lists them (a crash before
      * they are gone is finished by the next saver: "# keel: delete="). */

@@ -8,11 +8,9 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <math.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,200 +19,16 @@
 #include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 #include <arpa/inet.h>
 #ifdef __linux__
 #include <sys/prctl.h>
 #endif
 
-#include <keel/launch.h>
+#include "launch_int.h"
 #include "util.h"
 
 extern char **environ;
-
-#define LINE_BYTES 8192            /* longer lines are split */
-#define TF_CONFIG_BYTES 65536
-#define BACKOFF_CAP_SECS 5.0
-#define HEALTHY_NS (10 * 1000000000LL) /* or a step line: backoff resets */
-#define SAMPLE_NS 500000000LL      /* /proc sampling interval */
-#define NS 1000000000LL
-
-typedef struct line_buf {
-    char data[LINE_BYTES];
-    size_t used;
-} line_buf;
-
-typedef struct task {
-    keel_launch_task_info info;
-    char *tf_config;               /* "TF_CONFIG=..." */
-    int fd[2];                     /* stdout, stderr read ends; -1 closed */
-    int pidfd;                     /* -1 when unsupported */
-    line_buf buf[2];
-    int log_fd;
-    int is_alive;                  /* a process not reaped yet */
-    int chaos_pid;                 /* pid chaos killed (not reaped yet) */
-    int kill_sent;                 /* stop deadline passed: SIGKILL sent */
-    int64_t restart_at_ns;
-    int64_t term_sent_ns;
-    int64_t died_ns;               /* for the "back" event */
-    int wants_back_event;
-    int had_step;                  /* printed a step line since its start */
-    int64_t started_ns;
-    int64_t chief_step_at_start;   /* the cluster's step when it started */
-    int backoff_level;             /* failures in a row before progress */
-    uint64_t last_ticks;
-    int64_t last_sample_ns;
-} task;
-
-struct keel_launch {
-    keel_launch_config cfg;
-    char *output_dir;
-    char *output_env;              /* "OUTPUT_DIR=..." */
-    task *tasks;
-    size_t n;
-    size_t chief;
-    int is_started;
-    int64_t t0_ns;
-    int is_stopping;
-    int stop_phase;                /* task ranks told: 0..3 (chief,
-                                    * workers, ps) */
-    int chief_done;
-    int failed_task;               /* gave up; -1 none */
-    char why[512];
-    uint64_t rng;
-    int64_t next_chaos_ns;
-    double chaos_gap_secs;         /* the gap that led to next_chaos_ns */
-    int chaos_count;
-    int chaos_victim;              /* -1: none awaiting its restart */
-    int64_t last_sample_ns;
-    long clk_tck;
-    long page_size;
-    char msg[1024];
-};
-
-/* ---- small helpers ------------------------------------------------------ */
-
-static const char *const state_names[] = {
-    "pending", "running", "backoff", "stopping", "done", "stopped", "failed"
-};
-
-const char *
-keel_launch_state_name(keel_launch_state s)
-{
-    if ((unsigned)s < sizeof state_names / sizeof state_names[0])
-        return state_names[s];
-    return "unknown";
-}
-
-/* splitmix64: a tiny reproducible PRNG (chaos only, not cryptographic). */
-static uint64_t
-splitmix64(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
-/* An exponential gap with the configured mean, in ns. */
-static int64_t
-chaos_gap_ns(keel_launch *l)
-{
-    double u = (double)(splitmix64(&l->rng) >> 11) * 0x1.0p-53;
-    double secs = -l->cfg.chaos_period_secs * log(1.0 - u);
-    if (secs > 1e6)
-        secs = 1e6;
-    l->chaos_gap_secs = secs;
-    return (int64_t)(secs * 1e9);
-}
-
-static double
-since_start(const keel_launch *l, int64_t now)
-{
-    return l->is_started ? (double)(now - l->t0_ns) / 1e9 : 0.0;
-}
-
-static void
-emit(keel_launch *l, keel_launch_event_kind kind, int ti, int pid,
-     int status, const char *fmt, ...)
-    __attribute__((format(printf, 6, 7)));
-
-static void
-emit(keel_launch *l, keel_launch_event_kind kind, int ti, int pid,
-     int status, const char *fmt, ...)
-{
-    keel_launch_event ev;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(l->msg, sizeof l->msg, fmt, ap);
-    va_end(ap);
-    if (l->cfg.event_fn == NULL)
-        return;
-    ev.kind = kind;
-    ev.task = ti;
-    ev.pid = pid;
-    ev.status = status;
-    ev.t_secs = since_start(l, keel__now_mono_ns());
-    ev.message = l->msg;
-    l->cfg.event_fn(l->cfg.ctx, &ev);
-}
-
-/* "exit status 1" / "killed by SIGKILL" for an exit code or 128+sig. */
-static const char *
-describe_status(int status, char *buf, size_t size)
-{
-    if (status > 128 && status < 128 + 65) {
-        const char *name = NULL;
-        switch (status - 128) {
-        case SIGKILL: name = "SIGKILL"; break;
-        case SIGTERM: name = "SIGTERM"; break;
-        case SIGINT: name = "SIGINT"; break;
-        case SIGSEGV: name = "SIGSEGV"; break;
-        case SIGABRT: name = "SIGABRT"; break;
-        case SIGBUS: name = "SIGBUS"; break;
-        default: break;
-        }
-        if (name != NULL)
-            snprintf(buf, size, "killed by %s", name);
-        else
-            snprintf(buf, size, "killed by signal %d", status - 128);
-    } else {
-        snprintf(buf, size, "exit status %d", status);
-    }
-    return buf;
-}
-
-/* A note in a task's own log (launcher events that concern it). */
-static void
-log_note(task *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static void
-log_note(task *t, const char *fmt, ...)
-{
-    char line[1024], stamp[64];
-    time_t now = time(NULL);
-    struct tm tm;
-    va_list ap;
-    int n;
-    if (t->log_fd < 0)
-        return;
-    gmtime_r(&now, &tm);
-    strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%SZ", &tm);
-    n = snprintf(line, sizeof line, "--- keel launch %s: ", stamp);
-    va_start(ap, fmt);
-    if (n > 0 && (size_t)n < sizeof line)
-        n += vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
-    va_end(ap);
-    if (n < 0)
-        return;
-    if ((size_t)n >= sizeof line - 1)
-        n = (int)sizeof line - 2;
-    line[n++] = '\n';
-    /* best effort: a full disk must not stop the supervision */
-    if (write(t->log_fd, line, (size_t)n) < 0)
-        return;
-}
 
 /* The first "step N" in a line (at its start or after a blank), or -1. */
 static int64_t
@@ -239,6 +53,7 @@ parse_step(const char *line)
 
 /* ---- construction ------------------------------------------------------- */
 
+
 static keel_status
 pick_ports(keel_launch *l)
 {
@@ -254,6 +69,12 @@ pick_ports(keel_launch *l)
     for (size_t i = 0; i < l->n && st == KEEL_OK; i++) {
         struct sockaddr_in a;
         socklen_t len = sizeof a;
+        if (l->tasks[i].info.type == KEEL_TASK_EVALUATOR) {
+            /* serves nothing: no port */
+            snprintf(l->tasks[i].info.address,
+                     sizeof l->tasks[i].info.address, "-");
+            continue;
+        }
         socks[i] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
         memset(&a, 0, sizeof a);
         a.sin_family = AF_INET;
@@ -285,9 +106,13 @@ build_tf_configs(keel_launch *l)
     if (buf == NULL)
         return keel__fail(KEEL_ENOMEM, "launch: TF_CONFIG buffer");
     st = keel_cluster_spec_new(&spec);
+    /* the evaluator is not in the training cluster (TF: it may run
+     * beside it as evaluator 0): the other tasks' TF_CONFIGs are the same
+     * with or without it */
     for (size_t i = 0; i < l->n && st == KEEL_OK; i++)
-        st = keel_cluster_spec_add_list(spec, l->tasks[i].info.type,
-                                        l->tasks[i].info.address);
+        if (l->tasks[i].info.type != KEEL_TASK_EVALUATOR)
+            st = keel_cluster_spec_add_list(spec, l->tasks[i].info.type,
+                                            l->tasks[i].info.address);
     if (st == KEEL_OK)
         st = keel_cluster_spec_set_task(spec, KEEL_TASK_CHIEF, 0);
     if (st == KEEL_OK)
@@ -324,8 +149,9 @@ init_task(task *t, keel_task_type type, int index)
     t->info.state = KEEL_LAUNCH_PENDING;
     t->info.last_status = -1;
     t->info.global_step = -1;
-    if (type == KEEL_TASK_CHIEF)
-        snprintf(t->info.name, sizeof t->info.name, "chief");
+    if (type == KEEL_TASK_CHIEF || type == KEEL_TASK_EVALUATOR)
+        snprintf(t->info.name, sizeof t->info.name, "%s",
+                 keel_task_type_name(type));
     else
         snprintf(t->info.name, sizeof t->info.name, "%s.%d",
                  keel_task_type_name(type), index);
@@ -382,7 +208,8 @@ keel_launch_new(const keel_launch_config *cfg, keel_launch **out)
         l->clk_tck = 100;
     if (l->page_size <= 0)
         l->page_size = 4096;
-    l->n = (size_t)cfg->num_ps + 1 + (size_t)cfg->num_workers;
+    l->n = (size_t)cfg->num_ps + 1 + (size_t)cfg->num_workers +
+           (cfg->with_evaluator ? 1 : 0);
     l->tasks = calloc(l->n, sizeof *l->tasks);
     l->output_dir = strdup(cfg->output_dir);
     len = strlen(cfg->output_dir) + sizeof "OUTPUT_DIR=";
@@ -399,6 +226,8 @@ keel_launch_new(const keel_launch_config *cfg, keel_launch **out)
     init_task(&l->tasks[k++], KEEL_TASK_CHIEF, 0);
     for (int i = 0; i < cfg->num_workers; i++)
         init_task(&l->tasks[k++], KEEL_TASK_WORKER, i);
+    if (cfg->with_evaluator)
+        init_task(&l->tasks[k++], KEEL_TASK_EVALUATOR, 0);
     st = pick_ports(l);
     if (st == KEEL_OK)
         st = build_tf_configs(l);
@@ -411,6 +240,7 @@ keel_launch_new(const keel_launch_config *cfg, keel_launch **out)
 }
 
 /* ---- processes ---------------------------------------------------------- */
+
 
 static int
 open_pidfd(int pid)
@@ -564,13 +394,14 @@ start_task(keel_launch *l, size_t i, const char *why)
     keel_status st = spawn(l, i);
     if (st != KEEL_OK)
         return st;
-    log_note(t, "%s %s (pid %d) %s, TF_CONFIG task %s %d at %s",
-             why, t->info.name, t->info.pid, l->cfg.argv[0],
-             keel_task_type_name(t->info.type), t->info.index,
-             t->info.address);
-    emit(l, KEEL_LAUNCH_EV_START, (int)i, t->info.pid, 0,
-         "%s %s (pid %d) on %s", why, t->info.name, t->info.pid,
-         t->info.address);
+    keel__launch_log_note(t, "%s %s (pid %d) %s, TF_CONFIG task %s %d at %s",
+                          why, t->info.name, t->info.pid, l->cfg.argv[0],
+                          keel_task_type_name(t->info.type), t->info.index,
+                          t->info.address);
+    keel__launch_emit(l, KEEL_LAUNCH_EV_START, (int)i, t->info.pid, 0,
+                      "%s %s (pid %d)%s%s", why, t->info.name, t->info.pid,
+                      t->info.address[0] == '-' ? "" : " on ",
+                      t->info.address[0] == '-' ? "" : t->info.address);
     return KEEL_OK;
 }
 
@@ -594,7 +425,7 @@ keel_launch_start(keel_launch *l)
     l->t0_ns = keel__now_mono_ns();
     l->last_sample_ns = l->t0_ns;
     if (l->cfg.chaos)
-        l->next_chaos_ns = l->t0_ns + chaos_gap_ns(l);
+        l->next_chaos_ns = l->t0_ns + keel__launch_chaos_gap_ns(l);
     for (size_t i = 0; i < l->n; i++) {
         st = start_task(l, i, "started");
         if (st != KEEL_OK) {
@@ -606,6 +437,7 @@ keel_launch_start(keel_launch *l)
 }
 
 /* ---- output ------------------------------------------------------------- */
+
 
 static void
 deliver_line(keel_launch *l, size_t i, int stream, char *line, size_t len)
@@ -630,10 +462,10 @@ deliver_line(keel_launch *l, size_t i, int stream, char *line, size_t len)
          * as "resumed from ... at step N" (stderr) */
         if (t->wants_back_event && stream == 0) {
             t->wants_back_event = 0;
-            emit(l, KEEL_LAUNCH_EV_BACK, (int)i, t->info.pid, 0,
-                 "%s back at step %lld, %.3f s after it died",
-                 t->info.name, (long long)step,
-                 (double)(keel__now_mono_ns() - t->died_ns) / 1e9);
+            keel__launch_emit(l, KEEL_LAUNCH_EV_BACK, (int)i, t->info.pid, 0,
+                              "%s back at step %lld, %.3f s after it died",
+                              t->info.name, (long long)step,
+                              (double)(keel__now_mono_ns() - t->died_ns) / 1e9);
         }
     }
     if (l->cfg.line_fn != NULL)
@@ -641,8 +473,8 @@ deliver_line(keel_launch *l, size_t i, int stream, char *line, size_t len)
 }
 
 /* Read what is there; returns 0 at EOF or error (fd closed), else 1. */
-static int
-read_stream(keel_launch *l, size_t i, int stream)
+int
+keel__launch_read_stream(keel_launch *l, size_t i, int stream)
 {
     task *t = &l->tasks[i];
     line_buf *b = &t->buf[stream];
@@ -676,312 +508,8 @@ read_stream(keel_launch *l, size_t i, int stream)
     }
 }
 
-/* ---- exits and restarts ------------------------------------------------- */
-
-static void begin_stop(keel_launch *l, const char *reason);
-
-static void
-close_task_fds(task *t)
-{
-    for (int s = 0; s < 2; s++)
-        if (t->fd[s] >= 0) {
-            close(t->fd[s]);
-            t->fd[s] = -1;
-        }
-    if (t->pidfd >= 0) {
-        close(t->pidfd);
-        t->pidfd = -1;
-    }
-}
-
-static void
-on_exit_status(keel_launch *l, size_t i, int status, int64_t now)
-{
-    task *t = &l->tasks[i];
-    char how[64];
-    int was_chaos = t->chaos_pid != 0 && t->chaos_pid == t->info.pid &&
-                    status == 128 + SIGKILL;
-    /* lines the task wrote before it died come before its exit event */
-    for (int s = 0; s < 2; s++)
-        if (t->fd[s] >= 0)
-            read_stream(l, i, s);
-    close_task_fds(t);
-    t->is_alive = 0;
-    t->chaos_pid = 0;
-    t->info.last_status = status;
-    t->died_ns = now;
-    describe_status(status, how, sizeof how);
-    emit(l, KEEL_LAUNCH_EV_EXIT, (int)i, t->info.pid, status,
-         "%s (pid %d) ended: %s%s", t->info.name, t->info.pid, how,
-         was_chaos ? " (chaos)" : "");
-    log_note(t, "%s (pid %d) ended: %s%s", t->info.name, t->info.pid, how,
-             was_chaos ? " (chaos)" : "");
-    if (l->is_stopping) {
-        t->info.state = status == 0 ? KEEL_LAUNCH_DONE : KEEL_LAUNCH_STOPPED;
-        return;
-    }
-    if (status == 0) {
-        t->info.state = KEEL_LAUNCH_DONE;
-        if (i == l->chief) {
-            l->chief_done = 1;
-            begin_stop(l, "the chief finished");
-        }
-        return;
-    }
-    /* exit 2 is keel's usage/configuration error: a restart cannot fix it */
-    if (status != 2 && (was_chaos || t->info.restarts < l->cfg.max_restarts)) {
-        double delay = l->cfg.backoff_secs;
-        if (!was_chaos) {
-            /* a crash loop backs off exponentially; a task that made
-             * progress (its own step line, the chief's step advancing
-             * while it was up, or 10 s up) starts over at the base */
-            if (t->had_step || now - t->started_ns >= HEALTHY_NS ||
-                l->tasks[l->chief].info.global_step > t->chief_step_at_start)
-                t->backoff_level = 0;
-            t->info.restarts++;
-            for (int k = 0; k < t->backoff_level &&
-                 delay < BACKOFF_CAP_SECS; k++)
-                delay *= 2;
-            if (delay > BACKOFF_CAP_SECS)
-                delay = BACKOFF_CAP_SECS;
-            t->backoff_level++;
-        }
-        t->info.state = KEEL_LAUNCH_BACKOFF;
-        t->restart_at_ns = now + (int64_t)(delay * 1e9);
-        if (was_chaos)
-            emit(l, KEEL_LAUNCH_EV_RESTART, (int)i, t->info.pid, status,
-                 "restarting %s in %.3g s (chaos kill; not counted)",
-                 t->info.name, delay);
-        else
-            emit(l, KEEL_LAUNCH_EV_RESTART, (int)i, t->info.pid, status,
-                 "restarting %s in %.3g s (restart %d of %d after %s)",
-                 t->info.name, delay, t->info.restarts,
-                 l->cfg.max_restarts, how);
-        return;
-    }
-    t->info.state = KEEL_LAUNCH_FAILED;
-    if (l->failed_task < 0) {
-        l->failed_task = (int)i;
-        snprintf(l->why, sizeof l->why, "%s failed %d time%s (last: %s%s); "
-                 "see %s/logs/%s.log", t->info.name, t->info.restarts + 1,
-                 t->info.restarts == 0 ? "" : "s", how,
-                 status == 2 ? ", a configuration error: not restarted" : "",
-                 l->output_dir, t->info.name);
-    }
-    emit(l, KEEL_LAUNCH_EV_GIVE_UP, (int)i, t->info.pid, status,
-         "giving up on %s: %s", t->info.name, l->why);
-    begin_stop(l, "a task failed for good");
-}
-
-static void
-reap(keel_launch *l, int64_t now)
-{
-    for (size_t i = 0; i < l->n; i++) {
-        task *t = &l->tasks[i];
-        int status;
-        pid_t r;
-        if (!t->is_alive)
-            continue;
-        do {
-            r = waitpid(t->info.pid, &status, WNOHANG);
-        } while (r < 0 && errno == EINTR);
-        if (r == t->info.pid) {
-            int code = WIFEXITED(status) ? WEXITSTATUS(status)
-                     : WIFSIGNALED(status) ? 128 + WTERMSIG(status) : 1;
-            on_exit_status(l, i, code, now);
-        } else if (r < 0 && errno == ECHILD) {
-            /* someone else reaped it (a caller's waitpid(-1)): treat it as
-             * lost rather than waiting forever */
-            on_exit_status(l, i, 128 + SIGKILL, now);
-        }
-    }
-}
-
-static void
-signal_task(task *t, int sig)
-{
-    if (!t->is_alive || t->info.pid <= 0)
-        return;
-    /* the whole process group (the task and anything it started) */
-    if (kill(-t->info.pid, sig) != 0)
-        kill(t->info.pid, sig);
-}
-
-static void
-term_task(task *t, int64_t now)
-{
-    if (!t->is_alive) {
-        if (t->info.state == KEEL_LAUNCH_BACKOFF ||
-            t->info.state == KEEL_LAUNCH_PENDING)
-            t->info.state = KEEL_LAUNCH_STOPPED;
-        return;
-    }
-    if (t->info.state == KEEL_LAUNCH_STOPPING)
-        return;
-    signal_task(t, SIGTERM);
-    t->info.state = KEEL_LAUNCH_STOPPING;
-    t->term_sent_ns = now;
-}
-
-/* Stop order: the chief first (its final step may still need the workers'
- * gradients, its final checkpoint the ps), then the workers, then the ps. */
-static int
-stop_rank(keel_task_type type)
-{
-    return type == KEEL_TASK_CHIEF ? 0 : type == KEEL_TASK_PS ? 2 : 1;
-}
-
-static void
-advance_stop(keel_launch *l, int64_t now)
-{
-    for (;;) {
-        for (size_t i = 0; i < l->n; i++)
-            if (l->tasks[i].is_alive &&
-                stop_rank(l->tasks[i].info.type) < l->stop_phase)
-                return;                  /* the previous rank is not gone */
-        if (l->stop_phase >= 3)
-            return;
-        for (size_t i = 0; i < l->n; i++)
-            if (stop_rank(l->tasks[i].info.type) == l->stop_phase)
-                term_task(&l->tasks[i], now);
-        l->stop_phase++;
-    }
-}
-
-static void
-begin_stop(keel_launch *l, const char *reason)
-{
-    int64_t now = keel__now_mono_ns();
-    if (l->is_stopping)
-        return;
-    l->is_stopping = 1;
-    l->stop_phase = 0;
-    emit(l, KEEL_LAUNCH_EV_STOP, -1, 0, 0, "%s: stopping every task "
-         "(SIGTERM; SIGKILL after %.0f s)", reason, l->cfg.grace_secs);
-    for (size_t i = 0; i < l->n; i++)
-        if (!l->tasks[i].is_alive)
-            term_task(&l->tasks[i], now);   /* in backoff: stays down */
-    advance_stop(l, now);
-}
-
-void
-keel_launch_stop(keel_launch *l, int force)
-{
-    if (l == NULL)
-        return;
-    if (!l->is_stopping)
-        begin_stop(l, force ? "forced stop" : "stop requested");
-    else if (!force)
-        return;
-    if (force) {
-        for (size_t i = 0; i < l->n; i++) {
-            task *t = &l->tasks[i];
-            if (t->is_alive) {
-                signal_task(t, SIGKILL);
-                t->info.state = KEEL_LAUNCH_STOPPING;
-            } else if (t->info.state == KEEL_LAUNCH_BACKOFF ||
-                       t->info.state == KEEL_LAUNCH_PENDING) {
-                t->info.state = KEEL_LAUNCH_STOPPED;
-            }
-        }
-        l->stop_phase = 3;
-    }
-}
-
-/* ---- chaos -------------------------------------------------------------- */
-
-static void
-chaos_tick(keel_launch *l, int64_t now)
-{
-    size_t eligible[1 + KEEL_LAUNCH_MAX_PS + KEEL_LAUNCH_MAX_WORKERS];
-    size_t n_eligible = 0, pick;
-    task *t;
-    if (!l->cfg.chaos || l->is_stopping)
-        return;
-    if (l->chaos_victim >= 0) {
-        keel_launch_state s = l->tasks[l->chaos_victim].info.state;
-        if (s == KEEL_LAUNCH_BACKOFF || l->tasks[l->chaos_victim].chaos_pid)
-            return;                     /* not back yet */
-        /* running again (or ended for good): the next gap starts now */
-        l->chaos_victim = -1;
-        l->next_chaos_ns = now + chaos_gap_ns(l);
-        return;
-    }
-    if (now < l->next_chaos_ns)
-        return;
-    for (size_t i = 0; i < l->n; i++) {
-        t = &l->tasks[i];
-        if (t->is_alive && t->info.state == KEEL_LAUNCH_RUNNING &&
-            (l->cfg.chaos_types & (1u << t->info.type)))
-            eligible[n_eligible++] = i;
-    }
-    if (n_eligible == 0) {
-        l->next_chaos_ns = now + chaos_gap_ns(l);
-        return;
-    }
-    pick = eligible[splitmix64(&l->rng) % n_eligible];
-    t = &l->tasks[pick];
-    t->chaos_pid = t->info.pid;
-    t->info.chaos_kills++;
-    signal_task(t, SIGKILL);
-    t->wants_back_event = 1;
-    l->chaos_victim = (int)pick;
-    log_note(t, "chaos: killed %s (pid %d) at t=%.3f s", t->info.name,
-             t->info.pid, since_start(l, now));
-    emit(l, KEEL_LAUNCH_EV_CHAOS, (int)pick, t->info.pid, 128 + SIGKILL,
-         "killed %s (pid %d) at t=%.3f s (kill %d, gap %.3f s)",
-         t->info.name, t->info.pid, since_start(l, now), ++l->chaos_count,
-         l->chaos_gap_secs);
-}
-
-/* ---- /proc samples ------------------------------------------------------ */
-
-static void
-sample_proc(keel_launch *l, task *t, int64_t now)
-{
-    char path[64], buf[1024];
-    char *p;
-    int fd;
-    ssize_t r;
-    unsigned long long utime = 0, stime = 0;
-    long long size_pages = 0, rss_pages = 0;
-
-    snprintf(path, sizeof path, "/proc/%d/stat", t->info.pid);
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return;
-    r = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (r <= 0)
-        return;
-    buf[r] = '\0';
-    p = strrchr(buf, ')');            /* comm may hold spaces and parens */
-    if (p == NULL ||
-        sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu "
-               "%llu", &utime, &stime) != 2)
-        return;
-    if (t->last_sample_ns > 0 && now > t->last_sample_ns) {
-        double dt = (double)(now - t->last_sample_ns) / 1e9;
-        double used = (double)(utime + stime - t->last_ticks) /
-                      (double)l->clk_tck;
-        t->info.cpu_percent = used >= 0 ? 100.0 * used / dt : 0;
-    }
-    t->last_ticks = utime + stime;
-    t->last_sample_ns = now;
-    snprintf(path, sizeof path, "/proc/%d/statm", t->info.pid);
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return;
-    r = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (r <= 0)
-        return;
-    buf[r] = '\0';
-    if (sscanf(buf, "%lld %lld", &size_pages, &rss_pages) == 2)
-        t->info.rss_bytes = rss_pages * l->page_size;
-}
-
 /* ---- the loop ----------------------------------------------------------- */
+
 
 static int
 all_ended(const keel_launch *l)
@@ -1009,6 +537,8 @@ next_deadline(const keel_launch *l)
             if (k < d)
                 d = k;
         }
+        if (t->term_due_ns > 0 && t->term_due_ns < d)
+            d = t->term_due_ns;
         if (t->is_alive && t->pidfd < 0 && l->last_sample_ns + NS / 20 < d)
             d = l->last_sample_ns + NS / 20;   /* no pidfd: poll exits */
     }
@@ -1074,14 +604,14 @@ keel_launch_poll(keel_launch *l, int timeout_ms, int *is_done)
             if (fds[k].revents == 0 || stream[k] == 2)
                 continue;
             if (t->fd[stream[k]] == fds[k].fd)
-                read_stream(l, (size_t)owner[k], stream[k]);
+                keel__launch_read_stream(l, (size_t)owner[k], stream[k]);
         }
     }
     free(fds);
     free(owner);
     free(stream);
     now = keel__now_mono_ns();
-    reap(l, now);
+    keel__launch_reap(l, now);
     /* restarts due */
     for (size_t i = 0; i < l->n; i++) {
         task *t = &l->tasks[i];
@@ -1100,7 +630,7 @@ keel_launch_poll(keel_launch *l, int timeout_ms, int *is_done)
                              "restarted: %s", t->info.name,
                              keel_last_error());
                 }
-                begin_stop(l, "a restart failed");
+                keel__launch_begin_stop(l, "a restart failed");
             }
         }
     }
@@ -1112,21 +642,22 @@ keel_launch_poll(keel_launch *l, int timeout_ms, int *is_done)
                 now - t->term_sent_ns >=
                     (int64_t)(l->cfg.grace_secs * 1e9) &&
                 !t->kill_sent) {
-                emit(l, KEEL_LAUNCH_EV_STOP, (int)i, t->info.pid, 0,
-                     "%s (pid %d) still running %.0f s after SIGTERM: "
-                     "SIGKILL", t->info.name, t->info.pid,
-                     l->cfg.grace_secs);
-                signal_task(t, SIGKILL);
+                keel__launch_emit(l, KEEL_LAUNCH_EV_STOP, (int)i, t->info.pid,
+                                  0, "%s (pid %d) still running %.0f s after "
+                                  "SIGTERM: SIGKILL", t->info.name,
+                                  t->info.pid, l->cfg.grace_secs);
+                keel__launch_signal_task(t, SIGKILL);
                 t->kill_sent = 1;
             }
         }
-        advance_stop(l, now);
+        keel__launch_term_due(l, now);
+        keel__launch_advance_stop(l, now);
     }
-    chaos_tick(l, now);
+    keel__launch_chaos_tick(l, now);
     if (now - l->last_sample_ns >= SAMPLE_NS) {
         for (size_t i = 0; i < l->n; i++)
             if (l->tasks[i].is_alive)
-                sample_proc(l, &l->tasks[i], now);
+                keel__launch_sample_proc(l, &l->tasks[i], now);
         l->last_sample_ns = now;
     }
     if (is_done != NULL)
@@ -1134,58 +665,7 @@ keel_launch_poll(keel_launch *l, int timeout_ms, int *is_done)
     return KEEL_OK;
 }
 
-/* ---- accessors and teardown --------------------------------------------- */
-
-size_t
-keel_launch_num_tasks(const keel_launch *l)
-{
-    return l != NULL ? l->n : 0;
-}
-
-keel_status
-keel_launch_task(const keel_launch *l, size_t i, keel_launch_task_info *out)
-{
-    if (l == NULL || out == NULL || i >= l->n)
-        return keel__fail(KEEL_EINVAL, "launch: no task %zu (have %zu)", i,
-                          l != NULL ? l->n : 0);
-    *out = l->tasks[i].info;
-    return KEEL_OK;
-}
-
-int
-keel_launch_exit_code(const keel_launch *l, const char **why)
-{
-    const task *c;
-    if (why != NULL)
-        *why = "";
-    if (l == NULL || l->n == 0)
-        return 1;
-    if (l->failed_task >= 0) {
-        if (why != NULL)
-            *why = l->why;
-        return 1;
-    }
-    c = &l->tasks[l->chief];
-    if (c->info.last_status == 0 && !c->is_alive)
-        return 0;
-    if (why != NULL) {
-        char how[64];
-        keel_launch *m = (keel_launch *)l;   /* the why buffer only */
-        if (c->info.last_status < 0)
-            snprintf(m->why, sizeof m->why, "the chief never ran");
-        else
-            snprintf(m->why, sizeof m->why, "the chief ended with %s",
-                     describe_status(c->info.last_status, how, sizeof how));
-        *why = m->why;
-    }
-    return 1;
-}
-
-double
-keel_launch_elapsed(const keel_launch *l)
-{
-    return l != NULL ? since_start(l, keel__now_mono_ns()) : 0.0;
-}
+/* ---- teardown ---------------------------------------------------------- */
 
 void
 keel_launch_free(keel_launch *l)
@@ -1196,13 +676,13 @@ keel_launch_free(keel_launch *l)
         task *t = &l->tasks[i];
         if (t->is_alive) {
             int status;
-            signal_task(t, SIGKILL);
+            keel__launch_signal_task(t, SIGKILL);
             /* SIGKILL cannot be ignored: this wait ends promptly */
             while (waitpid(t->info.pid, &status, 0) < 0 && errno == EINTR)
                 ;
             t->is_alive = 0;
         }
-        close_task_fds(t);
+        keel__launch_close_task_fds(t);
         if (t->log_fd >= 0)
             close(t->log_fd);
         free(t->tf_config);

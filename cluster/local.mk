@@ -1,7 +1,8 @@
 # cluster/: cluster spec, wire protocol, parameter servers, workers, launcher.
 libkeel_core_la_SOURCES += cluster/cluster_int.h cluster/spec.c cluster/slurm.c \
 	cluster/wire.c cluster/security.c cluster/ps.c \
-	cluster/roles.h cluster/roles.c cluster/launch.c \
+	cluster/roles.h cluster/roles.c cluster/launch_int.h cluster/launch.c \
+	cluster/launch_stop.c cluster/launch_chaos.c cluster/launch_status.c \
 	cluster/heartbeat.c
 pkginclude_HEADERS += include/keel/cluster.h include/keel/launch.h
 if HAVE_CHECK

@@ -4,6 +4,7 @@
 #include <config.h>
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -193,6 +194,9 @@ static const key_def schema[] = {
       "How long a worker waits for the chief before failing." },
     { "cluster", "stop_grace_secs", T_DOUBLE, "120", 0, 1e6, NULL,
       "Grace period for threads at shutdown." },
+    { "cluster", "eval_timeout_secs", T_DOUBLE, "7200", 0.001, 1e9, NULL,
+      "Evaluator task: fail (exit 1) when no new checkpoint appears in "
+      "checkpoint.dir for this long." },
 
     { "security", "curve", T_BOOL, "false", NOLIM, NULL,
       "CURVE authentication and encryption on every socket." },
@@ -739,6 +743,46 @@ keel_config_apply_env(keel_config *cfg)
         return keel__fail(KEEL_EINVAL, "$OUTPUT_DIR: %s", why);
     cfg->v[k].is_set = 1;
     snprintf(cfg->v[k].origin, sizeof cfg->v[k].origin, "$OUTPUT_DIR");
+    return KEEL_OK;
+}
+
+/* a and b name the same directory: realpath when both exist, else the
+ * strings without trailing slashes. */
+static int
+same_dir(const char *a, const char *b)
+{
+    char ra[PATH_MAX], rb[PATH_MAX];
+    size_t la = strlen(a), lb = strlen(b);
+    if (realpath(a, ra) != NULL && realpath(b, rb) != NULL)
+        return strcmp(ra, rb) == 0;
+    while (la > 1 && a[la - 1] == '/')
+        la--;
+    while (lb > 1 && b[lb - 1] == '/')
+        lb--;
+    return la == lb && strncmp(a, b, la) == 0;
+}
+
+keel_status
+keel_config_apply_model_dir(keel_config *cfg, const char *model_dir)
+{
+    int k = find_key("checkpoint", "dir");
+    char why[768];
+    if (cfg == NULL)
+        return keel__fail(KEEL_EINVAL, "config: NULL argument");
+    if (model_dir == NULL || model_dir[0] == '\0')
+        return KEEL_OK;
+    if (cfg->v[k].is_set && !same_dir(cfg->v[k].text, model_dir))
+        return keel__fail(KEEL_EINVAL, "TF_CONFIG model_dir '%s' and "
+                          "checkpoint.dir '%s' (set by %s) are different "
+                          "directories; remove one of the two settings or "
+                          "give both the same path", model_dir,
+                          cfg->v[k].text, cfg->v[k].origin);
+    if (!set_value(cfg, k, model_dir, why, sizeof why))
+        return keel__fail(KEEL_EINVAL, "TF_CONFIG model_dir: %s", why);
+    if (!cfg->v[k].is_set)
+        snprintf(cfg->v[k].origin, sizeof cfg->v[k].origin,
+                 "TF_CONFIG model_dir");
+    cfg->v[k].is_set = 1;
     return KEEL_OK;
 }
 

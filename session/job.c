@@ -14,6 +14,7 @@
 #include <keel/keel.h>
 #include <keel/job.h>
 #include "util.h"
+#include "session_int.h"
 #include "../cluster/roles.h"
 
 #define ITER_BLOB "data_iterator"
@@ -83,8 +84,8 @@ find_idx(const char *dir, const char *stem, char *out, size_t size)
 }
 
 /* Open the training (is_test 0) or test set the config names. */
-static keel_status
-open_dataset(const keel_config *cfg, int is_test, keel_dataset **out)
+keel_status
+keel__job_open_dataset(const keel_config *cfg, int is_test, keel_dataset **out)
 {
     const char *dir = keel_config_str(cfg, "data.dir");
     keel_status st;
@@ -119,8 +120,8 @@ open_dataset(const keel_config *cfg, int is_test, keel_dataset **out)
     }
 }
 
-static keel_status
-model_config_from(const keel_config *cfg, const keel_dataset *ds,
+keel_status
+keel__job_model_config_from(const keel_config *cfg, const keel_dataset *ds,
                   int64_t max_batch, keel_model_config *mc)
 {
     keel_status st;
@@ -186,13 +187,36 @@ optimizer_config_from(const keel_config *cfg, keel_optimizer_config *oc)
 
 /* OpenBLAS threads: train.threads, or 1 under model threads (each model
  * thread runs its own single-threaded sgemm). */
-static void
-set_blas_threads(const keel_config *cfg)
+void
+keel__job_set_blas_threads(const keel_config *cfg)
 {
     if (keel_config_int(cfg, "train.model_threads") > 1)
         keel_train_set_threads(1);
     else if (keel_config_int(cfg, "train.threads") > 0)
         keel_train_set_threads((int)keel_config_int(cfg, "train.threads"));
+}
+
+keel_status
+keel__job_steps_per_epoch(const keel_config *cfg, int64_t *out)
+{
+    keel_dataset *ds = NULL;
+    keel_data_iter *it = NULL;
+    keel_data_iter_config ic;
+    keel_status st = keel__job_open_dataset(cfg, 0, &ds);
+    *out = 0;
+    if (st != KEEL_OK)
+        return st;
+    keel_data_iter_config_init(&ic);          // as job_build, replica 0 of 1
+    ic.global_batch_size = keel_config_int(cfg, "train.batch_size");
+    ic.seed = (uint64_t)keel_config_int(cfg, "train.seed");
+    ic.shuffle = keel_config_bool(cfg, "data.shuffle");
+    ic.max_epochs = keel_config_int(cfg, "train.epochs");
+    st = keel_data_iter_new(ds, &ic, &it);
+    if (st == KEEL_OK)
+        *out = keel_data_iter_steps_per_epoch(it);
+    keel_data_iter_free(it);
+    keel_dataset_free(ds);
+    return st;
 }
 
 /* Build dataset, iterator, variables, model and optimizer. */
@@ -208,8 +232,8 @@ job_build(job *j, const keel_config *cfg, int worker_index, int num_workers)
     j->cfg = cfg;
     j->global_batch = keel_config_int(cfg, "train.batch_size");
     j->seed = (uint64_t)keel_config_int(cfg, "train.seed");
-    set_blas_threads(cfg);
-    st = open_dataset(cfg, 0, &j->ds);
+    keel__job_set_blas_threads(cfg);
+    st = keel__job_open_dataset(cfg, 0, &j->ds);
     if (st != KEEL_OK)
         return st;
     keel_data_iter_config_init(&ic);
@@ -223,7 +247,7 @@ job_build(job *j, const keel_config *cfg, int worker_index, int num_workers)
     if (st == KEEL_OK)
         st = keel_vars_new(&j->vs);
     if (st == KEEL_OK)
-        st = model_config_from(cfg, j->ds, j->global_batch, &mc);
+        st = keel__job_model_config_from(cfg, j->ds, j->global_batch, &mc);
     if (st == KEEL_OK)
         st = keel_model_new(&mc, j->vs, &j->model);
     if (st == KEEL_OK)
@@ -740,130 +764,5 @@ out:
     for (size_t i = 0; i < n_hooks; i++)
         keel_hook_release(&hooks[i]);
     job_free(&j);
-    return st;
-}
-
-/* ---- evaluation ------------------------------------------------------------- */
-
-keel_status
-keel_config_from_checkpoint(const char *checkpoint_path, keel_config **out)
-{
-    keel_ckpt_info *info = NULL;
-    keel_config *cfg = NULL;
-    keel_status st;
-    char name[KEEL_PATH_MAX + 16];
-    if (out == NULL)
-        return keel__fail(KEEL_EINVAL, "config from checkpoint: out is NULL");
-    *out = NULL;
-    st = keel_ckpt_read_info(checkpoint_path, &info);
-    if (st != KEEL_OK)
-        return st;
-    if (info->config_text == NULL) {
-        keel_ckpt_info_free(info);
-        return keel__fail(KEEL_EINVAL, "%s holds no config; pass the job's "
-                          "CONFIG file instead", checkpoint_path);
-    }
-    snprintf(name, sizeof name, "%s:/meta/config", checkpoint_path);
-    st = keel_config_new(&cfg);
-    if (st == KEEL_OK)
-        st = keel_config_load_text(cfg, info->config_text, name);
-    keel_ckpt_info_free(info);
-    if (st != KEEL_OK) {
-        keel_config_free(cfg);
-        return st;
-    }
-    *out = cfg;
-    return KEEL_OK;
-}
-
-keel_status
-keel_job_eval(const keel_config *cfg, const char *checkpoint_path,
-              keel_eval_result *result)
-{
-    keel_dataset *ds = NULL;
-    keel_vars *vs = NULL;
-    keel_model *model = NULL;
-    keel_model_config mc;
-    keel_restore_opts ro;
-    keel_restore_report rep;
-    char path[1024];
-    float *x = NULL;
-    int32_t *y = NULL;
-    int64_t bs, step = 0;
-    double loss_sum = 0;
-    int64_t correct = 0;
-    size_t count;
-    keel_status st;
-
-    if (cfg == NULL || result == NULL)
-        return keel__fail(KEEL_EINVAL, "eval: NULL argument");
-    memset(result, 0, sizeof *result);
-    if (checkpoint_path != NULL) {
-        st = keel__fmt(path, sizeof path, "checkpoint path", "%s",
-                       checkpoint_path);
-    } else {
-        st = keel_ckpt_latest(keel_config_str(cfg, "checkpoint.dir"),
-                              keel_config_str(cfg, "checkpoint.basename"),
-                              path, sizeof path, &step);
-        if (st == KEEL_ENOTFOUND)
-            st = keel__fail(KEEL_ENOTFOUND, "no valid checkpoint in %s "
-                            "(train first: keel train CONFIG)",
-                            keel_config_str(cfg, "checkpoint.dir"));
-    }
-    if (st != KEEL_OK)
-        return st;
-    set_blas_threads(cfg);
-    bs = keel_config_int(cfg, "train.eval_batch_size");
-    st = open_dataset(cfg, 1, &ds);
-    if (st == KEEL_OK)
-        st = keel_vars_new(&vs);
-    if (st == KEEL_OK)
-        st = model_config_from(cfg, ds, bs, &mc);
-    if (st == KEEL_OK)
-        st = keel_model_new(&mc, vs, &model);
-    if (st != KEEL_OK)
-        goto out;
-    memset(&ro, 0, sizeof ro);
-    ro.mode = KEEL_RESTORE_STRICT;
-    ro.skip_slots = 1;          /* evaluation needs no optimizer state */
-    st = keel_ckpt_restore(path, vs, &ro, &rep);
-    if (st != KEEL_OK)
-        goto out;
-    count = keel_dataset_count(ds);
-    x = malloc((size_t)bs * keel_dataset_example_size(ds) * sizeof *x);
-    y = malloc((size_t)bs * sizeof *y);
-    if (x == NULL || y == NULL) {
-        st = keel__fail(KEEL_ENOMEM, "eval: batch of %lld", (long long)bs);
-        goto out;
-    }
-    for (size_t i = 0; i < count && st == KEEL_OK; i += (size_t)bs) {
-        size_t n = count - i < (size_t)bs ? count - i : (size_t)bs;
-        keel_batch b;
-        keel_step_stats stats;
-        size_t stride = keel_dataset_example_size(ds);
-        for (size_t k = 0; k < n && st == KEEL_OK; k++)
-            st = keel_dataset_get(ds, i + k, x + k * stride, y + k);
-        if (st != KEEL_OK)
-            break;
-        b.x = x;
-        b.y = y;
-        b.n = n;
-        st = keel_model_eval(model, vs, &b, &stats);
-        loss_sum += stats.loss_sum;
-        correct += stats.correct;
-    }
-    if (st != KEEL_OK)
-        goto out;
-    result->step = rep.global_step;
-    result->examples = (int64_t)count;
-    result->loss = count > 0 ? loss_sum / (double)count : NAN;
-    result->accuracy = count > 0 ? (double)correct / (double)count : NAN;
-    snprintf(result->checkpoint, sizeof result->checkpoint, "%s", path);
-out:
-    free(x);
-    free(y);
-    keel_model_free(model);
-    keel_vars_free(vs);
-    keel_dataset_free(ds);
     return st;
 }

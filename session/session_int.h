@@ -6,6 +6,7 @@
 
 #include <pthread.h>
 #include <keel/session.h>
+#include <keel/train.h>
 #include "../hooks/hooks_int.h"
 
 /* A condition variable on CLOCK_MONOTONIC. */
@@ -23,5 +24,21 @@ keel_status keel__session_new(const keel_session_config *cfg,
                               size_t n_owned, keel_session **out);
 /* Default values that training.c needs to resolve. */
 double keel__session_grace_secs(const keel_session *s);
+
+/* job.c pieces the evaluator shares (evaluator.c). */
+struct keel_config;
+/* Open the training (is_test 0) or test set the config names. */
+keel_status keel__job_open_dataset(const struct keel_config *cfg, int is_test,
+                                   keel_dataset **out);
+/* The model the config describes, for batches up to max_batch. */
+keel_status keel__job_model_config_from(const struct keel_config *cfg,
+                                        const keel_dataset *ds,
+                                        int64_t max_batch,
+                                        keel_model_config *mc);
+/* OpenBLAS threads as train.threads / train.model_threads say. */
+void keel__job_set_blas_threads(const struct keel_config *cfg);
+/* Training steps per epoch for the config's data and global batch. */
+keel_status keel__job_steps_per_epoch(const struct keel_config *cfg,
+                                      int64_t *out);
 
 #endif

@@ -982,6 +982,128 @@ START_TEST(test_cli_ls_show_verify_diff)
 }
 END_TEST
 
+/* ---- read leases -------------------------------------------------------- */
+
+START_TEST(test_lease_defers_retention_until_released)
+{
+    keel_vars *a = make_store(1, 1);
+    keel_saver *s = new_saver(tu_dir, 2, 0);
+    keel_ckpt_lease *l1 = NULL, *l2 = NULL;
+    char got[4096], *state;
+    int64_t step;
+    int leased = -1;
+
+    save_step(s, a, 10, NULL, 0);
+    ck_assert_int_eq(keel_ckpt_lease_take(tu_dir, "model.ckpt-10.h5", &l1),
+                     KEEL_OK);
+    ck_assert_int_eq(keel_ckpt_lease_take(tu_dir, "model.ckpt-10.h5", &l2),
+                     KEEL_OK);
+    ck_assert_str_ne(keel_ckpt_lease_path(l1), keel_ckpt_lease_path(l2));
+    ck_assert_int_eq(access(keel_ckpt_lease_path(l1), F_OK), 0);
+    save_step(s, a, 20, NULL, 0);
+    save_step(s, a, 30, NULL, 0);      /* retention would remove 10 */
+    ck_assert_int_eq(access(tu_path("model.ckpt-10.h5"), F_OK), 0);
+    ck_assert_int_eq(access(tu_path(".deferred-model.ckpt-10.h5"), F_OK), 0);
+    state = tu_read_file(tu_path("checkpoint"), NULL);
+    ck_assert_ptr_null(strstr(state, "\"model.ckpt-10.h5\""));
+    free(state);
+    /* leases and markers are never taken for checkpoints */
+    ck_assert_int_eq(keel_ckpt_latest(tu_dir, NULL, got, sizeof got, &step),
+                     KEEL_OK);
+    ck_assert_int_eq(step, 30);
+
+    keel_ckpt_lease_release(l1);       /* one of two: still leased */
+    ck_assert_int_eq(keel_ckpt_lease_is_leased(tu_dir, "model.ckpt-10.h5",
+                                               &leased), KEEL_OK);
+    ck_assert_int_eq(leased, 1);
+    save_step(s, a, 40, NULL, 0);
+    ck_assert_int_eq(access(tu_path("model.ckpt-10.h5"), F_OK), 0);
+    keel_ckpt_lease_release(l2);
+    ck_assert_int_eq(keel_ckpt_lease_is_leased(tu_dir, "model.ckpt-10.h5",
+                                               &leased), KEEL_OK);
+    ck_assert_int_eq(leased, 0);
+    save_step(s, a, 50, NULL, 0);      /* the next save deletes it */
+    ck_assert_int_eq(access(tu_path("model.ckpt-10.h5"), F_OK), -1);
+    ck_assert_int_eq(access(tu_path(".deferred-model.ckpt-10.h5"), F_OK), -1);
+    ck_assert_int_eq(count_files(tu_dir, ".lease-"), 0);
+    ck_assert_int_eq(access(tu_path("model.ckpt-40.h5"), F_OK), 0);
+    ck_assert_int_eq(access(tu_path("model.ckpt-50.h5"), F_OK), 0);
+    ck_assert_int_eq(count_files(tu_dir, "model.ckpt-"), 2);
+    keel_saver_free(s);
+    keel_vars_free(a);
+}
+END_TEST
+
+/* A pid that is certainly gone: a reaped child's. */
+static pid_t
+dead_pid(void)
+{
+    pid_t p = fork();
+    ck_assert_int_ge(p, 0);
+    if (p == 0)
+        _exit(0);
+    ck_assert_int_eq(waitpid(p, NULL, 0), p);
+    return p;
+}
+
+START_TEST(test_stale_lease_of_dead_pid_is_ignored_and_removed)
+{
+    keel_vars *a = make_store(1, 1);
+    keel_saver *s = new_saver(tu_dir, 1, 0);
+    char name[256];
+    int leased = -1;
+
+    save_step(s, a, 10, NULL, 0);
+    snprintf(name, sizeof name, ".lease-%d.7-model.ckpt-10.h5",
+             (int)dead_pid());
+    tu_write_file(tu_path(name), "", 0);
+    ck_assert_int_eq(keel_ckpt_lease_is_leased(tu_dir, "model.ckpt-10.h5",
+                                               &leased), KEEL_OK);
+    ck_assert_int_eq(leased, 0);
+    ck_assert_int_eq(access(tu_path(name), F_OK), -1);
+    tu_write_file(tu_path(name), "", 0);
+    save_step(s, a, 20, NULL, 0);      /* deleted despite the stale lease */
+    ck_assert_int_eq(access(tu_path("model.ckpt-10.h5"), F_OK), -1);
+    ck_assert_int_eq(access(tu_path(".deferred-model.ckpt-10.h5"), F_OK), -1);
+    keel_saver_free(s);
+
+    /* At start-up: a deferred deletion whose reader died is finished. */
+    tu_write_file(tu_path("model.ckpt-5.h5"), "x", 1);
+    tu_write_file(tu_path(".deferred-model.ckpt-5.h5"), "", 0);
+    snprintf(name, sizeof name, ".lease-%d.1-model.ckpt-5.h5",
+             (int)dead_pid());
+    tu_write_file(tu_path(name), "", 0);
+    s = new_saver(tu_dir, 1, 0);
+    ck_assert_int_eq(access(tu_path("model.ckpt-5.h5"), F_OK), -1);
+    ck_assert_int_eq(access(tu_path(".deferred-model.ckpt-5.h5"), F_OK), -1);
+    ck_assert_int_eq(access(tu_path(name), F_OK), -1);
+    ck_assert_int_eq(access(tu_path("model.ckpt-20.h5"), F_OK), 0);
+    ck_assert_int_eq(keel_saver_last_step(s), 20);
+    keel_saver_free(s);
+    keel_vars_free(a);
+}
+END_TEST
+
+START_TEST(test_lease_rejects_names_outside_the_directory)
+{
+    keel_ckpt_lease *l = (keel_ckpt_lease *)1;
+    int leased;
+    ck_assert_int_eq(keel_ckpt_lease_take(tu_dir, "../x.h5", &l),
+                     KEEL_EINVAL);
+    ck_assert_ptr_null(l);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "../x.h5"));
+    ck_assert_int_eq(keel_ckpt_lease_take(tu_dir, ".hidden", &l),
+                     KEEL_EINVAL);
+    ck_assert_int_eq(keel_ckpt_lease_take(tu_dir, "", &l), KEEL_EINVAL);
+    ck_assert_int_eq(keel_ckpt_lease_is_leased(tu_dir, "a/b", &leased),
+                     KEEL_EINVAL);
+    ck_assert_int_eq(keel_ckpt_lease_take(tu_path("nodir"), "m-1.h5", &l),
+                     KEEL_EIO);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "m-1.h5"));
+    keel_ckpt_lease_release(NULL);
+}
+END_TEST
+
 static Suite *
 checkpoint_suite(void)
 {
@@ -1014,6 +1136,9 @@ checkpoint_suite(void)
     tcase_add_test(tc, test_io_faults_keep_previous_checkpoint_findable);
     tcase_add_test(tc, test_async_failure_is_reported_not_dropped);
     tcase_add_test(tc, test_cli_ls_show_verify_diff);
+    tcase_add_test(tc, test_lease_defers_retention_until_released);
+    tcase_add_test(tc, test_stale_lease_of_dead_pid_is_ignored_and_removed);
+    tcase_add_test(tc, test_lease_rejects_names_outside_the_directory);
     suite_add_tcase(s, tc);
     tcase_add_checked_fixture(slow, tu_setup, tu_teardown);
     tcase_set_timeout(slow, long_mode() ? 7200 : 120);

@@ -249,6 +249,51 @@ START_TEST(test_cli_config_check_contract)
 }
 END_TEST
 
+START_TEST(test_tf_config_model_dir_is_checkpoint_dir_unless_another)
+{
+    static char out[65536], err[8192];
+    const char *ini = write_ini("[train]\nmax_steps = 5\n");
+    const char *other;
+    char same[4200], tf[4400];
+    /* unset: model_dir becomes checkpoint.dir */
+    ck_assert_int_eq(keel_config_apply_model_dir(cfg, NULL), KEEL_OK);
+    ck_assert_int_eq(keel_config_apply_model_dir(cfg, tu_dir), KEEL_OK);
+    ck_assert_str_eq(keel_config_str(cfg, "checkpoint.dir"), tu_dir);
+    ck_assert_str_eq(keel_config_origin(cfg, "checkpoint.dir"),
+                     "TF_CONFIG model_dir");
+    /* the same directory spelled differently is no conflict */
+    snprintf(same, sizeof same, "%s/", tu_dir);
+    ck_assert_int_eq(keel_config_override(cfg, "checkpoint.dir=/tmp/a/",
+                                          "-s"), KEEL_OK);
+    ck_assert_int_eq(keel_config_apply_model_dir(cfg, "/tmp/a"), KEEL_OK);
+    /* a different one is a configuration error naming both */
+    ck_assert_int_eq(keel_config_apply_model_dir(cfg, same), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "/tmp/a"));
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), same));
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "-s"));
+
+    /* the CLI: TF_CONFIG's model_dir, and a conflict exits 2 */
+    snprintf(tf, sizeof tf, "{\"model_dir\": \"%s\"}", tu_dir);
+    setenv("TF_CONFIG", tf, 1);
+    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
+                             "config", "check", ini, NULL), 0);
+    ck_assert_ptr_nonnull(strstr(out, "TF_CONFIG model_dir"));
+    other = tu_path("other");
+    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
+                             "config", "check", ini, "-s", "checkpoint.dir=x",
+                             NULL), 2);
+    ck_assert_ptr_nonnull(strstr(err, "keel: TF_CONFIG model_dir"));
+    setenv("OUTPUT_DIR", other, 1);
+    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
+                             "train", ini, NULL), 2);
+    ck_assert_ptr_nonnull(strstr(err, other));
+    ck_assert_ptr_nonnull(strstr(err, tu_dir));
+    ck_assert_ptr_nonnull(strstr(err, "$OUTPUT_DIR"));
+    unsetenv("OUTPUT_DIR");
+    unsetenv("TF_CONFIG");
+}
+END_TEST
+
 START_TEST(test_docs_config_md_is_the_generated_reference)
 {
     static char out[131072];
@@ -282,6 +327,8 @@ config_suite(void)
     tcase_add_test(tc, test_dump_lists_every_section_with_origins);
     tcase_add_test(tc, test_dump_round_trips_through_load_text);
     tcase_add_test(tc, test_cli_config_check_contract);
+    tcase_add_test(tc,
+                   test_tf_config_model_dir_is_checkpoint_dir_unless_another);
     tcase_add_test(tc, test_docs_config_md_is_the_generated_reference);
     suite_add_tcase(s, tc);
     return s;

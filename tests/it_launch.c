@@ -375,6 +375,115 @@ START_TEST(test_chaos_is_reproducible_bounded_and_not_counted)
 }
 END_TEST
 
+/* The evaluator: its own TF_CONFIG outside the cluster, time to finish
+ * after the chief, a SIGTERM (then SIGKILL) when it does not, and a
+ * failure that changes nothing for the run. */
+static const char *
+eval_script(const char *evaluator)
+{
+    static char s[1024];
+    snprintf(s, sizeof s,
+             "echo \"TF=$TF_CONFIG\"; case \"$TF_CONFIG\" in "
+             "*'\"type\":\"evaluator\"'*) %s;; "
+             "*'\"type\":\"chief\"'*) sleep 0.6; exit 0;; esac; "
+             "exec sleep 30", evaluator);
+    return s;
+}
+
+START_TEST(test_evaluator_finishes_after_the_chief_in_its_own_time)
+{
+    keel_launch_config c;
+    recorder rc;
+    keel_launch *l;
+    keel_launch_task_info ev, ch;
+    lib_config(&c, &rc, eval_script("sleep 1.2; echo eval step 3; exit 0"),
+               1, 1);
+    c.with_evaluator = 1;
+    ck_assert_int_eq(keel_launch_new(&c, &l), KEEL_OK);
+    rc.l = l;
+    ck_assert_uint_eq(keel_launch_num_tasks(l), 4);
+    ck_assert_int_eq(keel_launch_task(l, 3, &ev), KEEL_OK);
+    ck_assert_str_eq(ev.name, "evaluator");
+    ck_assert_int_eq(ev.type, KEEL_TASK_EVALUATOR);
+    ck_assert_int_eq(keel_launch_start(l), KEEL_OK);
+    ck_assert(run_until_done(l, 15000));
+    ck_assert_int_eq(keel_launch_exit_code(l, NULL), 0);
+    ck_assert_int_eq(keel_launch_task(l, 3, &ev), KEEL_OK);
+    ck_assert_int_eq(keel_launch_task(l, 1, &ch), KEEL_OK);
+    ck_assert_int_eq(ev.state, KEEL_LAUNCH_DONE);      /* not SIGTERMed */
+    ck_assert_int_eq(ev.last_status, 0);
+    ck_assert_int_eq(ev.global_step, 3);
+    ck_assert_int_eq(ch.state, KEEL_LAUNCH_DONE);
+    /* evaluator 0, beside a cluster that does not list it */
+    ck_assert_int_ge(find_rec(&rc, 0, 3, "\"type\":\"evaluator\""), 0);
+    ck_assert_int_ge(find_rec(&rc, 0, 3, "\"index\":0"), 0);
+    ck_assert_int_lt(find_rec(&rc, 0, 1, "evaluator"), 0);
+    ck_assert_int_lt(find_rec(&rc, 0, -1, "still running"), 0);
+    ck_assert_int_gt(find_rec(&rc, 0, 3, "ended"),
+                     find_rec(&rc, 0, 1, "ended"));
+    keel_launch_free(l);
+    ck_assert(is_gone(ev.pid));
+}
+END_TEST
+
+START_TEST(test_evaluator_still_running_after_the_chief_is_stopped)
+{
+    keel_launch_config c;
+    recorder rc;
+    keel_launch *l;
+    keel_launch_task_info ev;
+    int64_t t0;
+    lib_config(&c, &rc, eval_script("trap '' TERM; sleep 30 & wait; "
+                                    "sleep 30"), 0, 0);
+    c.with_evaluator = 1;
+    c.grace_secs = 0.5;
+    ck_assert_int_eq(keel_launch_new(&c, &l), KEEL_OK);
+    rc.l = l;
+    ck_assert_int_eq(keel_launch_start(l), KEEL_OK);
+    t0 = tu_now_ms();
+    ck_assert(run_until_done(l, 15000));
+    ck_assert_int_lt(tu_now_ms() - t0, 8000);
+    ck_assert_int_eq(keel_launch_exit_code(l, NULL), 0);
+    ck_assert_int_eq(keel_launch_task(l, 1, &ev), KEEL_OK);
+    ck_assert_int_eq(ev.state, KEEL_LAUNCH_STOPPED);
+    ck_assert_int_eq(ev.last_status, 128 + SIGKILL);
+    ck_assert_int_ge(find_rec(&rc, 0, 1, "after the chief finished: "
+                                         "SIGTERM"), 0);
+    ck_assert_int_ge(find_rec(&rc, 0, 1, "after SIGTERM: SIGKILL"), 0);
+    keel_launch_free(l);
+    ck_assert(is_gone(ev.pid));
+}
+END_TEST
+
+START_TEST(test_failing_evaluator_is_given_up_without_stopping_the_run)
+{
+    keel_launch_config c;
+    recorder rc;
+    keel_launch *l;
+    keel_launch_task_info ev, ch;
+    const char *why = NULL;
+    int g;
+    lib_config(&c, &rc, eval_script("echo broken >&2; exit 1"), 1, 0);
+    c.with_evaluator = 1;
+    c.max_restarts = 2;
+    ck_assert_int_eq(keel_launch_new(&c, &l), KEEL_OK);
+    rc.l = l;
+    ck_assert_int_eq(keel_launch_start(l), KEEL_OK);
+    ck_assert(run_until_done(l, 15000));
+    ck_assert_int_eq(keel_launch_exit_code(l, &why), 0);
+    ck_assert_int_eq(keel_launch_task(l, 2, &ev), KEEL_OK);
+    ck_assert_int_eq(keel_launch_task(l, 1, &ch), KEEL_OK);
+    ck_assert_int_eq(ev.state, KEEL_LAUNCH_FAILED);
+    ck_assert_int_eq(ev.restarts, 2);
+    ck_assert_int_eq(ch.state, KEEL_LAUNCH_DONE);     /* ran to its end */
+    g = find_rec(&rc, 0, 2, "giving up on evaluator: exit status 1");
+    ck_assert_int_ge(g, 0);
+    ck_assert_int_ge(find_rec(&rc, g, -1, "the chief finished"), 0);
+    ck_assert_int_lt(find_rec(&rc, 0, -1, "a task failed for good"), 0);
+    keel_launch_free(l);
+}
+END_TEST
+
 START_TEST(test_bad_launch_configs_are_rejected)
 {
     keel_launch_config c;
@@ -984,6 +1093,12 @@ launch_suite(void)
     tcase_add_test(tl, test_backoff_doubles_only_in_a_crash_loop);
     tcase_add_test(tl, test_chaos_is_reproducible_bounded_and_not_counted);
     tcase_add_test(tl, test_bad_launch_configs_are_rejected);
+    tcase_add_test(tl,
+                   test_evaluator_finishes_after_the_chief_in_its_own_time);
+    tcase_add_test(tl,
+                   test_evaluator_still_running_after_the_chief_is_stopped);
+    tcase_add_test(tl,
+                   test_failing_evaluator_is_given_up_without_stopping_the_run);
     suite_add_tcase(s, tl);
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 120);

@@ -29,11 +29,12 @@ launch_usage(FILE *out, int code)
             "LIST]\n"
             "                   [--grace SECS] [--backoff SECS] [--no-status]"
             "\n"
+            "                   [--evaluator]\n"
             "                   [-s section.key=value]... [-v]\n"
             "\n"
             "Run a local cluster of `keel train CONFIG` processes: N ps, a\n"
-            "chief and N workers on 127.0.0.1 (free ports, one TF_CONFIG\n"
-            "each), sharing OUTPUT_DIR (default: the config's\n"
+            "chief, N workers (and an evaluator) on 127.0.0.1 (free ports,\n"
+            "one TF_CONFIG each), sharing OUTPUT_DIR (default: the config's\n"
             "checkpoint.dir). Lines are prefixed with the task name; per-task\n"
             "logs go to OUTPUT_DIR/logs/<task>.log. A failed task is\n"
             "restarted; when the chief finishes the rest are stopped.\n"
@@ -58,6 +59,10 @@ launch_usage(FILE *out, int code)
             "                       in a row before any progress (at most "
             "5)\n"
             "  --no-status          no live status block on a terminal\n"
+            "  --evaluator          also run an evaluator task: it evaluates\n"
+            "                       each new checkpoint on the test set until\n"
+            "                       the final step's; its failure does not\n"
+            "                       change the exit status\n"
             "  -s, --set K=V        override a config key in every task "
             "(repeatable)\n"
             "  -v, --verbose        debug logging in every task\n",
@@ -306,6 +311,9 @@ cmd_launch(int argc, char **argv)
         } else if (strcmp(a, "--no-status") == 0) {
             status_flag = 0;
             continue;
+        } else if (strcmp(a, "--evaluator") == 0) {
+            lc.with_evaluator = 1;
+            continue;
         } else if (a[0] == '-') {
             return cli_error(CLI_USAGE, "launch: unknown option '%s'; see "
                              "'keel launch --help'", a);
@@ -376,8 +384,9 @@ cmd_launch(int argc, char **argv)
     sa.sa_handler = SIG_IGN;            /* a closed stdout must not kill us */
     sigaction(SIGPIPE, &sa, &old_pipe);
 
-    printf("launch | %d ps, chief, %d worker%s; OUTPUT_DIR=%s\n", lc.num_ps,
-           lc.num_workers, lc.num_workers == 1 ? "" : "s", outdir);
+    printf("launch | %d ps, chief, %d worker%s%s; OUTPUT_DIR=%s\n",
+           lc.num_ps, lc.num_workers, lc.num_workers == 1 ? "" : "s",
+           lc.with_evaluator ? ", evaluator" : "", outdir);
     if (lc.chaos)
         printf("chaos | seed %llu, mean period %g s\n",
                (unsigned long long)lc.chaos_seed, lc.chaos_period_secs);

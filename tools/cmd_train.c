@@ -32,7 +32,8 @@ train_usage(FILE *out, int code)
             "In a cluster (TF_CONFIG, Slurm, or the [cluster] lists with\n"
             "--task) this process takes its role: ps serves a shard of the\n"
             "variables until the chief says stop; chief and workers train\n"
-            "replicas (docs/cluster.md).\n"
+            "replicas (docs/cluster.md); an evaluator task evaluates each\n"
+            "new checkpoint in checkpoint.dir until the final step's.\n"
             "\n"
             "  -s, --set K=V       override a config key (repeatable)\n"
             "  --task TYPE:INDEX   this task (chief:0, worker:1, ps:0) when\n"
@@ -167,8 +168,11 @@ cli_resolve_cluster(const keel_config *cfg, const char *task,
                              "lists)", task);
         return CLI_OK;
     }
-    /* TF: a cluster of one task (only the chief) is local, master '' */
-    if (st == KEEL_OK && (keel_cluster_spec_is_local(spec) ||
+    /* TF: a cluster of one task (only the chief) is local, master ''; an
+     * evaluator beside it still evaluates */
+    if (st == KEEL_OK &&
+        keel_cluster_spec_task_type(spec) != KEEL_TASK_EVALUATOR &&
+        (keel_cluster_spec_is_local(spec) ||
                           (keel_cluster_spec_num_tasks(spec, KEEL_TASK_CHIEF)
                                == 1 &&
                            keel_cluster_spec_num_tasks(spec, KEEL_TASK_PS)
@@ -257,6 +261,27 @@ keep_message_buffers(void)
     mallopt(M_TRIM_THRESHOLD, 1 << 30);
 }
 
+/* TF_CONFIG task type evaluator: no training; evaluate each new
+ * checkpoint until the final step's (docs/cluster.md, "Evaluator"). */
+static int
+run_evaluator(const keel_config *cfg)
+{
+    keel_evaluator_options o;
+    keel_evaluator_result r;
+    keel_status st;
+    keel_evaluator_options_init(&o);
+    o.handle_signals = 1;
+    st = keel_job_run_evaluator(cfg, &o, &r);
+    if (st != KEEL_OK)
+        return cli_fail(st, "evaluator");
+    printf("evaluator: %lld checkpoint%s evaluated (%lld skipped), last "
+           "step %lld%s\n", (long long)r.evaluated,
+           r.evaluated == 1 ? "" : "s", (long long)r.skipped,
+           (long long)r.last_step,
+           r.stopped_by_signal ? "; stopped by a signal" : "");
+    return CLI_OK;
+}
+
 int
 cmd_train(int argc, char **argv)
 {
@@ -282,6 +307,13 @@ cmd_train(int argc, char **argv)
         return rc;
     rc = cli_resolve_cluster(cfg, ckpt, &spec);     /* ckpt: --task */
     if (rc != CLI_OK) {
+        keel_config_free(cfg);
+        return rc;
+    }
+    if (spec != NULL &&
+        keel_cluster_spec_task_type(spec) == KEEL_TASK_EVALUATOR) {
+        keel_cluster_spec_free(spec);
+        rc = run_evaluator(cfg);
         keel_config_free(cfg);
         return rc;
     }

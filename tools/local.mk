@@ -9,6 +9,14 @@ tests_it_train_SOURCES = tests/it_train.c
 tests_it_train_CFLAGS = $(TEST_CFLAGS)
 tests_it_train_LDADD = $(TEST_LIBS)
 
+# it_eval: the evaluator task, read leases, TF_CONFIG model_dir and
+# `keel launch --evaluator` with real processes.
+check_PROGRAMS += tests/it_eval
+TESTS += tests/it_eval
+tests_it_eval_SOURCES = tests/it_eval.c
+tests_it_eval_CFLAGS = $(TEST_CFLAGS)
+tests_it_eval_LDADD = $(TEST_LIBS)
+
 check_PROGRAMS += tests/check_cli
 TESTS += tests/check_cli
 tests_check_cli_SOURCES = tests/check_cli.c

@@ -195,6 +195,32 @@ keel_status keel_ckpt_scan(const char *dir, const char *basename,
                            keel_ckpt_file **out, size_t *n);
 void keel_ckpt_scan_free(keel_ckpt_file *files);
 
+/* ---- read leases ------------------------------------------------------------- */
+
+/* A reader's claim on one checkpoint file: while it is held, a saver's
+ * retention in the same directory does not delete that file (it records
+ * `.deferred-<file>` and deletes it at a later save, once unleased). A
+ * lease is the empty file `<dir>/.lease-<pid>.<seq>-<file>`; leases of
+ * processes that are gone count as released (same host: pid liveness). */
+typedef struct keel_ckpt_lease keel_ckpt_lease;
+
+/* Create a lease on dir/file (file: a name in dir, e.g.
+ * "model.ckpt-100.h5"), atomically (O_EXCL). It does not check that the
+ * file exists: take the lease first, then open the file (a file retention
+ * removed before the lease shows up as missing). Caller owns *out:
+ * keel_ckpt_lease_release(). */
+keel_status keel_ckpt_lease_take(const char *dir, const char *file,
+                                 keel_ckpt_lease **out);
+/* Remove the lease file and free the handle. NULL is a no-op. Cannot fail
+ * (a lease file that cannot be removed is stale once this process ends). */
+void keel_ckpt_lease_release(keel_ckpt_lease *lease);
+/* The lease file's path; borrowed until release. */
+const char *keel_ckpt_lease_path(const keel_ckpt_lease *lease);
+/* *is_leased = 1 when a live process holds a lease on dir/file. Leases of
+ * dead processes are ignored and removed. */
+keel_status keel_ckpt_lease_is_leased(const char *dir, const char *file,
+                                      int *is_leased);
+
 #ifdef __cplusplus
 }
 #endif

@@ -40,6 +40,14 @@ keel_status keel_config_override(keel_config *cfg, const char *assignment,
  * checkpoint.dir unless -s set that key. Call after load and overrides. */
 keel_status keel_config_apply_env(keel_config *cfg);
 
+/* TF_CONFIG's "model_dir" (NULL or "": nothing to do) becomes
+ * checkpoint.dir. If checkpoint.dir was set (config file, -s or
+ * $OUTPUT_DIR) to a different directory, KEEL_EINVAL naming both paths and
+ * where the other came from; the same directory (after resolving symlinks
+ * and trailing slashes) is fine. Call after keel_config_apply_env. */
+keel_status keel_config_apply_model_dir(keel_config *cfg,
+                                        const char *model_dir);
+
 /* Cross-key checks (conflicting options). Call once everything is set. */
 keel_status keel_config_validate(const keel_config *cfg);
 

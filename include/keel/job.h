@@ -72,6 +72,46 @@ typedef struct keel_eval_result {
 keel_status keel_job_eval(const keel_config *cfg, const char *checkpoint_path,
                           keel_eval_result *result);
 
+/* The TF_CONFIG evaluator task (TF's Estimator evaluator): watch
+ * checkpoint.dir and evaluate each new checkpoint on the test set. */
+typedef struct keel_evaluator_options {
+    /* Return after evaluating a checkpoint at or past this step; 0: the
+     * config's last training step (train.max_steps / train.epochs). */
+    int64_t final_step;
+    /* KEEL_ETIMEOUT when no new checkpoint arrives for this long; 0:
+     * cluster.eval_timeout_secs. */
+    double timeout_secs;
+    double poll_secs;         /* fallback poll beside inotify; 0: 0.5 */
+    /* Install SIGTERM/SIGINT handlers: a signal ends the run with KEEL_OK
+     * (after the evaluation in progress). */
+    int handle_signals;
+    /* Called after each evaluation (NULL: none); borrowed for the call. */
+    void (*result_fn)(void *ctx, const keel_eval_result *r);
+    void *ctx;
+} keel_evaluator_options;
+
+typedef struct keel_evaluator_result {
+    int64_t evaluated;        /* checkpoints evaluated */
+    int64_t skipped;          /* passed over: a newer one was there */
+    int64_t last_step;        /* last evaluated step; -1: none */
+    int stopped_by_signal;
+} keel_evaluator_result;
+
+/* All zero: the defaults above. Cannot fail. */
+void keel_evaluator_options_init(keel_evaluator_options *opts);
+
+/* Evaluate every new checkpoint in cfg's checkpoint.dir (the newest when
+ * several arrived during one evaluation) until the final step's checkpoint
+ * is evaluated, a signal (handle_signals), or the timeout (KEEL_ETIMEOUT
+ * naming the directory). Each file is read under a lease
+ * (keel_ckpt_lease_take) so retention cannot delete it mid-read. Logs
+ * "eval step N: loss X accuracy Y (model.ckpt-N.h5)" at INFO and writes
+ * eval/loss and eval/accuracy to TensorBoard event files in
+ * <checkpoint.dir>/eval/. opts and result may be NULL. */
+keel_status keel_job_run_evaluator(const keel_config *cfg,
+                                   const keel_evaluator_options *opts,
+                                   keel_evaluator_result *result);
+
 /* Load the config a checkpoint was saved with (its /meta config text) into
  * a new config: how `keel eval DIR` knows the model and data. Caller owns
  * *out. */

@@ -101,6 +101,14 @@ typedef struct keel_launch_config {
     void (*line_fn)(void *ctx, int task, int stream, const char *line);
     void (*event_fn)(void *ctx, const keel_launch_event *ev);
     void *ctx;
+    /* 1: also run one evaluator task (TF_CONFIG task type evaluator, index
+     * 0; no port, not in the training cluster), started last. It is not a
+     * chaos target by default. When the chief finishes, it gets grace_secs
+     * to evaluate the final checkpoint and exit before its SIGTERM. Its
+     * failure (after its restarts) is reported (KEEL_LAUNCH_EV_GIVE_UP,
+     * state failed) but stops nothing and does not change
+     * keel_launch_exit_code(). */
+    int with_evaluator;
 } keel_launch_config;
 
 /* Validate cfg (copied; argv and output_dir borrowed) and pick a free
@@ -118,14 +126,16 @@ keel_status keel_launch_start(keel_launch *l);
  * been reaped (the run is over). */
 keel_status keel_launch_poll(keel_launch *l, int timeout_ms, int *is_done);
 /* Stop gracefully: SIGTERM the chief, then (once it is gone) the workers,
- * then the ps; SIGKILL what is still alive grace_secs after its SIGTERM
- * (every process group, so nothing is orphaned). A second call
- * (force) SIGKILLs everything now. Safe to call any time; no restarts
- * happen after it. Cannot fail. */
+ * then the ps, and the evaluator at once; SIGKILL what is still alive
+ * grace_secs after its SIGTERM (every process group, so nothing is
+ * orphaned). After the chief finished, a call stops an evaluator still
+ * finishing. A second call (force) SIGKILLs everything now. Safe to call
+ * any time; no restarts happen after it. Cannot fail. */
 void keel_launch_stop(keel_launch *l, int force);
 
 size_t keel_launch_num_tasks(const keel_launch *l);
-/* Snapshot of task i (0 <= i < num_tasks; ps first, chief, workers).
+/* Snapshot of task i (0 <= i < num_tasks; ps first, chief, workers, the
+ * evaluator last).
  * KEEL_EINVAL when out of range. */
 keel_status keel_launch_task(const keel_launch *l, size_t i,
                              keel_launch_task_info *out);
