@@ -49,7 +49,7 @@ logging_before(void *ctx, keel_run_context *rc)
 {
     logging_hook *h = ctx;
     size_t i;
-    h->is_triggered = keel_timer_should_trigger(&h->timer, h->iter);
+    h->is_triggered = keel__timer_due(&h->timer, h->iter);
     if (!h->is_triggered && !h->at_end)
         return KEEL_OK;
     for (i = 0; i < h->n; i++) {
@@ -429,4 +429,11 @@ keel_feed_fn_hook_new(keel_status (*fn)(void *ctx, const void **batch),
     fill(out, "feed_fn", h);
     out->before_run = feed_before;
     return KEEL_OK;
+}
+
+int
+keel__basic_hook_is_timeless(const keel_hook *h)
+{
+    return h->after_run == logging_after || h->after_run == stop_after_run
+           || h->after_run == nan_after;
 }
