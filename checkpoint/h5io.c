@@ -23,6 +23,7 @@
 #define CK_IO_CHUNK ((size_t)32 << 20)
 #define CK_LATE_HASH_BYTES ((size_t)4 << 20)
 #define CK_HASH_CHUNK ((size_t)1 << 20)
+#define CK_WB_CHUNK ((size_t)8 << 20)
 #define CK_THREADED_READ_BYTES ((size_t)16 << 20)
 
 /* Lock HDF5 and switch its error printing off (libkeel never prints). */
@@ -316,6 +317,62 @@ out:
     return st;
 }
 
+/* Write one dataset's bytes at its offset. With hash, each chunk is hashed
+ * right before write() copies it (one pass over memory). Every
+ * CK_WB_CHUNK written (across pieces) the kernel is asked to start writing the chunk back
+ * (sync_file_range WRITE: no wait, no durability promise - the fsync
+ * after all pieces gives that), so the disk works while the next chunks
+ * are copied and the final fsync has little left to do. */
+static keel_status
+write_piece(int fd, const w_piece *pc, uint64_t *hash, int64_t *wb,
+            const char *tmp)
+{
+    const char *d = pc->data;
+    XXH64_state_t *hs = NULL;
+    keel_status st = KEEL_OK;
+    size_t done = 0;
+
+    if (lseek(fd, (off_t)pc->offset, SEEK_SET) < 0)
+        return keel__fail(KEEL_EIO, "seek in %s: %s", tmp, strerror(errno));
+    if (hash != NULL) {
+        hs = XXH64_createState();
+        if (hs == NULL)
+            return keel__fail(KEEL_ENOMEM, "xxh64 state");
+        XXH64_reset(hs, 0);
+    }
+    while (done < pc->bytes && st == KEEL_OK) {
+        size_t c = pc->bytes - done < CK_WB_CHUNK ? pc->bytes - done
+                                                  : CK_WB_CHUNK;
+        if (hs != NULL) {
+            for (size_t h = 0; h < c && st == KEEL_OK; h += CK_HASH_CHUNK) {
+                size_t hc = c - h < CK_HASH_CHUNK ? c - h : CK_HASH_CHUNK;
+                XXH64_update(hs, d + done + h, hc);
+                st = keel__fs_write_all(fd, d + done + h, hc, tmp);
+            }
+        } else {
+            st = keel__fs_write_all(fd, d + done, c, tmp);
+        }
+        done += c;
+        /* wb[0..1]: the written range not yet handed to writeback (the
+         * pieces are in file order; gaps between them are metadata). */
+        if (wb[1] <= wb[0])
+            wb[0] = pc->offset + (int64_t)(done - c);
+        wb[1] = pc->offset + (int64_t)done;
+#ifdef SYNC_FILE_RANGE_WRITE
+        if (st == KEEL_OK && wb[1] - wb[0] >= (int64_t)CK_WB_CHUNK) {
+            (void)sync_file_range(fd, (off_t)wb[0], (off_t)(wb[1] - wb[0]),
+                                  SYNC_FILE_RANGE_WRITE);
+            wb[0] = wb[1];
+        }
+#endif
+    }
+    if (hs != NULL) {
+        *hash = XXH64_digest(hs);
+        XXH64_freeState(hs);
+    }
+    return st;
+}
+
 keel_status
 keel__ckpt_write_file(ck_plan *p, const char *path)
 {
@@ -327,6 +384,7 @@ keel__ckpt_write_file(ck_plan *p, const char *path)
     int late;
     size_t total = 0;
     int64_t tm[6] = { 0 };
+    int64_t wb[2] = { 0, 0 };
 
     st = keel__fs_tmp_name(tmp, sizeof tmp, path);
     if (st != KEEL_OK)
@@ -364,32 +422,8 @@ keel__ckpt_write_file(ck_plan *p, const char *path)
                             "%s in %s", pc->what, tmp);
             goto fail;
         }
-        if (lseek(fd, (off_t)pc->offset, SEEK_SET) < 0) {
-            st = keel__fail(KEEL_EIO, "seek in %s: %s", tmp, strerror(errno));
-            goto fail;
-        }
-        if (late && i < p->n) {
-            /* Hash each chunk just before write() copies it: one pass
-             * over memory for both. */
-            const char *d = pc->data;
-            XXH64_state_t *hs = XXH64_createState();
-            if (hs == NULL) {
-                st = keel__fail(KEEL_ENOMEM, "xxh64 state");
-                goto fail;
-            }
-            XXH64_reset(hs, 0);
-            for (size_t done = 0; done < pc->bytes && st == KEEL_OK; ) {
-                size_t c = pc->bytes - done < CK_HASH_CHUNK ?
-                           pc->bytes - done : CK_HASH_CHUNK;
-                XXH64_update(hs, d + done, c);
-                st = keel__fs_write_all(fd, d + done, c, tmp);
-                done += c;
-            }
-            p->items[i].hash = XXH64_digest(hs);
-            XXH64_freeState(hs);
-        } else {
-            st = keel__fs_write_all(fd, pc->data, pc->bytes, tmp);
-        }
+        st = write_piece(fd, pc, late && i < p->n ? &p->items[i].hash
+                                                  : NULL, wb, tmp);
         if (st != KEEL_OK)
             goto fail;
     }
