@@ -8,7 +8,10 @@
  * plus the time outside the callbacks in the same keel steps. Loops are
  * timed in thread CPU time (CLOCK_THREAD_CPUTIME_ID), interleaved in
  * chunks of 500 steps. Medians of reps repetitions.
- * usage: hooks_bench [reps [n_params [skip_grad_zeroing]]] (7 1024 1) */
+ * With extra_hooks 0 only the MonitoredTrainingSession defaults run
+ * (StepCounter, SummarySaver, CheckpointSaver: "the default hooks").
+ * usage: hooks_bench [reps [n_params [skip_grad_zeroing [extra_hooks]]]]
+ *        (7 1024 1 1) */
 #include <config.h>
 
 #include <stdio.h>
@@ -149,6 +152,7 @@ main(int argc, char **argv)
 {
     int reps = argc > 1 ? atoi(argv[1]) : 7, r, i;
     int skip_zero = argc > 3 ? atoi(argv[3]) : 1;
+    int has_extra = argc > 4 ? atoi(argv[4]) : 1;
     char dir[] = "/tmp/keel-hooks-bench-XXXXXX";
     keel_training_config cfg;
     keel_vars *vs;
@@ -191,7 +195,7 @@ main(int argc, char **argv)
     cfg.session.step = linear_step;
     cfg.session.updater.apply = sgd;
     cfg.session.hooks = extra;
-    cfg.session.n_hooks = 3;
+    cfg.session.n_hooks = has_extra ? 3 : 0;
     cfg.session.skip_grad_zeroing = skip_zero;   // the step writes them all
     cfg.checkpoint_dir = dir;
     /* Default hooks present but not triggering inside the timed loops. */
@@ -261,17 +265,21 @@ main(int argc, char **argv)
         double mw = median(without_h, reps) / N_STEPS * 1e9;
         double mk = median(keel_t, reps) / N_STEPS * 1e9;
         double mb = median(bare_t, reps) / N_STEPS * 1e9;
-        printf("hooks: 6 hooks (step_counter, summary_saver, "
-               "checkpoint_saver, stop_at_step, nan_tensor, logging), none "
-               "triggering; %d parameters; gradient zeroing %s; medians of "
-               "%d x %d steps\n", N_PARAMS, skip_zero ? "off" : "on", reps,
-               N_STEPS);
+        printf("hooks: %s, none triggering; %d parameters; gradient "
+               "zeroing %s; medians of %d x %d steps\n", has_extra ?
+               "6 hooks (step_counter, summary_saver, checkpoint_saver, "
+               "stop_at_step, nan_tensor, logging)" : "3 hooks (the "
+               "MonitoredTrainingSession defaults: step_counter, "
+               "summary_saver, checkpoint_saver)", N_PARAMS,
+               skip_zero ? "off" : "on", reps, N_STEPS);
         printf("| quantity | median ns/step |\n|---|---|\n");
         printf("| empty step, run_without_hooks (baseline) | %.1f |\n", mw);
-        printf("| empty step, run with 6 hooks | %.1f |\n", mh);
+        printf("| empty step, run with %d hooks | %.1f |\n",
+               has_extra ? 6 : 3, mh);
         printf("| hook-chain overhead per step | %.1f |\n", mh - mw);
         printf("| trivial step, bare loop (baseline) | %.1f |\n", mb);
-        printf("| trivial step, keel_session_run + 6 hooks | %.1f |\n", mk);
+        printf("| trivial step, keel_session_run + %d hooks | %.1f |\n",
+               has_extra ? 6 : 3, mk);
         printf("| share in keel: (keel run - bare loop) / keel run | "
                "%.2f %% |\n", 100.0 * median(share, reps));
         printf("| share in keel: time outside the callbacks (timed "

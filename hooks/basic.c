@@ -185,10 +185,10 @@ static keel_status
 stop_after_run(void *ctx, keel_run_context *rc, const keel_run_values *v)
 {
     stop_hook *h = ctx;
-    if (keel_run_values_step_after(v) >= h->last_step) {
+    if (v->step_after >= h->last_step) {
         char why[128];
         snprintf(why, sizeof why, "global step %lld reached last step %lld",
-                 (long long)keel_run_values_step_after(v),
+                 (long long)v->step_after,
                  (long long)h->last_step);
         keel_run_context_request_stop(rc, why);
     }
@@ -249,10 +249,10 @@ nan_after(void *ctx, keel_run_context *rc, const keel_run_values *v)
     if (h->fail_on_nan) {
         keel__log(KEEL_LOG_ERROR, "Model diverged with %s = %s at global "
                   "step %lld", h->name, what,
-                  (long long)keel_run_values_step_after(v));
+                  (long long)v->step_after);
         return keel__fail(KEEL_EHOOK, "%s %s during training (global step "
                           "%lld)", what, h->name,
-                          (long long)keel_run_values_step_after(v));
+                          (long long)v->step_after);
     }
     keel__log(KEEL_LOG_WARN, "Model diverged with %s = %s; stopping", h->name,
               what);

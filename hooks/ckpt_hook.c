@@ -131,7 +131,7 @@ static keel_status
 ck_after_run(void *ctx, keel_run_context *rc, const keel_run_values *v)
 {
     ckpt_hook *h = ctx;
-    int64_t gs = keel_run_values_step_after(v);
+    int64_t gs = v->step_after;
     int stop = 0;
     keel_status st;
     if (!keel__timer_due(&h->timer, gs))
