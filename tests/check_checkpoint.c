@@ -306,7 +306,7 @@ END_TEST
 
 /* Restore reads every dataset in one pass with a reader thread (over
  * 1 MiB in all): a flipped byte in any variable or slot, in any of its
- * 4 MiB pieces, fails the restore naming that dataset; a truncated file
+ * 8 MiB pieces, fails the restore naming that dataset; a truncated file
  * fails cleanly. */
 START_TEST(test_one_pass_restore_detects_corruption_in_any_dataset)
 {
