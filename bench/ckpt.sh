@@ -5,9 +5,11 @@
 # torch.load of the same bytes (bench/ckpt_torch.py, using the shared
 # baseline /work/shared/bench/py_io_bench.py), alternating round by round
 # (keel first in odd rounds, torch first in even ones); optionally an older
-# ckpt_bench (KEEL_BEFORE=path) in the same rounds. Prints every sample as a
-# JSON line (with the load average at each round), then a Markdown table of
-# medians; ratio columns are medians of per-round ratios.
+# ckpt_bench (KEEL_BEFORE=path, built from this ckpt_bench.c) in the same
+# rounds. Inside ckpt_bench, keel and raw swap places every round. Prints
+# every sample as a JSON line (with the load average at each round), then
+# a Markdown table of medians; ratio columns are medians of per-round
+# ratios.
 # Run from a configured build directory:
 #   make bench/ckpt_bench && sh ../bench/ckpt.sh [SIZES] [ROUNDS] [DIR]
 set -e
@@ -28,11 +30,11 @@ while [ "$r" -le "$ROUNDS" ]; do
     for mib in $(echo "$SIZES" | tr ',' ' '); do
         echo "{\"bench\":\"round\",\"round\":$r,\"size_mib\":$mib,\"load\":\"$(load)\"}" | tee -a "$OUT"
         run_keel() {
-            "$BIN" --sizes "$mib" --reps 1 --dir "$DIR/k" |
+            "$BIN" --sizes "$mib" --reps 1 --round "$r" --dir "$DIR/k" |
                 sed "s/^{/{\"round\":$r,\"who\":\"keel\",/" | tee -a "$OUT"
             rm -rf "$DIR/k"
             if [ -n "$KEEL_BEFORE" ]; then
-                "$KEEL_BEFORE" --sizes "$mib" --reps 1 --dir "$DIR/b" |
+                "$KEEL_BEFORE" --sizes "$mib" --reps 1 --round "$r" --dir "$DIR/b" |
                     sed "s/^{/{\"round\":$r,\"who\":\"before\",/" | tee -a "$OUT"
                 rm -rf "$DIR/b"
             fi
