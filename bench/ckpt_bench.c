@@ -2,7 +2,11 @@
  * and a raw cold read() of the same bytes, interleaved in one process so
  * the ratios see the same disk noise; plus the async save's stall against
  * a memcpy of the variables. Prints one JSON object per line.
- * usage: ckpt_bench [--dir D] [--sizes 16,256,1024] [--reps 3] */
+ * Which of keel and raw goes first alternates with the repetition, offset
+ * by --round (bench/ckpt.sh runs one repetition per process and passes
+ * its round, so the first writer - the one that meets the previous run's
+ * file deletions and discards - alternates too).
+ * usage: ckpt_bench [--dir D] [--sizes 16,256,1024] [--reps 3] [--round R] */
 #include <config.h>
 
 #include <errno.h>
@@ -127,7 +131,7 @@ main(int argc, char **argv)
 {
     const char *dir = "/tmp/keel_ckpt_bench";
     char sizes[256] = "16,256,1024";
-    int reps = 3;
+    int reps = 3, round = 0;
     char *tok, *save = NULL;
 
     for (int i = 1; i < argc; i++) {
@@ -137,9 +141,11 @@ main(int argc, char **argv)
             snprintf(sizes, sizeof sizes, "%s", argv[++i]);
         else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc)
             reps = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--round") == 0 && i + 1 < argc)
+            round = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: ckpt_bench [--dir D] [--sizes 16,256] "
-                    "[--reps N]\n");
+                    "[--reps N] [--round R]\n");
             return 2;
         }
     }
@@ -196,7 +202,7 @@ main(int argc, char **argv)
             die("async warm-up");
         for (int r = 0; r < reps; r++) {
             double t0;
-            int keel_first = r % 2;
+            int keel_first = (r + round) % 2;
             for (int k = 0; k < 2; k++) {
                 if ((k == 0) == (keel_first == 1)) {
                     keel_vars_set_global_step(vs, ++step);

@@ -64,6 +64,17 @@ keel_status keel__ckpt_open(const char *path, ck_file *f);
 void keel__ckpt_close(ck_file *f);
 /* Read dataset d of f into dst (d->count floats), verifying its xxh64. */
 keel_status keel__ckpt_read(const ck_file *f, const ck_dset *d, void *dst);
+/* One dataset to read and where its floats go. */
+typedef struct ck_read_job {
+    const ck_dset *d;
+    void *dst;
+} ck_read_job;
+/* Read every job's dataset into its dst and verify each xxh64, in one
+ * pass over the file in offset order: one reader thread pread()s ahead
+ * while the caller hashes what has arrived. Stops at the first failure
+ * (the error names the dataset); earlier dsts are then already written. */
+keel_status keel__ckpt_read_many(const ck_file *f, const ck_read_job *jobs,
+                                 size_t n);
 /* Full verification (every dataset and blob checksum); *step may be NULL. */
 keel_status keel__ckpt_verify(const char *path, int64_t *step);
 

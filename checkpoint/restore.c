@@ -199,6 +199,8 @@ keel_ckpt_restore(const char *path, keel_vars *vs,
     keel_var **target = NULL;       /* per file variable: store variable */
     char mapped[KEEL_NAME_MAX];
     char *found = NULL;             /* per store variable: in the file */
+    ck_read_job *jobs = NULL;
+    size_t n_jobs = 0;
     int64_t t0, t1;
     keel_restore_mode mode = opts != NULL ? opts->mode : KEEL_RESTORE_STRICT;
     keel_status st;
@@ -307,18 +309,18 @@ keel_ckpt_restore(const char *path, keel_vars *vs,
             goto out;
         }
     }
-    /* Data. */
+    /* Data: every dataset in one pass over the file (slots are created
+     * first so their buffers exist). */
+    jobs = malloc((f.n > 0 ? f.n : 1) * sizeof *jobs);
+    if (jobs == NULL) {
+        st = keel__fail(KEEL_ENOMEM, "restore from %s", path);
+        goto out;
+    }
     for (size_t i = 0; i < f.n_vars; i++) {
         if (target[i] == NULL)
             continue;
-        st = keel__ckpt_read(&f, &f.d[i], keel_var_tensor(target[i])->data);
-        if (st != KEEL_OK) {
-            st = keel__wrap(st, "restore stopped; the model is partly "
-                            "overwritten and must be re-initialized");
-            goto out;
-        }
-        keel_var_set_initialized(target[i], 1);
-        rep.n_restored++;
+        jobs[n_jobs].d = &f.d[i];
+        jobs[n_jobs++].dst = keel_var_tensor(target[i])->data;
     }
     for (size_t i = f.n_vars; i < f.n && !(opts && opts->skip_slots); i++) {
         ck_dset *d = &f.d[i];
@@ -330,13 +332,22 @@ keel_ckpt_restore(const char *path, keel_vars *vs,
         if (v == NULL || (keel_var_flags(v) & KEEL_VAR_LOCAL))
             continue;
         st = keel_var_add_slot(v, d->e.slot, &slot);
-        if (st == KEEL_OK)
-            st = keel__ckpt_read(&f, d, slot->data);
-        if (st != KEEL_OK) {
-            st = keel__wrap(st, "restore stopped; the model is partly "
-                            "overwritten and must be re-initialized");
+        if (st != KEEL_OK)
             goto out;
-        }
+        jobs[n_jobs].d = d;
+        jobs[n_jobs++].dst = slot->data;
+    }
+    st = keel__ckpt_read_many(&f, jobs, n_jobs);
+    if (st != KEEL_OK) {
+        st = keel__wrap(st, "restore stopped; the model is partly "
+                        "overwritten and must be re-initialized");
+        goto out;
+    }
+    for (size_t i = 0; i < f.n_vars; i++) {
+        if (target[i] == NULL)
+            continue;
+        keel_var_set_initialized(target[i], 1);
+        rep.n_restored++;
     }
     keel_vars_set_global_step(vs, f.global_step);
     keel__log(KEEL_LOG_DEBUG, "restored %s: open %.1f ms, data %.1f ms",
@@ -347,6 +358,7 @@ keel_ckpt_restore(const char *path, keel_vars *vs,
                   "keep their initializer (%s)", path, rep.n_missing,
                   rep.missing);
 out:
+    free(jobs);
     free(found);
     if (report != NULL)
         *report = rep;

@@ -10,6 +10,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,9 +30,17 @@ struct keel_saver {
     ck_state state;             /* the retention list, save order */
     int64_t last_step;          /* atomic: read by keel_saver_last_step */
 
-    /* async */
+    /* async: one writer thread for the saver's life, woken per save (a
+     * thread created per save made the step wait for clone() and, on a
+     * busy machine, for the new thread to give the core back) */
     pthread_t thread;
-    int in_flight;
+    int has_thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;          /* has_job set, or is_quitting */
+    pthread_cond_t done_cv;     /* in_flight cleared */
+    int has_job, is_quitting;
+    int in_flight;              /* a staged save not yet committed */
+    int64_t t_stage_ns, t_staged_ns, t_woken_ns;
     keel_status th_status;
     char th_err[KEEL_ERR_MAX];
     ck_plan plan;
@@ -644,23 +653,90 @@ static void *
 writer_main(void *arg)
 {
     keel_saver *s = arg;
-    s->th_status = commit_save(s, &s->plan);
-    if (s->th_status != KEEL_OK)
-        snprintf(s->th_err, sizeof s->th_err, "%s", keel_last_error());
+#ifdef SCHED_BATCH
+    /* Background work: never preempt the training thread on wake-up. */
+    struct sched_param sp = { 0 };
+    (void)pthread_setschedparam(pthread_self(), SCHED_BATCH, &sp);
+#endif
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        keel_status st;
+        while (!s->has_job && !s->is_quitting)
+            pthread_cond_wait(&s->cv, &s->mu);
+        if (!s->has_job)
+            break;
+        pthread_mutex_unlock(&s->mu);
+        s->t_woken_ns = keel__now_mono_ns();
+        keel__log(KEEL_LOG_DEBUG, "async save of step %lld: staged in %.2f "
+                  "ms, writer running %.2f ms after the staging ended",
+                  (long long)s->plan.step,
+                  (double)(s->t_staged_ns - s->t_stage_ns) / 1e6,
+                  (double)(s->t_woken_ns - s->t_staged_ns) / 1e6);
+        st = commit_save(s, &s->plan);
+        pthread_mutex_lock(&s->mu);
+        s->th_status = st;
+        if (st != KEEL_OK)
+            snprintf(s->th_err, sizeof s->th_err, "%s", keel_last_error());
+        s->has_job = 0;
+        s->in_flight = 0;
+        pthread_cond_broadcast(&s->done_cv);
+    }
+    pthread_mutex_unlock(&s->mu);
     return NULL;
 }
 
-/* Join the in-flight save and return its status (re-raised here). */
+/* Start the writer thread (first async save). */
+static int
+start_writer(keel_saver *s)
+{
+    if (s->has_thread)
+        return 1;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    pthread_cond_init(&s->done_cv, NULL);
+    s->has_job = s->is_quitting = s->in_flight = 0;
+    if (pthread_create(&s->thread, NULL, writer_main, s) != 0) {
+        pthread_cond_destroy(&s->done_cv);
+        pthread_cond_destroy(&s->cv);
+        pthread_mutex_destroy(&s->mu);
+        return 0;
+    }
+    s->has_thread = 1;
+    return 1;
+}
+
+/* Wait for the in-flight save and return its status (re-raised here). */
 static keel_status
 join_writer(keel_saver *s)
 {
-    if (!s->in_flight)
+    keel_status st;
+    if (!s->has_thread)
         return KEEL_OK;
-    pthread_join(s->thread, NULL);
-    s->in_flight = 0;
-    if (s->th_status != KEEL_OK)
-        return keel__fail(s->th_status, "async checkpoint: %s", s->th_err);
+    pthread_mutex_lock(&s->mu);
+    while (s->in_flight)
+        pthread_cond_wait(&s->done_cv, &s->mu);
+    st = s->th_status;
+    s->th_status = KEEL_OK;
+    pthread_mutex_unlock(&s->mu);
+    if (st != KEEL_OK)
+        return keel__fail(st, "async checkpoint: %s", s->th_err);
     return KEEL_OK;
+}
+
+static void
+stop_writer(keel_saver *s)
+{
+    if (!s->has_thread)
+        return;
+    pthread_mutex_lock(&s->mu);
+    s->is_quitting = 1;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->thread, NULL);
+    pthread_cond_destroy(&s->done_cv);
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->mu);
+    s->has_thread = 0;
 }
 
 keel_status
@@ -877,16 +953,21 @@ keel_saver_save(keel_saver *s, const keel_vars *vs,
             st = commit_save(s, &s->plan);
         return st;
     }
+    s->t_stage_ns = keel__now_mono_ns();
     st = stage(s, vs, meta);
     if (st != KEEL_OK)
         return st;
-    s->th_status = KEEL_OK;
-    s->th_err[0] = '\0';
-    if (pthread_create(&s->thread, NULL, writer_main, s) != 0) {
+    s->t_staged_ns = keel__now_mono_ns();
+    if (!start_writer(s)) {
         /* No thread: write it here rather than drop it. */
         return commit_save(s, &s->plan);
     }
+    pthread_mutex_lock(&s->mu);
+    s->th_err[0] = '\0';
+    s->has_job = 1;
     s->in_flight = 1;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
     return KEEL_OK;
 }
 
@@ -897,6 +978,7 @@ keel_saver_free(keel_saver *s)
         return;
     if (join_writer(s) != KEEL_OK)
         keel__log(KEEL_LOG_ERROR, "%s", keel_last_error());
+    stop_writer(s);
     join_reaper(s);
     keel__ckpt_state_free(&s->state);
     free(s->plan.items);

@@ -49,7 +49,7 @@ logging_before(void *ctx, keel_run_context *rc)
 {
     logging_hook *h = ctx;
     size_t i;
-    h->is_triggered = keel_timer_should_trigger(&h->timer, h->iter);
+    h->is_triggered = keel__timer_due(&h->timer, h->iter);
     if (!h->is_triggered && !h->at_end)
         return KEEL_OK;
     for (i = 0; i < h->n; i++) {
@@ -185,10 +185,10 @@ static keel_status
 stop_after_run(void *ctx, keel_run_context *rc, const keel_run_values *v)
 {
     stop_hook *h = ctx;
-    if (keel_run_values_step_after(v) >= h->last_step) {
+    if (v->step_after >= h->last_step) {
         char why[128];
         snprintf(why, sizeof why, "global step %lld reached last step %lld",
-                 (long long)keel_run_values_step_after(v),
+                 (long long)v->step_after,
                  (long long)h->last_step);
         keel_run_context_request_stop(rc, why);
     }
@@ -249,10 +249,10 @@ nan_after(void *ctx, keel_run_context *rc, const keel_run_values *v)
     if (h->fail_on_nan) {
         keel__log(KEEL_LOG_ERROR, "Model diverged with %s = %s at global "
                   "step %lld", h->name, what,
-                  (long long)keel_run_values_step_after(v));
+                  (long long)v->step_after);
         return keel__fail(KEEL_EHOOK, "%s %s during training (global step "
                           "%lld)", what, h->name,
-                          (long long)keel_run_values_step_after(v));
+                          (long long)v->step_after);
     }
     keel__log(KEEL_LOG_WARN, "Model diverged with %s = %s; stopping", h->name,
               what);
@@ -429,4 +429,11 @@ keel_feed_fn_hook_new(keel_status (*fn)(void *ctx, const void **batch),
     fill(out, "feed_fn", h);
     out->before_run = feed_before;
     return KEEL_OK;
+}
+
+int
+keel__basic_hook_is_timeless(const keel_hook *h)
+{
+    return h->after_run == logging_after || h->after_run == stop_after_run
+           || h->after_run == nan_after;
 }

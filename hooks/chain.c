@@ -5,9 +5,13 @@
 
 #include <math.h>
 #include <string.h>
+#include <time.h>
 
 #include "util.h"
 #include "hooks_int.h"
+
+/* How far CLOCK_MONOTONIC_COARSE may lag CLOCK_MONOTONIC, with margin. */
+#define KEEL_COARSE_SLACK_NS ((int64_t)50 * 1000000)
 
 const char *
 keel_end_reason_str(keel_end_reason why)
@@ -32,28 +36,44 @@ keel_hook_release(keel_hook *h)
     memset(h, 0, sizeof *h);
 }
 
+/* Names are short: an inline loop beats a call to strcmp on the per-step
+ * path (three lookups per step with the standard hooks). */
+static inline int
+name_eq(const char *a, const char *b)
+{
+    while (*a != '\0' && *a == *b) {
+        a++;
+        b++;
+    }
+    return *a == *b;
+}
+
 int
 keel__values_slot(keel__values *t, const char *name, int is_add)
 {
-    size_t i;
-    /* Callers pass the same pointer every step (a literal or the hook's
-     * own copy): look where that pointer matched last time first (the
-     * name is still compared: a reused buffer may hold another name). */
+    size_t i, len;
+    int k;
+    /* Callers pass the same pointers every step (a literal, the hooks' own
+     * copies): look for the pointer first (the name is still compared: a
+     * reused buffer may hold another name). */
     for (i = 0; i < t->n; i++)
-        if (t->v[i].last_ptr == name && strcmp(t->v[i].name, name) == 0)
-            return (int)i;
+        for (k = 0; k < KEEL__VALUE_PTRS; k++)
+            if (t->v[i].ptrs[k] == name && name_eq(t->v[i].name, name))
+                return (int)i;
     for (i = 0; i < t->n; i++) {
-        if (strcmp(t->v[i].name, name) == 0) {
-            t->v[i].last_ptr = name;
+        if (name_eq(t->v[i].name, name)) {
+            t->v[i].ptrs[t->v[i].next_ptr++ % KEEL__VALUE_PTRS] = name;
             return (int)i;
         }
     }
-    if (!is_add || t->n >= KEEL_MAX_VALUES
-        || strlen(name) >= KEEL_VALUE_NAME_MAX)
+    len = strlen(name);
+    if (!is_add || t->n >= KEEL_MAX_VALUES || len >= KEEL_VALUE_NAME_MAX)
         return -1;
-    memcpy(t->v[t->n].name, name, strlen(name) + 1);
+    memcpy(t->v[t->n].name, name, len + 1);
     t->v[t->n].set_gen = -1;
-    t->v[t->n].last_ptr = name;
+    memset(t->v[t->n].ptrs, 0, sizeof t->v[t->n].ptrs);
+    t->v[t->n].ptrs[0] = name;
+    t->v[t->n].next_ptr = 1;
     return (int)t->n++;
 }
 
@@ -231,9 +251,21 @@ keel_timer_should_trigger(const keel_timer *t, int64_t step)
         return 1;
     if (step == t->last_step)
         return 0;
-    if (t->every_secs > 0)
-        return keel_clock_now_ns(&t->clock)
-               >= t->last_ns + (int64_t)(t->every_secs * 1e9);
+    if (t->every_secs > 0) {
+        int64_t due = t->last_ns + (int64_t)(t->every_secs * 1e9);
+        if (t->clock.fn == NULL) {
+            /* CLOCK_MONOTONIC_COARSE is CLOCK_MONOTONIC as of the last
+             * tick (<= 10 ms behind, HZ >= 100) and cheaper to read: far
+             * from the deadline it decides alone, near it the exact
+             * clock does. */
+            struct timespec ts;
+            if (clock_gettime(CLOCK_MONOTONIC_COARSE, &ts) == 0
+                && (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec
+                   + KEEL_COARSE_SLACK_NS < due)
+                return 0;
+        }
+        return keel_clock_now_ns(&t->clock) >= due;
+    }
     return step >= t->last_step + t->every_steps;
 }
 
@@ -261,4 +293,14 @@ keel_timer_reset(keel_timer *t)
     t->is_triggered = 0;
     t->last_step = -1;
     t->last_ns = 0;
+}
+
+int
+keel__hook_reads_step_time(const keel_hook *h)
+{
+    if (h->after_run == NULL)
+        return 0;
+    return !(keel__basic_hook_is_timeless(h)
+             || keel__summary_hook_is_timeless(h)
+             || keel__ckpt_hook_is_timeless(h));
 }

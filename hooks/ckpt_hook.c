@@ -131,10 +131,10 @@ static keel_status
 ck_after_run(void *ctx, keel_run_context *rc, const keel_run_values *v)
 {
     ckpt_hook *h = ctx;
-    int64_t gs = keel_run_values_step_after(v);
+    int64_t gs = v->step_after;
     int stop = 0;
     keel_status st;
-    if (!keel_timer_should_trigger(&h->timer, gs))
+    if (!keel__timer_due(&h->timer, gs))
         return KEEL_OK;
     keel_timer_update(&h->timer, gs, NULL, NULL);
     st = save(h, keel_run_context_session(rc), gs, &stop);
@@ -256,4 +256,10 @@ keel_ckpt_hook_last_step(const keel_hook *hk)
     if (hk == NULL || hk->end != ck_end)
         return -1;
     return ((const ckpt_hook *)hk->ctx)->last_saved;
+}
+
+int
+keel__ckpt_hook_is_timeless(const keel_hook *h)
+{
+    return h->after_run == ck_after_run;
 }

@@ -29,9 +29,14 @@ void keel__ckpt_set_ops(const keel__ckpt_ops *ops);
 
 /* Named step values: a fixed table, names kept across steps so the step
  * path never allocates. */
+#define KEEL__VALUE_PTRS 4
+
 typedef struct keel__value {
     char name[KEEL_VALUE_NAME_MAX];
-    const char *last_ptr;     /* last caller's pointer for this name */
+    /* Callers' pointers recently used for this name (the step's literal,
+     * each hook's own copy): the per-step lookups match on the pointer. */
+    const char *ptrs[KEEL__VALUE_PTRS];
+    unsigned next_ptr;
     double value;
     int64_t set_gen;          /* == values generation when set this step */
 } keel__value;
@@ -63,5 +68,25 @@ struct keel_run_values {
     int64_t start_ns, duration_ns;
     keel__values *values;
 };
+
+/* 1 when h's after_run may read the step's start or duration
+ * (keel_run_values_start_ns/duration_ns): any hook keel did not build, and
+ * the profiler. The session reads the clock around the step only when some
+ * hook needs it. Per-file answers for the built-in hooks: */
+/* keel_timer_should_trigger, with the common case (a step-based timer
+ * that has triggered before) inline: the standard hooks ask four times a
+ * step. */
+static inline int
+keel__timer_due(const keel_timer *t, int64_t step)
+{
+    if (t->every_secs <= 0 && !t->is_never && t->is_triggered)
+        return step != t->last_step && step >= t->last_step + t->every_steps;
+    return keel_timer_should_trigger(t, step);
+}
+
+int keel__hook_reads_step_time(const keel_hook *h);
+int keel__basic_hook_is_timeless(const keel_hook *h);
+int keel__summary_hook_is_timeless(const keel_hook *h);
+int keel__ckpt_hook_is_timeless(const keel_hook *h);
 
 #endif

@@ -115,16 +115,16 @@ static keel_status
 counter_after_run(void *ctx, keel_run_context *rc, const keel_run_values *v)
 {
     counter_hook *h = ctx;
-    int64_t gs = keel_run_values_step_after(v), dsteps = 0;
+    int64_t gs = v->step_after, dsteps = 0;
     double dt = 0;
     (void)rc;
-    if (keel_run_values_step_before(v) == h->last_before) {
+    if (v->step_before == h->last_before) {
         if (++h->n_stalled <= 5)
             keel__log(KEEL_LOG_WARN, "It seems that the global step has not "
                       "been increased (still %lld)", (long long)gs);
     }
-    h->last_before = keel_run_values_step_before(v);
-    if (!keel_timer_should_trigger(&h->timer, gs))
+    h->last_before = v->step_before;
+    if (!keel__timer_due(&h->timer, gs))
         return KEEL_OK;
     if (keel_timer_update(&h->timer, gs, &dt, &dsteps) && dt > 0) {
         double rate = (double)dsteps / dt;
@@ -223,8 +223,8 @@ summary_before(void *ctx, keel_run_context *rc)
     summary_hook *h = ctx;
     size_t i;
     /* The step about to run ends at global step + 1. */
-    h->is_requested = keel_timer_should_trigger(
-        &h->timer, keel_run_context_global_step(rc) + 1);
+    h->is_requested = keel__timer_due(
+        &h->timer, rc->global_step + 1);
     if (!h->is_requested)
         return KEEL_OK;
     for (i = 0; i < h->n; i++) {
@@ -239,7 +239,7 @@ static keel_status
 summary_after(void *ctx, keel_run_context *rc, const keel_run_values *v)
 {
     summary_hook *h = ctx;
-    int64_t gs = keel_run_values_step_after(v);
+    int64_t gs = v->step_after;
     size_t i;
     (void)rc;
     if (!h->is_requested)
@@ -362,7 +362,7 @@ static keel_status
 profiler_after(void *ctx, keel_run_context *rc, const keel_run_values *v)
 {
     profiler_hook *h = ctx;
-    int64_t gs = keel_run_values_step_after(v);
+    int64_t gs = v->step_after;
     char name[48];
     keel_status st;
     (void)rc;
@@ -371,7 +371,7 @@ profiler_after(void *ctx, keel_run_context *rc, const keel_run_values *v)
         keel_timer_update(&h->timer, gs, NULL, NULL);
         return KEEL_OK;
     }
-    if (!keel_timer_should_trigger(&h->timer, gs))
+    if (!keel__timer_due(&h->timer, gs))
         return KEEL_OK;
     keel_timer_update(&h->timer, gs, NULL, NULL);
     snprintf(name, sizeof name, "step_%lld", (long long)gs);
@@ -439,4 +439,12 @@ keel_profiler_hook_new(int64_t save_steps, double save_secs,
     out->end = profiler_end;
     out->destroy = profiler_destroy;
     return KEEL_OK;
+}
+
+/* The profiler reads every step's start and duration; the other two never
+ * do (the step counter reads its own timer when it triggers). */
+int
+keel__summary_hook_is_timeless(const keel_hook *h)
+{
+    return h->after_run == counter_after_run || h->after_run == summary_after;
 }

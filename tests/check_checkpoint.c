@@ -304,6 +304,77 @@ START_TEST(test_large_checkpoint_checksums_recorded_after_data)
 }
 END_TEST
 
+/* Restore reads every dataset in one pass with a reader thread (over
+ * 1 MiB in all): a flipped byte in any variable or slot, in any of its
+ * 8 MiB pieces, fails the restore naming that dataset; a truncated file
+ * fails cleanly. */
+START_TEST(test_one_pass_restore_detects_corruption_in_any_dataset)
+{
+    const char *names[3] = { "a", "b/kernel", "c" };
+    int64_t rows[3] = { 300, 2500, 7 };     /* ~1.2 MiB, ~9.8 MiB, tiny */
+    keel_vars *vs, *back;
+    keel_saver *s = new_saver(tu_dir, 5, 0);
+    char path[4096], *file;
+    size_t fsize;
+
+    ck_assert_int_eq(keel_vars_new(&vs), KEEL_OK);
+    ck_assert_int_eq(keel_vars_new(&back), KEEL_OK);
+    srand(4242);                    /* no dataset's bytes inside another's */
+    for (int i = 0; i < 3; i++) {
+        int64_t shape[2] = { rows[i], 1024 };
+        keel_var *v;
+        keel_tensor *t, *slot;
+        ck_assert_int_eq(keel_vars_create(vs, names[i], 2, shape, 0, &v),
+                         KEEL_OK);
+        t = keel_var_tensor(v);
+        for (size_t j = 0; j < t->count; j++)
+            t->data[j] = (float)rand() / (float)RAND_MAX;
+        ck_assert_int_eq(keel_var_add_slot(v, "m", &slot), KEEL_OK);
+        for (size_t j = 0; j < slot->count; j++)
+            slot->data[j] = -(float)rand() / (float)RAND_MAX;
+        ck_assert_int_eq(keel_vars_create(back, names[i], 2, shape, 0, NULL),
+                         KEEL_OK);
+    }
+    save_step(s, vs, 1, path, sizeof path);
+    ck_assert_msg(keel_ckpt_restore(path, back, NULL, NULL) == KEEL_OK, "%s",
+                  keel_last_error());
+    assert_stores_equal(vs, back);
+    file = tu_read_file(path, &fsize);
+    srand(777);
+    for (int i = 0; i < 3; i++) {
+        keel_var *v = keel_vars_find(vs, names[i]);
+        keel_tensor *t = keel_var_tensor(v);
+        keel_tensor *slot = keel_var_slot(v, "m");
+        for (int k = 0; k < 2; k++) {
+            const keel_tensor *x = k == 0 ? t : slot;
+            char *hit = memmem(file, fsize, x->data, keel_tensor_bytes(x));
+            off_t at;
+            char want[64];
+            ck_assert_ptr_nonnull(hit);
+            at = (off_t)(hit - file) + rand() % (int)keel_tensor_bytes(x);
+            tu_flip_byte(path, at, 0x10);
+            ck_assert_int_eq(keel_ckpt_restore(path, back, NULL, NULL),
+                             KEEL_ECORRUPT);
+            snprintf(want, sizeof want, "'%s'", names[i]);
+            ck_assert_msg(strstr(keel_last_error(), want) != NULL, "%s",
+                          keel_last_error());
+            ck_assert_msg(strstr(keel_last_error(), k == 1 ? "slot 'm'"
+                                                           : "variable '")
+                          != NULL, "%s", keel_last_error());
+            tu_flip_byte(path, at, 0x10);
+        }
+    }
+    free(file);
+    ck_assert_int_eq(keel_ckpt_restore(path, back, NULL, NULL), KEEL_OK);
+    tu_truncate(path, fsize / 2);
+    ck_assert_int_ne(keel_ckpt_restore(path, back, NULL, NULL), KEEL_OK);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), path));
+    keel_saver_free(s);
+    keel_vars_free(vs);
+    keel_vars_free(back);
+}
+END_TEST
+
 /* ---- restore options ---------------------------------------------------- */
 
 START_TEST(test_restore_shape_mismatch_names_variable_and_shapes)
@@ -1124,6 +1195,8 @@ checkpoint_suite(void)
     tcase_add_test(tc, test_async_roundtrip_uses_staging_copy);
     tcase_add_test(tc, test_list_and_read_tensor);
     tcase_add_test(tc, test_large_checkpoint_checksums_recorded_after_data);
+    tcase_add_test(tc,
+                   test_one_pass_restore_detects_corruption_in_any_dataset);
     tcase_add_test(tc, test_restore_shape_mismatch_names_variable_and_shapes);
     tcase_add_test(tc, test_restore_strict_partial_report_and_name_map);
     tcase_add_test(tc, test_python_snippet_reads_same_values);

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <keel/keel.h>
@@ -452,6 +453,64 @@ START_TEST(test_run_without_hooks_skips_hooks_but_updates)
     ck_assert_int_eq(keel_session_save_now(s, path, sizeof path), KEEL_OK);
     ck_assert_str_eq(path, "fake-1");
     keel_session_free(s);
+}
+END_TEST
+
+/* The session skips its clock reads when only built-in hooks run; a user
+ * hook must still see the step's real start and duration. */
+static int64_t seen_duration_ns, seen_start_ns;
+static double seen_loss_a, seen_loss_b;
+static char loss_buf[16];
+
+static keel_status
+sleepy_step(void *ctx, keel_step *st)
+{
+    struct timespec ts = { 0, 2000000 };
+    (void)ctx;
+    nanosleep(&ts, NULL);
+    return keel_step_set_value(st, "loss", 3.0);
+}
+
+static keel_status
+timing_after(void *ctx, keel_run_context *rc, const keel_run_values *v)
+{
+    (void)ctx;
+    (void)rc;
+    seen_duration_ns = keel_run_values_duration_ns(v);
+    seen_start_ns = keel_run_values_start_ns(v);
+    /* The same name through another pointer, then a reused buffer that
+     * now holds a name the step never set. */
+    snprintf(loss_buf, sizeof loss_buf, "%s", "loss");
+    seen_loss_a = keel_run_values_get(v, loss_buf);
+    snprintf(loss_buf, sizeof loss_buf, "%s", "lost");
+    seen_loss_b = keel_run_values_get(v, loss_buf);
+    return KEEL_OK;
+}
+
+START_TEST(test_user_hook_sees_step_duration_and_values_by_any_pointer)
+{
+    keel_hook h[2];
+    keel_session_config c;
+    keel_session *s;
+    script sc = { 0 };
+    base_cfg(&c, &sc, h, 2);
+    c.step = sleepy_step;
+    ck_assert_int_eq(keel_nan_hook_new("loss", 1, 0, &h[0]), KEEL_OK);
+    memset(&h[1], 0, sizeof h[1]);
+    h[1].struct_size = sizeof h[1];
+    h[1].name = "timing";
+    h[1].after_run = timing_after;
+    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
+    for (int i = 0; i < 3; i++) {
+        seen_duration_ns = -1;
+        ck_assert_int_eq(keel_session_run(s, NULL), KEEL_OK);
+        ck_assert_int_ge(seen_duration_ns, 2000000);
+        ck_assert_int_gt(seen_start_ns, 0);
+        ck_assert(seen_loss_a == 3.0);
+        ck_assert(isnan(seen_loss_b));
+    }
+    keel_session_free(s);
+    keel_hook_release(&h[0]);
 }
 END_TEST
 
@@ -987,6 +1046,8 @@ session_suite(void)
     tcase_add_test(tc,
         test_feed_fn_supplies_batch_and_its_end_of_input_ends_cleanly);
     tcase_add_test(tc, test_run_without_hooks_skips_hooks_but_updates);
+    tcase_add_test(tc,
+                   test_user_hook_sees_step_duration_and_values_by_any_pointer);
     tcase_add_test(tc, test_timer_trigger_semantics_with_injected_clock);
     tcase_add_test(tc,
         test_stop_at_step_num_steps_is_relative_last_step_absolute);
