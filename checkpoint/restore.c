@@ -48,19 +48,20 @@ cand_add(cand **c, size_t *n, size_t *cap, const char *dir, const char *nm)
     return KEEL_OK;
 }
 
-keel_status
-keel_ckpt_latest(const char *dir, const char *basename, char *path,
-                 size_t path_size, int64_t *step)
+/* Every checkpoint in dir, newest first: the state file's order
+ * (model_checkpoint_path, then its list newest first), then every other
+ * <basename>-<step>.h5 by step. Caller frees *out. */
+static keel_status
+candidates(const char *dir, const char *basename, cand **out, size_t *n_out)
 {
     ck_state state;
     keel_ckpt_file *files = NULL;
-    size_t n_files = 0, n = 0, cap = 0, n_bad = 0;
+    size_t n_files = 0, n = 0, cap = 0;
     cand *c = NULL;
     keel_status st;
-    char last_err[KEEL_ERR_MAX] = "";
 
-    if (dir == NULL)
-        return keel__fail(KEEL_EINVAL, "keel_ckpt_latest: dir is NULL");
+    *out = NULL;
+    *n_out = 0;
     if (basename == NULL)
         basename = KEEL_CKPT_DEFAULT_BASENAME;
     st = keel__ckpt_state_read(dir, &state);
@@ -84,8 +85,31 @@ keel_ckpt_latest(const char *dir, const char *basename, char *path,
         goto out;
     for (size_t i = n_files; st == KEEL_OK && i > 0; i--)
         st = cand_add(&c, &n, &cap, dir, files[i - 1].name);
+out:
+    keel_ckpt_scan_free(files);
+    if (st != KEEL_OK) {
+        free(c);
+        return st;
+    }
+    *out = c;
+    *n_out = n;
+    return KEEL_OK;
+}
+
+keel_status
+keel_ckpt_latest(const char *dir, const char *basename, char *path,
+                 size_t path_size, int64_t *step)
+{
+    size_t n = 0, n_bad = 0;
+    cand *c = NULL;
+    keel_status st;
+    char last_err[KEEL_ERR_MAX] = "";
+
+    if (dir == NULL)
+        return keel__fail(KEEL_EINVAL, "keel_ckpt_latest: dir is NULL");
+    st = candidates(dir, basename, &c, &n);
     if (st != KEEL_OK)
-        goto out;
+        return st;
     for (size_t i = 0; i < n; i++) {
         int64_t s = -1;
         if (keel__ckpt_verify(c[i].path, &s) == KEEL_OK) {
@@ -96,23 +120,81 @@ keel_ckpt_latest(const char *dir, const char *basename, char *path,
                                           "%s", c[i].path) : KEEL_OK;
             if (st == KEEL_OK && step != NULL)
                 *step = s;
-            goto out;
+            free(c);
+            return st;
         }
         snprintf(last_err, sizeof last_err, "%s", keel_last_error());
         keel__log(KEEL_LOG_WARN, "skipping checkpoint %s: %s", c[i].path,
                   last_err);
         n_bad++;
     }
-    if (n_bad > 0)
-        st = keel__fail(KEEL_ENOTFOUND, "no valid checkpoint in %s: %zu "
-                        "found, none verifies (last: %s)", dir, n_bad,
-                        last_err);
-    else
-        st = keel__fail(KEEL_ENOTFOUND, "no checkpoint in %s", dir);
-out:
-    keel_ckpt_scan_free(files);
     free(c);
-    return st;
+    if (n_bad > 0)
+        return keel__fail(KEEL_ENOTFOUND, "no valid checkpoint in %s: %zu "
+                          "found, none verifies (last: %s)", dir, n_bad,
+                          last_err);
+    return keel__fail(KEEL_ENOTFOUND, "no checkpoint in %s", dir);
+}
+
+keel_status
+keel_ckpt_restore_latest(const char *dir, const char *basename,
+                         keel_vars *vs, const keel_restore_opts *opts,
+                         keel_restore_report *report, char *path,
+                         size_t path_size)
+{
+    size_t n = 0, n_bad = 0;
+    cand *c = NULL;
+    keel_status st;
+    char last_err[KEEL_ERR_MAX] = "";
+
+    if (dir == NULL || vs == NULL)
+        return keel__fail(KEEL_EINVAL, "keel_ckpt_restore_latest: NULL dir "
+                          "or store");
+    if (opts != NULL && opts->mode != KEEL_RESTORE_STRICT) {
+        /* A failed partial restore could leave variables the older
+         * checkpoint lacks holding the bad one's values, not their
+         * initializers: verify first, then read. */
+        char p[KEEL_PATH_MAX];
+        st = keel_ckpt_latest(dir, basename, p, sizeof p, NULL);
+        if (st == KEEL_OK)
+            st = keel_ckpt_restore(p, vs, opts, report);
+        if (st == KEEL_OK && path != NULL)
+            st = keel__fmt(path, path_size, "checkpoint path", "%s", p);
+        return st;
+    }
+    st = candidates(dir, basename, &c, &n);
+    if (st != KEEL_OK)
+        return st;
+    for (size_t i = 0; i < n; i++) {
+        /* The restore verifies every checksum as it reads; a strict
+         * restore writes every variable, so a later success overwrites
+         * whatever a failed attempt wrote. */
+        st = keel_ckpt_restore(c[i].path, vs, opts, report);
+        if (st == KEEL_OK) {
+            if (n_bad > 0)
+                keel__log(KEEL_LOG_WARN, "restored from %s instead",
+                          c[i].path);
+            if (path != NULL)
+                st = keel__fmt(path, path_size, "checkpoint path", "%s",
+                               c[i].path);
+            free(c);
+            return st;
+        }
+        if (st != KEEL_ECORRUPT && st != KEEL_EIO && st != KEEL_ENOTFOUND) {
+            free(c);               /* the model does not fit: no fallback */
+            return st;
+        }
+        snprintf(last_err, sizeof last_err, "%s", keel_last_error());
+        keel__log(KEEL_LOG_WARN, "skipping checkpoint %s: %s", c[i].path,
+                  last_err);
+        n_bad++;
+    }
+    free(c);
+    if (n_bad > 0)
+        return keel__fail(KEEL_ENOTFOUND, "no valid checkpoint in %s: %zu "
+                          "found, none restores (last: %s)", dir, n_bad,
+                          last_err);
+    return keel__fail(KEEL_ENOTFOUND, "no checkpoint in %s", dir);
 }
 
 /* ---- restore ------------------------------------------------------------ */

@@ -18,6 +18,11 @@ typedef struct keel__ckpt_ops {
     keel_status (*restore)(const char *path, keel_vars *vs,
                            const keel_restore_opts *opts,
                            keel_restore_report *report);
+    keel_status (*restore_latest)(const char *dir, const char *basename,
+                                  keel_vars *vs,
+                                  const keel_restore_opts *opts,
+                                  keel_restore_report *report, char *path,
+                                  size_t path_size);
     keel_status (*read_info)(const char *path, keel_ckpt_info **out);
     void (*info_free)(keel_ckpt_info *info);
 } keel__ckpt_ops;

@@ -206,7 +206,6 @@ static keel_status
 restore_latest(keel_session_manager *sm, int *restored)
 {
     char path[KEEL_PATH_MAX];
-    int64_t step = -1;
     keel_restore_report rep;
     keel_ckpt_info *info = NULL;
     keel_status st;
@@ -214,9 +213,13 @@ restore_latest(keel_session_manager *sm, int *restored)
     *restored = 0;
     if (sm->checkpoint_dir == NULL)
         return KEEL_OK;
-    t0 = keel__now_mono_ns();       /* finding (verifying) and reading */
-    st = keel__ckpt->latest(sm->checkpoint_dir, sm->sc.saver.basename, path,
-                            sizeof path, &step);
+    t0 = keel__now_mono_ns();       /* finding, verifying and reading */
+    memset(&rep, 0, sizeof rep);
+    st = keel__ckpt->restore_latest(sm->checkpoint_dir, sm->sc.saver.basename,
+                                    sm->vars,
+                                    sm->has_restore_opts ? &sm->restore_opts
+                                                         : NULL,
+                                    &rep, path, sizeof path);
     if (st == KEEL_ENOTFOUND) {
         keel__log(KEEL_LOG_INFO, "no checkpoint in %s: initializing",
                   sm->checkpoint_dir);
@@ -224,12 +227,6 @@ restore_latest(keel_session_manager *sm, int *restored)
     }
     if (st != KEEL_OK)
         return keel__wrap(st, "restore from %s", sm->checkpoint_dir);
-    memset(&rep, 0, sizeof rep);
-    st = keel__ckpt->restore(path, sm->vars,
-                             sm->has_restore_opts ? &sm->restore_opts : NULL,
-                             &rep);
-    if (st != KEEL_OK)
-        return keel__wrap(st, "restore %s", path);
     /* Restore covers every checkpointed variable and the global step. */
     keel_session_manager_notify(sm);
     if (sm->restore_fn != NULL) {

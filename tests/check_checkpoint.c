@@ -719,6 +719,75 @@ START_TEST(test_bad_files_give_clear_errors_and_latest_falls_back)
 }
 END_TEST
 
+/* restore_latest reads the newest checkpoint once, verifying as it reads:
+ * a corrupt, truncated, retyped or missing newest one is skipped for the
+ * next, whose values arrive whole; a store that does not fit is an error,
+ * not a reason to fall back. */
+START_TEST(test_restore_latest_verifies_while_reading_and_falls_back)
+{
+    keel_vars *a = make_store(4, 1), *a2 = make_store(9, 1);
+    keel_vars *b = make_store(0, 0);
+    keel_saver *s = new_saver(tu_dir, 0, 0);
+    char good[4096], bad[4096], got[4096];
+    char *orig;
+    size_t osize;
+    keel_restore_report rep;
+    keel_vars *odd;
+    int64_t shape[1] = { 8 };
+
+    save_step(s, a, 10, good, sizeof good);
+    save_step(s, a2, 20, bad, sizeof bad);
+    ck_assert_int_eq(keel_ckpt_restore_latest(tu_dir, NULL, b, NULL, &rep,
+                                              got, sizeof got), KEEL_OK);
+    ck_assert_str_eq(got, bad);
+    ck_assert_int_eq(rep.global_step, 20);
+    assert_stores_equal(a2, b);
+    orig = tu_read_file(bad, &osize);
+    for (int k = 0; k < 4; k++) {
+        keel_vars_free(b);
+        b = make_store(0, 0);
+        tu_write_file(bad, orig, osize);
+        if (k == 0)                       /* a flipped byte in the data */
+            tu_flip_byte(bad, (off_t)osize - 1000, 0x01);
+        else if (k == 1)
+            tu_truncate(bad, (off_t)osize / 2);
+        else if (k == 2) {
+            keel__h5_lock();
+            rewrite_as_float64(bad, "/variables/dense/kernel");
+            keel__h5_unlock();
+        } else
+            ck_assert_int_eq(unlink(bad), 0);
+        ck_assert_msg(keel_ckpt_restore_latest(tu_dir, NULL, b, NULL, &rep,
+                                               got, sizeof got) == KEEL_OK,
+                      "case %d: %s", k, keel_last_error());
+        ck_assert_str_eq(got, good);
+        ck_assert_int_eq(rep.global_step, 10);
+        ck_assert_int_eq(keel_vars_global_step(b), 10);
+        assert_stores_equal(a, b);
+    }
+    /* the model does not fit: no fallback, the error names the variable */
+    tu_write_file(bad, orig, osize);
+    ck_assert_int_eq(keel_vars_new(&odd), KEEL_OK);
+    ck_assert_int_eq(keel_vars_create(odd, "dense/bias", 1, shape,
+                                      KEEL_VAR_TRAINABLE, NULL), KEEL_OK);
+    ck_assert_int_eq(keel_ckpt_restore_latest(tu_dir, NULL, odd, NULL, NULL,
+                                              NULL, 0), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "dense/bias"));
+    /* nothing restores */
+    tu_write_file(bad, "junk", 4);
+    tu_write_file(good, "junk", 4);
+    ck_assert_int_eq(keel_ckpt_restore_latest(tu_dir, NULL, b, NULL, NULL,
+                                              NULL, 0), KEEL_ENOTFOUND);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), tu_dir));
+    free(orig);
+    keel_saver_free(s);
+    keel_vars_free(odd);
+    keel_vars_free(a);
+    keel_vars_free(a2);
+    keel_vars_free(b);
+}
+END_TEST
+
 START_TEST(test_latest_without_state_file_scans)
 {
     keel_vars *a = make_store(1, 1);
@@ -1201,6 +1270,7 @@ checkpoint_suite(void)
     tcase_add_test(tc, test_restore_strict_partial_report_and_name_map);
     tcase_add_test(tc, test_python_snippet_reads_same_values);
     tcase_add_test(tc, test_flipped_tensor_byte_detected_every_time);
+    tcase_add_test(tc, test_restore_latest_verifies_while_reading_and_falls_back);
     tcase_add_test(tc, test_bad_files_give_clear_errors_and_latest_falls_back);
     tcase_add_test(tc, test_latest_without_state_file_scans);
     tcase_add_test(tc, test_retention_survives_restart_and_lowered_max_prunes);

@@ -107,6 +107,21 @@ f_restore(const char *path, keel_vars *vs, const keel_restore_opts *o,
 }
 
 static keel_status
+f_restore_latest(const char *dir, const char *base, keel_vars *vs,
+                 const keel_restore_opts *o, keel_restore_report *r,
+                 char *path, size_t n)
+{
+    int64_t step;
+    char p[64];
+    keel_status st = f_latest(dir, base, p, sizeof p, &step);
+    if (st == KEEL_OK)
+        st = f_restore(p, vs, o, r);
+    if (st == KEEL_OK && path != NULL)
+        snprintf(path, n, "%s", p);
+    return st;
+}
+
+static keel_status
 f_read_info(const char *path, keel_ckpt_info **out)
 {
     keel_ckpt_info *info = calloc(1, sizeof *info);
@@ -136,7 +151,8 @@ f_info_free(keel_ckpt_info *info)
 }
 
 static const keel__ckpt_ops fake_ops = {
-    f_saver_new, f_save, f_wait, f_free, f_latest, f_restore, f_read_info,
+    f_saver_new, f_save, f_wait, f_free, f_latest, f_restore,
+    f_restore_latest, f_read_info,
     f_info_free
 };
 

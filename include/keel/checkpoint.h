@@ -130,6 +130,19 @@ keel_status keel_ckpt_restore(const char *path, keel_vars *vs,
                               const keel_restore_opts *opts,
                               keel_restore_report *report);
 
+/* keel_ckpt_latest and keel_ckpt_restore in one pass over the data: the
+ * newest checkpoint is restored as it is verified (the checksums are checked
+ * while reading), and one that fails as a file (KEEL_ECORRUPT, KEEL_EIO, gone)
+ * is skipped, logged, for the next newest. A checkpoint that does not fit
+ * the store (shapes, names: KEEL_EINVAL) ends the search. Partial-mode
+ * restores verify first, then read (see the source). path (may be NULL)
+ * receives the file restored. KEEL_ENOTFOUND when nothing restores. */
+keel_status keel_ckpt_restore_latest(const char *dir, const char *basename,
+                                     keel_vars *vs,
+                                     const keel_restore_opts *opts,
+                                     keel_restore_report *report, char *path,
+                                     size_t path_size);
+
 /* Read a checkpoint's metadata: global step, wall time, format version,
  * keel version, config text, topology, and blobs. Caller owns *out:
  * keel_ckpt_info_free(). */
