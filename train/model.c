@@ -42,19 +42,22 @@ typedef struct lgrad {
 
 #define MAX_THREADS KEEL__POOL_MAX
 /* Every batch is cut into pieces of a fixed number of examples, whatever
- * the thread count: CNN_PIECE for the CNN, DENSE_PIECE for the dense-only
- * models (their sgemm's K, the rows, then stays inside one OpenBLAS K
- * block). Piece p's gradient goes to slot p % MAX_SLOTS (later pieces of a
- * slot are computed apart and added in piece order); the slots are summed
- * in slot order. So the bits never depend on which thread ran a piece. */
+ * the thread count: CNN_PIECE for the CNN, keel__dense_piece (at most
+ * DIRECT_MAX_BATCH) for the dense-only models. The batch's gradient is, by
+ * definition, grads + g(piece 0) + g(piece 1) + ..., added elementwise in
+ * piece order, each piece's gradient rounded on its own. Threads compute up
+ * to MAX_SLOTS pieces at a time into slots, which are then added in that
+ * order. So the bits never depend on which thread ran a piece. */
 #define CNN_PIECE 16
-#define DENSE_PIECE 256
+#define DENSE_PIECE 32
+size_t keel__dense_piece = DENSE_PIECE;
 #define MAX_SLOTS 16
-/* With a single piece and at most this many examples, dense layers add
- * their gradients straight into the caller's grads (sgemm beta 1): one pass
- * over the parameters less per step. The bound keeps sgemm's K (= n)
- * inside one OpenBLAS K block, so the sum is rounded exactly like a
- * separate gradient added afterwards (the micro-batch guarantee; tested). */
+/* Dense layers can add a piece's gradient straight into the caller's grads
+ * (sgemm beta 1; one pass over the parameters less, and no slot): with
+ * at most this many rows sgemm's K stays inside one OpenBLAS K block, so
+ * the sum is rounded exactly like a separate gradient added afterwards
+ * (tested bitwise). Dense-only models do so for every piece on one thread;
+ * the CNN when the batch is one piece. */
 #define DIRECT_MAX_BATCH 256
 int keel__grads_direct = 1;
 
@@ -69,8 +72,8 @@ struct keel_model {
     size_t piece;                 /* examples per piece */
     size_t max_pieces;            /* ceil(max_batch / piece) */
     int nslots;                   /* min(max_pieces, MAX_SLOTS) */
+    int is_dense_only;            /* softmax or MLP */
     lbuf *buf[MAX_THREADS];       /* [thread][layer] activations */
-    lgrad *scratch[MAX_THREADS];  /* [thread][layer], only with folding */
     lgrad *slot[MAX_SLOTS];       /* [slot][layer] */
     double *piece_loss;           /* [max_pieces] */
     int64_t *piece_correct;
@@ -216,7 +219,6 @@ keel_model_free(keel_model *m)
         return;
     keel__pool_free(m->pool);
     for (int s = 0; s < MAX_THREADS; s++) {
-        free_lgrads(m->scratch[s], m->nl);
         if (m->buf[s] == NULL)
             continue;
         for (int i = 0; i < m->nl; i++) {
@@ -361,9 +363,6 @@ alloc_buffers(keel_model *m)
                                    "activation grads")) != KEEL_OK)
                 return st;
         }
-        if (m->max_pieces > MAX_SLOTS &&
-            (st = alloc_lgrads(m, &m->scratch[s])) != KEEL_OK)
-            return st;
     }
     for (int s = 0; s < m->nslots; s++)
         if ((st = alloc_lgrads(m, &m->slot[s])) != KEEL_OK)
@@ -497,7 +496,10 @@ keel_model_new(const keel_model_config *cfg, keel_vars *vs, keel_model **out)
     if ((st = add_layer(m, vs, &p, &n_dense, &n_conv)) != KEEL_OK)
         goto fail;
     m->nthreads = cfg->threads;
-    m->piece = cfg->kind == KEEL_MODEL_CNN ? CNN_PIECE : DENSE_PIECE;
+    m->is_dense_only = cfg->kind != KEEL_MODEL_CNN;
+    m->piece = m->is_dense_only ? keel__dense_piece : CNN_PIECE;
+    if (m->piece < 1 || m->piece > DIRECT_MAX_BATCH)
+        m->piece = DENSE_PIECE;
     if (m->piece > (size_t)cfg->max_batch)
         m->piece = (size_t)cfg->max_batch;
     m->max_pieces = ((size_t)cfg->max_batch + m->piece - 1) / m->piece;
@@ -657,8 +659,9 @@ typedef struct job {
     float scale;                 /* 1 / global batch size */
     float *probs;
     keel_grads *grads;           /* JOB_STEP: the caller's */
-    keel_grads *direct;          /* JOB_STEP with one piece: dense grads go
-                                  * straight into the caller's grads */
+    keel_grads *direct;          /* JOB_STEP: dense grads go straight into
+                                  * the caller's grads (see DIRECT_...) */
+    size_t base;                 /* task i is piece base + i */
     int ntasks;
     int nthreads;
     _Atomic int next;            /* next task */
@@ -702,57 +705,30 @@ run_piece(job *j, int t, size_t p, lgrad *g)
         backward(m, buf, g, x, n, j->direct);
 }
 
-/* Step task s: the pieces of slot s in piece order; the first writes the
- * slot, later ones (batches over MAX_SLOTS pieces) are computed in the
- * thread's scratch and added. */
-static void
-step_slot(job *j, int t, int s)
-{
-    keel_model *m = j->m;
-    for (size_t p = (size_t)s; p < j->npieces; p += MAX_SLOTS) {
-        if (p == (size_t)s) {
-            run_piece(j, t, p, m->slot[s]);
-            continue;
-        }
-        run_piece(j, t, p, m->scratch[t]);
-        for (int i = 0; i < m->nl; i++) {
-            layer *L = &m->l[i];
-            if (L->w == NULL)
-                continue;
-            keel__add_into(m->slot[s][i].dw, m->scratch[t][i].dw,
-                           keel_var_tensor(L->w)->count);
-            keel__add_into(m->slot[s][i].db, m->scratch[t][i].db,
-                           keel_var_tensor(L->b)->count);
-        }
-    }
-}
-
 static void
 job_worker(void *ctx, int t)
 {
     job *j = ctx;
     int task;
-    while ((task = j->next++) < j->ntasks) {
-        if (j->what == JOB_STEP)
-            step_slot(j, t, task);
-        else
-            run_piece(j, t, (size_t)task, NULL);
-    }
+    while ((task = j->next++) < j->ntasks)
+        run_piece(j, t, j->base + (size_t)task,
+                  j->what == JOB_STEP ? j->m->slot[task] : NULL);
 }
 
-/* dst[lo, hi) += slot 0 + slot 1 + ... + slot S-1 (each element summed in
- * slot order, whichever thread does it). */
+/* dst[lo, hi) = (((dst + slot 0) + slot 1) + ... + slot S-1), each
+ * element in slot order whichever thread does it; blocks of 1024 keep dst
+ * in L1 while the slots stream past. */
 static void
 reduce_range(float *dst, float *const *src, int S, size_t lo, size_t hi)
 {
-    if (lo >= hi)
-        return;
-    for (int s = 1; s < S; s++)
-        keel__add_into(src[0] + lo, src[s] + lo, hi - lo);
-    keel__add_into(dst + lo, src[0] + lo, hi - lo);
+    for (size_t b = lo; b < hi; b += 1024) {
+        size_t e = hi - b < 1024 ? hi - b : 1024;
+        for (int s = 0; s < S; s++)
+            keel__add_into(dst + b, src[s] + b, e);
+    }
 }
 
-/* Thread t's share of every parameter gradient: slots summed into grads. */
+/* Thread t's share of every parameter gradient: slots added into grads. */
 static void
 reduce_worker(void *ctx, int t)
 {
@@ -786,7 +762,10 @@ reduce_worker(void *ctx, int t)
     }
 }
 
-/* Cut the batch into pieces and run them over the pool. */
+/* Cut the batch into pieces and run them over the pool: evaluation all at
+ * once; a step MAX_SLOTS pieces at a time, each round's slots added into
+ * grads before the next (dense-only models on one thread: every piece
+ * straight into grads, in order). */
 static void
 run_job(keel_model *m, job *j, int what, const keel_batch *batch,
         float scale, float *probs, keel_grads *grads)
@@ -795,25 +774,44 @@ run_job(keel_model *m, job *j, int what, const keel_batch *batch,
     *j = (job){ .m = m, .what = what, .batch = batch, .npieces = np,
                 .scale = scale, .probs = probs, .grads = grads,
                 .nthreads = keel__pool_threads(m->pool) };
-    if (what == JOB_STEP) {
-        j->ntasks = np < MAX_SLOTS ? (int)np : MAX_SLOTS;
-        if (np == 1 && batch->n <= DIRECT_MAX_BATCH && keel__grads_direct)
-            j->direct = grads;
-    } else {
+    if (what != JOB_STEP) {
         j->ntasks = (int)np;
-    }
-    j->next = 0;
-    if (j->ntasks == 1)
-        job_worker(j, 0);
-    else
-        keel__pool_run(m->pool, job_worker, j);
-    if (what != JOB_STEP)
+        j->next = 0;
+        if (np == 1)
+            job_worker(j, 0);
+        else
+            keel__pool_run(m->pool, job_worker, j);
         return;
-    if (j->ntasks == 1 || j->nthreads == 1) {
-        j->nthreads = 1;             /* reduce_worker: all of it here */
+    }
+    if (keel__grads_direct &&
+        ((m->is_dense_only && j->nthreads == 1) ||
+         (np == 1 && batch->n <= DIRECT_MAX_BATCH))) {
+        j->direct = grads;
+        for (size_t p = 0; p < np; p++)
+            run_piece(j, 0, p, m->slot[0]);  /* conv grads: into slot 0 */
+        if (m->is_dense_only)
+            return;
+        j->ntasks = 1;
+        j->nthreads = 1;
         reduce_worker(j, 0);
-    } else
-        keel__pool_run(m->pool, reduce_worker, j);
+        return;
+    }
+    for (size_t base = 0; base < np; base += MAX_SLOTS) {
+        j->base = base;
+        j->ntasks = np - base < MAX_SLOTS ? (int)(np - base) : MAX_SLOTS;
+        j->next = 0;
+        j->nthreads = keel__pool_threads(m->pool);
+        if (j->ntasks == 1 || j->nthreads == 1)
+            job_worker(j, 0);
+        else
+            keel__pool_run(m->pool, job_worker, j);
+        if (j->ntasks == 1 || j->nthreads == 1) {
+            j->nthreads = 1;         /* reduce_worker: all of it here */
+            reduce_worker(j, 0);
+        } else {
+            keel__pool_run(m->pool, reduce_worker, j);
+        }
+    }
 }
 
 static void

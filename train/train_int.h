@@ -123,6 +123,9 @@ void keel__add_into(float *dst, const float *src, size_t count);
 /* 1 (default): single-shard model steps add dense gradients straight into
  * the caller's grads; 0: into the shard's buffers, then added (tests). */
 extern int keel__grads_direct;
+/* Examples per piece of the dense-only models (default 256, at most 256;
+ * set before keel_model_new; for benchmarks). */
+extern size_t keel__dense_piece;
 
 /* sgemm wrapper (row-major, with profiling). */
 void keel__sgemm(int trans_a, int trans_b, size_t m, size_t n, size_t k,
