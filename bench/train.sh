@@ -33,8 +33,8 @@ if [ "$mode" = accuracy ]; then
     # fixed seed, batch 64, test accuracy after every epoch (keel, then
     # PyTorch's own run of the same protocol)
     OPENBLAS_NUM_THREADS=1 "$kb" --mode accuracy --models "$MODELS" \
-        --batches 64 --epochs "$EPOCHS" --threads 2 --init torch \
-        | tee "$OUT/keel_acc.jsonl"
+        --batches 64 --epochs "$EPOCHS" --threads 1 --model-threads 2 \
+        --init torch | tee "$OUT/keel_acc.jsonl"
     OPENBLAS_NUM_THREADS=1 $PY "$PEER/torch_train.py" --mode accuracy \
         --models "$MODELS" --batches 64 --epochs "$EPOCHS" --threads 2 \
         | tee "$OUT/torch_acc.jsonl"

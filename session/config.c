@@ -106,7 +106,7 @@ static const key_def schema[] = {
     { "train", "model_threads", T_INT, "1", 1, 8, NULL,
       "Persistent model threads (with single-threaded OpenBLAS) that "
       "share the fixed pieces of every batch (CNN: 16 examples; dense "
-      "models: 256). Results are bitwise identical for every value, and "
+      "models: 32). Results are bitwise identical for every value, and "
       "for any train.threads." },
     { "train", "micro_batch", T_INT, "0", 0, 1 << 20, NULL,
       "Fixed micro-batch size (0: off). Each gradient is summed over "

@@ -736,7 +736,8 @@ START_TEST(test_model_threads_give_identical_bits)
      * count, and the pieces' gradients are summed in a fixed order: 1, 2, 3
      * and 8 model threads, and 1 or 2 OpenBLAS threads, train to the same
      * bits. CNN batches of 40 (pieces 16+16+8) and 300 (19 pieces: more
-     * than the 16 slots, so some are folded), MLP batches of 300 (256+44). */
+     * than the 16 slots: two rounds), MLP batches of 300 (9 x 32 + 12:
+     * straight into grads on one thread, through slots on more). */
     static const int threads[] = { 1, 2, 3, 8 };
     struct { keel_model_kind kind; size_t n, side; int classes; } cases[] = {
         { KEEL_MODEL_CNN, 40, 12, 4 },
