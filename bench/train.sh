@@ -33,8 +33,8 @@ if [ "$mode" = accuracy ]; then
     # fixed seed, batch 64, test accuracy after every epoch (keel, then
     # PyTorch's own run of the same protocol)
     OPENBLAS_NUM_THREADS=1 "$kb" --mode accuracy --models "$MODELS" \
-        --batches 64 --epochs "$EPOCHS" --threads 2 --init torch \
-        | tee "$OUT/keel_acc.jsonl"
+        --batches 64 --epochs "$EPOCHS" --threads 1 --model-threads 2 \
+        --init torch | tee "$OUT/keel_acc.jsonl"
     OPENBLAS_NUM_THREADS=1 $PY "$PEER/torch_train.py" --mode accuracy \
         --models "$MODELS" --batches 64 --epochs "$EPOCHS" --threads 2 \
         | tee "$OUT/torch_acc.jsonl"
@@ -45,26 +45,36 @@ fi
 : > "$OUT/torch.jsonl"
 : > "$OUT/before.jsonl"
 KEEL_BEFORE=${KEEL_BEFORE:-}
+load() { cut -d' ' -f1 /proc/loadavg; }
+# Per round, per model and batch: keel, (the older keel,) then PyTorch, so
+# each pair runs seconds apart; every line records the 1-minute load
+# average read just before its process started.
 for core in $CORETYPES; do
     for r in $(seq "$ROUNDS"); do
-        echo "== round $r/$ROUNDS OPENBLAS_CORETYPE=$core" >&2
-        OPENBLAS_CORETYPE=$core "$kb" --mode throughput --models "$MODELS" \
-            --batches "$BATCHES" --threads-list 1,2,m2 --reps 1 \
-            --seg-seconds "$SEG" | sed "s/^{/{\"round\": $r, \"coretype\": \"$core\", /" \
-            >> "$OUT/keel.jsonl"
-        if [ -n "$KEEL_BEFORE" ]; then
-            OPENBLAS_CORETYPE=$core "$KEEL_BEFORE" --mode throughput \
-                --models "$MODELS" --batches "$BATCHES" \
-                --threads-list 1,2,m2 --reps 1 --seg-seconds "$SEG" \
-                | sed "s/^{/{\"round\": $r, \"coretype\": \"$core\", /" \
-                >> "$OUT/before.jsonl"
-        fi
-        for env in "OMP_WAIT_POLICY=PASSIVE" "OPENBLAS_NUM_THREADS=1"; do
-            env OPENBLAS_CORETYPE="$core" $env $PY "$PEER/torch_train.py" \
-                --mode throughput --models "$MODELS" --batches "$BATCHES" \
-                --reps 1 --seg-seconds "$SEG" \
-                | sed "s/^{/{\"round\": $r, \"coretype\": \"$core\", \"torch_env\": \"$env\", /" \
-                >> "$OUT/torch.jsonl"
+        echo "== round $r/$ROUNDS OPENBLAS_CORETYPE=$core load $(load)" >&2
+        for model in ${MODELS//,/ }; do
+            for batch in ${BATCHES//,/ }; do
+                tag="\"round\": $r, \"coretype\": \"$core\""
+                OPENBLAS_CORETYPE=$core "$kb" --mode throughput \
+                    --models "$model" --batches "$batch" \
+                    --threads-list 1,2,m2 --reps 1 --seg-seconds "$SEG" \
+                    | sed "s/^{/{$tag, \"load\": $(load), /" \
+                    >> "$OUT/keel.jsonl"
+                if [ -n "$KEEL_BEFORE" ]; then
+                    OPENBLAS_CORETYPE=$core "$KEEL_BEFORE" --mode throughput \
+                        --models "$model" --batches "$batch" \
+                        --threads-list 1,2,m2 --reps 1 --seg-seconds "$SEG" \
+                        | sed "s/^{/{$tag, \"load\": $(load), /" \
+                        >> "$OUT/before.jsonl"
+                fi
+                for env in "OMP_WAIT_POLICY=PASSIVE" "OPENBLAS_NUM_THREADS=1"; do
+                    env OPENBLAS_CORETYPE="$core" $env $PY "$PEER/torch_train.py" \
+                        --mode throughput --models "$model" --batches "$batch" \
+                        --reps 1 --seg-seconds "$SEG" \
+                        | sed "s/^{/{$tag, \"load\": $(load), \"torch_env\": \"$env\", /" \
+                        >> "$OUT/torch.jsonl"
+                done
+            done
         done
     done
 done
@@ -98,8 +108,8 @@ for r in torch:
         t[(r["coretype"], r["model"], r["batch"],
            r["torch_env"] + " threads=%d" % r["threads"])].append(r["median"])
 flops = {"mlp": 1.21e6, "cnn": 14.8e6}
-print("| coretype (keel corename) | model | batch | keel ex/s (threads) | keel GFLOP/s (% of sgemm peak) | PyTorch best ex/s (setting) | keel/PyTorch | rounds |")
-print("|---|---|---|---|---|---|---|---|")
+print("| coretype (keel corename) | model | batch | keel ex/s (threads) | keel GFLOP/s (% of sgemm peak) | PyTorch best ex/s (setting) | keel/PyTorch | rounds | load avg (min-max) |")
+print("|---|---|---|---|---|---|---|---|---|")
 rows_before = []
 for (core, model, batch) in sorted({(a, b, c) for (a, b, c, _) in k}):
     kbest = max(((statistics.median(v), th) for (a, b, c, th), v in k.items()
@@ -109,9 +119,12 @@ for (core, model, batch) in sorted({(a, b, c) for (a, b, c, _) in k}):
     pk = statistics.median(peak[(core, min(cores[kbest[1]], 2))])
     g = kbest[0] * flops[model] / 1e9
     n = len(k[(core, model, batch, kbest[1])])
-    print("| %s (%s) | %s | %d | %.0f (%s) | %.0f (%.0f%% of %.0f) | %.0f (%s) | %.2f | %d |" % (
+    la = [r["load"] for r in keel + torch if r.get("coretype") == core and
+          r.get("model") == model and r.get("batch") == batch and "load" in r]
+    print("| %s (%s) | %s | %d | %.0f (%s) | %.0f (%.0f%% of %.0f) | %.0f (%s) | %.2f | %d | %.1f-%.1f |" % (
         core, core_name.get(core, "?"), model, batch, kbest[0], kbest[1], g,
-        100 * g / pk, pk, tbest[0], tbest[1], kbest[0] / tbest[0], n))
+        100 * g / pk, pk, tbest[0], tbest[1], kbest[0] / tbest[0], n,
+        min(la, default=float("nan")), max(la, default=float("nan"))))
     bb = max(((statistics.median(v), th) for (a, b, c, th), v in before.items()
               if (a, b, c) == (core, model, batch)), default=None)
     if bb:

@@ -186,7 +186,7 @@ optimizer_config_from(const keel_config *cfg, keel_optimizer_config *oc)
 }
 
 /* OpenBLAS threads: train.threads, or 1 under model threads (each model
- * thread runs its own single-threaded sgemm). */
+ * thread runs its own single-threaded sgemm). Neither changes the bits. */
 void
 keel__job_set_blas_threads(const keel_config *cfg)
 {

@@ -684,51 +684,148 @@ START_TEST(test_direct_dense_gradients_equal_separate_then_added)
 }
 END_TEST
 
-START_TEST(test_model_threads_split_batches_deterministically)
+/* Train `steps` Adam steps of a model with `threads` model threads and
+ * `blas` OpenBLAS threads on batches of n (from x, y); hand back the
+ * variables' bytes concatenated (caller frees) and the last step's stats. */
+static unsigned char *
+train_bits(const keel_model_config *base, int threads, int blas,
+           const float *x, const int32_t *y, size_t n, size_t esize,
+           int steps, keel_step_stats *last, size_t *nbytes)
+{
+    keel_model_config cfg = *base;
+    keel_optimizer_config oc;
+    keel_optimizer *opt;
+    fixture f;
+    unsigned char *bits;
+    size_t off = 0;
+    cfg.threads = threads;
+    keel_train_set_threads(blas);
+    fx_new(&f, &cfg, 5);
+    keel_optimizer_config_init(&oc, KEEL_OPT_ADAM);
+    oc.schedule.learning_rate = 1e-3;
+    ck_assert_int_eq(keel_optimizer_new(&oc, &opt), KEEL_OK);
+    ck_assert_int_eq(keel_optimizer_prepare(opt, f.vs), KEEL_OK);
+    for (int s = 0; s < steps; s++) {
+        /* batch s starts at example s (overlapping windows of x) */
+        keel_batch b = { x + (size_t)s * esize, y + s, n };
+        keel_grads_zero(f.g);
+        ck_assert_msg(keel_model_step(f.m, f.vs, &b, (int64_t)n, f.g,
+                                      last) == KEEL_OK, "%s",
+                      keel_last_error());
+        ck_assert_int_eq(keel_optimizer_apply(opt, f.vs, f.g, s), KEEL_OK);
+    }
+    *nbytes = 0;
+    for (size_t v = 0; v < keel_grads_count(f.g); v++)
+        *nbytes += keel_tensor_bytes(keel_grads_at(f.g, v));
+    bits = malloc(*nbytes);
+    ck_assert_ptr_nonnull(bits);
+    for (size_t v = 0; v < keel_grads_count(f.g); v++) {
+        keel_tensor *t = keel_var_tensor(keel_vars_at(f.vs, v));
+        memcpy(bits + off, t->data, keel_tensor_bytes(t));
+        off += keel_tensor_bytes(t);
+    }
+    keel_optimizer_free(opt);
+    fx_free(&f);
+    keel_train_set_threads(1);
+    return bits;
+}
+
+START_TEST(test_model_threads_give_identical_bits)
+{
+    /* Batches are cut into pieces whose size does not depend on the thread
+     * count, and the pieces' gradients are summed in a fixed order: 1, 2, 3
+     * and 8 model threads, and 1 or 2 OpenBLAS threads, train to the same
+     * bits. CNN batches of 40 (pieces 16+16+8) and 300 (19 pieces: more
+     * than the 16 slots: two rounds), MLP batches of 300 (9 x 32 + 12:
+     * straight into grads on one thread, through slots on more). */
+    static const int threads[] = { 1, 2, 3, 8 };
+    struct { keel_model_kind kind; size_t n, side; int classes; } cases[] = {
+        { KEEL_MODEL_CNN, 40, 12, 4 },
+        { KEEL_MODEL_CNN, 300, 10, 4 },
+        { KEEL_MODEL_MLP, 300, 12, 10 },
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        keel_model_config cfg;
+        size_t es = cases[c].side * cases[c].side, n = cases[c].n;
+        int steps = 3;
+        float *x = malloc((n + (size_t)steps) * es * sizeof *x);
+        int32_t *y = malloc((n + (size_t)steps) * sizeof *y);
+        unsigned char *ref;
+        size_t nref;
+        keel_step_stats sref;
+        ck_assert_ptr_nonnull(x);
+        ck_assert_ptr_nonnull(y);
+        keel_model_config_init(&cfg);
+        cfg.kind = cases[c].kind;
+        cfg.height = cfg.width = (int64_t)cases[c].side;
+        cfg.classes = cases[c].classes;
+        cfg.max_batch = (int64_t)n;
+        cfg.hidden[0] = 32;
+        cfg.hidden[1] = 16;
+        synthetic(x, y, n + (size_t)steps, es, cases[c].classes, 12 + c);
+        ref = train_bits(&cfg, 1, 1, x, y, n, es, steps, &sref, &nref);
+        for (size_t t = 0; t < sizeof threads / sizeof threads[0]; t++)
+            for (int blas = 1; blas <= 2; blas++) {
+                keel_step_stats st;
+                size_t nb;
+                unsigned char *bits;
+                if (threads[t] > 1 && blas > 1)
+                    continue;            /* model threads use 1 BLAS thread */
+                bits = train_bits(&cfg, threads[t], blas, x, y, n, es, steps,
+                                  &st, &nb);
+                ck_assert_uint_eq(nb, nref);
+                ck_assert_msg(memcmp(bits, ref, nb) == 0,
+                              "case %zu: %d model threads, %d BLAS threads "
+                              "differ from 1 thread", c, threads[t], blas);
+                ck_assert_msg(memcmp(&st.loss_sum, &sref.loss_sum,
+                                     sizeof st.loss_sum) == 0,
+                              "case %zu: loss differs", c);
+                ck_assert_int_eq(st.correct, sref.correct);
+                free(bits);
+            }
+        free(ref);
+        free(x);
+        free(y);
+    }
+}
+END_TEST
+
+START_TEST(test_model_threads_eval_matches_and_small_batches_work)
 {
     keel_model_config cfg;
-    fixture one, two, again;
-    float x[10 * 144];
-    int32_t y[10];
-    keel_batch b = { x, y, 10 };
-    keel_step_stats s1, s2, s3;
+    fixture one, many;
+    float x[40 * 144];
+    int32_t y[40];
+    keel_batch b = { x, y, 40 };
+    keel_step_stats s1, s2;
     keel_model_config_init(&cfg);
     cfg.kind = KEEL_MODEL_CNN;
     cfg.height = cfg.width = 12;
     cfg.classes = 4;
-    cfg.max_batch = 10;
+    cfg.max_batch = 40;
     fx_new(&one, &cfg, 3);
-    cfg.threads = 3;                       /* shards of 3, 3, 4 examples */
-    fx_new(&two, &cfg, 3);
-    fx_new(&again, &cfg, 3);
-    synthetic(x, y, 10, 144, 4, 12);
-    ck_assert_int_eq(keel_model_step(one.m, one.vs, &b, 10, one.g, &s1),
-                     KEEL_OK);
-    ck_assert_int_eq(keel_model_step(two.m, two.vs, &b, 10, two.g, &s2),
-                     KEEL_OK);
-    ck_assert_int_eq(keel_model_step(again.m, again.vs, &b, 10, again.g,
-                                     &s3), KEEL_OK);
-    ck_assert_int_eq(s1.correct, s2.correct);
-    /* sharding changes the summation order: equal up to rounding */
-    ck_assert_double_eq_tol(s1.loss_sum, s2.loss_sum,
-                            1e-6 * fabs(s1.loss_sum));
-    for (size_t v = 0; v < keel_grads_count(one.g); v++) {
-        keel_tensor *g1 = keel_grads_at(one.g, v);
-        keel_tensor *g2 = keel_grads_at(two.g, v);
-        keel_tensor *g3 = keel_grads_at(again.g, v);
-        ck_assert_mem_eq(g2->data, g3->data, keel_tensor_bytes(g2));
-        for (size_t j = 0; j < g1->count; j++)
-            ck_assert_float_eq_tol(g1->data[j], g2->data[j],
-                                   1e-6 + 1e-4 * fabsf(g1->data[j]));
-    }
-    /* a batch smaller than the thread count leaves shards empty */
-    b.n = 2;
-    ck_assert_int_eq(keel_model_eval(two.m, two.vs, &b, &s2), KEEL_OK);
+    cfg.threads = 8;
+    fx_new(&many, &cfg, 3);
+    synthetic(x, y, 40, 144, 4, 12);
     ck_assert_int_eq(keel_model_eval(one.m, one.vs, &b, &s1), KEEL_OK);
-    ck_assert_double_eq_tol(s1.loss_sum, s2.loss_sum, 1e-5);
+    ck_assert_int_eq(keel_model_eval(many.m, many.vs, &b, &s2), KEEL_OK);
+    ck_assert_mem_eq(&s1.loss_sum, &s2.loss_sum, sizeof s1.loss_sum);
+    ck_assert_int_eq(s1.correct, s2.correct);
+    /* a batch smaller than the thread count: one piece, idle threads */
+    b.n = 2;
+    ck_assert_int_eq(keel_model_eval(many.m, many.vs, &b, &s2), KEEL_OK);
+    ck_assert_int_eq(keel_model_eval(one.m, one.vs, &b, &s1), KEEL_OK);
+    ck_assert_mem_eq(&s1.loss_sum, &s2.loss_sum, sizeof s1.loss_sum);
+    ck_assert_int_eq(keel_model_step(many.m, many.vs, &b, 2, many.g, &s2),
+                     KEEL_OK);
+    ck_assert_int_eq(keel_model_step(one.m, one.vs, &b, 2, one.g, &s1),
+                     KEEL_OK);
+    for (size_t v = 0; v < keel_grads_count(one.g); v++)
+        ck_assert_mem_eq(keel_grads_at(one.g, v)->data,
+                         keel_grads_at(many.g, v)->data,
+                         keel_tensor_bytes(keel_grads_at(one.g, v)));
     fx_free(&one);
-    fx_free(&two);
-    fx_free(&again);
+    fx_free(&many);
 }
 END_TEST
 
@@ -1572,7 +1669,8 @@ train_suite(void)
     tcase_add_test(t, test_cnn_variables_have_keras_names_and_shapes);
     tcase_add_test(t, test_init_is_deterministic_and_glorot_bounded);
     tcase_add_test(t, test_microbatch_gradients_are_bitwise_reproducible);
-    tcase_add_test(t, test_model_threads_split_batches_deterministically);
+    tcase_add_test(t, test_model_threads_give_identical_bits);
+    tcase_add_test(t, test_model_threads_eval_matches_and_small_batches_work);
     tcase_add_test(t,
                    test_direct_dense_gradients_equal_separate_then_added);
     tcase_add_test(t, test_tiny_mlp_learns_separable_problem);

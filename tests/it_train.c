@@ -152,6 +152,45 @@ START_TEST(test_sigkill_and_resume_is_bitwise_identical)
 }
 END_TEST
 
+START_TEST(test_thread_counts_and_resume_give_identical_bits)
+{
+    /* batches of 96 are three pieces of 32: the reference runs on one
+     * thread; the other run trains on 3 model threads, is SIGKILLed, and
+     * resumes on 2 OpenBLAS threads. The last checkpoints are identical. */
+    char *argv[] = { (char *)tu_build_path("keel"), "train",
+                     (char *)cfg_path, "-s", "", "-s", "train.max_steps=60",
+                     "-s", "train.batch_size=96", "-s",
+                     "train.model_threads=3", NULL };
+    char set_dir[4200], set_ref[4200], line[256];
+    int fd;
+    pid_t pid;
+    CHECKED_SNPRINTF(set_ref, sizeof set_ref, "checkpoint.dir=%s/ref",
+                     tu_dir);
+    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "train",
+                             cfg_path, "-s", set_ref, "-s",
+                             "train.max_steps=60", "-s",
+                             "train.batch_size=96", NULL), 0);
+    CHECKED_SNPRINTF(set_dir, sizeof set_dir, "checkpoint.dir=%s/mt",
+                     tu_dir);
+    argv[4] = set_dir;
+    pid = tu_spawn_pipe(argv, NULL, tu_path("mt.log"), &fd);
+    ck_assert_msg(tu_wait_for_line(fd, "step 13 ", 60000, line, sizeof line),
+                  "no 'step 13' line from keel train");
+    kill(pid, SIGKILL);
+    ck_assert_int_eq(tu_wait(pid, 10000), 128 + SIGKILL);
+    close(fd);
+    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "train",
+                             cfg_path, "-s", set_dir, "-s",
+                             "train.max_steps=60", "-s",
+                             "train.batch_size=96", "-s", "train.threads=2",
+                             NULL), 0);
+    ck_assert_ptr_nonnull(strstr(err, "resumed from"));
+    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "ckpt",
+                             "diff", tu_path("ref/model.ckpt-60.h5"),
+                             tu_path("mt/model.ckpt-60.h5"), NULL), 0);
+}
+END_TEST
+
 START_TEST(test_no_periodic_saves_still_saves_at_start_and_end)
 {
     char set_dir[4200];
@@ -209,6 +248,7 @@ train_cli_suite(void)
     tcase_add_test(tc, test_eval_dir_rebuilds_a_model_changed_by_overrides);
     tcase_add_test(tc, test_rerun_resumes_at_the_right_step);
     tcase_add_test(tc, test_sigkill_and_resume_is_bitwise_identical);
+    tcase_add_test(tc, test_thread_counts_and_resume_give_identical_bits);
     tcase_add_test(tc, test_no_periodic_saves_still_saves_at_start_and_end);
     tcase_add_test(tc, test_bad_configs_exit_2_with_one_message);
     suite_add_tcase(s, tc);

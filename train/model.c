@@ -4,7 +4,7 @@
 #include <config.h>
 
 #include <math.h>
-#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,20 +28,36 @@ typedef struct layer {
                                    * (max commutes with both), 4x less work */
 } layer;
 
-/* One shard's buffers for one layer, sized for shard_cap examples. */
+/* One thread's buffers for one layer, sized for one piece. */
 typedef struct lbuf {
     float *y, *dy;                /* outputs and their gradients */
     int32_t *arg;                 /* pool argmax */
     float *col;                   /* conv im2col workspace */
-    float *dw, *db;               /* this shard's parameter gradients */
 } lbuf;
 
-#define MAX_THREADS 8
-/* With one shard and at most this many examples, dense layers add their
- * gradients straight into the caller's grads (sgemm beta 1): one pass over
- * the parameters less per step. The bound keeps sgemm's K (= n) inside one
- * OpenBLAS K block, so the sum is rounded exactly like a separate gradient
- * added afterwards (the micro-batch guarantee; tested). */
+/* One layer's parameter gradients (a slot's, or a thread's scratch). */
+typedef struct lgrad {
+    float *dw, *db;
+} lgrad;
+
+#define MAX_THREADS KEEL__POOL_MAX
+/* Every batch is cut into pieces of a fixed number of examples, whatever
+ * the thread count: CNN_PIECE for the CNN, keel__dense_piece (at most
+ * DIRECT_MAX_BATCH) for the dense-only models. The batch's gradient is, by
+ * definition, grads + g(piece 0) + g(piece 1) + ..., added elementwise in
+ * piece order, each piece's gradient rounded on its own. Threads compute up
+ * to MAX_SLOTS pieces at a time into slots, which are then added in that
+ * order. So the bits never depend on which thread ran a piece. */
+#define CNN_PIECE 16
+#define DENSE_PIECE 32
+size_t keel__dense_piece = DENSE_PIECE;
+#define MAX_SLOTS 16
+/* Dense layers can add a piece's gradient straight into the caller's grads
+ * (sgemm beta 1; one pass over the parameters less, and no slot): with
+ * at most this many rows sgemm's K stays inside one OpenBLAS K block, so
+ * the sum is rounded exactly like a separate gradient added afterwards
+ * (tested bitwise). Dense-only models do so for every piece on one thread;
+ * the CNN when the batch is one piece. */
 #define DIRECT_MAX_BATCH 256
 int keel__grads_direct = 1;
 
@@ -51,9 +67,16 @@ struct keel_model {
     int nl;
     size_t nvars;
     double flops;
-    int nshard;                   /* cfg.threads */
-    size_t shard_cap;             /* ceil(max_batch / nshard) */
-    lbuf *buf[MAX_THREADS];       /* [shard][layer] */
+    int nthreads;                 /* cfg.threads */
+    keel__pool *pool;
+    size_t piece;                 /* examples per piece */
+    size_t max_pieces;            /* ceil(max_batch / piece) */
+    int nslots;                   /* min(max_pieces, MAX_SLOTS) */
+    int is_dense_only;            /* softmax or MLP */
+    lbuf *buf[MAX_THREADS];       /* [thread][layer] activations */
+    lgrad *slot[MAX_SLOTS];       /* [slot][layer] */
+    double *piece_loss;           /* [max_pieces] */
+    int64_t *piece_correct;
 };
 
 void
@@ -177,11 +200,24 @@ keel_model_parse_hidden(const char *s, keel_model_config *cfg)
     return KEEL_OK;
 }
 
+static void
+free_lgrads(lgrad *g, int nl)
+{
+    if (g == NULL)
+        return;
+    for (int i = 0; i < nl; i++) {
+        keel_aligned_free(g[i].dw);
+        keel_aligned_free(g[i].db);
+    }
+    free(g);
+}
+
 void
 keel_model_free(keel_model *m)
 {
     if (m == NULL)
         return;
+    keel__pool_free(m->pool);
     for (int s = 0; s < MAX_THREADS; s++) {
         if (m->buf[s] == NULL)
             continue;
@@ -191,11 +227,13 @@ keel_model_free(keel_model *m)
             keel_aligned_free(B->dy);
             keel_aligned_free(B->arg);
             keel_aligned_free(B->col);
-            keel_aligned_free(B->dw);
-            keel_aligned_free(B->db);
         }
         free(m->buf[s]);
     }
+    for (int s = 0; s < MAX_SLOTS; s++)
+        free_lgrads(m->slot[s], m->nl);
+    free(m->piece_loss);
+    free(m->piece_correct);
     free(m->l);
     free(m);
 }
@@ -273,13 +311,33 @@ add_layer(keel_model *m, keel_vars *vs, layer *proto, int *n_dense,
     return KEEL_OK;
 }
 
-/* Every shard's workspaces, allocated once (nothing is allocated per step). */
+static keel_status
+alloc_lgrads(keel_model *m, lgrad **out)
+{
+    keel_status st;
+    *out = calloc((size_t)m->nl, sizeof(lgrad));
+    if (*out == NULL)
+        return keel__fail(KEEL_ENOMEM, "model: gradient buffers");
+    for (int i = 0; i < m->nl; i++) {
+        layer *L = &m->l[i];
+        if (L->w != NULL &&
+            ((st = alloc_floats(&(*out)[i].dw, keel_var_tensor(L->w)->count,
+                                "kernel grad")) != KEEL_OK ||
+             (st = alloc_floats(&(*out)[i].db, keel_var_tensor(L->b)->count,
+                                "bias grad")) != KEEL_OK))
+            return st;
+    }
+    return KEEL_OK;
+}
+
+/* Every thread's and slot's workspaces, allocated once (nothing is
+ * allocated per step). */
 static keel_status
 alloc_buffers(keel_model *m)
 {
-    size_t nb = m->shard_cap;
+    size_t nb = m->piece;
     keel_status st;
-    for (int s = 0; s < m->nshard; s++) {
+    for (int s = 0; s < m->nthreads; s++) {
         m->buf[s] = calloc((size_t)m->nl, sizeof(lbuf));
         if (m->buf[s] == NULL)
             return keel__fail(KEEL_ENOMEM, "model: layer buffers");
@@ -304,15 +362,16 @@ alloc_buffers(keel_model *m)
                 (st = alloc_floats(&B->dy, nb * L->out_size,
                                    "activation grads")) != KEEL_OK)
                 return st;
-            if (L->w != NULL &&
-                ((st = alloc_floats(&B->dw, keel_var_tensor(L->w)->count,
-                                    "kernel grad")) != KEEL_OK ||
-                 (st = alloc_floats(&B->db, keel_var_tensor(L->b)->count,
-                                    "bias grad")) != KEEL_OK))
-                return st;
         }
     }
-    return KEEL_OK;
+    for (int s = 0; s < m->nslots; s++)
+        if ((st = alloc_lgrads(m, &m->slot[s])) != KEEL_OK)
+            return st;
+    m->piece_loss = calloc(m->max_pieces, sizeof *m->piece_loss);
+    m->piece_correct = calloc(m->max_pieces, sizeof *m->piece_correct);
+    if (m->piece_loss == NULL || m->piece_correct == NULL)
+        return keel__fail(KEEL_ENOMEM, "model: per-piece statistics");
+    return keel__pool_new(m->nthreads, &m->pool);
 }
 
 static keel_status
@@ -436,9 +495,15 @@ keel_model_new(const keel_model_config *cfg, keel_vars *vs, keel_model **out)
     p.dout = (size_t)cfg->classes;
     if ((st = add_layer(m, vs, &p, &n_dense, &n_conv)) != KEEL_OK)
         goto fail;
-    m->nshard = cfg->threads;
-    m->shard_cap = ((size_t)cfg->max_batch + (size_t)m->nshard - 1) /
-                   (size_t)m->nshard;
+    m->nthreads = cfg->threads;
+    m->is_dense_only = cfg->kind != KEEL_MODEL_CNN;
+    m->piece = m->is_dense_only ? keel__dense_piece : CNN_PIECE;
+    if (m->piece < 1 || m->piece > DIRECT_MAX_BATCH)
+        m->piece = DENSE_PIECE;
+    if (m->piece > (size_t)cfg->max_batch)
+        m->piece = (size_t)cfg->max_batch;
+    m->max_pieces = ((size_t)cfg->max_batch + m->piece - 1) / m->piece;
+    m->nslots = m->max_pieces < MAX_SLOTS ? (int)m->max_pieces : MAX_SLOTS;
     if ((st = alloc_buffers(m)) != KEEL_OK)
         goto fail;
     *out = m;
@@ -539,11 +604,12 @@ forward(keel_model *m, lbuf *buf, const float *x, size_t n)
     }
 }
 
-/* Backward through every layer of one shard; dlogits already in place.
- * With direct (the model's only shard), dense layers add their gradients
- * straight into it (sgemm beta 1) instead of into the shard's buffers. */
+/* Backward through every layer of one piece; dlogits already in place.
+ * Parameter gradients are overwritten in g, except that with direct (the
+ * batch's only piece) dense layers add theirs straight into it (sgemm
+ * beta 1). */
 static void
-backward(keel_model *m, lbuf *buf, const float *x, size_t n,
+backward(keel_model *m, lbuf *buf, lgrad *g, const float *x, size_t n,
          keel_grads *direct)
 {
     for (int i = m->nl - 1; i >= 0; i--) {
@@ -558,7 +624,7 @@ backward(keel_model *m, lbuf *buf, const float *x, size_t n,
             /* the conv's activation and bias live on the pooled output */
             keel__act_backward(P->act, B->y, B->dy, n * L->out_size);
             keel__col_sums(B->dy, n * L->pg.oh * L->pg.ow, L->pg.c,
-                           buf[i - 1].db);
+                           g[i - 1].db);
         }
         if (L->kind == L_DENSE && direct != NULL)
             keel__dense_backward(in, B->dy, n, L->din, L->dout,
@@ -570,12 +636,12 @@ backward(keel_model *m, lbuf *buf, const float *x, size_t n,
                                  dx, 1);
         else if (L->kind == L_DENSE)
             keel__dense_backward(in, B->dy, n, L->din, L->dout,
-                                 keel_var_tensor(L->w)->data, B->dw, B->db,
-                                 dx, 0);
+                                 keel_var_tensor(L->w)->data, g[i].dw,
+                                 g[i].db, dx, 0);
         else if (L->kind == L_CONV)
             keel__conv_backward(&L->cg, in, n, B->dy,
                                 keel_var_tensor(L->w)->data, B->col, 1,
-                                B->dw, L->fused ? NULL : B->db, dx);
+                                g[i].dw, L->fused ? NULL : g[i].db, dx);
         else
             keel__pool_backward(&L->pg, B->dy, n, B->arg, dx);
     }
@@ -583,38 +649,42 @@ backward(keel_model *m, lbuf *buf, const float *x, size_t n,
 
 enum { JOB_STEP, JOB_EVAL, JOB_PREDICT };
 
+/* One model call spread over the pool: tasks are taken in any order by any
+ * thread; each task's result lands in its own place. */
 typedef struct job {
     keel_model *m;
-    int what, shard;
+    int what;
     const keel_batch *batch;
-    size_t lo, hi;               /* examples of this shard */
+    size_t npieces;
     float scale;                 /* 1 / global batch size */
     float *probs;
-    keel_grads *direct;          /* JOB_STEP with one shard: dense grads
-                                  * go straight into the caller's grads */
-    double loss;
-    int64_t correct;
+    keel_grads *grads;           /* JOB_STEP: the caller's */
+    keel_grads *direct;          /* JOB_STEP: dense grads go straight into
+                                  * the caller's grads (see DIRECT_...) */
+    size_t base;                 /* task i is piece base + i */
+    int ntasks;
+    int nthreads;
+    _Atomic int next;            /* next task */
 } job;
 
+/* Forward (and for a step, backward into g) of piece p on thread t. */
 static void
-run_job(job *j)
+run_piece(job *j, int t, size_t p, lgrad *g)
 {
     keel_model *m = j->m;
-    lbuf *buf = m->buf[j->shard];
-    size_t n = j->hi - j->lo;
+    lbuf *buf = m->buf[t];
+    size_t lo = p * m->piece;
+    size_t hi = lo + m->piece < j->batch->n ? lo + m->piece : j->batch->n;
+    size_t n = hi - lo;
     size_t esize = m->l[0].in_size;
-    const float *x = j->batch->x + j->lo * esize;
+    const float *x = j->batch->x + lo * esize;
     lbuf *last = &buf[m->nl - 1];
     size_t k = m->l[m->nl - 1].dout;
-    j->loss = 0.0;
-    j->correct = 0;
-    if (n == 0)
-        return;
     forward(m, buf, x, n);
     if (j->what == JOB_PREDICT) {
         for (size_t i = 0; i < n; i++) {
             const float *z = last->y + i * k;
-            float *p = j->probs + (j->lo + i) * k;
+            float *pr = j->probs + (lo + i) * k;
             float mx = z[0];
             double sum = 0.0;
             for (size_t c = 1; c < k; c++)
@@ -622,50 +692,141 @@ run_job(job *j)
             for (size_t c = 0; c < k; c++)
                 sum += exp((double)z[c] - (double)mx);
             for (size_t c = 0; c < k; c++)
-                p[c] = (float)(exp((double)z[c] - (double)mx) / sum);
+                pr[c] = (float)(exp((double)z[c] - (double)mx) / sum);
         }
         return;
     }
-    keel__softmax_xent(last->y, j->batch->y + j->lo, n, k, j->scale,
-                       j->what == JOB_STEP ? last->dy : NULL, &j->loss,
-                       &j->correct);
+    m->piece_loss[p] = 0.0;
+    m->piece_correct[p] = 0;
+    keel__softmax_xent(last->y, j->batch->y + lo, n, k, j->scale,
+                       j->what == JOB_STEP ? last->dy : NULL,
+                       &m->piece_loss[p], &m->piece_correct[p]);
     if (j->what == JOB_STEP)
-        backward(m, buf, x, n, j->direct);
+        backward(m, buf, g, x, n, j->direct);
 }
 
-static void *
-job_thread(void *arg)
-{
-    run_job(arg);
-    return NULL;
-}
-
-/* Split the batch into the model's shards (contiguous, in order), run them
- * on threads 1..S-1 and the caller's thread, and wait. Which thread runs a
- * shard never changes its result. */
 static void
-run_shards(keel_model *m, job *jobs, int what, const keel_batch *batch,
-           float scale, float *probs, keel_grads *direct)
+job_worker(void *ctx, int t)
 {
-    pthread_t tid[MAX_THREADS];
-    int started[MAX_THREADS] = { 0 };
-    int S = m->nshard;
-    for (int s = 0; s < S; s++) {
-        jobs[s] = (job){ .m = m, .what = what, .shard = s, .batch = batch,
-                         .lo = batch->n * (size_t)s / (size_t)S,
-                         .hi = batch->n * (size_t)(s + 1) / (size_t)S,
-                         .scale = scale, .probs = probs,
-                         .direct = direct };
+    job *j = ctx;
+    int task;
+    while ((task = j->next++) < j->ntasks)
+        run_piece(j, t, j->base + (size_t)task,
+                  j->what == JOB_STEP ? j->m->slot[task] : NULL);
+}
+
+/* dst[lo, hi) = (((dst + slot 0) + slot 1) + ... + slot S-1), each
+ * element in slot order whichever thread does it; blocks of 1024 keep dst
+ * in L1 while the slots stream past. */
+static void
+reduce_range(float *dst, float *const *src, int S, size_t lo, size_t hi)
+{
+    for (size_t b = lo; b < hi; b += 1024) {
+        size_t e = hi - b < 1024 ? hi - b : 1024;
+        for (int s = 0; s < S; s++)
+            keel__add_into(dst + b, src[s] + b, e);
     }
-    for (int s = 1; s < S; s++)
-        started[s] = pthread_create(&tid[s], NULL, job_thread,
-                                    &jobs[s]) == 0;
-    run_job(&jobs[0]);
-    for (int s = 1; s < S; s++) {
-        if (started[s])
-            pthread_join(tid[s], NULL);
+}
+
+/* Thread t's share of every parameter gradient: slots added into grads. */
+static void
+reduce_worker(void *ctx, int t)
+{
+    job *j = ctx;
+    keel_model *m = j->m;
+    int S = j->ntasks, T = j->nthreads;
+    for (int i = 0; i < m->nl; i++) {
+        layer *L = &m->l[i];
+        float *src[MAX_SLOTS];
+        keel_tensor *gw, *gb;
+        size_t cw, cb;
+        if (L->w == NULL || (L->kind == L_DENSE && j->direct != NULL))
+            continue;                /* none, or already added */
+        gw = keel_grads_at(j->grads, keel_var_index(L->w));
+        gb = keel_grads_at(j->grads, keel_var_index(L->b));
+        cw = gw->count;
+        cb = gb->count;
+        for (int s = 0; s < S; s++)
+            src[s] = m->slot[s][i].dw;
+        /* ranges in multiples of 16 floats (one cache line) */
+        reduce_range(gw->data, src, S,
+                     (cw * (size_t)t / (size_t)T) & ~(size_t)15,
+                     t + 1 == T ? cw
+                                : (cw * (size_t)(t + 1) / (size_t)T) &
+                                      ~(size_t)15);
+        if (t == 0) {
+            for (int s = 0; s < S; s++)
+                src[s] = m->slot[s][i].db;
+            reduce_range(gb->data, src, S, 0, cb);
+        }
+    }
+}
+
+/* Cut the batch into pieces and run them over the pool: evaluation all at
+ * once; a step MAX_SLOTS pieces at a time, each round's slots added into
+ * grads before the next (dense-only models on one thread: every piece
+ * straight into grads, in order). */
+static void
+run_job(keel_model *m, job *j, int what, const keel_batch *batch,
+        float scale, float *probs, keel_grads *grads)
+{
+    size_t np = (batch->n + m->piece - 1) / m->piece;
+    *j = (job){ .m = m, .what = what, .batch = batch, .npieces = np,
+                .scale = scale, .probs = probs, .grads = grads,
+                .nthreads = keel__pool_threads(m->pool) };
+    if (what != JOB_STEP) {
+        j->ntasks = (int)np;
+        j->next = 0;
+        if (np == 1)
+            job_worker(j, 0);
         else
-            run_job(&jobs[s]);       /* no thread: same result inline */
+            keel__pool_run(m->pool, job_worker, j);
+        return;
+    }
+    if (keel__grads_direct &&
+        ((m->is_dense_only && j->nthreads == 1) ||
+         (np == 1 && batch->n <= DIRECT_MAX_BATCH))) {
+        j->direct = grads;
+        for (size_t p = 0; p < np; p++)
+            run_piece(j, 0, p, m->slot[0]);  /* conv grads: into slot 0 */
+        if (m->is_dense_only)
+            return;
+        j->ntasks = 1;
+        j->nthreads = 1;
+        reduce_worker(j, 0);
+        return;
+    }
+    for (size_t base = 0; base < np; base += MAX_SLOTS) {
+        j->base = base;
+        j->ntasks = np - base < MAX_SLOTS ? (int)(np - base) : MAX_SLOTS;
+        j->next = 0;
+        j->nthreads = keel__pool_threads(m->pool);
+        if (j->ntasks == 1 || j->nthreads == 1)
+            job_worker(j, 0);
+        else
+            keel__pool_run(m->pool, job_worker, j);
+        if (j->ntasks == 1 || j->nthreads == 1) {
+            j->nthreads = 1;         /* reduce_worker: all of it here */
+            reduce_worker(j, 0);
+        } else {
+            keel__pool_run(m->pool, reduce_worker, j);
+        }
+    }
+}
+
+static void
+sum_stats(const keel_model *m, const job *j, keel_step_stats *stats)
+{
+    double loss = 0.0;
+    int64_t correct = 0;
+    for (size_t p = 0; p < j->npieces; p++) {
+        loss += m->piece_loss[p];
+        correct += m->piece_correct[p];
+    }
+    if (stats != NULL) {
+        stats->loss_sum = loss;
+        stats->correct = correct;
+        stats->count = (int64_t)j->batch->n;
     }
 }
 
@@ -675,9 +836,7 @@ keel_model_step(keel_model *m, keel_vars *vs, const keel_batch *batch,
                 keel_step_stats *stats)
 {
     keel_status st;
-    job jobs[MAX_THREADS];
-    double loss = 0.0;
-    int64_t correct = 0;
+    job j;
     if (m == NULL || vs == NULL || grads == NULL)
         return keel__fail(KEEL_EINVAL, "model step: NULL argument");
     if ((st = check_batch(m, batch, "step")) != KEEL_OK)
@@ -695,40 +854,9 @@ keel_model_step(keel_model *m, keel_vars *vs, const keel_batch *batch,
              keel_grads_at(grads, keel_var_index(m->l[i].b)) == NULL))
             return keel__fail(KEEL_EINVAL, "model step: no gradient for "
                               "'%s'", keel_var_name(m->l[i].w));
-    run_shards(m, jobs, JOB_STEP, batch,
-               (float)(1.0 / (double)global_batch_size), NULL,
-               m->nshard == 1 && batch->n <= DIRECT_MAX_BATCH &&
-                       keel__grads_direct ? grads : NULL);
-    /* this batch's gradient: shard 0 + shard 1 + ... (fixed order), then
-     * added into grads */
-    for (int i = 0; i < m->nl; i++) {
-        layer *L = &m->l[i];
-        lbuf *B0 = &m->buf[0][i];
-        keel_tensor *gw, *gb;
-        if (L->w == NULL || (L->kind == L_DENSE && jobs[0].direct != NULL))
-            continue;                /* none, or already added */
-        for (int s = 1; s < m->nshard; s++) {
-            if (jobs[s].hi == jobs[s].lo)
-                continue;
-            keel__add_into(B0->dw, m->buf[s][i].dw,
-                           keel_var_tensor(L->w)->count);
-            keel__add_into(B0->db, m->buf[s][i].db,
-                           keel_var_tensor(L->b)->count);
-        }
-        gw = keel_grads_at(grads, keel_var_index(L->w));
-        gb = keel_grads_at(grads, keel_var_index(L->b));
-        keel__add_into(gw->data, B0->dw, gw->count);
-        keel__add_into(gb->data, B0->db, gb->count);
-    }
-    for (int s = 0; s < m->nshard; s++) {
-        loss += jobs[s].loss;
-        correct += jobs[s].correct;
-    }
-    if (stats != NULL) {
-        stats->loss_sum = loss;
-        stats->correct = correct;
-        stats->count = (int64_t)batch->n;
-    }
+    run_job(m, &j, JOB_STEP, batch, (float)(1.0 / (double)global_batch_size),
+            NULL, grads);
+    sum_stats(m, &j, stats);
     return KEEL_OK;
 }
 
@@ -737,23 +865,13 @@ keel_model_eval(keel_model *m, keel_vars *vs, const keel_batch *batch,
                 keel_step_stats *stats)
 {
     keel_status st;
-    job jobs[MAX_THREADS];
-    double loss = 0.0;
-    int64_t correct = 0;
+    job j;
     if (m == NULL || vs == NULL)
         return keel__fail(KEEL_EINVAL, "model eval: NULL argument");
     if ((st = check_batch(m, batch, "eval")) != KEEL_OK)
         return st;
-    run_shards(m, jobs, JOB_EVAL, batch, 1.0f, NULL, NULL);
-    for (int s = 0; s < m->nshard; s++) {
-        loss += jobs[s].loss;
-        correct += jobs[s].correct;
-    }
-    if (stats != NULL) {
-        stats->loss_sum = loss;
-        stats->correct = correct;
-        stats->count = (int64_t)batch->n;
-    }
+    run_job(m, &j, JOB_EVAL, batch, 1.0f, NULL, NULL);
+    sum_stats(m, &j, stats);
     return KEEL_OK;
 }
 
@@ -761,7 +879,7 @@ keel_status
 keel_model_predict(keel_model *m, keel_vars *vs, const keel_batch *batch,
                    float *probs)
 {
-    job jobs[MAX_THREADS];
+    job j;
     if (m == NULL || vs == NULL || batch == NULL || batch->x == NULL ||
         probs == NULL)
         return keel__fail(KEEL_EINVAL, "model predict: NULL argument");
@@ -769,7 +887,7 @@ keel_model_predict(keel_model *m, keel_vars *vs, const keel_batch *batch,
         return keel__fail(KEEL_EINVAL, "model predict: batch of %zu "
                           "examples (1..max_batch %lld)", batch->n,
                           (long long)m->cfg.max_batch);
-    run_shards(m, jobs, JOB_PREDICT, batch, 1.0f, probs, NULL);
+    run_job(m, &j, JOB_PREDICT, batch, 1.0f, probs, NULL);
     return KEEL_OK;
 }
 

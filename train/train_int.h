@@ -123,11 +123,29 @@ void keel__add_into(float *dst, const float *src, size_t count);
 /* 1 (default): single-shard model steps add dense gradients straight into
  * the caller's grads; 0: into the shard's buffers, then added (tests). */
 extern int keel__grads_direct;
+/* Examples per piece of the dense-only models (default 256, at most 256;
+ * set before keel_model_new; for benchmarks). */
+extern size_t keel__dense_piece;
 
 /* sgemm wrapper (row-major, with profiling). */
 void keel__sgemm(int trans_a, int trans_b, size_t m, size_t n, size_t k,
                  float alpha, const float *a, size_t lda, const float *b,
                  size_t ldb, float beta, float *c, size_t ldc);
+
+/* ---- pool.c: the model's persistent worker threads ---- */
+#define KEEL__POOL_MAX 8
+typedef struct keel__pool keel__pool;
+/* fn(ctx, thread) runs once on each thread; thread 0 is the caller. */
+typedef void (*keel__pool_fn)(void *ctx, int thread);
+/* nthreads - 1 workers, parked until a run (fewer if creating one fails:
+ * callers must not depend on the count). Caller owns *out. */
+keel_status keel__pool_new(int nthreads, keel__pool **out);
+/* Threads that take part in a run (the caller included); cannot fail. */
+int keel__pool_threads(const keel__pool *p);
+/* Run fn on every thread and wait for all (NULL pool: inline). */
+void keel__pool_run(keel__pool *p, keel__pool_fn fn, void *ctx);
+/* Stop and join the workers. NULL is a no-op. Cannot fail. */
+void keel__pool_free(keel__pool *p);
 
 /* model.c: index of name among n names, or KEEL_EINVAL listing them. */
 keel_status keel__train_name_lookup(const char *what, const char *name,

@@ -57,11 +57,12 @@ typedef struct keel_model_config {
     int64_t max_batch;             /* workspaces are sized for this many
                                     * examples per call; default 256 */
     keel_init_kind init;           /* default KEEL_INIT_GLOROT */
-    int threads;                   /* 1..8 threads that each take a fixed
-                                    * contiguous part of every batch (set
-                                    * OpenBLAS to 1 thread when > 1); the
-                                    * result depends on this count but not
-                                    * on timing. Default 1. */
+    int threads;                   /* 1..8 persistent threads (created by
+                                    * keel_model_new) sharing the fixed
+                                    * pieces of every batch (set OpenBLAS
+                                    * to 1 thread when > 1); the result
+                                    * has the same bits for every count.
+                                    * Default 1. */
 } keel_model_config;
 
 typedef struct keel_model keel_model;
