@@ -55,6 +55,7 @@ typedef struct task {
     int is_alive;                  /* a process not reaped yet */
     int chaos_pid;                 /* pid chaos killed (not reaped yet) */
     int kill_sent;                 /* stop deadline passed: SIGKILL sent */
+    int is_term_held;              /* stopping: SIGTERM waits until it is up */
     int64_t restart_at_ns;
     int64_t term_sent_ns;
     int64_t died_ns;               /* for the "back" event */
@@ -454,6 +455,7 @@ spawn(keel_launch *l, size_t i)
     task *t = &l->tasks[i];
     int po[2] = { -1, -1 }, pe[2] = { -1, -1 }, devnull;
     pid_t parent = getpid(), pid;
+    sigset_t all, old_mask;
     char **env = child_environ(l, t);
     static const char msg127[] = "keel launch: exec failed\n";
 
@@ -476,6 +478,11 @@ spawn(keel_launch *l, size_t i)
         return keel__fail(KEEL_EIO, "launch: pipes for %s: %s", t->info.name,
                           strerror(e));
     }
+    /* signals stay blocked until the child has reset its handlers: one
+     * that arrived in between would run the launcher's (or a test
+     * harness's) handler inside the child */
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old_mask);
     pid = fork();
     if (pid == 0) {
         /* child: async-signal-safe calls only */
@@ -505,6 +512,7 @@ spawn(keel_launch *l, size_t i)
     }
     {
         int e = errno;
+        pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
         close(devnull);
         close(po[1]);
         close(pe[1]);
@@ -528,6 +536,7 @@ spawn(keel_launch *l, size_t i)
     t->is_alive = 1;
     t->chaos_pid = 0;
     t->kill_sent = 0;
+    t->is_term_held = 0;
     t->had_step = 0;
     t->started_ns = keel__now_mono_ns();
     t->chief_step_at_start = l->tasks[l->chief].info.global_step;
@@ -807,9 +816,24 @@ signal_task(task *t, int sig)
         kill(t->info.pid, sig);
 }
 
-static void
-term_task(task *t, int64_t now)
+/* A restarted chief gets its SIGTERM only once it is up (its first step
+ * line, or the grace period): until it has its signal handlers, SIGTERM
+ * would kill it without the final checkpoint the stop is waiting for. */
+static int
+must_hold_term(const keel_launch *l, const task *t, int64_t now)
 {
+    return t == &l->tasks[l->chief] && t->is_alive && t->wants_back_event &&
+           now - t->started_ns < (int64_t)(l->cfg.grace_secs * 1e9);
+}
+
+static void
+term_task(keel_launch *l, task *t, int64_t now)
+{
+    if (must_hold_term(l, t, now)) {
+        t->is_term_held = 1;
+        return;
+    }
+    t->is_term_held = 0;
     if (!t->is_alive) {
         if (t->info.state == KEEL_LAUNCH_BACKOFF ||
             t->info.state == KEEL_LAUNCH_PENDING)
@@ -843,7 +867,7 @@ advance_stop(keel_launch *l, int64_t now)
             return;
         for (size_t i = 0; i < l->n; i++)
             if (stop_rank(l->tasks[i].info.type) == l->stop_phase)
-                term_task(&l->tasks[i], now);
+                term_task(l, &l->tasks[i], now);
         l->stop_phase++;
     }
 }
@@ -858,9 +882,20 @@ begin_stop(keel_launch *l, const char *reason)
     l->stop_phase = 0;
     emit(l, KEEL_LAUNCH_EV_STOP, -1, 0, 0, "%s: stopping every task "
          "(SIGTERM; SIGKILL after %.0f s)", reason, l->cfg.grace_secs);
-    for (size_t i = 0; i < l->n; i++)
-        if (!l->tasks[i].is_alive)
-            term_task(&l->tasks[i], now);   /* in backoff: stays down */
+    for (size_t i = 0; i < l->n; i++) {
+        task *t = &l->tasks[i];
+        if (!t->is_alive && i == l->chief &&
+            t->info.state == KEEL_LAUNCH_BACKOFF) {
+            /* the chief is down (a crash or a chaos kill) and was going to
+             * be restarted: restart it now, so that the run still ends
+             * with its final checkpoint and exit status 0 */
+            t->wants_back_event = 1;
+            if (start_task(l, i, "restarted") == KEEL_OK)
+                continue;
+        }
+        if (!t->is_alive)
+            term_task(l, t, now);           /* in backoff: stays down */
+    }
     advance_stop(l, now);
 }
 
@@ -1009,6 +1044,11 @@ next_deadline(const keel_launch *l)
             if (k < d)
                 d = k;
         }
+        if (t->is_term_held && t->is_alive) {
+            int64_t k = t->started_ns + (int64_t)(l->cfg.grace_secs * 1e9);
+            if (k < d)
+                d = k;
+        }
         if (t->is_alive && t->pidfd < 0 && l->last_sample_ns + NS / 20 < d)
             d = l->last_sample_ns + NS / 20;   /* no pidfd: poll exits */
     }
@@ -1108,6 +1148,9 @@ keel_launch_poll(keel_launch *l, int timeout_ms, int *is_done)
     if (l->is_stopping) {
         for (size_t i = 0; i < l->n; i++) {
             task *t = &l->tasks[i];
+            if (t->is_term_held && t->is_alive &&
+                !must_hold_term(l, t, now))
+                term_task(l, t, now);        /* up now (or out of time) */
             if (t->is_alive && t->info.state == KEEL_LAUNCH_STOPPING &&
                 now - t->term_sent_ns >=
                     (int64_t)(l->cfg.grace_secs * 1e9) &&
