@@ -2,7 +2,8 @@
  * `keel launch` (1 ps, the chief, 1 worker; real processes): two runs of
  * one config give identical final checkpoints, and a run whose ps, worker
  * or chief is SIGKILLed mid-run and restarted by the launcher ends with the
- * undisturbed run's bits (`keel ckpt diff` exit 0). Thread counts are fixed;
+ * undisturbed run's bits (`keel ckpt diff` exit 0), as does one process
+ * killed and resumed from its checkpoint. Thread counts are fixed;
  * different model_threads values are not compared here. */
 #include <config.h>
 
@@ -64,16 +65,36 @@ output_env(char *buf, size_t size, const char *name)
     CHECKED_SNPRINTF(buf, size, "OUTPUT_DIR=%s", tu_path(name));
 }
 
+/* `keel launch` arguments: 1 ps, the chief and 1 worker, or (is_local)
+ * the chief alone, which trains in one process. */
+static void
+launch_argv(char **argv, int is_local)
+{
+    int n = 0;
+    argv[n++] = (char *)tu_build_path("keel");
+    argv[n++] = "launch";
+    argv[n++] = cfg_path;
+    if (!is_local) {
+        argv[n++] = "--ps";
+        argv[n++] = "1";
+        argv[n++] = "--workers";
+        argv[n++] = "1";
+    }
+    argv[n++] = "--no-status";
+    argv[n++] = "--max-restarts";
+    argv[n++] = "1";
+    argv[n] = NULL;
+}
+
 /* An undisturbed run into <tu_dir>/<name>; it must end with exit 0. */
 static void
-run_undisturbed(const char *name)
+run_undisturbed(const char *name, int is_local)
 {
     char env0[4200];
     char *env[] = { env0, NULL };
-    char *argv[] = { (char *)tu_build_path("keel"), "launch",
-                     (char *)cfg_path, "--ps", "1", "--workers", "1",
-                     "--no-status", NULL };
+    char *argv[12];
     int rc;
+    launch_argv(argv, is_local);
     output_env(env0, sizeof env0, name);
     rc = tu_run(argv, env, RUN_MS, out, sizeof out, err, sizeof err);
     ck_assert_msg(rc == 0, "undisturbed run '%s' exited %d:\n%s\n%s", name,
@@ -121,15 +142,15 @@ pid_in(const char *line)
  * it, and wait for the run to complete with exit 0. evidence (or NULL) is a
  * line that must appear after the restart: what the recovery did. */
 static void
-run_with_kill(const char *name, const char *victim, const char *evidence)
+run_with_kill(const char *name, int is_local, const char *victim,
+              const char *evidence)
 {
     char env0[4200], needle[128], line[512];
     char *env[] = { env0, NULL };
-    char *argv[] = { (char *)tu_build_path("keel"), "launch",
-                     (char *)cfg_path, "--ps", "1", "--workers", "1",
-                     "--no-status", "--max-restarts", "1", NULL };
+    char *argv[12];
     int fd, victim_pid, rc;
     pid_t pid;
+    launch_argv(argv, is_local);
     output_env(env0, sizeof env0, name);
     pid = tu_spawn_pipe(argv, env, tu_path("launch.err"), &fd);
     CHECKED_SNPRINTF(needle, sizeof needle, "launch | started %s (pid ",
@@ -159,8 +180,8 @@ run_with_kill(const char *name, const char *victim, const char *evidence)
 
 START_TEST(test_two_runs_of_one_config_are_bitwise_identical)
 {
-    run_undisturbed("a");
-    run_undisturbed("b");
+    run_undisturbed("a", 0);
+    run_undisturbed("b", 0);
     assert_final_equal("a", "b");
 }
 END_TEST
@@ -169,8 +190,8 @@ END_TEST
  * it and the steps since are computed again, to the same bits. */
 START_TEST(test_ps_killed_and_restarted_ends_bitwise_equal)
 {
-    run_undisturbed("ref");
-    run_with_kill("killed", "ps.0", " step(s) lost");
+    run_undisturbed("ref", 0);
+    run_with_kill("killed", 0, "ps.0", " step(s) lost");
     assert_final_equal("ref", "killed");
 }
 END_TEST
@@ -179,8 +200,8 @@ END_TEST
  * step's part of the global batch. */
 START_TEST(test_worker_killed_and_restarted_ends_bitwise_equal)
 {
-    run_undisturbed("ref");
-    run_with_kill("killed", "worker.0", NULL);
+    run_undisturbed("ref", 0);
+    run_with_kill("killed", 0, "worker.0", NULL);
     assert_final_equal("ref", "killed");
 }
 END_TEST
@@ -188,9 +209,20 @@ END_TEST
 /* The restarted chief joins the live ps (no rollback, no second INIT). */
 START_TEST(test_chief_killed_and_restarted_ends_bitwise_equal)
 {
-    run_undisturbed("ref");
-    run_with_kill("killed", "chief", "chief | chief: joined live parameter "
+    run_undisturbed("ref", 0);
+    run_with_kill("killed", 0, "chief", "chief | chief: joined live parameter "
                   "servers at step ");
+    assert_final_equal("ref", "killed");
+}
+END_TEST
+
+/* One process (a chief-only cluster is local): the restarted chief
+ * resumes from its newest checkpoint (variables, slots, global step and
+ * the data iterator's position) and recomputes the steps since. */
+START_TEST(test_one_process_killed_and_resumed_ends_bitwise_equal)
+{
+    run_undisturbed("ref", 1);
+    run_with_kill("killed", 1, "chief", "chief | resumed from ");
     assert_final_equal("ref", "killed");
 }
 END_TEST
@@ -206,6 +238,7 @@ determinism_suite(void)
     tcase_add_test(tc, test_ps_killed_and_restarted_ends_bitwise_equal);
     tcase_add_test(tc, test_worker_killed_and_restarted_ends_bitwise_equal);
     tcase_add_test(tc, test_chief_killed_and_restarted_ends_bitwise_equal);
+    tcase_add_test(tc, test_one_process_killed_and_resumed_ends_bitwise_equal);
     suite_add_tcase(s, tc);
     return s;
 }
