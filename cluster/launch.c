@@ -884,11 +884,12 @@ begin_stop(keel_launch *l, const char *reason)
          "(SIGTERM; SIGKILL after %.0f s)", reason, l->cfg.grace_secs);
     for (size_t i = 0; i < l->n; i++) {
         task *t = &l->tasks[i];
-        if (!t->is_alive && i == l->chief &&
+        if (!t->is_alive && i == l->chief && l->failed_task < 0 &&
             t->info.state == KEEL_LAUNCH_BACKOFF) {
             /* the chief is down (a crash or a chaos kill) and was going to
              * be restarted: restart it now, so that the run still ends
-             * with its final checkpoint and exit status 0 */
+             * with its final checkpoint and exit status 0 (not when a task
+             * was given up: the run has failed, nothing to save it for) */
             t->wants_back_event = 1;
             if (start_task(l, i, "restarted") == KEEL_OK)
                 continue;
