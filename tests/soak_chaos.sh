@@ -54,7 +54,8 @@ trap 'FAILED=1; exit 1' INT TERM
 # A full INI, so the checkpoint's stored config and `keel eval` agree on the
 # model without any -s override. One ps, the chief and one worker; a fixed
 # number of model and OpenBLAS threads (results are bitwise reproducible for
-# fixed thread counts); epochs far beyond what the soak reaches.
+# fixed thread counts); epochs far beyond what the soak reaches; every
+# checkpoint kept, so each one written under chaos is verified and compared.
 cat > "$TMP/mlp.ini" <<EOF
 [model]
 type = mlp
@@ -74,7 +75,7 @@ model_threads = 1
 [checkpoint]
 dir = $TMP/unused
 save_steps = 1000
-max_to_keep = 10
+max_to_keep = 0
 [hooks]
 log_every_steps = 100
 summary_every_steps = 1000
@@ -156,6 +157,20 @@ DIFF=$("$KEEL" ckpt diff "$TMP/chaos/$FINAL" "$TMP/ref/$FINAL" 2>&1)
 DIFF_RC=$?
 [ "$DIFF_RC" = 0 ] || die "final checkpoints differ (keel ckpt diff exit $DIFF_RC): $(printf '%s\n' "$DIFF" | head -5)"
 
+# Every step both runs checkpointed: the same bits there too.
+N_SAME=0 N_DIFFER=0
+for f in "$TMP"/ref/model.ckpt-*.h5; do
+    b=${f##*/}
+    [ -f "$TMP/chaos/$b" ] || continue
+    if "$KEEL" ckpt diff "$TMP/chaos/$b" "$f" > /dev/null 2>&1; then
+        N_SAME=$((N_SAME + 1))
+    else
+        N_DIFFER=$((N_DIFFER + 1))
+        [ "$N_DIFFER" -gt 1 ] || die "$b differs between the runs"
+    fi
+done
+[ "$N_DIFFER" = 0 ] || die "$N_DIFFER checkpoints differ between the runs"
+
 acc() {
     "$KEEL" eval "$TMP/mlp.ini" --checkpoint "$1" --json |
         sed -n 's/.*"accuracy": \([0-9.]*\).*/\1/p'
@@ -186,6 +201,8 @@ printf '  final step         %s; %s checkpoints, all verify\n' "$STEP" "$N_CKPT"
 printf '  accuracy           chaos %s, undisturbed %s (run took %d s)\n' \
     "$ACC_CHAOS" "$ACC_REF" "$((T3 - T2))"
 printf '  ckpt diff          %s\n' "$(printf '%s\n' "$DIFF" | tail -1)"
+printf '  every common step  %s checkpoints bitwise equal, %s differ\n' \
+    "$N_SAME" "$N_DIFFER"
 if [ "$FAILED" = 0 ]; then
     echo "soak: PASS"
 else
