@@ -322,7 +322,7 @@ END_TEST
  * restarts it at once, and its SIGTERM waits until it is up (its first
  * step line): this chief needs 0.3 s before it handles SIGTERM, so an
  * early one would kill it. The run ends with the chief's clean exit 0. */
-START_TEST(test_stop_while_the_chief_is_down_restarts_it_for_a_clean_end)
+START_TEST(test_stop_while_chief_is_down_restarts_it_for_a_clean_end)
 {
     keel_launch_config c;
     recorder rc;
@@ -979,7 +979,7 @@ launch_suite(void)
     tcase_add_test(tl, test_configuration_error_exit_2_is_not_restarted);
     tcase_add_test(tl, test_task_ignoring_sigterm_is_killed_after_grace);
     tcase_add_test(tl,
-                   test_stop_while_the_chief_is_down_restarts_it_for_a_clean_end);
+                   test_stop_while_chief_is_down_restarts_it_for_a_clean_end);
     tcase_add_test(tl, test_backoff_doubles_only_in_a_crash_loop);
     tcase_add_test(tl, test_chaos_is_reproducible_bounded_and_not_counted);
     tcase_add_test(tl, test_bad_launch_configs_are_rejected);
