@@ -85,8 +85,10 @@ SECS=$(awk -v m="$MINUTES" 'BEGIN { printf "%d", m * 60 + 0.5 }')
 say "$(date -u '+%H:%M:%S') chaos run: $MINUTES min, --chaos $SEED,$PERIOD, 1 ps + chief + 1 worker, $TMP"
 T0=$(date +%s)
 # timeout SIGTERMs the launcher at the deadline: it stops every task in
-# order and the chief writes a final checkpoint (exit 0).
-OUTPUT_DIR=$TMP/chaos timeout --preserve-status -k 300 "$SECS" \
+# order and the chief writes a final checkpoint (exit 0). --foreground:
+# otherwise timeout signals its whole process group as well, and the
+# launcher takes a second SIGTERM as "kill every task at once".
+OUTPUT_DIR=$TMP/chaos timeout --foreground --preserve-status -k 300 "$SECS" \
     "$KEEL" launch "$TMP/mlp.ini" --ps 1 --workers 1 --no-status \
     --chaos "$SEED,$PERIOD" --max-restarts "${KEEL_SOAK_MAX_RESTARTS:-3}" \
     > "$TMP/chaos.log" 2>&1 &
@@ -137,7 +139,7 @@ say "chaos run reached step $STEP ($N_CKPT checkpoints verify, $N_TMP temp files
 # The undisturbed run: the same config and cluster shape, to the same step.
 say "$(date -u '+%H:%M:%S') undisturbed run to step $STEP"
 T2=$(date +%s)
-OUTPUT_DIR=$TMP/ref timeout -k 60 $((SECS * 3 + 600)) \
+OUTPUT_DIR=$TMP/ref timeout --foreground -k 60 $((SECS * 3 + 600)) \
     "$KEEL" launch "$TMP/mlp.ini" --ps 1 --workers 1 --no-status \
     -s train.max_steps="$STEP" > "$TMP/ref.log" 2>&1 &
 LPID=$!
