@@ -284,6 +284,7 @@ spawn(keel_launch *l, size_t i)
     task *t = &l->tasks[i];
     int po[2] = { -1, -1 }, pe[2] = { -1, -1 }, devnull;
     pid_t parent = getpid(), pid;
+    sigset_t all, old_mask;
     char **env = child_environ(l, t);
     static const char msg127[] = "keel launch: exec failed\n";
 
@@ -306,6 +307,11 @@ spawn(keel_launch *l, size_t i)
         return keel__fail(KEEL_EIO, "launch: pipes for %s: %s", t->info.name,
                           strerror(e));
     }
+    /* signals stay blocked until the child has reset its handlers: one
+     * that arrived in between would run the launcher's (or a test
+     * harness's) handler inside the child */
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old_mask);
     pid = fork();
     if (pid == 0) {
         /* child: async-signal-safe calls only */
@@ -335,6 +341,7 @@ spawn(keel_launch *l, size_t i)
     }
     {
         int e = errno;
+        pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
         close(devnull);
         close(po[1]);
         close(pe[1]);
@@ -358,6 +365,7 @@ spawn(keel_launch *l, size_t i)
     t->is_alive = 1;
     t->chaos_pid = 0;
     t->kill_sent = 0;
+    t->is_term_held = 0;
     t->had_step = 0;
     t->started_ns = keel__now_mono_ns();
     t->chief_step_at_start = l->tasks[l->chief].info.global_step;
@@ -387,8 +395,8 @@ open_log(keel_launch *l, task *t)
     return KEEL_OK;
 }
 
-static keel_status
-start_task(keel_launch *l, size_t i, const char *why)
+keel_status
+keel__launch_start_task(keel_launch *l, size_t i, const char *why)
 {
     task *t = &l->tasks[i];
     keel_status st = spawn(l, i);
@@ -427,7 +435,7 @@ keel_launch_start(keel_launch *l)
     if (l->cfg.chaos)
         l->next_chaos_ns = l->t0_ns + keel__launch_chaos_gap_ns(l);
     for (size_t i = 0; i < l->n; i++) {
-        st = start_task(l, i, "started");
+        st = keel__launch_start_task(l, i, "started");
         if (st != KEEL_OK) {
             keel_launch_stop(l, 1);
             return st;
@@ -539,6 +547,8 @@ next_deadline(const keel_launch *l)
         }
         if (t->term_due_ns > 0 && t->term_due_ns < d)
             d = t->term_due_ns;
+        if (keel__launch_held_deadline(l, t) < d)
+            d = keel__launch_held_deadline(l, t);
         if (t->is_alive && t->pidfd < 0 && l->last_sample_ns + NS / 20 < d)
             d = l->last_sample_ns + NS / 20;   /* no pidfd: poll exits */
     }
@@ -621,7 +631,7 @@ keel_launch_poll(keel_launch *l, int timeout_ms, int *is_done)
             keel_status st;
             snprintf(why, sizeof why, "restarted");
             t->wants_back_event = 1;
-            st = start_task(l, i, why);
+            st = keel__launch_start_task(l, i, why);
             if (st != KEEL_OK) {
                 t->info.state = KEEL_LAUNCH_FAILED;
                 if (l->failed_task < 0) {
@@ -636,6 +646,7 @@ keel_launch_poll(keel_launch *l, int timeout_ms, int *is_done)
     }
     /* stop deadlines */
     if (l->is_stopping) {
+        keel__launch_release_held(l, now);   /* up now (or out of time) */
         for (size_t i = 0; i < l->n; i++) {
             task *t = &l->tasks[i];
             if (t->is_alive && t->info.state == KEEL_LAUNCH_STOPPING &&

@@ -32,6 +32,7 @@ typedef struct task {
     int is_alive;                  /* a process not reaped yet */
     int chaos_pid;                 /* pid chaos killed (not reaped yet) */
     int kill_sent;                 /* stop deadline passed: SIGKILL sent */
+    int is_term_held;              /* stopping: SIGTERM waits until it is up */
     int64_t restart_at_ns;
     int64_t term_sent_ns;
     int64_t died_ns;               /* for the "back" event */
@@ -89,6 +90,11 @@ void keel__launch_sample_proc(keel_launch *l, task *t, int64_t now);
 /* launch.c */
 int keel__launch_read_stream(keel_launch *l, size_t i, int stream);
 
+/* launch.c */
+/* (Re)start task i ("started", "restarted"): spawn, log, event. */
+keel_status keel__launch_start_task(keel_launch *l, size_t i,
+                                    const char *why);
+
 /* launch_stop.c */
 void keel__launch_close_task_fds(task *t);
 void keel__launch_reap(keel_launch *l, int64_t now);
@@ -97,6 +103,10 @@ void keel__launch_begin_stop(keel_launch *l, const char *reason);
 void keel__launch_advance_stop(keel_launch *l, int64_t now);
 /* The evaluator's SIGTERM once its term_due_ns has come. */
 void keel__launch_term_due(keel_launch *l, int64_t now);
+/* Send the SIGTERMs held back from a restarted chief once it is up (or its
+ * grace period is over); the deadline that wakes the loop for it. */
+void keel__launch_release_held(keel_launch *l, int64_t now);
+int64_t keel__launch_held_deadline(const keel_launch *l, const task *t);
 
 /* launch_chaos.c */
 int64_t keel__launch_chaos_gap_ns(keel_launch *l);

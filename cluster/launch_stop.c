@@ -169,9 +169,24 @@ keel__launch_signal_task(task *t, int sig)
         kill(t->info.pid, sig);
 }
 
-static void
-term_task(task *t, int64_t now)
+/* A restarted chief gets its SIGTERM only once it is up (its first step
+ * line, or the grace period): until it has its signal handlers, SIGTERM
+ * would kill it without the final checkpoint the stop is waiting for. */
+static int
+must_hold_term(const keel_launch *l, const task *t, int64_t now)
 {
+    return t == &l->tasks[l->chief] && t->is_alive && t->wants_back_event &&
+           now - t->started_ns < (int64_t)(l->cfg.grace_secs * 1e9);
+}
+
+static void
+term_task(keel_launch *l, task *t, int64_t now)
+{
+    if (must_hold_term(l, t, now)) {
+        t->is_term_held = 1;
+        return;
+    }
+    t->is_term_held = 0;
     if (!t->is_alive) {
         if (t->info.state == KEEL_LAUNCH_BACKOFF ||
             t->info.state == KEEL_LAUNCH_PENDING)
@@ -210,7 +225,7 @@ keel__launch_advance_stop(keel_launch *l, int64_t now)
             return;
         for (size_t i = 0; i < l->n; i++)
             if (stop_rank(l->tasks[i].info.type) == l->stop_phase)
-                term_task(&l->tasks[i], now);
+                term_task(l, &l->tasks[i], now);
         l->stop_phase++;
     }
 }
@@ -229,15 +244,43 @@ keel__launch_begin_stop(keel_launch *l, const char *reason)
                       "%.0f s)", reason, l->cfg.grace_secs);
     for (size_t i = 0; i < l->n; i++) {
         task *t = &l->tasks[i];
+        if (!t->is_alive && i == l->chief && l->failed_task < 0 &&
+            t->info.state == KEEL_LAUNCH_BACKOFF) {
+            /* the chief is down (a crash or a chaos kill) and was going to
+             * be restarted: restart it now, so that the run still ends
+             * with its final checkpoint and exit status 0 (not when a task
+             * was given up: the run has failed, nothing to save it for) */
+            t->wants_back_event = 1;
+            if (keel__launch_start_task(l, i, "restarted") == KEEL_OK)
+                continue;
+        }
         if (!t->is_alive)
-            term_task(t, now);              /* in backoff: stays down */
+            term_task(l, t, now);              /* in backoff: stays down */
         else if (t->info.type == KEEL_TASK_EVALUATOR && l->chief_done)
             /* a complete run: let it evaluate the final checkpoint */
             t->term_due_ns = now + (int64_t)(l->cfg.grace_secs * 1e9);
         else if (t->info.type == KEEL_TASK_EVALUATOR)
-            term_task(t, now);
+            term_task(l, t, now);
     }
     keel__launch_advance_stop(l, now);
+}
+
+void
+keel__launch_release_held(keel_launch *l, int64_t now)
+{
+    for (size_t i = 0; i < l->n; i++) {
+        task *t = &l->tasks[i];
+        if (t->is_term_held && t->is_alive && !must_hold_term(l, t, now))
+            term_task(l, t, now);
+    }
+}
+
+int64_t
+keel__launch_held_deadline(const keel_launch *l, const task *t)
+{
+    if (!t->is_term_held || !t->is_alive)
+        return INT64_MAX;
+    return t->started_ns + (int64_t)(l->cfg.grace_secs * 1e9);
 }
 
 void
@@ -253,7 +296,7 @@ keel__launch_term_due(keel_launch *l, int64_t now)
                                   "running %.1f s after the chief finished: "
                                   "SIGTERM", t->info.name, t->info.pid,
                                   (double)(now - l->stop_began_ns) / 1e9);
-            term_task(t, now);
+            term_task(l, t, now);
         }
     }
 }

@@ -318,6 +318,48 @@ START_TEST(test_task_ignoring_sigterm_is_killed_after_grace)
 }
 END_TEST
 
+/* A stop while the chief is down (killed, waiting out its backoff)
+ * restarts it at once, and its SIGTERM waits until it is up (its first
+ * step line): this chief needs 0.3 s before it handles SIGTERM, so an
+ * early one would kill it. The run ends with the chief's clean exit 0. */
+START_TEST(test_stop_while_chief_is_down_restarts_it_for_a_clean_end)
+{
+    keel_launch_config c;
+    recorder rc;
+    keel_launch *l;
+    keel_launch_task_info info;
+    int64_t deadline = tu_now_ms() + 10000;
+    int at;
+    lib_config(&c, &rc, "sleep 0.3; trap 'echo saved; exit 0' TERM; "
+               "echo step 5; while :; do sleep 0.05; done", 0, 0);
+    c.backoff_secs = 30;           /* down until the stop brings it back */
+    ck_assert_int_eq(keel_launch_new(&c, &l), KEEL_OK);
+    ck_assert_int_eq(keel_launch_start(l), KEEL_OK);
+    while (find_rec(&rc, 0, 0, "step 5") < 0 && tu_now_ms() < deadline)
+        ck_assert_int_eq(keel_launch_poll(l, 50, NULL), KEEL_OK);
+    ck_assert_int_ge(find_rec(&rc, 0, 0, "step 5"), 0);
+    ck_assert_int_eq(keel_launch_task(l, 0, &info), KEEL_OK);
+    ck_assert_int_eq(kill(info.pid, SIGKILL), 0);
+    do {
+        ck_assert_int_eq(keel_launch_poll(l, 50, NULL), KEEL_OK);
+        ck_assert_int_eq(keel_launch_task(l, 0, &info), KEEL_OK);
+    } while (info.state != KEEL_LAUNCH_BACKOFF && tu_now_ms() < deadline);
+    ck_assert_int_eq(info.state, KEEL_LAUNCH_BACKOFF);
+    keel_launch_stop(l, 0);
+    ck_assert(run_until_done(l, 10000));
+    at = find_rec(&rc, 0, 0, "restarted chief");
+    ck_assert_int_ge(at, 0);
+    ck_assert_int_ge(find_rec(&rc, at, 0, "step 5"), 0);
+    ck_assert_int_ge(find_rec(&rc, at, 0, "saved"), 0);
+    ck_assert_int_lt(find_rec(&rc, 0, 0, "still running"), 0);
+    ck_assert_int_eq(keel_launch_task(l, 0, &info), KEEL_OK);
+    ck_assert_int_eq(info.last_status, 0);
+    ck_assert_int_eq(keel_launch_exit_code(l, NULL), 0);
+    keel_launch_free(l);
+    ck_assert(is_gone(info.pid));
+}
+END_TEST
+
 /* The victims of the first n chaos kills, as names joined by ','. */
 static void
 chaos_victims(uint64_t seed, int n, char *out, size_t size, int *overlap)
@@ -1090,6 +1132,8 @@ launch_suite(void)
     tcase_add_test(tl, test_worker_that_never_comes_back_stops_all_with_exit_1);
     tcase_add_test(tl, test_configuration_error_exit_2_is_not_restarted);
     tcase_add_test(tl, test_task_ignoring_sigterm_is_killed_after_grace);
+    tcase_add_test(tl,
+                   test_stop_while_chief_is_down_restarts_it_for_a_clean_end);
     tcase_add_test(tl, test_backoff_doubles_only_in_a_crash_loop);
     tcase_add_test(tl, test_chaos_is_reproducible_bounded_and_not_counted);
     tcase_add_test(tl, test_bad_launch_configs_are_rejected);

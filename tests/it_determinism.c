@@ -1,0 +1,246 @@
+/* it_determinism.c - bitwise reproducibility of synchronous training under
+ * `keel launch` (1 ps, the chief, 1 worker; real processes): two runs of
+ * one config give identical final checkpoints, and a run whose ps, worker
+ * or chief is SIGKILLed mid-run and restarted by the launcher ends with the
+ * undisturbed run's bits (`keel ckpt diff` exit 0), as does one process
+ * killed and resumed from its checkpoint. Thread counts are fixed;
+ * different model_threads values are not compared here. */
+#include <config.h>
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "testutil.h"
+
+#define CHECKED_SNPRINTF(buf, size, ...) \
+    ck_assert_int_lt(snprintf(buf, size, __VA_ARGS__), (int)(size))
+
+#define MAX_STEPS 300
+#define KILL_AT 100          /* the chief's step line that triggers a kill */
+#define LINE_MS 30000        /* deadline of each awaited launcher line */
+#define RUN_MS 60000         /* deadline of a whole run */
+
+static char out[65536], err[65536];
+static char cfg_path[4200];  /* tu_path()'s buffers rotate: a copy */
+
+static void
+setup(void)
+{
+    char text[2048];
+    tu_setup();
+    unsetenv("OUTPUT_DIR");
+    tu_write_idx_dataset(tu_path("train"), 640, 1);
+    tu_write_idx_dataset(tu_path("t10k"), 200, 2);
+    /* every step logged, so a kill lands at a known step; checkpoints
+     * often, so a restarted ps reloads a recent one and recomputes */
+    CHECKED_SNPRINTF(text, sizeof text,
+             "[model]\ntype = mlp\nhidden = 32\n"
+             "[data]\ndir = %s\n"
+             "[optimizer]\nname = adam\nlearning_rate = 0.01\n"
+             "[train]\nbatch_size = 32\nmax_steps = %d\nseed = 5\n"
+             "threads = 1\nmodel_threads = 1\n"
+             "[checkpoint]\ndir = %s/unused\nsave_steps = 40\n"
+             "max_to_keep = 0\n"
+             "[hooks]\nlog_every_steps = 1\nsummary_every_steps = 0\n"
+             "progress = off\n"
+             "[cluster]\nmax_wait_secs = 30\n",
+             tu_dir, MAX_STEPS, tu_dir);
+    CHECKED_SNPRINTF(cfg_path, sizeof cfg_path, "%s", tu_path("job.ini"));
+    tu_write_file(cfg_path, text, strlen(text));
+}
+
+static void
+teardown(void)
+{
+    tu_teardown();
+}
+
+/* "OUTPUT_DIR=<tu_dir>/<name>" for a run's environment. */
+static void
+output_env(char *buf, size_t size, const char *name)
+{
+    CHECKED_SNPRINTF(buf, size, "OUTPUT_DIR=%s", tu_path(name));
+}
+
+/* `keel launch` arguments: 1 ps, the chief and 1 worker, or (is_local)
+ * the chief alone, which trains in one process. */
+static void
+launch_argv(char **argv, int is_local)
+{
+    int n = 0;
+    argv[n++] = (char *)tu_build_path("keel");
+    argv[n++] = "launch";
+    argv[n++] = cfg_path;
+    if (!is_local) {
+        argv[n++] = "--ps";
+        argv[n++] = "1";
+        argv[n++] = "--workers";
+        argv[n++] = "1";
+    }
+    argv[n++] = "--no-status";
+    argv[n++] = "--max-restarts";
+    argv[n++] = "1";
+    argv[n] = NULL;
+}
+
+/* An undisturbed run into <tu_dir>/<name>; it must end with exit 0. */
+static void
+run_undisturbed(const char *name, int is_local)
+{
+    char env0[4200];
+    char *env[] = { env0, NULL };
+    char *argv[12];
+    int rc;
+    launch_argv(argv, is_local);
+    output_env(env0, sizeof env0, name);
+    rc = tu_run(argv, env, RUN_MS, out, sizeof out, err, sizeof err);
+    ck_assert_msg(rc == 0, "undisturbed run '%s' exited %d:\n%s\n%s", name,
+                  rc, out, err);
+    ck_assert_ptr_null(strstr(out, "restarting"));
+}
+
+/* keel ckpt diff of the final checkpoints of runs a and b: exit 0. */
+static void
+assert_final_equal(const char *a, const char *b)
+{
+    char pa[4200], pb[4200], name[64];
+    int rc;
+    CHECKED_SNPRINTF(name, sizeof name, "model.ckpt-%d.h5", MAX_STEPS);
+    CHECKED_SNPRINTF(pa, sizeof pa, "%s/%s/%s", tu_dir, a, name);
+    CHECKED_SNPRINTF(pb, sizeof pb, "%s/%s/%s", tu_dir, b, name);
+    rc = tu_keel(RUN_MS, out, sizeof out, err, sizeof err, "ckpt", "diff",
+                 pa, pb, NULL);
+    ck_assert_msg(rc == 0, "keel ckpt diff %s %s exited %d:\n%s%s", pa, pb,
+                  rc, out, err);
+    ck_assert_ptr_nonnull(strstr(out, "identical: "));
+}
+
+/* Read the launcher's stdout until a line with needle; fail otherwise. */
+static void
+expect_line(int fd, const char *needle, char *line, size_t size)
+{
+    ck_assert_msg(tu_wait_for_line(fd, needle, LINE_MS, line, size),
+                  "keel launch never printed '%s'", needle);
+}
+
+/* The pid in a "launch | started|restarted <task> (pid N) ..." line. */
+static int
+pid_in(const char *line)
+{
+    int pid = 0;
+    const char *p = strstr(line, "(pid ");
+    ck_assert_ptr_nonnull(p);
+    ck_assert_int_eq(sscanf(p + 5, "%d", &pid), 1);
+    return pid;
+}
+
+/* Run into <tu_dir>/<name>, SIGKILL task victim ("ps.0", "chief",
+ * "worker.0") when the chief reports step KILL_AT, let the launcher restart
+ * it, and wait for the run to complete with exit 0. evidence (or NULL) is a
+ * line that must appear after the restart: what the recovery did. */
+static void
+run_with_kill(const char *name, int is_local, const char *victim,
+              const char *evidence)
+{
+    char env0[4200], needle[128], line[512];
+    char *env[] = { env0, NULL };
+    char *argv[12];
+    int fd, victim_pid, rc;
+    pid_t pid;
+    launch_argv(argv, is_local);
+    output_env(env0, sizeof env0, name);
+    pid = tu_spawn_pipe(argv, env, tu_path("launch.err"), &fd);
+    CHECKED_SNPRINTF(needle, sizeof needle, "launch | started %s (pid ",
+                     victim);
+    expect_line(fd, needle, line, sizeof line);
+    victim_pid = pid_in(line);
+    CHECKED_SNPRINTF(needle, sizeof needle, "chief | step %d ", KILL_AT);
+    expect_line(fd, needle, line, sizeof line);
+    ck_assert_int_eq(kill(victim_pid, SIGKILL), 0);
+    CHECKED_SNPRINTF(needle, sizeof needle, "launch | restarted %s (pid ",
+                     victim);
+    expect_line(fd, needle, line, sizeof line);
+    ck_assert_int_ne(pid_in(line), victim_pid);
+    if (evidence != NULL)
+        expect_line(fd, evidence, line, sizeof line);
+    CHECKED_SNPRINTF(needle, sizeof needle, "chief | step %d ", MAX_STEPS);
+    expect_line(fd, needle, line, sizeof line);
+    expect_line(fd, "launch | the chief finished: run complete", line,
+                sizeof line);
+    /* drain to EOF so nothing of this run stays buffered */
+    (void)tu_wait_for_line(fd, "\001", LINE_MS, NULL, 0);
+    close(fd);
+    rc = tu_wait(pid, RUN_MS);
+    ck_assert_msg(rc == 0, "keel launch with %s killed exited %d", victim,
+                  rc);
+}
+
+START_TEST(test_two_runs_of_one_config_are_bitwise_identical)
+{
+    run_undisturbed("a", 0);
+    run_undisturbed("b", 0);
+    assert_final_equal("a", "b");
+}
+END_TEST
+
+/* The restarted ps is empty: the chief reloads the newest checkpoint into
+ * it and the steps since are computed again, to the same bits. */
+START_TEST(test_ps_killed_and_restarted_ends_bitwise_equal)
+{
+    run_undisturbed("ref", 0);
+    run_with_kill("killed", 0, "ps.0", " step(s) lost");
+    assert_final_equal("ref", "killed");
+}
+END_TEST
+
+/* The restarted worker rejoins at the cluster's step and reads that
+ * step's part of the global batch. */
+START_TEST(test_worker_killed_and_restarted_ends_bitwise_equal)
+{
+    run_undisturbed("ref", 0);
+    run_with_kill("killed", 0, "worker.0", NULL);
+    assert_final_equal("ref", "killed");
+}
+END_TEST
+
+/* The restarted chief joins the live ps (no rollback, no second INIT). */
+START_TEST(test_chief_killed_and_restarted_ends_bitwise_equal)
+{
+    run_undisturbed("ref", 0);
+    run_with_kill("killed", 0, "chief", "chief | chief: joined live parameter "
+                  "servers at step ");
+    assert_final_equal("ref", "killed");
+}
+END_TEST
+
+/* One process (a chief-only cluster is local): the restarted chief
+ * resumes from its newest checkpoint (variables, slots, global step and
+ * the data iterator's position) and recomputes the steps since. */
+START_TEST(test_one_process_killed_and_resumed_ends_bitwise_equal)
+{
+    run_undisturbed("ref", 1);
+    run_with_kill("killed", 1, "chief", "chief | resumed from ");
+    assert_final_equal("ref", "killed");
+}
+END_TEST
+
+static Suite *
+determinism_suite(void)
+{
+    Suite *s = suite_create("it_determinism");
+    TCase *tc = tcase_create("launch");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 180);
+    tcase_add_test(tc, test_two_runs_of_one_config_are_bitwise_identical);
+    tcase_add_test(tc, test_ps_killed_and_restarted_ends_bitwise_equal);
+    tcase_add_test(tc, test_worker_killed_and_restarted_ends_bitwise_equal);
+    tcase_add_test(tc, test_chief_killed_and_restarted_ends_bitwise_equal);
+    tcase_add_test(tc, test_one_process_killed_and_resumed_ends_bitwise_equal);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+KEEL_TEST_MAIN(determinism_suite)
