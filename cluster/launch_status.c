@@ -108,25 +108,36 @@ keel__launch_log_note(task *t, const char *fmt, ...)
 
 /* ---- /proc samples ------------------------------------------------------ */
 
+/* /proc/<pid>/<what> into buf (NUL-terminated); 0 if it cannot be read
+ * (the task has just exited: the sample is skipped). */
+static int
+read_proc(pid_t pid, const char *what, char *buf, size_t size)
+{
+    char path[64];
+    ssize_t r;
+    int fd;
+    snprintf(path, sizeof path, "/proc/%d/%s", (int)pid, what);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    r = read(fd, buf, size - 1);
+    close(fd);
+    if (r <= 0)
+        return 0;
+    buf[r] = '\0';
+    return 1;
+}
+
 void
 keel__launch_sample_proc(keel_launch *l, task *t, int64_t now)
 {
-    char path[64], buf[1024];
+    char buf[1024];
     char *p;
-    int fd;
-    ssize_t r;
     unsigned long long utime = 0, stime = 0;
     long long size_pages = 0, rss_pages = 0;
 
-    snprintf(path, sizeof path, "/proc/%d/stat", t->info.pid);
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
+    if (!read_proc(t->info.pid, "stat", buf, sizeof buf))
         return;
-    r = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (r <= 0)
-        return;
-    buf[r] = '\0';
     p = strrchr(buf, ')');            /* comm may hold spaces and parens */
     if (p == NULL ||
         sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu "
@@ -140,16 +151,8 @@ keel__launch_sample_proc(keel_launch *l, task *t, int64_t now)
     }
     t->last_ticks = utime + stime;
     t->last_sample_ns = now;
-    snprintf(path, sizeof path, "/proc/%d/statm", t->info.pid);
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return;
-    r = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (r <= 0)
-        return;
-    buf[r] = '\0';
-    if (sscanf(buf, "%lld %lld", &size_pages, &rss_pages) == 2)
+    if (read_proc(t->info.pid, "statm", buf, sizeof buf) &&
+        sscanf(buf, "%lld %lld", &size_pages, &rss_pages) == 2)
         t->info.rss_bytes = rss_pages * l->page_size;
 }
 
