@@ -101,14 +101,15 @@ static const key_def schema[] = {
     { "train", "seed", T_INT, "0", 0, I64MAX, NULL,
       "Seed for initialization and shuffling." },
     { "train", "threads", T_INT, "0", 0, 1024, NULL,
-      "OpenBLAS threads (0: OpenBLAS's default). For a fixed core type "
-      "the results are the same bits for any value (tested for 1 and 2: "
-      "OpenBLAS splits rows and columns, never a sum)." },
+      "OpenBLAS threads (0: OpenBLAS's default). Not bit-neutral on "
+      "every OpenBLAS kernel (Haswell's and Zen's sgemm round differently "
+      "on 2 threads than on 1): for results that do not depend on the "
+      "thread count, set 1 and use train.model_threads." },
     { "train", "model_threads", T_INT, "1", 1, 8, NULL,
       "Persistent model threads (with single-threaded OpenBLAS) that "
       "share the fixed pieces of every batch (CNN: 16 examples; dense "
-      "models: 32). Results are bitwise identical for every value, and "
-      "for any train.threads." },
+      "models: 32). Results are bitwise identical for every value (with "
+      "OpenBLAS single-threaded, as model threads always run it)." },
     { "train", "micro_batch", T_INT, "0", 0, 1 << 20, NULL,
       "Fixed micro-batch size (0: off). Each gradient is summed over "
       "micro-batches of this many examples in global order, so 1 process "

@@ -156,7 +156,7 @@ START_TEST(test_thread_counts_and_resume_give_identical_bits)
 {
     /* batches of 96 are three pieces of 32: the reference runs on one
      * thread; the other run trains on 3 model threads, is SIGKILLed, and
-     * resumes on 2 OpenBLAS threads. The last checkpoints are identical. */
+     * resumes on 2. The last checkpoints are identical. */
     char *argv[] = { (char *)tu_build_path("keel"), "train",
                      (char *)cfg_path, "-s", "", "-s", "train.max_steps=60",
                      "-s", "train.batch_size=96", "-s",
@@ -182,8 +182,8 @@ START_TEST(test_thread_counts_and_resume_give_identical_bits)
     ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "train",
                              cfg_path, "-s", set_dir, "-s",
                              "train.max_steps=60", "-s",
-                             "train.batch_size=96", "-s", "train.threads=2",
-                             NULL), 0);
+                             "train.batch_size=96", "-s",
+                             "train.model_threads=2", NULL), 0);
     ck_assert_ptr_nonnull(strstr(err, "resumed from"));
     ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "ckpt",
                              "diff", tu_path("ref/model.ckpt-60.h5"),
