@@ -11,7 +11,8 @@
 #   kill -> the first chief step line after that (the next applied global
 #           step with the victim back), and of that the chief's checkpoint
 #           restore (its "restored ... in X s" line: a killed chief restores,
-#           a killed ps is reloaded by the chief) and one normal step (the
+#           a killed ps is reloaded by the chief; plus, for a new ps, the
+#           INIT that sends it the restored state) and one normal step (the
 #           median gap between the chief's step lines before the kill: the
 #           first step after a recovery is a whole step too), so the target
 #           "< 0.3 s plus the restore" reads off the last-but-one column.
@@ -106,6 +107,8 @@ def pid_of(run, task):
 
 STEP = re.compile(r"chief \| step (\d+) ")
 RESTORED = re.compile(r"chief \| .*restored .* in ([0-9.]+) s\)")
+# a new ps gets the restored state from the chief (INIT): restore work too
+INITED = re.compile(r"chief \| .*initialized at step .*INIT of [0-9.]+ MiB in ([0-9.]+) s\)")
 # the victim is back in the job: the chief's first step line; a worker's
 # "model ready"; a ps's "initialized" (by the chief, from its checkpoint)
 READY = {"chief": STEP, "worker": re.compile(r"^worker\.1 \| model ready"),
@@ -148,9 +151,9 @@ def scenario(d, victim, hidden, backoff, gap=30, timeout=60):
             restore = 0.0
             with run.cv:
                 for _, s in run.lines[j0:i + 1]:
-                    rm = s and RESTORED.search(s)
+                    rm = s and (RESTORED.search(s) or INITED.search(s))
                     if rm:
-                        restore = float(rm.group(1))
+                        restore += float(rm.group(1))
             # a normal step here: the gap between the chief's step lines
             # just before the kill
             with run.cv:

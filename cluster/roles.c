@@ -424,14 +424,16 @@ static keel_status wait_reply(keel__worker *w, int p, const char *what,
 
 /* One request to ps p and its reply, waited for like a step's push: a ps
  * that dies or restarts meanwhile ends the wait at once (heartbeats), not
- * after a fixed timeout. Errors through call_error. */
+ * after a fixed timeout. Errors through call_error. With zero_copy the
+ * tensors go out in place: they must not change until this returns (the
+ * wait, or an abandon's reconnect, waits until libzmq lets go of them). */
 static keel_status
 call_ps(keel__worker *w, int p, keel__wire_header *h,
-        const keel__wire_out *outs, size_t n, const char *what,
-        keel__wire_msg *r)
+        const keel__wire_out *outs, size_t n, int zero_copy,
+        const char *what, keel__wire_msg *r)
 {
-    keel_status st = keel__wire_client_send(w->clients[p], h, outs, n, 0,
-                                            w->o.dead_after_ms);
+    keel_status st = keel__wire_client_send(w->clients[p], h, outs, n,
+                                            zero_copy, w->o.dead_after_ms);
     keel__wire_msg_init(r);
     if (st == KEEL_OK) {
         w->req_ids[p] = h->request_id;
@@ -460,7 +462,7 @@ keel__worker_pull_all(keel__worker *w, keel_vars *vs, int with_slots)
             h.type = KEEL_MSG_STEP;
             h.flags = 0;
         }
-        st = call_ps(w, p, &h, w->outs, n, "pull", &r);
+        st = call_ps(w, p, &h, w->outs, n, 0, "pull", &r);
         if (st == KEEL_OK)
             st = take_values(vs, &r);
         if (st == KEEL_OK && p == 0)
@@ -531,6 +533,8 @@ be_publish(void *ctx, keel_vars *vs, int restored)
     int ready, same;
     keel_status st;
     int timeout = ms_of(w->o.max_wait_secs);
+    size_t bytes = 0;
+    int64_t t0;
     (void)restored;
     st = hello_all(w, 0, timeout, &ready, &same, w->ps_gen, NULL, 0);
     if (st != KEEL_OK)
@@ -544,22 +548,28 @@ be_publish(void *ctx, keel_vars *vs, int restored)
                       (long long)keel_vars_global_step(vs));
         return st;
     }
+    t0 = keel__now_mono_ns();
     for (int p = 0; p < w->n_ps; p++) {
         keel__wire_header h;
         keel__wire_msg r;
         size_t n;
         shard_outs(w, vs, p, 1, 1, &n);
+        for (size_t k = 0; k < n; k++)
+            bytes += keel_tensor_bytes(w->outs[k].t);
         memset(&h, 0, sizeof h);
         h.type = KEEL_MSG_INIT;
         h.global_step = keel_vars_global_step(vs);
-        st = call_ps(w, p, &h, w->outs, n, "init", &r);
+        /* in place: nothing touches the variables until INIT is answered */
+        st = call_ps(w, p, &h, w->outs, n, 1, "init", &r);
         keel__wire_msg_clear(&r);
         if (st != KEEL_OK)
             return st;
     }
     keel__log(KEEL_LOG_INFO, "chief: %d parameter server(s) initialized at "
-              "step %lld; cluster ready", w->n_ps,
-              (long long)keel_vars_global_step(vs));
+              "step %lld; cluster ready (INIT of %.1f MiB in %.3f s)",
+              w->n_ps, (long long)keel_vars_global_step(vs),
+              (double)bytes / (1 << 20),
+              (double)(keel__now_mono_ns() - t0) / 1e9);
     if (w->last_step_seen > 0)          /* this process trained before */
         keel__log(KEEL_LOG_WARN, "chief: the cluster had reached step %lld "
                   "before it lost its state; restarting from step %lld: "
