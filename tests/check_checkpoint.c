@@ -1179,23 +1179,11 @@ START_TEST(test_lease_defers_retention_until_released)
 }
 END_TEST
 
-/* A pid that is certainly gone: a reaped child's. */
-static pid_t
-dead_pid(void)
-{
-    pid_t p = fork();
-    ck_assert_int_ge(p, 0);
-    if (p == 0)
-        _exit(0);
-    ck_assert_int_eq(waitpid(p, NULL, 0), p);
-    return p;
-}
-
 START_TEST(test_stale_lease_of_dead_pid_is_ignored_and_removed)
 {
     /* forked before anything is allocated: the child leaves nothing for
      * valgrind to report */
-    pid_t gone = dead_pid();
+    pid_t gone = tu_dead_pid();
     keel_vars *a = make_store(1, 1);
     keel_saver *s = new_saver(tu_dir, 1, 0);
     char name[256];

@@ -173,18 +173,6 @@ START_TEST(test_evaluator_stops_on_sigterm_with_exit_0)
 }
 END_TEST
 
-/* A pid that is certainly gone: a reaped child's. */
-static int
-dead_pid(void)
-{
-    pid_t p = fork();
-    ck_assert_int_ge(p, 0);
-    if (p == 0)
-        _exit(0);
-    ck_assert_int_eq(waitpid(p, NULL, 0), p);
-    return (int)p;
-}
-
 START_TEST(test_lease_keeps_a_checkpoint_from_the_chiefs_retention)
 {
     keel_ckpt_lease *lease = NULL;
@@ -198,7 +186,7 @@ START_TEST(test_lease_keeps_a_checkpoint_from_the_chiefs_retention)
                                           &lease), KEEL_OK);
     /* a reader that died holding a lease on step 10 blocks nothing */
     CHECKED_SNPRINTF(stale, sizeof stale, "run/.lease-%d.3-model.ckpt-10.h5",
-                     dead_pid());
+                     (int)tu_dead_pid());
     tu_write_file(tu_path(stale), "", 0);
     ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err,
                              "train", cfg_path, "-s", "train.max_steps=25",

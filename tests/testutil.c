@@ -231,6 +231,17 @@ tu_spawn(char *const argv[], char *const env[], const char *log_path)
     return pid;
 }
 
+pid_t
+tu_dead_pid(void)
+{
+    pid_t p = fork();
+    ck_assert_int_ge(p, 0);
+    if (p == 0)
+        _exit(0);
+    ck_assert_int_eq(waitpid(p, NULL, 0), p);
+    return p;
+}
+
 int
 tu_wait(pid_t pid, int timeout_ms)
 {

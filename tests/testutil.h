@@ -63,6 +63,9 @@ int tu_wait_for_line(int fd, const char *needle, int timeout_ms, char *line,
 /* Wait for pid up to timeout_ms. Returns the exit status (0..255), 128+sig
  * when killed by a signal, or -1 on timeout (the child keeps running). */
 int tu_wait(pid_t pid, int timeout_ms);
+/* A pid that is certainly gone: a child that exited at once, reaped. Fork
+ * it before allocating, so the child leaves valgrind nothing to report. */
+pid_t tu_dead_pid(void);
 /* SIGKILL and reap one registered child. */
 void tu_kill(pid_t pid);
 /* Kill and reap every registered child. */
