@@ -512,3 +512,10 @@ tu_write_idx_dataset(const char *prefix, int n, uint32_t seed)
     free(img);
     free(lab);
 }
+
+const char *
+tu_tail(const char *s, size_t n)
+{
+    size_t len = strlen(s);
+    return len > n ? s + (len - n) : s;
+}

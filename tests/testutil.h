@@ -77,6 +77,10 @@ void tu_kill_all(void);
  * a small model learns it in a few dozen steps. */
 void tu_write_idx_dataset(const char *prefix, int n, uint32_t seed);
 
+/* The last n bytes of s (all of s when shorter): for assertion messages,
+ * which Check cuts off (with no message at all) past about 4 KiB. */
+const char *tu_tail(const char *s, size_t n);
+
 /* Monotonic milliseconds. */
 int64_t tu_now_ms(void);
 
