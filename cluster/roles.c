@@ -18,6 +18,7 @@
 #define SHUTDOWN_TIMEOUT_MS 2000
 #define DRAIN_MS 300
 #define HELLO_CHUNK_MS 2000
+#define HELLO_SIGNAL_MS 250
 
 /* ---- placement ---------------------------------------------------------- */
 
@@ -487,11 +488,29 @@ hello_all(keel__worker *w, int wait, int timeout_ms, int *all_ready,
         keel__wire_header h;
         keel__wire_msg r;
         keel_status st;
-        memset(&h, 0, sizeof h);
-        h.type = KEEL_MSG_HELLO;
-        h.arg = (uint32_t)wait;
-        st = keel__wire_client_call(w->clients[p], &h, NULL, 0, 0, timeout_ms,
-                                    &r);
+        int64_t end = keel__now_mono_ns() + (int64_t)timeout_ms * 1000000;
+        for (;;) {
+            /* In pieces, so a SIGTERM (preemption) ends a long wait for a
+             * ps that is not up yet instead of being ignored until the
+             * deadline; a stale reply to an earlier piece is discarded. */
+            int64_t left = (end - keel__now_mono_ns()) / 1000000;
+            int piece = left < HELLO_SIGNAL_MS ? (int)(left > 0 ? left : 0)
+                                               : HELLO_SIGNAL_MS;
+            memset(&h, 0, sizeof h);
+            h.type = KEEL_MSG_HELLO;
+            h.arg = (uint32_t)wait;
+            st = keel__wire_client_call(w->clients[p], &h, NULL, 0, 0, piece,
+                                        &r);
+            if (st != KEEL_ETIMEOUT || keel__now_mono_ns() >= end)
+                break;
+            keel__wire_msg_clear(&r);
+            if (keel_session_signal_received())
+                return keel__fail(KEEL_ECANCELLED, "signal %d received "
+                                  "while waiting for ps %d (%s)",
+                                  keel_session_signal_received(), p,
+                                  keel_cluster_spec_address(
+                                      w->spec, KEEL_TASK_PS, p));
+        }
         if (st == KEEL_ETIMEOUT && wait) {
             keel__wire_msg_clear(&r);
             *all_ready = 0;
@@ -631,8 +650,8 @@ be_wait(void *ctx, int64_t deadline_ns)
     for (;;) {
         int64_t now = keel__now_mono_ns();
         struct timespec ts;
-        if (now >= until)
-            return KEEL_OK;
+        if (now >= until || keel_session_signal_received())
+            return KEEL_OK;     /* the session manager sees the signal */
         ts.tv_sec = (until - now) / 1000000000;
         ts.tv_nsec = (until - now) % 1000000000;
         nanosleep(&ts, NULL);

@@ -462,9 +462,15 @@ run_ps(const keel_config *cfg, const keel_cluster_spec *spec,
 {
     job j;
     keel__role_opts o;
-    keel_status st = job_build(&j, cfg, 0, 1);
-    if (st == KEEL_OK && opts->handle_signals)
+    keel_status st = KEEL_OK;
+    /* Before anything slow: a SIGTERM during start-up then ends the task
+     * cleanly instead of killing it. */
+    if (opts->handle_signals)
         st = keel_session_install_signal_handlers();
+    if (st == KEEL_OK)
+        st = job_build(&j, cfg, 0, 1);
+    else
+        memset(&j, 0, sizeof j);
     if (st == KEEL_OK) {
         role_opts_from(cfg, spec, &o);
         st = keel__cluster_run_ps(&o, j.vs, j.opt);
@@ -578,9 +584,16 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
             : keel_cluster_spec_task_index(spec) +
               (keel_cluster_spec_num_tasks(spec, KEEL_TASK_CHIEF) > 0);
     }
+    /* Before loading the data: a SIGTERM during start-up then ends the run
+     * cleanly (a chief with its checkpoint) instead of killing it. */
+    if (opts != NULL && opts->handle_signals &&
+        (st = keel_session_install_signal_handlers()) != KEEL_OK)
+        return st;
     st = job_build(&j, cfg, replica, replicas);
     if (st != KEEL_OK) {
         job_free(&j);
+        if (opts != NULL && opts->handle_signals)
+            keel_session_uninstall_signal_handlers();
         return st;
     }
     if (opts != NULL)
@@ -714,16 +727,22 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     if (tc.checkpoint_dir != NULL &&
         (st = keel__fs_mkdirs(tc.checkpoint_dir)) != KEEL_OK)
         goto out;
-    if (j.opts.handle_signals) {
-        st = keel_session_install_signal_handlers();
-        if (st != KEEL_OK)
-            goto out;
-    }
     st = keel_training_session_new(&tc, &s);
     if (st == KEEL_EOUTOFRANGE && in_cluster && !is_chief) {
         /* the chief finished and shut the ps down before we joined */
         keel__log(KEEL_LOG_INFO, "training already finished: %s",
                   keel_last_error());
+        st = KEEL_OK;
+        goto out;
+    }
+    if (st == KEEL_ECANCELLED && keel_session_signal_received()) {
+        /* SIGTERM while waiting for the chief or the ps: nothing trained,
+         * nothing to save; a clean stop, like one in mid-run */
+        keel__log(KEEL_LOG_INFO, "signal %d received before training "
+                  "started: stopping (%s)", keel_session_signal_received(),
+                  keel_last_error());
+        if (result != NULL)
+            result->end_reason = (int)KEEL_END_SIGNAL;
         st = KEEL_OK;
         goto out;
     }

@@ -407,6 +407,10 @@ keel_session_manager_wait(keel_session_manager *sm, double max_wait_secs)
                               "cancelled after %d attempts", attempts);
         }
         pthread_mutex_unlock(&sm->mu);
+        if (keel__signal_pending())
+            return keel__fail(KEEL_ECANCELLED, "wait for session: signal "
+                              "%d received after %d attempts",
+                              (int)keel__signal_pending(), attempts);
         attempts++;
         why[0] = '\0';
         missing[0] = '\0';

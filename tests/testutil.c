@@ -387,6 +387,13 @@ tu_keel(int timeout_ms, char *out, size_t out_size, char *err,
     return tu_run(argv, NULL, timeout_ms, out, out_size, err, err_size);
 }
 
+/* tu_wait_for_line's buffer: lines read from line_fd but not yet asked
+ * for. A new pipe may reuse a closed one's number: tu_spawn_pipe forgets
+ * what was buffered for it. */
+static char line_buf[65536];
+static size_t line_used;
+static int line_fd = -1;
+
 pid_t
 tu_spawn_pipe(char *const argv[], char *const env[], const char *err_log,
               int *out_fd)
@@ -398,8 +405,10 @@ tu_spawn_pipe(char *const argv[], char *const env[], const char *err_log,
     pid = fork();
     ck_assert_int_ge(pid, 0);
     if (pid == 0) {
-        int fd = open(err_log != NULL ? err_log : "/dev/null",
-                      O_WRONLY | O_CREAT | O_APPEND, 0644);
+        int fd = err_log != NULL && strcmp(err_log, TU_ERR_TO_PIPE) == 0
+                 ? dup(p[1])
+                 : open(err_log != NULL ? err_log : "/dev/null",
+                        O_WRONLY | O_CREAT | O_APPEND, 0644);
         dup2(p[1], 1);
         if (fd >= 0) {
             dup2(fd, 2);
@@ -415,6 +424,10 @@ tu_spawn_pipe(char *const argv[], char *const env[], const char *err_log,
     }
     register_child(pid);
     close(p[1]);
+    if (p[0] == line_fd) {          /* a closed pipe's number, reused */
+        line_fd = -1;
+        line_used = 0;
+    }
     fcntl(p[0], F_SETFL, fcntl(p[0], F_GETFL) | O_NONBLOCK);
     *out_fd = p[0];
     return pid;
@@ -424,26 +437,23 @@ int
 tu_wait_for_line(int fd, const char *needle, int timeout_ms, char *line,
                  size_t line_size)
 {
-    static char buf[65536];
-    static size_t used;
-    static int buf_fd = -1;
     int64_t deadline = tu_now_ms() + timeout_ms;
-    if (buf_fd != fd) {
-        buf_fd = fd;
-        used = 0;
+    if (line_fd != fd) {
+        line_fd = fd;
+        line_used = 0;
     }
     for (;;) {
         char *nl;
         /* complete lines already buffered */
-        while ((nl = memchr(buf, '\n', used)) != NULL) {
-            size_t len = (size_t)(nl - buf);
+        while ((nl = memchr(line_buf, '\n', line_used)) != NULL) {
+            size_t len = (size_t)(nl - line_buf);
             int hit;
             *nl = '\0';
-            hit = strstr(buf, needle) != NULL;
+            hit = strstr(line_buf, needle) != NULL;
             if (hit && line != NULL)
-                snprintf(line, line_size, "%s", buf);
-            memmove(buf, nl + 1, used - len - 1);
-            used -= len + 1;
+                snprintf(line, line_size, "%s", line_buf);
+            memmove(line_buf, nl + 1, line_used - len - 1);
+            line_used -= len + 1;
             if (hit)
                 return 1;
         }
@@ -455,16 +465,17 @@ tu_wait_for_line(int fd, const char *needle, int timeout_ms, char *line,
                 return 0;
             if (poll(&pfd, 1, (int)left) < 0 && errno != EINTR)
                 return 0;
-            if (used == sizeof buf - 1)
-                used = 0;                 /* an absurdly long line */
-            r = read(fd, buf + used, sizeof buf - 1 - used);
+            if (line_used == sizeof line_buf - 1)
+                line_used = 0;          /* an absurdly long line */
+            r = read(fd, line_buf + line_used,
+                     sizeof line_buf - 1 - line_used);
             if (r == 0) {
-                buf_fd = -1;          /* EOF: a later pipe may reuse fd */
-                used = 0;
+                line_fd = -1;          /* EOF: a later pipe may reuse fd */
+                line_used = 0;
                 return 0;
             }
             if (r > 0)
-                used += (size_t)r;
+                line_used += (size_t)r;
         }
     }
 }

@@ -52,7 +52,8 @@ int tu_keel(int timeout_ms, char *out, size_t out_size, char *err,
 pid_t tu_spawn(char *const argv[], char *const env[], const char *log_path);
 /* Start a registered child whose stdout is a pipe (*out_fd, the read end,
  * non-blocking; caller closes it) and whose stderr goes to err_log (or
- * /dev/null). */
+ * /dev/null; TU_ERR_TO_PIPE: into the same pipe). */
+#define TU_ERR_TO_PIPE "|"
 pid_t tu_spawn_pipe(char *const argv[], char *const env[],
                     const char *err_log, int *out_fd);
 /* Read fd until a line containing needle arrives (1), or EOF / the

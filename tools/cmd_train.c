@@ -344,6 +344,14 @@ cmd_train(int argc, char **argv)
         return CLI_OK;
     }
     keel_cluster_spec_free(spec);
+    if (res.end_reason == KEEL_END_SIGNAL && res.examples == 0 &&
+        res.seconds == 0.0) {
+        /* SIGTERM while waiting for the cluster: no session ever ran */
+        printf("stopped by a signal before training started; checkpoints "
+               "in %s\n", keel_config_str(cfg, "checkpoint.dir"));
+        keel_config_free(cfg);
+        return CLI_OK;
+    }
     printf("trained steps %lld..%lld (%lld examples, %.1f s, %.0f "
            "examples/s); checkpoints in %s\n", (long long)res.start_step,
            (long long)res.final_step, (long long)res.examples, res.seconds,
