@@ -522,6 +522,33 @@ START_TEST(chief_sigterm_stops_everyone_with_exit_0)
 }
 END_TEST
 
+/* Start task worker `index` with max_wait_secs 600, wait for its line
+ * `waiting`, SIGTERM it: it must exit 0 within 5 s saying it stopped
+ * before training started. */
+static void
+sigterm_in_wait(const cluster *c, int index, const char *waiting)
+{
+    char tf[2048], line[512];
+    char *env[] = { tf, NULL };
+    char *argv[] = { (char *)tu_build_path("keel"), "train", cfg_path,
+                     "-s", "cluster.max_wait_secs=600", NULL };
+    int fd;
+    pid_t pid;
+    int64_t t0;
+    tf_config(c, "worker", index, tf, sizeof tf);
+    pid = tu_spawn_pipe(argv, env, TU_ERR_TO_PIPE, &fd);
+    ck_assert_msg(tu_wait_for_line(fd, waiting, RUN_MS, line, sizeof line),
+                  "worker %d never logged '%s'", index, waiting);
+    ck_assert_int_eq(kill(pid, SIGTERM), 0);
+    t0 = tu_now_ms();
+    ck_assert_int_eq(tu_wait(pid, 10000), 0);
+    ck_assert_msg(tu_now_ms() - t0 < 5000, "worker %d took %lld ms", index,
+                  (long long)(tu_now_ms() - t0));
+    ck_assert(tu_wait_for_line(fd, "before training started", 1000, line,
+                               sizeof line));
+    close(fd);
+}
+
 /* Preemption before training starts: a chief waiting for a ps that is not
  * up, and a worker (and a ps) waiting for a chief that never came, stop at
  * once on SIGTERM with exit 0, not after cluster.max_wait_secs and not
@@ -530,42 +557,10 @@ START_TEST(sigterm_while_waiting_for_the_chief_exits_0_at_once)
 {
     cluster c;
     const char *const sets[] = { "cluster.max_wait_secs=600", NULL };
-    char tf[2048], line[512];
-    char *env[] = { tf, NULL };
-    char *argv[] = { (char *)tu_build_path("keel"), "train", cfg_path,
-                     "-s", (char *)sets[0], NULL };
-    int fd;
-    pid_t w;
-    int64_t t0;
     cluster_init(&c, 1, 2, NULL, "w");
-    /* the chief, before any ps is up */
-    tf_config(&c, "worker", 0, tf, sizeof tf);
-    w = tu_spawn_pipe(argv, env, TU_ERR_TO_PIPE, &fd);
-    ck_assert_msg(tu_wait_for_line(fd, "initializing", RUN_MS, line,
-                                   sizeof line), "the chief never started");
-    ck_assert_int_eq(kill(w, SIGTERM), 0);
-    t0 = tu_now_ms();
-    ck_assert_int_eq(tu_wait(w, 10000), 0);
-    ck_assert_msg(tu_now_ms() - t0 < 5000, "the chief took %lld ms",
-                  (long long)(tu_now_ms() - t0));
-    ck_assert(tu_wait_for_line(fd, "before training started", 1000, line,
-                               sizeof line));
-    close(fd);
-    /* a worker, with the ps up and no chief */
+    sigterm_in_wait(&c, 0, "initializing");         /* the chief, no ps */
     c.ps[0] = start_task(&c, "ps", 0, sets, NULL);
-    tf_config(&c, "worker", 1, tf, sizeof tf);
-    w = tu_spawn_pipe(argv, env, TU_ERR_TO_PIPE, &fd);
-    ck_assert_msg(tu_wait_for_line(fd, "Waiting for model to be ready",
-                                   RUN_MS, line, sizeof line),
-                  "worker 1 never waited for the chief");
-    ck_assert_int_eq(kill(w, SIGTERM), 0);
-    t0 = tu_now_ms();
-    ck_assert_int_eq(tu_wait(w, 10000), 0);
-    ck_assert_msg(tu_now_ms() - t0 < 5000, "the worker took %lld ms",
-                  (long long)(tu_now_ms() - t0));
-    ck_assert(tu_wait_for_line(fd, "before training started", 1000, line,
-                               sizeof line));
-    close(fd);
+    sigterm_in_wait(&c, 1, "Waiting for model to be ready");  /* no chief */
     ck_assert_int_eq(kill(c.ps[0], SIGTERM), 0);
     ck_assert_int_eq(tu_wait(c.ps[0], 10000), 0);
 }
