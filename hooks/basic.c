@@ -437,3 +437,16 @@ keel__basic_hook_is_timeless(const keel_hook *h)
     return h->after_run == logging_after || h->after_run == stop_after_run
            || h->after_run == nan_after;
 }
+
+/* StopAtStep's after_run acts only from its last step on; the NaN check,
+ * logging (it counts every iteration) and the rest run every step. */
+int
+keel__basic_hook_wake(const keel_hook *h, keel__hook_wake *w)
+{
+    const stop_hook *sh;
+    if (h->after_run != stop_after_run)
+        return 0;
+    sh = h->ctx;
+    w->after_gs = sh->is_resolved ? sh->last_step : KEEL__WAKE_ALWAYS;
+    return 1;
+}

@@ -304,3 +304,14 @@ keel__hook_reads_step_time(const keel_hook *h)
              || keel__summary_hook_is_timeless(h)
              || keel__ckpt_hook_is_timeless(h));
 }
+
+int
+keel__hook_get_wake(const keel_hook *h, keel__hook_wake *w)
+{
+    w->before_gs = KEEL__WAKE_ALWAYS;
+    w->after_gs = KEEL__WAKE_ALWAYS;
+    w->on_stall = 0;
+    w->after_needs_before = 0;
+    return keel__basic_hook_wake(h, w) || keel__summary_hook_wake(h, w)
+           || keel__ckpt_hook_wake(h, w);
+}

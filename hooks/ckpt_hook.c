@@ -263,3 +263,12 @@ keel__ckpt_hook_is_timeless(const keel_hook *h)
 {
     return h->after_run == ck_after_run;
 }
+
+int
+keel__ckpt_hook_wake(const keel_hook *h, keel__hook_wake *w)
+{
+    if (h->after_run != ck_after_run)
+        return 0;
+    w->after_gs = keel__timer_wake(&((const ckpt_hook *)h->ctx)->timer);
+    return 1;
+}

@@ -72,6 +72,12 @@ struct keel_run_values {
     int64_t step_before, step_after, local_step;
     int64_t start_ns, duration_ns;
     keel__values *values;
+    /* For the hook being called (set by the session before each after_run):
+     * step_before of the last step whose after_run chain reached this hook
+     * in this session, called or skipped; has_prev_before 0 when there is
+     * none (first step of the session). */
+    int64_t prev_before;
+    int has_prev_before;
 };
 
 /* 1 when h's after_run may read the step's start or duration
@@ -88,6 +94,51 @@ keel__timer_due(const keel_timer *t, int64_t step)
         return step != t->last_step && step >= t->last_step + t->every_steps;
     return keel_timer_should_trigger(t, step);
 }
+
+/* ---- skipping calls that would do nothing --------------------------------
+ * A built-in hook whose before_run / after_run do nothing until some global
+ * step says so; the session skips those calls (docs/session.md, "Skipping
+ * idle hooks"). The answer is a function of the hook's state, which
+ * changes only in its own calls: the session asks again after every call
+ * it makes and after after_create_session. Any other hook, a time-based
+ * or fake-clock timer and a per-step duty (NaN check, at_end logging)
+ * answer "always". */
+#define KEEL__WAKE_ALWAYS INT64_MIN
+#define KEEL__WAKE_NEVER INT64_MAX
+
+typedef struct keel__hook_wake {
+    int64_t before_gs;  /* before_run is a no-op while the global step
+                         * before the step is < before_gs */
+    int64_t after_gs;   /* after_run is a no-op while step_after < after_gs */
+    int on_stall;       /* ...except after a step whose step_before equals
+                         * prev_before (StepCounter's "global step has not
+                         * been increased"), or when there is no prev */
+    int after_needs_before; /* after_run is a no-op in a step whose
+                             * before_run was skipped */
+} keel__hook_wake;
+
+/* First step s for which keel__timer_due(t, s) can be 1: KEEL__WAKE_NEVER
+ * for a NeverTriggerTimer, KEEL__WAKE_ALWAYS for a timer that has not
+ * triggered yet or is time based (its clock is read by the hook). */
+static inline int64_t
+keel__timer_wake(const keel_timer *t)
+{
+    if (t->is_never)
+        return KEEL__WAKE_NEVER;
+    if (t->every_secs > 0 || !t->is_triggered || t->every_steps <= 0)
+        return KEEL__WAKE_ALWAYS;
+    // due <=> step != last && step >= last + every (every >= 1)
+    if (t->last_step > INT64_MAX - t->every_steps)
+        return KEEL__WAKE_NEVER;
+    return t->last_step + t->every_steps;
+}
+
+/* Fill *w for h (always-call for hooks keel did not build); returns 1 when
+ * the answer can change with the hook's state (ask again after calls). */
+int keel__hook_get_wake(const keel_hook *h, keel__hook_wake *w);
+int keel__basic_hook_wake(const keel_hook *h, keel__hook_wake *w);
+int keel__summary_hook_wake(const keel_hook *h, keel__hook_wake *w);
+int keel__ckpt_hook_wake(const keel_hook *h, keel__hook_wake *w);
 
 int keel__hook_reads_step_time(const keel_hook *h);
 int keel__basic_hook_is_timeless(const keel_hook *h);

@@ -19,6 +19,18 @@ struct keel_step {
     int64_t global_step;
 };
 
+/* Per hook: the steps at which its calls can do something
+ * (keel__hook_wake); the step path skips the calls before them. */
+typedef struct hook_slot {
+    int64_t before_gs, after_gs;
+    int64_t prev_before;        /* step_before of the last step whose
+                                 * after_run chain reached this hook */
+    int has_prev_before;
+    int on_stall;
+    int after_needs_before;
+    int is_dynamic;             /* ask keel__hook_get_wake again after calls */
+} hook_slot;
+
 struct keel_session {
     keel_vars *vars;
     keel_step_fn step;
@@ -30,6 +42,7 @@ struct keel_session {
      * walks only these (index into hooks). */
     size_t *before_idx, *after_idx;
     size_t n_before, n_after;
+    hook_slot *slots;               /* one per hook */
     keel_hook *owned;               /* built-in hooks this session frees */
     size_t n_owned;
     keel_session_creator creator;
@@ -197,6 +210,19 @@ hook_error(keel_status st, const keel_hook *h, const char *where,
                       (long long)step);
 }
 
+/* Ask hook k again when its calls can next do something. */
+static void
+refresh_slot(keel_session *s, size_t k)
+{
+    keel__hook_wake w;
+    hook_slot *sl = &s->slots[k];
+    sl->is_dynamic = keel__hook_get_wake(&s->hooks[k], &w);
+    sl->before_gs = w.before_gs;
+    sl->after_gs = w.after_gs;
+    sl->on_stall = w.on_stall;
+    sl->after_needs_before = w.after_needs_before;
+}
+
 /* Create (or re-create) the session: the creator, then every hook's
  * after_create_session in order. */
 static keel_status
@@ -219,6 +245,10 @@ create_once(keel_session *s, int is_recovery)
             return hook_error(st, h, "after_create_session",
                               keel_vars_global_step(s->vars));
     }
+    // after_create_session moves timers (CheckpointSaver) and resolves
+    // StopAtStep's last step.
+    for (i = 0; i < s->n_hooks; i++)
+        refresh_slot(s, i);
     s->needs_create = 0;
     return KEEL_OK;
 }
@@ -337,12 +367,15 @@ keel__session_new(const keel_session_config *cfg, int is_recovering,
     if (cfg->n_hooks > 0) {
         s->before_idx = calloc(cfg->n_hooks, sizeof *s->before_idx);
         s->after_idx = calloc(cfg->n_hooks, sizeof *s->after_idx);
-        if (s->before_idx == NULL || s->after_idx == NULL) {
+        s->slots = calloc(cfg->n_hooks, sizeof *s->slots);
+        if (s->before_idx == NULL || s->after_idx == NULL
+            || s->slots == NULL) {
             st = keel__fail(KEEL_ENOMEM, "session: %zu hooks", cfg->n_hooks);
             goto fail;
         }
     }
     for (i = 0; i < s->n_hooks; i++) {
+        refresh_slot(s, i);
         if (s->hooks[i].before_run != NULL)
             s->before_idx[s->n_before++] = i;
         if (s->hooks[i].after_run != NULL)
@@ -429,12 +462,13 @@ keel_session_new_singular(const keel_session_config *cfg, keel_session **out)
 
 /* ---- running ------------------------------------------------------------ */
 
-/* One attempt at one step. */
+/* One attempt at one step. Hooks are skipped while their calls would do
+ * nothing (hook_slot): skipping keeps the order of the calls made. */
 static keel_status
 run_once(keel_session *s, const void *batch, int with_hooks)
 {
     keel_run_context *rc = &s->rc;
-    int64_t gs = keel_vars_global_step(s->vars), t0 = 0;
+    int64_t gs = keel_vars_global_step(s->vars), after, t0 = 0;
     size_t i;
     keel_status st;
     rc->batch = batch;
@@ -446,9 +480,19 @@ run_once(keel_session *s, const void *batch, int with_hooks)
     s->values.gen++;
     if (with_hooks) {
         for (i = 0; i < s->n_before; i++) {
-            const keel_hook *h = &s->hooks[s->before_idx[i]];
+            size_t k = s->before_idx[i];
+            hook_slot *sl = &s->slots[k];
+            const keel_hook *h;
+            if (gs < sl->before_gs) {
+                if (sl->after_needs_before)
+                    sl->after_gs = KEEL__WAKE_NEVER;
+                continue;
+            }
+            h = &s->hooks[k];
             rc->hook_name = h->name;
             st = h->before_run(h->ctx, rc);
+            if (sl->is_dynamic)
+                refresh_slot(s, k);
             if (st != KEEL_OK) {
                 if (st == KEEL_EOUTOFRANGE)
                     return st;          // a feeder ran out of input
@@ -483,22 +527,39 @@ run_once(keel_session *s, const void *batch, int with_hooks)
             return keel__wrap(st, "apply gradients at step %lld",
                               (long long)gs);
     }
-    if (keel_vars_global_step(s->vars) == gs)
-        keel_vars_set_global_step(s->vars, gs + 1);
+    after = keel_vars_global_step(s->vars);
+    if (after == gs) {
+        after = gs + 1;
+        keel_vars_set_global_step(s->vars, after);
+    }
     s->local_step++;
     s->rv.step_before = gs;
-    s->rv.step_after = keel_vars_global_step(s->vars);
+    s->rv.step_after = after;
     s->rv.local_step = s->local_step;
     if (!with_hooks)
         return KEEL_OK;
     s->rv.start_ns = t0;
     s->rv.duration_ns = s->needs_step_time ? keel__now_mono_ns() - t0 : 0;
     for (i = 0; i < s->n_after; i++) {
-        const keel_hook *h = &s->hooks[s->after_idx[i]];
+        size_t k = s->after_idx[i];
+        hook_slot *sl = &s->slots[k];
+        const keel_hook *h;
+        int64_t prev = sl->prev_before;
+        int has_prev = sl->has_prev_before;
+        sl->prev_before = gs;
+        sl->has_prev_before = 1;
+        if (after < sl->after_gs
+            && !(sl->on_stall && (!has_prev || prev == gs)))
+            continue;
+        h = &s->hooks[k];
         rc->hook_name = h->name;
+        s->rv.prev_before = prev;
+        s->rv.has_prev_before = has_prev;
         st = h->after_run(h->ctx, rc, &s->rv);
+        if (sl->is_dynamic)
+            refresh_slot(s, k);
         if (st != KEEL_OK)
-            return hook_error(st, h, "after_run", s->rv.step_after);
+            return hook_error(st, h, "after_run", after);
     }
     if (rc->is_stop_requested)
         stop_with(s, KEEL_END_STOP_REQUESTED);
@@ -708,6 +769,7 @@ keel_session_free(keel_session *s)
     free(s->hooks);
     free(s->before_idx);
     free(s->after_idx);
+    free(s->slots);
     for (i = 0; i < s->n_owned; i++)
         keel_hook_release(&s->owned[i]);
     free(s->owned);
