@@ -267,8 +267,10 @@ keel__ckpt_hook_is_timeless(const keel_hook *h)
 int
 keel__ckpt_hook_wake(const keel_hook *h, keel__hook_wake *w)
 {
+    const keel_timer *t;
     if (h->after_run != ck_after_run)
         return 0;
-    w->after_gs = keel__timer_wake(&((const ckpt_hook *)h->ctx)->timer);
-    return 1;
+    t = &((const ckpt_hook *)h->ctx)->timer;
+    w->after_gs = keel__timer_wake(t);
+    return !(t->every_secs > 0);        // time based: always, for good
 }

@@ -134,7 +134,8 @@ keel__timer_wake(const keel_timer *t)
 }
 
 /* Fill *w for h (always-call for hooks keel did not build); returns 1 when
- * the answer can change with the hook's state (ask again after calls). */
+ * the answer can change with the hook's state (ask again after calls), 0
+ * when it never will (other hooks, time-based timers). */
 int keel__hook_get_wake(const keel_hook *h, keel__hook_wake *w);
 /* Off: every hook answers "always" (sessions made afterwards call every
  * hook every step, as before skipping existed). Test use only. */

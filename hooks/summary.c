@@ -462,13 +462,16 @@ int
 keel__summary_hook_wake(const keel_hook *h, keel__hook_wake *w)
 {
     if (h->after_run == counter_after_run) {
-        w->after_gs = keel__timer_wake(&((const counter_hook *)h->ctx)->timer);
+        const keel_timer *t = &((const counter_hook *)h->ctx)->timer;
+        w->after_gs = keel__timer_wake(t);
         w->on_stall = 1;
-        return 1;
+        return !(t->every_secs > 0);    // time based: always, for good
     }
     if (h->after_run == summary_after) {
         const summary_hook *sh = h->ctx;
         int64_t due = keel__timer_wake(&sh->timer);
+        if (sh->timer.every_secs > 0)
+            return 0;                   // time based: always, for good
         // due(global step + 1) <=> global step >= due - 1
         w->before_gs = due == KEEL__WAKE_ALWAYS || due == KEEL__WAKE_NEVER
                        ? due : due - 1;

@@ -20,15 +20,18 @@ struct keel_step {
 };
 
 /* Per hook: the steps at which its calls can do something
- * (keel__hook_wake); the step path skips the calls before them. */
+ * (keel__hook_get_wake); the step path skips the calls before them. */
 typedef struct hook_slot {
     int64_t before_gs, after_gs;
-    int64_t prev_before;        /* step_before of the last step whose
-                                 * after_run chain reached this hook */
-    int has_prev_before;
     int on_stall;
     int after_needs_before;
     int is_dynamic;             /* ask keel__hook_get_wake again after calls */
+    /* Behind: an after_run chain stopped (a hook failed) before reaching
+     * this hook, whose last reached step is then prev_before, not the
+     * session's chain_prev. */
+    int is_behind;
+    int has_prev_before;
+    int64_t prev_before;
 } hook_slot;
 
 struct keel_session {
@@ -43,6 +46,18 @@ struct keel_session {
     size_t *before_idx, *after_idx;
     size_t n_before, n_after;
     hook_slot *slots;               /* one per hook */
+    /* Over all slots (update_wakes): with every hook idle a chain is one
+     * compare. before_min / after_min: the earliest wake; has_armed: a
+     * hook whose after_run waits on its skipped before_run is not idle
+     * yet; chain_prev: step_before of the last step whose after_run chain
+     * started (what an on_stall hook compares with). */
+    int64_t before_min, after_min;
+    int has_stall_hook, has_armed;
+    int64_t chain_prev;
+    int has_chain_prev;
+    size_t n_behind;
+    int64_t *gs;                    /* vars' global step */
+    const atomic_int *coord_stop;   /* the coordinator's stop flag */
     keel_hook *owned;               /* built-in hooks this session frees */
     size_t n_owned;
     keel_session_creator creator;
@@ -210,6 +225,31 @@ hook_error(keel_status st, const keel_hook *h, const char *where,
                       (long long)step);
 }
 
+/* The aggregates over the slots the step path tests first. */
+static void
+update_wakes(keel_session *s)
+{
+    size_t i;
+    s->before_min = KEEL__WAKE_NEVER;
+    s->after_min = KEEL__WAKE_NEVER;
+    s->has_stall_hook = 0;
+    s->has_armed = 0;
+    for (i = 0; i < s->n_before; i++) {
+        const hook_slot *sl = &s->slots[s->before_idx[i]];
+        if (sl->before_gs < s->before_min)
+            s->before_min = sl->before_gs;
+        if (sl->after_needs_before && sl->after_gs != KEEL__WAKE_NEVER)
+            s->has_armed = 1;
+    }
+    for (i = 0; i < s->n_after; i++) {
+        const hook_slot *sl = &s->slots[s->after_idx[i]];
+        if (sl->after_gs < s->after_min)
+            s->after_min = sl->after_gs;
+        if (sl->on_stall)
+            s->has_stall_hook = 1;
+    }
+}
+
 /* Ask hook k again when its calls can next do something. */
 static void
 refresh_slot(keel_session *s, size_t k)
@@ -249,6 +289,7 @@ create_once(keel_session *s, int is_recovery)
     // StopAtStep's last step.
     for (i = 0; i < s->n_hooks; i++)
         refresh_slot(s, i);
+    update_wakes(s);
     s->needs_create = 0;
     return KEEL_OK;
 }
@@ -375,15 +416,19 @@ keel__session_new(const keel_session_config *cfg, int is_recovering,
         }
     }
     for (i = 0; i < s->n_hooks; i++) {
-        refresh_slot(s, i);
         if (s->hooks[i].before_run != NULL)
             s->before_idx[s->n_before++] = i;
         if (s->hooks[i].after_run != NULL)
             s->after_idx[s->n_after++] = i;
     }
+    for (i = 0; i < s->n_hooks; i++)
+        refresh_slot(s, i);
+    update_wakes(s);
+    s->gs = keel__vars_global_step_ptr(s->vars);
     st = keel_coord_new(&s->coord);
     if (st != KEEL_OK)
         goto fail;
+    s->coord_stop = keel__coord_stop_flag(s->coord);
     st = keel_grads_new(s->vars, &s->grads);
     if (st != KEEL_OK)
         goto fail;
@@ -462,13 +507,108 @@ keel_session_new_singular(const keel_session_config *cfg, keel_session **out)
 
 /* ---- running ------------------------------------------------------------ */
 
+/* before_run of every hook not idle at global step gs, in order. */
+static keel_status
+run_before(keel_session *s, int64_t gs)
+{
+    keel_run_context *rc = &s->rc;
+    size_t i;
+    int is_changed = 0;
+    keel_status st = KEEL_OK;
+    for (i = 0; i < s->n_before; i++) {
+        size_t k = s->before_idx[i];
+        hook_slot *sl = &s->slots[k];
+        const keel_hook *h;
+        if (gs < sl->before_gs) {
+            // Its after_run waits on this before_run: idle this step too.
+            if (sl->after_needs_before && sl->after_gs != KEEL__WAKE_NEVER) {
+                sl->after_gs = KEEL__WAKE_NEVER;
+                is_changed = 1;
+            }
+            continue;
+        }
+        h = &s->hooks[k];
+        rc->hook_name = h->name;
+        st = h->before_run(h->ctx, rc);
+        if (sl->is_dynamic) {
+            refresh_slot(s, k);
+            is_changed = 1;
+        }
+        if (st != KEEL_OK) {
+            if (st != KEEL_EOUTOFRANGE)     // a feeder ran out of input
+                st = hook_error(st, h, "before_run", gs);
+            break;
+        }
+    }
+    if (is_changed)
+        update_wakes(s);
+    return st;
+}
+
+/* after_run of every hook not idle at this step, in order. A hook that
+ * watches for stalls compares with the last step that reached it. */
+static keel_status
+run_after(keel_session *s, int64_t gs, int64_t after)
+{
+    keel_run_context *rc = &s->rc;
+    int64_t chain_prev = s->chain_prev;
+    int has_chain_prev = s->has_chain_prev;
+    size_t i, j;
+    int is_changed = 0;
+    keel_status st = KEEL_OK;
+    s->chain_prev = gs;
+    s->has_chain_prev = 1;
+    for (i = 0; i < s->n_after; i++) {
+        size_t k = s->after_idx[i];
+        hook_slot *sl = &s->slots[k];
+        const keel_hook *h;
+        int64_t prev = chain_prev;
+        int has_prev = has_chain_prev;
+        if (sl->is_behind) {
+            prev = sl->prev_before;
+            has_prev = sl->has_prev_before;
+            sl->is_behind = 0;
+            s->n_behind--;
+        }
+        if (after < sl->after_gs
+            && !(sl->on_stall && (!has_prev || prev == gs)))
+            continue;
+        h = &s->hooks[k];
+        rc->hook_name = h->name;
+        s->rv.prev_before = prev;
+        s->rv.has_prev_before = has_prev;
+        st = h->after_run(h->ctx, rc, &s->rv);
+        if (sl->is_dynamic) {
+            refresh_slot(s, k);
+            is_changed = 1;
+        }
+        if (st != KEEL_OK) {
+            // The hooks after this one did not see the step.
+            for (j = i + 1; j < s->n_after; j++) {
+                hook_slot *later = &s->slots[s->after_idx[j]];
+                if (later->is_behind)
+                    continue;
+                later->is_behind = 1;
+                later->prev_before = chain_prev;
+                later->has_prev_before = has_chain_prev;
+                s->n_behind++;
+            }
+            st = hook_error(st, h, "after_run", after);
+            break;
+        }
+    }
+    if (is_changed)
+        update_wakes(s);
+    return st;
+}
+
 /* One attempt at one step. Hooks are skipped while their calls would do
  * nothing (hook_slot): skipping keeps the order of the calls made. */
 static keel_status
 run_once(keel_session *s, const void *batch, int with_hooks)
 {
     keel_run_context *rc = &s->rc;
-    int64_t gs = keel_vars_global_step(s->vars), after, t0 = 0;
+    int64_t gs = *s->gs, after, t0 = 0;
     size_t i;
     keel_status st;
     rc->batch = batch;
@@ -478,27 +618,10 @@ run_once(keel_session *s, const void *batch, int with_hooks)
     rc->global_step = gs;
     rc->hook_name = NULL;
     s->values.gen++;
-    if (with_hooks) {
-        for (i = 0; i < s->n_before; i++) {
-            size_t k = s->before_idx[i];
-            hook_slot *sl = &s->slots[k];
-            const keel_hook *h;
-            if (gs < sl->before_gs) {
-                if (sl->after_needs_before)
-                    sl->after_gs = KEEL__WAKE_NEVER;
-                continue;
-            }
-            h = &s->hooks[k];
-            rc->hook_name = h->name;
-            st = h->before_run(h->ctx, rc);
-            if (sl->is_dynamic)
-                refresh_slot(s, k);
-            if (st != KEEL_OK) {
-                if (st == KEEL_EOUTOFRANGE)
-                    return st;          // a feeder ran out of input
-                return hook_error(st, h, "before_run", gs);
-            }
-        }
+    if (with_hooks && (gs >= s->before_min || s->has_armed)) {
+        st = run_before(s, gs);
+        if (st != KEEL_OK)
+            return st;
     }
     s->st.batch = rc->batch;
     s->st.is_applied = 0;
@@ -527,11 +650,9 @@ run_once(keel_session *s, const void *batch, int with_hooks)
             return keel__wrap(st, "apply gradients at step %lld",
                               (long long)gs);
     }
-    after = keel_vars_global_step(s->vars);
-    if (after == gs) {
-        after = gs + 1;
-        keel_vars_set_global_step(s->vars, after);
-    }
+    after = *s->gs;
+    if (after == gs)
+        *s->gs = after = gs + 1;
     s->local_step++;
     s->rv.step_before = gs;
     s->rv.step_after = after;
@@ -540,26 +661,15 @@ run_once(keel_session *s, const void *batch, int with_hooks)
         return KEEL_OK;
     s->rv.start_ns = t0;
     s->rv.duration_ns = s->needs_step_time ? keel__now_mono_ns() - t0 : 0;
-    for (i = 0; i < s->n_after; i++) {
-        size_t k = s->after_idx[i];
-        hook_slot *sl = &s->slots[k];
-        const keel_hook *h;
-        int64_t prev = sl->prev_before;
-        int has_prev = sl->has_prev_before;
-        sl->prev_before = gs;
-        sl->has_prev_before = 1;
-        if (after < sl->after_gs
-            && !(sl->on_stall && (!has_prev || prev == gs)))
-            continue;
-        h = &s->hooks[k];
-        rc->hook_name = h->name;
-        s->rv.prev_before = prev;
-        s->rv.has_prev_before = has_prev;
-        st = h->after_run(h->ctx, rc, &s->rv);
-        if (sl->is_dynamic)
-            refresh_slot(s, k);
+    if (after >= s->after_min || s->n_behind > 0
+        || (s->has_stall_hook
+            && (!s->has_chain_prev || s->chain_prev == gs))) {
+        st = run_after(s, gs, after);
         if (st != KEEL_OK)
-            return hook_error(st, h, "after_run", after);
+            return st;
+    } else {
+        s->chain_prev = gs;             // every hook idle: all reached
+        s->has_chain_prev = 1;
     }
     if (rc->is_stop_requested)
         stop_with(s, KEEL_END_STOP_REQUESTED);
@@ -570,6 +680,10 @@ run_once(keel_session *s, const void *batch, int with_hooks)
 static int
 check_stop(keel_session *s)
 {
+    // One test on the step path: nothing stopped, no signal, no request.
+    if (!(s->is_closed | s->is_stopped | g_signal
+          | atomic_load_explicit(s->coord_stop, memory_order_acquire)))
+        return 0;
     if (s->is_closed || s->is_stopped)
         return 1;
     if (keel__signal_pending()) {

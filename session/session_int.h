@@ -5,15 +5,21 @@
 #define KEEL_SESSION_INT_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <keel/session.h>
 #include <keel/train.h>
 #include "../hooks/hooks_int.h"
+#include "../train/train_int.h"
 
 /* A condition variable on CLOCK_MONOTONIC. */
 void keel__cond_init_mono(pthread_cond_t *cv);
 /* Wait until deadline_ns (monotonic; < 0: forever). 1 on timeout. */
 int keel__cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu,
                           int64_t deadline_ns);
+
+/* The flag keel_coord_should_stop reads (valid while c lives): the step
+ * path loads it without a call. */
+const atomic_int *keel__coord_stop_flag(const keel_coord *c);
 
 /* The process-wide signal flag (0: none). */
 int keel__signal_pending(void);
