@@ -72,10 +72,11 @@ struct keel_run_values {
     int64_t step_before, step_after, local_step;
     int64_t start_ns, duration_ns;
     keel__values *values;
-    /* For the hook being called (set by the session before each after_run):
-     * step_before of the last step whose after_run chain reached this hook
-     * in this session, called or skipped; has_prev_before 0 when there is
-     * none (first step of the session). */
+    /* For a hook whose wake has on_stall (set by the session before each
+     * after_run): step_before of the last step whose after_run chain
+     * reached this hook in this session, called or skipped;
+     * has_prev_before 0 when there is none (first step of the session)
+     * or the hook does not watch for stalls (it keeps its own). */
     int64_t prev_before;
     int has_prev_before;
 };

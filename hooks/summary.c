@@ -463,9 +463,11 @@ keel__summary_hook_wake(const keel_hook *h, keel__hook_wake *w)
 {
     if (h->after_run == counter_after_run) {
         const keel_timer *t = &((const counter_hook *)h->ctx)->timer;
+        if (t->every_secs > 0)
+            return 0;                   // time based: always, for good
         w->after_gs = keel__timer_wake(t);
         w->on_stall = 1;
-        return !(t->every_secs > 0);    // time based: always, for good
+        return 1;
     }
     if (h->after_run == summary_after) {
         const summary_hook *sh = h->ctx;

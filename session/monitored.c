@@ -53,6 +53,13 @@ struct keel_session {
      * started (what an on_stall hook compares with). */
     int64_t before_min, after_min;
     int has_stall_hook, has_armed;
+    /* The same over the dynamic hooks only, and the hooks that are always
+     * called (not dynamic, wake ALWAYS) in order: while every dynamic hook
+     * is idle, a chain calls just those. */
+    int64_t dyn_before_min, dyn_after_min;
+    int has_dyn_stall_hook;
+    size_t *always_before, *always_after;
+    size_t n_always_before, n_always_after;
     int64_t chain_prev;
     int has_chain_prev;
     size_t n_behind;
@@ -232,21 +239,42 @@ update_wakes(keel_session *s)
     size_t i;
     s->before_min = KEEL__WAKE_NEVER;
     s->after_min = KEEL__WAKE_NEVER;
+    s->dyn_before_min = KEEL__WAKE_NEVER;
+    s->dyn_after_min = KEEL__WAKE_NEVER;
     s->has_stall_hook = 0;
+    s->has_dyn_stall_hook = 0;
     s->has_armed = 0;
+    s->n_always_before = 0;
+    s->n_always_after = 0;
     for (i = 0; i < s->n_before; i++) {
-        const hook_slot *sl = &s->slots[s->before_idx[i]];
+        size_t k = s->before_idx[i];
+        const hook_slot *sl = &s->slots[k];
         if (sl->before_gs < s->before_min)
             s->before_min = sl->before_gs;
         if (sl->after_needs_before && sl->after_gs != KEEL__WAKE_NEVER)
             s->has_armed = 1;
+        if (sl->is_dynamic && sl->before_gs < s->dyn_before_min)
+            s->dyn_before_min = sl->before_gs;
+        if (!sl->is_dynamic && sl->before_gs == KEEL__WAKE_ALWAYS)
+            s->always_before[s->n_always_before++] = k;
+        else if (!sl->is_dynamic)       // a fixed wake: not "always"
+            s->dyn_before_min = KEEL__WAKE_ALWAYS;
     }
     for (i = 0; i < s->n_after; i++) {
-        const hook_slot *sl = &s->slots[s->after_idx[i]];
+        size_t k = s->after_idx[i];
+        const hook_slot *sl = &s->slots[k];
         if (sl->after_gs < s->after_min)
             s->after_min = sl->after_gs;
         if (sl->on_stall)
             s->has_stall_hook = 1;
+        if (sl->is_dynamic && sl->after_gs < s->dyn_after_min)
+            s->dyn_after_min = sl->after_gs;
+        if (sl->is_dynamic && sl->on_stall)
+            s->has_dyn_stall_hook = 1;
+        if (!sl->is_dynamic && sl->after_gs == KEEL__WAKE_ALWAYS)
+            s->always_after[s->n_always_after++] = k;
+        else if (!sl->is_dynamic)
+            s->dyn_after_min = KEEL__WAKE_ALWAYS;
     }
 }
 
@@ -409,8 +437,11 @@ keel__session_new(const keel_session_config *cfg, int is_recovering,
         s->before_idx = calloc(cfg->n_hooks, sizeof *s->before_idx);
         s->after_idx = calloc(cfg->n_hooks, sizeof *s->after_idx);
         s->slots = calloc(cfg->n_hooks, sizeof *s->slots);
+        s->always_before = calloc(cfg->n_hooks, sizeof *s->always_before);
+        s->always_after = calloc(cfg->n_hooks, sizeof *s->always_after);
         if (s->before_idx == NULL || s->after_idx == NULL
-            || s->slots == NULL) {
+            || s->slots == NULL || s->always_before == NULL
+            || s->always_after == NULL) {
             st = keel__fail(KEEL_ENOMEM, "session: %zu hooks", cfg->n_hooks);
             goto fail;
         }
@@ -515,6 +546,18 @@ run_before(keel_session *s, int64_t gs)
     size_t i;
     int is_changed = 0;
     keel_status st = KEEL_OK;
+    if (gs < s->dyn_before_min && !s->has_armed) {
+        // Every dynamic hook idle: only the always-called ones, in order.
+        for (i = 0; i < s->n_always_before; i++) {
+            const keel_hook *h = &s->hooks[s->always_before[i]];
+            rc->hook_name = h->name;
+            st = h->before_run(h->ctx, rc);
+            if (st != KEEL_OK)
+                return st == KEEL_EOUTOFRANGE
+                       ? st : hook_error(st, h, "before_run", gs);
+        }
+        return KEEL_OK;
+    }
     for (i = 0; i < s->n_before; i++) {
         size_t k = s->before_idx[i];
         hook_slot *sl = &s->slots[k];
@@ -545,6 +588,27 @@ run_before(keel_session *s, int64_t gs)
     return st;
 }
 
+/* Hook k's after_run failed with st: the hooks after it did not see the
+ * step (their last reached step stays chain_prev). */
+static keel_status
+after_failed(keel_session *s, size_t k, int64_t chain_prev,
+             int has_chain_prev, int64_t after, keel_status st)
+{
+    size_t j = 0;
+    while (j < s->n_after && s->after_idx[j] != k)
+        j++;
+    for (j++; j < s->n_after; j++) {
+        hook_slot *later = &s->slots[s->after_idx[j]];
+        if (later->is_behind)
+            continue;
+        later->is_behind = 1;
+        later->prev_before = chain_prev;
+        later->has_prev_before = has_chain_prev;
+        s->n_behind++;
+    }
+    return hook_error(st, &s->hooks[k], "after_run", after);
+}
+
 /* after_run of every hook not idle at this step, in order. A hook that
  * watches for stalls compares with the last step that reached it. */
 static keel_status
@@ -553,11 +617,30 @@ run_after(keel_session *s, int64_t gs, int64_t after)
     keel_run_context *rc = &s->rc;
     int64_t chain_prev = s->chain_prev;
     int has_chain_prev = s->has_chain_prev;
-    size_t i, j;
+    size_t i;
     int is_changed = 0;
     keel_status st = KEEL_OK;
     s->chain_prev = gs;
     s->has_chain_prev = 1;
+    if (after < s->dyn_after_min && s->n_behind == 0
+        && !(s->has_dyn_stall_hook
+             && (!has_chain_prev || chain_prev == gs))) {
+        // Every dynamic hook idle: only the always-called ones, in order
+        // (none watches for stalls: that is a dynamic hook's wake).
+        s->rv.has_prev_before = 0;
+        for (i = 0; i < s->n_always_after; i++) {
+            const keel_hook *h = &s->hooks[s->always_after[i]];
+            rc->hook_name = h->name;
+            st = h->after_run(h->ctx, rc, &s->rv);
+            if (st != KEEL_OK)
+                break;
+        }
+        if (st == KEEL_OK)
+            return KEEL_OK;
+        // Fall through to mark the hooks after the failing one behind.
+        return after_failed(s, s->always_after[i], chain_prev,
+                            has_chain_prev, after, st);
+    }
     for (i = 0; i < s->n_after; i++) {
         size_t k = s->after_idx[i];
         hook_slot *sl = &s->slots[k];
@@ -576,25 +659,17 @@ run_after(keel_session *s, int64_t gs, int64_t after)
         h = &s->hooks[k];
         rc->hook_name = h->name;
         s->rv.prev_before = prev;
-        s->rv.has_prev_before = has_prev;
+        s->rv.has_prev_before = sl->on_stall && has_prev;
         st = h->after_run(h->ctx, rc, &s->rv);
         if (sl->is_dynamic) {
             refresh_slot(s, k);
             is_changed = 1;
         }
         if (st != KEEL_OK) {
-            // The hooks after this one did not see the step.
-            for (j = i + 1; j < s->n_after; j++) {
-                hook_slot *later = &s->slots[s->after_idx[j]];
-                if (later->is_behind)
-                    continue;
-                later->is_behind = 1;
-                later->prev_before = chain_prev;
-                later->has_prev_before = has_chain_prev;
-                s->n_behind++;
-            }
-            st = hook_error(st, h, "after_run", after);
-            break;
+            if (is_changed)
+                update_wakes(s);
+            return after_failed(s, k, chain_prev, has_chain_prev, after,
+                                st);
         }
     }
     if (is_changed)
@@ -884,6 +959,8 @@ keel_session_free(keel_session *s)
     free(s->before_idx);
     free(s->after_idx);
     free(s->slots);
+    free(s->always_before);
+    free(s->always_after);
     for (i = 0; i < s->n_owned; i++)
         keel_hook_release(&s->owned[i]);
     free(s->owned);
