@@ -66,6 +66,10 @@ struct keel_run_context {
     const char *requested_by[KEEL_MAX_VALUES];
     size_t n_requested;
     keel__values *values;
+    /* after_run calls of the hook being called that the session skipped
+     * since it last called the hook (0 unless its wake is dynamic): a hook
+     * that counts iterations (LoggingTensorHook) adds them first. */
+    int64_t n_skipped;
 };
 
 struct keel_run_values {
@@ -79,6 +83,7 @@ struct keel_run_values {
      * or the hook does not watch for stalls (it keeps its own). */
     int64_t prev_before;
     int has_prev_before;
+    int64_t n_skipped;      /* as keel_run_context's, for after_run */
 };
 
 /* 1 when h's after_run may read the step's start or duration
@@ -109,7 +114,10 @@ keel__timer_due(const keel_timer *t, int64_t step)
 
 typedef struct keel__hook_wake {
     int64_t before_gs;  /* before_run is a no-op while the global step
-                         * before the step is < before_gs */
+                         * before the step is < before_gs ... */
+    int64_t before_iters; /* ... and fewer than this many after_run chains
+                           * reaching the hook have started from now
+                           * (KEEL__WAKE_NEVER: no limit) */
     int64_t after_gs;   /* after_run is a no-op while step_after < after_gs */
     int on_stall;       /* ...except after a step whose step_before equals
                          * prev_before (StepCounter's "global step has not

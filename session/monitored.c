@@ -23,6 +23,11 @@ struct keel_step {
  * (keel__hook_get_wake); the step path skips the calls before them. */
 typedef struct hook_slot {
     int64_t before_gs, after_gs;
+    int64_t before_chain;       /* before_run idle while n_chains < this */
+    /* Dynamic hooks: n_chains when the hook was last called, and chains
+     * since then that did not reach it: the rest it missed by skipping
+     * (n_skipped). */
+    int64_t sync_chain, n_missed;
     int on_stall;
     int after_needs_before;
     int is_dynamic;             /* ask keel__hook_get_wake again after calls */
@@ -51,12 +56,13 @@ struct keel_session {
      * hook whose after_run waits on its skipped before_run is not idle
      * yet; chain_prev: step_before of the last step whose after_run chain
      * started (what an on_stall hook compares with). */
-    int64_t before_min, after_min;
+    int64_t before_min, after_min, before_chain_min;
     int has_stall_hook, has_armed;
+    int64_t n_chains;               /* after_run chains started */
     /* The same over the dynamic hooks only, and the hooks that are always
      * called (not dynamic, wake ALWAYS) in order: while every dynamic hook
      * is idle, a chain calls just those. */
-    int64_t dyn_before_min, dyn_after_min;
+    int64_t dyn_before_min, dyn_after_min, dyn_before_chain_min;
     int has_dyn_stall_hook;
     size_t *always_before, *always_after;
     size_t n_always_before, n_always_after;
@@ -239,6 +245,8 @@ update_wakes(keel_session *s)
     size_t i;
     s->before_min = KEEL__WAKE_NEVER;
     s->after_min = KEEL__WAKE_NEVER;
+    s->before_chain_min = KEEL__WAKE_NEVER;
+    s->dyn_before_chain_min = KEEL__WAKE_NEVER;
     s->dyn_before_min = KEEL__WAKE_NEVER;
     s->dyn_after_min = KEEL__WAKE_NEVER;
     s->has_stall_hook = 0;
@@ -251,10 +259,14 @@ update_wakes(keel_session *s)
         const hook_slot *sl = &s->slots[k];
         if (sl->before_gs < s->before_min)
             s->before_min = sl->before_gs;
+        if (sl->before_chain < s->before_chain_min)
+            s->before_chain_min = sl->before_chain;
         if (sl->after_needs_before && sl->after_gs != KEEL__WAKE_NEVER)
             s->has_armed = 1;
         if (sl->is_dynamic && sl->before_gs < s->dyn_before_min)
             s->dyn_before_min = sl->before_gs;
+        if (sl->is_dynamic && sl->before_chain < s->dyn_before_chain_min)
+            s->dyn_before_chain_min = sl->before_chain;
         if (!sl->is_dynamic && sl->before_gs == KEEL__WAKE_ALWAYS)
             s->always_before[s->n_always_before++] = k;
         else if (!sl->is_dynamic)       // a fixed wake: not "always"
@@ -284,8 +296,16 @@ refresh_slot(keel_session *s, size_t k)
 {
     keel__hook_wake w;
     hook_slot *sl = &s->slots[k];
+    int64_t base;
     sl->is_dynamic = keel__hook_get_wake(&s->hooks[k], &w);
     sl->before_gs = w.before_gs;
+    // Iterations from the hook's own count, which stands at chain
+    // sync_chain + n_missed (chains since then it has not been told of;
+    // more misses later only make it wake early, a no-op call).
+    base = sl->sync_chain + sl->n_missed;
+    sl->before_chain = w.before_iters == KEEL__WAKE_NEVER
+                       || w.before_iters > KEEL__WAKE_NEVER - base
+                       ? KEEL__WAKE_NEVER : base + w.before_iters;
     sl->after_gs = w.after_gs;
     sl->on_stall = w.on_stall;
     sl->after_needs_before = w.after_needs_before;
@@ -546,8 +566,10 @@ run_before(keel_session *s, int64_t gs)
     size_t i;
     int is_changed = 0;
     keel_status st = KEEL_OK;
-    if (gs < s->dyn_before_min && !s->has_armed) {
+    if (gs < s->dyn_before_min && s->n_chains < s->dyn_before_chain_min
+        && !s->has_armed) {
         // Every dynamic hook idle: only the always-called ones, in order.
+        rc->n_skipped = 0;
         for (i = 0; i < s->n_always_before; i++) {
             const keel_hook *h = &s->hooks[s->always_before[i]];
             rc->hook_name = h->name;
@@ -562,7 +584,7 @@ run_before(keel_session *s, int64_t gs)
         size_t k = s->before_idx[i];
         hook_slot *sl = &s->slots[k];
         const keel_hook *h;
-        if (gs < sl->before_gs) {
+        if (gs < sl->before_gs && s->n_chains < sl->before_chain) {
             // Its after_run waits on this before_run: idle this step too.
             if (sl->after_needs_before && sl->after_gs != KEEL__WAKE_NEVER) {
                 sl->after_gs = KEEL__WAKE_NEVER;
@@ -572,6 +594,12 @@ run_before(keel_session *s, int64_t gs)
         }
         h = &s->hooks[k];
         rc->hook_name = h->name;
+        rc->n_skipped = 0;
+        if (sl->is_dynamic) {
+            rc->n_skipped = s->n_chains - sl->sync_chain - sl->n_missed;
+            sl->sync_chain = s->n_chains;
+            sl->n_missed = 0;
+        }
         st = h->before_run(h->ctx, rc);
         if (sl->is_dynamic) {
             refresh_slot(s, k);
@@ -599,6 +627,7 @@ after_failed(keel_session *s, size_t k, int64_t chain_prev,
         j++;
     for (j++; j < s->n_after; j++) {
         hook_slot *later = &s->slots[s->after_idx[j]];
+        later->n_missed++;
         if (later->is_behind)
             continue;
         later->is_behind = 1;
@@ -628,6 +657,7 @@ run_after(keel_session *s, int64_t gs, int64_t after)
         // Every dynamic hook idle: only the always-called ones, in order
         // (none watches for stalls: that is a dynamic hook's wake).
         s->rv.has_prev_before = 0;
+        s->rv.n_skipped = 0;
         for (i = 0; i < s->n_always_after; i++) {
             const keel_hook *h = &s->hooks[s->always_after[i]];
             rc->hook_name = h->name;
@@ -660,6 +690,14 @@ run_after(keel_session *s, int64_t gs, int64_t after)
         rc->hook_name = h->name;
         s->rv.prev_before = prev;
         s->rv.has_prev_before = sl->on_stall && has_prev;
+        s->rv.n_skipped = 0;
+        if (sl->is_dynamic) {
+            // this chain (n_chains) is the one being delivered
+            s->rv.n_skipped = s->n_chains - 1 - sl->sync_chain
+                              - sl->n_missed;
+            sl->sync_chain = s->n_chains;
+            sl->n_missed = 0;
+        }
         st = h->after_run(h->ctx, rc, &s->rv);
         if (sl->is_dynamic) {
             refresh_slot(s, k);
@@ -693,7 +731,9 @@ run_once(keel_session *s, const void *batch, int with_hooks)
     rc->global_step = gs;
     rc->hook_name = NULL;
     s->values.gen++;
-    if (with_hooks && (gs >= s->before_min || s->has_armed)) {
+    if (with_hooks && (gs >= s->before_min
+                       || s->n_chains >= s->before_chain_min
+                       || s->has_armed)) {
         st = run_before(s, gs);
         if (st != KEEL_OK)
             return st;
@@ -736,6 +776,7 @@ run_once(keel_session *s, const void *batch, int with_hooks)
         return KEEL_OK;
     s->rv.start_ns = t0;
     s->rv.duration_ns = s->needs_step_time ? keel__now_mono_ns() - t0 : 0;
+    s->n_chains++;
     if (after >= s->after_min || s->n_behind > 0
         || (s->has_stall_hook
             && (!s->has_chain_prev || s->chain_prev == gs))) {
