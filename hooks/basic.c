@@ -229,20 +229,29 @@ typedef struct nan_hook {
     char name[KEEL_VALUE_NAME_MAX];
     int fail_on_nan;
     int fail_on_inf;
+    int slot;                 /* name's slot in the values table, or -1 */
 } nan_hook;
 
+/* Every step: the name is this hook's own buffer, so its slot is found by
+ * pointer (keel__values_slot_fixed). */
 static keel_status
 nan_before(void *ctx, keel_run_context *rc)
 {
     nan_hook *h = ctx;
-    return keel_run_context_request(rc, h->name);
+    return keel__run_context_request_slot(
+        rc, keel__values_slot_fixed(rc->values, h->name, &h->slot),
+        h->name);
 }
 
 static keel_status
 nan_after(void *ctx, keel_run_context *rc, const keel_run_values *v)
 {
     nan_hook *h = ctx;
-    double x = keel_run_values_get(v, h->name);
+    const keel__values *t = v->values;
+    int slot = keel__values_slot_fixed(v->values, h->name, &h->slot);
+    // keel_run_values_get: NaN unless the step set it (it did: requested)
+    double x = slot >= 0 && t->v[slot].set_gen == t->gen ? t->v[slot].value
+                                                         : NAN;
     const char *what;
     if (isnan(x))
         what = "NaN";
@@ -280,6 +289,7 @@ keel_nan_hook_new(const char *name, int fail_on_nan, int fail_on_inf,
     memcpy(h->name, name, strlen(name) + 1);
     h->fail_on_nan = fail_on_nan;
     h->fail_on_inf = fail_on_inf;
+    h->slot = -1;
     fill(out, "nan_tensor", h);
     out->before_run = nan_before;
     out->after_run = nan_after;

@@ -101,11 +101,17 @@ keel_run_context_stop_requested(const keel_run_context *rc)
 keel_status
 keel_run_context_request(keel_run_context *rc, const char *name)
 {
-    int slot;
-    size_t i;
     if (rc == NULL || name == NULL)
         return keel__fail(KEEL_EINVAL, "request value: NULL argument");
-    slot = keel__values_slot(rc->values, name, 1);
+    return keel__run_context_request_slot(
+        rc, keel__values_slot(rc->values, name, 1), name);
+}
+
+keel_status
+keel__run_context_request_slot(keel_run_context *rc, int slot,
+                               const char *name)
+{
+    size_t i;
     if (slot < 0)
         return keel__fail(KEEL_EINVAL, "hook '%s' requested value '%s': "
                           "name too long or more than %d names",

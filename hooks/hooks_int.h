@@ -55,6 +55,28 @@ typedef struct keel__values {
 /* Slot of name (adding it if is_add); -1 if absent or the table is full. */
 int keel__values_slot(keel__values *t, const char *name, int is_add);
 
+/* keel__values_slot(t, name, 1) for a name in a buffer that does not
+ * change while it is in use (a built-in hook's own copy): a slot whose
+ * pointers include name holds that name, so *hint (the slot last found,
+ * -1 at first) is checked by pointer alone. */
+static inline int
+keel__values_slot_fixed(keel__values *t, const char *name, int *hint)
+{
+    int k, h = *hint;
+    if (h >= 0 && (size_t)h < t->n)
+        for (k = 0; k < KEEL__VALUE_PTRS; k++)
+            if (t->v[h].ptrs[k] == name)
+                return h;
+    h = keel__values_slot(t, name, 1);
+    if (h >= 0)
+        *hint = h;
+    return h;
+}
+
+/* keel_run_context_request of a slot already found. */
+keel_status keel__run_context_request_slot(keel_run_context *rc, int slot,
+                                           const char *name);
+
 struct keel_run_context {
     keel_session *s;
     const void *batch;

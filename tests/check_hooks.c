@@ -5,6 +5,7 @@
  * session skipping idle built-in hooks (same output as calling them all). */
 #include <config.h>
 
+#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -592,6 +593,48 @@ START_TEST(test_stop_request_lands_at_next_step_boundary_with_idle_hooks)
 }
 END_TEST
 
+static keel_status
+acc_before(void *ctx, keel_run_context *rc)
+{
+    (void)ctx;
+    return keel_run_context_request(rc, "acc");
+}
+
+static keel_status
+acc_nan_step(void *ctx, keel_step *st)
+{
+    (void)ctx;
+    if (keel_step_set_value(st, "acc", NAN) != KEEL_OK)
+        return KEEL_EINTERNAL;
+    return keel_step_set_value(st, "loss", 0.5);
+}
+
+START_TEST(test_nan_hook_finds_its_value_again_in_a_new_session)
+{
+    keel_hook h[2];
+    keel_session_config c;
+    keel_session *s;
+    ck_assert_int_eq(keel_nan_hook_new("loss", 1, 1, &h[1]), KEEL_OK);
+    s = session_with(&h[1], 1);             // "loss" is slot 0 here
+    run_steps(s, 2);
+    keel_session_free(s);
+    /* A new session where "acc" (NaN) takes slot 0 and "loss" slot 1:
+     * the slot the hook found before is not its name's any more. */
+    h[0] = (keel_hook){ .struct_size = sizeof h[0], .name = "acc",
+                        .before_run = acc_before };
+    keel_session_config_init(&c);
+    c.vars = vs;
+    c.step = acc_nan_step;
+    c.hooks = h;
+    c.n_hooks = 2;
+    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
+    run_steps(s, 2);
+    ck_assert(!keel_session_should_stop(s));
+    keel_session_free(s);
+    keel_hook_release(&h[1]);
+}
+END_TEST
+
 static Suite *
 hooks_suite(void)
 {
@@ -620,6 +663,7 @@ hooks_suite(void)
     tcase_add_test(tc, test_time_trigger_fires_while_step_hooks_skip);
     tcase_add_test(tc,
         test_stop_request_lands_at_next_step_boundary_with_idle_hooks);
+    tcase_add_test(tc, test_nan_hook_finds_its_value_again_in_a_new_session);
     suite_add_tcase(s, tc);
     return s;
 }
