@@ -325,6 +325,7 @@ keel__hook_get_wake(const keel_hook *h, keel__hook_wake *w)
     w->before_gs = KEEL__WAKE_ALWAYS;
     w->before_iters = KEEL__WAKE_NEVER;
     w->after_gs = KEEL__WAKE_ALWAYS;
+    w->after_ns = KEEL__WAKE_NEVER;
     w->on_stall = 0;
     w->after_needs_before = 0;
     if (g_is_skipping_off)

@@ -140,7 +140,12 @@ typedef struct keel__hook_wake {
     int64_t before_iters; /* ... and fewer than this many after_run chains
                            * reaching the hook have started from now
                            * (KEEL__WAKE_NEVER: no limit) */
-    int64_t after_gs;   /* after_run is a no-op while step_after < after_gs */
+    int64_t after_gs;   /* after_run is a no-op while step_after < after_gs
+                         * ... */
+    int64_t after_ns;   /* ... or, if not KEEL__WAKE_NEVER, until
+                         * CLOCK_MONOTONIC reaches after_ns (a time-based
+                         * timer on the real clock; the session's alarm
+                         * says when, the hook still checks exactly) */
     int on_stall;       /* ...except after a step whose step_before equals
                          * prev_before (StepCounter's "global step has not
                          * been increased"), or when there is no prev */

@@ -5,7 +5,9 @@
  * path does not allocate. */
 #include <config.h>
 
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,8 +23,29 @@ struct keel_step {
 
 /* Per hook: the steps at which its calls can do something
  * (keel__hook_get_wake); the step path skips the calls before them. */
+/* How long before a clock deadline the alarm goes up: from then on the
+ * hook is called every step and checks its timer exactly, so a trigger is
+ * on time unless the alarm thread is kept off a CPU for longer than this
+ * past its wake-up. */
+#define ALARM_LEAD_NS ((int64_t)100 * 1000000)
+
+/* A thread that raises is_up at at_ns (CLOCK_MONOTONIC): the step path
+ * notices clock deadlines with one relaxed load, no clock read. Started
+ * with the first clock deadline; stopped at close. */
+typedef struct step_alarm {
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int64_t at_ns;              /* KEEL__WAKE_NEVER: none */
+    int is_quit;
+    int is_started;
+    int has_failed;             /* no thread: clock hooks called always */
+    atomic_int is_up;
+} step_alarm;
+
 typedef struct hook_slot {
     int64_t before_gs, after_gs;
+    int64_t after_ns;           /* clock deadline (alarm), or NEVER */
     int64_t before_chain;       /* before_run idle while n_chains < this */
     /* Dynamic hooks: n_chains when the hook was last called, and chains
      * since then that did not reach it: the rest it missed by skipping
@@ -69,6 +92,8 @@ struct keel_session {
     int64_t chain_prev;
     int has_chain_prev;
     size_t n_behind;
+    int64_t min_after_ns;           /* earliest clock deadline, or NEVER */
+    step_alarm alarm;
     int64_t *gs;                    /* vars' global step */
     const atomic_int *coord_stop;   /* the coordinator's stop flag */
     keel_hook *owned;               /* built-in hooks this session frees */
@@ -238,10 +263,94 @@ hook_error(keel_status st, const keel_hook *h, const char *where,
                       (long long)step);
 }
 
+static void *
+alarm_main(void *arg)
+{
+    step_alarm *a = arg;
+    pthread_mutex_lock(&a->mu);
+    while (!a->is_quit) {
+        if (a->at_ns == KEEL__WAKE_NEVER
+            || atomic_load_explicit(&a->is_up, memory_order_relaxed))
+            pthread_cond_wait(&a->cv, &a->mu);
+        else if (keel__now_mono_ns() >= a->at_ns)
+            atomic_store_explicit(&a->is_up, 1, memory_order_relaxed);
+        else
+            keel__cond_wait_until(&a->cv, &a->mu, a->at_ns);
+    }
+    pthread_mutex_unlock(&a->mu);
+    return NULL;
+}
+
+static void refresh_slot(keel_session *s, size_t k);
+
+/* Raise the alarm at deadline_ns - ALARM_LEAD_NS (NEVER: none). Runs only
+ * when the earliest deadline changes (a clock hook triggered). */
+static void
+alarm_set(keel_session *s, int64_t deadline_ns)
+{
+    step_alarm *a = &s->alarm;
+    int64_t at = deadline_ns == KEEL__WAKE_NEVER
+                 ? KEEL__WAKE_NEVER : deadline_ns - ALARM_LEAD_NS;
+    if (!a->is_started && at != KEEL__WAKE_NEVER && !a->has_failed) {
+        int rc;
+        pthread_mutex_init(&a->mu, NULL);
+        keel__cond_init_mono(&a->cv);
+        a->at_ns = KEEL__WAKE_NEVER;
+        rc = pthread_create(&a->thread, NULL, alarm_main, a);
+        if (rc != 0) {
+            size_t i;
+            pthread_cond_destroy(&a->cv);
+            pthread_mutex_destroy(&a->mu);
+            a->has_failed = 1;
+            keel__log(KEEL_LOG_WARN, "session: no alarm thread (%s): "
+                      "time-based hooks are called every step",
+                      strerror(rc));
+            for (i = 0; i < s->n_hooks; i++)
+                refresh_slot(s, i);     // has_failed: no clock deadlines
+            return;                     // the caller recomputes the rest
+        }
+        a->is_started = 1;
+    }
+    if (!a->is_started)
+        return;
+    pthread_mutex_lock(&a->mu);
+    a->at_ns = at;
+    // Up at once if already due (the thread would, a little later).
+    atomic_store_explicit(&a->is_up, at != KEEL__WAKE_NEVER
+                                     && keel__now_mono_ns() >= at,
+                          memory_order_relaxed);
+    pthread_cond_signal(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+}
+
+static void
+alarm_stop(step_alarm *a)
+{
+    if (!a->is_started)
+        return;
+    pthread_mutex_lock(&a->mu);
+    a->is_quit = 1;
+    pthread_cond_signal(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+    pthread_join(a->thread, NULL);
+    pthread_cond_destroy(&a->cv);
+    pthread_mutex_destroy(&a->mu);
+    a->is_started = 0;
+    a->has_failed = 1;                  // closed: no new thread
+    atomic_store_explicit(&a->is_up, 1, memory_order_relaxed);
+}
+
+static int
+alarm_is_up(const keel_session *s)
+{
+    return atomic_load_explicit(&s->alarm.is_up, memory_order_relaxed);
+}
+
 /* The aggregates over the slots the step path tests first. */
 static void
 update_wakes(keel_session *s)
 {
+    int64_t min_ns = KEEL__WAKE_NEVER;
     size_t i;
     s->before_min = KEEL__WAKE_NEVER;
     s->after_min = KEEL__WAKE_NEVER;
@@ -283,10 +392,18 @@ update_wakes(keel_session *s)
             s->dyn_after_min = sl->after_gs;
         if (sl->is_dynamic && sl->on_stall)
             s->has_dyn_stall_hook = 1;
+        if (sl->after_ns < min_ns)
+            min_ns = sl->after_ns;
         if (!sl->is_dynamic && sl->after_gs == KEEL__WAKE_ALWAYS)
             s->always_after[s->n_always_after++] = k;
         else if (!sl->is_dynamic)
             s->dyn_after_min = KEEL__WAKE_ALWAYS;
+    }
+    if (min_ns != s->min_after_ns) {
+        s->min_after_ns = min_ns;
+        alarm_set(s, min_ns);
+        if (s->alarm.has_failed && min_ns != KEEL__WAKE_NEVER)
+            update_wakes(s);            // once: no clock deadlines now
     }
 }
 
@@ -307,6 +424,11 @@ refresh_slot(keel_session *s, size_t k)
                        || w.before_iters > KEEL__WAKE_NEVER - base
                        ? KEEL__WAKE_NEVER : base + w.before_iters;
     sl->after_gs = w.after_gs;
+    sl->after_ns = w.after_ns;
+    if (sl->after_ns != KEEL__WAKE_NEVER && s->alarm.has_failed) {
+        sl->after_gs = KEEL__WAKE_ALWAYS;   // no alarm: every step
+        sl->after_ns = KEEL__WAKE_NEVER;
+    }
     sl->on_stall = w.on_stall;
     sl->after_needs_before = w.after_needs_before;
 }
@@ -472,6 +594,7 @@ keel__session_new(const keel_session_config *cfg, int is_recovering,
         if (s->hooks[i].after_run != NULL)
             s->after_idx[s->n_after++] = i;
     }
+    s->min_after_ns = KEEL__WAKE_NEVER;
     for (i = 0; i < s->n_hooks; i++)
         refresh_slot(s, i);
     update_wakes(s);
@@ -646,12 +769,13 @@ run_after(keel_session *s, int64_t gs, int64_t after)
     keel_run_context *rc = &s->rc;
     int64_t chain_prev = s->chain_prev;
     int has_chain_prev = s->has_chain_prev;
+    int is_alarm_up = alarm_is_up(s);
     size_t i;
     int is_changed = 0;
     keel_status st = KEEL_OK;
     s->chain_prev = gs;
     s->has_chain_prev = 1;
-    if (after < s->dyn_after_min && s->n_behind == 0
+    if (after < s->dyn_after_min && s->n_behind == 0 && !is_alarm_up
         && !(s->has_dyn_stall_hook
              && (!has_chain_prev || chain_prev == gs))) {
         // Every dynamic hook idle: only the always-called ones, in order
@@ -684,6 +808,7 @@ run_after(keel_session *s, int64_t gs, int64_t after)
             s->n_behind--;
         }
         if (after < sl->after_gs
+            && !(sl->after_ns != KEEL__WAKE_NEVER && is_alarm_up)
             && !(sl->on_stall && (!has_prev || prev == gs)))
             continue;
         h = &s->hooks[k];
@@ -777,7 +902,7 @@ run_once(keel_session *s, const void *batch, int with_hooks)
     s->rv.start_ns = t0;
     s->rv.duration_ns = s->needs_step_time ? keel__now_mono_ns() - t0 : 0;
     s->n_chains++;
-    if (after >= s->after_min || s->n_behind > 0
+    if (after >= s->after_min || s->n_behind > 0 || alarm_is_up(s)
         || (s->has_stall_hook
             && (!s->has_chain_prev || s->chain_prev == gs))) {
         st = run_after(s, gs, after);
@@ -967,6 +1092,7 @@ keel_session_close(keel_session *s)
             h->end(h->ctx, s, s->reason);
     }
     s->is_closed = 1;
+    alarm_stop(&s->alarm);
     keel_coord_request_stop(s->coord, KEEL_OK, NULL);
     st = keel_coord_join(s->coord, (int64_t)(s->grace_secs * 1000), 1);
     if (s->saver != NULL) {
@@ -991,6 +1117,7 @@ keel_session_free(keel_session *s)
         return;
     if (!s->is_closed)
         keel_session_close(s);
+    alarm_stop(&s->alarm);
     keel_coord_free(s->coord);
     if (s->saver != NULL)
         keel__ckpt->saver_free(s->saver);

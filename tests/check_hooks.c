@@ -593,6 +593,81 @@ START_TEST(test_stop_request_lands_at_next_step_boundary_with_idle_hooks)
 }
 END_TEST
 
+/* Step start times (the previous step's too) and what a listener saw at
+ * each save: a real-clock time trigger read against them. */
+static int64_t last_cb_ns, prev_cb_ns, first_cb_ns;
+static int64_t save_ns[2], save_prev_cb_ns[2], save_last_cb_ns[2];
+static int n_timed_saves;
+
+static keel_status
+timed_step(void *ctx, keel_step *st)
+{
+    (void)ctx;
+    prev_cb_ns = last_cb_ns;
+    last_cb_ns = keel__now_mono_ns();
+    if (first_cb_ns == 0)
+        first_cb_ns = last_cb_ns;
+    return keel_step_set_value(st, "loss", 0.5);
+}
+
+static keel_status
+timed_before_save(void *ctx, keel_session *s, int64_t step)
+{
+    (void)ctx;
+    (void)s;
+    (void)step;
+    if (first_cb_ns != 0 && n_timed_saves < 2) {
+        save_ns[n_timed_saves] = keel__now_mono_ns();
+        save_prev_cb_ns[n_timed_saves] = prev_cb_ns;
+        save_last_cb_ns[n_timed_saves] = last_cb_ns;
+        n_timed_saves++;
+    }
+    return KEEL_OK;
+}
+
+START_TEST(test_real_clock_trigger_is_neither_late_nor_early_while_idle)
+{
+    const int64_t period = 300000000;       // 0.3 s; the alarm leads 0.1 s
+    keel_ckpt_listener li = { .before_save = timed_before_save };
+    keel_ckpt_hook_config hc = { .save_secs = 0.3, .listeners = &li,
+                                 .n_listeners = 1 };
+    keel_hook h[3];
+    keel_session_config c;
+    keel_session *s;
+    int64_t t_new, deadline;
+    last_cb_ns = prev_cb_ns = first_cb_ns = 0;
+    n_timed_saves = 0;
+    ck_assert_int_eq(keel_step_counter_hook_new(1000, 0, NULL, NULL, &h[0]),
+                     KEEL_OK);
+    ck_assert_int_eq(keel_ckpt_hook_new(&hc, &h[1]), KEEL_OK);
+    ck_assert_int_eq(keel_stop_at_step_hook_new(0, (int64_t)1 << 40, &h[2]),
+                     KEEL_OK);
+    keel_session_config_init(&c);
+    c.vars = vs;
+    c.step = timed_step;
+    c.hooks = h;
+    c.n_hooks = 3;
+    c.checkpoint_dir = tu_dir;
+    t_new = keel__now_mono_ns();
+    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);  // saves, timer
+    deadline = keel__now_mono_ns() + (int64_t)5000000000;
+    while (n_timed_saves < 2 && keel__now_mono_ns() < deadline)
+        run_steps(s, 1);
+    ck_assert_int_eq(n_timed_saves, 2);
+    /* The timer's base is read between t_new and the first step; the
+     * trigger is exact: at the first step whose after_run is past it, so
+     * the step before it started before the deadline, and not before. */
+    ck_assert_int_ge(save_ns[0], t_new + period);
+    ck_assert_int_lt(save_prev_cb_ns[0], first_cb_ns + period);
+    /* The second deadline: based between that step's start and save. */
+    ck_assert_int_ge(save_ns[1], save_last_cb_ns[0] + period);
+    ck_assert_int_lt(save_prev_cb_ns[1], save_ns[0] + period);
+    keel_session_free(s);
+    for (int i = 0; i < 3; i++)
+        keel_hook_release(&h[i]);
+}
+END_TEST
+
 static keel_status
 acc_before(void *ctx, keel_run_context *rc)
 {
@@ -664,6 +739,8 @@ hooks_suite(void)
     tcase_add_test(tc,
         test_stop_request_lands_at_next_step_boundary_with_idle_hooks);
     tcase_add_test(tc, test_nan_hook_finds_its_value_again_in_a_new_session);
+    tcase_add_test(tc,
+        test_real_clock_trigger_is_neither_late_nor_early_while_idle);
     suite_add_tcase(s, tc);
     return s;
 }
