@@ -1,5 +1,6 @@
 /* monitored.c - MonitoredSession and SingularMonitoredSession: the step
- * (user callback, updater, global step), the hook chain around it, bounded
+ * (user callback, updater, global step), the hook chain around it (idle
+ * built-in hooks skipped; an alarm thread for clock deadlines), bounded
  * recovery with exponential backoff, sticky stop, ending with a reason,
  * save-now / run-without-hooks, and the SIGTERM/SIGINT stop flag. The step
  * path does not allocate. */
@@ -21,8 +22,6 @@ struct keel_step {
     int64_t global_step;
 };
 
-/* Per hook: the steps at which its calls can do something
- * (keel__hook_get_wake); the step path skips the calls before them. */
 /* How long before a clock deadline the alarm goes up: from then on the
  * hook is called every step and checks its timer exactly, so a trigger is
  * on time unless the alarm thread is kept off a CPU for longer than this
@@ -43,6 +42,8 @@ typedef struct step_alarm {
     atomic_int is_up;
 } step_alarm;
 
+/* Per hook: the steps at which its calls can do something
+ * (keel__hook_get_wake); the step path skips the calls before them. */
 typedef struct hook_slot {
     int64_t before_gs, after_gs;
     int64_t after_ns;           /* clock deadline (alarm), or NEVER */

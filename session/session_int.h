@@ -1,6 +1,7 @@
 /* session_int.h - private to session/: the condition-variable helpers and
- * what the session files share. Threads: a session is single-threaded; the
- * coordinator and the manager's wait/notify are thread-safe. */
+ * what the session files share. Threads: a session is single-threaded (its
+ * alarm thread, monitored.c, only raises a flag); the coordinator and the
+ * manager's wait/notify are thread-safe. */
 #ifndef KEEL_SESSION_INT_H
 #define KEEL_SESSION_INT_H
 
