@@ -4,7 +4,9 @@
 # each N_PARAMS, and, with KEEL_BEFORE=path (a hooks_bench built from this
 # hooks_bench.c against an older libkeel), the older build right after in
 # the same round. Prints every table row tagged with round, who, hooks and
-# params and the load average, then medians over rounds.
+# params and the load average, then medians over rounds. HOOKS_CKPT_SECS=600
+# gives the CheckpointSaver the MTS default time-based timer (600 s)
+# instead of a step timer that never fires.
 # Run from a configured build directory:
 #   make bench/hooks_bench && sh ../bench/hooks.sh [ROUNDS] [N_PARAMS...]
 set -e
@@ -12,6 +14,7 @@ ROUNDS=${1:-3}
 shift 2>/dev/null || true
 PARAMS=${*:-1024 8192}
 BIN=${HOOKS_BENCH:-./bench/hooks_bench}
+CK=${HOOKS_CKPT_SECS:-0}
 OUT=$(mktemp /tmp/keel_hooks_sh.XXXXXX)
 trap 'rm -f "$OUT"' EXIT
 r=1
@@ -25,7 +28,7 @@ while [ "$r" -le "$ROUNDS" ]; do
                     b=$KEEL_BEFORE
                 fi
                 l=$(cut -d' ' -f1 /proc/loadavg)
-                "$b" 9 "$p" 1 "$extra" | grep '^| [a-z]' | grep -v '^| quantity' |
+                "$b" 9 "$p" 1 "$extra" "$CK" | grep '^| [a-z]' | grep -v '^| quantity' |
                     sed "s/^/$r $who $extra $p $l /" | tee -a "$OUT"
             done
         done

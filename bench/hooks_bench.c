@@ -10,8 +10,10 @@
  * chunks of 500 steps. Medians of reps repetitions.
  * With extra_hooks 0 only the MonitoredTrainingSession defaults run
  * (StepCounter, SummarySaver, CheckpointSaver: "the default hooks").
- * usage: hooks_bench [reps [n_params [skip_grad_zeroing [extra_hooks]]]]
- *        (7 1024 1 1) */
+ * ckpt_secs > 0 gives the CheckpointSaver a time-based timer of that many
+ * seconds (600: the MTS default) instead of a step timer that never fires.
+ * usage: hooks_bench [reps [n_params [skip_grad_zeroing [extra_hooks
+ *                    [ckpt_secs]]]]]   (7 1024 1 1 0) */
 #include <config.h>
 
 #include <stdio.h>
@@ -153,6 +155,7 @@ main(int argc, char **argv)
     int reps = argc > 1 ? atoi(argv[1]) : 7, r, i;
     int skip_zero = argc > 3 ? atoi(argv[3]) : 1;
     int has_extra = argc > 4 ? atoi(argv[4]) : 1;
+    double ckpt_secs = argc > 5 ? atof(argv[5]) : 0;
     char dir[] = "/tmp/keel-hooks-bench-XXXXXX";
     keel_training_config cfg;
     keel_vars *vs;
@@ -199,7 +202,10 @@ main(int argc, char **argv)
     cfg.session.skip_grad_zeroing = skip_zero;   // the step writes them all
     cfg.checkpoint_dir = dir;
     /* Default hooks present but not triggering inside the timed loops. */
-    cfg.save_checkpoint_steps = (int64_t)1 << 60;
+    if (ckpt_secs > 0)
+        cfg.save_checkpoint_secs = ckpt_secs;
+    else
+        cfg.save_checkpoint_steps = (int64_t)1 << 60;
     cfg.log_step_count_steps = (int64_t)1 << 60;
     cfg.save_summaries_steps = (int64_t)1 << 60;
     if (keel_training_session_new(&cfg, &s) != KEEL_OK) {
@@ -265,12 +271,14 @@ main(int argc, char **argv)
         double mw = median(without_h, reps) / N_STEPS * 1e9;
         double mk = median(keel_t, reps) / N_STEPS * 1e9;
         double mb = median(bare_t, reps) / N_STEPS * 1e9;
-        printf("hooks: %s, none triggering; %d parameters; gradient "
-               "zeroing %s; medians of %d x %d steps\n", has_extra ?
+        printf("hooks: %s, none triggering; checkpoint timer %s; %d "
+               "parameters; gradient zeroing %s; medians of %d x %d "
+               "steps\n", has_extra ?
                "6 hooks (step_counter, summary_saver, checkpoint_saver, "
                "stop_at_step, nan_tensor, logging)" : "3 hooks (the "
                "MonitoredTrainingSession defaults: step_counter, "
-               "summary_saver, checkpoint_saver)", N_PARAMS,
+               "summary_saver, checkpoint_saver)",
+               ckpt_secs > 0 ? "time based" : "step based", N_PARAMS,
                skip_zero ? "off" : "on", reps, N_STEPS);
         printf("| quantity | median ns/step |\n|---|---|\n");
         printf("| empty step, run_without_hooks (baseline) | %.1f |\n", mw);

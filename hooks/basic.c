@@ -49,6 +49,7 @@ logging_before(void *ctx, keel_run_context *rc)
 {
     logging_hook *h = ctx;
     size_t i;
+    h->iter += rc->n_skipped;           // iterations the session skipped
     h->is_triggered = keel__timer_due(&h->timer, h->iter);
     if (!h->is_triggered && !h->at_end)
         return KEEL_OK;
@@ -83,6 +84,7 @@ logging_after(void *ctx, keel_run_context *rc, const keel_run_values *v)
     logging_hook *h = ctx;
     size_t i;
     (void)rc;
+    h->iter += v->n_skipped;
     if (h->is_triggered || h->at_end) {
         for (i = 0; i < h->n; i++)
             h->last[i] = keel_run_values_get(v, h->names[i]);
@@ -93,6 +95,8 @@ logging_after(void *ctx, keel_run_context *rc, const keel_run_values *v)
         int has_dt = keel_timer_update(&h->timer, h->iter, &dt, NULL);
         log_values(h, h->last, dt, has_dt);
     }
+    // Consumed: until the next before_run decides, after_run only counts.
+    h->is_triggered = 0;
     h->iter++;
     return KEEL_OK;
 }
@@ -225,20 +229,29 @@ typedef struct nan_hook {
     char name[KEEL_VALUE_NAME_MAX];
     int fail_on_nan;
     int fail_on_inf;
+    int slot;                 /* name's slot in the values table, or -1 */
 } nan_hook;
 
+/* Every step: the name is this hook's own buffer, so its slot is found by
+ * pointer (keel__values_slot_fixed). */
 static keel_status
 nan_before(void *ctx, keel_run_context *rc)
 {
     nan_hook *h = ctx;
-    return keel_run_context_request(rc, h->name);
+    return keel__run_context_request_slot(
+        rc, keel__values_slot_fixed(rc->values, h->name, &h->slot),
+        h->name);
 }
 
 static keel_status
 nan_after(void *ctx, keel_run_context *rc, const keel_run_values *v)
 {
     nan_hook *h = ctx;
-    double x = keel_run_values_get(v, h->name);
+    const keel__values *t = v->values;
+    int slot = keel__values_slot_fixed(v->values, h->name, &h->slot);
+    // keel_run_values_get: NaN unless the step set it (it did: requested)
+    double x = slot >= 0 && t->v[slot].set_gen == t->gen ? t->v[slot].value
+                                                         : NAN;
     const char *what;
     if (isnan(x))
         what = "NaN";
@@ -276,6 +289,7 @@ keel_nan_hook_new(const char *name, int fail_on_nan, int fail_on_inf,
     memcpy(h->name, name, strlen(name) + 1);
     h->fail_on_nan = fail_on_nan;
     h->fail_on_inf = fail_on_inf;
+    h->slot = -1;
     fill(out, "nan_tensor", h);
     out->before_run = nan_before;
     out->after_run = nan_after;
@@ -436,4 +450,34 @@ keel__basic_hook_is_timeless(const keel_hook *h)
 {
     return h->after_run == logging_after || h->after_run == stop_after_run
            || h->after_run == nan_after;
+}
+
+/* StopAtStep's after_run acts only from its last step on. Logging with an
+ * iteration timer (and no at_end) acts from its next due iteration: its
+ * after_run only counts iterations, which the session hands it as
+ * n_skipped. The NaN check and the rest run every step. */
+int
+keel__basic_hook_wake(const keel_hook *h, keel__hook_wake *w)
+{
+    if (h->after_run == stop_after_run) {
+        const stop_hook *sh = h->ctx;
+        w->after_gs = sh->is_resolved ? sh->last_step : KEEL__WAKE_ALWAYS;
+        return 1;
+    }
+    if (h->after_run == logging_after) {
+        const logging_hook *lh = h->ctx;
+        int64_t due;
+        if (lh->at_end || lh->timer.every_secs > 0 || lh->timer.is_never)
+            return 0;                   // per-step duty or time: always
+        due = keel__timer_wake(&lh->timer);
+        w->before_gs = KEEL__WAKE_NEVER;
+        w->before_iters = due == KEEL__WAKE_ALWAYS ? 0
+                          : due == KEEL__WAKE_NEVER ? KEEL__WAKE_NEVER
+                          : due - lh->iter;
+        w->after_gs = lh->is_triggered ? KEEL__WAKE_ALWAYS
+                                       : KEEL__WAKE_NEVER;
+        w->after_needs_before = 1;
+        return 1;
+    }
+    return 0;
 }

@@ -101,11 +101,17 @@ keel_run_context_stop_requested(const keel_run_context *rc)
 keel_status
 keel_run_context_request(keel_run_context *rc, const char *name)
 {
-    int slot;
-    size_t i;
     if (rc == NULL || name == NULL)
         return keel__fail(KEEL_EINVAL, "request value: NULL argument");
-    slot = keel__values_slot(rc->values, name, 1);
+    return keel__run_context_request_slot(
+        rc, keel__values_slot(rc->values, name, 1), name);
+}
+
+keel_status
+keel__run_context_request_slot(keel_run_context *rc, int slot,
+                               const char *name)
+{
+    size_t i;
     if (slot < 0)
         return keel__fail(KEEL_EINVAL, "hook '%s' requested value '%s': "
                           "name too long or more than %d names",
@@ -303,4 +309,27 @@ keel__hook_reads_step_time(const keel_hook *h)
     return !(keel__basic_hook_is_timeless(h)
              || keel__summary_hook_is_timeless(h)
              || keel__ckpt_hook_is_timeless(h));
+}
+
+static int g_is_skipping_off;       // tests compare runs with and without
+
+void
+keel__hooks_set_skipping(int is_on)
+{
+    g_is_skipping_off = !is_on;
+}
+
+int
+keel__hook_get_wake(const keel_hook *h, keel__hook_wake *w)
+{
+    w->before_gs = KEEL__WAKE_ALWAYS;
+    w->before_iters = KEEL__WAKE_NEVER;
+    w->after_gs = KEEL__WAKE_ALWAYS;
+    w->after_ns = KEEL__WAKE_NEVER;
+    w->on_stall = 0;
+    w->after_needs_before = 0;
+    if (g_is_skipping_off)
+        return 0;
+    return keel__basic_hook_wake(h, w) || keel__summary_hook_wake(h, w)
+           || keel__ckpt_hook_wake(h, w);
 }

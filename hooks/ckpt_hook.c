@@ -263,3 +263,22 @@ keel__ckpt_hook_is_timeless(const keel_hook *h)
 {
     return h->after_run == ck_after_run;
 }
+
+int
+keel__ckpt_hook_wake(const keel_hook *h, keel__hook_wake *w)
+{
+    const keel_timer *t;
+    if (h->after_run != ck_after_run)
+        return 0;
+    t = &((const ckpt_hook *)h->ctx)->timer;
+    if (t->every_secs > 0 && t->clock.fn == NULL && t->is_triggered
+        && t->every_secs < 1e9) {
+        // The real clock (the MTS default, every 600 s): idle until due.
+        w->after_gs = KEEL__WAKE_NEVER;
+        w->after_ns = t->last_ns + (int64_t)(t->every_secs * 1e9);
+        return 1;
+    }
+    w->after_gs = keel__timer_wake(t);
+    // A fake clock is the test's to move: always, for good.
+    return !(t->every_secs > 0 && t->clock.fn != NULL);
+}

@@ -118,6 +118,10 @@ counter_after_run(void *ctx, keel_run_context *rc, const keel_run_values *v)
     int64_t gs = v->step_after, dsteps = 0;
     double dt = 0;
     (void)rc;
+    /* The session may skip calls until the timer is due (keeping the
+     * previous step_before for us): it still calls on a stall. */
+    if (v->has_prev_before)
+        h->last_before = v->prev_before;
     if (v->step_before == h->last_before) {
         if (++h->n_stalled <= 5)
             keel__log(KEEL_LOG_WARN, "It seems that the global step has not "
@@ -244,6 +248,8 @@ summary_after(void *ctx, keel_run_context *rc, const keel_run_values *v)
     (void)rc;
     if (!h->is_requested)
         return KEEL_OK;
+    // Consumed: until the next before_run asks again, after_run is idle.
+    h->is_requested = 0;
     keel_timer_update(&h->timer, gs, NULL, NULL);
     for (i = 0; i < h->n && h->w != NULL; i++) {
         keel_status st = keel_events_scalar(h->w, gs, h->names[i],
@@ -447,4 +453,34 @@ int
 keel__summary_hook_is_timeless(const keel_hook *h)
 {
     return h->after_run == counter_after_run || h->after_run == summary_after;
+}
+
+/* StepCounter: after_run acts when its timer is due or on a stall.
+ * SummarySaver: before_run when the step about to run ends at a due step;
+ * after_run only after a before_run that requested values. */
+int
+keel__summary_hook_wake(const keel_hook *h, keel__hook_wake *w)
+{
+    if (h->after_run == counter_after_run) {
+        const keel_timer *t = &((const counter_hook *)h->ctx)->timer;
+        if (t->every_secs > 0)
+            return 0;                   // time based: always, for good
+        w->after_gs = keel__timer_wake(t);
+        w->on_stall = 1;
+        return 1;
+    }
+    if (h->after_run == summary_after) {
+        const summary_hook *sh = h->ctx;
+        int64_t due = keel__timer_wake(&sh->timer);
+        if (sh->timer.every_secs > 0)
+            return 0;                   // time based: always, for good
+        // due(global step + 1) <=> global step >= due - 1
+        w->before_gs = due == KEEL__WAKE_ALWAYS || due == KEEL__WAKE_NEVER
+                       ? due : due - 1;
+        w->after_gs = sh->is_requested ? KEEL__WAKE_ALWAYS
+                                       : KEEL__WAKE_NEVER;
+        w->after_needs_before = 1;
+        return 1;
+    }
+    return 0;
 }

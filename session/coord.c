@@ -117,6 +117,12 @@ keel_coord_should_stop(keel_coord *c)
     return atomic_load_explicit(&c->stop_flag, memory_order_acquire);
 }
 
+const atomic_int *
+keel__coord_stop_flag(const keel_coord *c)
+{
+    return &c->stop_flag;
+}
+
 int
 keel_coord_wait_for_stop(keel_coord *c, int64_t timeout_ms)
 {

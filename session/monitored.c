@@ -1,11 +1,14 @@
 /* monitored.c - MonitoredSession and SingularMonitoredSession: the step
- * (user callback, updater, global step), the hook chain around it, bounded
+ * (user callback, updater, global step), the hook chain around it (idle
+ * built-in hooks skipped; an alarm thread for clock deadlines), bounded
  * recovery with exponential backoff, sticky stop, ending with a reason,
  * save-now / run-without-hooks, and the SIGTERM/SIGINT stop flag. The step
  * path does not allocate. */
 #include <config.h>
 
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,6 +22,47 @@ struct keel_step {
     int64_t global_step;
 };
 
+/* How long before a clock deadline the alarm goes up: from then on the
+ * hook is called every step and checks its timer exactly, so a trigger is
+ * on time unless the alarm thread is kept off a CPU for longer than this
+ * past its wake-up. */
+#define ALARM_LEAD_NS ((int64_t)100 * 1000000)
+
+/* A thread that raises is_up at at_ns (CLOCK_MONOTONIC): the step path
+ * notices clock deadlines with one relaxed load, no clock read. Started
+ * with the first clock deadline; stopped at close. */
+typedef struct step_alarm {
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int64_t at_ns;              /* KEEL__WAKE_NEVER: none */
+    int is_quit;
+    int is_started;
+    int has_failed;             /* no thread: clock hooks called always */
+    atomic_int is_up;
+} step_alarm;
+
+/* Per hook: the steps at which its calls can do something
+ * (keel__hook_get_wake); the step path skips the calls before them. */
+typedef struct hook_slot {
+    int64_t before_gs, after_gs;
+    int64_t after_ns;           /* clock deadline (alarm), or NEVER */
+    int64_t before_chain;       /* before_run idle while n_chains < this */
+    /* Dynamic hooks: n_chains when the hook was last called, and chains
+     * since then that did not reach it: the rest it missed by skipping
+     * (n_skipped). */
+    int64_t sync_chain, n_missed;
+    int on_stall;
+    int after_needs_before;
+    int is_dynamic;             /* ask keel__hook_get_wake again after calls */
+    /* Behind: an after_run chain stopped (a hook failed) before reaching
+     * this hook, whose last reached step is then prev_before, not the
+     * session's chain_prev. */
+    int is_behind;
+    int has_prev_before;
+    int64_t prev_before;
+} hook_slot;
+
 struct keel_session {
     keel_vars *vars;
     keel_step_fn step;
@@ -30,6 +74,29 @@ struct keel_session {
      * walks only these (index into hooks). */
     size_t *before_idx, *after_idx;
     size_t n_before, n_after;
+    hook_slot *slots;               /* one per hook */
+    /* Over all slots (update_wakes): with every hook idle a chain is one
+     * compare. before_min / after_min: the earliest wake; has_armed: a
+     * hook whose after_run waits on its skipped before_run is not idle
+     * yet; chain_prev: step_before of the last step whose after_run chain
+     * started (what an on_stall hook compares with). */
+    int64_t before_min, after_min, before_chain_min;
+    int has_stall_hook, has_armed;
+    int64_t n_chains;               /* after_run chains started */
+    /* The same over the dynamic hooks only, and the hooks that are always
+     * called (not dynamic, wake ALWAYS) in order: while every dynamic hook
+     * is idle, a chain calls just those. */
+    int64_t dyn_before_min, dyn_after_min, dyn_before_chain_min;
+    int has_dyn_stall_hook;
+    size_t *always_before, *always_after;
+    size_t n_always_before, n_always_after;
+    int64_t chain_prev;
+    int has_chain_prev;
+    size_t n_behind;
+    int64_t min_after_ns;           /* earliest clock deadline, or NEVER */
+    step_alarm alarm;
+    int64_t *gs;                    /* vars' global step */
+    const atomic_int *coord_stop;   /* the coordinator's stop flag */
     keel_hook *owned;               /* built-in hooks this session frees */
     size_t n_owned;
     keel_session_creator creator;
@@ -197,6 +264,176 @@ hook_error(keel_status st, const keel_hook *h, const char *where,
                       (long long)step);
 }
 
+static void *
+alarm_main(void *arg)
+{
+    step_alarm *a = arg;
+    pthread_mutex_lock(&a->mu);
+    while (!a->is_quit) {
+        if (a->at_ns == KEEL__WAKE_NEVER
+            || atomic_load_explicit(&a->is_up, memory_order_relaxed))
+            pthread_cond_wait(&a->cv, &a->mu);
+        else if (keel__now_mono_ns() >= a->at_ns)
+            atomic_store_explicit(&a->is_up, 1, memory_order_relaxed);
+        else
+            keel__cond_wait_until(&a->cv, &a->mu, a->at_ns);
+    }
+    pthread_mutex_unlock(&a->mu);
+    return NULL;
+}
+
+static void refresh_slot(keel_session *s, size_t k);
+
+/* Raise the alarm at deadline_ns - ALARM_LEAD_NS (NEVER: none). Runs only
+ * when the earliest deadline changes (a clock hook triggered). */
+static void
+alarm_set(keel_session *s, int64_t deadline_ns)
+{
+    step_alarm *a = &s->alarm;
+    int64_t at = deadline_ns == KEEL__WAKE_NEVER
+                 ? KEEL__WAKE_NEVER : deadline_ns - ALARM_LEAD_NS;
+    if (!a->is_started && at != KEEL__WAKE_NEVER && !a->has_failed) {
+        int rc;
+        pthread_mutex_init(&a->mu, NULL);
+        keel__cond_init_mono(&a->cv);
+        a->at_ns = KEEL__WAKE_NEVER;
+        rc = pthread_create(&a->thread, NULL, alarm_main, a);
+        if (rc != 0) {
+            size_t i;
+            pthread_cond_destroy(&a->cv);
+            pthread_mutex_destroy(&a->mu);
+            a->has_failed = 1;
+            keel__log(KEEL_LOG_WARN, "session: no alarm thread (%s): "
+                      "time-based hooks are called every step",
+                      strerror(rc));
+            for (i = 0; i < s->n_hooks; i++)
+                refresh_slot(s, i);     // has_failed: no clock deadlines
+            return;                     // the caller recomputes the rest
+        }
+        a->is_started = 1;
+    }
+    if (!a->is_started)
+        return;
+    pthread_mutex_lock(&a->mu);
+    a->at_ns = at;
+    // Up at once if already due (the thread would, a little later).
+    atomic_store_explicit(&a->is_up, at != KEEL__WAKE_NEVER
+                                     && keel__now_mono_ns() >= at,
+                          memory_order_relaxed);
+    pthread_cond_signal(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+}
+
+static void
+alarm_stop(step_alarm *a)
+{
+    if (!a->is_started)
+        return;
+    pthread_mutex_lock(&a->mu);
+    a->is_quit = 1;
+    pthread_cond_signal(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+    pthread_join(a->thread, NULL);
+    pthread_cond_destroy(&a->cv);
+    pthread_mutex_destroy(&a->mu);
+    a->is_started = 0;
+    a->has_failed = 1;                  // closed: no new thread
+    atomic_store_explicit(&a->is_up, 1, memory_order_relaxed);
+}
+
+static int
+alarm_is_up(const keel_session *s)
+{
+    return atomic_load_explicit(&s->alarm.is_up, memory_order_relaxed);
+}
+
+/* The aggregates over the slots the step path tests first. */
+static void
+update_wakes(keel_session *s)
+{
+    int64_t min_ns = KEEL__WAKE_NEVER;
+    size_t i;
+    s->before_min = KEEL__WAKE_NEVER;
+    s->after_min = KEEL__WAKE_NEVER;
+    s->before_chain_min = KEEL__WAKE_NEVER;
+    s->dyn_before_chain_min = KEEL__WAKE_NEVER;
+    s->dyn_before_min = KEEL__WAKE_NEVER;
+    s->dyn_after_min = KEEL__WAKE_NEVER;
+    s->has_stall_hook = 0;
+    s->has_dyn_stall_hook = 0;
+    s->has_armed = 0;
+    s->n_always_before = 0;
+    s->n_always_after = 0;
+    for (i = 0; i < s->n_before; i++) {
+        size_t k = s->before_idx[i];
+        const hook_slot *sl = &s->slots[k];
+        if (sl->before_gs < s->before_min)
+            s->before_min = sl->before_gs;
+        if (sl->before_chain < s->before_chain_min)
+            s->before_chain_min = sl->before_chain;
+        if (sl->after_needs_before && sl->after_gs != KEEL__WAKE_NEVER)
+            s->has_armed = 1;
+        if (sl->is_dynamic && sl->before_gs < s->dyn_before_min)
+            s->dyn_before_min = sl->before_gs;
+        if (sl->is_dynamic && sl->before_chain < s->dyn_before_chain_min)
+            s->dyn_before_chain_min = sl->before_chain;
+        if (!sl->is_dynamic && sl->before_gs == KEEL__WAKE_ALWAYS)
+            s->always_before[s->n_always_before++] = k;
+        else if (!sl->is_dynamic)       // a fixed wake: not "always"
+            s->dyn_before_min = KEEL__WAKE_ALWAYS;
+    }
+    for (i = 0; i < s->n_after; i++) {
+        size_t k = s->after_idx[i];
+        const hook_slot *sl = &s->slots[k];
+        if (sl->after_gs < s->after_min)
+            s->after_min = sl->after_gs;
+        if (sl->on_stall)
+            s->has_stall_hook = 1;
+        if (sl->is_dynamic && sl->after_gs < s->dyn_after_min)
+            s->dyn_after_min = sl->after_gs;
+        if (sl->is_dynamic && sl->on_stall)
+            s->has_dyn_stall_hook = 1;
+        if (sl->after_ns < min_ns)
+            min_ns = sl->after_ns;
+        if (!sl->is_dynamic && sl->after_gs == KEEL__WAKE_ALWAYS)
+            s->always_after[s->n_always_after++] = k;
+        else if (!sl->is_dynamic)
+            s->dyn_after_min = KEEL__WAKE_ALWAYS;
+    }
+    if (min_ns != s->min_after_ns) {
+        s->min_after_ns = min_ns;
+        alarm_set(s, min_ns);
+        if (s->alarm.has_failed && min_ns != KEEL__WAKE_NEVER)
+            update_wakes(s);            // once: no clock deadlines now
+    }
+}
+
+/* Ask hook k again when its calls can next do something. */
+static void
+refresh_slot(keel_session *s, size_t k)
+{
+    keel__hook_wake w;
+    hook_slot *sl = &s->slots[k];
+    int64_t base;
+    sl->is_dynamic = keel__hook_get_wake(&s->hooks[k], &w);
+    sl->before_gs = w.before_gs;
+    // Iterations from the hook's own count, which stands at chain
+    // sync_chain + n_missed (chains since then it has not been told of;
+    // more misses later only make it wake early, a no-op call).
+    base = sl->sync_chain + sl->n_missed;
+    sl->before_chain = w.before_iters == KEEL__WAKE_NEVER
+                       || w.before_iters > KEEL__WAKE_NEVER - base
+                       ? KEEL__WAKE_NEVER : base + w.before_iters;
+    sl->after_gs = w.after_gs;
+    sl->after_ns = w.after_ns;
+    if (sl->after_ns != KEEL__WAKE_NEVER && s->alarm.has_failed) {
+        sl->after_gs = KEEL__WAKE_ALWAYS;   // no alarm: every step
+        sl->after_ns = KEEL__WAKE_NEVER;
+    }
+    sl->on_stall = w.on_stall;
+    sl->after_needs_before = w.after_needs_before;
+}
+
 /* Create (or re-create) the session: the creator, then every hook's
  * after_create_session in order. */
 static keel_status
@@ -219,6 +456,11 @@ create_once(keel_session *s, int is_recovery)
             return hook_error(st, h, "after_create_session",
                               keel_vars_global_step(s->vars));
     }
+    // after_create_session moves timers (CheckpointSaver) and resolves
+    // StopAtStep's last step.
+    for (i = 0; i < s->n_hooks; i++)
+        refresh_slot(s, i);
+    update_wakes(s);
     s->needs_create = 0;
     return KEEL_OK;
 }
@@ -337,7 +579,12 @@ keel__session_new(const keel_session_config *cfg, int is_recovering,
     if (cfg->n_hooks > 0) {
         s->before_idx = calloc(cfg->n_hooks, sizeof *s->before_idx);
         s->after_idx = calloc(cfg->n_hooks, sizeof *s->after_idx);
-        if (s->before_idx == NULL || s->after_idx == NULL) {
+        s->slots = calloc(cfg->n_hooks, sizeof *s->slots);
+        s->always_before = calloc(cfg->n_hooks, sizeof *s->always_before);
+        s->always_after = calloc(cfg->n_hooks, sizeof *s->always_after);
+        if (s->before_idx == NULL || s->after_idx == NULL
+            || s->slots == NULL || s->always_before == NULL
+            || s->always_after == NULL) {
             st = keel__fail(KEEL_ENOMEM, "session: %zu hooks", cfg->n_hooks);
             goto fail;
         }
@@ -348,9 +595,15 @@ keel__session_new(const keel_session_config *cfg, int is_recovering,
         if (s->hooks[i].after_run != NULL)
             s->after_idx[s->n_after++] = i;
     }
+    s->min_after_ns = KEEL__WAKE_NEVER;
+    for (i = 0; i < s->n_hooks; i++)
+        refresh_slot(s, i);
+    update_wakes(s);
+    s->gs = keel__vars_global_step_ptr(s->vars);
     st = keel_coord_new(&s->coord);
     if (st != KEEL_OK)
         goto fail;
+    s->coord_stop = keel__coord_stop_flag(s->coord);
     st = keel_grads_new(s->vars, &s->grads);
     if (st != KEEL_OK)
         goto fail;
@@ -429,12 +682,172 @@ keel_session_new_singular(const keel_session_config *cfg, keel_session **out)
 
 /* ---- running ------------------------------------------------------------ */
 
-/* One attempt at one step. */
+/* before_run of every hook not idle at global step gs, in order. */
+static keel_status
+run_before(keel_session *s, int64_t gs)
+{
+    keel_run_context *rc = &s->rc;
+    size_t i;
+    int is_changed = 0;
+    keel_status st = KEEL_OK;
+    if (gs < s->dyn_before_min && s->n_chains < s->dyn_before_chain_min
+        && !s->has_armed) {
+        // Every dynamic hook idle: only the always-called ones, in order.
+        rc->n_skipped = 0;
+        for (i = 0; i < s->n_always_before; i++) {
+            const keel_hook *h = &s->hooks[s->always_before[i]];
+            rc->hook_name = h->name;
+            st = h->before_run(h->ctx, rc);
+            if (st != KEEL_OK)
+                return st == KEEL_EOUTOFRANGE
+                       ? st : hook_error(st, h, "before_run", gs);
+        }
+        return KEEL_OK;
+    }
+    for (i = 0; i < s->n_before; i++) {
+        size_t k = s->before_idx[i];
+        hook_slot *sl = &s->slots[k];
+        const keel_hook *h;
+        if (gs < sl->before_gs && s->n_chains < sl->before_chain) {
+            // Its after_run waits on this before_run: idle this step too.
+            if (sl->after_needs_before && sl->after_gs != KEEL__WAKE_NEVER) {
+                sl->after_gs = KEEL__WAKE_NEVER;
+                is_changed = 1;
+            }
+            continue;
+        }
+        h = &s->hooks[k];
+        rc->hook_name = h->name;
+        rc->n_skipped = 0;
+        if (sl->is_dynamic) {
+            rc->n_skipped = s->n_chains - sl->sync_chain - sl->n_missed;
+            sl->sync_chain = s->n_chains;
+            sl->n_missed = 0;
+        }
+        st = h->before_run(h->ctx, rc);
+        if (sl->is_dynamic) {
+            refresh_slot(s, k);
+            is_changed = 1;
+        }
+        if (st != KEEL_OK) {
+            if (st != KEEL_EOUTOFRANGE)     // a feeder ran out of input
+                st = hook_error(st, h, "before_run", gs);
+            break;
+        }
+    }
+    if (is_changed)
+        update_wakes(s);
+    return st;
+}
+
+/* Hook k's after_run failed with st: the hooks after it did not see the
+ * step (their last reached step stays chain_prev). */
+static keel_status
+after_failed(keel_session *s, size_t k, int64_t chain_prev,
+             int has_chain_prev, int64_t after, keel_status st)
+{
+    size_t j = 0;
+    while (j < s->n_after && s->after_idx[j] != k)
+        j++;
+    for (j++; j < s->n_after; j++) {
+        hook_slot *later = &s->slots[s->after_idx[j]];
+        later->n_missed++;
+        if (later->is_behind)
+            continue;
+        later->is_behind = 1;
+        later->prev_before = chain_prev;
+        later->has_prev_before = has_chain_prev;
+        s->n_behind++;
+    }
+    return hook_error(st, &s->hooks[k], "after_run", after);
+}
+
+/* after_run of every hook not idle at this step, in order. A hook that
+ * watches for stalls compares with the last step that reached it. */
+static keel_status
+run_after(keel_session *s, int64_t gs, int64_t after)
+{
+    keel_run_context *rc = &s->rc;
+    int64_t chain_prev = s->chain_prev;
+    int has_chain_prev = s->has_chain_prev;
+    int is_alarm_up = alarm_is_up(s);
+    size_t i;
+    int is_changed = 0;
+    keel_status st = KEEL_OK;
+    s->chain_prev = gs;
+    s->has_chain_prev = 1;
+    if (after < s->dyn_after_min && s->n_behind == 0 && !is_alarm_up
+        && !(s->has_dyn_stall_hook
+             && (!has_chain_prev || chain_prev == gs))) {
+        // Every dynamic hook idle: only the always-called ones, in order
+        // (none watches for stalls: that is a dynamic hook's wake).
+        s->rv.has_prev_before = 0;
+        s->rv.n_skipped = 0;
+        for (i = 0; i < s->n_always_after; i++) {
+            const keel_hook *h = &s->hooks[s->always_after[i]];
+            rc->hook_name = h->name;
+            st = h->after_run(h->ctx, rc, &s->rv);
+            if (st != KEEL_OK)
+                break;
+        }
+        if (st == KEEL_OK)
+            return KEEL_OK;
+        // Fall through to mark the hooks after the failing one behind.
+        return after_failed(s, s->always_after[i], chain_prev,
+                            has_chain_prev, after, st);
+    }
+    for (i = 0; i < s->n_after; i++) {
+        size_t k = s->after_idx[i];
+        hook_slot *sl = &s->slots[k];
+        const keel_hook *h;
+        int64_t prev = chain_prev;
+        int has_prev = has_chain_prev;
+        if (sl->is_behind) {
+            prev = sl->prev_before;
+            has_prev = sl->has_prev_before;
+            sl->is_behind = 0;
+            s->n_behind--;
+        }
+        if (after < sl->after_gs
+            && !(sl->after_ns != KEEL__WAKE_NEVER && is_alarm_up)
+            && !(sl->on_stall && (!has_prev || prev == gs)))
+            continue;
+        h = &s->hooks[k];
+        rc->hook_name = h->name;
+        s->rv.prev_before = prev;
+        s->rv.has_prev_before = sl->on_stall && has_prev;
+        s->rv.n_skipped = 0;
+        if (sl->is_dynamic) {
+            // this chain (n_chains) is the one being delivered
+            s->rv.n_skipped = s->n_chains - 1 - sl->sync_chain
+                              - sl->n_missed;
+            sl->sync_chain = s->n_chains;
+            sl->n_missed = 0;
+        }
+        st = h->after_run(h->ctx, rc, &s->rv);
+        if (sl->is_dynamic) {
+            refresh_slot(s, k);
+            is_changed = 1;
+        }
+        if (st != KEEL_OK) {
+            if (is_changed)
+                update_wakes(s);
+            return after_failed(s, k, chain_prev, has_chain_prev, after,
+                                st);
+        }
+    }
+    if (is_changed)
+        update_wakes(s);
+    return st;
+}
+
+/* One attempt at one step. Hooks are skipped while their calls would do
+ * nothing (hook_slot): skipping keeps the order of the calls made. */
 static keel_status
 run_once(keel_session *s, const void *batch, int with_hooks)
 {
     keel_run_context *rc = &s->rc;
-    int64_t gs = keel_vars_global_step(s->vars), t0 = 0;
+    int64_t gs = *s->gs, after, t0 = 0;
     size_t i;
     keel_status st;
     rc->batch = batch;
@@ -444,17 +857,12 @@ run_once(keel_session *s, const void *batch, int with_hooks)
     rc->global_step = gs;
     rc->hook_name = NULL;
     s->values.gen++;
-    if (with_hooks) {
-        for (i = 0; i < s->n_before; i++) {
-            const keel_hook *h = &s->hooks[s->before_idx[i]];
-            rc->hook_name = h->name;
-            st = h->before_run(h->ctx, rc);
-            if (st != KEEL_OK) {
-                if (st == KEEL_EOUTOFRANGE)
-                    return st;          // a feeder ran out of input
-                return hook_error(st, h, "before_run", gs);
-            }
-        }
+    if (with_hooks && (gs >= s->before_min
+                       || s->n_chains >= s->before_chain_min
+                       || s->has_armed)) {
+        st = run_before(s, gs);
+        if (st != KEEL_OK)
+            return st;
     }
     s->st.batch = rc->batch;
     s->st.is_applied = 0;
@@ -483,22 +891,27 @@ run_once(keel_session *s, const void *batch, int with_hooks)
             return keel__wrap(st, "apply gradients at step %lld",
                               (long long)gs);
     }
-    if (keel_vars_global_step(s->vars) == gs)
-        keel_vars_set_global_step(s->vars, gs + 1);
+    after = *s->gs;
+    if (after == gs)
+        *s->gs = after = gs + 1;
     s->local_step++;
     s->rv.step_before = gs;
-    s->rv.step_after = keel_vars_global_step(s->vars);
+    s->rv.step_after = after;
     s->rv.local_step = s->local_step;
     if (!with_hooks)
         return KEEL_OK;
     s->rv.start_ns = t0;
     s->rv.duration_ns = s->needs_step_time ? keel__now_mono_ns() - t0 : 0;
-    for (i = 0; i < s->n_after; i++) {
-        const keel_hook *h = &s->hooks[s->after_idx[i]];
-        rc->hook_name = h->name;
-        st = h->after_run(h->ctx, rc, &s->rv);
+    s->n_chains++;
+    if (after >= s->after_min || s->n_behind > 0 || alarm_is_up(s)
+        || (s->has_stall_hook
+            && (!s->has_chain_prev || s->chain_prev == gs))) {
+        st = run_after(s, gs, after);
         if (st != KEEL_OK)
-            return hook_error(st, h, "after_run", s->rv.step_after);
+            return st;
+    } else {
+        s->chain_prev = gs;             // every hook idle: all reached
+        s->has_chain_prev = 1;
     }
     if (rc->is_stop_requested)
         stop_with(s, KEEL_END_STOP_REQUESTED);
@@ -509,6 +922,10 @@ run_once(keel_session *s, const void *batch, int with_hooks)
 static int
 check_stop(keel_session *s)
 {
+    // One test on the step path: nothing stopped, no signal, no request.
+    if (!(s->is_closed | s->is_stopped | g_signal
+          | atomic_load_explicit(s->coord_stop, memory_order_acquire)))
+        return 0;
     if (s->is_closed || s->is_stopped)
         return 1;
     if (keel__signal_pending()) {
@@ -676,6 +1093,7 @@ keel_session_close(keel_session *s)
             h->end(h->ctx, s, s->reason);
     }
     s->is_closed = 1;
+    alarm_stop(&s->alarm);
     keel_coord_request_stop(s->coord, KEEL_OK, NULL);
     st = keel_coord_join(s->coord, (int64_t)(s->grace_secs * 1000), 1);
     if (s->saver != NULL) {
@@ -700,6 +1118,7 @@ keel_session_free(keel_session *s)
         return;
     if (!s->is_closed)
         keel_session_close(s);
+    alarm_stop(&s->alarm);
     keel_coord_free(s->coord);
     if (s->saver != NULL)
         keel__ckpt->saver_free(s->saver);
@@ -708,6 +1127,9 @@ keel_session_free(keel_session *s)
     free(s->hooks);
     free(s->before_idx);
     free(s->after_idx);
+    free(s->slots);
+    free(s->always_before);
+    free(s->always_after);
     for (i = 0; i < s->n_owned; i++)
         keel_hook_release(&s->owned[i]);
     free(s->owned);

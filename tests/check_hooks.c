@@ -1,10 +1,13 @@
 /* check_hooks.c - unit tests for the standard hooks not covered by
  * check_session: logging, step counter and summaries (real event files),
- * profiler traces, the global-step waiter, final ops, struct_size checks and
- * the backend seams (publish, fetch + wait_for_change, is_intact). */
+ * profiler traces, the global-step waiter, final ops, struct_size checks,
+ * the backend seams (publish, fetch + wait_for_change, is_intact) and the
+ * session skipping idle built-in hooks (same output as calling them all). */
 #include <config.h>
 
+#include <math.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +17,7 @@
 #include "util.h"
 #include "testutil.h"
 #include "fake_ckpt.h"
+#include "../hooks/hooks_int.h"
 
 static keel_vars *vs;
 static char logbuf[16384];
@@ -65,6 +69,7 @@ setup(void)
 static void
 teardown(void)
 {
+    keel__hooks_set_skipping(1);
     keel_log_set_handler(NULL, NULL, KEEL_LOG_DEBUG);
     keel_vars_free(vs);
     fake_uninstall();
@@ -90,7 +95,8 @@ static void
 run_steps(keel_session *s, int n)
 {
     for (int i = 0; i < n; i++)
-        ck_assert_int_eq(keel_session_run(s, NULL), KEEL_OK);
+        ck_assert_msg(keel_session_run(s, NULL) == KEEL_OK, "run: %s; %s",
+                      keel_last_error(), logbuf);
 }
 
 static int64_t clock_ns;
@@ -349,6 +355,361 @@ START_TEST(test_supervisor_worker_times_out_when_chief_never_ready)
 }
 END_TEST
 
+/* ---- skipping idle hooks ------------------------------------------------ */
+
+static int64_t jump_at = -1, jump_to;     /* an async peer moves the step */
+static int64_t abort_at = -1;             /* fail once, recoverably */
+
+static keel_status
+scenario_step(void *ctx, keel_step *st)
+{
+    int64_t gs = keel_step_global_step(st);
+    (void)ctx;
+    if (gs == abort_at) {
+        abort_at = -1;
+        return keel_error_set(KEEL_EABORTED, "peer restarted");
+    }
+    if (gs == jump_at)
+        keel_vars_set_global_step(keel_step_vars(st), jump_to);
+    return keel_step_set_value(st, "loss", 0.5);
+}
+
+/* A user hook first in the chain whose after_run fails recoverably once,
+ * when the step reaches abort_after_at: the hooks after it miss the step. */
+static int64_t abort_after_at = -1;
+
+static keel_status
+abort_after(void *ctx, keel_run_context *rc, const keel_run_values *v)
+{
+    (void)ctx;
+    (void)rc;
+    if (keel_run_values_step_after(v) != abort_after_at)
+        return KEEL_OK;
+    abort_after_at = -1;
+    return keel_error_set(KEEL_EABORTED, "peer restarted after the step");
+}
+
+/* The six built-in hooks the benchmark uses, with step-based timers, after
+ * a user hook, on a run with a global-step jump (7 -> 12), an after_run
+ * failure at 13 (the restore moves the step back to 12), a stall (15 set
+ * back to 14), a step failure at 17 whose restore moves the step back to
+ * 15, and StopAtStep at 20. Writes what the hooks did (saves, event rows
+ * without wall time and rate, log counts, end) into out. */
+static void
+skip_scenario(int is_skipping, const char *sub, char *out, size_t out_size)
+{
+    const char *names[] = { "loss" };
+    keel_logging_hook_config lc = { .names = names, .n_names = 1,
+                                    .every_n_iter = 6 };
+    keel_ckpt_hook_config hc = { .save_steps = 3 };
+    keel_hook h[7], order[7];
+    keel_session_config c;
+    keel_session *s;
+    char dir[512], *csv, *line, *save;
+    size_t n = 0, i;
+    int is_stalled = 0;
+    keel__hooks_set_skipping(is_skipping);
+    fake_install();
+    logbuf[0] = '\0';
+    keel_vars_set_global_step(vs, 0);
+    snprintf(dir, sizeof dir, "%s", tu_path(sub));
+    ck_assert_int_eq(keel__fs_mkdirs(dir), KEEL_OK);
+    ck_assert_int_eq(keel_step_counter_hook_new(4, 0, dir, NULL, &h[0]),
+                     KEEL_OK);
+    ck_assert_int_eq(keel_summary_hook_new(names, 1, 5, 0, dir, NULL, &h[1]),
+                     KEEL_OK);
+    ck_assert_int_eq(keel_ckpt_hook_new(&hc, &h[2]), KEEL_OK);
+    ck_assert_int_eq(keel_stop_at_step_hook_new(0, 20, &h[3]), KEEL_OK);
+    ck_assert_int_eq(keel_nan_hook_new("loss", 1, 1, &h[4]), KEEL_OK);
+    ck_assert_int_eq(keel_logging_hook_new(&lc, &h[5]), KEEL_OK);
+    h[6] = (keel_hook){ .struct_size = sizeof h[6], .name = "abort_after",
+                        .after_run = abort_after };
+    keel_session_config_init(&c);
+    c.vars = vs;
+    c.step = scenario_step;
+    c.hooks = order;
+    c.n_hooks = 7;
+    order[0] = h[6];
+    for (i = 0; i < 6; i++)
+        order[i + 1] = h[i];
+    c.backoff_ms = 1;
+    c.checkpoint_dir = tu_dir;          // the fake saver: nothing written
+    jump_at = 7;
+    jump_to = 12;
+    abort_at = -1;
+    abort_after_at = 13;
+    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
+    while (!keel_session_should_stop(s)) {
+        ck_assert_int_eq(keel_session_run(s, NULL), KEEL_OK);
+        if (keel_session_global_step(s) == 15 && !is_stalled) {
+            keel_vars_set_global_step(vs, 14);
+            is_stalled = 1;
+            abort_at = 17;
+        }
+    }
+    ck_assert_int_eq(keel_session_global_step(s), 20);
+    n += (size_t)snprintf(out + n, out_size - n, "end %s; saves",
+                          keel_end_reason_str(keel_session_end_reason(s)));
+    keel_session_free(s);
+    for (i = 0; i < 6; i++)
+        keel_hook_release(&h[i]);
+    for (i = 0; i < (size_t)fake.n_saves && n < out_size; i++)
+        n += (size_t)snprintf(out + n, out_size - n, " %lld",
+                              (long long)fake.steps[i]);
+    snprintf(dir, sizeof dir, "%s/scalars.csv", tu_path(sub));
+    csv = tu_read_file(dir, NULL);
+    ck_assert_ptr_nonnull(csv);
+    for (line = strtok_r(csv, "\n", &save); line != NULL;
+         line = strtok_r(NULL, "\n", &save)) {
+        char *step = strchr(line, ','), *tag, *end;
+        if (step == NULL || (tag = strchr(step + 1, ',')) == NULL
+            || (end = strchr(tag + 1, ',')) == NULL || n >= out_size)
+            continue;
+        *end = '\0';
+        n += (size_t)snprintf(out + n, out_size - n, " | %s", step + 1);
+    }
+    free(csv);
+    if (n < out_size)
+        snprintf(out + n, out_size - n, " | stalls %d logged %d restores %d",
+                 count(logbuf, "has not been increased"),
+                 count(logbuf, "loss = 0.5"), fake.n_restores);
+}
+
+START_TEST(test_skipping_idle_hooks_changes_no_save_event_log_or_stop)
+{
+    char off[4096], on[4096];
+    skip_scenario(0, "off", off, sizeof off);
+    skip_scenario(1, "on", on, sizeof on);
+    ck_assert_str_eq(on, off);
+    /* creation, every 3 (12 after the jump, 18 after the restore to 15),
+     * at end; only the stall at 14 warned (the counter missed the step of
+     * the after_run failure, so the rerun of 12 is no stall for it);
+     * logging at iterations 0, 6, 12, 18 (failed steps are none) */
+    /* summaries every 5 (13 after the jump), the counter every 4 after
+     * its baseline at 1 (12 after the jump) */
+    ck_assert_str_eq(on, "end stop requested; saves 0 3 6 12 15 18 20 | "
+                     "step,tag | 1,loss | 5,global_step/sec | 6,loss | "
+                     "12,global_step/sec | 13,loss | 16,global_step/sec | "
+                     "18,loss | 20,global_step/sec | stalls 1 logged 4 "
+                     "restores 2");
+}
+END_TEST
+
+static keel_session *
+session_with_ckpt(keel_hook *h, size_t n)
+{
+    keel_session_config c;
+    keel_session *s;
+    keel_session_config_init(&c);
+    c.vars = vs;
+    c.step = step;
+    c.hooks = h;
+    c.n_hooks = n;
+    c.checkpoint_dir = tu_dir;
+    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
+    return s;
+}
+
+static int64_t
+manual_clock(void *ctx)
+{
+    (void)ctx;
+    return clock_ns;
+}
+
+START_TEST(test_time_trigger_fires_while_step_hooks_skip)
+{
+    keel_clock clk = { manual_clock, NULL };
+    keel_ckpt_hook_config hc = { .save_secs = 2, .clock = clk };
+    keel_hook h[3];
+    keel_session *s;
+    int64_t deadline;
+    clock_ns = 1000000000;
+    ck_assert_int_eq(keel_step_counter_hook_new(1000, 0, NULL, NULL, &h[0]),
+                     KEEL_OK);
+    ck_assert_int_eq(keel_ckpt_hook_new(&hc, &h[1]), KEEL_OK);
+    ck_assert_int_eq(keel_stop_at_step_hook_new(0, (int64_t)1 << 40, &h[2]),
+                     KEEL_OK);
+    s = session_with_ckpt(h, 3);
+    run_steps(s, 3);
+    clock_ns += 1999999999;
+    run_steps(s, 1);
+    ck_assert_int_eq(fake.n_saves, 1);              // creation only
+    clock_ns += 1;
+    run_steps(s, 1);                                // due: saves at 5
+    ck_assert_int_eq(fake.n_saves, 2);
+    ck_assert_int_eq(fake.steps[1], 5);
+    keel_session_free(s);
+    keel_hook_release(&h[1]);
+    /* The real clock: a 50 ms timer saves within its deadline. */
+    fake_install();
+    hc.save_secs = 0.05;
+    hc.clock.fn = NULL;
+    ck_assert_int_eq(keel_ckpt_hook_new(&hc, &h[1]), KEEL_OK);
+    s = session_with_ckpt(h, 3);
+    deadline = keel__now_mono_ns() + (int64_t)2000000000;
+    while (fake.n_saves < 2 && keel__now_mono_ns() < deadline)
+        run_steps(s, 1);
+    ck_assert_int_eq(fake.n_saves, 2);
+    ck_assert_int_eq(fake.steps[1], keel_session_global_step(s));
+    keel_session_free(s);
+    for (int i = 0; i < 3; i++)
+        keel_hook_release(&h[i]);
+}
+END_TEST
+
+START_TEST(test_stop_request_lands_at_next_step_boundary_with_idle_hooks)
+{
+    keel_ckpt_hook_config hc = { .save_steps = 1000 };
+    keel_hook h[2];
+    keel_session *s;
+    ck_assert_int_eq(keel_ckpt_hook_new(&hc, &h[0]), KEEL_OK);
+    ck_assert_int_eq(keel_stop_at_step_hook_new(0, 1000, &h[1]), KEEL_OK);
+    s = session_with_ckpt(h, 2);
+    run_steps(s, 3);
+    keel_coord_request_stop(keel_session_coord(s), KEEL_OK, NULL);
+    ck_assert(keel_session_should_stop(s));
+    ck_assert_int_eq(keel_session_run(s, NULL), KEEL_ESTATE);
+    ck_assert_int_eq(keel_session_global_step(s), 3);
+    ck_assert_int_eq(keel_session_end_reason(s), KEEL_END_STOP_REQUESTED);
+    keel_session_free(s);
+    ck_assert_int_eq(fake.steps[fake.n_saves - 1], 3);  // final save
+    /* A signal between steps: the next run refuses, the step stays. */
+    fake_install();
+    keel_vars_set_global_step(vs, 0);
+    ck_assert_int_eq(keel_session_install_signal_handlers(), KEEL_OK);
+    s = session_with_ckpt(h, 2);
+    run_steps(s, 2);
+    raise(SIGTERM);
+    ck_assert_int_eq(keel_session_run(s, NULL), KEEL_ECANCELLED);
+    ck_assert_int_eq(keel_session_global_step(s), 2);
+    ck_assert_int_eq(keel_session_end_reason(s), KEEL_END_SIGNAL);
+    keel_session_free(s);
+    keel_session_clear_signal();
+    keel_session_uninstall_signal_handlers();
+    ck_assert_int_eq(fake.steps[fake.n_saves - 1], 2);
+    keel_hook_release(&h[0]);
+    keel_hook_release(&h[1]);
+}
+END_TEST
+
+/* Step start times (the previous step's too) and what a listener saw at
+ * each save: a real-clock time trigger read against them. */
+static int64_t last_cb_ns, prev_cb_ns, first_cb_ns;
+static int64_t save_ns[2], save_prev_cb_ns[2], save_last_cb_ns[2];
+static int n_timed_saves;
+
+static keel_status
+timed_step(void *ctx, keel_step *st)
+{
+    (void)ctx;
+    prev_cb_ns = last_cb_ns;
+    last_cb_ns = keel__now_mono_ns();
+    if (first_cb_ns == 0)
+        first_cb_ns = last_cb_ns;
+    return keel_step_set_value(st, "loss", 0.5);
+}
+
+static keel_status
+timed_before_save(void *ctx, keel_session *s, int64_t step)
+{
+    (void)ctx;
+    (void)s;
+    (void)step;
+    if (first_cb_ns != 0 && n_timed_saves < 2) {
+        save_ns[n_timed_saves] = keel__now_mono_ns();
+        save_prev_cb_ns[n_timed_saves] = prev_cb_ns;
+        save_last_cb_ns[n_timed_saves] = last_cb_ns;
+        n_timed_saves++;
+    }
+    return KEEL_OK;
+}
+
+START_TEST(test_real_clock_trigger_is_neither_late_nor_early_while_idle)
+{
+    const int64_t period = 300000000;       // 0.3 s; the alarm leads 0.1 s
+    keel_ckpt_listener li = { .before_save = timed_before_save };
+    keel_ckpt_hook_config hc = { .save_secs = 0.3, .listeners = &li,
+                                 .n_listeners = 1 };
+    keel_hook h[3];
+    keel_session_config c;
+    keel_session *s;
+    int64_t t_new, deadline;
+    last_cb_ns = prev_cb_ns = first_cb_ns = 0;
+    n_timed_saves = 0;
+    ck_assert_int_eq(keel_step_counter_hook_new(1000, 0, NULL, NULL, &h[0]),
+                     KEEL_OK);
+    ck_assert_int_eq(keel_ckpt_hook_new(&hc, &h[1]), KEEL_OK);
+    ck_assert_int_eq(keel_stop_at_step_hook_new(0, (int64_t)1 << 40, &h[2]),
+                     KEEL_OK);
+    keel_session_config_init(&c);
+    c.vars = vs;
+    c.step = timed_step;
+    c.hooks = h;
+    c.n_hooks = 3;
+    c.checkpoint_dir = tu_dir;
+    t_new = keel__now_mono_ns();
+    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);  // saves, timer
+    deadline = keel__now_mono_ns() + (int64_t)5000000000;
+    while (n_timed_saves < 2 && keel__now_mono_ns() < deadline)
+        run_steps(s, 1);
+    ck_assert_int_eq(n_timed_saves, 2);
+    /* The timer's base is read between t_new and the first step; the
+     * trigger is exact: at the first step whose after_run is past it, so
+     * the step before it started before the deadline, and not before. */
+    ck_assert_int_ge(save_ns[0], t_new + period);
+    ck_assert_int_lt(save_prev_cb_ns[0], first_cb_ns + period);
+    /* The second deadline: based between that step's start and save. */
+    ck_assert_int_ge(save_ns[1], save_last_cb_ns[0] + period);
+    ck_assert_int_lt(save_prev_cb_ns[1], save_ns[0] + period);
+    keel_session_free(s);
+    for (int i = 0; i < 3; i++)
+        keel_hook_release(&h[i]);
+}
+END_TEST
+
+static keel_status
+acc_before(void *ctx, keel_run_context *rc)
+{
+    (void)ctx;
+    return keel_run_context_request(rc, "acc");
+}
+
+static keel_status
+acc_nan_step(void *ctx, keel_step *st)
+{
+    (void)ctx;
+    if (keel_step_set_value(st, "acc", NAN) != KEEL_OK)
+        return KEEL_EINTERNAL;
+    return keel_step_set_value(st, "loss", 0.5);
+}
+
+START_TEST(test_nan_hook_finds_its_value_again_in_a_new_session)
+{
+    keel_hook h[2];
+    keel_session_config c;
+    keel_session *s;
+    ck_assert_int_eq(keel_nan_hook_new("loss", 1, 1, &h[1]), KEEL_OK);
+    s = session_with(&h[1], 1);             // "loss" is slot 0 here
+    run_steps(s, 2);
+    keel_session_free(s);
+    /* A new session where "acc" (NaN) takes slot 0 and "loss" slot 1:
+     * the slot the hook found before is not its name's any more. */
+    h[0] = (keel_hook){ .struct_size = sizeof h[0], .name = "acc",
+                        .before_run = acc_before };
+    keel_session_config_init(&c);
+    c.vars = vs;
+    c.step = acc_nan_step;
+    c.hooks = h;
+    c.n_hooks = 2;
+    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
+    run_steps(s, 2);
+    ck_assert(!keel_session_should_stop(s));
+    keel_session_free(s);
+    keel_hook_release(&h[1]);
+}
+END_TEST
+
 static Suite *
 hooks_suite(void)
 {
@@ -368,6 +729,18 @@ hooks_suite(void)
     tcase_add_test(tc,
         test_backend_worker_waits_on_events_and_chief_skips_rollback);
     tcase_add_test(tc, test_supervisor_worker_times_out_when_chief_never_ready);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("skip");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 20);
+    tcase_add_test(tc,
+        test_skipping_idle_hooks_changes_no_save_event_log_or_stop);
+    tcase_add_test(tc, test_time_trigger_fires_while_step_hooks_skip);
+    tcase_add_test(tc,
+        test_stop_request_lands_at_next_step_boundary_with_idle_hooks);
+    tcase_add_test(tc, test_nan_hook_finds_its_value_again_in_a_new_session);
+    tcase_add_test(tc,
+        test_real_clock_trigger_is_neither_late_nor_early_while_idle);
     suite_add_tcase(s, tc);
     return s;
 }

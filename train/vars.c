@@ -8,6 +8,7 @@
 
 #include <keel/keel.h>
 #include "util.h"
+#include "train_int.h"
 
 typedef struct slot {
     char *name;
@@ -270,6 +271,12 @@ int64_t
 keel_vars_global_step(const keel_vars *vs)
 {
     return vs != NULL ? vs->global_step : 0;
+}
+
+int64_t *
+keel__vars_global_step_ptr(keel_vars *vs)
+{
+    return &vs->global_step;
 }
 
 void
