@@ -1727,7 +1727,7 @@ END_TEST
  * socket reconnects to it, not at the next beat: here the interval is a
  * minute, so only the beat sent on reconnection can bring the news within
  * the 10 s deadline. */
-START_TEST(test_heartbeat_on_reconnect_sees_a_restarted_ps_between_beats)
+START_TEST(test_heartbeat_on_reconnect_hears_a_restarted_ps)
 {
     server sv;
     keel__hb *hb;
@@ -1815,8 +1815,7 @@ cluster_suite(void)
     tcase_add_test(live, test_pull_of_named_and_unknown_variables);
     tcase_add_test(live, test_real_ps_checks_requests_and_aggregates_in_sync);
     tcase_add_test(live, test_heartbeats_see_the_step_state_and_a_restarted_ps);
-    tcase_add_test(live,
-                   test_heartbeat_on_reconnect_sees_a_restarted_ps_between_beats);
+    tcase_add_test(live, test_heartbeat_on_reconnect_hears_a_restarted_ps);
     suite_add_tcase(s, live);
     tcase_add_checked_fixture(sec, tu_setup, tu_teardown);
     tcase_set_timeout(sec, 20);
