@@ -15,7 +15,13 @@
 #           INIT that sends it the restored state) and one normal step (the
 #           median gap between the chief's step lines before the kill: the
 #           first step after a recovery is a whole step too), so the target
-#           "< 0.3 s plus the restore" reads off the last-but-one column.
+#           "< 0.3 s plus the restore" reads off the "next step minus
+#           restore and one step" column. Also shown: of the restore, the
+#           ps INIT, and the slowest worker's pull before its first step
+#           ("pulled N MiB ... in X s": the new worker's; every worker's
+#           after a ps restart). Kills land just after a checkpoint (the
+#           step after a save step), never inside the chief's save.
+# TRACE=1 prints each recovery's lines with times since the kill (stderr).
 # Scenarios: chief-only (kill the chief), 1 ps + 2 workers (kill a worker),
 # for models of 1 MiB and 100 MiB of variables, with the default
 # backoff (0.1 s) and --backoff 0. Then /work/shared/bench/torchrun_restart.py.
@@ -109,6 +115,9 @@ STEP = re.compile(r"chief \| step (\d+) ")
 RESTORED = re.compile(r"chief \| .*restored .* in ([0-9.]+) s\)")
 # a new ps gets the restored state from the chief (INIT): restore work too
 INITED = re.compile(r"chief \| .*initialized at step .*INIT of [0-9.]+ MiB in ([0-9.]+) s\)")
+# a worker's pull of the variables before its first step (a new worker;
+# every worker after a ps restart)
+PULLED = re.compile(r"^(?:worker\.\d+|chief) \| .*pulled [0-9.]+ MiB at step \d+ from \d+ ps in ([0-9.]+) s")
 # the victim is back in the job: the chief's first step line; a worker's
 # "model ready"; a ps's "initialized" (by the chief, from its checkpoint)
 READY = {"chief": STEP, "worker": re.compile(r"^worker\.1 \| model ready"),
@@ -118,10 +127,11 @@ def scenario(d, victim, hidden, backoff, gap=30, timeout=60):
     ps, workers = (0, 0) if victim == "chief" else (1, 2)
     name = {"chief": "chief", "worker": "worker.1", "ps": "ps.0"}[victim]
     out = tempfile.mkdtemp(prefix="run-", dir=d)
+    save = max(1, gap * 2 // 3)
     args = [os.path.join(d, "job.ini"), "--ps", str(ps), "--workers", str(workers),
             "--backoff", str(backoff), "--max-restarts", str(KILLS + 2),
             "-s", "model.hidden=" + hidden, "-s", "checkpoint.dir=" + out,
-            "-s", "checkpoint.save_steps=%d" % max(1, gap * 2 // 3)]
+            "-s", "checkpoint.save_steps=%d" % save]
     if os.environ.get("DEAD_AFTER_MS"):
         args += ["-s", "cluster.dead_after_ms=" + os.environ["DEAD_AFTER_MS"]]
     env = dict(os.environ); env.pop("OUTPUT_DIR", None)
@@ -133,8 +143,14 @@ def scenario(d, victim, hidden, backoff, gap=30, timeout=60):
             # let it train a little (and checkpoint) between kills
             i, _, m = run.wait(i + 1, STEP.search, timeout)
             target = int(m.group(1)) + gap
-            i, _, _ = run.wait(i, lambda s: STEP.search(s) and int(STEP.search(s).group(1)) >= target,
-                               timeout)
+            # kill just after a checkpoint (the step after a save step),
+            # not just before one: the chief's save (a pull of the whole
+            # model and its slots, then the HDF5 write: ~2 s at 100 MiB)
+            # must not sit inside the measured recovery
+            def due(s):
+                m = STEP.search(s)
+                return m and int(m.group(1)) >= target and int(m.group(1)) % save == 1 % save
+            i, _, _ = run.wait(i, due, timeout)
             pid = pid_of(run, name)
             t_kill = time.monotonic()
             os.kill(pid, signal.SIGKILL)
@@ -148,18 +164,27 @@ def scenario(d, victim, hidden, backoff, gap=30, timeout=60):
                                                                                   timeout)
             # the chief's checkpoint restore in this recovery, if any (a
             # killed chief restores; a killed ps is reloaded by the chief)
-            restore = 0.0
+            restore = init = pull = 0.0
             with run.cv:
                 for _, s in run.lines[j0:i + 1]:
                     rm = s and (RESTORED.search(s) or INITED.search(s))
                     if rm:
                         restore += float(rm.group(1))
+                    if s and INITED.search(s):
+                        init += float(INITED.search(s).group(1))
+                    if s and PULLED.search(s):   # the slowest worker's
+                        pull = max(pull, float(PULLED.search(s).group(1)))
+            if os.environ.get("TRACE"):   # the lines of this recovery
+                with run.cv:
+                    for t, s in run.lines[max(0, j0 - 2):i + 1]:
+                        print("  %+.3f %s" % (t - t_kill, s), file=sys.stderr)
             # a normal step here: the gap between the chief's step lines
             # just before the kill
             with run.cv:
                 ts = [t for t, s in run.lines[:j0] if s and STEP.search(s)][-6:]
             step_s = statistics.median([b - a for a, b in zip(ts, ts[1:])]) if len(ts) > 1 else 0.0
-            res.append((t_re - t_kill, t_ready - t_kill, t_step - t_kill, restore, step_s))
+            res.append((t_re - t_kill, t_ready - t_kill, t_step - t_kill, restore, step_s,
+                        init, pull))
     finally:
         run.stop()
     return res
@@ -197,18 +222,23 @@ for victim in SCEN:
             rows.append((victim, label, backoff, med([x[0] for x in r]), med([x[1] for x in r]),
                          med([x[2] for x in r]), med([x[3] for x in r]),
                          med([x[4] for x in r]),
-                         med([x[2] - x[3] - x[4] for x in r]), len(r)))
+                         med([x[2] - x[3] - x[4] for x in r]), len(r),
+                         med([x[5] for x in r]), med([x[6] for x in r])))
             print("keel %-6s %-28s backoff %.1f: kill->restarted %.3f s, kill->victim back %.3f s, "
                   "kill->next chief step %.3f s, of which checkpoint restore %.3f s "
-                  "and one normal step %.3f s (median of %d; back: %s)"
+                  "(ps INIT %.3f s) and one normal step %.3f s; workers' pull %.3f s "
+                  "(median of %d; back: %s; remainder: %s)"
                   % (victim, label, backoff, rows[-1][3], rows[-1][4], rows[-1][5], rows[-1][6],
-                     rows[-1][7], len(r), ", ".join("%.3f" % x[1] for x in r)), flush=True)
+                     rows[-1][10], rows[-1][7], rows[-1][11], len(r),
+                     ", ".join("%.3f" % x[1] for x in r),
+                     ", ".join("%.3f" % (x[2] - x[3] - x[4]) for x in r)), flush=True)
 print()
 print("| killed | model | backoff s | kill -> restarted s | kill -> victim back s | kill -> next global step s "
-      "| checkpoint restore s | a normal step s | next step minus restore and one step s | kills |")
-print("|---|---|---|---|---|---|---|---|---|---|")
+      "| checkpoint restore s | a normal step s | next step minus restore and one step s | kills "
+      "| of the restore: ps INIT s | workers' pull s |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|")
 for r in rows:
-    print("| %s | %s | %.1f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %d |" % r)
+    print("| %s | %s | %.1f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %d | %.3f | %.3f |" % r)
 EOF
 if [ "$TORCH" = 1 ]; then
     echo

@@ -21,6 +21,8 @@
 struct keel__hb {
     void *zctx;
     void **socks;                  /* one DEALER per ps */
+    void **mons;                   /* one PAIR per ps: its socket's
+                                    * handshake events */
     void *wake_rx, *wake_tx;       /* inproc PAIR: stop now */
     int n;
     int interval_ms;
@@ -43,6 +45,9 @@ close_all(keel__hb *hb)
     for (int p = 0; hb->socks != NULL && p < hb->n; p++)
         if (hb->socks[p] != NULL)
             zmq_close(hb->socks[p]);
+    for (int p = 0; hb->mons != NULL && p < hb->n; p++)
+        if (hb->mons[p] != NULL)
+            zmq_close(hb->mons[p]);
     if (hb->wake_rx != NULL)
         zmq_close(hb->wake_rx);
     if (hb->wake_tx != NULL)
@@ -51,26 +56,65 @@ close_all(keel__hb *hb)
         zmq_ctx_term(hb->zctx);
 }
 
-/* 1 if a beat could not be sent (no live connection to that ps). */
+/* 1 if the beat could not be sent (no live connection to ps p). */
+static int
+send_beat(keel__hb *hb, int p)
+{
+    keel__wire_header h;
+    memset(&h, 0, sizeof h);
+    h.type = KEEL_MSG_HEARTBEAT;
+    h.request_id = hb->next_id++;
+    h.sender_type = (uint8_t)hb->type;
+    h.sender_index = (uint32_t)hb->index;
+    h.generation = hb->generation;
+    /* Non-blocking, and only on a live connection (ZMQ_IMMEDIATE): a ps
+     * that is down misses this beat, and the next comes soon. */
+    return keel__wire_send(hb->socks[p], NULL, &h, NULL, 0, NULL, NULL) !=
+           KEEL_OK;
+}
+
+/* 1 if a beat could not be sent to some ps. */
 static int
 send_beats(keel__hb *hb)
 {
     int missed = 0;
-    for (int p = 0; p < hb->n; p++) {
-        keel__wire_header h;
-        memset(&h, 0, sizeof h);
-        h.type = KEEL_MSG_HEARTBEAT;
-        h.request_id = hb->next_id++;
-        h.sender_type = (uint8_t)hb->type;
-        h.sender_index = (uint32_t)hb->index;
-        h.generation = hb->generation;
-        /* Non-blocking, and only on a live connection (ZMQ_IMMEDIATE): a
-         * ps that is down misses this beat, and the next comes soon. */
-        if (keel__wire_send(hb->socks[p], NULL, &h, NULL, 0, NULL, NULL) !=
-            KEEL_OK)
-            missed = 1;
-    }
+    for (int p = 0; p < hb->n; p++)
+        missed |= send_beat(hb, p);
     return missed;
+}
+
+/* Drain ps p's monitor; 1 if a connection to it was (re)established. */
+static int
+take_events(keel__hb *hb, int p)
+{
+    int is_up = 0;
+    for (;;) {
+        zmq_msg_t m;
+        int more = 0;
+        size_t more_size = sizeof more;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, hb->mons[p], ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&m);
+            return is_up;
+        }
+        /* frame 1: uint16 event, uint32 value; frame 2: the endpoint */
+        if (zmq_msg_size(&m) >= 2) {
+            uint16_t ev;
+            memcpy(&ev, zmq_msg_data(&m), sizeof ev);
+            if (ev == ZMQ_EVENT_HANDSHAKE_SUCCEEDED)
+                is_up = 1;
+        }
+        zmq_msg_close(&m);
+        while (zmq_getsockopt(hb->mons[p], ZMQ_RCVMORE, &more,
+                              &more_size) == 0 && more) {
+            zmq_msg_init(&m);
+            if (zmq_msg_recv(&m, hb->mons[p], ZMQ_DONTWAIT) < 0) {
+                zmq_msg_close(&m);
+                return is_up;
+            }
+            zmq_msg_close(&m);
+        }
+    }
 }
 
 static void
@@ -94,15 +138,19 @@ static void *
 hb_main(void *arg)
 {
     keel__hb *hb = arg;
-    zmq_pollitem_t *items = calloc((size_t)hb->n + 1, sizeof *items);
+    /* the ps sockets, their monitors, the wake-up socket */
+    int n_items = 2 * hb->n + 1;
+    zmq_pollitem_t *items = calloc((size_t)n_items, sizeof *items);
     if (items == NULL)
         return NULL;
     for (int p = 0; p < hb->n; p++) {
         items[p].socket = hb->socks[p];
         items[p].events = ZMQ_POLLIN;
+        items[hb->n + p].socket = hb->mons[p];
+        items[hb->n + p].events = ZMQ_POLLIN;
     }
-    items[hb->n].socket = hb->wake_rx;
-    items[hb->n].events = ZMQ_POLLIN;
+    items[2 * hb->n].socket = hb->wake_rx;
+    items[2 * hb->n].events = ZMQ_POLLIN;
     for (;;) {
         /* A ps that could not be reached is tried again after RETRY_MS, so
          * a restarted one answers (with its new generation) about as soon
@@ -116,11 +164,19 @@ hb_main(void *arg)
             int rc;
             if (left <= 0)
                 break;
-            rc = zmq_poll(items, hb->n + 1, (long)left);
+            rc = zmq_poll(items, n_items, (long)left);
             if (rc < 0 && errno == EINTR)
                 continue;
-            if (rc < 0 || (items[hb->n].revents & ZMQ_POLLIN))
+            if (rc < 0 || (items[2 * hb->n].revents & ZMQ_POLLIN))
                 goto out;           /* stopped (or the context is gone) */
+            /* A connection to a ps came (back) up: beat it now. A killed
+             * and restarted ps is so noticed (its new generation) as soon
+             * as the socket reconnects to it, not at the next interval,
+             * up to interval_ms later. */
+            for (int p = 0; p < hb->n; p++)
+                if ((items[hb->n + p].revents & ZMQ_POLLIN) &&
+                    take_events(hb, p))
+                    (void)send_beat(hb, p);
             for (int p = 0; p < hb->n; p++) {
                 keel__wire_msg m;
                 if (!(items[p].revents & ZMQ_POLLIN))
@@ -170,9 +226,11 @@ keel__hb_start(const keel__hb_config *cfg, keel__hb **out)
     hb->limits.max_tensors = 1;         /* replies carry a text only */
     hb->limits.max_total_bytes = 1024;
     hb->socks = calloc((size_t)cfg->n, sizeof *hb->socks);
+    hb->mons = calloc((size_t)cfg->n, sizeof *hb->mons);
     hb->peers = calloc((size_t)cfg->n, sizeof *hb->peers);
     hb->zctx = zmq_ctx_new();
-    if (hb->socks == NULL || hb->peers == NULL || hb->zctx == NULL) {
+    if (hb->socks == NULL || hb->mons == NULL || hb->peers == NULL ||
+        hb->zctx == NULL) {
         st = keel__fail(KEEL_ENOMEM, "heartbeat: tables for %d ps", cfg->n);
         goto fail;
     }
@@ -193,6 +251,18 @@ keel__hb_start(const keel__hb_config *cfg, keel__hb **out)
             if (st == KEEL_OK)
                 st = keel__fail(KEEL_EIO, "heartbeat: options: %s",
                                 zmq_strerror(errno));
+            goto fail;
+        }
+        snprintf(wake, sizeof wake, "inproc://keel-hb-%p-mon-%d",
+                 (void *)hb, p);
+        hb->mons[p] = zmq_socket(hb->zctx, ZMQ_PAIR);
+        if (hb->mons[p] == NULL ||
+            zmq_setsockopt(hb->mons[p], ZMQ_LINGER, &zero,
+                           sizeof zero) != 0 ||
+            zmq_socket_monitor(s, wake, ZMQ_EVENT_HANDSHAKE_SUCCEEDED) != 0 ||
+            zmq_connect(hb->mons[p], wake) != 0) {
+            st = keel__fail(KEEL_EIO, "heartbeat: monitor of ps %d: %s", p,
+                            zmq_strerror(errno));
             goto fail;
         }
         if (zmq_connect(s, cfg->endpoints[p]) != 0) {
@@ -223,6 +293,7 @@ keel__hb_start(const keel__hb_config *cfg, keel__hb **out)
 fail:
     close_all(hb);
     free(hb->socks);
+    free(hb->mons);
     free(hb->peers);
     pthread_mutex_destroy(&hb->mu);
     pthread_cond_destroy(&hb->cv);
@@ -241,6 +312,7 @@ keel__hb_stop(keel__hb *hb)
     }
     close_all(hb);
     free(hb->socks);
+    free(hb->mons);
     free(hb->peers);
     pthread_mutex_destroy(&hb->mu);
     pthread_cond_destroy(&hb->cv);

@@ -89,20 +89,28 @@ on_exit_status(keel_launch *l, size_t i, int status, int64_t now)
     /* exit 2 is keel's usage/configuration error: a restart cannot fix it */
     if (status != 2 && (was_chaos || t->info.restarts < l->cfg.max_restarts)) {
         double delay = l->cfg.backoff_secs;
+        /* A task that made progress (its own step line, the chief's step
+         * advancing while it was up, or 10 s up) died of something else
+         * than its own start: it comes back at once, since every
+         * millisecond here is the whole job's. Only a crash loop waits:
+         * the base delay, doubled for each failure in a row without
+         * progress, at most BACKOFF_CAP_SECS. */
+        int was_healthy = t->had_step ||
+            now - t->started_ns >= HEALTHY_NS ||
+            l->tasks[l->chief].info.global_step > t->chief_step_at_start;
+        if (was_healthy) {
+            t->backoff_level = 0;
+            delay = 0;
+        }
         if (!was_chaos) {
-            /* a crash loop backs off exponentially; a task that made
-             * progress (its own step line, the chief's step advancing
-             * while it was up, or 10 s up) starts over at the base */
-            if (t->had_step || now - t->started_ns >= HEALTHY_NS ||
-                l->tasks[l->chief].info.global_step > t->chief_step_at_start)
-                t->backoff_level = 0;
             t->info.restarts++;
-            for (int k = 0; k < t->backoff_level &&
+            for (int k = 0; !was_healthy && k < t->backoff_level &&
                  delay < BACKOFF_CAP_SECS; k++)
                 delay *= 2;
             if (delay > BACKOFF_CAP_SECS)
                 delay = BACKOFF_CAP_SECS;
-            t->backoff_level++;
+            if (!was_healthy)
+                t->backoff_level++;
         }
         t->info.state = KEEL_LAUNCH_BACKOFF;
         t->restart_at_ns = now + (int64_t)(delay * 1e9);

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include <keel/session.h>
@@ -423,21 +424,69 @@ shard_outs(keel__worker *w, keel_vars *vs, int p, int with_data,
 static keel_status wait_reply(keel__worker *w, int p, const char *what,
                               keel__wire_msg *r);
 
+/* Fault in the pages of [p, p + bytes) for writing, keeping their
+ * contents: a new process's tensors come from calloc and are first
+ * written by the copy out of a reply, one page fault per 4 KiB (~30 ms
+ * per 100 MiB here, more under load). Done while the request is in
+ * flight, that cost overlaps the transfer instead of following it. */
+static void
+fault_in(void *p, size_t bytes)
+{
+    size_t page = 4096;
+    uintptr_t lo = ((uintptr_t)p + page - 1) & ~(uintptr_t)(page - 1);
+    uintptr_t hi = ((uintptr_t)p + bytes) & ~(uintptr_t)(page - 1);
+    if (hi <= lo)
+        return;
+#ifdef MADV_POPULATE_WRITE
+    if (madvise((void *)lo, hi - lo, MADV_POPULATE_WRITE) == 0)
+        return;
+#endif
+    /* a read then a write of the same value: a fault, no change */
+    for (uintptr_t a = lo; a < hi; a += page) {
+        volatile char *c = (volatile char *)a;
+        *c = *c;
+    }
+}
+
+/* fault_in() the tensors ps p is about to send into vs (see shard_outs) */
+static void
+fault_in_shard(keel__worker *w, keel_vars *vs, int p, int with_slots)
+{
+    for (size_t i = 0; i < w->n_vars; i++) {
+        keel_var *v = keel_vars_at(vs, i);
+        keel_tensor *t = keel_var_tensor(v);
+        if (w->ps_of[i] != p)
+            continue;
+        if (t != NULL && t->data != NULL)
+            fault_in(t->data, t->count * sizeof(float));
+        for (size_t k = 0; with_slots && k < keel_var_slot_count(v); k++) {
+            t = keel_var_slot_at(v, k, NULL);
+            if (t != NULL && t->data != NULL)
+                fault_in(t->data, t->count * sizeof(float));
+        }
+    }
+}
+
 /* One request to ps p and its reply, waited for like a step's push: a ps
  * that dies or restarts meanwhile ends the wait at once (heartbeats), not
  * after a fixed timeout. Errors through call_error. With zero_copy the
  * tensors go out in place: they must not change until this returns (the
- * wait, or an abandon's reconnect, waits until libzmq lets go of them). */
+ * wait, or an abandon's reconnect, waits until libzmq lets go of them).
+ * With dest (a pull), ps p's tensors in dest (and their slots, with
+ * dest_slots) are faulted in while the reply is on its way. */
 static keel_status
 call_ps(keel__worker *w, int p, keel__wire_header *h,
         const keel__wire_out *outs, size_t n, int zero_copy,
-        const char *what, keel__wire_msg *r)
+        const char *what, keel_vars *dest, int dest_slots,
+        keel__wire_msg *r)
 {
     keel_status st = keel__wire_client_send(w->clients[p], h, outs, n,
                                             zero_copy, w->o.dead_after_ms);
     keel__wire_msg_init(r);
     if (st == KEEL_OK) {
         w->req_ids[p] = h->request_id;
+        if (dest != NULL)
+            fault_in_shard(w, dest, p, dest_slots);
         st = wait_reply(w, p, what, r);
         if (st != KEEL_OK && r->h.type == 0)
             return st;            /* abandoned: the reason is set */
@@ -463,7 +512,7 @@ keel__worker_pull_all(keel__worker *w, keel_vars *vs, int with_slots)
             h.type = KEEL_MSG_STEP;
             h.flags = 0;
         }
-        st = call_ps(w, p, &h, w->outs, n, 0, "pull", &r);
+        st = call_ps(w, p, &h, w->outs, n, 0, "pull", vs, with_slots, &r);
         if (st == KEEL_OK)
             st = take_values(vs, &r);
         if (st == KEEL_OK && p == 0)
@@ -579,7 +628,7 @@ be_publish(void *ctx, keel_vars *vs, int restored)
         h.type = KEEL_MSG_INIT;
         h.global_step = keel_vars_global_step(vs);
         /* in place: nothing touches the variables until INIT is answered */
-        st = call_ps(w, p, &h, w->outs, n, 1, "init", &r);
+        st = call_ps(w, p, &h, w->outs, n, 1, "init", NULL, 0, &r);
         keel__wire_msg_clear(&r);
         if (st != KEEL_OK)
             return st;
@@ -629,12 +678,25 @@ be_fetch(void *ctx, keel_vars *vs, int *is_ready, char *why, size_t size)
     int same;
     keel_status st;
     int chunk = ms_of(w->o.max_wait_secs);
+    int64_t t0;
     w->last_fetch_ns = keel__now_mono_ns();
     st = hello_all(w, 1, chunk < HELLO_CHUNK_MS ? chunk : HELLO_CHUNK_MS,
                    is_ready, &same, w->ps_gen, why, size);
     if (st != KEEL_OK || !*is_ready)
         return st;
-    return keel__worker_pull_all(w, vs, 0);
+    t0 = keel__now_mono_ns();
+    st = keel__worker_pull_all(w, vs, 0);
+    if (st == KEEL_OK) {
+        double bytes = 0;
+        for (size_t i = 0; i < w->n_vars; i++)
+            bytes += (double)keel_var_tensor(keel_vars_at(vs, i))->count *
+                     sizeof(float);
+        keel__log(KEEL_LOG_INFO, "pulled %.1f MiB at step %lld from %d "
+                  "ps in %.3f s", bytes / (1 << 20),
+                  (long long)keel_vars_global_step(vs), w->n_ps,
+                  (double)(keel__now_mono_ns() - t0) / 1e9);
+    }
+    return st;
 }
 
 /* fetch itself blocks until readiness (an event from the ps); only a

@@ -465,12 +465,13 @@ create_once(keel_session *s, int is_recovery)
     return KEEL_OK;
 }
 
-/* Sleep before retry attempt n (0-based), waking at once on a stop.
- * KEEL_ECANCELLED if a stop or signal came. */
+/* Sleep before retry attempt n (0-based; n < 0: no sleep, only the stop
+ * check), waking at once on a stop. KEEL_ECANCELLED if a stop or signal
+ * came. */
 static keel_status
 backoff(keel_session *s, int attempt)
 {
-    int64_t ms = s->backoff_ms;
+    int64_t ms = attempt < 0 ? 0 : s->backoff_ms;
     int i;
     for (i = 0; i < attempt && ms < s->backoff_max_ms; i++)
         ms *= 2;
@@ -982,7 +983,11 @@ failed:
                       keel_status_str(st), keel_last_error(), attempt + 1,
                       s->max_attempts);
             s->needs_create = 1;
-            st = backoff(s, attempt);
+            /* The first re-creation is at once: what failed the step (a
+             * restarted ps, a worker back) is usually over by the time it
+             * is noticed, and the whole job waits on this step. Only
+             * failures in a row back off (TF retries at once, forever). */
+            st = backoff(s, attempt - 1);
             attempt++;
             if (st == KEEL_OK)
                 continue;

@@ -1723,6 +1723,64 @@ START_TEST(test_heartbeats_see_the_step_state_and_a_restarted_ps)
 }
 END_TEST
 
+/* A restarted ps is heard (its new incarnation) as soon as the heartbeat
+ * socket reconnects to it, not at the next beat: here the interval is a
+ * minute, so only the beat sent on reconnection can bring the news within
+ * the 10 s deadline. */
+START_TEST(test_heartbeat_on_reconnect_hears_a_restarted_ps)
+{
+    server sv;
+    keel__hb *hb;
+    keel__hb_peer peer;
+    keel__hb_config hc;
+    char ep[KEEL_ADDR_MAX + 16];
+    const char *eps[1];
+    uint64_t gen1;
+    int64_t deadline;
+
+    real_start(&sv);
+    snprintf(ep, sizeof ep, "%s", keel__ps_endpoint(sv.ps));
+    eps[0] = ep;
+    memset(&hc, 0, sizeof hc);
+    hc.endpoints = eps;
+    hc.n = 1;
+    hc.interval_ms = 60000;
+    hc.type = KEEL_TASK_WORKER;
+    hc.index = 0;
+    hc.generation = 5;
+    ck_assert_int_eq(keel__hb_start(&hc, &hb), KEEL_OK);
+    ck_assert(keel__hb_wait(hb, 0, 0, 10000));
+    keel__hb_peer_get(hb, 0, &peer);
+    gen1 = peer.generation;
+    ck_assert_uint_ne(gen1, 0);
+    server_stop(&sv);
+    {
+        keel__ps_config cfg = { .bind = ep };
+        int64_t ws2[2] = { 2, 3 };
+        memset(&sv, 0, sizeof sv);
+        ck_assert_int_eq(keel_vars_new(&sv.vars), KEEL_OK);
+        ck_assert_int_eq(keel_vars_create(sv.vars, "layer/w", 2, ws2,
+                                          KEEL_VAR_TRAINABLE, NULL), KEEL_OK);
+        cfg.vars = sv.vars;
+        cfg.apply = sgd_apply;
+        ck_assert_msg(keel__ps_new(&cfg, &sv.ps) == KEEL_OK, "%s",
+                      keel_last_error());
+        atomic_store(&sv.stop, 0);
+        ck_assert_int_eq(pthread_create(&sv.th, NULL, server_main, &sv), 0);
+    }
+    deadline = tu_now_ms() + 10000;
+    keel__hb_peer_get(hb, 0, &peer);
+    while (peer.generation == gen1 && tu_now_ms() < deadline) {
+        (void)keel__hb_wait(hb, 0, peer.beats, 500);
+        keel__hb_peer_get(hb, 0, &peer);
+    }
+    ck_assert_msg(peer.generation != gen1, "the restarted ps was not heard "
+                  "within 10 s (beats %ld)", peer.beats);
+    keel__hb_stop(hb);
+    server_stop(&sv);
+}
+END_TEST
+
 static Suite *
 cluster_suite(void)
 {
@@ -1757,6 +1815,7 @@ cluster_suite(void)
     tcase_add_test(live, test_pull_of_named_and_unknown_variables);
     tcase_add_test(live, test_real_ps_checks_requests_and_aggregates_in_sync);
     tcase_add_test(live, test_heartbeats_see_the_step_state_and_a_restarted_ps);
+    tcase_add_test(live, test_heartbeat_on_reconnect_hears_a_restarted_ps);
     suite_add_tcase(s, live);
     tcase_add_checked_fixture(sec, tu_setup, tu_teardown);
     tcase_set_timeout(sec, 20);

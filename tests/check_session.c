@@ -268,6 +268,39 @@ START_TEST(test_recoverable_error_recreates_session_and_retries_same_step)
 }
 END_TEST
 
+/* The first re-creation after a recoverable failure is at once (a minute's
+ * backoff here would outlast the test's timeout); only a failure in a row
+ * waits backoff_ms. */
+START_TEST(test_first_recovery_is_at_once_then_backs_off)
+{
+    script sc = { .fail_at = 0, .fail_code = KEEL_EABORTED, .fail_times = 1 };
+    keel_session_config c;
+    keel_session *s;
+    int64_t t0;
+    base_cfg(&c, &sc, NULL, 0);
+    c.backoff_ms = 60000;
+    c.backoff_max_ms = 60000;
+    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
+    ck_assert_int_eq(keel_session_run(s, NULL), KEEL_OK);
+    ck_assert_int_eq(keel_session_creation_count(s), 2);
+    keel_session_free(s);
+    /* two failures in a row: the second retry waits backoff_ms */
+    memset(&sc, 0, sizeof sc);
+    sc.fail_at = keel_vars_global_step(vs);
+    sc.fail_code = KEEL_EABORTED;
+    sc.fail_times = 2;
+    base_cfg(&c, &sc, NULL, 0);
+    c.backoff_ms = 300;
+    c.backoff_max_ms = 300;
+    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
+    t0 = tu_now_ms();
+    ck_assert_int_eq(keel_session_run(s, NULL), KEEL_OK);
+    ck_assert_int_ge(tu_now_ms() - t0, 250);
+    ck_assert_int_eq(keel_session_creation_count(s), 3);
+    keel_session_free(s);
+}
+END_TEST
+
 START_TEST(test_recovery_is_bounded_and_singular_does_not_recover)
 {
     script sc = { .fail_at = 0, .fail_code = KEEL_EUNAVAILABLE,
@@ -1037,6 +1070,7 @@ session_suite(void)
     tcase_add_test(tc,
         test_recoverable_error_recreates_session_and_retries_same_step);
     tcase_add_test(tc, test_recovery_is_bounded_and_singular_does_not_recover);
+    tcase_add_test(tc, test_first_recovery_is_at_once_then_backs_off);
     tcase_add_test(tc, test_end_of_input_ends_with_out_of_range);
     tcase_add_test(tc,
         test_sigterm_stops_at_step_boundary_and_saves_final_checkpoint);

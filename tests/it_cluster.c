@@ -309,6 +309,10 @@ START_TEST(backup_worker_stopped_training_goes_on)
     cluster_start(&c, sets);
     ck_assert(wait_step(c.chief_fd, 20));
     ck_assert(wait_log(&c, "worker2", "model ready"));
+    /* its pull before the first step is timed in its log (restart.sh) */
+    ck_assert_msg(log_has(&c, "worker2", " MiB at step ") &&
+                  log_has(&c, "worker2", "from 1 ps in "), "%s",
+                  log_tail(&c, "worker2"));
     ck_assert_int_eq(kill(c.w[2], SIGSTOP), 0);
     /* two replicas are enough: the chief goes on while worker 2 sleeps */
     ck_assert_msg(wait_step(c.chief_fd, 120), "chief stuck: %s",

@@ -25,7 +25,8 @@ typedef struct keel_launch keel_launch;
 typedef enum keel_launch_state {
     KEEL_LAUNCH_PENDING = 0,  /* not started yet */
     KEEL_LAUNCH_RUNNING,
-    KEEL_LAUNCH_BACKOFF,      /* died; restarts after a short backoff */
+    KEEL_LAUNCH_BACKOFF,      /* died; restarts (at once, or after a
+                               * crash loop's backoff) */
     KEEL_LAUNCH_STOPPING,     /* told to stop (SIGTERM sent) */
     KEEL_LAUNCH_DONE,         /* exited 0 */
     KEEL_LAUNCH_STOPPED,      /* ended by the launcher's stop */
@@ -82,10 +83,12 @@ typedef struct keel_launch_config {
      * OUTPUT_DIR/logs/<task>.log (appended). Created if missing. */
     const char *output_dir;
     int max_restarts;         /* per task, failures only; < 0: 3 */
-    double backoff_secs;      /* restart delay; doubled per failure in a
-                               * row before any progress (its step line,
-                               * the chief's step advancing meanwhile, or
-                               * 10 s up), at most 5 s; < 0: 0.1 */
+    double backoff_secs;      /* restart delay in a crash loop, doubled
+                               * per failure in a row before any progress
+                               * (its step line, the chief's step
+                               * advancing meanwhile, or 10 s up), at
+                               * most 5 s; a task that made progress
+                               * restarts at once; < 0: 0.1 */
     double grace_secs;        /* SIGTERM -> SIGKILL; <= 0: 10 */
     /* Chaos: SIGKILL one eligible running task at random times with mean
      * chaos_period_secs (exponential gaps), reproducible from the seed;

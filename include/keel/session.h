@@ -240,8 +240,9 @@ typedef struct keel_session_config {
     const char *checkpoint_dir;       /* restore + keel_session_save_now */
     double max_wait_secs;             /* worker; default 1800 */
     int recovery_wait_ms;             /* worker retry; default 50 */
-    /* Recovery (MonitoredSession only): bounded retries with exponential
-     * backoff, doubling from backoff_ms up to backoff_max_ms. */
+    /* Recovery (MonitoredSession only): bounded retries, the first at
+     * once, then with exponential backoff, doubling from backoff_ms up
+     * to backoff_max_ms. */
     int max_recovery_attempts;        /* default 8 (consecutive) */
     int backoff_ms;                   /* default 50 */
     int backoff_max_ms;               /* default 5000 */
