@@ -11,7 +11,9 @@
  * direction only). --vars K: S is split into K variables (default 16).
  * usage: cluster_bench [--reps N] [--sizes-mib 1,16,64] [--vars K]
  *                      [--total-mib T] [--mode pushpull|fused|pipelined|push|pull]
- *                      [--mallopt] */
+ *                      [--mallopt]
+ * --mallopt: keel train's allocator setting for cluster tasks
+ * (M_MMAP_THRESHOLD 32 MiB, M_TRIM_THRESHOLD 1 GiB, M_ARENA_MAX 1). */
 #include <config.h>
 
 #include <malloc.h>
@@ -183,11 +185,18 @@ main(int argc, char **argv)
         else if (!strcmp(argv[i], "--vars") && i + 1 < argc)
             nvars = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--mallopt")) {
-            /* keep freed message buffers instead of returning them to the
-             * kernel (no page faults on every receive): a process-wide
-             * knob for a PS binary, never set by libkeel */
-            mallopt(M_MMAP_THRESHOLD, 256 << 20);
-            mallopt(M_TRIM_THRESHOLD, 1 << 30);
+            /* exactly keel train's setting for cluster tasks
+             * (tools/cmd_train.c): keep freed message buffers instead of
+             * returning them to the kernel (no page faults on every
+             * receive), one arena for the zmq I/O thread that mallocs
+             * them and the thread that frees them. A process-wide knob
+             * for a program, never set by libkeel. */
+            if (!mallopt(M_MMAP_THRESHOLD, 32 << 20) ||
+                !mallopt(M_TRIM_THRESHOLD, 1 << 30) ||
+                !mallopt(M_ARENA_MAX, 1)) {
+                fprintf(stderr, "cluster_bench: mallopt refused\n");
+                return 1;
+            }
         } else if (!strcmp(argv[i], "--mode") && i + 1 < argc)
             g_mode = !strcmp(argv[++i], "push") ? 1
                      : !strcmp(argv[i], "pull") ? 2

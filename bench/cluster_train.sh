@@ -7,7 +7,10 @@
 # Rounds alternate keel and DDP so the shared machine's noise hits both.
 #   usage: bench/cluster_train.sh [BUILD_DIR]
 #   env:   ROUNDS=3 BATCHES="64 256" EXAMPLES=38400 LAT_REPS=5 DDP=1
-#          TUNABLES=<GLIBC_TUNABLES for keel and DDP alike>
+#          KEEL_TUNABLES=<GLIBC_TUNABLES for keel; default none: keel
+#          train's own allocator setting for cluster tasks applies>
+#          TUNABLES=<GLIBC_TUNABLES for DDP; default the mmap/trim pair
+#          docs/cluster.md once recommended>
 #          PEER=/work/shared/bench BENCH_OUT=./cluster-bench
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -18,10 +21,12 @@ EXAMPLES=${EXAMPLES:-38400}
 LAT_REPS=${LAT_REPS:-5}
 PEER=${PEER:-/work/shared/bench}
 OUT=${BENCH_OUT:-$PWD/cluster-bench}
-# keel's recommendation for ps and workers (docs/cluster.md "Performance
-# note"): keep freed multi-MiB receive buffers instead of unmapping them.
-# TUNABLES= (empty) measures glibc's defaults.
-export GLIBC_TUNABLES=${TUNABLES-glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=1073741824}
+# keel runs as a user runs it: keel train sets its allocator for cluster
+# tasks itself (docs/cluster.md "Performance note"), unless GLIBC_TUNABLES
+# names malloc settings. DDP keeps freed buffers too (as before), so
+# neither side pays page faults per message.
+KEEL_TUNABLES=${KEEL_TUNABLES-}
+DDP_TUNABLES=${TUNABLES-glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=1073741824}
 mkdir -p "$OUT"
 : > "$OUT/keel.jsonl"
 : > "$OUT/ddp.jsonl"
@@ -101,17 +106,20 @@ PY
 for r in $(seq "$ROUNDS"); do
     for G in $BATCHES; do
         echo "== round $r/$ROUNDS keel batch $G" >&2
-        run_cluster "$G" $((EXAMPLES / G)) 0.2 | sed "s/^{/{\"round\": $r, /" \
+        GLIBC_TUNABLES=$KEEL_TUNABLES run_cluster "$G" $((EXAMPLES / G)) \
+            0.2 | sed "s/^{/{\"round\": $r, /" \
             >> "$OUT/keel.jsonl"
     done
     [ "${DDP:-1}" = 1 ] || continue
     echo "== round $r/$ROUNDS torch DDP" >&2
-    /usr/bin/python3 "$PEER/torch_ddp.py" --reps 1 \
+    GLIBC_TUNABLES=$DDP_TUNABLES /usr/bin/python3 "$PEER/torch_ddp.py" \
+        --reps 1 \
         --batches "$(echo $BATCHES | tr ' ' ,)" --examples "$EXAMPLES" \
         --ar-sizes-mib 1 | sed "s/^{/{\"round\": $r, /" >> "$OUT/ddp.jsonl"
 done
 for i in $(seq "$LAT_REPS"); do
-    run_cluster 64 20 1.0 >> "$OUT/latency.jsonl"
+    GLIBC_TUNABLES=$KEEL_TUNABLES run_cluster 64 20 1.0 \
+        >> "$OUT/latency.jsonl"
 done
 
 /usr/bin/python3 - "$OUT" "$BATCHES" <<'PY'

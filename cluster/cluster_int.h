@@ -347,6 +347,9 @@ long keel__ps_dropped(const keel__ps *ps);
 /* Liveness: log (at most once per stall_ms) a sync step that has waited
  * stall_ms for gradients, naming the replicas it lacks; 0: off. */
 void keel__ps_watch(keel__ps *ps, int stall_ms);
+/* Log (INFO) where a sync step's time went on this ps: idle, waiting
+ * for the last replica, aggregating. Nothing when no step was timed. */
+void keel__ps_log_timing(const keel__ps *ps);
 /* Milliseconds since the chief (replica 0) was last heard from (or since
  * the start). */
 int64_t keel__ps_chief_silent_ms(const keel__ps *ps);

@@ -15,6 +15,17 @@
 #define PIN_WAIT_MS 5000
 #define MAX_WAITERS 256
 
+/* The replicas' gradient sum is the ps's hot loop: vectorized and cloned
+ * for AVX2/AVX-512 (as train/ does), FMA contraction off, so every clone
+ * computes the bits of the scalar loop. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && \
+    !defined(KEEL_NO_CLONES)
+#define PS_HOT __attribute__((target_clones("avx512f", "avx2", "default")))
+_Pragma("GCC optimize(\"O3\", \"fp-contract=off\")")
+#else
+#define PS_HOT
+#endif
+
 /* A fresh gradient waiting for the rest of its step (sync). */
 typedef struct pending_push {
     int used;
@@ -61,6 +72,11 @@ struct keel__ps {
     int64_t *last_heard;         /* per replica */
     int64_t pending_since_ns;    /* sync: first gradient of this step */
     int64_t last_stall_log_ns;
+    /* sync step timing (keel__ps_log_timing), monotonic ns summed over
+     * steps: idle (last reply sent to the step's first gradient), spread
+     * (first to last replica's gradient), aggregate (sum, apply, replies) */
+    long timed_steps;
+    int64_t last_step_end_ns, idle_ns, spread_ns, aggregate_ns;
 };
 
 keel_status
@@ -703,6 +719,36 @@ send_ack(keel__ps *ps, keel__wire_msg *req, keel_var *const *vars, size_t n)
     return st;
 }
 
+/* d = 0 + g (the first replica's gradient: the same bits as zeroing the
+ * sum and adding, -0 included) or d += g (the next ones). */
+static PS_HOT void
+sum_first(float *restrict d, const float *restrict g, size_t n)
+{
+    for (size_t e = 0; e < n; e++)
+        d[e] = 0.0f + g[e];
+}
+
+static PS_HOT void
+sum_next(float *restrict d, const float *restrict g, size_t n)
+{
+    for (size_t e = 0; e < n; e++)
+        d[e] += g[e];
+}
+
+void
+keel__ps_log_timing(const keel__ps *ps)
+{
+    double n = (double)ps->timed_steps;
+    if (ps->timed_steps == 0)
+        return;
+    keel__log(KEEL_LOG_INFO, "ps %d: per sync step (%ld steps, ms): idle "
+              "%.3f (replicas computing), spread %.3f (first to last "
+              "replica's gradient), aggregate %.3f (sum, apply, replies)",
+              ps->task_index, ps->timed_steps, (double)ps->idle_ns / n / 1e6,
+              (double)ps->spread_ns / n / 1e6,
+              (double)ps->aggregate_ns / n / 1e6);
+}
+
 /* Sum the pending gradients in ascending replica order, apply, step + 1,
  * answer every pending push (the sync token). */
 static keel_status
@@ -722,11 +768,9 @@ aggregate(keel__ps *ps)
     for (size_t k = 0; k < nv; k++)
         all[k] = keel_vars_at(ps->vars, k);
     st = wait_pins(ps, all, nv);
-    for (size_t k = 0; k < nv && st == KEEL_OK; k++) {
-        keel_tensor *acc = keel_grads_at(ps->acc, k);
-        if (acc != NULL)
-            memset(acc->data, 0, acc->count * sizeof(float));
-    }
+    /* One pass per gradient: the first one of a variable initializes its
+     * sum (no separate zeroing pass); the order of the additions, and so
+     * every bit, is that of zero + replica 0 + replica 1 + ... */
     for (int r = 0; r < ps->total_replicas && st == KEEL_OK; r++) {
         pending_push *p = &ps->pending[r];
         if (!p->used)
@@ -735,10 +779,10 @@ aggregate(keel__ps *ps)
         for (size_t i = 0; i < p->msg.n; i++) {
             size_t k = keel_var_index(p->vars[i]);
             keel_tensor *acc = keel_grads_at(ps->acc, k);
-            float *restrict d = acc->data;
-            const float *restrict g = p->msg.tensors[i].t.data;
-            for (size_t e = 0; e < acc->count; e++)
-                d[e] += g[e];
+            if (have[k])
+                sum_next(acc->data, p->msg.tensors[i].t.data, acc->count);
+            else
+                sum_first(acc->data, p->msg.tensors[i].t.data, acc->count);
             have[k] = 1;
         }
     }
@@ -865,8 +909,18 @@ real_push(keel__ps *ps, keel__wire_msg *req)
     }
     for (int r = 0; r < ps->total_replicas; r++)
         fresh += ps->pending[r].used;
-    if (fresh >= ps->replicas_to_aggregate)
+    if (fresh >= ps->replicas_to_aggregate) {
+        int64_t t0 = keel__now_mono_ns(), t1;
         st = aggregate(ps);
+        t1 = keel__now_mono_ns();
+        if (ps->last_step_end_ns != 0) {  /* the first step starts cold */
+            ps->timed_steps++;
+            ps->idle_ns += ps->pending_since_ns - ps->last_step_end_ns;
+            ps->spread_ns += t0 - ps->pending_since_ns;
+            ps->aggregate_ns += t1 - t0;
+        }
+        ps->last_step_end_ns = t1;
+    }
 out:
     free(vars);
     return st;

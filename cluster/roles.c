@@ -170,6 +170,7 @@ keel__cluster_run_ps(const keel__role_opts *o, const keel_vars *model,
               "%ld, dropped %ld (stale)", idx,
               (long long)keel_vars_global_step(shard), keel__ps_applied(ps),
               keel__ps_dropped(ps));
+    keel__ps_log_timing(ps);
 out:
     keel__ps_free(ps);
     keel__curve_clear(&curve);
@@ -202,6 +203,13 @@ struct keel__worker {
     keel__hb *hb;                  /* liveness of every ps */
     int64_t gen_ns;                /* when ps_gen was last learned */
     int64_t last_step_seen;        /* the cluster's step before a loss */
+    /* step timing (logged by keel__worker_free), monotonic ns summed over
+     * steps: compute (the previous apply's end to this one's start: input,
+     * forward, backward, hooks), send (queueing the pushes), wait (for the
+     * replies: the other replicas, the ps's aggregation, the transfer
+     * back), copy (the new values into the model) */
+    long timed_steps;
+    int64_t last_apply_end_ns, compute_ns, send_ns, wait_ns, copy_ns;
 };
 
 static int
@@ -322,6 +330,17 @@ keel__worker_free(keel__worker *w)
 {
     if (w == NULL)
         return;
+    if (w->timed_steps > 0) {
+        double n = (double)w->timed_steps;
+        keel__log(KEEL_LOG_INFO, "%s %d: per step (%ld steps, ms): compute "
+                  "%.3f, push %.3f, wait for the ps %.3f, copy values "
+                  "%.3f", keel_task_type_name(
+                      keel_cluster_spec_task_type(w->spec)),
+                  keel_cluster_spec_task_index(w->spec), w->timed_steps,
+                  (double)w->compute_ns / n / 1e6,
+                  (double)w->send_ns / n / 1e6, (double)w->wait_ns / n / 1e6,
+                  (double)w->copy_ns / n / 1e6);
+    }
     keel__hb_stop(w->hb);
     for (int p = 0; w->clients != NULL && p < w->n_ps; p++)
         keel__wire_client_free(w->clients[p]);
@@ -808,6 +827,7 @@ be_apply(void *ctx, keel_vars *vs, keel_grads *grads, int64_t global_step)
     keel_status first = KEEL_OK;
     int sent = 0;
     char what[64];
+    int64_t t_start = keel__now_mono_ns(), t_sent, t_copy = 0;
     /* Send to every ps first, then collect: the ps aggregate in parallel. */
     for (int p = 0; p < w->n_ps; p++) {
         keel__wire_header h;
@@ -840,6 +860,7 @@ be_apply(void *ctx, keel_vars *vs, keel_grads *grads, int64_t global_step)
         w->req_ids[p] = h.request_id;
         sent++;
     }
+    t_sent = keel__now_mono_ns();
     for (int p = 0; p < sent; p++) {
         keel__wire_msg r;
         keel_status st;
@@ -867,7 +888,9 @@ be_apply(void *ctx, keel_vars *vs, keel_grads *grads, int64_t global_step)
                             (unsigned long long)r.h.generation,
                             (unsigned long long)w->ps_gen[p]);
         } else {
+            int64_t t = keel__now_mono_ns();
             st = take_values(vs, &r);
+            t_copy += keel__now_mono_ns() - t;
         }
         if (st == KEEL_OK && p == 0)
             new_step = r.h.global_step;
@@ -875,8 +898,19 @@ be_apply(void *ctx, keel_vars *vs, keel_grads *grads, int64_t global_step)
         if (st != KEEL_OK && first == KEEL_OK)
             first = st;
     }
-    if (first != KEEL_OK)
+    if (first != KEEL_OK) {
+        w->last_apply_end_ns = 0;       /* recovery is not compute */
         return first;
+    }
+    if (w->last_apply_end_ns != 0) {    /* the first step starts cold */
+        int64_t end = keel__now_mono_ns();
+        w->timed_steps++;
+        w->compute_ns += t_start - w->last_apply_end_ns;
+        w->send_ns += t_sent - t_start;
+        w->wait_ns += end - t_sent - t_copy;
+        w->copy_ns += t_copy;
+    }
+    w->last_apply_end_ns = keel__now_mono_ns();
     keel_vars_set_global_step(vs, new_step);
     w->last_step_seen = new_step;
     return KEEL_OK;

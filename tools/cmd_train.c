@@ -246,11 +246,15 @@ parse_common(int argc, char **argv, const char **path, char **over,
 }
 
 /* A cluster task receives every variable or gradient in buffers libzmq
- * mallocs per message; glibc hands freed multi-MiB blocks back to the
- * kernel, so each receive page-faults them in again (sys time above user
- * time, half the wire speed; bench/README.md). This process keeps them
- * (a process-wide choice, so the binary's, never libkeel's); a user's own
- * GLIBC_TUNABLES malloc settings win. */
+ * mallocs per message (on its I/O thread) and keel frees (on the training
+ * or ps thread); glibc hands freed multi-MiB blocks back to the kernel,
+ * and with one arena per thread a block freed into the I/O thread's arena
+ * heap is unmapped with that heap, so each receive page-faults them in
+ * again (sys time above user time, half the wire speed; bench/README.md).
+ * This process keeps them, in one arena: up to 1 GiB of freed memory
+ * stays mapped (docs/cluster.md, keel(1)). A process-wide choice, so the
+ * program's, never libkeel's; a user's own GLIBC_TUNABLES malloc settings
+ * win. */
 static void
 keep_message_buffers(void)
 {
@@ -259,6 +263,7 @@ keep_message_buffers(void)
         return;
     mallopt(M_MMAP_THRESHOLD, 32 << 20);    /* glibc's largest */
     mallopt(M_TRIM_THRESHOLD, 1 << 30);
+    mallopt(M_ARENA_MAX, 1);
 }
 
 /* TF_CONFIG task type evaluator: no training; evaluate each new
