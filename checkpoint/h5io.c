@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -24,6 +25,8 @@
 #define CK_LATE_HASH_BYTES ((size_t)4 << 20)
 #define CK_HASH_CHUNK ((size_t)1 << 20)
 #define CK_WB_CHUNK ((size_t)8 << 20)
+#define CK_DIO_ALIGN ((size_t)4096)     /* O_DIRECT buffer/offset/length */
+#define CK_DIRECT_BYTES ((size_t)4 << 20)  /* smaller files: page cache */
 #define CK_THREADED_READ_BYTES ((size_t)16 << 20)
 
 /* Lock HDF5 and switch its error printing off (libkeel never prints). */
@@ -318,28 +321,71 @@ out:
 }
 
 /* Write one dataset's bytes at its offset. With hash, each chunk is hashed
- * right before write() copies it (one pass over memory). Every
- * CK_WB_CHUNK written (across pieces) the kernel is asked to start writing the chunk back
- * (sync_file_range WRITE: no wait, no durability promise - the fsync
- * after all pieces gives that), so the disk works while the next chunks
- * are copied and the final fsync has little left to do. */
+ * right before it is written (one pass over memory).
+ * With dfd (an O_DIRECT descriptor of the same file, or -1), the
+ * page-aligned body of a page-aligned piece (large tensors: see
+ * train/tensor.c) goes to the disk by DMA straight from the tensor, and
+ * only the sub-page tail through the page cache. On the test VM direct
+ * writes ran at 2.3-2.6 GB/s in every round while buffered writes of the
+ * same 1 GiB (with or without writeback pacing, preallocated or not) ran
+ * at 0.35-2.7 GB/s: the guest's dirty-page writeback and its throttling,
+ * not the disk, set the buffered rate. *dfd is closed and set to -1 when
+ * the file system refuses O_DIRECT (EINVAL); the piece then goes
+ * buffered.
+ * Buffered bytes: every CK_WB_CHUNK written (across pieces) the kernel is
+ * asked to start writing the chunk back (sync_file_range WRITE: no wait,
+ * no durability promise - the fsync after all pieces gives that), so the
+ * disk works while the next chunks are copied. */
 static keel_status
-write_piece(int fd, const w_piece *pc, uint64_t *hash, int64_t *wb,
-            const char *tmp)
+write_piece(int fd, int *dfd, const w_piece *pc, uint64_t *hash,
+            int64_t *wb, size_t *n_direct, const char *tmp)
 {
     const char *d = pc->data;
     XXH64_state_t *hs = NULL;
     keel_status st = KEEL_OK;
-    size_t done = 0;
+    size_t done = 0, body = 0;
 
-    if (lseek(fd, (off_t)pc->offset, SEEK_SET) < 0)
-        return keel__fail(KEEL_EIO, "seek in %s: %s", tmp, strerror(errno));
+    if (*dfd >= 0 && ((uintptr_t)d & (CK_DIO_ALIGN - 1)) == 0 &&
+        ((uint64_t)pc->offset & (CK_DIO_ALIGN - 1)) == 0)
+        body = pc->bytes & ~(CK_DIO_ALIGN - 1);
     if (hash != NULL) {
         hs = XXH64_createState();
         if (hs == NULL)
             return keel__fail(KEEL_ENOMEM, "xxh64 state");
         XXH64_reset(hs, 0);
     }
+    if (body > 0 && lseek(*dfd, (off_t)pc->offset, SEEK_SET) < 0)
+        body = 0;
+    while (done < body && st == KEEL_OK) {
+        size_t c = body - done < CK_WB_CHUNK ? body - done : CK_WB_CHUNK;
+        size_t put = 0;
+        if (hs != NULL)
+            XXH64_update(hs, d + done, c);
+        while (put < c) {
+            ssize_t w = keel__fs->write(*dfd, d + done + put, c - put);
+            if (w < 0 && errno == EINTR)
+                continue;
+            if (w < 0 && errno == EINVAL && done + put == 0) {
+                close(*dfd);               /* no O_DIRECT here after all */
+                *dfd = -1;
+                body = 0;
+                break;
+            }
+            if (w <= 0) {
+                st = keel__fail(KEEL_EIO, "write %s: %s", tmp,
+                                w < 0 ? strerror(errno) : "no progress");
+                break;
+            }
+            put += (size_t)w;
+            *n_direct += (size_t)w;
+        }
+        if (body == 0 && hs != NULL)
+            XXH64_reset(hs, 0);            /* start over, buffered */
+        done += put;
+    }
+    if (st == KEEL_OK && done < pc->bytes &&
+        lseek(fd, (off_t)(pc->offset + (int64_t)done), SEEK_SET) < 0)
+        st = keel__fail(KEEL_EIO, "seek in %s: %s", tmp, strerror(errno));
     while (done < pc->bytes && st == KEEL_OK) {
         size_t c = pc->bytes - done < CK_WB_CHUNK ? pc->bytes - done
                                                   : CK_WB_CHUNK;
@@ -385,6 +431,8 @@ keel__ckpt_write_file(ck_plan *p, const char *path)
     size_t total = 0;
     int64_t tm[6] = { 0 };
     int64_t wb[2] = { 0, 0 };
+    int dfd = -1;
+    size_t n_direct = 0;
 
     st = keel__fs_tmp_name(tmp, sizeof tmp, path);
     if (st != KEEL_OK)
@@ -413,6 +461,10 @@ keel__ckpt_write_file(ck_plan *p, const char *path)
                         strerror(errno));
         goto fail;
     }
+#ifdef O_DIRECT
+    if (total >= CK_DIRECT_BYTES)
+        dfd = open(tmp, O_WRONLY | O_CLOEXEC | O_DIRECT);
+#endif
     for (size_t i = 0; i < np; i++) {
         const w_piece *pc = &pieces[i];
         if (pc->bytes == 0)
@@ -422,11 +474,14 @@ keel__ckpt_write_file(ck_plan *p, const char *path)
                             "%s in %s", pc->what, tmp);
             goto fail;
         }
-        st = write_piece(fd, pc, late && i < p->n ? &p->items[i].hash
-                                                  : NULL, wb, tmp);
+        st = write_piece(fd, &dfd, pc, late && i < p->n ?
+                         &p->items[i].hash : NULL, wb, &n_direct, tmp);
         if (st != KEEL_OK)
             goto fail;
     }
+    if (dfd >= 0)
+        close(dfd);                 /* direct writes are done on return */
+    dfd = -1;
     tm[2] = keel__now_mono_ns();
     if (late) {
         tm[3] = tm[2];
@@ -449,15 +504,18 @@ keel__ckpt_write_file(ck_plan *p, const char *path)
     tm[5] = keel__now_mono_ns();
     /* rename + fsync of the directory; unlinks tmp if the rename fails. */
     st = keel__fs_commit(tmp, path);
-    keel__log(KEEL_LOG_DEBUG, "wrote %s: structure %.1f ms, data %.1f ms, "
-              "record checksums %.1f ms, fsync "
-              "%.1f ms, rename+dir fsync %.1f ms", path,
+    keel__log(KEEL_LOG_DEBUG, "wrote %s: structure %.1f ms, data %.1f ms "
+              "(%zu of %zu bytes with O_DIRECT), record checksums %.1f ms, "
+              "fsync %.1f ms, rename+dir fsync %.1f ms", path,
               (double)(tm[1] - tm[0]) / 1e6, (double)(tm[2] - tm[1]) / 1e6,
+              n_direct, total,
               late ? (double)(tm[4] - tm[3]) / 1e6 : 0.0,
               (double)(tm[5] - tm[4]) / 1e6,
               (double)(keel__now_mono_ns() - tm[5]) / 1e6);
     return st;
 fail:
+    if (dfd >= 0)
+        close(dfd);
     if (fd >= 0)
         close(fd);
     unlink(tmp);
@@ -1048,14 +1106,20 @@ keel__ckpt_read(const ck_file *f, const ck_dset *d, void *dst)
 }
 
 /* ---- one-pass restore ----------------------------------------------------
- * The reader thread walks the contiguous datasets in file order and
- * pread()s each straight into its destination in CK_RD_CHUNK pieces (with
+ * The reader thread walks the contiguous datasets in file order and reads
+ * each straight into its destination in CK_RD_CHUNK pieces; the caller
+ * hashes each piece once it has arrived and checks each dataset's checksum
+ * as soon as its last piece is hashed. One pass, one thread, no copy
+ * beyond the read itself: the disk never waits for the checksum.
+ * A piece whose pages are not all in the page cache (mincore() on a
+ * mapping of the file) is read with O_DIRECT when the destination and the
+ * offset are page-aligned (large tensors are): the disk's data goes by DMA
+ * into the tensor, with no page-cache copy and no read-ahead heuristics
+ * (on the test VM: 2.0-2.3 GB/s steady against 1.0-2.3 GB/s for buffered
+ * reads of 8 or 128 MiB). Cached pieces, unaligned ones, sub-page tails
+ * and file systems without O_DIRECT use plain buffered pread()s (with
  * POSIX_FADV_SEQUENTIAL; asking for more with WILLNEED measured slower and
- * far noisier on the test VM); the
- * caller hashes each piece once it has arrived (while it is still in the
- * cache) and checks each dataset's checksum as soon as its last piece is
- * hashed. One file descriptor with sequential read-ahead for the whole
- * restore: the disk never waits for the checksum or for the next open. */
+ * far noisier). */
 
 #define CK_RD_CHUNK ((size_t)8 << 20)
 #define CK_RD_THREAD_BYTES ((size_t)1 << 20)
@@ -1067,6 +1131,10 @@ typedef struct rm_ord {
 
 typedef struct rm_job {
     int fd;
+    int dfd;                  /* O_DIRECT descriptor, or -1 */
+    const char *map;          /* the file mapped for mincore(), or NULL */
+    size_t map_len;
+    unsigned char *vec;       /* mincore() result for one piece */
     const ck_read_job *jobs;
     const rm_ord *order;      /* contiguous jobs, by file offset */
     size_t n;
@@ -1075,7 +1143,54 @@ typedef struct rm_job {
     size_t job, done;         /* reader's progress: bytes of jobs[job] */
     int failed;               /* errno, or -1 for an early end of file */
     int is_cancelled;         /* the caller saw a bad checksum */
+    size_t direct_bytes;      /* read with O_DIRECT (for the debug log) */
 } rm_job;
+
+/* 1 when every page of [off, off + n) is in the page cache. Without a
+ * mapping (mmap failed) the answer is 1: buffered reads, as before. */
+static int
+rm_is_cached(const rm_job *j, int64_t off, size_t n)
+{
+    size_t pg = CK_DIO_ALIGN, a = (size_t)off & ~(pg - 1), np;
+    if (j->map == NULL)
+        return 1;
+    if (a >= j->map_len)
+        return 0;
+    if (a + n > j->map_len)
+        n = j->map_len - a;
+    np = ((size_t)off - a + n + pg - 1) / pg;
+    if (mincore((void *)(j->map + a), (size_t)off - a + n, j->vec) != 0)
+        return 1;
+    for (size_t k = 0; k < np; k++)
+        if (!(j->vec[k] & 1))
+            return 0;
+    return 1;
+}
+
+/* Read up to c bytes of a piece at off into dst: O_DIRECT for its
+ * page-aligned part when the piece is not cached, else buffered. */
+static ssize_t
+rm_pread(rm_job *j, char *dst, size_t c, int64_t off)
+{
+    size_t body = c & ~(CK_DIO_ALIGN - 1);
+    if (j->dfd >= 0 && body > 0 &&
+        ((uintptr_t)dst & (CK_DIO_ALIGN - 1)) == 0 &&
+        ((uint64_t)off & (CK_DIO_ALIGN - 1)) == 0 &&
+        !rm_is_cached(j, off, body)) {
+        ssize_t r = pread(j->dfd, dst, body, (off_t)off);
+        if (r > 0) {
+            j->direct_bytes += (size_t)r;
+            return r;
+        }
+        if (r < 0 && errno == EINTR)
+            return r;
+        /* EINVAL (alignment rules we do not meet) or a short file: the
+         * buffered path says what is wrong, or simply works. */
+        close(j->dfd);
+        j->dfd = -1;
+    }
+    return pread(j->fd, dst, c, (off_t)off);
+}
 
 static void *
 rm_main(void *arg)
@@ -1086,8 +1201,8 @@ rm_main(void *arg)
         size_t bytes = jb->d->count * sizeof(float), pos = 0;
         while (pos < bytes) {
             size_t c = bytes - pos < CK_RD_CHUNK ? bytes - pos : CK_RD_CHUNK;
-            ssize_t r = pread(j->fd, (char *)jb->dst + pos, c,
-                              (off_t)(jb->d->offset + (int64_t)pos));
+            ssize_t r = rm_pread(j, (char *)jb->dst + pos, c,
+                                 jb->d->offset + (int64_t)pos);
             int stop;
             if (r < 0 && errno == EINTR)
                 continue;
@@ -1116,6 +1231,28 @@ rm_offset_cmp(const void *a, const void *b)
     return x->offset < y->offset ? -1 : x->offset > y->offset;
 }
 
+/* The O_DIRECT descriptor and the mapping that tells cached pieces from
+ * cold ones. Any failure leaves buffered reads only: never an error. */
+static void
+rm_direct_setup(rm_job *j, const ck_file *f)
+{
+    size_t len = (size_t)f->file_size;
+    void *m;
+    if (f->file_size <= 0 || (int64_t)len != f->file_size)
+        return;
+    j->vec = malloc(CK_RD_CHUNK / CK_DIO_ALIGN + 2);
+    if (j->vec == NULL)
+        return;
+    m = mmap(NULL, len, PROT_READ, MAP_SHARED, j->fd, 0);
+    if (m == MAP_FAILED)
+        return;
+    j->map = m;
+    j->map_len = len;
+#ifdef O_DIRECT
+    j->dfd = open(f->path, O_RDONLY | O_CLOEXEC | O_DIRECT);
+#endif
+}
+
 static keel_status
 rm_bad_hash(const ck_file *f, const ck_dset *d)
 {
@@ -1136,6 +1273,8 @@ keel__ckpt_read_many(const ck_file *f, const ck_read_job *jobs, size_t n)
     pthread_t th;
     int fd = -1, has_thread = 0;
 
+    memset(&j, 0, sizeof j);
+    j.dfd = -1;
     order = malloc((n > 0 ? n : 1) * sizeof *order);
     if (order == NULL)
         return keel__fail(KEEL_ENOMEM, "restore from %s: %zu datasets",
@@ -1169,9 +1308,12 @@ keel__ckpt_read_many(const ck_file *f, const ck_read_job *jobs, size_t n)
     posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
     memset(&j, 0, sizeof j);
     j.fd = fd;
+    j.dfd = -1;
     j.jobs = jobs;
     j.order = order;
     j.n = n_contig;
+    if (total >= CK_RD_THREAD_BYTES)
+        rm_direct_setup(&j, f);
     if (total >= CK_RD_THREAD_BYTES) {
         pthread_mutex_init(&j.mu, NULL);
         pthread_cond_init(&j.cv, NULL);
@@ -1225,7 +1367,15 @@ keel__ckpt_read_many(const ck_file *f, const ck_read_job *jobs, size_t n)
         pthread_cond_destroy(&j.cv);
         pthread_mutex_destroy(&j.mu);
     }
+    if (j.direct_bytes > 0)
+        keel__log(KEEL_LOG_DEBUG, "read %s: %zu of %zu bytes with O_DIRECT",
+                  f->path, j.direct_bytes, total);
 out:
+    if (j.dfd >= 0)
+        close(j.dfd);
+    if (j.map != NULL)
+        munmap((void *)j.map, j.map_len);
+    free(j.vec);
     if (fd >= 0)
         close(fd);
     XXH64_freeState(hs);
