@@ -27,6 +27,9 @@
 #define CK_WB_CHUNK ((size_t)8 << 20)
 #define CK_DIO_ALIGN ((size_t)4096)     /* O_DIRECT buffer/offset/length */
 #define CK_DIRECT_BYTES ((size_t)4 << 20)  /* smaller files: page cache */
+/* One O_DIRECT write: 8 block-layer requests of 4 MiB in flight (32 MiB
+ * measured 1.0-1.7 GB/s against 0.8-1.6 for 8 MiB on the busy test VM). */
+#define CK_DIO_WCHUNK ((size_t)32 << 20)
 #define CK_THREADED_READ_BYTES ((size_t)16 << 20)
 
 /* Lock HDF5 and switch its error printing off (libkeel never prints). */
@@ -357,7 +360,8 @@ write_piece(int fd, int *dfd, const w_piece *pc, uint64_t *hash,
     if (body > 0 && lseek(*dfd, (off_t)pc->offset, SEEK_SET) < 0)
         body = 0;
     while (done < body && st == KEEL_OK) {
-        size_t c = body - done < CK_WB_CHUNK ? body - done : CK_WB_CHUNK;
+        size_t c = body - done < CK_DIO_WCHUNK ? body - done
+                                               : CK_DIO_WCHUNK;
         size_t put = 0;
         if (hs != NULL)
             XXH64_update(hs, d + done, c);
