@@ -424,6 +424,18 @@ write_piece(int fd, int *dfd, const w_piece *pc, uint64_t *hash,
     return st;
 }
 
+/* O_DIRECT writes do not pass the data through the CPU, so the checksums
+ * need a pass of their own: a thread computes them while the writes run
+ * (on the test VM hashing inline cost ~20% of a 32 MiB direct write). */
+static void *
+hash_main(void *arg)
+{
+    ck_plan *p = arg;
+    for (size_t i = 0; i < p->n; i++)
+        p->items[i].hash = XXH64(p->items[i].data, p->items[i].bytes, 0);
+    return NULL;
+}
+
 keel_status
 keel__ckpt_write_file(ck_plan *p, const char *path)
 {
@@ -436,8 +448,9 @@ keel__ckpt_write_file(ck_plan *p, const char *path)
     size_t total = 0;
     int64_t tm[6] = { 0 };
     int64_t wb[2] = { 0, 0 };
-    int dfd = -1;
+    int dfd = -1, has_hasher = 0;
     size_t n_direct = 0;
+    pthread_t hasher;
 
     st = keel__fs_tmp_name(tmp, sizeof tmp, path);
     if (st != KEEL_OK)
@@ -470,6 +483,8 @@ keel__ckpt_write_file(ck_plan *p, const char *path)
     if (total >= CK_DIRECT_BYTES)
         dfd = open(tmp, O_WRONLY | O_CLOEXEC | O_DIRECT);
 #endif
+    if (late && dfd >= 0)
+        has_hasher = pthread_create(&hasher, NULL, hash_main, p) == 0;
     for (size_t i = 0; i < np; i++) {
         const w_piece *pc = &pieces[i];
         if (pc->bytes == 0)
@@ -479,11 +494,14 @@ keel__ckpt_write_file(ck_plan *p, const char *path)
                             "%s in %s", pc->what, tmp);
             goto fail;
         }
-        st = write_piece(fd, &dfd, pc, late && i < p->n ?
+        st = write_piece(fd, &dfd, pc, late && !has_hasher && i < p->n ?
                          &p->items[i].hash : NULL, wb, &n_direct, tmp);
         if (st != KEEL_OK)
             goto fail;
     }
+    if (has_hasher)
+        pthread_join(hasher, NULL);
+    has_hasher = 0;
     if (dfd >= 0)
         close(dfd);                 /* direct writes are done on return */
     dfd = -1;
@@ -519,6 +537,8 @@ keel__ckpt_write_file(ck_plan *p, const char *path)
               (double)(keel__now_mono_ns() - tm[5]) / 1e6);
     return st;
 fail:
+    if (has_hasher)
+        pthread_join(hasher, NULL);
     if (dfd >= 0)
         close(dfd);
     if (fd >= 0)
