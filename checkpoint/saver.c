@@ -756,6 +756,16 @@ round_up(size_t n)
     return (n + KEEL_TENSOR_ALIGN - 1) & ~(size_t)(KEEL_TENSOR_ALIGN - 1);
 }
 
+/* Where an n-byte tensor goes in the staging buffer at or after off: 64-byte
+ * aligned, and page-aligned from 64 KiB up (as train/tensor.c allocates
+ * them), so the writer can send it to disk with O_DIRECT. */
+static size_t
+stage_at(size_t off, size_t n)
+{
+    size_t a = n >= ((size_t)64 << 10) ? 4096 : KEEL_TENSOR_ALIGN;
+    return (off + a - 1) & ~(a - 1);
+}
+
 static keel_status
 check_meta(const keel_ckpt_meta *meta)
 {
@@ -799,7 +809,7 @@ arena_put(keel_saver *s, size_t *off, const char *str)
 static keel_status
 stage(keel_saver *s, const keel_vars *vs, const keel_ckpt_meta *meta)
 {
-    size_t total = 0, text = 0, off = 0, toff = 0;
+    size_t total = 0, text = 0, off = 0, toff = 0, n;
     ck_plan *p = &s->plan;
     size_t nv = keel_vars_count(vs);
     keel_status st;
@@ -809,17 +819,19 @@ stage(keel_saver *s, const keel_vars *vs, const keel_ckpt_meta *meta)
         const char *sn;
         if (keel_var_flags(v) & KEEL_VAR_LOCAL)
             continue;
-        total += round_up(keel_tensor_bytes(keel_var_tensor(v)));
+        n = keel_tensor_bytes(keel_var_tensor(v));
+        total = stage_at(total, n) + round_up(n);
         text += strlen(keel_var_name(v)) + 1;
         for (size_t j = 0; keel_var_slot_at(v, j, &sn) != NULL; j++) {
-            total += round_up(keel_tensor_bytes(keel_var_slot_at(v, j,
-                                                                 NULL)));
+            n = keel_tensor_bytes(keel_var_slot_at(v, j, NULL));
+            total = stage_at(total, n) + round_up(n);
             text += strlen(sn) + 1;
         }
     }
     if (meta != NULL) {
         for (size_t i = 0; i < meta->n_blobs; i++) {
-            total += round_up(meta->blobs[i].size);
+            n = meta->blobs[i].size;
+            total = stage_at(total, n) + round_up(n);
             text += strlen(meta->blobs[i].name) + 1;
         }
         text += (meta->config_text ? strlen(meta->config_text) + 1 : 0) +
@@ -849,6 +861,7 @@ stage(keel_saver *s, const keel_vars *vs, const keel_ckpt_meta *meta)
         if (keel_var_flags(v) & KEEL_VAR_LOCAL)
             continue;
         name = arena_put(s, &toff, keel_var_name(v));
+        off = stage_at(off, keel_tensor_bytes(t));
         memcpy(s->stage + off, t->data, keel_tensor_bytes(t));
         st = plan_add(p, name, NULL, t, s->stage + off);
         if (st != KEEL_OK)
@@ -856,6 +869,7 @@ stage(keel_saver *s, const keel_vars *vs, const keel_ckpt_meta *meta)
         off += round_up(keel_tensor_bytes(t));
         for (size_t j = 0; (sl = keel_var_slot_at(v, j, &sn)) != NULL; j++) {
             const char *slot = arena_put(s, &toff, sn);
+            off = stage_at(off, keel_tensor_bytes(sl));
             memcpy(s->stage + off, sl->data, keel_tensor_bytes(sl));
             st = plan_add(p, name, slot, sl, s->stage + off);
             if (st != KEEL_OK)
@@ -870,6 +884,7 @@ stage(keel_saver *s, const keel_vars *vs, const keel_ckpt_meta *meta)
             keel_ckpt_blob *b = &p->blobs[p->n_blobs++];
             b->name = arena_put(s, &toff, meta->blobs[i].name);
             b->size = meta->blobs[i].size;
+            off = stage_at(off, b->size);
             if (b->size > 0)
                 memcpy(s->stage + off, meta->blobs[i].data, b->size);
             b->data = s->stage + off;

@@ -1,6 +1,8 @@
 /* ckpt_child.c - helper for the crash test: saves checkpoints in a loop
  * (every element of every variable and slot equals the step) until killed.
- * usage: ckpt_child DIR FIRST_STEP N_SAVES ASYNC(0|1) MAX_TO_KEEP */
+ * ROWS (default 256) sizes dense/kernel and its slot: 2048 rows make a
+ * 9 MiB checkpoint, written with O_DIRECT.
+ * usage: ckpt_child DIR FIRST_STEP N_SAVES ASYNC(0|1) MAX_TO_KEEP [ROWS] */
 #include <config.h>
 
 #include <stdio.h>
@@ -23,10 +25,13 @@ main(int argc, char **argv)
     keel_ckpt_blob blob = { "rng", blobdata, sizeof blobdata };
     keel_ckpt_meta meta = { "[run]\nsteps=1\n", "single", &blob, 1 };
 
-    if (argc != 6) {
-        fprintf(stderr, "usage: ckpt_child DIR FIRST N ASYNC MAX_TO_KEEP\n");
+    if (argc != 6 && argc != 7) {
+        fprintf(stderr, "usage: ckpt_child DIR FIRST N ASYNC MAX_TO_KEEP "
+                "[ROWS]\n");
         return 2;
     }
+    if (argc == 7)
+        shapes[0][0] = atol(argv[6]);
     first = atol(argv[2]);
     n = atol(argv[3]);
     keel_saver_config_init(&cfg);

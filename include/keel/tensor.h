@@ -51,7 +51,8 @@ int keel_shape_equal(int ndim_a, const int64_t *a, int ndim_b,
 char *keel_shape_format(char *buf, size_t size, int ndim,
                         const int64_t *shape);
 
-/* 64-byte aligned allocation for float buffers; free with keel_aligned_free.
+/* 64-byte aligned allocation for float buffers (4096-byte aligned from
+ * 64 KiB up, for O_DIRECT); free with keel_aligned_free.
  * Returns NULL on failure or when bytes is 0. */
 void *keel_aligned_alloc(size_t bytes);
 void keel_aligned_free(void *p);
