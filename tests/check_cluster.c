@@ -1619,13 +1619,32 @@ END_TEST
 /* The heartbeat thread sees a ps's incarnation, what its sync step lacks
  * (naming the silent replica), and a new incarnation after a restart on
  * the same address. */
+/* Heartbeats of worker `index` (generation gen) to the one ps of sv,
+ * every interval_ms; ep and eps (one slot) are the caller's and must
+ * outlive *hb. */
+static void
+hb_start_one(const server *sv, char *ep, size_t ep_size, const char **eps,
+             int interval_ms, int index, uint64_t gen, keel__hb **hb)
+{
+    keel__hb_config hc;
+    snprintf(ep, ep_size, "%s", keel__ps_endpoint(sv->ps));
+    eps[0] = ep;
+    memset(&hc, 0, sizeof hc);
+    hc.endpoints = eps;
+    hc.n = 1;
+    hc.interval_ms = interval_ms;
+    hc.type = KEEL_TASK_WORKER;
+    hc.index = index;
+    hc.generation = gen;
+    ck_assert_int_eq(keel__hb_start(&hc, hb), KEEL_OK);
+}
+
 START_TEST(test_heartbeats_see_the_step_state_and_a_restarted_ps)
 {
     server sv;
     keel__wire_client *w0;
     keel__hb *hb;
     keel__hb_peer peer;
-    keel__hb_config hc;
     char ep[KEEL_ADDR_MAX + 16];
     const char *eps[1];
     float wv[6] = { 0 }, bv[3] = { 0 }, g[6] = { 1, 1, 1, 1, 1, 1 };
@@ -1638,16 +1657,7 @@ START_TEST(test_heartbeats_see_the_step_state_and_a_restarted_ps)
     long beats;
 
     real_start(&sv);
-    snprintf(ep, sizeof ep, "%s", keel__ps_endpoint(sv.ps));
-    eps[0] = ep;
-    memset(&hc, 0, sizeof hc);
-    hc.endpoints = eps;
-    hc.n = 1;
-    hc.interval_ms = 20;
-    hc.type = KEEL_TASK_WORKER;
-    hc.index = 1;
-    hc.generation = 77;
-    ck_assert_int_eq(keel__hb_start(&hc, &hb), KEEL_OK);
+    hb_start_one(&sv, ep, sizeof ep, eps, 20, 1, 77, &hb);
     ck_assert(keel__hb_wait(hb, 0, 0, 5000));
     keel__hb_peer_get(hb, 0, &peer);
     ck_assert_uint_ne(peer.generation, 0);
@@ -1732,23 +1742,13 @@ START_TEST(test_heartbeat_on_reconnect_hears_a_restarted_ps)
     server sv;
     keel__hb *hb;
     keel__hb_peer peer;
-    keel__hb_config hc;
     char ep[KEEL_ADDR_MAX + 16];
     const char *eps[1];
     uint64_t gen1;
     int64_t deadline;
 
     real_start(&sv);
-    snprintf(ep, sizeof ep, "%s", keel__ps_endpoint(sv.ps));
-    eps[0] = ep;
-    memset(&hc, 0, sizeof hc);
-    hc.endpoints = eps;
-    hc.n = 1;
-    hc.interval_ms = 60000;
-    hc.type = KEEL_TASK_WORKER;
-    hc.index = 0;
-    hc.generation = 5;
-    ck_assert_int_eq(keel__hb_start(&hc, &hb), KEEL_OK);
+    hb_start_one(&sv, ep, sizeof ep, eps, 60000, 0, 5, &hb);
     ck_assert(keel__hb_wait(hb, 0, 0, 10000));
     keel__hb_peer_get(hb, 0, &peer);
     gen1 = peer.generation;
