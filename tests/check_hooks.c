@@ -76,8 +76,10 @@ teardown(void)
     tu_teardown();
 }
 
+/* A session over vs and step with these hooks; checkpoints in dir (NULL:
+ * none). */
 static keel_session *
-session_with(keel_hook *h, size_t n)
+session_in(keel_hook *h, size_t n, const char *dir)
 {
     keel_session_config c;
     keel_session *s;
@@ -87,8 +89,15 @@ session_with(keel_hook *h, size_t n)
     c.hooks = h;
     c.n_hooks = n;
     c.backoff_ms = 1;
+    c.checkpoint_dir = dir;
     ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
     return s;
+}
+
+static keel_session *
+session_with(keel_hook *h, size_t n)
+{
+    return session_in(h, n, NULL);
 }
 
 static void
@@ -498,16 +507,7 @@ END_TEST
 static keel_session *
 session_with_ckpt(keel_hook *h, size_t n)
 {
-    keel_session_config c;
-    keel_session *s;
-    keel_session_config_init(&c);
-    c.vars = vs;
-    c.step = step;
-    c.hooks = h;
-    c.n_hooks = n;
-    c.checkpoint_dir = tu_dir;
-    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
-    return s;
+    return session_in(h, n, tu_dir);
 }
 
 static int64_t
