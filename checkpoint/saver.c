@@ -756,13 +756,13 @@ round_up(size_t n)
     return (n + KEEL_TENSOR_ALIGN - 1) & ~(size_t)(KEEL_TENSOR_ALIGN - 1);
 }
 
-/* Where an n-byte tensor goes in the staging buffer at or after off: 64-byte
- * aligned, and page-aligned from 64 KiB up (as train/tensor.c allocates
- * them), so the writer can send it to disk with O_DIRECT. */
+/* Where an n-byte tensor goes in the staging buffer at or after off:
+ * aligned as train/tensor.c allocates tensors (KEEL__ALIGN_FOR), so the
+ * writer can send large ones to disk with O_DIRECT. */
 static size_t
 stage_at(size_t off, size_t n)
 {
-    size_t a = n >= ((size_t)64 << 10) ? 4096 : KEEL_TENSOR_ALIGN;
+    size_t a = KEEL__ALIGN_FOR(n);
     return (off + a - 1) & ~(a - 1);
 }
 

@@ -98,19 +98,18 @@ on_exit_status(keel_launch *l, size_t i, int status, int64_t now)
         int was_healthy = t->had_step ||
             now - t->started_ns >= HEALTHY_NS ||
             l->tasks[l->chief].info.global_step > t->chief_step_at_start;
+        if (!was_chaos)
+            t->info.restarts++;
         if (was_healthy) {
             t->backoff_level = 0;
             delay = 0;
-        }
-        if (!was_chaos) {
-            t->info.restarts++;
-            for (int k = 0; !was_healthy && k < t->backoff_level &&
+        } else if (!was_chaos) {
+            for (int k = 0; k < t->backoff_level &&
                  delay < BACKOFF_CAP_SECS; k++)
                 delay *= 2;
             if (delay > BACKOFF_CAP_SECS)
                 delay = BACKOFF_CAP_SECS;
-            if (!was_healthy)
-                t->backoff_level++;
+            t->backoff_level++;
         }
         t->info.state = KEEL_LAUNCH_BACKOFF;
         t->restart_at_ns = now + (int64_t)(delay * 1e9);

@@ -11,20 +11,10 @@
 #include <string.h>
 
 #include "cluster_int.h"
+#include "../train/train_int.h"
 
 #define PIN_WAIT_MS 5000
 #define MAX_WAITERS 256
-
-/* The replicas' gradient sum is the ps's hot loop: vectorized and cloned
- * for AVX2/AVX-512 (as train/ does), FMA contraction off, so every clone
- * computes the bits of the scalar loop. */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && \
-    !defined(KEEL_NO_CLONES)
-#define PS_HOT __attribute__((target_clones("avx512f", "avx2", "default")))
-_Pragma("GCC optimize(\"O3\", \"fp-contract=off\")")
-#else
-#define PS_HOT
-#endif
 
 /* A fresh gradient waiting for the rest of its step (sync). */
 typedef struct pending_push {
@@ -719,22 +709,6 @@ send_ack(keel__ps *ps, keel__wire_msg *req, keel_var *const *vars, size_t n)
     return st;
 }
 
-/* d = 0 + g (the first replica's gradient: the same bits as zeroing the
- * sum and adding, -0 included) or d += g (the next ones). */
-static PS_HOT void
-sum_first(float *restrict d, const float *restrict g, size_t n)
-{
-    for (size_t e = 0; e < n; e++)
-        d[e] = 0.0f + g[e];
-}
-
-static PS_HOT void
-sum_next(float *restrict d, const float *restrict g, size_t n)
-{
-    for (size_t e = 0; e < n; e++)
-        d[e] += g[e];
-}
-
 void
 keel__ps_log_timing(const keel__ps *ps)
 {
@@ -779,10 +753,13 @@ aggregate(keel__ps *ps)
         for (size_t i = 0; i < p->msg.n; i++) {
             size_t k = keel_var_index(p->vars[i]);
             keel_tensor *acc = keel_grads_at(ps->acc, k);
+            /* train/'s vectorized kernels: the first gradient as 0 + g */
             if (have[k])
-                sum_next(acc->data, p->msg.tensors[i].t.data, acc->count);
+                keel__add_into(acc->data, p->msg.tensors[i].t.data,
+                               acc->count);
             else
-                sum_first(acc->data, p->msg.tensors[i].t.data, acc->count);
+                keel__zero_add_into(acc->data, p->msg.tensors[i].t.data,
+                                    acc->count);
             have[k] = 1;
         }
     }

@@ -543,6 +543,41 @@ keel__worker_pull_all(keel__worker *w, keel_vars *vs, int with_slots)
     return KEEL_OK;
 }
 
+/* One HELLO to ps p and its reply (KEEL_ETIMEOUT after timeout_ms). A
+ * plain HELLO (wait 0: is the ps up?) is sent again every HELLO_SIGNAL_MS,
+ * so a SIGTERM during a long wait for a ps that is not up yet ends it
+ * (KEEL_ECANCELLED) instead of being ignored until the deadline; a stale
+ * reply to an earlier one is discarded. A held HELLO (wait 1) goes once:
+ * the ps keeps every held one until it is ready, and its callers come back
+ * every HELLO_CHUNK_MS, through the session manager that sees signals. */
+static keel_status
+hello_one(keel__worker *w, int p, int wait, int timeout_ms,
+          keel__wire_msg *r)
+{
+    int64_t end = keel__now_mono_ns() + (int64_t)timeout_ms * 1000000;
+    for (;;) {
+        int64_t left = (end - keel__now_mono_ns()) / 1000000;
+        int piece = left > 0 ? (int)left : 0;
+        keel__wire_header h;
+        keel_status st;
+        if (!wait && piece > HELLO_SIGNAL_MS)
+            piece = HELLO_SIGNAL_MS;
+        memset(&h, 0, sizeof h);
+        h.type = KEEL_MSG_HELLO;
+        h.arg = (uint32_t)wait;
+        st = keel__wire_client_call(w->clients[p], &h, NULL, 0, 0, piece, r);
+        if (st != KEEL_ETIMEOUT || wait || keel__now_mono_ns() >= end)
+            return st;
+        keel__wire_msg_clear(r);
+        if (keel_session_signal_received())
+            return keel__fail(KEEL_ECANCELLED, "signal %d received while "
+                              "waiting for ps %d (%s)",
+                              keel_session_signal_received(), p,
+                              keel_cluster_spec_address(w->spec,
+                                                        KEEL_TASK_PS, p));
+    }
+}
+
 /* HELLO every ps (wait: held until ready, up to timeout_ms). *all_ready
  * and *same_chief (all ps initialized by the same chief incarnation). */
 static keel_status
@@ -553,31 +588,11 @@ hello_all(keel__worker *w, int wait, int timeout_ms, int *all_ready,
     *all_ready = 1;
     *same_chief = 1;
     for (int p = 0; p < w->n_ps; p++) {
-        keel__wire_header h;
         keel__wire_msg r;
-        keel_status st;
-        int64_t end = keel__now_mono_ns() + (int64_t)timeout_ms * 1000000;
-        for (;;) {
-            /* In pieces, so a SIGTERM (preemption) ends a long wait for a
-             * ps that is not up yet instead of being ignored until the
-             * deadline; a stale reply to an earlier piece is discarded. */
-            int64_t left = (end - keel__now_mono_ns()) / 1000000;
-            int piece = left < HELLO_SIGNAL_MS ? (int)(left > 0 ? left : 0)
-                                               : HELLO_SIGNAL_MS;
-            memset(&h, 0, sizeof h);
-            h.type = KEEL_MSG_HELLO;
-            h.arg = (uint32_t)wait;
-            st = keel__wire_client_call(w->clients[p], &h, NULL, 0, 0, piece,
-                                        &r);
-            if (st != KEEL_ETIMEOUT || keel__now_mono_ns() >= end)
-                break;
+        keel_status st = hello_one(w, p, wait, timeout_ms, &r);
+        if (st == KEEL_ECANCELLED && keel_session_signal_received()) {
             keel__wire_msg_clear(&r);
-            if (keel_session_signal_received())
-                return keel__fail(KEEL_ECANCELLED, "signal %d received "
-                                  "while waiting for ps %d (%s)",
-                                  keel_session_signal_received(), p,
-                                  keel_cluster_spec_address(
-                                      w->spec, KEEL_TASK_PS, p));
+            return st;              /* preempted: no peer to blame */
         }
         if (st == KEEL_ETIMEOUT && wait) {
             keel__wire_msg_clear(&r);

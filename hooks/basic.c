@@ -247,11 +247,13 @@ static keel_status
 nan_after(void *ctx, keel_run_context *rc, const keel_run_values *v)
 {
     nan_hook *h = ctx;
-    const keel__values *t = v->values;
-    int slot = keel__values_slot_fixed(v->values, h->name, &h->slot);
-    // keel_run_values_get: NaN unless the step set it (it did: requested)
-    double x = slot >= 0 && t->v[slot].set_gen == t->gen ? t->v[slot].value
-                                                         : NAN;
+    double x;
+    // keel_run_values_get by the cached slot: NaN unless the step set it
+    // (it did: requested)
+    if (!keel__values_this_step(v->values,
+                                keel__values_slot_fixed(v->values, h->name,
+                                                        &h->slot), &x))
+        x = NAN;
     const char *what;
     if (isnan(x))
         what = "NaN";

@@ -188,16 +188,13 @@ keel_run_values_start_ns(const keel_run_values *v)
 int
 keel_run_values_find(const keel_run_values *v, const char *name, double *out)
 {
-    const keel__values *t;
-    int slot;
-    if (v == NULL || v->values == NULL || name == NULL)
-        return 0;
-    t = v->values;
-    slot = keel__values_slot(v->values, name, 0);
-    if (slot < 0 || t->v[slot].set_gen != t->gen)
+    double x;
+    if (v == NULL || v->values == NULL || name == NULL ||
+        !keel__values_this_step(v->values,
+                                keel__values_slot(v->values, name, 0), &x))
         return 0;
     if (out != NULL)
-        *out = t->v[slot].value;
+        *out = x;
     return 1;
 }
 

@@ -73,6 +73,17 @@ keel__values_slot_fixed(keel__values *t, const char *name, int *hint)
     return h;
 }
 
+/* The value the step set in slot this step: 1 and *out, or 0 (no slot,
+ * or not set this step). */
+static inline int
+keel__values_this_step(const keel__values *t, int slot, double *out)
+{
+    if (slot < 0 || t->v[slot].set_gen != t->gen)
+        return 0;
+    *out = t->v[slot].value;
+    return 1;
+}
+
 /* keel_run_context_request of a slot already found. */
 keel_status keel__run_context_request_slot(keel_run_context *rc, int slot,
                                            const char *name);

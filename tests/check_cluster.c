@@ -1619,6 +1619,30 @@ END_TEST
 /* The heartbeat thread sees a ps's incarnation, what its sync step lacks
  * (naming the silent replica), and a new incarnation after a restart on
  * the same address. */
+/* A new, empty ps (one variable, layer/w) at the address a stopped one
+ * served: what a restarted ps task is. sync: 2 replicas aggregated. */
+static void
+start_new_ps_at(server *sv, const char *ep, int sync)
+{
+    keel__ps_config cfg = { .bind = ep };
+    int64_t ws2[2] = { 2, 3 };
+    memset(sv, 0, sizeof *sv);
+    ck_assert_int_eq(keel_vars_new(&sv->vars), KEEL_OK);
+    ck_assert_int_eq(keel_vars_create(sv->vars, "layer/w", 2, ws2,
+                                      KEEL_VAR_TRAINABLE, NULL), KEEL_OK);
+    cfg.vars = sv->vars;
+    cfg.apply = sgd_apply;
+    if (sync) {
+        cfg.sync = 1;
+        cfg.replicas_to_aggregate = 2;
+        cfg.total_replicas = 2;
+    }
+    ck_assert_msg(keel__ps_new(&cfg, &sv->ps) == KEEL_OK, "%s",
+                  keel_last_error());
+    atomic_store(&sv->stop, 0);
+    ck_assert_int_eq(pthread_create(&sv->th, NULL, server_main, sv), 0);
+}
+
 /* Heartbeats of worker `index` (generation gen) to the one ps of sv,
  * every interval_ms; ep and eps (one slot) are the caller's and must
  * outlive *hb. */
@@ -1699,23 +1723,7 @@ START_TEST(test_heartbeats_see_the_step_state_and_a_restarted_ps)
     /* the ps dies and a new one serves the same address */
     keel__wire_client_free(w0);
     server_stop(&sv);
-    {
-        keel__ps_config cfg = { .bind = ep };
-        int64_t ws2[2] = { 2, 3 };
-        memset(&sv, 0, sizeof sv);
-        ck_assert_int_eq(keel_vars_new(&sv.vars), KEEL_OK);
-        ck_assert_int_eq(keel_vars_create(sv.vars, "layer/w", 2, ws2,
-                                          KEEL_VAR_TRAINABLE, NULL), KEEL_OK);
-        cfg.vars = sv.vars;
-        cfg.apply = sgd_apply;
-        cfg.sync = 1;
-        cfg.replicas_to_aggregate = 2;
-        cfg.total_replicas = 2;
-        ck_assert_msg(keel__ps_new(&cfg, &sv.ps) == KEEL_OK, "%s",
-                      keel_last_error());
-        atomic_store(&sv.stop, 0);
-        ck_assert_int_eq(pthread_create(&sv.th, NULL, server_main, &sv), 0);
-    }
+    start_new_ps_at(&sv, ep, 1);
     keel__hb_peer_get(hb, 0, &peer);
     beats = peer.beats;
     for (int i = 0; i < 200 && peer.generation == gen1; i++) {
@@ -1754,20 +1762,7 @@ START_TEST(test_heartbeat_on_reconnect_hears_a_restarted_ps)
     gen1 = peer.generation;
     ck_assert_uint_ne(gen1, 0);
     server_stop(&sv);
-    {
-        keel__ps_config cfg = { .bind = ep };
-        int64_t ws2[2] = { 2, 3 };
-        memset(&sv, 0, sizeof sv);
-        ck_assert_int_eq(keel_vars_new(&sv.vars), KEEL_OK);
-        ck_assert_int_eq(keel_vars_create(sv.vars, "layer/w", 2, ws2,
-                                          KEEL_VAR_TRAINABLE, NULL), KEEL_OK);
-        cfg.vars = sv.vars;
-        cfg.apply = sgd_apply;
-        ck_assert_msg(keel__ps_new(&cfg, &sv.ps) == KEEL_OK, "%s",
-                      keel_last_error());
-        atomic_store(&sv.stop, 0);
-        ck_assert_int_eq(pthread_create(&sv.th, NULL, server_main, &sv), 0);
-    }
+    start_new_ps_at(&sv, ep, 0);
     deadline = tu_now_ms() + 10000;
     keel__hb_peer_get(hb, 0, &peer);
     while (peer.generation == gen1 && tu_now_ms() < deadline) {

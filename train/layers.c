@@ -266,6 +266,21 @@ keel__add_into(float *dst, const float *src, size_t count)
     KEEL__PROF_END(elementwise_ns);
 }
 
+static KEEL__HOT void
+zero_plus(float *restrict dst, const float *restrict src, size_t count)
+{
+    for (size_t i = 0; i < count; i++)
+        dst[i] = 0.0f + src[i];
+}
+
+void
+keel__zero_add_into(float *dst, const float *src, size_t count)
+{
+    KEEL__PROF_BEGIN();
+    zero_plus(dst, src, count);
+    KEEL__PROF_END(elementwise_ns);
+}
+
 /* ---- dense -------------------------------------------------------------- */
 
 void

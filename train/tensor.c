@@ -37,18 +37,13 @@ keel_shape_count(int ndim, const int64_t *shape, size_t *count)
  * aligned address, so that zeroed blocks can come from calloc: for a large
  * block that is fresh memory from the kernel, zero already and faulted in
  * only where it is touched (a worker's optimizer slots never are). */
-/* Blocks of KEEL_PAGE_ALIGN_BYTES or more start on a 4096-byte boundary,
- * so checkpoint/ can move them to and from disk with O_DIRECT (DMA, no
- * page-cache copy); the waste is under 4 KiB per such block. */
-#define KEEL_PAGE_ALIGN_BYTES ((size_t)64 << 10)
-#define KEEL_PAGE_ALIGN ((uintptr_t)4096)
-
+/* Large blocks are page-aligned (KEEL__ALIGN_FOR, util.h) for O_DIRECT;
+ * the waste is under 4 KiB per such block. */
 static void *
 aligned_from(size_t bytes, int zero)
 {
     void *raw, *p;
-    uintptr_t align = bytes >= KEEL_PAGE_ALIGN_BYTES ? KEEL_PAGE_ALIGN
-                                                     : KEEL_TENSOR_ALIGN;
+    uintptr_t align = KEEL__ALIGN_FOR(bytes);
     if (bytes == 0 || bytes > KEEL_TENSOR_MAX_BYTES)
         return NULL;
     raw = zero ? calloc(1, bytes + align) : malloc(bytes + align);

@@ -124,6 +124,9 @@ void keel__softmax_xent(const float *logits, const int32_t *y, size_t n,
 /* db[c] = sum over rows of dy[r,c] (overwritten); dst += src. */
 void keel__col_sums(const float *dy, size_t rows, size_t cols, float *db);
 void keel__add_into(float *dst, const float *src, size_t count);
+/* dst = 0 + src: the bits of zeroing dst and adding src (-0 becomes +0),
+ * in one pass (a sum's first term). */
+void keel__zero_add_into(float *dst, const float *src, size_t count);
 
 /* 1 (default): single-shard model steps add dense gradients straight into
  * the caller's grads; 0: into the shard's buffers, then added (tests). */

@@ -37,6 +37,14 @@ void keel__h5_unlock(void);
 int64_t keel__now_mono_ns(void);   /* CLOCK_MONOTONIC */
 /* keel_aligned_alloc, zeroed (lazily, for large blocks); keel_aligned_free. */
 void *keel__aligned_zalloc(size_t bytes);
+/* Blocks of KEEL__PAGE_ALIGN_BYTES or more start on a KEEL__PAGE_ALIGN
+ * boundary (tensors, the saver's staging buffer), so checkpoint/ can move
+ * them to and from disk with O_DIRECT; smaller ones on KEEL_TENSOR_ALIGN. */
+#define KEEL__PAGE_ALIGN ((size_t)4096)
+#define KEEL__PAGE_ALIGN_BYTES ((size_t)64 << 10)
+#define KEEL__ALIGN_FOR(bytes) \
+    ((bytes) >= KEEL__PAGE_ALIGN_BYTES ? KEEL__PAGE_ALIGN \
+                                       : (size_t)KEEL_TENSOR_ALIGN)
 double keel__now_wall(void);       /* seconds since the epoch */
 
 /* snprintf that fails (KEEL_EINVAL naming what) when the result would be
