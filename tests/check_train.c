@@ -646,12 +646,13 @@ END_TEST
 
 START_TEST(test_direct_dense_gradients_equal_separate_then_added)
 {
-    /* MLP, one shard: gradients added straight into grads (sgemm beta 1)
-     * have the bits of the buffered path (own gradient, then added), also
-     * into non-zero grads, at the largest batch taking the direct path */
+    /* MLP: piece 0's gradients added straight into zeroed grads (sgemm
+     * beta 1) have the bits of the buffered path (own gradient, then
+     * added), on any kernel; a batch of 300 is two pieces of 150, the second
+     * through a slot either way */
     keel_model_config cfg;
     fixture a, b;
-    size_t n = 256, es = 28 * 28;
+    size_t n = 300, es = 28 * 28;
     float *x = malloc(n * es * sizeof *x);
     int32_t *y = malloc(n * sizeof *y);
     keel_batch bt = { x, y, n };
@@ -661,6 +662,8 @@ START_TEST(test_direct_dense_gradients_equal_separate_then_added)
     fx_new(&b, &cfg, 4);
     synthetic(x, y, n, es, 10, 11);
     for (int round = 0; round < 2; round++) {
+        keel_grads_zero(a.g);
+        keel_grads_zero(b.g);
         keel__grads_direct = 1;
         ck_assert_int_eq(keel_model_step(a.m, a.vs, &bt, 512, a.g, NULL),
                          KEEL_OK);
@@ -738,8 +741,8 @@ START_TEST(test_model_threads_give_identical_bits)
      * the same bits. (OpenBLAS's own thread count is not bit-neutral on
      * every kernel: Haswell's and Zen's sgemm round differently on 2
      * threads; see docs/determinism.md.) CNN batches of 40 (pieces 16+16+8) and 300 (19 pieces: more
-     * than the 16 slots: two rounds), MLP batches of 300 (9 x 32 + 12:
-     * straight into grads on one thread, through slots on more). */
+     * than the 16 slots: two rounds), MLP batches of 300 (two pieces of 150:
+     * piece 0 straight into grads, piece 1 through a slot). */
     static const int threads[] = { 1, 2, 3, 8 };
     struct { keel_model_kind kind; size_t n, side; int classes; } cases[] = {
         { KEEL_MODEL_CNN, 40, 12, 4 },

@@ -154,12 +154,12 @@ END_TEST
 
 START_TEST(test_thread_counts_and_resume_give_identical_bits)
 {
-    /* batches of 96 are three pieces of 32: the reference runs on one
+    /* batches of 600 are three pieces of 200: the reference runs on one
      * thread; the other run trains on 3 model threads, is SIGKILLed, and
      * resumes on 2. The last checkpoints are identical. */
     char *argv[] = { (char *)tu_build_path("keel"), "train",
                      (char *)cfg_path, "-s", "", "-s", "train.max_steps=60",
-                     "-s", "train.batch_size=96", "-s",
+                     "-s", "train.batch_size=600", "-s",
                      "train.model_threads=3", NULL };
     char set_dir[4200], set_ref[4200], line[256];
     int fd;
@@ -169,7 +169,7 @@ START_TEST(test_thread_counts_and_resume_give_identical_bits)
     ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "train",
                              cfg_path, "-s", set_ref, "-s",
                              "train.max_steps=60", "-s",
-                             "train.batch_size=96", NULL), 0);
+                             "train.batch_size=600", NULL), 0);
     CHECKED_SNPRINTF(set_dir, sizeof set_dir, "checkpoint.dir=%s/mt",
                      tu_dir);
     argv[4] = set_dir;
@@ -182,7 +182,7 @@ START_TEST(test_thread_counts_and_resume_give_identical_bits)
     ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "train",
                              cfg_path, "-s", set_dir, "-s",
                              "train.max_steps=60", "-s",
-                             "train.batch_size=96", "-s",
+                             "train.batch_size=600", "-s",
                              "train.model_threads=2", NULL), 0);
     ck_assert_ptr_nonnull(strstr(err, "resumed from"));
     ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "ckpt",

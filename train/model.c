@@ -41,25 +41,44 @@ typedef struct lgrad {
 } lgrad;
 
 #define MAX_THREADS KEEL__POOL_MAX
-/* Every batch is cut into pieces of a fixed number of examples, whatever
- * the thread count: CNN_PIECE for the CNN, keel__dense_piece (at most
- * DIRECT_MAX_BATCH) for the dense-only models. The batch's gradient is, by
- * definition, grads + g(piece 0) + g(piece 1) + ..., added elementwise in
- * piece order, each piece's gradient rounded on its own. Threads compute up
- * to MAX_SLOTS pieces at a time into slots, which are then added in that
- * order. So the bits never depend on which thread ran a piece. */
+/* Every batch is cut into pieces whose size depends on the model and its
+ * configured max_batch only, never on the thread count: CNN_PIECE examples
+ * for the CNN; for dense-only models as few pieces as keep each at most
+ * DIRECT_MAX_BATCH rows, of equal size (ceil(max_batch / pieces)): one
+ * sgemm per layer over up to 256 rows packs the weights once, where 32-row
+ * pieces packed them 8 times at a batch of 256 (1.3x slower on one
+ * thread, and the slot reduction made model threads slower still). The
+ * batch's gradient is, by definition, grads + g(piece 0) + g(piece 1) +
+ * ..., added elementwise in piece order, each piece's gradient rounded on
+ * its own. Threads compute up to MAX_SLOTS pieces at a time into slots,
+ * which are then added in that order. So the bits never depend on which
+ * thread ran a piece. keel__dense_piece, when set (tests), fixes the dense
+ * piece size instead. */
 #define CNN_PIECE 16
-#define DENSE_PIECE 32
-size_t keel__dense_piece = DENSE_PIECE;
+size_t keel__dense_piece = 0;
 #define MAX_SLOTS 16
-/* Dense layers can add a piece's gradient straight into the caller's grads
- * (sgemm beta 1; one pass over the parameters less, and no slot): with
- * at most this many rows sgemm's K stays inside one OpenBLAS K block, so
- * the sum is rounded exactly like a separate gradient added afterwards
- * (tested bitwise). Dense-only models do so for every piece on one thread;
- * the CNN when the batch is one piece. */
+/* Piece 0's dense gradients go straight into the caller's grads (sgemm
+ * beta 1: one pass over the parameters less, and no slot); every other
+ * piece's go through a slot and are added in piece order. That holds on
+ * every thread count, so it is part of the definition of the batch's
+ * gradient, not an optimization that must round like one. (Onto zero
+ * grads, as in every training step, beta 1 gives the bits of a separate
+ * gradient added afterwards on every kernel; onto non-zero grads only while
+ * K stays inside one OpenBLAS K block, which Prescott's kernel breaks
+ * above 128 rows.) Pieces are at most DIRECT_MAX_BATCH rows. */
 #define DIRECT_MAX_BATCH 256
 int keel__grads_direct = 1;
+
+/* The dense piece for a configured max_batch: ceil(max_batch / 256)
+ * pieces of equal size (the last one may be shorter). */
+static size_t
+dense_piece_for(size_t max_batch)
+{
+    size_t np = (max_batch + DIRECT_MAX_BATCH - 1) / DIRECT_MAX_BATCH;
+    if (np == 0)
+        return 1;
+    return (max_batch + np - 1) / np;
+}
 
 struct keel_model {
     keel_model_config cfg;
@@ -497,9 +516,12 @@ keel_model_new(const keel_model_config *cfg, keel_vars *vs, keel_model **out)
         goto fail;
     m->nthreads = cfg->threads;
     m->is_dense_only = cfg->kind != KEEL_MODEL_CNN;
-    m->piece = m->is_dense_only ? keel__dense_piece : CNN_PIECE;
-    if (m->piece < 1 || m->piece > DIRECT_MAX_BATCH)
-        m->piece = DENSE_PIECE;
+    if (!m->is_dense_only)
+        m->piece = CNN_PIECE;
+    else if (keel__dense_piece >= 1 && keel__dense_piece <= DIRECT_MAX_BATCH)
+        m->piece = keel__dense_piece;
+    else
+        m->piece = dense_piece_for((size_t)cfg->max_batch);
     if (m->piece > (size_t)cfg->max_batch)
         m->piece = (size_t)cfg->max_batch;
     m->max_pieces = ((size_t)cfg->max_batch + m->piece - 1) / m->piece;
@@ -605,9 +627,8 @@ forward(keel_model *m, lbuf *buf, const float *x, size_t n)
 }
 
 /* Backward through every layer of one piece; dlogits already in place.
- * Parameter gradients are overwritten in g, except that with direct (the
- * batch's only piece) dense layers add theirs straight into it (sgemm
- * beta 1). */
+ * Parameter gradients are overwritten in g, except that with direct (piece
+ * 0) dense layers add theirs straight into it (sgemm beta 1). */
 static void
 backward(keel_model *m, lbuf *buf, lgrad *g, const float *x, size_t n,
          keel_grads *direct)
@@ -659,8 +680,8 @@ typedef struct job {
     float scale;                 /* 1 / global batch size */
     float *probs;
     keel_grads *grads;           /* JOB_STEP: the caller's */
-    keel_grads *direct;          /* JOB_STEP: dense grads go straight into
-                                  * the caller's grads (see DIRECT_...) */
+    keel_grads *direct;          /* JOB_STEP: piece 0's dense grads go
+                                  * straight into the caller's grads */
     size_t base;                 /* task i is piece base + i */
     int ntasks;
     int nthreads;
@@ -702,7 +723,7 @@ run_piece(job *j, int t, size_t p, lgrad *g)
                        j->what == JOB_STEP ? last->dy : NULL,
                        &m->piece_loss[p], &m->piece_correct[p]);
     if (j->what == JOB_STEP)
-        backward(m, buf, g, x, n, j->direct);
+        backward(m, buf, g, x, n, p == 0 ? j->direct : NULL);
 }
 
 static void
@@ -740,32 +761,32 @@ reduce_worker(void *ctx, int t)
         float *src[MAX_SLOTS];
         keel_tensor *gw, *gb;
         size_t cw, cb;
-        if (L->w == NULL || (L->kind == L_DENSE && j->direct != NULL))
-            continue;                /* none, or already added */
+        int s0 = L->kind == L_DENSE && j->direct != NULL && j->base == 0;
+        if (L->w == NULL || s0 >= S)
+            continue;                /* none, or piece 0 already added */
         gw = keel_grads_at(j->grads, keel_var_index(L->w));
         gb = keel_grads_at(j->grads, keel_var_index(L->b));
         cw = gw->count;
         cb = gb->count;
-        for (int s = 0; s < S; s++)
-            src[s] = m->slot[s][i].dw;
+        for (int s = s0; s < S; s++)
+            src[s - s0] = m->slot[s][i].dw;
         /* ranges in multiples of 16 floats (one cache line) */
-        reduce_range(gw->data, src, S,
+        reduce_range(gw->data, src, S - s0,
                      (cw * (size_t)t / (size_t)T) & ~(size_t)15,
                      t + 1 == T ? cw
                                 : (cw * (size_t)(t + 1) / (size_t)T) &
                                       ~(size_t)15);
         if (t == 0) {
-            for (int s = 0; s < S; s++)
-                src[s] = m->slot[s][i].db;
-            reduce_range(gb->data, src, S, 0, cb);
+            for (int s = s0; s < S; s++)
+                src[s - s0] = m->slot[s][i].db;
+            reduce_range(gb->data, src, S - s0, 0, cb);
         }
     }
 }
 
 /* Cut the batch into pieces and run them over the pool: evaluation all at
  * once; a step MAX_SLOTS pieces at a time, each round's slots added into
- * grads before the next (dense-only models on one thread: every piece
- * straight into grads, in order). */
+ * grads before the next (piece 0's dense gradients straight into grads). */
 static void
 run_job(keel_model *m, job *j, int what, const keel_batch *batch,
         float scale, float *probs, keel_grads *grads)
@@ -783,19 +804,7 @@ run_job(keel_model *m, job *j, int what, const keel_batch *batch,
             keel__pool_run(m->pool, job_worker, j);
         return;
     }
-    if (keel__grads_direct &&
-        ((m->is_dense_only && j->nthreads == 1) ||
-         (np == 1 && batch->n <= DIRECT_MAX_BATCH))) {
-        j->direct = grads;
-        for (size_t p = 0; p < np; p++)
-            run_piece(j, 0, p, m->slot[0]);  /* conv grads: into slot 0 */
-        if (m->is_dense_only)
-            return;
-        j->ntasks = 1;
-        j->nthreads = 1;
-        reduce_worker(j, 0);
-        return;
-    }
+    j->direct = keel__grads_direct ? grads : NULL;
     for (size_t base = 0; base < np; base += MAX_SLOTS) {
         j->base = base;
         j->ntasks = np - base < MAX_SLOTS ? (int)(np - base) : MAX_SLOTS;

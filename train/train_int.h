@@ -131,8 +131,9 @@ void keel__zero_add_into(float *dst, const float *src, size_t count);
 /* 1 (default): single-shard model steps add dense gradients straight into
  * the caller's grads; 0: into the shard's buffers, then added (tests). */
 extern int keel__grads_direct;
-/* Examples per piece of the dense-only models (default 256, at most 256;
- * set before keel_model_new; for benchmarks). */
+/* Examples per piece of the dense-only models: 0 (default) for the rule in
+ * model.c (ceil(max_batch / 256) equal pieces), else 1..256 (set before
+ * keel_model_new; for tests). */
 extern size_t keel__dense_piece;
 
 /* sgemm wrapper (row-major, with profiling). */
