@@ -77,6 +77,7 @@ typedef struct run {
     keel_optimizer *o;
     keel_data_iter *it;
     int64_t batch;
+    int zeroed;                  /* r->g is zero (the last update zeroed it) */
 } run;
 
 static void
@@ -115,6 +116,7 @@ run_new(run *r, const char *model, int64_t batch, const keel_dataset *train,
     if (keel_data_iter_new(train, &ic, &r->it) != KEEL_OK)
         die("iterator");
     r->batch = batch;
+    r->zeroed = 0;
 }
 
 static void
@@ -140,13 +142,17 @@ steps(run *r, int n)
         if (keel_data_iter_next(r->it, &b) != KEEL_OK)
             die("next batch");
         data_s += now() - t0;
-        keel_grads_zero(r->g);
+        /* as keel train does: the update leaves the gradients zero */
+        if (!r->zeroed)
+            keel_grads_zero(r->g);
+        r->zeroed = 0;
         if (keel_model_step(r->m, r->vs, &b, r->batch, r->g, &st) !=
             KEEL_OK)
             die("step");
         int64_t gs = keel_vars_global_step(r->vs);
-        if (keel_optimizer_apply(r->o, r->vs, r->g, gs) != KEEL_OK)
+        if (keel_optimizer_apply_and_zero(r->o, r->vs, r->g, gs) != KEEL_OK)
             die("apply");
+        r->zeroed = 1;
         keel_vars_set_global_step(r->vs, gs + 1);
     }
     return st.loss_sum / (double)r->batch;

@@ -48,6 +48,10 @@ typedef struct job {
     int64_t micro;
     int n_micro;
     keel_grads *micro_g[64];
+    /* One process: the job zeroes the step's gradients itself (the session
+     * is told to skip it) and knows when the last update already did. */
+    int own_zeroing;
+    keel_grads *zeroed;           /* zero since job_apply; NULL: unknown */
 } job;
 
 static void
@@ -278,6 +282,9 @@ job_step(void *ctx, keel_step *stp)
     keel_status st;
     if (b == NULL)
         return keel__fail(KEEL_EINTERNAL, "train step: no batch was fed");
+    if (j->own_zeroing && j->zeroed != keel_step_grads(stp))
+        keel_grads_zero(keel_step_grads(stp));
+    j->zeroed = NULL;
     if (j->micro > 0) {
         /* fixed micro-batches, each computed alone and added in order */
         size_t m = (size_t)j->micro, stride = keel_dataset_example_size(j->ds);
@@ -327,7 +334,13 @@ static keel_status
 job_apply(void *ctx, keel_vars *vs, keel_grads *g, int64_t global_step)
 {
     job *j = ctx;
-    return keel_optimizer_apply(j->opt, vs, g, global_step);
+    keel_status st;
+    if (!j->own_zeroing)
+        return keel_optimizer_apply(j->opt, vs, g, global_step);
+    /* zeroing g as the update passes saves the next step a pass over it */
+    st = keel_optimizer_apply_and_zero(j->opt, vs, g, global_step);
+    j->zeroed = st == KEEL_OK ? g : NULL;
+    return st;
 }
 
 static keel_status
@@ -649,6 +662,10 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     tc.session.step_ctx = &j;
     tc.session.updater.ctx = &j;
     tc.session.updater.apply = job_apply;
+    /* one process: job_step zeroes the gradients unless job_apply left
+     * them zero (a replica pushes them and the session zeroes them) */
+    j.own_zeroing = !in_cluster;
+    tc.session.skip_grad_zeroing = j.own_zeroing;
     tc.session.scaffold = &sc;
     tc.session.meta_fn = job_meta;
     tc.session.meta_ctx = &j;

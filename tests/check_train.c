@@ -1123,6 +1123,83 @@ START_TEST(test_optimizer_prepare_is_idempotent_and_apply_needs_slots)
 }
 END_TEST
 
+START_TEST(test_apply_and_zero_equals_apply_then_zero)
+{
+    /* every optimizer: the fused update gives the bits of apply followed by
+     * keel_grads_zero (over several ZERO_BLOCKs of a 10,800-element weight)
+     * and leaves every gradient zero; a failing call changes nothing */
+    static const keel_optimizer_kind kinds[] = {
+        KEEL_OPT_SGD, KEEL_OPT_MOMENTUM, KEEL_OPT_ADAGRAD, KEEL_OPT_ADAM,
+        KEEL_OPT_RMSPROP };
+    keel_model_config cfg;
+    float x[16 * 36];
+    int32_t y[16];
+    keel_batch bt = { x, y, 16 };
+    keel_model_config_init(&cfg);
+    cfg.height = cfg.width = 6;
+    cfg.n_hidden = 1;
+    cfg.hidden[0] = 300;
+    cfg.classes = 3;
+    cfg.max_batch = 16;
+    synthetic(x, y, 16, 36, 3, 8);
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+        keel_optimizer_config oc;
+        keel_optimizer *o;
+        fixture a, b, other;
+        keel_optimizer_config_init(&oc, kinds[k]);
+        oc.momentum = kinds[k] == KEEL_OPT_SGD ? 0.0 : 0.9;
+        ck_assert_int_eq(keel_optimizer_new(&oc, &o), KEEL_OK);
+        fx_new(&a, &cfg, 5);
+        fx_new(&b, &cfg, 5);
+        ck_assert_int_eq(keel_optimizer_prepare(o, a.vs), KEEL_OK);
+        ck_assert_int_eq(keel_optimizer_prepare(o, b.vs), KEEL_OK);
+        for (int s = 0; s < 3; s++) {
+            keel_grads_zero(a.g);
+            ck_assert_int_eq(keel_model_step(a.m, a.vs, &bt, 16, a.g, NULL),
+                             KEEL_OK);
+            ck_assert_int_eq(keel_optimizer_apply(o, a.vs, a.g, s), KEEL_OK);
+            if (s == 0)
+                keel_grads_zero(b.g);
+            ck_assert_int_eq(keel_model_step(b.m, b.vs, &bt, 16, b.g, NULL),
+                             KEEL_OK);
+            ck_assert_int_eq(keel_optimizer_apply_and_zero(o, b.vs, b.g, s),
+                             KEEL_OK);
+            for (size_t i = 0; i < keel_grads_count(b.g); i++) {
+                keel_tensor *g = keel_grads_at(b.g, i);
+                for (size_t e = 0; g != NULL && e < g->count; e++)
+                    ck_assert_msg(g->data[e] == 0.0f, "%s: gradient %zu "
+                                  "element %zu not zeroed",
+                                  keel_optimizer_kind_name(kinds[k]), i, e);
+            }
+        }
+        for (size_t i = 0; i < keel_vars_count(a.vs); i++) {
+            keel_var *va = keel_vars_at(a.vs, i), *vb = keel_vars_at(b.vs, i);
+            ck_assert_mem_eq(keel_var_tensor(va)->data,
+                             keel_var_tensor(vb)->data,
+                             keel_tensor_bytes(keel_var_tensor(va)));
+            for (size_t sl = 0; sl < keel_var_slot_count(va); sl++) {
+                const char *name;
+                keel_tensor *ta = keel_var_slot_at(va, sl, &name);
+                ck_assert_mem_eq(ta->data, keel_var_slot(vb, name)->data,
+                                 keel_tensor_bytes(ta));
+            }
+        }
+        /* gradients of another store: refused, b's gradients untouched */
+        fx_new(&other, &cfg, 6);
+        ck_assert_int_eq(keel_model_step(b.m, b.vs, &bt, 16, b.g, NULL),
+                         KEEL_OK);
+        ck_assert_float_ne(keel_grads_at(b.g, 0)->data[0], 0.0f);
+        ck_assert_int_eq(keel_optimizer_apply_and_zero(o, other.vs, b.g, 3),
+                         KEEL_EINVAL);
+        ck_assert_float_ne(keel_grads_at(b.g, 0)->data[0], 0.0f);
+        fx_free(&other);
+        fx_free(&a);
+        fx_free(&b);
+        keel_optimizer_free(o);
+    }
+}
+END_TEST
+
 /* Copy every variable and slot of src into dst (same model layout). */
 static void
 copy_store(keel_vars *dst, keel_vars *src)
@@ -1686,6 +1763,7 @@ train_suite(void)
     tcase_add_test(t,
                    test_optimizer_prepare_is_idempotent_and_apply_needs_slots);
     tcase_add_test(t, test_adam_continues_bitwise_after_restore);
+    tcase_add_test(t, test_apply_and_zero_equals_apply_then_zero);
     suite_add_tcase(s, t);
     t = tcase_create("data");
     tcase_set_timeout(t, 20);

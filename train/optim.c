@@ -399,16 +399,20 @@ rmsprop_update(float *restrict x, float *restrict ms, float *restrict mom,
     }
 }
 
-keel_status
-keel_optimizer_apply_var(keel_optimizer *o, keel_var *v,
-                         const keel_tensor *grad, int64_t global_step)
+/* One variable's update; with zero_g, each block of the gradient is zeroed
+ * right after the update has read it (still in L1). */
+#define ZERO_BLOCK 4096
+
+static keel_status
+apply_one(keel_optimizer *o, keel_var *v, const keel_tensor *grad,
+          int64_t global_step, float *zero_g)
 {
     const keel_optimizer_config *c;
     keel_tensor *w;
-    float *x, *s1 = NULL, *s2 = NULL;
-    const float *g;
-    size_t n;
-    float lr;
+    float *x0, *s10 = NULL, *s20 = NULL;
+    const float *g0;
+    size_t total;
+    float lr, lr_t = 0.0f;
     keel_status st = KEEL_OK;
     if (o == NULL || v == NULL || grad == NULL || grad->data == NULL)
         return keel__fail(KEEL_EINVAL, "optimizer apply: NULL argument");
@@ -421,63 +425,86 @@ keel_optimizer_apply_var(keel_optimizer *o, keel_var *v,
     if (global_step < 0)
         return keel__fail(KEEL_EINVAL, "optimizer apply: negative global "
                           "step %lld", (long long)global_step);
-    x = w->data;
-    g = grad->data;
-    n = w->count;
-    lr = (float)keel_lr_at(&c->schedule, global_step);
-    KEEL__PROF_BEGIN();
     switch (c->kind) {
     case KEEL_OPT_SGD:
-        sgd_update(x, g, n, lr);
         break;
     case KEEL_OPT_MOMENTUM:
-        if ((st = need_slot(v, "momentum", &s1)) != KEEL_OK)
-            break;
-        momentum_update(x, s1, g, n, lr, (float)c->momentum,
-                        c->use_nesterov);
+        st = need_slot(v, "momentum", &s10);
         break;
     case KEEL_OPT_ADAGRAD:
-        if ((st = need_slot(v, "accumulator", &s1)) != KEEL_OK)
-            break;
-        adagrad_update(x, s1, g, n, lr, (float)c->epsilon);
+        st = need_slot(v, "accumulator", &s10);
         break;
-    case KEEL_OPT_ADAM: {
-        double t = (double)global_step + 1.0;
-        float lr_t = (float)(keel_lr_at(&c->schedule, global_step) *
-                             sqrt(1.0 - pow(c->beta2, t)) /
-                             (1.0 - pow(c->beta1, t)));
-        if ((st = need_slot(v, "m", &s1)) != KEEL_OK ||
-            (st = need_slot(v, "v", &s2)) != KEEL_OK)
-            break;
-        adam_update(x, s1, s2, g, n, lr_t, (float)c->beta1,
-                    (float)c->beta2, (float)c->epsilon);
+    case KEEL_OPT_ADAM:
+        if ((st = need_slot(v, "m", &s10)) == KEEL_OK)
+            st = need_slot(v, "v", &s20);
+        break;
+    case KEEL_OPT_RMSPROP:
+        if ((st = need_slot(v, "rms", &s10)) == KEEL_OK)
+            st = need_slot(v, "mom", &s20);
         break;
     }
-    case KEEL_OPT_RMSPROP:
-        if ((st = need_slot(v, "rms", &s1)) != KEEL_OK ||
-            (st = need_slot(v, "mom", &s2)) != KEEL_OK)
+    if (st != KEEL_OK)
+        return st;
+    x0 = w->data;
+    g0 = grad->data;
+    total = w->count;
+    lr = (float)keel_lr_at(&c->schedule, global_step);
+    if (c->kind == KEEL_OPT_ADAM) {
+        double t = (double)global_step + 1.0;
+        lr_t = (float)(keel_lr_at(&c->schedule, global_step) *
+                       sqrt(1.0 - pow(c->beta2, t)) /
+                       (1.0 - pow(c->beta1, t)));
+    }
+    KEEL__PROF_BEGIN();
+    for (size_t off = 0; off < total;) {
+        size_t n = zero_g == NULL ? total
+                   : total - off < ZERO_BLOCK ? total - off : ZERO_BLOCK;
+        float *x = x0 + off, *s1 = s10 ? s10 + off : NULL;
+        float *s2 = s20 ? s20 + off : NULL;
+        const float *g = g0 + off;
+        switch (c->kind) {
+        case KEEL_OPT_SGD:
+            sgd_update(x, g, n, lr);
             break;
-        rmsprop_update(x, s1, s2, g, n, lr, (float)c->rho,
-                       (float)c->momentum, (float)c->epsilon);
-        break;
+        case KEEL_OPT_MOMENTUM:
+            momentum_update(x, s1, g, n, lr, (float)c->momentum,
+                            c->use_nesterov);
+            break;
+        case KEEL_OPT_ADAGRAD:
+            adagrad_update(x, s1, g, n, lr, (float)c->epsilon);
+            break;
+        case KEEL_OPT_ADAM:
+            adam_update(x, s1, s2, g, n, lr_t, (float)c->beta1,
+                        (float)c->beta2, (float)c->epsilon);
+            break;
+        case KEEL_OPT_RMSPROP:
+            rmsprop_update(x, s1, s2, g, n, lr, (float)c->rho,
+                           (float)c->momentum, (float)c->epsilon);
+            break;
+        }
+        if (zero_g != NULL)
+            memset(zero_g + off, 0, n * sizeof *zero_g);
+        off += n;
     }
     KEEL__PROF_END(optimizer_ns);
-    return st;
+    return KEEL_OK;
 }
 
 keel_status
-keel_optimizer_apply(keel_optimizer *o, keel_vars *vs, keel_grads *grads,
-                     int64_t global_step)
+keel_optimizer_apply_var(keel_optimizer *o, keel_var *v,
+                         const keel_tensor *grad, int64_t global_step)
 {
-    if (o == NULL || vs == NULL || grads == NULL)
-        return keel__fail(KEEL_EINVAL, "optimizer apply: NULL argument");
-    if (keel_grads_vars(grads) != vs)
-        return keel__fail(KEEL_EINVAL, "optimizer apply: gradients were "
-                          "made for another variable store");
+    return apply_one(o, v, grad, global_step, NULL);
+}
+
+/* Every trainable variable's gradient, checked before any update: a
+ * failing apply changes no variable. */
+static keel_status
+check_grads(keel_vars *vs, keel_grads *grads)
+{
     for (size_t i = 0; i < keel_vars_count(vs); i++) {
         keel_var *v = keel_vars_at(vs, i);
         keel_tensor *g;
-        keel_status st;
         if (!keel_var_is_trainable(v))
             continue;
         g = keel_grads_at(grads, i);
@@ -485,8 +512,50 @@ keel_optimizer_apply(keel_optimizer *o, keel_vars *vs, keel_grads *grads,
             return keel__fail(KEEL_EINVAL, "optimizer apply: no gradient "
                               "for '%s' (gradients made before it was "
                               "created?)", keel_var_name(v));
-        if ((st = keel_optimizer_apply_var(o, v, g, global_step)) != KEEL_OK)
-            return st;
+        if (!keel_shape_equal(keel_var_tensor(v)->ndim,
+                              keel_var_tensor(v)->shape, g->ndim, g->shape))
+            return keel__fail(KEEL_EINVAL, "optimizer apply: gradient shape "
+                              "of '%s' does not match the variable",
+                              keel_var_name(v));
     }
     return KEEL_OK;
+}
+
+static keel_status
+apply_all(keel_optimizer *o, keel_vars *vs, keel_grads *grads,
+          int64_t global_step, int zero)
+{
+    keel_status st;
+    if (o == NULL || vs == NULL || grads == NULL)
+        return keel__fail(KEEL_EINVAL, "optimizer apply: NULL argument");
+    if (keel_grads_vars(grads) != vs)
+        return keel__fail(KEEL_EINVAL, "optimizer apply: gradients were "
+                          "made for another variable store");
+    if ((st = check_grads(vs, grads)) != KEEL_OK)
+        return st;
+    for (size_t i = 0; i < keel_vars_count(vs); i++) {
+        keel_var *v = keel_vars_at(vs, i);
+        keel_tensor *g;
+        if (!keel_var_is_trainable(v))
+            continue;
+        g = keel_grads_at(grads, i);
+        if ((st = apply_one(o, v, g, global_step, zero ? g->data : NULL)) !=
+            KEEL_OK)
+            return st;
+    }
+    return KEEL_OK;               /* untrainable variables have none */
+}
+
+keel_status
+keel_optimizer_apply(keel_optimizer *o, keel_vars *vs, keel_grads *grads,
+                     int64_t global_step)
+{
+    return apply_all(o, vs, grads, global_step, 0);
+}
+
+keel_status
+keel_optimizer_apply_and_zero(keel_optimizer *o, keel_vars *vs,
+                              keel_grads *grads, int64_t global_step)
+{
+    return apply_all(o, vs, grads, global_step, 1);
 }

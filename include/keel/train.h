@@ -199,6 +199,13 @@ keel_status keel_optimizer_prepare(keel_optimizer *o, keel_vars *vs);
  * store's global step. Slots must exist (prepare). */
 keel_status keel_optimizer_apply(keel_optimizer *o, keel_vars *vs,
                                  keel_grads *grads, int64_t global_step);
+/* keel_optimizer_apply, then every gradient of grads is zero: zeroed block
+ * by block while the update has it in cache, so the keel_grads_zero before
+ * the next step has nothing left to do. The same bits as apply followed by
+ * keel_grads_zero. On failure grads are unchanged. */
+keel_status keel_optimizer_apply_and_zero(keel_optimizer *o, keel_vars *vs,
+                                          keel_grads *grads,
+                                          int64_t global_step);
 /* The same for one variable (a parameter server's shard). */
 keel_status keel_optimizer_apply_var(keel_optimizer *o, keel_var *v,
                                      const keel_tensor *grad,
