@@ -13,6 +13,8 @@
 
 #include <cblas.h>
 #include <keel/keel.h>
+#include "../train/train_int.h"   /* the optimizer on the model's threads,
+                                   * as keel train runs it */
 
 static const char *data_dir = "/usr/share/datasets/fashion-mnist";
 
@@ -150,7 +152,8 @@ steps(run *r, int n)
             KEEL_OK)
             die("step");
         int64_t gs = keel_vars_global_step(r->vs);
-        if (keel_optimizer_apply_and_zero(r->o, r->vs, r->g, gs) != KEEL_OK)
+        if (keel__optimizer_apply_pooled(r->o, r->vs, r->g, gs, 1,
+                                         keel__model_pool(r->m)) != KEEL_OK)
             die("apply");
         r->zeroed = 1;
         keel_vars_set_global_step(r->vs, gs + 1);

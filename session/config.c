@@ -108,8 +108,8 @@ static const key_def schema[] = {
     { "train", "model_threads", T_INT, "1", 1, 8, NULL,
       "Persistent model threads (with single-threaded OpenBLAS) that "
       "share the fixed pieces of every batch (CNN: 16 examples; dense "
-      "models: ceil(batch_size / 256) equal pieces, so a batch of up to "
-      "256 is one piece and only threads speeds it up). Results are bitwise identical for every value (with "
+      "models: ceil(batch_size / 256) equal pieces, each layer in two "
+      "fixed column halves) and the optimizer update. Results are bitwise identical for every value (with "
       "OpenBLAS single-threaded, as model threads always run it)." },
     { "train", "micro_batch", T_INT, "0", 0, 1 << 20, NULL,
       "Fixed micro-batch size (0: off). Each gradient is summed over "

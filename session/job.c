@@ -338,7 +338,8 @@ job_apply(void *ctx, keel_vars *vs, keel_grads *g, int64_t global_step)
     if (!j->own_zeroing)
         return keel_optimizer_apply(j->opt, vs, g, global_step);
     /* zeroing g as the update passes saves the next step a pass over it */
-    st = keel_optimizer_apply_and_zero(j->opt, vs, g, global_step);
+    st = keel__optimizer_apply_pooled(j->opt, vs, g, global_step, 1,
+                                      keel__model_pool(j->model));
     j->zeroed = st == KEEL_OK ? g : NULL;
     return st;
 }

@@ -742,12 +742,20 @@ START_TEST(test_model_threads_give_identical_bits)
      * every kernel: Haswell's and Zen's sgemm round differently on 2
      * threads; see docs/determinism.md.) CNN batches of 40 (pieces 16+16+8) and 300 (19 pieces: more
      * than the 16 slots: two rounds), MLP batches of 300 (two pieces of 150:
-     * piece 0 straight into grads, piece 1 through a slot). */
+     * piece 0 straight into grads, piece 1 through a slot) and of 200 with
+     * layers of 144, 96 and 80 (one piece: its dense layers' column halves
+     * shared by the threads, 80 split 48 + 32). */
     static const int threads[] = { 1, 2, 3, 8 };
-    struct { keel_model_kind kind; size_t n, side; int classes; } cases[] = {
-        { KEEL_MODEL_CNN, 40, 12, 4 },
-        { KEEL_MODEL_CNN, 300, 10, 4 },
-        { KEEL_MODEL_MLP, 300, 12, 10 },
+    struct {
+        keel_model_kind kind;
+        size_t n, side;
+        int classes;
+        int64_t h0, h1;
+    } cases[] = {
+        { KEEL_MODEL_CNN, 40, 12, 4, 32, 16 },
+        { KEEL_MODEL_CNN, 300, 10, 4, 32, 16 },
+        { KEEL_MODEL_MLP, 300, 12, 10, 32, 16 },
+        { KEEL_MODEL_MLP, 200, 12, 10, 96, 80 },
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         keel_model_config cfg;
@@ -765,8 +773,8 @@ START_TEST(test_model_threads_give_identical_bits)
         cfg.height = cfg.width = (int64_t)cases[c].side;
         cfg.classes = cases[c].classes;
         cfg.max_batch = (int64_t)n;
-        cfg.hidden[0] = 32;
-        cfg.hidden[1] = 16;
+        cfg.hidden[0] = cases[c].h0;
+        cfg.hidden[1] = cases[c].h1;
         synthetic(x, y, n + (size_t)steps, es, cases[c].classes, 12 + c);
         ref = train_bits(&cfg, 1, 1, x, y, n, es, steps, &sref, &nref);
         for (size_t t = 1; t < sizeof threads / sizeof threads[0]; t++) {
@@ -1126,8 +1134,9 @@ END_TEST
 START_TEST(test_apply_and_zero_equals_apply_then_zero)
 {
     /* every optimizer: the fused update gives the bits of apply followed by
-     * keel_grads_zero (over several ZERO_BLOCKs of a 10,800-element weight)
-     * and leaves every gradient zero; a failing call changes nothing */
+     * keel_grads_zero (over several ZERO_BLOCKs of a 72,000-element weight)
+     * and leaves every gradient zero, also split over a pool's 3 threads
+     * (ranges across variables); a failing call changes nothing */
     static const keel_optimizer_kind kinds[] = {
         KEEL_OPT_SGD, KEEL_OPT_MOMENTUM, KEEL_OPT_ADAGRAD, KEEL_OPT_ADAM,
         KEEL_OPT_RMSPROP };
@@ -1138,21 +1147,25 @@ START_TEST(test_apply_and_zero_equals_apply_then_zero)
     keel_model_config_init(&cfg);
     cfg.height = cfg.width = 6;
     cfg.n_hidden = 1;
-    cfg.hidden[0] = 300;
+    cfg.hidden[0] = 2000;
     cfg.classes = 3;
     cfg.max_batch = 16;
     synthetic(x, y, 16, 36, 3, 8);
+    keel__pool *pool;
+    ck_assert_int_eq(keel__pool_new(3, &pool), KEEL_OK);
     for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
         keel_optimizer_config oc;
         keel_optimizer *o;
-        fixture a, b, other;
+        fixture a, b, c, other;
         keel_optimizer_config_init(&oc, kinds[k]);
         oc.momentum = kinds[k] == KEEL_OPT_SGD ? 0.0 : 0.9;
         ck_assert_int_eq(keel_optimizer_new(&oc, &o), KEEL_OK);
         fx_new(&a, &cfg, 5);
         fx_new(&b, &cfg, 5);
+        fx_new(&c, &cfg, 5);
         ck_assert_int_eq(keel_optimizer_prepare(o, a.vs), KEEL_OK);
         ck_assert_int_eq(keel_optimizer_prepare(o, b.vs), KEEL_OK);
+        ck_assert_int_eq(keel_optimizer_prepare(o, c.vs), KEEL_OK);
         for (int s = 0; s < 3; s++) {
             keel_grads_zero(a.g);
             ck_assert_int_eq(keel_model_step(a.m, a.vs, &bt, 16, a.g, NULL),
@@ -1164,6 +1177,12 @@ START_TEST(test_apply_and_zero_equals_apply_then_zero)
                              KEEL_OK);
             ck_assert_int_eq(keel_optimizer_apply_and_zero(o, b.vs, b.g, s),
                              KEEL_OK);
+            if (s == 0)
+                keel_grads_zero(c.g);
+            ck_assert_int_eq(keel_model_step(c.m, c.vs, &bt, 16, c.g, NULL),
+                             KEEL_OK);
+            ck_assert_int_eq(keel__optimizer_apply_pooled(o, c.vs, c.g, s, 1,
+                                                          pool), KEEL_OK);
             for (size_t i = 0; i < keel_grads_count(b.g); i++) {
                 keel_tensor *g = keel_grads_at(b.g, i);
                 for (size_t e = 0; g != NULL && e < g->count; e++)
@@ -1174,13 +1193,19 @@ START_TEST(test_apply_and_zero_equals_apply_then_zero)
         }
         for (size_t i = 0; i < keel_vars_count(a.vs); i++) {
             keel_var *va = keel_vars_at(a.vs, i), *vb = keel_vars_at(b.vs, i);
+            keel_var *vc = keel_vars_at(c.vs, i);
             ck_assert_mem_eq(keel_var_tensor(va)->data,
                              keel_var_tensor(vb)->data,
+                             keel_tensor_bytes(keel_var_tensor(va)));
+            ck_assert_mem_eq(keel_var_tensor(va)->data,
+                             keel_var_tensor(vc)->data,
                              keel_tensor_bytes(keel_var_tensor(va)));
             for (size_t sl = 0; sl < keel_var_slot_count(va); sl++) {
                 const char *name;
                 keel_tensor *ta = keel_var_slot_at(va, sl, &name);
                 ck_assert_mem_eq(ta->data, keel_var_slot(vb, name)->data,
+                                 keel_tensor_bytes(ta));
+                ck_assert_mem_eq(ta->data, keel_var_slot(vc, name)->data,
                                  keel_tensor_bytes(ta));
             }
         }
@@ -1188,15 +1213,29 @@ START_TEST(test_apply_and_zero_equals_apply_then_zero)
         fx_new(&other, &cfg, 6);
         ck_assert_int_eq(keel_model_step(b.m, b.vs, &bt, 16, b.g, NULL),
                          KEEL_OK);
-        ck_assert_float_ne(keel_grads_at(b.g, 0)->data[0], 0.0f);
-        ck_assert_int_eq(keel_optimizer_apply_and_zero(o, other.vs, b.g, 3),
-                         KEEL_EINVAL);
-        ck_assert_float_ne(keel_grads_at(b.g, 0)->data[0], 0.0f);
+        {
+            keel_tensor *g0 = keel_grads_at(b.g, 0);
+            size_t nb = keel_tensor_bytes(g0);
+            float *before = malloc(nb);
+            int nonzero = 0;
+            ck_assert_ptr_nonnull(before);
+            memcpy(before, g0->data, nb);
+            for (size_t e = 0; e < g0->count; e++)
+                nonzero |= g0->data[e] != 0.0f;
+            ck_assert(nonzero);
+            ck_assert_int_eq(keel_optimizer_apply_and_zero(o, other.vs, b.g,
+                                                           3),
+                             KEEL_EINVAL);
+            ck_assert_mem_eq(before, g0->data, nb);
+            free(before);
+        }
         fx_free(&other);
         fx_free(&a);
         fx_free(&b);
+        fx_free(&c);
         keel_optimizer_free(o);
     }
+    keel__pool_free(pool);
 }
 END_TEST
 

@@ -208,9 +208,16 @@ void
 keel__bias_act_forward(keel_activation a, float *y, size_t rows, size_t cols,
                        const float *b)
 {
+    keel__bias_act_forward_ld(a, y, rows, cols, cols, b);
+}
+
+void
+keel__bias_act_forward_ld(keel_activation a, float *y, size_t rows,
+                          size_t cols, size_t ld, const float *b)
+{
     KEEL__PROF_BEGIN();
     for (size_t r = 0; r < rows; r++) {
-        float *row = y + r * cols;
+        float *row = y + r * ld;
         if (a == KEEL_ACT_RELU) {
             bias_relu_row(row, b, cols);
         } else if (a == KEEL_ACT_TANH) {
@@ -242,9 +249,9 @@ keel__col_sums(const float *dy, size_t rows, size_t cols, float *db)
 }
 
 /* db += column sums of dy, the sums formed first (same bits as col_sums
- * into a zeroed buffer followed by add_into). */
+ * into a zeroed buffer followed by add_into). Rows ld floats apart. */
 static void
-col_sums_add(const float *dy, size_t rows, size_t cols, float *db)
+col_sums_add(const float *dy, size_t rows, size_t cols, size_t ld, float *db)
 {
     KEEL__PROF_BEGIN();
     float tmp[256];
@@ -252,7 +259,7 @@ col_sums_add(const float *dy, size_t rows, size_t cols, float *db)
         size_t cb = cols - c0 < 256 ? cols - c0 : 256;
         memset(tmp, 0, cb * sizeof *tmp);
         for (size_t r = 0; r < rows; r++)
-            add_row(tmp, dy + r * cols + c0, cb);
+            add_row(tmp, dy + r * ld + c0, cb);
         add_row(db + c0, tmp, cb);
     }
     KEEL__PROF_END(elementwise_ns);
@@ -300,11 +307,53 @@ keel__dense_backward(const float *x, const float *dy, size_t n, size_t in,
     keel__sgemm(1, 0, in, out, n, 1.0f, x, in, dy, out,
                 accumulate ? 1.0f : 0.0f, dw, out);
     if (db != NULL && accumulate)
-        col_sums_add(dy, n, out, db);
+        col_sums_add(dy, n, out, out, db);
     else if (db != NULL)
         keel__col_sums(dy, n, out, db);
     if (dx != NULL)
         keel__sgemm(0, 1, n, in, out, 1.0f, dy, out, w, out, 0.0f, dx, in);
+}
+
+void
+keel__dense_forward_cols(const float *x, size_t n, size_t in, size_t out,
+                         const float *w, float *y, size_t c0, size_t c1)
+{
+    keel__sgemm(0, 0, n, c1 - c0, in, 1.0f, x, in, w + c0, out, 0.0f,
+                y + c0, out);
+}
+
+void
+keel__dense_backward_cols(const float *x, const float *dy, size_t n,
+                          size_t in, size_t out, float *dw, float *db,
+                          size_t c0, size_t c1, int accumulate)
+{
+    keel__sgemm(1, 0, in, c1 - c0, n, 1.0f, x, in, dy + c0, out,
+                accumulate ? 1.0f : 0.0f, dw + c0, out);
+    if (accumulate) {
+        col_sums_add(dy + c0, n, c1 - c0, out, db + c0);
+    } else {
+        KEEL__PROF_BEGIN();
+        memset(db + c0, 0, (c1 - c0) * sizeof *db);
+        for (size_t r = 0; r < n; r++)
+            add_row(db + c0, dy + r * out + c0, c1 - c0);
+        KEEL__PROF_END(elementwise_ns);
+    }
+}
+
+void
+keel__dense_dx_cols(const float *dy, size_t n, size_t in, size_t out,
+                    const float *w, float *dx, size_t k0, size_t k1)
+{
+    keel__sgemm(0, 1, n, k1 - k0, out, 1.0f, dy, out, w + k0 * out, out,
+                0.0f, dx + k0, in);
+}
+
+void
+keel__act_backward_ld(keel_activation a, const float *y, float *dy,
+                      size_t rows, size_t cols, size_t ld)
+{
+    for (size_t r = 0; r < rows; r++)
+        keel__act_backward(a, y + r * ld, dy + r * ld, cols);
 }
 
 /* ---- conv2d ------------------------------------------------------------- */

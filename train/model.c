@@ -4,6 +4,7 @@
 #include <config.h>
 
 #include <math.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -670,6 +671,50 @@ backward(keel_model *m, lbuf *buf, lgrad *g, const float *x, size_t n,
 
 enum { JOB_STEP, JOB_EVAL, JOB_PREDICT };
 
+/* A barrier for the threads of one pool run: they spin (the pool's threads
+ * are spinning between runs anyway; parking costs 50-300 us here). */
+typedef struct spin_barrier {
+    _Atomic int count;
+    _Atomic int phase;
+    int n;
+} spin_barrier;
+
+static void
+barrier_wait(spin_barrier *b)
+{
+    int ph = atomic_load_explicit(&b->phase, memory_order_acquire);
+    if (atomic_fetch_add_explicit(&b->count, 1, memory_order_acq_rel) ==
+        b->n - 1) {
+        atomic_store_explicit(&b->count, 0, memory_order_relaxed);
+        atomic_store_explicit(&b->phase, ph + 1, memory_order_release);
+        return;
+    }
+    for (unsigned i = 1;
+         atomic_load_explicit(&b->phase, memory_order_acquire) == ph; i++) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+        if ((i & 1023) == 0)
+            sched_yield();
+    }
+}
+
+/* Dense-only models compute every dense layer in two fixed column halves
+ * (of the outputs for y, dw and db; of the inputs for dx) on any thread
+ * count, so two model threads share one piece and the bits never depend on
+ * which thread ran a half (sgemm rounds a column by its call's shape).
+ * Dimensions below DENSE_SPLIT_MIN are one half and an empty one. */
+#define DENSE_SPLIT_MIN 64
+
+static void
+dense_half(size_t dim, int h, size_t *lo, size_t *hi)
+{
+    size_t mid = dim >= DENSE_SPLIT_MIN ? ((dim / 2 + 15) & ~(size_t)15)
+                                        : dim;
+    *lo = h == 0 ? 0 : mid;
+    *hi = h == 0 ? mid : dim;
+}
+
 /* One model call spread over the pool: tasks are taken in any order by any
  * thread; each task's result lands in its own place. */
 typedef struct job {
@@ -686,22 +731,17 @@ typedef struct job {
     int ntasks;
     int nthreads;
     _Atomic int next;            /* next task */
+    spin_barrier bar;            /* the column halves' layer barrier */
 } job;
 
-/* Forward (and for a step, backward into g) of piece p on thread t. */
+/* The end of a piece's forward, on one thread: probabilities (predict), or
+ * loss, correct count and (for a step) dlogits. */
 static void
-run_piece(job *j, int t, size_t p, lgrad *g)
+finish_piece(job *j, lbuf *buf, size_t p, size_t lo, size_t n)
 {
     keel_model *m = j->m;
-    lbuf *buf = m->buf[t];
-    size_t lo = p * m->piece;
-    size_t hi = lo + m->piece < j->batch->n ? lo + m->piece : j->batch->n;
-    size_t n = hi - lo;
-    size_t esize = m->l[0].in_size;
-    const float *x = j->batch->x + lo * esize;
     lbuf *last = &buf[m->nl - 1];
     size_t k = m->l[m->nl - 1].dout;
-    forward(m, buf, x, n);
     if (j->what == JOB_PREDICT) {
         for (size_t i = 0; i < n; i++) {
             const float *z = last->y + i * k;
@@ -722,8 +762,106 @@ run_piece(job *j, int t, size_t p, lgrad *g)
     keel__softmax_xent(last->y, j->batch->y + lo, n, k, j->scale,
                        j->what == JOB_STEP ? last->dy : NULL,
                        &m->piece_loss[p], &m->piece_correct[p]);
+}
+
+/* Piece p of a dense-only model in column halves: thread t of T computes
+ * the halves h with h % T == t (T = 1: all of them), with a barrier after
+ * every layer when T > 1; thread 0 finishes the forward. For a step,
+ * backward into g, or piece 0's straight into the caller's grads. */
+static void
+dense_piece_part(job *j, lbuf *buf, int t, int T, size_t p, lgrad *g)
+{
+    keel_model *m = j->m;
+    size_t lo = p * m->piece;
+    size_t hi = lo + m->piece < j->batch->n ? lo + m->piece : j->batch->n;
+    size_t n = hi - lo, c0, c1;
+    const float *x = j->batch->x + lo * m->l[0].in_size;
+    keel_grads *direct = p == 0 ? j->direct : NULL;
+    for (int i = 0; i < m->nl; i++) {
+        layer *L = &m->l[i];
+        const float *in = i > 0 ? buf[i - 1].y : x;
+        const float *w = keel_var_tensor(L->w)->data;
+        const float *b = keel_var_tensor(L->b)->data;
+        for (int h = t; h < 2; h += T) {
+            dense_half(L->dout, h, &c0, &c1);
+            if (c0 == c1)
+                continue;
+            keel__dense_forward_cols(in, n, L->din, L->dout, w, buf[i].y, c0,
+                                     c1);
+            keel__bias_act_forward_ld(L->act, buf[i].y + c0, n, c1 - c0,
+                                      L->dout, b + c0);
+        }
+        if (T > 1)
+            barrier_wait(&j->bar);
+    }
+    if (t == 0)
+        finish_piece(j, buf, p, lo, n);
+    if (j->what != JOB_STEP)
+        return;
+    if (T > 1)
+        barrier_wait(&j->bar);       /* dlogits */
+    for (int i = m->nl - 1; i >= 0; i--) {
+        layer *L = &m->l[i];
+        layer *P = i > 0 ? &m->l[i - 1] : NULL;
+        const float *in = i > 0 ? buf[i - 1].y : x;
+        const float *w = keel_var_tensor(L->w)->data;
+        float *dw = g[i].dw, *db = g[i].db;
+        if (direct != NULL) {
+            dw = keel_grads_at(direct, keel_var_index(L->w))->data;
+            db = keel_grads_at(direct, keel_var_index(L->b))->data;
+        }
+        for (int h = t; h < 2; h += T) {
+            dense_half(L->dout, h, &c0, &c1);
+            if (c0 < c1)
+                keel__dense_backward_cols(in, buf[i].dy, n, L->din, L->dout,
+                                          dw, db, c0, c1, direct != NULL);
+        }
+        if (P == NULL)
+            break;
+        /* dx, and the previous layer's activation gradient, by input
+         * half: the same halves as that layer's outputs, so its dw below
+         * reads only what this thread wrote; its dx needs the barrier */
+        for (int h = t; h < 2; h += T) {
+            dense_half(L->din, h, &c0, &c1);
+            if (c0 == c1)
+                continue;
+            keel__dense_dx_cols(buf[i].dy, n, L->din, L->dout, w,
+                                buf[i - 1].dy, c0, c1);
+            if (P->act != KEEL_ACT_NONE)
+                keel__act_backward_ld(P->act, buf[i - 1].y + c0,
+                                      buf[i - 1].dy + c0, n, c1 - c0, L->din);
+        }
+        if (T > 1)
+            barrier_wait(&j->bar);
+    }
+}
+
+/* Forward (and for a step, backward into g) of piece p on thread t. */
+static void
+run_piece(job *j, int t, size_t p, lgrad *g)
+{
+    keel_model *m = j->m;
+    lbuf *buf = m->buf[t];
+    size_t lo = p * m->piece;
+    size_t hi = lo + m->piece < j->batch->n ? lo + m->piece : j->batch->n;
+    size_t n = hi - lo;
+    const float *x = j->batch->x + lo * m->l[0].in_size;
+    if (m->is_dense_only) {
+        dense_piece_part(j, buf, 0, 1, p, g);
+        return;
+    }
+    forward(m, buf, x, n);
+    finish_piece(j, buf, p, lo, n);
     if (j->what == JOB_STEP)
         backward(m, buf, g, x, n, p == 0 ? j->direct : NULL);
+}
+
+/* A dense-only model's only piece, its column halves over the threads. */
+static void
+halves_worker(void *ctx, int t)
+{
+    job *j = ctx;
+    dense_piece_part(j, j->m->buf[0], t, j->nthreads, 0, j->m->slot[0]);
 }
 
 static void
@@ -795,6 +933,18 @@ run_job(keel_model *m, job *j, int what, const keel_batch *batch,
     *j = (job){ .m = m, .what = what, .batch = batch, .npieces = np,
                 .scale = scale, .probs = probs, .grads = grads,
                 .nthreads = keel__pool_threads(m->pool) };
+    if (what == JOB_STEP)
+        j->direct = keel__grads_direct ? grads : NULL;
+    if (m->is_dense_only && np == 1 && j->nthreads > 1) {
+        j->bar.n = j->nthreads;
+        keel__pool_run(m->pool, halves_worker, j);
+        if (what == JOB_STEP && j->direct == NULL) {
+            j->ntasks = 1;           /* the halves went into slot 0 */
+            j->nthreads = 1;
+            reduce_worker(j, 0);
+        }
+        return;
+    }
     if (what != JOB_STEP) {
         j->ntasks = (int)np;
         j->next = 0;
@@ -804,7 +954,6 @@ run_job(keel_model *m, job *j, int what, const keel_batch *batch,
             keel__pool_run(m->pool, job_worker, j);
         return;
     }
-    j->direct = keel__grads_direct ? grads : NULL;
     for (size_t base = 0; base < np; base += MAX_SLOTS) {
         j->base = base;
         j->ntasks = np - base < MAX_SLOTS ? (int)(np - base) : MAX_SLOTS;
@@ -898,6 +1047,12 @@ keel_model_predict(keel_model *m, keel_vars *vs, const keel_batch *batch,
                           (long long)m->cfg.max_batch);
     run_job(m, &j, JOB_PREDICT, batch, 1.0f, probs, NULL);
     return KEEL_OK;
+}
+
+keel__pool *
+keel__model_pool(keel_model *m)
+{
+    return m != NULL ? m->pool : NULL;
 }
 
 double

@@ -5,6 +5,7 @@
 #include <config.h>
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -399,13 +400,17 @@ rmsprop_update(float *restrict x, float *restrict ms, float *restrict mom,
     }
 }
 
-/* One variable's update; with zero_g, each block of the gradient is zeroed
+/* Below this many elements an update stays on the calling thread. */
+#define OPT_PARALLEL_MIN 65536
+
+/* Elements [lo, hi) of one variable's update (checks only when empty);
+ * with zero_g, each block of the gradient is zeroed
  * right after the update has read it (still in L1). */
 #define ZERO_BLOCK 4096
 
 static keel_status
 apply_one(keel_optimizer *o, keel_var *v, const keel_tensor *grad,
-          int64_t global_step, float *zero_g)
+          int64_t global_step, float *zero_g, size_t lo, size_t hi)
 {
     const keel_optimizer_config *c;
     keel_tensor *w;
@@ -447,7 +452,7 @@ apply_one(keel_optimizer *o, keel_var *v, const keel_tensor *grad,
         return st;
     x0 = w->data;
     g0 = grad->data;
-    total = w->count;
+    total = hi < w->count ? hi : w->count;
     lr = (float)keel_lr_at(&c->schedule, global_step);
     if (c->kind == KEEL_OPT_ADAM) {
         double t = (double)global_step + 1.0;
@@ -456,7 +461,7 @@ apply_one(keel_optimizer *o, keel_var *v, const keel_tensor *grad,
                        (1.0 - pow(c->beta1, t)));
     }
     KEEL__PROF_BEGIN();
-    for (size_t off = 0; off < total;) {
+    for (size_t off = lo; off < total;) {
         size_t n = zero_g == NULL ? total
                    : total - off < ZERO_BLOCK ? total - off : ZERO_BLOCK;
         float *x = x0 + off, *s1 = s10 ? s10 + off : NULL;
@@ -494,7 +499,7 @@ keel_status
 keel_optimizer_apply_var(keel_optimizer *o, keel_var *v,
                          const keel_tensor *grad, int64_t global_step)
 {
-    return apply_one(o, v, grad, global_step, NULL);
+    return apply_one(o, v, grad, global_step, NULL, 0, SIZE_MAX);
 }
 
 /* Every trainable variable's gradient, checked before any update: a
@@ -521,11 +526,60 @@ check_grads(keel_vars *vs, keel_grads *grads)
     return KEEL_OK;
 }
 
+/* One keel__optimizer_apply_pooled call, split over the pool's threads in
+ * equal ranges of the concatenated elements of every trainable variable
+ * (bounds multiples of 16 floats: no shared cache line). Elementwise, so
+ * the bits never depend on the split. */
+typedef struct apply_job {
+    keel_optimizer *o;
+    keel_vars *vs;
+    keel_grads *grads;
+    int64_t step;
+    int zero;
+    size_t total;
+    int nthreads;
+    _Atomic int failed;
+} apply_job;
+
+static void
+apply_range(apply_job *a, size_t lo, size_t hi)
+{
+    size_t base = 0;
+    for (size_t i = 0; i < keel_vars_count(a->vs) && base < hi; i++) {
+        keel_var *v = keel_vars_at(a->vs, i);
+        keel_tensor *g;
+        size_t n, b, e;
+        if (!keel_var_is_trainable(v))
+            continue;
+        g = keel_grads_at(a->grads, i);
+        n = keel_var_tensor(v)->count;
+        b = lo > base ? lo - base : 0;
+        e = hi - base < n ? hi - base : n;
+        if (b < e && apply_one(a->o, v, g, a->step, a->zero ? g->data : NULL,
+                               b, e) != KEEL_OK)
+            a->failed = 1;
+        base += n;
+    }
+}
+
+static void
+apply_worker(void *ctx, int t)
+{
+    apply_job *a = ctx;
+    size_t T = (size_t)a->nthreads;
+    size_t lo = (a->total * (size_t)t / T) & ~(size_t)15;
+    size_t hi = (size_t)t + 1 == T ? a->total
+                                   : (a->total * ((size_t)t + 1) / T) &
+                                         ~(size_t)15;
+    apply_range(a, lo, hi);
+}
+
 static keel_status
 apply_all(keel_optimizer *o, keel_vars *vs, keel_grads *grads,
-          int64_t global_step, int zero)
+          int64_t global_step, int zero, keel__pool *pool)
 {
     keel_status st;
+    apply_job a;
     if (o == NULL || vs == NULL || grads == NULL)
         return keel__fail(KEEL_EINVAL, "optimizer apply: NULL argument");
     if (keel_grads_vars(grads) != vs)
@@ -533,29 +587,49 @@ apply_all(keel_optimizer *o, keel_vars *vs, keel_grads *grads,
                           "made for another variable store");
     if ((st = check_grads(vs, grads)) != KEEL_OK)
         return st;
+    a = (apply_job){ .o = o, .vs = vs, .grads = grads, .step = global_step,
+                     .zero = zero, .nthreads = 1 };
+    /* every check of every variable (slots too) before the first update */
     for (size_t i = 0; i < keel_vars_count(vs); i++) {
         keel_var *v = keel_vars_at(vs, i);
-        keel_tensor *g;
         if (!keel_var_is_trainable(v))
             continue;
-        g = keel_grads_at(grads, i);
-        if ((st = apply_one(o, v, g, global_step, zero ? g->data : NULL)) !=
-            KEEL_OK)
+        if ((st = apply_one(o, v, keel_grads_at(grads, i), global_step, NULL,
+                            0, 0)) != KEEL_OK)
             return st;
+        a.total += keel_var_tensor(v)->count;
     }
+    if (pool != NULL && keel__pool_threads(pool) > 1 &&
+        a.total >= OPT_PARALLEL_MIN) {
+        a.nthreads = keel__pool_threads(pool);
+        keel__pool_run(pool, apply_worker, &a);
+    } else {
+        apply_range(&a, 0, a.total);
+    }
+    if (a.failed)                 /* cannot happen after the checks */
+        return keel__fail(KEEL_EINTERNAL, "optimizer apply: an update "
+                          "failed after its checks passed");
     return KEEL_OK;               /* untrainable variables have none */
+}
+
+keel_status
+keel__optimizer_apply_pooled(keel_optimizer *o, keel_vars *vs,
+                             keel_grads *grads, int64_t global_step,
+                             int zero, keel__pool *pool)
+{
+    return apply_all(o, vs, grads, global_step, zero, pool);
 }
 
 keel_status
 keel_optimizer_apply(keel_optimizer *o, keel_vars *vs, keel_grads *grads,
                      int64_t global_step)
 {
-    return apply_all(o, vs, grads, global_step, 0);
+    return apply_all(o, vs, grads, global_step, 0, NULL);
 }
 
 keel_status
 keel_optimizer_apply_and_zero(keel_optimizer *o, keel_vars *vs,
                               keel_grads *grads, int64_t global_step)
 {
-    return apply_all(o, vs, grads, global_step, 1);
+    return apply_all(o, vs, grads, global_step, 1, NULL);
 }

@@ -1,27 +1,38 @@
 /* pool.c - the model's persistent worker threads. keel__pool_run() hands
  * one function to every thread (the caller is thread 0) and returns when
- * all have finished it; between runs the workers park on a condition
- * variable. Workers are created once, with every signal blocked (signals
- * go to the application's threads), and joined by keel__pool_free(). */
+ * all have finished it. Between runs a worker first spins for up to
+ * POOL_SPIN_NS watching for the next run, then parks on a condition
+ * variable: waking a parked thread costs 50-300 us on this kind of VM
+ * (an idle vCPU must be woken), more than a small model's whole step, and
+ * a model calls the pool once or more per step. The caller waits for the
+ * workers the same way. Workers are created once, with every signal
+ * blocked (signals go to the application's threads), and joined by
+ * keel__pool_free(). */
 #include <config.h>
 
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include <keel/keel.h>
 #include "util.h"
 #include "train_int.h"
 
+/* How long an idle worker keeps spinning before it parks. */
+#define POOL_SPIN_NS 2000000L
+
 struct keel__pool {
     pthread_mutex_t mu;
-    pthread_cond_t start;         /* workers wait here for a new gen */
-    pthread_cond_t done;          /* the caller waits here for n_done */
-    keel__pool_fn fn;
+    pthread_cond_t start;         /* parked workers wait here */
+    keel__pool_fn fn;             /* written before gen is published */
     void *ctx;
-    uint64_t gen;                 /* incremented by every run */
-    int n_done;                   /* workers finished with this gen */
-    int is_stopping;
+    _Atomic uint64_t gen;         /* incremented by every run */
+    _Atomic int n_done;           /* workers finished with this gen */
+    _Atomic int n_parked;         /* workers in (or entering) cond_wait */
+    _Atomic int is_stopping;
     int nthreads;                 /* workers started + the caller */
     pthread_t tid[KEEL__POOL_MAX];
 };
@@ -31,6 +42,51 @@ typedef struct worker_arg {
     int index;
 } worker_arg;
 
+static inline void
+cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+static long
+mono_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long)t.tv_sec * 1000000000L + t.tv_nsec;
+}
+
+/* Wait until p->gen differs from seen or the pool stops: spin, then park. */
+static void
+wait_for_run(keel__pool *p, uint64_t seen)
+{
+    long deadline = 0;
+    for (unsigned i = 1;; i++) {
+        if (atomic_load_explicit(&p->gen, memory_order_acquire) != seen ||
+            atomic_load_explicit(&p->is_stopping, memory_order_acquire))
+            return;
+        cpu_relax();
+        if ((i & 1023) != 0)
+            continue;
+        if (deadline == 0)
+            deadline = mono_ns() + POOL_SPIN_NS;
+        else if (mono_ns() > deadline)
+            break;
+        else
+            sched_yield();           /* a busy machine: let others run */
+    }
+    pthread_mutex_lock(&p->mu);
+    atomic_fetch_add(&p->n_parked, 1);
+    /* keel__pool_run takes the mutex after publishing gen, so either this
+     * check sees the new gen or the broadcast finds this worker waiting */
+    while (atomic_load(&p->gen) == seen && !atomic_load(&p->is_stopping))
+        pthread_cond_wait(&p->start, &p->mu);
+    atomic_fetch_sub(&p->n_parked, 1);
+    pthread_mutex_unlock(&p->mu);
+}
+
 static void *
 worker_main(void *arg)
 {
@@ -38,24 +94,14 @@ worker_main(void *arg)
     int index = ((worker_arg *)arg)->index;
     uint64_t seen = 0;
     free(arg);
-    pthread_mutex_lock(&p->mu);
     for (;;) {
-        keel__pool_fn fn;
-        void *ctx;
-        while (p->gen == seen && !p->is_stopping)
-            pthread_cond_wait(&p->start, &p->mu);
-        if (p->is_stopping)
+        wait_for_run(p, seen);
+        if (atomic_load_explicit(&p->is_stopping, memory_order_acquire))
             break;
-        seen = p->gen;
-        fn = p->fn;
-        ctx = p->ctx;
-        pthread_mutex_unlock(&p->mu);
-        fn(ctx, index);
-        pthread_mutex_lock(&p->mu);
-        if (++p->n_done == p->nthreads - 1)
-            pthread_cond_signal(&p->done);
+        seen = atomic_load_explicit(&p->gen, memory_order_acquire);
+        p->fn(p->ctx, index);
+        atomic_fetch_add_explicit(&p->n_done, 1, memory_order_release);
     }
-    pthread_mutex_unlock(&p->mu);
     return NULL;
 }
 
@@ -78,12 +124,6 @@ keel__pool_new(int nthreads, keel__pool **out)
         return keel__fail(KEEL_ENOMEM, "thread pool: mutex");
     }
     if (pthread_cond_init(&p->start, NULL) != 0) {
-        pthread_mutex_destroy(&p->mu);
-        free(p);
-        return keel__fail(KEEL_ENOMEM, "thread pool: condition variable");
-    }
-    if (pthread_cond_init(&p->done, NULL) != 0) {
-        pthread_cond_destroy(&p->start);
         pthread_mutex_destroy(&p->mu);
         free(p);
         return keel__fail(KEEL_ENOMEM, "thread pool: condition variable");
@@ -123,18 +163,23 @@ keel__pool_run(keel__pool *p, keel__pool_fn fn, void *ctx)
         fn(ctx, 0);
         return;
     }
-    pthread_mutex_lock(&p->mu);
     p->fn = fn;
     p->ctx = ctx;
-    p->n_done = 0;
-    p->gen++;
-    pthread_cond_broadcast(&p->start);
-    pthread_mutex_unlock(&p->mu);
+    atomic_store_explicit(&p->n_done, 0, memory_order_relaxed);
+    atomic_fetch_add(&p->gen, 1);   /* seq_cst: ordered before the n_parked load */
+    if (atomic_load(&p->n_parked) > 0) {
+        pthread_mutex_lock(&p->mu);
+        pthread_cond_broadcast(&p->start);
+        pthread_mutex_unlock(&p->mu);
+    }
     fn(ctx, 0);
-    pthread_mutex_lock(&p->mu);
-    while (p->n_done < p->nthreads - 1)
-        pthread_cond_wait(&p->done, &p->mu);
-    pthread_mutex_unlock(&p->mu);
+    for (unsigned i = 1;
+         atomic_load_explicit(&p->n_done, memory_order_acquire) <
+         p->nthreads - 1; i++) {
+        cpu_relax();
+        if ((i & 1023) == 0)
+            sched_yield();
+    }
 }
 
 void
@@ -143,12 +188,11 @@ keel__pool_free(keel__pool *p)
     if (p == NULL)
         return;
     pthread_mutex_lock(&p->mu);
-    p->is_stopping = 1;
+    atomic_store(&p->is_stopping, 1);
     pthread_cond_broadcast(&p->start);
     pthread_mutex_unlock(&p->mu);
     for (int i = 1; i < p->nthreads; i++)
         pthread_join(p->tid[i], NULL);
-    pthread_cond_destroy(&p->done);
     pthread_cond_destroy(&p->start);
     pthread_mutex_destroy(&p->mu);
     free(p);

@@ -66,6 +66,24 @@ void keel__act_backward(keel_activation a, const float *y, float *dy,
 /* Fused y[r,c] = act(y[r,c] + b[c]). */
 void keel__bias_act_forward(keel_activation a, float *y, size_t rows,
                             size_t cols, const float *b);
+/* The same on a block of columns: rows ld floats apart. */
+void keel__bias_act_forward_ld(keel_activation a, float *y, size_t rows,
+                               size_t cols, size_t ld, const float *b);
+void keel__act_backward_ld(keel_activation a, const float *y, float *dy,
+                           size_t rows, size_t cols, size_t ld);
+/* Dense layers by column block, for the dense-only models' fixed halves
+ * (train/model.c): outputs [c0, c1) of y = x w; of dw = x^T dy (beta 1 with
+ * accumulate) and db (column sums, added when accumulate); inputs [k0, k1)
+ * of dx = dy w^T. Each column's bits equal the full-width call's only when
+ * the call shapes match, so callers fix the blocks. */
+void keel__dense_forward_cols(const float *x, size_t n, size_t in,
+                              size_t out, const float *w, float *y,
+                              size_t c0, size_t c1);
+void keel__dense_backward_cols(const float *x, const float *dy, size_t n,
+                               size_t in, size_t out, float *dw, float *db,
+                               size_t c0, size_t c1, int accumulate);
+void keel__dense_dx_cols(const float *dy, size_t n, size_t in, size_t out,
+                         const float *w, float *dx, size_t k0, size_t k1);
 
 /* ---- conv2d, NHWC, kernel [kh,kw,cin,cout] ---- */
 typedef struct keel__conv_geom {
@@ -155,6 +173,15 @@ int keel__pool_threads(const keel__pool *p);
 void keel__pool_run(keel__pool *p, keel__pool_fn fn, void *ctx);
 /* Stop and join the workers. NULL is a no-op. Cannot fail. */
 void keel__pool_free(keel__pool *p);
+
+/* The model's pool (NULL on one thread), for work beside its steps. */
+keel__pool *keel__model_pool(keel_model *m);
+/* keel_optimizer_apply (zero: _and_zero) on the pool's threads (NULL: the
+ * caller's): the same bits for any thread count. */
+keel_status keel__optimizer_apply_pooled(keel_optimizer *o, keel_vars *vs,
+                                         keel_grads *grads,
+                                         int64_t global_step, int zero,
+                                         keel__pool *pool);
 
 /* model.c: index of name among n names, or KEEL_EINVAL listing them. */
 keel_status keel__train_name_lookup(const char *what, const char *name,
