@@ -107,8 +107,12 @@ START_TEST(test_aligned_alloc_large_blocks)
         else if (n >= ((size_t)64 << 10))
             ck_assert_uint_eq((uintptr_t)a % 4096, 0);
         ck_assert_uint_eq((uintptr_t)z % KEEL_TENSOR_ALIGN, 0);
-        for (size_t k = 0; k < n; k++)
-            ck_assert_uint_eq(z[k], 0);
+        {
+            size_t nz = 0;
+            for (size_t k = 0; k < n; k++)
+                nz += z[k] != 0;
+            ck_assert_uint_eq(nz, 0);
+        }
         memset(a, 0xab, n);
         ck_assert_uint_eq(a[0], 0xab);
         ck_assert_uint_eq(a[n - 1], 0xab);
