@@ -70,9 +70,10 @@ typedef struct ck_read_job {
     void *dst;
 } ck_read_job;
 /* Read every job's dataset into its dst and verify each xxh64, in one
- * pass over the file in offset order: one reader thread pread()s ahead
- * while the caller hashes what has arrived. Stops at the first failure
- * (the error names the dataset); earlier dsts are then already written. */
+ * pass over the file in offset order: reader threads read pieces ahead
+ * (several in flight) while the caller hashes, in file order, what has
+ * arrived. Stops at the first failure in file order (a bad checksum names
+ * the dataset); earlier dsts are then already written. */
 keel_status keel__ckpt_read_many(const ck_file *f, const ck_read_job *jobs,
                                  size_t n);
 /* Full verification (every dataset and blob checksum); *step may be NULL. */

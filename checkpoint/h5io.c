@@ -1137,24 +1137,29 @@ keel__ckpt_read(const ck_file *f, const ck_dset *d, void *dst)
 }
 
 /* ---- one-pass restore ----------------------------------------------------
- * The reader thread walks the contiguous datasets in file order and reads
- * each straight into its destination in CK_RD_CHUNK pieces; the caller
- * hashes each piece once it has arrived and checks each dataset's checksum
- * as soon as its last piece is hashed. One pass, one thread, no copy
- * beyond the read itself: the disk never waits for the checksum.
+ * The contiguous datasets are cut, in file order, into pieces of at most
+ * CK_RD_CHUNK bytes; CK_RD_READERS reader threads take the pieces in order
+ * and read each straight into its destination, so several reads are in
+ * flight at once, while the caller hashes each dataset's bytes as the
+ * pieces holding them arrive (in file order) and checks each dataset's
+ * checksum as soon as its last piece is hashed. No copy beyond the read
+ * itself, and one reader waiting for a core (the machine is busy) does not
+ * leave the disk idle: the others' reads are still queued.
  * A piece whose pages are not all in the page cache (mincore() on a
- * mapping of the file) is read with O_DIRECT when the destination and the
- * offset are page-aligned (large tensors are): the disk's data goes by DMA
- * into the tensor, with no page-cache copy and no read-ahead heuristics
- * (on the test VM: 2.0-2.3 GB/s steady against 1.0-2.3 GB/s for buffered
- * reads of 8 or 128 MiB); one preadv() spans consecutive datasets (the
- * HDF5 headers between them land in a scratch page), so small datasets
- * are read like one file. Cached pieces, unaligned ones, sub-page tails
- * and file systems without O_DIRECT use plain buffered pread()s (with
- * POSIX_FADV_SEQUENTIAL; asking for more with WILLNEED measured slower and
- * far noisier). */
+ * mapping of the file) is read with O_DIRECT when the destinations and the
+ * offsets are page-aligned (large tensors are): the disk's data goes by DMA
+ * into the tensor, with no page-cache copy and no read-ahead heuristics.
+ * One piece spans consecutive datasets when they follow within
+ * CK_RD_GAP_MAX bytes (the HDF5 headers between them land in a scratch
+ * page, one preadv()), so small datasets are read like one file. Cached
+ * pieces, unaligned ones, sub-page tails and file systems without O_DIRECT
+ * use plain buffered pread()s (with POSIX_FADV_SEQUENTIAL).
+ * A failed read (I/O error, early end of file) stops the readers taking
+ * new pieces; the caller still hashes every piece before it in file
+ * order, so the first bad checksum in the file is the one reported. */
 
-#define CK_RD_CHUNK ((size_t)8 << 20)
+#define CK_RD_CHUNK ((size_t)2 << 20)
+#define CK_RD_READERS 2
 #define CK_RD_THREAD_BYTES ((size_t)1 << 20)
 #define CK_RD_GAP_MAX ((size_t)64 << 10)   /* read over, into scratch */
 #define CK_RD_IOV 64
@@ -1164,164 +1169,234 @@ typedef struct rm_ord {
     size_t i;
 } rm_ord;
 
+/* One read: bytes [pos0, ...) of job k0 through job k1 at pos1 (exclusive),
+ * consecutive jobs joined over gaps of at most CK_RD_GAP_MAX bytes. */
+typedef struct rm_piece {
+    size_t k0, pos0, k1, pos1;
+    int is_aligned;           /* every part page-aligned: O_DIRECT may do */
+    int state;                /* 0 pending, 1 arrived, else failed */
+    int err;                  /* errno, or -1 for an early end of file */
+} rm_piece;
+
 typedef struct rm_job {
     int fd;
     int dfd;                  /* O_DIRECT descriptor, or -1 */
+    int is_direct_off;        /* a direct read failed: buffered from now */
     const char *map;          /* the file mapped for mincore(), or NULL */
     size_t map_len;
-    unsigned char *vec;       /* mincore() result for one piece */
     void *scratch;            /* CK_RD_GAP_MAX bytes, page-aligned */
     const ck_read_job *jobs;
     const rm_ord *order;      /* contiguous jobs, by file offset */
     size_t n;
+    rm_piece *pc;
+    size_t n_pc;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    size_t job, done;         /* reader's progress: bytes of jobs[job] */
-    int failed;               /* errno, or -1 for an early end of file */
-    int is_cancelled;         /* the caller saw a bad checksum */
+    size_t next;              /* the next piece a reader takes */
+    int is_stopped;           /* a read failed, or the caller gave up */
     size_t direct_bytes;      /* read with O_DIRECT (for the debug log) */
 } rm_job;
 
-/* 1 when every page of [off, off + n) is in the page cache. Without a
- * mapping (mmap failed) the answer is 1: buffered reads, as before. */
+static size_t
+rm_bytes(const rm_job *j, size_t k)
+{
+    return j->jobs[j->order[k].i].d->count * sizeof(float);
+}
+
 static int
-rm_is_cached(const rm_job *j, int64_t off, size_t n)
+rm_is_page(uint64_t x)
+{
+    return (x & (CK_DIO_ALIGN - 1)) == 0;
+}
+
+/* Cut the contiguous jobs into pieces (j->pc, j->n_pc). */
+static keel_status
+rm_plan(rm_job *j, const char *path)
+{
+    size_t k = 0, pos = 0, cap = 0;
+    for (size_t i = 0; i < j->n; i++)
+        cap += rm_bytes(j, i) / CK_RD_CHUNK + 2;
+    j->pc = calloc(cap > 0 ? cap : 1, sizeof *j->pc);
+    if (j->pc == NULL)
+        return keel__fail(KEEL_ENOMEM, "restore from %s: %zu pieces", path,
+                          cap);
+    while (k < j->n) {
+        const ck_read_job *jb = &j->jobs[j->order[k].i];
+        size_t bytes = rm_bytes(j, k), c, body, want, n_iov = 1;
+        int64_t off = jb->d->offset + (int64_t)pos;
+        rm_piece *p;
+        if (pos >= bytes) {
+            k++;
+            pos = 0;
+            continue;
+        }
+        p = &j->pc[j->n_pc++];
+        p->k0 = k;
+        p->pos0 = pos;
+        c = bytes - pos < CK_RD_CHUNK ? bytes - pos : CK_RD_CHUNK;
+        body = c & ~(CK_DIO_ALIGN - 1);
+        if (body == 0 || !rm_is_page((uintptr_t)jb->dst + pos) ||
+            !rm_is_page((uint64_t)off)) {
+            p->k1 = k;                 /* buffered only */
+            p->pos1 = pos + c;
+            pos += c;
+            continue;
+        }
+        p->is_aligned = 1;
+        pos += body;
+        want = body;
+        while (pos == bytes && want < CK_RD_CHUNK && k + 1 < j->n &&
+               n_iov + 2 <= CK_RD_IOV) {
+            const ck_read_job *nx = &j->jobs[j->order[k + 1].i];
+            int64_t gap = nx->d->offset - (jb->d->offset + (int64_t)bytes);
+            size_t nb = rm_bytes(j, k + 1);
+            size_t take = (nb < CK_RD_CHUNK - want ? nb : CK_RD_CHUNK - want)
+                          & ~(CK_DIO_ALIGN - 1);
+            if (gap < 0 || gap > (int64_t)CK_RD_GAP_MAX || take == 0 ||
+                !rm_is_page((uint64_t)gap) ||
+                !rm_is_page((uintptr_t)nx->dst))
+                break;
+            n_iov += gap > 0 ? 2 : 1;
+            want += (size_t)gap + take;
+            k++;
+            jb = nx;
+            bytes = nb;
+            pos = take;
+        }
+        p->k1 = k;
+        p->pos1 = pos;
+    }
+    return KEEL_OK;
+}
+
+/* 1 when every page of [off, off + n) is in the page cache. Without a
+ * mapping (mmap failed) or vector the answer is 1: buffered reads. */
+static int
+rm_is_cached(const rm_job *j, unsigned char *vec, int64_t off, size_t n)
 {
     size_t pg = CK_DIO_ALIGN, a = (size_t)off & ~(pg - 1), np;
-    if (j->map == NULL)
+    if (j->map == NULL || vec == NULL)
         return 1;
     if (a >= j->map_len)
         return 0;
     if (a + n > j->map_len)
         n = j->map_len - a;
     np = ((size_t)off - a + n + pg - 1) / pg;
-    if (mincore((void *)(j->map + a), (size_t)off - a + n, j->vec) != 0)
+    if (mincore((void *)(j->map + a), (size_t)off - a + n, vec) != 0)
         return 1;
     for (size_t k = 0; k < np; k++)
-        if (!(j->vec[k] & 1))
+        if (!(vec[k] & 1))
             return 0;
     return 1;
 }
 
-/* Publish that jobs before k, and bytes [0, pos) of job k, have arrived;
- * 1 when the reader must stop (a failure, or the caller gave up). */
-static int
-rm_report(rm_job *j, size_t k, size_t pos, int failed)
+/* The parts of piece p: destination, file offset, length; gaps between
+ * datasets go to j->scratch. Returns the number of parts. */
+static size_t
+rm_parts(const rm_job *j, const rm_piece *p, struct iovec *iov,
+         int64_t *offs)
 {
-    int stop;
-    pthread_mutex_lock(&j->mu);
-    if (failed != 0)
-        j->failed = failed;
-    else {
-        j->job = k;
-        j->done = pos;
+    size_t n_iov = 0;
+    for (size_t k = p->k0; k <= p->k1 && k < j->n; k++) {
+        const ck_read_job *jb = &j->jobs[j->order[k].i];
+        size_t a = k == p->k0 ? p->pos0 : 0;
+        size_t b = k == p->k1 ? p->pos1 : rm_bytes(j, k);
+        if (k > p->k0) {
+            const ck_read_job *pv = &j->jobs[j->order[k - 1].i];
+            int64_t end = pv->d->offset + (int64_t)rm_bytes(j, k - 1);
+            if (jb->d->offset > end) {
+                iov[n_iov].iov_base = j->scratch;
+                iov[n_iov].iov_len = (size_t)(jb->d->offset - end);
+                offs[n_iov++] = end;
+            }
+        }
+        if (b > a) {
+            iov[n_iov].iov_base = (char *)jb->dst + a;
+            iov[n_iov].iov_len = b - a;
+            offs[n_iov++] = jb->d->offset + (int64_t)a;
+        }
     }
-    stop = j->failed != 0 || j->is_cancelled;
-    pthread_cond_signal(&j->cv);
-    pthread_mutex_unlock(&j->mu);
-    return stop;
+    return n_iov;
 }
 
-/* One O_DIRECT read of the uncached, page-aligned piece at (k, pos), of
- * at most CK_RD_CHUNK bytes, extended over the following datasets when
- * they follow within CK_RD_GAP_MAX bytes (the gaps, HDF5 headers, land in
- * j->scratch): small datasets are read like one file, not one at a time.
- * Returns 1 and the position after the read, 0 when the piece is not for
- * O_DIRECT, -1 when the direct read failed (the caller reads buffered). */
+/* Read piece p: 0, an errno, or -1 for an early end of file. */
 static int
-rm_direct(rm_job *j, size_t *k_io, size_t *pos_io)
+rm_read(rm_job *j, const rm_piece *p, unsigned char *vec)
 {
     struct iovec iov[CK_RD_IOV];
-    size_t k = *k_io, pos = *pos_io, n_iov = 0, want;
-    const ck_read_job *jb = &j->jobs[j->order[k].i];
-    size_t bytes = jb->d->count * sizeof(float);
-    size_t c = bytes - pos < CK_RD_CHUNK ? bytes - pos : CK_RD_CHUNK;
-    size_t body = c & ~(CK_DIO_ALIGN - 1);
-    char *dst = (char *)jb->dst + pos;
-    int64_t off = jb->d->offset + (int64_t)pos;
+    int64_t offs[CK_RD_IOV];
+    size_t n_iov = rm_parts(j, p, iov, offs), want = 0;
+    int is_direct_off;
     ssize_t r;
 
-    if (j->dfd < 0 || body == 0 ||
-        ((uintptr_t)dst & (CK_DIO_ALIGN - 1)) != 0 ||
-        ((uint64_t)off & (CK_DIO_ALIGN - 1)) != 0 ||
-        rm_is_cached(j, off, body))
-        return 0;
-    iov[n_iov].iov_base = dst;
-    iov[n_iov++].iov_len = body;
-    want = body;
-    pos += body;
-    while (pos == bytes && want < CK_RD_CHUNK && k + 1 < j->n &&
-           n_iov + 2 <= CK_RD_IOV) {
-        const ck_read_job *nx = &j->jobs[j->order[k + 1].i];
-        int64_t gap = nx->d->offset - (jb->d->offset + (int64_t)bytes);
-        size_t nb = nx->d->count * sizeof(float);
-        size_t take = (nb < CK_RD_CHUNK - want ? nb : CK_RD_CHUNK - want) &
-                      ~(CK_DIO_ALIGN - 1);
-        if (gap < 0 || gap > (int64_t)CK_RD_GAP_MAX || take == 0 ||
-            ((uint64_t)gap & (CK_DIO_ALIGN - 1)) != 0 ||
-            ((uintptr_t)nx->dst & (CK_DIO_ALIGN - 1)) != 0 ||
-            rm_is_cached(j, nx->d->offset, take))
-            break;
-        if (gap > 0) {
-            iov[n_iov].iov_base = j->scratch;
-            iov[n_iov++].iov_len = (size_t)gap;
+    for (size_t i = 0; i < n_iov; i++)
+        want += iov[i].iov_len;
+    pthread_mutex_lock(&j->mu);
+    is_direct_off = j->is_direct_off;
+    pthread_mutex_unlock(&j->mu);
+    if (j->dfd >= 0 && p->is_aligned && !is_direct_off &&
+        !rm_is_cached(j, vec, offs[0], want)) {
+        do
+            r = preadv(j->dfd, iov, (int)n_iov, (off_t)offs[0]);
+        while (r < 0 && errno == EINTR);
+        if (r == (ssize_t)want) {
+            pthread_mutex_lock(&j->mu);
+            j->direct_bytes += want;
+            pthread_mutex_unlock(&j->mu);
+            return 0;
         }
-        iov[n_iov].iov_base = nx->dst;
-        iov[n_iov++].iov_len = take;
-        want += (size_t)gap + take;
-        k++;
-        jb = nx;
-        bytes = nb;
-        pos = take;
-    }
-    do
-        r = preadv(j->dfd, iov, (int)n_iov, (off_t)off);
-    while (r < 0 && errno == EINTR);
-    if (r != (ssize_t)want) {
         /* EINVAL (alignment rules we do not meet), an I/O error or a
          * short file: the buffered path says what is wrong, or works. */
-        close(j->dfd);
-        j->dfd = -1;
-        return -1;
+        pthread_mutex_lock(&j->mu);
+        j->is_direct_off = 1;
+        pthread_mutex_unlock(&j->mu);
     }
-    j->direct_bytes += want;
-    *k_io = k;
-    *pos_io = pos;
-    return 1;
+    for (size_t i = 0; i < n_iov; i++) {
+        char *d = iov[i].iov_base;
+        size_t left = iov[i].iov_len;
+        int64_t off = offs[i];
+        while (left > 0) {
+            r = pread(j->fd, d, left, (off_t)off);
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r <= 0)
+                return r < 0 ? errno : -1;
+            d += r;
+            left -= (size_t)r;
+            off += r;
+        }
+    }
+    return 0;
 }
 
 static void *
 rm_main(void *arg)
 {
     rm_job *j = arg;
-    size_t k = 0, pos = 0;
-    while (k < j->n) {
-        const ck_read_job *jb = &j->jobs[j->order[k].i];
-        size_t bytes = jb->d->count * sizeof(float), c;
-        ssize_t r;
-        int failed = 0;
-        if (pos >= bytes) {
-            k++;
-            pos = 0;
-            continue;
+    /* A piece is at most CK_RD_CHUNK bytes plus one gap. */
+    unsigned char *vec = malloc((CK_RD_CHUNK + CK_RD_GAP_MAX) / CK_DIO_ALIGN +
+                                2);
+    for (;;) {
+        size_t i;
+        int err;
+        pthread_mutex_lock(&j->mu);
+        i = j->next;
+        if (j->is_stopped || i >= j->n_pc) {
+            pthread_mutex_unlock(&j->mu);
+            break;
         }
-        if (rm_direct(j, &k, &pos) == 1) {
-            if (rm_report(j, k, pos, 0))
-                return NULL;
-            continue;
-        }
-        c = bytes - pos < CK_RD_CHUNK ? bytes - pos : CK_RD_CHUNK;
-        r = pread(j->fd, (char *)jb->dst + pos, c,
-                  (off_t)(jb->d->offset + (int64_t)pos));
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            failed = r < 0 ? errno : -1;
-        else
-            pos += (size_t)r;
-        if (rm_report(j, k, pos, failed))
-            return NULL;
+        j->next++;
+        pthread_mutex_unlock(&j->mu);
+        err = rm_read(j, &j->pc[i], vec);   /* vec NULL: buffered */
+        pthread_mutex_lock(&j->mu);
+        j->pc[i].state = err == 0 ? 1 : 2;
+        j->pc[i].err = err;
+        if (err != 0)
+            j->is_stopped = 1;
+        pthread_cond_broadcast(&j->cv);
+        pthread_mutex_unlock(&j->mu);
     }
+    free(vec);
     return NULL;
 }
 
@@ -1341,9 +1416,7 @@ rm_direct_setup(rm_job *j, const ck_file *f)
     void *m;
     if (f->file_size <= 0 || (int64_t)len != f->file_size)
         return;
-    j->vec = malloc(CK_RD_CHUNK / CK_DIO_ALIGN + 2);
-    if (j->vec == NULL ||
-        posix_memalign(&j->scratch, CK_DIO_ALIGN, CK_RD_GAP_MAX) != 0) {
+    if (posix_memalign(&j->scratch, CK_DIO_ALIGN, CK_RD_GAP_MAX) != 0) {
         j->scratch = NULL;
         return;
     }
@@ -1370,12 +1443,12 @@ keel_status
 keel__ckpt_read_many(const ck_file *f, const ck_read_job *jobs, size_t n)
 {
     rm_ord *order;
-    size_t n_contig = 0, total = 0;
+    size_t n_contig = 0, total = 0, p = 0;
     keel_status st = KEEL_OK;
     XXH64_state_t *hs = NULL;
     rm_job j;
-    pthread_t th;
-    int fd = -1, has_thread = 0;
+    pthread_t th[CK_RD_READERS];
+    int fd = -1, n_th = 0;
 
     memset(&j, 0, sizeof j);
     j.dfd = -1;
@@ -1410,19 +1483,21 @@ keel__ckpt_read_many(const ck_file *f, const ck_read_job *jobs, size_t n)
         goto out;
     }
     posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-    memset(&j, 0, sizeof j);
     j.fd = fd;
-    j.dfd = -1;
     j.jobs = jobs;
     j.order = order;
     j.n = n_contig;
-    if (total >= CK_RD_THREAD_BYTES)
-        rm_direct_setup(&j, f);
     if (total >= CK_RD_THREAD_BYTES) {
+        st = rm_plan(&j, f->path);
+        if (st != KEEL_OK)
+            goto out;
+        rm_direct_setup(&j, f);
         pthread_mutex_init(&j.mu, NULL);
         pthread_cond_init(&j.cv, NULL);
-        has_thread = pthread_create(&th, NULL, rm_main, &j) == 0;
-        if (!has_thread) {
+        while (n_th < CK_RD_READERS &&
+               pthread_create(&th[n_th], NULL, rm_main, &j) == 0)
+            n_th++;
+        if (n_th == 0) {
             pthread_cond_destroy(&j.cv);
             pthread_mutex_destroy(&j.mu);
         }
@@ -1431,56 +1506,60 @@ keel__ckpt_read_many(const ck_file *f, const ck_read_job *jobs, size_t n)
         const ck_read_job *jb = &jobs[order[k].i];
         size_t bytes = jb->d->count * sizeof(float), hashed = 0;
         XXH64_reset(hs, 0);
-        if (!has_thread) {
+        if (n_th == 0) {
             st = pread_all(fd, jb->dst, bytes, jb->d->offset, f->path);
             if (st != KEEL_OK)
                 break;
             XXH64_update(hs, jb->dst, bytes);
             hashed = bytes;
         }
+        /* Piece p holds the next unhashed bytes of job k. */
         while (hashed < bytes) {
+            const rm_piece *pc = &j.pc[p];
             size_t avail;
-            int failed;
+            int state, err;
             pthread_mutex_lock(&j.mu);
-            while ((j.job < k || (j.job == k && j.done == hashed))
-                   && j.failed == 0)
+            while (pc->state == 0)
                 pthread_cond_wait(&j.cv, &j.mu);
-            avail = j.job > k ? bytes : j.done;
-            failed = j.failed;
+            state = pc->state;
+            err = pc->err;
             pthread_mutex_unlock(&j.mu);
-            if (avail > hashed) {
-                XXH64_update(hs, (char *)jb->dst + hashed, avail - hashed);
-                hashed = avail;
-            } else if (failed != 0) {
-                st = failed == -1
+            if (state != 1) {
+                st = err == -1
                      ? keel__fail(KEEL_ECORRUPT, "checkpoint %s is truncated "
                                   "(unexpected end of file)", f->path)
                      : keel__fail(KEEL_EIO, "read %s: %s", f->path,
-                                  strerror(failed));
+                                  strerror(err));
                 break;
             }
+            avail = pc->k1 > k ? bytes : pc->pos1;
+            XXH64_update(hs, (char *)jb->dst + hashed, avail - hashed);
+            hashed = avail;
+            if (pc->k1 == k)
+                p++;
         }
         if (st == KEEL_OK && XXH64_digest(hs) != jb->d->e.xxh64)
             st = rm_bad_hash(f, jb->d);
     }
-    if (has_thread) {
+    if (n_th > 0) {
         pthread_mutex_lock(&j.mu);
-        j.is_cancelled = 1;
+        j.is_stopped = 1;
         pthread_mutex_unlock(&j.mu);
-        pthread_join(th, NULL);
+        for (int i = 0; i < n_th; i++)
+            pthread_join(th[i], NULL);
         pthread_cond_destroy(&j.cv);
         pthread_mutex_destroy(&j.mu);
     }
     if (j.direct_bytes > 0)
-        keel__log(KEEL_LOG_DEBUG, "read %s: %zu of %zu bytes with O_DIRECT",
-                  f->path, j.direct_bytes, total);
+        keel__log(KEEL_LOG_DEBUG, "read %s: %zu of %zu bytes with O_DIRECT "
+                  "(%d readers)", f->path, j.direct_bytes, total, n_th);
 out:
     if (j.dfd >= 0)
         close(j.dfd);
     if (j.map != NULL)
         munmap((void *)j.map, j.map_len);
-    free(j.vec);
     free(j.scratch);
+    free(j.pc);
     if (fd >= 0)
         close(fd);
     XXH64_freeState(hs);

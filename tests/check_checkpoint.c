@@ -519,6 +519,86 @@ START_TEST(test_direct_io_save_and_cold_restore_roundtrip)
 }
 END_TEST
 
+/* Restore reads 2 MiB pieces on several reader threads, so later pieces
+ * can arrive before earlier ones: with two corrupt datasets the error
+ * still names the first in file order, read cold (O_DIRECT where the file
+ * system has it) or warm (buffered); every other piece arrives intact; a
+ * truncated file read cold fails cleanly, naming the file. */
+START_TEST(test_multi_reader_restore_names_first_bad_dataset)
+{
+    const char *names[3] = { "a", "b/kernel", "c" };
+    int64_t rows[3] = { 768, 1280, 600 };   /* 3 MiB, 5 MiB, 2.3 MiB */
+    keel_vars *vs, *back;
+    keel_saver *s = new_saver(tu_dir, 5, 0);
+    char path[4096], *file, *hit[3];
+    size_t fsize;
+
+    ck_assert_int_eq(keel_vars_new(&vs), KEEL_OK);
+    ck_assert_int_eq(keel_vars_new(&back), KEEL_OK);
+    srand(31337);
+    for (int i = 0; i < 3; i++) {
+        int64_t shape[2] = { rows[i], 1024 };
+        keel_var *v;
+        keel_tensor *t;
+        ck_assert_int_eq(keel_vars_create(vs, names[i], 2, shape, 0, &v),
+                         KEEL_OK);
+        t = keel_var_tensor(v);
+        for (size_t j = 0; j < t->count; j++)
+            t->data[j] = (float)rand() / (float)RAND_MAX + (float)i;
+        ck_assert_int_eq(keel_vars_create(back, names[i], 2, shape, 0, NULL),
+                         KEEL_OK);
+    }
+    save_step(s, vs, 1, path, sizeof path);
+    file = tu_read_file(path, &fsize);
+    for (int i = 0; i < 3; i++) {
+        const keel_tensor *t = keel_var_tensor(keel_vars_find(vs, names[i]));
+        hit[i] = memmem(file, fsize, t->data, keel_tensor_bytes(t));
+        ck_assert_ptr_nonnull(hit[i]);
+    }
+    for (int cold = 0; cold < 2; cold++) {
+        /* b's third piece (past 4 MiB of it) and c's first are bad, b in
+         * file order first; then a's last piece and c's. */
+        off_t bad[2][2] = {
+            { (off_t)(hit[1] - file) + ((off_t)9 << 19) + 17,
+              (off_t)(hit[2] - file) + 100 },
+            { (off_t)(hit[0] - file) + ((off_t)3 << 20) - 9,
+              (off_t)(hit[2] - file) + ((off_t)2 << 20) + 5 },
+        };
+        const char *want[2] = { "'b/kernel'", "variable 'a'" };
+        for (int c = 0; c < 2; c++) {
+            tu_flip_byte(path, bad[c][0], 0x20);
+            tu_flip_byte(path, bad[c][1], 0x20);
+            if (cold)
+                drop_cache(path);
+            else
+                free(tu_read_file(path, NULL));
+            ck_assert_int_eq(keel_ckpt_restore(path, back, NULL, NULL),
+                             KEEL_ECORRUPT);
+            ck_assert_msg(strstr(keel_last_error(), want[c]) != NULL &&
+                          strstr(keel_last_error(), "'c'") == NULL &&
+                          strstr(keel_last_error(), path) != NULL, "%s",
+                          keel_last_error());
+            tu_flip_byte(path, bad[c][0], 0x20);
+            tu_flip_byte(path, bad[c][1], 0x20);
+        }
+        if (cold)
+            drop_cache(path);
+        ck_assert_msg(keel_ckpt_restore(path, back, NULL, NULL) == KEEL_OK,
+                      "%s", keel_last_error());
+        assert_stores_equal(vs, back);
+    }
+    free(file);
+    tu_truncate(path, (off_t)fsize - ((off_t)1 << 20));
+    drop_cache(path);
+    ck_assert_int_ne(keel_ckpt_restore(path, back, NULL, NULL), KEEL_OK);
+    ck_assert_msg(strstr(keel_last_error(), path) != NULL, "%s",
+                  keel_last_error());
+    keel_saver_free(s);
+    keel_vars_free(vs);
+    keel_vars_free(back);
+}
+END_TEST
+
 /* ---- restore options ---------------------------------------------------- */
 
 START_TEST(test_restore_shape_mismatch_names_variable_and_shapes)
@@ -1408,6 +1488,7 @@ checkpoint_suite(void)
     tcase_add_test(tc, test_large_checkpoint_checksums_recorded_after_data);
     tcase_add_test(tc,
                    test_one_pass_restore_detects_corruption_in_any_dataset);
+    tcase_add_test(tc, test_multi_reader_restore_names_first_bad_dataset);
     tcase_add_test(tc, test_direct_io_save_and_cold_restore_roundtrip);
     tcase_add_test(tc, test_restore_shape_mismatch_names_variable_and_shapes);
     tcase_add_test(tc, test_restore_strict_partial_report_and_name_map);

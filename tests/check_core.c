@@ -89,6 +89,40 @@ START_TEST(test_tensor_alloc_is_aligned_and_zeroed)
 }
 END_TEST
 
+/* Blocks of 2 MiB and more are their own mapping (huge-page advised):
+ * 2 MiB-aligned, zeroed when asked, every byte usable, freed by
+ * keel_aligned_free alongside malloc'd small ones. */
+START_TEST(test_aligned_alloc_large_blocks)
+{
+    size_t sizes[] = { ((size_t)2 << 20) - 4, (size_t)2 << 20,
+                       ((size_t)5 << 20) + 12, (size_t)64 << 10, 100 };
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+        size_t n = sizes[i];
+        unsigned char *a = keel_aligned_alloc(n);
+        unsigned char *z = keel__aligned_zalloc(n);
+        ck_assert_ptr_nonnull(a);
+        ck_assert_ptr_nonnull(z);
+        if (n >= ((size_t)2 << 20))
+            ck_assert_uint_eq((uintptr_t)a % ((size_t)2 << 20), 0);
+        else if (n >= ((size_t)64 << 10))
+            ck_assert_uint_eq((uintptr_t)a % 4096, 0);
+        ck_assert_uint_eq((uintptr_t)z % KEEL_TENSOR_ALIGN, 0);
+        {
+            size_t nz = 0;
+            for (size_t k = 0; k < n; k++)
+                nz += z[k] != 0;
+            ck_assert_uint_eq(nz, 0);
+        }
+        memset(a, 0xab, n);
+        ck_assert_uint_eq(a[0], 0xab);
+        ck_assert_uint_eq(a[n - 1], 0xab);
+        keel_aligned_free(a);
+        keel_aligned_free(z);
+    }
+    keel_aligned_free(NULL);
+}
+END_TEST
+
 START_TEST(test_tensor_scalar_has_one_element)
 {
     keel_tensor t;
@@ -415,6 +449,7 @@ core_suite(void)
 
     tc = tcase_create("tensor");
     tcase_add_test(tc, test_tensor_alloc_is_aligned_and_zeroed);
+    tcase_add_test(tc, test_aligned_alloc_large_blocks);
     tcase_add_test(tc, test_tensor_scalar_has_one_element);
     tcase_add_test(tc, test_shape_rejects_bad_dims_and_overflow);
     tcase_add_test(tc, test_shape_format);

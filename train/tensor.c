@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include <keel/keel.h>
 #include "util.h"
@@ -38,7 +39,44 @@ keel_shape_count(int ndim, const int64_t *shape, size_t *count)
  * block that is fresh memory from the kernel, zero already and faulted in
  * only where it is touched (a worker's optimizer slots never are). */
 /* Large blocks are page-aligned (KEEL__ALIGN_FOR, util.h) for O_DIRECT;
- * the waste is under 4 KiB per such block. */
+ * the waste is under 4 KiB per such block. Blocks of KEEL__HUGE_BYTES or
+ * more are their own anonymous mapping (zero and lazily faulted, like
+ * calloc's), 2 MiB-aligned and marked MADV_HUGEPAGE before anything
+ * touches them, so they fault in as transparent huge pages where the
+ * kernel allows (`madvise` mode, the common default): physically
+ * contiguous 2 MiB runs that an O_DIRECT read or write moves in a few
+ * large block requests instead of many small ones (a 4 KiB-page tensor
+ * split the checkpoint reads of the test VM into 512 KiB-1 MiB requests,
+ * see docs/checkpoint.md), and fewer TLB misses for the kernels. Such a
+ * block's stored pointer has its low bit set and the mapping's length
+ * sits one word below it. Only the block's whole 2 MiB runs are marked,
+ * so its memory use stays bytes rounded up to a 4 KiB page. */
+#define KEEL__HUGE_BYTES ((size_t)2 << 20)
+#define KEEL__HUGE_ALIGN ((size_t)2 << 20)
+
+static void *
+aligned_huge(size_t bytes)
+{
+    size_t len = bytes + KEEL__HUGE_ALIGN + KEEL__PAGE_ALIGN, body;
+    char *raw, *p;
+    raw = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+               -1, 0);
+    if (raw == MAP_FAILED)
+        return NULL;
+    /* One page below p for the two words; p on a 2 MiB boundary. */
+    p = (char *)(((uintptr_t)raw + KEEL__PAGE_ALIGN + KEEL__HUGE_ALIGN - 1) &
+                 ~(uintptr_t)(KEEL__HUGE_ALIGN - 1));
+    /* Only whole huge pages of the block: a tail of 4 KiB pages wastes
+     * nothing past bytes. */
+    body = bytes & ~(KEEL__HUGE_ALIGN - 1);
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, body, MADV_HUGEPAGE);   /* a hint: failure is fine */
+#endif
+    ((uintptr_t *)p)[-1] = (uintptr_t)raw | 1u;
+    ((size_t *)p)[-2] = len;
+    return p;
+}
+
 static void *
 aligned_from(size_t bytes, int zero)
 {
@@ -46,6 +84,8 @@ aligned_from(size_t bytes, int zero)
     uintptr_t align = KEEL__ALIGN_FOR(bytes);
     if (bytes == 0 || bytes > KEEL_TENSOR_MAX_BYTES)
         return NULL;
+    if (bytes >= KEEL__HUGE_BYTES && (p = aligned_huge(bytes)) != NULL)
+        return p;
     raw = zero ? calloc(1, bytes + align) : malloc(bytes + align);
     if (raw == NULL)
         return NULL;
@@ -70,8 +110,14 @@ keel__aligned_zalloc(size_t bytes)
 void
 keel_aligned_free(void *p)
 {
-    if (p != NULL)
-        free(((void **)p)[-1]);
+    uintptr_t raw;
+    if (p == NULL)
+        return;
+    raw = ((uintptr_t *)p)[-1];
+    if (raw & 1u)
+        munmap((void *)(raw & ~(uintptr_t)1), ((size_t *)p)[-2]);
+    else
+        free((void *)raw);
 }
 
 keel_status

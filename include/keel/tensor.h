@@ -52,7 +52,8 @@ char *keel_shape_format(char *buf, size_t size, int ndim,
                         const int64_t *shape);
 
 /* 64-byte aligned allocation for float buffers (4096-byte aligned from
- * 64 KiB up, for O_DIRECT); free with keel_aligned_free.
+ * 64 KiB up, for O_DIRECT; from 2 MiB up 2 MiB-aligned, its own mapping,
+ * advised as transparent huge pages); free with keel_aligned_free.
  * Returns NULL on failure or when bytes is 0. */
 void *keel_aligned_alloc(size_t bytes);
 void keel_aligned_free(void *p);
