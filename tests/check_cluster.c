@@ -1276,6 +1276,59 @@ START_TEST(test_pull_of_named_and_unknown_variables)
 }
 END_TEST
 
+/* The skeleton's sum runs train/'s vectorized kernel: every element,
+ * the vector body's and the tail's (1003 = 62 x 16 + 11), has the bits of
+ * the scalar v + g. */
+START_TEST(test_push_sum_has_the_scalar_bits)
+{
+    enum { N = 1003 };
+    int64_t shape[1] = { N };
+    keel_vars *vars;
+    keel_var *v;
+    keel__ps *ps;
+    keel__ps_config cfg = { .bind = "tcp://127.0.0.1:*" };
+    server sv;
+    keel__wire_client *c;
+    keel_tensor g;
+    keel__wire_out o = { "big/w", &g, NULL };
+    keel__wire_header h = { .type = KEEL_MSG_PUSH,
+                            .flags = KEEL_WIRE_F_WANT_VALUES };
+    keel__wire_msg r;
+    float want[N];
+    ck_assert_int_eq(keel_vars_new(&vars), KEEL_OK);
+    ck_assert_int_eq(keel_vars_create(vars, "big/w", 1, shape,
+                                      KEEL_VAR_TRAINABLE, &v), KEEL_OK);
+    ck_assert_int_eq(keel_tensor_alloc(&g, 1, shape), KEEL_OK);
+    for (int i = 0; i < N; i++) {
+        volatile float a = 1.0f / (float)(i + 3), b = -0.3f * (float)i / 7.0f;
+        keel_var_tensor(v)->data[i] = a;
+        g.data[i] = b;
+        want[i] = a + b;
+    }
+    cfg.vars = vars;
+    ck_assert_int_eq(keel__ps_new(&cfg, &ps), KEEL_OK);
+    memset(&sv, 0, sizeof sv);
+    sv.ps = ps;
+    sv.vars = vars;
+    atomic_store(&sv.stop, 0);
+    ck_assert_int_eq(pthread_create(&sv.th, NULL, server_main, &sv), 0);
+    ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(ps), NULL,
+                                           KEEL_TASK_WORKER, 0, &c), KEEL_OK);
+    ck_assert_int_eq(keel__wire_client_call(c, &h, &o, 1, 1, 3000, &r),
+                     KEEL_OK);
+    ck_assert_int_eq(r.h.type, KEEL_MSG_PUSH_ACK);
+    ck_assert_int_eq(r.n, 1);
+    ck_assert_uint_eq(r.tensors[0].t.count, N);
+    ck_assert_int_eq(memcmp(r.tensors[0].t.data, want, sizeof want), 0);
+    keel__wire_msg_clear(&r);
+    keel__wire_client_free(c);
+    server_join(&sv);
+    ck_assert_int_eq(memcmp(keel_var_tensor(v)->data, want, sizeof want), 0);
+    server_free(&sv);
+    keel_tensor_release(&g);
+}
+END_TEST
+
 /* ---- CURVE -------------------------------------------------------------- */
 
 START_TEST(test_keygen_writes_pair_with_modes_and_never_overwrites)
@@ -1808,6 +1861,7 @@ cluster_suite(void)
     tcase_set_timeout(live, 20);
     tcase_add_test(live, test_live_server_survives_garbage_and_serves_others);
     tcase_add_test(live, test_pull_of_named_and_unknown_variables);
+    tcase_add_test(live, test_push_sum_has_the_scalar_bits);
     tcase_add_test(live, test_real_ps_checks_requests_and_aggregates_in_sync);
     tcase_add_test(live, test_heartbeats_see_the_step_state_and_a_restarted_ps);
     tcase_add_test(live, test_heartbeat_on_reconnect_hears_a_restarted_ps);
