@@ -843,6 +843,29 @@ START_TEST(test_decode_copies_misaligned_data_only)
 }
 END_TEST
 
+/* Every keel socket gets the fixed send buffer (docs/cluster.md "Wire
+ * format"), and the other common options. */
+START_TEST(test_sockopts_set_the_send_buffer)
+{
+    void *zctx = zmq_ctx_new();
+    void *s = zmq_socket(zctx, ZMQ_DEALER);
+    keel__wire_limits lim;
+    int v = -1;
+    size_t len = sizeof v;
+    memset(&lim, 0, sizeof lim);
+    ck_assert_ptr_nonnull(s);
+    ck_assert_int_eq(keel__wire_sockopts(s, &lim), KEEL_OK);
+    ck_assert_int_eq(zmq_getsockopt(s, ZMQ_SNDBUF, &v, &len), 0);
+    ck_assert_int_eq(v, KEEL__WIRE_SNDBUF);
+    ck_assert_int_eq(v, 512 << 10);
+    len = sizeof v;
+    ck_assert_int_eq(zmq_getsockopt(s, ZMQ_LINGER, &v, &len), 0);
+    ck_assert_int_eq(v, 0);
+    zmq_close(s);
+    zmq_ctx_term(zctx);
+}
+END_TEST
+
 START_TEST(test_recv_drains_and_rejects_too_many_frames)
 {
     void *ctx = zmq_ctx_new(), *a = zmq_socket(ctx, ZMQ_PAIR),
@@ -1857,6 +1880,7 @@ cluster_suite(void)
     tcase_add_test(wire, test_decode_rejects_every_malformed_class);
     tcase_add_test(wire, test_decode_copies_misaligned_data_only);
     tcase_add_test(wire, test_recv_drains_and_rejects_too_many_frames);
+    tcase_add_test(wire, test_sockopts_set_the_send_buffer);
     suite_add_tcase(s, wire);
     tcase_set_timeout(live, 20);
     tcase_add_test(live, test_live_server_survives_garbage_and_serves_others);
