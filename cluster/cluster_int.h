@@ -184,7 +184,18 @@ keel_status keel__wire_send(void *sock, zmq_msg_t *identity,
 /* A random 64-bit incarnation id (getrandom). */
 uint64_t keel__wire_new_generation(void);
 
-/* Common socket options: linger 0, send timeout, max message size. */
+/* SO_SNDBUF of every keel socket (the kernel doubles it: 1 MiB of a
+ * connection's data in flight). Fixed instead of autotuned (up to
+ * tcp_wmem's 4 MiB here): on loopback the bytes in flight then stay in
+ * the CPUs' caches between the sender's and the receiver's copy, and a
+ * 64 MiB push + values reply ran 1.4 -> 2.3 GB/s (bench/README.md,
+ * 2026-11-24 08:40). 256-512 KiB helped; 576 KiB and more did not. The
+ * price off loopback: at most 1 MiB per round trip per connection
+ * (1 ms RTT: 1 GB/s). */
+#define KEEL__WIRE_SNDBUF (512 << 10)
+
+/* Common socket options: linger 0, send timeout, max message size, send
+ * buffer. */
 keel_status keel__wire_sockopts(void *sock, const keel__wire_limits *lim);
 
 /* ---- CURVE (security.c) ------------------------------------------------- */

@@ -449,14 +449,13 @@ handle_update(keel__ps *ps, keel__wire_msg *req, int is_init)
     }
     for (size_t i = 0; i < req->n; i++) {
         keel_tensor *t = keel_var_tensor(vars[i]);
-        const float *restrict g = req->tensors[i].t.data;
-        float *restrict d = t->data;
+        const float *g = req->tensors[i].t.data;
         if (is_init) {
-            memcpy(d, g, t->count * sizeof(float));
+            memcpy(t->data, g, t->count * sizeof(float));
             keel_var_set_initialized(vars[i], 1);
         } else {
-            for (size_t k = 0; k < t->count; k++)
-                d[k] += g[k];
+            /* train/'s vectorized kernel (elementwise: the same bits) */
+            keel__add_into(t->data, g, t->count);
         }
     }
     if (is_init) {

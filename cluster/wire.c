@@ -565,8 +565,11 @@ keel__wire_sockopts(void *sock, const keel__wire_limits *lim_in)
 {
     keel__wire_limits lim = *lim_in;
     /* Reconnect every 20 ms (libzmq's default is 100 ms): a restarted ps is
-     * found again, by heartbeats and clients, within one such interval. */
-    int zero = 0, sndto = 10000, reconnect_ms = 20;
+     * found again, by heartbeats and clients, within one such interval.
+     * Send buffer: KEEL__WIRE_SNDBUF (cluster_int.h) instead of the
+     * kernel's autotuned one. */
+    int zero = 0, sndto = 10000, reconnect_ms = 20,
+        sndbuf = KEEL__WIRE_SNDBUF;
     int64_t maxmsg;
     keel__wire_limits_default(&lim);
     maxmsg = lim.max_total_bytes > INT64_MAX / 2 ? -1
@@ -575,7 +578,8 @@ keel__wire_sockopts(void *sock, const keel__wire_limits *lim_in)
         zmq_setsockopt(sock, ZMQ_SNDTIMEO, &sndto, sizeof sndto) != 0 ||
         zmq_setsockopt(sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg) != 0 ||
         zmq_setsockopt(sock, ZMQ_RECONNECT_IVL, &reconnect_ms,
-                       sizeof reconnect_ms) != 0)
+                       sizeof reconnect_ms) != 0 ||
+        zmq_setsockopt(sock, ZMQ_SNDBUF, &sndbuf, sizeof sndbuf) != 0)
         return keel__fail(KEEL_EIO, "socket options: %s",
                           zmq_strerror(errno));
     return KEEL_OK;

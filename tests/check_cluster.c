@@ -843,6 +843,29 @@ START_TEST(test_decode_copies_misaligned_data_only)
 }
 END_TEST
 
+/* Every keel socket gets the fixed send buffer (docs/cluster.md "Wire
+ * format"), and the other common options. */
+START_TEST(test_sockopts_set_the_send_buffer)
+{
+    void *zctx = zmq_ctx_new();
+    void *s = zmq_socket(zctx, ZMQ_DEALER);
+    keel__wire_limits lim;
+    int v = -1;
+    size_t len = sizeof v;
+    memset(&lim, 0, sizeof lim);
+    ck_assert_ptr_nonnull(s);
+    ck_assert_int_eq(keel__wire_sockopts(s, &lim), KEEL_OK);
+    ck_assert_int_eq(zmq_getsockopt(s, ZMQ_SNDBUF, &v, &len), 0);
+    ck_assert_int_eq(v, KEEL__WIRE_SNDBUF);
+    ck_assert_int_eq(v, 512 << 10);
+    len = sizeof v;
+    ck_assert_int_eq(zmq_getsockopt(s, ZMQ_LINGER, &v, &len), 0);
+    ck_assert_int_eq(v, 0);
+    zmq_close(s);
+    zmq_ctx_term(zctx);
+}
+END_TEST
+
 START_TEST(test_recv_drains_and_rejects_too_many_frames)
 {
     void *ctx = zmq_ctx_new(), *a = zmq_socket(ctx, ZMQ_PAIR),
@@ -1273,6 +1296,59 @@ START_TEST(test_pull_of_named_and_unknown_variables)
     keel__wire_msg_clear(&r);
     keel__wire_client_free(c);
     server_stop(&sv);
+}
+END_TEST
+
+/* The skeleton's sum runs train/'s vectorized kernel: every element,
+ * the vector body's and the tail's (1003 = 62 x 16 + 11), has the bits of
+ * the scalar v + g. */
+START_TEST(test_push_sum_has_the_scalar_bits)
+{
+    enum { N = 1003 };
+    int64_t shape[1] = { N };
+    keel_vars *vars;
+    keel_var *v;
+    keel__ps *ps;
+    keel__ps_config cfg = { .bind = "tcp://127.0.0.1:*" };
+    server sv;
+    keel__wire_client *c;
+    keel_tensor g;
+    keel__wire_out o = { "big/w", &g, NULL };
+    keel__wire_header h = { .type = KEEL_MSG_PUSH,
+                            .flags = KEEL_WIRE_F_WANT_VALUES };
+    keel__wire_msg r;
+    float want[N];
+    ck_assert_int_eq(keel_vars_new(&vars), KEEL_OK);
+    ck_assert_int_eq(keel_vars_create(vars, "big/w", 1, shape,
+                                      KEEL_VAR_TRAINABLE, &v), KEEL_OK);
+    ck_assert_int_eq(keel_tensor_alloc(&g, 1, shape), KEEL_OK);
+    for (int i = 0; i < N; i++) {
+        volatile float a = 1.0f / (float)(i + 3), b = -0.3f * (float)i / 7.0f;
+        keel_var_tensor(v)->data[i] = a;
+        g.data[i] = b;
+        want[i] = a + b;
+    }
+    cfg.vars = vars;
+    ck_assert_int_eq(keel__ps_new(&cfg, &ps), KEEL_OK);
+    memset(&sv, 0, sizeof sv);
+    sv.ps = ps;
+    sv.vars = vars;
+    atomic_store(&sv.stop, 0);
+    ck_assert_int_eq(pthread_create(&sv.th, NULL, server_main, &sv), 0);
+    ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(ps), NULL,
+                                           KEEL_TASK_WORKER, 0, &c), KEEL_OK);
+    ck_assert_int_eq(keel__wire_client_call(c, &h, &o, 1, 1, 3000, &r),
+                     KEEL_OK);
+    ck_assert_int_eq(r.h.type, KEEL_MSG_PUSH_ACK);
+    ck_assert_int_eq(r.n, 1);
+    ck_assert_uint_eq(r.tensors[0].t.count, N);
+    ck_assert_int_eq(memcmp(r.tensors[0].t.data, want, sizeof want), 0);
+    keel__wire_msg_clear(&r);
+    keel__wire_client_free(c);
+    server_join(&sv);
+    ck_assert_int_eq(memcmp(keel_var_tensor(v)->data, want, sizeof want), 0);
+    server_free(&sv);
+    keel_tensor_release(&g);
 }
 END_TEST
 
@@ -1804,10 +1880,12 @@ cluster_suite(void)
     tcase_add_test(wire, test_decode_rejects_every_malformed_class);
     tcase_add_test(wire, test_decode_copies_misaligned_data_only);
     tcase_add_test(wire, test_recv_drains_and_rejects_too_many_frames);
+    tcase_add_test(wire, test_sockopts_set_the_send_buffer);
     suite_add_tcase(s, wire);
     tcase_set_timeout(live, 20);
     tcase_add_test(live, test_live_server_survives_garbage_and_serves_others);
     tcase_add_test(live, test_pull_of_named_and_unknown_variables);
+    tcase_add_test(live, test_push_sum_has_the_scalar_bits);
     tcase_add_test(live, test_real_ps_checks_requests_and_aggregates_in_sync);
     tcase_add_test(live, test_heartbeats_see_the_step_state_and_a_restarted_ps);
     tcase_add_test(live, test_heartbeat_on_reconnect_hears_a_restarted_ps);
