@@ -1131,6 +1131,18 @@ START_TEST(test_optimizer_prepare_is_idempotent_and_apply_needs_slots)
 }
 END_TEST
 
+/* A 6x6-input MLP with one hidden layer and 3 classes. */
+static void
+tiny_mlp(keel_model_config *cfg, int64_t hidden, int64_t max_batch)
+{
+    keel_model_config_init(cfg);
+    cfg->height = cfg->width = 6;
+    cfg->n_hidden = 1;
+    cfg->hidden[0] = hidden;
+    cfg->classes = 3;
+    cfg->max_batch = max_batch;
+}
+
 START_TEST(test_apply_and_zero_equals_apply_then_zero)
 {
     /* every optimizer: the fused update gives the bits of apply followed by
@@ -1144,12 +1156,7 @@ START_TEST(test_apply_and_zero_equals_apply_then_zero)
     float x[16 * 36];
     int32_t y[16];
     keel_batch bt = { x, y, 16 };
-    keel_model_config_init(&cfg);
-    cfg.height = cfg.width = 6;
-    cfg.n_hidden = 1;
-    cfg.hidden[0] = 2000;
-    cfg.classes = 3;
-    cfg.max_batch = 16;
+    tiny_mlp(&cfg, 2000, 16);
     synthetic(x, y, 16, 36, 3, 8);
     keel__pool *pool;
     ck_assert_int_eq(keel__pool_new(3, &pool), KEEL_OK);
@@ -1267,12 +1274,7 @@ START_TEST(test_adam_continues_bitwise_after_restore)
     float x[8 * 36];
     int32_t y[8];
     keel_batch bt = { x, y, 8 };
-    keel_model_config_init(&cfg);
-    cfg.height = cfg.width = 6;
-    cfg.n_hidden = 1;
-    cfg.hidden[0] = 7;
-    cfg.classes = 3;
-    cfg.max_batch = 8;
+    tiny_mlp(&cfg, 7, 8);
     keel_optimizer_config_init(&oc, KEEL_OPT_ADAM);
     ck_assert_int_eq(keel_optimizer_new(&oc, &o), KEEL_OK);
     fx_new(&a, &cfg, 5);
