@@ -1,11 +1,15 @@
 /* pool.c - the model's persistent worker threads. keel__pool_run() hands
  * one function to every thread (the caller is thread 0) and returns when
- * all have finished it. Between runs a worker first spins for up to
- * POOL_SPIN_NS watching for the next run, then parks on a condition
- * variable: waking a parked thread costs 50-300 us on this kind of VM
- * (an idle vCPU must be woken), more than a small model's whole step, and
- * a model calls the pool once or more per step. The caller waits for the
- * workers the same way. Workers are created once, with every signal
+ * all have finished it. Between runs a worker first spins watching for the
+ * next run, then parks on a condition variable: waking a parked thread
+ * costs 50-300 us on this kind of VM (an idle vCPU must be woken), more
+ * than a small model's whole step, and a model calls the pool once or more
+ * per step. A worker spins for twice the last gap between two runs (at
+ * most POOL_SPIN_MAX_NS) when that gap was short, as between the steps of
+ * one process; after a long gap, as while a replica waits for its
+ * parameter servers, it parks almost at once, so it never burns a core
+ * that the ps on the same machine needs. The caller waits for the workers
+ * by spinning (they are running its work). Workers are created once, with every signal
  * blocked (signals go to the application's threads), and joined by
  * keel__pool_free(). */
 #include <config.h>
@@ -21,8 +25,11 @@
 #include "util.h"
 #include "train_int.h"
 
-/* How long an idle worker keeps spinning before it parks. */
-#define POOL_SPIN_NS 2000000L
+/* Spin budgets: a gap up to POOL_SHORT_GAP_NS is worth spinning through
+ * (twice it, at most POOL_SPIN_MAX_NS); otherwise POOL_SPIN_MIN_NS. */
+#define POOL_SHORT_GAP_NS 500000L
+#define POOL_SPIN_MAX_NS 1000000L
+#define POOL_SPIN_MIN_NS 20000L
 
 struct keel__pool {
     pthread_mutex_t mu;
@@ -58,9 +65,10 @@ mono_ns(void)
     return (long)t.tv_sec * 1000000000L + t.tv_nsec;
 }
 
-/* Wait until p->gen differs from seen or the pool stops: spin, then park. */
+/* Wait until p->gen differs from seen or the pool stops: spin for
+ * budget_ns, then park. */
 static void
-wait_for_run(keel__pool *p, uint64_t seen)
+wait_for_run(keel__pool *p, uint64_t seen, long budget_ns)
 {
     long deadline = 0;
     for (unsigned i = 1;; i++) {
@@ -68,13 +76,13 @@ wait_for_run(keel__pool *p, uint64_t seen)
             atomic_load_explicit(&p->is_stopping, memory_order_acquire))
             return;
         cpu_relax();
-        if ((i & 1023) != 0)
+        if ((i & 255) != 0)
             continue;
         if (deadline == 0)
-            deadline = mono_ns() + POOL_SPIN_NS;
+            deadline = mono_ns() + budget_ns;
         else if (mono_ns() > deadline)
             break;
-        else
+        else if ((i & 4095) == 0)
             sched_yield();           /* a busy machine: let others run */
     }
     pthread_mutex_lock(&p->mu);
@@ -93,11 +101,18 @@ worker_main(void *arg)
     keel__pool *p = ((worker_arg *)arg)->p;
     int index = ((worker_arg *)arg)->index;
     uint64_t seen = 0;
+    long budget = POOL_SPIN_MIN_NS, done_at;
     free(arg);
     for (;;) {
-        wait_for_run(p, seen);
+        long gap;
+        done_at = mono_ns();
+        wait_for_run(p, seen, budget);
         if (atomic_load_explicit(&p->is_stopping, memory_order_acquire))
             break;
+        gap = mono_ns() - done_at;
+        budget = gap > POOL_SHORT_GAP_NS ? POOL_SPIN_MIN_NS
+                 : 2 * gap > POOL_SPIN_MAX_NS ? POOL_SPIN_MAX_NS
+                 : 2 * gap < POOL_SPIN_MIN_NS ? POOL_SPIN_MIN_NS : 2 * gap;
         seen = atomic_load_explicit(&p->gen, memory_order_acquire);
         p->fn(p->ctx, index);
         atomic_fetch_add_explicit(&p->n_done, 1, memory_order_release);
