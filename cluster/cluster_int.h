@@ -197,6 +197,10 @@ uint64_t keel__wire_new_generation(void);
 /* Common socket options: linger 0, send timeout, max message size, send
  * buffer. */
 keel_status keel__wire_sockopts(void *sock, const keel__wire_limits *lim);
+/* The send buffer of the sockets created from now on, in bytes
+ * (cluster.send_buffer_kib; default KEEL__WIRE_SNDBUF); 0: the kernel's
+ * autotuning. Process-wide, set by a task before its sockets exist. */
+void keel__wire_set_send_buffer(int bytes);
 
 /* ---- CURVE (security.c) ------------------------------------------------- */
 

@@ -80,6 +80,16 @@ ps_apply(void *ctx, keel_var *v, const keel_tensor *grad, int64_t step)
     return keel_optimizer_apply_var(ctx, v, grad, step);
 }
 
+/* cluster.send_buffer_kib for every socket this task creates. */
+static void
+set_send_buffer(const keel__role_opts *o)
+{
+    keel__wire_set_send_buffer(o->send_buffer_kib > 0
+                                   ? o->send_buffer_kib * 1024
+                               : o->send_buffer_kib < 0 ? 0
+                                                        : KEEL__WIRE_SNDBUF);
+}
+
 keel_status
 keel__cluster_run_ps(const keel__role_opts *o, const keel_vars *model,
                      keel_optimizer *opt)
@@ -98,6 +108,7 @@ keel__cluster_run_ps(const keel__role_opts *o, const keel_vars *model,
     memset(&curve, 0, sizeof curve);
     if (ps_of == NULL)
         return keel__fail(KEEL_ENOMEM, "ps: placement of %zu", n);
+    set_send_buffer(o);
     st = keel__cluster_place(model, n_ps, o->round_robin, ps_of);
     if (st == KEEL_OK)
         st = keel_vars_new(&shard);
@@ -262,6 +273,7 @@ keel__worker_new(const keel__role_opts *o, keel_vars *vs, keel__worker **out)
     memset(&curve, 0, sizeof curve);
     if (w == NULL)
         return keel__fail(KEEL_ENOMEM, "worker: %zu bytes", sizeof *w);
+    set_send_buffer(o);
     w->spec = o->spec;
     w->o = *o;
     w->vs = vs;

@@ -20,6 +20,9 @@ typedef struct keel__role_opts {
     double max_wait_secs;           /* waiting for the chief / the ps */
     int curve;                      /* CURVE on every socket */
     const char *key_dir;
+    int send_buffer_kib;            /* every socket's send buffer; 0: the
+                                     * default (KEEL__WIRE_SNDBUF); -1: the
+                                     * kernel's autotuning */
 } keel__role_opts;
 
 /* ps_of[i] = the ps holding variable i of vs (-1 for local variables).

@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <stdlib.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <sys/random.h>
 #include <time.h>
@@ -560,16 +561,24 @@ keel__wire_new_generation(void)
     return g ? g : 1;
 }
 
+static _Atomic int wire_sndbuf = KEEL__WIRE_SNDBUF;
+
+void
+keel__wire_set_send_buffer(int bytes)
+{
+    atomic_store(&wire_sndbuf, bytes > 0 ? bytes : -1);
+}
+
 keel_status
 keel__wire_sockopts(void *sock, const keel__wire_limits *lim_in)
 {
     keel__wire_limits lim = *lim_in;
     /* Reconnect every 20 ms (libzmq's default is 100 ms): a restarted ps is
      * found again, by heartbeats and clients, within one such interval.
-     * Send buffer: KEEL__WIRE_SNDBUF (cluster_int.h) instead of the
-     * kernel's autotuned one. */
+     * Send buffer: KEEL__WIRE_SNDBUF (cluster_int.h) or cluster.send_
+     * buffer_kib instead of the kernel's autotuned one (-1: autotuned). */
     int zero = 0, sndto = 10000, reconnect_ms = 20,
-        sndbuf = KEEL__WIRE_SNDBUF;
+        sndbuf = atomic_load(&wire_sndbuf);
     int64_t maxmsg;
     keel__wire_limits_default(&lim);
     maxmsg = lim.max_total_bytes > INT64_MAX / 2 ? -1

@@ -178,6 +178,12 @@ static const key_def schema[] = {
       "Workers and the chief ping every ps this often (own thread and "
       "sockets), so a lost or restarted ps is noticed within about one "
       "period even while a sync step waits for other replicas." },
+    { "cluster", "send_buffer_kib", T_INT, "512", 0, 65536, NULL,
+      "Kernel send buffer of every cluster socket, in KiB (the kernel "
+      "doubles it: the bytes a connection has in flight); 0: the kernel's "
+      "autotuning. 512 was fastest on loopback (docs/cluster.md); across "
+      "machines raise it to about the link's bandwidth x round trip, e.g. "
+      "2048 for 10 Gb/s at 1 ms." },
     { "cluster", "dead_after_ms", T_INT, "5000", 100, 86400000, NULL,
       "A ps silent this long is declared dead (the step is given up and "
       "the session recovers); also the deadline of every request." },

@@ -467,6 +467,11 @@ role_opts_from(const keel_config *cfg, const keel_cluster_spec *spec,
     o->max_wait_secs = keel_config_double(cfg, "cluster.max_wait_secs");
     o->curve = keel_config_bool(cfg, "security.curve");
     o->key_dir = keel_config_str(cfg, "security.key_dir");
+    /* the key's 0 (autotuning) is the options' -1 */
+    o->send_buffer_kib =
+        (int)keel_config_int(cfg, "cluster.send_buffer_kib");
+    if (o->send_buffer_kib == 0)
+        o->send_buffer_kib = -1;
 }
 
 /* The ps task: build the model only to know the variables, then serve. */

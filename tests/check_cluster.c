@@ -862,6 +862,22 @@ START_TEST(test_sockopts_set_the_send_buffer)
     ck_assert_int_eq(zmq_getsockopt(s, ZMQ_LINGER, &v, &len), 0);
     ck_assert_int_eq(v, 0);
     zmq_close(s);
+    /* cluster.send_buffer_kib: another size, then the kernel's (-1) */
+    keel__wire_set_send_buffer(64 << 10);
+    s = zmq_socket(zctx, ZMQ_DEALER);
+    ck_assert_int_eq(keel__wire_sockopts(s, &lim), KEEL_OK);
+    len = sizeof v;
+    ck_assert_int_eq(zmq_getsockopt(s, ZMQ_SNDBUF, &v, &len), 0);
+    ck_assert_int_eq(v, 64 << 10);
+    zmq_close(s);
+    keel__wire_set_send_buffer(0);
+    s = zmq_socket(zctx, ZMQ_DEALER);
+    ck_assert_int_eq(keel__wire_sockopts(s, &lim), KEEL_OK);
+    len = sizeof v;
+    ck_assert_int_eq(zmq_getsockopt(s, ZMQ_SNDBUF, &v, &len), 0);
+    ck_assert_int_eq(v, -1);
+    zmq_close(s);
+    keel__wire_set_send_buffer(KEEL__WIRE_SNDBUF);
     zmq_ctx_term(zctx);
 }
 END_TEST
