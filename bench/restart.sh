@@ -29,7 +29,8 @@
 # usage: bench/restart.sh [BUILD_DIR]     (default _build; KILLS=5,
 #        TORCH=0 skips torchrun, SCENARIOS="chief worker ps",
 #        MODELS=1mib,100mib,small,larger, BACKOFFS=0.1,0,
-#        DEAD_AFTER_MS=N sets cluster.dead_after_ms for every task)
+#        DEAD_AFTER_MS=N sets cluster.dead_after_ms for every task;
+#        SEND_BUFFER_KIB=N sets cluster.send_buffer_kib)
 set -eu
 BUILD=${1:-_build}
 KEEL=$(cd "$BUILD" && pwd)/keel
@@ -134,6 +135,8 @@ def scenario(d, victim, hidden, backoff, gap=30, timeout=60):
             "-s", "checkpoint.save_steps=%d" % save]
     if os.environ.get("DEAD_AFTER_MS"):
         args += ["-s", "cluster.dead_after_ms=" + os.environ["DEAD_AFTER_MS"]]
+    if os.environ.get("SEND_BUFFER_KIB"):
+        args += ["-s", "cluster.send_buffer_kib=" + os.environ["SEND_BUFFER_KIB"]]
     env = dict(os.environ); env.pop("OUTPUT_DIR", None)
     run = Run(args, env)
     res = []
