@@ -238,14 +238,21 @@ add_row(float *restrict acc, const float *restrict row, size_t cols)
 }
 
 /* Column sums of dy[rows,cols] into db (overwritten), fixed order. */
-void
-keel__col_sums(const float *dy, size_t rows, size_t cols, float *db)
+/* db = column sums of dy, rows ld floats apart, each summed in row order. */
+static void
+col_sums_set(const float *dy, size_t rows, size_t cols, size_t ld, float *db)
 {
     KEEL__PROF_BEGIN();
     memset(db, 0, cols * sizeof *db);
     for (size_t r = 0; r < rows; r++)
-        add_row(db, dy + r * cols, cols);
+        add_row(db, dy + r * ld, cols);
     KEEL__PROF_END(elementwise_ns);
+}
+
+void
+keel__col_sums(const float *dy, size_t rows, size_t cols, float *db)
+{
+    col_sums_set(dy, rows, cols, cols, db);
 }
 
 /* db += column sums of dy, the sums formed first (same bits as col_sums
@@ -329,15 +336,10 @@ keel__dense_backward_cols(const float *x, const float *dy, size_t n,
 {
     keel__sgemm(1, 0, in, c1 - c0, n, 1.0f, x, in, dy + c0, out,
                 accumulate ? 1.0f : 0.0f, dw + c0, out);
-    if (accumulate) {
+    if (accumulate)
         col_sums_add(dy + c0, n, c1 - c0, out, db + c0);
-    } else {
-        KEEL__PROF_BEGIN();
-        memset(db + c0, 0, (c1 - c0) * sizeof *db);
-        for (size_t r = 0; r < n; r++)
-            add_row(db + c0, dy + r * out + c0, c1 - c0);
-        KEEL__PROF_END(elementwise_ns);
-    }
+    else
+        col_sums_set(dy + c0, n, c1 - c0, out, db + c0);
 }
 
 void
@@ -352,8 +354,14 @@ void
 keel__act_backward_ld(keel_activation a, const float *y, float *dy,
                       size_t rows, size_t cols, size_t ld)
 {
-    for (size_t r = 0; r < rows; r++)
-        keel__act_backward(a, y + r * ld, dy + r * ld, cols);
+    KEEL__PROF_BEGIN();
+    for (size_t r = 0; r < rows; r++) {
+        if (a == KEEL_ACT_RELU)
+            relu_grad(y + r * ld, dy + r * ld, cols);
+        else if (a == KEEL_ACT_TANH)
+            tanh_grad(y + r * ld, dy + r * ld, cols);
+    }
+    KEEL__PROF_END(elementwise_ns);
 }
 
 /* ---- conv2d ------------------------------------------------------------- */

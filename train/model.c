@@ -4,7 +4,6 @@
 #include <config.h>
 
 #include <math.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,10 +52,8 @@ typedef struct lgrad {
  * ..., added elementwise in piece order, each piece's gradient rounded on
  * its own. Threads compute up to MAX_SLOTS pieces at a time into slots,
  * which are then added in that order. So the bits never depend on which
- * thread ran a piece. keel__dense_piece, when set (tests), fixes the dense
- * piece size instead. */
+ * thread ran a piece. */
 #define CNN_PIECE 16
-size_t keel__dense_piece = 0;
 #define MAX_SLOTS 16
 /* Piece 0's dense gradients go straight into the caller's grads (sgemm
  * beta 1: one pass over the parameters less, and no slot); every other
@@ -519,8 +516,6 @@ keel_model_new(const keel_model_config *cfg, keel_vars *vs, keel_model **out)
     m->is_dense_only = cfg->kind != KEEL_MODEL_CNN;
     if (!m->is_dense_only)
         m->piece = CNN_PIECE;
-    else if (keel__dense_piece >= 1 && keel__dense_piece <= DIRECT_MAX_BATCH)
-        m->piece = keel__dense_piece;
     else
         m->piece = dense_piece_for((size_t)cfg->max_batch);
     if (m->piece > (size_t)cfg->max_batch)
@@ -671,34 +666,6 @@ backward(keel_model *m, lbuf *buf, lgrad *g, const float *x, size_t n,
 
 enum { JOB_STEP, JOB_EVAL, JOB_PREDICT };
 
-/* A barrier for the threads of one pool run: they spin (the pool's threads
- * are spinning between runs anyway; parking costs 50-300 us here). */
-typedef struct spin_barrier {
-    _Atomic int count;
-    _Atomic int phase;
-    int n;
-} spin_barrier;
-
-static void
-barrier_wait(spin_barrier *b)
-{
-    int ph = atomic_load_explicit(&b->phase, memory_order_acquire);
-    if (atomic_fetch_add_explicit(&b->count, 1, memory_order_acq_rel) ==
-        b->n - 1) {
-        atomic_store_explicit(&b->count, 0, memory_order_relaxed);
-        atomic_store_explicit(&b->phase, ph + 1, memory_order_release);
-        return;
-    }
-    for (unsigned i = 1;
-         atomic_load_explicit(&b->phase, memory_order_acquire) == ph; i++) {
-#if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
-#endif
-        if ((i & 1023) == 0)
-            sched_yield();
-    }
-}
-
 /* Dense-only models compute every dense layer in two fixed column halves
  * (of the outputs for y, dw and db; of the inputs for dx) on any thread
  * count, so two model threads share one piece and the bits never depend on
@@ -731,7 +698,7 @@ typedef struct job {
     int ntasks;
     int nthreads;
     _Atomic int next;            /* next task */
-    spin_barrier bar;            /* the column halves' layer barrier */
+    keel__spin_barrier bar;      /* the column halves' layer barrier */
 } job;
 
 /* The end of a piece's forward, on one thread: probabilities (predict), or
@@ -792,14 +759,14 @@ dense_piece_part(job *j, lbuf *buf, int t, int T, size_t p, lgrad *g)
                                       L->dout, b + c0);
         }
         if (T > 1)
-            barrier_wait(&j->bar);
+            keel__spin_barrier_wait(&j->bar);
     }
     if (t == 0)
         finish_piece(j, buf, p, lo, n);
     if (j->what != JOB_STEP)
         return;
     if (T > 1)
-        barrier_wait(&j->bar);       /* dlogits */
+        keel__spin_barrier_wait(&j->bar);       /* dlogits */
     for (int i = m->nl - 1; i >= 0; i--) {
         layer *L = &m->l[i];
         layer *P = i > 0 ? &m->l[i - 1] : NULL;
@@ -832,7 +799,7 @@ dense_piece_part(job *j, lbuf *buf, int t, int T, size_t p, lgrad *g)
                                       buf[i - 1].dy + c0, n, c1 - c0, L->din);
         }
         if (T > 1)
-            barrier_wait(&j->bar);
+            keel__spin_barrier_wait(&j->bar);
     }
 }
 
@@ -842,14 +809,15 @@ run_piece(job *j, int t, size_t p, lgrad *g)
 {
     keel_model *m = j->m;
     lbuf *buf = m->buf[t];
-    size_t lo = p * m->piece;
-    size_t hi = lo + m->piece < j->batch->n ? lo + m->piece : j->batch->n;
-    size_t n = hi - lo;
-    const float *x = j->batch->x + lo * m->l[0].in_size;
+    size_t lo = p * m->piece, hi, n;
+    const float *x;
     if (m->is_dense_only) {
         dense_piece_part(j, buf, 0, 1, p, g);
         return;
     }
+    hi = lo + m->piece < j->batch->n ? lo + m->piece : j->batch->n;
+    n = hi - lo;
+    x = j->batch->x + lo * m->l[0].in_size;
     forward(m, buf, x, n);
     finish_piece(j, buf, p, lo, n);
     if (j->what == JOB_STEP)

@@ -5,7 +5,6 @@
 #include <config.h>
 
 #include <math.h>
-#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,8 +15,12 @@
 
 KEEL__VECTORIZE_FILE
 
+struct opt_task;
+
 struct keel_optimizer {
     keel_optimizer_config cfg;
+    struct opt_task *task;        /* apply's work list, reused */
+    size_t cap;
 };
 
 static const char *const lr_names[] = { "constant", "piecewise",
@@ -253,6 +256,8 @@ keel_optimizer_new(const keel_optimizer_config *cfg, keel_optimizer **out)
 void
 keel_optimizer_free(keel_optimizer *o)
 {
+    if (o != NULL)
+        free(o->task);
     free(o);
 }
 
@@ -402,214 +407,204 @@ rmsprop_update(float *restrict x, float *restrict ms, float *restrict mom,
 
 /* Below this many elements an update stays on the calling thread. */
 #define OPT_PARALLEL_MIN 65536
-
-/* Elements [lo, hi) of one variable's update (checks only when empty);
- * with zero_g, each block of the gradient is zeroed
- * right after the update has read it (still in L1). */
+/* With zeroing, each block of a gradient is zeroed right after the update
+ * has read it (still in L1). */
 #define ZERO_BLOCK 4096
 
-static keel_status
-apply_one(keel_optimizer *o, keel_var *v, const keel_tensor *grad,
-          int64_t global_step, float *zero_g, size_t lo, size_t hi)
-{
+/* One variable's update, resolved and checked once per apply. */
+typedef struct opt_task {
+    float *x, *s1, *s2;
+    float *g;                     /* written only when zeroing */
+    size_t n;
+} opt_task;
+
+/* One apply: the constants of the step and the variables' tasks, split
+ * over threads in equal ranges of their concatenated elements (bounds
+ * multiples of 16 floats: no shared cache line). Elementwise, so the bits
+ * never depend on the split. */
+typedef struct opt_call {
     const keel_optimizer_config *c;
-    keel_tensor *w;
-    float *x0, *s10 = NULL, *s20 = NULL;
-    const float *g0;
-    size_t total;
-    float lr, lr_t = 0.0f;
+    float lr;                     /* adam: lr_t, bias correction folded in */
+    const opt_task *task;
+    size_t ntask, total;
+    int zero;
+    int nthreads;
+} opt_call;
+
+/* Check v against grad and find its slots. */
+static keel_status
+make_task(const keel_optimizer_config *c, keel_var *v,
+          const keel_tensor *grad, opt_task *k)
+{
+    keel_tensor *w = keel_var_tensor(v);
     keel_status st = KEEL_OK;
-    if (o == NULL || v == NULL || grad == NULL || grad->data == NULL)
-        return keel__fail(KEEL_EINVAL, "optimizer apply: NULL argument");
-    c = &o->cfg;
-    w = keel_var_tensor(v);
+    if (grad == NULL || grad->data == NULL)
+        return keel__fail(KEEL_EINVAL, "optimizer apply: no gradient for "
+                          "'%s' (gradients made before it was created?)",
+                          keel_var_name(v));
     if (!keel_shape_equal(w->ndim, w->shape, grad->ndim, grad->shape))
         return keel__fail(KEEL_EINVAL, "optimizer apply: gradient shape of "
                           "'%s' does not match the variable",
                           keel_var_name(v));
-    if (global_step < 0)
-        return keel__fail(KEEL_EINVAL, "optimizer apply: negative global "
-                          "step %lld", (long long)global_step);
+    *k = (opt_task){ .x = w->data, .g = grad->data, .n = w->count };
     switch (c->kind) {
     case KEEL_OPT_SGD:
         break;
     case KEEL_OPT_MOMENTUM:
-        st = need_slot(v, "momentum", &s10);
+        st = need_slot(v, "momentum", &k->s1);
         break;
     case KEEL_OPT_ADAGRAD:
-        st = need_slot(v, "accumulator", &s10);
+        st = need_slot(v, "accumulator", &k->s1);
         break;
     case KEEL_OPT_ADAM:
-        if ((st = need_slot(v, "m", &s10)) == KEEL_OK)
-            st = need_slot(v, "v", &s20);
+        if ((st = need_slot(v, "m", &k->s1)) == KEEL_OK)
+            st = need_slot(v, "v", &k->s2);
         break;
     case KEEL_OPT_RMSPROP:
-        if ((st = need_slot(v, "rms", &s10)) == KEEL_OK)
-            st = need_slot(v, "mom", &s20);
+        if ((st = need_slot(v, "rms", &k->s1)) == KEEL_OK)
+            st = need_slot(v, "mom", &k->s2);
         break;
     }
-    if (st != KEEL_OK)
-        return st;
-    x0 = w->data;
-    g0 = grad->data;
-    total = hi < w->count ? hi : w->count;
-    lr = (float)keel_lr_at(&c->schedule, global_step);
+    return st;
+}
+
+static float
+step_lr(const keel_optimizer_config *c, int64_t global_step)
+{
+    double lr = keel_lr_at(&c->schedule, global_step);
     if (c->kind == KEEL_OPT_ADAM) {
         double t = (double)global_step + 1.0;
-        lr_t = (float)(keel_lr_at(&c->schedule, global_step) *
-                       sqrt(1.0 - pow(c->beta2, t)) /
-                       (1.0 - pow(c->beta1, t)));
+        lr = lr * sqrt(1.0 - pow(c->beta2, t)) / (1.0 - pow(c->beta1, t));
     }
-    KEEL__PROF_BEGIN();
-    for (size_t off = lo; off < total;) {
-        size_t n = zero_g == NULL ? total
-                   : total - off < ZERO_BLOCK ? total - off : ZERO_BLOCK;
-        float *x = x0 + off, *s1 = s10 ? s10 + off : NULL;
-        float *s2 = s20 ? s20 + off : NULL;
-        const float *g = g0 + off;
+    return (float)lr;
+}
+
+/* Elements [lo, hi) of one task. */
+static void
+update_range(const opt_call *a, const opt_task *k, size_t lo, size_t hi)
+{
+    const keel_optimizer_config *c = a->c;
+    for (size_t off = lo; off < hi;) {
+        size_t n = !a->zero ? hi - off
+                   : hi - off < ZERO_BLOCK ? hi - off : ZERO_BLOCK;
+        float *x = k->x + off, *s1 = k->s1 ? k->s1 + off : NULL;
+        float *s2 = k->s2 ? k->s2 + off : NULL;
+        const float *g = k->g + off;
         switch (c->kind) {
         case KEEL_OPT_SGD:
-            sgd_update(x, g, n, lr);
+            sgd_update(x, g, n, a->lr);
             break;
         case KEEL_OPT_MOMENTUM:
-            momentum_update(x, s1, g, n, lr, (float)c->momentum,
+            momentum_update(x, s1, g, n, a->lr, (float)c->momentum,
                             c->use_nesterov);
             break;
         case KEEL_OPT_ADAGRAD:
-            adagrad_update(x, s1, g, n, lr, (float)c->epsilon);
+            adagrad_update(x, s1, g, n, a->lr, (float)c->epsilon);
             break;
         case KEEL_OPT_ADAM:
-            adam_update(x, s1, s2, g, n, lr_t, (float)c->beta1,
+            adam_update(x, s1, s2, g, n, a->lr, (float)c->beta1,
                         (float)c->beta2, (float)c->epsilon);
             break;
         case KEEL_OPT_RMSPROP:
-            rmsprop_update(x, s1, s2, g, n, lr, (float)c->rho,
+            rmsprop_update(x, s1, s2, g, n, a->lr, (float)c->rho,
                            (float)c->momentum, (float)c->epsilon);
             break;
         }
-        if (zero_g != NULL)
-            memset(zero_g + off, 0, n * sizeof *zero_g);
+        if (a->zero)
+            memset(k->g + off, 0, n * sizeof *k->g);
         off += n;
     }
-    KEEL__PROF_END(optimizer_ns);
-    return KEEL_OK;
+}
+
+/* Thread t's share of the concatenated elements of every task. */
+static void
+apply_worker(void *ctx, int t)
+{
+    const opt_call *a = ctx;
+    size_t T = (size_t)a->nthreads, base = 0;
+    size_t lo = (a->total * (size_t)t / T) & ~(size_t)15;
+    size_t hi = (size_t)t + 1 == T ? a->total
+                                   : (a->total * ((size_t)t + 1) / T) &
+                                         ~(size_t)15;
+    for (size_t i = 0; i < a->ntask && base < hi; i++) {
+        const opt_task *k = &a->task[i];
+        size_t b = lo > base ? lo - base : 0;
+        size_t e = hi - base < k->n ? hi - base : k->n;
+        if (b < e)
+            update_range(a, k, b, e);
+        base += k->n;
+    }
 }
 
 keel_status
 keel_optimizer_apply_var(keel_optimizer *o, keel_var *v,
                          const keel_tensor *grad, int64_t global_step)
 {
-    return apply_one(o, v, grad, global_step, NULL, 0, SIZE_MAX);
-}
-
-/* Every trainable variable's gradient, checked before any update: a
- * failing apply changes no variable. */
-static keel_status
-check_grads(keel_vars *vs, keel_grads *grads)
-{
-    for (size_t i = 0; i < keel_vars_count(vs); i++) {
-        keel_var *v = keel_vars_at(vs, i);
-        keel_tensor *g;
-        if (!keel_var_is_trainable(v))
-            continue;
-        g = keel_grads_at(grads, i);
-        if (g == NULL)
-            return keel__fail(KEEL_EINVAL, "optimizer apply: no gradient "
-                              "for '%s' (gradients made before it was "
-                              "created?)", keel_var_name(v));
-        if (!keel_shape_equal(keel_var_tensor(v)->ndim,
-                              keel_var_tensor(v)->shape, g->ndim, g->shape))
-            return keel__fail(KEEL_EINVAL, "optimizer apply: gradient shape "
-                              "of '%s' does not match the variable",
-                              keel_var_name(v));
-    }
+    opt_task k;
+    opt_call a;
+    keel_status st;
+    if (o == NULL || v == NULL || grad == NULL || grad->data == NULL)
+        return keel__fail(KEEL_EINVAL, "optimizer apply: NULL argument");
+    if (global_step < 0)
+        return keel__fail(KEEL_EINVAL, "optimizer apply: negative global "
+                          "step %lld", (long long)global_step);
+    if ((st = make_task(&o->cfg, v, grad, &k)) != KEEL_OK)
+        return st;
+    a = (opt_call){ .c = &o->cfg, .lr = step_lr(&o->cfg, global_step),
+                    .task = &k, .ntask = 1, .total = k.n, .nthreads = 1 };
+    KEEL__PROF_BEGIN();
+    update_range(&a, &k, 0, k.n);
+    KEEL__PROF_END(optimizer_ns);
     return KEEL_OK;
-}
-
-/* One keel__optimizer_apply_pooled call, split over the pool's threads in
- * equal ranges of the concatenated elements of every trainable variable
- * (bounds multiples of 16 floats: no shared cache line). Elementwise, so
- * the bits never depend on the split. */
-typedef struct apply_job {
-    keel_optimizer *o;
-    keel_vars *vs;
-    keel_grads *grads;
-    int64_t step;
-    int zero;
-    size_t total;
-    int nthreads;
-    _Atomic int failed;
-} apply_job;
-
-static void
-apply_range(apply_job *a, size_t lo, size_t hi)
-{
-    size_t base = 0;
-    for (size_t i = 0; i < keel_vars_count(a->vs) && base < hi; i++) {
-        keel_var *v = keel_vars_at(a->vs, i);
-        keel_tensor *g;
-        size_t n, b, e;
-        if (!keel_var_is_trainable(v))
-            continue;
-        g = keel_grads_at(a->grads, i);
-        n = keel_var_tensor(v)->count;
-        b = lo > base ? lo - base : 0;
-        e = hi - base < n ? hi - base : n;
-        if (b < e && apply_one(a->o, v, g, a->step, a->zero ? g->data : NULL,
-                               b, e) != KEEL_OK)
-            a->failed = 1;
-        base += n;
-    }
-}
-
-static void
-apply_worker(void *ctx, int t)
-{
-    apply_job *a = ctx;
-    size_t T = (size_t)a->nthreads;
-    size_t lo = (a->total * (size_t)t / T) & ~(size_t)15;
-    size_t hi = (size_t)t + 1 == T ? a->total
-                                   : (a->total * ((size_t)t + 1) / T) &
-                                         ~(size_t)15;
-    apply_range(a, lo, hi);
 }
 
 static keel_status
 apply_all(keel_optimizer *o, keel_vars *vs, keel_grads *grads,
           int64_t global_step, int zero, keel__pool *pool)
 {
-    keel_status st;
-    apply_job a;
+    size_t nv, nt = 0, total = 0;
+    opt_call a;
     if (o == NULL || vs == NULL || grads == NULL)
         return keel__fail(KEEL_EINVAL, "optimizer apply: NULL argument");
     if (keel_grads_vars(grads) != vs)
         return keel__fail(KEEL_EINVAL, "optimizer apply: gradients were "
                           "made for another variable store");
-    if ((st = check_grads(vs, grads)) != KEEL_OK)
-        return st;
-    a = (apply_job){ .o = o, .vs = vs, .grads = grads, .step = global_step,
-                     .zero = zero, .nthreads = 1 };
-    /* every check of every variable (slots too) before the first update */
-    for (size_t i = 0; i < keel_vars_count(vs); i++) {
-        keel_var *v = keel_vars_at(vs, i);
-        if (!keel_var_is_trainable(v))
-            continue;
-        if ((st = apply_one(o, v, keel_grads_at(grads, i), global_step, NULL,
-                            0, 0)) != KEEL_OK)
-            return st;
-        a.total += keel_var_tensor(v)->count;
+    if (global_step < 0)
+        return keel__fail(KEEL_EINVAL, "optimizer apply: negative global "
+                          "step %lld", (long long)global_step);
+    nv = keel_vars_count(vs);
+    if (nv > o->cap) {
+        opt_task *t = realloc(o->task, nv * sizeof *t);
+        if (t == NULL)
+            return keel__fail(KEEL_ENOMEM, "optimizer apply: work list of "
+                              "%zu variables", nv);
+        o->task = t;
+        o->cap = nv;
     }
+    /* every check first: a failing apply changes no variable */
+    for (size_t i = 0; i < nv; i++) {
+        keel_var *v = keel_vars_at(vs, i);
+        keel_status st;
+        if (!keel_var_is_trainable(v))
+            continue;              /* untrainable variables have none */
+        st = make_task(&o->cfg, v, keel_grads_at(grads, i), &o->task[nt]);
+        if (st != KEEL_OK)
+            return st;
+        total += o->task[nt++].n;
+    }
+    a = (opt_call){ .c = &o->cfg, .lr = step_lr(&o->cfg, global_step),
+                    .task = o->task, .ntask = nt, .total = total,
+                    .zero = zero, .nthreads = 1 };
+    KEEL__PROF_BEGIN();
     if (pool != NULL && keel__pool_threads(pool) > 1 &&
-        a.total >= OPT_PARALLEL_MIN) {
+        total >= OPT_PARALLEL_MIN) {
         a.nthreads = keel__pool_threads(pool);
         keel__pool_run(pool, apply_worker, &a);
     } else {
-        apply_range(&a, 0, a.total);
+        apply_worker(&a, 0);
     }
-    if (a.failed)                 /* cannot happen after the checks */
-        return keel__fail(KEEL_EINTERNAL, "optimizer apply: an update "
-                          "failed after its checks passed");
-    return KEEL_OK;               /* untrainable variables have none */
+    KEEL__PROF_END(optimizer_ns);
+    return KEEL_OK;
 }
 
 keel_status

@@ -19,7 +19,6 @@
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
-#include <time.h>
 
 #include <keel/keel.h>
 #include "util.h"
@@ -57,20 +56,12 @@ cpu_relax(void)
 #endif
 }
 
-static long
-mono_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (long)t.tv_sec * 1000000000L + t.tv_nsec;
-}
-
 /* Wait until p->gen differs from seen or the pool stops: spin for
  * budget_ns, then park. */
 static void
-wait_for_run(keel__pool *p, uint64_t seen, long budget_ns)
+wait_for_run(keel__pool *p, uint64_t seen, int64_t budget_ns)
 {
-    long deadline = 0;
+    int64_t deadline = 0;
     for (unsigned i = 1;; i++) {
         if (atomic_load_explicit(&p->gen, memory_order_acquire) != seen ||
             atomic_load_explicit(&p->is_stopping, memory_order_acquire))
@@ -79,8 +70,8 @@ wait_for_run(keel__pool *p, uint64_t seen, long budget_ns)
         if ((i & 255) != 0)
             continue;
         if (deadline == 0)
-            deadline = mono_ns() + budget_ns;
-        else if (mono_ns() > deadline)
+            deadline = keel__now_mono_ns() + budget_ns;
+        else if (keel__now_mono_ns() > deadline)
             break;
         else if ((i & 4095) == 0)
             sched_yield();           /* a busy machine: let others run */
@@ -101,15 +92,15 @@ worker_main(void *arg)
     keel__pool *p = ((worker_arg *)arg)->p;
     int index = ((worker_arg *)arg)->index;
     uint64_t seen = 0;
-    long budget = POOL_SPIN_MIN_NS, done_at;
+    int64_t budget = POOL_SPIN_MIN_NS, done_at;
     free(arg);
     for (;;) {
-        long gap;
-        done_at = mono_ns();
+        int64_t gap;
+        done_at = keel__now_mono_ns();
         wait_for_run(p, seen, budget);
         if (atomic_load_explicit(&p->is_stopping, memory_order_acquire))
             break;
-        gap = mono_ns() - done_at;
+        gap = keel__now_mono_ns() - done_at;
         budget = gap > POOL_SHORT_GAP_NS ? POOL_SPIN_MIN_NS
                  : 2 * gap > POOL_SPIN_MAX_NS ? POOL_SPIN_MAX_NS
                  : 2 * gap < POOL_SPIN_MIN_NS ? POOL_SPIN_MIN_NS : 2 * gap;
@@ -191,6 +182,24 @@ keel__pool_run(keel__pool *p, keel__pool_fn fn, void *ctx)
     for (unsigned i = 1;
          atomic_load_explicit(&p->n_done, memory_order_acquire) <
          p->nthreads - 1; i++) {
+        cpu_relax();
+        if ((i & 1023) == 0)
+            sched_yield();
+    }
+}
+
+void
+keel__spin_barrier_wait(keel__spin_barrier *b)
+{
+    int ph = atomic_load_explicit(&b->phase, memory_order_acquire);
+    if (atomic_fetch_add_explicit(&b->count, 1, memory_order_acq_rel) ==
+        b->n - 1) {
+        atomic_store_explicit(&b->count, 0, memory_order_relaxed);
+        atomic_store_explicit(&b->phase, ph + 1, memory_order_release);
+        return;
+    }
+    for (unsigned i = 1;
+         atomic_load_explicit(&b->phase, memory_order_acquire) == ph; i++) {
         cpu_relax();
         if ((i & 1023) == 0)
             sched_yield();

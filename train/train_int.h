@@ -146,13 +146,9 @@ void keel__add_into(float *dst, const float *src, size_t count);
  * in one pass (a sum's first term). */
 void keel__zero_add_into(float *dst, const float *src, size_t count);
 
-/* 1 (default): single-shard model steps add dense gradients straight into
- * the caller's grads; 0: into the shard's buffers, then added (tests). */
+/* 1 (default): piece 0's dense gradients go straight into the caller's
+ * grads (sgemm beta 1); 0: through a slot, then added (tests). */
 extern int keel__grads_direct;
-/* Examples per piece of the dense-only models: 0 (default) for the rule in
- * model.c (ceil(max_batch / 256) equal pieces), else 1..256 (set before
- * keel_model_new; for tests). */
-extern size_t keel__dense_piece;
 
 /* sgemm wrapper (row-major, with profiling). */
 void keel__sgemm(int trans_a, int trans_b, size_t m, size_t n, size_t k,
@@ -173,6 +169,14 @@ int keel__pool_threads(const keel__pool *p);
 void keel__pool_run(keel__pool *p, keel__pool_fn fn, void *ctx);
 /* Stop and join the workers. NULL is a no-op. Cannot fail. */
 void keel__pool_free(keel__pool *p);
+/* A barrier for the n threads of one pool run (zeroed, then n set): they
+ * spin, as the pool's threads do between runs. */
+typedef struct keel__spin_barrier {
+    _Atomic int count;
+    _Atomic int phase;
+    int n;
+} keel__spin_barrier;
+void keel__spin_barrier_wait(keel__spin_barrier *b);
 
 /* The model's pool (NULL on one thread), for work beside its steps. */
 keel__pool *keel__model_pool(keel_model *m);
