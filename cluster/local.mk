@@ -1,22 +1,14 @@
-# cluster/: cluster spec, wire protocol, parameter servers, workers, launcher.
+# cluster/: cluster spec, wire protocol, parameter servers, workers.
 libkeel_core_la_SOURCES += cluster/cluster_int.h cluster/spec.c cluster/slurm.c \
 	cluster/wire.c cluster/security.c cluster/ps.c \
-	cluster/roles.h cluster/roles.c cluster/launch_int.h cluster/launch.c \
-	cluster/launch_stop.c cluster/launch_chaos.c cluster/launch_status.c \
-	cluster/heartbeat.c
-pkginclude_HEADERS += include/keel/cluster.h include/keel/launch.h
+	cluster/roles.h cluster/roles.c cluster/heartbeat.c
+pkginclude_HEADERS += include/keel/cluster.h
 if HAVE_CHECK
 check_PROGRAMS += tests/check_cluster
 TESTS += tests/check_cluster
 tests_check_cluster_SOURCES = tests/check_cluster.c
 tests_check_cluster_CFLAGS = $(TEST_CFLAGS) $(ZMQ_CFLAGS) $(JSONC_CFLAGS)
 tests_check_cluster_LDADD = $(TEST_LIBS) $(ZMQ_LIBS)
-
-check_PROGRAMS += tests/it_launch
-TESTS += tests/it_launch
-tests_it_launch_SOURCES = tests/it_launch.c
-tests_it_launch_CFLAGS = $(TEST_CFLAGS)
-tests_it_launch_LDADD = $(TEST_LIBS)
 endif
 
 # bench/cluster_bench: wire protocol push+pull throughput (built by

@@ -123,63 +123,6 @@ struct keel_session {
     void *meta_ctx;
 };
 
-/* ---- signals ------------------------------------------------------------ */
-
-static volatile sig_atomic_t g_signal;
-static struct sigaction g_old_term, g_old_int;
-static int g_is_installed;
-
-static void
-on_signal(int sig)
-{
-    g_signal = sig;
-}
-
-keel_status
-keel_session_install_signal_handlers(void)
-{
-    struct sigaction sa;
-    if (g_is_installed)
-        return KEEL_OK;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESTART;
-    if (sigaction(SIGTERM, &sa, &g_old_term) != 0
-        || sigaction(SIGINT, &sa, &g_old_int) != 0)
-        return keel__fail(KEEL_EIO, "install SIGTERM/SIGINT handlers failed");
-    g_is_installed = 1;
-    return KEEL_OK;
-}
-
-void
-keel_session_uninstall_signal_handlers(void)
-{
-    if (!g_is_installed)
-        return;
-    sigaction(SIGTERM, &g_old_term, NULL);
-    sigaction(SIGINT, &g_old_int, NULL);
-    g_is_installed = 0;
-}
-
-int
-keel_session_signal_received(void)
-{
-    return g_signal;
-}
-
-void
-keel_session_clear_signal(void)
-{
-    g_signal = 0;
-}
-
-int
-keel__signal_pending(void)
-{
-    return g_signal;
-}
-
 /* ---- the step ----------------------------------------------------------- */
 
 keel_vars *
@@ -924,7 +867,7 @@ static int
 check_stop(keel_session *s)
 {
     // One test on the step path: nothing stopped, no signal, no request.
-    if (!(s->is_closed | s->is_stopped | g_signal
+    if (!(s->is_closed | s->is_stopped | keel__signal_flag
           | atomic_load_explicit(s->coord_stop, memory_order_acquire)))
         return 0;
     if (s->is_closed || s->is_stopped)

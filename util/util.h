@@ -4,6 +4,7 @@
 #ifndef KEEL_UTIL_H
 #define KEEL_UTIL_H
 
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -32,6 +33,12 @@ int keel__log_enabled(keel_log_level level);
  * one recursive process-wide lock. */
 void keel__h5_lock(void);
 void keel__h5_unlock(void);
+
+/* The signal SIGTERM/SIGINT delivered since the handlers were installed
+ * (keel_session_install_signal_handlers), 0 if none; util/signal.c. The
+ * step path reads the variable itself. */
+extern volatile sig_atomic_t keel__signal_flag;
+int keel__signal_pending(void);
 
 /* Clocks. */
 int64_t keel__now_mono_ns(void);   /* CLOCK_MONOTONIC */

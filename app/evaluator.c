@@ -22,7 +22,7 @@
 #include <keel/keel.h>
 #include <keel/job.h>
 #include "util.h"
-#include "session_int.h"
+#include "app_int.h"
 
 /* The test set, a model and its variables, and one batch buffer: what an
  * evaluation needs, built once. */

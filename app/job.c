@@ -14,7 +14,8 @@
 #include <keel/keel.h>
 #include <keel/job.h>
 #include "util.h"
-#include "session_int.h"
+#include "app_int.h"
+#include "../train/train_int.h"
 #include "../cluster/roles.h"
 
 #define ITER_BLOB "data_iterator"

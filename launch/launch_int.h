@@ -1,4 +1,4 @@
-/* launch_int.h - private to cluster/launch*.c: the launcher's state (one
+/* launch_int.h - private to launch/launch*.c: the launcher's state (one
  * struct keel_launch with its tasks) and the helpers its files share.
  * launch.c builds, spawns, relays and polls; launch_stop.c handles exits,
  * restarts and the ordered stop; launch_chaos.c the seeded kills;

@@ -1,0 +1,24 @@
+/* app_int.h - private to app/, the trainer application (`keel train`,
+ * `keel eval`, the evaluator task) built on the public session, cluster,
+ * train and checkpoint APIs: what job.c shares with evaluator.c. */
+#ifndef KEEL_APP_INT_H
+#define KEEL_APP_INT_H
+
+#include <keel/config.h>
+#include <keel/train.h>
+
+/* Open the training (is_test 0) or test set the config names. */
+keel_status keel__job_open_dataset(const struct keel_config *cfg, int is_test,
+                                   keel_dataset **out);
+/* The model the config describes, for batches up to max_batch. */
+keel_status keel__job_model_config_from(const struct keel_config *cfg,
+                                        const keel_dataset *ds,
+                                        int64_t max_batch,
+                                        keel_model_config *mc);
+/* OpenBLAS threads as train.threads / train.model_threads say. */
+void keel__job_set_blas_threads(const struct keel_config *cfg);
+/* Training steps per epoch for the config's data and global batch. */
+keel_status keel__job_steps_per_epoch(const struct keel_config *cfg,
+                                      int64_t *out);
+
+#endif

@@ -1,0 +1,5 @@
+# app/: the trainer application on the public API: the INI config schema,
+# `keel train` (job.c) and the evaluator task.
+libkeel_core_la_SOURCES += app/app_int.h app/config.c app/job.c \
+	app/evaluator.c
+pkginclude_HEADERS += include/keel/config.h include/keel/job.h
