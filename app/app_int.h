@@ -21,4 +21,16 @@ void keel__job_set_blas_threads(const struct keel_config *cfg);
 keel_status keel__job_steps_per_epoch(const struct keel_config *cfg,
                                       int64_t *out);
 
+/* Validation during training (evaluator.c): the config's test set and a
+ * model of its own, built once; each run copies the training store's
+ * variables (src, borrowed) and evaluates the whole test set. result's
+ * step is src's global step, checkpoint empty. Caller owns *out. */
+typedef struct keel__validator keel__validator;
+struct keel_eval_result;
+keel_status keel__validator_new(const struct keel_config *cfg,
+                                keel__validator **out);
+keel_status keel__validator_run(keel__validator *v, const keel_vars *src,
+                                struct keel_eval_result *result);
+void keel__validator_free(keel__validator *v);
+
 #endif
