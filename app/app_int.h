@@ -33,4 +33,19 @@ keel_status keel__validator_run(keel__validator *v, const keel_vars *src,
                                 struct keel_eval_result *result);
 void keel__validator_free(keel__validator *v);
 
+/* export.c pieces onnx.c walks: the layer list of keel__model_arch, a
+ * layer's kernel (w 0) or bias (w 1) variable (NULL: none), an integer or
+ * the i-th of a list. */
+struct json_object;
+struct keel_inference;
+size_t keel__export_layers(struct keel_inference *inf);
+struct json_object *keel__export_layer(struct keel_inference *inf, size_t i);
+keel_var *keel__export_layer_var(struct keel_inference *inf, size_t i,
+                                 int w);
+int64_t keel__export_layer_int(struct json_object *L, const char *key,
+                               size_t i);
+/* The ONNX ModelProto of inf (onnx.c); caller frees *out. */
+keel_status keel__onnx_bytes(struct keel_inference *inf, unsigned char **out,
+                             size_t *len);
+
 #endif

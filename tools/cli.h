@@ -51,5 +51,7 @@ int cmd_eval(int argc, char **argv);
 int cmd_ckpt(int argc, char **argv);
 int cmd_keygen(int argc, char **argv);
 int cmd_launch(int argc, char **argv);
+int cmd_export(int argc, char **argv);
+int cmd_predict(int argc, char **argv);
 
 #endif

@@ -1,6 +1,6 @@
 # tools/: the keel CLI. Verbs live in tools/cmd_<verb>.c.
 keel_SOURCES += tools/cmd_config.c tools/cmd_train.c tools/cmd_ckpt.c \
-	tools/cmd_keygen.c tools/cmd_launch.c
+	tools/cmd_keygen.c tools/cmd_launch.c tools/cmd_export.c
 
 if HAVE_CHECK
 check_PROGRAMS += tests/it_train
