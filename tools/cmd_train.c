@@ -62,10 +62,11 @@ now_ns(void)
 static void
 clear_bar(progress_state *ps)
 {
-    if (ps->bar_drawn) {
+    if (ps->bar_drawn && cli_bar_drawn) {
         fputs("\r\033[K", stderr);
-        ps->bar_drawn = 0;
+        fflush(stderr);
     }
+    ps->bar_drawn = cli_bar_drawn = 0;
 }
 
 static void
@@ -114,7 +115,7 @@ on_progress(void *ctx, const keel_job_progress *p)
                     ps->eps_smooth, p->loss, (int)(eta / 3600),
                     (int)fmod(eta / 60, 60), (int)fmod(eta, 60));
             fflush(stderr);
-            ps->bar_drawn = 1;
+            ps->bar_drawn = cli_bar_drawn = 1;
             ps->last_draw_ns = t;
         }
     }
