@@ -431,11 +431,30 @@ out:
     return st;
 }
 
+/* h5_read_dataset into a new dataset, under keel's HDF5 lock. */
+static keel_status
+h5_open(const char *path, int num_classes, int need_y, keel_dataset **out)
+{
+    keel_dataset *ds = calloc(1, sizeof *ds);
+    keel_status st;
+    if (ds == NULL)
+        return keel__fail(KEEL_ENOMEM, "dataset %s", path);
+    keel__h5_lock();
+    H5E_BEGIN_TRY {
+        st = h5_read_dataset(path, num_classes, ds, need_y);
+    } H5E_END_TRY;
+    keel__h5_unlock();
+    if (st != KEEL_OK) {
+        keel_dataset_free(ds);
+        return st;
+    }
+    *out = ds;
+    return KEEL_OK;
+}
+
 keel_status
 keel_dataset_open_h5(const char *path, int num_classes, keel_dataset **out)
 {
-    keel_dataset *ds;
-    keel_status st;
     if (out == NULL)
         return keel__fail(KEEL_EINVAL, "dataset: out is NULL");
     *out = NULL;
@@ -446,20 +465,7 @@ keel_dataset_open_h5(const char *path, int num_classes, keel_dataset **out)
                           num_classes);
     if (access(path, R_OK) != 0)
         return open_fail(path, "HDF5 data");
-    ds = calloc(1, sizeof *ds);
-    if (ds == NULL)
-        return keel__fail(KEEL_ENOMEM, "dataset %s", path);
-    keel__h5_lock();
-    H5E_BEGIN_TRY {
-        st = h5_read_dataset(path, num_classes, ds, 1);
-    } H5E_END_TRY;
-    keel__h5_unlock();
-    if (st != KEEL_OK) {
-        keel_dataset_free(ds);
-        return st;
-    }
-    *out = ds;
-    return KEEL_OK;
+    return h5_open(path, num_classes, 1, out);
 }
 
 /* ---- inputs of any supported format (keel predict) ---------------------- */
@@ -559,8 +565,7 @@ open_npy(const char *path, const uint8_t *b, size_t len, keel_dataset **out)
         return st;
     off += hl;
     n = dims[0];
-    if (ndim == 2) {          /* (N, D): flat examples */
-        dims[1] = dims[1];
+    if (ndim == 2) {          /* (N, D): flat examples, D x 1 x 1 */
         dims[2] = dims[3] = 1;
     } else if (ndim == 3) {
         dims[3] = 1;
@@ -617,21 +622,8 @@ keel_dataset_open_inputs(const char *path, keel_dataset **out)
         return open_fail(path, "input");
     len = fread(sig, 1, sizeof sig, f);
     fclose(f);
-    if (len == 8 && memcmp(sig, "\211HDF\r\n\032\n", 8) == 0) {
-        keel_dataset *ds = calloc(1, sizeof *ds);
-        if (ds == NULL)
-            return keel__fail(KEEL_ENOMEM, "inputs %s", path);
-        keel__h5_lock();
-        H5E_BEGIN_TRY {
-            st = h5_read_dataset(path, INT32_MAX, ds, 0);
-        } H5E_END_TRY;
-        keel__h5_unlock();
-        if (st != KEEL_OK)
-            keel_dataset_free(ds);
-        else
-            *out = ds;
-        return st;
-    }
+    if (len == 8 && memcmp(sig, "\211HDF\r\n\032\n", 8) == 0)
+        return h5_open(path, INT32_MAX, 0, out);
     st = read_maybe_gz(path, "input", &b, &len);
     if (st != KEEL_OK)
         return st;
