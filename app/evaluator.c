@@ -33,6 +33,9 @@ typedef struct eval_ctx {
     float *x;
     int32_t *y;
     int64_t bs;
+    /* keel_job_eval_progress's callback (NULL: none) */
+    void (*progress_fn)(void *ctx, int64_t done, int64_t total);
+    void *progress_ctx;
 } eval_ctx;
 
 static void
@@ -99,6 +102,9 @@ eval_ctx_pass(eval_ctx *e, keel_eval_result *result)
         st = keel_model_eval(e->model, e->vs, &b, &stats);
         loss_sum += stats.loss_sum;
         correct += stats.correct;
+        if (st == KEEL_OK && e->progress_fn != NULL)
+            e->progress_fn(e->progress_ctx, (int64_t)(i + n),
+                           (int64_t)count);
     }
     if (st != KEEL_OK)
         return st;
@@ -220,6 +226,15 @@ keel_status
 keel_job_eval(const keel_config *cfg, const char *checkpoint_path,
               keel_eval_result *result)
 {
+    return keel_job_eval_progress(cfg, checkpoint_path, NULL, NULL, result);
+}
+
+keel_status
+keel_job_eval_progress(const keel_config *cfg, const char *checkpoint_path,
+                       void (*progress_fn)(void *ctx, int64_t done,
+                                           int64_t total),
+                       void *ctx, keel_eval_result *result)
+{
     eval_ctx e;
     char path[1024];
     int64_t step = 0;
@@ -245,6 +260,8 @@ keel_job_eval(const keel_config *cfg, const char *checkpoint_path,
     st = eval_ctx_open(&e, cfg);
     if (st != KEEL_OK)
         return st;
+    e.progress_fn = progress_fn;
+    e.progress_ctx = ctx;
     st = eval_ctx_run(&e, path, result);
     eval_ctx_free(&e);
     return st;

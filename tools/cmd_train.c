@@ -441,6 +441,35 @@ json_string(const char *s)
     putchar('"');
 }
 
+/* keel eval's bar: examples done of the test set, examples/s, ETA. */
+typedef struct eval_bar {
+    int64_t t0_ns, last_ns;
+} eval_bar;
+
+static void
+on_eval_progress(void *ctx, int64_t done, int64_t total)
+{
+    eval_bar *eb = ctx;
+    int64_t t = now_ns();
+    double frac = total > 0 ? (double)done / (double)total : 1;
+    double secs = (t - eb->t0_ns) / 1e9, eta;
+    char bar[32];
+    int filled = (int)(frac * 30);
+    if (t - eb->last_ns < 100000000 && done < total)
+        return;
+    eb->last_ns = t;
+    for (int i = 0; i < 30; i++)
+        bar[i] = i < filled ? '#' : '.';
+    bar[30] = '\0';
+    eta = frac > 0 ? secs * (1 - frac) / frac : 0;
+    fprintf(stderr, "\r\033[Keval [%s] %3.0f%%  %lld/%lld examples  %.0f "
+            "ex/s  ETA %dh%02dm%02ds", bar, frac * 100, (long long)done,
+            (long long)total, secs > 0 ? done / secs : 0.0, (int)(eta / 3600),
+            (int)fmod(eta / 60, 60), (int)fmod(eta, 60));
+    fflush(stderr);
+    cli_bar_drawn = 1;
+}
+
 /* 1 if path starts with the HDF5 signature. */
 static int
 is_hdf5(const char *path)
@@ -516,7 +545,19 @@ cmd_eval(int argc, char **argv)
         if (rc != CLI_OK)
             return rc;
     }
-    st = keel_job_eval(cfg, ckpt, &res);
+    {
+        const char *mode = keel_config_str(cfg, "hooks.progress");
+        eval_bar eb;
+        int bar = strcmp(mode, "on") == 0 ||
+                  (strcmp(mode, "auto") == 0 && isatty(2));
+        eb.t0_ns = eb.last_ns = now_ns();
+        st = keel_job_eval_progress(cfg, ckpt, bar ? on_eval_progress : NULL,
+                                    &eb, &res);
+        if (cli_bar_drawn) {
+            fputs("\r\033[K", stderr);
+            cli_bar_drawn = 0;
+        }
+    }
     keel_config_free(cfg);
     if (st != KEEL_OK)
         return cli_fail(st, "eval");

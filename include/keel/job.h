@@ -95,6 +95,14 @@ typedef struct keel_eval_result {
  * newest valid one in cfg's checkpoint.dir. */
 keel_status keel_job_eval(const keel_config *cfg, const char *checkpoint_path,
                           keel_eval_result *result);
+/* keel_job_eval, calling progress_fn (may be NULL) with ctx after every
+ * batch: examples evaluated so far and the test set's size. */
+keel_status keel_job_eval_progress(const keel_config *cfg,
+                                   const char *checkpoint_path,
+                                   void (*progress_fn)(void *ctx,
+                                                       int64_t done,
+                                                       int64_t total),
+                                   void *ctx, keel_eval_result *result);
 
 /* The TF_CONFIG evaluator task (TF's Estimator evaluator): watch
  * checkpoint.dir and evaluate each new checkpoint on the test set. */
