@@ -21,4 +21,31 @@ void keel__job_set_blas_threads(const struct keel_config *cfg);
 keel_status keel__job_steps_per_epoch(const struct keel_config *cfg,
                                       int64_t *out);
 
+/* Validation during training (evaluator.c): the config's test set and a
+ * model of its own, built once; each run copies the training store's
+ * variables (src, borrowed) and evaluates the whole test set. result's
+ * step is src's global step, checkpoint empty. Caller owns *out. */
+typedef struct keel__validator keel__validator;
+struct keel_eval_result;
+keel_status keel__validator_new(const struct keel_config *cfg,
+                                keel__validator **out);
+keel_status keel__validator_run(keel__validator *v, const keel_vars *src,
+                                struct keel_eval_result *result);
+void keel__validator_free(keel__validator *v);
+
+/* export.c pieces onnx.c walks: the layer list of keel__model_arch, a
+ * layer's kernel (w 0) or bias (w 1) variable (NULL: none), an integer or
+ * the i-th of a list. */
+struct json_object;
+struct keel_inference;
+size_t keel__export_layers(struct keel_inference *inf);
+struct json_object *keel__export_layer(struct keel_inference *inf, size_t i);
+keel_var *keel__export_layer_var(struct keel_inference *inf, size_t i,
+                                 int w);
+int64_t keel__export_layer_int(struct json_object *L, const char *key,
+                               size_t i);
+/* The ONNX ModelProto of inf (onnx.c); caller frees *out. */
+keel_status keel__onnx_bytes(struct keel_inference *inf, unsigned char **out,
+                             size_t *len);
+
 #endif

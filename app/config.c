@@ -79,15 +79,22 @@ static const key_def schema[] = {
       NULL, "Adagrad's starting accumulator." },
     { "optimizer", "schedule", T_ENUM, "constant", NOLIM,
       "constant|piecewise|exponential",
-      "Learning-rate schedule over global steps." },
+      "Learning-rate schedule over global steps or epochs "
+      "(schedule_unit)." },
     { "optimizer", "boundaries", T_INT_LIST, "", 0, I64MAX, NULL,
-      "piecewise: step boundaries, increasing (e.g. 2814,6566)." },
+      "piecewise: boundaries in schedule_unit, increasing (e.g. "
+      "2814,6566 steps, or 3,7 epochs)." },
     { "optimizer", "values", T_DOUBLE_LIST, "", 0, 1e6, NULL,
       "piecewise: learning rates, one more than boundaries." },
+    { "optimizer", "schedule_unit", T_ENUM, "steps", NOLIM, "steps|epochs",
+      "What boundaries and decay_steps count: global steps, or epochs "
+      "(the schedule changes at the first step of an epoch; seed 002's "
+      "decay is schedule = piecewise, schedule_unit = epochs, boundaries "
+      "= 3,7, values = 1e-3,1e-4,1e-5)." },
     { "optimizer", "decay_rate", T_DOUBLE, "0.96", 0, 1, NULL,
       "exponential: lr * decay_rate^(step / decay_steps)." },
     { "optimizer", "decay_steps", T_INT, "1000", 1, I64MAX, NULL,
-      "exponential: steps per decay." },
+      "exponential: steps (or epochs, schedule_unit) per decay." },
     { "optimizer", "staircase", T_BOOL, "false", NOLIM, NULL,
       "exponential: decay in whole steps of decay_steps." },
 
@@ -118,17 +125,27 @@ static const key_def schema[] = {
       "per-worker batch must be a multiple of it." },
     { "train", "eval_batch_size", T_INT, "1000", 1, 1 << 20, NULL,
       "Batch size of keel eval." },
+    { "train", "validate_every_epochs", T_INT, "0", 0, 1000000, NULL,
+      "Evaluate the test set after every N epochs during training (0: "
+      "never): loss and accuracy logged and written as validation/loss "
+      "and validation/accuracy to <checkpoint.dir>/validation events. "
+      "The chief only, in a cluster." },
 
     { "checkpoint", "dir", T_STRING, "keel_output", NOLIM, NULL,
       "Checkpoint and summary directory; $OUTPUT_DIR, when set, "
       "replaces it." },
     { "checkpoint", "basename", T_STRING, "model.ckpt", NOLIM, NULL,
-      "Checkpoint files are <basename>-<step>.h5." },
+      "Checkpoint files are <basename>-<step>.h5 (end-of-epoch ones "
+      "<basename>-epoch<E>-<step>.h5)." },
     { "checkpoint", "save_steps", T_INT, "0", 0, I64MAX, NULL,
       "Save every N global steps (0: use save_secs)." },
     { "checkpoint", "save_secs", T_DOUBLE, "600", 0, 1e9, NULL,
       "Save every N seconds when save_steps is not set (0: only at "
       "start and end)." },
+    { "checkpoint", "save_epochs", T_INT, "0", 0, 1000000, NULL,
+      "Also save at the end of every N epochs (0: off), as Keras's "
+      "ModelCheckpoint: files <basename>-epoch<E>-<step>.h5, E the epochs "
+      "completed, kept by max_to_keep like every checkpoint." },
     { "checkpoint", "max_to_keep", T_INT, "5", 0, 1000000, NULL,
       "Newest checkpoints to keep (0: keep all)." },
     { "checkpoint", "keep_checkpoint_every_n_hours", T_DOUBLE, "0", 0, 1e6,
@@ -141,7 +158,8 @@ static const key_def schema[] = {
       "(TF1 never does)." },
 
     { "hooks", "log_every_steps", T_INT, "100", 0, I64MAX, NULL,
-      "Log step, loss and examples/s every N steps (0: off)." },
+      "Log step, epoch, loss, accuracy, learning rate and examples/s "
+      "every N steps (0: off)." },
     { "hooks", "summary_every_steps", T_INT, "100", 0, I64MAX, NULL,
       "Write TensorBoard and CSV scalars every N steps (0: off)." },
     { "hooks", "nan_check", T_BOOL, "true", NOLIM, NULL,
@@ -151,7 +169,8 @@ static const key_def schema[] = {
     { "hooks", "profile_steps", T_INT, "0", 0, I64MAX, NULL,
       "Write a Chrome trace of step timings every N steps (0: off)." },
     { "hooks", "progress", T_ENUM, "auto", NOLIM, "auto|on|off",
-      "Progress bar with ETA (auto: only on a terminal)." },
+      "Progress bar on stderr with epoch, step, examples/s, loss and ETA "
+      "(auto: only when stderr is a terminal)." },
 
     { "cluster", "chief", T_STRING, "", NOLIM, NULL,
       "Chief address host:port (empty: worker 0 is the chief)." },

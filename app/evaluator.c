@@ -33,6 +33,9 @@ typedef struct eval_ctx {
     float *x;
     int32_t *y;
     int64_t bs;
+    /* keel_job_eval_progress's callback (NULL: none) */
+    void (*progress_fn)(void *ctx, int64_t done, int64_t total);
+    void *progress_ctx;
 } eval_ctx;
 
 static void
@@ -74,24 +77,15 @@ eval_ctx_open(eval_ctx *e, const keel_config *cfg)
     return st;
 }
 
-/* Restore path into e's variables and run the whole test set. */
+/* The whole test set through e's model and variables. */
 static keel_status
-eval_ctx_run(eval_ctx *e, const char *path, keel_eval_result *result)
+eval_ctx_pass(eval_ctx *e, keel_eval_result *result)
 {
-    keel_restore_opts ro;
-    keel_restore_report rep;
     size_t count, stride;
     double loss_sum = 0;
     int64_t correct = 0;
-    keel_status st;
+    keel_status st = KEEL_OK;
 
-    memset(result, 0, sizeof *result);
-    memset(&ro, 0, sizeof ro);
-    ro.mode = KEEL_RESTORE_STRICT;
-    ro.skip_slots = 1;          // evaluation needs no optimizer state
-    st = keel_ckpt_restore(path, e->vs, &ro, &rep);
-    if (st != KEEL_OK)
-        return st;
     count = keel_dataset_count(e->ds);
     stride = keel_dataset_example_size(e->ds);
     for (size_t i = 0; i < count && st == KEEL_OK; i += (size_t)e->bs) {
@@ -108,15 +102,91 @@ eval_ctx_run(eval_ctx *e, const char *path, keel_eval_result *result)
         st = keel_model_eval(e->model, e->vs, &b, &stats);
         loss_sum += stats.loss_sum;
         correct += stats.correct;
+        if (st == KEEL_OK && e->progress_fn != NULL)
+            e->progress_fn(e->progress_ctx, (int64_t)(i + n),
+                           (int64_t)count);
     }
     if (st != KEEL_OK)
         return st;
-    result->step = rep.global_step;
     result->examples = (int64_t)count;
     result->loss = count > 0 ? loss_sum / (double)count : NAN;
     result->accuracy = count > 0 ? (double)correct / (double)count : NAN;
+    return KEEL_OK;
+}
+
+/* Restore path into e's variables and run the whole test set. */
+static keel_status
+eval_ctx_run(eval_ctx *e, const char *path, keel_eval_result *result)
+{
+    keel_restore_opts ro;
+    keel_restore_report rep;
+    keel_status st;
+
+    memset(result, 0, sizeof *result);
+    memset(&ro, 0, sizeof ro);
+    ro.mode = KEEL_RESTORE_STRICT;
+    ro.skip_slots = 1;          // evaluation needs no optimizer state
+    st = keel_ckpt_restore(path, e->vs, &ro, &rep);
+    if (st == KEEL_OK)
+        st = eval_ctx_pass(e, result);
+    if (st != KEEL_OK)
+        return st;
+    result->step = rep.global_step;
     snprintf(result->checkpoint, sizeof result->checkpoint, "%s", path);
     return KEEL_OK;
+}
+
+/* ---- validation during training ----------------------------------------- */
+
+struct keel__validator {
+    eval_ctx e;
+};
+
+keel_status
+keel__validator_new(const keel_config *cfg, keel__validator **out)
+{
+    keel__validator *v = calloc(1, sizeof *v);
+    keel_status st;
+    *out = NULL;
+    if (v == NULL)
+        return keel__fail(KEEL_ENOMEM, "validation");
+    st = eval_ctx_open(&v->e, cfg);
+    if (st != KEEL_OK) {
+        free(v);
+        return keel__wrap(st, "validation: the test set");
+    }
+    *out = v;
+    return KEEL_OK;
+}
+
+keel_status
+keel__validator_run(keel__validator *v, const keel_vars *src,
+                    keel_eval_result *result)
+{
+    size_t n = keel_vars_count(v->e.vs);
+    memset(result, 0, sizeof *result);
+    for (size_t i = 0; i < n; i++) {
+        keel_var *dst = keel_vars_at(v->e.vs, i);
+        keel_var *from = keel_vars_find(src, keel_var_name(dst));
+        keel_tensor *t = keel_var_tensor(dst);
+        if (from == NULL ||
+            keel_tensor_bytes(keel_var_tensor(from)) != keel_tensor_bytes(t))
+            return keel__fail(KEEL_EINTERNAL, "validation: variable %s "
+                              "missing or of another size in the training "
+                              "store", keel_var_name(dst));
+        memcpy(t->data, keel_var_tensor(from)->data, keel_tensor_bytes(t));
+    }
+    result->step = keel_vars_global_step(src);
+    return eval_ctx_pass(&v->e, result);
+}
+
+void
+keel__validator_free(keel__validator *v)
+{
+    if (v == NULL)
+        return;
+    eval_ctx_free(&v->e);
+    free(v);
 }
 
 /* ---- keel eval: one checkpoint ------------------------------------------ */
@@ -156,6 +226,15 @@ keel_status
 keel_job_eval(const keel_config *cfg, const char *checkpoint_path,
               keel_eval_result *result)
 {
+    return keel_job_eval_progress(cfg, checkpoint_path, NULL, NULL, result);
+}
+
+keel_status
+keel_job_eval_progress(const keel_config *cfg, const char *checkpoint_path,
+                       void (*progress_fn)(void *ctx, int64_t done,
+                                           int64_t total),
+                       void *ctx, keel_eval_result *result)
+{
     eval_ctx e;
     char path[1024];
     int64_t step = 0;
@@ -181,6 +260,8 @@ keel_job_eval(const keel_config *cfg, const char *checkpoint_path,
     st = eval_ctx_open(&e, cfg);
     if (st != KEEL_OK)
         return st;
+    e.progress_fn = progress_fn;
+    e.progress_ctx = ctx;
     st = eval_ctx_run(&e, path, result);
     eval_ctx_free(&e);
     return st;

@@ -11,6 +11,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include <json-c/json.h>
+
 #include <keel/keel.h>
 #include <keel/job.h>
 #include "util.h"
@@ -44,6 +46,17 @@ typedef struct job {
     /* The resolved config (file + -s overrides + environment) as INI text,
      * stored in every checkpoint so `keel eval DIR` rebuilds this model. */
     char *config_dump;
+    /* The model, optimizer and input preprocessing as JSON
+     * (docs/checkpoint-format.md), stored in every checkpoint. */
+    char *arch_dump;
+    int64_t steps_per_epoch;      /* global steps per epoch */
+    int64_t examples_per_gstep;   /* examples one global step trains */
+    int64_t last_report_gstep;
+    int64_t save_epochs, validate_epochs;
+    int64_t epoch_done;           /* epochs completed, reported */
+    keel__validator *validator;
+    keel_events *val_events;
+    keel__worker *worker;         /* a cluster chief's, for pulls */
     /* train.micro_batch: size, and in a cluster one gradient store per
      * micro-batch of this replica's slice (pushed separately) */
     int64_t micro;
@@ -66,6 +79,9 @@ job_free(job *j)
     keel_data_iter_free(j->it);
     keel_dataset_free(j->ds);
     free(j->config_dump);
+    free(j->arch_dump);
+    keel__validator_free(j->validator);
+    keel_events_close(j->val_events);
 }
 
 /* "<dir>/<stem>-idx?-ubyte" with or without ".gz", whichever exists. */
@@ -152,7 +168,8 @@ keel__job_model_config_from(const keel_config *cfg, const keel_dataset *ds,
 }
 
 static keel_status
-optimizer_config_from(const keel_config *cfg, keel_optimizer_config *oc)
+optimizer_config_from(const keel_config *cfg, int64_t steps_per_epoch,
+                      keel_optimizer_config *oc)
 {
     keel_optimizer_kind kind;
     keel_status st = keel_optimizer_kind_from_name(
@@ -187,6 +204,26 @@ optimizer_config_from(const keel_config *cfg, keel_optimizer_config *oc)
     oc->schedule.decay_rate = keel_config_double(cfg, "optimizer.decay_rate");
     oc->schedule.decay_steps = keel_config_int(cfg, "optimizer.decay_steps");
     oc->schedule.staircase = keel_config_bool(cfg, "optimizer.staircase");
+    if (strcmp(keel_config_str(cfg, "optimizer.schedule_unit"), "epochs")
+        == 0) {
+        /* epoch e is global steps [e * spe, (e + 1) * spe) */
+        int64_t spe = steps_per_epoch, lim = INT64_MAX / (spe > 0 ? spe : 1);
+        if (spe <= 0)
+            return keel__fail(KEEL_EINVAL, "optimizer.schedule_unit = epochs "
+                              "needs at least one step per epoch");
+        for (int i = 0; i < oc->schedule.n_boundaries; i++) {
+            if (oc->schedule.boundaries[i] > lim)
+                return keel__fail(KEEL_EINVAL, "optimizer.boundaries: epoch "
+                                  "%lld is too large",
+                                  (long long)oc->schedule.boundaries[i]);
+            oc->schedule.boundaries[i] *= spe;
+        }
+        if (oc->schedule.decay_steps > lim)
+            return keel__fail(KEEL_EINVAL, "optimizer.decay_steps: %lld "
+                              "epochs is too large",
+                              (long long)oc->schedule.decay_steps);
+        oc->schedule.decay_steps *= spe;
+    }
     return keel_lr_schedule_validate(&oc->schedule);
 }
 
@@ -224,6 +261,62 @@ keel__job_steps_per_epoch(const keel_config *cfg, int64_t *out)
     return st;
 }
 
+/* The architecture JSON of docs/checkpoint-format.md: the model's layers
+ * plus its optimizer and input preprocessing. */
+static keel_status
+arch_dump(job *j, const keel_optimizer_config *oc)
+{
+    struct json_object *o = keel__model_arch(j->model), *opt, *pre;
+    const keel_config *cfg = j->cfg;
+    const char *text;
+    if (o == NULL)
+        return keel__fail(KEEL_ENOMEM, "architecture description");
+    opt = json_object_new_object();
+    json_object_object_add(opt, "name", json_object_new_string(
+                               keel_optimizer_kind_name(oc->kind)));
+    json_object_object_add(opt, "learning_rate", json_object_new_double(
+                               keel_config_double(cfg,
+                                                  "optimizer.learning_rate")));
+    json_object_object_add(opt, "schedule", json_object_new_string(
+                               keel_config_str(cfg, "optimizer.schedule")));
+    json_object_object_add(opt, "schedule_unit", json_object_new_string(
+                               keel_config_str(cfg,
+                                               "optimizer.schedule_unit")));
+    json_object_object_add(opt, "boundaries", json_object_new_string(
+                               keel_config_str(cfg, "optimizer.boundaries")));
+    json_object_object_add(opt, "values", json_object_new_string(
+                               keel_config_str(cfg, "optimizer.values")));
+    json_object_object_add(opt, "momentum",
+                           json_object_new_double(oc->momentum));
+    json_object_object_add(opt, "nesterov",
+                           json_object_new_boolean(oc->use_nesterov));
+    json_object_object_add(opt, "beta_1", json_object_new_double(oc->beta1));
+    json_object_object_add(opt, "beta_2", json_object_new_double(oc->beta2));
+    json_object_object_add(opt, "epsilon",
+                           json_object_new_double(oc->epsilon));
+    json_object_object_add(opt, "rho", json_object_new_double(oc->rho));
+    json_object_object_add(opt, "initial_accumulator_value",
+                           json_object_new_double(
+                               oc->initial_accumulator_value));
+    json_object_object_add(opt, "batch_size",
+                           json_object_new_int64(j->global_batch));
+    json_object_object_add(o, "optimizer", opt);
+    pre = json_object_new_object();
+    json_object_object_add(pre, "layout", json_object_new_string("NHWC"));
+    json_object_object_add(pre, "dtype", json_object_new_string("float32"));
+    json_object_object_add(pre, "uint8_scale",
+                           json_object_new_double(1.0 / 255.0));
+    json_object_object_add(pre, "data_format", json_object_new_string(
+                               keel_config_str(cfg, "data.format")));
+    json_object_object_add(o, "preprocessing", pre);
+    text = json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN);
+    j->arch_dump = text != NULL ? strdup(text) : NULL;
+    json_object_put(o);
+    if (j->arch_dump == NULL)
+        return keel__fail(KEEL_ENOMEM, "architecture description");
+    return KEEL_OK;
+}
+
 /* Build dataset, iterator, variables, model and optimizer. */
 static keel_status
 job_build(job *j, const keel_config *cfg, int worker_index, int num_workers)
@@ -256,9 +349,13 @@ job_build(job *j, const keel_config *cfg, int worker_index, int num_workers)
     if (st == KEEL_OK)
         st = keel_model_new(&mc, j->vs, &j->model);
     if (st == KEEL_OK)
-        st = optimizer_config_from(cfg, &oc);
+        j->steps_per_epoch = keel_data_iter_steps_per_epoch(j->it);
+    if (st == KEEL_OK)
+        st = optimizer_config_from(cfg, j->steps_per_epoch, &oc);
     if (st == KEEL_OK)
         st = keel_optimizer_new(&oc, &j->opt);
+    if (st == KEEL_OK)
+        st = arch_dump(j, &oc);
     if (st == KEEL_OK)
         st = keel_optimizer_prepare(j->opt, j->vs);
     if (st == KEEL_OK)
@@ -328,6 +425,10 @@ job_step(void *ctx, keel_step *stp)
     if (st == KEEL_OK)
         st = keel_step_set_value(stp, "accuracy", stats.count > 0
                                  ? (double)stats.correct / stats.count : 0.0);
+    if (st == KEEL_OK)
+        st = keel_step_set_value(stp, "learning_rate", keel_lr_at(
+            &keel_optimizer_get_config(j->opt)->schedule,
+            keel_step_global_step(stp)));
     return st;
 }
 
@@ -379,6 +480,14 @@ job_meta(void *ctx, keel_ckpt_meta *meta)
     meta->n_blobs = 1;
     meta->config_text = j->config_dump;
     meta->topology = j->topology;
+    meta->architecture = j->arch_dump;
+    /* a save at the end of an epoch save_epochs asks for is named by it */
+    if (j->save_epochs > 0 && j->steps_per_epoch > 0) {
+        int64_t g = keel_vars_global_step(j->vs);
+        if (g > 0 && g % j->steps_per_epoch == 0 &&
+            (g / j->steps_per_epoch) % j->save_epochs == 0)
+            meta->epoch = g / j->steps_per_epoch;
+    }
     return KEEL_OK;
 }
 
@@ -420,9 +529,16 @@ progress_after_run(void *ctx, keel_run_context *rc, const keel_run_values *v)
     p.accuracy = keel_run_values_get(v, "accuracy");
     p.examples_per_sec = dt > 0 ? (j->examples - j->last_report_examples) / dt
                                 : 0.0;
+    p.global_examples_per_sec = dt > 0
+        ? (double)((p.global_step - j->last_report_gstep) *
+                   j->examples_per_gstep) / dt : 0.0;
+    p.learning_rate = keel_run_values_get(v, "learning_rate");
+    p.steps_per_epoch = j->steps_per_epoch;
+    p.epochs = keel_config_int(j->cfg, "train.epochs");
     p.elapsed_secs = (now - j->t0_ns) / 1e9;
     j->last_report_ns = now;
     j->last_report_examples = j->examples;
+    j->last_report_gstep = p.global_step;
     j->opts.progress_fn(j->opts.progress_ctx, &p);
     return KEEL_OK;
 }
@@ -434,7 +550,83 @@ progress_before_run(void *ctx, keel_run_context *rc)
     keel_status st = keel_run_context_request(rc, "loss");
     if (st == KEEL_OK)
         st = keel_run_context_request(rc, "accuracy");
+    if (st == KEEL_OK)
+        st = keel_run_context_request(rc, "learning_rate");
     return st;
+}
+
+/* The chief's end of an epoch: the learning rate (Keras's PrintLR), the
+ * end-of-epoch checkpoint, validation, then the caller's epoch_fn. */
+static keel_status
+epoch_after_run(void *ctx, keel_run_context *rc, const keel_run_values *v)
+{
+    job *j = ctx;
+    keel_session *s = keel_run_context_session(rc);
+    int64_t g = keel_run_values_step_after(v), e;
+    keel_job_epoch ep;
+    int pulled = 0;
+    keel_status st;
+    if (j->steps_per_epoch <= 0 || g <= 0 || g % j->steps_per_epoch != 0)
+        return KEEL_OK;
+    e = g / j->steps_per_epoch;
+    if (e <= j->epoch_done)
+        return KEEL_OK;
+    j->epoch_done = e;
+    memset(&ep, 0, sizeof ep);
+    ep.epoch = e;
+    ep.global_step = g;
+    ep.learning_rate = keel_run_values_get(v, "learning_rate");
+    keel__log(KEEL_LOG_INFO, "epoch %lld ended at step %lld: learning rate "
+              "for epoch %lld was %g", (long long)e, (long long)g,
+              (long long)e, ep.learning_rate);
+    if (j->save_epochs > 0 && e % j->save_epochs == 0 &&
+        keel_session_saver(s) != NULL) {
+        if (j->worker != NULL &&
+            (st = keel__worker_pull_all(j->worker, keel_session_vars(s), 1))
+                != KEEL_OK)
+            return keel__wrap(st, "end of epoch %lld", (long long)e);
+        pulled = 1;
+        st = keel_session_save_now(s, ep.checkpoint, sizeof ep.checkpoint);
+        if (st != KEEL_OK)
+            return keel__wrap(st, "checkpoint at the end of epoch %lld",
+                              (long long)e);
+        keel__log(KEEL_LOG_INFO, "saved end-of-epoch checkpoint: %s",
+                  ep.checkpoint);
+    }
+    if (j->validator != NULL && e % j->validate_epochs == 0) {
+        keel_eval_result er;
+        if (j->worker != NULL && !pulled &&
+            (st = keel__worker_pull_all(j->worker, keel_session_vars(s), 1))
+                != KEEL_OK)
+            return keel__wrap(st, "validation after epoch %lld",
+                              (long long)e);
+        st = keel__validator_run(j->validator, keel_session_vars(s), &er);
+        if (st != KEEL_OK)
+            return keel__wrap(st, "validation after epoch %lld",
+                              (long long)e);
+        ep.validated = 1;
+        ep.val_loss = er.loss;
+        ep.val_accuracy = er.accuracy;
+        ep.val_examples = er.examples;
+        keel__log(KEEL_LOG_INFO, "validation after epoch %lld (step %lld): "
+                  "loss %.4f accuracy %.4f (%lld examples)", (long long)e,
+                  (long long)g, er.loss, er.accuracy,
+                  (long long)er.examples);
+        if (j->val_events != NULL) {
+            st = keel_events_scalar(j->val_events, g, "validation/loss",
+                                    er.loss);
+            if (st == KEEL_OK)
+                st = keel_events_scalar(j->val_events, g,
+                                        "validation/accuracy", er.accuracy);
+            if (st == KEEL_OK)
+                st = keel_events_flush(j->val_events);
+            if (st != KEEL_OK)
+                return keel__wrap(st, "validation events");
+        }
+    }
+    if (j->opts.epoch_fn != NULL)
+        j->opts.epoch_fn(j->opts.progress_ctx, &ep);
+    return KEEL_OK;
 }
 
 /* Steps the run will end at: max_steps and/or epochs, whichever first. */
@@ -569,11 +761,12 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     job j;
     keel_training_config tc;
     keel_scaffold sc;
-    keel_hook hooks[5], progress, position;
+    keel_hook hooks[5], chief_hooks[2], position;
     size_t n_hooks = 0;
     keel_session *s = NULL;
     keel_status st, cst;
-    static const char *const summary_names[] = { "loss", "accuracy" };
+    static const char *const summary_names[] = { "loss", "accuracy",
+                                                 "learning_rate" };
     int64_t max_steps, every;
     double secs;
 
@@ -644,12 +837,34 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
         if (st == KEEL_OK)
             n_hooks++;
     }
-    memset(&progress, 0, sizeof progress);
-    progress.struct_size = sizeof progress;
-    progress.name = "progress";
-    progress.ctx = &j;
-    progress.before_run = progress_before_run;
-    progress.after_run = progress_after_run;
+    memset(chief_hooks, 0, sizeof chief_hooks);
+    chief_hooks[0].struct_size = sizeof chief_hooks[0];
+    chief_hooks[0].name = "progress";
+    chief_hooks[0].ctx = &j;
+    chief_hooks[0].before_run = progress_before_run;
+    chief_hooks[0].after_run = progress_after_run;
+    chief_hooks[1].struct_size = sizeof chief_hooks[1];
+    chief_hooks[1].name = "epoch_end";
+    chief_hooks[1].ctx = &j;
+    chief_hooks[1].before_run = progress_before_run;
+    chief_hooks[1].after_run = epoch_after_run;
+    j.save_epochs = keel_config_int(cfg, "checkpoint.save_epochs");
+    j.validate_epochs = keel_config_int(cfg, "train.validate_every_epochs");
+    j.examples_per_gstep = in_cluster &&
+        keel_cluster_spec_mode(spec) == KEEL_CLUSTER_ASYNC
+        ? j.global_batch / replicas : j.global_batch;
+    if (st == KEEL_OK && is_chief && j.validate_epochs > 0) {
+        char vdir[KEEL_PATH_MAX];
+        st = keel__validator_new(cfg, &j.validator);
+        if (st == KEEL_OK)
+            st = keel__path_join(vdir, sizeof vdir,
+                                 keel_config_str(cfg, "checkpoint.dir"),
+                                 "validation");
+        if (st == KEEL_OK)
+            st = keel__fs_mkdirs(vdir);
+        if (st == KEEL_OK)
+            st = keel_events_open(vdir, NULL, &j.val_events);
+    }
     if (st != KEEL_OK)
         goto out;
 
@@ -680,20 +895,23 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     tc.session.restore_ctx = &j;
     tc.session.hooks = hooks;
     tc.session.n_hooks = n_hooks;
-    tc.chief_only_hooks = &progress;
-    tc.n_chief_only_hooks = 1;
+    tc.chief_only_hooks = chief_hooks;
+    tc.n_chief_only_hooks = 2;
     tc.checkpoint_dir = keel_config_str(cfg, "checkpoint.dir");
     every = keel_config_int(cfg, "checkpoint.save_steps");
     secs = keel_config_double(cfg, "checkpoint.save_secs");
     tc.save_checkpoint_steps = every > 0 ? every : 0;
     tc.save_checkpoint_secs = every > 0 ? 0 : secs;
+    if (j.save_epochs > 0 && !keel_config_is_set(cfg, "checkpoint.save_steps")
+        && !keel_config_is_set(cfg, "checkpoint.save_secs"))
+        secs = tc.save_checkpoint_secs = 0;   /* by epochs only */
     if (every <= 0 && secs <= 0)        /* only at start and at the end */
         tc.save_checkpoint_steps = INT64_MAX;
     every = keel_config_int(cfg, "hooks.summary_every_steps");
     tc.save_summaries_steps = every;
     tc.save_summaries_secs = 0;
     tc.summary_names = summary_names;
-    tc.n_summary_names = 2;
+    tc.n_summary_names = 3;
     tc.log_step_count_steps = keel_config_int(cfg, "hooks.log_every_steps");
     tc.save_on_error = keel_config_bool(cfg, "checkpoint.save_on_error");
     j.micro = keel_config_int(cfg, "train.micro_batch");
@@ -716,6 +934,7 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
         st = keel__worker_new(&o, j.vs, &worker);
         if (st != KEEL_OK)
             goto out;
+        j.worker = worker;
         if (j.micro > 0) {
             int k = (int)(j.global_batch / replicas / j.micro);
             for (; j.n_micro < k; j.n_micro++)
@@ -783,6 +1002,9 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
                  j.restored_from);
     }
     j.t0_ns = j.last_report_ns = keel__now_mono_ns();
+    j.last_report_gstep = keel_session_global_step(s);
+    if (j.steps_per_epoch > 0)
+        j.epoch_done = j.last_report_gstep / j.steps_per_epoch;
     st = keel_session_train(s);
     cst = keel_session_close(s);
     if (st == KEEL_OK)
@@ -790,6 +1012,8 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     if (result != NULL) {
         result->final_step = keel_session_global_step(s);
         result->examples = j.examples;
+        result->cluster_examples = (result->final_step - result->start_step)
+                                   * j.examples_per_gstep;
         result->seconds = (keel__now_mono_ns() - j.t0_ns) / 1e9;
         result->end_reason = (int)keel_session_end_reason(s);
     }

@@ -33,6 +33,8 @@ typedef struct ck_plan {
     double wall_time;
     const char *config_text;
     const char *topology;
+    const char *architecture;
+    int64_t epoch;             /* > 0: an end-of-epoch checkpoint */
     keel_ckpt_blob blobs[KEEL_CKPT_MAX_BLOBS];
     size_t n_blobs;
 } ck_plan;

@@ -211,7 +211,12 @@ write_structure(const ck_plan *p, const char *tmp, w_piece *pieces)
         (p->config_text != NULL &&
          !attr_write_str(meta, "config", p->config_text)) ||
         (p->topology != NULL &&
-         !attr_write_str(meta, "topology", p->topology))) {
+         !attr_write_str(meta, "topology", p->topology)) ||
+        (p->architecture != NULL &&
+         !attr_write_str(meta, "architecture", p->architecture)) ||
+        (p->epoch > 0 &&
+         !attr_write(meta, "epoch", H5T_STD_I64LE, H5T_NATIVE_INT64,
+                     &p->epoch))) {
         st = keel__fail(KEEL_EIO, "cannot write /meta attributes of %s",
                         tmp);
         goto out;
@@ -1768,10 +1773,16 @@ keel_ckpt_read_info(const char *path, keel_ckpt_info **out)
         s = NULL;
         if (rc < 0 ||
             attr_read_str(meta, "config", &info->config_text) < 0 ||
-            attr_read_str(meta, "topology", &info->topology) < 0)
+            attr_read_str(meta, "topology", &info->topology) < 0 ||
+            attr_read_str(meta, "architecture", &info->architecture) < 0)
             st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: unreadable text "
                             "attribute under /meta", path);
     }
+    if (st == KEEL_OK && attr_exists(meta, "epoch") &&
+        (!attr_read_num(meta, "epoch", H5T_NATIVE_INT64, H5T_INTEGER,
+                        &info->epoch) || info->epoch < 0))
+        st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: /meta epoch is not "
+                        "a non-negative integer", path);
     if (st == KEEL_OK && H5Lexists(meta, "blobs", H5P_DEFAULT) > 0) {
         blob_ctx c = { info, path, KEEL_OK };
         hid_t g = H5Gopen2(meta, "blobs", H5P_DEFAULT);
@@ -1799,6 +1810,7 @@ keel_ckpt_info_free(keel_ckpt_info *info)
         return;
     free(info->config_text);
     free(info->topology);
+    free(info->architecture);
     for (size_t i = 0; i < info->n_blobs; i++)
         free(info->blobs[i].data);
     free(info);

@@ -71,6 +71,19 @@ keel_saver_config_init(keel_saver_config *cfg)
 
 /* ---- names and the state file ------------------------------------------- */
 
+/* <basename>-<step>.h5, or <basename>-epoch<E>-<step>.h5 for an
+ * end-of-epoch checkpoint (epoch > 0). */
+static keel_status
+ckpt_file_name(char *out, size_t size, const char *base, int64_t step,
+               int64_t epoch)
+{
+    if (epoch > 0)
+        return keel__fmt(out, size, "checkpoint name", "%s-epoch%lld-%lld.h5",
+                         base, (long long)epoch, (long long)step);
+    return keel__fmt(out, size, "checkpoint name", "%s-%lld.h5", base,
+                     (long long)step);
+}
+
 int64_t
 keel__ckpt_name_step(const char *name, const char *base)
 {
@@ -95,6 +108,15 @@ keel__ckpt_name_step(const char *name, const char *base)
             return -1;
     }
     p = dash + 1;
+    if (base != NULL && strncmp(p, "epoch", 5) == 0) {
+        /* <base>-epoch<E>-<step>.h5: the step follows the epoch's dash */
+        const char *q = p + 5;
+        while (isdigit((unsigned char)*q))
+            q++;
+        if (q == p + 5 || *q != '-')
+            return -1;
+        p = q + 1;
+    }
     if ((size_t)(name + n - 3 - p) == 0 ||
         (size_t)(name + n - 3 - p) >= sizeof digits)
         return -1;
@@ -560,8 +582,7 @@ commit_save(keel_saver *s, ck_plan *p)
     join_reaper(s);
 
     t1 = t0;
-    st = keel__fmt(name, sizeof name, "checkpoint name", "%s-%lld.h5",
-                   s->basename, (long long)p->step);
+    st = ckpt_file_name(name, sizeof name, s->basename, p->step, p->epoch);
     if (st == KEEL_OK)
         st = keel__path_join(path, sizeof path, s->dir, name);
     if (st == KEEL_OK)
@@ -776,6 +797,9 @@ check_meta(const keel_ckpt_meta *meta)
                           "%d", meta->n_blobs, KEEL_CKPT_MAX_BLOBS);
     if (meta->n_blobs > 0 && meta->blobs == NULL)
         return keel__fail(KEEL_EINVAL, "checkpoint meta: blobs is NULL");
+    if (meta->epoch < 0)
+        return keel__fail(KEEL_EINVAL, "checkpoint meta: epoch %lld is "
+                          "negative", (long long)meta->epoch);
     for (size_t i = 0; i < meta->n_blobs; i++) {
         const keel_ckpt_blob *b = &meta->blobs[i];
         if (b->name == NULL || !keel_name_is_valid(b->name) ||
@@ -835,7 +859,8 @@ stage(keel_saver *s, const keel_vars *vs, const keel_ckpt_meta *meta)
             text += strlen(meta->blobs[i].name) + 1;
         }
         text += (meta->config_text ? strlen(meta->config_text) + 1 : 0) +
-                (meta->topology ? strlen(meta->topology) + 1 : 0);
+                (meta->topology ? strlen(meta->topology) + 1 : 0) +
+                (meta->architecture ? strlen(meta->architecture) + 1 : 0);
     }
     if (total > s->stage_cap) {
         char *nb = keel_aligned_alloc(total);
@@ -878,7 +903,8 @@ stage(keel_saver *s, const keel_vars *vs, const keel_ckpt_meta *meta)
         }
     }
     p->n_blobs = 0;
-    p->config_text = p->topology = NULL;
+    p->config_text = p->topology = p->architecture = NULL;
+    p->epoch = meta != NULL ? meta->epoch : 0;
     if (meta != NULL) {
         for (size_t i = 0; i < meta->n_blobs; i++) {
             keel_ckpt_blob *b = &p->blobs[p->n_blobs++];
@@ -894,6 +920,8 @@ stage(keel_saver *s, const keel_vars *vs, const keel_ckpt_meta *meta)
             p->config_text = arena_put(s, &toff, meta->config_text);
         if (meta->topology != NULL)
             p->topology = arena_put(s, &toff, meta->topology);
+        if (meta->architecture != NULL)
+            p->architecture = arena_put(s, &toff, meta->architecture);
     }
     return KEEL_OK;
 }
@@ -923,6 +951,8 @@ plan_direct(ck_plan *p, const keel_vars *vs, const keel_ckpt_meta *meta)
     p->n_blobs = 0;
     p->config_text = meta != NULL ? meta->config_text : NULL;
     p->topology = meta != NULL ? meta->topology : NULL;
+    p->architecture = meta != NULL ? meta->architecture : NULL;
+    p->epoch = meta != NULL ? meta->epoch : 0;
     if (meta != NULL)
         for (size_t i = 0; i < meta->n_blobs; i++)
             p->blobs[p->n_blobs++] = meta->blobs[i];
@@ -952,8 +982,8 @@ keel_saver_save(keel_saver *s, const keel_vars *vs,
     if (step < 0)
         return keel__fail(KEEL_EINVAL, "cannot checkpoint negative global "
                           "step %lld", (long long)step);
-    st = keel__fmt(name, sizeof name, "checkpoint name", "%s-%lld.h5",
-                   s->basename, (long long)step);
+    st = ckpt_file_name(name, sizeof name, s->basename, step,
+                        meta != NULL ? meta->epoch : 0);
     if (st == KEEL_OK && path != NULL)
         st = keel__path_join(path, path_size, s->dir, name);
     if (st != KEEL_OK)

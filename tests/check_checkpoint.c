@@ -153,7 +153,7 @@ roundtrip(int is_async)
     keel_ckpt_blob blobs[2] = { { "data_iterator", blob1, sizeof blob1 },
                                 { "rng", "", 0 } };
     keel_ckpt_meta meta = { "[train]\nlr = 0.1\n", "ps=2 workers=4", blobs,
-                            2 };
+                            2, "{\"model\": \"mlp\"}", 0 };
     keel_restore_report rep;
     keel_ckpt_info *info;
     const void *bd;
@@ -200,6 +200,8 @@ roundtrip(int is_async)
     ck_assert_str_eq(info->keel_version, keel_version());
     ck_assert_str_eq(info->config_text, meta.config_text);
     ck_assert_str_eq(info->topology, meta.topology);
+    ck_assert_str_eq(info->architecture, "{\"model\": \"mlp\"}");
+    ck_assert_int_eq(info->epoch, 0);
     ck_assert_uint_eq(info->n_variables, 5);
     ck_assert_uint_eq(info->n_slots, 5);
     ck_assert(fabs(info->wall_time - keel__now_wall()) < 600);
@@ -215,6 +217,28 @@ roundtrip(int is_async)
     /* Saving the same step again is a no-op. */
     ck_assert_int_eq(keel_saver_save(s, a, NULL, NULL, 0), KEEL_OK);
     ck_assert_int_eq(keel_saver_wait(s), KEEL_OK);
+
+    /* An end-of-epoch checkpoint: named and marked by its epoch, found by
+     * latest and listed in the state file like any other. */
+    meta.epoch = 3;
+    meta.architecture = NULL;
+    keel_vars_set_global_step(a, 1500);
+    ck_assert_int_eq(keel_saver_save(s, a, &meta, path, sizeof path),
+                     KEEL_OK);
+    ck_assert_int_eq(keel_saver_wait(s), KEEL_OK);
+    ck_assert_ptr_nonnull(strstr(path, "model.ckpt-epoch3-1500.h5"));
+    ck_assert_int_eq(keel_saver_last_step(s), 1500);
+    ck_assert_int_eq(keel_ckpt_latest(tu_dir, NULL, latest, sizeof latest,
+                                      &step), KEEL_OK);
+    ck_assert_str_eq(latest, path);
+    ck_assert_int_eq(step, 1500);
+    ck_assert_int_eq(keel_ckpt_read_info(path, &info), KEEL_OK);
+    ck_assert_int_eq(info->epoch, 3);
+    ck_assert_int_eq(info->global_step, 1500);
+    ck_assert_ptr_null(info->architecture);
+    keel_ckpt_info_free(info);
+    meta.epoch = -1;
+    ck_assert_int_eq(keel_saver_save(s, a, &meta, NULL, 0), KEEL_EINVAL);
     keel_saver_free(s);
     keel_vars_free(a);
     keel_vars_free(b);

@@ -908,6 +908,11 @@ START_TEST(test_ps_and_two_workers_train_and_the_result_evaluates)
     ck_assert_ptr_nonnull(strstr(out, "ps.0 | "));
     ck_assert_ptr_nonnull(strstr(out, "worker.0 | "));
     ck_assert_ptr_nonnull(strstr(out, "chief | step 40 "));
+    /* the chief reports the cluster's examples too: 40 sync steps of the
+     * 32-example global batch, whichever replica computed them */
+    ck_assert_msg(strstr(out, "; cluster 1280 examples, ") != NULL, "%s",
+                  out);
+    ck_assert_ptr_nonnull(strstr(out, " examples/s (cluster "));
     ck_assert_ptr_nonnull(strstr(out, "launch | chief (pid "));
     ck_assert_ptr_nonnull(strstr(out, "launch | the chief finished"));
     ck_assert_ptr_null(strstr(out, "restarting"));

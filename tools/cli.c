@@ -56,10 +56,16 @@ cli_wants_help(int argc, char **argv)
     return 0;
 }
 
+int cli_bar_drawn;
+
 static void
 log_to_stderr(void *ctx, keel_log_level level, const char *msg)
 {
     (void)ctx;
+    if (cli_bar_drawn) {        /* the line starts where the bar was */
+        fputs("\r\033[K", stderr);
+        cli_bar_drawn = 0;
+    }
     if (level >= KEEL_LOG_WARN)
         fprintf(stderr, "keel: %s: %s\n", keel_log_level_str(level), msg);
     else

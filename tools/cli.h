@@ -29,6 +29,9 @@ int cli_wants_help(int argc, char **argv);
 /* Route libkeel's log lines to stderr ("keel: " prefix for warnings and
  * errors); verbose also shows debug lines. */
 void cli_install_logger(int verbose);
+/* 1 while a progress bar (no newline) ends stderr: the logger then clears
+ * it before its line, and the bar is drawn again at the next step. */
+extern int cli_bar_drawn;
 
 /* Load a config file, apply -s overrides and $OUTPUT_DIR, validate; prints
  * the error and returns its exit code, or CLI_OK with *out (caller frees). */
@@ -51,5 +54,7 @@ int cmd_eval(int argc, char **argv);
 int cmd_ckpt(int argc, char **argv);
 int cmd_keygen(int argc, char **argv);
 int cmd_launch(int argc, char **argv);
+int cmd_export(int argc, char **argv);
+int cmd_predict(int argc, char **argv);
 
 #endif

@@ -45,6 +45,8 @@ train_usage(FILE *out, int code)
 typedef struct progress_state {
     int64_t every;          /* step line every N steps (0: none) */
     int bar;                /* draw a bar on stderr */
+    int cluster;            /* a cluster replica: report global examples/s */
+    double eps_smooth;      /* examples/s for the bar, smoothed */
     int64_t last_draw_ns;
     int bar_drawn;
 } progress_state;
@@ -60,22 +62,29 @@ now_ns(void)
 static void
 clear_bar(progress_state *ps)
 {
-    if (ps->bar_drawn) {
+    if (ps->bar_drawn && cli_bar_drawn) {
         fputs("\r\033[K", stderr);
-        ps->bar_drawn = 0;
+        fflush(stderr);
     }
+    ps->bar_drawn = cli_bar_drawn = 0;
 }
 
 static void
 on_progress(void *ctx, const keel_job_progress *p)
 {
     progress_state *ps = ctx;
+    ps->eps_smooth = ps->eps_smooth > 0
+        ? 0.9 * ps->eps_smooth + 0.1 * p->examples_per_sec
+        : p->examples_per_sec;
     if (ps->every > 0 && p->global_step % ps->every == 0) {
         clear_bar(ps);
-        printf("step %lld  epoch %lld  loss %.4f  accuracy %.4f  "
-               "%.0f examples/s\n", (long long)p->global_step,
+        printf("step %lld  epoch %lld  loss %.4f  accuracy %.4f  lr %.3g  "
+               "%.0f examples/s", (long long)p->global_step,
                (long long)p->epoch + 1, p->loss, p->accuracy,
-               p->examples_per_sec);
+               p->learning_rate, p->examples_per_sec);
+        if (ps->cluster)
+            printf(" (cluster %.0f examples/s)", p->global_examples_per_sec);
+        putchar('\n');
         fflush(stdout);
     }
     if (ps->bar && p->last_step > 0) {
@@ -93,15 +102,39 @@ on_progress(void *ctx, const keel_job_progress *p)
                 bar[i] = i < filled ? '#' : '.';
             bar[width] = '\0';
             eta = frac > 0 ? p->elapsed_secs * (1 - frac) / frac : 0;
-            fprintf(stderr, "\r\033[K[%s] %3.0f%%  step %lld/%lld  loss %.4f"
-                    "  ETA %dm%02ds", bar, frac * 100,
+            fprintf(stderr, "\r\033[K");
+            if (p->epochs > 0)
+                fprintf(stderr, "epoch %lld/%lld ", (long long)p->epoch + 1
+                        > (long long)p->epochs ? (long long)p->epochs
+                        : (long long)p->epoch + 1, (long long)p->epochs);
+            else
+                fprintf(stderr, "epoch %lld ", (long long)p->epoch + 1);
+            fprintf(stderr, "[%s] %3.0f%%  step %lld/%lld  %.0f ex/s  "
+                    "loss %.4f  ETA %dh%02dm%02ds", bar, frac * 100,
                     (long long)p->global_step, (long long)p->last_step,
-                    p->loss, (int)(eta / 60), (int)fmod(eta, 60));
+                    ps->eps_smooth, p->loss, (int)(eta / 3600),
+                    (int)fmod(eta / 60, 60), (int)fmod(eta, 60));
             fflush(stderr);
-            ps->bar_drawn = 1;
+            ps->bar_drawn = cli_bar_drawn = 1;
             ps->last_draw_ns = t;
         }
     }
+}
+
+static void
+on_epoch(void *ctx, const keel_job_epoch *e)
+{
+    progress_state *ps = ctx;
+    clear_bar(ps);
+    printf("epoch %lld ended at step %lld: learning rate %g",
+           (long long)e->epoch, (long long)e->global_step, e->learning_rate);
+    if (e->validated)
+        printf("; validation loss %.4f, accuracy %.4f (%lld examples)",
+               e->val_loss, e->val_accuracy, (long long)e->val_examples);
+    if (e->checkpoint[0] != '\0')
+        printf("; saved %s", e->checkpoint);
+    putchar('\n');
+    fflush(stdout);
 }
 
 /* Shared by train and eval: CONFIG and -s/-v options. */
@@ -329,8 +362,10 @@ cmd_train(int argc, char **argv)
     mode = keel_config_str(cfg, "hooks.progress");
     ps.bar = strcmp(mode, "on") == 0 ||
              (strcmp(mode, "auto") == 0 && isatty(2));
+    ps.cluster = spec != NULL && !keel_cluster_spec_is_local(spec);
     memset(&opts, 0, sizeof opts);
     opts.progress_fn = on_progress;
+    opts.epoch_fn = on_epoch;
     opts.progress_ctx = &ps;
     opts.handle_signals = 1;
     opts.cluster = spec;
@@ -348,6 +383,7 @@ cmd_train(int argc, char **argv)
         keel_config_free(cfg);
         return CLI_OK;
     }
+    ps.cluster = ps.cluster && keel_cluster_spec_is_chief(spec);
     keel_cluster_spec_free(spec);
     if (res.end_reason == KEEL_END_SIGNAL && res.examples == 0 &&
         res.seconds == 0.0) {
@@ -358,10 +394,14 @@ cmd_train(int argc, char **argv)
         return CLI_OK;
     }
     printf("trained steps %lld..%lld (%lld examples, %.1f s, %.0f "
-           "examples/s); checkpoints in %s\n", (long long)res.start_step,
+           "examples/s", (long long)res.start_step,
            (long long)res.final_step, (long long)res.examples, res.seconds,
-           res.seconds > 0 ? res.examples / res.seconds : 0.0,
-           keel_config_str(cfg, "checkpoint.dir"));
+           res.seconds > 0 ? res.examples / res.seconds : 0.0);
+    if (ps.cluster)
+        printf("; cluster %lld examples, %.0f examples/s",
+               (long long)res.cluster_examples,
+               res.seconds > 0 ? res.cluster_examples / res.seconds : 0.0);
+    printf("); checkpoints in %s\n", keel_config_str(cfg, "checkpoint.dir"));
     keel_config_free(cfg);
     return CLI_OK;
 }
@@ -370,13 +410,14 @@ static int
 eval_usage(FILE *out, int code)
 {
     fprintf(out,
-            "usage: keel eval CONFIG|DIR [--checkpoint FILE] [--json]\n"
+            "usage: keel eval CONFIG|DIR|CKPT.h5 [--checkpoint FILE] [--json]\n"
             "                 [-s section.key=value]...\n"
             "\n"
             "Restore a checkpoint with no cluster and print the test loss and\n"
             "accuracy. CONFIG: its checkpoint.dir's newest valid checkpoint;\n"
             "DIR: a checkpoint directory, whose newest checkpoint also gives\n"
-            "the model and data settings it was trained with.\n"
+            "the model and data settings it was trained with; CKPT.h5: that\n"
+            "checkpoint, with the settings it holds (no CONFIG needed).\n"
             "\n"
             "  --checkpoint FILE  evaluate this checkpoint instead\n"
             "  --json             print one JSON object: step, loss, accuracy,\n"
@@ -400,6 +441,49 @@ json_string(const char *s)
     putchar('"');
 }
 
+/* keel eval's bar: examples done of the test set, examples/s, ETA. */
+typedef struct eval_bar {
+    int64_t t0_ns, last_ns;
+} eval_bar;
+
+static void
+on_eval_progress(void *ctx, int64_t done, int64_t total)
+{
+    eval_bar *eb = ctx;
+    int64_t t = now_ns();
+    double frac = total > 0 ? (double)done / (double)total : 1;
+    double secs = (t - eb->t0_ns) / 1e9, eta;
+    char bar[32];
+    int filled = (int)(frac * 30);
+    if (t - eb->last_ns < 100000000 && done < total)
+        return;
+    eb->last_ns = t;
+    for (int i = 0; i < 30; i++)
+        bar[i] = i < filled ? '#' : '.';
+    bar[30] = '\0';
+    eta = frac > 0 ? secs * (1 - frac) / frac : 0;
+    fprintf(stderr, "\r\033[Keval [%s] %3.0f%%  %lld/%lld examples  %.0f "
+            "ex/s  ETA %dh%02dm%02ds", bar, frac * 100, (long long)done,
+            (long long)total, secs > 0 ? done / secs : 0.0, (int)(eta / 3600),
+            (int)fmod(eta / 60, 60), (int)fmod(eta, 60));
+    fflush(stderr);
+    cli_bar_drawn = 1;
+}
+
+/* 1 if path starts with the HDF5 signature. */
+static int
+is_hdf5(const char *path)
+{
+    unsigned char sig[8];
+    FILE *f = fopen(path, "rb");
+    size_t n;
+    if (f == NULL)
+        return 0;
+    n = fread(sig, 1, sizeof sig, f);
+    fclose(f);
+    return n == 8 && memcmp(sig, "\211HDF\r\n\032\n", 8) == 0;
+}
+
 int
 cmd_eval(int argc, char **argv)
 {
@@ -419,7 +503,20 @@ cmd_eval(int argc, char **argv)
     if (rc != CLI_OK)
         return rc;
     cli_install_logger(verbose);
-    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+    if (is_hdf5(path)) {
+        /* A checkpoint file: it carries its config (and architecture). */
+        if (ckpt != NULL)
+            return cli_error(CLI_USAGE, "eval %s: --checkpoint is for CONFIG "
+                             "or DIR, not a checkpoint file", path);
+        st = keel_config_from_checkpoint(path, &cfg);
+        for (int i = 0; st == KEEL_OK && i < n_over; i++)
+            st = keel_config_override(cfg, over[i], "-s");
+        if (st != KEEL_OK) {
+            keel_config_free(cfg);
+            return cli_fail(st, "eval");
+        }
+        ckpt = path;
+    } else if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
         /* A checkpoint directory: its checkpoint carries the config. */
         int64_t step;
         const char *src = ckpt;
@@ -448,7 +545,19 @@ cmd_eval(int argc, char **argv)
         if (rc != CLI_OK)
             return rc;
     }
-    st = keel_job_eval(cfg, ckpt, &res);
+    {
+        const char *mode = keel_config_str(cfg, "hooks.progress");
+        eval_bar eb;
+        int bar = strcmp(mode, "on") == 0 ||
+                  (strcmp(mode, "auto") == 0 && isatty(2));
+        eb.t0_ns = eb.last_ns = now_ns();
+        st = keel_job_eval_progress(cfg, ckpt, bar ? on_eval_progress : NULL,
+                                    &eb, &res);
+        if (cli_bar_drawn) {
+            fputs("\r\033[K", stderr);
+            cli_bar_drawn = 0;
+        }
+    }
     keel_config_free(cfg);
     if (st != KEEL_OK)
         return cli_fail(st, "eval");

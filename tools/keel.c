@@ -14,6 +14,9 @@ static const cli_verb verbs[] = {
     { "train", "train the job a config file describes", cmd_train },
     { "launch", "run a local cluster of keel train tasks", cmd_launch },
     { "eval", "evaluate a checkpoint on the test set", cmd_eval },
+    { "predict", "classify inputs with a checkpoint's model", cmd_predict },
+    { "export", "write a checkpoint's model as Keras HDF5, safetensors "
+      "or ONNX", cmd_export },
     { "ckpt", "list, show, verify and diff checkpoints", cmd_ckpt },
     { "config", "check a config file; list every key", cmd_config },
     { "keygen", "write a CURVE key pair for cluster sockets", cmd_keygen },

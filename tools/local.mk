@@ -1,6 +1,6 @@
 # tools/: the keel CLI. Verbs live in tools/cmd_<verb>.c.
 keel_SOURCES += tools/cmd_config.c tools/cmd_train.c tools/cmd_ckpt.c \
-	tools/cmd_keygen.c tools/cmd_launch.c
+	tools/cmd_keygen.c tools/cmd_launch.c tools/cmd_export.c
 
 if HAVE_CHECK
 check_PROGRAMS += tests/it_train
@@ -31,3 +31,8 @@ examples_custom_step_SOURCES = examples/custom_step.c
 examples_custom_step_LDADD = libkeel.la
 TESTS += tests/it_custom_step.sh
 EXTRA_DIST += tests/it_custom_step.sh
+
+# it_export: keel export (keras-h5, safetensors, onnx), keel predict, keel
+# eval CKPT.h5 and the per-epoch workflow, read by independent Python.
+TESTS += tests/it_export.sh
+EXTRA_DIST += tests/it_export.sh tests/it_export.py

@@ -6,7 +6,10 @@
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
+
+#include <json-c/json.h>
 
 #include <keel/keel.h>
 #include <keel/train.h>
@@ -1039,4 +1042,190 @@ const keel_model_config *
 keel_model_get_config(const keel_model *m)
 {
     return m != NULL ? &m->cfg : NULL;
+}
+
+/* ---- architecture description (docs/checkpoint-format.md) -------------- */
+
+static struct json_object *
+json_ints(const int64_t *v, int n)
+{
+    struct json_object *a = json_object_new_array();
+    for (int i = 0; a != NULL && i < n; i++)
+        json_object_array_add(a, json_object_new_int64(v[i]));
+    return a;
+}
+
+static const char *
+keras_activation(keel_activation a)
+{
+    return a == KEEL_ACT_RELU ? "relu" : a == KEEL_ACT_TANH ? "tanh"
+                                                           : "linear";
+}
+
+struct json_object *
+keel__model_arch(const keel_model *m)
+{
+    struct json_object *o = json_object_new_object(), *layers, *L;
+    const keel_model_config *c = &m->cfg;
+    int64_t shape[3] = { c->height, c->width, c->channels };
+    int n_pool = 0;
+    if (o == NULL)
+        return NULL;
+    json_object_object_add(o, "model",
+                           json_object_new_string(model_names[c->kind]));
+    json_object_object_add(o, "input_shape", json_ints(shape, 3));
+    json_object_object_add(o, "classes", json_object_new_int64(c->classes));
+    json_object_object_add(o, "hidden",
+                           json_ints(c->hidden, c->kind == KEEL_MODEL_MLP
+                                                    ? c->n_hidden : 0));
+    json_object_object_add(o, "activation",
+                           json_object_new_string(act_names[c->activation]));
+    json_object_object_add(o, "init",
+                           json_object_new_string(init_names[c->init]));
+    json_object_object_add(o, "output", json_object_new_string("logits"));
+    layers = json_object_new_array();
+    json_object_object_add(o, "layers", layers);
+    for (int i = 0; i < m->nl; i++) {
+        const layer *l = &m->l[i];
+        char name[48];
+        L = json_object_new_object();
+        if (l->kind == L_DENSE && (i == 0 || m->l[i - 1].kind != L_DENSE)) {
+            /* Keras flattens NHWC in (h, w, c) order, as keel does */
+            struct json_object *f = json_object_new_object();
+            json_object_object_add(f, "name",
+                                   json_object_new_string("flatten_1"));
+            json_object_object_add(f, "class_name",
+                                   json_object_new_string("Flatten"));
+            json_object_array_add(layers, f);
+        }
+        if (l->kind == L_POOL) {
+            int64_t k[2] = { (int64_t)l->pg.k, (int64_t)l->pg.k };
+            int64_t s[2] = { (int64_t)l->pg.s, (int64_t)l->pg.s };
+            snprintf(name, sizeof name, "max_pooling2d_%d", ++n_pool);
+            json_object_object_add(L, "name", json_object_new_string(name));
+            json_object_object_add(L, "class_name",
+                                   json_object_new_string("MaxPooling2D"));
+            json_object_object_add(L, "pool_size", json_ints(k, 2));
+            json_object_object_add(L, "strides", json_ints(s, 2));
+            json_object_object_add(L, "padding",
+                                   json_object_new_string("valid"));
+        } else {
+            const char *vn = keel_var_name(l->w);
+            const char *slash = strchr(vn, '/');
+            struct json_object *w = json_object_new_array();
+            snprintf(name, sizeof name, "%.*s", (int)(slash - vn), vn);
+            json_object_object_add(L, "name", json_object_new_string(name));
+            if (l->kind == L_DENSE) {
+                json_object_object_add(L, "class_name",
+                                       json_object_new_string("Dense"));
+                json_object_object_add(L, "units",
+                                       json_object_new_int64(
+                                           (int64_t)l->dout));
+            } else {
+                int64_t k[2] = { (int64_t)l->cg.kh, (int64_t)l->cg.kw };
+                int64_t s[2] = { (int64_t)l->cg.sh, (int64_t)l->cg.sw };
+                json_object_object_add(L, "class_name",
+                                       json_object_new_string("Conv2D"));
+                json_object_object_add(L, "filters",
+                                       json_object_new_int64(
+                                           (int64_t)l->cg.cout));
+                json_object_object_add(L, "kernel_size", json_ints(k, 2));
+                json_object_object_add(L, "strides", json_ints(s, 2));
+                json_object_object_add(L, "padding",
+                                       json_object_new_string("valid"));
+            }
+            json_object_object_add(L, "activation",
+                                   json_object_new_string(
+                                       keras_activation(l->act)));
+            json_object_array_add(w, json_object_new_string(vn));
+            json_object_array_add(w, json_object_new_string(
+                                         keel_var_name(l->b)));
+            json_object_object_add(L, "weights", w);
+        }
+        json_object_array_add(layers, L);
+    }
+    return o;
+}
+
+static keel_status
+arch_int(struct json_object *o, const char *key, int64_t lo, int64_t hi,
+         int64_t *out)
+{
+    struct json_object *v;
+    if (!json_object_object_get_ex(o, key, &v) ||
+        !json_object_is_type(v, json_type_int) ||
+        json_object_get_int64(v) < lo || json_object_get_int64(v) > hi)
+        return keel__fail(KEEL_ECORRUPT, "architecture: '%s' is not an "
+                          "integer in [%lld, %lld]", key, (long long)lo,
+                          (long long)hi);
+    *out = json_object_get_int64(v);
+    return KEEL_OK;
+}
+
+static keel_status
+arch_name(struct json_object *o, const char *key, const char *const *names,
+          int n, int *out)
+{
+    struct json_object *v;
+    if (!json_object_object_get_ex(o, key, &v) ||
+        !json_object_is_type(v, json_type_string))
+        return keel__fail(KEEL_ECORRUPT, "architecture: '%s' is missing or "
+                          "not a string", key);
+    return keel__train_name_lookup(key, json_object_get_string(v), names, n,
+                                   out);
+}
+
+keel_status
+keel__model_config_from_arch(struct json_object *o, keel_model_config *mc)
+{
+    struct json_object *a;
+    keel_status st;
+    int k = 0;
+    keel_model_config_init(mc);
+    if (o == NULL || !json_object_is_type(o, json_type_object))
+        return keel__fail(KEEL_ECORRUPT, "architecture: not a JSON object");
+    if ((st = arch_name(o, "model", model_names, 3, &k)) != KEEL_OK)
+        return st;
+    mc->kind = (keel_model_kind)k;
+    if ((st = arch_name(o, "activation", act_names, 3, &k)) != KEEL_OK)
+        return st;
+    mc->activation = (keel_activation)k;
+    if ((st = arch_name(o, "init", init_names, 2, &k)) != KEEL_OK)
+        return st;
+    mc->init = (keel_init_kind)k;
+    if ((st = arch_int(o, "classes", 2, 1000000, &mc->classes)) != KEEL_OK)
+        return st;
+    if (!json_object_object_get_ex(o, "input_shape", &a) ||
+        !json_object_is_type(a, json_type_array) ||
+        json_object_array_length(a) != 3)
+        return keel__fail(KEEL_ECORRUPT, "architecture: input_shape is not "
+                          "[height, width, channels]");
+    for (int i = 0; i < 3; i++) {
+        struct json_object *v = json_object_array_get_idx(a, (size_t)i);
+        int64_t *dst = i == 0 ? &mc->height : i == 1 ? &mc->width
+                                                     : &mc->channels;
+        if (!json_object_is_type(v, json_type_int) ||
+            json_object_get_int64(v) < 1 || json_object_get_int64(v) > 4096)
+            return keel__fail(KEEL_ECORRUPT, "architecture: input_shape[%d] "
+                              "is not an integer in [1, 4096]", i);
+        *dst = json_object_get_int64(v);
+    }
+    mc->n_hidden = 0;
+    if (json_object_object_get_ex(o, "hidden", &a)) {
+        if (!json_object_is_type(a, json_type_array) ||
+            json_object_array_length(a) > KEEL_MODEL_MAX_HIDDEN)
+            return keel__fail(KEEL_ECORRUPT, "architecture: hidden is not a "
+                              "list of at most %d sizes",
+                              KEEL_MODEL_MAX_HIDDEN);
+        for (size_t i = 0; i < json_object_array_length(a); i++) {
+            struct json_object *v = json_object_array_get_idx(a, i);
+            if (!json_object_is_type(v, json_type_int) ||
+                json_object_get_int64(v) < 1 ||
+                json_object_get_int64(v) > 1 << 20)
+                return keel__fail(KEEL_ECORRUPT, "architecture: hidden[%zu] "
+                                  "is not an integer in [1, 1048576]", i);
+            mc->hidden[mc->n_hidden++] = json_object_get_int64(v);
+        }
+    }
+    return check_config(mc);
 }

@@ -187,6 +187,15 @@ keel_status keel__optimizer_apply_pooled(keel_optimizer *o, keel_vars *vs,
                                          int64_t global_step, int zero,
                                          keel__pool *pool);
 
+/* model.c: the model's architecture as a new JSON object (caller puts it;
+ * NULL if out of memory): model, input_shape, classes, hidden, activation,
+ * init, output and the Keras-style layer list; and back into a model
+ * config (KEEL_ECORRUPT naming the bad key). docs/checkpoint-format.md. */
+struct json_object;
+struct json_object *keel__model_arch(const keel_model *m);
+keel_status keel__model_config_from_arch(struct json_object *o,
+                                         keel_model_config *mc);
+
 /* model.c: index of name among n names, or KEEL_EINVAL listing them. */
 keel_status keel__train_name_lookup(const char *what, const char *name,
                                     const char *const *names, int n,

@@ -36,6 +36,13 @@ typedef struct keel_ckpt_meta {
     const char *topology;      /* e.g. "ps=2 workers=4 mode=sync"; may be NULL */
     const keel_ckpt_blob *blobs;
     size_t n_blobs;            /* <= KEEL_CKPT_MAX_BLOBS */
+    /* The model's architecture as JSON (docs/checkpoint-format.md); may be
+     * NULL. */
+    const char *architecture;
+    /* Epochs completed when saved, for an end-of-epoch checkpoint: the file
+     * is then named <basename>-epoch<E>-<step>.h5 and /meta records it.
+     * 0: an ordinary checkpoint, <basename>-<step>.h5. */
+    int64_t epoch;
 } keel_ckpt_meta;
 
 /* ---- saving ---------------------------------------------------------------- */
@@ -153,6 +160,8 @@ typedef struct keel_ckpt_info {
     char keel_version[32];
     char *config_text;        /* NULL if absent */
     char *topology;           /* NULL if absent */
+    char *architecture;       /* JSON; NULL if absent (older files) */
+    int64_t epoch;            /* end-of-epoch checkpoint's epoch; 0: none */
     size_t n_blobs;
     struct {
         char name[64];

@@ -23,14 +23,35 @@ typedef struct keel_job_progress {
     int64_t epoch;            /* 0-based epoch of the next batch */
     double loss;              /* this step's mean loss */
     double accuracy;          /* this step's accuracy */
-    double examples_per_sec;  /* since the previous report */
+    double examples_per_sec;  /* this process, since the previous report */
     double elapsed_secs;      /* since training started */
+    double learning_rate;     /* the rate this step applied */
+    /* The whole cluster's examples/s since the previous report, from the
+     * global step's progress (equal to examples_per_sec on one process). */
+    double global_examples_per_sec;
+    int64_t steps_per_epoch;  /* global steps per epoch */
+    int64_t epochs;           /* train.epochs (0: no epoch limit) */
 } keel_job_progress;
+
+/* The end of an epoch, reported on the chief (one process: always). */
+typedef struct keel_job_epoch {
+    int64_t epoch;            /* epochs completed (1-based) */
+    int64_t global_step;
+    double learning_rate;     /* the rate of the epoch's last step */
+    int validated;            /* 1: the fields below are set */
+    double val_loss, val_accuracy;
+    int64_t val_examples;
+    char checkpoint[1024];    /* the end-of-epoch checkpoint saved, or "" */
+} keel_job_epoch;
 
 typedef struct keel_job_options {
     /* Called after every step (NULL: none). */
     void (*progress_fn)(void *ctx, const keel_job_progress *p);
     void *progress_ctx;
+    /* Called at the end of every epoch on the chief, after that epoch's
+     * checkpoint (checkpoint.save_epochs) and validation
+     * (train.validate_every_epochs), with progress_ctx (NULL: none). */
+    void (*epoch_fn)(void *ctx, const keel_job_epoch *e);
     /* Install SIGTERM/SIGINT handlers for a preemption-safe stop. */
     int handle_signals;
     /* The cluster and this task's role (validated; borrowed). NULL or a
@@ -44,6 +65,9 @@ typedef struct keel_job_result {
     int64_t start_step;       /* global step at start (after any restore) */
     int64_t final_step;
     int64_t examples;         /* examples trained by this process */
+    /* Examples the whole cluster trained in this run, from the global
+     * step's progress (equal to examples on one process). */
+    int64_t cluster_examples;
     double seconds;           /* wall time of the training loop */
     int restored;             /* 1 if it resumed from a checkpoint */
     char restored_from[1024]; /* that checkpoint's path */
@@ -71,6 +95,14 @@ typedef struct keel_eval_result {
  * newest valid one in cfg's checkpoint.dir. */
 keel_status keel_job_eval(const keel_config *cfg, const char *checkpoint_path,
                           keel_eval_result *result);
+/* keel_job_eval, calling progress_fn (may be NULL) with ctx after every
+ * batch: examples evaluated so far and the test set's size. */
+keel_status keel_job_eval_progress(const keel_config *cfg,
+                                   const char *checkpoint_path,
+                                   void (*progress_fn)(void *ctx,
+                                                       int64_t done,
+                                                       int64_t total),
+                                   void *ctx, keel_eval_result *result);
 
 /* The TF_CONFIG evaluator task (TF's Estimator evaluator): watch
  * checkpoint.dir and evaluate each new checkpoint on the test set. */

@@ -22,6 +22,7 @@
 #include <keel/config.h>
 #include <keel/job.h>
 #include <keel/launch.h>
+#include <keel/export.h>
 
 #ifdef __cplusplus
 extern "C" {

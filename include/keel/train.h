@@ -226,6 +226,14 @@ keel_status keel_dataset_open_idx(const char *images_path,
  * [N,H,W,C]; uint8 is scaled by 1/255) and "y" (integer, [N]). */
 keel_status keel_dataset_open_h5(const char *path, int num_classes,
                                  keel_dataset **out);
+/* Inputs for inference, format found from the content: an IDX image file
+ * (gzip'd or plain), a .npy array (uint8 or little-endian float32,
+ * (N, H, W), (N, H, W, C) or (N, D), C order) or an HDF5 file with
+ * dataset "x" as keel_dataset_open_h5 reads it ("y" optional). uint8 is
+ * scaled by 1/255. Labels are -1 where the file has none (keel_dataset_get
+ * returns them). KEEL_ECORRUPT naming the file for anything malformed.
+ * Caller owns *out. */
+keel_status keel_dataset_open_inputs(const char *path, keel_dataset **out);
 void keel_dataset_free(keel_dataset *ds);
 size_t keel_dataset_count(const keel_dataset *ds);
 /* Example shape (H, W, C) and floats per example (H*W*C). */

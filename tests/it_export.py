@@ -1,0 +1,455 @@
+#!/usr/bin/env python3
+"""it_export.py - models that leave keel, checked by readers that share no
+code with keel (h5py, numpy, onnx and the standard library only):
+
+* the keras-h5 export read by the Keras weight-layout rules (layer_names,
+  weight_names, datasets) rebuilds the MLP and the CNN in numpy and gives
+  keel eval's test accuracy to 1e-4;
+* the safetensors export parsed by hand equals the checkpoint's tensors bit
+  for bit;
+* the ONNX export passes onnx.checker, its initializers equal the
+  checkpoint's tensors, and its graph run by a small numpy interpreter
+  gives the same accuracy;
+* `keel eval CKPT.h5` and `keel predict CKPT.h5 IMAGES --json` need no INI
+  and agree with `keel eval CONFIG`; .npy and HDF5 inputs predict the same;
+* the per-epoch workflow: epoch-named checkpoints kept by max_to_keep, the
+  learning rate following seed 002's decay in scalars.csv and the event
+  file, a validation line per epoch.
+Run by tests/it_export.sh with KEEL_BUILDDIR and KEEL_SRCDIR set."""
+import gzip
+import json
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+
+import h5py
+import numpy as np
+
+FMNIST = "/usr/share/datasets/fashion-mnist"
+KEEL = os.path.join(os.environ["KEEL_BUILDDIR"], "keel")
+SRC = os.environ.get("KEEL_SRCDIR", ".")
+passed = failed = 0
+
+
+def check(cond, what):
+    global passed, failed
+    if cond:
+        passed += 1
+    else:
+        failed += 1
+        print("FAIL: " + what, file=sys.stderr)
+
+
+def keel(*args, ok=True):
+    r = subprocess.run([KEEL] + [str(a) for a in args], capture_output=True,
+                       text=True, timeout=600)
+    if ok and r.returncode != 0:
+        raise SystemExit("keel %s failed (%d): %s" % (" ".join(map(str, args)),
+                                                      r.returncode, r.stderr))
+    return r
+
+
+# ---- data: a small slice of Fashion-MNIST, as IDX (gz), .npy and HDF5 ----
+
+def idx(name, off):
+    with gzip.open(os.path.join(FMNIST, name)) as f:
+        return np.frombuffer(f.read(), np.uint8, offset=off)
+
+
+def write_idx(path, arr, magic):
+    hdr = struct.pack(">I", magic) + b"".join(struct.pack(">I", d)
+                                              for d in arr.shape)
+    with gzip.open(path, "wb") as f:
+        f.write(hdr + arr.tobytes())
+
+
+def make_data(d):
+    xtr = idx("train-images-idx3-ubyte.gz", 16).reshape(-1, 28, 28)[:640]
+    ytr = idx("train-labels-idx1-ubyte.gz", 8)[:640]
+    xte = idx("t10k-images-idx3-ubyte.gz", 16).reshape(-1, 28, 28)[:500]
+    yte = idx("t10k-labels-idx1-ubyte.gz", 8)[:500]
+    write_idx(os.path.join(d, "train-images-idx3-ubyte.gz"), xtr, 0x803)
+    write_idx(os.path.join(d, "train-labels-idx1-ubyte.gz"), ytr, 0x801)
+    write_idx(os.path.join(d, "t10k-images-idx3-ubyte.gz"), xte, 0x803)
+    write_idx(os.path.join(d, "t10k-labels-idx1-ubyte.gz"), yte, 0x801)
+    np.save(os.path.join(d, "test.npy"), xte)
+    with h5py.File(os.path.join(d, "test.h5"), "w") as f:
+        f["x"] = xte.astype(np.float32) / np.float32(255)
+    return xte.astype(np.float64) / 255.0, yte.astype(np.int64)
+
+
+# ---- the Keras weight layout, read by its rules ---------------------------
+
+def attr_list(group, name):
+    """load_attributes_from_hdf5_group: name, or name0, name1, ..."""
+    if name in group.attrs:
+        raw = list(group.attrs[name])
+    else:
+        raw, k = [], 0
+        while "%s%d" % (name, k) in group.attrs:
+            raw += list(group.attrs["%s%d" % (name, k)])
+            k += 1
+    return [n.decode("utf8") if hasattr(n, "decode") else n for n in raw]
+
+
+def relu(x):
+    return np.maximum(x, 0)
+
+
+def conv_valid(x, k, b):
+    """NHWC input, Keras kernel (kh, kw, in, out), stride 1, valid."""
+    kh, kw = k.shape[:2]
+    oh, ow = x.shape[1] - kh + 1, x.shape[2] - kw + 1
+    y = np.zeros((x.shape[0], oh, ow, k.shape[3]))
+    for i in range(kh):
+        for j in range(kw):
+            y += np.einsum("nhwc,co->nhwo", x[:, i:i + oh, j:j + ow, :],
+                           k[i, j])
+    return y + b
+
+
+def maxpool2(x):
+    n, h, w, c = x.shape
+    return x[:, :h // 2 * 2, :w // 2 * 2, :].reshape(
+        n, h // 2, 2, w // 2, 2, c).max(axis=(2, 4))
+
+
+def keras_h5_logits(path, x):
+    """Rebuild the network from a save_weights file: Keras class by layer
+    name (conv2d_*, max_pooling2d_*, flatten_*, dense_*), weights by
+    weight_names; ReLU on every weighted layer but the last."""
+    with h5py.File(path, "r") as f:
+        names = attr_list(f, "layer_names")
+        weighted = [n for n in names if attr_list(f[n], "weight_names")]
+        assert f.attrs["backend"] in (b"tensorflow", "tensorflow")
+        assert not str(f.attrs["keras_version"]).startswith("1")
+        h = x[..., None]
+        for n in names:
+            wn = attr_list(f[n], "weight_names")
+            w = [np.asarray(f[n][v], dtype=np.float64) for v in wn]
+            for v in wn:
+                assert v.startswith(n + "/"), (n, v)
+            last = n == weighted[-1]
+            if n.startswith("conv2d"):
+                assert w[0].ndim == 4 and w[1].shape == (w[0].shape[3],)
+                h = relu(conv_valid(h, w[0], w[1]))
+            elif n.startswith("max_pooling2d"):
+                h = maxpool2(h)
+            elif n.startswith("flatten"):
+                h = h.reshape(h.shape[0], -1)
+            elif n.startswith("dense"):
+                assert w[0].ndim == 2 and w[1].shape == (w[0].shape[1],)
+                h = h @ w[0] + w[1]
+                if not last:
+                    h = relu(h)
+            else:
+                raise AssertionError("unexpected layer " + n)
+        return h
+
+
+# ---- safetensors, parsed by hand -------------------------------------------
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        blob = f.read()
+    (hl,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8:8 + hl].decode("utf8"))
+    data = blob[8 + hl:]
+    meta = header.pop("__metadata__", {})
+    assert all(isinstance(v, str) for v in meta.values())
+    spans, out = [], {}
+    for name, e in header.items():
+        assert e["dtype"] == "F32", e
+        b, end = e["data_offsets"]
+        n = int(np.prod(e["shape"])) if e["shape"] else 1
+        assert end - b == 4 * n, (name, e)
+        spans.append((b, end))
+        out[name] = (tuple(e["shape"]), data[b:end])
+    spans.sort()
+    pos = 0
+    for b, end in spans:                 # no holes, no overlaps
+        assert b == pos, spans
+        pos = end
+    assert pos == len(data)
+    return out, meta
+
+
+def ckpt_variables(path):
+    out = {}
+    with h5py.File(path, "r") as f:
+        f["variables"].visititems(
+            lambda n, o: out.__setitem__(n, np.asarray(o[()], "<f4"))
+            if isinstance(o, h5py.Dataset) else None)
+    return out
+
+
+# ---- ONNX: checker, initializers, and a small numpy interpreter ----------
+
+def onnx_run(model, x):
+    from onnx import helper, numpy_helper
+    env = {i.name: numpy_helper.to_array(i).astype(np.float64)
+           for i in model.graph.initializer}
+    env[model.graph.input[0].name] = x[..., None]
+    for node in model.graph.node:
+        a = {at.name: helper.get_attribute_value(at) for at in node.attribute}
+        i = [env[n] for n in node.input]
+        op = node.op_type
+        if op == "Transpose":
+            y = np.transpose(i[0], a["perm"])
+        elif op == "Conv":
+            assert list(a.get("strides", [1, 1])) == [1, 1]
+            assert not any(a.get("pads", [0, 0, 0, 0]))
+            xx, w = i[0], i[1]
+            kh, kw = w.shape[2:]
+            oh, ow = xx.shape[2] - kh + 1, xx.shape[3] - kw + 1
+            y = np.zeros((xx.shape[0], w.shape[0], oh, ow))
+            for p in range(kh):
+                for q in range(kw):
+                    y += np.einsum("nchw,oc->nohw",
+                                   xx[:, :, p:p + oh, q:q + ow], w[:, :, p, q])
+            y += i[2][None, :, None, None]
+        elif op == "Relu":
+            y = relu(i[0])
+        elif op == "Tanh":
+            y = np.tanh(i[0])
+        elif op == "MaxPool":
+            assert list(a["kernel_shape"]) == [2, 2]
+            assert list(a["strides"]) == [2, 2]
+            n, c, h, w = i[0].shape
+            y = i[0][:, :, :h // 2 * 2, :w // 2 * 2].reshape(
+                n, c, h // 2, 2, w // 2, 2).max(axis=(3, 5))
+        elif op == "Flatten":
+            y = i[0].reshape(i[0].shape[0], -1)
+        elif op == "Gemm":
+            assert not a.get("transA", 0) and not a.get("transB", 0)
+            y = i[0] @ i[1] + i[2]
+        elif op == "Softmax":
+            e = np.exp(i[0] - i[0].max(axis=-1, keepdims=True))
+            y = e / e.sum(axis=-1, keepdims=True)
+        else:
+            raise AssertionError("unexpected op " + op)
+        env[node.output[0]] = y
+    return env[model.graph.output[0].name]
+
+
+def accuracy_of(out):
+    m = re.search(r"accuracy ([0-9.]+)", out)
+    return float(m.group(1)) if m else None
+
+
+def export_checks(d, kind, x, y):
+    ini = os.path.join(d, kind + ".ini")
+    out = os.path.join(d, kind)
+    with open(ini, "w") as f:
+        f.write("[model]\ntype = %s\n%s[data]\ndir = %s\n"
+                "[optimizer]\nname = adam\nlearning_rate = 0.003\n"
+                "[train]\nbatch_size = 64\nmax_steps = %d\n"
+                "eval_batch_size = 128\n[checkpoint]\ndir = %s\n"
+                "save_secs = 0\n[hooks]\nlog_every_steps = 0\n"
+                % (kind, "hidden = 32,16\n" if kind == "mlp" else "", d,
+                   40 if kind == "mlp" else 20, out))
+    keel("train", ini)
+    ckpt = os.path.join(out, "model.ckpt-%d.h5" % (40 if kind == "mlp"
+                                                    else 20))
+    acc = accuracy_of(keel("eval", ini).stdout)
+    check(acc is not None and acc > 0.3, "%s: keel eval CONFIG works (%s)"
+          % (kind, acc))
+    # no INI: the checkpoint describes its model
+    r = keel("eval", ckpt, "--json")
+    check(abs(json.loads(r.stdout)["accuracy"] - acc) < 1e-4,
+          "%s: keel eval CKPT.h5 = keel eval CONFIG" % kind)
+    with h5py.File(ckpt, "r") as f:
+        arch = json.loads(f["meta"].attrs["architecture"])
+    check(arch["model"] == kind and arch["input_shape"] == [28, 28, 1]
+          and arch["classes"] == 10 and arch["optimizer"]["name"] == "adam",
+          "%s: /meta architecture %s" % (kind, arch))
+
+    images = os.path.join(d, "t10k-images-idx3-ubyte.gz")
+    r = keel("predict", ckpt, images, "--json")
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    pred = np.array([row["class"] for row in rows])
+    check(len(rows) == len(y) and abs((pred == y).mean() - acc) < 1e-4,
+          "%s: keel predict --json accuracy = keel eval" % kind)
+    probs = np.array([row["probabilities"] for row in rows])
+    check(np.allclose(probs.sum(axis=1), 1, atol=1e-5),
+          "%s: predict probabilities sum to 1" % kind)
+    for other in ("test.npy", "test.h5"):
+        r = keel("predict", ckpt, os.path.join(d, other), "--json")
+        p2 = np.array([json.loads(line)["class"]
+                       for line in r.stdout.splitlines()])
+        check(np.array_equal(p2, pred), "%s: predict %s = IDX" % (kind, other))
+    r = keel("predict", ckpt, images, "--labels",
+             os.path.join(d, "t10k-labels-idx1-ubyte.gz"))
+    check(abs(accuracy_of(r.stdout.splitlines()[-1]) - acc) < 1e-4,
+          "%s: predict --labels accuracy" % kind)
+
+    # a checkpoint of older keel: no architecture (and no config) in /meta
+    old = os.path.join(d, kind + "-old.h5")
+    shutil.copy(ckpt, old)
+    with h5py.File(old, "r+") as f:
+        del f["meta"].attrs["architecture"]
+    r = keel("predict", old, images, "--json")
+    check([json.loads(l)["class"] for l in r.stdout.splitlines()] ==
+          list(pred), "%s: no architecture: the stored config" % kind)
+    with h5py.File(old, "r+") as f:
+        del f["meta"].attrs["config"]
+    r = keel("predict", old, images, "--json", ok=False)
+    check(r.returncode == 2 and "CONFIG" in r.stderr,
+          "%s: neither architecture nor config: asks for CONFIG (%d %s)"
+          % (kind, r.returncode, r.stderr.strip()))
+    r = keel("predict", old, images, "--json", "--config", ini)
+    check([json.loads(l)["class"] for l in r.stdout.splitlines()] ==
+          list(pred), "%s: no architecture: --config INI" % kind)
+    r = keel("export", old, "--format", "safetensors", "--config", ini,
+             "-o", os.path.join(d, "old.safetensors"))
+    check(r.returncode == 0, "%s: export of an old checkpoint with --config"
+          % kind)
+
+    # keras-h5
+    kh5 = os.path.join(d, kind + ".keras.h5")
+    keel("export", ckpt, "--format", "keras-h5", "-o", kh5)
+    logits = keras_h5_logits(kh5, x)
+    kacc = (logits.argmax(axis=1) == y).mean()
+    check(abs(kacc - acc) < 1e-4, "%s: keras-h5 numpy accuracy %.6f vs "
+          "keel %.6f" % (kind, kacc, acc))
+    variables = ckpt_variables(ckpt)
+    with h5py.File(kh5, "r") as f:
+        names = attr_list(f, "layer_names")
+        want = (["flatten_1", "dense_1", "dense_2", "dense_3"]
+                if kind == "mlp" else
+                ["conv2d_1", "max_pooling2d_1", "conv2d_2",
+                 "max_pooling2d_2", "flatten_1", "dense_1", "dense_2"])
+        check(names == want, "%s: layer_names %s" % (kind, names))
+        same = all(np.array_equal(
+            np.asarray(f[n][w]).view("<u4"),
+            variables[w[:-2]].view("<u4"))
+            for n in names for w in attr_list(f[n], "weight_names"))
+        check(same, "%s: keras-h5 weights are the checkpoint's bits" % kind)
+
+    # safetensors
+    st = os.path.join(d, kind + ".safetensors")
+    keel("export", ckpt, "--format", "safetensors", "-o", st)
+    tensors, meta = read_safetensors(st)
+    check(set(tensors) == set(variables),
+          "%s: safetensors names %s" % (kind, sorted(tensors)))
+    check(all(tensors[n][0] == variables[n].shape and
+              tensors[n][1] == variables[n].astype("<f4").tobytes()
+              for n in tensors), "%s: safetensors bit for bit" % kind)
+    check(json.loads(meta["architecture"])["model"] == kind,
+          "%s: safetensors metadata" % kind)
+
+    # onnx
+    try:
+        import onnx
+        from onnx import numpy_helper
+    except ImportError:
+        check(False, "python3-onnx is not installed (quickstart.sh installs "
+              "it)")
+        return
+    ox = os.path.join(d, kind + ".onnx")
+    keel("export", ckpt, "--format", "onnx", "-o", ox)
+    model = onnx.load(ox)
+    try:
+        onnx.checker.check_model(model, full_check=True)
+        ok = True
+    except Exception as e:             # the checker's own exception types
+        print(e, file=sys.stderr)
+        ok = False
+    check(ok, "%s: onnx.checker.check_model" % kind)
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    check(set(inits) == set(variables) and all(
+        inits[n].dtype == np.float32 and
+        np.array_equal(inits[n].view("<u4"), variables[n].view("<u4"))
+        for n in inits), "%s: onnx initializers = checkpoint" % kind)
+    oacc = (onnx_run(model, x).argmax(axis=1) == y).mean()
+    check(abs(oacc - acc) < 1e-4, "%s: onnx graph accuracy %.6f vs keel "
+          "%.6f" % (kind, oacc, acc))
+
+
+def epoch_checks(d):
+    ini = os.path.join(d, "epochs.ini")
+    out = os.path.join(d, "epochs")
+    with open(ini, "w") as f:
+        f.write("[model]\ntype = mlp\nhidden = 16\n[data]\ndir = %s\n"
+                "[optimizer]\nname = adam\nschedule = piecewise\n"
+                "schedule_unit = epochs\nboundaries = 3,7\n"
+                "values = 1e-3,1e-4,1e-5\n[train]\nbatch_size = 64\n"
+                "epochs = 9\nvalidate_every_epochs = 1\n"
+                "[checkpoint]\ndir = %s\nsave_epochs = 1\nmax_to_keep = 5\n"
+                "[hooks]\nlog_every_steps = 5\nsummary_every_steps = 1\n"
+                % (d, out))
+    r = keel("train", ini)
+    files = sorted(f for f in os.listdir(out) if f.endswith(".h5"))
+    want = sorted("model.ckpt-epoch%d-%d.h5" % (e, 10 * e)
+                  for e in range(5, 10))
+    check(files == want, "epochs: kept %s, want %s" % (files, want))
+    with h5py.File(os.path.join(out, want[-1]), "r") as f:
+        check(int(f["meta"].attrs["epoch"]) == 9 and
+              int(f["meta"].attrs["global_step"]) == 90, "epochs: /meta epoch")
+    vals = [l for l in r.stdout.splitlines() if "validation loss" in l]
+    check(len(vals) == 9, "epochs: %d validation lines" % len(vals))
+
+    def decay(epoch):                   # seed 002's LearningRateScheduler
+        return 1e-3 if epoch < 3 else 1e-4 if epoch < 7 else 1e-5
+
+    rows = [l.split(",") for l in open(os.path.join(out, "scalars.csv"))]
+    lr = {int(s): float(v) for _, s, t, v in rows[1:] if t == "learning_rate"}
+    # the row of step s is the step that made global step s (epoch (s-1)/10)
+    check(len(lr) == 90 and all(abs(v - decay((s - 1) // 10)) <=
+                                 1e-7 * decay((s - 1) // 10)
+                                 for s, v in lr.items()),
+          "epochs: scalars.csv learning_rate follows the decay")
+    ev = [f for f in os.listdir(out) if f.startswith("events.out")]
+    r2 = subprocess.run([sys.executable,
+                         os.path.join(SRC, "tests", "read_tfevents.py"),
+                         os.path.join(out, ev[0])], capture_output=True,
+                        text=True)
+    evlr = {int(p[1]): float(p[3]) for p in
+            (l.split() for l in r2.stdout.splitlines())
+            if p[0] == "scalar" and p[2] == "learning_rate"}
+    check(r2.returncode == 0 and len(evlr) == 90 and
+          all(abs(v - decay((s - 1) // 10)) <= 1e-7 * decay((s - 1) // 10)
+              for s, v in evlr.items()),
+          "epochs: event file learning_rate follows the decay")
+    lines = [l for l in r.stdout.splitlines() if l.startswith("step ")]
+    check(lines and all(" lr " in l for l in lines), "epochs: lr in step lines")
+    vdir = os.path.join(out, "validation")
+    vev = [f for f in os.listdir(vdir) if f.startswith("events.out")]
+    r3 = subprocess.run([sys.executable,
+                         os.path.join(SRC, "tests", "read_tfevents.py"),
+                         os.path.join(vdir, vev[0])], capture_output=True,
+                        text=True)
+    check(r3.stdout.count("validation/accuracy") == 9,
+          "epochs: validation events")
+
+
+def main():
+    if not os.path.exists(os.path.join(FMNIST, "t10k-images-idx3-ubyte.gz")):
+        print("SKIP: Debian's dataset-fashion-mnist is not installed")
+        return 77
+    d = tempfile.mkdtemp(prefix="keel-export-")
+    try:
+        x, y = make_data(d)
+        export_checks(d, "mlp", x, y)
+        export_checks(d, "cnn", x, y)
+        epoch_checks(d)
+        r = keel("export", os.path.join(d, "nothing.h5"), "--format", "onnx",
+                 ok=False)
+        check(r.returncode == 1 and r.stderr.startswith("keel: "),
+              "export of a missing checkpoint fails with a message")
+        r = keel("export", os.path.join(d, "mlp"), "--format", "tflite",
+                 ok=False)
+        check(r.returncode == 2 and "keras-h5" in r.stderr,
+              "unknown export format is a usage error")
+    finally:
+        shutil.rmtree(d)
+    print("it_export: %d passed, %d failed" % (passed, failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
