@@ -1,5 +1,5 @@
 # session/: Scaffold, SessionManager, MonitoredSession, Supervisor, Coordinator.
-libkeel_core_la_SOURCES += session/session_int.h session/coord.c \
+libkeel_core_la_SOURCES += session/session_int.h session/chain.c session/coord.c \
 	session/manager.c session/monitored.c session/training.c \
 	session/supervisor.c
 pkginclude_HEADERS += include/keel/session.h

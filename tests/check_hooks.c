@@ -17,7 +17,7 @@
 #include "util.h"
 #include "testutil.h"
 #include "fake_ckpt.h"
-#include "../hooks/hooks_int.h"
+#include "../session/session_int.h"
 
 static keel_vars *vs;
 static char logbuf[16384];
@@ -69,7 +69,7 @@ setup(void)
 static void
 teardown(void)
 {
-    keel__hooks_set_skipping(1);
+    keel__session_set_skipping(1);
     keel_log_set_handler(NULL, NULL, KEEL_LOG_DEBUG);
     keel_vars_free(vs);
     fake_uninstall();
@@ -417,7 +417,7 @@ skip_scenario(int is_skipping, const char *sub, char *out, size_t out_size)
     char dir[512], *csv, *line, *save;
     size_t n = 0, i;
     int is_stalled = 0;
-    keel__hooks_set_skipping(is_skipping);
+    keel__session_set_skipping(is_skipping);
     fake_install();
     logbuf[0] = '\0';
     keel_vars_set_global_step(vs, 0);
