@@ -11,7 +11,13 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include <keel/keel.h>
+#include <keel/checkpoint.h>
+#include <keel/cluster.h>
+#include <keel/config.h>
+#include <keel/events.h>
+#include <keel/hooks.h>
+#include <keel/session.h>
+#include <keel/train.h>
 #include <keel/job.h>
 #include "util.h"
 #include "app_int.h"
