@@ -13,8 +13,8 @@
 
 #include <ini.h>
 
-#include <keel/keel.h>
 #include <keel/config.h>
+#include <keel/tensor.h>
 #include "util.h"
 
 typedef enum { T_INT, T_DOUBLE, T_BOOL, T_STRING, T_ENUM, T_INT_LIST,

@@ -19,7 +19,9 @@
 #include <sys/inotify.h>
 #endif
 
-#include <keel/keel.h>
+#include <keel/events.h>
+#include <keel/session.h>
+#include <keel/train.h>
 #include <keel/job.h>
 #include "util.h"
 #include "app_int.h"

@@ -15,7 +15,9 @@
 #include <hdf5.h>
 #include <json-c/json.h>
 
-#include <keel/keel.h>
+#include <keel/checkpoint.h>
+#include <keel/config.h>
+#include <keel/train.h>
 #include <keel/job.h>
 #include <keel/export.h>
 #include "util.h"

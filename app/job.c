@@ -13,7 +13,13 @@
 
 #include <json-c/json.h>
 
-#include <keel/keel.h>
+#include <keel/checkpoint.h>
+#include <keel/cluster.h>
+#include <keel/config.h>
+#include <keel/events.h>
+#include <keel/hooks.h>
+#include <keel/session.h>
+#include <keel/train.h>
 #include <keel/job.h>
 #include "util.h"
 #include "app_int.h"

@@ -14,7 +14,9 @@
 
 #include <json-c/json.h>
 
-#include <keel/keel.h>
+#include <keel/checkpoint.h>
+#include <keel/config.h>
+#include <keel/train.h>
 #include <keel/export.h>
 #include "util.h"
 #include "app_int.h"

@@ -25,6 +25,7 @@
 
 #include <keel/keel.h>
 #include "../cluster/cluster_int.h"
+#include "../tests/ps_skel.h"
 
 static double
 now_s(void)
@@ -78,7 +79,8 @@ run_size(size_t mib, int nvars, int reps, size_t total_mib, double *secs,
          long *iters_out)
 {
     keel_vars *vars;
-    keel__ps_config cfg = { .bind = "tcp://127.0.0.1:*" };
+    keel__ps_config cfg = { .bind = "tcp://127.0.0.1:*",
+                            .serve = ps_skel_serve };
     srv s;
     pthread_t th;
     keel__wire_client *c;

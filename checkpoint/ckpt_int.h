@@ -6,7 +6,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include <keel/keel.h>
+#include <keel/checkpoint.h>
+#include <keel/train.h>
 #include "util.h"
 
 #define CK_STATE_NAME "checkpoint"

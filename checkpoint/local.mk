@@ -1,6 +1,7 @@
 # checkpoint/: HDF5 checkpoints, the state file, retention, async save.
 libkeel_core_la_SOURCES += checkpoint/ckpt_int.h checkpoint/h5io.c \
-	checkpoint/saver.c checkpoint/restore.c checkpoint/lease.c
+	checkpoint/saver.c checkpoint/restore.c checkpoint/lease.c \
+	checkpoint/ckpt_ops.h checkpoint/ckpt_ops.c
 
 if HAVE_CHECK
 check_PROGRAMS += tests/check_checkpoint tests/ckpt_child

@@ -1,6 +1,6 @@
 /* cluster_int.h - private to cluster/: problem lists, the binary wire
  * protocol over ZeroMQ ROUTER/DEALER, CURVE keys and the ZAP handler, and
- * the variable server skeleton. The only header that includes <zmq.h>. */
+ * the parameter server. The only header that includes <zmq.h>. */
 #ifndef KEEL_CLUSTER_INT_H
 #define KEEL_CLUSTER_INT_H
 
@@ -272,7 +272,7 @@ void keel__hb_peer_get(keel__hb *hb, int p, keel__hb_peer *out);
 /* Wait until peer p has answered more than beats times; 1 if it has. */
 int keel__hb_wait(keel__hb *hb, int p, long beats, int timeout_ms);
 
-/* ---- client and variable server skeleton (wire.c, ps.c) ----------------- */
+/* ---- client and parameter server (wire.c, ps.c) ------------------------ */
 
 typedef struct keel__wire_client keel__wire_client;
 /* A DEALER connected to endpoint, in its own zmq context. */
@@ -325,24 +325,30 @@ keel_status keel__wire_client_push_parts(
     size_t part_bytes, uint8_t flags, int timeout_ms,
     void (*on_reply)(void *ctx, const keel__wire_msg *m), void *ctx);
 
+typedef struct keel__ps keel__ps;
+
 typedef struct keel__ps_config {
     const char *bind;           /* "tcp://127.0.0.1:*" or a spec address */
     keel_vars *vars;            /* borrowed; the server is its only user */
     const keel__curve *curve;   /* NULL or !enabled: plain TCP */
     keel__wire_limits limits;   /* zeros: defaults */
     int task_index;
-    /* The real parameter server (roles.c): apply one aggregated gradient
-     * with the optimizer (NULL: the skeleton sums gradients in). */
+    /* The parameter server (roles.c): apply one aggregated gradient with
+     * the optimizer (NULL: serve below answers the data messages). */
     keel_status (*apply)(void *ctx, keel_var *v, const keel_tensor *grad,
                          int64_t global_step);
     void *apply_ctx;
+    /* Without apply: PULL / PUSH / INIT / HELLO go to serve (a server that
+     * tests and benchmarks define, tests/ps_skel.c); it answers with
+     * keel__ps_reply. */
+    keel_status (*serve)(void *ctx, keel__ps *ps, keel__wire_msg *req);
+    void *serve_ctx;
     int sync;                   /* SyncReplicas aggregation (with apply) */
     int replicas_to_aggregate;  /* sync: fresh gradients per step */
     int total_replicas;         /* chief + workers */
     int has_chief;              /* replica index: chief 0, worker i i+1 */
 } keel__ps_config;
 
-typedef struct keel__ps keel__ps;
 keel_status keel__ps_new(const keel__ps_config *cfg, keel__ps **out);
 void keel__ps_free(keel__ps *ps);
 /* The bound endpoint (ZMQ_LAST_ENDPOINT). */
@@ -368,6 +374,17 @@ void keel__ps_log_timing(const keel__ps *ps);
 /* Milliseconds since the chief (replica 0) was last heard from (or since
  * the start). */
 int64_t keel__ps_chief_silent_ms(const keel__ps *ps);
+/* For a serve function: the store, the pin of a variable's replies in
+ * flight, the check that every tensor of req names a distinct variable
+ * (of the same shape when vars is given: vars[i] = req's i-th), and a
+ * reply to req (header filled in; outs sent zero-copy with their pins). */
+keel_vars *keel__ps_vars(keel__ps *ps);
+keel__wire_pin *keel__ps_pin(keel__ps *ps, const keel_var *v);
+keel_status keel__ps_check_tensors(keel__ps *ps, const keel__wire_msg *req,
+                                   keel_var **vars);
+keel_status keel__ps_reply(keel__ps *ps, keel__wire_msg *req, uint8_t type,
+                           uint8_t flags, const keel__wire_out *outs,
+                           size_t n);
 /* After a SHUTDOWN: answer whatever still comes (pushes of workers that
  * have not heard yet) with ERROR KEEL_ECANCELLED for up to ms. */
 void keel__ps_drain(keel__ps *ps, int ms);

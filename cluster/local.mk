@@ -6,7 +6,8 @@ pkginclude_HEADERS += include/keel/cluster.h
 if HAVE_CHECK
 check_PROGRAMS += tests/check_cluster
 TESTS += tests/check_cluster
-tests_check_cluster_SOURCES = tests/check_cluster.c
+tests_check_cluster_SOURCES = tests/check_cluster.c tests/ps_skel.c \
+	tests/ps_skel.h
 tests_check_cluster_CFLAGS = $(TEST_CFLAGS) $(ZMQ_CFLAGS) $(JSONC_CFLAGS)
 tests_check_cluster_LDADD = $(TEST_LIBS) $(ZMQ_LIBS)
 endif
@@ -14,7 +15,8 @@ endif
 # bench/cluster_bench: wire protocol push+pull throughput (built by
 # `make check`, run by bench/cluster_bench.sh; not installed).
 check_PROGRAMS += bench/cluster_bench
-bench_cluster_bench_SOURCES = bench/cluster_bench.c
+bench_cluster_bench_SOURCES = bench/cluster_bench.c tests/ps_skel.c \
+	tests/ps_skel.h
 bench_cluster_bench_CFLAGS = $(AM_CFLAGS) $(ZMQ_CFLAGS)
 bench_cluster_bench_LDADD = libkeel_core.la $(ZMQ_LIBS)
 

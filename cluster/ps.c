@@ -1,9 +1,11 @@
-/* ps.c - the variable server skeleton: a ROUTER socket bound to one
- * address serving PULL / PUSH / INIT / STEP / HELLO / HEARTBEAT /
- * SHUTDOWN on a keel_vars store. PUSH sums the gradients into the
- * variables (the real optimizers and the sync token protocol are layered on
- * top later). A malformed or wrong request gets an ERROR reply naming the
- * problem and the server goes on serving everyone else. */
+/* ps.c - the parameter server: a ROUTER socket bound to one address
+ * serving PULL / PUSH / INIT / STEP / HELLO / HEARTBEAT / SHUTDOWN on a
+ * keel_vars store. PUSH applies gradients with the job's optimizer (async,
+ * or SyncReplicas aggregation with held pushes as tokens); slots travel on
+ * the wire. A server without an optimizer hands PULL / PUSH / INIT / HELLO
+ * to the config's serve function (tests and benchmarks: tests/ps_skel.c).
+ * A malformed or wrong request gets an ERROR reply naming the problem and
+ * the server goes on serving everyone else. */
 #include <config.h>
 
 #include <errno.h>
@@ -49,6 +51,9 @@ struct keel__ps {
     keel_status (*apply)(void *ctx, keel_var *v, const keel_tensor *grad,
                          int64_t global_step);
     void *apply_ctx;
+    /* without apply: PULL / PUSH / INIT / HELLO */
+    keel_status (*serve)(void *ctx, keel__ps *ps, keel__wire_msg *req);
+    void *serve_ctx;
     int sync, replicas_to_aggregate, total_replicas, has_chief;
     int is_ready;                /* INIT received */
     uint64_t chief_generation;
@@ -78,6 +83,9 @@ keel__ps_new(const keel__ps_config *cfg, keel__ps **out)
     *out = NULL;
     if (cfg == NULL || cfg->bind == NULL || cfg->vars == NULL)
         return keel__fail(KEEL_EINVAL, "ps: bind address and vars needed");
+    if (cfg->apply == NULL && cfg->serve == NULL)
+        return keel__fail(KEEL_EINVAL, "ps: an optimizer (apply) or a serve "
+                          "function needed");
     ps = calloc(1, sizeof *ps);
     if (ps == NULL)
         return keel__fail(KEEL_ENOMEM, "ps: %zu bytes", sizeof *ps);
@@ -98,6 +106,8 @@ keel__ps_new(const keel__ps_config *cfg, keel__ps **out)
     ps->generation = keel__wire_new_generation();
     ps->apply = cfg->apply;
     ps->apply_ctx = cfg->apply_ctx;
+    ps->serve = cfg->serve;
+    ps->serve_ctx = cfg->serve_ctx;
     ps->sync = cfg->sync;
     ps->total_replicas = cfg->total_replicas > 0 ? cfg->total_replicas : 1;
     ps->replicas_to_aggregate = cfg->replicas_to_aggregate > 0
@@ -389,106 +399,35 @@ check_tensors(keel__ps *ps, const keel__wire_msg *req, keel_var **vars)
     return KEEL_OK;
 }
 
-static keel_status
-handle_pull(keel__ps *ps, keel__wire_msg *req)
+/* ---- for a serve function (a server without an optimizer) ------------- */
+
+keel_vars *
+keel__ps_vars(keel__ps *ps)
 {
-    size_t n = req->n ? req->n : keel_vars_count(ps->vars);
-    keel__wire_out *outs;
-    keel__wire_header h;
-    keel_status st;
-    if (!(req->h.flags & KEEL_WIRE_F_NAMES_ONLY) && req->n > 0)
-        return keel__fail(KEEL_ECORRUPT, "PULL must carry names only");
-    if ((st = check_tensors(ps, req, NULL)) != KEEL_OK)
-        return st;
-    outs = calloc(n ? n : 1, sizeof *outs);
-    if (outs == NULL)
-        return keel__fail(KEEL_ENOMEM, "ps: pull of %zu variables", n);
-    for (size_t i = 0; i < n; i++) {
-        keel_var *v = req->n ? keel_vars_find(ps->vars, req->tensors[i].name)
-                             : keel_vars_at(ps->vars, i);
-        outs[i].name = keel_var_name(v);
-        outs[i].t = keel_var_tensor(v);
-        outs[i].pin = pin_of(ps, v);
-    }
-    reply_header(ps, req, &h, KEEL_MSG_PULL_REPLY, 0);
-    st = keel__wire_send(ps->sock, &req->identity, &h, outs, n, NULL, NULL);
-    free(outs);
-    return st;
+    return ps->vars;
 }
 
-/* PUSH sums gradients into the variables; INIT assigns values. Checked
- * completely before anything changes. */
-static keel_status
-handle_update(keel__ps *ps, keel__wire_msg *req, int is_init)
+keel__wire_pin *
+keel__ps_pin(keel__ps *ps, const keel_var *v)
 {
-    keel_var **vars;
+    return pin_of(ps, v);
+}
+
+keel_status
+keel__ps_check_tensors(keel__ps *ps, const keel__wire_msg *req,
+                       keel_var **vars)
+{
+    return check_tensors(ps, req, vars);
+}
+
+keel_status
+keel__ps_reply(keel__ps *ps, keel__wire_msg *req, uint8_t type,
+               uint8_t flags, const keel__wire_out *outs, size_t n)
+{
     keel__wire_header h;
-    keel_status st;
-    int64_t deadline = keel__now_mono_ns() + (int64_t)PIN_WAIT_MS * 1000000;
-    if (req->h.flags & KEEL_WIRE_F_NAMES_ONLY)
-        return keel__fail(KEEL_ECORRUPT, "%s without data",
-                          is_init ? "INIT" : "PUSH");
-    vars = calloc(req->n ? req->n : 1, sizeof *vars);
-    if (vars == NULL)
-        return keel__fail(KEEL_ENOMEM, "ps: %zu updates", req->n);
-    if ((st = check_tensors(ps, req, vars)) != KEEL_OK)
-        goto out;
-    /* Replies in flight read these variables: let them finish (only
-     * these: other variables' replies may still be on the wire). */
-    for (size_t i = 0; i < req->n; i++) {
-        int64_t left = deadline - keel__now_mono_ns();
-        if (left < 0 ||
-            keel__wire_pin_wait(pin_of(ps, vars[i]),
-                                (int)(left / 1000000)) != KEEL_OK) {
-            st = keel__fail(KEEL_EUNAVAILABLE, "ps %d busy: earlier replies "
-                            "of '%s' not yet sent after %d ms",
-                            ps->task_index, keel_var_name(vars[i]),
-                            PIN_WAIT_MS);
-            goto out;
-        }
-    }
-    for (size_t i = 0; i < req->n; i++) {
-        keel_tensor *t = keel_var_tensor(vars[i]);
-        const float *g = req->tensors[i].t.data;
-        if (is_init) {
-            memcpy(t->data, g, t->count * sizeof(float));
-            keel_var_set_initialized(vars[i], 1);
-        } else {
-            /* train/'s vectorized kernel (elementwise: the same bits) */
-            keel__add_into(t->data, g, t->count);
-        }
-    }
-    if (is_init) {
-        if (req->h.global_step > 0)
-            keel_vars_set_global_step(ps->vars, req->h.global_step);
-        reply_header(ps, req, &h, KEEL_MSG_INIT, KEEL_WIRE_F_REPLY);
-    } else {
-        if (req->h.arg == 0)              /* the step's last part */
-            keel_vars_set_global_step(ps->vars,
-                                      keel_vars_global_step(ps->vars) + 1);
-        reply_header(ps, req, &h, KEEL_MSG_PUSH_ACK, 0);
-    }
-    if (!is_init && (req->h.flags & KEEL_WIRE_F_WANT_VALUES)) {
-        keel__wire_out *outs = calloc(req->n ? req->n : 1, sizeof *outs);
-        if (outs == NULL) {
-            st = keel__fail(KEEL_ENOMEM, "ps: values of %zu variables",
-                            req->n);
-            goto out;
-        }
-        for (size_t i = 0; i < req->n; i++) {
-            outs[i].name = keel_var_name(vars[i]);
-            outs[i].t = keel_var_tensor(vars[i]);
-            outs[i].pin = pin_of(ps, vars[i]);
-        }
-        st = keel__wire_send(ps->sock, &req->identity, &h, outs, req->n,
-                             NULL, NULL);
-        free(outs);
-        goto out;
-    }
-    st = keel__wire_send(ps->sock, &req->identity, &h, NULL, 0, NULL, NULL);
-out:
-    free(vars);
-    return st;
+    reply_header(ps, req, &h, type, flags);
+    return keel__wire_send(ps->sock, &req->identity, &h, outs, n, NULL,
+                           NULL);
 }
 
 /* ---- the real server: slots on the wire, sync aggregation, readiness ---- */
@@ -975,17 +914,18 @@ handle(keel__ps *ps, keel__wire_msg *req)
         default:
             break;
         }
+    } else {
+        switch (req->h.type) {
+        case KEEL_MSG_PULL:
+        case KEEL_MSG_PUSH:
+        case KEEL_MSG_INIT:
+        case KEEL_MSG_HELLO:
+            return ps->serve(ps->serve_ctx, ps, req);
+        default:
+            break;
+        }
     }
     switch (req->h.type) {
-    case KEEL_MSG_PULL:
-        return handle_pull(ps, req);
-    case KEEL_MSG_PUSH:
-        return handle_update(ps, req, 0);
-    case KEEL_MSG_INIT:
-        return handle_update(ps, req, 1);
-    case KEEL_MSG_HELLO:
-        reply_header(ps, req, &h, KEEL_MSG_READY, 0);
-        break;
     case KEEL_MSG_STEP:
     case KEEL_MSG_HEARTBEAT:
         reply_header(ps, req, &h, req->h.type, KEEL_WIRE_F_REPLY);

@@ -8,7 +8,8 @@
 #include <string.h>
 
 #include "util.h"
-#include "hooks_int.h"
+#include <keel/hooks.h>
+#include <keel/session.h>
 
 #define LOG_NAMES_MAX 16
 
@@ -22,13 +23,14 @@ new_ctx(void **ctx, size_t size, const char *what)
 }
 
 static void
-fill(keel_hook *out, const char *name, void *ctx)
+fill(keel_hook *out, const char *name, void *ctx, keel_hook_kind kind)
 {
     memset(out, 0, sizeof *out);
     out->struct_size = sizeof *out;
     out->name = name;
     out->ctx = ctx;
     out->destroy = free;
+    out->kind = kind;
 }
 
 /* ---- LoggingTensorHook -------------------------------------------------- */
@@ -49,8 +51,8 @@ logging_before(void *ctx, keel_run_context *rc)
 {
     logging_hook *h = ctx;
     size_t i;
-    h->iter += rc->n_skipped;           // iterations the session skipped
-    h->is_triggered = keel__timer_due(&h->timer, h->iter);
+    h->iter += keel_run_context_skipped(rc);           // iterations the session skipped
+    h->is_triggered = keel_timer_should_trigger(&h->timer, h->iter);
     if (!h->is_triggered && !h->at_end)
         return KEEL_OK;
     for (i = 0; i < h->n; i++) {
@@ -84,7 +86,7 @@ logging_after(void *ctx, keel_run_context *rc, const keel_run_values *v)
     logging_hook *h = ctx;
     size_t i;
     (void)rc;
-    h->iter += v->n_skipped;
+    h->iter += keel_run_values_skipped(v);
     if (h->is_triggered || h->at_end) {
         for (i = 0; i < h->n; i++)
             h->last[i] = keel_run_values_get(v, h->names[i]);
@@ -109,6 +111,26 @@ logging_end(void *ctx, keel_session *s, keel_end_reason why)
     (void)why;
     if (h->at_end && h->has_last)
         log_values(h, h->last, 0, 0);
+}
+
+/* With an iteration timer (and no at_end) the hook acts from its next due
+ * iteration: its after_run only counts iterations, which the session hands
+ * it as skipped steps. With at_end (a per-step duty) or seconds: always. */
+static int
+logging_wake(const void *ctx, keel_hook_wake *w)
+{
+    const logging_hook *lh = ctx;
+    int64_t due;
+    if (lh->at_end || lh->timer.every_secs > 0 || lh->timer.is_never)
+        return 0;
+    due = keel_timer_wake_step(&lh->timer);
+    w->before_gs = KEEL_WAKE_NEVER;
+    w->before_iters = due == KEEL_WAKE_ALWAYS ? 0
+                      : due == KEEL_WAKE_NEVER ? KEEL_WAKE_NEVER
+                      : due - lh->iter;
+    w->after_gs = lh->is_triggered ? KEEL_WAKE_ALWAYS : KEEL_WAKE_NEVER;
+    w->after_needs_before = 1;
+    return 1;
 }
 
 keel_status
@@ -149,10 +171,12 @@ keel_logging_hook_new(const keel_logging_hook_config *cfg, keel_hook *out)
             return keel__wrap(st, "logging hook (every_n_iter/every_n_secs)");
         }
     }
-    fill(out, "logging_tensor", h);
+    fill(out, "logging_tensor", h, KEEL_HOOK_LOGGING);
     out->before_run = logging_before;
     out->after_run = logging_after;
     out->end = logging_end;
+    out->wake = logging_wake;
+    out->flags = KEEL_HOOK_NO_STEP_TIME;
     return KEEL_OK;
 }
 
@@ -189,14 +213,23 @@ static keel_status
 stop_after_run(void *ctx, keel_run_context *rc, const keel_run_values *v)
 {
     stop_hook *h = ctx;
-    if (v->step_after >= h->last_step) {
+    if (keel_run_values_step_after(v) >= h->last_step) {
         char why[128];
         snprintf(why, sizeof why, "global step %lld reached last step %lld",
-                 (long long)v->step_after,
+                 (long long)keel_run_values_step_after(v),
                  (long long)h->last_step);
         keel_run_context_request_stop(rc, why);
     }
     return KEEL_OK;
+}
+
+/* after_run acts only from the last step on. */
+static int
+stop_wake(const void *ctx, keel_hook_wake *w)
+{
+    const stop_hook *sh = ctx;
+    w->after_gs = sh->is_resolved ? sh->last_step : KEEL_WAKE_ALWAYS;
+    return 1;
 }
 
 keel_status
@@ -217,9 +250,11 @@ keel_stop_at_step_hook_new(int64_t num_steps, int64_t last_step,
     h->num_steps = num_steps;
     h->last_step = last_step;
     h->is_resolved = last_step > 0;
-    fill(out, "stop_at_step", h);
+    fill(out, "stop_at_step", h, KEEL_HOOK_STOP_AT_STEP);
     out->after_create_session = stop_after_create;
     out->after_run = stop_after_run;
+    out->wake = stop_wake;
+    out->flags = KEEL_HOOK_NO_STEP_TIME;
     return KEEL_OK;
 }
 
@@ -233,14 +268,12 @@ typedef struct nan_hook {
 } nan_hook;
 
 /* Every step: the name is this hook's own buffer, so its slot is found by
- * pointer (keel__values_slot_fixed). */
+ * pointer (keel_run_context_request_fixed). */
 static keel_status
 nan_before(void *ctx, keel_run_context *rc)
 {
     nan_hook *h = ctx;
-    return keel__run_context_request_slot(
-        rc, keel__values_slot_fixed(rc->values, h->name, &h->slot),
-        h->name);
+    return keel_run_context_request_fixed(rc, h->name, &h->slot);
 }
 
 static keel_status
@@ -250,9 +283,7 @@ nan_after(void *ctx, keel_run_context *rc, const keel_run_values *v)
     double x;
     // keel_run_values_get by the cached slot: NaN unless the step set it
     // (it did: requested)
-    if (!keel__values_this_step(v->values,
-                                keel__values_slot_fixed(v->values, h->name,
-                                                        &h->slot), &x))
+    if (!keel_run_values_find_fixed(v, h->name, &h->slot, &x))
         x = NAN;
     const char *what;
     if (isnan(x))
@@ -264,10 +295,10 @@ nan_after(void *ctx, keel_run_context *rc, const keel_run_values *v)
     if (h->fail_on_nan) {
         keel__log(KEEL_LOG_ERROR, "Model diverged with %s = %s at global "
                   "step %lld", h->name, what,
-                  (long long)v->step_after);
+                  (long long)keel_run_values_step_after(v));
         return keel__fail(KEEL_EHOOK, "%s %s during training (global step "
                           "%lld)", what, h->name,
-                          (long long)v->step_after);
+                          (long long)keel_run_values_step_after(v));
     }
     keel__log(KEEL_LOG_WARN, "Model diverged with %s = %s; stopping", h->name,
               what);
@@ -292,9 +323,10 @@ keel_nan_hook_new(const char *name, int fail_on_nan, int fail_on_inf,
     h->fail_on_nan = fail_on_nan;
     h->fail_on_inf = fail_on_inf;
     h->slot = -1;
-    fill(out, "nan_tensor", h);
+    fill(out, "nan_tensor", h, KEEL_HOOK_NAN);
     out->before_run = nan_before;
     out->after_run = nan_after;
+    out->flags = KEEL_HOOK_NO_STEP_TIME;     // a per-step duty: no wake
     return KEEL_OK;
 }
 
@@ -350,7 +382,7 @@ keel_global_step_waiter_hook_new(int64_t wait_until_step, int poll_ms,
         return st;
     h->target = wait_until_step;
     h->poll_ms = poll_ms > 0 ? poll_ms : 50;
-    fill(out, "global_step_waiter", h);
+    fill(out, "global_step_waiter", h, KEEL_HOOK_GLOBAL_STEP_WAITER);
     out->before_run = waiter_before;
     return KEEL_OK;
 }
@@ -392,7 +424,7 @@ keel_final_ops_hook_new(keel_status (*fn)(void *ctx, keel_session *s,
         return st;
     h->fn = fn;
     h->ctx = ctx;
-    fill(out, "final_ops", h);
+    fill(out, "final_ops", h, KEEL_HOOK_FINAL_OPS);
     out->end = final_end;
     return KEEL_OK;
 }
@@ -442,44 +474,7 @@ keel_feed_fn_hook_new(keel_status (*fn)(void *ctx, const void **batch),
         return st;
     h->fn = fn;
     h->ctx = ctx;
-    fill(out, "feed_fn", h);
+    fill(out, "feed_fn", h, KEEL_HOOK_FEED_FN);
     out->before_run = feed_before;
     return KEEL_OK;
-}
-
-int
-keel__basic_hook_is_timeless(const keel_hook *h)
-{
-    return h->after_run == logging_after || h->after_run == stop_after_run
-           || h->after_run == nan_after;
-}
-
-/* StopAtStep's after_run acts only from its last step on. Logging with an
- * iteration timer (and no at_end) acts from its next due iteration: its
- * after_run only counts iterations, which the session hands it as
- * n_skipped. The NaN check and the rest run every step. */
-int
-keel__basic_hook_wake(const keel_hook *h, keel__hook_wake *w)
-{
-    if (h->after_run == stop_after_run) {
-        const stop_hook *sh = h->ctx;
-        w->after_gs = sh->is_resolved ? sh->last_step : KEEL__WAKE_ALWAYS;
-        return 1;
-    }
-    if (h->after_run == logging_after) {
-        const logging_hook *lh = h->ctx;
-        int64_t due;
-        if (lh->at_end || lh->timer.every_secs > 0 || lh->timer.is_never)
-            return 0;                   // per-step duty or time: always
-        due = keel__timer_wake(&lh->timer);
-        w->before_gs = KEEL__WAKE_NEVER;
-        w->before_iters = due == KEEL__WAKE_ALWAYS ? 0
-                          : due == KEEL__WAKE_NEVER ? KEEL__WAKE_NEVER
-                          : due - lh->iter;
-        w->after_gs = lh->is_triggered ? KEEL__WAKE_ALWAYS
-                                       : KEEL__WAKE_NEVER;
-        w->after_needs_before = 1;
-        return 1;
-    }
-    return 0;
 }

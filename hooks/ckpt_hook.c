@@ -7,8 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <keel/hooks.h>
+#include <keel/session.h>
 #include "util.h"
-#include "hooks_int.h"
+#include "../checkpoint/ckpt_ops.h"
 
 #define LISTENERS_MAX 8
 
@@ -131,10 +133,10 @@ static keel_status
 ck_after_run(void *ctx, keel_run_context *rc, const keel_run_values *v)
 {
     ckpt_hook *h = ctx;
-    int64_t gs = v->step_after;
+    int64_t gs = keel_run_values_step_after(v);
     int stop = 0;
     keel_status st;
-    if (!keel__timer_due(&h->timer, gs))
+    if (!keel_timer_should_trigger(&h->timer, gs))
         return KEEL_OK;
     keel_timer_update(&h->timer, gs, NULL, NULL);
     st = save(h, keel_run_context_session(rc), gs, &stop);
@@ -185,6 +187,23 @@ ck_destroy(void *ctx)
     free(h->dir);
     free(h->basename);
     free(h);
+}
+
+/* after_run acts when the timer is due. A seconds timer on the real clock
+ * (the MTS default, every 600 s) is idle until its deadline; on a fake
+ * clock (the test's to move) it is called always, for good. */
+static int
+ck_wake(const void *ctx, keel_hook_wake *w)
+{
+    const keel_timer *t = &((const ckpt_hook *)ctx)->timer;
+    if (t->every_secs > 0 && t->clock.fn == NULL && t->is_triggered
+        && t->every_secs < 1e9) {
+        w->after_gs = KEEL_WAKE_NEVER;
+        w->after_ns = t->last_ns + (int64_t)(t->every_secs * 1e9);
+        return 1;
+    }
+    w->after_gs = keel_timer_wake_step(t);
+    return !(t->every_secs > 0 && t->clock.fn != NULL);
 }
 
 keel_status
@@ -238,6 +257,9 @@ keel_ckpt_hook_new(const keel_ckpt_hook_config *cfg, keel_hook *out)
     out->after_create_session = ck_after_create;
     out->after_run = ck_after_run;
     out->end = ck_end;
+    out->wake = ck_wake;
+    out->flags = KEEL_HOOK_NO_STEP_TIME;
+    out->kind = KEEL_HOOK_CHECKPOINT;
     out->destroy = ck_destroy;
     return KEEL_OK;
 }
@@ -245,7 +267,7 @@ keel_ckpt_hook_new(const keel_ckpt_hook_config *cfg, keel_hook *out)
 int64_t
 keel_ckpt_hook_save_count(const keel_hook *hk)
 {
-    if (hk == NULL || hk->end != ck_end)
+    if (hk == NULL || hk->kind != KEEL_HOOK_CHECKPOINT || hk->ctx == NULL)
         return 0;
     return ((const ckpt_hook *)hk->ctx)->n_saves;
 }
@@ -253,32 +275,7 @@ keel_ckpt_hook_save_count(const keel_hook *hk)
 int64_t
 keel_ckpt_hook_last_step(const keel_hook *hk)
 {
-    if (hk == NULL || hk->end != ck_end)
+    if (hk == NULL || hk->kind != KEEL_HOOK_CHECKPOINT || hk->ctx == NULL)
         return -1;
     return ((const ckpt_hook *)hk->ctx)->last_saved;
-}
-
-int
-keel__ckpt_hook_is_timeless(const keel_hook *h)
-{
-    return h->after_run == ck_after_run;
-}
-
-int
-keel__ckpt_hook_wake(const keel_hook *h, keel__hook_wake *w)
-{
-    const keel_timer *t;
-    if (h->after_run != ck_after_run)
-        return 0;
-    t = &((const ckpt_hook *)h->ctx)->timer;
-    if (t->every_secs > 0 && t->clock.fn == NULL && t->is_triggered
-        && t->every_secs < 1e9) {
-        // The real clock (the MTS default, every 600 s): idle until due.
-        w->after_gs = KEEL__WAKE_NEVER;
-        w->after_ns = t->last_ns + (int64_t)(t->every_secs * 1e9);
-        return 1;
-    }
-    w->after_gs = keel__timer_wake(t);
-    // A fake clock is the test's to move: always, for good.
-    return !(t->every_secs > 0 && t->clock.fn != NULL);
 }

@@ -13,7 +13,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <keel/keel.h>
 #include <keel/events.h>
 #include "util.h"
 #include "events_int.h"

@@ -7,9 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "util.h"
-#include "hooks_int.h"
 #include <keel/events.h>
+#include <keel/hooks.h>
+#include <keel/session.h>
+#include "util.h"
 
 #define SUMMARY_NAMES_MAX 16
 
@@ -115,20 +116,20 @@ static keel_status
 counter_after_run(void *ctx, keel_run_context *rc, const keel_run_values *v)
 {
     counter_hook *h = ctx;
-    int64_t gs = v->step_after, dsteps = 0;
+    int64_t gs = keel_run_values_step_after(v), dsteps = 0;
+    int64_t before = keel_run_values_step_before(v);
     double dt = 0;
     (void)rc;
     /* The session may skip calls until the timer is due (keeping the
      * previous step_before for us): it still calls on a stall. */
-    if (v->has_prev_before)
-        h->last_before = v->prev_before;
-    if (v->step_before == h->last_before) {
+    keel_run_values_prev_step_before(v, &h->last_before);
+    if (before == h->last_before) {
         if (++h->n_stalled <= 5)
             keel__log(KEEL_LOG_WARN, "It seems that the global step has not "
                       "been increased (still %lld)", (long long)gs);
     }
-    h->last_before = v->step_before;
-    if (!keel__timer_due(&h->timer, gs))
+    h->last_before = before;
+    if (!keel_timer_should_trigger(&h->timer, gs))
         return KEEL_OK;
     if (keel_timer_update(&h->timer, gs, &dt, &dsteps) && dt > 0) {
         double rate = (double)dsteps / dt;
@@ -166,6 +167,18 @@ counter_destroy(void *ctx)
     free(h);
 }
 
+/* after_run acts when the timer is due or on a stall; seconds: always. */
+static int
+counter_wake(const void *ctx, keel_hook_wake *w)
+{
+    const keel_timer *t = &((const counter_hook *)ctx)->timer;
+    if (t->every_secs > 0)
+        return 0;
+    w->after_gs = keel_timer_wake_step(t);
+    w->on_stall = 1;
+    return 1;
+}
+
 keel_status
 keel_step_counter_hook_new(int64_t every_n_steps, double every_n_secs,
                            const char *output_dir, const keel_clock *clock,
@@ -198,6 +211,9 @@ keel_step_counter_hook_new(int64_t every_n_steps, double every_n_secs,
     out->after_run = counter_after_run;
     out->end = counter_end;
     out->destroy = counter_destroy;
+    out->wake = counter_wake;
+    out->flags = KEEL_HOOK_NO_STEP_TIME; // reads its own timer's clock
+    out->kind = KEEL_HOOK_STEP_COUNTER;
     return KEEL_OK;
 }
 
@@ -227,8 +243,8 @@ summary_before(void *ctx, keel_run_context *rc)
     summary_hook *h = ctx;
     size_t i;
     /* The step about to run ends at global step + 1. */
-    h->is_requested = keel__timer_due(
-        &h->timer, rc->global_step + 1);
+    h->is_requested = keel_timer_should_trigger(
+        &h->timer, keel_run_context_global_step(rc) + 1);
     if (!h->is_requested)
         return KEEL_OK;
     for (i = 0; i < h->n; i++) {
@@ -243,7 +259,7 @@ static keel_status
 summary_after(void *ctx, keel_run_context *rc, const keel_run_values *v)
 {
     summary_hook *h = ctx;
-    int64_t gs = v->step_after;
+    int64_t gs = keel_run_values_step_after(v);
     size_t i;
     (void)rc;
     if (!h->is_requested)
@@ -282,6 +298,23 @@ summary_destroy(void *ctx)
     close_events(h->w);
     free(h->dir);
     free(h);
+}
+
+/* before_run acts when the step about to run ends at a due step; after_run
+ * only after a before_run that requested values. Seconds: always. */
+static int
+summary_wake(const void *ctx, keel_hook_wake *w)
+{
+    const summary_hook *sh = ctx;
+    int64_t due = keel_timer_wake_step(&sh->timer);
+    if (sh->timer.every_secs > 0)
+        return 0;
+    // due(global step + 1) <=> global step >= due - 1
+    w->before_gs = due == KEEL_WAKE_ALWAYS || due == KEEL_WAKE_NEVER
+                   ? due : due - 1;
+    w->after_gs = sh->is_requested ? KEEL_WAKE_ALWAYS : KEEL_WAKE_NEVER;
+    w->after_needs_before = 1;
+    return 1;
 }
 
 keel_status
@@ -329,6 +362,9 @@ keel_summary_hook_new(const char *const *names, size_t n_names,
     out->after_run = summary_after;
     out->end = summary_end;
     out->destroy = summary_destroy;
+    out->wake = summary_wake;
+    out->flags = KEEL_HOOK_NO_STEP_TIME;
+    out->kind = KEEL_HOOK_SUMMARY;
     return KEEL_OK;
 }
 
@@ -368,7 +404,7 @@ static keel_status
 profiler_after(void *ctx, keel_run_context *rc, const keel_run_values *v)
 {
     profiler_hook *h = ctx;
-    int64_t gs = v->step_after;
+    int64_t gs = keel_run_values_step_after(v);
     char name[48];
     keel_status st;
     (void)rc;
@@ -377,7 +413,7 @@ profiler_after(void *ctx, keel_run_context *rc, const keel_run_values *v)
         keel_timer_update(&h->timer, gs, NULL, NULL);
         return KEEL_OK;
     }
-    if (!keel__timer_due(&h->timer, gs))
+    if (!keel_timer_should_trigger(&h->timer, gs))
         return KEEL_OK;
     keel_timer_update(&h->timer, gs, NULL, NULL);
     snprintf(name, sizeof name, "step_%lld", (long long)gs);
@@ -444,43 +480,6 @@ keel_profiler_hook_new(int64_t save_steps, double save_secs,
     out->after_run = profiler_after;
     out->end = profiler_end;
     out->destroy = profiler_destroy;
+    out->kind = KEEL_HOOK_PROFILER;     // reads every step's time: no flag
     return KEEL_OK;
-}
-
-/* The profiler reads every step's start and duration; the other two never
- * do (the step counter reads its own timer when it triggers). */
-int
-keel__summary_hook_is_timeless(const keel_hook *h)
-{
-    return h->after_run == counter_after_run || h->after_run == summary_after;
-}
-
-/* StepCounter: after_run acts when its timer is due or on a stall.
- * SummarySaver: before_run when the step about to run ends at a due step;
- * after_run only after a before_run that requested values. */
-int
-keel__summary_hook_wake(const keel_hook *h, keel__hook_wake *w)
-{
-    if (h->after_run == counter_after_run) {
-        const keel_timer *t = &((const counter_hook *)h->ctx)->timer;
-        if (t->every_secs > 0)
-            return 0;                   // time based: always, for good
-        w->after_gs = keel__timer_wake(t);
-        w->on_stall = 1;
-        return 1;
-    }
-    if (h->after_run == summary_after) {
-        const summary_hook *sh = h->ctx;
-        int64_t due = keel__timer_wake(&sh->timer);
-        if (sh->timer.every_secs > 0)
-            return 0;                   // time based: always, for good
-        // due(global step + 1) <=> global step >= due - 1
-        w->before_gs = due == KEEL__WAKE_ALWAYS || due == KEEL__WAKE_NEVER
-                       ? due : due - 1;
-        w->after_gs = sh->is_requested ? KEEL__WAKE_ALWAYS
-                                       : KEEL__WAKE_NEVER;
-        w->after_needs_before = 1;
-        return 1;
-    }
-    return 0;
 }

@@ -9,7 +9,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include <keel/keel.h>
 #include <keel/events.h>
 #include "util.h"
 #include "events_int.h"

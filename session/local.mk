@@ -1,7 +1,7 @@
 # session/: Scaffold, SessionManager, MonitoredSession, Supervisor, Coordinator.
-libkeel_core_la_SOURCES += session/session_int.h session/coord.c \
-	session/manager.c session/monitored.c session/training.c \
-	session/supervisor.c
+libkeel_core_la_SOURCES += session/session_int.h session/chain.c \
+	session/coord.c session/manager.c session/monitored.c \
+	session/training.c session/supervisor.c session/signal.c
 pkginclude_HEADERS += include/keel/session.h
 
 check_PROGRAMS += tests/session_child

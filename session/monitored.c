@@ -35,7 +35,7 @@ typedef struct step_alarm {
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int64_t at_ns;              /* KEEL__WAKE_NEVER: none */
+    int64_t at_ns;              /* KEEL_WAKE_NEVER: none */
     int is_quit;
     int is_started;
     int has_failed;             /* no thread: clock hooks called always */
@@ -213,7 +213,7 @@ alarm_main(void *arg)
     step_alarm *a = arg;
     pthread_mutex_lock(&a->mu);
     while (!a->is_quit) {
-        if (a->at_ns == KEEL__WAKE_NEVER
+        if (a->at_ns == KEEL_WAKE_NEVER
             || atomic_load_explicit(&a->is_up, memory_order_relaxed))
             pthread_cond_wait(&a->cv, &a->mu);
         else if (keel__now_mono_ns() >= a->at_ns)
@@ -233,13 +233,13 @@ static void
 alarm_set(keel_session *s, int64_t deadline_ns)
 {
     step_alarm *a = &s->alarm;
-    int64_t at = deadline_ns == KEEL__WAKE_NEVER
-                 ? KEEL__WAKE_NEVER : deadline_ns - ALARM_LEAD_NS;
-    if (!a->is_started && at != KEEL__WAKE_NEVER && !a->has_failed) {
+    int64_t at = deadline_ns == KEEL_WAKE_NEVER
+                 ? KEEL_WAKE_NEVER : deadline_ns - ALARM_LEAD_NS;
+    if (!a->is_started && at != KEEL_WAKE_NEVER && !a->has_failed) {
         int rc;
         pthread_mutex_init(&a->mu, NULL);
         keel__cond_init_mono(&a->cv);
-        a->at_ns = KEEL__WAKE_NEVER;
+        a->at_ns = KEEL_WAKE_NEVER;
         rc = pthread_create(&a->thread, NULL, alarm_main, a);
         if (rc != 0) {
             size_t i;
@@ -260,7 +260,7 @@ alarm_set(keel_session *s, int64_t deadline_ns)
     pthread_mutex_lock(&a->mu);
     a->at_ns = at;
     // Up at once if already due (the thread would, a little later).
-    atomic_store_explicit(&a->is_up, at != KEEL__WAKE_NEVER
+    atomic_store_explicit(&a->is_up, at != KEEL_WAKE_NEVER
                                      && keel__now_mono_ns() >= at,
                           memory_order_relaxed);
     pthread_cond_signal(&a->cv);
@@ -294,14 +294,14 @@ alarm_is_up(const keel_session *s)
 static void
 update_wakes(keel_session *s)
 {
-    int64_t min_ns = KEEL__WAKE_NEVER;
+    int64_t min_ns = KEEL_WAKE_NEVER;
     size_t i;
-    s->before_min = KEEL__WAKE_NEVER;
-    s->after_min = KEEL__WAKE_NEVER;
-    s->before_chain_min = KEEL__WAKE_NEVER;
-    s->dyn_before_chain_min = KEEL__WAKE_NEVER;
-    s->dyn_before_min = KEEL__WAKE_NEVER;
-    s->dyn_after_min = KEEL__WAKE_NEVER;
+    s->before_min = KEEL_WAKE_NEVER;
+    s->after_min = KEEL_WAKE_NEVER;
+    s->before_chain_min = KEEL_WAKE_NEVER;
+    s->dyn_before_chain_min = KEEL_WAKE_NEVER;
+    s->dyn_before_min = KEEL_WAKE_NEVER;
+    s->dyn_after_min = KEEL_WAKE_NEVER;
     s->has_stall_hook = 0;
     s->has_dyn_stall_hook = 0;
     s->has_armed = 0;
@@ -314,16 +314,16 @@ update_wakes(keel_session *s)
             s->before_min = sl->before_gs;
         if (sl->before_chain < s->before_chain_min)
             s->before_chain_min = sl->before_chain;
-        if (sl->after_needs_before && sl->after_gs != KEEL__WAKE_NEVER)
+        if (sl->after_needs_before && sl->after_gs != KEEL_WAKE_NEVER)
             s->has_armed = 1;
         if (sl->is_dynamic && sl->before_gs < s->dyn_before_min)
             s->dyn_before_min = sl->before_gs;
         if (sl->is_dynamic && sl->before_chain < s->dyn_before_chain_min)
             s->dyn_before_chain_min = sl->before_chain;
-        if (!sl->is_dynamic && sl->before_gs == KEEL__WAKE_ALWAYS)
+        if (!sl->is_dynamic && sl->before_gs == KEEL_WAKE_ALWAYS)
             s->always_before[s->n_always_before++] = k;
         else if (!sl->is_dynamic)       // a fixed wake: not "always"
-            s->dyn_before_min = KEEL__WAKE_ALWAYS;
+            s->dyn_before_min = KEEL_WAKE_ALWAYS;
     }
     for (i = 0; i < s->n_after; i++) {
         size_t k = s->after_idx[i];
@@ -338,15 +338,15 @@ update_wakes(keel_session *s)
             s->has_dyn_stall_hook = 1;
         if (sl->after_ns < min_ns)
             min_ns = sl->after_ns;
-        if (!sl->is_dynamic && sl->after_gs == KEEL__WAKE_ALWAYS)
+        if (!sl->is_dynamic && sl->after_gs == KEEL_WAKE_ALWAYS)
             s->always_after[s->n_always_after++] = k;
         else if (!sl->is_dynamic)
-            s->dyn_after_min = KEEL__WAKE_ALWAYS;
+            s->dyn_after_min = KEEL_WAKE_ALWAYS;
     }
     if (min_ns != s->min_after_ns) {
         s->min_after_ns = min_ns;
         alarm_set(s, min_ns);
-        if (s->alarm.has_failed && min_ns != KEEL__WAKE_NEVER)
+        if (s->alarm.has_failed && min_ns != KEEL_WAKE_NEVER)
             update_wakes(s);            // once: no clock deadlines now
     }
 }
@@ -355,7 +355,7 @@ update_wakes(keel_session *s)
 static void
 refresh_slot(keel_session *s, size_t k)
 {
-    keel__hook_wake w;
+    keel_hook_wake w;
     hook_slot *sl = &s->slots[k];
     int64_t base;
     sl->is_dynamic = keel__hook_get_wake(&s->hooks[k], &w);
@@ -364,14 +364,14 @@ refresh_slot(keel_session *s, size_t k)
     // sync_chain + n_missed (chains since then it has not been told of;
     // more misses later only make it wake early, a no-op call).
     base = sl->sync_chain + sl->n_missed;
-    sl->before_chain = w.before_iters == KEEL__WAKE_NEVER
-                       || w.before_iters > KEEL__WAKE_NEVER - base
-                       ? KEEL__WAKE_NEVER : base + w.before_iters;
+    sl->before_chain = w.before_iters == KEEL_WAKE_NEVER
+                       || w.before_iters > KEEL_WAKE_NEVER - base
+                       ? KEEL_WAKE_NEVER : base + w.before_iters;
     sl->after_gs = w.after_gs;
     sl->after_ns = w.after_ns;
-    if (sl->after_ns != KEEL__WAKE_NEVER && s->alarm.has_failed) {
-        sl->after_gs = KEEL__WAKE_ALWAYS;   // no alarm: every step
-        sl->after_ns = KEEL__WAKE_NEVER;
+    if (sl->after_ns != KEEL_WAKE_NEVER && s->alarm.has_failed) {
+        sl->after_gs = KEEL_WAKE_ALWAYS;   // no alarm: every step
+        sl->after_ns = KEEL_WAKE_NEVER;
     }
     sl->on_stall = w.on_stall;
     sl->after_needs_before = w.after_needs_before;
@@ -539,7 +539,7 @@ keel__session_new(const keel_session_config *cfg, int is_recovering,
         if (s->hooks[i].after_run != NULL)
             s->after_idx[s->n_after++] = i;
     }
-    s->min_after_ns = KEEL__WAKE_NEVER;
+    s->min_after_ns = KEEL_WAKE_NEVER;
     for (i = 0; i < s->n_hooks; i++)
         refresh_slot(s, i);
     update_wakes(s);
@@ -654,8 +654,8 @@ run_before(keel_session *s, int64_t gs)
         const keel_hook *h;
         if (gs < sl->before_gs && s->n_chains < sl->before_chain) {
             // Its after_run waits on this before_run: idle this step too.
-            if (sl->after_needs_before && sl->after_gs != KEEL__WAKE_NEVER) {
-                sl->after_gs = KEEL__WAKE_NEVER;
+            if (sl->after_needs_before && sl->after_gs != KEEL_WAKE_NEVER) {
+                sl->after_gs = KEEL_WAKE_NEVER;
                 is_changed = 1;
             }
             continue;
@@ -753,7 +753,7 @@ run_after(keel_session *s, int64_t gs, int64_t after)
             s->n_behind--;
         }
         if (after < sl->after_gs
-            && !(sl->after_ns != KEEL__WAKE_NEVER && is_alarm_up)
+            && !(sl->after_ns != KEEL_WAKE_NEVER && is_alarm_up)
             && !(sl->on_stall && (!has_prev || prev == gs)))
             continue;
         h = &s->hooks[k];

@@ -15,6 +15,7 @@
 #include <keel/keel.h>
 #include "util.h"
 #include "../cluster/cluster_int.h"
+#include "ps_skel.h"
 #include "testutil.h"
 
 static char out[65536], err[65536];
@@ -951,7 +952,8 @@ server_start(server *sv, const keel__curve *curve,
 {
     int64_t ws[2] = { 2, 3 }, bs[1] = { 3 };
     keel_var *w, *b;
-    keel__ps_config cfg = { .bind = "tcp://127.0.0.1:*", .curve = curve };
+    keel__ps_config cfg = { .bind = "tcp://127.0.0.1:*", .curve = curve,
+                            .serve = ps_skel_serve };
     memset(sv, 0, sizeof *sv);
     ck_assert_int_eq(keel_vars_new(&sv->vars), KEEL_OK);
     ck_assert_int_eq(keel_vars_create(sv->vars, "layer/w", 2, ws,
@@ -1325,7 +1327,8 @@ START_TEST(test_push_sum_has_the_scalar_bits)
     keel_vars *vars;
     keel_var *v;
     keel__ps *ps;
-    keel__ps_config cfg = { .bind = "tcp://127.0.0.1:*" };
+    keel__ps_config cfg = { .bind = "tcp://127.0.0.1:*",
+                            .serve = ps_skel_serve };
     server sv;
     keel__wire_client *c;
     keel_tensor g;

@@ -17,7 +17,7 @@
 #include "util.h"
 #include "testutil.h"
 #include "fake_ckpt.h"
-#include "../hooks/hooks_int.h"
+#include "../session/session_int.h"
 
 static keel_vars *vs;
 static char logbuf[16384];
@@ -69,7 +69,7 @@ setup(void)
 static void
 teardown(void)
 {
-    keel__hooks_set_skipping(1);
+    keel__session_set_skipping(1);
     keel_log_set_handler(NULL, NULL, KEEL_LOG_DEBUG);
     keel_vars_free(vs);
     fake_uninstall();
@@ -417,7 +417,7 @@ skip_scenario(int is_skipping, const char *sub, char *out, size_t out_size)
     char dir[512], *csv, *line, *save;
     size_t n = 0, i;
     int is_stalled = 0;
-    keel__hooks_set_skipping(is_skipping);
+    keel__session_set_skipping(is_skipping);
     fake_install();
     logbuf[0] = '\0';
     keel_vars_set_global_step(vs, 0);
@@ -710,6 +710,77 @@ START_TEST(test_nan_hook_finds_its_value_again_in_a_new_session)
 }
 END_TEST
 
+/* A user hook that wants its after_run every third global step only. */
+typedef struct every3 {
+    int64_t last;               /* step_after of the last call */
+    int64_t called[8], skipped[8];
+    int n;
+} every3;
+
+static int
+every3_wake(const void *ctx, keel_hook_wake *w)
+{
+    w->after_gs = ((const every3 *)ctx)->last + 3;
+    return 1;                   // changes with each call: ask again
+}
+
+static keel_status
+every3_after(void *ctx, keel_run_context *rc, const keel_run_values *v)
+{
+    every3 *e = ctx;
+    (void)rc;
+    e->last = keel_run_values_step_after(v);
+    if (e->n < 8) {
+        e->called[e->n] = e->last;
+        e->skipped[e->n] = keel_run_values_skipped(v);
+        e->n++;
+    }
+    return KEEL_OK;
+}
+
+START_TEST(test_user_hook_wake_skips_calls_and_counts_them)
+{
+    every3 e = { 0 };
+    keel_hook h = { .struct_size = sizeof h, .name = "every3", .ctx = &e,
+                    .after_run = every3_after, .wake = every3_wake,
+                    .flags = KEEL_HOOK_NO_STEP_TIME };
+    keel_session *s = session_with(&h, 1);
+    run_steps(s, 9);                        // global steps 1..9 after
+    keel_session_free(s);
+    ck_assert_int_eq(e.n, 3);
+    ck_assert_int_eq(e.called[0], 3);
+    ck_assert_int_eq(e.called[1], 6);
+    ck_assert_int_eq(e.called[2], 9);
+    for (int i = 0; i < 3; i++)             // two steps missed before each
+        ck_assert_int_eq(e.skipped[i], 2);
+    /* The same hook without wake is called at every step. */
+    memset(&e, 0, sizeof e);
+    h.wake = NULL;
+    s = session_with(&h, 1);
+    run_steps(s, 4);
+    keel_session_free(s);
+    ck_assert_int_eq(e.n, 4);
+    ck_assert_int_eq(e.skipped[3], 0);
+}
+END_TEST
+
+START_TEST(test_hooks_are_told_apart_by_kind)
+{
+    keel_hook ck, user = { .struct_size = sizeof user, .name = "u",
+                           .ctx = &user };
+    keel_ckpt_hook_config hc = { .save_steps = 5 };
+    ck_assert_int_eq(keel_ckpt_hook_new(&hc, &ck), KEEL_OK);
+    ck_assert_int_eq(ck.kind, KEEL_HOOK_CHECKPOINT);
+    ck_assert_int_eq(keel_ckpt_hook_save_count(&ck), 0);
+    ck_assert_int_eq(keel_ckpt_hook_last_step(&ck), -1);
+    user.end = ck.end;          // same callbacks, not a checkpoint hook
+    ck_assert_int_eq(user.kind, KEEL_HOOK_USER);
+    ck_assert_int_eq(keel_ckpt_hook_save_count(&user), 0);
+    ck_assert_int_eq(keel_ckpt_hook_last_step(&user), -1);
+    keel_hook_release(&ck);
+}
+END_TEST
+
 static Suite *
 hooks_suite(void)
 {
@@ -739,6 +810,8 @@ hooks_suite(void)
     tcase_add_test(tc,
         test_stop_request_lands_at_next_step_boundary_with_idle_hooks);
     tcase_add_test(tc, test_nan_hook_finds_its_value_again_in_a_new_session);
+    tcase_add_test(tc, test_user_hook_wake_skips_calls_and_counts_them);
+    tcase_add_test(tc, test_hooks_are_told_apart_by_kind);
     tcase_add_test(tc,
         test_real_clock_trigger_is_neither_late_nor_early_while_idle);
     suite_add_tcase(s, tc);

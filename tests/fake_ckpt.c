@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "util.h"
-#include "../hooks/hooks_int.h"
+#include "../checkpoint/ckpt_ops.h"
 #include "fake_ckpt.h"
 
 fake_ckpt fake;

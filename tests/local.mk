@@ -13,3 +13,8 @@ endif
 # The chaos soak (`make check-long`; KEEL_SOAK_MINUTES, default 30).
 LONG_TESTS += tests/soak_chaos.sh
 EXTRA_DIST += tests/soak_chaos.sh
+
+# The layering check: no file includes a header of a higher layer
+# (docs/architecture.md).
+TESTS += tests/layering.py
+EXTRA_DIST += tests/layering.py

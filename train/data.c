@@ -15,7 +15,6 @@
 #include <hdf5.h>
 #include <zlib.h>
 
-#include <keel/keel.h>
 #include <keel/train.h>
 #include "util.h"
 #include "train_int.h"

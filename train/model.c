@@ -11,7 +11,6 @@
 
 #include <json-c/json.h>
 
-#include <keel/keel.h>
 #include <keel/train.h>
 #include "util.h"
 #include "train_int.h"

@@ -8,7 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <keel/keel.h>
 #include <keel/train.h>
 #include "util.h"
 #include "train_int.h"

@@ -20,7 +20,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
-#include <keel/keel.h>
+#include <keel/train.h>
 #include "util.h"
 #include "train_int.h"
 

@@ -8,7 +8,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include <keel/keel.h>
+#include <keel/tensor.h>
 #include "util.h"
 
 keel_status

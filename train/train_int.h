@@ -22,10 +22,7 @@
 #define KEEL__VECTORIZE_FILE
 #endif
 
-/* ---- for session/'s step path ---- */
-/* Where vs keeps its global step (valid while vs lives): the session reads
- * and bumps it around every step without a call. */
-int64_t *keel__vars_global_step_ptr(keel_vars *vs);
+#include "vars_int.h"
 
 /* ---- profiling ---- */
 extern int keel__prof_on;

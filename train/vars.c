@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <keel/keel.h>
+#include <keel/train.h>
 #include "util.h"
 #include "train_int.h"
 

@@ -15,7 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <keel/keel.h>
+#include <keel/status.h>
 #include "util.h"
 
 static ssize_t

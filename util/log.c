@@ -8,7 +8,7 @@
 #include <stdio.h>
 #include <time.h>
 
-#include <keel/keel.h>
+#include <keel/log.h>
 #include "util.h"
 
 struct handler {

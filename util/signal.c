@@ -1,13 +1,12 @@
 /* signal.c - the process-wide stop flag that SIGTERM and SIGINT set, and
  * the handlers that set it. Every layer reads it (the session at step
  * boundaries, the cluster roles while waiting, the trainer at start-up);
- * the public functions keep their keel_session_ names, where users look. */
+ * the public functions (keel_session_*_signal*) are session/signal.c's. */
 #include <config.h>
 
 #include <signal.h>
 #include <string.h>
 
-#include <keel/session.h>
 #include "util.h"
 
 volatile sig_atomic_t keel__signal_flag;
@@ -21,7 +20,7 @@ on_signal(int sig)
 }
 
 keel_status
-keel_session_install_signal_handlers(void)
+keel__signal_install(void)
 {
     struct sigaction sa;
     if (g_is_installed)
@@ -38,7 +37,7 @@ keel_session_install_signal_handlers(void)
 }
 
 void
-keel_session_uninstall_signal_handlers(void)
+keel__signal_uninstall(void)
 {
     if (!g_is_installed)
         return;
@@ -47,14 +46,8 @@ keel_session_uninstall_signal_handlers(void)
     g_is_installed = 0;
 }
 
-int
-keel_session_signal_received(void)
-{
-    return keel__signal_flag;
-}
-
 void
-keel_session_clear_signal(void)
+keel__signal_clear(void)
 {
     keel__signal_flag = 0;
 }

@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include <keel/keel.h>
+#include <keel/status.h>
 #include "util.h"
 
 static _Thread_local char last_error[KEEL_ERR_MAX];

@@ -39,6 +39,10 @@ void keel__h5_unlock(void);
  * step path reads the variable itself. */
 extern volatile sig_atomic_t keel__signal_flag;
 int keel__signal_pending(void);
+/* Install (once) / restore the handlers; clear the flag. */
+keel_status keel__signal_install(void);
+void keel__signal_uninstall(void);
+void keel__signal_clear(void);
 
 /* Clocks. */
 int64_t keel__now_mono_ns(void);   /* CLOCK_MONOTONIC */

@@ -34,6 +34,55 @@ typedef enum keel_end_reason {
 /* Static lowercase name of a reason ("signal"); never NULL. */
 const char *keel_end_reason_str(keel_end_reason why);
 
+/* ---- when a hook next needs to be called ---------------------------------
+ * A hook may tell the session when its calls can next do something; the
+ * session does not call it before then (docs/session.md, "Skipping idle
+ * hooks"). Every field has a "no limit" value, and a hook without a wake
+ * callback is called at every step. */
+#define KEEL_WAKE_ALWAYS INT64_MIN
+#define KEEL_WAKE_NEVER INT64_MAX
+
+typedef struct keel_hook_wake {
+    int64_t before_gs;    /* before_run does nothing while the global step
+                           * before the step is < before_gs ... */
+    int64_t before_iters; /* ... and fewer than this many steps (after_run
+                           * chains reaching the hook) have started from
+                           * now (KEEL_WAKE_NEVER: no limit) */
+    int64_t after_gs;     /* after_run does nothing while the global step
+                           * after the step is < after_gs ... */
+    int64_t after_ns;     /* ... or, if not KEEL_WAKE_NEVER, until
+                           * CLOCK_MONOTONIC reaches after_ns (a seconds
+                           * timer on the real clock: the session's alarm
+                           * says when, the hook still checks exactly) */
+    int on_stall;         /* ... except after a step whose global step
+                           * before equals that of the last step that
+                           * reached the hook, or when there is none
+                           * (keel_run_values_prev_step_before) */
+    int after_needs_before; /* after_run does nothing in a step whose
+                             * before_run was skipped */
+} keel_hook_wake;
+
+/* keel_hook.flags */
+#define KEEL_HOOK_NO_STEP_TIME 1u  /* after_run never reads
+                                    * keel_run_values_start_ns/duration_ns:
+                                    * the session may skip the clock reads */
+
+/* keel_hook.kind: which standard hook a constructor below built; hooks
+ * built any other way leave it KEEL_HOOK_USER. */
+typedef enum keel_hook_kind {
+    KEEL_HOOK_USER = 0,
+    KEEL_HOOK_LOGGING,
+    KEEL_HOOK_STOP_AT_STEP,
+    KEEL_HOOK_CHECKPOINT,
+    KEEL_HOOK_NAN,
+    KEEL_HOOK_STEP_COUNTER,
+    KEEL_HOOK_SUMMARY,
+    KEEL_HOOK_GLOBAL_STEP_WAITER,
+    KEEL_HOOK_FINAL_OPS,
+    KEEL_HOOK_FEED_FN,
+    KEEL_HOOK_PROFILER
+} keel_hook_kind;
+
 /* A hook: function pointers plus a context, copied when added. Any member
  * may be NULL. Pointer arguments are borrowed for the call. A non-OK return
  * stops the session; the caller sees KEEL_EHOOK (recoverable codes,
@@ -54,6 +103,16 @@ typedef struct keel_hook {
     /* Frees ctx; called by keel_hook_release() only (sessions never call
      * it). Set by the built-in hook constructors below. */
     void        (*destroy)(void *ctx);
+    /* Optional: fill *w (the session pre-fills "call at every step") with
+     * when this hook's calls can next do something, from its own state
+     * only. Return 1 when the answer changes with that state: the session
+     * asks again after every call it makes to this hook and after
+     * after_create_session; 0 when it never changes. A hook that skips
+     * calls this way counts the steps it missed with
+     * keel_run_context_skipped / keel_run_values_skipped. */
+    int         (*wake)(const void *ctx, keel_hook_wake *w);
+    uint32_t    flags;        /* KEEL_HOOK_NO_STEP_TIME, or 0 */
+    uint32_t    kind;         /* keel_hook_kind */
 } keel_hook;
 
 /* Free a built-in hook's context (h->destroy) and clear *h. NULL or a hook
@@ -80,6 +139,16 @@ keel_status keel_run_context_set_batch(keel_run_context *rc,
 keel_session *keel_run_context_session(keel_run_context *rc);
 /* Global step before this step (what the step will see). */
 int64_t keel_run_context_global_step(const keel_run_context *rc);
+/* keel_run_context_request for a name in storage that stays in place and
+ * unchanged while the hook lives (its own copy): *slot (-1 before the
+ * first call; one per name) remembers where the session keeps the value,
+ * so a call at every step compares one pointer instead of names. */
+keel_status keel_run_context_request_fixed(keel_run_context *rc,
+                                           const char *name, int *slot);
+/* Steps this hook's wake let the session skip since it last called the
+ * hook (0 for a hook without wake): a hook counting iterations adds them
+ * first. */
+int64_t keel_run_context_skipped(const keel_run_context *rc);
 
 /* Global step before and after the step: hooks never need an extra read. */
 int64_t keel_run_values_step_before(const keel_run_values *v);
@@ -96,6 +165,17 @@ int keel_run_values_find(const keel_run_values *v, const char *name,
                          double *out);
 /* The named value, or NaN when it was not set. */
 double keel_run_values_get(const keel_run_values *v, const char *name);
+/* keel_run_values_find for a name and slot as with
+ * keel_run_context_request_fixed. */
+int keel_run_values_find_fixed(const keel_run_values *v, const char *name,
+                               int *slot, double *out);
+/* As keel_run_context_skipped, for after_run. */
+int64_t keel_run_values_skipped(const keel_run_values *v);
+/* For a hook whose wake sets on_stall: 1 and *out = the global step before
+ * the last step whose after_run chain reached this hook in this session
+ * (called or skipped); 0 when there is none or the wake does not set
+ * on_stall. */
+int keel_run_values_prev_step_before(const keel_run_values *v, int64_t *out);
 
 /* ---- clocks and the SecondOrStepTimer ----------------------------------- */
 
@@ -138,6 +218,10 @@ int keel_timer_update(keel_timer *t, int64_t step, double *elapsed_secs,
                       int64_t *elapsed_steps);
 /* Forget the last trigger. */
 void keel_timer_reset(keel_timer *t);
+/* The first step s for which keel_timer_should_trigger(t, s) can be 1:
+ * KEEL_WAKE_NEVER for a NeverTriggerTimer, KEEL_WAKE_ALWAYS for a timer
+ * that has not triggered yet or is time based (for keel_hook.wake). */
+int64_t keel_timer_wake_step(const keel_timer *t);
 
 /* ---- standard hooks -------------------------------------------------------
  * Each constructor validates its config (copied; strings copied), allocates

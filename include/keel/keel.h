@@ -1,4 +1,4 @@
-/* keel/keel.h - umbrella header and version.
+/* keel/keel.h - umbrella header: every public header.
  *
  * Process-wide state in libkeel (nothing else is global):
  *   - the thread-local error message (keel_last_error),
@@ -24,14 +24,6 @@
 #include <keel/launch.h>
 #include <keel/export.h>
 
-#ifdef __cplusplus
-extern "C" {
-#endif
+/* keel_version() is declared in keel/status.h. */
 
-/* The library's version string ("0.1.0"); never NULL. */
-const char *keel_version(void);
-
-#ifdef __cplusplus
-}
-#endif
 #endif

@@ -1,10 +1,11 @@
-/* ckpt_ops.c - the table through which hooks/ and session/ call the
- * checkpoint module, so tests can count and fail saves without HDF5. */
+/* ckpt_ops.c - the table through which session/ and hooks/ call the
+ * checkpoint module, so tests can count and fail saves without HDF5
+ * (ckpt_ops.h). */
 #include <config.h>
 
 #include <stddef.h>
 #include "util.h"
-#include "hooks_int.h"
+#include "ckpt_ops.h"
 
 const keel__ckpt_ops keel__ckpt_default = {
     keel_saver_new, keel_saver_save, keel_saver_wait, keel_saver_free,

@@ -1,6 +1,7 @@
 /* chain.c - the pieces of the hook chain every hook sees: run context and
- * run values accessors, the named-value table, end reasons, the clock and
- * TF's SecondOrStepTimer (on a monotonic, injectable clock). */
+ * run values accessors, the named-value table, end reasons, the clock, TF's
+ * SecondOrStepTimer (on a monotonic, injectable clock) and asking a hook
+ * when it next needs to be called. */
 #include <config.h>
 
 #include <math.h>
@@ -8,7 +9,7 @@
 #include <time.h>
 
 #include "util.h"
-#include "hooks_int.h"
+#include "session_int.h"
 
 /* How far CLOCK_MONOTONIC_COARSE may lag CLOCK_MONOTONIC, with margin. */
 #define KEEL_COARSE_SLACK_NS ((int64_t)50 * 1000000)
@@ -98,18 +99,38 @@ keel_run_context_stop_requested(const keel_run_context *rc)
     return rc != NULL && rc->is_stop_requested;
 }
 
-keel_status
-keel_run_context_request(keel_run_context *rc, const char *name)
+
+/* keel__values_slot(t, name, 1) for a name in a buffer that does not
+ * change while it is in use: a slot whose pointers include name holds that
+ * name, so *hint (the slot last found, -1 at first) is checked by pointer
+ * alone. */
+static inline int
+values_slot_fixed(keel__values *t, const char *name, int *hint)
 {
-    if (rc == NULL || name == NULL)
-        return keel__fail(KEEL_EINVAL, "request value: NULL argument");
-    return keel__run_context_request_slot(
-        rc, keel__values_slot(rc->values, name, 1), name);
+    int k, h = *hint;
+    if (h >= 0 && (size_t)h < t->n)
+        for (k = 0; k < KEEL__VALUE_PTRS; k++)
+            if (t->v[h].ptrs[k] == name)
+                return h;
+    h = keel__values_slot(t, name, 1);
+    if (h >= 0)
+        *hint = h;
+    return h;
 }
 
-keel_status
-keel__run_context_request_slot(keel_run_context *rc, int slot,
-                               const char *name)
+/* The value the step set in slot this step: 1 and *out, or 0 (no slot,
+ * or not set this step). */
+static inline int
+values_this_step(const keel__values *t, int slot, double *out)
+{
+    if (slot < 0 || t->v[slot].set_gen != t->gen)
+        return 0;
+    *out = t->v[slot].value;
+    return 1;
+}
+
+static keel_status
+request_slot(keel_run_context *rc, int slot, const char *name)
 {
     size_t i;
     if (slot < 0)
@@ -124,6 +145,29 @@ keel__run_context_request_slot(keel_run_context *rc, int slot,
     rc->requested_by[rc->n_requested] = rc->hook_name;
     rc->n_requested++;
     return KEEL_OK;
+}
+
+keel_status
+keel_run_context_request(keel_run_context *rc, const char *name)
+{
+    if (rc == NULL || name == NULL)
+        return keel__fail(KEEL_EINVAL, "request value: NULL argument");
+    return request_slot(rc, keel__values_slot(rc->values, name, 1), name);
+}
+
+keel_status
+keel_run_context_request_fixed(keel_run_context *rc, const char *name,
+                               int *slot)
+{
+    if (rc == NULL || name == NULL || slot == NULL)
+        return keel__fail(KEEL_EINVAL, "request value: NULL argument");
+    return request_slot(rc, values_slot_fixed(rc->values, name, slot), name);
+}
+
+int64_t
+keel_run_context_skipped(const keel_run_context *rc)
+{
+    return rc != NULL ? rc->n_skipped : 0;
 }
 
 keel_status
@@ -190,7 +234,7 @@ keel_run_values_find(const keel_run_values *v, const char *name, double *out)
 {
     double x;
     if (v == NULL || v->values == NULL || name == NULL ||
-        !keel__values_this_step(v->values,
+        !values_this_step(v->values,
                                 keel__values_slot(v->values, name, 0), &x))
         return 0;
     if (out != NULL)
@@ -203,6 +247,36 @@ keel_run_values_get(const keel_run_values *v, const char *name)
 {
     double x;
     return keel_run_values_find(v, name, &x) ? x : NAN;
+}
+
+int
+keel_run_values_find_fixed(const keel_run_values *v, const char *name,
+                           int *slot, double *out)
+{
+    double x;
+    if (v == NULL || v->values == NULL || name == NULL || slot == NULL
+        || !values_this_step(v->values,
+                             values_slot_fixed(v->values, name, slot), &x))
+        return 0;
+    if (out != NULL)
+        *out = x;
+    return 1;
+}
+
+int64_t
+keel_run_values_skipped(const keel_run_values *v)
+{
+    return v != NULL ? v->n_skipped : 0;
+}
+
+int
+keel_run_values_prev_step_before(const keel_run_values *v, int64_t *out)
+{
+    if (v == NULL || !v->has_prev_before)
+        return 0;
+    if (out != NULL)
+        *out = v->prev_before;
+    return 1;
 }
 
 /* ---- clock and timer ---------------------------------------------------- */
@@ -298,35 +372,45 @@ keel_timer_reset(keel_timer *t)
     t->last_ns = 0;
 }
 
+int64_t
+keel_timer_wake_step(const keel_timer *t)
+{
+    if (t == NULL || t->is_never)
+        return KEEL_WAKE_NEVER;
+    if (t->every_secs > 0 || !t->is_triggered || t->every_steps <= 0)
+        return KEEL_WAKE_ALWAYS;
+    // should_trigger <=> step != last && step >= last + every (every >= 1)
+    if (t->last_step > INT64_MAX - t->every_steps)
+        return KEEL_WAKE_NEVER;
+    return t->last_step + t->every_steps;
+}
+
+/* ---- asking a hook when it next needs to be called ---------------------- */
+
 int
 keel__hook_reads_step_time(const keel_hook *h)
 {
-    if (h->after_run == NULL)
-        return 0;
-    return !(keel__basic_hook_is_timeless(h)
-             || keel__summary_hook_is_timeless(h)
-             || keel__ckpt_hook_is_timeless(h));
+    return h->after_run != NULL && !(h->flags & KEEL_HOOK_NO_STEP_TIME);
 }
 
 static int g_is_skipping_off;       // tests compare runs with and without
 
 void
-keel__hooks_set_skipping(int is_on)
+keel__session_set_skipping(int is_on)
 {
     g_is_skipping_off = !is_on;
 }
 
 int
-keel__hook_get_wake(const keel_hook *h, keel__hook_wake *w)
+keel__hook_get_wake(const keel_hook *h, keel_hook_wake *w)
 {
-    w->before_gs = KEEL__WAKE_ALWAYS;
-    w->before_iters = KEEL__WAKE_NEVER;
-    w->after_gs = KEEL__WAKE_ALWAYS;
-    w->after_ns = KEEL__WAKE_NEVER;
+    w->before_gs = KEEL_WAKE_ALWAYS;
+    w->before_iters = KEEL_WAKE_NEVER;
+    w->after_gs = KEEL_WAKE_ALWAYS;
+    w->after_ns = KEEL_WAKE_NEVER;
     w->on_stall = 0;
     w->after_needs_before = 0;
-    if (g_is_skipping_off)
+    if (g_is_skipping_off || h->wake == NULL)
         return 0;
-    return keel__basic_hook_wake(h, w) || keel__summary_hook_wake(h, w)
-           || keel__ckpt_hook_wake(h, w);
+    return h->wake(h->ctx, w) != 0;
 }

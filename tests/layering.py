@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""layering.py - fails when a file includes a header of a higher layer.
+
+The layers, lowest first (docs/architecture.md explains them). A file may
+include headers of its own layer and of lower layers only; layers of equal
+rank are siblings and include neither each other. A header belongs to the
+layer of its folder; the public headers include/keel/*.h are mapped below.
+A folder's private headers (every quoted include) are its own: another
+folder may include one only where SEAMS lists it. programs (tools/,
+examples/) use the public headers only. tests/ and bench/ test internals
+and are not checked.
+
+usage: layering.py [SRCDIR]   (default: KEEL_SRCDIR, else this file's ..)
+"""
+import os
+import re
+import sys
+
+# (layer, rank, folders, public headers in include/keel/)
+LAYERS = [
+    ("util", 0, ["util"], ["status.h", "log.h"]),
+    ("train", 1, ["train"], ["tensor.h", "train.h"]),
+    ("checkpoint", 2, ["checkpoint"], ["checkpoint.h"]),
+    # keel_hook, the run context and the timer are the session's interface
+    # (session.h includes hooks.h); the standard hooks declared there are
+    # built in hooks/ on that interface, and MonitoredTrainingSession calls
+    # their public constructors.
+    ("session", 3, ["session"], ["session.h", "hooks.h"]),
+    ("hooks", 4, ["hooks"], ["events.h"]),
+    ("cluster", 4, ["cluster"], ["cluster.h"]),
+    ("app", 5, ["app"], ["config.h", "job.h", "export.h"]),
+    ("launch", 5, ["launch"], ["launch.h"]),
+    ("programs", 6, ["tools", "examples"], ["keel.h"]),
+]
+
+# Private headers other folders may include: header -> folders.
+SEAMS = {
+    # keel__fail, logging, paths: libkeel's own helpers
+    "util/util.h": ["train", "checkpoint", "session", "hooks", "cluster",
+                    "app", "launch"],
+    # the global step the session's step path reads and bumps in place
+    "train/vars_int.h": ["session"],
+    # the vectorized kernels the ps sums with; the model's thread pool the
+    # trainer applies the optimizer on
+    "train/train_int.h": ["cluster", "app"],
+    # the checkpoint call table tests swap (session's saver, the
+    # CheckpointSaverHook)
+    "checkpoint/ckpt_ops.h": ["session", "hooks"],
+    # the worker backend and ps task the trainer runs
+    "cluster/roles.h": ["app"],
+}
+
+INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]')
+
+
+def main():
+    src = (sys.argv[1] if len(sys.argv) > 1
+           else os.environ.get("KEEL_SRCDIR")
+           or os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    src = os.path.abspath(src)
+    layer_of_folder, rank, layer_of_public = {}, {}, {}
+    for name, r, folders, headers in LAYERS:
+        rank[name] = r
+        for f in folders:
+            layer_of_folder[f] = name
+        for h in headers:
+            layer_of_public["include/keel/" + h] = name
+    errors = []
+    checked = 0
+    files = []
+    for folder in sorted(layer_of_folder) + ["include/keel"]:
+        d = os.path.join(src, folder)
+        if not os.path.isdir(d):
+            continue
+        for fn in sorted(os.listdir(d)):
+            if fn.endswith((".c", ".h")):
+                files.append(folder + "/" + fn)
+    for h in sorted(os.listdir(os.path.join(src, "include/keel"))):
+        if h.endswith(".h") and "include/keel/" + h not in layer_of_public:
+            errors.append("include/keel/%s: public header in no layer (add "
+                          "it to LAYERS in tests/layering.py)" % h)
+    for rel in files:
+        folder = os.path.dirname(rel)
+        me = (layer_of_public.get(rel) if folder == "include/keel"
+              else layer_of_folder[folder])
+        if me is None:
+            continue
+        with open(os.path.join(src, rel), encoding="utf-8") as fh:
+            lines = fh.read().split("\n")
+        for no, line in enumerate(lines, 1):
+            m = INCLUDE.match(line)
+            if m is None:
+                continue
+            kind, name = m.groups()
+            where = "%s:%d: #include %s%s%s" % (
+                rel, no, kind, name, ">" if kind == "<" else '"')
+            if kind == "<":
+                if not name.startswith("keel/"):
+                    continue            # system and library headers
+                target = "include/" + name
+                if target not in layer_of_public:
+                    errors.append("%s: no such public header" % where)
+                    continue
+            else:
+                target = os.path.normpath(os.path.join(folder, name))
+                if not os.path.exists(os.path.join(src, target)):
+                    # -I util: "util.h"
+                    alt = os.path.normpath(os.path.join("util", name))
+                    if os.path.exists(os.path.join(src, alt)):
+                        target = alt
+                    else:
+                        errors.append("%s: header not found" % where)
+                        continue
+            checked += 1
+            tfolder = os.path.dirname(target)
+            them = (layer_of_public[target] if tfolder == "include/keel"
+                    else layer_of_folder.get(tfolder))
+            if them is None:
+                errors.append("%s: %s is in no layer" % (where, target))
+                continue
+            if tfolder != "include/keel" and tfolder != folder:
+                if me == "programs" or folder == "include/keel":
+                    errors.append("%s: %s may include public headers only "
+                                  "(<keel/...>)" % (where, rel))
+                    continue
+                if folder not in SEAMS.get(target, []):
+                    errors.append("%s: %s is private to %s/ (use the public "
+                                  "API, or list the seam in SEAMS)"
+                                  % (where, target, tfolder))
+                    continue
+            if them != me and rank[them] >= rank[me]:
+                errors.append("%s: layer %s (rank %d) includes %s of layer "
+                              "%s (rank %d)%s" % (
+                                  where, me, rank[me], target, them,
+                                  rank[them],
+                                  "; siblings include neither each other"
+                                  if rank[them] == rank[me] else ""))
+    for e in errors:
+        print("layering: " + e)
+    print("layering: %d files, %d keel includes checked, %d violations"
+          % (len(files), checked, len(errors)))
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
