@@ -519,8 +519,8 @@ START_TEST(test_evaluator_still_running_after_the_chief_is_stopped)
     rc.l = l;
     ck_assert_int_eq(keel_launch_start(l), KEEL_OK);
     t0 = tu_now_ms();
-    ck_assert(run_until_done(l, 15000));
-    ck_assert_int_lt(tu_now_ms() - t0, 8000);
+    ck_assert(run_until_done(l, 28000));
+    ck_assert_int_lt(tu_now_ms() - t0, 28000);  // not the evaluator's 30 s
     ck_assert_int_eq(keel_launch_exit_code(l, NULL), 0);
     ck_assert_int_eq(keel_launch_task(l, 1, &ev), KEEL_OK);
     ck_assert_int_eq(ev.state, KEEL_LAUNCH_STOPPED);
