@@ -61,6 +61,7 @@ EXTRA_DIST += tests/fuzz/fuzz_util.h \
 	tests/fuzz/corpus/ckpt_state/saver-written \
 	tests/fuzz/corpus/ckpt_state/tf-style \
 	tests/fuzz/corpus/config/full \
+	tests/fuzz/corpus/config/long-lines \
 	tests/fuzz/corpus/config/minimal \
 	tests/fuzz/corpus/idx/gzip-images \
 	tests/fuzz/corpus/idx/plain \
