@@ -577,14 +577,19 @@ typedef struct load_ctx {
     char why[768];          /* the first error only */
 } load_ctx;
 
-#define FAIL_FIRST(lc, ...)                                              \
+/* Keep the first error (with its line); then fail the handler (0) or stop
+ * the reader (NULL). */
+#define KEEP_FIRST(lc, ...)                                              \
     do {                                                                 \
         if ((lc)->why[0] == '\0') {                                      \
             snprintf((lc)->why, sizeof (lc)->why, __VA_ARGS__);          \
             (lc)->err_line = (lc)->line;                                 \
         }                                                                \
-        return 0;                                                        \
     } while (0)
+#define FAIL_FIRST(lc, ...) do { KEEP_FIRST(lc, __VA_ARGS__); return 0; } \
+    while (0)
+#define READER_FAIL(lc, ...)                                             \
+    do { KEEP_FIRST(lc, __VA_ARGS__); return NULL; } while (0)
 
 static int
 is_blank(char c)
@@ -634,16 +639,6 @@ put_line(char *str, int num, const char *s, size_t n)
     str[n + 1] = '\0';
     return 1;
 }
-
-/* FAIL_FIRST for the reader, which stops inih by returning NULL. */
-#define READER_FAIL(lc, ...)                                             \
-    do {                                                                 \
-        if ((lc)->why[0] == '\0') {                                      \
-            snprintf((lc)->why, sizeof (lc)->why, __VA_ARGS__);          \
-            (lc)->err_line = (lc)->line;                                 \
-        }                                                                \
-        return NULL;                                                     \
-    } while (0)
 
 static char *
 read_line(char *str, int num, void *stream)

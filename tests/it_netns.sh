@@ -188,6 +188,12 @@ passed=0 failed=0 skipped=0
 fail() { echo "FAIL: $scenario: $*"; for f in "$work"/"$scenario"-*.log; do echo "---- $f"; tail -n 30 "$f"; done; failed=$((failed + 1)); }
 ok() { echo "PASS: $scenario: $*"; passed=$((passed + 1)); }
 
+stop_all() {   # whatever is left of a scenario's tasks
+  local p
+  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+  pids=()
+}
+
 link() {   # link NS up|down: the task's cable at the bridge
   ip -n "$hub" link set "${hubif[$1]}" "$2"
 }
@@ -259,8 +265,7 @@ else
     fi
   fi
 fi
-for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
-pids=()
+stop_all
 
 # ---- 2. async: the rest goes on -------------------------------------------------
 # The run has no reachable end (10^7 steps); the chief is stopped by SIGTERM
@@ -295,8 +300,7 @@ else
     ok "the worker noticed after ${noticed_ms} ms; the chief went on past step $s1 meanwhile; the worker rejoined; SIGTERM ended all three with exit 0"
   fi
 fi
-for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
-pids=()
+stop_all
 
 # ---- 3. loss and delay ---------------------------------------------------------------
 scenario=netem
