@@ -589,7 +589,9 @@ END_TEST
 
 /* ---- keel launch: real keel train chiefs ------------------------------- */
 
-static char out[262144], err[65536];
+/* A chaos run on a loaded machine restarts tasks many times: its output
+ * passed 280 KB. */
+static char out[4 << 20], err[65536];
 static char cfg_path[4096];     /* tu_path()'s buffers rotate: a copy */
 
 static void
