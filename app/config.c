@@ -17,8 +17,10 @@
 #include <keel/tensor.h>
 #include "util.h"
 
+/* Lists (T_*_LIST, T_ADDR_LIST) are comma-separated and may continue on
+ * indented lines. */
 typedef enum { T_INT, T_DOUBLE, T_BOOL, T_STRING, T_ENUM, T_INT_LIST,
-               T_DOUBLE_LIST } key_type;
+               T_DOUBLE_LIST, T_ADDR_LIST } key_type;
 
 typedef struct key_def {
     const char *section;
@@ -31,6 +33,7 @@ typedef struct key_def {
 } key_def;
 
 #define NOLIM -1e300, 1e300
+#define VALUE_MAX 65536     /* bytes of one value, continuation lines joined */
 #define I64MAX 9.2e18
 
 /* The schema. Order here is the order of `keel config check` and docs. */
@@ -174,9 +177,9 @@ static const key_def schema[] = {
 
     { "cluster", "chief", T_STRING, "", NOLIM, NULL,
       "Chief address host:port (empty: worker 0 is the chief)." },
-    { "cluster", "ps", T_STRING, "", NOLIM, NULL,
+    { "cluster", "ps", T_ADDR_LIST, "", NOLIM, NULL,
       "Parameter servers, comma-separated host:port list." },
-    { "cluster", "workers", T_STRING, "", NOLIM, NULL,
+    { "cluster", "workers", T_ADDR_LIST, "", NOLIM, NULL,
       "Workers, comma-separated host:port list." },
     { "cluster", "mode", T_ENUM, "sync", NOLIM, "sync|async",
       "sync: SyncReplicas with tokens; async: each push applied as it "
@@ -372,16 +375,24 @@ static int
 parse_list(const char *s, int is_int, double lo, double hi, int64_t *iout,
            double *dout, int max, char *why, size_t why_size)
 {
-    char buf[4096];
-    char *save = NULL, *tok;
+    size_t len = strlen(s);
+    char *buf, *save = NULL, *tok;
     int n = 0;
-    if (strlen(s) >= sizeof buf) {
-        snprintf(why, why_size, "list is too long");
+    if (len > VALUE_MAX) {
+        snprintf(why, why_size, "list of %zu bytes (limit %d)", len,
+                 VALUE_MAX);
         return -1;
     }
-    snprintf(buf, sizeof buf, "%s", s);
-    if (trim(buf)[0] == '\0')
+    buf = malloc(len + 1);
+    if (buf == NULL) {
+        snprintf(why, why_size, "out of memory");
+        return -1;
+    }
+    memcpy(buf, s, len + 1);
+    if (trim(buf)[0] == '\0') {
+        free(buf);
         return 0;
+    }
     for (tok = strtok_r(buf, ",", &save); tok != NULL;
          tok = strtok_r(NULL, ",", &save)) {
         char *t = trim(tok);
@@ -391,15 +402,17 @@ parse_list(const char *s, int is_int, double lo, double hi, int64_t *iout,
             if (!keel__parse_i64(t, (int64_t)lo,
                                  hi >= I64MAX ? INT64_MAX : (int64_t)hi,
                                  &iv)) {
-                snprintf(why, why_size, "'%s' is not an integer in [%.0f, "
-                         "%.0f]", t, lo, hi >= I64MAX ? 9.2e18 : hi);
+                snprintf(why, why_size, "'%.64s' is not an integer in "
+                         "[%.0f, %.0f]", t, lo, hi >= I64MAX ? 9.2e18 : hi);
+                free(buf);
                 return -1;
             }
             dv = (double)iv;
         } else {
             if (!keel__parse_double(t, &dv) || dv < lo || dv > hi) {
-                snprintf(why, why_size, "'%s' is not a number in [%g, %g]",
-                         t, lo, hi);
+                snprintf(why, why_size, "'%.64s' is not a number in [%g, "
+                         "%g]", t, lo, hi);
+                free(buf);
                 return -1;
             }
             iv = 0;
@@ -412,29 +425,22 @@ parse_list(const char *s, int is_int, double lo, double hi, int64_t *iout,
         }
         n++;
     }
+    free(buf);
     return n;
 }
 
-/* Validate text for key k and store it. why gets the reason on failure. */
+/* Validate text (trimmed, writable) for key k and store it. why gets the
+ * reason on failure. */
 static int
-set_value(keel_config *cfg, int k, const char *raw, char *why,
-          size_t why_size)
+set_trimmed(keel_config *cfg, int k, char *text, char *why, size_t why_size)
 {
     const key_def *d = &schema[k];
     value *v = &cfg->v[k];
-    char buf[4096];
-    char *text, *copy;
+    char *copy;
     int64_t i = 0;
     double dv = 0;
     int b;
 
-    if (strlen(raw) >= sizeof buf) {
-        snprintf(why, why_size, "value of %s.%s is too long (limit %zu "
-                 "bytes)", d->section, d->name, sizeof buf - 1);
-        return 0;
-    }
-    snprintf(buf, sizeof buf, "%s", raw);
-    text = trim(buf);
     switch (d->type) {
     case T_INT: {
         int64_t hi = d->hi >= I64MAX ? INT64_MAX : (int64_t)d->hi;
@@ -493,6 +499,7 @@ set_value(keel_config *cfg, int k, const char *raw, char *why,
         break;
     }
     case T_STRING:
+    case T_ADDR_LIST:
         break;
     }
     copy = strdup(text);
@@ -505,6 +512,30 @@ set_value(keel_config *cfg, int k, const char *raw, char *why,
     v->i = i;
     v->d = dv;
     return 1;
+}
+
+/* Validate raw for key k and store it. why gets the reason on failure. */
+static int
+set_value(keel_config *cfg, int k, const char *raw, char *why,
+          size_t why_size)
+{
+    size_t n = strlen(raw);
+    char *buf;
+    int ok;
+    if (n > VALUE_MAX) {
+        snprintf(why, why_size, "value of %s.%s is %zu bytes (limit %d)",
+                 schema[k].section, schema[k].name, n, VALUE_MAX);
+        return 0;
+    }
+    buf = malloc(n + 1);
+    if (buf == NULL) {
+        snprintf(why, why_size, "out of memory");
+        return 0;
+    }
+    memcpy(buf, raw, n + 1);
+    ok = set_trimmed(cfg, k, trim(buf), why, why_size);
+    free(buf);
+    return ok;
 }
 
 keel_status
@@ -540,18 +571,198 @@ keel_config_free(keel_config *cfg)
     free(cfg);
 }
 
+/* Parsing. inih splits each line into section, key and value, but reads
+ * through a fixed line buffer (200 bytes in Debian's build). keel hands it
+ * the file one physical line at a time through an ini_reader, so inih's
+ * line numbers are the file's, and a line too long for that buffer is
+ * handed over shortened: a comment as ";", a section as "[name]", a key
+ * line as "key=" with its value kept here (inline comment and blanks
+ * stripped the way inih strips them) and used by the handler instead. So
+ * lines of any length parse the same as short ones, up to VALUE_MAX bytes
+ * of value. Indented lines continue
+ * the previous key's value (inih's multi-line values); keel accepts that
+ * only for lists, joined with ", ". */
 typedef struct load_ctx {
     keel_config *cfg;
     const char *path;
-    char why[768];          /* the first error only: inih reports its line */
+    const char *text;       /* the whole file */
+    size_t pos, len;
+    int line;               /* the physical line inih is parsing */
+    int has_key;            /* a key line came since the last section */
+    int cont;               /* this line continues the previous key */
+    int last_key;           /* schema index of the previous key, or -1 */
+    char *long_value;       /* a long line's value, or NULL */
+    int err_line;
+    char why[768];          /* the first error only */
 } load_ctx;
 
-#define FAIL_FIRST(lc, ...)                                              \
+/* Keep the first error (with its line); then fail the handler (0) or stop
+ * the reader (NULL). */
+#define KEEP_FIRST(lc, ...)                                              \
     do {                                                                 \
-        if ((lc)->why[0] == '\0')                                        \
+        if ((lc)->why[0] == '\0') {                                      \
             snprintf((lc)->why, sizeof (lc)->why, __VA_ARGS__);          \
-        return 0;                                                        \
+            (lc)->err_line = (lc)->line;                                 \
+        }                                                                \
     } while (0)
+#define FAIL_FIRST(lc, ...) do { KEEP_FIRST(lc, __VA_ARGS__); return 0; } \
+    while (0)
+#define READER_FAIL(lc, ...)                                             \
+    do { KEEP_FIRST(lc, __VA_ARGS__); return NULL; } while (0)
+
+static int
+is_blank(char c)
+{
+    return c == ' ' || c == '\t' || c == '\r' || c == '\v' || c == '\f';
+}
+
+/* inih's rule: the first of chars, or an inline comment (';' after a
+ * blank), or the end. */
+static const char *
+find_or_comment(const char *s, const char *end, const char *chars)
+{
+    int was_space = 0;
+    while (s < end && (chars == NULL || strchr(chars, *s) == NULL) &&
+           !(was_space && *s == ';')) {
+        was_space = is_blank(*s);
+        s++;
+    }
+    return s;
+}
+
+/* A copy of [s, end) without an inline comment and surrounding blanks. */
+static char *
+value_copy(const char *s, const char *end)
+{
+    char *v;
+    end = find_or_comment(s, end, NULL);
+    while (s < end && is_blank(*s))
+        s++;
+    while (end > s && is_blank(end[-1]))
+        end--;
+    v = malloc((size_t)(end - s) + 1);
+    if (v != NULL) {
+        memcpy(v, s, (size_t)(end - s));
+        v[end - s] = '\0';
+    }
+    return v;
+}
+
+static int
+put_line(char *str, int num, const char *s, size_t n)
+{
+    if ((size_t)num < n + 2)
+        return 0;
+    memcpy(str, s, n);
+    str[n] = '\n';
+    str[n + 1] = '\0';
+    return 1;
+}
+
+static char *
+read_line(char *str, int num, void *stream)
+{
+    load_ctx *lc = stream;
+    const char *start, *end, *s, *nl;
+    size_t n;
+    free(lc->long_value);
+    lc->long_value = NULL;
+    lc->cont = 0;
+    if (lc->why[0] != '\0' || lc->pos >= lc->len || num < 16)
+        return NULL;
+    start = lc->text + lc->pos;
+    nl = memchr(start, '\n', lc->len - lc->pos);
+    end = nl != NULL ? nl : lc->text + lc->len;
+    lc->pos = (size_t)(end - lc->text) + (nl != NULL ? 1 : 0);
+    lc->line++;
+    n = (size_t)(end - start);
+    for (s = start; s < end && is_blank(*s); s++)
+        ;
+    if (lc->line == 1 && end - s >= 3 && memcmp(s, "\xEF\xBB\xBF", 3) == 0)
+        s += 3;
+    if (s == end || *s == ';' || *s == '#')
+        return put_line(str, num, start, n) ? str : strcpy(str, ";\n");
+    if (s > start && lc->has_key) {
+        /* inih strips no inline comment from a continuation: keep the
+         * value here for every continuation line. */
+        lc->cont = 1;
+        lc->long_value = value_copy(s, end);
+        if (lc->long_value == NULL)
+            READER_FAIL(lc, "out of memory");
+        return put_line(str, num, start, n) ? str : strcpy(str, " x\n");
+    }
+    if (*s == '[') {
+        const char *close = find_or_comment(s + 1, end, "]");
+        char name[64];
+        size_t nl2;
+        if (close == end || *close != ']')
+            READER_FAIL(lc, "syntax error: '[' without ']'; expected "
+                        "'[section]'");
+        for (s++; s < close && is_blank(*s); s++)
+            ;
+        while (close > s && is_blank(close[-1]))
+            close--;
+        nl2 = (size_t)(close - s);
+        if (nl2 >= sizeof name || (memcpy(name, s, nl2), name[nl2] = '\0',
+                                   !section_known(name))) {
+            char secs[256];
+            list_sections(secs, sizeof secs);
+            READER_FAIL(lc, "unknown section [%.*s]; valid sections: %s",
+                        (int)(nl2 < 64 ? nl2 : 64), s, secs);
+        }
+        lc->has_key = 0;
+        lc->last_key = -1;
+        snprintf(str, (size_t)num, "[%s]\n", name);
+        return str;
+    }
+    {
+        const char *eq = find_or_comment(s, end, "=:");
+        if (eq == end || (*eq != '=' && *eq != ':'))
+            READER_FAIL(lc, "syntax error; expected '[section]' or "
+                        "'key = value'");
+        lc->has_key = 1;
+        if (put_line(str, num, start, n))
+            return str;
+        if ((size_t)(eq - s) + 4 > (size_t)num)
+            READER_FAIL(lc, "key '%.40s...' is too long", s);
+        lc->long_value = value_copy(eq + 1, end);
+        if (lc->long_value == NULL)
+            READER_FAIL(lc, "out of memory");
+        memcpy(str, s, (size_t)(eq - s) + 1);
+        strcpy(str + (eq - s) + 1, "x\n");
+        return str;
+    }
+}
+
+/* Append a continuation line to the list value of key k (a trailing comma
+ * dropped). */
+static int
+continue_list(load_ctx *lc, int k, const char *more)
+{
+    const char *have = lc->cfg->v[k].text != NULL ? lc->cfg->v[k].text : "";
+    size_t hl = strlen(have), ml = strlen(more);
+    char *joined, why[768];
+    int ok;
+    joined = malloc(hl + ml + 3);
+    if (joined == NULL)
+        FAIL_FIRST(lc, "out of memory");
+    /* No separator after a trailing comma or before a leading one. */
+    snprintf(joined, hl + ml + 3, "%s%s%s", have,
+             hl == 0 || have[hl - 1] == ',' || more[0] == ',' ? "" : ", ",
+             more);
+    /* A list continued line by line may end each line with a comma: the
+     * last one ends nothing. */
+    {
+        size_t jl = strlen(joined);
+        while (jl > 0 && (joined[jl - 1] == ',' || is_blank(joined[jl - 1])))
+            joined[--jl] = '\0';
+    }
+    ok = set_value(lc->cfg, k, joined, why, sizeof why);
+    free(joined);
+    if (!ok)
+        FAIL_FIRST(lc, "%s", why);
+    return 1;
+}
 
 static int
 on_ini(void *user, const char *section, const char *name, const char *val)
@@ -559,15 +770,24 @@ on_ini(void *user, const char *section, const char *name, const char *val)
     load_ctx *lc = user;
     char why[768];
     int k;
+    if (lc->long_value != NULL)
+        val = lc->long_value;
+    if (lc->cont) {
+        k = lc->last_key;
+        if (k < 0)
+            return 0;      /* the key line already failed */
+        if (schema[k].type != T_INT_LIST && schema[k].type != T_DOUBLE_LIST &&
+            schema[k].type != T_ADDR_LIST)
+            FAIL_FIRST(lc, "indented line continues %s.%s, which is not a "
+                       "list (only lists may continue on indented lines); "
+                       "remove the indentation", schema[k].section,
+                       schema[k].name);
+        return continue_list(lc, k, val);
+    }
+    lc->last_key = -1;
     if (section[0] == '\0')
         FAIL_FIRST(lc, "key '%s' is outside any section; put it under one "
                    "such as [train]", name);
-    if (!section_known(section)) {
-        char secs[256];
-        list_sections(secs, sizeof secs);
-        FAIL_FIRST(lc, "unknown section [%s]; valid sections: %s", section,
-                   secs);
-    }
     k = find_key(section, name);
     if (k < 0) {
         char keys[600];
@@ -579,62 +799,12 @@ on_ini(void *user, const char *section, const char *name, const char *val)
         FAIL_FIRST(lc, "%s.%s is set twice", section, name);
     if (!set_value(lc->cfg, k, val, why, sizeof why))
         FAIL_FIRST(lc, "%s", why);
+    lc->last_key = k;
     lc->cfg->v[k].seen_in_file = 1;
     lc->cfg->v[k].is_set = 1;
-    snprintf(lc->cfg->v[k].origin, sizeof lc->cfg->v[k].origin, "%s",
-             lc->path);
+    snprintf(lc->cfg->v[k].origin, sizeof lc->cfg->v[k].origin, "%s:%d",
+             lc->path, lc->line);
     return 1;
-}
-
-/* inih reports the line of the first handler failure through its return
- * value, and never reports an empty section; this scan finds unknown section
- * headers (with their line) and, with cfg, records each key's line in its
- * origin. Returns the line of an unknown section, or 0. */
-static int
-scan_lines(keel_config *cfg, const char *path, const char *text,
-           char *bad_section, size_t bad_size)
-{
-    char section[64] = "";
-    int line = 0;
-    const char *p = text;
-    while (*p != '\0') {
-        const char *eol = strchr(p, '\n');
-        size_t len = eol != NULL ? (size_t)(eol - p) : strlen(p);
-        char buf[512];
-        char *s;
-        line++;
-        if (len < sizeof buf) {
-            memcpy(buf, p, len);
-            buf[len] = '\0';
-            s = trim(buf);
-            if (s[0] == '[') {
-                char *close = strchr(s, ']');
-                if (close != NULL) {
-                    *close = '\0';
-                    snprintf(section, sizeof section, "%s", trim(s + 1));
-                    if (cfg == NULL && !section_known(section)) {
-                        snprintf(bad_section, bad_size, "%s", section);
-                        return line;
-                    }
-                }
-            } else if (cfg != NULL && s[0] != ';' && s[0] != '#' &&
-                       s[0] != '\0') {
-                char *eq = strpbrk(s, "=:");
-                if (eq != NULL) {
-                    int k;
-                    *eq = '\0';
-                    k = find_key(section, trim(s));
-                    if (k >= 0 && strcmp(cfg->v[k].origin, path) == 0)
-                        snprintf(cfg->v[k].origin, sizeof cfg->v[k].origin,
-                                 "%s:%d", path, line);
-                }
-            }
-        }
-        if (eol == NULL)
-            break;
-        p = eol + 1;
-    }
-    return 0;
 }
 
 /* Parse text (takes ownership) as if read from the file named name. */
@@ -643,30 +813,29 @@ load_text(keel_config *cfg, const char *name, char *text)
 {
     load_ctx lc;
     int rc;
-    {
-        char bad[64], secs[256];
-        int line = scan_lines(NULL, name, text, bad, sizeof bad);
-        if (line > 0) {
-            free(text);
-            list_sections(secs, sizeof secs);
-            return keel__fail(KEEL_EINVAL, "%s:%d: unknown section [%s]; "
-                              "valid sections: %s", name, line, bad, secs);
-        }
-    }
     memset(&lc, 0, sizeof lc);
     lc.cfg = cfg;
     lc.path = name;
+    lc.text = text;
+    lc.len = strlen(text);
+    lc.last_key = -1;
     for (size_t k = 0; k < N_KEYS; k++)
         cfg->v[k].seen_in_file = 0;
-    rc = ini_parse_string(text, on_ini, &lc);
+    rc = ini_parse_stream(read_line, &lc, on_ini, &lc);
+    free(lc.long_value);
+    if (lc.why[0] != '\0') {
+        free(text);
+        return keel__fail(KEEL_EINVAL, "%s:%d: %s", name, lc.err_line,
+                          lc.why);
+    }
     if (rc != 0) {
         free(text);
-        if (lc.why[0] == '\0')
-            return keel__fail(KEEL_EINVAL, "%s:%d: syntax error; expected "
-                              "'[section]' or 'key = value'", name, rc);
-        return keel__fail(KEEL_EINVAL, "%s:%d: %s", name, rc, lc.why);
+        if (rc < 0)
+            return keel__fail(KEEL_ENOMEM, "%s: out of memory parsing it",
+                              name);
+        return keel__fail(KEEL_EINVAL, "%s:%d: syntax error; expected "
+                          "'[section]' or 'key = value'", name, rc);
     }
-    scan_lines(cfg, name, text, NULL, 0);
     free(cfg->source);
     cfg->source = text;
     return KEEL_OK;
@@ -1094,6 +1263,7 @@ type_name(const key_def *d)
     case T_DOUBLE: return "number";
     case T_BOOL: return "boolean";
     case T_STRING: return "string";
+    case T_ADDR_LIST: return "address list";
     case T_ENUM: return "choice";
     case T_INT_LIST: return "integer list";
     case T_DOUBLE_LIST: return "number list";
@@ -1114,7 +1284,16 @@ keel_config_write_reference(FILE *out)
             "overrides a key, and `$OUTPUT_DIR`, when set, replaces "
             "`checkpoint.dir` (unless `-s` sets it). `keel config check "
             "FILE` prints the resolved settings and where each came "
-            "from.\n");
+            "from, and exits 2 on any error.\n\n"
+            "Lines may be of any length (a value up to 64 KiB). A list "
+            "(integer, number or address list) may continue on the "
+            "following indented lines, joined with commas; comments "
+            "(`;` or `#` at the start of a line, `;` after a blank inside "
+            "one) may sit between and after them:\n\n"
+            "```ini\n[cluster]\nworkers = node01:2222, node02:2222,\n"
+            "    node03:2222   ; rack 2\n    node04:2222\n```\n\n"
+            "An indented line under a key that is not a list is an "
+            "error.\n");
     for (size_t k = 0; k < N_KEYS; k++) {
         const key_def *d = &schema[k];
         if (k == 0 || strcmp(d->section, schema[k - 1].section) != 0)

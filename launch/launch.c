@@ -58,17 +58,20 @@ static keel_status
 pick_ports(keel_launch *l)
 {
     int *socks = calloc(l->n, sizeof *socks);
-    keel_status st = KEEL_OK;
     if (socks == NULL)
         return keel__fail(KEEL_ENOMEM, "launch: %zu sockets", l->n);
     for (size_t i = 0; i < l->n; i++)
         socks[i] = -1;
-    /* Keep every probe socket open until all are bound so the ports are
-     * distinct; the tasks bind them again after we close ours (zmq sets
-     * SO_REUSEADDR). */
-    for (size_t i = 0; i < l->n && st == KEEL_OK; i++) {
+    l->port_holds = socks;
+    /* Each port stays bound by our socket (SO_REUSEADDR, not listening)
+     * until the launch ends: the kernel gives a bound port to no other
+     * bind(port 0) or connect, while the task's own listener (zmq sets
+     * SO_REUSEADDR too) may bind it - at its first start and at every
+     * restart. */
+    for (size_t i = 0; i < l->n; i++) {
         struct sockaddr_in a;
         socklen_t len = sizeof a;
+        int one = 1;
         if (l->tasks[i].info.type == KEEL_TASK_EVALUATOR) {
             /* serves nothing: no port */
             snprintf(l->tasks[i].info.address,
@@ -81,20 +84,16 @@ pick_ports(keel_launch *l)
         a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
         a.sin_port = 0;
         if (socks[i] < 0 ||
+            setsockopt(socks[i], SOL_SOCKET, SO_REUSEADDR, &one,
+                       sizeof one) != 0 ||
             bind(socks[i], (struct sockaddr *)&a, sizeof a) != 0 ||
-            getsockname(socks[i], (struct sockaddr *)&a, &len) != 0) {
-            st = keel__fail(KEEL_EIO, "launch: bind 127.0.0.1:0 for %s: %s",
-                            l->tasks[i].info.name, strerror(errno));
-            break;
-        }
+            getsockname(socks[i], (struct sockaddr *)&a, &len) != 0)
+            return keel__fail(KEEL_EIO, "launch: bind 127.0.0.1:0 for %s: "
+                              "%s", l->tasks[i].info.name, strerror(errno));
         snprintf(l->tasks[i].info.address, sizeof l->tasks[i].info.address,
                  "127.0.0.1:%u", (unsigned)ntohs(a.sin_port));
     }
-    for (size_t i = 0; i < l->n; i++)
-        if (socks[i] >= 0)
-            close(socks[i]);
-    free(socks);
-    return st;
+    return KEEL_OK;
 }
 
 static keel_status
@@ -698,6 +697,10 @@ keel_launch_free(keel_launch *l)
             close(t->log_fd);
         free(t->tf_config);
     }
+    for (size_t i = 0; l->port_holds != NULL && i < l->n; i++)
+        if (l->port_holds[i] >= 0)
+            close(l->port_holds[i]);
+    free(l->port_holds);
     free(l->tasks);
     free(l->output_dir);
     free(l->output_env);

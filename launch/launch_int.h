@@ -53,6 +53,11 @@ struct keel_launch {
     char *output_env;              /* "OUTPUT_DIR=..." */
     task *tasks;
     size_t n;
+    int *port_holds;               /* per task: a socket bound to its port
+                                    * (SO_REUSEADDR, never listening) for
+                                    * the launch's life, so no other
+                                    * process is given the port while the
+                                    * task starts or restarts; -1 none */
     size_t chief;
     int is_started;
     int64_t t0_ns;

@@ -3,6 +3,7 @@
 #include <config.h>
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <keel/keel.h>
@@ -83,6 +84,79 @@ START_TEST(test_every_verb_has_help)
 }
 END_TEST
 
+/* `keel config check` prints an error only with exit 2, and nothing on
+ * stdout then; a valid file prints no error and exits 0. */
+START_TEST(test_config_check_exits_2_on_every_error)
+{
+    static const struct {
+        const char *ini, *arg1, *arg2, *tf_config, *says;
+    } bad[] = {
+        { "[train]\nmax_stpes = 5\n", NULL, NULL, NULL, "job.ini:2:" },
+        { "[train]\nbatch_size = 0\n", NULL, NULL, NULL, "job.ini:2:" },
+        { "[train]\nmax_steps\n", NULL, NULL, NULL, "syntax error" },
+        { "[train]\n[trian]\n", NULL, NULL, NULL, "job.ini:2:" },
+        { "[train]\nmax_steps = 5\n  seed = 1\n", NULL, NULL, NULL,
+          "not a list" },
+        { "[train]\nseed = 1\nseed = 2\n", NULL, NULL, NULL, "set twice" },
+        { "[train]\nmax_steps = 5\n[cluster]\nps = 127.0.0.1:2999\nworkers = 127.0.0.1:3000\n",
+          NULL, NULL, NULL, "--task" },
+        { "[train]\nmax_steps = 5\n[cluster]\nps = 127.0.0.1:2999\nworkers = nohost\n", "--task",
+          "worker:0", NULL, "nohost" },
+        { "[train]\nmax_steps = 5\n", "-s", "train.nope=1", NULL, "nope" },
+        { "[train]\nmax_steps = 5\n", "--task", "worker", NULL, "" },
+        { "[train]\nmax_steps = 5\n", NULL, NULL, "{\"cluster\": ", "" },
+        { "[train]\nmax_steps = 5\n", NULL, NULL,
+          "{\"cluster\": {\"worker\": [\"a:1\"]}, \"task\": {\"type\": "
+          "\"worker\", \"index\": 3}}", "" },
+    };
+    char ini[4096], absent[4096];
+    tu_setup();
+    /* tu_path's buffer is reused by tu_keel: keep copies. */
+    snprintf(ini, sizeof ini, "%s", tu_path("job.ini"));
+    snprintf(absent, sizeof absent, "%s", tu_path("absent.ini"));
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int rc;
+        tu_write_file(ini, bad[i].ini, strlen(bad[i].ini));
+        if (bad[i].tf_config != NULL)
+            setenv("TF_CONFIG", bad[i].tf_config, 1);
+        else
+            unsetenv("TF_CONFIG");
+        rc = tu_keel(60000, out, sizeof out, err, sizeof err, "config",
+                     "check", ini, bad[i].arg1, bad[i].arg2, NULL);
+        if (rc != 2 || strncmp(err, "keel: ", 6) != 0 ||
+            strstr(err, bad[i].says) == NULL || out[0] != '\0')
+            ck_abort_msg("case %zu: exit %d, stderr '%s', stdout '%.80s'",
+                         i, rc, err, out);
+    }
+    unsetenv("TF_CONFIG");
+    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err,
+                             "config", "check", absent, NULL),
+                     2);
+    ck_assert_ptr_nonnull(strstr(err, "absent.ini"));
+    ck_assert_str_eq(out, "");
+    /* 16 workers, one per indented line (trailing commas and comments),
+     * resolve into a 16-worker cluster. */
+    {
+        char text[2048];
+        size_t used = (size_t)snprintf(text, sizeof text,
+                                       "[train]\nmax_steps = 5\n[cluster]\nps = 127.0.0.1:2999\n"
+                                       "workers =\n");
+        for (int i = 0; i < 16; i++)
+            used += (size_t)snprintf(text + used, sizeof text - used,
+                                     "    127.0.0.1:%d,   ; host %d\n",
+                                     3000 + i, i);
+        tu_write_file(ini, text, used);
+    }
+    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err,
+                             "config", "check", ini, "--task", "worker:15",
+                             NULL), 0);
+    ck_assert_str_eq(err, "");
+    ck_assert_ptr_nonnull(strstr(out, "127.0.0.1:3015"));
+    ck_assert_ptr_nonnull(strstr(out, "this task: worker 15"));
+    tu_teardown();
+}
+END_TEST
+
 static Suite *
 cli_suite(void)
 {
@@ -94,6 +168,7 @@ cli_suite(void)
     tcase_add_test(tc, test_unknown_verb_exits_2_with_message);
     tcase_add_test(tc, test_no_verb_and_bad_option_exit_2);
     tcase_add_test(tc, test_every_verb_has_help);
+    tcase_add_test(tc, test_config_check_exits_2_on_every_error);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -122,6 +122,144 @@ START_TEST(test_duplicate_key_and_key_outside_section)
 }
 END_TEST
 
+/* 16 workers on one line (over inih's 200-byte line buffer), a long
+ * comment, then the same list continued on indented lines: every value is
+ * whole and every origin names its real line. */
+START_TEST(test_long_lines_and_continued_lists)
+{
+    char workers[1024], text[8192], comment[600], want[1024];
+    int64_t h[8];
+    size_t used = 0;
+    const char *p;
+    for (int i = 0; i < 16; i++)
+        used += (size_t)snprintf(workers + used, sizeof workers - used,
+                                 "%s127.0.0.1:%d", i ? ", " : "", 3000 + i);
+    ck_assert_uint_gt(strlen(workers), 200);
+    memset(comment, 'c', sizeof comment - 1);
+    comment[sizeof comment - 1] = '\0';
+    snprintf(text, sizeof text,
+             "[cluster]\n"                       /* 1 */
+             "; %s\n"                            /* 2 */
+             "workers = %s ; %s\n"               /* 3 */
+             "ps = 127.0.0.1:2999\n"             /* 4 */
+             "[model]\n"                         /* 5 */
+             "hidden = 64,\n"                    /* 6 */
+             "  32 ; a comment\n"                /* 7 */
+             "\n"                                /* 8 */
+             "\t16\n"                            /* 9 */
+             "[train]\n"                         /* 10 */
+             "max_steps = 7\n",                  /* 11 */
+             comment, workers, comment);
+    p = write_ini(text);
+    ck_assert_int_eq(keel_config_load(cfg, p), KEEL_OK);
+    ck_assert_str_eq(keel_config_str(cfg, "cluster.workers"), workers);
+    ck_assert_ptr_nonnull(strstr(keel_config_origin(cfg, "cluster.workers"),
+                                 "job.ini:3"));
+    ck_assert_str_eq(keel_config_str(cfg, "cluster.ps"), "127.0.0.1:2999");
+    ck_assert_ptr_nonnull(strstr(keel_config_origin(cfg, "cluster.ps"),
+                                 "job.ini:4"));
+    ck_assert_int_eq(keel_config_int_list(cfg, "model.hidden", h, 8), 3);
+    ck_assert_int_eq(h[0], 64);
+    ck_assert_int_eq(h[1], 32);
+    ck_assert_int_eq(h[2], 16);
+    ck_assert_int_eq(keel_config_int(cfg, "train.max_steps"), 7);
+    ck_assert_ptr_nonnull(strstr(keel_config_origin(cfg, "train.max_steps"),
+                                 "job.ini:11"));
+
+    /* The same hosts one per indented line. */
+    keel_config_free(cfg);
+    ck_assert_int_eq(keel_config_new(&cfg), KEEL_OK);
+    used = (size_t)snprintf(text, sizeof text, "[cluster]\nworkers =\n");
+    for (int i = 0; i < 16; i++)
+        used += (size_t)snprintf(text + used, sizeof text - used,
+                                 "    127.0.0.1:%d,\n", 3000 + i);
+    snprintf(text + used, sizeof text - used, "mode = async\n");
+    p = write_ini(text);
+    ck_assert_int_eq(keel_config_load(cfg, p), KEEL_OK);
+    snprintf(want, sizeof want, "%s", workers);
+    /* "a," + "b," joins as "a,b" (the last comma dropped): compare
+     * without the blanks. */
+    {
+        char got[1024], exp[1024];
+        size_t g = 0, e = 0;
+        for (const char *c = keel_config_str(cfg, "cluster.workers"); *c; c++)
+            if (*c != ' ')
+                got[g++] = *c;
+        got[g] = '\0';
+        for (const char *c = want; *c; c++)
+            if (*c != ' ')
+                exp[e++] = *c;
+        exp[e] = '\0';
+        ck_assert_str_eq(got, exp);
+    }
+    ck_assert_str_eq(keel_config_str(cfg, "cluster.mode"), "async");
+    ck_assert_ptr_nonnull(strstr(keel_config_origin(cfg, "cluster.mode"),
+                                 "job.ini:19"));
+}
+END_TEST
+
+/* An error after a long line names its own line; a long line's own error
+ * names it too. */
+START_TEST(test_errors_after_long_lines_name_the_right_line)
+{
+    char text[4096], pad[1000];
+    const char *p;
+    memset(pad, 'x', sizeof pad - 1);
+    pad[sizeof pad - 1] = '\0';
+    snprintf(text, sizeof text, "# %s\n[train]\n# %s\nmax_stpes = 1\n", pad,
+             pad);
+    p = write_ini(text);
+    ck_assert_int_eq(keel_config_load(cfg, p), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "job.ini:4:"));
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "'max_stpes'"));
+    snprintf(text, sizeof text, "[train]\n\nmax_steps = 1\nseed = %s\n", pad);
+    p = write_ini(text);
+    ck_assert_int_eq(keel_config_load(cfg, p), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "job.ini:4:"));
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "train.seed"));
+    snprintf(text, sizeof text, "[train]\nmax_steps = 1\n%s\n", pad);
+    p = write_ini(text);
+    ck_assert_int_eq(keel_config_load(cfg, p), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "job.ini:3:"));
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "syntax error"));
+}
+END_TEST
+
+START_TEST(test_only_lists_continue_and_values_have_a_limit)
+{
+    const char *p = write_ini("[train]\nmax_steps = 5\n  seed = 3\n");
+    char *big;
+    size_t n = 70000;
+    ck_assert_int_eq(keel_config_load(cfg, p), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "job.ini:3:"));
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "train.max_steps"));
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "not a list"));
+    /* Indented keys right after a section header are keys, not lines
+     * continuing anything. */
+    keel_config_free(cfg);
+    ck_assert_int_eq(keel_config_new(&cfg), KEEL_OK);
+    p = write_ini("[train]\n  max_steps = 5\n");
+    ck_assert_int_eq(keel_config_load(cfg, p), KEEL_OK);
+    ck_assert_int_eq(keel_config_int(cfg, "train.max_steps"), 5);
+    /* A continued list is validated whole. */
+    p = write_ini("[model]\nhidden = 8,\n  nine\n");
+    ck_assert_int_eq(keel_config_load(cfg, p), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "job.ini:3:"));
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "'nine'"));
+    /* Over the value limit: named with the line and the limit. */
+    big = malloc(n + 64);
+    ck_assert_ptr_nonnull(big);
+    memcpy(big, "[data]\n\ndir = ", 14);
+    memset(big + 14, 'd', n);
+    memcpy(big + 14 + n, "\n", 2);
+    p = write_ini(big);
+    free(big);
+    ck_assert_int_eq(keel_config_load(cfg, p), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "job.ini:3:"));
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "limit 65536"));
+}
+END_TEST
+
 START_TEST(test_missing_and_binary_files)
 {
     ck_assert_int_eq(keel_config_load(cfg, tu_path("nope.ini")), KEEL_EINVAL);
@@ -320,6 +458,9 @@ config_suite(void)
     tcase_add_test(tc, test_unknown_section_even_when_empty);
     tcase_add_test(tc, test_bad_values_explain_valid_range);
     tcase_add_test(tc, test_duplicate_key_and_key_outside_section);
+    tcase_add_test(tc, test_long_lines_and_continued_lists);
+    tcase_add_test(tc, test_errors_after_long_lines_name_the_right_line);
+    tcase_add_test(tc, test_only_lists_continue_and_values_have_a_limit);
     tcase_add_test(tc, test_missing_and_binary_files);
     tcase_add_test(tc, test_overrides_and_output_dir);
     tcase_add_test(tc, test_conflicting_options_are_errors);

@@ -52,22 +52,26 @@ teardown(void)
     tu_teardown();
 }
 
-/* A free loopback port: bind port 0, read it, close. */
+/* A loopback port for a child task, handed over without a race: our
+ * socket stays bound to it (SO_REUSEADDR, never listening) until this test
+ * process ends, so the kernel gives it to no other bind(port 0) or connect
+ * while the child starts or restarts, and the child's listener (zmq sets
+ * SO_REUSEADDR) binds it beside ours. */
 static int
 free_port(void)
 {
     struct sockaddr_in a;
     socklen_t len = sizeof a;
-    int fd = socket(AF_INET, SOCK_STREAM, 0), port;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
     ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one,
+                                sizeof one), 0);
     memset(&a, 0, sizeof a);
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
     ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-    port = ntohs(a.sin_port);
-    close(fd);
-    return port;
+    return ntohs(a.sin_port);
 }
 
 /* One cluster: n_ps ps and n_workers workers (worker 0 is the chief). */
@@ -526,7 +530,9 @@ START_TEST(chief_sigterm_stops_everyone_with_exit_0)
     ck_assert_int_eq(kill(c.w[0], SIGTERM), 0);
     t0 = tu_now_ms();
     cluster_wait_ok(&c);
-    ck_assert_msg(tu_now_ms() - t0 < 5000, "shutdown took %lld ms",
+    /* Well below every timeout that would end it otherwise (orphan_secs
+     * 600, step_timeout_secs 3600); a loaded machine may take seconds. */
+    ck_assert_msg(tu_now_ms() - t0 < 120000, "shutdown took %lld ms",
                   (long long)(tu_now_ms() - t0));
     ps_stats(&c, 0, &step, &applied, &dropped);
     ck_assert_int_ge(step, 40);
@@ -537,8 +543,8 @@ START_TEST(chief_sigterm_stops_everyone_with_exit_0)
 END_TEST
 
 /* Start task worker `index` with max_wait_secs 600, wait for its line
- * `waiting`, SIGTERM it: it must exit 0 within 5 s saying it stopped
- * before training started. */
+ * `waiting`, SIGTERM it: it must exit 0 long before max_wait_secs, saying
+ * it stopped before training started. */
 static void
 sigterm_in_wait(const cluster *c, int index, const char *waiting)
 {
@@ -555,8 +561,8 @@ sigterm_in_wait(const cluster *c, int index, const char *waiting)
                   "worker %d never logged '%s'", index, waiting);
     ck_assert_int_eq(kill(pid, SIGTERM), 0);
     t0 = tu_now_ms();
-    ck_assert_int_eq(tu_wait(pid, 10000), 0);
-    ck_assert_msg(tu_now_ms() - t0 < 5000, "worker %d took %lld ms", index,
+    ck_assert_int_eq(tu_wait(pid, 120000), 0);
+    ck_assert_msg(tu_now_ms() - t0 < 120000, "worker %d took %lld ms", index,
                   (long long)(tu_now_ms() - t0));
     ck_assert(tu_wait_for_line(fd, "before training started", 1000, line,
                                sizeof line));

@@ -147,9 +147,9 @@ START_TEST(test_evaluator_without_checkpoints_times_out_with_exit_1)
     char *argv[] = { (char *)tu_build_path("keel"), "train", cfg_path, "-s",
                      "cluster.eval_timeout_secs=0.7", NULL };
     int64_t t0 = tu_now_ms();
-    ck_assert_int_eq(tu_run(argv, env, 20000, out, sizeof out, err,
+    ck_assert_int_eq(tu_run(argv, env, 120000, out, sizeof out, err,
                             sizeof err), 1);
-    ck_assert_int_lt(tu_now_ms() - t0, 10000);
+    ck_assert_int_lt(tu_now_ms() - t0, 120000);  // not the 7200 s default
     ck_assert_ptr_nonnull(strstr(err, "keel: evaluator: "));
     ck_assert_ptr_nonnull(strstr(err, "no checkpoint appeared in"));
     ck_assert_ptr_nonnull(strstr(err, run_dir));

@@ -121,16 +121,11 @@ cmd_config(int argc, char **argv)
         if (path == NULL)
             return cli_error(CLI_USAGE, "config check needs a CONFIG file; "
                              "see 'keel config --help'");
+        /* Everything is checked before anything is printed: an error
+         * prints only the error and exits 2. */
         rc = cli_load_config(path, n_over, over, &cfg);
         if (rc != CLI_OK)
             return rc;
-        st = keel_config_dump(cfg, 1, &text);
-        if (st != KEEL_OK) {
-            keel_config_free(cfg);
-            return cli_fail(st, NULL);
-        }
-        printf("# %s: valid\n%s", path, text);
-        free(text);
         {
             keel_cluster_spec *spec = NULL;
             char buf[8192];
@@ -139,16 +134,24 @@ cmd_config(int argc, char **argv)
                 keel_config_free(cfg);
                 return rc;
             }
-            if (spec == NULL) {
+            st = keel_config_dump(cfg, 1, &text);
+            if (st == KEEL_OK && spec != NULL)
+                st = keel_cluster_spec_format(spec, buf, sizeof buf);
+            if (st != KEEL_OK) {
+                keel_cluster_spec_free(spec);
+                keel_config_free(cfg);
+                return cli_fail(st, NULL);
+            }
+            printf("# %s: valid\n%s", path, text);
+            free(text);
+            if (spec == NULL)
                 printf("# cluster: none (one process)\n");
-            } else if (keel_cluster_spec_format(spec, buf, sizeof buf) ==
-                       KEEL_OK) {
+            else
                 printf("# cluster (this task: %s %d%s):\n%s",
                        keel_task_type_name(keel_cluster_spec_task_type(spec)),
                        keel_cluster_spec_task_index(spec),
                        keel_cluster_spec_is_chief(spec) ? ", chief" : "",
                        buf);
-            }
             keel_cluster_spec_free(spec);
         }
         keel_config_free(cfg);
