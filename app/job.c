@@ -27,7 +27,8 @@ typedef struct job {
     keel_data_iter *it;
     keel_vars *vs;
     keel_model *model;
-    keel_optimizer *opt;
+    keel_optimizer *opt;          /* NULL with kfac */
+    keel_kfac *kfac;              /* optimizer.name = kfac */
     int64_t global_batch;
     uint64_t seed;
     /* step-to-step state */
@@ -61,6 +62,7 @@ job_free(job *j)
     for (int i = 0; i < j->n_micro; i++)
         keel_grads_free(j->micro_g[i]);
     keel_optimizer_free(j->opt);
+    keel_kfac_free(j->kfac);
     keel_model_free(j->model);
     keel_vars_free(j->vs);
     keel_data_iter_free(j->it);
@@ -151,6 +153,9 @@ keel__job_model_config_from(const keel_config *cfg, const keel_dataset *ds,
     return KEEL_OK;
 }
 
+static keel_status schedule_from(const keel_config *cfg,
+                                 keel_lr_schedule *s);
+
 static keel_status
 optimizer_config_from(const keel_config *cfg, keel_optimizer_config *oc)
 {
@@ -170,24 +175,57 @@ optimizer_config_from(const keel_config *cfg, keel_optimizer_config *oc)
     oc->rho = keel_config_double(cfg, "optimizer.rho");
     oc->initial_accumulator_value =
         keel_config_double(cfg, "optimizer.initial_accumulator_value");
-    keel_lr_schedule_init(&oc->schedule);
-    oc->schedule.learning_rate =
+    return schedule_from(cfg, &oc->schedule);
+}
+
+/* The learning rate and its schedule (optimizer.*). */
+static keel_status
+schedule_from(const keel_config *cfg, keel_lr_schedule *s)
+{
+    keel_status st;
+    keel_lr_schedule_init(s);
+    s->learning_rate =
         keel_config_double(cfg, "optimizer.learning_rate");
     st = keel_lr_kind_from_name(keel_config_str(cfg, "optimizer.schedule"),
-                                &oc->schedule.kind);
+                                &s->kind);
     if (st != KEEL_OK)
         return keel__wrap(KEEL_EINVAL, "optimizer.schedule");
-    if (oc->schedule.kind == KEEL_LR_PIECEWISE) {
+    if (s->kind == KEEL_LR_PIECEWISE) {
         st = keel_lr_parse_piecewise(
             keel_config_str(cfg, "optimizer.boundaries"),
-            keel_config_str(cfg, "optimizer.values"), &oc->schedule);
+            keel_config_str(cfg, "optimizer.values"), s);
         if (st != KEEL_OK)
             return keel__wrap(KEEL_EINVAL, "optimizer.boundaries/values");
     }
-    oc->schedule.decay_rate = keel_config_double(cfg, "optimizer.decay_rate");
-    oc->schedule.decay_steps = keel_config_int(cfg, "optimizer.decay_steps");
-    oc->schedule.staircase = keel_config_bool(cfg, "optimizer.staircase");
-    return keel_lr_schedule_validate(&oc->schedule);
+    s->decay_rate = keel_config_double(cfg, "optimizer.decay_rate");
+    s->decay_steps = keel_config_int(cfg, "optimizer.decay_steps");
+    s->staircase = keel_config_bool(cfg, "optimizer.staircase");
+    return keel_lr_schedule_validate(s);
+}
+
+/* K-FAC's config: the learning rate and its schedule from [optimizer], the
+ * rest from [kfac], the sampling seed from train.seed. */
+static keel_status
+kfac_config_from(const keel_config *cfg, keel_kfac_config *kc)
+{
+    keel_status st;
+    keel_kfac_config_init(kc);
+    if ((st = schedule_from(cfg, &kc->schedule)) != KEEL_OK)
+        return st;
+    kc->damping = keel_config_double(cfg, "kfac.damping");
+    kc->cov_ema_decay = keel_config_double(cfg, "kfac.cov_ema_decay");
+    kc->momentum = keel_config_double(cfg, "kfac.momentum");
+    st = keel_kfac_momentum_type_from_name(
+        keel_config_str(cfg, "kfac.momentum_type"), &kc->momentum_type);
+    if (st == KEEL_OK)
+        st = keel_kfac_estimation_from_name(
+            keel_config_str(cfg, "kfac.estimation_mode"), &kc->estimation);
+    if (st != KEEL_OK)
+        return keel__wrap(KEEL_EINVAL, "[kfac]");
+    kc->norm_constraint = keel_config_double(cfg, "kfac.norm_constraint");
+    kc->invert_every = keel_config_int(cfg, "kfac.invert_every");
+    kc->seed = (uint64_t)keel_config_int(cfg, "train.seed");
+    return KEEL_OK;
 }
 
 /* OpenBLAS threads: train.threads, or 1 under model threads (each model
@@ -255,12 +293,20 @@ job_build(job *j, const keel_config *cfg, int worker_index, int num_workers)
         st = keel__job_model_config_from(cfg, j->ds, j->global_batch, &mc);
     if (st == KEEL_OK)
         st = keel_model_new(&mc, j->vs, &j->model);
-    if (st == KEEL_OK)
-        st = optimizer_config_from(cfg, &oc);
-    if (st == KEEL_OK)
-        st = keel_optimizer_new(&oc, &j->opt);
-    if (st == KEEL_OK)
-        st = keel_optimizer_prepare(j->opt, j->vs);
+    if (st == KEEL_OK &&
+        strcmp(keel_config_str(cfg, "optimizer.name"), "kfac") == 0) {
+        keel_kfac_config kc;
+        st = kfac_config_from(cfg, &kc);
+        if (st == KEEL_OK)
+            st = keel_kfac_new(&kc, j->model, j->vs, &j->kfac);
+    } else {
+        if (st == KEEL_OK)
+            st = optimizer_config_from(cfg, &oc);
+        if (st == KEEL_OK)
+            st = keel_optimizer_new(&oc, &j->opt);
+        if (st == KEEL_OK)
+            st = keel_optimizer_prepare(j->opt, j->vs);
+    }
     if (st == KEEL_OK)
         st = keel_config_dump(cfg, 0, &j->config_dump);
     if (num_workers > 1)
@@ -322,6 +368,10 @@ job_step(void *ctx, keel_step *stp)
         if (st != KEEL_OK)
             return st;
     }
+    if (j->kfac != NULL &&
+        (st = keel_kfac_observe(j->kfac, keel_step_vars(stp), b,
+                                keel_step_global_step(stp))) != KEEL_OK)
+        return st;
     j->examples += (int64_t)b->n;
     st = keel_step_set_value(stp, "loss", stats.count > 0
                              ? stats.loss_sum / (double)stats.count : 0.0);
@@ -336,6 +386,10 @@ job_apply(void *ctx, keel_vars *vs, keel_grads *g, int64_t global_step)
 {
     job *j = ctx;
     keel_status st;
+    if (j->kfac != NULL) {
+        j->zeroed = NULL;            /* job_step zeroes them */
+        return keel_kfac_apply(j->kfac, vs, g, global_step);
+    }
     if (!j->own_zeroing)
         return keel_optimizer_apply(j->opt, vs, g, global_step);
     /* zeroing g as the update passes saves the next step a pass over it */
@@ -584,6 +638,11 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     st = keel_config_validate(cfg);
     if (st != KEEL_OK)
         return st;
+    if (in_cluster &&
+        strcmp(keel_config_str(cfg, "optimizer.name"), "kfac") == 0)
+        return keel__fail(KEEL_EINVAL, "optimizer.name = kfac runs in one "
+                          "process only for now (no cluster spec): K-FAC's "
+                          "distributed modes are not built yet");
     if (in_cluster) {
         keel_task_type t = keel_cluster_spec_task_type(spec);
         if ((st = keel_cluster_spec_validate(spec)) != KEEL_OK)
