@@ -8,7 +8,8 @@ Usage: kfac_ref.py IN.json OUT.txt
 IN: the model, the K-FAC settings, the initial variables and per step the
 batch (x, labels) and the targets keel drew (the true Fisher's samples).
 OUT: lines "<name> <index> v1 v2 ..." after the last step: A, G (debiased
-EMA), pi, Ainv, Ginv per layer with parameters; delta (the last step's
+EMA), pi, Ainv, Ginv, precond (F^-1 of the gradient, or of the velocity
+with adam momentum) per layer with parameters; delta (the last step's
 change of every kernel and bias, in layer order: kernel then bias); clip
 (the last step's KL clipping coefficient).
 """
@@ -246,6 +247,7 @@ def main():
             else:
                 m = gm
             P = Ainv[li] @ m @ Ginv[li] / locs[li]
+            out["precond %d" % li] = P
             s += float(np.sum(m * P))
             V.append(P)
             mats.append(m)

@@ -318,7 +318,7 @@ keel_kfac_observe(keel_kfac *k, keel_vars *vs, const keel_batch *batch,
     st = keel__model_kfac_stats(k->m, batch,
                                 k->cfg.estimation == KEEL_KFAC_GRADIENTS
                                     ? &k->rng : NULL,
-                                k->targets, k->Ap, k->Gp);
+                                k->targets, k->pending > 0, k->Ap, k->Gp);
     KEEL__PROF_END(kfac_stats_ns);
     if (st != KEEL_OK)
         return keel__wrap(st, "K-FAC observe");
@@ -326,27 +326,35 @@ keel_kfac_observe(keel_kfac *k, keel_vars *vs, const keel_batch *batch,
     return KEEL_OK;
 }
 
+/* The next observe starts the sums afresh (overwrites them). */
 static void
 clear_pending(keel_kfac *k)
 {
-    for (int i = 0; i < k->nl; i++) {
-        kf_layer *L = &k->l[i];
-        memset(L->Asum, 0, L->info.a_dim * L->info.a_dim * sizeof(float));
-        memset(L->Gsum, 0, L->info.g_dim * L->info.g_dim * sizeof(float));
-    }
     k->pending = 0;
 }
 
-/* sum (upper triangle, n x n) becomes the new EMA accumulator, full:
- * d acc + (1 - d) sum / count. */
+/* Copy the upper triangle of the n x n matrix a onto its lower one, in
+ * 32 x 32 tiles. */
 static void
-ema_into(float *sum, const float *acc, size_t n, float d, float scale)
+mirror_upper(float *a, size_t n)
 {
-    for (size_t i = 0; i < n; i++)
-        for (size_t j = 0; j < i; j++)
-            sum[i * n + j] = sum[j * n + i];
+    for (size_t i0 = 0; i0 < n; i0 += 32)
+        for (size_t j0 = 0; j0 <= i0; j0 += 32) {
+            size_t i1 = i0 + 32 < n ? i0 + 32 : n;
+            size_t j1 = j0 + 32 < n ? j0 + 32 : n;
+            for (size_t i = i0; i < i1; i++)
+                for (size_t j = j0; j < j1 && j < i; j++)
+                    a[i * n + j] = a[j * n + i];
+        }
+}
+
+/* dst = d acc + (1 - d) sum / count elementwise (n x n, sum full). */
+static void
+ema_into(float *dst, const float *acc, const float *sum, size_t n, float d,
+         float scale)
+{
     for (size_t i = 0; i < n * n; i++)
-        sum[i] = d * acc[i] + (1.0f - d) * (sum[i] * scale);
+        dst[i] = d * acc[i] + (1.0f - d) * (sum[i] * scale);
 }
 
 static double
@@ -477,8 +485,14 @@ keel_kfac_apply(keel_kfac *k, keel_vars *vs, keel_grads *grads,
             kf_layer *L = &k->l[i];
             float sc = (float)(1.0 / ((double)k->pending *
                                       (double)L->info.locations));
-            ema_into(L->Asum, L->A->data, L->info.a_dim, d, sc);
-            ema_into(L->Gsum, L->G->data, L->info.g_dim, d, sc);
+            /* with an inversion due, into the sums (committed after it
+             * succeeds); otherwise straight into the state */
+            mirror_upper(L->Asum, L->info.a_dim);
+            mirror_upper(L->Gsum, L->info.g_dim);
+            ema_into(invert ? L->Asum : L->A->data, L->A->data, L->Asum,
+                     L->info.a_dim, d, sc);
+            ema_into(invert ? L->Gsum : L->G->data, L->G->data, L->Gsum,
+                     L->info.g_dim, d, sc);
         }
         KEEL__PROF_END(kfac_stats_ns);
     }
@@ -499,9 +513,9 @@ keel_kfac_apply(keel_kfac *k, keel_vars *vs, keel_grads *grads,
     for (int i = 0; i < k->nl; i++) {
         kf_layer *L = &k->l[i];
         size_t a = L->info.a_dim, g = L->info.g_dim;
-        memcpy(L->A->data, L->Asum, a * a * sizeof(float));
-        memcpy(L->G->data, L->Gsum, g * g * sizeof(float));
         if (invert) {
+            memcpy(L->A->data, L->Asum, a * a * sizeof(float));
+            memcpy(L->G->data, L->Gsum, g * g * sizeof(float));
             memcpy(L->Ainv->data, L->Ainv_new, a * a * sizeof(float));
             memcpy(L->Ginv->data, L->Ginv_new, g * g * sizeof(float));
         }
@@ -558,12 +572,18 @@ keel_kfac_apply(keel_kfac *k, keel_vars *vs, keel_grads *grads,
     return KEEL_OK;
 }
 
-/* For tests: pi of layer i's last inversion (0 if none), the targets of the
- * last observed batch. */
+/* For tests: pi of layer i's last inversion (0 if none), its last
+ * preconditioned matrix, the targets of the last observed batch. */
 double
 keel__kfac_pi(const keel_kfac *k, int i)
 {
     return k != NULL && i >= 0 && i < k->nl ? k->l[i].pi : 0.0;
+}
+
+const float *
+keel__kfac_precond(const keel_kfac *k, int i)
+{
+    return k != NULL && i >= 0 && i < k->nl ? k->l[i].V : NULL;
 }
 
 const int32_t *

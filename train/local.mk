@@ -10,6 +10,11 @@ bench_train_bench_SOURCES = bench/train_bench.c
 bench_train_bench_CPPFLAGS = $(AM_CPPFLAGS) $(OPENBLAS_CFLAGS)
 bench_train_bench_LDADD = libkeel_core.la
 
+# K-FAC's per-step cost against Adam (bench/kfac.sh runs it); not installed.
+EXTRA_PROGRAMS += bench/kfac_bench
+bench_kfac_bench_SOURCES = bench/kfac_bench.c
+bench_kfac_bench_LDADD = libkeel_core.la
+
 if HAVE_CHECK
 check_PROGRAMS += tests/check_core
 TESTS += tests/check_core

@@ -1079,7 +1079,8 @@ kfac_targets(const float *logits, size_t n, size_t k, const int32_t *labels,
 
 keel_status
 keel__model_kfac_stats(keel_model *m, const keel_batch *batch, keel__rng *rng,
-                       int32_t *targets, float *const *A, float *const *G)
+                       int32_t *targets, int accumulate, float *const *A,
+                       float *const *G)
 {
     keel_status st;
     lbuf *buf;
@@ -1118,22 +1119,25 @@ keel__model_kfac_stats(keel_model *m, const keel_batch *batch, keel__rng *rng,
             }
             f--;
             if (L->kind == L_DENSE) {
-                keel__cov_add(in, n, L->din, L->din, 1, A[f]);
-                keel__cov_add(B->dy, n, L->dout, L->dout, 0, G[f]);
+                keel__cov_add(in, n, L->din, L->din, 1, accumulate, A[f]);
+                keel__cov_add(B->dy, n, L->dout, L->dout, 0, accumulate,
+                              G[f]);
                 if (dx != NULL)
                     keel__sgemm(0, 1, n, L->din, L->dout, 1.0f, B->dy,
                                 L->dout, keel_var_tensor(L->w)->data,
                                 L->dout, 0.0f, dx, L->din);
             } else {
-                keel__conv_patch_cov(&L->cg, in, n, B->col, A[f]);
+                keel__conv_patch_cov(&L->cg, in, n, B->col, accumulate,
+                                     A[f]);
                 keel__cov_add(B->dy, n * L->cg.oh * L->cg.ow, L->cg.cout,
-                              L->cg.cout, 0, G[f]);
+                              L->cg.cout, 0, accumulate, G[f]);
                 if (dx != NULL)
                     keel__conv_backward_dx(&L->cg, n, B->dy,
                                            keel_var_tensor(L->w)->data,
                                            B->col, dx);
             }
         }
+        accumulate = 1;
     }
     return KEEL_OK;
 }

@@ -122,16 +122,16 @@ void keel__conv_backward(const keel__conv_geom *g, const float *x, size_t n,
 
 /* ---- K-FAC second moments ----
  * c (ld = d + homog, row-major) gets the upper triangle (i <= j) of
- * x^T x ADDED, x being rows x d with row stride ldx; with homog, x is taken
- * with a column of ones appended (the bias's homogeneous coordinate). The
- * strictly lower triangle is not touched. */
+ * x^T x ADDED (accumulate) or written, x being rows x d with row stride
+ * ldx; with homog, x is taken with a column of ones appended (the bias's
+ * homogeneous coordinate). The strictly lower triangle is not touched. */
 void keel__cov_add(const float *x, size_t rows, size_t d, size_t ldx,
-                   int homog, float *c);
+                   int homog, int accumulate, float *c);
 /* The same for a convolution's im2col patches of x (n examples, one row
  * per output location, kh*kw*cin columns, ones appended); col is the
  * keel__conv_col_size(g, n) workspace. */
 void keel__conv_patch_cov(const keel__conv_geom *g, const float *x, size_t n,
-                          float *col, float *c);
+                          float *col, int accumulate, float *c);
 /* dx (overwritten) = the input gradient of dy alone (no dw, db). */
 void keel__conv_backward_dx(const keel__conv_geom *g, size_t n,
                             const float *dy, const float *w, float *col,
@@ -221,17 +221,21 @@ int keel__model_kfac_layers(const keel_model *m, keel__kfac_layer *out,
  * softmax (rng), written to targets[0..n), and a backward pass of
  * sum_b -log p(target_b | x_b) alone (no parameter gradients). For the k-th
  * layer with parameters, A[k] (a_dim^2) gets the upper triangle of
- * sum a_b a_b^T ADDED (inputs with a 1 appended; a conv's im2col patches,
+ * sum a_b a_b^T ADDED (accumulate) or written (inputs with a 1 appended; a conv's im2col patches,
  * one per output location) and G[k] (g_dim^2) that of sum g_b g_b^T
  * (g_b the gradient at the layer's pre-activation outputs, per location).
  * Runs on the calling thread, in the model's fixed pieces. */
 keel_status keel__model_kfac_stats(keel_model *m, const keel_batch *b,
                                    keel__rng *rng, int32_t *targets,
-                                   float *const *A, float *const *G);
+                                   int accumulate, float *const *A,
+                                   float *const *G);
 
-/* kfac.c, for tests: pi of the i-th layer's last inversion (0 if none)
- * and the targets of the last observed batch (borrowed). */
+/* kfac.c, for tests: pi of the i-th layer's last inversion (0 if none),
+ * its last preconditioned matrix (a_dim x g_dim: F^-1 of the gradient, or
+ * of the velocity with adam momentum; before clipping and the learning
+ * rate) and the targets of the last observed batch (all borrowed). */
 double keel__kfac_pi(const keel_kfac *k, int i);
+const float *keel__kfac_precond(const keel_kfac *k, int i);
 const int32_t *keel__kfac_targets(const keel_kfac *k);
 
 /* model.c: index of name among n names, or KEEL_EINVAL listing them. */
