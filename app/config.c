@@ -65,7 +65,8 @@ static const key_def schema[] = {
       "sgd|momentum|adagrad|adam|rmsprop|kfac",
       "Optimizer; kfac: K-FAC with the [kfac] keys (docs/kfac.md)." },
     { "optimizer", "learning_rate", T_DOUBLE, "0.01", 0, 1e6, NULL,
-      "Learning rate (the first value of a schedule)." },
+      "Learning rate (the first value of a schedule); 0.0001 when unset "
+      "with kfac." },
     { "optimizer", "momentum", T_DOUBLE, "0.9", 0, 1, NULL,
       "Momentum (momentum, rmsprop)." },
     { "optimizer", "nesterov", T_BOOL, "false", NOLIM, NULL,

@@ -212,6 +212,8 @@ kfac_config_from(const keel_config *cfg, keel_kfac_config *kc)
     keel_kfac_config_init(kc);
     if ((st = schedule_from(cfg, &kc->schedule)) != KEEL_OK)
         return st;
+    if (!keel_config_is_set(cfg, "optimizer.learning_rate"))
+        kc->schedule.learning_rate = 0.0001;   /* kfac's convnet example */
     kc->damping = keel_config_double(cfg, "kfac.damping");
     kc->cov_ema_decay = keel_config_double(cfg, "kfac.cov_ema_decay");
     kc->momentum = keel_config_double(cfg, "kfac.momentum");

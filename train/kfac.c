@@ -65,6 +65,7 @@ keel_kfac_config_init(keel_kfac_config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
     keel_lr_schedule_init(&cfg->schedule);
+    cfg->schedule.learning_rate = 0.0001;
     cfg->damping = 0.001;
     cfg->cov_ema_decay = 0.95;
     cfg->momentum = 0.9;

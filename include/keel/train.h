@@ -233,7 +233,7 @@ typedef enum keel_kfac_estimation {
 } keel_kfac_estimation;
 
 typedef struct keel_kfac_config {
-    keel_lr_schedule schedule;     /* learning rate per step; 0.001 */
+    keel_lr_schedule schedule;     /* learning rate per step; 0.0001 */
     double damping;                /* Tikhonov lambda; default 0.001 */
     double cov_ema_decay;          /* default 0.95 */
     double momentum;               /* default 0.9 */
