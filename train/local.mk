@@ -29,3 +29,4 @@ tests_check_train_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/train
 tests_check_train_CFLAGS = $(TEST_CFLAGS) $(HDF5_CFLAGS) $(ZLIB_CFLAGS)
 tests_check_train_LDADD = $(TEST_LIBS) $(HDF5_LIBS) $(ZLIB_LIBS)
 endif
+EXTRA_DIST += tests/kfac_ref.py
