@@ -65,9 +65,11 @@ static const key_def schema[] = {
       "train.seed)." },
 
     { "optimizer", "name", T_ENUM, "sgd", NOLIM,
-      "sgd|momentum|adagrad|adam|rmsprop", "Optimizer." },
+      "sgd|momentum|adagrad|adam|rmsprop|kfac",
+      "Optimizer; kfac: K-FAC with the [kfac] keys (docs/kfac.md)." },
     { "optimizer", "learning_rate", T_DOUBLE, "0.01", 0, 1e6, NULL,
-      "Learning rate (the first value of a schedule)." },
+      "Learning rate (the first value of a schedule); 0.0001 when unset "
+      "with kfac." },
     { "optimizer", "momentum", T_DOUBLE, "0.9", 0, 1, NULL,
       "Momentum (momentum, rmsprop)." },
     { "optimizer", "nesterov", T_BOOL, "false", NOLIM, NULL,
@@ -100,6 +102,26 @@ static const key_def schema[] = {
       "exponential: steps (or epochs, schedule_unit) per decay." },
     { "optimizer", "staircase", T_BOOL, "false", NOLIM, NULL,
       "exponential: decay in whole steps of decay_steps." },
+
+    { "kfac", "damping", T_DOUBLE, "0.001", 1e-12, 1e6, NULL,
+      "Tikhonov damping lambda, factored between A and G with the "
+      "trace-norm pi (a convolution's divided by its output locations)." },
+    { "kfac", "cov_ema_decay", T_DOUBLE, "0.95", 0, 0.999999, NULL,
+      "Decay of the factors' zero-debiased moving averages." },
+    { "kfac", "momentum", T_DOUBLE, "0.9", 0, 0.999999, NULL,
+      "Momentum of the K-FAC update." },
+    { "kfac", "momentum_type", T_ENUM, "adam", NOLIM, "regular|adam",
+      "adam: v = mu v + g, step F^-1 v; regular: v = mu v + F^-1 g, step "
+      "v." },
+    { "kfac", "estimation_mode", T_ENUM, "gradients", NOLIM,
+      "gradients|empirical",
+      "G from targets sampled from the model (gradients: the true "
+      "Fisher) or from the labels (empirical Fisher)." },
+    { "kfac", "norm_constraint", T_DOUBLE, "0", 0, 1e12, NULL,
+      "KL clipping: scale the update so lr^2 <g, F^-1 g> <= this (0: "
+      "off)." },
+    { "kfac", "invert_every", T_INT, "10", 1, 1000000, NULL,
+      "Recompute the damped inverses every this many steps." },
 
     { "train", "batch_size", T_INT, "64", 1, 1 << 20, NULL,
       "Global batch size (split across workers)." },
@@ -1124,6 +1146,17 @@ keel_config_validate(const keel_config *cfg)
         strcmp(opt, "adam") != 0)
         return keel__fail(KEEL_EINVAL, "optimizer.beta1/beta2 apply only to "
                           "optimizer.name = adam, not %s", opt);
+    if (strcmp(opt, "kfac") != 0) {
+        static const char *const kk[] = { "kfac.damping",
+            "kfac.cov_ema_decay", "kfac.momentum", "kfac.momentum_type",
+            "kfac.estimation_mode", "kfac.norm_constraint",
+            "kfac.invert_every" };
+        for (size_t i = 0; i < sizeof kk / sizeof *kk; i++)
+            if (keel_config_is_set(cfg, kk[i]))
+                return keel__fail(KEEL_EINVAL, "%s (%s) applies only to "
+                                  "optimizer.name = kfac, not %s", kk[i],
+                                  keel_config_origin(cfg, kk[i]), opt);
+    }
     sched = keel_config_str(cfg, "optimizer.schedule");
     if (strcmp(sched, "piecewise") == 0) {
         int64_t b[256];

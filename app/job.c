@@ -35,7 +35,9 @@ typedef struct job {
     keel_data_iter *it;
     keel_vars *vs;
     keel_model *model;
-    keel_optimizer *opt;
+    keel_optimizer *opt;          /* NULL with kfac */
+    keel_kfac *kfac;              /* optimizer.name = kfac */
+    keel_lr_schedule schedule;    /* the learning rate, either way */
     int64_t global_batch;
     uint64_t seed;
     /* step-to-step state */
@@ -80,6 +82,7 @@ job_free(job *j)
     for (int i = 0; i < j->n_micro; i++)
         keel_grads_free(j->micro_g[i]);
     keel_optimizer_free(j->opt);
+    keel_kfac_free(j->kfac);
     keel_model_free(j->model);
     keel_vars_free(j->vs);
     keel_data_iter_free(j->it);
@@ -173,6 +176,10 @@ keel__job_model_config_from(const keel_config *cfg, const keel_dataset *ds,
     return KEEL_OK;
 }
 
+static keel_status schedule_from(const keel_config *cfg,
+                                 int64_t steps_per_epoch,
+                                 keel_lr_schedule *s);
+
 static keel_status
 optimizer_config_from(const keel_config *cfg, int64_t steps_per_epoch,
                       keel_optimizer_config *oc)
@@ -193,23 +200,33 @@ optimizer_config_from(const keel_config *cfg, int64_t steps_per_epoch,
     oc->rho = keel_config_double(cfg, "optimizer.rho");
     oc->initial_accumulator_value =
         keel_config_double(cfg, "optimizer.initial_accumulator_value");
-    keel_lr_schedule_init(&oc->schedule);
-    oc->schedule.learning_rate =
+    return schedule_from(cfg, steps_per_epoch, &oc->schedule);
+}
+
+/* The learning rate and its schedule (optimizer.*); with schedule_unit =
+ * epochs, boundaries and decay_steps count epochs of steps_per_epoch. */
+static keel_status
+schedule_from(const keel_config *cfg, int64_t steps_per_epoch,
+              keel_lr_schedule *s)
+{
+    keel_status st;
+    keel_lr_schedule_init(s);
+    s->learning_rate =
         keel_config_double(cfg, "optimizer.learning_rate");
     st = keel_lr_kind_from_name(keel_config_str(cfg, "optimizer.schedule"),
-                                &oc->schedule.kind);
+                                &s->kind);
     if (st != KEEL_OK)
         return keel__wrap(KEEL_EINVAL, "optimizer.schedule");
-    if (oc->schedule.kind == KEEL_LR_PIECEWISE) {
+    if (s->kind == KEEL_LR_PIECEWISE) {
         st = keel_lr_parse_piecewise(
             keel_config_str(cfg, "optimizer.boundaries"),
-            keel_config_str(cfg, "optimizer.values"), &oc->schedule);
+            keel_config_str(cfg, "optimizer.values"), s);
         if (st != KEEL_OK)
             return keel__wrap(KEEL_EINVAL, "optimizer.boundaries/values");
     }
-    oc->schedule.decay_rate = keel_config_double(cfg, "optimizer.decay_rate");
-    oc->schedule.decay_steps = keel_config_int(cfg, "optimizer.decay_steps");
-    oc->schedule.staircase = keel_config_bool(cfg, "optimizer.staircase");
+    s->decay_rate = keel_config_double(cfg, "optimizer.decay_rate");
+    s->decay_steps = keel_config_int(cfg, "optimizer.decay_steps");
+    s->staircase = keel_config_bool(cfg, "optimizer.staircase");
     if (strcmp(keel_config_str(cfg, "optimizer.schedule_unit"), "epochs")
         == 0) {
         /* epoch e is global steps [e * spe, (e + 1) * spe) */
@@ -217,20 +234,48 @@ optimizer_config_from(const keel_config *cfg, int64_t steps_per_epoch,
         if (spe <= 0)
             return keel__fail(KEEL_EINVAL, "optimizer.schedule_unit = epochs "
                               "needs at least one step per epoch");
-        for (int i = 0; i < oc->schedule.n_boundaries; i++) {
-            if (oc->schedule.boundaries[i] > lim)
+        for (int i = 0; i < s->n_boundaries; i++) {
+            if (s->boundaries[i] > lim)
                 return keel__fail(KEEL_EINVAL, "optimizer.boundaries: epoch "
                                   "%lld is too large",
-                                  (long long)oc->schedule.boundaries[i]);
-            oc->schedule.boundaries[i] *= spe;
+                                  (long long)s->boundaries[i]);
+            s->boundaries[i] *= spe;
         }
-        if (oc->schedule.decay_steps > lim)
+        if (s->decay_steps > lim)
             return keel__fail(KEEL_EINVAL, "optimizer.decay_steps: %lld "
                               "epochs is too large",
-                              (long long)oc->schedule.decay_steps);
-        oc->schedule.decay_steps *= spe;
+                              (long long)s->decay_steps);
+        s->decay_steps *= spe;
     }
-    return keel_lr_schedule_validate(&oc->schedule);
+    return keel_lr_schedule_validate(s);
+}
+
+/* K-FAC's config: the learning rate and its schedule from [optimizer], the
+ * rest from [kfac], the sampling seed from train.seed. */
+static keel_status
+kfac_config_from(const keel_config *cfg, int64_t steps_per_epoch,
+                 keel_kfac_config *kc)
+{
+    keel_status st;
+    keel_kfac_config_init(kc);
+    if ((st = schedule_from(cfg, steps_per_epoch, &kc->schedule)) != KEEL_OK)
+        return st;
+    if (!keel_config_is_set(cfg, "optimizer.learning_rate"))
+        kc->schedule.learning_rate = 0.0001;   /* kfac's convnet example */
+    kc->damping = keel_config_double(cfg, "kfac.damping");
+    kc->cov_ema_decay = keel_config_double(cfg, "kfac.cov_ema_decay");
+    kc->momentum = keel_config_double(cfg, "kfac.momentum");
+    st = keel_kfac_momentum_type_from_name(
+        keel_config_str(cfg, "kfac.momentum_type"), &kc->momentum_type);
+    if (st == KEEL_OK)
+        st = keel_kfac_estimation_from_name(
+            keel_config_str(cfg, "kfac.estimation_mode"), &kc->estimation);
+    if (st != KEEL_OK)
+        return keel__wrap(KEEL_EINVAL, "[kfac]");
+    kc->norm_constraint = keel_config_double(cfg, "kfac.norm_constraint");
+    kc->invert_every = keel_config_int(cfg, "kfac.invert_every");
+    kc->seed = (uint64_t)keel_config_int(cfg, "train.seed");
+    return KEEL_OK;
 }
 
 /* OpenBLAS threads: train.threads, or 1 under model threads (each model
@@ -270,7 +315,8 @@ keel__job_steps_per_epoch(const keel_config *cfg, int64_t *out)
 /* The architecture JSON of docs/checkpoint-format.md: the model's layers
  * plus its optimizer and input preprocessing. */
 static keel_status
-arch_dump(job *j, const keel_optimizer_config *oc)
+arch_dump(job *j, const keel_optimizer_config *oc,
+          const keel_kfac_config *kc)
 {
     struct json_object *o = keel__model_arch(j->model), *opt, *pre;
     const keel_config *cfg = j->cfg;
@@ -279,10 +325,10 @@ arch_dump(job *j, const keel_optimizer_config *oc)
         return keel__fail(KEEL_ENOMEM, "architecture description");
     opt = json_object_new_object();
     json_object_object_add(opt, "name", json_object_new_string(
-                               keel_optimizer_kind_name(oc->kind)));
+                               kc != NULL ? "kfac"
+                               : keel_optimizer_kind_name(oc->kind)));
     json_object_object_add(opt, "learning_rate", json_object_new_double(
-                               keel_config_double(cfg,
-                                                  "optimizer.learning_rate")));
+                               j->schedule.learning_rate));
     json_object_object_add(opt, "schedule", json_object_new_string(
                                keel_config_str(cfg, "optimizer.schedule")));
     json_object_object_add(opt, "schedule_unit", json_object_new_string(
@@ -292,18 +338,39 @@ arch_dump(job *j, const keel_optimizer_config *oc)
                                keel_config_str(cfg, "optimizer.boundaries")));
     json_object_object_add(opt, "values", json_object_new_string(
                                keel_config_str(cfg, "optimizer.values")));
-    json_object_object_add(opt, "momentum",
-                           json_object_new_double(oc->momentum));
-    json_object_object_add(opt, "nesterov",
-                           json_object_new_boolean(oc->use_nesterov));
-    json_object_object_add(opt, "beta_1", json_object_new_double(oc->beta1));
-    json_object_object_add(opt, "beta_2", json_object_new_double(oc->beta2));
-    json_object_object_add(opt, "epsilon",
-                           json_object_new_double(oc->epsilon));
-    json_object_object_add(opt, "rho", json_object_new_double(oc->rho));
-    json_object_object_add(opt, "initial_accumulator_value",
-                           json_object_new_double(
-                               oc->initial_accumulator_value));
+    if (kc != NULL) {
+        json_object_object_add(opt, "damping",
+                               json_object_new_double(kc->damping));
+        json_object_object_add(opt, "cov_ema_decay",
+                               json_object_new_double(kc->cov_ema_decay));
+        json_object_object_add(opt, "momentum",
+                               json_object_new_double(kc->momentum));
+        json_object_object_add(opt, "momentum_type", json_object_new_string(
+                                   keel_config_str(cfg,
+                                                   "kfac.momentum_type")));
+        json_object_object_add(opt, "estimation_mode", json_object_new_string(
+                                   keel_config_str(cfg,
+                                                   "kfac.estimation_mode")));
+        json_object_object_add(opt, "norm_constraint",
+                               json_object_new_double(kc->norm_constraint));
+        json_object_object_add(opt, "invert_every",
+                               json_object_new_int64(kc->invert_every));
+    } else {
+        json_object_object_add(opt, "momentum",
+                               json_object_new_double(oc->momentum));
+        json_object_object_add(opt, "nesterov",
+                               json_object_new_boolean(oc->use_nesterov));
+        json_object_object_add(opt, "beta_1",
+                               json_object_new_double(oc->beta1));
+        json_object_object_add(opt, "beta_2",
+                               json_object_new_double(oc->beta2));
+        json_object_object_add(opt, "epsilon",
+                               json_object_new_double(oc->epsilon));
+        json_object_object_add(opt, "rho", json_object_new_double(oc->rho));
+        json_object_object_add(opt, "initial_accumulator_value",
+                               json_object_new_double(
+                                   oc->initial_accumulator_value));
+    }
     json_object_object_add(opt, "batch_size",
                            json_object_new_int64(j->global_batch));
     json_object_object_add(o, "optimizer", opt);
@@ -356,14 +423,28 @@ job_build(job *j, const keel_config *cfg, int worker_index, int num_workers)
         st = keel_model_new(&mc, j->vs, &j->model);
     if (st == KEEL_OK)
         j->steps_per_epoch = keel_data_iter_steps_per_epoch(j->it);
-    if (st == KEEL_OK)
-        st = optimizer_config_from(cfg, j->steps_per_epoch, &oc);
-    if (st == KEEL_OK)
-        st = keel_optimizer_new(&oc, &j->opt);
-    if (st == KEEL_OK)
-        st = arch_dump(j, &oc);
-    if (st == KEEL_OK)
-        st = keel_optimizer_prepare(j->opt, j->vs);
+    if (st == KEEL_OK &&
+        strcmp(keel_config_str(cfg, "optimizer.name"), "kfac") == 0) {
+        keel_kfac_config kc;
+        st = kfac_config_from(cfg, j->steps_per_epoch, &kc);
+        if (st == KEEL_OK) {
+            j->schedule = kc.schedule;
+            st = keel_kfac_new(&kc, j->model, j->vs, &j->kfac);
+        }
+        if (st == KEEL_OK)
+            st = arch_dump(j, NULL, &kc);
+    } else {
+        if (st == KEEL_OK)
+            st = optimizer_config_from(cfg, j->steps_per_epoch, &oc);
+        if (st == KEEL_OK)
+            st = keel_optimizer_new(&oc, &j->opt);
+        if (st == KEEL_OK) {
+            j->schedule = oc.schedule;
+            st = arch_dump(j, &oc, NULL);
+        }
+        if (st == KEEL_OK)
+            st = keel_optimizer_prepare(j->opt, j->vs);
+    }
     if (st == KEEL_OK)
         st = keel_config_dump(cfg, 0, &j->config_dump);
     if (num_workers > 1)
@@ -425,6 +506,10 @@ job_step(void *ctx, keel_step *stp)
         if (st != KEEL_OK)
             return st;
     }
+    if (j->kfac != NULL &&
+        (st = keel_kfac_observe(j->kfac, keel_step_vars(stp), b,
+                                keel_step_global_step(stp))) != KEEL_OK)
+        return st;
     j->examples += (int64_t)b->n;
     st = keel_step_set_value(stp, "loss", stats.count > 0
                              ? stats.loss_sum / (double)stats.count : 0.0);
@@ -433,7 +518,7 @@ job_step(void *ctx, keel_step *stp)
                                  ? (double)stats.correct / stats.count : 0.0);
     if (st == KEEL_OK)
         st = keel_step_set_value(stp, "learning_rate", keel_lr_at(
-            &keel_optimizer_get_config(j->opt)->schedule,
+            &j->schedule,
             keel_step_global_step(stp)));
     return st;
 }
@@ -443,6 +528,10 @@ job_apply(void *ctx, keel_vars *vs, keel_grads *g, int64_t global_step)
 {
     job *j = ctx;
     keel_status st;
+    if (j->kfac != NULL) {
+        j->zeroed = NULL;            /* job_step zeroes them */
+        return keel_kfac_apply(j->kfac, vs, g, global_step);
+    }
     if (!j->own_zeroing)
         return keel_optimizer_apply(j->opt, vs, g, global_step);
     /* zeroing g as the update passes saves the next step a pass over it */
@@ -783,6 +872,11 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     st = keel_config_validate(cfg);
     if (st != KEEL_OK)
         return st;
+    if (in_cluster &&
+        strcmp(keel_config_str(cfg, "optimizer.name"), "kfac") == 0)
+        return keel__fail(KEEL_EINVAL, "optimizer.name = kfac runs in one "
+                          "process only for now (no cluster spec): K-FAC's "
+                          "distributed modes are not built yet");
     if (in_cluster) {
         keel_task_type t = keel_cluster_spec_task_type(spec);
         if ((st = keel_cluster_spec_validate(spec)) != KEEL_OK)

@@ -1316,6 +1316,427 @@ START_TEST(test_adam_continues_bitwise_after_restore)
 }
 END_TEST
 
+/* ---- K-FAC ---------------------------------------------------------------- */
+
+/* The quantities keel and tests/kfac_ref.py both report after the last
+ * step: per layer with parameters A, G (debiased), pi, A^-1, G^-1; per
+ * variable the last step's change; the KL clipping coefficient. */
+#define KF_MAXQ 64
+
+typedef struct kf_case {
+    const char *model;           /* "mlp" | "cnn" */
+    keel_kfac_config kc;
+    size_t n;                    /* examples per step */
+    int steps;
+    int expect_clipped;          /* the case must exercise KL clipping */
+} kf_case;
+
+static void
+json_floats(FILE *f, const float *v, size_t n)
+{
+    fputc('[', f);
+    for (size_t i = 0; i < n; i++)
+        fprintf(f, "%s%.9g", i ? "," : "", (double)v[i]);
+    fputc(']', f);
+}
+
+static void
+json_ints(FILE *f, const int32_t *v, size_t n)
+{
+    fputc('[', f);
+    for (size_t i = 0; i < n; i++)
+        fprintf(f, "%s%d", i ? "," : "", (int)v[i]);
+    fputc(']', f);
+}
+
+/* Expected values of "name idx" from the reference's output; count in *n. */
+static double *
+kf_expected(const char *text, const char *key, size_t *n)
+{
+    size_t kl = strlen(key), cap = 16;
+    const char *p = text;
+    double *v = malloc(cap * sizeof *v);
+    *n = 0;
+    while (p != NULL && *p != '\0') {
+        if (strncmp(p, key, kl) == 0 && p[kl] == ' ') {
+            char *e;
+            p += kl;
+            for (;;) {
+                double d = strtod(p, &e);
+                if (e == p)
+                    break;
+                if (*n == cap)
+                    v = realloc(v, (cap *= 2) * sizeof *v);
+                v[(*n)++] = d;
+                p = e;
+                if (*p == '\n')
+                    break;
+            }
+            return v;
+        }
+        p = strchr(p, '\n');
+        if (p != NULL)
+            p++;
+    }
+    free(v);
+    ck_abort_msg("reference output has no '%s'", key);
+    return NULL;
+}
+
+/* max |got - want| <= tol * max |want| + abs_tol */
+static void
+kf_compare_abs(const char *text, const char *key, const float *got,
+               size_t n, double scale, double tol, double abs_tol)
+{
+    size_t m;
+    double *want = kf_expected(text, key, &m), err = 0.0, mag = 0.0;
+    ck_assert_msg(m == n, "%s: %zu values, reference has %zu", key, n, m);
+    for (size_t i = 0; i < n; i++) {
+        double g = (double)got[i] * scale;
+        err = fmax(err, fabs(g - want[i]));
+        mag = fmax(mag, fabs(want[i]));
+    }
+    ck_assert_msg(mag > 0.0, "%s: reference is all zero", key);
+    ck_assert_msg(err <= tol * mag + abs_tol, "%s: max error %.3g of max "
+                  "%.3g (relative %.3g > %.0e)", key, err, mag, err / mag,
+                  tol);
+    free(want);
+}
+
+static void
+kf_compare(const char *text, const char *key, const float *got, size_t n,
+           double scale, double tol)
+{
+    kf_compare_abs(text, key, got, n, scale, tol, 0.0);
+}
+
+static void
+kf_run_case(const kf_case *c)
+{
+    keel_model_config mc;
+    fixture f;
+    keel_kfac *k;
+    keel__kfac_layer info[16];
+    int nl;
+    size_t esize, nv;
+    float *x, **before;
+    int32_t *y;
+    const char *in = tu_path("kfac_in.json"), *out = tu_path("kfac_out.txt");
+    FILE *fp;
+    char *text;
+    size_t tlen;
+    keel__rng r;
+
+    keel_model_config_init(&mc);
+    if (strcmp(c->model, "cnn") == 0) {
+        mc.kind = KEEL_MODEL_CNN;
+        mc.height = mc.width = 10;
+        mc.classes = 4;
+    } else {
+        mc.kind = KEEL_MODEL_MLP;
+        mc.height = 2;
+        mc.width = 3;
+        mc.n_hidden = 1;
+        mc.hidden[0] = 5;
+        mc.activation = KEEL_ACT_TANH;
+        mc.classes = 3;
+    }
+    mc.max_batch = (int64_t)c->n;
+    mc.init = KEEL_INIT_TORCH;             /* non-zero biases too */
+    fx_new(&f, &mc, 11);
+    ck_assert_msg(keel_kfac_new(&c->kc, f.m, f.vs, &k) == KEEL_OK, "%s",
+                  keel_last_error());
+    nl = keel__model_kfac_layers(f.m, info, 16);
+    esize = (size_t)(mc.height * mc.width * mc.channels);
+    nv = (size_t)nl * 2;
+    x = malloc(c->n * esize * sizeof *x);
+    y = malloc(c->n * sizeof *y);
+    before = calloc(nv, sizeof *before);
+
+    fp = fopen(in, "w");
+    ck_assert_ptr_nonnull(fp);
+    fprintf(fp, "{\"model\": \"%s\", \"act\": \"tanh\", \"hidden\": [5], "
+            "\"h\": %lld, \"w\": %lld, \"c\": 1, \"classes\": %lld, "
+            "\"damping\": %.17g, \"decay\": %.17g, \"momentum\": %.17g, "
+            "\"momentum_type\": \"%s\", \"norm_constraint\": %.17g, "
+            "\"lr\": %.17g, \"empirical\": %d, \"names\": [",
+            c->model, (long long)mc.height, (long long)mc.width,
+            (long long)mc.classes, c->kc.damping, c->kc.cov_ema_decay,
+            c->kc.momentum,
+            c->kc.momentum_type == KEEL_KFAC_MOMENTUM_ADAM ? "adam"
+                                                           : "regular",
+            c->kc.norm_constraint, c->kc.schedule.learning_rate,
+            c->kc.estimation == KEEL_KFAC_EMPIRICAL);
+    for (int i = 0; i < nl; i++)
+        fprintf(fp, "%s\"%s\", \"%s\"", i ? ", " : "",
+                keel_var_name(info[i].w), keel_var_name(info[i].b));
+    fprintf(fp, "], \"shapes\": [");
+    for (size_t i = 0; i < nv; i++) {
+        keel_tensor *t = keel_var_tensor(i % 2 ? info[i / 2].b
+                                               : info[i / 2].w);
+        fprintf(fp, "%s[", i ? ", " : "");
+        for (int d = 0; d < t->ndim; d++)
+            fprintf(fp, "%s%lld", d ? "," : "", (long long)t->shape[d]);
+        fprintf(fp, "]");
+    }
+    fprintf(fp, "], \"vars\": [");
+    for (size_t i = 0; i < nv; i++) {
+        keel_tensor *t = keel_var_tensor(i % 2 ? info[i / 2].b
+                                               : info[i / 2].w);
+        fprintf(fp, "%s", i ? ", " : "");
+        json_floats(fp, t->data, t->count);
+    }
+    fprintf(fp, "], \"steps\": [");
+    keel__rng_seed(&r, 77);
+    for (int s = 0; s < c->steps; s++) {
+        keel_batch b = { x, y, c->n };
+        for (size_t i = 0; i < c->n * esize; i++)
+            x[i] = keel__rng_uniform(&r, 0.0f, 1.0f);
+        for (size_t i = 0; i < c->n; i++)
+            y[i] = (int32_t)keel__rng_below(&r, (uint64_t)mc.classes);
+        if (s + 1 == c->steps)
+            for (size_t i = 0; i < nv; i++) {
+                keel_tensor *t = keel_var_tensor(i % 2 ? info[i / 2].b
+                                                       : info[i / 2].w);
+                before[i] = malloc(keel_tensor_bytes(t));
+                memcpy(before[i], t->data, keel_tensor_bytes(t));
+            }
+        keel_grads_zero(f.g);
+        ck_assert_int_eq(keel_model_step(f.m, f.vs, &b, (int64_t)c->n, f.g,
+                                         NULL), KEEL_OK);
+        ck_assert_int_eq(keel_kfac_observe(k, f.vs, &b, s), KEEL_OK);
+        fprintf(fp, "%s{\"x\": ", s ? ", " : "");
+        json_floats(fp, x, c->n * esize);
+        fprintf(fp, ", \"y\": ");
+        json_ints(fp, y, c->n);
+        fprintf(fp, ", \"t\": ");
+        json_ints(fp, keel__kfac_targets(k), c->n);
+        fprintf(fp, "}");
+        ck_assert_msg(keel_kfac_apply(k, f.vs, f.g, s) == KEEL_OK, "%s",
+                      keel_last_error());
+    }
+    fprintf(fp, "]}\n");
+    ck_assert_int_eq(fclose(fp), 0);
+    {
+        char py[4096], sc[4096], err[4096];
+        snprintf(py, sizeof py, "%s",
+                 getenv("PYTHON3") && getenv("PYTHON3")[0]
+                     ? getenv("PYTHON3") : "/usr/bin/python3");
+        snprintf(sc, sizeof sc, "%s", tu_src_path("tests/kfac_ref.py"));
+        char *argv[] = { py, sc, (char *)in, (char *)out, NULL };
+        int rc = tu_run(argv, NULL, 60000, NULL, 0, err, sizeof err);
+        ck_assert_msg(rc == 0, "kfac_ref.py failed (%d): %s", rc, err);
+    }
+    text = tu_read_file(out, &tlen);
+    {
+        float w = keel_var_tensor(keel_vars_find(f.vs,
+                                                 "kfac/ema_weight"))->data[0];
+        for (int i = 0; i < nl; i++) {
+            char key[64], scope[64];
+            const char *wn = keel_var_name(info[i].w);
+            float pi = (float)keel__kfac_pi(k, i);
+            snprintf(scope, sizeof scope, "%.*s",
+                     (int)(strrchr(wn, '/') - wn), wn);
+#define KF_VAR(leaf) \
+    keel_var_tensor(keel_vars_find(f.vs, (snprintf(name, sizeof name, \
+                                                   "%s/%s", scope, leaf), \
+                                          name)))
+            {
+                char name[128];
+                keel_tensor *A = KF_VAR("kfac_A"), *G = KF_VAR("kfac_G");
+                keel_tensor *Ai = KF_VAR("kfac_A_inv");
+                keel_tensor *Gi = KF_VAR("kfac_G_inv");
+                snprintf(key, sizeof key, "A %d", i);
+                kf_compare(text, key, A->data, A->count, 1.0 / w, 1e-5);
+                snprintf(key, sizeof key, "G %d", i);
+                kf_compare(text, key, G->data, G->count, 1.0 / w, 1e-5);
+                snprintf(key, sizeof key, "pi %d", i);
+                kf_compare(text, key, &pi, 1, 1.0, 1e-5);
+                snprintf(key, sizeof key, "Ainv %d", i);
+                kf_compare(text, key, Ai->data, Ai->count, 1.0, 1e-5);
+                snprintf(key, sizeof key, "Ginv %d", i);
+                kf_compare(text, key, Gi->data, Gi->count, 1.0, 1e-5);
+                snprintf(key, sizeof key, "precond %d", i);
+                kf_compare(text, key, keel__kfac_precond(k, i),
+                           info[i].a_dim * info[i].g_dim, 1.0, 1e-5);
+            }
+#undef KF_VAR
+        }
+        for (size_t i = 0; i < nv; i++) {
+            keel_tensor *t = keel_var_tensor(i % 2 ? info[i / 2].b
+                                                   : info[i / 2].w);
+            char key[64];
+            float *d = malloc(keel_tensor_bytes(t));
+            double wmax = 0.0;
+            for (size_t j = 0; j < t->count; j++) {
+                d[j] = t->data[j] - before[i][j];
+                wmax = fmax(wmax, fabs((double)t->data[j]));
+            }
+            /* the change as the weights hold it: plus their own rounding
+             * (one float ulp of the largest weight) */
+            snprintf(key, sizeof key, "delta %zu", i);
+            kf_compare_abs(text, key, d, t->count, 1.0, 1e-5,
+                           wmax * 0x1p-23);
+            free(d);
+            free(before[i]);
+        }
+        {
+            size_t m;
+            double *cl = kf_expected(text, "clip 0", &m);
+            ck_assert_msg(c->expect_clipped ? cl[0] < 0.999 : cl[0] == 1.0,
+                          "the case's clipping coefficient is %g", cl[0]);
+            free(cl);
+        }
+    }
+    free(text);
+    free(before);
+    free(x);
+    free(y);
+    keel_kfac_free(k);
+    fx_free(&f);
+}
+
+START_TEST(test_kfac_matches_numpy_reference)
+{
+    /* a dense layer and a hidden one (true Fisher, adam momentum); the same
+     * with the empirical Fisher, regular momentum and KL clipping; the CNN's
+     * two convolutions and dense layers (true Fisher, adam, clipping): A, G,
+     * pi, the damped inverses and the last step's update, two steps each
+     * (the EMA and momentum carry over), against numpy in float64 */
+    kf_case c[3];
+    for (int i = 0; i < 3; i++) {
+        memset(&c[i], 0, sizeof c[i]);
+        keel_kfac_config_init(&c[i].kc);
+        c[i].kc.invert_every = 1;
+        c[i].kc.cov_ema_decay = 0.8;
+        c[i].kc.momentum = 0.5;
+        c[i].kc.seed = 3;
+        c[i].steps = 2;
+    }
+    c[0].model = "mlp";
+    c[0].n = 7;
+    c[0].kc.damping = 0.05;
+    c[0].kc.schedule.learning_rate = 0.1;
+    c[1] = c[0];
+    c[1].kc.estimation = KEEL_KFAC_EMPIRICAL;
+    c[1].kc.momentum_type = KEEL_KFAC_MOMENTUM_REGULAR;
+    c[1].kc.norm_constraint = 1e-4;
+    c[1].expect_clipped = 1;
+    c[2].model = "cnn";
+    c[2].n = 3;
+    c[2].kc.damping = 0.1;
+    c[2].kc.schedule.learning_rate = 0.05;
+    c[2].kc.norm_constraint = 1e-4;
+    c[2].expect_clipped = 1;
+    for (int i = 0; i < 3; i++)
+        kf_run_case(&c[i]);
+}
+END_TEST
+
+START_TEST(test_kfac_continues_bitwise_after_restore)
+{
+    /* invert_every 3: the copy at step 4 lands between inversions, so the
+     * restored inverses, EMA weight and velocities carry the run */
+    keel_model_config cfg;
+    keel_kfac_config kc;
+    keel_kfac *ka, *kb = NULL;
+    fixture a, b;
+    float x[8 * 36];
+    int32_t y[8];
+    keel_batch bt = { x, y, 8 };
+    tiny_mlp(&cfg, 7, 8);
+    keel_kfac_config_init(&kc);
+    kc.invert_every = 3;
+    kc.schedule.learning_rate = 0.01;
+    kc.damping = 0.01;
+    fx_new(&a, &cfg, 5);
+    ck_assert_int_eq(keel_kfac_new(&kc, a.m, a.vs, &ka), KEEL_OK);
+    synthetic(x, y, 8, 36, 3, 6);
+    for (int s = 0; s < 8; s++) {
+        if (s == 4) {
+            fx_new(&b, &cfg, 99);
+            ck_assert_int_eq(keel_kfac_new(&kc, b.m, b.vs, &kb), KEEL_OK);
+            copy_store(b.vs, a.vs);
+        }
+        if (s >= 4) {
+            keel_grads_zero(b.g);
+            keel_model_step(b.m, b.vs, &bt, 8, b.g, NULL);
+            ck_assert_int_eq(keel_kfac_observe(kb, b.vs, &bt, s), KEEL_OK);
+            ck_assert_int_eq(keel_kfac_apply(kb, b.vs, b.g, s), KEEL_OK);
+        }
+        keel_grads_zero(a.g);
+        keel_model_step(a.m, a.vs, &bt, 8, a.g, NULL);
+        ck_assert_int_eq(keel_kfac_observe(ka, a.vs, &bt, s), KEEL_OK);
+        ck_assert_int_eq(keel_kfac_apply(ka, a.vs, a.g, s), KEEL_OK);
+    }
+    ck_assert_int_eq((int)keel_vars_count(a.vs), (int)keel_vars_count(b.vs));
+    ck_assert_int_eq((int)keel_vars_count(a.vs), 4 + 2 * 4 + 1);
+    for (size_t i = 0; i < keel_vars_count(a.vs); i++) {
+        keel_var *va = keel_vars_at(a.vs, i), *vb = keel_vars_at(b.vs, i);
+        ck_assert_str_eq(keel_var_name(va), keel_var_name(vb));
+        ck_assert_msg(memcmp(keel_var_tensor(va)->data,
+                             keel_var_tensor(vb)->data,
+                             keel_tensor_bytes(keel_var_tensor(va))) == 0,
+                      "%s differs after the restore", keel_var_name(va));
+        if (keel_var_is_trainable(va))
+            ck_assert_mem_eq(keel_var_slot(va, "velocity")->data,
+                             keel_var_slot(vb, "velocity")->data,
+                             keel_tensor_bytes(keel_var_tensor(va)));
+    }
+    keel_kfac_free(ka);
+    keel_kfac_free(kb);
+    fx_free(&a);
+    fx_free(&b);
+}
+END_TEST
+
+START_TEST(test_kfac_rejects_bad_configs_and_unobserved_steps)
+{
+    keel_model_config cfg;
+    keel_kfac_config kc;
+    keel_kfac *k = NULL;
+    fixture f;
+    keel_kfac_momentum_type mt;
+    keel_kfac_estimation es;
+    tiny_mlp(&cfg, 4, 8);
+    fx_new(&f, &cfg, 1);
+    keel_kfac_config_init(&kc);
+    ck_assert_double_eq(kc.cov_ema_decay, 0.95);
+    ck_assert_double_eq(kc.momentum, 0.9);
+    ck_assert_int_eq(kc.momentum_type, KEEL_KFAC_MOMENTUM_ADAM);
+    ck_assert_int_eq(kc.estimation, KEEL_KFAC_GRADIENTS);
+    ck_assert_int_eq(kc.invert_every, 10);
+    kc.damping = 0.0;
+    ck_assert_int_eq(keel_kfac_new(&kc, f.m, f.vs, &k), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "damping"));
+    keel_kfac_config_init(&kc);
+    kc.invert_every = 0;
+    ck_assert_int_eq(keel_kfac_new(&kc, f.m, f.vs, &k), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "invert_every"));
+    kc.invert_every = 10;
+    kc.cov_ema_decay = 1.0;
+    ck_assert_int_eq(keel_kfac_new(&kc, f.m, f.vs, &k), KEEL_EINVAL);
+    ck_assert_int_eq(keel_kfac_momentum_type_from_name("qmodel", &mt),
+                     KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "regular, adam"));
+    ck_assert_int_eq(keel_kfac_estimation_from_name("empirical", &es),
+                     KEEL_OK);
+    ck_assert_int_eq(es, KEEL_KFAC_EMPIRICAL);
+    keel_kfac_config_init(&kc);
+    ck_assert_int_eq(keel_kfac_new(&kc, f.m, f.vs, &k), KEEL_OK);
+    /* no statistics this step: an error, and nothing changes */
+    {
+        keel_tensor *w = keel_var_tensor(keel_vars_at(f.vs, 0));
+        float w0 = w->data[0];
+        ck_assert_int_eq(keel_kfac_apply(k, f.vs, f.g, 0), KEEL_ESTATE);
+        ck_assert_ptr_nonnull(strstr(keel_last_error(), "observe"));
+        ck_assert(w->data[0] == w0);
+    }
+    keel_kfac_free(k);
+    fx_free(&f);
+}
+END_TEST
+
 /* ---- data files --------------------------------------------------------- */
 
 #define NEX 10
@@ -1806,6 +2227,13 @@ train_suite(void)
                    test_optimizer_prepare_is_idempotent_and_apply_needs_slots);
     tcase_add_test(t, test_adam_continues_bitwise_after_restore);
     tcase_add_test(t, test_apply_and_zero_equals_apply_then_zero);
+    suite_add_tcase(s, t);
+    t = tcase_create("kfac");
+    tcase_set_timeout(t, 60);
+    tcase_add_checked_fixture(t, tu_setup, tu_teardown);
+    tcase_add_test(t, test_kfac_matches_numpy_reference);
+    tcase_add_test(t, test_kfac_continues_bitwise_after_restore);
+    tcase_add_test(t, test_kfac_rejects_bad_configs_and_unobserved_steps);
     suite_add_tcase(s, t);
     t = tcase_create("data");
     tcase_set_timeout(t, 20);

@@ -152,6 +152,52 @@ START_TEST(test_sigkill_and_resume_is_bitwise_identical)
 }
 END_TEST
 
+START_TEST(test_kfac_sigkill_and_resume_is_bitwise_identical)
+{
+    /* K-FAC's factors, inverses (every 3 steps: checkpoints every 5 land
+     * between inversions) and velocities restore bit for bit; its
+     * checkpoint evaluates; its keys belong to optimizer.name = kfac only */
+    char *argv[] = { (char *)tu_build_path("keel"), "train",
+                     (char *)cfg_path, "-s", "", "-s", "train.max_steps=60",
+                     "-s", "optimizer.name=kfac", "-s",
+                     "kfac.invert_every=3", NULL };
+    char set_dir[4200], set_ref[4200], line[256];
+    int fd;
+    pid_t pid;
+    CHECKED_SNPRINTF(set_ref, sizeof set_ref, "checkpoint.dir=%s/ref",
+                     tu_dir);
+    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "train",
+                             cfg_path, "-s", set_ref, "-s",
+                             "train.max_steps=60", "-s", "optimizer.name=kfac",
+                             "-s", "kfac.invert_every=3", NULL), 0);
+    CHECKED_SNPRINTF(set_dir, sizeof set_dir, "checkpoint.dir=%s/killed",
+                     tu_dir);
+    argv[4] = set_dir;
+    pid = tu_spawn_pipe(argv, NULL, tu_path("killed.log"), &fd);
+    ck_assert_msg(tu_wait_for_line(fd, "step 13 ", 60000, line, sizeof line),
+                  "no 'step 13' line from keel train");
+    kill(pid, SIGKILL);
+    ck_assert_int_eq(tu_wait(pid, 10000), 128 + SIGKILL);
+    close(fd);
+    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "train",
+                             cfg_path, "-s", set_dir, "-s",
+                             "train.max_steps=60", "-s", "optimizer.name=kfac",
+                             "-s", "kfac.invert_every=3", NULL), 0);
+    ck_assert_ptr_nonnull(strstr(err, "resumed from"));
+    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "ckpt",
+                             "diff", tu_path("ref/model.ckpt-60.h5"),
+                             tu_path("killed/model.ckpt-60.h5"), NULL), 0);
+    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "eval",
+                             tu_path("killed"), NULL), 0);
+    ck_assert_ptr_nonnull(strstr(out, "accuracy"));
+    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err, "train",
+                             tu_path("job.ini"), "-s", "kfac.damping=0.1",
+                             NULL), 2);
+    ck_assert_msg(strstr(err, "kfac.damping") != NULL, "%s", err);
+    ck_assert_ptr_nonnull(strstr(err, "optimizer.name = kfac"));
+}
+END_TEST
+
 START_TEST(test_thread_counts_and_resume_give_identical_bits)
 {
     /* batches of 600 are three pieces of 200: the reference runs on one
@@ -249,6 +295,7 @@ train_cli_suite(void)
     tcase_add_test(tc, test_rerun_resumes_at_the_right_step);
     tcase_add_test(tc, test_sigkill_and_resume_is_bitwise_identical);
     tcase_add_test(tc, test_thread_counts_and_resume_give_identical_bits);
+    tcase_add_test(tc, test_kfac_sigkill_and_resume_is_bitwise_identical);
     tcase_add_test(tc, test_no_periodic_saves_still_saves_at_start_and_end);
     tcase_add_test(tc, test_bad_configs_exit_2_with_one_message);
     suite_add_tcase(s, tc);

@@ -923,6 +923,60 @@ keel__conv_backward(const keel__conv_geom *g, const float *x, size_t n,
     }
 }
 
+/* ---- K-FAC second moments ------------------------------------------------- */
+
+void
+keel__cov_add(const float *x, size_t rows, size_t d, size_t ldx, int homog,
+              int accumulate, float *c)
+{
+    size_t ld = d + (homog ? 1 : 0);
+    KEEL__PROF_BEGIN();
+    cblas_ssyrk(CblasRowMajor, CblasUpper, CblasTrans, (blasint)d,
+                (blasint)rows, 1.0f, x, (blasint)ldx,
+                accumulate ? 1.0f : 0.0f, c, (blasint)ld);
+    KEEL__PROF_END(gemm_ns);
+    if (!homog)
+        return;
+    if (!accumulate) {
+        for (size_t i = 0; i < d; i++)
+            c[i * ld + d] = 0.0f;
+        c[d * ld + d] = 0.0f;
+    }
+    for (size_t r = 0; r < rows; r++) {
+        const float *xr = x + r * ldx;
+        for (size_t i = 0; i < d; i++)
+            c[i * ld + d] += xr[i];
+    }
+    c[d * ld + d] += (float)rows;
+}
+
+void
+keel__conv_patch_cov(const keel__conv_geom *g, const float *x, size_t n,
+                     float *col, int accumulate, float *c)
+{
+    size_t k = g->kh * g->kw * g->cin, ch = conv_chunk(g);
+    size_t xs = g->h * g->w * g->cin, pe = g->oh * g->ow;
+    for (size_t e = 0; e < n; e += ch) {
+        size_t ne = n - e < ch ? n - e : ch;
+        im2col(g, x + e * xs, ne, col);
+        keel__cov_add(col, ne * pe, k, k, 1, accumulate || e > 0, c);
+    }
+}
+
+void
+keel__conv_backward_dx(const keel__conv_geom *g, size_t n, const float *dy,
+                       const float *w, float *col, float *dx)
+{
+    size_t k = g->kh * g->kw * g->cin, ch = conv_chunk(g);
+    size_t xs = g->h * g->w * g->cin, pe = g->oh * g->ow;
+    for (size_t e = 0; e < n; e += ch) {
+        size_t ne = n - e < ch ? n - e : ch;
+        keel__sgemm(0, 1, ne * pe, k, g->cout, 1.0f, dy + e * pe * g->cout,
+                    g->cout, w, g->cout, 0.0f, col, k);
+        col2im(g, col, ne, dx + e * xs);
+    }
+}
+
 /* ---- max-pool ----------------------------------------------------------- */
 
 keel_status

@@ -1019,6 +1019,131 @@ keel_model_predict(keel_model *m, keel_vars *vs, const keel_batch *batch,
     return KEEL_OK;
 }
 
+/* ---- K-FAC statistics ---------------------------------------------------- */
+
+int
+keel__model_kfac_layers(const keel_model *m, keel__kfac_layer *out, int max)
+{
+    int k = 0;
+    for (int i = 0; i < m->nl; i++) {
+        const layer *L = &m->l[i];
+        keel__kfac_layer *o;
+        if (L->w == NULL)
+            continue;
+        if (k < max) {
+            o = &out[k];
+            o->is_conv = L->kind == L_CONV;
+            o->w = L->w;
+            o->b = L->b;
+            if (o->is_conv) {
+                o->a_dim = L->cg.kh * L->cg.kw * L->cg.cin + 1;
+                o->g_dim = L->cg.cout;
+                o->locations = L->cg.oh * L->cg.ow;
+            } else {
+                o->a_dim = L->din + 1;
+                o->g_dim = L->dout;
+                o->locations = 1;
+            }
+        }
+        k++;
+    }
+    return k;
+}
+
+/* Targets of one piece: the labels, or one draw per example from the
+ * softmax of its logits (inverse CDF of a uniform in [0, 1), in double). */
+static void
+kfac_targets(const float *logits, size_t n, size_t k, const int32_t *labels,
+             keel__rng *rng, int32_t *t)
+{
+    for (size_t i = 0; i < n; i++) {
+        const float *z = logits + i * k;
+        float mx = z[0];
+        double sum = 0.0, u, acc = 0.0;
+        size_t c;
+        if (rng == NULL) {
+            t[i] = labels[i];
+            continue;
+        }
+        for (c = 1; c < k; c++)
+            mx = z[c] > mx ? z[c] : mx;
+        for (c = 0; c < k; c++)
+            sum += exp((double)z[c] - (double)mx);
+        u = (double)(keel__rng_next(rng) >> 11) * 0x1.0p-53 * sum;
+        for (c = 0; c + 1 < k; c++) {
+            acc += exp((double)z[c] - (double)mx);
+            if (u < acc)
+                break;
+        }
+        t[i] = (int32_t)c;
+    }
+}
+
+keel_status
+keel__model_kfac_stats(keel_model *m, const keel_batch *batch, keel__rng *rng,
+                       int32_t *targets, int accumulate, float *const *A,
+                       float *const *G)
+{
+    keel_status st;
+    lbuf *buf;
+    size_t k_out;
+    if ((st = check_batch(m, batch, "K-FAC statistics")) != KEEL_OK)
+        return st;
+    buf = m->buf[0];
+    k_out = m->l[m->nl - 1].dout;
+    for (size_t lo = 0; lo < batch->n; lo += m->piece) {
+        size_t n = batch->n - lo < m->piece ? batch->n - lo : m->piece;
+        const float *x = batch->x + lo * m->l[0].in_size;
+        double loss = 0.0;
+        int64_t correct = 0;
+        int f = 0;
+        forward(m, buf, x, n);
+        kfac_targets(buf[m->nl - 1].y, n, k_out, batch->y + lo, rng,
+                     targets + lo);
+        keel__softmax_xent(buf[m->nl - 1].y, targets + lo, n, k_out, 1.0f,
+                           buf[m->nl - 1].dy, &loss, &correct);
+        for (int i = 0; i < m->nl; i++)
+            f += m->l[i].w != NULL;
+        for (int i = m->nl - 1; i >= 0; i--) {
+            layer *L = &m->l[i];
+            lbuf *B = &buf[i];
+            layer *P = i > 0 ? &m->l[i - 1] : NULL;
+            const float *in = i > 0 ? buf[i - 1].y : x;
+            float *dx = i > 0 ? buf[i - 1].dy : NULL;
+            if (L->act != KEEL_ACT_NONE && !L->fused)
+                keel__act_backward(L->act, B->y, B->dy, n * L->out_size);
+            if (L->kind == L_POOL) {
+                if (P != NULL && P->fused)
+                    keel__act_backward(P->act, B->y, B->dy,
+                                       n * L->out_size);
+                keel__pool_backward(&L->pg, B->dy, n, B->arg, dx);
+                continue;
+            }
+            f--;
+            if (L->kind == L_DENSE) {
+                keel__cov_add(in, n, L->din, L->din, 1, accumulate, A[f]);
+                keel__cov_add(B->dy, n, L->dout, L->dout, 0, accumulate,
+                              G[f]);
+                if (dx != NULL)
+                    keel__sgemm(0, 1, n, L->din, L->dout, 1.0f, B->dy,
+                                L->dout, keel_var_tensor(L->w)->data,
+                                L->dout, 0.0f, dx, L->din);
+            } else {
+                keel__conv_patch_cov(&L->cg, in, n, B->col, accumulate,
+                                     A[f]);
+                keel__cov_add(B->dy, n * L->cg.oh * L->cg.ow, L->cg.cout,
+                              L->cg.cout, 0, accumulate, G[f]);
+                if (dx != NULL)
+                    keel__conv_backward_dx(&L->cg, n, B->dy,
+                                           keel_var_tensor(L->w)->data,
+                                           B->col, dx);
+            }
+        }
+        accumulate = 1;
+    }
+    return KEEL_OK;
+}
+
 keel__pool *
 keel__model_pool(keel_model *m)
 {

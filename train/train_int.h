@@ -117,6 +117,23 @@ void keel__conv_backward(const keel__conv_geom *g, const float *x, size_t n,
                          const float *dy, const float *w, float *col,
                          int col_is_valid, float *dw, float *db, float *dx);
 
+/* ---- K-FAC second moments ----
+ * c (ld = d + homog, row-major) gets the upper triangle (i <= j) of
+ * x^T x ADDED (accumulate) or written, x being rows x d with row stride
+ * ldx; with homog, x is taken with a column of ones appended (the bias's
+ * homogeneous coordinate). The strictly lower triangle is not touched. */
+void keel__cov_add(const float *x, size_t rows, size_t d, size_t ldx,
+                   int homog, int accumulate, float *c);
+/* The same for a convolution's im2col patches of x (n examples, one row
+ * per output location, kh*kw*cin columns, ones appended); col is the
+ * keel__conv_col_size(g, n) workspace. */
+void keel__conv_patch_cov(const keel__conv_geom *g, const float *x, size_t n,
+                          float *col, int accumulate, float *c);
+/* dx (overwritten) = the input gradient of dy alone (no dw, db). */
+void keel__conv_backward_dx(const keel__conv_geom *g, size_t n,
+                            const float *dy, const float *w, float *col,
+                            float *dx);
+
 /* ---- max-pool, NHWC, window k x k, stride s, valid ---- */
 typedef struct keel__pool_geom {
     size_t h, w, c, k, s, oh, ow;
@@ -192,6 +209,40 @@ struct json_object;
 struct json_object *keel__model_arch(const keel_model *m);
 keel_status keel__model_config_from_arch(struct json_object *o,
                                          keel_model_config *mc);
+
+/* ---- model.c: what K-FAC sees of a model ---- */
+typedef struct keel__kfac_layer {
+    int is_conv;
+    size_t a_dim;        /* inputs (a conv's kh*kw*cin) + 1 for the bias */
+    size_t g_dim;        /* outputs (a conv's cout) */
+    size_t locations;    /* output positions: oh*ow, or 1 for dense */
+    keel_var *w, *b;     /* borrowed from the model's store */
+} keel__kfac_layer;
+/* The layers with parameters, input to output: fills up to max of out
+ * and returns how many there are. */
+int keel__model_kfac_layers(const keel_model *m, keel__kfac_layer *out,
+                            int max);
+/* K-FAC statistics of batch on the current variables: a forward pass,
+ * targets = the labels (rng NULL) or one draw per example from the model's
+ * softmax (rng), written to targets[0..n), and a backward pass of
+ * sum_b -log p(target_b | x_b) alone (no parameter gradients). For the k-th
+ * layer with parameters, A[k] (a_dim^2) gets the upper triangle of
+ * sum a_b a_b^T ADDED (accumulate) or written (inputs with a 1 appended; a conv's im2col patches,
+ * one per output location) and G[k] (g_dim^2) that of sum g_b g_b^T
+ * (g_b the gradient at the layer's pre-activation outputs, per location).
+ * Runs on the calling thread, in the model's fixed pieces. */
+keel_status keel__model_kfac_stats(keel_model *m, const keel_batch *b,
+                                   keel__rng *rng, int32_t *targets,
+                                   int accumulate, float *const *A,
+                                   float *const *G);
+
+/* kfac.c, for tests: pi of the i-th layer's last inversion (0 if none),
+ * its last preconditioned matrix (a_dim x g_dim: F^-1 of the gradient, or
+ * of the velocity with adam momentum; before clipping and the learning
+ * rate) and the targets of the last observed batch (all borrowed). */
+double keel__kfac_pi(const keel_kfac *k, int i);
+const float *keel__kfac_precond(const keel_kfac *k, int i);
+const int32_t *keel__kfac_targets(const keel_kfac *k);
 
 /* model.c: index of name among n names, or KEEL_EINVAL listing them. */
 keel_status keel__train_name_lookup(const char *what, const char *name,

@@ -211,6 +211,72 @@ keel_status keel_optimizer_apply_var(keel_optimizer *o, keel_var *v,
                                      const keel_tensor *grad,
                                      int64_t global_step);
 
+/* ---- K-FAC (docs/kfac.md) ------------------------------------------------
+ * Kronecker-factored natural-gradient updates for every layer with
+ * parameters of a keel_model (dense: A of the inputs with a 1 appended for
+ * the bias, G of the pre-activation output gradients; convolutions: KFC
+ * factors of the im2col patches and the per-location output gradients).
+ * Its state is variables of the store, so checkpoints carry it: per layer
+ * "<layer>/kfac_A", "<layer>/kfac_G" (zero-debiased EMA accumulators),
+ * "<layer>/kfac_A_inv", "<layer>/kfac_G_inv" (damped inverses), the scalar
+ * "kfac/ema_weight", and a "velocity" slot on every kernel and bias. */
+
+typedef enum keel_kfac_momentum_type {
+    KEEL_KFAC_MOMENTUM_REGULAR = 0,  /* v = mu v + F^-1 g; x -= lr v */
+    KEEL_KFAC_MOMENTUM_ADAM          /* v = mu v + g; x -= lr F^-1 v */
+} keel_kfac_momentum_type;
+
+typedef enum keel_kfac_estimation {
+    KEEL_KFAC_GRADIENTS = 0,  /* G from targets sampled from the model's
+                               * softmax: the true Fisher */
+    KEEL_KFAC_EMPIRICAL       /* G from the labels: the empirical Fisher */
+} keel_kfac_estimation;
+
+typedef struct keel_kfac_config {
+    keel_lr_schedule schedule;     /* learning rate per step; 0.0001 */
+    double damping;                /* Tikhonov lambda; default 0.001 */
+    double cov_ema_decay;          /* default 0.95 */
+    double momentum;               /* default 0.9 */
+    keel_kfac_momentum_type momentum_type;   /* default adam */
+    keel_kfac_estimation estimation;         /* default gradients */
+    double norm_constraint;        /* KL clipping C; 0 = off (default) */
+    int64_t invert_every;          /* steps between inversions; 10 */
+    uint64_t seed;                 /* target sampling; default 0 */
+} keel_kfac_config;
+
+typedef struct keel_kfac keel_kfac;
+
+/* Defaults above. Cannot fail. */
+void keel_kfac_config_init(keel_kfac_config *cfg);
+/* "regular" | "adam"; "gradients" | "empirical". */
+keel_status keel_kfac_momentum_type_from_name(const char *name,
+                                              keel_kfac_momentum_type *out);
+keel_status keel_kfac_estimation_from_name(const char *name,
+                                           keel_kfac_estimation *out);
+/* Validate cfg, create the state variables and slots in vs (zero, marked
+ * initialized; existing ones keep their values, as after a restore) and
+ * the workspaces. m and vs are borrowed and must outlive the optimizer.
+ * Caller owns *out: keel_kfac_free(). */
+keel_status keel_kfac_new(const keel_kfac_config *cfg, keel_model *m,
+                          keel_vars *vs, keel_kfac **out);
+void keel_kfac_free(keel_kfac *k);
+const keel_kfac_config *keel_kfac_get_config(const keel_kfac *k);
+/* The factor statistics of batch (the examples of this step, or one of its
+ * micro-batches) with the current variables, the targets drawn from the
+ * seed and global_step: ADDED to this step's pending sums. Call before
+ * keel_kfac_apply of the same step. Uses the model's workspaces. */
+keel_status keel_kfac_observe(keel_kfac *k, keel_vars *vs,
+                              const keel_batch *batch, int64_t global_step);
+/* One K-FAC step with grads (as keel_model_step left them): the factors'
+ * EMA takes the pending statistics, the damped inverses are recomputed when
+ * global_step % invert_every == 0 (or none were computed yet), then the
+ * preconditioned, momentum and KL-clipped update is applied. Every check
+ * and inversion happens before any state changes: a failing apply (no
+ * statistics observed, a factor not positive definite) changes nothing.
+ * Clears the pending statistics. */
+keel_status keel_kfac_apply(keel_kfac *k, keel_vars *vs, keel_grads *grads,
+                            int64_t global_step);
+
 /* ---- data --------------------------------------------------------------- */
 
 typedef struct keel_dataset keel_dataset;
@@ -299,6 +365,9 @@ typedef struct keel_train_profile {
     int64_t elementwise_ns; /* bias, activations, pooling, softmax, adds */
     int64_t optimizer_ns;   /* keel_optimizer_apply* */
     int64_t conv_direct_ns; /* direct (no im2col) convolution kernels */
+    int64_t kfac_stats_ns;  /* keel_kfac_observe and the factors' EMA */
+    int64_t kfac_invert_ns; /* pi, damping and the inversions */
+    int64_t kfac_precond_ns;/* the preconditioned update */
 } keel_train_profile;
 void keel_train_profile_enable(int on);
 void keel_train_profile_get(keel_train_profile *p);

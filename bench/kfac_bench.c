@@ -1,0 +1,197 @@
+/* kfac_bench.c - per-step cost of K-FAC against Adam in one process on
+ * Fashion-MNIST: the same model, batches and thread settings, steps timed
+ * as keel train runs them (model step, then the update; K-FAC adds its
+ * statistics pass). Rounds alternate Adam and K-FAC; prints one JSON line
+ * per round with the median step time of each and K-FAC's split (factor
+ * statistics and EMA, inversions, preconditioned update), plus the OpenBLAS
+ * core name. Run by bench/kfac.sh.
+ *
+ * usage: kfac_bench [--model mlp|cnn] [--batch 64] [--steps 300]
+ *                   [--rounds 3] [--invert-every 10] [--data DIR] */
+#include <config.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <keel/keel.h>
+
+static double
+now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void
+check(keel_status st, const char *what)
+{
+    if (st != KEEL_OK) {
+        fprintf(stderr, "kfac_bench: %s: %s\n", what, keel_last_error());
+        exit(1);
+    }
+}
+
+static int
+cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double
+median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+typedef struct run {
+    keel_vars *vs;
+    keel_model *m;
+    keel_grads *g;
+    keel_optimizer *opt;
+    keel_kfac *kfac;
+} run;
+
+static void
+run_new(run *r, keel_model_kind kind, int64_t batch, int use_kfac,
+        int64_t invert_every, const keel_dataset *ds)
+{
+    keel_model_config mc;
+    memset(r, 0, sizeof *r);
+    keel_model_config_init(&mc);
+    mc.kind = kind;
+    keel_dataset_shape(ds, &mc.height, &mc.width, &mc.channels);
+    mc.max_batch = batch;
+    check(keel_vars_new(&r->vs), "vars");
+    check(keel_model_new(&mc, r->vs, &r->m), "model");
+    check(keel_model_init_vars(r->m, r->vs, 1), "init");
+    if (use_kfac) {
+        keel_kfac_config kc;
+        keel_kfac_config_init(&kc);
+        kc.invert_every = invert_every;
+        check(keel_kfac_new(&kc, r->m, r->vs, &r->kfac), "kfac");
+    } else {
+        keel_optimizer_config oc;
+        keel_optimizer_config_init(&oc, KEEL_OPT_ADAM);
+        check(keel_optimizer_new(&oc, &r->opt), "adam");
+        check(keel_optimizer_prepare(r->opt, r->vs), "prepare");
+    }
+    check(keel_grads_new(r->vs, &r->g), "grads");
+}
+
+static void
+run_free(run *r)
+{
+    keel_grads_free(r->g);
+    keel_kfac_free(r->kfac);
+    keel_optimizer_free(r->opt);
+    keel_model_free(r->m);
+    keel_vars_free(r->vs);
+}
+
+/* steps steps from step0; returns seconds per step (median of blocks of
+ * 10 steps, so a whole invert_every period is inside each block). */
+static double
+timed(run *r, keel_data_iter *it, int64_t batch, int steps, int64_t *step)
+{
+    double blk[1024];
+    int nb = 0;
+    for (int s = 0; s < steps; s += 10) {
+        double t0 = now();
+        for (int i = 0; i < 10; i++) {
+            keel_batch b;
+            keel_status st = keel_data_iter_next(it, &b);
+            if (st == KEEL_EOUTOFRANGE)
+                st = keel_data_iter_next(it, &b);
+            check(st, "data");
+            keel_grads_zero(r->g);
+            check(keel_model_step(r->m, r->vs, &b, batch, r->g, NULL),
+                  "step");
+            if (r->kfac != NULL) {
+                check(keel_kfac_observe(r->kfac, r->vs, &b, *step),
+                      "observe");
+                check(keel_kfac_apply(r->kfac, r->vs, r->g, *step), "apply");
+            } else {
+                check(keel_optimizer_apply(r->opt, r->vs, r->g, *step),
+                      "apply");
+            }
+            (*step)++;
+        }
+        if (nb < 1024)
+            blk[nb++] = (now() - t0) / 10.0;
+    }
+    return median(blk, nb);
+}
+
+int
+main(int argc, char **argv)
+{
+    const char *model = "mlp", *dir = "/usr/share/datasets/fashion-mnist";
+    int64_t batch = 64, ie = 10;
+    int steps = 300, rounds = 3;
+    keel_model_kind kind;
+    keel_dataset *ds;
+    char img[1024], lab[1024];
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (strcmp(argv[i], "--model") == 0)
+            model = argv[i + 1];
+        else if (strcmp(argv[i], "--batch") == 0)
+            batch = atoll(argv[i + 1]);
+        else if (strcmp(argv[i], "--steps") == 0)
+            steps = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--rounds") == 0)
+            rounds = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--invert-every") == 0)
+            ie = atoll(argv[i + 1]);
+        else if (strcmp(argv[i], "--data") == 0)
+            dir = argv[i + 1];
+        else {
+            fprintf(stderr, "kfac_bench: unknown option %s\n", argv[i]);
+            return 2;
+        }
+    }
+    check(keel_model_kind_from_name(model, &kind), "--model");
+    snprintf(img, sizeof img, "%s/train-images-idx3-ubyte.gz", dir);
+    snprintf(lab, sizeof lab, "%s/train-labels-idx1-ubyte.gz", dir);
+    check(keel_dataset_open_idx(img, lab, 10, &ds), "dataset");
+    for (int r = 0; r < rounds; r++) {
+        double t[2];
+        keel_train_profile p;
+        for (int k = 0; k < 2; k++) {
+            run ru;
+            keel_data_iter *it;
+            keel_data_iter_config ic;
+            int64_t step = 0;
+            keel_data_iter_config_init(&ic);
+            ic.global_batch_size = batch;
+            check(keel_data_iter_new(ds, &ic, &it), "iterator");
+            run_new(&ru, kind, batch, k, ie, ds);
+            timed(&ru, it, batch, 20, &step);           /* warm-up */
+            keel_train_profile_reset();
+            keel_train_profile_enable(1);
+            t[k] = timed(&ru, it, batch, steps, &step);
+            keel_train_profile_enable(0);
+            if (k == 1)
+                keel_train_profile_get(&p);
+            run_free(&ru);
+            keel_data_iter_free(it);
+        }
+        printf("{\"round\": %d, \"model\": \"%s\", \"batch\": %lld, "
+               "\"invert_every\": %lld, \"corename\": \"%s\", "
+               "\"adam_ms\": %.4f, \"kfac_ms\": %.4f, \"ratio\": %.3f, "
+               "\"kfac_stats_ms\": %.4f, \"kfac_invert_ms\": %.4f, "
+               "\"kfac_precond_ms\": %.4f}\n",
+               r, model, (long long)batch, (long long)ie,
+               keel_train_blas_corename(), t[0] * 1e3, t[1] * 1e3,
+               t[1] / t[0], (double)p.kfac_stats_ns / 1e6 / steps,
+               (double)p.kfac_invert_ns / 1e6 / steps,
+               (double)p.kfac_precond_ns / 1e6 / steps);
+        fflush(stdout);
+    }
+    keel_dataset_free(ds);
+    return 0;
+}

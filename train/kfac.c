@@ -1,0 +1,593 @@
+/* kfac.c - K-FAC (Kronecker-factored approximate curvature) for the layers
+ * of a keel_model: per layer with parameters, the factors
+ *   A = E[a a^T]  (inputs with a 1 appended for the bias; a convolution's
+ *                  im2col patches, averaged over examples and locations)
+ *   G = E[g g^T]  (gradients of -log p(target) at the pre-activation
+ *                  outputs; per location for a convolution)
+ * kept as zero-debiased EMAs, inverted with factored Tikhonov damping (the
+ * trace-norm pi) every invert_every steps with LAPACK's Cholesky
+ * (spotrf + spotri), and the update F^-1 g = A^-1 g G^-1 / locations with
+ * regular or adam momentum and the KL-norm constraint (docs/kfac.md).
+ * All state is variables and slots of the store: checkpointed as they are,
+ * so a restored run continues bit for bit. */
+#include <config.h>
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cblas.h>
+
+#include <keel/train.h>
+#include "util.h"
+#include "train_int.h"
+
+/* LAPACK (Fortran ABI, as OpenBLAS ships it): Cholesky factorization and
+ * the inverse from it, of a symmetric positive definite matrix. */
+extern void spotrf_(const char *uplo, const blasint *n, float *a,
+                    const blasint *lda, blasint *info, size_t uplo_len);
+extern void spotri_(const char *uplo, const blasint *n, float *a,
+                    const blasint *lda, blasint *info, size_t uplo_len);
+
+typedef struct kf_layer {
+    keel__kfac_layer info;
+    char scope[KEEL_NAME_MAX];
+    keel_tensor *A, *G;           /* EMA accumulators (state) */
+    keel_tensor *Ainv, *Ginv;     /* damped inverses (state) */
+    keel_tensor *vw, *vb;         /* velocity slots of kernel and bias */
+    float *Asum, *Gsum;           /* this step's sums (upper triangles) */
+    float *Ainv_new, *Ginv_new;   /* inversion workspaces */
+    float *M, *T, *V;             /* a_dim x g_dim: gradient or velocity,
+                                   * M G^-1, preconditioned */
+    double pi;                    /* of the last inversion */
+} kf_layer;
+
+struct keel_kfac {
+    keel_kfac_config cfg;
+    keel_model *m;
+    keel_vars *vs;
+    kf_layer *l;
+    int nl;
+    float **Ap, **Gp;             /* the layers' Asum/Gsum, for the model */
+    keel_tensor *ema_w;           /* "kfac/ema_weight" */
+    int32_t *targets;             /* max_batch */
+    int64_t pending;              /* examples observed this step */
+    int64_t rng_step;             /* the step rng was seeded for */
+    keel__rng rng;
+};
+
+static const char *const mom_names[] = { "regular", "adam" };
+static const char *const est_names[] = { "gradients", "empirical" };
+
+void
+keel_kfac_config_init(keel_kfac_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    keel_lr_schedule_init(&cfg->schedule);
+    cfg->schedule.learning_rate = 0.0001;
+    cfg->damping = 0.001;
+    cfg->cov_ema_decay = 0.95;
+    cfg->momentum = 0.9;
+    cfg->momentum_type = KEEL_KFAC_MOMENTUM_ADAM;
+    cfg->estimation = KEEL_KFAC_GRADIENTS;
+    cfg->norm_constraint = 0.0;
+    cfg->invert_every = 10;
+    cfg->seed = 0;
+}
+
+keel_status
+keel_kfac_momentum_type_from_name(const char *name,
+                                  keel_kfac_momentum_type *out)
+{
+    int i = 0;
+    keel_status st = keel__train_name_lookup("K-FAC momentum type", name,
+                                             mom_names, 2, &i);
+    if (st == KEEL_OK)
+        *out = (keel_kfac_momentum_type)i;
+    return st;
+}
+
+keel_status
+keel_kfac_estimation_from_name(const char *name, keel_kfac_estimation *out)
+{
+    int i = 0;
+    keel_status st = keel__train_name_lookup("K-FAC estimation mode", name,
+                                             est_names, 2, &i);
+    if (st == KEEL_OK)
+        *out = (keel_kfac_estimation)i;
+    return st;
+}
+
+static keel_status
+check_config(const keel_kfac_config *c)
+{
+    keel_status st = keel_lr_schedule_validate(&c->schedule);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "K-FAC");
+    if (!(c->damping > 0.0) || !isfinite(c->damping))
+        return keel__fail(KEEL_EINVAL, "K-FAC: damping %g must be finite "
+                          "and > 0", c->damping);
+    if (!(c->cov_ema_decay >= 0.0 && c->cov_ema_decay < 1.0))
+        return keel__fail(KEEL_EINVAL, "K-FAC: cov_ema_decay %g must be in "
+                          "[0, 1)", c->cov_ema_decay);
+    if (!(c->momentum >= 0.0 && c->momentum < 1.0))
+        return keel__fail(KEEL_EINVAL, "K-FAC: momentum %g must be in "
+                          "[0, 1)", c->momentum);
+    if (!(c->norm_constraint >= 0.0) || !isfinite(c->norm_constraint))
+        return keel__fail(KEEL_EINVAL, "K-FAC: norm_constraint %g must be "
+                          "finite and >= 0 (0: off)", c->norm_constraint);
+    if (c->invert_every < 1)
+        return keel__fail(KEEL_EINVAL, "K-FAC: invert_every %lld must be "
+                          ">= 1", (long long)c->invert_every);
+    if ((unsigned)c->momentum_type > KEEL_KFAC_MOMENTUM_ADAM ||
+        (unsigned)c->estimation > KEEL_KFAC_EMPIRICAL)
+        return keel__fail(KEEL_EINVAL, "K-FAC: unknown momentum type or "
+                          "estimation mode");
+    return KEEL_OK;
+}
+
+void
+keel_kfac_free(keel_kfac *k)
+{
+    if (k == NULL)
+        return;
+    for (int i = 0; i < k->nl && k->l != NULL; i++) {
+        kf_layer *L = &k->l[i];
+        keel_aligned_free(L->Asum);
+        keel_aligned_free(L->Gsum);
+        keel_aligned_free(L->Ainv_new);
+        keel_aligned_free(L->Ginv_new);
+        keel_aligned_free(L->M);
+        keel_aligned_free(L->T);
+        keel_aligned_free(L->V);
+    }
+    free(k->l);
+    free(k->Ap);
+    free(k->Gp);
+    free(k->targets);
+    free(k);
+}
+
+static keel_status
+alloc_f(float **p, size_t count, const char *what, const char *scope)
+{
+    if (count > KEEL_TENSOR_MAX_BYTES / sizeof(float))
+        return keel__fail(KEEL_EINVAL, "K-FAC: %s of '%s' (%zu floats) too "
+                          "large", what, scope, count);
+    *p = keel_aligned_alloc(count * sizeof(float));
+    if (*p == NULL)
+        return keel__fail(KEEL_ENOMEM, "K-FAC: %s of '%s' (%zu floats)",
+                          what, scope, count);
+    memset(*p, 0, count * sizeof(float));
+    return KEEL_OK;
+}
+
+/* The state variable scope/leaf: found (a restored or earlier store) or
+ * created zero; marked initialized either way (zero is its initial value). */
+static keel_status
+state_var(keel_vars *vs, const char *scope, const char *leaf, int ndim,
+          const int64_t *shape, keel_tensor **out)
+{
+    char name[KEEL_NAME_MAX];
+    keel_var *v;
+    keel_tensor *t;
+    keel_status st = keel__fmt(name, sizeof name, "K-FAC variable name",
+                               "%s/%s", scope, leaf);
+    if (st != KEEL_OK)
+        return st;
+    v = keel_vars_find(vs, name);
+    if (v == NULL) {
+        st = keel_vars_create(vs, name, ndim, shape, 0, &v);
+        if (st != KEEL_OK)
+            return keel__wrap(st, "K-FAC state");
+        keel_var_set_initialized(v, 1);
+    }
+    t = keel_var_tensor(v);
+    if (!keel_shape_equal(t->ndim, t->shape, ndim, shape) ||
+        keel_var_is_trainable(v))
+        return keel__fail(KEEL_EINVAL, "K-FAC: variable '%s' exists with "
+                          "another shape or as a trainable variable", name);
+    *out = t;
+    return KEEL_OK;
+}
+
+static keel_status
+layer_new(keel_kfac *k, kf_layer *L)
+{
+    const char *wname = keel_var_name(L->info.w);
+    size_t a = L->info.a_dim, g = L->info.g_dim, len;
+    int64_t as[2] = { (int64_t)a, (int64_t)a }, gs[2] = { (int64_t)g,
+                                                        (int64_t)g };
+    const char *slash = strrchr(wname, '/');
+    keel_status st;
+    len = slash != NULL ? (size_t)(slash - wname) : strlen(wname);
+    if (len >= sizeof L->scope)
+        return keel__fail(KEEL_EINVAL, "K-FAC: layer name of '%s' too long",
+                          wname);
+    memcpy(L->scope, wname, len);
+    L->scope[len] = '\0';
+    if ((st = state_var(k->vs, L->scope, "kfac_A", 2, as, &L->A)) != KEEL_OK ||
+        (st = state_var(k->vs, L->scope, "kfac_G", 2, gs, &L->G)) != KEEL_OK ||
+        (st = state_var(k->vs, L->scope, "kfac_A_inv", 2, as, &L->Ainv)) !=
+            KEEL_OK ||
+        (st = state_var(k->vs, L->scope, "kfac_G_inv", 2, gs, &L->Ginv)) !=
+            KEEL_OK)
+        return st;
+    if ((st = keel_var_add_slot(L->info.w, "velocity", &L->vw)) != KEEL_OK ||
+        (st = keel_var_add_slot(L->info.b, "velocity", &L->vb)) != KEEL_OK)
+        return keel__wrap(st, "K-FAC: velocity of '%s'", L->scope);
+    if (L->vw->count + L->vb->count != a * g)
+        return keel__fail(KEEL_EINTERNAL, "K-FAC: '%s' has %zu + %zu "
+                          "parameters, not %zu x %zu", L->scope,
+                          L->vw->count, L->vb->count, a, g);
+    if ((st = alloc_f(&L->Asum, a * a, "A statistics", L->scope)) != KEEL_OK ||
+        (st = alloc_f(&L->Gsum, g * g, "G statistics", L->scope)) != KEEL_OK ||
+        (st = alloc_f(&L->Ainv_new, a * a, "A inverse", L->scope)) !=
+            KEEL_OK ||
+        (st = alloc_f(&L->Ginv_new, g * g, "G inverse", L->scope)) !=
+            KEEL_OK ||
+        (st = alloc_f(&L->M, a * g, "gradient", L->scope)) != KEEL_OK ||
+        (st = alloc_f(&L->T, a * g, "workspace", L->scope)) != KEEL_OK ||
+        (st = alloc_f(&L->V, a * g, "update", L->scope)) != KEEL_OK)
+        return st;
+    return KEEL_OK;
+}
+
+keel_status
+keel_kfac_new(const keel_kfac_config *cfg, keel_model *m, keel_vars *vs,
+              keel_kfac **out)
+{
+    keel_kfac *k;
+    keel_status st;
+    keel__kfac_layer info[KEEL_MODEL_MAX_HIDDEN + 8];
+    int n;
+    if (out == NULL)
+        return keel__fail(KEEL_EINVAL, "K-FAC: out is NULL");
+    *out = NULL;
+    if (cfg == NULL || m == NULL || vs == NULL)
+        return keel__fail(KEEL_EINVAL, "K-FAC: NULL argument");
+    if ((st = check_config(cfg)) != KEEL_OK)
+        return st;
+    n = keel__model_kfac_layers(m, info, (int)(sizeof info / sizeof *info));
+    if (n < 1 || n > (int)(sizeof info / sizeof *info))
+        return keel__fail(KEEL_EINVAL, "K-FAC: the model has %d layers with "
+                          "parameters", n);
+    k = calloc(1, sizeof *k);
+    if (k == NULL)
+        return keel__fail(KEEL_ENOMEM, "K-FAC");
+    k->cfg = *cfg;
+    k->m = m;
+    k->vs = vs;
+    k->rng_step = -1;
+    k->l = calloc((size_t)n, sizeof *k->l);
+    k->Ap = calloc((size_t)n, sizeof *k->Ap);
+    k->Gp = calloc((size_t)n, sizeof *k->Gp);
+    k->targets = calloc((size_t)keel_model_get_config(m)->max_batch,
+                        sizeof *k->targets);
+    if (k->l == NULL || k->Ap == NULL || k->Gp == NULL ||
+        k->targets == NULL) {
+        keel_kfac_free(k);
+        return keel__fail(KEEL_ENOMEM, "K-FAC: layer list");
+    }
+    k->nl = n;
+    for (int i = 0; i < n; i++) {
+        k->l[i].info = info[i];
+        if ((st = layer_new(k, &k->l[i])) != KEEL_OK) {
+            keel_kfac_free(k);
+            return st;
+        }
+        k->Ap[i] = k->l[i].Asum;
+        k->Gp[i] = k->l[i].Gsum;
+    }
+    st = state_var(vs, "kfac", "ema_weight", 0, NULL, &k->ema_w);
+    if (st != KEEL_OK) {
+        keel_kfac_free(k);
+        return st;
+    }
+    *out = k;
+    return KEEL_OK;
+}
+
+const keel_kfac_config *
+keel_kfac_get_config(const keel_kfac *k)
+{
+    return k != NULL ? &k->cfg : NULL;
+}
+
+keel_status
+keel_kfac_observe(keel_kfac *k, keel_vars *vs, const keel_batch *batch,
+                  int64_t global_step)
+{
+    keel_status st;
+    if (k == NULL || vs == NULL || batch == NULL)
+        return keel__fail(KEEL_EINVAL, "K-FAC observe: NULL argument");
+    if (vs != k->vs)
+        return keel__fail(KEEL_EINVAL, "K-FAC observe: another variable "
+                          "store than the optimizer's");
+    if (global_step < 0)
+        return keel__fail(KEEL_EINVAL, "K-FAC observe: negative global step "
+                          "%lld", (long long)global_step);
+    if (global_step != k->rng_step) {
+        /* one stream per step: a resumed run draws the same targets */
+        uint64_t s = k->cfg.seed ^ 0x6b666163ULL;
+        s ^= keel__splitmix64(&(uint64_t){ (uint64_t)global_step });
+        keel__rng_seed(&k->rng, s);
+        k->rng_step = global_step;
+    }
+    KEEL__PROF_BEGIN();
+    st = keel__model_kfac_stats(k->m, batch,
+                                k->cfg.estimation == KEEL_KFAC_GRADIENTS
+                                    ? &k->rng : NULL,
+                                k->targets, k->pending > 0, k->Ap, k->Gp);
+    KEEL__PROF_END(kfac_stats_ns);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "K-FAC observe");
+    k->pending += (int64_t)batch->n;
+    return KEEL_OK;
+}
+
+/* The next observe starts the sums afresh (overwrites them). */
+static void
+clear_pending(keel_kfac *k)
+{
+    k->pending = 0;
+}
+
+/* Copy the upper triangle of the n x n matrix a onto its lower one, in
+ * 32 x 32 tiles. */
+static void
+mirror_upper(float *a, size_t n)
+{
+    for (size_t i0 = 0; i0 < n; i0 += 32)
+        for (size_t j0 = 0; j0 <= i0; j0 += 32) {
+            size_t i1 = i0 + 32 < n ? i0 + 32 : n;
+            size_t j1 = j0 + 32 < n ? j0 + 32 : n;
+            for (size_t i = i0; i < i1; i++)
+                for (size_t j = j0; j < j1 && j < i; j++)
+                    a[i * n + j] = a[j * n + i];
+        }
+}
+
+/* dst = d acc + (1 - d) sum / count elementwise (n x n, sum full). */
+static void
+ema_into(float *dst, const float *acc, const float *sum, size_t n, float d,
+         float scale)
+{
+    for (size_t i = 0; i < n * n; i++)
+        dst[i] = d * acc[i] + (1.0f - d) * (sum[i] * scale);
+}
+
+static double
+trace_of(const float *a, size_t n)
+{
+    double t = 0.0;
+    for (size_t i = 0; i < n; i++)
+        t += (double)a[i * n + i];
+    return t;
+}
+
+/* inv = (acc / w + damp I)^-1 by Cholesky; a full symmetric result. */
+static keel_status
+damped_inverse(const float *acc, size_t n, float w, float damp, float *inv,
+               const char *scope, const char *which)
+{
+    blasint bn = (blasint)n, info = 0;
+    for (size_t i = 0; i < n * n; i++)
+        inv[i] = acc[i] / w;
+    for (size_t i = 0; i < n; i++)
+        inv[i * n + i] += damp;
+    spotrf_("U", &bn, inv, &bn, &info, 1);
+    if (info == 0)
+        spotri_("U", &bn, inv, &bn, &info, 1);
+    if (info != 0)
+        return keel__fail(KEEL_EINVAL, "K-FAC: the damped %s factor of '%s' "
+                          "is not positive definite (LAPACK info %d): the "
+                          "training diverged, or raise kfac.damping", which,
+                          scope, (int)info);
+    /* column-major upper = row-major lower: mirror it up */
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = i + 1; j < n; j++)
+            inv[i * n + j] = inv[j * n + i];
+    return KEEL_OK;
+}
+
+/* pi, damping and both inverses of layer L from its new accumulators
+ * (in Asum, Gsum) into Ainv_new, Ginv_new. */
+static keel_status
+invert_layer(const keel_kfac *k, kf_layer *L, float w)
+{
+    size_t a = L->info.a_dim, g = L->info.g_dim;
+    double ta = trace_of(L->Asum, a) / (double)w;
+    double tg = trace_of(L->Gsum, g) / (double)w;
+    double lam = k->cfg.damping / (double)L->info.locations;
+    double pi = ta * tg == 0.0 ? 1.0
+                               : sqrt((ta / (double)a) / (tg / (double)g));
+    keel_status st;
+    if (!isfinite(pi) || !(pi > 0.0))
+        return keel__fail(KEEL_EINVAL, "K-FAC: factors of '%s' have traces "
+                          "%g and %g (pi %g): the training diverged",
+                          L->scope, ta, tg, pi);
+    L->pi = pi;
+    st = damped_inverse(L->Asum, a, w, (float)(pi * sqrt(lam)), L->Ainv_new,
+                        L->scope, "A");
+    if (st == KEEL_OK)
+        st = damped_inverse(L->Gsum, g, w, (float)(sqrt(lam) / pi),
+                            L->Ginv_new, L->scope, "G");
+    return st;
+}
+
+/* dst rows 0..a-2 = kernel, row a-1 = bias (a x g). */
+static void
+gather(float *dst, const float *kernel, const float *bias, size_t a,
+       size_t g)
+{
+    memcpy(dst, kernel, (a - 1) * g * sizeof *dst);
+    memcpy(dst + (a - 1) * g, bias, g * sizeof *dst);
+}
+
+static double
+dot(const float *x, const float *y, size_t n)
+{
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++)
+        s += (double)x[i] * (double)y[i];
+    return s;
+}
+
+/* V = A^-1 M G^-1 / locations. */
+static void
+precondition(kf_layer *L, const float *M)
+{
+    size_t a = L->info.a_dim, g = L->info.g_dim;
+    keel__sgemm(0, 0, a, g, g, 1.0f, M, g, L->Ginv->data, g, 0.0f, L->T, g);
+    keel__sgemm(0, 0, a, g, a, (float)(1.0 / (double)L->info.locations),
+                L->Ainv->data, a, L->T, g, 0.0f, L->V, g);
+}
+
+keel_status
+keel_kfac_apply(keel_kfac *k, keel_vars *vs, keel_grads *grads,
+                int64_t global_step)
+{
+    float d, w_old, w_new, lr, mu, c = 1.0f;
+    double s = 0.0, lrd;
+    int invert;
+    keel_status st = KEEL_OK;
+    if (k == NULL || vs == NULL || grads == NULL)
+        return keel__fail(KEEL_EINVAL, "K-FAC apply: NULL argument");
+    if (vs != k->vs || keel_grads_vars(grads) != vs)
+        return keel__fail(KEEL_EINVAL, "K-FAC apply: gradients or store are "
+                          "not the optimizer's");
+    if (global_step < 0)
+        return keel__fail(KEEL_EINVAL, "K-FAC apply: negative global step "
+                          "%lld", (long long)global_step);
+    if (k->pending <= 0)
+        return keel__fail(KEEL_ESTATE, "K-FAC apply at step %lld: no factor "
+                          "statistics observed (call keel_kfac_observe "
+                          "first)", (long long)global_step);
+    for (int i = 0; i < k->nl; i++) {
+        kf_layer *L = &k->l[i];
+        keel_tensor *gw = keel_grads_at(grads, keel_var_index(L->info.w));
+        keel_tensor *gb = keel_grads_at(grads, keel_var_index(L->info.b));
+        if (gw == NULL || gb == NULL || gw->count != L->vw->count ||
+            gb->count != L->vb->count) {
+            clear_pending(k);
+            return keel__fail(KEEL_EINVAL, "K-FAC apply: no gradient of the "
+                              "right shape for '%s'", L->scope);
+        }
+    }
+    d = (float)k->cfg.cov_ema_decay;
+    w_old = k->ema_w->data[0];
+    w_new = d * w_old + (1.0f - d);
+    invert = global_step % k->cfg.invert_every == 0 || w_old == 0.0f;
+    {
+        KEEL__PROF_BEGIN();
+        for (int i = 0; i < k->nl; i++) {
+            kf_layer *L = &k->l[i];
+            float sc = (float)(1.0 / ((double)k->pending *
+                                      (double)L->info.locations));
+            /* with an inversion due, into the sums (committed after it
+             * succeeds); otherwise straight into the state */
+            mirror_upper(L->Asum, L->info.a_dim);
+            mirror_upper(L->Gsum, L->info.g_dim);
+            ema_into(invert ? L->Asum : L->A->data, L->A->data, L->Asum,
+                     L->info.a_dim, d, sc);
+            ema_into(invert ? L->Gsum : L->G->data, L->G->data, L->Gsum,
+                     L->info.g_dim, d, sc);
+        }
+        KEEL__PROF_END(kfac_stats_ns);
+    }
+    if (invert) {
+        KEEL__PROF_BEGIN();
+        for (int i = 0; i < k->nl && st == KEEL_OK; i++)
+            st = invert_layer(k, &k->l[i], w_new);
+        KEEL__PROF_END(kfac_invert_ns);
+        if (st != KEEL_OK) {
+            clear_pending(k);
+            return keel__wrap(st, "K-FAC apply at step %lld",
+                              (long long)global_step);
+        }
+    }
+    /* commit: nothing below can fail */
+    KEEL__PROF_BEGIN();
+    k->ema_w->data[0] = w_new;
+    for (int i = 0; i < k->nl; i++) {
+        kf_layer *L = &k->l[i];
+        size_t a = L->info.a_dim, g = L->info.g_dim;
+        if (invert) {
+            memcpy(L->A->data, L->Asum, a * a * sizeof(float));
+            memcpy(L->G->data, L->Gsum, g * g * sizeof(float));
+            memcpy(L->Ainv->data, L->Ainv_new, a * a * sizeof(float));
+            memcpy(L->Ginv->data, L->Ginv_new, g * g * sizeof(float));
+        }
+    }
+    clear_pending(k);
+    lrd = keel_lr_at(&k->cfg.schedule, global_step);
+    lr = (float)lrd;
+    mu = (float)k->cfg.momentum;
+    for (int i = 0; i < k->nl; i++) {
+        kf_layer *L = &k->l[i];
+        size_t a = L->info.a_dim, g = L->info.g_dim;
+        gather(L->M, keel_grads_at(grads, keel_var_index(L->info.w))->data,
+               keel_grads_at(grads, keel_var_index(L->info.b))->data, a, g);
+        if (k->cfg.momentum_type == KEEL_KFAC_MOMENTUM_ADAM) {
+            /* v = mu v + g, then the update is F^-1 v */
+            float *vw = L->vw->data, *vb = L->vb->data;
+            size_t nw = L->vw->count;
+            for (size_t j = 0; j < nw; j++)
+                vw[j] = mu * vw[j] + L->M[j];
+            for (size_t j = 0; j < g; j++)
+                vb[j] = mu * vb[j] + L->M[nw + j];
+            gather(L->M, vw, vb, a, g);
+        }
+        precondition(L, L->M);
+        s += dot(L->M, L->V, a * g);
+    }
+    if (k->cfg.norm_constraint > 0.0 && s > 0.0 && lrd > 0.0) {
+        double r = sqrt(k->cfg.norm_constraint / (lrd * lrd * s));
+        c = r < 1.0 ? (float)r : 1.0f;
+    }
+    for (int i = 0; i < k->nl; i++) {
+        kf_layer *L = &k->l[i];
+        float *x = keel_var_tensor(L->info.w)->data;
+        float *xb = keel_var_tensor(L->info.b)->data;
+        size_t nw = L->vw->count, g = L->info.g_dim;
+        if (k->cfg.momentum_type == KEEL_KFAC_MOMENTUM_ADAM) {
+            for (size_t j = 0; j < nw; j++)
+                x[j] -= lr * (c * L->V[j]);
+            for (size_t j = 0; j < g; j++)
+                xb[j] -= lr * (c * L->V[nw + j]);
+        } else {
+            float *vw = L->vw->data, *vb = L->vb->data;
+            for (size_t j = 0; j < nw; j++) {
+                vw[j] = mu * vw[j] + c * L->V[j];
+                x[j] -= lr * vw[j];
+            }
+            for (size_t j = 0; j < g; j++) {
+                vb[j] = mu * vb[j] + c * L->V[nw + j];
+                xb[j] -= lr * vb[j];
+            }
+        }
+    }
+    KEEL__PROF_END(kfac_precond_ns);
+    return KEEL_OK;
+}
+
+/* For tests: pi of layer i's last inversion (0 if none), its last
+ * preconditioned matrix, the targets of the last observed batch. */
+double
+keel__kfac_pi(const keel_kfac *k, int i)
+{
+    return k != NULL && i >= 0 && i < k->nl ? k->l[i].pi : 0.0;
+}
+
+const float *
+keel__kfac_precond(const keel_kfac *k, int i)
+{
+    return k != NULL && i >= 0 && i < k->nl ? k->l[i].V : NULL;
+}
+
+const int32_t *
+keel__kfac_targets(const keel_kfac *k)
+{
+    return k != NULL ? k->targets : NULL;
+}
