@@ -1594,11 +1594,15 @@ make_tensor(keel_tensor *t, const float *v, int ndim, const int64_t *shape)
     return st;
 }
 
-static void
-real_start(server *sv)
+/* A real sync ps (SGD at rate 1, no chief job) over a new store of
+ * layer/w [2,3] and layer/b [3], aggregating rta of total replicas, served
+ * by a thread. On a refusal the store is left for the caller to free. */
+static keel_status
+sync_ps_start(server *sv, int rta, int total)
 {
     int64_t ws[2] = { 2, 3 }, bs[1] = { 3 };
     keel__ps_config cfg = { .bind = "tcp://127.0.0.1:*" };
+    keel_status st;
     memset(sv, 0, sizeof *sv);
     ck_assert_int_eq(keel_vars_new(&sv->vars), KEEL_OK);
     ck_assert_int_eq(keel_vars_create(sv->vars, "layer/w", 2, ws,
@@ -1608,11 +1612,19 @@ real_start(server *sv)
     cfg.vars = sv->vars;
     cfg.apply = sgd_apply;
     cfg.sync = 1;
-    cfg.replicas_to_aggregate = 2;
-    cfg.total_replicas = 2;
-    ck_assert_int_eq(keel__ps_new(&cfg, &sv->ps), KEEL_OK);
+    cfg.replicas_to_aggregate = rta;
+    cfg.total_replicas = total;
+    if ((st = keel__ps_new(&cfg, &sv->ps)) != KEEL_OK)
+        return st;
     atomic_store(&sv->stop, 0);
     ck_assert_int_eq(pthread_create(&sv->th, NULL, server_main, sv), 0);
+    return KEEL_OK;
+}
+
+static void
+real_start(server *sv)
+{
+    ck_assert_int_eq(sync_ps_start(sv, 2, 2), KEEL_OK);
 }
 
 /* One call that must fail with an ERROR of code naming needle. */
@@ -1766,7 +1778,6 @@ START_TEST(test_real_ps_applies_the_mean_with_a_backup_worker)
 {
     server sv;
     keel__wire_client *w[3];
-    keel__ps_config cfg = { .bind = "tcp://127.0.0.1:*" };
     float wv[6] = { 10, 20, 30, 40, 50, 60 }, bv[3] = { 1, 2, 3 };
     float s1w[6] = { 1, 1, 1, 1, 1, 1 }, s2w[6] = { 2, 2, 2, 2, 2, 2 };
     float s1b[3] = { 0.5f, 0.5f, 0.5f }, s2b[3] = { 1, 1, 1 };
@@ -1792,26 +1803,13 @@ START_TEST(test_real_ps_applies_the_mean_with_a_backup_worker)
 
     /* more to aggregate than replicas: refused, no server that waits
      * forever */
-    memset(&sv, 0, sizeof sv);
-    ck_assert_int_eq(keel_vars_new(&sv.vars), KEEL_OK);
-    ck_assert_int_eq(keel_vars_create(sv.vars, "layer/w", 2, ws,
-                                      KEEL_VAR_TRAINABLE, NULL), KEEL_OK);
-    ck_assert_int_eq(keel_vars_create(sv.vars, "layer/b", 1, bs,
-                                      KEEL_VAR_TRAINABLE, NULL), KEEL_OK);
-    cfg.vars = sv.vars;
-    cfg.apply = sgd_apply;
-    cfg.sync = 1;
-    cfg.replicas_to_aggregate = 4;
-    cfg.total_replicas = 3;
-    ck_assert_int_eq(keel__ps_new(&cfg, &sv.ps), KEEL_EINVAL);
+    ck_assert_int_eq(sync_ps_start(&sv, 4, 3), KEEL_EINVAL);
     ck_assert_ptr_nonnull(strstr(keel_last_error(),
                                  "replicas_to_aggregate 4 is more than the "
                                  "3 replicas"));
-    cfg.replicas_to_aggregate = 2;
-    ck_assert_msg(keel__ps_new(&cfg, &sv.ps) == KEEL_OK, "%s",
+    keel_vars_free(sv.vars);
+    ck_assert_msg(sync_ps_start(&sv, 2, 3) == KEEL_OK, "%s",
                   keel_last_error());
-    atomic_store(&sv.stop, 0);
-    ck_assert_int_eq(pthread_create(&sv.th, NULL, server_main, &sv), 0);
     for (int i = 0; i < 3; i++)
         ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps),
                                                NULL, KEEL_TASK_WORKER, i,
@@ -1929,7 +1927,6 @@ waiter_main(void *arg)
 START_TEST(test_global_step_waiter_hook_sees_the_cluster_step)
 {
     server sv;
-    keel__ps_config pc = { .bind = "tcp://127.0.0.1:*" };
     keel__wire_client *chief;
     keel_cluster_spec *spec;
     keel__role_opts o;
@@ -1950,20 +1947,7 @@ START_TEST(test_global_step_waiter_hook_sees_the_cluster_step)
     char list[128];
 
     /* the ps: 2 replicas, 1 aggregated */
-    memset(&sv, 0, sizeof sv);
-    ck_assert_int_eq(keel_vars_new(&sv.vars), KEEL_OK);
-    ck_assert_int_eq(keel_vars_create(sv.vars, "layer/w", 2, ws,
-                                      KEEL_VAR_TRAINABLE, NULL), KEEL_OK);
-    ck_assert_int_eq(keel_vars_create(sv.vars, "layer/b", 1, bs,
-                                      KEEL_VAR_TRAINABLE, NULL), KEEL_OK);
-    pc.vars = sv.vars;
-    pc.apply = sgd_apply;
-    pc.sync = 1;
-    pc.replicas_to_aggregate = 1;
-    pc.total_replicas = 2;
-    ck_assert_int_eq(keel__ps_new(&pc, &sv.ps), KEEL_OK);
-    atomic_store(&sv.stop, 0);
-    ck_assert_int_eq(pthread_create(&sv.th, NULL, server_main, &sv), 0);
+    ck_assert_int_eq(sync_ps_start(&sv, 1, 2), KEEL_OK);
     ck_assert_int_eq(make_tensor(&tw, wv, 2, ws), KEEL_OK);
     ck_assert_int_eq(make_tensor(&tb, bv, 1, bs), KEEL_OK);
     ck_assert_int_eq(make_tensor(&g1w, one, 2, ws), KEEL_OK);
