@@ -207,10 +207,13 @@ static const key_def schema[] = {
       "sync: SyncReplicas with tokens; async: each push applied as it "
       "arrives." },
     { "cluster", "replicas_to_aggregate", T_INT, "0", 0, 1 << 20, NULL,
-      "sync: gradients averaged per step (0: the number of workers)." },
+      "sync: gradients averaged per step, at most the training replicas "
+      "(chief + workers; more is an error at start); fewer leaves the "
+      "rest as backup workers, and the update is the mean of the gradients "
+      "aggregated (0: every replica)." },
     { "cluster", "total_num_replicas", T_INT, "0", 0, 1 << 20, NULL,
-      "sync: workers producing gradients (0: the number of workers; more "
-      "than replicas_to_aggregate gives backup workers)." },
+      "sync: the training replicas producing gradients; must equal the "
+      "cluster's chief + workers when set (0: that number)." },
     { "cluster", "num_ps", T_INT, "1", 0, 4096, NULL,
       "Slurm: how many of the tasks are parameter servers." },
     { "cluster", "port_base", T_INT, "8888", 1, 65535, NULL,

@@ -344,7 +344,11 @@ typedef struct keel__ps_config {
     keel_status (*serve)(void *ctx, keel__ps *ps, keel__wire_msg *req);
     void *serve_ctx;
     int sync;                   /* SyncReplicas aggregation (with apply) */
-    int replicas_to_aggregate;  /* sync: fresh gradients per step */
+    /* sync: fresh gradients per step (at most total_replicas; the rest
+     * are backups). Each replica pushes its share of a step's gradient,
+     * its mean gradient / total_replicas; the ps applies the mean of the
+     * gradients aggregated (sum x total / aggregated). */
+    int replicas_to_aggregate;
     int total_replicas;         /* chief + workers */
     int has_chief;              /* replica index: chief 0, worker i i+1 */
 } keel__ps_config;

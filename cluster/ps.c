@@ -113,6 +113,13 @@ keel__ps_new(const keel__ps_config *cfg, keel__ps **out)
     ps->replicas_to_aggregate = cfg->replicas_to_aggregate > 0
         ? cfg->replicas_to_aggregate : ps->total_replicas;
     ps->has_chief = cfg->has_chief;
+    if (ps->replicas_to_aggregate > ps->total_replicas) {
+        st = keel__fail(KEEL_EINVAL, "ps %d: replicas_to_aggregate %d is "
+                        "more than the %d replicas (no sync step could "
+                        "complete)", cfg->task_index,
+                        ps->replicas_to_aggregate, ps->total_replicas);
+        goto fail;
+    }
     ps->started_ns = keel__now_mono_ns();
     ps->last_heard = calloc((size_t)ps->total_replicas,
                             sizeof *ps->last_heard);
@@ -661,8 +668,19 @@ keel__ps_log_timing(const keel__ps *ps)
               (double)ps->aggregate_ns / n / 1e6);
 }
 
-/* Sum the pending gradients in ascending replica order, apply, step + 1,
- * answer every pending push (the sync token). */
+/* sum * total / fresh, each element rounded once (double inside: the
+ * product of a float and a small count is exact there). */
+static void
+mean_of_shares(keel_tensor *sum, int total, int fresh)
+{
+    double f = (double)total;
+    for (size_t i = 0; i < sum->count; i++)
+        sum->data[i] = (float)((double)sum->data[i] * f / (double)fresh);
+}
+
+/* Sum the pending gradients in ascending replica order, scale the sum to
+ * the mean of the gradients aggregated, apply, step + 1, answer every
+ * pending push (the sync token). */
 static keel_status
 aggregate(keel__ps *ps)
 {
@@ -701,6 +719,16 @@ aggregate(keel__ps *ps)
             have[k] = 1;
         }
     }
+    /* Each replica pushes its share of the step's gradient: its own mean
+     * gradient divided by total_replicas. With backup workers only
+     * `fresh` shares came; total/fresh makes the sum the mean of the
+     * gradients aggregated. Without backups the factor is 1 and the sum's
+     * bits stand as they are. */
+    if (st == KEEL_OK && fresh > 0 && fresh != ps->total_replicas)
+        for (size_t k = 0; k < nv; k++)
+            if (have[k])
+                mean_of_shares(keel_grads_at(ps->acc, k),
+                               ps->total_replicas, fresh);
     for (size_t k = 0; k < nv && st == KEEL_OK; k++)
         if (have[k])
             st = ps->apply(ps->apply_ctx, all[k], keel_grads_at(ps->acc, k),

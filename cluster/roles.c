@@ -745,6 +745,29 @@ be_fetch(void *ctx, keel_vars *vs, int *is_ready, char *why, size_t size)
     return st;
 }
 
+/* The cluster's global step, ps 0's (the one be_apply adopts): one STEP
+ * request, no values. A restarted ps 0 is a recoverable error. */
+static keel_status
+be_read_step(void *ctx, int64_t *step)
+{
+    keel__worker *w = ctx;
+    keel__wire_header h;
+    keel__wire_msg r;
+    keel_status st;
+    memset(&h, 0, sizeof h);
+    h.type = KEEL_MSG_STEP;
+    st = call_ps(w, 0, &h, NULL, 0, 0, "the step query", NULL, 0, &r);
+    if (st == KEEL_OK && r.h.generation != w->ps_gen[0])
+        st = keel__fail(KEEL_EABORTED, "ps 0 restarted (generation "
+                        "%016llx, was %016llx)",
+                        (unsigned long long)r.h.generation,
+                        (unsigned long long)w->ps_gen[0]);
+    if (st == KEEL_OK)
+        *step = r.h.global_step;
+    keel__wire_msg_clear(&r);
+    return st;
+}
+
 /* fetch itself blocks until readiness (an event from the ps); only a
  * fetch that returned quickly is followed by the retry floor. */
 static keel_status
@@ -956,6 +979,7 @@ keel__worker_backend(keel__worker *w, keel_backend *out)
     out->is_intact = be_is_intact;
     out->fetch = be_fetch;
     out->wait_for_change = be_wait;
+    out->read_global_step = be_read_step;
 }
 
 void

@@ -42,7 +42,7 @@ keel_status keel__worker_new(const keel__role_opts *o, keel_vars *vs,
                              keel__worker **out);
 void keel__worker_free(keel__worker *w);
 /* The session backend: updater (push + token + fresh values), publish,
- * is_intact, fetch, wait_for_change. */
+ * is_intact, fetch, wait_for_change, read_global_step (ps 0's step). */
 void keel__worker_backend(keel__worker *w, keel_backend *out);
 /* Copy every variable (and with_slots, every slot) and the global step
  * from the ps into vs (the chief, before each checkpoint). */

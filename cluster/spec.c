@@ -469,6 +469,30 @@ keel__cluster_validate_into(const keel_cluster_spec *s, keel__problems *p)
     if (s->total_num_replicas < 0)
         keel__problems_add(p, "total_num_replicas %d < 1",
                            s->total_num_replicas);
+    /* SyncReplicas counts against the replicas that exist (chief +
+     * workers): more to aggregate than exist would hold every step
+     * forever; total_num_replicas names the cluster's own count */
+    if (!local && s->mode == KEEL_CLUSTER_SYNC) {
+        int n = keel_cluster_spec_num_replicas(s);
+        char who[64];
+        snprintf(who, sizeof who, "%s%zu worker%s",
+                 s->n[KEEL_TASK_CHIEF] > 0 ? "the chief and " : "",
+                 s->n[KEEL_TASK_WORKER],
+                 s->n[KEEL_TASK_WORKER] == 1 ? "" : "s");
+        if (s->replicas_to_aggregate > n)
+            keel__problems_add(p, "replicas_to_aggregate %d is more than "
+                               "the %d training replica%s of the cluster "
+                               "(%s): no sync step could complete; set it "
+                               "to at most %d or add workers",
+                               s->replicas_to_aggregate, n,
+                               n == 1 ? "" : "s", who, n);
+        if (s->total_num_replicas > 0 && s->total_num_replicas != n)
+            keel__problems_add(p, "total_num_replicas %d does not match "
+                               "the %d training replica%s of the cluster "
+                               "(%s); set it to %d or 0 (the default: "
+                               "every replica)", s->total_num_replicas, n,
+                               n == 1 ? "" : "s", who, n);
+    }
     if (s->mode != KEEL_CLUSTER_SYNC && s->mode != KEEL_CLUSTER_ASYNC)
         keel__problems_add(p, "unknown mode %d", (int)s->mode);
 }

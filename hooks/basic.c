@@ -349,9 +349,20 @@ waiter_before(void *ctx, keel_run_context *rc)
         return KEEL_OK;
     }
     for (;;) {
-        int64_t gs = keel_session_global_step(s);
-        if (gs >= h->target)
+        /* a cluster worker asks the parameter servers: its own copy of
+         * the step does not move while it waits */
+        int64_t gs;
+        keel_status st = keel_session_read_shared_step(s, &gs);
+        if (st != KEEL_OK)
+            return st;
+        if (gs >= h->target) {
+            /* start from the shared state of that step, not the one
+             * fetched when the session was made */
+            if (gs != keel_session_global_step(s) &&
+                (st = keel_session_refresh(s)) != KEEL_OK)
+                return st;
             break;
+        }
         if (last_logged < 0 || gs - last_logged > 1000) {
             keel__log(KEEL_LOG_INFO, "waiting for global step %lld before "
                       "starting (now %lld)", (long long)h->target,

@@ -68,6 +68,7 @@ struct keel_session {
     keel_step_fn step;
     void *step_ctx;
     keel_updater updater;
+    keel_backend backend;           /* zero: local */
     keel_hook *hooks;
     size_t n_hooks;
     /* The hooks with a before_run / after_run, in order: the step path
@@ -486,6 +487,11 @@ keel__session_new(const keel_session_config *cfg, int is_recovering,
     s->updater = cfg->updater;
     if (cfg->backend != NULL && cfg->backend->updater.apply != NULL)
         s->updater = cfg->backend->updater;
+    if (cfg->backend != NULL)           /* an older, shorter one: NULLs */
+        memcpy(&s->backend, cfg->backend,
+               cfg->backend->struct_size != 0 &&
+               cfg->backend->struct_size < sizeof s->backend
+                   ? cfg->backend->struct_size : sizeof s->backend);
     s->is_recovering = is_recovering;
     s->skip_grad_zeroing = cfg->skip_grad_zeroing;
     s->max_attempts = cfg->max_recovery_attempts;
@@ -807,6 +813,10 @@ run_once(keel_session *s, const void *batch, int with_hooks)
         st = run_before(s, gs);
         if (st != KEEL_OK)
             return st;
+        // A hook refreshed the shared state (GlobalStepWaiterHook on a
+        // cluster worker): the step runs at the step it fetched.
+        if (*s->gs != gs)
+            rc->global_step = gs = *s->gs;
     }
     s->st.batch = rc->batch;
     s->st.is_applied = 0;
@@ -1100,6 +1110,47 @@ int64_t
 keel_session_global_step(const keel_session *s)
 {
     return keel_vars_global_step(s->vars);
+}
+
+keel_status
+keel_session_refresh(keel_session *s)
+{
+    char why[512] = "";
+    int is_ready = 1;
+    keel_status st;
+    if (s == NULL)
+        return keel__fail(KEEL_EINVAL, "session refresh: session is NULL");
+    if (s->backend.fetch == NULL)
+        return KEEL_OK;
+    st = s->backend.fetch(s->backend.ctx, s->vars, &is_ready, why,
+                          sizeof why);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "backend '%s' fetch",
+                          s->backend.name ? s->backend.name : "?");
+    if (!is_ready)
+        return keel__fail(KEEL_EUNAVAILABLE, "backend '%s': the shared "
+                          "state is not ready (%s)",
+                          s->backend.name ? s->backend.name : "?",
+                          why[0] ? why : "no reason given");
+    return KEEL_OK;
+}
+
+keel_status
+keel_session_read_shared_step(keel_session *s, int64_t *step)
+{
+    keel_status st = KEEL_OK;
+    if (s == NULL || step == NULL)
+        return keel__fail(KEEL_EINVAL, "read shared step: session or step "
+                          "is NULL");
+    if (s->backend.read_global_step != NULL) {
+        st = s->backend.read_global_step(s->backend.ctx, step);
+        return st == KEEL_OK ? KEEL_OK
+               : keel__wrap(st, "backend '%s' read_global_step",
+                            s->backend.name ? s->backend.name : "?");
+    }
+    st = keel_session_refresh(s);
+    *step = keel_vars_global_step(s->vars);
+    return st;
 }
 
 keel_saver *

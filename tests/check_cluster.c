@@ -16,6 +16,7 @@
 #include "util.h"
 #include "../cluster/cluster_int.h"
 #include "ps_skel.h"
+#include "../cluster/roles.h"
 #include "testutil.h"
 
 static char out[65536], err[65536];
@@ -353,6 +354,53 @@ START_TEST(test_tf_config_generator_round_trips)
     ck_assert_int_eq(keel_cluster_spec_to_tf_config(s, KEEL_TASK_PS, 0,
                                                     buf, 20), KEEL_EINVAL);
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "buffer"));
+    keel_cluster_spec_free(s);
+}
+END_TEST
+
+/* SyncReplicas counts are checked against the replicas that exist (chief
+ * + workers): too many to aggregate, or a total that is not the cluster's,
+ * is named with both numbers; async and local specs carry them unused. */
+START_TEST(test_tf_config_replica_counts_must_fit_the_cluster)
+{
+    const char *two = "{\"cluster\": {\"chief\": [\"c:1\"], \"worker\": "
+                      "[\"w:1\"], \"ps\": [\"p:1\"]}, \"task\": {\"type\": "
+                      "\"worker\", \"index\": 0}";
+    char j[512];
+    keel_cluster_spec *s;
+    snprintf(j, sizeof j, "%s, \"replicas_to_aggregate\": 3}", two);
+    BAD(j, "replicas_to_aggregate 3 is more than the 2 training replicas",
+        "(the chief and 1 worker)");
+    snprintf(j, sizeof j, "%s, \"total_num_replicas\": 3}", two);
+    BAD(j, "total_num_replicas 3 does not match the 2 training replicas");
+    snprintf(j, sizeof j, "%s, \"total_num_replicas\": 1}", two);
+    BAD(j, "total_num_replicas 1 does not match");
+    /* both at once, and rta within but total wrong */
+    snprintf(j, sizeof j, "%s, \"replicas_to_aggregate\": 5, "
+             "\"total_num_replicas\": 5}", two);
+    BAD(j, "2 problems", "replicas_to_aggregate 5", "total_num_replicas 5");
+    /* fits: one backup (rta 1 of 2), total given as the cluster's */
+    snprintf(j, sizeof j, "%s, \"replicas_to_aggregate\": 1, "
+             "\"total_num_replicas\": 2}", two);
+    s = good(j);
+    ck_assert_int_eq(keel_cluster_spec_replicas_to_aggregate(s), 1);
+    ck_assert_int_eq(keel_cluster_spec_total_num_replicas(s), 2);
+    keel_cluster_spec_free(s);
+    /* async aggregates nothing: the counts are not checked */
+    snprintf(j, sizeof j, "%s, \"mode\": \"async\", "
+             "\"replicas_to_aggregate\": 3}", two);
+    keel_cluster_spec_free(good(j));
+    /* set through the API (the INI path) the same */
+    s = good("{\"cluster\": {\"worker\": [\"a:1\", \"b:1\", \"c:1\"]}, "
+             "\"task\": {\"type\": \"worker\", \"index\": 2}}");
+    keel_cluster_spec_set_replicas(s, 4, 0);
+    ck_assert_int_eq(keel_cluster_spec_validate(s), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(),
+                                 "replicas_to_aggregate 4 is more than the 3 "
+                                 "training replicas of the cluster (3 "
+                                 "workers)"));
+    keel_cluster_spec_set_replicas(s, 2, 3);
+    ck_assert_int_eq(keel_cluster_spec_validate(s), KEEL_OK);
     keel_cluster_spec_free(s);
 }
 END_TEST
@@ -1549,11 +1597,15 @@ make_tensor(keel_tensor *t, const float *v, int ndim, const int64_t *shape)
     return st;
 }
 
-static void
-real_start(server *sv)
+/* A real sync ps (SGD at rate 1, no chief job) over a new store of
+ * layer/w [2,3] and layer/b [3], aggregating rta of total replicas, served
+ * by a thread. On a refusal the store is left for the caller to free. */
+static keel_status
+sync_ps_start(server *sv, int rta, int total)
 {
     int64_t ws[2] = { 2, 3 }, bs[1] = { 3 };
     keel__ps_config cfg = { .bind = "tcp://127.0.0.1:*" };
+    keel_status st;
     memset(sv, 0, sizeof *sv);
     ck_assert_int_eq(keel_vars_new(&sv->vars), KEEL_OK);
     ck_assert_int_eq(keel_vars_create(sv->vars, "layer/w", 2, ws,
@@ -1563,11 +1615,19 @@ real_start(server *sv)
     cfg.vars = sv->vars;
     cfg.apply = sgd_apply;
     cfg.sync = 1;
-    cfg.replicas_to_aggregate = 2;
-    cfg.total_replicas = 2;
-    ck_assert_int_eq(keel__ps_new(&cfg, &sv->ps), KEEL_OK);
+    cfg.replicas_to_aggregate = rta;
+    cfg.total_replicas = total;
+    if ((st = keel__ps_new(&cfg, &sv->ps)) != KEEL_OK)
+        return st;
     atomic_store(&sv->stop, 0);
     ck_assert_int_eq(pthread_create(&sv->th, NULL, server_main, sv), 0);
+    return KEEL_OK;
+}
+
+static void
+real_start(server *sv)
+{
+    ck_assert_int_eq(sync_ps_start(sv, 2, 2), KEEL_OK);
 }
 
 /* One call that must fail with an ERROR of code naming needle. */
@@ -1708,6 +1768,307 @@ START_TEST(test_real_ps_checks_requests_and_aggregates_in_sync)
     keel_tensor_release(&tg0);
     keel_tensor_release(&tg1);
     keel_tensor_release(&twrong);
+}
+END_TEST
+
+/* Three replicas (workers 0..2, worker 0 the chief), two aggregated: one
+ * backup. Each replica pushes its share of the step's gradient, its mean
+ * gradient / 3; the update must be the mean of the two mean gradients that
+ * were aggregated, not their shares' sum (2/3 of it). Worked by hand with
+ * SGD at learning rate 1: replica means G1 = 3, G2 = 6 (w), 1.5 / 3 (b) ->
+ * shares 1, 2 and 0.5, 1 -> means 4.5 and 2.25. */
+START_TEST(test_real_ps_applies_the_mean_with_a_backup_worker)
+{
+    server sv;
+    keel__wire_client *w[3];
+    float wv[6] = { 10, 20, 30, 40, 50, 60 }, bv[3] = { 1, 2, 3 };
+    float s1w[6] = { 1, 1, 1, 1, 1, 1 }, s2w[6] = { 2, 2, 2, 2, 2, 2 };
+    float s1b[3] = { 0.5f, 0.5f, 0.5f }, s2b[3] = { 1, 1, 1 };
+    int64_t ws[2] = { 2, 3 }, bs[1] = { 3 };
+    keel_tensor tw, tb, t1w, t2w, t1b, t2b;
+    keel__wire_out init[2], p1[2], p2[2];
+    keel__wire_header h;
+    keel__wire_msg r;
+    uint64_t id1;
+
+    ck_assert_int_eq(make_tensor(&tw, wv, 2, ws), KEEL_OK);
+    ck_assert_int_eq(make_tensor(&tb, bv, 1, bs), KEEL_OK);
+    ck_assert_int_eq(make_tensor(&t1w, s1w, 2, ws), KEEL_OK);
+    ck_assert_int_eq(make_tensor(&t2w, s2w, 2, ws), KEEL_OK);
+    ck_assert_int_eq(make_tensor(&t1b, s1b, 1, bs), KEEL_OK);
+    ck_assert_int_eq(make_tensor(&t2b, s2b, 1, bs), KEEL_OK);
+    init[0] = (keel__wire_out){ "layer/w", &tw, NULL };
+    init[1] = (keel__wire_out){ "layer/b", &tb, NULL };
+    p1[0] = (keel__wire_out){ "layer/w", &t1w, NULL };
+    p1[1] = (keel__wire_out){ "layer/b", &t1b, NULL };
+    p2[0] = (keel__wire_out){ "layer/w", &t2w, NULL };
+    p2[1] = (keel__wire_out){ "layer/b", &t2b, NULL };
+
+    /* more to aggregate than replicas: refused, no server that waits
+     * forever */
+    ck_assert_int_eq(sync_ps_start(&sv, 4, 3), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(),
+                                 "replicas_to_aggregate 4 is more than the "
+                                 "3 replicas"));
+    keel_vars_free(sv.vars);
+    ck_assert_msg(sync_ps_start(&sv, 2, 3) == KEEL_OK, "%s",
+                  keel_last_error());
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps),
+                                               NULL, KEEL_TASK_WORKER, i,
+                                               &w[i]), KEEL_OK);
+    memset(&h, 0, sizeof h);
+    h.type = KEEL_MSG_INIT;
+    h.global_step = 7;
+    ck_assert_int_eq(keel__wire_client_call(w[0], &h, init, 2, 0, 3000, &r),
+                     KEEL_OK);
+    keel__wire_msg_clear(&r);
+    /* workers 1 and 2 make step 7; worker 0 (the chief) is the straggler.
+     * Worker 1's push is held until worker 2's completes the step. */
+    memset(&h, 0, sizeof h);
+    h.type = KEEL_MSG_PUSH;
+    h.local_step = 7;
+    ck_assert_int_eq(keel__wire_client_send(w[1], &h, p1, 2, 0, 3000),
+                     KEEL_OK);
+    id1 = h.request_id;
+    memset(&h, 0, sizeof h);
+    h.type = KEEL_MSG_PUSH;
+    h.flags = KEEL_WIRE_F_WANT_VALUES;
+    h.local_step = 7;
+    ck_assert_int_eq(keel__wire_client_call(w[2], &h, p2, 2, 0, 3000, &r),
+                     KEEL_OK);
+    ck_assert_int_eq(r.h.type, KEEL_MSG_PUSH_ACK);
+    ck_assert_int_eq(r.h.global_step, 8);
+    ck_assert_int_eq(r.n, 2);
+    for (int i = 0; i < 6; i++)
+        ck_assert_float_eq(r.tensors[0].t.data[i], wv[i] - 4.5f);
+    for (int i = 0; i < 3; i++)
+        ck_assert_float_eq(r.tensors[1].t.data[i], bv[i] - 2.25f);
+    keel__wire_msg_clear(&r);
+    {
+        keel__wire_msg r1;
+        ck_assert_int_eq(keel__wire_client_wait(w[1], id1, 0, 3000, &r1),
+                         KEEL_OK);
+        ck_assert_int_eq(r1.h.type, KEEL_MSG_PUSH_ACK);
+        ck_assert_int_eq(r1.h.global_step, 8);
+        keel__wire_msg_clear(&r1);
+    }
+    /* the straggler's gradient for step 7 is stale: dropped, nothing
+     * applied */
+    memset(&h, 0, sizeof h);
+    h.type = KEEL_MSG_PUSH;
+    h.flags = KEEL_WIRE_F_WANT_VALUES;
+    h.local_step = 7;
+    ck_assert_int_eq(keel__wire_client_call(w[0], &h, p2, 2, 0, 3000, &r),
+                     KEEL_OK);
+    ck_assert_int_eq(r.h.global_step, 8);
+    for (int i = 0; i < 6; i++)
+        ck_assert_float_eq(r.tensors[0].t.data[i], wv[i] - 4.5f);
+    keel__wire_msg_clear(&r);
+    memset(&h, 0, sizeof h);
+    h.type = KEEL_MSG_STEP;
+    ck_assert_int_eq(keel__wire_client_call(w[0], &h, NULL, 0, 0, 3000, &r),
+                     KEEL_OK);
+    ck_assert_str_eq(r.text, "applied=2 dropped=1 ready=1 step=8");
+    keel__wire_msg_clear(&r);
+    for (int i = 0; i < 3; i++)
+        keel__wire_client_free(w[i]);
+    server_stop(&sv);
+    keel_tensor_release(&tw);
+    keel_tensor_release(&tb);
+    keel_tensor_release(&t1w);
+    keel_tensor_release(&t2w);
+    keel_tensor_release(&t1b);
+    keel_tensor_release(&t2b);
+}
+END_TEST
+
+/* ---- GlobalStepWaiterHook on a cluster worker -------------------------- */
+
+typedef struct waiter_run {
+    keel_session *s;
+    keel_status created, ran;
+    float w_seen;                /* layer/w[0] as the worker's step saw it */
+    int64_t step_seen;
+    atomic_int done;
+} waiter_run;
+
+/* The worker's step: records what it computes on, pushes a share of 0.25
+ * for every element. */
+static keel_status
+waiter_step(void *ctx, keel_step *st)
+{
+    waiter_run *wr = ctx;
+    keel_vars *vs = keel_step_vars(st);
+    keel_grads *g = keel_step_grads(st);
+    wr->w_seen = keel_var_tensor(keel_vars_find(vs, "layer/w"))->data[0];
+    wr->step_seen = keel_step_global_step(st);
+    for (size_t k = 0; k < keel_vars_count(vs); k++) {
+        keel_tensor *t = keel_grads_at(g, k);
+        for (size_t i = 0; i < t->count; i++)
+            t->data[i] = 0.25f;
+    }
+    return KEEL_OK;
+}
+
+static void *
+waiter_main(void *arg)
+{
+    waiter_run *wr = arg;
+    wr->ran = keel_session_run(wr->s, NULL);
+    atomic_store(&wr->done, 1);
+    return NULL;
+}
+
+/* Worker 1 of a 2-replica sync cluster (1 aggregated: a backup) waits in
+ * GlobalStepWaiterHook for step 9 while worker 0 (the chief, a raw client
+ * here) trains from step 5: it must see the ps's step move (its own copy
+ * does not), then start at step 9 on that step's values, so its push is
+ * aggregated, not dropped as stale. By hand, SGD rate 1, shares x 2/1:
+ * the chief's 4 steps of share 1 take w from 10 to 2; the worker's share
+ * 0.25 then takes it to 1.5. */
+START_TEST(test_global_step_waiter_hook_sees_the_cluster_step)
+{
+    server sv;
+    keel__wire_client *chief;
+    keel_cluster_spec *spec;
+    keel__role_opts o;
+    keel__worker *wk;
+    keel_backend be;
+    keel_vars *vs;
+    keel_hook hook;
+    keel_session_config sc;
+    waiter_run wr;
+    pthread_t th;
+    int64_t ws[2] = { 2, 3 }, bs[1] = { 3 }, deadline;
+    float wv[6] = { 10, 10, 10, 10, 10, 10 }, bv[3] = { 1, 1, 1 };
+    float one[6] = { 1, 1, 1, 1, 1, 1 };
+    keel_tensor tw, tb, g1w, g1b;
+    keel__wire_out init[2], push[2];
+    keel__wire_header h;
+    keel__wire_msg r;
+    char list[128];
+
+    /* the ps: 2 replicas, 1 aggregated */
+    ck_assert_int_eq(sync_ps_start(&sv, 1, 2), KEEL_OK);
+    ck_assert_int_eq(make_tensor(&tw, wv, 2, ws), KEEL_OK);
+    ck_assert_int_eq(make_tensor(&tb, bv, 1, bs), KEEL_OK);
+    ck_assert_int_eq(make_tensor(&g1w, one, 2, ws), KEEL_OK);
+    ck_assert_int_eq(make_tensor(&g1b, one, 1, bs), KEEL_OK);
+    init[0] = (keel__wire_out){ "layer/w", &tw, NULL };
+    init[1] = (keel__wire_out){ "layer/b", &tb, NULL };
+    push[0] = (keel__wire_out){ "layer/w", &g1w, NULL };
+    push[1] = (keel__wire_out){ "layer/b", &g1b, NULL };
+    ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps), NULL,
+                                           KEEL_TASK_WORKER, 0, &chief),
+                     KEEL_OK);
+    memset(&h, 0, sizeof h);
+    h.type = KEEL_MSG_INIT;
+    h.global_step = 5;
+    ck_assert_int_eq(keel__wire_client_call(chief, &h, init, 2, 0, 3000, &r),
+                     KEEL_OK);
+    keel__wire_msg_clear(&r);
+
+    /* worker 1: the real backend and a MonitoredSession with the hook */
+    ck_assert_int_eq(keel_cluster_spec_new(&spec), KEEL_OK);
+    ck_assert_int_eq(keel_cluster_spec_add_list(spec, KEEL_TASK_PS,
+                         keel__ps_endpoint(sv.ps) + strlen("tcp://")),
+                     KEEL_OK);
+    snprintf(list, sizeof list, "127.0.0.1:1,127.0.0.1:2");
+    ck_assert_int_eq(keel_cluster_spec_add_list(spec, KEEL_TASK_WORKER,
+                                                list), KEEL_OK);
+    ck_assert_int_eq(keel_cluster_spec_set_task(spec, KEEL_TASK_WORKER, 1),
+                     KEEL_OK);
+    keel_cluster_spec_set_replicas(spec, 1, 2);
+    ck_assert_msg(keel_cluster_spec_validate(spec) == KEEL_OK, "%s",
+                  keel_last_error());
+    memset(&o, 0, sizeof o);
+    o.spec = spec;
+    o.dead_after_ms = 10000;
+    o.heartbeat_ms = 200;
+    o.step_timeout_secs = 10;
+    o.ready_retry_ms = 20;
+    o.max_wait_secs = 10;
+    ck_assert_int_eq(keel_vars_new(&vs), KEEL_OK);
+    ck_assert_int_eq(keel_vars_create(vs, "layer/w", 2, ws,
+                                      KEEL_VAR_TRAINABLE, NULL), KEEL_OK);
+    ck_assert_int_eq(keel_vars_create(vs, "layer/b", 1, bs,
+                                      KEEL_VAR_TRAINABLE, NULL), KEEL_OK);
+    ck_assert_msg(keel__worker_new(&o, vs, &wk) == KEEL_OK, "%s",
+                  keel_last_error());
+    keel__worker_backend(wk, &be);
+    ck_assert_int_eq(keel_global_step_waiter_hook_new(9, 20, &hook),
+                     KEEL_OK);
+    memset(&wr, 0, sizeof wr);
+    keel_session_config_init(&sc);
+    sc.vars = vs;
+    sc.step = waiter_step;
+    sc.step_ctx = &wr;
+    sc.backend = &be;
+    sc.hooks = &hook;
+    sc.n_hooks = 1;
+    sc.is_chief = 0;
+    sc.max_wait_secs = 10;
+    sc.stop_grace_period_secs = 5;
+    wr.created = keel_session_new(&sc, &wr.s);
+    ck_assert_msg(wr.created == KEEL_OK, "%s", keel_last_error());
+    ck_assert_int_eq(keel_session_global_step(wr.s), 5);
+    ck_assert_int_eq(pthread_create(&th, NULL, waiter_main, &wr), 0);
+
+    /* the chief trains steps 5..7 alone (1 aggregated) */
+    for (int64_t step = 5; step < 8; step++) {
+        memset(&h, 0, sizeof h);
+        h.type = KEEL_MSG_PUSH;
+        h.local_step = step;
+        ck_assert_int_eq(keel__wire_client_call(chief, &h, push, 2, 0, 3000,
+                                                &r), KEEL_OK);
+        ck_assert_int_eq(r.h.global_step, step + 1);
+        keel__wire_msg_clear(&r);
+    }
+    /* at step 8 < 9 the worker still waits (polling every 20 ms) */
+    deadline = tu_now_ms() + 300;
+    while (tu_now_ms() < deadline && !atomic_load(&wr.done))
+        usleep(10000);
+    ck_assert_msg(!atomic_load(&wr.done), "the waiter did not wait: %s",
+                  keel_last_error());
+    memset(&h, 0, sizeof h);
+    h.type = KEEL_MSG_PUSH;
+    h.local_step = 8;
+    ck_assert_int_eq(keel__wire_client_call(chief, &h, push, 2, 0, 3000, &r),
+                     KEEL_OK);
+    ck_assert_int_eq(r.h.global_step, 9);
+    keel__wire_msg_clear(&r);
+    /* step 9 reached: the worker starts there, on step 9's values */
+    deadline = tu_now_ms() + 10000;
+    while (tu_now_ms() < deadline && !atomic_load(&wr.done))
+        usleep(5000);
+    ck_assert_msg(atomic_load(&wr.done), "the waiter never saw step 9");
+    pthread_join(th, NULL);
+    ck_assert_msg(wr.ran == KEEL_OK, "%s", keel_last_error());
+    ck_assert_int_eq(wr.step_seen, 9);
+    ck_assert_float_eq(wr.w_seen, 2.0f);
+    ck_assert_int_eq(keel_session_global_step(wr.s), 10);
+    ck_assert_float_eq(keel_var_tensor(keel_vars_find(vs, "layer/w"))->data[5],
+                       1.5f);
+    memset(&h, 0, sizeof h);
+    h.type = KEEL_MSG_STEP;
+    ck_assert_int_eq(keel__wire_client_call(chief, &h, NULL, 0, 0, 3000, &r),
+                     KEEL_OK);
+    ck_assert_str_eq(r.text, "applied=5 dropped=0 ready=1 step=10");
+    keel__wire_msg_clear(&r);
+
+    ck_assert_int_eq(keel_session_close(wr.s), KEEL_OK);
+    keel_session_free(wr.s);
+    keel_hook_release(&hook);
+    keel__worker_free(wk);
+    keel_vars_free(vs);
+    keel_cluster_spec_free(spec);
+    keel__wire_client_free(chief);
+    server_stop(&sv);
+    keel_tensor_release(&tw);
+    keel_tensor_release(&tb);
+    keel_tensor_release(&g1w);
+    keel_tensor_release(&g1b);
 }
 END_TEST
 
@@ -1888,6 +2249,7 @@ cluster_suite(void)
     tcase_add_test(spec, test_tf_config_size_is_bounded);
     tcase_add_test(spec, test_tf_config_from_env);
     tcase_add_test(spec, test_tf_config_generator_round_trips);
+    tcase_add_test(spec, test_tf_config_replica_counts_must_fit_the_cluster);
     tcase_add_test(spec, test_format_summarises_the_cluster);
     tcase_add_test(spec, test_explicit_lists_from_ini_values);
     tcase_add_test(spec, test_slurm_hostlist_expansion);
@@ -1906,6 +2268,8 @@ cluster_suite(void)
     tcase_add_test(live, test_pull_of_named_and_unknown_variables);
     tcase_add_test(live, test_push_sum_has_the_scalar_bits);
     tcase_add_test(live, test_real_ps_checks_requests_and_aggregates_in_sync);
+    tcase_add_test(live, test_real_ps_applies_the_mean_with_a_backup_worker);
+    tcase_add_test(live, test_global_step_waiter_hook_sees_the_cluster_step);
     tcase_add_test(live, test_heartbeats_see_the_step_state_and_a_restarted_ps);
     tcase_add_test(live, test_heartbeat_on_reconnect_hears_a_restarted_ps);
     suite_add_tcase(s, live);

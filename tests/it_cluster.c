@@ -309,7 +309,8 @@ START_TEST(backup_worker_stopped_training_goes_on)
     const char *const sets[] = { "train.max_steps=1000000",
                                  "hooks.log_every_steps=1", NULL };
     long step, applied, dropped;
-    cluster_init(&c, 1, 3, ", \"replicas_to_aggregate\": 2", "b");
+    cluster_init(&c, 1, 3, ", \"replicas_to_aggregate\": 2, "
+                 "\"total_num_replicas\": 3", "b");
     cluster_start(&c, sets);
     ck_assert(wait_step(c.chief_fd, 20));
     ck_assert(wait_log(&c, "worker2", "model ready"));
@@ -436,6 +437,47 @@ START_TEST(bad_tf_config_exits_2_listing_problems)
     ck_assert_int_eq(tu_run(argv, env3, RUN_MS, out, sizeof out, err,
                             sizeof err), 2);
     ck_assert_msg(strstr(err, "no ps") != NULL, "%s", err);
+}
+END_TEST
+
+/* More replicas to aggregate than the cluster has (2 workers, 3 to
+ * aggregate), or a total that is not the cluster's: every task exits 2 at
+ * start naming both numbers, instead of a ps that waits forever. */
+START_TEST(replica_counts_beyond_the_cluster_exit_2_at_start)
+{
+    cluster c;
+    static const char *const roles[][2] = { { "ps", "0" }, { "worker", "0" },
+                                            { "worker", "1" } };
+    char tf[2048];
+    char *argv[] = { (char *)tu_build_path("keel"), "train", cfg_path, NULL,
+                     NULL, NULL };
+    char *env[] = { tf, NULL };
+    cluster_init(&c, 1, 2, ", \"replicas_to_aggregate\": 3", "x");
+    for (int i = 0; i < 3; i++) {
+        int64_t t0 = tu_now_ms();
+        tf_config(&c, roles[i][0], atoi(roles[i][1]), tf, sizeof tf);
+        ck_assert_int_eq(tu_run(argv, env, RUN_MS, out, sizeof out, err,
+                                sizeof err), 2);
+        ck_assert_msg(tu_now_ms() - t0 < 10000, "%s took %lld ms",
+                      roles[i][0], (long long)(tu_now_ms() - t0));
+        ck_assert_msg(strstr(err, "replicas_to_aggregate 3 is more than the "
+                             "2 training replicas") != NULL, "%s", err);
+    }
+    /* the same from the INI key, and a total_num_replicas that is not the
+     * cluster's */
+    cluster_init(&c, 1, 2, NULL, "x");
+    tf_config(&c, "worker", 0, tf, sizeof tf);
+    argv[3] = "-s";
+    argv[4] = "cluster.replicas_to_aggregate=3";
+    ck_assert_int_eq(tu_run(argv, env, RUN_MS, out, sizeof out, err,
+                            sizeof err), 2);
+    ck_assert_msg(strstr(err, "replicas_to_aggregate 3 is more than the 2 "
+                         "training replicas") != NULL, "%s", err);
+    argv[4] = "cluster.total_num_replicas=3";
+    ck_assert_int_eq(tu_run(argv, env, RUN_MS, out, sizeof out, err,
+                            sizeof err), 2);
+    ck_assert_msg(strstr(err, "total_num_replicas 3 does not match the 2 "
+                         "training replicas") != NULL, "%s", err);
 }
 END_TEST
 
@@ -708,6 +750,7 @@ suite(void)
     tcase_add_test(tc, worker_losing_the_ps_fails_clearly);
     tcase_add_test(tc, sigterm_while_waiting_for_the_chief_exits_0_at_once);
     tcase_add_test(tc, bad_tf_config_exits_2_listing_problems);
+    tcase_add_test(tc, replica_counts_beyond_the_cluster_exit_2_at_start);
     tcase_add_test(tc,
                    config_check_prints_the_role_from_tf_config_slurm_and_lists);
     tcase_add_test(tc, curve_worker_without_allowed_key_cannot_join);

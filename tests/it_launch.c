@@ -1174,6 +1174,31 @@ START_TEST(test_usage_and_config_errors_exit_2_before_starting)
 }
 END_TEST
 
+/* SyncReplicas counts that do not fit the cluster the launch makes: exit 2
+ * at once (before any task starts), naming both numbers. */
+START_TEST(test_replica_counts_beyond_the_cluster_exit_2_at_once)
+{
+    int64_t t0 = tu_now_ms();
+    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err,
+                             "launch", cfg_path, "--ps", "1", "--workers",
+                             "1", "-s", "cluster.replicas_to_aggregate=3",
+                             NULL), 2);
+    ck_assert_msg(tu_now_ms() - t0 < 10000, "took %lld ms",
+                  (long long)(tu_now_ms() - t0));
+    ck_assert_msg(strncmp(err, "keel: ", 6) == 0, "%s", err);
+    ck_assert_msg(strstr(err, "replicas_to_aggregate 3 is more than the 2 "
+                          "training replicas") != NULL, "%s", err);
+    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err,
+                             "launch", cfg_path, "--ps", "1", "--workers",
+                             "2", "-s", "cluster.total_num_replicas=2",
+                             NULL), 2);
+    ck_assert_msg(strstr(err, "total_num_replicas 2 does not match the 3 "
+                          "training replicas") != NULL, "%s", err);
+    /* nothing was started: no log directory */
+    ck_assert_int_eq(tu_file_size(tu_path("run/logs")), -1);
+}
+END_TEST
+
 static Suite *
 launch_suite(void)
 {
@@ -1207,6 +1232,7 @@ launch_suite(void)
     tcase_add_test(tc, test_chief_failing_for_good_exits_1_naming_it);
     tcase_add_test(tc, test_chaos_kills_chief_reproducibly_and_run_finishes);
     tcase_add_test(tc, test_usage_and_config_errors_exit_2_before_starting);
+    tcase_add_test(tc, test_replica_counts_beyond_the_cluster_exit_2_at_once);
     tcase_add_test(tc, test_ps_and_two_workers_train_and_the_result_evaluates);
     tcase_add_test(tc, test_chaos_killing_workers_mid_run_still_finishes);
     tcase_add_test(tc, test_sigkilled_launcher_takes_its_tasks_along);

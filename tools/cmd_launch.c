@@ -250,6 +250,48 @@ absolute_dir(const char *dir, char *buf, size_t size)
     return CLI_OK;
 }
 
+/* The SyncReplicas counts of the config against the cluster this launch
+ * makes (a chief and num_workers workers), by the same validation every
+ * task runs: a mismatch is a config error before anything starts, not a
+ * sync step that waits forever. A lone chief trains alone (no check). */
+static int
+check_replicas(const keel_config *cfg, int num_ps, int num_workers)
+{
+    keel_cluster_spec *spec = NULL;
+    keel_status st;
+    int rc = CLI_OK;
+    if (num_ps == 0 && num_workers == 0)
+        return CLI_OK;
+    st = keel_cluster_spec_new(&spec);
+    for (int i = 0; i <= num_workers && st == KEEL_OK; i++) {
+        char addr[32];      /* placeholders: only the counts matter */
+        snprintf(addr, sizeof addr, "127.0.0.1:%d", 1 + i);
+        st = keel_cluster_spec_add_list(spec, i == 0 ? KEEL_TASK_CHIEF
+                                                     : KEEL_TASK_WORKER,
+                                        addr);
+    }
+    if (st == KEEL_OK)
+        st = keel_cluster_spec_set_task(spec, KEEL_TASK_CHIEF, 0);
+    if (st == KEEL_OK) {
+        keel_cluster_spec_set_mode(spec,
+            strcmp(keel_config_str(cfg, "cluster.mode"), "async") == 0
+            ? KEEL_CLUSTER_ASYNC : KEEL_CLUSTER_SYNC);
+        keel_cluster_spec_set_replicas(spec,
+            (int)keel_config_int(cfg, "cluster.replicas_to_aggregate"),
+            (int)keel_config_int(cfg, "cluster.total_num_replicas"));
+        st = keel_cluster_spec_validate(spec);
+        if (st != KEEL_OK)
+            rc = cli_error(CLI_USAGE, "launch: with --workers %d: %s "
+                           "(cluster.replicas_to_aggregate, "
+                           "cluster.total_num_replicas)", num_workers,
+                           keel_last_error());
+    }
+    if (st != KEEL_OK && rc == CLI_OK)
+        rc = cli_fail(st, NULL);
+    keel_cluster_spec_free(spec);
+    return rc;
+}
+
 int
 cmd_launch(int argc, char **argv)
 {
@@ -346,6 +388,8 @@ cmd_launch(int argc, char **argv)
         return rc;
     rc = absolute_dir(keel_config_str(cfg, "checkpoint.dir"), outdir,
                       sizeof outdir);
+    if (rc == CLI_OK)
+        rc = check_replicas(cfg, lc.num_ps, lc.num_workers);
     keel_config_free(cfg);
     if (rc != CLI_OK)
         return rc;

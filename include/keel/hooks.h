@@ -305,10 +305,14 @@ keel_status keel_summary_hook_new(const char *const *names, size_t n_names,
                                   const char *output_dir,
                                   const keel_clock *clock, keel_hook *out);
 
-/* GlobalStepWaiterHook: the first before_run blocks until the global step
- * (keel_session_global_step, refreshed by the backend) reaches
- * wait_until_step (<= 0: no wait), re-checking every poll_ms (0: 50 ms) and
- * giving up at once (KEEL_ECANCELLED) on a coordinator stop or signal. */
+/* GlobalStepWaiterHook: the first before_run blocks until the shared
+ * global step (keel_session_read_shared_step: on a cluster worker the
+ * parameter servers') reaches wait_until_step (<= 0: no wait), re-checking
+ * every poll_ms (0: 50 ms) and giving up at once (KEEL_ECANCELLED) on a
+ * coordinator stop or signal; then the local copy is refreshed from the
+ * shared state (keel_session_refresh) and the step runs at that step.
+ * Backend errors are returned as they are (recoverable ones recover the
+ * session, and the wait starts again). */
 keel_status keel_global_step_waiter_hook_new(int64_t wait_until_step,
                                              int poll_ms, keel_hook *out);
 

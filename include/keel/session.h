@@ -120,6 +120,10 @@ typedef struct keel_backend {
      * keel_session_manager_notify(), timing out after the retry
      * interval. */
     keel_status (*wait_for_change)(void *ctx, int64_t deadline_ns);
+    /* Worker: the shared global step in *step, leaving the local copy as
+     * it is (one small request; what GlobalStepWaiterHook polls). NULL:
+     * keel_session_read_shared_step refreshes through fetch instead. */
+    keel_status (*read_global_step)(void *ctx, int64_t *step);
 } keel_backend;
 
 /* ---- session manager and creators --------------------------------------- */
@@ -308,6 +312,16 @@ void keel_session_free(keel_session *s);
 keel_vars *keel_session_vars(keel_session *s);
 keel_coord *keel_session_coord(keel_session *s);
 int64_t keel_session_global_step(const keel_session *s);
+/* The shared global step in *step: on a cluster worker the parameter
+ * servers' (the backend's read_global_step; without one, a refresh as
+ * below), locally keel_session_global_step. Errors as the backend's
+ * (recoverable ones recover the session when returned from a hook). */
+keel_status keel_session_read_shared_step(keel_session *s, int64_t *step);
+/* Refresh the local copy of the shared state, variables and global step,
+ * through the backend's fetch; KEEL_OK with nothing to do locally.
+ * KEEL_EUNAVAILABLE (naming what is missing) while the shared state is not
+ * ready. */
+keel_status keel_session_refresh(keel_session *s);
 /* The session's own saver (NULL without checkpoint_dir). */
 keel_saver *keel_session_saver(keel_session *s);
 /* Fill meta through the config's meta_fn (zeroed if none). */
