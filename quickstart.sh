@@ -28,7 +28,7 @@ say() { printf '== %s\n' "$*"; }
 packages=(
   build-essential autoconf automake libtool pkg-config
   libhdf5-dev libopenblas-dev libzmq3-dev libinih-dev zlib1g-dev
-  libxxhash-dev libjson-c-dev check
+  libxxhash-dev libjson-c-dev libisal-dev check
   python3 python3-h5py python3-numpy python3-onnx
   dataset-fashion-mnist
 )
