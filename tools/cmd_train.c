@@ -12,6 +12,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <json-c/json.h>
+
 #include <keel/keel.h>
 #include "cli.h"
 
@@ -425,20 +427,31 @@ eval_usage(FILE *out, int code)
     return code;
 }
 
-static void
-json_string(const char *s)
+/* A double as JSON with 6 decimals (the figure keel eval prints). */
+static json_object *
+json_fixed6(double v)
 {
-    putchar('"');
-    for (; *s != '\0'; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\')
-            printf("\\%c", c);
-        else if (c < 0x20)
-            printf("\\u%04x", c);
-        else
-            putchar(c);
-    }
-    putchar('"');
+    char buf[64];
+    snprintf(buf, sizeof buf, "%.6f", v);
+    return json_object_new_double_s(v, buf);
+}
+
+/* keel eval --json: {"step": N, "loss": x, "accuracy": x, "examples": N,
+ * "checkpoint": "path"} on one line. */
+static void
+print_eval_json(const keel_eval_result *res)
+{
+    json_object *o = json_object_new_object();
+    json_object_object_add(o, "step", json_object_new_int64(res->step));
+    json_object_object_add(o, "loss", json_fixed6(res->loss));
+    json_object_object_add(o, "accuracy", json_fixed6(res->accuracy));
+    json_object_object_add(o, "examples",
+                           json_object_new_int64(res->examples));
+    json_object_object_add(o, "checkpoint",
+                           json_object_new_string(res->checkpoint));
+    puts(json_object_to_json_string_ext(o, JSON_C_TO_STRING_SPACED |
+                                        JSON_C_TO_STRING_NOSLASHESCAPE));
+    json_object_put(o);
 }
 
 /* keel eval's bar: examples done of the test set, examples/s, ETA. */
@@ -562,11 +575,7 @@ cmd_eval(int argc, char **argv)
     if (st != KEEL_OK)
         return cli_fail(st, "eval");
     if (json) {
-        printf("{\"step\": %lld, \"loss\": %.6f, \"accuracy\": %.6f, "
-               "\"examples\": %lld, \"checkpoint\": ", (long long)res.step,
-               res.loss, res.accuracy, (long long)res.examples);
-        json_string(res.checkpoint);
-        printf("}\n");
+        print_eval_json(&res);
     } else {
         printf("step %lld: test loss %.4f, accuracy %.4f (%lld examples, "
                "%s)\n", (long long)res.step, res.loss, res.accuracy,
