@@ -135,7 +135,7 @@ if [ "$mode" = check ]; then
   exit $rc
 fi
 
-# The main job (seeds 002 and 004): seed 002's CNN on Fashion-MNIST trained
+# The main job: the small CNN on Fashion-MNIST trained
 # by a local cluster — 1 parameter server and 2 training replicas (the chief
 # and one worker) in sync mode — while chaos SIGKILLs a worker now and then
 # to show the recovery in the log; then the newest checkpoint is evaluated

@@ -36,7 +36,7 @@ typedef struct key_def {
 /* The schema. Order here is the order of `keel config check` and docs. */
 static const key_def schema[] = {
     { "model", "type", T_ENUM, "mlp", NOLIM, "softmax|mlp|cnn",
-      "Model: softmax regression, a multi-layer perceptron, or seed 002's "
+      "Model: softmax regression, a multi-layer perceptron, or a small "
       "CNN (Conv32-Pool-Conv64-Pool-Dense64-Dense10)." },
     { "model", "init", T_ENUM, "glorot", NOLIM, "glorot|torch",
       "Initial weights: glorot (Keras: Glorot-uniform kernels, zero "

@@ -188,8 +188,8 @@ uint64_t keel__wire_new_generation(void);
  * connection's data in flight). Fixed instead of autotuned (up to
  * tcp_wmem's 4 MiB here): on loopback the bytes in flight then stay in
  * the CPUs' caches between the sender's and the receiver's copy, and a
- * 64 MiB push + values reply ran 1.4 -> 2.3 GB/s (bench/README.md,
- * 2026-11-24 08:40). 256-512 KiB helped; 576 KiB and more did not. The
+ * 64 MiB push + values reply ran 1.4 -> 2.3 GB/s (bench/cluster_bench).
+ * 256-512 KiB helped; 576 KiB and more did not. The
  * price off loopback: at most 1 MiB per round trip per connection
  * (1 ms RTT: 1 GB/s). */
 #define KEEL__WIRE_SNDBUF (512 << 10)

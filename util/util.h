@@ -67,7 +67,7 @@ keel_status keel__path_join(char *buf, size_t size, const char *dir,
 int keel__parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);
 int keel__parse_double(const char *s, double *out);
 
-/* ---- files that must survive a crash (STYLE §7) ------------------------- */
+/* ---- files that must survive a crash ------------------------------------ */
 
 /* The I/O calls keel's durable writers go through; tests swap the table to
  * inject failures at the N-th write, fsync or rename. */
