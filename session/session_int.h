@@ -26,7 +26,5 @@ const atomic_int *keel__coord_stop_flag(const keel_coord *c);
 keel_status keel__session_new(const keel_session_config *cfg,
                               int is_recovering, keel_hook *owned,
                               size_t n_owned, keel_session **out);
-/* Default values that training.c needs to resolve. */
-double keel__session_grace_secs(const keel_session *s);
 
 #endif

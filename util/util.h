@@ -26,7 +26,6 @@ keel_status keel__wrap(keel_status code, const char *fmt, ...)
 /* Log a line through the installed handler (no-op without one). */
 void keel__log(keel_log_level level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
-int keel__log_enabled(keel_log_level level);
 
 /* Debian's HDF5 is built without thread safety: every HDF5 call in keel
  * (checkpoint writer thread, readers, the HDF5 data reader) runs under this
