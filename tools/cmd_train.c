@@ -3,6 +3,7 @@
  * with ETA is redrawn on stderr. */
 #include <config.h>
 
+#include <getopt.h>
 #include <malloc.h>
 #include <math.h>
 #include <stdio.h>
@@ -237,42 +238,61 @@ cli_resolve_cluster(const keel_config *cfg, const char *task,
     return CLI_OK;
 }
 
+enum { OPT_TASK = 256, OPT_JSON, OPT_CHECKPOINT };
+
 static int
 parse_common(int argc, char **argv, const char **path, char **over,
              int *n_over, int *verbose, int *json, const char **ckpt,
              int allow_eval_opts)
 {
+    static const struct option train_opts[] = {
+        { "set", required_argument, NULL, 's' },
+        { "verbose", no_argument, NULL, 'v' },
+        { "task", required_argument, NULL, OPT_TASK },
+        { NULL, 0, NULL, 0 },
+    };
+    static const struct option eval_opts[] = {
+        { "set", required_argument, NULL, 's' },
+        { "verbose", no_argument, NULL, 'v' },
+        { "json", no_argument, NULL, OPT_JSON },
+        { "checkpoint", required_argument, NULL, OPT_CHECKPOINT },
+        { NULL, 0, NULL, 0 },
+    };
+    const char *spec = cli_getopt_begin("s:v");
+    int c;
     *path = NULL;
     *n_over = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "-s") == 0 || strcmp(a, "--set") == 0) {
-            if (i + 1 >= argc)
-                return cli_error(CLI_USAGE, "%s needs section.key=value", a);
+    while ((c = getopt_long(argc, argv, spec,
+                            allow_eval_opts ? eval_opts : train_opts,
+                            NULL)) != -1) {
+        switch (c) {
+        case 's':
             if (*n_over == 256)
                 return cli_error(CLI_USAGE, "too many -s overrides");
-            over[(*n_over)++] = argv[++i];
-        } else if (strcmp(a, "-v") == 0 || strcmp(a, "--verbose") == 0) {
+            over[(*n_over)++] = optarg;
+            break;
+        case 'v':
             *verbose = 1;
-        } else if (!allow_eval_opts && strcmp(a, "--task") == 0) {
-            if (i + 1 >= argc)
-                return cli_error(CLI_USAGE, "--task needs TYPE:INDEX");
-            *ckpt = argv[++i];
-        } else if (allow_eval_opts && strcmp(a, "--json") == 0) {
+            break;
+        case OPT_TASK:
+        case OPT_CHECKPOINT:
+            *ckpt = optarg;
+            break;
+        case OPT_JSON:
             *json = 1;
-        } else if (allow_eval_opts && strcmp(a, "--checkpoint") == 0) {
-            if (i + 1 >= argc)
-                return cli_error(CLI_USAGE, "--checkpoint needs a FILE");
-            *ckpt = argv[++i];
-        } else if (a[0] == '-') {
-            return cli_error(CLI_USAGE, "%s: unknown option '%s'; see "
-                             "'keel %s --help'", argv[0], a, argv[0]);
-        } else if (*path == NULL) {
-            *path = a;
-        } else {
-            return cli_error(CLI_USAGE, "%s takes one CONFIG, got '%s' and "
-                             "'%s'", argv[0], *path, a);
+            break;
+        default:
+            return cli_getopt_error(argv, c,
+                                    optopt == 's' ? "section.key=value"
+                                    : optopt == OPT_TASK ? "TYPE:INDEX"
+                                                         : "a FILE");
         }
+    }
+    for (int i = optind; i < argc; i++) {
+        if (*path != NULL)
+            return cli_error(CLI_USAGE, "%s takes one CONFIG, got '%s' and "
+                             "'%s'", argv[0], *path, argv[i]);
+        *path = argv[i];
     }
     if (*path == NULL)
         return cli_error(CLI_USAGE, "%s needs a CONFIG file; see 'keel %s "
