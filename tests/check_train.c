@@ -1798,6 +1798,7 @@ train_suite(void)
     tcase_add_test(t, test_blas_threads_and_corename);
     suite_add_tcase(s, t);
     t = tcase_create("optim");
+    tcase_set_timeout(t, 20);
     tcase_add_test(t, test_names_parse_and_errors_list_choices);
     tcase_add_test(t, test_lr_schedules_follow_their_formulas);
     tcase_add_test(t, test_optimizer_updates_match_hand_computed_values);
