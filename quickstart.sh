@@ -30,7 +30,7 @@ say() { printf '== %s\n' "$*"; }
 packages=(
   build-essential autoconf automake libtool pkg-config
   libhdf5-dev libopenblas-dev libzmq3-dev libinih-dev zlib1g-dev
-  libxxhash-dev libjson-c-dev check iproute2
+  libxxhash-dev libjson-c-dev libisal-dev check iproute2
   python3 python3-h5py python3-numpy python3-onnx
   dataset-fashion-mnist
 )
@@ -176,7 +176,7 @@ if [ "$mode" = check ]; then
   exit $rc
 fi
 
-# The main job (seeds 002 and 004): seed 002's CNN on Fashion-MNIST trained
+# The main job: the small CNN on Fashion-MNIST trained
 # by a local cluster — 1 parameter server and 2 training replicas (the chief
 # and one worker) in sync mode — while chaos SIGKILLs a worker now and then
 # to show the recovery in the log; then the newest checkpoint is evaluated

@@ -15,6 +15,7 @@
 
 #include <keel/config.h>
 #include <keel/tensor.h>
+#include "defaults.h"
 #include "util.h"
 
 /* Lists (T_*_LIST, T_ADDR_LIST) are comma-separated and may continue on
@@ -39,7 +40,7 @@ typedef struct key_def {
 /* The schema. Order here is the order of `keel config check` and docs. */
 static const key_def schema[] = {
     { "model", "type", T_ENUM, "mlp", NOLIM, "softmax|mlp|cnn",
-      "Model: softmax regression, a multi-layer perceptron, or seed 002's "
+      "Model: softmax regression, a multi-layer perceptron, or a small "
       "CNN (Conv32-Pool-Conv64-Pool-Dense64-Dense10)." },
     { "model", "init", T_ENUM, "glorot", NOLIM, "glorot|torch",
       "Initial weights: glorot (Keras: Glorot-uniform kernels, zero "
@@ -244,12 +245,14 @@ static const key_def schema[] = {
     { "cluster", "orphan_secs", T_DOUBLE, "600", 0, 1e9, NULL,
       "A ps that has not heard from the chief for this long exits 1 "
       "(no parameter server left running forever); 0: never." },
-    { "cluster", "ready_retry_ms", T_INT, "50", 1, 60000, NULL,
+    { "cluster", "ready_retry_ms", T_INT,
+      KEEL__XSTR(KEEL__DEFAULT_RETRY_MS), 1, 60000, NULL,
       "Workers' retry interval while waiting for the chief (readiness is "
       "also pushed as an event)." },
     { "cluster", "max_wait_secs", T_DOUBLE, "7200", 0, 1e9, NULL,
       "How long a worker waits for the chief before failing." },
-    { "cluster", "stop_grace_secs", T_DOUBLE, "120", 0, 1e6, NULL,
+    { "cluster", "stop_grace_secs", T_DOUBLE,
+      KEEL__XSTR(KEEL__DEFAULT_STOP_GRACE_SECS), 0, 1e6, NULL,
       "Grace period for threads at shutdown." },
     { "cluster", "eval_timeout_secs", T_DOUBLE, "7200", 0.001, 1e9, NULL,
       "Evaluator task: fail (exit 1) when no new checkpoint appears in "

@@ -2,8 +2,8 @@
 # ckpt.sh - checkpoint benchmark, side by side in one run: keel save/restore
 # against raw write()+fsync() and a raw cold read() of the same bytes
 # (bench/ckpt_bench, interleaved inside one process), and torch.save /
-# torch.load of the same bytes (bench/ckpt_torch.py, using the shared
-# baseline /work/shared/bench/py_io_bench.py), alternating round by round
+# torch.load of the same bytes (bench/ckpt_torch.py; skipped with a
+# message when python3-torch is missing), alternating round by round
 # (keel first in odd rounds, torch first in even ones); optionally an older
 # ckpt_bench (KEEL_BEFORE=path, built from this ckpt_bench.c) in the same
 # rounds. Inside ckpt_bench, keel and raw swap places every round. Prints
@@ -24,6 +24,7 @@ trap 'rm -rf "$DIR" "$OUT"' EXIT
 load() { cut -d' ' -f1-3 /proc/loadavg; }
 has_torch=1
 "$PY" -c 'import torch' 2>/dev/null || has_torch=0
+[ "$has_torch" = 1 ] || echo "ckpt.sh: PyTorch missing: the torch.save column is skipped (apt-get install python3-torch)" >&2
 echo "{\"bench\":\"env\",\"host\":\"$(uname -n)\",\"nproc\":$(nproc),\"load\":\"$(load)\",\"dir\":\"$DIR\",\"torch\":$has_torch}" | tee -a "$OUT"
 r=1
 while [ "$r" -le "$ROUNDS" ]; do

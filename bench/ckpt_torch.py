@@ -1,56 +1,56 @@
 #!/usr/bin/python3
 """ckpt_torch.py - one round of the torch.save / torch.load baseline for
 bench/ckpt.sh, on the same bytes as bench/ckpt_bench: a state dict of 8
-float32 tensors totalling SIZE MiB. Save = the shared baseline's w_torch
-(/work/shared/bench/py_io_bench.py: open, torch.save, flush, fsync, close);
-cold load = posix_fadvise(DONTNEED) after fdatasync (what ckpt_bench does
-for keel and raw; no system-wide drop_caches), then torch.load.
-Prints one JSON line per op (GB/s = 1e9 bytes/s).
-usage: /usr/bin/python3 ckpt_torch.py --size MIB --dir D"""
+float32 tensors totalling SIZE MiB. Save = open, torch.save, flush, fsync,
+close (durable, like keel's save); cold load = fdatasync and
+posix_fadvise(DONTNEED) on the file (what ckpt_bench does for keel and raw),
+then torch.load. One JSON line per op (GB/s = 1e9 bytes/s).
+  /usr/bin/python3 bench/ckpt_torch.py --size MIB --dir D
+Needs python3-torch (Debian); exits 3 with a hint when it is missing."""
 import argparse
-import json
 import os
 import sys
 import time
 
-sys.path.insert(0, os.environ.get("KEEL_SHARED_BENCH", "/work/shared/bench"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_common as tc  # noqa: E402
+
+tc.require_torch()
 import torch  # noqa: E402
-from py_io_bench import w_torch  # noqa: E402
 
 N_VARS = 8
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--size", type=int, required=True)
     ap.add_argument("--dir", required=True)
     a = ap.parse_args()
     torch.set_num_threads(1)
     os.makedirs(a.dir, exist_ok=True)
     per = (a.size << 20) // 4 // N_VARS
-    sd = {f"layer{i}/kernel": torch.arange(per, dtype=torch.float32) + i
-          for i in range(N_VARS)}
+    state = {"layer%d/kernel" % i: torch.arange(per, dtype=torch.float32) + i
+             for i in range(N_VARS)}
     gb = N_VARS * per * 4 / 1e9
-    p = os.path.join(a.dir, f"torch-{a.size}.pt")
-    if os.path.exists(p):
-        os.unlink(p)
+    path = os.path.join(a.dir, "torch-%d.pt" % a.size)
     t0 = time.perf_counter()
-    w_torch(p, None, sd)
-    tw = time.perf_counter() - t0
-    fd = os.open(p, os.O_RDONLY)
+    with open(path, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    t_save = time.perf_counter() - t0
+    fd = os.open(path, os.O_RDONLY)
     os.fdatasync(fd)
     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     os.close(fd)
     t0 = time.perf_counter()
-    back = torch.load(p)
-    tr = time.perf_counter() - t0
-    if not all(torch.equal(back[k], sd[k]) for k in sd):
-        raise SystemExit("torch readback mismatch")
-    os.unlink(p)
-    for op, v in (("torch_save", gb / tw), ("torch_load_cold", gb / tr)):
-        print(json.dumps({"bench": "ckpt", "op": op, "size_mib": a.size,
-                          "median": v, "reps": 1, "unit": "GB/s"}),
-              flush=True)
+    back = torch.load(path)
+    t_load = time.perf_counter() - t0
+    if not all(torch.equal(back[k], v) for k, v in state.items()):
+        raise SystemExit("ckpt_torch: torch.load returned other values than were saved")
+    os.unlink(path)
+    for op, v in (("torch_save", gb / t_save), ("torch_load_cold", gb / t_load)):
+        tc.emit(bench="ckpt", op=op, size_mib=a.size, median=v, reps=1, unit="GB/s")
 
 
 if __name__ == "__main__":

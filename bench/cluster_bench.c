@@ -9,8 +9,12 @@
  * pipelined (fused, split into parts of S/8 sent back to back so the
  * server applies one part while the next arrives), push or pull (one
  * direction only). --vars K: S is split into K variables (default 16).
+ * --mode raw: the baseline, plain ZeroMQ: PUSH -> PULL of S-byte messages
+ * sent zero-copy (zmq_msg_init_data on one buffer), each end with its own
+ * context and thread, timed from the first send to the last receive.
  * usage: cluster_bench [--reps N] [--sizes-mib 1,16,64] [--vars K]
- *                      [--total-mib T] [--mode pushpull|fused|pipelined|push|pull]
+ *                      [--total-mib T]
+ *                      [--mode pushpull|fused|pipelined|push|pull|raw]
  *                      [--mallopt]
  * --mallopt: keel train's allocator setting for cluster tasks
  * (M_MMAP_THRESHOLD 32 MiB, M_TRIM_THRESHOLD 1 GiB, M_ARENA_MAX 1). */
@@ -22,6 +26,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include <zmq.h>
 
 #include <keel/keel.h>
 #include "../cluster/cluster_int.h"
@@ -64,7 +70,8 @@ srv_main(void *arg)
 
 /* One size: returns per-op seconds for each rep in secs[]. */
 static int g_mode = 3;      /* bit 0: push, bit 1: pull, 4: both at once,
-                             * 5: both at once, pipelined in parts */
+                             * 5: both at once, pipelined in parts,
+                             * 6: raw ZeroMQ */
 static size_t g_reply_count;
 
 static void
@@ -176,6 +183,101 @@ run_size(size_t mib, int nvars, int reps, size_t total_mib, double *secs,
     free(names);
 }
 
+/* --mode raw: plain ZeroMQ PUSH -> PULL, the ceiling keel's wire runs
+ * against. */
+typedef struct raw_sender {
+    const char *endpoint;
+    const char *buf;
+    size_t size;
+    long n;
+} raw_sender;
+
+static void
+raw_nofree(void *data, void *hint)
+{
+    (void)data;
+    (void)hint;
+}
+
+static void *
+raw_send_main(void *arg)
+{
+    raw_sender *s = arg;
+    void *ctx = zmq_ctx_new(), *push = zmq_socket(ctx, ZMQ_PUSH);
+    if (zmq_connect(push, s->endpoint) != 0) {
+        fprintf(stderr, "cluster_bench: connect %s: %s\n", s->endpoint,
+                zmq_strerror(zmq_errno()));
+        exit(1);
+    }
+    for (long i = 0; i < s->n; i++) {
+        zmq_msg_t m;
+        zmq_msg_init_data(&m, (void *)s->buf, s->size, raw_nofree, NULL);
+        if (zmq_msg_send(&m, push, 0) < 0) {
+            fprintf(stderr, "cluster_bench: send: %s\n",
+                    zmq_strerror(zmq_errno()));
+            exit(1);
+        }
+    }
+    zmq_close(push);
+    zmq_ctx_term(ctx);
+    return NULL;
+}
+
+/* Seconds per message of n messages of size bytes (one warm-up first). */
+static double
+raw_run(const char *buf, size_t size, long n)
+{
+    void *ctx = zmq_ctx_new(), *pull = zmq_socket(ctx, ZMQ_PULL);
+    char ep[256];
+    size_t eplen = sizeof ep;
+    pthread_t th;
+    zmq_msg_t m;
+    double t0 = 0;
+    if (zmq_bind(pull, "tcp://127.0.0.1:*") != 0 ||
+        zmq_getsockopt(pull, ZMQ_LAST_ENDPOINT, ep, &eplen) != 0) {
+        fprintf(stderr, "cluster_bench: bind: %s\n", zmq_strerror(zmq_errno()));
+        exit(1);
+    }
+    raw_sender s = { ep, buf, size, n + 1 };
+    pthread_create(&th, NULL, raw_send_main, &s);
+    zmq_msg_init(&m);
+    for (long i = 0; i <= n; i++) {
+        if (zmq_msg_recv(&m, pull, 0) != (int)size) {
+            fprintf(stderr, "cluster_bench: raw receive: wrong size\n");
+            exit(1);
+        }
+        if (i == 0)
+            t0 = now_s();       /* after the warm-up message */
+    }
+    double secs = (now_s() - t0) / (double)n;
+    zmq_msg_close(&m);
+    pthread_join(th, NULL);
+    zmq_close(pull);
+    zmq_ctx_term(ctx);
+    return secs;
+}
+
+static void
+raw_size(size_t mib, int reps, size_t total_mib)
+{
+    size_t bytes = mib << 20;
+    long n = (long)(total_mib / mib) < 3 ? 3 : (long)(total_mib / mib);
+    char *buf = malloc(bytes);
+    double gbs[100];
+    if (!buf)
+        DIE("raw buffer");
+    memset(buf, 1, bytes);
+    for (int r = 0; r < reps; r++)
+        gbs[r] = (double)bytes / raw_run(buf, bytes, n) / 1e9;
+    qsort(gbs, (size_t)reps, sizeof gbs[0], cmp_d);
+    printf("{\"bench\":\"raw_zmq\",\"transport\":\"tcp\",\"send\":\"zerocopy\","
+           "\"msg_bytes\":%zu,\"msgs_per_rep\":%ld,\"reps\":%d,\"unit\":\"GB/s\","
+           "\"median\":%.4f,\"min\":%.4f,\"max\":%.4f}\n",
+           bytes, n, reps, gbs[reps / 2], gbs[0], gbs[reps - 1]);
+    fflush(stdout);
+    free(buf);
+}
+
 int
 main(int argc, char **argv)
 {
@@ -203,7 +305,8 @@ main(int argc, char **argv)
             g_mode = !strcmp(argv[++i], "push") ? 1
                      : !strcmp(argv[i], "pull") ? 2
                      : !strcmp(argv[i], "fused") ? 4
-                     : !strcmp(argv[i], "pipelined") ? 5 : 3;
+                     : !strcmp(argv[i], "pipelined") ? 5
+                     : !strcmp(argv[i], "raw") ? 6 : 3;
         else if (!strcmp(argv[i], "--total-mib") && i + 1 < argc)
             total_mib = (size_t)atol(argv[++i]);
         else if (!strcmp(argv[i], "--sizes-mib") && i + 1 < argc) {
@@ -216,12 +319,17 @@ main(int argc, char **argv)
         } else {
             fprintf(stderr, "usage: cluster_bench [--reps N] [--sizes-mib "
                     "1,16,64] [--vars K] [--total-mib T] [--mode "
-                    "pushpull|fused|pipelined|push|pull] [--mallopt]\n");
+                    "pushpull|fused|pipelined|push|pull|raw] [--mallopt]\n");
             return 2;
         }
     }
     if (reps < 1 || reps > 100 || nvars < 1 || nvars > 1024)
         return 2;
+    if (g_mode == 6) {
+        for (size_t si = 0; si < nsizes; si++)
+            raw_size(sizes[si], reps, total_mib);
+        return 0;
+    }
     for (size_t si = 0; si < nsizes; si++) {
         double secs[100], alg[100], wire[100];
         long iters;

@@ -1,11 +1,11 @@
 #!/bin/sh
 # cluster_bench.sh - keel's wire protocol (push + pull of 1, 16, 64 MiB of
 # variables through a variable server) against, in the same run: a raw
-# ZeroMQ zero-copy transfer of the same bytes (the peer baseline's
-# zmq_bench, called from ../shared/bench, never copied) and gloo all_reduce
-# (torch_ddp.py, when /usr/bin/python3 has torch; else the recorded
-# baseline figures). Reps are interleaved, gloo's too (one torch_ddp.py
-# --reps 1 per rep, about 10 s); medians and per-rep ratios.
+# ZeroMQ zero-copy transfer of the same bytes (cluster_bench --mode raw)
+# and gloo all_reduce (bench/torch_ddp.py, when /usr/bin/python3 has
+# torch: apt-get install python3-torch; else that column is skipped).
+# Reps are interleaved, gloo's too (one torch_ddp.py --reps 1 per rep,
+# about 10 s); medians and per-rep ratios.
 # Rows say their allocator: "glibc default" is what a program of the
 # user's gets without tuning; "keel train" is the setting keel train
 # applies to cluster tasks (cluster_bench --mallopt, the same calls).
@@ -14,23 +14,21 @@ set -eu
 SRC=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${1:-$SRC/_build}
 REPS=${2:-5}
-PEER=${KEEL_PEER_BENCH:-/work/shared/bench}
 OUT=${BENCH_OUT:-/tmp/keel-cluster-bench}
-SIZES=1048576,16777216,67108864
 mkdir -p "$OUT"
 make -C "$BUILD" bench/cluster_bench >/dev/null
-make -s -C "$PEER" B="$OUT/build" "$OUT/build/zmq_bench"
 : > "$OUT/raw.jsonl"
 : > "$OUT/keel.jsonl"
 : > "$OUT/gloo.jsonl"
-GLOO_SRC=recorded
-if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
-    GLOO_SRC=measured
+GLOO_SRC=measured
+if ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+    echo "cluster_bench.sh: PyTorch missing: the gloo column is skipped (apt-get install python3-torch)" >&2
+    GLOO_SRC=skipped
 fi
 for r in $(seq "$REPS"); do
     echo "rep $r/$REPS" >&2
-    "$OUT/build/zmq_bench" --reps 1 --skip-lat --sizes "$SIZES" \
-        --total-mib 128 >> "$OUT/raw.jsonl"
+    "$BUILD/bench/cluster_bench" --reps 1 --total-mib 128 \
+        --mode raw >> "$OUT/raw.jsonl"
     "$BUILD/bench/cluster_bench" --reps 1 --total-mib 128 \
         --mode pushpull >> "$OUT/keel.jsonl"
     "$BUILD/bench/cluster_bench" --reps 1 --total-mib 128 \
@@ -45,23 +43,18 @@ for r in $(seq "$REPS"); do
         sed 's/keel_pushpull_pipelined/keel_pipelined_mallopt/' \
         >> "$OUT/keel.jsonl"
     if [ "$GLOO_SRC" = measured ]; then
-        (cd "$PEER" && /usr/bin/python3 torch_ddp.py --reps 1 \
-            --batches 256 --examples 2560 --blas-threads 1) \
-            >> "$OUT/gloo.jsonl" || GLOO_SRC=recorded
+        /usr/bin/python3 "$SRC/bench/torch_ddp.py" --reps 1 \
+            --batches 256 --examples 2560 --blas-threads 1 \
+            >> "$OUT/gloo.jsonl" || GLOO_SRC=failed
     fi
 done
-if [ "$GLOO_SRC" = recorded ]; then
-    grep '"gloo_allreduce"' "$PEER/baseline/ddp.jsonl" | head -3 \
-        > "$OUT/gloo.jsonl"
-fi
 python3 - "$OUT" "$GLOO_SRC" <<'PYEOF'
 import json, statistics, sys
 out, gloo_src = sys.argv[1], sys.argv[2]
 def rows(name):
     with open(f"{out}/{name}") as f:
         return [json.loads(l) for l in f if l.startswith("{")]
-raw = [d for d in rows("raw.jsonl") if d.get("bench") == "zmq_tput"
-       and d["transport"] == "tcp" and d["send"] == "zerocopy"]
+raw = [d for d in rows("raw.jsonl") if d.get("bench") == "raw_zmq"]
 keel = rows("keel.jsonl")
 gloo = {}
 for d in rows("gloo.jsonl"):

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/cluster_train.sh - keel parameter-server training (1 ps + 2 workers,
 # sync, the MLP 784-256-256-10 with momentum SGD on Fashion-MNIST) beside
-# PyTorch DDP (2 ranks, gloo: /work/shared/bench/torch_ddp.py) in one run,
+# PyTorch DDP (2 ranks, gloo: bench/torch_ddp.py) in one run,
 # at global batch 64 and 256; plus the latency from the chief's "cluster
 # ready" to a waiting worker's "model ready" (its first step follows).
 # Rounds alternate keel and DDP so the shared machine's noise hits both.
@@ -11,7 +11,7 @@
 #          train's own allocator setting for cluster tasks applies>
 #          TUNABLES=<GLIBC_TUNABLES for DDP; default the mmap/trim pair
 #          docs/cluster.md once recommended>
-#          PEER=/work/shared/bench BENCH_OUT=./cluster-bench
+#          BENCH_OUT=./cluster-bench
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=${1:-$here/../_build}
@@ -19,7 +19,10 @@ ROUNDS=${ROUNDS:-3}
 BATCHES=${BATCHES:-"64 256"}
 EXAMPLES=${EXAMPLES:-38400}
 LAT_REPS=${LAT_REPS:-5}
-PEER=${PEER:-/work/shared/bench}
+if [ "${DDP:-1}" = 1 ] && ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+    echo "cluster_train.sh: PyTorch missing: the DDP column is skipped (apt-get install python3-torch)" >&2
+    DDP=0
+fi
 OUT=${BENCH_OUT:-$PWD/cluster-bench}
 # keel runs as a user runs it: keel train sets its allocator for cluster
 # tasks itself (docs/cluster.md "Performance note"), unless GLIBC_TUNABLES
@@ -112,7 +115,7 @@ for r in $(seq "$ROUNDS"); do
     done
     [ "${DDP:-1}" = 1 ] || continue
     echo "== round $r/$ROUNDS torch DDP" >&2
-    GLIBC_TUNABLES=$DDP_TUNABLES /usr/bin/python3 "$PEER/torch_ddp.py" \
+    GLIBC_TUNABLES=$DDP_TUNABLES /usr/bin/python3 "$here/torch_ddp.py" \
         --reps 1 \
         --batches "$(echo $BATCHES | tr ' ' ,)" --examples "$EXAMPLES" \
         --ar-sizes-mib 1 | sed "s/^{/{\"round\": $r, /" >> "$OUT/ddp.jsonl"

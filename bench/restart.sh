@@ -24,7 +24,8 @@
 # TRACE=1 prints each recovery's lines with times since the kill (stderr).
 # Scenarios: chief-only (kill the chief), 1 ps + 2 workers (kill a worker),
 # for models of 1 MiB and 100 MiB of variables, with the default
-# backoff (0.1 s) and --backoff 0. Then /work/shared/bench/torchrun_restart.py.
+# backoff (0.1 s) and --backoff 0. Then bench/torch_restart.py (torchrun;
+# skipped with a message when python3-torch is missing).
 #
 # usage: bench/restart.sh [BUILD_DIR]     (default _build; KILLS=5,
 #        TORCH=0 skips torchrun, SCENARIOS="chief worker ps",
@@ -243,10 +244,13 @@ print("|---|---|---|---|---|---|---|---|---|---|---|---|")
 for r in rows:
     print("| %s | %s | %.1f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %d | %.3f | %.3f |" % r)
 EOF
-if [ "$TORCH" = 1 ]; then
+HERE=$(cd "$(dirname "$0")" && pwd)
+if [ "$TORCH" = 1 ] && ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+    echo "restart.sh: PyTorch missing: torchrun is skipped (apt-get install python3-torch)" >&2
+elif [ "$TORCH" = 1 ]; then
     echo
     echo "torchrun (2-worker DDP, SIGKILL rank 1, 3 kills, --monitor_interval 0.5):"
-    /usr/bin/python3 /work/shared/bench/torchrun_restart.py \
+    /usr/bin/python3 "$HERE/torch_restart.py" \
         --monitor-intervals 0.5 --runs 1 | grep -E '"bench": "torchrun_restart"' |
         grep -E 'first_step|new_proc' || true
 fi

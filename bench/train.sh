@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/train.sh - keel's training throughput beside PyTorch's, in one run:
 # ROUNDS rounds, each running keel's bench/train_bench and then
-# /work/shared/bench/torch_train.py (both thread settings PyTorch likes best)
+# bench/torch_train.py (both thread settings PyTorch likes best)
 # under the same OPENBLAS_CORETYPE, so the noise of this shared machine
 # hits both alike. Prints medians over rounds and keel/PyTorch ratios.
 # keel thread settings: "1", "2" = OpenBLAS threads; "m2" = 2 model threads
@@ -9,7 +9,6 @@
 #   usage: bench/train.sh [throughput|accuracy] [BUILD_DIR]
 #   env:   ROUNDS=3 CORETYPES="SkylakeX Haswell" MODELS=mlp,cnn
 #          BATCHES=64,256 SEG=1.5 EPOCHS=5 BENCH_OUT=./train-bench
-#          PEER=/work/shared/bench (where torch_train.py lives)
 #          KEEL_BEFORE=path/to/another/build/bench/train_bench: an older
 #          keel measured in the same rounds (before/after columns)
 set -euo pipefail
@@ -22,9 +21,13 @@ MODELS=${MODELS:-mlp,cnn}
 BATCHES=${BATCHES:-64,256}
 SEG=${SEG:-1.5}
 EPOCHS=${EPOCHS:-5}
-PEER=${PEER:-/work/shared/bench}
 OUT=${BENCH_OUT:-$PWD/train-bench}
-PY=/usr/bin/python3
+PY=${PYTHON:-/usr/bin/python3}
+TORCH=1
+if ! $PY -c 'import torch' 2>/dev/null; then
+    echo "train.sh: PyTorch missing: the PyTorch column is skipped (apt-get install python3-torch)" >&2
+    TORCH=0
+fi
 mkdir -p "$OUT"
 make -s -C "$build" bench/train_bench
 kb="$build/bench/train_bench"
@@ -35,7 +38,8 @@ if [ "$mode" = accuracy ]; then
     OPENBLAS_NUM_THREADS=1 "$kb" --mode accuracy --models "$MODELS" \
         --batches 64 --epochs "$EPOCHS" --threads 1 --model-threads 2 \
         --init torch | tee "$OUT/keel_acc.jsonl"
-    OPENBLAS_NUM_THREADS=1 $PY "$PEER/torch_train.py" --mode accuracy \
+    [ "$TORCH" = 1 ] || exit 0
+    OPENBLAS_NUM_THREADS=1 $PY "$here/torch_train.py" --mode accuracy \
         --models "$MODELS" --batches 64 --epochs "$EPOCHS" --threads 2 \
         | tee "$OUT/torch_acc.jsonl"
     exit 0
@@ -67,8 +71,9 @@ for core in $CORETYPES; do
                         | sed "s/^{/{$tag, \"load\": $(load), /" \
                         >> "$OUT/before.jsonl"
                 fi
+                [ "$TORCH" = 1 ] || continue
                 for env in "OMP_WAIT_POLICY=PASSIVE" "OPENBLAS_NUM_THREADS=1"; do
-                    env OPENBLAS_CORETYPE="$core" $env $PY "$PEER/torch_train.py" \
+                    env OPENBLAS_CORETYPE="$core" $env $PY "$here/torch_train.py" \
                         --mode throughput --models "$model" --batches "$batch" \
                         --reps 1 --seg-seconds "$SEG" \
                         | sed "s/^{/{$tag, \"load\": $(load), \"torch_env\": \"$env\", /" \

@@ -1,5 +1,5 @@
 /* train_bench.c - keel training throughput and accuracy on real
- * Fashion-MNIST, the twin of /work/shared/bench/torch_train.py: same models,
+ * Fashion-MNIST, the twin of bench/torch_train.py: same models,
  * optimizers, batch sizes and step counting; prints one JSON object per line
  * with examples/s, GFLOP/s against an sgemm peak measured in the same run,
  * the OpenBLAS core name and the time split. Run by bench/train.sh. */

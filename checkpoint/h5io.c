@@ -34,7 +34,7 @@
 #define CK_DIO_ALIGN KEEL__PAGE_ALIGN  /* O_DIRECT buffer/offset/length */
 #define CK_DIRECT_BYTES ((size_t)4 << 20)  /* smaller files: page cache */
 /* One O_DIRECT write: 8 block-layer requests of 4 MiB in flight (32 MiB
- * measured 1.0-1.7 GB/s against 0.8-1.6 for 8 MiB on the busy test VM). */
+ * wrote 1.0-1.7 GB/s against 0.8-1.6 for 8 MiB on a shared 2-core VM). */
 #define CK_DIO_WCHUNK ((size_t)32 << 20)
 #define CK_THREADED_READ_BYTES ((size_t)16 << 20)
 

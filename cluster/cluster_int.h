@@ -188,8 +188,8 @@ uint64_t keel__wire_new_generation(void);
  * connection's data in flight). Fixed instead of autotuned (up to
  * tcp_wmem's 4 MiB here): on loopback the bytes in flight then stay in
  * the CPUs' caches between the sender's and the receiver's copy, and a
- * 64 MiB push + values reply ran 1.4 -> 2.3 GB/s (bench/README.md,
- * 2026-11-24 08:40). 256-512 KiB helped; 576 KiB and more did not. The
+ * 64 MiB push + values reply ran 1.4 -> 2.3 GB/s (bench/cluster_bench).
+ * 256-512 KiB helped; 576 KiB and more did not. The
  * price off loopback: at most 1 MiB per round trip per connection
  * (1 ms RTT: 1 GB/s). */
 #define KEEL__WIRE_SNDBUF (512 << 10)
@@ -238,8 +238,6 @@ typedef struct keel__zap keel__zap;
 keel_status keel__zap_start(void *zctx, const keel__curve *c,
                             keel__zap **out);
 void keel__zap_stop(keel__zap *z);
-/* Refusals so far (for tests and logs). */
-long keel__zap_refused(const keel__zap *z);
 
 /* ---- liveness (heartbeat.c) ----------------------------------------------
  * A thread of a worker or the chief pings every ps each interval on its own
@@ -307,7 +305,6 @@ keel_status keel__wire_client_wait(keel__wire_client *c, uint64_t request_id,
  * again. On failure the client is unusable (free it). */
 keel_status keel__wire_client_reconnect(keel__wire_client *c,
                                         const keel__curve *curve);
-uint64_t keel__wire_client_generation(const keel__wire_client *c);
 /* One incarnation id for all of a process's clients (the chief's
  * generation). */
 void keel__wire_client_set_generation(keel__wire_client *c,

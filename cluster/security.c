@@ -437,9 +437,3 @@ keel__zap_stop(keel__zap *z)
     free(z->allowed);
     free(z);
 }
-
-long
-keel__zap_refused(const keel__zap *z)
-{
-    return z ? atomic_load(&((keel__zap *)z)->refused) : 0;
-}

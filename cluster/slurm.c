@@ -1,5 +1,5 @@
 /* slurm.c - the cluster table from Slurm's environment (TF's
- * SlurmClusterResolver rules, reference §3.2): compressed host lists,
+ * SlurmClusterResolver rules): compressed host lists,
  * tasks per node, ranks to ps then workers, ports from a base. */
 #include <config.h>
 

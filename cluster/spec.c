@@ -1,7 +1,7 @@
 /* spec.c - the cluster table: TF_CONFIG (json-c), Slurm's environment and
  * explicit lists in (Slurm: slurm.c), validation that lists every problem
  * at once, a human summary and TF_CONFIG out. Rules follow TF1's RunConfig and
- * multi_worker_util (reference §3.1, §3.2, §1.17). */
+ * multi_worker_util. */
 #include <config.h>
 
 #include <ctype.h>

@@ -692,12 +692,6 @@ keel__wire_client_reconnect(keel__wire_client *c, const keel__curve *curve)
     return KEEL_OK;
 }
 
-uint64_t
-keel__wire_client_generation(const keel__wire_client *c)
-{
-    return c->generation;
-}
-
 void
 keel__wire_client_set_generation(keel__wire_client *c, uint64_t generation)
 {

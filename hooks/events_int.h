@@ -1,5 +1,5 @@
 /* events_int.h - private to hooks/events.c, hooks/trace.c and their tests:
- * CRC32C (both code paths, so tests can pin each one), TFRecord framing and
+ * CRC32C (ISA-L, and a bit-at-a-time reference for tests), TFRecord framing and
  * the UTF-8 / tag checks shared by the event and trace writers. */
 #ifndef KEEL_HOOKS_EVENTS_INT_H
 #define KEEL_HOOKS_EVENTS_INT_H
@@ -12,14 +12,8 @@
  * crc is a previous result (0 to start), so crc32c(a+b) ==
  * keel__crc32c_extend(keel__crc32c_extend(0, a), b). Cannot fail. */
 uint32_t keel__crc32c_extend(uint32_t crc, const void *data, size_t n);
-/* The same through one fixed path: the slicing-by-8 table, the SSE4.2
- * instruction (only when keel__crc32c_has_hw() is nonzero; otherwise it
- * falls back to the table) and a bit-at-a-time reference for tests. */
-uint32_t keel__crc32c_table(uint32_t crc, const void *data, size_t n);
-uint32_t keel__crc32c_hw(uint32_t crc, const void *data, size_t n);
+/* The same, one bit at a time: the reference tests compare against. */
 uint32_t keel__crc32c_bitwise(uint32_t crc, const void *data, size_t n);
-/* Nonzero when this CPU runs the SSE4.2 crc32 instruction. */
-int keel__crc32c_has_hw(void);
 /* TensorFlow's masking: ((crc >> 15) | (crc << 17)) + 0xa282ead8. */
 uint32_t keel__crc32c_mask(uint32_t crc);
 

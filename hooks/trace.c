@@ -9,6 +9,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <json-c/json.h>
+
 #include <keel/events.h>
 #include "util.h"
 #include "events_int.h"
@@ -48,20 +50,6 @@ keel_trace_open(const char *path, keel_trace **out)
     return KEEL_OK;
 }
 
-/* JSON string body of s (already checked: UTF-8 without controls), so only
- * '"' and '\\' need escaping. Returns bytes written (buf >= 2 * len). */
-static size_t
-json_escape(char *buf, const char *s, size_t len)
-{
-    size_t n = 0;
-    for (size_t i = 0; i < len; i++) {
-        if (s[i] == '"' || s[i] == '\\')
-            buf[n++] = '\\';
-        buf[n++] = s[i];
-    }
-    return n;
-}
-
 static keel_status
 check_text(const keel_trace *t, const char *what, const char *s, size_t *len)
 {
@@ -79,10 +67,10 @@ keel_status
 keel_trace_event(keel_trace *t, const char *name, const char *cat,
                  int64_t ts_us, int64_t dur_us, int tid)
 {
-    char rec[4 * KEEL_TRACE_NAME_MAX + 256];
-    size_t name_len, cat_len = 0, n = 0;
+    size_t name_len, cat_len = 0, n;
+    json_object *ev;
+    const char *rec;
     keel_status st;
-    int r;
 
     if (t == NULL)
         return keel__fail(KEEL_EINVAL, "trace: handle is NULL");
@@ -98,22 +86,31 @@ keel_trace_event(keel_trace *t, const char *name, const char *cat,
         return keel__fail(KEEL_EINVAL, "trace %s: event '%s': negative "
                           "time (ts %lld us, dur %lld us)", t->out.path, name,
                           (long long)ts_us, (long long)dur_us);
-    if (t->n_events > 0)
-        rec[n++] = ',';
-    n += (size_t)snprintf(rec + n, sizeof rec - n, "{\"name\":\"");
-    n += json_escape(rec + n, name, name_len);
-    if (cat != NULL) {
-        n += (size_t)snprintf(rec + n, sizeof rec - n, "\",\"cat\":\"");
-        n += json_escape(rec + n, cat, cat_len);
-    }
-    r = snprintf(rec + n, sizeof rec - n, "\",\"ph\":\"X\",\"ts\":%lld,"
-                 "\"dur\":%lld,\"pid\":%ld,\"tid\":%d}\n", (long long)ts_us,
-                 (long long)dur_us, t->pid, tid);
-    if (r < 0 || (size_t)r >= sizeof rec - n)
-        return keel__fail(KEEL_EINTERNAL, "trace %s: record too long",
-                          t->out.path);
-    n += (size_t)r;
-    st = keel__ev_out_write(&t->out, rec, n);
+    ev = json_object_new_object();
+    if (ev == NULL)
+        return keel__fail(KEEL_ENOMEM, "trace %s: event '%s'", t->out.path,
+                          name);
+    json_object_object_add(ev, "name", json_object_new_string_len(
+                               name, (int)name_len));
+    if (cat != NULL)
+        json_object_object_add(ev, "cat", json_object_new_string_len(
+                                   cat, (int)cat_len));
+    json_object_object_add(ev, "ph", json_object_new_string("X"));
+    json_object_object_add(ev, "ts", json_object_new_int64(ts_us));
+    json_object_object_add(ev, "dur", json_object_new_int64(dur_us));
+    json_object_object_add(ev, "pid", json_object_new_int64(t->pid));
+    json_object_object_add(ev, "tid", json_object_new_int(tid));
+    rec = json_object_to_json_string_length(
+        ev, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE, &n);
+    st = rec == NULL ? keel__fail(KEEL_ENOMEM, "trace %s: event '%s'",
+                                  t->out.path, name)
+         : t->n_events > 0 ? keel__ev_out_write(&t->out, ",", 1)
+                           : KEEL_OK;
+    if (st == KEEL_OK)
+        st = keel__ev_out_write(&t->out, rec, n);
+    if (st == KEEL_OK)
+        st = keel__ev_out_write(&t->out, "\n", 1);
+    json_object_put(ev);
     if (st == KEEL_OK)
         t->n_events++;
     return st;

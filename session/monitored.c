@@ -1170,9 +1170,3 @@ keel_session_get_manager(keel_session *s)
 {
     return s->sm;
 }
-
-double
-keel__session_grace_secs(const keel_session *s)
-{
-    return s->grace_secs;
-}

@@ -85,7 +85,5 @@ void keel__session_set_skipping(int is_on);
 keel_status keel__session_new(const keel_session_config *cfg,
                               int is_recovering, keel_hook *owned,
                               size_t n_owned, keel_session **out);
-/* Default values that training.c needs to resolve. */
-double keel__session_grace_secs(const keel_session *s);
 
 #endif

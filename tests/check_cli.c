@@ -55,6 +55,35 @@ START_TEST(test_no_verb_and_bad_option_exit_2)
 }
 END_TEST
 
+/* Options parse as getopt_long does: --opt=value and --opt value, short
+ * flags grouped, "--" ends options, errors name the option typed. */
+START_TEST(test_options_parse_the_getopt_long_way)
+{
+    char cfg[4200];
+    TU_SNPRINTF(cfg, sizeof cfg, "%s", tu_src_path("examples/fashion_mnist.ini"));
+    /* --set=VALUE reaches the config: the unknown key is reported */
+    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
+                             "train", "--set=train.nosuch=1", cfg, NULL), 2);
+    ck_assert_ptr_nonnull(strstr(err, "unknown key 'nosuch' in [train]"));
+    /* -vs VALUE: -v then -s with the next word */
+    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
+                             "train", "-vs", "train.nosuch=2", cfg, NULL), 2);
+    ck_assert_ptr_nonnull(strstr(err, "unknown key 'nosuch' in [train]"));
+    /* an unknown flag inside a group is named alone */
+    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
+                             "train", "-vx", cfg, NULL), 2);
+    ck_assert_ptr_nonnull(strstr(err, "keel: train: unknown option '-x'"));
+    /* a missing argument names the option as typed */
+    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
+                             "eval", cfg, "--checkpoint", NULL), 2);
+    ck_assert_ptr_nonnull(strstr(err, "keel: eval: --checkpoint needs a FILE"));
+    /* after "--", "-s" is the CONFIG operand, not an option */
+    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
+                             "train", "--", "-s", NULL), 2);
+    ck_assert_ptr_nonnull(strstr(err, "config file -s does not exist"));
+}
+END_TEST
+
 START_TEST(test_every_verb_has_help)
 {
     /* Each verb named in `keel --help` answers `keel <verb> --help` with 0
@@ -169,6 +198,7 @@ cli_suite(void)
     tcase_add_test(tc, test_no_verb_and_bad_option_exit_2);
     tcase_add_test(tc, test_every_verb_has_help);
     tcase_add_test(tc, test_config_check_exits_2_on_every_error);
+    tcase_add_test(tc, test_options_parse_the_getopt_long_way);
     suite_add_tcase(s, tc);
     return s;
 }

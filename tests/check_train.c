@@ -943,7 +943,7 @@ START_TEST(test_lr_schedules_follow_their_formulas)
     keel_lr_schedule_init(&s);
     s.learning_rate = 0.5;
     ck_assert_double_eq(keel_lr_at(&s, 12345), 0.5);
-    /* seed 002's decay() with 100 steps per epoch */
+    /* a step decay: 1e-3, 1e-4 from step 300, 1e-5 from 700 */
     ck_assert_int_eq(keel_lr_parse_piecewise("300,700", "1e-3,1e-4,1e-5",
                                              &s), KEEL_OK);
     ck_assert_double_eq(keel_lr_at(&s, 0), 1e-3);

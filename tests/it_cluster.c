@@ -21,29 +21,17 @@
 
 static char out[65536], err[65536];
 
-#define CHECKED_SNPRINTF(buf, size, ...)                                   \
-    ck_assert_int_lt(snprintf(buf, size, __VA_ARGS__), (int)(size))
-
 static char cfg_path[4200];     /* tu_path's buffers rotate: copied */
 
 static void
 setup(void)
 {
-    char text[2048];
-    tu_setup();
-    tu_write_idx_dataset(tu_path("train"), 640, 1);
-    tu_write_idx_dataset(tu_path("t10k"), 200, 2);
-    CHECKED_SNPRINTF(text, sizeof text,
-             "[model]\ntype = mlp\nhidden = 32\n"
-             "[data]\ndir = %s\n"
-             "[optimizer]\nname = adam\nlearning_rate = 0.01\n"
-             "[train]\nbatch_size = 32\nmax_steps = 40\nseed = 5\n"
+    TU_SNPRINTF(cfg_path, sizeof cfg_path, "%s", tu_setup_job(
+             "max_steps = 40\n"
              "[checkpoint]\ndir = %s/run\nsave_steps = 20\n"
              "[hooks]\nlog_every_steps = 10\nsummary_every_steps = 0\n"
              "[cluster]\ndead_after_ms = 8000\nmax_wait_secs = 20\n",
-             tu_dir, tu_dir);
-    CHECKED_SNPRINTF(cfg_path, sizeof cfg_path, "%s", tu_path("job.ini"));
-    tu_write_file(cfg_path, text, strlen(text));
+             tu_dir));
 }
 
 static void
@@ -262,7 +250,7 @@ START_TEST(sync_1ps_2workers_trains_like_one_process)
     ck_assert(!log_has(&c, "worker1", "saved checkpoint"));
     /* the chief's checkpoints restore in one process */
     acc_cluster = eval_accuracy(tu_path("run"));
-    CHECKED_SNPRINTF(set, sizeof set, "checkpoint.dir=%s/single", tu_dir);
+    TU_SNPRINTF(set, sizeof set, "checkpoint.dir=%s/single", tu_dir);
     ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err,
                              "train", cfg_path, "-s", set, NULL), 0);
     acc_single = eval_accuracy(tu_path("single"));
@@ -277,16 +265,16 @@ START_TEST(sync_rerun_is_bitwise_identical)
     cluster c;
     char d1[4200], d2[4200];
     const char *sets[2] = { d1, NULL };
-    CHECKED_SNPRINTF(d1, sizeof d1, "checkpoint.dir=%s/r1", tu_dir);
+    TU_SNPRINTF(d1, sizeof d1, "checkpoint.dir=%s/r1", tu_dir);
     cluster_init(&c, 1, 2, NULL, "r1");
     cluster_start(&c, sets);
     cluster_wait_ok(&c);
-    CHECKED_SNPRINTF(d1, sizeof d1, "checkpoint.dir=%s/r2", tu_dir);
+    TU_SNPRINTF(d1, sizeof d1, "checkpoint.dir=%s/r2", tu_dir);
     cluster_init(&c, 1, 2, NULL, "r2");
     cluster_start(&c, sets);
     cluster_wait_ok(&c);
-    CHECKED_SNPRINTF(d1, sizeof d1, "%s/r1/model.ckpt-40.h5", tu_dir);
-    CHECKED_SNPRINTF(d2, sizeof d2, "%s/r2/model.ckpt-40.h5", tu_dir);
+    TU_SNPRINTF(d1, sizeof d1, "%s/r1/model.ckpt-40.h5", tu_dir);
+    TU_SNPRINTF(d2, sizeof d2, "%s/r2/model.ckpt-40.h5", tu_dir);
     ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err,
                              "ckpt", "diff", d1, d2, NULL), 0);
 }
@@ -526,21 +514,21 @@ START_TEST(curve_worker_without_allowed_key_cannot_join)
     char *data;
     size_t n;
     long step, applied, dropped;
-    CHECKED_SNPRINTF(keys, sizeof keys, "%s/keys", tu_dir);
-    CHECKED_SNPRINTF(rogue, sizeof rogue, "%s/rogue", tu_dir);
+    TU_SNPRINTF(keys, sizeof keys, "%s/keys", tu_dir);
+    TU_SNPRINTF(rogue, sizeof rogue, "%s/rogue", tu_dir);
     ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err,
                              "keygen", keys, "--name", "ps0", NULL), 0);
     ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err,
                              "keygen", keys, "--name", "worker0", NULL), 0);
     ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err,
                              "keygen", rogue, "--name", "worker1", NULL), 0);
-    CHECKED_SNPRINTF(src, sizeof src, "%s/ps0.key", keys);
-    CHECKED_SNPRINTF(dst, sizeof dst, "%s/ps0.key", rogue);
+    TU_SNPRINTF(src, sizeof src, "%s/ps0.key", keys);
+    TU_SNPRINTF(dst, sizeof dst, "%s/ps0.key", rogue);
     data = tu_read_file(src, &n);
     tu_write_file(dst, data, n);
     free(data);
-    CHECKED_SNPRINTF(set_keys, sizeof set_keys, "security.key_dir=%s", keys);
-    CHECKED_SNPRINTF(set_rogue, sizeof set_rogue, "security.key_dir=%s",
+    TU_SNPRINTF(set_keys, sizeof set_keys, "security.key_dir=%s", keys);
+    TU_SNPRINTF(set_rogue, sizeof set_rogue, "security.key_dir=%s",
                      rogue);
     cluster_init(&c, 1, 2, ", \"replicas_to_aggregate\": 1", "c");
     c.ps[0] = start_task(&c, "ps", 0, sets, NULL);
@@ -654,24 +642,24 @@ START_TEST(micro_batches_give_identical_bits_for_1_2_and_4_workers)
     cluster c;
     char d[4200], a[4200], b[4200];
     const char *const sets[] = { "train.micro_batch=8", d, NULL };
-    CHECKED_SNPRINTF(d, sizeof d, "checkpoint.dir=%s/m1", tu_dir);
+    TU_SNPRINTF(d, sizeof d, "checkpoint.dir=%s/m1", tu_dir);
     ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err,
                              "train", cfg_path, "-s", sets[0], "-s", d,
                              NULL), 0);
-    CHECKED_SNPRINTF(d, sizeof d, "checkpoint.dir=%s/m2", tu_dir);
+    TU_SNPRINTF(d, sizeof d, "checkpoint.dir=%s/m2", tu_dir);
     cluster_init(&c, 1, 2, NULL, "m2");
     cluster_start(&c, sets);
     cluster_wait_ok(&c);
-    CHECKED_SNPRINTF(d, sizeof d, "checkpoint.dir=%s/m4", tu_dir);
+    TU_SNPRINTF(d, sizeof d, "checkpoint.dir=%s/m4", tu_dir);
     cluster_init(&c, 2, 4, NULL, "m4");
     cluster_start(&c, sets);
     cluster_wait_ok(&c);
-    CHECKED_SNPRINTF(a, sizeof a, "%s/m1/model.ckpt-40.h5", tu_dir);
-    CHECKED_SNPRINTF(b, sizeof b, "%s/m2/model.ckpt-40.h5", tu_dir);
+    TU_SNPRINTF(a, sizeof a, "%s/m1/model.ckpt-40.h5", tu_dir);
+    TU_SNPRINTF(b, sizeof b, "%s/m2/model.ckpt-40.h5", tu_dir);
     ck_assert_msg(tu_keel(RUN_MS, out, sizeof out, err, sizeof err, "ckpt",
                           "diff", a, b, NULL) == 0, "1 vs 2 workers: %s",
                   out);
-    CHECKED_SNPRINTF(b, sizeof b, "%s/m4/model.ckpt-40.h5", tu_dir);
+    TU_SNPRINTF(b, sizeof b, "%s/m4/model.ckpt-40.h5", tu_dir);
     ck_assert_msg(tu_keel(RUN_MS, out, sizeof out, err, sizeof err, "ckpt",
                           "diff", a, b, NULL) == 0, "1 vs 4 workers: %s",
                   out);

@@ -15,9 +15,6 @@
 
 #include "testutil.h"
 
-#define CHECKED_SNPRINTF(buf, size, ...) \
-    ck_assert_int_lt(snprintf(buf, size, __VA_ARGS__), (int)(size))
-
 #define MAX_STEPS 300
 #define KILL_AT 100          /* the chief's step line that triggers a kill */
 #define LINE_MS 30000        /* deadline of each awaited launcher line */
@@ -29,27 +26,15 @@ static char cfg_path[4200];  /* tu_path()'s buffers rotate: a copy */
 static void
 setup(void)
 {
-    char text[2048];
-    tu_setup();
-    unsetenv("OUTPUT_DIR");
-    tu_write_idx_dataset(tu_path("train"), 640, 1);
-    tu_write_idx_dataset(tu_path("t10k"), 200, 2);
     /* every step logged, so a kill lands at a known step; checkpoints
      * often, so a restarted ps reloads a recent one and recomputes */
-    CHECKED_SNPRINTF(text, sizeof text,
-             "[model]\ntype = mlp\nhidden = 32\n"
-             "[data]\ndir = %s\n"
-             "[optimizer]\nname = adam\nlearning_rate = 0.01\n"
-             "[train]\nbatch_size = 32\nmax_steps = %d\nseed = 5\n"
-             "threads = 1\nmodel_threads = 1\n"
+    TU_SNPRINTF(cfg_path, sizeof cfg_path, "%s", tu_setup_job(
+             "max_steps = %d\nthreads = 1\nmodel_threads = 1\n"
              "[checkpoint]\ndir = %s/unused\nsave_steps = 40\n"
              "max_to_keep = 0\n"
              "[hooks]\nlog_every_steps = 1\nsummary_every_steps = 0\n"
              "progress = off\n"
-             "[cluster]\nmax_wait_secs = 30\n",
-             tu_dir, MAX_STEPS, tu_dir);
-    CHECKED_SNPRINTF(cfg_path, sizeof cfg_path, "%s", tu_path("job.ini"));
-    tu_write_file(cfg_path, text, strlen(text));
+             "[cluster]\nmax_wait_secs = 30\n", MAX_STEPS, tu_dir));
 }
 
 static void
@@ -62,7 +47,7 @@ teardown(void)
 static void
 output_env(char *buf, size_t size, const char *name)
 {
-    CHECKED_SNPRINTF(buf, size, "OUTPUT_DIR=%s", tu_path(name));
+    TU_SNPRINTF(buf, size, "OUTPUT_DIR=%s", tu_path(name));
 }
 
 /* `keel launch` arguments: 1 ps, the chief and 1 worker, or (is_local)
@@ -108,9 +93,9 @@ assert_final_equal(const char *a, const char *b)
 {
     char pa[4200], pb[4200], name[64];
     int rc;
-    CHECKED_SNPRINTF(name, sizeof name, "model.ckpt-%d.h5", MAX_STEPS);
-    CHECKED_SNPRINTF(pa, sizeof pa, "%s/%s/%s", tu_dir, a, name);
-    CHECKED_SNPRINTF(pb, sizeof pb, "%s/%s/%s", tu_dir, b, name);
+    TU_SNPRINTF(name, sizeof name, "model.ckpt-%d.h5", MAX_STEPS);
+    TU_SNPRINTF(pa, sizeof pa, "%s/%s/%s", tu_dir, a, name);
+    TU_SNPRINTF(pb, sizeof pb, "%s/%s/%s", tu_dir, b, name);
     rc = tu_keel(RUN_MS, out, sizeof out, err, sizeof err, "ckpt", "diff",
                  pa, pb, NULL);
     ck_assert_msg(rc == 0, "keel ckpt diff %s %s exited %d:\n%s%s", pa, pb,
@@ -153,20 +138,20 @@ run_with_kill(const char *name, int is_local, const char *victim,
     launch_argv(argv, is_local);
     output_env(env0, sizeof env0, name);
     pid = tu_spawn_pipe(argv, env, tu_path("launch.err"), &fd);
-    CHECKED_SNPRINTF(needle, sizeof needle, "launch | started %s (pid ",
+    TU_SNPRINTF(needle, sizeof needle, "launch | started %s (pid ",
                      victim);
     expect_line(fd, needle, line, sizeof line);
     victim_pid = pid_in(line);
-    CHECKED_SNPRINTF(needle, sizeof needle, "chief | step %d ", KILL_AT);
+    TU_SNPRINTF(needle, sizeof needle, "chief | step %d ", KILL_AT);
     expect_line(fd, needle, line, sizeof line);
     ck_assert_int_eq(kill(victim_pid, SIGKILL), 0);
-    CHECKED_SNPRINTF(needle, sizeof needle, "launch | restarted %s (pid ",
+    TU_SNPRINTF(needle, sizeof needle, "launch | restarted %s (pid ",
                      victim);
     expect_line(fd, needle, line, sizeof line);
     ck_assert_int_ne(pid_in(line), victim_pid);
     if (evidence != NULL)
         expect_line(fd, evidence, line, sizeof line);
-    CHECKED_SNPRINTF(needle, sizeof needle, "chief | step %d ", MAX_STEPS);
+    TU_SNPRINTF(needle, sizeof needle, "chief | step %d ", MAX_STEPS);
     expect_line(fd, needle, line, sizeof line);
     expect_line(fd, "launch | the chief finished: run complete", line,
                 sizeof line);

@@ -16,9 +16,6 @@
 #include <keel/keel.h>
 #include "testutil.h"
 
-#define CHECKED_SNPRINTF(buf, size, ...) \
-    ck_assert_int_lt(snprintf(buf, size, __VA_ARGS__), (int)(size))
-
 #define EVAL_TF_CONFIG \
     "TF_CONFIG={\"cluster\": {\"chief\": [\"127.0.0.1:1\"]}, " \
     "\"task\": {\"type\": \"evaluator\", \"index\": 0}}"
@@ -30,24 +27,13 @@ static char run_dir[4096];
 static void
 setup(void)
 {
-    char text[2048];
-    tu_setup();
-    unsetenv("OUTPUT_DIR");
     unsetenv("TF_CONFIG");
-    tu_write_idx_dataset(tu_path("train"), 640, 1);
-    tu_write_idx_dataset(tu_path("t10k"), 200, 2);
-    CHECKED_SNPRINTF(run_dir, sizeof run_dir, "%s/run", tu_dir);
-    CHECKED_SNPRINTF(text, sizeof text,
-             "[model]\ntype = mlp\nhidden = 32\n"
-             "[data]\ndir = %s\n"
-             "[optimizer]\nname = adam\nlearning_rate = 0.01\n"
-             "[train]\nbatch_size = 32\nmax_steps = 40\nseed = 5\n"
-             "threads = 1\n"
-             "[checkpoint]\ndir = %s\nsave_steps = 5\n"
+    TU_SNPRINTF(cfg_path, sizeof cfg_path, "%s", tu_setup_job(
+             "max_steps = 40\nthreads = 1\n"
+             "[checkpoint]\ndir = %s/run\nsave_steps = 5\n"
              "[hooks]\nlog_every_steps = 10\nsummary_every_steps = 10\n"
-             "progress = off\n", tu_dir, run_dir);
-    CHECKED_SNPRINTF(cfg_path, sizeof cfg_path, "%s", tu_path("job.ini"));
-    tu_write_file(cfg_path, text, strlen(text));
+             "progress = off\n", tu_dir));
+    TU_SNPRINTF(run_dir, sizeof run_dir, "%s/run", tu_dir);
 }
 
 static void
@@ -185,7 +171,7 @@ START_TEST(test_lease_keeps_a_checkpoint_from_the_chiefs_retention)
     ck_assert_int_eq(keel_ckpt_lease_take(run_dir, "model.ckpt-5.h5",
                                           &lease), KEEL_OK);
     /* a reader that died holding a lease on step 10 blocks nothing */
-    CHECKED_SNPRINTF(stale, sizeof stale, "run/.lease-%d.3-model.ckpt-10.h5",
+    TU_SNPRINTF(stale, sizeof stale, "run/.lease-%d.3-model.ckpt-10.h5",
                      (int)tu_dead_pid());
     tu_write_file(tu_path(stale), "", 0);
     ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err,
@@ -225,14 +211,14 @@ START_TEST(test_tf_config_model_dir_is_checkpoint_dir_and_conflicts_exit_2)
     char *argv2[] = { (char *)tu_build_path("keel"), "train", cfg_path,
                       NULL };
     /* a config without checkpoint.dir: model_dir decides */
-    CHECKED_SNPRINTF(text, sizeof text,
+    TU_SNPRINTF(text, sizeof text,
              "[model]\ntype = softmax\n[data]\ndir = %s\n"
              "[train]\nbatch_size = 32\nmax_steps = 3\nthreads = 1\n"
              "[hooks]\nprogress = off\n", tu_dir);
-    CHECKED_SNPRINTF(ini, sizeof ini, "%s", tu_path("md.ini"));
+    TU_SNPRINTF(ini, sizeof ini, "%s", tu_path("md.ini"));
     tu_write_file(ini, text, strlen(text));
-    CHECKED_SNPRINTF(md, sizeof md, "%s/from_tf_config", tu_dir);
-    CHECKED_SNPRINTF(tf, sizeof tf, "TF_CONFIG={\"model_dir\": \"%s\"}", md);
+    TU_SNPRINTF(md, sizeof md, "%s/from_tf_config", tu_dir);
+    TU_SNPRINTF(tf, sizeof tf, "TF_CONFIG={\"model_dir\": \"%s\"}", md);
     ck_assert_msg(tu_run(argv, env, 60000, out, sizeof out, err,
                          sizeof err) == 0, "%s", err);
     ck_assert_int_ge(tu_file_size(tu_path("from_tf_config/model.ckpt-3.h5")),

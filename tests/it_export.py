@@ -13,7 +13,7 @@ code with keel (h5py, numpy, onnx and the standard library only):
 * `keel eval CKPT.h5` and `keel predict CKPT.h5 IMAGES --json` need no INI
   and agree with `keel eval CONFIG`; .npy and HDF5 inputs predict the same;
 * the per-epoch workflow: epoch-named checkpoints kept by max_to_keep, the
-  learning rate following seed 002's decay in scalars.csv and the event
+  learning rate following a per-epoch step decay in scalars.csv and the event
   file, a validation line per epoch.
 Run by tests/it_export.sh with KEEL_BUILDDIR and KEEL_SRCDIR set."""
 import gzip
@@ -393,7 +393,7 @@ def epoch_checks(d):
     vals = [l for l in r.stdout.splitlines() if "validation loss" in l]
     check(len(vals) == 9, "epochs: %d validation lines" % len(vals))
 
-    def decay(epoch):                   # seed 002's LearningRateScheduler
+    def decay(epoch):                   # a Keras LearningRateScheduler's steps
         return 1e-3 if epoch < 3 else 1e-4 if epoch < 7 else 1e-5
 
     rows = [l.split(",") for l in open(os.path.join(out, "scalars.csv"))]

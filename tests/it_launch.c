@@ -17,9 +17,6 @@
 #include <keel/launch.h>
 #include "testutil.h"
 
-#define CHECKED_SNPRINTF(buf, size, ...) \
-    ck_assert_int_lt(snprintf(buf, size, __VA_ARGS__), (int)(size))
-
 /* ---- library: /bin/sh tasks -------------------------------------------- */
 
 #define MAX_RECORDS 512
@@ -157,7 +154,7 @@ START_TEST(test_each_task_gets_own_tf_config_and_output_dir)
         ck_assert_int_eq(keel_launch_task(l, (size_t)i, &info[i]), KEEL_OK);
         type = keel_task_type_name(info[i].type);
         /* its TF_CONFIG names its own role and its own address */
-        CHECKED_SNPRINTF(want, sizeof want, "\"type\":\"%s\"", type);
+        TU_SNPRINTF(want, sizeof want, "\"type\":\"%s\"", type);
         ck_assert_msg(find_rec(&rc, 0, i, want) >= 0, "%s: no %s",
                       info[i].name, want);
         ck_assert_int_ge(find_rec(&rc, 0, i, info[i].address), 0);
@@ -597,22 +594,11 @@ static char cfg_path[4096];     /* tu_path()'s buffers rotate: a copy */
 static void
 setup(void)
 {
-    char text[2048];
-    tu_setup();
-    unsetenv("OUTPUT_DIR");
-    tu_write_idx_dataset(tu_path("train"), 640, 1);
-    tu_write_idx_dataset(tu_path("t10k"), 200, 2);
-    CHECKED_SNPRINTF(text, sizeof text,
-             "[model]\ntype = mlp\nhidden = 32\n"
-             "[data]\ndir = %s\n"
-             "[optimizer]\nname = adam\nlearning_rate = 0.01\n"
-             "[train]\nbatch_size = 32\nmax_steps = 40\nseed = 5\n"
-             "threads = 1\n"
+    TU_SNPRINTF(cfg_path, sizeof cfg_path, "%s", tu_setup_job(
+             "max_steps = 40\nthreads = 1\n"
              "[checkpoint]\ndir = %s/run\nsave_steps = 5\n"
              "[hooks]\nlog_every_steps = 1\nsummary_every_steps = 10\n"
-             "progress = off\n", tu_dir, tu_dir);
-    CHECKED_SNPRINTF(cfg_path, sizeof cfg_path, "%s", tu_path("job.ini"));
-    tu_write_file(cfg_path, text, strlen(text));
+             "progress = off\n", tu_dir));
 }
 
 static void
@@ -642,7 +628,7 @@ START_TEST(test_launch_chief_prefixes_lines_and_keeps_logs)
     ck_assert_ptr_null(strstr(log, "chief | "));   /* raw lines in the log */
     free(log);
     /* $OUTPUT_DIR wins over checkpoint.dir, for checkpoints and logs */
-    CHECKED_SNPRINTF(outdir, sizeof outdir, "OUTPUT_DIR=%s/elsewhere",
+    TU_SNPRINTF(outdir, sizeof outdir, "OUTPUT_DIR=%s/elsewhere",
                      tu_dir);
     env[0] = outdir;
     ck_assert_int_eq(tu_run(argv, env, 60000, out, sizeof out, err,
@@ -705,7 +691,7 @@ START_TEST(test_sigkilled_chief_restarts_resumes_and_sigterm_saves)
     ck_assert(is_gone(chief2));
     {
         char name[64];
-        CHECKED_SNPRINTF(name, sizeof name, "run/model.ckpt-%lld.h5", final);
+        TU_SNPRINTF(name, sizeof name, "run/model.ckpt-%lld.h5", final);
         ck_assert_int_ge(tu_file_size(tu_path(name)), 1);
     }
     log = tu_read_file(tu_path("run/logs/chief.log"), NULL);
@@ -756,7 +742,7 @@ START_TEST(test_chief_failing_for_good_exits_1_naming_it)
     bad = tu_read_file(tu_path("train-labels-idx1-ubyte"), NULL);
     tu_write_file(tu_path("bad/train-labels-idx1-ubyte"), bad, 8 + 640);
     free(bad);
-    CHECKED_SNPRINTF(set, sizeof set, "data.dir=%s/bad", tu_dir);
+    TU_SNPRINTF(set, sizeof set, "data.dir=%s/bad", tu_dir);
     ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err,
                              "launch", cfg_path, "-s", set,
                              "--max-restarts", "2", "--backoff", "0.01",
@@ -776,7 +762,7 @@ START_TEST(test_chaos_kills_chief_reproducibly_and_run_finishes)
         const char *p = out;
         size_t used = 0;
         int kills = 0;
-        CHECKED_SNPRINTF(set, sizeof set, "checkpoint.dir=%s/chaos%d",
+        TU_SNPRINTF(set, sizeof set, "checkpoint.dir=%s/chaos%d",
                          tu_dir, run);
         ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err,
                                  "launch", cfg_path, "-s", set, "-s",
@@ -883,20 +869,20 @@ START_TEST(test_sigterm_stops_a_cluster_with_a_final_checkpoint)
     expect_line(fd, "launch | stopped on request", line, sizeof line);
     ck_assert_int_eq(tu_wait(pid, 30000), 0);
     close(fd);
-    CHECKED_SNPRINTF(name, sizeof name, "run/model.ckpt-%lld.h5", final);
+    TU_SNPRINTF(name, sizeof name, "run/model.ckpt-%lld.h5", final);
     ck_assert_int_ge(tu_file_size(tu_path(name)), 1);
     /* a rerun resumes from that final checkpoint and goes on */
     {
         char set[64], want[128];
-        CHECKED_SNPRINTF(set, sizeof set, "train.max_steps=%lld", final + 5);
+        TU_SNPRINTF(set, sizeof set, "train.max_steps=%lld", final + 5);
         ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err,
                                  "launch", cfg_path, "--ps", "1",
                                  "--workers", "2", "-s", set, NULL), 0);
-        CHECKED_SNPRINTF(want, sizeof want, "chief | resumed from %s at "
+        TU_SNPRINTF(want, sizeof want, "chief | resumed from %s at "
                          "step %lld", tu_path(name), final);
         ck_assert_msg(strstr(out, want) != NULL, "no '%s' in:\n%s", want,
                       out);
-        CHECKED_SNPRINTF(want, sizeof want, "chief | step %lld ", final + 5);
+        TU_SNPRINTF(want, sizeof want, "chief | step %lld ", final + 5);
         ck_assert_msg(strstr(out, want) != NULL, "no '%s' in:\n%s", want,
                       out);
     }
@@ -930,7 +916,7 @@ START_TEST(test_ps_and_two_workers_train_and_the_result_evaluates)
         static const char *const names[] = { "ps.0", "chief", "worker.0",
                                              "worker.1" };
         char name[64];
-        CHECKED_SNPRINTF(name, sizeof name, "run/logs/%s.log", names[i]);
+        TU_SNPRINTF(name, sizeof name, "run/logs/%s.log", names[i]);
         ck_assert_int_ge(tu_file_size(tu_path(name)), 1);
     }
     log = tu_read_file(tu_path("run/logs/ps.0.log"), NULL);

@@ -15,32 +15,16 @@
 
 static char out[65536], err[65536];
 
-#define CHECKED_SNPRINTF(buf, size, ...) \
-    ck_assert_int_lt(snprintf(buf, size, __VA_ARGS__), (int)(size))
-
 static const char *cfg_path;
 
 static void
 setup(void)
 {
-    char text[2048];
-    char prefix[4096];
-    tu_setup();
-    unsetenv("OUTPUT_DIR");
-    tu_write_idx_dataset(tu_path("train"), 640, 1);
-    tu_write_idx_dataset(tu_path("t10k"), 200, 2);
-    (void)prefix;
-    CHECKED_SNPRINTF(text, sizeof text,
-             "[model]\ntype = mlp\nhidden = 32\n"
-             "[data]\ndir = %s\n"
-             "[optimizer]\nname = adam\nlearning_rate = 0.01\n"
-             "[train]\nbatch_size = 32\nmax_steps = 40\nseed = 5\n"
-             "threads = 1\n"
+    cfg_path = tu_setup_job(
+             "max_steps = 40\nthreads = 1\n"
              "[checkpoint]\ndir = %s/run\nsave_steps = 5\n"
              "[hooks]\nlog_every_steps = 1\nsummary_every_steps = 10\n"
-             "progress = off\n", tu_dir, tu_dir);
-    cfg_path = tu_path("job.ini");
-    tu_write_file(cfg_path, text, strlen(text));
+             "progress = off\n", tu_dir);
 }
 
 static void
@@ -124,13 +108,13 @@ START_TEST(test_sigkill_and_resume_is_bitwise_identical)
     int fd;
     pid_t pid;
     /* the uninterrupted reference run */
-    CHECKED_SNPRINTF(set_ref, sizeof set_ref, "checkpoint.dir=%s/ref",
+    TU_SNPRINTF(set_ref, sizeof set_ref, "checkpoint.dir=%s/ref",
                      tu_dir);
     ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "train",
                              cfg_path, "-s", set_ref, "-s",
                              "train.max_steps=300", NULL), 0);
     /* killed mid-run, then restarted and killed again at its first step */
-    CHECKED_SNPRINTF(set_dir, sizeof set_dir, "checkpoint.dir=%s/killed",
+    TU_SNPRINTF(set_dir, sizeof set_dir, "checkpoint.dir=%s/killed",
                      tu_dir);
     argv[4] = set_dir;
     for (int round = 0; round < 2; round++) {
@@ -164,13 +148,13 @@ START_TEST(test_kfac_sigkill_and_resume_is_bitwise_identical)
     char set_dir[4200], set_ref[4200], line[256];
     int fd;
     pid_t pid;
-    CHECKED_SNPRINTF(set_ref, sizeof set_ref, "checkpoint.dir=%s/ref",
+    TU_SNPRINTF(set_ref, sizeof set_ref, "checkpoint.dir=%s/ref",
                      tu_dir);
     ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "train",
                              cfg_path, "-s", set_ref, "-s",
                              "train.max_steps=60", "-s", "optimizer.name=kfac",
                              "-s", "kfac.invert_every=3", NULL), 0);
-    CHECKED_SNPRINTF(set_dir, sizeof set_dir, "checkpoint.dir=%s/killed",
+    TU_SNPRINTF(set_dir, sizeof set_dir, "checkpoint.dir=%s/killed",
                      tu_dir);
     argv[4] = set_dir;
     pid = tu_spawn_pipe(argv, NULL, tu_path("killed.log"), &fd);
@@ -210,13 +194,13 @@ START_TEST(test_thread_counts_and_resume_give_identical_bits)
     char set_dir[4200], set_ref[4200], line[256];
     int fd;
     pid_t pid;
-    CHECKED_SNPRINTF(set_ref, sizeof set_ref, "checkpoint.dir=%s/ref",
+    TU_SNPRINTF(set_ref, sizeof set_ref, "checkpoint.dir=%s/ref",
                      tu_dir);
     ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "train",
                              cfg_path, "-s", set_ref, "-s",
                              "train.max_steps=60", "-s",
                              "train.batch_size=600", NULL), 0);
-    CHECKED_SNPRINTF(set_dir, sizeof set_dir, "checkpoint.dir=%s/mt",
+    TU_SNPRINTF(set_dir, sizeof set_dir, "checkpoint.dir=%s/mt",
                      tu_dir);
     argv[4] = set_dir;
     pid = tu_spawn_pipe(argv, NULL, tu_path("mt.log"), &fd);
@@ -240,7 +224,7 @@ END_TEST
 START_TEST(test_no_periodic_saves_still_saves_at_start_and_end)
 {
     char set_dir[4200];
-    CHECKED_SNPRINTF(set_dir, sizeof set_dir, "checkpoint.dir=%s/ends",
+    TU_SNPRINTF(set_dir, sizeof set_dir, "checkpoint.dir=%s/ends",
                      tu_dir);
     ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "train",
                              cfg_path, "-s", set_dir, "-s",
@@ -270,7 +254,7 @@ START_TEST(test_bad_configs_exit_2_with_one_message)
                              cfg_path, "-s", "model.type=resnet", NULL), 2);
     ck_assert_ptr_nonnull(strstr(err, "softmax, mlp, cnn"));
     /* missing data file */
-    CHECKED_SNPRINTF(text, sizeof text, "[data]\ndir = %s/nodata\n[train]\n"
+    TU_SNPRINTF(text, sizeof text, "[data]\ndir = %s/nodata\n[train]\n"
              "max_steps = 3\n[checkpoint]\ndir = %s/x\n", tu_dir, tu_dir);
     tu_write_file(bad, text, strlen(text));
     ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err, "train",

@@ -38,6 +38,9 @@ SEAMS = {
     # keel__fail, logging, paths: libkeel's own helpers
     "util/util.h": ["train", "checkpoint", "session", "hooks", "cluster",
                     "app", "launch"],
+    # the defaults every layer shares (waits, grace periods)
+    "util/defaults.h": ["train", "checkpoint", "session", "hooks", "cluster",
+                        "app", "launch"],
     # the global step the session's step path reads and bumps in place
     "train/vars_int.h": ["session"],
     # the vectorized kernels the ps sums with; the model's thread pool the

@@ -530,3 +530,28 @@ tu_tail(const char *s, size_t n)
     size_t len = strlen(s);
     return len > n ? s + (len - n) : s;
 }
+
+const char *
+tu_setup_job(const char *tail_fmt, ...)
+{
+    static char path[4200];
+    char text[2048], tail[1536];
+    va_list ap;
+    int n;
+    tu_setup();
+    unsetenv("OUTPUT_DIR");
+    tu_write_idx_dataset(tu_path("train"), 640, 1);
+    tu_write_idx_dataset(tu_path("t10k"), 200, 2);
+    va_start(ap, tail_fmt);
+    n = vsnprintf(tail, sizeof tail, tail_fmt, ap);
+    va_end(ap);
+    ck_assert_int_lt(n, (int)sizeof tail);
+    TU_SNPRINTF(text, sizeof text,
+                "[model]\ntype = mlp\nhidden = 32\n"
+                "[data]\ndir = %s\n"
+                "[optimizer]\nname = adam\nlearning_rate = 0.01\n"
+                "[train]\nbatch_size = 32\nseed = 5\n%s", tu_dir, tail);
+    TU_SNPRINTF(path, sizeof path, "%s", tu_path("job.ini"));
+    tu_write_file(path, text, strlen(text));
+    return path;
+}

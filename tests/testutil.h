@@ -78,6 +78,21 @@ void tu_kill_all(void);
  * a small model learns it in a few dozen steps. */
 void tu_write_idx_dataset(const char *prefix, int n, uint32_t seed);
 
+/* snprintf into buf of size bytes; fails the test when the text does not
+ * fit. */
+#define TU_SNPRINTF(buf, size, ...)                                       \
+    ck_assert_int_lt(snprintf(buf, size, __VA_ARGS__), (int)(size))
+
+/* The integration tests' job: tu_setup(), OUTPUT_DIR unset, synthetic
+ * datasets <tu_dir>/train (640 examples) and <tu_dir>/t10k (200), and
+ * <tu_dir>/job.ini: an MLP (hidden 32) trained with Adam (0.01), batch
+ * 32, seed 5, on them. The file ends inside [train]; tail_fmt (printf,
+ * %s and the like filled from the arguments) follows: the rest of [train]
+ * and the other sections. Returns the file's path (static storage, valid
+ * until the next call). */
+const char *tu_setup_job(const char *tail_fmt, ...)
+    __attribute__((format(printf, 1, 2)));
+
 /* The last n bytes of s (all of s when shorter): for assertion messages,
  * which Check cuts off (with no message at all) past about 4 KiB. */
 const char *tu_tail(const char *s, size_t n);

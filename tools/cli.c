@@ -2,6 +2,7 @@
 #include <config.h>
 
 #include <stdarg.h>
+#include <getopt.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -77,4 +78,28 @@ cli_install_logger(int verbose)
 {
     keel_log_set_handler(log_to_stderr, NULL,
                          verbose ? KEEL_LOG_DEBUG : KEEL_LOG_INFO);
+}
+
+const char *
+cli_getopt_begin(const char *shorts)
+{
+    static char spec[64];
+    optind = 0;             /* glibc: a full re-initialisation */
+    opterr = 0;
+    snprintf(spec, sizeof spec, ":%s", shorts);
+    return spec;
+}
+
+int
+cli_getopt_error(char **argv, int c, const char *what)
+{
+    const char *typed = argv[optind - 1];
+    char shortopt[3] = { '-', (char)optopt, '\0' };
+    if (c == ':')
+        return cli_error(CLI_USAGE, "%s: %s needs %s", argv[0], typed, what);
+    /* an unknown short option inside a group (-vx) is reported alone */
+    if (optopt != 0 && optopt < 256 && typed[0] == '-' && typed[1] != '-')
+        typed = shortopt;
+    return cli_error(CLI_USAGE, "%s: unknown option '%s'; see 'keel %s "
+                     "--help'", argv[0], typed, argv[0]);
 }

@@ -26,6 +26,16 @@ int cli_fail(keel_status st, const char *context);
 int cli_exit_code(keel_status st);
 /* 1 if argv holds -h or --help (before any "--"). */
 int cli_wants_help(int argc, char **argv);
+/* Start a getopt_long() pass over a verb's argv (argv[0] is the verb):
+ * resets getopt and silences its own messages; options may follow
+ * operands, "--" ends options. Returns the optstring to pass: ":" (report
+ * a missing argument as ':') followed by shorts. */
+const char *cli_getopt_begin(const char *shorts);
+/* The usage error for what getopt_long() just returned as '?' or ':':
+ * "<verb>: unknown option '-x'; see 'keel <verb> --help'" or "<verb>:
+ * <option> needs <what>". Returns CLI_USAGE. */
+int cli_getopt_error(char **argv, int c, const char *what);
+
 /* Route libkeel's log lines to stderr ("keel: " prefix for warnings and
  * errors); verbose also shows debug lines. */
 void cli_install_logger(int verbose);

@@ -3,6 +3,7 @@
  * with ETA is redrawn on stderr. */
 #include <config.h>
 
+#include <getopt.h>
 #include <malloc.h>
 #include <math.h>
 #include <stdio.h>
@@ -11,6 +12,8 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <json-c/json.h>
 
 #include <keel/keel.h>
 #include "cli.h"
@@ -235,42 +238,61 @@ cli_resolve_cluster(const keel_config *cfg, const char *task,
     return CLI_OK;
 }
 
+enum { OPT_TASK = 256, OPT_JSON, OPT_CHECKPOINT };
+
 static int
 parse_common(int argc, char **argv, const char **path, char **over,
              int *n_over, int *verbose, int *json, const char **ckpt,
              int allow_eval_opts)
 {
+    static const struct option train_opts[] = {
+        { "set", required_argument, NULL, 's' },
+        { "verbose", no_argument, NULL, 'v' },
+        { "task", required_argument, NULL, OPT_TASK },
+        { NULL, 0, NULL, 0 },
+    };
+    static const struct option eval_opts[] = {
+        { "set", required_argument, NULL, 's' },
+        { "verbose", no_argument, NULL, 'v' },
+        { "json", no_argument, NULL, OPT_JSON },
+        { "checkpoint", required_argument, NULL, OPT_CHECKPOINT },
+        { NULL, 0, NULL, 0 },
+    };
+    const char *spec = cli_getopt_begin("s:v");
+    int c;
     *path = NULL;
     *n_over = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "-s") == 0 || strcmp(a, "--set") == 0) {
-            if (i + 1 >= argc)
-                return cli_error(CLI_USAGE, "%s needs section.key=value", a);
+    while ((c = getopt_long(argc, argv, spec,
+                            allow_eval_opts ? eval_opts : train_opts,
+                            NULL)) != -1) {
+        switch (c) {
+        case 's':
             if (*n_over == 256)
                 return cli_error(CLI_USAGE, "too many -s overrides");
-            over[(*n_over)++] = argv[++i];
-        } else if (strcmp(a, "-v") == 0 || strcmp(a, "--verbose") == 0) {
+            over[(*n_over)++] = optarg;
+            break;
+        case 'v':
             *verbose = 1;
-        } else if (!allow_eval_opts && strcmp(a, "--task") == 0) {
-            if (i + 1 >= argc)
-                return cli_error(CLI_USAGE, "--task needs TYPE:INDEX");
-            *ckpt = argv[++i];
-        } else if (allow_eval_opts && strcmp(a, "--json") == 0) {
+            break;
+        case OPT_TASK:
+        case OPT_CHECKPOINT:
+            *ckpt = optarg;
+            break;
+        case OPT_JSON:
             *json = 1;
-        } else if (allow_eval_opts && strcmp(a, "--checkpoint") == 0) {
-            if (i + 1 >= argc)
-                return cli_error(CLI_USAGE, "--checkpoint needs a FILE");
-            *ckpt = argv[++i];
-        } else if (a[0] == '-') {
-            return cli_error(CLI_USAGE, "%s: unknown option '%s'; see "
-                             "'keel %s --help'", argv[0], a, argv[0]);
-        } else if (*path == NULL) {
-            *path = a;
-        } else {
-            return cli_error(CLI_USAGE, "%s takes one CONFIG, got '%s' and "
-                             "'%s'", argv[0], *path, a);
+            break;
+        default:
+            return cli_getopt_error(argv, c,
+                                    optopt == 's' ? "section.key=value"
+                                    : optopt == OPT_TASK ? "TYPE:INDEX"
+                                                         : "a FILE");
         }
+    }
+    for (int i = optind; i < argc; i++) {
+        if (*path != NULL)
+            return cli_error(CLI_USAGE, "%s takes one CONFIG, got '%s' and "
+                             "'%s'", argv[0], *path, argv[i]);
+        *path = argv[i];
     }
     if (*path == NULL)
         return cli_error(CLI_USAGE, "%s needs a CONFIG file; see 'keel %s "
@@ -425,20 +447,31 @@ eval_usage(FILE *out, int code)
     return code;
 }
 
-static void
-json_string(const char *s)
+/* A double as JSON with 6 decimals (the figure keel eval prints). */
+static json_object *
+json_fixed6(double v)
 {
-    putchar('"');
-    for (; *s != '\0'; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\')
-            printf("\\%c", c);
-        else if (c < 0x20)
-            printf("\\u%04x", c);
-        else
-            putchar(c);
-    }
-    putchar('"');
+    char buf[64];
+    snprintf(buf, sizeof buf, "%.6f", v);
+    return json_object_new_double_s(v, buf);
+}
+
+/* keel eval --json: {"step": N, "loss": x, "accuracy": x, "examples": N,
+ * "checkpoint": "path"} on one line. */
+static void
+print_eval_json(const keel_eval_result *res)
+{
+    json_object *o = json_object_new_object();
+    json_object_object_add(o, "step", json_object_new_int64(res->step));
+    json_object_object_add(o, "loss", json_fixed6(res->loss));
+    json_object_object_add(o, "accuracy", json_fixed6(res->accuracy));
+    json_object_object_add(o, "examples",
+                           json_object_new_int64(res->examples));
+    json_object_object_add(o, "checkpoint",
+                           json_object_new_string(res->checkpoint));
+    puts(json_object_to_json_string_ext(o, JSON_C_TO_STRING_SPACED |
+                                        JSON_C_TO_STRING_NOSLASHESCAPE));
+    json_object_put(o);
 }
 
 /* keel eval's bar: examples done of the test set, examples/s, ETA. */
@@ -562,11 +595,7 @@ cmd_eval(int argc, char **argv)
     if (st != KEEL_OK)
         return cli_fail(st, "eval");
     if (json) {
-        printf("{\"step\": %lld, \"loss\": %.6f, \"accuracy\": %.6f, "
-               "\"examples\": %lld, \"checkpoint\": ", (long long)res.step,
-               res.loss, res.accuracy, (long long)res.examples);
-        json_string(res.checkpoint);
-        printf("}\n");
+        print_eval_json(&res);
     } else {
         printf("step %lld: test loss %.4f, accuracy %.4f (%lld examples, "
                "%s)\n", (long long)res.step, res.loss, res.accuracy,

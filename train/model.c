@@ -1,4 +1,4 @@
-/* model.c - the models (softmax regression, MLP, seed-002 CNN) as a fixed
+/* model.c - the models (softmax regression, MLP, small CNN) as a fixed
  * list of layers over preallocated NHWC buffers: variable creation with
  * Keras names and layouts, deterministic init, train step and eval. */
 #include <config.h>

@@ -1,5 +1,5 @@
-/* fsutil.c - the one way keel writes files that must survive a crash
- * (STYLE §7): temp file in the same directory, fsync, rename, fsync the
+/* fsutil.c - the one way keel writes files that must survive a crash:
+ * temp file in the same directory, fsync, rename, fsync the
  * directory. Also whole-file reads with a size bound, mkdir -p and small
  * string helpers. I/O goes through keel__fs so tests can inject failures. */
 #include <config.h>

@@ -54,13 +54,6 @@ keel_log_level_str(keel_log_level level)
     return "log";
 }
 
-int
-keel__log_enabled(keel_log_level level)
-{
-    struct handler h = get_handler();
-    return h.fn != NULL && level >= h.min_level;
-}
-
 void
 keel__log(keel_log_level level, const char *fmt, ...)
 {

@@ -1,4 +1,4 @@
-/* status.c - status names and the thread-local failure message (STYLE §4). */
+/* status.c - status names and the thread-local failure message. */
 #include <config.h>
 
 #include <stdarg.h>

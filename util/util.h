@@ -26,7 +26,6 @@ keel_status keel__wrap(keel_status code, const char *fmt, ...)
 /* Log a line through the installed handler (no-op without one). */
 void keel__log(keel_log_level level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
-int keel__log_enabled(keel_log_level level);
 
 /* Debian's HDF5 is built without thread safety: every HDF5 call in keel
  * (checkpoint writer thread, readers, the HDF5 data reader) runs under this
@@ -71,7 +70,7 @@ keel_status keel__path_join(char *buf, size_t size, const char *dir,
 int keel__parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);
 int keel__parse_double(const char *s, double *out);
 
-/* ---- files that must survive a crash (STYLE §7) ------------------------- */
+/* ---- files that must survive a crash ------------------------------------ */
 
 /* The I/O calls keel's durable writers go through; tests swap the table to
  * inject failures at the N-th write, fsync or rename. */

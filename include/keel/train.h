@@ -1,4 +1,4 @@
-/* keel/train.h - training math: models (softmax regression, MLP, the seed-002
+/* keel/train.h - training math: models (softmax regression, MLP, a small
  * CNN) with forward and backward passes on OpenBLAS, optimizers with their
  * checkpointed slots, learning-rate schedules, and data readers (IDX, HDF5)
  * with a deterministic, resumable, worker-sliced batch iterator.
@@ -29,7 +29,7 @@ typedef struct keel_batch {
 typedef enum keel_model_kind {
     KEEL_MODEL_SOFTMAX = 0,   /* softmax regression: Dense(classes) */
     KEEL_MODEL_MLP,           /* Dense(h) act ... -> Dense(classes) */
-    KEEL_MODEL_CNN            /* seed 002: Conv32 3x3 ReLU, Pool2, Conv64 3x3
+    KEEL_MODEL_CNN            /* Conv32 3x3 ReLU, Pool2, Conv64 3x3
                                * ReLU, Pool2, Flatten, Dense64 ReLU, Dense */
 } keel_model_kind;
 
