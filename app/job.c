@@ -468,6 +468,9 @@ role_opts_from(const keel_config *cfg, const keel_cluster_spec *spec,
     o->max_wait_secs = keel_config_double(cfg, "cluster.max_wait_secs");
     o->curve = keel_config_bool(cfg, "security.curve");
     o->key_dir = keel_config_str(cfg, "security.key_dir");
+    /* the job's shared secret, from the environment only (never a file
+     * or a command line that other users could read) */
+    o->token = getenv("KEEL_CLUSTER_TOKEN");
     /* the key's 0 (autotuning) is the options' -1 */
     o->send_buffer_kib =
         (int)keel_config_int(cfg, "cluster.send_buffer_kib");

@@ -51,6 +51,9 @@ struct keel_launch {
     keel_launch_config cfg;
     char *output_dir;
     char *output_env;              /* "OUTPUT_DIR=..." */
+    char token_env[96];            /* "KEEL_CLUSTER_TOKEN=<64 hex>", made
+                                    * here when the environment has none;
+                                    * "" to pass the caller's */
     task *tasks;
     size_t n;
     size_t chief;
