@@ -15,6 +15,7 @@
 
 #define PIN_WAIT_MS 5000
 #define MAX_WAITERS 256
+#define PS_RCVHWM 64
 
 static keel_status check_init_step(const keel__wire_msg *req);
 
@@ -142,6 +143,17 @@ keel__ps_new(const keel__ps_config *cfg, keel__ps **out)
     if ((st = keel__wire_sockopts(ps->sock, &ps->limits)) != KEEL_OK ||
         (st = keel__curve_setup_server(ps->sock, cfg->curve)) != KEEL_OK)
         goto fail;
+    {
+        /* Held messages: at most PS_RCVHWM whole messages per connection
+         * wait in libzmq (past that it stops reading the connection: the
+         * sender waits, nothing is lost), each within limits. */
+        int hwm = PS_RCVHWM;
+        if (zmq_setsockopt(ps->sock, ZMQ_RCVHWM, &hwm, sizeof hwm) != 0) {
+            st = keel__fail(KEEL_EIO, "ps: receive limit: %s",
+                            zmq_strerror(errno));
+            goto fail;
+        }
+    }
     if (zmq_bind(ps->sock, cfg->bind) != 0) {
         st = keel__fail(KEEL_EUNAVAILABLE, "ps %d: bind %s: %s",
                         cfg->task_index, cfg->bind, zmq_strerror(errno));

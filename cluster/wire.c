@@ -397,6 +397,9 @@ keel__wire_recv(void *sock, int has_identity, const keel__wire_limits *lim_in,
         frames[n++] = f;
     }
     if (too_many) {
+        if (n > 0)      /* the request id, to answer under it */
+            (void)keel__wire_header_decode(zmq_msg_data(&frames[0]),
+                                           zmq_msg_size(&frames[0]), &m->h);
         for (size_t i = 0; i < n; i++)
             zmq_msg_close(&frames[i]);
         free(frames);
