@@ -572,8 +572,9 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     job j;
     keel_training_config tc;
     keel_scaffold sc;
-    keel_hook hooks[5], progress, position;
+    keel_hook hooks[5], progress, position, chief_hooks[2], nan;
     size_t n_hooks = 0;
+    int has_nan = 0;
     keel_session *s = NULL;
     keel_status st, cst;
     static const char *const summary_names[] = { "loss", "accuracy" };
@@ -632,12 +633,17 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
         if (st == KEEL_OK)
             n_hooks++;
     }
+    memset(&nan, 0, sizeof nan);
     if (st == KEEL_OK && keel_config_bool(cfg, "hooks.nan_check")) {
         st = keel_nan_hook_new("loss", 1,
                                keel_config_bool(cfg, "hooks.inf_check"),
-                               &hooks[n_hooks]);
-        if (st == KEEL_OK)
-            n_hooks++;
+                               &nan);
+        has_nan = st == KEEL_OK;
+        /* A worker checks among its hooks; the chief before its saver
+         * (chief-only hooks run first), so that the step whose loss is
+         * NaN fails before a checkpoint of its update is written. */
+        if (has_nan && !is_chief)
+            hooks[n_hooks++] = nan;
     }
     every = keel_config_int(cfg, "hooks.profile_steps");
     if (st == KEEL_OK && every > 0) {
@@ -683,8 +689,15 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     tc.session.restore_ctx = &j;
     tc.session.hooks = hooks;
     tc.session.n_hooks = n_hooks;
-    tc.chief_only_hooks = &progress;
-    tc.n_chief_only_hooks = 1;
+    if (has_nan && is_chief) {
+        chief_hooks[0] = nan;
+        chief_hooks[1] = progress;
+        tc.chief_only_hooks = chief_hooks;
+        tc.n_chief_only_hooks = 2;
+    } else {
+        tc.chief_only_hooks = &progress;
+        tc.n_chief_only_hooks = 1;
+    }
     tc.checkpoint_dir = keel_config_str(cfg, "checkpoint.dir");
     every = keel_config_int(cfg, "checkpoint.save_steps");
     secs = keel_config_double(cfg, "checkpoint.save_secs");
@@ -809,6 +822,8 @@ out:
         keel_session_uninstall_signal_handlers();
     for (size_t i = 0; i < n_hooks; i++)
         keel_hook_release(&hooks[i]);
+    if (has_nan && is_chief)
+        keel_hook_release(&nan);
     job_free(&j);
     return st;
 }
