@@ -1786,6 +1786,16 @@ START_TEST(test_real_ps_checks_requests_and_aggregates_in_sync)
     h.type = KEEL_MSG_INIT;
     expect_call_error(w1, &h, init, 2, KEEL_EINVAL, "worker1 may not send "
                       "INIT");
+    /* a global step out of range: refused, nothing initialized */
+    memset(&h, 0, sizeof h);
+    h.type = KEEL_MSG_INIT;
+    h.global_step = -1;
+    expect_call_error(w0, &h, init, 2, KEEL_EINVAL, "INIT with global step "
+                      "-1");
+    memset(&h, 0, sizeof h);
+    h.type = KEEL_MSG_INIT;
+    h.global_step = INT64_MAX;
+    expect_call_error(w0, &h, init, 2, KEEL_EINVAL, "must be 0..");
     memset(&h, 0, sizeof h);
     h.type = KEEL_MSG_INIT;
     h.global_step = 5;
