@@ -388,6 +388,7 @@ spawn(keel_launch *l, size_t i)
     t->kill_sent = 0;
     t->is_term_held = 0;
     t->had_step = 0;
+    t->last_error[0] = '\0';
     t->started_ns = keel__now_mono_ns();
     t->chief_step_at_start = l->tasks[l->chief].info.global_step;
     t->last_ticks = 0;
@@ -483,6 +484,9 @@ deliver_line(keel_launch *l, size_t i, int stream, char *line, size_t len)
         }
         line[len] = '\0';
     }
+    if (stream == 1 && strncmp(line, "keel: ", 6) == 0 &&
+        strncmp(line, "keel: warning", 13) != 0)
+        snprintf(t->last_error, sizeof t->last_error, "%s", line + 6);
     step = parse_step(line);
     if (step >= 0) {
         t->info.global_step = step;

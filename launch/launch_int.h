@@ -38,6 +38,8 @@ typedef struct task {
     int64_t died_ns;               /* for the "back" event */
     int wants_back_event;
     int had_step;                  /* printed a step line since its start */
+    char last_error[256];          /* its last "keel: ..." stderr line
+                                    * (why it failed, for the report) */
     int64_t started_ns;
     int64_t chief_step_at_start;   /* the cluster's step when it started */
     int backoff_level;             /* failures in a row before progress */
