@@ -23,7 +23,7 @@
 /* Only to derive the evaluator's token password (HMAC), not to talk. */
 #include "../cluster/cluster_int.h"
 
-#define RUN_MS 60000
+#define RUN_MS 120000
 #define STEPS 60
 #define TOKEN "it-security-job-token-0123456789"
 
@@ -47,7 +47,7 @@ setup(void)
              "[train]\nbatch_size = 32\nmax_steps = %d\nseed = 5\n"
              "[checkpoint]\nsave_steps = 1000\n"
              "[hooks]\nlog_every_steps = 10\nsummary_every_steps = 0\n"
-             "[cluster]\ndead_after_ms = 8000\nmax_wait_secs = 20\n",
+             "[cluster]\ndead_after_ms = 60000\nmax_wait_secs = 60\n",
              tu_dir, STEPS);
     CHECKED_SNPRINTF(cfg_path, sizeof cfg_path, "%s", tu_path("job.ini"));
     tu_write_file(cfg_path, text, strlen(text));
@@ -331,7 +331,8 @@ expect_alive(void *ctx, const job *j, const peer_auth *a)
     char text[1024];
     header(h, T_STEP, 0, 4242, EVALUATOR, 0, 0, 0);
     ck_assert(peer_send(s, h, 0, 0));
-    ck_assert_int_eq(peer_reply(s, 4242, 20000, text, sizeof text), T_STEP);
+    /* it first works through the storm queued before: no tight bound */
+    ck_assert_int_eq(peer_reply(s, 4242, RUN_MS, text, sizeof text), T_STEP);
     zmq_close(s);
 }
 
@@ -381,7 +382,7 @@ attack(const job *j, const peer_auth *eval, const peer_auth *stranger,
     zmq_send(s, h, 56, ZMQ_SNDMORE);
     for (int i = 0; i < 100000; i++)
         zmq_send(s, "", 0, i + 1 < 100000 ? ZMQ_SNDMORE : 0);
-    ck_assert_int_eq(peer_reply(s, 17, 20000, text, sizeof text), T_ERROR);
+    ck_assert_int_eq(peer_reply(s, 17, RUN_MS, text, sizeof text), T_ERROR);
     ck_assert_msg(strstr(text, "frames") != NULL, "%s", text);
     /* a storm: 1000 pushes of 64 KiB, not waiting for answers */
     header(h, T_PUSH, 0, 100, EVALUATOR, 0, 0, 1);
