@@ -317,7 +317,7 @@ expect_refusal(void *s, int type, int flags, int sender, uint32_t index,
     char text[1024];
     header(h, type, flags, id, sender, index, 0, (uint32_t)n);
     ck_assert(peer_send(s, h, n, 4));
-    ck_assert_int_eq(peer_reply(s, id, 10000, text, sizeof text), T_ERROR);
+    ck_assert_int_eq(peer_reply(s, id, RUN_MS, text, sizeof text), T_ERROR);
     ck_assert_msg(strstr(text, needle) != NULL, "request %llu: '%s' lacks "
                   "'%s'", (unsigned long long)id, text, needle);
 }
@@ -544,7 +544,7 @@ START_TEST(without_authentication_a_forged_shutdown_fails_the_chief)
     /* ...but nothing tells a forged chief from the real one here */
     header(h, T_SHUTDOWN, 0, 2, WORKER, 0, 0, 0);
     ck_assert(peer_send(s, h, 0, 0));
-    ck_assert_int_eq(peer_reply(s, 2, 10000, text, sizeof text),
+    ck_assert_int_eq(peer_reply(s, 2, RUN_MS, text, sizeof text),
                      T_SHUTDOWN);
     zmq_close(s);
     zmq_ctx_term(ctx);
