@@ -29,7 +29,7 @@ say() { printf '== %s\n' "$*"; }
 # packages the checkpoint-format test uses, and the seeds' dataset.
 packages=(
   build-essential autoconf automake libtool pkg-config
-  libhdf5-dev libopenblas-dev libzmq3-dev libinih-dev zlib1g-dev
+  libhdf5-dev libopenblas-dev libzmq3-dev libsodium-dev libinih-dev zlib1g-dev
   libxxhash-dev libjson-c-dev libisal-dev check iproute2
   python3 python3-h5py python3-numpy python3-onnx
   dataset-fashion-mnist

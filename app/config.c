@@ -189,7 +189,8 @@ static const key_def schema[] = {
     { "hooks", "summary_every_steps", T_INT, "100", 0, I64MAX, NULL,
       "Write TensorBoard and CSV scalars every N steps (0: off)." },
     { "hooks", "nan_check", T_BOOL, "true", NOLIM, NULL,
-      "Stop with an error when the loss is NaN." },
+      "Stop with an error (exit 1) when the loss is NaN; the chief checks "
+      "before saving, so no checkpoint of a diverged step is written." },
     { "hooks", "inf_check", T_BOOL, "false", NOLIM, NULL,
       "Also treat an infinite loss as an error." },
     { "hooks", "profile_steps", T_INT, "0", 0, I64MAX, NULL,

@@ -755,6 +755,9 @@ role_opts_from(const keel_config *cfg, const keel_cluster_spec *spec,
     o->max_wait_secs = keel_config_double(cfg, "cluster.max_wait_secs");
     o->curve = keel_config_bool(cfg, "security.curve");
     o->key_dir = keel_config_str(cfg, "security.key_dir");
+    /* the job's shared secret, from the environment only (never a file
+     * or a command line that other users could read) */
+    o->token = getenv("KEEL_CLUSTER_TOKEN");
     /* the key's 0 (autotuning) is the options' -1 */
     o->send_buffer_kib =
         (int)keel_config_int(cfg, "cluster.send_buffer_kib");
@@ -856,8 +859,9 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     job j;
     keel_training_config tc;
     keel_scaffold sc;
-    keel_hook hooks[5], chief_hooks[2], position;
+    keel_hook hooks[5], chief_hooks[3], position, nan, *ch;
     size_t n_hooks = 0;
+    int has_nan = 0;
     keel_session *s = NULL;
     keel_status st, cst;
     static const char *const summary_names[] = { "loss", "accuracy",
@@ -922,12 +926,17 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
         if (st == KEEL_OK)
             n_hooks++;
     }
+    memset(&nan, 0, sizeof nan);
     if (st == KEEL_OK && keel_config_bool(cfg, "hooks.nan_check")) {
         st = keel_nan_hook_new("loss", 1,
                                keel_config_bool(cfg, "hooks.inf_check"),
-                               &hooks[n_hooks]);
-        if (st == KEEL_OK)
-            n_hooks++;
+                               &nan);
+        has_nan = st == KEEL_OK;
+        /* A worker checks among its hooks; the chief before its saver
+         * (chief-only hooks run first), so that the step whose loss is
+         * NaN fails before a checkpoint of its update is written. */
+        if (has_nan && !is_chief)
+            hooks[n_hooks++] = nan;
     }
     every = keel_config_int(cfg, "hooks.profile_steps");
     if (st == KEEL_OK && every > 0) {
@@ -937,17 +946,21 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
         if (st == KEEL_OK)
             n_hooks++;
     }
+    /* the chief's NaN check runs first, before its saver */
     memset(chief_hooks, 0, sizeof chief_hooks);
-    chief_hooks[0].struct_size = sizeof chief_hooks[0];
-    chief_hooks[0].name = "progress";
-    chief_hooks[0].ctx = &j;
-    chief_hooks[0].before_run = progress_before_run;
-    chief_hooks[0].after_run = progress_after_run;
-    chief_hooks[1].struct_size = sizeof chief_hooks[1];
-    chief_hooks[1].name = "epoch_end";
-    chief_hooks[1].ctx = &j;
-    chief_hooks[1].before_run = progress_before_run;
-    chief_hooks[1].after_run = epoch_after_run;
+    ch = chief_hooks;
+    if (has_nan && is_chief)
+        *ch++ = nan;
+    ch[0].struct_size = sizeof ch[0];
+    ch[0].name = "progress";
+    ch[0].ctx = &j;
+    ch[0].before_run = progress_before_run;
+    ch[0].after_run = progress_after_run;
+    ch[1].struct_size = sizeof ch[1];
+    ch[1].name = "epoch_end";
+    ch[1].ctx = &j;
+    ch[1].before_run = progress_before_run;
+    ch[1].after_run = epoch_after_run;
     j.save_epochs = keel_config_int(cfg, "checkpoint.save_epochs");
     j.validate_epochs = keel_config_int(cfg, "train.validate_every_epochs");
     j.examples_per_gstep = in_cluster &&
@@ -996,7 +1009,7 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     tc.session.hooks = hooks;
     tc.session.n_hooks = n_hooks;
     tc.chief_only_hooks = chief_hooks;
-    tc.n_chief_only_hooks = 2;
+    tc.n_chief_only_hooks = (size_t)(ch - chief_hooks) + 2;
     tc.checkpoint_dir = keel_config_str(cfg, "checkpoint.dir");
     every = keel_config_int(cfg, "checkpoint.save_steps");
     secs = keel_config_double(cfg, "checkpoint.save_secs");
@@ -1130,6 +1143,8 @@ out:
         keel_session_uninstall_signal_handlers();
     for (size_t i = 0; i < n_hooks; i++)
         keel_hook_release(&hooks[i]);
+    if (has_nan && is_chief)
+        keel_hook_release(&nan);
     job_free(&j);
     return st;
 }

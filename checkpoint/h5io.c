@@ -121,6 +121,8 @@ attr_write_str(hid_t obj, const char *name, const char *val)
 
 /* Create one dataset (early-allocated, contiguous, never filled) with its
  * checksum attribute; *offset receives where its bytes go. */
+static keel_status close_file(hid_t f, const char *tmp);
+
 static keel_status
 create_dset(hid_t parent, const char *h5name, hid_t ftype, int ndim,
             const int64_t *shape, uint64_t hash, int64_t *offset,
@@ -282,11 +284,26 @@ write_structure(const ck_plan *p, const char *tmp, w_piece *pieces)
 out:
     h5_close_id(g);
     h5_close_id(meta);
-    if (f >= 0 && H5Fclose(f) < 0 && st == KEEL_OK)
-        st = keel__fail(KEEL_EIO, "HDF5 could not close %s", tmp);
+    if (f >= 0 && st == KEEL_OK)
+        st = close_file(f, tmp);
+    else if (f >= 0)
+        H5Fclose(f);
     h5_close_id(fapl);
     h5_end();
     return st;
+}
+
+/* Close a written file: HDF5 flushes what it buffered, so a full disk
+ * (ENOSPC) or a file size limit (EFBIG) often shows here: say which. */
+static keel_status
+close_file(hid_t f, const char *tmp)
+{
+    errno = 0;
+    if (H5Fclose(f) >= 0)
+        return KEEL_OK;
+    return keel__fail(KEEL_EIO, "HDF5 could not close %s%s%s", tmp,
+                      errno != 0 ? ": " : "",
+                      errno != 0 ? strerror(errno) : "");
 }
 
 /* Fill in the xxh64 attributes once the checksums are known. */
@@ -328,8 +345,10 @@ write_hashes(const ck_plan *p, const char *tmp)
         }
     }
 out:
-    if (f >= 0 && H5Fclose(f) < 0 && st == KEEL_OK)
-        st = keel__fail(KEEL_EIO, "HDF5 could not close %s", tmp);
+    if (f >= 0 && st == KEEL_OK)
+        st = close_file(f, tmp);
+    else if (f >= 0)
+        H5Fclose(f);
     h5_close_id(fapl);
     h5_end();
     return st;

@@ -281,6 +281,7 @@ keel_ckpt_restore(const char *path, keel_vars *vs,
     keel_var **target = NULL;       /* per file variable: store variable */
     char mapped[KEEL_NAME_MAX];
     char *found = NULL;             /* per store variable: in the file */
+    size_t *owner = NULL;           /* per store variable: file variable */
     ck_read_job *jobs = NULL;
     size_t n_jobs = 0;
     int64_t t0, t1;
@@ -304,12 +305,16 @@ keel_ckpt_restore(const char *path, keel_vars *vs,
     t1 = keel__now_mono_ns();
     rep.global_step = f.global_step;
     target = calloc(f.n_vars > 0 ? f.n_vars : 1, sizeof *target);
-    if (target == NULL) {
+    nv = keel_vars_count(vs);
+    owner = malloc((nv > 0 ? nv : 1) * sizeof *owner);
+    if (target == NULL || owner == NULL) {
         st = keel__fail(KEEL_ENOMEM, "restore from %s", path);
         goto out;
     }
     /* Match file variables to store variables; check every shape before
-     * writing anything. */
+     * writing anything; no two file variables may land on one. */
+    for (size_t j = 0; j < nv; j++)
+        owner[j] = SIZE_MAX;
     for (size_t i = 0; i < f.n_vars; i++) {
         keel_var *v;
         const keel_tensor *t;
@@ -341,9 +346,17 @@ keel_ckpt_restore(const char *path, keel_vars *vs,
                                               t->shape));
             goto out;
         }
+        if (owner[keel_var_index(v)] != SIZE_MAX) {
+            size_t j = owner[keel_var_index(v)];
+            st = keel__fail(KEEL_EINVAL, "restore from %s: checkpoint "
+                            "variables '%s' and '%s' both map onto model "
+                            "variable '%s' (fix the name map)", path,
+                            f.d[j].e.name, f.d[i].e.name, mapped);
+            goto out;
+        }
+        owner[keel_var_index(v)] = i;
         target[i] = v;
     }
-    nv = keel_vars_count(vs);
     found = calloc(nv > 0 ? nv : 1, 1);
     if (found == NULL) {
         st = keel__fail(KEEL_ENOMEM, "restore from %s", path);
@@ -442,6 +455,7 @@ keel_ckpt_restore(const char *path, keel_vars *vs,
 out:
     free(jobs);
     free(found);
+    free(owner);
     if (report != NULL)
         *report = rep;
     free(target);

@@ -9,6 +9,7 @@
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -153,6 +154,35 @@ state_push(ck_state *st, const char *name, double ts)
     st->e[st->n].ts = ts;
     st->n++;
     return KEEL_OK;
+}
+
+/* Retention deletes only this saver's own checkpoints: a file of the
+ * form <basename>-<step>.h5 in the checkpoint directory, named by its
+ * plain file name or by a path whose directory is that same directory.
+ * Anything else a state file lists ("../x", another directory, another
+ * basename) is dropped from the list but never unlinked. */
+static int
+may_unlink(const keel_saver *s, const char *name)
+{
+    const char *sl = strrchr(name, '/');
+    int ok = keel__ckpt_name_step(sl ? sl + 1 : name, s->basename) >= 0;
+    if (ok && sl != NULL) {
+        char dir[KEEL_PATH_MAX], a[PATH_MAX], b[PATH_MAX];
+        size_t n = (size_t)(sl - name);
+        ok = n > 0 && n < sizeof dir;
+        if (ok) {
+            memcpy(dir, name, n);
+            dir[n] = '\0';
+            ok = realpath(dir, a) != NULL && realpath(s->dir, b) != NULL &&
+                 strcmp(a, b) == 0;
+        }
+    }
+    if (ok)
+        return 1;
+    keel__log(KEEL_LOG_WARN, "retention: '%s' in %s/%s is not a checkpoint "
+              "of this saver (%s-<step>.h5 in that directory); left in "
+              "place", name, s->dir, CK_STATE_NAME, s->basename);
+    return 0;
 }
 
 static void
@@ -454,7 +484,7 @@ keel_saver_new(const keel_saver_config *cfg, keel_saver **out)
             int listed = 0;
             for (size_t i = 0; i < s->state.n; i++)
                 listed |= strcmp(s->state.e[i].name, s->state.doomed[k]) == 0;
-            if (!listed &&
+            if (!listed && may_unlink(s, s->state.doomed[k]) &&
                 keel__path_join(p, sizeof p, s->dir, s->state.doomed[k]) ==
                     KEEL_OK &&
                 !keel__ckpt_lease_defer(s->dir, s->state.doomed[k]) &&
@@ -645,6 +675,8 @@ commit_save(keel_saver *s, ck_plan *p)
         s->reap = malloc(n_doomed * sizeof *s->reap);
         for (size_t i = 0; s->reap != NULL && i < n_doomed; i++) {
             char *dp = s->reap[s->n_reap];
+            if (!may_unlink(s, doomed[i]))
+                continue;
             if (doomed[i][0] == '/')
                 snprintf(dp, KEEL_PATH_MAX, "%s", doomed[i]);
             else if (keel__path_join(dp, KEEL_PATH_MAX, s->dir, doomed[i]) !=

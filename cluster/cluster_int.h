@@ -93,10 +93,19 @@ typedef struct keel__wire_header {
                                  * follow in this step; TOKEN: payload */
 } keel__wire_header;
 
+/* The largest global step a peer may set (INIT): far below INT64_MAX, so
+ * step + 1 never overflows. */
+#define KEEL__MAX_GLOBAL_STEP ((int64_t)1 << 62)
+
 typedef struct keel__wire_limits {
     size_t max_tensors;         /* default 65536 */
     uint64_t max_total_bytes;   /* tensor data, default 4 GiB */
     size_t max_text;            /* default 4096 */
+    uint64_t max_frame;         /* the largest frame libzmq accepts
+                                 * (ZMQ_MAXMSGSIZE: a longer one drops the
+                                 * connection before it is read); default
+                                 * keel__wire_set_max_frame's, else
+                                 * max_total_bytes */
 } keel__wire_limits;
 /* Fill zero members with the defaults. */
 void keel__wire_limits_default(keel__wire_limits *l);
@@ -194,6 +203,15 @@ uint64_t keel__wire_new_generation(void);
  * (1 ms RTT: 1 GB/s). */
 #define KEEL__WIRE_SNDBUF (512 << 10)
 
+/* The largest frame a task's sockets created from now on accept when
+ * their limits say none: its largest tensor's bytes plus
+ * KEEL__WIRE_FRAME_SLACK (0: no process-wide bound). Set by a task before
+ * its sockets exist. */
+void keel__wire_set_max_frame(uint64_t bytes);
+/* What a frame may hold beside a tensor's data: the header, a descriptor,
+ * a text frame. */
+#define KEEL__WIRE_FRAME_SLACK 8192
+
 /* Common socket options: linger 0, send timeout, max message size, send
  * buffer. */
 keel_status keel__wire_sockopts(void *sock, const keel__wire_limits *lim);
@@ -202,18 +220,47 @@ keel_status keel__wire_sockopts(void *sock, const keel__wire_limits *lim);
  * autotuning. Process-wide, set by a task before its sockets exist. */
 void keel__wire_set_send_buffer(int bytes);
 
-/* ---- CURVE (security.c) ------------------------------------------------- */
+/* ---- authentication (security.c) ---------------------------------------
+ * Every server socket authenticates its peers through a ZAP handler, which
+ * names each one by its task ("chief0", "worker1", "evaluator0", "ps0":
+ * keel__task_name); the ps reads that name (the "User-Id" of each message)
+ * and never trusts the header's sender fields for authorization.
+ *  - CURVE (security.curve): DIR/<task>.key is the task's public key; a
+ *    server allows every <task>.key in the key directory as that task.
+ *  - token (KEEL_CLUSTER_TOKEN, when CURVE is off): ZAP PLAIN with user
+ *    name <task> and password hex(HMAC-SHA256(SHA-256(token), "keel-task:"
+ *    <task>)): the token itself never travels, and a password seen on the
+ *    wire speaks only for its own task. */
 
 #define KEEL_Z85_KEY 41     /* 40 characters + NUL */
+#define KEEL__TASK_NAME_MAX 32
+#define KEEL__TOKEN_MIN 16  /* characters of a KEEL_CLUSTER_TOKEN */
 
 typedef struct keel__curve {
-    int enabled;
+    int enabled;                     /* CURVE */
     char public_key[KEEL_Z85_KEY];
     char secret_key[KEEL_Z85_KEY];
     char server_key[KEEL_Z85_KEY];   /* clients: the server's public key */
     char (*allowed)[KEEL_Z85_KEY];   /* servers: allowed client keys */
+    char (*allowed_task)[KEEL__TASK_NAME_MAX]; /* ... and the task each
+                                      * one is ("" : none, refused) */
     size_t n_allowed;
+    /* token authentication (ZAP PLAIN), used when CURVE is off */
+    int plain;
+    char user[KEEL__TASK_NAME_MAX];  /* clients: this task's name */
+    char password[65];               /* clients: its HMAC, 64 hex digits */
+    unsigned char token_key[32];     /* servers: SHA-256 of the token */
 } keel__curve;
+
+/* "<type><index>" ("worker1"); and back: 1 when name is one. */
+void keel__task_name(keel_task_type t, int index, char *buf, size_t size);
+int keel__task_parse(const char *name, keel_task_type *t, int *index);
+
+/* Token authentication for task (type, index) from the job's token (at
+ * least KEEL__TOKEN_MIN characters): sets plain, user, password and
+ * token_key. The token is not kept. */
+keel_status keel__auth_token(keel__curve *c, const char *token,
+                             keel_task_type type, int index);
 
 /* Load DIR/NAME.key and DIR/NAME.key_secret (the secret must not be
  * readable by group or others). Sets enabled. */
@@ -222,22 +269,39 @@ keel_status keel__curve_load(keel__curve *c, const char *dir,
 /* Read a public key file (40 Z85 characters, optional newline). */
 keel_status keel__curve_read_public(const char *path,
                                     char out[KEEL_Z85_KEY]);
-/* Allow one client key, or every *.key file in dir. */
-keel_status keel__curve_allow_key(keel__curve *c, const char *z85);
+/* Allow one client key as task (a task name, or "" for a key that may
+ * connect to nothing), or every *.key file in dir as the task its file
+ * name says (<task>.key; other names hold no task). */
+keel_status keel__curve_allow_key(keel__curve *c, const char *z85,
+                                  const char *task);
 keel_status keel__curve_allow_dir(keel__curve *c, const char *dir);
-/* Wipe the secret and free the allowed list. */
+/* Wipe the secrets and free the allowed list. */
 void keel__curve_clear(keel__curve *c);
-/* Socket setup: server (CURVE_SERVER + secret + ZAP domain) or client
- * (server key + own pair). No-op when c is NULL or not enabled. */
+/* Socket setup: server (CURVE_SERVER + secret, or PLAIN_SERVER, + ZAP
+ * domain) or client (server key + own pair, or PLAIN user + password).
+ * No-op when c is NULL or neither is on. */
 keel_status keel__curve_setup_server(void *sock, const keel__curve *c);
 keel_status keel__curve_setup_client(void *sock, const keel__curve *c);
+/* 1 when c authenticates peers (CURVE or token). */
+int keel__auth_on(const keel__curve *c);
 
-/* The ZAP handler of one zmq context: accepts CURVE clients whose public
- * key is in c->allowed (copied), refuses everything else. */
+/* The ZAP handler of one zmq context: admits CURVE clients whose public
+ * key is allowed as a task, or PLAIN clients whose password is their
+ * task's under the token; the task's name becomes the connection's
+ * User-Id. Refuses everything else (each refused address and key or user
+ * logged once). */
 typedef struct keel__zap keel__zap;
 keel_status keel__zap_start(void *zctx, const keel__curve *c,
                             keel__zap **out);
 void keel__zap_stop(keel__zap *z);
+
+/* A small set remembering what was already logged (refused peers): 1 the
+ * first time a key is added, 0 after (the oldest are forgotten past 256). */
+typedef struct keel__once {
+    uint64_t h[256];
+    unsigned next, n;
+} keel__once;
+int keel__once_add(keel__once *o, const char *a, const char *b, long c);
 
 /* ---- liveness (heartbeat.c) ----------------------------------------------
  * A thread of a worker or the chief pings every ps each interval on its own

@@ -20,6 +20,16 @@ bench_cluster_bench_SOURCES = bench/cluster_bench.c tests/ps_skel.c \
 bench_cluster_bench_CFLAGS = $(AM_CFLAGS) $(ZMQ_CFLAGS)
 bench_cluster_bench_LDADD = libkeel_core.la $(ZMQ_LIBS)
 
+# it_security: a raw ZeroMQ peer against a running ps, in each security
+# mode (libzmq only for the peer; libkeel_core only to derive a password).
+if HAVE_CHECK
+check_PROGRAMS += tests/it_security
+TESTS += tests/it_security
+tests_it_security_SOURCES = tests/it_security.c
+tests_it_security_CFLAGS = $(TEST_CFLAGS) $(ZMQ_CFLAGS)
+tests_it_security_LDADD = $(TEST_LIBS) $(ZMQ_LIBS)
+endif
+
 # it_cluster: ps / chief / worker processes of the keel CLI on 127.0.0.1.
 if HAVE_CHECK
 check_PROGRAMS += tests/it_cluster

@@ -17,6 +17,9 @@
 
 #define PIN_WAIT_MS 5000
 #define MAX_WAITERS 256
+#define PS_RCVHWM 64
+
+static keel_status check_init_step(const keel__wire_msg *req);
 
 /* A fresh gradient waiting for the rest of its step (sync). */
 typedef struct pending_push {
@@ -72,6 +75,7 @@ struct keel__ps {
      * (first to last replica's gradient), aggregate (sum, apply, replies) */
     long timed_steps;
     int64_t last_step_end_ns, idle_ns, spread_ns, aggregate_ns;
+    keel__once refusals;         /* refused (peer, task, type) logged */
 };
 
 keel_status
@@ -145,7 +149,7 @@ keel__ps_new(const keel__ps_config *cfg, keel__ps **out)
         st = keel__fail(KEEL_EIO, "ps: zmq_ctx_new: %s", zmq_strerror(errno));
         goto fail;
     }
-    if (cfg->curve != NULL && cfg->curve->enabled &&
+    if (keel__auth_on(cfg->curve) &&
         (st = keel__zap_start(ps->zctx, cfg->curve, &ps->zap)) != KEEL_OK)
         goto fail;
     ps->sock = zmq_socket(ps->zctx, ZMQ_ROUTER);
@@ -156,6 +160,17 @@ keel__ps_new(const keel__ps_config *cfg, keel__ps **out)
     if ((st = keel__wire_sockopts(ps->sock, &ps->limits)) != KEEL_OK ||
         (st = keel__curve_setup_server(ps->sock, cfg->curve)) != KEEL_OK)
         goto fail;
+    {
+        /* Held messages: at most PS_RCVHWM whole messages per connection
+         * wait in libzmq (past that it stops reading the connection: the
+         * sender waits, nothing is lost), each within limits. */
+        int hwm = PS_RCVHWM;
+        if (zmq_setsockopt(ps->sock, ZMQ_RCVHWM, &hwm, sizeof hwm) != 0) {
+            st = keel__fail(KEEL_EIO, "ps: receive limit: %s",
+                            zmq_strerror(errno));
+            goto fail;
+        }
+    }
     if (zmq_bind(ps->sock, cfg->bind) != 0) {
         st = keel__fail(KEEL_EUNAVAILABLE, "ps %d: bind %s: %s",
                         cfg->task_index, cfg->bind, zmq_strerror(errno));
@@ -168,7 +183,8 @@ keel__ps_new(const keel__ps_config *cfg, keel__ps **out)
     }
     keel__log(KEEL_LOG_INFO, "ps %d: serving %zu variables on %s%s",
               ps->task_index, keel_vars_count(ps->vars), ps->endpoint,
-              ps->zap ? " (CURVE)" : "");
+              ps->zap == NULL ? " (no authentication)"
+              : cfg->curve->enabled ? " (CURVE)" : " (token)");
     *out = ps;
     return KEEL_OK;
 fail:
@@ -570,6 +586,18 @@ fail_pending(keel__ps *ps, keel_status code, const char *why)
     }
 }
 
+/* INIT's global step: 0..KEEL__MAX_GLOBAL_STEP (the step counter never
+ * wraps, whatever a peer sends). */
+static keel_status
+check_init_step(const keel__wire_msg *req)
+{
+    if (req->h.global_step < 0 || req->h.global_step > KEEL__MAX_GLOBAL_STEP)
+        return keel__fail(KEEL_EINVAL, "INIT with global step %lld (must be "
+                          "0..%lld)", (long long)req->h.global_step,
+                          (long long)KEEL__MAX_GLOBAL_STEP);
+    return KEEL_OK;
+}
+
 static keel_status
 real_init(keel__ps *ps, keel__wire_msg *req)
 {
@@ -579,6 +607,8 @@ real_init(keel__ps *ps, keel__wire_msg *req)
     keel_status st = KEEL_OK;
     if (req->h.flags & KEEL_WIRE_F_NAMES_ONLY)
         return keel__fail(KEEL_ECORRUPT, "INIT without data");
+    if ((st = check_init_step(req)) != KEEL_OK)
+        return st;
     if (req->h.sender_type != KEEL_TASK_CHIEF &&
         !(req->h.sender_type == KEEL_TASK_WORKER && !ps->has_chief &&
           req->h.sender_index == 0))
@@ -968,6 +998,17 @@ handle(keel__ps *ps, keel__wire_msg *req)
     case KEEL_MSG_SHUTDOWN:
         reply_header(ps, req, &h, req->h.type, KEEL_WIRE_F_REPLY);
         ps->is_shutdown = 1;
+        {
+            const char *addr = zmq_msg_gets(&req->frames[0],
+                                            "Peer-Address");
+            keel__log(KEEL_LOG_INFO, "ps %d: shut down by %s %u "
+                      "(generation %016llx) from %s", ps->task_index,
+                      keel_task_type_name((keel_task_type)
+                                          req->h.sender_type),
+                      req->h.sender_index,
+                      (unsigned long long)req->h.generation,
+                      addr ? addr : "an unknown address");
+        }
         break;
     default:
         return keel__fail(KEEL_EINVAL, "message type %u is not served by "
@@ -976,11 +1017,94 @@ handle(keel__ps *ps, keel__wire_msg *req)
     return keel__wire_send(ps->sock, &req->identity, &h, NULL, 0, NULL, NULL);
 }
 
+static const char *
+msg_type_name(unsigned type)
+{
+    static const char *const names[KEEL_MSG_TYPE_END] = {
+        "?", "HELLO", "READY", "PULL", "PULL_REPLY", "PUSH", "PUSH_ACK",
+        "ERROR", "STEP", "SHUTDOWN", "HEARTBEAT", "TOKEN", "INIT" };
+    return type < KEEL_MSG_TYPE_END ? names[type] : "?";
+}
+
+/* Which task may send which request. INIT and SHUTDOWN: the chief (worker
+ * 0 in a cluster without one); PUSH: the training replicas; reads (HELLO,
+ * PULL, STEP, HEARTBEAT): every task of the job. */
+static int
+role_allows(const keel__ps *ps, keel_task_type t, uint32_t index,
+            unsigned type)
+{
+    int chief = t == KEEL_TASK_CHIEF ||
+                (t == KEEL_TASK_WORKER && index == 0 && !ps->has_chief);
+    switch (type) {
+    case KEEL_MSG_INIT:
+    case KEEL_MSG_SHUTDOWN:
+        return chief;
+    case KEEL_MSG_PUSH:
+        return t == KEEL_TASK_CHIEF || t == KEEL_TASK_WORKER;
+    case KEEL_MSG_HELLO:
+    case KEEL_MSG_PULL:
+    case KEEL_MSG_STEP:
+    case KEEL_MSG_HEARTBEAT:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* Who sent req: the task its connection authenticated as (the ZAP
+ * handler's User-Id), or, without authentication, what its header says;
+ * then whether that task may send it. A refusal is logged once per peer
+ * address, task and message type (*logged set: the caller logs nothing
+ * more). */
+static keel_status
+authorize(keel__ps *ps, const keel__wire_msg *req, int *logged)
+{
+    keel_task_type t = (keel_task_type)req->h.sender_type;
+    uint32_t index = req->h.sender_index;
+    const char *addr = NULL, *user = NULL;
+    char claim[KEEL__TASK_NAME_MAX], why[256];
+    *logged = 0;
+    if (req->n_frames > 0) {
+        addr = zmq_msg_gets(&req->frames[0], "Peer-Address");
+        if (ps->zap != NULL)
+            user = zmq_msg_gets(&req->frames[0], "User-Id");
+    }
+    keel__task_name(t, (int)index, claim, sizeof claim);
+    why[0] = '\0';
+    if (ps->zap != NULL) {
+        keel_task_type ut;
+        int ui;
+        if (user == NULL || !keel__task_parse(user, &ut, &ui))
+            snprintf(why, sizeof why, "its connection has no task "
+                     "identity");
+        else if (ut != t || (uint32_t)ui != index)
+            snprintf(why, sizeof why, "it authenticated as %s but its "
+                     "header claims %s", user, claim);
+    }
+    if (why[0] == '\0' && !role_allows(ps, t, index, req->h.type))
+        snprintf(why, sizeof why, "%s may not send %s to a ps", claim,
+                 msg_type_name(req->h.type));
+    if (why[0] == '\0')
+        return KEEL_OK;
+    ps->rejected++;
+    *logged = 1;
+    if (keel__once_add(&ps->refusals, addr, user ? user : claim,
+                       req->h.type))
+        keel__log(KEEL_LOG_WARN, "ps %d: refused %s from %s (%s%s): %s "
+                  "(logged once per peer and request type)",
+                  ps->task_index, msg_type_name(req->h.type),
+                  addr ? addr : "an unknown address",
+                  ps->zap ? "authenticated as " : "unauthenticated, claims ",
+                  user ? user : claim, why);
+    return keel__fail(KEEL_EINVAL, "refused: %s", why);
+}
+
 keel_status
 keel__ps_serve_once(keel__ps *ps, int timeout_ms)
 {
     keel__wire_msg req;
     keel_status st;
+    int logged = 0;
     if (ps->is_shutdown)
         return keel__fail(KEEL_ECANCELLED, "ps %d was shut down",
                           ps->task_index);
@@ -989,6 +1113,8 @@ keel__ps_serve_once(keel__ps *ps, int timeout_ms)
         keel__wire_msg_clear(&req);
         return st;
     }
+    if (st == KEEL_OK)
+        st = authorize(ps, &req, &logged);
     if (st == KEEL_OK) {
         int r = replica_of(ps, &req.h);
         if (r >= 0)
@@ -998,12 +1124,14 @@ keel__ps_serve_once(keel__ps *ps, int timeout_ms)
     if (st != KEEL_OK && req.has_identity) {
         char why[KEEL_ERR_MAX];
         snprintf(why, sizeof why, "%s", keel_last_error());
-        ps->rejected++;
-        keel__log(KEEL_LOG_WARN, "ps %d: rejected a request from task %s %u "
-                  "(request %llu): %s", ps->task_index,
-                  keel_task_type_name((keel_task_type)req.h.sender_type),
-                  req.h.sender_index, (unsigned long long)req.h.request_id,
-                  why);
+        if (!logged) {
+            ps->rejected++;
+            keel__log(KEEL_LOG_WARN, "ps %d: rejected a request from task "
+                      "%s %u (request %llu): %s", ps->task_index,
+                      keel_task_type_name((keel_task_type)req.h.sender_type),
+                      req.h.sender_index,
+                      (unsigned long long)req.h.request_id, why);
+        }
         send_error(ps, &req, st == KEEL_ECORRUPT || st == KEEL_ENOTFOUND ||
                              st == KEEL_EUNAVAILABLE || st == KEEL_EABORTED ||
                              st == KEEL_ECANCELLED ? st : KEEL_EINVAL,

@@ -57,19 +57,48 @@ keel__cluster_place(const keel_vars *vs, int n_ps, int round_robin,
 
 /* ---- keys --------------------------------------------------------------- */
 
-/* KEY_DIR/<type><index>.key(_secret) is this task's pair; each
- * .key file in KEY_DIR is allowed by servers; clients read ps<i>.key. */
+/* CURVE: KEY_DIR/<type><index>.key(_secret) is this task's pair; each
+ * <task>.key file in KEY_DIR is allowed by servers as that task; clients
+ * read ps<i>.key. Else the job token, if there is one. */
 static keel_status
 load_curve(const keel__role_opts *o, keel__curve *c)
 {
-    char name[64];
+    char name[KEEL__TASK_NAME_MAX];
+    keel_task_type t = keel_cluster_spec_task_type(o->spec);
+    int index = keel_cluster_spec_task_index(o->spec);
     memset(c, 0, sizeof *c);
     if (!o->curve)
-        return KEEL_OK;
-    snprintf(name, sizeof name, "%s%d",
-             keel_task_type_name(keel_cluster_spec_task_type(o->spec)),
-             keel_cluster_spec_task_index(o->spec));
+        return o->token != NULL && o->token[0] != '\0'
+                   ? keel__auth_token(c, o->token, t, index) : KEEL_OK;
+    keel__task_name(t, index, name, sizeof name);
     return keel__curve_load(c, o->key_dir, name);
+}
+
+/* The largest tensor of vs (variables and their slots), in bytes. */
+static uint64_t
+largest_tensor(const keel_vars *vs)
+{
+    uint64_t most = 0;
+    for (size_t i = 0; i < keel_vars_count(vs); i++) {
+        keel_var *v = keel_vars_at(vs, i);
+        uint64_t b = keel_tensor_bytes(keel_var_tensor(v));
+        most = b > most ? b : most;
+        for (size_t k = 0; k < keel_var_slot_count(v); k++) {
+            b = keel_tensor_bytes(keel_var_slot_at(v, k, NULL));
+            most = b > most ? b : most;
+        }
+    }
+    return most;
+}
+
+/* 1 for a loopback host ("tcp://127.x.y.z:port", localhost, [::1]). */
+static int
+is_loopback(const char *endpoint)
+{
+    const char *h = strncmp(endpoint, "tcp://", 6) == 0 ? endpoint + 6
+                                                         : endpoint;
+    return strncmp(h, "127.", 4) == 0 || strncmp(h, "localhost:", 10) == 0 ||
+           strncmp(h, "[::1]:", 6) == 0;
 }
 
 /* ---- the ps task -------------------------------------------------------- */
@@ -121,6 +150,34 @@ keel__cluster_run_ps(const keel__role_opts *o, const keel_vars *model,
     }
     if (st == KEEL_OK)
         st = keel_optimizer_prepare(opt, shard);
+    if (st == KEEL_OK) {
+        /* Bounded memory: no frame above the largest tensor served, no
+         * message above what INIT (every variable and slot) or a sync push
+         * (each trainable variable once per micro-batch, at most 64) can
+         * carry. */
+        uint64_t all = 0, trainable = 0;
+        size_t n_tensors = 0, n_trainable = 0;
+        for (size_t i = 0; i < keel_vars_count(shard); i++) {
+            keel_var *v = keel_vars_at(shard, i);
+            uint64_t b = keel_tensor_bytes(keel_var_tensor(v));
+            all += b * (1 + keel_var_slot_count(v));
+            n_tensors += 1 + keel_var_slot_count(v);
+            if (keel_var_is_trainable(v)) {
+                trainable += b;
+                n_trainable++;
+            }
+        }
+        memset(&pc, 0, sizeof pc);
+        pc.limits.max_frame = largest_tensor(shard) + KEEL__WIRE_FRAME_SLACK;
+        pc.limits.max_total_bytes = all > 64 * trainable ? all
+                                                         : 64 * trainable;
+        pc.limits.max_tensors = n_tensors > 64 * n_trainable
+                                    ? n_tensors : 64 * n_trainable;
+        if (pc.limits.max_total_bytes == 0)
+            pc.limits.max_total_bytes = 1;
+        if (pc.limits.max_tensors == 0)
+            pc.limits.max_tensors = 1;
+    }
     if (st == KEEL_OK)
         st = load_curve(o, &curve);
     if (st == KEEL_OK && o->curve)
@@ -130,7 +187,16 @@ keel__cluster_run_ps(const keel__role_opts *o, const keel_vars *model,
                                         sizeof bind);
     if (st != KEEL_OK)
         goto out;
-    memset(&pc, 0, sizeof pc);
+    if (!keel__auth_on(&curve))
+        keel__log(KEEL_LOG_WARN, is_loopback(bind)
+                  ? "ps %d: %s has no authentication: any local process "
+                    "can act as any task of this job (keel launch sets "
+                    "KEEL_CLUSTER_TOKEN for its tasks; set it, or "
+                    "security.curve, when starting tasks yourself)"
+                  : "ps %d: %s HAS NO AUTHENTICATION: anyone who reaches "
+                    "this address can read the model and shut the job "
+                    "down; set KEEL_CLUSTER_TOKEN (the same on every "
+                    "task) or security.curve = true", idx, bind);
     pc.bind = bind;
     pc.vars = shard;
     pc.curve = &curve;
@@ -249,7 +315,7 @@ start_heartbeats(keel__worker *w)
     }
     memset(&hc, 0, sizeof hc);
     hc.endpoints = ptrs;
-    hc.curves = w->o.curve ? w->curves : NULL;
+    hc.curves = keel__auth_on(&w->curves[0]) ? w->curves : NULL;
     hc.n = w->n_ps;
     hc.interval_ms = w->o.heartbeat_ms > 0 ? w->o.heartbeat_ms : 200;
     hc.type = keel_cluster_spec_task_type(w->spec);
@@ -302,6 +368,8 @@ keel__worker_new(const keel__role_opts *o, keel_vars *vs, keel__worker **out)
     if ((st = keel__cluster_place(vs, w->n_ps, o->round_robin, w->ps_of))
         != KEEL_OK || (st = load_curve(o, &curve)) != KEEL_OK)
         goto fail;
+    /* no reply frame above the largest tensor this task receives */
+    keel__wire_set_max_frame(largest_tensor(vs) + KEEL__WIRE_FRAME_SLACK);
     for (int p = 0; p < w->n_ps; p++) {
         char ep[KEEL_ADDR_MAX + 16];
         if ((st = keel__fmt(ep, sizeof ep, "ps address", "tcp://%s",
@@ -374,13 +442,21 @@ static keel_status
 call_error(keel__worker *w, int p, keel_status st, const keel__wire_msg *r,
            const char *what)
 {
-    (void)w;
     if (st == KEEL_ETIMEOUT)
         return keel__wrap(KEEL_EUNAVAILABLE, "ps %d did not answer %s", p,
                           what);
     if (st == KEEL_EPEER && r->h.type == KEEL_MSG_ERROR) {
         switch ((keel_status)r->h.arg) {
         case KEEL_ECANCELLED:
+            /* A worker's input ends when the chief stops the cluster; the
+             * chief itself has not (it does so only after its last
+             * step): someone else did, and the run is cut short. */
+            if (w->is_chief)
+                return keel__wrap(KEEL_EPEER, "ps %d (%s) was shut down "
+                                  "by someone other than this chief before "
+                                  "training finished; %s failed",
+                                  p, keel_cluster_spec_address(
+                                         w->spec, KEEL_TASK_PS, p), what);
             return keel__wrap(KEEL_EOUTOFRANGE, "ps %d: %s", p, what);
         case KEEL_EABORTED:
         case KEEL_EUNAVAILABLE:
@@ -804,8 +880,7 @@ abandon(keel__worker *w, int p, keel_status code, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(why, sizeof why, fmt, ap);
     va_end(ap);
-    if (keel__wire_client_reconnect(w->clients[p],
-                                    w->o.curve ? &w->curves[p] : NULL) !=
+    if (keel__wire_client_reconnect(w->clients[p], &w->curves[p]) !=
         KEEL_OK)
         return keel__wrap(KEEL_EIO, "%s; then", why);
     return keel__fail(code, "%s", why);

@@ -20,6 +20,8 @@ typedef struct keel__role_opts {
     double max_wait_secs;           /* waiting for the chief / the ps */
     int curve;                      /* CURVE on every socket */
     const char *key_dir;
+    const char *token;              /* the job token (KEEL_CLUSTER_TOKEN)
+                                     * when CURVE is off; NULL/"": none */
     int send_buffer_kib;            /* every socket's send buffer; 0: the
                                      * default (KEEL__WIRE_SNDBUF); -1: the
                                      * kernel's autotuning */

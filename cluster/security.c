@@ -1,6 +1,7 @@
-/* security.c - CURVE for the cluster's sockets: key pair generation and
- * loading (secret files mode 0600, never logged), socket setup, and an
- * in-process ZAP handler that admits only allowed client public keys. */
+/* security.c - authentication of the cluster's sockets: CURVE key pairs
+ * (generation and loading; secret files mode 0600, never logged), the job
+ * token's per-task passwords (ZAP PLAIN), socket setup, and an in-process
+ * ZAP handler that admits only the job's tasks and names each one. */
 #include <config.h>
 
 #include <dirent.h>
@@ -12,7 +13,98 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <sodium.h>
+
 #include "cluster_int.h"
+
+/* ---- task names --------------------------------------------------------- */
+
+void
+keel__task_name(keel_task_type t, int index, char *buf, size_t size)
+{
+    snprintf(buf, size, "%s%d", keel_task_type_name(t), index);
+}
+
+int
+keel__task_parse(const char *name, keel_task_type *t, int *index)
+{
+    for (int k = KEEL_TASK_CHIEF; k < KEEL_TASK_TYPE_COUNT; k++) {
+        const char *tn = keel_task_type_name((keel_task_type)k);
+        size_t n = strlen(tn);
+        int64_t v;
+        if (strncmp(name, tn, n) != 0 || name[n] < '0' || name[n] > '9' ||
+            (name[n] == '0' && name[n + 1] != '\0') ||
+            !keel__parse_i64(name + n, 0, KEEL__MAX_TASKS_PER_JOB - 1, &v))
+            continue;
+        *t = (keel_task_type)k;
+        *index = (int)v;
+        return 1;
+    }
+    return 0;
+}
+
+/* ---- the job token ------------------------------------------------------ */
+
+/* hex(HMAC-SHA256(key, "keel-task:" task)) into out[65]. */
+static void
+task_password(const unsigned char key[32], const char *task, char out[65])
+{
+    unsigned char mac[crypto_auth_hmacsha256_BYTES];
+    char msg[KEEL__TASK_NAME_MAX + 16];
+    int n = snprintf(msg, sizeof msg, "keel-task:%s", task);
+    crypto_auth_hmacsha256((unsigned char *)mac, (const unsigned char *)msg,
+                           (unsigned long long)n, key);
+    sodium_bin2hex(out, 65, mac, sizeof mac);
+    sodium_memzero(mac, sizeof mac);
+}
+
+keel_status
+keel__auth_token(keel__curve *c, const char *token, keel_task_type type,
+                 int index)
+{
+    if (token == NULL || strlen(token) < KEEL__TOKEN_MIN)
+        return keel__fail(KEEL_EINVAL, "the cluster token (KEEL_CLUSTER_"
+                          "TOKEN) must have at least %d characters; make one "
+                          "with: head -c 32 /dev/urandom | xxd -p -c 64",
+                          KEEL__TOKEN_MIN);
+    if (sodium_init() < 0)
+        return keel__fail(KEEL_EINTERNAL, "libsodium failed to initialize");
+    crypto_hash_sha256(c->token_key, (const unsigned char *)token,
+                       strlen(token));
+    keel__task_name(type, index, c->user, sizeof c->user);
+    task_password(c->token_key, c->user, c->password);
+    c->plain = 1;
+    return KEEL_OK;
+}
+
+int
+keel__auth_on(const keel__curve *c)
+{
+    return c != NULL && (c->enabled || c->plain);
+}
+
+/* ---- what was logged ---------------------------------------------------- */
+
+int
+keel__once_add(keel__once *o, const char *a, const char *b, long c)
+{
+    uint64_t h = 1469598103934665603ull;        /* FNV-1a */
+    const char *parts[2] = { a ? a : "", b ? b : "" };
+    for (int k = 0; k < 2; k++) {
+        for (const char *p = parts[k]; *p; p++)
+            h = (h ^ (unsigned char)*p) * 1099511628211ull;
+        h = (h ^ 0xff) * 1099511628211ull;
+    }
+    h = (h ^ (uint64_t)c) * 1099511628211ull;
+    for (unsigned i = 0; i < o->n; i++)
+        if (o->h[i] == h)
+            return 0;
+    o->h[o->next] = h;
+    o->next = (o->next + 1) % 256;
+    if (o->n < 256)
+        o->n++;
+    return 1;
+}
 
 /* ---- keys --------------------------------------------------------------- */
 
@@ -194,9 +286,10 @@ keel__curve_load(keel__curve *c, const char *dir, const char *name)
 }
 
 keel_status
-keel__curve_allow_key(keel__curve *c, const char *z85)
+keel__curve_allow_key(keel__curve *c, const char *z85, const char *task)
 {
     char (*a)[KEEL_Z85_KEY];
+    char (*t)[KEEL__TASK_NAME_MAX];
     if (!z85_key_ok(z85))
         return keel__fail(KEEL_EINVAL, "curve: allowed key '%.48s' is not 40 "
                           "Z85 characters", z85);
@@ -204,7 +297,14 @@ keel__curve_allow_key(keel__curve *c, const char *z85)
     if (a == NULL)
         return keel__fail(KEEL_ENOMEM, "curve: allowed keys");
     c->allowed = a;
-    memcpy(c->allowed[c->n_allowed++], z85, KEEL_Z85_KEY);
+    t = realloc(c->allowed_task, (c->n_allowed + 1) * sizeof *t);
+    if (t == NULL)
+        return keel__fail(KEEL_ENOMEM, "curve: allowed keys");
+    c->allowed_task = t;
+    memcpy(c->allowed[c->n_allowed], z85, KEEL_Z85_KEY);
+    snprintf(c->allowed_task[c->n_allowed], KEEL__TASK_NAME_MAX, "%s",
+             task != NULL ? task : "");
+    c->n_allowed++;
     return KEEL_OK;
 }
 
@@ -220,12 +320,25 @@ keel__curve_allow_dir(keel__curve *c, const char *dir)
     while ((e = readdir(d)) != NULL) {
         size_t n = strlen(e->d_name);
         char path[KEEL_PATH_MAX], key[KEEL_Z85_KEY];
+        char task[KEEL__TASK_NAME_MAX] = "";
+        keel_task_type tt;
+        int ti;
         if (n <= 4 || strcmp(e->d_name + n - 4, ".key") != 0)
             continue;
+        if (n - 4 < sizeof task) {
+            memcpy(task, e->d_name, n - 4);
+            task[n - 4] = '\0';
+        }
+        if (!keel__task_parse(task, &tt, &ti)) {
+            keel__log(KEEL_LOG_WARN, "curve: %s/%s does not name a task "
+                      "(<type><index>.key, e.g. worker1.key): its key may "
+                      "connect but acts as no task", dir, e->d_name);
+            task[0] = '\0';
+        }
         if ((st = keel__path_join(path, sizeof path, dir, e->d_name)) !=
                 KEEL_OK ||
             (st = read_key(path, key, 0)) != KEEL_OK ||
-            (st = keel__curve_allow_key(c, key)) != KEEL_OK)
+            (st = keel__curve_allow_key(c, key, task)) != KEEL_OK)
             break;
     }
     closedir(d);
@@ -238,6 +351,7 @@ keel__curve_clear(keel__curve *c)
     if (c == NULL)
         return;
     free(c->allowed);
+    free(c->allowed_task);
     explicit_bzero(c, sizeof *c);
 }
 
@@ -245,21 +359,35 @@ keel_status
 keel__curve_setup_server(void *sock, const keel__curve *c)
 {
     int one = 1;
-    if (c == NULL || !c->enabled)
+    if (c == NULL || !keel__auth_on(c))
         return KEEL_OK;
-    if (zmq_setsockopt(sock, ZMQ_CURVE_SERVER, &one, sizeof one) != 0 ||
-        zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, c->secret_key, 40) != 0 ||
-        zmq_setsockopt(sock, ZMQ_ZAP_DOMAIN, "keel", 4) != 0)
-        return keel__fail(KEEL_EIO, "curve server setup: %s",
+    if (c->enabled
+            ? zmq_setsockopt(sock, ZMQ_CURVE_SERVER, &one, sizeof one) != 0 ||
+              zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, c->secret_key, 40) !=
+                  0
+            : zmq_setsockopt(sock, ZMQ_PLAIN_SERVER, &one, sizeof one) != 0)
+        return keel__fail(KEEL_EIO, "%s server setup: %s",
+                          c->enabled ? "curve" : "token",
                           zmq_strerror(errno));
+    if (zmq_setsockopt(sock, ZMQ_ZAP_DOMAIN, "keel", 4) != 0)
+        return keel__fail(KEEL_EIO, "zap domain: %s", zmq_strerror(errno));
     return KEEL_OK;
 }
 
 keel_status
 keel__curve_setup_client(void *sock, const keel__curve *c)
 {
-    if (c == NULL || !c->enabled)
+    if (c == NULL || !keel__auth_on(c))
         return KEEL_OK;
+    if (!c->enabled) {
+        if (zmq_setsockopt(sock, ZMQ_PLAIN_USERNAME, c->user,
+                           strlen(c->user)) != 0 ||
+            zmq_setsockopt(sock, ZMQ_PLAIN_PASSWORD, c->password,
+                           strlen(c->password)) != 0)
+            return keel__fail(KEEL_EIO, "token client setup: %s",
+                              zmq_strerror(errno));
+        return KEEL_OK;
+    }
     if (!z85_key_ok(c->server_key))
         return keel__fail(KEEL_EINVAL, "curve client: no valid server public "
                           "key");
@@ -281,20 +409,35 @@ struct keel__zap {
     pthread_t thread;
     int started;
     char (*allowed)[KEEL_Z85_KEY];
+    char (*allowed_task)[KEEL__TASK_NAME_MAX];
     size_t n_allowed;
+    int plain;
+    unsigned char token_key[32];
+    keel__once logged;   /* refused (address, key or user) already logged */
     atomic_long refused;
 };
 
 static void
 zap_reply(void *rep, zmq_msg_t *version, zmq_msg_t *reqid, const char *code,
-          const char *text)
+          const char *text, const char *user)
 {
     zmq_msg_send(version, rep, ZMQ_SNDMORE);
     zmq_msg_send(reqid, rep, ZMQ_SNDMORE);
     zmq_send(rep, code, strlen(code), ZMQ_SNDMORE);
     zmq_send(rep, text, strlen(text), ZMQ_SNDMORE);
-    zmq_send(rep, "", 0, ZMQ_SNDMORE);      /* user id */
-    zmq_send(rep, "", 0, 0);                /* metadata */
+    zmq_send(rep, user, strlen(user), ZMQ_SNDMORE);  /* the User-Id */
+    zmq_send(rep, "", 0, 0);                         /* metadata */
+}
+
+/* A frame as a NUL-terminated string (cut to size - 1). */
+static void
+frame_str(zmq_msg_t *f, char *buf, size_t size)
+{
+    size_t n = zmq_msg_size(f);
+    if (n > size - 1)
+        n = size - 1;
+    memcpy(buf, zmq_msg_data(f), n);
+    buf[n] = '\0';
 }
 
 static void
@@ -302,8 +445,10 @@ zap_handle(keel__zap *z)
 {
     zmq_msg_t f[8];
     size_t n = 0;
-    int more = 1, ok = 0;
-    char mech[16] = "", key[KEEL_Z85_KEY] = "";
+    int more = 1;
+    const char *task = NULL;
+    char mech[16] = "", key[KEEL_Z85_KEY] = "", user[KEEL__TASK_NAME_MAX] = "";
+    const char *why = "not a task of this job";
     while (more) {
         zmq_msg_t tmp;
         zmq_msg_init(&tmp);
@@ -328,26 +473,54 @@ zap_handle(keel__zap *z)
         zmq_send(z->rep, "", 0, 0);
         return;
     }
-    if (zmq_msg_size(&f[5]) < sizeof mech)
-        memcpy(mech, zmq_msg_data(&f[5]), zmq_msg_size(&f[5]));
+    frame_str(&f[5], mech, sizeof mech);
     if (strcmp(mech, "CURVE") == 0 && n >= 7 && zmq_msg_size(&f[6]) == 32) {
         zmq_z85_encode(key, zmq_msg_data(&f[6]), 32);
-        for (size_t i = 0; i < z->n_allowed && !ok; i++)
-            ok = strcmp(key, z->allowed[i]) == 0;
-    }
-    if (ok) {
-        zap_reply(z->rep, &f[0], &f[1], "200", "OK");
+        for (size_t i = 0; i < z->n_allowed && task == NULL; i++)
+            if (strcmp(key, z->allowed[i]) == 0) {
+                task = z->allowed_task[i];
+                why = "its key names no task (<type><index>.key)";
+            }
+        if (task != NULL && task[0] == '\0')
+            task = NULL;
+        else if (task == NULL)
+            why = "unknown public key";
+    } else if (strcmp(mech, "PLAIN") == 0 && z->plain && n >= 8) {
+        char pass[80], want[65];
+        keel_task_type tt;
+        int ti;
+        frame_str(&f[6], user, sizeof user);
+        frame_str(&f[7], pass, sizeof pass);
+        why = "wrong token";
+        if (keel__task_parse(user, &tt, &ti) && zmq_msg_size(&f[6]) <
+                sizeof user && strlen(pass) == 64) {
+            task_password(z->token_key, user, want);
+            if (sodium_memcmp(want, pass, 64) == 0)
+                task = user;
+            sodium_memzero(want, sizeof want);
+        } else if (!keel__task_parse(user, &tt, &ti)) {
+            why = "user is not a task name";
+        }
+        sodium_memzero(pass, sizeof pass);
     } else {
-        char addr[64] = "";
-        size_t al = zmq_msg_size(&f[3]);
-        memcpy(addr, zmq_msg_data(&f[3]), al < sizeof addr - 1 ? al
-                                                               : sizeof addr - 1);
+        why = z->plain ? "no token (PLAIN) credentials"
+                       : "no CURVE credentials";
+    }
+    if (task != NULL) {
+        zap_reply(z->rep, &f[0], &f[1], "200", "OK", task);
+    } else {
+        char addr[64];
+        frame_str(&f[3], addr, sizeof addr);
         atomic_fetch_add(&z->refused, 1);
-        /* The public key is not secret; it helps find the stray client. */
-        keel__log(KEEL_LOG_WARN, "cluster: refused %s client from %s%s%s",
-                  mech[0] ? mech : "unknown", addr,
-                  key[0] ? " with unknown public key " : "", key);
-        zap_reply(z->rep, &f[0], &f[1], "400", "key not allowed");
+        /* Once per address and key or user: a refused client reconnects
+         * every few ms. The public key is not secret; it helps find the
+         * stray client. Passwords are never logged. */
+        if (keel__once_add(&z->logged, addr, key[0] ? key : user, 0))
+            keel__log(KEEL_LOG_WARN, "cluster: refused %s client from %s%s%s"
+                      "%s%s: %s (logged once)", mech[0] ? mech : "unknown",
+                      addr, key[0] ? " with public key " : "", key,
+                      user[0] ? " as " : "", user, why);
+        zap_reply(z->rep, &f[0], &f[1], "400", "not allowed", "");
     }
     for (size_t i = 0; i < n; i++)     /* sent ones are empty now */
         zmq_msg_close(&f[i]);
@@ -384,14 +557,23 @@ keel__zap_start(void *zctx, const keel__curve *c, keel__zap **out)
     if (z == NULL)
         return keel__fail(KEEL_ENOMEM, "zap: %zu bytes", sizeof *z);
     z->zctx = zctx;
-    if (c->n_allowed > 0) {
+    if (c->enabled && c->n_allowed > 0) {
         z->allowed = malloc(c->n_allowed * sizeof *z->allowed);
-        if (z->allowed == NULL) {
+        z->allowed_task = calloc(c->n_allowed, sizeof *z->allowed_task);
+        if (z->allowed == NULL || z->allowed_task == NULL) {
+            free(z->allowed);
+            free(z->allowed_task);
             free(z);
             return keel__fail(KEEL_ENOMEM, "zap: allowed keys");
         }
         memcpy(z->allowed, c->allowed, c->n_allowed * sizeof *z->allowed);
+        if (c->allowed_task != NULL)
+            memcpy(z->allowed_task, c->allowed_task,
+                   c->n_allowed * sizeof *z->allowed_task);
         z->n_allowed = c->n_allowed;
+    } else if (!c->enabled && c->plain) {
+        z->plain = 1;
+        memcpy(z->token_key, c->token_key, sizeof z->token_key);
     }
     snprintf(ctl, sizeof ctl, "inproc://keel-zap-ctl-%p", (void *)z);
     z->rep = zmq_socket(zctx, ZMQ_REP);
@@ -435,5 +617,7 @@ keel__zap_stop(keel__zap *z)
     if (z->ctl_out)
         zmq_close(z->ctl_out);
     free(z->allowed);
+    free(z->allowed_task);
+    sodium_memzero(z->token_key, sizeof z->token_key);
     free(z);
 }

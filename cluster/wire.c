@@ -108,6 +108,9 @@ keel__wire_header_decode(const void *buf, size_t n, keel__wire_header *h)
     if (version != KEEL_WIRE_VERSION)
         return keel__fail(KEEL_ECORRUPT, "wire version %u (this keel speaks "
                           "%d)", version, KEEL_WIRE_VERSION);
+    /* The request id first: a request refused below is still answered
+     * under its own id, so its sender learns why instead of timing out. */
+    h->request_id = get64(p + 8);
     h->type = p[6];
     h->flags = p[7];
     if (h->type < KEEL_MSG_HELLO || h->type >= KEEL_MSG_TYPE_END)
@@ -116,7 +119,6 @@ keel__wire_header_decode(const void *buf, size_t n, keel__wire_header *h)
         return keel__fail(KEEL_ECORRUPT, "unknown flags 0x%02x", h->flags);
     if (p[17] != 0 || get16(p + 18) != 0)
         return keel__fail(KEEL_ECORRUPT, "reserved header bytes not zero");
-    h->request_id = get64(p + 8);
     h->sender_type = p[16];
     if (h->sender_type >= KEEL_TASK_TYPE_COUNT)
         return keel__fail(KEEL_ECORRUPT, "unknown sender task type %u",
@@ -395,6 +397,9 @@ keel__wire_recv(void *sock, int has_identity, const keel__wire_limits *lim_in,
         frames[n++] = f;
     }
     if (too_many) {
+        if (n > 0)      /* the request id, to answer under it */
+            (void)keel__wire_header_decode(zmq_msg_data(&frames[0]),
+                                           zmq_msg_size(&frames[0]), &m->h);
         for (size_t i = 0; i < n; i++)
             zmq_msg_close(&frames[i]);
         free(frames);
@@ -562,6 +567,13 @@ keel__wire_new_generation(void)
 }
 
 static _Atomic int wire_sndbuf = KEEL__WIRE_SNDBUF;
+static _Atomic uint64_t wire_max_frame;
+
+void
+keel__wire_set_max_frame(uint64_t bytes)
+{
+    atomic_store(&wire_max_frame, bytes);
+}
 
 void
 keel__wire_set_send_buffer(int bytes)
@@ -580,9 +592,12 @@ keel__wire_sockopts(void *sock, const keel__wire_limits *lim_in)
     int zero = 0, sndto = 10000, reconnect_ms = 20,
         sndbuf = atomic_load(&wire_sndbuf);
     int64_t maxmsg;
+    uint64_t frame = lim.max_frame ? lim.max_frame
+                                   : atomic_load(&wire_max_frame);
     keel__wire_limits_default(&lim);
-    maxmsg = lim.max_total_bytes > INT64_MAX / 2 ? -1
-                                                 : (int64_t)lim.max_total_bytes;
+    if (frame == 0 || frame > lim.max_total_bytes + KEEL__WIRE_FRAME_SLACK)
+        frame = lim.max_total_bytes + KEEL__WIRE_FRAME_SLACK;
+    maxmsg = frame > INT64_MAX / 2 ? -1 : (int64_t)frame;
     if (zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
         zmq_setsockopt(sock, ZMQ_SNDTIMEO, &sndto, sizeof sndto) != 0 ||
         zmq_setsockopt(sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg) != 0 ||

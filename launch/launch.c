@@ -23,6 +23,7 @@
 #include <arpa/inet.h>
 #ifdef __linux__
 #include <sys/prctl.h>
+#include <sys/random.h>
 #endif
 
 #include "launch_int.h"
@@ -218,6 +219,22 @@ keel_launch_new(const keel_launch_config *cfg, keel_launch **out)
         return keel__fail(KEEL_ENOMEM, "launch: %zu tasks", (size_t)0);
     }
     snprintf(l->output_env, len, "OUTPUT_DIR=%s", cfg->output_dir);
+    /* Every job has a secret: the ps obey only tasks that hold it (a
+     * caller's KEEL_CLUSTER_TOKEN is passed on as it is). */
+    if (getenv("KEEL_CLUSTER_TOKEN") == NULL ||
+        getenv("KEEL_CLUSTER_TOKEN")[0] == '\0') {
+        unsigned char raw[32];
+        size_t off = (size_t)snprintf(l->token_env, sizeof l->token_env,
+                                      "KEEL_CLUSTER_TOKEN=");
+        if (getrandom(raw, sizeof raw, 0) != (ssize_t)sizeof raw) {
+            keel_launch_free(l);
+            return keel__fail(KEEL_EIO, "launch: no random bytes for the "
+                              "cluster token: %s", strerror(errno));
+        }
+        for (size_t i = 0; i < sizeof raw; i++)
+            snprintf(l->token_env + off + 2 * i, 3, "%02x", raw[i]);
+        explicit_bzero(raw, sizeof raw);
+    }
     l->cfg.output_dir = l->output_dir;
     for (int i = 0; i < cfg->num_ps; i++)
         init_task(&l->tasks[k++], KEEL_TASK_PS, i);
@@ -264,15 +281,19 @@ child_environ(keel_launch *l, task *t)
     char **env;
     while (environ != NULL && environ[n] != NULL)
         n++;
-    env = calloc(n + 3, sizeof *env);
+    env = calloc(n + 4, sizeof *env);
     if (env == NULL)
         return NULL;
     for (size_t i = 0; i < n; i++)
         if (strncmp(environ[i], "TF_CONFIG=", 10) != 0 &&
-            strncmp(environ[i], "OUTPUT_DIR=", 11) != 0)
+            strncmp(environ[i], "OUTPUT_DIR=", 11) != 0 &&
+            (l->token_env[0] == '\0' ||
+             strncmp(environ[i], "KEEL_CLUSTER_TOKEN=", 19) != 0))
             env[k++] = environ[i];
     env[k++] = t->tf_config;
     env[k++] = l->output_env;
+    if (l->token_env[0] != '\0')
+        env[k++] = l->token_env;
     env[k] = NULL;
     return env;
 }
@@ -366,6 +387,7 @@ spawn(keel_launch *l, size_t i)
     t->kill_sent = 0;
     t->is_term_held = 0;
     t->had_step = 0;
+    t->last_error[0] = '\0';
     t->started_ns = keel__now_mono_ns();
     t->chief_step_at_start = l->tasks[l->chief].info.global_step;
     t->last_ticks = 0;
@@ -461,6 +483,9 @@ deliver_line(keel_launch *l, size_t i, int stream, char *line, size_t len)
         }
         line[len] = '\0';
     }
+    if (stream == 1 && strncmp(line, "keel: ", 6) == 0 &&
+        strncmp(line, "keel: warning", 13) != 0)
+        snprintf(t->last_error, sizeof t->last_error, "%s", line + 6);
     step = parse_step(line);
     if (step >= 0) {
         t->info.global_step = step;
@@ -704,5 +729,6 @@ keel_launch_free(keel_launch *l)
     free(l->tasks);
     free(l->output_dir);
     free(l->output_env);
+    explicit_bzero(l->token_env, sizeof l->token_env);
     free(l);
 }

@@ -38,6 +38,8 @@ typedef struct task {
     int64_t died_ns;               /* for the "back" event */
     int wants_back_event;
     int had_step;                  /* printed a step line since its start */
+    char last_error[256];          /* its last "keel: ..." stderr line
+                                    * (why it failed, for the report) */
     int64_t started_ns;
     int64_t chief_step_at_start;   /* the cluster's step when it started */
     int backoff_level;             /* failures in a row before progress */
@@ -51,6 +53,9 @@ struct keel_launch {
     keel_launch_config cfg;
     char *output_dir;
     char *output_env;              /* "OUTPUT_DIR=..." */
+    char token_env[96];            /* "KEEL_CLUSTER_TOKEN=<64 hex>", made
+                                    * here when the environment has none;
+                                    * "" to pass the caller's */
     task *tasks;
     size_t n;
     int *port_holds;               /* per task: a socket bound to its port

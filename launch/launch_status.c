@@ -196,9 +196,10 @@ keel_launch_exit_code(const keel_launch *l, const char **why)
         if (c->info.last_status < 0)
             snprintf(m->why, sizeof m->why, "the chief never ran");
         else
-            snprintf(m->why, sizeof m->why, "the chief ended with %s",
+            snprintf(m->why, sizeof m->why, "the chief ended with %s%s%s",
                      keel__launch_describe_status(c->info.last_status, how,
-                                                  sizeof how));
+                                                  sizeof how),
+                     c->last_error[0] ? ": " : "", c->last_error);
         *why = m->why;
     }
     return 1;

@@ -12,6 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <dirent.h>
+#include <grp.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -1490,6 +1493,218 @@ START_TEST(test_lease_rejects_names_outside_the_directory)
 }
 END_TEST
 
+/* ---- name maps, retention bounds, real disk faults ------------------ */
+
+static keel_vars *
+two_by_three(const char *a, const char *b)
+{
+    keel_vars *vs;
+    ck_assert_int_eq(keel_vars_new(&vs), KEEL_OK);
+    ck_assert_int_eq(keel_vars_create(vs, a, 1, (int64_t[]){ 3 },
+                                      KEEL_VAR_TRAINABLE, NULL), KEEL_OK);
+    if (b != NULL)
+        ck_assert_int_eq(keel_vars_create(vs, b, 1, (int64_t[]){ 3 },
+                                          KEEL_VAR_TRAINABLE, NULL), KEEL_OK);
+    return vs;
+}
+
+START_TEST(test_name_map_of_two_onto_one_names_both)
+{
+    keel_vars *a = two_by_three("a/w", "b/w"), *b = two_by_three("x/w", NULL);
+    keel_saver *s = new_saver(tu_dir, 5, 0);
+    const char *map[] = { "a=x", "b=x" };
+    keel_restore_opts o;
+    char path[4096];
+    float before[3];
+    save_step(s, a, 3, path, sizeof path);
+    memcpy(before, keel_var_tensor(keel_vars_at(b, 0))->data, sizeof before);
+    memset(&o, 0, sizeof o);
+    o.mode = KEEL_RESTORE_PARTIAL;
+    o.name_map = map;
+    o.n_name_map = 2;
+    ck_assert_int_eq(keel_ckpt_restore(path, b, &o, NULL), KEEL_EINVAL);
+    ck_assert_msg(strstr(keel_last_error(), "'a/w' and 'b/w'") != NULL &&
+                  strstr(keel_last_error(), "'x/w'") != NULL, "%s",
+                  keel_last_error());
+    /* nothing was read */
+    ck_assert_int_eq(memcmp(before, keel_var_tensor(keel_vars_at(b, 0))->data,
+                            sizeof before), 0);
+    keel_saver_free(s);
+    keel_vars_free(a);
+    keel_vars_free(b);
+}
+END_TEST
+
+/* A state file may list any name: retention unlinks only
+ * <basename>-<step>.h5 files of its own directory. */
+START_TEST(test_retention_never_unlinks_outside_the_checkpoint_set)
+{
+    char ck[4200], text[16384], p1[4300], p2[4300];
+    const char *victims[] = { "victim.h5", "model.ckpt-7.h5", "ck/notes.txt",
+                              "ck/other-3.h5" };
+    keel_vars *a = two_by_three("a/w", NULL);
+    keel_saver *s;
+    int n;
+    snprintf(ck, sizeof ck, "%s/ck", tu_dir);
+    s = new_saver(ck, 5, 0);
+    save_step(s, a, 1, NULL, 0);
+    keel_saver_free(s);
+    for (size_t i = 0; i < 4; i++)
+        tu_write_file(tu_path(victims[i]), "keep me\n", 8);
+    snprintf(p1, sizeof p1, "%s/model.ckpt-7.h5", tu_dir);
+    snprintf(p2, sizeof p2, "%s/ck/model.ckpt-1.h5", tu_dir);
+    n = snprintf(text, sizeof text,
+                 "model_checkpoint_path: \"%s\"\n"
+                 "all_model_checkpoint_paths: \"../victim.h5\"\n"
+                 "all_model_checkpoint_paths: \"%s\"\n"
+                 "all_model_checkpoint_paths: \"notes.txt\"\n"
+                 "all_model_checkpoint_paths: \"other-3.h5\"\n"
+                 "all_model_checkpoint_paths: \"%s\"\n"
+                 "# keel: delete=../victim.h5\n", p2, p1, p2);
+    ck_assert_int_lt(n, (int)sizeof text);
+    tu_write_file(tu_path("ck/checkpoint"), text, (size_t)n);
+    s = new_saver(ck, 1, 0);
+    save_step(s, a, 2, NULL, 0);
+    keel_saver_free(s);
+    for (size_t i = 0; i < 4; i++)
+        ck_assert_msg(access(tu_path(victims[i]), F_OK) == 0, "%s was "
+                      "removed", victims[i]);
+    /* its own checkpoint, even named by an absolute path, went */
+    ck_assert_int_eq(access(p2, F_OK), -1);
+    ck_assert_int_eq(access(tu_path("ck/model.ckpt-2.h5"), F_OK), 0);
+    keel_vars_free(a);
+}
+END_TEST
+
+/* The disk fills up in the middle of a checkpoint's data: a 96 KiB tmpfs
+ * (ENOSPC) in a private mount namespace, so only as root (SKIP otherwise:
+ * RLIMIT_FSIZE is no stand-in here, as HDF5 crashes at exit after the
+ * EFBIG of its closing ftruncate). The save fails naming the file and the
+ * reason, leaves no partial file, and the previous checkpoint stays the
+ * verified latest. */
+START_TEST(test_disk_full_mid_data_keeps_the_previous_checkpoint)
+{
+    char dir[4200], latest[4096], *e;
+    keel_vars *vs;
+    keel_var *v;
+    keel_saver *s;
+    keel_status st = KEEL_OK;
+    int64_t step = -1;
+    if (getuid() != 0) {
+        fprintf(stderr, "SKIP disk full: mounting a small tmpfs needs "
+                "root\n");
+        return;
+    }
+    snprintf(dir, sizeof dir, "%s/small", tu_dir);
+    ck_assert_int_eq(mkdir(dir, 0755), 0);
+    ck_assert_msg(unshare(CLONE_NEWNS) == 0, "unshare: %s", strerror(errno));
+    ck_assert_int_eq(mount("none", "/", NULL, MS_REC | MS_PRIVATE, NULL), 0);
+    ck_assert_msg(mount("tmpfs", dir, "tmpfs", 0, "size=96k") == 0,
+                  "mount tmpfs: %s", strerror(errno));
+    ck_assert_int_eq(keel_vars_new(&vs), KEEL_OK);
+    ck_assert_int_eq(keel_vars_create(vs, "big/w", 1, (int64_t[]){ 16384 },
+                                      KEEL_VAR_TRAINABLE, &v), KEEL_OK);
+    for (int i = 0; i < 16384; i++)
+        keel_var_tensor(v)->data[i] = (float)i;
+    s = new_saver(dir, 5, 0);
+    save_step(s, vs, 1, NULL, 0);                /* 64 KiB of data fits */
+    for (int k = 2; k <= 3; k++) {               /* the next one cannot */
+        keel_vars_set_global_step(vs, k);
+        st = keel_saver_save(s, vs, NULL, NULL, 0);
+        if (st == KEEL_OK)
+            st = keel_saver_wait(s);
+        if (st != KEEL_OK)
+            break;
+    }
+    e = strdup(keel_last_error());
+    ck_assert_msg(st != KEEL_OK, "saves did not fail");
+    ck_assert_msg(strstr(e, strerror(ENOSPC)) != NULL &&
+                  strstr(e, dir) != NULL, "%s", e);
+    keel_saver_free(s);
+    /* no partial or temporary file left; the last good one is latest */
+    ck_assert_int_eq(count_files(dir, ".tmp"), 0);
+    ck_assert_msg(keel_ckpt_latest(dir, NULL, latest, sizeof latest, &step) ==
+                  KEEL_OK, "%s", keel_last_error());
+    ck_assert_int_eq(step, 1);
+    ck_assert_int_eq(keel_ckpt_verify(latest), KEEL_OK);
+    for (int64_t k = 2; k <= 3; k++) {
+        char p[4300];
+        snprintf(p, sizeof p, "%s/model.ckpt-%lld.h5", dir, (long long)k);
+        ck_assert_msg(access(p, F_OK) != 0, "%s exists", p);
+    }
+    free(e);
+    keel_vars_free(vs);
+    ck_assert_int_eq(umount2(dir, MNT_DETACH), 0);
+}
+END_TEST
+
+/* A checkpoint directory the user may not write: as root the check runs
+ * in a child that became nobody. The failure names the directory and
+ * the reason; nothing is created. */
+static int
+try_unwritable(const char *dir, char *why, size_t size)
+{
+    keel_vars *vs = two_by_three("a/w", NULL);
+    keel_saver_config cfg;
+    keel_saver *s = NULL;
+    keel_status st;
+    keel_saver_config_init(&cfg);
+    cfg.dir = dir;
+    st = keel_saver_new(&cfg, &s);
+    if (st == KEEL_OK) {
+        keel_vars_set_global_step(vs, 1);
+        st = keel_saver_save(s, vs, NULL, NULL, 0);
+        if (st == KEEL_OK)
+            st = keel_saver_wait(s);
+    }
+    snprintf(why, size, "%s", keel_last_error());
+    keel_saver_free(s);
+    keel_vars_free(vs);
+    return st != KEEL_OK && strstr(why, strerror(EACCES)) != NULL &&
+           strstr(why, dir) != NULL;
+}
+
+START_TEST(test_unwritable_checkpoint_dir_fails_clearly)
+{
+    char dir[4200], why[4096];
+    snprintf(dir, sizeof dir, "%s/ro", tu_dir);
+    ck_assert_int_eq(mkdir(dir, 0755), 0);
+    if (getuid() == 0) {
+        int pipefd[2], status;
+        pid_t pid;
+        ssize_t n;
+        ck_assert_int_eq(chmod(tu_dir, 0755), 0);
+        ck_assert_int_eq(pipe(pipefd), 0);
+        pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+            int ok;
+            close(pipefd[0]);
+            if (setgroups(0, NULL) != 0 || setgid(65534) != 0 ||
+                setuid(65534) != 0)
+                _exit(3);
+            ok = try_unwritable(dir, why, sizeof why);
+            if (write(pipefd[1], why, strlen(why)) < 0)
+                _exit(4);
+            _exit(ok ? 0 : 1);
+        }
+        close(pipefd[1]);
+        n = read(pipefd[0], why, sizeof why - 1);
+        why[n > 0 ? n : 0] = '\0';
+        close(pipefd[0]);
+        ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+                      "as nobody: status %d: %s", status, why);
+    } else {
+        ck_assert_int_eq(chmod(dir, 0555), 0);
+        ck_assert_msg(try_unwritable(dir, why, sizeof why), "%s", why);
+        chmod(dir, 0755);
+    }
+    ck_assert_int_eq(count_files(dir, ".h5"), 0);
+    ck_assert_int_eq(count_files(dir, "checkpoint"), 0);
+}
+END_TEST
+
 static Suite *
 checkpoint_suite(void)
 {
@@ -1530,6 +1745,10 @@ checkpoint_suite(void)
     tcase_add_test(tc, test_lease_defers_retention_until_released);
     tcase_add_test(tc, test_stale_lease_of_dead_pid_is_ignored_and_removed);
     tcase_add_test(tc, test_lease_rejects_names_outside_the_directory);
+    tcase_add_test(tc, test_name_map_of_two_onto_one_names_both);
+    tcase_add_test(tc, test_retention_never_unlinks_outside_the_checkpoint_set);
+    tcase_add_test(tc, test_disk_full_mid_data_keeps_the_previous_checkpoint);
+    tcase_add_test(tc, test_unwritable_checkpoint_dir_fails_clearly);
     suite_add_tcase(s, tc);
     tcase_add_checked_fixture(slow, tu_setup, tu_teardown);
     tcase_set_timeout(slow, long_mode() ? 7200 : 120);

@@ -720,7 +720,8 @@ typedef struct raw {
 static void
 raw_init(raw *r)
 {
-    keel__wire_header h = { .type = KEEL_MSG_PUSH, .count = 1 };
+    keel__wire_header h = { .type = KEEL_MSG_PUSH, .count = 1,
+                            .sender_type = KEEL_TASK_WORKER };
     int64_t shape[2] = { 2, 3 };
     memset(r, 0, sizeof *r);
     keel__wire_header_encode(&h, r->hdr);
@@ -1461,6 +1462,159 @@ START_TEST(test_keygen_writes_pair_with_modes_and_never_overwrites)
 }
 END_TEST
 
+/* A call refused by the ps's role check: an ERROR naming why. */
+static void
+expect_refused(keel__wire_client *c, uint8_t type, const char *needle)
+{
+    keel__wire_header h = { .type = type };
+    keel__wire_msg r;
+    ck_assert_int_eq(keel__wire_client_call(c, &h, NULL, 0, 0, 3000, &r),
+                     KEEL_EPEER);
+    ck_assert_int_eq(r.h.type, KEEL_MSG_ERROR);
+    ck_assert_msg(r.text != NULL && strstr(r.text, needle) != NULL,
+                  "'%s' lacks '%s'", r.text ? r.text : "", needle);
+    keel__wire_msg_clear(&r);
+}
+
+START_TEST(test_curve_allowed_key_in_a_role_it_does_not_hold)
+{
+    char keys[4200];
+    keel__curve srv, w1c;
+    server sv;
+    keel__wire_client *as_w1, *as_w0;
+    int warned;
+
+    snprintf(keys, sizeof keys, "%s/keys", tu_dir);
+    ck_assert_int_eq(keel_cluster_keygen(keys, "ps0", NULL), KEEL_OK);
+    ck_assert_int_eq(keel_cluster_keygen(keys, "worker1", NULL), KEEL_OK);
+    memset(&srv, 0, sizeof srv);
+    memset(&w1c, 0, sizeof w1c);
+    ck_assert_int_eq(keel__curve_load(&srv, keys, "ps0"), KEEL_OK);
+    ck_assert_int_eq(keel__curve_allow_dir(&srv, keys), KEEL_OK);
+    ck_assert_int_eq(keel__curve_load(&w1c, keys, "worker1"), KEEL_OK);
+    memcpy(w1c.server_key, srv.public_key, KEEL_Z85_KEY);
+    atomic_store(&n_warned, 0);
+    keel_log_set_handler(count_warnings, NULL, KEEL_LOG_WARN);
+    server_start(&sv, &srv, NULL);      /* no chief: worker 0 is it */
+    ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps), &w1c,
+                                           KEEL_TASK_WORKER, 1, &as_w1),
+                     KEEL_OK);
+    ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps), &w1c,
+                                           KEEL_TASK_WORKER, 0, &as_w0),
+                     KEEL_OK);
+    /* worker 1's own key: reads, but neither SHUTDOWN nor INIT */
+    check_pull(as_w1, 0.0f, 10.0f);
+    expect_refused(as_w1, KEEL_MSG_SHUTDOWN, "worker1 may not send "
+                   "SHUTDOWN");
+    warned = atomic_load(&n_warned);
+    ck_assert_int_eq(warned, 1);
+    ck_assert_ptr_nonnull(strstr(last_warning, "127.0.0.1"));
+    expect_refused(as_w1, KEEL_MSG_SHUTDOWN, "may not send SHUTDOWN");
+    expect_refused(as_w1, KEEL_MSG_SHUTDOWN, "may not send SHUTDOWN");
+    ck_assert_int_eq(atomic_load(&n_warned), warned);   /* logged once */
+    /* the same key claiming to be worker 0 (the chief here) */
+    expect_refused(as_w0, KEEL_MSG_SHUTDOWN, "authenticated as worker1 but "
+                   "its header claims worker0");
+    expect_refused(as_w0, KEEL_MSG_PULL, "authenticated as worker1");
+    /* still serving, nothing changed */
+    check_pull(as_w1, 0.0f, 10.0f);
+    keel__wire_client_free(as_w1);
+    keel__wire_client_free(as_w0);
+    server_join(&sv);
+    ck_assert_int_eq(keel__ps_served(sv.ps), 2);
+    ck_assert_int_eq(keel__ps_rejected(sv.ps), 5);
+    keel_log_set_handler(NULL, NULL, KEEL_LOG_WARN);
+    server_free(&sv);
+    keel__curve_clear(&srv);
+    keel__curve_clear(&w1c);
+}
+END_TEST
+
+START_TEST(test_token_admits_the_job_tasks_only)
+{
+    const char *token = "0123456789abcdef-the-job";
+    keel__curve srv, w0c, w1c, wrong, forged;
+    server sv;
+    keel__wire_client *w0, *w1, *bad, *fake, *none;
+    keel__wire_header h = { .type = KEEL_MSG_PULL,
+                            .flags = KEEL_WIRE_F_NAMES_ONLY };
+    keel__wire_msg r;
+
+    memset(&srv, 0, sizeof srv);
+    memset(&w0c, 0, sizeof w0c);
+    memset(&w1c, 0, sizeof w1c);
+    memset(&wrong, 0, sizeof wrong);
+    ck_assert_int_eq(keel__auth_token(&srv, "short", KEEL_TASK_PS, 0),
+                     KEEL_EINVAL);
+    ck_assert_int_eq(keel__auth_token(&srv, token, KEEL_TASK_PS, 0),
+                     KEEL_OK);
+    ck_assert_int_eq(keel__auth_token(&w0c, token, KEEL_TASK_WORKER, 0),
+                     KEEL_OK);
+    ck_assert_int_eq(keel__auth_token(&w1c, token, KEEL_TASK_WORKER, 1),
+                     KEEL_OK);
+    ck_assert_str_eq(w1c.user, "worker1");
+    ck_assert_int_eq(strlen(w1c.password), 64);
+    ck_assert_ptr_null(strstr(w1c.password, token));
+    ck_assert_str_ne(w0c.password, w1c.password);
+    ck_assert_int_eq(keel__auth_token(&wrong, "another-job-token-0000",
+                                      KEEL_TASK_WORKER, 0), KEEL_OK);
+    /* worker 1's password presented as worker 0 (the chief here) */
+    forged = w1c;
+    snprintf(forged.user, sizeof forged.user, "worker0");
+
+    atomic_store(&n_warned, 0);
+    keel_log_set_handler(count_warnings, NULL, KEEL_LOG_WARN);
+    server_start(&sv, &srv, NULL);
+    ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps), &w0c,
+                                           KEEL_TASK_WORKER, 0, &w0),
+                     KEEL_OK);
+    ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps), &w1c,
+                                           KEEL_TASK_WORKER, 1, &w1),
+                     KEEL_OK);
+    ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps), &wrong,
+                                           KEEL_TASK_WORKER, 0, &bad),
+                     KEEL_OK);
+    ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps), &forged,
+                                           KEEL_TASK_WORKER, 0, &fake),
+                     KEEL_OK);
+    ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps), NULL,
+                                           KEEL_TASK_WORKER, 0, &none),
+                     KEEL_OK);
+    check_pull(w0, 0.0f, 10.0f);
+    check_pull(w1, 0.0f, 10.0f);
+    expect_refused(w1, KEEL_MSG_SHUTDOWN, "worker1 may not send SHUTDOWN");
+    ck_assert_int_eq(keel__wire_client_call(bad, &h, NULL, 0, 0, 400, &r),
+                     KEEL_ETIMEOUT);
+    keel__wire_msg_clear(&r);
+    h.type = KEEL_MSG_SHUTDOWN;
+    h.flags = 0;
+    ck_assert_int_eq(keel__wire_client_call(fake, &h, NULL, 0, 0, 400, &r),
+                     KEEL_ETIMEOUT);
+    keel__wire_msg_clear(&r);
+    ck_assert_int_eq(keel__wire_client_call(none, &h, NULL, 0, 0, 400, &r),
+                     KEEL_ETIMEOUT);
+    keel__wire_msg_clear(&r);
+    check_pull(w0, 0.0f, 10.0f);         /* not shut down */
+    keel__wire_client_free(w0);
+    keel__wire_client_free(w1);
+    keel__wire_client_free(bad);
+    keel__wire_client_free(fake);
+    keel__wire_client_free(none);
+    server_join(&sv);
+    ck_assert_int_eq(keel__ps_served(sv.ps), 3);
+    keel_log_set_handler(NULL, NULL, KEEL_LOG_WARN);
+    /* refusals are logged, passwords and the token never */
+    ck_assert_int_ge(atomic_load(&n_warned), 2);
+    ck_assert_ptr_null(strstr(last_warning, w1c.password));
+    ck_assert_ptr_null(strstr(last_warning, token));
+    server_free(&sv);
+    keel__curve_clear(&srv);
+    keel__curve_clear(&w0c);
+    keel__curve_clear(&w1c);
+    keel__curve_clear(&wrong);
+}
+END_TEST
+
 START_TEST(test_curve_admits_allowed_keys_only)
 {
     char keys[4200], allowed[4200], path[4300];
@@ -1475,9 +1629,9 @@ START_TEST(test_curve_admits_allowed_keys_only)
     snprintf(keys, sizeof keys, "%s/keys", tu_dir);
     snprintf(allowed, sizeof allowed, "%s/allowed", tu_dir);
     ck_assert_int_eq(keel_cluster_keygen(keys, "server", NULL), KEEL_OK);
-    ck_assert_int_eq(keel_cluster_keygen(keys, "good", NULL), KEEL_OK);
+    ck_assert_int_eq(keel_cluster_keygen(keys, "worker0", NULL), KEEL_OK);
     ck_assert_int_eq(keel_cluster_keygen(keys, "stranger", NULL), KEEL_OK);
-    ck_assert_int_eq(keel_cluster_keygen(allowed, "good", pub), KEEL_OK);
+    ck_assert_int_eq(keel_cluster_keygen(allowed, "worker0", pub), KEEL_OK);
     memset(&srv, 0, sizeof srv);
     memset(&ok_c, 0, sizeof ok_c);
     memset(&bad_c, 0, sizeof bad_c);
@@ -1486,7 +1640,7 @@ START_TEST(test_curve_admits_allowed_keys_only)
      * the server ignores): use the key pair written there. */
     ck_assert_int_eq(keel__curve_allow_dir(&srv, allowed), KEEL_OK);
     ck_assert_int_eq(srv.n_allowed, 1);
-    ck_assert_int_eq(keel__curve_load(&ok_c, allowed, "good"), KEEL_OK);
+    ck_assert_int_eq(keel__curve_load(&ok_c, allowed, "worker0"), KEEL_OK);
     ck_assert_int_eq(keel__curve_load(&bad_c, keys, "stranger"), KEEL_OK);
     memcpy(ok_c.server_key, srv.public_key, KEEL_Z85_KEY);
     memcpy(bad_c.server_key, srv.public_key, KEEL_Z85_KEY);
@@ -1693,7 +1847,18 @@ START_TEST(test_real_ps_checks_requests_and_aggregates_in_sync)
     /* only the chief (worker 0: no chief job) initializes */
     memset(&h, 0, sizeof h);
     h.type = KEEL_MSG_INIT;
-    expect_call_error(w1, &h, init, 2, KEEL_EINVAL, "only the chief");
+    expect_call_error(w1, &h, init, 2, KEEL_EINVAL, "worker1 may not send "
+                      "INIT");
+    /* a global step out of range: refused, nothing initialized */
+    memset(&h, 0, sizeof h);
+    h.type = KEEL_MSG_INIT;
+    h.global_step = -1;
+    expect_call_error(w0, &h, init, 2, KEEL_EINVAL, "INIT with global step "
+                      "-1");
+    memset(&h, 0, sizeof h);
+    h.type = KEEL_MSG_INIT;
+    h.global_step = INT64_MAX;
+    expect_call_error(w0, &h, init, 2, KEEL_EINVAL, "must be 0..");
     memset(&h, 0, sizeof h);
     h.type = KEEL_MSG_INIT;
     h.global_step = 5;
@@ -2277,6 +2442,8 @@ cluster_suite(void)
     tcase_set_timeout(sec, 20);
     tcase_add_test(sec, test_keygen_writes_pair_with_modes_and_never_overwrites);
     tcase_add_test(sec, test_curve_admits_allowed_keys_only);
+    tcase_add_test(sec, test_curve_allowed_key_in_a_role_it_does_not_hold);
+    tcase_add_test(sec, test_token_admits_the_job_tasks_only);
     tcase_add_test(sec, test_cli_keygen);
     suite_add_tcase(s, sec);
     return s;

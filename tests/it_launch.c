@@ -921,6 +921,9 @@ START_TEST(test_ps_and_two_workers_train_and_the_result_evaluates)
     }
     log = tu_read_file(tu_path("run/logs/ps.0.log"), NULL);
     ck_assert_ptr_nonnull(strstr(log, "TF_CONFIG task ps 0"));
+    /* the launcher's job token: the ps authenticates its peers */
+    ck_assert_ptr_nonnull(strstr(log, "(token)"));
+    ck_assert_ptr_null(strstr(log, "no authentication"));
     free(log);
     /* one process, no cluster: the checkpoint the cluster wrote */
     ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err, "eval",

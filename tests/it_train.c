@@ -237,6 +237,52 @@ START_TEST(test_no_periodic_saves_still_saves_at_start_and_end)
 }
 END_TEST
 
+/* A learning rate that jumps to 1e6 after step 10 makes the loss NaN a
+ * few steps later: keel train stops with exit 1 and a message naming the
+ * step; the checkpoints saved before stay intact and the newest verifies
+ * (no checkpoint of the diverged model is written). */
+START_TEST(test_nan_loss_stops_naming_the_step_and_keeps_the_last_good)
+{
+    char set_dir[4200], latest[4300], *state;
+    long nan_step = -1;
+    const char *p;
+    TU_SNPRINTF(set_dir, sizeof set_dir, "checkpoint.dir=%s/nan",
+                     tu_dir);
+    int rc = tu_keel(60000, out, sizeof out, err, sizeof err, "train",
+                     cfg_path, "-s", set_dir, "-s", "optimizer.name=sgd",
+                     "-s", "optimizer.schedule=piecewise", "-s",
+                     "optimizer.boundaries=10", "-s",
+                     "optimizer.values=0.01,1000000", NULL);
+    ck_assert_msg(rc == 1, "exit %d: %s", rc, tu_tail(err, 2000));
+    p = strstr(err, "NaN loss during training (global step ");
+    ck_assert_msg(p != NULL, "%s", tu_tail(err, 2000));
+    ck_assert_int_eq(sscanf(p, "NaN loss during training (global step %ld",
+                            &nan_step), 1);
+    ck_assert_int_gt(nan_step, 10);
+    ck_assert_int_lt(nan_step, 40);
+    /* the step-10 checkpoint (lr 0.01 up to there) is intact */
+    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "ckpt",
+                             "verify", tu_path("nan/model.ckpt-10.h5"),
+                             NULL), 0);
+    /* the newest listed checkpoint predates the NaN and verifies */
+    state = tu_read_file(tu_path("nan/checkpoint"), NULL);
+    p = strstr(state, "model_checkpoint_path: \"");
+    ck_assert_ptr_nonnull(p);
+    {
+        long step = -1;
+        const char *dash = strstr(p, "model.ckpt-");
+        ck_assert_ptr_nonnull(dash);
+        ck_assert_int_eq(sscanf(dash, "model.ckpt-%ld", &step), 1);
+        ck_assert_int_lt(step, nan_step);
+        TU_SNPRINTF(latest, sizeof latest, "%s/nan/model.ckpt-%ld.h5",
+                         tu_dir, step);
+    }
+    free(state);
+    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "ckpt",
+                             "verify", latest, NULL), 0);
+}
+END_TEST
+
 START_TEST(test_bad_configs_exit_2_with_one_message)
 {
     const char *bad = tu_path("bad.ini");
@@ -282,6 +328,7 @@ train_cli_suite(void)
     tcase_add_test(tc, test_kfac_sigkill_and_resume_is_bitwise_identical);
     tcase_add_test(tc, test_no_periodic_saves_still_saves_at_start_and_end);
     tcase_add_test(tc, test_bad_configs_exit_2_with_one_message);
+    tcase_add_test(tc, test_nan_loss_stops_naming_the_step_and_keeps_the_last_good);
     suite_add_tcase(s, tc);
     return s;
 }
