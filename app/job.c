@@ -15,10 +15,10 @@
 
 #include <keel/keel.h>
 #include <keel/job.h>
+#include <keel/distributed.h>
 #include "util.h"
 #include "app_int.h"
 #include "../train/train_int.h"
-#include "../cluster/roles.h"
 
 #define ITER_BLOB "data_iterator"
 
@@ -642,14 +642,17 @@ planned_last_step(const job *j)
     return by_epochs;
 }
 
+/* The cluster options of the config's [cluster] and [security] keys. */
 static void
-role_opts_from(const keel_config *cfg, const keel_cluster_spec *spec,
-               keel__role_opts *o)
+cluster_options_from(const keel_config *cfg, const job *j,
+                     keel_cluster_options *o)
 {
-    memset(o, 0, sizeof *o);
-    o->spec = spec;
-    o->round_robin = strcmp(keel_config_str(cfg, "cluster.placement"),
-                            "round_robin") == 0;
+    keel_cluster_options_init(o);
+    o->optimizer = keel_optimizer_get_config(j->opt);
+    o->placement = strcmp(keel_config_str(cfg, "cluster.placement"),
+                          "round_robin") == 0
+                       ? KEEL_PLACEMENT_ROUND_ROBIN
+                       : KEEL_PLACEMENT_SIZE_BALANCED;
     o->dead_after_ms = (int)keel_config_int(cfg, "cluster.dead_after_ms");
     o->heartbeat_ms = (int)keel_config_int(cfg, "cluster.heartbeat_ms");
     o->stall_warn_secs = keel_config_double(cfg, "cluster.stall_warn_secs");
@@ -660,11 +663,8 @@ role_opts_from(const keel_config *cfg, const keel_cluster_spec *spec,
     o->max_wait_secs = keel_config_double(cfg, "cluster.max_wait_secs");
     o->curve = keel_config_bool(cfg, "security.curve");
     o->key_dir = keel_config_str(cfg, "security.key_dir");
-    /* the key's 0 (autotuning) is the options' -1 */
     o->send_buffer_kib =
         (int)keel_config_int(cfg, "cluster.send_buffer_kib");
-    if (o->send_buffer_kib == 0)
-        o->send_buffer_kib = -1;
 }
 
 /* The ps task: build the model only to know the variables, then serve. */
@@ -673,7 +673,7 @@ run_ps(const keel_config *cfg, const keel_cluster_spec *spec,
        const keel_job_options *opts)
 {
     job j;
-    keel__role_opts o;
+    keel_cluster_options o;
     keel_status st = KEEL_OK;
     /* Before anything slow: a SIGTERM during start-up then ends the task
      * cleanly instead of killing it. */
@@ -684,8 +684,8 @@ run_ps(const keel_config *cfg, const keel_cluster_spec *spec,
     else
         memset(&j, 0, sizeof j);
     if (st == KEEL_OK) {
-        role_opts_from(cfg, spec, &o);
-        st = keel__cluster_run_ps(&o, j.vs, j.opt);
+        cluster_options_from(cfg, &j, &o);
+        st = keel_ps_run(spec, j.vs, &o);
     }
     if (opts->handle_signals)
         keel_session_uninstall_signal_handlers();
@@ -740,14 +740,6 @@ position_after_create(void *ctx, keel_session *s)
     return st;
 }
 
-/* CheckpointSaverListener of the chief: the ps hold the truth. */
-static keel_status
-pull_before_save(void *ctx, keel_session *s, int64_t step)
-{
-    (void)step;
-    return keel__worker_pull_all(ctx, keel_session_vars(s), 1);
-}
-
 keel_status
 keel_job_train(const keel_config *cfg, const keel_job_options *opts,
                keel_job_result *result)
@@ -755,9 +747,8 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     const keel_cluster_spec *spec = opts ? opts->cluster : NULL;
     int in_cluster = spec != NULL && !keel_cluster_spec_is_local(spec);
     int is_chief = 1, replica = 0, replicas = 1;
-    keel__worker *worker = NULL;
+    keel_cluster_backend *worker = NULL;
     keel_backend backend;
-    keel_ckpt_listener listener;
     job j;
     keel_training_config tc;
     keel_scaffold sc;
@@ -929,9 +920,12 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
         }
     }
     if (in_cluster) {
-        keel__role_opts o;
-        role_opts_from(cfg, spec, &o);
-        st = keel__worker_new(&o, j.vs, &worker);
+        /* the cluster through the public seam (keel/distributed.h): the
+         * backend pulls before the chief's checkpoints and stops the ps
+         * when the chief's session ends cleanly */
+        keel_cluster_options o;
+        cluster_options_from(cfg, &j, &o);
+        st = keel_cluster_backend_new(spec, j.vs, &o, &worker);
         if (st != KEEL_OK)
             goto out;
         j.worker = worker;
@@ -941,9 +935,11 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
                 if ((st = keel_grads_new(j.vs, &j.micro_g[j.n_micro])) !=
                     KEEL_OK)
                     goto out;
-            keel__worker_set_micro(worker, j.micro_g, j.n_micro);
+            if ((st = keel_cluster_backend_set_micro(worker, j.micro_g,
+                                                     j.n_micro)) != KEEL_OK)
+                goto out;
         }
-        keel__worker_backend(worker, &backend);
+        keel_cluster_backend_get(worker, &backend);
         tc.session.backend = &backend;
         memset(&position, 0, sizeof position);
         position.struct_size = sizeof position;
@@ -956,15 +952,8 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
         tc.max_wait_secs = o.max_wait_secs;
         tc.stop_grace_period_secs =
             keel_config_double(cfg, "cluster.stop_grace_secs");
-        if (is_chief) {
-            memset(&listener, 0, sizeof listener);
-            listener.ctx = worker;
-            listener.before_save = pull_before_save;
-            tc.listeners = &listener;
-            tc.n_listeners = 1;
-        } else {
+        if (!is_chief)
             tc.checkpoint_dir = NULL;
-        }
     }
 
     if (tc.checkpoint_dir != NULL &&
@@ -1022,10 +1011,8 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
                   keel_end_reason_str(keel_session_end_reason(s)),
                   (long long)keel_session_global_step(s));
     keel_session_free(s);
-    if (worker != NULL && is_chief && st == KEEL_OK)
-        keel__worker_shutdown_cluster(worker);
 out:
-    keel__worker_free(worker);
+    keel_cluster_backend_free(worker);
     if (j.opts.handle_signals)
         keel_session_uninstall_signal_handlers();
     for (size_t i = 0; i < n_hooks; i++)

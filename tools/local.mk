@@ -29,6 +29,10 @@ endif
 check_PROGRAMS += examples/custom_step
 examples_custom_step_SOURCES = examples/custom_step.c
 examples_custom_step_LDADD = libkeel.la
+# examples/sync_supervisor: the Supervisor with SyncReplicas on a cluster.
+check_PROGRAMS += examples/sync_supervisor
+examples_sync_supervisor_SOURCES = examples/sync_supervisor.c
+examples_sync_supervisor_LDADD = libkeel.la -lm
 TESTS += tests/it_custom_step.sh
 EXTRA_DIST += tests/it_custom_step.sh
 
