@@ -21,7 +21,7 @@
 
 #define DIM 8
 #define SET 4096                      /* examples in the synthetic set */
-#define BATCH 64                      /* global batch, split by replicas */
+#define BATCH 96                      /* global batch, split by replicas */
 
 typedef struct run {
     float x[SET][DIM];
@@ -149,16 +149,18 @@ main(int argc, char **argv)
         r.replicas = keel_cluster_spec_num_replicas(spec);
         r.replica = keel_cluster_spec_is_chief(spec) ? 0
             : keel_cluster_spec_task_index(spec) + 1;
+        if (BATCH % r.replicas != 0) {
+            fprintf(stderr, "sync_supervisor: %d replicas do not divide "
+                    "the batch of %d\n", r.replicas, BATCH);
+            keel_cluster_spec_free(spec);
+            keel_vars_free(vs);
+            return 2;
+        }
         st = keel_cluster_backend_new(spec, vs, &copts, &cluster);
         if (st == KEEL_OK)
             keel_cluster_backend_get(cluster, &backend);
         cfg.backend = &backend;
         cfg.is_chief = keel_cluster_spec_is_chief(spec);
-    }
-    if (st == KEEL_OK && BATCH % r.replicas != 0) {
-        fprintf(stderr, "sync_supervisor: %d replicas do not divide the "
-                "batch of %d\n", r.replicas, BATCH);
-        st = KEEL_EINVAL;
     }
     if (st == KEEL_OK)
         st = keel_supervisor_new(&cfg, &sv);

@@ -40,3 +40,8 @@ EXTRA_DIST += tests/it_custom_step.sh
 # eval CKPT.h5 and the per-epoch workflow, read by independent Python.
 TESTS += tests/it_export.sh
 EXTRA_DIST += tests/it_export.sh tests/it_export.py
+
+# it_launch_program: the examples built against an installed keel with
+# pkg-config, run as clusters by `keel launch -- PROGRAM` (kills, restore).
+TESTS += tests/it_launch_program.sh
+EXTRA_DIST += tests/it_launch_program.sh
