@@ -35,11 +35,14 @@ libdir=${libdir//\$\{prefix\}/$prefix}
 export PKG_CONFIG_PATH="$dest/inst$libdir/pkgconfig"
 export PKG_CONFIG_SYSROOT_DIR="$dest/inst"
 export LD_LIBRARY_PATH="$dest/inst$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# a sanitizer build's libkeel needs its runtime first in the program too
+san=$(sed -n 's/^KEEL_SAN_LDFLAGS = //p' "$build/Makefile")
 cd "$dest"
-# shellcheck disable=SC2046
-cc -o custom_step "$src/examples/custom_step.c" $(pkg-config --cflags --libs keel)
-# shellcheck disable=SC2046
-cc -o sync_supervisor "$src/examples/sync_supervisor.c" \
+# shellcheck disable=SC2046,SC2086
+cc $san -o custom_step "$src/examples/custom_step.c" \
+    $(pkg-config --cflags --libs keel)
+# shellcheck disable=SC2046,SC2086
+cc $san -o sync_supervisor "$src/examples/sync_supervisor.c" \
     $(pkg-config --cflags --libs keel) -lm
 
 # wait_for FILE REGEX SECS: until a line of FILE matches (exit 1 at the
