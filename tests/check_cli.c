@@ -123,7 +123,15 @@ START_TEST(test_launch_program_gives_each_task_its_tf_config)
                              "launch", "--ps", "1", "--workers", "1",
                              "--async", "--no-status", "--output-dir",
                              outdir, "--", "sh", "-c",
-                             "echo \"tf=$TF_CONFIG out=$OUTPUT_DIR\"", NULL),
+                             /* the chief waits (20 s at most) until all
+                              * three tasks printed: its end stops them */
+                             "echo \"tf=$TF_CONFIG out=$OUTPUT_DIR\"; "
+                             ": > \"$OUTPUT_DIR/seen.$$\"; "
+                             "if echo \"$TF_CONFIG\" | "
+                             "grep -q '\"type\": *\"chief\"'; then i=0; "
+                             "while [ $(ls \"$OUTPUT_DIR\" | grep -c "
+                             "'^seen[.]') -lt 3 ] && [ $i -lt 400 ]; do "
+                             "sleep 0.05; i=$((i+1)); done; fi", NULL),
                      0);
     ck_assert_ptr_nonnull(strstr(out, "running sh; OUTPUT_DIR="));
     ck_assert_ptr_nonnull(strstr(out, "chief | tf={"));
