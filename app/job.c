@@ -56,7 +56,7 @@ typedef struct job {
     int64_t epoch_done;           /* epochs completed, reported */
     keel__validator *validator;
     keel_events *val_events;
-    keel__worker *worker;         /* a cluster chief's, for pulls */
+    keel_cluster_backend *worker; /* a cluster chief's, for pulls */
     /* train.micro_batch: size, and in a cluster one gradient store per
      * micro-batch of this replica's slice (pushed separately) */
     int64_t micro;
@@ -581,10 +581,8 @@ epoch_after_run(void *ctx, keel_run_context *rc, const keel_run_values *v)
               (long long)e, ep.learning_rate);
     if (j->save_epochs > 0 && e % j->save_epochs == 0 &&
         keel_session_saver(s) != NULL) {
-        if (j->worker != NULL &&
-            (st = keel__worker_pull_all(j->worker, keel_session_vars(s), 1))
-                != KEEL_OK)
-            return keel__wrap(st, "end of epoch %lld", (long long)e);
+        /* save_now pulls the ps's state first (the backend's
+         * before_save) */
         pulled = 1;
         st = keel_session_save_now(s, ep.checkpoint, sizeof ep.checkpoint);
         if (st != KEEL_OK)
@@ -596,8 +594,7 @@ epoch_after_run(void *ctx, keel_run_context *rc, const keel_run_values *v)
     if (j->validator != NULL && e % j->validate_epochs == 0) {
         keel_eval_result er;
         if (j->worker != NULL && !pulled &&
-            (st = keel__worker_pull_all(j->worker, keel_session_vars(s), 1))
-                != KEEL_OK)
+            (st = keel_cluster_backend_pull(j->worker)) != KEEL_OK)
             return keel__wrap(st, "validation after epoch %lld",
                               (long long)e);
         st = keel__validator_run(j->validator, keel_session_vars(s), &er);
