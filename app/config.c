@@ -17,6 +17,7 @@
 #include <keel/tensor.h>
 #include "defaults.h"
 #include "util.h"
+#include "../cluster/defaults.h"
 
 /* Lists (T_*_LIST, T_ADDR_LIST) are comma-separated and may continue on
  * indented lines. */
@@ -38,6 +39,9 @@ typedef struct key_def {
 #define I64MAX 9.2e18
 
 /* The schema. Order here is the order of `keel config check` and docs. */
+/* cluster defaults shared with keel_cluster_options_init */
+#define D(name) KEEL__CLUSTER_STR(KEEL__CLUSTER_##name)
+
 static const key_def schema[] = {
     { "model", "type", T_ENUM, "mlp", NOLIM, "softmax|mlp|cnn",
       "Model: softmax regression, a multi-layer perceptron, or a small "
@@ -216,41 +220,40 @@ static const key_def schema[] = {
     { "cluster", "total_num_replicas", T_INT, "0", 0, 1 << 20, NULL,
       "sync: the training replicas producing gradients; must equal the "
       "cluster's chief + workers when set (0: that number)." },
-    { "cluster", "num_ps", T_INT, "1", 0, 4096, NULL,
+    { "cluster", "num_ps", T_INT, D(SLURM_NUM_PS), 0, 4096, NULL,
       "Slurm: how many of the tasks are parameter servers." },
-    { "cluster", "port_base", T_INT, "8888", 1, 65535, NULL,
+    { "cluster", "port_base", T_INT, D(SLURM_PORT_BASE), 1, 65535, NULL,
       "Slurm: first port on each node." },
     { "cluster", "placement", T_ENUM, "size_balanced", NOLIM,
       "round_robin|size_balanced",
       "How variables are spread over parameter servers." },
-    { "cluster", "heartbeat_ms", T_INT, "200", 10, 600000, NULL,
+    { "cluster", "heartbeat_ms", T_INT, D(HEARTBEAT_MS), 10, 600000, NULL,
       "Workers and the chief ping every ps this often (own thread and "
       "sockets), so a lost or restarted ps is noticed within about one "
       "period even while a sync step waits for other replicas." },
-    { "cluster", "send_buffer_kib", T_INT, "512", 0, 65536, NULL,
+    { "cluster", "send_buffer_kib", T_INT, D(SEND_BUFFER_KIB), 0, 65536, NULL,
       "Kernel send buffer of every cluster socket, in KiB (the kernel "
       "doubles it: the bytes a connection has in flight); 0: the kernel's "
       "autotuning. 512 was fastest on loopback (docs/cluster.md); across "
       "machines raise it to about the link's bandwidth x round trip, e.g. "
       "2048 for 10 Gb/s at 1 ms." },
-    { "cluster", "dead_after_ms", T_INT, "5000", 100, 86400000, NULL,
+    { "cluster", "dead_after_ms", T_INT, D(DEAD_AFTER_MS), 100, 86400000, NULL,
       "A ps silent this long is declared dead (the step is given up and "
       "the session recovers); also the deadline of every request." },
-    { "cluster", "stall_warn_secs", T_DOUBLE, "10", 0, 1e6, NULL,
+    { "cluster", "stall_warn_secs", T_DOUBLE, D(STALL_WARN_SECS), 0, 1e6, NULL,
       "A sync step waiting this long is logged (by the waiting replicas "
       "and the ps) with the replicas it lacks and how long each has been "
       "silent; 0: never." },
-    { "cluster", "step_timeout_secs", T_DOUBLE, "3600", 0, 1e9, NULL,
+    { "cluster", "step_timeout_secs", T_DOUBLE, D(STEP_TIMEOUT_SECS), 0, 1e9, NULL,
       "A replica whose step has not completed after this long fails with "
       "an error naming what the step lacks; 0: wait forever." },
-    { "cluster", "orphan_secs", T_DOUBLE, "600", 0, 1e9, NULL,
+    { "cluster", "orphan_secs", T_DOUBLE, D(ORPHAN_SECS), 0, 1e9, NULL,
       "A ps that has not heard from the chief for this long exits 1 "
       "(no parameter server left running forever); 0: never." },
-    { "cluster", "ready_retry_ms", T_INT,
-      KEEL__XSTR(KEEL__DEFAULT_RETRY_MS), 1, 60000, NULL,
+    { "cluster", "ready_retry_ms", T_INT, D(READY_RETRY_MS), 1, 60000, NULL,
       "Workers' retry interval while waiting for the chief (readiness is "
       "also pushed as an event)." },
-    { "cluster", "max_wait_secs", T_DOUBLE, "7200", 0, 1e9, NULL,
+    { "cluster", "max_wait_secs", T_DOUBLE, D(MAX_WAIT_SECS), 0, 1e9, NULL,
       "How long a worker waits for the chief before failing." },
     { "cluster", "stop_grace_secs", T_DOUBLE,
       KEEL__XSTR(KEEL__DEFAULT_STOP_GRACE_SECS), 0, 1e6, NULL,

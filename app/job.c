@@ -21,10 +21,10 @@
 #include <keel/session.h>
 #include <keel/train.h>
 #include <keel/job.h>
+#include <keel/distributed.h>
 #include "util.h"
 #include "app_int.h"
 #include "../train/train_int.h"
-#include "../cluster/roles.h"
 
 #define ITER_BLOB "data_iterator"
 
@@ -64,7 +64,7 @@ typedef struct job {
     int64_t epoch_done;           /* epochs completed, reported */
     keel__validator *validator;
     keel_events *val_events;
-    keel__worker *worker;         /* a cluster chief's, for pulls */
+    keel_cluster_backend *worker; /* a cluster chief's, for pulls */
     /* train.micro_batch: size, and in a cluster one gradient store per
      * micro-batch of this replica's slice (pushed separately) */
     int64_t micro;
@@ -676,10 +676,8 @@ epoch_after_run(void *ctx, keel_run_context *rc, const keel_run_values *v)
               (long long)e, ep.learning_rate);
     if (j->save_epochs > 0 && e % j->save_epochs == 0 &&
         keel_session_saver(s) != NULL) {
-        if (j->worker != NULL &&
-            (st = keel__worker_pull_all(j->worker, keel_session_vars(s), 1))
-                != KEEL_OK)
-            return keel__wrap(st, "end of epoch %lld", (long long)e);
+        /* save_now pulls the ps's state first (the backend's
+         * before_save) */
         pulled = 1;
         st = keel_session_save_now(s, ep.checkpoint, sizeof ep.checkpoint);
         if (st != KEEL_OK)
@@ -691,8 +689,7 @@ epoch_after_run(void *ctx, keel_run_context *rc, const keel_run_values *v)
     if (j->validator != NULL && e % j->validate_epochs == 0) {
         keel_eval_result er;
         if (j->worker != NULL && !pulled &&
-            (st = keel__worker_pull_all(j->worker, keel_session_vars(s), 1))
-                != KEEL_OK)
+            (st = keel_cluster_backend_pull(j->worker)) != KEEL_OK)
             return keel__wrap(st, "validation after epoch %lld",
                               (long long)e);
         st = keel__validator_run(j->validator, keel_session_vars(s), &er);
@@ -737,14 +734,17 @@ planned_last_step(const job *j)
     return by_epochs;
 }
 
+/* The cluster options of the config's [cluster] and [security] keys. */
 static void
-role_opts_from(const keel_config *cfg, const keel_cluster_spec *spec,
-               keel__role_opts *o)
+cluster_options_from(const keel_config *cfg, const job *j,
+                     keel_cluster_options *o)
 {
-    memset(o, 0, sizeof *o);
-    o->spec = spec;
-    o->round_robin = strcmp(keel_config_str(cfg, "cluster.placement"),
-                            "round_robin") == 0;
+    keel_cluster_options_init(o);
+    o->optimizer = keel_optimizer_get_config(j->opt);
+    o->placement = strcmp(keel_config_str(cfg, "cluster.placement"),
+                          "round_robin") == 0
+                       ? KEEL_PLACEMENT_ROUND_ROBIN
+                       : KEEL_PLACEMENT_SIZE_BALANCED;
     o->dead_after_ms = (int)keel_config_int(cfg, "cluster.dead_after_ms");
     o->heartbeat_ms = (int)keel_config_int(cfg, "cluster.heartbeat_ms");
     o->stall_warn_secs = keel_config_double(cfg, "cluster.stall_warn_secs");
@@ -755,14 +755,8 @@ role_opts_from(const keel_config *cfg, const keel_cluster_spec *spec,
     o->max_wait_secs = keel_config_double(cfg, "cluster.max_wait_secs");
     o->curve = keel_config_bool(cfg, "security.curve");
     o->key_dir = keel_config_str(cfg, "security.key_dir");
-    /* the job's shared secret, from the environment only (never a file
-     * or a command line that other users could read) */
-    o->token = getenv("KEEL_CLUSTER_TOKEN");
-    /* the key's 0 (autotuning) is the options' -1 */
     o->send_buffer_kib =
         (int)keel_config_int(cfg, "cluster.send_buffer_kib");
-    if (o->send_buffer_kib == 0)
-        o->send_buffer_kib = -1;
 }
 
 /* The ps task: build the model only to know the variables, then serve. */
@@ -771,7 +765,7 @@ run_ps(const keel_config *cfg, const keel_cluster_spec *spec,
        const keel_job_options *opts)
 {
     job j;
-    keel__role_opts o;
+    keel_cluster_options o;
     keel_status st = KEEL_OK;
     /* Before anything slow: a SIGTERM during start-up then ends the task
      * cleanly instead of killing it. */
@@ -782,8 +776,8 @@ run_ps(const keel_config *cfg, const keel_cluster_spec *spec,
     else
         memset(&j, 0, sizeof j);
     if (st == KEEL_OK) {
-        role_opts_from(cfg, spec, &o);
-        st = keel__cluster_run_ps(&o, j.vs, j.opt);
+        cluster_options_from(cfg, &j, &o);
+        st = keel_ps_run(spec, j.vs, &o);
     }
     if (opts->handle_signals)
         keel_session_uninstall_signal_handlers();
@@ -838,14 +832,6 @@ position_after_create(void *ctx, keel_session *s)
     return st;
 }
 
-/* CheckpointSaverListener of the chief: the ps hold the truth. */
-static keel_status
-pull_before_save(void *ctx, keel_session *s, int64_t step)
-{
-    (void)step;
-    return keel__worker_pull_all(ctx, keel_session_vars(s), 1);
-}
-
 keel_status
 keel_job_train(const keel_config *cfg, const keel_job_options *opts,
                keel_job_result *result)
@@ -853,9 +839,8 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     const keel_cluster_spec *spec = opts ? opts->cluster : NULL;
     int in_cluster = spec != NULL && !keel_cluster_spec_is_local(spec);
     int is_chief = 1, replica = 0, replicas = 1;
-    keel__worker *worker = NULL;
+    keel_cluster_backend *worker = NULL;
     keel_backend backend;
-    keel_ckpt_listener listener;
     job j;
     keel_training_config tc;
     keel_scaffold sc;
@@ -1042,9 +1027,12 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
         }
     }
     if (in_cluster) {
-        keel__role_opts o;
-        role_opts_from(cfg, spec, &o);
-        st = keel__worker_new(&o, j.vs, &worker);
+        /* the cluster through the public seam (keel/distributed.h): the
+         * backend pulls before the chief's checkpoints and stops the ps
+         * when the chief's session ends cleanly */
+        keel_cluster_options o;
+        cluster_options_from(cfg, &j, &o);
+        st = keel_cluster_backend_new(spec, j.vs, &o, &worker);
         if (st != KEEL_OK)
             goto out;
         j.worker = worker;
@@ -1054,9 +1042,11 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
                 if ((st = keel_grads_new(j.vs, &j.micro_g[j.n_micro])) !=
                     KEEL_OK)
                     goto out;
-            keel__worker_set_micro(worker, j.micro_g, j.n_micro);
+            if ((st = keel_cluster_backend_set_micro(worker, j.micro_g,
+                                                     j.n_micro)) != KEEL_OK)
+                goto out;
         }
-        keel__worker_backend(worker, &backend);
+        keel_cluster_backend_get(worker, &backend);
         tc.session.backend = &backend;
         memset(&position, 0, sizeof position);
         position.struct_size = sizeof position;
@@ -1069,15 +1059,8 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
         tc.max_wait_secs = o.max_wait_secs;
         tc.stop_grace_period_secs =
             keel_config_double(cfg, "cluster.stop_grace_secs");
-        if (is_chief) {
-            memset(&listener, 0, sizeof listener);
-            listener.ctx = worker;
-            listener.before_save = pull_before_save;
-            tc.listeners = &listener;
-            tc.n_listeners = 1;
-        } else {
+        if (!is_chief)
             tc.checkpoint_dir = NULL;
-        }
     }
 
     if (tc.checkpoint_dir != NULL &&
@@ -1135,10 +1118,8 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
                   keel_end_reason_str(keel_session_end_reason(s)),
                   (long long)keel_session_global_step(s));
     keel_session_free(s);
-    if (worker != NULL && is_chief && st == KEEL_OK)
-        keel__worker_shutdown_cluster(worker);
 out:
-    keel__worker_free(worker);
+    keel_cluster_backend_free(worker);
     if (j.opts.handle_signals)
         keel_session_uninstall_signal_handlers();
     for (size_t i = 0; i < n_hooks; i++)

@@ -12,20 +12,41 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include <stddef.h>
 #include <keel/session.h>
 #include "cluster_int.h"
-#include "roles.h"
+#include <keel/distributed.h>
+#include "defaults.h"
 
 #define SHUTDOWN_TIMEOUT_MS 2000
 #define DRAIN_MS 300
 #define HELLO_CHUNK_MS 2000
 #define HELLO_SIGNAL_MS 250
 
+/* The options every role function reads: the spec plus the public
+ * options resolved (placement as a flag, the send buffer as
+ * keel__wire_set_send_buffer's bytes). */
+typedef struct keel__role_opts {
+    const keel_cluster_spec *spec;
+    int round_robin;
+    int dead_after_ms;
+    int heartbeat_ms;
+    double stall_warn_secs;
+    double step_timeout_secs;
+    double orphan_secs;
+    int ready_retry_ms;
+    double max_wait_secs;
+    int curve;
+    const char *key_dir;
+    const char *token;              /* the job token when curve is off */
+    int send_buffer_bytes;          /* 0: the kernel's autotuning */
+    int shutdown_at_end;
+} keel__role_opts;
+
 /* ---- placement ---------------------------------------------------------- */
 
-keel_status
-keel__cluster_place(const keel_vars *vs, int n_ps, int round_robin,
-                    int *ps_of)
+static keel_status
+cluster_place(const keel_vars *vs, int n_ps, int round_robin, int *ps_of)
 {
     size_t n = keel_vars_count(vs), rr = 0;
     uint64_t *load;
@@ -113,15 +134,11 @@ ps_apply(void *ctx, keel_var *v, const keel_tensor *grad, int64_t step)
 static void
 set_send_buffer(const keel__role_opts *o)
 {
-    keel__wire_set_send_buffer(o->send_buffer_kib > 0
-                                   ? o->send_buffer_kib * 1024
-                               : o->send_buffer_kib < 0 ? 0
-                                                        : KEEL__WIRE_SNDBUF);
+    keel__wire_set_send_buffer(o->send_buffer_bytes);
 }
 
-keel_status
-keel__cluster_run_ps(const keel__role_opts *o, const keel_vars *model,
-                     keel_optimizer *opt)
+static keel_status
+run_ps(const keel__role_opts *o, const keel_vars *model, keel_optimizer *opt)
 {
     int idx = keel_cluster_spec_task_index(o->spec);
     int n_ps = (int)keel_cluster_spec_num_tasks(o->spec, KEEL_TASK_PS);
@@ -138,7 +155,7 @@ keel__cluster_run_ps(const keel__role_opts *o, const keel_vars *model,
     if (ps_of == NULL)
         return keel__fail(KEEL_ENOMEM, "ps: placement of %zu", n);
     set_send_buffer(o);
-    st = keel__cluster_place(model, n_ps, o->round_robin, ps_of);
+    st = cluster_place(model, n_ps, o->round_robin, ps_of);
     if (st == KEEL_OK)
         st = keel_vars_new(&shard);
     for (size_t i = 0; i < n && st == KEEL_OK; i++) {
@@ -258,7 +275,7 @@ out:
 
 /* ---- the worker backend ------------------------------------------------- */
 
-struct keel__worker {
+struct keel_cluster_backend {
     const keel_cluster_spec *spec;
     keel__role_opts o;
     keel_vars *vs;
@@ -280,7 +297,7 @@ struct keel__worker {
     keel__hb *hb;                  /* liveness of every ps */
     int64_t gen_ns;                /* when ps_gen was last learned */
     int64_t last_step_seen;        /* the cluster's step before a loss */
-    /* step timing (logged by keel__worker_free), monotonic ns summed over
+    /* step timing (logged by keel_cluster_backend_free), monotonic ns summed over
      * steps: compute (the previous apply's end to this one's start: input,
      * forward, backward, hooks), send (queueing the pushes), wait (for the
      * replies: the other replicas, the ps's aggregation, the transfer
@@ -297,7 +314,7 @@ ms_of(double secs)
 }
 
 static keel_status
-start_heartbeats(keel__worker *w)
+start_heartbeats(keel_cluster_backend *w)
 {
     char (*eps)[KEEL_ADDR_MAX + 16] = calloc((size_t)w->n_ps, sizeof *eps);
     const char **ptrs = calloc((size_t)w->n_ps, sizeof *ptrs);
@@ -328,10 +345,11 @@ start_heartbeats(keel__worker *w)
     return st;
 }
 
-keel_status
-keel__worker_new(const keel__role_opts *o, keel_vars *vs, keel__worker **out)
+static keel_status
+worker_new(const keel__role_opts *o, keel_vars *vs,
+           keel_cluster_backend **out)
 {
-    keel__worker *w = calloc(1, sizeof *w);
+    keel_cluster_backend *w = calloc(1, sizeof *w);
     keel__curve curve;
     keel_status st = KEEL_OK;
     size_t slots = 0;
@@ -365,7 +383,7 @@ keel__worker_new(const keel__role_opts *o, keel_vars *vs, keel__worker **out)
                         w->n_vars);
         goto fail;
     }
-    if ((st = keel__cluster_place(vs, w->n_ps, o->round_robin, w->ps_of))
+    if ((st = cluster_place(vs, w->n_ps, o->round_robin, w->ps_of))
         != KEEL_OK || (st = load_curve(o, &curve)) != KEEL_OK)
         goto fail;
     /* no reply frame above the largest tensor this task receives */
@@ -401,12 +419,12 @@ keel__worker_new(const keel__role_opts *o, keel_vars *vs, keel__worker **out)
     return KEEL_OK;
 fail:
     keel__curve_clear(&curve);
-    keel__worker_free(w);
+    keel_cluster_backend_free(w);
     return st;
 }
 
 void
-keel__worker_free(keel__worker *w)
+keel_cluster_backend_free(keel_cluster_backend *w)
 {
     if (w == NULL)
         return;
@@ -439,7 +457,7 @@ keel__worker_free(keel__worker *w)
 /* A failed call to ps p as a session status: timeouts and a restarted or
  * uninitialized ps are recoverable, a shut-down cluster ends the input. */
 static keel_status
-call_error(keel__worker *w, int p, keel_status st, const keel__wire_msg *r,
+call_error(keel_cluster_backend *w, int p, keel_status st, const keel__wire_msg *r,
            const char *what)
 {
     if (st == KEEL_ETIMEOUT)
@@ -502,7 +520,7 @@ take_values(keel_vars *vs, const keel__wire_msg *r)
 /* Names (and tensors, for INIT) of ps p's variables and slots into
  * w->outs; count in *n. */
 static void
-shard_outs(keel__worker *w, keel_vars *vs, int p, int with_data,
+shard_outs(keel_cluster_backend *w, keel_vars *vs, int p, int with_data,
            int with_slots, size_t *n)
 {
     size_t k = 0, nn = 0;
@@ -528,7 +546,7 @@ shard_outs(keel__worker *w, keel_vars *vs, int p, int with_data,
     *n = k;
 }
 
-static keel_status wait_reply(keel__worker *w, int p, const char *what,
+static keel_status wait_reply(keel_cluster_backend *w, int p, const char *what,
                               keel__wire_msg *r);
 
 /* Fault in the pages of [p, p + bytes) for writing, keeping their
@@ -557,7 +575,7 @@ fault_in(void *p, size_t bytes)
 
 /* fault_in() the tensors ps p is about to send into vs (see shard_outs) */
 static void
-fault_in_shard(keel__worker *w, keel_vars *vs, int p, int with_slots)
+fault_in_shard(keel_cluster_backend *w, keel_vars *vs, int p, int with_slots)
 {
     for (size_t i = 0; i < w->n_vars; i++) {
         keel_var *v = keel_vars_at(vs, i);
@@ -582,7 +600,7 @@ fault_in_shard(keel__worker *w, keel_vars *vs, int p, int with_slots)
  * With dest (a pull), ps p's tensors in dest (and their slots, with
  * dest_slots) are faulted in while the reply is on its way. */
 static keel_status
-call_ps(keel__worker *w, int p, keel__wire_header *h,
+call_ps(keel_cluster_backend *w, int p, keel__wire_header *h,
         const keel__wire_out *outs, size_t n, int zero_copy,
         const char *what, keel_vars *dest, int dest_slots,
         keel__wire_msg *r)
@@ -601,8 +619,8 @@ call_ps(keel__worker *w, int p, keel__wire_header *h,
     return st == KEEL_OK ? KEEL_OK : call_error(w, p, st, r, what);
 }
 
-keel_status
-keel__worker_pull_all(keel__worker *w, keel_vars *vs, int with_slots)
+static keel_status
+worker_pull_all(keel_cluster_backend *w, keel_vars *vs, int with_slots)
 {
     for (int p = 0; p < w->n_ps; p++) {
         keel__wire_header h;
@@ -639,7 +657,7 @@ keel__worker_pull_all(keel__worker *w, keel_vars *vs, int with_slots)
  * the ps keeps every held one until it is ready, and its callers come back
  * every HELLO_CHUNK_MS, through the session manager that sees signals. */
 static keel_status
-hello_one(keel__worker *w, int p, int wait, int timeout_ms,
+hello_one(keel_cluster_backend *w, int p, int wait, int timeout_ms,
           keel__wire_msg *r)
 {
     int64_t end = keel__now_mono_ns() + (int64_t)timeout_ms * 1000000;
@@ -669,7 +687,7 @@ hello_one(keel__worker *w, int p, int wait, int timeout_ms,
 /* HELLO every ps (wait: held until ready, up to timeout_ms). *all_ready
  * and *same_chief (all ps initialized by the same chief incarnation). */
 static keel_status
-hello_all(keel__worker *w, int wait, int timeout_ms, int *all_ready,
+hello_all(keel_cluster_backend *w, int wait, int timeout_ms, int *all_ready,
           int *same_chief, uint64_t *gens, char *why, size_t why_size)
 {
     uint64_t chief = 0;
@@ -719,7 +737,7 @@ hello_all(keel__worker *w, int wait, int timeout_ms, int *all_ready,
 static keel_status
 be_publish(void *ctx, keel_vars *vs, int restored)
 {
-    keel__worker *w = ctx;
+    keel_cluster_backend *w = ctx;
     int ready, same;
     keel_status st;
     int timeout = ms_of(w->o.max_wait_secs);
@@ -731,7 +749,7 @@ be_publish(void *ctx, keel_vars *vs, int restored)
         return st;
     if (ready && same) {
         /* A live cluster (this chief restarted): join it, no rollback. */
-        st = keel__worker_pull_all(w, vs, 1);
+        st = worker_pull_all(w, vs, 1);
         if (st == KEEL_OK)
             keel__log(KEEL_LOG_INFO, "chief: joined live parameter servers "
                       "at step %lld (their state wins over any checkpoint)",
@@ -774,7 +792,7 @@ be_publish(void *ctx, keel_vars *vs, int restored)
 static keel_status
 be_is_intact(void *ctx, keel_vars *vs, int *is_intact)
 {
-    keel__worker *w = ctx;
+    keel_cluster_backend *w = ctx;
     int ready, same;
     uint64_t *gens = calloc((size_t)w->n_ps, sizeof *gens);
     keel_status st;
@@ -786,7 +804,7 @@ be_is_intact(void *ctx, keel_vars *vs, int *is_intact)
         /* joining these incarnations: a restart during the pull is one */
         memcpy(w->ps_gen, gens, (size_t)w->n_ps * sizeof *gens);
         w->gen_ns = keel__now_mono_ns();
-        st = keel__worker_pull_all(w, vs, 1);
+        st = worker_pull_all(w, vs, 1);
         *is_intact = st == KEEL_OK;
     }
     free(gens);
@@ -796,7 +814,7 @@ be_is_intact(void *ctx, keel_vars *vs, int *is_intact)
 static keel_status
 be_fetch(void *ctx, keel_vars *vs, int *is_ready, char *why, size_t size)
 {
-    keel__worker *w = ctx;
+    keel_cluster_backend *w = ctx;
     int same;
     keel_status st;
     int chunk = ms_of(w->o.max_wait_secs);
@@ -807,7 +825,7 @@ be_fetch(void *ctx, keel_vars *vs, int *is_ready, char *why, size_t size)
     if (st != KEEL_OK || !*is_ready)
         return st;
     t0 = keel__now_mono_ns();
-    st = keel__worker_pull_all(w, vs, 0);
+    st = worker_pull_all(w, vs, 0);
     if (st == KEEL_OK) {
         double bytes = 0;
         for (size_t i = 0; i < w->n_vars; i++)
@@ -826,7 +844,7 @@ be_fetch(void *ctx, keel_vars *vs, int *is_ready, char *why, size_t size)
 static keel_status
 be_read_step(void *ctx, int64_t *step)
 {
-    keel__worker *w = ctx;
+    keel_cluster_backend *w = ctx;
     keel__wire_header h;
     keel__wire_msg r;
     keel_status st;
@@ -849,7 +867,7 @@ be_read_step(void *ctx, int64_t *step)
 static keel_status
 be_wait(void *ctx, int64_t deadline_ns)
 {
-    keel__worker *w = ctx;
+    keel_cluster_backend *w = ctx;
     int64_t until = w->last_fetch_ns +
                     (int64_t)w->o.ready_retry_ms * 1000000;
     if (until > deadline_ns)
@@ -870,10 +888,10 @@ be_wait(void *ctx, int64_t deadline_ns)
 /* Give up a push to ps p: drop its connection (and the queued frames, so
  * the gradient buffers are ours again) and say why. */
 static keel_status
-abandon(keel__worker *w, int p, keel_status code, const char *fmt, ...)
+abandon(keel_cluster_backend *w, int p, keel_status code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 static keel_status
-abandon(keel__worker *w, int p, keel_status code, const char *fmt, ...)
+abandon(keel_cluster_backend *w, int p, keel_status code, const char *fmt, ...)
 {
     char why[KEEL_ERR_MAX];
     va_list ap;
@@ -893,7 +911,7 @@ abandon(keel__worker *w, int p, keel_status code, const char *fmt, ...)
  * cluster.step_timeout_secs; a long wait is logged with what the step
  * lacks. *r is initialized either way (type 0 when abandoned). */
 static keel_status
-wait_reply(keel__worker *w, int p, const char *what, keel__wire_msg *r)
+wait_reply(keel_cluster_backend *w, int p, const char *what, keel__wire_msg *r)
 {
     int64_t start = keel__now_mono_ns(), last_warn = start;
     int64_t stall = (int64_t)(w->o.stall_warn_secs * 1e9);
@@ -946,7 +964,7 @@ wait_reply(keel__worker *w, int p, const char *what, keel__wire_msg *r)
 static keel_status
 be_apply(void *ctx, keel_vars *vs, keel_grads *grads, int64_t global_step)
 {
-    keel__worker *w = ctx;
+    keel_cluster_backend *w = ctx;
     int64_t new_step = global_step;
     int timeout = w->o.dead_after_ms;
     keel_status first = KEEL_OK;
@@ -1041,8 +1059,25 @@ be_apply(void *ctx, keel_vars *vs, keel_grads *grads, int64_t global_step)
     return KEEL_OK;
 }
 
+/* The chief, before a checkpoint: the ps hold the truth. */
+static keel_status
+be_before_save(void *ctx, keel_vars *vs)
+{
+    return worker_pull_all(ctx, vs, 1);
+}
+
+static void
+be_end(void *ctx, keel_vars *vs, int is_chief, keel_end_reason why)
+{
+    keel_cluster_backend *w = ctx;
+    (void)vs;
+    (void)is_chief;
+    if (w->is_chief && w->o.shutdown_at_end && why != KEEL_END_ERROR)
+        keel_cluster_backend_shutdown(w);
+}
+
 void
-keel__worker_backend(keel__worker *w, keel_backend *out)
+keel_cluster_backend_get(keel_cluster_backend *w, keel_backend *out)
 {
     memset(out, 0, sizeof *out);
     out->struct_size = sizeof *out;
@@ -1054,19 +1089,36 @@ keel__worker_backend(keel__worker *w, keel_backend *out)
     out->is_intact = be_is_intact;
     out->fetch = be_fetch;
     out->wait_for_change = be_wait;
+    out->before_save = be_before_save;
+    out->end = be_end;
     out->read_global_step = be_read_step;
 }
 
-void
-keel__worker_set_micro(keel__worker *w, keel_grads *const *g, int n)
+keel_status
+keel_cluster_backend_set_micro(keel_cluster_backend *w,
+                               keel_grads *const *g, int n)
 {
+    if (w == NULL || n < 0 || n > 64 || (n > 0 && g == NULL))
+        return keel__fail(KEEL_EINVAL, "cluster backend: %d micro-batch "
+                          "gradient stores (want 0..64)", n);
     w->micro = n > 0 ? g : NULL;
-    w->n_micro = n > 64 ? 64 : n;
+    w->n_micro = n;
+    return KEEL_OK;
+}
+
+keel_status
+keel_cluster_backend_pull(keel_cluster_backend *w)
+{
+    if (w == NULL)
+        return keel__fail(KEEL_EINVAL, "cluster backend: NULL");
+    return worker_pull_all(w, w->vs, 1);
 }
 
 void
-keel__worker_shutdown_cluster(keel__worker *w)
+keel_cluster_backend_shutdown(keel_cluster_backend *w)
 {
+    if (w == NULL)
+        return;
     for (int p = 0; p < w->n_ps; p++) {
         keel__wire_header h;
         keel__wire_msg r;
@@ -1080,4 +1132,210 @@ keel__worker_shutdown_cluster(keel__worker *w)
     }
     keel__log(KEEL_LOG_INFO, "chief: told %d parameter server(s) to stop",
               w->n_ps);
+}
+
+/* ---- the public options and entry points -------------------------------- */
+
+void
+keel_cluster_options_init(keel_cluster_options *o)
+{
+    memset(o, 0, sizeof *o);
+    o->struct_size = sizeof *o;
+    o->placement = KEEL_PLACEMENT_SIZE_BALANCED;
+    o->heartbeat_ms = KEEL__CLUSTER_HEARTBEAT_MS;
+    o->dead_after_ms = KEEL__CLUSTER_DEAD_AFTER_MS;
+    o->stall_warn_secs = KEEL__CLUSTER_STALL_WARN_SECS;
+    o->step_timeout_secs = KEEL__CLUSTER_STEP_TIMEOUT_SECS;
+    o->orphan_secs = KEEL__CLUSTER_ORPHAN_SECS;
+    o->ready_retry_ms = KEEL__CLUSTER_READY_RETRY_MS;
+    o->max_wait_secs = KEEL__CLUSTER_MAX_WAIT_SECS;
+    o->send_buffer_kib = KEEL__CLUSTER_SEND_BUFFER_KIB;
+    o->token = getenv("KEEL_CLUSTER_TOKEN");
+    o->shutdown_at_end = 1;
+    o->slurm_num_ps = KEEL__CLUSTER_SLURM_NUM_PS;
+    o->slurm_port_base = KEEL__CLUSTER_SLURM_PORT_BASE;
+}
+
+/* Check opts (NULL: the defaults) and resolve them for spec into *o. */
+static keel_status
+role_opts_from(const keel_cluster_spec *spec, const keel_cluster_options *in,
+               const char *who, keel__role_opts *o)
+{
+    keel_cluster_options d;
+    keel_status st;
+    if (spec == NULL)
+        return keel__fail(KEEL_EINVAL, "%s: spec is NULL", who);
+    if (in == NULL) {
+        keel_cluster_options_init(&d);
+        in = &d;
+    } else if (in->struct_size != sizeof *in) {
+        return keel__fail(KEEL_EINVAL, "%s: keel_cluster_options has "
+                          "struct_size %u (expected %zu: call "
+                          "keel_cluster_options_init)", who, in->struct_size,
+                          sizeof *in);
+    }
+    if ((st = keel_cluster_spec_validate(spec)) != KEEL_OK)
+        return keel__wrap(st, "%s", who);
+    if (keel_cluster_spec_num_tasks(spec, KEEL_TASK_PS) == 0)
+        return keel__fail(KEEL_EINVAL, "%s: the cluster has no ps task "
+                          "(parameter-server training needs at least one)",
+                          who);
+    if (in->placement != KEEL_PLACEMENT_SIZE_BALANCED &&
+        in->placement != KEEL_PLACEMENT_ROUND_ROBIN)
+        return keel__fail(KEEL_EINVAL, "%s: placement %d is not a "
+                          "keel_placement", who, (int)in->placement);
+    if (in->heartbeat_ms < 1 || in->dead_after_ms <= in->heartbeat_ms)
+        return keel__fail(KEEL_EINVAL, "%s: heartbeat_ms %d must be >= 1 "
+                          "and less than dead_after_ms %d (a peer is "
+                          "declared dead only after missed heartbeats)",
+                          who, in->heartbeat_ms, in->dead_after_ms);
+    if (in->ready_retry_ms < 1)
+        return keel__fail(KEEL_EINVAL, "%s: ready_retry_ms %d < 1", who,
+                          in->ready_retry_ms);
+    if (!(in->stall_warn_secs >= 0) || !(in->step_timeout_secs >= 0) ||
+        !(in->orphan_secs >= 0) || !(in->max_wait_secs >= 0))
+        return keel__fail(KEEL_EINVAL, "%s: stall_warn_secs %g, "
+                          "step_timeout_secs %g, orphan_secs %g and "
+                          "max_wait_secs %g must be >= 0", who,
+                          in->stall_warn_secs, in->step_timeout_secs,
+                          in->orphan_secs, in->max_wait_secs);
+    if (in->send_buffer_kib < 0 || in->send_buffer_kib > 65536)
+        return keel__fail(KEEL_EINVAL, "%s: send_buffer_kib %d out of "
+                          "0..65536", who, in->send_buffer_kib);
+    if (in->curve && (in->key_dir == NULL || in->key_dir[0] == '\0'))
+        return keel__fail(KEEL_EINVAL, "%s: curve needs key_dir (make keys "
+                          "with 'keel keygen')", who);
+    memset(o, 0, sizeof *o);
+    o->spec = spec;
+    o->round_robin = in->placement == KEEL_PLACEMENT_ROUND_ROBIN;
+    o->dead_after_ms = in->dead_after_ms;
+    o->heartbeat_ms = in->heartbeat_ms;
+    o->stall_warn_secs = in->stall_warn_secs;
+    o->step_timeout_secs = in->step_timeout_secs;
+    o->orphan_secs = in->orphan_secs;
+    o->ready_retry_ms = in->ready_retry_ms;
+    o->max_wait_secs = in->max_wait_secs;
+    o->curve = in->curve;
+    o->key_dir = in->key_dir;
+    o->token = in->token;
+    o->send_buffer_bytes = in->send_buffer_kib * 1024;
+    o->shutdown_at_end = in->shutdown_at_end;
+    return KEEL_OK;
+}
+
+keel_status
+keel_ps_run(const keel_cluster_spec *spec, const keel_vars *vars,
+            const keel_cluster_options *opts)
+{
+    keel__role_opts o;
+    keel_optimizer *opt = NULL;
+    keel_status st = role_opts_from(spec, opts, "ps", &o);
+    if (st != KEEL_OK)
+        return st;
+    if (vars == NULL)
+        return keel__fail(KEEL_EINVAL, "ps: vars is NULL");
+    if (!keel_cluster_spec_is_ps(spec))
+        return keel__fail(KEEL_EINVAL, "ps: this task is %s %d, not a ps",
+                          keel_task_type_name(
+                              keel_cluster_spec_task_type(spec)),
+                          keel_cluster_spec_task_index(spec));
+    if (opts == NULL || opts->optimizer == NULL)
+        return keel__fail(KEEL_EINVAL, "ps %d: keel_cluster_options."
+                          "optimizer is NULL: the ps needs the update rule "
+                          "(keel_optimizer_config_init)",
+                          keel_cluster_spec_task_index(spec));
+    st = keel_optimizer_new(opts->optimizer, &opt);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "ps %d: optimizer",
+                          keel_cluster_spec_task_index(spec));
+    st = run_ps(&o, vars, opt);
+    keel_optimizer_free(opt);
+    return st;
+}
+
+keel_status
+keel_cluster_backend_new(const keel_cluster_spec *spec, keel_vars *vars,
+                         const keel_cluster_options *opts,
+                         keel_cluster_backend **out)
+{
+    keel__role_opts o;
+    keel_status st;
+    keel_task_type t;
+    if (out == NULL)
+        return keel__fail(KEEL_EINVAL, "cluster backend: out is NULL");
+    *out = NULL;
+    st = role_opts_from(spec, opts, "cluster backend", &o);
+    if (st != KEEL_OK)
+        return st;
+    if (vars == NULL)
+        return keel__fail(KEEL_EINVAL, "cluster backend: vars is NULL");
+    t = keel_cluster_spec_task_type(spec);
+    if (t != KEEL_TASK_CHIEF && t != KEEL_TASK_WORKER)
+        return keel__fail(KEEL_EINVAL, "cluster backend: this task is %s "
+                          "%d; only the chief and workers train (a ps runs "
+                          "keel_ps_run)", keel_task_type_name(t),
+                          keel_cluster_spec_task_index(spec));
+    if (opts != NULL && opts->optimizer != NULL) {
+        keel_optimizer *opt = NULL;
+        st = keel_optimizer_new(opts->optimizer, &opt);
+        if (st == KEEL_OK)
+            st = keel_optimizer_prepare(opt, vars);   /* the slots */
+        keel_optimizer_free(opt);
+        if (st != KEEL_OK)
+            return keel__wrap(st, "cluster backend: optimizer");
+    }
+    return worker_new(&o, vars, out);
+}
+
+int
+keel_cluster_spec_is_ps(const keel_cluster_spec *spec)
+{
+    return spec != NULL && !keel_cluster_spec_is_local(spec) &&
+           keel_cluster_spec_task_type(spec) == KEEL_TASK_PS;
+}
+
+keel_status
+keel_cluster_spec_detect(const keel_cluster_options *opts,
+                         keel_cluster_spec **out)
+{
+    keel_cluster_spec *spec = NULL;
+    const char *tf = getenv("TF_CONFIG");
+    keel_cluster_options d;
+    keel_status st;
+    if (out == NULL)
+        return keel__fail(KEEL_EINVAL, "cluster: out is NULL");
+    *out = NULL;
+    if (opts == NULL) {
+        keel_cluster_options_init(&d);
+        opts = &d;
+    }
+    if (tf != NULL && tf[0] != '\0') {
+        st = keel_cluster_spec_from_env(&spec);
+    } else if (getenv("SLURM_PROCID") != NULL) {
+        keel_cluster_slurm_options so;
+        memset(&so, 0, sizeof so);
+        so.num_ps = opts->slurm_num_ps;
+        so.port_base = opts->slurm_port_base;
+        st = keel_cluster_spec_from_slurm(&so, &spec);
+    } else {
+        st = keel_cluster_spec_new(&spec);
+    }
+    if (st == KEEL_OK && !keel_cluster_spec_is_local(spec) &&
+        keel_cluster_spec_num_tasks(spec, KEEL_TASK_CHIEF) == 1 &&
+        keel_cluster_spec_num_tasks(spec, KEEL_TASK_PS) == 0 &&
+        keel_cluster_spec_num_tasks(spec, KEEL_TASK_WORKER) == 0 &&
+        keel_cluster_spec_task_type(spec) == KEEL_TASK_CHIEF) {
+        /* TF: a cluster of one chief is local (master '') */
+        keel_cluster_spec_free(spec);
+        spec = NULL;
+        st = keel_cluster_spec_new(&spec);
+    }
+    if (st == KEEL_OK)
+        st = keel_cluster_spec_validate(spec);
+    if (st != KEEL_OK) {
+        keel_cluster_spec_free(spec);
+        return st;
+    }
+    *out = spec;
+    return KEEL_OK;
 }

@@ -1,10 +1,14 @@
 /* custom_step.c - a user's own model and train step on keel's public API:
- * linear regression y = 3x - 2 + noise, trained with hand-written gradients
- * and a hand-written SGD updater under MonitoredTrainingSession, with
- * checkpoints. Run twice with the same directory and it resumes.
+ * linear regression y = 3x - 2 + noise with hand-written gradients, keel's
+ * SGD as the update rule, under MonitoredTrainingSession with checkpoints.
+ * Run twice with the same directory and it resumes. The same program runs
+ * alone or as a cluster: under `keel launch --ps 1 --workers 2 --
+ * ./custom_step DIR` each task finds its role in TF_CONFIG, the ps task
+ * serves the variables, the chief and the workers train them (sync).
  *
  *   cc -o custom_step custom_step.c $(pkg-config --cflags --libs keel)
  *   ./custom_step /tmp/custom_step_run [steps]
+ *   keel launch --ps 1 --workers 2 -- ./custom_step /tmp/cs_run 2000
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,7 +20,8 @@ typedef struct data {
     float x[N], y[N];
 } data;
 
-/* Gradient of the mean squared error over the whole set. */
+/* Gradient of the mean squared error over the whole set (every replica
+ * computes it; a real program gives each replica its slice of a batch). */
 static keel_status
 step(void *ctx, keel_step *st)
 {
@@ -34,22 +39,12 @@ step(void *ctx, keel_step *st)
     }
     keel_grads_find(g, "linear/w")->data[0] = (float)gw;
     keel_grads_find(g, "linear/b")->data[0] = (float)gb;
-    return keel_step_set_value(st, "loss", loss);
-}
-
-/* Plain SGD, lr 0.1. */
-static keel_status
-sgd(void *ctx, keel_vars *vs, keel_grads *g, int64_t global_step)
-{
-    (void)ctx;
-    (void)global_step;
-    for (size_t i = 0; i < keel_vars_count(vs); i++) {
-        keel_tensor *v = keel_var_tensor(keel_vars_at(vs, i));
-        keel_tensor *gr = keel_grads_at(g, i);
-        for (size_t k = 0; gr != NULL && k < v->count; k++)
-            v->data[k] -= 0.1f * gr->data[k];
+    if (keel_step_global_step(st) % 100 == 0) {
+        printf("step %lld: loss %.6f\n",
+               (long long)keel_step_global_step(st), loss);
+        fflush(stdout);
     }
-    return KEEL_OK;
+    return keel_step_set_value(st, "loss", loss);
 }
 
 static void
@@ -66,8 +61,11 @@ main(int argc, char **argv)
     long steps = argc > 2 ? strtol(argv[2], NULL, 10) : 200;
     int64_t one[1] = { 1 };
     keel_vars *vs = NULL;
+    keel_cluster_spec *cluster = NULL;
     keel_session *s = NULL;
     keel_hook stop = { 0 };
+    keel_optimizer_config sgd;
+    keel_cluster_options copts;
     keel_training_config cfg;
     keel_status st;
     data d;
@@ -79,11 +77,28 @@ main(int argc, char **argv)
         d.x[i] = (float)i / N * 4 - 2;
         d.y[i] = 3 * d.x[i] - 2 + ((float)(r >> 8) / (1 << 24) - 0.5f) * 0.1f;
     }
+    /* Every task (the ps too) creates the same variables in the same
+     * order: that is how they agree on which ps holds which. */
     st = keel_vars_new(&vs);
     if (st == KEEL_OK)
         st = keel_vars_create(vs, "linear/w", 1, one, KEEL_VAR_TRAINABLE, NULL);
     if (st == KEEL_OK)
         st = keel_vars_create(vs, "linear/b", 1, one, KEEL_VAR_TRAINABLE, NULL);
+    keel_optimizer_config_init(&sgd, KEEL_OPT_SGD);
+    sgd.schedule.learning_rate = 0.1;
+    keel_cluster_options_init(&copts);
+    copts.optimizer = &sgd;                   /* what the ps apply */
+    /* TF_CONFIG (or Slurm) says which task this is; none: train alone */
+    if (st == KEEL_OK)
+        st = keel_cluster_spec_detect(&copts, &cluster);
+    /* SIGTERM: the chief writes a final checkpoint, a ps stops */
+    if (st == KEEL_OK)
+        st = keel_session_install_signal_handlers();
+    if (st == KEEL_OK && keel_cluster_spec_is_ps(cluster)) {
+        /* a parameter server: serve until the chief says the run is over */
+        st = keel_ps_run(cluster, vs, &copts);
+        goto out;
+    }
     if (st == KEEL_OK)
         st = keel_stop_at_step_hook_new(0, steps, &stop);
     if (st != KEEL_OK)
@@ -93,14 +108,21 @@ main(int argc, char **argv)
     cfg.session.vars = vs;
     cfg.session.step = step;
     cfg.session.step_ctx = &d;
-    cfg.session.updater.apply = sgd;
     cfg.session.hooks = &stop;
     cfg.session.n_hooks = 1;
-    cfg.checkpoint_dir = dir;
+    cfg.optimizer = &sgd;                     /* here, or on the ps */
+    cfg.cluster = cluster;                    /* local: trains alone */
+    cfg.cluster_options = &copts;
+    cfg.checkpoint_dir = dir;                 /* the chief's */
     cfg.save_checkpoint_steps = 50;
     cfg.log_step_count_steps = 100;
-    keel_session_install_signal_handlers();   /* SIGTERM: final checkpoint */
     st = keel_training_session_new(&cfg, &s);
+    if (st == KEEL_EOUTOFRANGE) {             /* a worker came too late */
+        fprintf(stderr, "custom_step: training already finished: %s\n",
+                keel_last_error());
+        st = KEEL_OK;
+        goto out;
+    }
     if (st == KEEL_OK)
         st = keel_session_train(s);
     if (st == KEEL_OK)
@@ -115,6 +137,7 @@ out:
         fprintf(stderr, "custom_step: %s\n", keel_last_error());
     keel_session_free(s);
     keel_hook_release(&stop);
+    keel_cluster_spec_free(cluster);
     keel_vars_free(vs);
     return st == KEEL_OK ? 0 : 1;
 }

@@ -68,6 +68,9 @@ save(ckpt_hook *h, keel_session *s, int64_t step, int *should_stop)
         if (st != KEEL_OK)
             return keel__wrap(st, "checkpoint listener %zu before_save", i);
     }
+    st = keel_session_prepare_save(s);
+    if (st != KEEL_OK)
+        return st;
     st = keel_session_collect_meta(s, &meta);
     if (st != KEEL_OK)
         return keel__wrap(st, "checkpoint at step %lld: meta_fn",

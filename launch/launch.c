@@ -115,8 +115,13 @@ build_tf_configs(keel_launch *l)
                                             l->tasks[i].info.address);
     if (st == KEEL_OK)
         st = keel_cluster_spec_set_task(spec, KEEL_TASK_CHIEF, 0);
-    if (st == KEEL_OK)
+    if (st == KEEL_OK) {
+        keel_cluster_spec_set_mode(spec, l->cfg.mode);
+        if (l->cfg.replicas_to_aggregate > 0)
+            keel_cluster_spec_set_replicas(spec,
+                                           l->cfg.replicas_to_aggregate, 0);
         st = keel_cluster_spec_validate(spec);
+    }
     for (size_t i = 0; i < l->n && st == KEEL_OK; i++) {
         task *t = &l->tasks[i];
         size_t len;
@@ -181,6 +186,15 @@ keel_launch_new(const keel_launch_config *cfg, keel_launch **out)
                           KEEL_LAUNCH_MAX_WORKERS);
     if (cfg->output_dir == NULL || cfg->output_dir[0] == '\0')
         return keel__fail(KEEL_EINVAL, "launch: output_dir is empty");
+    if (cfg->mode != KEEL_CLUSTER_SYNC && cfg->mode != KEEL_CLUSTER_ASYNC)
+        return keel__fail(KEEL_EINVAL, "launch: mode %d is not a "
+                          "keel_cluster_mode", (int)cfg->mode);
+    if (cfg->replicas_to_aggregate < 0 ||
+        cfg->replicas_to_aggregate > cfg->num_workers + 1)
+        return keel__fail(KEEL_EINVAL, "launch: replicas_to_aggregate %d "
+                          "is out of range 0..%d (the chief and %d "
+                          "workers)", cfg->replicas_to_aggregate,
+                          cfg->num_workers + 1, cfg->num_workers);
     if (cfg->chaos && cfg->chaos_period_secs > 1e6)
         return keel__fail(KEEL_EINVAL, "launch: chaos period %g s is too "
                           "long (at most 1e6)", cfg->chaos_period_secs);

@@ -4,6 +4,7 @@
 #include <config.h>
 
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -121,12 +122,15 @@ keel_session_manager_new(const keel_session_manager_config *cfg,
         return keel__fail(KEEL_EINVAL, "session manager: recovery_wait_ms "
                           "%d < 0", cfg->recovery_wait_ms);
     if (cfg->backend != NULL && cfg->backend->struct_size != 0
-        && cfg->backend->struct_size < sizeof(keel_backend))
+        && (cfg->backend->struct_size < offsetof(keel_backend, before_save)
+            || cfg->backend->struct_size > sizeof(keel_backend)))
         return keel__fail(KEEL_EINVAL, "session manager: backend '%s' "
-                          "struct_size %u is older than this keel (%zu)",
+                          "has struct_size %u (expected %zu..%zu)",
                           cfg->backend->name != NULL ? cfg->backend->name
                                                      : "?",
-                          cfg->backend->struct_size, sizeof(keel_backend));
+                          cfg->backend->struct_size,
+                          offsetof(keel_backend, before_save),
+                          sizeof(keel_backend));
     sm = calloc(1, sizeof *sm);
     if (sm == NULL)
         return keel__fail(KEEL_ENOMEM, "session manager: %zu bytes",
@@ -153,7 +157,7 @@ keel_session_manager_new(const keel_session_manager_config *cfg,
         sm->has_restore_opts = 1;
     }
     if (cfg->backend != NULL)
-        sm->backend = *cfg->backend;
+        keel__backend_copy(&sm->backend, cfg->backend);
     sm->recovery_wait_ms = cfg->recovery_wait_ms > 0 ? cfg->recovery_wait_ms
                                                      : 50;
     sm->max_wait_secs = 1800;
@@ -493,4 +497,14 @@ keel_worker_creator(keel_session_manager *sm)
 {
     keel_session_creator c = { sm, worker_create };
     return c;
+}
+
+void
+keel__backend_copy(keel_backend *dst, const keel_backend *src)
+{
+    size_t n = src->struct_size != 0 && src->struct_size < sizeof *dst
+               ? src->struct_size : sizeof *dst;
+    memset(dst, 0, sizeof *dst);
+    memcpy(dst, src, n);
+    dst->struct_size = sizeof *dst;
 }

@@ -122,6 +122,9 @@ struct keel_session {
     int64_t local_step;
     keel_status (*meta_fn)(void *ctx, keel_ckpt_meta *meta);
     void *meta_ctx;
+    int is_chief;
+    void (*cleanup)(void *ctx);
+    void *cleanup_ctx;
 };
 
 /* ---- the step ----------------------------------------------------------- */
@@ -485,13 +488,12 @@ keel__session_new(const keel_session_config *cfg, int is_recovering,
     s->step = cfg->step;
     s->step_ctx = cfg->step_ctx;
     s->updater = cfg->updater;
-    if (cfg->backend != NULL && cfg->backend->updater.apply != NULL)
-        s->updater = cfg->backend->updater;
-    if (cfg->backend != NULL)           /* an older, shorter one: NULLs */
-        memcpy(&s->backend, cfg->backend,
-               cfg->backend->struct_size != 0 &&
-               cfg->backend->struct_size < sizeof s->backend
-                   ? cfg->backend->struct_size : sizeof s->backend);
+    if (cfg->backend != NULL) {
+        keel__backend_copy(&s->backend, cfg->backend);
+        if (s->backend.updater.apply != NULL)
+            s->updater = s->backend.updater;
+    }
+    s->is_chief = cfg->creator.create != NULL || cfg->is_chief;
     s->is_recovering = is_recovering;
     s->skip_grad_zeroing = cfg->skip_grad_zeroing;
     s->max_attempts = cfg->max_recovery_attempts;
@@ -1015,6 +1017,29 @@ keel_session_collect_meta(keel_session *s, keel_ckpt_meta *meta)
 }
 
 keel_status
+keel_session_prepare_save(keel_session *s)
+{
+    keel_status st;
+    if (s == NULL)
+        return keel__fail(KEEL_EINVAL, "prepare save: NULL session");
+    if (s->backend.before_save == NULL)
+        return KEEL_OK;
+    st = s->backend.before_save(s->backend.ctx, s->vars);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "backend '%s' before the checkpoint at step "
+                          "%lld", s->backend.name ? s->backend.name : "?",
+                          (long long)keel_vars_global_step(s->vars));
+    return KEEL_OK;
+}
+
+void
+keel__session_set_cleanup(keel_session *s, void (*fn)(void *ctx), void *ctx)
+{
+    s->cleanup = fn;
+    s->cleanup_ctx = ctx;
+}
+
+keel_status
 keel_session_save_now(keel_session *s, char *path, size_t path_size)
 {
     keel_ckpt_meta meta;
@@ -1024,6 +1049,9 @@ keel_session_save_now(keel_session *s, char *path, size_t path_size)
     if (s->saver == NULL)
         return keel__fail(KEEL_ESTATE, "save now: the session has no "
                           "checkpoint_dir");
+    st = keel_session_prepare_save(s);
+    if (st != KEEL_OK)
+        return st;
     st = keel_session_collect_meta(s, &meta);
     if (st != KEEL_OK)
         return keel__wrap(st, "save now: meta_fn");
@@ -1059,6 +1087,9 @@ keel_session_close(keel_session *s)
         if (st == KEEL_OK && ws != KEEL_OK)
             st = ws;
     }
+    if (s->backend.end != NULL)
+        s->backend.end(s->backend.ctx, s->vars, s->is_chief,
+                       st == KEEL_OK ? s->reason : KEEL_END_ERROR);
     return st;
 }
 
@@ -1091,6 +1122,8 @@ keel_session_free(keel_session *s)
     for (i = 0; i < s->n_owned; i++)
         keel_hook_release(&s->owned[i]);
     free(s->owned);
+    if (s->cleanup != NULL)
+        s->cleanup(s->cleanup_ctx);
     free(s);
 }
 

@@ -13,6 +13,7 @@
 struct keel_supervisor {
     keel_supervisor_config cfg;
     char *logdir;
+    keel_backend backend;           /* valid when cfg.backend != NULL */
     keel_session *s;
 };
 
@@ -48,6 +49,10 @@ keel_supervisor_new(const keel_supervisor_config *cfg, keel_supervisor **out)
         return keel__fail(KEEL_ENOMEM, "supervisor: copy logdir");
     }
     sv->cfg.logdir = sv->logdir;
+    if (cfg->backend != NULL) {
+        keel__backend_copy(&sv->backend, cfg->backend);
+        sv->cfg.backend = &sv->backend;
+    }
     *out = sv;
     return KEEL_OK;
 }
@@ -70,6 +75,7 @@ keel_supervisor_prepare_or_wait(keel_supervisor *sv, double max_wait_secs)
     sc.step = sv->cfg.step;
     sc.step_ctx = sv->cfg.step_ctx;
     sc.updater = sv->cfg.updater;
+    sc.backend = sv->cfg.backend;
     sc.is_chief = sv->cfg.is_chief;
     sc.scaffold = sv->cfg.scaffold;
     sc.checkpoint_dir = sv->cfg.is_chief ? sv->logdir : NULL;

@@ -7,8 +7,97 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <keel/distributed.h>
 #include "util.h"
 #include "session_int.h"
+
+/* What a training session made for itself and frees with it: the
+ * optimizer it applies alone, the spec it detected, the cluster backend. */
+typedef struct training_owned {
+    keel_optimizer *opt;
+    keel_cluster_spec *spec;
+    keel_cluster_backend *cluster;
+    keel_backend backend;
+} training_owned;
+
+static void
+training_owned_free(void *ctx)
+{
+    training_owned *o = ctx;
+    if (o == NULL)
+        return;
+    keel_cluster_backend_free(o->cluster);
+    keel_cluster_spec_free(o->spec);
+    keel_optimizer_free(o->opt);
+    free(o);
+}
+
+static keel_status
+optimizer_apply(void *ctx, keel_vars *vs, keel_grads *grads,
+                int64_t global_step)
+{
+    return keel_optimizer_apply(ctx, vs, grads, global_step);
+}
+
+/* The update rule and the cluster of cfg into sc (and *own): a cluster
+ * backend when the spec (given or detected) has tasks, else the optimizer
+ * applied here. *is_chief: the spec's, else cfg's. */
+static keel_status
+resolve_cluster(const keel_training_config *cfg, keel_session_config *sc,
+                training_owned *own, int *is_chief, double *max_wait)
+{
+    const keel_cluster_spec *spec = cfg->cluster;
+    keel_status st;
+    *is_chief = cfg->is_chief;
+    *max_wait = cfg->max_wait_secs;
+    if (spec == NULL && cfg->cluster_from_env) {
+        st = keel_cluster_spec_detect(cfg->cluster_options, &own->spec);
+        if (st != KEEL_OK)
+            return keel__wrap(st, "training session: the cluster");
+        spec = own->spec;
+    }
+    if (spec != NULL && !keel_cluster_spec_is_local(spec)) {
+        keel_cluster_options co;
+        if (cfg->session.backend != NULL)
+            return keel__fail(KEEL_EINVAL, "training session: both a "
+                              "cluster and session.backend are set; give "
+                              "one");
+        if (keel_cluster_spec_is_ps(spec))
+            return keel__fail(KEEL_EINVAL, "training session: this task is "
+                              "ps %d, which trains nothing: call "
+                              "keel_ps_run() on a ps task (see "
+                              "keel_cluster_spec_is_ps)",
+                              keel_cluster_spec_task_index(spec));
+        if (cfg->cluster_options != NULL)
+            co = *cfg->cluster_options;
+        else
+            keel_cluster_options_init(&co);
+        if (co.optimizer == NULL)
+            co.optimizer = cfg->optimizer;
+        st = keel_cluster_backend_new(spec, sc->vars, &co, &own->cluster);
+        if (st != KEEL_OK)
+            return keel__wrap(st, "training session");
+        keel_cluster_backend_get(own->cluster, &own->backend);
+        sc->backend = &own->backend;
+        *is_chief = keel_cluster_spec_is_chief(spec);
+        *max_wait = co.max_wait_secs;
+        return KEEL_OK;
+    }
+    if (cfg->optimizer != NULL) {
+        if (cfg->session.updater.apply != NULL)
+            return keel__fail(KEEL_EINVAL, "training session: both "
+                              "optimizer and session.updater are set; give "
+                              "one");
+        st = keel_optimizer_new(cfg->optimizer, &own->opt);
+        if (st == KEEL_OK)
+            st = keel_optimizer_prepare(own->opt, sc->vars);
+        if (st != KEEL_OK)
+            return keel__wrap(st, "training session: optimizer");
+        sc->updater.ctx = own->opt;
+        sc->updater.apply = optimizer_apply;
+    }
+    return KEEL_OK;
+}
 
 void
 keel_training_config_init(keel_training_config *cfg)
@@ -64,12 +153,18 @@ keel_training_session_new(const keel_training_config *cfg,
     int64_t ck_steps, sum_steps;
     const char *summary_dir;
     static const char *const default_names[] = { "loss" };
+    training_owned *own = NULL;
+    int is_chief;
+    double max_wait;
     keel_status st;
     if (out == NULL)
         return keel__fail(KEEL_EINVAL, "training session: out is NULL");
     *out = NULL;
     if (cfg == NULL)
         return keel__fail(KEEL_EINVAL, "training session: config is NULL");
+    if (cfg->session.vars == NULL)
+        return keel__fail(KEEL_EINVAL, "training session: config needs "
+                          "session.vars");
     ck_secs = cfg->save_checkpoint_secs;
     ck_steps = cfg->save_checkpoint_steps;
     sum_secs = cfg->save_summaries_secs;
@@ -79,6 +174,15 @@ keel_training_session_new(const keel_training_config *cfg,
         st = resolve_pair("save_summaries", &sum_secs, &sum_steps, 0, 100);
     if (st != KEEL_OK)
         return st;
+    sc = cfg->session;
+    own = calloc(1, sizeof *own);
+    if (own == NULL)
+        return keel__fail(KEEL_ENOMEM, "training session");
+    st = resolve_cluster(cfg, &sc, own, &is_chief, &max_wait);
+    if (st != KEEL_OK) {
+        training_owned_free(own);
+        return st;
+    }
     summary_dir = cfg->summary_dir != NULL ? cfg->summary_dir
                                            : cfg->checkpoint_dir;
     cap = cfg->n_chief_only_hooks + 3 + cfg->session.n_hooks;
@@ -87,9 +191,10 @@ keel_training_session_new(const keel_training_config *cfg,
     if (all == NULL || owned == NULL) {
         free(all);
         free(owned);
+        training_owned_free(own);
         return keel__fail(KEEL_ENOMEM, "training session: %zu hooks", cap);
     }
-    if (cfg->is_chief) {
+    if (is_chief) {
         for (i = 0; i < cfg->n_chief_only_hooks; i++)
             all[n_all++] = cfg->chief_only_hooks[i];
         if (summary_dir != NULL && cfg->log_step_count_steps > 0) {
@@ -127,25 +232,29 @@ keel_training_session_new(const keel_training_config *cfg,
     }
     for (i = 0; i < cfg->session.n_hooks; i++)
         all[n_all++] = cfg->session.hooks[i];
-    sc = cfg->session;
     sc.hooks = all;
     sc.n_hooks = n_all;
-    sc.is_chief = cfg->is_chief;
-    sc.checkpoint_dir = cfg->is_chief ? cfg->checkpoint_dir : NULL;
-    sc.max_wait_secs = cfg->max_wait_secs;
+    sc.is_chief = is_chief;
+    sc.checkpoint_dir = is_chief ? cfg->checkpoint_dir : NULL;
+    sc.max_wait_secs = max_wait;
     sc.stop_grace_period_secs = cfg->stop_grace_period_secs;
     keel__log(KEEL_LOG_INFO, "training session (%s): %zu hooks, checkpoints "
-              "%s every %g s / %lld steps", cfg->is_chief ? "chief" : "worker",
+              "%s every %g s / %lld steps", is_chief ? "chief" : "worker",
               n_all, cfg->checkpoint_dir != NULL ? cfg->checkpoint_dir
                                                  : "(none)",
               ck_secs, (long long)ck_steps);
     st = keel__session_new(&sc, 1, owned, n_owned, out);
     free(all);              // the session copied the hooks
+    if (st == KEEL_OK)
+        keel__session_set_cleanup(*out, training_owned_free, own);
+    else
+        training_owned_free(own);
     return st;
 fail:
     for (i = 0; i < n_owned; i++)
         keel_hook_release(&owned[i]);
     free(owned);
     free(all);
+    training_owned_free(own);
     return st;
 }

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <keel/keel.h>
 #include "testutil.h"
@@ -186,6 +187,78 @@ START_TEST(test_config_check_exits_2_on_every_error)
 }
 END_TEST
 
+/* keel launch -- PROGRAM: usage errors exit 2 before anything starts. */
+START_TEST(test_launch_program_usage_errors_exit_2)
+{
+    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
+                             "launch", "--", NULL), 2);
+    ck_assert_ptr_nonnull(strstr(err, "keel: launch: -- needs a PROGRAM"));
+    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
+                             "launch", "job.ini", "--", "/bin/true", NULL), 2);
+    ck_assert_ptr_nonnull(strstr(err, "not both"));
+    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
+                             "launch", "-s", "train.seed=1", "--",
+                             "/bin/true", NULL), 2);
+    ck_assert_ptr_nonnull(strstr(err, "PROGRAM takes its own arguments"));
+    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
+                             "launch", "--", "keel-no-such-program-x", NULL),
+                     2);
+    ck_assert_ptr_nonnull(strstr(err, "is not on PATH"));
+    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
+                             "launch", "--workers", "1",
+                             "--replicas-to-aggregate", "3", "--",
+                             "/bin/true", NULL), 2);
+    ck_assert_ptr_nonnull(strstr(err, "more than the 2 replicas"));
+    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
+                             "launch", "--async", "job.ini", NULL), 2);
+    ck_assert_ptr_nonnull(strstr(err, "are for -- PROGRAM"));
+}
+END_TEST
+
+/* Every task runs PROGRAM ARGS with its own TF_CONFIG (the cluster, its
+ * task, the mode) and OUTPUT_DIR; the run's status is the chief's. */
+START_TEST(test_launch_program_gives_each_task_its_tf_config)
+{
+    char dir[256], outdir[300];
+    tu_mkdtemp(dir, sizeof dir);
+    snprintf(outdir, sizeof outdir, "%s/out", dir);
+    ck_assert_int_eq(tu_keel(30000, out, sizeof out, err, sizeof err,
+                             "launch", "--ps", "1", "--workers", "1",
+                             "--async", "--no-status", "--output-dir",
+                             outdir, "--", "sh", "-c",
+                             /* the chief waits (20 s at most) until all
+                              * three tasks printed: its end stops them */
+                             "echo \"tf=$TF_CONFIG out=$OUTPUT_DIR\"; "
+                             ": > \"$OUTPUT_DIR/seen.$$\"; "
+                             "if echo \"$TF_CONFIG\" | "
+                             "grep -q '\"type\": *\"chief\"'; then i=0; "
+                             "while [ $(ls \"$OUTPUT_DIR\" | grep -c "
+                             "'^seen[.]') -lt 3 ] && [ $i -lt 400 ]; do "
+                             "sleep 0.05; i=$((i+1)); done; fi", NULL),
+                     0);
+    ck_assert_ptr_nonnull(strstr(out, "running sh; OUTPUT_DIR="));
+    ck_assert_ptr_nonnull(strstr(out, "chief | tf={"));
+    ck_assert_ptr_nonnull(strstr(out, "worker.0 | tf={"));
+    ck_assert_ptr_nonnull(strstr(out, "ps.0 | tf={"));
+    ck_assert_ptr_nonnull(strstr(out, "\"async\""));
+    ck_assert_ptr_nonnull(strstr(out, outdir));
+    ck_assert_ptr_nonnull(strstr(out, "the chief finished: run complete"));
+    {
+        char log[400];
+        struct stat sb;
+        snprintf(log, sizeof log, "%s/logs/chief.log", outdir);
+        ck_assert_int_eq(stat(log, &sb), 0);
+    }
+    /* the chief's failure is the run's (after its restarts) */
+    ck_assert_int_eq(tu_keel(30000, out, sizeof out, err, sizeof err,
+                             "launch", "--max-restarts", "0", "--no-status",
+                             "--output-dir", outdir, "--", "sh", "-c",
+                             "exit 3", NULL), 1);
+    ck_assert_ptr_nonnull(strstr(err, "chief"));
+    tu_rmrf(dir);
+}
+END_TEST
+
 static Suite *
 cli_suite(void)
 {
@@ -199,6 +272,8 @@ cli_suite(void)
     tcase_add_test(tc, test_every_verb_has_help);
     tcase_add_test(tc, test_config_check_exits_2_on_every_error);
     tcase_add_test(tc, test_options_parse_the_getopt_long_way);
+    tcase_add_test(tc, test_launch_program_usage_errors_exit_2);
+    tcase_add_test(tc, test_launch_program_gives_each_task_its_tf_config);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -11,12 +11,15 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <keel/keel.h>
 #include "util.h"
 #include "../cluster/cluster_int.h"
 #include "ps_skel.h"
-#include "../cluster/roles.h"
+#include <keel/distributed.h>
 #include "testutil.h"
 
 static char out[65536], err[65536];
@@ -2097,8 +2100,8 @@ START_TEST(test_global_step_waiter_hook_sees_the_cluster_step)
     server sv;
     keel__wire_client *chief;
     keel_cluster_spec *spec;
-    keel__role_opts o;
-    keel__worker *wk;
+    keel_cluster_options o;
+    keel_cluster_backend *wk;
     keel_backend be;
     keel_vars *vs;
     keel_hook hook;
@@ -2147,8 +2150,8 @@ START_TEST(test_global_step_waiter_hook_sees_the_cluster_step)
     keel_cluster_spec_set_replicas(spec, 1, 2);
     ck_assert_msg(keel_cluster_spec_validate(spec) == KEEL_OK, "%s",
                   keel_last_error());
-    memset(&o, 0, sizeof o);
-    o.spec = spec;
+    keel_cluster_options_init(&o);
+    o.token = NULL;
     o.dead_after_ms = 10000;
     o.heartbeat_ms = 200;
     o.step_timeout_secs = 10;
@@ -2159,9 +2162,9 @@ START_TEST(test_global_step_waiter_hook_sees_the_cluster_step)
                                       KEEL_VAR_TRAINABLE, NULL), KEEL_OK);
     ck_assert_int_eq(keel_vars_create(vs, "layer/b", 1, bs,
                                       KEEL_VAR_TRAINABLE, NULL), KEEL_OK);
-    ck_assert_msg(keel__worker_new(&o, vs, &wk) == KEEL_OK, "%s",
-                  keel_last_error());
-    keel__worker_backend(wk, &be);
+    ck_assert_msg(keel_cluster_backend_new(spec, vs, &o, &wk) == KEEL_OK,
+                  "%s", keel_last_error());
+    keel_cluster_backend_get(wk, &be);
     ck_assert_int_eq(keel_global_step_waiter_hook_new(9, 20, &hook),
                      KEEL_OK);
     memset(&wr, 0, sizeof wr);
@@ -2225,7 +2228,7 @@ START_TEST(test_global_step_waiter_hook_sees_the_cluster_step)
     ck_assert_int_eq(keel_session_close(wr.s), KEEL_OK);
     keel_session_free(wr.s);
     keel_hook_release(&hook);
-    keel__worker_free(wk);
+    keel_cluster_backend_free(wk);
     keel_vars_free(vs);
     keel_cluster_spec_free(spec);
     keel__wire_client_free(chief);
@@ -2397,6 +2400,265 @@ START_TEST(test_heartbeat_on_reconnect_hears_a_restarted_ps)
 }
 END_TEST
 
+/* ---- the public seam (keel/distributed.h) -------------------------------- */
+
+/* A free 127.0.0.1 port (bound and released: the ps binds it again). */
+static int
+free_port(void)
+{
+    struct sockaddr_in a;
+    socklen_t len = sizeof a;
+    int fd = socket(AF_INET, SOCK_STREAM, 0), port;
+    ck_assert_int_ge(fd, 0);
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    port = ntohs(a.sin_port);
+    close(fd);
+    return port;
+}
+
+/* A spec of one ps and one chief on free ports, as task (type, 0). */
+static keel_cluster_spec *
+seam_spec(int ps_port, int chief_port, keel_task_type type)
+{
+    keel_cluster_spec *spec;
+    char a[64];
+    ck_assert_int_eq(keel_cluster_spec_new(&spec), KEEL_OK);
+    snprintf(a, sizeof a, "127.0.0.1:%d", ps_port);
+    ck_assert_int_eq(keel_cluster_spec_add_list(spec, KEEL_TASK_PS, a),
+                     KEEL_OK);
+    snprintf(a, sizeof a, "127.0.0.1:%d", chief_port);
+    ck_assert_int_eq(keel_cluster_spec_add_list(spec, KEEL_TASK_CHIEF, a),
+                     KEEL_OK);
+    ck_assert_int_eq(keel_cluster_spec_set_task(spec, type, 0), KEEL_OK);
+    ck_assert_int_eq(keel_cluster_spec_validate(spec), KEEL_OK);
+    return spec;
+}
+
+static keel_vars *
+seam_vars(void)
+{
+    keel_vars *vs;
+    int64_t two[1] = { 2 };
+    ck_assert_int_eq(keel_vars_new(&vs), KEEL_OK);
+    ck_assert_int_eq(keel_vars_create(vs, "w", 1, two, KEEL_VAR_TRAINABLE,
+                                      NULL), KEEL_OK);
+    return vs;
+}
+
+typedef struct seam_ps {
+    keel_cluster_spec *spec;
+    keel_vars *vs;
+    keel_cluster_options *opts;
+    keel_status st;
+} seam_ps;
+
+static void *
+seam_ps_main(void *arg)
+{
+    seam_ps *p = arg;
+    p->st = keel_ps_run(p->spec, p->vs, p->opts);
+    return NULL;
+}
+
+/* The gradient of w is (1, -2) every step. */
+static keel_status
+seam_step(void *ctx, keel_step *st)
+{
+    float *g = keel_grads_find(keel_step_grads(st), "w")->data;
+    (void)ctx;
+    g[0] = 1.0f;
+    g[1] = -2.0f;
+    return KEEL_OK;
+}
+
+/* keel_ps_run in a thread, a MonitoredTrainingSession with cfg.cluster as
+ * the chief: momentum (lr 0.5, m 0.9) is applied on the ps; the chief's
+ * final checkpoint holds the ps's values and slots (pulled before the
+ * save); the chief's clean end stops the ps, whose keel_ps_run returns
+ * KEEL_OK. By hand, per element with gradient g: a1 = g, a2 = 1.9 g,
+ * a3 = 2.71 g; w3 = -0.5 (1 + 1.9 + 2.71) g = -2.805 g. */
+START_TEST(test_seam_ps_run_and_training_session_on_a_cluster)
+{
+    int ps_port = free_port(), chief_port = free_port();
+    keel_cluster_spec *ps_spec = seam_spec(ps_port, chief_port, KEEL_TASK_PS);
+    keel_cluster_spec *chief_spec = seam_spec(ps_port, chief_port,
+                                              KEEL_TASK_CHIEF);
+    keel_vars *ps_vs = seam_vars(), *vs = seam_vars();
+    keel_optimizer_config mom;
+    keel_cluster_options co;
+    keel_training_config cfg;
+    keel_session *s = NULL;
+    keel_hook stop;
+    seam_ps p;
+    pthread_t th;
+    const keel_tensor *w, *acc;
+    char dir[256];
+    struct stat sb;
+
+    keel_optimizer_config_init(&mom, KEEL_OPT_MOMENTUM);
+    mom.schedule.learning_rate = 0.5;
+    mom.momentum = 0.9;
+    keel_cluster_options_init(&co);
+    co.optimizer = &mom;
+    co.orphan_secs = 30;                /* the test's own deadline */
+    p.spec = ps_spec;
+    p.vs = ps_vs;
+    p.opts = &co;
+    p.st = KEEL_EINTERNAL;
+    ck_assert_int_eq(pthread_create(&th, NULL, seam_ps_main, &p), 0);
+
+    tu_mkdtemp(dir, sizeof dir);
+    ck_assert_int_eq(keel_stop_at_step_hook_new(0, 3, &stop), KEEL_OK);
+    keel_training_config_init(&cfg);
+    cfg.session.vars = vs;
+    cfg.session.step = seam_step;
+    cfg.session.hooks = &stop;
+    cfg.session.n_hooks = 1;
+    cfg.optimizer = &mom;
+    cfg.cluster = chief_spec;
+    cfg.cluster_options = &co;
+    cfg.checkpoint_dir = dir;
+    cfg.save_checkpoint_steps = 100;
+    cfg.log_step_count_steps = 0;
+    cfg.save_summaries_steps = 0;
+    ck_assert_int_eq(keel_training_session_new(&cfg, &s), KEEL_OK);
+    ck_assert_int_eq(keel_session_train(s), KEEL_OK);
+    ck_assert_int_eq(keel_session_close(s), KEEL_OK);
+    ck_assert_int_eq(keel_session_global_step(s), 3);
+    keel_session_free(s);
+    pthread_join(th, NULL);
+    ck_assert_int_eq(p.st, KEEL_OK);    /* stopped by the chief */
+
+    w = keel_var_tensor(keel_vars_find(vs, "w"));
+    acc = keel_var_slot(keel_vars_find(vs, "w"), "momentum");
+    ck_assert_ptr_nonnull(acc);
+    ck_assert_float_eq_tol(w->data[0], -2.805f, 1e-5f);
+    ck_assert_float_eq_tol(w->data[1], 5.61f, 1e-5f);
+    ck_assert_float_eq_tol(acc->data[0], 2.71f, 1e-5f);
+    ck_assert_float_eq_tol(acc->data[1], -5.42f, 1e-5f);
+    {
+        char path[512];
+        snprintf(path, sizeof path, "%s/model.ckpt-3.h5", dir);
+        ck_assert_int_eq(stat(path, &sb), 0);
+    }
+    keel_hook_release(&stop);
+    keel_vars_free(vs);
+    keel_vars_free(ps_vs);
+    keel_cluster_spec_free(ps_spec);
+    keel_cluster_spec_free(chief_spec);
+    tu_rmrf(dir);
+}
+END_TEST
+
+/* Alone, keel_training_config.optimizer is the update rule: momentum
+ * applied in the process with its slot in vars; giving an updater too is
+ * an error. */
+START_TEST(test_seam_training_optimizer_alone)
+{
+    keel_vars *vs = seam_vars();
+    keel_optimizer_config mom;
+    keel_training_config cfg;
+    keel_session *s = NULL;
+    keel_hook stop;
+    const keel_tensor *w;
+    keel_optimizer_config_init(&mom, KEEL_OPT_MOMENTUM);
+    mom.schedule.learning_rate = 0.5;
+    mom.momentum = 0.9;
+    ck_assert_int_eq(keel_stop_at_step_hook_new(0, 3, &stop), KEEL_OK);
+    keel_training_config_init(&cfg);
+    cfg.session.vars = vs;
+    cfg.session.step = seam_step;
+    cfg.session.hooks = &stop;
+    cfg.session.n_hooks = 1;
+    cfg.optimizer = &mom;
+    cfg.log_step_count_steps = 0;
+    ck_assert_int_eq(keel_training_session_new(&cfg, &s), KEEL_OK);
+    ck_assert_int_eq(keel_session_train(s), KEEL_OK);
+    keel_session_free(s);
+    w = keel_var_tensor(keel_vars_find(vs, "w"));
+    ck_assert_float_eq_tol(w->data[0], -2.805f, 1e-5f);
+    ck_assert_float_eq_tol(keel_var_slot(keel_vars_find(vs, "w"),
+                                         "momentum")->data[1], -5.42f, 1e-5f);
+    cfg.session.updater.apply = (keel_status (*)(void *, keel_vars *,
+                                                 keel_grads *, int64_t))1;
+    ck_assert_int_eq(keel_training_session_new(&cfg, &s), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "session.updater"));
+    keel_hook_release(&stop);
+    keel_vars_free(vs);
+}
+END_TEST
+
+/* Wrong roles and options are named errors, nothing is started. */
+START_TEST(test_seam_rejects_wrong_roles_and_options)
+{
+    keel_cluster_spec *ps = seam_spec(free_port(), free_port(), KEEL_TASK_PS);
+    keel_cluster_spec *chief = seam_spec(free_port(), free_port(),
+                                         KEEL_TASK_CHIEF);
+    keel_cluster_spec *local;
+    keel_vars *vs = seam_vars();
+    keel_cluster_options co;
+    keel_cluster_backend *b = (keel_cluster_backend *)&co;
+    keel_training_config cfg;
+    keel_session *s = NULL;
+
+    keel_cluster_options_init(&co);
+    ck_assert_int_eq(keel_ps_run(ps, vs, &co), KEEL_EINVAL);   /* no rule */
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "optimizer is NULL"));
+    ck_assert_int_eq(keel_ps_run(chief, vs, &co), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "not a ps"));
+    ck_assert_int_eq(keel_cluster_backend_new(ps, vs, &co, &b), KEEL_EINVAL);
+    ck_assert_ptr_null(b);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "keel_ps_run"));
+    co.struct_size = 8;
+    ck_assert_int_eq(keel_cluster_backend_new(chief, vs, &co, &b),
+                     KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "struct_size"));
+    keel_cluster_options_init(&co);
+    co.heartbeat_ms = co.dead_after_ms;
+    ck_assert_int_eq(keel_cluster_backend_new(chief, vs, &co, &b),
+                     KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "heartbeat_ms"));
+    ck_assert_int_eq(keel_cluster_spec_is_ps(ps), 1);
+    ck_assert_int_eq(keel_cluster_spec_is_ps(chief), 0);
+    ck_assert_int_eq(keel_cluster_spec_is_ps(NULL), 0);
+
+    keel_training_config_init(&cfg);
+    cfg.session.vars = vs;
+    cfg.session.step = seam_step;
+    cfg.cluster = ps;
+    ck_assert_int_eq(keel_training_session_new(&cfg, &s), KEEL_EINVAL);
+    ck_assert_ptr_null(s);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "keel_ps_run"));
+
+    /* no TF_CONFIG, no Slurm: a local spec, and cluster_from_env trains
+     * alone */
+    unsetenv("TF_CONFIG");
+    unsetenv("SLURM_PROCID");
+    ck_assert_int_eq(keel_cluster_spec_detect(NULL, &local), KEEL_OK);
+    ck_assert_int_eq(keel_cluster_spec_is_local(local), 1);
+    ck_assert_int_eq(keel_cluster_spec_is_ps(local), 0);
+    keel_cluster_spec_free(local);
+    setenv("TF_CONFIG", "{\"cluster\": {\"chief\": [\"127.0.0.1:1\"]}, "
+           "\"task\": {\"type\": \"chief\", \"index\": 0}}", 1);
+    ck_assert_int_eq(keel_cluster_spec_detect(NULL, &local), KEEL_OK);
+    ck_assert_int_eq(keel_cluster_spec_is_local(local), 1); /* TF: master '' */
+    keel_cluster_spec_free(local);
+    setenv("TF_CONFIG", "{\"cluster\": {\"ps\": [\"h:0\"]}, \"task\": "
+           "{\"type\": \"ps\", \"index\": 0}}", 1);
+    ck_assert_int_eq(keel_cluster_spec_detect(NULL, &local), KEEL_EINVAL);
+    ck_assert_ptr_null(local);
+    unsetenv("TF_CONFIG");
+
+    keel_vars_free(vs);
+    keel_cluster_spec_free(ps);
+    keel_cluster_spec_free(chief);
+}
+END_TEST
+
 static Suite *
 cluster_suite(void)
 {
@@ -2446,6 +2708,14 @@ cluster_suite(void)
     tcase_add_test(sec, test_token_admits_the_job_tasks_only);
     tcase_add_test(sec, test_cli_keygen);
     suite_add_tcase(s, sec);
+    {
+        TCase *seam = tcase_create("seam");
+        tcase_set_timeout(seam, 30);
+        tcase_add_test(seam, test_seam_ps_run_and_training_session_on_a_cluster);
+        tcase_add_test(seam, test_seam_training_optimizer_alone);
+        tcase_add_test(seam, test_seam_rejects_wrong_roles_and_options);
+        suite_add_tcase(s, seam);
+    }
     return s;
 }
 

@@ -27,11 +27,18 @@ LAYERS = [
     # their public constructors.
     ("session", 3, ["session"], ["session.h", "hooks.h"]),
     ("hooks", 4, ["hooks"], ["events.h"]),
-    ("cluster", 4, ["cluster"], ["cluster.h"]),
+    ("cluster", 4, ["cluster"], ["cluster.h", "distributed.h"]),
     ("app", 5, ["app"], ["config.h", "job.h", "export.h"]),
     ("launch", 5, ["launch"], ["launch.h"]),
     ("programs", 6, ["tools", "examples"], ["keel.h"]),
 ]
+
+# Files above their folder's layer. MonitoredTrainingSession composes the
+# session with the cluster's backend (keel_training_config.cluster) and the
+# standard hooks: it sits above both, at the top of the session folder.
+FILE_LAYERS = {
+    "session/training.c": ("training", 5),
+}
 
 # Private headers other folders may include: header -> folders.
 SEAMS = {
@@ -49,8 +56,8 @@ SEAMS = {
     # the checkpoint call table tests swap (session's saver, the
     # CheckpointSaverHook)
     "checkpoint/ckpt_ops.h": ["session", "hooks"],
-    # the worker backend and ps task the trainer runs
-    "cluster/roles.h": ["app"],
+    # the cluster defaults the INI schema documents
+    "cluster/defaults.h": ["app"],
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]')
@@ -62,6 +69,8 @@ def main():
            or os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     src = os.path.abspath(src)
     layer_of_folder, rank, layer_of_public = {}, {}, {}
+    for name, r in FILE_LAYERS.values():
+        rank[name] = r
     for name, r, folders, headers in LAYERS:
         rank[name] = r
         for f in folders:
@@ -86,6 +95,8 @@ def main():
         folder = os.path.dirname(rel)
         me = (layer_of_public.get(rel) if folder == "include/keel"
               else layer_of_folder[folder])
+        if rel in FILE_LAYERS:
+            me = FILE_LAYERS[rel][0]
         if me is None:
             continue
         with open(os.path.join(src, rel), encoding="utf-8") as fh:

@@ -1,7 +1,9 @@
-/* cmd_launch.c - `keel launch CONFIG`: run a whole cluster (ps, chief,
- * workers) of `keel train` processes on this machine through keel_launch;
- * prefixes their lines with the task name, draws a live status block on a
- * terminal, forwards SIGINT/SIGTERM and exits with the chief's status. */
+/* cmd_launch.c - `keel launch CONFIG` and `keel launch [options] --
+ * PROGRAM [ARGS...]`: run a whole cluster (ps, chief, workers) of `keel
+ * train` processes, or of any program that reads TF_CONFIG, on this
+ * machine through keel_launch; prefixes their lines with the task name,
+ * draws a live status block on a terminal, forwards SIGINT/SIGTERM and
+ * exits with the chief's status. */
 #include <config.h>
 
 #include <errno.h>
@@ -31,6 +33,9 @@ launch_usage(FILE *out, int code)
             "\n"
             "                   [--evaluator]\n"
             "                   [-s section.key=value]... [-v]\n"
+            "       keel launch [options] [--output-dir DIR] [--async]\n"
+            "                   [--replicas-to-aggregate N] -- PROGRAM "
+            "[ARGS...]\n"
             "\n"
             "Run a local cluster of `keel train CONFIG` processes: N ps, a\n"
             "chief, N workers (and an evaluator) on 127.0.0.1 (free ports,\n"
@@ -40,6 +45,11 @@ launch_usage(FILE *out, int code)
             "restarted; when the chief finishes the rest are stopped.\n"
             "SIGINT/SIGTERM stop every task gracefully (twice: at once).\n"
             "Exit status: the chief's (0 or 1); 2 for usage/config errors.\n"
+            "\n"
+            "With -- PROGRAM, every task runs PROGRAM ARGS instead (found on\n"
+            "PATH unless it names a path), with its TF_CONFIG (task, cluster,\n"
+            "mode) and OUTPUT_DIR in the environment, as torchrun runs a\n"
+            "script; every option below but -s and -v applies.\n"
             "\n"
             "  --ps N               parameter servers (0..%d, default 0)\n"
             "  --workers N          workers besides the chief (0..%d, "
@@ -67,7 +77,13 @@ launch_usage(FILE *out, int code)
             "                       change the exit status\n"
             "  -s, --set K=V        override a config key in every task "
             "(repeatable)\n"
-            "  -v, --verbose        debug logging in every task\n",
+            "  -v, --verbose        debug logging in every task\n"
+            "  --output-dir DIR     PROGRAM: OUTPUT_DIR and logs/ (default\n"
+            "                       ./launch_output)\n"
+            "  --async              PROGRAM: TF_CONFIG mode async (default "
+            "sync)\n"
+            "  --replicas-to-aggregate N  PROGRAM: sync replicas per step\n"
+            "                       (default: all of them)\n",
             KEEL_LAUNCH_MAX_PS, KEEL_LAUNCH_MAX_WORKERS);
     return code;
 }
@@ -292,10 +308,38 @@ check_replicas(const keel_config *cfg, int num_ps, int num_workers)
     return rc;
 }
 
+/* PROGRAM as execve wants it: a name with a slash as given, else the
+ * first executable of that name on PATH. */
+static int
+find_program(const char *name, char *buf, size_t size)
+{
+    const char *path = getenv("PATH");
+    if (strchr(name, '/') != NULL) {
+        if (access(name, X_OK) != 0)
+            return cli_error(CLI_USAGE, "launch: %s: %s (PROGRAM must be "
+                             "an executable file)", name, strerror(errno));
+        return snprintf(buf, size, "%s", name) < (int)size ? CLI_OK
+               : cli_error(CLI_USAGE, "launch: PROGRAM path is too long");
+    }
+    while (path != NULL && *path != '\0') {
+        const char *end = strchr(path, ':');
+        size_t len = end != NULL ? (size_t)(end - path) : strlen(path);
+        if (len > 0 &&
+            snprintf(buf, size, "%.*s/%s", (int)len, path, name) < (int)size
+            && access(buf, X_OK) == 0)
+            return CLI_OK;
+        path = end != NULL ? end + 1 : NULL;
+    }
+    return cli_error(CLI_USAGE, "launch: PROGRAM '%s' is not on PATH (give "
+                     "its path, e.g. ./%s)", name, name);
+}
+
 int
 cmd_launch(int argc, char **argv)
 {
-    const char *path = NULL;
+    const char *path = NULL, *out_opt = NULL;
+    char **program = NULL;          /* -- PROGRAM [ARGS...] */
+    int async_mode = 0, rta = 0;
     char *over[MAX_OVERRIDES];
     char *task_argv[MAX_OVERRIDES * 2 + 8];
     char exe[PATH_MAX], outdir[PATH_MAX];
@@ -319,12 +363,21 @@ cmd_launch(int argc, char **argv)
         const char *a = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
         int takes = strcmp(a, "--ps") == 0 || strcmp(a, "--workers") == 0 ||
+                    strcmp(a, "--output-dir") == 0 ||
+                    strcmp(a, "--replicas-to-aggregate") == 0 ||
                     strcmp(a, "--max-restarts") == 0 ||
                     strcmp(a, "--chaos") == 0 ||
                     strcmp(a, "--chaos-targets") == 0 ||
                     strcmp(a, "--grace") == 0 ||
                     strcmp(a, "--backoff") == 0 || strcmp(a, "-s") == 0 ||
                     strcmp(a, "--set") == 0;
+        if (strcmp(a, "--") == 0) {
+            if (i + 1 >= argc)
+                return cli_error(CLI_USAGE, "launch: -- needs a PROGRAM; "
+                                 "see 'keel launch --help'");
+            program = &argv[i + 1];
+            break;
+        }
         if (takes && val == NULL)
             return cli_error(CLI_USAGE, "launch: %s needs a value; see 'keel "
                              "launch --help'", a);
@@ -334,6 +387,10 @@ cmd_launch(int argc, char **argv)
         else if (strcmp(a, "--workers") == 0)
             rc = parse_int(a, val, 0, KEEL_LAUNCH_MAX_WORKERS,
                            &lc.num_workers);
+        else if (strcmp(a, "--output-dir") == 0)
+            out_opt = val;
+        else if (strcmp(a, "--replicas-to-aggregate") == 0)
+            rc = parse_int(a, val, 1, KEEL_LAUNCH_MAX_WORKERS + 1, &rta);
         else if (strcmp(a, "--max-restarts") == 0)
             rc = parse_int(a, val, 0, 1000000, &lc.max_restarts);
         else if (strcmp(a, "--chaos") == 0) {
@@ -358,6 +415,9 @@ cmd_launch(int argc, char **argv)
         } else if (strcmp(a, "--evaluator") == 0) {
             lc.with_evaluator = 1;
             continue;
+        } else if (strcmp(a, "--async") == 0) {
+            async_mode = 1;
+            continue;
         } else if (a[0] == '-') {
             return cli_error(CLI_USAGE, "launch: unknown option '%s'; see "
                              "'keel launch --help'", a);
@@ -372,9 +432,24 @@ cmd_launch(int argc, char **argv)
             return rc;
         i++;
     }
-    if (path == NULL)
-        return cli_error(CLI_USAGE, "launch needs a CONFIG file; see 'keel "
-                         "launch --help'");
+    if (program != NULL && path != NULL)
+        return cli_error(CLI_USAGE, "launch: give a CONFIG ('%s') or -- "
+                         "PROGRAM ('%s'), not both", path, program[0]);
+    if (program != NULL && (n_over > 0 || verbose))
+        return cli_error(CLI_USAGE, "launch: -s and -v set keys of a keel "
+                         "CONFIG; PROGRAM takes its own arguments after --");
+    if (program == NULL && (out_opt != NULL || async_mode || rta > 0))
+        return cli_error(CLI_USAGE, "launch: --output-dir, --async and "
+                         "--replicas-to-aggregate are for -- PROGRAM (a "
+                         "CONFIG sets checkpoint.dir and [cluster] keys)");
+    if (path == NULL && program == NULL)
+        return cli_error(CLI_USAGE, "launch needs a CONFIG file or -- "
+                         "PROGRAM [ARGS...]; see 'keel launch --help'");
+    if (rta > lc.num_workers + 1)
+        return cli_error(CLI_USAGE, "launch: --replicas-to-aggregate %d is "
+                         "more than the %d replicas (the chief and %d "
+                         "worker%s)", rta, lc.num_workers + 1,
+                         lc.num_workers, lc.num_workers == 1 ? "" : "s");
     if (lc.chaos && lc.chaos_types != 0 &&
         !(lc.chaos_types & (1u << KEEL_TASK_CHIEF)) &&
         !(lc.num_workers > 0 && (lc.chaos_types & (1u << KEEL_TASK_WORKER))) &&
@@ -382,37 +457,49 @@ cmd_launch(int argc, char **argv)
         return cli_error(CLI_USAGE, "launch: --chaos-targets leaves chaos "
                          "nothing to kill (no such task: add --workers or "
                          "--ps, or target chief)");
-    /* the whole config is checked here, before anything starts */
-    rc = cli_load_config(path, n_over, over, &cfg);
-    if (rc != CLI_OK)
-        return rc;
-    rc = absolute_dir(keel_config_str(cfg, "checkpoint.dir"), outdir,
-                      sizeof outdir);
-    if (rc == CLI_OK)
-        rc = check_replicas(cfg, lc.num_ps, lc.num_workers);
-    keel_config_free(cfg);
-    if (rc != CLI_OK)
-        return rc;
-    len = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (len <= 0)
-        return cli_error(CLI_RUNTIME, "launch: cannot find the keel binary "
-                         "(/proc/self/exe): %s", strerror(errno));
-    exe[len] = '\0';
-    task_argv[k++] = "keel";
-    task_argv[k++] = "train";
-    task_argv[k++] = (char *)path;
-    for (int i = 0; i < n_over; i++) {
-        task_argv[k++] = "-s";
-        task_argv[k++] = over[i];
+    if (program != NULL) {
+        rc = find_program(program[0], exe, sizeof exe);
+        if (rc == CLI_OK)
+            rc = absolute_dir(out_opt != NULL ? out_opt : "launch_output",
+                              outdir, sizeof outdir);
+        if (rc != CLI_OK)
+            return rc;
+        lc.mode = async_mode ? KEEL_CLUSTER_ASYNC : KEEL_CLUSTER_SYNC;
+        lc.replicas_to_aggregate = rta;
+        lc.argv = program;
+    } else {
+        /* the whole config is checked here, before anything starts */
+        rc = cli_load_config(path, n_over, over, &cfg);
+        if (rc != CLI_OK)
+            return rc;
+        rc = absolute_dir(keel_config_str(cfg, "checkpoint.dir"), outdir,
+                          sizeof outdir);
+        if (rc == CLI_OK)
+            rc = check_replicas(cfg, lc.num_ps, lc.num_workers);
+        keel_config_free(cfg);
+        if (rc != CLI_OK)
+            return rc;
+        len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+        if (len <= 0)
+            return cli_error(CLI_RUNTIME, "launch: cannot find the keel "
+                             "binary (/proc/self/exe): %s", strerror(errno));
+        exe[len] = '\0';
+        task_argv[k++] = "keel";
+        task_argv[k++] = "train";
+        task_argv[k++] = (char *)path;
+        for (int i = 0; i < n_over; i++) {
+            task_argv[k++] = "-s";
+            task_argv[k++] = over[i];
+        }
+        if (verbose)
+            task_argv[k++] = "-v";
+        task_argv[k] = NULL;
+        lc.argv = task_argv;
     }
-    if (verbose)
-        task_argv[k++] = "-v";
-    task_argv[k] = NULL;
 
     memset(&v, 0, sizeof v);
     v.status_on = status_flag && isatty(1);
     lc.exe = exe;
-    lc.argv = task_argv;
     lc.output_dir = outdir;
     lc.line_fn = on_line;
     lc.event_fn = on_event;
@@ -430,9 +517,11 @@ cmd_launch(int argc, char **argv)
     sa.sa_handler = SIG_IGN;            /* a closed stdout must not kill us */
     sigaction(SIGPIPE, &sa, &old_pipe);
 
-    printf("launch | %d ps, chief, %d worker%s%s; OUTPUT_DIR=%s\n",
+    printf("launch | %d ps, chief, %d worker%s%s%s%s; OUTPUT_DIR=%s\n",
            lc.num_ps, lc.num_workers, lc.num_workers == 1 ? "" : "s",
-           lc.with_evaluator ? ", evaluator" : "", outdir);
+           lc.with_evaluator ? ", evaluator" : "",
+           program != NULL ? " running " : "",
+           program != NULL ? program[0] : "", outdir);
     if (lc.chaos)
         printf("chaos | seed %llu, mean period %g s\n",
                (unsigned long long)lc.chaos_seed, lc.chaos_period_secs);

@@ -29,6 +29,10 @@ endif
 check_PROGRAMS += examples/custom_step
 examples_custom_step_SOURCES = examples/custom_step.c
 examples_custom_step_LDADD = libkeel.la
+# examples/sync_supervisor: the Supervisor with SyncReplicas on a cluster.
+check_PROGRAMS += examples/sync_supervisor
+examples_sync_supervisor_SOURCES = examples/sync_supervisor.c
+examples_sync_supervisor_LDADD = libkeel.la -lm
 TESTS += tests/it_custom_step.sh
 EXTRA_DIST += tests/it_custom_step.sh
 
@@ -36,3 +40,8 @@ EXTRA_DIST += tests/it_custom_step.sh
 # eval CKPT.h5 and the per-epoch workflow, read by independent Python.
 TESTS += tests/it_export.sh
 EXTRA_DIST += tests/it_export.sh tests/it_export.py
+
+# it_launch_program: the examples built against an installed keel with
+# pkg-config, run as clusters by `keel launch -- PROGRAM` (kills, restore).
+TESTS += tests/it_launch_program.sh
+EXTRA_DIST += tests/it_launch_program.sh

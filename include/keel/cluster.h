@@ -108,6 +108,9 @@ int keel_cluster_spec_task_index(const keel_cluster_spec *spec);
 /* 1 for the chief task, or worker 0 when there is no chief job; also 1 in
  * local mode. */
 int keel_cluster_spec_is_chief(const keel_cluster_spec *spec);
+/* 1 when this process's task is a parameter server (it runs
+ * keel_ps_run, keel/distributed.h), else 0 (also in local mode). */
+int keel_cluster_spec_is_ps(const keel_cluster_spec *spec);
 /* 1 when the spec has no tasks at all. */
 int keel_cluster_spec_is_local(const keel_cluster_spec *spec);
 /* chief + workers (the evaluator does not count). */

@@ -19,6 +19,7 @@
 #include <keel/session.h>
 #include <keel/train.h>
 #include <keel/cluster.h>
+#include <keel/distributed.h>
 #include <keel/config.h>
 #include <keel/job.h>
 #include <keel/launch.h>

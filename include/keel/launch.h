@@ -112,6 +112,12 @@ typedef struct keel_launch_config {
      * state failed) but stops nothing and does not change
      * keel_launch_exit_code(). */
     int with_evaluator;
+    /* The TF_CONFIG keel keys of every task: "mode" (default sync) and,
+     * when > 0, "replicas_to_aggregate" (sync replicas per step; at most
+     * the chief plus num_workers). `keel train` lets its config's
+     * [cluster] mode override them. */
+    keel_cluster_mode mode;
+    int replicas_to_aggregate;
 } keel_launch_config;
 
 /* Validate cfg (copied; argv and output_dir borrowed) and pick a free

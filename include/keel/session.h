@@ -120,11 +120,22 @@ typedef struct keel_backend {
      * keel_session_manager_notify(), timing out after the retry
      * interval. */
     keel_status (*wait_for_change)(void *ctx, int64_t deadline_ns);
+    /* The chief, before every checkpoint save (keel_session_prepare_save):
+     * bring the shared state (variables, slots, global step) into vs.
+     * NULL: vs is the state. */
+    keel_status (*before_save)(void *ctx, keel_vars *vs);
+    /* The session closed (after the hooks' end and the final checkpoint),
+     * why: the end reason. The cluster backend's chief stops the ps here
+     * unless the reason is KEEL_END_ERROR. NULL: nothing. */
+    void (*end)(void *ctx, keel_vars *vs, int is_chief,
+                keel_end_reason why);
     /* Worker: the shared global step in *step, leaving the local copy as
      * it is (one small request; what GlobalStepWaiterHook polls). NULL:
      * keel_session_read_shared_step refreshes through fetch instead. */
     keel_status (*read_global_step)(void *ctx, int64_t *step);
 } keel_backend;
+/* A struct_size that ends before before_save (a backend compiled before
+ * those members existed) is accepted: the missing members are NULL. */
 
 /* ---- session manager and creators --------------------------------------- */
 
@@ -326,6 +337,11 @@ keel_status keel_session_refresh(keel_session *s);
 keel_saver *keel_session_saver(keel_session *s);
 /* Fill meta through the config's meta_fn (zeroed if none). */
 keel_status keel_session_collect_meta(keel_session *s, keel_ckpt_meta *meta);
+/* Before a checkpoint save: the backend's before_save (a cluster chief
+ * pulls every variable, slot and the global step from the ps). Every save
+ * of the session (keel_session_save_now, CheckpointSaverHook) calls it;
+ * a hook that saves by itself must too. KEEL_OK for local sessions. */
+keel_status keel_session_prepare_save(keel_session *s);
 /* Times the session was created (1 + recoveries). */
 int keel_session_creation_count(const keel_session *s);
 /* The session manager (NULL with a custom creator). */
@@ -357,6 +373,27 @@ typedef struct keel_training_config {
     const keel_ckpt_listener *listeners;
     size_t n_listeners;
     keel_clock clock;                 /* for the default hooks */
+    /* The update rule as one of keel's optimizers (copied; NULL: the
+     * session's updater). Alone, the session applies it to session.vars
+     * with its slots there (session.updater must be unset); on a cluster
+     * the ps apply it (keel_cluster_options.optimizer) and the chief's
+     * checkpoints hold the slots. */
+    const struct keel_optimizer_config *optimizer;
+    /* The cluster (MonitoredTrainingSession's master/is_chief): a
+     * validated spec, borrowed for the session's life, or NULL. With
+     * cluster_from_env 1 and cluster NULL the session finds it itself
+     * (keel_cluster_spec_detect: TF_CONFIG, else Slurm, else alone). A
+     * local spec (no tasks, or only a chief) trains alone. Otherwise the session makes a cluster backend
+     * (keel/distributed.h) with cluster_options (NULL: the defaults) and
+     * frees it with the session; is_chief comes from the spec, a worker
+     * writes no checkpoints, the chief pulls before each save and stops
+     * the ps at a clean end. A ps task is an error (KEEL_EINVAL): it runs
+     * keel_ps_run instead; a worker that finds the cluster already shut
+     * down gets KEEL_EOUTOFRANGE (nothing left to train). session.backend
+     * must then be NULL. */
+    const struct keel_cluster_spec *cluster;
+    int cluster_from_env;
+    const struct keel_cluster_options *cluster_options;
 } keel_training_config;
 
 void keel_training_config_init(keel_training_config *cfg);
@@ -399,6 +436,14 @@ typedef struct keel_supervisor_config {
     keel_status (*restore_fn)(void *ctx, const keel_ckpt_info *info);
     void *restore_ctx;
     keel_clock clock;
+    /* Where shared state lives (copied; NULL: local). With a cluster
+     * backend (keel_cluster_backend_get) the chief initializes or restores
+     * and publishes, workers wait for it (every recovery_wait_ms at most,
+     * else on the chief's event), steps push to the ps (SyncReplicas in
+     * sync mode), the chief's checkpoints pull first, and the chief's
+     * keel_supervisor_stop stops the ps. Set is_chief from the spec
+     * (keel_cluster_spec_is_chief). */
+    const keel_backend *backend;
 } keel_supervisor_config;
 
 void keel_supervisor_config_init(keel_supervisor_config *cfg);

@@ -1,0 +1,200 @@
+/* sync_supervisor.c - synchronous data-parallel SGD under the Supervisor,
+ * the TF1 recipe: a ps task serves the variables, the chief initializes
+ * them (or restores its last checkpoint) and publishes them, the workers
+ * wait until the model is ready, then every replica computes the gradient
+ * of its slice of each global batch and the ps apply the mean of one
+ * gradient per replica per step (SyncReplicas with tokens: no barrier in
+ * the program). The chief checkpoints to LOGDIR; at max_steps it stops,
+ * writes the final checkpoint and stops the ps, and the workers end.
+ *
+ * The model: logistic regression on a synthetic, deterministic set
+ * (8 features, label 1 when a fixed linear function is positive),
+ * Adagrad as the update rule.
+ *
+ *   cc -o sync_supervisor sync_supervisor.c $(pkg-config --cflags --libs keel)
+ *   keel launch --ps 1 --workers 2 -- ./sync_supervisor LOGDIR [max_steps]
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <keel/keel.h>
+
+#define DIM 8
+#define SET 4096                      /* examples in the synthetic set */
+#define BATCH 96                      /* global batch, split by replicas */
+
+typedef struct run {
+    float x[SET][DIM];
+    float y[SET];
+    int replica, replicas;            /* this replica's slice of a batch */
+} run;
+
+/* One replica's step: the mean log-loss gradient over its slice of the
+ * global batch of this global step (key part 3 of the recipe). */
+static keel_status
+step(void *ctx, keel_step *st)
+{
+    const run *r = ctx;
+    keel_vars *vs = keel_step_vars(st);
+    const float *w = keel_var_tensor(keel_vars_find(vs, "logreg/w"))->data;
+    float b = keel_var_tensor(keel_vars_find(vs, "logreg/b"))->data[0];
+    float *gw = keel_grads_find(keel_step_grads(st), "logreg/w")->data;
+    float *gb = keel_grads_find(keel_step_grads(st), "logreg/b")->data;
+    int64_t g = keel_step_global_step(st);
+    int per = BATCH / r->replicas;
+    int first = (int)((g * BATCH) % SET) + r->replica * per;
+    double loss = 0;
+    for (int k = 0; k < per; k++) {
+        const float *x = r->x[(first + k) % SET];
+        float yk = r->y[(first + k) % SET];
+        double z = b, p, e;
+        for (int j = 0; j < DIM; j++)
+            z += w[j] * x[j];
+        p = 1 / (1 + exp(-z));
+        e = p - yk;                  /* d loss / d z */
+        loss -= (yk > 0 ? log(p + 1e-12) : log(1 - p + 1e-12)) / per;
+        for (int j = 0; j < DIM; j++)
+            gw[j] += (float)(e * x[j] / per);
+        gb[0] += (float)(e / per);
+    }
+    if (g % 50 == 0) {
+        printf("step %lld: loss %.4f\n", (long long)g, loss);
+        fflush(stdout);
+    }
+    return keel_step_set_value(st, "loss", loss);
+}
+
+/* Alone (no cluster), the same rule applied in this process. */
+static keel_status
+apply_local(void *ctx, keel_vars *vs, keel_grads *g, int64_t global_step)
+{
+    return keel_optimizer_apply(ctx, vs, g, global_step);
+}
+
+static void
+log_line(void *ctx, keel_log_level level, const char *msg)
+{
+    (void)ctx;
+    fprintf(stderr, "%s%s\n", level >= KEEL_LOG_WARN ? "warning: " : "", msg);
+}
+
+int
+main(int argc, char **argv)
+{
+    const char *logdir = argc > 1 ? argv[1] : "sync_supervisor_run";
+    long max_steps = argc > 2 ? strtol(argv[2], NULL, 10) : 300;
+    int64_t wshape[1] = { DIM }, bshape[1] = { 1 };
+    keel_vars *vs = NULL;
+    keel_cluster_spec *spec = NULL;
+    keel_cluster_backend *cluster = NULL;
+    keel_optimizer *local_opt = NULL;
+    keel_backend backend;
+    keel_supervisor *sv = NULL;
+    keel_supervisor_config cfg;
+    keel_optimizer_config adagrad;
+    keel_cluster_options copts;
+    keel_status st, stop_st;
+    static run r;
+    uint32_t seed = 7;
+
+    keel_log_set_handler(log_line, NULL, KEEL_LOG_INFO);
+    for (int i = 0; i < SET; i++) {
+        double z = 0.5;
+        for (int j = 0; j < DIM; j++) {
+            seed = seed * 1664525u + 1013904223u;
+            r.x[i][j] = (float)(seed >> 8) / (1 << 24) * 2 - 1;
+            z += (j % 2 ? -1.0 : 1.0) * (j + 1) * r.x[i][j];
+        }
+        r.y[i] = z > 0 ? 1.0f : 0.0f;
+    }
+    /* every task creates the same variables in the same order */
+    st = keel_vars_new(&vs);
+    if (st == KEEL_OK)
+        st = keel_vars_create(vs, "logreg/w", 1, wshape, KEEL_VAR_TRAINABLE,
+                              NULL);
+    if (st == KEEL_OK)
+        st = keel_vars_create(vs, "logreg/b", 1, bshape, KEEL_VAR_TRAINABLE,
+                              NULL);
+    keel_optimizer_config_init(&adagrad, KEEL_OPT_ADAGRAD);
+    adagrad.schedule.learning_rate = 0.5;
+    keel_cluster_options_init(&copts);
+    copts.optimizer = &adagrad;              /* the ps apply Adagrad */
+    if (st == KEEL_OK)
+        st = keel_cluster_spec_detect(&copts, &spec);
+    if (st == KEEL_OK)
+        st = keel_session_install_signal_handlers();
+    if (st != KEEL_OK)
+        goto out;
+    if (keel_cluster_spec_is_ps(spec)) {     /* server.join() */
+        st = keel_ps_run(spec, vs, &copts);
+        goto out;
+    }
+
+    keel_supervisor_config_init(&cfg);
+    cfg.vars = vs;
+    cfg.step = step;
+    cfg.step_ctx = &r;
+    cfg.logdir = logdir;                     /* the chief's checkpoints */
+    cfg.save_model_secs = 600;
+    cfg.recovery_wait_ms = 10;               /* recovery_wait_secs ~ 0 */
+    r.replicas = 1;
+    if (keel_cluster_spec_is_local(spec)) {  /* alone: apply here */
+        st = keel_optimizer_new(&adagrad, &local_opt);
+        if (st == KEEL_OK)
+            st = keel_optimizer_prepare(local_opt, vs);
+        cfg.updater.ctx = local_opt;
+        cfg.updater.apply = apply_local;
+    } else {
+        /* replica 0 is the chief, then worker 0, 1, ... */
+        r.replicas = keel_cluster_spec_num_replicas(spec);
+        r.replica = keel_cluster_spec_is_chief(spec) ? 0
+            : keel_cluster_spec_task_index(spec) + 1;
+        if (BATCH % r.replicas != 0) {
+            fprintf(stderr, "sync_supervisor: %d replicas do not divide "
+                    "the batch of %d\n", r.replicas, BATCH);
+            keel_cluster_spec_free(spec);
+            keel_vars_free(vs);
+            return 2;
+        }
+        st = keel_cluster_backend_new(spec, vs, &copts, &cluster);
+        if (st == KEEL_OK)
+            keel_cluster_backend_get(cluster, &backend);
+        cfg.backend = &backend;
+        cfg.is_chief = keel_cluster_spec_is_chief(spec);
+    }
+    if (st == KEEL_OK)
+        st = keel_supervisor_new(&cfg, &sv);
+    /* chief: restore or init, then publish; worker: wait until ready */
+    if (st == KEEL_OK)
+        st = keel_supervisor_prepare_or_wait(sv, 600);
+    if (st == KEEL_EOUTOFRANGE) {            /* the run ended before us */
+        st = KEEL_OK;
+        goto out;
+    }
+    while (st == KEEL_OK && !keel_supervisor_should_stop(sv)) {
+        st = keel_supervisor_run_step(sv, NULL);
+        if (st == KEEL_EOUTOFRANGE)          /* the chief stopped the ps */
+            st = KEEL_OK;
+        else if (st == KEEL_OK && keel_session_global_step(
+                     keel_supervisor_session(sv)) >= max_steps)
+            keel_supervisor_request_stop(sv, "max_steps reached");
+    }
+    /* the chief writes the final checkpoint and stops the ps */
+    stop_st = keel_supervisor_stop(sv);
+    if (st == KEEL_OK)
+        st = stop_st;
+    if (st == KEEL_OK && sv != NULL)
+        printf("%s done at step %lld\n",
+               keel_cluster_spec_is_chief(spec) ? "chief" : "worker",
+               (long long)keel_session_global_step(
+                   keel_supervisor_session(sv)));
+out:
+    if (st != KEEL_OK)
+        fprintf(stderr, "sync_supervisor: %s\n", keel_last_error());
+    keel_supervisor_free(sv);
+    keel_cluster_backend_free(cluster);
+    keel_optimizer_free(local_opt);
+    keel_cluster_spec_free(spec);
+    keel_vars_free(vs);
+    return st == KEEL_OK ? 0 : 1;
+}
