@@ -364,21 +364,47 @@ write_weight(hid_t g, const char *lname, const char *leaf, keel_var *v)
     return ok;
 }
 
+/* tf.keras's default name of the layer keel calls name: keel numbers
+ * each kind from 1 ("dense_1", "dense_2"), tf.keras from none ("dense",
+ * "dense_1"), so a model built in tf.keras finds its layers by_name. */
+static void
+keras_name(const char *name, char *out, size_t size)
+{
+    const char *us = strrchr(name, '_');
+    char *end;
+    long n = us != NULL ? strtol(us + 1, &end, 10) : 0;
+    if (us == NULL || us[1] == '\0' || *end != '\0' || n < 1) {
+        snprintf(out, size, "%s", name);
+        return;
+    }
+    if (n == 1)
+        snprintf(out, size, "%.*s", (int)(us - name), name);
+    else
+        snprintf(out, size, "%.*s_%ld", (int)(us - name), name, n - 1);
+}
+
 static keel_status
 keras_h5_write(keel_inference *inf, const char *tmp)
 {
     size_t nl = n_layers(inf);
     const char **names = calloc(nl > 0 ? nl : 1, sizeof *names);
+    char (*kn)[64] = calloc(nl > 0 ? nl : 1, sizeof *kn);
     hid_t f;
     int ok = 1;
     keel_status st = KEEL_OK;
-    if (names == NULL)
+    if (names == NULL || kn == NULL) {
+        free(names);
+        free(kn);
         return keel__fail(KEEL_ENOMEM, "keras-h5 export");
-    for (size_t i = 0; i < nl; i++)
-        names[i] = jstr(layer_at(inf, i), "name");
+    }
+    for (size_t i = 0; i < nl; i++) {
+        keras_name(jstr(layer_at(inf, i), "name"), kn[i], sizeof kn[i]);
+        names[i] = kn[i];
+    }
     f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
     if (f < 0) {
         free(names);
+        free(kn);
         return keel__fail(KEEL_EIO, "keras-h5 export: cannot create %s",
                           tmp);
     }
@@ -410,6 +436,7 @@ keras_h5_write(keel_inference *inf, const char *tmp)
         st = keel__fail(KEEL_EIO, "keras-h5 export: writing %s failed",
                         tmp);
     free(names);
+    free(kn);
     return st;
 }
 

@@ -35,6 +35,17 @@ SRC = os.environ.get("KEEL_SRCDIR", ".")
 passed = failed = 0
 
 
+
+def keel_name(keras):
+    """The checkpoint variable of a tf.keras weight name: keel numbers each
+    layer kind from 1 ("dense_1/kernel"), tf.keras from none
+    ("dense/kernel", then "dense_1/kernel")."""
+    layer, weight = keras.split("/", 1)
+    base, _, n = layer.rpartition("_")
+    if base and n.isdigit():
+        return "%s_%d/%s" % (base, int(n) + 1, weight)
+    return "%s_1/%s" % (layer, weight)
+
 def check(cond, what):
     global passed, failed
     if cond:
@@ -319,14 +330,15 @@ def export_checks(d, kind, x, y):
     variables = ckpt_variables(ckpt)
     with h5py.File(kh5, "r") as f:
         names = attr_list(f, "layer_names")
-        want = (["flatten_1", "dense_1", "dense_2", "dense_3"]
+        # tf.keras's default names: the first of a kind has no number
+        want = (["flatten", "dense", "dense_1", "dense_2"]
                 if kind == "mlp" else
-                ["conv2d_1", "max_pooling2d_1", "conv2d_2",
-                 "max_pooling2d_2", "flatten_1", "dense_1", "dense_2"])
+                ["conv2d", "max_pooling2d", "conv2d_1",
+                 "max_pooling2d_1", "flatten", "dense", "dense_1"])
         check(names == want, "%s: layer_names %s" % (kind, names))
         same = all(np.array_equal(
             np.asarray(f[n][w]).view("<u4"),
-            variables[w[:-2]].view("<u4"))
+            variables[keel_name(w[:-2])].view("<u4"))
             for n in names for w in attr_list(f[n], "weight_names"))
         check(same, "%s: keras-h5 weights are the checkpoint's bits" % kind)
 
