@@ -98,9 +98,10 @@ static const key_def schema[] = {
       "piecewise: learning rates, one more than boundaries." },
     { "optimizer", "schedule_unit", T_ENUM, "steps", NOLIM, "steps|epochs",
       "What boundaries and decay_steps count: global steps, or epochs "
-      "(the schedule changes at the first step of an epoch; seed 002's "
-      "decay is schedule = piecewise, schedule_unit = epochs, boundaries "
-      "= 3,7, values = 1e-3,1e-4,1e-5)." },
+      "(the schedule changes at the first step of an epoch; the "
+      "tf.distribute tutorial's decay is schedule = piecewise, "
+      "schedule_unit = epochs, boundaries = 3,7, values = "
+      "1e-3,1e-4,1e-5)." },
     { "optimizer", "decay_rate", T_DOUBLE, "0.96", 0, 1, NULL,
       "exponential: lr * decay_rate^(step / decay_steps)." },
     { "optimizer", "decay_steps", T_INT, "1000", 1, I64MAX, NULL,
