@@ -2402,24 +2402,6 @@ END_TEST
 
 /* ---- the public seam (keel/distributed.h) -------------------------------- */
 
-/* A free 127.0.0.1 port (bound and released: the ps binds it again). */
-static int
-free_port(void)
-{
-    struct sockaddr_in a;
-    socklen_t len = sizeof a;
-    int fd = socket(AF_INET, SOCK_STREAM, 0), port;
-    ck_assert_int_ge(fd, 0);
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
-    ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-    port = ntohs(a.sin_port);
-    close(fd);
-    return port;
-}
-
 /* A spec of one ps and one chief on free ports, as task (type, 0). */
 static keel_cluster_spec *
 seam_spec(int ps_port, int chief_port, keel_task_type type)
@@ -2483,7 +2465,7 @@ seam_step(void *ctx, keel_step *st)
  * a3 = 2.71 g; w3 = -0.5 (1 + 1.9 + 2.71) g = -2.805 g. */
 START_TEST(test_seam_ps_run_and_training_session_on_a_cluster)
 {
-    int ps_port = free_port(), chief_port = free_port();
+    int ps_port = tu_held_port(), chief_port = tu_held_port();
     keel_cluster_spec *ps_spec = seam_spec(ps_port, chief_port, KEEL_TASK_PS);
     keel_cluster_spec *chief_spec = seam_spec(ps_port, chief_port,
                                               KEEL_TASK_CHIEF);
@@ -2595,8 +2577,9 @@ END_TEST
 /* Wrong roles and options are named errors, nothing is started. */
 START_TEST(test_seam_rejects_wrong_roles_and_options)
 {
-    keel_cluster_spec *ps = seam_spec(free_port(), free_port(), KEEL_TASK_PS);
-    keel_cluster_spec *chief = seam_spec(free_port(), free_port(),
+    keel_cluster_spec *ps = seam_spec(tu_held_port(), tu_held_port(),
+                                      KEEL_TASK_PS);
+    keel_cluster_spec *chief = seam_spec(tu_held_port(), tu_held_port(),
                                          KEEL_TASK_CHIEF);
     keel_cluster_spec *local;
     keel_vars *vs = seam_vars();

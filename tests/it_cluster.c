@@ -40,28 +40,6 @@ teardown(void)
     tu_teardown();
 }
 
-/* A loopback port for a child task, handed over without a race: our
- * socket stays bound to it (SO_REUSEADDR, never listening) until this test
- * process ends, so the kernel gives it to no other bind(port 0) or connect
- * while the child starts or restarts, and the child's listener (zmq sets
- * SO_REUSEADDR) binds it beside ours. */
-static int
-free_port(void)
-{
-    struct sockaddr_in a;
-    socklen_t len = sizeof a;
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
-    ck_assert_int_ge(fd, 0);
-    ck_assert_int_eq(setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one,
-                                sizeof one), 0);
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
-    ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-    return ntohs(a.sin_port);
-}
-
 /* One cluster: n_ps ps and n_workers workers (worker 0 is the chief). */
 typedef struct cluster {
     int n_ps, n_workers;
@@ -81,9 +59,9 @@ cluster_init(cluster *c, int n_ps, int n_workers, const char *extra,
     c->n_workers = n_workers;
     c->chief_fd = -1;
     for (int i = 0; i < n_ps; i++)
-        c->ps_port[i] = free_port();
+        c->ps_port[i] = tu_held_port();
     for (int i = 0; i < n_workers; i++)
-        c->w_port[i] = free_port();
+        c->w_port[i] = tu_held_port();
     snprintf(c->extra, sizeof c->extra, "%s", extra ? extra : "");
     snprintf(c->tag, sizeof c->tag, "%s", tag);
 }

@@ -59,24 +59,6 @@ teardown(void)
     tu_teardown();
 }
 
-/* A loopback port nobody holds right now (the ps binds it next). */
-static int
-free_port(void)
-{
-    struct sockaddr_in a;
-    socklen_t len = sizeof a;
-    int fd = socket(AF_INET, SOCK_STREAM, 0), port;
-    ck_assert_int_ge(fd, 0);
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
-    ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-    port = ntohs(a.sin_port);
-    close(fd);
-    return port;
-}
-
 typedef struct job {
     int ps_port, w_port[2];
     pid_t ps, w[2];
@@ -123,9 +105,9 @@ static void
 job_init(job *j, const char *tag)
 {
     memset(j, 0, sizeof *j);
-    j->ps_port = free_port();
-    j->w_port[0] = free_port();
-    j->w_port[1] = free_port();
+    j->ps_port = tu_held_port();
+    j->w_port[0] = tu_held_port();
+    j->w_port[1] = tu_held_port();
     j->chief_fd = -1;
     snprintf(j->tag, sizeof j->tag, "%s", tag);
     TU_SNPRINTF(j->ckpt, sizeof j->ckpt, "%s/%s", tu_dir, tag);

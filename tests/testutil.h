@@ -113,4 +113,11 @@ int64_t tu_now_ms(void);
         return failed == 0 ? 0 : 1;                                       \
     }
 
+/* A loopback port handed to a ps or task without a race: our socket stays
+ * bound to it (SO_REUSEADDR, never listening) until this test process
+ * ends, so the kernel gives it to no other bind(port 0) or connect while
+ * the task starts or restarts, and the task's listener (zmq sets
+ * SO_REUSEADDR) binds it beside ours. */
+int tu_held_port(void);
+
 #endif
