@@ -671,7 +671,8 @@ epoch_after_run(void *ctx, keel_run_context *rc, const keel_run_values *v)
     ep.epoch = e;
     ep.global_step = g;
     ep.learning_rate = keel_run_values_get(v, "learning_rate");
-    keel__log(KEEL_LOG_INFO, "epoch %lld ended at step %lld: learning rate "
+    /* debug: keel train prints its own epoch line (epoch_fn) */
+    keel__log(KEEL_LOG_DEBUG, "epoch %lld ended at step %lld: learning rate "
               "for epoch %lld was %g", (long long)e, (long long)g,
               (long long)e, ep.learning_rate);
     if (j->save_epochs > 0 && e % j->save_epochs == 0 &&
