@@ -274,7 +274,7 @@ static const key_def schema[] = {
 
 typedef struct value {
     char *text;
-    char origin[KEEL_PATH_MAX + 32];
+    char *origin;        /* where the value came from; NULL: "default" */
     int is_set;          /* by file, override or env */
     int is_cli;          /* by an override */
     int seen_in_file;    /* duplicate detection within one load */
@@ -286,6 +286,29 @@ struct keel_config {
     value v[N_KEYS];
     char *source;        /* the loaded file's text */
 };
+
+/* Record where v's value came from. 0: out of memory (v unchanged). */
+static int __attribute__((format(printf, 2, 3)))
+set_origin(value *v, const char *fmt, ...)
+{
+    va_list ap;
+    char *o;
+    int n;
+    va_start(ap, fmt);
+    n = vasprintf(&o, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return 0;
+    free(v->origin);
+    v->origin = o;
+    return 1;
+}
+
+static const char *
+origin_of(const value *v)
+{
+    return v->origin != NULL ? v->origin : "default";
+}
 
 static int
 find_key(const char *section, const char *name)
@@ -587,7 +610,6 @@ keel_config_new(keel_config **out)
             keel_config_free(cfg);
             return keel__fail(KEEL_EINTERNAL, "config default: %s", why);
         }
-        snprintf(cfg->v[k].origin, sizeof cfg->v[k].origin, "default");
     }
     *out = cfg;
     return KEEL_OK;
@@ -598,8 +620,10 @@ keel_config_free(keel_config *cfg)
 {
     if (cfg == NULL)
         return;
-    for (size_t k = 0; k < N_KEYS; k++)
+    for (size_t k = 0; k < N_KEYS; k++) {
         free(cfg->v[k].text);
+        free(cfg->v[k].origin);
+    }
     free(cfg->source);
     free(cfg);
 }
@@ -835,8 +859,8 @@ on_ini(void *user, const char *section, const char *name, const char *val)
     lc->last_key = k;
     lc->cfg->v[k].seen_in_file = 1;
     lc->cfg->v[k].is_set = 1;
-    snprintf(lc->cfg->v[k].origin, sizeof lc->cfg->v[k].origin, "%s:%d",
-             lc->path, lc->line);
+    if (!set_origin(&lc->cfg->v[k], "%s:%d", lc->path, lc->line))
+        FAIL_FIRST(lc, "out of memory");
     return 1;
 }
 
@@ -956,7 +980,8 @@ keel_config_override(keel_config *cfg, const char *assignment,
         return keel__fail(KEEL_EINVAL, "%s: %s", origin, why);
     cfg->v[k].is_set = 1;
     cfg->v[k].is_cli = 1;
-    snprintf(cfg->v[k].origin, sizeof cfg->v[k].origin, "%s", origin);
+    if (!set_origin(&cfg->v[k], "%s", origin))
+        return keel__fail(KEEL_ENOMEM, "%s", origin);
     return KEEL_OK;
 }
 
@@ -973,7 +998,8 @@ keel_config_apply_env(keel_config *cfg)
     if (!set_value(cfg, k, out, why, sizeof why))
         return keel__fail(KEEL_EINVAL, "$OUTPUT_DIR: %s", why);
     cfg->v[k].is_set = 1;
-    snprintf(cfg->v[k].origin, sizeof cfg->v[k].origin, "$OUTPUT_DIR");
+    if (!set_origin(&cfg->v[k], "$OUTPUT_DIR"))
+        return keel__fail(KEEL_ENOMEM, "$OUTPUT_DIR");
     return KEEL_OK;
 }
 
@@ -1007,12 +1033,11 @@ keel_config_apply_model_dir(keel_config *cfg, const char *model_dir)
                           "checkpoint.dir '%s' (set by %s) are different "
                           "directories; remove one of the two settings or "
                           "give both the same path", model_dir,
-                          cfg->v[k].text, cfg->v[k].origin);
+                          cfg->v[k].text, origin_of(&cfg->v[k]));
     if (!set_value(cfg, k, model_dir, why, sizeof why))
         return keel__fail(KEEL_EINVAL, "TF_CONFIG model_dir: %s", why);
-    if (!cfg->v[k].is_set)
-        snprintf(cfg->v[k].origin, sizeof cfg->v[k].origin,
-                 "TF_CONFIG model_dir");
+    if (!cfg->v[k].is_set && !set_origin(&cfg->v[k], "TF_CONFIG model_dir"))
+        return keel__fail(KEEL_ENOMEM, "TF_CONFIG model_dir");
     cfg->v[k].is_set = 1;
     return KEEL_OK;
 }
@@ -1071,7 +1096,7 @@ keel_config_origin(const keel_config *cfg, const char *key)
     int k = find_dotted(key);
     if (cfg == NULL || k < 0)
         return "";
-    return cfg->v[k].origin;
+    return origin_of(&cfg->v[k]);
 }
 
 int
@@ -1236,7 +1261,7 @@ typedef struct strbuf {
     int failed;
 } strbuf;
 
-static void
+static void __attribute__((format(printf, 2, 3)))
 sb_add(strbuf *sb, const char *fmt, ...)
 {
     va_list ap;
@@ -1281,7 +1306,7 @@ keel_config_dump(const keel_config *cfg, int with_origin, char **text)
             sb_add(&sb, "%s[%s]\n", k > 0 ? "\n" : "", schema[k].section);
         if (with_origin)
             sb_add(&sb, "%-28s = %-36s ; %s\n", schema[k].name,
-                   cfg->v[k].text, cfg->v[k].origin);
+                   cfg->v[k].text, origin_of(&cfg->v[k]));
         else
             sb_add(&sb, "%s = %s\n", schema[k].name, cfg->v[k].text);
     }

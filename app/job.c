@@ -735,6 +735,25 @@ planned_last_step(const job *j)
     return by_epochs;
 }
 
+/* A chief or a process alone that ends cleanly must have reached its last
+ * step; only a signal (a stop request) may end it before. keel train adds
+ * no hook that stops early without an error, so anything else is a bug or
+ * an outside stop, and the run must not look successful. */
+static keel_status
+check_reached_end(const job *j, const keel_session *s)
+{
+    keel_end_reason why = keel_session_end_reason(s);
+    int64_t at = keel_session_global_step(s);
+    if (j->last_step <= 0 || at >= j->last_step || why == KEEL_END_SIGNAL)
+        return KEEL_OK;
+    return keel__fail(KEEL_EINTERNAL, "training ended (%s) at step %lld, "
+                      "before its last step %lld, without a stop request; "
+                      "the newest checkpoint in %s resumes it",
+                      keel_end_reason_str(why), (long long)at,
+                      (long long)j->last_step,
+                      keel_config_str(j->cfg, "checkpoint.dir"));
+}
+
 /* The cluster options of the config's [cluster] and [security] keys. */
 static void
 cluster_options_from(const keel_config *cfg, const job *j,
@@ -1114,6 +1133,8 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
         result->seconds = (keel__now_mono_ns() - j.t0_ns) / 1e9;
         result->end_reason = (int)keel_session_end_reason(s);
     }
+    if (st == KEEL_OK && (!in_cluster || is_chief))
+        st = check_reached_end(&j, s);
     if (st == KEEL_OK)
         keel__log(KEEL_LOG_INFO, "training ended (%s) at step %lld",
                   keel_end_reason_str(keel_session_end_reason(s)),

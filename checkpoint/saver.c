@@ -15,6 +15,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -594,6 +595,44 @@ join_reaper(keel_saver *s)
     s->n_reap = 0;
 }
 
+/* An upper bound of the file plan p makes: its data, each dataset aligned
+ * and with its object header and attributes, the text attributes, and the
+ * metadata blocks HDF5 allocates. */
+static uint64_t
+planned_file_bytes(const ck_plan *p)
+{
+    uint64_t b = (uint64_t)4 << 16;              /* superblock, groups */
+    for (size_t i = 0; i < p->n; i++)
+        b += p->items[i].bytes + 8192;
+    for (size_t i = 0; i < p->n_blobs; i++)
+        b += p->blobs[i].size + 8192;
+    b += p->config_text != NULL ? strlen(p->config_text) : 0;
+    b += p->topology != NULL ? strlen(p->topology) : 0;
+    b += p->architecture != NULL ? strlen(p->architecture) : 0;
+    return b;
+}
+
+/* Refuse a save that cannot fit the process's file size limit
+ * (RLIMIT_FSIZE) before HDF5 starts it: HDF5 (1.10) cannot give up a file
+ * whose closing flush failed (EFBIG), and the file object that failed
+ * close leaves behind crashes the library at exit. Free space is not
+ * checked ahead (file systems report it too loosely to refuse on it): a
+ * full disk fails the save with ENOSPC and removes the temporary file. */
+static keel_status
+check_room(const ck_plan *p)
+{
+    uint64_t need = planned_file_bytes(p);
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_FSIZE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+        need > (uint64_t)rl.rlim_cur)
+        return keel__fail(KEEL_EIO, "checkpoint of step %lld needs up to "
+                          "%llu bytes, more than this process's file size "
+                          "limit of %llu bytes (ulimit -f); raise the limit",
+                          (long long)p->step, (unsigned long long)need,
+                          (unsigned long long)rl.rlim_cur);
+    return KEEL_OK;
+}
+
 /* Commit the file, record it in the state file, apply retention. Runs on
  * the caller's thread (sync) or the writer thread (async). */
 static keel_status
@@ -615,6 +654,8 @@ commit_save(keel_saver *s, ck_plan *p)
     st = ckpt_file_name(name, sizeof name, s->basename, p->step, p->epoch);
     if (st == KEEL_OK)
         st = keel__path_join(path, sizeof path, s->dir, name);
+    if (st == KEEL_OK)
+        st = check_room(p);
     if (st == KEEL_OK)
         st = keel__ckpt_write_file(p, path);
     if (st != KEEL_OK)

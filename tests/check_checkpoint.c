@@ -15,6 +15,7 @@
 #include <grp.h>
 #include <sched.h>
 #include <sys/mount.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -1577,11 +1578,9 @@ START_TEST(test_retention_never_unlinks_outside_the_checkpoint_set)
 END_TEST
 
 /* The disk fills up in the middle of a checkpoint's data: a 96 KiB tmpfs
- * (ENOSPC) in a private mount namespace, so only as root (SKIP otherwise:
- * RLIMIT_FSIZE is no stand-in here, as HDF5 crashes at exit after the
- * EFBIG of its closing ftruncate). The save fails naming the file and the
- * reason, leaves no partial file, and the previous checkpoint stays the
- * verified latest. */
+ * (ENOSPC) in a private mount namespace, so only as root (SKIP otherwise).
+ * The save fails naming the file and the reason, leaves no partial file,
+ * and the previous checkpoint stays the verified latest. */
 START_TEST(test_disk_full_mid_data_keeps_the_previous_checkpoint)
 {
     char dir[4200], latest[4096], *e;
@@ -1635,6 +1634,78 @@ START_TEST(test_disk_full_mid_data_keeps_the_previous_checkpoint)
     free(e);
     keel_vars_free(vs);
     ck_assert_int_eq(umount2(dir, MNT_DETACH), 0);
+}
+END_TEST
+
+/* A save larger than the process's file size limit (RLIMIT_FSIZE, with
+ * SIGXFSZ ignored as a long job would) fails before anything is written,
+ * naming the limit; a smaller one still succeeds; the process exits
+ * normally (HDF5 is left with no half-closed file to crash on at exit).
+ * In a child, so the limit stays there. */
+START_TEST(test_file_size_limit_fails_the_save_cleanly)
+{
+    char dir[4200];
+    pid_t pid;
+    int status;
+    snprintf(dir, sizeof dir, "%s/fsize", tu_dir);
+    ck_assert_int_eq(mkdir(dir, 0755), 0);
+    pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        struct rlimit rl = { 1 << 20, 1 << 20 };
+        keel_vars *vs;
+        keel_var *v;
+        keel_saver *s;
+        keel_status st;
+        int64_t step = -1;
+        char latest[4096];
+        signal(SIGXFSZ, SIG_IGN);
+        if (setrlimit(RLIMIT_FSIZE, &rl) != 0 ||
+            keel_vars_new(&vs) != KEEL_OK ||
+            keel_vars_create(vs, "small/w", 1, (int64_t[]){ 1024 },
+                             KEEL_VAR_TRAINABLE, &v) != KEEL_OK ||
+            keel_vars_create(vs, "big/w", 1, (int64_t[]){ 1 << 19 },
+                             KEEL_VAR_TRAINABLE, &v) != KEEL_OK)
+            _exit(10);
+        s = new_saver(dir, 5, 0);
+        keel_vars_set_global_step(vs, 1);
+        st = keel_saver_save(s, vs, NULL, NULL, 0);   /* 2 MiB of data */
+        if (st == KEEL_OK)
+            st = keel_saver_wait(s);
+        if (st == KEEL_OK)
+            _exit(11);
+        if (strstr(keel_last_error(), "file size limit") == NULL) {
+            fprintf(stderr, "message: %s\n", keel_last_error());
+            _exit(12);
+        }
+        if (count_files(dir, ".tmp") != 0 || count_files(dir, ".h5") != 0)
+            _exit(13);
+        keel_saver_free(s);
+        keel_vars_free(vs);
+        if (keel_vars_new(&vs) != KEEL_OK ||
+            keel_vars_create(vs, "small/w", 1, (int64_t[]){ 1024 },
+                             KEEL_VAR_TRAINABLE, &v) != KEEL_OK)
+            _exit(14);
+        s = new_saver(dir, 5, 0);
+        keel_vars_set_global_step(vs, 2);
+        st = keel_saver_save(s, vs, NULL, NULL, 0);
+        if (st == KEEL_OK)
+            st = keel_saver_wait(s);
+        if (st != KEEL_OK ||
+            keel_ckpt_latest(dir, NULL, latest, sizeof latest, &step) !=
+                KEEL_OK || step != 2)
+            _exit(15);
+        keel_saver_free(s);
+        keel_vars_free(vs);
+        exit(0);                /* atexit handlers, HDF5's included, run */
+    }
+    status = tu_wait(pid, 120000);
+    if (status < 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+    }
+    ck_assert_msg(status == 0, "child ended with %d (10+: which check "
+                  "failed; 128+: killed by signal)", status);
 }
 END_TEST
 
@@ -1749,6 +1820,7 @@ checkpoint_suite(void)
     tcase_add_test(tc, test_retention_never_unlinks_outside_the_checkpoint_set);
     tcase_add_test(tc, test_disk_full_mid_data_keeps_the_previous_checkpoint);
     tcase_add_test(tc, test_unwritable_checkpoint_dir_fails_clearly);
+    tcase_add_test(tc, test_file_size_limit_fails_the_save_cleanly);
     suite_add_tcase(s, tc);
     tcase_add_checked_fixture(slow, tu_setup, tu_teardown);
     tcase_set_timeout(slow, long_mode() ? 7200 : 120);

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <hdf5.h>
@@ -121,15 +122,23 @@ read_maybe_gz(const char *path, const char *what, uint8_t **data,
     const char *msg;
     *data = NULL;
     *len = 0;
-    if (access(path, R_OK) != 0)
+    struct stat sb;
+    size_t first;
+    if (access(path, R_OK) != 0 || stat(path, &sb) != 0)
         return open_fail(path, what);
+    /* first buffer: a plain file fits exactly, a gzip'd one grows by
+     * doubling; small files never pay for a large zeroed block */
+    first = sb.st_size < 4096 ? 4096
+            : (uint64_t)sb.st_size < ((uint64_t)1 << 20)
+                ? (size_t)sb.st_size + 1 : (size_t)1 << 20;
     f = gzopen(path, "rb");
     if (f == NULL)
         return open_fail(path, what);
     for (;;) {
         int got;
         if (n == cap) {
-            size_t ncap = cap == 0 ? (size_t)1 << 20 : cap * 2;
+            size_t ncap = cap == 0 ? first
+                          : cap > IDX_MAX_BYTES / 2 ? IDX_MAX_BYTES : cap * 2;
             uint8_t *nb;
             if (cap >= IDX_MAX_BYTES) {
                 free(buf);
