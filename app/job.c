@@ -873,6 +873,7 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
                                                  "learning_rate" };
     int64_t max_steps, every;
     double secs;
+    keel_strategy strategy = KEEL_STRATEGY_AUTO;
 
     if (result != NULL)
         memset(result, 0, sizeof *result);
@@ -881,6 +882,30 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     st = keel_config_validate(cfg);
     if (st != KEEL_OK)
         return st;
+    st = keel_strategy_from_name(keel_config_str(cfg, "train.strategy"),
+                                 &strategy);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "train.strategy");
+    strategy = keel_strategy_resolve(strategy, in_cluster);
+    if (strategy == KEEL_STRATEGY_MULTI_WORKER_MIRRORED)
+        return keel__fail(KEEL_EINVAL, "train.strategy = "
+                          "multi_worker_mirrored is not built into this "
+                          "keel (it all-reduces over MPI); use "
+                          "parameter_server with keel launch, or mirrored "
+                          "in one process");
+    if (strategy == KEEL_STRATEGY_PARAMETER_SERVER && !in_cluster)
+        return keel__fail(KEEL_EINVAL, "train.strategy = parameter_server "
+                          "needs a cluster (TF_CONFIG, Slurm or keel "
+                          "launch --ps N --workers M), and this process "
+                          "has none; use one_device or mirrored, or auto");
+    if (strategy != KEEL_STRATEGY_PARAMETER_SERVER && in_cluster)
+        return keel__fail(KEEL_EINVAL, "train.strategy = %s trains in one "
+                          "process, but this process is %s %d of a "
+                          "cluster; use parameter_server (or auto) there",
+                          keel_strategy_name(strategy),
+                          keel_task_type_name(
+                              keel_cluster_spec_task_type(spec)),
+                          keel_cluster_spec_task_index(spec));
     if (in_cluster &&
         strcmp(keel_config_str(cfg, "optimizer.name"), "kfac") == 0)
         return keel__fail(KEEL_EINVAL, "optimizer.name = kfac runs in one "
@@ -1032,6 +1057,7 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     tc.n_summary_names = 3;
     tc.log_step_count_steps = keel_config_int(cfg, "hooks.log_every_steps");
     tc.save_on_error = keel_config_bool(cfg, "checkpoint.save_on_error");
+    tc.strategy = strategy;
     j.micro = keel_config_int(cfg, "train.micro_batch");
     if (j.micro > 0) {
         int64_t slice = j.global_batch / replicas;

@@ -190,6 +190,7 @@ keel_session_config_init(keel_session_config *cfg)
     cfg->backoff_ms = 50;
     cfg->backoff_max_ms = 5000;
     cfg->stop_grace_period_secs = 120;
+    cfg->replicas = 1;
 }
 
 static void
@@ -472,6 +473,12 @@ keel__session_new(const keel_session_config *cfg, int is_recovering,
     else if (cfg->max_recovery_attempts < 0 || cfg->backoff_ms < 0
              || cfg->backoff_max_ms < 0)
         st = keel__fail(KEEL_EINVAL, "session: negative recovery setting");
+    else if (cfg->replicas < 0 || cfg->replicas > KEEL_MAX_REPLICAS)
+        st = keel__fail(KEEL_EINVAL, "session: replicas = %d out of range "
+                        "(1..%d)", cfg->replicas, KEEL_MAX_REPLICAS);
+    else if (cfg->replicas > 1)
+        st = keel__fail(KEEL_EINVAL, "session: %d in-process replicas are "
+                        "not available yet", cfg->replicas);
     else
         st = KEEL_OK;
     if (st != KEEL_OK)
