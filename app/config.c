@@ -160,7 +160,7 @@ static const key_def schema[] = {
       "a cluster (TF_CONFIG, Slurm, keel launch), else one_device. Every "
       "strategy writes the same checkpoints (the chief's), restorable "
       "under any other." },
-    { "train", "replicas", T_INT, "2", 1, 64, NULL,
+    { "train", "replicas", T_INT, "2", 1, 8, NULL,
       "Replicas of train.strategy = mirrored (threads in this process; "
       "each runs train.model_threads model threads). train.batch_size is "
       "the global batch, split evenly over them." },

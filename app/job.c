@@ -35,6 +35,10 @@ typedef struct job {
     keel_data_iter *it;
     keel_vars *vs;
     keel_model *model;
+    /* train.strategy = mirrored: replica r steps rmodel[r] (rmodel[0] is
+     * model; the others share its variables) on its slice of the batch */
+    int replicas;
+    keel_model *rmodel[KEEL_MAX_REPLICAS];
     keel_optimizer *opt;          /* NULL with kfac */
     keel_kfac *kfac;              /* optimizer.name = kfac */
     keel_lr_schedule schedule;    /* the learning rate, either way */
@@ -83,6 +87,8 @@ job_free(job *j)
         keel_grads_free(j->micro_g[i]);
     keel_optimizer_free(j->opt);
     keel_kfac_free(j->kfac);
+    for (int r = 1; r < j->replicas; r++)
+        keel_model_free(j->rmodel[r]);
     keel_model_free(j->model);
     keel_vars_free(j->vs);
     keel_data_iter_free(j->it);
@@ -458,6 +464,49 @@ job_build(job *j, const keel_config *cfg, int worker_index, int num_workers)
 
 /* ---- session callbacks ------------------------------------------------------ */
 
+/* Set the step's loss, accuracy and learning rate from stats. */
+static keel_status
+step_values(job *j, keel_step *stp, const keel_step_stats *stats)
+{
+    keel_status st = keel_step_set_value(stp, "loss", stats->count > 0
+        ? stats->loss_sum / (double)stats->count : 0.0);
+    if (st == KEEL_OK)
+        st = keel_step_set_value(stp, "accuracy", stats->count > 0
+            ? (double)stats->correct / stats->count : 0.0);
+    if (st == KEEL_OK)
+        st = keel_step_set_value(stp, "learning_rate", keel_lr_at(
+            &j->schedule, keel_step_global_step(stp)));
+    return st;
+}
+
+/* Mirrored: replica r of R trains examples [r*n/R, (r+1)*n/R) of the
+ * batch on its own model into its own gradients (the session adds them).
+ * Runs on R threads at once: it writes only replica r's state. */
+static keel_status
+replica_step(job *j, keel_step *stp, const keel_batch *b)
+{
+    int r = keel_step_replica(stp), R = keel_step_num_replicas(stp);
+    size_t lo = b->n * (size_t)r / (size_t)R;
+    size_t hi = b->n * (size_t)(r + 1) / (size_t)R;
+    size_t stride = keel_dataset_example_size(j->ds);
+    keel_step_stats stats;
+    keel_batch slice;
+    keel_status st;
+    if (R != j->replicas || hi <= lo)
+        return keel__fail(KEEL_EINTERNAL, "replica %d of %d: batch of %zu "
+                          "for %d replicas", r, R, b->n, j->replicas);
+    slice.x = b->x + lo * stride;
+    slice.y = b->y + lo;
+    slice.n = hi - lo;
+    st = keel_model_step(j->rmodel[r], keel_step_vars(stp), &slice,
+                         j->global_batch, keel_step_grads(stp), &stats);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "replica %d", r);
+    if (r == 0)
+        j->examples += (int64_t)b->n;
+    return step_values(j, stp, &stats);
+}
+
 static keel_status
 job_step(void *ctx, keel_step *stp)
 {
@@ -467,6 +516,8 @@ job_step(void *ctx, keel_step *stp)
     keel_status st;
     if (b == NULL)
         return keel__fail(KEEL_EINTERNAL, "train step: no batch was fed");
+    if (keel_step_num_replicas(stp) > 1)
+        return replica_step(j, stp, b);
     if (j->own_zeroing && j->zeroed != keel_step_grads(stp))
         keel_grads_zero(keel_step_grads(stp));
     j->zeroed = NULL;
@@ -511,16 +562,7 @@ job_step(void *ctx, keel_step *stp)
                                 keel_step_global_step(stp))) != KEEL_OK)
         return st;
     j->examples += (int64_t)b->n;
-    st = keel_step_set_value(stp, "loss", stats.count > 0
-                             ? stats.loss_sum / (double)stats.count : 0.0);
-    if (st == KEEL_OK)
-        st = keel_step_set_value(stp, "accuracy", stats.count > 0
-                                 ? (double)stats.correct / stats.count : 0.0);
-    if (st == KEEL_OK)
-        st = keel_step_set_value(stp, "learning_rate", keel_lr_at(
-            &j->schedule,
-            keel_step_global_step(stp)));
-    return st;
+    return step_values(j, stp, &stats);
 }
 
 static keel_status
@@ -648,6 +690,41 @@ progress_before_run(void *ctx, keel_run_context *rc)
     if (st == KEEL_OK)
         st = keel_run_context_request(rc, "learning_rate");
     return st;
+}
+
+/* Mirrored: train.replicas models over one variable store, each with
+ * train.model_threads threads. */
+static keel_status
+mirrored_build(job *j, const keel_config *cfg)
+{
+    int R = (int)keel_config_int(cfg, "train.replicas");
+    int threads = (int)keel_config_int(cfg, "train.model_threads");
+    keel_status st;
+    if (j->kfac != NULL)
+        return keel__fail(KEEL_EINVAL, "train.strategy = mirrored with "
+                          "optimizer.name = kfac: K-FAC runs on "
+                          "one_device only");
+    if (keel_config_int(cfg, "train.micro_batch") > 0)
+        return keel__fail(KEEL_EINVAL, "train.strategy = mirrored with "
+                          "train.micro_batch (%s): pick one (mirrored "
+                          "already adds its replicas' gradients in a fixed "
+                          "order)", keel_config_origin(cfg,
+                                                       "train.micro_batch"));
+    if (R < 1 || R > KEEL_MAX_REPLICAS || j->global_batch % R != 0)
+        return keel__fail(KEEL_EINVAL, "train.replicas = %d: 1..%d, "
+                          "dividing train.batch_size = %lld", R,
+                          KEEL_MAX_REPLICAS, (long long)j->global_batch);
+    j->replicas = R;
+    j->rmodel[0] = j->model;
+    for (int r = 1; r < R; r++)
+        if ((st = keel__model_new_replica(j->model, j->vs, threads,
+                                          &j->rmodel[r])) != KEEL_OK) {
+            j->replicas = r;
+            return keel__wrap(st, "mirrored replica %d", r);
+        }
+    snprintf(j->topology, sizeof j->topology, "single-process mirrored "
+             "replicas=%d batch=%lld", R, (long long)j->global_batch);
+    return KEEL_OK;
 }
 
 /* The chief's end of an epoch: the learning rate (Keras's PrintLR), the
@@ -946,6 +1023,11 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     if (opts != NULL)
         j.opts = *opts;
     memset(hooks, 0, sizeof hooks);
+    if (strategy == KEEL_STRATEGY_MIRRORED) {
+        st = mirrored_build(&j, cfg);
+        if (st != KEEL_OK)
+            goto out;
+    }
 
     st = keel_feed_fn_hook_new(job_feed, &j, &hooks[n_hooks]);
     if (st == KEEL_OK)
@@ -1029,7 +1111,7 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     tc.session.updater.apply = job_apply;
     /* one process: job_step zeroes the gradients unless job_apply left
      * them zero (a replica pushes them and the session zeroes them) */
-    j.own_zeroing = !in_cluster;
+    j.own_zeroing = !in_cluster && j.replicas <= 1;
     tc.session.skip_grad_zeroing = j.own_zeroing;
     tc.session.scaffold = &sc;
     tc.session.meta_fn = job_meta;
@@ -1058,6 +1140,7 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     tc.log_step_count_steps = keel_config_int(cfg, "hooks.log_every_steps");
     tc.save_on_error = keel_config_bool(cfg, "checkpoint.save_on_error");
     tc.strategy = strategy;
+    tc.replicas = j.replicas;
     j.micro = keel_config_int(cfg, "train.micro_batch");
     if (j.micro > 0) {
         int64_t slice = j.global_batch / replicas;

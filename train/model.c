@@ -92,6 +92,7 @@ struct keel_model {
     size_t max_pieces;            /* ceil(max_batch / piece) */
     int nslots;                   /* min(max_pieces, MAX_SLOTS) */
     int is_dense_only;            /* softmax or MLP */
+    int reuse_vars;               /* a replica: another model's variables */
     lbuf *buf[MAX_THREADS];       /* [thread][layer] activations */
     lgrad *slot[MAX_SLOTS];       /* [slot][layer] */
     double *piece_loss;           /* [max_pieces] */
@@ -270,15 +271,27 @@ alloc_floats(float **p, size_t count, const char *what)
     return KEEL_OK;
 }
 
+/* The variable scope/leaf: created in vs, or (reuse) the one there with
+ * this shape. */
 static keel_status
-make_var(keel_vars *vs, const char *scope, const char *leaf, int ndim,
-         const int64_t *shape, keel_var **out)
+make_var(keel_vars *vs, int reuse, const char *scope, const char *leaf,
+         int ndim, const int64_t *shape, keel_var **out)
 {
     char name[KEEL_NAME_MAX];
     keel_status st = keel__fmt(name, sizeof name, "variable name", "%s/%s",
                                scope, leaf);
     if (st != KEEL_OK)
         return st;
+    if (reuse) {
+        const keel_tensor *t;
+        *out = keel_vars_find(vs, name);
+        t = *out != NULL ? keel_var_tensor(*out) : NULL;
+        if (t == NULL || t->ndim != ndim ||
+            memcmp(t->shape, shape, (size_t)ndim * sizeof *shape) != 0)
+            return keel__fail(KEEL_EINVAL, "model replica: the store has no "
+                              "variable '%s' of this model's shape", name);
+        return KEEL_OK;
+    }
     st = keel_vars_create(vs, name, ndim, shape, KEEL_VAR_TRAINABLE, out);
     if (st != KEEL_OK)
         return keel__wrap(st, "model");
@@ -300,8 +313,8 @@ add_layer(keel_model *m, keel_vars *vs, layer *proto, int *n_dense,
         int64_t bs[1] = { (int64_t)L->dout };
         snprintf(scope, sizeof scope, "dense_%d", ++*n_dense);
         L->out_size = L->dout;
-        if ((st = make_var(vs, scope, "kernel", 2, ks, &L->w)) != KEEL_OK ||
-            (st = make_var(vs, scope, "bias", 1, bs, &L->b)) != KEEL_OK)
+        if ((st = make_var(vs, m->reuse_vars, scope, "kernel", 2, ks, &L->w)) != KEEL_OK ||
+            (st = make_var(vs, m->reuse_vars, scope, "bias", 1, bs, &L->b)) != KEEL_OK)
             return st;
         m->flops += 2.0 * (double)L->din * (double)L->dout *
                     (m->nl == 1 ? 2.0 : 3.0);
@@ -314,8 +327,8 @@ add_layer(keel_model *m, keel_vars *vs, layer *proto, int *n_dense,
         if ((st = keel__conv_geom_init(g, 0)) != KEEL_OK)
             return st;
         L->out_size = g->oh * g->ow * g->cout;
-        if ((st = make_var(vs, scope, "kernel", 4, ks, &L->w)) != KEEL_OK ||
-            (st = make_var(vs, scope, "bias", 1, bs, &L->b)) != KEEL_OK)
+        if ((st = make_var(vs, m->reuse_vars, scope, "kernel", 4, ks, &L->w)) != KEEL_OK ||
+            (st = make_var(vs, m->reuse_vars, scope, "bias", 1, bs, &L->b)) != KEEL_OK)
             return st;
         m->flops += 2.0 * (double)(g->oh * g->ow) *
                     (double)(g->kh * g->kw * g->cin) * (double)g->cout *
@@ -426,8 +439,30 @@ check_config(const keel_model_config *c)
     return KEEL_OK;
 }
 
+static keel_status model_build(const keel_model_config *cfg, keel_vars *vs,
+                               int reuse, keel_model **out);
+
 keel_status
 keel_model_new(const keel_model_config *cfg, keel_vars *vs, keel_model **out)
+{
+    return model_build(cfg, vs, 0, out);
+}
+
+keel_status
+keel__model_new_replica(const keel_model *m, keel_vars *vs, int threads,
+                        keel_model **out)
+{
+    keel_model_config c;
+    if (m == NULL)
+        return keel__fail(KEEL_EINVAL, "model replica: NULL model");
+    c = m->cfg;
+    c.threads = threads;
+    return model_build(&c, vs, 1, out);
+}
+
+static keel_status
+model_build(const keel_model_config *cfg, keel_vars *vs, int reuse,
+            keel_model **out)
 {
     keel_model *m;
     keel_status st;
@@ -445,6 +480,7 @@ keel_model_new(const keel_model_config *cfg, keel_vars *vs, keel_model **out)
     if (m == NULL)
         return keel__fail(KEEL_ENOMEM, "model");
     m->cfg = *cfg;
+    m->reuse_vars = reuse;
     m->l = calloc(KEEL_MODEL_MAX_HIDDEN + 8, sizeof *m->l);
     if (m->l == NULL) {
         free(m);

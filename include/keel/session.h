@@ -284,15 +284,16 @@ typedef struct keel_session_config {
      * step once; R in 2..KEEL_MAX_REPLICAS calls it on R threads, replica
      * r with its own gradient store, zeroed before every step whatever
      * skip_grad_zeroing says. The session then adds the replicas'
-     * gradients in a fixed binary-tree order (keel__reduce_tree: replica
-     * r is leaf r) into its own store, applies one update, and reports the
+     * gradients in a fixed binary-tree order (replica r is leaf r of the
+     * tree docs/determinism.md describes) into its own store, applies one
+     * update, and reports the
      * mean over the replicas of every value they set. The step function
      * must be safe to run on R threads at once (its own state per
      * keel_step_replica). */
     int replicas;
 } keel_session_config;
 
-#define KEEL_MAX_REPLICAS 64
+#define KEEL_MAX_REPLICAS 8
 
 /* Defaults above; vars, step NULL. Cannot fail. */
 void keel_session_config_init(keel_session_config *cfg);
