@@ -50,11 +50,14 @@ typedef struct lgrad {
  * sgemm per layer over up to 256 rows packs the weights once, where 32-row
  * pieces packed them 8 times at a batch of 256 (1.3x slower on one
  * thread, and the slot reduction made model threads slower still). The
- * batch's gradient is, by definition, grads + g(piece 0) + g(piece 1) +
- * ..., added elementwise in piece order, each piece's gradient rounded on
- * its own. Threads compute up to MAX_SLOTS pieces at a time into slots,
- * which are then added in that order. So the bits never depend on which
- * thread ran a piece. */
+ * batch's gradient is, by definition, the pieces' gradients (each rounded
+ * on its own) added elementwise along the reduction tree over the pieces
+ * (train_int.h, keel__tree_sum), piece 0 added onto grads first. Threads
+ * compute up to MAX_SLOTS pieces at a time into slots, which are then
+ * added along that tree; past MAX_SLOTS pieces the next round's tree
+ * starts from the sum so far in piece 0's place. So the bits never depend on
+ * which thread ran a piece, and a batch cut into aligned runs of 2^k
+ * pieces whose sums are added along the same tree gives the same bits. */
 #define CNN_PIECE 16
 #define MAX_SLOTS 16
 /* Piece 0's dense gradients go straight into the caller's grads (sgemm
@@ -880,17 +883,35 @@ job_worker(void *ctx, int t)
                   j->what == JOB_STEP ? j->m->slot[task] : NULL);
 }
 
-/* dst[lo, hi) = (((dst + slot 0) + slot 1) + ... + slot S-1), each
- * element in slot order whichever thread does it; blocks of 1024 keep dst
- * in L1 while the slots stream past. */
+/* dst[lo, hi) = the round's pieces added along the reduction tree
+ * (keel__tree_sum) whose leaf 0 is dst + slot 0 (or dst alone when piece
+ * 0 went straight into it) and leaf i the slot i: for a round of 2^k
+ * pieces onto zero gradients, the same bits as any split of the round into
+ * aligned runs of pieces whose sums are added later along the same tree
+ * (mirrored replicas, cluster workers). Whichever thread does which
+ * range. */
 static void
-reduce_range(float *dst, float *const *src, int S, size_t lo, size_t hi)
+reduce_range(float *dst, float *const *src, int S, int has_first,
+             size_t lo, size_t hi)
 {
-    for (size_t b = lo; b < hi; b += 1024) {
-        size_t e = hi - b < 1024 ? hi - b : 1024;
-        for (int s = 0; s < S; s++)
-            keel__add_into(dst + b, src[s] + b, e);
+    keel__tree_node nodes[MAX_SLOTS + 1];
+    const float *parts[MAX_SLOTS + 1];
+    int k = 0;
+    if (lo >= hi)
+        return;
+    if (!has_first)
+        keel__add_into(dst + lo, src[0] + lo, hi - lo);
+    parts[k] = dst;
+    nodes[k].lo = 0;
+    nodes[k].hi = 1;
+    k++;
+    for (int s = 1; s < S + has_first; s++, k++) {
+        parts[k] = src[s - has_first];
+        nodes[k].lo = k;
+        nodes[k].hi = k + 1;
     }
+    if (k > 1)
+        (void)keel__tree_sum(k, nodes, parts, k, dst, lo, hi);
 }
 
 /* Thread t's share of every parameter gradient: slots added into grads. */
@@ -915,7 +936,7 @@ reduce_worker(void *ctx, int t)
         for (int s = s0; s < S; s++)
             src[s - s0] = m->slot[s][i].dw;
         /* ranges in multiples of 16 floats (one cache line) */
-        reduce_range(gw->data, src, S - s0,
+        reduce_range(gw->data, src, S - s0, s0,
                      (cw * (size_t)t / (size_t)T) & ~(size_t)15,
                      t + 1 == T ? cw
                                 : (cw * (size_t)(t + 1) / (size_t)T) &
@@ -923,7 +944,7 @@ reduce_worker(void *ctx, int t)
         if (t == 0) {
             for (int s = s0; s < S; s++)
                 src[s - s0] = m->slot[s][i].db;
-            reduce_range(gb->data, src, S - s0, 0, cb);
+            reduce_range(gb->data, src, S - s0, s0, 0, cb);
         }
     }
 }
