@@ -74,6 +74,13 @@ typedef struct job {
     int64_t micro;
     int n_micro;
     keel_grads *micro_g[64];
+    /* Sync on a cluster with canonical leaves (reduce_leaves > 0): this
+     * replica's slice cut into the tree nodes that cover its leaves, node
+     * c being examples [node_off[c], + node_len[c]) computed into
+     * micro_g[c] (n_nodes > 1; 0: one node, the session's gradients) */
+    int64_t leaves;
+    int n_nodes;
+    size_t node_off[64], node_len[64];
     /* One process: the job zeroes the step's gradients itself (the session
      * is told to skip it) and knows when the last update already did. */
     int own_zeroing;
@@ -551,6 +558,29 @@ job_step(void *ctx, keel_step *stp)
             stats.correct += one.correct;
             stats.count += one.count;
         }
+    } else if (j->n_nodes > 0) {
+        /* each node's sum alone: the ps adds them along the tree */
+        size_t stride = keel_dataset_example_size(j->ds);
+        keel_step_stats one;
+        memset(&stats, 0, sizeof stats);
+        for (int c = 0; c < j->n_nodes; c++) {
+            keel_batch nb;
+            if (j->node_off[c] + j->node_len[c] > b->n)
+                return keel__fail(KEEL_EINTERNAL, "tree node %d: examples "
+                                  "[%zu, +%zu) of a batch of %zu", c,
+                                  j->node_off[c], j->node_len[c], b->n);
+            nb.x = b->x + j->node_off[c] * stride;
+            nb.y = b->y + j->node_off[c];
+            nb.n = j->node_len[c];
+            keel_grads_zero(j->micro_g[c]);
+            st = keel_model_step(j->model, keel_step_vars(stp), &nb,
+                                 j->global_batch, j->micro_g[c], &one);
+            if (st != KEEL_OK)
+                return st;
+            stats.loss_sum += one.loss_sum;
+            stats.correct += one.correct;
+            stats.count += one.count;
+        }
     } else {
         st = keel_model_step(j->model, keel_step_vars(stp), b,
                              j->global_batch, keel_step_grads(stp), &stats);
@@ -854,6 +884,72 @@ cluster_options_from(const keel_config *cfg, const job *j,
     o->key_dir = keel_config_str(cfg, "security.key_dir");
     o->send_buffer_kib =
         (int)keel_config_int(cfg, "cluster.send_buffer_kib");
+    o->reduce_leaves = j->leaves;
+}
+
+/* The canonical leaves of a sync cluster's global batch: the model's
+ * pieces, when every replica's slice is a whole number of them and one
+ * process computes the whole batch as one tree (at most
+ * KEEL__MODEL_TREE_PIECES pieces); 0 otherwise (logged: results then
+ * depend on the replica count). */
+static int64_t
+leaves_for(const keel_config *cfg, const job *j,
+           const keel_cluster_spec *spec)
+{
+    int R = keel_cluster_spec_num_replicas(spec);
+    int64_t p = (int64_t)keel__model_piece(j->model), L;
+    const char *why = NULL;
+    if (keel_cluster_spec_mode(spec) != KEEL_CLUSTER_SYNC)
+        return 0;
+    L = j->global_batch / p;
+    if (keel_cluster_spec_replicas_to_aggregate(spec) != R)
+        why = "backup workers (replicas_to_aggregate < replicas)";
+    else if (keel_config_int(cfg, "train.micro_batch") > 0)
+        why = "train.micro_batch is set (its micro-batches are added in "
+              "order instead)";
+    else if (j->global_batch % p != 0 || L % R != 0)
+        why = "train.batch_size is not a multiple of the replicas times "
+              "the model's piece";
+    else if (L > KEEL__MODEL_TREE_PIECES)
+        why = "the global batch has more pieces than one tree of the model";
+    if (why != NULL) {
+        if (R > 1)
+            keel__log(KEEL_LOG_INFO, "sync results depend on the number of "
+                      "replicas (%d) in this run: %s; the model's piece is "
+                      "%lld examples (docs/determinism.md)", R, why,
+                      (long long)p);
+        return 0;
+    }
+    return L;
+}
+
+/* This replica's nodes of the tree over j->leaves: more than one gets a
+ * gradient store each, pushed in order instead of the session's. */
+static keel_status
+tree_nodes_build(job *j, int replica, int replicas)
+{
+    keel__tree_node nodes[64];
+    int64_t per = j->leaves / replicas, first = replica * per;
+    size_t piece = keel__model_piece(j->model);
+    int k = keel__tree_cover(j->leaves, first, first + per, nodes, 64);
+    keel_status st;
+    if (k < 1)
+        return keel__fail(KEEL_EINTERNAL, "tree cover of replica %d", replica);
+    keel__log(KEEL_LOG_INFO, "sync results independent of the replica "
+              "count: the global batch is %lld leaves of %zu examples; "
+              "this replica pushes %d node sum(s)", (long long)j->leaves,
+              piece, k);
+    if (k == 1)
+        return KEEL_OK;
+    for (int c = 0; c < k; c++) {
+        j->node_off[c] = (size_t)(nodes[c].lo - first) * piece;
+        j->node_len[c] = (size_t)(nodes[c].hi - nodes[c].lo) * piece;
+        if ((st = keel_grads_new(j->vs, &j->micro_g[c])) != KEEL_OK)
+            return st;
+        j->n_micro = c + 1;
+    }
+    j->n_nodes = k;
+    return keel_cluster_backend_set_micro(j->worker, j->micro_g, k);
 }
 
 /* The ps task: build the model only to know the variables, then serve. */
@@ -873,6 +969,7 @@ run_ps(const keel_config *cfg, const keel_cluster_spec *spec,
     else
         memset(&j, 0, sizeof j);
     if (st == KEEL_OK) {
+        j.leaves = leaves_for(cfg, &j, spec);
         cluster_options_from(cfg, &j, &o);
         st = keel_ps_run(spec, j.vs, &o);
     }
@@ -1160,11 +1257,15 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
          * backend pulls before the chief's checkpoints and stops the ps
          * when the chief's session ends cleanly */
         keel_cluster_options o;
+        j.leaves = leaves_for(cfg, &j, spec);
         cluster_options_from(cfg, &j, &o);
         st = keel_cluster_backend_new(spec, j.vs, &o, &worker);
         if (st != KEEL_OK)
             goto out;
         j.worker = worker;
+        if (j.leaves > 0 && (st = tree_nodes_build(&j, replica, replicas))
+            != KEEL_OK)
+            goto out;
         if (j.micro > 0) {
             int k = (int)(j.global_batch / replicas / j.micro);
             for (; j.n_micro < k; j.n_micro++)

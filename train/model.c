@@ -59,7 +59,7 @@ typedef struct lgrad {
  * which thread ran a piece, and a batch cut into aligned runs of 2^k
  * pieces whose sums are added along the same tree gives the same bits. */
 #define CNN_PIECE 16
-#define MAX_SLOTS 16
+#define MAX_SLOTS KEEL__MODEL_TREE_PIECES
 /* Piece 0's dense gradients go straight into the caller's grads (sgemm
  * beta 1: one pass over the parameters less, and no slot); every other
  * piece's go through a slot and are added in piece order. That holds on
@@ -1199,6 +1199,12 @@ keel__model_kfac_stats(keel_model *m, const keel_batch *batch, keel__rng *rng,
         accumulate = 1;
     }
     return KEEL_OK;
+}
+
+size_t
+keel__model_piece(const keel_model *m)
+{
+    return m->piece;
 }
 
 keel__pool *

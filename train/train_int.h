@@ -230,6 +230,12 @@ void keel__spin_barrier_wait(keel__spin_barrier *b);
  * Caller owns *out: keel_model_free(). */
 keel_status keel__model_new_replica(const keel_model *m, keel_vars *vs,
                                     int threads, keel_model **out);
+/* Examples per piece (the last piece of a batch may be shorter); a
+ * batch of up to KEEL__MODEL_TREE_PIECES pieces adds their gradients
+ * along one reduction tree, so aligned runs of them computed apart and
+ * added along the same tree give the same bits. */
+#define KEEL__MODEL_TREE_PIECES 16
+size_t keel__model_piece(const keel_model *m);
 /* The model's pool (NULL on one thread), for work beside its steps. */
 keel__pool *keel__model_pool(keel_model *m);
 /* keel_optimizer_apply (zero: _and_zero) on the pool's threads (NULL: the
