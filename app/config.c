@@ -243,6 +243,14 @@ static const key_def schema[] = {
     { "cluster", "placement", T_ENUM, "size_balanced", NOLIM,
       "round_robin|size_balanced",
       "How variables are spread over parameter servers." },
+    { "cluster", "reduce_tree", T_BOOL, "true", NOLIM, NULL,
+      "Sync mode: the ps add the replicas' gradients along the fixed "
+      "binary tree over the model's pieces of the global batch (each "
+      "replica pushes the sums of the tree nodes covering its pieces, one "
+      "for power-of-two splits), so 1, 2, 3, 4 ... replicas give the same "
+      "bits where the batch allows it (docs/determinism.md). false: in "
+      "replica order (one push each; results differ between replica "
+      "counts in the last bits)." },
     { "cluster", "heartbeat_ms", T_INT, D(HEARTBEAT_MS), 10, 600000, NULL,
       "Workers and the chief ping every ps this often (own thread and "
       "sockets), so a lost or restarted ps is noticed within about one "

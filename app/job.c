@@ -899,7 +899,8 @@ leaves_for(const keel_config *cfg, const job *j,
     int R = keel_cluster_spec_num_replicas(spec);
     int64_t p = (int64_t)keel__model_piece(j->model), L;
     const char *why = NULL;
-    if (keel_cluster_spec_mode(spec) != KEEL_CLUSTER_SYNC)
+    if (keel_cluster_spec_mode(spec) != KEEL_CLUSTER_SYNC ||
+        !keel_config_bool(cfg, "cluster.reduce_tree"))
         return 0;
     L = j->global_batch / p;
     if (keel_cluster_spec_replicas_to_aggregate(spec) != R)
