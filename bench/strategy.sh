@@ -6,8 +6,12 @@
 # settings so the shared machine's noise hits both; prints the medians of
 # examples/s (the training loop's, from keel train's last line) and the
 # median of the per-round ratios mirrored / one_device.
+# Then (PS=1) the deterministic sync reduction's cost: keel launch, 1 ps,
+# the chief and 1 worker, the CNN at batch 64 (each replica one tree node)
+# and 96 (two nodes each), cluster.reduce_tree true against false.
 #   usage: flock /tmp/keel-bench.lock bench/strategy.sh [BUILD_DIR]
-#   env:   ROUNDS=5 EXAMPLES=96000 CNN_EXAMPLES=9600 BENCH_OUT=./strategy-bench
+#   env:   ROUNDS=5 EXAMPLES=96000 CNN_EXAMPLES=9600 PS=1 MIRRORED=1
+#          BENCH_OUT=./strategy-bench
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=${1:-$here/../_build}
@@ -55,6 +59,7 @@ run() {   # $1 model $2 batch $3 steps $4 setting: prints examples/s
 }
 
 cases="mlp:64 mlp:256 cnn:64"
+[ "${MIRRORED:-1}" = 1 ] || cases=""
 for r in $(seq "$ROUNDS"); do
     for c in $cases; do
         m=${c%%:*} b=${c##*:}
@@ -67,6 +72,41 @@ for r in $(seq "$ROUNDS"); do
         done
     done
 done
+
+ps_run() {   # $1 batch $2 steps $3 reduce_tree: prints the chief's examples/s
+    rm -rf "$OUT/run"
+    "$build/keel" launch "$OUT/job.ini" --ps 1 --workers 1 --no-status \
+        -s model.type=cnn -s "train.batch_size=$1" -s "train.max_steps=$2" \
+        -s "cluster.reduce_tree=$3" 2>&1 |
+        sed -n 's/.*chief.* \([0-9.]*\) examples\/s).*/\1/p' | tail -1
+}
+: > "$OUT/ps.tsv"
+if [ "${PS:-1}" = 1 ]; then
+    for r in $(seq "$ROUNDS"); do
+        for b in 64 96; do
+            for t in true false; do
+                v=$(ps_run "$b" $((CNN_EXAMPLES / b)) "$t")
+                [ -n "$v" ] || { echo "strategy.sh: keel launch failed ($b $t)" >&2; exit 1; }
+                printf '%s\t%s\t%s\t%s\n' "$r" "$b" "$t" "$v" >> "$OUT/ps.tsv"
+            done
+        done
+    done
+fi
+
+/usr/bin/python3 - "$OUT/ps.tsv" <<'PY'
+import statistics, sys, collections
+runs = collections.defaultdict(dict)
+for line in open(sys.argv[1]):
+    r, b, t, v = line.split()
+    runs[int(b)].setdefault(int(r), {})[t] = float(v)
+if runs:
+    print(f"{'cnn ps batch':>12} {'tree ex/s':>10} {'replica order ex/s':>19} {'ratio':>6}")
+for b, rounds in sorted(runs.items()):
+    t = statistics.median(x["true"] for x in rounds.values())
+    f = statistics.median(x["false"] for x in rounds.values())
+    ratio = statistics.median(x["true"] / x["false"] for x in rounds.values())
+    print(f"{b:>12} {t:>10.0f} {f:>19.0f} {ratio:>6.2f}")
+PY
 
 /usr/bin/python3 - "$OUT/runs.tsv" <<'PY'
 import statistics, sys, collections
