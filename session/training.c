@@ -10,6 +10,7 @@
 #include <keel/distributed.h>
 #include "util.h"
 #include "session_int.h"
+#include "../train/train_int.h"
 
 /* What a training session made for itself and frees with it: the
  * optimizer it applies alone, the spec it detected, the cluster backend. */
@@ -55,16 +56,15 @@ keel_strategy_name(keel_strategy s)
 keel_status
 keel_strategy_from_name(const char *name, keel_strategy *out)
 {
-    if (name == NULL || out == NULL)
+    int i = 0;
+    keel_status st;
+    if (out == NULL)
         return keel__fail(KEEL_EINVAL, "strategy: NULL argument");
-    for (int i = 0; i < KEEL_STRATEGY_COUNT; i++)
-        if (strcmp(name, strategy_names[i]) == 0) {
-            *out = (keel_strategy)i;
-            return KEEL_OK;
-        }
-    return keel__fail(KEEL_EINVAL, "unknown strategy '%s' (use auto, "
-                      "one_device, mirrored, multi_worker_mirrored or "
-                      "parameter_server)", name);
+    st = keel__train_name_lookup("strategy", name, strategy_names,
+                                 KEEL_STRATEGY_COUNT, &i);
+    if (st == KEEL_OK)
+        *out = (keel_strategy)i;
+    return st;
 }
 
 keel_strategy

@@ -1117,6 +1117,7 @@ START_TEST(test_strategy_names_and_the_training_sessions_rules)
     ck_assert_str_eq(keel_strategy_name((keel_strategy)99), "?");
     ck_assert_int_eq(keel_strategy_from_name("mirror", &k), KEEL_EINVAL);
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "parameter_server"));
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "'mirror'"));
     ck_assert_int_eq(keel_strategy_resolve(KEEL_STRATEGY_AUTO, 1),
                      KEEL_STRATEGY_PARAMETER_SERVER);
     ck_assert_int_eq(keel_strategy_resolve(KEEL_STRATEGY_AUTO, 0),
