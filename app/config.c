@@ -149,6 +149,21 @@ static const key_def schema[] = {
       "models: ceil(batch_size / 256) equal pieces, each layer in two "
       "fixed column halves) and the optimizer update. Results are bitwise identical for every value (with "
       "OpenBLAS single-threaded, as model threads always run it)." },
+    { "train", "strategy", T_ENUM, "auto", NOLIM,
+      "auto|one_device|mirrored|multi_worker_mirrored|parameter_server",
+      "How the replicas are spread: one_device (one process), mirrored "
+      "(train.replicas threads in one process, each with its slice of the "
+      "batch, gradients added in a fixed order, one update), "
+      "multi_worker_mirrored (one replica per MPI rank, gradients "
+      "all-reduced, no ps), parameter_server (chief and workers of a "
+      "cluster with ps tasks). auto: parameter_server when the process has "
+      "a cluster (TF_CONFIG, Slurm, keel launch), else one_device. Every "
+      "strategy writes the same checkpoints (the chief's), restorable "
+      "under any other." },
+    { "train", "replicas", T_INT, "2", 1, 8, NULL,
+      "Replicas of train.strategy = mirrored (threads in this process; "
+      "each runs train.model_threads model threads). train.batch_size is "
+      "the global batch, split evenly over them." },
     { "train", "micro_batch", T_INT, "0", 0, 1 << 20, NULL,
       "Fixed micro-batch size (0: off). Each gradient is summed over "
       "micro-batches of this many examples in global order, so 1 process "
@@ -228,6 +243,14 @@ static const key_def schema[] = {
     { "cluster", "placement", T_ENUM, "size_balanced", NOLIM,
       "round_robin|size_balanced",
       "How variables are spread over parameter servers." },
+    { "cluster", "reduce_tree", T_BOOL, "true", NOLIM, NULL,
+      "Sync mode: the ps add the replicas' gradients along the fixed "
+      "binary tree over the model's pieces of the global batch (each "
+      "replica pushes the sums of the tree nodes covering its pieces, one "
+      "for power-of-two splits), so 1, 2, 3, 4 ... replicas give the same "
+      "bits where the batch allows it (docs/determinism.md). false: in "
+      "replica order (one push each; results differ between replica "
+      "counts in the last bits)." },
     { "cluster", "heartbeat_ms", T_INT, D(HEARTBEAT_MS), 10, 600000, NULL,
       "Workers and the chief ping every ps this often (own thread and "
       "sockets), so a lost or restarted ps is noticed within about one "
@@ -1155,6 +1178,20 @@ keel_config_validate(const keel_config *cfg)
                           (long long)keel_config_int(cfg,
                                                      "train.model_threads"),
                           (long long)keel_config_int(cfg, "train.threads"));
+    if (keel_config_is_set(cfg, "train.replicas") &&
+        strcmp(keel_config_str(cfg, "train.strategy"), "mirrored") != 0)
+        return keel__fail(KEEL_EINVAL, "train.replicas (%s) applies only to "
+                          "train.strategy = mirrored, not %s",
+                          keel_config_origin(cfg, "train.replicas"),
+                          keel_config_str(cfg, "train.strategy"));
+    if (strcmp(keel_config_str(cfg, "train.strategy"), "mirrored") == 0 &&
+        keel_config_int(cfg, "train.batch_size") %
+        keel_config_int(cfg, "train.replicas") != 0)
+        return keel__fail(KEEL_EINVAL, "train.batch_size = %lld does not "
+                          "split evenly over train.replicas = %lld "
+                          "(mirrored); make it a multiple",
+                          (long long)keel_config_int(cfg, "train.batch_size"),
+                          (long long)keel_config_int(cfg, "train.replicas"));
     if (keel_config_is_set(cfg, "model.hidden") && strcmp(model, "mlp") != 0)
         return keel__fail(KEEL_EINVAL, "model.hidden (%s) applies only to "
                           "model.type = mlp, not '%s'",

@@ -35,6 +35,10 @@ typedef struct job {
     keel_data_iter *it;
     keel_vars *vs;
     keel_model *model;
+    /* train.strategy = mirrored: replica r steps rmodel[r] (rmodel[0] is
+     * model; the others share its variables) on its slice of the batch */
+    int replicas;
+    keel_model *rmodel[KEEL_MAX_REPLICAS];
     keel_optimizer *opt;          /* NULL with kfac */
     keel_kfac *kfac;              /* optimizer.name = kfac */
     keel_lr_schedule schedule;    /* the learning rate, either way */
@@ -70,6 +74,13 @@ typedef struct job {
     int64_t micro;
     int n_micro;
     keel_grads *micro_g[64];
+    /* Sync on a cluster with canonical leaves (reduce_leaves > 0): this
+     * replica's slice cut into the tree nodes that cover its leaves, node
+     * c being examples [node_off[c], + node_len[c]) computed into
+     * micro_g[c] (n_nodes > 1; 0: one node, the session's gradients) */
+    int64_t leaves;
+    int n_nodes;
+    size_t node_off[64], node_len[64];
     /* One process: the job zeroes the step's gradients itself (the session
      * is told to skip it) and knows when the last update already did. */
     int own_zeroing;
@@ -83,6 +94,8 @@ job_free(job *j)
         keel_grads_free(j->micro_g[i]);
     keel_optimizer_free(j->opt);
     keel_kfac_free(j->kfac);
+    for (int r = 1; r < j->replicas; r++)
+        keel_model_free(j->rmodel[r]);
     keel_model_free(j->model);
     keel_vars_free(j->vs);
     keel_data_iter_free(j->it);
@@ -458,6 +471,49 @@ job_build(job *j, const keel_config *cfg, int worker_index, int num_workers)
 
 /* ---- session callbacks ------------------------------------------------------ */
 
+/* Set the step's loss, accuracy and learning rate from stats. */
+static keel_status
+step_values(job *j, keel_step *stp, const keel_step_stats *stats)
+{
+    keel_status st = keel_step_set_value(stp, "loss", stats->count > 0
+        ? stats->loss_sum / (double)stats->count : 0.0);
+    if (st == KEEL_OK)
+        st = keel_step_set_value(stp, "accuracy", stats->count > 0
+            ? (double)stats->correct / stats->count : 0.0);
+    if (st == KEEL_OK)
+        st = keel_step_set_value(stp, "learning_rate", keel_lr_at(
+            &j->schedule, keel_step_global_step(stp)));
+    return st;
+}
+
+/* Mirrored: replica r of R trains examples [r*n/R, (r+1)*n/R) of the
+ * batch on its own model into its own gradients (the session adds them).
+ * Runs on R threads at once: it writes only replica r's state. */
+static keel_status
+replica_step(job *j, keel_step *stp, const keel_batch *b)
+{
+    int r = keel_step_replica(stp), R = keel_step_num_replicas(stp);
+    size_t lo = b->n * (size_t)r / (size_t)R;
+    size_t hi = b->n * (size_t)(r + 1) / (size_t)R;
+    size_t stride = keel_dataset_example_size(j->ds);
+    keel_step_stats stats;
+    keel_batch slice;
+    keel_status st;
+    if (R != j->replicas || hi <= lo)
+        return keel__fail(KEEL_EINTERNAL, "replica %d of %d: batch of %zu "
+                          "for %d replicas", r, R, b->n, j->replicas);
+    slice.x = b->x + lo * stride;
+    slice.y = b->y + lo;
+    slice.n = hi - lo;
+    st = keel_model_step(j->rmodel[r], keel_step_vars(stp), &slice,
+                         j->global_batch, keel_step_grads(stp), &stats);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "replica %d", r);
+    if (r == 0)
+        j->examples += (int64_t)b->n;
+    return step_values(j, stp, &stats);
+}
+
 static keel_status
 job_step(void *ctx, keel_step *stp)
 {
@@ -467,6 +523,8 @@ job_step(void *ctx, keel_step *stp)
     keel_status st;
     if (b == NULL)
         return keel__fail(KEEL_EINTERNAL, "train step: no batch was fed");
+    if (keel_step_num_replicas(stp) > 1)
+        return replica_step(j, stp, b);
     if (j->own_zeroing && j->zeroed != keel_step_grads(stp))
         keel_grads_zero(keel_step_grads(stp));
     j->zeroed = NULL;
@@ -500,6 +558,29 @@ job_step(void *ctx, keel_step *stp)
             stats.correct += one.correct;
             stats.count += one.count;
         }
+    } else if (j->n_nodes > 0) {
+        /* each node's sum alone: the ps adds them along the tree */
+        size_t stride = keel_dataset_example_size(j->ds);
+        keel_step_stats one;
+        memset(&stats, 0, sizeof stats);
+        for (int c = 0; c < j->n_nodes; c++) {
+            keel_batch nb;
+            if (j->node_off[c] + j->node_len[c] > b->n)
+                return keel__fail(KEEL_EINTERNAL, "tree node %d: examples "
+                                  "[%zu, +%zu) of a batch of %zu", c,
+                                  j->node_off[c], j->node_len[c], b->n);
+            nb.x = b->x + j->node_off[c] * stride;
+            nb.y = b->y + j->node_off[c];
+            nb.n = j->node_len[c];
+            keel_grads_zero(j->micro_g[c]);
+            st = keel_model_step(j->model, keel_step_vars(stp), &nb,
+                                 j->global_batch, j->micro_g[c], &one);
+            if (st != KEEL_OK)
+                return st;
+            stats.loss_sum += one.loss_sum;
+            stats.correct += one.correct;
+            stats.count += one.count;
+        }
     } else {
         st = keel_model_step(j->model, keel_step_vars(stp), b,
                              j->global_batch, keel_step_grads(stp), &stats);
@@ -511,16 +592,7 @@ job_step(void *ctx, keel_step *stp)
                                 keel_step_global_step(stp))) != KEEL_OK)
         return st;
     j->examples += (int64_t)b->n;
-    st = keel_step_set_value(stp, "loss", stats.count > 0
-                             ? stats.loss_sum / (double)stats.count : 0.0);
-    if (st == KEEL_OK)
-        st = keel_step_set_value(stp, "accuracy", stats.count > 0
-                                 ? (double)stats.correct / stats.count : 0.0);
-    if (st == KEEL_OK)
-        st = keel_step_set_value(stp, "learning_rate", keel_lr_at(
-            &j->schedule,
-            keel_step_global_step(stp)));
-    return st;
+    return step_values(j, stp, &stats);
 }
 
 static keel_status
@@ -650,6 +722,41 @@ progress_before_run(void *ctx, keel_run_context *rc)
     return st;
 }
 
+/* Mirrored: train.replicas models over one variable store, each with
+ * train.model_threads threads. */
+static keel_status
+mirrored_build(job *j, const keel_config *cfg)
+{
+    int R = (int)keel_config_int(cfg, "train.replicas");
+    int threads = (int)keel_config_int(cfg, "train.model_threads");
+    keel_status st;
+    if (j->kfac != NULL)
+        return keel__fail(KEEL_EINVAL, "train.strategy = mirrored with "
+                          "optimizer.name = kfac: K-FAC runs on "
+                          "one_device only");
+    if (keel_config_int(cfg, "train.micro_batch") > 0)
+        return keel__fail(KEEL_EINVAL, "train.strategy = mirrored with "
+                          "train.micro_batch (%s): pick one (mirrored "
+                          "already adds its replicas' gradients in a fixed "
+                          "order)", keel_config_origin(cfg,
+                                                       "train.micro_batch"));
+    if (R < 1 || R > KEEL_MAX_REPLICAS || j->global_batch % R != 0)
+        return keel__fail(KEEL_EINVAL, "train.replicas = %d: 1..%d, "
+                          "dividing train.batch_size = %lld", R,
+                          KEEL_MAX_REPLICAS, (long long)j->global_batch);
+    j->replicas = R;
+    j->rmodel[0] = j->model;
+    for (int r = 1; r < R; r++)
+        if ((st = keel__model_new_replica(j->model, j->vs, threads,
+                                          &j->rmodel[r])) != KEEL_OK) {
+            j->replicas = r;
+            return keel__wrap(st, "mirrored replica %d", r);
+        }
+    snprintf(j->topology, sizeof j->topology, "single-process mirrored "
+             "replicas=%d batch=%lld", R, (long long)j->global_batch);
+    return KEEL_OK;
+}
+
 /* The chief's end of an epoch: the learning rate (Keras's PrintLR), the
  * end-of-epoch checkpoint, validation, then the caller's epoch_fn. */
 static keel_status
@@ -777,6 +884,73 @@ cluster_options_from(const keel_config *cfg, const job *j,
     o->key_dir = keel_config_str(cfg, "security.key_dir");
     o->send_buffer_kib =
         (int)keel_config_int(cfg, "cluster.send_buffer_kib");
+    o->reduce_leaves = j->leaves;
+}
+
+/* The canonical leaves of a sync cluster's global batch: the model's
+ * pieces, when every replica's slice is a whole number of them and one
+ * process computes the whole batch as one tree (at most
+ * KEEL__MODEL_TREE_PIECES pieces); 0 otherwise (logged: results then
+ * depend on the replica count). */
+static int64_t
+leaves_for(const keel_config *cfg, const job *j,
+           const keel_cluster_spec *spec)
+{
+    int R = keel_cluster_spec_num_replicas(spec);
+    int64_t p = (int64_t)keel__model_piece(j->model), L;
+    const char *why = NULL;
+    if (keel_cluster_spec_mode(spec) != KEEL_CLUSTER_SYNC ||
+        !keel_config_bool(cfg, "cluster.reduce_tree"))
+        return 0;
+    L = j->global_batch / p;
+    if (keel_cluster_spec_replicas_to_aggregate(spec) != R)
+        why = "backup workers (replicas_to_aggregate < replicas)";
+    else if (keel_config_int(cfg, "train.micro_batch") > 0)
+        why = "train.micro_batch is set (its micro-batches are added in "
+              "order instead)";
+    else if (j->global_batch % p != 0 || L % R != 0)
+        why = "train.batch_size is not a multiple of the replicas times "
+              "the model's piece";
+    else if (L > KEEL__MODEL_TREE_PIECES)
+        why = "the global batch has more pieces than one tree of the model";
+    if (why != NULL) {
+        if (R > 1)
+            keel__log(KEEL_LOG_INFO, "sync results depend on the number of "
+                      "replicas (%d) in this run: %s; the model's piece is "
+                      "%lld examples (docs/determinism.md)", R, why,
+                      (long long)p);
+        return 0;
+    }
+    return L;
+}
+
+/* This replica's nodes of the tree over j->leaves: more than one gets a
+ * gradient store each, pushed in order instead of the session's. */
+static keel_status
+tree_nodes_build(job *j, int replica, int replicas)
+{
+    keel__tree_node nodes[64];
+    int64_t per = j->leaves / replicas, first = replica * per;
+    size_t piece = keel__model_piece(j->model);
+    int k = keel__tree_cover(j->leaves, first, first + per, nodes, 64);
+    keel_status st;
+    if (k < 1)
+        return keel__fail(KEEL_EINTERNAL, "tree cover of replica %d", replica);
+    keel__log(KEEL_LOG_INFO, "sync results independent of the replica "
+              "count: the global batch is %lld leaves of %zu examples; "
+              "this replica pushes %d node sum(s)", (long long)j->leaves,
+              piece, k);
+    if (k == 1)
+        return KEEL_OK;
+    for (int c = 0; c < k; c++) {
+        j->node_off[c] = (size_t)(nodes[c].lo - first) * piece;
+        j->node_len[c] = (size_t)(nodes[c].hi - nodes[c].lo) * piece;
+        if ((st = keel_grads_new(j->vs, &j->micro_g[c])) != KEEL_OK)
+            return st;
+        j->n_micro = c + 1;
+    }
+    j->n_nodes = k;
+    return keel_cluster_backend_set_micro(j->worker, j->micro_g, k);
 }
 
 /* The ps task: build the model only to know the variables, then serve. */
@@ -796,6 +970,7 @@ run_ps(const keel_config *cfg, const keel_cluster_spec *spec,
     else
         memset(&j, 0, sizeof j);
     if (st == KEEL_OK) {
+        j.leaves = leaves_for(cfg, &j, spec);
         cluster_options_from(cfg, &j, &o);
         st = keel_ps_run(spec, j.vs, &o);
     }
@@ -873,6 +1048,7 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
                                                  "learning_rate" };
     int64_t max_steps, every;
     double secs;
+    keel_strategy strategy = KEEL_STRATEGY_AUTO;
 
     if (result != NULL)
         memset(result, 0, sizeof *result);
@@ -881,6 +1057,30 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     st = keel_config_validate(cfg);
     if (st != KEEL_OK)
         return st;
+    st = keel_strategy_from_name(keel_config_str(cfg, "train.strategy"),
+                                 &strategy);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "train.strategy");
+    strategy = keel_strategy_resolve(strategy, in_cluster);
+    if (strategy == KEEL_STRATEGY_MULTI_WORKER_MIRRORED)
+        return keel__fail(KEEL_EINVAL, "train.strategy = "
+                          "multi_worker_mirrored is not built into this "
+                          "keel (it all-reduces over MPI); use "
+                          "parameter_server with keel launch, or mirrored "
+                          "in one process");
+    if (strategy == KEEL_STRATEGY_PARAMETER_SERVER && !in_cluster)
+        return keel__fail(KEEL_EINVAL, "train.strategy = parameter_server "
+                          "needs a cluster (TF_CONFIG, Slurm or keel "
+                          "launch --ps N --workers M), and this process "
+                          "has none; use one_device or mirrored, or auto");
+    if (strategy != KEEL_STRATEGY_PARAMETER_SERVER && in_cluster)
+        return keel__fail(KEEL_EINVAL, "train.strategy = %s trains in one "
+                          "process, but this process is %s %d of a "
+                          "cluster; use parameter_server (or auto) there",
+                          keel_strategy_name(strategy),
+                          keel_task_type_name(
+                              keel_cluster_spec_task_type(spec)),
+                          keel_cluster_spec_task_index(spec));
     if (in_cluster &&
         strcmp(keel_config_str(cfg, "optimizer.name"), "kfac") == 0)
         return keel__fail(KEEL_EINVAL, "optimizer.name = kfac runs in one "
@@ -921,6 +1121,11 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     if (opts != NULL)
         j.opts = *opts;
     memset(hooks, 0, sizeof hooks);
+    if (strategy == KEEL_STRATEGY_MIRRORED) {
+        st = mirrored_build(&j, cfg);
+        if (st != KEEL_OK)
+            goto out;
+    }
 
     st = keel_feed_fn_hook_new(job_feed, &j, &hooks[n_hooks]);
     if (st == KEEL_OK)
@@ -1004,7 +1209,7 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     tc.session.updater.apply = job_apply;
     /* one process: job_step zeroes the gradients unless job_apply left
      * them zero (a replica pushes them and the session zeroes them) */
-    j.own_zeroing = !in_cluster;
+    j.own_zeroing = !in_cluster && j.replicas <= 1;
     tc.session.skip_grad_zeroing = j.own_zeroing;
     tc.session.scaffold = &sc;
     tc.session.meta_fn = job_meta;
@@ -1032,6 +1237,8 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     tc.n_summary_names = 3;
     tc.log_step_count_steps = keel_config_int(cfg, "hooks.log_every_steps");
     tc.save_on_error = keel_config_bool(cfg, "checkpoint.save_on_error");
+    tc.strategy = strategy;
+    tc.replicas = j.replicas;
     j.micro = keel_config_int(cfg, "train.micro_batch");
     if (j.micro > 0) {
         int64_t slice = j.global_batch / replicas;
@@ -1051,11 +1258,15 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
          * backend pulls before the chief's checkpoints and stops the ps
          * when the chief's session ends cleanly */
         keel_cluster_options o;
+        j.leaves = leaves_for(cfg, &j, spec);
         cluster_options_from(cfg, &j, &o);
         st = keel_cluster_backend_new(spec, j.vs, &o, &worker);
         if (st != KEEL_OK)
             goto out;
         j.worker = worker;
+        if (j.leaves > 0 && (st = tree_nodes_build(&j, replica, replicas))
+            != KEEL_OK)
+            goto out;
         if (j.micro > 0) {
             int k = (int)(j.global_batch / replicas / j.micro);
             for (; j.n_micro < k; j.n_micro++)

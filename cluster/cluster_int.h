@@ -412,6 +412,10 @@ typedef struct keel__ps_config {
     int replicas_to_aggregate;
     int total_replicas;         /* chief + workers */
     int has_chief;              /* replica index: chief 0, worker i i+1 */
+    /* > 0: replica r pushes the sums of the tree nodes covering leaves
+     * [r*L/R, (r+1)*L/R) of L = reduce_leaves (keel_cluster_options); a
+     * step of all replicas adds them along the tree. */
+    int64_t reduce_leaves;
 } keel__ps_config;
 
 keel_status keel__ps_new(const keel__ps_config *cfg, keel__ps **out);

@@ -63,6 +63,13 @@ struct keel__ps {
     long applied, dropped;
     pending_push *pending;       /* sync: one per replica */
     keel_grads *acc;             /* sync: the sums */
+    /* sync with reduce_leaves L: the tree nodes covering each replica's
+     * leaves, replica r's at tnodes[tfirst[r] .. tfirst[r] + tcount[r]),
+     * tk in all (left to right over [0, L)) */
+    int64_t leaves;
+    keel__tree_node *tnodes;
+    int *tfirst, *tcount;
+    int tk;
     hello_waiter waiters[MAX_WAITERS];
     int n_waiters;
     /* liveness: when each replica was last heard from (monotonic ns) */
@@ -77,6 +84,33 @@ struct keel__ps {
     int64_t last_step_end_ns, idle_ns, spread_ns, aggregate_ns;
     keel__once refusals;         /* refused (peer, task, type) logged */
 };
+
+/* The tree nodes covering each replica's leaves of L. */
+static keel_status
+tree_plan(keel__ps *ps, int64_t L)
+{
+    int R = ps->total_replicas, cap = R * (2 * KEEL__TREE_MAX_DEPTH);
+    if (L % R != 0 || L > (int64_t)1 << 40)
+        return keel__fail(KEEL_EINVAL, "ps %d: reduce_leaves %lld is not a "
+                          "multiple of the %d replicas", ps->task_index,
+                          (long long)L, R);
+    ps->tnodes = calloc((size_t)cap, sizeof *ps->tnodes);
+    ps->tfirst = calloc((size_t)R, sizeof *ps->tfirst);
+    ps->tcount = calloc((size_t)R, sizeof *ps->tcount);
+    if (ps->tnodes == NULL || ps->tfirst == NULL || ps->tcount == NULL)
+        return keel__fail(KEEL_ENOMEM, "ps: reduction plan");
+    for (int r = 0; r < R; r++) {
+        int k = keel__tree_cover(L, r * (L / R), (r + 1) * (L / R),
+                                 ps->tnodes + ps->tk, cap - ps->tk);
+        if (k < 1)
+            return keel__fail(KEEL_EINTERNAL, "ps: cover of replica %d", r);
+        ps->tfirst[r] = ps->tk;
+        ps->tcount[r] = k;
+        ps->tk += k;
+    }
+    ps->leaves = L;
+    return KEEL_OK;
+}
 
 keel_status
 keel__ps_new(const keel__ps_config *cfg, keel__ps **out)
@@ -124,6 +158,9 @@ keel__ps_new(const keel__ps_config *cfg, keel__ps **out)
                         ps->replicas_to_aggregate, ps->total_replicas);
         goto fail;
     }
+    if (cfg->reduce_leaves > 0 && (st = tree_plan(ps, cfg->reduce_leaves)) !=
+        KEEL_OK)
+        goto fail;
     ps->started_ns = keel__now_mono_ns();
     ps->last_heard = calloc((size_t)ps->total_replicas,
                             sizeof *ps->last_heard);
@@ -207,6 +244,9 @@ keel__ps_free(keel__ps *ps)
         free(ps->pending[i].vars);
     }
     free(ps->pending);
+    free(ps->tnodes);
+    free(ps->tfirst);
+    free(ps->tcount);
     keel_grads_free(ps->acc);
     for (int i = 0; i < ps->n_waiters; i++)
         zmq_msg_close(&ps->waiters[i].identity);
@@ -708,6 +748,74 @@ mean_of_shares(keel_tensor *sum, int total, int fresh)
         sum->data[i] = (float)((double)sum->data[i] * f / (double)fresh);
 }
 
+/* Every replica pushed: add their node sums along the tree into the
+ * sums (have[k] for each variable summed). Replica r's tensors of a
+ * variable, in message order, are the sums of its nodes left to right. */
+static keel_status
+tree_aggregate(keel__ps *ps, unsigned char *have)
+{
+    size_t nv = keel_vars_count(ps->vars);
+    size_t K = (size_t)ps->tk;
+    const float **parts = calloc(nv * K + 1, sizeof *parts);
+    int *cnt = calloc(nv * (size_t)ps->total_replicas + 1, sizeof *cnt);
+    keel_status st = KEEL_OK;
+    if (parts == NULL || cnt == NULL) {
+        free(parts);
+        free(cnt);
+        return keel__fail(KEEL_ENOMEM, "ps: tree sum of %zu variables", nv);
+    }
+    for (int r = 0; r < ps->total_replicas && st == KEEL_OK; r++) {
+        pending_push *p = &ps->pending[r];
+        for (size_t i = 0; i < p->msg.n; i++) {
+            size_t k = keel_var_index(p->vars[i]);
+            int *c = &cnt[k * (size_t)ps->total_replicas + (size_t)r];
+            if (*c >= ps->tcount[r] || p->msg.tensors[i].t.count !=
+                keel_grads_at(ps->acc, k)->count) {
+                st = keel__fail(KEEL_EINVAL, "replica %d pushed more than "
+                                "its %d node sums of '%s' (or a wrong "
+                                "size): do all tasks use the same "
+                                "reduce_leaves (%lld)?", r, ps->tcount[r],
+                                keel_var_name(p->vars[i]),
+                                (long long)ps->leaves);
+                break;
+            }
+            parts[k * K + (size_t)(ps->tfirst[r] + *c)] =
+                p->msg.tensors[i].t.data;
+            (*c)++;
+        }
+    }
+    for (size_t k = 0; k < nv && st == KEEL_OK; k++) {
+        keel_tensor *acc = keel_grads_at(ps->acc, k);
+        int any = 0, all = 1;
+        for (int r = 0; r < ps->total_replicas; r++) {
+            int c = cnt[k * (size_t)ps->total_replicas + (size_t)r];
+            if (c != 0 && c != ps->tcount[r]) {
+                st = keel__fail(KEEL_EINVAL, "replica %d pushed %d of its "
+                                "%d node sums of '%s': do all tasks use "
+                                "the same reduce_leaves (%lld)?", r, c,
+                                ps->tcount[r],
+                                keel_var_name(keel_vars_at(ps->vars, k)),
+                                (long long)ps->leaves);
+                break;
+            }
+            any |= c != 0;
+            all &= c != 0;
+        }
+        if (st == KEEL_OK && any && !all)
+            st = keel__fail(KEEL_EINVAL, "a replica pushed no gradient of "
+                            "'%s' while others did",
+                            keel_var_name(keel_vars_at(ps->vars, k)));
+        if (st != KEEL_OK || !any)
+            continue;
+        st = keel__tree_sum(ps->leaves, ps->tnodes, parts + k * K, (int)K,
+                            acc->data, 0, acc->count);
+        have[k] = 1;
+    }
+    free(parts);
+    free(cnt);
+    return st;
+}
+
 /* Sum the pending gradients in ascending replica order, scale the sum to
  * the mean of the gradients aggregated, apply, step + 1, answer every
  * pending push (the sync token). */
@@ -728,6 +836,13 @@ aggregate(keel__ps *ps)
     for (size_t k = 0; k < nv; k++)
         all[k] = keel_vars_at(ps->vars, k);
     st = wait_pins(ps, all, nv);
+    for (int r = 0; r < ps->total_replicas; r++)
+        fresh += ps->pending[r].used;
+    if (st == KEEL_OK && ps->leaves > 0 && fresh == ps->total_replicas) {
+        st = tree_aggregate(ps, have);
+        goto apply;
+    }
+    fresh = 0;
     /* One pass per gradient: the first one of a variable initializes its
      * sum (no separate zeroing pass); the order of the additions, and so
      * every bit, is that of zero + replica 0 + replica 1 + ... */
@@ -754,6 +869,7 @@ aggregate(keel__ps *ps)
      * `fresh` shares came; total/fresh makes the sum the mean of the
      * gradients aggregated. Without backups the factor is 1 and the sum's
      * bits stand as they are. */
+apply:
     if (st == KEEL_OK && fresh > 0 && fresh != ps->total_replicas)
         for (size_t k = 0; k < nv; k++)
             if (have[k])

@@ -29,6 +29,7 @@
 typedef struct keel__role_opts {
     const keel_cluster_spec *spec;
     int round_robin;
+    int64_t reduce_leaves;
     int dead_after_ms;
     int heartbeat_ms;
     double stall_warn_secs;
@@ -225,6 +226,7 @@ run_ps(const keel__role_opts *o, const keel_vars *model, keel_optimizer *opt)
     pc.replicas_to_aggregate =
         keel_cluster_spec_replicas_to_aggregate(o->spec);
     pc.has_chief = keel_cluster_spec_num_tasks(o->spec, KEEL_TASK_CHIEF) > 0;
+    pc.reduce_leaves = o->reduce_leaves;
     st = keel__ps_new(&pc, &ps);
     if (st != KEEL_OK)
         goto out;
@@ -1202,12 +1204,20 @@ role_opts_from(const keel_cluster_spec *spec, const keel_cluster_options *in,
     if (in->send_buffer_kib < 0 || in->send_buffer_kib > 65536)
         return keel__fail(KEEL_EINVAL, "%s: send_buffer_kib %d out of "
                           "0..65536", who, in->send_buffer_kib);
+    if (in->reduce_leaves < 0 ||
+        (in->reduce_leaves > 0 &&
+         in->reduce_leaves % keel_cluster_spec_num_replicas(spec) != 0))
+        return keel__fail(KEEL_EINVAL, "%s: reduce_leaves %lld is not a "
+                          "multiple of the cluster's %d replicas", who,
+                          (long long)in->reduce_leaves,
+                          keel_cluster_spec_num_replicas(spec));
     if (in->curve && (in->key_dir == NULL || in->key_dir[0] == '\0'))
         return keel__fail(KEEL_EINVAL, "%s: curve needs key_dir (make keys "
                           "with 'keel keygen')", who);
     memset(o, 0, sizeof *o);
     o->spec = spec;
     o->round_robin = in->placement == KEEL_PLACEMENT_ROUND_ROBIN;
+    o->reduce_leaves = in->reduce_leaves;
     o->dead_after_ms = in->dead_after_ms;
     o->heartbeat_ms = in->heartbeat_ms;
     o->stall_warn_secs = in->stall_warn_secs;

@@ -14,13 +14,30 @@
 
 #include "util.h"
 #include "session_int.h"
+#include "../train/train_int.h"
 
 struct keel_step {
     keel_session *s;
     const void *batch;
     int is_applied;
     int64_t global_step;
+    int replica, n_replicas;
+    keel_grads *grads;              /* this replica's (the session's) */
+    keel__values *values;           /* where its values go */
 };
+
+/* In-process replicas (keel_session_config.replicas > 1): one step, its
+ * own gradients and values per replica, run on a pool of threads. */
+typedef struct replicas {
+    int n;
+    keel__pool *pool;
+    keel_step st[KEEL_MAX_REPLICAS];
+    keel_grads *grads[KEEL_MAX_REPLICAS];
+    keel__values values[KEEL_MAX_REPLICAS];
+    keel_status status[KEEL_MAX_REPLICAS];
+    char error[KEEL_MAX_REPLICAS][256];
+    keel_session *s;
+} replicas;
 
 /* How long before a clock deadline the alarm goes up: from then on the
  * hook is called every step and checks its timer exactly, so a trigger is
@@ -107,6 +124,7 @@ struct keel_session {
     keel_grads *grads;
     keel__values values;
     keel_step st;
+    replicas *rep;                  /* NULL: one replica */
     keel_run_context rc;
     keel_run_values rv;
     int is_recovering;
@@ -144,7 +162,19 @@ keel_step_batch(const keel_step *st)
 keel_grads *
 keel_step_grads(keel_step *st)
 {
-    return st->s->grads;
+    return st->grads;
+}
+
+int
+keel_step_replica(const keel_step *st)
+{
+    return st->replica;
+}
+
+int
+keel_step_num_replicas(const keel_step *st)
+{
+    return st->n_replicas;
 }
 
 int64_t
@@ -156,7 +186,7 @@ keel_step_global_step(const keel_step *st)
 keel_status
 keel_step_set_value(keel_step *st, const char *name, double v)
 {
-    keel__values *t = &st->s->values;
+    keel__values *t = st->values;
     int slot;
     if (name == NULL)
         return keel__fail(KEEL_EINVAL, "step value: NULL name");
@@ -177,6 +207,144 @@ keel_step_mark_applied(keel_step *st)
     st->is_applied = 1;
 }
 
+/* ---- in-process replicas ------------------------------------------------ */
+
+static void
+replicas_free(replicas *r)
+{
+    if (r == NULL)
+        return;
+    keel__pool_free(r->pool);
+    for (int i = 0; i < r->n; i++)
+        keel_grads_free(r->grads[i]);
+    free(r);
+}
+
+static keel_status
+replicas_new(keel_session *s, int n)
+{
+    replicas *r = calloc(1, sizeof *r);
+    keel_status st;
+    if (r == NULL)
+        return keel__fail(KEEL_ENOMEM, "session: %d replicas", n);
+    r->s = s;
+    for (int i = 0; i < n; i++) {
+        if ((st = keel_grads_new(s->vars, &r->grads[i])) != KEEL_OK) {
+            replicas_free(r);
+            return keel__wrap(st, "session: replica %d's gradients", i);
+        }
+        r->n = i + 1;
+        r->st[i].s = s;
+        r->st[i].replica = i;
+        r->st[i].n_replicas = n;
+        r->st[i].grads = r->grads[i];
+        r->st[i].values = &r->values[i];
+    }
+    if ((st = keel__pool_new(n, &r->pool)) != KEEL_OK) {
+        replicas_free(r);
+        return keel__wrap(st, "session: %d replica threads", n);
+    }
+    s->rep = r;
+    return KEEL_OK;
+}
+
+/* Thread t runs replicas t, t + T, ...: zeroes their gradients and calls
+ * the step, keeping its status and message (messages are per thread). */
+static void
+replica_worker(void *ctx, int t)
+{
+    replicas *r = ctx;
+    int T = keel__pool_threads(r->pool);
+    for (int i = t; i < r->n; i += T) {
+        keel_grads_zero(r->grads[i]);
+        r->status[i] = r->s->step(r->s->step_ctx, &r->st[i]);
+        if (r->status[i] != KEEL_OK)
+            snprintf(r->error[i], sizeof r->error[i], "%s",
+                     keel_last_error());
+        else if (r->st[i].is_applied)
+            snprintf(r->error[i], sizeof r->error[i], "%s", "it marked "
+                     "the update applied, which one replica of several "
+                     "cannot do");
+    }
+}
+
+/* Thread t's share of every gradient: the replicas' gradients added along
+ * the tree whose leaf i is replica i, into the session's. */
+static void
+reduce_worker(void *ctx, int t)
+{
+    replicas *r = ctx;
+    keel_session *s = r->s;
+    int T = keel__pool_threads(r->pool);
+    keel__tree_node nodes[KEEL_MAX_REPLICAS];
+    const float *parts[KEEL_MAX_REPLICAS];
+    for (int i = 0; i < r->n; i++) {
+        nodes[i].lo = i;
+        nodes[i].hi = i + 1;
+    }
+    for (size_t v = 0; v < keel_grads_count(s->grads); v++) {
+        keel_tensor *dst = keel_grads_at(s->grads, v);
+        size_t lo, hi;
+        if (dst == NULL)
+            continue;
+        for (int i = 0; i < r->n; i++)
+            parts[i] = keel_grads_at(r->grads[i], v)->data;
+        /* cache-line multiples of 16 floats per thread */
+        lo = (dst->count * (size_t)t / (size_t)T) & ~(size_t)15;
+        hi = t + 1 == T ? dst->count
+                        : (dst->count * (size_t)(t + 1) / (size_t)T) &
+                              ~(size_t)15;
+        if (lo < hi)
+            (void)keel__tree_sum(r->n, nodes, parts, r->n, dst->data, lo,
+                                 hi);
+    }
+}
+
+/* One step on every replica, then their gradients reduced into the
+ * session's and their values averaged into the session's. */
+static keel_status
+replicas_step(keel_session *s, const void *batch, int64_t gs)
+{
+    replicas *r = s->rep;
+    keel__values *t0 = &r->values[0];
+    for (int i = 0; i < r->n; i++) {
+        r->st[i].batch = batch;
+        r->st[i].is_applied = 0;
+        r->st[i].global_step = gs;
+        r->status[i] = KEEL_OK;
+        r->error[i][0] = 0;
+        r->values[i].gen++;
+    }
+    keel__pool_run(r->pool, replica_worker, r);
+    for (int i = 0; i < r->n; i++) {
+        if (r->status[i] != KEEL_OK)
+            return keel__fail(r->status[i], "replica %d of %d: %s", i, r->n,
+                              r->error[i]);
+        if (r->st[i].is_applied)
+            return keel__fail(KEEL_EINVAL, "replica %d of %d: %s", i, r->n,
+                              r->error[i]);
+    }
+    keel__pool_run(r->pool, reduce_worker, r);
+    for (size_t k = 0; k < t0->n; k++) {
+        double sum = 0.0;
+        keel_status st;
+        if (t0->v[k].set_gen != t0->gen)
+            continue;
+        for (int i = 0; i < r->n; i++) {
+            int slot = keel__values_slot(&r->values[i], t0->v[k].name, 0);
+            if (slot < 0 || r->values[i].v[slot].set_gen != r->values[i].gen)
+                return keel__fail(KEEL_EINVAL, "replica %d of %d did not set "
+                                  "the value '%s' that replica 0 set", i,
+                                  r->n, t0->v[k].name);
+            sum += r->values[i].v[slot].value;
+        }
+        st = keel_step_set_value(&s->st, t0->v[k].name, sum / r->n);
+        if (st != KEEL_OK)
+            return st;
+    }
+    return KEEL_OK;
+}
+
 /* ---- construction ------------------------------------------------------- */
 
 void
@@ -190,6 +358,7 @@ keel_session_config_init(keel_session_config *cfg)
     cfg->backoff_ms = 50;
     cfg->backoff_max_ms = 5000;
     cfg->stop_grace_period_secs = 120;
+    cfg->replicas = 1;
 }
 
 static void
@@ -472,6 +641,9 @@ keel__session_new(const keel_session_config *cfg, int is_recovering,
     else if (cfg->max_recovery_attempts < 0 || cfg->backoff_ms < 0
              || cfg->backoff_max_ms < 0)
         st = keel__fail(KEEL_EINVAL, "session: negative recovery setting");
+    else if (cfg->replicas < 0 || cfg->replicas > KEEL_MAX_REPLICAS)
+        st = keel__fail(KEEL_EINVAL, "session: replicas = %d out of range "
+                        "(1..%d)", cfg->replicas, KEEL_MAX_REPLICAS);
     else
         st = KEEL_OK;
     if (st != KEEL_OK)
@@ -558,6 +730,12 @@ keel__session_new(const keel_session_config *cfg, int is_recovering,
     s->coord_stop = keel__coord_stop_flag(s->coord);
     st = keel_grads_new(s->vars, &s->grads);
     if (st != KEEL_OK)
+        goto fail;
+    s->st.s = s;
+    s->st.grads = s->grads;
+    s->st.values = &s->values;
+    s->st.n_replicas = 1;
+    if (cfg->replicas > 1 && (st = replicas_new(s, cfg->replicas)) != KEEL_OK)
         goto fail;
     if (cfg->checkpoint_dir != NULL) {
         keel_saver_config sc;
@@ -823,13 +1001,14 @@ run_once(keel_session *s, const void *batch, int with_hooks)
     s->st.batch = rc->batch;
     s->st.is_applied = 0;
     s->st.global_step = gs;
-    if (!s->skip_grad_zeroing)
+    if (!s->skip_grad_zeroing && s->rep == NULL)
         keel_grads_zero(s->grads);
     // Two clock reads are a third of keel's cost on a short step: only
     // when a hook can see them (a user hook or the profiler).
     if (with_hooks && s->needs_step_time)
         t0 = keel__now_mono_ns();
-    st = s->step(s->step_ctx, &s->st);
+    st = s->rep != NULL ? replicas_step(s, rc->batch, gs)
+                        : s->step(s->step_ctx, &s->st);
     if (st != KEEL_OK)
         return st;
     for (i = 0; i < rc->n_requested; i++) {
@@ -1111,6 +1290,7 @@ keel_session_free(keel_session *s)
     keel_coord_free(s->coord);
     if (s->saver != NULL)
         keel__ckpt->saver_free(s->saver);
+    replicas_free(s->rep);
     keel_grads_free(s->grads);
     keel_session_manager_free(s->sm);
     free(s->hooks);

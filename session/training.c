@@ -10,6 +10,7 @@
 #include <keel/distributed.h>
 #include "util.h"
 #include "session_int.h"
+#include "../train/train_int.h"
 
 /* What a training session made for itself and frees with it: the
  * optimizer it applies alone, the spec it detected, the cluster backend. */
@@ -39,6 +40,83 @@ optimizer_apply(void *ctx, keel_vars *vs, keel_grads *grads,
     return keel_optimizer_apply(ctx, vs, grads, global_step);
 }
 
+static const char *const strategy_names[KEEL_STRATEGY_COUNT] = {
+    "auto", "one_device", "mirrored", "multi_worker_mirrored",
+    "parameter_server"
+};
+
+const char *
+keel_strategy_name(keel_strategy s)
+{
+    if ((int)s < 0 || (int)s >= KEEL_STRATEGY_COUNT)
+        return "?";
+    return strategy_names[s];
+}
+
+keel_status
+keel_strategy_from_name(const char *name, keel_strategy *out)
+{
+    int i = 0;
+    keel_status st;
+    if (out == NULL)
+        return keel__fail(KEEL_EINVAL, "strategy: NULL argument");
+    st = keel__train_name_lookup("strategy", name, strategy_names,
+                                 KEEL_STRATEGY_COUNT, &i);
+    if (st == KEEL_OK)
+        *out = (keel_strategy)i;
+    return st;
+}
+
+keel_strategy
+keel_strategy_resolve(keel_strategy s, int has_cluster)
+{
+    if (s != KEEL_STRATEGY_AUTO)
+        return s;
+    return has_cluster ? KEEL_STRATEGY_PARAMETER_SERVER
+                       : KEEL_STRATEGY_ONE_DEVICE;
+}
+
+/* cfg's strategy against the cluster it has (has_cluster: tasks) into
+ * sc->replicas. */
+static keel_status
+check_strategy(const keel_training_config *cfg, int has_cluster,
+               keel_session_config *sc)
+{
+    keel_strategy s = keel_strategy_resolve(cfg->strategy, has_cluster);
+    const char *name = keel_strategy_name(s);
+    if ((int)s < 0 || (int)s >= KEEL_STRATEGY_COUNT)
+        return keel__fail(KEEL_EINVAL, "training session: strategy %d is "
+                          "not a keel_strategy", (int)cfg->strategy);
+    if (s == KEEL_STRATEGY_MULTI_WORKER_MIRRORED)
+        return keel__fail(KEEL_EINVAL, "training session: strategy "
+                          "multi_worker_mirrored is not built on this "
+                          "session (it all-reduces over MPI); use "
+                          "parameter_server for a cluster or mirrored in "
+                          "one process");
+    if (s == KEEL_STRATEGY_PARAMETER_SERVER && !has_cluster)
+        return keel__fail(KEEL_EINVAL, "training session: strategy "
+                          "parameter_server needs a cluster with ps tasks "
+                          "(cluster, cluster_from_env); none was given");
+    if (s != KEEL_STRATEGY_PARAMETER_SERVER && has_cluster)
+        return keel__fail(KEEL_EINVAL, "training session: strategy %s "
+                          "trains in one process, but a cluster with tasks "
+                          "was given; use parameter_server (or auto) for "
+                          "it", name);
+    if (s == KEEL_STRATEGY_MIRRORED) {
+        int r = cfg->replicas > 0 ? cfg->replicas : 2;
+        if (r > KEEL_MAX_REPLICAS)
+            return keel__fail(KEEL_EINVAL, "training session: mirrored "
+                              "with %d replicas; at most %d", r,
+                              KEEL_MAX_REPLICAS);
+        sc->replicas = r;
+    } else if (sc->replicas > 1) {
+        return keel__fail(KEEL_EINVAL, "training session: session.replicas "
+                          "= %d needs strategy mirrored, not %s",
+                          sc->replicas, name);
+    }
+    return KEEL_OK;
+}
+
 /* The update rule and the cluster of cfg into sc (and *own): a cluster
  * backend when the spec (given or detected) has tasks, else the optimizer
  * applied here. *is_chief: the spec's, else cfg's. */
@@ -56,6 +134,12 @@ resolve_cluster(const keel_training_config *cfg, keel_session_config *sc,
             return keel__wrap(st, "training session: the cluster");
         spec = own->spec;
     }
+    /* a backend of the caller's is shared state elsewhere: a cluster */
+    st = check_strategy(cfg, (spec != NULL &&
+                              !keel_cluster_spec_is_local(spec)) ||
+                             cfg->session.backend != NULL, sc);
+    if (st != KEEL_OK)
+        return st;
     if (spec != NULL && !keel_cluster_spec_is_local(spec)) {
         keel_cluster_options co;
         if (cfg->session.backend != NULL)

@@ -978,6 +978,179 @@ START_TEST(test_coordinator_keeps_first_error_only)
 }
 END_TEST
 
+/* ---- in-process replicas and strategies ---------------------------------- */
+
+/* Replica r's gradient of w is leaf[r]; its loss r. Replica fail_replica
+ * fails; mark_applied makes replica 1 claim the update. */
+static const float leaf4[4] = { 1.0f, 1e8f, -1e8f, 1.0f };
+static int fail_replica = -1, mark_applied_replica = -1;
+static _Atomic int replica_calls;
+
+static keel_status
+replica_step(void *ctx, keel_step *st)
+{
+    int r = keel_step_replica(st);
+    (void)ctx;
+    replica_calls++;
+    if (keel_step_num_replicas(st) != 4 && keel_step_num_replicas(st) != 2)
+        return keel_error_set(KEEL_EINTERNAL, "replicas %d",
+                              keel_step_num_replicas(st));
+    if (r == fail_replica)
+        return keel_error_set(KEEL_EIO, "replica's disk is gone");
+    if (r == mark_applied_replica)
+        keel_step_mark_applied(st);
+    keel_grads_find(keel_step_grads(st), "w")->data[0] = leaf4[r];
+    return keel_step_set_value(st, "loss", (double)r);
+}
+
+static float applied_grad;
+static double seen_loss;
+
+static keel_status
+record_apply(void *ctx, keel_vars *v, keel_grads *g, int64_t gs)
+{
+    (void)ctx;
+    (void)v;
+    (void)gs;
+    applied_grad = keel_grads_find(g, "w")->data[0];
+    n_applied++;
+    return KEEL_OK;
+}
+
+static keel_status
+loss_before(void *ctx, keel_run_context *rc)
+{
+    (void)ctx;
+    return keel_run_context_request(rc, "loss");
+}
+
+static keel_status
+loss_after(void *ctx, keel_run_context *rc, const keel_run_values *v)
+{
+    (void)ctx;
+    (void)rc;
+    seen_loss = keel_run_values_get(v, "loss");
+    return KEEL_OK;
+}
+
+/* Four replicas: one update with their gradients added along the tree,
+ * (1 + 1e8) + (-1e8 + 1) = 1e8 + -1e8 = 0 in float (adding in replica
+ * order would give ((1 + 1e8) - 1e8) + 1 = 1), and the mean of their
+ * losses (0+1+2+3)/4 = 1.5. */
+START_TEST(test_replicas_add_gradients_along_the_tree_and_average_values)
+{
+    keel_hook h = { .struct_size = sizeof h, .name = "loss",
+                    .before_run = loss_before, .after_run = loss_after };
+    keel_session_config c;
+    keel_session *s;
+    keel_session_config_init(&c);
+    c.vars = vs;
+    c.step = replica_step;
+    c.updater.apply = record_apply;
+    c.hooks = &h;
+    c.n_hooks = 1;
+    c.replicas = 4;
+    c.skip_grad_zeroing = 1;  /* replicas' stores are zeroed regardless */
+    replica_calls = 0;
+    applied_grad = -1.0f;
+    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
+    ck_assert_int_eq(keel_session_run(s, NULL), KEEL_OK);
+    ck_assert_int_eq(replica_calls, 4);
+    ck_assert_int_eq(n_applied, 1);
+    ck_assert(applied_grad == 0.0f);
+    ck_assert(seen_loss == 1.5);
+    ck_assert_int_eq(keel_vars_global_step(vs), 1);
+    ck_assert_int_eq(keel_session_run(s, NULL), KEEL_OK);
+    ck_assert_int_eq(replica_calls, 8);
+    ck_assert(applied_grad == 0.0f);
+    keel_session_close(s);
+    keel_session_free(s);
+}
+END_TEST
+
+START_TEST(test_replica_failures_name_the_replica_and_apply_nothing)
+{
+    keel_session_config c;
+    keel_session *s;
+    keel_session_config_init(&c);
+    c.vars = vs;
+    c.step = replica_step;
+    c.updater.apply = record_apply;
+    c.max_recovery_attempts = 0;
+    c.replicas = KEEL_MAX_REPLICAS + 1;
+    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "replicas"));
+    c.replicas = 4;
+    fail_replica = 2;
+    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
+    ck_assert_int_eq(keel_session_run(s, NULL), KEEL_EIO);
+    ck_assert_msg(strstr(keel_last_error(), "replica 2 of 4: replica's "
+                         "disk is gone") != NULL, "%s", keel_last_error());
+    ck_assert_int_eq(n_applied, 0);
+    keel_session_free(s);
+    fail_replica = -1;
+    mark_applied_replica = 1;
+    c.replicas = 2;
+    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
+    ck_assert_int_eq(keel_session_run(s, NULL), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "replica 1 of 2"));
+    ck_assert_int_eq(n_applied, 0);
+    ck_assert_int_eq(keel_vars_global_step(vs), 0);
+    keel_session_free(s);
+    mark_applied_replica = -1;
+}
+END_TEST
+
+START_TEST(test_strategy_names_and_the_training_sessions_rules)
+{
+    static const char *names[] = { "auto", "one_device", "mirrored",
+                                   "multi_worker_mirrored",
+                                   "parameter_server" };
+    keel_training_config tc;
+    keel_strategy k;
+    keel_session *s;
+    for (int i = 0; i < 5; i++) {
+        ck_assert_str_eq(keel_strategy_name((keel_strategy)i), names[i]);
+        ck_assert_int_eq(keel_strategy_from_name(names[i], &k), KEEL_OK);
+        ck_assert_int_eq((int)k, i);
+    }
+    ck_assert_str_eq(keel_strategy_name((keel_strategy)99), "?");
+    ck_assert_int_eq(keel_strategy_from_name("mirror", &k), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "parameter_server"));
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "'mirror'"));
+    ck_assert_int_eq(keel_strategy_resolve(KEEL_STRATEGY_AUTO, 1),
+                     KEEL_STRATEGY_PARAMETER_SERVER);
+    ck_assert_int_eq(keel_strategy_resolve(KEEL_STRATEGY_AUTO, 0),
+                     KEEL_STRATEGY_ONE_DEVICE);
+    ck_assert_int_eq(keel_strategy_resolve(KEEL_STRATEGY_MIRRORED, 1),
+                     KEEL_STRATEGY_MIRRORED);
+    keel_training_config_init(&tc);
+    tc.session.vars = vs;
+    tc.session.step = replica_step;
+    tc.session.updater.apply = record_apply;
+    tc.strategy = KEEL_STRATEGY_PARAMETER_SERVER;
+    ck_assert_int_eq(keel_training_session_new(&tc, &s), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "needs a cluster"));
+    tc.strategy = KEEL_STRATEGY_MULTI_WORKER_MIRRORED;
+    ck_assert_int_eq(keel_training_session_new(&tc, &s), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "MPI"));
+    tc.strategy = KEEL_STRATEGY_ONE_DEVICE;
+    tc.session.replicas = 2;
+    ck_assert_int_eq(keel_training_session_new(&tc, &s), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "needs strategy "
+                                                    "mirrored"));
+    /* mirrored with replicas 0: two replicas */
+    tc.session.replicas = 1;
+    tc.strategy = KEEL_STRATEGY_MIRRORED;
+    replica_calls = 0;
+    ck_assert_int_eq(keel_training_session_new(&tc, &s), KEEL_OK);
+    ck_assert_int_eq(keel_session_run(s, NULL), KEEL_OK);
+    ck_assert_int_eq(replica_calls, 2);
+    ck_assert(applied_grad == 1.0f + 1e8f);
+    keel_session_free(s);
+}
+END_TEST
+
 /* ---- MonitoredTrainingSession and Supervisor ---------------------------- */
 
 START_TEST(test_training_session_rejects_both_secs_and_steps)
@@ -1099,6 +1272,11 @@ session_suite(void)
     tcase_add_test(tc, test_training_session_rejects_both_secs_and_steps);
     tcase_add_test(tc, test_training_session_hook_order_chief_and_worker);
     tcase_add_test(tc, test_supervisor_checkpoints_at_start_and_at_stop);
+    tcase_add_test(tc,
+        test_replicas_add_gradients_along_the_tree_and_average_values);
+    tcase_add_test(tc,
+        test_replica_failures_name_the_replica_and_apply_nothing);
+    tcase_add_test(tc, test_strategy_names_and_the_training_sessions_rules);
     suite_add_tcase(s, tc);
     return s;
 }

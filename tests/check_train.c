@@ -2185,6 +2185,69 @@ START_TEST(test_blas_threads_and_corename)
 }
 END_TEST
 
+/* The reduction tree: covers by hand (the tree over 8 leaves is
+ * [0,4) [4,8), over 3 leaves [0,2) [2,3), over 12 [0,8) [8,12)), and sums
+ * whose order shows: leaves 1, 1e8, -1e8, 1 add along the tree to
+ * (1 + 1e8) + (-1e8 + 1) = 1e8 - 1e8 = 0 in float (in leaf order: 1). */
+START_TEST(test_reduce_tree_covers_and_sums_in_tree_order)
+{
+    keel__tree_node n[16];
+    float l[4][3] = { { 1.0f, 2.0f, 0.5f }, { 1e8f, 3.0f, 0.25f },
+                      { -1e8f, 4.0f, 0.125f }, { 1.0f, 5.0f, 1.0f } };
+    float s01[3], dst[3];
+    const float *parts[4];
+    ck_assert_int_eq(keel__tree_cover(8, 0, 8, n, 16), 1);
+    ck_assert(n[0].lo == 0 && n[0].hi == 8);
+    ck_assert_int_eq(keel__tree_cover(8, 3, 6, n, 16), 2);
+    ck_assert(n[0].lo == 3 && n[0].hi == 4 && n[1].lo == 4 && n[1].hi == 6);
+    ck_assert_int_eq(keel__tree_cover(8, 1, 8, n, 16), 3);
+    ck_assert(n[0].lo == 1 && n[1].lo == 2 && n[1].hi == 4 &&
+              n[2].lo == 4 && n[2].hi == 8);
+    ck_assert_int_eq(keel__tree_cover(3, 1, 3, n, 16), 2);
+    ck_assert(n[0].lo == 1 && n[0].hi == 2 && n[1].lo == 2 && n[1].hi == 3);
+    ck_assert_int_eq(keel__tree_cover(12, 4, 8, n, 16), 1);
+    ck_assert(n[0].lo == 4 && n[0].hi == 8);
+    ck_assert_int_eq(keel__tree_cover(12, 0, 9, n, 16), 2);
+    ck_assert(n[0].hi == 8 && n[1].lo == 8 && n[1].hi == 9);
+    ck_assert_int_eq(keel__tree_cover(8, 1, 8, n, 2), -1);
+    ck_assert_int_eq(keel__tree_cover(8, 5, 5, n, 16), -1);
+    ck_assert_int_eq(keel__tree_cover(8, 0, 9, n, 16), -1);
+    /* four leaves */
+    for (int i = 0; i < 4; i++) {
+        n[i].lo = i;
+        n[i].hi = i + 1;
+        parts[i] = l[i];
+    }
+    ck_assert_int_eq(keel__tree_sum(4, n, parts, 4, dst, 0, 3), KEEL_OK);
+    ck_assert(dst[0] == 0.0f && dst[1] == 14.0f && dst[2] == 1.875f);
+    /* the same from node [0, 2)'s sum and the leaves 2 and 3, into that
+     * node's own buffer */
+    for (int j = 0; j < 3; j++)
+        s01[j] = l[0][j] + l[1][j];
+    n[0].lo = 0;
+    n[0].hi = 2;
+    n[1].lo = 2;
+    n[1].hi = 3;
+    n[2].lo = 3;
+    n[2].hi = 4;
+    parts[0] = s01;
+    parts[1] = l[2];
+    parts[2] = l[3];
+    ck_assert_int_eq(keel__tree_sum(4, n, parts, 3, s01, 0, 3), KEEL_OK);
+    ck_assert(s01[0] == 0.0f && s01[1] == 14.0f && s01[2] == 1.875f);
+    /* not a cover: a gap, or a range that is no node of the tree */
+    n[1].lo = 3;
+    ck_assert_int_eq(keel__tree_sum(4, n, parts, 3, dst, 0, 3), KEEL_EINVAL);
+    n[0].hi = 3;
+    n[1].lo = 3;
+    n[1].hi = 4;
+    ck_assert_int_eq(keel__tree_sum(4, n, parts, 2, dst, 0, 3), KEEL_EINVAL);
+    n[0].hi = 4;
+    ck_assert_int_eq(keel__tree_sum(4, n, parts, 1, dst, 0, 3), KEEL_OK);
+    ck_assert(dst[0] == s01[0]);
+}
+END_TEST
+
 static Suite *
 train_suite(void)
 {
@@ -2217,6 +2280,7 @@ train_suite(void)
     tcase_add_test(t, test_tiny_mlp_learns_separable_problem);
     tcase_add_test(t, test_model_rejects_bad_batches_and_configs);
     tcase_add_test(t, test_blas_threads_and_corename);
+    tcase_add_test(t, test_reduce_tree_covers_and_sums_in_tree_order);
     suite_add_tcase(s, t);
     t = tcase_create("optim");
     tcase_set_timeout(t, 20);     // 72,000-element fused updates x 5

@@ -212,6 +212,67 @@ START_TEST(test_one_process_killed_and_resumed_ends_bitwise_equal)
 }
 END_TEST
 
+/* No determinism key set: the CNN at a global batch of 192 (12 pieces of
+ * 16) trained 6 steps by one process and by 2, 3 and 4 replicas (the chief
+ * and 1 to 3 workers, 1 ps) ends with the same bits for every pair. 2 and
+ * 4 replicas own 6 and 3 pieces (two tree nodes each), 3 own 4 (one). */
+START_TEST(test_one_to_four_replicas_give_the_same_bits_by_default)
+{
+    static const char *names[4] = { "r1", "r2", "r3", "r4" };
+    char text[1024], cnn[4200], env0[4200], nw[8], pa[4200], pb[4200];
+    char *env[] = { env0, NULL };
+    char *log;
+    TU_SNPRINTF(text, sizeof text,
+                "[model]\ntype = cnn\n[data]\ndir = %s\n"
+                "[optimizer]\nname = adam\nlearning_rate = 0.01\n"
+                "[train]\nbatch_size = 192\nseed = 3\nmax_steps = 6\n"
+                "threads = 1\n[checkpoint]\nsave_steps = 3\n"
+                "[hooks]\nprogress = off\n[cluster]\nmax_wait_secs = 30\n",
+                tu_dir);
+    TU_SNPRINTF(cnn, sizeof cnn, "%s", tu_path("cnn.ini"));
+    tu_write_file(cnn, text, strlen(text));
+    for (int r = 0; r < 4; r++) {
+        char *argv[12];
+        int n = 0, rc;
+        TU_SNPRINTF(nw, sizeof nw, "%d", r);
+        argv[n++] = (char *)tu_build_path("keel");
+        argv[n++] = r == 0 ? "train" : "launch";
+        argv[n++] = cnn;
+        if (r > 0) {
+            argv[n++] = "--ps";
+            argv[n++] = "1";
+            argv[n++] = "--workers";
+            argv[n++] = nw;
+            argv[n++] = "--no-status";
+        }
+        argv[n] = NULL;
+        output_env(env0, sizeof env0, names[r]);
+        rc = tu_run(argv, env, RUN_MS * 2, out, sizeof out, err,
+                    sizeof err);
+        ck_assert_msg(rc == 0, "%d replicas exited %d:\n%s\n%s", r + 1, rc,
+                      tu_tail(out, 2000), tu_tail(err, 2000));
+    }
+    log = tu_read_file(tu_path("r2/logs/chief.log"), NULL);
+    ck_assert_ptr_nonnull(log);
+    ck_assert_msg(strstr(log, "12 leaves of 16 examples; this replica "
+                              "pushes 2 node sum(s)") != NULL, "%s",
+                  tu_tail(log, 2000));
+    free(log);
+    for (int a = 0; a < 4; a++)
+        for (int b = a + 1; b < 4; b++) {
+            int rc;
+            TU_SNPRINTF(pa, sizeof pa, "%s/%s/model.ckpt-6.h5", tu_dir,
+                        names[a]);
+            TU_SNPRINTF(pb, sizeof pb, "%s/%s/model.ckpt-6.h5", tu_dir,
+                        names[b]);
+            rc = tu_keel(RUN_MS, out, sizeof out, err, sizeof err, "ckpt",
+                         "diff", pa, pb, NULL);
+            ck_assert_msg(rc == 0, "%d and %d replicas differ (exit %d):"
+                          "\n%s%s", a + 1, b + 1, rc, out, err);
+        }
+}
+END_TEST
+
 static Suite *
 determinism_suite(void)
 {
@@ -224,6 +285,8 @@ determinism_suite(void)
     tcase_add_test(tc, test_worker_killed_and_restarted_ends_bitwise_equal);
     tcase_add_test(tc, test_chief_killed_and_restarted_ends_bitwise_equal);
     tcase_add_test(tc, test_one_process_killed_and_resumed_ends_bitwise_equal);
+    tcase_add_test(tc,
+                   test_one_to_four_replicas_give_the_same_bits_by_default);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -313,6 +313,92 @@ START_TEST(test_bad_configs_exit_2_with_one_message)
 }
 END_TEST
 
+static const char *
+write_ini(const char *name, const char *text)
+{
+    static char path[4][4200];
+    static int k;
+    char *p = path[k++ % 4];
+    TU_SNPRINTF(p, sizeof path[0], "%s", tu_path(name));
+    tu_write_file(p, text, strlen(text));
+    return p;
+}
+
+/* train.strategy = mirrored: 2 replicas of the CNN in one process give the
+ * bits of one_device (their 16-example pieces add along the same tree);
+ * the checkpoint evaluates with keel eval, resumes under one_device and
+ * under parameter_server (keel launch: 1 ps, the chief). The MLP's
+ * mirrored run is reproducible; multi_worker_mirrored is refused with
+ * exit 2. */
+START_TEST(test_mirrored_matches_one_device_and_restores_anywhere)
+{
+    char text[2048];
+    const char *cnn;
+    char *log;
+    TU_SNPRINTF(text, sizeof text,
+                "[model]\ntype = cnn\n[data]\ndir = %s\n"
+                "[optimizer]\nname = adam\nlearning_rate = 0.01\n"
+                "[train]\nbatch_size = 32\nseed = 5\nmax_steps = 6\n"
+                "threads = 1\n[checkpoint]\ndir = %s/one\nsave_steps = 3\n"
+                "[hooks]\nprogress = off\n", tu_dir, tu_dir);
+    cnn = write_ini("cnn.ini", text);
+    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "train",
+                             cnn, NULL), 0);
+    TU_SNPRINTF(text, sizeof text, "checkpoint.dir=%s/mir", tu_dir);
+    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "train",
+                             cnn, "-s", text, "-s",
+                             "train.strategy=mirrored", NULL), 0);
+    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "ckpt",
+                             "diff", tu_path("one/model.ckpt-6.h5"),
+                             tu_path("mir/model.ckpt-6.h5"), NULL), 0);
+    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "eval",
+                             tu_path("mir"), NULL), 0);
+    ck_assert_ptr_nonnull(strstr(out, "step 6: test loss"));
+    /* one_device resumes the mirrored checkpoint */
+    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "train",
+                             cnn, "-s", text, "-s", "train.max_steps=8",
+                             NULL), 0);
+    ck_assert_ptr_nonnull(strstr(err, "resumed from"));
+    ck_assert_ptr_nonnull(strstr(err, "mir/model.ckpt-6.h5"));
+    /* parameter_server (the chief and 1 ps) resumes it too */
+    ck_assert_int_eq(tu_keel(90000, out, sizeof out, err, sizeof err,
+                             "launch", cnn, "--ps", "1", "--workers", "0",
+                             "-s", text, "-s", "train.max_steps=10",
+                             "-s", "train.strategy=parameter_server", NULL),
+                     0);
+    log = tu_read_file(tu_path("mir/logs/chief.log"), NULL);
+    ck_assert_ptr_nonnull(log);
+    ck_assert_msg(strstr(log, "mir/model.ckpt-8.h5") != NULL, "%s",
+                  tu_tail(log, 2000));
+    free(log);
+    ck_assert_int_ge(tu_file_size(tu_path("mir/model.ckpt-10.h5")), 1);
+    /* the MLP: mirrored reruns give the same bits */
+    TU_SNPRINTF(text, sizeof text, "checkpoint.dir=%s/m1", tu_dir);
+    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "train",
+                             cfg_path, "-s", text, "-s", "train.max_steps=10",
+                             "-s", "train.strategy=mirrored", "-s",
+                             "train.replicas=4", NULL), 0);
+    TU_SNPRINTF(text, sizeof text, "checkpoint.dir=%s/m2", tu_dir);
+    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "train",
+                             cfg_path, "-s", text, "-s", "train.max_steps=10",
+                             "-s", "train.strategy=mirrored", "-s",
+                             "train.replicas=4", NULL), 0);
+    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "ckpt",
+                             "diff", tu_path("m1/model.ckpt-10.h5"),
+                             tu_path("m2/model.ckpt-10.h5"), NULL), 0);
+    /* strategies that do not fit exit 2 with one message */
+    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err, "train",
+                             cfg_path, "-s", "train.strategy="
+                             "multi_worker_mirrored", NULL), 2);
+    ck_assert_ptr_nonnull(strstr(err, "keel: "));
+    ck_assert_ptr_nonnull(strstr(err, "multi_worker_mirrored"));
+    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err, "train",
+                             cfg_path, "-s", "train.strategy=mirrored", "-s",
+                             "train.replicas=3", NULL), 2);
+    ck_assert_ptr_nonnull(strstr(err, "train.replicas = 3"));
+}
+END_TEST
+
 static Suite *
 train_cli_suite(void)
 {
@@ -328,6 +414,7 @@ train_cli_suite(void)
     tcase_add_test(tc, test_kfac_sigkill_and_resume_is_bitwise_identical);
     tcase_add_test(tc, test_no_periodic_saves_still_saves_at_start_and_end);
     tcase_add_test(tc, test_bad_configs_exit_2_with_one_message);
+    tcase_add_test(tc, test_mirrored_matches_one_device_and_restores_anywhere);
     tcase_add_test(tc, test_nan_loss_stops_naming_the_step_and_keeps_the_last_good);
     suite_add_tcase(s, tc);
     return s;

@@ -51,8 +51,9 @@ SEAMS = {
     # the global step the session's step path reads and bumps in place
     "train/vars_int.h": ["session"],
     # the vectorized kernels the ps sums with; the model's thread pool the
-    # trainer applies the optimizer on
-    "train/train_int.h": ["cluster", "app"],
+    # trainer applies the optimizer on and the session runs replicas on;
+    # the reduction tree replicas' gradients are added along
+    "train/train_int.h": ["session", "cluster", "app"],
     # the checkpoint call table tests swap (session's saver, the
     # CheckpointSaverHook)
     "checkpoint/ckpt_ops.h": ["session", "hooks"],

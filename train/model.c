@@ -50,13 +50,16 @@ typedef struct lgrad {
  * sgemm per layer over up to 256 rows packs the weights once, where 32-row
  * pieces packed them 8 times at a batch of 256 (1.3x slower on one
  * thread, and the slot reduction made model threads slower still). The
- * batch's gradient is, by definition, grads + g(piece 0) + g(piece 1) +
- * ..., added elementwise in piece order, each piece's gradient rounded on
- * its own. Threads compute up to MAX_SLOTS pieces at a time into slots,
- * which are then added in that order. So the bits never depend on which
- * thread ran a piece. */
+ * batch's gradient is, by definition, the pieces' gradients (each rounded
+ * on its own) added elementwise along the reduction tree over the pieces
+ * (train_int.h, keel__tree_sum), piece 0 added onto grads first. Threads
+ * compute up to MAX_SLOTS pieces at a time into slots, which are then
+ * added along that tree; past MAX_SLOTS pieces the next round's tree
+ * starts from the sum so far in piece 0's place. So the bits never depend on
+ * which thread ran a piece, and a batch cut into aligned runs of 2^k
+ * pieces whose sums are added along the same tree gives the same bits. */
 #define CNN_PIECE 16
-#define MAX_SLOTS 16
+#define MAX_SLOTS KEEL__MODEL_TREE_PIECES
 /* Piece 0's dense gradients go straight into the caller's grads (sgemm
  * beta 1: one pass over the parameters less, and no slot); every other
  * piece's go through a slot and are added in piece order. That holds on
@@ -92,6 +95,7 @@ struct keel_model {
     size_t max_pieces;            /* ceil(max_batch / piece) */
     int nslots;                   /* min(max_pieces, MAX_SLOTS) */
     int is_dense_only;            /* softmax or MLP */
+    int reuse_vars;               /* a replica: another model's variables */
     lbuf *buf[MAX_THREADS];       /* [thread][layer] activations */
     lgrad *slot[MAX_SLOTS];       /* [slot][layer] */
     double *piece_loss;           /* [max_pieces] */
@@ -270,15 +274,27 @@ alloc_floats(float **p, size_t count, const char *what)
     return KEEL_OK;
 }
 
+/* The variable scope/leaf: created in vs, or (reuse) the one there with
+ * this shape. */
 static keel_status
-make_var(keel_vars *vs, const char *scope, const char *leaf, int ndim,
-         const int64_t *shape, keel_var **out)
+make_var(keel_vars *vs, int reuse, const char *scope, const char *leaf,
+         int ndim, const int64_t *shape, keel_var **out)
 {
     char name[KEEL_NAME_MAX];
     keel_status st = keel__fmt(name, sizeof name, "variable name", "%s/%s",
                                scope, leaf);
     if (st != KEEL_OK)
         return st;
+    if (reuse) {
+        const keel_tensor *t;
+        *out = keel_vars_find(vs, name);
+        t = *out != NULL ? keel_var_tensor(*out) : NULL;
+        if (t == NULL || t->ndim != ndim ||
+            memcmp(t->shape, shape, (size_t)ndim * sizeof *shape) != 0)
+            return keel__fail(KEEL_EINVAL, "model replica: the store has no "
+                              "variable '%s' of this model's shape", name);
+        return KEEL_OK;
+    }
     st = keel_vars_create(vs, name, ndim, shape, KEEL_VAR_TRAINABLE, out);
     if (st != KEEL_OK)
         return keel__wrap(st, "model");
@@ -300,8 +316,8 @@ add_layer(keel_model *m, keel_vars *vs, layer *proto, int *n_dense,
         int64_t bs[1] = { (int64_t)L->dout };
         snprintf(scope, sizeof scope, "dense_%d", ++*n_dense);
         L->out_size = L->dout;
-        if ((st = make_var(vs, scope, "kernel", 2, ks, &L->w)) != KEEL_OK ||
-            (st = make_var(vs, scope, "bias", 1, bs, &L->b)) != KEEL_OK)
+        if ((st = make_var(vs, m->reuse_vars, scope, "kernel", 2, ks, &L->w)) != KEEL_OK ||
+            (st = make_var(vs, m->reuse_vars, scope, "bias", 1, bs, &L->b)) != KEEL_OK)
             return st;
         m->flops += 2.0 * (double)L->din * (double)L->dout *
                     (m->nl == 1 ? 2.0 : 3.0);
@@ -314,8 +330,8 @@ add_layer(keel_model *m, keel_vars *vs, layer *proto, int *n_dense,
         if ((st = keel__conv_geom_init(g, 0)) != KEEL_OK)
             return st;
         L->out_size = g->oh * g->ow * g->cout;
-        if ((st = make_var(vs, scope, "kernel", 4, ks, &L->w)) != KEEL_OK ||
-            (st = make_var(vs, scope, "bias", 1, bs, &L->b)) != KEEL_OK)
+        if ((st = make_var(vs, m->reuse_vars, scope, "kernel", 4, ks, &L->w)) != KEEL_OK ||
+            (st = make_var(vs, m->reuse_vars, scope, "bias", 1, bs, &L->b)) != KEEL_OK)
             return st;
         m->flops += 2.0 * (double)(g->oh * g->ow) *
                     (double)(g->kh * g->kw * g->cin) * (double)g->cout *
@@ -426,8 +442,30 @@ check_config(const keel_model_config *c)
     return KEEL_OK;
 }
 
+static keel_status model_build(const keel_model_config *cfg, keel_vars *vs,
+                               int reuse, keel_model **out);
+
 keel_status
 keel_model_new(const keel_model_config *cfg, keel_vars *vs, keel_model **out)
+{
+    return model_build(cfg, vs, 0, out);
+}
+
+keel_status
+keel__model_new_replica(const keel_model *m, keel_vars *vs, int threads,
+                        keel_model **out)
+{
+    keel_model_config c;
+    if (m == NULL)
+        return keel__fail(KEEL_EINVAL, "model replica: NULL model");
+    c = m->cfg;
+    c.threads = threads;
+    return model_build(&c, vs, 1, out);
+}
+
+static keel_status
+model_build(const keel_model_config *cfg, keel_vars *vs, int reuse,
+            keel_model **out)
 {
     keel_model *m;
     keel_status st;
@@ -445,6 +483,7 @@ keel_model_new(const keel_model_config *cfg, keel_vars *vs, keel_model **out)
     if (m == NULL)
         return keel__fail(KEEL_ENOMEM, "model");
     m->cfg = *cfg;
+    m->reuse_vars = reuse;
     m->l = calloc(KEEL_MODEL_MAX_HIDDEN + 8, sizeof *m->l);
     if (m->l == NULL) {
         free(m);
@@ -844,17 +883,35 @@ job_worker(void *ctx, int t)
                   j->what == JOB_STEP ? j->m->slot[task] : NULL);
 }
 
-/* dst[lo, hi) = (((dst + slot 0) + slot 1) + ... + slot S-1), each
- * element in slot order whichever thread does it; blocks of 1024 keep dst
- * in L1 while the slots stream past. */
+/* dst[lo, hi) = the round's pieces added along the reduction tree
+ * (keel__tree_sum) whose leaf 0 is dst + slot 0 (or dst alone when piece
+ * 0 went straight into it) and leaf i the slot i: for a round of 2^k
+ * pieces onto zero gradients, the same bits as any split of the round into
+ * aligned runs of pieces whose sums are added later along the same tree
+ * (mirrored replicas, cluster workers). Whichever thread does which
+ * range. */
 static void
-reduce_range(float *dst, float *const *src, int S, size_t lo, size_t hi)
+reduce_range(float *dst, float *const *src, int S, int has_first,
+             size_t lo, size_t hi)
 {
-    for (size_t b = lo; b < hi; b += 1024) {
-        size_t e = hi - b < 1024 ? hi - b : 1024;
-        for (int s = 0; s < S; s++)
-            keel__add_into(dst + b, src[s] + b, e);
+    keel__tree_node nodes[MAX_SLOTS + 1];
+    const float *parts[MAX_SLOTS + 1];
+    int k = 0;
+    if (lo >= hi)
+        return;
+    if (!has_first)
+        keel__add_into(dst + lo, src[0] + lo, hi - lo);
+    parts[k] = dst;
+    nodes[k].lo = 0;
+    nodes[k].hi = 1;
+    k++;
+    for (int s = 1; s < S + has_first; s++, k++) {
+        parts[k] = src[s - has_first];
+        nodes[k].lo = k;
+        nodes[k].hi = k + 1;
     }
+    if (k > 1)
+        (void)keel__tree_sum(k, nodes, parts, k, dst, lo, hi);
 }
 
 /* Thread t's share of every parameter gradient: slots added into grads. */
@@ -879,7 +936,7 @@ reduce_worker(void *ctx, int t)
         for (int s = s0; s < S; s++)
             src[s - s0] = m->slot[s][i].dw;
         /* ranges in multiples of 16 floats (one cache line) */
-        reduce_range(gw->data, src, S - s0,
+        reduce_range(gw->data, src, S - s0, s0,
                      (cw * (size_t)t / (size_t)T) & ~(size_t)15,
                      t + 1 == T ? cw
                                 : (cw * (size_t)(t + 1) / (size_t)T) &
@@ -887,7 +944,7 @@ reduce_worker(void *ctx, int t)
         if (t == 0) {
             for (int s = s0; s < S; s++)
                 src[s - s0] = m->slot[s][i].db;
-            reduce_range(gb->data, src, S - s0, 0, cb);
+            reduce_range(gb->data, src, S - s0, s0, 0, cb);
         }
     }
 }
@@ -1142,6 +1199,12 @@ keel__model_kfac_stats(keel_model *m, const keel_batch *batch, keel__rng *rng,
         accumulate = 1;
     }
     return KEEL_OK;
+}
+
+size_t
+keel__model_piece(const keel_model *m)
+{
+    return m->piece;
 }
 
 keel__pool *

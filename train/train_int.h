@@ -169,6 +169,38 @@ void keel__sgemm(int trans_a, int trans_b, size_t m, size_t n, size_t k,
                  float alpha, const float *a, size_t lda, const float *b,
                  size_t ldb, float beta, float *c, size_t ldc);
 
+/* ---- reduce_tree.c: the canonical reduction tree ---- */
+/* The tree over leaves [0, n): a node [lo, hi) with two or more leaves
+ * has the children [lo, mid) and [mid, hi), mid = lo + the largest power
+ * of two below hi - lo; so every aligned run of 2^k leaves is a node, and
+ * the sum of the leaves is defined as its children's sums added, each
+ * rounded alone. A process that owns leaves [lo, hi) sends the sums of
+ * the nodes that cover them (keel__tree_cover: one node when its range
+ * is aligned to a power of two, about 2 log2(n) at most); whoever holds
+ * the sums of nodes covering [0, n) completes the root with
+ * keel__tree_sum, and gets the same bits however the leaves were
+ * spread. */
+#define KEEL__TREE_MAX_DEPTH 64
+typedef struct keel__tree_node {
+    int64_t lo, hi;               /* leaves [lo, hi) */
+} keel__tree_node;
+/* mid of node [lo, hi) (hi - lo >= 2). */
+int64_t keel__tree_split(int64_t lo, int64_t hi);
+/* The fewest nodes of the tree over [0, n) whose leaves are exactly
+ * [lo, hi), left to right, into out (up to max): their count, or -1 on a
+ * bad range or more than max nodes. */
+int keel__tree_cover(int64_t n, int64_t lo, int64_t hi, keel__tree_node *out,
+                     int max);
+/* dst[lo, hi) = the root's sum over the tree of n leaves, where parts[i]
+ * (k of them) holds the sum of nodes[i] and nodes[] are tree nodes
+ * covering [0, n) left to right (keel__tree_cover of each owner's range,
+ * concatenated). Elementwise, so threads may split [lo, hi) any way;
+ * dst may be one of the parts. KEEL_EINVAL when nodes is not such a
+ * cover. Allocation-free. */
+keel_status keel__tree_sum(int64_t n, const keel__tree_node *nodes,
+                           const float *const *parts, int k, float *dst,
+                           size_t lo, size_t hi);
+
 /* ---- pool.c: the model's persistent worker threads ---- */
 #define KEEL__POOL_MAX 8
 typedef struct keel__pool keel__pool;
@@ -192,6 +224,18 @@ typedef struct keel__spin_barrier {
 } keel__spin_barrier;
 void keel__spin_barrier_wait(keel__spin_barrier *b);
 
+/* Another model of m's configuration (threads model threads) over the
+ * variables m created in vs (borrowed; both must outlive it), with its
+ * own workspaces: a replica that can step beside m on another thread.
+ * Caller owns *out: keel_model_free(). */
+keel_status keel__model_new_replica(const keel_model *m, keel_vars *vs,
+                                    int threads, keel_model **out);
+/* Examples per piece (the last piece of a batch may be shorter); a
+ * batch of up to KEEL__MODEL_TREE_PIECES pieces adds their gradients
+ * along one reduction tree, so aligned runs of them computed apart and
+ * added along the same tree give the same bits. */
+#define KEEL__MODEL_TREE_PIECES 16
+size_t keel__model_piece(const keel_model *m);
 /* The model's pool (NULL on one thread), for work beside its steps. */
 keel__pool *keel__model_pool(keel_model *m);
 /* keel_optimizer_apply (zero: _and_zero) on the pool's threads (NULL: the

@@ -71,6 +71,18 @@ typedef struct keel_cluster_options {
      * (default 8888). */
     int slurm_num_ps;
     int slurm_port_base;
+    /* Sync results independent of the replica count: the step's gradient
+     * is defined as L = reduce_leaves canonical leaves of the global batch
+     * (consecutive runs of its examples) added along the fixed binary
+     * tree over them (docs/strategy.md); replica r of R owns leaves
+     * [r*L/R, (r+1)*L/R) (L a multiple of R) and pushes, in order, the
+     * sums of the tree nodes that cover them (one store for an aligned
+     * power-of-two range, else a few: keel_cluster_backend_set_micro);
+     * the ps add every replica's node sums along the tree when all
+     * replicas are aggregated (no backup workers). Every task of a
+     * cluster must use the same value. 0 (default): the ps add the
+     * replicas' gradients in replica order. */
+    int64_t reduce_leaves;
 } keel_cluster_options;
 
 /* The defaults above. Cannot fail. */

@@ -50,6 +50,13 @@ keel_status keel_step_set_value(keel_step *st, const char *name, double v);
 /* The step applied its own update (K-FAC, ...): the session will not call
  * the updater; it still advances the global step unless the step set it. */
 void keel_step_mark_applied(keel_step *st);
+/* With keel_session_config.replicas R > 1 the session runs the step on R
+ * threads at once, one call per replica: this call's replica (0..R-1) and
+ * R (1 and 1 otherwise). Replica r trains its own slice of the batch,
+ * examples [r*n/R, (r+1)*n/R) of an n-example batch, into its own
+ * gradient store (keel_step_grads); it must not write the variables. */
+int keel_step_replica(const keel_step *st);
+int keel_step_num_replicas(const keel_step *st);
 
 /* How gradients reach the variables. The session calls apply after each
  * successful step with the global step before the step. If apply leaves
@@ -273,7 +280,20 @@ typedef struct keel_session_config {
     /* 0 (default): gradients are zeroed before every step. 1: not (the step
      * overwrites every gradient; saves one pass over them per step). */
     int skip_grad_zeroing;
+    /* In-process replicas (the mirrored strategy): 1 (default) calls the
+     * step once; R in 2..KEEL_MAX_REPLICAS calls it on R threads, replica
+     * r with its own gradient store, zeroed before every step whatever
+     * skip_grad_zeroing says. The session then adds the replicas'
+     * gradients in a fixed binary-tree order (replica r is leaf r of the
+     * tree docs/determinism.md describes) into its own store, applies one
+     * update, and reports the
+     * mean over the replicas of every value they set. The step function
+     * must be safe to run on R threads at once (its own state per
+     * keel_step_replica). */
+    int replicas;
 } keel_session_config;
+
+#define KEEL_MAX_REPLICAS 8
 
 /* Defaults above; vars, step NULL. Cannot fail. */
 void keel_session_config_init(keel_session_config *cfg);
@@ -347,6 +367,40 @@ int keel_session_creation_count(const keel_session *s);
 /* The session manager (NULL with a custom creator). */
 keel_session_manager *keel_session_get_manager(keel_session *s);
 
+/* ---- distribution strategies ------------------------------------------- */
+
+/* How a training program spreads its replicas (tf.distribute's
+ * strategies). Every strategy writes the same checkpoint layout from its
+ * chief alone, divides the loss by the global batch and splits the input
+ * evenly over its replicas, so a checkpoint of any strategy restores
+ * under any other or none. */
+typedef enum keel_strategy {
+    /* parameter_server when the cluster has tasks, else one_device */
+    KEEL_STRATEGY_AUTO = 0,
+    /* one replica in one process (model threads may share its steps) */
+    KEEL_STRATEGY_ONE_DEVICE,
+    /* replicas in one process: threads with their own batch slice, the
+     * gradients added in a fixed order, one update (session.replicas) */
+    KEEL_STRATEGY_MIRRORED,
+    /* one replica per process, gradients all-reduced, no ps; the rank 0
+     * process is the chief */
+    KEEL_STRATEGY_MULTI_WORKER_MIRRORED,
+    /* replicas in the cluster's chief and workers, variables on its ps
+     * tasks (keel/distributed.h) */
+    KEEL_STRATEGY_PARAMETER_SERVER
+} keel_strategy;
+
+#define KEEL_STRATEGY_COUNT 5
+
+/* "auto", "one_device", "mirrored", "multi_worker_mirrored",
+ * "parameter_server"; never NULL ("?" for a value out of range). */
+const char *keel_strategy_name(keel_strategy s);
+/* The inverse of keel_strategy_name; KEEL_EINVAL listing the names. */
+keel_status keel_strategy_from_name(const char *name, keel_strategy *out);
+/* The strategy auto stands for: parameter_server when has_cluster (a
+ * cluster spec with tasks), else one_device; any other value unchanged. */
+keel_strategy keel_strategy_resolve(keel_strategy s, int has_cluster);
+
 /* ---- MonitoredTrainingSession ------------------------------------------ */
 
 #define KEEL_USE_DEFAULT (-1)
@@ -394,6 +448,15 @@ typedef struct keel_training_config {
     const struct keel_cluster_spec *cluster;
     int cluster_from_env;
     const struct keel_cluster_options *cluster_options;
+    /* The strategy (default auto: parameter_server with a cluster, else
+     * one_device). one_device and mirrored train in this process and
+     * refuse a cluster with tasks; parameter_server needs one;
+     * mirrored runs session.step on `replicas` threads
+     * (session.replicas, 2..KEEL_MAX_REPLICAS; 0: 2).
+     * multi_worker_mirrored is KEEL_EINVAL from this function (it is
+     * not built on the session here: it runs over MPI). */
+    keel_strategy strategy;
+    int replicas;
 } keel_training_config;
 
 void keel_training_config_init(keel_training_config *cfg);

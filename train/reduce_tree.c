@@ -1,0 +1,129 @@
+/* reduce_tree.c - the canonical binary tree over n leaves and sums of
+ * float vectors along it (train_int.h, "reduce_tree.c"). Every reduction
+ * keel wants independent of how leaves are spread over threads, replicas
+ * or processes adds along this one tree: the sum of a node's leaves is the
+ * sum of its left child's plus its right child's, each rounded alone, so a
+ * part holding a node's sum gives the same bits wherever it was made. */
+#include <config.h>
+
+#include <string.h>
+
+#include "util.h"
+#include "train_int.h"
+
+int64_t
+keel__tree_split(int64_t lo, int64_t hi)
+{
+    int64_t n = hi - lo, p = 1;
+    while (p * 2 < n)
+        p *= 2;
+    return lo + p;
+}
+
+/* Append the nodes of the subtree [nlo, nhi) that cover [lo, hi). */
+static int
+cover(int64_t nlo, int64_t nhi, int64_t lo, int64_t hi,
+      keel__tree_node *out, int k, int max)
+{
+    int64_t mid;
+    if (hi <= nlo || lo >= nhi || k < 0)
+        return k;
+    if (lo <= nlo && nhi <= hi) {
+        if (k >= max)
+            return -1;
+        out[k].lo = nlo;
+        out[k].hi = nhi;
+        return k + 1;
+    }
+    mid = keel__tree_split(nlo, nhi);
+    k = cover(nlo, mid, lo, hi, out, k, max);
+    return cover(mid, nhi, lo, hi, out, k, max);
+}
+
+int
+keel__tree_cover(int64_t n, int64_t lo, int64_t hi, keel__tree_node *out,
+                 int max)
+{
+    if (n < 1 || lo < 0 || hi > n || lo >= hi || out == NULL || max < 1)
+        return -1;
+    return cover(0, n, lo, hi, out, 0, max);
+}
+
+/* Floats per block: a block of every level's partial sum stays in L1. */
+#define BLOCK 128
+
+typedef struct tree_sum {
+    const keel__tree_node *nodes;
+    const float *const *parts;
+    int k;
+    int next;                     /* the next part, in left-to-right order */
+    size_t off, len;              /* this block */
+    float (*tmp)[BLOCK];          /* one block per level */
+    int bad;
+} tree_sum;
+
+/* out[0, len) = the sum of node [lo, hi) over this block. */
+static void
+node_sum(tree_sum *t, int64_t lo, int64_t hi, int level, float *out)
+{
+    int64_t mid;
+    if (t->bad)
+        return;
+    if (t->next < t->k && t->nodes[t->next].lo == lo &&
+        t->nodes[t->next].hi == hi) {
+        memcpy(out, t->parts[t->next] + t->off, t->len * sizeof *out);
+        t->next++;
+        return;
+    }
+    if (hi - lo < 2 || level >= KEEL__TREE_MAX_DEPTH) {
+        t->bad = 1;               /* not covered by the parts */
+        return;
+    }
+    mid = keel__tree_split(lo, hi);
+    node_sum(t, lo, mid, level + 1, out);
+    node_sum(t, mid, hi, level + 1, t->tmp[level]);
+    for (size_t i = 0; i < t->len; i++)
+        out[i] += t->tmp[level][i];
+}
+
+keel_status
+keel__tree_sum(int64_t n, const keel__tree_node *nodes,
+               const float *const *parts, int k, float *dst, size_t lo,
+               size_t hi)
+{
+    float tmp[KEEL__TREE_MAX_DEPTH][BLOCK];
+    float out[BLOCK];
+    tree_sum t;
+    if (n < 1 || nodes == NULL || parts == NULL || k < 1 || dst == NULL ||
+        lo > hi)
+        return keel__fail(KEEL_EINVAL, "tree sum: bad arguments");
+    if (k == 1) {
+        if (nodes[0].lo != 0 || nodes[0].hi != n)
+            return keel__fail(KEEL_EINVAL, "tree sum: one part [%lld, %lld) "
+                              "does not cover the %lld leaves",
+                              (long long)nodes[0].lo, (long long)nodes[0].hi,
+                              (long long)n);
+        if (dst != parts[0])
+            memmove(dst + lo, parts[0] + lo, (hi - lo) * sizeof *dst);
+        return KEEL_OK;
+    }
+    t.nodes = nodes;
+    t.parts = parts;
+    t.k = k;
+    t.tmp = tmp;
+    t.bad = 0;
+    for (size_t b = lo; b < hi; b += BLOCK) {
+        t.off = b;
+        t.len = hi - b < BLOCK ? hi - b : BLOCK;
+        t.next = 0;
+        node_sum(&t, 0, n, 0, out);
+        if (t.bad || t.next != k)
+            return keel__fail(KEEL_EINVAL, "tree sum: the %d parts are not "
+                              "nodes covering the %lld leaves left to right",
+                              k, (long long)n);
+        /* every part's block is read before dst's is written: dst may be
+         * one of the parts */
+        memcpy(dst + b, out, t.len * sizeof *dst);
+    }
+    return KEEL_OK;
+}
