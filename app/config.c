@@ -154,6 +154,19 @@ static const key_def schema[] = {
       "micro-batches of this many examples in global order, so 1 process "
       "and any number of cluster workers give identical bits; the "
       "per-worker batch must be a multiple of it." },
+    { "train", "strategy", T_ENUM, "auto", NOLIM,
+      "auto|one_device|parameter_server|multi_worker_mirrored",
+      "How replicas share the model: one_device (one process), "
+      "parameter_server (ps tasks hold the variables; a cluster spec), "
+      "multi_worker_mirrored (every MPI rank holds every variable, "
+      "gradients all-reduced; start the ranks with mpirun, srun or keel "
+      "launch --strategy multi_worker_mirrored), auto (parameter_server "
+      "with a cluster spec, else one_device)." },
+    { "train", "leaves", T_INT, "4", 1, 1024, NULL,
+      "multi_worker_mirrored: the global batch is cut into this many equal "
+      "leaves whose gradients are added along one fixed binary tree, so "
+      "every rank count that divides it gives identical bits (a power of "
+      "two; train.batch_size a multiple of it)." },
     { "train", "eval_batch_size", T_INT, "1000", 1, 1 << 20, NULL,
       "Batch size of keel eval." },
     { "train", "validate_every_epochs", T_INT, "0", 0, 1000000, NULL,
