@@ -936,6 +936,20 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
         return st;
     is_mwm = strcmp(keel_config_str(cfg, "train.strategy"),
                     "multi_worker_mirrored") == 0;
+    if (in_cluster &&
+        strcmp(keel_config_str(cfg, "train.strategy"), "one_device") == 0)
+        return keel__fail(KEEL_EINVAL, "train.strategy = one_device (%s) "
+                          "trains in one process, but this process has a "
+                          "cluster spec (TF_CONFIG, Slurm or [cluster]): use "
+                          "parameter_server or auto, or unset it",
+                          keel_config_origin(cfg, "train.strategy"));
+    if (!in_cluster && strcmp(keel_config_str(cfg, "train.strategy"),
+                              "parameter_server") == 0)
+        return keel__fail(KEEL_EINVAL, "train.strategy = parameter_server "
+                          "(%s) needs a cluster spec with ps tasks "
+                          "(TF_CONFIG, Slurm, [cluster] or keel launch --ps "
+                          "N), and this process has none",
+                          keel_config_origin(cfg, "train.strategy"));
     if (is_mwm && (st = mwm_check(cfg, in_cluster)) != KEEL_OK)
         return st;
     if (in_cluster &&

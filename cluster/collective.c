@@ -18,6 +18,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #ifdef HAVE_MPI
 #include <mpi.h>
@@ -26,6 +27,11 @@
 #include <keel/distributed.h>
 #include "util.h"
 #include "../train/train_int.h"
+
+/* A waiting rank polls this many times, then sleeps this long between
+ * polls. */
+#define KEEL__COLL_SPIN_POLLS 200
+#define KEEL__COLL_SLEEP_NS 20000
 
 #define NO_MPI_HINT "keel was built without MPI: install Open MPI " \
     "(apt-get install libopenmpi-dev openmpi-bin), re-run configure and " \
@@ -134,6 +140,12 @@ struct keel_collective {
                                  * sized at the first all-reduce) */
     float *send;                /* n_floats + 1 (the stop flag) */
     float *recv;                /* size * (n_floats + 1) */
+    /* Every rank on this node: a shared window of two slots per rank
+     * (alternate steps), read directly after one barrier */
+    int use_shm, phase;
+    MPI_Comm node;
+    MPI_Win win;
+    float **slot;               /* each rank's slots in this process */
     int64_t steps, reduce_ns;
     struct sigaction old_term, old_int;
     int has_handlers;
@@ -198,6 +210,7 @@ keel_collective_new(const keel_updater *update, keel_collective **out)
     c = calloc(1, sizeof *c);
     if (c == NULL)
         return keel__fail(KEEL_ENOMEM, "collective: %zu bytes", sizeof *c);
+    c->node = MPI_COMM_NULL;
     if (update != NULL)
         c->inner = *update;
     MPI_Initialized(&is_init);
@@ -306,10 +319,97 @@ sum_leaves(keel_grads *const *leaves, int n)
     }
 }
 
+/* Wait for req without holding a core: a short spin, then MPI_Test
+ * between sleeps. A blocking collective polls at full speed, and a rank
+ * waiting for a slower one would take the CPU the slower one (or other
+ * ranks on the same cores) needs. */
+static int
+wait_for(MPI_Request *req)
+{
+    int done = 0, rc = MPI_SUCCESS, polls = 0;
+    while (rc == MPI_SUCCESS) {
+        rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS || done)
+            break;
+        if (++polls > KEEL__COLL_SPIN_POLLS) {
+            struct timespec ts = { 0, KEEL__COLL_SLEEP_NS };
+            nanosleep(&ts, NULL);
+        }
+    }
+    return rc;
+}
+
+/* Every rank's root (stride floats each, from c->send) into c->recv in
+ * rank order. On one node through the shared window: each rank writes its
+ * slot of this step's phase, one barrier, each reads every slot (the other
+ * phase is written next step, after the next barrier, so no slot is
+ * overwritten while read). Across nodes: MPI_Iallgather. */
+static int
+allgather(keel_collective *c, size_t stride)
+{
+    MPI_Request req;
+    int rc;
+    if (c->use_shm) {
+        size_t off = (size_t)c->phase * stride;
+        memcpy(c->slot[c->rank] + off, c->send, stride * sizeof(float));
+        MPI_Win_sync(c->win);
+        rc = MPI_Ibarrier(c->node, &req);
+        if (rc == MPI_SUCCESS)
+            rc = wait_for(&req);
+        if (rc != MPI_SUCCESS)
+            return rc;
+        MPI_Win_sync(c->win);
+        for (int r = 0; r < c->size; r++)
+            memcpy(c->recv + (size_t)r * stride, c->slot[r] + off,
+                   stride * sizeof(float));
+        c->phase ^= 1;
+        return MPI_SUCCESS;
+    }
+    rc = MPI_Iallgather(c->send, (int)stride, MPI_FLOAT, c->recv,
+                        (int)stride, MPI_FLOAT, MPI_COMM_WORLD, &req);
+    return rc == MPI_SUCCESS ? wait_for(&req) : rc;
+}
+
+/* The shared window when every rank is on this node (else nothing: the
+ * all-gather goes through MPI). */
+static keel_status
+make_window(keel_collective *c, size_t stride)
+{
+    int nsize = 0, rc;
+    float *base = NULL;
+    rc = MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0,
+                             MPI_INFO_NULL, &c->node);
+    if (rc != MPI_SUCCESS)
+        return mpi_fail(rc, "the node communicator");
+    MPI_Comm_size(c->node, &nsize);
+    if (nsize != c->size)
+        return KEEL_OK;
+    c->slot = calloc((size_t)c->size, sizeof *c->slot);
+    if (c->slot == NULL)
+        return keel__fail(KEEL_ENOMEM, "collective: %d slots", c->size);
+    rc = MPI_Win_allocate_shared((MPI_Aint)(2 * stride * sizeof(float)),
+                                 (int)sizeof(float), MPI_INFO_NULL, c->node,
+                                 &base, &c->win);
+    if (rc != MPI_SUCCESS)
+        return mpi_fail(rc, "the shared window");
+    for (int r = 0; r < c->size && rc == MPI_SUCCESS; r++) {
+        MPI_Aint size;
+        int disp;
+        rc = MPI_Win_shared_query(c->win, r, &size, &disp, &c->slot[r]);
+    }
+    if (rc == MPI_SUCCESS)
+        rc = MPI_Win_lock_all(MPI_MODE_NOCHECK, c->win);
+    if (rc != MPI_SUCCESS)
+        return mpi_fail(rc, "the shared window");
+    c->use_shm = 1;
+    return KEEL_OK;
+}
+
 /* The all-gather's buffers for g's trainable tensors and the stop flag. */
 static keel_status
 make_buffers(keel_collective *c, keel_grads *g)
 {
+    keel_status st;
     c->n_floats = 0;
     for (size_t i = 0; i < keel_grads_count(g); i++) {
         keel_tensor *t = keel_grads_at(g, i);
@@ -329,8 +429,12 @@ make_buffers(keel_collective *c, keel_grads *g)
         return keel__fail(KEEL_ENOMEM, "collective: buffers of %zu floats "
                           "for %d ranks", c->n_floats, c->size);
     }
+    st = make_window(c, c->n_floats + 1);
+    if (st != KEEL_OK)
+        return st;
     keel__log(KEEL_LOG_INFO, "collective: rank %d of %d, %zu gradient "
-              "floats per step", c->rank, c->size, c->n_floats);
+              "floats per step (%s)", c->rank, c->size, c->n_floats,
+              c->use_shm ? "one node: a shared window" : "all-gather");
     return KEEL_OK;
 }
 
@@ -368,8 +472,7 @@ keel_collective_allreduce(keel_collective *c, keel_grads *g)
         stride = c->n_floats + 1;
         pack(root, c->send);
         c->send[c->n_floats] = (float)held;
-        rc = MPI_Allgather(c->send, (int)stride, MPI_FLOAT, c->recv,
-                           (int)stride, MPI_FLOAT, MPI_COMM_WORLD);
+        rc = allgather(c, stride);
         if (rc != MPI_SUCCESS)
             return mpi_fail(rc, "the gradient all-gather");
         for (int r = 0; r < c->size; r++) {
@@ -552,8 +655,15 @@ keel_collective_free(keel_collective *c)
         /* A rank whose session failed does not finalize: the launcher
          * (mpirun, srun) sees it exit without MPI_Finalize and ends the
          * other ranks, which may be waiting for it in an all-reduce. */
-        if (!is_final && c->is_clean)
+        if (!is_final && c->is_clean) {
+            if (c->use_shm) {
+                MPI_Win_unlock_all(c->win);
+                MPI_Win_free(&c->win);
+            }
+            if (c->node != MPI_COMM_NULL && c->node != 0)
+                MPI_Comm_free(&c->node);
             MPI_Finalize();
+        }
         else if (!is_final)
             keel__log(KEEL_LOG_WARN, "collective: rank %d ends without "
                       "MPI_Finalize after a failure: the launcher ends "
@@ -561,6 +671,7 @@ keel_collective_free(keel_collective *c)
     }
     keel_aligned_free(c->send);
     keel_aligned_free(c->recv);
+    free(c->slot);
     free(c);
 }
 
