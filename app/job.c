@@ -852,6 +852,40 @@ position_after_create(void *ctx, keel_session *s)
     return st;
 }
 
+/* One gradient store per micro-batch (or leaf) of this replica: k of them
+ * (at most 64). */
+static keel_status
+alloc_micro(job *j, int k)
+{
+    keel_status st = KEEL_OK;
+    for (; st == KEEL_OK && j->n_micro < k; j->n_micro++)
+        st = keel_grads_new(j->vs, &j->micro_g[j->n_micro]);
+    if (st != KEEL_OK)
+        j->n_micro--;
+    return st;
+}
+
+/* A replica of several (parameter-server or all-reduce): its session runs
+ * over backend (borrowed: lives until the session is freed), moves its
+ * data slice to the global step after every creation (a hook after
+ * hooks[0..n)), and only the chief writes checkpoints. */
+static void
+replica_session(job *j, keel_training_config *tc, const keel_backend *backend,
+                keel_hook *hooks, size_t n_hooks, int is_chief)
+{
+    keel_hook *position = &hooks[n_hooks];     /* owns nothing */
+    memset(position, 0, sizeof *position);
+    position->struct_size = sizeof *position;
+    position->name = "data_position";
+    position->ctx = j;
+    position->after_create_session = position_after_create;
+    tc->session.backend = backend;
+    tc->session.n_hooks = n_hooks + 1;
+    tc->is_chief = is_chief;
+    if (!is_chief)
+        tc->checkpoint_dir = NULL;
+}
+
 /* train.strategy = multi_worker_mirrored: what the config and the
  * process must offer before MPI starts. */
 static keel_status
@@ -917,7 +951,7 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     job j;
     keel_training_config tc;
     keel_scaffold sc;
-    keel_hook hooks[5], chief_hooks[3], position, nan, *ch;
+    keel_hook hooks[5], chief_hooks[3], nan, *ch;
     size_t n_hooks = 0;
     int has_nan = 0;
     keel_session *s = NULL;
@@ -1147,25 +1181,12 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
          * micro-batch path) and summed along the collective's tree */
         int64_t leaves = keel_config_int(cfg, "train.leaves");
         j.micro = j.global_batch / leaves;
-        for (; j.n_micro < (int)(leaves / replicas); j.n_micro++)
-            if ((st = keel_grads_new(j.vs, &j.micro_g[j.n_micro])) !=
-                KEEL_OK)
-                goto out;
-        if ((st = keel_collective_set_leaves(coll, j.micro_g, j.n_micro)) !=
+        if ((st = alloc_micro(&j, (int)(leaves / replicas))) != KEEL_OK ||
+            (st = keel_collective_set_leaves(coll, j.micro_g, j.n_micro)) !=
             KEEL_OK)
             goto out;
         keel_collective_get_backend(coll, &backend);
-        tc.session.backend = &backend;
-        memset(&position, 0, sizeof position);
-        position.struct_size = sizeof position;
-        position.name = "data_position";
-        position.ctx = &j;
-        position.after_create_session = position_after_create;
-        hooks[n_hooks] = position;      /* not released: owns nothing */
-        tc.session.n_hooks = n_hooks + 1;
-        tc.is_chief = is_chief;
-        if (!is_chief)
-            tc.checkpoint_dir = NULL;   /* rank 0 alone writes */
+        replica_session(&j, &tc, &backend, hooks, n_hooks, is_chief);
     }
     if (in_cluster) {
         /* the cluster through the public seam (keel/distributed.h): the
@@ -1179,29 +1200,16 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
         j.worker = worker;
         if (j.micro > 0) {
             int k = (int)(j.global_batch / replicas / j.micro);
-            for (; j.n_micro < k; j.n_micro++)
-                if ((st = keel_grads_new(j.vs, &j.micro_g[j.n_micro])) !=
-                    KEEL_OK)
-                    goto out;
-            if ((st = keel_cluster_backend_set_micro(worker, j.micro_g,
+            if ((st = alloc_micro(&j, k)) != KEEL_OK ||
+                (st = keel_cluster_backend_set_micro(worker, j.micro_g,
                                                      j.n_micro)) != KEEL_OK)
                 goto out;
         }
         keel_cluster_backend_get(worker, &backend);
-        tc.session.backend = &backend;
-        memset(&position, 0, sizeof position);
-        position.struct_size = sizeof position;
-        position.name = "data_position";
-        position.ctx = &j;
-        position.after_create_session = position_after_create;
-        hooks[n_hooks] = position;      /* not released: owns nothing */
-        tc.session.n_hooks = n_hooks + 1;
-        tc.is_chief = is_chief;
+        replica_session(&j, &tc, &backend, hooks, n_hooks, is_chief);
         tc.max_wait_secs = o.max_wait_secs;
         tc.stop_grace_period_secs =
             keel_config_double(cfg, "cluster.stop_grace_secs");
-        if (!is_chief)
-            tc.checkpoint_dir = NULL;
     }
 
     if (tc.checkpoint_dir != NULL &&
