@@ -31,6 +31,7 @@ packages=(
   build-essential autoconf automake libtool pkg-config
   libhdf5-dev libopenblas-dev libzmq3-dev libsodium-dev libinih-dev zlib1g-dev
   libxxhash-dev libjson-c-dev libisal-dev check iproute2
+  libopenmpi-dev openmpi-bin
   python3 python3-h5py python3-numpy python3-onnx
   dataset-fashion-mnist
 )

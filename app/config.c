@@ -154,8 +154,10 @@ static const key_def schema[] = {
       "How the replicas are spread: one_device (one process), mirrored "
       "(train.replicas threads in one process, each with its slice of the "
       "batch, gradients added in a fixed order, one update), "
-      "multi_worker_mirrored (one replica per MPI rank, gradients "
-      "all-reduced, no ps), parameter_server (chief and workers of a "
+      "multi_worker_mirrored (one replica per MPI rank, every rank "
+      "holding every variable, gradients all-reduced, no ps; start the "
+      "ranks with mpirun, srun or keel launch --strategy "
+      "multi_worker_mirrored), parameter_server (chief and workers of a "
       "cluster with ps tasks). auto: parameter_server when the process has "
       "a cluster (TF_CONFIG, Slurm, keel launch), else one_device. Every "
       "strategy writes the same checkpoints (the chief's), restorable "
@@ -169,6 +171,11 @@ static const key_def schema[] = {
       "micro-batches of this many examples in global order, so 1 process "
       "and any number of cluster workers give identical bits; the "
       "per-worker batch must be a multiple of it." },
+    { "train", "leaves", T_INT, "4", 1, 1024, NULL,
+      "multi_worker_mirrored: the global batch is cut into this many equal "
+      "leaves whose gradients are added along one fixed binary tree, so "
+      "every rank count that divides it gives identical bits (a power of "
+      "two; train.batch_size a multiple of it)." },
     { "train", "eval_batch_size", T_INT, "1000", 1, 1 << 20, NULL,
       "Batch size of keel eval." },
     { "train", "validate_every_epochs", T_INT, "0", 0, 1000000, NULL,

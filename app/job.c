@@ -1027,19 +1027,106 @@ position_after_create(void *ctx, keel_session *s)
     return st;
 }
 
+/* One gradient store per micro-batch (or leaf) of this replica: k of them
+ * (at most 64). */
+static keel_status
+alloc_micro(job *j, int k)
+{
+    keel_status st = KEEL_OK;
+    for (; st == KEEL_OK && j->n_micro < k; j->n_micro++)
+        st = keel_grads_new(j->vs, &j->micro_g[j->n_micro]);
+    if (st != KEEL_OK)
+        j->n_micro--;
+    return st;
+}
+
+/* A replica of several (parameter-server or all-reduce): its session runs
+ * over backend (borrowed: lives until the session is freed), moves its
+ * data slice to the global step after every creation (a hook after
+ * hooks[0..n)), and only the chief writes checkpoints. */
+static void
+replica_session(job *j, keel_training_config *tc, const keel_backend *backend,
+                keel_hook *hooks, size_t n_hooks, int is_chief)
+{
+    keel_hook *position = &hooks[n_hooks];     /* owns nothing */
+    memset(position, 0, sizeof *position);
+    position->struct_size = sizeof *position;
+    position->name = "data_position";
+    position->ctx = j;
+    position->after_create_session = position_after_create;
+    tc->session.backend = backend;
+    tc->session.n_hooks = n_hooks + 1;
+    tc->is_chief = is_chief;
+    if (!is_chief)
+        tc->checkpoint_dir = NULL;
+}
+
+/* train.strategy = multi_worker_mirrored: what the config and the
+ * process must offer before MPI starts. */
+static keel_status
+mwm_check(const keel_config *cfg, int in_cluster)
+{
+    int64_t leaves = keel_config_int(cfg, "train.leaves");
+    int64_t batch = keel_config_int(cfg, "train.batch_size");
+    if (!keel_collective_is_available())
+        return keel__fail(KEEL_EINVAL, "train.strategy = "
+                          "multi_worker_mirrored (%s) needs MPI, and this "
+                          "keel was built without it: apt-get install "
+                          "libopenmpi-dev openmpi-bin, re-run configure and "
+                          "rebuild (or use train.strategy = "
+                          "parameter_server)",
+                          keel_config_origin(cfg, "train.strategy"));
+    if (in_cluster)
+        return keel__fail(KEEL_EINVAL, "train.strategy = "
+                          "multi_worker_mirrored takes its ranks from MPI "
+                          "(mpirun -n N, srun, keel launch --strategy "
+                          "multi_worker_mirrored), not from a cluster spec: "
+                          "unset TF_CONFIG and the [cluster] task lists");
+    if (strcmp(keel_config_str(cfg, "optimizer.name"), "kfac") == 0)
+        return keel__fail(KEEL_EINVAL, "optimizer.name = kfac does not run "
+                          "under train.strategy = multi_worker_mirrored yet "
+                          "(one process only)");
+    if (keel_config_int(cfg, "train.micro_batch") > 0)
+        return keel__fail(KEEL_EINVAL, "train.micro_batch (%s) does not "
+                          "apply to multi_worker_mirrored: its gradients are "
+                          "always summed over train.leaves fixed leaves",
+                          keel_config_origin(cfg, "train.micro_batch"));
+    if ((leaves & (leaves - 1)) != 0 || batch % leaves != 0)
+        return keel__fail(KEEL_EINVAL, "train.leaves = %lld (%s): a power "
+                          "of two dividing train.batch_size = %lld",
+                          (long long)leaves,
+                          keel_config_origin(cfg, "train.leaves"),
+                          (long long)batch);
+    return KEEL_OK;
+}
+
+static keel_status
+mwm_check_ranks(const keel_config *cfg, int ranks)
+{
+    int64_t leaves = keel_config_int(cfg, "train.leaves");
+    if (leaves % ranks != 0 || leaves / ranks > 64)
+        return keel__fail(KEEL_EINVAL, "multi_worker_mirrored: %d ranks "
+                          "and train.leaves = %lld: start a power-of-two "
+                          "number of ranks dividing the leaves, with at "
+                          "most 64 leaves per rank (or set train.leaves)",
+                          ranks, (long long)leaves);
+    return KEEL_OK;
+}
+
 keel_status
 keel_job_train(const keel_config *cfg, const keel_job_options *opts,
                keel_job_result *result)
 {
     const keel_cluster_spec *spec = opts ? opts->cluster : NULL;
     int in_cluster = spec != NULL && !keel_cluster_spec_is_local(spec);
-    int is_chief = 1, replica = 0, replicas = 1;
+    int is_chief = 1, replica = 0, replicas = 1, is_mwm = 0;
     keel_cluster_backend *worker = NULL;
+    keel_collective *coll = NULL;
     keel_backend backend;
     job j;
     keel_training_config tc;
     keel_scaffold sc;
-    keel_hook hooks[5], chief_hooks[3], position, nan, *ch;
+    keel_hook hooks[5], chief_hooks[3], nan, *ch;
     size_t n_hooks = 0;
     int has_nan = 0;
     keel_session *s = NULL;
@@ -1062,22 +1149,21 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     if (st != KEEL_OK)
         return keel__wrap(st, "train.strategy");
     strategy = keel_strategy_resolve(strategy, in_cluster);
-    if (strategy == KEEL_STRATEGY_MULTI_WORKER_MIRRORED)
-        return keel__fail(KEEL_EINVAL, "train.strategy = "
-                          "multi_worker_mirrored is not built into this "
-                          "keel (it all-reduces over MPI); use "
-                          "parameter_server with keel launch, or mirrored "
-                          "in one process");
+    is_mwm = strategy == KEEL_STRATEGY_MULTI_WORKER_MIRRORED;
+    if (is_mwm && (st = mwm_check(cfg, in_cluster)) != KEEL_OK)
+        return st;
     if (strategy == KEEL_STRATEGY_PARAMETER_SERVER && !in_cluster)
         return keel__fail(KEEL_EINVAL, "train.strategy = parameter_server "
-                          "needs a cluster (TF_CONFIG, Slurm or keel "
-                          "launch --ps N --workers M), and this process "
-                          "has none; use one_device or mirrored, or auto");
-    if (strategy != KEEL_STRATEGY_PARAMETER_SERVER && in_cluster)
-        return keel__fail(KEEL_EINVAL, "train.strategy = %s trains in one "
-                          "process, but this process is %s %d of a "
+                          "(%s) needs a cluster (TF_CONFIG, Slurm, [cluster] "
+                          "or keel launch --ps N --workers M), and this "
+                          "process has none; use one_device, mirrored or "
+                          "auto", keel_config_origin(cfg, "train.strategy"));
+    if (strategy != KEEL_STRATEGY_PARAMETER_SERVER && !is_mwm && in_cluster)
+        return keel__fail(KEEL_EINVAL, "train.strategy = %s (%s) trains in "
+                          "one process, but this process is %s %d of a "
                           "cluster; use parameter_server (or auto) there",
                           keel_strategy_name(strategy),
+                          keel_config_origin(cfg, "train.strategy"),
                           keel_task_type_name(
                               keel_cluster_spec_task_type(spec)),
                           keel_cluster_spec_task_index(spec));
@@ -1111,8 +1197,33 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     if (opts != NULL && opts->handle_signals &&
         (st = keel_session_install_signal_handlers()) != KEEL_OK)
         return st;
+    if (is_mwm) {
+        /* the ranks before the data: a rank's slice is its rank's part */
+        keel_updater up;
+        up.ctx = &j;
+        up.apply = job_apply;
+        st = keel_collective_new(&up, &coll);
+        if (st == KEEL_OK) {
+            replica = keel_collective_rank(coll);
+            replicas = keel_collective_size(coll);
+            is_chief = replica == 0;
+            st = mwm_check_ranks(cfg, replicas);
+        }
+        if (st != KEEL_OK) {
+            keel_collective_free(coll);
+            if (opts != NULL && opts->handle_signals)
+                keel_session_uninstall_signal_handlers();
+            return st;
+        }
+    }
     st = job_build(&j, cfg, replica, replicas);
+    if (st == KEEL_OK && is_mwm)
+        snprintf(j.topology, sizeof j.topology, "multi_worker_mirrored "
+                 "ranks=%d batch=%lld leaves=%lld", replicas,
+                 (long long)j.global_batch,
+                 (long long)keel_config_int(cfg, "train.leaves"));
     if (st != KEEL_OK) {
+        keel_collective_free(coll);
         job_free(&j);
         if (opts != NULL && opts->handle_signals)
             keel_session_uninstall_signal_handlers();
@@ -1240,7 +1351,7 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     tc.strategy = strategy;
     tc.replicas = j.replicas;
     j.micro = keel_config_int(cfg, "train.micro_batch");
-    if (j.micro > 0) {
+    if (j.micro > 0 && !is_mwm) {
         int64_t slice = j.global_batch / replicas;
         if (j.global_batch % replicas != 0 || slice % j.micro != 0 ||
             slice / j.micro > 64) {
@@ -1252,6 +1363,18 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
                             (long long)slice, (long long)j.global_batch);
             goto out;
         }
+    }
+    if (is_mwm) {
+        /* train.leaves: this rank's leaves, each computed alone (the
+         * micro-batch path) and summed along the collective's tree */
+        int64_t leaves = keel_config_int(cfg, "train.leaves");
+        j.micro = j.global_batch / leaves;
+        if ((st = alloc_micro(&j, (int)(leaves / replicas))) != KEEL_OK ||
+            (st = keel_collective_set_leaves(coll, j.micro_g, j.n_micro)) !=
+            KEEL_OK)
+            goto out;
+        keel_collective_get_backend(coll, &backend);
+        replica_session(&j, &tc, &backend, hooks, n_hooks, is_chief);
     }
     if (in_cluster) {
         /* the cluster through the public seam (keel/distributed.h): the
@@ -1269,29 +1392,16 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
             goto out;
         if (j.micro > 0) {
             int k = (int)(j.global_batch / replicas / j.micro);
-            for (; j.n_micro < k; j.n_micro++)
-                if ((st = keel_grads_new(j.vs, &j.micro_g[j.n_micro])) !=
-                    KEEL_OK)
-                    goto out;
-            if ((st = keel_cluster_backend_set_micro(worker, j.micro_g,
+            if ((st = alloc_micro(&j, k)) != KEEL_OK ||
+                (st = keel_cluster_backend_set_micro(worker, j.micro_g,
                                                      j.n_micro)) != KEEL_OK)
                 goto out;
         }
         keel_cluster_backend_get(worker, &backend);
-        tc.session.backend = &backend;
-        memset(&position, 0, sizeof position);
-        position.struct_size = sizeof position;
-        position.name = "data_position";
-        position.ctx = &j;
-        position.after_create_session = position_after_create;
-        hooks[n_hooks] = position;      /* not released: owns nothing */
-        tc.session.n_hooks = n_hooks + 1;
-        tc.is_chief = is_chief;
+        replica_session(&j, &tc, &backend, hooks, n_hooks, is_chief);
         tc.max_wait_secs = o.max_wait_secs;
         tc.stop_grace_period_secs =
             keel_config_double(cfg, "cluster.stop_grace_secs");
-        if (!is_chief)
-            tc.checkpoint_dir = NULL;
     }
 
     if (tc.checkpoint_dir != NULL &&
@@ -1353,6 +1463,9 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     keel_session_free(s);
 out:
     keel_cluster_backend_free(worker);
+    /* after the session: MPI_Finalize (or, after a failure, not: the
+     * launcher then ends the other ranks) */
+    keel_collective_free(coll);
     if (j.opts.handle_signals)
         keel_session_uninstall_signal_handlers();
     for (size_t i = 0; i < n_hooks; i++)

@@ -23,6 +23,8 @@ p.add_argument("--examples", type=int, default=38400, help="examples per repetit
 p.add_argument("--blas-threads", default="1")
 p.add_argument("--port", type=int, default=0, help="rendezvous port (0: a free one)")
 p.add_argument("--ar-sizes-mib", default="1,16,64")
+p.add_argument("--model", default="mlp", choices=["mlp", "cnn"],
+               help="mlp: momentum SGD 0.01/0.9; cnn: Adam 1e-3 (keel's twins)")
 ARGS = p.parse_args()
 if ARGS.blas_threads != "default":
     os.environ["OPENBLAS_NUM_THREADS"] = ARGS.blas_threads
@@ -66,9 +68,12 @@ def rank_main(rank, a, port, results):
     out = {}
     for G in a.batches:
         torch.manual_seed(0)
-        model, _ = tc.model_and_optimizer("mlp")
+        model, _ = tc.model_and_optimizer(a.model)
         model = torch.nn.parallel.DistributedDataParallel(model)
-        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        if a.model == "mlp":
+            opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        else:
+            opt = torch.optim.Adam(model.parameters(), lr=1e-3)
         perm = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(0))
         data = tc.Batches(x, y, perm[rank::WORLD].contiguous(), G // WORLD)
         steps = a.examples // G
@@ -101,7 +106,7 @@ def main():
     mp.spawn(rank_main, args=(a, a.port or free_port(), results), nprocs=WORLD, join=True)
     out = results.get()
     for G in a.batches:
-        tc.emit(bench="torch_ddp_tput", model="mlp", global_batch=G, per_rank_batch=G // WORLD,
+        tc.emit(bench="torch_ddp_tput", model=a.model, global_batch=G, per_rank_batch=G // WORLD,
                 world=WORLD, threads_per_rank=1, unit="examples/s (global)",
                 **tc.summary(out[("ddp", G)]))
     for mib in a.ar_sizes:

@@ -87,12 +87,15 @@ check_strategy(const keel_training_config *cfg, int has_cluster,
     if ((int)s < 0 || (int)s >= KEEL_STRATEGY_COUNT)
         return keel__fail(KEEL_EINVAL, "training session: strategy %d is "
                           "not a keel_strategy", (int)cfg->strategy);
-    if (s == KEEL_STRATEGY_MULTI_WORKER_MIRRORED)
-        return keel__fail(KEEL_EINVAL, "training session: strategy "
-                          "multi_worker_mirrored is not built on this "
-                          "session (it all-reduces over MPI); use "
-                          "parameter_server for a cluster or mirrored in "
-                          "one process");
+    if (s == KEEL_STRATEGY_MULTI_WORKER_MIRRORED) {
+        /* a cluster and a backend together are refused after this */
+        if (cfg->session.backend == NULL)
+            return keel__fail(KEEL_EINVAL, "training session: strategy "
+                              "multi_worker_mirrored all-reduces over MPI: "
+                              "set session.backend from "
+                              "keel_collective_get_backend");
+        return KEEL_OK;
+    }
     if (s == KEEL_STRATEGY_PARAMETER_SERVER && !has_cluster)
         return keel__fail(KEEL_EINVAL, "training session: strategy "
                           "parameter_server needs a cluster with ps tasks "

@@ -31,7 +31,7 @@ launch_usage(FILE *out, int code)
             "LIST]\n"
             "                   [--grace SECS] [--backoff SECS] [--no-status]"
             "\n"
-            "                   [--evaluator]\n"
+            "                   [--evaluator] [--strategy NAME]\n"
             "                   [-s section.key=value]... [-v]\n"
             "       keel launch [options] [--output-dir DIR] [--async]\n"
             "                   [--replicas-to-aggregate N] -- PROGRAM "
@@ -75,6 +75,14 @@ launch_usage(FILE *out, int code)
             "                       each new checkpoint on the test set until\n"
             "                       the final step's; its failure does not\n"
             "                       change the exit status\n"
+            "  --strategy NAME      parameter_server (the tasks above) or\n"
+            "                       multi_worker_mirrored: --workers N MPI "
+            "ranks\n"
+            "                       (default 2) under one mpirun, all "
+            "restarted\n"
+            "                       from the newest checkpoint when one "
+            "fails\n"
+            "                       (default: the config's train.strategy)\n"
             "  -s, --set K=V        override a config key in every task "
             "(repeatable)\n"
             "  -v, --verbose        debug logging in every task\n"
@@ -308,6 +316,55 @@ check_replicas(const keel_config *cfg, int num_ps, int num_workers)
     return rc;
 }
 
+/* multi_worker_mirrored: no ps, no evaluator task (it would evaluate
+ * checkpoints beside the ranks; run keel eval instead). */
+static int
+check_mwm(int num_ps, int with_evaluator, int ranks)
+{
+    if (!keel_collective_is_available())
+        return cli_error(CLI_USAGE, "launch: --strategy "
+                         "multi_worker_mirrored needs MPI, and this keel was "
+                         "built without it: apt-get install libopenmpi-dev "
+                         "openmpi-bin, re-run configure and rebuild");
+    if (ranks < 1)
+        return cli_error(CLI_USAGE, "launch: --strategy "
+                         "multi_worker_mirrored: --workers is the number of "
+                         "MPI ranks (at least 1)");
+    if (num_ps > 0)
+        return cli_error(CLI_USAGE, "launch: --strategy "
+                         "multi_worker_mirrored has no parameter servers "
+                         "(drop --ps %d)", num_ps);
+    if (with_evaluator)
+        return cli_error(CLI_USAGE, "launch: --evaluator is not run beside "
+                         "multi_worker_mirrored ranks yet; evaluate the "
+                         "checkpoints with keel eval");
+    return CLI_OK;
+}
+
+/* mpirun's arguments for n ranks of keel (Open MPI): every rank on this
+ * machine, more ranks than cores allowed, shared memory between them and
+ * the loopback interface only (no network); as root, Open MPI's own
+ * consent flag. Returns the number of arguments written. */
+static int
+mpirun_argv(char **argv, char *n, char *keel)
+{
+    int k = 0;
+    argv[k++] = "mpirun";
+    if (getuid() == 0)
+        argv[k++] = "--allow-run-as-root";
+    argv[k++] = "-n";
+    argv[k++] = n;
+    argv[k++] = "--oversubscribe";
+    argv[k++] = "--mca";
+    argv[k++] = "btl";
+    argv[k++] = "self,vader";
+    argv[k++] = "--mca";
+    argv[k++] = "oob_tcp_if_include";
+    argv[k++] = "lo";
+    argv[k++] = keel;
+    return k;
+}
+
 /* PROGRAM as execve wants it: a name with a slash as given, else the
  * first executable of that name on PATH. */
 static int
@@ -337,12 +394,14 @@ find_program(const char *name, char *buf, size_t size)
 int
 cmd_launch(int argc, char **argv)
 {
-    const char *path = NULL, *out_opt = NULL;
+    const char *path = NULL, *out_opt = NULL, *strategy = NULL;
+    int is_mwm = 0, workers_set = 0;
+    char n_ranks[16];
     char **program = NULL;          /* -- PROGRAM [ARGS...] */
     int async_mode = 0, rta = 0;
     char *over[MAX_OVERRIDES];
     char *task_argv[MAX_OVERRIDES * 2 + 8];
-    char exe[PATH_MAX], outdir[PATH_MAX];
+    char exe[PATH_MAX], outdir[PATH_MAX], keel_exe[PATH_MAX];
     int n_over = 0, verbose = 0, rc, done = 0, k = 0, status_flag = 1;
     ssize_t len;
     keel_config *cfg = NULL;
@@ -370,6 +429,7 @@ cmd_launch(int argc, char **argv)
                     strcmp(a, "--chaos-targets") == 0 ||
                     strcmp(a, "--grace") == 0 ||
                     strcmp(a, "--backoff") == 0 || strcmp(a, "-s") == 0 ||
+                    strcmp(a, "--strategy") == 0 ||
                     strcmp(a, "--set") == 0;
         if (strcmp(a, "--") == 0) {
             if (i + 1 >= argc)
@@ -386,9 +446,11 @@ cmd_launch(int argc, char **argv)
             rc = parse_int(a, val, 0, KEEL_LAUNCH_MAX_PS, &lc.num_ps);
         else if (strcmp(a, "--workers") == 0)
             rc = parse_int(a, val, 0, KEEL_LAUNCH_MAX_WORKERS,
-                           &lc.num_workers);
+                           &lc.num_workers), workers_set = 1;
         else if (strcmp(a, "--output-dir") == 0)
             out_opt = val;
+        else if (strcmp(a, "--strategy") == 0)
+            strategy = val;
         else if (strcmp(a, "--replicas-to-aggregate") == 0)
             rc = parse_int(a, val, 1, KEEL_LAUNCH_MAX_WORKERS + 1, &rta);
         else if (strcmp(a, "--max-restarts") == 0)
@@ -438,6 +500,9 @@ cmd_launch(int argc, char **argv)
     if (program != NULL && (n_over > 0 || verbose))
         return cli_error(CLI_USAGE, "launch: -s and -v set keys of a keel "
                          "CONFIG; PROGRAM takes its own arguments after --");
+    if (program != NULL && strategy != NULL)
+        return cli_error(CLI_USAGE, "launch: --strategy is for a keel "
+                         "CONFIG (PROGRAM chooses its own)");
     if (program == NULL && (out_opt != NULL || async_mode || rta > 0))
         return cli_error(CLI_USAGE, "launch: --output-dir, --async and "
                          "--replicas-to-aggregate are for -- PROGRAM (a "
@@ -472,9 +537,20 @@ cmd_launch(int argc, char **argv)
         rc = cli_load_config(path, n_over, over, &cfg);
         if (rc != CLI_OK)
             return rc;
+        if (strategy == NULL)
+            strategy = keel_config_str(cfg, "train.strategy");
+        is_mwm = strcmp(strategy, "multi_worker_mirrored") == 0;
         rc = absolute_dir(keel_config_str(cfg, "checkpoint.dir"), outdir,
                           sizeof outdir);
-        if (rc == CLI_OK)
+        if (rc == CLI_OK && is_mwm)
+            rc = check_mwm(lc.num_ps, lc.with_evaluator,
+                           workers_set ? lc.num_workers : 2);
+        else if (rc == CLI_OK && strcmp(strategy, "parameter_server") != 0 &&
+                 strcmp(strategy, "auto") != 0)
+            rc = cli_error(CLI_USAGE, "launch: --strategy '%s': want "
+                           "parameter_server or multi_worker_mirrored",
+                           strategy);
+        if (rc == CLI_OK && !is_mwm)
             rc = check_replicas(cfg, lc.num_ps, lc.num_workers);
         keel_config_free(cfg);
         if (rc != CLI_OK)
@@ -484,9 +560,23 @@ cmd_launch(int argc, char **argv)
             return cli_error(CLI_RUNTIME, "launch: cannot find the keel "
                              "binary (/proc/self/exe): %s", strerror(errno));
         exe[len] = '\0';
-        task_argv[k++] = "keel";
+        if (is_mwm) {
+            /* one task: mpirun and its ranks, restarted as a whole */
+            snprintf(n_ranks, sizeof n_ranks, "%d",
+                     workers_set ? lc.num_workers : 2);
+            snprintf(keel_exe, sizeof keel_exe, "%s", exe);
+            k = mpirun_argv(task_argv, n_ranks, keel_exe);
+            lc.num_workers = 0;
+            snprintf(exe, sizeof exe, "%s", KEEL_MPIRUN);
+        } else {
+            task_argv[k++] = "keel";
+        }
         task_argv[k++] = "train";
         task_argv[k++] = (char *)path;
+        if (is_mwm) {
+            task_argv[k++] = "-s";
+            task_argv[k++] = "train.strategy=multi_worker_mirrored";
+        }
         for (int i = 0; i < n_over; i++) {
             task_argv[k++] = "-s";
             task_argv[k++] = over[i];
@@ -517,6 +607,10 @@ cmd_launch(int argc, char **argv)
     sa.sa_handler = SIG_IGN;            /* a closed stdout must not kill us */
     sigaction(SIGPIPE, &sa, &old_pipe);
 
+    if (is_mwm)
+        printf("launch | multi_worker_mirrored: %s MPI ranks under %s; "
+               "OUTPUT_DIR=%s\n", n_ranks, exe, outdir);
+    else
     printf("launch | %d ps, chief, %d worker%s%s%s%s; OUTPUT_DIR=%s\n",
            lc.num_ps, lc.num_workers, lc.num_workers == 1 ? "" : "s",
            lc.with_evaluator ? ", evaluator" : "",

@@ -365,7 +365,11 @@ cmd_train(int argc, char **argv)
     rc = cli_load_config(path, n_over, over, &cfg);
     if (rc != CLI_OK)
         return rc;
-    rc = cli_resolve_cluster(cfg, ckpt, &spec);     /* ckpt: --task */
+    /* multi_worker_mirrored: the ranks come from MPI, not a cluster spec
+     * (srun's SLURM_PROCID is then an MPI rank, not a ps task) */
+    if (strcmp(keel_config_str(cfg, "train.strategy"),
+               "multi_worker_mirrored") != 0 || getenv("TF_CONFIG") != NULL)
+        rc = cli_resolve_cluster(cfg, ckpt, &spec);     /* ckpt: --task */
     if (rc != CLI_OK) {
         keel_config_free(cfg);
         return rc;

@@ -9,6 +9,14 @@ tests_it_train_SOURCES = tests/it_train.c
 tests_it_train_CFLAGS = $(TEST_CFLAGS)
 tests_it_train_LDADD = $(TEST_LIBS)
 
+# it_mpi: multi_worker_mirrored under mpirun and keel launch (skipped
+# without MPI).
+check_PROGRAMS += tests/it_mpi
+TESTS += tests/it_mpi
+tests_it_mpi_SOURCES = tests/it_mpi.c
+tests_it_mpi_CFLAGS = $(TEST_CFLAGS)
+tests_it_mpi_LDADD = $(TEST_LIBS)
+
 # it_eval: the evaluator task, read leases, TF_CONFIG model_dir and
 # `keel launch --evaluator` with real processes.
 check_PROGRAMS += tests/it_eval

@@ -149,6 +149,64 @@ keel_status keel_cluster_backend_set_micro(keel_cluster_backend *b,
 keel_status keel_cluster_spec_detect(const keel_cluster_options *opts,
                                      keel_cluster_spec **out);
 
+/* ---- all-reduce (train.strategy = multi_worker_mirrored) ------------------
+ * Every rank (an MPI process: mpirun -n N, srun) holds every variable and
+ * computes its slice of the global batch; the ranks' gradients are summed
+ * in a fixed order (a binary tree over gradient leaves, then over ranks in
+ * rank order: for power-of-two leaf and rank counts the same tree whatever
+ * the rank count, so 1, 2, 4 ranks give identical bits) and every rank
+ * applies the same update. Rank 0 is the chief: it restores or initializes
+ * the variables and broadcasts them, and alone writes checkpoints. A rank
+ * that fails ends the job (no per-task recovery): restart every rank from
+ * the newest checkpoint (docs/strategies.md). Needs keel configured with
+ * MPI (Debian: libopenmpi-dev, openmpi-bin). */
+
+/* 1 if keel was built with MPI. */
+int keel_collective_is_available(void);
+/* 1 if this process was started as an MPI rank (mpirun's, srun's or a PMI
+ * launcher's environment variables are set). */
+int keel_collective_env_detected(void);
+
+/* One process's link to the other ranks. Opaque; one per process. */
+typedef struct keel_collective keel_collective;
+
+/* Join the ranks (MPI_Init unless the program initialized MPI; a process
+ * started without a launcher is a single rank; MPI allows one
+ * initialization per process). update (copied; NULL: none) is the local
+ * update the backend's updater applies after the all-reduce. Every rank
+ * must build the same variables in the same order. SIGTERM/SIGINT handlers the process installed
+ * (keel_session_install_signal_handlers) are deferred to the next
+ * all-reduce, so that every rank stops after the same step. Without MPI:
+ * KEEL_EINVAL naming the packages to install. Caller owns *out:
+ * keel_collective_free(). */
+keel_status keel_collective_new(const keel_updater *update,
+                                keel_collective **out);
+int keel_collective_rank(const keel_collective *c);   /* 0 .. size-1 */
+int keel_collective_size(const keel_collective *c);
+/* Sum these n gradient stores (this rank's leaves, in global order; a
+ * power of two up to 1024; borrowed while set) instead of the session's
+ * gradients. n 0: the session's gradients are the rank's one leaf. */
+keel_status keel_collective_set_leaves(keel_collective *c,
+                                       keel_grads *const *leaves, int n);
+/* Every rank: g (the session's store; overwritten) becomes the sum of every
+ * rank's leaves along the fixed tree. A failed or dead rank gives
+ * KEEL_EUNAVAILABLE. */
+keel_status keel_collective_allreduce(keel_collective *c, keel_grads *g);
+/* Every rank: rank 0's global step, variables and slots (not local
+ * variables) into vs, marked initialized. */
+keel_status keel_collective_broadcast(keel_collective *c, keel_vars *vs);
+keel_status keel_collective_barrier(keel_collective *c);
+/* The session backend ("allreduce") to put in keel_session_config.backend:
+ * the updater all-reduces then applies the update given to
+ * keel_collective_new; the chief (rank 0) publishes its restored or
+ * initialized state by broadcast, the other ranks (session workers with no
+ * checkpoint directory) take it as their fetch. *out valid while c lives. */
+void keel_collective_get_backend(keel_collective *c, keel_backend *out);
+/* Restore the signal handlers and MPI_Finalize (when this handle
+ * initialized MPI and the session ended without an error: a failed rank
+ * exits without it, and the launcher ends the others). NULL is a no-op. */
+void keel_collective_free(keel_collective *c);
+
 #ifdef __cplusplus
 }
 #endif

@@ -453,8 +453,8 @@ typedef struct keel_training_config {
      * refuse a cluster with tasks; parameter_server needs one;
      * mirrored runs session.step on `replicas` threads
      * (session.replicas, 2..KEEL_MAX_REPLICAS; 0: 2).
-     * multi_worker_mirrored is KEEL_EINVAL from this function (it is
-     * not built on the session here: it runs over MPI). */
+     * multi_worker_mirrored needs session.backend set from
+     * keel_collective_get_backend (keel/distributed.h) and no cluster. */
     keel_strategy strategy;
     int replicas;
 } keel_training_config;

@@ -1,0 +1,282 @@
+/* it_mpi.c - train.strategy = multi_worker_mirrored as a user runs it:
+ * `mpirun -n N keel train` and `keel launch --strategy
+ * multi_worker_mirrored` on a small synthetic dataset, real MPI ranks on
+ * this machine (shared memory and loopback only), real checkpoints.
+ *  - 2 ranks train and learn; the chief's checkpoint restores with keel
+ *    eval in one process;
+ *  - 1, 2 and 4 ranks give bitwise identical checkpoints (keel ckpt diff);
+ *  - a SIGKILLed rank ends the job, keel launch restarts every rank from
+ *    the newest checkpoint, and the run ends bitwise equal to an
+ *    uninterrupted one;
+ *  - leaves that the rank count cannot split, and a cluster spec, are
+ *    configuration errors (exit 2).
+ * Skipped (exit 77) when keel was built without MPI. */
+#include <config.h>
+
+#include <dirent.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <keel/keel.h>
+#include "testutil.h"
+
+static char out[65536], err[65536];
+static const char *cfg_path;
+
+static void
+setup(void)
+{
+    /* Open MPI refuses root without its consent variables (containers,
+     * CI); keel launch passes its flag itself */
+    if (getuid() == 0) {
+        setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+        setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+    }
+    cfg_path = tu_setup_job(
+        "max_steps = 30\nthreads = 1\nstrategy = multi_worker_mirrored\n"
+        "[checkpoint]\ndir = %s/run\nsave_steps = 10\n"
+        "[hooks]\nprogress = off\n", tu_dir);
+}
+
+static void
+teardown(void)
+{
+    tu_teardown();
+}
+
+/* mpirun -n n keel train cfg_path -s checkpoint.dir=<tu_dir>/dir [-s
+ * extra] within the timeout; its exit status. */
+static int
+mpirun_train(int n, const char *dir, const char *extra)
+{
+    char ranks[8], ckdir[4200];
+    char *argv[32];
+    int k = 0;
+    snprintf(ranks, sizeof ranks, "%d", n);
+    TU_SNPRINTF(ckdir, sizeof ckdir, "checkpoint.dir=%s", tu_path(dir));
+    argv[k++] = KEEL_MPIRUN;
+    argv[k++] = "-n";
+    argv[k++] = ranks;
+    argv[k++] = "--oversubscribe";
+    argv[k++] = "--mca";
+    argv[k++] = "btl";
+    argv[k++] = "self,vader";
+    argv[k++] = "--mca";
+    argv[k++] = "oob_tcp_if_include";
+    argv[k++] = "lo";
+    argv[k++] = (char *)tu_build_path("keel");
+    argv[k++] = "train";
+    argv[k++] = (char *)cfg_path;
+    argv[k++] = "-s";
+    argv[k++] = ckdir;
+    if (extra != NULL) {
+        argv[k++] = "-s";
+        argv[k++] = (char *)extra;
+    }
+    argv[k] = NULL;
+    return tu_run(argv, NULL, 120000, out, sizeof out, err, sizeof err);
+}
+
+static int
+ckpt_diff(const char *a, const char *b)
+{
+    char pa[4200], pb[4200];
+    TU_SNPRINTF(pa, sizeof pa, "%s", tu_path(a));
+    TU_SNPRINTF(pb, sizeof pb, "%s", tu_path(b));
+    return tu_keel(60000, out, sizeof out, err, sizeof err, "ckpt", "diff",
+                   pa, pb, NULL);
+}
+
+START_TEST(test_two_ranks_train_and_restore_in_one_process)
+{
+    double acc = 0;
+    char *p;
+    int rc = mpirun_train(2, "run", NULL);
+    ck_assert_msg(rc == 0, "mpirun -n 2: %d\n%s", rc, tu_tail(err, 3000));
+    /* both ranks trained their half of every step's 32 examples */
+    p = strstr(out, "trained steps 0..30 (480 examples");
+    ck_assert_msg(p != NULL && strstr(p + 1, "trained steps 0..30 (480 "
+                                      "examples") != NULL, "%s", out);
+    ck_assert_msg(strstr(err, "collective: rank 1 of 2") != NULL, "%s",
+                  tu_tail(err, 3000));
+    /* the chief alone wrote; one process restores it */
+    ck_assert_int_ge(tu_file_size(tu_path("run/model.ckpt-30.h5")), 1);
+    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "eval",
+                             tu_path("run"), NULL), 0);
+    p = strstr(out, "accuracy ");
+    ck_assert_msg(p != NULL && sscanf(p, "accuracy %lf", &acc) == 1, "%s",
+                  out);
+    /* 10 classes: chance is 0.1; the patches are learnt in 30 steps */
+    ck_assert_msg(acc > 0.5, "accuracy %g after 30 steps:\n%s", acc, out);
+    ck_assert_msg(strstr(out, "step 30") != NULL, "%s", out);
+}
+END_TEST
+
+START_TEST(test_one_two_four_ranks_give_identical_bits)
+{
+    char a[64], b[64];
+    int rc;
+    /* one rank: a plain process (a singleton MPI job) */
+    char ckdir[4200];
+    TU_SNPRINTF(ckdir, sizeof ckdir, "checkpoint.dir=%s", tu_path("r1"));
+    rc = tu_keel(120000, out, sizeof out, err, sizeof err, "train", cfg_path,
+                 "-s", ckdir, NULL);
+    ck_assert_msg(rc == 0, "1 rank: %d\n%s", rc, tu_tail(err, 3000));
+    rc = mpirun_train(2, "r2", NULL);
+    ck_assert_msg(rc == 0, "2 ranks: %d\n%s", rc, tu_tail(err, 3000));
+    rc = mpirun_train(4, "r4", NULL);
+    ck_assert_msg(rc == 0, "4 ranks: %d\n%s", rc, tu_tail(err, 3000));
+    for (int step = 10; step <= 30; step += 20) {
+        snprintf(a, sizeof a, "r1/model.ckpt-%d.h5", step);
+        snprintf(b, sizeof b, "r2/model.ckpt-%d.h5", step);
+        ck_assert_msg(ckpt_diff(a, b) == 0, "%s vs %s:\n%s%s", a, b, out,
+                      err);
+        snprintf(b, sizeof b, "r4/model.ckpt-%d.h5", step);
+        ck_assert_msg(ckpt_diff(a, b) == 0, "%s vs %s:\n%s%s", a, b, out,
+                      err);
+    }
+    /* the diff can fail: another seed gives other bits */
+    rc = mpirun_train(2, "seed", "train.seed=6");
+    ck_assert_int_eq(rc, 0);
+    ck_assert_int_ne(ckpt_diff("r1/model.ckpt-30.h5",
+                               "seed/model.ckpt-30.h5"), 0);
+}
+END_TEST
+
+/* A child of parent (one of mpirun's ranks), or 0. */
+static pid_t
+child_of(pid_t parent)
+{
+    DIR *d = opendir("/proc");
+    struct dirent *e;
+    pid_t found = 0;
+    ck_assert_ptr_nonnull(d);
+    while (found == 0 && (e = readdir(d)) != NULL) {
+        char path[300], buf[512], *rp;
+        FILE *f;
+        int ppid = 0;
+        if (e->d_name[0] < '0' || e->d_name[0] > '9')
+            continue;
+        snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
+        f = fopen(path, "r");
+        if (f == NULL)
+            continue;
+        if (fgets(buf, sizeof buf, f) != NULL &&
+            (rp = strrchr(buf, ')')) != NULL &&
+            sscanf(rp + 1, " %*c %d", &ppid) == 1 && ppid == parent &&
+            strstr(buf, "(keel)") != NULL)
+            found = (pid_t)atoi(e->d_name);
+        fclose(f);
+    }
+    closedir(d);
+    return found;
+}
+
+START_TEST(test_killed_rank_restarts_all_from_the_checkpoint_bit_exact)
+{
+    /* a bigger model: the run lasts long enough to be killed mid-way */
+    char ckdir[4200], line[512];
+    char *argv[] = { (char *)tu_build_path("keel"), "launch",
+                     (char *)cfg_path, "--workers", "2", "--no-status",
+                     "-s", "model.hidden=512,512", "-s", "train.max_steps=300",
+                     "-s", "checkpoint.save_steps=50", "-s", ckdir, NULL };
+    int fd = -1, rc, mpirun = 0;
+    pid_t launch, rank;
+    char *p;
+    TU_SNPRINTF(ckdir, sizeof ckdir, "checkpoint.dir=%s", tu_path("ref"));
+    rc = tu_keel(120000, out, sizeof out, err, sizeof err, "train", cfg_path,
+                 "-s", "model.hidden=512,512", "-s", "train.max_steps=300",
+                 "-s", "checkpoint.save_steps=50", "-s", ckdir, NULL);
+    ck_assert_msg(rc == 0, "uninterrupted: %d\n%s", rc, tu_tail(err, 3000));
+
+    TU_SNPRINTF(ckdir, sizeof ckdir, "checkpoint.dir=%s", tu_path("run"));
+    launch = tu_spawn_pipe(argv, NULL, TU_ERR_TO_PIPE, &fd);
+    ck_assert_msg(tu_wait_for_line(fd, "started chief (pid", 60000, line,
+                                   sizeof line), "no start line");
+    p = strstr(line, "(pid ");
+    ck_assert_ptr_nonnull(p);
+    mpirun = atoi(p + 5);
+    ck_assert_int_gt(mpirun, 0);
+    ck_assert_msg(tu_wait_for_line(fd, "saved checkpoint for step 50",
+                                   60000, NULL, 0), "no checkpoint at 50");
+    rank = child_of(mpirun);
+    ck_assert_msg(rank > 0, "no rank under mpirun %d", mpirun);
+    ck_assert_int_eq(kill(rank, SIGKILL), 0);
+    ck_assert_msg(tu_wait_for_line(fd, "restarting chief", 60000, NULL, 0),
+                  "the launcher did not restart the ranks");
+    ck_assert_msg(tu_wait_for_line(fd, "resumed from", 60000, line,
+                                   sizeof line), "no resume");
+    ck_assert_msg(strstr(line, "model.ckpt-0.h5") == NULL, "%s", line);
+    ck_assert_msg(tu_wait_for_line(fd, "run complete", 120000, NULL, 0),
+                  "the restarted job did not finish");
+    rc = tu_wait(launch, 60000);
+    close(fd);
+    ck_assert_int_eq(rc, 0);
+    ck_assert_msg(ckpt_diff("ref/model.ckpt-300.h5",
+                            "run/model.ckpt-300.h5") == 0, "%s%s", out, err);
+}
+END_TEST
+
+START_TEST(test_bad_setups_exit_2)
+{
+    char ckdir[4200];
+    TU_SNPRINTF(ckdir, sizeof ckdir, "checkpoint.dir=%s", tu_path("bad"));
+    /* 3 leaves: not a power of two */
+    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err,
+                             "train", cfg_path, "-s", ckdir, "-s",
+                             "train.leaves=3", NULL), 2);
+    ck_assert_msg(strstr(err, "train.leaves = 3") != NULL, "%s", err);
+    /* 3 ranks cannot split 4 leaves */
+    ck_assert_int_eq(mpirun_train(3, "bad", NULL) != 0, 1);
+    ck_assert_msg(strstr(err, "3 ranks and train.leaves = 4") != NULL, "%s",
+                  tu_tail(err, 3000));
+    /* the ranks come from MPI, not from a cluster spec */
+    {
+        char *argv[] = { (char *)tu_build_path("keel"), "train",
+                         (char *)cfg_path, "-s", ckdir, NULL };
+        char *env[] = { "TF_CONFIG={\"cluster\": {\"chief\": "
+                        "[\"127.0.0.1:1\"], \"ps\": [\"127.0.0.1:2\"]}, "
+                        "\"task\": {\"type\": \"chief\", \"index\": 0}}",
+                        NULL };
+        ck_assert_int_eq(tu_run(argv, env, 60000, out, sizeof out, err,
+                                sizeof err), 2);
+        ck_assert_msg(strstr(err, "takes its ranks from MPI") != NULL, "%s",
+                      err);
+    }
+}
+END_TEST
+
+static Suite *
+mpi_suite(void)
+{
+    Suite *s = suite_create("it_mpi");
+    TCase *tc = tcase_create("mpi");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_two_ranks_train_and_restore_in_one_process);
+    tcase_add_test(tc, test_one_two_four_ranks_give_identical_bits);
+    tcase_add_test(tc, test_killed_rank_restarts_all_from_the_checkpoint_bit_exact);
+    tcase_add_test(tc, test_bad_setups_exit_2);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int
+main(void)
+{
+    SRunner *sr;
+    int failed;
+    if (!keel_collective_is_available()) {
+        printf("it_mpi: SKIP: keel was built without MPI (apt-get install "
+               "libopenmpi-dev openmpi-bin, re-run configure)\n");
+        return 77;
+    }
+    sr = srunner_create(mpi_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? 0 : 1;
+}
