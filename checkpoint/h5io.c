@@ -18,6 +18,8 @@
 #include <hdf5.h>
 #include <xxhash.h>
 
+#include <keel/version.h>
+
 #include "ckpt_int.h"
 
 #define CK_ALIGN_THRESHOLD ((hsize_t)64 << 10)
