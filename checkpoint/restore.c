@@ -442,7 +442,9 @@ rs_plan_reads(restore_job *r)
 static keel_status
 rs_read(restore_job *r)
 {
-    keel_status st = keel__ckpt_read_many(&r->f, r->jobs, r->n_jobs);
+    keel_status st;
+    assert(r->jobs != NULL && r->n_jobs <= r->f.n);
+    st = keel__ckpt_read_many(&r->f, r->jobs, r->n_jobs);
     if (st != KEEL_OK)
         return keel__wrap(st, "restore stopped; the model is partly "
                           "overwritten and must be re-initialized");

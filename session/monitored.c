@@ -6,6 +6,7 @@
  * path does not allocate. */
 #include <config.h>
 
+#include <assert.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -455,6 +456,20 @@ create_with_retry(keel_session *s, int is_recovery)
 }
 
 static keel_status
+optimizer_apply(void *ctx, keel_vars *vs, keel_grads *grads,
+                int64_t global_step)
+{
+    return keel_optimizer_apply(ctx, vs, grads, global_step);
+}
+
+keel_updater
+keel_optimizer_updater(keel_optimizer *opt)
+{
+    keel_updater u = { opt, optimizer_apply };
+    return u;
+}
+
+static keel_status
 sn_check_config(const keel_session_config *cfg)
 {
     if (cfg == NULL || cfg->vars == NULL || cfg->step == NULL)
@@ -537,6 +552,7 @@ sn_add_hooks(keel_session *s, const keel_session_config *cfg)
         if (s->hooks[i].after_run != NULL)
             s->after_idx[s->n_after++] = i;
     }
+    assert(s->n_before <= n && s->n_after <= n);
     s->min_after_ns = KEEL_WAKE_NEVER;
     for (size_t i = 0; i < n; i++)
         refresh_slot(s, i);
@@ -1113,6 +1129,7 @@ keel_session_close(keel_session *s)
     check_stop(s);
     if (!s->is_stopped)
         stop_with(s, KEEL_END_CLEAN);
+    assert(s->is_stopped);
     keel__log(KEEL_LOG_INFO, "session ending at global step %lld: %s",
               (long long)keel_vars_global_step(s->vars),
               keel_end_reason_str(s->reason));
