@@ -968,7 +968,7 @@ run(keel_session *s, const void *batch, int with_hooks)
         return keel__fail(KEEL_ESTATE, "run: session is closed");
     if (s->is_stopped)
         return keel__fail(KEEL_ESTATE, "Run called even after should_stop "
-                          "requested (%s)", keel_end_reason_str(s->reason));
+                          "requested (%s)", keel_end_reason_name(s->reason));
     if (check_stop(s)) {
         if (s->reason == KEEL_END_SIGNAL)
             return keel__fail(KEEL_ECANCELLED, "run: stopped by signal %d "
@@ -976,7 +976,7 @@ run(keel_session *s, const void *batch, int with_hooks)
                               (int)keel__signal_pending(),
                               (long long)keel_vars_global_step(s->vars));
         return keel__fail(KEEL_ESTATE, "Run called even after should_stop "
-                          "requested (%s)", keel_end_reason_str(s->reason));
+                          "requested (%s)", keel_end_reason_name(s->reason));
     }
     for (;;) {
         keel_status st;
@@ -1132,7 +1132,7 @@ keel_session_close(keel_session *s)
     assert(s->is_stopped);
     keel__log(KEEL_LOG_INFO, "session ending at global step %lld: %s",
               (long long)keel_vars_global_step(s->vars),
-              keel_end_reason_str(s->reason));
+              keel_end_reason_name(s->reason));
     for (i = 0; i < s->n_hooks; i++) {
         const keel_hook *h = &s->hooks[i];
         if (h->end != NULL)

@@ -91,7 +91,7 @@ static void
 record_log(void *ctx, keel_log_level level, const char *msg)
 {
     char *buf = ctx;
-    snprintf(buf, 256, "%s:%s", keel_log_level_str(level), msg);
+    snprintf(buf, 256, "%s:%s", keel_log_level_name(level), msg);
 }
 
 START_TEST(test_log_goes_to_handler_above_level_only)

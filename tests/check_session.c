@@ -84,7 +84,7 @@ static void
 rec_end(void *ctx, keel_session *s, keel_end_reason why)
 {
     (void)s;
-    logev("e:%s:%s ", ((rec *)ctx)->tag, keel_end_reason_str(why));
+    logev("e:%s:%s ", ((rec *)ctx)->tag, keel_end_reason_name(why));
 }
 
 static keel_hook

@@ -68,7 +68,7 @@ log_to_stderr(void *ctx, keel_log_level level, const char *msg)
         cli_bar_drawn = 0;
     }
     if (level >= KEEL_LOG_WARN)
-        fprintf(stderr, "keel: %s: %s\n", keel_log_level_str(level), msg);
+        fprintf(stderr, "keel: %s: %s\n", keel_log_level_name(level), msg);
     else
         fprintf(stderr, "%s\n", msg);
 }
