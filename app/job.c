@@ -856,7 +856,7 @@ check_reached_end(const job *j, const keel_session *s)
     return keel__fail(KEEL_EINTERNAL, "training ended (%s) at step %lld, "
                       "before its last step %lld, without a stop request; "
                       "the newest checkpoint in %s resumes it",
-                      keel_end_reason_str(why), (long long)at,
+                      keel_end_reason_name(why), (long long)at,
                       (long long)j->last_step,
                       keel_config_str(j->cfg, "checkpoint.dir"));
 }
@@ -1458,7 +1458,7 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
         st = check_reached_end(&j, s);
     if (st == KEEL_OK)
         keel__log(KEEL_LOG_INFO, "training ended (%s) at step %lld",
-                  keel_end_reason_str(keel_session_end_reason(s)),
+                  keel_end_reason_name(keel_session_end_reason(s)),
                   (long long)keel_session_global_step(s));
     keel_session_free(s);
 out:

@@ -15,6 +15,7 @@
 #include <json-c/json.h>
 
 #include <keel/checkpoint.h>
+#include <keel/version.h>
 #include <keel/config.h>
 #include <keel/train.h>
 #include <keel/export.h>

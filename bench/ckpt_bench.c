@@ -54,7 +54,7 @@ static void
 log_line(void *ctx, keel_log_level level, const char *msg)
 {
     (void)ctx;
-    fprintf(stderr, "%s: %s\n", keel_log_level_str(level), msg);
+    fprintf(stderr, "%s: %s\n", keel_log_level_name(level), msg);
 }
 
 static int

@@ -1,6 +1,7 @@
 /* ckpt_int.h - private interface between the checkpoint files: the HDF5
- * writer/reader (h5io.c), the saver with its state file and retention
- * (saver.c) and finding/restoring (restore.c). */
+ * layout (h5layout.c) with its bulk I/O engine (ckpt_io.c, ckpt_io.h),
+ * the saver with its state file and retention (saver.c) and
+ * finding/restoring (restore.c). */
 #ifndef KEEL_CKPT_INT_H
 #define KEEL_CKPT_INT_H
 

@@ -1,5 +1,6 @@
 # checkpoint/: HDF5 checkpoints, the state file, retention, async save.
-libkeel_core_la_SOURCES += checkpoint/ckpt_int.h checkpoint/h5io.c \
+libkeel_core_la_SOURCES += checkpoint/ckpt_int.h checkpoint/h5layout.c \
+	checkpoint/ckpt_io.h checkpoint/ckpt_io.c \
 	checkpoint/saver.c checkpoint/restore.c checkpoint/lease.c \
 	checkpoint/ckpt_ops.h checkpoint/ckpt_ops.c
 

@@ -3,6 +3,7 @@
  * a name map), and the reader API used by `keel ckpt`. */
 #include <config.h>
 
+#include <assert.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -270,197 +271,258 @@ list_append(char *buf, size_t size, const char *name)
     strcat(buf, name);
 }
 
+/* One restore's working state; its steps below run in order. */
+typedef struct restore_job {
+    const char *path;
+    keel_vars *vs;
+    const keel_restore_opts *opts;
+    int skip_slots;
+    ck_file f;                      /* the opened file */
+    map_ent *map;
+    size_t n_map;
+    size_t nv;                      /* store variables */
+    keel_var **target;              /* per file variable: store variable */
+    size_t *owner;                  /* per store variable: file variable */
+    ck_read_job *jobs;
+    size_t n_jobs;
+    keel_restore_report rep;
+} restore_job;
+
+/* The store variable a file dataset restores into (its name, renamed,
+ * in mapped), NULL when it has none (unknown or local). Returns 0 when the
+ * renamed name is too long. */
+static int
+rs_lookup(const restore_job *r, const char *name, char *mapped,
+          keel_var **out)
+{
+    keel_var *v;
+    *out = NULL;
+    if (!map_name(r->map, r->n_map, name, mapped))
+        return 0;
+    v = keel_vars_find(r->vs, mapped);
+    if (v != NULL && !(keel_var_flags(v) & KEEL_VAR_LOCAL))
+        *out = v;
+    return 1;
+}
+
+/* Match file variables to store variables and check every shape before
+ * anything is written; no two file variables may land on one. */
+static keel_status
+rs_match_variables(restore_job *r)
+{
+    const ck_file *f = &r->f;
+    char mapped[KEEL_NAME_MAX];
+    for (size_t j = 0; j < r->nv; j++)
+        r->owner[j] = SIZE_MAX;
+    for (size_t i = 0; i < f->n_vars; i++) {
+        const keel_ckpt_entry *e = &f->d[i].e;
+        const keel_tensor *t;
+        keel_var *v;
+        size_t *own;
+        if (!rs_lookup(r, e->name, mapped, &v))
+            return keel__fail(KEEL_EINVAL, "restore from %s: renamed '%s' "
+                              "is too long", r->path, e->name);
+        if (v == NULL) {
+            r->rep.n_unexpected++;
+            list_append(r->rep.unexpected, sizeof r->rep.unexpected,
+                        e->name);
+            continue;
+        }
+        t = keel_var_tensor(v);
+        if (!keel_shape_equal(t->ndim, t->shape, e->ndim, e->shape)) {
+            char a[80], b[80];
+            int renamed = strcmp(mapped, e->name) != 0;
+            return keel__fail(KEEL_EINVAL, "restore from %s: variable '%s' "
+                              "has shape %s in the checkpoint%s%s but %s in "
+                              "the model", r->path, mapped,
+                              keel_shape_format(a, sizeof a, e->ndim,
+                                                e->shape),
+                              renamed ? " as " : "", renamed ? e->name : "",
+                              keel_shape_format(b, sizeof b, t->ndim,
+                                                t->shape));
+        }
+        own = &r->owner[keel_var_index(v)];
+        if (*own != SIZE_MAX)
+            return keel__fail(KEEL_EINVAL, "restore from %s: checkpoint "
+                              "variables '%s' and '%s' both map onto model "
+                              "variable '%s' (fix the name map)", r->path,
+                              f->d[*own].e.name, e->name, mapped);
+        *own = i;
+        r->target[i] = v;
+    }
+    return KEEL_OK;
+}
+
+/* List the store's variables the file lacks; a strict restore fails on
+ * any. */
+static keel_status
+rs_find_missing(restore_job *r)
+{
+    keel_restore_mode mode = r->opts != NULL ? r->opts->mode
+                                             : KEEL_RESTORE_STRICT;
+    for (size_t j = 0; j < r->nv; j++) {
+        keel_var *v = keel_vars_at(r->vs, j);
+        if (keel_var_flags(v) & KEEL_VAR_LOCAL)
+            continue;
+        if (r->owner[j] == SIZE_MAX) {
+            r->rep.n_missing++;
+            list_append(r->rep.missing, sizeof r->rep.missing,
+                        keel_var_name(v));
+        }
+    }
+    if (r->rep.n_missing > 0 && mode == KEEL_RESTORE_STRICT)
+        return keel__fail(KEEL_ENOTFOUND, "restore from %s: %zu variable(s) "
+                          "of the model are not in the checkpoint: %s (use a "
+                          "partial restore or a name map)", r->path,
+                          r->rep.n_missing, r->rep.missing);
+    return KEEL_OK;
+}
+
+/* Slots of matched variables must match their variable's shape. */
+static keel_status
+rs_check_slots(const restore_job *r)
+{
+    const ck_file *f = &r->f;
+    char mapped[KEEL_NAME_MAX];
+    for (size_t i = f->n_vars; i < f->n && !r->skip_slots; i++) {
+        const keel_ckpt_entry *e = &f->d[i].e;
+        const keel_tensor *t;
+        keel_var *v;
+        char a[80], b[80];
+        if (!rs_lookup(r, e->name, mapped, &v) || v == NULL)
+            continue;
+        t = keel_var_tensor(v);
+        if (!keel_shape_equal(t->ndim, t->shape, e->ndim, e->shape))
+            return keel__fail(KEEL_EINVAL, "restore from %s: slot '%s' of "
+                              "variable '%s' has shape %s in the checkpoint "
+                              "but the variable is %s", r->path, e->slot,
+                              mapped, keel_shape_format(a, sizeof a, e->ndim,
+                                                        e->shape),
+                              keel_shape_format(b, sizeof b, t->ndim,
+                                                t->shape));
+    }
+    return KEEL_OK;
+}
+
+/* One read job per matched variable and slot; slots are created here so
+ * their buffers exist. */
+static keel_status
+rs_plan_reads(restore_job *r)
+{
+    const ck_file *f = &r->f;
+    char mapped[KEEL_NAME_MAX];
+    r->jobs = malloc((f->n > 0 ? f->n : 1) * sizeof *r->jobs);
+    if (r->jobs == NULL)
+        return keel__fail(KEEL_ENOMEM, "restore from %s", r->path);
+    for (size_t i = 0; i < f->n_vars; i++) {
+        if (r->target[i] == NULL)
+            continue;
+        r->jobs[r->n_jobs].d = &f->d[i];
+        r->jobs[r->n_jobs++].dst = keel_var_tensor(r->target[i])->data;
+    }
+    for (size_t i = f->n_vars; i < f->n && !r->skip_slots; i++) {
+        const ck_dset *d = &f->d[i];
+        keel_var *v;
+        keel_tensor *slot;
+        keel_status st;
+        if (!rs_lookup(r, d->e.name, mapped, &v) || v == NULL)
+            continue;
+        st = keel_var_add_slot(v, d->e.slot, &slot);
+        if (st != KEEL_OK)
+            return st;
+        assert(r->n_jobs < f->n);
+        r->jobs[r->n_jobs].d = d;
+        r->jobs[r->n_jobs++].dst = slot->data;
+    }
+    return KEEL_OK;
+}
+
+/* Every dataset in one pass over the file, then the variables count as
+ * initialized and the store takes the file's global step. */
+static keel_status
+rs_read(restore_job *r)
+{
+    keel_status st;
+    assert(r->jobs != NULL && r->n_jobs <= r->f.n);
+    st = keel__ckpt_read_many(&r->f, r->jobs, r->n_jobs);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "restore stopped; the model is partly "
+                          "overwritten and must be re-initialized");
+    for (size_t i = 0; i < r->f.n_vars; i++) {
+        if (r->target[i] == NULL)
+            continue;
+        keel_var_set_initialized(r->target[i], 1);
+        r->rep.n_restored++;
+    }
+    keel_vars_set_global_step(r->vs, r->f.global_step);
+    return KEEL_OK;
+}
+
+static void
+rs_free(restore_job *r)
+{
+    free(r->jobs);
+    free(r->owner);
+    free(r->target);
+    free(r->map);
+    keel__ckpt_close(&r->f);
+}
+
 keel_status
 keel_ckpt_restore(const char *path, keel_vars *vs,
                   const keel_restore_opts *opts, keel_restore_report *report)
 {
-    ck_file f;
-    map_ent *map = NULL;
-    size_t n_map = opts != NULL ? opts->n_name_map : 0;
-    keel_restore_report rep;
-    keel_var **target = NULL;       /* per file variable: store variable */
-    char mapped[KEEL_NAME_MAX];
-    char *found = NULL;             /* per store variable: in the file */
-    size_t *owner = NULL;           /* per store variable: file variable */
-    ck_read_job *jobs = NULL;
-    size_t n_jobs = 0;
+    restore_job r;
     int64_t t0, t1;
-    keel_restore_mode mode = opts != NULL ? opts->mode : KEEL_RESTORE_STRICT;
     keel_status st;
-    size_t nv;
 
     if (path == NULL || vs == NULL)
         return keel__fail(KEEL_EINVAL, "keel_ckpt_restore: NULL path or "
                           "store");
-    memset(&rep, 0, sizeof rep);
-    st = parse_map(opts, &map);
+    memset(&r, 0, sizeof r);
+    r.path = path;
+    r.vs = vs;
+    r.opts = opts;
+    r.skip_slots = opts != NULL && opts->skip_slots;
+    r.n_map = opts != NULL ? opts->n_name_map : 0;
+    st = parse_map(opts, &r.map);
     if (st != KEEL_OK)
         return st;
     t0 = keel__now_mono_ns();
-    st = keel__ckpt_open(path, &f);
+    st = keel__ckpt_open(path, &r.f);
     if (st != KEEL_OK) {
-        free(map);
+        free(r.map);
         return st;
     }
     t1 = keel__now_mono_ns();
-    rep.global_step = f.global_step;
-    target = calloc(f.n_vars > 0 ? f.n_vars : 1, sizeof *target);
-    nv = keel_vars_count(vs);
-    owner = malloc((nv > 0 ? nv : 1) * sizeof *owner);
-    if (target == NULL || owner == NULL) {
+    r.rep.global_step = r.f.global_step;
+    r.nv = keel_vars_count(vs);
+    r.target = calloc(r.f.n_vars > 0 ? r.f.n_vars : 1, sizeof *r.target);
+    r.owner = malloc((r.nv > 0 ? r.nv : 1) * sizeof *r.owner);
+    if (r.target == NULL || r.owner == NULL)
         st = keel__fail(KEEL_ENOMEM, "restore from %s", path);
-        goto out;
+    if (st == KEEL_OK)
+        st = rs_match_variables(&r);
+    if (st == KEEL_OK)
+        st = rs_find_missing(&r);
+    if (st == KEEL_OK)
+        st = rs_check_slots(&r);
+    if (st == KEEL_OK)
+        st = rs_plan_reads(&r);
+    if (st == KEEL_OK)
+        st = rs_read(&r);
+    if (st == KEEL_OK) {
+        keel__log(KEEL_LOG_DEBUG, "restored %s: open %.1f ms, data %.1f ms",
+                  path, (double)(t1 - t0) / 1e6,
+                  (double)(keel__now_mono_ns() - t1) / 1e6);
+        if (r.rep.n_missing > 0)
+            keel__log(KEEL_LOG_INFO, "partial restore from %s: %zu "
+                      "variable(s) keep their initializer (%s)", path,
+                      r.rep.n_missing, r.rep.missing);
     }
-    /* Match file variables to store variables; check every shape before
-     * writing anything; no two file variables may land on one. */
-    for (size_t j = 0; j < nv; j++)
-        owner[j] = SIZE_MAX;
-    for (size_t i = 0; i < f.n_vars; i++) {
-        keel_var *v;
-        const keel_tensor *t;
-        if (!map_name(map, n_map, f.d[i].e.name, mapped)) {
-            st = keel__fail(KEEL_EINVAL, "restore from %s: renamed '%s' is "
-                            "too long", path, f.d[i].e.name);
-            goto out;
-        }
-        v = keel_vars_find(vs, mapped);
-        if (v == NULL || (keel_var_flags(v) & KEEL_VAR_LOCAL)) {
-            rep.n_unexpected++;
-            list_append(rep.unexpected, sizeof rep.unexpected,
-                        f.d[i].e.name);
-            continue;
-        }
-        t = keel_var_tensor(v);
-        if (!keel_shape_equal(t->ndim, t->shape, f.d[i].e.ndim,
-                              f.d[i].e.shape)) {
-            char a[80], b[80];
-            st = keel__fail(KEEL_EINVAL, "restore from %s: variable '%s' has "
-                            "shape %s in the checkpoint%s%s but %s in the "
-                            "model", path, mapped,
-                            keel_shape_format(a, sizeof a, f.d[i].e.ndim,
-                                              f.d[i].e.shape),
-                            strcmp(mapped, f.d[i].e.name) ? " as " : "",
-                            strcmp(mapped, f.d[i].e.name) ? f.d[i].e.name
-                                                          : "",
-                            keel_shape_format(b, sizeof b, t->ndim,
-                                              t->shape));
-            goto out;
-        }
-        if (owner[keel_var_index(v)] != SIZE_MAX) {
-            size_t j = owner[keel_var_index(v)];
-            st = keel__fail(KEEL_EINVAL, "restore from %s: checkpoint "
-                            "variables '%s' and '%s' both map onto model "
-                            "variable '%s' (fix the name map)", path,
-                            f.d[j].e.name, f.d[i].e.name, mapped);
-            goto out;
-        }
-        owner[keel_var_index(v)] = i;
-        target[i] = v;
-    }
-    found = calloc(nv > 0 ? nv : 1, 1);
-    if (found == NULL) {
-        st = keel__fail(KEEL_ENOMEM, "restore from %s", path);
-        goto out;
-    }
-    for (size_t i = 0; i < f.n_vars; i++)
-        if (target[i] != NULL)
-            found[keel_var_index(target[i])] = 1;
-    for (size_t j = 0; j < nv; j++) {
-        keel_var *v = keel_vars_at(vs, j);
-        if (keel_var_flags(v) & KEEL_VAR_LOCAL)
-            continue;
-        if (!found[j]) {
-            rep.n_missing++;
-            list_append(rep.missing, sizeof rep.missing, keel_var_name(v));
-        }
-    }
-    if (rep.n_missing > 0 && mode == KEEL_RESTORE_STRICT) {
-        st = keel__fail(KEEL_ENOTFOUND, "restore from %s: %zu variable(s) of "
-                        "the model are not in the checkpoint: %s (use a "
-                        "partial restore or a name map)", path,
-                        rep.n_missing, rep.missing);
-        goto out;
-    }
-    /* Slots of matched variables must match their shapes too. */
-    for (size_t i = f.n_vars; i < f.n && !(opts && opts->skip_slots); i++) {
-        ck_dset *d = &f.d[i];
-        keel_var *v;
-        const keel_tensor *t;
-        if (!map_name(map, n_map, d->e.name, mapped))
-            continue;
-        v = keel_vars_find(vs, mapped);
-        if (v == NULL || (keel_var_flags(v) & KEEL_VAR_LOCAL))
-            continue;
-        t = keel_var_tensor(v);
-        if (!keel_shape_equal(t->ndim, t->shape, d->e.ndim, d->e.shape)) {
-            char a[80], b[80];
-            st = keel__fail(KEEL_EINVAL, "restore from %s: slot '%s' of "
-                            "variable '%s' has shape %s in the checkpoint "
-                            "but the variable is %s", path, d->e.slot,
-                            mapped, keel_shape_format(a, sizeof a, d->e.ndim,
-                                                      d->e.shape),
-                            keel_shape_format(b, sizeof b, t->ndim,
-                                              t->shape));
-            goto out;
-        }
-    }
-    /* Data: every dataset in one pass over the file (slots are created
-     * first so their buffers exist). */
-    jobs = malloc((f.n > 0 ? f.n : 1) * sizeof *jobs);
-    if (jobs == NULL) {
-        st = keel__fail(KEEL_ENOMEM, "restore from %s", path);
-        goto out;
-    }
-    for (size_t i = 0; i < f.n_vars; i++) {
-        if (target[i] == NULL)
-            continue;
-        jobs[n_jobs].d = &f.d[i];
-        jobs[n_jobs++].dst = keel_var_tensor(target[i])->data;
-    }
-    for (size_t i = f.n_vars; i < f.n && !(opts && opts->skip_slots); i++) {
-        ck_dset *d = &f.d[i];
-        keel_var *v;
-        keel_tensor *slot;
-        if (!map_name(map, n_map, d->e.name, mapped))
-            continue;
-        v = keel_vars_find(vs, mapped);
-        if (v == NULL || (keel_var_flags(v) & KEEL_VAR_LOCAL))
-            continue;
-        st = keel_var_add_slot(v, d->e.slot, &slot);
-        if (st != KEEL_OK)
-            goto out;
-        jobs[n_jobs].d = d;
-        jobs[n_jobs++].dst = slot->data;
-    }
-    st = keel__ckpt_read_many(&f, jobs, n_jobs);
-    if (st != KEEL_OK) {
-        st = keel__wrap(st, "restore stopped; the model is partly "
-                        "overwritten and must be re-initialized");
-        goto out;
-    }
-    for (size_t i = 0; i < f.n_vars; i++) {
-        if (target[i] == NULL)
-            continue;
-        keel_var_set_initialized(target[i], 1);
-        rep.n_restored++;
-    }
-    keel_vars_set_global_step(vs, f.global_step);
-    keel__log(KEEL_LOG_DEBUG, "restored %s: open %.1f ms, data %.1f ms",
-              path, (double)(t1 - t0) / 1e6,
-              (double)(keel__now_mono_ns() - t1) / 1e6);
-    if (rep.n_missing > 0)
-        keel__log(KEEL_LOG_INFO, "partial restore from %s: %zu variable(s) "
-                  "keep their initializer (%s)", path, rep.n_missing,
-                  rep.missing);
-out:
-    free(jobs);
-    free(found);
-    free(owner);
     if (report != NULL)
-        *report = rep;
-    free(target);
-    free(map);
-    keel__ckpt_close(&f);
+        *report = r.rep;
+    rs_free(&r);
     return st;
 }
 

@@ -15,7 +15,7 @@
 #define KEEL_COARSE_SLACK_NS ((int64_t)50 * 1000000)
 
 const char *
-keel_end_reason_str(keel_end_reason why)
+keel_end_reason_name(keel_end_reason why)
 {
     switch (why) {
     case KEEL_END_CLEAN: return "clean";

@@ -6,6 +6,7 @@
  * path does not allocate. */
 #include <config.h>
 
+#include <assert.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -623,39 +624,42 @@ create_with_retry(keel_session *s, int is_recovery)
     }
 }
 
-keel_status
-keel__session_new(const keel_session_config *cfg, int is_recovering,
-                  keel_hook *owned, size_t n_owned, keel_session **out)
+static keel_status
+optimizer_apply(void *ctx, keel_vars *vs, keel_grads *grads,
+                int64_t global_step)
 {
-    keel_session *s = NULL;
-    size_t i;
-    keel_status st;
-    if (out == NULL)
-        return keel__fail(KEEL_EINVAL, "session: out is NULL");
-    *out = NULL;
+    return keel_optimizer_apply(ctx, vs, grads, global_step);
+}
+
+keel_updater
+keel_optimizer_updater(keel_optimizer *opt)
+{
+    keel_updater u = { opt, optimizer_apply };
+    return u;
+}
+
+static keel_status
+sn_check_config(const keel_session_config *cfg)
+{
     if (cfg == NULL || cfg->vars == NULL || cfg->step == NULL)
-        st = keel__fail(KEEL_EINVAL, "session: config needs vars and step");
-    else if (cfg->n_hooks > 0 && cfg->hooks == NULL)
-        st = keel__fail(KEEL_EINVAL, "session: n_hooks %zu but hooks NULL",
-                        cfg->n_hooks);
-    else if (cfg->max_recovery_attempts < 0 || cfg->backoff_ms < 0
-             || cfg->backoff_max_ms < 0)
-        st = keel__fail(KEEL_EINVAL, "session: negative recovery setting");
-    else if (cfg->replicas < 0 || cfg->replicas > KEEL_MAX_REPLICAS)
-        st = keel__fail(KEEL_EINVAL, "session: replicas = %d out of range "
-                        "(1..%d)", cfg->replicas, KEEL_MAX_REPLICAS);
-    else
-        st = KEEL_OK;
-    if (st != KEEL_OK)
-        goto fail;
-    s = calloc(1, sizeof *s);
-    if (s == NULL) {
-        st = keel__fail(KEEL_ENOMEM, "session: %zu bytes", sizeof *s);
-        goto fail;
-    }
-    s->owned = owned;
-    s->n_owned = n_owned;
-    owned = NULL;
+        return keel__fail(KEEL_EINVAL, "session: config needs vars and step");
+    if (cfg->n_hooks > 0 && cfg->hooks == NULL)
+        return keel__fail(KEEL_EINVAL, "session: n_hooks %zu but hooks NULL",
+                          cfg->n_hooks);
+    if (cfg->max_recovery_attempts < 0 || cfg->backoff_ms < 0
+        || cfg->backoff_max_ms < 0)
+        return keel__fail(KEEL_EINVAL, "session: negative recovery setting");
+    if (cfg->replicas < 0 || cfg->replicas > KEEL_MAX_REPLICAS)
+        return keel__fail(KEEL_EINVAL, "session: replicas = %d out of range "
+                          "(1..%d)", cfg->replicas, KEEL_MAX_REPLICAS);
+    return KEEL_OK;
+}
+
+/* The step, the updater (the backend's wins), recovery and stop settings. */
+static void
+sn_take_settings(keel_session *s, const keel_session_config *cfg,
+                 int is_recovering)
+{
     s->vars = cfg->vars;
     s->step = cfg->step;
     s->step_ctx = cfg->step_ctx;
@@ -679,109 +683,165 @@ keel__session_new(const keel_session_config *cfg, int is_recovering,
     s->rc.s = s;
     s->rc.values = &s->values;
     s->rv.values = &s->values;
-    if (cfg->n_hooks > 0) {
-        s->hooks = calloc(cfg->n_hooks, sizeof *s->hooks);
-        if (s->hooks == NULL) {
-            st = keel__fail(KEEL_ENOMEM, "session: %zu hooks", cfg->n_hooks);
-            goto fail;
-        }
+}
+
+/* Copy the caller's hooks (each checked by its struct_size) and index
+ * which of them run before and after a step, and when they next wake. */
+static keel_status
+sn_add_hooks(keel_session *s, const keel_session_config *cfg)
+{
+    size_t n = cfg->n_hooks;
+    if (n == 0) {
+        s->min_after_ns = KEEL_WAKE_NEVER;
+        update_wakes(s);
+        return KEEL_OK;
     }
-    for (i = 0; i < cfg->n_hooks; i++) {
+    s->hooks = calloc(n, sizeof *s->hooks);
+    s->before_idx = calloc(n, sizeof *s->before_idx);
+    s->after_idx = calloc(n, sizeof *s->after_idx);
+    s->slots = calloc(n, sizeof *s->slots);
+    s->always_before = calloc(n, sizeof *s->always_before);
+    s->always_after = calloc(n, sizeof *s->always_after);
+    if (s->hooks == NULL || s->before_idx == NULL || s->after_idx == NULL
+        || s->slots == NULL || s->always_before == NULL
+        || s->always_after == NULL)
+        return keel__fail(KEEL_ENOMEM, "session: %zu hooks", n);
+    for (size_t i = 0; i < n; i++) {
         const keel_hook *h = &cfg->hooks[i];
-        if (h->struct_size == 0 || h->struct_size > sizeof(keel_hook)) {
-            st = keel__fail(KEEL_EINVAL, "session: hook %zu ('%s') has "
-                            "struct_size %u (expected %zu)", i,
-                            h->name != NULL ? h->name : "?", h->struct_size,
-                            sizeof(keel_hook));
-            goto fail;
-        }
+        if (h->struct_size == 0 || h->struct_size > sizeof(keel_hook))
+            return keel__fail(KEEL_EINVAL, "session: hook %zu ('%s') has "
+                              "struct_size %u (expected %zu)", i,
+                              h->name != NULL ? h->name : "?",
+                              h->struct_size, sizeof(keel_hook));
         memcpy(&s->hooks[i], h, h->struct_size);
         if (keel__hook_reads_step_time(&s->hooks[i]))
             s->needs_step_time = 1;
     }
-    s->n_hooks = cfg->n_hooks;
-    if (cfg->n_hooks > 0) {
-        s->before_idx = calloc(cfg->n_hooks, sizeof *s->before_idx);
-        s->after_idx = calloc(cfg->n_hooks, sizeof *s->after_idx);
-        s->slots = calloc(cfg->n_hooks, sizeof *s->slots);
-        s->always_before = calloc(cfg->n_hooks, sizeof *s->always_before);
-        s->always_after = calloc(cfg->n_hooks, sizeof *s->always_after);
-        if (s->before_idx == NULL || s->after_idx == NULL
-            || s->slots == NULL || s->always_before == NULL
-            || s->always_after == NULL) {
-            st = keel__fail(KEEL_ENOMEM, "session: %zu hooks", cfg->n_hooks);
-            goto fail;
-        }
-    }
-    for (i = 0; i < s->n_hooks; i++) {
+    s->n_hooks = n;
+    for (size_t i = 0; i < n; i++) {
         if (s->hooks[i].before_run != NULL)
             s->before_idx[s->n_before++] = i;
         if (s->hooks[i].after_run != NULL)
             s->after_idx[s->n_after++] = i;
     }
+    assert(s->n_before <= n && s->n_after <= n);
     s->min_after_ns = KEEL_WAKE_NEVER;
-    for (i = 0; i < s->n_hooks; i++)
+    for (size_t i = 0; i < n; i++)
         refresh_slot(s, i);
     update_wakes(s);
-    s->gs = keel__vars_global_step_ptr(s->vars);
-    st = keel_coord_new(&s->coord);
+    return KEEL_OK;
+}
+
+/* The saver for checkpoint_dir (the scaffold's settings), if any. */
+static keel_status
+sn_open_saver(keel_session *s, const keel_session_config *cfg)
+{
+    keel_saver_config sc;
+    keel_status st;
+    if (cfg->checkpoint_dir == NULL)
+        return KEEL_OK;
+    if (cfg->scaffold != NULL)
+        sc = cfg->scaffold->saver;
+    else
+        keel_saver_config_init(&sc);
+    sc.dir = cfg->checkpoint_dir;
+    st = keel__ckpt->saver_new(&sc, &s->saver);
     if (st != KEEL_OK)
-        goto fail;
-    s->coord_stop = keel__coord_stop_flag(s->coord);
-    st = keel_grads_new(s->vars, &s->grads);
-    if (st != KEEL_OK)
-        goto fail;
-    s->st.s = s;
-    s->st.grads = s->grads;
-    s->st.values = &s->values;
-    s->st.n_replicas = 1;
-    if (cfg->replicas > 1 && (st = replicas_new(s, cfg->replicas)) != KEEL_OK)
-        goto fail;
-    if (cfg->checkpoint_dir != NULL) {
-        keel_saver_config sc;
-        if (cfg->scaffold != NULL)
-            sc = cfg->scaffold->saver;
-        else
-            keel_saver_config_init(&sc);
-        sc.dir = cfg->checkpoint_dir;
-        st = keel__ckpt->saver_new(&sc, &s->saver);
-        if (st != KEEL_OK) {
-            st = keel__wrap(st, "session: open checkpoint dir %s",
-                            cfg->checkpoint_dir);
-            goto fail;
-        }
-    }
+        return keel__wrap(st, "session: open checkpoint dir %s",
+                          cfg->checkpoint_dir);
+    return KEEL_OK;
+}
+
+/* The caller's session creator, or a SessionManager's chief or worker
+ * creator. */
+static keel_status
+sn_make_creator(keel_session *s, const keel_session_config *cfg)
+{
+    keel_session_manager_config mc;
+    keel_status st;
     if (cfg->creator.create != NULL) {
         s->creator = cfg->creator;
-    } else {
-        keel_session_manager_config mc;
-        memset(&mc, 0, sizeof mc);
-        mc.vars = cfg->vars;
-        mc.scaffold = cfg->scaffold;
-        mc.checkpoint_dir = cfg->checkpoint_dir;
-        mc.restore_opts = cfg->restore_opts;
-        mc.backend = cfg->backend;
-        mc.recovery_wait_ms = cfg->recovery_wait_ms;
-        mc.restore_fn = cfg->restore_fn;
-        mc.restore_ctx = cfg->restore_ctx;
-        st = keel_session_manager_new(&mc, &s->sm);
-        if (st != KEEL_OK)
-            goto fail;
-        keel_session_manager_set_max_wait(s->sm, cfg->max_wait_secs);
-        s->creator = cfg->is_chief ? keel_chief_creator(s->sm)
-                                   : keel_worker_creator(s->sm);
+        return KEEL_OK;
     }
-    for (i = 0; i < s->n_hooks; i++) {
+    memset(&mc, 0, sizeof mc);
+    mc.vars = cfg->vars;
+    mc.scaffold = cfg->scaffold;
+    mc.checkpoint_dir = cfg->checkpoint_dir;
+    mc.restore_opts = cfg->restore_opts;
+    mc.backend = cfg->backend;
+    mc.recovery_wait_ms = cfg->recovery_wait_ms;
+    mc.restore_fn = cfg->restore_fn;
+    mc.restore_ctx = cfg->restore_ctx;
+    st = keel_session_manager_new(&mc, &s->sm);
+    if (st != KEEL_OK)
+        return st;
+    keel_session_manager_set_max_wait(s->sm, cfg->max_wait_secs);
+    s->creator = cfg->is_chief ? keel_chief_creator(s->sm)
+                               : keel_worker_creator(s->sm);
+    return KEEL_OK;
+}
+
+/* Every hook's begin(), in order; the first failure stops. */
+static keel_status
+sn_begin_hooks(keel_session *s)
+{
+    for (size_t i = 0; i < s->n_hooks; i++) {
         const keel_hook *h = &s->hooks[i];
+        keel_status st;
         if (h->begin == NULL)
             continue;
         st = h->begin(h->ctx);
-        if (st != KEEL_OK) {
-            st = hook_error(st, h, "begin", 0);
-            goto fail;
-        }
+        if (st != KEEL_OK)
+            return hook_error(st, h, "begin", 0);
     }
-    st = create_with_retry(s, 0);
+    return KEEL_OK;
+}
+
+keel_status
+keel__session_new(const keel_session_config *cfg, int is_recovering,
+                  keel_hook *owned, size_t n_owned, keel_session **out)
+{
+    keel_session *s = NULL;
+    keel_status st;
+    if (out == NULL)
+        return keel__fail(KEEL_EINVAL, "session: out is NULL");
+    *out = NULL;
+    st = sn_check_config(cfg);
+    if (st != KEEL_OK)
+        goto fail;
+    s = calloc(1, sizeof *s);
+    if (s == NULL) {
+        st = keel__fail(KEEL_ENOMEM, "session: %zu bytes", sizeof *s);
+        goto fail;
+    }
+    s->owned = owned;               /* freed with s from here on */
+    s->n_owned = n_owned;
+    owned = NULL;
+    sn_take_settings(s, cfg, is_recovering);
+    st = sn_add_hooks(s, cfg);
+    if (st == KEEL_OK) {
+        s->gs = keel__vars_global_step_ptr(s->vars);
+        st = keel_coord_new(&s->coord);
+    }
+    if (st == KEEL_OK) {
+        s->coord_stop = keel__coord_stop_flag(s->coord);
+        st = keel_grads_new(s->vars, &s->grads);
+    }
+    if (st == KEEL_OK) {
+        s->st.grads = s->grads;
+        s->st.values = &s->values;
+        s->st.n_replicas = 1;
+        if (cfg->replicas > 1)
+            st = replicas_new(s, cfg->replicas);
+    }
+    if (st == KEEL_OK)
+        st = sn_open_saver(s, cfg);
+    if (st == KEEL_OK)
+        st = sn_make_creator(s, cfg);
+    if (st == KEEL_OK)
+        st = sn_begin_hooks(s);
+    if (st == KEEL_OK)
+        st = create_with_retry(s, 0);
     if (st != KEEL_OK)
         goto fail;
     *out = s;
@@ -791,7 +851,7 @@ fail:
         s->is_closed = 1;           // no end(): the session never existed
         keel_session_free(s);
     } else if (owned != NULL) {
-        for (i = 0; i < n_owned; i++)
+        for (size_t i = 0; i < n_owned; i++)
             keel_hook_release(&owned[i]);
         free(owned);
     }
@@ -1088,7 +1148,7 @@ run(keel_session *s, const void *batch, int with_hooks)
         return keel__fail(KEEL_ESTATE, "run: session is closed");
     if (s->is_stopped)
         return keel__fail(KEEL_ESTATE, "Run called even after should_stop "
-                          "requested (%s)", keel_end_reason_str(s->reason));
+                          "requested (%s)", keel_end_reason_name(s->reason));
     if (check_stop(s)) {
         if (s->reason == KEEL_END_SIGNAL)
             return keel__fail(KEEL_ECANCELLED, "run: stopped by signal %d "
@@ -1096,7 +1156,7 @@ run(keel_session *s, const void *batch, int with_hooks)
                               (int)keel__signal_pending(),
                               (long long)keel_vars_global_step(s->vars));
         return keel__fail(KEEL_ESTATE, "Run called even after should_stop "
-                          "requested (%s)", keel_end_reason_str(s->reason));
+                          "requested (%s)", keel_end_reason_name(s->reason));
     }
     for (;;) {
         keel_status st;
@@ -1249,9 +1309,10 @@ keel_session_close(keel_session *s)
     check_stop(s);
     if (!s->is_stopped)
         stop_with(s, KEEL_END_CLEAN);
+    assert(s->is_stopped);
     keel__log(KEEL_LOG_INFO, "session ending at global step %lld: %s",
               (long long)keel_vars_global_step(s->vars),
-              keel_end_reason_str(s->reason));
+              keel_end_reason_name(s->reason));
     for (i = 0; i < s->n_hooks; i++) {
         const keel_hook *h = &s->hooks[i];
         if (h->end != NULL)

@@ -33,13 +33,6 @@ training_owned_free(void *ctx)
     free(o);
 }
 
-static keel_status
-optimizer_apply(void *ctx, keel_vars *vs, keel_grads *grads,
-                int64_t global_step)
-{
-    return keel_optimizer_apply(ctx, vs, grads, global_step);
-}
-
 static const char *const strategy_names[KEEL_STRATEGY_COUNT] = {
     "auto", "one_device", "mirrored", "multi_worker_mirrored",
     "parameter_server"
@@ -180,8 +173,7 @@ resolve_cluster(const keel_training_config *cfg, keel_session_config *sc,
             st = keel_optimizer_prepare(own->opt, sc->vars);
         if (st != KEEL_OK)
             return keel__wrap(st, "training session: optimizer");
-        sc->updater.ctx = own->opt;
-        sc->updater.apply = optimizer_apply;
+        sc->updater = keel_optimizer_updater(own->opt);
     }
     return KEEL_OK;
 }

@@ -1350,6 +1350,23 @@ START_TEST(test_cli_ls_show_verify_diff)
     ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err,
                              "ckpt", "show", p1, "dense/bias", NULL), 0);
     ck_assert_ptr_nonnull(strstr(out, "101.25"));
+    /* getopt_long: --opt=value, --opt value, options after operands */
+    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err,
+                             "ckpt", "show", "--slot=m", p1, "dense/bias",
+                             "--limit", "2", NULL), 0);
+    ck_assert_ptr_nonnull(strstr(out, "dense/bias slot m"));
+    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err,
+                             "ckpt", "show", p1, "--limit=x", NULL), 2);
+    ck_assert_ptr_nonnull(strstr(err, "--limit needs a count"));
+    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err,
+                             "ckpt", "show", p1, "-q", NULL), 2);
+    ck_assert_ptr_nonnull(strstr(err, "keel: ckpt show: unknown option "
+                                 "'-q'"));
+    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err,
+                             "ckpt", "show", p1, "dense/bias", "--slot",
+                             NULL), 2);
+    ck_assert_ptr_nonnull(strstr(err, "keel: ckpt show: --slot needs a "
+                                 "SLOT"));
 
     ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err,
                              "ckpt", "verify", tu_dir, NULL), 0);

@@ -188,6 +188,79 @@ START_TEST(test_config_check_exits_2_on_every_error)
 END_TEST
 
 /* keel launch -- PROGRAM: usage errors exit 2 before anything starts. */
+/* config check, keygen, export and predict parse the getopt_long way */
+START_TEST(test_more_verbs_parse_the_getopt_long_way)
+{
+    char cfg[4200], dir[256], key[300];
+    struct stat sb;
+    TU_SNPRINTF(cfg, sizeof cfg, "%s", tu_src_path("examples/fashion_mnist.ini"));
+    tu_mkdtemp(dir, sizeof dir);
+    /* --set=VALUE and -s VALUE reach the config */
+    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
+                             "config", "check", "--set=train.nosuch=1", cfg,
+                             NULL), 2);
+    ck_assert_ptr_nonnull(strstr(err, "unknown key 'nosuch' in [train]"));
+    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
+                             "config", "check", cfg, "-s", "train.nosuch=2",
+                             NULL), 2);
+    ck_assert_ptr_nonnull(strstr(err, "unknown key 'nosuch' in [train]"));
+    /* unknown options, a missing argument, two operands */
+    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
+                             "config", "check", "-x", cfg, NULL), 2);
+    ck_assert_ptr_nonnull(strstr(err, "keel: config check: unknown option "
+                                 "'-x'"));
+    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
+                             "config", "check", cfg, "--task", NULL), 2);
+    ck_assert_ptr_nonnull(strstr(err, "keel: config check: --task needs "
+                                 "TYPE:INDEX"));
+    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
+                             "config", "check", cfg, cfg, NULL), 2);
+    ck_assert_ptr_nonnull(strstr(err, "takes one CONFIG file"));
+    /* after "--", "-s" is the CONFIG operand */
+    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
+                             "config", "check", "--", "-s", NULL), 2);
+    ck_assert_ptr_nonnull(strstr(err, "-s"));
+    ck_assert_ptr_null(strstr(err, "needs"));
+    /* keygen: --name=VALUE, and --name VALUE after the operand */
+    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
+                             "keygen", "--name=alpha", dir, NULL), 0);
+    TU_SNPRINTF(key, sizeof key, "%s/alpha.key", dir);
+    ck_assert_int_eq(stat(key, &sb), 0);
+    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
+                             "keygen", dir, "--name", "beta", NULL), 0);
+    TU_SNPRINTF(key, sizeof key, "%s/beta.key_secret", dir);
+    ck_assert_int_eq(stat(key, &sb), 0);
+    ck_assert_int_eq(sb.st_mode & 0777, 0600);
+    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
+                             "keygen", dir, "--name", NULL), 2);
+    ck_assert_ptr_nonnull(strstr(err, "keel: keygen: --name needs a NAME"));
+    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
+                             "keygen", "-q", dir, NULL), 2);
+    ck_assert_ptr_nonnull(strstr(err, "keel: keygen: unknown option '-q'"));
+    /* export and predict */
+    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
+                             "export", "--format=onnx", NULL), 2);
+    ck_assert_ptr_nonnull(strstr(err, "keel: export needs CKPT"));
+    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
+                             "export", "a.h5", "--format", NULL), 2);
+    ck_assert_ptr_nonnull(strstr(err, "keel: export: --format needs a "
+                                 "value"));
+    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
+                             "export", "--bogus", "a.h5", NULL), 2);
+    ck_assert_ptr_nonnull(strstr(err, "keel: export: unknown option "
+                                 "'--bogus'"));
+    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
+                             "predict", "a.h5", "b.idx", "--labels", NULL),
+                     2);
+    ck_assert_ptr_nonnull(strstr(err, "keel: predict: --labels needs a "
+                                 "FILE"));
+    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
+                             "predict", "--json", "a.h5", NULL), 2);
+    ck_assert_ptr_nonnull(strstr(err, "predict needs CKPT and INPUT"));
+    tu_rmrf(dir);
+}
+END_TEST
+
 START_TEST(test_launch_program_usage_errors_exit_2)
 {
     ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
@@ -272,6 +345,7 @@ cli_suite(void)
     tcase_add_test(tc, test_every_verb_has_help);
     tcase_add_test(tc, test_config_check_exits_2_on_every_error);
     tcase_add_test(tc, test_options_parse_the_getopt_long_way);
+    tcase_add_test(tc, test_more_verbs_parse_the_getopt_long_way);
     tcase_add_test(tc, test_launch_program_usage_errors_exit_2);
     tcase_add_test(tc, test_launch_program_gives_each_task_its_tf_config);
     suite_add_tcase(s, tc);

@@ -49,11 +49,49 @@ START_TEST(test_fail_truncates_long_messages_safely)
 }
 END_TEST
 
+START_TEST(test_version_macros_agree_with_the_library)
+{
+    int major = -1, minor = -1, patch = -1;
+    char tail = 0;
+    /* PACKAGE_VERSION is AC_INIT's string, "MAJOR.MINOR.PATCH" */
+    ck_assert_int_eq(sscanf(PACKAGE_VERSION, "%d.%d.%d%c", &major, &minor,
+                            &patch, &tail), 3);
+    ck_assert_int_eq(KEEL_VERSION_MAJOR, major);
+    ck_assert_int_eq(KEEL_VERSION_MINOR, minor);
+    ck_assert_int_eq(KEEL_VERSION_PATCH, patch);
+    ck_assert_str_eq(KEEL_VERSION_STRING, PACKAGE_VERSION);
+    ck_assert_str_eq(keel_version(), PACKAGE_VERSION);
+    ck_assert_int_eq(keel_version_number(),
+                     major * 10000 + minor * 100 + patch);
+    ck_assert_int_eq(KEEL_VERSION, keel_version_number());
+    ck_assert(KEEL_MAKE_VERSION(1, 0, 0) > KEEL_MAKE_VERSION(0, 99, 99));
+    ck_assert(KEEL_MAKE_VERSION(0, 2, 0) > KEEL_MAKE_VERSION(0, 1, 9));
+}
+END_TEST
+
+START_TEST(test_version_check_follows_the_compatibility_rule)
+{
+    int major = KEEL_VERSION_MAJOR, minor = KEEL_VERSION_MINOR;
+    ck_assert_int_eq(KEEL_VERSION_CHECK(), KEEL_OK);
+    ck_assert_int_eq(keel_version_check(major, minor), KEEL_OK);
+    /* another MAJOR never matches */
+    ck_assert_int_eq(keel_version_check(major + 1, minor), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "runs with libkeel "
+                                 PACKAGE_VERSION));
+    /* a newer MINOR than the library's never matches */
+    ck_assert_int_eq(keel_version_check(major, minor + 1), KEEL_EINVAL);
+    /* an older MINOR matches only once MAJOR is past 0 */
+    if (minor > 0)
+        ck_assert_int_eq(keel_version_check(major, minor - 1),
+                         major == 0 ? KEEL_EINVAL : KEEL_OK);
+}
+END_TEST
+
 static void
 record_log(void *ctx, keel_log_level level, const char *msg)
 {
     char *buf = ctx;
-    snprintf(buf, 256, "%s:%s", keel_log_level_str(level), msg);
+    snprintf(buf, 256, "%s:%s", keel_log_level_name(level), msg);
 }
 
 START_TEST(test_log_goes_to_handler_above_level_only)
@@ -444,6 +482,8 @@ core_suite(void)
     tcase_add_test(tc, test_status_names_are_distinct_and_never_null);
     tcase_add_test(tc, test_fail_sets_message_and_wrap_keeps_cause);
     tcase_add_test(tc, test_fail_truncates_long_messages_safely);
+    tcase_add_test(tc, test_version_macros_agree_with_the_library);
+    tcase_add_test(tc, test_version_check_follows_the_compatibility_rule);
     tcase_add_test(tc, test_log_goes_to_handler_above_level_only);
     suite_add_tcase(s, tc);
 

@@ -458,7 +458,7 @@ skip_scenario(int is_skipping, const char *sub, char *out, size_t out_size)
     }
     ck_assert_int_eq(keel_session_global_step(s), 20);
     n += (size_t)snprintf(out + n, out_size - n, "end %s; saves",
-                          keel_end_reason_str(keel_session_end_reason(s)));
+                          keel_end_reason_name(keel_session_end_reason(s)));
     keel_session_free(s);
     for (i = 0; i < 6; i++)
         keel_hook_release(&h[i]);

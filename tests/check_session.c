@@ -84,7 +84,7 @@ static void
 rec_end(void *ctx, keel_session *s, keel_end_reason why)
 {
     (void)s;
-    logev("e:%s:%s ", ((rec *)ctx)->tag, keel_end_reason_str(why));
+    logev("e:%s:%s ", ((rec *)ctx)->tag, keel_end_reason_name(why));
 }
 
 static keel_hook
@@ -204,6 +204,40 @@ START_TEST(test_clean_run_calls_hooks_in_order_and_end_clean)
     ck_assert_int_eq(n_applied, 2);
     ck_assert_int_eq(keel_session_run(s, NULL), KEEL_ESTATE);
     keel_session_free(s);
+}
+END_TEST
+
+/* keel_optimizer_updater: the session applies keel's momentum optimizer.
+ * By hand (TF's MomentumOptimizer, lr 0.25, momentum 0.9, gradient 1 at
+ * every step): accumulators 1, 1.9, 2.71; w moves by
+ * -0.25 * (1 + 1.9 + 2.71) = -1.4025. */
+START_TEST(test_optimizer_updater_applies_the_optimizer)
+{
+    script sc = { 0 };
+    keel_session_config c;
+    keel_session *s;
+    keel_optimizer_config oc;
+    keel_optimizer *opt;
+    float w0;
+    keel_optimizer_config_init(&oc, KEEL_OPT_MOMENTUM);
+    oc.schedule.learning_rate = 0.25;
+    oc.momentum = 0.9;
+    ck_assert_int_eq(keel_optimizer_new(&oc, &opt), KEEL_OK);
+    ck_assert_int_eq(keel_optimizer_prepare(opt, vs), KEEL_OK);
+    base_cfg(&c, &sc, NULL, 0);
+    c.updater = keel_optimizer_updater(opt);
+    ck_assert_ptr_eq(c.updater.ctx, opt);
+    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
+    w0 = keel_var_tensor(keel_vars_find(vs, "w"))->data[0];
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_eq(keel_session_run(s, NULL), KEEL_OK);
+    ck_assert_int_eq(keel_session_close(s), KEEL_OK);
+    ck_assert_int_eq(keel_vars_global_step(vs), 3);
+    ck_assert_double_eq_tol(keel_var_tensor(keel_vars_find(vs, "w"))->data[0],
+                            w0 - 1.4025, 1e-6);
+    ck_assert_int_eq(n_applied, 0);          /* not the test's updater */
+    keel_session_free(s);
+    keel_optimizer_free(opt);
 }
 END_TEST
 
@@ -1237,6 +1271,7 @@ session_suite(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 20);
     tcase_add_test(tc, test_clean_run_calls_hooks_in_order_and_end_clean);
+    tcase_add_test(tc, test_optimizer_updater_applies_the_optimizer);
     tcase_add_test(tc,
         test_hook_stop_request_lets_all_hooks_see_after_run_then_refuses);
     tcase_add_test(tc, test_step_error_skips_after_run_and_ends_with_error);

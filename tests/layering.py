@@ -18,7 +18,7 @@ import sys
 
 # (layer, rank, folders, public headers in include/keel/)
 LAYERS = [
-    ("util", 0, ["util"], ["status.h", "log.h"]),
+    ("util", 0, ["util"], ["status.h", "log.h", "version.h"]),
     ("train", 1, ["train"], ["tensor.h", "train.h"]),
     ("checkpoint", 2, ["checkpoint"], ["checkpoint.h"]),
     # keel_hook, the run context and the timer are the session's interface

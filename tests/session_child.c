@@ -88,7 +88,7 @@ static void
 log_line(void *ctx, keel_log_level level, const char *msg)
 {
     (void)ctx;
-    fprintf(stderr, "[%s] %s\n", keel_log_level_str(level), msg);
+    fprintf(stderr, "[%s] %s\n", keel_log_level_name(level), msg);
 }
 
 int
@@ -148,7 +148,7 @@ main(int argc, char **argv)
         st = keel_session_close(s);
     printf("final_step %lld reason %s\n",
            (long long)keel_session_global_step(s),
-           keel_end_reason_str(keel_session_end_reason(s)));
+           keel_end_reason_name(keel_session_end_reason(s)));
     fflush(stdout);
     if (st != KEEL_OK)
         fprintf(stderr, "train: %s\n", keel_last_error());

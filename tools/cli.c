@@ -68,7 +68,7 @@ log_to_stderr(void *ctx, keel_log_level level, const char *msg)
         cli_bar_drawn = 0;
     }
     if (level >= KEEL_LOG_WARN)
-        fprintf(stderr, "keel: %s: %s\n", keel_log_level_str(level), msg);
+        fprintf(stderr, "keel: %s: %s\n", keel_log_level_name(level), msg);
     else
         fprintf(stderr, "%s\n", msg);
 }
@@ -93,13 +93,20 @@ cli_getopt_begin(const char *shorts)
 int
 cli_getopt_error(char **argv, int c, const char *what)
 {
+    return cli_getopt_error_as(argv[0], argv[0], argv, c, what);
+}
+
+int
+cli_getopt_error_as(const char *name, const char *help, char **argv, int c,
+                    const char *what)
+{
     const char *typed = argv[optind - 1];
     char shortopt[3] = { '-', (char)optopt, '\0' };
     if (c == ':')
-        return cli_error(CLI_USAGE, "%s: %s needs %s", argv[0], typed, what);
+        return cli_error(CLI_USAGE, "%s: %s needs %s", name, typed, what);
     /* an unknown short option inside a group (-vx) is reported alone */
     if (optopt != 0 && optopt < 256 && typed[0] == '-' && typed[1] != '-')
         typed = shortopt;
     return cli_error(CLI_USAGE, "%s: unknown option '%s'; see 'keel %s "
-                     "--help'", argv[0], typed, argv[0]);
+                     "--help'", name, typed, help);
 }

@@ -35,6 +35,10 @@ const char *cli_getopt_begin(const char *shorts);
  * "<verb>: unknown option '-x'; see 'keel <verb> --help'" or "<verb>:
  * <option> needs <what>". Returns CLI_USAGE. */
 int cli_getopt_error(char **argv, int c, const char *what);
+/* The same for a sub-verb ("ckpt show"): name leads the message, help is
+ * what 'keel HELP --help' names; argv is what getopt_long() was given. */
+int cli_getopt_error_as(const char *name, const char *help, char **argv,
+                        int c, const char *what);
 
 /* Route libkeel's log lines to stderr ("keel: " prefix for warnings and
  * errors); verbose also shows debug lines. */

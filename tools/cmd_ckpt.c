@@ -2,6 +2,7 @@
  * directories and files through libkeel's public reader API. */
 #include <config.h>
 
+#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -109,9 +110,17 @@ static int
 ckpt_show(int argc, char **argv)
 {
     const char *file = NULL, *var = NULL, *slot = NULL;
+    static const struct option longs[] = {
+        { "slot", required_argument, NULL, 's' },
+        { "limit", required_argument, NULL, 'l' },
+        { "all", no_argument, NULL, 'a' },
+        { NULL, 0, NULL, 0 }
+    };
+    const char *spec;
     long limit = 1000;
     keel_ckpt_info *info;
     keel_status st;
+    int c;
 
     if (cli_wants_help(argc, argv)) {
         printf("usage: keel ckpt show [--slot S] [--limit N|--all] FILE "
@@ -123,20 +132,28 @@ ckpt_show(int argc, char **argv)
                "values (default 1000) unless --all.\n");
         return CLI_OK;
     }
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--slot") == 0 && i + 1 < argc) {
-            slot = argv[++i];
-        } else if (strcmp(argv[i], "--limit") == 0 && i + 1 < argc) {
-            char *end;
-            limit = strtol(argv[++i], &end, 10);
-            if (*end != '\0' || limit < 0)
+    spec = cli_getopt_begin("");
+    while ((c = getopt_long(argc, argv, spec, longs, NULL)) != -1) {
+        char *end;
+        switch (c) {
+        case 's':
+            slot = optarg;
+            break;
+        case 'l':
+            limit = strtol(optarg, &end, 10);
+            if (end == optarg || *end != '\0' || limit < 0)
                 return cli_error(CLI_USAGE, "--limit needs a count >= 0");
-        } else if (strcmp(argv[i], "--all") == 0) {
+            break;
+        case 'a':
             limit = -1;
-        } else if (argv[i][0] == '-' && argv[i][1] != '\0') {
-            return cli_error(CLI_USAGE, "ckpt show: unknown option '%s'; "
-                             "see 'keel ckpt show --help'", argv[i]);
-        } else if (file == NULL) {
+            break;
+        default:
+            return cli_getopt_error_as("ckpt show", "ckpt show", argv, c,
+                                       optopt == 'l' ? "a count" : "a SLOT");
+        }
+    }
+    for (int i = optind; i < argc; i++) {
+        if (file == NULL) {
             file = argv[i];
         } else if (var == NULL) {
             var = argv[i];

@@ -2,6 +2,7 @@
  * settings) and `keel config keys` (the reference of every key). */
 #include <config.h>
 
+#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,30 +94,41 @@ cmd_config(int argc, char **argv)
         keel_config *cfg;
         char *text;
         keel_status st;
-        if (cli_wants_help(argc - 1, argv + 1))
-            return usage(stdout, CLI_OK);
-        for (int i = 2; i < argc; i++) {
-            if (strcmp(argv[i], "-s") == 0 || strcmp(argv[i], "--set") == 0) {
-                if (i + 1 >= argc)
-                    return cli_error(CLI_USAGE, "%s needs section.key=value",
-                                     argv[i]);
+        static const struct option longs[] = {
+            { "set", required_argument, NULL, 's' },
+            { "task", required_argument, NULL, 't' },
+            { "help", no_argument, NULL, 'h' },
+            { NULL, 0, NULL, 0 }
+        };
+        const char *optspec = cli_getopt_begin("s:h");
+        int c;
+        /* argv + 1: "check" is the verb getopt starts after */
+        while ((c = getopt_long(argc - 1, argv + 1, optspec, longs, NULL))
+               != -1) {
+            switch (c) {
+            case 's':
                 if (n_over == 256)
                     return cli_error(CLI_USAGE, "too many -s overrides "
                                      "(limit 256)");
-                over[n_over++] = argv[++i];
-            } else if (strcmp(argv[i], "--task") == 0) {
-                if (i + 1 >= argc)
-                    return cli_error(CLI_USAGE, "--task needs TYPE:INDEX");
-                task = argv[++i];
-            } else if (argv[i][0] == '-') {
-                return cli_error(CLI_USAGE, "config check: unknown option "
-                                 "'%s'; see 'keel config --help'", argv[i]);
-            } else if (path == NULL) {
-                path = argv[i];
-            } else {
+                over[n_over++] = optarg;
+                break;
+            case 't':
+                task = optarg;
+                break;
+            case 'h':
+                return usage(stdout, CLI_OK);
+            default:
+                return cli_getopt_error_as("config check", "config",
+                                           argv + 1, c, optopt == 't'
+                                           ? "TYPE:INDEX"
+                                           : "section.key=value");
+            }
+        }
+        for (int i = optind + 1; i < argc; i++) {
+            if (path != NULL)
                 return cli_error(CLI_USAGE, "config check takes one CONFIG "
                                  "file, got '%s' and '%s'", path, argv[i]);
-            }
+            path = argv[i];
         }
         if (path == NULL)
             return cli_error(CLI_USAGE, "config check needs a CONFIG file; "

@@ -4,6 +4,7 @@
  * written before keel stored one, with --config. */
 #include <config.h>
 
+#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -100,23 +101,35 @@ cmd_export(int argc, char **argv)
     keel_inference *inf = NULL;
     char outbuf[4096];
     keel_status st;
-    int rc;
-    if (cli_wants_help(argc, argv))
-        return export_usage(stdout, CLI_OK);
-    for (int i = 1; i < argc; i++) {
+    int rc, c;
+    static const struct option longs[] = {
+        { "format", required_argument, NULL, 'f' },
+        { "output", required_argument, NULL, 'o' },
+        { "config", required_argument, NULL, 'c' },
+        { "help", no_argument, NULL, 'h' },
+        { NULL, 0, NULL, 0 }
+    };
+    const char *spec = cli_getopt_begin("o:h");
+    while ((c = getopt_long(argc, argv, spec, longs, NULL)) != -1) {
+        switch (c) {
+        case 'f':
+            format = optarg;
+            break;
+        case 'o':
+            output = optarg;
+            break;
+        case 'c':
+            config = optarg;
+            break;
+        case 'h':
+            return export_usage(stdout, CLI_OK);
+        default:
+            return cli_getopt_error(argv, c, "a value");
+        }
+    }
+    for (int i = optind; i < argc; i++) {
         const char *a = argv[i];
-        const char **dst = strcmp(a, "--format") == 0 ? &format
-            : strcmp(a, "-o") == 0 || strcmp(a, "--output") == 0 ? &output
-            : strcmp(a, "--config") == 0 ? &config : NULL;
-        if (dst != NULL) {
-            if (i + 1 >= argc)
-                return cli_error(CLI_USAGE, "%s needs a value; see 'keel "
-                                 "export --help'", a);
-            *dst = argv[++i];
-        } else if (a[0] == '-') {
-            return cli_error(CLI_USAGE, "export: unknown option '%s'; see "
-                             "'keel export --help'", a);
-        } else if (ckpt == NULL) {
+        if (ckpt == NULL) {
             ckpt = a;
         } else {
             return cli_error(CLI_USAGE, "export takes one CKPT, got '%s' and "
@@ -172,20 +185,35 @@ cmd_predict(int argc, char **argv)
     size_t n, esize;
     int64_t h, w, c, correct = 0, labelled = 0;
     keel_status st;
-    if (cli_wants_help(argc, argv))
-        return predict_usage(stdout, CLI_OK);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--json") == 0) {
+    int opt;
+    static const struct option longs[] = {
+        { "json", no_argument, NULL, 'j' },
+        { "labels", required_argument, NULL, 'l' },
+        { "config", required_argument, NULL, 'c' },
+        { "help", no_argument, NULL, 'h' },
+        { NULL, 0, NULL, 0 }
+    };
+    const char *spec = cli_getopt_begin("h");
+    while ((opt = getopt_long(argc, argv, spec, longs, NULL)) != -1) {
+        switch (opt) {
+        case 'j':
             json = 1;
-        } else if (strcmp(a, "--labels") == 0 || strcmp(a, "--config") == 0) {
-            if (i + 1 >= argc)
-                return cli_error(CLI_USAGE, "%s needs a FILE", a);
-            *(a[2] == 'l' ? &labels : &config) = argv[++i];
-        } else if (a[0] == '-') {
-            return cli_error(CLI_USAGE, "predict: unknown option '%s'; see "
-                             "'keel predict --help'", a);
-        } else if (ckpt == NULL) {
+            break;
+        case 'l':
+            labels = optarg;
+            break;
+        case 'c':
+            config = optarg;
+            break;
+        case 'h':
+            return predict_usage(stdout, CLI_OK);
+        default:
+            return cli_getopt_error(argv, opt, "a FILE");
+        }
+    }
+    for (int i = optind; i < argc; i++) {
+        const char *a = argv[i];
+        if (ckpt == NULL) {
             ckpt = a;
         } else if (input == NULL) {
             input = a;

@@ -3,6 +3,7 @@
  * mode 0600). Never prints the secret key. */
 #include <config.h>
 
+#include <getopt.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -28,30 +29,33 @@ keygen_usage(FILE *out)
 int
 cmd_keygen(int argc, char **argv)
 {
+    static const struct option longs[] = {
+        { "name", required_argument, NULL, 'n' },
+        { "help", no_argument, NULL, 'h' },
+        { NULL, 0, NULL, 0 }
+    };
+    const char *spec = cli_getopt_begin("h");
     const char *dir = NULL, *name = "keel";
     char pub[41];
     keel_status st;
-    if (cli_wants_help(argc, argv)) {
-        keygen_usage(stdout);
-        return CLI_OK;
+    int c;
+    while ((c = getopt_long(argc, argv, spec, longs, NULL)) != -1) {
+        switch (c) {
+        case 'n':
+            name = optarg;
+            break;
+        case 'h':
+            keygen_usage(stdout);
+            return CLI_OK;
+        default:
+            return cli_getopt_error(argv, c, "a NAME");
+        }
     }
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--name") == 0) {
-            if (i + 1 >= argc)
-                return cli_error(CLI_USAGE, "keygen: --name needs a value; "
-                                 "see 'keel keygen --help'");
-            name = argv[++i];
-        } else if (strncmp(argv[i], "--name=", 7) == 0) {
-            name = argv[i] + 7;
-        } else if (argv[i][0] == '-' && argv[i][1] != '\0') {
-            return cli_error(CLI_USAGE, "keygen: unknown option '%s'; see "
-                             "'keel keygen --help'", argv[i]);
-        } else if (dir == NULL) {
-            dir = argv[i];
-        } else {
+    for (int i = optind; i < argc; i++) {
+        if (dir != NULL)
             return cli_error(CLI_USAGE, "keygen: more than one directory "
                              "('%s'); see 'keel keygen --help'", argv[i]);
-        }
+        dir = argv[i];
     }
     if (dir == NULL)
         return cli_error(CLI_USAGE, "keygen: missing DIR; usage: keel keygen "

@@ -43,7 +43,7 @@ keel_log_set_handler(keel_log_fn fn, void *ctx, keel_log_level min_level)
 }
 
 const char *
-keel_log_level_str(keel_log_level level)
+keel_log_level_name(keel_log_level level)
 {
     switch (level) {
     case KEEL_LOG_DEBUG: return "debug";

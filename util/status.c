@@ -92,9 +92,3 @@ keel__wrap(keel_status code, const char *fmt, ...)
         snprintf(last_error, sizeof last_error, "%s", head);
     return code;
 }
-
-const char *
-keel_version(void)
-{
-    return PACKAGE_VERSION;
-}

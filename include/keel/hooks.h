@@ -32,7 +32,7 @@ typedef enum keel_end_reason {
 } keel_end_reason;
 
 /* Static lowercase name of a reason ("signal"); never NULL. */
-const char *keel_end_reason_str(keel_end_reason why);
+const char *keel_end_reason_name(keel_end_reason why);
 
 /* ---- when a hook next needs to be called ---------------------------------
  * A hook may tell the session when its calls can next do something; the

@@ -10,6 +10,7 @@
 #ifndef KEEL_KEEL_H
 #define KEEL_KEEL_H
 
+#include <keel/version.h>
 #include <keel/status.h>
 #include <keel/log.h>
 #include <keel/tensor.h>
@@ -24,7 +25,5 @@
 #include <keel/job.h>
 #include <keel/launch.h>
 #include <keel/export.h>
-
-/* keel_version() is declared in keel/status.h. */
 
 #endif

@@ -25,7 +25,7 @@ typedef void (*keel_log_fn)(void *ctx, keel_log_level level, const char *msg);
 void keel_log_set_handler(keel_log_fn fn, void *ctx, keel_log_level min_level);
 
 /* Short lowercase name of a level ("info"); never NULL. */
-const char *keel_log_level_str(keel_log_level level);
+const char *keel_log_level_name(keel_log_level level);
 
 #ifdef __cplusplus
 }

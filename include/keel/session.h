@@ -14,6 +14,7 @@
 #include <keel/tensor.h>
 #include <keel/checkpoint.h>
 #include <keel/hooks.h>
+#include <keel/train.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -68,6 +69,13 @@ typedef struct keel_updater {
     keel_status (*apply)(void *ctx, keel_vars *vs, keel_grads *grads,
                          int64_t global_step);
 } keel_updater;
+
+/* An updater that applies one of keel's optimizers
+ * (keel_optimizer_apply: the learning rate and bias correction of the
+ * step's global step). opt is borrowed: it outlives every session the
+ * updater is given to, and its slots exist (keel_optimizer_prepare on the
+ * session's store) before the first step. Cannot fail. */
+keel_updater keel_optimizer_updater(keel_optimizer *opt);
 
 /* ---- scaffold ----------------------------------------------------------- */
 

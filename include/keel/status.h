@@ -43,9 +43,6 @@ int keel_status_is_recoverable(keel_status s);
 keel_status keel_error_set(keel_status code, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
-/* The library's version string ("0.1.0"); never NULL. */
-const char *keel_version(void);
-
 #ifdef __cplusplus
 }
 #endif

@@ -19,6 +19,10 @@ out=$(LD_LIBRARY_PATH="$dest$libdir" "$dest/smoke")
 echo "$out"
 grep -q '1 variable, 802816 bytes' <<<"$out"
 test -f "$dest$prefix/share/man/man1/keel.1"
+# The generated version header is installed, and agrees with keel.pc.
+test -f "$dest$prefix/include/keel/version.h"
+version=$(sed -n 's/^Version: //p' "$build/keel.pc")
+grep -q "keel $version (built against $version)" <<<"$out"
 test -x "$dest$prefix/bin/keel"
 # Only keel_* symbols are exported.
 bad=$(nm -D --defined-only "$dest$libdir/libkeel.so" | awk '{print $3}' | grep -v -E '^(keel_[a-z]|_init$|_fini$)' || true)
