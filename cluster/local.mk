@@ -1,7 +1,8 @@
 # cluster/: cluster spec, wire protocol, parameter servers, workers.
 libkeel_core_la_SOURCES += cluster/cluster_int.h cluster/spec.c cluster/slurm.c \
 	cluster/wire.c cluster/security.c cluster/ps.c \
-	cluster/defaults.h cluster/roles.c cluster/heartbeat.c
+	cluster/defaults.h cluster/roles.c cluster/heartbeat.c \
+	cluster/algorithm.c
 pkginclude_HEADERS += include/keel/cluster.h include/keel/distributed.h
 if HAVE_CHECK
 check_PROGRAMS += tests/check_cluster
@@ -37,4 +38,13 @@ TESTS += tests/it_cluster
 tests_it_cluster_SOURCES = tests/it_cluster.c
 tests_it_cluster_CFLAGS = $(TEST_CFLAGS)
 tests_it_cluster_LDADD = $(TEST_LIBS)
+endif
+
+# check_algorithms: the update rules by hand, then each on real sockets.
+if HAVE_CHECK
+check_PROGRAMS += tests/check_algorithms
+TESTS += tests/check_algorithms
+tests_check_algorithms_SOURCES = tests/check_algorithms.c
+tests_check_algorithms_CFLAGS = $(TEST_CFLAGS) $(ZMQ_CFLAGS)
+tests_check_algorithms_LDADD = $(TEST_LIBS) $(ZMQ_LIBS)
 endif
