@@ -48,3 +48,7 @@ tests_check_algorithms_SOURCES = tests/check_algorithms.c
 tests_check_algorithms_CFLAGS = $(TEST_CFLAGS) $(ZMQ_CFLAGS)
 tests_check_algorithms_LDADD = $(TEST_LIBS) $(ZMQ_LIBS)
 endif
+
+# Every rule to >= 84 % on Fashion-MNIST (minutes per rule): check-long.
+LONG_TESTS += bench/algorithms_accuracy.sh
+EXTRA_DIST += bench/algorithms_accuracy.sh
