@@ -1298,10 +1298,17 @@ keel_config_validate(const keel_config *cfg)
                               keel_config_str(cfg, "cluster.mode"));
     }
     if (keel_config_str(cfg, "algorithm.worker_learning_rates")[0] != '\0' &&
-        strcmp(keel_config_str(cfg, "algorithm.name"), "sync") != 0)
+        (strcmp(keel_config_str(cfg, "algorithm.name"), "sync") != 0 ||
+         strcmp(keel_config_str(cfg, "cluster.mode"), "async") == 0))
         return keel__fail(KEEL_EINVAL, "algorithm.worker_learning_rates "
-                          "applies to algorithm.name = sync only, not %s",
-                          keel_config_str(cfg, "algorithm.name"));
+                          "(%s) applies to synchronous SGD only "
+                          "(algorithm.name = sync), not %s",
+                          keel_config_origin(cfg,
+                              "algorithm.worker_learning_rates"),
+                          strcmp(keel_config_str(cfg, "algorithm.name"),
+                                 "sync") != 0
+                              ? keel_config_str(cfg, "algorithm.name")
+                              : "cluster.mode = async");
     if (keel_config_bool(cfg, "security.curve") &&
         keel_config_str(cfg, "security.key_dir")[0] == '\0')
         return keel__fail(KEEL_EINVAL, "security.curve = true needs "

@@ -89,7 +89,8 @@ algorithm_from(const keel_config *cfg, job *j)
 {
     keel_status st;
     int n;
-    j->has_algo = keel_config_is_set(cfg, "algorithm.name");
+    j->has_algo = keel_config_is_set(cfg, "algorithm.name") ||
+        keel_config_str(cfg, "algorithm.worker_learning_rates")[0] != '\0';
     if (!j->has_algo)
         return KEEL_OK;
     keel_algorithm_config_init(&j->algo, KEEL_ALGORITHM_SYNC);
@@ -958,7 +959,9 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     if (opts != NULL && opts->handle_signals &&
         (st = keel_session_install_signal_handlers()) != KEEL_OK)
         return st;
-    if (in_cluster && keel_config_is_set(cfg, "algorithm.name")) {
+    if (in_cluster && (keel_config_is_set(cfg, "algorithm.name") ||
+                       keel_config_str(cfg, "algorithm.worker_learning_rates")
+                           [0] != '\0')) {
         keel_algorithm a;
         if ((st = keel_algorithm_from_name(keel_config_str(cfg,
                                                "algorithm.name"), &a))
