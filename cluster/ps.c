@@ -815,9 +815,10 @@ aggregate(keel__ps *ps)
     if (st == KEEL_OK && ps->rule != NULL)
         keel__algo_ps_commit_end(ps->rule, -1);
     for (int r = 0; r < ps->total_replicas && st == KEEL_OK; r++)
-        if (ps->pending[r].used &&
-            (st = covered_of(&ps->pending[r].msg, &covered)) == KEEL_OK)
+        if (ps->pending[r].used) {      /* checked when it came */
+            (void)covered_of(&ps->pending[r].msg, &covered);
             break;
+        }
     if (st == KEEL_OK) {
         keel_vars_set_global_step(ps->vars, step + covered);
         ps->applied += fresh;
@@ -848,7 +849,7 @@ real_push(keel__ps *ps, keel__wire_msg *req)
 {
     keel_var **vars;
     keel_status st;
-    int64_t step = keel_vars_global_step(ps->vars);
+    int64_t step = keel_vars_global_step(ps->vars), covered;
     int replica, fresh = 0;
     if (!ps->is_ready)
         return keel__fail(KEEL_EUNAVAILABLE, "ps %d holds no state yet "
@@ -863,6 +864,8 @@ real_push(keel__ps *ps, keel__wire_msg *req)
                           keel_task_type_name((keel_task_type)
                                               req->h.sender_type),
                           req->h.sender_index, ps->total_replicas);
+    if ((st = covered_of(req, &covered)) != KEEL_OK)
+        return st;
     vars = calloc(req->n ? req->n : 1, sizeof *vars);
     if (vars == NULL)
         return keel__fail(KEEL_ENOMEM, "ps: %zu updates", req->n);
@@ -890,9 +893,7 @@ real_push(keel__ps *ps, keel__wire_msg *req)
             goto out;
         }
     if (!ps->sync) {                    /* async: apply as it comes */
-        int64_t covered = 1;
-        if ((st = covered_of(req, &covered)) != KEEL_OK ||
-            (st = wait_pins(ps, vars, req->n)) != KEEL_OK)
+        if ((st = wait_pins(ps, vars, req->n)) != KEEL_OK)
             goto out;
         for (size_t i = 0; i < req->n && st == KEEL_OK; i++)
             st = ps->rule != NULL
