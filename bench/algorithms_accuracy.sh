@@ -63,12 +63,18 @@ for r in $rules; do
         sync|sagn|easgd|model_averaging) steps=$((examples / 64)) ;;
         *) steps=$((examples / 32)) ;;
     esac
-    # the rules' own rates (docs/algorithms.md): local SGD at 0.05 on
-    # each replica's mean gradient; DOWNPOUR's Adagrad on the ps at 0.01
-    extra="-s algorithm.learning_rate=0.05"
+    # The rules' own rates (docs/algorithms.md), for the same budget as
+    # sync's 2,812 steps at 0.1: local SGD on each replica's mean gradient
+    # (a slice of 32) at eta; AGN-like commits move the center by about one
+    # local step per window, so those get a short window and a larger eta;
+    # AEAMSGD's momentum 0.9 multiplies its step by ten.
     case $r in
-        downpour) extra="$extra -s algorithm.ps_learning_rate=0.01" ;;
-        downpour_easy) extra="$extra -s algorithm.ps_learning_rate=0.05" ;;
+        agn|adag|sagn) extra="-s algorithm.window=4 -s algorithm.learning_rate=0.2" ;;
+        downpour) extra="-s algorithm.learning_rate=0.05 -s algorithm.ps_learning_rate=0.01" ;;
+        downpour_easy) extra="-s algorithm.learning_rate=0.05 -s algorithm.ps_learning_rate=0.05" ;;
+        model_averaging|easgd|aeasgd) extra="-s algorithm.learning_rate=0.1" ;;
+        aeamsgd) extra="-s algorithm.learning_rate=0.02" ;;
+        *) extra="-s algorithm.learning_rate=0.05" ;;
     esac
     rm -rf "$work/run"
     # timed inside the lock: waiting for another benchmark does not count

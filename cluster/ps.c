@@ -849,7 +849,7 @@ real_push(keel__ps *ps, keel__wire_msg *req)
 {
     keel_var **vars;
     keel_status st;
-    int64_t step = keel_vars_global_step(ps->vars), covered;
+    int64_t step = keel_vars_global_step(ps->vars), covered = 1;
     int replica, fresh = 0;
     if (!ps->is_ready)
         return keel__fail(KEEL_EUNAVAILABLE, "ps %d holds no state yet "
