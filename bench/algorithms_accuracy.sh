@@ -63,17 +63,18 @@ for r in $rules; do
         sync|sagn|easgd|model_averaging) steps=$((examples / 64)) ;;
         *) steps=$((examples / 32)) ;;
     esac
-    # The rules' own rates (docs/algorithms.md), for the same budget as
-    # sync's 2,812 steps at 0.1: local SGD on each replica's mean gradient
-    # (a slice of 32) at eta; AGN-like commits move the center by about one
-    # local step per window, so those get a short window and a larger eta;
-    # AEAMSGD's momentum 0.9 multiplies its step by ten.
+    # The rules' own rates (docs/algorithms.md), for about the budget of
+    # sync's 2,812 steps at 0.1. Local SGD runs on each replica's mean
+    # gradient (a slice of 32) at eta 0.05; AGN-like commits move the
+    # center by about one local step per window, so those get a short
+    # window and eta 0.2. async and hogwild push each replica's share of
+    # the global batch's gradient (half its mean): their optimizer rate is
+    # doubled to 0.2.
     case $r in
         agn|adag|sagn) extra="-s algorithm.window=4 -s algorithm.learning_rate=0.2" ;;
         downpour) extra="-s algorithm.learning_rate=0.05 -s algorithm.ps_learning_rate=0.01" ;;
         downpour_easy) extra="-s algorithm.learning_rate=0.05 -s algorithm.ps_learning_rate=0.05" ;;
-        model_averaging|easgd|aeasgd) extra="-s algorithm.learning_rate=0.1" ;;
-        aeamsgd) extra="-s algorithm.learning_rate=0.02" ;;
+        async|hogwild) extra="-s optimizer.learning_rate=0.2" ;;
         *) extra="-s algorithm.learning_rate=0.05" ;;
     esac
     rm -rf "$work/run"
