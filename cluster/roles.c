@@ -238,12 +238,11 @@ run_ps(const keel__role_opts *o, const keel_vars *model, keel_optimizer *opt)
     if (st != KEEL_OK)
         goto out;
     keel__log(KEEL_LOG_INFO, "ps %d: %zu of %zu variables (%s placement), "
-              "%s mode, algorithm %s, %d of %d replicas per step", idx,
+              "%s mode, %d of %d replicas per step, algorithm %s", idx,
               keel_vars_count(shard), n,
               o->round_robin ? "round-robin" : "size-balanced",
-              pc.sync ? "sync" : "async",
-              keel_algorithm_name(o->algo.c.name),
-              pc.replicas_to_aggregate, pc.total_replicas);
+              pc.sync ? "sync" : "async", pc.replicas_to_aggregate,
+              pc.total_replicas, keel_algorithm_name(o->algo.c.name));
     for (;;) {
         st = keel__ps_serve_once(ps, 100);
         keel__ps_watch(ps, (int)(o->stall_warn_secs * 1000));
