@@ -14,6 +14,7 @@
 #include <ini.h>
 
 #include <keel/config.h>
+#include <keel/distributed.h>
 #include <keel/tensor.h>
 #include "defaults.h"
 #include "util.h"
@@ -292,6 +293,40 @@ static const key_def schema[] = {
     { "cluster", "eval_timeout_secs", T_DOUBLE, "7200", 0.001, 1e9, NULL,
       "Evaluator task: fail (exit 1) when no new checkpoint appears in "
       "checkpoint.dir for this long." },
+
+    { "algorithm", "name", T_ENUM, "sync", NOLIM,
+      "sync|async|hogwild|downpour|downpour_easy|agn|sagn|adag|dynsgd|"
+      "easgd|aeasgd|aeamsgd|model_averaging",
+      "The cluster's update rule (docs/algorithms.md). Unset: "
+      "cluster.mode (or TF_CONFIG's mode), sync or async." },
+    { "algorithm", "learning_rate", T_DOUBLE, "0", 0, 1e6, NULL,
+      "eta: the workers' local SGD step (alpha in DOWNPOUR), and ADAG's "
+      "eta on the ps; 0: optimizer.learning_rate with its schedule." },
+    { "algorithm", "ps_learning_rate", T_DOUBLE, "0", 0, 1e6, NULL,
+      "gamma: the ps's step on a DOWNPOUR commit (Adagrad's base rate; "
+      "SGD's in downpour_easy); 0: optimizer.learning_rate." },
+    { "algorithm", "window", T_INT, "0", 0, 1 << 20, NULL,
+      "Local steps per commit: lambda (agn, sagn, adag, dynsgd, "
+      "model_averaging) or tau (easgd, aeasgd, aeamsgd); 0: the rule's "
+      "default (12, 12, 12, 5, 10; 1, 32, 32)." },
+    { "algorithm", "n_fetch", T_INT, "0", 0, 1 << 20, NULL,
+      "DOWNPOUR: pull the center before every n_fetch-th local step; 0: "
+      "5." },
+    { "algorithm", "n_push", T_INT, "0", 0, 1 << 20, NULL,
+      "DOWNPOUR: commit the accrued gradient every n_push local steps; 0: "
+      "5." },
+    { "algorithm", "epsilon", T_DOUBLE, "0", 0, 1, NULL,
+      "DOWNPOUR's Adagrad: gamma / (sqrt(sum of squares) + epsilon); 0: "
+      "1e-8." },
+    { "algorithm", "moving_rate", T_DOUBLE, "0", 0, 1, NULL,
+      "alpha = eta * rho of elastic averaging (easgd, aeasgd, aeamsgd); "
+      "0: 0.9 / replicas (beta = p * alpha = 0.9)." },
+    { "algorithm", "momentum", T_DOUBLE, "0", 0, 0.999999, NULL,
+      "delta: AEAMSGD's Nesterov momentum; 0: 0.9." },
+    { "algorithm", "worker_learning_rates", T_DOUBLE_LIST, "", 0, 1e6, NULL,
+      "sync: one learning rate per replica (the chief's first, then worker "
+      "0, 1, ...); each replica's gradient is scaled by its rate over "
+      "optimizer.learning_rate. Empty: one rate for all." },
 
     { "security", "curve", T_BOOL, "false", NOLIM, NULL,
       "CURVE authentication and encryption on every socket." },
@@ -1291,6 +1326,33 @@ keel_config_validate(const keel_config *cfg)
                               "cluster.replicas_to_aggregate"),
                           (long long)keel_config_int(cfg,
                               "cluster.total_num_replicas"));
+    if (keel_config_is_set(cfg, "algorithm.name") &&
+        keel_config_is_set(cfg, "cluster.mode")) {
+        keel_algorithm a;
+        int async_mode = strcmp(keel_config_str(cfg, "cluster.mode"),
+                                "async") == 0;
+        if (keel_algorithm_from_name(keel_config_str(cfg, "algorithm.name"),
+                                     &a) == KEEL_OK &&
+            keel_algorithm_is_sync(a) == async_mode)
+            return keel__fail(KEEL_EINVAL, "algorithm.name = %s is %s but "
+                              "cluster.mode = %s; cluster.mode is the older "
+                              "name of sync and async: drop it",
+                              keel_algorithm_name(a),
+                              async_mode ? "synchronous" : "asynchronous",
+                              keel_config_str(cfg, "cluster.mode"));
+    }
+    if (keel_config_str(cfg, "algorithm.worker_learning_rates")[0] != '\0' &&
+        (strcmp(keel_config_str(cfg, "algorithm.name"), "sync") != 0 ||
+         strcmp(keel_config_str(cfg, "cluster.mode"), "async") == 0))
+        return keel__fail(KEEL_EINVAL, "algorithm.worker_learning_rates "
+                          "(%s) applies to synchronous SGD only "
+                          "(algorithm.name = sync), not %s",
+                          keel_config_origin(cfg,
+                              "algorithm.worker_learning_rates"),
+                          strcmp(keel_config_str(cfg, "algorithm.name"),
+                                 "sync") != 0
+                              ? keel_config_str(cfg, "algorithm.name")
+                              : "cluster.mode = async");
     if (keel_config_bool(cfg, "security.curve") &&
         keel_config_str(cfg, "security.key_dir")[0] == '\0')
         return keel__fail(KEEL_EINVAL, "security.curve = true needs "

@@ -85,7 +85,48 @@ typedef struct job {
      * is told to skip it) and knows when the last update already did. */
     int own_zeroing;
     keel_grads *zeroed;           /* zero since job_apply; NULL: unknown */
+    /* [algorithm] when algorithm.name is set (else the spec's mode) */
+    int has_algo;
+    keel_algorithm_config algo;
+    double algo_rates[1024];
+    /* a rule with local steps: each replica's gradient is the mean over
+     * its own slice (not a share of the global batch) */
+    int local_norm;
 } job;
+
+/* The [algorithm] keys into j->algo (when algorithm.name is set). */
+static keel_status
+algorithm_from(const keel_config *cfg, job *j)
+{
+    keel_status st;
+    int n;
+    j->has_algo = keel_config_is_set(cfg, "algorithm.name") ||
+        keel_config_str(cfg, "algorithm.worker_learning_rates")[0] != '\0';
+    if (!j->has_algo)
+        return KEEL_OK;
+    keel_algorithm_config_init(&j->algo, KEEL_ALGORITHM_SYNC);
+    st = keel_algorithm_from_name(keel_config_str(cfg, "algorithm.name"),
+                                  &j->algo.name);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "algorithm.name");
+    j->algo.learning_rate = keel_config_double(cfg, "algorithm.learning_rate");
+    j->algo.ps_learning_rate =
+        keel_config_double(cfg, "algorithm.ps_learning_rate");
+    j->algo.window = (int)keel_config_int(cfg, "algorithm.window");
+    j->algo.n_fetch = (int)keel_config_int(cfg, "algorithm.n_fetch");
+    j->algo.n_push = (int)keel_config_int(cfg, "algorithm.n_push");
+    j->algo.epsilon = keel_config_double(cfg, "algorithm.epsilon");
+    j->algo.moving_rate = keel_config_double(cfg, "algorithm.moving_rate");
+    j->algo.momentum = keel_config_double(cfg, "algorithm.momentum");
+    n = keel_config_double_list(cfg, "algorithm.worker_learning_rates",
+                                j->algo_rates, 1024);
+    if (n < 0)
+        return keel__fail(KEEL_EINVAL, "algorithm.worker_learning_rates: "
+                          "more than 1024 rates");
+    j->algo.worker_learning_rates = n > 0 ? j->algo_rates : NULL;
+    j->algo.n_worker_learning_rates = n;
+    return KEEL_OK;
+}
 
 static void
 job_free(job *j)
@@ -405,7 +446,8 @@ arch_dump(job *j, const keel_optimizer_config *oc,
 
 /* Build dataset, iterator, variables, model and optimizer. */
 static keel_status
-job_build(job *j, const keel_config *cfg, int worker_index, int num_workers)
+job_build(job *j, const keel_config *cfg, int worker_index, int num_workers,
+          int opt_slots)
 {
     keel_model_config mc;
     keel_optimizer_config oc;
@@ -428,6 +470,8 @@ job_build(job *j, const keel_config *cfg, int worker_index, int num_workers)
     ic.worker_index = worker_index;
     ic.num_workers = num_workers;
     st = keel_data_iter_new(j->ds, &ic, &j->it);
+    if (st == KEEL_OK)
+        st = algorithm_from(cfg, j);
     if (st == KEEL_OK)
         st = keel_vars_new(&j->vs);
     if (st == KEEL_OK)
@@ -455,7 +499,7 @@ job_build(job *j, const keel_config *cfg, int worker_index, int num_workers)
             j->schedule = oc.schedule;
             st = arch_dump(j, &oc, NULL);
         }
-        if (st == KEEL_OK)
+        if (st == KEEL_OK && opt_slots)
             st = keel_optimizer_prepare(j->opt, j->vs);
     }
     if (st == KEEL_OK)
@@ -551,7 +595,8 @@ job_step(void *ctx, keel_step *stp)
                 keel_grads_zero(g);
             }
             st = keel_model_step(j->model, keel_step_vars(stp), &mb,
-                                 j->global_batch, g, &one);
+                                 j->local_norm ? (int64_t)b->n
+                                               : j->global_batch, g, &one);
             if (st != KEEL_OK)
                 return st;
             stats.loss_sum += one.loss_sum;
@@ -583,7 +628,8 @@ job_step(void *ctx, keel_step *stp)
         }
     } else {
         st = keel_model_step(j->model, keel_step_vars(stp), b,
-                             j->global_batch, keel_step_grads(stp), &stats);
+                             j->local_norm ? (int64_t)b->n : j->global_batch,
+                             keel_step_grads(stp), &stats);
         if (st != KEEL_OK)
             return st;
     }
@@ -868,6 +914,7 @@ cluster_options_from(const keel_config *cfg, const job *j,
 {
     keel_cluster_options_init(o);
     o->optimizer = keel_optimizer_get_config(j->opt);
+    o->algorithm = j->has_algo ? &j->algo : NULL;
     o->placement = strcmp(keel_config_str(cfg, "cluster.placement"),
                           "round_robin") == 0
                        ? KEEL_PLACEMENT_ROUND_ROBIN
@@ -901,6 +948,12 @@ leaves_for(const keel_config *cfg, const job *j,
     const char *why = NULL;
     if (keel_cluster_spec_mode(spec) != KEEL_CLUSTER_SYNC ||
         !keel_config_bool(cfg, "cluster.reduce_tree"))
+        return 0;
+    /* an update rule of its own, or per-worker rates: the ps needs each
+     * replica's commit, not one tree of the batch */
+    if ((keel_config_is_set(cfg, "algorithm.name") &&
+         strcmp(keel_config_str(cfg, "algorithm.name"), "sync") != 0) ||
+        keel_config_str(cfg, "algorithm.worker_learning_rates")[0] != '\0')
         return 0;
     L = j->global_batch / p;
     if (keel_cluster_spec_replicas_to_aggregate(spec) != R)
@@ -966,7 +1019,7 @@ run_ps(const keel_config *cfg, const keel_cluster_spec *spec,
     if (opts->handle_signals)
         st = keel_session_install_signal_handlers();
     if (st == KEEL_OK)
-        st = job_build(&j, cfg, 0, 1);
+        st = job_build(&j, cfg, 0, 1, 0);
     else
         memset(&j, 0, sizeof j);
     if (st == KEEL_OK) {
@@ -1120,6 +1173,7 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     const keel_cluster_spec *spec = opts ? opts->cluster : NULL;
     int in_cluster = spec != NULL && !keel_cluster_spec_is_local(spec);
     int is_chief = 1, replica = 0, replicas = 1, is_mwm = 0;
+    int rule_sync = 1, opt_slots = 1;
     keel_cluster_backend *worker = NULL;
     keel_collective *coll = NULL;
     keel_backend backend;
@@ -1216,7 +1270,20 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
             return st;
         }
     }
-    st = job_build(&j, cfg, replica, replicas);
+    if (in_cluster && (keel_config_is_set(cfg, "algorithm.name") ||
+                       keel_config_str(cfg, "algorithm.worker_learning_rates")
+                           [0] != '\0')) {
+        keel_algorithm a;
+        if ((st = keel_algorithm_from_name(keel_config_str(cfg,
+                                               "algorithm.name"), &a))
+            != KEEL_OK)
+            return st;
+        rule_sync = keel_algorithm_is_sync(a);
+        opt_slots = keel_algorithm_pushes_gradients(a);
+    } else if (in_cluster) {
+        rule_sync = keel_cluster_spec_mode(spec) == KEEL_CLUSTER_SYNC;
+    }
+    st = job_build(&j, cfg, replica, replicas, opt_slots);
     if (st == KEEL_OK && is_mwm)
         snprintf(j.topology, sizeof j.topology, "multi_worker_mirrored "
                  "ranks=%d batch=%lld leaves=%lld", replicas,
@@ -1284,9 +1351,10 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     ch[1].after_run = epoch_after_run;
     j.save_epochs = keel_config_int(cfg, "checkpoint.save_epochs");
     j.validate_epochs = keel_config_int(cfg, "train.validate_every_epochs");
-    j.examples_per_gstep = in_cluster &&
-        keel_cluster_spec_mode(spec) == KEEL_CLUSTER_ASYNC
+    j.examples_per_gstep = in_cluster && !rule_sync
         ? j.global_batch / replicas : j.global_batch;
+    /* local steps: each replica's own mean gradient */
+    j.local_norm = in_cluster && !opt_slots;
     if (st == KEEL_OK && is_chief && j.validate_epochs > 0) {
         char vdir[KEEL_PATH_MAX];
         st = keel__validator_new(cfg, &j.validator);

@@ -12,6 +12,7 @@
 
 #include <keel/cluster.h>
 #include <keel/tensor.h>
+#include <keel/distributed.h>
 #include "util.h"
 
 /* ---- problem lists (spec.c) --------------------------------------------- */
@@ -334,6 +335,101 @@ void keel__hb_peer_get(keel__hb *hb, int p, keel__hb_peer *out);
 /* Wait until peer p has answered more than beats times; 1 if it has. */
 int keel__hb_wait(keel__hb *hb, int p, long beats, int timeout_ms);
 
+/* ---- update rules (algorithm.c) ------------------------------------------
+ * keel_algorithm's two halves. The worker's runs inside the cluster
+ * backend's updater through an I/O seam (the network, or a test's ps in
+ * the same process); the ps's applies one commit to one variable. */
+
+/* A rule with every default resolved for a cluster of replicas. */
+typedef struct keel__algo {
+    keel_algorithm_config c;      /* window, n_fetch, ... filled in; its
+                                   * worker_learning_rates is NULL */
+    double *worker_lrs;           /* sync: per replica (owned), or NULL */
+    int replicas;                 /* chief + workers */
+    keel_lr_schedule schedule;    /* the optimizer's: eta and gamma at 0 */
+} keel__algo;
+
+/* in NULL: sync or async as mode says. opt (NULL: keel's default
+ * schedule) supplies the learning rate. KEEL_EINVAL naming the member. */
+keel_status keel__algo_resolve(const keel_algorithm_config *in,
+                               keel_cluster_mode mode,
+                               const keel_optimizer_config *opt,
+                               int replicas, keel__algo *out);
+void keel__algo_clear(keel__algo *a);
+/* eta (the workers' local rate, ADAG's on the ps) and gamma (DOWNPOUR's
+ * ps rate) at a step. */
+double keel__algo_lr(const keel__algo *a, int64_t step);
+double keel__algo_ps_lr(const keel__algo *a, int64_t step);
+/* sync with per-worker rates: replica's factor on its gradient (its rate
+ * / the optimizer's at step); 1 otherwise. */
+double keel__algo_worker_scale(const keel__algo *a, int replica,
+                               int64_t step);
+/* The rule's slots on every trainable variable of vs: downpour:
+ * "downpour_accumulator"; adag: "adag_pull<r>" per replica. */
+keel_status keel__algo_prepare(const keel__algo *a, keel_vars *vs);
+
+/* The ps's half: a's commits (a borrowed for the object's life) and the
+ * per-replica state: the commit count at each replica's last pull
+ * (dynsgd), the center at it (adag: slots, so that they travel with the
+ * checkpoint). */
+typedef struct keel__algo_ps {
+    const keel__algo *a;
+    int64_t commits;              /* the ps clock: commits applied */
+    int64_t *pulled_at;           /* per replica: commits at its pull */
+} keel__algo_ps;
+keel_status keel__algo_ps_init(keel__algo_ps *p, const keel__algo *a);
+void keel__algo_ps_clear(keel__algo_ps *p);
+/* Apply commit c of replica (-1: a sync round's sum) to v at step. */
+keel_status keel__algo_ps_commit(keel__algo_ps *p, keel_var *v,
+                                 const keel_tensor *c, int replica,
+                                 int64_t step);
+/* After every variable of one commit: the clock advances. */
+void keel__algo_ps_commit_end(keel__algo_ps *p, int replica);
+/* replica receives v's value (a pull, or a commit's reply with values);
+ * then _end once per message. */
+void keel__algo_ps_pulled(keel__algo_ps *p, keel_var *v, int replica);
+void keel__algo_ps_pulled_end(keel__algo_ps *p, int replica);
+/* The chief (re)initialized the ps: every replica counts as having
+ * pulled now (each pulls again before its next commit). */
+void keel__algo_ps_reset(keel__algo_ps *p);
+
+/* The worker's half. Where the values of a pull or a commit's reply go. */
+enum { KEEL__ALGO_INTO_NONE = 0, KEEL__ALGO_INTO_VARS,
+       KEEL__ALGO_INTO_CENTER };
+typedef struct keel__algo_io {
+    void *ctx;
+    /* Commit c (one tensor per trainable variable) covering `covered`
+     * local steps; sync rules name the round by local_step. With into,
+     * the center after the commit arrives into vs or center. *new_step:
+     * the cluster's global step after it (unchanged when not known). */
+    keel_status (*commit)(void *ctx, keel_grads *c, int covered,
+                          int64_t local_step, int into, keel_vars *vs,
+                          keel_grads *center, int64_t *new_step);
+    /* Pull the center into vs or center. */
+    keel_status (*pull)(void *ctx, int into, keel_vars *vs,
+                        keel_grads *center, int64_t *new_step);
+} keel__algo_io;
+
+typedef struct keel__algo_worker keel__algo_worker;
+/* For the rules that do not push gradients (not sync, async, hogwild).
+ * a is borrowed; vs is borrowed and must not gain trainable variables. */
+keel_status keel__algo_worker_new(const keel__algo *a, int replica,
+                                  const keel_vars *vs,
+                                  keel__algo_worker **out);
+void keel__algo_worker_free(keel__algo_worker *w);
+/* vs holds the center just pulled or published: a new cycle starts. */
+void keel__algo_worker_restart(keel__algo_worker *w, keel_vars *vs);
+/* Local steps since the restart. */
+long keel__algo_worker_steps(const keel__algo_worker *w);
+keel_grads *keel__algo_worker_center(keel__algo_worker *w);
+/* One step with the gradients grads of vs: the local update, and the
+ * communication due after it through io. *new_step: the cluster's step
+ * when a reply said it, else -1. */
+keel_status keel__algo_worker_step(keel__algo_worker *w, keel_vars *vs,
+                                   keel_grads *grads, int64_t global_step,
+                                   const keel__algo_io *io,
+                                   int64_t *new_step);
+
 /* ---- client and parameter server (wire.c, ps.c) ------------------------ */
 
 typedef struct keel__wire_client keel__wire_client;
@@ -416,7 +512,16 @@ typedef struct keel__ps_config {
      * [r*L/R, (r+1)*L/R) of L = reduce_leaves (keel_cluster_options); a
      * step of all replicas adds them along the tree. */
     int64_t reduce_leaves;
+    /* An update rule's ps half (borrowed): each PUSH is then a commit it
+     * applies (keel__algo_ps_commit; sync: once per round to the sum)
+     * instead of apply, and pulls and INIT are reported to it. A PUSH's
+     * header global_step says how many of the replica's steps it covers
+     * (0: 1); the global step advances by that. */
+    keel__algo_ps *rule;
 } keel__ps_config;
+
+/* The most local steps one commit may cover. */
+#define KEEL__MAX_COVERED (1 << 20)
 
 keel_status keel__ps_new(const keel__ps_config *cfg, keel__ps **out);
 void keel__ps_free(keel__ps *ps);

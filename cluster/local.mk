@@ -2,7 +2,7 @@
 libkeel_core_la_SOURCES += cluster/cluster_int.h cluster/spec.c cluster/slurm.c \
 	cluster/wire.c cluster/security.c cluster/ps.c \
 	cluster/defaults.h cluster/roles.c cluster/heartbeat.c \
-	cluster/collective.c
+	cluster/collective.c cluster/algorithm.c
 pkginclude_HEADERS += include/keel/cluster.h include/keel/distributed.h
 if HAVE_CHECK
 check_PROGRAMS += tests/check_cluster
@@ -39,3 +39,16 @@ tests_it_cluster_SOURCES = tests/it_cluster.c
 tests_it_cluster_CFLAGS = $(TEST_CFLAGS)
 tests_it_cluster_LDADD = $(TEST_LIBS)
 endif
+
+# check_algorithms: the update rules by hand, then each on real sockets.
+if HAVE_CHECK
+check_PROGRAMS += tests/check_algorithms
+TESTS += tests/check_algorithms
+tests_check_algorithms_SOURCES = tests/check_algorithms.c
+tests_check_algorithms_CFLAGS = $(TEST_CFLAGS) $(ZMQ_CFLAGS)
+tests_check_algorithms_LDADD = $(TEST_LIBS) $(ZMQ_LIBS)
+endif
+
+# Every rule to >= 84 % on Fashion-MNIST (minutes per rule): check-long.
+LONG_TESTS += bench/algorithms_accuracy.sh
+EXTRA_DIST += bench/algorithms_accuracy.sh

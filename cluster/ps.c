@@ -58,6 +58,7 @@ struct keel__ps {
     keel_status (*serve)(void *ctx, keel__ps *ps, keel__wire_msg *req);
     void *serve_ctx;
     int sync, replicas_to_aggregate, total_replicas, has_chief;
+    keel__algo_ps *rule;         /* NULL: apply every gradient */
     int is_ready;                /* INIT received */
     uint64_t chief_generation;
     long applied, dropped;
@@ -147,6 +148,7 @@ keel__ps_new(const keel__ps_config *cfg, keel__ps **out)
     ps->serve = cfg->serve;
     ps->serve_ctx = cfg->serve_ctx;
     ps->sync = cfg->sync;
+    ps->rule = cfg->rule;
     ps->total_replicas = cfg->total_replicas > 0 ? cfg->total_replicas : 1;
     ps->replicas_to_aggregate = cfg->replicas_to_aggregate > 0
         ? cfg->replicas_to_aggregate : ps->total_replicas;
@@ -550,6 +552,36 @@ wait_pins(keel__ps *ps, keel_var *const *vars, size_t n)
     return KEEL_OK;
 }
 
+/* The update rule's record of what replica req's sender now holds: the
+ * variables among outs (not their slots). */
+static void
+rule_pulled(keel__ps *ps, const keel__wire_msg *req,
+            const keel__wire_out *outs, size_t n)
+{
+    int replica = replica_of(ps, &req->h);
+    if (replica < 0)
+        return;
+    for (size_t i = 0; i < n; i++) {
+        keel_var *v = keel_vars_find(ps->vars, outs[i].name);
+        if (v != NULL && outs[i].t == keel_var_tensor(v))
+            keel__algo_ps_pulled(ps->rule, v, replica);
+    }
+    keel__algo_ps_pulled_end(ps->rule, replica);
+}
+
+/* How many of a replica's steps a PUSH covers (its header's global_step;
+ * 0 from a client that does not say: 1). */
+static keel_status
+covered_of(const keel__wire_msg *req, int64_t *out)
+{
+    int64_t c = req->h.global_step;
+    if (c < 0 || c > KEEL__MAX_COVERED)
+        return keel__fail(KEEL_EINVAL, "PUSH covering %lld steps (want "
+                          "0..%d)", (long long)c, KEEL__MAX_COVERED);
+    *out = c > 0 ? c : 1;
+    return KEEL_OK;
+}
+
 static keel_status
 real_pull(keel__ps *ps, keel__wire_msg *req)
 {
@@ -581,6 +613,8 @@ real_pull(keel__ps *ps, keel__wire_msg *req)
             outs[i].pin = pin_of(ps, v);
         }
     }
+    if (st == KEEL_OK && ps->rule != NULL)
+        rule_pulled(ps, req, outs, n);
     if (st == KEEL_OK) {
         reply_header(ps, req, &h, KEEL_MSG_PULL_REPLY, 0);
         st = keel__wire_send(ps->sock, &req->identity, &h, outs, n, NULL,
@@ -681,6 +715,15 @@ real_init(keel__ps *ps, keel__wire_msg *req)
             fail_pending(ps, KEEL_EABORTED, "the chief (re)initialized "
                          "this ps; wait for readiness again");
             keel_vars_set_global_step(ps->vars, req->h.global_step);
+            if (ps->rule != NULL) {
+                /* every replica pulls again; the chief holds these values */
+                int chief = replica_of(ps, &req->h);
+                keel__algo_ps_reset(ps->rule);
+                for (size_t k = 0; chief >= 0 &&
+                                   k < keel_vars_count(ps->vars); k++)
+                    keel__algo_ps_pulled(ps->rule, keel_vars_at(ps->vars, k),
+                                         chief);
+            }
             ps->chief_generation = req->h.generation;
             ps->is_ready = 1;
             keel__log(KEEL_LOG_INFO, "ps %d: initialized by the chief "
@@ -719,6 +762,8 @@ send_ack(keel__ps *ps, keel__wire_msg *req, keel_var *const *vars, size_t n)
         outs[i].t = keel_var_tensor(vars[i]);
         outs[i].pin = pin_of(ps, vars[i]);
     }
+    if (ps->rule != NULL)
+        rule_pulled(ps, req, outs, n);
     st = keel__wire_send(ps->sock, &req->identity, &h, outs, n, NULL, NULL);
     free(outs);
     return st;
@@ -828,6 +873,7 @@ aggregate(keel__ps *ps)
     unsigned char *have = calloc(nv ? nv : 1, 1);
     keel_status st = KEEL_OK;
     int fresh = 0;
+    int64_t covered = 1;
     if (all == NULL || have == NULL) {
         free(all);
         free(have);
@@ -877,10 +923,20 @@ apply:
                                ps->total_replicas, fresh);
     for (size_t k = 0; k < nv && st == KEEL_OK; k++)
         if (have[k])
-            st = ps->apply(ps->apply_ctx, all[k], keel_grads_at(ps->acc, k),
-                           step);
+            st = ps->rule != NULL
+                ? keel__algo_ps_commit(ps->rule, all[k],
+                                       keel_grads_at(ps->acc, k), -1, step)
+                : ps->apply(ps->apply_ctx, all[k], keel_grads_at(ps->acc, k),
+                            step);
+    if (st == KEEL_OK && ps->rule != NULL)
+        keel__algo_ps_commit_end(ps->rule, -1);
+    for (int r = 0; r < ps->total_replicas && st == KEEL_OK; r++)
+        if (ps->pending[r].used) {      /* checked when it came */
+            (void)covered_of(&ps->pending[r].msg, &covered);
+            break;
+        }
     if (st == KEEL_OK) {
-        keel_vars_set_global_step(ps->vars, step + 1);
+        keel_vars_set_global_step(ps->vars, step + covered);
         ps->applied += fresh;
     }
     for (int r = 0; r < ps->total_replicas; r++) {
@@ -909,7 +965,7 @@ real_push(keel__ps *ps, keel__wire_msg *req)
 {
     keel_var **vars;
     keel_status st;
-    int64_t step = keel_vars_global_step(ps->vars);
+    int64_t step = keel_vars_global_step(ps->vars), covered = 1;
     int replica, fresh = 0;
     if (!ps->is_ready)
         return keel__fail(KEEL_EUNAVAILABLE, "ps %d holds no state yet "
@@ -924,6 +980,8 @@ real_push(keel__ps *ps, keel__wire_msg *req)
                           keel_task_type_name((keel_task_type)
                                               req->h.sender_type),
                           req->h.sender_index, ps->total_replicas);
+    if ((st = covered_of(req, &covered)) != KEEL_OK)
+        return st;
     vars = calloc(req->n ? req->n : 1, sizeof *vars);
     if (vars == NULL)
         return keel__fail(KEEL_ENOMEM, "ps: %zu updates", req->n);
@@ -954,11 +1012,16 @@ real_push(keel__ps *ps, keel__wire_msg *req)
         if ((st = wait_pins(ps, vars, req->n)) != KEEL_OK)
             goto out;
         for (size_t i = 0; i < req->n && st == KEEL_OK; i++)
-            st = ps->apply(ps->apply_ctx, vars[i], &req->tensors[i].t,
-                           step);
+            st = ps->rule != NULL
+                ? keel__algo_ps_commit(ps->rule, vars[i], &req->tensors[i].t,
+                                       replica, step)
+                : ps->apply(ps->apply_ctx, vars[i], &req->tensors[i].t,
+                            step);
         if (st != KEEL_OK)
             goto out;
-        keel_vars_set_global_step(ps->vars, step + 1);
+        if (ps->rule != NULL)
+            keel__algo_ps_commit_end(ps->rule, replica);
+        keel_vars_set_global_step(ps->vars, step + covered);
         ps->applied++;
         st = send_ack(ps, req, vars, req->n);
         goto out;

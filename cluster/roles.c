@@ -42,6 +42,8 @@ typedef struct keel__role_opts {
     const char *token;              /* the job token when curve is off */
     int send_buffer_bytes;          /* 0: the kernel's autotuning */
     int shutdown_at_end;
+    keel__algo algo;                /* the update rule (owns its rates:
+                                     * keel__algo_clear) */
 } keel__role_opts;
 
 /* ---- placement ---------------------------------------------------------- */
@@ -141,6 +143,8 @@ set_send_buffer(const keel__role_opts *o)
 static keel_status
 run_ps(const keel__role_opts *o, const keel_vars *model, keel_optimizer *opt)
 {
+    keel__algo_ps rule;
+    int has_rule = !keel_algorithm_pushes_gradients(o->algo.c.name);
     int idx = keel_cluster_spec_task_index(o->spec);
     int n_ps = (int)keel_cluster_spec_num_tasks(o->spec, KEEL_TASK_PS);
     size_t n = keel_vars_count(model);
@@ -153,6 +157,7 @@ run_ps(const keel__role_opts *o, const keel_vars *model, keel_optimizer *opt)
     keel_status st;
 
     memset(&curve, 0, sizeof curve);
+    memset(&rule, 0, sizeof rule);
     if (ps_of == NULL)
         return keel__fail(KEEL_ENOMEM, "ps: placement of %zu", n);
     set_send_buffer(o);
@@ -167,7 +172,10 @@ run_ps(const keel__role_opts *o, const keel_vars *model, keel_optimizer *opt)
                                   keel_var_flags(v), NULL);
     }
     if (st == KEEL_OK)
-        st = keel_optimizer_prepare(opt, shard);
+        st = has_rule ? keel__algo_prepare(&o->algo, shard)
+                      : keel_optimizer_prepare(opt, shard);
+    if (st == KEEL_OK && has_rule)
+        st = keel__algo_ps_init(&rule, &o->algo);
     if (st == KEEL_OK) {
         /* Bounded memory: no frame above the largest tensor served, no
          * message above what INIT (every variable and slot) or a sync push
@@ -221,7 +229,8 @@ run_ps(const keel__role_opts *o, const keel_vars *model, keel_optimizer *opt)
     pc.task_index = idx;
     pc.apply = ps_apply;
     pc.apply_ctx = opt;
-    pc.sync = keel_cluster_spec_mode(o->spec) == KEEL_CLUSTER_SYNC;
+    pc.sync = keel_algorithm_is_sync(o->algo.c.name);
+    pc.rule = has_rule ? &rule : NULL;
     pc.total_replicas = keel_cluster_spec_num_replicas(o->spec);
     pc.replicas_to_aggregate =
         keel_cluster_spec_replicas_to_aggregate(o->spec);
@@ -231,11 +240,11 @@ run_ps(const keel__role_opts *o, const keel_vars *model, keel_optimizer *opt)
     if (st != KEEL_OK)
         goto out;
     keel__log(KEEL_LOG_INFO, "ps %d: %zu of %zu variables (%s placement), "
-              "%s mode, %d of %d replicas per step", idx,
+              "%s mode, %d of %d replicas per step, algorithm %s", idx,
               keel_vars_count(shard), n,
               o->round_robin ? "round-robin" : "size-balanced",
               pc.sync ? "sync" : "async", pc.replicas_to_aggregate,
-              pc.total_replicas);
+              pc.total_replicas, keel_algorithm_name(o->algo.c.name));
     for (;;) {
         st = keel__ps_serve_once(ps, 100);
         keel__ps_watch(ps, (int)(o->stall_warn_secs * 1000));
@@ -269,6 +278,7 @@ run_ps(const keel__role_opts *o, const keel_vars *model, keel_optimizer *opt)
     keel__ps_log_timing(ps);
 out:
     keel__ps_free(ps);
+    keel__algo_ps_clear(&rule);
     keel__curve_clear(&curve);
     keel_vars_free(shard);
     free(ps_of);
@@ -299,6 +309,12 @@ struct keel_cluster_backend {
     keel__hb *hb;                  /* liveness of every ps */
     int64_t gen_ns;                /* when ps_gen was last learned */
     int64_t last_step_seen;        /* the cluster's step before a loss */
+    int replica;                   /* chief 0, worker i i + has_chief */
+    keel__algo_worker *aw;         /* the rule's worker half, or NULL
+                                    * (sync, async, hogwild: gradients) */
+    keel_grads *local;             /* the chief's local model across a
+                                    * checkpoint's pull (with aw) */
+    int restore_local;             /* local holds it until the next step */
     /* step timing (logged by keel_cluster_backend_free), monotonic ns summed over
      * steps: compute (the previous apply's end to this one's start: input,
      * forward, backward, hooks), send (queueing the pushes), wait (for the
@@ -348,8 +364,7 @@ start_heartbeats(keel_cluster_backend *w)
 }
 
 static keel_status
-worker_new(const keel__role_opts *o, keel_vars *vs,
-           keel_cluster_backend **out)
+worker_new(keel__role_opts *o, keel_vars *vs, keel_cluster_backend **out)
 {
     keel_cluster_backend *w = calloc(1, sizeof *w);
     keel__curve curve;
@@ -362,9 +377,19 @@ worker_new(const keel__role_opts *o, keel_vars *vs,
     set_send_buffer(o);
     w->spec = o->spec;
     w->o = *o;
+    o->algo.worker_lrs = NULL;          /* moved into w */
     w->vs = vs;
     w->is_chief = keel_cluster_spec_is_chief(o->spec);
+    w->replica = keel_cluster_spec_task_type(o->spec) == KEEL_TASK_CHIEF ? 0
+        : keel_cluster_spec_task_index(o->spec) +
+          (keel_cluster_spec_num_tasks(o->spec, KEEL_TASK_CHIEF) > 0);
     w->generation = keel__wire_new_generation();
+    if (!keel_algorithm_pushes_gradients(o->algo.c.name)) {
+        if ((st = keel__algo_worker_new(&w->o.algo, w->replica, vs,
+                                        &w->aw)) != KEEL_OK ||
+            (w->is_chief && (st = keel_grads_new(vs, &w->local)) != KEEL_OK))
+            goto fail;
+    }
     w->n_ps = (int)keel_cluster_spec_num_tasks(o->spec, KEEL_TASK_PS);
     w->n_vars = keel_vars_count(vs);
     for (size_t i = 0; i < w->n_vars; i++)
@@ -442,6 +467,9 @@ keel_cluster_backend_free(keel_cluster_backend *w)
                   (double)w->copy_ns / n / 1e6);
     }
     keel__hb_stop(w->hb);
+    keel__algo_worker_free(w->aw);
+    keel_grads_free(w->local);
+    keel__algo_clear(&w->o.algo);
     for (int p = 0; w->clients != NULL && p < w->n_ps; p++)
         keel__wire_client_free(w->clients[p]);
     for (int p = 0; w->curves != NULL && p < w->n_ps; p++)
@@ -756,6 +784,8 @@ be_publish(void *ctx, keel_vars *vs, int restored)
             keel__log(KEEL_LOG_INFO, "chief: joined live parameter servers "
                       "at step %lld (their state wins over any checkpoint)",
                       (long long)keel_vars_global_step(vs));
+        if (st == KEEL_OK && w->aw != NULL)
+            keel__algo_worker_restart(w->aw, vs);
         return st;
     }
     t0 = keel__now_mono_ns();
@@ -788,6 +818,9 @@ be_publish(void *ctx, keel_vars *vs, int restored)
                   (long long)(w->last_step_seen -
                               keel_vars_global_step(vs)));
     w->last_step_seen = keel_vars_global_step(vs);
+    if (w->aw != NULL)
+        keel__algo_worker_restart(w->aw, vs);
+    w->restore_local = 0;
     return KEEL_OK;
 }
 
@@ -808,6 +841,9 @@ be_is_intact(void *ctx, keel_vars *vs, int *is_intact)
         w->gen_ns = keel__now_mono_ns();
         st = worker_pull_all(w, vs, 1);
         *is_intact = st == KEEL_OK;
+        if (st == KEEL_OK && w->aw != NULL)
+            keel__algo_worker_restart(w->aw, vs);
+        w->restore_local = 0;
     }
     free(gens);
     return st;
@@ -828,6 +864,8 @@ be_fetch(void *ctx, keel_vars *vs, int *is_ready, char *why, size_t size)
         return st;
     t0 = keel__now_mono_ns();
     st = worker_pull_all(w, vs, 0);
+    if (st == KEEL_OK && w->aw != NULL)
+        keel__algo_worker_restart(w->aw, vs);
     if (st == KEEL_OK) {
         double bytes = 0;
         for (size_t i = 0; i < w->n_vars; i++)
@@ -963,24 +1001,49 @@ wait_reply(keel_cluster_backend *w, int p, const char *what, keel__wire_msg *r)
     }
 }
 
+/* Copy a reply's tensors into center (the trainable variables of vs by
+ * name), skipping the others. */
 static keel_status
-be_apply(void *ctx, keel_vars *vs, keel_grads *grads, int64_t global_step)
+take_center(keel_grads *center, keel_vars *vs, const keel__wire_msg *r)
 {
-    keel_cluster_backend *w = ctx;
-    int64_t new_step = global_step;
+    for (size_t i = 0; i < r->n; i++) {
+        const keel__wire_tensor *wt = &r->tensors[i];
+        keel_var *v = keel_vars_find(vs, wt->name);
+        keel_tensor *t = v ? keel_grads_at(center, keel_var_index(v)) : NULL;
+        if (v == NULL || wt->t.data == NULL)
+            return keel__fail(KEEL_ECORRUPT, "ps sent '%s', which does not "
+                              "match any local variable", wt->name);
+        if (t == NULL)
+            continue;
+        if (!keel_shape_equal(t->ndim, t->shape, wt->t.ndim, wt->t.shape))
+            return keel__fail(KEEL_ECORRUPT, "ps sent '%s' with another "
+                              "shape", wt->name);
+        memcpy(t->data, wt->t.data, t->count * sizeof(float));
+    }
+    return KEEL_OK;
+}
+
+/* One PUSH to every ps of the tensors of srcs[0..n_src) (in order) and
+ * the replies: the new values go into vs (into VARS) or center (CENTER)
+ * or nowhere; *new_step is ps 0's step after it. Sent to every ps first,
+ * then collected: the ps work in parallel. *t_copy: time spent copying
+ * values. */
+static keel_status
+push_round(keel_cluster_backend *w, keel_vars *vs, keel_grads *const *srcs,
+           int n_src, int64_t local_step, int covered, int into,
+           keel_grads *center, int64_t *new_step, int64_t *t_copy,
+           int64_t *t_sent)
+{
     int timeout = w->o.dead_after_ms;
     keel_status first = KEEL_OK;
     int sent = 0;
     char what[64];
-    int64_t t_start = keel__now_mono_ns(), t_sent, t_copy = 0;
-    /* Send to every ps first, then collect: the ps aggregate in parallel. */
     for (int p = 0; p < w->n_ps; p++) {
         keel__wire_header h;
         size_t k = 0;
         keel_status st;
-        int n_src = w->micro != NULL ? w->n_micro : 1;
         for (int m = 0; m < n_src; m++) {
-            keel_grads *src = w->micro != NULL ? w->micro[m] : grads;
+            keel_grads *src = srcs[m];
             for (size_t i = 0; i < w->n_vars; i++) {
                 keel_tensor *g;
                 if (w->ps_of[i] != p || (g = keel_grads_at(src, i)) == NULL)
@@ -993,8 +1056,9 @@ be_apply(void *ctx, keel_vars *vs, keel_grads *grads, int64_t global_step)
         }
         memset(&h, 0, sizeof h);
         h.type = KEEL_MSG_PUSH;
-        h.flags = KEEL_WIRE_F_WANT_VALUES;
-        h.local_step = global_step;
+        h.flags = into != KEEL__ALGO_INTO_NONE ? KEEL_WIRE_F_WANT_VALUES : 0;
+        h.local_step = local_step;
+        h.global_step = covered;        /* the steps this push covers */
         st = keel__wire_client_send(w->clients[p], &h, w->outs, k, 1,
                                     timeout);
         if (st != KEEL_OK) {
@@ -1005,7 +1069,7 @@ be_apply(void *ctx, keel_vars *vs, keel_grads *grads, int64_t global_step)
         w->req_ids[p] = h.request_id;
         sent++;
     }
-    t_sent = keel__now_mono_ns();
+    *t_sent = keel__now_mono_ns();
     for (int p = 0; p < sent; p++) {
         keel__wire_msg r;
         keel_status st;
@@ -1015,13 +1079,13 @@ be_apply(void *ctx, keel_vars *vs, keel_grads *grads, int64_t global_step)
             char keep[KEEL_ERR_MAX];
             snprintf(keep, sizeof keep, "%s", keel_last_error());
             if (abandon(w, p, KEEL_EABORTED, "step %lld abandoned",
-                        (long long)global_step) == KEEL_EIO)
+                        (long long)local_step) == KEEL_EIO)
                 first = KEEL_EIO;
             else
                 (void)keel__fail(first, "%s", keep);
             continue;
         }
-        snprintf(what, sizeof what, "step %lld", (long long)global_step);
+        snprintf(what, sizeof what, "step %lld", (long long)local_step);
         st = wait_reply(w, p, what, &r);
         if (st != KEEL_OK && r.h.type == 0) {
             /* abandoned or failed locally: nothing was read */
@@ -1032,17 +1096,129 @@ be_apply(void *ctx, keel_vars *vs, keel_grads *grads, int64_t global_step)
                             "%016llx, was %016llx)", p,
                             (unsigned long long)r.h.generation,
                             (unsigned long long)w->ps_gen[p]);
-        } else {
+        } else if (into != KEEL__ALGO_INTO_NONE) {
             int64_t t = keel__now_mono_ns();
-            st = take_values(vs, &r);
-            t_copy += keel__now_mono_ns() - t;
+            st = into == KEEL__ALGO_INTO_CENTER ? take_center(center, vs, &r)
+                                                : take_values(vs, &r);
+            *t_copy += keel__now_mono_ns() - t;
         }
         if (st == KEEL_OK && p == 0)
-            new_step = r.h.global_step;
+            *new_step = r.h.global_step;
         keel__wire_msg_clear(&r);
         if (st != KEEL_OK && first == KEEL_OK)
             first = st;
     }
+    return first;
+}
+
+/* The rule's I/O over the network (keel__algo_io). */
+static keel_status
+net_commit(void *ctx, keel_grads *c, int covered, int64_t local_step,
+           int into, keel_vars *vs, keel_grads *center, int64_t *new_step)
+{
+    keel_cluster_backend *w = ctx;
+    int64_t t_copy = 0, t_sent;
+    return push_round(w, vs, &c, 1, local_step, covered, into, center,
+                      new_step, &t_copy, &t_sent);
+}
+
+static keel_status
+net_pull(void *ctx, int into, keel_vars *vs, keel_grads *center,
+         int64_t *new_step)
+{
+    keel_cluster_backend *w = ctx;
+    for (int p = 0; p < w->n_ps; p++) {
+        keel__wire_header h;
+        keel__wire_msg r;
+        size_t n;
+        keel_status st;
+        shard_outs(w, vs, p, 0, 0, &n);
+        if (n == 0)
+            continue;
+        memset(&h, 0, sizeof h);
+        h.type = KEEL_MSG_PULL;
+        h.flags = KEEL_WIRE_F_NAMES_ONLY;
+        st = call_ps(w, p, &h, w->outs, n, 0, "pull", NULL, 0, &r);
+        if (st == KEEL_OK && r.h.generation != w->ps_gen[p])
+            st = keel__fail(KEEL_EABORTED, "ps %d restarted (generation "
+                            "%016llx, was %016llx)", p,
+                            (unsigned long long)r.h.generation,
+                            (unsigned long long)w->ps_gen[p]);
+        if (st == KEEL_OK)
+            st = into == KEEL__ALGO_INTO_CENTER ? take_center(center, vs, &r)
+                                                : take_values(vs, &r);
+        if (st == KEEL_OK && p == 0)
+            *new_step = r.h.global_step;
+        keel__wire_msg_clear(&r);
+        if (st != KEEL_OK)
+            return st;
+    }
+    return KEEL_OK;
+}
+
+/* A rule's step (w->aw): local update, then its commits and pulls. */
+static keel_status
+rule_apply(keel_cluster_backend *w, keel_vars *vs, keel_grads *grads,
+           int64_t global_step)
+{
+    keel__algo_io io;
+    int64_t new_step = -1;
+    keel_status st;
+    if (w->micro != NULL)
+        return keel__fail(KEEL_EINVAL, "algorithm %s: micro-batches are "
+                          "for gradient rules (sync, async, hogwild)",
+                          keel_algorithm_name(w->o.algo.c.name));
+    if (w->restore_local) {
+        /* the chief's own model, replaced by the center for its last
+         * checkpoint: this step's update continues from it */
+        for (size_t i = 0; i < w->n_vars; i++) {
+            keel_tensor *t = keel_grads_at(w->local, i);
+            if (t != NULL)
+                memcpy(keel_var_tensor(keel_vars_at(vs, i))->data, t->data,
+                       t->count * sizeof(float));
+        }
+        w->restore_local = 0;
+    }
+    io.ctx = w;
+    io.commit = net_commit;
+    io.pull = net_pull;
+    st = keel__algo_worker_step(w->aw, vs, grads, global_step, &io,
+                                &new_step);
+    if (st == KEEL_OK && new_step >= 0) {
+        keel_vars_set_global_step(vs, new_step);
+        w->last_step_seen = new_step;
+    }
+    return st;
+}
+
+static keel_status
+be_apply(void *ctx, keel_vars *vs, keel_grads *grads, int64_t global_step)
+{
+    keel_cluster_backend *w = ctx;
+    int64_t new_step = global_step;
+    keel_status first;
+    int64_t t_start = keel__now_mono_ns(), t_sent, t_copy = 0;
+    keel_grads *one = grads;
+    if (w->aw != NULL)
+        return rule_apply(w, vs, grads, global_step);
+    if (w->o.algo.worker_lrs != NULL) {
+        /* sync with per-worker rates: this replica's share, scaled */
+        float f = (float)keel__algo_worker_scale(&w->o.algo, w->replica,
+                                                 global_step);
+        int n_src = w->micro != NULL ? w->n_micro : 1;
+        for (int m = 0; m < n_src; m++) {
+            keel_grads *src = w->micro != NULL ? w->micro[m] : grads;
+            for (size_t i = 0; i < w->n_vars; i++) {
+                keel_tensor *g = keel_grads_at(src, i);
+                for (size_t k = 0; g != NULL && k < g->count; k++)
+                    g->data[k] *= f;
+            }
+        }
+    }
+    first = push_round(w, vs, w->micro != NULL ? w->micro : &one,
+                       w->micro != NULL ? w->n_micro : 1, global_step, 1,
+                       KEEL__ALGO_INTO_VARS, NULL, &new_step, &t_copy,
+                       &t_sent);
     if (first != KEEL_OK) {
         w->last_apply_end_ns = 0;       /* recovery is not compute */
         return first;
@@ -1065,7 +1241,20 @@ be_apply(void *ctx, keel_vars *vs, keel_grads *grads, int64_t global_step)
 static keel_status
 be_before_save(void *ctx, keel_vars *vs)
 {
-    return worker_pull_all(ctx, vs, 1);
+    keel_cluster_backend *w = ctx;
+    keel_status st;
+    if (w->local != NULL && !w->restore_local)
+        for (size_t i = 0; i < w->n_vars; i++) {
+            keel_tensor *t = keel_grads_at(w->local, i);
+            if (t != NULL)
+                memcpy(t->data, keel_var_tensor(keel_vars_at(vs, i))->data,
+                       t->count * sizeof(float));
+        }
+    st = worker_pull_all(w, vs, 1);
+    /* a rule's chief keeps training its own model after the save */
+    if (st == KEEL_OK && w->local != NULL)
+        w->restore_local = 1;
+    return st;
 }
 
 static void
@@ -1230,6 +1419,11 @@ role_opts_from(const keel_cluster_spec *spec, const keel_cluster_options *in,
     o->token = in->token;
     o->send_buffer_bytes = in->send_buffer_kib * 1024;
     o->shutdown_at_end = in->shutdown_at_end;
+    st = keel__algo_resolve(in->algorithm, keel_cluster_spec_mode(spec),
+                            in->optimizer,
+                            keel_cluster_spec_num_replicas(spec), &o->algo);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "%s", who);
     return KEEL_OK;
 }
 
@@ -1243,23 +1437,27 @@ keel_ps_run(const keel_cluster_spec *spec, const keel_vars *vars,
     if (st != KEEL_OK)
         return st;
     if (vars == NULL)
-        return keel__fail(KEEL_EINVAL, "ps: vars is NULL");
-    if (!keel_cluster_spec_is_ps(spec))
-        return keel__fail(KEEL_EINVAL, "ps: this task is %s %d, not a ps",
-                          keel_task_type_name(
-                              keel_cluster_spec_task_type(spec)),
-                          keel_cluster_spec_task_index(spec));
-    if (opts == NULL || opts->optimizer == NULL)
-        return keel__fail(KEEL_EINVAL, "ps %d: keel_cluster_options."
-                          "optimizer is NULL: the ps needs the update rule "
-                          "(keel_optimizer_config_init)",
-                          keel_cluster_spec_task_index(spec));
-    st = keel_optimizer_new(opts->optimizer, &opt);
-    if (st != KEEL_OK)
-        return keel__wrap(st, "ps %d: optimizer",
-                          keel_cluster_spec_task_index(spec));
+        st = keel__fail(KEEL_EINVAL, "ps: vars is NULL");
+    else if (!keel_cluster_spec_is_ps(spec))
+        st = keel__fail(KEEL_EINVAL, "ps: this task is %s %d, not a ps",
+                        keel_task_type_name(
+                            keel_cluster_spec_task_type(spec)),
+                        keel_cluster_spec_task_index(spec));
+    else if (opts == NULL || opts->optimizer == NULL)
+        st = keel__fail(KEEL_EINVAL, "ps %d: keel_cluster_options."
+                        "optimizer is NULL: the ps needs the update rule "
+                        "(keel_optimizer_config_init)",
+                        keel_cluster_spec_task_index(spec));
+    else if ((st = keel_optimizer_new(opts->optimizer, &opt)) != KEEL_OK)
+        st = keel__wrap(st, "ps %d: optimizer",
+                        keel_cluster_spec_task_index(spec));
+    if (st != KEEL_OK) {
+        keel__algo_clear(&o.algo);
+        return st;
+    }
     st = run_ps(&o, vars, opt);
     keel_optimizer_free(opt);
+    keel__algo_clear(&o.algo);
     return st;
 }
 
@@ -1277,24 +1475,29 @@ keel_cluster_backend_new(const keel_cluster_spec *spec, keel_vars *vars,
     st = role_opts_from(spec, opts, "cluster backend", &o);
     if (st != KEEL_OK)
         return st;
-    if (vars == NULL)
-        return keel__fail(KEEL_EINVAL, "cluster backend: vars is NULL");
     t = keel_cluster_spec_task_type(spec);
-    if (t != KEEL_TASK_CHIEF && t != KEEL_TASK_WORKER)
-        return keel__fail(KEEL_EINVAL, "cluster backend: this task is %s "
-                          "%d; only the chief and workers train (a ps runs "
-                          "keel_ps_run)", keel_task_type_name(t),
-                          keel_cluster_spec_task_index(spec));
-    if (opts != NULL && opts->optimizer != NULL) {
+    if (vars == NULL) {
+        st = keel__fail(KEEL_EINVAL, "cluster backend: vars is NULL");
+    } else if (t != KEEL_TASK_CHIEF && t != KEEL_TASK_WORKER) {
+        st = keel__fail(KEEL_EINVAL, "cluster backend: this task is %s "
+                        "%d; only the chief and workers train (a ps runs "
+                        "keel_ps_run)", keel_task_type_name(t),
+                        keel_cluster_spec_task_index(spec));
+    } else if (!keel_algorithm_pushes_gradients(o.algo.c.name)) {
+        st = keel__algo_prepare(&o.algo, vars);   /* the rule's slots */
+    } else if (opts != NULL && opts->optimizer != NULL) {
         keel_optimizer *opt = NULL;
         st = keel_optimizer_new(opts->optimizer, &opt);
         if (st == KEEL_OK)
             st = keel_optimizer_prepare(opt, vars);   /* the slots */
         keel_optimizer_free(opt);
         if (st != KEEL_OK)
-            return keel__wrap(st, "cluster backend: optimizer");
+            st = keel__wrap(st, "cluster backend: optimizer");
     }
-    return worker_new(&o, vars, out);
+    if (st == KEEL_OK)
+        st = worker_new(&o, vars, out);     /* owns o.algo's rates now */
+    keel__algo_clear(&o.algo);
+    return st;
 }
 
 int

@@ -4,11 +4,14 @@
  * Run twice with the same directory and it resumes. The same program runs
  * alone or as a cluster: under `keel launch --ps 1 --workers 2 --
  * ./custom_step DIR` each task finds its role in TF_CONFIG, the ps task
- * serves the variables, the chief and the workers train them (sync).
+ * serves the variables, the chief and the workers train them (sync, or
+ * the update rule named by the third argument: agn, easgd, ...;
+ * docs/algorithms.md).
  *
  *   cc -o custom_step custom_step.c $(pkg-config --cflags --libs keel)
  *   ./custom_step /tmp/custom_step_run [steps]
  *   keel launch --ps 1 --workers 2 -- ./custom_step /tmp/cs_run 2000
+ *   keel launch --ps 1 --workers 2 -- ./custom_step /tmp/cs_agn 2000 agn
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,6 +62,7 @@ main(int argc, char **argv)
 {
     const char *dir = argc > 1 ? argv[1] : "custom_step_run";
     long steps = argc > 2 ? strtol(argv[2], NULL, 10) : 200;
+    const char *rule = argc > 3 ? argv[3] : NULL;
     int64_t one[1] = { 1 };
     keel_vars *vs = NULL;
     keel_cluster_spec *cluster = NULL;
@@ -66,6 +70,7 @@ main(int argc, char **argv)
     keel_hook stop = { 0 };
     keel_optimizer_config sgd;
     keel_cluster_options copts;
+    keel_algorithm_config algo;
     keel_training_config cfg;
     keel_status st;
     data d;
@@ -79,7 +84,10 @@ main(int argc, char **argv)
     }
     /* Every task (the ps too) creates the same variables in the same
      * order: that is how they agree on which ps holds which. */
-    st = keel_vars_new(&vs);
+    keel_algorithm_config_init(&algo, KEEL_ALGORITHM_SYNC);
+    st = rule != NULL ? keel_algorithm_from_name(rule, &algo.name) : KEEL_OK;
+    if (st == KEEL_OK)
+        st = keel_vars_new(&vs);
     if (st == KEEL_OK)
         st = keel_vars_create(vs, "linear/w", 1, one, KEEL_VAR_TRAINABLE, NULL);
     if (st == KEEL_OK)
@@ -88,6 +96,8 @@ main(int argc, char **argv)
     sgd.schedule.learning_rate = 0.1;
     keel_cluster_options_init(&copts);
     copts.optimizer = &sgd;                   /* what the ps apply */
+    if (rule != NULL)                         /* every task the same */
+        copts.algorithm = &algo;
     /* TF_CONFIG (or Slurm) says which task this is; none: train alone */
     if (st == KEEL_OK)
         st = keel_cluster_spec_detect(&copts, &cluster);

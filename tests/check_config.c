@@ -445,6 +445,38 @@ START_TEST(test_docs_config_md_is_the_generated_reference)
 }
 END_TEST
 
+/* [algorithm]: every rule's name parses; cluster.mode is the older name
+ * of sync/async and must agree with algorithm.name; per-worker rates are
+ * for sync only. */
+START_TEST(test_algorithm_keys_and_their_conflicts)
+{
+    keel_config_override(cfg, "train.max_steps=10", "-s");
+    ck_assert_int_eq(keel_config_override(cfg, "algorithm.name=aeamsgd",
+                                          "-s"), KEEL_OK);
+    ck_assert_int_eq(keel_config_override(cfg, "algorithm.window=4", "-s"),
+                     KEEL_OK);
+    ck_assert_int_eq(keel_config_validate(cfg), KEEL_OK);
+    ck_assert_int_eq(keel_config_int(cfg, "algorithm.window"), 4);
+    ck_assert_int_eq(keel_config_override(cfg, "algorithm.name=elastic",
+                                          "-s"), KEEL_EINVAL);
+    ck_assert_int_eq(keel_config_override(cfg, "cluster.mode=sync", "-s"),
+                     KEEL_OK);
+    ck_assert_int_eq(keel_config_validate(cfg), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "cluster.mode"));
+    ck_assert_int_eq(keel_config_override(cfg, "algorithm.name=easgd", "-s"),
+                     KEEL_OK);
+    ck_assert_int_eq(keel_config_validate(cfg), KEEL_OK);
+    ck_assert_int_eq(keel_config_override(
+                         cfg, "algorithm.worker_learning_rates=0.1,0.05",
+                         "-s"), KEEL_OK);
+    ck_assert_int_eq(keel_config_validate(cfg), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "sync"));
+    ck_assert_int_eq(keel_config_override(cfg, "algorithm.name=sync", "-s"),
+                     KEEL_OK);
+    ck_assert_int_eq(keel_config_validate(cfg), KEEL_OK);
+}
+END_TEST
+
 static Suite *
 config_suite(void)
 {
@@ -471,6 +503,7 @@ config_suite(void)
     tcase_add_test(tc,
                    test_tf_config_model_dir_is_checkpoint_dir_unless_another);
     tcase_add_test(tc, test_docs_config_md_is_the_generated_reference);
+    tcase_add_test(tc, test_algorithm_keys_and_their_conflicts);
     suite_add_tcase(s, tc);
     return s;
 }

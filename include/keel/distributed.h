@@ -28,6 +28,80 @@ typedef enum keel_placement {
     KEEL_PLACEMENT_ROUND_ROBIN        /* variable i to ps i mod n */
 } keel_placement;
 
+/* The update rule of a cluster: what a worker computes between its
+ * communications with the ps (local steps, accumulation, when it pulls and
+ * commits, what it commits) and how a ps applies a commit to the center
+ * variables. docs/algorithms.md gives each rule's formulas, its keys and
+ * their sources, and what it does with a returning worker. */
+typedef enum keel_algorithm {
+    KEEL_ALGORITHM_SYNC = 0,        /* SyncReplicas: mean gradient, optimizer */
+    KEEL_ALGORITHM_ASYNC,           /* every gradient applied as it comes */
+    KEEL_ALGORITHM_HOGWILD,         /* over a ps: async, raw gradients */
+    KEEL_ALGORITHM_DOWNPOUR,        /* local steps, accrued gradient,
+                                     * Adagrad on the ps */
+    KEEL_ALGORITHM_DOWNPOUR_EASY,   /* the same with SGD on the ps */
+    KEEL_ALGORITHM_AGN,             /* normalised accumulated update */
+    KEEL_ALGORITHM_SAGN,            /* AGN, synchronous (mean of commits) */
+    KEEL_ALGORITHM_ADAG,            /* AGN commits damped per element by the
+                                     * distance to the worker's last pull */
+    KEEL_ALGORITHM_DYNSGD,          /* commits divided by staleness + 1 */
+    KEEL_ALGORITHM_EASGD,           /* synchronous elastic averaging */
+    KEEL_ALGORITHM_AEASGD,          /* asynchronous elastic averaging */
+    KEEL_ALGORITHM_AEAMSGD,         /* the same with Nesterov momentum */
+    KEEL_ALGORITHM_MODEL_AVERAGING  /* synchronous mean of local models */
+} keel_algorithm;
+#define KEEL_ALGORITHM_COUNT 13
+
+/* "sync", "async", "hogwild", "downpour", "downpour_easy", "agn", "sagn",
+ * "adag", "dynsgd", "easgd", "aeasgd", "aeamsgd", "model_averaging";
+ * static, never NULL ("?" out of range). */
+const char *keel_algorithm_name(keel_algorithm a);
+/* The rule of a name above; KEEL_EINVAL naming the valid ones. */
+keel_status keel_algorithm_from_name(const char *name, keel_algorithm *out);
+/* 1 for the rules whose commits meet at a barrier (sync, sagn, easgd,
+ * model_averaging): the ps aggregates one commit per replica per round. */
+int keel_algorithm_is_sync(keel_algorithm a);
+/* 1 for sync, async and hogwild: workers push gradients, the ps apply the
+ * optimizer to them (its slots live on the ps). The other rules need no
+ * optimizer slots. */
+int keel_algorithm_pushes_gradients(keel_algorithm a);
+
+/* A rule and its hyper-parameters. Every task of a cluster must use the
+ * same values. Zero in a member marked "0:" selects what it says. */
+typedef struct keel_algorithm_config {
+    uint32_t struct_size;      /* sizeof(keel_algorithm_config) */
+    keel_algorithm name;       /* default sync */
+    /* eta (alpha in DOWNPOUR): the workers' local SGD step; also ADAG's
+     * eta on the ps. 0: the optimizer's learning rate at the step. */
+    double learning_rate;
+    /* gamma: the ps's step on a DOWNPOUR commit (Adagrad's base rate, or
+     * SGD's for downpour_easy). 0: the optimizer's learning rate. */
+    double ps_learning_rate;
+    /* Local steps per commit: lambda (agn, sagn, adag, dynsgd,
+     * model_averaging) or the communication period tau (easgd, aeasgd,
+     * aeamsgd). 0: the rule's default (docs/algorithms.md). */
+    int window;
+    int n_fetch, n_push;       /* DOWNPOUR: pull every n_fetch steps,
+                                * commit every n_push; 0: 5 each */
+    double epsilon;            /* DOWNPOUR's Adagrad; 0: 1e-8 */
+    /* alpha = eta * rho of elastic averaging; 0: 0.9 / replicas (the
+     * paper's beta = p * alpha = 0.9). */
+    double moving_rate;
+    double momentum;           /* delta, AEAMSGD's Nesterov momentum; 0: 0.9 */
+    /* sync: replica r (the chief 0, worker i i + 1; without a chief worker
+     * i is i) scales its gradient by worker_learning_rates[r] / the
+     * optimizer's learning rate, so the update is the mean of each
+     * replica's own rate times its gradient. NULL: one rate for all.
+     * Borrowed while the options are in use (keel_cluster_backend_new
+     * copies it). */
+    const double *worker_learning_rates;
+    int n_worker_learning_rates;
+} keel_algorithm_config;
+
+/* The defaults above for rule name. Cannot fail. */
+void keel_algorithm_config_init(keel_algorithm_config *cfg,
+                                keel_algorithm name);
+
 /* Options of a cluster task (ps, chief or worker). Fill with
  * keel_cluster_options_init() (the defaults below; the INI [cluster] and
  * [security] keys of `keel train` have the same defaults), then change
@@ -41,6 +115,14 @@ typedef struct keel_cluster_options {
      * keel_cluster_backend_new creates the slots in the worker's store
      * when it is set. NULL for a backend: the store has no slots. */
     const keel_optimizer_config *optimizer;
+    /* The cluster's update rule (copied). NULL: the spec's mode, sync or
+     * async. The rules that need no optimizer (agn, sagn, adag, dynsgd,
+     * easgd, aeasgd, aeamsgd, model_averaging, downpour and downpour_easy,
+     * whose ps keep their own "downpour_accumulator" slot) create no
+     * optimizer slots; optimizer still supplies the learning rate. ADAG
+     * keeps one slot per replica ("adag_pull<r>": the center at replica
+     * r's last pull) on the ps and in the chief's checkpoints. */
+    const keel_algorithm_config *algorithm;
     keel_placement placement;     /* default size-balanced */
     int heartbeat_ms;             /* liveness pings to every ps; 200 */
     int dead_after_ms;            /* a silent ps is dead; 5000 */
