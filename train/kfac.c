@@ -73,6 +73,7 @@ keel_kfac_config_init(keel_kfac_config *cfg)
     cfg->norm_constraint = 0.0;
     cfg->invert_every = 10;
     cfg->seed = 0;
+    cfg->cov_update_every = 1;
 }
 
 keel_status
@@ -119,6 +120,9 @@ check_config(const keel_kfac_config *c)
     if (c->invert_every < 1)
         return keel__fail(KEEL_EINVAL, "K-FAC: invert_every %lld must be "
                           ">= 1", (long long)c->invert_every);
+    if (c->cov_update_every < 1)
+        return keel__fail(KEEL_EINVAL, "K-FAC: cov_update_every %lld must "
+                          "be >= 1", (long long)c->cov_update_every);
     if ((unsigned)c->momentum_type > KEEL_KFAC_MOMENTUM_ADAM ||
         (unsigned)c->estimation > KEEL_KFAC_EMPIRICAL)
         return keel__fail(KEEL_EINVAL, "K-FAC: unknown momentum type or "
@@ -292,6 +296,15 @@ keel_kfac_get_config(const keel_kfac *k)
     return k != NULL ? &k->cfg : NULL;
 }
 
+/* Whether global_step updates the factors: every cov_update_every steps,
+ * and always while they have no statistics (a fresh store). */
+static int
+cov_step(const keel_kfac *k, int64_t global_step)
+{
+    return global_step % k->cfg.cov_update_every == 0 ||
+           k->ema_w->data[0] == 0.0f;
+}
+
 keel_status
 keel_kfac_observe(keel_kfac *k, keel_vars *vs, const keel_batch *batch,
                   int64_t global_step)
@@ -305,6 +318,8 @@ keel_kfac_observe(keel_kfac *k, keel_vars *vs, const keel_batch *batch,
     if (global_step < 0)
         return keel__fail(KEEL_EINVAL, "K-FAC observe: negative global step "
                           "%lld", (long long)global_step);
+    if (!cov_step(k, global_step))
+        return KEEL_OK;
     if (global_step != k->rng_step) {
         /* one stream per step: a resumed run draws the same targets */
         uint64_t s = k->cfg.seed ^ 0x6b666163ULL;
@@ -444,7 +459,7 @@ keel_kfac_apply(keel_kfac *k, keel_vars *vs, keel_grads *grads,
 {
     float d, w_old, w_new, lr, mu, c = 1.0f;
     double s = 0.0, lrd;
-    int invert;
+    int invert, cov;
     keel_status st = KEEL_OK;
     if (k == NULL || vs == NULL || grads == NULL)
         return keel__fail(KEEL_EINVAL, "K-FAC apply: NULL argument");
@@ -454,7 +469,8 @@ keel_kfac_apply(keel_kfac *k, keel_vars *vs, keel_grads *grads,
     if (global_step < 0)
         return keel__fail(KEEL_EINVAL, "K-FAC apply: negative global step "
                           "%lld", (long long)global_step);
-    if (k->pending <= 0)
+    cov = cov_step(k, global_step);
+    if (cov && k->pending <= 0)
         return keel__fail(KEEL_ESTATE, "K-FAC apply at step %lld: no factor "
                           "statistics observed (call keel_kfac_observe "
                           "first)", (long long)global_step);
@@ -469,11 +485,22 @@ keel_kfac_apply(keel_kfac *k, keel_vars *vs, keel_grads *grads,
                               "right shape for '%s'", L->scope);
         }
     }
-    d = (float)k->cfg.cov_ema_decay;
+    /* kfac's decay per update with cov_update_every: the decay per step
+     * to that power (pow(d, 1) is d exactly) */
+    d = (float)pow(k->cfg.cov_ema_decay, (double)k->cfg.cov_update_every);
     w_old = k->ema_w->data[0];
-    w_new = d * w_old + (1.0f - d);
+    w_new = cov ? d * w_old + (1.0f - d) : w_old;
     invert = global_step % k->cfg.invert_every == 0 || w_old == 0.0f;
-    {
+    if (!cov && invert) {
+        /* the inversion reads the factors from the sums' buffers */
+        for (int i = 0; i < k->nl; i++) {
+            kf_layer *L = &k->l[i];
+            size_t a = L->info.a_dim, g = L->info.g_dim;
+            memcpy(L->Asum, L->A->data, a * a * sizeof(float));
+            memcpy(L->Gsum, L->G->data, g * g * sizeof(float));
+        }
+    }
+    if (cov) {
         KEEL__PROF_BEGIN();
         for (int i = 0; i < k->nl; i++) {
             kf_layer *L = &k->l[i];
