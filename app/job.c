@@ -328,6 +328,7 @@ kfac_config_from(const keel_config *cfg, int64_t steps_per_epoch,
         return keel__wrap(KEEL_EINVAL, "[kfac]");
     kc->norm_constraint = keel_config_double(cfg, "kfac.norm_constraint");
     kc->invert_every = keel_config_int(cfg, "kfac.invert_every");
+    kc->cov_update_every = keel_config_int(cfg, "kfac.cov_update_every");
     kc->seed = (uint64_t)keel_config_int(cfg, "train.seed");
     return KEEL_OK;
 }
@@ -409,6 +410,8 @@ arch_dump(job *j, const keel_optimizer_config *oc,
                                json_object_new_double(kc->norm_constraint));
         json_object_object_add(opt, "invert_every",
                                json_object_new_int64(kc->invert_every));
+        json_object_object_add(opt, "cov_update_every",
+                               json_object_new_int64(kc->cov_update_every));
     } else {
         json_object_object_add(opt, "momentum",
                                json_object_new_double(oc->momentum));

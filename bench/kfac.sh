@@ -4,7 +4,13 @@
 #   bench/kfac.sh overhead [BUILD]   per-step time of K-FAC over Adam (MLP and
 #                                    CNN, batch 64, invert_every 10) with
 #                                    K-FAC's split, ROUNDS rounds (median of
-#                                    10-step blocks in each)
+#                                    10-step blocks in each); K-FAC with
+#                                    cov_update_every COV_EVERY (default 1:
+#                                    factors every step; a list runs each),
+#                                    under each OpenBLAS kernel of CORETYPES
+#                                    ("default": OpenBLAS's own choice; by
+#                                    default also SkylakeX where the CPU has
+#                                    AVX-512)
 #   bench/kfac.sh accuracy [BUILD]   for MODELS (mlp cnn): the test accuracy
 #                                    Adam reaches after 5 epochs, then the
 #                                    K-FAC steps and training seconds to
@@ -19,6 +25,7 @@ set -eu
 mode=${1:-overhead}
 build=${2:-_build}
 ROUNDS=${ROUNDS:-3}
+COV_EVERY=${COV_EVERY:-1}
 MODELS=${MODELS:-"mlp cnn"}
 CHUNK=${CHUNK:-250}
 KFAC_LR=${KFAC_LR:-0.001}
@@ -32,13 +39,29 @@ keel="$build/keel"
 echo "# cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')" >&2
 echo "# flags: $(grep -m1 -o -w -E 'avx512f|avx2' /proc/cpuinfo | sort -u | tr '\n' ' ')" >&2
 echo "# logs: $out" >&2
+if [ -z "${CORETYPES:-}" ]; then
+    CORETYPES=default
+    grep -q -w avx512f /proc/cpuinfo && CORETYPES="default SkylakeX"
+fi
 
 case $mode in
 overhead)
     for m in $MODELS; do
-        OPENBLAS_NUM_THREADS=1 "$build/bench/kfac_bench" --model "$m" \
-            --batch 64 --invert-every 10 --rounds "$ROUNDS" --steps 300 \
-            --data "$DATA"
+        for core in $CORETYPES; do
+            for ce in $COV_EVERY; do
+                echo "# $m cov_update_every $ce kernel $core load" \
+                     "$(cut -d' ' -f1 /proc/loadavg)" >&2
+                if [ "$core" = default ]; then
+                    set -- env
+                else
+                    set -- env OPENBLAS_CORETYPE="$core"
+                fi
+                "$@" OPENBLAS_NUM_THREADS=1 "$build/bench/kfac_bench" \
+                    --model "$m" --batch 64 --invert-every 10 \
+                    --cov-update-every "$ce" --rounds "$ROUNDS" --steps 300 \
+                    --data "$DATA"
+            done
+        done
     done
     ;;
 accuracy)

@@ -2,12 +2,14 @@
  * Fashion-MNIST: the same model, batches and thread settings, steps timed
  * as keel train runs them (model step, then the update; K-FAC adds its
  * statistics pass). Rounds alternate Adam and K-FAC; prints one JSON line
- * per round with the median step time of each and K-FAC's split (factor
- * statistics and EMA, inversions, preconditioned update), plus the OpenBLAS
- * core name. Run by bench/kfac.sh.
+ * per round with the median step time of each (wall clock, and the
+ * process's CPU time, which other jobs on a loaded machine disturb less)
+ * and K-FAC's split (factor statistics and EMA, inversions, preconditioned
+ * update), plus the OpenBLAS core name. Run by bench/kfac.sh.
  *
  * usage: kfac_bench [--model mlp|cnn] [--batch 64] [--steps 300]
- *                   [--rounds 3] [--invert-every 10] [--data DIR] */
+ *                   [--rounds 3] [--invert-every 10]
+ *                   [--cov-update-every 1] [--data DIR] */
 #include <config.h>
 
 #include <stdio.h>
@@ -18,11 +20,23 @@
 #include <keel/keel.h>
 
 static double
-now(void)
+clock_s(clockid_t id)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(id, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static double
+now(void)
+{
+    return clock_s(CLOCK_MONOTONIC);
+}
+
+static double
+cpu_now(void)
+{
+    return clock_s(CLOCK_PROCESS_CPUTIME_ID);
 }
 
 static void
@@ -58,7 +72,7 @@ typedef struct run {
 
 static void
 run_new(run *r, keel_model_kind kind, int64_t batch, int use_kfac,
-        int64_t invert_every, const keel_dataset *ds)
+        int64_t invert_every, int64_t cov_every, const keel_dataset *ds)
 {
     keel_model_config mc;
     memset(r, 0, sizeof *r);
@@ -73,6 +87,7 @@ run_new(run *r, keel_model_kind kind, int64_t batch, int use_kfac,
         keel_kfac_config kc;
         keel_kfac_config_init(&kc);
         kc.invert_every = invert_every;
+        kc.cov_update_every = cov_every;
         check(keel_kfac_new(&kc, r->m, r->vs, &r->kfac), "kfac");
     } else {
         keel_optimizer_config oc;
@@ -94,14 +109,16 @@ run_free(run *r)
 }
 
 /* steps steps from step0; returns seconds per step (median of blocks of
- * 10 steps, so a whole invert_every period is inside each block). */
+ * 10 steps, so a whole invert_every period is inside each block), and in
+ * *cpu the median CPU seconds per step. */
 static double
-timed(run *r, keel_data_iter *it, int64_t batch, int steps, int64_t *step)
+timed(run *r, keel_data_iter *it, int64_t batch, int steps, int64_t *step,
+      double *cpu)
 {
-    double blk[1024];
+    double blk[1024], cblk[1024];
     int nb = 0;
     for (int s = 0; s < steps; s += 10) {
-        double t0 = now();
+        double t0 = now(), c0 = cpu_now();
         for (int i = 0; i < 10; i++) {
             keel_batch b;
             keel_status st = keel_data_iter_next(it, &b);
@@ -121,9 +138,12 @@ timed(run *r, keel_data_iter *it, int64_t batch, int steps, int64_t *step)
             }
             (*step)++;
         }
-        if (nb < 1024)
+        if (nb < 1024) {
+            cblk[nb] = (cpu_now() - c0) / 10.0;
             blk[nb++] = (now() - t0) / 10.0;
+        }
     }
+    *cpu = median(cblk, nb);
     return median(blk, nb);
 }
 
@@ -131,7 +151,7 @@ int
 main(int argc, char **argv)
 {
     const char *model = "mlp", *dir = "/usr/share/datasets/fashion-mnist";
-    int64_t batch = 64, ie = 10;
+    int64_t batch = 64, ie = 10, ce = 1;
     int steps = 300, rounds = 3;
     keel_model_kind kind;
     keel_dataset *ds;
@@ -147,6 +167,8 @@ main(int argc, char **argv)
             rounds = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--invert-every") == 0)
             ie = atoll(argv[i + 1]);
+        else if (strcmp(argv[i], "--cov-update-every") == 0)
+            ce = atoll(argv[i + 1]);
         else if (strcmp(argv[i], "--data") == 0)
             dir = argv[i + 1];
         else {
@@ -159,7 +181,7 @@ main(int argc, char **argv)
     snprintf(lab, sizeof lab, "%s/train-labels-idx1-ubyte.gz", dir);
     check(keel_dataset_open_idx(img, lab, 10, &ds), "dataset");
     for (int r = 0; r < rounds; r++) {
-        double t[2];
+        double t[2], c[2], cw;
         keel_train_profile p;
         for (int k = 0; k < 2; k++) {
             run ru;
@@ -169,11 +191,11 @@ main(int argc, char **argv)
             keel_data_iter_config_init(&ic);
             ic.global_batch_size = batch;
             check(keel_data_iter_new(ds, &ic, &it), "iterator");
-            run_new(&ru, kind, batch, k, ie, ds);
-            timed(&ru, it, batch, 20, &step);           /* warm-up */
+            run_new(&ru, kind, batch, k, ie, ce, ds);
+            timed(&ru, it, batch, 20, &step, &cw);      /* warm-up */
             keel_train_profile_reset();
             keel_train_profile_enable(1);
-            t[k] = timed(&ru, it, batch, steps, &step);
+            t[k] = timed(&ru, it, batch, steps, &step, &c[k]);
             keel_train_profile_enable(0);
             if (k == 1)
                 keel_train_profile_get(&p);
@@ -181,13 +203,16 @@ main(int argc, char **argv)
             keel_data_iter_free(it);
         }
         printf("{\"round\": %d, \"model\": \"%s\", \"batch\": %lld, "
-               "\"invert_every\": %lld, \"corename\": \"%s\", "
+               "\"invert_every\": %lld, \"cov_update_every\": %lld, "
+               "\"corename\": \"%s\", "
                "\"adam_ms\": %.4f, \"kfac_ms\": %.4f, \"ratio\": %.3f, "
+               "\"adam_cpu_ms\": %.4f, \"kfac_cpu_ms\": %.4f, "
+               "\"cpu_ratio\": %.3f, "
                "\"kfac_stats_ms\": %.4f, \"kfac_invert_ms\": %.4f, "
                "\"kfac_precond_ms\": %.4f}\n",
-               r, model, (long long)batch, (long long)ie,
+               r, model, (long long)batch, (long long)ie, (long long)ce,
                keel_train_blas_corename(), t[0] * 1e3, t[1] * 1e3,
-               t[1] / t[0], (double)p.kfac_stats_ns / 1e6 / steps,
+               t[1] / t[0], c[0] * 1e3, c[1] * 1e3, c[1] / c[0], (double)p.kfac_stats_ns / 1e6 / steps,
                (double)p.kfac_invert_ns / 1e6 / steps,
                (double)p.kfac_precond_ns / 1e6 / steps);
         fflush(stdout);

@@ -1690,6 +1690,89 @@ START_TEST(test_kfac_continues_bitwise_after_restore)
 }
 END_TEST
 
+/* The first variable whose name ends in leaf. */
+static keel_tensor *
+kf_state(keel_vars *vs, const char *leaf)
+{
+    for (size_t i = 0; i < keel_vars_count(vs); i++) {
+        const char *n = keel_var_name(keel_vars_at(vs, i));
+        size_t ln = strlen(n), ll = strlen(leaf);
+        if (ln >= ll && strcmp(n + ln - ll, leaf) == 0)
+            return keel_var_tensor(keel_vars_at(vs, i));
+    }
+    ck_abort_msg("no variable ending in %s", leaf);
+    return NULL;
+}
+
+START_TEST(test_kfac_updates_factors_every_cov_update_every_steps)
+{
+    /* cov_update_every 3, decay 0.5 (0.125 per update), invert_every 2:
+     * steps 1 and 2 keep the factors and the EMA weight, step 2 inverts
+     * the same factors again (the same inverses), step 3 needs statistics
+     * and updates them; the weights move at every step */
+    keel_model_config cfg;
+    keel_kfac_config kc;
+    keel_kfac *k;
+    fixture f;
+    float x[8 * 36], *A0, *Ai0;
+    int32_t y[8];
+    keel_batch bt = { x, y, 8 };
+    keel_tensor *A, *Ai, *w, *ew;
+    size_t nA;
+    tiny_mlp(&cfg, 7, 8);
+    keel_kfac_config_init(&kc);
+    ck_assert_int_eq(kc.cov_update_every, 1);
+    kc.cov_update_every = 0;
+    fx_new(&f, &cfg, 5);
+    ck_assert_int_eq(keel_kfac_new(&kc, f.m, f.vs, &k), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "cov_update_every"));
+    kc.cov_update_every = 3;
+    kc.cov_ema_decay = 0.5;
+    kc.invert_every = 2;
+    kc.schedule.learning_rate = 0.01;
+    kc.damping = 0.01;
+    ck_assert_int_eq(keel_kfac_new(&kc, f.m, f.vs, &k), KEEL_OK);
+    synthetic(x, y, 8, 36, 3, 6);
+    A = kf_state(f.vs, "/kfac_A");
+    Ai = kf_state(f.vs, "/kfac_A_inv");
+    ew = kf_state(f.vs, "kfac/ema_weight");
+    w = keel_var_tensor(keel_vars_at(f.vs, 0));
+    nA = keel_tensor_bytes(A);
+    A0 = malloc(nA);
+    Ai0 = malloc(nA);
+    ck_assert_ptr_nonnull(A0);
+    ck_assert_ptr_nonnull(Ai0);
+    for (int s = 0; s < 4; s++) {
+        float w0 = w->data[0];
+        keel_grads_zero(f.g);
+        keel_model_step(f.m, f.vs, &bt, 8, f.g, NULL);
+        if (s == 3) {
+            ck_assert_int_eq(keel_kfac_apply(k, f.vs, f.g, s), KEEL_ESTATE);
+            ck_assert(w->data[0] == w0);
+        }
+        ck_assert_int_eq(keel_kfac_observe(k, f.vs, &bt, s), KEEL_OK);
+        ck_assert_int_eq(keel_kfac_apply(k, f.vs, f.g, s), KEEL_OK);
+        ck_assert(w->data[0] != w0);
+        if (s == 0) {
+            ck_assert(ew->data[0] == 0.875f);
+            memcpy(A0, A->data, nA);
+            memcpy(Ai0, Ai->data, nA);
+        } else if (s < 3) {
+            ck_assert(ew->data[0] == 0.875f);
+            ck_assert_mem_eq(A->data, A0, nA);
+            ck_assert_mem_eq(Ai->data, Ai0, nA);
+        } else {
+            ck_assert(ew->data[0] == 0.984375f);   /* 0.125 w + 0.875 */
+            ck_assert(memcmp(A->data, A0, nA) != 0);
+        }
+    }
+    free(A0);
+    free(Ai0);
+    keel_kfac_free(k);
+    fx_free(&f);
+}
+END_TEST
+
 START_TEST(test_kfac_rejects_bad_configs_and_unobserved_steps)
 {
     keel_model_config cfg;
@@ -2298,6 +2381,7 @@ train_suite(void)
     tcase_add_test(t, test_kfac_matches_numpy_reference);
     tcase_add_test(t, test_kfac_continues_bitwise_after_restore);
     tcase_add_test(t, test_kfac_rejects_bad_configs_and_unobserved_steps);
+    tcase_add_test(t, test_kfac_updates_factors_every_cov_update_every_steps);
     suite_add_tcase(s, t);
     t = tcase_create("data");
     tcase_set_timeout(t, 20);

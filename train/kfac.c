@@ -37,8 +37,8 @@ typedef struct kf_layer {
     keel_tensor *vw, *vb;         /* velocity slots of kernel and bias */
     float *Asum, *Gsum;           /* this step's sums (upper triangles) */
     float *Ainv_new, *Ginv_new;   /* inversion workspaces */
-    float *M, *T, *V;             /* a_dim x g_dim: gradient or velocity,
-                                   * M G^-1, preconditioned */
+    float *T, *V;                 /* a_dim x g_dim: [kernel; bias] G^-1,
+                                   * preconditioned */
     double pi;                    /* of the last inversion */
 } kf_layer;
 
@@ -73,6 +73,7 @@ keel_kfac_config_init(keel_kfac_config *cfg)
     cfg->norm_constraint = 0.0;
     cfg->invert_every = 10;
     cfg->seed = 0;
+    cfg->cov_update_every = 1;
 }
 
 keel_status
@@ -119,6 +120,9 @@ check_config(const keel_kfac_config *c)
     if (c->invert_every < 1)
         return keel__fail(KEEL_EINVAL, "K-FAC: invert_every %lld must be "
                           ">= 1", (long long)c->invert_every);
+    if (c->cov_update_every < 1)
+        return keel__fail(KEEL_EINVAL, "K-FAC: cov_update_every %lld must "
+                          "be >= 1", (long long)c->cov_update_every);
     if ((unsigned)c->momentum_type > KEEL_KFAC_MOMENTUM_ADAM ||
         (unsigned)c->estimation > KEEL_KFAC_EMPIRICAL)
         return keel__fail(KEEL_EINVAL, "K-FAC: unknown momentum type or "
@@ -137,7 +141,6 @@ keel_kfac_free(keel_kfac *k)
         keel_aligned_free(L->Gsum);
         keel_aligned_free(L->Ainv_new);
         keel_aligned_free(L->Ginv_new);
-        keel_aligned_free(L->M);
         keel_aligned_free(L->T);
         keel_aligned_free(L->V);
     }
@@ -226,7 +229,6 @@ layer_new(keel_kfac *k, kf_layer *L)
             KEEL_OK ||
         (st = alloc_f(&L->Ginv_new, g * g, "G inverse", L->scope)) !=
             KEEL_OK ||
-        (st = alloc_f(&L->M, a * g, "gradient", L->scope)) != KEEL_OK ||
         (st = alloc_f(&L->T, a * g, "workspace", L->scope)) != KEEL_OK ||
         (st = alloc_f(&L->V, a * g, "update", L->scope)) != KEEL_OK)
         return st;
@@ -294,6 +296,15 @@ keel_kfac_get_config(const keel_kfac *k)
     return k != NULL ? &k->cfg : NULL;
 }
 
+/* Whether global_step updates the factors: every cov_update_every steps,
+ * and always while they have no statistics (a fresh store). */
+static int
+cov_step(const keel_kfac *k, int64_t global_step)
+{
+    return global_step % k->cfg.cov_update_every == 0 ||
+           k->ema_w->data[0] == 0.0f;
+}
+
 keel_status
 keel_kfac_observe(keel_kfac *k, keel_vars *vs, const keel_batch *batch,
                   int64_t global_step)
@@ -307,6 +318,8 @@ keel_kfac_observe(keel_kfac *k, keel_vars *vs, const keel_batch *batch,
     if (global_step < 0)
         return keel__fail(KEEL_EINVAL, "K-FAC observe: negative global step "
                           "%lld", (long long)global_step);
+    if (!cov_step(k, global_step))
+        return KEEL_OK;
     if (global_step != k->rng_step) {
         /* one stream per step: a resumed run draws the same targets */
         uint64_t s = k->cfg.seed ^ 0x6b666163ULL;
@@ -333,28 +346,28 @@ clear_pending(keel_kfac *k)
     k->pending = 0;
 }
 
-/* Copy the upper triangle of the n x n matrix a onto its lower one, in
- * 32 x 32 tiles. */
+/* The factor's EMA, dst = d acc + (1 - d) scale sum, from the upper
+ * triangle of sum (the row-major upper triangle keel__cov_add leaves) into
+ * both triangles of dst, in 32 x 32 tiles: the full symmetric matrix of
+ * mirroring sum first, in one pass over half the elements. acc is
+ * symmetric; dst may be acc or sum (every element is read before it is
+ * written, and only upper elements are read). */
 static void
-mirror_upper(float *a, size_t n)
+ema_sym(float *dst, const float *acc, const float *sum, size_t n, float d,
+        float scale)
 {
+    const float e = 1.0f - d;
     for (size_t i0 = 0; i0 < n; i0 += 32)
-        for (size_t j0 = 0; j0 <= i0; j0 += 32) {
+        for (size_t j0 = i0; j0 < n; j0 += 32) {
             size_t i1 = i0 + 32 < n ? i0 + 32 : n;
             size_t j1 = j0 + 32 < n ? j0 + 32 : n;
             for (size_t i = i0; i < i1; i++)
-                for (size_t j = j0; j < j1 && j < i; j++)
-                    a[i * n + j] = a[j * n + i];
+                for (size_t j = j0 > i ? j0 : i; j < j1; j++) {
+                    float v = d * acc[i * n + j] + e * (sum[i * n + j] * scale);
+                    dst[i * n + j] = v;
+                    dst[j * n + i] = v;
+                }
         }
-}
-
-/* dst = d acc + (1 - d) sum / count elementwise (n x n, sum full). */
-static void
-ema_into(float *dst, const float *acc, const float *sum, size_t n, float d,
-         float scale)
-{
-    for (size_t i = 0; i < n * n; i++)
-        dst[i] = d * acc[i] + (1.0f - d) * (sum[i] * scale);
 }
 
 static double
@@ -416,30 +429,26 @@ invert_layer(const keel_kfac *k, kf_layer *L, float w)
     return st;
 }
 
-/* dst rows 0..a-2 = kernel, row a-1 = bias (a x g). */
-static void
-gather(float *dst, const float *kernel, const float *bias, size_t a,
-       size_t g)
-{
-    memcpy(dst, kernel, (a - 1) * g * sizeof *dst);
-    memcpy(dst + (a - 1) * g, bias, g * sizeof *dst);
-}
-
+/* s + <x, y>, summed in double in index order. */
 static double
-dot(const float *x, const float *y, size_t n)
+dot(double s, const float *x, const float *y, size_t n)
 {
-    double s = 0.0;
     for (size_t i = 0; i < n; i++)
         s += (double)x[i] * (double)y[i];
     return s;
 }
 
-/* V = A^-1 M G^-1 / locations. */
+/* V = A^-1 [kernel; bias] G^-1 / locations: the kernel's rows and the
+ * bias row go through G^-1 in place (no copy of them into one matrix),
+ * then A^-1 takes the whole a x g product in one sgemm. */
 static void
-precondition(kf_layer *L, const float *M)
+precondition(kf_layer *L, const float *kernel, const float *bias)
 {
     size_t a = L->info.a_dim, g = L->info.g_dim;
-    keel__sgemm(0, 0, a, g, g, 1.0f, M, g, L->Ginv->data, g, 0.0f, L->T, g);
+    keel__sgemm(0, 0, a - 1, g, g, 1.0f, kernel, g, L->Ginv->data, g, 0.0f,
+                L->T, g);
+    keel__sgemm(0, 0, 1, g, g, 1.0f, bias, g, L->Ginv->data, g, 0.0f,
+                L->T + (a - 1) * g, g);
     keel__sgemm(0, 0, a, g, a, (float)(1.0 / (double)L->info.locations),
                 L->Ainv->data, a, L->T, g, 0.0f, L->V, g);
 }
@@ -450,7 +459,7 @@ keel_kfac_apply(keel_kfac *k, keel_vars *vs, keel_grads *grads,
 {
     float d, w_old, w_new, lr, mu, c = 1.0f;
     double s = 0.0, lrd;
-    int invert;
+    int invert, cov;
     keel_status st = KEEL_OK;
     if (k == NULL || vs == NULL || grads == NULL)
         return keel__fail(KEEL_EINVAL, "K-FAC apply: NULL argument");
@@ -460,7 +469,8 @@ keel_kfac_apply(keel_kfac *k, keel_vars *vs, keel_grads *grads,
     if (global_step < 0)
         return keel__fail(KEEL_EINVAL, "K-FAC apply: negative global step "
                           "%lld", (long long)global_step);
-    if (k->pending <= 0)
+    cov = cov_step(k, global_step);
+    if (cov && k->pending <= 0)
         return keel__fail(KEEL_ESTATE, "K-FAC apply at step %lld: no factor "
                           "statistics observed (call keel_kfac_observe "
                           "first)", (long long)global_step);
@@ -475,11 +485,22 @@ keel_kfac_apply(keel_kfac *k, keel_vars *vs, keel_grads *grads,
                               "right shape for '%s'", L->scope);
         }
     }
-    d = (float)k->cfg.cov_ema_decay;
+    /* kfac's decay per update with cov_update_every: the decay per step
+     * to that power (pow(d, 1) is d exactly) */
+    d = (float)pow(k->cfg.cov_ema_decay, (double)k->cfg.cov_update_every);
     w_old = k->ema_w->data[0];
-    w_new = d * w_old + (1.0f - d);
+    w_new = cov ? d * w_old + (1.0f - d) : w_old;
     invert = global_step % k->cfg.invert_every == 0 || w_old == 0.0f;
-    {
+    if (!cov && invert) {
+        /* the inversion reads the factors from the sums' buffers */
+        for (int i = 0; i < k->nl; i++) {
+            kf_layer *L = &k->l[i];
+            size_t a = L->info.a_dim, g = L->info.g_dim;
+            memcpy(L->Asum, L->A->data, a * a * sizeof(float));
+            memcpy(L->Gsum, L->G->data, g * g * sizeof(float));
+        }
+    }
+    if (cov) {
         KEEL__PROF_BEGIN();
         for (int i = 0; i < k->nl; i++) {
             kf_layer *L = &k->l[i];
@@ -487,12 +508,10 @@ keel_kfac_apply(keel_kfac *k, keel_vars *vs, keel_grads *grads,
                                       (double)L->info.locations));
             /* with an inversion due, into the sums (committed after it
              * succeeds); otherwise straight into the state */
-            mirror_upper(L->Asum, L->info.a_dim);
-            mirror_upper(L->Gsum, L->info.g_dim);
-            ema_into(invert ? L->Asum : L->A->data, L->A->data, L->Asum,
-                     L->info.a_dim, d, sc);
-            ema_into(invert ? L->Gsum : L->G->data, L->G->data, L->Gsum,
-                     L->info.g_dim, d, sc);
+            ema_sym(invert ? L->Asum : L->A->data, L->A->data, L->Asum,
+                    L->info.a_dim, d, sc);
+            ema_sym(invert ? L->Gsum : L->G->data, L->G->data, L->Gsum,
+                    L->info.g_dim, d, sc);
         }
         KEEL__PROF_END(kfac_stats_ns);
     }
@@ -526,21 +545,26 @@ keel_kfac_apply(keel_kfac *k, keel_vars *vs, keel_grads *grads,
     mu = (float)k->cfg.momentum;
     for (int i = 0; i < k->nl; i++) {
         kf_layer *L = &k->l[i];
-        size_t a = L->info.a_dim, g = L->info.g_dim;
-        gather(L->M, keel_grads_at(grads, keel_var_index(L->info.w))->data,
-               keel_grads_at(grads, keel_var_index(L->info.b))->data, a, g);
+        size_t g = L->info.g_dim, nw = L->vw->count;
+        const float *mw = keel_grads_at(grads,
+                                        keel_var_index(L->info.w))->data;
+        const float *mb = keel_grads_at(grads,
+                                        keel_var_index(L->info.b))->data;
         if (k->cfg.momentum_type == KEEL_KFAC_MOMENTUM_ADAM) {
             /* v = mu v + g, then the update is F^-1 v */
             float *vw = L->vw->data, *vb = L->vb->data;
-            size_t nw = L->vw->count;
             for (size_t j = 0; j < nw; j++)
-                vw[j] = mu * vw[j] + L->M[j];
+                vw[j] = mu * vw[j] + mw[j];
             for (size_t j = 0; j < g; j++)
-                vb[j] = mu * vb[j] + L->M[nw + j];
-            gather(L->M, vw, vb, a, g);
+                vb[j] = mu * vb[j] + mb[j];
+            mw = vw;
+            mb = vb;
         }
-        precondition(L, L->M);
-        s += dot(L->M, L->V, a * g);
+        precondition(L, mw, mb);
+        if (k->cfg.norm_constraint > 0.0) {
+            /* <m, F^-1 m> in the order of [kernel; bias] */
+            s += dot(dot(0.0, mw, L->V, nw), mb, L->V + nw, g);
+        }
     }
     if (k->cfg.norm_constraint > 0.0 && s > 0.0 && lrd > 0.0) {
         double r = sqrt(k->cfg.norm_constraint / (lrd * lrd * s));

@@ -930,6 +930,7 @@ keel__cov_add(const float *x, size_t rows, size_t d, size_t ldx, int homog,
               int accumulate, float *c)
 {
     size_t ld = d + (homog ? 1 : 0);
+    float *restrict s;
     KEEL__PROF_BEGIN();
     cblas_ssyrk(CblasRowMajor, CblasUpper, CblasTrans, (blasint)d,
                 (blasint)rows, 1.0f, x, (blasint)ldx,
@@ -937,16 +938,21 @@ keel__cov_add(const float *x, size_t rows, size_t d, size_t ldx, int homog,
     KEEL__PROF_END(gemm_ns);
     if (!homog)
         return;
-    if (!accumulate) {
-        for (size_t i = 0; i < d; i++)
-            c[i * ld + d] = 0.0f;
+    /* the column sums (column d) are formed in row d's part below the
+     * diagonal, contiguous and outside the upper triangle, then copied up;
+     * each sum is added in row order either way */
+    s = c + d * ld;
+    for (size_t i = 0; i < d; i++)
+        s[i] = accumulate ? c[i * ld + d] : 0.0f;
+    if (!accumulate)
         c[d * ld + d] = 0.0f;
-    }
     for (size_t r = 0; r < rows; r++) {
-        const float *xr = x + r * ldx;
+        const float *restrict xr = x + r * ldx;
         for (size_t i = 0; i < d; i++)
-            c[i * ld + d] += xr[i];
+            s[i] += xr[i];
     }
+    for (size_t i = 0; i < d; i++)
+        c[i * ld + d] = s[i];
     c[d * ld + d] += (float)rows;
 }
 

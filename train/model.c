@@ -663,13 +663,26 @@ forward(keel_model *m, lbuf *buf, const float *x, size_t n)
     }
 }
 
+/* Where a backward pass puts what it computes of the layers with
+ * parameters: their gradients (kfac NULL), or K-FAC's factor statistics
+ * (the upper triangles of sum a a^T and sum g g^T into A[f], G[f] for the
+ * f-th such layer, added when accumulate; no parameter gradients). */
+typedef struct kfac_sink {
+    int accumulate;
+    float *const *A, *const *G;
+} kfac_sink;
+
 /* Backward through every layer of one piece; dlogits already in place.
  * Parameter gradients are overwritten in g, except that with direct (piece
- * 0) dense layers add theirs straight into it (sgemm beta 1). */
+ * 0) dense layers add theirs straight into it (sgemm beta 1); with kfac,
+ * the factor statistics instead (g and direct unused). */
 static void
 backward(keel_model *m, lbuf *buf, lgrad *g, const float *x, size_t n,
-         keel_grads *direct)
+         keel_grads *direct, const kfac_sink *kfac)
 {
+    int f = 0;
+    for (int i = 0; i < m->nl; i++)
+        f += m->l[i].w != NULL;
     for (int i = m->nl - 1; i >= 0; i--) {
         layer *L = &m->l[i];
         lbuf *B = &buf[i];
@@ -681,10 +694,34 @@ backward(keel_model *m, lbuf *buf, lgrad *g, const float *x, size_t n,
         if (L->kind == L_POOL && P != NULL && P->fused) {
             /* the conv's activation and bias live on the pooled output */
             keel__act_backward(P->act, B->y, B->dy, n * L->out_size);
-            keel__col_sums(B->dy, n * L->pg.oh * L->pg.ow, L->pg.c,
-                           g[i - 1].db);
+            if (kfac == NULL)
+                keel__col_sums(B->dy, n * L->pg.oh * L->pg.ow, L->pg.c,
+                               g[i - 1].db);
         }
-        if (L->kind == L_DENSE && direct != NULL)
+        if (L->kind == L_POOL) {
+            keel__pool_backward(&L->pg, B->dy, n, B->arg, dx);
+            continue;
+        }
+        f--;
+        if (kfac != NULL && L->kind == L_DENSE) {
+            keel__cov_add(in, n, L->din, L->din, 1, kfac->accumulate,
+                          kfac->A[f]);
+            keel__cov_add(B->dy, n, L->dout, L->dout, 0, kfac->accumulate,
+                          kfac->G[f]);
+            if (dx != NULL)
+                keel__sgemm(0, 1, n, L->din, L->dout, 1.0f, B->dy, L->dout,
+                            keel_var_tensor(L->w)->data, L->dout, 0.0f, dx,
+                            L->din);
+        } else if (kfac != NULL) {
+            keel__conv_patch_cov(&L->cg, in, n, B->col, kfac->accumulate,
+                                 kfac->A[f]);
+            keel__cov_add(B->dy, n * L->cg.oh * L->cg.ow, L->cg.cout,
+                          L->cg.cout, 0, kfac->accumulate, kfac->G[f]);
+            if (dx != NULL)
+                keel__conv_backward_dx(&L->cg, n, B->dy,
+                                       keel_var_tensor(L->w)->data, B->col,
+                                       dx);
+        } else if (L->kind == L_DENSE && direct != NULL)
             keel__dense_backward(in, B->dy, n, L->din, L->dout,
                                  keel_var_tensor(L->w)->data,
                                  keel_grads_at(direct,
@@ -696,12 +733,10 @@ backward(keel_model *m, lbuf *buf, lgrad *g, const float *x, size_t n,
             keel__dense_backward(in, B->dy, n, L->din, L->dout,
                                  keel_var_tensor(L->w)->data, g[i].dw,
                                  g[i].db, dx, 0);
-        else if (L->kind == L_CONV)
+        else
             keel__conv_backward(&L->cg, in, n, B->dy,
                                 keel_var_tensor(L->w)->data, B->col, 1,
                                 g[i].dw, L->fused ? NULL : g[i].db, dx);
-        else
-            keel__pool_backward(&L->pg, B->dy, n, B->arg, dx);
     }
 }
 
@@ -862,7 +897,7 @@ run_piece(job *j, int t, size_t p, lgrad *g)
     forward(m, buf, x, n);
     finish_piece(j, buf, p, lo, n);
     if (j->what == JOB_STEP)
-        backward(m, buf, g, x, n, p == 0 ? j->direct : NULL);
+        backward(m, buf, g, x, n, p == 0 ? j->direct : NULL, NULL);
 }
 
 /* A dense-only model's only piece, its column halves over the threads. */
@@ -1144,6 +1179,7 @@ keel__model_kfac_stats(keel_model *m, const keel_batch *batch, keel__rng *rng,
     keel_status st;
     lbuf *buf;
     size_t k_out;
+    kfac_sink sink = { accumulate, A, G };
     if ((st = check_batch(m, batch, "K-FAC statistics")) != KEEL_OK)
         return st;
     buf = m->buf[0];
@@ -1153,50 +1189,13 @@ keel__model_kfac_stats(keel_model *m, const keel_batch *batch, keel__rng *rng,
         const float *x = batch->x + lo * m->l[0].in_size;
         double loss = 0.0;
         int64_t correct = 0;
-        int f = 0;
         forward(m, buf, x, n);
         kfac_targets(buf[m->nl - 1].y, n, k_out, batch->y + lo, rng,
                      targets + lo);
         keel__softmax_xent(buf[m->nl - 1].y, targets + lo, n, k_out, 1.0f,
                            buf[m->nl - 1].dy, &loss, &correct);
-        for (int i = 0; i < m->nl; i++)
-            f += m->l[i].w != NULL;
-        for (int i = m->nl - 1; i >= 0; i--) {
-            layer *L = &m->l[i];
-            lbuf *B = &buf[i];
-            layer *P = i > 0 ? &m->l[i - 1] : NULL;
-            const float *in = i > 0 ? buf[i - 1].y : x;
-            float *dx = i > 0 ? buf[i - 1].dy : NULL;
-            if (L->act != KEEL_ACT_NONE && !L->fused)
-                keel__act_backward(L->act, B->y, B->dy, n * L->out_size);
-            if (L->kind == L_POOL) {
-                if (P != NULL && P->fused)
-                    keel__act_backward(P->act, B->y, B->dy,
-                                       n * L->out_size);
-                keel__pool_backward(&L->pg, B->dy, n, B->arg, dx);
-                continue;
-            }
-            f--;
-            if (L->kind == L_DENSE) {
-                keel__cov_add(in, n, L->din, L->din, 1, accumulate, A[f]);
-                keel__cov_add(B->dy, n, L->dout, L->dout, 0, accumulate,
-                              G[f]);
-                if (dx != NULL)
-                    keel__sgemm(0, 1, n, L->din, L->dout, 1.0f, B->dy,
-                                L->dout, keel_var_tensor(L->w)->data,
-                                L->dout, 0.0f, dx, L->din);
-            } else {
-                keel__conv_patch_cov(&L->cg, in, n, B->col, accumulate,
-                                     A[f]);
-                keel__cov_add(B->dy, n * L->cg.oh * L->cg.ow, L->cg.cout,
-                              L->cg.cout, 0, accumulate, G[f]);
-                if (dx != NULL)
-                    keel__conv_backward_dx(&L->cg, n, B->dy,
-                                           keel_var_tensor(L->w)->data,
-                                           B->col, dx);
-            }
-        }
-        accumulate = 1;
+        backward(m, buf, NULL, x, n, NULL, &sink);
+        sink.accumulate = 1;
     }
     return KEEL_OK;
 }

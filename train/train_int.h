@@ -121,7 +121,8 @@ void keel__conv_backward(const keel__conv_geom *g, const float *x, size_t n,
  * c (ld = d + homog, row-major) gets the upper triangle (i <= j) of
  * x^T x ADDED (accumulate) or written, x being rows x d with row stride
  * ldx; with homog, x is taken with a column of ones appended (the bias's
- * homogeneous coordinate). The strictly lower triangle is not touched. */
+ * homogeneous coordinate). The strictly lower triangle is not touched,
+ * except with homog its last row (row d), which is scratch. */
 void keel__cov_add(const float *x, size_t rows, size_t d, size_t ldx,
                    int homog, int accumulate, float *c);
 /* The same for a convolution's im2col patches of x (n examples, one row

@@ -242,6 +242,9 @@ typedef struct keel_kfac_config {
     double norm_constraint;        /* KL clipping C; 0 = off (default) */
     int64_t invert_every;          /* steps between inversions; 10 */
     uint64_t seed;                 /* target sampling; default 0 */
+    int64_t cov_update_every;      /* steps between factor updates; 1. The
+                                    * EMA decay per update is then
+                                    * cov_ema_decay^cov_update_every */
 } keel_kfac_config;
 
 typedef struct keel_kfac keel_kfac;
@@ -264,11 +267,15 @@ const keel_kfac_config *keel_kfac_get_config(const keel_kfac *k);
 /* The factor statistics of batch (the examples of this step, or one of its
  * micro-batches) with the current variables, the targets drawn from the
  * seed and global_step: ADDED to this step's pending sums. Call before
- * keel_kfac_apply of the same step. Uses the model's workspaces. */
+ * keel_kfac_apply of the same step. Uses the model's workspaces. Does
+ * nothing (KEEL_OK) at a step that updates no factors: global_step %
+ * cov_update_every != 0 once the factors have statistics. */
 keel_status keel_kfac_observe(keel_kfac *k, keel_vars *vs,
                               const keel_batch *batch, int64_t global_step);
 /* One K-FAC step with grads (as keel_model_step left them): the factors'
- * EMA takes the pending statistics, the damped inverses are recomputed when
+ * EMA takes the pending statistics (at the steps keel_kfac_observe
+ * observes; at the others the factors stay), the damped inverses are
+ * recomputed when
  * global_step % invert_every == 0 (or none were computed yet), then the
  * preconditioned, momentum and KL-clipped update is applied. Every check
  * and inversion happens before any state changes: a failing apply (no
