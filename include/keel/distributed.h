@@ -240,7 +240,7 @@ keel_status keel_cluster_spec_detect(const keel_cluster_options *opts,
  * applies the same update. Rank 0 is the chief: it restores or initializes
  * the variables and broadcasts them, and alone writes checkpoints. A rank
  * that fails ends the job (no per-task recovery): restart every rank from
- * the newest checkpoint (docs/strategies.md). Needs keel configured with
+ * the newest checkpoint (docs/allreduce.md). Needs keel configured with
  * MPI (Debian: libopenmpi-dev, openmpi-bin). */
 
 /* 1 if keel was built with MPI. */
