@@ -772,9 +772,10 @@ START_TEST(test_chaos_kills_chief_reproducibly_and_run_finishes)
         while ((p = strstr(p, "chaos | killed chief (pid ")) != NULL) {
             const char *g = strstr(p, "gap ");
             ck_assert_ptr_nonnull(g);
-            used += (size_t)snprintf(gaps[run] + used,
-                                     sizeof gaps[0] - used, "%.*s;",
-                                     (int)strcspn(g, " s"), g + 4);
+            if (used + 32 < sizeof gaps[0])     /* the first gaps */
+                used += (size_t)snprintf(gaps[run] + used,
+                                         sizeof gaps[0] - used, "%.*s;",
+                                         (int)strcspn(g, " s"), g + 4);
             kills++;
             p++;
         }

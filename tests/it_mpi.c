@@ -35,6 +35,18 @@ setup(void)
         setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
         setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
     }
+#ifdef __SANITIZE_ADDRESS__
+    {
+        /* Open MPI's plugins keep buffers to the end and are unloaded by
+         * MPI_Finalize, so no suppression can name their frames: the
+         * ranks run without leak detection (every other check stays) */
+        const char *a = getenv("ASAN_OPTIONS");
+        char opts[2048];
+        snprintf(opts, sizeof opts, "%s%sdetect_leaks=0", a != NULL ? a : "",
+                 a != NULL && a[0] != '\0' ? ":" : "");
+        setenv("ASAN_OPTIONS", opts, 1);
+    }
+#endif
     cfg_path = tu_setup_job(
         "max_steps = 30\nthreads = 1\nstrategy = multi_worker_mirrored\n"
         "[checkpoint]\ndir = %s/run\nsave_steps = 10\n"
