@@ -158,8 +158,9 @@ state_push(ck_state *st, const char *name, double ts)
 }
 
 /* Retention deletes only this saver's own checkpoints: a file of the
- * form <basename>-<step>.h5 in the checkpoint directory, named by its
- * plain file name or by a path whose directory is that same directory.
+ * form <basename>-<step>.h5 (or <basename>-epoch<E>-<step>.h5) in the
+ * checkpoint directory, named by its plain file name or by a path whose
+ * directory is that same directory.
  * Anything else a state file lists ("../x", another directory, another
  * basename) is dropped from the list but never unlinked. */
 static int
