@@ -274,6 +274,21 @@ str_type(size_t n)
     return t;
 }
 
+/* Create attribute name of type t over the dataspace sp on obj and write
+ * val (NULL: nothing to write); closes sp, never t. */
+static int
+attr_put(hid_t obj, const char *name, hid_t t, hid_t sp, const void *val)
+{
+    hid_t a = t >= 0 && sp >= 0 ? H5Acreate2(obj, name, t, sp, H5P_DEFAULT,
+                                             H5P_DEFAULT) : -1;
+    int ok = a >= 0 && (val == NULL || H5Awrite(a, t, val) >= 0);
+    if (a >= 0)
+        H5Aclose(a);
+    if (sp >= 0)
+        H5Sclose(sp);
+    return ok;
+}
+
 /* names[n] as a 1-D fixed-length string attribute; n == 0 writes what
  * Keras writes for a layer without weights (an empty float64 array). */
 static int
@@ -283,19 +298,11 @@ attr_strings(hid_t obj, const char *name, const char *const *names,
     hsize_t dim = n;
     size_t w = 1;
     char *buf;
-    hid_t sp, t, a;
+    hid_t t;
     int ok;
-    if (n == 0) {
-        sp = H5Screate_simple(1, &dim, NULL);
-        a = sp >= 0 ? H5Acreate2(obj, name, H5T_IEEE_F64LE, sp, H5P_DEFAULT,
-                                 H5P_DEFAULT) : -1;
-        ok = a >= 0;
-        if (a >= 0)
-            H5Aclose(a);
-        if (sp >= 0)
-            H5Sclose(sp);
-        return ok;
-    }
+    if (n == 0)
+        return attr_put(obj, name, H5T_IEEE_F64LE,
+                        H5Screate_simple(1, &dim, NULL), NULL);
     for (size_t i = 0; i < n; i++)
         if (strlen(names[i]) > w)
             w = strlen(names[i]);
@@ -305,14 +312,7 @@ attr_strings(hid_t obj, const char *name, const char *const *names,
     for (size_t i = 0; i < n; i++)
         memcpy(buf + i * w, names[i], strlen(names[i]));
     t = str_type(w);
-    sp = H5Screate_simple(1, &dim, NULL);
-    a = t >= 0 && sp >= 0 ? H5Acreate2(obj, name, t, sp, H5P_DEFAULT,
-                                       H5P_DEFAULT) : -1;
-    ok = a >= 0 && H5Awrite(a, t, buf) >= 0;
-    if (a >= 0)
-        H5Aclose(a);
-    if (sp >= 0)
-        H5Sclose(sp);
+    ok = attr_put(obj, name, t, H5Screate_simple(1, &dim, NULL), buf);
     if (t >= 0)
         H5Tclose(t);
     free(buf);
@@ -322,15 +322,8 @@ attr_strings(hid_t obj, const char *name, const char *const *names,
 static int
 attr_string(hid_t obj, const char *name, const char *s)
 {
-    hid_t t = str_type(strlen(s)), sp = H5Screate(H5S_SCALAR), a;
-    int ok;
-    a = t >= 0 && sp >= 0 ? H5Acreate2(obj, name, t, sp, H5P_DEFAULT,
-                                       H5P_DEFAULT) : -1;
-    ok = a >= 0 && H5Awrite(a, t, s) >= 0;
-    if (a >= 0)
-        H5Aclose(a);
-    if (sp >= 0)
-        H5Sclose(sp);
+    hid_t t = str_type(strlen(s));
+    int ok = attr_put(obj, name, t, H5Screate(H5S_SCALAR), s);
     if (t >= 0)
         H5Tclose(t);
     return ok;

@@ -107,7 +107,8 @@ typedef struct ck_state {
  * it cannot be parsed. */
 keel_status keel__ckpt_state_read(const char *dir, ck_state *st);
 void keel__ckpt_state_free(ck_state *st);
-/* Parse "<base>-<digits>.h5" (any base if base is NULL): the step, or -1. */
+/* Parse "<base>-<digits>.h5" or "<base>-epoch<E>-<digits>.h5" (any base
+ * if base is NULL): the step, or -1. */
 int64_t keel__ckpt_name_step(const char *name, const char *base);
 
 /* Leases (lease.c). Retention asks before deleting dir/file: 1 when a

@@ -114,10 +114,10 @@ attr_write_str(hid_t obj, const char *name, const char *val)
     return ok;
 }
 
-/* Create one dataset (early-allocated, contiguous, never filled) with its
- * checksum attribute; *offset receives where its bytes go. */
 static keel_status close_file(hid_t f, const char *tmp);
 
+/* Create one dataset (early-allocated, contiguous, never filled) with its
+ * checksum attribute; *offset receives where its bytes go. */
 static keel_status
 create_dset(hid_t parent, const char *h5name, hid_t ftype, int ndim,
             const int64_t *shape, uint64_t hash, int64_t *offset,

@@ -158,8 +158,9 @@ state_push(ck_state *st, const char *name, double ts)
 }
 
 /* Retention deletes only this saver's own checkpoints: a file of the
- * form <basename>-<step>.h5 in the checkpoint directory, named by its
- * plain file name or by a path whose directory is that same directory.
+ * form <basename>-<step>.h5 (or <basename>-epoch<E>-<step>.h5) in the
+ * checkpoint directory, named by its plain file name or by a path whose
+ * directory is that same directory.
  * Anything else a state file lists ("../x", another directory, another
  * basename) is dropped from the list but never unlinked. */
 static int
@@ -613,11 +614,13 @@ planned_file_bytes(const ck_plan *p)
 }
 
 /* Refuse a save that cannot fit the process's file size limit
- * (RLIMIT_FSIZE) before HDF5 starts it: HDF5 (1.10) cannot give up a file
- * whose closing flush failed (EFBIG), and the file object that failed
- * close leaves behind crashes the library at exit. Free space is not
- * checked ahead (file systems report it too loosely to refuse on it): a
- * full disk fails the save with ENOSPC and removes the temporary file. */
+ * (RLIMIT_FSIZE) before HDF5 starts it, on the caller's thread (an async
+ * save fails at its own call, not at the next one): HDF5 (1.10) cannot
+ * give up a file whose closing flush failed (EFBIG), and the file object
+ * that failed close leaves behind crashes the library at exit. Free
+ * space is not checked ahead (file systems report it too loosely to
+ * refuse on it): a full disk fails the save with ENOSPC and removes the
+ * temporary file. */
 static keel_status
 check_room(const ck_plan *p)
 {
@@ -654,8 +657,6 @@ commit_save(keel_saver *s, ck_plan *p)
     st = ckpt_file_name(name, sizeof name, s->basename, p->step, p->epoch);
     if (st == KEEL_OK)
         st = keel__path_join(path, sizeof path, s->dir, name);
-    if (st == KEEL_OK)
-        st = check_room(p);
     if (st == KEEL_OK)
         st = keel__ckpt_write_file(p, path);
     if (st != KEEL_OK)
@@ -1068,11 +1069,15 @@ keel_saver_save(keel_saver *s, const keel_vars *vs,
     if (!s->is_async) {
         st = plan_direct(&s->plan, vs, meta);
         if (st == KEEL_OK)
+            st = check_room(&s->plan);
+        if (st == KEEL_OK)
             st = commit_save(s, &s->plan);
         return st;
     }
     s->t_stage_ns = keel__now_mono_ns();
     st = stage(s, vs, meta);
+    if (st == KEEL_OK)
+        st = check_room(&s->plan);
     if (st != KEEL_OK)
         return st;
     s->t_staged_ns = keel__now_mono_ns();

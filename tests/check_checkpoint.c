@@ -1656,64 +1656,70 @@ END_TEST
 
 /* A save larger than the process's file size limit (RLIMIT_FSIZE, with
  * SIGXFSZ ignored as a long job would) fails before anything is written,
- * naming the limit; a smaller one still succeeds; the process exits
- * normally (HDF5 is left with no half-closed file to crash on at exit).
- * In a child, so the limit stays there. */
+ * naming the limit, at the save call itself for a sync and an async saver
+ * alike; a smaller one still succeeds; the process exits normally (HDF5 is
+ * left with no half-closed file to crash on at exit). In a child, so the
+ * limit stays there. */
 START_TEST(test_file_size_limit_fails_the_save_cleanly)
 {
-    char dir[4200];
+    char top[4200];
     pid_t pid;
     int status;
-    snprintf(dir, sizeof dir, "%s/fsize", tu_dir);
-    ck_assert_int_eq(mkdir(dir, 0755), 0);
+    snprintf(top, sizeof top, "%s/fsize", tu_dir);
+    ck_assert_int_eq(mkdir(top, 0755), 0);
     pid = fork();
     ck_assert_int_ge(pid, 0);
     if (pid == 0) {
         struct rlimit rl = { 1 << 20, 1 << 20 };
-        keel_vars *vs;
-        keel_var *v;
-        keel_saver *s;
-        keel_status st;
-        int64_t step = -1;
-        char latest[4096];
         signal(SIGXFSZ, SIG_IGN);
-        if (setrlimit(RLIMIT_FSIZE, &rl) != 0 ||
-            keel_vars_new(&vs) != KEEL_OK ||
-            keel_vars_create(vs, "small/w", 1, (int64_t[]){ 1024 },
-                             KEEL_VAR_TRAINABLE, &v) != KEEL_OK ||
-            keel_vars_create(vs, "big/w", 1, (int64_t[]){ 1 << 19 },
-                             KEEL_VAR_TRAINABLE, &v) != KEEL_OK)
+        if (setrlimit(RLIMIT_FSIZE, &rl) != 0)
             _exit(10);
-        s = new_saver(dir, 5, 0);
-        keel_vars_set_global_step(vs, 1);
-        st = keel_saver_save(s, vs, NULL, NULL, 0);   /* 2 MiB of data */
-        if (st == KEEL_OK)
-            st = keel_saver_wait(s);
-        if (st == KEEL_OK)
-            _exit(11);
-        if (strstr(keel_last_error(), "file size limit") == NULL) {
-            fprintf(stderr, "message: %s\n", keel_last_error());
-            _exit(12);
+        for (int is_async = 0; is_async < 2; is_async++) {
+            keel_vars *vs;
+            keel_var *v;
+            keel_saver *s;
+            keel_status st;
+            int64_t step = -1;
+            char dir[4300], latest[4096];
+            snprintf(dir, sizeof dir, "%s/%s", top, is_async ? "async"
+                                                             : "sync");
+            if (mkdir(dir, 0755) != 0 ||
+                keel_vars_new(&vs) != KEEL_OK ||
+                keel_vars_create(vs, "small/w", 1, (int64_t[]){ 1024 },
+                                 KEEL_VAR_TRAINABLE, &v) != KEEL_OK ||
+                keel_vars_create(vs, "big/w", 1, (int64_t[]){ 1 << 19 },
+                                 KEEL_VAR_TRAINABLE, &v) != KEEL_OK)
+                _exit(10);
+            s = new_saver(dir, 5, is_async);
+            keel_vars_set_global_step(vs, 1);
+            /* 2 MiB of data: refused by the call, not by a later wait */
+            if (keel_saver_save(s, vs, NULL, NULL, 0) == KEEL_OK)
+                _exit(11);
+            if (strstr(keel_last_error(), "file size limit") == NULL) {
+                fprintf(stderr, "message: %s\n", keel_last_error());
+                _exit(12);
+            }
+            if (keel_saver_wait(s) != KEEL_OK ||
+                count_files(dir, ".tmp") != 0 || count_files(dir, ".h5") != 0)
+                _exit(13);
+            keel_saver_free(s);
+            keel_vars_free(vs);
+            if (keel_vars_new(&vs) != KEEL_OK ||
+                keel_vars_create(vs, "small/w", 1, (int64_t[]){ 1024 },
+                                 KEEL_VAR_TRAINABLE, &v) != KEEL_OK)
+                _exit(14);
+            s = new_saver(dir, 5, is_async);
+            keel_vars_set_global_step(vs, 2);
+            st = keel_saver_save(s, vs, NULL, NULL, 0);
+            if (st == KEEL_OK)
+                st = keel_saver_wait(s);
+            if (st != KEEL_OK ||
+                keel_ckpt_latest(dir, NULL, latest, sizeof latest, &step) !=
+                    KEEL_OK || step != 2)
+                _exit(15);
+            keel_saver_free(s);
+            keel_vars_free(vs);
         }
-        if (count_files(dir, ".tmp") != 0 || count_files(dir, ".h5") != 0)
-            _exit(13);
-        keel_saver_free(s);
-        keel_vars_free(vs);
-        if (keel_vars_new(&vs) != KEEL_OK ||
-            keel_vars_create(vs, "small/w", 1, (int64_t[]){ 1024 },
-                             KEEL_VAR_TRAINABLE, &v) != KEEL_OK)
-            _exit(14);
-        s = new_saver(dir, 5, 0);
-        keel_vars_set_global_step(vs, 2);
-        st = keel_saver_save(s, vs, NULL, NULL, 0);
-        if (st == KEEL_OK)
-            st = keel_saver_wait(s);
-        if (st != KEEL_OK ||
-            keel_ckpt_latest(dir, NULL, latest, sizeof latest, &step) !=
-                KEEL_OK || step != 2)
-            _exit(15);
-        keel_saver_free(s);
-        keel_vars_free(vs);
         exit(0);                /* atexit handlers, HDF5's included, run */
     }
     status = tu_wait(pid, 120000);

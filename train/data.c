@@ -5,6 +5,7 @@
 #include <config.h>
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -120,20 +121,26 @@ read_maybe_gz(const char *path, const char *what, uint8_t **data,
     size_t cap = 0, n = 0;
     int errnum = Z_OK;
     const char *msg;
-    *data = NULL;
-    *len = 0;
     struct stat sb;
     size_t first;
-    if (access(path, R_OK) != 0 || stat(path, &sb) != 0)
+    int fd;
+    *data = NULL;
+    *len = 0;
+    /* One open: the size that sizes the buffer is the opened file's. */
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
         return open_fail(path, what);
-    /* first buffer: a plain file fits exactly, a gzip'd one grows by
-     * doubling; small files never pay for a large zeroed block */
+    if (fstat(fd, &sb) != 0 || (f = gzdopen(fd, "rb")) == NULL) {
+        keel_status st = open_fail(path, what);
+        close(fd);
+        return st;
+    }
+    /* first buffer: a plain file fits exactly (its size + 1, so the read
+     * that finds its end needs no growth), a gzip'd one grows from there
+     * by doubling; a small file never gets a large block */
     first = sb.st_size < 4096 ? 4096
             : (uint64_t)sb.st_size < ((uint64_t)1 << 20)
                 ? (size_t)sb.st_size + 1 : (size_t)1 << 20;
-    f = gzopen(path, "rb");
-    if (f == NULL)
-        return open_fail(path, what);
     for (;;) {
         int got;
         if (n == cap) {
