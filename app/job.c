@@ -92,6 +92,10 @@ typedef struct job {
     /* a rule with local steps: each replica's gradient is the mean over
      * its own slice (not a share of the global batch) */
     int local_norm;
+    /* The update rule, decided once by job_rule: its rounds take one
+     * global batch (else each replica's own slice), and its workers push
+     * gradients (the optimizer's slots live in this process). */
+    int rule_sync, opt_slots;
 } job;
 
 /* The [algorithm] keys into j->algo (when algorithm.name is set). */
@@ -449,8 +453,7 @@ arch_dump(job *j, const keel_optimizer_config *oc,
 
 /* Build dataset, iterator, variables, model and optimizer. */
 static keel_status
-job_build(job *j, const keel_config *cfg, int worker_index, int num_workers,
-          int opt_slots)
+job_build(job *j, const keel_config *cfg, int worker_index, int num_workers)
 {
     keel_model_config mc;
     keel_optimizer_config oc;
@@ -502,8 +505,6 @@ job_build(job *j, const keel_config *cfg, int worker_index, int num_workers,
             j->schedule = oc.schedule;
             st = arch_dump(j, &oc, NULL);
         }
-        if (st == KEEL_OK && opt_slots)
-            st = keel_optimizer_prepare(j->opt, j->vs);
     }
     if (st == KEEL_OK)
         st = keel_config_dump(cfg, 0, &j->config_dump);
@@ -937,6 +938,23 @@ cluster_options_from(const keel_config *cfg, const job *j,
     o->reduce_leaves = j->leaves;
 }
 
+/* j's update rule in cluster (NULL: one process, or ranks of a collective:
+ * sync SGD): [algorithm] when set, else the cluster's mode. A rule pushing
+ * gradients gets the optimizer's slots here. */
+static keel_status
+job_rule(job *j, const keel_cluster_spec *cluster)
+{
+    j->rule_sync = j->opt_slots = 1;
+    if (cluster != NULL && j->has_algo) {
+        j->rule_sync = keel_algorithm_is_sync(j->algo.name);
+        j->opt_slots = keel_algorithm_pushes_gradients(j->algo.name);
+    } else if (cluster != NULL) {
+        j->rule_sync = keel_cluster_spec_mode(cluster) == KEEL_CLUSTER_SYNC;
+    }
+    return j->opt_slots && j->opt != NULL
+        ? keel_optimizer_prepare(j->opt, j->vs) : KEEL_OK;
+}
+
 /* The canonical leaves of a sync cluster's global batch: the model's
  * pieces, when every replica's slice is a whole number of them and one
  * process computes the whole batch as one tree (at most
@@ -954,9 +972,8 @@ leaves_for(const keel_config *cfg, const job *j,
         return 0;
     /* an update rule of its own, or per-worker rates: the ps needs each
      * replica's commit, not one tree of the batch */
-    if ((keel_config_is_set(cfg, "algorithm.name") &&
-         strcmp(keel_config_str(cfg, "algorithm.name"), "sync") != 0) ||
-        keel_config_str(cfg, "algorithm.worker_learning_rates")[0] != '\0')
+    if (j->has_algo && (j->algo.name != KEEL_ALGORITHM_SYNC ||
+                        j->algo.n_worker_learning_rates > 0))
         return 0;
     L = j->global_batch / p;
     if (keel_cluster_spec_replicas_to_aggregate(spec) != R)
@@ -1022,7 +1039,7 @@ run_ps(const keel_config *cfg, const keel_cluster_spec *spec,
     if (opts->handle_signals)
         st = keel_session_install_signal_handlers();
     if (st == KEEL_OK)
-        st = job_build(&j, cfg, 0, 1, 0);
+        st = job_build(&j, cfg, 0, 1);
     else
         memset(&j, 0, sizeof j);
     if (st == KEEL_OK) {
@@ -1176,7 +1193,6 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     const keel_cluster_spec *spec = opts ? opts->cluster : NULL;
     int in_cluster = spec != NULL && !keel_cluster_spec_is_local(spec);
     int is_chief = 1, replica = 0, replicas = 1, is_mwm = 0;
-    int rule_sync = 1, opt_slots = 1;
     keel_cluster_backend *worker = NULL;
     keel_collective *coll = NULL;
     keel_backend backend;
@@ -1273,20 +1289,9 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
             return st;
         }
     }
-    if (in_cluster && (keel_config_is_set(cfg, "algorithm.name") ||
-                       keel_config_str(cfg, "algorithm.worker_learning_rates")
-                           [0] != '\0')) {
-        keel_algorithm a;
-        if ((st = keel_algorithm_from_name(keel_config_str(cfg,
-                                               "algorithm.name"), &a))
-            != KEEL_OK)
-            return st;
-        rule_sync = keel_algorithm_is_sync(a);
-        opt_slots = keel_algorithm_pushes_gradients(a);
-    } else if (in_cluster) {
-        rule_sync = keel_cluster_spec_mode(spec) == KEEL_CLUSTER_SYNC;
-    }
-    st = job_build(&j, cfg, replica, replicas, opt_slots);
+    st = job_build(&j, cfg, replica, replicas);
+    if (st == KEEL_OK)
+        st = job_rule(&j, in_cluster ? spec : NULL);
     if (st == KEEL_OK && is_mwm)
         snprintf(j.topology, sizeof j.topology, "multi_worker_mirrored "
                  "ranks=%d batch=%lld leaves=%lld", replicas,
@@ -1354,10 +1359,10 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     ch[1].after_run = epoch_after_run;
     j.save_epochs = keel_config_int(cfg, "checkpoint.save_epochs");
     j.validate_epochs = keel_config_int(cfg, "train.validate_every_epochs");
-    j.examples_per_gstep = in_cluster && !rule_sync
-        ? j.global_batch / replicas : j.global_batch;
+    j.examples_per_gstep = j.rule_sync ? j.global_batch
+        : j.global_batch / replicas;
     /* local steps: each replica's own mean gradient */
-    j.local_norm = in_cluster && !opt_slots;
+    j.local_norm = !j.opt_slots;
     if (st == KEEL_OK && is_chief && j.validate_epochs > 0) {
         char vdir[KEEL_PATH_MAX];
         st = keel__validator_new(cfg, &j.validator);
