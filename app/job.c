@@ -371,6 +371,19 @@ keel__job_steps_per_epoch(const keel_config *cfg, int64_t *out)
     return st;
 }
 
+/* o[key] = v (a JSON number, or a string: copied). */
+static void
+put_num(struct json_object *o, const char *key, double v)
+{
+    json_object_object_add(o, key, json_object_new_double(v));
+}
+
+static void
+put_str(struct json_object *o, const char *key, const char *v)
+{
+    json_object_object_add(o, key, json_object_new_string(v));
+}
+
 /* The architecture JSON of docs/checkpoint-format.md: the model's layers
  * plus its optimizer and input preprocessing. */
 static keel_status
@@ -383,65 +396,46 @@ arch_dump(job *j, const keel_optimizer_config *oc,
     if (o == NULL)
         return keel__fail(KEEL_ENOMEM, "architecture description");
     opt = json_object_new_object();
-    json_object_object_add(opt, "name", json_object_new_string(
-                               kc != NULL ? "kfac"
-                               : keel_optimizer_kind_name(oc->kind)));
-    json_object_object_add(opt, "learning_rate", json_object_new_double(
-                               j->schedule.learning_rate));
-    json_object_object_add(opt, "schedule", json_object_new_string(
-                               keel_config_str(cfg, "optimizer.schedule")));
-    json_object_object_add(opt, "schedule_unit", json_object_new_string(
-                               keel_config_str(cfg,
-                                               "optimizer.schedule_unit")));
-    json_object_object_add(opt, "boundaries", json_object_new_string(
-                               keel_config_str(cfg, "optimizer.boundaries")));
-    json_object_object_add(opt, "values", json_object_new_string(
-                               keel_config_str(cfg, "optimizer.values")));
+    put_str(opt, "name", kc != NULL ? "kfac"
+            : keel_optimizer_kind_name(oc->kind));
+    put_num(opt, "learning_rate", j->schedule.learning_rate);
+    put_str(opt, "schedule", keel_config_str(cfg, "optimizer.schedule"));
+    put_str(opt, "schedule_unit",
+            keel_config_str(cfg, "optimizer.schedule_unit"));
+    put_str(opt, "boundaries", keel_config_str(cfg, "optimizer.boundaries"));
+    put_str(opt, "values", keel_config_str(cfg, "optimizer.values"));
     if (kc != NULL) {
-        json_object_object_add(opt, "damping",
-                               json_object_new_double(kc->damping));
-        json_object_object_add(opt, "cov_ema_decay",
-                               json_object_new_double(kc->cov_ema_decay));
-        json_object_object_add(opt, "momentum",
-                               json_object_new_double(kc->momentum));
-        json_object_object_add(opt, "momentum_type", json_object_new_string(
-                                   keel_config_str(cfg,
-                                                   "kfac.momentum_type")));
-        json_object_object_add(opt, "estimation_mode", json_object_new_string(
-                                   keel_config_str(cfg,
-                                                   "kfac.estimation_mode")));
-        json_object_object_add(opt, "norm_constraint",
-                               json_object_new_double(kc->norm_constraint));
+        put_num(opt, "damping", kc->damping);
+        put_num(opt, "cov_ema_decay", kc->cov_ema_decay);
+        put_num(opt, "momentum", kc->momentum);
+        put_str(opt, "momentum_type",
+                keel_config_str(cfg, "kfac.momentum_type"));
+        put_str(opt, "estimation_mode",
+                keel_config_str(cfg, "kfac.estimation_mode"));
+        put_num(opt, "norm_constraint", kc->norm_constraint);
         json_object_object_add(opt, "invert_every",
                                json_object_new_int64(kc->invert_every));
         json_object_object_add(opt, "cov_update_every",
                                json_object_new_int64(kc->cov_update_every));
     } else {
-        json_object_object_add(opt, "momentum",
-                               json_object_new_double(oc->momentum));
+        put_num(opt, "momentum", oc->momentum);
         json_object_object_add(opt, "nesterov",
                                json_object_new_boolean(oc->use_nesterov));
-        json_object_object_add(opt, "beta_1",
-                               json_object_new_double(oc->beta1));
-        json_object_object_add(opt, "beta_2",
-                               json_object_new_double(oc->beta2));
-        json_object_object_add(opt, "epsilon",
-                               json_object_new_double(oc->epsilon));
-        json_object_object_add(opt, "rho", json_object_new_double(oc->rho));
-        json_object_object_add(opt, "initial_accumulator_value",
-                               json_object_new_double(
-                                   oc->initial_accumulator_value));
+        put_num(opt, "beta_1", oc->beta1);
+        put_num(opt, "beta_2", oc->beta2);
+        put_num(opt, "epsilon", oc->epsilon);
+        put_num(opt, "rho", oc->rho);
+        put_num(opt, "initial_accumulator_value",
+                oc->initial_accumulator_value);
     }
     json_object_object_add(opt, "batch_size",
                            json_object_new_int64(j->global_batch));
     json_object_object_add(o, "optimizer", opt);
     pre = json_object_new_object();
-    json_object_object_add(pre, "layout", json_object_new_string("NHWC"));
-    json_object_object_add(pre, "dtype", json_object_new_string("float32"));
-    json_object_object_add(pre, "uint8_scale",
-                           json_object_new_double(1.0 / 255.0));
-    json_object_object_add(pre, "data_format", json_object_new_string(
-                               keel_config_str(cfg, "data.format")));
+    put_str(pre, "layout", "NHWC");
+    put_str(pre, "dtype", "float32");
+    put_num(pre, "uint8_scale", 1.0 / 255.0);
+    put_str(pre, "data_format", keel_config_str(cfg, "data.format"));
     json_object_object_add(o, "preprocessing", pre);
     text = json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN);
     j->arch_dump = text != NULL ? strdup(text) : NULL;
