@@ -1180,6 +1180,59 @@ mwm_check_ranks(const keel_config *cfg, int ranks)
     return KEEL_OK;
 }
 
+/* The session of j's run (hooks, strategy and gradient zeroing are the
+ * caller's): its callbacks, the scaffold sc (the saver of the
+ * [checkpoint] keys), where and how often it saves checkpoints and
+ * summaries, how often it logs. */
+static void
+session_config_from(const keel_config *cfg, job *j, keel_scaffold *sc,
+                    keel_training_config *tc)
+{
+    static const char *const summary_names[] = { "loss", "accuracy",
+                                                 "learning_rate" };
+    int64_t every = keel_config_int(cfg, "checkpoint.save_steps");
+    double secs = keel_config_double(cfg, "checkpoint.save_secs");
+    keel_scaffold_default(sc);
+    sc->ctx = j;
+    sc->init = job_init;
+    keel_saver_config_init(&sc->saver);
+    sc->saver.basename = keel_config_str(cfg, "checkpoint.basename");
+    sc->saver.max_to_keep =
+        (int)keel_config_int(cfg, "checkpoint.max_to_keep");
+    sc->saver.keep_every_n_hours =
+        keel_config_double(cfg, "checkpoint.keep_checkpoint_every_n_hours");
+    sc->saver.is_async = keel_config_bool(cfg, "checkpoint.async");
+
+    keel_training_config_init(tc);
+    tc->session.vars = j->vs;
+    tc->session.step = job_step;
+    tc->session.step_ctx = j;
+    tc->session.updater.ctx = j;
+    tc->session.updater.apply = job_apply;
+    tc->session.scaffold = sc;
+    tc->session.meta_fn = job_meta;
+    tc->session.meta_ctx = j;
+    tc->session.restore_fn = job_restore;
+    tc->session.restore_ctx = j;
+    tc->checkpoint_dir = keel_config_str(cfg, "checkpoint.dir");
+    tc->save_checkpoint_steps = every > 0 ? every : 0;
+    tc->save_checkpoint_secs = every > 0 ? 0 : secs;
+    if (j->save_epochs > 0 &&
+        !keel_config_is_set(cfg, "checkpoint.save_steps") &&
+        !keel_config_is_set(cfg, "checkpoint.save_secs"))
+        secs = tc->save_checkpoint_secs = 0;   /* by epochs only */
+    if (every <= 0 && secs <= 0)        /* only at start and at the end */
+        tc->save_checkpoint_steps = INT64_MAX;
+    tc->save_summaries_steps =
+        keel_config_int(cfg, "hooks.summary_every_steps");
+    tc->save_summaries_secs = 0;
+    tc->summary_names = summary_names;
+    tc->n_summary_names = 3;
+    tc->log_step_count_steps = keel_config_int(cfg, "hooks.log_every_steps");
+    tc->save_on_error = keel_config_bool(cfg, "checkpoint.save_on_error");
+    tc->replicas = j->replicas;
+}
+
 keel_status
 keel_job_train(const keel_config *cfg, const keel_job_options *opts,
                keel_job_result *result)
@@ -1198,10 +1251,7 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     int has_nan = 0;
     keel_session *s = NULL;
     keel_status st, cst;
-    static const char *const summary_names[] = { "loss", "accuracy",
-                                                 "learning_rate" };
     int64_t max_steps, every;
-    double secs;
     keel_strategy strategy = KEEL_STRATEGY_AUTO;
 
     if (result != NULL)
@@ -1372,54 +1422,16 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     if (st != KEEL_OK)
         goto out;
 
-    keel_scaffold_default(&sc);
-    sc.ctx = &j;
-    sc.init = job_init;
-    keel_saver_config_init(&sc.saver);
-    sc.saver.basename = keel_config_str(cfg, "checkpoint.basename");
-    sc.saver.max_to_keep = (int)keel_config_int(cfg, "checkpoint.max_to_keep");
-    sc.saver.keep_every_n_hours =
-        keel_config_double(cfg, "checkpoint.keep_checkpoint_every_n_hours");
-    sc.saver.is_async = keel_config_bool(cfg, "checkpoint.async");
-
-    keel_training_config_init(&tc);
-    tc.session.vars = j.vs;
-    tc.session.step = job_step;
-    tc.session.step_ctx = &j;
-    tc.session.updater.ctx = &j;
-    tc.session.updater.apply = job_apply;
+    session_config_from(cfg, &j, &sc, &tc);
     /* one process: job_step zeroes the gradients unless job_apply left
      * them zero (a replica pushes them and the session zeroes them) */
     j.own_zeroing = !in_cluster && j.replicas <= 1;
     tc.session.skip_grad_zeroing = j.own_zeroing;
-    tc.session.scaffold = &sc;
-    tc.session.meta_fn = job_meta;
-    tc.session.meta_ctx = &j;
-    tc.session.restore_fn = job_restore;
-    tc.session.restore_ctx = &j;
     tc.session.hooks = hooks;
     tc.session.n_hooks = n_hooks;
     tc.chief_only_hooks = chief_hooks;
     tc.n_chief_only_hooks = (size_t)(ch - chief_hooks) + 2;
-    tc.checkpoint_dir = keel_config_str(cfg, "checkpoint.dir");
-    every = keel_config_int(cfg, "checkpoint.save_steps");
-    secs = keel_config_double(cfg, "checkpoint.save_secs");
-    tc.save_checkpoint_steps = every > 0 ? every : 0;
-    tc.save_checkpoint_secs = every > 0 ? 0 : secs;
-    if (j.save_epochs > 0 && !keel_config_is_set(cfg, "checkpoint.save_steps")
-        && !keel_config_is_set(cfg, "checkpoint.save_secs"))
-        secs = tc.save_checkpoint_secs = 0;   /* by epochs only */
-    if (every <= 0 && secs <= 0)        /* only at start and at the end */
-        tc.save_checkpoint_steps = INT64_MAX;
-    every = keel_config_int(cfg, "hooks.summary_every_steps");
-    tc.save_summaries_steps = every;
-    tc.save_summaries_secs = 0;
-    tc.summary_names = summary_names;
-    tc.n_summary_names = 3;
-    tc.log_step_count_steps = keel_config_int(cfg, "hooks.log_every_steps");
-    tc.save_on_error = keel_config_bool(cfg, "checkpoint.save_on_error");
     tc.strategy = strategy;
-    tc.replicas = j.replicas;
     j.micro = keel_config_int(cfg, "train.micro_batch");
     if (j.micro > 0 && !is_mwm) {
         int64_t slice = j.global_batch / replicas;
