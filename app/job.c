@@ -92,6 +92,10 @@ typedef struct job {
     /* a rule with local steps: each replica's gradient is the mean over
      * its own slice (not a share of the global batch) */
     int local_norm;
+    /* The update rule, decided once by job_rule: its rounds take one
+     * global batch (else each replica's own slice), and its workers push
+     * gradients (the optimizer's slots live in this process). */
+    int rule_sync, opt_slots;
 } job;
 
 /* The [algorithm] keys into j->algo (when algorithm.name is set). */
@@ -367,6 +371,19 @@ keel__job_steps_per_epoch(const keel_config *cfg, int64_t *out)
     return st;
 }
 
+/* o[key] = v (a JSON number, or a string: copied). */
+static void
+put_num(struct json_object *o, const char *key, double v)
+{
+    json_object_object_add(o, key, json_object_new_double(v));
+}
+
+static void
+put_str(struct json_object *o, const char *key, const char *v)
+{
+    json_object_object_add(o, key, json_object_new_string(v));
+}
+
 /* The architecture JSON of docs/checkpoint-format.md: the model's layers
  * plus its optimizer and input preprocessing. */
 static keel_status
@@ -379,65 +396,46 @@ arch_dump(job *j, const keel_optimizer_config *oc,
     if (o == NULL)
         return keel__fail(KEEL_ENOMEM, "architecture description");
     opt = json_object_new_object();
-    json_object_object_add(opt, "name", json_object_new_string(
-                               kc != NULL ? "kfac"
-                               : keel_optimizer_kind_name(oc->kind)));
-    json_object_object_add(opt, "learning_rate", json_object_new_double(
-                               j->schedule.learning_rate));
-    json_object_object_add(opt, "schedule", json_object_new_string(
-                               keel_config_str(cfg, "optimizer.schedule")));
-    json_object_object_add(opt, "schedule_unit", json_object_new_string(
-                               keel_config_str(cfg,
-                                               "optimizer.schedule_unit")));
-    json_object_object_add(opt, "boundaries", json_object_new_string(
-                               keel_config_str(cfg, "optimizer.boundaries")));
-    json_object_object_add(opt, "values", json_object_new_string(
-                               keel_config_str(cfg, "optimizer.values")));
+    put_str(opt, "name", kc != NULL ? "kfac"
+            : keel_optimizer_kind_name(oc->kind));
+    put_num(opt, "learning_rate", j->schedule.learning_rate);
+    put_str(opt, "schedule", keel_config_str(cfg, "optimizer.schedule"));
+    put_str(opt, "schedule_unit",
+            keel_config_str(cfg, "optimizer.schedule_unit"));
+    put_str(opt, "boundaries", keel_config_str(cfg, "optimizer.boundaries"));
+    put_str(opt, "values", keel_config_str(cfg, "optimizer.values"));
     if (kc != NULL) {
-        json_object_object_add(opt, "damping",
-                               json_object_new_double(kc->damping));
-        json_object_object_add(opt, "cov_ema_decay",
-                               json_object_new_double(kc->cov_ema_decay));
-        json_object_object_add(opt, "momentum",
-                               json_object_new_double(kc->momentum));
-        json_object_object_add(opt, "momentum_type", json_object_new_string(
-                                   keel_config_str(cfg,
-                                                   "kfac.momentum_type")));
-        json_object_object_add(opt, "estimation_mode", json_object_new_string(
-                                   keel_config_str(cfg,
-                                                   "kfac.estimation_mode")));
-        json_object_object_add(opt, "norm_constraint",
-                               json_object_new_double(kc->norm_constraint));
+        put_num(opt, "damping", kc->damping);
+        put_num(opt, "cov_ema_decay", kc->cov_ema_decay);
+        put_num(opt, "momentum", kc->momentum);
+        put_str(opt, "momentum_type",
+                keel_config_str(cfg, "kfac.momentum_type"));
+        put_str(opt, "estimation_mode",
+                keel_config_str(cfg, "kfac.estimation_mode"));
+        put_num(opt, "norm_constraint", kc->norm_constraint);
         json_object_object_add(opt, "invert_every",
                                json_object_new_int64(kc->invert_every));
         json_object_object_add(opt, "cov_update_every",
                                json_object_new_int64(kc->cov_update_every));
     } else {
-        json_object_object_add(opt, "momentum",
-                               json_object_new_double(oc->momentum));
+        put_num(opt, "momentum", oc->momentum);
         json_object_object_add(opt, "nesterov",
                                json_object_new_boolean(oc->use_nesterov));
-        json_object_object_add(opt, "beta_1",
-                               json_object_new_double(oc->beta1));
-        json_object_object_add(opt, "beta_2",
-                               json_object_new_double(oc->beta2));
-        json_object_object_add(opt, "epsilon",
-                               json_object_new_double(oc->epsilon));
-        json_object_object_add(opt, "rho", json_object_new_double(oc->rho));
-        json_object_object_add(opt, "initial_accumulator_value",
-                               json_object_new_double(
-                                   oc->initial_accumulator_value));
+        put_num(opt, "beta_1", oc->beta1);
+        put_num(opt, "beta_2", oc->beta2);
+        put_num(opt, "epsilon", oc->epsilon);
+        put_num(opt, "rho", oc->rho);
+        put_num(opt, "initial_accumulator_value",
+                oc->initial_accumulator_value);
     }
     json_object_object_add(opt, "batch_size",
                            json_object_new_int64(j->global_batch));
     json_object_object_add(o, "optimizer", opt);
     pre = json_object_new_object();
-    json_object_object_add(pre, "layout", json_object_new_string("NHWC"));
-    json_object_object_add(pre, "dtype", json_object_new_string("float32"));
-    json_object_object_add(pre, "uint8_scale",
-                           json_object_new_double(1.0 / 255.0));
-    json_object_object_add(pre, "data_format", json_object_new_string(
-                               keel_config_str(cfg, "data.format")));
+    put_str(pre, "layout", "NHWC");
+    put_str(pre, "dtype", "float32");
+    put_num(pre, "uint8_scale", 1.0 / 255.0);
+    put_str(pre, "data_format", keel_config_str(cfg, "data.format"));
     json_object_object_add(o, "preprocessing", pre);
     text = json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN);
     j->arch_dump = text != NULL ? strdup(text) : NULL;
@@ -449,8 +447,7 @@ arch_dump(job *j, const keel_optimizer_config *oc,
 
 /* Build dataset, iterator, variables, model and optimizer. */
 static keel_status
-job_build(job *j, const keel_config *cfg, int worker_index, int num_workers,
-          int opt_slots)
+job_build(job *j, const keel_config *cfg, int worker_index, int num_workers)
 {
     keel_model_config mc;
     keel_optimizer_config oc;
@@ -502,8 +499,6 @@ job_build(job *j, const keel_config *cfg, int worker_index, int num_workers,
             j->schedule = oc.schedule;
             st = arch_dump(j, &oc, NULL);
         }
-        if (st == KEEL_OK && opt_slots)
-            st = keel_optimizer_prepare(j->opt, j->vs);
     }
     if (st == KEEL_OK)
         st = keel_config_dump(cfg, 0, &j->config_dump);
@@ -937,6 +932,23 @@ cluster_options_from(const keel_config *cfg, const job *j,
     o->reduce_leaves = j->leaves;
 }
 
+/* j's update rule in cluster (NULL: one process, or ranks of a collective:
+ * sync SGD): [algorithm] when set, else the cluster's mode. A rule pushing
+ * gradients gets the optimizer's slots here. */
+static keel_status
+job_rule(job *j, const keel_cluster_spec *cluster)
+{
+    j->rule_sync = j->opt_slots = 1;
+    if (cluster != NULL && j->has_algo) {
+        j->rule_sync = keel_algorithm_is_sync(j->algo.name);
+        j->opt_slots = keel_algorithm_pushes_gradients(j->algo.name);
+    } else if (cluster != NULL) {
+        j->rule_sync = keel_cluster_spec_mode(cluster) == KEEL_CLUSTER_SYNC;
+    }
+    return j->opt_slots && j->opt != NULL
+        ? keel_optimizer_prepare(j->opt, j->vs) : KEEL_OK;
+}
+
 /* The canonical leaves of a sync cluster's global batch: the model's
  * pieces, when every replica's slice is a whole number of them and one
  * process computes the whole batch as one tree (at most
@@ -954,9 +966,8 @@ leaves_for(const keel_config *cfg, const job *j,
         return 0;
     /* an update rule of its own, or per-worker rates: the ps needs each
      * replica's commit, not one tree of the batch */
-    if ((keel_config_is_set(cfg, "algorithm.name") &&
-         strcmp(keel_config_str(cfg, "algorithm.name"), "sync") != 0) ||
-        keel_config_str(cfg, "algorithm.worker_learning_rates")[0] != '\0')
+    if (j->has_algo && (j->algo.name != KEEL_ALGORITHM_SYNC ||
+                        j->algo.n_worker_learning_rates > 0))
         return 0;
     L = j->global_batch / p;
     if (keel_cluster_spec_replicas_to_aggregate(spec) != R)
@@ -1022,7 +1033,7 @@ run_ps(const keel_config *cfg, const keel_cluster_spec *spec,
     if (opts->handle_signals)
         st = keel_session_install_signal_handlers();
     if (st == KEEL_OK)
-        st = job_build(&j, cfg, 0, 1, 0);
+        st = job_build(&j, cfg, 0, 1);
     else
         memset(&j, 0, sizeof j);
     if (st == KEEL_OK) {
@@ -1169,6 +1180,59 @@ mwm_check_ranks(const keel_config *cfg, int ranks)
     return KEEL_OK;
 }
 
+/* The session of j's run (hooks, strategy and gradient zeroing are the
+ * caller's): its callbacks, the scaffold sc (the saver of the
+ * [checkpoint] keys), where and how often it saves checkpoints and
+ * summaries, how often it logs. */
+static void
+session_config_from(const keel_config *cfg, job *j, keel_scaffold *sc,
+                    keel_training_config *tc)
+{
+    static const char *const summary_names[] = { "loss", "accuracy",
+                                                 "learning_rate" };
+    int64_t every = keel_config_int(cfg, "checkpoint.save_steps");
+    double secs = keel_config_double(cfg, "checkpoint.save_secs");
+    keel_scaffold_default(sc);
+    sc->ctx = j;
+    sc->init = job_init;
+    keel_saver_config_init(&sc->saver);
+    sc->saver.basename = keel_config_str(cfg, "checkpoint.basename");
+    sc->saver.max_to_keep =
+        (int)keel_config_int(cfg, "checkpoint.max_to_keep");
+    sc->saver.keep_every_n_hours =
+        keel_config_double(cfg, "checkpoint.keep_checkpoint_every_n_hours");
+    sc->saver.is_async = keel_config_bool(cfg, "checkpoint.async");
+
+    keel_training_config_init(tc);
+    tc->session.vars = j->vs;
+    tc->session.step = job_step;
+    tc->session.step_ctx = j;
+    tc->session.updater.ctx = j;
+    tc->session.updater.apply = job_apply;
+    tc->session.scaffold = sc;
+    tc->session.meta_fn = job_meta;
+    tc->session.meta_ctx = j;
+    tc->session.restore_fn = job_restore;
+    tc->session.restore_ctx = j;
+    tc->checkpoint_dir = keel_config_str(cfg, "checkpoint.dir");
+    tc->save_checkpoint_steps = every > 0 ? every : 0;
+    tc->save_checkpoint_secs = every > 0 ? 0 : secs;
+    if (j->save_epochs > 0 &&
+        !keel_config_is_set(cfg, "checkpoint.save_steps") &&
+        !keel_config_is_set(cfg, "checkpoint.save_secs"))
+        secs = tc->save_checkpoint_secs = 0;   /* by epochs only */
+    if (every <= 0 && secs <= 0)        /* only at start and at the end */
+        tc->save_checkpoint_steps = INT64_MAX;
+    tc->save_summaries_steps =
+        keel_config_int(cfg, "hooks.summary_every_steps");
+    tc->save_summaries_secs = 0;
+    tc->summary_names = summary_names;
+    tc->n_summary_names = 3;
+    tc->log_step_count_steps = keel_config_int(cfg, "hooks.log_every_steps");
+    tc->save_on_error = keel_config_bool(cfg, "checkpoint.save_on_error");
+    tc->replicas = j->replicas;
+}
+
 keel_status
 keel_job_train(const keel_config *cfg, const keel_job_options *opts,
                keel_job_result *result)
@@ -1176,7 +1240,6 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     const keel_cluster_spec *spec = opts ? opts->cluster : NULL;
     int in_cluster = spec != NULL && !keel_cluster_spec_is_local(spec);
     int is_chief = 1, replica = 0, replicas = 1, is_mwm = 0;
-    int rule_sync = 1, opt_slots = 1;
     keel_cluster_backend *worker = NULL;
     keel_collective *coll = NULL;
     keel_backend backend;
@@ -1188,10 +1251,7 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     int has_nan = 0;
     keel_session *s = NULL;
     keel_status st, cst;
-    static const char *const summary_names[] = { "loss", "accuracy",
-                                                 "learning_rate" };
     int64_t max_steps, every;
-    double secs;
     keel_strategy strategy = KEEL_STRATEGY_AUTO;
 
     if (result != NULL)
@@ -1273,20 +1333,9 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
             return st;
         }
     }
-    if (in_cluster && (keel_config_is_set(cfg, "algorithm.name") ||
-                       keel_config_str(cfg, "algorithm.worker_learning_rates")
-                           [0] != '\0')) {
-        keel_algorithm a;
-        if ((st = keel_algorithm_from_name(keel_config_str(cfg,
-                                               "algorithm.name"), &a))
-            != KEEL_OK)
-            return st;
-        rule_sync = keel_algorithm_is_sync(a);
-        opt_slots = keel_algorithm_pushes_gradients(a);
-    } else if (in_cluster) {
-        rule_sync = keel_cluster_spec_mode(spec) == KEEL_CLUSTER_SYNC;
-    }
-    st = job_build(&j, cfg, replica, replicas, opt_slots);
+    st = job_build(&j, cfg, replica, replicas);
+    if (st == KEEL_OK)
+        st = job_rule(&j, in_cluster ? spec : NULL);
     if (st == KEEL_OK && is_mwm)
         snprintf(j.topology, sizeof j.topology, "multi_worker_mirrored "
                  "ranks=%d batch=%lld leaves=%lld", replicas,
@@ -1354,10 +1403,10 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     ch[1].after_run = epoch_after_run;
     j.save_epochs = keel_config_int(cfg, "checkpoint.save_epochs");
     j.validate_epochs = keel_config_int(cfg, "train.validate_every_epochs");
-    j.examples_per_gstep = in_cluster && !rule_sync
-        ? j.global_batch / replicas : j.global_batch;
+    j.examples_per_gstep = j.rule_sync ? j.global_batch
+        : j.global_batch / replicas;
     /* local steps: each replica's own mean gradient */
-    j.local_norm = in_cluster && !opt_slots;
+    j.local_norm = !j.opt_slots;
     if (st == KEEL_OK && is_chief && j.validate_epochs > 0) {
         char vdir[KEEL_PATH_MAX];
         st = keel__validator_new(cfg, &j.validator);
@@ -1373,54 +1422,16 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     if (st != KEEL_OK)
         goto out;
 
-    keel_scaffold_default(&sc);
-    sc.ctx = &j;
-    sc.init = job_init;
-    keel_saver_config_init(&sc.saver);
-    sc.saver.basename = keel_config_str(cfg, "checkpoint.basename");
-    sc.saver.max_to_keep = (int)keel_config_int(cfg, "checkpoint.max_to_keep");
-    sc.saver.keep_every_n_hours =
-        keel_config_double(cfg, "checkpoint.keep_checkpoint_every_n_hours");
-    sc.saver.is_async = keel_config_bool(cfg, "checkpoint.async");
-
-    keel_training_config_init(&tc);
-    tc.session.vars = j.vs;
-    tc.session.step = job_step;
-    tc.session.step_ctx = &j;
-    tc.session.updater.ctx = &j;
-    tc.session.updater.apply = job_apply;
+    session_config_from(cfg, &j, &sc, &tc);
     /* one process: job_step zeroes the gradients unless job_apply left
      * them zero (a replica pushes them and the session zeroes them) */
     j.own_zeroing = !in_cluster && j.replicas <= 1;
     tc.session.skip_grad_zeroing = j.own_zeroing;
-    tc.session.scaffold = &sc;
-    tc.session.meta_fn = job_meta;
-    tc.session.meta_ctx = &j;
-    tc.session.restore_fn = job_restore;
-    tc.session.restore_ctx = &j;
     tc.session.hooks = hooks;
     tc.session.n_hooks = n_hooks;
     tc.chief_only_hooks = chief_hooks;
     tc.n_chief_only_hooks = (size_t)(ch - chief_hooks) + 2;
-    tc.checkpoint_dir = keel_config_str(cfg, "checkpoint.dir");
-    every = keel_config_int(cfg, "checkpoint.save_steps");
-    secs = keel_config_double(cfg, "checkpoint.save_secs");
-    tc.save_checkpoint_steps = every > 0 ? every : 0;
-    tc.save_checkpoint_secs = every > 0 ? 0 : secs;
-    if (j.save_epochs > 0 && !keel_config_is_set(cfg, "checkpoint.save_steps")
-        && !keel_config_is_set(cfg, "checkpoint.save_secs"))
-        secs = tc.save_checkpoint_secs = 0;   /* by epochs only */
-    if (every <= 0 && secs <= 0)        /* only at start and at the end */
-        tc.save_checkpoint_steps = INT64_MAX;
-    every = keel_config_int(cfg, "hooks.summary_every_steps");
-    tc.save_summaries_steps = every;
-    tc.save_summaries_secs = 0;
-    tc.summary_names = summary_names;
-    tc.n_summary_names = 3;
-    tc.log_step_count_steps = keel_config_int(cfg, "hooks.log_every_steps");
-    tc.save_on_error = keel_config_bool(cfg, "checkpoint.save_on_error");
     tc.strategy = strategy;
-    tc.replicas = j.replicas;
     j.micro = keel_config_int(cfg, "train.micro_batch");
     if (j.micro > 0 && !is_mwm) {
         int64_t slice = j.global_batch / replicas;

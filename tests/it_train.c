@@ -97,42 +97,80 @@ START_TEST(test_rerun_resumes_at_the_right_step)
 }
 END_TEST
 
-START_TEST(test_sigkill_and_resume_is_bitwise_identical)
+/* argv (24 slots) of keel train cfg_path into checkpoint.dir = tu_dir/dir
+ * (the setting written into set_dir, 4200 bytes) with the -s settings sets
+ * (NULL-ended, at most 8). */
+static void
+train_argv(char *argv[], char *set_dir, const char *dir,
+           const char *const sets[])
 {
-    /* 300 steps with a checkpoint every 5: a killed run is always far from
-     * its end when the SIGKILL lands (each save is an fsync or four). */
-    char *argv[] = { (char *)tu_build_path("keel"), "train",
-                     (char *)cfg_path, "-s", "", "-s", "train.max_steps=300",
-                     NULL };
-    char set_dir[4200], set_ref[4200], line[256];
+    int n = 0;
+    TU_SNPRINTF(set_dir, 4200, "checkpoint.dir=%s/%s", tu_dir, dir);
+    argv[n++] = (char *)tu_build_path("keel");
+    argv[n++] = "train";
+    argv[n++] = (char *)cfg_path;
+    argv[n++] = "-s";
+    argv[n++] = set_dir;
+    for (int i = 0; sets[i] != NULL; i++) {
+        ck_assert_int_lt(i, 8);
+        argv[n++] = "-s";
+        argv[n++] = (char *)sets[i];
+    }
+    argv[n] = NULL;
+}
+
+/* keel train (train_argv) run to its end: its exit status. */
+static int
+train_into(const char *dir, const char *const sets[])
+{
+    char set_dir[4200], *argv[24];
+    train_argv(argv, set_dir, dir, sets);
+    return tu_run(argv, NULL, 60000, out, sizeof out, err, sizeof err);
+}
+
+/* Kill-and-resume gives the bits of a run without a stop: ref_sets train
+ * into ref; run_sets into dir, SIGKILLed at the first line holding each of
+ * kills (NULL-ended) in turn; resume_sets finish dir. Checkpoint ckpt (a
+ * file name) of both runs is identical. */
+static void
+check_kill_and_resume(const char *const ref_sets[],
+                      const char *const run_sets[],
+                      const char *const resume_sets[], const char *dir,
+                      const char *const kills[], const char *ckpt)
+{
+    char set_dir[4200], log[4200], ref_ckpt[4200], run_ckpt[4200];
+    char line[256], *argv[24];
     int fd;
     pid_t pid;
-    /* the uninterrupted reference run */
-    TU_SNPRINTF(set_ref, sizeof set_ref, "checkpoint.dir=%s/ref",
-                     tu_dir);
-    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "train",
-                             cfg_path, "-s", set_ref, "-s",
-                             "train.max_steps=300", NULL), 0);
-    /* killed mid-run, then restarted and killed again at its first step */
-    TU_SNPRINTF(set_dir, sizeof set_dir, "checkpoint.dir=%s/killed",
-                     tu_dir);
-    argv[4] = set_dir;
-    for (int round = 0; round < 2; round++) {
-        const char *needle = round == 0 ? "step 13 " : "step ";
-        pid = tu_spawn_pipe(argv, NULL, tu_path("killed.log"), &fd);
-        ck_assert_msg(tu_wait_for_line(fd, needle, 60000, line, sizeof line),
-                      "no '%s' line from keel train", needle);
+    ck_assert_int_eq(train_into("ref", ref_sets), 0);
+    train_argv(argv, set_dir, dir, run_sets);
+    TU_SNPRINTF(log, sizeof log, "%s/%s.log", tu_dir, dir);
+    for (int k = 0; kills[k] != NULL; k++) {
+        pid = tu_spawn_pipe(argv, NULL, log, &fd);
+        ck_assert_msg(tu_wait_for_line(fd, kills[k], 60000, line,
+                                       sizeof line),
+                      "no '%s' line from keel train", kills[k]);
         kill(pid, SIGKILL);
         ck_assert_int_eq(tu_wait(pid, 10000), 128 + SIGKILL);
         close(fd);
     }
-    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "train",
-                             cfg_path, "-s", set_dir, "-s",
-                             "train.max_steps=300", NULL), 0);
+    ck_assert_int_eq(train_into(dir, resume_sets), 0);
     ck_assert_ptr_nonnull(strstr(err, "resumed from"));
+    TU_SNPRINTF(ref_ckpt, sizeof ref_ckpt, "%s/ref/%s", tu_dir, ckpt);
+    TU_SNPRINTF(run_ckpt, sizeof run_ckpt, "%s/%s/%s", tu_dir, dir, ckpt);
     ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "ckpt",
-                             "diff", tu_path("ref/model.ckpt-300.h5"),
-                             tu_path("killed/model.ckpt-300.h5"), NULL), 0);
+                             "diff", ref_ckpt, run_ckpt, NULL), 0);
+}
+
+START_TEST(test_sigkill_and_resume_is_bitwise_identical)
+{
+    /* 300 steps with a checkpoint every 5: a killed run is always far from
+     * its end when the SIGKILL lands (each save is an fsync or four).
+     * Killed mid-run, then restarted and killed again at its first step. */
+    static const char *const sets[] = { "train.max_steps=300", NULL };
+    static const char *const kills[] = { "step 13 ", "step ", NULL };
+    check_kill_and_resume(sets, sets, sets, "killed", kills,
+                          "model.ckpt-300.h5");
 }
 END_TEST
 
@@ -141,36 +179,12 @@ START_TEST(test_kfac_sigkill_and_resume_is_bitwise_identical)
     /* K-FAC's factors, inverses (every 3 steps: checkpoints every 5 land
      * between inversions) and velocities restore bit for bit; its
      * checkpoint evaluates; its keys belong to optimizer.name = kfac only */
-    char *argv[] = { (char *)tu_build_path("keel"), "train",
-                     (char *)cfg_path, "-s", "", "-s", "train.max_steps=60",
-                     "-s", "optimizer.name=kfac", "-s",
-                     "kfac.invert_every=3", NULL };
-    char set_dir[4200], set_ref[4200], line[256];
-    int fd;
-    pid_t pid;
-    TU_SNPRINTF(set_ref, sizeof set_ref, "checkpoint.dir=%s/ref",
-                     tu_dir);
-    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "train",
-                             cfg_path, "-s", set_ref, "-s",
-                             "train.max_steps=60", "-s", "optimizer.name=kfac",
-                             "-s", "kfac.invert_every=3", NULL), 0);
-    TU_SNPRINTF(set_dir, sizeof set_dir, "checkpoint.dir=%s/killed",
-                     tu_dir);
-    argv[4] = set_dir;
-    pid = tu_spawn_pipe(argv, NULL, tu_path("killed.log"), &fd);
-    ck_assert_msg(tu_wait_for_line(fd, "step 13 ", 60000, line, sizeof line),
-                  "no 'step 13' line from keel train");
-    kill(pid, SIGKILL);
-    ck_assert_int_eq(tu_wait(pid, 10000), 128 + SIGKILL);
-    close(fd);
-    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "train",
-                             cfg_path, "-s", set_dir, "-s",
-                             "train.max_steps=60", "-s", "optimizer.name=kfac",
-                             "-s", "kfac.invert_every=3", NULL), 0);
-    ck_assert_ptr_nonnull(strstr(err, "resumed from"));
-    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "ckpt",
-                             "diff", tu_path("ref/model.ckpt-60.h5"),
-                             tu_path("killed/model.ckpt-60.h5"), NULL), 0);
+    static const char *const sets[] = { "train.max_steps=60",
+                                        "optimizer.name=kfac",
+                                        "kfac.invert_every=3", NULL };
+    static const char *const kills[] = { "step 13 ", NULL };
+    check_kill_and_resume(sets, sets, sets, "killed", kills,
+                          "model.ckpt-60.h5");
     ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "eval",
                              tu_path("killed"), NULL), 0);
     ck_assert_ptr_nonnull(strstr(out, "accuracy"));
@@ -187,37 +201,16 @@ START_TEST(test_thread_counts_and_resume_give_identical_bits)
     /* batches of 600 are three pieces of 200: the reference runs on one
      * thread; the other run trains on 3 model threads, is SIGKILLed, and
      * resumes on 2. The last checkpoints are identical. */
-    char *argv[] = { (char *)tu_build_path("keel"), "train",
-                     (char *)cfg_path, "-s", "", "-s", "train.max_steps=60",
-                     "-s", "train.batch_size=600", "-s",
-                     "train.model_threads=3", NULL };
-    char set_dir[4200], set_ref[4200], line[256];
-    int fd;
-    pid_t pid;
-    TU_SNPRINTF(set_ref, sizeof set_ref, "checkpoint.dir=%s/ref",
-                     tu_dir);
-    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "train",
-                             cfg_path, "-s", set_ref, "-s",
-                             "train.max_steps=60", "-s",
-                             "train.batch_size=600", NULL), 0);
-    TU_SNPRINTF(set_dir, sizeof set_dir, "checkpoint.dir=%s/mt",
-                     tu_dir);
-    argv[4] = set_dir;
-    pid = tu_spawn_pipe(argv, NULL, tu_path("mt.log"), &fd);
-    ck_assert_msg(tu_wait_for_line(fd, "step 13 ", 60000, line, sizeof line),
-                  "no 'step 13' line from keel train");
-    kill(pid, SIGKILL);
-    ck_assert_int_eq(tu_wait(pid, 10000), 128 + SIGKILL);
-    close(fd);
-    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "train",
-                             cfg_path, "-s", set_dir, "-s",
-                             "train.max_steps=60", "-s",
-                             "train.batch_size=600", "-s",
-                             "train.model_threads=2", NULL), 0);
-    ck_assert_ptr_nonnull(strstr(err, "resumed from"));
-    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "ckpt",
-                             "diff", tu_path("ref/model.ckpt-60.h5"),
-                             tu_path("mt/model.ckpt-60.h5"), NULL), 0);
+    static const char *const ref[] = { "train.max_steps=60",
+                                       "train.batch_size=600", NULL };
+    static const char *const run[] = { "train.max_steps=60",
+                                       "train.batch_size=600",
+                                       "train.model_threads=3", NULL };
+    static const char *const resume[] = { "train.max_steps=60",
+                                          "train.batch_size=600",
+                                          "train.model_threads=2", NULL };
+    static const char *const kills[] = { "step 13 ", NULL };
+    check_kill_and_resume(ref, run, resume, "mt", kills, "model.ckpt-60.h5");
 }
 END_TEST
 

@@ -445,8 +445,9 @@ typedef struct keel_training_config {
      * validated spec, borrowed for the session's life, or NULL. With
      * cluster_from_env 1 and cluster NULL the session finds it itself
      * (keel_cluster_spec_detect: TF_CONFIG, else Slurm, else alone). A
-     * local spec (no tasks, or only a chief) trains alone. Otherwise the session makes a cluster backend
-     * (keel/distributed.h) with cluster_options (NULL: the defaults) and
+     * local spec (no tasks, or only a chief) trains alone. Otherwise the
+     * session makes a cluster backend (keel/distributed.h) with
+     * cluster_options (NULL: the defaults) and
      * frees it with the session; is_chief comes from the spec, a worker
      * writes no checkpoints, the chief pulls before each save and stops
      * the ps at a clean end. A ps task is an error (KEEL_EINVAL): it runs
