@@ -19,16 +19,9 @@
 #include <unistd.h>
 
 #include <keel/keel.h>
+#include "bench_util.h"
 
 #define N_VARS 8
-
-static double
-now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static void
 die(const char *what)
@@ -55,20 +48,6 @@ log_line(void *ctx, keel_log_level level, const char *msg)
 {
     (void)ctx;
     fprintf(stderr, "%s: %s\n", keel_log_level_name(level), msg);
-}
-
-static int
-cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double
-median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 static void
@@ -120,7 +99,7 @@ emit(const char *op, int mib, double *v, int reps, const char *unit)
 {
     double s[64], med;
     memcpy(s, v, (size_t)reps * sizeof *v);
-    med = median(s, reps);
+    med = bench_median(s, reps);
     printf("{\"bench\":\"ckpt\",\"op\":\"%s\",\"size_mib\":%d,\"median\":%.4f,"
            "\"min\":%.4f,\"max\":%.4f,\"reps\":%d,\"unit\":\"%s\"}\n", op,
            mib, med, s[0], s[reps - 1], reps, unit);
@@ -206,50 +185,50 @@ main(int argc, char **argv)
             for (int k = 0; k < 2; k++) {
                 if ((k == 0) == (keel_first == 1)) {
                     keel_vars_set_global_step(vs, ++step);
-                    t0 = now();
+                    t0 = bench_now();
                     if (keel_saver_save(sync_s, vs, NULL, ck_path,
                                         sizeof ck_path) != KEEL_OK)
                         die("save");
-                    w_keel[r] = gb / (now() - t0);
+                    w_keel[r] = gb / (bench_now() - t0);
                     /* Retention's unlink of the previous file runs on a
                      * thread; let it finish before the raw run. */
                     if (keel_saver_wait(sync_s) != KEEL_OK)
                         die("wait");
                 } else {
                     unlink(raw_path);
-                    t0 = now();
+                    t0 = bench_now();
                     raw_write(raw_path, vs);
-                    w_raw[r] = gb / (now() - t0);
+                    w_raw[r] = gb / (bench_now() - t0);
                 }
             }
             for (int k = 0; k < 2; k++) {
                 if ((k == 0) == (keel_first == 1)) {
                     drop_cache(ck_path);
-                    t0 = now();
+                    t0 = bench_now();
                     if (keel_ckpt_restore(ck_path, vs, NULL, NULL) !=
                         KEEL_OK)
                         die("restore");
-                    r_keel[r] = gb / (now() - t0);
+                    r_keel[r] = gb / (bench_now() - t0);
                 } else {
                     drop_cache(raw_path);
-                    t0 = now();
+                    t0 = bench_now();
                     raw_read(raw_path, vs);
-                    r_raw[r] = gb / (now() - t0);
+                    r_raw[r] = gb / (bench_now() - t0);
                 }
             }
             /* Async stall vs one memcpy of every variable. */
-            t0 = now();
+            t0 = bench_now();
             for (size_t i = 0, off = 0; i < keel_vars_count(vs); i++) {
                 keel_tensor *t = keel_var_tensor(keel_vars_at(vs, i));
                 memcpy(scratch + off, t->data, keel_tensor_bytes(t));
                 off += keel_tensor_bytes(t);
             }
-            cpy[r] = (now() - t0) * 1e3;
+            cpy[r] = (bench_now() - t0) * 1e3;
             keel_vars_set_global_step(vs, ++step);
-            t0 = now();
+            t0 = bench_now();
             if (keel_saver_save(async_s, vs, NULL, NULL, 0) != KEEL_OK)
                 die("async save");
-            stall[r] = (now() - t0) * 1e3;
+            stall[r] = (bench_now() - t0) * 1e3;
             if (keel_saver_wait(async_s) != KEEL_OK)
                 die("async wait");
             w_ratio[r] = w_keel[r] / w_raw[r];

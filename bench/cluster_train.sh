@@ -35,16 +35,10 @@ mkdir -p "$OUT"
 : > "$OUT/ddp.jsonl"
 : > "$OUT/latency.jsonl"
 
-cat > "$OUT/job.ini" <<EOF
-[model]
-type = mlp
-hidden = 256,256
-[data]
-dir = /usr/share/datasets/fashion-mnist
-[optimizer]
-name = momentum
-learning_rate = 0.01
-momentum = 0.9
+. "$here/common.sh"
+bench_machine
+
+{ bench_mlp_momentum_ini; cat <<EOF
 [train]
 batch_size = 64
 max_steps = 100
@@ -57,6 +51,7 @@ log_every_steps = 0
 summary_every_steps = 0
 progress = off
 EOF
+} > "$OUT/job.ini"
 
 # One cluster run: prints a JSON line. Timestamps every stderr line of
 # every task (python), so the same run also gives the start latency.

@@ -23,17 +23,10 @@
 #include <unistd.h>
 
 #include <keel/keel.h>
+#include "bench_util.h"
 
 #define MAX_PARAMS 16384
 #define N_STEPS 10000
-
-static double
-now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 /* This thread's CPU time: the loops below are timed with it, so time the
  * thread spends preempted on the shared machine does not count. */
@@ -43,20 +36,6 @@ cpu_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static int
-cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double
-median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 static float xs[MAX_PARAMS];
@@ -99,7 +78,7 @@ static float *keel_g;
 static keel_status
 linear_step(void *ctx, keel_step *st)
 {
-    double t0 = is_instrumented ? now_s() : 0;
+    double t0 = is_instrumented ? bench_now() : 0;
     keel_vars *vs = keel_step_vars(st);
     float *w = keel_var_tensor(keel_vars_at(vs, 0))->data;
     float *g = keel_grads_at(keel_step_grads(st), 0)->data;
@@ -107,7 +86,7 @@ linear_step(void *ctx, keel_step *st)
     keel_g = g;
     (void)ctx;
     if (is_instrumented)
-        user_s += now_s() - t0;
+        user_s += bench_now() - t0;
     return keel_step_set_value(st, "loss", loss);
 }
 
@@ -121,13 +100,13 @@ empty_step(void *ctx, keel_step *st)
 static keel_status
 sgd(void *ctx, keel_vars *vs, keel_grads *gr, int64_t step)
 {
-    double t0 = is_instrumented ? now_s() : 0;
+    double t0 = is_instrumented ? bench_now() : 0;
     (void)ctx;
     (void)step;
     update(keel_var_tensor(keel_vars_at(vs, 0))->data,
            keel_grads_at(gr, 0)->data);
     if (is_instrumented)
-        user_s += now_s() - t0;
+        user_s += bench_now() - t0;
     return KEEL_OK;
 }
 
@@ -233,11 +212,11 @@ main(int argc, char **argv)
             double t0, tk;
             user_s = 0;
             is_instrumented = 1;
-            t0 = now_s();
+            t0 = bench_now();
             for (i = 0; i < N_STEPS; i++)
                 if (keel_session_run(s, NULL) != KEEL_OK)
                     return 1;
-            tk = now_s() - t0;
+            tk = bench_now() - t0;
             is_instrumented = 0;
             own[r] = (tk - user_s) / tk;
         }
@@ -267,10 +246,10 @@ main(int argc, char **argv)
         keel_hook_release(&extra[i]);
     keel_vars_free(vs);
     {
-        double mh = median(with_h, reps) / N_STEPS * 1e9;
-        double mw = median(without_h, reps) / N_STEPS * 1e9;
-        double mk = median(keel_t, reps) / N_STEPS * 1e9;
-        double mb = median(bare_t, reps) / N_STEPS * 1e9;
+        double mh = bench_median(with_h, reps) / N_STEPS * 1e9;
+        double mw = bench_median(without_h, reps) / N_STEPS * 1e9;
+        double mk = bench_median(keel_t, reps) / N_STEPS * 1e9;
+        double mb = bench_median(bare_t, reps) / N_STEPS * 1e9;
         printf("hooks: %s, none triggering; checkpoint timer %s; %d "
                "parameters; gradient zeroing %s; medians of %d x %d "
                "steps\n", has_extra ?
@@ -289,10 +268,10 @@ main(int argc, char **argv)
         printf("| trivial step, keel_session_run + %d hooks | %.1f |\n",
                has_extra ? 6 : 3, mk);
         printf("| share in keel: (keel run - bare loop) / keel run | "
-               "%.2f %% |\n", 100.0 * median(share, reps));
+               "%.2f %% |\n", 100.0 * bench_median(share, reps));
         printf("| share in keel: time outside the callbacks (timed "
                "callbacks, own pass) | %.2f %% |\n",
-               100.0 * median(own, reps));
+               100.0 * bench_median(own, reps));
     }
     {
         char cmd[256];

@@ -36,12 +36,12 @@ out=${BENCH_OUT:-$(mktemp -d /tmp/keel-kfac-bench.XXXXXX)}
 mkdir -p "$out"
 keel="$build/keel"
 
-echo "# cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')" >&2
-echo "# flags: $(grep -m1 -o -w -E 'avx512f|avx2' /proc/cpuinfo | sort -u | tr '\n' ' ')" >&2
+. "$(dirname "$0")/common.sh"
+echo "# $(bench_machine)" >&2
 echo "# logs: $out" >&2
 if [ -z "${CORETYPES:-}" ]; then
     CORETYPES=default
-    grep -q -w avx512f /proc/cpuinfo && CORETYPES="default SkylakeX"
+    bench_has_avx512 && CORETYPES="default SkylakeX"
 fi
 
 case $mode in

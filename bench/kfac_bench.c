@@ -15,29 +15,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-
 #include <keel/keel.h>
-
-static double
-clock_s(clockid_t id)
-{
-    struct timespec ts;
-    clock_gettime(id, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static double
-now(void)
-{
-    return clock_s(CLOCK_MONOTONIC);
-}
-
-static double
-cpu_now(void)
-{
-    return clock_s(CLOCK_PROCESS_CPUTIME_ID);
-}
+#include "bench_util.h"
 
 static void
 check(keel_status st, const char *what)
@@ -46,20 +25,6 @@ check(keel_status st, const char *what)
         fprintf(stderr, "kfac_bench: %s: %s\n", what, keel_last_error());
         exit(1);
     }
-}
-
-static int
-cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double
-median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 typedef struct run {
@@ -118,7 +83,7 @@ timed(run *r, keel_data_iter *it, int64_t batch, int steps, int64_t *step,
     double blk[1024], cblk[1024];
     int nb = 0;
     for (int s = 0; s < steps; s += 10) {
-        double t0 = now(), c0 = cpu_now();
+        double t0 = bench_now(), c0 = bench_cpu_now();
         for (int i = 0; i < 10; i++) {
             keel_batch b;
             keel_status st = keel_data_iter_next(it, &b);
@@ -139,12 +104,12 @@ timed(run *r, keel_data_iter *it, int64_t batch, int steps, int64_t *step,
             (*step)++;
         }
         if (nb < 1024) {
-            cblk[nb] = (cpu_now() - c0) / 10.0;
-            blk[nb++] = (now() - t0) / 10.0;
+            cblk[nb] = (bench_cpu_now() - c0) / 10.0;
+            blk[nb++] = (bench_now() - t0) / 10.0;
         }
     }
-    *cpu = median(cblk, nb);
-    return median(blk, nb);
+    *cpu = bench_median(cblk, nb);
+    return bench_median(blk, nb);
 }
 
 int

@@ -32,19 +32,10 @@ if [ "$(id -u)" = 0 ]; then root=(--allow-run-as-root); fi
 mkdir -p "$OUT"
 : > "$OUT/keel.jsonl"
 : > "$OUT/ddp.jsonl"
-core=$(/usr/bin/python3 -c 'import ctypes; f = ctypes.CDLL("libopenblas.so.0").openblas_get_corename; f.restype = ctypes.c_char_p; print(f().decode())' 2>/dev/null || true)
-echo "machine: $(nproc) cores, $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1); keel's OpenBLAS kernel: ${core:-unknown} (OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset})"
+. "$here/common.sh"
+bench_machine
 
-cat > "$OUT/mlp.ini" <<EOF
-[model]
-type = mlp
-hidden = 256,256
-[data]
-dir = /usr/share/datasets/fashion-mnist
-[optimizer]
-name = momentum
-learning_rate = 0.01
-momentum = 0.9
+{ bench_mlp_momentum_ini; cat <<EOF
 [train]
 strategy = multi_worker_mirrored
 threads = 1
@@ -55,6 +46,7 @@ log_every_steps = 0
 summary_every_steps = 0
 progress = off
 EOF
+} > "$OUT/mlp.ini"
 sed -e 's/^type = mlp/type = cnn/' -e '/^hidden/d' \
     -e 's/^name = momentum/name = adam/' -e 's/^learning_rate = .*/learning_rate = 0.001/' \
     -e '/^momentum/d' "$OUT/mlp.ini" > "$OUT/cnn.ini"

@@ -38,11 +38,8 @@ log_every_steps = 0
 summary_every_steps = 0
 progress = off
 EOF
-core=$(/usr/bin/python3 -c 'import ctypes, ctypes.util
-l = ctypes.CDLL(ctypes.util.find_library("openblas") or "libopenblas.so.0")
-l.openblas_get_corename.restype = ctypes.c_char_p
-print(l.openblas_get_corename().decode())' 2>/dev/null || echo unknown)
-echo "OpenBLAS core: $core; $(nproc) CPUs; load: $(cut -d' ' -f1-3 /proc/loadavg)"
+. "$here/common.sh"
+bench_machine
 
 run() {   # $1 model $2 batch $3 steps $4 setting: prints examples/s
     local set

@@ -7,7 +7,8 @@
 # keel thread settings: "1", "2" = OpenBLAS threads; "m2" = 2 model threads
 # (keel_model_config.threads) with 1 OpenBLAS thread each.
 #   usage: bench/train.sh [throughput|accuracy] [BUILD_DIR]
-#   env:   ROUNDS=3 CORETYPES="SkylakeX Haswell" MODELS=mlp,cnn
+#   env:   ROUNDS=3 CORETYPES=<default: "SkylakeX Haswell" where the CPU
+#          has AVX-512, Haswell where it has AVX2> MODELS=mlp,cnn
 #          BATCHES=64,256 SEG=1.5 EPOCHS=5 BENCH_OUT=./train-bench
 #          KEEL_BEFORE=path/to/another/build/bench/train_bench: an older
 #          keel measured in the same rounds (before/after columns)
@@ -16,7 +17,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 mode=${1:-throughput}
 build=${2:-$here/../_build}
 ROUNDS=${ROUNDS:-3}
-CORETYPES=${CORETYPES:-"SkylakeX Haswell"}
+. "$here/common.sh"
+CORETYPES=${CORETYPES:-$(bench_coretypes)}
 MODELS=${MODELS:-mlp,cnn}
 BATCHES=${BATCHES:-64,256}
 SEG=${SEG:-1.5}
@@ -29,6 +31,7 @@ if ! $PY -c 'import torch' 2>/dev/null; then
     TORCH=0
 fi
 mkdir -p "$OUT"
+bench_machine >&2
 make -s -C "$build" bench/train_bench
 kb="$build/bench/train_bench"
 

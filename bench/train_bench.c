@@ -13,38 +13,17 @@
 
 #include <cblas.h>
 #include <keel/keel.h>
+#include "bench_util.h"
 #include "../train/train_int.h"   /* the optimizer on the model's threads,
                                    * as keel train runs it */
 
 static const char *data_dir = "/usr/share/datasets/fashion-mnist";
-
-static double
-now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static void
 die(const char *what)
 {
     fprintf(stderr, "train_bench: %s: %s\n", what, keel_last_error());
     exit(1);
-}
-
-static int
-cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double
-median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 /* sgemm n^3 GFLOP/s, best of reps, with the current thread count. */
@@ -59,10 +38,10 @@ sgemm_peak(int n, int reps)
         b[i] = (float)(i % 5) * 0.1f;
     }
     for (int r = 0; r < reps + 1; r++) {
-        double t0 = now(), g;
+        double t0 = bench_now(), g;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f,
                     a, n, b, n, 0.0f, c, n);
-        g = 2.0 * n * (double)n * n / (now() - t0) / 1e9;
+        g = 2.0 * n * (double)n * n / (bench_now() - t0) / 1e9;
         if (r > 0 && g > best)
             best = g;
     }
@@ -140,10 +119,10 @@ steps(run *r, int n)
     keel_step_stats st = { 0 };
     for (int i = 0; i < n; i++) {
         keel_batch b;
-        double t0 = now();
+        double t0 = bench_now();
         if (keel_data_iter_next(r->it, &b) != KEEL_OK)
             die("next batch");
-        data_s += now() - t0;
+        data_s += bench_now() - t0;
         /* as keel train does: the update leaves the gradients zero */
         if (!r->zeroed)
             keel_grads_zero(r->g);
@@ -218,9 +197,9 @@ throughput(const char *model, int64_t batch, const setting *set, int nt,
     keel_train_set_threads(set[nt - 1].blas);
     steps(&r[nt - 1], 5);
     {
-        double t0 = now();
+        double t0 = bench_now();
         steps(&r[nt - 1], 10);
-        nsteps = (int)(seg_s / ((now() - t0) / 10));
+        nsteps = (int)(seg_s / ((bench_now() - t0) / 10));
         if (nsteps < 10)
             nsteps = 10;
     }
@@ -233,9 +212,9 @@ throughput(const char *model, int64_t batch, const setting *set, int nt,
             keel_train_profile_reset();
             keel_train_profile_enable(set[t].model == 1);
             data_s = 0;
-            t0 = now();
+            t0 = bench_now();
             steps(&r[t], nsteps);
-            res[t][rep] = (double)nsteps * (double)batch / (now() - t0);
+            res[t][rep] = (double)nsteps * (double)batch / (bench_now() - t0);
             keel_train_profile_enable(0);
             if (t == 0) {
                 keel_train_profile_get(&p);
@@ -256,7 +235,7 @@ throughput(const char *model, int64_t batch, const setting *set, int nt,
             lo = res[t][i] < lo ? res[t][i] : lo;
             hi = res[t][i] > hi ? res[t][i] : hi;
         }
-        med = median(res[t], reps);
+        med = bench_median(res[t], reps);
         printf("{\"bench\": \"keel_train_tput\", \"model\": \"%s\", "
                "\"batch\": %lld, \"threads\": \"%s\", \"blas_threads\": %d, "
                "\"model_threads\": %d, \"corename\": \"%s\", "
@@ -295,9 +274,9 @@ accuracy(const char *model, int64_t batch, int epochs, uint64_t seed,
     run_new(&r, model, batch, train, init, seed, 0, model_threads);
     spe = keel_data_iter_steps_per_epoch(r.it);
     for (int ep = 1; ep <= epochs; ep++) {
-        double t0 = now(), loss, dt, acc;
+        double t0 = bench_now(), loss, dt, acc;
         loss = steps(&r, (int)spe);
-        dt = now() - t0;
+        dt = bench_now() - t0;
         acc = evaluate(&r, test);
         printf("{\"bench\": \"keel_train_epoch\", \"model\": \"%s\", "
                "\"batch\": %lld, \"threads\": %d, \"model_threads\": %d, "

@@ -17,6 +17,6 @@ endif
 
 # Benchmark (not built by default): make bench/ckpt_bench
 EXTRA_PROGRAMS += bench/ckpt_bench
-bench_ckpt_bench_SOURCES = bench/ckpt_bench.c
+bench_ckpt_bench_SOURCES = bench/ckpt_bench.c bench/bench_util.c bench/bench_util.h
 bench_ckpt_bench_LDADD = libkeel.la
 EXTRA_DIST += tests/lsan-hdf5.supp bench/ckpt.sh

@@ -9,7 +9,7 @@ tests_session_child_SOURCES = tests/session_child.c
 tests_session_child_LDADD = libkeel_core.la
 
 check_PROGRAMS += bench/hooks_bench
-bench_hooks_bench_SOURCES = bench/hooks_bench.c
+bench_hooks_bench_SOURCES = bench/hooks_bench.c bench/bench_util.c bench/bench_util.h
 bench_hooks_bench_LDADD = libkeel_core.la
 
 if HAVE_CHECK

@@ -404,14 +404,15 @@ damped_inverse(const float *acc, size_t n, float w, float damp, float *inv,
     return KEEL_OK;
 }
 
-/* pi, damping and both inverses of layer L from its new accumulators
- * (in Asum, Gsum) into Ainv_new, Ginv_new. */
+/* pi, damping and both inverses of layer L from the accumulators A, G
+ * (weight w) into Ainv_new, Ginv_new. */
 static keel_status
-invert_layer(const keel_kfac *k, kf_layer *L, float w)
+invert_layer(const keel_kfac *k, kf_layer *L, const float *A, const float *G,
+             float w)
 {
     size_t a = L->info.a_dim, g = L->info.g_dim;
-    double ta = trace_of(L->Asum, a) / (double)w;
-    double tg = trace_of(L->Gsum, g) / (double)w;
+    double ta = trace_of(A, a) / (double)w;
+    double tg = trace_of(G, g) / (double)w;
     double lam = k->cfg.damping / (double)L->info.locations;
     double pi = ta * tg == 0.0 ? 1.0
                                : sqrt((ta / (double)a) / (tg / (double)g));
@@ -421,10 +422,10 @@ invert_layer(const keel_kfac *k, kf_layer *L, float w)
                           "%g and %g (pi %g): the training diverged",
                           L->scope, ta, tg, pi);
     L->pi = pi;
-    st = damped_inverse(L->Asum, a, w, (float)(pi * sqrt(lam)), L->Ainv_new,
+    st = damped_inverse(A, a, w, (float)(pi * sqrt(lam)), L->Ainv_new,
                         L->scope, "A");
     if (st == KEEL_OK)
-        st = damped_inverse(L->Gsum, g, w, (float)(sqrt(lam) / pi),
+        st = damped_inverse(G, g, w, (float)(sqrt(lam) / pi),
                             L->Ginv_new, L->scope, "G");
     return st;
 }
@@ -491,15 +492,6 @@ keel_kfac_apply(keel_kfac *k, keel_vars *vs, keel_grads *grads,
     w_old = k->ema_w->data[0];
     w_new = cov ? d * w_old + (1.0f - d) : w_old;
     invert = global_step % k->cfg.invert_every == 0 || w_old == 0.0f;
-    if (!cov && invert) {
-        /* the inversion reads the factors from the sums' buffers */
-        for (int i = 0; i < k->nl; i++) {
-            kf_layer *L = &k->l[i];
-            size_t a = L->info.a_dim, g = L->info.g_dim;
-            memcpy(L->Asum, L->A->data, a * a * sizeof(float));
-            memcpy(L->Gsum, L->G->data, g * g * sizeof(float));
-        }
-    }
     if (cov) {
         KEEL__PROF_BEGIN();
         for (int i = 0; i < k->nl; i++) {
@@ -517,8 +509,13 @@ keel_kfac_apply(keel_kfac *k, keel_vars *vs, keel_grads *grads,
     }
     if (invert) {
         KEEL__PROF_BEGIN();
-        for (int i = 0; i < k->nl && st == KEEL_OK; i++)
-            st = invert_layer(k, &k->l[i], w_new);
+        /* the new factors: in the sums' buffers after an EMA, else the
+         * state's own */
+        for (int i = 0; i < k->nl && st == KEEL_OK; i++) {
+            kf_layer *L = &k->l[i];
+            st = invert_layer(k, L, cov ? L->Asum : L->A->data,
+                              cov ? L->Gsum : L->G->data, w_new);
+        }
         KEEL__PROF_END(kfac_invert_ns);
         if (st != KEEL_OK) {
             clear_pending(k);
@@ -532,9 +529,11 @@ keel_kfac_apply(keel_kfac *k, keel_vars *vs, keel_grads *grads,
     for (int i = 0; i < k->nl; i++) {
         kf_layer *L = &k->l[i];
         size_t a = L->info.a_dim, g = L->info.g_dim;
-        if (invert) {
+        if (invert && cov) {
             memcpy(L->A->data, L->Asum, a * a * sizeof(float));
             memcpy(L->G->data, L->Gsum, g * g * sizeof(float));
+        }
+        if (invert) {
             memcpy(L->Ainv->data, L->Ainv_new, a * a * sizeof(float));
             memcpy(L->Ginv->data, L->Ginv_new, g * g * sizeof(float));
         }

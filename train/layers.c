@@ -891,6 +891,7 @@ keel__conv_forward(const keel__conv_geom *g, const float *x, size_t n,
         keel__bias_act_forward(KEEL_ACT_NONE, y, m, g->cout, b);
 }
 
+/* dw NULL: no kernel gradient (x is then not read), only db and dx. */
 void
 keel__conv_backward(const keel__conv_geom *g, const float *x, size_t n,
                     const float *dy, const float *w, float *col,
@@ -901,7 +902,7 @@ keel__conv_backward(const keel__conv_geom *g, const float *x, size_t n,
     size_t xs = g->h * g->w * g->cin;
     if (db != NULL)
         keel__col_sums(dy, m, g->cout, db);
-    if (direct_ok(g)) {
+    if (dw != NULL && direct_ok(g)) {
         dconv_dw(g, x, n, dy, dw);     /* col is only dx's workspace */
     }
     /* per chunk: dW += col^T dy (beta 0 on the first), then dcol = dy W^T
@@ -909,7 +910,7 @@ keel__conv_backward(const keel__conv_geom *g, const float *x, size_t n,
     for (size_t e = 0; e < n; e += c) {
         size_t ne = n - e < c ? n - e : c;
         const float *dye = dy + e * pe * g->cout;
-        if (!direct_ok(g)) {
+        if (dw != NULL && !direct_ok(g)) {
             if (!col_is_valid || n > c)
                 im2col(g, x + e * xs, ne, col);
             keel__sgemm(1, 0, k, g->cout, ne * pe, 1.0f, col, k, dye,
@@ -973,14 +974,7 @@ void
 keel__conv_backward_dx(const keel__conv_geom *g, size_t n, const float *dy,
                        const float *w, float *col, float *dx)
 {
-    size_t k = g->kh * g->kw * g->cin, ch = conv_chunk(g);
-    size_t xs = g->h * g->w * g->cin, pe = g->oh * g->ow;
-    for (size_t e = 0; e < n; e += ch) {
-        size_t ne = n - e < ch ? n - e : ch;
-        keel__sgemm(0, 1, ne * pe, k, g->cout, 1.0f, dy + e * pe * g->cout,
-                    g->cout, w, g->cout, 0.0f, col, k);
-        col2im(g, col, ne, dx + e * xs);
-    }
+    keel__conv_backward(g, NULL, n, dy, w, col, 0, NULL, NULL, dx);
 }
 
 /* ---- max-pool ----------------------------------------------------------- */

@@ -6,13 +6,13 @@ pkginclude_HEADERS += include/keel/train.h
 
 # Throughput / accuracy benchmark (bench/train.sh runs it); not installed.
 EXTRA_PROGRAMS += bench/train_bench
-bench_train_bench_SOURCES = bench/train_bench.c
+bench_train_bench_SOURCES = bench/train_bench.c bench/bench_util.c bench/bench_util.h
 bench_train_bench_CPPFLAGS = $(AM_CPPFLAGS) $(OPENBLAS_CFLAGS)
 bench_train_bench_LDADD = libkeel_core.la
 
 # K-FAC's per-step cost against Adam (bench/kfac.sh runs it); not installed.
 EXTRA_PROGRAMS += bench/kfac_bench
-bench_kfac_bench_SOURCES = bench/kfac_bench.c
+bench_kfac_bench_SOURCES = bench/kfac_bench.c bench/bench_util.c bench/bench_util.h
 bench_kfac_bench_LDADD = libkeel_core.la
 
 if HAVE_CHECK

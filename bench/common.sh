@@ -1,0 +1,52 @@
+# bench/common.sh - sourced by the bench scripts (POSIX sh): what machine
+# and OpenBLAS kernel a run measured, which kernels it can try, and the
+# MLP job the training benchmarks share.
+
+# The OpenBLAS core name this environment gets (OPENBLAS_CORETYPE
+# honoured), or "unknown".
+bench_blas_core() {
+    /usr/bin/python3 -c 'import ctypes, ctypes.util
+l = ctypes.CDLL(ctypes.util.find_library("openblas") or "libopenblas.so.0")
+l.openblas_get_corename.restype = ctypes.c_char_p
+print(l.openblas_get_corename().decode())' 2>/dev/null || echo unknown
+}
+
+bench_has_avx512() { grep -q -w avx512f /proc/cpuinfo; }
+
+# One line for the log: cores, CPU model and vector extensions, the
+# OpenBLAS kernel, the load average.
+bench_machine() {
+    echo "machine: $(nproc) cores, $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)" \
+         "($(grep -o -w -E 'avx512f|avx2' /proc/cpuinfo | sort -u | tr '\n' ' ' | sed 's/ $//'));" \
+         "OpenBLAS kernel: $(bench_blas_core) (OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset});" \
+         "load: $(cut -d' ' -f1-3 /proc/loadavg)"
+}
+
+# The OPENBLAS_CORETYPE values worth comparing here: SkylakeX only where
+# the CPU has AVX-512 (elsewhere it dies with SIGILL), Haswell where it has
+# AVX2, otherwise the kernel OpenBLAS picks itself.
+bench_coretypes() {
+    if bench_has_avx512; then
+        echo "SkylakeX Haswell"
+    elif grep -q -w avx2 /proc/cpuinfo; then
+        echo Haswell
+    else
+        bench_blas_core
+    fi
+}
+
+# The MLP 784-256-256-10 with momentum SGD on Fashion-MNIST (INI sections
+# [model], [data], [optimizer]; the caller appends the rest).
+bench_mlp_momentum_ini() {
+    cat <<INI
+[model]
+type = mlp
+hidden = 256,256
+[data]
+dir = /usr/share/datasets/fashion-mnist
+[optimizer]
+name = momentum
+learning_rate = 0.01
+momentum = 0.9
+INI
+}
