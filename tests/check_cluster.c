@@ -1080,6 +1080,14 @@ raw_call(void *sock, zmq_msg_t *frames, int n, keel__wire_msg *reply,
     return keel__wire_recv(sock, 0, &lim, timeout_ms, reply);
 }
 
+/* *h: a request of type, every other field 0 */
+static void
+header_of(keel__wire_header *h, unsigned type)
+{
+    memset(h, 0, sizeof *h);
+    h->type = type;
+}
+
 static void
 expect_error_reply(void *sock, const raw *r, keel_status code,
                    const char *needle)
@@ -1175,8 +1183,7 @@ START_TEST(test_live_server_survives_garbage_and_serves_others)
         gb.data[i] = -10.0f;
     push[0] = (keel__wire_out){ "layer/w", &gw, NULL };
     push[1] = (keel__wire_out){ "layer/b", &gb, NULL };
-    memset(&h, 0, sizeof h);
-    h.type = KEEL_MSG_PUSH;
+    header_of(&h, KEEL_MSG_PUSH);
     ck_assert_int_eq(keel__wire_client_call(good_c, &h, push, 2, 1, 3000, &r),
                      KEEL_OK);
     ck_assert_int_eq(r.h.type, KEEL_MSG_PUSH_ACK);
@@ -1226,8 +1233,7 @@ START_TEST(test_live_server_survives_garbage_and_serves_others)
     }
 
     /* STEP, HELLO, HEARTBEAT, INIT answer as they should */
-    memset(&h, 0, sizeof h);
-    h.type = KEEL_MSG_STEP;
+    header_of(&h, KEEL_MSG_STEP);
     ck_assert_int_eq(keel__wire_client_call(good_c, &h, NULL, 0, 0, 3000, &r),
                      KEEL_OK);
     ck_assert_int_eq(r.h.type, KEEL_MSG_STEP);
@@ -1250,8 +1256,7 @@ START_TEST(test_live_server_survives_garbage_and_serves_others)
     check_pull(good_c, 7.0f, 0.0f);
 
     /* SHUTDOWN ends the serving loop */
-    memset(&h, 0, sizeof h);
-    h.type = KEEL_MSG_SHUTDOWN;
+    header_of(&h, KEEL_MSG_SHUTDOWN);
     ck_assert_int_eq(keel__wire_client_call(good_c, &h, NULL, 0, 0, 3000, &r),
                      KEEL_OK);
     ck_assert_int_eq(r.h.type, KEEL_MSG_SHUTDOWN);
@@ -1754,21 +1759,57 @@ make_tensor(keel_tensor *t, const float *v, int ndim, const int64_t *shape)
     return st;
 }
 
+/* layer/w [2,3] from w and layer/b [3] from b (b NULL: layer/w alone),
+ * as the wire outs of an INIT or a PUSH (out borrows t). */
+typedef struct wb {
+    keel_tensor t[2];
+    keel__wire_out out[2];
+} wb;
+
+static void
+wb_make(wb *p, const float *w, const float *b)
+{
+    static const int64_t ws[2] = { 2, 3 }, bs[1] = { 3 };
+    memset(p, 0, sizeof *p);
+    ck_assert_int_eq(make_tensor(&p->t[0], w, 2, ws), KEEL_OK);
+    p->out[0] = (keel__wire_out){ "layer/w", &p->t[0], NULL };
+    if (b == NULL)
+        return;
+    ck_assert_int_eq(make_tensor(&p->t[1], b, 1, bs), KEEL_OK);
+    p->out[1] = (keel__wire_out){ "layer/b", &p->t[1], NULL };
+}
+
+/* A new store of layer/w [2,3] and layer/b [3], trainable. */
+static keel_vars *
+wb_vars(void)
+{
+    static const int64_t ws[2] = { 2, 3 }, bs[1] = { 3 };
+    keel_vars *vs;
+    ck_assert_int_eq(keel_vars_new(&vs), KEEL_OK);
+    ck_assert_int_eq(keel_vars_create(vs, "layer/w", 2, ws,
+                                      KEEL_VAR_TRAINABLE, NULL), KEEL_OK);
+    ck_assert_int_eq(keel_vars_create(vs, "layer/b", 1, bs,
+                                      KEEL_VAR_TRAINABLE, NULL), KEEL_OK);
+    return vs;
+}
+
+static void
+wb_release(wb *p)
+{
+    keel_tensor_release(&p->t[0]);
+    keel_tensor_release(&p->t[1]);
+}
+
 /* A real sync ps (SGD at rate 1, no chief job) over a new store of
  * layer/w [2,3] and layer/b [3], aggregating rta of total replicas, served
  * by a thread. On a refusal the store is left for the caller to free. */
 static keel_status
 sync_ps_start(server *sv, int rta, int total)
 {
-    int64_t ws[2] = { 2, 3 }, bs[1] = { 3 };
     keel__ps_config cfg = { .bind = "tcp://127.0.0.1:*" };
     keel_status st;
     memset(sv, 0, sizeof *sv);
-    ck_assert_int_eq(keel_vars_new(&sv->vars), KEEL_OK);
-    ck_assert_int_eq(keel_vars_create(sv->vars, "layer/w", 2, ws,
-                                      KEEL_VAR_TRAINABLE, NULL), KEEL_OK);
-    ck_assert_int_eq(keel_vars_create(sv->vars, "layer/b", 1, bs,
-                                      KEEL_VAR_TRAINABLE, NULL), KEEL_OK);
+    sv->vars = wb_vars();
     cfg.vars = sv->vars;
     cfg.apply = sgd_apply;
     cfg.sync = 1;
@@ -1809,23 +1850,19 @@ START_TEST(test_real_ps_checks_requests_and_aggregates_in_sync)
     keel__wire_client *w0, *w1;
     float wv[6] = { 1, 2, 3, 4, 5, 6 }, bv[3] = { 7, 8, 9 };
     float g0[6] = { 1, 1, 1, 1, 1, 1 }, g1[6] = { 2, 2, 2, 2, 2, 2 };
-    int64_t ws[2] = { 2, 3 }, bs[1] = { 3 }, wrong[2] = { 3, 2 };
-    keel_tensor tw, tb, tg0, tg1, twrong;
-    keel__wire_out init[2], p0[1], p1[1], bad[1];
+    int64_t wrong[2] = { 3, 2 };
+    keel_tensor twrong;
+    wb init, p0, p1;
+    keel__wire_out bad[1];
     keel__wire_header h;
     keel__wire_msg r;
     void *zctx = zmq_ctx_new(), *raw0 = zmq_socket(zctx, ZMQ_DEALER);
     int zero = 0;
 
-    ck_assert_int_eq(make_tensor(&tw, wv, 2, ws), KEEL_OK);
-    ck_assert_int_eq(make_tensor(&tb, bv, 1, bs), KEEL_OK);
-    ck_assert_int_eq(make_tensor(&tg0, g0, 2, ws), KEEL_OK);
-    ck_assert_int_eq(make_tensor(&tg1, g1, 2, ws), KEEL_OK);
+    wb_make(&init, wv, bv);
+    wb_make(&p0, g0, NULL);
+    wb_make(&p1, g1, NULL);
     ck_assert_int_eq(make_tensor(&twrong, g0, 2, wrong), KEEL_OK);
-    init[0] = (keel__wire_out){ "layer/w", &tw, NULL };
-    init[1] = (keel__wire_out){ "layer/b", &tb, NULL };
-    p0[0] = (keel__wire_out){ "layer/w", &tg0, NULL };
-    p1[0] = (keel__wire_out){ "layer/w", &tg1, NULL };
     bad[0] = (keel__wire_out){ "layer/w", &twrong, NULL };
     real_start(&sv);
     ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps), NULL,
@@ -1833,71 +1870,60 @@ START_TEST(test_real_ps_checks_requests_and_aggregates_in_sync)
     ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps), NULL,
                                            KEEL_TASK_WORKER, 1, &w1), KEEL_OK);
     /* before INIT: nothing to pull or push, HELLO says not ready */
-    memset(&h, 0, sizeof h);
-    h.type = KEEL_MSG_PULL;
+    header_of(&h, KEEL_MSG_PULL);
     h.flags = KEEL_WIRE_F_NAMES_ONLY;
     expect_call_error(w1, &h, NULL, 0, KEEL_EUNAVAILABLE, "no state yet");
-    memset(&h, 0, sizeof h);
-    h.type = KEEL_MSG_PUSH;
-    expect_call_error(w1, &h, p1, 1, KEEL_EUNAVAILABLE, "no state yet");
-    memset(&h, 0, sizeof h);
-    h.type = KEEL_MSG_HELLO;
+    header_of(&h, KEEL_MSG_PUSH);
+    expect_call_error(w1, &h, p1.out, 1, KEEL_EUNAVAILABLE, "no state yet");
+    header_of(&h, KEEL_MSG_HELLO);
     ck_assert_int_eq(keel__wire_client_call(w1, &h, NULL, 0, 0, 3000, &r),
                      KEEL_OK);
     ck_assert_int_eq(r.h.type, KEEL_MSG_READY);
     ck_assert_int_eq(r.h.arg, 0);
     keel__wire_msg_clear(&r);
     /* only the chief (worker 0: no chief job) initializes */
-    memset(&h, 0, sizeof h);
-    h.type = KEEL_MSG_INIT;
-    expect_call_error(w1, &h, init, 2, KEEL_EINVAL, "worker1 may not send "
+    header_of(&h, KEEL_MSG_INIT);
+    expect_call_error(w1, &h, init.out, 2, KEEL_EINVAL, "worker1 may not send "
                       "INIT");
     /* a global step out of range: refused, nothing initialized */
-    memset(&h, 0, sizeof h);
-    h.type = KEEL_MSG_INIT;
+    header_of(&h, KEEL_MSG_INIT);
     h.global_step = -1;
-    expect_call_error(w0, &h, init, 2, KEEL_EINVAL, "INIT with global step "
+    expect_call_error(w0, &h, init.out, 2, KEEL_EINVAL, "INIT with global step "
                       "-1");
-    memset(&h, 0, sizeof h);
-    h.type = KEEL_MSG_INIT;
+    header_of(&h, KEEL_MSG_INIT);
     h.global_step = INT64_MAX;
-    expect_call_error(w0, &h, init, 2, KEEL_EINVAL, "must be 0..");
-    memset(&h, 0, sizeof h);
-    h.type = KEEL_MSG_INIT;
+    expect_call_error(w0, &h, init.out, 2, KEEL_EINVAL, "must be 0..");
+    header_of(&h, KEEL_MSG_INIT);
     h.global_step = 5;
-    ck_assert_int_eq(keel__wire_client_call(w0, &h, init, 2, 0, 3000, &r),
+    ck_assert_int_eq(keel__wire_client_call(w0, &h, init.out, 2, 0, 3000, &r),
                      KEEL_OK);
     keel__wire_msg_clear(&r);
     /* wrong shape, slot, ahead of the ps: refused, server goes on */
-    memset(&h, 0, sizeof h);
-    h.type = KEEL_MSG_PUSH;
+    header_of(&h, KEEL_MSG_PUSH);
     h.local_step = 5;
     expect_call_error(w1, &h, bad, 1, KEEL_EINVAL, "has shape [2,3]");
-    memset(&h, 0, sizeof h);
-    h.type = KEEL_MSG_PUSH;
+    header_of(&h, KEEL_MSG_PUSH);
     h.local_step = 6;
-    expect_call_error(w1, &h, p1, 1, KEEL_EABORTED, "ps 0 is at step 5");
+    expect_call_error(w1, &h, p1.out, 1, KEEL_EABORTED, "ps 0 is at step 5");
     /* sync: worker 0's push is held until worker 1's arrives */
     zmq_setsockopt(raw0, ZMQ_LINGER, &zero, sizeof zero);
     ck_assert_int_eq(zmq_connect(raw0, keel__ps_endpoint(sv.ps)), 0);
-    memset(&h, 0, sizeof h);
-    h.type = KEEL_MSG_PUSH;
+    header_of(&h, KEEL_MSG_PUSH);
     h.request_id = 77;
     h.sender_type = KEEL_TASK_WORKER;
     h.sender_index = 0;
     h.local_step = 5;
-    ck_assert_int_eq(keel__wire_send(raw0, NULL, &h, p0, 1, NULL, NULL),
+    ck_assert_int_eq(keel__wire_send(raw0, NULL, &h, p0.out, 1, NULL, NULL),
                      KEEL_OK);
     {
         keel__wire_limits lim = { 0 };
         ck_assert_int_eq(keel__wire_recv(raw0, 0, &lim, 200, &r),
                          KEEL_ETIMEOUT);          /* held: no token yet */
         keel__wire_msg_clear(&r);
-        memset(&h, 0, sizeof h);
-        h.type = KEEL_MSG_PUSH;
+        header_of(&h, KEEL_MSG_PUSH);
         h.flags = KEEL_WIRE_F_WANT_VALUES;
         h.local_step = 5;
-        ck_assert_int_eq(keel__wire_client_call(w1, &h, p1, 1, 0, 3000, &r),
+        ck_assert_int_eq(keel__wire_client_call(w1, &h, p1.out, 1, 0, 3000, &r),
                          KEEL_OK);
         ck_assert_int_eq(r.h.type, KEEL_MSG_PUSH_ACK);
         ck_assert_int_eq(r.h.global_step, 6);
@@ -1912,15 +1938,13 @@ START_TEST(test_real_ps_checks_requests_and_aggregates_in_sync)
         keel__wire_msg_clear(&r);
     }
     /* a late gradient for step 5 is stale: dropped, answered at once */
-    memset(&h, 0, sizeof h);
-    h.type = KEEL_MSG_PUSH;
+    header_of(&h, KEEL_MSG_PUSH);
     h.local_step = 5;
-    ck_assert_int_eq(keel__wire_client_call(w1, &h, p1, 1, 0, 3000, &r),
+    ck_assert_int_eq(keel__wire_client_call(w1, &h, p1.out, 1, 0, 3000, &r),
                      KEEL_OK);
     ck_assert_int_eq(r.h.global_step, 6);
     keel__wire_msg_clear(&r);
-    memset(&h, 0, sizeof h);
-    h.type = KEEL_MSG_STEP;
+    header_of(&h, KEEL_MSG_STEP);
     ck_assert_int_eq(keel__wire_client_call(w1, &h, NULL, 0, 0, 3000, &r),
                      KEEL_OK);
     ck_assert_ptr_nonnull(r.text);
@@ -1931,10 +1955,9 @@ START_TEST(test_real_ps_checks_requests_and_aggregates_in_sync)
     keel__wire_client_free(w0);
     keel__wire_client_free(w1);
     server_stop(&sv);
-    keel_tensor_release(&tw);
-    keel_tensor_release(&tb);
-    keel_tensor_release(&tg0);
-    keel_tensor_release(&tg1);
+    wb_release(&init);
+    wb_release(&p0);
+    wb_release(&p1);
     keel_tensor_release(&twrong);
 }
 END_TEST
@@ -1952,25 +1975,14 @@ START_TEST(test_real_ps_applies_the_mean_with_a_backup_worker)
     float wv[6] = { 10, 20, 30, 40, 50, 60 }, bv[3] = { 1, 2, 3 };
     float s1w[6] = { 1, 1, 1, 1, 1, 1 }, s2w[6] = { 2, 2, 2, 2, 2, 2 };
     float s1b[3] = { 0.5f, 0.5f, 0.5f }, s2b[3] = { 1, 1, 1 };
-    int64_t ws[2] = { 2, 3 }, bs[1] = { 3 };
-    keel_tensor tw, tb, t1w, t2w, t1b, t2b;
-    keel__wire_out init[2], p1[2], p2[2];
+    wb init, p1, p2;
     keel__wire_header h;
     keel__wire_msg r;
     uint64_t id1;
 
-    ck_assert_int_eq(make_tensor(&tw, wv, 2, ws), KEEL_OK);
-    ck_assert_int_eq(make_tensor(&tb, bv, 1, bs), KEEL_OK);
-    ck_assert_int_eq(make_tensor(&t1w, s1w, 2, ws), KEEL_OK);
-    ck_assert_int_eq(make_tensor(&t2w, s2w, 2, ws), KEEL_OK);
-    ck_assert_int_eq(make_tensor(&t1b, s1b, 1, bs), KEEL_OK);
-    ck_assert_int_eq(make_tensor(&t2b, s2b, 1, bs), KEEL_OK);
-    init[0] = (keel__wire_out){ "layer/w", &tw, NULL };
-    init[1] = (keel__wire_out){ "layer/b", &tb, NULL };
-    p1[0] = (keel__wire_out){ "layer/w", &t1w, NULL };
-    p1[1] = (keel__wire_out){ "layer/b", &t1b, NULL };
-    p2[0] = (keel__wire_out){ "layer/w", &t2w, NULL };
-    p2[1] = (keel__wire_out){ "layer/b", &t2b, NULL };
+    wb_make(&init, wv, bv);
+    wb_make(&p1, s1w, s1b);
+    wb_make(&p2, s2w, s2b);
 
     /* more to aggregate than replicas: refused, no server that waits
      * forever */
@@ -1985,25 +1997,22 @@ START_TEST(test_real_ps_applies_the_mean_with_a_backup_worker)
         ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps),
                                                NULL, KEEL_TASK_WORKER, i,
                                                &w[i]), KEEL_OK);
-    memset(&h, 0, sizeof h);
-    h.type = KEEL_MSG_INIT;
+    header_of(&h, KEEL_MSG_INIT);
     h.global_step = 7;
-    ck_assert_int_eq(keel__wire_client_call(w[0], &h, init, 2, 0, 3000, &r),
+    ck_assert_int_eq(keel__wire_client_call(w[0], &h, init.out, 2, 0, 3000, &r),
                      KEEL_OK);
     keel__wire_msg_clear(&r);
     /* workers 1 and 2 make step 7; worker 0 (the chief) is the straggler.
      * Worker 1's push is held until worker 2's completes the step. */
-    memset(&h, 0, sizeof h);
-    h.type = KEEL_MSG_PUSH;
+    header_of(&h, KEEL_MSG_PUSH);
     h.local_step = 7;
-    ck_assert_int_eq(keel__wire_client_send(w[1], &h, p1, 2, 0, 3000),
+    ck_assert_int_eq(keel__wire_client_send(w[1], &h, p1.out, 2, 0, 3000),
                      KEEL_OK);
     id1 = h.request_id;
-    memset(&h, 0, sizeof h);
-    h.type = KEEL_MSG_PUSH;
+    header_of(&h, KEEL_MSG_PUSH);
     h.flags = KEEL_WIRE_F_WANT_VALUES;
     h.local_step = 7;
-    ck_assert_int_eq(keel__wire_client_call(w[2], &h, p2, 2, 0, 3000, &r),
+    ck_assert_int_eq(keel__wire_client_call(w[2], &h, p2.out, 2, 0, 3000, &r),
                      KEEL_OK);
     ck_assert_int_eq(r.h.type, KEEL_MSG_PUSH_ACK);
     ck_assert_int_eq(r.h.global_step, 8);
@@ -2023,18 +2032,16 @@ START_TEST(test_real_ps_applies_the_mean_with_a_backup_worker)
     }
     /* the straggler's gradient for step 7 is stale: dropped, nothing
      * applied */
-    memset(&h, 0, sizeof h);
-    h.type = KEEL_MSG_PUSH;
+    header_of(&h, KEEL_MSG_PUSH);
     h.flags = KEEL_WIRE_F_WANT_VALUES;
     h.local_step = 7;
-    ck_assert_int_eq(keel__wire_client_call(w[0], &h, p2, 2, 0, 3000, &r),
+    ck_assert_int_eq(keel__wire_client_call(w[0], &h, p2.out, 2, 0, 3000, &r),
                      KEEL_OK);
     ck_assert_int_eq(r.h.global_step, 8);
     for (int i = 0; i < 6; i++)
         ck_assert_float_eq(r.tensors[0].t.data[i], wv[i] - 4.5f);
     keel__wire_msg_clear(&r);
-    memset(&h, 0, sizeof h);
-    h.type = KEEL_MSG_STEP;
+    header_of(&h, KEEL_MSG_STEP);
     ck_assert_int_eq(keel__wire_client_call(w[0], &h, NULL, 0, 0, 3000, &r),
                      KEEL_OK);
     ck_assert_str_eq(r.text, "applied=2 dropped=1 ready=1 step=8");
@@ -2042,12 +2049,9 @@ START_TEST(test_real_ps_applies_the_mean_with_a_backup_worker)
     for (int i = 0; i < 3; i++)
         keel__wire_client_free(w[i]);
     server_stop(&sv);
-    keel_tensor_release(&tw);
-    keel_tensor_release(&tb);
-    keel_tensor_release(&t1w);
-    keel_tensor_release(&t2w);
-    keel_tensor_release(&t1b);
-    keel_tensor_release(&t2b);
+    wb_release(&init);
+    wb_release(&p1);
+    wb_release(&p2);
 }
 END_TEST
 
@@ -2108,32 +2112,24 @@ START_TEST(test_global_step_waiter_hook_sees_the_cluster_step)
     keel_session_config sc;
     waiter_run wr;
     pthread_t th;
-    int64_t ws[2] = { 2, 3 }, bs[1] = { 3 }, deadline;
+    int64_t deadline;
     float wv[6] = { 10, 10, 10, 10, 10, 10 }, bv[3] = { 1, 1, 1 };
     float one[6] = { 1, 1, 1, 1, 1, 1 };
-    keel_tensor tw, tb, g1w, g1b;
-    keel__wire_out init[2], push[2];
+    wb init, push;
     keel__wire_header h;
     keel__wire_msg r;
     char list[128];
 
     /* the ps: 2 replicas, 1 aggregated */
     ck_assert_int_eq(sync_ps_start(&sv, 1, 2), KEEL_OK);
-    ck_assert_int_eq(make_tensor(&tw, wv, 2, ws), KEEL_OK);
-    ck_assert_int_eq(make_tensor(&tb, bv, 1, bs), KEEL_OK);
-    ck_assert_int_eq(make_tensor(&g1w, one, 2, ws), KEEL_OK);
-    ck_assert_int_eq(make_tensor(&g1b, one, 1, bs), KEEL_OK);
-    init[0] = (keel__wire_out){ "layer/w", &tw, NULL };
-    init[1] = (keel__wire_out){ "layer/b", &tb, NULL };
-    push[0] = (keel__wire_out){ "layer/w", &g1w, NULL };
-    push[1] = (keel__wire_out){ "layer/b", &g1b, NULL };
+    wb_make(&init, wv, bv);
+    wb_make(&push, one, one);
     ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps), NULL,
                                            KEEL_TASK_WORKER, 0, &chief),
                      KEEL_OK);
-    memset(&h, 0, sizeof h);
-    h.type = KEEL_MSG_INIT;
+    header_of(&h, KEEL_MSG_INIT);
     h.global_step = 5;
-    ck_assert_int_eq(keel__wire_client_call(chief, &h, init, 2, 0, 3000, &r),
+    ck_assert_int_eq(keel__wire_client_call(chief, &h, init.out, 2, 0, 3000, &r),
                      KEEL_OK);
     keel__wire_msg_clear(&r);
 
@@ -2157,11 +2153,7 @@ START_TEST(test_global_step_waiter_hook_sees_the_cluster_step)
     o.step_timeout_secs = 10;
     o.ready_retry_ms = 20;
     o.max_wait_secs = 10;
-    ck_assert_int_eq(keel_vars_new(&vs), KEEL_OK);
-    ck_assert_int_eq(keel_vars_create(vs, "layer/w", 2, ws,
-                                      KEEL_VAR_TRAINABLE, NULL), KEEL_OK);
-    ck_assert_int_eq(keel_vars_create(vs, "layer/b", 1, bs,
-                                      KEEL_VAR_TRAINABLE, NULL), KEEL_OK);
+    vs = wb_vars();
     ck_assert_msg(keel_cluster_backend_new(spec, vs, &o, &wk) == KEEL_OK,
                   "%s", keel_last_error());
     keel_cluster_backend_get(wk, &be);
@@ -2185,10 +2177,9 @@ START_TEST(test_global_step_waiter_hook_sees_the_cluster_step)
 
     /* the chief trains steps 5..7 alone (1 aggregated) */
     for (int64_t step = 5; step < 8; step++) {
-        memset(&h, 0, sizeof h);
-        h.type = KEEL_MSG_PUSH;
+        header_of(&h, KEEL_MSG_PUSH);
         h.local_step = step;
-        ck_assert_int_eq(keel__wire_client_call(chief, &h, push, 2, 0, 3000,
+        ck_assert_int_eq(keel__wire_client_call(chief, &h, push.out, 2, 0, 3000,
                                                 &r), KEEL_OK);
         ck_assert_int_eq(r.h.global_step, step + 1);
         keel__wire_msg_clear(&r);
@@ -2199,10 +2190,9 @@ START_TEST(test_global_step_waiter_hook_sees_the_cluster_step)
         usleep(10000);
     ck_assert_msg(!atomic_load(&wr.done), "the waiter did not wait: %s",
                   keel_last_error());
-    memset(&h, 0, sizeof h);
-    h.type = KEEL_MSG_PUSH;
+    header_of(&h, KEEL_MSG_PUSH);
     h.local_step = 8;
-    ck_assert_int_eq(keel__wire_client_call(chief, &h, push, 2, 0, 3000, &r),
+    ck_assert_int_eq(keel__wire_client_call(chief, &h, push.out, 2, 0, 3000, &r),
                      KEEL_OK);
     ck_assert_int_eq(r.h.global_step, 9);
     keel__wire_msg_clear(&r);
@@ -2218,8 +2208,7 @@ START_TEST(test_global_step_waiter_hook_sees_the_cluster_step)
     ck_assert_int_eq(keel_session_global_step(wr.s), 10);
     ck_assert_float_eq(keel_var_tensor(keel_vars_find(vs, "layer/w"))->data[5],
                        1.5f);
-    memset(&h, 0, sizeof h);
-    h.type = KEEL_MSG_STEP;
+    header_of(&h, KEEL_MSG_STEP);
     ck_assert_int_eq(keel__wire_client_call(chief, &h, NULL, 0, 0, 3000, &r),
                      KEEL_OK);
     ck_assert_str_eq(r.text, "applied=5 dropped=0 ready=1 step=10");
@@ -2233,10 +2222,8 @@ START_TEST(test_global_step_waiter_hook_sees_the_cluster_step)
     keel_cluster_spec_free(spec);
     keel__wire_client_free(chief);
     server_stop(&sv);
-    keel_tensor_release(&tw);
-    keel_tensor_release(&tb);
-    keel_tensor_release(&g1w);
-    keel_tensor_release(&g1b);
+    wb_release(&init);
+    wb_release(&push);
 }
 END_TEST
 
@@ -2296,9 +2283,7 @@ START_TEST(test_heartbeats_see_the_step_state_and_a_restarted_ps)
     char ep[KEEL_ADDR_MAX + 16];
     const char *eps[1];
     float wv[6] = { 0 }, bv[3] = { 0 }, g[6] = { 1, 1, 1, 1, 1, 1 };
-    int64_t ws[2] = { 2, 3 }, bs[1] = { 3 };
-    keel_tensor tw, tb, tg;
-    keel__wire_out init[2], push[1];
+    wb init, push;
     keel__wire_header h;
     keel__wire_msg r;
     uint64_t gen1;
@@ -2318,20 +2303,14 @@ START_TEST(test_heartbeats_see_the_step_state_and_a_restarted_ps)
      * waits for worker 1, which heartbeats but has not pushed */
     ck_assert_int_eq(keel__wire_client_new(ep, NULL, KEEL_TASK_WORKER, 0,
                                            &w0), KEEL_OK);
-    ck_assert_int_eq(make_tensor(&tw, wv, 2, ws), KEEL_OK);
-    ck_assert_int_eq(make_tensor(&tb, bv, 1, bs), KEEL_OK);
-    ck_assert_int_eq(make_tensor(&tg, g, 2, ws), KEEL_OK);
-    init[0] = (keel__wire_out){ "layer/w", &tw, NULL };
-    init[1] = (keel__wire_out){ "layer/b", &tb, NULL };
-    memset(&h, 0, sizeof h);
-    h.type = KEEL_MSG_INIT;
-    ck_assert_int_eq(keel__wire_client_call(w0, &h, init, 2, 0, 3000, &r),
+    wb_make(&init, wv, bv);
+    wb_make(&push, g, NULL);
+    header_of(&h, KEEL_MSG_INIT);
+    ck_assert_int_eq(keel__wire_client_call(w0, &h, init.out, 2, 0, 3000, &r),
                      KEEL_OK);
     keel__wire_msg_clear(&r);
-    push[0] = (keel__wire_out){ "layer/w", &tg, NULL };
-    memset(&h, 0, sizeof h);
-    h.type = KEEL_MSG_PUSH;
-    ck_assert_int_eq(keel__wire_client_send(w0, &h, push, 1, 0, 3000),
+    header_of(&h, KEEL_MSG_PUSH);
+    ck_assert_int_eq(keel__wire_client_send(w0, &h, push.out, 1, 0, 3000),
                      KEEL_OK);
     for (int i = 0; i < 100; i++) {       /* each wait is one new answer */
         keel__hb_peer_get(hb, 0, &peer);
@@ -2359,9 +2338,8 @@ START_TEST(test_heartbeats_see_the_step_state_and_a_restarted_ps)
     ck_assert_msg(strstr(peer.status, "ready=0") != NULL, "%s", peer.status);
     keel__hb_stop(hb);
     server_stop(&sv);
-    keel_tensor_release(&tw);
-    keel_tensor_release(&tb);
-    keel_tensor_release(&tg);
+    wb_release(&init);
+    wb_release(&push);
 }
 END_TEST
 
