@@ -2435,6 +2435,20 @@ seam_step(void *ctx, keel_step *st)
     return KEEL_OK;
 }
 
+/* A training session over vs with seam_step, stopped by stop, the
+ * optimizer opt. */
+static void
+seam_config(keel_training_config *cfg, keel_vars *vs, keel_hook *stop,
+            const keel_optimizer_config *opt)
+{
+    keel_training_config_init(cfg);
+    cfg->session.vars = vs;
+    cfg->session.step = seam_step;
+    cfg->session.hooks = stop;
+    cfg->session.n_hooks = 1;
+    cfg->optimizer = opt;
+}
+
 /* keel_ps_run in a thread, a MonitoredTrainingSession with cfg.cluster as
  * the chief: momentum (lr 0.5, m 0.9) is applied on the ps; the chief's
  * final checkpoint holds the ps's values and slots (pulled before the
@@ -2473,12 +2487,7 @@ START_TEST(test_seam_ps_run_and_training_session_on_a_cluster)
 
     tu_mkdtemp(dir, sizeof dir);
     ck_assert_int_eq(keel_stop_at_step_hook_new(0, 3, &stop), KEEL_OK);
-    keel_training_config_init(&cfg);
-    cfg.session.vars = vs;
-    cfg.session.step = seam_step;
-    cfg.session.hooks = &stop;
-    cfg.session.n_hooks = 1;
-    cfg.optimizer = &mom;
+    seam_config(&cfg, vs, &stop, &mom);
     cfg.cluster = chief_spec;
     cfg.cluster_options = &co;
     cfg.checkpoint_dir = dir;
@@ -2529,12 +2538,7 @@ START_TEST(test_seam_training_optimizer_alone)
     mom.schedule.learning_rate = 0.5;
     mom.momentum = 0.9;
     ck_assert_int_eq(keel_stop_at_step_hook_new(0, 3, &stop), KEEL_OK);
-    keel_training_config_init(&cfg);
-    cfg.session.vars = vs;
-    cfg.session.step = seam_step;
-    cfg.session.hooks = &stop;
-    cfg.session.n_hooks = 1;
-    cfg.optimizer = &mom;
+    seam_config(&cfg, vs, &stop, &mom);
     cfg.log_step_count_steps = 0;
     ck_assert_int_eq(keel_training_session_new(&cfg, &s), KEEL_OK);
     ck_assert_int_eq(keel_session_train(s), KEEL_OK);
