@@ -990,6 +990,18 @@ typedef struct server {
     keel_status result;
 } server;
 
+/* A client of sv's ps as worker index, authenticated by curve (NULL:
+ * none). */
+static keel__wire_client *
+worker_client(server *sv, const keel__curve *curve, int index)
+{
+    keel__wire_client *c;
+    ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv->ps), curve,
+                                           KEEL_TASK_WORKER, index, &c),
+                     KEEL_OK);
+    return c;
+}
+
 static void *
 server_main(void *arg)
 {
@@ -1132,9 +1144,7 @@ START_TEST(test_live_server_survives_garbage_and_serves_others)
     server_start(&sv, NULL, &lim);
     zmq_setsockopt(bad, ZMQ_LINGER, &zero, sizeof zero);
     ck_assert_int_eq(zmq_connect(bad, keel__ps_endpoint(sv.ps)), 0);
-    ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps), NULL,
-                                           KEEL_TASK_WORKER, 0, &good_c),
-                     KEEL_OK);
+    good_c = worker_client(&sv, NULL, 0);
 
     /* garbage: one frame of junk */
     {
@@ -1304,8 +1314,7 @@ START_TEST(test_pull_of_named_and_unknown_variables)
                             .flags = KEEL_WIRE_F_NAMES_ONLY };
     keel__wire_msg r;
     server_start(&sv, NULL, NULL);
-    ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps), NULL,
-                                           KEEL_TASK_WORKER, 1, &c), KEEL_OK);
+    c = worker_client(&sv, NULL, 1);
     ck_assert_int_eq(keel__wire_client_call(c, &h, names, 1, 0, 3000, &r),
                      KEEL_OK);
     ck_assert_int_eq(r.n, 1);
@@ -1504,12 +1513,8 @@ START_TEST(test_curve_allowed_key_in_a_role_it_does_not_hold)
     atomic_store(&n_warned, 0);
     keel_log_set_handler(count_warnings, NULL, KEEL_LOG_WARN);
     server_start(&sv, &srv, NULL);      /* no chief: worker 0 is it */
-    ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps), &w1c,
-                                           KEEL_TASK_WORKER, 1, &as_w1),
-                     KEEL_OK);
-    ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps), &w1c,
-                                           KEEL_TASK_WORKER, 0, &as_w0),
-                     KEEL_OK);
+    as_w1 = worker_client(&sv, &w1c, 1);
+    as_w0 = worker_client(&sv, &w1c, 0);
     /* worker 1's own key: reads, but neither SHUTDOWN nor INIT */
     check_pull(as_w1, 0.0f, 10.0f);
     expect_refused(as_w1, KEEL_MSG_SHUTDOWN, "worker1 may not send "
@@ -1573,21 +1578,11 @@ START_TEST(test_token_admits_the_job_tasks_only)
     atomic_store(&n_warned, 0);
     keel_log_set_handler(count_warnings, NULL, KEEL_LOG_WARN);
     server_start(&sv, &srv, NULL);
-    ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps), &w0c,
-                                           KEEL_TASK_WORKER, 0, &w0),
-                     KEEL_OK);
-    ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps), &w1c,
-                                           KEEL_TASK_WORKER, 1, &w1),
-                     KEEL_OK);
-    ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps), &wrong,
-                                           KEEL_TASK_WORKER, 0, &bad),
-                     KEEL_OK);
-    ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps), &forged,
-                                           KEEL_TASK_WORKER, 0, &fake),
-                     KEEL_OK);
-    ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps), NULL,
-                                           KEEL_TASK_WORKER, 0, &none),
-                     KEEL_OK);
+    w0 = worker_client(&sv, &w0c, 0);
+    w1 = worker_client(&sv, &w1c, 1);
+    bad = worker_client(&sv, &wrong, 0);
+    fake = worker_client(&sv, &forged, 0);
+    none = worker_client(&sv, NULL, 0);
     check_pull(w0, 0.0f, 10.0f);
     check_pull(w1, 0.0f, 10.0f);
     expect_refused(w1, KEEL_MSG_SHUTDOWN, "worker1 may not send SHUTDOWN");
@@ -1656,12 +1651,9 @@ START_TEST(test_curve_admits_allowed_keys_only)
     atomic_store(&n_warned, 0);
     keel_log_set_handler(count_warnings, NULL, KEEL_LOG_WARN);
     server_start(&sv, &srv, NULL);
-    ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps), &ok_c,
-                                           KEEL_TASK_WORKER, 0, &c1), KEEL_OK);
-    ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps), &bad_c,
-                                           KEEL_TASK_WORKER, 1, &c2), KEEL_OK);
-    ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps), NULL,
-                                           KEEL_TASK_WORKER, 2, &c3), KEEL_OK);
+    c1 = worker_client(&sv, &ok_c, 0);
+    c2 = worker_client(&sv, &bad_c, 1);
+    c3 = worker_client(&sv, NULL, 2);
     check_pull(c1, 0.0f, 10.0f);
     ck_assert_int_eq(keel__wire_client_call(c2, &h, NULL, 0, 0, 400, &r),
                      KEEL_ETIMEOUT);
@@ -1865,10 +1857,8 @@ START_TEST(test_real_ps_checks_requests_and_aggregates_in_sync)
     ck_assert_int_eq(make_tensor(&twrong, g0, 2, wrong), KEEL_OK);
     bad[0] = (keel__wire_out){ "layer/w", &twrong, NULL };
     real_start(&sv);
-    ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps), NULL,
-                                           KEEL_TASK_WORKER, 0, &w0), KEEL_OK);
-    ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps), NULL,
-                                           KEEL_TASK_WORKER, 1, &w1), KEEL_OK);
+    w0 = worker_client(&sv, NULL, 0);
+    w1 = worker_client(&sv, NULL, 1);
     /* before INIT: nothing to pull or push, HELLO says not ready */
     header_of(&h, KEEL_MSG_PULL);
     h.flags = KEEL_WIRE_F_NAMES_ONLY;
@@ -1994,9 +1984,7 @@ START_TEST(test_real_ps_applies_the_mean_with_a_backup_worker)
     ck_assert_msg(sync_ps_start(&sv, 2, 3) == KEEL_OK, "%s",
                   keel_last_error());
     for (int i = 0; i < 3; i++)
-        ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps),
-                                               NULL, KEEL_TASK_WORKER, i,
-                                               &w[i]), KEEL_OK);
+        w[i] = worker_client(&sv, NULL, i);
     header_of(&h, KEEL_MSG_INIT);
     h.global_step = 7;
     ck_assert_int_eq(keel__wire_client_call(w[0], &h, init.out, 2, 0, 3000, &r),
@@ -2124,9 +2112,7 @@ START_TEST(test_global_step_waiter_hook_sees_the_cluster_step)
     ck_assert_int_eq(sync_ps_start(&sv, 1, 2), KEEL_OK);
     wb_make(&init, wv, bv);
     wb_make(&push, one, one);
-    ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps), NULL,
-                                           KEEL_TASK_WORKER, 0, &chief),
-                     KEEL_OK);
+    chief = worker_client(&sv, NULL, 0);
     header_of(&h, KEEL_MSG_INIT);
     h.global_step = 5;
     ck_assert_int_eq(keel__wire_client_call(chief, &h, init.out, 2, 0, 3000, &r),
