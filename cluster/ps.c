@@ -64,6 +64,8 @@ struct keel__ps {
     long applied, dropped;
     pending_push *pending;       /* sync: one per replica */
     keel_grads *acc;             /* sync: the sums */
+    keel_var **all;              /* sync: every variable, in store order */
+    unsigned char *have;         /* sync: which sums a step has */
     /* sync with reduce_leaves L: the tree nodes covering each replica's
      * leaves, replica r's at tnodes[tfirst[r] .. tfirst[r] + tcount[r]),
      * tk in all (left to right over [0, L)) */
@@ -192,6 +194,16 @@ keel__ps_new(const keel__ps_config *cfg, keel__ps **out)
             keel__wire_msg_init(&ps->pending[i].msg);
         if ((st = keel_grads_new(ps->vars, &ps->acc)) != KEEL_OK)
             goto fail;
+        /* aggregate's tables, once: a sync step allocates nothing */
+        ps->all = calloc(ps->n_pins ? ps->n_pins : 1, sizeof *ps->all);
+        ps->have = calloc(ps->n_pins ? ps->n_pins : 1, 1);
+        if (ps->all == NULL || ps->have == NULL) {
+            st = keel__fail(KEEL_ENOMEM, "ps: aggregation of %zu "
+                            "variables", ps->n_pins);
+            goto fail;
+        }
+        for (size_t k = 0; k < ps->n_pins; k++)
+            ps->all[k] = keel_vars_at(ps->vars, k);
     }
     ps->zctx = zmq_ctx_new();
     if (ps->zctx == NULL) {
@@ -261,6 +273,8 @@ keel__ps_free(keel__ps *ps)
     free(ps->tcount);
     free(ps->tparts);
     free(ps->tcnt);
+    free(ps->all);
+    free(ps->have);
     keel_grads_free(ps->acc);
     for (int i = 0; i < ps->n_waiters; i++)
         zmq_msg_close(&ps->waiters[i].identity);
@@ -874,19 +888,13 @@ static keel_status
 aggregate(keel__ps *ps)
 {
     int64_t step = keel_vars_global_step(ps->vars);
-    size_t nv = keel_vars_count(ps->vars);
-    keel_var **all = calloc(nv ? nv : 1, sizeof *all);
-    unsigned char *have = calloc(nv ? nv : 1, 1);
+    size_t nv = ps->n_pins;
+    keel_var **all = ps->all;
+    unsigned char *have = ps->have;
     keel_status st = KEEL_OK;
     int fresh = 0;
     int64_t covered = 1;
-    if (all == NULL || have == NULL) {
-        free(all);
-        free(have);
-        return keel__fail(KEEL_ENOMEM, "ps: aggregation of %zu", nv);
-    }
-    for (size_t k = 0; k < nv; k++)
-        all[k] = keel_vars_at(ps->vars, k);
+    memset(have, 0, nv);
     st = wait_pins(ps, all, nv);
     for (int r = 0; r < ps->total_replicas; r++)
         fresh += ps->pending[r].used;
@@ -961,8 +969,6 @@ apply:
         p->vars = NULL;
         p->used = 0;
     }
-    free(all);
-    free(have);
     return st;
 }
 
