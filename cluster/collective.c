@@ -504,6 +504,60 @@ bcast_floats(float *p, size_t n, const char *name)
     return KEEL_OK;
 }
 
+/* What the broadcast sends of vs: its tensors (variables but local ones,
+ * and their slots) and their floats. */
+static void
+bcast_shape(keel_vars *vs, int64_t out[2])
+{
+    out[0] = out[1] = 0;
+    for (size_t i = 0; i < keel_vars_count(vs); i++) {
+        keel_var *v = keel_vars_at(vs, i);
+        const char *slot;
+        if (keel_var_flags(v) & KEEL_VAR_LOCAL)
+            continue;
+        out[0] += 1 + (int64_t)keel_var_slot_count(v);
+        out[1] += (int64_t)keel_var_tensor(v)->count;
+        for (size_t k = 0; k < keel_var_slot_count(v); k++)
+            out[1] += (int64_t)keel_var_slot_at(v, k, &slot)->count;
+    }
+}
+
+/* Every rank learns whether every rank's vs matches rank 0's in tensors
+ * and floats before any value travels: ranks that built other models
+ * would otherwise run a different sequence of broadcasts (and then
+ * all-gathers of other sizes) and wait for each other for ever. All ranks
+ * fail alike on a mismatch. */
+static keel_status
+bcast_agree(keel_collective *c, keel_vars *vs)
+{
+    int64_t mine[2], root[2];
+    int bad, any = 0, rc;
+    bcast_shape(vs, mine);
+    root[0] = mine[0];
+    root[1] = mine[1];
+    rc = MPI_Bcast(root, 2, MPI_INT64_T, 0, MPI_COMM_WORLD);
+    if (rc != MPI_SUCCESS)
+        return mpi_fail(rc, "the broadcast of the model's shape");
+    bad = mine[0] != root[0] || mine[1] != root[1];
+    rc = MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (rc != MPI_SUCCESS)
+        return mpi_fail(rc, "the check of the model's shape");
+    if (bad)
+        return keel__fail(KEEL_EINVAL, "collective: rank %d holds %lld "
+                          "tensors of %lld floats, rank 0 %lld of %lld "
+                          "(every rank must build the same model: the same "
+                          "config on every rank)", c->rank,
+                          (long long)mine[0], (long long)mine[1],
+                          (long long)root[0], (long long)root[1]);
+    if (any)
+        return keel__fail(KEEL_EINVAL, "collective: another rank's model "
+                          "differs from rank 0's %lld tensors of %lld "
+                          "floats (every rank must build the same model: "
+                          "the same config on every rank)",
+                          (long long)root[0], (long long)root[1]);
+    return KEEL_OK;
+}
+
 keel_status
 keel_collective_broadcast(keel_collective *c, keel_vars *vs)
 {
@@ -514,6 +568,8 @@ keel_collective_broadcast(keel_collective *c, keel_vars *vs)
         return keel__fail(KEEL_EINVAL, "collective: broadcast of NULL");
     if (c->size == 1)
         return KEEL_OK;
+    if ((st = bcast_agree(c, vs)) != KEEL_OK)
+        return st;
     step = keel_vars_global_step(vs);
     rc = MPI_Bcast(&step, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
     if (rc != MPI_SUCCESS)

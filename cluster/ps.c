@@ -64,6 +64,8 @@ struct keel__ps {
     long applied, dropped;
     pending_push *pending;       /* sync: one per replica */
     keel_grads *acc;             /* sync: the sums */
+    keel_var **all;              /* sync: every variable, in store order */
+    unsigned char *have;         /* sync: which sums a step has */
     /* sync with reduce_leaves L: the tree nodes covering each replica's
      * leaves, replica r's at tnodes[tfirst[r] .. tfirst[r] + tcount[r]),
      * tk in all (left to right over [0, L)) */
@@ -71,6 +73,8 @@ struct keel__ps {
     keel__tree_node *tnodes;
     int *tfirst, *tcount;
     int tk;
+    const float **tparts;        /* per variable: its tk node sums */
+    int *tcnt;                   /* per variable and replica: sums come */
     hello_waiter waiters[MAX_WAITERS];
     int n_waiters;
     /* liveness: when each replica was last heard from (monotonic ns) */
@@ -91,10 +95,11 @@ static keel_status
 tree_plan(keel__ps *ps, int64_t L)
 {
     int R = ps->total_replicas, cap = R * (2 * KEEL__TREE_MAX_DEPTH);
+    size_t nv = keel_vars_count(ps->vars);
     if (L % R != 0 || L > (int64_t)1 << 40)
         return keel__fail(KEEL_EINVAL, "ps %d: reduce_leaves %lld is not a "
-                          "multiple of the %d replicas", ps->task_index,
-                          (long long)L, R);
+                          "multiple of the %d replicas up to 2^40",
+                          ps->task_index, (long long)L, R);
     ps->tnodes = calloc((size_t)cap, sizeof *ps->tnodes);
     ps->tfirst = calloc((size_t)R, sizeof *ps->tfirst);
     ps->tcount = calloc((size_t)R, sizeof *ps->tcount);
@@ -109,6 +114,13 @@ tree_plan(keel__ps *ps, int64_t L)
         ps->tcount[r] = k;
         ps->tk += k;
     }
+    /* tree_aggregate's tables, once for the ps's fixed variables: a step
+     * allocates nothing */
+    ps->tparts = calloc(nv * (size_t)ps->tk + 1, sizeof *ps->tparts);
+    ps->tcnt = calloc(nv * (size_t)R + 1, sizeof *ps->tcnt);
+    if (ps->tparts == NULL || ps->tcnt == NULL)
+        return keel__fail(KEEL_ENOMEM, "ps: reduction tables of %zu "
+                          "variables", nv);
     ps->leaves = L;
     return KEEL_OK;
 }
@@ -182,6 +194,16 @@ keel__ps_new(const keel__ps_config *cfg, keel__ps **out)
             keel__wire_msg_init(&ps->pending[i].msg);
         if ((st = keel_grads_new(ps->vars, &ps->acc)) != KEEL_OK)
             goto fail;
+        /* aggregate's tables, once: a sync step allocates nothing */
+        ps->all = calloc(ps->n_pins ? ps->n_pins : 1, sizeof *ps->all);
+        ps->have = calloc(ps->n_pins ? ps->n_pins : 1, 1);
+        if (ps->all == NULL || ps->have == NULL) {
+            st = keel__fail(KEEL_ENOMEM, "ps: aggregation of %zu "
+                            "variables", ps->n_pins);
+            goto fail;
+        }
+        for (size_t k = 0; k < ps->n_pins; k++)
+            ps->all[k] = keel_vars_at(ps->vars, k);
     }
     ps->zctx = zmq_ctx_new();
     if (ps->zctx == NULL) {
@@ -249,6 +271,10 @@ keel__ps_free(keel__ps *ps)
     free(ps->tnodes);
     free(ps->tfirst);
     free(ps->tcount);
+    free(ps->tparts);
+    free(ps->tcnt);
+    free(ps->all);
+    free(ps->have);
     keel_grads_free(ps->acc);
     for (int i = 0; i < ps->n_waiters; i++)
         zmq_msg_close(&ps->waiters[i].identity);
@@ -801,14 +827,10 @@ tree_aggregate(keel__ps *ps, unsigned char *have)
 {
     size_t nv = keel_vars_count(ps->vars);
     size_t K = (size_t)ps->tk;
-    const float **parts = calloc(nv * K + 1, sizeof *parts);
-    int *cnt = calloc(nv * (size_t)ps->total_replicas + 1, sizeof *cnt);
+    const float **parts = ps->tparts;   /* read only where cnt is full */
+    int *cnt = ps->tcnt;
     keel_status st = KEEL_OK;
-    if (parts == NULL || cnt == NULL) {
-        free(parts);
-        free(cnt);
-        return keel__fail(KEEL_ENOMEM, "ps: tree sum of %zu variables", nv);
-    }
+    memset(cnt, 0, nv * (size_t)ps->total_replicas * sizeof *cnt);
     for (int r = 0; r < ps->total_replicas && st == KEEL_OK; r++) {
         pending_push *p = &ps->pending[r];
         for (size_t i = 0; i < p->msg.n; i++) {
@@ -856,8 +878,6 @@ tree_aggregate(keel__ps *ps, unsigned char *have)
                             acc->data, 0, acc->count);
         have[k] = 1;
     }
-    free(parts);
-    free(cnt);
     return st;
 }
 
@@ -868,19 +888,13 @@ static keel_status
 aggregate(keel__ps *ps)
 {
     int64_t step = keel_vars_global_step(ps->vars);
-    size_t nv = keel_vars_count(ps->vars);
-    keel_var **all = calloc(nv ? nv : 1, sizeof *all);
-    unsigned char *have = calloc(nv ? nv : 1, 1);
+    size_t nv = ps->n_pins;
+    keel_var **all = ps->all;
+    unsigned char *have = ps->have;
     keel_status st = KEEL_OK;
     int fresh = 0;
     int64_t covered = 1;
-    if (all == NULL || have == NULL) {
-        free(all);
-        free(have);
-        return keel__fail(KEEL_ENOMEM, "ps: aggregation of %zu", nv);
-    }
-    for (size_t k = 0; k < nv; k++)
-        all[k] = keel_vars_at(ps->vars, k);
+    memset(have, 0, nv);
     st = wait_pins(ps, all, nv);
     for (int r = 0; r < ps->total_replicas; r++)
         fresh += ps->pending[r].used;
@@ -955,8 +969,6 @@ apply:
         p->vars = NULL;
         p->used = 0;
     }
-    free(all);
-    free(have);
     return st;
 }
 

@@ -22,6 +22,10 @@
 #define DRAIN_MS 300
 #define HELLO_CHUNK_MS 2000
 #define HELLO_SIGNAL_MS 250
+/* The micro-batch gradient stores one push may carry (each trainable
+ * variable once per store): keel_cluster_backend_set_micro's bound, and
+ * what a ps and a worker size their messages for. */
+#define MAX_MICRO 64
 
 /* The options every role function reads: the spec plus the public
  * options resolved (placement as a flag, the send buffer as
@@ -179,8 +183,8 @@ run_ps(const keel__role_opts *o, const keel_vars *model, keel_optimizer *opt)
     if (st == KEEL_OK) {
         /* Bounded memory: no frame above the largest tensor served, no
          * message above what INIT (every variable and slot) or a sync push
-         * (each trainable variable once per micro-batch, at most 64) can
-         * carry. */
+         * (each trainable variable once per micro-batch, at most
+         * MAX_MICRO) can carry. */
         uint64_t all = 0, trainable = 0;
         size_t n_tensors = 0, n_trainable = 0;
         for (size_t i = 0; i < keel_vars_count(shard); i++) {
@@ -195,10 +199,10 @@ run_ps(const keel__role_opts *o, const keel_vars *model, keel_optimizer *opt)
         }
         memset(&pc, 0, sizeof pc);
         pc.limits.max_frame = largest_tensor(shard) + KEEL__WIRE_FRAME_SLACK;
-        pc.limits.max_total_bytes = all > 64 * trainable ? all
-                                                         : 64 * trainable;
-        pc.limits.max_tensors = n_tensors > 64 * n_trainable
-                                    ? n_tensors : 64 * n_trainable;
+        pc.limits.max_total_bytes = all > MAX_MICRO * trainable
+                                        ? all : MAX_MICRO * trainable;
+        pc.limits.max_tensors = n_tensors > MAX_MICRO * n_trainable
+                                    ? n_tensors : MAX_MICRO * n_trainable;
         if (pc.limits.max_total_bytes == 0)
             pc.limits.max_total_bytes = 1;
         if (pc.limits.max_tensors == 0)
@@ -401,7 +405,8 @@ worker_new(keel__role_opts *o, keel_vars *vs, keel_cluster_backend **out)
                         sizeof *w->req_ids);
     w->ps_of = calloc(w->n_vars ? w->n_vars : 1, sizeof *w->ps_of);
     w->curves = calloc((size_t)(w->n_ps ? w->n_ps : 1), sizeof *w->curves);
-    w->outs = calloc(w->n_names + w->n_vars * 64 + 1, sizeof *w->outs);
+    w->outs = calloc(w->n_names + w->n_vars * MAX_MICRO + 1,
+                     sizeof *w->outs);
     w->names = calloc(w->n_names ? w->n_names : 1, sizeof *w->names);
     if (w->clients == NULL || w->ps_gen == NULL || w->req_ids == NULL ||
         w->ps_of == NULL || w->curves == NULL ||
@@ -1289,9 +1294,9 @@ keel_status
 keel_cluster_backend_set_micro(keel_cluster_backend *w,
                                keel_grads *const *g, int n)
 {
-    if (w == NULL || n < 0 || n > 64 || (n > 0 && g == NULL))
+    if (w == NULL || n < 0 || n > MAX_MICRO || (n > 0 && g == NULL))
         return keel__fail(KEEL_EINVAL, "cluster backend: %d micro-batch "
-                          "gradient stores (want 0..64)", n);
+                          "gradient stores (want 0..%d)", n, MAX_MICRO);
     w->micro = n > 0 ? g : NULL;
     w->n_micro = n;
     return KEEL_OK;

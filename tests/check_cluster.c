@@ -990,6 +990,18 @@ typedef struct server {
     keel_status result;
 } server;
 
+/* A client of sv's ps as worker index, authenticated by curve (NULL:
+ * none). */
+static keel__wire_client *
+worker_client(server *sv, const keel__curve *curve, int index)
+{
+    keel__wire_client *c;
+    ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv->ps), curve,
+                                           KEEL_TASK_WORKER, index, &c),
+                     KEEL_OK);
+    return c;
+}
+
 static void *
 server_main(void *arg)
 {
@@ -1080,6 +1092,14 @@ raw_call(void *sock, zmq_msg_t *frames, int n, keel__wire_msg *reply,
     return keel__wire_recv(sock, 0, &lim, timeout_ms, reply);
 }
 
+/* *h: a request of type, every other field 0 */
+static void
+header_of(keel__wire_header *h, unsigned type)
+{
+    memset(h, 0, sizeof *h);
+    h->type = type;
+}
+
 static void
 expect_error_reply(void *sock, const raw *r, keel_status code,
                    const char *needle)
@@ -1124,9 +1144,7 @@ START_TEST(test_live_server_survives_garbage_and_serves_others)
     server_start(&sv, NULL, &lim);
     zmq_setsockopt(bad, ZMQ_LINGER, &zero, sizeof zero);
     ck_assert_int_eq(zmq_connect(bad, keel__ps_endpoint(sv.ps)), 0);
-    ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps), NULL,
-                                           KEEL_TASK_WORKER, 0, &good_c),
-                     KEEL_OK);
+    good_c = worker_client(&sv, NULL, 0);
 
     /* garbage: one frame of junk */
     {
@@ -1175,8 +1193,7 @@ START_TEST(test_live_server_survives_garbage_and_serves_others)
         gb.data[i] = -10.0f;
     push[0] = (keel__wire_out){ "layer/w", &gw, NULL };
     push[1] = (keel__wire_out){ "layer/b", &gb, NULL };
-    memset(&h, 0, sizeof h);
-    h.type = KEEL_MSG_PUSH;
+    header_of(&h, KEEL_MSG_PUSH);
     ck_assert_int_eq(keel__wire_client_call(good_c, &h, push, 2, 1, 3000, &r),
                      KEEL_OK);
     ck_assert_int_eq(r.h.type, KEEL_MSG_PUSH_ACK);
@@ -1226,8 +1243,7 @@ START_TEST(test_live_server_survives_garbage_and_serves_others)
     }
 
     /* STEP, HELLO, HEARTBEAT, INIT answer as they should */
-    memset(&h, 0, sizeof h);
-    h.type = KEEL_MSG_STEP;
+    header_of(&h, KEEL_MSG_STEP);
     ck_assert_int_eq(keel__wire_client_call(good_c, &h, NULL, 0, 0, 3000, &r),
                      KEEL_OK);
     ck_assert_int_eq(r.h.type, KEEL_MSG_STEP);
@@ -1250,8 +1266,7 @@ START_TEST(test_live_server_survives_garbage_and_serves_others)
     check_pull(good_c, 7.0f, 0.0f);
 
     /* SHUTDOWN ends the serving loop */
-    memset(&h, 0, sizeof h);
-    h.type = KEEL_MSG_SHUTDOWN;
+    header_of(&h, KEEL_MSG_SHUTDOWN);
     ck_assert_int_eq(keel__wire_client_call(good_c, &h, NULL, 0, 0, 3000, &r),
                      KEEL_OK);
     ck_assert_int_eq(r.h.type, KEEL_MSG_SHUTDOWN);
@@ -1299,8 +1314,7 @@ START_TEST(test_pull_of_named_and_unknown_variables)
                             .flags = KEEL_WIRE_F_NAMES_ONLY };
     keel__wire_msg r;
     server_start(&sv, NULL, NULL);
-    ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps), NULL,
-                                           KEEL_TASK_WORKER, 1, &c), KEEL_OK);
+    c = worker_client(&sv, NULL, 1);
     ck_assert_int_eq(keel__wire_client_call(c, &h, names, 1, 0, 3000, &r),
                      KEEL_OK);
     ck_assert_int_eq(r.n, 1);
@@ -1499,12 +1513,8 @@ START_TEST(test_curve_allowed_key_in_a_role_it_does_not_hold)
     atomic_store(&n_warned, 0);
     keel_log_set_handler(count_warnings, NULL, KEEL_LOG_WARN);
     server_start(&sv, &srv, NULL);      /* no chief: worker 0 is it */
-    ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps), &w1c,
-                                           KEEL_TASK_WORKER, 1, &as_w1),
-                     KEEL_OK);
-    ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps), &w1c,
-                                           KEEL_TASK_WORKER, 0, &as_w0),
-                     KEEL_OK);
+    as_w1 = worker_client(&sv, &w1c, 1);
+    as_w0 = worker_client(&sv, &w1c, 0);
     /* worker 1's own key: reads, but neither SHUTDOWN nor INIT */
     check_pull(as_w1, 0.0f, 10.0f);
     expect_refused(as_w1, KEEL_MSG_SHUTDOWN, "worker1 may not send "
@@ -1568,21 +1578,11 @@ START_TEST(test_token_admits_the_job_tasks_only)
     atomic_store(&n_warned, 0);
     keel_log_set_handler(count_warnings, NULL, KEEL_LOG_WARN);
     server_start(&sv, &srv, NULL);
-    ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps), &w0c,
-                                           KEEL_TASK_WORKER, 0, &w0),
-                     KEEL_OK);
-    ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps), &w1c,
-                                           KEEL_TASK_WORKER, 1, &w1),
-                     KEEL_OK);
-    ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps), &wrong,
-                                           KEEL_TASK_WORKER, 0, &bad),
-                     KEEL_OK);
-    ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps), &forged,
-                                           KEEL_TASK_WORKER, 0, &fake),
-                     KEEL_OK);
-    ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps), NULL,
-                                           KEEL_TASK_WORKER, 0, &none),
-                     KEEL_OK);
+    w0 = worker_client(&sv, &w0c, 0);
+    w1 = worker_client(&sv, &w1c, 1);
+    bad = worker_client(&sv, &wrong, 0);
+    fake = worker_client(&sv, &forged, 0);
+    none = worker_client(&sv, NULL, 0);
     check_pull(w0, 0.0f, 10.0f);
     check_pull(w1, 0.0f, 10.0f);
     expect_refused(w1, KEEL_MSG_SHUTDOWN, "worker1 may not send SHUTDOWN");
@@ -1651,12 +1651,9 @@ START_TEST(test_curve_admits_allowed_keys_only)
     atomic_store(&n_warned, 0);
     keel_log_set_handler(count_warnings, NULL, KEEL_LOG_WARN);
     server_start(&sv, &srv, NULL);
-    ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps), &ok_c,
-                                           KEEL_TASK_WORKER, 0, &c1), KEEL_OK);
-    ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps), &bad_c,
-                                           KEEL_TASK_WORKER, 1, &c2), KEEL_OK);
-    ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps), NULL,
-                                           KEEL_TASK_WORKER, 2, &c3), KEEL_OK);
+    c1 = worker_client(&sv, &ok_c, 0);
+    c2 = worker_client(&sv, &bad_c, 1);
+    c3 = worker_client(&sv, NULL, 2);
     check_pull(c1, 0.0f, 10.0f);
     ck_assert_int_eq(keel__wire_client_call(c2, &h, NULL, 0, 0, 400, &r),
                      KEEL_ETIMEOUT);
@@ -1754,21 +1751,57 @@ make_tensor(keel_tensor *t, const float *v, int ndim, const int64_t *shape)
     return st;
 }
 
+/* layer/w [2,3] from w and layer/b [3] from b (b NULL: layer/w alone),
+ * as the wire outs of an INIT or a PUSH (out borrows t). */
+typedef struct wb {
+    keel_tensor t[2];
+    keel__wire_out out[2];
+} wb;
+
+static void
+wb_make(wb *p, const float *w, const float *b)
+{
+    static const int64_t ws[2] = { 2, 3 }, bs[1] = { 3 };
+    memset(p, 0, sizeof *p);
+    ck_assert_int_eq(make_tensor(&p->t[0], w, 2, ws), KEEL_OK);
+    p->out[0] = (keel__wire_out){ "layer/w", &p->t[0], NULL };
+    if (b == NULL)
+        return;
+    ck_assert_int_eq(make_tensor(&p->t[1], b, 1, bs), KEEL_OK);
+    p->out[1] = (keel__wire_out){ "layer/b", &p->t[1], NULL };
+}
+
+/* A new store of layer/w [2,3] and layer/b [3], trainable. */
+static keel_vars *
+wb_vars(void)
+{
+    static const int64_t ws[2] = { 2, 3 }, bs[1] = { 3 };
+    keel_vars *vs;
+    ck_assert_int_eq(keel_vars_new(&vs), KEEL_OK);
+    ck_assert_int_eq(keel_vars_create(vs, "layer/w", 2, ws,
+                                      KEEL_VAR_TRAINABLE, NULL), KEEL_OK);
+    ck_assert_int_eq(keel_vars_create(vs, "layer/b", 1, bs,
+                                      KEEL_VAR_TRAINABLE, NULL), KEEL_OK);
+    return vs;
+}
+
+static void
+wb_release(wb *p)
+{
+    keel_tensor_release(&p->t[0]);
+    keel_tensor_release(&p->t[1]);
+}
+
 /* A real sync ps (SGD at rate 1, no chief job) over a new store of
  * layer/w [2,3] and layer/b [3], aggregating rta of total replicas, served
  * by a thread. On a refusal the store is left for the caller to free. */
 static keel_status
 sync_ps_start(server *sv, int rta, int total)
 {
-    int64_t ws[2] = { 2, 3 }, bs[1] = { 3 };
     keel__ps_config cfg = { .bind = "tcp://127.0.0.1:*" };
     keel_status st;
     memset(sv, 0, sizeof *sv);
-    ck_assert_int_eq(keel_vars_new(&sv->vars), KEEL_OK);
-    ck_assert_int_eq(keel_vars_create(sv->vars, "layer/w", 2, ws,
-                                      KEEL_VAR_TRAINABLE, NULL), KEEL_OK);
-    ck_assert_int_eq(keel_vars_create(sv->vars, "layer/b", 1, bs,
-                                      KEEL_VAR_TRAINABLE, NULL), KEEL_OK);
+    sv->vars = wb_vars();
     cfg.vars = sv->vars;
     cfg.apply = sgd_apply;
     cfg.sync = 1;
@@ -1809,95 +1842,78 @@ START_TEST(test_real_ps_checks_requests_and_aggregates_in_sync)
     keel__wire_client *w0, *w1;
     float wv[6] = { 1, 2, 3, 4, 5, 6 }, bv[3] = { 7, 8, 9 };
     float g0[6] = { 1, 1, 1, 1, 1, 1 }, g1[6] = { 2, 2, 2, 2, 2, 2 };
-    int64_t ws[2] = { 2, 3 }, bs[1] = { 3 }, wrong[2] = { 3, 2 };
-    keel_tensor tw, tb, tg0, tg1, twrong;
-    keel__wire_out init[2], p0[1], p1[1], bad[1];
+    int64_t wrong[2] = { 3, 2 };
+    keel_tensor twrong;
+    wb init, p0, p1;
+    keel__wire_out bad[1];
     keel__wire_header h;
     keel__wire_msg r;
     void *zctx = zmq_ctx_new(), *raw0 = zmq_socket(zctx, ZMQ_DEALER);
     int zero = 0;
 
-    ck_assert_int_eq(make_tensor(&tw, wv, 2, ws), KEEL_OK);
-    ck_assert_int_eq(make_tensor(&tb, bv, 1, bs), KEEL_OK);
-    ck_assert_int_eq(make_tensor(&tg0, g0, 2, ws), KEEL_OK);
-    ck_assert_int_eq(make_tensor(&tg1, g1, 2, ws), KEEL_OK);
+    wb_make(&init, wv, bv);
+    wb_make(&p0, g0, NULL);
+    wb_make(&p1, g1, NULL);
     ck_assert_int_eq(make_tensor(&twrong, g0, 2, wrong), KEEL_OK);
-    init[0] = (keel__wire_out){ "layer/w", &tw, NULL };
-    init[1] = (keel__wire_out){ "layer/b", &tb, NULL };
-    p0[0] = (keel__wire_out){ "layer/w", &tg0, NULL };
-    p1[0] = (keel__wire_out){ "layer/w", &tg1, NULL };
     bad[0] = (keel__wire_out){ "layer/w", &twrong, NULL };
     real_start(&sv);
-    ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps), NULL,
-                                           KEEL_TASK_WORKER, 0, &w0), KEEL_OK);
-    ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps), NULL,
-                                           KEEL_TASK_WORKER, 1, &w1), KEEL_OK);
+    w0 = worker_client(&sv, NULL, 0);
+    w1 = worker_client(&sv, NULL, 1);
     /* before INIT: nothing to pull or push, HELLO says not ready */
-    memset(&h, 0, sizeof h);
-    h.type = KEEL_MSG_PULL;
+    header_of(&h, KEEL_MSG_PULL);
     h.flags = KEEL_WIRE_F_NAMES_ONLY;
     expect_call_error(w1, &h, NULL, 0, KEEL_EUNAVAILABLE, "no state yet");
-    memset(&h, 0, sizeof h);
-    h.type = KEEL_MSG_PUSH;
-    expect_call_error(w1, &h, p1, 1, KEEL_EUNAVAILABLE, "no state yet");
-    memset(&h, 0, sizeof h);
-    h.type = KEEL_MSG_HELLO;
+    header_of(&h, KEEL_MSG_PUSH);
+    expect_call_error(w1, &h, p1.out, 1, KEEL_EUNAVAILABLE, "no state yet");
+    header_of(&h, KEEL_MSG_HELLO);
     ck_assert_int_eq(keel__wire_client_call(w1, &h, NULL, 0, 0, 3000, &r),
                      KEEL_OK);
     ck_assert_int_eq(r.h.type, KEEL_MSG_READY);
     ck_assert_int_eq(r.h.arg, 0);
     keel__wire_msg_clear(&r);
     /* only the chief (worker 0: no chief job) initializes */
-    memset(&h, 0, sizeof h);
-    h.type = KEEL_MSG_INIT;
-    expect_call_error(w1, &h, init, 2, KEEL_EINVAL, "worker1 may not send "
+    header_of(&h, KEEL_MSG_INIT);
+    expect_call_error(w1, &h, init.out, 2, KEEL_EINVAL, "worker1 may not send "
                       "INIT");
     /* a global step out of range: refused, nothing initialized */
-    memset(&h, 0, sizeof h);
-    h.type = KEEL_MSG_INIT;
+    header_of(&h, KEEL_MSG_INIT);
     h.global_step = -1;
-    expect_call_error(w0, &h, init, 2, KEEL_EINVAL, "INIT with global step "
+    expect_call_error(w0, &h, init.out, 2, KEEL_EINVAL, "INIT with global step "
                       "-1");
-    memset(&h, 0, sizeof h);
-    h.type = KEEL_MSG_INIT;
+    header_of(&h, KEEL_MSG_INIT);
     h.global_step = INT64_MAX;
-    expect_call_error(w0, &h, init, 2, KEEL_EINVAL, "must be 0..");
-    memset(&h, 0, sizeof h);
-    h.type = KEEL_MSG_INIT;
+    expect_call_error(w0, &h, init.out, 2, KEEL_EINVAL, "must be 0..");
+    header_of(&h, KEEL_MSG_INIT);
     h.global_step = 5;
-    ck_assert_int_eq(keel__wire_client_call(w0, &h, init, 2, 0, 3000, &r),
+    ck_assert_int_eq(keel__wire_client_call(w0, &h, init.out, 2, 0, 3000, &r),
                      KEEL_OK);
     keel__wire_msg_clear(&r);
     /* wrong shape, slot, ahead of the ps: refused, server goes on */
-    memset(&h, 0, sizeof h);
-    h.type = KEEL_MSG_PUSH;
+    header_of(&h, KEEL_MSG_PUSH);
     h.local_step = 5;
     expect_call_error(w1, &h, bad, 1, KEEL_EINVAL, "has shape [2,3]");
-    memset(&h, 0, sizeof h);
-    h.type = KEEL_MSG_PUSH;
+    header_of(&h, KEEL_MSG_PUSH);
     h.local_step = 6;
-    expect_call_error(w1, &h, p1, 1, KEEL_EABORTED, "ps 0 is at step 5");
+    expect_call_error(w1, &h, p1.out, 1, KEEL_EABORTED, "ps 0 is at step 5");
     /* sync: worker 0's push is held until worker 1's arrives */
     zmq_setsockopt(raw0, ZMQ_LINGER, &zero, sizeof zero);
     ck_assert_int_eq(zmq_connect(raw0, keel__ps_endpoint(sv.ps)), 0);
-    memset(&h, 0, sizeof h);
-    h.type = KEEL_MSG_PUSH;
+    header_of(&h, KEEL_MSG_PUSH);
     h.request_id = 77;
     h.sender_type = KEEL_TASK_WORKER;
     h.sender_index = 0;
     h.local_step = 5;
-    ck_assert_int_eq(keel__wire_send(raw0, NULL, &h, p0, 1, NULL, NULL),
+    ck_assert_int_eq(keel__wire_send(raw0, NULL, &h, p0.out, 1, NULL, NULL),
                      KEEL_OK);
     {
         keel__wire_limits lim = { 0 };
         ck_assert_int_eq(keel__wire_recv(raw0, 0, &lim, 200, &r),
                          KEEL_ETIMEOUT);          /* held: no token yet */
         keel__wire_msg_clear(&r);
-        memset(&h, 0, sizeof h);
-        h.type = KEEL_MSG_PUSH;
+        header_of(&h, KEEL_MSG_PUSH);
         h.flags = KEEL_WIRE_F_WANT_VALUES;
         h.local_step = 5;
-        ck_assert_int_eq(keel__wire_client_call(w1, &h, p1, 1, 0, 3000, &r),
+        ck_assert_int_eq(keel__wire_client_call(w1, &h, p1.out, 1, 0, 3000, &r),
                          KEEL_OK);
         ck_assert_int_eq(r.h.type, KEEL_MSG_PUSH_ACK);
         ck_assert_int_eq(r.h.global_step, 6);
@@ -1912,15 +1928,13 @@ START_TEST(test_real_ps_checks_requests_and_aggregates_in_sync)
         keel__wire_msg_clear(&r);
     }
     /* a late gradient for step 5 is stale: dropped, answered at once */
-    memset(&h, 0, sizeof h);
-    h.type = KEEL_MSG_PUSH;
+    header_of(&h, KEEL_MSG_PUSH);
     h.local_step = 5;
-    ck_assert_int_eq(keel__wire_client_call(w1, &h, p1, 1, 0, 3000, &r),
+    ck_assert_int_eq(keel__wire_client_call(w1, &h, p1.out, 1, 0, 3000, &r),
                      KEEL_OK);
     ck_assert_int_eq(r.h.global_step, 6);
     keel__wire_msg_clear(&r);
-    memset(&h, 0, sizeof h);
-    h.type = KEEL_MSG_STEP;
+    header_of(&h, KEEL_MSG_STEP);
     ck_assert_int_eq(keel__wire_client_call(w1, &h, NULL, 0, 0, 3000, &r),
                      KEEL_OK);
     ck_assert_ptr_nonnull(r.text);
@@ -1931,10 +1945,9 @@ START_TEST(test_real_ps_checks_requests_and_aggregates_in_sync)
     keel__wire_client_free(w0);
     keel__wire_client_free(w1);
     server_stop(&sv);
-    keel_tensor_release(&tw);
-    keel_tensor_release(&tb);
-    keel_tensor_release(&tg0);
-    keel_tensor_release(&tg1);
+    wb_release(&init);
+    wb_release(&p0);
+    wb_release(&p1);
     keel_tensor_release(&twrong);
 }
 END_TEST
@@ -1952,25 +1965,14 @@ START_TEST(test_real_ps_applies_the_mean_with_a_backup_worker)
     float wv[6] = { 10, 20, 30, 40, 50, 60 }, bv[3] = { 1, 2, 3 };
     float s1w[6] = { 1, 1, 1, 1, 1, 1 }, s2w[6] = { 2, 2, 2, 2, 2, 2 };
     float s1b[3] = { 0.5f, 0.5f, 0.5f }, s2b[3] = { 1, 1, 1 };
-    int64_t ws[2] = { 2, 3 }, bs[1] = { 3 };
-    keel_tensor tw, tb, t1w, t2w, t1b, t2b;
-    keel__wire_out init[2], p1[2], p2[2];
+    wb init, p1, p2;
     keel__wire_header h;
     keel__wire_msg r;
     uint64_t id1;
 
-    ck_assert_int_eq(make_tensor(&tw, wv, 2, ws), KEEL_OK);
-    ck_assert_int_eq(make_tensor(&tb, bv, 1, bs), KEEL_OK);
-    ck_assert_int_eq(make_tensor(&t1w, s1w, 2, ws), KEEL_OK);
-    ck_assert_int_eq(make_tensor(&t2w, s2w, 2, ws), KEEL_OK);
-    ck_assert_int_eq(make_tensor(&t1b, s1b, 1, bs), KEEL_OK);
-    ck_assert_int_eq(make_tensor(&t2b, s2b, 1, bs), KEEL_OK);
-    init[0] = (keel__wire_out){ "layer/w", &tw, NULL };
-    init[1] = (keel__wire_out){ "layer/b", &tb, NULL };
-    p1[0] = (keel__wire_out){ "layer/w", &t1w, NULL };
-    p1[1] = (keel__wire_out){ "layer/b", &t1b, NULL };
-    p2[0] = (keel__wire_out){ "layer/w", &t2w, NULL };
-    p2[1] = (keel__wire_out){ "layer/b", &t2b, NULL };
+    wb_make(&init, wv, bv);
+    wb_make(&p1, s1w, s1b);
+    wb_make(&p2, s2w, s2b);
 
     /* more to aggregate than replicas: refused, no server that waits
      * forever */
@@ -1982,28 +1984,23 @@ START_TEST(test_real_ps_applies_the_mean_with_a_backup_worker)
     ck_assert_msg(sync_ps_start(&sv, 2, 3) == KEEL_OK, "%s",
                   keel_last_error());
     for (int i = 0; i < 3; i++)
-        ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps),
-                                               NULL, KEEL_TASK_WORKER, i,
-                                               &w[i]), KEEL_OK);
-    memset(&h, 0, sizeof h);
-    h.type = KEEL_MSG_INIT;
+        w[i] = worker_client(&sv, NULL, i);
+    header_of(&h, KEEL_MSG_INIT);
     h.global_step = 7;
-    ck_assert_int_eq(keel__wire_client_call(w[0], &h, init, 2, 0, 3000, &r),
+    ck_assert_int_eq(keel__wire_client_call(w[0], &h, init.out, 2, 0, 3000, &r),
                      KEEL_OK);
     keel__wire_msg_clear(&r);
     /* workers 1 and 2 make step 7; worker 0 (the chief) is the straggler.
      * Worker 1's push is held until worker 2's completes the step. */
-    memset(&h, 0, sizeof h);
-    h.type = KEEL_MSG_PUSH;
+    header_of(&h, KEEL_MSG_PUSH);
     h.local_step = 7;
-    ck_assert_int_eq(keel__wire_client_send(w[1], &h, p1, 2, 0, 3000),
+    ck_assert_int_eq(keel__wire_client_send(w[1], &h, p1.out, 2, 0, 3000),
                      KEEL_OK);
     id1 = h.request_id;
-    memset(&h, 0, sizeof h);
-    h.type = KEEL_MSG_PUSH;
+    header_of(&h, KEEL_MSG_PUSH);
     h.flags = KEEL_WIRE_F_WANT_VALUES;
     h.local_step = 7;
-    ck_assert_int_eq(keel__wire_client_call(w[2], &h, p2, 2, 0, 3000, &r),
+    ck_assert_int_eq(keel__wire_client_call(w[2], &h, p2.out, 2, 0, 3000, &r),
                      KEEL_OK);
     ck_assert_int_eq(r.h.type, KEEL_MSG_PUSH_ACK);
     ck_assert_int_eq(r.h.global_step, 8);
@@ -2023,18 +2020,16 @@ START_TEST(test_real_ps_applies_the_mean_with_a_backup_worker)
     }
     /* the straggler's gradient for step 7 is stale: dropped, nothing
      * applied */
-    memset(&h, 0, sizeof h);
-    h.type = KEEL_MSG_PUSH;
+    header_of(&h, KEEL_MSG_PUSH);
     h.flags = KEEL_WIRE_F_WANT_VALUES;
     h.local_step = 7;
-    ck_assert_int_eq(keel__wire_client_call(w[0], &h, p2, 2, 0, 3000, &r),
+    ck_assert_int_eq(keel__wire_client_call(w[0], &h, p2.out, 2, 0, 3000, &r),
                      KEEL_OK);
     ck_assert_int_eq(r.h.global_step, 8);
     for (int i = 0; i < 6; i++)
         ck_assert_float_eq(r.tensors[0].t.data[i], wv[i] - 4.5f);
     keel__wire_msg_clear(&r);
-    memset(&h, 0, sizeof h);
-    h.type = KEEL_MSG_STEP;
+    header_of(&h, KEEL_MSG_STEP);
     ck_assert_int_eq(keel__wire_client_call(w[0], &h, NULL, 0, 0, 3000, &r),
                      KEEL_OK);
     ck_assert_str_eq(r.text, "applied=2 dropped=1 ready=1 step=8");
@@ -2042,12 +2037,9 @@ START_TEST(test_real_ps_applies_the_mean_with_a_backup_worker)
     for (int i = 0; i < 3; i++)
         keel__wire_client_free(w[i]);
     server_stop(&sv);
-    keel_tensor_release(&tw);
-    keel_tensor_release(&tb);
-    keel_tensor_release(&t1w);
-    keel_tensor_release(&t2w);
-    keel_tensor_release(&t1b);
-    keel_tensor_release(&t2b);
+    wb_release(&init);
+    wb_release(&p1);
+    wb_release(&p2);
 }
 END_TEST
 
@@ -2108,32 +2100,22 @@ START_TEST(test_global_step_waiter_hook_sees_the_cluster_step)
     keel_session_config sc;
     waiter_run wr;
     pthread_t th;
-    int64_t ws[2] = { 2, 3 }, bs[1] = { 3 }, deadline;
+    int64_t deadline;
     float wv[6] = { 10, 10, 10, 10, 10, 10 }, bv[3] = { 1, 1, 1 };
     float one[6] = { 1, 1, 1, 1, 1, 1 };
-    keel_tensor tw, tb, g1w, g1b;
-    keel__wire_out init[2], push[2];
+    wb init, push;
     keel__wire_header h;
     keel__wire_msg r;
     char list[128];
 
     /* the ps: 2 replicas, 1 aggregated */
     ck_assert_int_eq(sync_ps_start(&sv, 1, 2), KEEL_OK);
-    ck_assert_int_eq(make_tensor(&tw, wv, 2, ws), KEEL_OK);
-    ck_assert_int_eq(make_tensor(&tb, bv, 1, bs), KEEL_OK);
-    ck_assert_int_eq(make_tensor(&g1w, one, 2, ws), KEEL_OK);
-    ck_assert_int_eq(make_tensor(&g1b, one, 1, bs), KEEL_OK);
-    init[0] = (keel__wire_out){ "layer/w", &tw, NULL };
-    init[1] = (keel__wire_out){ "layer/b", &tb, NULL };
-    push[0] = (keel__wire_out){ "layer/w", &g1w, NULL };
-    push[1] = (keel__wire_out){ "layer/b", &g1b, NULL };
-    ck_assert_int_eq(keel__wire_client_new(keel__ps_endpoint(sv.ps), NULL,
-                                           KEEL_TASK_WORKER, 0, &chief),
-                     KEEL_OK);
-    memset(&h, 0, sizeof h);
-    h.type = KEEL_MSG_INIT;
+    wb_make(&init, wv, bv);
+    wb_make(&push, one, one);
+    chief = worker_client(&sv, NULL, 0);
+    header_of(&h, KEEL_MSG_INIT);
     h.global_step = 5;
-    ck_assert_int_eq(keel__wire_client_call(chief, &h, init, 2, 0, 3000, &r),
+    ck_assert_int_eq(keel__wire_client_call(chief, &h, init.out, 2, 0, 3000, &r),
                      KEEL_OK);
     keel__wire_msg_clear(&r);
 
@@ -2157,11 +2139,7 @@ START_TEST(test_global_step_waiter_hook_sees_the_cluster_step)
     o.step_timeout_secs = 10;
     o.ready_retry_ms = 20;
     o.max_wait_secs = 10;
-    ck_assert_int_eq(keel_vars_new(&vs), KEEL_OK);
-    ck_assert_int_eq(keel_vars_create(vs, "layer/w", 2, ws,
-                                      KEEL_VAR_TRAINABLE, NULL), KEEL_OK);
-    ck_assert_int_eq(keel_vars_create(vs, "layer/b", 1, bs,
-                                      KEEL_VAR_TRAINABLE, NULL), KEEL_OK);
+    vs = wb_vars();
     ck_assert_msg(keel_cluster_backend_new(spec, vs, &o, &wk) == KEEL_OK,
                   "%s", keel_last_error());
     keel_cluster_backend_get(wk, &be);
@@ -2185,10 +2163,9 @@ START_TEST(test_global_step_waiter_hook_sees_the_cluster_step)
 
     /* the chief trains steps 5..7 alone (1 aggregated) */
     for (int64_t step = 5; step < 8; step++) {
-        memset(&h, 0, sizeof h);
-        h.type = KEEL_MSG_PUSH;
+        header_of(&h, KEEL_MSG_PUSH);
         h.local_step = step;
-        ck_assert_int_eq(keel__wire_client_call(chief, &h, push, 2, 0, 3000,
+        ck_assert_int_eq(keel__wire_client_call(chief, &h, push.out, 2, 0, 3000,
                                                 &r), KEEL_OK);
         ck_assert_int_eq(r.h.global_step, step + 1);
         keel__wire_msg_clear(&r);
@@ -2199,10 +2176,9 @@ START_TEST(test_global_step_waiter_hook_sees_the_cluster_step)
         usleep(10000);
     ck_assert_msg(!atomic_load(&wr.done), "the waiter did not wait: %s",
                   keel_last_error());
-    memset(&h, 0, sizeof h);
-    h.type = KEEL_MSG_PUSH;
+    header_of(&h, KEEL_MSG_PUSH);
     h.local_step = 8;
-    ck_assert_int_eq(keel__wire_client_call(chief, &h, push, 2, 0, 3000, &r),
+    ck_assert_int_eq(keel__wire_client_call(chief, &h, push.out, 2, 0, 3000, &r),
                      KEEL_OK);
     ck_assert_int_eq(r.h.global_step, 9);
     keel__wire_msg_clear(&r);
@@ -2218,8 +2194,7 @@ START_TEST(test_global_step_waiter_hook_sees_the_cluster_step)
     ck_assert_int_eq(keel_session_global_step(wr.s), 10);
     ck_assert_float_eq(keel_var_tensor(keel_vars_find(vs, "layer/w"))->data[5],
                        1.5f);
-    memset(&h, 0, sizeof h);
-    h.type = KEEL_MSG_STEP;
+    header_of(&h, KEEL_MSG_STEP);
     ck_assert_int_eq(keel__wire_client_call(chief, &h, NULL, 0, 0, 3000, &r),
                      KEEL_OK);
     ck_assert_str_eq(r.text, "applied=5 dropped=0 ready=1 step=10");
@@ -2233,10 +2208,8 @@ START_TEST(test_global_step_waiter_hook_sees_the_cluster_step)
     keel_cluster_spec_free(spec);
     keel__wire_client_free(chief);
     server_stop(&sv);
-    keel_tensor_release(&tw);
-    keel_tensor_release(&tb);
-    keel_tensor_release(&g1w);
-    keel_tensor_release(&g1b);
+    wb_release(&init);
+    wb_release(&push);
 }
 END_TEST
 
@@ -2296,9 +2269,7 @@ START_TEST(test_heartbeats_see_the_step_state_and_a_restarted_ps)
     char ep[KEEL_ADDR_MAX + 16];
     const char *eps[1];
     float wv[6] = { 0 }, bv[3] = { 0 }, g[6] = { 1, 1, 1, 1, 1, 1 };
-    int64_t ws[2] = { 2, 3 }, bs[1] = { 3 };
-    keel_tensor tw, tb, tg;
-    keel__wire_out init[2], push[1];
+    wb init, push;
     keel__wire_header h;
     keel__wire_msg r;
     uint64_t gen1;
@@ -2318,20 +2289,14 @@ START_TEST(test_heartbeats_see_the_step_state_and_a_restarted_ps)
      * waits for worker 1, which heartbeats but has not pushed */
     ck_assert_int_eq(keel__wire_client_new(ep, NULL, KEEL_TASK_WORKER, 0,
                                            &w0), KEEL_OK);
-    ck_assert_int_eq(make_tensor(&tw, wv, 2, ws), KEEL_OK);
-    ck_assert_int_eq(make_tensor(&tb, bv, 1, bs), KEEL_OK);
-    ck_assert_int_eq(make_tensor(&tg, g, 2, ws), KEEL_OK);
-    init[0] = (keel__wire_out){ "layer/w", &tw, NULL };
-    init[1] = (keel__wire_out){ "layer/b", &tb, NULL };
-    memset(&h, 0, sizeof h);
-    h.type = KEEL_MSG_INIT;
-    ck_assert_int_eq(keel__wire_client_call(w0, &h, init, 2, 0, 3000, &r),
+    wb_make(&init, wv, bv);
+    wb_make(&push, g, NULL);
+    header_of(&h, KEEL_MSG_INIT);
+    ck_assert_int_eq(keel__wire_client_call(w0, &h, init.out, 2, 0, 3000, &r),
                      KEEL_OK);
     keel__wire_msg_clear(&r);
-    push[0] = (keel__wire_out){ "layer/w", &tg, NULL };
-    memset(&h, 0, sizeof h);
-    h.type = KEEL_MSG_PUSH;
-    ck_assert_int_eq(keel__wire_client_send(w0, &h, push, 1, 0, 3000),
+    header_of(&h, KEEL_MSG_PUSH);
+    ck_assert_int_eq(keel__wire_client_send(w0, &h, push.out, 1, 0, 3000),
                      KEEL_OK);
     for (int i = 0; i < 100; i++) {       /* each wait is one new answer */
         keel__hb_peer_get(hb, 0, &peer);
@@ -2359,9 +2324,8 @@ START_TEST(test_heartbeats_see_the_step_state_and_a_restarted_ps)
     ck_assert_msg(strstr(peer.status, "ready=0") != NULL, "%s", peer.status);
     keel__hb_stop(hb);
     server_stop(&sv);
-    keel_tensor_release(&tw);
-    keel_tensor_release(&tb);
-    keel_tensor_release(&tg);
+    wb_release(&init);
+    wb_release(&push);
 }
 END_TEST
 
@@ -2457,6 +2421,20 @@ seam_step(void *ctx, keel_step *st)
     return KEEL_OK;
 }
 
+/* A training session over vs with seam_step, stopped by stop, the
+ * optimizer opt. */
+static void
+seam_config(keel_training_config *cfg, keel_vars *vs, keel_hook *stop,
+            const keel_optimizer_config *opt)
+{
+    keel_training_config_init(cfg);
+    cfg->session.vars = vs;
+    cfg->session.step = seam_step;
+    cfg->session.hooks = stop;
+    cfg->session.n_hooks = 1;
+    cfg->optimizer = opt;
+}
+
 /* keel_ps_run in a thread, a MonitoredTrainingSession with cfg.cluster as
  * the chief: momentum (lr 0.5, m 0.9) is applied on the ps; the chief's
  * final checkpoint holds the ps's values and slots (pulled before the
@@ -2495,12 +2473,7 @@ START_TEST(test_seam_ps_run_and_training_session_on_a_cluster)
 
     tu_mkdtemp(dir, sizeof dir);
     ck_assert_int_eq(keel_stop_at_step_hook_new(0, 3, &stop), KEEL_OK);
-    keel_training_config_init(&cfg);
-    cfg.session.vars = vs;
-    cfg.session.step = seam_step;
-    cfg.session.hooks = &stop;
-    cfg.session.n_hooks = 1;
-    cfg.optimizer = &mom;
+    seam_config(&cfg, vs, &stop, &mom);
     cfg.cluster = chief_spec;
     cfg.cluster_options = &co;
     cfg.checkpoint_dir = dir;
@@ -2551,12 +2524,7 @@ START_TEST(test_seam_training_optimizer_alone)
     mom.schedule.learning_rate = 0.5;
     mom.momentum = 0.9;
     ck_assert_int_eq(keel_stop_at_step_hook_new(0, 3, &stop), KEEL_OK);
-    keel_training_config_init(&cfg);
-    cfg.session.vars = vs;
-    cfg.session.step = seam_step;
-    cfg.session.hooks = &stop;
-    cfg.session.n_hooks = 1;
-    cfg.optimizer = &mom;
+    seam_config(&cfg, vs, &stop, &mom);
     cfg.log_step_count_steps = 0;
     ck_assert_int_eq(keel_training_session_new(&cfg, &s), KEEL_OK);
     ck_assert_int_eq(keel_session_train(s), KEEL_OK);

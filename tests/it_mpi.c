@@ -59,19 +59,13 @@ teardown(void)
     tu_teardown();
 }
 
-/* mpirun -n n keel train cfg_path -s checkpoint.dir=<tu_dir>/dir [-s
- * extra] within the timeout; its exit status. */
+/* The start of an mpirun command line: its options (every rank on this
+ * machine, shared memory and loopback only); the next free index. */
 static int
-mpirun_train(int n, const char *dir, const char *extra)
+mpirun_options(char **argv)
 {
-    char ranks[8], ckdir[4200];
-    char *argv[32];
     int k = 0;
-    snprintf(ranks, sizeof ranks, "%d", n);
-    TU_SNPRINTF(ckdir, sizeof ckdir, "checkpoint.dir=%s", tu_path(dir));
     argv[k++] = KEEL_MPIRUN;
-    argv[k++] = "-n";
-    argv[k++] = ranks;
     argv[k++] = "--oversubscribe";
     argv[k++] = "--mca";
     argv[k++] = "btl";
@@ -79,15 +73,41 @@ mpirun_train(int n, const char *dir, const char *extra)
     argv[k++] = "--mca";
     argv[k++] = "oob_tcp_if_include";
     argv[k++] = "lo";
+    return k;
+}
+
+/* One application context: -n n keel train cfg_path -s ckdir [-s extra]
+ * at argv[k]; the next free index. */
+static int
+mpirun_app(char **argv, int k, const char *ranks, const char *ckdir,
+           const char *extra)
+{
+    argv[k++] = "-n";
+    argv[k++] = (char *)ranks;
     argv[k++] = (char *)tu_build_path("keel");
     argv[k++] = "train";
     argv[k++] = (char *)cfg_path;
     argv[k++] = "-s";
-    argv[k++] = ckdir;
+    argv[k++] = (char *)ckdir;
     if (extra != NULL) {
         argv[k++] = "-s";
         argv[k++] = (char *)extra;
     }
+    return k;
+}
+
+/* mpirun -n n keel train cfg_path -s checkpoint.dir=<tu_dir>/dir [-s
+ * extra] within the timeout; its exit status. */
+static int
+mpirun_train(int n, const char *dir, const char *extra)
+{
+    char ranks[8], ckdir[4200];
+    char *argv[32];
+    int k;
+    snprintf(ranks, sizeof ranks, "%d", n);
+    TU_SNPRINTF(ckdir, sizeof ckdir, "checkpoint.dir=%s", tu_path(dir));
+    k = mpirun_options(argv);
+    k = mpirun_app(argv, k, ranks, ckdir, extra);
     argv[k] = NULL;
     return tu_run(argv, NULL, 120000, out, sizeof out, err, sizeof err);
 }
@@ -245,6 +265,23 @@ START_TEST(test_bad_setups_exit_2)
     ck_assert_int_eq(mpirun_train(3, "bad", NULL) != 0, 1);
     ck_assert_msg(strstr(err, "3 ranks and train.leaves = 4") != NULL, "%s",
                   tu_tail(err, 3000));
+    /* ranks that built other models (rank 1: model.hidden = 16): every
+     * rank fails with the reason before any value travels, none waits
+     * for the others (mpirun's deadline would end a hang) */
+    {
+        char *argv[40];
+        int k = mpirun_options(argv);
+        k = mpirun_app(argv, k, "1", ckdir, NULL);
+        argv[k++] = ":";
+        k = mpirun_app(argv, k, "1", ckdir, "model.hidden=16");
+        argv[k] = NULL;
+        ck_assert_int_ne(tu_run(argv, NULL, 120000, out, sizeof out, err,
+                                sizeof err), 0);
+        ck_assert_msg(strstr(err, "every rank must build the same model")
+                      != NULL, "%s", tu_tail(err, 3000));
+        ck_assert_msg(strstr(err, "rank 1 holds") != NULL, "%s",
+                      tu_tail(err, 3000));
+    }
     /* the ranks come from MPI, not from a cluster spec */
     {
         char *argv[] = { (char *)tu_build_path("keel"), "train",
