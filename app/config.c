@@ -129,6 +129,18 @@ static const key_def schema[] = {
     { "kfac", "invert_every", T_INT, "10", 1, 1000000, NULL,
       "Recompute the damped inverses every this many steps." },
 
+    { "algorithm", "name", T_ENUM, "sync", NOLIM, "sync|async|hogwild",
+      "The training scheme (docs/algorithms.md). On a cluster: sync is "
+      "SyncReplicas, async and hogwild apply each push as it arrives (as "
+      "cluster.mode, which must agree when both are set). In one process: "
+      "hogwild runs train.model_threads threads, each on its own "
+      "batch_size mini-batches, updating the shared variables with no "
+      "lock; sync and async train as usual." },
+    { "algorithm", "hogwild_cas", T_BOOL, "false", NOLIM, NULL,
+      "hogwild in one process: change each variable element by a "
+      "compare-and-swap loop, so no concurrent update is lost (false: "
+      "plain racy stores, the paper's setting)." },
+
     { "train", "batch_size", T_INT, "64", 1, 1 << 20, NULL,
       "Global batch size (split across workers)." },
     { "train", "max_steps", T_INT, "0", 0, I64MAX, NULL,
@@ -148,7 +160,8 @@ static const key_def schema[] = {
       "share the fixed pieces of every batch (CNN: 16 examples; dense "
       "models: ceil(batch_size / 256) equal pieces, each layer in two "
       "fixed column halves) and the optimizer update. Results are bitwise identical for every value (with "
-      "OpenBLAS single-threaded, as model threads always run it)." },
+      "OpenBLAS single-threaded, as model threads always run it). With "
+      "algorithm.name = hogwild: the Hogwild threads (not bit-neutral)." },
     { "train", "micro_batch", T_INT, "0", 0, 1 << 20, NULL,
       "Fixed micro-batch size (0: off). Each gradient is summed over "
       "micro-batches of this many examples in global order, so 1 process "
@@ -1145,6 +1158,33 @@ keel_config_validate(const keel_config *cfg)
         return keel__fail(KEEL_EINVAL, "the run has no end: set "
                           "train.max_steps or train.epochs (or both; the "
                           "first reached stops training)");
+    {
+        const char *alg = keel_config_str(cfg, "algorithm.name");
+        int is_hw = strcmp(alg, "hogwild") == 0;
+        if (keel_config_is_set(cfg, "algorithm.name") &&
+            keel_config_is_set(cfg, "cluster.mode") &&
+            (strcmp(alg, "sync") == 0) !=
+            (strcmp(keel_config_str(cfg, "cluster.mode"), "sync") == 0))
+            return keel__fail(KEEL_EINVAL, "algorithm.name = %s (%s) and "
+                              "cluster.mode = %s (%s) disagree; keep "
+                              "algorithm.name", alg,
+                              keel_config_origin(cfg, "algorithm.name"),
+                              keel_config_str(cfg, "cluster.mode"),
+                              keel_config_origin(cfg, "cluster.mode"));
+        if (is_hw && strcmp(keel_config_str(cfg, "optimizer.name"),
+                            "kfac") == 0)
+            return keel__fail(KEEL_EINVAL, "algorithm.name = hogwild and "
+                              "optimizer.name = kfac (%s): K-FAC's shared "
+                              "factors need one update at a time; pick "
+                              "another optimizer",
+                              keel_config_origin(cfg, "optimizer.name"));
+        if (is_hw && keel_config_int(cfg, "train.micro_batch") > 0)
+            return keel__fail(KEEL_EINVAL, "algorithm.name = hogwild and "
+                              "train.micro_batch (%s): Hogwild threads "
+                              "each take whole mini-batches; remove "
+                              "train.micro_batch",
+                              keel_config_origin(cfg, "train.micro_batch"));
+    }
     model = keel_config_str(cfg, "model.type");
     if (keel_config_int(cfg, "train.model_threads") > 1 &&
         keel_config_int(cfg, "train.threads") > 1)
@@ -1377,4 +1417,15 @@ keel_config_write_reference(FILE *out)
     if (ferror(out))
         return keel__fail(KEEL_EIO, "config reference: write failed");
     return KEEL_OK;
+}
+
+int
+keel_config_is_async(const keel_config *cfg, int *is_set)
+{
+    int by_alg = keel_config_is_set(cfg, "algorithm.name");
+    if (is_set != NULL)
+        *is_set = by_alg || keel_config_is_set(cfg, "cluster.mode");
+    if (by_alg)
+        return strcmp(keel_config_str(cfg, "algorithm.name"), "sync") != 0;
+    return strcmp(keel_config_str(cfg, "cluster.mode"), "async") == 0;
 }

@@ -289,9 +289,9 @@ check_replicas(const keel_config *cfg, int num_ps, int num_workers)
     if (st == KEEL_OK)
         st = keel_cluster_spec_set_task(spec, KEEL_TASK_CHIEF, 0);
     if (st == KEEL_OK) {
-        keel_cluster_spec_set_mode(spec,
-            strcmp(keel_config_str(cfg, "cluster.mode"), "async") == 0
-            ? KEEL_CLUSTER_ASYNC : KEEL_CLUSTER_SYNC);
+        keel_cluster_spec_set_mode(spec, keel_config_is_async(cfg, NULL)
+                                         ? KEEL_CLUSTER_ASYNC
+                                         : KEEL_CLUSTER_SYNC);
         keel_cluster_spec_set_replicas(spec,
             (int)keel_config_int(cfg, "cluster.replicas_to_aggregate"),
             (int)keel_config_int(cfg, "cluster.total_num_replicas"));

@@ -96,6 +96,7 @@ struct keel_model {
     lgrad *slot[MAX_SLOTS];       /* [slot][layer] */
     double *piece_loss;           /* [max_pieces] */
     int64_t *piece_correct;
+    int is_bound;                 /* keel_model_new_shared: vars found */
 };
 
 void
@@ -270,15 +271,29 @@ alloc_floats(float **p, size_t count, const char *what)
     return KEEL_OK;
 }
 
+/* Create scope/leaf in vs, or with bind find the one an identical model
+ * created (its shape checked). */
 static keel_status
-make_var(keel_vars *vs, const char *scope, const char *leaf, int ndim,
-         const int64_t *shape, keel_var **out)
+make_var(keel_vars *vs, int bind, const char *scope, const char *leaf,
+         int ndim, const int64_t *shape, keel_var **out)
 {
     char name[KEEL_NAME_MAX];
     keel_status st = keel__fmt(name, sizeof name, "variable name", "%s/%s",
                                scope, leaf);
     if (st != KEEL_OK)
         return st;
+    if (bind) {
+        keel_var *v = keel_vars_find(vs, name);
+        keel_tensor *t = v != NULL ? keel_var_tensor(v) : NULL;
+        if (t == NULL || !keel_shape_equal(t->ndim, t->shape, ndim, shape)
+            || !keel_var_is_trainable(v))
+            return keel__fail(KEEL_EINVAL, "model: the store has no "
+                              "trainable variable '%s' of this model's "
+                              "shape (keel_model_new_shared needs a store "
+                              "an identical model was built on)", name);
+        *out = v;
+        return KEEL_OK;
+    }
     st = keel_vars_create(vs, name, ndim, shape, KEEL_VAR_TRAINABLE, out);
     if (st != KEEL_OK)
         return keel__wrap(st, "model");
@@ -300,8 +315,10 @@ add_layer(keel_model *m, keel_vars *vs, layer *proto, int *n_dense,
         int64_t bs[1] = { (int64_t)L->dout };
         snprintf(scope, sizeof scope, "dense_%d", ++*n_dense);
         L->out_size = L->dout;
-        if ((st = make_var(vs, scope, "kernel", 2, ks, &L->w)) != KEEL_OK ||
-            (st = make_var(vs, scope, "bias", 1, bs, &L->b)) != KEEL_OK)
+        if ((st = make_var(vs, m->is_bound, scope, "kernel", 2, ks,
+                           &L->w)) != KEEL_OK ||
+            (st = make_var(vs, m->is_bound, scope, "bias", 1, bs,
+                           &L->b)) != KEEL_OK)
             return st;
         m->flops += 2.0 * (double)L->din * (double)L->dout *
                     (m->nl == 1 ? 2.0 : 3.0);
@@ -314,8 +331,10 @@ add_layer(keel_model *m, keel_vars *vs, layer *proto, int *n_dense,
         if ((st = keel__conv_geom_init(g, 0)) != KEEL_OK)
             return st;
         L->out_size = g->oh * g->ow * g->cout;
-        if ((st = make_var(vs, scope, "kernel", 4, ks, &L->w)) != KEEL_OK ||
-            (st = make_var(vs, scope, "bias", 1, bs, &L->b)) != KEEL_OK)
+        if ((st = make_var(vs, m->is_bound, scope, "kernel", 4, ks,
+                           &L->w)) != KEEL_OK ||
+            (st = make_var(vs, m->is_bound, scope, "bias", 1, bs,
+                           &L->b)) != KEEL_OK)
             return st;
         m->flops += 2.0 * (double)(g->oh * g->ow) *
                     (double)(g->kh * g->kw * g->cin) * (double)g->cout *
@@ -426,8 +445,9 @@ check_config(const keel_model_config *c)
     return KEEL_OK;
 }
 
-keel_status
-keel_model_new(const keel_model_config *cfg, keel_vars *vs, keel_model **out)
+static keel_status
+model_build(const keel_model_config *cfg, keel_vars *vs, int bind,
+            keel_model **out)
 {
     keel_model *m;
     keel_status st;
@@ -445,6 +465,7 @@ keel_model_new(const keel_model_config *cfg, keel_vars *vs, keel_model **out)
     if (m == NULL)
         return keel__fail(KEEL_ENOMEM, "model");
     m->cfg = *cfg;
+    m->is_bound = bind;
     m->l = calloc(KEEL_MODEL_MAX_HIDDEN + 8, sizeof *m->l);
     if (m->l == NULL) {
         free(m);
@@ -531,6 +552,19 @@ keel_model_new(const keel_model_config *cfg, keel_vars *vs, keel_model **out)
 fail:
     keel_model_free(m);
     return st;
+}
+
+keel_status
+keel_model_new(const keel_model_config *cfg, keel_vars *vs, keel_model **out)
+{
+    return model_build(cfg, vs, 0, out);
+}
+
+keel_status
+keel_model_new_shared(const keel_model_config *cfg, keel_vars *vs,
+                      keel_model **out)
+{
+    return model_build(cfg, vs, 1, out);
 }
 
 keel_status

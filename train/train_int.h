@@ -192,6 +192,11 @@ typedef struct keel__spin_barrier {
 } keel__spin_barrier;
 void keel__spin_barrier_wait(keel__spin_barrier *b);
 
+/* keel_optimizer_apply_and_zero with every variable element changed by
+ * one compare-and-swap loop (Hogwild's CAS form); slots plain. */
+keel_status keel__optimizer_apply_cas(keel_optimizer *o, keel_vars *vs,
+                                      keel_grads *grads,
+                                      int64_t global_step);
 /* The model's pool (NULL on one thread), for work beside its steps. */
 keel__pool *keel__model_pool(keel_model *m);
 /* keel_optimizer_apply (zero: _and_zero) on the pool's threads (NULL: the
