@@ -412,6 +412,11 @@ typedef struct keel__ps_config {
     int replicas_to_aggregate;
     int total_replicas;         /* chief + workers */
     int has_chief;              /* replica index: chief 0, worker i i+1 */
+    /* Membership (keel__ps_watch): a replica silent this long is
+     * forgotten (logged; it joins again with its next message). 0: never.
+     * Async also accepts workers beyond total_replicas (a worker started
+     * later with a new index), up to KEEL__CLUSTER_MAX_REPLICAS. */
+    int dead_after_ms;
 } keel__ps_config;
 
 keel_status keel__ps_new(const keel__ps_config *cfg, keel__ps **out);

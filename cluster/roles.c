@@ -225,6 +225,7 @@ run_ps(const keel__role_opts *o, const keel_vars *model, keel_optimizer *opt)
     pc.replicas_to_aggregate =
         keel_cluster_spec_replicas_to_aggregate(o->spec);
     pc.has_chief = keel_cluster_spec_num_tasks(o->spec, KEEL_TASK_CHIEF) > 0;
+    pc.dead_after_ms = o->dead_after_ms;
     st = keel__ps_new(&pc, &ps);
     if (st != KEEL_OK)
         goto out;
