@@ -158,6 +158,9 @@ keel_status keel__wire_decode(zmq_msg_t *frames, size_t n_frames,
  * KEEL_ETIMEOUT when nothing came. has_identity: a ROUTER socket (first
  * frame is the peer). A malformed message is drained entirely and reported
  * as KEEL_ECORRUPT (m->has_identity still set so the caller can answer). */
+/* Message bytes this process has sent and received through the wire
+ * functions (frames as sent, identity frames not counted on receipt). */
+void keel__wire_bytes(uint64_t *in, uint64_t *out);
 keel_status keel__wire_recv(void *sock, int has_identity,
                             const keel__wire_limits *lim, int timeout_ms,
                             keel__wire_msg *m);
