@@ -4,8 +4,9 @@
 # 1 ps + 4 training replicas (chief + workers), the CNN with 1 ps + 2,
 # each started with `keel launch`; hogwild also in one process with as
 # many threads as replicas ("hogwild-1proc"). For every run: test
-# accuracy after the budget (keel eval), wall time, examples/s and the
-# bytes the ps moved (its "bytes received R, sent T" line), in a
+# accuracy after the budget (keel eval), wall time (start-up included),
+# examples/s while training (first to last checkpoint) and the bytes the
+# ps moved (its "bytes received R, sent T" line), in a
 # Markdown table; and a PNG (gnuplot) of test accuracy against wall time
 # and against examples seen, one line per scheme, from the run's
 # checkpoints (POINTS of them, each evaluated with keel eval; the time
@@ -59,7 +60,7 @@ acc_of() { "$keel" eval "$1" --json 2>/dev/null |
            sed -n 's/.*"accuracy": *\([0-9.]*\).*/\1/p'; }
 
 table="$out/table.md"
-echo "| model | replicas | scheme | test accuracy | wall s | examples/s | ps bytes in + out (MiB) |" > "$table"
+echo "| model | replicas | scheme | test accuracy | wall s (with start-up) | examples/s (training) | ps bytes in + out (MiB) |" > "$table"
 echo "|---|---|---|---|---|---|---|" >> "$table"
 skipped=""
 
@@ -93,19 +94,23 @@ run_one() {  # model replicas rule label
         return
     fi
     # one point per checkpoint: seconds since start, examples, accuracy
-    : > "$dir.dat"
-    for ck in $(ls "$dir"/*.h5 2>/dev/null | sort -t- -k2 -n); do
+    : > "$dir.dat.tmp"
+    for ck in "$dir"/*.h5; do
         local s mt a
         s=$(basename "$ck" .h5 | sed 's/.*-//')
         mt=$(stat -c %.3Y "$ck" 2>/dev/null || stat -c %Y "$ck")
         a=$("$keel" eval "$ck" --json 2>/dev/null | sed -n 's/.*"accuracy": *\([0-9.]*\).*/\1/p')
-        echo "$(echo "$mt $t0" | awk '{printf "%.2f", $1 - $2}') $((s * eps)) $a" >> "$dir.dat"
+        echo "$(echo "$mt $t0" | awk '{printf "%.2f", $1 - $2}') $((s * eps)) $a" >> "$dir.dat.tmp"
     done
+    sort -k2,2n "$dir.dat.tmp" > "$dir.dat"
+    rm -f "$dir.dat.tmp"
     local acc wall rate bytes
     acc=$(acc_of "$dir")
     wall=$(echo "$t1 $t0" | awk '{printf "%.1f", $1 - $2}')
-    rate=$(echo "$steps $eps $wall" | awk '{printf "%.0f", $1 * $2 / $3}')
-    bytes=$(grep -h -o 'bytes received [0-9]*, sent [0-9]*' "$dir"/logs/ps*.log 2>/dev/null |
+    # training rate: from the first checkpoint (step 0, once the cluster
+    # is up) to the last (the budget), so start-up is not counted
+    rate=$(awk 'NR == 1 {t = $1; e = $2} END {if ($1 > t) printf "%.0f", ($2 - e) / ($1 - t); else print "-"}' "$dir.dat")
+    bytes=$({ grep -h -o 'bytes received [0-9]*, sent [0-9]*' "$dir"/logs/ps*.log 2>/dev/null || true; } |
             awk '{s += $3 + $5} END {if (NR) printf "%.1f", s / 1048576; else print "0 (one process)"}')
     echo "| $m | $w | $label | $acc | $wall | $rate | $bytes |" >> "$table"
 }
