@@ -10,7 +10,8 @@
 # Markdown table; and a PNG (gnuplot) of test accuracy against wall time
 # and against examples seen, one line per scheme, from the run's
 # checkpoints (POINTS of them, each evaluated with keel eval; the time
-# of a point is its checkpoint file's age since the run started).
+# of a point is its checkpoint's mtime less the step-0 checkpoint's, so
+# start-up is not plotted).
 #
 #   usage: bench/algorithms.sh [BUILD]
 #   env:   RULES="sync async hogwild downpour ..." (default: all of them;
@@ -102,7 +103,10 @@ run_one() {  # model replicas rule label
         a=$("$keel" eval "$ck" --json 2>/dev/null | sed -n 's/.*"accuracy": *\([0-9.]*\).*/\1/p')
         echo "$(echo "$mt $t0" | awk '{printf "%.2f", $1 - $2}') $((s * eps)) $a" >> "$dir.dat.tmp"
     done
-    sort -k2,2n "$dir.dat.tmp" > "$dir.dat"
+    # time from the step-0 checkpoint (the job is up): start-up is not
+    # plotted
+    sort -k2,2n "$dir.dat.tmp" |
+        awk 'NR == 1 {t = $1} {printf "%.2f %s %s\n", $1 - t, $2, $3}' > "$dir.dat"
     rm -f "$dir.dat.tmp"
     local acc wall rate bytes
     acc=$(acc_of "$dir")
@@ -149,7 +153,7 @@ for m in $MODELS; do
             echo "set multiplot layout 1,2 title '$m, 1 ps + $w replicas, $EXAMPLES examples'"
             echo "set ylabel 'test accuracy'; set key bottom right; set grid"
             for axis in 1 2; do
-                if [ $axis = 1 ]; then echo "set xlabel 'wall time (s)'"; else echo "set xlabel 'examples seen'"; fi
+                if [ $axis = 1 ]; then echo "set xlabel 'training time (s, from the step-0 checkpoint)'"; else echo "set xlabel 'examples seen'"; fi
                 printf "plot "
                 sep=""
                 for f in $files; do
