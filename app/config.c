@@ -152,7 +152,8 @@ static const key_def schema[] = {
       "share the fixed pieces of every batch (CNN: 16 examples; dense "
       "models: ceil(batch_size / 256) equal pieces, each layer in two "
       "fixed column halves) and the optimizer update. Results are bitwise identical for every value (with "
-      "OpenBLAS single-threaded, as model threads always run it)." },
+      "OpenBLAS single-threaded, as model threads always run it). With "
+      "algorithm.name = hogwild: the Hogwild threads (not bit-neutral)." },
     { "train", "strategy", T_ENUM, "auto", NOLIM,
       "auto|one_device|mirrored|multi_worker_mirrored|parameter_server",
       "How the replicas are spread: one_device (one process), mirrored "
@@ -300,8 +301,17 @@ static const key_def schema[] = {
     { "algorithm", "name", T_ENUM, "sync", NOLIM,
       "sync|async|hogwild|downpour|downpour_easy|agn|sagn|adag|dynsgd|"
       "easgd|aeasgd|aeamsgd|model_averaging",
-      "The cluster's update rule (docs/algorithms.md). Unset: "
-      "cluster.mode (or TF_CONFIG's mode), sync or async." },
+      "The update rule (docs/algorithms.md). On a cluster: sync is "
+      "SyncReplicas, async and hogwild apply each push as it arrives, the "
+      "others as their rules say; unset: cluster.mode (or TF_CONFIG's "
+      "mode), sync or async. In one process: hogwild runs "
+      "train.model_threads threads, each on its own batch_size "
+      "mini-batches, updating the shared variables with no lock; the "
+      "others train as usual." },
+    { "algorithm", "hogwild_cas", T_BOOL, "false", NOLIM, NULL,
+      "hogwild in one process: change each variable element by a "
+      "compare-and-swap loop, so no concurrent update is lost (false: "
+      "plain racy stores, the paper's setting)." },
     { "algorithm", "learning_rate", T_DOUBLE, "0", 0, 1e6, NULL,
       "eta: the workers' local SGD step (alpha in DOWNPOUR), and ADAG's "
       "eta on the ps; 0: optimizer.learning_rate with its schedule." },
@@ -1213,6 +1223,23 @@ keel_config_validate(const keel_config *cfg)
         return keel__fail(KEEL_EINVAL, "the run has no end: set "
                           "train.max_steps or train.epochs (or both; the "
                           "first reached stops training)");
+    {
+        const char *alg = keel_config_str(cfg, "algorithm.name");
+        int is_hw = strcmp(alg, "hogwild") == 0;
+        if (is_hw && strcmp(keel_config_str(cfg, "optimizer.name"),
+                            "kfac") == 0)
+            return keel__fail(KEEL_EINVAL, "algorithm.name = hogwild and "
+                              "optimizer.name = kfac (%s): K-FAC's shared "
+                              "factors need one update at a time; pick "
+                              "another optimizer",
+                              keel_config_origin(cfg, "optimizer.name"));
+        if (is_hw && keel_config_int(cfg, "train.micro_batch") > 0)
+            return keel__fail(KEEL_EINVAL, "algorithm.name = hogwild and "
+                              "train.micro_batch (%s): Hogwild threads "
+                              "each take whole mini-batches; remove "
+                              "train.micro_batch",
+                              keel_config_origin(cfg, "train.micro_batch"));
+    }
     model = keel_config_str(cfg, "model.type");
     if (keel_config_int(cfg, "train.model_threads") > 1 &&
         keel_config_int(cfg, "train.threads") > 1)
@@ -1337,12 +1364,14 @@ keel_config_validate(const keel_config *cfg)
         if (keel_algorithm_from_name(keel_config_str(cfg, "algorithm.name"),
                                      &a) == KEEL_OK &&
             keel_algorithm_is_sync(a) == async_mode)
-            return keel__fail(KEEL_EINVAL, "algorithm.name = %s is %s but "
-                              "cluster.mode = %s; cluster.mode is the older "
-                              "name of sync and async: drop it",
-                              keel_algorithm_name(a),
+            return keel__fail(KEEL_EINVAL, "algorithm.name = %s (%s) is "
+                              "%s but cluster.mode = %s (%s); cluster.mode "
+                              "is the older name of sync and async: drop "
+                              "it", keel_algorithm_name(a),
+                              keel_config_origin(cfg, "algorithm.name"),
                               async_mode ? "synchronous" : "asynchronous",
-                              keel_config_str(cfg, "cluster.mode"));
+                              keel_config_str(cfg, "cluster.mode"),
+                              keel_config_origin(cfg, "cluster.mode"));
     }
     if (keel_config_str(cfg, "algorithm.worker_learning_rates")[0] != '\0' &&
         (strcmp(keel_config_str(cfg, "algorithm.name"), "sync") != 0 ||
@@ -1486,4 +1515,20 @@ keel_config_write_reference(FILE *out)
     if (ferror(out))
         return keel__fail(KEEL_EIO, "config reference: write failed");
     return KEEL_OK;
+}
+
+int
+keel_config_is_async(const keel_config *cfg, int *is_set)
+{
+    int by_alg = keel_config_is_set(cfg, "algorithm.name");
+    if (is_set != NULL)
+        *is_set = by_alg || keel_config_is_set(cfg, "cluster.mode");
+    if (by_alg) {
+        keel_algorithm a;
+        /* validation accepts only known names (the enum lists them) */
+        if (keel_algorithm_from_name(keel_config_str(cfg, "algorithm.name"),
+                                     &a) == KEEL_OK)
+            return !keel_algorithm_is_sync(a);
+    }
+    return strcmp(keel_config_str(cfg, "cluster.mode"), "async") == 0;
 }

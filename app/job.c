@@ -96,6 +96,14 @@ typedef struct job {
      * global batch (else each replica's own slice), and its workers push
      * gradients (the optimizer's slots live in this process). */
     int rule_sync, opt_slots;
+    /* algorithm.name = hogwild in one process: hw_threads threads, each
+     * with its own model on the shared store (hw_model[0] is model) and
+     * its own global_batch slice of the iterator's hw_threads-fold batch */
+    keel_hogwild *hw;
+    int hw_threads;
+    keel_model *hw_model[KEEL_HOGWILD_MAX_THREADS];
+    const keel_batch *hw_batch;
+    keel_step_stats hw_stats[KEEL_HOGWILD_MAX_THREADS];
 } job;
 
 /* The [algorithm] keys into j->algo (when algorithm.name is set). */
@@ -137,6 +145,9 @@ job_free(job *j)
 {
     for (int i = 0; i < j->n_micro; i++)
         keel_grads_free(j->micro_g[i]);
+    keel_hogwild_free(j->hw);
+    for (int t = 1; t < j->hw_threads; t++)
+        keel_model_free(j->hw_model[t]);
     keel_optimizer_free(j->opt);
     keel_kfac_free(j->kfac);
     for (int r = 1; r < j->replicas; r++)
@@ -445,9 +456,34 @@ arch_dump(job *j, const keel_optimizer_config *oc,
     return KEEL_OK;
 }
 
-/* Build dataset, iterator, variables, model and optimizer. */
+/* Hogwild's threads and models (algorithm.name = hogwild, one process). */
 static keel_status
-job_build(job *j, const keel_config *cfg, int worker_index, int num_workers)
+hogwild_build(job *j, const keel_config *cfg, const keel_model_config *mc,
+              const keel_optimizer_config *oc)
+{
+    keel_hogwild_config hc;
+    keel_model_config one = *mc;
+    keel_status st = KEEL_OK;
+    keel_hogwild_config_init(&hc);
+    hc.threads = j->hw_threads;
+    hc.use_cas = keel_config_bool(cfg, "algorithm.hogwild_cas");
+    one.threads = 1;
+    j->hw_model[0] = j->model;
+    for (int t = 1; t < j->hw_threads && st == KEEL_OK; t++)
+        st = keel_model_new_shared(&one, j->vs, &j->hw_model[t]);
+    if (st == KEEL_OK)
+        st = keel_hogwild_new(&hc, oc, j->vs, &j->hw);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "algorithm.name = hogwild with "
+                          "train.model_threads = %d", j->hw_threads);
+    return KEEL_OK;
+}
+
+/* Build dataset, iterator, variables, model and optimizer; hogwild: one
+ * process runs algorithm.name = hogwild. */
+static keel_status
+job_build(job *j, const keel_config *cfg, int worker_index, int num_workers,
+          int hogwild)
 {
     keel_model_config mc;
     keel_optimizer_config oc;
@@ -458,12 +494,14 @@ job_build(job *j, const keel_config *cfg, int worker_index, int num_workers)
     j->cfg = cfg;
     j->global_batch = keel_config_int(cfg, "train.batch_size");
     j->seed = (uint64_t)keel_config_int(cfg, "train.seed");
+    j->hw_threads = hogwild
+        ? (int)keel_config_int(cfg, "train.model_threads") : 0;
     keel__job_set_blas_threads(cfg);
     st = keel__job_open_dataset(cfg, 0, &j->ds);
     if (st != KEEL_OK)
         return st;
     keel_data_iter_config_init(&ic);
-    ic.global_batch_size = j->global_batch;
+    ic.global_batch_size = j->global_batch * (hogwild ? j->hw_threads : 1);
     ic.seed = j->seed;
     ic.shuffle = keel_config_bool(cfg, "data.shuffle");
     ic.max_epochs = keel_config_int(cfg, "train.epochs");
@@ -476,10 +514,15 @@ job_build(job *j, const keel_config *cfg, int worker_index, int num_workers)
         st = keel_vars_new(&j->vs);
     if (st == KEEL_OK)
         st = keel__job_model_config_from(cfg, j->ds, j->global_batch, &mc);
+    if (st == KEEL_OK && hogwild)
+        mc.threads = 1;          /* the threads are Hogwild's */
     if (st == KEEL_OK)
         st = keel_model_new(&mc, j->vs, &j->model);
+    /* hogwild: a round of the iterator's batch is one global step per
+     * thread */
     if (st == KEEL_OK)
-        j->steps_per_epoch = keel_data_iter_steps_per_epoch(j->it);
+        j->steps_per_epoch = keel_data_iter_steps_per_epoch(j->it) *
+                             (hogwild ? j->hw_threads : 1);
     if (st == KEEL_OK &&
         strcmp(keel_config_str(cfg, "optimizer.name"), "kfac") == 0) {
         keel_kfac_config kc;
@@ -499,12 +542,18 @@ job_build(job *j, const keel_config *cfg, int worker_index, int num_workers)
             j->schedule = oc.schedule;
             st = arch_dump(j, &oc, NULL);
         }
+        if (st == KEEL_OK && hogwild)
+            st = hogwild_build(j, cfg, &mc, &oc);
     }
     if (st == KEEL_OK)
         st = keel_config_dump(cfg, 0, &j->config_dump);
     if (num_workers > 1)
         snprintf(j->topology, sizeof j->topology, "cluster replicas=%d "
                  "batch=%lld", num_workers, (long long)j->global_batch);
+    else if (hogwild)
+        snprintf(j->topology, sizeof j->topology, "single-process hogwild "
+                 "threads=%d batch=%lld", j->hw_threads,
+                 (long long)j->global_batch);
     else
         snprintf(j->topology, sizeof j->topology, "single-process "
                  "workers=1 batch=%lld", (long long)j->global_batch);
@@ -556,6 +605,47 @@ replica_step(job *j, keel_step *stp, const keel_batch *b)
     return step_values(j, stp, &stats);
 }
 
+/* Hogwild thread t: its slice of the round's batch on its own model. */
+static keel_status
+hogwild_thread(void *ctx, int t, keel_grads *grads, int64_t global_step)
+{
+    job *j = ctx;
+    const keel_batch *b = j->hw_batch;
+    size_t lo = b->n * (size_t)t / (size_t)j->hw_threads;
+    size_t hi = b->n * ((size_t)t + 1) / (size_t)j->hw_threads;
+    size_t stride = keel_dataset_example_size(j->ds);
+    keel_batch mb = { b->x + lo * stride, b->y + lo, hi - lo };
+    (void)global_step;
+    memset(&j->hw_stats[t], 0, sizeof j->hw_stats[t]);
+    if (mb.n == 0)
+        return KEEL_OK;
+    return keel_model_step(j->hw_model[t], j->vs, &mb, (int64_t)mb.n, grads,
+                           &j->hw_stats[t]);
+}
+
+/* One Hogwild round: every thread trains its mini-batch and updates the
+ * store lock-free; the round counts one global step per thread. */
+static keel_status
+hogwild_step(job *j, keel_step *stp, const keel_batch *b,
+             keel_step_stats *stats)
+{
+    int64_t gs = keel_step_global_step(stp);
+    keel_status st;
+    j->hw_batch = b;
+    st = keel_hogwild_run(j->hw, hogwild_thread, j, gs);
+    if (st != KEEL_OK)
+        return st;
+    memset(stats, 0, sizeof *stats);
+    for (int t = 0; t < j->hw_threads; t++) {
+        stats->loss_sum += j->hw_stats[t].loss_sum;
+        stats->correct += j->hw_stats[t].correct;
+        stats->count += j->hw_stats[t].count;
+    }
+    keel_step_mark_applied(stp);
+    keel_vars_set_global_step(keel_step_vars(stp), gs + j->hw_threads);
+    return KEEL_OK;
+}
+
 static keel_status
 job_step(void *ctx, keel_step *stp)
 {
@@ -567,10 +657,14 @@ job_step(void *ctx, keel_step *stp)
         return keel__fail(KEEL_EINTERNAL, "train step: no batch was fed");
     if (keel_step_num_replicas(stp) > 1)
         return replica_step(j, stp, b);
-    if (j->own_zeroing && j->zeroed != keel_step_grads(stp))
+    if (j->own_zeroing && j->hw == NULL &&
+        j->zeroed != keel_step_grads(stp))
         keel_grads_zero(keel_step_grads(stp));
     j->zeroed = NULL;
-    if (j->micro > 0) {
+    if (j->hw != NULL) {
+        if ((st = hogwild_step(j, stp, b, &stats)) != KEEL_OK)
+            return st;
+    } else if (j->micro > 0) {
         /* fixed micro-batches, each computed alone and added in order */
         size_t m = (size_t)j->micro, stride = keel_dataset_example_size(j->ds);
         keel_step_stats one;
@@ -778,6 +872,13 @@ mirrored_build(job *j, const keel_config *cfg)
         return keel__fail(KEEL_EINVAL, "train.strategy = mirrored with "
                           "optimizer.name = kfac: K-FAC runs on "
                           "one_device only");
+    if (j->hw != NULL)
+        return keel__fail(KEEL_EINVAL, "train.strategy = mirrored (%s) with "
+                          "algorithm.name = hogwild (%s): pick one (Hogwild "
+                          "runs its own train.model_threads threads; use "
+                          "train.strategy = one_device or auto)",
+                          keel_config_origin(cfg, "train.strategy"),
+                          keel_config_origin(cfg, "algorithm.name"));
     if (keel_config_int(cfg, "train.micro_batch") > 0)
         return keel__fail(KEEL_EINVAL, "train.strategy = mirrored with "
                           "train.micro_batch (%s): pick one (mirrored "
@@ -879,8 +980,7 @@ planned_last_step(const job *j)
 {
     int64_t max_steps = keel_config_int(j->cfg, "train.max_steps");
     int64_t epochs = keel_config_int(j->cfg, "train.epochs");
-    int64_t by_epochs = epochs > 0
-        ? epochs * keel_data_iter_steps_per_epoch(j->it) : 0;
+    int64_t by_epochs = epochs > 0 ? epochs * j->steps_per_epoch : 0;
     if (max_steps > 0 && (by_epochs == 0 || max_steps < by_epochs))
         return max_steps;
     return by_epochs;
@@ -1033,7 +1133,7 @@ run_ps(const keel_config *cfg, const keel_cluster_spec *spec,
     if (opts->handle_signals)
         st = keel_session_install_signal_handlers();
     if (st == KEEL_OK)
-        st = job_build(&j, cfg, 0, 1);
+        st = job_build(&j, cfg, 0, 1, 0);
     else
         memset(&j, 0, sizeof j);
     if (st == KEEL_OK) {
@@ -1153,6 +1253,14 @@ mwm_check(const keel_config *cfg, int in_cluster)
         return keel__fail(KEEL_EINVAL, "optimizer.name = kfac does not run "
                           "under train.strategy = multi_worker_mirrored yet "
                           "(one process only)");
+    if (keel_config_is_set(cfg, "algorithm.name") &&
+        strcmp(keel_config_str(cfg, "algorithm.name"), "sync") != 0)
+        return keel__fail(KEEL_EINVAL, "algorithm.name = %s (%s) does not "
+                          "apply to train.strategy = multi_worker_mirrored "
+                          "(its ranks all-reduce every step, as sync): "
+                          "remove algorithm.name or use parameter_server",
+                          keel_config_str(cfg, "algorithm.name"),
+                          keel_config_origin(cfg, "algorithm.name"));
     if (keel_config_int(cfg, "train.micro_batch") > 0)
         return keel__fail(KEEL_EINVAL, "train.micro_batch (%s) does not "
                           "apply to multi_worker_mirrored: its gradients are "
@@ -1333,7 +1441,9 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
             return st;
         }
     }
-    st = job_build(&j, cfg, replica, replicas);
+    st = job_build(&j, cfg, replica, replicas, !in_cluster && !is_mwm &&
+                   strcmp(keel_config_str(cfg, "algorithm.name"),
+                          "hogwild") == 0);
     if (st == KEEL_OK)
         st = job_rule(&j, in_cluster ? spec : NULL);
     if (st == KEEL_OK && is_mwm)

@@ -83,6 +83,13 @@ keel_algorithm_pushes_gradients(keel_algorithm a)
            a == KEEL_ALGORITHM_HOGWILD;
 }
 
+int
+keel_algorithm_admits_joiners(keel_algorithm a)
+{
+    return !keel_algorithm_is_sync(a) && a != KEEL_ALGORITHM_DYNSGD &&
+           a != KEEL_ALGORITHM_ADAG;
+}
+
 keel_status
 keel__algo_resolve(const keel_algorithm_config *in, keel_cluster_mode mode,
                    const keel_optimizer_config *opt, int replicas,

@@ -159,6 +159,9 @@ keel_status keel__wire_decode(zmq_msg_t *frames, size_t n_frames,
  * KEEL_ETIMEOUT when nothing came. has_identity: a ROUTER socket (first
  * frame is the peer). A malformed message is drained entirely and reported
  * as KEEL_ECORRUPT (m->has_identity still set so the caller can answer). */
+/* Message bytes this process has sent and received through the wire
+ * functions (frames as sent, identity frames not counted on receipt). */
+void keel__wire_bytes(uint64_t *in, uint64_t *out);
 keel_status keel__wire_recv(void *sock, int has_identity,
                             const keel__wire_limits *lim, int timeout_ms,
                             keel__wire_msg *m);
@@ -518,6 +521,11 @@ typedef struct keel__ps_config {
      * header global_step says how many of the replica's steps it covers
      * (0: 1); the global step advances by that. */
     keel__algo_ps *rule;
+    /* Membership (keel__ps_watch): a replica silent this long is
+     * forgotten (logged; it joins again with its next message). 0: never.
+     * Async also accepts workers beyond total_replicas (a worker started
+     * later with a new index), up to KEEL__CLUSTER_MAX_REPLICAS. */
+    int dead_after_ms;
 } keel__ps_config;
 
 /* The most local steps one commit may cover. */

@@ -15,6 +15,9 @@
 #define KEEL__CLUSTER_SEND_BUFFER_KIB 512
 #define KEEL__CLUSTER_SLURM_NUM_PS 1
 #define KEEL__CLUSTER_SLURM_PORT_BASE 8888
+/* async: training replicas (chief + workers, the ones that join later
+ * included) a ps keeps track of; a worker index beyond is refused */
+#define KEEL__CLUSTER_MAX_REPLICAS 1024
 
 /* A default as the INI schema's string ("200"). */
 #define KEEL__CLUSTER_STR_(x) #x

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "cluster_int.h"
+#include "defaults.h"
 #include "../train/train_int.h"
 
 #define PIN_WAIT_MS 5000
@@ -79,7 +80,14 @@ struct keel__ps {
     int n_waiters;
     /* liveness: when each replica was last heard from (monotonic ns) */
     int64_t started_ns;
-    int64_t *last_heard;         /* per replica */
+    int64_t *last_heard;         /* per replica, n_slots */
+    /* membership: n_slots replicas tracked (total_replicas; async: up to
+     * KEEL__CLUSTER_MAX_REPLICAS, the ones that join later included) */
+    int n_slots, n_members, dead_after_ms;
+    /* no worker joins beyond the spec: sync, or a rule whose ps keeps
+     * state per starting replica (keel_algorithm_admits_joiners) */
+    int fixed;
+    unsigned char *member;       /* heard from and not yet forgotten */
     int64_t pending_since_ns;    /* sync: first gradient of this step */
     int64_t last_stall_log_ns;
     /* sync step timing (keel__ps_log_timing), monotonic ns summed over
@@ -176,9 +184,14 @@ keel__ps_new(const keel__ps_config *cfg, keel__ps **out)
         KEEL_OK)
         goto fail;
     ps->started_ns = keel__now_mono_ns();
-    ps->last_heard = calloc((size_t)ps->total_replicas,
-                            sizeof *ps->last_heard);
-    if (ps->last_heard == NULL) {
+    ps->dead_after_ms = cfg->dead_after_ms;
+    ps->fixed = ps->sync || (ps->rule != NULL &&
+                             !keel_algorithm_admits_joiners(ps->rule->a->c.name));
+    ps->n_slots = ps->fixed || ps->total_replicas > KEEL__CLUSTER_MAX_REPLICAS
+        ? ps->total_replicas : KEEL__CLUSTER_MAX_REPLICAS;
+    ps->last_heard = calloc((size_t)ps->n_slots, sizeof *ps->last_heard);
+    ps->member = calloc((size_t)ps->n_slots, 1);
+    if (ps->last_heard == NULL || ps->member == NULL) {
         st = keel__fail(KEEL_ENOMEM, "ps: %d replicas", ps->total_replicas);
         goto fail;
     }
@@ -284,6 +297,7 @@ keel__ps_free(keel__ps *ps)
     free(ps->pins);
     free(ps->seen);
     free(ps->last_heard);
+    free(ps->member);
     free(ps);
 }
 
@@ -326,7 +340,8 @@ pin_of(keel__ps *ps, const keel_var *v)
 }
 
 /* The training replica a request comes from (chief 0, worker i i+1, or
- * worker i i without a chief), or -1. */
+ * worker i i without a chief), or -1. Sync: the replicas of the spec the
+ * ps started with; async: any up to n_slots (workers that join later). */
 static int
 replica_of(const keel__ps *ps, const keel__wire_header *h)
 {
@@ -334,9 +349,9 @@ replica_of(const keel__ps *ps, const keel__wire_header *h)
     if (h->sender_type == KEEL_TASK_CHIEF)
         r = 0;
     else if (h->sender_type == KEEL_TASK_WORKER &&
-             h->sender_index < (uint32_t)ps->total_replicas)
+             h->sender_index < (uint32_t)ps->n_slots)
         r = (int)h->sender_index + ps->has_chief;
-    return r >= 0 && r < ps->total_replicas ? r : -1;
+    return r >= 0 && r < ps->n_slots ? r : -1;
 }
 
 static void
@@ -390,12 +405,69 @@ status_text(const keel__ps *ps, char *buf, size_t size)
     }
 }
 
+/* Why a worker beyond the spec is refused ("" when one may join). */
+static const char *
+fixed_why(const keel__ps *ps)
+{
+    if (!ps->fixed)
+        return "";
+    if (ps->sync)
+        return "; sync mode keeps this fixed count: a worker joins a "
+               "running job only in async mode";
+    return "; this update rule keeps state per replica the job started "
+           "with (dynsgd, adag): a worker joins a running job only under "
+           "async, hogwild, downpour, downpour_easy, agn, aeasgd or "
+           "aeamsgd";
+}
+
+/* A replica was heard from: it joins when it was not a member. */
+static void
+member_heard(keel__ps *ps, int r, int64_t now)
+{
+    char name[32];
+    ps->last_heard[r] = now;
+    if (ps->member[r])
+        return;
+    ps->member[r] = 1;
+    ps->n_members++;
+    replica_name(ps, r, name, sizeof name);
+    keel__log(KEEL_LOG_INFO, "ps %d: %s joined%s; %d live replica%s",
+              ps->task_index, name, r >= ps->total_replicas
+              ? " (async: not in the cluster spec this ps started with; "
+                "its pushes are applied)" : "",
+              ps->n_members, ps->n_members == 1 ? "" : "s");
+}
+
+/* Forget the members silent for longer than the liveness deadline. */
+static void
+member_sweep(keel__ps *ps, int64_t now)
+{
+    int64_t dead = (int64_t)ps->dead_after_ms * 1000000;
+    if (ps->dead_after_ms <= 0 || ps->n_members == 0)
+        return;
+    for (int r = 0; r < ps->n_slots; r++) {
+        char name[32];
+        if (!ps->member[r] || now - ps->last_heard[r] <= dead)
+            continue;
+        ps->member[r] = 0;
+        ps->n_members--;
+        replica_name(ps, r, name, sizeof name);
+        keel__log(KEEL_LOG_INFO, "ps %d: %s left: silent %.1f s "
+                  "(cluster.dead_after_ms = %d); forgotten, %d live "
+                  "replica%s", ps->task_index, name,
+                  (double)(now - ps->last_heard[r]) / 1e9,
+                  ps->dead_after_ms, ps->n_members,
+                  ps->n_members == 1 ? "" : "s");
+    }
+}
+
 void
 keel__ps_watch(keel__ps *ps, int stall_ms)
 {
     int64_t now = keel__now_mono_ns();
     int64_t stall = (int64_t)stall_ms * 1000000;
     char text[512];
+    member_sweep(ps, now);
     if (stall_ms <= 0 || !ps->sync || pending_count(ps) == 0 ||
         now - ps->pending_since_ns < stall ||
         now - ps->last_stall_log_ns < stall)
@@ -986,12 +1058,13 @@ real_push(keel__ps *ps, keel__wire_msg *req)
     if (req->h.flags & KEEL_WIRE_F_NAMES_ONLY)
         return keel__fail(KEEL_ECORRUPT, "PUSH without data");
     replica = replica_of(ps, &req->h);
-    if (replica < 0)
+    if (replica < 0 || (ps->fixed && replica >= ps->total_replicas))
         return keel__fail(KEEL_EINVAL, "PUSH from %s %u: not a training "
-                          "replica of this cluster (%d replicas)",
+                          "replica of this cluster (%d replicas%s)",
                           keel_task_type_name((keel_task_type)
                                               req->h.sender_type),
-                          req->h.sender_index, ps->total_replicas);
+                          req->h.sender_index, ps->total_replicas,
+                          fixed_why(ps));
     if ((st = covered_of(req, &covered)) != KEEL_OK)
         return st;
     vars = calloc(req->n ? req->n : 1, sizeof *vars);
@@ -1308,10 +1381,17 @@ keel__ps_serve_once(keel__ps *ps, int timeout_ms)
         st = authorize(ps, &req, &logged);
     if (st == KEEL_OK) {
         int r = replica_of(ps, &req.h);
-        if (r >= 0)
-            ps->last_heard[r] = keel__now_mono_ns();
-        st = handle(ps, &req);
+        if (r < 0 && req.h.sender_type == KEEL_TASK_WORKER)
+            st = keel__fail(KEEL_EINVAL, "worker %u is not a training "
+                            "replica of this cluster (%d replicas%s)",
+                            req.h.sender_index, ps->total_replicas,
+                            ps->fixed ? fixed_why(ps) : ", at most "
+                            KEEL__CLUSTER_STR(KEEL__CLUSTER_MAX_REPLICAS));
+        else if (r >= 0)
+            member_heard(ps, r, keel__now_mono_ns());
     }
+    if (st == KEEL_OK)
+        st = handle(ps, &req);
     if (st != KEEL_OK && req.has_identity) {
         char why[KEEL_ERR_MAX];
         snprintf(why, sizeof why, "%s", keel_last_error());

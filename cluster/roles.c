@@ -240,6 +240,7 @@ run_ps(const keel__role_opts *o, const keel_vars *model, keel_optimizer *opt)
         keel_cluster_spec_replicas_to_aggregate(o->spec);
     pc.has_chief = keel_cluster_spec_num_tasks(o->spec, KEEL_TASK_CHIEF) > 0;
     pc.reduce_leaves = o->reduce_leaves;
+    pc.dead_after_ms = o->dead_after_ms;
     st = keel__ps_new(&pc, &ps);
     if (st != KEEL_OK)
         goto out;
@@ -275,10 +276,15 @@ run_ps(const keel__role_opts *o, const keel_vars *model, keel_optimizer *opt)
             break;
         }
     }
-    keel__log(KEEL_LOG_INFO, "ps %d: done at step %lld: gradients applied "
-              "%ld, dropped %ld (stale)", idx,
-              (long long)keel_vars_global_step(shard), keel__ps_applied(ps),
-              keel__ps_dropped(ps));
+    {
+        uint64_t in, out;
+        keel__wire_bytes(&in, &out);
+        keel__log(KEEL_LOG_INFO, "ps %d: done at step %lld: gradients "
+                  "applied %ld, dropped %ld (stale); bytes received %llu, "
+                  "sent %llu", idx, (long long)keel_vars_global_step(shard),
+                  keel__ps_applied(ps), keel__ps_dropped(ps),
+                  (unsigned long long)in, (unsigned long long)out);
+    }
     keel__ps_log_timing(ps);
 out:
     keel__ps_free(ps);

@@ -15,6 +15,10 @@
 
 #include "cluster_int.h"
 
+/* Message bytes this process sent and received (frames as sent; on
+ * receipt without the identity frame): keel__wire_bytes. */
+static _Atomic uint64_t bytes_out, bytes_in;
+
 /* ---- little-endian helpers ---------------------------------------------- */
 
 static void
@@ -378,6 +382,8 @@ keel__wire_recv(void *sock, int has_identity, const keel__wire_limits *lim_in,
                               zmq_strerror(errno));
         }
         more = zmq_msg_more(&f);
+        atomic_fetch_add_explicit(&bytes_in, (uint64_t)zmq_msg_size(&f),
+                                  memory_order_relaxed);
         if (n >= max_frames) {
             too_many = 1;
             zmq_msg_close(&f);
@@ -457,6 +463,13 @@ keel__wire_pin_wait(keel__wire_pin *p, int timeout_ms)
                            "after %d ms", timeout_ms) : KEEL_OK;
 }
 
+void
+keel__wire_bytes(uint64_t *in, uint64_t *out)
+{
+    *in = atomic_load_explicit(&bytes_in, memory_order_relaxed);
+    *out = atomic_load_explicit(&bytes_out, memory_order_relaxed);
+}
+
 static keel_status
 send_frame(void *sock, zmq_msg_t *f, int more)
 {
@@ -470,6 +483,8 @@ send_frame(void *sock, zmq_msg_t *f, int more)
         return keel__fail(e == EAGAIN ? KEEL_ETIMEOUT : KEEL_EUNAVAILABLE,
                           "send: %s", zmq_strerror(e));
     }
+    atomic_fetch_add_explicit(&bytes_out, (uint64_t)rc,
+                              memory_order_relaxed);
     return KEEL_OK;
 }
 

@@ -55,50 +55,58 @@ parse_step(const char *line)
 /* ---- construction ------------------------------------------------------- */
 
 
+/* Hold a port for task i: bound by our socket (SO_REUSEADDR, not
+ * listening) until the launch ends, the kernel gives it to no other
+ * bind(port 0) or connect, while the task's own listener (zmq sets
+ * SO_REUSEADDR too) may bind it - at its first start and at every
+ * restart. */
+static keel_status
+hold_port(keel_launch *l, size_t i)
+{
+    struct sockaddr_in a;
+    socklen_t len = sizeof a;
+    int one = 1;
+    int *sock = &l->port_holds[i];
+    if (l->tasks[i].info.type == KEEL_TASK_EVALUATOR) {
+        /* serves nothing: no port */
+        snprintf(l->tasks[i].info.address, sizeof l->tasks[i].info.address,
+                 "-");
+        return KEEL_OK;
+    }
+    *sock = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = 0;
+    if (*sock < 0 ||
+        setsockopt(*sock, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+        bind(*sock, (struct sockaddr *)&a, sizeof a) != 0 ||
+        getsockname(*sock, (struct sockaddr *)&a, &len) != 0)
+        return keel__fail(KEEL_EIO, "launch: bind 127.0.0.1:0 for %s: %s",
+                          l->tasks[i].info.name, strerror(errno));
+    snprintf(l->tasks[i].info.address, sizeof l->tasks[i].info.address,
+             "127.0.0.1:%u", (unsigned)ntohs(a.sin_port));
+    return KEEL_OK;
+}
+
 static keel_status
 pick_ports(keel_launch *l)
 {
     int *socks = calloc(l->n, sizeof *socks);
+    keel_status st = KEEL_OK;
     if (socks == NULL)
         return keel__fail(KEEL_ENOMEM, "launch: %zu sockets", l->n);
     for (size_t i = 0; i < l->n; i++)
         socks[i] = -1;
     l->port_holds = socks;
-    /* Each port stays bound by our socket (SO_REUSEADDR, not listening)
-     * until the launch ends: the kernel gives a bound port to no other
-     * bind(port 0) or connect, while the task's own listener (zmq sets
-     * SO_REUSEADDR too) may bind it - at its first start and at every
-     * restart. */
-    for (size_t i = 0; i < l->n; i++) {
-        struct sockaddr_in a;
-        socklen_t len = sizeof a;
-        int one = 1;
-        if (l->tasks[i].info.type == KEEL_TASK_EVALUATOR) {
-            /* serves nothing: no port */
-            snprintf(l->tasks[i].info.address,
-                     sizeof l->tasks[i].info.address, "-");
-            continue;
-        }
-        socks[i] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        memset(&a, 0, sizeof a);
-        a.sin_family = AF_INET;
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        a.sin_port = 0;
-        if (socks[i] < 0 ||
-            setsockopt(socks[i], SOL_SOCKET, SO_REUSEADDR, &one,
-                       sizeof one) != 0 ||
-            bind(socks[i], (struct sockaddr *)&a, sizeof a) != 0 ||
-            getsockname(socks[i], (struct sockaddr *)&a, &len) != 0)
-            return keel__fail(KEEL_EIO, "launch: bind 127.0.0.1:0 for %s: "
-                              "%s", l->tasks[i].info.name, strerror(errno));
-        snprintf(l->tasks[i].info.address, sizeof l->tasks[i].info.address,
-                 "127.0.0.1:%u", (unsigned)ntohs(a.sin_port));
-    }
-    return KEEL_OK;
+    for (size_t i = 0; i < l->n && st == KEEL_OK; i++)
+        st = hold_port(l, i);
+    return st;
 }
 
+/* The TF_CONFIG of tasks first.. (the cluster: every task so far). */
 static keel_status
-build_tf_configs(keel_launch *l)
+build_tf_configs(keel_launch *l, size_t first)
 {
     keel_cluster_spec *spec = NULL;
     char *buf = malloc(TF_CONFIG_BYTES);
@@ -122,7 +130,7 @@ build_tf_configs(keel_launch *l)
                                            l->cfg.replicas_to_aggregate, 0);
         st = keel_cluster_spec_validate(spec);
     }
-    for (size_t i = 0; i < l->n && st == KEEL_OK; i++) {
+    for (size_t i = first; i < l->n && st == KEEL_OK; i++) {
         task *t = &l->tasks[i];
         size_t len;
         st = keel_cluster_spec_to_tf_config(spec, t->info.type, t->info.index,
@@ -260,7 +268,7 @@ keel_launch_new(const keel_launch_config *cfg, keel_launch **out)
         init_task(&l->tasks[k++], KEEL_TASK_EVALUATOR, 0);
     st = pick_ports(l);
     if (st == KEEL_OK)
-        st = build_tf_configs(l);
+        st = build_tf_configs(l, 0);
     if (st != KEEL_OK) {
         keel_launch_free(l);
         return st;
@@ -477,6 +485,95 @@ keel_launch_start(keel_launch *l)
         }
     }
     return KEEL_OK;
+}
+
+keel_status
+keel_launch_add_worker(keel_launch *l)
+{
+    task *nt;
+    int *nh;
+    size_t i;
+    int index = 0;
+    keel_status st;
+    if (l == NULL)
+        return keel__fail(KEEL_EINVAL, "launch: NULL launcher");
+    if (l->cfg.mode != KEEL_CLUSTER_ASYNC)
+        return keel__fail(KEEL_ESTATE, "launch: not adding a worker: a sync "
+                          "job keeps its fixed replica count; workers join "
+                          "a running job only in async mode "
+                          "(algorithm.name = async or hogwild)");
+    if (!l->is_started || l->is_stopping)
+        return keel__fail(KEEL_ESTATE, "launch: not adding a worker: the "
+                          "job is %s", l->is_stopping ? "stopping"
+                                                      : "not started");
+    for (i = 0; i < l->n; i++)
+        if (l->tasks[i].info.type == KEEL_TASK_WORKER &&
+            l->tasks[i].info.index >= index)
+            index = l->tasks[i].info.index + 1;
+    if (index >= KEEL_LAUNCH_MAX_WORKERS)
+        return keel__fail(KEEL_EINVAL, "launch: not adding a worker: %d "
+                          "workers is the most", KEEL_LAUNCH_MAX_WORKERS);
+    nt = realloc(l->tasks, (l->n + 1) * sizeof *nt);
+    if (nt == NULL)
+        return keel__fail(KEEL_ENOMEM, "launch: task %zu", l->n);
+    l->tasks = nt;
+    nh = realloc(l->port_holds, (l->n + 1) * sizeof *nh);
+    if (nh == NULL)
+        return keel__fail(KEEL_ENOMEM, "launch: task %zu", l->n);
+    l->port_holds = nh;
+    i = l->n;
+    init_task(&l->tasks[i], KEEL_TASK_WORKER, index);
+    l->tasks[i].is_added = 1;
+    l->port_holds[i] = -1;
+    l->n++;
+    st = hold_port(l, i);
+    if (st == KEEL_OK)
+        st = build_tf_configs(l, i);
+    if (st == KEEL_OK)
+        st = open_log(l, &l->tasks[i]);
+    if (st == KEEL_OK)
+        st = keel__launch_start_task(l, i, "added");
+    if (st != KEEL_OK) {
+        /* never started: drop it again */
+        if (l->port_holds[i] >= 0)
+            close(l->port_holds[i]);
+        if (l->tasks[i].log_fd >= 0)
+            close(l->tasks[i].log_fd);
+        free(l->tasks[i].tf_config);
+        l->n--;
+    }
+    return st;
+}
+
+keel_status
+keel_launch_remove_worker(keel_launch *l)
+{
+    if (l == NULL)
+        return keel__fail(KEEL_EINVAL, "launch: NULL launcher");
+    for (size_t i = l->n; i-- > 0;) {
+        task *t = &l->tasks[i];
+        if (!t->is_added || t->is_removed)
+            continue;
+        if (!t->is_alive &&
+            t->info.state != KEEL_LAUNCH_BACKOFF &&
+            t->info.state != KEEL_LAUNCH_PENDING)
+            continue;
+        t->is_removed = 1;
+        keel__launch_emit(l, KEEL_LAUNCH_EV_SCALE, (int)i, t->info.pid, 0,
+                          "removing %s (pid %d): SIGTERM, not restarted",
+                          t->info.name, t->info.pid);
+        if (t->is_alive) {
+            t->info.state = KEEL_LAUNCH_STOPPING;
+            t->term_sent_ns = keel__now_mono_ns();
+            keel__launch_signal_task(t, SIGTERM);
+        } else {
+            t->info.state = KEEL_LAUNCH_STOPPED;
+        }
+        return KEEL_OK;
+    }
+    return keel__fail(KEEL_ENOTFOUND, "launch: no added worker is running "
+                      "(only workers added while the job runs are "
+                      "removed)");
 }
 
 /* ---- output ------------------------------------------------------------- */

@@ -47,6 +47,9 @@ typedef struct task {
     int64_t last_sample_ns;
     int64_t term_due_ns;           /* evaluator after the chief finished:
                                     * SIGTERM at this time; 0 none */
+    int is_added;                  /* keel_launch_add_worker's */
+    int is_removed;                /* keel_launch_remove_worker: its end
+                                    * is final, never restarted */
 } task;
 
 struct keel_launch {

@@ -74,7 +74,7 @@ on_exit_status(keel_launch *l, size_t i, int status, int64_t now)
         return;
     }
     t->term_due_ns = 0;
-    if (l->is_stopping) {
+    if (l->is_stopping || t->is_removed) {
         t->info.state = status == 0 ? KEEL_LAUNCH_DONE : KEEL_LAUNCH_STOPPED;
         return;
     }

@@ -313,6 +313,49 @@ START_TEST(test_conflicting_options_are_errors)
 }
 END_TEST
 
+START_TEST(test_algorithm_name_picks_the_mode_and_checks_its_partners)
+{
+    int is_set = -1;
+    keel_config_override(cfg, "train.max_steps=10", "-s");
+    /* neither key set: sync, not set */
+    ck_assert_int_eq(keel_config_is_async(cfg, &is_set), 0);
+    ck_assert_int_eq(is_set, 0);
+    keel_config_override(cfg, "cluster.mode=async", "-s");
+    ck_assert_int_eq(keel_config_is_async(cfg, &is_set), 1);
+    ck_assert_int_eq(is_set, 1);
+    /* hogwild on a cluster is async; it agrees with cluster.mode */
+    ck_assert_int_eq(keel_config_override(cfg, "algorithm.name=hogwild",
+                                          "-s"), KEEL_OK);
+    ck_assert_int_eq(keel_config_validate(cfg), KEEL_OK);
+    ck_assert_int_eq(keel_config_is_async(cfg, NULL), 1);
+    keel_config_override(cfg, "cluster.mode=sync", "-s");
+    ck_assert_int_eq(keel_config_validate(cfg), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "algorithm.name = "
+                                 "hogwild"));
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "cluster.mode = sync"));
+    keel_config_override(cfg, "algorithm.name=sync", "-s");
+    ck_assert_int_eq(keel_config_validate(cfg), KEEL_OK);
+    ck_assert_int_eq(keel_config_is_async(cfg, NULL), 0);
+    keel_config_override(cfg, "algorithm.name=hogwild", "-s");
+    keel_config_override(cfg, "cluster.mode=async", "-s");
+    keel_config_override(cfg, "train.micro_batch=16", "-s");
+    ck_assert_int_eq(keel_config_validate(cfg), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "train.micro_batch"));
+    keel_config_override(cfg, "train.micro_batch=0", "-s");
+    keel_config_override(cfg, "optimizer.name=kfac", "-s");
+    ck_assert_int_eq(keel_config_validate(cfg), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "optimizer.name = "
+                                 "kfac"));
+    /* an unknown scheme names the choices */
+    ck_assert_int_eq(keel_config_override(cfg, "algorithm.name=downpur",
+                                          "-s"), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "hogwild"));
+    ck_assert_int_eq(keel_config_override(cfg, "algorithm.hogwild_cas=yes",
+                                          "-s"), KEEL_OK);
+    ck_assert_int_eq(keel_config_bool(cfg, "algorithm.hogwild_cas"), 1);
+}
+END_TEST
+
 START_TEST(test_run_needs_an_end_and_piecewise_needs_values)
 {
     ck_assert_int_eq(keel_config_validate(cfg), KEEL_EINVAL);
@@ -474,6 +517,36 @@ START_TEST(test_algorithm_keys_and_their_conflicts)
     ck_assert_int_eq(keel_config_override(cfg, "algorithm.name=sync", "-s"),
                      KEEL_OK);
     ck_assert_int_eq(keel_config_validate(cfg), KEEL_OK);
+    /* the cluster's mode follows the rule (its "sync" column), whatever
+     * cluster.mode says */
+    ck_assert_int_eq(keel_config_is_async(cfg, NULL), 0);
+    keel_config_override(cfg, "algorithm.name=easgd", "-s");
+    ck_assert_int_eq(keel_config_is_async(cfg, NULL), 0);
+    keel_config_override(cfg, "algorithm.name=model_averaging", "-s");
+    ck_assert_int_eq(keel_config_is_async(cfg, NULL), 0);
+    keel_config_override(cfg, "algorithm.name=downpour", "-s");
+    ck_assert_int_eq(keel_config_is_async(cfg, NULL), 1);
+    keel_config_override(cfg, "algorithm.name=dynsgd", "-s");
+    ck_assert_int_eq(keel_config_is_async(cfg, NULL), 1);
+}
+END_TEST
+
+/* Which rules let a running job take workers beyond its spec: the
+ * asynchronous ones whose ps keeps nothing per replica. */
+START_TEST(test_algorithm_admits_joiners_only_without_per_replica_state)
+{
+    static const struct { const char *name; int joins; } want[] = {
+        { "sync", 0 }, { "async", 1 }, { "hogwild", 1 }, { "downpour", 1 },
+        { "downpour_easy", 1 }, { "agn", 1 }, { "sagn", 0 }, { "adag", 0 },
+        { "dynsgd", 0 }, { "easgd", 0 }, { "aeasgd", 1 }, { "aeamsgd", 1 },
+        { "model_averaging", 0 },
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        keel_algorithm a;
+        ck_assert_int_eq(keel_algorithm_from_name(want[i].name, &a), KEEL_OK);
+        ck_assert_msg(keel_algorithm_admits_joiners(a) == want[i].joins,
+                      "%s", want[i].name);
+    }
 }
 END_TEST
 
@@ -496,6 +569,8 @@ config_suite(void)
     tcase_add_test(tc, test_missing_and_binary_files);
     tcase_add_test(tc, test_overrides_and_output_dir);
     tcase_add_test(tc, test_conflicting_options_are_errors);
+    tcase_add_test(tc,
+        test_algorithm_name_picks_the_mode_and_checks_its_partners);
     tcase_add_test(tc, test_run_needs_an_end_and_piecewise_needs_values);
     tcase_add_test(tc, test_dump_lists_every_section_with_origins);
     tcase_add_test(tc, test_dump_round_trips_through_load_text);
@@ -504,6 +579,8 @@ config_suite(void)
                    test_tf_config_model_dir_is_checkpoint_dir_unless_another);
     tcase_add_test(tc, test_docs_config_md_is_the_generated_reference);
     tcase_add_test(tc, test_algorithm_keys_and_their_conflicts);
+    tcase_add_test(tc,
+        test_algorithm_admits_joiners_only_without_per_replica_state);
     suite_add_tcase(s, tc);
     return s;
 }

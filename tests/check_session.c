@@ -241,6 +241,72 @@ START_TEST(test_optimizer_updater_applies_the_optimizer)
 }
 END_TEST
 
+/* A user's step running Hogwild rounds (keel_hogwild) on the session's
+ * store: every element's gradient is 1 in each of 2 threads. */
+static keel_status
+ones_grad(void *ctx, int thread, keel_grads *grads, int64_t global_step)
+{
+    (void)ctx;
+    (void)thread;
+    (void)global_step;
+    for (size_t i = 0; i < keel_grads_count(grads); i++) {
+        keel_tensor *g = keel_grads_at(grads, i);
+        for (size_t k = 0; g != NULL && k < g->count; k++)
+            g->data[k] += 1.0f;
+    }
+    return KEEL_OK;
+}
+
+static keel_status
+hogwild_step(void *ctx, keel_step *st)
+{
+    keel_hogwild *h = ctx;
+    int64_t g = keel_step_global_step(st);
+    keel_status rc = keel_hogwild_run(h, ones_grad, NULL, g);
+    if (rc != KEEL_OK)
+        return rc;
+    keel_step_mark_applied(st);
+    keel_vars_set_global_step(keel_step_vars(st),
+                              g + keel_hogwild_threads(h));
+    return KEEL_OK;
+}
+
+START_TEST(test_a_step_runs_hogwild_rounds_of_one_step_per_thread)
+{
+    /* 2 threads, SGD 0.25, CAS: a round is 2 global steps and -0.5 on w;
+     * the session's updater is never called (the step applied) and the
+     * hooks see the steps the round counted */
+    rec a = { "A", 0 };
+    keel_hook h[1] = { rec_hook(&a) };
+    keel_optimizer_config oc;
+    keel_hogwild_config hc;
+    keel_hogwild *hw;
+    keel_session_config c;
+    keel_session *s;
+    script sc = { 0 };
+    keel_optimizer_config_init(&oc, KEEL_OPT_SGD);
+    oc.schedule.learning_rate = 0.25;
+    keel_hogwild_config_init(&hc);
+    hc.threads = 2;
+    hc.use_cas = 1;
+    ck_assert_int_eq(keel_hogwild_new(&hc, &oc, vs, &hw), KEEL_OK);
+    base_cfg(&c, &sc, h, 1);
+    c.step = hogwild_step;
+    c.step_ctx = hw;
+    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
+    ck_assert_int_eq(keel_session_run(s, NULL), KEEL_OK);
+    ck_assert_int_eq(keel_session_run(s, NULL), KEEL_OK);
+    ck_assert_int_eq(keel_session_close(s), KEEL_OK);
+    ck_assert_str_eq(ev, "b:A c:A r:A a:A2 r:A a:A4 e:A:clean ");
+    ck_assert_int_eq(keel_vars_global_step(vs), 4);
+    ck_assert_float_eq(keel_var_tensor(keel_vars_find(vs, "w"))->data[0],
+                       -1.0f);
+    ck_assert_int_eq(n_applied, 0);
+    keel_session_free(s);
+    keel_hogwild_free(hw);
+}
+END_TEST
+
 START_TEST(test_hook_stop_request_lets_all_hooks_see_after_run_then_refuses)
 {
     rec a = { "A", 2 }, b = { "B", 0 };
@@ -1272,6 +1338,8 @@ session_suite(void)
     tcase_set_timeout(tc, 20);
     tcase_add_test(tc, test_clean_run_calls_hooks_in_order_and_end_clean);
     tcase_add_test(tc, test_optimizer_updater_applies_the_optimizer);
+    tcase_add_test(tc,
+                   test_a_step_runs_hogwild_rounds_of_one_step_per_thread);
     tcase_add_test(tc,
         test_hook_stop_request_lets_all_hooks_see_after_run_then_refuses);
     tcase_add_test(tc, test_step_error_skips_after_run_and_ends_with_error);

@@ -877,6 +877,181 @@ START_TEST(test_tiny_mlp_learns_separable_problem)
 }
 END_TEST
 
+/* Hogwild: every element's gradient is 1, so one thread's SGD update is
+ * -lr on every element. */
+static keel_status
+hw_ones(void *ctx, int thread, keel_grads *grads, int64_t global_step)
+{
+    int *fail_thread = ctx;
+    (void)global_step;
+    if (fail_thread != NULL && *fail_thread == thread)
+        return keel__fail(KEEL_EIO, "thread %d's batch is unreadable",
+                          thread);
+    for (size_t i = 0; i < keel_grads_count(grads); i++) {
+        keel_tensor *g = keel_grads_at(grads, i);
+        for (size_t k = 0; g != NULL && k < g->count; k++)
+            g->data[k] += 1.0f;
+    }
+    return KEEL_OK;
+}
+
+START_TEST(test_hogwild_cas_loses_no_update_and_reports_a_failing_thread)
+{
+    /* 2 threads x 40 rounds of -0.25 on 5000 elements with CAS: exactly
+     * -20 everywhere (every partial sum is a multiple of 0.25, exact in
+     * float). With a failing thread 1 the round reports it and thread 0's
+     * update is still applied: -20.25. */
+    keel_vars *vs;
+    keel_var *v;
+    keel_optimizer_config oc;
+    keel_hogwild_config hc;
+    keel_hogwild *h;
+    int64_t shape[1] = { 5000 };
+    int fail = 1;
+    ck_assert_int_eq(keel_vars_new(&vs), KEEL_OK);
+    ck_assert_int_eq(keel_vars_create(vs, "w", 1, shape, KEEL_VAR_TRAINABLE,
+                                      &v), KEEL_OK);
+    keel_optimizer_config_init(&oc, KEEL_OPT_SGD);
+    oc.schedule.learning_rate = 0.25;
+    keel_hogwild_config_init(&hc);
+    ck_assert_int_eq(hc.threads, 1);
+    hc.threads = 0;
+    ck_assert_int_eq(keel_hogwild_new(&hc, &oc, vs, &h), KEEL_EINVAL);
+    ck_assert_ptr_null(h);
+    hc.threads = 2;
+    hc.use_cas = 1;
+    ck_assert_int_eq(keel_hogwild_new(&hc, &oc, vs, &h), KEEL_OK);
+    ck_assert_int_eq(keel_hogwild_threads(h), 2);
+    for (int r = 0; r < 40; r++)
+        ck_assert_int_eq(keel_hogwild_run(h, hw_ones, NULL, 2 * r),
+                         KEEL_OK);
+    for (size_t k = 0; k < 5000; k++)
+        ck_assert_float_eq(keel_var_tensor(v)->data[k], -20.0f);
+    ck_assert_int_eq(keel_vars_global_step(vs), 0);
+    ck_assert_int_eq(keel_hogwild_run(h, hw_ones, &fail, 80), KEEL_EIO);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "hogwild thread 1 at "
+                                                    "step 81"));
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "unreadable"));
+    for (size_t k = 0; k < 5000; k++)
+        ck_assert_float_eq(keel_var_tensor(v)->data[k], -20.25f);
+    /* the failed thread's gradients were cleared: the next round is
+     * -0.25 per thread again */
+    ck_assert_int_eq(keel_hogwild_run(h, hw_ones, NULL, 82), KEEL_OK);
+    ck_assert_float_eq(keel_var_tensor(v)->data[4999], -20.75f);
+    keel_hogwild_free(h);
+    keel_vars_free(vs);
+}
+END_TEST
+
+typedef struct hw_fixture {
+    keel_vars *vs;
+    keel_model *m[2];
+    const float *x;
+    const int32_t *y;
+    size_t esize, batch, next[2];
+} hw_fixture;
+
+/* Thread t trains on batches t, t + 2, t + 4, ... of the data. */
+static keel_status
+hw_model_step(void *ctx, int t, keel_grads *grads, int64_t global_step)
+{
+    hw_fixture *f = ctx;
+    size_t i = f->next[t];
+    keel_batch b = { f->x + i * f->esize, f->y + i, f->batch };
+    (void)global_step;
+    return keel_model_step(f->m[t], f->vs, &b, (int64_t)f->batch, grads,
+                           NULL);
+}
+
+/* Test accuracy after one pass over n training examples with threads
+ * Hogwild threads (racy or CAS). */
+static double
+hw_train(int threads, int cas, const float *x, const int32_t *y, size_t n,
+         size_t esize, const keel_model_config *cfg)
+{
+    hw_fixture f;
+    keel_optimizer_config oc;
+    keel_optimizer *opt;
+    keel_hogwild_config hc;
+    keel_hogwild *h;
+    keel_step_stats ev;
+    size_t n_test = 1008;
+    int64_t correct = 0;
+    memset(&f, 0, sizeof f);
+    f.x = x;
+    f.y = y;
+    f.esize = esize;
+    f.batch = 16;
+    ck_assert_int_eq(keel_vars_new(&f.vs), KEEL_OK);
+    ck_assert_int_eq(keel_model_new(cfg, f.vs, &f.m[0]), KEEL_OK);
+    ck_assert_int_eq(keel_model_init_vars(f.m[0], f.vs, 3), KEEL_OK);
+    ck_assert_msg(keel_model_new_shared(cfg, f.vs, &f.m[1]) == KEEL_OK,
+                  "%s", keel_last_error());
+    keel_optimizer_config_init(&oc, KEEL_OPT_MOMENTUM);
+    oc.schedule.learning_rate = 0.004;
+    ck_assert_int_eq(keel_optimizer_new(&oc, &opt), KEEL_OK);
+    ck_assert_int_eq(keel_optimizer_prepare(opt, f.vs), KEEL_OK);
+    keel_hogwild_config_init(&hc);
+    hc.threads = threads;
+    hc.use_cas = cas;
+    ck_assert_int_eq(keel_hogwild_new(&hc, &oc, f.vs, &h), KEEL_OK);
+    for (size_t s = 0; (s + (size_t)threads) * f.batch <= n;
+         s += (size_t)threads) {
+        for (int t = 0; t < threads; t++)
+            f.next[t] = (s + (size_t)t) * f.batch;
+        ck_assert_int_eq(keel_hogwild_run(h, hw_model_step, &f,
+                                          (int64_t)s), KEEL_OK);
+    }
+    for (size_t i = n; i < n + n_test; i += f.batch) {
+        keel_batch tb = { x + i * esize, y + i, f.batch };
+        ck_assert_int_eq(keel_model_eval(f.m[0], f.vs, &tb, &ev), KEEL_OK);
+        correct += ev.correct;
+    }
+    keel_hogwild_free(h);
+    keel_optimizer_free(opt);
+    keel_model_free(f.m[1]);
+    keel_model_free(f.m[0]);
+    keel_vars_free(f.vs);
+    return (double)correct / (double)n_test;
+}
+
+START_TEST(test_hogwild_two_threads_train_as_well_as_one)
+{
+    /* The same examples, one pass: 2 Hogwild threads (racy and CAS)
+     * reach the accuracy band of 1 thread on held-out data, on shared
+     * models (keel_model_new_shared). The band: within 5 points. */
+    keel_model_config cfg;
+    size_t n = 1536, esize = 64;
+    float *x = malloc((n + 1008) * esize * sizeof *x);
+    int32_t *y = malloc((n + 1008) * sizeof *y);
+    double a1, a2, a2c;
+    keel_vars *empty;
+    keel_model *m;
+    ck_assert_ptr_nonnull(x);
+    ck_assert_ptr_nonnull(y);
+    keel_model_config_init(&cfg);
+    cfg.height = cfg.width = 8;
+    cfg.n_hidden = 1;
+    cfg.hidden[0] = 32;
+    cfg.classes = 8;
+    cfg.max_batch = 16;
+    synthetic(x, y, n + 1008, esize, 8, 31);
+    a1 = hw_train(1, 0, x, y, n, esize, &cfg);
+    a2 = hw_train(2, 0, x, y, n, esize, &cfg);
+    a2c = hw_train(2, 1, x, y, n, esize, &cfg);
+    ck_assert_msg(a1 > 0.9, "1 thread: accuracy %.3f", a1);
+    ck_assert_msg(fabs(a2 - a1) <= 0.05 && fabs(a2c - a1) <= 0.05,
+                  "1 thread %.3f, 2 racy %.3f, 2 CAS %.3f", a1, a2, a2c);
+    /* a shared model needs the variables an identical model made */
+    ck_assert_int_eq(keel_vars_new(&empty), KEEL_OK);
+    ck_assert_int_eq(keel_model_new_shared(&cfg, empty, &m), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "dense_1/kernel"));
+    keel_vars_free(empty);
+    free(x);
+    free(y);
+}
+END_TEST
+
 START_TEST(test_model_rejects_bad_batches_and_configs)
 {
     keel_model_config cfg;
@@ -2362,6 +2537,9 @@ train_suite(void)
                    test_direct_dense_gradients_equal_separate_then_added);
     tcase_add_test(t, test_tiny_mlp_learns_separable_problem);
     tcase_add_test(t, test_model_rejects_bad_batches_and_configs);
+    tcase_add_test(t,
+        test_hogwild_cas_loses_no_update_and_reports_a_failing_thread);
+    tcase_add_test(t, test_hogwild_two_threads_train_as_well_as_one);
     tcase_add_test(t, test_blas_threads_and_corename);
     tcase_add_test(t, test_reduce_tree_covers_and_sums_in_tree_order);
     suite_add_tcase(s, t);

@@ -697,6 +697,95 @@ START_TEST(async_applies_every_push_as_a_step)
 }
 END_TEST
 
+/* Worker index 2 of a TF_CONFIG with one more worker than the cluster
+ * started with (its own port added). */
+static pid_t
+start_extra_worker(cluster *c, const char *const *sets)
+{
+    pid_t pid;
+    c->w_port[c->n_workers] = tu_held_port();
+    c->n_workers++;
+    pid = start_task(c, "worker", c->n_workers - 1, sets, NULL);
+    c->n_workers--;
+    return pid;
+}
+
+START_TEST(async_worker_joins_with_a_new_index_and_leaves_without_a_stall)
+{
+    cluster c;
+    const char *const sets[] = { "train.max_steps=1000000",
+                                 "hooks.log_every_steps=1",
+                                 "cluster.dead_after_ms=1500", NULL };
+    long step, applied, dropped;
+    char *log;
+    pid_t extra;
+    cluster_init(&c, 1, 2, ", \"mode\": \"async\"", "jl");
+    cluster_start(&c, sets);
+    ck_assert(wait_step(c.chief_fd, 20));
+    extra = start_extra_worker(&c, sets);
+    ck_assert_msg(wait_log(&c, "ps0", "worker 2 joined (async: not in the "
+                           "cluster spec"), "%s", log_tail(&c, "ps0"));
+    /* its pushes are applied: it trains past its first pull */
+    ck_assert_msg(wait_log(&c, "worker2", "model ready"), "%s",
+                  log_tail(&c, "worker2"));
+    ck_assert_msg(wait_log(&c, "worker2", "step "), "%s",
+                  log_tail(&c, "worker2"));
+    ck_assert_int_eq(kill(extra, SIGKILL), 0);
+    ck_assert_int_ne(tu_wait(extra, RUN_MS), 0);
+    ck_assert_msg(wait_log(&c, "ps0", "worker 2 left: silent"), "%s",
+                  log_tail(&c, "ps0"));
+    /* nobody waits for it: the chief goes on */
+    log = tu_read_file(tu_path("jl-ps0.log"), NULL);
+    ck_assert_ptr_null(strstr(log, "rejected a request from task worker"));
+    free(log);
+    ck_assert(wait_step(c.chief_fd, 200));
+    ck_assert_int_eq(kill(c.w[0], SIGTERM), 0);
+    cluster_wait_ok(&c);
+    ps_stats(&c, 0, &step, &applied, &dropped);
+    ck_assert_int_eq(applied, step);
+    ck_assert_int_eq(dropped, 0);
+}
+END_TEST
+
+/* A job of `extra` (TF_CONFIG's tail) and sets refuses a worker index
+ * beyond its spec: that worker exits 1 with why in its log. */
+static void
+refuses_an_extra_worker(const char *extra, const char *tag,
+                        const char *const *sets, const char *why)
+{
+    cluster c;
+    pid_t pid;
+    cluster_init(&c, 1, 2, extra, tag);
+    cluster_start(&c, sets);
+    ck_assert(wait_step(c.chief_fd, 5));
+    pid = start_extra_worker(&c, sets);
+    ck_assert_int_eq(tu_wait(pid, RUN_MS), 1);
+    ck_assert_msg(log_has(&c, "worker2", why), "%s",
+                  log_tail(&c, "worker2"));
+    ck_assert_int_eq(kill(c.w[0], SIGTERM), 0);
+    cluster_wait_ok(&c);
+}
+
+START_TEST(sync_refuses_a_worker_index_beyond_its_replicas)
+{
+    const char *const sets[] = { "train.max_steps=1000000", NULL };
+    refuses_an_extra_worker("", "sr", sets, "sync mode keeps this fixed "
+                            "count");
+}
+END_TEST
+
+/* dynsgd's ps keeps each starting replica's pull clock: an async job
+ * under it refuses a worker beyond its spec, naming the rule. */
+START_TEST(dynsgd_refuses_a_worker_index_beyond_its_replicas)
+{
+    const char *const sets[] = { "train.max_steps=1000000",
+                                 "algorithm.name=dynsgd", NULL };
+    refuses_an_extra_worker(", \"mode\": \"async\"", "dr", sets,
+                            "keeps state per replica the job started with "
+                            "(dynsgd, adag)");
+}
+END_TEST
+
 static Suite *
 suite(void)
 {
@@ -707,6 +796,10 @@ suite(void)
     tcase_add_test(tc, sync_1ps_2workers_trains_like_one_process);
     tcase_add_test(tc, sync_rerun_is_bitwise_identical);
     tcase_add_test(tc, async_applies_every_push_as_a_step);
+    tcase_add_test(tc,
+        async_worker_joins_with_a_new_index_and_leaves_without_a_stall);
+    tcase_add_test(tc, sync_refuses_a_worker_index_beyond_its_replicas);
+    tcase_add_test(tc, dynsgd_refuses_a_worker_index_beyond_its_replicas);
     tcase_add_test(tc, micro_batches_give_identical_bits_for_1_2_and_4_workers);
     tcase_add_test(tc, backup_worker_stopped_training_goes_on);
     tcase_add_test(tc, two_ps_split_and_restore_into_1_3_and_no_cluster);

@@ -890,6 +890,64 @@ START_TEST(test_sigterm_stops_a_cluster_with_a_final_checkpoint)
 }
 END_TEST
 
+START_TEST(test_async_job_scales_with_sigusr1_and_sigusr2_sync_refuses)
+{
+    char *argv[] = { (char *)tu_build_path("keel"), "launch",
+                     (char *)cfg_path, "--ps", "1", "--workers", "1", "-s",
+                     "train.max_steps=1000000", "-s", "algorithm.name=async",
+                     "-s", "cluster.dead_after_ms=1500", NULL };
+    char *sync_argv[] = { (char *)tu_build_path("keel"), "launch",
+                          (char *)cfg_path, "--ps", "1", "-s",
+                          "train.max_steps=1000000", NULL };
+    char line[512], *log;
+    int fd;
+    pid_t pid = tu_spawn_pipe(argv, NULL, tu_path("launch.err"), &fd);
+    /* async: the global step moves by every replica's push */
+    expect_line(fd, "chief | step ", line, sizeof line);
+    /* up: workers 1 and 2, indexes the cluster did not start with */
+    ck_assert_int_eq(kill(pid, SIGUSR1), 0);
+    expect_line(fd, "launch | added worker.1 (pid ", line, sizeof line);
+    expect_line(fd, "worker 1 joined (async: not in the cluster spec", line,
+                sizeof line);
+    ck_assert_int_eq(kill(pid, SIGUSR1), 0);
+    expect_line(fd, "launch | added worker.2 (pid ", line, sizeof line);
+    expect_line(fd, "worker 2 joined (async", line, sizeof line);
+    /* down: the last added first; they end cleanly, are not restarted and
+     * are forgotten by the ps; the chief goes on */
+    ck_assert_int_eq(kill(pid, SIGUSR2), 0);
+    expect_line(fd, "launch | removing worker.2 (pid ", line, sizeof line);
+    expect_line(fd, "launch | worker.2 (pid ", line, sizeof line);
+    ck_assert_msg(strstr(line, "exit status 0") != NULL, "%s", line);
+    expect_line(fd, "worker 2 left: silent", line, sizeof line);
+    ck_assert_int_eq(kill(pid, SIGUSR2), 0);
+    expect_line(fd, "launch | removing worker.1 (pid ", line, sizeof line);
+    ck_assert_int_eq(kill(pid, SIGUSR2), 0);
+    expect_line(fd, "launch | SIGUSR2: launch: no added worker is running",
+                line, sizeof line);
+    expect_line(fd, "worker 1 left: silent", line, sizeof line);
+    expect_line(fd, "chief | step ", line, sizeof line);
+    ck_assert_int_eq(kill(pid, SIGTERM), 0);
+    expect_line(fd, "launch | stopped on request", line, sizeof line);
+    ck_assert_int_eq(tu_wait(pid, 30000), 0);
+    close(fd);
+    /* worker 1 trained: it got past its first pull */
+    log = tu_read_file(tu_path("run/logs/worker.1.log"), NULL);
+    ck_assert_msg(strstr(log, "model ready") != NULL, "%s", log);
+    ck_assert_ptr_null(strstr(log, "restarted"));
+    free(log);
+
+    /* a sync job keeps its replica count */
+    pid = tu_spawn_pipe(sync_argv, NULL, tu_path("launch2.err"), &fd);
+    expect_line(fd, "chief | step ", line, sizeof line);
+    ck_assert_int_eq(kill(pid, SIGUSR1), 0);
+    expect_line(fd, "launch | SIGUSR1: launch: not adding a worker: a sync "
+                "job keeps its fixed replica count", line, sizeof line);
+    ck_assert_int_eq(kill(pid, SIGTERM), 0);
+    ck_assert_int_eq(tu_wait(pid, 30000), 0);
+    close(fd);
+}
+END_TEST
+
 START_TEST(test_ps_and_two_workers_train_and_the_result_evaluates)
 {
     char *log;
@@ -1227,6 +1285,8 @@ launch_suite(void)
     tcase_add_test(tc, test_chaos_killing_workers_mid_run_still_finishes);
     tcase_add_test(tc, test_sigkilled_launcher_takes_its_tasks_along);
     tcase_add_test(tc, test_sigterm_stops_a_cluster_with_a_final_checkpoint);
+    tcase_add_test(tc,
+        test_async_job_scales_with_sigusr1_and_sigusr2_sync_refuses);
     tcase_add_test(tc, test_ps_lost_during_a_checkpoint_pull_is_found_at_once);
     tcase_add_test(tc,
                    test_sigkilled_ps_is_reloaded_and_the_steps_lost_are_logged);

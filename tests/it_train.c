@@ -379,7 +379,8 @@ START_TEST(test_mirrored_matches_one_device_and_restores_anywhere)
     ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "ckpt",
                              "diff", tu_path("m1/model.ckpt-10.h5"),
                              tu_path("m2/model.ckpt-10.h5"), NULL), 0);
-    /* strategies that do not fit exit 2 with one message */
+    /* strategies that do not fit exit 2 with one message (with MPI: a
+     * leaf count that does not fit; without: MPI missing) */
     ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err, "train",
                              cfg_path, "-s", "train.strategy="
                              "multi_worker_mirrored", "-s", "train.leaves=3",
@@ -390,6 +391,10 @@ START_TEST(test_mirrored_matches_one_device_and_restores_anywhere)
 #else
     ck_assert_msg(strstr(err, "multi_worker_mirrored") != NULL, "%s", err);
 #endif
+    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err, "train",
+                             cfg_path, "-s", "algorithm.name=hogwild", "-s",
+                             "train.strategy=mirrored", NULL), 2);
+    ck_assert_ptr_nonnull(strstr(err, "algorithm.name = hogwild"));
     ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err, "train",
                              cfg_path, "-s", "train.strategy=mirrored", "-s",
                              "train.replicas=3", NULL), 2);

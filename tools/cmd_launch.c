@@ -44,6 +44,8 @@ launch_usage(FILE *out, int code)
             "logs go to OUTPUT_DIR/logs/<task>.log. A failed task is\n"
             "restarted; when the chief finishes the rest are stopped.\n"
             "SIGINT/SIGTERM stop every task gracefully (twice: at once).\n"
+            "An async job scales while it runs: SIGUSR1 adds a worker (the\n"
+            "next index), SIGUSR2 stops the last one added.\n"
             "Exit status: the chief's (0 or 1); 2 for usage/config errors.\n"
             "\n"
             "With -- PROGRAM, every task runs PROGRAM ARGS instead (found on\n"
@@ -98,12 +100,23 @@ launch_usage(FILE *out, int code)
 
 static volatile sig_atomic_t got_signal;
 static volatile sig_atomic_t n_signals;
+static volatile sig_atomic_t n_scale_up, n_scale_down;
 
 static void
 on_signal(int sig)
 {
     got_signal = sig;
     n_signals++;
+}
+
+/* SIGUSR1: one more worker; SIGUSR2: one fewer (async jobs). */
+static void
+on_scale(int sig)
+{
+    if (sig == SIGUSR1)
+        n_scale_up++;
+    else
+        n_scale_down++;
 }
 
 typedef struct view {
@@ -297,9 +310,9 @@ check_replicas(const keel_config *cfg, int num_ps, int num_workers)
     if (st == KEEL_OK)
         st = keel_cluster_spec_set_task(spec, KEEL_TASK_CHIEF, 0);
     if (st == KEEL_OK) {
-        keel_cluster_spec_set_mode(spec,
-            strcmp(keel_config_str(cfg, "cluster.mode"), "async") == 0
-            ? KEEL_CLUSTER_ASYNC : KEEL_CLUSTER_SYNC);
+        keel_cluster_spec_set_mode(spec, keel_config_is_async(cfg, NULL)
+                                         ? KEEL_CLUSTER_ASYNC
+                                         : KEEL_CLUSTER_SYNC);
         keel_cluster_spec_set_replicas(spec,
             (int)keel_config_int(cfg, "cluster.replicas_to_aggregate"),
             (int)keel_config_int(cfg, "cluster.total_num_replicas"));
@@ -399,6 +412,8 @@ cmd_launch(int argc, char **argv)
     char n_ranks[16];
     char **program = NULL;          /* -- PROGRAM [ARGS...] */
     int async_mode = 0, rta = 0;
+    /* the rule that refuses workers beyond the start, or empty */
+    char fixed_rule[32] = "";
     char *over[MAX_OVERRIDES];
     char *task_argv[MAX_OVERRIDES * 2 + 8];
     char exe[PATH_MAX], outdir[PATH_MAX], keel_exe[PATH_MAX];
@@ -409,7 +424,7 @@ cmd_launch(int argc, char **argv)
     keel_launch *l = NULL;
     keel_status st;
     view v;
-    struct sigaction sa, old_int, old_term, old_pipe;
+    struct sigaction sa, old_int, old_term, old_pipe, old_usr1, old_usr2;
     const char *why;
 
     if (cli_wants_help(argc, argv))
@@ -552,6 +567,17 @@ cmd_launch(int argc, char **argv)
                            strategy);
         if (rc == CLI_OK && !is_mwm)
             rc = check_replicas(cfg, lc.num_ps, lc.num_workers);
+        lc.mode = keel_config_is_async(cfg, NULL) ? KEEL_CLUSTER_ASYNC
+                                                  : KEEL_CLUSTER_SYNC;
+        if (lc.mode == KEEL_CLUSTER_ASYNC &&
+            keel_config_is_set(cfg, "algorithm.name")) {
+            keel_algorithm a;
+            if (keel_algorithm_from_name(keel_config_str(cfg,
+                                             "algorithm.name"), &a)
+                == KEEL_OK && !keel_algorithm_admits_joiners(a))
+                snprintf(fixed_rule, sizeof fixed_rule, "%s",
+                         keel_algorithm_name(a));
+        }
         keel_config_free(cfg);
         if (rc != CLI_OK)
             return rc;
@@ -604,6 +630,9 @@ cmd_launch(int argc, char **argv)
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, &old_int);
     sigaction(SIGTERM, &sa, &old_term);
+    sa.sa_handler = on_scale;
+    sigaction(SIGUSR1, &sa, &old_usr1);
+    sigaction(SIGUSR2, &sa, &old_usr2);
     sa.sa_handler = SIG_IGN;            /* a closed stdout must not kill us */
     sigaction(SIGPIPE, &sa, &old_pipe);
 
@@ -626,7 +655,7 @@ cmd_launch(int argc, char **argv)
         goto out;
     }
     {
-        int handled = 0;
+        int handled = 0, ups = 0, downs = 0;
         while (!done) {
             st = keel_launch_poll(l, 100, &done);
             if (st != KEEL_OK) {
@@ -643,6 +672,26 @@ cmd_launch(int argc, char **argv)
                        handled == 1 ? "stopping every task gracefully "
                        "(again to kill at once)" : "killing every task");
                 keel_launch_stop(l, handled > 1);
+            }
+            while (ups < n_scale_up || downs < n_scale_down) {
+                int up = ups < n_scale_up;
+                keel_status sst;
+                if (up)
+                    ups++;
+                else
+                    downs++;
+                erase_status(&v);
+                if (up && fixed_rule[0] != '\0') {
+                    printf("launch | SIGUSR1: algorithm.name = %s keeps "
+                           "state per worker the job started with; no "
+                           "worker added\n", fixed_rule);
+                    continue;
+                }
+                sst = up ? keel_launch_add_worker(l)
+                         : keel_launch_remove_worker(l);
+                if (sst != KEEL_OK)
+                    printf("launch | %s: %s\n", up ? "SIGUSR1" : "SIGUSR2",
+                           keel_last_error());
             }
             if (v.status_on && !done && mono_secs() - v.last_draw >= 0.25)
                 draw_status(&v);
@@ -665,5 +714,7 @@ out:
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
     sigaction(SIGPIPE, &old_pipe, NULL);
+    sigaction(SIGUSR1, &old_usr1, NULL);
+    sigaction(SIGUSR2, &old_usr2, NULL);
     return rc;
 }

@@ -194,8 +194,7 @@ cli_resolve_cluster(const keel_config *cfg, const char *task,
                                                             "cluster.workers"));
         if (st == KEEL_OK)
             st = keel_cluster_spec_set_task(spec, tt, (int)idx);
-        if (st == KEEL_OK && strcmp(keel_config_str(cfg, "cluster.mode"),
-                                    "async") == 0)
+        if (st == KEEL_OK && keel_config_is_async(cfg, NULL))
             keel_cluster_spec_set_mode(spec, KEEL_CLUSTER_ASYNC);
     } else {
         if (task != NULL)
@@ -219,10 +218,10 @@ cli_resolve_cluster(const keel_config *cfg, const char *task,
         return CLI_OK;
     }
     if (st == KEEL_OK) {
-        if (keel_config_is_set(cfg, "cluster.mode"))
-            keel_cluster_spec_set_mode(spec,
-                strcmp(keel_config_str(cfg, "cluster.mode"), "async") == 0
-                ? KEEL_CLUSTER_ASYNC : KEEL_CLUSTER_SYNC);
+        int mode_set = 0, is_async = keel_config_is_async(cfg, &mode_set);
+        if (mode_set)
+            keel_cluster_spec_set_mode(spec, is_async ? KEEL_CLUSTER_ASYNC
+                                                      : KEEL_CLUSTER_SYNC);
         if (keel_config_int(cfg, "cluster.replicas_to_aggregate") > 0 ||
             keel_config_int(cfg, "cluster.total_num_replicas") > 0)
             keel_cluster_spec_set_replicas(spec,

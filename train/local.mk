@@ -1,6 +1,6 @@
 # train/: core types (tensors, variables), layers, models, optimizers, data.
 libkeel_core_la_SOURCES += train/train_int.h train/vars_int.h \
-	train/layers.c train/model.c train/pool.c \
+	train/layers.c train/model.c train/pool.c train/hogwild.c \
 	train/optim.c train/kfac.c train/data.c train/reduce_tree.c
 pkginclude_HEADERS += include/keel/train.h
 

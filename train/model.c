@@ -95,7 +95,8 @@ struct keel_model {
     size_t max_pieces;            /* ceil(max_batch / piece) */
     int nslots;                   /* min(max_pieces, MAX_SLOTS) */
     int is_dense_only;            /* softmax or MLP */
-    int reuse_vars;               /* a replica: another model's variables */
+    int reuse_vars;               /* a replica or keel_model_new_shared:
+                                   * another model's variables */
     lbuf *buf[MAX_THREADS];       /* [thread][layer] activations */
     lgrad *slot[MAX_SLOTS];       /* [slot][layer] */
     double *piece_loss;           /* [max_pieces] */
@@ -274,8 +275,8 @@ alloc_floats(float **p, size_t count, const char *what)
     return KEEL_OK;
 }
 
-/* The variable scope/leaf: created in vs, or (reuse) the one there with
- * this shape. */
+/* The variable scope/leaf: created in vs, or (reuse) the trainable one
+ * an identical model created there, its shape checked. */
 static keel_status
 make_var(keel_vars *vs, int reuse, const char *scope, const char *leaf,
          int ndim, const int64_t *shape, keel_var **out)
@@ -286,13 +287,16 @@ make_var(keel_vars *vs, int reuse, const char *scope, const char *leaf,
     if (st != KEEL_OK)
         return st;
     if (reuse) {
-        const keel_tensor *t;
-        *out = keel_vars_find(vs, name);
-        t = *out != NULL ? keel_var_tensor(*out) : NULL;
-        if (t == NULL || t->ndim != ndim ||
-            memcmp(t->shape, shape, (size_t)ndim * sizeof *shape) != 0)
-            return keel__fail(KEEL_EINVAL, "model replica: the store has no "
-                              "variable '%s' of this model's shape", name);
+        keel_var *v = keel_vars_find(vs, name);
+        keel_tensor *t = v != NULL ? keel_var_tensor(v) : NULL;
+        if (t == NULL || !keel_shape_equal(t->ndim, t->shape, ndim, shape)
+            || !keel_var_is_trainable(v))
+            return keel__fail(KEEL_EINVAL, "model: the store has no "
+                              "trainable variable '%s' of this model's "
+                              "shape (a replica or keel_model_new_shared "
+                              "needs a store an identical model was built "
+                              "on)", name);
+        *out = v;
         return KEEL_OK;
     }
     st = keel_vars_create(vs, name, ndim, shape, KEEL_VAR_TRAINABLE, out);
@@ -570,6 +574,13 @@ model_build(const keel_model_config *cfg, keel_vars *vs, int reuse,
 fail:
     keel_model_free(m);
     return st;
+}
+
+keel_status
+keel_model_new_shared(const keel_model_config *cfg, keel_vars *vs,
+                      keel_model **out)
+{
+    return model_build(cfg, vs, 1, out);
 }
 
 keel_status

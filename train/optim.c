@@ -5,6 +5,7 @@
 #include <config.h>
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -557,9 +558,67 @@ keel_optimizer_apply_var(keel_optimizer *o, keel_var *v,
     return KEEL_OK;
 }
 
+/* Hogwild's CAS form: x[i] += d as one compare-and-swap loop on the
+ * float's 32-bit pattern, so no concurrent update of the same element is
+ * lost. The slots are still plain racy stores. */
+typedef uint32_t __attribute__((may_alias)) keel__u32_alias;
+
+static inline void
+cas_add(float *x, float d)
+{
+    keel__u32_alias *p = (keel__u32_alias *)x;
+    uint32_t old = __atomic_load_n(p, __ATOMIC_RELAXED), nw;
+    do {
+        float f;
+        memcpy(&f, &old, sizeof f);
+        f += d;
+        memcpy(&nw, &f, sizeof nw);
+    } while (!__atomic_compare_exchange_n(p, &old, nw, 1, __ATOMIC_RELAXED,
+                                          __ATOMIC_RELAXED));
+}
+
+/* The update kernels above as per-element deltas added by cas_add; then
+ * the gradient is zeroed. */
+static void
+cas_update(const opt_call *a, const opt_task *k)
+{
+    const keel_optimizer_config *c = a->c;
+    float lr = a->lr, mu = (float)c->momentum, eps = (float)c->epsilon;
+    float b1 = (float)c->beta1, b2 = (float)c->beta2, rho = (float)c->rho;
+    float *s1 = k->s1, *s2 = k->s2, *g = k->g;
+    for (size_t i = 0; i < k->n; i++) {
+        float d;
+        switch (c->kind) {
+        case KEEL_OPT_MOMENTUM:
+            s1[i] = mu * s1[i] + g[i];
+            d = c->use_nesterov ? -lr * (g[i] + mu * s1[i]) : -lr * s1[i];
+            break;
+        case KEEL_OPT_ADAGRAD:
+            s1[i] += g[i] * g[i];
+            d = -lr * g[i] / (sqrtf(s1[i]) + eps);
+            break;
+        case KEEL_OPT_ADAM:
+            s1[i] = b1 * s1[i] + (1.0f - b1) * g[i];
+            s2[i] = b2 * s2[i] + (1.0f - b2) * g[i] * g[i];
+            d = -lr * s1[i] / (sqrtf(s2[i]) + eps);
+            break;
+        case KEEL_OPT_RMSPROP:
+            s1[i] = rho * s1[i] + (1.0f - rho) * g[i] * g[i];
+            s2[i] = mu * s2[i] + lr * g[i] / sqrtf(s1[i] + eps);
+            d = -s2[i];
+            break;
+        default:
+            d = -lr * g[i];
+            break;
+        }
+        cas_add(&k->x[i], d);
+    }
+    memset(g, 0, k->n * sizeof *g);
+}
+
 static keel_status
 apply_all(keel_optimizer *o, keel_vars *vs, keel_grads *grads,
-          int64_t global_step, int zero, keel__pool *pool)
+          int64_t global_step, int zero, keel__pool *pool, int cas)
 {
     size_t nv, nt = 0, total = 0;
     opt_call a;
@@ -595,7 +654,10 @@ apply_all(keel_optimizer *o, keel_vars *vs, keel_grads *grads,
                     .task = o->task, .ntask = nt, .total = total,
                     .zero = zero, .nthreads = 1 };
     KEEL__PROF_BEGIN();
-    if (pool != NULL && keel__pool_threads(pool) > 1 &&
+    if (cas) {
+        for (size_t i = 0; i < nt; i++)
+            cas_update(&a, &o->task[i]);
+    } else if (pool != NULL && keel__pool_threads(pool) > 1 &&
         total >= OPT_PARALLEL_MIN) {
         a.nthreads = keel__pool_threads(pool);
         keel__pool_run(pool, apply_worker, &a);
@@ -611,19 +673,26 @@ keel__optimizer_apply_pooled(keel_optimizer *o, keel_vars *vs,
                              keel_grads *grads, int64_t global_step,
                              int zero, keel__pool *pool)
 {
-    return apply_all(o, vs, grads, global_step, zero, pool);
+    return apply_all(o, vs, grads, global_step, zero, pool, 0);
 }
 
 keel_status
 keel_optimizer_apply(keel_optimizer *o, keel_vars *vs, keel_grads *grads,
                      int64_t global_step)
 {
-    return apply_all(o, vs, grads, global_step, 0, NULL);
+    return apply_all(o, vs, grads, global_step, 0, NULL, 0);
 }
 
 keel_status
 keel_optimizer_apply_and_zero(keel_optimizer *o, keel_vars *vs,
                               keel_grads *grads, int64_t global_step)
 {
-    return apply_all(o, vs, grads, global_step, 1, NULL);
+    return apply_all(o, vs, grads, global_step, 1, NULL, 0);
+}
+
+keel_status
+keel__optimizer_apply_cas(keel_optimizer *o, keel_vars *vs,
+                          keel_grads *grads, int64_t global_step)
+{
+    return apply_all(o, vs, grads, global_step, 1, NULL, 1);
 }

@@ -237,6 +237,11 @@ keel_status keel__model_new_replica(const keel_model *m, keel_vars *vs,
  * added along the same tree give the same bits. */
 #define KEEL__MODEL_TREE_PIECES 16
 size_t keel__model_piece(const keel_model *m);
+/* keel_optimizer_apply_and_zero with every variable element changed by
+ * one compare-and-swap loop (Hogwild's CAS form); slots plain. */
+keel_status keel__optimizer_apply_cas(keel_optimizer *o, keel_vars *vs,
+                                      keel_grads *grads,
+                                      int64_t global_step);
 /* The model's pool (NULL on one thread), for work beside its steps. */
 keel__pool *keel__model_pool(keel_model *m);
 /* keel_optimizer_apply (zero: _and_zero) on the pool's threads (NULL: the

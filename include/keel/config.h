@@ -63,6 +63,12 @@ int keel_config_is_set(const keel_config *cfg, const char *key);
 /* Where the value came from: "default", "file.ini:12", "command line",
  * "$OUTPUT_DIR". */
 const char *keel_config_origin(const keel_config *cfg, const char *key);
+/* 1 when the cluster is to run asynchronously: algorithm.name, when set,
+ * names a rule that keel_algorithm_is_sync() calls asynchronous (async,
+ * hogwild, downpour, ...), else cluster.mode async. *is_set (may be NULL):
+ * 1 when either key was set (the config overrides the cluster spec's
+ * mode). */
+int keel_config_is_async(const keel_config *cfg, int *is_set);
 
 /* A comma-separated list of integers ("256,256") into out (at most max
  * entries); returns the count, or -1 if malformed (validation rejects that

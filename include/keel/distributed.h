@@ -65,6 +65,12 @@ int keel_algorithm_is_sync(keel_algorithm a);
  * optimizer to them (its slots live on the ps). The other rules need no
  * optimizer slots. */
 int keel_algorithm_pushes_gradients(keel_algorithm a);
+/* 1 for the asynchronous rules whose ps keeps no state per replica
+ * (async, hogwild, downpour, downpour_easy, agn, aeasgd, aeamsgd): a
+ * running job accepts workers beyond the ones it started with (the ps's
+ * membership, keel_launch_add_worker). 0 for the sync rules, dynsgd and
+ * adag (their per-replica staleness and pull state is sized at start). */
+int keel_algorithm_admits_joiners(keel_algorithm a);
 
 /* A rule and its hyper-parameters. Every task of a cluster must use the
  * same values. Zero in a member marked "0:" selects what it says. */

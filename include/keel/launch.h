@@ -60,7 +60,9 @@ typedef enum keel_launch_event_kind {
     KEEL_LAUNCH_EV_GIVE_UP,   /* a task failed for good */
     KEEL_LAUNCH_EV_CHAOS,     /* chaos killed a task */
     KEEL_LAUNCH_EV_STOP,      /* the launcher is stopping everything */
-    KEEL_LAUNCH_EV_BACK       /* a restarted task reported its first step */
+    KEEL_LAUNCH_EV_BACK,      /* a restarted task reported its first step */
+    KEEL_LAUNCH_EV_SCALE      /* a worker is being removed
+                               * (keel_launch_remove_worker) */
 } keel_launch_event_kind;
 
 typedef struct keel_launch_event {
@@ -141,6 +143,18 @@ keel_status keel_launch_poll(keel_launch *l, int timeout_ms, int *is_done);
  * finishing. A second call (force) SIGKILLs everything now. Safe to call
  * any time; no restarts happen after it. Cannot fail. */
 void keel_launch_stop(keel_launch *l, int force);
+
+/* Scale a running async job (mode KEEL_CLUSTER_ASYNC). Add: start one
+ * more worker with the next unused index (its TF_CONFIG lists every
+ * worker so far, itself included; the ps accept it, docs/algorithms.md);
+ * it is restarted on failure like any task. KEEL_ESTATE in sync mode (a
+ * sync job keeps its fixed replica count), before the start or while
+ * stopping; KEEL_EINVAL past KEEL_LAUNCH_MAX_WORKERS workers. Remove:
+ * SIGTERM the most recently added worker still running (it ends its step
+ * and exits; never restarted); KEEL_ENOTFOUND when no added worker runs
+ * (the workers the job started with are not removed). */
+keel_status keel_launch_add_worker(keel_launch *l);
+keel_status keel_launch_remove_worker(keel_launch *l);
 
 size_t keel_launch_num_tasks(const keel_launch *l);
 /* Snapshot of task i (0 <= i < num_tasks; ps first, chief, workers, the

@@ -95,6 +95,13 @@ keel_status keel_model_parse_hidden(const char *s, keel_model_config *cfg);
  * Caller owns *out: keel_model_free(). */
 keel_status keel_model_new(const keel_model_config *cfg, keel_vars *vs,
                            keel_model **out);
+/* A second model with its own workspaces on the variables an identical
+ * model (same cfg but threads and max_batch) already created in vs: found
+ * by name, shapes checked (KEEL_EINVAL naming the first missing one).
+ * For threads that each run a model on one shared store (Hogwild below).
+ * vs is borrowed and must outlive the model. Caller owns *out. */
+keel_status keel_model_new_shared(const keel_model_config *cfg,
+                                  keel_vars *vs, keel_model **out);
 void keel_model_free(keel_model *m);
 /* Deterministic initialization from seed (cfg->init scheme); the same seed
  * gives the same bits on every machine. Marks the variables initialized. */
@@ -283,6 +290,53 @@ keel_status keel_kfac_observe(keel_kfac *k, keel_vars *vs,
  * Clears the pending statistics. */
 keel_status keel_kfac_apply(keel_kfac *k, keel_vars *vs, keel_grads *grads,
                             int64_t global_step);
+
+/* ---- Hogwild: lock-free threads on one store (docs/train.md) ----------
+ * threads threads each compute a gradient on their own mini-batch, reading
+ * the shared variables while the others write them, and apply their update
+ * with no lock (Niu, Recht, Re, Wright: Hogwild!). Each thread has its own
+ * gradients and its own optimizer object; the slots are shared. Updates
+ * are plain racy float stores (use_cas 0: a concurrent update of the same
+ * element may be lost, which the method tolerates), or each element is
+ * changed by one compare-and-swap loop on its 32-bit pattern (use_cas 1:
+ * none is lost; slots stay racy). Results depend on the thread timing. */
+
+#define KEEL_HOGWILD_MAX_THREADS 8
+
+typedef struct keel_hogwild_config {
+    int threads;                   /* 1..KEEL_HOGWILD_MAX_THREADS; 1 */
+    int use_cas;                   /* default 0: racy stores */
+} keel_hogwild_config;
+
+typedef struct keel_hogwild keel_hogwild;
+
+/* Thread t's gradient: ADD the gradient of its mini-batch into grads (zero
+ * on entry) from the shared store, as keel_model_step does with t's own
+ * model. Called concurrently for different t: it must not touch state
+ * another thread uses (one keel_model per thread, keel_model_new_shared).
+ * global_step is the step this thread's update counts as. */
+typedef keel_status (*keel_hogwild_fn)(void *ctx, int thread,
+                                       keel_grads *grads,
+                                       int64_t global_step);
+
+void keel_hogwild_config_init(keel_hogwild_config *cfg);
+/* Threads (parked between rounds), per-thread gradients and optimizers
+ * (opt copied; its slots must exist in vs: keel_optimizer_prepare). vs is
+ * borrowed and must outlive the handle. Caller owns *out. */
+keel_status keel_hogwild_new(const keel_hogwild_config *cfg,
+                             const keel_optimizer_config *opt,
+                             keel_vars *vs, keel_hogwild **out);
+void keel_hogwild_free(keel_hogwild *h);
+int keel_hogwild_threads(const keel_hogwild *h);
+/* One round: thread t (the caller is thread 0) runs fn(ctx, t, grads_t,
+ * global_step + t) and then applies grads_t to vs lock-free with the
+ * learning rate (and Adam correction) of global_step + t, unless fn
+ * failed. Returns when every thread is done: KEEL_OK, or the failing
+ * thread with the lowest index's status and message (the others' updates
+ * are applied). Does not change the store's global step: a round counts
+ * threads steps. */
+keel_status keel_hogwild_run(keel_hogwild *h, keel_hogwild_fn fn, void *ctx,
+                             int64_t global_step);
 
 /* ---- data --------------------------------------------------------------- */
 
