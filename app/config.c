@@ -128,6 +128,10 @@ static const key_def schema[] = {
       "off)." },
     { "kfac", "invert_every", T_INT, "10", 1, 1000000, NULL,
       "Recompute the damped inverses every this many steps." },
+    { "kfac", "distributed", T_ENUM, "chief", NOLIM, "chief",
+      "In a cluster (sync mode): chief: every replica computes gradients, "
+      "the chief alone the factor statistics, inverses and the update "
+      "(docs/kfac.md). Ignored in one process." },
 
     { "train", "batch_size", T_INT, "64", 1, 1 << 20, NULL,
       "Global batch size (split across workers)." },
@@ -1186,7 +1190,7 @@ keel_config_validate(const keel_config *cfg)
         static const char *const kk[] = { "kfac.damping",
             "kfac.cov_ema_decay", "kfac.momentum", "kfac.momentum_type",
             "kfac.estimation_mode", "kfac.norm_constraint",
-            "kfac.invert_every" };
+            "kfac.invert_every", "kfac.distributed" };
         for (size_t i = 0; i < sizeof kk / sizeof *kk; i++)
             if (keel_config_is_set(cfg, kk[i]))
                 return keel__fail(KEEL_EINVAL, "%s (%s) applies only to "

@@ -74,6 +74,9 @@ typedef struct job {
      * is told to skip it) and knows when the last update already did. */
     int own_zeroing;
     keel_grads *zeroed;           /* zero since job_apply; NULL: unknown */
+    /* K-FAC: this task computes factor statistics (one process, or the
+     * chief of kfac.distributed = chief) */
+    int kfac_observes;
 } job;
 
 static void
@@ -506,7 +509,7 @@ job_step(void *ctx, keel_step *stp)
         if (st != KEEL_OK)
             return st;
     }
-    if (j->kfac != NULL &&
+    if (j->kfac != NULL && j->kfac_observes &&
         (st = keel_kfac_observe(j->kfac, keel_step_vars(stp), b,
                                 keel_step_global_step(stp))) != KEEL_OK)
         return st;
@@ -539,6 +542,16 @@ job_apply(void *ctx, keel_vars *vs, keel_grads *g, int64_t global_step)
                                       keel__model_pool(j->model));
     j->zeroed = st == KEEL_OK ? g : NULL;
     return st;
+}
+
+/* kfac.distributed = chief: the chief's update of a sync step, with the
+ * step's mean gradient from the ps (keel_cluster_options.chief_apply). */
+static keel_status
+job_chief_apply(void *ctx, keel_vars *vs, keel_grads *mean,
+                int64_t global_step)
+{
+    job *j = ctx;
+    return keel_kfac_apply(j->kfac, vs, mean, global_step);
 }
 
 static keel_status
@@ -756,7 +769,7 @@ check_reached_end(const job *j, const keel_session *s)
 
 /* The cluster options of the config's [cluster] and [security] keys. */
 static void
-cluster_options_from(const keel_config *cfg, const job *j,
+cluster_options_from(const keel_config *cfg, job *j,
                      keel_cluster_options *o)
 {
     keel_cluster_options_init(o);
@@ -777,6 +790,14 @@ cluster_options_from(const keel_config *cfg, const job *j,
     o->key_dir = keel_config_str(cfg, "security.key_dir");
     o->send_buffer_kib =
         (int)keel_config_int(cfg, "cluster.send_buffer_kib");
+    if (j->kfac != NULL) {
+        /* K-FAC's update is not per variable: the chief applies it, its
+         * state (factors, inverses, velocity) lives on the ps */
+        o->optimizer = NULL;
+        o->chief_applies = 1;
+        o->chief_apply = job_chief_apply;
+        o->chief_apply_ctx = j;
+    }
 }
 
 /* The ps task: build the model only to know the variables, then serve. */
@@ -882,10 +903,11 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     if (st != KEEL_OK)
         return st;
     if (in_cluster &&
-        strcmp(keel_config_str(cfg, "optimizer.name"), "kfac") == 0)
-        return keel__fail(KEEL_EINVAL, "optimizer.name = kfac runs in one "
-                          "process only for now (no cluster spec): K-FAC's "
-                          "distributed modes are not built yet");
+        strcmp(keel_config_str(cfg, "optimizer.name"), "kfac") == 0 &&
+        keel_cluster_spec_mode(spec) != KEEL_CLUSTER_SYNC)
+        return keel__fail(KEEL_EINVAL, "optimizer.name = kfac in a cluster "
+                          "needs sync mode (cluster.mode = sync): the chief "
+                          "applies each step's K-FAC update (docs/kfac.md)");
     if (in_cluster) {
         keel_task_type t = keel_cluster_spec_task_type(spec);
         if ((st = keel_cluster_spec_validate(spec)) != KEEL_OK)
@@ -1005,6 +1027,7 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     /* one process: job_step zeroes the gradients unless job_apply left
      * them zero (a replica pushes them and the session zeroes them) */
     j.own_zeroing = !in_cluster;
+    j.kfac_observes = is_chief;
     tc.session.skip_grad_zeroing = j.own_zeroing;
     tc.session.scaffold = &sc;
     tc.session.meta_fn = job_meta;

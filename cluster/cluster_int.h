@@ -66,6 +66,10 @@ enum keel__msg_type {
     KEEL_MSG_HEARTBEAT,     /* liveness (reply: F_REPLY) */
     KEEL_MSG_TOKEN,         /* sync token; arg/global_step carry it */
     KEEL_MSG_INIT,          /* chief pushes initial values */
+    KEEL_MSG_AGGREGATE,     /* ps -> chief (chief applies): the step's
+                             * mean gradients, instead of a PUSH_ACK */
+    KEEL_MSG_COMMIT,        /* chief -> ps: the step's new values of the
+                             * ps's variables and slots (reply: F_REPLY) */
     KEEL_MSG_TYPE_END
 };
 
@@ -412,6 +416,11 @@ typedef struct keel__ps_config {
     int replicas_to_aggregate;
     int total_replicas;         /* chief + workers */
     int has_chief;              /* replica index: chief 0, worker i i+1 */
+    /* sync only: the chief applies the update. A step aggregates once the
+     * chief's gradient and replicas_to_aggregate in all are held; the mean
+     * goes to the chief (AGGREGATE) instead of to apply, and the step ends
+     * when the chief's COMMIT brings the new values (apply is not called). */
+    int chief_applies;
 } keel__ps_config;
 
 keel_status keel__ps_new(const keel__ps_config *cfg, keel__ps **out);

@@ -59,6 +59,9 @@ struct keel__ps {
     void *serve_ctx;
     int sync, replicas_to_aggregate, total_replicas, has_chief;
     int is_ready;                /* INIT received */
+    int chief_applies;           /* see keel__ps_config */
+    int awaiting_commit;         /* AGGREGATE sent, COMMIT not yet in */
+    int commit_fresh;            /* gradients of the step awaiting it */
     uint64_t chief_generation;
     long applied, dropped;
     pending_push *pending;       /* sync: one per replica */
@@ -117,6 +120,12 @@ keel__ps_new(const keel__ps_config *cfg, keel__ps **out)
     ps->replicas_to_aggregate = cfg->replicas_to_aggregate > 0
         ? cfg->replicas_to_aggregate : ps->total_replicas;
     ps->has_chief = cfg->has_chief;
+    ps->chief_applies = cfg->chief_applies;
+    if (ps->chief_applies && !ps->sync) {
+        st = keel__fail(KEEL_EINVAL, "ps %d: the chief applies updates "
+                        "only in sync mode (SyncReplicas)", cfg->task_index);
+        goto fail;
+    }
     if (ps->replicas_to_aggregate > ps->total_replicas) {
         st = keel__fail(KEEL_EINVAL, "ps %d: replicas_to_aggregate %d is "
                         "more than the %d replicas (no sync step could "
@@ -584,6 +593,11 @@ fail_pending(keel__ps *ps, keel_status code, const char *why)
         p->vars = NULL;
         p->used = 0;
     }
+    if (ps->awaiting_commit)
+        keel__log(KEEL_LOG_WARN, "ps %d: step %lld abandoned before the "
+                  "chief's commit: %s", ps->task_index,
+                  (long long)keel_vars_global_step(ps->vars), why);
+    ps->awaiting_commit = 0;
 }
 
 /* INIT's global step: 0..KEEL__MAX_GLOBAL_STEP (the step counter never
@@ -708,6 +722,101 @@ mean_of_shares(keel_tensor *sum, int total, int fresh)
         sum->data[i] = (float)((double)sum->data[i] * f / (double)fresh);
 }
 
+/* Chief applies: the step's mean gradients (acc of the variables that
+ * have one) to the chief's held push, which is then forgotten (the other
+ * replicas' stay held until the COMMIT). Copied, not pinned: acc is
+ * rewritten by the next step. */
+static keel_status
+send_aggregate(keel__ps *ps, keel_var *const *all, const unsigned char *have,
+               size_t nv)
+{
+    pending_push *p = &ps->pending[0];
+    keel__wire_header h;
+    keel__wire_out *outs = calloc(nv ? nv : 1, sizeof *outs);
+    size_t n = 0;
+    keel_status st;
+    if (outs == NULL)
+        return keel__fail(KEEL_ENOMEM, "ps: mean of %zu gradients", nv);
+    for (size_t k = 0; k < nv; k++)
+        if (have[k]) {
+            outs[n].name = keel_var_name(all[k]);
+            outs[n].t = keel_grads_at(ps->acc, k);
+            n++;
+        }
+    reply_header(ps, &p->msg, &h, KEEL_MSG_AGGREGATE, 0);
+    h.local_step = (int64_t)ps->chief_generation;
+    st = keel__wire_send(ps->sock, &p->msg.identity, &h, outs, n, NULL,
+                         NULL);
+    free(outs);
+    keel__wire_msg_clear(&p->msg);
+    free(p->vars);
+    p->vars = NULL;
+    p->used = 0;
+    return st;
+}
+
+/* The chief's COMMIT of the step awaiting it: take the new values of the
+ * variables and slots it names (checked first: a bad COMMIT changes
+ * nothing), step + 1, answer every held push with the new values (their
+ * sync token) and the COMMIT with the new step. */
+static keel_status
+real_commit(keel__ps *ps, keel__wire_msg *req)
+{
+    int64_t step = keel_vars_global_step(ps->vars);
+    keel_var **vars;
+    keel_tensor **ts;
+    keel__wire_header h;
+    keel_status st = KEEL_OK;
+    if (!ps->awaiting_commit)
+        return keel__fail(KEEL_ESTATE, "COMMIT at step %lld: no step of ps "
+                          "%d awaits the chief's update", (long long)
+                          req->h.global_step, ps->task_index);
+    if (req->h.global_step != step)
+        return keel__fail(KEEL_EINVAL, "COMMIT for step %lld, but ps %d is "
+                          "at step %lld", (long long)req->h.global_step,
+                          ps->task_index, (long long)step);
+    if (req->h.flags & KEEL_WIRE_F_NAMES_ONLY)
+        return keel__fail(KEEL_ECORRUPT, "COMMIT without data");
+    vars = calloc(req->n ? req->n : 1, sizeof *vars);
+    ts = calloc(req->n ? req->n : 1, sizeof *ts);
+    if (vars == NULL || ts == NULL) {
+        free(vars);
+        free(ts);
+        return keel__fail(KEEL_ENOMEM, "ps: COMMIT of %zu tensors", req->n);
+    }
+    for (size_t i = 0; i < req->n && st == KEEL_OK; i++)
+        st = resolve(ps, &req->tensors[i], 1, &vars[i], &ts[i]);
+    if (st == KEEL_OK)
+        st = wait_pins(ps, vars, req->n);
+    if (st == KEEL_OK) {
+        for (size_t i = 0; i < req->n; i++)
+            memcpy(ts[i]->data, req->tensors[i].t.data,
+                   ts[i]->count * sizeof(float));
+        keel_vars_set_global_step(ps->vars, step + 1);
+        ps->applied += ps->commit_fresh;
+        ps->awaiting_commit = 0;
+        for (int r = 0; r < ps->total_replicas; r++) {
+            pending_push *p = &ps->pending[r];
+            if (!p->used)
+                continue;
+            if (send_ack(ps, &p->msg, p->vars, p->msg.n) != KEEL_OK)
+                keel__log(KEEL_LOG_WARN, "ps %d: token to replica %d not "
+                          "sent: %s", ps->task_index, r, keel_last_error());
+            keel__wire_msg_clear(&p->msg);
+            free(p->vars);
+            p->vars = NULL;
+            p->used = 0;
+        }
+        reply_header(ps, req, &h, KEEL_MSG_COMMIT, KEEL_WIRE_F_REPLY);
+        h.local_step = (int64_t)ps->chief_generation;
+        st = keel__wire_send(ps->sock, &req->identity, &h, NULL, 0, NULL,
+                             NULL);
+    }
+    free(vars);
+    free(ts);
+    return st;
+}
+
 /* Sum the pending gradients in ascending replica order, scale the sum to
  * the mean of the gradients aggregated, apply, step + 1, answer every
  * pending push (the sync token). */
@@ -759,6 +868,18 @@ aggregate(keel__ps *ps)
             if (have[k])
                 mean_of_shares(keel_grads_at(ps->acc, k),
                                ps->total_replicas, fresh);
+    if (ps->chief_applies) {
+        st = st == KEEL_OK ? send_aggregate(ps, all, have, nv) : st;
+        free(all);
+        free(have);
+        if (st == KEEL_OK) {
+            ps->awaiting_commit = 1;
+            ps->commit_fresh = fresh;
+            return KEEL_OK;
+        }
+        fail_pending(ps, KEEL_EINVAL, keel_last_error());
+        return st;
+    }
     for (size_t k = 0; k < nv && st == KEEL_OK; k++)
         if (have[k])
             st = ps->apply(ps->apply_ctx, all[k], keel_grads_at(ps->acc, k),
@@ -882,7 +1003,8 @@ real_push(keel__ps *ps, keel__wire_msg *req)
     }
     for (int r = 0; r < ps->total_replicas; r++)
         fresh += ps->pending[r].used;
-    if (fresh >= ps->replicas_to_aggregate) {
+    if (fresh >= ps->replicas_to_aggregate && !ps->awaiting_commit &&
+        (!ps->chief_applies || ps->pending[0].used)) {
         int64_t t0 = keel__now_mono_ns(), t1;
         st = aggregate(ps);
         t1 = keel__now_mono_ns();
@@ -961,6 +1083,8 @@ handle(keel__ps *ps, keel__wire_msg *req)
             return real_push(ps, req);
         case KEEL_MSG_INIT:
             return real_init(ps, req);
+        case KEEL_MSG_COMMIT:
+            return real_commit(ps, req);
         case KEEL_MSG_HELLO:
             return real_hello(ps, req);
         case KEEL_MSG_SHUTDOWN:
@@ -1022,7 +1146,8 @@ msg_type_name(unsigned type)
 {
     static const char *const names[KEEL_MSG_TYPE_END] = {
         "?", "HELLO", "READY", "PULL", "PULL_REPLY", "PUSH", "PUSH_ACK",
-        "ERROR", "STEP", "SHUTDOWN", "HEARTBEAT", "TOKEN", "INIT" };
+        "ERROR", "STEP", "SHUTDOWN", "HEARTBEAT", "TOKEN", "INIT",
+        "AGGREGATE", "COMMIT" };
     return type < KEEL_MSG_TYPE_END ? names[type] : "?";
 }
 
@@ -1038,6 +1163,7 @@ role_allows(const keel__ps *ps, keel_task_type t, uint32_t index,
     switch (type) {
     case KEEL_MSG_INIT:
     case KEEL_MSG_SHUTDOWN:
+    case KEEL_MSG_COMMIT:
         return chief;
     case KEEL_MSG_PUSH:
         return t == KEEL_TASK_CHIEF || t == KEEL_TASK_WORKER;

@@ -41,6 +41,10 @@ typedef struct keel__role_opts {
     const char *token;              /* the job token when curve is off */
     int send_buffer_bytes;          /* 0: the kernel's autotuning */
     int shutdown_at_end;
+    int chief_applies;
+    keel_status (*chief_apply)(void *ctx, keel_vars *vs, keel_grads *mean,
+                               int64_t global_step);
+    void *chief_apply_ctx;
 } keel__role_opts;
 
 /* ---- placement ---------------------------------------------------------- */
@@ -127,6 +131,10 @@ is_loopback(const char *endpoint)
 static keel_status
 ps_apply(void *ctx, keel_var *v, const keel_tensor *grad, int64_t step)
 {
+    if (ctx == NULL)                    /* the chief applies */
+        return keel__fail(KEEL_EINTERNAL, "ps: no optimizer for '%s' at "
+                          "step %lld (the chief applies)", keel_var_name(v),
+                          (long long)step);
     return keel_optimizer_apply_var(ctx, v, grad, step);
 }
 
@@ -161,11 +169,20 @@ run_ps(const keel__role_opts *o, const keel_vars *model, keel_optimizer *opt)
     for (size_t i = 0; i < n && st == KEEL_OK; i++) {
         keel_var *v = keel_vars_at(model, i);
         keel_tensor *t = keel_var_tensor(v);
+        keel_var *sv = NULL;
         if (ps_of[i] == idx)
             st = keel_vars_create(shard, keel_var_name(v), t->ndim, t->shape,
-                                  keel_var_flags(v), NULL);
+                                  keel_var_flags(v), &sv);
+        /* the chief applies: its update rule's slots are the store's */
+        for (size_t k = 0; sv != NULL && o->chief_applies && st == KEEL_OK &&
+                           k < keel_var_slot_count(v); k++) {
+            const char *sname;
+            (void)keel_var_slot_at(v, k, &sname);
+            keel_tensor *unused;
+            st = keel_var_add_slot(sv, sname, &unused);
+        }
     }
-    if (st == KEEL_OK)
+    if (st == KEEL_OK && opt != NULL)
         st = keel_optimizer_prepare(opt, shard);
     if (st == KEEL_OK) {
         /* Bounded memory: no frame above the largest tensor served, no
@@ -225,15 +242,17 @@ run_ps(const keel__role_opts *o, const keel_vars *model, keel_optimizer *opt)
     pc.replicas_to_aggregate =
         keel_cluster_spec_replicas_to_aggregate(o->spec);
     pc.has_chief = keel_cluster_spec_num_tasks(o->spec, KEEL_TASK_CHIEF) > 0;
+    pc.chief_applies = o->chief_applies;
     st = keel__ps_new(&pc, &ps);
     if (st != KEEL_OK)
         goto out;
     keel__log(KEEL_LOG_INFO, "ps %d: %zu of %zu variables (%s placement), "
-              "%s mode, %d of %d replicas per step", idx,
+              "%s mode, %d of %d replicas per step%s", idx,
               keel_vars_count(shard), n,
               o->round_robin ? "round-robin" : "size-balanced",
               pc.sync ? "sync" : "async", pc.replicas_to_aggregate,
-              pc.total_replicas);
+              pc.total_replicas,
+              pc.chief_applies ? ", the chief applies the updates" : "");
     for (;;) {
         st = keel__ps_serve_once(ps, 100);
         keel__ps_watch(ps, (int)(o->stall_warn_secs * 1000));
@@ -961,6 +980,63 @@ wait_reply(keel_cluster_backend *w, int p, const char *what, keel__wire_msg *r)
     }
 }
 
+/* The chief applies: ps's AGGREGATE (the step's mean gradients of its
+ * variables) into grads. */
+static keel_status
+take_grads(keel_vars *vs, keel_grads *grads, const keel__wire_msg *r)
+{
+    for (size_t i = 0; i < r->n; i++) {
+        const keel__wire_tensor *wt = &r->tensors[i];
+        keel_var *v = keel_vars_find(vs, wt->name);
+        keel_tensor *t = v != NULL ? keel_grads_at(grads, keel_var_index(v))
+                                   : NULL;
+        if (t == NULL || wt->t.data == NULL ||
+            !keel_shape_equal(t->ndim, t->shape, wt->t.ndim, wt->t.shape))
+            return keel__fail(KEEL_ECORRUPT, "ps sent the mean gradient of "
+                              "'%s', which matches no trainable variable "
+                              "here", wt->name);
+        memcpy(t->data, wt->t.data, t->count * sizeof(float));
+    }
+    return KEEL_OK;
+}
+
+/* The chief applies: its update of step global_step (mean holds the
+ * step's mean gradients), then every ps's variables and slots to it
+ * (COMMIT); *new_step from ps 0's answer. */
+static keel_status
+chief_commit(keel_cluster_backend *w, keel_vars *vs, keel_grads *mean,
+             int64_t global_step, int64_t *new_step)
+{
+    keel_status st = w->o.chief_apply(w->o.chief_apply_ctx, vs, mean,
+                                      global_step);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "chief: update of step %lld",
+                          (long long)global_step);
+    for (int p = 0; p < w->n_ps; p++) {
+        keel__wire_header h;
+        keel__wire_msg r;
+        size_t n;
+        char what[64];
+        shard_outs(w, vs, p, 1, 1, &n);     /* every ps awaits it */
+        memset(&h, 0, sizeof h);
+        h.type = KEEL_MSG_COMMIT;
+        h.global_step = global_step;
+        snprintf(what, sizeof what, "the commit of step %lld",
+                 (long long)global_step);
+        /* in place: nothing touches the variables until it is answered */
+        st = call_ps(w, p, &h, w->outs, n, 1, what, NULL, 0, &r);
+        if (st == KEEL_OK && r.h.generation != w->ps_gen[p])
+            st = keel__fail(KEEL_EABORTED, "ps %d restarted during %s", p,
+                            what);
+        if (st == KEEL_OK && p == 0)
+            *new_step = r.h.global_step;
+        keel__wire_msg_clear(&r);
+        if (st != KEEL_OK)
+            return st;
+    }
+    return KEEL_OK;
+}
+
 static keel_status
 be_apply(void *ctx, keel_vars *vs, keel_grads *grads, int64_t global_step)
 {
@@ -968,7 +1044,7 @@ be_apply(void *ctx, keel_vars *vs, keel_grads *grads, int64_t global_step)
     int64_t new_step = global_step;
     int timeout = w->o.dead_after_ms;
     keel_status first = KEEL_OK;
-    int sent = 0;
+    int sent = 0, aggregated = 0;
     char what[64];
     int64_t t_start = keel__now_mono_ns(), t_sent, t_copy = 0;
     /* Send to every ps first, then collect: the ps aggregate in parallel. */
@@ -1030,6 +1106,12 @@ be_apply(void *ctx, keel_vars *vs, keel_grads *grads, int64_t global_step)
                             "%016llx, was %016llx)", p,
                             (unsigned long long)r.h.generation,
                             (unsigned long long)w->ps_gen[p]);
+        } else if (r.h.type == KEEL_MSG_AGGREGATE) {
+            st = w->is_chief && w->o.chief_applies
+                ? take_grads(vs, grads, &r)
+                : keel__fail(KEEL_ECORRUPT, "ps %d sent the step's mean "
+                             "gradient to a task that does not apply", p);
+            aggregated++;
         } else {
             int64_t t = keel__now_mono_ns();
             st = take_values(vs, &r);
@@ -1041,6 +1123,12 @@ be_apply(void *ctx, keel_vars *vs, keel_grads *grads, int64_t global_step)
         if (st != KEEL_OK && first == KEEL_OK)
             first = st;
     }
+    if (first == KEEL_OK && aggregated > 0)
+        first = aggregated == sent
+            ? chief_commit(w, vs, grads, global_step, &new_step)
+            : keel__fail(KEEL_EABORTED, "step %lld: %d of %d ps sent the "
+                         "mean gradient for the chief's update",
+                         (long long)global_step, aggregated, sent);
     if (first != KEEL_OK) {
         w->last_apply_end_ns = 0;       /* recovery is not compute */
         return first;
@@ -1220,6 +1308,12 @@ role_opts_from(const keel_cluster_spec *spec, const keel_cluster_options *in,
     o->token = in->token;
     o->send_buffer_bytes = in->send_buffer_kib * 1024;
     o->shutdown_at_end = in->shutdown_at_end;
+    o->chief_applies = in->chief_applies;
+    o->chief_apply = in->chief_apply;
+    o->chief_apply_ctx = in->chief_apply_ctx;
+    if (o->chief_applies && keel_cluster_spec_mode(spec) != KEEL_CLUSTER_SYNC)
+        return keel__fail(KEEL_EINVAL, "%s: chief_applies needs sync mode "
+                          "(SyncReplicas)", who);
     return KEEL_OK;
 }
 
@@ -1239,12 +1333,13 @@ keel_ps_run(const keel_cluster_spec *spec, const keel_vars *vars,
                           keel_task_type_name(
                               keel_cluster_spec_task_type(spec)),
                           keel_cluster_spec_task_index(spec));
-    if (opts == NULL || opts->optimizer == NULL)
+    if (!o.chief_applies && (opts == NULL || opts->optimizer == NULL))
         return keel__fail(KEEL_EINVAL, "ps %d: keel_cluster_options."
                           "optimizer is NULL: the ps needs the update rule "
                           "(keel_optimizer_config_init)",
                           keel_cluster_spec_task_index(spec));
-    st = keel_optimizer_new(opts->optimizer, &opt);
+    if (opts != NULL && opts->optimizer != NULL)
+        st = keel_optimizer_new(opts->optimizer, &opt);
     if (st != KEEL_OK)
         return keel__wrap(st, "ps %d: optimizer",
                           keel_cluster_spec_task_index(spec));
@@ -1270,6 +1365,10 @@ keel_cluster_backend_new(const keel_cluster_spec *spec, keel_vars *vars,
     if (vars == NULL)
         return keel__fail(KEEL_EINVAL, "cluster backend: vars is NULL");
     t = keel_cluster_spec_task_type(spec);
+    if (o.chief_applies && o.chief_apply == NULL &&
+        keel_cluster_spec_is_chief(spec))
+        return keel__fail(KEEL_EINVAL, "cluster backend: chief_applies "
+                          "without chief_apply on the chief");
     if (t != KEEL_TASK_CHIEF && t != KEEL_TASK_WORKER)
         return keel__fail(KEEL_EINVAL, "cluster backend: this task is %s "
                           "%d; only the chief and workers train (a ps runs "

@@ -71,6 +71,21 @@ typedef struct keel_cluster_options {
      * (default 8888). */
     int slurm_num_ps;
     int slurm_port_base;
+    /* The chief applies the updates (sync mode only; set on every task of
+     * the cluster; default 0): a sync step's mean gradient goes from the ps
+     * to the chief instead of into an optimizer there; the chief calls
+     * chief_apply on its own variables (equal to the ps's) and then sends
+     * every ps its variables and slots; the step's other replicas get the
+     * new values once that has arrived. For update rules that are not
+     * elementwise per variable (K-FAC). The ps then need no optimizer and
+     * hold every slot of their variables in the store they are given.
+     * chief_apply (required on the chief, unused elsewhere) gets the step's
+     * mean gradients in mean, a gradient store of vs (borrowed for the
+     * call); chief_apply_ctx is passed through. */
+    int chief_applies;
+    keel_status (*chief_apply)(void *ctx, keel_vars *vs, keel_grads *mean,
+                               int64_t global_step);
+    void *chief_apply_ctx;
 } keel_cluster_options;
 
 /* The defaults above. Cannot fail. */
@@ -83,7 +98,8 @@ void keel_cluster_options_init(keel_cluster_options *opts);
  * (SyncReplicas with tokens in sync mode, every push at once in async
  * mode) and apply them, until the chief's shutdown (KEEL_OK), a SIGTERM or
  * SIGINT once keel_session_install_signal_handlers() ran (KEEL_OK), or
- * opts->orphan_secs without the chief (KEEL_EUNAVAILABLE). */
+ * opts->orphan_secs without the chief (KEEL_EUNAVAILABLE). With
+ * opts->chief_applies, opts->optimizer may be NULL. */
 keel_status keel_ps_run(const keel_cluster_spec *spec, const keel_vars *vars,
                         const keel_cluster_options *opts);
 
