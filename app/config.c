@@ -128,10 +128,22 @@ static const key_def schema[] = {
       "off)." },
     { "kfac", "invert_every", T_INT, "10", 1, 1000000, NULL,
       "Recompute the damped inverses every this many steps." },
-    { "kfac", "distributed", T_ENUM, "chief", NOLIM, "chief",
+    { "kfac", "distributed", T_ENUM, "chief", NOLIM, "chief|roles",
       "In a cluster (sync mode): chief: every replica computes gradients, "
-      "the chief alone the factor statistics, inverses and the update "
+      "the chief alone the factor statistics, inverses and the update; "
+      "roles: gradient, covariance and inverse workers by replica index "
       "(docs/kfac.md). Ignored in one process." },
+    { "kfac", "replicas_to_aggregate", T_ENUM, "cluster", NOLIM,
+      "cluster|kfac",
+      "kfac.distributed = chief: the gradients a sync step aggregates; "
+      "cluster: cluster.replicas_to_aggregate; kfac: ceil(0.6 N) of N >= 3 "
+      "replicas (the rest are backups)." },
+    { "kfac", "gradient_fraction", T_DOUBLE, "0.6", 0, 1, NULL,
+      "kfac.distributed = roles: replicas [0, floor(f N)) (at least 1) "
+      "compute gradients; the chief is one." },
+    { "kfac", "covariance_fraction", T_DOUBLE, "0.2", 0, 1, NULL,
+      "kfac.distributed = roles: the next floor(f N) replicas (at least 1) "
+      "compute factor statistics; the rest (at least 1) invert factors." },
 
     { "train", "batch_size", T_INT, "64", 1, 1 << 20, NULL,
       "Global batch size (split across workers)." },
@@ -1190,7 +1202,9 @@ keel_config_validate(const keel_config *cfg)
         static const char *const kk[] = { "kfac.damping",
             "kfac.cov_ema_decay", "kfac.momentum", "kfac.momentum_type",
             "kfac.estimation_mode", "kfac.norm_constraint",
-            "kfac.invert_every", "kfac.distributed" };
+            "kfac.invert_every", "kfac.distributed",
+            "kfac.replicas_to_aggregate", "kfac.gradient_fraction",
+            "kfac.covariance_fraction" };
         for (size_t i = 0; i < sizeof kk / sizeof *kk; i++)
             if (keel_config_is_set(cfg, kk[i]))
                 return keel__fail(KEEL_EINVAL, "%s (%s) applies only to "

@@ -77,6 +77,11 @@ typedef struct job {
     /* K-FAC: this task computes factor statistics (one process, or the
      * chief of kfac.distributed = chief) */
     int kfac_observes;
+    int kfac_role;                /* kfac.distributed = roles: 0 gradient,
+                                   * 1 covariance, 2 inverse */
+    int kfac_rta;                 /* replicas a sync step aggregates; 0:
+                                   * the spec's */
+    keel__kfac_dist *kdist;       /* kfac.distributed = roles */
 } job;
 
 static void
@@ -85,6 +90,7 @@ job_free(job *j)
     for (int i = 0; i < j->n_micro; i++)
         keel_grads_free(j->micro_g[i]);
     keel_optimizer_free(j->opt);
+    keel__kfac_dist_free(j->kdist);
     keel_kfac_free(j->kfac);
     keel_model_free(j->model);
     keel_vars_free(j->vs);
@@ -434,6 +440,8 @@ job_build(job *j, const keel_config *cfg, int worker_index, int num_workers)
             j->schedule = kc.schedule;
             st = keel_kfac_new(&kc, j->model, j->vs, &j->kfac);
         }
+        if (st == KEEL_OK && keel__kfac_dist_roles(cfg))
+            st = keel__kfac_dist_add_state(j->kfac, j->vs);
         if (st == KEEL_OK)
             st = arch_dump(j, NULL, &kc);
     } else {
@@ -473,6 +481,8 @@ job_step(void *ctx, keel_step *stp)
     if (j->own_zeroing && j->zeroed != keel_step_grads(stp))
         keel_grads_zero(keel_step_grads(stp));
     j->zeroed = NULL;
+    if (j->kfac_role == 2)              /* an inverse worker: no batch */
+        return keel_step_set_value(stp, "loss", 0.0);
     if (j->micro > 0) {
         /* fixed micro-batches, each computed alone and added in order */
         size_t m = (size_t)j->micro, stride = keel_dataset_example_size(j->ds);
@@ -797,7 +807,35 @@ cluster_options_from(const keel_config *cfg, job *j,
         o->chief_applies = 1;
         o->chief_apply = job_chief_apply;
         o->chief_apply_ctx = j;
+        if (j->kdist != NULL) {
+            o->chief_apply = keel__kfac_dist_chief_apply;
+            o->chief_apply_ctx = j->kdist;
+            o->chief_commits_trainable_only = 1;
+        }
+        o->replicas_to_aggregate = j->kfac_rta;
     }
+}
+
+/* K-FAC in a cluster of replicas: the replicas a sync step aggregates
+ * (roles: the gradient workers; chief with kfac.replicas_to_aggregate =
+ * kfac: ceil(0.6 N) for N >= 3, tensorflow/kfac's convnet rule). */
+static keel_status
+kfac_replicas(const keel_config *cfg, int replicas, job *j)
+{
+    int role, index, counts[3];
+    keel_status st;
+    if (j->kfac == NULL)
+        return KEEL_OK;
+    if (keel__kfac_dist_roles(cfg)) {
+        st = keel__kfac_dist_role(cfg, 0, replicas, &role, &index, counts);
+        if (st == KEEL_OK)
+            j->kfac_rta = counts[0];
+        return st;
+    }
+    if (strcmp(keel_config_str(cfg, "kfac.replicas_to_aggregate"), "kfac")
+        == 0 && replicas >= 3)
+        j->kfac_rta = (int)ceil(0.6 * replicas);
+    return KEEL_OK;
 }
 
 /* The ps task: build the model only to know the variables, then serve. */
@@ -816,6 +854,8 @@ run_ps(const keel_config *cfg, const keel_cluster_spec *spec,
         st = job_build(&j, cfg, 0, 1);
     else
         memset(&j, 0, sizeof j);
+    if (st == KEEL_OK)
+        st = kfac_replicas(cfg, keel_cluster_spec_num_replicas(spec), &j);
     if (st == KEEL_OK) {
         cluster_options_from(cfg, &j, &o);
         st = keel_ps_run(spec, j.vs, &o);
@@ -1028,6 +1068,25 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
      * them zero (a replica pushes them and the session zeroes them) */
     j.own_zeroing = !in_cluster;
     j.kfac_observes = is_chief;
+    if (in_cluster && j.kfac != NULL) {
+        int counts[3] = { 0, 0, 0 }, index = 0;
+        st = kfac_replicas(cfg, replicas, &j);
+        if (st == KEEL_OK && keel__kfac_dist_roles(cfg))
+            st = keel__kfac_dist_role(cfg, replica, replicas, &j.kfac_role,
+                                      &index, counts);
+        if (st == KEEL_OK && keel__kfac_dist_roles(cfg)) {
+            st = keel__kfac_dist_new(cfg, j.kfac, j.vs, j.kfac_role, index,
+                                     counts[j.kfac_role], &j.kdist);
+            j.kfac_observes = j.kfac_role == 1;
+            keel__log(KEEL_LOG_INFO, "K-FAC roles: this replica (%d of %d) "
+                      "is %s worker %d (%d gradient, %d covariance, %d "
+                      "inverse)", replica, replicas,
+                      keel__kfac_role_name(j.kfac_role), index, counts[0],
+                      counts[1], counts[2]);
+        }
+        if (st != KEEL_OK)
+            goto out;
+    }
     tc.session.skip_grad_zeroing = j.own_zeroing;
     tc.session.scaffold = &sc;
     tc.session.meta_fn = job_meta;
@@ -1090,6 +1149,13 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
                 goto out;
         }
         keel_cluster_backend_get(worker, &backend);
+        if (j.kdist != NULL) {
+            keel__kfac_dist_set_backend(j.kdist, worker);
+            if (j.kfac_role != 0) {     /* statistics or inverses, no push */
+                backend.updater.ctx = j.kdist;
+                backend.updater.apply = keel__kfac_dist_role_apply;
+            }
+        }
         tc.session.backend = &backend;
         memset(&position, 0, sizeof position);
         position.struct_size = sizeof position;

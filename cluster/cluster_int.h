@@ -70,6 +70,9 @@ enum keel__msg_type {
                              * mean gradients, instead of a PUSH_ACK */
     KEEL_MSG_COMMIT,        /* chief -> ps: the step's new values of the
                              * ps's variables and slots (reply: F_REPLY) */
+    KEEL_MSG_MIX,           /* a replica -> ps: v = d v + (1 - d) t for
+                             * non-trainable variables, d the float32 in
+                             * arg (0: assign); reply: F_REPLY */
     KEEL_MSG_TYPE_END
 };
 

@@ -817,6 +817,65 @@ real_commit(keel__ps *ps, keel__wire_msg *req)
     return st;
 }
 
+/* MIX: a moving average (or, with decay 0, an assignment) of
+ * non-trainable variables by a replica (K-FAC's role-split factor
+ * statistics and inverses). Everything is checked before anything
+ * changes; answered with the global step. */
+static keel_status
+real_mix(keel__ps *ps, keel__wire_msg *req)
+{
+    keel_var **vars;
+    keel_tensor **ts;
+    keel__wire_header h;
+    keel_status st = KEEL_OK;
+    float d;
+    uint32_t bits = req->h.arg;
+    memcpy(&d, &bits, sizeof d);
+    if (!ps->is_ready)
+        return keel__fail(KEEL_EUNAVAILABLE, "ps %d holds no state yet "
+                          "(waiting for the chief's INIT)", ps->task_index);
+    if (req->h.flags & KEEL_WIRE_F_NAMES_ONLY)
+        return keel__fail(KEEL_ECORRUPT, "MIX without data");
+    if (!(d >= 0.0f && d < 1.0f))
+        return keel__fail(KEEL_EINVAL, "MIX with decay %g (must be in [0, "
+                          "1))", (double)d);
+    vars = calloc(req->n ? req->n : 1, sizeof *vars);
+    ts = calloc(req->n ? req->n : 1, sizeof *ts);
+    if (vars == NULL || ts == NULL) {
+        free(vars);
+        free(ts);
+        return keel__fail(KEEL_ENOMEM, "ps: MIX of %zu tensors", req->n);
+    }
+    for (size_t i = 0; i < req->n && st == KEEL_OK; i++) {
+        st = resolve(ps, &req->tensors[i], 1, &vars[i], &ts[i]);
+        if (st == KEEL_OK && (ts[i] != keel_var_tensor(vars[i]) ||
+                              keel_var_is_trainable(vars[i])))
+            st = keel__fail(KEEL_EINVAL, "MIX into '%s': only non-trainable "
+                            "variables (not weights, not slots)",
+                            req->tensors[i].name);
+    }
+    if (st == KEEL_OK)
+        st = wait_pins(ps, vars, req->n);
+    if (st == KEEL_OK) {
+        for (size_t i = 0; i < req->n; i++) {
+            float *x = ts[i]->data;
+            const float *t = req->tensors[i].t.data;
+            if (d == 0.0f)
+                memcpy(x, t, ts[i]->count * sizeof(float));
+            else
+                for (size_t j = 0; j < ts[i]->count; j++)
+                    x[j] = d * x[j] + (1.0f - d) * t[j];
+        }
+        reply_header(ps, req, &h, KEEL_MSG_MIX, KEEL_WIRE_F_REPLY);
+        h.local_step = (int64_t)ps->chief_generation;
+        st = keel__wire_send(ps->sock, &req->identity, &h, NULL, 0, NULL,
+                             NULL);
+    }
+    free(vars);
+    free(ts);
+    return st;
+}
+
 /* Sum the pending gradients in ascending replica order, scale the sum to
  * the mean of the gradients aggregated, apply, step + 1, answer every
  * pending push (the sync token). */
@@ -1085,6 +1144,8 @@ handle(keel__ps *ps, keel__wire_msg *req)
             return real_init(ps, req);
         case KEEL_MSG_COMMIT:
             return real_commit(ps, req);
+        case KEEL_MSG_MIX:
+            return real_mix(ps, req);
         case KEEL_MSG_HELLO:
             return real_hello(ps, req);
         case KEEL_MSG_SHUTDOWN:
@@ -1147,7 +1208,7 @@ msg_type_name(unsigned type)
     static const char *const names[KEEL_MSG_TYPE_END] = {
         "?", "HELLO", "READY", "PULL", "PULL_REPLY", "PUSH", "PUSH_ACK",
         "ERROR", "STEP", "SHUTDOWN", "HEARTBEAT", "TOKEN", "INIT",
-        "AGGREGATE", "COMMIT" };
+        "AGGREGATE", "COMMIT", "MIX" };
     return type < KEEL_MSG_TYPE_END ? names[type] : "?";
 }
 
@@ -1166,6 +1227,7 @@ role_allows(const keel__ps *ps, keel_task_type t, uint32_t index,
     case KEEL_MSG_COMMIT:
         return chief;
     case KEEL_MSG_PUSH:
+    case KEEL_MSG_MIX:
         return t == KEEL_TASK_CHIEF || t == KEEL_TASK_WORKER;
     case KEEL_MSG_HELLO:
     case KEEL_MSG_PULL:

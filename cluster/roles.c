@@ -45,6 +45,8 @@ typedef struct keel__role_opts {
     keel_status (*chief_apply)(void *ctx, keel_vars *vs, keel_grads *mean,
                                int64_t global_step);
     void *chief_apply_ctx;
+    int chief_commits_trainable_only;
+    int replicas_to_aggregate;      /* 0: the spec's */
 } keel__role_opts;
 
 /* ---- placement ---------------------------------------------------------- */
@@ -239,8 +241,9 @@ run_ps(const keel__role_opts *o, const keel_vars *model, keel_optimizer *opt)
     pc.apply_ctx = opt;
     pc.sync = keel_cluster_spec_mode(o->spec) == KEEL_CLUSTER_SYNC;
     pc.total_replicas = keel_cluster_spec_num_replicas(o->spec);
-    pc.replicas_to_aggregate =
-        keel_cluster_spec_replicas_to_aggregate(o->spec);
+    pc.replicas_to_aggregate = o->replicas_to_aggregate > 0
+        ? o->replicas_to_aggregate
+        : keel_cluster_spec_replicas_to_aggregate(o->spec);
     pc.has_chief = keel_cluster_spec_num_tasks(o->spec, KEEL_TASK_CHIEF) > 0;
     pc.chief_applies = o->chief_applies;
     st = keel__ps_new(&pc, &ps);
@@ -1000,6 +1003,23 @@ take_grads(keel_vars *vs, keel_grads *grads, const keel__wire_msg *r)
     return KEEL_OK;
 }
 
+/* Keep the outs (from shard_outs) of trainable variables and their slots,
+ * in order; returns how many. */
+static size_t
+keep_trainable(keel_vars *vs, keel__wire_out *outs, size_t n)
+{
+    size_t k = 0;
+    int keep = 0;
+    for (size_t i = 0; i < n; i++) {
+        keel_var *v = keel_vars_find(vs, outs[i].name);
+        if (v != NULL)                  /* a variable: its slots follow */
+            keep = keel_var_is_trainable(v);
+        if (keep)
+            outs[k++] = outs[i];
+    }
+    return k;
+}
+
 /* The chief applies: its update of step global_step (mean holds the
  * step's mean gradients), then every ps's variables and slots to it
  * (COMMIT); *new_step from ps 0's answer. */
@@ -1018,6 +1038,8 @@ chief_commit(keel_cluster_backend *w, keel_vars *vs, keel_grads *mean,
         size_t n;
         char what[64];
         shard_outs(w, vs, p, 1, 1, &n);     /* every ps awaits it */
+        if (w->o.chief_commits_trainable_only)
+            n = keep_trainable(vs, w->outs, n);
         memset(&h, 0, sizeof h);
         h.type = KEEL_MSG_COMMIT;
         h.global_step = global_step;
@@ -1195,6 +1217,94 @@ keel_cluster_backend_set_micro(keel_cluster_backend *w,
 }
 
 keel_status
+keel_cluster_backend_pull_vars(keel_cluster_backend *w,
+                               const char *const *names, size_t n,
+                               int64_t *global_step)
+{
+    if (w == NULL || (n > 0 && names == NULL))
+        return keel__fail(KEEL_EINVAL, "cluster backend pull: NULL");
+    for (int p = 0; p < w->n_ps; p++) {
+        keel__wire_header h;
+        keel__wire_msg r;
+        size_t k = 0;
+        keel_status st;
+        for (size_t i = 0; i < n; i++) {
+            keel_var *v = keel_vars_find(w->vs, names[i]);
+            if (v == NULL || w->ps_of[keel_var_index(v)] < 0)
+                return keel__fail(KEEL_ENOTFOUND, "cluster backend pull: "
+                                  "no variable '%s' on the ps", names[i]);
+            if (w->ps_of[keel_var_index(v)] != p)
+                continue;
+            w->outs[k].name = keel_var_name(v);
+            w->outs[k].t = NULL;
+            w->outs[k].pin = NULL;
+            k++;
+        }
+        if (k == 0 && p != 0)
+            continue;
+        memset(&h, 0, sizeof h);
+        h.type = k == 0 ? KEEL_MSG_STEP : KEEL_MSG_PULL;
+        h.flags = k == 0 ? 0 : KEEL_WIRE_F_NAMES_ONLY;
+        st = call_ps(w, p, &h, w->outs, k, 0, "pull", NULL, 0, &r);
+        if (st == KEEL_OK)
+            st = take_values(w->vs, &r);
+        if (st == KEEL_OK && p == 0 && global_step != NULL)
+            *global_step = r.h.global_step;
+        keel__wire_msg_clear(&r);
+        if (st != KEEL_OK)
+            return st;
+    }
+    return KEEL_OK;
+}
+
+keel_status
+keel_cluster_backend_mix(keel_cluster_backend *w, const char *const *names,
+                         const keel_tensor *const *t, size_t n, double decay)
+{
+    float d = (float)decay;
+    uint32_t bits;
+    if (w == NULL || (n > 0 && (names == NULL || t == NULL)))
+        return keel__fail(KEEL_EINVAL, "cluster backend mix: NULL");
+    if (!(d >= 0.0f && d < 1.0f))
+        return keel__fail(KEEL_EINVAL, "cluster backend mix: decay %g not "
+                          "in [0, 1)", decay);
+    memcpy(&bits, &d, sizeof bits);
+    for (int p = 0; p < w->n_ps; p++) {
+        keel__wire_header h;
+        keel__wire_msg r;
+        size_t k = 0;
+        keel_status st;
+        for (size_t i = 0; i < n; i++) {
+            keel_var *v = keel_vars_find(w->vs, names[i]);
+            keel_tensor *vt = v != NULL ? keel_var_tensor(v) : NULL;
+            if (v == NULL || w->ps_of[keel_var_index(v)] < 0 ||
+                keel_var_is_trainable(v) ||
+                !keel_shape_equal(vt->ndim, vt->shape, t[i]->ndim,
+                                  t[i]->shape))
+                return keel__fail(KEEL_EINVAL, "cluster backend mix: '%s' "
+                                  "is not a non-trainable variable of that "
+                                  "shape on the ps", names[i]);
+            if (w->ps_of[keel_var_index(v)] != p)
+                continue;
+            w->outs[k].name = keel_var_name(v);
+            w->outs[k].t = t[i];
+            w->outs[k].pin = NULL;
+            k++;
+        }
+        if (k == 0)
+            continue;
+        memset(&h, 0, sizeof h);
+        h.type = KEEL_MSG_MIX;
+        h.arg = bits;
+        st = call_ps(w, p, &h, w->outs, k, 0, "mix", NULL, 0, &r);
+        keel__wire_msg_clear(&r);
+        if (st != KEEL_OK)
+            return st;
+    }
+    return KEEL_OK;
+}
+
+keel_status
 keel_cluster_backend_pull(keel_cluster_backend *w)
 {
     if (w == NULL)
@@ -1311,6 +1421,14 @@ role_opts_from(const keel_cluster_spec *spec, const keel_cluster_options *in,
     o->chief_applies = in->chief_applies;
     o->chief_apply = in->chief_apply;
     o->chief_apply_ctx = in->chief_apply_ctx;
+    o->chief_commits_trainable_only = in->chief_commits_trainable_only;
+    if (in->replicas_to_aggregate < 0 ||
+        in->replicas_to_aggregate > keel_cluster_spec_num_replicas(spec))
+        return keel__fail(KEEL_EINVAL, "%s: replicas_to_aggregate %d out of "
+                          "0..%d (the cluster's replicas)", who,
+                          in->replicas_to_aggregate,
+                          keel_cluster_spec_num_replicas(spec));
+    o->replicas_to_aggregate = in->replicas_to_aggregate;
     if (o->chief_applies && keel_cluster_spec_mode(spec) != KEEL_CLUSTER_SYNC)
         return keel__fail(KEEL_EINVAL, "%s: chief_applies needs sync mode "
                           "(SyncReplicas)", who);

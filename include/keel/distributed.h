@@ -86,6 +86,13 @@ typedef struct keel_cluster_options {
     keel_status (*chief_apply)(void *ctx, keel_vars *vs, keel_grads *mean,
                                int64_t global_step);
     void *chief_apply_ctx;
+    /* With chief_applies: the chief's COMMIT carries the trainable
+     * variables and their slots only (other tasks write the rest with
+     * keel_cluster_backend_mix). Default 0: every variable and slot. */
+    int chief_commits_trainable_only;
+    /* Sync mode: the replicas a step aggregates, overriding the spec's
+     * (e.g. only the replicas that push gradients); 0: the spec's. */
+    int replicas_to_aggregate;
 } keel_cluster_options;
 
 /* The defaults above. Cannot fail. */
@@ -138,6 +145,20 @@ void keel_cluster_backend_get(keel_cluster_backend *b, keel_backend *out);
 keel_status keel_cluster_backend_pull(keel_cluster_backend *b);
 /* The chief: tell every ps to stop now (best effort; logged). */
 void keel_cluster_backend_shutdown(keel_cluster_backend *b);
+/* Read the named variables of the store (n of them; no slots) from the
+ * ps into it now, and the cluster's global step into *global_step (may be
+ * NULL). Any task. */
+keel_status keel_cluster_backend_pull_vars(keel_cluster_backend *b,
+                                           const char *const *names,
+                                           size_t n, int64_t *global_step);
+/* On the ps, for each named non-trainable variable of the store:
+ * v = decay v + (1 - decay) t[i] (decay in [0, 1); 0 assigns t[i]), as
+ * one message per ps, each applied whole. For state other tasks read
+ * (K-FAC's role-split factors and inverses). Any training task. */
+keel_status keel_cluster_backend_mix(keel_cluster_backend *b,
+                                     const char *const *names,
+                                     const keel_tensor *const *t, size_t n,
+                                     double decay);
 /* Micro-batches: push these n gradient stores (1..64, one per
  * micro-batch, in order; borrowed while set) instead of the session's; the
  * ps add them in global order. n 0: the session's gradients again. */
