@@ -16,6 +16,7 @@
 
 #include <keel/config.h>
 #include <keel/distributed.h>
+#include <keel/job.h>
 #include <keel/session.h>
 #include <keel/train.h>
 #include "util.h"
@@ -492,4 +493,23 @@ keel__kfac_dist_chief_apply(void *ctx, keel_vars *vs, keel_grads *mean,
                   d->fnames[wi][2]);
     }
     return keel_kfac_apply_update(d->k, vs, mean, global_step);
+}
+
+keel_status
+keel_job_replica_role(const keel_config *cfg, int replica, int replicas,
+                      char *buf, size_t size)
+{
+    int role, index;
+    keel_status st;
+    if (cfg == NULL || buf == NULL)
+        return keel__fail(KEEL_EINVAL, "replica role: NULL argument");
+    if (!keel__kfac_dist_roles(cfg))
+        return keel__fail(KEEL_ENOTFOUND, "the config splits no roles "
+                          "(optimizer.name = kfac with kfac.distributed = "
+                          "roles does)");
+    st = keel__kfac_dist_role(cfg, replica, replicas, &role, &index, NULL);
+    if (st == KEEL_OK)
+        st = keel__fmt(buf, size, "replica role", "%s.%d", role_names[role],
+                       index);
+    return st;
 }
