@@ -612,6 +612,46 @@ check_init_step(const keel__wire_msg *req)
     return KEEL_OK;
 }
 
+/* Every tensor of req resolved (with its shape) into *vars_out and
+ * *ts_out (caller frees both), state_only: non-trainable variables only
+ * (no weights, no slots); then their pins waited for. On failure nothing
+ * is allocated. */
+static keel_status
+resolve_all(keel__ps *ps, const keel__wire_msg *req, const char *what,
+            int state_only, keel_var ***vars_out, keel_tensor ***ts_out)
+{
+    keel_var **vars = calloc(req->n ? req->n : 1, sizeof *vars);
+    keel_tensor **ts = calloc(req->n ? req->n : 1, sizeof *ts);
+    keel_status st = KEEL_OK;
+    *vars_out = NULL;
+    *ts_out = NULL;
+    if (vars == NULL || ts == NULL) {
+        free(vars);
+        free(ts);
+        return keel__fail(KEEL_ENOMEM, "ps: %s of %zu tensors", what,
+                          req->n);
+    }
+    for (size_t i = 0; i < req->n && st == KEEL_OK; i++) {
+        st = resolve(ps, &req->tensors[i], 1, &vars[i], &ts[i]);
+        if (st == KEEL_OK && state_only &&
+            (ts[i] != keel_var_tensor(vars[i]) ||
+             keel_var_is_trainable(vars[i])))
+            st = keel__fail(KEEL_EINVAL, "%s into '%s': only non-trainable "
+                            "variables (not weights, not slots)", what,
+                            req->tensors[i].name);
+    }
+    if (st == KEEL_OK)
+        st = wait_pins(ps, vars, req->n);
+    if (st != KEEL_OK) {
+        free(vars);
+        free(ts);
+        return st;
+    }
+    *vars_out = vars;
+    *ts_out = ts;
+    return KEEL_OK;
+}
+
 static keel_status
 real_init(keel__ps *ps, keel__wire_msg *req)
 {
@@ -631,18 +671,9 @@ real_init(keel__ps *ps, keel__wire_msg *req)
                           keel_task_type_name((keel_task_type)
                                               req->h.sender_type),
                           req->h.sender_index);
-    vars = calloc(req->n ? req->n : 1, sizeof *vars);
-    ts = calloc(req->n ? req->n : 1, sizeof *ts);
-    if (vars == NULL || ts == NULL) {
-        free(vars);
-        free(ts);
-        return keel__fail(KEEL_ENOMEM, "ps: INIT of %zu tensors", req->n);
-    }
-    for (size_t i = 0; i < req->n && st == KEEL_OK; i++)
-        st = resolve(ps, &req->tensors[i], 1, &vars[i], &ts[i]);
-    if (st == KEEL_OK)
-        st = wait_pins(ps, vars, req->n);
-    if (st == KEEL_OK) {
+    if ((st = resolve_all(ps, req, "INIT", 0, &vars, &ts)) != KEEL_OK)
+        return st;
+    {
         for (size_t i = 0; i < req->n; i++) {
             memcpy(ts[i]->data, req->tensors[i].t.data,
                    ts[i]->count * sizeof(float));
@@ -722,6 +753,29 @@ mean_of_shares(keel_tensor *sum, int total, int fresh)
         sum->data[i] = (float)((double)sum->data[i] * f / (double)fresh);
 }
 
+/* Answer and forget every held push of the step: with the new values
+ * (its sync token) after st == KEEL_OK, else with st's error. */
+static void
+release_pending(keel__ps *ps, keel_status st)
+{
+    for (int r = 0; r < ps->total_replicas; r++) {
+        pending_push *p = &ps->pending[r];
+        if (!p->used)
+            continue;
+        if (st == KEEL_OK) {
+            if (send_ack(ps, &p->msg, p->vars, p->msg.n) != KEEL_OK)
+                keel__log(KEEL_LOG_WARN, "ps %d: token to replica %d not "
+                          "sent: %s", ps->task_index, r, keel_last_error());
+        } else {
+            send_error(ps, &p->msg, KEEL_EINVAL, keel_last_error());
+        }
+        keel__wire_msg_clear(&p->msg);
+        free(p->vars);
+        p->vars = NULL;
+        p->used = 0;
+    }
+}
+
 /* Chief applies: the step's mean gradients (acc of the variables that
  * have one) to the chief's held push, which is then forgotten (the other
  * replicas' stay held until the COMMIT). Copied, not pinned: acc is
@@ -777,36 +831,16 @@ real_commit(keel__ps *ps, keel__wire_msg *req)
                           ps->task_index, (long long)step);
     if (req->h.flags & KEEL_WIRE_F_NAMES_ONLY)
         return keel__fail(KEEL_ECORRUPT, "COMMIT without data");
-    vars = calloc(req->n ? req->n : 1, sizeof *vars);
-    ts = calloc(req->n ? req->n : 1, sizeof *ts);
-    if (vars == NULL || ts == NULL) {
-        free(vars);
-        free(ts);
-        return keel__fail(KEEL_ENOMEM, "ps: COMMIT of %zu tensors", req->n);
-    }
-    for (size_t i = 0; i < req->n && st == KEEL_OK; i++)
-        st = resolve(ps, &req->tensors[i], 1, &vars[i], &ts[i]);
-    if (st == KEEL_OK)
-        st = wait_pins(ps, vars, req->n);
-    if (st == KEEL_OK) {
+    if ((st = resolve_all(ps, req, "COMMIT", 0, &vars, &ts)) != KEEL_OK)
+        return st;
+    {
         for (size_t i = 0; i < req->n; i++)
             memcpy(ts[i]->data, req->tensors[i].t.data,
                    ts[i]->count * sizeof(float));
         keel_vars_set_global_step(ps->vars, step + 1);
         ps->applied += ps->commit_fresh;
         ps->awaiting_commit = 0;
-        for (int r = 0; r < ps->total_replicas; r++) {
-            pending_push *p = &ps->pending[r];
-            if (!p->used)
-                continue;
-            if (send_ack(ps, &p->msg, p->vars, p->msg.n) != KEEL_OK)
-                keel__log(KEEL_LOG_WARN, "ps %d: token to replica %d not "
-                          "sent: %s", ps->task_index, r, keel_last_error());
-            keel__wire_msg_clear(&p->msg);
-            free(p->vars);
-            p->vars = NULL;
-            p->used = 0;
-        }
+        release_pending(ps, KEEL_OK);
         reply_header(ps, req, &h, KEEL_MSG_COMMIT, KEEL_WIRE_F_REPLY);
         h.local_step = (int64_t)ps->chief_generation;
         st = keel__wire_send(ps->sock, &req->identity, &h, NULL, 0, NULL,
@@ -839,24 +873,9 @@ real_mix(keel__ps *ps, keel__wire_msg *req)
     if (!(d >= 0.0f && d < 1.0f))
         return keel__fail(KEEL_EINVAL, "MIX with decay %g (must be in [0, "
                           "1))", (double)d);
-    vars = calloc(req->n ? req->n : 1, sizeof *vars);
-    ts = calloc(req->n ? req->n : 1, sizeof *ts);
-    if (vars == NULL || ts == NULL) {
-        free(vars);
-        free(ts);
-        return keel__fail(KEEL_ENOMEM, "ps: MIX of %zu tensors", req->n);
-    }
-    for (size_t i = 0; i < req->n && st == KEEL_OK; i++) {
-        st = resolve(ps, &req->tensors[i], 1, &vars[i], &ts[i]);
-        if (st == KEEL_OK && (ts[i] != keel_var_tensor(vars[i]) ||
-                              keel_var_is_trainable(vars[i])))
-            st = keel__fail(KEEL_EINVAL, "MIX into '%s': only non-trainable "
-                            "variables (not weights, not slots)",
-                            req->tensors[i].name);
-    }
-    if (st == KEEL_OK)
-        st = wait_pins(ps, vars, req->n);
-    if (st == KEEL_OK) {
+    if ((st = resolve_all(ps, req, "MIX", 1, &vars, &ts)) != KEEL_OK)
+        return st;
+    {
         for (size_t i = 0; i < req->n; i++) {
             float *x = ts[i]->data;
             const float *t = req->tensors[i].t.data;
@@ -947,22 +966,7 @@ aggregate(keel__ps *ps)
         keel_vars_set_global_step(ps->vars, step + 1);
         ps->applied += fresh;
     }
-    for (int r = 0; r < ps->total_replicas; r++) {
-        pending_push *p = &ps->pending[r];
-        if (!p->used)
-            continue;
-        if (st == KEEL_OK) {
-            if (send_ack(ps, &p->msg, p->vars, p->msg.n) != KEEL_OK)
-                keel__log(KEEL_LOG_WARN, "ps %d: token to replica %d not "
-                          "sent: %s", ps->task_index, r, keel_last_error());
-        } else {
-            send_error(ps, &p->msg, KEEL_EINVAL, keel_last_error());
-        }
-        keel__wire_msg_clear(&p->msg);
-        free(p->vars);
-        p->vars = NULL;
-        p->used = 0;
-    }
+    release_pending(ps, st);
     free(all);
     free(have);
     return st;
@@ -1059,6 +1063,14 @@ real_push(keel__ps *ps, keel__wire_msg *req)
             ps->pending_since_ns = keel__now_mono_ns();
         p->used = 1;
         vars = NULL;
+    }
+    if (ps->awaiting_commit && replica == 0) {
+        /* the chief pushes again instead of committing: it restarted (and
+         * joined this live ps) or gave the step up; aggregate anew */
+        keel__log(KEEL_LOG_WARN, "ps %d: the chief pushed step %lld again "
+                  "before committing it: aggregating it anew",
+                  ps->task_index, (long long)step);
+        ps->awaiting_commit = 0;
     }
     for (int r = 0; r < ps->total_replicas; r++)
         fresh += ps->pending[r].used;

@@ -1216,6 +1216,36 @@ keel_cluster_backend_set_micro(keel_cluster_backend *w,
     return KEEL_OK;
 }
 
+/* The named variables of the store placed on ps p into w->outs (with
+ * t[i] as data, or names only when t is NULL); *k of them. With data,
+ * each must be non-trainable and of t[i]'s shape. */
+static keel_status
+named_outs(keel_cluster_backend *w, int p, const char *const *names,
+           const keel_tensor *const *t, size_t n, size_t *k)
+{
+    *k = 0;
+    for (size_t i = 0; i < n; i++) {
+        keel_var *v = keel_vars_find(w->vs, names[i]);
+        keel_tensor *vt = v != NULL ? keel_var_tensor(v) : NULL;
+        if (v == NULL || w->ps_of[keel_var_index(v)] < 0)
+            return keel__fail(KEEL_ENOTFOUND, "cluster backend: no variable "
+                              "'%s' on the ps", names[i]);
+        if (t != NULL && (keel_var_is_trainable(v) ||
+                          !keel_shape_equal(vt->ndim, vt->shape, t[i]->ndim,
+                                            t[i]->shape)))
+            return keel__fail(KEEL_EINVAL, "cluster backend mix: '%s' is "
+                              "not a non-trainable variable of that shape",
+                              names[i]);
+        if (w->ps_of[keel_var_index(v)] != p)
+            continue;
+        w->outs[*k].name = keel_var_name(v);
+        w->outs[*k].t = t != NULL ? t[i] : NULL;
+        w->outs[*k].pin = NULL;
+        (*k)++;
+    }
+    return KEEL_OK;
+}
+
 keel_status
 keel_cluster_backend_pull_vars(keel_cluster_backend *w,
                                const char *const *names, size_t n,
@@ -1227,19 +1257,9 @@ keel_cluster_backend_pull_vars(keel_cluster_backend *w,
         keel__wire_header h;
         keel__wire_msg r;
         size_t k = 0;
-        keel_status st;
-        for (size_t i = 0; i < n; i++) {
-            keel_var *v = keel_vars_find(w->vs, names[i]);
-            if (v == NULL || w->ps_of[keel_var_index(v)] < 0)
-                return keel__fail(KEEL_ENOTFOUND, "cluster backend pull: "
-                                  "no variable '%s' on the ps", names[i]);
-            if (w->ps_of[keel_var_index(v)] != p)
-                continue;
-            w->outs[k].name = keel_var_name(v);
-            w->outs[k].t = NULL;
-            w->outs[k].pin = NULL;
-            k++;
-        }
+        keel_status st = named_outs(w, p, names, NULL, n, &k);
+        if (st != KEEL_OK)
+            return st;
         if (k == 0 && p != 0)
             continue;
         memset(&h, 0, sizeof h);
@@ -1273,24 +1293,9 @@ keel_cluster_backend_mix(keel_cluster_backend *w, const char *const *names,
         keel__wire_header h;
         keel__wire_msg r;
         size_t k = 0;
-        keel_status st;
-        for (size_t i = 0; i < n; i++) {
-            keel_var *v = keel_vars_find(w->vs, names[i]);
-            keel_tensor *vt = v != NULL ? keel_var_tensor(v) : NULL;
-            if (v == NULL || w->ps_of[keel_var_index(v)] < 0 ||
-                keel_var_is_trainable(v) ||
-                !keel_shape_equal(vt->ndim, vt->shape, t[i]->ndim,
-                                  t[i]->shape))
-                return keel__fail(KEEL_EINVAL, "cluster backend mix: '%s' "
-                                  "is not a non-trainable variable of that "
-                                  "shape on the ps", names[i]);
-            if (w->ps_of[keel_var_index(v)] != p)
-                continue;
-            w->outs[k].name = keel_var_name(v);
-            w->outs[k].t = t[i];
-            w->outs[k].pin = NULL;
-            k++;
-        }
+        keel_status st = named_outs(w, p, names, t, n, &k);
+        if (st != KEEL_OK)
+            return st;
         if (k == 0)
             continue;
         memset(&h, 0, sizeof h);
