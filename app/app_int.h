@@ -48,4 +48,35 @@ int64_t keel__export_layer_int(struct json_object *L, const char *key,
 keel_status keel__onnx_bytes(struct keel_inference *inf, unsigned char **out,
                              size_t *len);
 
+/* ---- K-FAC with split roles in a cluster (kfac_dist.c) ---- */
+struct keel_cluster_backend;
+typedef struct keel__kfac_dist keel__kfac_dist;
+/* 1 if cfg asks for optimizer.name = kfac with kfac.distributed = roles. */
+int keel__kfac_dist_roles(const keel_config *cfg);
+/* Role of replica (0 the chief) of replicas: 0 gradient, 1 covariance,
+ * 2 inverse; *index its number in the role; counts (may be NULL) the
+ * tasks per role. KEEL_EINVAL naming the keys when a role stays empty. */
+keel_status keel__kfac_dist_role(const keel_config *cfg, int replica,
+                                 int replicas, int *role, int *index,
+                                 int counts[3]);
+const char *keel__kfac_role_name(int role);
+/* The roles' extra state in vs: "<layer>/kfac_inv_step" (every task of
+ * the cluster, before placement). */
+keel_status keel__kfac_dist_add_state(keel_kfac *k, keel_vars *vs);
+/* k and vs borrowed; caller owns *out: keel__kfac_dist_free(). */
+keel_status keel__kfac_dist_new(const keel_config *cfg, keel_kfac *k,
+                                keel_vars *vs, int role, int index,
+                                int n_role, keel__kfac_dist **out);
+void keel__kfac_dist_free(keel__kfac_dist *d);
+void keel__kfac_dist_set_backend(keel__kfac_dist *d,
+                                 struct keel_cluster_backend *b);
+/* The chief's update (keel_cluster_options.chief_apply): newest inverses
+ * from the ps, staleness logged, keel_kfac_apply_update. */
+keel_status keel__kfac_dist_chief_apply(void *d, keel_vars *vs,
+                                        keel_grads *mean,
+                                        int64_t global_step);
+/* A covariance or inverse worker's updater (replaces the push). */
+keel_status keel__kfac_dist_role_apply(void *d, keel_vars *vs,
+                                       keel_grads *g, int64_t global_step);
+
 #endif

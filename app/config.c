@@ -132,6 +132,22 @@ static const key_def schema[] = {
     { "kfac", "cov_update_every", T_INT, "1", 1, 1000000, NULL,
       "Update the factors every this many steps (their decay per update "
       "is then cov_ema_decay to this power)." },
+    { "kfac", "distributed", T_ENUM, "chief", NOLIM, "chief|roles",
+      "In a cluster (sync mode): chief: every replica computes gradients, "
+      "the chief alone the factor statistics, inverses and the update; "
+      "roles: gradient, covariance and inverse workers by replica index "
+      "(docs/kfac.md). Ignored in one process." },
+    { "kfac", "replicas_to_aggregate", T_ENUM, "cluster", NOLIM,
+      "cluster|kfac",
+      "kfac.distributed = chief: the gradients a sync step aggregates; "
+      "cluster: cluster.replicas_to_aggregate; kfac: ceil(0.6 N) of N >= 3 "
+      "replicas (the rest are backups)." },
+    { "kfac", "gradient_fraction", T_DOUBLE, "0.6", 0, 1, NULL,
+      "kfac.distributed = roles: replicas [0, floor(f N)) (at least 1) "
+      "compute gradients; the chief is one." },
+    { "kfac", "covariance_fraction", T_DOUBLE, "0.2", 0, 1, NULL,
+      "kfac.distributed = roles: the next floor(f N) replicas (at least 1) "
+      "compute factor statistics; the rest (at least 1) invert factors." },
 
     { "train", "batch_size", T_INT, "64", 1, 1 << 20, NULL,
       "Global batch size (split across workers)." },
@@ -1295,7 +1311,9 @@ keel_config_validate(const keel_config *cfg)
         static const char *const kk[] = { "kfac.damping",
             "kfac.cov_ema_decay", "kfac.momentum", "kfac.momentum_type",
             "kfac.estimation_mode", "kfac.norm_constraint",
-            "kfac.invert_every", "kfac.cov_update_every" };
+            "kfac.invert_every", "kfac.cov_update_every",
+            "kfac.distributed", "kfac.replicas_to_aggregate",
+            "kfac.gradient_fraction", "kfac.covariance_fraction" };
         for (size_t i = 0; i < sizeof kk / sizeof *kk; i++)
             if (keel_config_is_set(cfg, kk[i]))
                 return keel__fail(KEEL_EINVAL, "%s (%s) applies only to "
@@ -1385,6 +1403,24 @@ keel_config_validate(const keel_config *cfg)
                                  "sync") != 0
                               ? keel_config_str(cfg, "algorithm.name")
                               : "cluster.mode = async");
+    if (strcmp(keel_config_str(cfg, "optimizer.name"), "kfac") == 0) {
+        /* the chief applies each step's mean gradient: no other rule */
+        const char *k = keel_config_str(cfg, "algorithm.worker_learning_"
+                                        "rates")[0] != '\0'
+                            ? "algorithm.worker_learning_rates"
+                        : keel_config_is_set(cfg, "algorithm.name") &&
+                          strcmp(keel_config_str(cfg, "algorithm.name"),
+                                 "sync") != 0
+                            ? "algorithm.name"
+                            : NULL;
+        if (k != NULL)
+            return keel__fail(KEEL_EINVAL, "%s (%s) does not apply to "
+                              "optimizer.name = kfac: in a cluster K-FAC "
+                              "takes the plain sync rule, the chief "
+                              "applying each step's mean gradient "
+                              "(docs/kfac.md); unset it", k,
+                              keel_config_origin(cfg, k));
+    }
     if (keel_config_bool(cfg, "security.curve") &&
         keel_config_str(cfg, "security.key_dir")[0] == '\0')
         return keel__fail(KEEL_EINVAL, "security.curve = true needs "

@@ -104,6 +104,14 @@ typedef struct job {
     keel_model *hw_model[KEEL_HOGWILD_MAX_THREADS];
     const keel_batch *hw_batch;
     keel_step_stats hw_stats[KEEL_HOGWILD_MAX_THREADS];
+    /* K-FAC: this task computes factor statistics (one process, or the
+     * chief of kfac.distributed = chief) */
+    int kfac_observes;
+    int kfac_role;                /* kfac.distributed = roles: 0 gradient,
+                                   * 1 covariance, 2 inverse */
+    int kfac_rta;                 /* replicas a sync step aggregates; 0:
+                                   * the spec's */
+    keel__kfac_dist *kdist;       /* kfac.distributed = roles */
 } job;
 
 /* The [algorithm] keys into j->algo (when algorithm.name is set). */
@@ -149,6 +157,7 @@ job_free(job *j)
     for (int t = 1; t < j->hw_threads; t++)
         keel_model_free(j->hw_model[t]);
     keel_optimizer_free(j->opt);
+    keel__kfac_dist_free(j->kdist);
     keel_kfac_free(j->kfac);
     for (int r = 1; r < j->replicas; r++)
         keel_model_free(j->rmodel[r]);
@@ -531,6 +540,8 @@ job_build(job *j, const keel_config *cfg, int worker_index, int num_workers,
             j->schedule = kc.schedule;
             st = keel_kfac_new(&kc, j->model, j->vs, &j->kfac);
         }
+        if (st == KEEL_OK && keel__kfac_dist_roles(cfg))
+            st = keel__kfac_dist_add_state(j->kfac, j->vs);
         if (st == KEEL_OK)
             st = arch_dump(j, NULL, &kc);
     } else {
@@ -661,6 +672,8 @@ job_step(void *ctx, keel_step *stp)
         j->zeroed != keel_step_grads(stp))
         keel_grads_zero(keel_step_grads(stp));
     j->zeroed = NULL;
+    if (j->kfac_role == 2)              /* an inverse worker: no batch */
+        return keel_step_set_value(stp, "loss", 0.0);
     if (j->hw != NULL) {
         if ((st = hogwild_step(j, stp, b, &stats)) != KEEL_OK)
             return st;
@@ -725,7 +738,7 @@ job_step(void *ctx, keel_step *stp)
         if (st != KEEL_OK)
             return st;
     }
-    if (j->kfac != NULL &&
+    if (j->kfac != NULL && j->kfac_observes &&
         (st = keel_kfac_observe(j->kfac, keel_step_vars(stp), b,
                                 keel_step_global_step(stp))) != KEEL_OK)
         return st;
@@ -749,6 +762,16 @@ job_apply(void *ctx, keel_vars *vs, keel_grads *g, int64_t global_step)
                                       keel__model_pool(j->model));
     j->zeroed = st == KEEL_OK ? g : NULL;
     return st;
+}
+
+/* kfac.distributed = chief: the chief's update of a sync step, with the
+ * step's mean gradient from the ps (keel_cluster_options.chief_apply). */
+static keel_status
+job_chief_apply(void *ctx, keel_vars *vs, keel_grads *mean,
+                int64_t global_step)
+{
+    job *j = ctx;
+    return keel_kfac_apply(j->kfac, vs, mean, global_step);
 }
 
 static keel_status
@@ -1007,7 +1030,7 @@ check_reached_end(const job *j, const keel_session *s)
 
 /* The cluster options of the config's [cluster] and [security] keys. */
 static void
-cluster_options_from(const keel_config *cfg, const job *j,
+cluster_options_from(const keel_config *cfg, job *j,
                      keel_cluster_options *o)
 {
     keel_cluster_options_init(o);
@@ -1030,6 +1053,42 @@ cluster_options_from(const keel_config *cfg, const job *j,
     o->send_buffer_kib =
         (int)keel_config_int(cfg, "cluster.send_buffer_kib");
     o->reduce_leaves = j->leaves;
+    if (j->kfac != NULL) {
+        /* K-FAC's update is not per variable: the chief applies it, its
+         * state (factors, inverses, velocity) lives on the ps */
+        o->optimizer = NULL;
+        o->chief_applies = 1;
+        o->chief_apply = job_chief_apply;
+        o->chief_apply_ctx = j;
+        if (j->kdist != NULL) {
+            o->chief_apply = keel__kfac_dist_chief_apply;
+            o->chief_apply_ctx = j->kdist;
+            o->chief_commits_trainable_only = 1;
+        }
+        o->replicas_to_aggregate = j->kfac_rta;
+    }
+}
+
+/* K-FAC in a cluster of replicas: the replicas a sync step aggregates
+ * (roles: the gradient workers; chief with kfac.replicas_to_aggregate =
+ * kfac: ceil(0.6 N) for N >= 3, tensorflow/kfac's convnet rule). */
+static keel_status
+kfac_replicas(const keel_config *cfg, int replicas, job *j)
+{
+    int role, index, counts[3];
+    keel_status st;
+    if (j->kfac == NULL)
+        return KEEL_OK;
+    if (keel__kfac_dist_roles(cfg)) {
+        st = keel__kfac_dist_role(cfg, 0, replicas, &role, &index, counts);
+        if (st == KEEL_OK)
+            j->kfac_rta = counts[0];
+        return st;
+    }
+    if (strcmp(keel_config_str(cfg, "kfac.replicas_to_aggregate"), "kfac")
+        == 0 && replicas >= 3)
+        j->kfac_rta = (int)ceil(0.6 * replicas);
+    return KEEL_OK;
 }
 
 /* j's update rule in cluster (NULL: one process, or ranks of a collective:
@@ -1072,6 +1131,9 @@ leaves_for(const keel_config *cfg, const job *j,
     L = j->global_batch / p;
     if (keel_cluster_spec_replicas_to_aggregate(spec) != R)
         why = "backup workers (replicas_to_aggregate < replicas)";
+    else if (j->kfac_rta > 0 && j->kfac_rta != R)
+        why = "K-FAC's sync steps aggregate the gradients of some replicas "
+              "only (kfac.replicas_to_aggregate, kfac.distributed)";
     else if (keel_config_int(cfg, "train.micro_batch") > 0)
         why = "train.micro_batch is set (its micro-batches are added in "
               "order instead)";
@@ -1136,6 +1198,8 @@ run_ps(const keel_config *cfg, const keel_cluster_spec *spec,
         st = job_build(&j, cfg, 0, 1, 0);
     else
         memset(&j, 0, sizeof j);
+    if (st == KEEL_OK)
+        st = kfac_replicas(cfg, keel_cluster_spec_num_replicas(spec), &j);
     if (st == KEEL_OK) {
         j.leaves = leaves_for(cfg, &j, spec);
         cluster_options_from(cfg, &j, &o);
@@ -1392,11 +1456,14 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
                           keel_task_type_name(
                               keel_cluster_spec_task_type(spec)),
                           keel_cluster_spec_task_index(spec));
+    /* algorithm.name other than sync is refused by keel_config_validate */
     if (in_cluster &&
-        strcmp(keel_config_str(cfg, "optimizer.name"), "kfac") == 0)
-        return keel__fail(KEEL_EINVAL, "optimizer.name = kfac runs in one "
-                          "process only for now (no cluster spec): K-FAC's "
-                          "distributed modes are not built yet");
+        strcmp(keel_config_str(cfg, "optimizer.name"), "kfac") == 0 &&
+        keel_cluster_spec_mode(spec) != KEEL_CLUSTER_SYNC &&
+        !keel_config_is_set(cfg, "algorithm.name"))
+        return keel__fail(KEEL_EINVAL, "optimizer.name = kfac in a cluster "
+                          "needs sync mode (cluster.mode = sync): the chief "
+                          "applies each step's K-FAC update (docs/kfac.md)");
     if (in_cluster) {
         keel_task_type t = keel_cluster_spec_task_type(spec);
         if ((st = keel_cluster_spec_validate(spec)) != KEEL_OK)
@@ -1536,6 +1603,26 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     /* one process: job_step zeroes the gradients unless job_apply left
      * them zero (a replica pushes them and the session zeroes them) */
     j.own_zeroing = !in_cluster && j.replicas <= 1;
+    j.kfac_observes = is_chief;
+    if (in_cluster && j.kfac != NULL) {
+        int counts[3] = { 0, 0, 0 }, index = 0;
+        st = kfac_replicas(cfg, replicas, &j);
+        if (st == KEEL_OK && keel__kfac_dist_roles(cfg))
+            st = keel__kfac_dist_role(cfg, replica, replicas, &j.kfac_role,
+                                      &index, counts);
+        if (st == KEEL_OK && keel__kfac_dist_roles(cfg)) {
+            st = keel__kfac_dist_new(cfg, j.kfac, j.vs, j.kfac_role, index,
+                                     counts[j.kfac_role], &j.kdist);
+            j.kfac_observes = j.kfac_role == 1;
+            keel__log(KEEL_LOG_INFO, "K-FAC roles: this replica (%d of %d) "
+                      "is %s worker %d (%d gradient, %d covariance, %d "
+                      "inverse)", replica, replicas,
+                      keel__kfac_role_name(j.kfac_role), index, counts[0],
+                      counts[1], counts[2]);
+        }
+        if (st != KEEL_OK)
+            goto out;
+    }
     tc.session.skip_grad_zeroing = j.own_zeroing;
     tc.session.hooks = hooks;
     tc.session.n_hooks = n_hooks;
@@ -1590,6 +1677,13 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
                 goto out;
         }
         keel_cluster_backend_get(worker, &backend);
+        if (j.kdist != NULL) {
+            keel__kfac_dist_set_backend(j.kdist, worker);
+            if (j.kfac_role != 0) {     /* statistics or inverses, no push */
+                backend.updater.ctx = j.kdist;
+                backend.updater.apply = keel__kfac_dist_role_apply;
+            }
+        }
         replica_session(&j, &tc, &backend, hooks, n_hooks, is_chief);
         tc.max_wait_secs = o.max_wait_secs;
         tc.stop_grace_period_secs =

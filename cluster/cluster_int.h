@@ -67,6 +67,13 @@ enum keel__msg_type {
     KEEL_MSG_HEARTBEAT,     /* liveness (reply: F_REPLY) */
     KEEL_MSG_TOKEN,         /* sync token; arg/global_step carry it */
     KEEL_MSG_INIT,          /* chief pushes initial values */
+    KEEL_MSG_AGGREGATE,     /* ps -> chief (chief applies): the step's
+                             * mean gradients, instead of a PUSH_ACK */
+    KEEL_MSG_COMMIT,        /* chief -> ps: the step's new values of the
+                             * ps's variables and slots (reply: F_REPLY) */
+    KEEL_MSG_MIX,           /* a replica -> ps: v = d v + (1 - d) t for
+                             * non-trainable variables, d the float32 in
+                             * arg (0: assign); reply: F_REPLY */
     KEEL_MSG_TYPE_END
 };
 
@@ -526,6 +533,11 @@ typedef struct keel__ps_config {
      * Async also accepts workers beyond total_replicas (a worker started
      * later with a new index), up to KEEL__CLUSTER_MAX_REPLICAS. */
     int dead_after_ms;
+    /* sync only: the chief applies the update. A step aggregates once the
+     * chief's gradient and replicas_to_aggregate in all are held; the mean
+     * goes to the chief (AGGREGATE) instead of to apply, and the step ends
+     * when the chief's COMMIT brings the new values (apply is not called). */
+    int chief_applies;
 } keel__ps_config;
 
 /* The most local steps one commit may cover. */

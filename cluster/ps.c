@@ -61,6 +61,9 @@ struct keel__ps {
     int sync, replicas_to_aggregate, total_replicas, has_chief;
     keel__algo_ps *rule;         /* NULL: apply every gradient */
     int is_ready;                /* INIT received */
+    int chief_applies;           /* see keel__ps_config */
+    int awaiting_commit;         /* AGGREGATE sent, COMMIT not yet in */
+    int commit_fresh;            /* gradients of the step awaiting it */
     uint64_t chief_generation;
     long applied, dropped;
     pending_push *pending;       /* sync: one per replica */
@@ -173,6 +176,12 @@ keel__ps_new(const keel__ps_config *cfg, keel__ps **out)
     ps->replicas_to_aggregate = cfg->replicas_to_aggregate > 0
         ? cfg->replicas_to_aggregate : ps->total_replicas;
     ps->has_chief = cfg->has_chief;
+    ps->chief_applies = cfg->chief_applies;
+    if (ps->chief_applies && !ps->sync) {
+        st = keel__fail(KEEL_EINVAL, "ps %d: the chief applies updates "
+                        "only in sync mode (SyncReplicas)", cfg->task_index);
+        goto fail;
+    }
     if (ps->replicas_to_aggregate > ps->total_replicas) {
         st = keel__fail(KEEL_EINVAL, "ps %d: replicas_to_aggregate %d is "
                         "more than the %d replicas (no sync step could "
@@ -756,6 +765,11 @@ fail_pending(keel__ps *ps, keel_status code, const char *why)
         p->vars = NULL;
         p->used = 0;
     }
+    if (ps->awaiting_commit)
+        keel__log(KEEL_LOG_WARN, "ps %d: step %lld abandoned before the "
+                  "chief's commit: %s", ps->task_index,
+                  (long long)keel_vars_global_step(ps->vars), why);
+    ps->awaiting_commit = 0;
 }
 
 /* INIT's global step: 0..KEEL__MAX_GLOBAL_STEP (the step counter never
@@ -767,6 +781,46 @@ check_init_step(const keel__wire_msg *req)
         return keel__fail(KEEL_EINVAL, "INIT with global step %lld (must be "
                           "0..%lld)", (long long)req->h.global_step,
                           (long long)KEEL__MAX_GLOBAL_STEP);
+    return KEEL_OK;
+}
+
+/* Every tensor of req resolved (with its shape) into *vars_out and
+ * *ts_out (caller frees both), state_only: non-trainable variables only
+ * (no weights, no slots); then their pins waited for. On failure nothing
+ * is allocated. */
+static keel_status
+resolve_all(keel__ps *ps, const keel__wire_msg *req, const char *what,
+            int state_only, keel_var ***vars_out, keel_tensor ***ts_out)
+{
+    keel_var **vars = calloc(req->n ? req->n : 1, sizeof *vars);
+    keel_tensor **ts = calloc(req->n ? req->n : 1, sizeof *ts);
+    keel_status st = KEEL_OK;
+    *vars_out = NULL;
+    *ts_out = NULL;
+    if (vars == NULL || ts == NULL) {
+        free(vars);
+        free(ts);
+        return keel__fail(KEEL_ENOMEM, "ps: %s of %zu tensors", what,
+                          req->n);
+    }
+    for (size_t i = 0; i < req->n && st == KEEL_OK; i++) {
+        st = resolve(ps, &req->tensors[i], 1, &vars[i], &ts[i]);
+        if (st == KEEL_OK && state_only &&
+            (ts[i] != keel_var_tensor(vars[i]) ||
+             keel_var_is_trainable(vars[i])))
+            st = keel__fail(KEEL_EINVAL, "%s into '%s': only non-trainable "
+                            "variables (not weights, not slots)", what,
+                            req->tensors[i].name);
+    }
+    if (st == KEEL_OK)
+        st = wait_pins(ps, vars, req->n);
+    if (st != KEEL_OK) {
+        free(vars);
+        free(ts);
+        return st;
+    }
+    *vars_out = vars;
+    *ts_out = ts;
     return KEEL_OK;
 }
 
@@ -789,18 +843,9 @@ real_init(keel__ps *ps, keel__wire_msg *req)
                           keel_task_type_name((keel_task_type)
                                               req->h.sender_type),
                           req->h.sender_index);
-    vars = calloc(req->n ? req->n : 1, sizeof *vars);
-    ts = calloc(req->n ? req->n : 1, sizeof *ts);
-    if (vars == NULL || ts == NULL) {
-        free(vars);
-        free(ts);
-        return keel__fail(KEEL_ENOMEM, "ps: INIT of %zu tensors", req->n);
-    }
-    for (size_t i = 0; i < req->n && st == KEEL_OK; i++)
-        st = resolve(ps, &req->tensors[i], 1, &vars[i], &ts[i]);
-    if (st == KEEL_OK)
-        st = wait_pins(ps, vars, req->n);
-    if (st == KEEL_OK) {
+    if ((st = resolve_all(ps, req, "INIT", 0, &vars, &ts)) != KEEL_OK)
+        return st;
+    {
         for (size_t i = 0; i < req->n; i++) {
             memcpy(ts[i]->data, req->tensors[i].t.data,
                    ts[i]->count * sizeof(float));
@@ -953,6 +998,148 @@ tree_aggregate(keel__ps *ps, unsigned char *have)
     return st;
 }
 
+/* Answer and forget every held push of the step: with the new values
+ * (its sync token) after st == KEEL_OK, else with st's error. */
+static void
+release_pending(keel__ps *ps, keel_status st)
+{
+    for (int r = 0; r < ps->total_replicas; r++) {
+        pending_push *p = &ps->pending[r];
+        if (!p->used)
+            continue;
+        if (st == KEEL_OK) {
+            if (send_ack(ps, &p->msg, p->vars, p->msg.n) != KEEL_OK)
+                keel__log(KEEL_LOG_WARN, "ps %d: token to replica %d not "
+                          "sent: %s", ps->task_index, r, keel_last_error());
+        } else {
+            send_error(ps, &p->msg, KEEL_EINVAL, keel_last_error());
+        }
+        keel__wire_msg_clear(&p->msg);
+        free(p->vars);
+        p->vars = NULL;
+        p->used = 0;
+    }
+}
+
+/* Chief applies: the step's mean gradients (acc of the variables that
+ * have one) to the chief's held push, which is then forgotten (the other
+ * replicas' stay held until the COMMIT). Copied, not pinned: acc is
+ * rewritten by the next step. */
+static keel_status
+send_aggregate(keel__ps *ps, keel_var *const *all, const unsigned char *have,
+               size_t nv)
+{
+    pending_push *p = &ps->pending[0];
+    keel__wire_header h;
+    keel__wire_out *outs = calloc(nv ? nv : 1, sizeof *outs);
+    size_t n = 0;
+    keel_status st;
+    if (outs == NULL)
+        return keel__fail(KEEL_ENOMEM, "ps: mean of %zu gradients", nv);
+    for (size_t k = 0; k < nv; k++)
+        if (have[k]) {
+            outs[n].name = keel_var_name(all[k]);
+            outs[n].t = keel_grads_at(ps->acc, k);
+            n++;
+        }
+    reply_header(ps, &p->msg, &h, KEEL_MSG_AGGREGATE, 0);
+    h.local_step = (int64_t)ps->chief_generation;
+    st = keel__wire_send(ps->sock, &p->msg.identity, &h, outs, n, NULL,
+                         NULL);
+    free(outs);
+    keel__wire_msg_clear(&p->msg);
+    free(p->vars);
+    p->vars = NULL;
+    p->used = 0;
+    return st;
+}
+
+/* The chief's COMMIT of the step awaiting it: take the new values of the
+ * variables and slots it names (checked first: a bad COMMIT changes
+ * nothing), step + 1, answer every held push with the new values (their
+ * sync token) and the COMMIT with the new step. */
+static keel_status
+real_commit(keel__ps *ps, keel__wire_msg *req)
+{
+    int64_t step = keel_vars_global_step(ps->vars);
+    keel_var **vars;
+    keel_tensor **ts;
+    keel__wire_header h;
+    keel_status st = KEEL_OK;
+    if (!ps->awaiting_commit)
+        return keel__fail(KEEL_ESTATE, "COMMIT at step %lld: no step of ps "
+                          "%d awaits the chief's update", (long long)
+                          req->h.global_step, ps->task_index);
+    if (req->h.global_step != step)
+        return keel__fail(KEEL_EINVAL, "COMMIT for step %lld, but ps %d is "
+                          "at step %lld", (long long)req->h.global_step,
+                          ps->task_index, (long long)step);
+    if (req->h.flags & KEEL_WIRE_F_NAMES_ONLY)
+        return keel__fail(KEEL_ECORRUPT, "COMMIT without data");
+    if ((st = resolve_all(ps, req, "COMMIT", 0, &vars, &ts)) != KEEL_OK)
+        return st;
+    {
+        for (size_t i = 0; i < req->n; i++)
+            memcpy(ts[i]->data, req->tensors[i].t.data,
+                   ts[i]->count * sizeof(float));
+        keel_vars_set_global_step(ps->vars, step + 1);
+        ps->applied += ps->commit_fresh;
+        ps->awaiting_commit = 0;
+        release_pending(ps, KEEL_OK);
+        reply_header(ps, req, &h, KEEL_MSG_COMMIT, KEEL_WIRE_F_REPLY);
+        h.local_step = (int64_t)ps->chief_generation;
+        st = keel__wire_send(ps->sock, &req->identity, &h, NULL, 0, NULL,
+                             NULL);
+    }
+    free(vars);
+    free(ts);
+    return st;
+}
+
+/* MIX: a moving average (or, with decay 0, an assignment) of
+ * non-trainable variables by a replica (K-FAC's role-split factor
+ * statistics and inverses). Everything is checked before anything
+ * changes; answered with the global step. */
+static keel_status
+real_mix(keel__ps *ps, keel__wire_msg *req)
+{
+    keel_var **vars;
+    keel_tensor **ts;
+    keel__wire_header h;
+    keel_status st = KEEL_OK;
+    float d;
+    uint32_t bits = req->h.arg;
+    memcpy(&d, &bits, sizeof d);
+    if (!ps->is_ready)
+        return keel__fail(KEEL_EUNAVAILABLE, "ps %d holds no state yet "
+                          "(waiting for the chief's INIT)", ps->task_index);
+    if (req->h.flags & KEEL_WIRE_F_NAMES_ONLY)
+        return keel__fail(KEEL_ECORRUPT, "MIX without data");
+    if (!(d >= 0.0f && d < 1.0f))
+        return keel__fail(KEEL_EINVAL, "MIX with decay %g (must be in [0, "
+                          "1))", (double)d);
+    if ((st = resolve_all(ps, req, "MIX", 1, &vars, &ts)) != KEEL_OK)
+        return st;
+    {
+        for (size_t i = 0; i < req->n; i++) {
+            float *x = ts[i]->data;
+            const float *t = req->tensors[i].t.data;
+            if (d == 0.0f)
+                memcpy(x, t, ts[i]->count * sizeof(float));
+            else
+                for (size_t j = 0; j < ts[i]->count; j++)
+                    x[j] = d * x[j] + (1.0f - d) * t[j];
+        }
+        reply_header(ps, req, &h, KEEL_MSG_MIX, KEEL_WIRE_F_REPLY);
+        h.local_step = (int64_t)ps->chief_generation;
+        st = keel__wire_send(ps->sock, &req->identity, &h, NULL, 0, NULL,
+                             NULL);
+    }
+    free(vars);
+    free(ts);
+    return st;
+}
+
 /* Sum the pending gradients in ascending replica order, scale the sum to
  * the mean of the gradients aggregated, apply, step + 1, answer every
  * pending push (the sync token). */
@@ -1007,6 +1194,16 @@ apply:
             if (have[k])
                 mean_of_shares(keel_grads_at(ps->acc, k),
                                ps->total_replicas, fresh);
+    if (ps->chief_applies) {
+        st = st == KEEL_OK ? send_aggregate(ps, all, have, nv) : st;
+        if (st == KEEL_OK) {
+            ps->awaiting_commit = 1;
+            ps->commit_fresh = fresh;
+            return KEEL_OK;
+        }
+        fail_pending(ps, KEEL_EINVAL, keel_last_error());
+        return st;
+    }
     for (size_t k = 0; k < nv && st == KEEL_OK; k++)
         if (have[k])
             st = ps->rule != NULL
@@ -1025,22 +1222,7 @@ apply:
         keel_vars_set_global_step(ps->vars, step + covered);
         ps->applied += fresh;
     }
-    for (int r = 0; r < ps->total_replicas; r++) {
-        pending_push *p = &ps->pending[r];
-        if (!p->used)
-            continue;
-        if (st == KEEL_OK) {
-            if (send_ack(ps, &p->msg, p->vars, p->msg.n) != KEEL_OK)
-                keel__log(KEEL_LOG_WARN, "ps %d: token to replica %d not "
-                          "sent: %s", ps->task_index, r, keel_last_error());
-        } else {
-            send_error(ps, &p->msg, KEEL_EINVAL, keel_last_error());
-        }
-        keel__wire_msg_clear(&p->msg);
-        free(p->vars);
-        p->vars = NULL;
-        p->used = 0;
-    }
+    release_pending(ps, st);
     return st;
 }
 
@@ -1144,9 +1326,18 @@ real_push(keel__ps *ps, keel__wire_msg *req)
         p->used = 1;
         vars = NULL;
     }
+    if (ps->awaiting_commit && replica == 0) {
+        /* the chief pushes again instead of committing: it restarted (and
+         * joined this live ps) or gave the step up; aggregate anew */
+        keel__log(KEEL_LOG_WARN, "ps %d: the chief pushed step %lld again "
+                  "before committing it: aggregating it anew",
+                  ps->task_index, (long long)step);
+        ps->awaiting_commit = 0;
+    }
     for (int r = 0; r < ps->total_replicas; r++)
         fresh += ps->pending[r].used;
-    if (fresh >= ps->replicas_to_aggregate) {
+    if (fresh >= ps->replicas_to_aggregate && !ps->awaiting_commit &&
+        (!ps->chief_applies || ps->pending[0].used)) {
         int64_t t0 = keel__now_mono_ns(), t1;
         st = aggregate(ps);
         t1 = keel__now_mono_ns();
@@ -1225,6 +1416,10 @@ handle(keel__ps *ps, keel__wire_msg *req)
             return real_push(ps, req);
         case KEEL_MSG_INIT:
             return real_init(ps, req);
+        case KEEL_MSG_COMMIT:
+            return real_commit(ps, req);
+        case KEEL_MSG_MIX:
+            return real_mix(ps, req);
         case KEEL_MSG_HELLO:
             return real_hello(ps, req);
         case KEEL_MSG_SHUTDOWN:
@@ -1286,7 +1481,8 @@ msg_type_name(unsigned type)
 {
     static const char *const names[KEEL_MSG_TYPE_END] = {
         "?", "HELLO", "READY", "PULL", "PULL_REPLY", "PUSH", "PUSH_ACK",
-        "ERROR", "STEP", "SHUTDOWN", "HEARTBEAT", "TOKEN", "INIT" };
+        "ERROR", "STEP", "SHUTDOWN", "HEARTBEAT", "TOKEN", "INIT",
+        "AGGREGATE", "COMMIT", "MIX" };
     return type < KEEL_MSG_TYPE_END ? names[type] : "?";
 }
 
@@ -1302,8 +1498,10 @@ role_allows(const keel__ps *ps, keel_task_type t, uint32_t index,
     switch (type) {
     case KEEL_MSG_INIT:
     case KEEL_MSG_SHUTDOWN:
+    case KEEL_MSG_COMMIT:
         return chief;
     case KEEL_MSG_PUSH:
+    case KEEL_MSG_MIX:
         return t == KEEL_TASK_CHIEF || t == KEEL_TASK_WORKER;
     case KEEL_MSG_HELLO:
     case KEEL_MSG_PULL:

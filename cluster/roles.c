@@ -48,6 +48,12 @@ typedef struct keel__role_opts {
     int shutdown_at_end;
     keel__algo algo;                /* the update rule (owns its rates:
                                      * keel__algo_clear) */
+    int chief_applies;
+    keel_status (*chief_apply)(void *ctx, keel_vars *vs, keel_grads *mean,
+                               int64_t global_step);
+    void *chief_apply_ctx;
+    int chief_commits_trainable_only;
+    int replicas_to_aggregate;      /* 0: the spec's */
 } keel__role_opts;
 
 /* ---- placement ---------------------------------------------------------- */
@@ -134,6 +140,10 @@ is_loopback(const char *endpoint)
 static keel_status
 ps_apply(void *ctx, keel_var *v, const keel_tensor *grad, int64_t step)
 {
+    if (ctx == NULL)                    /* the chief applies */
+        return keel__fail(KEEL_EINTERNAL, "ps: no optimizer for '%s' at "
+                          "step %lld (the chief applies)", keel_var_name(v),
+                          (long long)step);
     return keel_optimizer_apply_var(ctx, v, grad, step);
 }
 
@@ -171,13 +181,23 @@ run_ps(const keel__role_opts *o, const keel_vars *model, keel_optimizer *opt)
     for (size_t i = 0; i < n && st == KEEL_OK; i++) {
         keel_var *v = keel_vars_at(model, i);
         keel_tensor *t = keel_var_tensor(v);
+        keel_var *sv = NULL;
         if (ps_of[i] == idx)
             st = keel_vars_create(shard, keel_var_name(v), t->ndim, t->shape,
-                                  keel_var_flags(v), NULL);
+                                  keel_var_flags(v), &sv);
+        /* the chief applies: its update rule's slots are the store's */
+        for (size_t k = 0; sv != NULL && o->chief_applies && st == KEEL_OK &&
+                           k < keel_var_slot_count(v); k++) {
+            const char *sname;
+            (void)keel_var_slot_at(v, k, &sname);
+            keel_tensor *unused;
+            st = keel_var_add_slot(sv, sname, &unused);
+        }
     }
-    if (st == KEEL_OK)
-        st = has_rule ? keel__algo_prepare(&o->algo, shard)
-                      : keel_optimizer_prepare(opt, shard);
+    if (st == KEEL_OK && has_rule)
+        st = keel__algo_prepare(&o->algo, shard);
+    else if (st == KEEL_OK && opt != NULL)
+        st = keel_optimizer_prepare(opt, shard);
     if (st == KEEL_OK && has_rule)
         st = keel__algo_ps_init(&rule, &o->algo);
     if (st == KEEL_OK) {
@@ -236,20 +256,23 @@ run_ps(const keel__role_opts *o, const keel_vars *model, keel_optimizer *opt)
     pc.sync = keel_algorithm_is_sync(o->algo.c.name);
     pc.rule = has_rule ? &rule : NULL;
     pc.total_replicas = keel_cluster_spec_num_replicas(o->spec);
-    pc.replicas_to_aggregate =
-        keel_cluster_spec_replicas_to_aggregate(o->spec);
+    pc.replicas_to_aggregate = o->replicas_to_aggregate > 0
+        ? o->replicas_to_aggregate
+        : keel_cluster_spec_replicas_to_aggregate(o->spec);
     pc.has_chief = keel_cluster_spec_num_tasks(o->spec, KEEL_TASK_CHIEF) > 0;
     pc.reduce_leaves = o->reduce_leaves;
     pc.dead_after_ms = o->dead_after_ms;
+    pc.chief_applies = o->chief_applies;
     st = keel__ps_new(&pc, &ps);
     if (st != KEEL_OK)
         goto out;
     keel__log(KEEL_LOG_INFO, "ps %d: %zu of %zu variables (%s placement), "
-              "%s mode, %d of %d replicas per step, algorithm %s", idx,
+              "%s mode, %d of %d replicas per step, algorithm %s%s", idx,
               keel_vars_count(shard), n,
               o->round_robin ? "round-robin" : "size-balanced",
               pc.sync ? "sync" : "async", pc.replicas_to_aggregate,
-              pc.total_replicas, keel_algorithm_name(o->algo.c.name));
+              pc.total_replicas, keel_algorithm_name(o->algo.c.name),
+              pc.chief_applies ? ", the chief applies the updates" : "");
     for (;;) {
         st = keel__ps_serve_once(ps, 100);
         keel__ps_watch(ps, (int)(o->stall_warn_secs * 1000));
@@ -1012,6 +1035,82 @@ wait_reply(keel_cluster_backend *w, int p, const char *what, keel__wire_msg *r)
     }
 }
 
+/* The chief applies: ps's AGGREGATE (the step's mean gradients of its
+ * variables) into grads. */
+static keel_status
+take_grads(keel_vars *vs, keel_grads *grads, const keel__wire_msg *r)
+{
+    for (size_t i = 0; i < r->n; i++) {
+        const keel__wire_tensor *wt = &r->tensors[i];
+        keel_var *v = keel_vars_find(vs, wt->name);
+        keel_tensor *t = v != NULL ? keel_grads_at(grads, keel_var_index(v))
+                                   : NULL;
+        if (t == NULL || wt->t.data == NULL ||
+            !keel_shape_equal(t->ndim, t->shape, wt->t.ndim, wt->t.shape))
+            return keel__fail(KEEL_ECORRUPT, "ps sent the mean gradient of "
+                              "'%s', which matches no trainable variable "
+                              "here", wt->name);
+        memcpy(t->data, wt->t.data, t->count * sizeof(float));
+    }
+    return KEEL_OK;
+}
+
+/* Keep the outs (from shard_outs) of trainable variables and their slots,
+ * in order; returns how many. */
+static size_t
+keep_trainable(keel_vars *vs, keel__wire_out *outs, size_t n)
+{
+    size_t k = 0;
+    int keep = 0;
+    for (size_t i = 0; i < n; i++) {
+        keel_var *v = keel_vars_find(vs, outs[i].name);
+        if (v != NULL)                  /* a variable: its slots follow */
+            keep = keel_var_is_trainable(v);
+        if (keep)
+            outs[k++] = outs[i];
+    }
+    return k;
+}
+
+/* The chief applies: its update of step global_step (mean holds the
+ * step's mean gradients), then every ps's variables and slots to it
+ * (COMMIT); *new_step from ps 0's answer. */
+static keel_status
+chief_commit(keel_cluster_backend *w, keel_vars *vs, keel_grads *mean,
+             int64_t global_step, int64_t *new_step)
+{
+    keel_status st = w->o.chief_apply(w->o.chief_apply_ctx, vs, mean,
+                                      global_step);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "chief: update of step %lld",
+                          (long long)global_step);
+    for (int p = 0; p < w->n_ps; p++) {
+        keel__wire_header h;
+        keel__wire_msg r;
+        size_t n;
+        char what[64];
+        shard_outs(w, vs, p, 1, 1, &n);     /* every ps awaits it */
+        if (w->o.chief_commits_trainable_only)
+            n = keep_trainable(vs, w->outs, n);
+        memset(&h, 0, sizeof h);
+        h.type = KEEL_MSG_COMMIT;
+        h.global_step = global_step;
+        snprintf(what, sizeof what, "the commit of step %lld",
+                 (long long)global_step);
+        /* in place: nothing touches the variables until it is answered */
+        st = call_ps(w, p, &h, w->outs, n, 1, what, NULL, 0, &r);
+        if (st == KEEL_OK && r.h.generation != w->ps_gen[p])
+            st = keel__fail(KEEL_EABORTED, "ps %d restarted during %s", p,
+                            what);
+        if (st == KEEL_OK && p == 0)
+            *new_step = r.h.global_step;
+        keel__wire_msg_clear(&r);
+        if (st != KEEL_OK)
+            return st;
+    }
+    return KEEL_OK;
+}
+
 /* Copy a reply's tensors into center (the trainable variables of vs by
  * name), skipping the others. */
 static keel_status
@@ -1038,16 +1137,18 @@ take_center(keel_grads *center, keel_vars *vs, const keel__wire_msg *r)
  * the replies: the new values go into vs (into VARS) or center (CENTER)
  * or nowhere; *new_step is ps 0's step after it. Sent to every ps first,
  * then collected: the ps work in parallel. *t_copy: time spent copying
- * values. */
+ * values. mean (the chief when it applies the updates, else NULL): where
+ * the ps's AGGREGATE answers put the step's mean gradients; once every ps
+ * sent its part the chief applies them and commits (chief_commit). */
 static keel_status
 push_round(keel_cluster_backend *w, keel_vars *vs, keel_grads *const *srcs,
            int n_src, int64_t local_step, int covered, int into,
-           keel_grads *center, int64_t *new_step, int64_t *t_copy,
-           int64_t *t_sent)
+           keel_grads *center, keel_grads *mean, int64_t *new_step,
+           int64_t *t_copy, int64_t *t_sent)
 {
     int timeout = w->o.dead_after_ms;
     keel_status first = KEEL_OK;
-    int sent = 0;
+    int sent = 0, aggregated = 0;
     char what[64];
     for (int p = 0; p < w->n_ps; p++) {
         keel__wire_header h;
@@ -1107,6 +1208,12 @@ push_round(keel_cluster_backend *w, keel_vars *vs, keel_grads *const *srcs,
                             "%016llx, was %016llx)", p,
                             (unsigned long long)r.h.generation,
                             (unsigned long long)w->ps_gen[p]);
+        } else if (r.h.type == KEEL_MSG_AGGREGATE) {
+            st = mean != NULL
+                ? take_grads(vs, mean, &r)
+                : keel__fail(KEEL_ECORRUPT, "ps %d sent the step's mean "
+                             "gradient to a task that does not apply", p);
+            aggregated++;
         } else if (into != KEEL__ALGO_INTO_NONE) {
             int64_t t = keel__now_mono_ns();
             st = into == KEEL__ALGO_INTO_CENTER ? take_center(center, vs, &r)
@@ -1119,6 +1226,12 @@ push_round(keel_cluster_backend *w, keel_vars *vs, keel_grads *const *srcs,
         if (st != KEEL_OK && first == KEEL_OK)
             first = st;
     }
+    if (first == KEEL_OK && aggregated > 0)
+        first = aggregated == sent
+            ? chief_commit(w, vs, mean, local_step, new_step)
+            : keel__fail(KEEL_EABORTED, "step %lld: %d of %d ps sent the "
+                         "mean gradient for the chief's update",
+                         (long long)local_step, aggregated, sent);
     return first;
 }
 
@@ -1130,7 +1243,7 @@ net_commit(void *ctx, keel_grads *c, int covered, int64_t local_step,
     keel_cluster_backend *w = ctx;
     int64_t t_copy = 0, t_sent;
     return push_round(w, vs, &c, 1, local_step, covered, into, center,
-                      new_step, &t_copy, &t_sent);
+                      NULL, new_step, &t_copy, &t_sent);
 }
 
 static keel_status
@@ -1228,8 +1341,9 @@ be_apply(void *ctx, keel_vars *vs, keel_grads *grads, int64_t global_step)
     }
     first = push_round(w, vs, w->micro != NULL ? w->micro : &one,
                        w->micro != NULL ? w->n_micro : 1, global_step, 1,
-                       KEEL__ALGO_INTO_VARS, NULL, &new_step, &t_copy,
-                       &t_sent);
+                       KEEL__ALGO_INTO_VARS, NULL,
+                       w->is_chief && w->o.chief_applies ? grads : NULL,
+                       &new_step, &t_copy, &t_sent);
     if (first != KEEL_OK) {
         w->last_apply_end_ns = 0;       /* recovery is not compute */
         return first;
@@ -1305,6 +1419,99 @@ keel_cluster_backend_set_micro(keel_cluster_backend *w,
                           "gradient stores (want 0..%d)", n, MAX_MICRO);
     w->micro = n > 0 ? g : NULL;
     w->n_micro = n;
+    return KEEL_OK;
+}
+
+/* The named variables of the store placed on ps p into w->outs (with
+ * t[i] as data, or names only when t is NULL); *k of them. With data,
+ * each must be non-trainable and of t[i]'s shape. */
+static keel_status
+named_outs(keel_cluster_backend *w, int p, const char *const *names,
+           const keel_tensor *const *t, size_t n, size_t *k)
+{
+    *k = 0;
+    for (size_t i = 0; i < n; i++) {
+        keel_var *v = keel_vars_find(w->vs, names[i]);
+        keel_tensor *vt = v != NULL ? keel_var_tensor(v) : NULL;
+        if (v == NULL || w->ps_of[keel_var_index(v)] < 0)
+            return keel__fail(KEEL_ENOTFOUND, "cluster backend: no variable "
+                              "'%s' on the ps", names[i]);
+        if (t != NULL && (keel_var_is_trainable(v) ||
+                          !keel_shape_equal(vt->ndim, vt->shape, t[i]->ndim,
+                                            t[i]->shape)))
+            return keel__fail(KEEL_EINVAL, "cluster backend mix: '%s' is "
+                              "not a non-trainable variable of that shape",
+                              names[i]);
+        if (w->ps_of[keel_var_index(v)] != p)
+            continue;
+        w->outs[*k].name = keel_var_name(v);
+        w->outs[*k].t = t != NULL ? t[i] : NULL;
+        w->outs[*k].pin = NULL;
+        (*k)++;
+    }
+    return KEEL_OK;
+}
+
+keel_status
+keel_cluster_backend_pull_vars(keel_cluster_backend *w,
+                               const char *const *names, size_t n,
+                               int64_t *global_step)
+{
+    if (w == NULL || (n > 0 && names == NULL))
+        return keel__fail(KEEL_EINVAL, "cluster backend pull: NULL");
+    for (int p = 0; p < w->n_ps; p++) {
+        keel__wire_header h;
+        keel__wire_msg r;
+        size_t k = 0;
+        keel_status st = named_outs(w, p, names, NULL, n, &k);
+        if (st != KEEL_OK)
+            return st;
+        if (k == 0 && p != 0)
+            continue;
+        memset(&h, 0, sizeof h);
+        h.type = k == 0 ? KEEL_MSG_STEP : KEEL_MSG_PULL;
+        h.flags = k == 0 ? 0 : KEEL_WIRE_F_NAMES_ONLY;
+        st = call_ps(w, p, &h, w->outs, k, 0, "pull", NULL, 0, &r);
+        if (st == KEEL_OK)
+            st = take_values(w->vs, &r);
+        if (st == KEEL_OK && p == 0 && global_step != NULL)
+            *global_step = r.h.global_step;
+        keel__wire_msg_clear(&r);
+        if (st != KEEL_OK)
+            return st;
+    }
+    return KEEL_OK;
+}
+
+keel_status
+keel_cluster_backend_mix(keel_cluster_backend *w, const char *const *names,
+                         const keel_tensor *const *t, size_t n, double decay)
+{
+    float d = (float)decay;
+    uint32_t bits;
+    if (w == NULL || (n > 0 && (names == NULL || t == NULL)))
+        return keel__fail(KEEL_EINVAL, "cluster backend mix: NULL");
+    if (!(d >= 0.0f && d < 1.0f))
+        return keel__fail(KEEL_EINVAL, "cluster backend mix: decay %g not "
+                          "in [0, 1)", decay);
+    memcpy(&bits, &d, sizeof bits);
+    for (int p = 0; p < w->n_ps; p++) {
+        keel__wire_header h;
+        keel__wire_msg r;
+        size_t k = 0;
+        keel_status st = named_outs(w, p, names, t, n, &k);
+        if (st != KEEL_OK)
+            return st;
+        if (k == 0)
+            continue;
+        memset(&h, 0, sizeof h);
+        h.type = KEEL_MSG_MIX;
+        h.arg = bits;
+        st = call_ps(w, p, &h, w->outs, k, 0, "mix", NULL, 0, &r);
+        keel__wire_msg_clear(&r);
+        if (st != KEEL_OK)
+            return st;
+    }
     return KEEL_OK;
 }
 
@@ -1430,11 +1637,36 @@ role_opts_from(const keel_cluster_spec *spec, const keel_cluster_options *in,
     o->token = in->token;
     o->send_buffer_bytes = in->send_buffer_kib * 1024;
     o->shutdown_at_end = in->shutdown_at_end;
+    o->chief_applies = in->chief_applies;
+    o->chief_apply = in->chief_apply;
+    o->chief_apply_ctx = in->chief_apply_ctx;
+    o->chief_commits_trainable_only = in->chief_commits_trainable_only;
+    if (in->replicas_to_aggregate < 0 ||
+        in->replicas_to_aggregate > keel_cluster_spec_num_replicas(spec))
+        return keel__fail(KEEL_EINVAL, "%s: replicas_to_aggregate %d out of "
+                          "0..%d (the cluster's replicas)", who,
+                          in->replicas_to_aggregate,
+                          keel_cluster_spec_num_replicas(spec));
+    o->replicas_to_aggregate = in->replicas_to_aggregate;
     st = keel__algo_resolve(in->algorithm, keel_cluster_spec_mode(spec),
                             in->optimizer,
                             keel_cluster_spec_num_replicas(spec), &o->algo);
     if (st != KEEL_OK)
         return keel__wrap(st, "%s", who);
+    if (o->chief_applies && (o->algo.c.name != KEEL_ALGORITHM_SYNC ||
+                             o->algo.worker_lrs != NULL)) {
+        /* the other rules update on the ps or locally: nothing would
+         * reach the chief's update */
+        st = keel__fail(KEEL_EINVAL, "%s: chief_applies needs the plain "
+                        "sync rule (SyncReplicas: sync mode, algorithm sync "
+                        "or unset, no per-worker learning rates), not "
+                        "algorithm %s%s", who,
+                        keel_algorithm_name(o->algo.c.name),
+                        o->algo.worker_lrs != NULL
+                            ? " with per-worker learning rates" : "");
+        keel__algo_clear(&o->algo);
+        return st;
+    }
     return KEEL_OK;
 }
 
@@ -1454,12 +1686,13 @@ keel_ps_run(const keel_cluster_spec *spec, const keel_vars *vars,
                         keel_task_type_name(
                             keel_cluster_spec_task_type(spec)),
                         keel_cluster_spec_task_index(spec));
-    else if (opts == NULL || opts->optimizer == NULL)
+    else if (!o.chief_applies && (opts == NULL || opts->optimizer == NULL))
         st = keel__fail(KEEL_EINVAL, "ps %d: keel_cluster_options."
                         "optimizer is NULL: the ps needs the update rule "
                         "(keel_optimizer_config_init)",
                         keel_cluster_spec_task_index(spec));
-    else if ((st = keel_optimizer_new(opts->optimizer, &opt)) != KEEL_OK)
+    else if (opts != NULL && opts->optimizer != NULL &&
+             (st = keel_optimizer_new(opts->optimizer, &opt)) != KEEL_OK)
         st = keel__wrap(st, "ps %d: optimizer",
                         keel_cluster_spec_task_index(spec));
     if (st != KEEL_OK) {
@@ -1494,6 +1727,10 @@ keel_cluster_backend_new(const keel_cluster_spec *spec, keel_vars *vars,
                         "%d; only the chief and workers train (a ps runs "
                         "keel_ps_run)", keel_task_type_name(t),
                         keel_cluster_spec_task_index(spec));
+    } else if (o.chief_applies && o.chief_apply == NULL &&
+               t == KEEL_TASK_CHIEF) {
+        st = keel__fail(KEEL_EINVAL, "cluster backend: chief_applies "
+                        "without chief_apply on the chief");
     } else if (!keel_algorithm_pushes_gradients(o.algo.c.name)) {
         st = keel__algo_prepare(&o.algo, vars);   /* the rule's slots */
     } else if (opts != NULL && opts->optimizer != NULL) {

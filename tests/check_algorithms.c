@@ -821,6 +821,75 @@ END_TEST
  * holds w/adag_pull0 equal to the final center (the chief's last commit
  * reply was its pull); a second run resumes at that step with that state
  * and goes on from the checkpoint's values. */
+/* The chief applies each sync step's update itself (K-FAC) only under the
+ * plain sync rule: any other rule, sync with per-worker rates and an async
+ * cluster without a rule are refused by the ps and by the chief before
+ * anything binds or connects, the error naming chief_applies and the
+ * rule. */
+static keel_status
+no_apply(void *ctx, keel_vars *vs, keel_grads *mean, int64_t global_step)
+{
+    (void)ctx;
+    (void)vs;
+    (void)mean;
+    (void)global_step;
+    return KEEL_EINTERNAL;
+}
+
+START_TEST(test_chief_applies_needs_the_plain_sync_rule)
+{
+    int ps_port = tu_held_port(), chief_port = tu_held_port();
+    keel_cluster_spec *ps_spec = e2e_spec(ps_port, chief_port, 0,
+                                          KEEL_TASK_PS);
+    keel_cluster_spec *c_spec = e2e_spec(ps_port, chief_port, 0,
+                                         KEEL_TASK_CHIEF);
+    keel_vars *vs = two_vars(0, 0);
+    keel_algorithm_config ac;
+    keel_cluster_options co;
+    keel_cluster_backend *b;
+    double rate = 0.1;
+    keel_cluster_options_init(&co);
+    co.chief_applies = 1;
+    co.chief_apply = no_apply;
+    co.algorithm = &ac;
+    for (int i = 0; i <= KEEL_ALGORITHM_COUNT; i++) {
+        /* i == COUNT: sync with one per-worker rate (one replica) */
+        keel_algorithm a = i < KEEL_ALGORITHM_COUNT ? (keel_algorithm)i
+                                                    : KEEL_ALGORITHM_SYNC;
+        const char *want = i < KEEL_ALGORITHM_COUNT ? keel_algorithm_name(a)
+                                                    : "per-worker";
+        if (i == KEEL_ALGORITHM_SYNC)
+            continue;
+        keel_algorithm_config_init(&ac, a);
+        if (i == KEEL_ALGORITHM_COUNT) {
+            ac.worker_learning_rates = &rate;
+            ac.n_worker_learning_rates = 1;
+        }
+        ck_assert_int_eq(keel_ps_run(ps_spec, vs, &co), KEEL_EINVAL);
+        ck_assert_msg(strstr(keel_last_error(), "chief_applies") != NULL &&
+                      strstr(keel_last_error(), want) != NULL, "%s",
+                      keel_last_error());
+        b = (keel_cluster_backend *)1;
+        ck_assert_int_eq(keel_cluster_backend_new(c_spec, vs, &co, &b),
+                         KEEL_EINVAL);
+        ck_assert_ptr_null(b);
+        ck_assert_msg(strstr(keel_last_error(), "chief_applies") != NULL &&
+                      strstr(keel_last_error(), want) != NULL, "%s",
+                      keel_last_error());
+    }
+    /* no rule given: the spec's async mode is the async rule */
+    co.algorithm = NULL;
+    keel_cluster_spec_set_mode(ps_spec, KEEL_CLUSTER_ASYNC);
+    ck_assert_int_eq(keel_ps_run(ps_spec, vs, &co), KEEL_EINVAL);
+    ck_assert_msg(strstr(keel_last_error(), "chief_applies") != NULL &&
+                  strstr(keel_last_error(), "async") != NULL, "%s",
+                  keel_last_error());
+    keel_vars_free(vs);
+    keel_cluster_spec_free(ps_spec);
+    keel_cluster_spec_free(c_spec);
+}
+END_TEST
+
 START_TEST(test_adag_state_resumes_from_a_checkpoint)
 {
     char dir[256];
@@ -883,6 +952,7 @@ algorithms_suite(void)
     tcase_add_loop_test(e, test_every_rule_trains_on_a_cluster, 0,
                         KEEL_ALGORITHM_COUNT);
     tcase_add_test(e, test_adag_state_resumes_from_a_checkpoint);
+    tcase_add_test(e, test_chief_applies_needs_the_plain_sync_rule);
     suite_add_tcase(s, e);
     return s;
 }

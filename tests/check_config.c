@@ -490,7 +490,7 @@ END_TEST
 
 /* [algorithm]: every rule's name parses; cluster.mode is the older name
  * of sync/async and must agree with algorithm.name; per-worker rates are
- * for sync only. */
+ * for sync only; K-FAC takes plain sync only. */
 START_TEST(test_algorithm_keys_and_their_conflicts)
 {
     keel_config_override(cfg, "train.max_steps=10", "-s");
@@ -517,6 +517,23 @@ START_TEST(test_algorithm_keys_and_their_conflicts)
     ck_assert_int_eq(keel_config_override(cfg, "algorithm.name=sync", "-s"),
                      KEEL_OK);
     ck_assert_int_eq(keel_config_validate(cfg), KEEL_OK);
+    /* K-FAC: the chief applies each sync step's update, so the plain sync
+     * rule only (per-worker rates and every other rule refused) */
+    ck_assert_int_eq(keel_config_override(cfg, "optimizer.name=kfac", "-s"),
+                     KEEL_OK);
+    ck_assert_int_eq(keel_config_validate(cfg), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(),
+                                 "algorithm.worker_learning_rates"));
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "kfac"));
+    ck_assert_int_eq(keel_config_override(
+                         cfg, "algorithm.worker_learning_rates=", "-s"),
+                     KEEL_OK);
+    ck_assert_int_eq(keel_config_validate(cfg), KEEL_OK);
+    ck_assert_int_eq(keel_config_override(cfg, "algorithm.name=sagn", "-s"),
+                     KEEL_OK);
+    ck_assert_int_eq(keel_config_validate(cfg), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "algorithm.name"));
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "kfac"));
     /* the cluster's mode follows the rule (its "sync" column), whatever
      * cluster.mode says */
     ck_assert_int_eq(keel_config_is_async(cfg, NULL), 0);

@@ -1247,12 +1247,143 @@ START_TEST(test_replica_counts_beyond_the_cluster_exit_2_at_once)
 }
 END_TEST
 
+/* ---- K-FAC in a cluster (docs/kfac.md) ---------------------------------- */
+
+/* The test loss of checkpoint FILE (keel eval --json). */
+static double
+eval_loss(const char *file)
+{
+    double loss = -1;
+    const char *p;
+    ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err, "eval",
+                             file, "--json", NULL), 0);
+    p = strstr(out, "\"loss\": ");
+    ck_assert_ptr_nonnull(p);
+    ck_assert_int_eq(sscanf(p, "\"loss\": %lf", &loss), 1);
+    return loss;
+}
+
+/* Launch 1 ps + chief + 2 workers with K-FAC in mode (40 steps), check it
+ * trained (the test loss fell from the initial checkpoint's by a third),
+ * that its K-FAC state is in the checkpoint, then resume the checkpoint
+ * directory in one process with no cluster for 20 more steps. */
+static void
+kfac_cluster_run(const char *mode)
+{
+    char m[64];
+    double l0, l40, l60;
+    TU_SNPRINTF(m, sizeof m, "kfac.distributed=%s", mode);
+    ck_assert_msg(tu_keel(RUN_MS, out, sizeof out, err, sizeof err, "launch",
+                          cfg_path, "--ps", "1", "--workers", "2", "-s",
+                          "optimizer.name=kfac", "-s",
+                          "optimizer.learning_rate=0.003", "-s", m, "-s",
+                          "checkpoint.max_to_keep=100", NULL) == 0,
+                  "%s\n%s", out, err);
+    ck_assert_ptr_nonnull(strstr(out, "chief | step 40 "));
+    ck_assert_ptr_nonnull(strstr(out, "ps 0: done at step 40"));
+    ck_assert_ptr_nonnull(strstr(out, "the chief applies the updates"));
+    ck_assert_ptr_null(strstr(out, "restarting"));
+    l0 = eval_loss(tu_path("run/model.ckpt-0.h5"));
+    l40 = eval_loss(tu_path("run/model.ckpt-40.h5"));
+    ck_assert_msg(l40 < 0.67 * l0, "test loss %g at step 0, %g at 40", l0,
+                  l40);
+    /* the factors the cluster kept are in the checkpoint (not zero) */
+    ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err, "ckpt",
+                             "diff", tu_path("run/model.ckpt-0.h5"),
+                             tu_path("run/model.ckpt-40.h5"), NULL), 1);
+    ck_assert_ptr_nonnull(strstr(out, "differs     dense_1/kfac_A "));
+    ck_assert_ptr_nonnull(strstr(out, "differs     dense_1/kfac_G_inv "));
+    ck_assert_ptr_nonnull(strstr(out, "differs     dense_1/kernel [slot "
+                                      "velocity]"));
+    /* one process, no cluster: resumes and trains on */
+    ck_assert_msg(tu_keel(RUN_MS, out, sizeof out, err, sizeof err, "train",
+                          cfg_path, "-s", "optimizer.name=kfac", "-s",
+                          "optimizer.learning_rate=0.003", "-s", m, "-s",
+                          "checkpoint.max_to_keep=100", "-s",
+                          "train.max_steps=60", NULL) == 0, "%s\n%s", out,
+                  err);
+    ck_assert_msg(strstr(out, "resumed from ") != NULL ||
+                  strstr(err, "resumed from ") != NULL, "%s\n%s", out, err);
+    ck_assert_ptr_nonnull(strstr(out, "trained steps 40..60"));
+    l60 = eval_loss(tu_path("run/model.ckpt-60.h5"));
+    ck_assert_msg(l60 < l0, "test loss %g at step 0, %g at 60", l0, l60);
+}
+
+START_TEST(test_kfac_chief_mode_trains_and_resumes_in_one_process)
+{
+    kfac_cluster_run("chief");
+}
+END_TEST
+
+START_TEST(test_kfac_roles_mode_trains_and_resumes_in_one_process)
+{
+    kfac_cluster_run("roles");
+    /* (the launch's output was replaced by the later commands') */
+}
+END_TEST
+
+/* Role-split K-FAC: each role's task SIGKILLed in turn (inverse,
+ * covariance, the chief) is restarted, and training goes on past each
+ * kill; the launcher names the roles. */
+START_TEST(test_kfac_roles_survive_sigkill_of_each_role)
+{
+    char *argv[] = { (char *)tu_build_path("keel"), "launch",
+                     (char *)cfg_path, "--ps", "1", "--workers", "2",
+                     "-s", "train.max_steps=1000000", "-s",
+                     "optimizer.name=kfac", "-s",
+                     "optimizer.learning_rate=0.003", "-s",
+                     "kfac.distributed=roles", "--max-restarts", "2", NULL };
+    char line[512];
+    int fd, pids[3] = { 0, 0, 0 };
+    long long at = -1, after = -1;
+    static const char *const started[3] = {
+        "launch | started worker.1 (pid ", "launch | started worker.0 (pid ",
+        "launch | started chief (pid " };
+    static const char *const restarted[3] = {
+        "launch | restarted worker.1 (pid ",
+        "launch | restarted worker.0 (pid ", "launch | restarted chief (pid " };
+    pid_t pid = tu_spawn_pipe(argv, NULL, tu_path("launch.err"), &fd);
+    const char *p;
+    expect_line(fd, "launch | K-FAC roles: worker.0 is covariance.0", line,
+                sizeof line);
+    expect_line(fd, "launch | K-FAC roles: worker.1 is inverse.0", line,
+                sizeof line);
+    expect_line(fd, "launch | started chief (pid ", line, sizeof line);
+    pids[2] = pid_in(line);
+    expect_line(fd, started[1], line, sizeof line);
+    pids[1] = pid_in(line);
+    expect_line(fd, started[0], line, sizeof line);
+    pids[0] = pid_in(line);
+    expect_line(fd, "inverse.0 | K-FAC roles: this replica (2 of 3) is "
+                "inverse worker 0", line, sizeof line);
+    for (int k = 0; k < 3; k++) {
+        expect_line(fd, "chief | step ", line, sizeof line);
+        p = strstr(line, "chief | step ");
+        ck_assert_int_eq(sscanf(p, "chief | step %lld", &at), 1);
+        ck_assert_int_eq(kill(pids[k], SIGKILL), 0);
+        expect_line(fd, restarted[k], line, sizeof line);
+        ck_assert_int_ne(pid_in(line), pids[k]);
+        /* the cluster trains past the kill: the new task does its part */
+        do {
+            expect_line(fd, "chief | step ", line, sizeof line);
+            p = strstr(line, "chief | step ");
+            ck_assert_int_eq(sscanf(p, "chief | step %lld", &after), 1);
+        } while (after <= at + 10);
+    }
+    ck_assert_int_eq(kill(pid, SIGTERM), 0);
+    expect_line(fd, "launch | stopped on request", line, sizeof line);
+    ck_assert_int_eq(tu_wait(pid, 60000), 0);
+    close(fd);
+}
+END_TEST
+
 static Suite *
 launch_suite(void)
 {
     Suite *s = suite_create("it_launch");
     TCase *tl = tcase_create("library");
     TCase *tc = tcase_create("cli");
+    TCase *tk = tcase_create("kfac");
     tcase_add_checked_fixture(tl, tu_setup, tu_teardown);
     tcase_set_timeout(tl, 60);
     tcase_add_test(tl, test_each_task_gets_own_tf_config_and_output_dir);
@@ -1293,6 +1424,12 @@ launch_suite(void)
     tcase_add_test(tc,
                    test_stalled_worker_is_named_then_killed_and_the_step_resumes);
     suite_add_tcase(s, tc);
+    tcase_add_checked_fixture(tk, setup, teardown);
+    tcase_set_timeout(tk, 1200);     /* hangs only: see RUN_MS */
+    tcase_add_test(tk, test_kfac_chief_mode_trains_and_resumes_in_one_process);
+    tcase_add_test(tk, test_kfac_roles_mode_trains_and_resumes_in_one_process);
+    tcase_add_test(tk, test_kfac_roles_survive_sigkill_of_each_role);
+    suite_add_tcase(s, tk);
     return s;
 }
 

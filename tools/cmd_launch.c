@@ -119,6 +119,10 @@ on_scale(int sig)
         n_scale_down++;
 }
 
+/* K-FAC's roles (kfac.distributed = roles): the prefix of each worker's
+ * lines ("inverse.0"); empty: the task's name. Index: worker i at i. */
+static char role_label[KEEL_LAUNCH_MAX_WORKERS][32];
+
 typedef struct view {
     keel_launch *l;
     int status_on;          /* draw the status block */
@@ -175,7 +179,11 @@ on_line(void *ctx, int task, int stream, const char *line)
     if (keel_launch_task(v->l, (size_t)task, &t) != KEEL_OK)
         return;
     erase_status(v);
-    printf("%s | %s\n", t.name, line);
+    if (t.type == KEEL_TASK_WORKER && t.index >= 0 &&
+        t.index < KEEL_LAUNCH_MAX_WORKERS && role_label[t.index][0] != '\0')
+        printf("%s | %s\n", role_label[t.index], line);
+    else
+        printf("%s | %s\n", t.name, line);
 }
 
 static void
@@ -577,6 +585,24 @@ cmd_launch(int argc, char **argv)
                 == KEEL_OK && !keel_algorithm_admits_joiners(a))
                 snprintf(fixed_rule, sizeof fixed_rule, "%s",
                          keel_algorithm_name(a));
+        }
+        for (int i = 0; rc == CLI_OK && i <= lc.num_workers; i++) {
+            char label[32];
+            st = keel_job_replica_role(cfg, i, lc.num_workers + 1, label,
+                                       sizeof label);
+            if (st == KEEL_ENOTFOUND)
+                break;
+            if (st != KEEL_OK)
+                rc = cli_error(CLI_USAGE, "launch: with --workers %d: %s",
+                               lc.num_workers, keel_last_error());
+            else if (i == 0)
+                printf("launch | K-FAC roles: chief is %s\n", label);
+            else
+                snprintf(role_label[i - 1], sizeof role_label[i - 1], "%s",
+                         label);
+            if (i > 0 && st == KEEL_OK)
+                printf("launch | K-FAC roles: worker.%d is %s\n", i - 1,
+                       label);
         }
         keel_config_free(cfg);
         if (rc != CLI_OK)

@@ -614,3 +614,126 @@ keel__kfac_targets(const keel_kfac *k)
 {
     return k != NULL ? k->targets : NULL;
 }
+
+/* ---- the pieces of a step, for the distributed modes (docs/kfac.md) ---- */
+
+int
+keel_kfac_num_layers(const keel_kfac *k)
+{
+    return k != NULL ? k->nl : 0;
+}
+
+keel_status
+keel_kfac_layer(const keel_kfac *k, int i, const char **scope, size_t *a_dim,
+                size_t *g_dim)
+{
+    if (k == NULL || i < 0 || i >= k->nl)
+        return keel__fail(KEEL_EINVAL, "K-FAC: no layer %d (of %d)", i,
+                          k != NULL ? k->nl : 0);
+    if (scope != NULL)
+        *scope = k->l[i].scope;
+    if (a_dim != NULL)
+        *a_dim = k->l[i].info.a_dim;
+    if (g_dim != NULL)
+        *g_dim = k->l[i].info.g_dim;
+    return KEEL_OK;
+}
+
+keel_status
+keel_kfac_take_statistics(keel_kfac *k, float *const *A, float *const *G)
+{
+    if (k == NULL || A == NULL || G == NULL)
+        return keel__fail(KEEL_EINVAL, "K-FAC statistics: NULL argument");
+    if (k->pending <= 0)
+        return keel__fail(KEEL_ESTATE, "K-FAC statistics: none observed "
+                          "(call keel_kfac_observe first)");
+    for (int i = 0; i < k->nl; i++) {
+        const kf_layer *L = &k->l[i];
+        double sc = 1.0 / ((double)k->pending * (double)L->info.locations);
+        const float *src[2] = { L->Asum, L->Gsum };
+        float *dst[2] = { A[i], G[i] };
+        size_t dim[2] = { L->info.a_dim, L->info.g_dim };
+        for (int f = 0; f < 2; f++) {
+            size_t n = dim[f];
+            /* the sums' upper triangle, mirrored, scaled once */
+            for (size_t r = 0; r < n; r++)
+                for (size_t c = r; c < n; c++) {
+                    float v = (float)((double)src[f][r * n + c] * sc);
+                    dst[f][r * n + c] = v;
+                    dst[f][c * n + r] = v;
+                }
+        }
+    }
+    k->pending = 0;
+    return KEEL_OK;
+}
+
+keel_status
+keel_kfac_invert_layer(keel_kfac *k, int i)
+{
+    kf_layer *L;
+    size_t a, g;
+    float w;
+    keel_status st;
+    if (k == NULL || i < 0 || i >= k->nl)
+        return keel__fail(KEEL_EINVAL, "K-FAC invert: no layer %d", i);
+    if (k->pending > 0)
+        return keel__fail(KEEL_ESTATE, "K-FAC invert: statistics of a step "
+                          "are pending (this task also observes)");
+    L = &k->l[i];
+    a = L->info.a_dim;
+    g = L->info.g_dim;
+    w = k->ema_w->data[0];
+    if (!(w > 0.0f))
+        return keel__fail(KEEL_ESTATE, "K-FAC invert: the factors of '%s' "
+                          "have no statistics yet (EMA weight %g)", L->scope,
+                          (double)w);
+    /* invert_layer reads the accumulators from the sums' buffers */
+    memcpy(L->Asum, L->A->data, a * a * sizeof(float));
+    memcpy(L->Gsum, L->G->data, g * g * sizeof(float));
+    st = invert_layer(k, L, w);
+    memset(L->Asum, 0, a * a * sizeof(float));
+    memset(L->Gsum, 0, g * g * sizeof(float));
+    if (st != KEEL_OK)
+        return st;
+    memcpy(L->Ainv->data, L->Ainv_new, a * a * sizeof(float));
+    memcpy(L->Ginv->data, L->Ginv_new, g * g * sizeof(float));
+    return KEEL_OK;
+}
+
+keel_status
+keel_kfac_apply_update(keel_kfac *k, keel_vars *vs, keel_grads *grads,
+                       int64_t global_step)
+{
+    keel_kfac_config keep;
+    keel_status st;
+    if (k == NULL)
+        return keel__fail(KEEL_EINVAL, "K-FAC update: NULL argument");
+    if (k->pending > 0)
+        return keel__fail(KEEL_ESTATE, "K-FAC update at step %lld: "
+                          "statistics are pending (use keel_kfac_apply)",
+                          (long long)global_step);
+    if (!(k->ema_w->data[0] > 0.0f))
+        return keel__fail(KEEL_ESTATE, "K-FAC update at step %lld: no "
+                          "factors yet (EMA weight 0)",
+                          (long long)global_step);
+    /* keel_kfac_apply with an EMA of decay 1 over zero statistics (the
+     * factors and their weight stay as they are) and no inversion due:
+     * exactly the preconditioned, momentum and clipped update with the
+     * store's inverses (at step 0, whose step number keel_kfac_apply
+     * always inverts at, with the inverses of the store's factors) */
+    keep = k->cfg;
+    k->cfg.cov_ema_decay = 1.0;
+    k->cfg.invert_every = INT64_MAX;
+    k->pending = 1;
+    for (int i = 0; i < k->nl; i++) {
+        memset(k->l[i].Asum, 0, k->l[i].info.a_dim * k->l[i].info.a_dim *
+                                    sizeof(float));
+        memset(k->l[i].Gsum, 0, k->l[i].info.g_dim * k->l[i].info.g_dim *
+                                    sizeof(float));
+    }
+    st = keel_kfac_apply(k, vs, grads, global_step);
+    k->cfg = keep;
+    k->pending = 0;
+    return st;
+}

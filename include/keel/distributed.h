@@ -171,6 +171,29 @@ typedef struct keel_cluster_options {
      * cluster must use the same value. 0 (default): the ps add the
      * replicas' gradients in replica order. */
     int64_t reduce_leaves;
+    /* The chief applies the updates (the plain sync rule only: sync mode
+     * or algorithm sync, no per-worker learning rates, else
+     * KEEL_EINVAL; set on every task of the cluster; default 0): a sync step's mean gradient goes from the ps
+     * to the chief instead of into an optimizer there; the chief calls
+     * chief_apply on its own variables (equal to the ps's) and then sends
+     * every ps its variables and slots; the step's other replicas get the
+     * new values once that has arrived. For update rules that are not
+     * elementwise per variable (K-FAC). The ps then need no optimizer and
+     * hold every slot of their variables in the store they are given.
+     * chief_apply (required on the chief, unused elsewhere) gets the step's
+     * mean gradients in mean, a gradient store of vs (borrowed for the
+     * call); chief_apply_ctx is passed through. */
+    int chief_applies;
+    keel_status (*chief_apply)(void *ctx, keel_vars *vs, keel_grads *mean,
+                               int64_t global_step);
+    void *chief_apply_ctx;
+    /* With chief_applies: the chief's COMMIT carries the trainable
+     * variables and their slots only (other tasks write the rest with
+     * keel_cluster_backend_mix). Default 0: every variable and slot. */
+    int chief_commits_trainable_only;
+    /* Sync mode: the replicas a step aggregates, overriding the spec's
+     * (e.g. only the replicas that push gradients); 0: the spec's. */
+    int replicas_to_aggregate;
 } keel_cluster_options;
 
 /* The defaults above. Cannot fail. */
@@ -183,7 +206,8 @@ void keel_cluster_options_init(keel_cluster_options *opts);
  * (SyncReplicas with tokens in sync mode, every push at once in async
  * mode) and apply them, until the chief's shutdown (KEEL_OK), a SIGTERM or
  * SIGINT once keel_session_install_signal_handlers() ran (KEEL_OK), or
- * opts->orphan_secs without the chief (KEEL_EUNAVAILABLE). */
+ * opts->orphan_secs without the chief (KEEL_EUNAVAILABLE). With
+ * opts->chief_applies, opts->optimizer may be NULL. */
 keel_status keel_ps_run(const keel_cluster_spec *spec, const keel_vars *vars,
                         const keel_cluster_options *opts);
 
@@ -222,6 +246,20 @@ void keel_cluster_backend_get(keel_cluster_backend *b, keel_backend *out);
 keel_status keel_cluster_backend_pull(keel_cluster_backend *b);
 /* The chief: tell every ps to stop now (best effort; logged). */
 void keel_cluster_backend_shutdown(keel_cluster_backend *b);
+/* Read the named variables of the store (n of them; no slots) from the
+ * ps into it now, and the cluster's global step into *global_step (may be
+ * NULL). Any task. */
+keel_status keel_cluster_backend_pull_vars(keel_cluster_backend *b,
+                                           const char *const *names,
+                                           size_t n, int64_t *global_step);
+/* On the ps, for each named non-trainable variable of the store:
+ * v = decay v + (1 - decay) t[i] (decay in [0, 1); 0 assigns t[i]), as
+ * one message per ps, each applied whole. For state other tasks read
+ * (K-FAC's role-split factors and inverses). Any training task. */
+keel_status keel_cluster_backend_mix(keel_cluster_backend *b,
+                                     const char *const *names,
+                                     const keel_tensor *const *t, size_t n,
+                                     double decay);
 /* Micro-batches: push these n gradient stores (1..64, one per
  * micro-batch, in order; borrowed while set) instead of the session's; the
  * ps add them in global order. n 0: the session's gradients again. */

@@ -83,6 +83,15 @@ keel_status keel_job_train(const keel_config *cfg,
                            const keel_job_options *opts,
                            keel_job_result *result);
 
+/* The K-FAC role of replica `replica` (0: the chief; worker i: i + 1) of a
+ * cluster with `replicas` replicas when cfg splits roles
+ * (optimizer.name = kfac, kfac.distributed = roles): "gradient.N",
+ * "covariance.N" or "inverse.N" (N its number in the role) into buf.
+ * KEEL_ENOTFOUND when cfg splits no roles; KEEL_EINVAL, naming the keys,
+ * when the replicas cannot fill every role. */
+keel_status keel_job_replica_role(const keel_config *cfg, int replica,
+                                  int replicas, char *buf, size_t size);
+
 typedef struct keel_eval_result {
     int64_t step;             /* global step of the checkpoint */
     double loss;              /* mean cross-entropy */

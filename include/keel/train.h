@@ -291,6 +291,31 @@ keel_status keel_kfac_observe(keel_kfac *k, keel_vars *vs,
 keel_status keel_kfac_apply(keel_kfac *k, keel_vars *vs, keel_grads *grads,
                             int64_t global_step);
 
+/* The pieces of keel_kfac_apply for the distributed modes, where
+ * statistics, inverses and the update run on different tasks. */
+int keel_kfac_num_layers(const keel_kfac *k);
+/* Layer i's scope ("dense_1"; borrowed while k lives) and factor sizes
+ * (A is a_dim x a_dim, G g_dim x g_dim). Any out may be NULL. */
+keel_status keel_kfac_layer(const keel_kfac *k, int i, const char **scope,
+                            size_t *a_dim, size_t *g_dim);
+/* This step's factors A_batch, G_batch of every layer (the pending
+ * statistics normalised, full symmetric matrices) into A[i], G[i]
+ * (caller's, a_dim^2 and g_dim^2 floats); clears the pending statistics.
+ * KEEL_ESTATE when none were observed. */
+keel_status keel_kfac_take_statistics(keel_kfac *k, float *const *A,
+                                      float *const *G);
+/* Recompute layer i's damped inverses (pi, damping) from the factors and
+ * the EMA weight as the store holds them now, into the store's inverse
+ * variables. KEEL_ESTATE without statistics (weight 0) or with statistics
+ * pending; a factor that is not positive definite changes nothing. */
+keel_status keel_kfac_invert_layer(keel_kfac *k, int i);
+/* The update of keel_kfac_apply (preconditioning with the store's
+ * inverses, momentum, KL clipping) without the factors' EMA or an
+ * inversion (except at step 0, where it inverts the store's factors).
+ * KEEL_ESTATE with statistics pending or while the factors have none. */
+keel_status keel_kfac_apply_update(keel_kfac *k, keel_vars *vs,
+                                   keel_grads *grads, int64_t global_step);
+
 /* ---- Hogwild: lock-free threads on one store (docs/train.md) ----------
  * threads threads each compute a gradient on their own mini-batch, reading
  * the shared variables while the others write them, and apply their update
