@@ -688,12 +688,7 @@ keel_kfac_invert_layer(keel_kfac *k, int i)
         return keel__fail(KEEL_ESTATE, "K-FAC invert: the factors of '%s' "
                           "have no statistics yet (EMA weight %g)", L->scope,
                           (double)w);
-    /* invert_layer reads the accumulators from the sums' buffers */
-    memcpy(L->Asum, L->A->data, a * a * sizeof(float));
-    memcpy(L->Gsum, L->G->data, g * g * sizeof(float));
-    st = invert_layer(k, L, w);
-    memset(L->Asum, 0, a * a * sizeof(float));
-    memset(L->Gsum, 0, g * g * sizeof(float));
+    st = invert_layer(k, L, L->A->data, L->G->data, w);
     if (st != KEEL_OK)
         return st;
     memcpy(L->Ainv->data, L->Ainv_new, a * a * sizeof(float));
