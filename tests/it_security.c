@@ -520,12 +520,15 @@ START_TEST(without_authentication_a_forged_shutdown_fails_the_chief)
     unsigned char h[56];
     char text[256];
     int rc;
+    /* a run far longer than the test: the forged SHUTDOWN, not the last
+     * step, must be what ends it however slow the machine is */
+    const char *const sets[] = { "train.max_steps=100000000", NULL };
     job_init(&j, "none");
-    j.ps = start_task(&j, "ps", 0, NULL, NULL, NULL);
+    j.ps = start_task(&j, "ps", 0, sets, NULL, NULL);
     wait_serving(&j);
     ck_assert(log_has(&j, "ps0", "has no authentication"));
-    j.w[0] = start_task(&j, "worker", 0, NULL, NULL, &j.chief_fd);
-    j.w[1] = start_task(&j, "worker", 1, NULL, NULL, NULL);
+    j.w[0] = start_task(&j, "worker", 0, sets, NULL, &j.chief_fd);
+    j.w[1] = start_task(&j, "worker", 1, sets, NULL, NULL);
     ck_assert(tu_wait_for_line(j.chief_fd, "step 20", RUN_MS, line,
                                sizeof line));
     /* the evaluator may still not shut a ps down... */
