@@ -597,14 +597,17 @@ END_TEST
 START_TEST(worker_losing_the_ps_fails_clearly)
 {
     cluster c;
+    /* deadlines short enough for a quick test, long enough that a loaded
+     * machine's late heartbeat does not end the run before the kill */
     const char *const sets[] = { "train.max_steps=100000",
                                  "hooks.log_every_steps=20",
-                                 "cluster.dead_after_ms=300",
-                                 "cluster.max_wait_secs=0.5", NULL };
+                                 "cluster.dead_after_ms=2000",
+                                 "cluster.max_wait_secs=2", NULL };
     int rc;
     cluster_init(&c, 1, 2, NULL, "l");
     cluster_start(&c, sets);
-    ck_assert(wait_step(c.chief_fd, 20));
+    ck_assert_msg(wait_step(c.chief_fd, 20), "no step 20: %s",
+                  log_tail(&c, "worker0"));
     tu_kill(c.ps[0]);
     rc = tu_wait(c.w[1], RUN_MS);
     ck_assert_int_eq(rc, 1);
