@@ -41,9 +41,15 @@ keel__launch_chaos_tick(keel_launch *l, int64_t now)
     if (!l->cfg.chaos || l->is_stopping)
         return;
     if (l->chaos_victim >= 0) {
-        keel_launch_state s = l->tasks[l->chaos_victim].info.state;
-        if (s == KEEL_LAUNCH_BACKOFF || l->tasks[l->chaos_victim].chaos_pid)
+        task *v = &l->tasks[l->chaos_victim];
+        if (v->info.state == KEEL_LAUNCH_BACKOFF || v->chaos_pid)
             return;                     /* not back yet */
+        /* a victim that had printed a step line is back when it prints
+         * one again (it restored and trains): a slow restart is never
+         * killed again before it makes progress, so a job under chaos
+         * always advances however slow the machine */
+        if (v->is_alive && v->chaos_wants_step && v->wants_back_event)
+            return;
         /* running again (or ended for good): the next gap starts now */
         l->chaos_victim = -1;
         l->next_chaos_ns = now + keel__launch_chaos_gap_ns(l);
@@ -64,6 +70,7 @@ keel__launch_chaos_tick(keel_launch *l, int64_t now)
     pick = eligible[splitmix64(&l->rng) % n_eligible];
     t = &l->tasks[pick];
     t->chaos_pid = t->info.pid;
+    t->chaos_wants_step = t->had_step;
     t->info.chaos_kills++;
     keel__launch_signal_task(t, SIGKILL);
     t->wants_back_event = 1;

@@ -31,6 +31,8 @@ typedef struct task {
     int log_fd;
     int is_alive;                  /* a process not reaped yet */
     int chaos_pid;                 /* pid chaos killed (not reaped yet) */
+    int chaos_wants_step;          /* chaos killed it after it printed a
+                                    * step: back when it prints another */
     int kill_sent;                 /* stop deadline passed: SIGKILL sent */
     int is_term_held;              /* stopping: SIGTERM waits until it is up */
     int64_t restart_at_ns;
