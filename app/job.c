@@ -1012,12 +1012,16 @@ planned_last_step(const job *j)
 /* A chief or a process alone that ends cleanly must have reached its last
  * step; only a signal (a stop request) may end it before. keel train adds
  * no hook that stops early without an error, so anything else is a bug or
- * an outside stop, and the run must not look successful. */
+ * an outside stop, and the run must not look successful. at: the global
+ * step training stopped at, before the final checkpoint. Under a
+ * local-step rule the final checkpoint's step (the parameter servers'
+ * count of committed steps, which its save reads back) may be lower by the
+ * local steps not committed yet (docs/algorithms.md); the run still
+ * reached its end. */
 static keel_status
-check_reached_end(const job *j, const keel_session *s)
+check_reached_end(const job *j, const keel_session *s, int64_t at)
 {
     keel_end_reason why = keel_session_end_reason(s);
-    int64_t at = keel_session_global_step(s);
     if (j->last_step <= 0 || at >= j->last_step || why == KEEL_END_SIGNAL)
         return KEEL_OK;
     return keel__fail(KEEL_EINTERNAL, "training ended (%s) at step %lld, "
@@ -1423,7 +1427,7 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     int has_nan = 0;
     keel_session *s = NULL;
     keel_status st, cst;
-    int64_t max_steps, every;
+    int64_t max_steps, every, reached;
     keel_strategy strategy = KEEL_STRATEGY_AUTO;
 
     if (result != NULL)
@@ -1729,6 +1733,7 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     if (j.steps_per_epoch > 0)
         j.epoch_done = j.last_report_gstep / j.steps_per_epoch;
     st = keel_session_train(s);
+    reached = keel_session_global_step(s);
     cst = keel_session_close(s);
     if (st == KEEL_OK)
         st = cst;
@@ -1741,8 +1746,14 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
         result->end_reason = (int)keel_session_end_reason(s);
     }
     if (st == KEEL_OK && (!in_cluster || is_chief))
-        st = check_reached_end(&j, s);
-    if (st == KEEL_OK)
+        st = check_reached_end(&j, s, reached);
+    if (st == KEEL_OK && keel_session_global_step(s) < reached)
+        keel__log(KEEL_LOG_INFO, "training ended (%s) at step %lld (the "
+                  "parameter servers' committed steps; this replica "
+                  "stopped at step %lld)",
+                  keel_end_reason_name(keel_session_end_reason(s)),
+                  (long long)keel_session_global_step(s), (long long)reached);
+    else if (st == KEEL_OK)
         keel__log(KEEL_LOG_INFO, "training ended (%s) at step %lld",
                   keel_end_reason_name(keel_session_end_reason(s)),
                   (long long)keel_session_global_step(s));

@@ -1,19 +1,30 @@
 #!/bin/sh
 # algorithms_accuracy.sh - every update rule (docs/algorithms.md) trains the
 # MLP on Fashion-MNIST with 1 ps and 2 training replicas (the chief and one
-# worker, `keel launch --ps 1 --workers 1`) for 3 epochs of examples
-# (180,000), then `keel eval` gives its test accuracy. One line per rule:
-# accuracy, wall time, examples per second; exits 1 if a rule ends under
-# 84 % (or fails). The long form of check_algorithms' cluster test (too
-# slow for `make check` on 2 cores); `make check-long` runs it.
+# worker, `keel launch --ps 1 --workers 1`; --replicas N: the chief and N - 1
+# workers) for 3 epochs of examples (180,000), then `keel eval` gives its
+# test accuracy. One line per rule: accuracy, wall time, examples per
+# second; exits 1 if a rule ends under 84 % (or fails). The long form of
+# check_algorithms' cluster test (too slow for `make check` on 2 cores);
+# `make check-long` runs it.
 #
-#   bench/algorithms_accuracy.sh [BUILD_DIR] [RULE...]      (all rules)
+#   bench/algorithms_accuracy.sh [--replicas N] [BUILD_DIR] [RULE...]
+#                                               (2 replicas, all rules)
 #
 # Each run holds /tmp/keel-bench.lock (flock) so that its examples per
 # second are not measured beside another benchmark (KEEL_BENCH_LOCK=0:
 # not).
 set -eu
 here=$(cd "$(dirname "$0")/.." && pwd)
+replicas=2
+if [ "${1:-}" = --replicas ]; then
+    replicas=${2:-}
+    shift 2 || { echo "algorithms_accuracy: --replicas needs a count" >&2; exit 2; }
+fi
+case $replicas in
+    [2-9]|[1-5][0-9]|6[0-5]) ;;
+    *) echo "algorithms_accuracy: --replicas '$replicas': want 2..65 (the chief and up to 64 workers)" >&2; exit 2 ;;
+esac
 build=${1:-${KEEL_BUILDDIR:-$here/_build}}
 [ $# -gt 0 ] && shift
 rules=${*:-"sync async hogwild downpour downpour_easy agn sagn adag dynsgd easgd aeasgd aeamsgd model_averaging"}
@@ -58,23 +69,23 @@ printf '%-16s %9s %9s %12s\n' rule accuracy seconds examples/s
 bad=0
 for r in $rules; do
     # a sync round trains one global batch (64) per step, an asynchronous
-    # step one replica's slice (32)
+    # step one replica's slice (64 / replicas: 32 for 2)
     case $r in
         sync|sagn|easgd|model_averaging) steps=$((examples / 64)) ;;
-        *) steps=$((examples / 32)) ;;
+        *) steps=$((examples * replicas / 64)) ;;
     esac
     # The rules' own rates (docs/algorithms.md), for about the budget of
     # sync's 2,812 steps at 0.1. Local SGD runs on each replica's mean
     # gradient (a slice of 32) at eta 0.05; AGN-like commits move the
     # center by about one local step per window, so those get a short
     # window and eta 0.2. async and hogwild push each replica's share of
-    # the global batch's gradient (half its mean): their optimizer rate is
-    # doubled to 0.2.
+    # the global batch's gradient (half its mean with 2 replicas): their
+    # optimizer rate is 0.1 times the replicas (0.2).
     case $r in
         agn|adag|sagn) extra="-s algorithm.window=4 -s algorithm.learning_rate=0.2" ;;
         downpour) extra="-s algorithm.learning_rate=0.05 -s algorithm.ps_learning_rate=0.01" ;;
         downpour_easy) extra="-s algorithm.learning_rate=0.05 -s algorithm.ps_learning_rate=0.05" ;;
-        async|hogwild) extra="-s optimizer.learning_rate=0.2" ;;
+        async|hogwild) extra="-s optimizer.learning_rate=$(awk -v r="$replicas" 'BEGIN { print 0.1 * r }')" ;;
         *) extra="-s algorithm.learning_rate=0.05" ;;
     esac
     rm -rf "$work/run"
@@ -82,7 +93,8 @@ for r in $rules; do
     # shellcheck disable=SC2086
     if ! lock sh -c 'date +%s.%N >"$0.t0"; "$@"; rc=$?;
                      date +%s.%N >"$0.t1"; exit $rc' "$work/$r" \
-            "$keel" launch "$work/mlp.ini" --ps 1 --workers 1 --no-status \
+            "$keel" launch "$work/mlp.ini" --ps 1 --workers $((replicas - 1)) \
+            --no-status \
             -s algorithm.name="$r" -s train.max_steps=$steps $extra \
             >"$work/$r.log" 2>&1; then
         echo "$r: training failed; last lines:" >&2

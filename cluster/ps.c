@@ -65,6 +65,7 @@ struct keel__ps {
     int awaiting_commit;         /* AGGREGATE sent, COMMIT not yet in */
     int commit_fresh;            /* gradients of the step awaiting it */
     uint64_t chief_generation;
+    size_t init_vars, init_slots; /* tensors of the INIT in progress */
     long applied, dropped;
     pending_push *pending;       /* sync: one per replica */
     keel_grads *acc;             /* sync: the sums */
@@ -849,8 +850,12 @@ real_init(keel__ps *ps, keel__wire_msg *req)
         for (size_t i = 0; i < req->n; i++) {
             memcpy(ts[i]->data, req->tensors[i].t.data,
                    ts[i]->count * sizeof(float));
-            if (ts[i] == keel_var_tensor(vars[i]))
+            if (ts[i] == keel_var_tensor(vars[i])) {
                 keel_var_set_initialized(vars[i], 1);
+                ps->init_vars++;
+            } else {
+                ps->init_slots++;
+            }
         }
         if (req->h.arg == 0) {          /* the last part: ready */
             /* Pending gradients were computed on the state just replaced
@@ -869,10 +874,16 @@ real_init(keel__ps *ps, keel__wire_msg *req)
             }
             ps->chief_generation = req->h.generation;
             ps->is_ready = 1;
+            /* the slot count shows a rule's state (and an optimizer's)
+             * came with the chief's values, e.g. from its checkpoint */
             keel__log(KEEL_LOG_INFO, "ps %d: initialized by the chief "
-                      "(generation %016llx) at step %lld", ps->task_index,
+                      "(generation %016llx) at step %lld: %zu variables, %zu "
+                      "slot tensors", ps->task_index,
                       (unsigned long long)req->h.generation,
-                      (long long)req->h.global_step);
+                      (long long)req->h.global_step, ps->init_vars,
+                      ps->init_slots);
+            ps->init_vars = 0;
+            ps->init_slots = 0;
         }
         reply_header(ps, req, &h, KEEL_MSG_INIT, KEEL_WIRE_F_REPLY);
         h.local_step = (int64_t)ps->chief_generation;

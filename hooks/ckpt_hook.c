@@ -55,6 +55,7 @@ save(ckpt_hook *h, keel_session *s, int64_t step, int *should_stop)
     keel_ckpt_meta meta;
     keel_saver *sv;
     size_t i;
+    int64_t saved;
     keel_status st;
     if (step == h->last_saved)
         return KEEL_OK;
@@ -71,6 +72,10 @@ save(ckpt_hook *h, keel_session *s, int64_t step, int *should_stop)
     st = keel_session_prepare_save(s);
     if (st != KEEL_OK)
         return st;
+    /* The step the checkpoint is saved at, which names its file: the
+     * backend may have brought the shared global step (a local-step
+     * rule's ps count, or another replica's pushes) into the store. */
+    saved = keel_vars_global_step(keel_session_vars(s));
     st = keel_session_collect_meta(s, &meta);
     if (st != KEEL_OK)
         return keel__wrap(st, "checkpoint at step %lld: meta_fn",
@@ -82,14 +87,19 @@ save(ckpt_hook *h, keel_session *s, int64_t step, int *should_stop)
         return keel__wrap(st, "checkpoint at step %lld", (long long)step);
     h->last_saved = step;
     h->n_saves++;
-    keel__log(KEEL_LOG_INFO, "saved checkpoint for step %lld: %s",
-              (long long)step, path);
+    if (saved == step)
+        keel__log(KEEL_LOG_INFO, "saved checkpoint for step %lld: %s",
+                  (long long)saved, path);
+    else
+        keel__log(KEEL_LOG_INFO, "saved checkpoint for step %lld: %s (the "
+                  "shared global step; this replica was at step %lld)",
+                  (long long)saved, path, (long long)step);
     for (i = 0; i < h->n_listeners; i++) {
         int stop = 0;
         if (h->listeners[i].after_save == NULL)
             continue;
-        st = h->listeners[i].after_save(h->listeners[i].ctx, s, step, path,
-                                        &stop);
+        st = h->listeners[i].after_save(h->listeners[i].ctx, s, saved,
+                                        path, &stop);
         if (st != KEEL_OK)
             return keel__wrap(st, "checkpoint listener %zu after_save", i);
         if (stop) {

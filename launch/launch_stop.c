@@ -44,6 +44,32 @@ evaluator_failed(keel_launch *l, size_t i, int status, const char *how)
                       l->output_dir, t->info.name);
 }
 
+/* A ps that exited 0 was told to stop by the chief. When that chief then
+ * failed (it is down, or it came back and has not stepped since), the
+ * restarted chief needs the ps again: without it, it would wait for it
+ * until cluster.max_wait_secs. Returns 1 when t must come back. */
+static int
+ps_needed_again(const keel_launch *l, const task *t)
+{
+    const task *c = &l->tasks[l->chief];
+    if (t->info.type != KEEL_TASK_PS || l->chief_done || t->is_removed)
+        return 0;
+    return !c->is_alive || (c->died_ns > t->started_ns && !c->had_step);
+}
+
+/* Bring back ps i, which exited 0: not a failure, so not counted. */
+static void
+restart_stopped_ps(keel_launch *l, size_t i, int64_t now)
+{
+    task *t = &l->tasks[i];
+    t->info.state = KEEL_LAUNCH_BACKOFF;
+    t->restart_at_ns = now;
+    keel__launch_emit(l, KEEL_LAUNCH_EV_RESTART, (int)i, t->info.pid, 0,
+                      "restarting %s: it stopped when the chief told it to, "
+                      "and the chief failed after that (the restarted "
+                      "chief needs it; not counted)", t->info.name);
+}
+
 static void
 on_exit_status(keel_launch *l, size_t i, int status, int64_t now)
 {
@@ -83,6 +109,8 @@ on_exit_status(keel_launch *l, size_t i, int status, int64_t now)
         if (i == l->chief) {
             l->chief_done = 1;
             keel__launch_begin_stop(l, "the chief finished");
+        } else if (ps_needed_again(l, t)) {
+            restart_stopped_ps(l, i, now);
         }
         return;
     }
@@ -113,6 +141,11 @@ on_exit_status(keel_launch *l, size_t i, int status, int64_t now)
         }
         t->info.state = KEEL_LAUNCH_BACKOFF;
         t->restart_at_ns = now + (int64_t)(delay * 1e9);
+        /* the ps this chief had already stopped come back with it */
+        for (size_t k = 0; i == l->chief && k < l->n; k++)
+            if (l->tasks[k].info.state == KEEL_LAUNCH_DONE &&
+                ps_needed_again(l, &l->tasks[k]))
+                restart_stopped_ps(l, k, now);
         if (was_chaos)
             keel__launch_emit(l, KEEL_LAUNCH_EV_RESTART, (int)i, t->info.pid,
                               status,

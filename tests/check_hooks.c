@@ -349,6 +349,83 @@ START_TEST(test_backend_worker_waits_on_events_and_chief_skips_rollback)
 }
 END_TEST
 
+/* A chief's backend that brings a newer shared global step into the store
+ * before each save (a ps that counted other replicas' commits): the
+ * checkpoint is at that step, and the log line and after_save say so. */
+static keel_status
+be_ahead_before_save(void *ctx, keel_vars *v)
+{
+    (void)ctx;
+    keel_vars_set_global_step(v, keel_vars_global_step(v) + 10);
+    return KEEL_OK;
+}
+
+static int64_t listened_steps[8];
+static char listened_paths[8][32];
+static int n_listened;
+
+static keel_status
+record_after_save(void *ctx, keel_session *s, int64_t step, const char *path,
+                  int *should_stop)
+{
+    (void)ctx;
+    (void)s;
+    (void)should_stop;
+    if (n_listened < 8) {
+        listened_steps[n_listened] = step;
+        snprintf(listened_paths[n_listened], sizeof listened_paths[0], "%s",
+                 path);
+        n_listened++;
+    }
+    return KEEL_OK;
+}
+
+START_TEST(test_ckpt_hook_reports_the_step_the_backend_saved_at)
+{
+    fake_backend fb = { .is_intact = 1 };
+    keel_backend be = { .struct_size = sizeof be, .name = "ahead",
+                        .ctx = &fb, .publish = be_publish,
+                        .is_intact = be_intact,
+                        .before_save = be_ahead_before_save };
+    keel_ckpt_listener li = { .after_save = record_after_save };
+    keel_ckpt_hook_config hc = { .save_steps = 1000, .listeners = &li,
+                                 .n_listeners = 1 };
+    keel_hook h;
+    keel_session_config c;
+    keel_session *s;
+    n_listened = 0;
+    ck_assert_int_eq(keel_ckpt_hook_new(&hc, &h), KEEL_OK);
+    keel_session_config_init(&c);
+    c.vars = vs;
+    c.step = step;
+    c.backend = &be;
+    c.is_chief = 1;
+    c.hooks = &h;
+    c.n_hooks = 1;
+    c.checkpoint_dir = tu_dir;
+    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);  /* saves at 0 */
+    run_steps(s, 2);                                      /* 11, 12 */
+    keel_session_close(s);                                /* saves at 12 */
+    /* 0 + 10 at creation; 12 + 10 at the end */
+    ck_assert_int_eq(fake.n_saves, 2);
+    ck_assert_int_eq(fake.steps[0], 10);
+    ck_assert_int_eq(fake.steps[1], 22);
+    ck_assert_int_eq(n_listened, 2);
+    ck_assert_int_eq(listened_steps[0], 10);
+    ck_assert_str_eq(listened_paths[0], "fake-10");
+    ck_assert_int_eq(listened_steps[1], 22);
+    ck_assert_str_eq(listened_paths[1], "fake-22");
+    ck_assert_msg(strstr(logbuf, "saved checkpoint for step 10: fake-10 (the "
+                         "shared global step; this replica was at step 0)")
+                  != NULL, "%s", logbuf);
+    ck_assert_msg(strstr(logbuf, "saved checkpoint for step 22: fake-22 (the "
+                         "shared global step; this replica was at step 12)")
+                  != NULL, "%s", logbuf);
+    keel_session_free(s);
+    keel_hook_release(&h);
+}
+END_TEST
+
 START_TEST(test_supervisor_worker_times_out_when_chief_never_ready)
 {
     keel_supervisor_config cfg;
@@ -799,6 +876,7 @@ hooks_suite(void)
     tcase_add_test(tc, test_hook_with_bad_struct_size_is_rejected);
     tcase_add_test(tc,
         test_backend_worker_waits_on_events_and_chief_skips_rollback);
+    tcase_add_test(tc, test_ckpt_hook_reports_the_step_the_backend_saved_at);
     tcase_add_test(tc, test_supervisor_worker_times_out_when_chief_never_ready);
     suite_add_tcase(s, tc);
     tc = tcase_create("skip");

@@ -777,6 +777,35 @@ START_TEST(sync_refuses_a_worker_index_beyond_its_replicas)
 }
 END_TEST
 
+/* A local-step rule stops with local steps not committed: model averaging
+ * with window 4 and last step 10 commits rounds at local steps 4 and 8,
+ * so the ps counts 2 rounds x 4 = 8 steps and the chief's final
+ * checkpoint (the center) is at step 8, not 10. The chief reached its
+ * last step: every task exits 0 (it used to exit 1, "before its last
+ * step", and a launcher then restarted it against stopped ps). */
+START_TEST(local_step_rule_ends_with_unsent_steps_and_exits_0)
+{
+    const char *const sets[] = { "train.max_steps=10",
+                                 "algorithm.name=model_averaging",
+                                 "algorithm.window=4",
+                                 "algorithm.learning_rate=0.05", NULL };
+    cluster c;
+    long step, applied, dropped;
+    cluster_init(&c, 1, 2, NULL, "ma");
+    cluster_start(&c, sets);
+    cluster_wait_ok(&c);
+    ps_stats(&c, 0, &step, &applied, &dropped);
+    ck_assert_int_eq(step, 8);
+    ck_assert_int_eq(applied, 2 * 2);          /* 2 rounds x 2 replicas */
+    ck_assert_int_gt(tu_file_size(tu_path("run/model.ckpt-8.h5")), 0);
+    ck_assert_int_lt(tu_file_size(tu_path("run/model.ckpt-10.h5")), 0);
+    ck_assert_msg(log_has(&c, "worker0", "training ended (stop requested) "
+                          "at step 8 (the parameter servers' committed "
+                          "steps; this replica stopped at step 10)"),
+                  "%s", log_tail(&c, "worker0"));
+}
+END_TEST
+
 /* dynsgd's ps keeps each starting replica's pull clock: an async job
  * under it refuses a worker beyond its spec, naming the rule. */
 START_TEST(dynsgd_refuses_a_worker_index_beyond_its_replicas)
@@ -803,6 +832,7 @@ suite(void)
         async_worker_joins_with_a_new_index_and_leaves_without_a_stall);
     tcase_add_test(tc, sync_refuses_a_worker_index_beyond_its_replicas);
     tcase_add_test(tc, dynsgd_refuses_a_worker_index_beyond_its_replicas);
+    tcase_add_test(tc, local_step_rule_ends_with_unsent_steps_and_exits_0);
     tcase_add_test(tc, micro_batches_give_identical_bits_for_1_2_and_4_workers);
     tcase_add_test(tc, backup_worker_stopped_training_goes_on);
     tcase_add_test(tc, two_ps_split_and_restore_into_1_3_and_no_cluster);

@@ -233,6 +233,50 @@ START_TEST(test_failing_task_restarts_with_backoff_then_gives_up)
 }
 END_TEST
 
+/* The chief tells the ps to stop (the ps then exits 0) and fails before
+ * it exits itself: the restarted chief needs the ps again, so the
+ * launcher brings it back (without it the new chief would wait for it
+ * until cluster.max_wait_secs). Here the chief's second run exits 0 once
+ * the ps has started a second time, and 5 if it has not within 10 s. */
+START_TEST(test_ps_stopped_by_a_chief_that_then_fails_comes_back_with_it)
+{
+    const char *script =
+        "O=$OUTPUT_DIR; n() { cat \"$O/$1\" 2>/dev/null | wc -l; }; "
+        "case \"$TF_CONFIG\" in *'\"type\": \"ps\"'*|*'\"type\":\"ps\"'*) "
+        "  echo x >> \"$O/ps.starts\"; "
+        "  if [ \"$(n ps.starts)\" = 1 ]; then i=0; "
+        "    while [ ! -f \"$O/stop\" ] && [ $i -lt 200 ]; do "
+        "      sleep 0.05; i=$((i + 1)); done; exit 0; fi; "
+        "  exec sleep 30;; esac; "
+        "echo x >> \"$O/chief.starts\"; "
+        "if [ \"$(n chief.starts)\" = 1 ]; then touch \"$O/stop\"; exit 1; fi; "
+        "i=0; while [ \"$(n ps.starts)\" -lt 2 ] && [ $i -lt 200 ]; do "
+        "  sleep 0.05; i=$((i + 1)); done; "
+        "[ \"$(n ps.starts)\" -ge 2 ] && exit 0; exit 5";
+    keel_launch_config c;
+    recorder rc;
+    keel_launch *l;
+    keel_launch_task_info ps;
+    const char *why = NULL;
+    lib_config(&c, &rc, script, 1, 0);
+    c.max_restarts = 1;
+    ck_assert_int_eq(keel_launch_new(&c, &l), KEEL_OK);
+    rc.l = l;
+    ck_assert_int_eq(keel_launch_start(l), KEEL_OK);
+    ck_assert(run_until_done(l, 30000));
+    ck_assert_msg(keel_launch_exit_code(l, &why) == 0, "%s",
+                  why ? why : "");
+    ck_assert_int_ge(find_rec(&rc, 0, 0, "restarting ps.0: it stopped when "
+                              "the chief told it to, and the chief failed"),
+                     0);
+    ck_assert_int_ge(find_rec(&rc, 0, 0, "restarted ps.0"), 0);
+    ck_assert_int_eq(keel_launch_task(l, 0, &ps), KEEL_OK);
+    ck_assert_int_eq(ps.restarts, 0);           /* not a failure */
+    ck_assert_int_eq(tu_file_size(tu_path("out/ps.starts")), 4); /* x\nx\n */
+    keel_launch_free(l);
+}
+END_TEST
+
 /* A worker that never comes back: after its restarts the launcher names
  * it, stops every other task and exits 1 (not the chief's 0). */
 START_TEST(test_worker_that_never_comes_back_stops_all_with_exit_1)
@@ -1388,6 +1432,8 @@ launch_suite(void)
     tcase_set_timeout(tl, 60);
     tcase_add_test(tl, test_each_task_gets_own_tf_config_and_output_dir);
     tcase_add_test(tl, test_failing_task_restarts_with_backoff_then_gives_up);
+    tcase_add_test(tl,
+        test_ps_stopped_by_a_chief_that_then_fails_comes_back_with_it);
     tcase_add_test(tl, test_worker_that_never_comes_back_stops_all_with_exit_1);
     tcase_add_test(tl, test_configuration_error_exit_2_is_not_restarted);
     tcase_add_test(tl, test_task_ignoring_sigterm_is_killed_after_grace);

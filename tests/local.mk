@@ -14,6 +14,11 @@ endif
 LONG_TESTS += tests/soak_chaos.sh
 EXTRA_DIST += tests/soak_chaos.sh
 
+# Every update rule survives a worker and a ps SIGKILL (`make check-long`,
+# docs/algorithms.md "Kills").
+LONG_TESTS += tests/algorithm_kills.sh
+EXTRA_DIST += tests/algorithm_kills.sh
+
 # The layering check: no file includes a header of a higher layer
 # (docs/architecture.md).
 TESTS += tests/layering.py

@@ -250,7 +250,10 @@ keel_status keel_stop_at_step_hook_new(int64_t num_steps, int64_t last_step,
                                        keel_hook *out);
 
 /* CheckpointSaverListener. Any member may be NULL. after_save setting
- * *should_stop to 1 makes the hook request a stop. */
+ * *should_stop to 1 makes the hook request a stop; its step is the saved
+ * checkpoint's (the one in path), which differs from before_save's when
+ * the session's backend brought a newer shared global step in before the
+ * save (keel_session_prepare_save). */
 typedef struct keel_ckpt_listener {
     void *ctx;
     keel_status (*begin)(void *ctx);

@@ -1,0 +1,280 @@
+#!/bin/sh
+# algorithm_kills.sh - `make check-long`: every update rule
+# (docs/algorithms.md) survives a worker SIGKILL and then a ps SIGKILL in
+# the middle of a `keel launch` run of the Fashion-MNIST MLP (1 ps, the
+# chief, 1 worker), and finishes. For each rule the script kills worker.0
+# once the chief is past a quarter of the run, waits for the launcher to
+# restart it, kills ps.0 once the chief is past a checkpoint taken after
+# that, and waits for the job to end. A rule passes when:
+#   - the launcher exits 0, having restarted worker.0 and ps.0 once each;
+#   - the chief rolled back to a checkpoint ("restarting from step M") and
+#     the new ps was initialized at step M with every slot tensor the
+#     checkpoints hold (the rule's per-worker state: DOWNPOUR's Adagrad
+#     sums, ADAG's pull centers), not re-created;
+#   - DOWNPOUR's Adagrad sums in the final checkpoint are, element by
+#     element, at least those of the checkpoint the ps was rebuilt from
+#     (they only grow: sums re-created empty would not be);
+#   - the final checkpoint is at the last step (a local-step rule may stop
+#     up to window - 1 steps short, docs/algorithms.md), every checkpoint
+#     verifies and `keel eval` of the final one works.
+# One line per rule and a summary; exit 1 if any rule failed. Not part of
+# `make check` (about 30 s per rule on 2 cores).
+#
+#   tests/algorithm_kills.sh [RULE...]            (default: all 13)
+#
+# Environment: KEEL_BUILDDIR (the build tree, set by make), KEEL_KILLS_DATA
+# (/usr/share/datasets/fashion-mnist), KEEL_KILLS_STEPS (last step, 5999:
+# no multiple of a window, so local-step rules stop with steps unsent),
+# KEEL_KILLS_RULE_SECS (deadline of one rule's run, 180), KEEL_KILLS_KEEP=1
+# keeps the temporary directory (it is always kept on failure). Exit 77:
+# skipped (no data).
+set -u
+
+: "${KEEL_BUILDDIR:=$(cd "$(dirname "$0")/.." && pwd)}"
+KEEL=$KEEL_BUILDDIR/keel
+DATA=${KEEL_KILLS_DATA:-/usr/share/datasets/fashion-mnist}
+LAST=${KEEL_KILLS_STEPS:-5999}
+RULE_SECS=${KEEL_KILLS_RULE_SECS:-180}
+RULES=${*:-"sync async hogwild downpour downpour_easy agn sagn adag dynsgd easgd aeasgd aeamsgd model_averaging"}
+
+say() { printf 'kills: %s\n' "$*"; }
+
+if [ ! -x "$KEEL" ]; then
+    say "no keel binary at $KEEL (set KEEL_BUILDDIR)"; exit 99
+fi
+if [ ! -r "$DATA/train-images-idx3-ubyte.gz" ] &&
+   [ ! -r "$DATA/train-images-idx3-ubyte" ]; then
+    say "skipped: no Fashion-MNIST in $DATA (apt-get install dataset-fashion-mnist)"
+    exit 77
+fi
+case $LAST in
+    ''|*[!0-9]*) say "KEEL_KILLS_STEPS='$LAST' is not a step count"; exit 99;;
+esac
+[ "$LAST" -ge 500 ] || { say "KEEL_KILLS_STEPS must be at least 500"; exit 99; }
+command -v setsid >/dev/null || { say "no setsid (util-linux)"; exit 99; }
+
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/keel-kills.XXXXXX") || exit 99
+FAILED=0
+LPID=
+LOG=
+cleanup() {
+    stop_launcher
+    if [ "$FAILED" = 0 ] && [ "${KEEL_KILLS_KEEP:-0}" != 1 ]; then
+        rm -rf "$TMP"
+    else
+        say "kept $TMP (per rule: <rule>.log, <rule>/logs/)"
+    fi
+}
+# The launcher runs in a process group of its own (setsid); each task in
+# one of its own, and they die with the launcher (PDEATHSIG). On a
+# deadline or an interrupt the launcher's group and every task group it
+# started are killed and the launcher is reaped.
+stop_launcher() {
+    [ -n "$LPID" ] || return 0
+    if kill -0 "$LPID" 2>/dev/null; then
+        kill -KILL -- "-$LPID" 2>/dev/null || kill -KILL "$LPID" 2>/dev/null
+        for p in $(sed -n 's/^launch | \(re\)\{0,1\}started [^ ]* (pid \([0-9]*\)).*/\2/p' "$LOG"); do
+            kill -KILL -- "-$p" 2>/dev/null
+        done
+    fi
+    wait "$LPID" 2>/dev/null
+    LPID=
+}
+trap cleanup EXIT
+trap 'FAILED=1; exit 1' INT TERM
+
+# The rules' rates as in bench/algorithms_accuracy.sh (so that each
+# trains); WINDOW is how many local steps a replica may leave unsent when
+# it stops (docs/algorithms.md, "Returning workers and restarts").
+rule_args() {
+    case $1 in
+        agn|adag|sagn) EXTRA="-s algorithm.window=4 -s algorithm.learning_rate=0.2"; WINDOW=4 ;;
+        downpour) EXTRA="-s algorithm.learning_rate=0.05 -s algorithm.ps_learning_rate=0.01"; WINDOW=5 ;;
+        downpour_easy) EXTRA="-s algorithm.learning_rate=0.05 -s algorithm.ps_learning_rate=0.05"; WINDOW=5 ;;
+        async|hogwild) EXTRA="-s optimizer.learning_rate=0.2"; WINDOW=1 ;;
+        dynsgd) EXTRA="-s algorithm.learning_rate=0.05"; WINDOW=5 ;;
+        model_averaging) EXTRA="-s algorithm.learning_rate=0.05"; WINDOW=10 ;;
+        aeasgd|aeamsgd) EXTRA="-s algorithm.learning_rate=0.05"; WINDOW=32 ;;
+        easgd) EXTRA="-s algorithm.learning_rate=0.05"; WINDOW=1 ;;
+        sync) EXTRA=; WINDOW=1 ;;
+        *) return 1 ;;
+    esac
+}
+
+# The chief's progress: the highest step it logged or checkpointed.
+progress() {
+    sed -n 's/^chief | \(step\|saved checkpoint for step\) \([0-9][0-9]*\).*/\2/p' "$LOG" |
+        sort -n | tail -1
+}
+# The pid of a task's newest incarnation.
+pid_of() {
+    sed -n "s/^launch | \(re\)\{0,1\}started $1 (pid \([0-9]*\)).*/\2/p" "$LOG" | tail -1
+}
+count() { grep -c -- "$1" "$LOG"; }
+
+# until_ok WHAT CMD...: run CMD every 0.1 s until it succeeds (0), the
+# launcher exits (1) or the rule's deadline passes (2).
+until_ok() {
+    what=$1; shift
+    while :; do
+        "$@" && return 0
+        if ! kill -0 "$LPID" 2>/dev/null; then
+            "$@" && return 0
+            WHY="the job ended before $what"; return 1
+        fi
+        if [ "$(date +%s)" -ge "$DEADLINE" ]; then
+            WHY="no $what within ${RULE_SECS} s"; return 2
+        fi
+        sleep 0.1
+    done
+}
+past() { p=$(progress); [ -n "$p" ] && [ "$p" -ge "$1" ]; }
+seen() { [ "$(count "$1")" -ge "${2:-1}" ]; }
+# a "saved checkpoint" line after the first line matching $1
+saved_after() {
+    awk -v pat="$1" 'index($0, pat) { on = 1 }
+        on && /^chief \| saved checkpoint for step / { found = 1 }
+        END { exit !found }' "$LOG"
+}
+
+# Slot datasets of a checkpoint ("[slot NAME]" in `keel ckpt show`).
+slots_in() { "$KEEL" ckpt show "$1" | grep -c '\[slot '; }
+
+# DOWNPOUR: every Adagrad sum of checkpoint $2 >= its value in $1.
+sums_grew() {
+    for v in $("$KEEL" ckpt show "$1" | sed -n 's/^  \([^ ]*\) *\[slot downpour_accumulator\].*/\1/p'); do
+        "$KEEL" ckpt show --all --slot downpour_accumulator "$1" "$v" | sed 1d > "$TMP/a"
+        "$KEEL" ckpt show --all --slot downpour_accumulator "$2" "$v" | sed 1d > "$TMP/b"
+        [ -s "$TMP/a" ] && [ "$(wc -l < "$TMP/a")" = "$(wc -l < "$TMP/b")" ] || return 1
+        paste "$TMP/a" "$TMP/b" | awk '$2 + 0 < $1 + 0 { bad++ } END { exit bad > 0 }' ||
+            return 1
+    done
+    return 0
+}
+
+cat > "$TMP/mlp.ini" <<EOF
+[model]
+type = mlp
+hidden = 256,256
+[data]
+dir = $DATA
+[optimizer]
+name = sgd
+learning_rate = 0.1
+[train]
+batch_size = 64
+seed = 0
+threads = 1
+[checkpoint]
+dir = $TMP/unused
+save_steps = $((LAST / 5))
+save_secs = 0
+max_to_keep = 0
+[hooks]
+log_every_steps = 50
+summary_every_steps = 0
+[cluster]
+dead_after_ms = 120000
+EOF
+
+KILL_W=$((LAST / 4))
+KILL_PS=$((LAST * 11 / 20))
+say "$(date -u '+%H:%M:%S') last step $LAST; worker.0 killed past step $KILL_W, ps.0 past $KILL_PS (after a checkpoint); $TMP"
+printf '%-16s %-12s %-9s %-10s %-9s %-6s %s\n' rule kills restored final accuracy secs result
+N_OK=0 N_BAD=0 BAD_RULES=
+for r in $RULES; do
+    if ! rule_args "$r"; then
+        say "unknown rule '$r'"; FAILED=1; N_BAD=$((N_BAD + 1)); continue
+    fi
+    LOG=$TMP/$r.log
+    WHY=
+    T0=$(date +%s)
+    DEADLINE=$((T0 + RULE_SECS))
+    # shellcheck disable=SC2086
+    OUTPUT_DIR=$TMP/$r setsid "$KEEL" launch "$TMP/mlp.ini" --ps 1 --workers 1 \
+        --no-status --max-restarts 2 -s algorithm.name="$r" \
+        -s train.max_steps="$LAST" $EXTRA > "$LOG" 2>&1 < /dev/null &
+    LPID=$!
+    RC=
+    if until_ok "step $KILL_W" past "$KILL_W"; then
+        WPID=$(pid_of worker.0)
+        kill -KILL "$WPID" 2>/dev/null || WHY="worker.0 (pid $WPID) was gone before its kill"
+    fi
+    [ -z "$WHY" ] && until_ok "restart of worker.0" seen "^launch | restarted worker.0 "
+    [ -z "$WHY" ] && until_ok "step $KILL_PS" past "$KILL_PS"
+    [ -z "$WHY" ] && until_ok "checkpoint after the worker's restart" \
+        saved_after "launch | restarted worker.0 "
+    if [ -z "$WHY" ]; then
+        PPID_=$(pid_of ps.0)
+        kill -KILL "$PPID_" 2>/dev/null || WHY="ps.0 (pid $PPID_) was gone before its kill"
+    fi
+    [ -z "$WHY" ] && until_ok "restart of ps.0" seen "^launch | restarted ps.0 "
+    [ -z "$WHY" ] && until_ok "rollback after the ps's loss" seen "restarting from step "
+    [ -z "$WHY" ] && until_ok "end of the job" sh -c "! kill -0 $LPID 2>/dev/null"
+    if [ -n "$WHY" ]; then
+        stop_launcher
+    else
+        wait "$LPID"
+        RC=$?
+        LPID=
+    fi
+    SECS=$(($(date +%s) - T0))
+    KW=$(count "^launch | restarted worker.0 ")
+    KP=$(count "^launch | restarted ps.0 ")
+    RESTORED=$(sed -n 's/.*restarting from step \([0-9]*\):.*/\1/p' "$LOG" | tail -1)
+    FINAL=$(sed -n 's/^model_checkpoint_path: "model\.ckpt-\([0-9]*\)\.h5"$/\1/p' \
+        "$TMP/$r/checkpoint" 2>/dev/null)
+    ACC=
+    if [ -z "$WHY" ] && [ "$RC" != 0 ]; then
+        WHY="keel launch exited $RC: $(grep -E '^(launch|chief) \| .*(keel:|failed|gave up)' "$LOG" | tail -1)"
+    fi
+    if [ -z "$WHY" ] && { [ "$KW" != 1 ] || [ "$KP" != 1 ]; }; then
+        WHY="restarts: worker.0 $KW, ps.0 $KP (want one each: a task failed besides the kills)"
+    fi
+    if [ -z "$WHY" ] && [ -z "$FINAL" ]; then
+        WHY="no final checkpoint in $TMP/$r/checkpoint"
+    fi
+    if [ -z "$WHY" ] && { [ "$FINAL" -lt $((LAST - WINDOW + 1)) ] ||
+                          [ "$FINAL" -gt $((LAST + 2 * WINDOW)) ]; }; then
+        WHY="final checkpoint at step $FINAL, not $LAST (window $WINDOW)"
+    fi
+    if [ -z "$WHY" ] && ! "$KEEL" ckpt verify "$TMP/$r" > "$TMP/$r.verify" 2>&1; then
+        WHY="keel ckpt verify: $(grep -v '^ok' "$TMP/$r.verify" | head -1)"
+    fi
+    # the new ps was initialized at the rolled-back step, with the slots
+    if [ -z "$WHY" ]; then
+        RESTORED_CKPT=$TMP/$r/model.ckpt-$RESTORED.h5
+        INIT=$(grep "^ps.0 | ps 0: initialized by the chief " "$LOG" | tail -1)
+        WANT_SLOTS=$(slots_in "$TMP/$r/model.ckpt-$FINAL.h5")
+        if [ ! -f "$RESTORED_CKPT" ]; then
+            WHY="rolled back to step $RESTORED, but there is no $RESTORED_CKPT"
+        elif [ "$(count "^ps.0 | ps 0: initialized by the chief ")" -lt 2 ]; then
+            WHY="the restarted ps logged no initialization"
+        elif ! printf '%s\n' "$INIT" | grep -q " at step $RESTORED: [0-9]* variables, $WANT_SLOTS slot tensors"; then
+            WHY="the restarted ps was not given step $RESTORED with $WANT_SLOTS slot tensors: $INIT"
+        fi
+        case $r in
+            downpour|adag)
+                [ -n "$WHY" ] || [ "$WANT_SLOTS" -gt 0 ] ||
+                    WHY="no $r slots in the final checkpoint" ;;
+        esac
+        if [ -z "$WHY" ] && [ "$r" = downpour ] &&
+           ! sums_grew "$RESTORED_CKPT" "$TMP/$r/model.ckpt-$FINAL.h5"; then
+            WHY="Adagrad sums of step $FINAL below those of step $RESTORED: re-created, not restored"
+        fi
+    fi
+    if [ -z "$WHY" ]; then
+        ACC=$("$KEEL" eval "$TMP/$r" --json 2>"$TMP/$r.eval" |
+              sed -n 's/.*"accuracy": *\([0-9.]*\).*/\1/p')
+        [ -n "$ACC" ] || WHY="keel eval $TMP/$r failed: $(head -1 "$TMP/$r.eval")"
+    fi
+    if [ -z "$WHY" ]; then
+        RESULT=ok N_OK=$((N_OK + 1))
+    else
+        RESULT="FAIL: $WHY" N_BAD=$((N_BAD + 1)) FAILED=1 BAD_RULES="$BAD_RULES $r"
+    fi
+    printf '%-16s %-12s %-9s %-10s %-9s %-6s %s\n' "$r" "w$KW,ps$KP" \
+        "${RESTORED:--}" "${FINAL:--}/$LAST" "${ACC:--}" "$SECS" "$RESULT"
+done
+say "$(date -u '+%H:%M:%S') $N_OK passed, $N_BAD failed${BAD_RULES:+:$BAD_RULES}"
+exit "$FAILED"
