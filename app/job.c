@@ -1364,7 +1364,7 @@ session_config_from(const keel_config *cfg, job *j, keel_scaffold *sc,
                                                  "learning_rate" };
     int64_t every = keel_config_int(cfg, "checkpoint.save_steps");
     double secs = keel_config_double(cfg, "checkpoint.save_secs");
-    keel_scaffold_default(sc);
+    keel_scaffold_init(sc);
     sc->ctx = j;
     sc->init = job_init;
     keel_saver_config_init(&sc->saver);

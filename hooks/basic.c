@@ -418,7 +418,7 @@ final_end(void *ctx, keel_session *s, keel_end_reason why)
         h->has_value = 1;
     else
         keel__log(KEEL_LOG_WARN, "final ops failed (%s): %s",
-                  keel_status_str(st), keel_last_error());
+                  keel_status_name(st), keel_last_error());
 }
 
 keel_status

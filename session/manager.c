@@ -96,7 +96,7 @@ default_ready_for_local_init(void *ctx, const keel_vars *vs, char *missing,
 }
 
 void
-keel_scaffold_default(keel_scaffold *sc)
+keel_scaffold_init(keel_scaffold *sc)
 {
     memset(sc, 0, sizeof *sc);
     sc->init = default_init;
@@ -139,7 +139,7 @@ keel_session_manager_new(const keel_session_manager_config *cfg,
     if (cfg->scaffold != NULL)
         sm->sc = *cfg->scaffold;
     else
-        keel_scaffold_default(&sm->sc);
+        keel_scaffold_init(&sm->sc);
     if (sm->sc.local_init == NULL && sm->sc.ready_for_local_init != NULL) {
         free(sm);
         return keel__fail(KEEL_EINVAL, "session manager: scaffold has "

@@ -614,7 +614,7 @@ create_with_retry(keel_session *s, int is_recovery)
             return keel__wrap(st, "session creation failed %d times",
                               attempt + 1);
         keel__log(KEEL_LOG_WARN, "session creation failed (%s): %s; retry "
-                  "%d/%d", keel_status_str(st), keel_last_error(),
+                  "%d/%d", keel_status_name(st), keel_last_error(),
                   attempt + 1, s->max_attempts);
         st = backoff(s, attempt);
         if (st != KEEL_OK)
@@ -1174,7 +1174,7 @@ failed:
             keel__log(KEEL_LOG_WARN, "recoverable error at global step "
                       "%lld (%s): %s; re-creating the session (attempt "
                       "%d/%d)", (long long)keel_vars_global_step(s->vars),
-                      keel_status_str(st), keel_last_error(), attempt + 1,
+                      keel_status_name(st), keel_last_error(), attempt + 1,
                       s->max_attempts);
             s->needs_create = 1;
             /* The first re-creation is at once: what failed the step (a

@@ -899,7 +899,7 @@ START_TEST(test_prepare_errors_match_tf_conditions)
                      KEEL_ESTATE);
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "no init"));
     keel_session_manager_free(sm);
-    keel_scaffold_default(&empty);
+    keel_scaffold_init(&empty);
     empty.init = NULL;
     empty.init_fn = NULL;
     ck_assert_int_eq(keel_session_manager_new(&mc, &sm), KEEL_OK);

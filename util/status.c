@@ -11,7 +11,7 @@
 static _Thread_local char last_error[KEEL_ERR_MAX];
 
 const char *
-keel_status_str(keel_status s)
+keel_status_name(keel_status s)
 {
     switch (s) {
     case KEEL_OK: return "success";
@@ -51,7 +51,7 @@ vfail(keel_status code, const char *fmt, va_list ap)
     char tmp[KEEL_ERR_MAX];
     int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
     if (n < 0)
-        snprintf(tmp, sizeof tmp, "%s", keel_status_str(code));
+        snprintf(tmp, sizeof tmp, "%s", keel_status_name(code));
     memcpy(last_error, tmp, sizeof tmp);
     return code;
 }

@@ -81,7 +81,7 @@ keel_updater keel_optimizer_updater(keel_optimizer *opt);
 
 /* What to run to make the model ready (TF's Scaffold). A NULL member means
  * "none" (as TF's None): ready NULL means always ready. Use
- * keel_scaffold_default() to get TF's default behaviour. */
+ * keel_scaffold_init() to get TF's default behaviour. */
 typedef struct keel_scaffold {
     void *ctx;
     /* Global init: runs only when nothing was restored. */
@@ -107,7 +107,7 @@ typedef struct keel_scaffold {
  * uninitialized variable (keel_vars_uninitialized), ready_for_local_init
  * reports uninitialized non-local variables, local_init marks local
  * variables initialized; saver defaults. Cannot fail. */
-void keel_scaffold_default(keel_scaffold *sc);
+void keel_scaffold_init(keel_scaffold *sc);
 
 /* ---- backend ------------------------------------------------------------ */
 
@@ -158,7 +158,7 @@ typedef struct keel_session_manager keel_session_manager;
 
 typedef struct keel_session_manager_config {
     keel_vars *vars;                  /* borrowed; required */
-    const keel_scaffold *scaffold;    /* copied; NULL: keel_scaffold_default */
+    const keel_scaffold *scaffold;    /* copied; NULL: keel_scaffold_init */
     const char *checkpoint_dir;       /* NULL: never restore */
     const keel_restore_opts *restore_opts; /* copied; NULL: strict */
     const keel_backend *backend;      /* copied; NULL: local */
