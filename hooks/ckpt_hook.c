@@ -209,6 +209,12 @@ ck_wake(const void *ctx, keel_hook_wake *w)
     return !(t->every_secs > 0 && t->clock.fn != NULL);
 }
 
+void
+keel_ckpt_hook_config_init(keel_ckpt_hook_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+}
+
 keel_status
 keel_ckpt_hook_new(const keel_ckpt_hook_config *cfg, keel_hook *out)
 {

@@ -89,7 +89,7 @@ keel_supervisor_prepare_or_wait(keel_supervisor *sv, double max_wait_secs)
     if (sv->cfg.is_chief && sv->logdir != NULL
         && sv->cfg.save_model_secs > 0) {
         keel_ckpt_hook_config hc;
-        memset(&hc, 0, sizeof hc);
+        keel_ckpt_hook_config_init(&hc);
         hc.save_secs = sv->cfg.save_model_secs;
         hc.clock = sv->cfg.clock;
         owned = calloc(1, sizeof *owned);

@@ -277,26 +277,34 @@ keel_training_session_new(const keel_training_config *cfg,
         for (i = 0; i < cfg->n_chief_only_hooks; i++)
             all[n_all++] = cfg->chief_only_hooks[i];
         if (summary_dir != NULL && cfg->log_step_count_steps > 0) {
-            st = keel_step_counter_hook_new(cfg->log_step_count_steps, 0,
-                                            summary_dir, &cfg->clock,
-                                            &owned[n_owned]);
+            keel_step_counter_hook_config cc;
+            keel_step_counter_hook_config_init(&cc);
+            cc.every_n_steps = cfg->log_step_count_steps;
+            cc.output_dir = summary_dir;
+            cc.clock = cfg->clock;
+            st = keel_step_counter_hook_new(&cc, &owned[n_owned]);
             if (st != KEEL_OK)
                 goto fail;
             all[n_all++] = owned[n_owned++];
         }
         if (summary_dir != NULL && (sum_secs > 0 || sum_steps > 0)) {
-            st = keel_summary_hook_new(
-                cfg->n_summary_names > 0 ? cfg->summary_names : default_names,
-                cfg->n_summary_names > 0 ? cfg->n_summary_names : 1,
-                sum_steps, sum_secs, summary_dir, &cfg->clock,
-                &owned[n_owned]);
+            keel_summary_hook_config mc;
+            keel_summary_hook_config_init(&mc);
+            mc.names = cfg->n_summary_names > 0 ? cfg->summary_names
+                                                : default_names;
+            mc.n_names = cfg->n_summary_names > 0 ? cfg->n_summary_names : 1;
+            mc.save_steps = sum_steps;
+            mc.save_secs = sum_secs;
+            mc.output_dir = summary_dir;
+            mc.clock = cfg->clock;
+            st = keel_summary_hook_new(&mc, &owned[n_owned]);
             if (st != KEEL_OK)
                 goto fail;
             all[n_all++] = owned[n_owned++];
         }
         if (cfg->checkpoint_dir != NULL && (ck_secs > 0 || ck_steps > 0)) {
             keel_ckpt_hook_config hc;
-            memset(&hc, 0, sizeof hc);
+            keel_ckpt_hook_config_init(&hc);
             hc.save_secs = ck_secs;
             hc.save_steps = ck_steps;
             hc.listeners = cfg->listeners;

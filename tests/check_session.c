@@ -441,11 +441,32 @@ START_TEST(test_end_of_input_ends_with_out_of_range)
 }
 END_TEST
 
+/* A CheckpointSaverHook config saving every save_steps steps. */
+static keel_ckpt_hook_config
+ckpt_every(int64_t save_steps)
+{
+    keel_ckpt_hook_config hc;
+    keel_ckpt_hook_config_init(&hc);
+    hc.save_steps = save_steps;
+    return hc;
+}
+
+/* A NanTensorHook on "loss". */
+static keel_status
+new_nan_hook(int fail_on_nan, int fail_on_inf, keel_hook *out)
+{
+    keel_nan_hook_config nc;
+    keel_nan_hook_config_init(&nc);
+    nc.fail_on_nan = fail_on_nan;
+    nc.fail_on_inf = fail_on_inf;
+    return keel_nan_hook_new(&nc, out);
+}
+
 START_TEST(test_sigterm_stops_at_step_boundary_and_saves_final_checkpoint)
 {
     rec a = { "A", 0 };
     keel_hook h[2];
-    keel_ckpt_hook_config hc = { .save_steps = 100 };
+    keel_ckpt_hook_config hc = ckpt_every(100);
     script sc = { .signal_at = 2 };
     keel_session_config c;
     keel_session *s;
@@ -499,7 +520,7 @@ START_TEST(test_nan_hook_fails_or_stops_and_inf_is_optional)
     keel_session_config c;
     keel_session *s;
     keel_hook h;
-    ck_assert_int_eq(keel_nan_hook_new("loss", 1, 0, &h), KEEL_OK);
+    ck_assert_int_eq(new_nan_hook(1, 0, &h), KEEL_OK);
     base_cfg(&c, &sc, &h, 1);
     ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
     ck_assert_int_eq(keel_session_run(s, NULL), KEEL_EHOOK);
@@ -508,7 +529,7 @@ START_TEST(test_nan_hook_fails_or_stops_and_inf_is_optional)
     keel_hook_release(&h);
 
     sc.loss = INFINITY;
-    ck_assert_int_eq(keel_nan_hook_new("loss", 0, 0, &h), KEEL_OK);
+    ck_assert_int_eq(new_nan_hook(0, 0, &h), KEEL_OK);
     c.hooks = &h;
     ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
     ck_assert_int_eq(keel_session_run(s, NULL), KEEL_OK);
@@ -516,7 +537,7 @@ START_TEST(test_nan_hook_fails_or_stops_and_inf_is_optional)
     keel_session_free(s);
     keel_hook_release(&h);
 
-    ck_assert_int_eq(keel_nan_hook_new("loss", 0, 1, &h), KEEL_OK);
+    ck_assert_int_eq(new_nan_hook(0, 1, &h), KEEL_OK);
     c.hooks = &h;
     ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
     ck_assert_int_eq(keel_session_run(s, NULL), KEEL_OK);
@@ -544,10 +565,13 @@ START_TEST(test_feed_fn_supplies_batch_and_its_end_of_input_ends_cleanly)
     script sc = { 0 };
     keel_session_config c;
     keel_session *s;
+    keel_feed_fn_hook_config fc;
     keel_hook h;
     int mine = 1;
     feed_left = 2;
-    ck_assert_int_eq(keel_feed_fn_hook_new(feed, NULL, &h), KEEL_OK);
+    keel_feed_fn_hook_config_init(&fc);
+    fc.fn = feed;
+    ck_assert_int_eq(keel_feed_fn_hook_new(&fc, &h), KEEL_OK);
     base_cfg(&c, &sc, &h, 1);
     ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
     ck_assert_int_eq(keel_session_run(s, &mine), KEEL_EHOOK); // two feeders
@@ -628,7 +652,7 @@ START_TEST(test_user_hook_sees_step_duration_and_values_by_any_pointer)
     script sc = { 0 };
     base_cfg(&c, &sc, h, 2);
     c.step = sleepy_step;
-    ck_assert_int_eq(keel_nan_hook_new("loss", 1, 0, &h[0]), KEEL_OK);
+    ck_assert_int_eq(new_nan_hook(1, 0, &h[0]), KEEL_OK);
     memset(&h[1], 0, sizeof h[1]);
     h[1].struct_size = sizeof h[1];
     h[1].name = "timing";
@@ -698,13 +722,16 @@ static int64_t
 train_with_stop(int64_t num_steps, int64_t last_step, int64_t *start)
 {
     keel_hook h[2];
-    keel_ckpt_hook_config hc = { .save_steps = 1000 };
+    keel_stop_at_step_hook_config stop;
+    keel_ckpt_hook_config hc = ckpt_every(1000);
     script sc = { 0 };
     keel_session_config c;
     keel_session *s;
     int64_t end;
-    ck_assert_int_eq(keel_stop_at_step_hook_new(num_steps, last_step, &h[0]),
-                     KEEL_OK);
+    keel_stop_at_step_hook_config_init(&stop);
+    stop.num_steps = num_steps;
+    stop.last_step = last_step;
+    ck_assert_int_eq(keel_stop_at_step_hook_new(&stop, &h[0]), KEEL_OK);
     ck_assert_int_eq(keel_ckpt_hook_new(&hc, &h[1]), KEEL_OK);
     base_cfg(&c, &sc, h, 2);
     c.checkpoint_dir = tu_dir;
@@ -732,7 +759,15 @@ START_TEST(test_stop_at_step_num_steps_is_relative_last_step_absolute)
     ck_assert_int_eq(start, 6);
     ck_assert_int_eq(train_with_stop(0, 8, &start), 8);  // nothing to do
     ck_assert_int_eq(fake.n_restores, 3);
-    ck_assert_int_eq(keel_stop_at_step_hook_new(1, 1, NULL), KEEL_EINVAL);
+    {
+        keel_stop_at_step_hook_config both;
+        keel_hook h;
+        keel_stop_at_step_hook_config_init(&both);
+        both.num_steps = 1;
+        both.last_step = 1;
+        ck_assert_int_eq(keel_stop_at_step_hook_new(&both, &h), KEEL_EINVAL);
+        ck_assert_ptr_nonnull(strstr(keel_last_error(), "num_steps"));
+    }
 }
 END_TEST
 
@@ -756,7 +791,7 @@ stop_after_second(void *ctx, keel_session *s, int64_t step, const char *path,
 START_TEST(test_ckpt_hook_saves_at_creation_every_n_and_end_never_twice)
 {
     keel_hook h;
-    keel_ckpt_hook_config hc = { .save_steps = 2 };
+    keel_ckpt_hook_config hc = ckpt_every(2);
     script sc = { 0 };
     keel_session_config c;
     keel_session *s;
@@ -795,12 +830,13 @@ START_TEST(test_ckpt_listener_can_stop_training_and_error_skips_final_save)
 {
     keel_ckpt_listener l = { .after_save = stop_after_second };
     keel_hook h;
-    keel_ckpt_hook_config hc = { .save_steps = 3, .listeners = &l,
-                                 .n_listeners = 1 };
+    keel_ckpt_hook_config hc = ckpt_every(3);
     script sc = { 0 };
     keel_session_config c;
     keel_session *s;
     listener_saves = 0;
+    hc.listeners = &l;
+    hc.n_listeners = 1;
     ck_assert_int_eq(keel_ckpt_hook_new(&hc, &h), KEEL_OK);
     base_cfg(&c, &sc, &h, 1);
     c.checkpoint_dir = tu_dir;
