@@ -65,6 +65,7 @@ keel_saver_config_init(keel_saver_config *cfg)
     if (cfg == NULL)
         return;
     memset(cfg, 0, sizeof *cfg);
+    cfg->struct_size = sizeof *cfg;
     cfg->basename = KEEL_CKPT_DEFAULT_BASENAME;
     cfg->max_to_keep = 5;
     cfg->keep_every_n_hours = 0;
@@ -425,7 +426,12 @@ keel_saver_new(const keel_saver_config *cfg, keel_saver **out)
     keel_status st;
     const char *base;
 
-    if (out == NULL || cfg == NULL || cfg->dir == NULL || cfg->dir[0] == 0)
+    if (out == NULL || cfg == NULL)
+        return keel__fail(KEEL_EINVAL, "keel_saver_new: cfg or out is NULL");
+    st = KEEL__STRUCT_CHECK(cfg, keel_saver_config);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "keel_saver_new");
+    if (cfg->dir == NULL || cfg->dir[0] == 0)
         return keel__fail(KEEL_EINVAL, "keel_saver_new: a checkpoint "
                           "directory is required");
     *out = NULL;

@@ -138,6 +138,7 @@ void
 keel_logging_hook_config_init(keel_logging_hook_config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
+    cfg->struct_size = sizeof *cfg;
 }
 
 keel_status
@@ -148,6 +149,9 @@ keel_logging_hook_new(const keel_logging_hook_config *cfg, keel_hook *out)
     size_t i;
     if (cfg == NULL || out == NULL || (cfg->n_names > 0 && cfg->names == NULL))
         return keel__fail(KEEL_EINVAL, "logging hook: NULL argument");
+    st = KEEL__STRUCT_CHECK(cfg, keel_logging_hook_config);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "logging hook");
     if (cfg->n_names == 0 || cfg->n_names > LOG_NAMES_MAX)
         return keel__fail(KEEL_EINVAL, "logging hook: %zu names (1..%d)",
                           cfg->n_names, LOG_NAMES_MAX);
@@ -243,6 +247,7 @@ void
 keel_stop_at_step_hook_config_init(keel_stop_at_step_hook_config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
+    cfg->struct_size = sizeof *cfg;
 }
 
 keel_status
@@ -254,6 +259,9 @@ keel_stop_at_step_hook_new(const keel_stop_at_step_hook_config *cfg,
     if (cfg == NULL || out == NULL)
         return keel__fail(KEEL_EINVAL, "stop_at_step hook: cfg or out is "
                           "NULL");
+    st = KEEL__STRUCT_CHECK(cfg, keel_stop_at_step_hook_config);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "stop_at_step hook");
     if ((cfg->num_steps > 0) == (cfg->last_step > 0))
         return keel__fail(KEEL_EINVAL, "stop_at_step hook: give exactly one "
                           "of num_steps (%lld) and last_step (%lld) > 0",
@@ -325,6 +333,7 @@ void
 keel_nan_hook_config_init(keel_nan_hook_config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
+    cfg->struct_size = sizeof *cfg;
     cfg->name = "loss";
     cfg->fail_on_nan = 1;
 }
@@ -336,6 +345,9 @@ keel_nan_hook_new(const keel_nan_hook_config *cfg, keel_hook *out)
     keel_status st;
     if (cfg == NULL || out == NULL)
         return keel__fail(KEEL_EINVAL, "nan hook: cfg or out is NULL");
+    st = KEEL__STRUCT_CHECK(cfg, keel_nan_hook_config);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "nan hook");
     if (cfg->name == NULL || cfg->name[0] == '\0'
         || strlen(cfg->name) >= KEEL_VALUE_NAME_MAX)
         return keel__fail(KEEL_EINVAL, "nan hook: name must be 1..%d "
@@ -408,6 +420,7 @@ keel_global_step_waiter_hook_config_init(
     keel_global_step_waiter_hook_config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
+    cfg->struct_size = sizeof *cfg;
     cfg->poll_ms = KEEL__DEFAULT_RETRY_MS;
 }
 
@@ -420,6 +433,9 @@ keel_global_step_waiter_hook_new(
     if (cfg == NULL || out == NULL)
         return keel__fail(KEEL_EINVAL, "global step waiter hook: cfg or out "
                           "is NULL");
+    st = KEEL__STRUCT_CHECK(cfg, keel_global_step_waiter_hook_config);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "global step waiter hook");
     if (cfg->poll_ms <= 0)
         return keel__fail(KEEL_EINVAL, "global step waiter hook: poll_ms %d "
                           "must be > 0", cfg->poll_ms);
@@ -460,6 +476,7 @@ void
 keel_final_ops_hook_config_init(keel_final_ops_hook_config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
+    cfg->struct_size = sizeof *cfg;
 }
 
 keel_status
@@ -470,6 +487,9 @@ keel_final_ops_hook_new(const keel_final_ops_hook_config *cfg,
     keel_status st;
     if (cfg == NULL || out == NULL)
         return keel__fail(KEEL_EINVAL, "final ops hook: cfg or out is NULL");
+    st = KEEL__STRUCT_CHECK(cfg, keel_final_ops_hook_config);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "final ops hook");
     if (cfg->fn == NULL)
         return keel__fail(KEEL_EINVAL, "final ops hook: fn is NULL");
     st = new_ctx((void **)&h, sizeof *h, "final_ops");
@@ -518,6 +538,7 @@ void
 keel_feed_fn_hook_config_init(keel_feed_fn_hook_config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
+    cfg->struct_size = sizeof *cfg;
 }
 
 keel_status
@@ -527,6 +548,9 @@ keel_feed_fn_hook_new(const keel_feed_fn_hook_config *cfg, keel_hook *out)
     keel_status st;
     if (cfg == NULL || out == NULL)
         return keel__fail(KEEL_EINVAL, "feed fn hook: cfg or out is NULL");
+    st = KEEL__STRUCT_CHECK(cfg, keel_feed_fn_hook_config);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "feed fn hook");
     if (cfg->fn == NULL)
         return keel__fail(KEEL_EINVAL, "feed fn hook: fn is NULL");
     st = new_ctx((void **)&h, sizeof *h, "feed_fn");

@@ -183,6 +183,7 @@ void
 keel_step_counter_hook_config_init(keel_step_counter_hook_config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
+    cfg->struct_size = sizeof *cfg;
     cfg->every_n_steps = 100;
 }
 
@@ -195,6 +196,9 @@ keel_step_counter_hook_new(const keel_step_counter_hook_config *cfg,
     if (cfg == NULL || out == NULL)
         return keel__fail(KEEL_EINVAL, "step counter hook: cfg or out is "
                           "NULL");
+    st = KEEL__STRUCT_CHECK(cfg, keel_step_counter_hook_config);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "step counter hook");
     h = calloc(1, sizeof *h);
     if (h == NULL)
         return keel__fail(KEEL_ENOMEM, "step counter hook");
@@ -330,6 +334,7 @@ void
 keel_summary_hook_config_init(keel_summary_hook_config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
+    cfg->struct_size = sizeof *cfg;
 }
 
 keel_status
@@ -341,6 +346,9 @@ keel_summary_hook_new(const keel_summary_hook_config *cfg, keel_hook *out)
     if (cfg == NULL || out == NULL)
         return keel__fail(KEEL_EINVAL, "summary saver hook: cfg or out is "
                           "NULL");
+    st = KEEL__STRUCT_CHECK(cfg, keel_summary_hook_config);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "summary saver hook");
     if (cfg->output_dir == NULL)
         return keel__fail(KEEL_EINVAL, "summary saver hook: output_dir is "
                           "required");
@@ -472,6 +480,7 @@ void
 keel_profiler_hook_config_init(keel_profiler_hook_config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
+    cfg->struct_size = sizeof *cfg;
 }
 
 keel_status
@@ -481,6 +490,9 @@ keel_profiler_hook_new(const keel_profiler_hook_config *cfg, keel_hook *out)
     keel_status st;
     if (cfg == NULL || out == NULL)
         return keel__fail(KEEL_EINVAL, "profiler hook: cfg or out is NULL");
+    st = KEEL__STRUCT_CHECK(cfg, keel_profiler_hook_config);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "profiler hook");
     if (cfg->output_dir == NULL)
         return keel__fail(KEEL_EINVAL, "profiler hook: output_dir is "
                           "required");

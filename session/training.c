@@ -182,6 +182,7 @@ void
 keel_training_config_init(keel_training_config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
+    cfg->struct_size = sizeof *cfg;
     keel_session_config_init(&cfg->session);
     cfg->is_chief = 1;
     cfg->save_checkpoint_secs = KEEL_USE_DEFAULT;
@@ -241,6 +242,10 @@ keel_training_session_new(const keel_training_config *cfg,
     *out = NULL;
     if (cfg == NULL)
         return keel__fail(KEEL_EINVAL, "training session: config is NULL");
+    if ((st = KEEL__STRUCT_CHECK(cfg, keel_training_config)) != KEEL_OK
+        || (st = KEEL__STRUCT_CHECK(&cfg->session, keel_session_config))
+           != KEEL_OK)
+        return keel__wrap(st, "training session");
     if (cfg->session.vars == NULL)
         return keel__fail(KEEL_EINVAL, "training session: config needs "
                           "session.vars");

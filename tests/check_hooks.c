@@ -850,6 +850,28 @@ START_TEST(test_user_hook_wake_skips_calls_and_counts_them)
 }
 END_TEST
 
+/* A config not filled by its init function (struct_size 0), or from newer
+ * headers (struct_size larger than this libkeel's), is refused by name. */
+START_TEST(test_hook_config_without_its_init_is_refused_by_name)
+{
+    keel_nan_hook_config nc;
+    keel_summary_hook_config mc;
+    keel_hook h;
+    memset(&nc, 0, sizeof nc);
+    nc.name = "loss";
+    ck_assert_int_eq(keel_nan_hook_new(&nc, &h), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "keel_nan_hook_config "
+                                 "has struct_size 0"));
+    ck_assert_ptr_nonnull(strstr(keel_last_error(),
+                                 "keel_nan_hook_config_init()"));
+    keel_summary_hook_config_init(&mc);
+    mc.struct_size += 8;
+    ck_assert_int_eq(keel_summary_hook_new(&mc, &h), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(),
+                                 "keel_summary_hook_config has struct_size"));
+}
+END_TEST
+
 START_TEST(test_hooks_are_told_apart_by_kind)
 {
     keel_hook ck, user = { .struct_size = sizeof user, .name = "u",
@@ -900,6 +922,7 @@ hooks_suite(void)
     tcase_add_test(tc, test_nan_hook_finds_its_value_again_in_a_new_session);
     tcase_add_test(tc, test_user_hook_wake_skips_calls_and_counts_them);
     tcase_add_test(tc, test_hooks_are_told_apart_by_kind);
+    tcase_add_test(tc, test_hook_config_without_its_init_is_refused_by_name);
     tcase_add_test(tc,
         test_real_clock_trigger_is_neither_late_nor_early_while_idle);
     suite_add_tcase(s, tc);

@@ -922,14 +922,32 @@ mark_ready_init_fn_fails_nothing(void *ctx, keel_vars *v)
     return KEEL_OK;         // a warm start that forgot a variable
 }
 
+/* A SessionManager config on the suite's store. */
+static keel_session_manager_config
+manager_config(void)
+{
+    keel_session_manager_config mc;
+    keel_session_manager_config_init(&mc);
+    mc.vars = vs;
+    return mc;
+}
+
 START_TEST(test_prepare_errors_match_tf_conditions)
 {
-    keel_session_manager_config mc = { .vars = vs };
+    keel_session_manager_config mc = manager_config();
     keel_session_manager *sm;
     keel_scaffold empty;
     int restored = -1;
-    memset(&empty, 0, sizeof empty);
+    memset(&empty, 0, sizeof empty);        // its saver settings unset
     mc.scaffold = &empty;
+    ck_assert_int_eq(keel_session_manager_new(&mc, &sm), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "keel_scaffold_init"));
+    keel_scaffold_init(&empty);             // TF's None for every member
+    empty.init = NULL;
+    empty.init_fn = NULL;
+    empty.ready = NULL;
+    empty.ready_for_local_init = NULL;
+    empty.local_init = NULL;
     ck_assert_int_eq(keel_session_manager_new(&mc, &sm), KEEL_OK);
     ck_assert_int_eq(keel_session_manager_prepare(sm, 0, &restored),
                      KEEL_ESTATE);
@@ -969,9 +987,10 @@ END_TEST
 
 START_TEST(test_recover_session_ready_only_after_a_restore)
 {
-    keel_session_manager_config mc = { .vars = vs, .checkpoint_dir = "x" };
+    keel_session_manager_config mc = manager_config();
     keel_session_manager *sm;
     int is_ready = -1;
+    mc.checkpoint_dir = "x";
     ck_assert_int_eq(keel_session_manager_new(&mc, &sm), KEEL_OK);
     ck_assert_int_eq(keel_session_manager_recover(sm, &is_ready), KEEL_OK);
     ck_assert_int_eq(is_ready, 0);          // nothing to restore: no init
@@ -1001,10 +1020,11 @@ init_later(void *arg)
 
 START_TEST(test_worker_wait_wakes_on_notify_and_times_out)
 {
-    keel_session_manager_config mc = { .vars = vs, .recovery_wait_ms = 60000 };
+    keel_session_manager_config mc = manager_config();
     keel_session_manager *sm;
     pthread_t t;
     int64_t t0;
+    mc.recovery_wait_ms = 60000;
     ck_assert_int_eq(keel_session_manager_new(&mc, &sm), KEEL_OK);
     t0 = tu_now_ms();
     ck_assert_int_eq(keel_session_manager_wait(sm, 0.1), KEEL_ETIMEOUT);
@@ -1237,6 +1257,46 @@ START_TEST(test_replica_failures_name_the_replica_and_apply_nothing)
 }
 END_TEST
 
+/* Session, training and supervisor configs not filled by their init
+ * function are refused, naming the struct and the function. */
+START_TEST(test_configs_without_their_init_are_refused_by_name)
+{
+    script sc = { 0 };
+    keel_session_config c;
+    keel_training_config tc;
+    keel_supervisor_config vc;
+    keel_session *s = NULL;
+    keel_supervisor *sv = NULL;
+    memset(&c, 0, sizeof c);
+    c.vars = vs;
+    c.step = scripted_step;
+    c.step_ctx = &sc;
+    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(),
+                                 "keel_session_config_init()"));
+    keel_training_config_init(&tc);
+    tc.session = c;                         // nested, still not filled
+    ck_assert_int_eq(keel_training_session_new(&tc, &s), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(),
+                                 "keel_session_config has struct_size 0"));
+    memset(&tc, 0, sizeof tc);
+    keel_session_config_init(&tc.session);
+    tc.session.vars = vs;
+    tc.session.step = scripted_step;
+    ck_assert_int_eq(keel_training_session_new(&tc, &s), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(),
+                                 "keel_training_config_init()"));
+    memset(&vc, 0, sizeof vc);
+    vc.vars = vs;
+    vc.step = scripted_step;
+    ck_assert_int_eq(keel_supervisor_new(&vc, &sv), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(),
+                                 "keel_supervisor_config_init()"));
+    ck_assert_ptr_null(s);
+    ck_assert_ptr_null(sv);
+}
+END_TEST
+
 START_TEST(test_strategy_names_and_the_training_sessions_rules)
 {
     static const char *names[] = { "auto", "one_device", "mirrored",
@@ -1416,6 +1476,7 @@ session_suite(void)
     tcase_add_test(tc,
         test_replica_failures_name_the_replica_and_apply_nothing);
     tcase_add_test(tc, test_strategy_names_and_the_training_sessions_rules);
+    tcase_add_test(tc, test_configs_without_their_init_are_refused_by_name);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -77,6 +77,21 @@ keel_error_set(keel_status code, const char *fmt, ...)
 }
 
 keel_status
+keel__struct_size_check(uint32_t struct_size, size_t min_size, size_t size,
+                        const char *type)
+{
+    if (struct_size == 0)
+        return keel__fail(KEEL_EINVAL, "%s has struct_size 0: fill it with "
+                          "%s_init() before setting its members", type, type);
+    if (struct_size < min_size || struct_size > size)
+        return keel__fail(KEEL_EINVAL, "%s has struct_size %u, this libkeel "
+                          "knows %zu..%zu: rebuild against its headers and "
+                          "fill it with %s_init()", type, struct_size,
+                          min_size, size, type);
+    return KEEL_OK;
+}
+
+keel_status
 keel__wrap(keel_status code, const char *fmt, ...)
 {
     char cause[KEEL_ERR_MAX], head[KEEL_ERR_MAX];

@@ -237,6 +237,7 @@ int64_t keel_timer_wake_step(const keel_timer *t);
  * values every every_n_iter local iterations or every every_n_secs (exactly
  * one), and/or at_end with the last values seen. */
 typedef struct keel_logging_hook_config {
+    uint32_t struct_size;     /* set by keel_logging_hook_config_init() */
     const char *const *names; /* 1..16 value names; default none */
     size_t n_names;
     int64_t every_n_iter;     /* default 0 (unset) */
@@ -253,6 +254,7 @@ keel_status keel_logging_hook_new(const keel_logging_hook_config *cfg,
  * the restored step) or last_step (absolute, restart safe). Stops after the
  * step that brings the global step to >= last_step. */
 typedef struct keel_stop_at_step_hook_config {
+    uint32_t struct_size;     /* set by keel_stop_at_step_hook_config_init() */
     int64_t num_steps;        /* default 0 (unset) */
     int64_t last_step;        /* default 0 (unset) */
 } keel_stop_at_step_hook_config;
@@ -279,6 +281,7 @@ typedef struct keel_ckpt_listener {
  * saver_cfg (NULL: defaults). Metadata blobs come from the session's
  * meta_fn. */
 typedef struct keel_ckpt_hook_config {
+    uint32_t struct_size;     /* set by keel_ckpt_hook_config_init() */
     const char *dir;          /* default NULL: the session's saver */
     const keel_saver_config *saver_cfg;   /* default NULL */
     double save_secs;         /* default 0 (unset) */
@@ -299,6 +302,7 @@ int64_t keel_ckpt_hook_last_step(const keel_hook *h);
  * with fail_on_inf) either fails the step (fail_on_nan: KEEL_EHOOK "NaN
  * loss during training") or requests a stop. */
 typedef struct keel_nan_hook_config {
+    uint32_t struct_size;     /* set by keel_nan_hook_config_init() */
     const char *name;         /* default "loss" */
     int fail_on_nan;          /* default 1 */
     int fail_on_inf;          /* default 0 */
@@ -311,6 +315,7 @@ keel_status keel_nan_hook_new(const keel_nan_hook_config *cfg,
  * (exactly one), logged and written as a scalar to the events writer in
  * output_dir (NULL: log only). */
 typedef struct keel_step_counter_hook_config {
+    uint32_t struct_size;     /* set by keel_step_counter_hook_config_init() */
     int64_t every_n_steps;    /* default 100 */
     double every_n_secs;      /* default 0 (unset) */
     const char *output_dir;   /* default NULL */
@@ -323,6 +328,7 @@ keel_status keel_step_counter_hook_new(
 /* SummarySaverHook: writes the named step values as TensorBoard scalars to
  * output_dir every save_steps or save_secs (exactly one). */
 typedef struct keel_summary_hook_config {
+    uint32_t struct_size;     /* set by keel_summary_hook_config_init() */
     const char *const *names; /* 1..16 value names; default none */
     size_t n_names;
     int64_t save_steps;       /* default 0 (unset) */
@@ -343,6 +349,8 @@ keel_status keel_summary_hook_new(const keel_summary_hook_config *cfg,
  * returned as they are (recoverable ones recover the session, and the wait
  * starts again). */
 typedef struct keel_global_step_waiter_hook_config {
+    /* set by keel_global_step_waiter_hook_config_init() */
+    uint32_t struct_size;
     int64_t wait_until_step;  /* default 0 (no wait) */
     int poll_ms;              /* > 0; default 50 */
 } keel_global_step_waiter_hook_config;
@@ -354,6 +362,7 @@ keel_status keel_global_step_waiter_hook_new(
 /* FinalOpsHook: at end, calls fn once (e.g. to compute eval metrics) and
  * keeps the double it returns; read with keel_final_ops_hook_value. */
 typedef struct keel_final_ops_hook_config {
+    uint32_t struct_size;     /* set by keel_final_ops_hook_config_init() */
     /* required; default NULL */
     keel_status (*fn)(void *ctx, keel_session *s, double *value);
     void *ctx;                /* borrowed: outlives the hook; default NULL */
@@ -368,6 +377,7 @@ int keel_final_ops_hook_value(const keel_hook *h, double *value);
  * KEEL_EOUTOFRANGE ends the input (the session ends with
  * KEEL_END_OUT_OF_RANGE). */
 typedef struct keel_feed_fn_hook_config {
+    uint32_t struct_size;     /* set by keel_feed_fn_hook_config_init() */
     /* required; default NULL */
     keel_status (*fn)(void *ctx, const void **batch);
     void *ctx;                /* borrowed: outlives the hook; default NULL */
@@ -381,6 +391,7 @@ keel_status keel_feed_fn_hook_new(const keel_feed_fn_hook_config *cfg,
  * complete event per traced step, every save_steps or save_secs (exactly
  * one). The file is closed (valid JSON) at end. */
 typedef struct keel_profiler_hook_config {
+    uint32_t struct_size;     /* set by keel_profiler_hook_config_init() */
     int64_t save_steps;       /* default 0 (unset) */
     double save_secs;         /* default 0 (unset) */
     const char *output_dir;   /* required; default NULL */
