@@ -147,11 +147,12 @@ keel_logging_hook_new(const keel_logging_hook_config *cfg, keel_hook *out)
     logging_hook *h;
     keel_status st;
     size_t i;
-    if (cfg == NULL || out == NULL || (cfg->n_names > 0 && cfg->names == NULL))
-        return keel__fail(KEEL_EINVAL, "logging hook: NULL argument");
-    st = KEEL__STRUCT_CHECK(cfg, keel_logging_hook_config);
+    st = KEEL__CONFIG_CHECK(cfg, out, keel_logging_hook_config,
+                            "logging hook");
     if (st != KEEL_OK)
-        return keel__wrap(st, "logging hook");
+        return st;
+    if (cfg->n_names > 0 && cfg->names == NULL)
+        return keel__fail(KEEL_EINVAL, "logging hook: names is NULL");
     if (cfg->n_names == 0 || cfg->n_names > LOG_NAMES_MAX)
         return keel__fail(KEEL_EINVAL, "logging hook: %zu names (1..%d)",
                           cfg->n_names, LOG_NAMES_MAX);
@@ -256,12 +257,10 @@ keel_stop_at_step_hook_new(const keel_stop_at_step_hook_config *cfg,
 {
     stop_hook *h;
     keel_status st;
-    if (cfg == NULL || out == NULL)
-        return keel__fail(KEEL_EINVAL, "stop_at_step hook: cfg or out is "
-                          "NULL");
-    st = KEEL__STRUCT_CHECK(cfg, keel_stop_at_step_hook_config);
+    st = KEEL__CONFIG_CHECK(cfg, out, keel_stop_at_step_hook_config,
+                            "stop_at_step hook");
     if (st != KEEL_OK)
-        return keel__wrap(st, "stop_at_step hook");
+        return st;
     if ((cfg->num_steps > 0) == (cfg->last_step > 0))
         return keel__fail(KEEL_EINVAL, "stop_at_step hook: give exactly one "
                           "of num_steps (%lld) and last_step (%lld) > 0",
@@ -343,11 +342,10 @@ keel_nan_hook_new(const keel_nan_hook_config *cfg, keel_hook *out)
 {
     nan_hook *h;
     keel_status st;
-    if (cfg == NULL || out == NULL)
-        return keel__fail(KEEL_EINVAL, "nan hook: cfg or out is NULL");
-    st = KEEL__STRUCT_CHECK(cfg, keel_nan_hook_config);
+    st = KEEL__CONFIG_CHECK(cfg, out, keel_nan_hook_config,
+                            "nan hook");
     if (st != KEEL_OK)
-        return keel__wrap(st, "nan hook");
+        return st;
     if (cfg->name == NULL || cfg->name[0] == '\0'
         || strlen(cfg->name) >= KEEL_VALUE_NAME_MAX)
         return keel__fail(KEEL_EINVAL, "nan hook: name must be 1..%d "
@@ -430,12 +428,10 @@ keel_global_step_waiter_hook_new(
 {
     waiter_hook *h;
     keel_status st;
-    if (cfg == NULL || out == NULL)
-        return keel__fail(KEEL_EINVAL, "global step waiter hook: cfg or out "
-                          "is NULL");
-    st = KEEL__STRUCT_CHECK(cfg, keel_global_step_waiter_hook_config);
+    st = KEEL__CONFIG_CHECK(cfg, out, keel_global_step_waiter_hook_config,
+                            "global step waiter hook");
     if (st != KEEL_OK)
-        return keel__wrap(st, "global step waiter hook");
+        return st;
     if (cfg->poll_ms <= 0)
         return keel__fail(KEEL_EINVAL, "global step waiter hook: poll_ms %d "
                           "must be > 0", cfg->poll_ms);
@@ -485,11 +481,10 @@ keel_final_ops_hook_new(const keel_final_ops_hook_config *cfg,
 {
     final_hook *h;
     keel_status st;
-    if (cfg == NULL || out == NULL)
-        return keel__fail(KEEL_EINVAL, "final ops hook: cfg or out is NULL");
-    st = KEEL__STRUCT_CHECK(cfg, keel_final_ops_hook_config);
+    st = KEEL__CONFIG_CHECK(cfg, out, keel_final_ops_hook_config,
+                            "final ops hook");
     if (st != KEEL_OK)
-        return keel__wrap(st, "final ops hook");
+        return st;
     if (cfg->fn == NULL)
         return keel__fail(KEEL_EINVAL, "final ops hook: fn is NULL");
     st = new_ctx((void **)&h, sizeof *h, "final_ops");
@@ -546,11 +541,10 @@ keel_feed_fn_hook_new(const keel_feed_fn_hook_config *cfg, keel_hook *out)
 {
     feed_hook *h;
     keel_status st;
-    if (cfg == NULL || out == NULL)
-        return keel__fail(KEEL_EINVAL, "feed fn hook: cfg or out is NULL");
-    st = KEEL__STRUCT_CHECK(cfg, keel_feed_fn_hook_config);
+    st = KEEL__CONFIG_CHECK(cfg, out, keel_feed_fn_hook_config,
+                            "feed fn hook");
     if (st != KEEL_OK)
-        return keel__wrap(st, "feed fn hook");
+        return st;
     if (cfg->fn == NULL)
         return keel__fail(KEEL_EINVAL, "feed fn hook: fn is NULL");
     st = new_ctx((void **)&h, sizeof *h, "feed_fn");

@@ -221,12 +221,10 @@ keel_ckpt_hook_new(const keel_ckpt_hook_config *cfg, keel_hook *out)
 {
     ckpt_hook *h;
     keel_status st;
-    if (cfg == NULL || out == NULL)
-        return keel__fail(KEEL_EINVAL, "checkpoint saver hook: NULL "
-                          "argument");
-    st = KEEL__STRUCT_CHECK(cfg, keel_ckpt_hook_config);
+    st = KEEL__CONFIG_CHECK(cfg, out, keel_ckpt_hook_config,
+                            "checkpoint saver hook");
     if (st != KEEL_OK)
-        return keel__wrap(st, "checkpoint saver hook");
+        return st;
     if (cfg->saver_cfg != NULL
         && (st = KEEL__STRUCT_CHECK(cfg->saver_cfg, keel_saver_config))
            != KEEL_OK)

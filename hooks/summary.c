@@ -193,12 +193,10 @@ keel_step_counter_hook_new(const keel_step_counter_hook_config *cfg,
 {
     counter_hook *h;
     keel_status st;
-    if (cfg == NULL || out == NULL)
-        return keel__fail(KEEL_EINVAL, "step counter hook: cfg or out is "
-                          "NULL");
-    st = KEEL__STRUCT_CHECK(cfg, keel_step_counter_hook_config);
+    st = KEEL__CONFIG_CHECK(cfg, out, keel_step_counter_hook_config,
+                            "step counter hook");
     if (st != KEEL_OK)
-        return keel__wrap(st, "step counter hook");
+        return st;
     h = calloc(1, sizeof *h);
     if (h == NULL)
         return keel__fail(KEEL_ENOMEM, "step counter hook");
@@ -343,12 +341,10 @@ keel_summary_hook_new(const keel_summary_hook_config *cfg, keel_hook *out)
     summary_hook *h;
     keel_status st;
     size_t i;
-    if (cfg == NULL || out == NULL)
-        return keel__fail(KEEL_EINVAL, "summary saver hook: cfg or out is "
-                          "NULL");
-    st = KEEL__STRUCT_CHECK(cfg, keel_summary_hook_config);
+    st = KEEL__CONFIG_CHECK(cfg, out, keel_summary_hook_config,
+                            "summary saver hook");
     if (st != KEEL_OK)
-        return keel__wrap(st, "summary saver hook");
+        return st;
     if (cfg->output_dir == NULL)
         return keel__fail(KEEL_EINVAL, "summary saver hook: output_dir is "
                           "required");
@@ -488,11 +484,10 @@ keel_profiler_hook_new(const keel_profiler_hook_config *cfg, keel_hook *out)
 {
     profiler_hook *h;
     keel_status st;
-    if (cfg == NULL || out == NULL)
-        return keel__fail(KEEL_EINVAL, "profiler hook: cfg or out is NULL");
-    st = KEEL__STRUCT_CHECK(cfg, keel_profiler_hook_config);
+    st = KEEL__CONFIG_CHECK(cfg, out, keel_profiler_hook_config,
+                            "profiler hook");
     if (st != KEEL_OK)
-        return keel__wrap(st, "profiler hook");
+        return st;
     if (cfg->output_dir == NULL)
         return keel__fail(KEEL_EINVAL, "profiler hook: output_dir is "
                           "required");

@@ -92,6 +92,19 @@ keel__struct_size_check(uint32_t struct_size, size_t min_size, size_t size,
 }
 
 keel_status
+keel__config_check(const void *cfg, const void *out, size_t min_size,
+                   size_t size, const char *type, const char *who)
+{
+    uint32_t struct_size;
+    keel_status st;
+    if (cfg == NULL || out == NULL)
+        return keel__fail(KEEL_EINVAL, "%s: cfg or out is NULL", who);
+    memcpy(&struct_size, cfg, sizeof struct_size);
+    st = keel__struct_size_check(struct_size, min_size, size, type);
+    return st == KEEL_OK ? KEEL_OK : keel__wrap(st, "%s", who);
+}
+
+keel_status
 keel__wrap(keel_status code, const char *fmt, ...)
 {
     char cause[KEEL_ERR_MAX], head[KEEL_ERR_MAX];

@@ -38,6 +38,15 @@ keel_status keel__struct_size_check(uint32_t struct_size, size_t min_size,
 #define KEEL__STRUCT_CHECK(p, T) \
     keel__struct_size_check((p)->struct_size, sizeof(T), sizeof(T), #T)
 
+/* The start of a constructor taking a config struct T whose first member is
+ * uint32_t struct_size: cfg and out non-NULL (else KEEL_EINVAL "who: cfg or
+ * out is NULL"), then KEEL__STRUCT_CHECK, its message prefixed with who. */
+keel_status keel__config_check(const void *cfg, const void *out,
+                               size_t min_size, size_t size, const char *type,
+                               const char *who);
+#define KEEL__CONFIG_CHECK(cfg, out, T, who) \
+    keel__config_check((cfg), (out), sizeof(T), sizeof(T), #T, (who))
+
 /* Log a line through the installed handler (no-op without one). */
 void keel__log(keel_log_level level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
