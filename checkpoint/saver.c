@@ -6,6 +6,7 @@
  * background thread; at most one is in flight. */
 #include <config.h>
 
+#include <assert.h>
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
@@ -766,6 +767,7 @@ writer_main(void *arg)
             pthread_cond_wait(&s->cv, &s->mu);
         if (!s->has_job)
             break;
+        assert(s->in_flight);
         pthread_mutex_unlock(&s->mu);
         s->t_woken_ns = keel__now_mono_ns();
         keel__log(KEEL_LOG_DEBUG, "async save of step %lld: staged in %.2f "
@@ -1092,6 +1094,8 @@ keel_saver_save(keel_saver *s, const keel_vars *vs,
         return commit_save(s, &s->plan);
     }
     pthread_mutex_lock(&s->mu);
+    /* the previous save was waited for: its staging buffer is free */
+    assert(!s->has_job && !s->in_flight);
     s->th_err[0] = '\0';
     s->has_job = 1;
     s->in_flight = 1;

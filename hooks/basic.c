@@ -3,6 +3,7 @@
  * them read the global step from the step's run values (no extra reads). */
 #include <config.h>
 
+#include <assert.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -225,6 +226,8 @@ static keel_status
 stop_after_run(void *ctx, keel_run_context *rc, const keel_run_values *v)
 {
     stop_hook *h = ctx;
+    /* after_create_session ran first and fixed last_step */
+    assert(h->is_resolved);
     if (keel_run_values_step_after(v) >= h->last_step) {
         char why[128];
         snprintf(why, sizeof why, "global step %lld reached last step %lld",

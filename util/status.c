@@ -1,6 +1,7 @@
 /* status.c - status names and the thread-local failure message. */
 #include <config.h>
 
+#include <assert.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -80,6 +81,7 @@ keel_status
 keel__struct_size_check(uint32_t struct_size, size_t min_size, size_t size,
                         const char *type)
 {
+    assert(type != NULL && min_size > 0 && min_size <= size);
     if (struct_size == 0)
         return keel__fail(KEEL_EINVAL, "%s has struct_size 0: fill it with "
                           "%s_init() before setting its members", type, type);
