@@ -125,8 +125,7 @@ eval_ctx_run(eval_ctx *e, const char *path, keel_eval_result *result)
     keel_status st;
 
     memset(result, 0, sizeof *result);
-    memset(&ro, 0, sizeof ro);
-    ro.mode = KEEL_RESTORE_STRICT;
+    keel_restore_opts_init(&ro);       // strict
     ro.skip_slots = 1;          // evaluation needs no optimizer state
     st = keel_ckpt_restore(path, e->vs, &ro, &rep);
     if (st == KEEL_OK)

@@ -126,8 +126,7 @@ keel_inference_open(const char *checkpoint_path, const keel_config *cfg,
     if (st == KEEL_OK)
         st = keel_model_new(&inf->mc, inf->vs, &inf->model);
     if (st == KEEL_OK) {
-        memset(&ro, 0, sizeof ro);
-        ro.mode = KEEL_RESTORE_STRICT;
+        keel_restore_opts_init(&ro);   // strict
         ro.skip_slots = 1;
         st = keel_ckpt_restore(checkpoint_path, inf->vs, &ro, &rep);
     }

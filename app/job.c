@@ -1368,7 +1368,7 @@ session_config_from(const keel_config *cfg, job *j, keel_scaffold *sc,
                                                  "learning_rate" };
     int64_t every = keel_config_int(cfg, "checkpoint.save_steps");
     double secs = keel_config_double(cfg, "checkpoint.save_secs");
-    keel_scaffold_default(sc);
+    keel_scaffold_init(sc);
     sc->ctx = j;
     sc->init = job_init;
     keel_saver_config_init(&sc->saver);
@@ -1423,6 +1423,10 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     keel_training_config tc;
     keel_scaffold sc;
     keel_hook hooks[5], chief_hooks[3], nan, *ch;
+    keel_feed_fn_hook_config feed_cfg;
+    keel_stop_at_step_hook_config stop_cfg;
+    keel_nan_hook_config nan_cfg;
+    keel_profiler_hook_config prof_cfg;
     size_t n_hooks = 0;
     int has_nan = 0;
     keel_session *s = NULL;
@@ -1538,20 +1542,25 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
             goto out;
     }
 
-    st = keel_feed_fn_hook_new(job_feed, &j, &hooks[n_hooks]);
+    keel_feed_fn_hook_config_init(&feed_cfg);
+    feed_cfg.fn = job_feed;
+    feed_cfg.ctx = &j;
+    st = keel_feed_fn_hook_new(&feed_cfg, &hooks[n_hooks]);
     if (st == KEEL_OK)
         n_hooks++;
     max_steps = keel_config_int(cfg, "train.max_steps");
     if (st == KEEL_OK && max_steps > 0) {
-        st = keel_stop_at_step_hook_new(0, max_steps, &hooks[n_hooks]);
+        keel_stop_at_step_hook_config_init(&stop_cfg);
+        stop_cfg.last_step = max_steps;
+        st = keel_stop_at_step_hook_new(&stop_cfg, &hooks[n_hooks]);
         if (st == KEEL_OK)
             n_hooks++;
     }
     memset(&nan, 0, sizeof nan);
     if (st == KEEL_OK && keel_config_bool(cfg, "hooks.nan_check")) {
-        st = keel_nan_hook_new("loss", 1,
-                               keel_config_bool(cfg, "hooks.inf_check"),
-                               &nan);
+        keel_nan_hook_config_init(&nan_cfg);
+        nan_cfg.fail_on_inf = keel_config_bool(cfg, "hooks.inf_check");
+        st = keel_nan_hook_new(&nan_cfg, &nan);
         has_nan = st == KEEL_OK;
         /* A worker checks among its hooks; the chief before its saver
          * (chief-only hooks run first), so that the step whose loss is
@@ -1561,9 +1570,10 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     }
     every = keel_config_int(cfg, "hooks.profile_steps");
     if (st == KEEL_OK && every > 0) {
-        st = keel_profiler_hook_new(every, 0,
-                                    keel_config_str(cfg, "checkpoint.dir"),
-                                    NULL, &hooks[n_hooks]);
+        keel_profiler_hook_config_init(&prof_cfg);
+        prof_cfg.save_steps = every;
+        prof_cfg.output_dir = keel_config_str(cfg, "checkpoint.dir");
+        st = keel_profiler_hook_new(&prof_cfg, &hooks[n_hooks]);
         if (st == KEEL_OK)
             n_hooks++;
     }

@@ -141,6 +141,8 @@ main(int argc, char **argv)
     keel_session *s;
     keel_hook extra[3];
     keel_logging_hook_config lc;
+    keel_stop_at_step_hook_config sc;
+    keel_nan_hook_config nc;
     const char *names[] = { "loss" };
     int64_t shape[1];
     double *with_h, *without_h, *keel_t, *bare_t, *share, *own;
@@ -164,12 +166,16 @@ main(int argc, char **argv)
         || keel_vars_create(vs, "w", 1, shape, KEEL_VAR_TRAINABLE, NULL)
            != KEEL_OK)
         return 1;
-    memset(&lc, 0, sizeof lc);
+    keel_logging_hook_config_init(&lc);
     lc.names = names;
     lc.n_names = 1;
     lc.every_n_iter = 1000000000;
-    if (keel_stop_at_step_hook_new(0, (int64_t)1 << 60, &extra[0]) != KEEL_OK
-        || keel_nan_hook_new("loss", 1, 1, &extra[1]) != KEEL_OK
+    keel_stop_at_step_hook_config_init(&sc);
+    sc.last_step = (int64_t)1 << 60;
+    keel_nan_hook_config_init(&nc);
+    nc.fail_on_inf = 1;
+    if (keel_stop_at_step_hook_new(&sc, &extra[0]) != KEEL_OK
+        || keel_nan_hook_new(&nc, &extra[1]) != KEEL_OK
         || keel_logging_hook_new(&lc, &extra[2]) != KEEL_OK)
         return 1;
     keel_training_config_init(&cfg);

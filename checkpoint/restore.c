@@ -151,6 +151,9 @@ keel_ckpt_restore_latest(const char *dir, const char *basename,
     if (dir == NULL || vs == NULL)
         return keel__fail(KEEL_EINVAL, "keel_ckpt_restore_latest: NULL dir "
                           "or store");
+    if (opts != NULL && (st = KEEL__STRUCT_CHECK(opts, keel_restore_opts))
+                        != KEEL_OK)
+        return keel__wrap(st, "keel_ckpt_restore_latest %s", dir);
     if (opts != NULL && opts->mode != KEEL_RESTORE_STRICT) {
         /* A failed partial restore could leave variables the older
          * checkpoint lacks holding the bad one's values, not their
@@ -468,6 +471,14 @@ rs_free(restore_job *r)
     keel__ckpt_close(&r->f);
 }
 
+void
+keel_restore_opts_init(keel_restore_opts *opts)
+{
+    memset(opts, 0, sizeof *opts);
+    opts->struct_size = sizeof *opts;
+    opts->mode = KEEL_RESTORE_STRICT;
+}
+
 keel_status
 keel_ckpt_restore(const char *path, keel_vars *vs,
                   const keel_restore_opts *opts, keel_restore_report *report)
@@ -479,6 +490,9 @@ keel_ckpt_restore(const char *path, keel_vars *vs,
     if (path == NULL || vs == NULL)
         return keel__fail(KEEL_EINVAL, "keel_ckpt_restore: NULL path or "
                           "store");
+    if (opts != NULL && (st = KEEL__STRUCT_CHECK(opts, keel_restore_opts))
+                        != KEEL_OK)
+        return keel__wrap(st, "keel_ckpt_restore %s", path);
     memset(&r, 0, sizeof r);
     r.path = path;
     r.vs = vs;

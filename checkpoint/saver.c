@@ -6,6 +6,7 @@
  * background thread; at most one is in flight. */
 #include <config.h>
 
+#include <assert.h>
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
@@ -65,6 +66,7 @@ keel_saver_config_init(keel_saver_config *cfg)
     if (cfg == NULL)
         return;
     memset(cfg, 0, sizeof *cfg);
+    cfg->struct_size = sizeof *cfg;
     cfg->basename = KEEL_CKPT_DEFAULT_BASENAME;
     cfg->max_to_keep = 5;
     cfg->keep_every_n_hours = 0;
@@ -425,7 +427,12 @@ keel_saver_new(const keel_saver_config *cfg, keel_saver **out)
     keel_status st;
     const char *base;
 
-    if (out == NULL || cfg == NULL || cfg->dir == NULL || cfg->dir[0] == 0)
+    if (out == NULL || cfg == NULL)
+        return keel__fail(KEEL_EINVAL, "keel_saver_new: cfg or out is NULL");
+    st = KEEL__STRUCT_CHECK(cfg, keel_saver_config);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "keel_saver_new");
+    if (cfg->dir == NULL || cfg->dir[0] == 0)
         return keel__fail(KEEL_EINVAL, "keel_saver_new: a checkpoint "
                           "directory is required");
     *out = NULL;
@@ -760,6 +767,7 @@ writer_main(void *arg)
             pthread_cond_wait(&s->cv, &s->mu);
         if (!s->has_job)
             break;
+        assert(s->in_flight);
         pthread_mutex_unlock(&s->mu);
         s->t_woken_ns = keel__now_mono_ns();
         keel__log(KEEL_LOG_DEBUG, "async save of step %lld: staged in %.2f "
@@ -1086,6 +1094,8 @@ keel_saver_save(keel_saver *s, const keel_vars *vs,
         return commit_save(s, &s->plan);
     }
     pthread_mutex_lock(&s->mu);
+    /* the previous save was waited for: its staging buffer is free */
+    assert(!s->has_job && !s->in_flight);
     s->th_err[0] = '\0';
     s->has_job = 1;
     s->in_flight = 1;

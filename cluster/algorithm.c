@@ -103,11 +103,10 @@ keel__algo_resolve(const keel_algorithm_config *in, keel_cluster_mode mode,
                                            ? KEEL_ALGORITHM_ASYNC
                                            : KEEL_ALGORITHM_SYNC);
         in = &d;
-    } else if (in->struct_size != sizeof *in) {
-        return keel__fail(KEEL_EINVAL, "keel_algorithm_config has "
-                          "struct_size %u (expected %zu: call "
-                          "keel_algorithm_config_init)", in->struct_size,
-                          sizeof *in);
+    } else {
+        keel_status st = KEEL__STRUCT_CHECK(in, keel_algorithm_config);
+        if (st != KEEL_OK)
+            return st;
     }
     if ((unsigned)in->name >= KEEL_ALGORITHM_COUNT)
         return keel__fail(KEEL_EINVAL, "algorithm %d is not a "

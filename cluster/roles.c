@@ -1577,11 +1577,9 @@ role_opts_from(const keel_cluster_spec *spec, const keel_cluster_options *in,
     if (in == NULL) {
         keel_cluster_options_init(&d);
         in = &d;
-    } else if (in->struct_size != sizeof *in) {
-        return keel__fail(KEEL_EINVAL, "%s: keel_cluster_options has "
-                          "struct_size %u (expected %zu: call "
-                          "keel_cluster_options_init)", who, in->struct_size,
-                          sizeof *in);
+    } else if ((st = KEEL__STRUCT_CHECK(in, keel_cluster_options))
+               != KEEL_OK) {
+        return keel__wrap(st, "%s", who);
     }
     if ((st = keel_cluster_spec_validate(spec)) != KEEL_OK)
         return keel__wrap(st, "%s", who);

@@ -45,7 +45,7 @@ keel_task_type_name(keel_task_type t)
 }
 
 keel_status
-keel_task_type_parse(const char *name, keel_task_type *out)
+keel_task_type_from_name(const char *name, keel_task_type *out)
 {
     if (name == NULL || out == NULL)
         return keel__fail(KEEL_EINVAL, "task type: NULL argument");
@@ -667,7 +667,7 @@ parse_tf_config(keel_cluster_spec *s, struct json_object *root,
                     t = KEEL_TASK_WORKER;
             } else if (!json_object_is_type(ty, json_type_string)) {
                 keel__problems_add(p, "task.type is not a string");
-            } else if (keel_task_type_parse(json_object_get_string(ty), &t)
+            } else if (keel_task_type_from_name(json_object_get_string(ty), &t)
                        != KEEL_OK) {
                 keel__problems_add(p, "unknown task.type '%.32s'",
                                    json_object_get_string(ty));

@@ -790,7 +790,7 @@ keel__wire_client_wait(keel__wire_client *c, uint64_t request_id,
     if (st == KEEL_OK && reply->h.type == KEEL_MSG_ERROR)
         st = keel__fail(KEEL_EPEER, "%s answered error %u (%s): %s",
                         c->endpoint, reply->h.arg,
-                        keel_status_str((keel_status)reply->h.arg),
+                        keel_status_name((keel_status)reply->h.arg),
                         reply->text ? reply->text : "(no text)");
     return st;
 }
@@ -872,7 +872,7 @@ keel__wire_client_push_parts(keel__wire_client *c, const keel__wire_out *ts,
                 first_err = KEEL_EPEER;
                 snprintf(err, sizeof err, "%s answered error %u (%s): %s",
                          c->endpoint, m.h.arg,
-                         keel_status_str((keel_status)m.h.arg),
+                         keel_status_name((keel_status)m.h.arg),
                          m.text ? m.text : "(no text)");
             } else if (m.h.type != KEEL_MSG_ERROR && on_reply != NULL) {
                 on_reply(ctx, &m);

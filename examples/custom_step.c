@@ -68,6 +68,7 @@ main(int argc, char **argv)
     keel_cluster_spec *cluster = NULL;
     keel_session *s = NULL;
     keel_hook stop = { 0 };
+    keel_stop_at_step_hook_config stop_cfg;
     keel_optimizer_config sgd;
     keel_cluster_options copts;
     keel_algorithm_config algo;
@@ -109,8 +110,10 @@ main(int argc, char **argv)
         st = keel_ps_run(cluster, vs, &copts);
         goto out;
     }
+    keel_stop_at_step_hook_config_init(&stop_cfg);
+    stop_cfg.last_step = steps;                 /* absolute: restart safe */
     if (st == KEEL_OK)
-        st = keel_stop_at_step_hook_new(0, steps, &stop);
+        st = keel_stop_at_step_hook_new(&stop_cfg, &stop);
     if (st != KEEL_OK)
         goto out;
 

@@ -3,10 +3,12 @@
  * them read the global step from the step's run values (no extra reads). */
 #include <config.h>
 
+#include <assert.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "defaults.h"
 #include "util.h"
 #include <keel/hooks.h>
 #include <keel/session.h>
@@ -133,14 +135,25 @@ logging_wake(const void *ctx, keel_hook_wake *w)
     return 1;
 }
 
+void
+keel_logging_hook_config_init(keel_logging_hook_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->struct_size = sizeof *cfg;
+}
+
 keel_status
 keel_logging_hook_new(const keel_logging_hook_config *cfg, keel_hook *out)
 {
     logging_hook *h;
     keel_status st;
     size_t i;
-    if (cfg == NULL || out == NULL || (cfg->n_names > 0 && cfg->names == NULL))
-        return keel__fail(KEEL_EINVAL, "logging hook: NULL argument");
+    st = KEEL__CONFIG_CHECK(cfg, out, keel_logging_hook_config,
+                            "logging hook");
+    if (st != KEEL_OK)
+        return st;
+    if (cfg->n_names > 0 && cfg->names == NULL)
+        return keel__fail(KEEL_EINVAL, "logging hook: names is NULL");
     if (cfg->n_names == 0 || cfg->n_names > LOG_NAMES_MAX)
         return keel__fail(KEEL_EINVAL, "logging hook: %zu names (1..%d)",
                           cfg->n_names, LOG_NAMES_MAX);
@@ -213,6 +226,8 @@ static keel_status
 stop_after_run(void *ctx, keel_run_context *rc, const keel_run_values *v)
 {
     stop_hook *h = ctx;
+    /* after_create_session ran first and fixed last_step */
+    assert(h->is_resolved);
     if (keel_run_values_step_after(v) >= h->last_step) {
         char why[128];
         snprintf(why, sizeof why, "global step %lld reached last step %lld",
@@ -232,24 +247,34 @@ stop_wake(const void *ctx, keel_hook_wake *w)
     return 1;
 }
 
+void
+keel_stop_at_step_hook_config_init(keel_stop_at_step_hook_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->struct_size = sizeof *cfg;
+}
+
 keel_status
-keel_stop_at_step_hook_new(int64_t num_steps, int64_t last_step,
+keel_stop_at_step_hook_new(const keel_stop_at_step_hook_config *cfg,
                            keel_hook *out)
 {
     stop_hook *h;
     keel_status st;
-    if (out == NULL)
-        return keel__fail(KEEL_EINVAL, "stop_at_step hook: out is NULL");
-    if ((num_steps > 0) == (last_step > 0))
+    st = KEEL__CONFIG_CHECK(cfg, out, keel_stop_at_step_hook_config,
+                            "stop_at_step hook");
+    if (st != KEEL_OK)
+        return st;
+    if ((cfg->num_steps > 0) == (cfg->last_step > 0))
         return keel__fail(KEEL_EINVAL, "stop_at_step hook: give exactly one "
                           "of num_steps (%lld) and last_step (%lld) > 0",
-                          (long long)num_steps, (long long)last_step);
+                          (long long)cfg->num_steps,
+                          (long long)cfg->last_step);
     st = new_ctx((void **)&h, sizeof *h, "stop_at_step");
     if (st != KEEL_OK)
         return st;
-    h->num_steps = num_steps;
-    h->last_step = last_step;
-    h->is_resolved = last_step > 0;
+    h->num_steps = cfg->num_steps;
+    h->last_step = cfg->last_step;
+    h->is_resolved = cfg->last_step > 0;
     fill(out, "stop_at_step", h, KEEL_HOOK_STOP_AT_STEP);
     out->after_create_session = stop_after_create;
     out->after_run = stop_after_run;
@@ -306,22 +331,34 @@ nan_after(void *ctx, keel_run_context *rc, const keel_run_values *v)
     return KEEL_OK;
 }
 
+void
+keel_nan_hook_config_init(keel_nan_hook_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->struct_size = sizeof *cfg;
+    cfg->name = "loss";
+    cfg->fail_on_nan = 1;
+}
+
 keel_status
-keel_nan_hook_new(const char *name, int fail_on_nan, int fail_on_inf,
-                  keel_hook *out)
+keel_nan_hook_new(const keel_nan_hook_config *cfg, keel_hook *out)
 {
     nan_hook *h;
     keel_status st;
-    if (name == NULL)
-        name = "loss";
-    if (out == NULL || strlen(name) >= KEEL_VALUE_NAME_MAX)
-        return keel__fail(KEEL_EINVAL, "nan hook: bad name or out NULL");
+    st = KEEL__CONFIG_CHECK(cfg, out, keel_nan_hook_config,
+                            "nan hook");
+    if (st != KEEL_OK)
+        return st;
+    if (cfg->name == NULL || cfg->name[0] == '\0'
+        || strlen(cfg->name) >= KEEL_VALUE_NAME_MAX)
+        return keel__fail(KEEL_EINVAL, "nan hook: name must be 1..%d "
+                          "characters", KEEL_VALUE_NAME_MAX - 1);
     st = new_ctx((void **)&h, sizeof *h, "nan");
     if (st != KEEL_OK)
         return st;
-    memcpy(h->name, name, strlen(name) + 1);
-    h->fail_on_nan = fail_on_nan;
-    h->fail_on_inf = fail_on_inf;
+    memcpy(h->name, cfg->name, strlen(cfg->name) + 1);
+    h->fail_on_nan = cfg->fail_on_nan;
+    h->fail_on_inf = cfg->fail_on_inf;
     h->slot = -1;
     fill(out, "nan_tensor", h, KEEL_HOOK_NAN);
     out->before_run = nan_before;
@@ -379,20 +416,33 @@ waiter_before(void *ctx, keel_run_context *rc)
     return KEEL_OK;
 }
 
+void
+keel_global_step_waiter_hook_config_init(
+    keel_global_step_waiter_hook_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->struct_size = sizeof *cfg;
+    cfg->poll_ms = KEEL__DEFAULT_RETRY_MS;
+}
+
 keel_status
-keel_global_step_waiter_hook_new(int64_t wait_until_step, int poll_ms,
-                                 keel_hook *out)
+keel_global_step_waiter_hook_new(
+    const keel_global_step_waiter_hook_config *cfg, keel_hook *out)
 {
     waiter_hook *h;
     keel_status st;
-    if (out == NULL || poll_ms < 0)
-        return keel__fail(KEEL_EINVAL, "global step waiter hook: bad "
-                          "argument (poll_ms %d)", poll_ms);
+    st = KEEL__CONFIG_CHECK(cfg, out, keel_global_step_waiter_hook_config,
+                            "global step waiter hook");
+    if (st != KEEL_OK)
+        return st;
+    if (cfg->poll_ms <= 0)
+        return keel__fail(KEEL_EINVAL, "global step waiter hook: poll_ms %d "
+                          "must be > 0", cfg->poll_ms);
     st = new_ctx((void **)&h, sizeof *h, "global_step_waiter");
     if (st != KEEL_OK)
         return st;
-    h->target = wait_until_step;
-    h->poll_ms = poll_ms > 0 ? poll_ms : 50;
+    h->target = cfg->wait_until_step;
+    h->poll_ms = cfg->poll_ms;
     fill(out, "global_step_waiter", h, KEEL_HOOK_GLOBAL_STEP_WAITER);
     out->before_run = waiter_before;
     return KEEL_OK;
@@ -418,23 +468,33 @@ final_end(void *ctx, keel_session *s, keel_end_reason why)
         h->has_value = 1;
     else
         keel__log(KEEL_LOG_WARN, "final ops failed (%s): %s",
-                  keel_status_str(st), keel_last_error());
+                  keel_status_name(st), keel_last_error());
+}
+
+void
+keel_final_ops_hook_config_init(keel_final_ops_hook_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->struct_size = sizeof *cfg;
 }
 
 keel_status
-keel_final_ops_hook_new(keel_status (*fn)(void *ctx, keel_session *s,
-                                          double *value),
-                        void *ctx, keel_hook *out)
+keel_final_ops_hook_new(const keel_final_ops_hook_config *cfg,
+                        keel_hook *out)
 {
     final_hook *h;
     keel_status st;
-    if (fn == NULL || out == NULL)
-        return keel__fail(KEEL_EINVAL, "final ops hook: fn or out is NULL");
+    st = KEEL__CONFIG_CHECK(cfg, out, keel_final_ops_hook_config,
+                            "final ops hook");
+    if (st != KEEL_OK)
+        return st;
+    if (cfg->fn == NULL)
+        return keel__fail(KEEL_EINVAL, "final ops hook: fn is NULL");
     st = new_ctx((void **)&h, sizeof *h, "final_ops");
     if (st != KEEL_OK)
         return st;
-    h->fn = fn;
-    h->ctx = ctx;
+    h->fn = cfg->fn;
+    h->ctx = cfg->ctx;
     fill(out, "final_ops", h, KEEL_HOOK_FINAL_OPS);
     out->end = final_end;
     return KEEL_OK;
@@ -444,7 +504,7 @@ int
 keel_final_ops_hook_value(const keel_hook *hk, double *value)
 {
     const final_hook *h;
-    if (hk == NULL || hk->end != final_end)
+    if (hk == NULL || hk->kind != KEEL_HOOK_FINAL_OPS || hk->ctx == NULL)
         return 0;
     h = hk->ctx;
     if (!h->has_value)
@@ -472,19 +532,29 @@ feed_before(void *ctx, keel_run_context *rc)
     return keel_run_context_set_batch(rc, batch);
 }
 
+void
+keel_feed_fn_hook_config_init(keel_feed_fn_hook_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->struct_size = sizeof *cfg;
+}
+
 keel_status
-keel_feed_fn_hook_new(keel_status (*fn)(void *ctx, const void **batch),
-                      void *ctx, keel_hook *out)
+keel_feed_fn_hook_new(const keel_feed_fn_hook_config *cfg, keel_hook *out)
 {
     feed_hook *h;
     keel_status st;
-    if (fn == NULL || out == NULL)
-        return keel__fail(KEEL_EINVAL, "feed fn hook: fn or out is NULL");
+    st = KEEL__CONFIG_CHECK(cfg, out, keel_feed_fn_hook_config,
+                            "feed fn hook");
+    if (st != KEEL_OK)
+        return st;
+    if (cfg->fn == NULL)
+        return keel__fail(KEEL_EINVAL, "feed fn hook: fn is NULL");
     st = new_ctx((void **)&h, sizeof *h, "feed_fn");
     if (st != KEEL_OK)
         return st;
-    h->fn = fn;
-    h->ctx = ctx;
+    h->fn = cfg->fn;
+    h->ctx = cfg->ctx;
     fill(out, "feed_fn", h, KEEL_HOOK_FEED_FN);
     out->before_run = feed_before;
     return KEEL_OK;

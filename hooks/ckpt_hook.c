@@ -219,14 +219,26 @@ ck_wake(const void *ctx, keel_hook_wake *w)
     return !(t->every_secs > 0 && t->clock.fn != NULL);
 }
 
+void
+keel_ckpt_hook_config_init(keel_ckpt_hook_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->struct_size = sizeof *cfg;
+}
+
 keel_status
 keel_ckpt_hook_new(const keel_ckpt_hook_config *cfg, keel_hook *out)
 {
     ckpt_hook *h;
     keel_status st;
-    if (cfg == NULL || out == NULL)
-        return keel__fail(KEEL_EINVAL, "checkpoint saver hook: NULL "
-                          "argument");
+    st = KEEL__CONFIG_CHECK(cfg, out, keel_ckpt_hook_config,
+                            "checkpoint saver hook");
+    if (st != KEEL_OK)
+        return st;
+    if (cfg->saver_cfg != NULL
+        && (st = KEEL__STRUCT_CHECK(cfg->saver_cfg, keel_saver_config))
+           != KEEL_OK)
+        return keel__wrap(st, "checkpoint saver hook (saver_cfg)");
     if (cfg->n_listeners > LISTENERS_MAX
         || (cfg->n_listeners > 0 && cfg->listeners == NULL))
         return keel__fail(KEEL_EINVAL, "checkpoint saver hook: %zu listeners "

@@ -179,27 +179,38 @@ counter_wake(const void *ctx, keel_hook_wake *w)
     return 1;
 }
 
+void
+keel_step_counter_hook_config_init(keel_step_counter_hook_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->struct_size = sizeof *cfg;
+    cfg->every_n_steps = 100;
+}
+
 keel_status
-keel_step_counter_hook_new(int64_t every_n_steps, double every_n_secs,
-                           const char *output_dir, const keel_clock *clock,
+keel_step_counter_hook_new(const keel_step_counter_hook_config *cfg,
                            keel_hook *out)
 {
     counter_hook *h;
     keel_status st;
-    if (out == NULL)
-        return keel__fail(KEEL_EINVAL, "step counter hook: out is NULL");
+    st = KEEL__CONFIG_CHECK(cfg, out, keel_step_counter_hook_config,
+                            "step counter hook");
+    if (st != KEEL_OK)
+        return st;
     h = calloc(1, sizeof *h);
     if (h == NULL)
         return keel__fail(KEEL_ENOMEM, "step counter hook");
     h->last_before = -1;
-    st = keel_timer_init(&h->timer, every_n_secs, every_n_steps, clock);
+    st = keel_timer_init(&h->timer, cfg->every_n_secs, cfg->every_n_steps,
+                         &cfg->clock);
     if (st != KEEL_OK) {
         free(h);
         return keel__wrap(st, "step counter hook: exactly one of "
                           "every_n_steps and every_n_secs should be "
                           "provided");
     }
-    if (output_dir != NULL && (h->dir = strdup(output_dir)) == NULL) {
+    if (cfg->output_dir != NULL
+        && (h->dir = strdup(cfg->output_dir)) == NULL) {
         free(h);
         return keel__fail(KEEL_ENOMEM, "step counter hook: copy dir");
     }
@@ -317,39 +328,50 @@ summary_wake(const void *ctx, keel_hook_wake *w)
     return 1;
 }
 
+void
+keel_summary_hook_config_init(keel_summary_hook_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->struct_size = sizeof *cfg;
+}
+
 keel_status
-keel_summary_hook_new(const char *const *names, size_t n_names,
-                      int64_t save_steps, double save_secs,
-                      const char *output_dir, const keel_clock *clock,
-                      keel_hook *out)
+keel_summary_hook_new(const keel_summary_hook_config *cfg, keel_hook *out)
 {
     summary_hook *h;
     keel_status st;
     size_t i;
-    if (out == NULL || output_dir == NULL)
+    st = KEEL__CONFIG_CHECK(cfg, out, keel_summary_hook_config,
+                            "summary saver hook");
+    if (st != KEEL_OK)
+        return st;
+    if (cfg->output_dir == NULL)
         return keel__fail(KEEL_EINVAL, "summary saver hook: output_dir is "
                           "required");
-    if (n_names == 0 || n_names > SUMMARY_NAMES_MAX || names == NULL)
-        return keel__fail(KEEL_EINVAL, "summary saver hook: %zu names "
-                          "(1..%d)", n_names, SUMMARY_NAMES_MAX);
+    if (cfg->n_names == 0 || cfg->n_names > SUMMARY_NAMES_MAX
+        || cfg->names == NULL)
+        return keel__fail(KEEL_EINVAL, "summary saver hook: n_names %zu "
+                          "(1..%d)", cfg->n_names, SUMMARY_NAMES_MAX);
     h = calloc(1, sizeof *h);
     if (h == NULL)
         return keel__fail(KEEL_ENOMEM, "summary saver hook");
-    for (i = 0; i < n_names; i++) {
-        if (names[i] == NULL || strlen(names[i]) >= KEEL_VALUE_NAME_MAX) {
+    for (i = 0; i < cfg->n_names; i++) {
+        const char *name = cfg->names[i];
+        if (name == NULL || strlen(name) >= KEEL_VALUE_NAME_MAX) {
             free(h);
-            return keel__fail(KEEL_EINVAL, "summary saver hook: name %zu is "
-                              "NULL or too long", i);
+            return keel__fail(KEEL_EINVAL, "summary saver hook: names[%zu] "
+                              "is NULL or too long", i);
         }
-        memcpy(h->names[i], names[i], strlen(names[i]) + 1);
+        memcpy(h->names[i], name, strlen(name) + 1);
     }
-    h->n = n_names;
-    st = keel_timer_init(&h->timer, save_secs, save_steps, clock);
+    h->n = cfg->n_names;
+    st = keel_timer_init(&h->timer, cfg->save_secs, cfg->save_steps,
+                         &cfg->clock);
     if (st != KEEL_OK) {
         free(h);
         return keel__wrap(st, "summary saver hook (save_steps/save_secs)");
     }
-    if ((h->dir = strdup(output_dir)) == NULL) {
+    if ((h->dir = strdup(cfg->output_dir)) == NULL) {
         free(h);
         return keel__fail(KEEL_ENOMEM, "summary saver hook: copy dir");
     }
@@ -450,27 +472,40 @@ profiler_destroy(void *ctx)
     free(h);
 }
 
+void
+keel_profiler_hook_config_init(keel_profiler_hook_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->struct_size = sizeof *cfg;
+}
+
 keel_status
-keel_profiler_hook_new(int64_t save_steps, double save_secs,
-                       const char *output_dir, const keel_clock *clock,
-                       keel_hook *out)
+keel_profiler_hook_new(const keel_profiler_hook_config *cfg, keel_hook *out)
 {
     profiler_hook *h;
     keel_status st;
-    if (out == NULL || output_dir == NULL)
+    st = KEEL__CONFIG_CHECK(cfg, out, keel_profiler_hook_config,
+                            "profiler hook");
+    if (st != KEEL_OK)
+        return st;
+    if (cfg->output_dir == NULL)
         return keel__fail(KEEL_EINVAL, "profiler hook: output_dir is "
                           "required");
     h = calloc(1, sizeof *h);
     if (h == NULL)
         return keel__fail(KEEL_ENOMEM, "profiler hook");
     h->is_first = 1;
-    st = keel_timer_init(&h->timer, save_secs, save_steps, clock);
-    if (st == KEEL_OK)
-        st = keel__path_join(h->path, sizeof h->path, output_dir,
-                             "timeline.json");
+    st = keel_timer_init(&h->timer, cfg->save_secs, cfg->save_steps,
+                         &cfg->clock);
     if (st != KEEL_OK) {
         free(h);
-        return keel__wrap(st, "profiler hook");
+        return keel__wrap(st, "profiler hook (save_steps/save_secs)");
+    }
+    st = keel__path_join(h->path, sizeof h->path, cfg->output_dir,
+                         "timeline.json");
+    if (st != KEEL_OK) {
+        free(h);
+        return keel__wrap(st, "profiler hook (output_dir)");
     }
     memset(out, 0, sizeof *out);
     out->struct_size = sizeof *out;

@@ -96,7 +96,7 @@ default_ready_for_local_init(void *ctx, const keel_vars *vs, char *missing,
 }
 
 void
-keel_scaffold_default(keel_scaffold *sc)
+keel_scaffold_init(keel_scaffold *sc)
 {
     memset(sc, 0, sizeof *sc);
     sc->init = default_init;
@@ -108,15 +108,37 @@ keel_scaffold_default(keel_scaffold *sc)
 
 /* ---- manager ------------------------------------------------------------ */
 
+void
+keel_session_manager_config_init(keel_session_manager_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->struct_size = sizeof *cfg;
+}
+
 keel_status
 keel_session_manager_new(const keel_session_manager_config *cfg,
                          keel_session_manager **out)
 {
     keel_session_manager *sm;
+    keel_status st;
     if (out == NULL)
         return keel__fail(KEEL_EINVAL, "session manager: out is NULL");
     *out = NULL;
-    if (cfg == NULL || cfg->vars == NULL)
+    if (cfg == NULL)
+        return keel__fail(KEEL_EINVAL, "session manager: config is NULL");
+    st = KEEL__STRUCT_CHECK(cfg, keel_session_manager_config);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "session manager");
+    if (cfg->restore_opts != NULL
+        && (st = KEEL__STRUCT_CHECK(cfg->restore_opts, keel_restore_opts))
+           != KEEL_OK)
+        return keel__wrap(st, "session manager: restore_opts");
+    if (cfg->scaffold != NULL
+        && (st = KEEL__STRUCT_CHECK(&cfg->scaffold->saver, keel_saver_config))
+           != KEEL_OK)
+        return keel__wrap(st, "session manager: scaffold->saver (fill the "
+                          "scaffold with keel_scaffold_init())");
+    if (cfg->vars == NULL)
         return keel__fail(KEEL_EINVAL, "session manager: config needs vars");
     if (cfg->recovery_wait_ms < 0)
         return keel__fail(KEEL_EINVAL, "session manager: recovery_wait_ms "
@@ -139,7 +161,7 @@ keel_session_manager_new(const keel_session_manager_config *cfg,
     if (cfg->scaffold != NULL)
         sm->sc = *cfg->scaffold;
     else
-        keel_scaffold_default(&sm->sc);
+        keel_scaffold_init(&sm->sc);
     if (sm->sc.local_init == NULL && sm->sc.ready_for_local_init != NULL) {
         free(sm);
         return keel__fail(KEEL_EINVAL, "session manager: scaffold has "

@@ -352,6 +352,7 @@ void
 keel_session_config_init(keel_session_config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
+    cfg->struct_size = sizeof *cfg;
     cfg->is_chief = 1;
     cfg->max_wait_secs = 1800;
     cfg->recovery_wait_ms = 50;
@@ -614,7 +615,7 @@ create_with_retry(keel_session *s, int is_recovery)
             return keel__wrap(st, "session creation failed %d times",
                               attempt + 1);
         keel__log(KEEL_LOG_WARN, "session creation failed (%s): %s; retry "
-                  "%d/%d", keel_status_str(st), keel_last_error(),
+                  "%d/%d", keel_status_name(st), keel_last_error(),
                   attempt + 1, s->max_attempts);
         st = backoff(s, attempt);
         if (st != KEEL_OK)
@@ -641,7 +642,12 @@ keel_optimizer_updater(keel_optimizer *opt)
 static keel_status
 sn_check_config(const keel_session_config *cfg)
 {
-    if (cfg == NULL || cfg->vars == NULL || cfg->step == NULL)
+    keel_status st;
+    if (cfg == NULL)
+        return keel__fail(KEEL_EINVAL, "session: config is NULL");
+    if ((st = KEEL__STRUCT_CHECK(cfg, keel_session_config)) != KEEL_OK)
+        return keel__wrap(st, "session");
+    if (cfg->vars == NULL || cfg->step == NULL)
         return keel__fail(KEEL_EINVAL, "session: config needs vars and step");
     if (cfg->n_hooks > 0 && cfg->hooks == NULL)
         return keel__fail(KEEL_EINVAL, "session: n_hooks %zu but hooks NULL",
@@ -763,7 +769,7 @@ sn_make_creator(keel_session *s, const keel_session_config *cfg)
         s->creator = cfg->creator;
         return KEEL_OK;
     }
-    memset(&mc, 0, sizeof mc);
+    keel_session_manager_config_init(&mc);
     mc.vars = cfg->vars;
     mc.scaffold = cfg->scaffold;
     mc.checkpoint_dir = cfg->checkpoint_dir;
@@ -1174,7 +1180,7 @@ failed:
             keel__log(KEEL_LOG_WARN, "recoverable error at global step "
                       "%lld (%s): %s; re-creating the session (attempt "
                       "%d/%d)", (long long)keel_vars_global_step(s->vars),
-                      keel_status_str(st), keel_last_error(), attempt + 1,
+                      keel_status_name(st), keel_last_error(), attempt + 1,
                       s->max_attempts);
             s->needs_create = 1;
             /* The first re-creation is at once: what failed the step (a

@@ -21,6 +21,7 @@ void
 keel_supervisor_config_init(keel_supervisor_config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
+    cfg->struct_size = sizeof *cfg;
     cfg->is_chief = 1;
     cfg->save_model_secs = 600;
     cfg->recovery_wait_ms = 50;
@@ -31,10 +32,15 @@ keel_status
 keel_supervisor_new(const keel_supervisor_config *cfg, keel_supervisor **out)
 {
     keel_supervisor *sv;
+    keel_status st;
     if (out == NULL)
         return keel__fail(KEEL_EINVAL, "supervisor: out is NULL");
     *out = NULL;
-    if (cfg == NULL || cfg->vars == NULL || cfg->step == NULL)
+    if (cfg == NULL)
+        return keel__fail(KEEL_EINVAL, "supervisor: config is NULL");
+    if ((st = KEEL__STRUCT_CHECK(cfg, keel_supervisor_config)) != KEEL_OK)
+        return keel__wrap(st, "supervisor");
+    if (cfg->vars == NULL || cfg->step == NULL)
         return keel__fail(KEEL_EINVAL, "supervisor: config needs vars and "
                           "step");
     if (cfg->save_model_secs < 0)
@@ -89,7 +95,7 @@ keel_supervisor_prepare_or_wait(keel_supervisor *sv, double max_wait_secs)
     if (sv->cfg.is_chief && sv->logdir != NULL
         && sv->cfg.save_model_secs > 0) {
         keel_ckpt_hook_config hc;
-        memset(&hc, 0, sizeof hc);
+        keel_ckpt_hook_config_init(&hc);
         hc.save_secs = sv->cfg.save_model_secs;
         hc.clock = sv->cfg.clock;
         owned = calloc(1, sizeof *owned);

@@ -182,6 +182,7 @@ void
 keel_training_config_init(keel_training_config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
+    cfg->struct_size = sizeof *cfg;
     keel_session_config_init(&cfg->session);
     cfg->is_chief = 1;
     cfg->save_checkpoint_secs = KEEL_USE_DEFAULT;
@@ -241,6 +242,10 @@ keel_training_session_new(const keel_training_config *cfg,
     *out = NULL;
     if (cfg == NULL)
         return keel__fail(KEEL_EINVAL, "training session: config is NULL");
+    if ((st = KEEL__STRUCT_CHECK(cfg, keel_training_config)) != KEEL_OK
+        || (st = KEEL__STRUCT_CHECK(&cfg->session, keel_session_config))
+           != KEEL_OK)
+        return keel__wrap(st, "training session");
     if (cfg->session.vars == NULL)
         return keel__fail(KEEL_EINVAL, "training session: config needs "
                           "session.vars");
@@ -277,26 +282,34 @@ keel_training_session_new(const keel_training_config *cfg,
         for (i = 0; i < cfg->n_chief_only_hooks; i++)
             all[n_all++] = cfg->chief_only_hooks[i];
         if (summary_dir != NULL && cfg->log_step_count_steps > 0) {
-            st = keel_step_counter_hook_new(cfg->log_step_count_steps, 0,
-                                            summary_dir, &cfg->clock,
-                                            &owned[n_owned]);
+            keel_step_counter_hook_config cc;
+            keel_step_counter_hook_config_init(&cc);
+            cc.every_n_steps = cfg->log_step_count_steps;
+            cc.output_dir = summary_dir;
+            cc.clock = cfg->clock;
+            st = keel_step_counter_hook_new(&cc, &owned[n_owned]);
             if (st != KEEL_OK)
                 goto fail;
             all[n_all++] = owned[n_owned++];
         }
         if (summary_dir != NULL && (sum_secs > 0 || sum_steps > 0)) {
-            st = keel_summary_hook_new(
-                cfg->n_summary_names > 0 ? cfg->summary_names : default_names,
-                cfg->n_summary_names > 0 ? cfg->n_summary_names : 1,
-                sum_steps, sum_secs, summary_dir, &cfg->clock,
-                &owned[n_owned]);
+            keel_summary_hook_config mc;
+            keel_summary_hook_config_init(&mc);
+            mc.names = cfg->n_summary_names > 0 ? cfg->summary_names
+                                                : default_names;
+            mc.n_names = cfg->n_summary_names > 0 ? cfg->n_summary_names : 1;
+            mc.save_steps = sum_steps;
+            mc.save_secs = sum_secs;
+            mc.output_dir = summary_dir;
+            mc.clock = cfg->clock;
+            st = keel_summary_hook_new(&mc, &owned[n_owned]);
             if (st != KEEL_OK)
                 goto fail;
             all[n_all++] = owned[n_owned++];
         }
         if (cfg->checkpoint_dir != NULL && (ck_secs > 0 || ck_steps > 0)) {
             keel_ckpt_hook_config hc;
-            memset(&hc, 0, sizeof hc);
+            keel_ckpt_hook_config_init(&hc);
             hc.save_secs = ck_secs;
             hc.save_steps = ck_steps;
             hc.listeners = cfg->listeners;

@@ -673,7 +673,10 @@ replica_main(void *arg)
     keel_training_config cfg;
     keel_session *s = NULL;
     keel_hook stop;
-    r->st = keel_stop_at_step_hook_new(0, r->steps, &stop);
+    keel_stop_at_step_hook_config stop_cfg;
+    keel_stop_at_step_hook_config_init(&stop_cfg);
+    stop_cfg.last_step = r->steps;
+    r->st = keel_stop_at_step_hook_new(&stop_cfg, &stop);
     if (r->st != KEEL_OK)
         return NULL;
     keel_training_config_init(&cfg);

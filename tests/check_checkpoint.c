@@ -107,6 +107,31 @@ assert_stores_equal(keel_vars *a, keel_vars *b)
     ck_assert_int_eq(keel_vars_global_step(a), keel_vars_global_step(b));
 }
 
+/* A saver config or restore options not filled by their init function are
+ * refused, naming the struct; nothing is written or read. */
+START_TEST(test_configs_without_their_init_are_refused_by_name)
+{
+    keel_saver_config cfg;
+    keel_restore_opts o;
+    keel_saver *s = NULL;
+    keel_vars *vs;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.dir = tu_path("never");
+    ck_assert_int_eq(keel_saver_new(&cfg, &s), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(),
+                                 "keel_saver_config_init()"));
+    ck_assert_ptr_null(s);
+    ck_assert_int_eq(access(tu_path("never"), F_OK), -1);
+    ck_assert_int_eq(keel_vars_new(&vs), KEEL_OK);
+    memset(&o, 0, sizeof o);
+    ck_assert_int_eq(keel_ckpt_restore(tu_path("none.h5"), vs, &o, NULL),
+                     KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(),
+                                 "keel_restore_opts has struct_size 0"));
+    keel_vars_free(vs);
+}
+END_TEST
+
 static keel_saver *
 new_saver(const char *dir, int max_to_keep, int is_async)
 {
@@ -679,7 +704,7 @@ START_TEST(test_restore_strict_partial_report_and_name_map)
     ck_assert_uint_eq(rep.n_missing, 2);
     /* Partial with a map: fc/kernel restored from dense/kernel with its
      * slots; new/thing keeps its value. */
-    memset(&o, 0, sizeof o);
+    keel_restore_opts_init(&o);
     o.mode = KEEL_RESTORE_PARTIAL;
     o.name_map = map;
     o.n_name_map = 1;
@@ -1543,7 +1568,7 @@ START_TEST(test_name_map_of_two_onto_one_names_both)
     float before[3];
     save_step(s, a, 3, path, sizeof path);
     memcpy(before, keel_var_tensor(keel_vars_at(b, 0))->data, sizeof before);
-    memset(&o, 0, sizeof o);
+    keel_restore_opts_init(&o);
     o.mode = KEEL_RESTORE_PARTIAL;
     o.name_map = map;
     o.n_name_map = 2;
@@ -1823,6 +1848,7 @@ checkpoint_suite(void)
     tcase_add_checked_fixture(tc, tu_setup, tu_teardown);
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_sync_roundtrip_every_shape_slot_and_meta);
+    tcase_add_test(tc, test_configs_without_their_init_are_refused_by_name);
     tcase_add_test(tc, test_async_roundtrip_uses_staging_copy);
     tcase_add_test(tc, test_list_and_read_tensor);
     tcase_add_test(tc, test_large_checkpoint_checksums_recorded_after_data);

@@ -2097,6 +2097,7 @@ START_TEST(test_global_step_waiter_hook_sees_the_cluster_step)
     keel_backend be;
     keel_vars *vs;
     keel_hook hook;
+    keel_global_step_waiter_hook_config wc;
     keel_session_config sc;
     waiter_run wr;
     pthread_t th;
@@ -2143,8 +2144,10 @@ START_TEST(test_global_step_waiter_hook_sees_the_cluster_step)
     ck_assert_msg(keel_cluster_backend_new(spec, vs, &o, &wk) == KEEL_OK,
                   "%s", keel_last_error());
     keel_cluster_backend_get(wk, &be);
-    ck_assert_int_eq(keel_global_step_waiter_hook_new(9, 20, &hook),
-                     KEEL_OK);
+    keel_global_step_waiter_hook_config_init(&wc);
+    wc.wait_until_step = 9;
+    wc.poll_ms = 20;
+    ck_assert_int_eq(keel_global_step_waiter_hook_new(&wc, &hook), KEEL_OK);
     memset(&wr, 0, sizeof wr);
     keel_session_config_init(&sc);
     sc.vars = vs;
@@ -2453,6 +2456,7 @@ START_TEST(test_seam_ps_run_and_training_session_on_a_cluster)
     keel_training_config cfg;
     keel_session *s = NULL;
     keel_hook stop;
+    keel_stop_at_step_hook_config stop_cfg;
     seam_ps p;
     pthread_t th;
     const keel_tensor *w, *acc;
@@ -2472,7 +2476,9 @@ START_TEST(test_seam_ps_run_and_training_session_on_a_cluster)
     ck_assert_int_eq(pthread_create(&th, NULL, seam_ps_main, &p), 0);
 
     tu_mkdtemp(dir, sizeof dir);
-    ck_assert_int_eq(keel_stop_at_step_hook_new(0, 3, &stop), KEEL_OK);
+    keel_stop_at_step_hook_config_init(&stop_cfg);
+    stop_cfg.last_step = 3;
+    ck_assert_int_eq(keel_stop_at_step_hook_new(&stop_cfg, &stop), KEEL_OK);
     seam_config(&cfg, vs, &stop, &mom);
     cfg.cluster = chief_spec;
     cfg.cluster_options = &co;
@@ -2519,11 +2525,14 @@ START_TEST(test_seam_training_optimizer_alone)
     keel_training_config cfg;
     keel_session *s = NULL;
     keel_hook stop;
+    keel_stop_at_step_hook_config stop_cfg;
     const keel_tensor *w;
     keel_optimizer_config_init(&mom, KEEL_OPT_MOMENTUM);
     mom.schedule.learning_rate = 0.5;
     mom.momentum = 0.9;
-    ck_assert_int_eq(keel_stop_at_step_hook_new(0, 3, &stop), KEEL_OK);
+    keel_stop_at_step_hook_config_init(&stop_cfg);
+    stop_cfg.last_step = 3;
+    ck_assert_int_eq(keel_stop_at_step_hook_new(&stop_cfg, &stop), KEEL_OK);
     seam_config(&cfg, vs, &stop, &mom);
     cfg.log_step_count_steps = 0;
     ck_assert_int_eq(keel_training_session_new(&cfg, &s), KEEL_OK);

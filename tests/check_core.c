@@ -16,12 +16,12 @@
 START_TEST(test_status_names_are_distinct_and_never_null)
 {
     for (int a = KEEL_OK; a <= KEEL_ECANCELLED; a++) {
-        ck_assert_ptr_nonnull(keel_status_str((keel_status)a));
+        ck_assert_ptr_nonnull(keel_status_name((keel_status)a));
         for (int b = a + 1; b <= KEEL_ECANCELLED; b++)
-            ck_assert_str_ne(keel_status_str((keel_status)a),
-                             keel_status_str((keel_status)b));
+            ck_assert_str_ne(keel_status_name((keel_status)a),
+                             keel_status_name((keel_status)b));
     }
-    ck_assert_str_eq(keel_status_str((keel_status)999), "unknown status");
+    ck_assert_str_eq(keel_status_name((keel_status)999), "unknown status");
 }
 END_TEST
 

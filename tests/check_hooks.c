@@ -120,10 +120,14 @@ ticking_clock(void *ctx)
 START_TEST(test_logging_hook_logs_first_then_every_n_iter_and_at_end)
 {
     const char *names[] = { "loss" };
-    keel_logging_hook_config lc = { .names = names, .n_names = 1,
-                                    .every_n_iter = 2, .at_end = 1 };
+    keel_logging_hook_config lc;
     keel_hook h;
     keel_session *s;
+    keel_logging_hook_config_init(&lc);
+    lc.names = names;
+    lc.n_names = 1;
+    lc.every_n_iter = 2;
+    lc.at_end = 1;
     ck_assert_int_eq(keel_logging_hook_new(&lc, &h), KEEL_OK);
     s = session_with(&h, 1);
     run_steps(s, 5);
@@ -141,13 +145,24 @@ START_TEST(test_step_counter_and_summary_write_event_files)
 {
     keel_clock clk = { ticking_clock, NULL };
     const char *names[] = { "loss" };
+    keel_step_counter_hook_config cc;
+    keel_summary_hook_config mc;
     keel_hook h[2];
     keel_session *s;
     char *csv;
-    ck_assert_int_eq(keel_step_counter_hook_new(2, 0, tu_dir, &clk, &h[0]),
-                     KEEL_OK);
-    ck_assert_int_eq(keel_summary_hook_new(names, 1, 2, 0, tu_dir, &clk,
-                                           &h[1]), KEEL_OK);
+    keel_step_counter_hook_config_init(&cc);
+    ck_assert_int_eq(cc.every_n_steps, 100);            // TF's default
+    cc.every_n_steps = 2;
+    cc.output_dir = tu_dir;
+    cc.clock = clk;
+    ck_assert_int_eq(keel_step_counter_hook_new(&cc, &h[0]), KEEL_OK);
+    keel_summary_hook_config_init(&mc);
+    mc.names = names;
+    mc.n_names = 1;
+    mc.save_steps = 2;
+    mc.output_dir = tu_dir;
+    mc.clock = clk;
+    ck_assert_int_eq(keel_summary_hook_new(&mc, &h[1]), KEEL_OK);
     s = session_with(h, 2);
     run_steps(s, 5);
     keel_session_free(s);
@@ -161,20 +176,31 @@ START_TEST(test_step_counter_and_summary_write_event_files)
     ck_assert_int_eq(count(csv, ",loss,"), 3);
     ck_assert_ptr_nonnull(strstr(csv, ",5,loss,"));
     free(csv);
-    ck_assert_int_eq(keel_step_counter_hook_new(2, 1.0, NULL, NULL, &h[0]),
-                     KEEL_EINVAL);
-    ck_assert_int_eq(keel_summary_hook_new(names, 1, 2, 0, NULL, NULL, &h[0]),
-                     KEEL_EINVAL);
+    cc.every_n_secs = 1.0;                              // both: refused
+    ck_assert_int_eq(keel_step_counter_hook_new(&cc, &h[0]), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "every_n_secs"));
+    mc.output_dir = NULL;
+    ck_assert_int_eq(keel_summary_hook_new(&mc, &h[0]), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "output_dir"));
+    mc.output_dir = tu_dir;
+    mc.n_names = 0;
+    ck_assert_int_eq(keel_summary_hook_new(&mc, &h[0]), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "n_names"));
 }
 END_TEST
 
 START_TEST(test_profiler_hook_writes_closed_chrome_trace_skipping_first)
 {
+    keel_profiler_hook_config pc;
     keel_hook h;
     keel_session *s;
     char *json;
-    ck_assert_int_eq(keel_profiler_hook_new(1, 0, tu_path("prof"), NULL, &h),
-                     KEEL_OK);
+    keel_profiler_hook_config_init(&pc);
+    ck_assert_int_eq(keel_profiler_hook_new(&pc, &h), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "output_dir"));
+    pc.save_steps = 1;
+    pc.output_dir = tu_path("prof");
+    ck_assert_int_eq(keel_profiler_hook_new(&pc, &h), KEEL_OK);
     s = session_with(&h, 1);
     run_steps(s, 4);
     keel_session_free(s);
@@ -198,18 +224,28 @@ stop_soon(void *arg)
 
 START_TEST(test_global_step_waiter_passes_when_reached_and_wakes_on_stop)
 {
+    keel_global_step_waiter_hook_config wc;
     keel_hook h;
     keel_session *s;
     pthread_t t;
     int64_t t0;
-    ck_assert_int_eq(keel_global_step_waiter_hook_new(3, 0, &h), KEEL_OK);
+    keel_global_step_waiter_hook_config_init(&wc);
+    ck_assert_int_eq(wc.wait_until_step, 0);
+    ck_assert_int_eq(wc.poll_ms, 50);
+    wc.poll_ms = 0;
+    ck_assert_int_eq(keel_global_step_waiter_hook_new(&wc, &h), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "poll_ms"));
+    wc.poll_ms = 50;
+    wc.wait_until_step = 3;
+    ck_assert_int_eq(keel_global_step_waiter_hook_new(&wc, &h), KEEL_OK);
     keel_vars_set_global_step(vs, 5);
     s = session_with(&h, 1);
     run_steps(s, 1);
     keel_session_free(s);
     keel_hook_release(&h);
-    ck_assert_int_eq(keel_global_step_waiter_hook_new(100, 60000, &h),
-                     KEEL_OK);
+    wc.wait_until_step = 100;
+    wc.poll_ms = 60000;
+    ck_assert_int_eq(keel_global_step_waiter_hook_new(&wc, &h), KEEL_OK);
     keel_vars_set_global_step(vs, 0);
     s = session_with(&h, 1);
     ck_assert_int_eq(pthread_create(&t, NULL, stop_soon,
@@ -234,10 +270,15 @@ final_fn(void *ctx, keel_session *s, double *v)
 
 START_TEST(test_final_ops_hook_runs_once_at_end)
 {
+    keel_final_ops_hook_config fc;
     keel_hook h;
     keel_session *s;
     double v = 0;
-    ck_assert_int_eq(keel_final_ops_hook_new(final_fn, NULL, &h), KEEL_OK);
+    keel_final_ops_hook_config_init(&fc);
+    ck_assert_int_eq(keel_final_ops_hook_new(&fc, &h), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "fn is NULL"));
+    fc.fn = final_fn;
+    ck_assert_int_eq(keel_final_ops_hook_new(&fc, &h), KEEL_OK);
     s = session_with(&h, 1);
     run_steps(s, 3);
     ck_assert(!keel_final_ops_hook_value(&h, &v));
@@ -485,28 +526,47 @@ static void
 skip_scenario(int is_skipping, const char *sub, char *out, size_t out_size)
 {
     const char *names[] = { "loss" };
-    keel_logging_hook_config lc = { .names = names, .n_names = 1,
-                                    .every_n_iter = 6 };
-    keel_ckpt_hook_config hc = { .save_steps = 3 };
+    keel_step_counter_hook_config cc;
+    keel_summary_hook_config mc;
+    keel_ckpt_hook_config hc;
+    keel_stop_at_step_hook_config sc;
+    keel_nan_hook_config nc;
+    keel_logging_hook_config lc;
     keel_hook h[7], order[7];
     keel_session_config c;
     keel_session *s;
     char dir[512], *csv, *line, *save;
     size_t n = 0, i;
     int is_stalled = 0;
+    keel_step_counter_hook_config_init(&cc);
+    cc.every_n_steps = 4;
+    cc.output_dir = dir;
+    keel_summary_hook_config_init(&mc);
+    mc.names = names;
+    mc.n_names = 1;
+    mc.save_steps = 5;
+    mc.output_dir = dir;
+    keel_ckpt_hook_config_init(&hc);
+    hc.save_steps = 3;
+    keel_stop_at_step_hook_config_init(&sc);
+    sc.last_step = 20;
+    keel_nan_hook_config_init(&nc);
+    nc.fail_on_inf = 1;
+    keel_logging_hook_config_init(&lc);
+    lc.names = names;
+    lc.n_names = 1;
+    lc.every_n_iter = 6;
     keel__session_set_skipping(is_skipping);
     fake_install();
     logbuf[0] = '\0';
     keel_vars_set_global_step(vs, 0);
     snprintf(dir, sizeof dir, "%s", tu_path(sub));
     ck_assert_int_eq(keel__fs_mkdirs(dir), KEEL_OK);
-    ck_assert_int_eq(keel_step_counter_hook_new(4, 0, dir, NULL, &h[0]),
-                     KEEL_OK);
-    ck_assert_int_eq(keel_summary_hook_new(names, 1, 5, 0, dir, NULL, &h[1]),
-                     KEEL_OK);
+    ck_assert_int_eq(keel_step_counter_hook_new(&cc, &h[0]), KEEL_OK);
+    ck_assert_int_eq(keel_summary_hook_new(&mc, &h[1]), KEEL_OK);
     ck_assert_int_eq(keel_ckpt_hook_new(&hc, &h[2]), KEEL_OK);
-    ck_assert_int_eq(keel_stop_at_step_hook_new(0, 20, &h[3]), KEEL_OK);
-    ck_assert_int_eq(keel_nan_hook_new("loss", 1, 1, &h[4]), KEEL_OK);
+    ck_assert_int_eq(keel_stop_at_step_hook_new(&sc, &h[3]), KEEL_OK);
+    ck_assert_int_eq(keel_nan_hook_new(&nc, &h[4]), KEEL_OK);
     ck_assert_int_eq(keel_logging_hook_new(&lc, &h[5]), KEEL_OK);
     h[6] = (keel_hook){ .struct_size = sizeof h[6], .name = "abort_after",
                         .after_run = abort_after };
@@ -594,19 +654,34 @@ manual_clock(void *ctx)
     return clock_ns;
 }
 
+/* h[0] a StepCounterHook every every_n_steps, h[2] a StopAtStepHook at
+ * last_step; h[1] is left to the caller. */
+static void
+step_hooks_around(keel_hook h[3], int64_t every_n_steps, int64_t last_step)
+{
+    keel_step_counter_hook_config cc;
+    keel_stop_at_step_hook_config sc;
+    keel_step_counter_hook_config_init(&cc);
+    cc.every_n_steps = every_n_steps;
+    ck_assert_int_eq(keel_step_counter_hook_new(&cc, &h[0]), KEEL_OK);
+    keel_stop_at_step_hook_config_init(&sc);
+    sc.last_step = last_step;
+    ck_assert_int_eq(keel_stop_at_step_hook_new(&sc, &h[2]), KEEL_OK);
+}
+
 START_TEST(test_time_trigger_fires_while_step_hooks_skip)
 {
     keel_clock clk = { manual_clock, NULL };
-    keel_ckpt_hook_config hc = { .save_secs = 2, .clock = clk };
+    keel_ckpt_hook_config hc;
     keel_hook h[3];
     keel_session *s;
     int64_t deadline;
     clock_ns = 1000000000;
-    ck_assert_int_eq(keel_step_counter_hook_new(1000, 0, NULL, NULL, &h[0]),
-                     KEEL_OK);
+    keel_ckpt_hook_config_init(&hc);
+    hc.save_secs = 2;
+    hc.clock = clk;
+    step_hooks_around(h, 1000, (int64_t)1 << 40);
     ck_assert_int_eq(keel_ckpt_hook_new(&hc, &h[1]), KEEL_OK);
-    ck_assert_int_eq(keel_stop_at_step_hook_new(0, (int64_t)1 << 40, &h[2]),
-                     KEEL_OK);
     s = session_with_ckpt(h, 3);
     run_steps(s, 3);
     clock_ns += 1999999999;
@@ -637,11 +712,16 @@ END_TEST
 
 START_TEST(test_stop_request_lands_at_next_step_boundary_with_idle_hooks)
 {
-    keel_ckpt_hook_config hc = { .save_steps = 1000 };
+    keel_ckpt_hook_config hc;
+    keel_stop_at_step_hook_config sc;
     keel_hook h[2];
     keel_session *s;
+    keel_ckpt_hook_config_init(&hc);
+    hc.save_steps = 1000;
     ck_assert_int_eq(keel_ckpt_hook_new(&hc, &h[0]), KEEL_OK);
-    ck_assert_int_eq(keel_stop_at_step_hook_new(0, 1000, &h[1]), KEEL_OK);
+    keel_stop_at_step_hook_config_init(&sc);
+    sc.last_step = 1000;
+    ck_assert_int_eq(keel_stop_at_step_hook_new(&sc, &h[1]), KEEL_OK);
     s = session_with_ckpt(h, 2);
     run_steps(s, 3);
     keel_coord_request_stop(keel_session_coord(s), KEEL_OK, NULL);
@@ -706,19 +786,19 @@ START_TEST(test_real_clock_trigger_is_neither_late_nor_early_while_idle)
 {
     const int64_t period = 300000000;       // 0.3 s; the alarm leads 0.1 s
     keel_ckpt_listener li = { .before_save = timed_before_save };
-    keel_ckpt_hook_config hc = { .save_secs = 0.3, .listeners = &li,
-                                 .n_listeners = 1 };
+    keel_ckpt_hook_config hc;
     keel_hook h[3];
     keel_session_config c;
     keel_session *s;
     int64_t t_new, deadline;
     last_cb_ns = prev_cb_ns = first_cb_ns = 0;
     n_timed_saves = 0;
-    ck_assert_int_eq(keel_step_counter_hook_new(1000, 0, NULL, NULL, &h[0]),
-                     KEEL_OK);
+    keel_ckpt_hook_config_init(&hc);
+    hc.save_secs = 0.3;
+    hc.listeners = &li;
+    hc.n_listeners = 1;
+    step_hooks_around(h, 1000, (int64_t)1 << 40);
     ck_assert_int_eq(keel_ckpt_hook_new(&hc, &h[1]), KEEL_OK);
-    ck_assert_int_eq(keel_stop_at_step_hook_new(0, (int64_t)1 << 40, &h[2]),
-                     KEEL_OK);
     keel_session_config_init(&c);
     c.vars = vs;
     c.step = timed_step;
@@ -763,10 +843,16 @@ acc_nan_step(void *ctx, keel_step *st)
 
 START_TEST(test_nan_hook_finds_its_value_again_in_a_new_session)
 {
+    keel_nan_hook_config nc;
     keel_hook h[2];
     keel_session_config c;
     keel_session *s;
-    ck_assert_int_eq(keel_nan_hook_new("loss", 1, 1, &h[1]), KEEL_OK);
+    keel_nan_hook_config_init(&nc);
+    ck_assert_str_eq(nc.name, "loss");                  // TF's defaults
+    ck_assert_int_eq(nc.fail_on_nan, 1);
+    ck_assert_int_eq(nc.fail_on_inf, 0);
+    nc.fail_on_inf = 1;
+    ck_assert_int_eq(keel_nan_hook_new(&nc, &h[1]), KEEL_OK);
     s = session_with(&h[1], 1);             // "loss" is slot 0 here
     run_steps(s, 2);
     keel_session_free(s);
@@ -841,11 +927,35 @@ START_TEST(test_user_hook_wake_skips_calls_and_counts_them)
 }
 END_TEST
 
+/* A config not filled by its init function (struct_size 0), or from newer
+ * headers (struct_size larger than this libkeel's), is refused by name. */
+START_TEST(test_hook_config_without_its_init_is_refused_by_name)
+{
+    keel_nan_hook_config nc;
+    keel_summary_hook_config mc;
+    keel_hook h;
+    memset(&nc, 0, sizeof nc);
+    nc.name = "loss";
+    ck_assert_int_eq(keel_nan_hook_new(&nc, &h), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "keel_nan_hook_config "
+                                 "has struct_size 0"));
+    ck_assert_ptr_nonnull(strstr(keel_last_error(),
+                                 "keel_nan_hook_config_init()"));
+    keel_summary_hook_config_init(&mc);
+    mc.struct_size += 8;
+    ck_assert_int_eq(keel_summary_hook_new(&mc, &h), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(),
+                                 "keel_summary_hook_config has struct_size"));
+}
+END_TEST
+
 START_TEST(test_hooks_are_told_apart_by_kind)
 {
     keel_hook ck, user = { .struct_size = sizeof user, .name = "u",
                            .ctx = &user };
-    keel_ckpt_hook_config hc = { .save_steps = 5 };
+    keel_ckpt_hook_config hc;
+    keel_ckpt_hook_config_init(&hc);
+    hc.save_steps = 5;
     ck_assert_int_eq(keel_ckpt_hook_new(&hc, &ck), KEEL_OK);
     ck_assert_int_eq(ck.kind, KEEL_HOOK_CHECKPOINT);
     ck_assert_int_eq(keel_ckpt_hook_save_count(&ck), 0);
@@ -890,6 +1000,7 @@ hooks_suite(void)
     tcase_add_test(tc, test_nan_hook_finds_its_value_again_in_a_new_session);
     tcase_add_test(tc, test_user_hook_wake_skips_calls_and_counts_them);
     tcase_add_test(tc, test_hooks_are_told_apart_by_kind);
+    tcase_add_test(tc, test_hook_config_without_its_init_is_refused_by_name);
     tcase_add_test(tc,
         test_real_clock_trigger_is_neither_late_nor_early_while_idle);
     suite_add_tcase(s, tc);

@@ -441,11 +441,32 @@ START_TEST(test_end_of_input_ends_with_out_of_range)
 }
 END_TEST
 
+/* A CheckpointSaverHook config saving every save_steps steps. */
+static keel_ckpt_hook_config
+ckpt_every(int64_t save_steps)
+{
+    keel_ckpt_hook_config hc;
+    keel_ckpt_hook_config_init(&hc);
+    hc.save_steps = save_steps;
+    return hc;
+}
+
+/* A NanTensorHook on "loss". */
+static keel_status
+new_nan_hook(int fail_on_nan, int fail_on_inf, keel_hook *out)
+{
+    keel_nan_hook_config nc;
+    keel_nan_hook_config_init(&nc);
+    nc.fail_on_nan = fail_on_nan;
+    nc.fail_on_inf = fail_on_inf;
+    return keel_nan_hook_new(&nc, out);
+}
+
 START_TEST(test_sigterm_stops_at_step_boundary_and_saves_final_checkpoint)
 {
     rec a = { "A", 0 };
     keel_hook h[2];
-    keel_ckpt_hook_config hc = { .save_steps = 100 };
+    keel_ckpt_hook_config hc = ckpt_every(100);
     script sc = { .signal_at = 2 };
     keel_session_config c;
     keel_session *s;
@@ -499,7 +520,7 @@ START_TEST(test_nan_hook_fails_or_stops_and_inf_is_optional)
     keel_session_config c;
     keel_session *s;
     keel_hook h;
-    ck_assert_int_eq(keel_nan_hook_new("loss", 1, 0, &h), KEEL_OK);
+    ck_assert_int_eq(new_nan_hook(1, 0, &h), KEEL_OK);
     base_cfg(&c, &sc, &h, 1);
     ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
     ck_assert_int_eq(keel_session_run(s, NULL), KEEL_EHOOK);
@@ -508,7 +529,7 @@ START_TEST(test_nan_hook_fails_or_stops_and_inf_is_optional)
     keel_hook_release(&h);
 
     sc.loss = INFINITY;
-    ck_assert_int_eq(keel_nan_hook_new("loss", 0, 0, &h), KEEL_OK);
+    ck_assert_int_eq(new_nan_hook(0, 0, &h), KEEL_OK);
     c.hooks = &h;
     ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
     ck_assert_int_eq(keel_session_run(s, NULL), KEEL_OK);
@@ -516,7 +537,7 @@ START_TEST(test_nan_hook_fails_or_stops_and_inf_is_optional)
     keel_session_free(s);
     keel_hook_release(&h);
 
-    ck_assert_int_eq(keel_nan_hook_new("loss", 0, 1, &h), KEEL_OK);
+    ck_assert_int_eq(new_nan_hook(0, 1, &h), KEEL_OK);
     c.hooks = &h;
     ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
     ck_assert_int_eq(keel_session_run(s, NULL), KEEL_OK);
@@ -544,10 +565,13 @@ START_TEST(test_feed_fn_supplies_batch_and_its_end_of_input_ends_cleanly)
     script sc = { 0 };
     keel_session_config c;
     keel_session *s;
+    keel_feed_fn_hook_config fc;
     keel_hook h;
     int mine = 1;
     feed_left = 2;
-    ck_assert_int_eq(keel_feed_fn_hook_new(feed, NULL, &h), KEEL_OK);
+    keel_feed_fn_hook_config_init(&fc);
+    fc.fn = feed;
+    ck_assert_int_eq(keel_feed_fn_hook_new(&fc, &h), KEEL_OK);
     base_cfg(&c, &sc, &h, 1);
     ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
     ck_assert_int_eq(keel_session_run(s, &mine), KEEL_EHOOK); // two feeders
@@ -628,7 +652,7 @@ START_TEST(test_user_hook_sees_step_duration_and_values_by_any_pointer)
     script sc = { 0 };
     base_cfg(&c, &sc, h, 2);
     c.step = sleepy_step;
-    ck_assert_int_eq(keel_nan_hook_new("loss", 1, 0, &h[0]), KEEL_OK);
+    ck_assert_int_eq(new_nan_hook(1, 0, &h[0]), KEEL_OK);
     memset(&h[1], 0, sizeof h[1]);
     h[1].struct_size = sizeof h[1];
     h[1].name = "timing";
@@ -698,13 +722,16 @@ static int64_t
 train_with_stop(int64_t num_steps, int64_t last_step, int64_t *start)
 {
     keel_hook h[2];
-    keel_ckpt_hook_config hc = { .save_steps = 1000 };
+    keel_stop_at_step_hook_config stop;
+    keel_ckpt_hook_config hc = ckpt_every(1000);
     script sc = { 0 };
     keel_session_config c;
     keel_session *s;
     int64_t end;
-    ck_assert_int_eq(keel_stop_at_step_hook_new(num_steps, last_step, &h[0]),
-                     KEEL_OK);
+    keel_stop_at_step_hook_config_init(&stop);
+    stop.num_steps = num_steps;
+    stop.last_step = last_step;
+    ck_assert_int_eq(keel_stop_at_step_hook_new(&stop, &h[0]), KEEL_OK);
     ck_assert_int_eq(keel_ckpt_hook_new(&hc, &h[1]), KEEL_OK);
     base_cfg(&c, &sc, h, 2);
     c.checkpoint_dir = tu_dir;
@@ -732,7 +759,15 @@ START_TEST(test_stop_at_step_num_steps_is_relative_last_step_absolute)
     ck_assert_int_eq(start, 6);
     ck_assert_int_eq(train_with_stop(0, 8, &start), 8);  // nothing to do
     ck_assert_int_eq(fake.n_restores, 3);
-    ck_assert_int_eq(keel_stop_at_step_hook_new(1, 1, NULL), KEEL_EINVAL);
+    {
+        keel_stop_at_step_hook_config both;
+        keel_hook h;
+        keel_stop_at_step_hook_config_init(&both);
+        both.num_steps = 1;
+        both.last_step = 1;
+        ck_assert_int_eq(keel_stop_at_step_hook_new(&both, &h), KEEL_EINVAL);
+        ck_assert_ptr_nonnull(strstr(keel_last_error(), "num_steps"));
+    }
 }
 END_TEST
 
@@ -756,7 +791,7 @@ stop_after_second(void *ctx, keel_session *s, int64_t step, const char *path,
 START_TEST(test_ckpt_hook_saves_at_creation_every_n_and_end_never_twice)
 {
     keel_hook h;
-    keel_ckpt_hook_config hc = { .save_steps = 2 };
+    keel_ckpt_hook_config hc = ckpt_every(2);
     script sc = { 0 };
     keel_session_config c;
     keel_session *s;
@@ -795,12 +830,13 @@ START_TEST(test_ckpt_listener_can_stop_training_and_error_skips_final_save)
 {
     keel_ckpt_listener l = { .after_save = stop_after_second };
     keel_hook h;
-    keel_ckpt_hook_config hc = { .save_steps = 3, .listeners = &l,
-                                 .n_listeners = 1 };
+    keel_ckpt_hook_config hc = ckpt_every(3);
     script sc = { 0 };
     keel_session_config c;
     keel_session *s;
     listener_saves = 0;
+    hc.listeners = &l;
+    hc.n_listeners = 1;
     ck_assert_int_eq(keel_ckpt_hook_new(&hc, &h), KEEL_OK);
     base_cfg(&c, &sc, &h, 1);
     c.checkpoint_dir = tu_dir;
@@ -886,20 +922,38 @@ mark_ready_init_fn_fails_nothing(void *ctx, keel_vars *v)
     return KEEL_OK;         // a warm start that forgot a variable
 }
 
+/* A SessionManager config on the suite's store. */
+static keel_session_manager_config
+manager_config(void)
+{
+    keel_session_manager_config mc;
+    keel_session_manager_config_init(&mc);
+    mc.vars = vs;
+    return mc;
+}
+
 START_TEST(test_prepare_errors_match_tf_conditions)
 {
-    keel_session_manager_config mc = { .vars = vs };
+    keel_session_manager_config mc = manager_config();
     keel_session_manager *sm;
     keel_scaffold empty;
     int restored = -1;
-    memset(&empty, 0, sizeof empty);
+    memset(&empty, 0, sizeof empty);        // its saver settings unset
     mc.scaffold = &empty;
+    ck_assert_int_eq(keel_session_manager_new(&mc, &sm), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "keel_scaffold_init"));
+    keel_scaffold_init(&empty);             // TF's None for every member
+    empty.init = NULL;
+    empty.init_fn = NULL;
+    empty.ready = NULL;
+    empty.ready_for_local_init = NULL;
+    empty.local_init = NULL;
     ck_assert_int_eq(keel_session_manager_new(&mc, &sm), KEEL_OK);
     ck_assert_int_eq(keel_session_manager_prepare(sm, 0, &restored),
                      KEEL_ESTATE);
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "no init"));
     keel_session_manager_free(sm);
-    keel_scaffold_default(&empty);
+    keel_scaffold_init(&empty);
     empty.init = NULL;
     empty.init_fn = NULL;
     ck_assert_int_eq(keel_session_manager_new(&mc, &sm), KEEL_OK);
@@ -933,9 +987,10 @@ END_TEST
 
 START_TEST(test_recover_session_ready_only_after_a_restore)
 {
-    keel_session_manager_config mc = { .vars = vs, .checkpoint_dir = "x" };
+    keel_session_manager_config mc = manager_config();
     keel_session_manager *sm;
     int is_ready = -1;
+    mc.checkpoint_dir = "x";
     ck_assert_int_eq(keel_session_manager_new(&mc, &sm), KEEL_OK);
     ck_assert_int_eq(keel_session_manager_recover(sm, &is_ready), KEEL_OK);
     ck_assert_int_eq(is_ready, 0);          // nothing to restore: no init
@@ -965,10 +1020,11 @@ init_later(void *arg)
 
 START_TEST(test_worker_wait_wakes_on_notify_and_times_out)
 {
-    keel_session_manager_config mc = { .vars = vs, .recovery_wait_ms = 60000 };
+    keel_session_manager_config mc = manager_config();
     keel_session_manager *sm;
     pthread_t t;
     int64_t t0;
+    mc.recovery_wait_ms = 60000;
     ck_assert_int_eq(keel_session_manager_new(&mc, &sm), KEEL_OK);
     t0 = tu_now_ms();
     ck_assert_int_eq(keel_session_manager_wait(sm, 0.1), KEEL_ETIMEOUT);
@@ -1201,6 +1257,46 @@ START_TEST(test_replica_failures_name_the_replica_and_apply_nothing)
 }
 END_TEST
 
+/* Session, training and supervisor configs not filled by their init
+ * function are refused, naming the struct and the function. */
+START_TEST(test_configs_without_their_init_are_refused_by_name)
+{
+    script sc = { 0 };
+    keel_session_config c;
+    keel_training_config tc;
+    keel_supervisor_config vc;
+    keel_session *s = NULL;
+    keel_supervisor *sv = NULL;
+    memset(&c, 0, sizeof c);
+    c.vars = vs;
+    c.step = scripted_step;
+    c.step_ctx = &sc;
+    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(),
+                                 "keel_session_config_init()"));
+    keel_training_config_init(&tc);
+    tc.session = c;                         // nested, still not filled
+    ck_assert_int_eq(keel_training_session_new(&tc, &s), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(),
+                                 "keel_session_config has struct_size 0"));
+    memset(&tc, 0, sizeof tc);
+    keel_session_config_init(&tc.session);
+    tc.session.vars = vs;
+    tc.session.step = scripted_step;
+    ck_assert_int_eq(keel_training_session_new(&tc, &s), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(),
+                                 "keel_training_config_init()"));
+    memset(&vc, 0, sizeof vc);
+    vc.vars = vs;
+    vc.step = scripted_step;
+    ck_assert_int_eq(keel_supervisor_new(&vc, &sv), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(),
+                                 "keel_supervisor_config_init()"));
+    ck_assert_ptr_null(s);
+    ck_assert_ptr_null(sv);
+}
+END_TEST
+
 START_TEST(test_strategy_names_and_the_training_sessions_rules)
 {
     static const char *names[] = { "auto", "one_device", "mirrored",
@@ -1380,6 +1476,7 @@ session_suite(void)
     tcase_add_test(tc,
         test_replica_failures_name_the_replica_and_apply_nothing);
     tcase_add_test(tc, test_strategy_names_and_the_training_sessions_rules);
+    tcase_add_test(tc, test_configs_without_their_init_are_refused_by_name);
     suite_add_tcase(s, tc);
     return s;
 }

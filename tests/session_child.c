@@ -98,6 +98,7 @@ main(int argc, char **argv)
     keel_vars *vs = NULL;
     keel_session *s = NULL;
     keel_hook stop;
+    keel_stop_at_step_hook_config stop_cfg;
     child c = { 0, 0, 1, 0 };
     int64_t last_step;
     keel_status st;
@@ -110,13 +111,15 @@ main(int argc, char **argv)
     if (argc > 3)
         c.min_steps = strtoll(argv[3], NULL, 10);
     keel_log_set_handler(log_line, NULL, KEEL_LOG_INFO);
+    keel_stop_at_step_hook_config_init(&stop_cfg);
+    stop_cfg.last_step = last_step;
     if (keel_session_install_signal_handlers() != KEEL_OK
         || keel_vars_new(&vs) != KEEL_OK
         || keel_vars_create(vs, "w", 0, NULL, KEEL_VAR_TRAINABLE, NULL)
            != KEEL_OK
         || keel_vars_create(vs, "b", 0, NULL, KEEL_VAR_TRAINABLE, NULL)
            != KEEL_OK
-        || keel_stop_at_step_hook_new(0, last_step, &stop) != KEEL_OK) {
+        || keel_stop_at_step_hook_new(&stop_cfg, &stop) != KEEL_OK) {
         fprintf(stderr, "setup: %s\n", keel_last_error());
         return 1;
     }

@@ -39,7 +39,7 @@ cli_fail(keel_status st, const char *context)
 {
     const char *msg = keel_last_error();
     if (msg[0] == '\0')
-        msg = keel_status_str(st);
+        msg = keel_status_name(st);
     if (context != NULL && context[0] != '\0')
         return cli_error(cli_exit_code(st), "%s: %s", context, msg);
     return cli_error(cli_exit_code(st), "%s", msg);

@@ -175,7 +175,7 @@ cli_resolve_cluster(const keel_config *cfg, const char *task,
         memcpy(type, task, (size_t)(colon - task));
         type[colon - task] = '\0';
         idx = strtol(colon + 1, &end, 10);
-        if (keel_task_type_parse(type, &tt) != KEEL_OK || *end != '\0' ||
+        if (keel_task_type_from_name(type, &tt) != KEEL_OK || *end != '\0' ||
             end == colon + 1 || idx < 0 || idx > 65535)
             return cli_error(CLI_USAGE, "--task '%s': expected TYPE:INDEX "
                              "with TYPE chief, worker or ps", task);

@@ -1,6 +1,7 @@
 /* status.c - status names and the thread-local failure message. */
 #include <config.h>
 
+#include <assert.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -11,7 +12,7 @@
 static _Thread_local char last_error[KEEL_ERR_MAX];
 
 const char *
-keel_status_str(keel_status s)
+keel_status_name(keel_status s)
 {
     switch (s) {
     case KEEL_OK: return "success";
@@ -51,7 +52,7 @@ vfail(keel_status code, const char *fmt, va_list ap)
     char tmp[KEEL_ERR_MAX];
     int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
     if (n < 0)
-        snprintf(tmp, sizeof tmp, "%s", keel_status_str(code));
+        snprintf(tmp, sizeof tmp, "%s", keel_status_name(code));
     memcpy(last_error, tmp, sizeof tmp);
     return code;
 }
@@ -74,6 +75,35 @@ keel_error_set(keel_status code, const char *fmt, ...)
     vfail(code, fmt, ap);
     va_end(ap);
     return code;
+}
+
+keel_status
+keel__struct_size_check(uint32_t struct_size, size_t min_size, size_t size,
+                        const char *type)
+{
+    assert(type != NULL && min_size > 0 && min_size <= size);
+    if (struct_size == 0)
+        return keel__fail(KEEL_EINVAL, "%s has struct_size 0: fill it with "
+                          "%s_init() before setting its members", type, type);
+    if (struct_size < min_size || struct_size > size)
+        return keel__fail(KEEL_EINVAL, "%s has struct_size %u, this libkeel "
+                          "knows %zu..%zu: rebuild against its headers and "
+                          "fill it with %s_init()", type, struct_size,
+                          min_size, size, type);
+    return KEEL_OK;
+}
+
+keel_status
+keel__config_check(const void *cfg, const void *out, size_t min_size,
+                   size_t size, const char *type, const char *who)
+{
+    uint32_t struct_size;
+    keel_status st;
+    if (cfg == NULL || out == NULL)
+        return keel__fail(KEEL_EINVAL, "%s: cfg or out is NULL", who);
+    memcpy(&struct_size, cfg, sizeof struct_size);
+    st = keel__struct_size_check(struct_size, min_size, size, type);
+    return st == KEEL_OK ? KEEL_OK : keel__wrap(st, "%s", who);
 }
 
 keel_status

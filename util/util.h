@@ -23,6 +23,30 @@ keel_status keel__fail(keel_status code, const char *fmt, ...)
 keel_status keel__wrap(keel_status code, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+/* Check the struct_size of a config struct a caller filled: type names the
+ * struct ("keel_session_config"), min_size is the size of its first
+ * version, size this library's. 0 (not filled by its init function, e.g.
+ * memset or "= { 0 }"), smaller than min_size or larger than size (built
+ * against newer headers) fails with KEEL_EINVAL naming the struct and its
+ * init function. A struct_size between min_size and size is valid: the
+ * consumer reads only the first struct_size bytes and takes the defaults
+ * for the rest. */
+keel_status keel__struct_size_check(uint32_t struct_size, size_t min_size,
+                                    size_t size, const char *type);
+/* The usual call: p points to a struct of type T whose first version is
+ * the present one. */
+#define KEEL__STRUCT_CHECK(p, T) \
+    keel__struct_size_check((p)->struct_size, sizeof(T), sizeof(T), #T)
+
+/* The start of a constructor taking a config struct T whose first member is
+ * uint32_t struct_size: cfg and out non-NULL (else KEEL_EINVAL "who: cfg or
+ * out is NULL"), then KEEL__STRUCT_CHECK, its message prefixed with who. */
+keel_status keel__config_check(const void *cfg, const void *out,
+                               size_t min_size, size_t size, const char *type,
+                               const char *who);
+#define KEEL__CONFIG_CHECK(cfg, out, T, who) \
+    keel__config_check((cfg), (out), sizeof(T), sizeof(T), #T, (who))
+
 /* Log a line through the installed handler (no-op without one). */
 void keel__log(keel_log_level level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));

@@ -50,6 +50,7 @@ typedef struct keel_ckpt_meta {
 typedef struct keel_saver keel_saver;
 
 typedef struct keel_saver_config {
+    uint32_t struct_size;     /* set by keel_saver_config_init() */
     const char *dir;           /* checkpoint directory (created if missing) */
     const char *basename;      /* default "model.ckpt" */
     int max_to_keep;           /* default 5; 0 keeps all */
@@ -111,12 +112,16 @@ typedef enum keel_restore_mode {
 } keel_restore_mode;
 
 typedef struct keel_restore_opts {
-    keel_restore_mode mode;
+    uint32_t struct_size;     /* set by keel_restore_opts_init() */
+    keel_restore_mode mode;   /* default KEEL_RESTORE_STRICT */
     /* Renames for layers renamed since the save: "old/name=new/name". */
     const char *const *name_map;
     size_t n_name_map;
     int skip_slots;           /* 1: do not restore optimizer slots */
 } keel_restore_opts;
+
+/* Strict, no renames, slots restored. Cannot fail. */
+void keel_restore_opts_init(keel_restore_opts *opts);
 
 /* What a restore found. */
 typedef struct keel_restore_report {

@@ -38,7 +38,7 @@ typedef struct keel_cluster_spec keel_cluster_spec;
  * never NULL. */
 const char *keel_task_type_name(keel_task_type t);
 /* Parse a task type name ("master" is chief). KEEL_EINVAL when unknown. */
-keel_status keel_task_type_parse(const char *name, keel_task_type *out);
+keel_status keel_task_type_from_name(const char *name, keel_task_type *out);
 
 /* An empty spec (local mode: no tasks, no role). Caller owns *out:
  * keel_cluster_spec_free(). */

@@ -224,21 +224,28 @@ void keel_timer_reset(keel_timer *t);
 int64_t keel_timer_wake_step(const keel_timer *t);
 
 /* ---- standard hooks -------------------------------------------------------
- * Each constructor validates its config (copied; strings copied), allocates
- * the context and fills *out with a hook whose destroy frees it: the caller
- * owns it and calls keel_hook_release() after the session is freed. */
+ * Each hook X has a config struct keel_X_hook_config, filled with its
+ * defaults by keel_X_hook_config_init() (always call it first, then set the
+ * members you need), and a constructor keel_X_hook_new(cfg, out). The
+ * constructor validates the config (KEEL_EINVAL naming the member; the
+ * struct and its strings are copied, pointers to callbacks' contexts are
+ * borrowed), allocates the context and fills *out with a hook whose destroy
+ * frees it: the caller owns it and calls keel_hook_release() after the
+ * session is freed. A clock member with fn NULL is CLOCK_MONOTONIC. */
 
 /* LoggingTensorHook: logs "name = value, ... (0.123 sec)" for the named
  * values every every_n_iter local iterations or every every_n_secs (exactly
  * one), and/or at_end with the last values seen. */
 typedef struct keel_logging_hook_config {
-    const char *const *names;
-    size_t n_names;           /* <= 16 */
-    int64_t every_n_iter;
-    double every_n_secs;
-    int at_end;
+    uint32_t struct_size;     /* set by keel_logging_hook_config_init() */
+    const char *const *names; /* 1..16 value names; default none */
+    size_t n_names;
+    int64_t every_n_iter;     /* default 0 (unset) */
+    double every_n_secs;      /* default 0 (unset) */
+    int at_end;               /* default 0 */
     keel_clock clock;
 } keel_logging_hook_config;
+void keel_logging_hook_config_init(keel_logging_hook_config *cfg);
 keel_status keel_logging_hook_new(const keel_logging_hook_config *cfg,
                                   keel_hook *out);
 
@@ -246,8 +253,14 @@ keel_status keel_logging_hook_new(const keel_logging_hook_config *cfg,
  * the first session creation of this hook; a new process recomputes it from
  * the restored step) or last_step (absolute, restart safe). Stops after the
  * step that brings the global step to >= last_step. */
-keel_status keel_stop_at_step_hook_new(int64_t num_steps, int64_t last_step,
-                                       keel_hook *out);
+typedef struct keel_stop_at_step_hook_config {
+    uint32_t struct_size;     /* set by keel_stop_at_step_hook_config_init() */
+    int64_t num_steps;        /* default 0 (unset) */
+    int64_t last_step;        /* default 0 (unset) */
+} keel_stop_at_step_hook_config;
+void keel_stop_at_step_hook_config_init(keel_stop_at_step_hook_config *cfg);
+keel_status keel_stop_at_step_hook_new(
+    const keel_stop_at_step_hook_config *cfg, keel_hook *out);
 
 /* CheckpointSaverListener. Any member may be NULL. after_save setting
  * *should_stop to 1 makes the hook request a stop; its step is the saved
@@ -271,77 +284,125 @@ typedef struct keel_ckpt_listener {
  * saver_cfg (NULL: defaults). Metadata blobs come from the session's
  * meta_fn. */
 typedef struct keel_ckpt_hook_config {
-    const char *dir;
-    const keel_saver_config *saver_cfg;
-    double save_secs;
-    int64_t save_steps;
+    uint32_t struct_size;     /* set by keel_ckpt_hook_config_init() */
+    const char *dir;          /* default NULL: the session's saver */
+    const keel_saver_config *saver_cfg;   /* default NULL */
+    double save_secs;         /* default 0 (unset) */
+    int64_t save_steps;       /* default 0 (unset) */
     const keel_ckpt_listener *listeners;
-    size_t n_listeners;       /* <= 8; copied */
-    int save_on_error;
+    size_t n_listeners;       /* <= 8; copied; default 0 */
+    int save_on_error;        /* default 0 */
     keel_clock clock;
 } keel_ckpt_hook_config;
+void keel_ckpt_hook_config_init(keel_ckpt_hook_config *cfg);
 keel_status keel_ckpt_hook_new(const keel_ckpt_hook_config *cfg,
                                keel_hook *out);
 /* Saves this hook made so far, and the step of its last save (-1). */
 int64_t keel_ckpt_hook_save_count(const keel_hook *h);
 int64_t keel_ckpt_hook_last_step(const keel_hook *h);
 
-/* NanTensorHook: checks the named value (default "loss") after each step;
- * NaN (and +-Inf with fail_on_inf) either fails the step (fail_on_nan:
- * KEEL_EHOOK "NaN loss during training") or requests a stop. */
-keel_status keel_nan_hook_new(const char *name, int fail_on_nan,
-                              int fail_on_inf, keel_hook *out);
+/* NanTensorHook: checks the named value after each step; NaN (and +-Inf
+ * with fail_on_inf) either fails the step (fail_on_nan: KEEL_EHOOK "NaN
+ * loss during training") or requests a stop. */
+typedef struct keel_nan_hook_config {
+    uint32_t struct_size;     /* set by keel_nan_hook_config_init() */
+    const char *name;         /* default "loss" */
+    int fail_on_nan;          /* default 1 */
+    int fail_on_inf;          /* default 0 */
+} keel_nan_hook_config;
+void keel_nan_hook_config_init(keel_nan_hook_config *cfg);
+keel_status keel_nan_hook_new(const keel_nan_hook_config *cfg,
+                              keel_hook *out);
 
 /* StepCounterHook: "global_step/sec" every every_n_steps or every_n_secs
  * (exactly one), logged and written as a scalar to the events writer in
  * output_dir (NULL: log only). */
-keel_status keel_step_counter_hook_new(int64_t every_n_steps,
-                                       double every_n_secs,
-                                       const char *output_dir,
-                                       const keel_clock *clock,
-                                       keel_hook *out);
+typedef struct keel_step_counter_hook_config {
+    uint32_t struct_size;     /* set by keel_step_counter_hook_config_init() */
+    int64_t every_n_steps;    /* default 100 */
+    double every_n_secs;      /* default 0 (unset) */
+    const char *output_dir;   /* default NULL */
+    keel_clock clock;
+} keel_step_counter_hook_config;
+void keel_step_counter_hook_config_init(keel_step_counter_hook_config *cfg);
+keel_status keel_step_counter_hook_new(
+    const keel_step_counter_hook_config *cfg, keel_hook *out);
 
 /* SummarySaverHook: writes the named step values as TensorBoard scalars to
- * output_dir (required) every save_steps or save_secs (exactly one). */
-keel_status keel_summary_hook_new(const char *const *names, size_t n_names,
-                                  int64_t save_steps, double save_secs,
-                                  const char *output_dir,
-                                  const keel_clock *clock, keel_hook *out);
+ * output_dir every save_steps or save_secs (exactly one). */
+typedef struct keel_summary_hook_config {
+    uint32_t struct_size;     /* set by keel_summary_hook_config_init() */
+    const char *const *names; /* 1..16 value names; default none */
+    size_t n_names;
+    int64_t save_steps;       /* default 0 (unset) */
+    double save_secs;         /* default 0 (unset) */
+    const char *output_dir;   /* required; default NULL */
+    keel_clock clock;
+} keel_summary_hook_config;
+void keel_summary_hook_config_init(keel_summary_hook_config *cfg);
+keel_status keel_summary_hook_new(const keel_summary_hook_config *cfg,
+                                  keel_hook *out);
 
 /* GlobalStepWaiterHook: the first before_run blocks until the shared
  * global step (keel_session_read_shared_step: on a cluster worker the
  * parameter servers') reaches wait_until_step (<= 0: no wait), re-checking
- * every poll_ms (0: 50 ms) and giving up at once (KEEL_ECANCELLED) on a
- * coordinator stop or signal; then the local copy is refreshed from the
- * shared state (keel_session_refresh) and the step runs at that step.
- * Backend errors are returned as they are (recoverable ones recover the
- * session, and the wait starts again). */
-keel_status keel_global_step_waiter_hook_new(int64_t wait_until_step,
-                                             int poll_ms, keel_hook *out);
+ * every poll_ms and giving up at once (KEEL_ECANCELLED) on a coordinator
+ * stop or signal; then the local copy is refreshed from the shared state
+ * (keel_session_refresh) and the step runs at that step. Backend errors are
+ * returned as they are (recoverable ones recover the session, and the wait
+ * starts again). */
+typedef struct keel_global_step_waiter_hook_config {
+    /* set by keel_global_step_waiter_hook_config_init() */
+    uint32_t struct_size;
+    int64_t wait_until_step;  /* default 0 (no wait) */
+    int poll_ms;              /* > 0; default 50 */
+} keel_global_step_waiter_hook_config;
+void keel_global_step_waiter_hook_config_init(
+    keel_global_step_waiter_hook_config *cfg);
+keel_status keel_global_step_waiter_hook_new(
+    const keel_global_step_waiter_hook_config *cfg, keel_hook *out);
 
 /* FinalOpsHook: at end, calls fn once (e.g. to compute eval metrics) and
  * keeps the double it returns; read with keel_final_ops_hook_value. */
-keel_status keel_final_ops_hook_new(keel_status (*fn)(void *ctx,
-                                                      keel_session *s,
-                                                      double *value),
-                                    void *ctx, keel_hook *out);
+typedef struct keel_final_ops_hook_config {
+    uint32_t struct_size;     /* set by keel_final_ops_hook_config_init() */
+    /* required; default NULL */
+    keel_status (*fn)(void *ctx, keel_session *s, double *value);
+    void *ctx;                /* borrowed: outlives the hook; default NULL */
+} keel_final_ops_hook_config;
+void keel_final_ops_hook_config_init(keel_final_ops_hook_config *cfg);
+keel_status keel_final_ops_hook_new(const keel_final_ops_hook_config *cfg,
+                                    keel_hook *out);
 /* 1 and *value once the final op ran successfully, else 0. */
 int keel_final_ops_hook_value(const keel_hook *h, double *value);
 
 /* FeedFnHook: before every step, fn supplies the batch. fn returning
  * KEEL_EOUTOFRANGE ends the input (the session ends with
  * KEEL_END_OUT_OF_RANGE). */
-keel_status keel_feed_fn_hook_new(keel_status (*fn)(void *ctx,
-                                                    const void **batch),
-                                  void *ctx, keel_hook *out);
+typedef struct keel_feed_fn_hook_config {
+    uint32_t struct_size;     /* set by keel_feed_fn_hook_config_init() */
+    /* required; default NULL */
+    keel_status (*fn)(void *ctx, const void **batch);
+    void *ctx;                /* borrowed: outlives the hook; default NULL */
+} keel_feed_fn_hook_config;
+void keel_feed_fn_hook_config_init(keel_feed_fn_hook_config *cfg);
+keel_status keel_feed_fn_hook_new(const keel_feed_fn_hook_config *cfg,
+                                  keel_hook *out);
 
 /* ProfilerHook: per-step timing (step callback + update) as Chrome trace
  * JSON (chrome://tracing, Perfetto) in <output_dir>/timeline.json, one
  * complete event per traced step, every save_steps or save_secs (exactly
  * one). The file is closed (valid JSON) at end. */
-keel_status keel_profiler_hook_new(int64_t save_steps, double save_secs,
-                                   const char *output_dir,
-                                   const keel_clock *clock, keel_hook *out);
+typedef struct keel_profiler_hook_config {
+    uint32_t struct_size;     /* set by keel_profiler_hook_config_init() */
+    int64_t save_steps;       /* default 0 (unset) */
+    double save_secs;         /* default 0 (unset) */
+    const char *output_dir;   /* required; default NULL */
+    keel_clock clock;
+} keel_profiler_hook_config;
+void keel_profiler_hook_config_init(keel_profiler_hook_config *cfg);
+keel_status keel_profiler_hook_new(const keel_profiler_hook_config *cfg,
+                                   keel_hook *out);
 
 #ifdef __cplusplus
 }

@@ -80,8 +80,10 @@ keel_updater keel_optimizer_updater(keel_optimizer *opt);
 /* ---- scaffold ----------------------------------------------------------- */
 
 /* What to run to make the model ready (TF's Scaffold). A NULL member means
- * "none" (as TF's None): ready NULL means always ready. Use
- * keel_scaffold_default() to get TF's default behaviour. */
+ * "none" (as TF's None): ready NULL means always ready. Fill it with
+ * keel_scaffold_init() (TF's default behaviour and saver settings) before
+ * changing members; a scaffold whose saver was not initialized is refused
+ * (KEEL_EINVAL). */
 typedef struct keel_scaffold {
     void *ctx;
     /* Global init: runs only when nothing was restored. */
@@ -107,7 +109,7 @@ typedef struct keel_scaffold {
  * uninitialized variable (keel_vars_uninitialized), ready_for_local_init
  * reports uninitialized non-local variables, local_init marks local
  * variables initialized; saver defaults. Cannot fail. */
-void keel_scaffold_default(keel_scaffold *sc);
+void keel_scaffold_init(keel_scaffold *sc);
 
 /* ---- backend ------------------------------------------------------------ */
 
@@ -157,8 +159,9 @@ typedef struct keel_backend {
 typedef struct keel_session_manager keel_session_manager;
 
 typedef struct keel_session_manager_config {
+    uint32_t struct_size;     /* set by keel_session_manager_config_init() */
     keel_vars *vars;                  /* borrowed; required */
-    const keel_scaffold *scaffold;    /* copied; NULL: keel_scaffold_default */
+    const keel_scaffold *scaffold;    /* copied; NULL: keel_scaffold_init */
     const char *checkpoint_dir;       /* NULL: never restore */
     const keel_restore_opts *restore_opts; /* copied; NULL: strict */
     const keel_backend *backend;      /* copied; NULL: local */
@@ -168,6 +171,9 @@ typedef struct keel_session_manager_config {
     keel_status (*restore_fn)(void *ctx, const keel_ckpt_info *info);
     void *restore_ctx;
 } keel_session_manager_config;
+
+/* The defaults above; vars NULL. Cannot fail. */
+void keel_session_manager_config_init(keel_session_manager_config *cfg);
 
 keel_status keel_session_manager_new(const keel_session_manager_config *cfg,
                                      keel_session_manager **out);
@@ -254,6 +260,7 @@ keel_status keel_coord_join(keel_coord *c, int64_t grace_ms,
 /* ---- MonitoredSession --------------------------------------------------- */
 
 typedef struct keel_session_config {
+    uint32_t struct_size;             /* set by keel_session_config_init() */
     keel_vars *vars;                  /* borrowed; required */
     keel_step_fn step;                /* required */
     void *step_ctx;
@@ -414,6 +421,7 @@ keel_strategy keel_strategy_resolve(keel_strategy s, int has_cluster);
 #define KEEL_USE_DEFAULT (-1)
 
 typedef struct keel_training_config {
+    uint32_t struct_size;             /* set by keel_training_config_init() */
     keel_session_config session;      /* vars, step, updater, ... */
     int is_chief;                     /* default 1 */
     const char *checkpoint_dir;       /* NULL: no restore, no ckpt hook */
@@ -493,6 +501,7 @@ void keel_session_clear_signal(void);
 typedef struct keel_supervisor keel_supervisor;
 
 typedef struct keel_supervisor_config {
+    uint32_t struct_size;             /* set by keel_supervisor_config_init() */
     keel_vars *vars;                  /* required */
     keel_step_fn step;
     void *step_ctx;

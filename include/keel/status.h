@@ -28,7 +28,7 @@ typedef enum keel_status {
 } keel_status;
 
 /* Static English name of a code ("invalid argument"); never NULL. */
-const char *keel_status_str(keel_status s);
+const char *keel_status_name(keel_status s);
 
 /* Last failure's detail on this thread; borrowed until the next failure on
  * this thread. Never NULL (empty string when nothing failed yet). */
