@@ -429,12 +429,15 @@ START_TEST(test_ckpt_hook_reports_the_step_the_backend_saved_at)
                         .is_intact = be_intact,
                         .before_save = be_ahead_before_save };
     keel_ckpt_listener li = { .after_save = record_after_save };
-    keel_ckpt_hook_config hc = { .save_steps = 1000, .listeners = &li,
-                                 .n_listeners = 1 };
+    keel_ckpt_hook_config hc;
     keel_hook h;
     keel_session_config c;
     keel_session *s;
     n_listened = 0;
+    keel_ckpt_hook_config_init(&hc);
+    hc.save_steps = 1000;
+    hc.listeners = &li;
+    hc.n_listeners = 1;
     ck_assert_int_eq(keel_ckpt_hook_new(&hc, &h), KEEL_OK);
     keel_session_config_init(&c);
     c.vars = vs;
