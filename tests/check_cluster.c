@@ -214,8 +214,6 @@ START_TEST(test_tf_config_each_bad_input_is_named)
     BAD("{\"cluster\": {\"worker\": [\"a:1\"]}, \"task\": 1}",
         "'task' is not an object");
     BAD("{\"cluster\": {\"worker\": [\"a:1\"]}}", "'task' is missing");
-    snprintf(j, sizeof j, "{\"cluster\": {\"worker\": [\"\"]}, %s}", task);
-    BAD(j, "worker[0]: empty address");
     snprintf(j, sizeof j, "{\"cluster\": {\"worker\": [\"a:1\"], \"ps\": "
              "[\"a:1\"]}, %s}", task);
     BAD(j, "duplicate address 'a:1'");
@@ -228,33 +226,32 @@ START_TEST(test_tf_config_each_bad_input_is_named)
     snprintf(j, sizeof j, "{\"cluster\": {\"ps\": [\"p:1\"]}, "
              "\"task\": {\"type\": \"ps\", \"index\": 0}}");
     BAD(j, "no chief or worker");
-    snprintf(j, sizeof j, "{\"cluster\": {\"worker\": [\"a:0\"]}, %s}", task);
-    BAD(j, "port 0 out of 1..65535");
-    snprintf(j, sizeof j, "{\"cluster\": {\"worker\": [\"a:65536\"]}, %s}",
-             task);
-    BAD(j, "port 65536 out of 1..65535");
-    snprintf(j, sizeof j, "{\"cluster\": {\"worker\": [\"a:http\"]}, %s}",
-             task);
-    BAD(j, "bad port");
-    snprintf(j, sizeof j, "{\"cluster\": {\"worker\": [\"a\"]}, %s}", task);
-    BAD(j, "has no ':port'");
-    snprintf(j, sizeof j, "{\"cluster\": {\"worker\": [\":2222\"]}, %s}",
-             task);
-    BAD(j, "empty host");
-    snprintf(j, sizeof j, "{\"cluster\": {\"worker\": [\"a b:1\"]}, %s}",
-             task);
-    BAD(j, "bad host character");
-    snprintf(j, sizeof j, "{\"cluster\": {\"worker\": [\"a:\"]}, %s}", task);
-    BAD(j, "empty port");
-    snprintf(j, sizeof j, "{\"cluster\": {\"worker\": [\"a:1\"]}, %s, "
-             "\"mode\": \"eventual\"}", task);
-    BAD(j, "mode must be");
-    snprintf(j, sizeof j, "{\"cluster\": {\"worker\": [\"a:1\"]}, %s, "
-             "\"replicas_to_aggregate\": 0}", task);
-    BAD(j, "replicas_to_aggregate must be");
-    snprintf(j, sizeof j, "{\"cluster\": {\"worker\": [\"a:1\"]}, %s, "
-             "\"total_num_replicas\": \"2\"}", task);
-    BAD(j, "total_num_replicas must be");
+    /* one worker address, then one extra key beside a good cluster */
+    static const struct { const char *addr, *why; } addrs[] = {
+        { "", "worker[0]: empty address" },
+        { "a:0", "port 0 out of 1..65535" },
+        { "a:65536", "port 65536 out of 1..65535" },
+        { "a:http", "bad port" },
+        { "a", "has no ':port'" },
+        { ":2222", "empty host" },
+        { "a b:1", "bad host character" },
+        { "a:", "empty port" },
+    };
+    static const struct { const char *key, *why; } extras[] = {
+        { "\"mode\": \"eventual\"", "mode must be" },
+        { "\"replicas_to_aggregate\": 0", "replicas_to_aggregate must be" },
+        { "\"total_num_replicas\": \"2\"", "total_num_replicas must be" },
+    };
+    for (size_t i = 0; i < sizeof addrs / sizeof addrs[0]; i++) {
+        snprintf(j, sizeof j, "{\"cluster\": {\"worker\": [\"%s\"]}, %s}",
+                 addrs[i].addr, task);
+        BAD(j, addrs[i].why);
+    }
+    for (size_t i = 0; i < sizeof extras / sizeof extras[0]; i++) {
+        snprintf(j, sizeof j, "{\"cluster\": {\"worker\": [\"a:1\"]}, %s, "
+                 "%s}", task, extras[i].key);
+        BAD(j, extras[i].why);
+    }
     snprintf(j, sizeof j, "{\"model_dir\": \"\"}");
     BAD(j, "model_dir must be");
 }

@@ -694,6 +694,30 @@ expect_line(int fd, const char *needle, char *line, size_t size)
                   "keel launch never printed '%s'", needle);
 }
 
+/* The global step of the chief's next "chief | step N" line. */
+static long long
+chief_step(int fd)
+{
+    char line[512];
+    long long step = -1;
+    expect_line(fd, "chief | step ", line, sizeof line);
+    ck_assert_int_eq(sscanf(strstr(line, "chief | step "), "chief | step %lld",
+                            &step), 1);
+    return step;
+}
+
+/* SIGTERM to keel launch: it says it stopped on request and exits 0 within
+ * timeout_ms; fd (its stderr) is closed. */
+static void
+stop_launch(pid_t pid, int fd, int timeout_ms)
+{
+    char line[512];
+    ck_assert_int_eq(kill(pid, SIGTERM), 0);
+    expect_line(fd, "launch | stopped on request", line, sizeof line);
+    ck_assert_int_eq(tu_wait(pid, timeout_ms), 0);
+    close(fd);
+}
+
 START_TEST(test_sigkilled_chief_restarts_resumes_and_sigterm_saves)
 {
     char *argv[] = { (char *)tu_build_path("keel"), "launch",
@@ -970,10 +994,7 @@ START_TEST(test_async_job_scales_with_sigusr1_and_sigusr2_sync_refuses)
                 line, sizeof line);
     expect_line(fd, "worker 1 left: silent", line, sizeof line);
     expect_line(fd, "chief | step ", line, sizeof line);
-    ck_assert_int_eq(kill(pid, SIGTERM), 0);
-    expect_line(fd, "launch | stopped on request", line, sizeof line);
-    ck_assert_int_eq(tu_wait(pid, 30000), 0);
-    close(fd);
+    stop_launch(pid, fd, 30000);
     /* worker 1 trained: it got past its first pull */
     log = tu_read_file(tu_path("run/logs/worker.1.log"), NULL);
     ck_assert_msg(strstr(log, "model ready") != NULL, "%s", log);
@@ -1120,17 +1141,9 @@ START_TEST(test_sigkilled_ps_is_reloaded_and_the_steps_lost_are_logged)
     ck_assert_int_ge(lost_from, lost_to);
     ck_assert_ptr_nonnull(strstr(line, " step(s) lost"));
     /* training goes on past the point where the ps was lost */
-    for (;;) {
-        expect_line(fd, "chief | step ", line, sizeof line);
-        p = strstr(line, "chief | step ");
-        ck_assert_int_eq(sscanf(p, "chief | step %lld", &after), 1);
-        if (after > lost_from)
-            break;
-    }
-    ck_assert_int_eq(kill(pid, SIGTERM), 0);
-    expect_line(fd, "launch | stopped on request", line, sizeof line);
-    ck_assert_int_eq(tu_wait(pid, 30000), 0);
-    close(fd);
+    while ((after = chief_step(fd)) <= lost_from)
+        continue;
+    stop_launch(pid, fd, 30000);
 }
 END_TEST
 
@@ -1172,10 +1185,7 @@ START_TEST(test_ps_lost_during_a_checkpoint_pull_is_found_at_once)
     expect_line(fd, "chief: 1 parameter server(s) initialized", line,
                 sizeof line);
     expect_line(fd, "chief | step ", line, sizeof line);
-    ck_assert_int_eq(kill(pid, SIGTERM), 0);
-    expect_line(fd, "launch | stopped on request", line, sizeof line);
-    ck_assert_int_eq(tu_wait(pid, 30000), 0);
-    close(fd);
+    stop_launch(pid, fd, 30000);
 }
 END_TEST
 
@@ -1206,17 +1216,9 @@ START_TEST(test_stalled_worker_is_named_then_killed_and_the_step_resumes)
     ck_assert_int_eq(sscanf(p, "step %lld", &stalled), 1);
     ck_assert_int_eq(kill(worker, SIGKILL), 0);
     expect_line(fd, "launch | restarted worker.0 (pid ", line, sizeof line);
-    for (;;) {
-        expect_line(fd, "chief | step ", line, sizeof line);
-        p = strstr(line, "chief | step ");
-        ck_assert_int_eq(sscanf(p, "chief | step %lld", &after), 1);
-        if (after > stalled + 2)
-            break;
-    }
-    ck_assert_int_eq(kill(pid, SIGTERM), 0);
-    expect_line(fd, "launch | stopped on request", line, sizeof line);
-    ck_assert_int_eq(tu_wait(pid, 30000), 0);
-    close(fd);
+    while ((after = chief_step(fd)) <= stalled + 2)
+        continue;
+    stop_launch(pid, fd, 30000);
     log = tu_read_file(tu_path("run/logs/ps.0.log"), NULL);
     ck_assert_ptr_nonnull(log);
     ck_assert_ptr_nonnull(strstr(log, "is stalled: waiting="));
@@ -1387,7 +1389,6 @@ START_TEST(test_kfac_roles_survive_sigkill_of_each_role)
         "launch | restarted worker.1 (pid ",
         "launch | restarted worker.0 (pid ", "launch | restarted chief (pid " };
     pid_t pid = tu_spawn_pipe(argv, NULL, tu_path("launch.err"), &fd);
-    const char *p;
     expect_line(fd, "launch | K-FAC roles: worker.0 is covariance.0", line,
                 sizeof line);
     expect_line(fd, "launch | K-FAC roles: worker.1 is inverse.0", line,
@@ -1401,23 +1402,15 @@ START_TEST(test_kfac_roles_survive_sigkill_of_each_role)
     expect_line(fd, "inverse.0 | K-FAC roles: this replica (2 of 3) is "
                 "inverse worker 0", line, sizeof line);
     for (int k = 0; k < 3; k++) {
-        expect_line(fd, "chief | step ", line, sizeof line);
-        p = strstr(line, "chief | step ");
-        ck_assert_int_eq(sscanf(p, "chief | step %lld", &at), 1);
+        at = chief_step(fd);
         ck_assert_int_eq(kill(pids[k], SIGKILL), 0);
         expect_line(fd, restarted[k], line, sizeof line);
         ck_assert_int_ne(pid_in(line), pids[k]);
         /* the cluster trains past the kill: the new task does its part */
-        do {
-            expect_line(fd, "chief | step ", line, sizeof line);
-            p = strstr(line, "chief | step ");
-            ck_assert_int_eq(sscanf(p, "chief | step %lld", &after), 1);
-        } while (after <= at + 10);
+        while ((after = chief_step(fd)) <= at + 10)
+            continue;
     }
-    ck_assert_int_eq(kill(pid, SIGTERM), 0);
-    expect_line(fd, "launch | stopped on request", line, sizeof line);
-    ck_assert_int_eq(tu_wait(pid, 60000), 0);
-    close(fd);
+    stop_launch(pid, fd, 60000);
 }
 END_TEST
 
