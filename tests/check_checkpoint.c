@@ -407,17 +407,7 @@ END_TEST
 /* ---- O_DIRECT data path ------------------------------------------------- */
 
 /* Debug log lines of the checkpoint code, collected for the test. */
-static char io_log[8192];
-
-static void
-io_log_line(void *ctx, keel_log_level level, const char *msg)
-{
-    size_t len = strlen(io_log);
-    (void)ctx;
-    (void)level;
-    if (strstr(msg, "O_DIRECT") != NULL)
-        snprintf(io_log + len, sizeof io_log - len, "%s\n", msg);
-}
+static tu_log io_log = { .filter = "O_DIRECT" };
 
 /* 1 when the file system under path takes aligned O_DIRECT reads. */
 static int
@@ -482,44 +472,44 @@ START_TEST(test_direct_io_save_and_cold_restore_roundtrip)
         ck_assert_int_eq(keel_vars_create(back, names[i], 2, shapes[i], 0,
                                           NULL), KEEL_OK);
     }
-    keel_log_set_handler(io_log_line, NULL, KEEL_LOG_DEBUG);
+    keel_log_set_handler(tu_log_append, &io_log, KEEL_LOG_DEBUG);
     for (int is_async = 0; is_async < 2; is_async++) {
         keel_saver *s = new_saver(tu_dir, 5, is_async);
-        io_log[0] = '\0';
+        io_log.text[0] = '\0';
         save_step(s, vs, 10 + is_async, path, sizeof path);
         keel_saver_free(s);
         if (has_direct < 0)
             has_direct = fs_has_direct_io(path);
         if (has_direct)
-            ck_assert_msg(strstr(io_log, "wrote ") != NULL &&
-                          strstr(io_log, "(0 of ") == NULL,
+            ck_assert_msg(strstr(io_log.text, "wrote ") != NULL &&
+                          strstr(io_log.text, "(0 of ") == NULL,
                           "no O_DIRECT write (async %d): %s", is_async,
-                          io_log);
+                          io_log.text);
         ck_assert_msg(keel_ckpt_verify(path) == KEEL_OK, "%s",
                       keel_last_error());
         /* Cold: the data comes from the disk by O_DIRECT. */
         drop_cache(path);
-        io_log[0] = '\0';
+        io_log.text[0] = '\0';
         ck_assert_msg(keel_ckpt_restore(path, back, NULL, NULL) == KEEL_OK,
                       "%s", keel_last_error());
         assert_stores_equal(vs, back);
         if (has_direct)
-            ck_assert_msg(strstr(io_log, "read ") != NULL, "cold restore "
-                          "without O_DIRECT: '%s'", io_log);
+            ck_assert_msg(strstr(io_log.text, "read ") != NULL,
+                          "cold restore without O_DIRECT: '%s'", io_log.text);
         /* Warm: every page is cached, so no O_DIRECT read. The kernel
          * may reclaim a page between the read and the restore (memory
          * pressure from other processes): three tries. */
         for (int tries = 0; tries < 3; tries++) {
             free(tu_read_file(path, NULL));
-            io_log[0] = '\0';
+            io_log.text[0] = '\0';
             ck_assert_int_eq(keel_ckpt_restore(path, back, NULL, NULL),
                              KEEL_OK);
             assert_stores_equal(vs, back);
-            if (strstr(io_log, "read ") == NULL)
+            if (strstr(io_log.text, "read ") == NULL)
                 break;
         }
-        ck_assert_msg(strstr(io_log, "read ") == NULL, "warm restore read "
-                      "with O_DIRECT: %s", io_log);
+        ck_assert_msg(strstr(io_log.text, "read ") == NULL, "warm restore "
+                      "read with O_DIRECT: %s", io_log.text);
     }
     keel_log_set_handler(NULL, NULL, KEEL_LOG_WARN);
     /* A flipped byte in the middle of the big body, in the slot, and in

@@ -20,16 +20,7 @@
 #include "../session/session_int.h"
 
 static keel_vars *vs;
-static char logbuf[16384];
-
-static void
-capture(void *ctx, keel_log_level level, const char *msg)
-{
-    size_t n = strlen(logbuf);
-    (void)ctx;
-    (void)level;
-    snprintf(logbuf + n, sizeof logbuf - n, "%s\n", msg);
-}
+static tu_log hook_log;   /* every message, for count() */
 
 static int
 count(const char *hay, const char *needle)
@@ -58,9 +49,9 @@ setup(void)
 {
     tu_setup();
     fake_install();
-    logbuf[0] = '\0';
+    hook_log.text[0] = '\0';
     fail_with_abort_once = 0;
-    keel_log_set_handler(capture, NULL, KEEL_LOG_DEBUG);
+    keel_log_set_handler(tu_log_append, &hook_log, KEEL_LOG_DEBUG);
     ck_assert_int_eq(keel_vars_new(&vs), KEEL_OK);
     ck_assert_int_eq(keel_vars_create(vs, "w", 0, NULL, KEEL_VAR_TRAINABLE,
                                       NULL), KEEL_OK);
@@ -105,7 +96,7 @@ run_steps(keel_session *s, int n)
 {
     for (int i = 0; i < n; i++)
         ck_assert_msg(keel_session_run(s, NULL) == KEEL_OK, "run: %s; %s",
-                      keel_last_error(), logbuf);
+                      keel_last_error(), hook_log.text);
 }
 
 static int64_t clock_ns;
@@ -127,9 +118,9 @@ START_TEST(test_logging_hook_logs_first_then_every_n_iter_and_at_end)
     ck_assert_int_eq(keel_logging_hook_new(&lc, &h), KEEL_OK);
     s = session_with(&h, 1);
     run_steps(s, 5);
-    ck_assert_int_eq(count(logbuf, "loss = 0.5"), 3);   // iters 0, 2, 4
+    ck_assert_int_eq(count(hook_log.text, "loss = 0.5"), 3); // iters 0, 2, 4
     keel_session_free(s);
-    ck_assert_int_eq(count(logbuf, "loss = 0.5"), 4);   // + at end
+    ck_assert_int_eq(count(hook_log.text, "loss = 0.5"), 4);   // + at end
     keel_hook_release(&h);
     lc.every_n_iter = 0;
     lc.at_end = 0;
@@ -156,7 +147,7 @@ START_TEST(test_step_counter_and_summary_write_event_files)
     csv = tu_read_file(tu_path("scalars.csv"), NULL);
     /* counter triggers at 1, 3, 5: the first only sets the baseline */
     ck_assert_int_eq(count(csv, ",global_step/sec,"), 2);
-    ck_assert_int_eq(count(logbuf, "global_step/sec: "), 2);
+    ck_assert_int_eq(count(hook_log.text, "global_step/sec: "), 2);
     /* summaries at steps 1, 3, 5 */
     ck_assert_int_eq(count(csv, ",loss,"), 3);
     ck_assert_ptr_nonnull(strstr(csv, ",5,loss,"));
@@ -496,7 +487,7 @@ skip_scenario(int is_skipping, const char *sub, char *out, size_t out_size)
     int is_stalled = 0;
     keel__session_set_skipping(is_skipping);
     fake_install();
-    logbuf[0] = '\0';
+    hook_log.text[0] = '\0';
     keel_vars_set_global_step(vs, 0);
     snprintf(dir, sizeof dir, "%s", tu_path(sub));
     ck_assert_int_eq(keel__fs_mkdirs(dir), KEEL_OK);
@@ -557,8 +548,8 @@ skip_scenario(int is_skipping, const char *sub, char *out, size_t out_size)
     free(csv);
     if (n < out_size)
         snprintf(out + n, out_size - n, " | stalls %d logged %d restores %d",
-                 count(logbuf, "has not been increased"),
-                 count(logbuf, "loss = 0.5"), fake.n_restores);
+                 count(hook_log.text, "has not been increased"),
+                 count(hook_log.text, "loss = 0.5"), fake.n_restores);
 }
 
 START_TEST(test_skipping_idle_hooks_changes_no_save_event_log_or_stop)
@@ -587,16 +578,9 @@ session_with_ckpt(keel_hook *h, size_t n)
     return session_in(h, n, tu_dir);
 }
 
-static int64_t
-manual_clock(void *ctx)
-{
-    (void)ctx;
-    return clock_ns;
-}
-
 START_TEST(test_time_trigger_fires_while_step_hooks_skip)
 {
-    keel_clock clk = { manual_clock, NULL };
+    keel_clock clk = { tu_clock_read, &clock_ns };
     keel_ckpt_hook_config hc = { .save_secs = 2, .clock = clk };
     keel_hook h[3];
     keel_session *s;

@@ -201,6 +201,18 @@ die_with_parent(pid_t parent)
         _exit(127);
 }
 
+/* The forked child's last step: its own process group, env added, killed
+ * with the test process, then argv; never returns. */
+static void __attribute__((noreturn))
+exec_child(char *const argv[], char *const env[], pid_t parent)
+{
+    setpgid(0, 0);
+    child_env(env);
+    die_with_parent(parent);
+    execv(argv[0], argv);
+    _exit(127);
+}
+
 static int
 decode_status(int status)
 {
@@ -224,11 +236,7 @@ tu_spawn(char *const argv[], char *const env[], const char *log_path)
             dup2(fd, 2);
             close(fd);
         }
-        setpgid(0, 0);
-        child_env(env);
-        die_with_parent(parent);
-        execv(argv[0], argv);
-        _exit(127);
+        exec_child(argv, env, parent);
     }
     register_child(pid);
     return pid;
@@ -419,11 +427,7 @@ tu_spawn_pipe(char *const argv[], char *const env[], const char *err_log,
         }
         close(p[0]);
         close(p[1]);
-        setpgid(0, 0);
-        child_env(env);
-        die_with_parent(parent);
-        execv(argv[0], argv);
-        _exit(127);
+        exec_child(argv, env, parent);
     }
     register_child(pid);
     close(p[1]);
@@ -574,4 +578,20 @@ tu_held_port(void)
     ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
     ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
     return ntohs(a.sin_port);
+}
+
+void
+tu_log_append(void *ctx, keel_log_level level, const char *msg)
+{
+    tu_log *log = ctx;
+    size_t n = strlen(log->text);
+    (void)level;
+    if (log->filter == NULL || strstr(msg, log->filter) != NULL)
+        snprintf(log->text + n, sizeof log->text - n, "%s\n", msg);
+}
+
+int64_t
+tu_clock_read(void *ctx)
+{
+    return *(const int64_t *)ctx;
 }

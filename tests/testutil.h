@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 #include <check.h>
+#include <keel/log.h>
 
 /* A fresh mkdtemp directory made by tu_setup(), removed by tu_teardown(). */
 extern char tu_dir[4096];
@@ -99,6 +100,19 @@ const char *tu_tail(const char *s, size_t n);
 
 /* Monotonic milliseconds. */
 int64_t tu_now_ms(void);
+
+/* A log capture: keel_log_set_handler(tu_log_append, &log, level) appends
+ * every message that contains log.filter (NULL: every message) and a
+ * newline to log.text, truncated at its end. */
+typedef struct tu_log {
+    char text[16384];
+    const char *filter;
+} tu_log;
+void tu_log_append(void *ctx, keel_log_level level, const char *msg);
+
+/* A keel_clock function that reads the int64_t its ctx points to: a clock
+ * the test sets by hand ({ tu_clock_read, &now_ns }). */
+int64_t tu_clock_read(void *ctx);
 
 /* main() for a test program: runs the suite and exits 0 only when every
  * test passed. */
