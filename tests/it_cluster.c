@@ -135,6 +135,19 @@ cluster_wait_ok(cluster *c)
     c->chief_fd = -1;
 }
 
+/* A clean run of n_ps ps and n_workers workers tagged tag that saves into
+ * <tu_dir>/<tag>: dir_set (one of sets, dir_size bytes) is made
+ * "checkpoint.dir=<tu_dir>/<tag>" first. */
+static void
+run_into(cluster *c, int n_ps, int n_workers, const char *tag, char *dir_set,
+         size_t dir_size, const char *const *sets)
+{
+    TU_SNPRINTF(dir_set, dir_size, "checkpoint.dir=%s/%s", tu_dir, tag);
+    cluster_init(c, n_ps, n_workers, NULL, tag);
+    cluster_start(c, sets);
+    cluster_wait_ok(c);
+}
+
 /* From ps i's log: "done at step S: gradients applied A, dropped D". */
 static void
 ps_stats(const cluster *c, int i, long *step, long *applied, long *dropped)
@@ -243,14 +256,8 @@ START_TEST(sync_rerun_is_bitwise_identical)
     cluster c;
     char d1[4200], d2[4200];
     const char *sets[2] = { d1, NULL };
-    TU_SNPRINTF(d1, sizeof d1, "checkpoint.dir=%s/r1", tu_dir);
-    cluster_init(&c, 1, 2, NULL, "r1");
-    cluster_start(&c, sets);
-    cluster_wait_ok(&c);
-    TU_SNPRINTF(d1, sizeof d1, "checkpoint.dir=%s/r2", tu_dir);
-    cluster_init(&c, 1, 2, NULL, "r2");
-    cluster_start(&c, sets);
-    cluster_wait_ok(&c);
+    run_into(&c, 1, 2, "r1", d1, sizeof d1, sets);
+    run_into(&c, 1, 2, "r2", d1, sizeof d1, sets);
     TU_SNPRINTF(d1, sizeof d1, "%s/r1/model.ckpt-40.h5", tu_dir);
     TU_SNPRINTF(d2, sizeof d2, "%s/r2/model.ckpt-40.h5", tu_dir);
     ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err,
@@ -627,14 +634,8 @@ START_TEST(micro_batches_give_identical_bits_for_1_2_and_4_workers)
     ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err,
                              "train", cfg_path, "-s", sets[0], "-s", d,
                              NULL), 0);
-    TU_SNPRINTF(d, sizeof d, "checkpoint.dir=%s/m2", tu_dir);
-    cluster_init(&c, 1, 2, NULL, "m2");
-    cluster_start(&c, sets);
-    cluster_wait_ok(&c);
-    TU_SNPRINTF(d, sizeof d, "checkpoint.dir=%s/m4", tu_dir);
-    cluster_init(&c, 2, 4, NULL, "m4");
-    cluster_start(&c, sets);
-    cluster_wait_ok(&c);
+    run_into(&c, 1, 2, "m2", d, sizeof d, sets);
+    run_into(&c, 2, 4, "m4", d, sizeof d, sets);
     TU_SNPRINTF(a, sizeof a, "%s/m1/model.ckpt-40.h5", tu_dir);
     TU_SNPRINTF(b, sizeof b, "%s/m2/model.ckpt-40.h5", tu_dir);
     ck_assert_msg(tu_keel(RUN_MS, out, sizeof out, err, sizeof err, "ckpt",
