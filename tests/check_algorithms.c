@@ -605,21 +605,6 @@ END_TEST
  * out (+0.5 for the chief, -0.5 for the worker), so the loss |w - target|^2
  * must fall from 10 to well under 1 and every rule must end. */
 
-typedef struct run_ps {
-    keel_cluster_spec *spec;
-    keel_vars *vs;
-    keel_cluster_options *opts;
-    keel_status st;
-} run_ps;
-
-static void *
-run_ps_main(void *arg)
-{
-    run_ps *p = arg;
-    p->st = keel_ps_run(p->spec, p->vs, p->opts);
-    return NULL;
-}
-
 static keel_cluster_spec *
 e2e_spec(int ps_port, int chief_port, int worker_port, keel_task_type type)
 {
@@ -735,9 +720,10 @@ e2e_train(keel_algorithm name, int with_worker, int64_t steps,
     keel_optimizer_config sgd;
     keel_algorithm_config ac;
     keel_cluster_options co;
-    run_ps p;
+    tu_ps p;
+    keel_status ps_st;
     replica chief, worker;
-    pthread_t tp, tc, tw;
+    pthread_t tc, tw;
     double loss;
 
     keel_optimizer_config_init(&sgd, KEEL_OPT_SGD);
@@ -754,11 +740,7 @@ e2e_train(keel_algorithm name, int with_worker, int64_t steps,
     co.algorithm = &ac;
     co.orphan_secs = 60;
     co.token = NULL;
-    p.spec = ps_spec;
-    p.vs = ps_vs;
-    p.opts = &co;
-    p.st = KEEL_EINTERNAL;
-    ck_assert_int_eq(pthread_create(&tp, NULL, run_ps_main, &p), 0);
+    tu_ps_start(&p, ps_spec, ps_vs, &co);
     memset(&chief, 0, sizeof chief);
     chief.spec = c_spec;
     chief.opts = &co;
@@ -778,12 +760,12 @@ e2e_train(keel_algorithm name, int with_worker, int64_t steps,
     pthread_join(tc, NULL);
     if (with_worker)
         pthread_join(tw, NULL);
-    pthread_join(tp, NULL);
+    ps_st = tu_ps_join(&p);
     ck_assert_msg(chief.st == KEEL_OK, "%s chief: %s",
                   keel_algorithm_name(name), keel_last_error());
     ck_assert_msg(!with_worker || worker.st == KEEL_OK, "%s worker failed",
                   keel_algorithm_name(name));
-    ck_assert_int_eq(p.st, KEEL_OK);
+    ck_assert_int_eq(ps_st, KEEL_OK);
     /* a local-step rule's final checkpoint counts the ps's committed
      * steps: the chief's last window - 1 local steps may be unsent */
     ck_assert_int_ge(chief.final_step,

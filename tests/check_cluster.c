@@ -2392,21 +2392,6 @@ seam_vars(void)
     return vs;
 }
 
-typedef struct seam_ps {
-    keel_cluster_spec *spec;
-    keel_vars *vs;
-    keel_cluster_options *opts;
-    keel_status st;
-} seam_ps;
-
-static void *
-seam_ps_main(void *arg)
-{
-    seam_ps *p = arg;
-    p->st = keel_ps_run(p->spec, p->vs, p->opts);
-    return NULL;
-}
-
 /* The gradient of w is (1, -2) every step. */
 static keel_status
 seam_step(void *ctx, keel_step *st)
@@ -2450,8 +2435,7 @@ START_TEST(test_seam_ps_run_and_training_session_on_a_cluster)
     keel_training_config cfg;
     keel_session *s = NULL;
     keel_hook stop;
-    seam_ps p;
-    pthread_t th;
+    tu_ps p;
     const keel_tensor *w, *acc;
     char dir[256];
     struct stat sb;
@@ -2462,11 +2446,7 @@ START_TEST(test_seam_ps_run_and_training_session_on_a_cluster)
     keel_cluster_options_init(&co);
     co.optimizer = &mom;
     co.orphan_secs = 30;                /* the test's own deadline */
-    p.spec = ps_spec;
-    p.vs = ps_vs;
-    p.opts = &co;
-    p.st = KEEL_EINTERNAL;
-    ck_assert_int_eq(pthread_create(&th, NULL, seam_ps_main, &p), 0);
+    tu_ps_start(&p, ps_spec, ps_vs, &co);
 
     tu_mkdtemp(dir, sizeof dir);
     ck_assert_int_eq(keel_stop_at_step_hook_new(0, 3, &stop), KEEL_OK);
@@ -2482,8 +2462,7 @@ START_TEST(test_seam_ps_run_and_training_session_on_a_cluster)
     ck_assert_int_eq(keel_session_close(s), KEEL_OK);
     ck_assert_int_eq(keel_session_global_step(s), 3);
     keel_session_free(s);
-    pthread_join(th, NULL);
-    ck_assert_int_eq(p.st, KEEL_OK);    /* stopped by the chief */
+    ck_assert_int_eq(tu_ps_join(&p), KEEL_OK);  /* stopped by the chief */
 
     w = keel_var_tensor(keel_vars_find(vs, "w"));
     acc = keel_var_slot(keel_vars_find(vs, "w"), "momentum");

@@ -595,3 +595,29 @@ tu_clock_read(void *ctx)
 {
     return *(const int64_t *)ctx;
 }
+
+static void *
+ps_main(void *arg)
+{
+    tu_ps *p = arg;
+    p->st = keel_ps_run(p->spec, p->vs, p->opts);
+    return NULL;
+}
+
+void
+tu_ps_start(tu_ps *p, const keel_cluster_spec *spec, const keel_vars *vs,
+            const keel_cluster_options *opts)
+{
+    p->spec = spec;
+    p->vs = vs;
+    p->opts = opts;
+    p->st = KEEL_EINTERNAL;
+    ck_assert_int_eq(pthread_create(&p->thread, NULL, ps_main, p), 0);
+}
+
+keel_status
+tu_ps_join(tu_ps *p)
+{
+    pthread_join(p->thread, NULL);
+    return p->st;
+}

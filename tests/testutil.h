@@ -7,7 +7,9 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include <pthread.h>
 #include <check.h>
+#include <keel/distributed.h>
 #include <keel/log.h>
 
 /* A fresh mkdtemp directory made by tu_setup(), removed by tu_teardown(). */
@@ -109,6 +111,20 @@ typedef struct tu_log {
     const char *filter;
 } tu_log;
 void tu_log_append(void *ctx, keel_log_level level, const char *msg);
+
+/* keel_ps_run on a thread of this process: tu_ps_start runs it on spec,
+ * vars and opts (borrowed until tu_ps_join); tu_ps_join waits for it to
+ * end and returns its status. */
+typedef struct tu_ps {
+    const keel_cluster_spec *spec;
+    const keel_vars *vs;
+    const keel_cluster_options *opts;
+    keel_status st;
+    pthread_t thread;
+} tu_ps;
+void tu_ps_start(tu_ps *p, const keel_cluster_spec *spec,
+                 const keel_vars *vs, const keel_cluster_options *opts);
+keel_status tu_ps_join(tu_ps *p);
 
 /* A keel_clock function that reads the int64_t its ctx points to: a clock
  * the test sets by hand ({ tu_clock_read, &now_ns }). */
