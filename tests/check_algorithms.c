@@ -914,38 +914,27 @@ static Suite *
 algorithms_suite(void)
 {
     Suite *s = suite_create("algorithms");
-    TCase *t = tcase_create("rules");
-    TCase *e = tcase_create("cluster");
-    tcase_add_test(t, test_names_round_trip_and_bad_names_are_named);
-    tcase_add_test(t, test_defaults_resolve_per_rule);
-    tcase_add_test(t, test_sync_per_worker_learning_rates);
-    tcase_add_test(t, test_agn_cycle);
-    tcase_add_test(t, test_sagn_cycle_and_round_sum);
-    tcase_add_test(t, test_downpour_cycle);
-    tcase_add_test(t, test_downpour_easy_cycle);
-    tcase_add_test(t, test_adag_cycle);
-    tcase_add_test(t, test_dynsgd_cycle);
-    tcase_add_test(t, test_model_averaging_cycle_and_mean);
-    tcase_add_test(t, test_easgd_cycle);
-    tcase_add_test(t, test_aeasgd_cycle);
-    tcase_add_test(t, test_aeamsgd_cycle);
-    suite_add_tcase(s, t);
-    tcase_set_timeout(e, 120);
+    TCase *e;
+    tu_tcase(s, "rules", 0, NULL, NULL, TU_TESTS(
+        test_names_round_trip_and_bad_names_are_named,
+        test_defaults_resolve_per_rule,
+        test_sync_per_worker_learning_rates,
+        test_agn_cycle,
+        test_sagn_cycle_and_round_sum,
+        test_downpour_cycle,
+        test_downpour_easy_cycle,
+        test_adag_cycle,
+        test_dynsgd_cycle,
+        test_model_averaging_cycle_and_mean,
+        test_easgd_cycle,
+        test_aeasgd_cycle,
+        test_aeamsgd_cycle));
+    e = tu_tcase(s, "cluster", 120, NULL, NULL, NULL);
     tcase_add_loop_test(e, test_every_rule_trains_on_a_cluster, 0,
                         KEEL_ALGORITHM_COUNT);
     tcase_add_test(e, test_adag_state_resumes_from_a_checkpoint);
     tcase_add_test(e, test_chief_applies_needs_the_plain_sync_rule);
-    suite_add_tcase(s, e);
     return s;
 }
 
-int
-main(void)
-{
-    SRunner *r = srunner_create(algorithms_suite());
-    int failed;
-    srunner_run_all(r, CK_NORMAL);
-    failed = srunner_ntests_failed(r);
-    srunner_free(r);
-    return failed == 0 ? 0 : 1;
-}
+KEEL_TEST_MAIN(algorithms_suite)

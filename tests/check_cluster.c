@@ -2590,59 +2590,50 @@ static Suite *
 cluster_suite(void)
 {
     Suite *s = suite_create("cluster");
-    TCase *spec = tcase_create("spec"), *wire = tcase_create("wire"),
-          *live = tcase_create("live"), *sec = tcase_create("security");
-    tcase_add_test(spec, test_tf_config_full_cluster_reads_every_job_and_the_task);
-    tcase_add_test(spec, test_tf_config_master_is_chief_and_keel_keys_are_read);
-    tcase_add_test(spec, test_tf_config_without_chief_worker_0_is_chief);
-    tcase_add_test(spec, test_tf_config_evaluator_is_outside_the_training_cluster);
-    tcase_add_test(spec, test_tf_config_local_mode);
-    tcase_add_test(spec, test_tf_config_sparse_jobs_are_ordered_and_must_be_dense);
-    tcase_add_test(spec, test_tf_config_each_bad_input_is_named);
-    tcase_add_test(spec, test_tf_config_lists_every_problem_at_once);
-    tcase_add_test(spec, test_tf_config_size_is_bounded);
-    tcase_add_test(spec, test_tf_config_from_env);
-    tcase_add_test(spec, test_tf_config_generator_round_trips);
-    tcase_add_test(spec, test_tf_config_replica_counts_must_fit_the_cluster);
-    tcase_add_test(spec, test_format_summarises_the_cluster);
-    tcase_add_test(spec, test_explicit_lists_from_ini_values);
-    tcase_add_test(spec, test_slurm_hostlist_expansion);
-    tcase_add_test(spec, test_slurm_ranks_map_to_ps_then_workers);
-    tcase_add_test(spec, test_slurm_errors_are_named_and_listed_together);
-    suite_add_tcase(s, spec);
-    tcase_add_test(wire, test_header_round_trip_keeps_every_field);
-    tcase_add_test(wire, test_send_recv_round_trip_tensors_names_and_text);
-    tcase_add_test(wire, test_decode_rejects_every_malformed_class);
-    tcase_add_test(wire, test_decode_copies_misaligned_data_only);
-    tcase_add_test(wire, test_recv_drains_and_rejects_too_many_frames);
-    tcase_add_test(wire, test_sockopts_set_the_send_buffer);
-    suite_add_tcase(s, wire);
-    tcase_set_timeout(live, 20);
-    tcase_add_test(live, test_live_server_survives_garbage_and_serves_others);
-    tcase_add_test(live, test_pull_of_named_and_unknown_variables);
-    tcase_add_test(live, test_push_sum_has_the_scalar_bits);
-    tcase_add_test(live, test_real_ps_checks_requests_and_aggregates_in_sync);
-    tcase_add_test(live, test_real_ps_applies_the_mean_with_a_backup_worker);
-    tcase_add_test(live, test_global_step_waiter_hook_sees_the_cluster_step);
-    tcase_add_test(live, test_heartbeats_see_the_step_state_and_a_restarted_ps);
-    tcase_add_test(live, test_heartbeat_on_reconnect_hears_a_restarted_ps);
-    suite_add_tcase(s, live);
-    tcase_add_checked_fixture(sec, tu_setup, tu_teardown);
-    tcase_set_timeout(sec, 20);
-    tcase_add_test(sec, test_keygen_writes_pair_with_modes_and_never_overwrites);
-    tcase_add_test(sec, test_curve_admits_allowed_keys_only);
-    tcase_add_test(sec, test_curve_allowed_key_in_a_role_it_does_not_hold);
-    tcase_add_test(sec, test_token_admits_the_job_tasks_only);
-    tcase_add_test(sec, test_cli_keygen);
-    suite_add_tcase(s, sec);
-    {
-        TCase *seam = tcase_create("seam");
-        tcase_set_timeout(seam, 30);
-        tcase_add_test(seam, test_seam_ps_run_and_training_session_on_a_cluster);
-        tcase_add_test(seam, test_seam_training_optimizer_alone);
-        tcase_add_test(seam, test_seam_rejects_wrong_roles_and_options);
-        suite_add_tcase(s, seam);
-    }
+    tu_tcase(s, "spec", 0, NULL, NULL, TU_TESTS(
+        test_tf_config_full_cluster_reads_every_job_and_the_task,
+        test_tf_config_master_is_chief_and_keel_keys_are_read,
+        test_tf_config_without_chief_worker_0_is_chief,
+        test_tf_config_evaluator_is_outside_the_training_cluster,
+        test_tf_config_local_mode,
+        test_tf_config_sparse_jobs_are_ordered_and_must_be_dense,
+        test_tf_config_each_bad_input_is_named,
+        test_tf_config_lists_every_problem_at_once,
+        test_tf_config_size_is_bounded,
+        test_tf_config_from_env,
+        test_tf_config_generator_round_trips,
+        test_tf_config_replica_counts_must_fit_the_cluster,
+        test_format_summarises_the_cluster,
+        test_explicit_lists_from_ini_values,
+        test_slurm_hostlist_expansion,
+        test_slurm_ranks_map_to_ps_then_workers,
+        test_slurm_errors_are_named_and_listed_together));
+    tu_tcase(s, "wire", 0, NULL, NULL, TU_TESTS(
+        test_header_round_trip_keeps_every_field,
+        test_send_recv_round_trip_tensors_names_and_text,
+        test_decode_rejects_every_malformed_class,
+        test_decode_copies_misaligned_data_only,
+        test_recv_drains_and_rejects_too_many_frames,
+        test_sockopts_set_the_send_buffer));
+    tu_tcase(s, "live", 20, NULL, NULL, TU_TESTS(
+        test_live_server_survives_garbage_and_serves_others,
+        test_pull_of_named_and_unknown_variables,
+        test_push_sum_has_the_scalar_bits,
+        test_real_ps_checks_requests_and_aggregates_in_sync,
+        test_real_ps_applies_the_mean_with_a_backup_worker,
+        test_global_step_waiter_hook_sees_the_cluster_step,
+        test_heartbeats_see_the_step_state_and_a_restarted_ps,
+        test_heartbeat_on_reconnect_hears_a_restarted_ps));
+    tu_tcase(s, "security", 20, tu_setup, tu_teardown, TU_TESTS(
+        test_keygen_writes_pair_with_modes_and_never_overwrites,
+        test_curve_admits_allowed_keys_only,
+        test_curve_allowed_key_in_a_role_it_does_not_hold,
+        test_token_admits_the_job_tasks_only,
+        test_cli_keygen));
+    tu_tcase(s, "seam", 30, NULL, NULL, TU_TESTS(
+        test_seam_ps_run_and_training_session_on_a_cluster,
+        test_seam_training_optimizer_alone,
+        test_seam_rejects_wrong_roles_and_options));
     return s;
 }
 

@@ -846,37 +846,24 @@ static Suite *
 hooks_suite(void)
 {
     Suite *s = suite_create("hooks");
-    TCase *tc = tcase_create("hooks");
-    tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_set_timeout(tc, 20);
-    tcase_add_test(tc,
-        test_logging_hook_logs_first_then_every_n_iter_and_at_end);
-    tcase_add_test(tc, test_step_counter_and_summary_write_event_files);
-    tcase_add_test(tc,
-        test_profiler_hook_writes_closed_chrome_trace_skipping_first);
-    tcase_add_test(tc,
-        test_global_step_waiter_passes_when_reached_and_wakes_on_stop);
-    tcase_add_test(tc, test_final_ops_hook_runs_once_at_end);
-    tcase_add_test(tc, test_hook_with_bad_struct_size_is_rejected);
-    tcase_add_test(tc,
-        test_backend_worker_waits_on_events_and_chief_skips_rollback);
-    tcase_add_test(tc, test_ckpt_hook_reports_the_step_the_backend_saved_at);
-    tcase_add_test(tc, test_supervisor_worker_times_out_when_chief_never_ready);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("skip");
-    tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_set_timeout(tc, 20);
-    tcase_add_test(tc,
-        test_skipping_idle_hooks_changes_no_save_event_log_or_stop);
-    tcase_add_test(tc, test_time_trigger_fires_while_step_hooks_skip);
-    tcase_add_test(tc,
-        test_stop_request_lands_at_next_step_boundary_with_idle_hooks);
-    tcase_add_test(tc, test_nan_hook_finds_its_value_again_in_a_new_session);
-    tcase_add_test(tc, test_user_hook_wake_skips_calls_and_counts_them);
-    tcase_add_test(tc, test_hooks_are_told_apart_by_kind);
-    tcase_add_test(tc,
-        test_real_clock_trigger_is_neither_late_nor_early_while_idle);
-    suite_add_tcase(s, tc);
+    tu_tcase(s, "hooks", 20, setup, teardown, TU_TESTS(
+        test_logging_hook_logs_first_then_every_n_iter_and_at_end,
+        test_step_counter_and_summary_write_event_files,
+        test_profiler_hook_writes_closed_chrome_trace_skipping_first,
+        test_global_step_waiter_passes_when_reached_and_wakes_on_stop,
+        test_final_ops_hook_runs_once_at_end,
+        test_hook_with_bad_struct_size_is_rejected,
+        test_backend_worker_waits_on_events_and_chief_skips_rollback,
+        test_ckpt_hook_reports_the_step_the_backend_saved_at,
+        test_supervisor_worker_times_out_when_chief_never_ready));
+    tu_tcase(s, "skip", 20, setup, teardown, TU_TESTS(
+        test_skipping_idle_hooks_changes_no_save_event_log_or_stop,
+        test_time_trigger_fires_while_step_hooks_skip,
+        test_stop_request_lands_at_next_step_boundary_with_idle_hooks,
+        test_nan_hook_finds_its_value_again_in_a_new_session,
+        test_user_hook_wake_skips_calls_and_counts_them,
+        test_hooks_are_told_apart_by_kind,
+        test_real_clock_trigger_is_neither_late_nor_early_while_idle));
     return s;
 }
 

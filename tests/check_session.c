@@ -1326,54 +1326,38 @@ static Suite *
 session_suite(void)
 {
     Suite *s = suite_create("session");
-    TCase *tc = tcase_create("session");
-    tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_set_timeout(tc, 20);
-    tcase_add_test(tc, test_clean_run_calls_hooks_in_order_and_end_clean);
-    tcase_add_test(tc, test_optimizer_updater_applies_the_optimizer);
-    tcase_add_test(tc,
-                   test_a_step_runs_hogwild_rounds_of_one_step_per_thread);
-    tcase_add_test(tc,
-        test_hook_stop_request_lets_all_hooks_see_after_run_then_refuses);
-    tcase_add_test(tc, test_step_error_skips_after_run_and_ends_with_error);
-    tcase_add_test(tc,
-        test_recoverable_error_recreates_session_and_retries_same_step);
-    tcase_add_test(tc, test_recovery_is_bounded_and_singular_does_not_recover);
-    tcase_add_test(tc, test_first_recovery_is_at_once_then_backs_off);
-    tcase_add_test(tc, test_end_of_input_ends_with_out_of_range);
-    tcase_add_test(tc,
-        test_sigterm_stops_at_step_boundary_and_saves_final_checkpoint);
-    tcase_add_test(tc,
-        test_requested_value_the_step_never_sets_fails_naming_it);
-    tcase_add_test(tc, test_nan_hook_fails_or_stops_and_inf_is_optional);
-    tcase_add_test(tc,
-        test_feed_fn_supplies_batch_and_its_end_of_input_ends_cleanly);
-    tcase_add_test(tc, test_run_without_hooks_skips_hooks_but_updates);
-    tcase_add_test(tc,
-                   test_user_hook_sees_step_duration_and_values_by_any_pointer);
-    tcase_add_test(tc, test_timer_trigger_semantics_with_injected_clock);
-    tcase_add_test(tc,
-        test_stop_at_step_num_steps_is_relative_last_step_absolute);
-    tcase_add_test(tc,
-        test_ckpt_hook_saves_at_creation_every_n_and_end_never_twice);
-    tcase_add_test(tc,
-        test_ckpt_listener_can_stop_training_and_error_skips_final_save);
-    tcase_add_test(tc, test_meta_blobs_saved_and_handed_back_after_restore);
-    tcase_add_test(tc, test_prepare_errors_match_tf_conditions);
-    tcase_add_test(tc, test_worker_wait_wakes_on_notify_and_times_out);
-    tcase_add_test(tc, test_recover_session_ready_only_after_a_restore);
-    tcase_add_test(tc,
-        test_coordinator_wakes_waiters_on_stop_and_join_honours_grace);
-    tcase_add_test(tc, test_coordinator_keeps_first_error_only);
-    tcase_add_test(tc, test_training_session_rejects_both_secs_and_steps);
-    tcase_add_test(tc, test_training_session_hook_order_chief_and_worker);
-    tcase_add_test(tc, test_supervisor_checkpoints_at_start_and_at_stop);
-    tcase_add_test(tc,
-        test_replicas_add_gradients_along_the_tree_and_average_values);
-    tcase_add_test(tc,
-        test_replica_failures_name_the_replica_and_apply_nothing);
-    tcase_add_test(tc, test_strategy_names_and_the_training_sessions_rules);
-    suite_add_tcase(s, tc);
+    tu_tcase(s, "session", 20, setup, teardown, TU_TESTS(
+        test_clean_run_calls_hooks_in_order_and_end_clean,
+        test_optimizer_updater_applies_the_optimizer,
+        test_a_step_runs_hogwild_rounds_of_one_step_per_thread,
+        test_hook_stop_request_lets_all_hooks_see_after_run_then_refuses,
+        test_step_error_skips_after_run_and_ends_with_error,
+        test_recoverable_error_recreates_session_and_retries_same_step,
+        test_recovery_is_bounded_and_singular_does_not_recover,
+        test_first_recovery_is_at_once_then_backs_off,
+        test_end_of_input_ends_with_out_of_range,
+        test_sigterm_stops_at_step_boundary_and_saves_final_checkpoint,
+        test_requested_value_the_step_never_sets_fails_naming_it,
+        test_nan_hook_fails_or_stops_and_inf_is_optional,
+        test_feed_fn_supplies_batch_and_its_end_of_input_ends_cleanly,
+        test_run_without_hooks_skips_hooks_but_updates,
+        test_user_hook_sees_step_duration_and_values_by_any_pointer,
+        test_timer_trigger_semantics_with_injected_clock,
+        test_stop_at_step_num_steps_is_relative_last_step_absolute,
+        test_ckpt_hook_saves_at_creation_every_n_and_end_never_twice,
+        test_ckpt_listener_can_stop_training_and_error_skips_final_save,
+        test_meta_blobs_saved_and_handed_back_after_restore,
+        test_prepare_errors_match_tf_conditions,
+        test_worker_wait_wakes_on_notify_and_times_out,
+        test_recover_session_ready_only_after_a_restore,
+        test_coordinator_wakes_waiters_on_stop_and_join_honours_grace,
+        test_coordinator_keeps_first_error_only,
+        test_training_session_rejects_both_secs_and_steps,
+        test_training_session_hook_order_chief_and_worker,
+        test_supervisor_checkpoints_at_start_and_at_stop,
+        test_replicas_add_gradients_along_the_tree_and_average_values,
+        test_replica_failures_name_the_replica_and_apply_nothing,
+        test_strategy_names_and_the_training_sessions_rules));
     return s;
 }
 

@@ -823,31 +823,26 @@ static Suite *
 suite(void)
 {
     Suite *s = suite_create("it_cluster");
-    TCase *tc = tcase_create("cluster");
-    tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_set_timeout(tc, 90);
-    tcase_add_test(tc, sync_1ps_2workers_trains_like_one_process);
-    tcase_add_test(tc, sync_rerun_is_bitwise_identical);
-    tcase_add_test(tc, async_applies_every_push_as_a_step);
-    tcase_add_test(tc,
-        async_worker_joins_with_a_new_index_and_leaves_without_a_stall);
-    tcase_add_test(tc, sync_refuses_a_worker_index_beyond_its_replicas);
-    tcase_add_test(tc, dynsgd_refuses_a_worker_index_beyond_its_replicas);
-    tcase_add_test(tc, local_step_rule_ends_with_unsent_steps_and_exits_0);
-    tcase_add_test(tc, micro_batches_give_identical_bits_for_1_2_and_4_workers);
-    tcase_add_test(tc, backup_worker_stopped_training_goes_on);
-    tcase_add_test(tc, two_ps_split_and_restore_into_1_3_and_no_cluster);
-    tcase_add_test(tc, chief_killed_and_restarted_rejoins_without_rollback);
-    tcase_add_test(tc, chief_sigterm_stops_everyone_with_exit_0);
-    tcase_add_test(tc, ps_restarted_is_reinitialized_from_checkpoint);
-    tcase_add_test(tc, worker_losing_the_ps_fails_clearly);
-    tcase_add_test(tc, sigterm_while_waiting_for_the_chief_exits_0_at_once);
-    tcase_add_test(tc, bad_tf_config_exits_2_listing_problems);
-    tcase_add_test(tc, replica_counts_beyond_the_cluster_exit_2_at_start);
-    tcase_add_test(tc,
-                   config_check_prints_the_role_from_tf_config_slurm_and_lists);
-    tcase_add_test(tc, curve_worker_without_allowed_key_cannot_join);
-    suite_add_tcase(s, tc);
+    tu_tcase(s, "cluster", 90, setup, teardown, TU_TESTS(
+        sync_1ps_2workers_trains_like_one_process,
+        sync_rerun_is_bitwise_identical,
+        async_applies_every_push_as_a_step,
+        async_worker_joins_with_a_new_index_and_leaves_without_a_stall,
+        sync_refuses_a_worker_index_beyond_its_replicas,
+        dynsgd_refuses_a_worker_index_beyond_its_replicas,
+        local_step_rule_ends_with_unsent_steps_and_exits_0,
+        micro_batches_give_identical_bits_for_1_2_and_4_workers,
+        backup_worker_stopped_training_goes_on,
+        two_ps_split_and_restore_into_1_3_and_no_cluster,
+        chief_killed_and_restarted_rejoins_without_rollback,
+        chief_sigterm_stops_everyone_with_exit_0,
+        ps_restarted_is_reinitialized_from_checkpoint,
+        worker_losing_the_ps_fails_clearly,
+        sigterm_while_waiting_for_the_chief_exits_0_at_once,
+        bad_tf_config_exits_2_listing_problems,
+        replica_counts_beyond_the_cluster_exit_2_at_start,
+        config_check_prints_the_role_from_tf_config_slurm_and_lists,
+        curve_worker_without_allowed_key_cannot_join));
     return s;
 }
 

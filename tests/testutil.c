@@ -580,6 +580,21 @@ tu_held_port(void)
     return ntohs(a.sin_port);
 }
 
+TCase *
+tu_tcase(Suite *s, const char *name, int timeout_s, void (*setup)(void),
+         void (*teardown)(void), const TTest *const *tests)
+{
+    TCase *tc = tcase_create(name);
+    if (setup != NULL || teardown != NULL)
+        tcase_add_checked_fixture(tc, setup, teardown);
+    if (timeout_s > 0)
+        tcase_set_timeout(tc, timeout_s);
+    for (size_t i = 0; tests != NULL && tests[i] != NULL; i++)
+        tcase_add_test(tc, tests[i]);
+    suite_add_tcase(s, tc);
+    return tc;
+}
+
 void
 tu_log_append(void *ctx, keel_log_level level, const char *msg)
 {

@@ -130,6 +130,15 @@ keel_status tu_ps_join(tu_ps *p);
  * the test sets by hand ({ tu_clock_read, &now_ns }). */
 int64_t tu_clock_read(void *ctx);
 
+/* A test case added to suite s: the fixture setup/teardown (both NULL for
+ * none) around each test, timeout_s seconds per test (0: Check's default),
+ * then tests (NULL-terminated, TU_TESTS(...); NULL adds none) in order.
+ * Returns the case, for tests added another way (tcase_add_loop_test). */
+TCase *tu_tcase(Suite *s, const char *name, int timeout_s,
+                void (*setup)(void), void (*teardown)(void),
+                const TTest *const *tests);
+#define TU_TESTS(...) ((const TTest *const[]){ __VA_ARGS__, NULL })
+
 /* main() for a test program: runs the suite and exits 0 only when every
  * test passed. */
 #define KEEL_TEST_MAIN(suite_fn)                                          \
