@@ -406,12 +406,12 @@ START_TEST(test_ckpt_hook_reports_the_step_the_backend_saved_at)
     ck_assert_str_eq(listened_paths[0], "fake-10");
     ck_assert_int_eq(listened_steps[1], 22);
     ck_assert_str_eq(listened_paths[1], "fake-22");
-    ck_assert_msg(strstr(hook_log.text, "saved checkpoint for step 10: fake-10 (the "
-                         "shared global step; this replica was at step 0)")
-                  != NULL, "%s", hook_log.text);
-    ck_assert_msg(strstr(hook_log.text, "saved checkpoint for step 22: fake-22 (the "
-                         "shared global step; this replica was at step 12)")
-                  != NULL, "%s", hook_log.text);
+    ck_assert_msg(strstr(hook_log.text, "saved checkpoint for step 10: "
+                         "fake-10 (the shared global step; this replica was "
+                         "at step 0)") != NULL, "%s", hook_log.text);
+    ck_assert_msg(strstr(hook_log.text, "saved checkpoint for step 22: "
+                         "fake-22 (the shared global step; this replica was "
+                         "at step 12)") != NULL, "%s", hook_log.text);
     keel_session_free(s);
     keel_hook_release(&h);
 }
