@@ -1193,30 +1193,33 @@ keel_config_origin(const keel_config *cfg, const char *key)
     return origin_of(&cfg->v[k]);
 }
 
-int
-keel_config_int_list(const keel_config *cfg, const char *key, int64_t *out,
-                     int max)
+/* A list key's entries into iout (is_int: T_INT_LIST) or dout
+ * (T_DOUBLE_LIST). */
+static int
+get_list(const keel_config *cfg, const char *key, int is_int, int64_t *iout,
+         double *dout, int max)
 {
-    const value *v = get(cfg, key, T_INT_LIST, -1);
+    const value *v = get(cfg, key, is_int ? T_INT_LIST : T_DOUBLE_LIST, -1);
     int k = find_dotted(key);
     char why[256];
     if (v == NULL)
         return -1;
-    return parse_list(v->text, 1, schema[k].lo, schema[k].hi, out, NULL, max,
-                      why, sizeof why);
+    return parse_list(v->text, is_int, schema[k].lo, schema[k].hi, iout, dout,
+                      max, why, sizeof why);
+}
+
+int
+keel_config_int_list(const keel_config *cfg, const char *key, int64_t *out,
+                     int max)
+{
+    return get_list(cfg, key, 1, out, NULL, max);
 }
 
 int
 keel_config_double_list(const keel_config *cfg, const char *key, double *out,
                         int max)
 {
-    const value *v = get(cfg, key, T_DOUBLE_LIST, -1);
-    int k = find_dotted(key);
-    char why[256];
-    if (v == NULL)
-        return -1;
-    return parse_list(v->text, 0, schema[k].lo, schema[k].hi, NULL, out, max,
-                      why, sizeof why);
+    return get_list(cfg, key, 0, NULL, out, max);
 }
 
 /* Cross-key rules. Each names both keys and where they were set. */

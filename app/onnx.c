@@ -193,6 +193,22 @@ initializer(pb *graph, keel_var *v)
     pb_msg(graph, 5, &tp);
 }
 
+/* A Transpose node "<lname>/<tag>" of in by perm (4 axes); its output's
+ * name into out (which may be in). */
+static void
+transpose(pb *graph, const char *lname, const char *tag, const char *in,
+          const int64_t perm[4], char *out, size_t out_size)
+{
+    char name[128], o[128];
+    pb n;
+    snprintf(name, sizeof name, "%s/%s", lname, tag);
+    snprintf(o, sizeof o, "%s/%s:0", lname, tag);
+    node_begin(&n, "Transpose", name, in, NULL, NULL, o);
+    attr_ints(&n, "perm", perm, 4, 0);
+    node_end(graph, &n);
+    snprintf(out, out_size, "%s", o);
+}
+
 static void
 activation(pb *graph, const char *act, const char *in, char *out,
            size_t out_size, const char *lname)
@@ -242,20 +258,12 @@ keel__onnx_bytes(keel_inference *inf, unsigned char **out, size_t *len)
             int64_t ks[2], st[2], pads[4] = { 0, 0, 0, 0 };
             char w[128];
             if (!nchw) {
-                snprintf(name, sizeof name, "%s/to_nchw", lname);
-                snprintf(next, sizeof next, "%s/to_nchw:0", lname);
-                node_begin(&n, "Transpose", name, cur, NULL, NULL, next);
-                attr_ints(&n, "perm", to_nchw, 4, 0);
-                node_end(&graph, &n);
-                snprintf(cur, sizeof cur, "%s", next);
+                transpose(&graph, lname, "to_nchw", cur, to_nchw, cur,
+                          sizeof cur);
                 nchw = 1;
             }
-            snprintf(name, sizeof name, "%s/kernel_oihw", lname);
-            snprintf(w, sizeof w, "%s/kernel_oihw:0", lname);
-            node_begin(&n, "Transpose", name, keel_var_name(k), NULL, NULL,
-                       w);
-            attr_ints(&n, "perm", to_oihw, 4, 0);
-            node_end(&graph, &n);
+            transpose(&graph, lname, "kernel_oihw", keel_var_name(k),
+                      to_oihw, w, sizeof w);
             for (int d = 0; d < 2; d++) {
                 ks[d] = keel__export_layer_int(L, "kernel_size", (size_t)d);
                 st[d] = keel__export_layer_int(L, "strides", (size_t)d);
@@ -285,12 +293,8 @@ keel__onnx_bytes(keel_inference *inf, unsigned char **out, size_t *len)
             static const int64_t to_nhwc[4] = { 0, 2, 3, 1 };
             static const int64_t one = 1;
             if (nchw) {       /* Keras flattens in (h, w, c) order */
-                snprintf(name, sizeof name, "%s/to_nhwc", lname);
-                snprintf(next, sizeof next, "%s/to_nhwc:0", lname);
-                node_begin(&n, "Transpose", name, cur, NULL, NULL, next);
-                attr_ints(&n, "perm", to_nhwc, 4, 0);
-                node_end(&graph, &n);
-                snprintf(cur, sizeof cur, "%s", next);
+                transpose(&graph, lname, "to_nhwc", cur, to_nhwc, cur,
+                          sizeof cur);
                 nchw = 0;
             }
             snprintf(name, sizeof name, "%s/Flatten", lname);

@@ -97,6 +97,29 @@ out:
     return KEEL_OK;
 }
 
+/* A candidate that failed: its message kept as last_err (KEEL_ERR_MAX
+ * bytes), a warning naming it, one more bad file counted. */
+static void
+skip_bad(const char *path, char *last_err, size_t *n_bad)
+{
+    snprintf(last_err, KEEL_ERR_MAX, "%s", keel_last_error());
+    keel__log(KEEL_LOG_WARN, "skipping checkpoint %s: %s", path, last_err);
+    (*n_bad)++;
+}
+
+/* The failure when no candidate in dir served: none at all, or n_bad that
+ * all failed to verb ("verifies", "restores"), the last one's cause. */
+static keel_status
+none_valid(const char *dir, size_t n_bad, const char *last_err,
+           const char *verb)
+{
+    if (n_bad > 0)
+        return keel__fail(KEEL_ENOTFOUND, "no valid checkpoint in %s: %zu "
+                          "found, none %s (last: %s)", dir, n_bad, verb,
+                          last_err);
+    return keel__fail(KEEL_ENOTFOUND, "no checkpoint in %s", dir);
+}
+
 keel_status
 keel_ckpt_latest(const char *dir, const char *basename, char *path,
                  size_t path_size, int64_t *step)
@@ -124,17 +147,10 @@ keel_ckpt_latest(const char *dir, const char *basename, char *path,
             free(c);
             return st;
         }
-        snprintf(last_err, sizeof last_err, "%s", keel_last_error());
-        keel__log(KEEL_LOG_WARN, "skipping checkpoint %s: %s", c[i].path,
-                  last_err);
-        n_bad++;
+        skip_bad(c[i].path, last_err, &n_bad);
     }
     free(c);
-    if (n_bad > 0)
-        return keel__fail(KEEL_ENOTFOUND, "no valid checkpoint in %s: %zu "
-                          "found, none verifies (last: %s)", dir, n_bad,
-                          last_err);
-    return keel__fail(KEEL_ENOTFOUND, "no checkpoint in %s", dir);
+    return none_valid(dir, n_bad, last_err, "verifies");
 }
 
 keel_status
@@ -188,17 +204,10 @@ keel_ckpt_restore_latest(const char *dir, const char *basename,
             free(c);               /* the model does not fit: no fallback */
             return st;
         }
-        snprintf(last_err, sizeof last_err, "%s", keel_last_error());
-        keel__log(KEEL_LOG_WARN, "skipping checkpoint %s: %s", c[i].path,
-                  last_err);
-        n_bad++;
+        skip_bad(c[i].path, last_err, &n_bad);
     }
     free(c);
-    if (n_bad > 0)
-        return keel__fail(KEEL_ENOTFOUND, "no valid checkpoint in %s: %zu "
-                          "found, none restores (last: %s)", dir, n_bad,
-                          last_err);
-    return keel__fail(KEEL_ENOTFOUND, "no checkpoint in %s", dir);
+    return none_valid(dir, n_bad, last_err, "restores");
 }
 
 /* ---- restore ------------------------------------------------------------ */

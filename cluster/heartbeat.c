@@ -291,13 +291,7 @@ keel__hb_start(const keel__hb_config *cfg, keel__hb **out)
     *out = hb;
     return KEEL_OK;
 fail:
-    close_all(hb);
-    free(hb->socks);
-    free(hb->mons);
-    free(hb->peers);
-    pthread_mutex_destroy(&hb->mu);
-    pthread_cond_destroy(&hb->cv);
-    free(hb);
+    keel__hb_stop(hb);              /* not running: frees what was made */
     return st;
 }
 

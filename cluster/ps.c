@@ -510,6 +510,18 @@ reply_header(keel__ps *ps, const keel__wire_msg *req, keel__wire_header *h,
     h->global_step = keel_vars_global_step(ps->vars);
 }
 
+/* The reply to a request that carries no data back: done, with the global
+ * step and the chief's generation (local_step). */
+static keel_status
+send_done(keel__ps *ps, keel__wire_msg *req, uint8_t type)
+{
+    keel__wire_header h;
+    reply_header(ps, req, &h, type, KEEL_WIRE_F_REPLY);
+    h.local_step = (int64_t)ps->chief_generation;
+    return keel__wire_send(ps->sock, &req->identity, &h, NULL, 0, NULL,
+                           NULL);
+}
+
 static void
 send_error(keel__ps *ps, keel__wire_msg *req, keel_status code,
            const char *text)
@@ -830,7 +842,6 @@ real_init(keel__ps *ps, keel__wire_msg *req)
 {
     keel_var **vars;
     keel_tensor **ts;
-    keel__wire_header h;
     keel_status st = KEEL_OK;
     if (req->h.flags & KEEL_WIRE_F_NAMES_ONLY)
         return keel__fail(KEEL_ECORRUPT, "INIT without data");
@@ -885,10 +896,7 @@ real_init(keel__ps *ps, keel__wire_msg *req)
             ps->init_vars = 0;
             ps->init_slots = 0;
         }
-        reply_header(ps, req, &h, KEEL_MSG_INIT, KEEL_WIRE_F_REPLY);
-        h.local_step = (int64_t)ps->chief_generation;
-        st = keel__wire_send(ps->sock, &req->identity, &h, NULL, 0, NULL,
-                             NULL);
+        st = send_done(ps, req, KEEL_MSG_INIT);
         if (ps->is_ready)
             answer_waiters(ps);
     }
@@ -1075,7 +1083,6 @@ real_commit(keel__ps *ps, keel__wire_msg *req)
     int64_t step = keel_vars_global_step(ps->vars);
     keel_var **vars;
     keel_tensor **ts;
-    keel__wire_header h;
     keel_status st = KEEL_OK;
     if (!ps->awaiting_commit)
         return keel__fail(KEEL_ESTATE, "COMMIT at step %lld: no step of ps "
@@ -1097,10 +1104,7 @@ real_commit(keel__ps *ps, keel__wire_msg *req)
         ps->applied += ps->commit_fresh;
         ps->awaiting_commit = 0;
         release_pending(ps, KEEL_OK);
-        reply_header(ps, req, &h, KEEL_MSG_COMMIT, KEEL_WIRE_F_REPLY);
-        h.local_step = (int64_t)ps->chief_generation;
-        st = keel__wire_send(ps->sock, &req->identity, &h, NULL, 0, NULL,
-                             NULL);
+        st = send_done(ps, req, KEEL_MSG_COMMIT);
     }
     free(vars);
     free(ts);
@@ -1116,7 +1120,6 @@ real_mix(keel__ps *ps, keel__wire_msg *req)
 {
     keel_var **vars;
     keel_tensor **ts;
-    keel__wire_header h;
     keel_status st = KEEL_OK;
     float d;
     uint32_t bits = req->h.arg;
@@ -1141,10 +1144,7 @@ real_mix(keel__ps *ps, keel__wire_msg *req)
                 for (size_t j = 0; j < ts[i]->count; j++)
                     x[j] = d * x[j] + (1.0f - d) * t[j];
         }
-        reply_header(ps, req, &h, KEEL_MSG_MIX, KEEL_WIRE_F_REPLY);
-        h.local_step = (int64_t)ps->chief_generation;
-        st = keel__wire_send(ps->sock, &req->identity, &h, NULL, 0, NULL,
-                             NULL);
+        st = send_done(ps, req, KEEL_MSG_MIX);
     }
     free(vars);
     free(ts);

@@ -605,21 +605,6 @@ END_TEST
  * out (+0.5 for the chief, -0.5 for the worker), so the loss |w - target|^2
  * must fall from 10 to well under 1 and every rule must end. */
 
-typedef struct run_ps {
-    keel_cluster_spec *spec;
-    keel_vars *vs;
-    keel_cluster_options *opts;
-    keel_status st;
-} run_ps;
-
-static void *
-run_ps_main(void *arg)
-{
-    run_ps *p = arg;
-    p->st = keel_ps_run(p->spec, p->vs, p->opts);
-    return NULL;
-}
-
 static keel_cluster_spec *
 e2e_spec(int ps_port, int chief_port, int worker_port, keel_task_type type)
 {
@@ -738,9 +723,10 @@ e2e_train(keel_algorithm name, int with_worker, int64_t steps,
     keel_optimizer_config sgd;
     keel_algorithm_config ac;
     keel_cluster_options co;
-    run_ps p;
+    tu_ps p;
+    keel_status ps_st;
     replica chief, worker;
-    pthread_t tp, tc, tw;
+    pthread_t tc, tw;
     double loss;
 
     keel_optimizer_config_init(&sgd, KEEL_OPT_SGD);
@@ -757,11 +743,7 @@ e2e_train(keel_algorithm name, int with_worker, int64_t steps,
     co.algorithm = &ac;
     co.orphan_secs = 60;
     co.token = NULL;
-    p.spec = ps_spec;
-    p.vs = ps_vs;
-    p.opts = &co;
-    p.st = KEEL_EINTERNAL;
-    ck_assert_int_eq(pthread_create(&tp, NULL, run_ps_main, &p), 0);
+    tu_ps_start(&p, ps_spec, ps_vs, &co);
     memset(&chief, 0, sizeof chief);
     chief.spec = c_spec;
     chief.opts = &co;
@@ -781,12 +763,12 @@ e2e_train(keel_algorithm name, int with_worker, int64_t steps,
     pthread_join(tc, NULL);
     if (with_worker)
         pthread_join(tw, NULL);
-    pthread_join(tp, NULL);
+    ps_st = tu_ps_join(&p);
     ck_assert_msg(chief.st == KEEL_OK, "%s chief: %s",
                   keel_algorithm_name(name), keel_last_error());
     ck_assert_msg(!with_worker || worker.st == KEEL_OK, "%s worker failed",
                   keel_algorithm_name(name));
-    ck_assert_int_eq(p.st, KEEL_OK);
+    ck_assert_int_eq(ps_st, KEEL_OK);
     /* a local-step rule's final checkpoint counts the ps's committed
      * steps: the chief's last window - 1 local steps may be unsent */
     ck_assert_int_ge(chief.final_step,
@@ -935,38 +917,27 @@ static Suite *
 algorithms_suite(void)
 {
     Suite *s = suite_create("algorithms");
-    TCase *t = tcase_create("rules");
-    TCase *e = tcase_create("cluster");
-    tcase_add_test(t, test_names_round_trip_and_bad_names_are_named);
-    tcase_add_test(t, test_defaults_resolve_per_rule);
-    tcase_add_test(t, test_sync_per_worker_learning_rates);
-    tcase_add_test(t, test_agn_cycle);
-    tcase_add_test(t, test_sagn_cycle_and_round_sum);
-    tcase_add_test(t, test_downpour_cycle);
-    tcase_add_test(t, test_downpour_easy_cycle);
-    tcase_add_test(t, test_adag_cycle);
-    tcase_add_test(t, test_dynsgd_cycle);
-    tcase_add_test(t, test_model_averaging_cycle_and_mean);
-    tcase_add_test(t, test_easgd_cycle);
-    tcase_add_test(t, test_aeasgd_cycle);
-    tcase_add_test(t, test_aeamsgd_cycle);
-    suite_add_tcase(s, t);
-    tcase_set_timeout(e, 120);
+    TCase *e;
+    tu_tcase(s, "rules", 0, NULL, NULL, TU_TESTS(
+        test_names_round_trip_and_bad_names_are_named,
+        test_defaults_resolve_per_rule,
+        test_sync_per_worker_learning_rates,
+        test_agn_cycle,
+        test_sagn_cycle_and_round_sum,
+        test_downpour_cycle,
+        test_downpour_easy_cycle,
+        test_adag_cycle,
+        test_dynsgd_cycle,
+        test_model_averaging_cycle_and_mean,
+        test_easgd_cycle,
+        test_aeasgd_cycle,
+        test_aeamsgd_cycle));
+    e = tu_tcase(s, "cluster", 120, NULL, NULL, NULL);
     tcase_add_loop_test(e, test_every_rule_trains_on_a_cluster, 0,
                         KEEL_ALGORITHM_COUNT);
     tcase_add_test(e, test_adag_state_resumes_from_a_checkpoint);
     tcase_add_test(e, test_chief_applies_needs_the_plain_sync_rule);
-    suite_add_tcase(s, e);
     return s;
 }
 
-int
-main(void)
-{
-    SRunner *r = srunner_create(algorithms_suite());
-    int failed;
-    srunner_run_all(r, CK_NORMAL);
-    failed = srunner_ntests_failed(r);
-    srunner_free(r);
-    return failed == 0 ? 0 : 1;
-}
+KEEL_TEST_MAIN(algorithms_suite)

@@ -432,17 +432,7 @@ END_TEST
 /* ---- O_DIRECT data path ------------------------------------------------- */
 
 /* Debug log lines of the checkpoint code, collected for the test. */
-static char io_log[8192];
-
-static void
-io_log_line(void *ctx, keel_log_level level, const char *msg)
-{
-    size_t len = strlen(io_log);
-    (void)ctx;
-    (void)level;
-    if (strstr(msg, "O_DIRECT") != NULL)
-        snprintf(io_log + len, sizeof io_log - len, "%s\n", msg);
-}
+static tu_log io_log = { .filter = "O_DIRECT" };
 
 /* 1 when the file system under path takes aligned O_DIRECT reads. */
 static int
@@ -507,44 +497,44 @@ START_TEST(test_direct_io_save_and_cold_restore_roundtrip)
         ck_assert_int_eq(keel_vars_create(back, names[i], 2, shapes[i], 0,
                                           NULL), KEEL_OK);
     }
-    keel_log_set_handler(io_log_line, NULL, KEEL_LOG_DEBUG);
+    keel_log_set_handler(tu_log_append, &io_log, KEEL_LOG_DEBUG);
     for (int is_async = 0; is_async < 2; is_async++) {
         keel_saver *s = new_saver(tu_dir, 5, is_async);
-        io_log[0] = '\0';
+        io_log.text[0] = '\0';
         save_step(s, vs, 10 + is_async, path, sizeof path);
         keel_saver_free(s);
         if (has_direct < 0)
             has_direct = fs_has_direct_io(path);
         if (has_direct)
-            ck_assert_msg(strstr(io_log, "wrote ") != NULL &&
-                          strstr(io_log, "(0 of ") == NULL,
+            ck_assert_msg(strstr(io_log.text, "wrote ") != NULL &&
+                          strstr(io_log.text, "(0 of ") == NULL,
                           "no O_DIRECT write (async %d): %s", is_async,
-                          io_log);
+                          io_log.text);
         ck_assert_msg(keel_ckpt_verify(path) == KEEL_OK, "%s",
                       keel_last_error());
         /* Cold: the data comes from the disk by O_DIRECT. */
         drop_cache(path);
-        io_log[0] = '\0';
+        io_log.text[0] = '\0';
         ck_assert_msg(keel_ckpt_restore(path, back, NULL, NULL) == KEEL_OK,
                       "%s", keel_last_error());
         assert_stores_equal(vs, back);
         if (has_direct)
-            ck_assert_msg(strstr(io_log, "read ") != NULL, "cold restore "
-                          "without O_DIRECT: '%s'", io_log);
+            ck_assert_msg(strstr(io_log.text, "read ") != NULL,
+                          "cold restore without O_DIRECT: '%s'", io_log.text);
         /* Warm: every page is cached, so no O_DIRECT read. The kernel
          * may reclaim a page between the read and the restore (memory
          * pressure from other processes): three tries. */
         for (int tries = 0; tries < 3; tries++) {
             free(tu_read_file(path, NULL));
-            io_log[0] = '\0';
+            io_log.text[0] = '\0';
             ck_assert_int_eq(keel_ckpt_restore(path, back, NULL, NULL),
                              KEEL_OK);
             assert_stores_equal(vs, back);
-            if (strstr(io_log, "read ") == NULL)
+            if (strstr(io_log.text, "read ") == NULL)
                 break;
         }
-        ck_assert_msg(strstr(io_log, "read ") == NULL, "warm restore read "
-                      "with O_DIRECT: %s", io_log);
+        ck_assert_msg(strstr(io_log.text, "read ") == NULL, "warm restore "
+                      "read with O_DIRECT: %s", io_log.text);
     }
     keel_log_set_handler(NULL, NULL, KEEL_LOG_WARN);
     /* A flipped byte in the middle of the big body, in the slot, and in
@@ -1843,46 +1833,40 @@ checkpoint_suite(void)
                  "print_suppressions=0", getenv("KEEL_SRCDIR"));
         setenv("LSAN_OPTIONS", opt, 1);
     }
-    TCase *tc = tcase_create("core");
-    TCase *slow = tcase_create("slow");
-    tcase_add_checked_fixture(tc, tu_setup, tu_teardown);
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, test_sync_roundtrip_every_shape_slot_and_meta);
-    tcase_add_test(tc, test_configs_without_their_init_are_refused_by_name);
-    tcase_add_test(tc, test_async_roundtrip_uses_staging_copy);
-    tcase_add_test(tc, test_list_and_read_tensor);
-    tcase_add_test(tc, test_large_checkpoint_checksums_recorded_after_data);
-    tcase_add_test(tc,
-                   test_one_pass_restore_detects_corruption_in_any_dataset);
-    tcase_add_test(tc, test_multi_reader_restore_names_first_bad_dataset);
-    tcase_add_test(tc, test_direct_io_save_and_cold_restore_roundtrip);
-    tcase_add_test(tc, test_restore_shape_mismatch_names_variable_and_shapes);
-    tcase_add_test(tc, test_restore_strict_partial_report_and_name_map);
-    tcase_add_test(tc, test_python_snippet_reads_same_values);
-    tcase_add_test(tc, test_flipped_tensor_byte_detected_every_time);
-    tcase_add_test(tc, test_restore_latest_verifies_while_reading_and_falls_back);
-    tcase_add_test(tc, test_bad_files_give_clear_errors_and_latest_falls_back);
-    tcase_add_test(tc, test_latest_without_state_file_scans);
-    tcase_add_test(tc, test_retention_survives_restart_and_lowered_max_prunes);
-    tcase_add_test(tc, test_keep_every_n_hours_preserves_pruned_files);
-    tcase_add_test(tc, test_dead_process_temp_files_cleaned_at_start);
-    tcase_add_test(tc, test_io_faults_keep_previous_checkpoint_findable);
-    tcase_add_test(tc, test_async_failure_is_reported_not_dropped);
-    tcase_add_test(tc, test_cli_ls_show_verify_diff);
-    tcase_add_test(tc, test_lease_defers_retention_until_released);
-    tcase_add_test(tc, test_stale_lease_of_dead_pid_is_ignored_and_removed);
-    tcase_add_test(tc, test_lease_rejects_names_outside_the_directory);
-    tcase_add_test(tc, test_name_map_of_two_onto_one_names_both);
-    tcase_add_test(tc, test_retention_never_unlinks_outside_the_checkpoint_set);
-    tcase_add_test(tc, test_disk_full_mid_data_keeps_the_previous_checkpoint);
-    tcase_add_test(tc, test_unwritable_checkpoint_dir_fails_clearly);
-    tcase_add_test(tc, test_file_size_limit_fails_the_save_cleanly);
-    suite_add_tcase(s, tc);
-    tcase_add_checked_fixture(slow, tu_setup, tu_teardown);
-    tcase_set_timeout(slow, long_mode() ? 7200 : 120);
-    tcase_add_test(slow, test_sigkill_at_random_moments_leaves_valid_latest);
-    tcase_add_test(slow, test_sigkill_async_saver_leaves_valid_latest);
-    suite_add_tcase(s, slow);
+    tu_tcase(s, "core", 60, tu_setup, tu_teardown, TU_TESTS(
+        test_sync_roundtrip_every_shape_slot_and_meta,
+        test_configs_without_their_init_are_refused_by_name,
+        test_async_roundtrip_uses_staging_copy,
+        test_list_and_read_tensor,
+        test_large_checkpoint_checksums_recorded_after_data,
+        test_one_pass_restore_detects_corruption_in_any_dataset,
+        test_multi_reader_restore_names_first_bad_dataset,
+        test_direct_io_save_and_cold_restore_roundtrip,
+        test_restore_shape_mismatch_names_variable_and_shapes,
+        test_restore_strict_partial_report_and_name_map,
+        test_python_snippet_reads_same_values,
+        test_flipped_tensor_byte_detected_every_time,
+        test_restore_latest_verifies_while_reading_and_falls_back,
+        test_bad_files_give_clear_errors_and_latest_falls_back,
+        test_latest_without_state_file_scans,
+        test_retention_survives_restart_and_lowered_max_prunes,
+        test_keep_every_n_hours_preserves_pruned_files,
+        test_dead_process_temp_files_cleaned_at_start,
+        test_io_faults_keep_previous_checkpoint_findable,
+        test_async_failure_is_reported_not_dropped,
+        test_cli_ls_show_verify_diff,
+        test_lease_defers_retention_until_released,
+        test_stale_lease_of_dead_pid_is_ignored_and_removed,
+        test_lease_rejects_names_outside_the_directory,
+        test_name_map_of_two_onto_one_names_both,
+        test_retention_never_unlinks_outside_the_checkpoint_set,
+        test_disk_full_mid_data_keeps_the_previous_checkpoint,
+        test_unwritable_checkpoint_dir_fails_clearly,
+        test_file_size_limit_fails_the_save_cleanly));
+    tu_tcase(s, "slow", long_mode() ? 7200 : 120, tu_setup, tu_teardown,
+             TU_TESTS(
+        test_sigkill_at_random_moments_leaves_valid_latest,
+        test_sigkill_async_saver_leaves_valid_latest));
     return s;
 }
 

@@ -336,19 +336,17 @@ static Suite *
 cli_suite(void)
 {
     Suite *s = suite_create("cli");
-    TCase *tc = tcase_create("contract");
-    tcase_set_timeout(tc, 30);
-    tcase_add_test(tc, test_help_lists_verbs_and_exits_0);
-    tcase_add_test(tc, test_version_prints_library_version);
-    tcase_add_test(tc, test_unknown_verb_exits_2_with_message);
-    tcase_add_test(tc, test_no_verb_and_bad_option_exit_2);
-    tcase_add_test(tc, test_every_verb_has_help);
-    tcase_add_test(tc, test_config_check_exits_2_on_every_error);
-    tcase_add_test(tc, test_options_parse_the_getopt_long_way);
-    tcase_add_test(tc, test_more_verbs_parse_the_getopt_long_way);
-    tcase_add_test(tc, test_launch_program_usage_errors_exit_2);
-    tcase_add_test(tc, test_launch_program_gives_each_task_its_tf_config);
-    suite_add_tcase(s, tc);
+    tu_tcase(s, "contract", 30, NULL, NULL, TU_TESTS(
+        test_help_lists_verbs_and_exits_0,
+        test_version_prints_library_version,
+        test_unknown_verb_exits_2_with_message,
+        test_no_verb_and_bad_option_exit_2,
+        test_every_verb_has_help,
+        test_config_check_exits_2_on_every_error,
+        test_options_parse_the_getopt_long_way,
+        test_more_verbs_parse_the_getopt_long_way,
+        test_launch_program_usage_errors_exit_2,
+        test_launch_program_gives_each_task_its_tf_config));
     return s;
 }
 

@@ -214,8 +214,6 @@ START_TEST(test_tf_config_each_bad_input_is_named)
     BAD("{\"cluster\": {\"worker\": [\"a:1\"]}, \"task\": 1}",
         "'task' is not an object");
     BAD("{\"cluster\": {\"worker\": [\"a:1\"]}}", "'task' is missing");
-    snprintf(j, sizeof j, "{\"cluster\": {\"worker\": [\"\"]}, %s}", task);
-    BAD(j, "worker[0]: empty address");
     snprintf(j, sizeof j, "{\"cluster\": {\"worker\": [\"a:1\"], \"ps\": "
              "[\"a:1\"]}, %s}", task);
     BAD(j, "duplicate address 'a:1'");
@@ -228,33 +226,32 @@ START_TEST(test_tf_config_each_bad_input_is_named)
     snprintf(j, sizeof j, "{\"cluster\": {\"ps\": [\"p:1\"]}, "
              "\"task\": {\"type\": \"ps\", \"index\": 0}}");
     BAD(j, "no chief or worker");
-    snprintf(j, sizeof j, "{\"cluster\": {\"worker\": [\"a:0\"]}, %s}", task);
-    BAD(j, "port 0 out of 1..65535");
-    snprintf(j, sizeof j, "{\"cluster\": {\"worker\": [\"a:65536\"]}, %s}",
-             task);
-    BAD(j, "port 65536 out of 1..65535");
-    snprintf(j, sizeof j, "{\"cluster\": {\"worker\": [\"a:http\"]}, %s}",
-             task);
-    BAD(j, "bad port");
-    snprintf(j, sizeof j, "{\"cluster\": {\"worker\": [\"a\"]}, %s}", task);
-    BAD(j, "has no ':port'");
-    snprintf(j, sizeof j, "{\"cluster\": {\"worker\": [\":2222\"]}, %s}",
-             task);
-    BAD(j, "empty host");
-    snprintf(j, sizeof j, "{\"cluster\": {\"worker\": [\"a b:1\"]}, %s}",
-             task);
-    BAD(j, "bad host character");
-    snprintf(j, sizeof j, "{\"cluster\": {\"worker\": [\"a:\"]}, %s}", task);
-    BAD(j, "empty port");
-    snprintf(j, sizeof j, "{\"cluster\": {\"worker\": [\"a:1\"]}, %s, "
-             "\"mode\": \"eventual\"}", task);
-    BAD(j, "mode must be");
-    snprintf(j, sizeof j, "{\"cluster\": {\"worker\": [\"a:1\"]}, %s, "
-             "\"replicas_to_aggregate\": 0}", task);
-    BAD(j, "replicas_to_aggregate must be");
-    snprintf(j, sizeof j, "{\"cluster\": {\"worker\": [\"a:1\"]}, %s, "
-             "\"total_num_replicas\": \"2\"}", task);
-    BAD(j, "total_num_replicas must be");
+    /* one worker address, then one extra key beside a good cluster */
+    static const struct { const char *addr, *why; } addrs[] = {
+        { "", "worker[0]: empty address" },
+        { "a:0", "port 0 out of 1..65535" },
+        { "a:65536", "port 65536 out of 1..65535" },
+        { "a:http", "bad port" },
+        { "a", "has no ':port'" },
+        { ":2222", "empty host" },
+        { "a b:1", "bad host character" },
+        { "a:", "empty port" },
+    };
+    static const struct { const char *key, *why; } extras[] = {
+        { "\"mode\": \"eventual\"", "mode must be" },
+        { "\"replicas_to_aggregate\": 0", "replicas_to_aggregate must be" },
+        { "\"total_num_replicas\": \"2\"", "total_num_replicas must be" },
+    };
+    for (size_t i = 0; i < sizeof addrs / sizeof addrs[0]; i++) {
+        snprintf(j, sizeof j, "{\"cluster\": {\"worker\": [\"%s\"]}, %s}",
+                 addrs[i].addr, task);
+        BAD(j, addrs[i].why);
+    }
+    for (size_t i = 0; i < sizeof extras / sizeof extras[0]; i++) {
+        snprintf(j, sizeof j, "{\"cluster\": {\"worker\": [\"a:1\"]}, %s, "
+                 "%s}", task, extras[i].key);
+        BAD(j, extras[i].why);
+    }
     snprintf(j, sizeof j, "{\"model_dir\": \"\"}");
     BAD(j, "model_dir must be");
 }
@@ -2398,21 +2395,6 @@ seam_vars(void)
     return vs;
 }
 
-typedef struct seam_ps {
-    keel_cluster_spec *spec;
-    keel_vars *vs;
-    keel_cluster_options *opts;
-    keel_status st;
-} seam_ps;
-
-static void *
-seam_ps_main(void *arg)
-{
-    seam_ps *p = arg;
-    p->st = keel_ps_run(p->spec, p->vs, p->opts);
-    return NULL;
-}
-
 /* The gradient of w is (1, -2) every step. */
 static keel_status
 seam_step(void *ctx, keel_step *st)
@@ -2457,8 +2439,7 @@ START_TEST(test_seam_ps_run_and_training_session_on_a_cluster)
     keel_session *s = NULL;
     keel_hook stop;
     keel_stop_at_step_hook_config stop_cfg;
-    seam_ps p;
-    pthread_t th;
+    tu_ps p;
     const keel_tensor *w, *acc;
     char dir[256];
     struct stat sb;
@@ -2469,11 +2450,7 @@ START_TEST(test_seam_ps_run_and_training_session_on_a_cluster)
     keel_cluster_options_init(&co);
     co.optimizer = &mom;
     co.orphan_secs = 30;                /* the test's own deadline */
-    p.spec = ps_spec;
-    p.vs = ps_vs;
-    p.opts = &co;
-    p.st = KEEL_EINTERNAL;
-    ck_assert_int_eq(pthread_create(&th, NULL, seam_ps_main, &p), 0);
+    tu_ps_start(&p, ps_spec, ps_vs, &co);
 
     tu_mkdtemp(dir, sizeof dir);
     keel_stop_at_step_hook_config_init(&stop_cfg);
@@ -2491,8 +2468,7 @@ START_TEST(test_seam_ps_run_and_training_session_on_a_cluster)
     ck_assert_int_eq(keel_session_close(s), KEEL_OK);
     ck_assert_int_eq(keel_session_global_step(s), 3);
     keel_session_free(s);
-    pthread_join(th, NULL);
-    ck_assert_int_eq(p.st, KEEL_OK);    /* stopped by the chief */
+    ck_assert_int_eq(tu_ps_join(&p), KEEL_OK);  /* stopped by the chief */
 
     w = keel_var_tensor(keel_vars_find(vs, "w"));
     acc = keel_var_slot(keel_vars_find(vs, "w"), "momentum");
@@ -2623,59 +2599,50 @@ static Suite *
 cluster_suite(void)
 {
     Suite *s = suite_create("cluster");
-    TCase *spec = tcase_create("spec"), *wire = tcase_create("wire"),
-          *live = tcase_create("live"), *sec = tcase_create("security");
-    tcase_add_test(spec, test_tf_config_full_cluster_reads_every_job_and_the_task);
-    tcase_add_test(spec, test_tf_config_master_is_chief_and_keel_keys_are_read);
-    tcase_add_test(spec, test_tf_config_without_chief_worker_0_is_chief);
-    tcase_add_test(spec, test_tf_config_evaluator_is_outside_the_training_cluster);
-    tcase_add_test(spec, test_tf_config_local_mode);
-    tcase_add_test(spec, test_tf_config_sparse_jobs_are_ordered_and_must_be_dense);
-    tcase_add_test(spec, test_tf_config_each_bad_input_is_named);
-    tcase_add_test(spec, test_tf_config_lists_every_problem_at_once);
-    tcase_add_test(spec, test_tf_config_size_is_bounded);
-    tcase_add_test(spec, test_tf_config_from_env);
-    tcase_add_test(spec, test_tf_config_generator_round_trips);
-    tcase_add_test(spec, test_tf_config_replica_counts_must_fit_the_cluster);
-    tcase_add_test(spec, test_format_summarises_the_cluster);
-    tcase_add_test(spec, test_explicit_lists_from_ini_values);
-    tcase_add_test(spec, test_slurm_hostlist_expansion);
-    tcase_add_test(spec, test_slurm_ranks_map_to_ps_then_workers);
-    tcase_add_test(spec, test_slurm_errors_are_named_and_listed_together);
-    suite_add_tcase(s, spec);
-    tcase_add_test(wire, test_header_round_trip_keeps_every_field);
-    tcase_add_test(wire, test_send_recv_round_trip_tensors_names_and_text);
-    tcase_add_test(wire, test_decode_rejects_every_malformed_class);
-    tcase_add_test(wire, test_decode_copies_misaligned_data_only);
-    tcase_add_test(wire, test_recv_drains_and_rejects_too_many_frames);
-    tcase_add_test(wire, test_sockopts_set_the_send_buffer);
-    suite_add_tcase(s, wire);
-    tcase_set_timeout(live, 20);
-    tcase_add_test(live, test_live_server_survives_garbage_and_serves_others);
-    tcase_add_test(live, test_pull_of_named_and_unknown_variables);
-    tcase_add_test(live, test_push_sum_has_the_scalar_bits);
-    tcase_add_test(live, test_real_ps_checks_requests_and_aggregates_in_sync);
-    tcase_add_test(live, test_real_ps_applies_the_mean_with_a_backup_worker);
-    tcase_add_test(live, test_global_step_waiter_hook_sees_the_cluster_step);
-    tcase_add_test(live, test_heartbeats_see_the_step_state_and_a_restarted_ps);
-    tcase_add_test(live, test_heartbeat_on_reconnect_hears_a_restarted_ps);
-    suite_add_tcase(s, live);
-    tcase_add_checked_fixture(sec, tu_setup, tu_teardown);
-    tcase_set_timeout(sec, 20);
-    tcase_add_test(sec, test_keygen_writes_pair_with_modes_and_never_overwrites);
-    tcase_add_test(sec, test_curve_admits_allowed_keys_only);
-    tcase_add_test(sec, test_curve_allowed_key_in_a_role_it_does_not_hold);
-    tcase_add_test(sec, test_token_admits_the_job_tasks_only);
-    tcase_add_test(sec, test_cli_keygen);
-    suite_add_tcase(s, sec);
-    {
-        TCase *seam = tcase_create("seam");
-        tcase_set_timeout(seam, 30);
-        tcase_add_test(seam, test_seam_ps_run_and_training_session_on_a_cluster);
-        tcase_add_test(seam, test_seam_training_optimizer_alone);
-        tcase_add_test(seam, test_seam_rejects_wrong_roles_and_options);
-        suite_add_tcase(s, seam);
-    }
+    tu_tcase(s, "spec", 0, NULL, NULL, TU_TESTS(
+        test_tf_config_full_cluster_reads_every_job_and_the_task,
+        test_tf_config_master_is_chief_and_keel_keys_are_read,
+        test_tf_config_without_chief_worker_0_is_chief,
+        test_tf_config_evaluator_is_outside_the_training_cluster,
+        test_tf_config_local_mode,
+        test_tf_config_sparse_jobs_are_ordered_and_must_be_dense,
+        test_tf_config_each_bad_input_is_named,
+        test_tf_config_lists_every_problem_at_once,
+        test_tf_config_size_is_bounded,
+        test_tf_config_from_env,
+        test_tf_config_generator_round_trips,
+        test_tf_config_replica_counts_must_fit_the_cluster,
+        test_format_summarises_the_cluster,
+        test_explicit_lists_from_ini_values,
+        test_slurm_hostlist_expansion,
+        test_slurm_ranks_map_to_ps_then_workers,
+        test_slurm_errors_are_named_and_listed_together));
+    tu_tcase(s, "wire", 0, NULL, NULL, TU_TESTS(
+        test_header_round_trip_keeps_every_field,
+        test_send_recv_round_trip_tensors_names_and_text,
+        test_decode_rejects_every_malformed_class,
+        test_decode_copies_misaligned_data_only,
+        test_recv_drains_and_rejects_too_many_frames,
+        test_sockopts_set_the_send_buffer));
+    tu_tcase(s, "live", 20, NULL, NULL, TU_TESTS(
+        test_live_server_survives_garbage_and_serves_others,
+        test_pull_of_named_and_unknown_variables,
+        test_push_sum_has_the_scalar_bits,
+        test_real_ps_checks_requests_and_aggregates_in_sync,
+        test_real_ps_applies_the_mean_with_a_backup_worker,
+        test_global_step_waiter_hook_sees_the_cluster_step,
+        test_heartbeats_see_the_step_state_and_a_restarted_ps,
+        test_heartbeat_on_reconnect_hears_a_restarted_ps));
+    tu_tcase(s, "security", 20, tu_setup, tu_teardown, TU_TESTS(
+        test_keygen_writes_pair_with_modes_and_never_overwrites,
+        test_curve_admits_allowed_keys_only,
+        test_curve_allowed_key_in_a_role_it_does_not_hold,
+        test_token_admits_the_job_tasks_only,
+        test_cli_keygen));
+    tu_tcase(s, "seam", 30, NULL, NULL, TU_TESTS(
+        test_seam_ps_run_and_training_session_on_a_cluster,
+        test_seam_training_optimizer_alone,
+        test_seam_rejects_wrong_roles_and_options));
     return s;
 }
 

@@ -571,34 +571,28 @@ static Suite *
 config_suite(void)
 {
     Suite *s = suite_create("config");
-    TCase *tc = tcase_create("config");
-    tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_set_timeout(tc, 30);
-    tcase_add_test(tc, test_defaults_match_tf_and_issue);
-    tcase_add_test(tc, test_load_valid_file_records_origin_lines);
-    tcase_add_test(tc, test_typo_key_names_file_line_and_choices);
-    tcase_add_test(tc, test_unknown_section_even_when_empty);
-    tcase_add_test(tc, test_bad_values_explain_valid_range);
-    tcase_add_test(tc, test_duplicate_key_and_key_outside_section);
-    tcase_add_test(tc, test_long_lines_and_continued_lists);
-    tcase_add_test(tc, test_errors_after_long_lines_name_the_right_line);
-    tcase_add_test(tc, test_only_lists_continue_and_values_have_a_limit);
-    tcase_add_test(tc, test_missing_and_binary_files);
-    tcase_add_test(tc, test_overrides_and_output_dir);
-    tcase_add_test(tc, test_conflicting_options_are_errors);
-    tcase_add_test(tc,
-        test_algorithm_name_picks_the_mode_and_checks_its_partners);
-    tcase_add_test(tc, test_run_needs_an_end_and_piecewise_needs_values);
-    tcase_add_test(tc, test_dump_lists_every_section_with_origins);
-    tcase_add_test(tc, test_dump_round_trips_through_load_text);
-    tcase_add_test(tc, test_cli_config_check_contract);
-    tcase_add_test(tc,
-                   test_tf_config_model_dir_is_checkpoint_dir_unless_another);
-    tcase_add_test(tc, test_docs_config_md_is_the_generated_reference);
-    tcase_add_test(tc, test_algorithm_keys_and_their_conflicts);
-    tcase_add_test(tc,
-        test_algorithm_admits_joiners_only_without_per_replica_state);
-    suite_add_tcase(s, tc);
+    tu_tcase(s, "config", 30, setup, teardown, TU_TESTS(
+        test_defaults_match_tf_and_issue,
+        test_load_valid_file_records_origin_lines,
+        test_typo_key_names_file_line_and_choices,
+        test_unknown_section_even_when_empty,
+        test_bad_values_explain_valid_range,
+        test_duplicate_key_and_key_outside_section,
+        test_long_lines_and_continued_lists,
+        test_errors_after_long_lines_name_the_right_line,
+        test_only_lists_continue_and_values_have_a_limit,
+        test_missing_and_binary_files,
+        test_overrides_and_output_dir,
+        test_conflicting_options_are_errors,
+        test_algorithm_name_picks_the_mode_and_checks_its_partners,
+        test_run_needs_an_end_and_piecewise_needs_values,
+        test_dump_lists_every_section_with_origins,
+        test_dump_round_trips_through_load_text,
+        test_cli_config_check_contract,
+        test_tf_config_model_dir_is_checkpoint_dir_unless_another,
+        test_docs_config_md_is_the_generated_reference,
+        test_algorithm_keys_and_their_conflicts,
+        test_algorithm_admits_joiners_only_without_per_replica_state));
     return s;
 }
 

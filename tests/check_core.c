@@ -478,40 +478,32 @@ static Suite *
 core_suite(void)
 {
     Suite *s = suite_create("core");
-    TCase *tc = tcase_create("status");
-    tcase_add_test(tc, test_status_names_are_distinct_and_never_null);
-    tcase_add_test(tc, test_fail_sets_message_and_wrap_keeps_cause);
-    tcase_add_test(tc, test_fail_truncates_long_messages_safely);
-    tcase_add_test(tc, test_version_macros_agree_with_the_library);
-    tcase_add_test(tc, test_version_check_follows_the_compatibility_rule);
-    tcase_add_test(tc, test_log_goes_to_handler_above_level_only);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("tensor");
-    tcase_add_test(tc, test_tensor_alloc_is_aligned_and_zeroed);
-    tcase_add_test(tc, test_aligned_alloc_large_blocks);
-    tcase_add_test(tc, test_tensor_scalar_has_one_element);
-    tcase_add_test(tc, test_shape_rejects_bad_dims_and_overflow);
-    tcase_add_test(tc, test_shape_format);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("vars");
-    tcase_add_test(tc, test_names_validity);
-    tcase_add_test(tc, test_vars_create_find_iterate_in_order);
-    tcase_add_test(tc, test_vars_reject_duplicate_and_bad_shape_naming_them);
-    tcase_add_test(tc, test_slots_keep_pointers_and_shape);
-    tcase_add_test(tc, test_global_step_and_readiness);
-    tcase_add_test(tc, test_grads_cover_trainable_variables_only);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("fsutil");
-    tcase_add_checked_fixture(tc, tu_setup, tu_teardown);
-    tcase_add_test(tc, test_atomic_write_replaces_whole_file);
-    tcase_add_test(tc, test_atomic_write_failure_keeps_old_file_and_no_temp);
-    tcase_add_test(tc, test_read_all_bounds_and_errors);
-    tcase_add_test(tc, test_mkdirs_and_path_join);
-    tcase_add_test(tc, test_parse_numbers);
-    suite_add_tcase(s, tc);
+    tu_tcase(s, "status", 0, NULL, NULL, TU_TESTS(
+        test_status_names_are_distinct_and_never_null,
+        test_fail_sets_message_and_wrap_keeps_cause,
+        test_fail_truncates_long_messages_safely,
+        test_version_macros_agree_with_the_library,
+        test_version_check_follows_the_compatibility_rule,
+        test_log_goes_to_handler_above_level_only));
+    tu_tcase(s, "tensor", 0, NULL, NULL, TU_TESTS(
+        test_tensor_alloc_is_aligned_and_zeroed,
+        test_aligned_alloc_large_blocks,
+        test_tensor_scalar_has_one_element,
+        test_shape_rejects_bad_dims_and_overflow,
+        test_shape_format));
+    tu_tcase(s, "vars", 0, NULL, NULL, TU_TESTS(
+        test_names_validity,
+        test_vars_create_find_iterate_in_order,
+        test_vars_reject_duplicate_and_bad_shape_naming_them,
+        test_slots_keep_pointers_and_shape,
+        test_global_step_and_readiness,
+        test_grads_cover_trainable_variables_only));
+    tu_tcase(s, "fsutil", 0, tu_setup, tu_teardown, TU_TESTS(
+        test_atomic_write_replaces_whole_file,
+        test_atomic_write_failure_keeps_old_file_and_no_temp,
+        test_read_all_bounds_and_errors,
+        test_mkdirs_and_path_join,
+        test_parse_numbers));
     return s;
 }
 

@@ -514,38 +514,26 @@ static Suite *
 events_suite(void)
 {
     Suite *s = suite_create("events");
-    TCase *crc = tcase_create("crc32c");
-    TCase *ev = tcase_create("events");
-    TCase *tr = tcase_create("trace");
-    tcase_add_test(crc, test_crc32c_vectors);
-    tcase_add_test(crc, test_crc32c_agrees_with_bitwise_at_every_length_and_alignment);
-    tcase_add_test(crc, test_crc32c_extend_equals_one_pass);
-    tcase_add_test(crc, test_utf8_check_rejects_controls_and_malformed_bytes);
-    suite_add_tcase(s, crc);
-
-    tcase_add_checked_fixture(ev, tu_setup, tu_teardown);
-    tcase_set_timeout(ev, 30);
-    tcase_add_test(ev, test_events_roundtrip_through_independent_python_reader);
-    tcase_add_test(ev, test_events_flush_makes_live_file_readable_while_open);
-    tcase_add_test(ev,
-                   test_events_corrupt_byte_is_a_crc_error_for_python_reader);
-    tcase_add_test(ev,
-                   test_events_csv_has_one_header_full_precision_and_quoting);
-    tcase_add_test(ev, test_events_csv_torn_last_row_is_ended_before_appending);
-    tcase_add_test(ev, test_events_same_second_opens_get_distinct_files);
-    tcase_add_test(ev, test_events_rejects_bad_tags_naming_the_file);
-    tcase_add_test(ev, test_events_open_rejects_bad_arguments);
-    tcase_add_test(ev, test_events_failed_open_leaves_no_event_file);
-    tcase_add_test(ev, test_events_write_failure_names_file_and_is_sticky);
-    suite_add_tcase(s, ev);
-
-    tcase_add_checked_fixture(tr, tu_setup, tu_teardown);
-    tcase_set_timeout(tr, 30);
-    tcase_add_test(tr, test_trace_json_parses_with_the_events_written);
-    tcase_add_test(tr, test_trace_empty_and_large_traces_are_valid_json);
-    tcase_add_test(tr,
-                   test_trace_rejects_bad_events_and_reports_close_failure);
-    suite_add_tcase(s, tr);
+    tu_tcase(s, "crc32c", 0, NULL, NULL, TU_TESTS(
+        test_crc32c_vectors,
+        test_crc32c_agrees_with_bitwise_at_every_length_and_alignment,
+        test_crc32c_extend_equals_one_pass,
+        test_utf8_check_rejects_controls_and_malformed_bytes));
+    tu_tcase(s, "events", 30, tu_setup, tu_teardown, TU_TESTS(
+        test_events_roundtrip_through_independent_python_reader,
+        test_events_flush_makes_live_file_readable_while_open,
+        test_events_corrupt_byte_is_a_crc_error_for_python_reader,
+        test_events_csv_has_one_header_full_precision_and_quoting,
+        test_events_csv_torn_last_row_is_ended_before_appending,
+        test_events_same_second_opens_get_distinct_files,
+        test_events_rejects_bad_tags_naming_the_file,
+        test_events_open_rejects_bad_arguments,
+        test_events_failed_open_leaves_no_event_file,
+        test_events_write_failure_names_file_and_is_sticky));
+    tu_tcase(s, "trace", 30, tu_setup, tu_teardown, TU_TESTS(
+        test_trace_json_parses_with_the_events_written,
+        test_trace_empty_and_large_traces_are_valid_json,
+        test_trace_rejects_bad_events_and_reports_close_failure));
     return s;
 }
 

@@ -20,16 +20,7 @@
 #include "../session/session_int.h"
 
 static keel_vars *vs;
-static char logbuf[16384];
-
-static void
-capture(void *ctx, keel_log_level level, const char *msg)
-{
-    size_t n = strlen(logbuf);
-    (void)ctx;
-    (void)level;
-    snprintf(logbuf + n, sizeof logbuf - n, "%s\n", msg);
-}
+static tu_log hook_log;   /* every message, for count() */
 
 static int
 count(const char *hay, const char *needle)
@@ -58,9 +49,9 @@ setup(void)
 {
     tu_setup();
     fake_install();
-    logbuf[0] = '\0';
+    hook_log.text[0] = '\0';
     fail_with_abort_once = 0;
-    keel_log_set_handler(capture, NULL, KEEL_LOG_DEBUG);
+    keel_log_set_handler(tu_log_append, &hook_log, KEEL_LOG_DEBUG);
     ck_assert_int_eq(keel_vars_new(&vs), KEEL_OK);
     ck_assert_int_eq(keel_vars_create(vs, "w", 0, NULL, KEEL_VAR_TRAINABLE,
                                       NULL), KEEL_OK);
@@ -105,7 +96,7 @@ run_steps(keel_session *s, int n)
 {
     for (int i = 0; i < n; i++)
         ck_assert_msg(keel_session_run(s, NULL) == KEEL_OK, "run: %s; %s",
-                      keel_last_error(), logbuf);
+                      keel_last_error(), hook_log.text);
 }
 
 static int64_t clock_ns;
@@ -131,9 +122,9 @@ START_TEST(test_logging_hook_logs_first_then_every_n_iter_and_at_end)
     ck_assert_int_eq(keel_logging_hook_new(&lc, &h), KEEL_OK);
     s = session_with(&h, 1);
     run_steps(s, 5);
-    ck_assert_int_eq(count(logbuf, "loss = 0.5"), 3);   // iters 0, 2, 4
+    ck_assert_int_eq(count(hook_log.text, "loss = 0.5"), 3); // iters 0, 2, 4
     keel_session_free(s);
-    ck_assert_int_eq(count(logbuf, "loss = 0.5"), 4);   // + at end
+    ck_assert_int_eq(count(hook_log.text, "loss = 0.5"), 4);   // + at end
     keel_hook_release(&h);
     lc.every_n_iter = 0;
     lc.at_end = 0;
@@ -171,7 +162,7 @@ START_TEST(test_step_counter_and_summary_write_event_files)
     csv = tu_read_file(tu_path("scalars.csv"), NULL);
     /* counter triggers at 1, 3, 5: the first only sets the baseline */
     ck_assert_int_eq(count(csv, ",global_step/sec,"), 2);
-    ck_assert_int_eq(count(logbuf, "global_step/sec: "), 2);
+    ck_assert_int_eq(count(hook_log.text, "global_step/sec: "), 2);
     /* summaries at steps 1, 3, 5 */
     ck_assert_int_eq(count(csv, ",loss,"), 3);
     ck_assert_ptr_nonnull(strstr(csv, ",5,loss,"));
@@ -459,12 +450,12 @@ START_TEST(test_ckpt_hook_reports_the_step_the_backend_saved_at)
     ck_assert_str_eq(listened_paths[0], "fake-10");
     ck_assert_int_eq(listened_steps[1], 22);
     ck_assert_str_eq(listened_paths[1], "fake-22");
-    ck_assert_msg(strstr(logbuf, "saved checkpoint for step 10: fake-10 (the "
-                         "shared global step; this replica was at step 0)")
-                  != NULL, "%s", logbuf);
-    ck_assert_msg(strstr(logbuf, "saved checkpoint for step 22: fake-22 (the "
-                         "shared global step; this replica was at step 12)")
-                  != NULL, "%s", logbuf);
+    ck_assert_msg(strstr(hook_log.text, "saved checkpoint for step 10: "
+                         "fake-10 (the shared global step; this replica was "
+                         "at step 0)") != NULL, "%s", hook_log.text);
+    ck_assert_msg(strstr(hook_log.text, "saved checkpoint for step 22: "
+                         "fake-22 (the shared global step; this replica was "
+                         "at step 12)") != NULL, "%s", hook_log.text);
     keel_session_free(s);
     keel_hook_release(&h);
 }
@@ -561,7 +552,7 @@ skip_scenario(int is_skipping, const char *sub, char *out, size_t out_size)
     lc.every_n_iter = 6;
     keel__session_set_skipping(is_skipping);
     fake_install();
-    logbuf[0] = '\0';
+    hook_log.text[0] = '\0';
     keel_vars_set_global_step(vs, 0);
     snprintf(dir, sizeof dir, "%s", tu_path(sub));
     ck_assert_int_eq(keel__fs_mkdirs(dir), KEEL_OK);
@@ -620,8 +611,8 @@ skip_scenario(int is_skipping, const char *sub, char *out, size_t out_size)
     free(csv);
     if (n < out_size)
         snprintf(out + n, out_size - n, " | stalls %d logged %d restores %d",
-                 count(logbuf, "has not been increased"),
-                 count(logbuf, "loss = 0.5"), fake.n_restores);
+                 count(hook_log.text, "has not been increased"),
+                 count(hook_log.text, "loss = 0.5"), fake.n_restores);
 }
 
 START_TEST(test_skipping_idle_hooks_changes_no_save_event_log_or_stop)
@@ -650,13 +641,6 @@ session_with_ckpt(keel_hook *h, size_t n)
     return session_in(h, n, tu_dir);
 }
 
-static int64_t
-manual_clock(void *ctx)
-{
-    (void)ctx;
-    return clock_ns;
-}
-
 /* h[0] a StepCounterHook every every_n_steps, h[2] a StopAtStepHook at
  * last_step; h[1] is left to the caller. */
 static void
@@ -674,7 +658,7 @@ step_hooks_around(keel_hook h[3], int64_t every_n_steps, int64_t last_step)
 
 START_TEST(test_time_trigger_fires_while_step_hooks_skip)
 {
-    keel_clock clk = { manual_clock, NULL };
+    keel_clock clk = { tu_clock_read, &clock_ns };
     keel_ckpt_hook_config hc;
     keel_hook h[3];
     keel_session *s;
@@ -975,38 +959,25 @@ static Suite *
 hooks_suite(void)
 {
     Suite *s = suite_create("hooks");
-    TCase *tc = tcase_create("hooks");
-    tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_set_timeout(tc, 20);
-    tcase_add_test(tc,
-        test_logging_hook_logs_first_then_every_n_iter_and_at_end);
-    tcase_add_test(tc, test_step_counter_and_summary_write_event_files);
-    tcase_add_test(tc,
-        test_profiler_hook_writes_closed_chrome_trace_skipping_first);
-    tcase_add_test(tc,
-        test_global_step_waiter_passes_when_reached_and_wakes_on_stop);
-    tcase_add_test(tc, test_final_ops_hook_runs_once_at_end);
-    tcase_add_test(tc, test_hook_with_bad_struct_size_is_rejected);
-    tcase_add_test(tc,
-        test_backend_worker_waits_on_events_and_chief_skips_rollback);
-    tcase_add_test(tc, test_ckpt_hook_reports_the_step_the_backend_saved_at);
-    tcase_add_test(tc, test_supervisor_worker_times_out_when_chief_never_ready);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("skip");
-    tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_set_timeout(tc, 20);
-    tcase_add_test(tc,
-        test_skipping_idle_hooks_changes_no_save_event_log_or_stop);
-    tcase_add_test(tc, test_time_trigger_fires_while_step_hooks_skip);
-    tcase_add_test(tc,
-        test_stop_request_lands_at_next_step_boundary_with_idle_hooks);
-    tcase_add_test(tc, test_nan_hook_finds_its_value_again_in_a_new_session);
-    tcase_add_test(tc, test_user_hook_wake_skips_calls_and_counts_them);
-    tcase_add_test(tc, test_hooks_are_told_apart_by_kind);
-    tcase_add_test(tc, test_hook_config_without_its_init_is_refused_by_name);
-    tcase_add_test(tc,
-        test_real_clock_trigger_is_neither_late_nor_early_while_idle);
-    suite_add_tcase(s, tc);
+    tu_tcase(s, "hooks", 20, setup, teardown, TU_TESTS(
+        test_logging_hook_logs_first_then_every_n_iter_and_at_end,
+        test_step_counter_and_summary_write_event_files,
+        test_profiler_hook_writes_closed_chrome_trace_skipping_first,
+        test_global_step_waiter_passes_when_reached_and_wakes_on_stop,
+        test_final_ops_hook_runs_once_at_end,
+        test_hook_with_bad_struct_size_is_rejected,
+        test_backend_worker_waits_on_events_and_chief_skips_rollback,
+        test_ckpt_hook_reports_the_step_the_backend_saved_at,
+        test_supervisor_worker_times_out_when_chief_never_ready));
+    tu_tcase(s, "skip", 20, setup, teardown, TU_TESTS(
+        test_skipping_idle_hooks_changes_no_save_event_log_or_stop,
+        test_time_trigger_fires_while_step_hooks_skip,
+        test_stop_request_lands_at_next_step_boundary_with_idle_hooks,
+        test_nan_hook_finds_its_value_again_in_a_new_session,
+        test_user_hook_wake_skips_calls_and_counts_them,
+        test_hooks_are_told_apart_by_kind,
+        test_hook_config_without_its_init_is_refused_by_name,
+        test_real_clock_trigger_is_neither_late_nor_early_while_idle));
     return s;
 }
 

@@ -2510,70 +2510,54 @@ static Suite *
 train_suite(void)
 {
     Suite *s = suite_create("train");
-    TCase *t = tcase_create("layers");
-    tcase_add_test(t, test_dense_gradients_match_finite_differences);
-    tcase_add_test(t, test_conv2d_valid_gradients_match_finite_differences);
-    tcase_add_test(t,
-                   test_conv2d_same_strided_gradients_match_finite_differences);
-    tcase_add_test(
-        t, test_conv2d_chunked_im2col_gradients_match_finite_differences);
-    tcase_add_test(t,
-                   test_conv2d_direct_paths_gradients_match_finite_differences);
-    tcase_add_test(t, test_conv2d_direct_paths_give_identical_bits);
-    tcase_add_test(t, test_maxpool_gradients_match_finite_differences);
-    tcase_add_test(t, test_relu_and_tanh_gradients_match_finite_differences);
-    tcase_add_test(t, test_softmax_xent_gradients_match_finite_differences);
-    suite_add_tcase(s, t);
-    t = tcase_create("models");
-    tcase_set_timeout(t, 20);
-    tcase_add_test(t, test_mlp_model_gradients_match_finite_differences);
-    tcase_add_test(t, test_cnn_model_gradients_match_finite_differences);
-    tcase_add_test(t, test_cnn_variables_have_keras_names_and_shapes);
-    tcase_add_test(t, test_init_is_deterministic_and_glorot_bounded);
-    tcase_add_test(t, test_microbatch_gradients_are_bitwise_reproducible);
-    tcase_add_test(t, test_model_threads_give_identical_bits);
-    tcase_add_test(t, test_model_threads_eval_matches_and_small_batches_work);
-    tcase_add_test(t,
-                   test_direct_dense_gradients_equal_separate_then_added);
-    tcase_add_test(t, test_tiny_mlp_learns_separable_problem);
-    tcase_add_test(t, test_model_rejects_bad_batches_and_configs);
-    tcase_add_test(t,
-        test_hogwild_cas_loses_no_update_and_reports_a_failing_thread);
-    tcase_add_test(t, test_hogwild_two_threads_train_as_well_as_one);
-    tcase_add_test(t, test_blas_threads_and_corename);
-    tcase_add_test(t, test_reduce_tree_covers_and_sums_in_tree_order);
-    suite_add_tcase(s, t);
-    t = tcase_create("optim");
-    tcase_set_timeout(t, 20);     // 72,000-element fused updates x 5
-    tcase_add_test(t, test_names_parse_and_errors_list_choices);
-    tcase_add_test(t, test_lr_schedules_follow_their_formulas);
-    tcase_add_test(t, test_optimizer_updates_match_hand_computed_values);
-    tcase_add_test(t,
-                   test_optimizer_prepare_is_idempotent_and_apply_needs_slots);
-    tcase_add_test(t, test_adam_continues_bitwise_after_restore);
-    tcase_add_test(t, test_apply_and_zero_equals_apply_then_zero);
-    suite_add_tcase(s, t);
-    t = tcase_create("kfac");
-    tcase_set_timeout(t, 60);
-    tcase_add_checked_fixture(t, tu_setup, tu_teardown);
-    tcase_add_test(t, test_kfac_matches_numpy_reference);
-    tcase_add_test(t, test_kfac_continues_bitwise_after_restore);
-    tcase_add_test(t, test_kfac_rejects_bad_configs_and_unobserved_steps);
-    tcase_add_test(t, test_kfac_updates_factors_every_cov_update_every_steps);
-    suite_add_tcase(s, t);
-    t = tcase_create("data");
-    tcase_set_timeout(t, 20);
-    tcase_add_checked_fixture(t, tu_setup, tu_teardown);
-    tcase_add_test(t, test_idx_reader_reads_plain_and_gzip);
-    tcase_add_test(t, test_idx_reader_rejects_corrupt_files);
-    tcase_add_test(t, test_h5_reader_reads_uint8_and_float);
-    tcase_add_test(t, test_h5_reader_rejects_corrupt_files);
-    tcase_add_test(t, test_iterator_shuffles_deterministically_per_epoch);
-    tcase_add_test(t, test_worker_slices_union_to_the_global_batch);
-    tcase_add_test(t, test_iterator_state_resumes_with_the_next_example);
-    tcase_add_test(t, test_iterator_epoch_limit_and_remainder);
-    tcase_add_test(t, test_real_fashion_mnist_opens_if_installed);
-    suite_add_tcase(s, t);
+    tu_tcase(s, "layers", 0, NULL, NULL, TU_TESTS(
+        test_dense_gradients_match_finite_differences,
+        test_conv2d_valid_gradients_match_finite_differences,
+        test_conv2d_same_strided_gradients_match_finite_differences,
+        test_conv2d_chunked_im2col_gradients_match_finite_differences,
+        test_conv2d_direct_paths_gradients_match_finite_differences,
+        test_conv2d_direct_paths_give_identical_bits,
+        test_maxpool_gradients_match_finite_differences,
+        test_relu_and_tanh_gradients_match_finite_differences,
+        test_softmax_xent_gradients_match_finite_differences));
+    tu_tcase(s, "models", 20, NULL, NULL, TU_TESTS(
+        test_mlp_model_gradients_match_finite_differences,
+        test_cnn_model_gradients_match_finite_differences,
+        test_cnn_variables_have_keras_names_and_shapes,
+        test_init_is_deterministic_and_glorot_bounded,
+        test_microbatch_gradients_are_bitwise_reproducible,
+        test_model_threads_give_identical_bits,
+        test_model_threads_eval_matches_and_small_batches_work,
+        test_direct_dense_gradients_equal_separate_then_added,
+        test_tiny_mlp_learns_separable_problem,
+        test_model_rejects_bad_batches_and_configs,
+        test_hogwild_cas_loses_no_update_and_reports_a_failing_thread,
+        test_hogwild_two_threads_train_as_well_as_one,
+        test_blas_threads_and_corename,
+        test_reduce_tree_covers_and_sums_in_tree_order));
+    // 72,000-element fused updates x 5
+    tu_tcase(s, "optim", 20, NULL, NULL, TU_TESTS(
+        test_names_parse_and_errors_list_choices,
+        test_lr_schedules_follow_their_formulas,
+        test_optimizer_updates_match_hand_computed_values,
+        test_optimizer_prepare_is_idempotent_and_apply_needs_slots,
+        test_adam_continues_bitwise_after_restore,
+        test_apply_and_zero_equals_apply_then_zero));
+    tu_tcase(s, "kfac", 60, tu_setup, tu_teardown, TU_TESTS(
+        test_kfac_matches_numpy_reference,
+        test_kfac_continues_bitwise_after_restore,
+        test_kfac_rejects_bad_configs_and_unobserved_steps,
+        test_kfac_updates_factors_every_cov_update_every_steps));
+    tu_tcase(s, "data", 20, tu_setup, tu_teardown, TU_TESTS(
+        test_idx_reader_reads_plain_and_gzip,
+        test_idx_reader_rejects_corrupt_files,
+        test_h5_reader_reads_uint8_and_float,
+        test_h5_reader_rejects_corrupt_files,
+        test_iterator_shuffles_deterministically_per_epoch,
+        test_worker_slices_union_to_the_global_batch,
+        test_iterator_state_resumes_with_the_next_example,
+        test_iterator_epoch_limit_and_remainder,
+        test_real_fashion_mnist_opens_if_installed));
     return s;
 }
 

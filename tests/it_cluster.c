@@ -135,6 +135,19 @@ cluster_wait_ok(cluster *c)
     c->chief_fd = -1;
 }
 
+/* A clean run of n_ps ps and n_workers workers tagged tag that saves into
+ * <tu_dir>/<tag>: dir_set (one of sets, dir_size bytes) is made
+ * "checkpoint.dir=<tu_dir>/<tag>" first. */
+static void
+run_into(cluster *c, int n_ps, int n_workers, const char *tag, char *dir_set,
+         size_t dir_size, const char *const *sets)
+{
+    TU_SNPRINTF(dir_set, dir_size, "checkpoint.dir=%s/%s", tu_dir, tag);
+    cluster_init(c, n_ps, n_workers, NULL, tag);
+    cluster_start(c, sets);
+    cluster_wait_ok(c);
+}
+
 /* From ps i's log: "done at step S: gradients applied A, dropped D". */
 static void
 ps_stats(const cluster *c, int i, long *step, long *applied, long *dropped)
@@ -243,14 +256,8 @@ START_TEST(sync_rerun_is_bitwise_identical)
     cluster c;
     char d1[4200], d2[4200];
     const char *sets[2] = { d1, NULL };
-    TU_SNPRINTF(d1, sizeof d1, "checkpoint.dir=%s/r1", tu_dir);
-    cluster_init(&c, 1, 2, NULL, "r1");
-    cluster_start(&c, sets);
-    cluster_wait_ok(&c);
-    TU_SNPRINTF(d1, sizeof d1, "checkpoint.dir=%s/r2", tu_dir);
-    cluster_init(&c, 1, 2, NULL, "r2");
-    cluster_start(&c, sets);
-    cluster_wait_ok(&c);
+    run_into(&c, 1, 2, "r1", d1, sizeof d1, sets);
+    run_into(&c, 1, 2, "r2", d1, sizeof d1, sets);
     TU_SNPRINTF(d1, sizeof d1, "%s/r1/model.ckpt-40.h5", tu_dir);
     TU_SNPRINTF(d2, sizeof d2, "%s/r2/model.ckpt-40.h5", tu_dir);
     ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err,
@@ -627,14 +634,8 @@ START_TEST(micro_batches_give_identical_bits_for_1_2_and_4_workers)
     ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err,
                              "train", cfg_path, "-s", sets[0], "-s", d,
                              NULL), 0);
-    TU_SNPRINTF(d, sizeof d, "checkpoint.dir=%s/m2", tu_dir);
-    cluster_init(&c, 1, 2, NULL, "m2");
-    cluster_start(&c, sets);
-    cluster_wait_ok(&c);
-    TU_SNPRINTF(d, sizeof d, "checkpoint.dir=%s/m4", tu_dir);
-    cluster_init(&c, 2, 4, NULL, "m4");
-    cluster_start(&c, sets);
-    cluster_wait_ok(&c);
+    run_into(&c, 1, 2, "m2", d, sizeof d, sets);
+    run_into(&c, 2, 4, "m4", d, sizeof d, sets);
     TU_SNPRINTF(a, sizeof a, "%s/m1/model.ckpt-40.h5", tu_dir);
     TU_SNPRINTF(b, sizeof b, "%s/m2/model.ckpt-40.h5", tu_dir);
     ck_assert_msg(tu_keel(RUN_MS, out, sizeof out, err, sizeof err, "ckpt",
@@ -822,31 +823,26 @@ static Suite *
 suite(void)
 {
     Suite *s = suite_create("it_cluster");
-    TCase *tc = tcase_create("cluster");
-    tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_set_timeout(tc, 90);
-    tcase_add_test(tc, sync_1ps_2workers_trains_like_one_process);
-    tcase_add_test(tc, sync_rerun_is_bitwise_identical);
-    tcase_add_test(tc, async_applies_every_push_as_a_step);
-    tcase_add_test(tc,
-        async_worker_joins_with_a_new_index_and_leaves_without_a_stall);
-    tcase_add_test(tc, sync_refuses_a_worker_index_beyond_its_replicas);
-    tcase_add_test(tc, dynsgd_refuses_a_worker_index_beyond_its_replicas);
-    tcase_add_test(tc, local_step_rule_ends_with_unsent_steps_and_exits_0);
-    tcase_add_test(tc, micro_batches_give_identical_bits_for_1_2_and_4_workers);
-    tcase_add_test(tc, backup_worker_stopped_training_goes_on);
-    tcase_add_test(tc, two_ps_split_and_restore_into_1_3_and_no_cluster);
-    tcase_add_test(tc, chief_killed_and_restarted_rejoins_without_rollback);
-    tcase_add_test(tc, chief_sigterm_stops_everyone_with_exit_0);
-    tcase_add_test(tc, ps_restarted_is_reinitialized_from_checkpoint);
-    tcase_add_test(tc, worker_losing_the_ps_fails_clearly);
-    tcase_add_test(tc, sigterm_while_waiting_for_the_chief_exits_0_at_once);
-    tcase_add_test(tc, bad_tf_config_exits_2_listing_problems);
-    tcase_add_test(tc, replica_counts_beyond_the_cluster_exit_2_at_start);
-    tcase_add_test(tc,
-                   config_check_prints_the_role_from_tf_config_slurm_and_lists);
-    tcase_add_test(tc, curve_worker_without_allowed_key_cannot_join);
-    suite_add_tcase(s, tc);
+    tu_tcase(s, "cluster", 90, setup, teardown, TU_TESTS(
+        sync_1ps_2workers_trains_like_one_process,
+        sync_rerun_is_bitwise_identical,
+        async_applies_every_push_as_a_step,
+        async_worker_joins_with_a_new_index_and_leaves_without_a_stall,
+        sync_refuses_a_worker_index_beyond_its_replicas,
+        dynsgd_refuses_a_worker_index_beyond_its_replicas,
+        local_step_rule_ends_with_unsent_steps_and_exits_0,
+        micro_batches_give_identical_bits_for_1_2_and_4_workers,
+        backup_worker_stopped_training_goes_on,
+        two_ps_split_and_restore_into_1_3_and_no_cluster,
+        chief_killed_and_restarted_rejoins_without_rollback,
+        chief_sigterm_stops_everyone_with_exit_0,
+        ps_restarted_is_reinitialized_from_checkpoint,
+        worker_losing_the_ps_fails_clearly,
+        sigterm_while_waiting_for_the_chief_exits_0_at_once,
+        bad_tf_config_exits_2_listing_problems,
+        replica_counts_beyond_the_cluster_exit_2_at_start,
+        config_check_prints_the_role_from_tf_config_slurm_and_lists,
+        curve_worker_without_allowed_key_cannot_join));
     return s;
 }
 

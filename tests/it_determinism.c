@@ -277,17 +277,13 @@ static Suite *
 determinism_suite(void)
 {
     Suite *s = suite_create("it_determinism");
-    TCase *tc = tcase_create("launch");
-    tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_set_timeout(tc, 180);
-    tcase_add_test(tc, test_two_runs_of_one_config_are_bitwise_identical);
-    tcase_add_test(tc, test_ps_killed_and_restarted_ends_bitwise_equal);
-    tcase_add_test(tc, test_worker_killed_and_restarted_ends_bitwise_equal);
-    tcase_add_test(tc, test_chief_killed_and_restarted_ends_bitwise_equal);
-    tcase_add_test(tc, test_one_process_killed_and_resumed_ends_bitwise_equal);
-    tcase_add_test(tc,
-                   test_one_to_four_replicas_give_the_same_bits_by_default);
-    suite_add_tcase(s, tc);
+    tu_tcase(s, "launch", 180, setup, teardown, TU_TESTS(
+        test_two_runs_of_one_config_are_bitwise_identical,
+        test_ps_killed_and_restarted_ends_bitwise_equal,
+        test_worker_killed_and_restarted_ends_bitwise_equal,
+        test_chief_killed_and_restarted_ends_bitwise_equal,
+        test_one_process_killed_and_resumed_ends_bitwise_equal,
+        test_one_to_four_replicas_give_the_same_bits_by_default));
     return s;
 }
 

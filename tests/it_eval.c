@@ -281,22 +281,14 @@ static Suite *
 eval_suite(void)
 {
     Suite *s = suite_create("eval");
-    TCase *tc = tcase_create("evaluator");
-    tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc,
-                   test_evaluator_follows_training_and_exits_0_at_final_step);
-    tcase_add_test(tc,
-                   test_evaluator_without_checkpoints_times_out_with_exit_1);
-    tcase_add_test(tc, test_evaluator_stops_on_sigterm_with_exit_0);
-    tcase_add_test(tc,
-                   test_lease_keeps_a_checkpoint_from_the_chiefs_retention);
-    tcase_add_test(tc,
-        test_tf_config_model_dir_is_checkpoint_dir_and_conflicts_exit_2);
-    tcase_add_test(tc, test_launch_evaluator_end_to_end);
-    tcase_add_test(tc,
-                   test_launch_evaluator_failure_keeps_the_chiefs_exit_status);
-    suite_add_tcase(s, tc);
+    tu_tcase(s, "evaluator", 120, setup, teardown, TU_TESTS(
+        test_evaluator_follows_training_and_exits_0_at_final_step,
+        test_evaluator_without_checkpoints_times_out_with_exit_1,
+        test_evaluator_stops_on_sigterm_with_exit_0,
+        test_lease_keeps_a_checkpoint_from_the_chiefs_retention,
+        test_tf_config_model_dir_is_checkpoint_dir_and_conflicts_exit_2,
+        test_launch_evaluator_end_to_end,
+        test_launch_evaluator_failure_keeps_the_chiefs_exit_status));
     return s;
 }
 

@@ -694,6 +694,30 @@ expect_line(int fd, const char *needle, char *line, size_t size)
                   "keel launch never printed '%s'", needle);
 }
 
+/* The global step of the chief's next "chief | step N" line. */
+static long long
+chief_step(int fd)
+{
+    char line[512];
+    long long step = -1;
+    expect_line(fd, "chief | step ", line, sizeof line);
+    ck_assert_int_eq(sscanf(strstr(line, "chief | step "), "chief | step %lld",
+                            &step), 1);
+    return step;
+}
+
+/* SIGTERM to keel launch: it says it stopped on request and exits 0 within
+ * timeout_ms; fd (its stderr) is closed. */
+static void
+stop_launch(pid_t pid, int fd, int timeout_ms)
+{
+    char line[512];
+    ck_assert_int_eq(kill(pid, SIGTERM), 0);
+    expect_line(fd, "launch | stopped on request", line, sizeof line);
+    ck_assert_int_eq(tu_wait(pid, timeout_ms), 0);
+    close(fd);
+}
+
 START_TEST(test_sigkilled_chief_restarts_resumes_and_sigterm_saves)
 {
     char *argv[] = { (char *)tu_build_path("keel"), "launch",
@@ -970,10 +994,7 @@ START_TEST(test_async_job_scales_with_sigusr1_and_sigusr2_sync_refuses)
                 line, sizeof line);
     expect_line(fd, "worker 1 left: silent", line, sizeof line);
     expect_line(fd, "chief | step ", line, sizeof line);
-    ck_assert_int_eq(kill(pid, SIGTERM), 0);
-    expect_line(fd, "launch | stopped on request", line, sizeof line);
-    ck_assert_int_eq(tu_wait(pid, 30000), 0);
-    close(fd);
+    stop_launch(pid, fd, 30000);
     /* worker 1 trained: it got past its first pull */
     log = tu_read_file(tu_path("run/logs/worker.1.log"), NULL);
     ck_assert_msg(strstr(log, "model ready") != NULL, "%s", log);
@@ -1120,17 +1141,9 @@ START_TEST(test_sigkilled_ps_is_reloaded_and_the_steps_lost_are_logged)
     ck_assert_int_ge(lost_from, lost_to);
     ck_assert_ptr_nonnull(strstr(line, " step(s) lost"));
     /* training goes on past the point where the ps was lost */
-    for (;;) {
-        expect_line(fd, "chief | step ", line, sizeof line);
-        p = strstr(line, "chief | step ");
-        ck_assert_int_eq(sscanf(p, "chief | step %lld", &after), 1);
-        if (after > lost_from)
-            break;
-    }
-    ck_assert_int_eq(kill(pid, SIGTERM), 0);
-    expect_line(fd, "launch | stopped on request", line, sizeof line);
-    ck_assert_int_eq(tu_wait(pid, 30000), 0);
-    close(fd);
+    while ((after = chief_step(fd)) <= lost_from)
+        continue;
+    stop_launch(pid, fd, 30000);
 }
 END_TEST
 
@@ -1172,10 +1185,7 @@ START_TEST(test_ps_lost_during_a_checkpoint_pull_is_found_at_once)
     expect_line(fd, "chief: 1 parameter server(s) initialized", line,
                 sizeof line);
     expect_line(fd, "chief | step ", line, sizeof line);
-    ck_assert_int_eq(kill(pid, SIGTERM), 0);
-    expect_line(fd, "launch | stopped on request", line, sizeof line);
-    ck_assert_int_eq(tu_wait(pid, 30000), 0);
-    close(fd);
+    stop_launch(pid, fd, 30000);
 }
 END_TEST
 
@@ -1206,17 +1216,9 @@ START_TEST(test_stalled_worker_is_named_then_killed_and_the_step_resumes)
     ck_assert_int_eq(sscanf(p, "step %lld", &stalled), 1);
     ck_assert_int_eq(kill(worker, SIGKILL), 0);
     expect_line(fd, "launch | restarted worker.0 (pid ", line, sizeof line);
-    for (;;) {
-        expect_line(fd, "chief | step ", line, sizeof line);
-        p = strstr(line, "chief | step ");
-        ck_assert_int_eq(sscanf(p, "chief | step %lld", &after), 1);
-        if (after > stalled + 2)
-            break;
-    }
-    ck_assert_int_eq(kill(pid, SIGTERM), 0);
-    expect_line(fd, "launch | stopped on request", line, sizeof line);
-    ck_assert_int_eq(tu_wait(pid, 30000), 0);
-    close(fd);
+    while ((after = chief_step(fd)) <= stalled + 2)
+        continue;
+    stop_launch(pid, fd, 30000);
     log = tu_read_file(tu_path("run/logs/ps.0.log"), NULL);
     ck_assert_ptr_nonnull(log);
     ck_assert_ptr_nonnull(strstr(log, "is stalled: waiting="));
@@ -1387,7 +1389,6 @@ START_TEST(test_kfac_roles_survive_sigkill_of_each_role)
         "launch | restarted worker.1 (pid ",
         "launch | restarted worker.0 (pid ", "launch | restarted chief (pid " };
     pid_t pid = tu_spawn_pipe(argv, NULL, tu_path("launch.err"), &fd);
-    const char *p;
     expect_line(fd, "launch | K-FAC roles: worker.0 is covariance.0", line,
                 sizeof line);
     expect_line(fd, "launch | K-FAC roles: worker.1 is inverse.0", line,
@@ -1401,23 +1402,15 @@ START_TEST(test_kfac_roles_survive_sigkill_of_each_role)
     expect_line(fd, "inverse.0 | K-FAC roles: this replica (2 of 3) is "
                 "inverse worker 0", line, sizeof line);
     for (int k = 0; k < 3; k++) {
-        expect_line(fd, "chief | step ", line, sizeof line);
-        p = strstr(line, "chief | step ");
-        ck_assert_int_eq(sscanf(p, "chief | step %lld", &at), 1);
+        at = chief_step(fd);
         ck_assert_int_eq(kill(pids[k], SIGKILL), 0);
         expect_line(fd, restarted[k], line, sizeof line);
         ck_assert_int_ne(pid_in(line), pids[k]);
         /* the cluster trains past the kill: the new task does its part */
-        do {
-            expect_line(fd, "chief | step ", line, sizeof line);
-            p = strstr(line, "chief | step ");
-            ck_assert_int_eq(sscanf(p, "chief | step %lld", &after), 1);
-        } while (after <= at + 10);
+        while ((after = chief_step(fd)) <= at + 10)
+            continue;
     }
-    ck_assert_int_eq(kill(pid, SIGTERM), 0);
-    expect_line(fd, "launch | stopped on request", line, sizeof line);
-    ck_assert_int_eq(tu_wait(pid, 60000), 0);
-    close(fd);
+    stop_launch(pid, fd, 60000);
 }
 END_TEST
 
@@ -1425,57 +1418,42 @@ static Suite *
 launch_suite(void)
 {
     Suite *s = suite_create("it_launch");
-    TCase *tl = tcase_create("library");
-    TCase *tc = tcase_create("cli");
-    TCase *tk = tcase_create("kfac");
-    tcase_add_checked_fixture(tl, tu_setup, tu_teardown);
-    tcase_set_timeout(tl, 60);
-    tcase_add_test(tl, test_each_task_gets_own_tf_config_and_output_dir);
-    tcase_add_test(tl, test_failing_task_restarts_with_backoff_then_gives_up);
-    tcase_add_test(tl,
-        test_ps_stopped_by_a_chief_that_then_fails_comes_back_with_it);
-    tcase_add_test(tl, test_worker_that_never_comes_back_stops_all_with_exit_1);
-    tcase_add_test(tl, test_configuration_error_exit_2_is_not_restarted);
-    tcase_add_test(tl, test_task_ignoring_sigterm_is_killed_after_grace);
-    tcase_add_test(tl,
-                   test_stop_while_chief_is_down_restarts_it_for_a_clean_end);
-    tcase_add_test(tl, test_backoff_doubles_only_in_a_crash_loop);
-    tcase_add_test(tl, test_healthy_task_restarts_at_once_then_backs_off);
-    tcase_add_test(tl, test_chaos_is_reproducible_bounded_and_not_counted);
-    tcase_add_test(tl, test_bad_launch_configs_are_rejected);
-    tcase_add_test(tl,
-                   test_evaluator_finishes_after_the_chief_in_its_own_time);
-    tcase_add_test(tl,
-                   test_evaluator_still_running_after_the_chief_is_stopped);
-    tcase_add_test(tl,
-                   test_failing_evaluator_is_given_up_without_stopping_the_run);
-    suite_add_tcase(s, tl);
-    tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_set_timeout(tc, 1200);     /* hangs only: see RUN_MS */
-    tcase_add_test(tc, test_launch_chief_prefixes_lines_and_keeps_logs);
-    tcase_add_test(tc, test_sigkilled_chief_restarts_resumes_and_sigterm_saves);
-    tcase_add_test(tc, test_chief_failing_for_good_exits_1_naming_it);
-    tcase_add_test(tc, test_chaos_kills_chief_reproducibly_and_run_finishes);
-    tcase_add_test(tc, test_usage_and_config_errors_exit_2_before_starting);
-    tcase_add_test(tc, test_replica_counts_beyond_the_cluster_exit_2_at_once);
-    tcase_add_test(tc, test_ps_and_two_workers_train_and_the_result_evaluates);
-    tcase_add_test(tc, test_chaos_killing_workers_mid_run_still_finishes);
-    tcase_add_test(tc, test_sigkilled_launcher_takes_its_tasks_along);
-    tcase_add_test(tc, test_sigterm_stops_a_cluster_with_a_final_checkpoint);
-    tcase_add_test(tc,
-        test_async_job_scales_with_sigusr1_and_sigusr2_sync_refuses);
-    tcase_add_test(tc, test_ps_lost_during_a_checkpoint_pull_is_found_at_once);
-    tcase_add_test(tc,
-                   test_sigkilled_ps_is_reloaded_and_the_steps_lost_are_logged);
-    tcase_add_test(tc,
-                   test_stalled_worker_is_named_then_killed_and_the_step_resumes);
-    suite_add_tcase(s, tc);
-    tcase_add_checked_fixture(tk, setup, teardown);
-    tcase_set_timeout(tk, 1200);     /* hangs only: see RUN_MS */
-    tcase_add_test(tk, test_kfac_chief_mode_trains_and_resumes_in_one_process);
-    tcase_add_test(tk, test_kfac_roles_mode_trains_and_resumes_in_one_process);
-    tcase_add_test(tk, test_kfac_roles_survive_sigkill_of_each_role);
-    suite_add_tcase(s, tk);
+    tu_tcase(s, "library", 60, tu_setup, tu_teardown, TU_TESTS(
+        test_each_task_gets_own_tf_config_and_output_dir,
+        test_failing_task_restarts_with_backoff_then_gives_up,
+        test_ps_stopped_by_a_chief_that_then_fails_comes_back_with_it,
+        test_worker_that_never_comes_back_stops_all_with_exit_1,
+        test_configuration_error_exit_2_is_not_restarted,
+        test_task_ignoring_sigterm_is_killed_after_grace,
+        test_stop_while_chief_is_down_restarts_it_for_a_clean_end,
+        test_backoff_doubles_only_in_a_crash_loop,
+        test_healthy_task_restarts_at_once_then_backs_off,
+        test_chaos_is_reproducible_bounded_and_not_counted,
+        test_bad_launch_configs_are_rejected,
+        test_evaluator_finishes_after_the_chief_in_its_own_time,
+        test_evaluator_still_running_after_the_chief_is_stopped,
+        test_failing_evaluator_is_given_up_without_stopping_the_run));
+    /* hangs only: see RUN_MS */
+    tu_tcase(s, "cli", 1200, setup, teardown, TU_TESTS(
+        test_launch_chief_prefixes_lines_and_keeps_logs,
+        test_sigkilled_chief_restarts_resumes_and_sigterm_saves,
+        test_chief_failing_for_good_exits_1_naming_it,
+        test_chaos_kills_chief_reproducibly_and_run_finishes,
+        test_usage_and_config_errors_exit_2_before_starting,
+        test_replica_counts_beyond_the_cluster_exit_2_at_once,
+        test_ps_and_two_workers_train_and_the_result_evaluates,
+        test_chaos_killing_workers_mid_run_still_finishes,
+        test_sigkilled_launcher_takes_its_tasks_along,
+        test_sigterm_stops_a_cluster_with_a_final_checkpoint,
+        test_async_job_scales_with_sigusr1_and_sigusr2_sync_refuses,
+        test_ps_lost_during_a_checkpoint_pull_is_found_at_once,
+        test_sigkilled_ps_is_reloaded_and_the_steps_lost_are_logged,
+        test_stalled_worker_is_named_then_killed_and_the_step_resumes));
+    /* hangs only: see RUN_MS */
+    tu_tcase(s, "kfac", 1200, setup, teardown, TU_TESTS(
+        test_kfac_chief_mode_trains_and_resumes_in_one_process,
+        test_kfac_roles_mode_trains_and_resumes_in_one_process,
+        test_kfac_roles_survive_sigkill_of_each_role));
     return s;
 }
 

@@ -302,14 +302,11 @@ static Suite *
 mpi_suite(void)
 {
     Suite *s = suite_create("it_mpi");
-    TCase *tc = tcase_create("mpi");
-    tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_set_timeout(tc, 300);
-    tcase_add_test(tc, test_two_ranks_train_and_restore_in_one_process);
-    tcase_add_test(tc, test_one_two_four_ranks_give_identical_bits);
-    tcase_add_test(tc, test_killed_rank_restarts_all_from_the_checkpoint_bit_exact);
-    tcase_add_test(tc, test_bad_setups_exit_2);
-    suite_add_tcase(s, tc);
+    tu_tcase(s, "mpi", 300, setup, teardown, TU_TESTS(
+        test_two_ranks_train_and_restore_in_one_process,
+        test_one_two_four_ranks_give_identical_bits,
+        test_killed_rank_restarts_all_from_the_checkpoint_bit_exact,
+        test_bad_setups_exit_2));
     return s;
 }
 

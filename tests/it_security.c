@@ -555,13 +555,10 @@ static Suite *
 security_suite(void)
 {
     Suite *s = suite_create("security");
-    TCase *tc = tcase_create("raw_peer");
-    tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_set_timeout(tc, 300);
-    tcase_add_test(tc, token_ps_refuses_a_raw_peer_and_trains_on);
-    tcase_add_test(tc, curve_ps_refuses_a_raw_peer_and_trains_on);
-    tcase_add_test(tc, without_authentication_a_forged_shutdown_fails_the_chief);
-    suite_add_tcase(s, tc);
+    tu_tcase(s, "raw_peer", 300, setup, teardown, TU_TESTS(
+        token_ps_refuses_a_raw_peer_and_trains_on,
+        curve_ps_refuses_a_raw_peer_and_trains_on,
+        without_authentication_a_forged_shutdown_fails_the_chief));
     return s;
 }
 

@@ -148,13 +148,9 @@ static Suite *
 sigterm_suite(void)
 {
     Suite *s = suite_create("it_sigterm");
-    TCase *tc = tcase_create("sigterm");
-    tcase_add_checked_fixture(tc, tu_setup, teardown);
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc,
-        test_sigterm_mid_run_checkpoints_current_step_exits_0_and_resumes);
-    tcase_add_test(tc, test_sigint_behaves_like_sigterm);
-    suite_add_tcase(s, tc);
+    tu_tcase(s, "sigterm", 60, tu_setup, teardown, TU_TESTS(
+        test_sigterm_mid_run_checkpoints_current_step_exits_0_and_resumes,
+        test_sigint_behaves_like_sigterm));
     return s;
 }
 

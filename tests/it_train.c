@@ -406,20 +406,17 @@ static Suite *
 train_cli_suite(void)
 {
     Suite *s = suite_create("it_train");
-    TCase *tc = tcase_create("train");
-    tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_train_then_eval_learns_and_reports_json);
-    tcase_add_test(tc, test_eval_dir_rebuilds_a_model_changed_by_overrides);
-    tcase_add_test(tc, test_rerun_resumes_at_the_right_step);
-    tcase_add_test(tc, test_sigkill_and_resume_is_bitwise_identical);
-    tcase_add_test(tc, test_thread_counts_and_resume_give_identical_bits);
-    tcase_add_test(tc, test_kfac_sigkill_and_resume_is_bitwise_identical);
-    tcase_add_test(tc, test_no_periodic_saves_still_saves_at_start_and_end);
-    tcase_add_test(tc, test_bad_configs_exit_2_with_one_message);
-    tcase_add_test(tc, test_mirrored_matches_one_device_and_restores_anywhere);
-    tcase_add_test(tc, test_nan_loss_stops_naming_the_step_and_keeps_the_last_good);
-    suite_add_tcase(s, tc);
+    tu_tcase(s, "train", 120, setup, teardown, TU_TESTS(
+        test_train_then_eval_learns_and_reports_json,
+        test_eval_dir_rebuilds_a_model_changed_by_overrides,
+        test_rerun_resumes_at_the_right_step,
+        test_sigkill_and_resume_is_bitwise_identical,
+        test_thread_counts_and_resume_give_identical_bits,
+        test_kfac_sigkill_and_resume_is_bitwise_identical,
+        test_no_periodic_saves_still_saves_at_start_and_end,
+        test_bad_configs_exit_2_with_one_message,
+        test_mirrored_matches_one_device_and_restores_anywhere,
+        test_nan_loss_stops_naming_the_step_and_keeps_the_last_good));
     return s;
 }
 

@@ -201,6 +201,18 @@ die_with_parent(pid_t parent)
         _exit(127);
 }
 
+/* The forked child's last step: its own process group, env added, killed
+ * with the test process, then argv; never returns. */
+static void __attribute__((noreturn))
+exec_child(char *const argv[], char *const env[], pid_t parent)
+{
+    setpgid(0, 0);
+    child_env(env);
+    die_with_parent(parent);
+    execv(argv[0], argv);
+    _exit(127);
+}
+
 static int
 decode_status(int status)
 {
@@ -224,11 +236,7 @@ tu_spawn(char *const argv[], char *const env[], const char *log_path)
             dup2(fd, 2);
             close(fd);
         }
-        setpgid(0, 0);
-        child_env(env);
-        die_with_parent(parent);
-        execv(argv[0], argv);
-        _exit(127);
+        exec_child(argv, env, parent);
     }
     register_child(pid);
     return pid;
@@ -419,11 +427,7 @@ tu_spawn_pipe(char *const argv[], char *const env[], const char *err_log,
         }
         close(p[0]);
         close(p[1]);
-        setpgid(0, 0);
-        child_env(env);
-        die_with_parent(parent);
-        execv(argv[0], argv);
-        _exit(127);
+        exec_child(argv, env, parent);
     }
     register_child(pid);
     close(p[1]);
@@ -574,4 +578,61 @@ tu_held_port(void)
     ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
     ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
     return ntohs(a.sin_port);
+}
+
+TCase *
+tu_tcase(Suite *s, const char *name, int timeout_s, void (*setup)(void),
+         void (*teardown)(void), const TTest *const *tests)
+{
+    TCase *tc = tcase_create(name);
+    if (setup != NULL || teardown != NULL)
+        tcase_add_checked_fixture(tc, setup, teardown);
+    if (timeout_s > 0)
+        tcase_set_timeout(tc, timeout_s);
+    for (size_t i = 0; tests != NULL && tests[i] != NULL; i++)
+        tcase_add_test(tc, tests[i]);
+    suite_add_tcase(s, tc);
+    return tc;
+}
+
+void
+tu_log_append(void *ctx, keel_log_level level, const char *msg)
+{
+    tu_log *log = ctx;
+    size_t n = strlen(log->text);
+    (void)level;
+    if (log->filter == NULL || strstr(msg, log->filter) != NULL)
+        snprintf(log->text + n, sizeof log->text - n, "%s\n", msg);
+}
+
+int64_t
+tu_clock_read(void *ctx)
+{
+    return *(const int64_t *)ctx;
+}
+
+static void *
+ps_main(void *arg)
+{
+    tu_ps *p = arg;
+    p->st = keel_ps_run(p->spec, p->vs, p->opts);
+    return NULL;
+}
+
+void
+tu_ps_start(tu_ps *p, const keel_cluster_spec *spec, const keel_vars *vs,
+            const keel_cluster_options *opts)
+{
+    p->spec = spec;
+    p->vs = vs;
+    p->opts = opts;
+    p->st = KEEL_EINTERNAL;
+    ck_assert_int_eq(pthread_create(&p->thread, NULL, ps_main, p), 0);
+}
+
+keel_status
+tu_ps_join(tu_ps *p)
+{
+    pthread_join(p->thread, NULL);
+    return p->st;
 }

@@ -7,7 +7,10 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include <pthread.h>
 #include <check.h>
+#include <keel/distributed.h>
+#include <keel/log.h>
 
 /* A fresh mkdtemp directory made by tu_setup(), removed by tu_teardown(). */
 extern char tu_dir[4096];
@@ -99,6 +102,42 @@ const char *tu_tail(const char *s, size_t n);
 
 /* Monotonic milliseconds. */
 int64_t tu_now_ms(void);
+
+/* A log capture: keel_log_set_handler(tu_log_append, &log, level) appends
+ * every message that contains log.filter (NULL: every message) and a
+ * newline to log.text, truncated at its end. */
+typedef struct tu_log {
+    char text[16384];
+    const char *filter;
+} tu_log;
+void tu_log_append(void *ctx, keel_log_level level, const char *msg);
+
+/* keel_ps_run on a thread of this process: tu_ps_start runs it on spec,
+ * vars and opts (borrowed until tu_ps_join); tu_ps_join waits for it to
+ * end and returns its status. */
+typedef struct tu_ps {
+    const keel_cluster_spec *spec;
+    const keel_vars *vs;
+    const keel_cluster_options *opts;
+    keel_status st;
+    pthread_t thread;
+} tu_ps;
+void tu_ps_start(tu_ps *p, const keel_cluster_spec *spec,
+                 const keel_vars *vs, const keel_cluster_options *opts);
+keel_status tu_ps_join(tu_ps *p);
+
+/* A keel_clock function that reads the int64_t its ctx points to: a clock
+ * the test sets by hand ({ tu_clock_read, &now_ns }). */
+int64_t tu_clock_read(void *ctx);
+
+/* A test case added to suite s: the fixture setup/teardown (both NULL for
+ * none) around each test, timeout_s seconds per test (0: Check's default),
+ * then tests (NULL-terminated, TU_TESTS(...); NULL adds none) in order.
+ * Returns the case, for tests added another way (tcase_add_loop_test). */
+TCase *tu_tcase(Suite *s, const char *name, int timeout_s,
+                void (*setup)(void), void (*teardown)(void),
+                const TTest *const *tests);
+#define TU_TESTS(...) ((const TTest *const[]){ __VA_ARGS__, NULL })
 
 /* main() for a test program: runs the suite and exits 0 only when every
  * test passed. */

@@ -194,13 +194,41 @@ be32(const uint8_t *p)
            (uint32_t)p[2] << 8 | (uint32_t)p[3];
 }
 
+/* The dataset of an IDX images file read whole into *img (a checked
+ * 16-byte header of n x rows x cols, then the pixels): the pixels are
+ * moved to the front and the dataset takes the buffer (*img = NULL);
+ * labels holds n labels, or is NULL for none (-1 each). On failure *img
+ * stays the caller's; what and path name the failure. */
+static keel_status
+idx_dataset(uint8_t **img, size_t n, size_t rows, size_t cols,
+            const uint8_t *labels, const char *what, const char *path,
+            keel_dataset **out)
+{
+    keel_dataset *ds = calloc(1, sizeof *ds);
+    if (ds == NULL || (ds->y = malloc(n * sizeof *ds->y)) == NULL) {
+        keel_dataset_free(ds);
+        return keel__fail(KEEL_ENOMEM, "%s %s", what, path);
+    }
+    ds->n = n;
+    ds->h = (int64_t)rows;
+    ds->w = (int64_t)cols;
+    ds->c = 1;
+    ds->esize = rows * cols;
+    for (size_t i = 0; i < n; i++)
+        ds->y[i] = labels != NULL ? labels[i] : -1;
+    memmove(*img, *img + 16, n * rows * cols);
+    ds->x8 = *img;
+    *img = NULL;
+    *out = ds;
+    return KEEL_OK;
+}
+
 keel_status
 keel_dataset_open_idx(const char *images_path, const char *labels_path,
                       int num_classes, keel_dataset **out)
 {
     uint8_t *img = NULL, *lab = NULL;
     size_t ilen, llen, n, rows, cols, need;
-    keel_dataset *ds = NULL;
     keel_status st;
     if (out == NULL)
         return keel__fail(KEEL_EINVAL, "dataset: out is NULL");
@@ -270,26 +298,9 @@ keel_dataset_open_idx(const char *images_path, const char *labels_path,
                        num_classes);
             goto out;
         }
-    ds = calloc(1, sizeof *ds);
-    if (ds == NULL || (ds->y = malloc(n * sizeof *ds->y)) == NULL) {
-        st = keel__fail(KEEL_ENOMEM, "dataset %s", images_path);
-        goto out;
-    }
-    ds->n = n;
-    ds->h = (int64_t)rows;
-    ds->w = (int64_t)cols;
-    ds->c = 1;
-    ds->esize = rows * cols;
-    for (size_t i = 0; i < n; i++)
-        ds->y[i] = lab[8 + i];
-    memmove(img, img + 16, need);    /* keep the pixels, drop the header */
-    ds->x8 = img;
-    img = NULL;
-    *out = ds;
-    ds = NULL;
-    st = KEEL_OK;
+    st = idx_dataset(&img, n, rows, cols, lab + 8, "dataset", images_path,
+                     out);
 out:
-    keel_dataset_free(ds);
     free(img);
     free(lab);
     return st;
@@ -647,30 +658,13 @@ keel_dataset_open_inputs(const char *path, keel_dataset **out)
     } else if (len >= 16 && b[0] == 0 && b[1] == 0 && b[2] == 0x08 &&
                b[3] == 3) {
         size_t n = be32(b + 4), rows = be32(b + 8), cols = be32(b + 12);
-        keel_dataset *ds = NULL;
         if (n < 1 || n > INT32_MAX || rows < 1 || rows > MAX_SIDE ||
-            cols < 1 || cols > MAX_SIDE || len - 16 != n * rows * cols) {
+            cols < 1 || cols > MAX_SIDE || len - 16 != n * rows * cols)
             st = keel__fail(KEEL_ECORRUPT, "IDX images file %s: header "
                             "%zu x %zu x %zu does not match its %zu bytes "
                             "of pixels", path, n, rows, cols, len - 16);
-        } else if ((ds = calloc(1, sizeof *ds)) == NULL ||
-                   (ds->y = malloc(n * sizeof *ds->y)) == NULL) {
-            keel_dataset_free(ds);
-            st = keel__fail(KEEL_ENOMEM, "inputs %s", path);
-        } else {
-            ds->n = n;
-            ds->h = (int64_t)rows;
-            ds->w = (int64_t)cols;
-            ds->c = 1;
-            ds->esize = rows * cols;
-            for (size_t i = 0; i < n; i++)
-                ds->y[i] = -1;
-            memmove(b, b + 16, n * rows * cols);
-            ds->x8 = b;
-            b = NULL;
-            *out = ds;
-            st = KEEL_OK;
-        }
+        else
+            st = idx_dataset(&b, n, rows, cols, NULL, "inputs", path, out);
     } else {
         st = keel__fail(KEEL_ECORRUPT, "input %s is not an IDX image file "
                         "(magic 0x00000803, gzip'd or plain), a .npy array "

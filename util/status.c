@@ -58,16 +58,6 @@ vfail(keel_status code, const char *fmt, va_list ap)
 }
 
 keel_status
-keel__fail(keel_status code, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vfail(code, fmt, ap);
-    va_end(ap);
-    return code;
-}
-
-keel_status
 keel_error_set(keel_status code, const char *fmt, ...)
 {
     va_list ap;
@@ -76,6 +66,10 @@ keel_error_set(keel_status code, const char *fmt, ...)
     va_end(ap);
     return code;
 }
+
+/* The library's own name for the same call (util.h). */
+keel_status keel__fail(keel_status code, const char *fmt, ...)
+    __attribute__((alias("keel_error_set")));
 
 keel_status
 keel__struct_size_check(uint32_t struct_size, size_t min_size, size_t size,
