@@ -148,7 +148,7 @@ for m in $MODELS; do
         [ -n "$files" ] || continue
         png="$out/algorithms-$m-w$w.png"
         {
-            echo "set terminal pngcairo size 1200,500 font ',10'"
+            echo "set terminal pngcairo noenhanced size 1200,500 font ',10'"
             echo "set output '$png'"
             echo "set multiplot layout 1,2 title '$m, 1 ps + $w replicas, $EXAMPLES examples'"
             echo "set ylabel 'test accuracy'; set key bottom right; set grid"
