@@ -1697,7 +1697,7 @@ keel_ps_run(const keel_cluster_spec *spec, const keel_vars *vars,
         keel__algo_clear(&o.algo);
         return st;
     }
-    st = run_ps(&o, vars, opt);
+    st = KEEL__FLUSHED(run_ps(&o, vars, opt));  /* as the workers compute */
     keel_optimizer_free(opt);
     keel__algo_clear(&o.algo);
     return st;

@@ -1209,16 +1209,23 @@ failed:
     }
 }
 
+/* A step, hooks included, computes with subnormals flushed to zero. */
+static keel_status
+run_flushed(keel_session *s, const void *batch, int with_hooks)
+{
+    return KEEL__FLUSHED(run(s, batch, with_hooks));
+}
+
 keel_status
 keel_session_run(keel_session *s, const void *batch)
 {
-    return run(s, batch, 1);
+    return run_flushed(s, batch, 1);
 }
 
 keel_status
 keel_session_run_without_hooks(keel_session *s, const void *batch)
 {
-    return run(s, batch, 0);
+    return run_flushed(s, batch, 0);
 }
 
 int

@@ -5,6 +5,7 @@
  * batch iterator (shuffling, worker slices, resume, epoch limit). */
 #include <config.h>
 
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -1318,6 +1319,46 @@ tiny_mlp(keel_model_config *cfg, int64_t hidden, int64_t max_batch)
     cfg->max_batch = max_batch;
 }
 
+START_TEST(test_optimizer_flushes_subnormals_and_keeps_callers_mode)
+{
+    /* SGD, lr 1: 2e-38 - 1.5e-38 is subnormal (under FLT_MIN, 1.18e-38)
+     * and 1e-39 is a subnormal gradient: keel's arithmetic writes and
+     * reads them as zero. The caller's own mode is IEEE's before and
+     * after, where the same subtraction stays subnormal. */
+#if defined(__x86_64__) || defined(__i386__) || defined(__aarch64__)
+    keel_vars *vs;
+    keel_var *v;
+    keel_grads *g;
+    keel_optimizer *opt;
+    keel_optimizer_config oc;
+    int64_t shape[1] = { 3 };
+    volatile float a = 2e-38f, b = 1.5e-38f;
+    float *x, *gr;
+    ck_assert(a - b > 0.0f && a - b < FLT_MIN);
+    ck_assert_int_eq(keel_vars_new(&vs), KEEL_OK);
+    ck_assert_int_eq(keel_vars_create(vs, "w", 1, shape, KEEL_VAR_TRAINABLE,
+                                      &v), KEEL_OK);
+    ck_assert_int_eq(keel_grads_new(vs, &g), KEEL_OK);
+    x = keel_var_tensor(v)->data;
+    gr = keel_grads_at(g, 0)->data;
+    x[0] = 2e-38f; x[1] = 0.0f; x[2] = 1.0f;
+    gr[0] = 1.5e-38f; gr[1] = 1e-39f; gr[2] = 0.5f;
+    keel_optimizer_config_init(&oc, KEEL_OPT_SGD);
+    oc.schedule.learning_rate = 1.0;
+    ck_assert_int_eq(keel_optimizer_new(&oc, &opt), KEEL_OK);
+    ck_assert_int_eq(keel_optimizer_prepare(opt, vs), KEEL_OK);
+    ck_assert_int_eq(keel_optimizer_apply(opt, vs, g, 0), KEEL_OK);
+    ck_assert_float_eq(x[0], 0.0f);
+    ck_assert_float_eq(x[1], 0.0f);
+    ck_assert_float_eq(x[2], 0.5f);
+    ck_assert(a - b > 0.0f && a - b < FLT_MIN);
+    keel_optimizer_free(opt);
+    keel_grads_free(g);
+    keel_vars_free(vs);
+#endif
+}
+END_TEST
+
 START_TEST(test_apply_and_zero_equals_apply_then_zero)
 {
     /* every optimizer: the fused update gives the bits of apply followed by
@@ -2542,7 +2583,8 @@ train_suite(void)
         test_optimizer_updates_match_hand_computed_values,
         test_optimizer_prepare_is_idempotent_and_apply_needs_slots,
         test_adam_continues_bitwise_after_restore,
-        test_apply_and_zero_equals_apply_then_zero));
+        test_apply_and_zero_equals_apply_then_zero,
+        test_optimizer_flushes_subnormals_and_keeps_callers_mode));
     tu_tcase(s, "kfac", 60, tu_setup, tu_teardown, TU_TESTS(
         test_kfac_matches_numpy_reference,
         test_kfac_continues_bitwise_after_restore,

@@ -305,9 +305,9 @@ cov_step(const keel_kfac *k, int64_t global_step)
            k->ema_w->data[0] == 0.0f;
 }
 
-keel_status
-keel_kfac_observe(keel_kfac *k, keel_vars *vs, const keel_batch *batch,
-                  int64_t global_step)
+static keel_status
+kfac_observe_fp(keel_kfac *k, keel_vars *vs, const keel_batch *batch,
+                int64_t global_step)
 {
     keel_status st;
     if (k == NULL || vs == NULL || batch == NULL)
@@ -337,6 +337,13 @@ keel_kfac_observe(keel_kfac *k, keel_vars *vs, const keel_batch *batch,
         return keel__wrap(st, "K-FAC observe");
     k->pending += (int64_t)batch->n;
     return KEEL_OK;
+}
+
+keel_status
+keel_kfac_observe(keel_kfac *k, keel_vars *vs, const keel_batch *batch,
+                  int64_t global_step)
+{
+    return KEEL__FLUSHED(kfac_observe_fp(k, vs, batch, global_step));
 }
 
 /* The next observe starts the sums afresh (overwrites them). */
@@ -454,9 +461,9 @@ precondition(kf_layer *L, const float *kernel, const float *bias)
                 L->Ainv->data, a, L->T, g, 0.0f, L->V, g);
 }
 
-keel_status
-keel_kfac_apply(keel_kfac *k, keel_vars *vs, keel_grads *grads,
-                int64_t global_step)
+static keel_status
+kfac_apply_fp(keel_kfac *k, keel_vars *vs, keel_grads *grads,
+              int64_t global_step)
 {
     float d, w_old, w_new, lr, mu, c = 1.0f;
     double s = 0.0, lrd;
@@ -595,6 +602,13 @@ keel_kfac_apply(keel_kfac *k, keel_vars *vs, keel_grads *grads,
     return KEEL_OK;
 }
 
+keel_status
+keel_kfac_apply(keel_kfac *k, keel_vars *vs, keel_grads *grads,
+                int64_t global_step)
+{
+    return KEEL__FLUSHED(kfac_apply_fp(k, vs, grads, global_step));
+}
+
 /* For tests: pi of layer i's last inversion (0 if none), its last
  * preconditioned matrix, the targets of the last observed batch. */
 double
@@ -639,8 +653,8 @@ keel_kfac_layer(const keel_kfac *k, int i, const char **scope, size_t *a_dim,
     return KEEL_OK;
 }
 
-keel_status
-keel_kfac_take_statistics(keel_kfac *k, float *const *A, float *const *G)
+static keel_status
+kfac_take_statistics_fp(keel_kfac *k, float *const *A, float *const *G)
 {
     if (k == NULL || A == NULL || G == NULL)
         return keel__fail(KEEL_EINVAL, "K-FAC statistics: NULL argument");
@@ -669,7 +683,13 @@ keel_kfac_take_statistics(keel_kfac *k, float *const *A, float *const *G)
 }
 
 keel_status
-keel_kfac_invert_layer(keel_kfac *k, int i)
+keel_kfac_take_statistics(keel_kfac *k, float *const *A, float *const *G)
+{
+    return KEEL__FLUSHED(kfac_take_statistics_fp(k, A, G));
+}
+
+static keel_status
+kfac_invert_layer_fp(keel_kfac *k, int i)
 {
     kf_layer *L;
     size_t a, g;
@@ -697,8 +717,14 @@ keel_kfac_invert_layer(keel_kfac *k, int i)
 }
 
 keel_status
-keel_kfac_apply_update(keel_kfac *k, keel_vars *vs, keel_grads *grads,
-                       int64_t global_step)
+keel_kfac_invert_layer(keel_kfac *k, int i)
+{
+    return KEEL__FLUSHED(kfac_invert_layer_fp(k, i));
+}
+
+static keel_status
+kfac_apply_update_fp(keel_kfac *k, keel_vars *vs, keel_grads *grads,
+                     int64_t global_step)
 {
     keel_kfac_config keep;
     keel_status st;
@@ -731,4 +757,11 @@ keel_kfac_apply_update(keel_kfac *k, keel_vars *vs, keel_grads *grads,
     k->cfg = keep;
     k->pending = 0;
     return st;
+}
+
+keel_status
+keel_kfac_apply_update(keel_kfac *k, keel_vars *vs, keel_grads *grads,
+                       int64_t global_step)
+{
+    return KEEL__FLUSHED(kfac_apply_update_fp(k, vs, grads, global_step));
 }

@@ -1061,10 +1061,10 @@ sum_stats(const keel_model *m, const job *j, keel_step_stats *stats)
     }
 }
 
-keel_status
-keel_model_step(keel_model *m, keel_vars *vs, const keel_batch *batch,
-                int64_t global_batch_size, keel_grads *grads,
-                keel_step_stats *stats)
+static keel_status
+model_step_fp(keel_model *m, keel_vars *vs, const keel_batch *batch,
+              int64_t global_batch_size, keel_grads *grads,
+              keel_step_stats *stats)
 {
     keel_status st;
     job j;
@@ -1092,8 +1092,17 @@ keel_model_step(keel_model *m, keel_vars *vs, const keel_batch *batch,
 }
 
 keel_status
-keel_model_eval(keel_model *m, keel_vars *vs, const keel_batch *batch,
+keel_model_step(keel_model *m, keel_vars *vs, const keel_batch *batch,
+                int64_t global_batch_size, keel_grads *grads,
                 keel_step_stats *stats)
+{
+    return KEEL__FLUSHED(model_step_fp(m, vs, batch, global_batch_size, grads,
+                                       stats));
+}
+
+static keel_status
+model_eval_fp(keel_model *m, keel_vars *vs, const keel_batch *batch,
+              keel_step_stats *stats)
 {
     keel_status st;
     job j;
@@ -1107,8 +1116,15 @@ keel_model_eval(keel_model *m, keel_vars *vs, const keel_batch *batch,
 }
 
 keel_status
-keel_model_predict(keel_model *m, keel_vars *vs, const keel_batch *batch,
-                   float *probs)
+keel_model_eval(keel_model *m, keel_vars *vs, const keel_batch *batch,
+                keel_step_stats *stats)
+{
+    return KEEL__FLUSHED(model_eval_fp(m, vs, batch, stats));
+}
+
+static keel_status
+model_predict_fp(keel_model *m, keel_vars *vs, const keel_batch *batch,
+                 float *probs)
 {
     job j;
     if (m == NULL || vs == NULL || batch == NULL || batch->x == NULL ||
@@ -1120,6 +1136,13 @@ keel_model_predict(keel_model *m, keel_vars *vs, const keel_batch *batch,
                           (long long)m->cfg.max_batch);
     run_job(m, &j, JOB_PREDICT, batch, 1.0f, probs, NULL);
     return KEEL_OK;
+}
+
+keel_status
+keel_model_predict(keel_model *m, keel_vars *vs, const keel_batch *batch,
+                   float *probs)
+{
+    return KEEL__FLUSHED(model_predict_fp(m, vs, batch, probs));
 }
 
 /* ---- K-FAC statistics ---------------------------------------------------- */

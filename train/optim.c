@@ -536,9 +536,9 @@ apply_worker(void *ctx, int t)
     }
 }
 
-keel_status
-keel_optimizer_apply_var(keel_optimizer *o, keel_var *v,
-                         const keel_tensor *grad, int64_t global_step)
+static keel_status
+optimizer_apply_var_fp(keel_optimizer *o, keel_var *v,
+                       const keel_tensor *grad, int64_t global_step)
 {
     opt_task k;
     opt_call a;
@@ -556,6 +556,13 @@ keel_optimizer_apply_var(keel_optimizer *o, keel_var *v,
     update_range(&a, &k, 0, k.n);
     KEEL__PROF_END(optimizer_ns);
     return KEEL_OK;
+}
+
+keel_status
+keel_optimizer_apply_var(keel_optimizer *o, keel_var *v,
+                         const keel_tensor *grad, int64_t global_step)
+{
+    return KEEL__FLUSHED(optimizer_apply_var_fp(o, v, grad, global_step));
 }
 
 /* Hogwild's CAS form: x[i] += d as one compare-and-swap loop on the
@@ -617,8 +624,8 @@ cas_update(const opt_call *a, const opt_task *k)
 }
 
 static keel_status
-apply_all(keel_optimizer *o, keel_vars *vs, keel_grads *grads,
-          int64_t global_step, int zero, keel__pool *pool, int cas)
+apply_all_fp(keel_optimizer *o, keel_vars *vs, keel_grads *grads,
+             int64_t global_step, int zero, keel__pool *pool, int cas)
 {
     size_t nv, nt = 0, total = 0;
     opt_call a;
@@ -666,6 +673,14 @@ apply_all(keel_optimizer *o, keel_vars *vs, keel_grads *grads,
     }
     KEEL__PROF_END(optimizer_ns);
     return KEEL_OK;
+}
+
+static keel_status
+apply_all(keel_optimizer *o, keel_vars *vs, keel_grads *grads,
+          int64_t global_step, int zero, keel__pool *pool, int cas)
+{
+    return KEEL__FLUSHED(apply_all_fp(o, vs, grads, global_step, zero, pool,
+                                      cas));
 }
 
 keel_status

@@ -93,7 +93,9 @@ worker_main(void *arg)
     int index = ((worker_arg *)arg)->index;
     uint64_t seen = 0;
     int64_t budget = POOL_SPIN_MIN_NS, done_at;
+    keel__fp_mode fp;
     free(arg);
+    keel__fp_flush_begin(&fp);      /* for the thread's life */
     for (;;) {
         int64_t gap;
         done_at = keel__now_mono_ns();
@@ -165,8 +167,11 @@ keel__pool_threads(const keel__pool *p)
 void
 keel__pool_run(keel__pool *p, keel__pool_fn fn, void *ctx)
 {
+    keel__fp_mode fp;
+    keel__fp_flush_begin(&fp);
     if (p == NULL || p->nthreads == 1) {
         fn(ctx, 0);
+        keel__fp_flush_end(&fp);
         return;
     }
     p->fn = fn;
@@ -186,6 +191,7 @@ keel__pool_run(keel__pool *p, keel__pool_fn fn, void *ctx)
         if ((i & 1023) == 0)
             sched_yield();
     }
+    keel__fp_flush_end(&fp);
 }
 
 void

@@ -10,7 +10,8 @@
 
 /* Hot elementwise loops: vectorized (O3) and cloned for AVX2/AVX-512 with
  * runtime dispatch. FMA contraction stays off so every clone computes the
- * same bits as the scalar code. */
+ * same bits as the scalar code. (Makefile.am builds with -fno-math-errno,
+ * without which no sqrtf loop is vectorized.) */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && \
     !defined(KEEL_NO_CLONES)
 #define KEEL__HOT \

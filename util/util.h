@@ -67,6 +67,26 @@ keel_status keel__signal_install(void);
 void keel__signal_uninstall(void);
 void keel__signal_clear(void);
 
+/* Subnormal floats flushed to zero (FTZ and DAZ) in the calling thread
+ * between begin and end, which restores the caller's mode (util/fpmode.c).
+ * Every entry point of keel's arithmetic (a session step, a model or
+ * optimizer call, a ps) runs inside such a scope; scopes nest. */
+typedef struct keel__fp_mode {
+    uint64_t bits;
+} keel__fp_mode;
+void keel__fp_flush_begin(keel__fp_mode *saved);
+void keel__fp_flush_end(const keel__fp_mode *saved);
+/* The value of expression e (a keel_status) evaluated in such a scope. */
+#define KEEL__FLUSHED(e)                                                   \
+    __extension__({                                                        \
+        keel__fp_mode fp_;                                                 \
+        keel_status st_;                                                   \
+        keel__fp_flush_begin(&fp_);                                        \
+        st_ = (e);                                                         \
+        keel__fp_flush_end(&fp_);                                          \
+        st_;                                                               \
+    })
+
 /* Clocks. */
 int64_t keel__now_mono_ns(void);   /* CLOCK_MONOTONIC */
 /* keel_aligned_alloc, zeroed (lazily, for large blocks); keel_aligned_free. */
