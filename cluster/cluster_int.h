@@ -50,8 +50,8 @@ keel_status keel__cluster_bind_address(const keel_cluster_spec *s,
  *   [text]                if F_TEXT: UTF-8, at most limits.max_text bytes
  * docs/cluster.md lays the header and descriptor out byte by byte. */
 
-#define KEEL_WIRE_VERSION 1
-#define KEEL_WIRE_HEADER_SIZE 56
+#define KEEL_WIRE_VERSION 2
+#define KEEL_WIRE_HEADER_SIZE 64
 #define KEEL_WIRE_DTYPE_F32 1
 
 enum keel__msg_type {
@@ -99,6 +99,9 @@ typedef struct keel__wire_header {
     uint32_t count;             /* tensors */
     uint32_t arg;               /* ERROR: keel_status; PUSH: parts that
                                  * follow in this step; TOKEN: payload */
+    uint64_t peer_generation;   /* PUSH, COMMIT, MIX: the ps generation
+                                 * whose values the update was computed
+                                 * from (0: not known) */
 } keel__wire_header;
 
 /* The largest global step a peer may set (INIT): far below INT64_MAX, so
@@ -118,7 +121,7 @@ typedef struct keel__wire_limits {
 /* Fill zero members with the defaults. */
 void keel__wire_limits_default(keel__wire_limits *l);
 
-/* Header to and from its 56 bytes. decode checks magic, version, type,
+/* Header to and from its 64 bytes. decode checks magic, version, type,
  * flags, reserved bytes and sender type (KEEL_ECORRUPT naming the field). */
 void keel__wire_header_encode(const keel__wire_header *h,
                               unsigned char out[KEEL_WIRE_HEADER_SIZE]);

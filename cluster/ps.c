@@ -1419,6 +1419,21 @@ handle(keel__ps *ps, keel__wire_msg *req)
     if (req->h.flags & KEEL_WIRE_F_REPLY)
         return keel__fail(KEEL_EINVAL, "a reply (type %u) sent as a request",
                           req->h.type);
+    if (ps->apply != NULL && req->h.peer_generation != 0 &&
+        req->h.peer_generation != ps->generation &&
+        (req->h.type == KEEL_MSG_PUSH || req->h.type == KEEL_MSG_COMMIT ||
+         req->h.type == KEEL_MSG_MIX)) {
+        /* computed from an earlier incarnation's values: not applied */
+        char text[256];
+        snprintf(text, sizeof text, "ps %d restarted: this update was "
+                 "computed from the values of generation %016llx, the ps "
+                 "is now generation %016llx; pull and compute it again",
+                 ps->task_index,
+                 (unsigned long long)req->h.peer_generation,
+                 (unsigned long long)ps->generation);
+        send_error(ps, req, KEEL_EABORTED, text);
+        return KEEL_OK;
+    }
     if (ps->apply != NULL) {
         switch (req->h.type) {
         case KEEL_MSG_PULL:

@@ -1094,6 +1094,7 @@ chief_commit(keel_cluster_backend *w, keel_vars *vs, keel_grads *mean,
             n = keep_trainable(vs, w->outs, n);
         memset(&h, 0, sizeof h);
         h.type = KEEL_MSG_COMMIT;
+        h.peer_generation = w->ps_gen[p];
         h.global_step = global_step;
         snprintf(what, sizeof what, "the commit of step %lld",
                  (long long)global_step);
@@ -1168,6 +1169,7 @@ push_round(keel_cluster_backend *w, keel_vars *vs, keel_grads *const *srcs,
         }
         memset(&h, 0, sizeof h);
         h.type = KEEL_MSG_PUSH;
+        h.peer_generation = w->ps_gen[p];
         h.flags = into != KEEL__ALGO_INTO_NONE ? KEEL_WIRE_F_WANT_VALUES : 0;
         h.local_step = local_step;
         h.global_step = covered;        /* the steps this push covers */
@@ -1506,6 +1508,7 @@ keel_cluster_backend_mix(keel_cluster_backend *w, const char *const *names,
             continue;
         memset(&h, 0, sizeof h);
         h.type = KEEL_MSG_MIX;
+        h.peer_generation = w->ps_gen[p];
         h.arg = bits;
         st = call_ps(w, p, &h, w->outs, k, 0, "mix", NULL, 0, &r);
         keel__wire_msg_clear(&r);

@@ -1,4 +1,4 @@
-/* wire.c - keel's binary message format over ZeroMQ: a fixed 56-byte
+/* wire.c - keel's binary message format over ZeroMQ: a fixed 64-byte
  * header frame, then a descriptor and a zero-copy data frame per tensor.
  * Decoding checks every count, length, name, shape and size against limits
  * before it allocates anything; nothing is ever deserialized beyond that.
@@ -96,6 +96,7 @@ keel__wire_header_encode(const keel__wire_header *h,
     put64(out + 40, (uint64_t)h->local_step);
     put32(out + 48, h->count);
     put32(out + 52, h->arg);
+    put64(out + 56, h->peer_generation);
 }
 
 keel_status
@@ -133,6 +134,7 @@ keel__wire_header_decode(const void *buf, size_t n, keel__wire_header *h)
     h->local_step = (int64_t)get64(p + 40);
     h->count = get32(p + 48);
     h->arg = get32(p + 52);
+    h->peer_generation = get64(p + 56);
     return KEEL_OK;
 }
 

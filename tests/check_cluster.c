@@ -616,11 +616,12 @@ START_TEST(test_header_round_trip_keeps_every_field)
                             .sender_type = KEEL_TASK_PS, .sender_index = 77,
                             .generation = 0xfedcba9876543210ull,
                             .global_step = -5, .local_step = 1ll << 40,
-                            .count = 3, .arg = 0xdeadbeef }, g;
+                            .count = 3, .arg = 0xdeadbeef,
+                            .peer_generation = 0x1122334455667788ull }, g;
     unsigned char b[KEEL_WIRE_HEADER_SIZE];
     keel__wire_header_encode(&h, b);
     ck_assert(memcmp(b, "KEEL", 4) == 0);
-    ck_assert_int_eq(b[4], 1);      /* version, little endian */
+    ck_assert_int_eq(b[4], 2);      /* version, little endian */
     ck_assert_int_eq(b[5], 0);
     memset(&g, 0, sizeof g);
     ck_assert_int_eq(keel__wire_header_decode(b, sizeof b, &g), KEEL_OK);
@@ -634,6 +635,7 @@ START_TEST(test_header_round_trip_keeps_every_field)
     ck_assert(g.local_step == h.local_step);
     ck_assert_int_eq(g.count, h.count);
     ck_assert_uint_eq(g.arg, h.arg);
+    ck_assert(g.peer_generation == h.peer_generation);
 }
 END_TEST
 
@@ -798,12 +800,12 @@ START_TEST(test_decode_rejects_every_malformed_class)
 
     raw_init(&r); r.n_frames = 0;
     expect_corrupt(&r, &lim, "empty message");
-    raw_init(&r); r.hdr_len = 55;
-    expect_corrupt(&r, &lim, "header frame is 55 bytes");
+    raw_init(&r); r.hdr_len = 63;
+    expect_corrupt(&r, &lim, "header frame is 63 bytes");
     raw_init(&r); r.hdr[0] = 'X';
     expect_corrupt(&r, &lim, "bad magic");
-    raw_init(&r); r.hdr[4] = 2;
-    expect_corrupt(&r, &lim, "wire version 2");
+    raw_init(&r); r.hdr[4] = 1;         /* the 56-byte header's */
+    expect_corrupt(&r, &lim, "wire version 1");
     raw_init(&r); r.hdr[6] = 0;
     expect_corrupt(&r, &lim, "unknown message type 0");
     raw_init(&r); r.hdr[6] = 200;
@@ -2491,6 +2493,96 @@ START_TEST(test_seam_ps_run_and_training_session_on_a_cluster)
 }
 END_TEST
 
+/* A real ps (SGD, lr 0.5) initialized to w = (1, 2): a push computed from
+ * another generation's values is answered KEEL_EABORTED and not applied;
+ * one naming the ps's generation, or none (0), is. After the two applied
+ * pushes of g = (1, 1): w = (1, 2) - 2 x 0.5 x (1, 1) = (0, 1), step 2. */
+START_TEST(test_ps_refuses_updates_from_an_earlier_generation)
+{
+    int ps_port = tu_held_port(), chief_port = tu_held_port();
+    keel_cluster_spec *ps_spec = seam_spec(ps_port, chief_port, KEEL_TASK_PS);
+    keel_vars *ps_vs = seam_vars(), *vs = seam_vars();
+    keel_optimizer_config sgd;
+    keel_cluster_options co;
+    keel__wire_client *c;
+    keel__wire_header h;
+    keel__wire_msg r;
+    keel__wire_out o;
+    keel_tensor g;
+    int64_t two[1] = { 2 };
+    uint64_t gen;
+    char ep[64];
+    tu_ps p;
+    float *w = keel_var_tensor(keel_vars_find(vs, "w"))->data;
+
+    keel_optimizer_config_init(&sgd, KEEL_OPT_SGD);
+    sgd.schedule.learning_rate = 0.5;
+    keel_cluster_options_init(&co);
+    co.optimizer = &sgd;
+    co.orphan_secs = 30;
+    co.token = NULL;
+    tu_ps_start(&p, ps_spec, ps_vs, &co);
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", ps_port);
+    ck_assert_int_eq(keel__wire_client_new(ep, NULL, KEEL_TASK_CHIEF, 0, &c),
+                     KEEL_OK);
+    w[0] = 1.0f;
+    w[1] = 2.0f;
+    o = (keel__wire_out){ "w", keel_var_tensor(keel_vars_find(vs, "w")),
+                          NULL };
+    memset(&h, 0, sizeof h);
+    h.type = KEEL_MSG_INIT;
+    ck_assert_msg(keel__wire_client_call(c, &h, &o, 1, 1, 5000, &r) ==
+                  KEEL_OK, "%s", keel_last_error());
+    gen = r.h.generation;
+    ck_assert(gen != 0);
+    keel__wire_msg_clear(&r);
+
+    ck_assert_int_eq(keel_tensor_alloc(&g, 1, two), KEEL_OK);
+    g.data[0] = g.data[1] = 1.0f;
+    o = (keel__wire_out){ "w", &g, NULL };
+    memset(&h, 0, sizeof h);
+    h.type = KEEL_MSG_PUSH;
+    h.peer_generation = gen ^ 1;
+    ck_assert_int_eq(keel__wire_client_call(c, &h, &o, 1, 1, 5000, &r),
+                     KEEL_EPEER);
+    ck_assert_int_eq(r.h.type, KEEL_MSG_ERROR);
+    ck_assert_int_eq(r.h.arg, KEEL_EABORTED);
+    ck_assert_ptr_nonnull(strstr(r.text, "ps 0 restarted"));
+    keel__wire_msg_clear(&r);
+    for (int i = 0; i < 2; i++) {
+        memset(&h, 0, sizeof h);
+        h.type = KEEL_MSG_PUSH;
+        h.local_step = i;               /* the step it was computed at */
+        h.peer_generation = i == 0 ? gen : 0;
+        ck_assert_msg(keel__wire_client_call(c, &h, &o, 1, 1, 5000, &r) ==
+                      KEEL_OK, "%s", keel_last_error());
+        ck_assert_int_eq(r.h.type, KEEL_MSG_PUSH_ACK);
+        ck_assert_int_eq(r.h.global_step, i + 1);
+        keel__wire_msg_clear(&r);
+    }
+    memset(&h, 0, sizeof h);
+    h.type = KEEL_MSG_PULL;
+    h.flags = KEEL_WIRE_F_NAMES_ONLY;
+    ck_assert_int_eq(keel__wire_client_call(c, &h, &o, 1, 0, 5000, &r),
+                     KEEL_OK);
+    ck_assert_int_eq(r.n, 1);
+    ck_assert_float_eq(r.tensors[0].t.data[0], 0.0f);
+    ck_assert_float_eq(r.tensors[0].t.data[1], 1.0f);
+    keel__wire_msg_clear(&r);
+    memset(&h, 0, sizeof h);
+    h.type = KEEL_MSG_SHUTDOWN;
+    ck_assert_int_eq(keel__wire_client_call(c, &h, NULL, 0, 0, 5000, &r),
+                     KEEL_OK);
+    keel__wire_msg_clear(&r);
+    ck_assert_int_eq(tu_ps_join(&p), KEEL_OK);
+    keel__wire_client_free(c);
+    keel_tensor_release(&g);
+    keel_vars_free(vs);
+    keel_vars_free(ps_vs);
+    keel_cluster_spec_free(ps_spec);
+}
+END_TEST
+
 /* Alone, keel_training_config.optimizer is the update rule: momentum
  * applied in the process with its slot in vars; giving an updater too is
  * an error. */
@@ -2641,6 +2733,7 @@ cluster_suite(void)
         test_cli_keygen));
     tu_tcase(s, "seam", 30, NULL, NULL, TU_TESTS(
         test_seam_ps_run_and_training_session_on_a_cluster,
+        test_ps_refuses_updates_from_an_earlier_generation,
         test_seam_training_optimizer_alone,
         test_seam_rejects_wrong_roles_and_options));
     return s;

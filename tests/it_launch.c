@@ -585,13 +585,32 @@ START_TEST(test_failing_evaluator_is_given_up_without_stopping_the_run)
     keel_launch *l;
     keel_launch_task_info ev, ch;
     const char *why = NULL;
-    int g;
-    lib_config(&c, &rc, eval_script("echo broken >&2; exit 1"), 1, 0);
+    int g, done = 0;
+    int64_t deadline;
+    char script[1024], mark[512];
+    FILE *f;
+    /* the chief runs until the launcher has given the evaluator up (the
+     * test then leaves a mark), however slowly the machine forks */
+    snprintf(mark, sizeof mark, "%s", tu_path("given-up"));
+    snprintf(script, sizeof script,
+             "echo \"TF=$TF_CONFIG\"; case \"$TF_CONFIG\" in "
+             "*'\"type\":\"evaluator\"'*) echo broken >&2; exit 1;; "
+             "*'\"type\":\"chief\"'*) i=0; while [ ! -e '%s' ] && "
+             "[ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done; exit 0;; "
+             "esac; exec sleep 30", mark);
+    lib_config(&c, &rc, script, 1, 0);
     c.with_evaluator = 1;
     c.max_restarts = 2;
     ck_assert_int_eq(keel_launch_new(&c, &l), KEEL_OK);
     rc.l = l;
     ck_assert_int_eq(keel_launch_start(l), KEEL_OK);
+    deadline = tu_now_ms() + 15000;
+    while (!done && find_rec(&rc, 0, 2, "giving up on evaluator") < 0 &&
+           tu_now_ms() < deadline)
+        ck_assert_int_eq(keel_launch_poll(l, 50, &done), KEEL_OK);
+    ck_assert_int_ge(find_rec(&rc, 0, 2, "giving up on evaluator"), 0);
+    ck_assert_ptr_nonnull(f = fopen(mark, "w"));
+    fclose(f);
     ck_assert(run_until_done(l, 15000));
     ck_assert_int_eq(keel_launch_exit_code(l, &why), 0);
     ck_assert_int_eq(keel_launch_task(l, 2, &ev), KEEL_OK);

@@ -188,14 +188,15 @@ le(unsigned char *p, uint64_t v, int n)
         p[i] = (unsigned char)(v >> (8 * i));
 }
 
-/* The 56-byte header, laid out as docs/cluster.md describes it. */
+/* The header (HDR bytes), laid out as docs/cluster.md describes it. */
+#define HDR 64
 static void
-header(unsigned char h[56], int type, int flags, uint64_t id, int sender,
+header(unsigned char h[HDR], int type, int flags, uint64_t id, int sender,
        uint32_t index, int64_t step, uint32_t count)
 {
-    memset(h, 0, 56);
+    memset(h, 0, HDR);
     memcpy(h, "KEEL", 4);
-    le(h + 4, 1, 2);
+    le(h + 4, 2, 2);
     h[6] = (unsigned char)type;
     h[7] = (unsigned char)flags;
     le(h + 8, id, 8);
@@ -237,7 +238,7 @@ peer_new(void *ctx, const job *j, const peer_auth *a)
 /* Send a header and n (descriptor, data) pairs of one float tensor
  * named "dense_0/kernel" of data_bytes bytes. 0 when the send timed out. */
 static int
-peer_send(void *s, const unsigned char h[56], int n, size_t data_bytes)
+peer_send(void *s, const unsigned char h[HDR], int n, size_t data_bytes)
 {
     unsigned char desc[4 + 8 + 14];
     void *data = calloc(1, data_bytes ? data_bytes : 1);
@@ -246,7 +247,7 @@ peer_send(void *s, const unsigned char h[56], int n, size_t data_bytes)
     desc[3] = 1;
     le(desc + 4, data_bytes / 4, 8);
     memcpy(desc + 12, "dense_0/kernel", 14);
-    if (zmq_send(s, h, 56, n > 0 ? ZMQ_SNDMORE : 0) != 56) {
+    if (zmq_send(s, h, HDR, n > 0 ? ZMQ_SNDMORE : 0) != HDR) {
         free(data);
         return 0;
     }
@@ -267,7 +268,7 @@ peer_reply(void *s, uint64_t id, int ms, char *text, size_t size)
     text[0] = '\0';
     while (tu_now_ms() < deadline) {
         zmq_pollitem_t it = { s, 0, ZMQ_POLLIN, 0 };
-        unsigned char h[56];
+        unsigned char h[HDR];
         int more = 1, type, nf = 0;
         uint64_t rid = 0;
         size_t len = sizeof more;
@@ -278,8 +279,8 @@ peer_reply(void *s, uint64_t id, int ms, char *text, size_t size)
             zmq_msg_t f;
             zmq_msg_init(&f);
             ck_assert_int_ge(zmq_msg_recv(&f, s, 0), 0);
-            if (nf == 0 && zmq_msg_size(&f) == 56) {
-                memcpy(h, zmq_msg_data(&f), 56);
+            if (nf == 0 && zmq_msg_size(&f) == HDR) {
+                memcpy(h, zmq_msg_data(&f), HDR);
                 type = h[6];
                 for (int i = 7; i >= 0; i--)
                     rid = (rid << 8) | h[8 + i];
@@ -304,7 +305,7 @@ static void
 expect_refusal(void *s, int type, int flags, int sender, uint32_t index,
                int n, uint64_t id, const char *needle)
 {
-    unsigned char h[56];
+    unsigned char h[HDR];
     char text[1024];
     header(h, type, flags, id, sender, index, 0, (uint32_t)n);
     ck_assert(peer_send(s, h, n, 4));
@@ -318,7 +319,7 @@ static void
 expect_alive(void *ctx, const job *j, const peer_auth *a)
 {
     void *s = peer_new(ctx, j, a);
-    unsigned char h[56];
+    unsigned char h[HDR];
     char text[1024];
     header(h, T_STEP, 0, 4242, EVALUATOR, 0, 0, 0);
     ck_assert(peer_send(s, h, 0, 0));
@@ -336,7 +337,7 @@ attack(const job *j, const peer_auth *eval, const peer_auth *stranger,
 {
     void *ctx = zmq_ctx_new();
     void *s, *x;
-    unsigned char h[56];
+    unsigned char h[HDR];
     char text[256];
     long rss0, rss1;
     int sent = 0;
@@ -370,7 +371,7 @@ attack(const job *j, const peer_auth *eval, const peer_auth *stranger,
     }
     /* a message of too many frames */
     header(h, T_PULL, 2, 17, EVALUATOR, 0, 0, 0);
-    zmq_send(s, h, 56, ZMQ_SNDMORE);
+    zmq_send(s, h, HDR, ZMQ_SNDMORE);
     for (int i = 0; i < 100000; i++)
         zmq_send(s, "", 0, i + 1 < 100000 ? ZMQ_SNDMORE : 0);
     ck_assert_int_eq(peer_reply(s, 17, RUN_MS, text, sizeof text), T_ERROR);
@@ -517,7 +518,7 @@ START_TEST(without_authentication_a_forged_shutdown_fails_the_chief)
     job j;
     char line[256];
     void *ctx = zmq_ctx_new(), *s;
-    unsigned char h[56];
+    unsigned char h[HDR];
     char text[256];
     int rc;
     /* a run far longer than the test: the forged SHUTDOWN, not the last
