@@ -126,6 +126,17 @@ void tu_ps_start(tu_ps *p, const keel_cluster_spec *spec,
                  const keel_vars *vs, const keel_cluster_options *opts);
 keel_status tu_ps_join(tu_ps *p);
 
+/* One cluster on 127.0.0.1, on ports from tu_held_port(): one ps, the
+ * chief and, when with_worker, one worker. Each member is the validated
+ * spec as seen by that task (index 0); worker is NULL without one.
+ * tu_cluster_new fails the test on any error; tu_cluster_free frees every
+ * spec. */
+typedef struct tu_cluster {
+    keel_cluster_spec *ps, *chief, *worker;
+} tu_cluster;
+void tu_cluster_new(tu_cluster *c, int with_worker);
+void tu_cluster_free(tu_cluster *c);
+
 /* A keel_clock function that reads the int64_t its ctx points to: a clock
  * the test sets by hand ({ tu_clock_read, &now_ns }). */
 int64_t tu_clock_read(void *ctx);
