@@ -8,7 +8,7 @@ endif
 
 # The chaos soak (`make check-long`; KEEL_SOAK_MINUTES, default 30).
 LONG_TESTS += tests/soak_chaos.sh
-EXTRA_DIST += tests/soak_chaos.sh
+EXTRA_DIST += tests/soak_chaos.sh tests/common.sh
 
 # Every update rule survives a worker and a ps SIGKILL (`make check-long`,
 # docs/algorithms.md "Kills").
