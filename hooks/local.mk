@@ -1,5 +1,6 @@
 # hooks/: the standard session-run hooks, TensorBoard event files, traces.
-libkeel_core_la_SOURCES += hooks/basic.c hooks/ckpt_hook.c hooks/summary.c
+libkeel_core_la_SOURCES += hooks/hooks_int.h hooks/basic.c hooks/ckpt_hook.c \
+	hooks/summary.c
 pkginclude_HEADERS += include/keel/hooks.h
 libkeel_core_la_SOURCES += hooks/events_int.h hooks/crc32c.c \
 	hooks/events.c hooks/trace.c
