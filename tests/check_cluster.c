@@ -1699,14 +1699,11 @@ START_TEST(test_cli_keygen)
     const char *dir = tu_path("clikeys");
     char path[4300];
     struct stat sb;
-    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
-                             "keygen", "--help", NULL), 0);
+    ck_assert_int_eq(TU_KEEL(10000, "keygen", "--help"), 0);
     ck_assert_ptr_nonnull(strstr(out, "usage: keel keygen"));
-    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
-                             "keygen", NULL), 2);
+    ck_assert_int_eq(TU_KEEL(10000, "keygen"), 2);
     ck_assert_ptr_nonnull(strstr(err, "keel: keygen: missing DIR"));
-    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
-                             "keygen", dir, "--name", "w3", NULL), 0);
+    ck_assert_int_eq(TU_KEEL(10000, "keygen", dir, "--name", "w3"), 0);
     ck_assert_ptr_nonnull(strstr(out, "public key: "));
     snprintf(path, sizeof path, "%s/w3.key_secret", dir);
     ck_assert_int_eq(stat(path, &sb), 0);
@@ -1718,11 +1715,9 @@ START_TEST(test_cli_keygen)
         ck_assert_ptr_null(strstr(err, secret));
         free(secret);
     }
-    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
-                             "keygen", dir, "--name", "w3", NULL), 2);
+    ck_assert_int_eq(TU_KEEL(10000, "keygen", dir, "--name", "w3"), 2);
     ck_assert_ptr_nonnull(strstr(err, "already exists"));
-    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
-                             "keygen", dir, "--bogus", NULL), 2);
+    ck_assert_int_eq(TU_KEEL(10000, "keygen", dir, "--bogus"), 2);
 }
 END_TEST
 

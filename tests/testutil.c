@@ -680,3 +680,17 @@ tu_cluster_free(tu_cluster *c)
     keel_cluster_spec_free(c->chief);
     keel_cluster_spec_free(c->worker);
 }
+
+double
+tu_json_number(const char *json, const char *key)
+{
+    char field[128];
+    const char *p;
+    double x = 0;
+    TU_SNPRINTF(field, sizeof field, "\"%s\": ", key);
+    p = strstr(json, field);
+    ck_assert_msg(p != NULL, "no %s in %s", field, tu_tail(json, 2000));
+    ck_assert_msg(sscanf(p + strlen(field), "%lf", &x) == 1,
+                  "%s is no number in %s", field, tu_tail(json, 2000));
+    return x;
+}

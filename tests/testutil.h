@@ -49,6 +49,10 @@ int tu_run(char *const argv[], char *const env[], int timeout_ms,
  * NULL). */
 int tu_keel(int timeout_ms, char *out, size_t out_size, char *err,
             size_t err_size, ...);
+/* tu_keel(timeout_ms, out, sizeof out, err, sizeof err, ..., NULL): the
+ * arrays named out and err in the caller's scope capture the output. */
+#define TU_KEEL(timeout_ms, ...)                                          \
+    tu_keel(timeout_ms, out, sizeof out, err, sizeof err, __VA_ARGS__, NULL)
 
 /* Start a child (stdout+stderr to log_path, or /dev/null if NULL); it is
  * registered and killed + reaped by tu_teardown() whatever happens. */
@@ -95,6 +99,10 @@ void tu_write_idx_dataset(const char *prefix, int n, uint32_t seed);
  * until the next call). */
 const char *tu_setup_job(const char *tail_fmt, ...)
     __attribute__((format(printf, 1, 2)));
+
+/* The number after the first "key": in json (keel's --json output: one
+ * space after the colon); fails the test when there is none. */
+double tu_json_number(const char *json, const char *key);
 
 /* The last n bytes of s (all of s when shorter): for assertion messages,
  * which Check cuts off (with no message at all) past about 4 KiB. */
