@@ -14,8 +14,6 @@
 #include <keel/hooks.h>
 #include <keel/session.h>
 
-#define LOG_NAMES_MAX 16
-
 keel_status
 keel__hooks_new_ctx(void **ctx, size_t size, const char *who)
 {
@@ -38,16 +36,26 @@ keel__hooks_fill(keel_hook *out, const char *name, void *ctx,
 }
 
 keel_status
-keel__hooks_copy_names(char (*dst)[KEEL_VALUE_NAME_MAX],
-                       const char *const *names, size_t n, const char *who)
+keel__hooks_check_names(const char *const *names, size_t n, const char *who)
 {
-    for (size_t i = 0; i < n; i++) {
+    if (n > 0 && names == NULL)
+        return keel__fail(KEEL_EINVAL, "%s: names is NULL", who);
+    if (n == 0 || n > KEEL__HOOKS_NAMES_MAX)
+        return keel__fail(KEEL_EINVAL, "%s: n_names %zu (1..%d)", who, n,
+                          KEEL__HOOKS_NAMES_MAX);
+    for (size_t i = 0; i < n; i++)
         if (names[i] == NULL || strlen(names[i]) >= KEEL_VALUE_NAME_MAX)
             return keel__fail(KEEL_EINVAL, "%s: names[%zu] is NULL or too "
                               "long", who, i);
-        memcpy(dst[i], names[i], strlen(names[i]) + 1);
-    }
     return KEEL_OK;
+}
+
+void
+keel__hooks_copy_names(char (*dst)[KEEL_VALUE_NAME_MAX],
+                       const char *const *names, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        memcpy(dst[i], names[i], strlen(names[i]) + 1);
 }
 
 keel_status
@@ -65,13 +73,13 @@ keel__hooks_request_names(keel_run_context *rc,
 /* ---- LoggingTensorHook -------------------------------------------------- */
 
 typedef struct logging_hook {
-    char names[LOG_NAMES_MAX][KEEL_VALUE_NAME_MAX];
+    char names[KEEL__HOOKS_NAMES_MAX][KEEL_VALUE_NAME_MAX];
     size_t n;
     keel_timer timer;
     int at_end;
     int64_t iter;
     int is_triggered;         /* this step */
-    double last[LOG_NAMES_MAX];
+    double last[KEEL__HOOKS_NAMES_MAX];
     int has_last;
 } logging_hook;
 
@@ -172,23 +180,16 @@ keel_logging_hook_new(const keel_logging_hook_config *cfg, keel_hook *out)
                             "logging hook");
     if (st != KEEL_OK)
         return st;
-    if (cfg->n_names > 0 && cfg->names == NULL)
-        return keel__fail(KEEL_EINVAL, "logging hook: names is NULL");
-    if (cfg->n_names == 0 || cfg->n_names > LOG_NAMES_MAX)
-        return keel__fail(KEEL_EINVAL, "logging hook: %zu names (1..%d)",
-                          cfg->n_names, LOG_NAMES_MAX);
+    st = keel__hooks_check_names(cfg->names, cfg->n_names, "logging hook");
+    if (st != KEEL_OK)
+        return st;
     if (cfg->every_n_iter < 0)
         return keel__fail(KEEL_EINVAL, "logging hook: every_n_iter %lld <= 0",
                           (long long)cfg->every_n_iter);
     st = keel__hooks_new_ctx((void **)&h, sizeof *h, "logging hook");
     if (st != KEEL_OK)
         return st;
-    st = keel__hooks_copy_names(h->names, cfg->names, cfg->n_names,
-                                "logging hook");
-    if (st != KEEL_OK) {
-        free(h);
-        return st;
-    }
+    keel__hooks_copy_names(h->names, cfg->names, cfg->n_names);
     h->n = cfg->n_names;
     h->at_end = cfg->at_end;
     if (cfg->at_end && cfg->every_n_iter == 0 && cfg->every_n_secs <= 0) {

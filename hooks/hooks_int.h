@@ -19,12 +19,18 @@ keel_status keel__hooks_new_ctx(void **ctx, size_t size, const char *who);
 void keel__hooks_fill(keel_hook *out, const char *name, void *ctx,
                       keel_hook_kind kind, void (*destroy)(void *));
 
-/* Copy n value names (the caller has checked n and that names is not
- * NULL) into dst; a NULL name or one of KEEL_VALUE_NAME_MAX characters or
- * more is KEEL_EINVAL naming who and its index, with dst partly written. */
-keel_status keel__hooks_copy_names(char (*dst)[KEEL_VALUE_NAME_MAX],
-                                   const char *const *names, size_t n,
-                                   const char *who);
+/* The most value names a hook records. */
+#define KEEL__HOOKS_NAMES_MAX 16
+
+/* A config's value names, checked before anything is allocated: names not
+ * NULL, n 1..KEEL__HOOKS_NAMES_MAX, each name not NULL and shorter than
+ * KEEL_VALUE_NAME_MAX; otherwise KEEL_EINVAL naming who and the fault. */
+keel_status keel__hooks_check_names(const char *const *names, size_t n,
+                                    const char *who);
+
+/* Copy n names that keel__hooks_check_names accepted into dst. */
+void keel__hooks_copy_names(char (*dst)[KEEL_VALUE_NAME_MAX],
+                            const char *const *names, size_t n);
 
 /* Request each of the n names for the step about to run (the first
  * failure is returned). */

@@ -13,8 +13,6 @@
 #include "hooks_int.h"
 #include "util.h"
 
-#define SUMMARY_NAMES_MAX 16
-
 /* Hooks writing to the same directory share one event file, as TF's
  * FileWriterCache does (TensorBoard shows one run, scalars.csv gets one
  * writer). The cache is process-wide, refcounted and locked: hooks of
@@ -264,7 +262,7 @@ keel_step_counter_hook_new(const keel_step_counter_hook_config *cfg,
 /* ---- SummarySaverHook --------------------------------------------------- */
 
 typedef struct summary_hook {
-    char names[SUMMARY_NAMES_MAX][KEEL_VALUE_NAME_MAX];
+    char names[KEEL__HOOKS_NAMES_MAX][KEEL_VALUE_NAME_MAX];
     size_t n;
     keel_timer timer;
     events_out ev;
@@ -367,19 +365,14 @@ keel_summary_hook_new(const keel_summary_hook_config *cfg, keel_hook *out)
     if (cfg->output_dir == NULL)
         return keel__fail(KEEL_EINVAL, "summary saver hook: output_dir is "
                           "required");
-    if (cfg->n_names == 0 || cfg->n_names > SUMMARY_NAMES_MAX
-        || cfg->names == NULL)
-        return keel__fail(KEEL_EINVAL, "summary saver hook: n_names %zu "
-                          "(1..%d)", cfg->n_names, SUMMARY_NAMES_MAX);
+    st = keel__hooks_check_names(cfg->names, cfg->n_names,
+                                 "summary saver hook");
+    if (st != KEEL_OK)
+        return st;
     st = keel__hooks_new_ctx((void **)&h, sizeof *h, "summary saver hook");
     if (st != KEEL_OK)
         return st;
-    st = keel__hooks_copy_names(h->names, cfg->names, cfg->n_names,
-                                "summary saver hook");
-    if (st != KEEL_OK) {
-        free(h);
-        return st;
-    }
+    keel__hooks_copy_names(h->names, cfg->names, cfg->n_names);
     h->n = cfg->n_names;
     st = keel_timer_init(&h->timer, cfg->save_secs, cfg->save_steps,
                          &cfg->clock);
