@@ -31,7 +31,8 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=${1:-$here/../_build}
 keel="$build/keel"
-RULES=${RULES:-"sync async hogwild downpour downpour_easy agn sagn adag dynsgd easgd aeasgd aeamsgd model_averaging"}
+. "$here/../tests/common.sh"
+RULES=${RULES:-$KEEL_ALL_RULES}
 MODELS=${MODELS:-"mlp cnn"}
 MLP_REPLICAS=${MLP_REPLICAS:-"2 4"}
 CNN_REPLICAS=${CNN_REPLICAS:-"2"}

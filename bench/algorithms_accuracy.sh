@@ -27,7 +27,8 @@ case $replicas in
 esac
 build=${1:-${KEEL_BUILDDIR:-$here/_build}}
 [ $# -gt 0 ] && shift
-rules=${*:-"sync async hogwild downpour downpour_easy agn sagn adag dynsgd easgd aeasgd aeamsgd model_averaging"}
+. "$here/tests/common.sh"
+rules=${*:-$KEEL_ALL_RULES}
 keel="$build/keel"
 [ -x "$keel" ] || { echo "algorithms_accuracy: no $keel (build first)" >&2; exit 2; }
 data=/usr/share/datasets/fashion-mnist
@@ -35,18 +36,7 @@ data=/usr/share/datasets/fashion-mnist
     echo "algorithms_accuracy: no Fashion-MNIST in $data (apt-get install dataset-fashion-mnist)" >&2; exit 2; }
 work=$(mktemp -d "${TMPDIR:-/tmp}/keel-algos-XXXXXX")
 trap 'rm -rf "$work"' EXIT
-cat >"$work/mlp.ini" <<EOF
-[model]
-type = mlp
-[data]
-dir = $data
-[optimizer]
-name = sgd
-learning_rate = 0.1
-[train]
-batch_size = 64
-seed = 0
-threads = 1
+{ keel_rules_mlp_ini "$data"; cat <<EOF; } >"$work/mlp.ini"
 [checkpoint]
 dir = $work/run
 save_steps = 0

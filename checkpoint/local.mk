@@ -8,15 +8,13 @@ if HAVE_CHECK
 check_PROGRAMS += tests/check_checkpoint tests/ckpt_child
 TESTS += tests/check_checkpoint
 LONG_TESTS += tests/check_checkpoint
-tests_check_checkpoint_SOURCES = tests/check_checkpoint.c
 tests_check_checkpoint_CFLAGS = $(TEST_CFLAGS) $(HDF5_CFLAGS)
 tests_check_checkpoint_LDADD = $(TEST_LIBS) $(HDF5_LIBS)
-tests_ckpt_child_SOURCES = tests/ckpt_child.c
 tests_ckpt_child_LDADD = libkeel.la
 endif
 
 # Benchmark (not built by default): make bench/ckpt_bench
 EXTRA_PROGRAMS += bench/ckpt_bench
-bench_ckpt_bench_SOURCES = bench/ckpt_bench.c bench/bench_util.c bench/bench_util.h
+bench_ckpt_bench_SOURCES = bench/ckpt_bench.c $(BENCH_UTIL)
 bench_ckpt_bench_LDADD = libkeel.la
 EXTRA_DIST += tests/lsan-hdf5.supp bench/ckpt.sh

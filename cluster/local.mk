@@ -5,8 +5,7 @@ libkeel_core_la_SOURCES += cluster/cluster_int.h cluster/spec.c cluster/slurm.c 
 	cluster/collective.c cluster/algorithm.c
 pkginclude_HEADERS += include/keel/cluster.h include/keel/distributed.h
 if HAVE_CHECK
-check_PROGRAMS += tests/check_cluster
-TESTS += tests/check_cluster
+SUITES += tests/check_cluster
 tests_check_cluster_SOURCES = tests/check_cluster.c tests/ps_skel.c \
 	tests/ps_skel.h
 tests_check_cluster_CFLAGS = $(TEST_CFLAGS) $(ZMQ_CFLAGS) $(JSONC_CFLAGS)
@@ -24,27 +23,19 @@ bench_cluster_bench_LDADD = libkeel_core.la $(ZMQ_LIBS)
 # it_security: a raw ZeroMQ peer against a running ps, in each security
 # mode (libzmq only for the peer; libkeel_core only to derive a password).
 if HAVE_CHECK
-check_PROGRAMS += tests/it_security
-TESTS += tests/it_security
-tests_it_security_SOURCES = tests/it_security.c
+SUITES += tests/it_security
 tests_it_security_CFLAGS = $(TEST_CFLAGS) $(ZMQ_CFLAGS)
 tests_it_security_LDADD = $(TEST_LIBS) $(ZMQ_LIBS)
 endif
 
 # it_cluster: ps / chief / worker processes of the keel CLI on 127.0.0.1.
 if HAVE_CHECK
-check_PROGRAMS += tests/it_cluster
-TESTS += tests/it_cluster
-tests_it_cluster_SOURCES = tests/it_cluster.c
-tests_it_cluster_CFLAGS = $(TEST_CFLAGS)
-tests_it_cluster_LDADD = $(TEST_LIBS)
+SUITES += tests/it_cluster
 endif
 
 # check_algorithms: the update rules by hand, then each on real sockets.
 if HAVE_CHECK
-check_PROGRAMS += tests/check_algorithms
-TESTS += tests/check_algorithms
-tests_check_algorithms_SOURCES = tests/check_algorithms.c
+SUITES += tests/check_algorithms
 tests_check_algorithms_CFLAGS = $(TEST_CFLAGS) $(ZMQ_CFLAGS)
 tests_check_algorithms_LDADD = $(TEST_LIBS) $(ZMQ_LIBS)
 endif

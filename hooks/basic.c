@@ -9,42 +9,77 @@
 #include <string.h>
 
 #include "defaults.h"
+#include "hooks_int.h"
 #include "util.h"
 #include <keel/hooks.h>
 #include <keel/session.h>
 
-#define LOG_NAMES_MAX 16
-
-static keel_status
-new_ctx(void **ctx, size_t size, const char *what)
+keel_status
+keel__hooks_new_ctx(void **ctx, size_t size, const char *who)
 {
     *ctx = calloc(1, size);
     if (*ctx == NULL)
-        return keel__fail(KEEL_ENOMEM, "%s hook: %zu bytes", what, size);
+        return keel__fail(KEEL_ENOMEM, "%s: %zu bytes", who, size);
     return KEEL_OK;
 }
 
-static void
-fill(keel_hook *out, const char *name, void *ctx, keel_hook_kind kind)
+void
+keel__hooks_fill(keel_hook *out, const char *name, void *ctx,
+                 keel_hook_kind kind, void (*destroy)(void *))
 {
     memset(out, 0, sizeof *out);
     out->struct_size = sizeof *out;
     out->name = name;
     out->ctx = ctx;
-    out->destroy = free;
+    out->destroy = destroy;
     out->kind = kind;
+}
+
+keel_status
+keel__hooks_check_names(const char *const *names, size_t n, const char *who)
+{
+    if (n > 0 && names == NULL)
+        return keel__fail(KEEL_EINVAL, "%s: names is NULL", who);
+    if (n == 0 || n > KEEL__HOOKS_NAMES_MAX)
+        return keel__fail(KEEL_EINVAL, "%s: n_names %zu (1..%d)", who, n,
+                          KEEL__HOOKS_NAMES_MAX);
+    for (size_t i = 0; i < n; i++)
+        if (names[i] == NULL || strlen(names[i]) >= KEEL_VALUE_NAME_MAX)
+            return keel__fail(KEEL_EINVAL, "%s: names[%zu] is NULL or too "
+                              "long", who, i);
+    return KEEL_OK;
+}
+
+void
+keel__hooks_copy_names(char (*dst)[KEEL_VALUE_NAME_MAX],
+                       const char *const *names, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        memcpy(dst[i], names[i], strlen(names[i]) + 1);
+}
+
+keel_status
+keel__hooks_request_names(keel_run_context *rc,
+                          char (*names)[KEEL_VALUE_NAME_MAX], size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        keel_status st = keel_run_context_request(rc, names[i]);
+        if (st != KEEL_OK)
+            return st;
+    }
+    return KEEL_OK;
 }
 
 /* ---- LoggingTensorHook -------------------------------------------------- */
 
 typedef struct logging_hook {
-    char names[LOG_NAMES_MAX][KEEL_VALUE_NAME_MAX];
+    char names[KEEL__HOOKS_NAMES_MAX][KEEL_VALUE_NAME_MAX];
     size_t n;
     keel_timer timer;
     int at_end;
     int64_t iter;
     int is_triggered;         /* this step */
-    double last[LOG_NAMES_MAX];
+    double last[KEEL__HOOKS_NAMES_MAX];
     int has_last;
 } logging_hook;
 
@@ -52,17 +87,11 @@ static keel_status
 logging_before(void *ctx, keel_run_context *rc)
 {
     logging_hook *h = ctx;
-    size_t i;
     h->iter += keel_run_context_skipped(rc);           // iterations the session skipped
     h->is_triggered = keel_timer_should_trigger(&h->timer, h->iter);
     if (!h->is_triggered && !h->at_end)
         return KEEL_OK;
-    for (i = 0; i < h->n; i++) {
-        keel_status st = keel_run_context_request(rc, h->names[i]);
-        if (st != KEEL_OK)
-            return st;
-    }
-    return KEEL_OK;
+    return keel__hooks_request_names(rc, h->names, h->n);
 }
 
 static void
@@ -147,31 +176,20 @@ keel_logging_hook_new(const keel_logging_hook_config *cfg, keel_hook *out)
 {
     logging_hook *h;
     keel_status st;
-    size_t i;
     st = KEEL__CONFIG_CHECK(cfg, out, keel_logging_hook_config,
                             "logging hook");
     if (st != KEEL_OK)
         return st;
-    if (cfg->n_names > 0 && cfg->names == NULL)
-        return keel__fail(KEEL_EINVAL, "logging hook: names is NULL");
-    if (cfg->n_names == 0 || cfg->n_names > LOG_NAMES_MAX)
-        return keel__fail(KEEL_EINVAL, "logging hook: %zu names (1..%d)",
-                          cfg->n_names, LOG_NAMES_MAX);
+    st = keel__hooks_check_names(cfg->names, cfg->n_names, "logging hook");
+    if (st != KEEL_OK)
+        return st;
     if (cfg->every_n_iter < 0)
         return keel__fail(KEEL_EINVAL, "logging hook: every_n_iter %lld <= 0",
                           (long long)cfg->every_n_iter);
-    st = new_ctx((void **)&h, sizeof *h, "logging");
+    st = keel__hooks_new_ctx((void **)&h, sizeof *h, "logging hook");
     if (st != KEEL_OK)
         return st;
-    for (i = 0; i < cfg->n_names; i++) {
-        if (cfg->names[i] == NULL
-            || strlen(cfg->names[i]) >= KEEL_VALUE_NAME_MAX) {
-            free(h);
-            return keel__fail(KEEL_EINVAL, "logging hook: name %zu is NULL "
-                              "or too long", i);
-        }
-        memcpy(h->names[i], cfg->names[i], strlen(cfg->names[i]) + 1);
-    }
+    keel__hooks_copy_names(h->names, cfg->names, cfg->n_names);
     h->n = cfg->n_names;
     h->at_end = cfg->at_end;
     if (cfg->at_end && cfg->every_n_iter == 0 && cfg->every_n_secs <= 0) {
@@ -184,7 +202,7 @@ keel_logging_hook_new(const keel_logging_hook_config *cfg, keel_hook *out)
             return keel__wrap(st, "logging hook (every_n_iter/every_n_secs)");
         }
     }
-    fill(out, "logging_tensor", h, KEEL_HOOK_LOGGING);
+    keel__hooks_fill(out, "logging_tensor", h, KEEL_HOOK_LOGGING, free);
     out->before_run = logging_before;
     out->after_run = logging_after;
     out->end = logging_end;
@@ -269,13 +287,13 @@ keel_stop_at_step_hook_new(const keel_stop_at_step_hook_config *cfg,
                           "of num_steps (%lld) and last_step (%lld) > 0",
                           (long long)cfg->num_steps,
                           (long long)cfg->last_step);
-    st = new_ctx((void **)&h, sizeof *h, "stop_at_step");
+    st = keel__hooks_new_ctx((void **)&h, sizeof *h, "stop_at_step hook");
     if (st != KEEL_OK)
         return st;
     h->num_steps = cfg->num_steps;
     h->last_step = cfg->last_step;
     h->is_resolved = cfg->last_step > 0;
-    fill(out, "stop_at_step", h, KEEL_HOOK_STOP_AT_STEP);
+    keel__hooks_fill(out, "stop_at_step", h, KEEL_HOOK_STOP_AT_STEP, free);
     out->after_create_session = stop_after_create;
     out->after_run = stop_after_run;
     out->wake = stop_wake;
@@ -353,14 +371,14 @@ keel_nan_hook_new(const keel_nan_hook_config *cfg, keel_hook *out)
         || strlen(cfg->name) >= KEEL_VALUE_NAME_MAX)
         return keel__fail(KEEL_EINVAL, "nan hook: name must be 1..%d "
                           "characters", KEEL_VALUE_NAME_MAX - 1);
-    st = new_ctx((void **)&h, sizeof *h, "nan");
+    st = keel__hooks_new_ctx((void **)&h, sizeof *h, "nan hook");
     if (st != KEEL_OK)
         return st;
     memcpy(h->name, cfg->name, strlen(cfg->name) + 1);
     h->fail_on_nan = cfg->fail_on_nan;
     h->fail_on_inf = cfg->fail_on_inf;
     h->slot = -1;
-    fill(out, "nan_tensor", h, KEEL_HOOK_NAN);
+    keel__hooks_fill(out, "nan_tensor", h, KEEL_HOOK_NAN, free);
     out->before_run = nan_before;
     out->after_run = nan_after;
     out->flags = KEEL_HOOK_NO_STEP_TIME;     // a per-step duty: no wake
@@ -438,12 +456,14 @@ keel_global_step_waiter_hook_new(
     if (cfg->poll_ms <= 0)
         return keel__fail(KEEL_EINVAL, "global step waiter hook: poll_ms %d "
                           "must be > 0", cfg->poll_ms);
-    st = new_ctx((void **)&h, sizeof *h, "global_step_waiter");
+    st = keel__hooks_new_ctx((void **)&h, sizeof *h,
+                             "global_step_waiter hook");
     if (st != KEEL_OK)
         return st;
     h->target = cfg->wait_until_step;
     h->poll_ms = cfg->poll_ms;
-    fill(out, "global_step_waiter", h, KEEL_HOOK_GLOBAL_STEP_WAITER);
+    keel__hooks_fill(out, "global_step_waiter", h,
+                     KEEL_HOOK_GLOBAL_STEP_WAITER, free);
     out->before_run = waiter_before;
     return KEEL_OK;
 }
@@ -490,12 +510,12 @@ keel_final_ops_hook_new(const keel_final_ops_hook_config *cfg,
         return st;
     if (cfg->fn == NULL)
         return keel__fail(KEEL_EINVAL, "final ops hook: fn is NULL");
-    st = new_ctx((void **)&h, sizeof *h, "final_ops");
+    st = keel__hooks_new_ctx((void **)&h, sizeof *h, "final_ops hook");
     if (st != KEEL_OK)
         return st;
     h->fn = cfg->fn;
     h->ctx = cfg->ctx;
-    fill(out, "final_ops", h, KEEL_HOOK_FINAL_OPS);
+    keel__hooks_fill(out, "final_ops", h, KEEL_HOOK_FINAL_OPS, free);
     out->end = final_end;
     return KEEL_OK;
 }
@@ -550,12 +570,12 @@ keel_feed_fn_hook_new(const keel_feed_fn_hook_config *cfg, keel_hook *out)
         return st;
     if (cfg->fn == NULL)
         return keel__fail(KEEL_EINVAL, "feed fn hook: fn is NULL");
-    st = new_ctx((void **)&h, sizeof *h, "feed_fn");
+    st = keel__hooks_new_ctx((void **)&h, sizeof *h, "feed_fn hook");
     if (st != KEEL_OK)
         return st;
     h->fn = cfg->fn;
     h->ctx = cfg->ctx;
-    fill(out, "feed_fn", h, KEEL_HOOK_FEED_FN);
+    keel__hooks_fill(out, "feed_fn", h, KEEL_HOOK_FEED_FN, free);
     out->before_run = feed_before;
     return KEEL_OK;
 }

@@ -9,6 +9,7 @@
 
 #include <keel/hooks.h>
 #include <keel/session.h>
+#include "hooks_int.h"
 #include "util.h"
 #include "../checkpoint/ckpt_ops.h"
 
@@ -243,9 +244,10 @@ keel_ckpt_hook_new(const keel_ckpt_hook_config *cfg, keel_hook *out)
         || (cfg->n_listeners > 0 && cfg->listeners == NULL))
         return keel__fail(KEEL_EINVAL, "checkpoint saver hook: %zu listeners "
                           "(at most %d)", cfg->n_listeners, LISTENERS_MAX);
-    h = calloc(1, sizeof *h);
-    if (h == NULL)
-        return keel__fail(KEEL_ENOMEM, "checkpoint saver hook");
+    st = keel__hooks_new_ctx((void **)&h, sizeof *h,
+                             "checkpoint saver hook");
+    if (st != KEEL_OK)
+        return st;
     h->last_saved = -1;
     st = keel_timer_init(&h->timer, cfg->save_secs, cfg->save_steps,
                          &cfg->clock);
@@ -274,18 +276,14 @@ keel_ckpt_hook_new(const keel_ckpt_hook_config *cfg, keel_hook *out)
                cfg->n_listeners * sizeof *h->listeners);
     h->n_listeners = cfg->n_listeners;
     h->save_on_error = cfg->save_on_error;
-    memset(out, 0, sizeof *out);
-    out->struct_size = sizeof *out;
-    out->name = "checkpoint_saver";
-    out->ctx = h;
+    keel__hooks_fill(out, "checkpoint_saver", h, KEEL_HOOK_CHECKPOINT,
+                     ck_destroy);
     out->begin = ck_begin;
     out->after_create_session = ck_after_create;
     out->after_run = ck_after_run;
     out->end = ck_end;
     out->wake = ck_wake;
     out->flags = KEEL_HOOK_NO_STEP_TIME;
-    out->kind = KEEL_HOOK_CHECKPOINT;
-    out->destroy = ck_destroy;
     return KEEL_OK;
 }
 

@@ -1,5 +1,6 @@
 # hooks/: the standard session-run hooks, TensorBoard event files, traces.
-libkeel_core_la_SOURCES += hooks/basic.c hooks/ckpt_hook.c hooks/summary.c
+libkeel_core_la_SOURCES += hooks/hooks_int.h hooks/basic.c hooks/ckpt_hook.c \
+	hooks/summary.c
 pkginclude_HEADERS += include/keel/hooks.h
 libkeel_core_la_SOURCES += hooks/events_int.h hooks/crc32c.c \
 	hooks/events.c hooks/trace.c
@@ -7,12 +8,8 @@ pkginclude_HEADERS += include/keel/events.h
 EXTRA_DIST += tests/read_tfevents.py tests/read_trace.py
 
 if HAVE_CHECK
-check_PROGRAMS += tests/check_events
-TESTS += tests/check_events
-tests_check_events_SOURCES = tests/check_events.c
+SUITES += tests/check_events
 tests_check_events_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/hooks
-tests_check_events_CFLAGS = $(TEST_CFLAGS)
-tests_check_events_LDADD = $(TEST_LIBS)
 endif
 
 # Benchmark (built by `make check`, never run by it): see bench/README.md.
@@ -22,10 +19,7 @@ bench_bench_events_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/hooks $(ZLIB_CFLAGS)
 bench_bench_events_LDADD = libkeel_core.la $(ZLIB_LIBS)
 
 if HAVE_CHECK
-check_PROGRAMS += tests/check_hooks
-TESTS += tests/check_hooks
+SUITES += tests/check_hooks
 tests_check_hooks_SOURCES = tests/check_hooks.c tests/fake_ckpt.c \
 	tests/fake_ckpt.h
-tests_check_hooks_CFLAGS = $(TEST_CFLAGS)
-tests_check_hooks_LDADD = $(TEST_LIBS)
 endif

@@ -10,9 +10,8 @@
 #include <keel/events.h>
 #include <keel/hooks.h>
 #include <keel/session.h>
+#include "hooks_int.h"
 #include "util.h"
-
-#define SUMMARY_NAMES_MAX 16
 
 /* Hooks writing to the same directory share one event file, as TF's
  * FileWriterCache does (TensorBoard shows one run, scalars.csv gets one
@@ -93,12 +92,55 @@ close_events(keel_events *w)
     pthread_mutex_unlock(&cache_lock);
 }
 
+/* A hook's event output: the directory it was given (owned; NULL: none)
+ * and, from its first begin on, the shared writer for it (NULL while
+ * closed or when the file could not be opened). */
+typedef struct events_out {
+    char *dir;
+    keel_events *w;
+} events_out;
+
+/* Copy dir (NULL: no output) into e; ENOMEM names who. */
+static keel_status
+events_out_init(events_out *e, const char *dir, const char *who)
+{
+    e->w = NULL;
+    e->dir = NULL;
+    if (dir != NULL && (e->dir = strdup(dir)) == NULL)
+        return keel__fail(KEEL_ENOMEM, "%s: copy dir", who);
+    return KEEL_OK;
+}
+
+/* At begin: open the writer unless there is no dir or it is open. */
+static keel_status
+events_out_begin(events_out *e, const char *who)
+{
+    if (e->dir != NULL && e->w == NULL)
+        return open_events(e->dir, &e->w, who);
+    return KEEL_OK;
+}
+
+/* At end: flush what was written; a failure is a warning naming who. */
+static void
+events_out_flush(events_out *e, const char *who)
+{
+    if (e->w != NULL && keel_events_flush(e->w) != KEEL_OK)
+        keel__log(KEEL_LOG_WARN, "%s: flush: %s", who, keel_last_error());
+}
+
+/* Drop the writer and the dir (e may be zeroed: a no-op). */
+static void
+events_out_free(events_out *e)
+{
+    close_events(e->w);
+    free(e->dir);
+}
+
 /* ---- StepCounterHook ---------------------------------------------------- */
 
 typedef struct counter_hook {
     keel_timer timer;
-    char *dir;
-    keel_events *w;
+    events_out ev;
     int64_t last_before;
     int64_t n_stalled;
 } counter_hook;
@@ -106,10 +148,7 @@ typedef struct counter_hook {
 static keel_status
 counter_begin(void *ctx)
 {
-    counter_hook *h = ctx;
-    if (h->dir != NULL && h->w == NULL)
-        return open_events(h->dir, &h->w, "step counter hook");
-    return KEEL_OK;
+    return events_out_begin(&((counter_hook *)ctx)->ev, "step counter hook");
 }
 
 static keel_status
@@ -134,9 +173,9 @@ counter_after_run(void *ctx, keel_run_context *rc, const keel_run_values *v)
     if (keel_timer_update(&h->timer, gs, &dt, &dsteps) && dt > 0) {
         double rate = (double)dsteps / dt;
         keel__log(KEEL_LOG_INFO, "global_step/sec: %g", rate);
-        if (h->w != NULL) {
-            keel_status st = keel_events_scalar(h->w, gs, "global_step/sec",
-                                                rate);
+        if (h->ev.w != NULL) {
+            keel_status st = keel_events_scalar(h->ev.w, gs,
+                                                "global_step/sec", rate);
             if (st != KEEL_OK)
                 return keel__wrap(st, "step counter hook at step %lld",
                                   (long long)gs);
@@ -148,12 +187,9 @@ counter_after_run(void *ctx, keel_run_context *rc, const keel_run_values *v)
 static void
 counter_end(void *ctx, keel_session *s, keel_end_reason why)
 {
-    counter_hook *h = ctx;
     (void)s;
     (void)why;
-    if (h->w != NULL && keel_events_flush(h->w) != KEEL_OK)
-        keel__log(KEEL_LOG_WARN, "step counter: flush: %s",
-                  keel_last_error());
+    events_out_flush(&((counter_hook *)ctx)->ev, "step counter");
 }
 
 static void
@@ -162,8 +198,7 @@ counter_destroy(void *ctx)
     counter_hook *h = ctx;
     if (h == NULL)
         return;
-    close_events(h->w);
-    free(h->dir);
+    events_out_free(&h->ev);
     free(h);
 }
 
@@ -197,9 +232,9 @@ keel_step_counter_hook_new(const keel_step_counter_hook_config *cfg,
                             "step counter hook");
     if (st != KEEL_OK)
         return st;
-    h = calloc(1, sizeof *h);
-    if (h == NULL)
-        return keel__fail(KEEL_ENOMEM, "step counter hook");
+    st = keel__hooks_new_ctx((void **)&h, sizeof *h, "step counter hook");
+    if (st != KEEL_OK)
+        return st;
     h->last_before = -1;
     st = keel_timer_init(&h->timer, cfg->every_n_secs, cfg->every_n_steps,
                          &cfg->clock);
@@ -209,61 +244,48 @@ keel_step_counter_hook_new(const keel_step_counter_hook_config *cfg,
                           "every_n_steps and every_n_secs should be "
                           "provided");
     }
-    if (cfg->output_dir != NULL
-        && (h->dir = strdup(cfg->output_dir)) == NULL) {
+    st = events_out_init(&h->ev, cfg->output_dir, "step counter hook");
+    if (st != KEEL_OK) {
         free(h);
-        return keel__fail(KEEL_ENOMEM, "step counter hook: copy dir");
+        return st;
     }
-    memset(out, 0, sizeof *out);
-    out->struct_size = sizeof *out;
-    out->name = "step_counter";
-    out->ctx = h;
+    keel__hooks_fill(out, "step_counter", h, KEEL_HOOK_STEP_COUNTER,
+                     counter_destroy);
     out->begin = counter_begin;
     out->after_run = counter_after_run;
     out->end = counter_end;
-    out->destroy = counter_destroy;
     out->wake = counter_wake;
     out->flags = KEEL_HOOK_NO_STEP_TIME; // reads its own timer's clock
-    out->kind = KEEL_HOOK_STEP_COUNTER;
     return KEEL_OK;
 }
 
 /* ---- SummarySaverHook --------------------------------------------------- */
 
 typedef struct summary_hook {
-    char names[SUMMARY_NAMES_MAX][KEEL_VALUE_NAME_MAX];
+    char names[KEEL__HOOKS_NAMES_MAX][KEEL_VALUE_NAME_MAX];
     size_t n;
     keel_timer timer;
-    char *dir;
-    keel_events *w;
+    events_out ev;
     int is_requested;
 } summary_hook;
 
 static keel_status
 summary_begin(void *ctx)
 {
-    summary_hook *h = ctx;
-    if (h->w == NULL)
-        return open_events(h->dir, &h->w, "summary saver hook");
-    return KEEL_OK;
+    return events_out_begin(&((summary_hook *)ctx)->ev,
+                            "summary saver hook");
 }
 
 static keel_status
 summary_before(void *ctx, keel_run_context *rc)
 {
     summary_hook *h = ctx;
-    size_t i;
     /* The step about to run ends at global step + 1. */
     h->is_requested = keel_timer_should_trigger(
         &h->timer, keel_run_context_global_step(rc) + 1);
     if (!h->is_requested)
         return KEEL_OK;
-    for (i = 0; i < h->n; i++) {
-        keel_status st = keel_run_context_request(rc, h->names[i]);
-        if (st != KEEL_OK)
-            return st;
-    }
-    return KEEL_OK;
+    return keel__hooks_request_names(rc, h->names, h->n);
 }
 
 static keel_status
@@ -278,8 +300,8 @@ summary_after(void *ctx, keel_run_context *rc, const keel_run_values *v)
     // Consumed: until the next before_run asks again, after_run is idle.
     h->is_requested = 0;
     keel_timer_update(&h->timer, gs, NULL, NULL);
-    for (i = 0; i < h->n && h->w != NULL; i++) {
-        keel_status st = keel_events_scalar(h->w, gs, h->names[i],
+    for (i = 0; i < h->n && h->ev.w != NULL; i++) {
+        keel_status st = keel_events_scalar(h->ev.w, gs, h->names[i],
                                             keel_run_values_get(v,
                                                                 h->names[i]));
         if (st != KEEL_OK)
@@ -292,12 +314,9 @@ summary_after(void *ctx, keel_run_context *rc, const keel_run_values *v)
 static void
 summary_end(void *ctx, keel_session *s, keel_end_reason why)
 {
-    summary_hook *h = ctx;
     (void)s;
     (void)why;
-    if (h->w != NULL && keel_events_flush(h->w) != KEEL_OK)
-        keel__log(KEEL_LOG_WARN, "summary saver: flush: %s",
-                  keel_last_error());
+    events_out_flush(&((summary_hook *)ctx)->ev, "summary saver");
 }
 
 static void
@@ -306,8 +325,7 @@ summary_destroy(void *ctx)
     summary_hook *h = ctx;
     if (h == NULL)
         return;
-    close_events(h->w);
-    free(h->dir);
+    events_out_free(&h->ev);
     free(h);
 }
 
@@ -340,7 +358,6 @@ keel_summary_hook_new(const keel_summary_hook_config *cfg, keel_hook *out)
 {
     summary_hook *h;
     keel_status st;
-    size_t i;
     st = KEEL__CONFIG_CHECK(cfg, out, keel_summary_hook_config,
                             "summary saver hook");
     if (st != KEEL_OK)
@@ -348,22 +365,14 @@ keel_summary_hook_new(const keel_summary_hook_config *cfg, keel_hook *out)
     if (cfg->output_dir == NULL)
         return keel__fail(KEEL_EINVAL, "summary saver hook: output_dir is "
                           "required");
-    if (cfg->n_names == 0 || cfg->n_names > SUMMARY_NAMES_MAX
-        || cfg->names == NULL)
-        return keel__fail(KEEL_EINVAL, "summary saver hook: n_names %zu "
-                          "(1..%d)", cfg->n_names, SUMMARY_NAMES_MAX);
-    h = calloc(1, sizeof *h);
-    if (h == NULL)
-        return keel__fail(KEEL_ENOMEM, "summary saver hook");
-    for (i = 0; i < cfg->n_names; i++) {
-        const char *name = cfg->names[i];
-        if (name == NULL || strlen(name) >= KEEL_VALUE_NAME_MAX) {
-            free(h);
-            return keel__fail(KEEL_EINVAL, "summary saver hook: names[%zu] "
-                              "is NULL or too long", i);
-        }
-        memcpy(h->names[i], name, strlen(name) + 1);
-    }
+    st = keel__hooks_check_names(cfg->names, cfg->n_names,
+                                 "summary saver hook");
+    if (st != KEEL_OK)
+        return st;
+    st = keel__hooks_new_ctx((void **)&h, sizeof *h, "summary saver hook");
+    if (st != KEEL_OK)
+        return st;
+    keel__hooks_copy_names(h->names, cfg->names, cfg->n_names);
     h->n = cfg->n_names;
     st = keel_timer_init(&h->timer, cfg->save_secs, cfg->save_steps,
                          &cfg->clock);
@@ -371,22 +380,19 @@ keel_summary_hook_new(const keel_summary_hook_config *cfg, keel_hook *out)
         free(h);
         return keel__wrap(st, "summary saver hook (save_steps/save_secs)");
     }
-    if ((h->dir = strdup(cfg->output_dir)) == NULL) {
+    st = events_out_init(&h->ev, cfg->output_dir, "summary saver hook");
+    if (st != KEEL_OK) {
         free(h);
-        return keel__fail(KEEL_ENOMEM, "summary saver hook: copy dir");
+        return st;
     }
-    memset(out, 0, sizeof *out);
-    out->struct_size = sizeof *out;
-    out->name = "summary_saver";
-    out->ctx = h;
+    keel__hooks_fill(out, "summary_saver", h, KEEL_HOOK_SUMMARY,
+                     summary_destroy);
     out->begin = summary_begin;
     out->before_run = summary_before;
     out->after_run = summary_after;
     out->end = summary_end;
-    out->destroy = summary_destroy;
     out->wake = summary_wake;
     out->flags = KEEL_HOOK_NO_STEP_TIME;
-    out->kind = KEEL_HOOK_SUMMARY;
     return KEEL_OK;
 }
 
@@ -491,9 +497,9 @@ keel_profiler_hook_new(const keel_profiler_hook_config *cfg, keel_hook *out)
     if (cfg->output_dir == NULL)
         return keel__fail(KEEL_EINVAL, "profiler hook: output_dir is "
                           "required");
-    h = calloc(1, sizeof *h);
-    if (h == NULL)
-        return keel__fail(KEEL_ENOMEM, "profiler hook");
+    st = keel__hooks_new_ctx((void **)&h, sizeof *h, "profiler hook");
+    if (st != KEEL_OK)
+        return st;
     h->is_first = 1;
     st = keel_timer_init(&h->timer, cfg->save_secs, cfg->save_steps,
                          &cfg->clock);
@@ -507,14 +513,11 @@ keel_profiler_hook_new(const keel_profiler_hook_config *cfg, keel_hook *out)
         free(h);
         return keel__wrap(st, "profiler hook (output_dir)");
     }
-    memset(out, 0, sizeof *out);
-    out->struct_size = sizeof *out;
-    out->name = "profiler";
-    out->ctx = h;
+    keel__hooks_fill(out, "profiler", h, KEEL_HOOK_PROFILER,
+                     profiler_destroy);
     out->begin = profiler_begin;
     out->after_run = profiler_after;
     out->end = profiler_end;
-    out->destroy = profiler_destroy;
-    out->kind = KEEL_HOOK_PROFILER;     // reads every step's time: no flag
+    // reads every step's time: no KEEL_HOOK_NO_STEP_TIME
     return KEEL_OK;
 }

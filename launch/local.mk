@@ -5,9 +5,5 @@ libkeel_core_la_SOURCES += launch/launch_int.h launch/launch.c \
 pkginclude_HEADERS += include/keel/launch.h
 
 if HAVE_CHECK
-check_PROGRAMS += tests/it_launch
-TESTS += tests/it_launch
-tests_it_launch_SOURCES = tests/it_launch.c
-tests_it_launch_CFLAGS = $(TEST_CFLAGS)
-tests_it_launch_LDADD = $(TEST_LIBS)
+SUITES += tests/it_launch
 endif

@@ -35,18 +35,12 @@ KEEL=$KEEL_BUILDDIR/keel
 DATA=${KEEL_KILLS_DATA:-/usr/share/datasets/fashion-mnist}
 LAST=${KEEL_KILLS_STEPS:-5999}
 RULE_SECS=${KEEL_KILLS_RULE_SECS:-180}
-RULES=${*:-"sync async hogwild downpour downpour_easy agn sagn adag dynsgd easgd aeasgd aeamsgd model_averaging"}
+. "$(dirname "$0")/common.sh"
+RULES=${*:-$KEEL_ALL_RULES}
 
 say() { printf 'kills: %s\n' "$*"; }
 
-if [ ! -x "$KEEL" ]; then
-    say "no keel binary at $KEEL (set KEEL_BUILDDIR)"; exit 99
-fi
-if [ ! -r "$DATA/train-images-idx3-ubyte.gz" ] &&
-   [ ! -r "$DATA/train-images-idx3-ubyte" ]; then
-    say "skipped: no Fashion-MNIST in $DATA (apt-get install dataset-fashion-mnist)"
-    exit 77
-fi
+keel_require_fashion_mnist "$DATA"
 case $LAST in
     ''|*[!0-9]*) say "KEEL_KILLS_STEPS='$LAST' is not a step count"; exit 99;;
 esac
@@ -152,19 +146,7 @@ sums_grew() {
     return 0
 }
 
-cat > "$TMP/mlp.ini" <<EOF
-[model]
-type = mlp
-hidden = 256,256
-[data]
-dir = $DATA
-[optimizer]
-name = sgd
-learning_rate = 0.1
-[train]
-batch_size = 64
-seed = 0
-threads = 1
+{ keel_rules_mlp_ini "$DATA"; cat <<EOF; } > "$TMP/mlp.ini"
 [checkpoint]
 dir = $TMP/unused
 save_steps = $((LAST / 5))

@@ -605,28 +605,6 @@ END_TEST
  * out (+0.5 for the chief, -0.5 for the worker), so the loss |w - target|^2
  * must fall from 10 to well under 1 and every rule must end. */
 
-static keel_cluster_spec *
-e2e_spec(int ps_port, int chief_port, int worker_port, keel_task_type type)
-{
-    keel_cluster_spec *spec;
-    char a[64];
-    ck_assert_int_eq(keel_cluster_spec_new(&spec), KEEL_OK);
-    snprintf(a, sizeof a, "127.0.0.1:%d", ps_port);
-    ck_assert_int_eq(keel_cluster_spec_add_list(spec, KEEL_TASK_PS, a),
-                     KEEL_OK);
-    snprintf(a, sizeof a, "127.0.0.1:%d", chief_port);
-    ck_assert_int_eq(keel_cluster_spec_add_list(spec, KEEL_TASK_CHIEF, a),
-                     KEEL_OK);
-    if (worker_port > 0) {
-        snprintf(a, sizeof a, "127.0.0.1:%d", worker_port);
-        ck_assert_int_eq(keel_cluster_spec_add_list(spec, KEEL_TASK_WORKER,
-                                                    a), KEEL_OK);
-    }
-    ck_assert_int_eq(keel_cluster_spec_set_task(spec, type, 0), KEEL_OK);
-    ck_assert_int_eq(keel_cluster_spec_validate(spec), KEEL_OK);
-    return spec;
-}
-
 typedef struct replica {
     keel_cluster_spec *spec;
     keel_cluster_options *opts;
@@ -710,15 +688,7 @@ static double
 e2e_train(keel_algorithm name, int with_worker, int64_t steps,
           const char *dir, keel_vars **keep)
 {
-    int ps_port = tu_held_port(), chief_port = tu_held_port();
-    int worker_port = with_worker ? tu_held_port() : 0;
-    keel_cluster_spec *ps_spec = e2e_spec(ps_port, chief_port, worker_port,
-                                          KEEL_TASK_PS);
-    keel_cluster_spec *c_spec = e2e_spec(ps_port, chief_port, worker_port,
-                                         KEEL_TASK_CHIEF);
-    keel_cluster_spec *w_spec = with_worker
-        ? e2e_spec(ps_port, chief_port, worker_port, KEEL_TASK_WORKER)
-        : NULL;
+    tu_cluster cl;
     keel_vars *ps_vs = two_vars(0, 0);
     keel_optimizer_config sgd;
     keel_algorithm_config ac;
@@ -729,6 +699,7 @@ e2e_train(keel_algorithm name, int with_worker, int64_t steps,
     pthread_t tc, tw;
     double loss;
 
+    tu_cluster_new(&cl, with_worker);
     keel_optimizer_config_init(&sgd, KEEL_OPT_SGD);
     sgd.schedule.learning_rate = 0.05;
     keel_algorithm_config_init(&ac, name);
@@ -743,9 +714,9 @@ e2e_train(keel_algorithm name, int with_worker, int64_t steps,
     co.algorithm = &ac;
     co.orphan_secs = 60;
     co.token = NULL;
-    tu_ps_start(&p, ps_spec, ps_vs, &co);
+    tu_ps_start(&p, cl.ps, ps_vs, &co);
     memset(&chief, 0, sizeof chief);
-    chief.spec = c_spec;
+    chief.spec = cl.chief;
     chief.opts = &co;
     chief.opt = &sgd;
     chief.vs = two_vars(0, 0);
@@ -753,7 +724,7 @@ e2e_train(keel_algorithm name, int with_worker, int64_t steps,
     chief.steps = steps;
     chief.bias = 0.5f;
     worker = chief;
-    worker.spec = w_spec;
+    worker.spec = cl.worker;
     worker.vs = two_vars(0, 0);
     worker.dir = NULL;
     worker.bias = -0.5f;
@@ -780,9 +751,7 @@ e2e_train(keel_algorithm name, int with_worker, int64_t steps,
         keel_vars_free(chief.vs);
     keel_vars_free(worker.vs);
     keel_vars_free(ps_vs);
-    keel_cluster_spec_free(ps_spec);
-    keel_cluster_spec_free(c_spec);
-    keel_cluster_spec_free(w_spec);
+    tu_cluster_free(&cl);
     return loss;
 }
 
@@ -823,16 +792,13 @@ no_apply(void *ctx, keel_vars *vs, keel_grads *mean, int64_t global_step)
 
 START_TEST(test_chief_applies_needs_the_plain_sync_rule)
 {
-    int ps_port = tu_held_port(), chief_port = tu_held_port();
-    keel_cluster_spec *ps_spec = e2e_spec(ps_port, chief_port, 0,
-                                          KEEL_TASK_PS);
-    keel_cluster_spec *c_spec = e2e_spec(ps_port, chief_port, 0,
-                                         KEEL_TASK_CHIEF);
+    tu_cluster cl;
     keel_vars *vs = two_vars(0, 0);
     keel_algorithm_config ac;
     keel_cluster_options co;
     keel_cluster_backend *b;
     double rate = 0.1;
+    tu_cluster_new(&cl, 0);
     keel_cluster_options_init(&co);
     co.chief_applies = 1;
     co.chief_apply = no_apply;
@@ -850,12 +816,12 @@ START_TEST(test_chief_applies_needs_the_plain_sync_rule)
             ac.worker_learning_rates = &rate;
             ac.n_worker_learning_rates = 1;
         }
-        ck_assert_int_eq(keel_ps_run(ps_spec, vs, &co), KEEL_EINVAL);
+        ck_assert_int_eq(keel_ps_run(cl.ps, vs, &co), KEEL_EINVAL);
         ck_assert_msg(strstr(keel_last_error(), "chief_applies") != NULL &&
                       strstr(keel_last_error(), want) != NULL, "%s",
                       keel_last_error());
         b = (keel_cluster_backend *)1;
-        ck_assert_int_eq(keel_cluster_backend_new(c_spec, vs, &co, &b),
+        ck_assert_int_eq(keel_cluster_backend_new(cl.chief, vs, &co, &b),
                          KEEL_EINVAL);
         ck_assert_ptr_null(b);
         ck_assert_msg(strstr(keel_last_error(), "chief_applies") != NULL &&
@@ -864,14 +830,13 @@ START_TEST(test_chief_applies_needs_the_plain_sync_rule)
     }
     /* no rule given: the spec's async mode is the async rule */
     co.algorithm = NULL;
-    keel_cluster_spec_set_mode(ps_spec, KEEL_CLUSTER_ASYNC);
-    ck_assert_int_eq(keel_ps_run(ps_spec, vs, &co), KEEL_EINVAL);
+    keel_cluster_spec_set_mode(cl.ps, KEEL_CLUSTER_ASYNC);
+    ck_assert_int_eq(keel_ps_run(cl.ps, vs, &co), KEEL_EINVAL);
     ck_assert_msg(strstr(keel_last_error(), "chief_applies") != NULL &&
                   strstr(keel_last_error(), "async") != NULL, "%s",
                   keel_last_error());
     keel_vars_free(vs);
-    keel_cluster_spec_free(ps_spec);
-    keel_cluster_spec_free(c_spec);
+    tu_cluster_free(&cl);
 }
 END_TEST
 

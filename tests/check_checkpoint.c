@@ -1348,73 +1348,57 @@ START_TEST(test_cli_ls_show_verify_diff)
     t->data[3] += 0.5f;
     save_step(s, a, 30, p3, sizeof p3);
 
-    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err,
-                             "ckpt", "--help", NULL), 0);
+    ck_assert_int_eq(TU_KEEL(20000, "ckpt", "--help"), 0);
     ck_assert_ptr_nonnull(strstr(out, "usage: keel ckpt"));
     {
         const char *subs[] = { "ls", "show", "verify", "diff" };
         for (int i = 0; i < 4; i++) {
-            ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err,
-                                     "ckpt", subs[i], "--help", NULL), 0);
+            ck_assert_int_eq(TU_KEEL(20000, "ckpt", subs[i], "--help"), 0);
             ck_assert_ptr_nonnull(strstr(out, "usage: keel ckpt"));
         }
     }
-    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err,
-                             "ckpt", "ls", tu_dir, NULL), 0);
+    ck_assert_int_eq(TU_KEEL(20000, "ckpt", "ls", tu_dir), 0);
     ck_assert_ptr_nonnull(strstr(out, "model.ckpt-20.h5"));
     ck_assert_ptr_nonnull(strstr(out, "valid"));
 
-    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err,
-                             "ckpt", "show", p1, NULL), 0);
+    ck_assert_int_eq(TU_KEEL(20000, "ckpt", "show", p1), 0);
     ck_assert_ptr_nonnull(strstr(out, "conv1/kernel"));
     ck_assert_ptr_nonnull(strstr(out, "[3,3,2,4]"));
     ck_assert_ptr_nonnull(strstr(out, "10"));
-    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err,
-                             "ckpt", "show", p1, "dense/bias", NULL), 0);
+    ck_assert_int_eq(TU_KEEL(20000, "ckpt", "show", p1, "dense/bias"), 0);
     ck_assert_ptr_nonnull(strstr(out, "101.25"));
     /* getopt_long: --opt=value, --opt value, options after operands */
-    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err,
-                             "ckpt", "show", "--slot=m", p1, "dense/bias",
-                             "--limit", "2", NULL), 0);
+    ck_assert_int_eq(TU_KEEL(20000, "ckpt", "show", "--slot=m", p1,
+                             "dense/bias", "--limit", "2"), 0);
     ck_assert_ptr_nonnull(strstr(out, "dense/bias slot m"));
-    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err,
-                             "ckpt", "show", p1, "--limit=x", NULL), 2);
+    ck_assert_int_eq(TU_KEEL(20000, "ckpt", "show", p1, "--limit=x"), 2);
     ck_assert_ptr_nonnull(strstr(err, "--limit needs a count"));
-    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err,
-                             "ckpt", "show", p1, "-q", NULL), 2);
+    ck_assert_int_eq(TU_KEEL(20000, "ckpt", "show", p1, "-q"), 2);
     ck_assert_ptr_nonnull(strstr(err, "keel: ckpt show: unknown option "
                                  "'-q'"));
-    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err,
-                             "ckpt", "show", p1, "dense/bias", "--slot",
-                             NULL), 2);
+    ck_assert_int_eq(TU_KEEL(20000, "ckpt", "show", p1, "dense/bias",
+                             "--slot"), 2);
     ck_assert_ptr_nonnull(strstr(err, "keel: ckpt show: --slot needs a "
                                  "SLOT"));
 
-    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err,
-                             "ckpt", "verify", tu_dir, NULL), 0);
-    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err,
-                             "ckpt", "diff", p1, p2, NULL), 0);
-    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err,
-                             "ckpt", "diff", p2, p3, NULL), 1);
+    ck_assert_int_eq(TU_KEEL(20000, "ckpt", "verify", tu_dir), 0);
+    ck_assert_int_eq(TU_KEEL(20000, "ckpt", "diff", p1, p2), 0);
+    ck_assert_int_eq(TU_KEEL(20000, "ckpt", "diff", p2, p3), 1);
     ck_assert_ptr_nonnull(strstr(out, "dense/bias"));
     ck_assert_ptr_nonnull(strstr(out, "0.5"));
-    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err,
-                             "ckpt", "diff", p1, tu_path("nope.h5"), NULL),
-                     2);
+    ck_assert_int_eq(TU_KEEL(20000, "ckpt", "diff", p1,
+                             tu_path("nope.h5")), 2);
     ck_assert_ptr_nonnull(strstr(err, "keel: "));
 
     tu_flip_byte(p3, tu_file_size(p3) - 1, 0x40);
     tu_truncate(p2, tu_file_size(p2) / 2);
-    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err,
-                             "ckpt", "verify", p2, NULL), 1);
+    ck_assert_int_eq(TU_KEEL(20000, "ckpt", "verify", p2), 1);
     ck_assert_ptr_nonnull(strstr(err, p2));
-    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err,
-                             "ckpt", "verify", tu_dir, NULL), 1);
+    ck_assert_int_eq(TU_KEEL(20000, "ckpt", "verify", tu_dir), 1);
     ck_assert_msg(tu_keel(20000, out, sizeof out, err, sizeof err,
                           "ckpt", "ls", tu_dir, NULL) == 0, "ls: %s", err);
     ck_assert_ptr_nonnull(strstr(out, "INVALID"));
-    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err,
-                             "ckpt", "frob", NULL), 2);
+    ck_assert_int_eq(TU_KEEL(20000, "ckpt", "frob"), 2);
     keel_saver_free(s);
     keel_vars_free(a);
 }

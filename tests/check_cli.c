@@ -14,8 +14,7 @@ static char out[65536], err[65536];
 
 START_TEST(test_help_lists_verbs_and_exits_0)
 {
-    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
-                             "--help", NULL), 0);
+    ck_assert_int_eq(TU_KEEL(10000, "--help"), 0);
     ck_assert_ptr_nonnull(strstr(out, "usage: keel"));
     ck_assert_ptr_nonnull(strstr(out, "version"));
     ck_assert_str_eq(err, "");
@@ -26,19 +25,16 @@ START_TEST(test_version_prints_library_version)
 {
     char want[64];
     snprintf(want, sizeof want, "keel %s\n", keel_version());
-    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
-                             "--version", NULL), 0);
+    ck_assert_int_eq(TU_KEEL(10000, "--version"), 0);
     ck_assert_str_eq(out, want);
-    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
-                             "version", NULL), 0);
+    ck_assert_int_eq(TU_KEEL(10000, "version"), 0);
     ck_assert_str_eq(out, want);
 }
 END_TEST
 
 START_TEST(test_unknown_verb_exits_2_with_message)
 {
-    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
-                             "nosuchverb", NULL), 2);
+    ck_assert_int_eq(TU_KEEL(10000, "nosuchverb"), 2);
     ck_assert_ptr_nonnull(strstr(err, "keel: unknown verb 'nosuchverb'"));
     ck_assert_ptr_nonnull(strstr(err, "keel --help"));
     ck_assert_str_eq(out, "");
@@ -50,8 +46,7 @@ START_TEST(test_no_verb_and_bad_option_exit_2)
     ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err, NULL),
                      2);
     ck_assert_ptr_nonnull(strstr(err, "usage: keel"));
-    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
-                             "--frobnicate", NULL), 2);
+    ck_assert_int_eq(TU_KEEL(10000, "--frobnicate"), 2);
     ck_assert_ptr_nonnull(strstr(err, "keel: unknown option '--frobnicate'"));
 }
 END_TEST
@@ -63,24 +58,19 @@ START_TEST(test_options_parse_the_getopt_long_way)
     char cfg[4200];
     TU_SNPRINTF(cfg, sizeof cfg, "%s", tu_src_path("examples/fashion_mnist.ini"));
     /* --set=VALUE reaches the config: the unknown key is reported */
-    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
-                             "train", "--set=train.nosuch=1", cfg, NULL), 2);
+    ck_assert_int_eq(TU_KEEL(10000, "train", "--set=train.nosuch=1", cfg), 2);
     ck_assert_ptr_nonnull(strstr(err, "unknown key 'nosuch' in [train]"));
     /* -vs VALUE: -v then -s with the next word */
-    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
-                             "train", "-vs", "train.nosuch=2", cfg, NULL), 2);
+    ck_assert_int_eq(TU_KEEL(10000, "train", "-vs", "train.nosuch=2", cfg), 2);
     ck_assert_ptr_nonnull(strstr(err, "unknown key 'nosuch' in [train]"));
     /* an unknown flag inside a group is named alone */
-    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
-                             "train", "-vx", cfg, NULL), 2);
+    ck_assert_int_eq(TU_KEEL(10000, "train", "-vx", cfg), 2);
     ck_assert_ptr_nonnull(strstr(err, "keel: train: unknown option '-x'"));
     /* a missing argument names the option as typed */
-    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
-                             "eval", cfg, "--checkpoint", NULL), 2);
+    ck_assert_int_eq(TU_KEEL(10000, "eval", cfg, "--checkpoint"), 2);
     ck_assert_ptr_nonnull(strstr(err, "keel: eval: --checkpoint needs a FILE"));
     /* after "--", "-s" is the CONFIG operand, not an option */
-    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
-                             "train", "--", "-s", NULL), 2);
+    ck_assert_int_eq(TU_KEEL(10000, "train", "--", "-s"), 2);
     ck_assert_ptr_nonnull(strstr(err, "config file -s does not exist"));
 }
 END_TEST
@@ -151,17 +141,14 @@ START_TEST(test_config_check_exits_2_on_every_error)
             setenv("TF_CONFIG", bad[i].tf_config, 1);
         else
             unsetenv("TF_CONFIG");
-        rc = tu_keel(60000, out, sizeof out, err, sizeof err, "config",
-                     "check", ini, bad[i].arg1, bad[i].arg2, NULL);
+        rc = TU_KEEL(60000, "config", "check", ini, bad[i].arg1, bad[i].arg2);
         if (rc != 2 || strncmp(err, "keel: ", 6) != 0 ||
             strstr(err, bad[i].says) == NULL || out[0] != '\0')
             ck_abort_msg("case %zu: exit %d, stderr '%s', stdout '%.80s'",
                          i, rc, err, out);
     }
     unsetenv("TF_CONFIG");
-    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err,
-                             "config", "check", absent, NULL),
-                     2);
+    ck_assert_int_eq(TU_KEEL(60000, "config", "check", absent), 2);
     ck_assert_ptr_nonnull(strstr(err, "absent.ini"));
     ck_assert_str_eq(out, "");
     /* 16 workers, one per indented line (trailing commas and comments),
@@ -177,9 +164,8 @@ START_TEST(test_config_check_exits_2_on_every_error)
                                      3000 + i, i);
         tu_write_file(ini, text, used);
     }
-    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err,
-                             "config", "check", ini, "--task", "worker:15",
-                             NULL), 0);
+    ck_assert_int_eq(TU_KEEL(60000, "config", "check", ini, "--task",
+                             "worker:15"), 0);
     ck_assert_str_eq(err, "");
     ck_assert_ptr_nonnull(strstr(out, "127.0.0.1:3015"));
     ck_assert_ptr_nonnull(strstr(out, "this task: worker 15"));
@@ -196,66 +182,51 @@ START_TEST(test_more_verbs_parse_the_getopt_long_way)
     TU_SNPRINTF(cfg, sizeof cfg, "%s", tu_src_path("examples/fashion_mnist.ini"));
     tu_mkdtemp(dir, sizeof dir);
     /* --set=VALUE and -s VALUE reach the config */
-    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
-                             "config", "check", "--set=train.nosuch=1", cfg,
-                             NULL), 2);
+    ck_assert_int_eq(TU_KEEL(10000, "config", "check", "--set=train.nosuch=1",
+                             cfg), 2);
     ck_assert_ptr_nonnull(strstr(err, "unknown key 'nosuch' in [train]"));
-    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
-                             "config", "check", cfg, "-s", "train.nosuch=2",
-                             NULL), 2);
+    ck_assert_int_eq(TU_KEEL(10000, "config", "check", cfg, "-s",
+                             "train.nosuch=2"), 2);
     ck_assert_ptr_nonnull(strstr(err, "unknown key 'nosuch' in [train]"));
     /* unknown options, a missing argument, two operands */
-    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
-                             "config", "check", "-x", cfg, NULL), 2);
+    ck_assert_int_eq(TU_KEEL(10000, "config", "check", "-x", cfg), 2);
     ck_assert_ptr_nonnull(strstr(err, "keel: config check: unknown option "
                                  "'-x'"));
-    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
-                             "config", "check", cfg, "--task", NULL), 2);
+    ck_assert_int_eq(TU_KEEL(10000, "config", "check", cfg, "--task"), 2);
     ck_assert_ptr_nonnull(strstr(err, "keel: config check: --task needs "
                                  "TYPE:INDEX"));
-    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
-                             "config", "check", cfg, cfg, NULL), 2);
+    ck_assert_int_eq(TU_KEEL(10000, "config", "check", cfg, cfg), 2);
     ck_assert_ptr_nonnull(strstr(err, "takes one CONFIG file"));
     /* after "--", "-s" is the CONFIG operand */
-    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
-                             "config", "check", "--", "-s", NULL), 2);
+    ck_assert_int_eq(TU_KEEL(10000, "config", "check", "--", "-s"), 2);
     ck_assert_ptr_nonnull(strstr(err, "-s"));
     ck_assert_ptr_null(strstr(err, "needs"));
     /* keygen: --name=VALUE, and --name VALUE after the operand */
-    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
-                             "keygen", "--name=alpha", dir, NULL), 0);
+    ck_assert_int_eq(TU_KEEL(10000, "keygen", "--name=alpha", dir), 0);
     TU_SNPRINTF(key, sizeof key, "%s/alpha.key", dir);
     ck_assert_int_eq(stat(key, &sb), 0);
-    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
-                             "keygen", dir, "--name", "beta", NULL), 0);
+    ck_assert_int_eq(TU_KEEL(10000, "keygen", dir, "--name", "beta"), 0);
     TU_SNPRINTF(key, sizeof key, "%s/beta.key_secret", dir);
     ck_assert_int_eq(stat(key, &sb), 0);
     ck_assert_int_eq(sb.st_mode & 0777, 0600);
-    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
-                             "keygen", dir, "--name", NULL), 2);
+    ck_assert_int_eq(TU_KEEL(10000, "keygen", dir, "--name"), 2);
     ck_assert_ptr_nonnull(strstr(err, "keel: keygen: --name needs a NAME"));
-    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
-                             "keygen", "-q", dir, NULL), 2);
+    ck_assert_int_eq(TU_KEEL(10000, "keygen", "-q", dir), 2);
     ck_assert_ptr_nonnull(strstr(err, "keel: keygen: unknown option '-q'"));
     /* export and predict */
-    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
-                             "export", "--format=onnx", NULL), 2);
+    ck_assert_int_eq(TU_KEEL(10000, "export", "--format=onnx"), 2);
     ck_assert_ptr_nonnull(strstr(err, "keel: export needs CKPT"));
-    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
-                             "export", "a.h5", "--format", NULL), 2);
+    ck_assert_int_eq(TU_KEEL(10000, "export", "a.h5", "--format"), 2);
     ck_assert_ptr_nonnull(strstr(err, "keel: export: --format needs a "
                                  "value"));
-    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
-                             "export", "--bogus", "a.h5", NULL), 2);
+    ck_assert_int_eq(TU_KEEL(10000, "export", "--bogus", "a.h5"), 2);
     ck_assert_ptr_nonnull(strstr(err, "keel: export: unknown option "
                                  "'--bogus'"));
-    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
-                             "predict", "a.h5", "b.idx", "--labels", NULL),
-                     2);
+    ck_assert_int_eq(TU_KEEL(10000, "predict", "a.h5", "b.idx",
+                             "--labels"), 2);
     ck_assert_ptr_nonnull(strstr(err, "keel: predict: --labels needs a "
                                  "FILE"));
-    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
-                             "predict", "--json", "a.h5", NULL), 2);
+    ck_assert_int_eq(TU_KEEL(10000, "predict", "--json", "a.h5"), 2);
     ck_assert_ptr_nonnull(strstr(err, "predict needs CKPT and INPUT"));
     tu_rmrf(dir);
 }
@@ -263,27 +234,22 @@ END_TEST
 
 START_TEST(test_launch_program_usage_errors_exit_2)
 {
-    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
-                             "launch", "--", NULL), 2);
+    ck_assert_int_eq(TU_KEEL(10000, "launch", "--"), 2);
     ck_assert_ptr_nonnull(strstr(err, "keel: launch: -- needs a PROGRAM"));
-    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
-                             "launch", "job.ini", "--", "/bin/true", NULL), 2);
+    ck_assert_int_eq(TU_KEEL(10000, "launch", "job.ini", "--",
+                             "/bin/true"), 2);
     ck_assert_ptr_nonnull(strstr(err, "not both"));
-    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
-                             "launch", "-s", "train.seed=1", "--",
-                             "/bin/true", NULL), 2);
+    ck_assert_int_eq(TU_KEEL(10000, "launch", "-s", "train.seed=1", "--",
+                             "/bin/true"), 2);
     ck_assert_ptr_nonnull(strstr(err, "PROGRAM takes its own arguments"));
-    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
-                             "launch", "--", "keel-no-such-program-x", NULL),
-                     2);
+    ck_assert_int_eq(TU_KEEL(10000, "launch", "--",
+                             "keel-no-such-program-x"), 2);
     ck_assert_ptr_nonnull(strstr(err, "is not on PATH"));
-    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
-                             "launch", "--workers", "1",
+    ck_assert_int_eq(TU_KEEL(10000, "launch", "--workers", "1",
                              "--replicas-to-aggregate", "3", "--",
-                             "/bin/true", NULL), 2);
+                             "/bin/true"), 2);
     ck_assert_ptr_nonnull(strstr(err, "more than the 2 replicas"));
-    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
-                             "launch", "--async", "job.ini", NULL), 2);
+    ck_assert_int_eq(TU_KEEL(10000, "launch", "--async", "job.ini"), 2);
     ck_assert_ptr_nonnull(strstr(err, "are for -- PROGRAM"));
 }
 END_TEST
@@ -323,10 +289,9 @@ START_TEST(test_launch_program_gives_each_task_its_tf_config)
         ck_assert_int_eq(stat(log, &sb), 0);
     }
     /* the chief's failure is the run's (after its restarts) */
-    ck_assert_int_eq(tu_keel(30000, out, sizeof out, err, sizeof err,
-                             "launch", "--max-restarts", "0", "--no-status",
-                             "--output-dir", outdir, "--", "sh", "-c",
-                             "exit 3", NULL), 1);
+    ck_assert_int_eq(TU_KEEL(30000, "launch", "--max-restarts", "0",
+                             "--no-status", "--output-dir", outdir, "--", "sh",
+                             "-c", "exit 3"), 1);
     ck_assert_ptr_nonnull(strstr(err, "chief"));
     tu_rmrf(dir);
 }

@@ -1701,14 +1701,11 @@ START_TEST(test_cli_keygen)
     const char *dir = tu_path("clikeys");
     char path[4300];
     struct stat sb;
-    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
-                             "keygen", "--help", NULL), 0);
+    ck_assert_int_eq(TU_KEEL(10000, "keygen", "--help"), 0);
     ck_assert_ptr_nonnull(strstr(out, "usage: keel keygen"));
-    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
-                             "keygen", NULL), 2);
+    ck_assert_int_eq(TU_KEEL(10000, "keygen"), 2);
     ck_assert_ptr_nonnull(strstr(err, "keel: keygen: missing DIR"));
-    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
-                             "keygen", dir, "--name", "w3", NULL), 0);
+    ck_assert_int_eq(TU_KEEL(10000, "keygen", dir, "--name", "w3"), 0);
     ck_assert_ptr_nonnull(strstr(out, "public key: "));
     snprintf(path, sizeof path, "%s/w3.key_secret", dir);
     ck_assert_int_eq(stat(path, &sb), 0);
@@ -1720,11 +1717,9 @@ START_TEST(test_cli_keygen)
         ck_assert_ptr_null(strstr(err, secret));
         free(secret);
     }
-    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
-                             "keygen", dir, "--name", "w3", NULL), 2);
+    ck_assert_int_eq(TU_KEEL(10000, "keygen", dir, "--name", "w3"), 2);
     ck_assert_ptr_nonnull(strstr(err, "already exists"));
-    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
-                             "keygen", dir, "--bogus", NULL), 2);
+    ck_assert_int_eq(TU_KEEL(10000, "keygen", dir, "--bogus"), 2);
 }
 END_TEST
 
@@ -2368,24 +2363,6 @@ END_TEST
 
 /* ---- the public seam (keel/distributed.h) -------------------------------- */
 
-/* A spec of one ps and one chief on free ports, as task (type, 0). */
-static keel_cluster_spec *
-seam_spec(int ps_port, int chief_port, keel_task_type type)
-{
-    keel_cluster_spec *spec;
-    char a[64];
-    ck_assert_int_eq(keel_cluster_spec_new(&spec), KEEL_OK);
-    snprintf(a, sizeof a, "127.0.0.1:%d", ps_port);
-    ck_assert_int_eq(keel_cluster_spec_add_list(spec, KEEL_TASK_PS, a),
-                     KEEL_OK);
-    snprintf(a, sizeof a, "127.0.0.1:%d", chief_port);
-    ck_assert_int_eq(keel_cluster_spec_add_list(spec, KEEL_TASK_CHIEF, a),
-                     KEEL_OK);
-    ck_assert_int_eq(keel_cluster_spec_set_task(spec, type, 0), KEEL_OK);
-    ck_assert_int_eq(keel_cluster_spec_validate(spec), KEEL_OK);
-    return spec;
-}
-
 static keel_vars *
 seam_vars(void)
 {
@@ -2430,10 +2407,7 @@ seam_config(keel_training_config *cfg, keel_vars *vs, keel_hook *stop,
  * a3 = 2.71 g; w3 = -0.5 (1 + 1.9 + 2.71) g = -2.805 g. */
 START_TEST(test_seam_ps_run_and_training_session_on_a_cluster)
 {
-    int ps_port = tu_held_port(), chief_port = tu_held_port();
-    keel_cluster_spec *ps_spec = seam_spec(ps_port, chief_port, KEEL_TASK_PS);
-    keel_cluster_spec *chief_spec = seam_spec(ps_port, chief_port,
-                                              KEEL_TASK_CHIEF);
+    tu_cluster cl;
     keel_vars *ps_vs = seam_vars(), *vs = seam_vars();
     keel_optimizer_config mom;
     keel_cluster_options co;
@@ -2446,20 +2420,21 @@ START_TEST(test_seam_ps_run_and_training_session_on_a_cluster)
     char dir[256];
     struct stat sb;
 
+    tu_cluster_new(&cl, 0);
     keel_optimizer_config_init(&mom, KEEL_OPT_MOMENTUM);
     mom.schedule.learning_rate = 0.5;
     mom.momentum = 0.9;
     keel_cluster_options_init(&co);
     co.optimizer = &mom;
     co.orphan_secs = 30;                /* the test's own deadline */
-    tu_ps_start(&p, ps_spec, ps_vs, &co);
+    tu_ps_start(&p, cl.ps, ps_vs, &co);
 
     tu_mkdtemp(dir, sizeof dir);
     keel_stop_at_step_hook_config_init(&stop_cfg);
     stop_cfg.last_step = 3;
     ck_assert_int_eq(keel_stop_at_step_hook_new(&stop_cfg, &stop), KEEL_OK);
     seam_config(&cfg, vs, &stop, &mom);
-    cfg.cluster = chief_spec;
+    cfg.cluster = cl.chief;
     cfg.cluster_options = &co;
     cfg.checkpoint_dir = dir;
     cfg.save_checkpoint_steps = 100;
@@ -2487,8 +2462,7 @@ START_TEST(test_seam_ps_run_and_training_session_on_a_cluster)
     keel_hook_release(&stop);
     keel_vars_free(vs);
     keel_vars_free(ps_vs);
-    keel_cluster_spec_free(ps_spec);
-    keel_cluster_spec_free(chief_spec);
+    tu_cluster_free(&cl);
     tu_rmrf(dir);
 }
 END_TEST
@@ -2622,10 +2596,7 @@ END_TEST
 /* Wrong roles and options are named errors, nothing is started. */
 START_TEST(test_seam_rejects_wrong_roles_and_options)
 {
-    keel_cluster_spec *ps = seam_spec(tu_held_port(), tu_held_port(),
-                                      KEEL_TASK_PS);
-    keel_cluster_spec *chief = seam_spec(tu_held_port(), tu_held_port(),
-                                         KEEL_TASK_CHIEF);
+    tu_cluster cl;
     keel_cluster_spec *local;
     keel_vars *vs = seam_vars();
     keel_cluster_options co;
@@ -2633,31 +2604,33 @@ START_TEST(test_seam_rejects_wrong_roles_and_options)
     keel_training_config cfg;
     keel_session *s = NULL;
 
+    tu_cluster_new(&cl, 0);
     keel_cluster_options_init(&co);
-    ck_assert_int_eq(keel_ps_run(ps, vs, &co), KEEL_EINVAL);   /* no rule */
+    ck_assert_int_eq(keel_ps_run(cl.ps, vs, &co), KEEL_EINVAL); /* no rule */
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "optimizer is NULL"));
-    ck_assert_int_eq(keel_ps_run(chief, vs, &co), KEEL_EINVAL);
+    ck_assert_int_eq(keel_ps_run(cl.chief, vs, &co), KEEL_EINVAL);
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "not a ps"));
-    ck_assert_int_eq(keel_cluster_backend_new(ps, vs, &co, &b), KEEL_EINVAL);
+    ck_assert_int_eq(keel_cluster_backend_new(cl.ps, vs, &co, &b),
+                     KEEL_EINVAL);
     ck_assert_ptr_null(b);
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "keel_ps_run"));
     co.struct_size = 8;
-    ck_assert_int_eq(keel_cluster_backend_new(chief, vs, &co, &b),
+    ck_assert_int_eq(keel_cluster_backend_new(cl.chief, vs, &co, &b),
                      KEEL_EINVAL);
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "struct_size"));
     keel_cluster_options_init(&co);
     co.heartbeat_ms = co.dead_after_ms;
-    ck_assert_int_eq(keel_cluster_backend_new(chief, vs, &co, &b),
+    ck_assert_int_eq(keel_cluster_backend_new(cl.chief, vs, &co, &b),
                      KEEL_EINVAL);
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "heartbeat_ms"));
-    ck_assert_int_eq(keel_cluster_spec_is_ps(ps), 1);
-    ck_assert_int_eq(keel_cluster_spec_is_ps(chief), 0);
+    ck_assert_int_eq(keel_cluster_spec_is_ps(cl.ps), 1);
+    ck_assert_int_eq(keel_cluster_spec_is_ps(cl.chief), 0);
     ck_assert_int_eq(keel_cluster_spec_is_ps(NULL), 0);
 
     keel_training_config_init(&cfg);
     cfg.session.vars = vs;
     cfg.session.step = seam_step;
-    cfg.cluster = ps;
+    cfg.cluster = cl.ps;
     ck_assert_int_eq(keel_training_session_new(&cfg, &s), KEEL_EINVAL);
     ck_assert_ptr_null(s);
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "keel_ps_run"));
@@ -2682,8 +2655,7 @@ START_TEST(test_seam_rejects_wrong_roles_and_options)
     unsetenv("TF_CONFIG");
 
     keel_vars_free(vs);
-    keel_cluster_spec_free(ps);
-    keel_cluster_spec_free(chief);
+    tu_cluster_free(&cl);
 }
 END_TEST
 

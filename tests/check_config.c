@@ -412,21 +412,17 @@ START_TEST(test_cli_config_check_contract)
     static char out[65536], err[8192];
     const char *good = write_ini("[train]\nmax_steps = 5\n");
     const char *bad;
-    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
-                             "config", "check", good, "-s", "train.seed=3",
-                             NULL), 0);
+    ck_assert_int_eq(TU_KEEL(10000, "config", "check", good, "-s",
+                             "train.seed=3"), 0);
     ck_assert_ptr_nonnull(strstr(out, "valid"));
     ck_assert_ptr_nonnull(strstr(out, "max_steps"));
     bad = tu_path("bad.ini");
     tu_write_file(bad, "[train]\nmax_stpes = 5\n", 22);
-    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
-                             "config", "check", bad, NULL), 2);
+    ck_assert_int_eq(TU_KEEL(10000, "config", "check", bad), 2);
     ck_assert_ptr_nonnull(strstr(err, "keel: "));
     ck_assert_ptr_nonnull(strstr(err, "bad.ini:2"));
-    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
-                             "config", "check", NULL), 2);
-    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
-                             "config", "frob", NULL), 2);
+    ck_assert_int_eq(TU_KEEL(10000, "config", "check"), 2);
+    ck_assert_int_eq(TU_KEEL(10000, "config", "frob"), 2);
 }
 END_TEST
 
@@ -456,17 +452,14 @@ START_TEST(test_tf_config_model_dir_is_checkpoint_dir_unless_another)
     /* the CLI: TF_CONFIG's model_dir, and a conflict exits 2 */
     snprintf(tf, sizeof tf, "{\"model_dir\": \"%s\"}", tu_dir);
     setenv("TF_CONFIG", tf, 1);
-    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
-                             "config", "check", ini, NULL), 0);
+    ck_assert_int_eq(TU_KEEL(10000, "config", "check", ini), 0);
     ck_assert_ptr_nonnull(strstr(out, "TF_CONFIG model_dir"));
     other = tu_path("other");
-    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
-                             "config", "check", ini, "-s", "checkpoint.dir=x",
-                             NULL), 2);
+    ck_assert_int_eq(TU_KEEL(10000, "config", "check", ini, "-s",
+                             "checkpoint.dir=x"), 2);
     ck_assert_ptr_nonnull(strstr(err, "keel: TF_CONFIG model_dir"));
     setenv("OUTPUT_DIR", other, 1);
-    ck_assert_int_eq(tu_keel(10000, out, sizeof out, err, sizeof err,
-                             "train", ini, NULL), 2);
+    ck_assert_int_eq(TU_KEEL(10000, "train", ini), 2);
     ck_assert_ptr_nonnull(strstr(err, other));
     ck_assert_ptr_nonnull(strstr(err, tu_dir));
     ck_assert_ptr_nonnull(strstr(err, "$OUTPUT_DIR"));

@@ -214,14 +214,8 @@ log_tail(const cluster *c, const char *task)
 static double
 eval_accuracy(const char *dir)
 {
-    double acc = -1;
-    const char *p;
-    ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err,
-                             "eval", dir, "--json", NULL), 0);
-    p = strstr(out, "\"accuracy\": ");
-    ck_assert_ptr_nonnull(p);
-    ck_assert_int_eq(sscanf(p, "\"accuracy\": %lf", &acc), 1);
-    return acc;
+    ck_assert_int_eq(TU_KEEL(RUN_MS, "eval", dir, "--json"), 0);
+    return tu_json_number(out, "accuracy");
 }
 
 START_TEST(sync_1ps_2workers_trains_like_one_process)
@@ -242,8 +236,7 @@ START_TEST(sync_1ps_2workers_trains_like_one_process)
     /* the chief's checkpoints restore in one process */
     acc_cluster = eval_accuracy(tu_path("run"));
     TU_SNPRINTF(set, sizeof set, "checkpoint.dir=%s/single", tu_dir);
-    ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err,
-                             "train", cfg_path, "-s", set, NULL), 0);
+    ck_assert_int_eq(TU_KEEL(RUN_MS, "train", cfg_path, "-s", set), 0);
     acc_single = eval_accuracy(tu_path("single"));
     ck_assert_msg(acc_cluster >= acc_single - 0.05, "cluster accuracy %.3f "
                   "vs one process %.3f", acc_cluster, acc_single);
@@ -260,8 +253,7 @@ START_TEST(sync_rerun_is_bitwise_identical)
     run_into(&c, 1, 2, "r2", d1, sizeof d1, sets);
     TU_SNPRINTF(d1, sizeof d1, "%s/r1/model.ckpt-40.h5", tu_dir);
     TU_SNPRINTF(d2, sizeof d2, "%s/r2/model.ckpt-40.h5", tu_dir);
-    ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err,
-                             "ckpt", "diff", d1, d2, NULL), 0);
+    ck_assert_int_eq(TU_KEEL(RUN_MS, "ckpt", "diff", d1, d2), 0);
 }
 END_TEST
 
@@ -475,14 +467,12 @@ START_TEST(config_check_prints_the_role_from_tf_config_slurm_and_lists)
     ck_assert_int_eq(tu_run(check, NULL, RUN_MS, out, sizeof out, err,
                             sizeof err), 2);      /* lists need --task */
     ck_assert_msg(strstr(err, "--task") != NULL, "%s", err);
-    ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err,
-                             "config", "check", cfg_path, "-s",
+    ck_assert_int_eq(TU_KEEL(RUN_MS, "config", "check", cfg_path, "-s",
                              "cluster.ps=127.0.0.1:7000", "-s",
                              "cluster.workers=127.0.0.1:7001", "--task",
-                             "worker:0", NULL), 0);
+                             "worker:0"), 0);
     ck_assert_msg(strstr(out, "this task: worker 0") != NULL, "%s", out);
-    ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err,
-                             "config", "check", cfg_path, NULL), 0);
+    ck_assert_int_eq(TU_KEEL(RUN_MS, "config", "check", cfg_path), 0);
     ck_assert_msg(strstr(out, "cluster: none") != NULL, "%s", out);
 }
 END_TEST
@@ -501,12 +491,9 @@ START_TEST(curve_worker_without_allowed_key_cannot_join)
     long step, applied, dropped;
     TU_SNPRINTF(keys, sizeof keys, "%s/keys", tu_dir);
     TU_SNPRINTF(rogue, sizeof rogue, "%s/rogue", tu_dir);
-    ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err,
-                             "keygen", keys, "--name", "ps0", NULL), 0);
-    ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err,
-                             "keygen", keys, "--name", "worker0", NULL), 0);
-    ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err,
-                             "keygen", rogue, "--name", "worker1", NULL), 0);
+    ck_assert_int_eq(TU_KEEL(RUN_MS, "keygen", keys, "--name", "ps0"), 0);
+    ck_assert_int_eq(TU_KEEL(RUN_MS, "keygen", keys, "--name", "worker0"), 0);
+    ck_assert_int_eq(TU_KEEL(RUN_MS, "keygen", rogue, "--name", "worker1"), 0);
     TU_SNPRINTF(src, sizeof src, "%s/ps0.key", keys);
     TU_SNPRINTF(dst, sizeof dst, "%s/ps0.key", rogue);
     data = tu_read_file(src, &n);
@@ -631,9 +618,8 @@ START_TEST(micro_batches_give_identical_bits_for_1_2_and_4_workers)
     char d[4200], a[4200], b[4200];
     const char *const sets[] = { "train.micro_batch=8", d, NULL };
     TU_SNPRINTF(d, sizeof d, "checkpoint.dir=%s/m1", tu_dir);
-    ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err,
-                             "train", cfg_path, "-s", sets[0], "-s", d,
-                             NULL), 0);
+    ck_assert_int_eq(TU_KEEL(RUN_MS, "train", cfg_path, "-s", sets[0], "-s",
+                             d), 0);
     run_into(&c, 1, 2, "m2", d, sizeof d, sets);
     run_into(&c, 2, 4, "m4", d, sizeof d, sets);
     TU_SNPRINTF(a, sizeof a, "%s/m1/model.ckpt-40.h5", tu_dir);
@@ -646,9 +632,8 @@ START_TEST(micro_batches_give_identical_bits_for_1_2_and_4_workers)
                           "diff", a, b, NULL) == 0, "1 vs 4 workers: %s",
                   out);
     /* a micro-batch that does not divide a replica's part: exit 2 */
-    ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err,
-                             "train", cfg_path, "-s", "train.micro_batch=5",
-                             NULL), 2);
+    ck_assert_int_eq(TU_KEEL(RUN_MS, "train", cfg_path, "-s",
+                             "train.micro_batch=5"), 2);
 }
 END_TEST
 

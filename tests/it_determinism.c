@@ -96,8 +96,7 @@ assert_final_equal(const char *a, const char *b)
     TU_SNPRINTF(name, sizeof name, "model.ckpt-%d.h5", MAX_STEPS);
     TU_SNPRINTF(pa, sizeof pa, "%s/%s/%s", tu_dir, a, name);
     TU_SNPRINTF(pb, sizeof pb, "%s/%s/%s", tu_dir, b, name);
-    rc = tu_keel(RUN_MS, out, sizeof out, err, sizeof err, "ckpt", "diff",
-                 pa, pb, NULL);
+    rc = TU_KEEL(RUN_MS, "ckpt", "diff", pa, pb);
     ck_assert_msg(rc == 0, "keel ckpt diff %s %s exited %d:\n%s%s", pa, pb,
                   rc, out, err);
     ck_assert_ptr_nonnull(strstr(out, "identical: "));
@@ -265,8 +264,7 @@ START_TEST(test_one_to_four_replicas_give_the_same_bits_by_default)
                         names[a]);
             TU_SNPRINTF(pb, sizeof pb, "%s/%s/model.ckpt-6.h5", tu_dir,
                         names[b]);
-            rc = tu_keel(RUN_MS, out, sizeof out, err, sizeof err, "ckpt",
-                         "diff", pa, pb, NULL);
+            rc = TU_KEEL(RUN_MS, "ckpt", "diff", pa, pb);
             ck_assert_msg(rc == 0, "%d and %d replicas differ (exit %d):"
                           "\n%s%s", a + 1, b + 1, rc, out, err);
         }

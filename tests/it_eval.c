@@ -88,8 +88,7 @@ START_TEST(test_evaluator_follows_training_and_exits_0_at_final_step)
     ck_assert_msg(tu_wait_for_line(fd, "evaluator: watching", 15000, line,
                                    sizeof line),
                   "the evaluator never started");
-    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err,
-                             "train", cfg_path, NULL), 0);
+    ck_assert_int_eq(TU_KEEL(60000, "train", cfg_path), 0);
     /* every evaluation is of a newer checkpoint than the one before */
     while (prev < 40) {
         long step;
@@ -164,9 +163,9 @@ START_TEST(test_lease_keeps_a_checkpoint_from_the_chiefs_retention)
     keel_ckpt_lease *lease = NULL;
     char stale[256];
     /* 10 steps, max_to_keep 2: steps 0, 5, 10 */
-    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err,
-                             "train", cfg_path, "-s", "train.max_steps=10",
-                             "-s", "checkpoint.max_to_keep=2", NULL), 0);
+    ck_assert_int_eq(TU_KEEL(60000, "train", cfg_path, "-s",
+                             "train.max_steps=10", "-s",
+                             "checkpoint.max_to_keep=2"), 0);
     ck_assert_int_eq(access(tu_path("run/model.ckpt-0.h5"), F_OK), -1);
     ck_assert_int_eq(keel_ckpt_lease_take(run_dir, "model.ckpt-5.h5",
                                           &lease), KEEL_OK);
@@ -174,9 +173,9 @@ START_TEST(test_lease_keeps_a_checkpoint_from_the_chiefs_retention)
     TU_SNPRINTF(stale, sizeof stale, "run/.lease-%d.3-model.ckpt-10.h5",
                      (int)tu_dead_pid());
     tu_write_file(tu_path(stale), "", 0);
-    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err,
-                             "train", cfg_path, "-s", "train.max_steps=25",
-                             "-s", "checkpoint.max_to_keep=2", NULL), 0);
+    ck_assert_int_eq(TU_KEEL(60000, "train", cfg_path, "-s",
+                             "train.max_steps=25", "-s",
+                             "checkpoint.max_to_keep=2"), 0);
     ck_assert_int_eq(access(tu_path("run/model.ckpt-5.h5"), F_OK), 0);
     ck_assert_int_eq(access(tu_path("run/.deferred-model.ckpt-5.h5"), F_OK),
                      0);
@@ -184,18 +183,16 @@ START_TEST(test_lease_keeps_a_checkpoint_from_the_chiefs_retention)
     ck_assert_int_eq(access(tu_path(stale), F_OK), -1);
     ck_assert_int_eq(access(tu_path("run/model.ckpt-25.h5"), F_OK), 0);
     /* not listed, never the latest, still readable by its reader */
-    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "eval",
-                             run_dir, "--checkpoint",
-                             tu_path("run/model.ckpt-5.h5"), NULL), 0);
+    ck_assert_int_eq(TU_KEEL(60000, "eval", run_dir, "--checkpoint",
+                             tu_path("run/model.ckpt-5.h5")), 0);
     ck_assert_ptr_nonnull(strstr(out, "step 5: test loss"));
-    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "eval",
-                             run_dir, NULL), 0);
+    ck_assert_int_eq(TU_KEEL(60000, "eval", run_dir), 0);
     ck_assert_ptr_nonnull(strstr(out, "step 25: test loss"));
     /* released: the chief's next save deletes it */
     keel_ckpt_lease_release(lease);
-    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err,
-                             "train", cfg_path, "-s", "train.max_steps=30",
-                             "-s", "checkpoint.max_to_keep=2", NULL), 0);
+    ck_assert_int_eq(TU_KEEL(60000, "train", cfg_path, "-s",
+                             "train.max_steps=30", "-s",
+                             "checkpoint.max_to_keep=2"), 0);
     ck_assert_int_eq(access(tu_path("run/model.ckpt-5.h5"), F_OK), -1);
     ck_assert_int_eq(access(tu_path("run/.deferred-model.ckpt-5.h5"), F_OK),
                      -1);
@@ -238,9 +235,8 @@ START_TEST(test_launch_evaluator_end_to_end)
 {
     char *log;
     const char *ev_end, *chief_end;
-    ck_assert_int_eq(tu_keel(90000, out, sizeof out, err, sizeof err,
-                             "launch", cfg_path, "--ps", "1", "--workers",
-                             "1", "--evaluator", NULL), 0);
+    ck_assert_int_eq(TU_KEEL(90000, "launch", cfg_path, "--ps", "1",
+                             "--workers", "1", "--evaluator"), 0);
     ck_assert_ptr_nonnull(strstr(out, "launch | 1 ps, chief, 1 worker, "
                                       "evaluator;"));
     ck_assert_ptr_nonnull(strstr(out, "launch | started evaluator (pid "));
@@ -266,8 +262,7 @@ START_TEST(test_launch_evaluator_failure_keeps_the_chiefs_exit_status)
     /* no test set: the evaluator cannot start (a configuration error, not
      * restarted); the chief needs only the training set */
     ck_assert_int_eq(unlink(tu_path("t10k-images-idx3-ubyte")), 0);
-    ck_assert_int_eq(tu_keel(90000, out, sizeof out, err, sizeof err,
-                             "launch", cfg_path, "--evaluator", NULL), 0);
+    ck_assert_int_eq(TU_KEEL(90000, "launch", cfg_path, "--evaluator"), 0);
     ck_assert_ptr_nonnull(strstr(out, "launch | giving up on evaluator: "
                                       "exit status 2"));
     ck_assert_ptr_nonnull(strstr(out, "the exit status is the chief's"));

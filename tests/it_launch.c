@@ -677,8 +677,7 @@ START_TEST(test_launch_chief_prefixes_lines_and_keeps_logs)
     char outdir[4200];
     char *argv[] = { (char *)tu_build_path("keel"), "launch",
                      (char *)cfg_path, NULL };
-    ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err,
-                             "launch", cfg_path, NULL), 0);
+    ck_assert_int_eq(TU_KEEL(RUN_MS, "launch", cfg_path), 0);
     ck_assert_ptr_nonnull(strstr(out, "launch | started chief (pid "));
     ck_assert_ptr_nonnull(strstr(out, "chief | step 40 "));
     ck_assert_ptr_nonnull(strstr(out, "chief | trained steps 0..40"));
@@ -699,8 +698,7 @@ START_TEST(test_launch_chief_prefixes_lines_and_keeps_logs)
     ck_assert_int_ge(tu_file_size(tu_path("elsewhere/model.ckpt-40.h5")), 1);
     ck_assert_int_ge(tu_file_size(tu_path("elsewhere/logs/chief.log")), 1);
     /* and the evaluation of what the launched chief trained works */
-    ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err, "eval",
-                             tu_path("run"), NULL), 0);
+    ck_assert_int_eq(TU_KEEL(RUN_MS, "eval", tu_path("run")), 0);
     ck_assert_ptr_nonnull(strstr(out, "step 40: test loss"));
 }
 END_TEST
@@ -830,10 +828,8 @@ START_TEST(test_chief_failing_for_good_exits_1_naming_it)
     tu_write_file(tu_path("bad/train-labels-idx1-ubyte"), bad, 8 + 640);
     free(bad);
     TU_SNPRINTF(set, sizeof set, "data.dir=%s/bad", tu_dir);
-    ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err,
-                             "launch", cfg_path, "-s", set,
-                             "--max-restarts", "2", "--backoff", "0.01",
-                             NULL), 1);
+    ck_assert_int_eq(TU_KEEL(RUN_MS, "launch", cfg_path, "-s", set,
+                             "--max-restarts", "2", "--backoff", "0.01"), 1);
     ck_assert_ptr_nonnull(strstr(out, "chief | keel: train: IDX images"));
     ck_assert_ptr_nonnull(strstr(out, "restart 2 of 2"));
     ck_assert_ptr_nonnull(strstr(err, "keel: launch: chief failed 3 times"));
@@ -851,10 +847,9 @@ START_TEST(test_chaos_kills_chief_reproducibly_and_run_finishes)
         int kills = 0;
         TU_SNPRINTF(set, sizeof set, "checkpoint.dir=%s/chaos%d",
                          tu_dir, run);
-        ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err,
-                                 "launch", cfg_path, "-s", set, "-s",
+        ck_assert_int_eq(TU_KEEL(RUN_MS, "launch", cfg_path, "-s", set, "-s",
                                  "train.max_steps=600", "--chaos", "7,0.15",
-                                 "--max-restarts", "0", NULL), 0);
+                                 "--max-restarts", "0"), 0);
         gaps[run][0] = '\0';
         while ((p = strstr(p, "chaos | killed chief (pid ")) != NULL) {
             const char *g = strstr(p, "gap ");
@@ -963,9 +958,8 @@ START_TEST(test_sigterm_stops_a_cluster_with_a_final_checkpoint)
     {
         char set[64], want[128];
         TU_SNPRINTF(set, sizeof set, "train.max_steps=%lld", final + 5);
-        ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err,
-                                 "launch", cfg_path, "--ps", "1",
-                                 "--workers", "2", "-s", set, NULL), 0);
+        ck_assert_int_eq(TU_KEEL(RUN_MS, "launch", cfg_path, "--ps", "1",
+                                 "--workers", "2", "-s", set), 0);
         TU_SNPRINTF(want, sizeof want, "chief | resumed from %s at "
                          "step %lld", tu_path(name), final);
         ck_assert_msg(strstr(out, want) != NULL, "no '%s' in:\n%s", want,
@@ -1035,9 +1029,8 @@ END_TEST
 START_TEST(test_ps_and_two_workers_train_and_the_result_evaluates)
 {
     char *log;
-    ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err,
-                             "launch", cfg_path, "--ps", "1", "--workers",
-                             "2", NULL), 0);
+    ck_assert_int_eq(TU_KEEL(RUN_MS, "launch", cfg_path, "--ps", "1",
+                             "--workers", "2"), 0);
     ck_assert_ptr_nonnull(strstr(out, "launch | started ps.0 (pid "));
     ck_assert_ptr_nonnull(strstr(out, "launch | started worker.1 (pid "));
     ck_assert_ptr_nonnull(strstr(out, "ps.0 | "));
@@ -1069,16 +1062,9 @@ START_TEST(test_ps_and_two_workers_train_and_the_result_evaluates)
     ck_assert_ptr_null(strstr(log, "no authentication"));
     free(log);
     /* one process, no cluster: the checkpoint the cluster wrote */
-    ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err, "eval",
-                             tu_path("run"), "--json", NULL), 0);
+    ck_assert_int_eq(TU_KEEL(RUN_MS, "eval", tu_path("run"), "--json"), 0);
     ck_assert_ptr_nonnull(strstr(out, "\"step\": 40"));
-    {
-        double acc = 0;
-        const char *p = strstr(out, "\"accuracy\": ");
-        ck_assert_ptr_nonnull(p);
-        ck_assert_int_eq(sscanf(p, "\"accuracy\": %lf", &acc), 1);
-        ck_assert_msg(acc > 0.9, "accuracy %g", acc);
-    }
+    ck_assert_double_gt(tu_json_number(out, "accuracy"), 0.9);
 }
 END_TEST
 
@@ -1089,11 +1075,10 @@ START_TEST(test_chaos_killing_workers_mid_run_still_finishes)
          (p = strstr(p, "chaos | killed worker.")) != NULL; p++)
         kills++;
     ck_assert_int_eq(kills, 0);
-    ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err,
-                             "launch", cfg_path, "--ps", "1", "--workers",
-                             "2", "-s", "train.max_steps=1500", "--chaos",
-                             "3,0.3", "--chaos-targets", "worker",
-                             "--max-restarts", "0", NULL), 0);
+    ck_assert_int_eq(TU_KEEL(RUN_MS, "launch", cfg_path, "--ps", "1",
+                             "--workers", "2", "-s", "train.max_steps=1500",
+                             "--chaos", "3,0.3", "--chaos-targets", "worker",
+                             "--max-restarts", "0"), 0);
     for (const char *p = out;
          (p = strstr(p, "chaos | killed worker.")) != NULL; p++)
         kills++;
@@ -1267,22 +1252,18 @@ START_TEST(test_usage_and_config_errors_exit_2_before_starting)
         { "--frobnicate", NULL, NULL, NULL },
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err,
-                                 "launch", cfg_path, bad[i][0], bad[i][1],
-                                 bad[i][2], bad[i][3], NULL), 2);
+        ck_assert_int_eq(TU_KEEL(20000, "launch", cfg_path, bad[i][0],
+                                 bad[i][1], bad[i][2], bad[i][3]), 2);
         ck_assert_msg(strncmp(err, "keel: ", 6) == 0, "%s", err);
         ck_assert_msg(strstr(err, bad[i][0][0] == '-' && bad[i][0][1] == 's'
                               ? "max_stpes" : bad[i][0]) != NULL,
                       "'%s' not named in: %s", bad[i][0], err);
     }
-    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err,
-                             "launch", NULL), 2);
-    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err,
-                             "launch", tu_path("missing.ini"), NULL), 2);
+    ck_assert_int_eq(TU_KEEL(20000, "launch"), 2);
+    ck_assert_int_eq(TU_KEEL(20000, "launch", tu_path("missing.ini")), 2);
     /* nothing was started: no log directory */
     ck_assert_int_eq(tu_file_size(tu_path("run/logs")), -1);
-    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err,
-                             "launch", "--help", NULL), 0);
+    ck_assert_int_eq(TU_KEEL(20000, "launch", "--help"), 0);
     ck_assert_ptr_nonnull(strstr(out, "usage: keel launch CONFIG"));
 }
 END_TEST
@@ -1292,19 +1273,17 @@ END_TEST
 START_TEST(test_replica_counts_beyond_the_cluster_exit_2_at_once)
 {
     int64_t t0 = tu_now_ms();
-    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err,
-                             "launch", cfg_path, "--ps", "1", "--workers",
-                             "1", "-s", "cluster.replicas_to_aggregate=3",
-                             NULL), 2);
+    ck_assert_int_eq(TU_KEEL(20000, "launch", cfg_path, "--ps", "1",
+                             "--workers", "1", "-s",
+                             "cluster.replicas_to_aggregate=3"), 2);
     ck_assert_msg(tu_now_ms() - t0 < 10000, "took %lld ms",
                   (long long)(tu_now_ms() - t0));
     ck_assert_msg(strncmp(err, "keel: ", 6) == 0, "%s", err);
     ck_assert_msg(strstr(err, "replicas_to_aggregate 3 is more than the 2 "
                           "training replicas") != NULL, "%s", err);
-    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err,
-                             "launch", cfg_path, "--ps", "1", "--workers",
-                             "2", "-s", "cluster.total_num_replicas=2",
-                             NULL), 2);
+    ck_assert_int_eq(TU_KEEL(20000, "launch", cfg_path, "--ps", "1",
+                             "--workers", "2", "-s",
+                             "cluster.total_num_replicas=2"), 2);
     ck_assert_msg(strstr(err, "total_num_replicas 2 does not match the 3 "
                           "training replicas") != NULL, "%s", err);
     /* nothing was started: no log directory */
@@ -1318,14 +1297,8 @@ END_TEST
 static double
 eval_loss(const char *file)
 {
-    double loss = -1;
-    const char *p;
-    ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err, "eval",
-                             file, "--json", NULL), 0);
-    p = strstr(out, "\"loss\": ");
-    ck_assert_ptr_nonnull(p);
-    ck_assert_int_eq(sscanf(p, "\"loss\": %lf", &loss), 1);
-    return loss;
+    ck_assert_int_eq(TU_KEEL(RUN_MS, "eval", file, "--json"), 0);
+    return tu_json_number(out, "loss");
 }
 
 /* Launch 1 ps + chief + 2 workers with K-FAC in mode (40 steps), check it
@@ -1353,9 +1326,9 @@ kfac_cluster_run(const char *mode)
     ck_assert_msg(l40 < 0.67 * l0, "test loss %g at step 0, %g at 40", l0,
                   l40);
     /* the factors the cluster kept are in the checkpoint (not zero) */
-    ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err, "ckpt",
-                             "diff", tu_path("run/model.ckpt-0.h5"),
-                             tu_path("run/model.ckpt-40.h5"), NULL), 1);
+    ck_assert_int_eq(TU_KEEL(RUN_MS, "ckpt", "diff",
+                             tu_path("run/model.ckpt-0.h5"),
+                             tu_path("run/model.ckpt-40.h5")), 1);
     ck_assert_ptr_nonnull(strstr(out, "differs     dense_1/kfac_A "));
     ck_assert_ptr_nonnull(strstr(out, "differs     dense_1/kfac_G_inv "));
     ck_assert_ptr_nonnull(strstr(out, "differs     dense_1/kernel [slot "

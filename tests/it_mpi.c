@@ -118,8 +118,7 @@ ckpt_diff(const char *a, const char *b)
     char pa[4200], pb[4200];
     TU_SNPRINTF(pa, sizeof pa, "%s", tu_path(a));
     TU_SNPRINTF(pb, sizeof pb, "%s", tu_path(b));
-    return tu_keel(60000, out, sizeof out, err, sizeof err, "ckpt", "diff",
-                   pa, pb, NULL);
+    return TU_KEEL(60000, "ckpt", "diff", pa, pb);
 }
 
 START_TEST(test_two_ranks_train_and_restore_in_one_process)
@@ -136,8 +135,7 @@ START_TEST(test_two_ranks_train_and_restore_in_one_process)
                   tu_tail(err, 3000));
     /* the chief alone wrote; one process restores it */
     ck_assert_int_ge(tu_file_size(tu_path("run/model.ckpt-30.h5")), 1);
-    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "eval",
-                             tu_path("run"), NULL), 0);
+    ck_assert_int_eq(TU_KEEL(60000, "eval", tu_path("run")), 0);
     p = strstr(out, "accuracy ");
     ck_assert_msg(p != NULL && sscanf(p, "accuracy %lf", &acc) == 1, "%s",
                   out);
@@ -154,8 +152,7 @@ START_TEST(test_one_two_four_ranks_give_identical_bits)
     /* one rank: a plain process (a singleton MPI job) */
     char ckdir[4200];
     TU_SNPRINTF(ckdir, sizeof ckdir, "checkpoint.dir=%s", tu_path("r1"));
-    rc = tu_keel(120000, out, sizeof out, err, sizeof err, "train", cfg_path,
-                 "-s", ckdir, NULL);
+    rc = TU_KEEL(120000, "train", cfg_path, "-s", ckdir);
     ck_assert_msg(rc == 0, "1 rank: %d\n%s", rc, tu_tail(err, 3000));
     rc = mpirun_train(2, "r2", NULL);
     ck_assert_msg(rc == 0, "2 ranks: %d\n%s", rc, tu_tail(err, 3000));
@@ -219,9 +216,9 @@ START_TEST(test_killed_rank_restarts_all_from_the_checkpoint_bit_exact)
     pid_t launch, rank;
     char *p;
     TU_SNPRINTF(ckdir, sizeof ckdir, "checkpoint.dir=%s", tu_path("ref"));
-    rc = tu_keel(120000, out, sizeof out, err, sizeof err, "train", cfg_path,
-                 "-s", "model.hidden=512,512", "-s", "train.max_steps=300",
-                 "-s", "checkpoint.save_steps=50", "-s", ckdir, NULL);
+    rc = TU_KEEL(120000, "train", cfg_path, "-s", "model.hidden=512,512", "-s",
+                 "train.max_steps=300", "-s", "checkpoint.save_steps=50", "-s",
+                 ckdir);
     ck_assert_msg(rc == 0, "uninterrupted: %d\n%s", rc, tu_tail(err, 3000));
 
     TU_SNPRINTF(ckdir, sizeof ckdir, "checkpoint.dir=%s", tu_path("run"));
@@ -257,9 +254,8 @@ START_TEST(test_bad_setups_exit_2)
     char ckdir[4200];
     TU_SNPRINTF(ckdir, sizeof ckdir, "checkpoint.dir=%s", tu_path("bad"));
     /* 3 leaves: not a power of two */
-    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err,
-                             "train", cfg_path, "-s", ckdir, "-s",
-                             "train.leaves=3", NULL), 2);
+    ck_assert_int_eq(TU_KEEL(60000, "train", cfg_path, "-s", ckdir, "-s",
+                             "train.leaves=3"), 2);
     ck_assert_msg(strstr(err, "train.leaves = 3") != NULL, "%s", err);
     /* 3 ranks cannot split 4 leaves */
     ck_assert_int_eq(mpirun_train(3, "bad", NULL) != 0, 1);

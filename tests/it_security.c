@@ -488,11 +488,9 @@ START_TEST(curve_ps_refuses_a_raw_peer_and_trains_on)
     TU_SNPRINTF(keys, sizeof keys, "%s/keys", tu_dir);
     TU_SNPRINTF(rogue, sizeof rogue, "%s/rogue", tu_dir);
     for (int i = 0; i < 4; i++)
-        ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err,
-                                 "keygen", keys, "--name", names[i], NULL),
-                         0);
-    ck_assert_int_eq(tu_keel(RUN_MS, out, sizeof out, err, sizeof err,
-                             "keygen", rogue, "--name", "worker0", NULL), 0);
+        ck_assert_int_eq(TU_KEEL(RUN_MS, "keygen", keys, "--name",
+                                 names[i]), 0);
+    ck_assert_int_eq(TU_KEEL(RUN_MS, "keygen", rogue, "--name", "worker0"), 0);
     read_key(keys, "ps0.key", ps_pub);
     read_key(keys, "evaluator0.key", ev_pub);
     read_key(keys, "evaluator0.key_secret", ev_sec);

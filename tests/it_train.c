@@ -36,30 +36,20 @@ teardown(void)
 START_TEST(test_train_then_eval_learns_and_reports_json)
 {
     double acc = 0;
-    long long step = 0;
-    char *p;
-    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "train",
-                             cfg_path, NULL), 0);
+    ck_assert_int_eq(TU_KEEL(60000, "train", cfg_path), 0);
     ck_assert_ptr_nonnull(strstr(out, "step 40 "));
     ck_assert_ptr_nonnull(strstr(out, "trained steps 0..40"));
     ck_assert_int_ge(tu_file_size(tu_path("run/model.ckpt-40.h5")), 1);
     ck_assert_int_ge(tu_file_size(tu_path("run/checkpoint")), 1);
     ck_assert_int_ge(tu_file_size(tu_path("run/scalars.csv")), 1);
-    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "eval",
-                             cfg_path, "--json", NULL), 0);
-    p = strstr(out, "\"step\": ");
-    ck_assert_ptr_nonnull(p);
-    ck_assert_int_eq(sscanf(p, "\"step\": %lld", &step), 1);
-    ck_assert_int_eq(step, 40);
-    p = strstr(out, "\"accuracy\": ");
-    ck_assert_ptr_nonnull(p);
-    ck_assert_int_eq(sscanf(p, "\"accuracy\": %lf", &acc), 1);
+    ck_assert_int_eq(TU_KEEL(60000, "eval", cfg_path, "--json"), 0);
+    ck_assert_double_eq(tu_json_number(out, "step"), 40);
+    acc = tu_json_number(out, "accuracy");
     ck_assert_msg(acc > 0.9, "the synthetic task is easy: accuracy %g", acc);
     ck_assert_ptr_nonnull(strstr(out, "\"examples\": 200"));
     ck_assert_ptr_nonnull(strstr(out, "model.ckpt-40.h5"));
     /* eval DIR: the checkpoint carries the config */
-    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "eval",
-                             tu_path("run"), NULL), 0);
+    ck_assert_int_eq(TU_KEEL(60000, "eval", tu_path("run")), 0);
     ck_assert_ptr_nonnull(strstr(out, "step 40: test loss"));
 }
 END_TEST
@@ -68,32 +58,29 @@ END_TEST
  * widened on the command line is rebuilt as trained by `keel eval DIR`. */
 START_TEST(test_eval_dir_rebuilds_a_model_changed_by_overrides)
 {
-    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "train",
-                             cfg_path, "-s", "model.hidden=48", "-s",
-                             "train.max_steps=10", NULL), 0);
-    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "eval",
-                             tu_path("run"), NULL), 0);
+    ck_assert_int_eq(TU_KEEL(60000, "train", cfg_path, "-s", "model.hidden=48",
+                             "-s", "train.max_steps=10"), 0);
+    ck_assert_int_eq(TU_KEEL(60000, "eval", tu_path("run")), 0);
     ck_assert_ptr_nonnull(strstr(out, "step 10: test loss"));
     /* with the file alone the shapes differ: a configuration error that
      * names the shapes */
-    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "eval",
-                             cfg_path, NULL), 2);
+    ck_assert_int_eq(TU_KEEL(60000, "eval", cfg_path), 2);
     ck_assert_ptr_nonnull(strstr(err, "shape"));
 }
 END_TEST
 
 START_TEST(test_rerun_resumes_at_the_right_step)
 {
-    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "train",
-                             cfg_path, "-s", "train.max_steps=12", NULL), 0);
-    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "train",
-                             cfg_path, "-s", "train.max_steps=20", NULL), 0);
+    ck_assert_int_eq(TU_KEEL(60000, "train", cfg_path, "-s",
+                             "train.max_steps=12"), 0);
+    ck_assert_int_eq(TU_KEEL(60000, "train", cfg_path, "-s",
+                             "train.max_steps=20"), 0);
     ck_assert_ptr_nonnull(strstr(err, "resumed from"));
     ck_assert_ptr_nonnull(strstr(err, "model.ckpt-12.h5 at step 12"));
     ck_assert_ptr_nonnull(strstr(out, "trained steps 12..20"));
     /* at the limit already: nothing to do, still success */
-    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "train",
-                             cfg_path, "-s", "train.max_steps=20", NULL), 0);
+    ck_assert_int_eq(TU_KEEL(60000, "train", cfg_path, "-s",
+                             "train.max_steps=20"), 0);
 }
 END_TEST
 
@@ -158,8 +145,7 @@ check_kill_and_resume(const char *const ref_sets[],
     ck_assert_ptr_nonnull(strstr(err, "resumed from"));
     TU_SNPRINTF(ref_ckpt, sizeof ref_ckpt, "%s/ref/%s", tu_dir, ckpt);
     TU_SNPRINTF(run_ckpt, sizeof run_ckpt, "%s/%s/%s", tu_dir, dir, ckpt);
-    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "ckpt",
-                             "diff", ref_ckpt, run_ckpt, NULL), 0);
+    ck_assert_int_eq(TU_KEEL(60000, "ckpt", "diff", ref_ckpt, run_ckpt), 0);
 }
 
 START_TEST(test_sigkill_and_resume_is_bitwise_identical)
@@ -185,12 +171,10 @@ START_TEST(test_kfac_sigkill_and_resume_is_bitwise_identical)
     static const char *const kills[] = { "step 13 ", NULL };
     check_kill_and_resume(sets, sets, sets, "killed", kills,
                           "model.ckpt-60.h5");
-    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "eval",
-                             tu_path("killed"), NULL), 0);
+    ck_assert_int_eq(TU_KEEL(60000, "eval", tu_path("killed")), 0);
     ck_assert_ptr_nonnull(strstr(out, "accuracy"));
-    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err, "train",
-                             tu_path("job.ini"), "-s", "kfac.damping=0.1",
-                             NULL), 2);
+    ck_assert_int_eq(TU_KEEL(20000, "train", tu_path("job.ini"), "-s",
+                             "kfac.damping=0.1"), 2);
     ck_assert_msg(strstr(err, "kfac.damping") != NULL, "%s", err);
     ck_assert_ptr_nonnull(strstr(err, "optimizer.name = kfac"));
 }
@@ -219,11 +203,10 @@ START_TEST(test_no_periodic_saves_still_saves_at_start_and_end)
     char set_dir[4200];
     TU_SNPRINTF(set_dir, sizeof set_dir, "checkpoint.dir=%s/ends",
                      tu_dir);
-    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "train",
-                             cfg_path, "-s", set_dir, "-s",
+    ck_assert_int_eq(TU_KEEL(60000, "train", cfg_path, "-s", set_dir, "-s",
                              "checkpoint.save_steps=0", "-s",
                              "checkpoint.save_secs=0", "-s",
-                             "train.max_steps=7", NULL), 0);
+                             "train.max_steps=7"), 0);
     ck_assert_int_ge(tu_file_size(tu_path("ends/model.ckpt-0.h5")), 1);
     ck_assert_int_ge(tu_file_size(tu_path("ends/model.ckpt-7.h5")), 1);
     ck_assert_int_lt(tu_file_size(tu_path("ends/model.ckpt-5.h5")), 0);
@@ -241,11 +224,11 @@ START_TEST(test_nan_loss_stops_naming_the_step_and_keeps_the_last_good)
     const char *p;
     TU_SNPRINTF(set_dir, sizeof set_dir, "checkpoint.dir=%s/nan",
                      tu_dir);
-    int rc = tu_keel(60000, out, sizeof out, err, sizeof err, "train",
-                     cfg_path, "-s", set_dir, "-s", "optimizer.name=sgd",
-                     "-s", "optimizer.schedule=piecewise", "-s",
+    int rc = TU_KEEL(60000, "train", cfg_path, "-s", set_dir, "-s",
+                     "optimizer.name=sgd", "-s",
+                     "optimizer.schedule=piecewise", "-s",
                      "optimizer.boundaries=10", "-s",
-                     "optimizer.values=0.01,1000000", NULL);
+                     "optimizer.values=0.01,1000000");
     ck_assert_msg(rc == 1, "exit %d: %s", rc, tu_tail(err, 2000));
     p = strstr(err, "NaN loss during training (global step ");
     ck_assert_msg(p != NULL, "%s", tu_tail(err, 2000));
@@ -254,9 +237,8 @@ START_TEST(test_nan_loss_stops_naming_the_step_and_keeps_the_last_good)
     ck_assert_int_gt(nan_step, 10);
     ck_assert_int_lt(nan_step, 40);
     /* the step-10 checkpoint (lr 0.01 up to there) is intact */
-    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "ckpt",
-                             "verify", tu_path("nan/model.ckpt-10.h5"),
-                             NULL), 0);
+    ck_assert_int_eq(TU_KEEL(60000, "ckpt", "verify",
+                             tu_path("nan/model.ckpt-10.h5")), 0);
     /* the newest listed checkpoint predates the NaN and verifies */
     state = tu_read_file(tu_path("nan/checkpoint"), NULL);
     p = strstr(state, "model_checkpoint_path: \"");
@@ -271,8 +253,7 @@ START_TEST(test_nan_loss_stops_naming_the_step_and_keeps_the_last_good)
                          tu_dir, step);
     }
     free(state);
-    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "ckpt",
-                             "verify", latest, NULL), 0);
+    ck_assert_int_eq(TU_KEEL(60000, "ckpt", "verify", latest), 0);
 }
 END_TEST
 
@@ -282,26 +263,23 @@ START_TEST(test_bad_configs_exit_2_with_one_message)
     char text[512];
     /* typo'd key */
     tu_write_file(bad, "[train]\nmax_stpes = 3\n", 22);
-    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err, "train",
-                             bad, NULL), 2);
+    ck_assert_int_eq(TU_KEEL(20000, "train", bad), 2);
     ck_assert_ptr_nonnull(strstr(err, "keel: "));
     ck_assert_ptr_nonnull(strstr(err, "bad.ini:2"));
     ck_assert_ptr_nonnull(strstr(err, "max_stpes"));
     ck_assert_ptr_null(strchr(strchr(err, '\n') + 1, '\n'));   /* one line */
     /* wrong model name */
-    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err, "train",
-                             cfg_path, "-s", "model.type=resnet", NULL), 2);
+    ck_assert_int_eq(TU_KEEL(20000, "train", cfg_path, "-s",
+                             "model.type=resnet"), 2);
     ck_assert_ptr_nonnull(strstr(err, "softmax, mlp, cnn"));
     /* missing data file */
     TU_SNPRINTF(text, sizeof text, "[data]\ndir = %s/nodata\n[train]\n"
              "max_steps = 3\n[checkpoint]\ndir = %s/x\n", tu_dir, tu_dir);
     tu_write_file(bad, text, strlen(text));
-    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err, "train",
-                             bad, NULL), 2);
+    ck_assert_int_eq(TU_KEEL(20000, "train", bad), 2);
     ck_assert_ptr_nonnull(strstr(err, "nodata/train-images-idx3-ubyte"));
     /* eval with nothing trained yet is a runtime failure, not usage */
-    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err, "eval",
-                             cfg_path, NULL), 1);
+    ck_assert_int_eq(TU_KEEL(20000, "eval", cfg_path), 1);
     ck_assert_ptr_nonnull(strstr(err, "no valid checkpoint"));
 }
 END_TEST
@@ -335,30 +313,24 @@ START_TEST(test_mirrored_matches_one_device_and_restores_anywhere)
                 "threads = 1\n[checkpoint]\ndir = %s/one\nsave_steps = 3\n"
                 "[hooks]\nprogress = off\n", tu_dir, tu_dir);
     cnn = write_ini("cnn.ini", text);
-    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "train",
-                             cnn, NULL), 0);
+    ck_assert_int_eq(TU_KEEL(60000, "train", cnn), 0);
     TU_SNPRINTF(text, sizeof text, "checkpoint.dir=%s/mir", tu_dir);
-    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "train",
-                             cnn, "-s", text, "-s",
-                             "train.strategy=mirrored", NULL), 0);
-    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "ckpt",
-                             "diff", tu_path("one/model.ckpt-6.h5"),
-                             tu_path("mir/model.ckpt-6.h5"), NULL), 0);
-    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "eval",
-                             tu_path("mir"), NULL), 0);
+    ck_assert_int_eq(TU_KEEL(60000, "train", cnn, "-s", text, "-s",
+                             "train.strategy=mirrored"), 0);
+    ck_assert_int_eq(TU_KEEL(60000, "ckpt", "diff",
+                             tu_path("one/model.ckpt-6.h5"),
+                             tu_path("mir/model.ckpt-6.h5")), 0);
+    ck_assert_int_eq(TU_KEEL(60000, "eval", tu_path("mir")), 0);
     ck_assert_ptr_nonnull(strstr(out, "step 6: test loss"));
     /* one_device resumes the mirrored checkpoint */
-    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "train",
-                             cnn, "-s", text, "-s", "train.max_steps=8",
-                             NULL), 0);
+    ck_assert_int_eq(TU_KEEL(60000, "train", cnn, "-s", text, "-s",
+                             "train.max_steps=8"), 0);
     ck_assert_ptr_nonnull(strstr(err, "resumed from"));
     ck_assert_ptr_nonnull(strstr(err, "mir/model.ckpt-6.h5"));
     /* parameter_server (the chief and 1 ps) resumes it too */
-    ck_assert_int_eq(tu_keel(90000, out, sizeof out, err, sizeof err,
-                             "launch", cnn, "--ps", "1", "--workers", "0",
-                             "-s", text, "-s", "train.max_steps=10",
-                             "-s", "train.strategy=parameter_server", NULL),
-                     0);
+    ck_assert_int_eq(TU_KEEL(90000, "launch", cnn, "--ps", "1", "--workers",
+                             "0", "-s", text, "-s", "train.max_steps=10", "-s",
+                             "train.strategy=parameter_server"), 0);
     log = tu_read_file(tu_path("mir/logs/chief.log"), NULL);
     ck_assert_ptr_nonnull(log);
     ck_assert_msg(strstr(log, "mir/model.ckpt-8.h5") != NULL, "%s",
@@ -367,37 +339,36 @@ START_TEST(test_mirrored_matches_one_device_and_restores_anywhere)
     ck_assert_int_ge(tu_file_size(tu_path("mir/model.ckpt-10.h5")), 1);
     /* the MLP: mirrored reruns give the same bits */
     TU_SNPRINTF(text, sizeof text, "checkpoint.dir=%s/m1", tu_dir);
-    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "train",
-                             cfg_path, "-s", text, "-s", "train.max_steps=10",
-                             "-s", "train.strategy=mirrored", "-s",
-                             "train.replicas=4", NULL), 0);
+    ck_assert_int_eq(TU_KEEL(60000, "train", cfg_path, "-s", text, "-s",
+                             "train.max_steps=10", "-s",
+                             "train.strategy=mirrored", "-s",
+                             "train.replicas=4"), 0);
     TU_SNPRINTF(text, sizeof text, "checkpoint.dir=%s/m2", tu_dir);
-    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "train",
-                             cfg_path, "-s", text, "-s", "train.max_steps=10",
-                             "-s", "train.strategy=mirrored", "-s",
-                             "train.replicas=4", NULL), 0);
-    ck_assert_int_eq(tu_keel(60000, out, sizeof out, err, sizeof err, "ckpt",
-                             "diff", tu_path("m1/model.ckpt-10.h5"),
-                             tu_path("m2/model.ckpt-10.h5"), NULL), 0);
+    ck_assert_int_eq(TU_KEEL(60000, "train", cfg_path, "-s", text, "-s",
+                             "train.max_steps=10", "-s",
+                             "train.strategy=mirrored", "-s",
+                             "train.replicas=4"), 0);
+    ck_assert_int_eq(TU_KEEL(60000, "ckpt", "diff",
+                             tu_path("m1/model.ckpt-10.h5"),
+                             tu_path("m2/model.ckpt-10.h5")), 0);
     /* strategies that do not fit exit 2 with one message (with MPI: a
      * leaf count that does not fit; without: MPI missing) */
-    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err, "train",
-                             cfg_path, "-s", "train.strategy="
-                             "multi_worker_mirrored", "-s", "train.leaves=3",
-                             NULL), 2);
+    ck_assert_int_eq(TU_KEEL(20000, "train", cfg_path, "-s",
+                             "train.strategy=" "multi_worker_mirrored", "-s",
+                             "train.leaves=3"), 2);
     ck_assert_ptr_nonnull(strstr(err, "keel: "));
 #ifdef HAVE_MPI
     ck_assert_msg(strstr(err, "train.leaves = 3") != NULL, "%s", err);
 #else
     ck_assert_msg(strstr(err, "multi_worker_mirrored") != NULL, "%s", err);
 #endif
-    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err, "train",
-                             cfg_path, "-s", "algorithm.name=hogwild", "-s",
-                             "train.strategy=mirrored", NULL), 2);
+    ck_assert_int_eq(TU_KEEL(20000, "train", cfg_path, "-s",
+                             "algorithm.name=hogwild", "-s",
+                             "train.strategy=mirrored"), 2);
     ck_assert_ptr_nonnull(strstr(err, "algorithm.name = hogwild"));
-    ck_assert_int_eq(tu_keel(20000, out, sizeof out, err, sizeof err, "train",
-                             cfg_path, "-s", "train.strategy=mirrored", "-s",
-                             "train.replicas=3", NULL), 2);
+    ck_assert_int_eq(TU_KEEL(20000, "train", cfg_path, "-s",
+                             "train.strategy=mirrored", "-s",
+                             "train.replicas=3"), 2);
     ck_assert_ptr_nonnull(strstr(err, "train.replicas = 3"));
 }
 END_TEST

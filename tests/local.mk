@@ -3,16 +3,12 @@
 # it_determinism: bitwise-identical final checkpoints for reruns and for
 # kill-and-resume of the ps, a worker and the chief under keel launch.
 if HAVE_CHECK
-check_PROGRAMS += tests/it_determinism
-TESTS += tests/it_determinism
-tests_it_determinism_SOURCES = tests/it_determinism.c
-tests_it_determinism_CFLAGS = $(TEST_CFLAGS)
-tests_it_determinism_LDADD = $(TEST_LIBS)
+SUITES += tests/it_determinism
 endif
 
 # The chaos soak (`make check-long`; KEEL_SOAK_MINUTES, default 30).
 LONG_TESTS += tests/soak_chaos.sh
-EXTRA_DIST += tests/soak_chaos.sh
+EXTRA_DIST += tests/soak_chaos.sh tests/common.sh
 
 # Every update rule survives a worker and a ps SIGKILL (`make check-long`,
 # docs/algorithms.md "Kills").

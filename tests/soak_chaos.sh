@@ -22,14 +22,8 @@ DATA=${KEEL_SOAK_DATA:-/usr/share/datasets/fashion-mnist}
 say() { printf 'soak: %s\n' "$*"; }
 die() { printf 'soak: FAIL: %s\n' "$*" >&2; FAILED=1; }
 
-if [ ! -x "$KEEL" ]; then
-    say "no keel binary at $KEEL (set KEEL_BUILDDIR)"; exit 99
-fi
-if [ ! -r "$DATA/train-images-idx3-ubyte.gz" ] &&
-   [ ! -r "$DATA/train-images-idx3-ubyte" ]; then
-    say "skipped: no Fashion-MNIST in $DATA (apt-get install dataset-fashion-mnist)"
-    exit 77
-fi
+. "$(dirname "$0")/common.sh"
+keel_require_fashion_mnist "$DATA"
 case $MINUTES in
     ''|*[!0-9.]*) say "KEEL_SOAK_MINUTES='$MINUTES' is not a number"; exit 99;;
 esac

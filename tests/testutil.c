@@ -636,3 +636,61 @@ tu_ps_join(tu_ps *p)
     pthread_join(p->thread, NULL);
     return p->st;
 }
+
+/* The spec of a cluster of one ps, the chief and, when worker_port > 0,
+ * one worker at those ports, as task (type, 0). */
+static keel_cluster_spec *
+loopback_spec(int ps_port, int chief_port, int worker_port,
+              keel_task_type type)
+{
+    const struct { keel_task_type type; int port; } tasks[] = {
+        { KEEL_TASK_PS, ps_port }, { KEEL_TASK_CHIEF, chief_port },
+        { KEEL_TASK_WORKER, worker_port },
+    };
+    keel_cluster_spec *spec;
+    char a[64];
+    ck_assert_int_eq(keel_cluster_spec_new(&spec), KEEL_OK);
+    for (size_t i = 0; i < sizeof tasks / sizeof *tasks; i++) {
+        if (tasks[i].port <= 0)
+            continue;
+        TU_SNPRINTF(a, sizeof a, "127.0.0.1:%d", tasks[i].port);
+        ck_assert_int_eq(keel_cluster_spec_add_list(spec, tasks[i].type, a),
+                         KEEL_OK);
+    }
+    ck_assert_int_eq(keel_cluster_spec_set_task(spec, type, 0), KEEL_OK);
+    ck_assert_int_eq(keel_cluster_spec_validate(spec), KEEL_OK);
+    return spec;
+}
+
+void
+tu_cluster_new(tu_cluster *c, int with_worker)
+{
+    int ps = tu_held_port(), chief = tu_held_port();
+    int worker = with_worker ? tu_held_port() : 0;
+    c->ps = loopback_spec(ps, chief, worker, KEEL_TASK_PS);
+    c->chief = loopback_spec(ps, chief, worker, KEEL_TASK_CHIEF);
+    c->worker = with_worker ? loopback_spec(ps, chief, worker,
+                                            KEEL_TASK_WORKER) : NULL;
+}
+
+void
+tu_cluster_free(tu_cluster *c)
+{
+    keel_cluster_spec_free(c->ps);
+    keel_cluster_spec_free(c->chief);
+    keel_cluster_spec_free(c->worker);
+}
+
+double
+tu_json_number(const char *json, const char *key)
+{
+    char field[128];
+    const char *p;
+    double x = 0;
+    TU_SNPRINTF(field, sizeof field, "\"%s\": ", key);
+    p = strstr(json, field);
+    ck_assert_msg(p != NULL, "no %s in %s", field, tu_tail(json, 2000));
+    ck_assert_msg(sscanf(p + strlen(field), "%lf", &x) == 1,
+                  "%s is no number in %s", field, tu_tail(json, 2000));
+    return x;
+}

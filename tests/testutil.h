@@ -49,6 +49,10 @@ int tu_run(char *const argv[], char *const env[], int timeout_ms,
  * NULL). */
 int tu_keel(int timeout_ms, char *out, size_t out_size, char *err,
             size_t err_size, ...);
+/* tu_keel(timeout_ms, out, sizeof out, err, sizeof err, ..., NULL): the
+ * arrays named out and err in the caller's scope capture the output. */
+#define TU_KEEL(timeout_ms, ...)                                          \
+    tu_keel(timeout_ms, out, sizeof out, err, sizeof err, __VA_ARGS__, NULL)
 
 /* Start a child (stdout+stderr to log_path, or /dev/null if NULL); it is
  * registered and killed + reaped by tu_teardown() whatever happens. */
@@ -96,6 +100,10 @@ void tu_write_idx_dataset(const char *prefix, int n, uint32_t seed);
 const char *tu_setup_job(const char *tail_fmt, ...)
     __attribute__((format(printf, 1, 2)));
 
+/* The number after the first "key": in json (keel's --json output: one
+ * space after the colon); fails the test when there is none. */
+double tu_json_number(const char *json, const char *key);
+
 /* The last n bytes of s (all of s when shorter): for assertion messages,
  * which Check cuts off (with no message at all) past about 4 KiB. */
 const char *tu_tail(const char *s, size_t n);
@@ -125,6 +133,17 @@ typedef struct tu_ps {
 void tu_ps_start(tu_ps *p, const keel_cluster_spec *spec,
                  const keel_vars *vs, const keel_cluster_options *opts);
 keel_status tu_ps_join(tu_ps *p);
+
+/* One cluster on 127.0.0.1, on ports from tu_held_port(): one ps, the
+ * chief and, when with_worker, one worker. Each member is the validated
+ * spec as seen by that task (index 0); worker is NULL without one.
+ * tu_cluster_new fails the test on any error; tu_cluster_free frees every
+ * spec. */
+typedef struct tu_cluster {
+    keel_cluster_spec *ps, *chief, *worker;
+} tu_cluster;
+void tu_cluster_new(tu_cluster *c, int with_worker);
+void tu_cluster_free(tu_cluster *c);
 
 /* A keel_clock function that reads the int64_t its ctx points to: a clock
  * the test sets by hand ({ tu_clock_read, &now_ns }). */

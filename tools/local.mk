@@ -3,33 +3,17 @@ keel_SOURCES += tools/cmd_config.c tools/cmd_train.c tools/cmd_ckpt.c \
 	tools/cmd_keygen.c tools/cmd_launch.c tools/cmd_export.c
 
 if HAVE_CHECK
-check_PROGRAMS += tests/it_train
-TESTS += tests/it_train
-tests_it_train_SOURCES = tests/it_train.c
-tests_it_train_CFLAGS = $(TEST_CFLAGS)
-tests_it_train_LDADD = $(TEST_LIBS)
+SUITES += tests/it_train
 
 # it_mpi: multi_worker_mirrored under mpirun and keel launch (skipped
 # without MPI).
-check_PROGRAMS += tests/it_mpi
-TESTS += tests/it_mpi
-tests_it_mpi_SOURCES = tests/it_mpi.c
-tests_it_mpi_CFLAGS = $(TEST_CFLAGS)
-tests_it_mpi_LDADD = $(TEST_LIBS)
+SUITES += tests/it_mpi
 
 # it_eval: the evaluator task, read leases, TF_CONFIG model_dir and
 # `keel launch --evaluator` with real processes.
-check_PROGRAMS += tests/it_eval
-TESTS += tests/it_eval
-tests_it_eval_SOURCES = tests/it_eval.c
-tests_it_eval_CFLAGS = $(TEST_CFLAGS)
-tests_it_eval_LDADD = $(TEST_LIBS)
+SUITES += tests/it_eval
 
-check_PROGRAMS += tests/check_cli
-TESTS += tests/check_cli
-tests_check_cli_SOURCES = tests/check_cli.c
-tests_check_cli_CFLAGS = $(TEST_CFLAGS)
-tests_check_cli_LDADD = $(TEST_LIBS)
+SUITES += tests/check_cli
 endif
 
 # examples/custom_step: a user's own model and step on the public API,

@@ -6,25 +6,19 @@ pkginclude_HEADERS += include/keel/train.h
 
 # Throughput / accuracy benchmark (bench/train.sh runs it); not installed.
 EXTRA_PROGRAMS += bench/train_bench
-bench_train_bench_SOURCES = bench/train_bench.c bench/bench_util.c bench/bench_util.h
+bench_train_bench_SOURCES = bench/train_bench.c $(BENCH_UTIL)
 bench_train_bench_CPPFLAGS = $(AM_CPPFLAGS) $(OPENBLAS_CFLAGS)
 bench_train_bench_LDADD = libkeel_core.la
 
 # K-FAC's per-step cost against Adam (bench/kfac.sh runs it); not installed.
 EXTRA_PROGRAMS += bench/kfac_bench
-bench_kfac_bench_SOURCES = bench/kfac_bench.c bench/bench_util.c bench/bench_util.h
+bench_kfac_bench_SOURCES = bench/kfac_bench.c $(BENCH_UTIL)
 bench_kfac_bench_LDADD = libkeel_core.la
 
 if HAVE_CHECK
-check_PROGRAMS += tests/check_core
-TESTS += tests/check_core
-tests_check_core_SOURCES = tests/check_core.c
-tests_check_core_CFLAGS = $(TEST_CFLAGS)
-tests_check_core_LDADD = $(TEST_LIBS)
+SUITES += tests/check_core
 
-check_PROGRAMS += tests/check_train
-TESTS += tests/check_train
-tests_check_train_SOURCES = tests/check_train.c
+SUITES += tests/check_train
 tests_check_train_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/train
 tests_check_train_CFLAGS = $(TEST_CFLAGS) $(HDF5_CFLAGS) $(ZLIB_CFLAGS)
 tests_check_train_LDADD = $(TEST_LIBS) $(HDF5_LIBS) $(ZLIB_LIBS)

@@ -1,0 +1,42 @@
+# tests/common.sh - sourced (POSIX sh) by the long tests and by
+# bench/algorithms_accuracy.sh: the update rules, the checks that start a
+# Fashion-MNIST run and the MLP job the rule comparisons share.
+# shellcheck shell=sh
+
+# Every update rule (docs/algorithms.md).
+# shellcheck disable=SC2034
+KEEL_ALL_RULES="sync async hogwild downpour downpour_easy agn sagn adag dynsgd easgd aeasgd aeamsgd model_averaging"
+
+# Needs $KEEL (the keel binary) and say() (one line on stdout). Exits 99
+# (a hard error) when $KEEL is not executable, 77 (skipped) when the
+# directory $1 holds no Fashion-MNIST training images (plain or gzipped).
+keel_require_fashion_mnist() {
+    if [ ! -x "$KEEL" ]; then
+        say "no keel binary at $KEEL (set KEEL_BUILDDIR)"; exit 99
+    fi
+    if [ ! -r "$1/train-images-idx3-ubyte.gz" ] &&
+       [ ! -r "$1/train-images-idx3-ubyte" ]; then
+        say "skipped: no Fashion-MNIST in $1 (apt-get install dataset-fashion-mnist)"
+        exit 77
+    fi
+}
+
+# The rule comparisons' job on stdout: the MLP 784-256-256-10 on the
+# Fashion-MNIST in directory $1, plain SGD at 0.1, batch 64, seed 0, one
+# thread. The text ends inside [train]; the caller appends the rest.
+keel_rules_mlp_ini() {
+    cat <<INI
+[model]
+type = mlp
+hidden = 256,256
+[data]
+dir = $1
+[optimizer]
+name = sgd
+learning_rate = 0.1
+[train]
+batch_size = 64
+seed = 0
+threads = 1
+INI
+}
