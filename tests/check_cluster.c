@@ -2473,8 +2473,7 @@ END_TEST
  * pushes of g = (1, 1): w = (1, 2) - 2 x 0.5 x (1, 1) = (0, 1), step 2. */
 START_TEST(test_ps_refuses_updates_from_an_earlier_generation)
 {
-    int ps_port = tu_held_port(), chief_port = tu_held_port();
-    keel_cluster_spec *ps_spec = seam_spec(ps_port, chief_port, KEEL_TASK_PS);
+    tu_cluster cl;
     keel_vars *ps_vs = seam_vars(), *vs = seam_vars();
     keel_optimizer_config sgd;
     keel_cluster_options co;
@@ -2495,8 +2494,10 @@ START_TEST(test_ps_refuses_updates_from_an_earlier_generation)
     co.optimizer = &sgd;
     co.orphan_secs = 30;
     co.token = NULL;
-    tu_ps_start(&p, ps_spec, ps_vs, &co);
-    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", ps_port);
+    tu_cluster_new(&cl, 0);
+    tu_ps_start(&p, cl.ps, ps_vs, &co);
+    snprintf(ep, sizeof ep, "tcp://%s",
+             keel_cluster_spec_address(cl.ps, KEEL_TASK_PS, 0));
     ck_assert_int_eq(keel__wire_client_new(ep, NULL, KEEL_TASK_CHIEF, 0, &c),
                      KEEL_OK);
     w[0] = 1.0f;
@@ -2553,7 +2554,7 @@ START_TEST(test_ps_refuses_updates_from_an_earlier_generation)
     keel_tensor_release(&g);
     keel_vars_free(vs);
     keel_vars_free(ps_vs);
-    keel_cluster_spec_free(ps_spec);
+    tu_cluster_free(&cl);
 }
 END_TEST
 
