@@ -15,6 +15,7 @@
 
 #include "util.h"
 #include "session_int.h"
+#include "step_pool.h"
 #include "../train/train_int.h"
 
 struct keel_step {
@@ -37,6 +38,9 @@ typedef struct replicas {
     keel__values values[KEEL_MAX_REPLICAS];
     keel_status status[KEEL_MAX_REPLICAS];
     char error[KEEL_MAX_REPLICAS][256];
+    /* the reduction zeroes what it read: a replica's store is zero
+     * before its step unless its last step failed (dirty) */
+    int dirty[KEEL_MAX_REPLICAS];
     keel_session *s;
 } replicas;
 
@@ -178,6 +182,12 @@ keel_step_num_replicas(const keel_step *st)
     return st->n_replicas;
 }
 
+keel__pool *
+keel__step_pool(const keel_step *st)
+{
+    return st->s->rep != NULL ? st->s->rep->pool : NULL;
+}
+
 int64_t
 keel_step_global_step(const keel_step *st)
 {
@@ -257,7 +267,9 @@ replica_worker(void *ctx, int t)
     replicas *r = ctx;
     int T = keel__pool_threads(r->pool);
     for (int i = t; i < r->n; i += T) {
-        keel_grads_zero(r->grads[i]);
+        if (r->dirty[i])
+            keel_grads_zero(r->grads[i]);
+        r->dirty[i] = 1;             /* until the reduction zeroes it */
         r->status[i] = r->s->step(r->s->step_ctx, &r->st[i]);
         if (r->status[i] != KEEL_OK)
             snprintf(r->error[i], sizeof r->error[i], "%s",
@@ -269,8 +281,13 @@ replica_worker(void *ctx, int t)
     }
 }
 
+/* Floats a reduce worker sums before zeroing the replicas' copies of
+ * them: the lines just read are still in L1 when they are zeroed. */
+#define REDUCE_CHUNK 2048
+
 /* Thread t's share of every gradient: the replicas' gradients added along
- * the tree whose leaf i is replica i, into the session's. */
+ * the tree whose leaf i is replica i, into the session's; the replicas'
+ * shares zeroed behind it for their next step (one pass, not two). */
 static void
 reduce_worker(void *ctx, int t)
 {
@@ -295,9 +312,13 @@ reduce_worker(void *ctx, int t)
         hi = t + 1 == T ? dst->count
                         : (dst->count * (size_t)(t + 1) / (size_t)T) &
                               ~(size_t)15;
-        if (lo < hi)
-            (void)keel__tree_sum(r->n, nodes, parts, r->n, dst->data, lo,
-                                 hi);
+        for (size_t c = lo; c < hi; c += REDUCE_CHUNK) {
+            size_t e = hi - c < REDUCE_CHUNK ? hi : c + REDUCE_CHUNK;
+            (void)keel__tree_sum(r->n, nodes, parts, r->n, dst->data, c, e);
+            for (int i = 0; i < r->n; i++)
+                memset(keel_grads_at(r->grads[i], v)->data + c, 0,
+                       (e - c) * sizeof(float));
+        }
     }
 }
 
@@ -326,6 +347,8 @@ replicas_step(keel_session *s, const void *batch, int64_t gs)
                               r->error[i]);
     }
     keel__pool_run(r->pool, reduce_worker, r);
+    for (int i = 0; i < r->n; i++)
+        r->dirty[i] = 0;
     for (size_t k = 0; k < t0->n; k++) {
         double sum = 0.0;
         keel_status st;
@@ -1086,7 +1109,15 @@ run_once(keel_session *s, const void *batch, int with_hooks)
                               rc->requested_by[i] ? rc->requested_by[i] : "?",
                               v->name, (long long)gs);
     }
-    if (!s->st.is_applied && s->updater.apply != NULL) {
+    if (!s->st.is_applied && s->updater.apply == optimizer_apply &&
+        s->rep != NULL) {
+        // keel's optimizer on the replicas' idle threads: the same bits
+        st = keel__optimizer_apply_pooled(s->updater.ctx, s->vars, s->grads,
+                                          gs, 0, s->rep->pool);
+        if (st != KEEL_OK)
+            return keel__wrap(st, "apply gradients at step %lld",
+                              (long long)gs);
+    } else if (!s->st.is_applied && s->updater.apply != NULL) {
         st = s->updater.apply(s->updater.ctx, s->vars, s->grads, gs);
         if (st != KEEL_OK)
             return keel__wrap(st, "apply gradients at step %lld",
