@@ -41,6 +41,8 @@ typedef struct replicas {
     /* the reduction zeroes what it read: a replica's store is zero
      * before its step unless its last step failed (dirty) */
     int dirty[KEEL_MAX_REPLICAS];
+    int reduced;                    /* the last round reached its reduce */
+    keel__spin_barrier bar;         /* steps done, before the reduce */
     keel_session *s;
 } replicas;
 
@@ -255,12 +257,14 @@ replicas_new(keel_session *s, int n)
         replicas_free(r);
         return keel__wrap(st, "session: %d replica threads", n);
     }
+    r->bar.n = keel__pool_threads(r->pool);
     s->rep = r;
     return KEEL_OK;
 }
 
-/* Thread t runs replicas t, t + T, ...: zeroes their gradients and calls
- * the step, keeping its status and message (messages are per thread). */
+/* Thread t runs replicas t, t + T, ...: zeroes their gradients if a
+ * failed step left them unreduced and calls the step, keeping its status
+ * and message (messages are per thread). */
 static void
 replica_worker(void *ctx, int t)
 {
@@ -322,6 +326,23 @@ reduce_worker(void *ctx, int t)
     }
 }
 
+/* One pool run per step: every thread steps its replicas, all meet at the
+ * barrier, then (every step succeeded) each reduces its share. */
+static void
+round_worker(void *ctx, int t)
+{
+    replicas *r = ctx;
+    replica_worker(ctx, t);
+    if (r->bar.n > 1)
+        keel__spin_barrier_wait(&r->bar);
+    for (int i = 0; i < r->n; i++)
+        if (r->status[i] != KEEL_OK || r->st[i].is_applied)
+            return;
+    reduce_worker(ctx, t);
+    if (t == 0)
+        r->reduced = 1;
+}
+
 /* One step on every replica, then their gradients reduced into the
  * session's and their values averaged into the session's. */
 static keel_status
@@ -337,7 +358,8 @@ replicas_step(keel_session *s, const void *batch, int64_t gs)
         r->error[i][0] = 0;
         r->values[i].gen++;
     }
-    keel__pool_run(r->pool, replica_worker, r);
+    r->reduced = 0;
+    keel__pool_run(r->pool, round_worker, r);
     for (int i = 0; i < r->n; i++) {
         if (r->status[i] != KEEL_OK)
             return keel__fail(r->status[i], "replica %d of %d: %s", i, r->n,
@@ -346,9 +368,8 @@ replicas_step(keel_session *s, const void *batch, int64_t gs)
             return keel__fail(KEEL_EINVAL, "replica %d of %d: %s", i, r->n,
                               r->error[i]);
     }
-    keel__pool_run(r->pool, reduce_worker, r);
     for (int i = 0; i < r->n; i++)
-        r->dirty[i] = 0;
+        r->dirty[i] = !r->reduced;
     for (size_t k = 0; k < t0->n; k++) {
         double sum = 0.0;
         keel_status st;

@@ -51,8 +51,9 @@ keel__tree_cover(int64_t n, int64_t lo, int64_t hi, keel__tree_node *out,
     return cover(0, n, lo, hi, out, 0, max);
 }
 
-/* Floats per block: a block of every level's partial sum stays in L1. */
-#define BLOCK 128
+/* Floats per block: the blocks of the levels in use stay in L1; the
+ * scratch is KEEL__TREE_MAX_DEPTH blocks on the caller's stack (64 KiB). */
+#define BLOCK 256
 
 /* out[i] = a[i] + b[i]: one rounding per element, the same bits on every
  * clone. out may be a or b (the same element is read before written). */
