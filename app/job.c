@@ -25,6 +25,7 @@
 #include "util.h"
 #include "app_int.h"
 #include "../train/train_int.h"
+#include "../session/step_pool.h"
 
 #define ITER_BLOB "data_iterator"
 
@@ -39,6 +40,8 @@ typedef struct job {
      * model; the others share its variables) on its slice of the batch */
     int replicas;
     keel_model *rmodel[KEEL_MAX_REPLICAS];
+    keel__pool *rpool;            /* the session's replica threads (set by
+                                   * replica 0 each step), for the update */
     keel_optimizer *opt;          /* NULL with kfac */
     keel_kfac *kfac;              /* optimizer.name = kfac */
     keel_lr_schedule schedule;    /* the learning rate, either way */
@@ -611,8 +614,10 @@ replica_step(job *j, keel_step *stp, const keel_batch *b)
                          j->global_batch, keel_step_grads(stp), &stats);
     if (st != KEEL_OK)
         return keel__wrap(st, "replica %d", r);
-    if (r == 0)
+    if (r == 0) {
         j->examples += (int64_t)b->n;
+        j->rpool = keel__step_pool(stp);
+    }
     return step_values(j, stp, &stats);
 }
 
@@ -755,8 +760,10 @@ job_apply(void *ctx, keel_vars *vs, keel_grads *g, int64_t global_step)
         j->zeroed = NULL;            /* job_step zeroes them */
         return keel_kfac_apply(j->kfac, vs, g, global_step);
     }
-    if (!j->own_zeroing)
-        return keel_optimizer_apply(j->opt, vs, g, global_step);
+    if (!j->own_zeroing)              /* mirrored: on the replicas' threads */
+        return keel__optimizer_apply_pooled(j->opt, vs, g, global_step, 0,
+                                            j->replicas > 1 ? j->rpool
+                                                            : NULL);
     /* zeroing g as the update passes saves the next step a pass over it */
     st = keel__optimizer_apply_pooled(j->opt, vs, g, global_step, 1,
                                       keel__model_pool(j->model));

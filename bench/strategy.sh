@@ -8,7 +8,10 @@
 # median of the per-round ratios mirrored / one_device.
 # Then (PS=1) the deterministic sync reduction's cost: keel launch, 1 ps,
 # the chief and 1 worker, the CNN at batch 64 (each replica one tree node)
-# and 96 (two nodes each), cluster.reduce_tree true against false.
+# and 96 (two nodes each), cluster.reduce_tree true against false: the
+# chief's examples/s, and the ps's own time per sync step from its log
+# (aggregate: the sum, the update and the replies, one thread), which a
+# loaded machine disturbs less than the run's wall time.
 #   usage: flock /tmp/keel-bench.lock bench/strategy.sh [BUILD_DIR]
 #   env:   ROUNDS=5 EXAMPLES=96000 CNN_EXAMPLES=9600 PS=1 MIRRORED=1
 #          BENCH_OUT=./strategy-bench
@@ -71,11 +74,17 @@ for r in $(seq "$ROUNDS"); do
 done
 
 ps_run() {   # $1 batch $2 steps $3 reduce_tree: prints the chief's examples/s
+            # and the ps's aggregate ms per step
+    local log ex agg
     rm -rf "$OUT/run"
-    "$build/keel" launch "$OUT/job.ini" --ps 1 --workers 1 --no-status \
+    log=$("$build/keel" launch "$OUT/job.ini" --ps 1 --workers 1 --no-status \
         -s model.type=cnn -s "train.batch_size=$1" -s "train.max_steps=$2" \
-        -s "cluster.reduce_tree=$3" 2>&1 |
-        sed -n 's/.*chief.* \([0-9.]*\) examples\/s).*/\1/p' | tail -1
+        -s "cluster.reduce_tree=$3" 2>&1) || true
+    ex=$(sed -n 's/.*chief.* \([0-9.]*\) examples\/s).*/\1/p' <<<"$log" | tail -1)
+    agg=$(sed -n 's/.* aggregate \([0-9.]*\) (sum.*/\1/p' <<<"$log" | tail -1)
+    if [ -n "$ex" ] && [ -n "$agg" ]; then
+        printf '%s\t%s\n' "$ex" "$agg"
+    fi
 }
 : > "$OUT/ps.tsv"
 if [ "${PS:-1}" = 1 ]; then
@@ -94,15 +103,20 @@ fi
 import statistics, sys, collections
 runs = collections.defaultdict(dict)
 for line in open(sys.argv[1]):
-    r, b, t, v = line.split()
-    runs[int(b)].setdefault(int(r), {})[t] = float(v)
+    r, b, t, v, agg = line.split()
+    runs[int(b)].setdefault(int(r), {})[t] = (float(v), float(agg))
 if runs:
-    print(f"{'cnn ps batch':>12} {'tree ex/s':>10} {'replica order ex/s':>19} {'ratio':>6}")
+    print(f"{'cnn ps batch':>12} {'tree ex/s':>10} {'replica order ex/s':>19} "
+          f"{'ratio':>6} {'ps ms/step tree':>16} {'order':>6} {'ratio':>6}")
 for b, rounds in sorted(runs.items()):
-    t = statistics.median(x["true"] for x in rounds.values())
-    f = statistics.median(x["false"] for x in rounds.values())
-    ratio = statistics.median(x["true"] / x["false"] for x in rounds.values())
-    print(f"{b:>12} {t:>10.0f} {f:>19.0f} {ratio:>6.2f}")
+    med = lambda t, i: statistics.median(x[t][i] for x in rounds.values())
+    ratio = statistics.median(x["true"][0] / x["false"][0]
+                              for x in rounds.values())
+    aratio = statistics.median(x["true"][1] / x["false"][1]
+                               for x in rounds.values())
+    print(f"{b:>12} {med('true', 0):>10.0f} {med('false', 0):>19.0f} "
+          f"{ratio:>6.2f} {med('true', 1):>16.3f} {med('false', 1):>6.3f} "
+          f"{aratio:>6.2f}")
 PY
 
 /usr/bin/python3 - "$OUT/runs.tsv" <<'PY'

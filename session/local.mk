@@ -1,5 +1,6 @@
 # session/: Scaffold, SessionManager, MonitoredSession, Supervisor, Coordinator.
-libkeel_core_la_SOURCES += session/session_int.h session/chain.c \
+libkeel_core_la_SOURCES += session/session_int.h session/step_pool.h \
+	session/chain.c \
 	session/coord.c session/manager.c session/monitored.c \
 	session/training.c session/supervisor.c session/signal.c
 pkginclude_HEADERS += include/keel/session.h

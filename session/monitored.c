@@ -15,6 +15,7 @@
 
 #include "util.h"
 #include "session_int.h"
+#include "step_pool.h"
 #include "../train/train_int.h"
 
 struct keel_step {
@@ -37,6 +38,11 @@ typedef struct replicas {
     keel__values values[KEEL_MAX_REPLICAS];
     keel_status status[KEEL_MAX_REPLICAS];
     char error[KEEL_MAX_REPLICAS][256];
+    /* the reduction zeroes what it read: a replica's store is zero
+     * before its step unless its last step failed (dirty) */
+    int dirty[KEEL_MAX_REPLICAS];
+    int reduced;                    /* the last round reached its reduce */
+    keel__spin_barrier bar;         /* steps done, before the reduce */
     keel_session *s;
 } replicas;
 
@@ -178,6 +184,12 @@ keel_step_num_replicas(const keel_step *st)
     return st->n_replicas;
 }
 
+keel__pool *
+keel__step_pool(const keel_step *st)
+{
+    return st->s->rep != NULL ? st->s->rep->pool : NULL;
+}
+
 int64_t
 keel_step_global_step(const keel_step *st)
 {
@@ -245,19 +257,23 @@ replicas_new(keel_session *s, int n)
         replicas_free(r);
         return keel__wrap(st, "session: %d replica threads", n);
     }
+    r->bar.n = keel__pool_threads(r->pool);
     s->rep = r;
     return KEEL_OK;
 }
 
-/* Thread t runs replicas t, t + T, ...: zeroes their gradients and calls
- * the step, keeping its status and message (messages are per thread). */
+/* Thread t runs replicas t, t + T, ...: zeroes their gradients if a
+ * failed step left them unreduced and calls the step, keeping its status
+ * and message (messages are per thread). */
 static void
 replica_worker(void *ctx, int t)
 {
     replicas *r = ctx;
     int T = keel__pool_threads(r->pool);
     for (int i = t; i < r->n; i += T) {
-        keel_grads_zero(r->grads[i]);
+        if (r->dirty[i])
+            keel_grads_zero(r->grads[i]);
+        r->dirty[i] = 1;             /* until the reduction zeroes it */
         r->status[i] = r->s->step(r->s->step_ctx, &r->st[i]);
         if (r->status[i] != KEEL_OK)
             snprintf(r->error[i], sizeof r->error[i], "%s",
@@ -269,8 +285,13 @@ replica_worker(void *ctx, int t)
     }
 }
 
+/* Floats a reduce worker sums before zeroing the replicas' copies of
+ * them: the lines just read are still in L1 when they are zeroed. */
+#define REDUCE_CHUNK 2048
+
 /* Thread t's share of every gradient: the replicas' gradients added along
- * the tree whose leaf i is replica i, into the session's. */
+ * the tree whose leaf i is replica i, into the session's; the replicas'
+ * shares zeroed behind it for their next step (one pass, not two). */
 static void
 reduce_worker(void *ctx, int t)
 {
@@ -295,10 +316,31 @@ reduce_worker(void *ctx, int t)
         hi = t + 1 == T ? dst->count
                         : (dst->count * (size_t)(t + 1) / (size_t)T) &
                               ~(size_t)15;
-        if (lo < hi)
-            (void)keel__tree_sum(r->n, nodes, parts, r->n, dst->data, lo,
-                                 hi);
+        for (size_t c = lo; c < hi; c += REDUCE_CHUNK) {
+            size_t e = hi - c < REDUCE_CHUNK ? hi : c + REDUCE_CHUNK;
+            (void)keel__tree_sum(r->n, nodes, parts, r->n, dst->data, c, e);
+            for (int i = 0; i < r->n; i++)
+                memset(keel_grads_at(r->grads[i], v)->data + c, 0,
+                       (e - c) * sizeof(float));
+        }
     }
+}
+
+/* One pool run per step: every thread steps its replicas, all meet at the
+ * barrier, then (every step succeeded) each reduces its share. */
+static void
+round_worker(void *ctx, int t)
+{
+    replicas *r = ctx;
+    replica_worker(ctx, t);
+    if (r->bar.n > 1)
+        keel__spin_barrier_wait(&r->bar);
+    for (int i = 0; i < r->n; i++)
+        if (r->status[i] != KEEL_OK || r->st[i].is_applied)
+            return;
+    reduce_worker(ctx, t);
+    if (t == 0)
+        r->reduced = 1;
 }
 
 /* One step on every replica, then their gradients reduced into the
@@ -316,7 +358,8 @@ replicas_step(keel_session *s, const void *batch, int64_t gs)
         r->error[i][0] = 0;
         r->values[i].gen++;
     }
-    keel__pool_run(r->pool, replica_worker, r);
+    r->reduced = 0;
+    keel__pool_run(r->pool, round_worker, r);
     for (int i = 0; i < r->n; i++) {
         if (r->status[i] != KEEL_OK)
             return keel__fail(r->status[i], "replica %d of %d: %s", i, r->n,
@@ -325,7 +368,8 @@ replicas_step(keel_session *s, const void *batch, int64_t gs)
             return keel__fail(KEEL_EINVAL, "replica %d of %d: %s", i, r->n,
                               r->error[i]);
     }
-    keel__pool_run(r->pool, reduce_worker, r);
+    for (int i = 0; i < r->n; i++)
+        r->dirty[i] = !r->reduced;
     for (size_t k = 0; k < t0->n; k++) {
         double sum = 0.0;
         keel_status st;
@@ -1086,7 +1130,15 @@ run_once(keel_session *s, const void *batch, int with_hooks)
                               rc->requested_by[i] ? rc->requested_by[i] : "?",
                               v->name, (long long)gs);
     }
-    if (!s->st.is_applied && s->updater.apply != NULL) {
+    if (!s->st.is_applied && s->updater.apply == optimizer_apply &&
+        s->rep != NULL) {
+        // keel's optimizer on the replicas' idle threads: the same bits
+        st = keel__optimizer_apply_pooled(s->updater.ctx, s->vars, s->grads,
+                                          gs, 0, s->rep->pool);
+        if (st != KEEL_OK)
+            return keel__wrap(st, "apply gradients at step %lld",
+                              (long long)gs);
+    } else if (!s->st.is_applied && s->updater.apply != NULL) {
         st = s->updater.apply(s->updater.ctx, s->vars, s->grads, gs);
         if (st != KEEL_OK)
             return keel__wrap(st, "apply gradients at step %lld",

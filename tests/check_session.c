@@ -1256,6 +1256,59 @@ START_TEST(test_replica_failures_name_the_replica_and_apply_nothing)
 }
 END_TEST
 
+/* A replica step that adds 1 to its store and notes a store that was not
+ * zero on entry; replica 1 fails (recoverably) once, after its add. */
+static _Atomic int dirty_entries, fails_left;
+
+static keel_status
+adding_step(void *ctx, keel_step *st)
+{
+    keel_tensor *g = keel_grads_find(keel_step_grads(st), "w");
+    (void)ctx;
+    if (g->data[0] != 0.0f)
+        dirty_entries++;
+    g->data[0] += 1.0f;
+    if (keel_step_replica(st) == 1 && fails_left > 0) {
+        fails_left--;
+        return keel_error_set(KEEL_EUNAVAILABLE, "replica 1 lost its ps");
+    }
+    return KEEL_OK;
+}
+
+/* Every replica's store is zero when its step starts: after a step whose
+ * gradients were reduced, and after a failed step that the session
+ * retried (its half-written store not reduced); each update sees 1 + 1. */
+START_TEST(test_replica_stores_start_zero_every_step_and_after_a_failure)
+{
+    keel_session_config c;
+    keel_session *s;
+    keel_session_config_init(&c);
+    c.vars = vs;
+    c.step = adding_step;
+    c.updater.apply = record_apply;
+    c.replicas = 2;
+    c.recovery_wait_ms = 1;
+    c.backoff_ms = 1;
+    dirty_entries = 0;
+    fails_left = 0;
+    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
+    for (int i = 0; i < 3; i++) {
+        applied_grad = -1.0f;
+        ck_assert_int_eq(keel_session_run(s, NULL), KEEL_OK);
+        ck_assert(applied_grad == 2.0f);
+    }
+    fails_left = 1;
+    applied_grad = -1.0f;
+    ck_assert_int_eq(keel_session_run(s, NULL), KEEL_OK);
+    ck_assert_int_eq(fails_left, 0);
+    ck_assert(applied_grad == 2.0f);
+    ck_assert_int_eq(n_applied, 4);
+    ck_assert_int_eq(dirty_entries, 0);
+    keel_session_close(s);
+    keel_session_free(s);
+}
+END_TEST
+
 /* Session, training and supervisor configs not filled by their init
  * function are refused, naming the struct and the function. */
 START_TEST(test_configs_without_their_init_are_refused_by_name)
@@ -1459,6 +1512,7 @@ session_suite(void)
         test_supervisor_checkpoints_at_start_and_at_stop,
         test_replicas_add_gradients_along_the_tree_and_average_values,
         test_replica_failures_name_the_replica_and_apply_nothing,
+        test_replica_stores_start_zero_every_step_and_after_a_failure,
         test_strategy_names_and_the_training_sessions_rules,
         test_configs_without_their_init_are_refused_by_name));
     return s;

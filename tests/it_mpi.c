@@ -9,7 +9,9 @@
  *    the newest checkpoint, and the run ends bitwise equal to an
  *    uninterrupted one;
  *  - leaves that the rank count cannot split, and a cluster spec, are
- *    configuration errors (exit 2).
+ *    configuration errors (exit 2);
+ *  - under Slurm (when a controller answers), srun --mpi=pmix ranks give
+ *    mpirun's bits.
  * Skipped (exit 77) when keel was built without MPI. */
 #include <config.h>
 
@@ -294,6 +296,36 @@ START_TEST(test_bad_setups_exit_2)
 }
 END_TEST
 
+/* Under Slurm (a controller answering sinfo, with an idle node): srun
+ * --mpi=pmix starts 2 ranks that train the bits mpirun's 2 ranks do.
+ * Without Slurm it says so and checks nothing. */
+START_TEST(test_srun_ranks_train_the_bits_of_mpirun)
+{
+    char ckdir[4200];
+    char *probe[] = { "/usr/bin/env", "sinfo", "-h", "-t", "idle", "-o",
+                      "%n", NULL };
+    char *argv[] = { "/usr/bin/env", "srun", "--mpi=pmix", "-N", "1", "-n",
+                     "2", "--overcommit", (char *)tu_build_path("keel"),
+                     "train", (char *)cfg_path, "-s", ckdir, NULL };
+    int rc = tu_run(probe, NULL, 20000, out, sizeof out, err, sizeof err);
+    if (rc != 0 || out[0] == '\0') {
+        printf("it_mpi: srun not tried: no Slurm controller with an idle "
+               "node answers (sinfo: %d)\n", rc);
+        return;
+    }
+    TU_SNPRINTF(ckdir, sizeof ckdir, "checkpoint.dir=%s", tu_path("srun"));
+    rc = tu_run(argv, NULL, 120000, out, sizeof out, err, sizeof err);
+    ck_assert_msg(rc == 0, "srun -n 2: %d\n%s", rc, tu_tail(err, 3000));
+    ck_assert_msg(strstr(err, "collective: rank 1 of 2") != NULL, "%s",
+                  tu_tail(err, 3000));
+    rc = mpirun_train(2, "mpirun", NULL);
+    ck_assert_msg(rc == 0, "mpirun -n 2: %d\n%s", rc, tu_tail(err, 3000));
+    ck_assert_msg(ckpt_diff("srun/model.ckpt-30.h5",
+                            "mpirun/model.ckpt-30.h5") == 0, "%s%s", out,
+                  err);
+}
+END_TEST
+
 static Suite *
 mpi_suite(void)
 {
@@ -302,7 +334,8 @@ mpi_suite(void)
         test_two_ranks_train_and_restore_in_one_process,
         test_one_two_four_ranks_give_identical_bits,
         test_killed_rank_restarts_all_from_the_checkpoint_bit_exact,
-        test_bad_setups_exit_2));
+        test_bad_setups_exit_2,
+        test_srun_ranks_train_the_bits_of_mpirun));
     return s;
 }
 

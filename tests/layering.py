@@ -54,6 +54,9 @@ SEAMS = {
     # trainer applies the optimizer on and the session runs replicas on;
     # the reduction tree replicas' gradients are added along
     "train/train_int.h": ["session", "cluster", "app"],
+    # the threads a mirrored session runs its replicas on, which the
+    # trainer's update uses between steps
+    "session/step_pool.h": ["app"],
     # the checkpoint call table tests swap (session's saver, the
     # CheckpointSaverHook)
     "checkpoint/ckpt_ops.h": ["session", "hooks"],

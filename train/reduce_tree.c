@@ -11,6 +11,8 @@
 #include "util.h"
 #include "train_int.h"
 
+KEEL__VECTORIZE_FILE
+
 int64_t
 keel__tree_split(int64_t lo, int64_t hi)
 {
@@ -49,8 +51,18 @@ keel__tree_cover(int64_t n, int64_t lo, int64_t hi, keel__tree_node *out,
     return cover(0, n, lo, hi, out, 0, max);
 }
 
-/* Floats per block: a block of every level's partial sum stays in L1. */
-#define BLOCK 128
+/* Floats per block: the blocks of the levels in use stay in L1; the
+ * scratch is KEEL__TREE_MAX_DEPTH blocks on the caller's stack (64 KiB). */
+#define BLOCK 256
+
+/* out[i] = a[i] + b[i]: one rounding per element, the same bits on every
+ * clone. out may be a or b (the same element is read before written). */
+static KEEL__HOT void
+add3(float *out, const float *a, const float *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        out[i] = a[i] + b[i];
+}
 
 typedef struct tree_sum {
     const keel__tree_node *nodes;
@@ -62,28 +74,30 @@ typedef struct tree_sum {
     int bad;
 } tree_sum;
 
-/* out[0, len) = the sum of node [lo, hi) over this block. */
-static void
+/* The sum of node [lo, hi) over this block: a part's own block when the
+ * node is a part (read in place, never copied), else out, filled. A node
+ * at level l writes only out and tmp[l..]: out is its parent's out or
+ * tmp[l - 1], so a left child's result survives its sibling's work. */
+static const float *
 node_sum(tree_sum *t, int64_t lo, int64_t hi, int level, float *out)
 {
+    const float *a, *b;
     int64_t mid;
     if (t->bad)
-        return;
+        return out;
     if (t->next < t->k && t->nodes[t->next].lo == lo &&
-        t->nodes[t->next].hi == hi) {
-        memcpy(out, t->parts[t->next] + t->off, t->len * sizeof *out);
-        t->next++;
-        return;
-    }
+        t->nodes[t->next].hi == hi)
+        return t->parts[t->next++] + t->off;
     if (hi - lo < 2 || level >= KEEL__TREE_MAX_DEPTH) {
         t->bad = 1;               /* not covered by the parts */
-        return;
+        return out;
     }
     mid = keel__tree_split(lo, hi);
-    node_sum(t, lo, mid, level + 1, out);
-    node_sum(t, mid, hi, level + 1, t->tmp[level]);
-    for (size_t i = 0; i < t->len; i++)
-        out[i] += t->tmp[level][i];
+    a = node_sum(t, lo, mid, level + 1, out);
+    b = node_sum(t, mid, hi, level + 1, t->tmp[level]);
+    if (!t->bad)
+        add3(out, a, b, t->len);
+    return out;
 }
 
 keel_status
@@ -107,23 +121,38 @@ keel__tree_sum(int64_t n, const keel__tree_node *nodes,
             memmove(dst + lo, parts[0] + lo, (hi - lo) * sizeof *dst);
         return KEEL_OK;
     }
+    if (k == 2) {
+        /* the root's two children, one pass: dst = left + right */
+        int64_t mid = keel__tree_split(0, n);
+        if (nodes[0].lo != 0 || nodes[0].hi != mid || nodes[1].lo != mid ||
+            nodes[1].hi != n)
+            return keel__fail(KEEL_EINVAL, "tree sum: the 2 parts are not "
+                              "the two halves of the %lld leaves' tree",
+                              (long long)n);
+        add3(dst + lo, parts[0] + lo, parts[1] + lo, hi - lo);
+        return KEEL_OK;
+    }
     t.nodes = nodes;
     t.parts = parts;
     t.k = k;
     t.tmp = tmp;
     t.bad = 0;
     for (size_t b = lo; b < hi; b += BLOCK) {
+        const float *l, *r;
+        int64_t mid = keel__tree_split(0, n);
         t.off = b;
         t.len = hi - b < BLOCK ? hi - b : BLOCK;
         t.next = 0;
-        node_sum(&t, 0, n, 0, out);
+        /* the root's children, then the root straight into dst: every
+         * part's block is read before (or as) dst's is written, so dst
+         * may be one of the parts */
+        l = node_sum(&t, 0, mid, 1, out);
+        r = node_sum(&t, mid, n, 1, tmp[0]);
         if (t.bad || t.next != k)
             return keel__fail(KEEL_EINVAL, "tree sum: the %d parts are not "
                               "nodes covering the %lld leaves left to right",
                               k, (long long)n);
-        /* every part's block is read before dst's is written: dst may be
-         * one of the parts */
-        memcpy(dst + b, out, t.len * sizeof *dst);
+        add3(dst + b, l, r, t.len);
     }
     return KEEL_OK;
 }
