@@ -456,6 +456,11 @@ keel__kfac_dist_role_apply(void *ctx, keel_vars *vs, keel_grads *g,
     keel__kfac_dist *d = ctx;
     (void)vs;
     (void)g;
+    /* The cluster went back (a lost ps was rebuilt from a checkpoint):
+     * this task's last statistics or op lie ahead of the global step, and
+     * its next is due now, not once the step has caught up with them. */
+    if (global_step < d->last_step)
+        d->last_step = -1;
     return d->role == 1 ? covariance_apply(d, global_step)
                         : inverse_apply(d, global_step);
 }

@@ -109,7 +109,7 @@ rule_args() {
         easgd) EXTRA="-s algorithm.learning_rate=0.05"; WINDOW=1 ;;
         sync) EXTRA=; WINDOW=1 ;;
         kfac_chief|kfac_roles)
-            EXTRA="-s optimizer.name=kfac -s optimizer.learning_rate=0.0003 -s checkpoint.save_steps=$((KFAC_LAST / 5))"
+            EXTRA="-s optimizer.name=kfac -s optimizer.learning_rate=0.0003 -s checkpoint.save_steps=$((KFAC_LAST / 5)) -s hooks.log_every_steps=10"
             WINDOW=1 R_LAST=$KFAC_LAST MIN_ACC=0.8 R_SECS=$((RULE_SECS * 3))
             if [ "$1" = kfac_chief ]; then
                 EXTRA="$EXTRA -s kfac.distributed=chief" WORKERS=2 KILLS="worker.0 chief"
@@ -173,6 +173,21 @@ sums_grew() {
     return 0
 }
 
+# K-FAC roles: after the rollback to step $1, the chief's staleness lines
+# (every 10 steps) at step S >= $1 + 30 show inverses newer than the
+# rollback (average age < S - $1): the inverse worker went on with the
+# replayed steps rather than waiting for the step of its last op before
+# the ps's loss. BADLINE: the first line that does not.
+inverses_after() {
+    BADLINE=$(awk -v r="$1" '
+        index($0, "restarting from step ") { on = 1; next }
+        on && /^chief \| K-FAC: step [0-9]+ preconditioned with inverses / {
+            s = $5; a = $9
+            if (s >= r + 30 && a >= s - r) { print; exit }
+        }' "$LOG")
+    [ -z "$BADLINE" ]
+}
+
 { keel_rules_mlp_ini "$DATA"; cat <<EOF; } > "$TMP/mlp.ini"
 [checkpoint]
 dir = $TMP/unused
@@ -224,6 +239,12 @@ for r in $RULES; do
     [ -z "$WHY" ] && until_ok "step $KILL_PS" past "$KILL_PS"
     [ -z "$WHY" ] && until_ok "checkpoint after the $LASTKILL's restart" \
         saved_after "launch | restarted $LASTKILL "
+    # K-FAC: the ps dies 60 steps past that checkpoint, so that the
+    # cluster replays steps after its rollback (see inverses_after)
+    case $r in kfac_*)
+        CK=$(sed -n 's/^chief | saved checkpoint for step \([0-9]*\):.*/\1/p' "$LOG" | tail -1)
+        [ -z "$WHY" ] && until_ok "step $((CK + 60))" past $((CK + 60)) ;;
+    esac
     NRB=$(count "restarting from step ")
     if [ -z "$WHY" ]; then
         PPID_=$(pid_of ps.0)
@@ -293,6 +314,9 @@ for r in $RULES; do
         ACC=$("$KEEL" eval "$TMP/$r" --json 2>"$TMP/$r.eval" |
               sed -n 's/.*"accuracy": *\([0-9.]*\).*/\1/p')
         [ -n "$ACC" ] || WHY="keel eval $TMP/$r failed: $(head -1 "$TMP/$r.eval")"
+    fi
+    if [ -z "$WHY" ] && [ "$r" = kfac_roles ] && ! inverses_after "$RESTORED"; then
+        WHY="after the rollback to step $RESTORED no inverses were published: $BADLINE"
     fi
     if [ -z "$WHY" ] && [ -n "$MIN_ACC" ] &&
        [ "$(echo "$ACC < $MIN_ACC" | bc -l)" = 1 ]; then
