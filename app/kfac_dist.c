@@ -49,6 +49,7 @@ struct keel__kfac_dist {
     char (*vnames)[KEEL_NAME_MAX];
     char (*fnames)[4][KEEL_NAME_MAX];  /* A, G, A_inv, G_inv */
     int *perm;                   /* inverse: the queue's current pass */
+    float *held;                 /* chief: versions of its inverses */
     int64_t perm_pass;
 };
 
@@ -166,6 +167,7 @@ keel__kfac_dist_free(keel__kfac_dist *d)
     free(d->names);
     free(d->ts);
     free(d->perm);
+    free(d->held);
     free(d);
 }
 
@@ -201,12 +203,14 @@ keel__kfac_dist_new(const keel_config *cfg, keel_kfac *k, keel_vars *vs,
     d->vnames = calloc((size_t)nl, sizeof *d->vnames);
     d->fnames = calloc((size_t)nl, sizeof *d->fnames);
     d->perm = calloc((size_t)nl, sizeof *d->perm);
+    d->held = calloc((size_t)nl, sizeof *d->held);
     d->Ab = calloc((size_t)nl, sizeof *d->Ab);
     d->Gb = calloc((size_t)nl, sizeof *d->Gb);
     d->Abt = calloc((size_t)nl, sizeof *d->Abt);
     d->Gbt = calloc((size_t)nl, sizeof *d->Gbt);
     if (d->names == NULL || d->ts == NULL || d->ver == NULL ||
         d->vnames == NULL || d->fnames == NULL || d->perm == NULL ||
+        d->held == NULL ||
         d->Ab == NULL || d->Gb == NULL || d->Abt == NULL || d->Gbt == NULL) {
         keel__kfac_dist_free(d);
         return keel__fail(KEEL_ENOMEM, "K-FAC roles: %d layers", nl);
@@ -476,9 +480,11 @@ keel__kfac_dist_chief_apply(void *ctx, keel_vars *vs, keel_grads *mean,
     for (;;) {
         size_t n = 0;
         int missing = 0;
+        /* the versions first (the local store's are those of the local
+         * inverses), then the inverses of the layers whose version moved,
+         * each with its version again */
         for (int i = 0; i < d->nl; i++) {
-            d->names[n++] = d->fnames[i][2];
-            d->names[n++] = d->fnames[i][3];
+            d->held[i] = d->ver[i]->data[0];
             d->names[n++] = d->vnames[i];
             if (global_step == 0) {     /* apply_update inverts at step 0 */
                 d->names[n++] = d->fnames[i][0];
@@ -489,6 +495,21 @@ keel__kfac_dist_chief_apply(void *ctx, keel_vars *vs, keel_grads *mean,
         st = keel_cluster_backend_pull_vars(d->b, d->names, n, &step);
         if (st != KEEL_OK)
             return st;
+        n = 0;
+        for (int i = 0; i < d->nl; i++)
+            if (d->ver[i]->data[0] != d->held[i] || d->held[i] < 0.0f) {
+                d->names[n++] = d->fnames[i][2];
+                d->names[n++] = d->fnames[i][3];
+                d->names[n++] = d->vnames[i];
+            }
+        if (n > 0 &&
+            (st = keel_cluster_backend_pull_vars(d->b, d->names, n, &step)) !=
+            KEEL_OK) {
+            /* the versions stand for inverses not pulled: pull all next */
+            for (int i = 0; i < d->nl; i++)
+                d->ver[i]->data[0] = -1.0f;
+            return st;
+        }
         for (int i = 0; i < d->nl; i++)
             missing |= d->ver[i]->data[0] < 0.0f;
         if (!missing)

@@ -170,7 +170,7 @@ damping = $KFAC_DAMPING
 [train]
 epochs = 0
 max_steps = $STEPS
-seed = 1
+seed = ${SEED:-1}
 threads = 1
 model_threads = 1
 [checkpoint]
