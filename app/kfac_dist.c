@@ -50,6 +50,8 @@ struct keel__kfac_dist {
     char (*fnames)[4][KEEL_NAME_MAX];  /* A, G, A_inv, G_inv */
     int *perm;                   /* inverse: the queue's current pass */
     float *held;                 /* chief: versions of its inverses */
+    int64_t n_updates, pull_ns, update_ns;  /* chief: its update's time */
+    int64_t inv_pulls;           /* chief: layers' inverses pulled */
     int64_t perm_pass;
 };
 
@@ -150,6 +152,14 @@ keel__kfac_dist_free(keel__kfac_dist *d)
 {
     if (d == NULL)
         return;
+    if (d->n_updates > 0)
+        keel__log(KEEL_LOG_INFO, "K-FAC: the chief's update per step (%lld "
+                  "steps, ms): pull of the inverses %.3f (%.2f of %d layers' "
+                  "inverses pulled), preconditioned update %.3f",
+                  (long long)d->n_updates,
+                  (double)d->pull_ns / (double)d->n_updates / 1e6,
+                  (double)d->inv_pulls / (double)d->n_updates, d->nl,
+                  (double)d->update_ns / (double)d->n_updates / 1e6);
     for (int i = 0; i < d->nl; i++) {
         if (d->Abt != NULL)
             keel_tensor_release(&d->Abt[i]);
@@ -474,7 +484,8 @@ keel__kfac_dist_chief_apply(void *ctx, keel_vars *vs, keel_grads *mean,
                             int64_t global_step)
 {
     keel__kfac_dist *d = ctx;
-    double t0 = (double)keel__now_mono_ns() / 1e9;
+    int64_t t_pull = keel__now_mono_ns(), t_update;
+    double t0 = (double)t_pull / 1e9;
     int64_t step = 0;
     keel_status st;
     for (;;) {
@@ -501,6 +512,7 @@ keel__kfac_dist_chief_apply(void *ctx, keel_vars *vs, keel_grads *mean,
                 d->names[n++] = d->fnames[i][2];
                 d->names[n++] = d->fnames[i][3];
                 d->names[n++] = d->vnames[i];
+                d->inv_pulls++;
             }
         if (n > 0 &&
             (st = keel_cluster_backend_pull_vars(d->b, d->names, n, &step)) !=
@@ -542,7 +554,12 @@ keel__kfac_dist_chief_apply(void *ctx, keel_vars *vs, keel_grads *mean,
                   (long long)global_step, sum / d->nl, worst,
                   d->fnames[wi][2]);
     }
-    return keel_kfac_apply_update(d->k, vs, mean, global_step);
+    t_update = keel__now_mono_ns();
+    st = keel_kfac_apply_update(d->k, vs, mean, global_step);
+    d->n_updates++;
+    d->pull_ns += t_update - t_pull;
+    d->update_ns += keel__now_mono_ns() - t_update;
+    return st;
 }
 
 keel_status
