@@ -137,6 +137,11 @@ distributed|rolespeed)
         rm -rf "$d"
         mkdir -p "$d"
         load0=$(cut -d' ' -f1 /proc/loadavg)
+        # [kfac] keys only where the optimizer is K-FAC
+        case " $* " in
+            *" optimizer.name=sgd "*) ;;
+            *) set -- "$@" -s kfac.damping="$KFAC_DAMPING" ;;
+        esac
         if [ "$workers" -lt 0 ]; then
             set -- "$keel" train "$out/job.ini" "$@"
         else
@@ -165,8 +170,6 @@ dir = $DATA
 [optimizer]
 name = kfac
 learning_rate = $KFAC_LR
-[kfac]
-damping = $KFAC_DAMPING
 [train]
 epochs = 0
 max_steps = $STEPS
@@ -230,7 +233,7 @@ INI
         med() { awk -v r="$1" -v c="$2" '$1 == r { print $c }' "$out/speed" | sort -n |
                 awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
         se=$(med sgd 2) re=$(med roles 2) sc=$(med sgd 3) rc=$(med roles 3)
-        echo "{\"model\": \"$MODEL\", \"rounds\": $ROUNDS, \"sgd_examples_per_sec\": $se, \"roles_examples_per_sec\": $re, \"ratio\": $(echo "$re / $se" | bc -l | cut -c1-5), \"sgd_cpu_secs\": $sc, \"roles_cpu_secs\": $rc, \"cpu_ratio\": $(echo "$sc / $rc" | bc -l | cut -c1-5)}"
+        echo "{\"model\": \"$MODEL\", \"rounds\": $ROUNDS, \"sgd_examples_per_sec\": $se, \"roles_examples_per_sec\": $re, \"ratio\": $(printf '%.3f' "$(echo "$re / $se" | bc -l)"), \"sgd_cpu_secs\": $sc, \"roles_cpu_secs\": $rc, \"cpu_ratio\": $(printf '%.3f' "$(echo "$sc / $rc" | bc -l)")}"
     fi
     ;;
 *)
