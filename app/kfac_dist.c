@@ -486,7 +486,8 @@ keel__kfac_dist_chief_apply(void *ctx, keel_vars *vs, keel_grads *mean,
     keel__kfac_dist *d = ctx;
     int64_t t_pull = keel__now_mono_ns(), t_update;
     double t0 = (double)t_pull / 1e9;
-    int64_t step = 0;
+    int64_t step = 0, pulled = 0;
+    int waited = 0;
     keel_status st;
     for (;;) {
         size_t n = 0;
@@ -512,8 +513,8 @@ keel__kfac_dist_chief_apply(void *ctx, keel_vars *vs, keel_grads *mean,
                 d->names[n++] = d->fnames[i][2];
                 d->names[n++] = d->fnames[i][3];
                 d->names[n++] = d->vnames[i];
-                d->inv_pulls++;
             }
+        pulled = (int64_t)n / 3;
         if (n > 0 &&
             (st = keel_cluster_backend_pull_vars(d->b, d->names, n, &step)) !=
             KEEL_OK) {
@@ -529,6 +530,7 @@ keel__kfac_dist_chief_apply(void *ctx, keel_vars *vs, keel_grads *mean,
         if (keel_session_signal_received())
             return keel__fail(KEEL_ECANCELLED, "K-FAC: signal while waiting "
                               "for the inverse workers' first inverses");
+        waited = 1;
         if (d->wait_secs > 0 &&
             (double)keel__now_mono_ns() / 1e9 - t0 > d->wait_secs)
             return keel__fail(KEEL_ETIMEOUT, "K-FAC: no inverses of every "
@@ -556,9 +558,12 @@ keel__kfac_dist_chief_apply(void *ctx, keel_vars *vs, keel_grads *mean,
     }
     t_update = keel__now_mono_ns();
     st = keel_kfac_apply_update(d->k, vs, mean, global_step);
-    d->n_updates++;
-    d->pull_ns += t_update - t_pull;
-    d->update_ns += keel__now_mono_ns() - t_update;
+    if (!waited) {              /* not the wait for the first inverses */
+        d->n_updates++;
+        d->inv_pulls += pulled;
+        d->pull_ns += t_update - t_pull;
+        d->update_ns += keel__now_mono_ns() - t_update;
+    }
     return st;
 }
 
