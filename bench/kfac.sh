@@ -26,7 +26,8 @@
 #                                    5 replicas in roles mode (3/1/1);
 #                                    test accuracy, wall seconds and the
 #                                    CPU seconds of every process, and a
-#                                    markdown table (RUNS picks the runs)
+#                                    markdown table (RUNS picks the runs,
+#                                    SEED the train.seed, default 1)
 #   bench/kfac.sh rolespeed [BUILD]  examples/s of a gradient worker (the
 #                                    chief) in roles mode against a replica
 #                                    of plain sync SGD on the same tasks
