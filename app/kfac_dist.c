@@ -49,6 +49,9 @@ struct keel__kfac_dist {
     char (*vnames)[KEEL_NAME_MAX];
     char (*fnames)[4][KEEL_NAME_MAX];  /* A, G, A_inv, G_inv */
     int *perm;                   /* inverse: the queue's current pass */
+    float *held;                 /* chief: versions of its inverses */
+    int64_t n_updates, pull_ns, update_ns;  /* chief: its update's time */
+    int64_t inv_pulls;           /* chief: layers' inverses pulled */
     int64_t perm_pass;
 };
 
@@ -149,6 +152,14 @@ keel__kfac_dist_free(keel__kfac_dist *d)
 {
     if (d == NULL)
         return;
+    if (d->n_updates > 0)
+        keel__log(KEEL_LOG_INFO, "K-FAC: the chief's update per step (%lld "
+                  "steps, ms): pull of the inverses %.3f (%.2f of %d layers' "
+                  "inverses pulled), preconditioned update %.3f",
+                  (long long)d->n_updates,
+                  (double)d->pull_ns / (double)d->n_updates / 1e6,
+                  (double)d->inv_pulls / (double)d->n_updates, d->nl,
+                  (double)d->update_ns / (double)d->n_updates / 1e6);
     for (int i = 0; i < d->nl; i++) {
         if (d->Abt != NULL)
             keel_tensor_release(&d->Abt[i]);
@@ -166,6 +177,7 @@ keel__kfac_dist_free(keel__kfac_dist *d)
     free(d->names);
     free(d->ts);
     free(d->perm);
+    free(d->held);
     free(d);
 }
 
@@ -201,12 +213,14 @@ keel__kfac_dist_new(const keel_config *cfg, keel_kfac *k, keel_vars *vs,
     d->vnames = calloc((size_t)nl, sizeof *d->vnames);
     d->fnames = calloc((size_t)nl, sizeof *d->fnames);
     d->perm = calloc((size_t)nl, sizeof *d->perm);
+    d->held = calloc((size_t)nl, sizeof *d->held);
     d->Ab = calloc((size_t)nl, sizeof *d->Ab);
     d->Gb = calloc((size_t)nl, sizeof *d->Gb);
     d->Abt = calloc((size_t)nl, sizeof *d->Abt);
     d->Gbt = calloc((size_t)nl, sizeof *d->Gbt);
     if (d->names == NULL || d->ts == NULL || d->ver == NULL ||
         d->vnames == NULL || d->fnames == NULL || d->perm == NULL ||
+        d->held == NULL ||
         d->Ab == NULL || d->Gb == NULL || d->Abt == NULL || d->Gbt == NULL) {
         keel__kfac_dist_free(d);
         return keel__fail(KEEL_ENOMEM, "K-FAC roles: %d layers", nl);
@@ -456,6 +470,11 @@ keel__kfac_dist_role_apply(void *ctx, keel_vars *vs, keel_grads *g,
     keel__kfac_dist *d = ctx;
     (void)vs;
     (void)g;
+    /* The cluster went back (a lost ps was rebuilt from a checkpoint):
+     * this task's last statistics or op lie ahead of the global step, and
+     * its next is due now, not once the step has caught up with them. */
+    if (global_step < d->last_step)
+        d->last_step = -1;
     return d->role == 1 ? covariance_apply(d, global_step)
                         : inverse_apply(d, global_step);
 }
@@ -465,15 +484,19 @@ keel__kfac_dist_chief_apply(void *ctx, keel_vars *vs, keel_grads *mean,
                             int64_t global_step)
 {
     keel__kfac_dist *d = ctx;
-    double t0 = (double)keel__now_mono_ns() / 1e9;
-    int64_t step = 0;
+    int64_t t_pull = keel__now_mono_ns(), t_update;
+    double t0 = (double)t_pull / 1e9;
+    int64_t step = 0, pulled = 0;
+    int waited = 0;
     keel_status st;
     for (;;) {
         size_t n = 0;
         int missing = 0;
+        /* the versions first (the local store's are those of the local
+         * inverses), then the inverses of the layers whose version moved,
+         * each with its version again */
         for (int i = 0; i < d->nl; i++) {
-            d->names[n++] = d->fnames[i][2];
-            d->names[n++] = d->fnames[i][3];
+            d->held[i] = d->ver[i]->data[0];
             d->names[n++] = d->vnames[i];
             if (global_step == 0) {     /* apply_update inverts at step 0 */
                 d->names[n++] = d->fnames[i][0];
@@ -484,6 +507,22 @@ keel__kfac_dist_chief_apply(void *ctx, keel_vars *vs, keel_grads *mean,
         st = keel_cluster_backend_pull_vars(d->b, d->names, n, &step);
         if (st != KEEL_OK)
             return st;
+        n = 0;
+        for (int i = 0; i < d->nl; i++)
+            if (d->ver[i]->data[0] != d->held[i] || d->held[i] < 0.0f) {
+                d->names[n++] = d->fnames[i][2];
+                d->names[n++] = d->fnames[i][3];
+                d->names[n++] = d->vnames[i];
+            }
+        pulled = (int64_t)n / 3;
+        if (n > 0 &&
+            (st = keel_cluster_backend_pull_vars(d->b, d->names, n, &step)) !=
+            KEEL_OK) {
+            /* the versions stand for inverses not pulled: pull all next */
+            for (int i = 0; i < d->nl; i++)
+                d->ver[i]->data[0] = -1.0f;
+            return st;
+        }
         for (int i = 0; i < d->nl; i++)
             missing |= d->ver[i]->data[0] < 0.0f;
         if (!missing)
@@ -491,6 +530,7 @@ keel__kfac_dist_chief_apply(void *ctx, keel_vars *vs, keel_grads *mean,
         if (keel_session_signal_received())
             return keel__fail(KEEL_ECANCELLED, "K-FAC: signal while waiting "
                               "for the inverse workers' first inverses");
+        waited = 1;
         if (d->wait_secs > 0 &&
             (double)keel__now_mono_ns() / 1e9 - t0 > d->wait_secs)
             return keel__fail(KEEL_ETIMEOUT, "K-FAC: no inverses of every "
@@ -516,7 +556,15 @@ keel__kfac_dist_chief_apply(void *ctx, keel_vars *vs, keel_grads *mean,
                   (long long)global_step, sum / d->nl, worst,
                   d->fnames[wi][2]);
     }
-    return keel_kfac_apply_update(d->k, vs, mean, global_step);
+    t_update = keel__now_mono_ns();
+    st = keel_kfac_apply_update(d->k, vs, mean, global_step);
+    if (!waited) {              /* not the wait for the first inverses */
+        d->n_updates++;
+        d->inv_pulls += pulled;
+        d->pull_ns += t_update - t_pull;
+        d->update_ns += keel__now_mono_ns() - t_update;
+    }
+    return st;
 }
 
 keel_status

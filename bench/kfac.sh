@@ -17,6 +17,23 @@
 #                                    reach it (K-FAC resumed in chunks of
 #                                    CHUNK steps, each chunk's checkpoint
 #                                    evaluated with keel eval)
+#   bench/kfac.sh distributed [BUILD]  the CNN (MODEL) with K-FAC on STEPS
+#                                    steps of 64 examples' gradient each
+#                                    (default 937: one epoch), in one
+#                                    process, then with keel launch on
+#                                    1 ps + 3 replicas in chief mode and
+#                                    in roles mode (1/1/1), and on 1 ps +
+#                                    5 replicas in roles mode (3/1/1);
+#                                    test accuracy, wall seconds and the
+#                                    CPU seconds of every process, and a
+#                                    markdown table (RUNS picks the runs,
+#                                    SEED the train.seed, default 1)
+#   bench/kfac.sh rolespeed [BUILD]  examples/s of a gradient worker (the
+#                                    chief) in roles mode against a replica
+#                                    of plain sync SGD on the same tasks
+#                                    (1 ps + 3 replicas, 64 examples per
+#                                    replica and step, MODEL), STEPS steps,
+#                                    ROUNDS rounds alternating, medians
 #
 # Run it under `flock /tmp/keel-bench.lock` so benchmarks never overlap.
 # BUILD is the build directory (default _build). Output: JSON lines on
@@ -28,7 +45,7 @@ ROUNDS=${ROUNDS:-3}
 COV_EVERY=${COV_EVERY:-1}
 MODELS=${MODELS:-"mlp cnn"}
 CHUNK=${CHUNK:-250}
-KFAC_LR=${KFAC_LR:-0.001}
+KFAC_LR=${KFAC_LR:-$( [ "$mode" = accuracy ] && echo 0.001 || echo 0.0003)}
 KFAC_DAMPING=${KFAC_DAMPING:-0.001}
 MAX_KFAC_EPOCHS=${MAX_KFAC_EPOCHS:-5}
 DATA=${DATA:-/usr/share/datasets/fashion-mnist}
@@ -109,8 +126,119 @@ accuracy)
         echo "{\"model\": \"$m\", \"kfac_reached_adam_5_epochs\": $reached, \"kfac_steps\": $steps, \"kfac_train_secs\": $total, \"adam_steps\": $asteps, \"adam_train_secs\": $asecs, \"target\": $target, \"kfac_lr\": $KFAC_LR, \"kfac_damping\": $KFAC_DAMPING}"
     done
     ;;
+distributed|rolespeed)
+    MODEL=${MODEL:-cnn}
+    STEPS=${STEPS:-937}
+    # one run: NAME WORKERS BATCH [-s key=value]...; WORKERS -1 is one
+    # process. Prints "wall_s cpu_s chief_examples_per_s accuracy load".
+    run() {
+        name=$1 workers=$2 batch=$3
+        shift 3
+        d=$out/$name
+        rm -rf "$d"
+        mkdir -p "$d"
+        load0=$(cut -d' ' -f1 /proc/loadavg)
+        # [kfac] keys only where the optimizer is K-FAC
+        case " $* " in
+            *" optimizer.name=sgd "*) ;;
+            *) set -- "$@" -s kfac.damping="$KFAC_DAMPING" ;;
+        esac
+        if [ "$workers" -lt 0 ]; then
+            set -- "$keel" train "$out/job.ini" "$@"
+        else
+            set -- "$keel" launch "$out/job.ini" --ps 1 --workers "$workers" \
+                --no-status --max-restarts 0 "$@"
+        fi
+        t0=$(date +%s.%N)
+        OUTPUT_DIR=$d OPENBLAS_NUM_THREADS=1 /usr/bin/time -f '%U %S' \
+            -o "$d.time" "$@" -s train.batch_size="$batch" \
+            -s checkpoint.dir="$d" >"$d.log" 2>&1 ||
+            { echo "# $name failed: see $d.log" >&2; tail -5 "$d.log" >&2; return 1; }
+        wall=$(echo "$(date +%s.%N) - $t0" | bc -l)
+        cpu=$(awk '{ print $1 + $2 }' "$d.time")
+        eps=$(sed -n 's/^\(chief | \)\{0,1\}trained steps .*, \([0-9.]*\) examples\/s.*/\2/p' "$d.log" | tail -1)
+        acc=$("$keel" eval "$d" --json 2>/dev/null |
+              sed -n 's/.*"accuracy": *\([0-9.]*\).*/\1/p')
+        printf '%.1f %.1f %s %s %s-%s\n' "$wall" "$cpu" "${eps:-0}" \
+            "${acc:-0}" "$load0" "$(cut -d' ' -f1 /proc/loadavg)"
+    }
+    cat >"$out/job.ini" <<INI
+[model]
+type = $MODEL
+$( [ "$MODEL" = mlp ] && echo "hidden = 256,256")
+[data]
+dir = $DATA
+[optimizer]
+name = kfac
+learning_rate = $KFAC_LR
+[train]
+epochs = 0
+max_steps = $STEPS
+seed = ${SEED:-1}
+threads = 1
+model_threads = 1
+[checkpoint]
+save_steps = 0
+save_secs = 0
+max_to_keep = 2
+[hooks]
+progress = off
+log_every_steps = 100
+summary_every_steps = 0
+[cluster]
+mode = sync
+step_timeout_secs = 600
+INI
+    echo "# $MODEL, $STEPS steps, K-FAC learning_rate $KFAC_LR, damping $KFAC_DAMPING" >&2
+    if [ "$mode" = distributed ]; then
+        RUNS=${RUNS:-"one chief roles3 roles5"}
+        table="| run | replicas (roles) | global batch | test accuracy | vs one process | wall s | CPU s | load |
+|---|---|---|---|---|---|---|---|"
+        base=
+        for r in $RUNS; do
+            case $r in
+                one) res=$(run one -1 64) desc="1 process" b=64 ;;
+                chief) res=$(run chief 2 64 -s kfac.distributed=chief) desc="3 (chief mode)" b=64 ;;
+                roles3) res=$(run roles3 2 192 -s kfac.distributed=roles) desc="3 (1/1/1)" b=192 ;;
+                roles5) res=$(run roles5 4 105 -s kfac.distributed=roles) desc="5 (3/1/1)" b=105 ;;
+                *) echo "# unknown run '$r'" >&2; continue ;;
+            esac || continue
+            set -- $res
+            [ "$r" = one ] && base=$4
+            diff=-
+            [ -n "$base" ] && diff=$(printf '%+.2f' "$(echo "($4 - $base) * 100" | bc -l)")
+            echo "{\"model\": \"$MODEL\", \"run\": \"$r\", \"steps\": $STEPS, \"batch\": $b, \"test_accuracy\": $4, \"wall_secs\": $1, \"cpu_secs\": $2, \"load\": \"$5\"}"
+            table="$table
+| $r | $desc | $b | $4 | $diff | $1 | $2 | $5 |"
+        done
+        echo "$table" >&2
+    else
+        # examples/s of the chief: roles (a gradient worker) and plain
+        # sync SGD (optimizer.name = sgd), alternating
+        ROUNDS=${ROUNDS:-3}
+        k=0
+        : >"$out/speed"
+        while [ "$k" -lt "$ROUNDS" ]; do
+            k=$((k + 1))
+            for r in sgd roles; do
+                if [ $r = sgd ]; then
+                    res=$(run "sgd$k" 2 192 -s optimizer.name=sgd -s optimizer.learning_rate=0.01)
+                else
+                    res=$(run "roles$k" 2 192 -s kfac.distributed=roles)
+                fi || exit 1
+                set -- $res
+                echo "{\"model\": \"$MODEL\", \"run\": \"$r\", \"round\": $k, \"chief_examples_per_sec\": $3, \"wall_secs\": $1, \"cpu_secs\": $2, \"load\": \"$5\"}"
+                echo "$r $3 $2 $5" >>"$out/speed"
+            done
+        done
+        med() { awk -v r="$1" -v c="$2" '$1 == r { print $c }' "$out/speed" | sort -n |
+                awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+        se=$(med sgd 2) re=$(med roles 2) sc=$(med sgd 3) rc=$(med roles 3)
+        echo "{\"model\": \"$MODEL\", \"rounds\": $ROUNDS, \"sgd_examples_per_sec\": $se, \"roles_examples_per_sec\": $re, \"ratio\": $(printf '%.3f' "$(echo "$re / $se" | bc -l)"), \"sgd_cpu_secs\": $sc, \"roles_cpu_secs\": $rc, \"cpu_ratio\": $(printf '%.3f' "$(echo "$sc / $rc" | bc -l)")}"
+    fi
+    ;;
 *)
-    echo "usage: bench/kfac.sh overhead|accuracy [BUILD]" >&2
+    echo "usage: bench/kfac.sh overhead|accuracy|distributed|rolespeed [BUILD]" >&2
     exit 2
     ;;
 esac

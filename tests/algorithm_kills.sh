@@ -2,11 +2,18 @@
 # algorithm_kills.sh - `make check-long`: every update rule
 # (docs/algorithms.md) survives a worker SIGKILL and then a ps SIGKILL in
 # the middle of a `keel launch` run of the Fashion-MNIST MLP (1 ps, the
-# chief, 1 worker), and finishes. For each rule the script kills worker.0
-# once the chief is past a quarter of the run, waits for the launcher to
-# restart it, kills ps.0 once the chief is past a checkpoint taken after
-# that, and waits for the job to end. A rule passes when:
-#   - the launcher exits 0, having restarted worker.0 and ps.0 once each;
+# chief, 1 worker), and finishes; so does distributed K-FAC (docs/kfac.md)
+# with every role's task killed in turn. For each rule the script kills
+# worker.0 once the chief is past a quarter of the run, waits for the
+# launcher to restart it, kills ps.0 once the chief is past a checkpoint
+# taken after that, and waits for the job to end. The K-FAC rules run more
+# tasks and kill each role before the ps: kfac_chief (chief mode, 1 ps + 3
+# replicas) worker.0, then the chief; kfac_roles (roles mode, 1 ps + 5
+# replicas: gradient workers chief, worker.0, worker.1, covariance worker
+# worker.2, inverse worker worker.3) worker.3, worker.2, worker.0, then the
+# chief, each once the previous one's restart is seen and the chief is past
+# the next tenth of the run. A rule passes when:
+#   - the launcher exits 0, having restarted each killed task once;
 #   - the chief rolled back to a checkpoint ("restarting from step M") and
 #     the new ps was initialized at step M with every slot tensor the
 #     checkpoints hold (the rule's per-worker state: DOWNPOUR's Adagrad
@@ -16,17 +23,19 @@
 #     (they only grow: sums re-created empty would not be);
 #   - the final checkpoint is at the last step (a local-step rule may stop
 #     up to window - 1 steps short, docs/algorithms.md), every checkpoint
-#     verifies and `keel eval` of the final one works.
+#     verifies and `keel eval` of the final one works (K-FAC: with a
+#     test accuracy of at least 0.8).
 # One line per rule and a summary; exit 1 if any rule failed. Not part of
 # `make check` (about 30 s per rule on 2 cores).
 #
-#   tests/algorithm_kills.sh [RULE...]            (default: all 13)
+#   tests/algorithm_kills.sh [RULE...]  (default: all 13 and the 2 K-FAC)
 #
 # Environment: KEEL_BUILDDIR (the build tree, set by make), KEEL_KILLS_DATA
 # (/usr/share/datasets/fashion-mnist), KEEL_KILLS_STEPS (last step, 5999:
 # no multiple of a window, so local-step rules stop with steps unsent),
 # KEEL_KILLS_RULE_SECS (deadline of one rule's run, 180), KEEL_KILLS_KEEP=1
-# keeps the temporary directory (it is always kept on failure). Exit 77:
+# keeps the temporary directory (it is always kept on failure),
+# KEEL_KILLS_KFAC_STEPS (last step of the K-FAC rules, 1999). Exit 77:
 # skipped (no data).
 set -u
 
@@ -36,15 +45,18 @@ DATA=${KEEL_KILLS_DATA:-/usr/share/datasets/fashion-mnist}
 LAST=${KEEL_KILLS_STEPS:-5999}
 RULE_SECS=${KEEL_KILLS_RULE_SECS:-180}
 . "$(dirname "$0")/common.sh"
-RULES=${*:-$KEEL_ALL_RULES}
+KFAC_LAST=${KEEL_KILLS_KFAC_STEPS:-1999}
+RULES=${*:-"$KEEL_ALL_RULES kfac_chief kfac_roles"}
 
 say() { printf 'kills: %s\n' "$*"; }
 
 keel_require_fashion_mnist "$DATA"
-case $LAST in
-    ''|*[!0-9]*) say "KEEL_KILLS_STEPS='$LAST' is not a step count"; exit 99;;
-esac
-[ "$LAST" -ge 500 ] || { say "KEEL_KILLS_STEPS must be at least 500"; exit 99; }
+for n in "$LAST" "$KFAC_LAST"; do
+    case $n in
+        ''|*[!0-9]*) say "KEEL_KILLS_STEPS / KEEL_KILLS_KFAC_STEPS '$n' is not a step count"; exit 99;;
+    esac
+    [ "$n" -ge 500 ] || { say "KEEL_KILLS_STEPS and KEEL_KILLS_KFAC_STEPS must be at least 500"; exit 99; }
+done
 command -v setsid >/dev/null || { say "no setsid (util-linux)"; exit 99; }
 
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/keel-kills.XXXXXX") || exit 99
@@ -79,8 +91,13 @@ trap 'FAILED=1; exit 1' INT TERM
 
 # The rules' rates as in bench/algorithms_accuracy.sh (so that each
 # trains); WINDOW is how many local steps a replica may leave unsent when
-# it stops (docs/algorithms.md, "Returning workers and restarts").
+# it stops (docs/algorithms.md, "Returning workers and restarts");
+# WORKERS the workers besides the chief, KILLS the tasks killed in turn
+# before ps.0, R_LAST the rule's last step, MIN_ACC the least test
+# accuracy of its final checkpoint, R_SECS its deadline (K-FAC: 3 times
+# KEEL_KILLS_RULE_SECS).
 rule_args() {
+    WORKERS=1 KILLS=worker.0 R_LAST=$LAST MIN_ACC= R_SECS=$RULE_SECS
     case $1 in
         agn|adag|sagn) EXTRA="-s algorithm.window=4 -s algorithm.learning_rate=0.2"; WINDOW=4 ;;
         downpour) EXTRA="-s algorithm.learning_rate=0.05 -s algorithm.ps_learning_rate=0.01"; WINDOW=5 ;;
@@ -91,6 +108,16 @@ rule_args() {
         aeasgd|aeamsgd) EXTRA="-s algorithm.learning_rate=0.05"; WINDOW=32 ;;
         easgd) EXTRA="-s algorithm.learning_rate=0.05"; WINDOW=1 ;;
         sync) EXTRA=; WINDOW=1 ;;
+        kfac_chief|kfac_roles)
+            EXTRA="-s optimizer.name=kfac -s optimizer.learning_rate=0.0003 -s checkpoint.save_steps=$((KFAC_LAST / 5)) -s hooks.log_every_steps=10"
+            WINDOW=1 R_LAST=$KFAC_LAST MIN_ACC=0.8 R_SECS=$((RULE_SECS * 3))
+            if [ "$1" = kfac_chief ]; then
+                EXTRA="$EXTRA -s kfac.distributed=chief" WORKERS=2 KILLS="worker.0 chief"
+            else
+                # 105 examples a step: 21 per replica, 63 per step's gradient
+                EXTRA="$EXTRA -s kfac.distributed=roles -s train.batch_size=105"
+                WORKERS=4 KILLS="worker.3 worker.2 worker.0 chief"
+            fi ;;
         *) return 1 ;;
     esac
 }
@@ -117,7 +144,7 @@ until_ok() {
             WHY="the job ended before $what"; return 1
         fi
         if [ "$(date +%s)" -ge "$DEADLINE" ]; then
-            WHY="no $what within ${RULE_SECS} s"; return 2
+            WHY="no $what within ${R_SECS} s"; return 2
         fi
         sleep 0.1
     done
@@ -146,6 +173,21 @@ sums_grew() {
     return 0
 }
 
+# K-FAC roles: after the rollback to step $1, the chief's staleness lines
+# (every 10 steps) at step S >= $1 + 30 show inverses newer than the
+# rollback (average age < S - $1): the inverse worker went on with the
+# replayed steps rather than waiting for the step of its last op before
+# the ps's loss. BADLINE: the first line that does not.
+inverses_after() {
+    BADLINE=$(awk -v r="$1" '
+        index($0, "restarting from step ") { on = 1; next }
+        on && /^chief \| K-FAC: step [0-9]+ preconditioned with inverses / {
+            s = $5; a = $9
+            if (s >= r + 30 && a >= s - r) { print; exit }
+        }' "$LOG")
+    [ -z "$BADLINE" ]
+}
+
 { keel_rules_mlp_ini "$DATA"; cat <<EOF; } > "$TMP/mlp.ini"
 [checkpoint]
 dir = $TMP/unused
@@ -159,9 +201,7 @@ summary_every_steps = 0
 dead_after_ms = 120000
 EOF
 
-KILL_W=$((LAST / 4))
-KILL_PS=$((LAST * 11 / 20))
-say "$(date -u '+%H:%M:%S') last step $LAST; worker.0 killed past step $KILL_W, ps.0 past $KILL_PS (after a checkpoint); $TMP"
+say "$(date -u '+%H:%M:%S') last step $LAST (K-FAC $KFAC_LAST); worker.0 killed past a quarter of it, ps.0 past 11/20 (after a checkpoint); $TMP"
 printf '%-16s %-12s %-9s %-10s %-9s %-6s %s\n' rule kills restored final accuracy secs result
 N_OK=0 N_BAD=0 BAD_RULES=
 for r in $RULES; do
@@ -171,27 +211,47 @@ for r in $RULES; do
     LOG=$TMP/$r.log
     WHY=
     T0=$(date +%s)
-    DEADLINE=$((T0 + RULE_SECS))
+    DEADLINE=$((T0 + R_SECS))
     # shellcheck disable=SC2086
-    OUTPUT_DIR=$TMP/$r setsid "$KEEL" launch "$TMP/mlp.ini" --ps 1 --workers 1 \
-        --no-status --max-restarts 2 -s algorithm.name="$r" \
-        -s train.max_steps="$LAST" $EXTRA > "$LOG" 2>&1 < /dev/null &
+    ALG=$r
+    case $r in kfac_*) ALG=sync ;; esac
+    OUTPUT_DIR=$TMP/$r setsid "$KEEL" launch "$TMP/mlp.ini" --ps 1 \
+        --workers "$WORKERS" --no-status --max-restarts 2 \
+        -s algorithm.name="$ALG" -s train.max_steps="$R_LAST" $EXTRA \
+        > "$LOG" 2>&1 < /dev/null &
     LPID=$!
     RC=
-    if until_ok "step $KILL_W" past "$KILL_W"; then
-        WPID=$(pid_of worker.0)
-        kill -KILL "$WPID" 2>/dev/null || WHY="worker.0 (pid $WPID) was gone before its kill"
-    fi
-    [ -z "$WHY" ] && until_ok "restart of worker.0" seen "^launch | restarted worker.0 "
+    # the kills before the ps's: the k-th of n past step k/(2n+2) of the run
+    NK=$(echo "$KILLS" | wc -w)
+    K=0
+    for t in $KILLS; do
+        K=$((K + 1))
+        AT=$((R_LAST * K / (2 * NK + 2)))
+        if until_ok "step $AT" past "$AT"; then
+            WPID=$(pid_of "$t")
+            kill -KILL "$WPID" 2>/dev/null || WHY="$t (pid $WPID) was gone before its kill"
+        fi
+        [ -z "$WHY" ] && until_ok "restart of $t" seen "^launch | restarted $t "
+        [ -z "$WHY" ] || break
+        LASTKILL=$t
+    done
+    KILL_PS=$((R_LAST * 11 / 20))
     [ -z "$WHY" ] && until_ok "step $KILL_PS" past "$KILL_PS"
-    [ -z "$WHY" ] && until_ok "checkpoint after the worker's restart" \
-        saved_after "launch | restarted worker.0 "
+    [ -z "$WHY" ] && until_ok "checkpoint after the $LASTKILL's restart" \
+        saved_after "launch | restarted $LASTKILL "
+    # K-FAC: the ps dies 60 steps past that checkpoint, so that the
+    # cluster replays steps after its rollback (see inverses_after)
+    case $r in kfac_*)
+        CK=$(sed -n 's/^chief | saved checkpoint for step \([0-9]*\):.*/\1/p' "$LOG" | tail -1)
+        [ -z "$WHY" ] && until_ok "step $((CK + 60))" past $((CK + 60)) ;;
+    esac
+    NRB=$(count "restarting from step ")
     if [ -z "$WHY" ]; then
         PPID_=$(pid_of ps.0)
         kill -KILL "$PPID_" 2>/dev/null || WHY="ps.0 (pid $PPID_) was gone before its kill"
     fi
     [ -z "$WHY" ] && until_ok "restart of ps.0" seen "^launch | restarted ps.0 "
-    [ -z "$WHY" ] && until_ok "rollback after the ps's loss" seen "restarting from step "
+    [ -z "$WHY" ] && until_ok "rollback after the ps's loss" seen "restarting from step " $((NRB + 1))
     [ -z "$WHY" ] && until_ok "end of the job" sh -c "! kill -0 $LPID 2>/dev/null"
     if [ -n "$WHY" ]; then
         stop_launcher
@@ -201,7 +261,12 @@ for r in $RULES; do
         LPID=
     fi
     SECS=$(($(date +%s) - T0))
-    KW=$(count "^launch | restarted worker.0 ")
+    KW= KWS=
+    for t in $KILLS; do
+        n=$(count "^launch | restarted $t ")
+        KWS="$KWS${KWS:+,}$n"
+        [ "$n" = 1 ] || KW="$KW $t $n"
+    done
     KP=$(count "^launch | restarted ps.0 ")
     RESTORED=$(sed -n 's/.*restarting from step \([0-9]*\):.*/\1/p' "$LOG" | tail -1)
     FINAL=$(sed -n 's/^model_checkpoint_path: "model\.ckpt-\([0-9]*\)\.h5"$/\1/p' \
@@ -210,15 +275,15 @@ for r in $RULES; do
     if [ -z "$WHY" ] && [ "$RC" != 0 ]; then
         WHY="keel launch exited $RC: $(grep -E '^(launch|chief) \| .*(keel:|failed|gave up)' "$LOG" | tail -1)"
     fi
-    if [ -z "$WHY" ] && { [ "$KW" != 1 ] || [ "$KP" != 1 ]; }; then
-        WHY="restarts: worker.0 $KW, ps.0 $KP (want one each: a task failed besides the kills)"
+    if [ -z "$WHY" ] && { [ -n "$KW" ] || [ "$KP" != 1 ]; }; then
+        WHY="restarts:${KW:- each killed worker 1}, ps.0 $KP (want one each: a task failed besides the kills)"
     fi
     if [ -z "$WHY" ] && [ -z "$FINAL" ]; then
         WHY="no final checkpoint in $TMP/$r/checkpoint"
     fi
-    if [ -z "$WHY" ] && { [ "$FINAL" -lt $((LAST - WINDOW + 1)) ] ||
-                          [ "$FINAL" -gt $((LAST + 2 * WINDOW)) ]; }; then
-        WHY="final checkpoint at step $FINAL, not $LAST (window $WINDOW)"
+    if [ -z "$WHY" ] && { [ "$FINAL" -lt $((R_LAST - WINDOW + 1)) ] ||
+                          [ "$FINAL" -gt $((R_LAST + 2 * WINDOW)) ]; }; then
+        WHY="final checkpoint at step $FINAL, not $R_LAST (window $WINDOW)"
     fi
     if [ -z "$WHY" ] && ! "$KEEL" ckpt verify "$TMP/$r" > "$TMP/$r.verify" 2>&1; then
         WHY="keel ckpt verify: $(grep -v '^ok' "$TMP/$r.verify" | head -1)"
@@ -250,13 +315,20 @@ for r in $RULES; do
               sed -n 's/.*"accuracy": *\([0-9.]*\).*/\1/p')
         [ -n "$ACC" ] || WHY="keel eval $TMP/$r failed: $(head -1 "$TMP/$r.eval")"
     fi
+    if [ -z "$WHY" ] && [ "$r" = kfac_roles ] && ! inverses_after "$RESTORED"; then
+        WHY="after the rollback to step $RESTORED no inverses were published: $BADLINE"
+    fi
+    if [ -z "$WHY" ] && [ -n "$MIN_ACC" ] &&
+       [ "$(echo "$ACC < $MIN_ACC" | bc -l)" = 1 ]; then
+        WHY="test accuracy $ACC below $MIN_ACC"
+    fi
     if [ -z "$WHY" ]; then
         RESULT=ok N_OK=$((N_OK + 1))
     else
         RESULT="FAIL: $WHY" N_BAD=$((N_BAD + 1)) FAILED=1 BAD_RULES="$BAD_RULES $r"
     fi
-    printf '%-16s %-12s %-9s %-10s %-9s %-6s %s\n' "$r" "w$KW,ps$KP" \
-        "${RESTORED:--}" "${FINAL:--}/$LAST" "${ACC:--}" "$SECS" "$RESULT"
+    printf '%-16s %-12s %-9s %-10s %-9s %-6s %s\n' "$r" "w$KWS,ps$KP" \
+        "${RESTORED:--}" "${FINAL:--}/$R_LAST" "${ACC:--}" "$SECS" "$RESULT"
 done
 say "$(date -u '+%H:%M:%S') $N_OK passed, $N_BAD failed${BAD_RULES:+:$BAD_RULES}"
 exit "$FAILED"

@@ -1989,6 +1989,140 @@ START_TEST(test_kfac_updates_factors_every_cov_update_every_steps)
 }
 END_TEST
 
+/* keel_kfac_apply_update (the role-split chief's update): with the store's
+ * inverses, v <- mu v + grad and W <- W - lr A^-1 [v_W; v_b] G^-1 per
+ * layer (adam momentum, dense: T = 1), computed here in double from the
+ * state before the call; the factors, inverses and EMA weight stay
+ * bitwise as they were. */
+START_TEST(test_kfac_apply_update_uses_the_stores_inverses_only)
+{
+    keel_model_config cfg;
+    keel_kfac_config kc;
+    keel_kfac *k;
+    fixture f;
+    float x[8 * 36];
+    int32_t y[8];
+    keel_batch bt = { x, y, 8 };
+    const double lr = 0.01, mu = 0.9;
+    size_t nv;
+    float **before;
+    tiny_mlp(&cfg, 7, 8);
+    keel_kfac_config_init(&kc);
+    kc.schedule.learning_rate = lr;
+    kc.momentum = mu;
+    kc.damping = 0.01;
+    fx_new(&f, &cfg, 5);
+    ck_assert_int_eq(keel_kfac_new(&kc, f.m, f.vs, &k), KEEL_OK);
+    synthetic(x, y, 8, 36, 3, 6);
+    /* step 0: statistics, inverses and a first update */
+    keel_grads_zero(f.g);
+    keel_model_step(f.m, f.vs, &bt, 8, f.g, NULL);
+    ck_assert_int_eq(keel_kfac_observe(k, f.vs, &bt, 0), KEEL_OK);
+    ck_assert_int_eq(keel_kfac_apply(k, f.vs, f.g, 0), KEEL_OK);
+    /* step 1 (no inversion due either way): the update only */
+    keel_grads_zero(f.g);
+    keel_model_step(f.m, f.vs, &bt, 8, f.g, NULL);
+    nv = keel_vars_count(f.vs);
+    before = calloc(nv, sizeof *before);
+    ck_assert_ptr_nonnull(before);
+    for (size_t i = 0; i < nv; i++) {
+        keel_tensor *t = keel_var_tensor(keel_vars_at(f.vs, i));
+        before[i] = malloc(keel_tensor_bytes(t));
+        ck_assert_ptr_nonnull(before[i]);
+        memcpy(before[i], t->data, keel_tensor_bytes(t));
+    }
+    ck_assert_int_eq(keel_kfac_num_layers(k), 2);
+    {
+        /* expected values, from the state before the call */
+        double *want[2][2];
+        for (int l = 0; l < 2; l++) {
+            const char *scope;
+            size_t a, g;
+            char n[4][KEEL_NAME_MAX];
+            keel_var *vk, *vb;
+            const float *Ai, *Gi, *gk, *gb, *vvk, *vvb;
+            double *v, *t;
+            ck_assert_int_eq(keel_kfac_layer(k, l, &scope, &a, &g), KEEL_OK);
+            snprintf(n[0], sizeof n[0], "%s/kernel", scope);
+            snprintf(n[1], sizeof n[1], "%s/bias", scope);
+            snprintf(n[2], sizeof n[2], "%s/kfac_A_inv", scope);
+            snprintf(n[3], sizeof n[3], "%s/kfac_G_inv", scope);
+            vk = keel_vars_find(f.vs, n[0]);
+            vb = keel_vars_find(f.vs, n[1]);
+            ck_assert_ptr_nonnull(vk);
+            ck_assert_ptr_nonnull(vb);
+            Ai = keel_var_tensor(keel_vars_find(f.vs, n[2]))->data;
+            Gi = keel_var_tensor(keel_vars_find(f.vs, n[3]))->data;
+            gk = keel_grads_at(f.g, keel_var_index(vk))->data;
+            gb = keel_grads_at(f.g, keel_var_index(vb))->data;
+            vvk = keel_var_slot(vk, "velocity")->data;
+            vvb = keel_var_slot(vb, "velocity")->data;
+            v = calloc(a * g, sizeof *v);       /* [v_W; v_b], a x g */
+            t = calloc(a * g, sizeof *t);
+            want[l][0] = calloc((a - 1) * g, sizeof(double));
+            want[l][1] = calloc(g, sizeof(double));
+            ck_assert(v && t && want[l][0] && want[l][1]);
+            for (size_t i = 0; i < a * g; i++)
+                v[i] = i < (a - 1) * g
+                           ? mu * vvk[i] + gk[i]
+                           : mu * vvb[i - (a - 1) * g] + gb[i - (a - 1) * g];
+            for (size_t r = 0; r < a; r++)          /* t = v G^-1 */
+                for (size_t c = 0; c < g; c++)
+                    for (size_t j = 0; j < g; j++)
+                        t[r * g + c] += v[r * g + j] * Gi[j * g + c];
+            for (size_t r = 0; r < a; r++)          /* W - lr A^-1 t */
+                for (size_t c = 0; c < g; c++) {
+                    double p = 0.0;
+                    for (size_t j = 0; j < a; j++)
+                        p += Ai[r * a + j] * t[j * g + c];
+                    if (r < a - 1)
+                        want[l][0][r * g + c] =
+                            keel_var_tensor(vk)->data[r * g + c] - lr * p;
+                    else
+                        want[l][1][c] = keel_var_tensor(vb)->data[c] - lr * p;
+                }
+            free(v);
+            free(t);
+        }
+        ck_assert_msg(keel_kfac_apply_update(k, f.vs, f.g, 1) == KEEL_OK,
+                      "%s", keel_last_error());
+        for (int l = 0; l < 2; l++) {
+            const char *scope;
+            size_t a, g;
+            char n[2][KEEL_NAME_MAX];
+            const float *w, *b;
+            ck_assert_int_eq(keel_kfac_layer(k, l, &scope, &a, &g), KEEL_OK);
+            snprintf(n[0], sizeof n[0], "%s/kernel", scope);
+            snprintf(n[1], sizeof n[1], "%s/bias", scope);
+            w = keel_var_tensor(keel_vars_find(f.vs, n[0]))->data;
+            b = keel_var_tensor(keel_vars_find(f.vs, n[1]))->data;
+            for (size_t i = 0; i < (a - 1) * g + g; i++) {
+                double got = i < (a - 1) * g ? w[i] : b[i - (a - 1) * g];
+                double exp = i < (a - 1) * g ? want[l][0][i]
+                                             : want[l][1][i - (a - 1) * g];
+                ck_assert_msg(fabs(got - exp) <= 1e-5 * (fabs(exp) + 1e-3),
+                              "%s [%zu]: %g, want %g", scope, i, got, exp);
+            }
+            free(want[l][0]);
+            free(want[l][1]);
+        }
+    }
+    /* the factors, their inverses and the EMA weight did not move */
+    for (size_t i = 0; i < nv; i++) {
+        keel_var *v = keel_vars_at(f.vs, i);
+        const char *nm = keel_var_name(v);
+        if (strstr(nm, "kfac") != NULL)
+            ck_assert_msg(memcmp(before[i], keel_var_tensor(v)->data,
+                                 keel_tensor_bytes(keel_var_tensor(v))) == 0,
+                          "%s changed", nm);
+        free(before[i]);
+    }
+    free(before);
+    keel_kfac_free(k);
+    fx_free(&f);
+}
+END_TEST
+
 START_TEST(test_kfac_rejects_bad_configs_and_unobserved_steps)
 {
     keel_model_config cfg;
@@ -2589,7 +2723,8 @@ train_suite(void)
         test_kfac_matches_numpy_reference,
         test_kfac_continues_bitwise_after_restore,
         test_kfac_rejects_bad_configs_and_unobserved_steps,
-        test_kfac_updates_factors_every_cov_update_every_steps));
+        test_kfac_updates_factors_every_cov_update_every_steps,
+        test_kfac_apply_update_uses_the_stores_inverses_only));
     tu_tcase(s, "data", 20, tu_setup, tu_teardown, TU_TESTS(
         test_idx_reader_reads_plain_and_gzip,
         test_idx_reader_rejects_corrupt_files,

@@ -52,6 +52,8 @@ struct keel_kfac {
     keel_tensor *ema_w;           /* "kfac/ema_weight" */
     int32_t *targets;             /* max_batch */
     int64_t pending;              /* examples observed this step */
+    int update_only;              /* keel_kfac_apply_update's call: no
+                                   * EMA, inversion at step 0 only */
     int64_t rng_step;             /* the step rng was seeded for */
     keel__rng rng;
 };
@@ -477,7 +479,7 @@ kfac_apply_fp(keel_kfac *k, keel_vars *vs, keel_grads *grads,
     if (global_step < 0)
         return keel__fail(KEEL_EINVAL, "K-FAC apply: negative global step "
                           "%lld", (long long)global_step);
-    cov = cov_step(k, global_step);
+    cov = !k->update_only && cov_step(k, global_step);
     if (cov && k->pending <= 0)
         return keel__fail(KEEL_ESTATE, "K-FAC apply at step %lld: no factor "
                           "statistics observed (call keel_kfac_observe "
@@ -498,7 +500,9 @@ kfac_apply_fp(keel_kfac *k, keel_vars *vs, keel_grads *grads,
     d = (float)pow(k->cfg.cov_ema_decay, (double)k->cfg.cov_update_every);
     w_old = k->ema_w->data[0];
     w_new = cov ? d * w_old + (1.0f - d) : w_old;
-    invert = global_step % k->cfg.invert_every == 0 || w_old == 0.0f;
+    invert = (k->update_only ? global_step == 0
+                             : global_step % k->cfg.invert_every == 0) ||
+             w_old == 0.0f;
     if (cov) {
         KEEL__PROF_BEGIN();
         for (int i = 0; i < k->nl; i++) {
@@ -726,7 +730,6 @@ static keel_status
 kfac_apply_update_fp(keel_kfac *k, keel_vars *vs, keel_grads *grads,
                      int64_t global_step)
 {
-    keel_kfac_config keep;
     keel_status st;
     if (k == NULL)
         return keel__fail(KEEL_EINVAL, "K-FAC update: NULL argument");
@@ -738,24 +741,15 @@ kfac_apply_update_fp(keel_kfac *k, keel_vars *vs, keel_grads *grads,
         return keel__fail(KEEL_ESTATE, "K-FAC update at step %lld: no "
                           "factors yet (EMA weight 0)",
                           (long long)global_step);
-    /* keel_kfac_apply with an EMA of decay 1 over zero statistics (the
-     * factors and their weight stay as they are) and no inversion due:
-     * exactly the preconditioned, momentum and clipped update with the
-     * store's inverses (at step 0, whose step number keel_kfac_apply
-     * always inverts at, with the inverses of the store's factors) */
-    keep = k->cfg;
-    k->cfg.cov_ema_decay = 1.0;
-    k->cfg.invert_every = INT64_MAX;
-    k->pending = 1;
-    for (int i = 0; i < k->nl; i++) {
-        memset(k->l[i].Asum, 0, k->l[i].info.a_dim * k->l[i].info.a_dim *
-                                    sizeof(float));
-        memset(k->l[i].Gsum, 0, k->l[i].info.g_dim * k->l[i].info.g_dim *
-                                    sizeof(float));
-    }
+    /* keel_kfac_apply with no statistics step (the factors and their
+     * weight stay as they are, untouched: no pass over them) and no
+     * inversion due: exactly the preconditioned, momentum and clipped
+     * update with the store's inverses (at step 0, whose step number
+     * keel_kfac_apply always inverts at, with the inverses of the store's
+     * factors) */
+    k->update_only = 1;
     st = keel_kfac_apply(k, vs, grads, global_step);
-    k->cfg = keep;
-    k->pending = 0;
+    k->update_only = 0;
     return st;
 }
 
