@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "defaults.h"
 #include "util.h"
 #include "session_int.h"
 
@@ -181,8 +182,8 @@ keel_session_manager_new(const keel_session_manager_config *cfg,
     if (cfg->backend != NULL)
         keel__backend_copy(&sm->backend, cfg->backend);
     sm->recovery_wait_ms = cfg->recovery_wait_ms > 0 ? cfg->recovery_wait_ms
-                                                     : 50;
-    sm->max_wait_secs = 1800;
+                                                     : KEEL__DEFAULT_RETRY_MS;
+    sm->max_wait_secs = KEEL__DEFAULT_MAX_WAIT_SECS;
     sm->restore_fn = cfg->restore_fn;
     sm->restore_ctx = cfg->restore_ctx;
     pthread_mutex_init(&sm->mu, NULL);

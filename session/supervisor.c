@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "defaults.h"
 #include "util.h"
 #include "session_int.h"
 
@@ -24,8 +25,8 @@ keel_supervisor_config_init(keel_supervisor_config *cfg)
     cfg->struct_size = sizeof *cfg;
     cfg->is_chief = 1;
     cfg->save_model_secs = 600;
-    cfg->recovery_wait_ms = 50;
-    cfg->stop_grace_secs = 120;
+    cfg->recovery_wait_ms = KEEL__DEFAULT_RETRY_MS;
+    cfg->stop_grace_secs = KEEL__DEFAULT_STOP_GRACE_SECS;
 }
 
 keel_status

@@ -2436,7 +2436,7 @@ START_TEST(test_seam_ps_run_and_training_session_on_a_cluster)
     seam_config(&cfg, vs, &stop, &mom);
     cfg.cluster = cl.chief;
     cfg.cluster_options = &co;
-    cfg.checkpoint_dir = dir;
+    cfg.session.checkpoint_dir = dir;
     cfg.save_checkpoint_steps = 100;
     cfg.log_step_count_steps = 0;
     cfg.save_summaries_steps = 0;

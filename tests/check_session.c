@@ -1387,8 +1387,7 @@ START_TEST(test_strategy_names_and_the_training_sessions_rules)
     ck_assert_int_eq(keel_training_session_new(&tc, &s), KEEL_EINVAL);
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "needs strategy "
                                                     "mirrored"));
-    /* mirrored with replicas 0: two replicas */
-    tc.session.replicas = 1;
+    /* mirrored runs session.replicas (still 2) replicas */
     tc.strategy = KEEL_STRATEGY_MIRRORED;
     replica_calls = 0;
     ck_assert_int_eq(keel_training_session_new(&tc, &s), KEEL_OK);
@@ -1410,7 +1409,7 @@ START_TEST(test_training_session_rejects_both_secs_and_steps)
     tc.session.vars = vs;
     tc.session.step = scripted_step;
     tc.session.step_ctx = &sc;
-    tc.checkpoint_dir = tu_dir;
+    tc.session.checkpoint_dir = tu_dir;
     tc.save_checkpoint_secs = 10;
     tc.save_checkpoint_steps = 10;
     ck_assert_int_eq(keel_training_session_new(&tc, &s), KEEL_EINVAL);
@@ -1435,7 +1434,7 @@ START_TEST(test_training_session_hook_order_chief_and_worker)
     tc.session.n_hooks = 1;
     tc.chief_only_hooks = &chief;
     tc.n_chief_only_hooks = 1;
-    tc.checkpoint_dir = tu_dir;
+    tc.session.checkpoint_dir = tu_dir;
     tc.save_summaries_steps = 0;
     ck_assert_int_eq(keel_training_session_new(&tc, &s), KEEL_OK);
     ck_assert_int_eq(keel_session_run(s, NULL), KEEL_OK);
@@ -1447,7 +1446,7 @@ START_TEST(test_training_session_hook_order_chief_and_worker)
     ev[0] = '\0';
     fake_install();
     keel_vars_set_all_initialized(vs, 1);  // the chief made it ready
-    tc.is_chief = 0;
+    tc.session.is_chief = 0;
     ck_assert_int_eq(keel_training_session_new(&tc, &s), KEEL_OK);
     keel_session_free(s);
     ck_assert_str_eq(ev, "b:U c:U e:U:clean ");
