@@ -1417,6 +1417,13 @@ session_config_from(const keel_config *cfg, job *j, keel_scaffold *sc,
         tc->session.replicas = j->replicas;
 }
 
+void
+keel_job_options_init(keel_job_options *opts)
+{
+    memset(opts, 0, sizeof *opts);
+    opts->struct_size = sizeof *opts;
+}
+
 keel_status
 keel_job_train(const keel_config *cfg, const keel_job_options *opts,
                keel_job_result *result)
@@ -1446,6 +1453,9 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
         memset(result, 0, sizeof *result);
     if (cfg == NULL)
         return keel__fail(KEEL_EINVAL, "train: config is NULL");
+    if (opts != NULL &&
+        (st = KEEL__STRUCT_CHECK(opts, keel_job_options)) != KEEL_OK)
+        return keel__wrap(st, "train");
     st = keel_config_validate(cfg);
     if (st != KEEL_OK)
         return st;

@@ -703,6 +703,8 @@ sn_check_config(const keel_session_config *cfg)
     if (cfg->replicas < 0 || cfg->replicas > KEEL_MAX_REPLICAS)
         return keel__fail(KEEL_EINVAL, "session: replicas = %d out of range "
                           "(1..%d)", cfg->replicas, KEEL_MAX_REPLICAS);
+    if (cfg->backend != NULL)
+        return keel__backend_check(cfg->backend, "session");
     return KEEL_OK;
 }
 

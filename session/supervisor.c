@@ -47,6 +47,9 @@ keel_supervisor_new(const keel_supervisor_config *cfg, keel_supervisor **out)
     if (cfg->save_model_secs < 0)
         return keel__fail(KEEL_EINVAL, "supervisor: save_model_secs %g < 0",
                           cfg->save_model_secs);
+    if (cfg->backend != NULL &&
+        (st = keel__backend_check(cfg->backend, "supervisor")) != KEEL_OK)
+        return st;
     sv = calloc(1, sizeof *sv);
     if (sv == NULL)
         return keel__fail(KEEL_ENOMEM, "supervisor");

@@ -117,7 +117,7 @@ void keel_scaffold_init(keel_scaffold *sc);
  * process's variable store is the shared state. The cluster supplies a
  * parameter-server backend. */
 typedef struct keel_backend {
-    uint32_t struct_size;     /* sizeof(keel_backend) as compiled */
+    uint32_t struct_size;     /* set by keel_backend_init() */
     const char *name;         /* "local", "ps" */
     void *ctx;
     keel_updater updater;     /* apply NULL: the session config's updater */
@@ -152,7 +152,11 @@ typedef struct keel_backend {
     keel_status (*read_global_step)(void *ctx, int64_t *step);
 } keel_backend;
 /* A struct_size that ends before before_save (a backend compiled before
- * those members existed) is accepted: the missing members are NULL. */
+ * those members existed) is accepted: the missing members are NULL. 0
+ * (not filled by keel_backend_init or a getter such as
+ * keel_cluster_backend_get) is KEEL_EINVAL naming the backend. */
+/* All members NULL (local), struct_size set. Cannot fail. */
+void keel_backend_init(keel_backend *be);
 
 /* ---- session manager and creators --------------------------------------- */
 
