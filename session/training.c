@@ -223,7 +223,7 @@ keel_training_session_new(const keel_training_config *cfg,
     const char *summary_dir;
     static const char *const default_names[] = { "loss" };
     training_owned *own = NULL;
-    const char *ckpt_dir = cfg != NULL ? cfg->session.checkpoint_dir : NULL;
+    const char *ckpt_dir;
     int is_chief;
     keel_status st;
     if (out == NULL)
@@ -248,6 +248,7 @@ keel_training_session_new(const keel_training_config *cfg,
     if (st != KEEL_OK)
         return st;
     sc = cfg->session;
+    ckpt_dir = sc.checkpoint_dir;
     own = calloc(1, sizeof *own);
     if (own == NULL)
         return keel__fail(KEEL_ENOMEM, "training session");

@@ -605,24 +605,13 @@ zc_evaluator_options(void)
 
 START_TEST(test_zeroed_option_structs_are_refused_by_name)
 {
-    static const struct {
-        const char *type;
-        keel_status (*call)(void);
-    } cases[] = {
+    static const tu_zeroed_case cases[] = {
         { "keel_cluster_slurm_options", zc_slurm },
         { "keel_launch_config", zc_launch },
         { "keel_job_options", zc_job_options },
         { "keel_evaluator_options", zc_evaluator_options },
     };
-    char want[128];
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        ck_assert_int_eq(cases[i].call(), KEEL_EINVAL);
-        snprintf(want, sizeof want, "%s has struct_size 0: fill it with "
-                 "%s_init()", cases[i].type, cases[i].type);
-        ck_assert_msg(strstr(keel_last_error(), want) != NULL,
-                      "case %zu: '%s' lacks '%s'", i, keel_last_error(),
-                      want);
-    }
+    tu_assert_zeroed_refused(cases, sizeof cases / sizeof *cases);
 }
 END_TEST
 

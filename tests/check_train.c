@@ -2370,11 +2370,6 @@ END_TEST
 /* Every config struct of keel/train.h made without its init function
  * (memset, "= { 0 }": struct_size 0) is refused by the function taking it,
  * naming the struct and its init function. */
-typedef struct zeroed_case {
-    const char *type;            /* the struct the message must name */
-    keel_status (*call)(void);   /* calls the taker with a zeroed struct */
-} zeroed_case;
-
 static keel_vars *zc_vs;
 static keel_model *zc_model;
 static keel_dataset *zc_ds;
@@ -2452,7 +2447,7 @@ zc_data_iter_config(void)
 
 START_TEST(test_zeroed_config_structs_are_refused_by_name)
 {
-    static const zeroed_case cases[] = {
+    static const tu_zeroed_case cases[] = {
         { "keel_model_config", zc_model_config },
         { "keel_lr_schedule", zc_lr_schedule },
         { "keel_optimizer_config", zc_optimizer_config },
@@ -2463,7 +2458,6 @@ START_TEST(test_zeroed_config_structs_are_refused_by_name)
     };
     keel_model_config mc;
     const char *p = tu_path("zc.h5");
-    char want[128];
     ck_assert_int_eq(keel_vars_new(&zc_vs), KEEL_OK);
     keel_model_config_init(&mc);
     mc.kind = KEEL_MODEL_SOFTMAX;
@@ -2474,14 +2468,7 @@ START_TEST(test_zeroed_config_structs_are_refused_by_name)
     ck_assert_int_eq(keel_model_new(&mc, zc_vs, &zc_model), KEEL_OK);
     write_h5(p, 0, 5, 5, -1);
     ck_assert_int_eq(keel_dataset_open_h5(p, 3, &zc_ds), KEEL_OK);
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        ck_assert_int_eq(cases[i].call(), KEEL_EINVAL);
-        snprintf(want, sizeof want, "%s has struct_size 0: fill it with "
-                 "%s_init()", cases[i].type, cases[i].type);
-        ck_assert_msg(strstr(keel_last_error(), want) != NULL,
-                      "case %zu: '%s' lacks '%s'", i, keel_last_error(),
-                      want);
-    }
+    tu_assert_zeroed_refused(cases, sizeof cases / sizeof *cases);
     keel_dataset_free(zc_ds);
     keel_model_free(zc_model);
     keel_vars_free(zc_vs);
