@@ -41,7 +41,7 @@ typedef struct key_def {
 
 /* The schema. Order here is the order of `keel config check` and docs. */
 /* cluster defaults shared with keel_cluster_options_init */
-#define D(name) KEEL__CLUSTER_STR(KEEL__CLUSTER_##name)
+#define D(name) KEEL__XSTR(KEEL__CLUSTER_##name)
 
 static const key_def schema[] = {
     { "model", "type", T_ENUM, "mlp", NOLIM, "softmax|mlp|cnn",

@@ -274,6 +274,7 @@ void
 keel_evaluator_options_init(keel_evaluator_options *o)
 {
     memset(o, 0, sizeof *o);
+    o->struct_size = sizeof *o;
 }
 
 /* The newest checkpoint file in dir: the newest the state file lists,
@@ -373,6 +374,9 @@ keel_job_run_evaluator(const keel_config *cfg,
         *result = r;
     if (cfg == NULL)
         return keel__fail(KEEL_EINVAL, "evaluator: config is NULL");
+    if (opts != NULL &&
+        (st = KEEL__STRUCT_CHECK(opts, keel_evaluator_options)) != KEEL_OK)
+        return keel__wrap(st, "evaluator");
     if (opts != NULL)
         o = *opts;
     else

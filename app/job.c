@@ -1298,9 +1298,9 @@ replica_session(job *j, keel_training_config *tc, const keel_backend *backend,
     position->after_create_session = position_after_create;
     tc->session.backend = backend;
     tc->session.n_hooks = n_hooks + 1;
-    tc->is_chief = is_chief;
+    tc->session.is_chief = is_chief;
     if (!is_chief)
-        tc->checkpoint_dir = NULL;
+        tc->session.checkpoint_dir = NULL;
 }
 
 /* train.strategy = multi_worker_mirrored: what the config and the
@@ -1397,7 +1397,7 @@ session_config_from(const keel_config *cfg, job *j, keel_scaffold *sc,
     tc->session.meta_ctx = j;
     tc->session.restore_fn = job_restore;
     tc->session.restore_ctx = j;
-    tc->checkpoint_dir = keel_config_str(cfg, "checkpoint.dir");
+    tc->session.checkpoint_dir = keel_config_str(cfg, "checkpoint.dir");
     tc->save_checkpoint_steps = every > 0 ? every : 0;
     tc->save_checkpoint_secs = every > 0 ? 0 : secs;
     if (j->save_epochs > 0 &&
@@ -1413,7 +1413,15 @@ session_config_from(const keel_config *cfg, job *j, keel_scaffold *sc,
     tc->n_summary_names = 3;
     tc->log_step_count_steps = keel_config_int(cfg, "hooks.log_every_steps");
     tc->save_on_error = keel_config_bool(cfg, "checkpoint.save_on_error");
-    tc->replicas = j->replicas;
+    if (j->replicas > 0)                        /* mirrored */
+        tc->session.replicas = j->replicas;
+}
+
+void
+keel_job_options_init(keel_job_options *opts)
+{
+    memset(opts, 0, sizeof *opts);
+    opts->struct_size = sizeof *opts;
 }
 
 keel_status
@@ -1445,6 +1453,9 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
         memset(result, 0, sizeof *result);
     if (cfg == NULL)
         return keel__fail(KEEL_EINVAL, "train: config is NULL");
+    if (opts != NULL &&
+        (st = KEEL__STRUCT_CHECK(opts, keel_job_options)) != KEEL_OK)
+        return keel__wrap(st, "train");
     st = keel_config_validate(cfg);
     if (st != KEEL_OK)
         return st;
@@ -1706,13 +1717,16 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
             }
         }
         replica_session(&j, &tc, &backend, hooks, n_hooks, is_chief);
-        tc.max_wait_secs = o.max_wait_secs;
-        tc.stop_grace_period_secs =
+    }
+    if (in_cluster || is_mwm) {
+        tc.session.max_wait_secs =
+            keel_config_double(cfg, "cluster.max_wait_secs");
+        tc.session.stop_grace_period_secs =
             keel_config_double(cfg, "cluster.stop_grace_secs");
     }
 
-    if (tc.checkpoint_dir != NULL &&
-        (st = keel__fs_mkdirs(tc.checkpoint_dir)) != KEEL_OK)
+    if (tc.session.checkpoint_dir != NULL &&
+        (st = keel__fs_mkdirs(tc.session.checkpoint_dir)) != KEEL_OK)
         goto out;
     st = keel_training_session_new(&tc, &s);
     if (st == KEEL_EOUTOFRANGE && in_cluster && !is_chief) {

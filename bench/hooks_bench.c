@@ -185,7 +185,7 @@ main(int argc, char **argv)
     cfg.session.hooks = extra;
     cfg.session.n_hooks = has_extra ? 3 : 0;
     cfg.session.skip_grad_zeroing = skip_zero;   // the step writes them all
-    cfg.checkpoint_dir = dir;
+    cfg.session.checkpoint_dir = dir;
     /* Default hooks present but not triggering inside the timed loops. */
     if (ckpt_secs > 0)
         cfg.save_checkpoint_secs = ckpt_secs;

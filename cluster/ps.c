@@ -1610,7 +1610,7 @@ keel__ps_serve_once(keel__ps *ps, int timeout_ms)
                             "replica of this cluster (%d replicas%s)",
                             req.h.sender_index, ps->total_replicas,
                             ps->fixed ? fixed_why(ps) : ", at most "
-                            KEEL__CLUSTER_STR(KEEL__CLUSTER_MAX_REPLICAS));
+                            KEEL__XSTR(KEEL__CLUSTER_MAX_REPLICAS));
         else if (r >= 0)
             member_heard(ps, r, keel__now_mono_ns());
     }

@@ -1775,7 +1775,7 @@ keel_cluster_spec_detect(const keel_cluster_options *opts,
         st = keel_cluster_spec_from_env(&spec);
     } else if (getenv("SLURM_PROCID") != NULL) {
         keel_cluster_slurm_options so;
-        memset(&so, 0, sizeof so);
+        keel_cluster_slurm_options_init(&so);
         so.num_ps = opts->slurm_num_ps;
         so.port_base = opts->slurm_port_base;
         st = keel_cluster_spec_from_slurm(&so, &spec);

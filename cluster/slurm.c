@@ -11,6 +11,7 @@
 #include <keel/cluster.h>
 #include "util.h"
 #include "cluster_int.h"
+#include "defaults.h"
 
 #define MAX_TASKS_PER_JOB KEEL__MAX_TASKS_PER_JOB
 #define MAX_HOSTS 65536
@@ -202,6 +203,15 @@ expand_tasks_per_node(const char *s, int *counts, long max)
     return n;
 }
 
+void
+keel_cluster_slurm_options_init(keel_cluster_slurm_options *opt)
+{
+    memset(opt, 0, sizeof *opt);
+    opt->struct_size = sizeof *opt;
+    opt->num_ps = KEEL__CLUSTER_SLURM_NUM_PS;
+    opt->port_base = KEEL__CLUSTER_SLURM_PORT_BASE;
+}
+
 keel_status
 keel_cluster_spec_from_slurm(const keel_cluster_slurm_options *opt,
                              keel_cluster_spec **out)
@@ -219,7 +229,10 @@ keel_cluster_spec_from_slurm(const keel_cluster_slurm_options *opt,
     if (out == NULL || opt == NULL)
         return keel__fail(KEEL_EINVAL, "slurm: NULL argument");
     *out = NULL;
-    port_base = opt->port_base ? opt->port_base : 8888;
+    if (KEEL__STRUCT_CHECK(opt, keel_cluster_slurm_options) != KEEL_OK)
+        return keel__wrap(KEEL_EINVAL, "slurm");
+    port_base = opt->port_base ? opt->port_base
+                               : KEEL__CLUSTER_SLURM_PORT_BASE;
     num_ps = opt->num_ps;
     v_rank = env_get(opt->env, "SLURM_PROCID");
     v_n = env_get(opt->env, "SLURM_STEP_NUM_TASKS");

@@ -126,7 +126,7 @@ main(int argc, char **argv)
     cfg.optimizer = &sgd;                     /* here, or on the ps */
     cfg.cluster = cluster;                    /* local: trains alone */
     cfg.cluster_options = &copts;
-    cfg.checkpoint_dir = dir;                 /* the chief's */
+    cfg.session.checkpoint_dir = dir;         /* the chief's */
     cfg.save_checkpoint_steps = 50;
     cfg.log_step_count_steps = 100;
     st = keel_training_session_new(&cfg, &s);

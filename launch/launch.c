@@ -171,6 +171,25 @@ init_task(task *t, keel_task_type type, int index)
     t->fd[0] = t->fd[1] = t->pidfd = t->log_fd = -1;
 }
 
+/* keel_launch_config's defaults, which also stand in for values out of
+ * range. */
+#define LAUNCH_MAX_RESTARTS 3
+#define LAUNCH_BACKOFF_SECS 0.1
+#define LAUNCH_GRACE_SECS 10
+#define LAUNCH_CHAOS_PERIOD_SECS 10
+
+void
+keel_launch_config_init(keel_launch_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->struct_size = sizeof *cfg;
+    cfg->max_restarts = LAUNCH_MAX_RESTARTS;
+    cfg->backoff_secs = LAUNCH_BACKOFF_SECS;
+    cfg->grace_secs = LAUNCH_GRACE_SECS;
+    cfg->chaos_period_secs = LAUNCH_CHAOS_PERIOD_SECS;
+    cfg->mode = KEEL_CLUSTER_SYNC;
+}
+
 keel_status
 keel_launch_new(const keel_launch_config *cfg, keel_launch **out)
 {
@@ -181,6 +200,8 @@ keel_launch_new(const keel_launch_config *cfg, keel_launch **out)
     if (out == NULL)
         return keel__fail(KEEL_EINVAL, "launch: out is NULL");
     *out = NULL;
+    if (cfg != NULL && KEEL__STRUCT_CHECK(cfg, keel_launch_config) != KEEL_OK)
+        return keel__wrap(KEEL_EINVAL, "launch");
     if (cfg == NULL || cfg->exe == NULL || cfg->argv == NULL ||
         cfg->argv[0] == NULL)
         return keel__fail(KEEL_EINVAL, "launch: no program to run (exe, "
@@ -211,13 +232,13 @@ keel_launch_new(const keel_launch_config *cfg, keel_launch **out)
         return keel__fail(KEEL_ENOMEM, "launch: %zu bytes", sizeof *l);
     l->cfg = *cfg;
     if (l->cfg.max_restarts < 0)
-        l->cfg.max_restarts = 3;
+        l->cfg.max_restarts = LAUNCH_MAX_RESTARTS;
     if (l->cfg.backoff_secs < 0)
-        l->cfg.backoff_secs = 0.1;
+        l->cfg.backoff_secs = LAUNCH_BACKOFF_SECS;
     if (l->cfg.grace_secs <= 0)
-        l->cfg.grace_secs = 10;
+        l->cfg.grace_secs = LAUNCH_GRACE_SECS;
     if (l->cfg.chaos_period_secs <= 0)
-        l->cfg.chaos_period_secs = 10;
+        l->cfg.chaos_period_secs = LAUNCH_CHAOS_PERIOD_SECS;
     if (l->cfg.chaos_types == 0)
         l->cfg.chaos_types = (1u << KEEL_TASK_CHIEF) |
                              (1u << KEEL_TASK_WORKER) | (1u << KEEL_TASK_PS);

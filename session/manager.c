@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "defaults.h"
 #include "util.h"
 #include "session_int.h"
 
@@ -143,16 +144,10 @@ keel_session_manager_new(const keel_session_manager_config *cfg,
     if (cfg->recovery_wait_ms < 0)
         return keel__fail(KEEL_EINVAL, "session manager: recovery_wait_ms "
                           "%d < 0", cfg->recovery_wait_ms);
-    if (cfg->backend != NULL && cfg->backend->struct_size != 0
-        && (cfg->backend->struct_size < offsetof(keel_backend, before_save)
-            || cfg->backend->struct_size > sizeof(keel_backend)))
-        return keel__fail(KEEL_EINVAL, "session manager: backend '%s' "
-                          "has struct_size %u (expected %zu..%zu)",
-                          cfg->backend->name != NULL ? cfg->backend->name
-                                                     : "?",
-                          cfg->backend->struct_size,
-                          offsetof(keel_backend, before_save),
-                          sizeof(keel_backend));
+    if (cfg->backend != NULL &&
+        (st = keel__backend_check(cfg->backend, "session manager"))
+        != KEEL_OK)
+        return st;
     sm = calloc(1, sizeof *sm);
     if (sm == NULL)
         return keel__fail(KEEL_ENOMEM, "session manager: %zu bytes",
@@ -181,8 +176,8 @@ keel_session_manager_new(const keel_session_manager_config *cfg,
     if (cfg->backend != NULL)
         keel__backend_copy(&sm->backend, cfg->backend);
     sm->recovery_wait_ms = cfg->recovery_wait_ms > 0 ? cfg->recovery_wait_ms
-                                                     : 50;
-    sm->max_wait_secs = 1800;
+                                                     : KEEL__DEFAULT_RETRY_MS;
+    sm->max_wait_secs = KEEL__DEFAULT_MAX_WAIT_SECS;
     sm->restore_fn = cfg->restore_fn;
     sm->restore_ctx = cfg->restore_ctx;
     pthread_mutex_init(&sm->mu, NULL);
@@ -522,10 +517,31 @@ keel_worker_creator(keel_session_manager *sm)
 }
 
 void
+keel_backend_init(keel_backend *be)
+{
+    memset(be, 0, sizeof *be);
+    be->struct_size = sizeof *be;
+}
+
+keel_status
+keel__backend_check(const keel_backend *be, const char *who)
+{
+    /* the first version ended before before_save */
+    keel_status st = keel__struct_size_check(be->struct_size,
+                                             offsetof(keel_backend,
+                                                      before_save),
+                                             sizeof *be, "keel_backend");
+    if (st != KEEL_OK)
+        return keel__wrap(st, "%s: backend '%s'", who,
+                          be->name != NULL ? be->name : "?");
+    return KEEL_OK;
+}
+
+void
 keel__backend_copy(keel_backend *dst, const keel_backend *src)
 {
-    size_t n = src->struct_size != 0 && src->struct_size < sizeof *dst
-               ? src->struct_size : sizeof *dst;
+    size_t n = src->struct_size < sizeof *dst ? src->struct_size
+                                              : sizeof *dst;
     memset(dst, 0, sizeof *dst);
     memcpy(dst, src, n);
     dst->struct_size = sizeof *dst;

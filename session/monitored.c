@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "defaults.h"
 #include "util.h"
 #include "session_int.h"
 #include "step_pool.h"
@@ -398,12 +399,12 @@ keel_session_config_init(keel_session_config *cfg)
     memset(cfg, 0, sizeof *cfg);
     cfg->struct_size = sizeof *cfg;
     cfg->is_chief = 1;
-    cfg->max_wait_secs = 1800;
-    cfg->recovery_wait_ms = 50;
+    cfg->max_wait_secs = KEEL__DEFAULT_MAX_WAIT_SECS;
+    cfg->recovery_wait_ms = KEEL__DEFAULT_RETRY_MS;
     cfg->max_recovery_attempts = 8;
-    cfg->backoff_ms = 50;
+    cfg->backoff_ms = KEEL__DEFAULT_RETRY_MS;
     cfg->backoff_max_ms = 5000;
-    cfg->stop_grace_period_secs = 120;
+    cfg->stop_grace_period_secs = KEEL__DEFAULT_STOP_GRACE_SECS;
     cfg->replicas = 1;
 }
 
@@ -702,6 +703,8 @@ sn_check_config(const keel_session_config *cfg)
     if (cfg->replicas < 0 || cfg->replicas > KEEL_MAX_REPLICAS)
         return keel__fail(KEEL_EINVAL, "session: replicas = %d out of range "
                           "(1..%d)", cfg->replicas, KEEL_MAX_REPLICAS);
+    if (cfg->backend != NULL)
+        return keel__backend_check(cfg->backend, "session");
     return KEEL_OK;
 }
 

@@ -85,7 +85,11 @@ void keel__session_set_skipping(int is_on);
 keel_status keel__session_new(const keel_session_config *cfg,
                               int is_recovering, keel_hook *owned,
                               size_t n_owned, keel_session **out);
-/* Copy a caller's backend (struct_size bytes; later members NULL). */
+/* Check a caller's backend: struct_size 0 (not from keel_backend_init or
+ * a library getter), or outside the sizes this libkeel knows, is
+ * KEEL_EINVAL naming the backend, prefixed with who. */
+keel_status keel__backend_check(const keel_backend *be, const char *who);
+/* Copy a checked backend (struct_size bytes; later members NULL). */
 void keel__backend_copy(keel_backend *dst, const keel_backend *src);
 /* Something the session frees after everything else at keel_session_free
  * (training.c: the optimizer and the cluster backend it made). */

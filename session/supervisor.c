@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "defaults.h"
 #include "util.h"
 #include "session_int.h"
 
@@ -24,8 +25,8 @@ keel_supervisor_config_init(keel_supervisor_config *cfg)
     cfg->struct_size = sizeof *cfg;
     cfg->is_chief = 1;
     cfg->save_model_secs = 600;
-    cfg->recovery_wait_ms = 50;
-    cfg->stop_grace_secs = 120;
+    cfg->recovery_wait_ms = KEEL__DEFAULT_RETRY_MS;
+    cfg->stop_grace_secs = KEEL__DEFAULT_STOP_GRACE_SECS;
 }
 
 keel_status
@@ -46,6 +47,9 @@ keel_supervisor_new(const keel_supervisor_config *cfg, keel_supervisor **out)
     if (cfg->save_model_secs < 0)
         return keel__fail(KEEL_EINVAL, "supervisor: save_model_secs %g < 0",
                           cfg->save_model_secs);
+    if (cfg->backend != NULL &&
+        (st = keel__backend_check(cfg->backend, "supervisor")) != KEEL_OK)
+        return st;
     sv = calloc(1, sizeof *sv);
     if (sv == NULL)
         return keel__fail(KEEL_ENOMEM, "supervisor");

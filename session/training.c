@@ -69,8 +69,8 @@ keel_strategy_resolve(keel_strategy s, int has_cluster)
                        : KEEL_STRATEGY_ONE_DEVICE;
 }
 
-/* cfg's strategy against the cluster it has (has_cluster: tasks) into
- * sc->replicas. */
+/* cfg's strategy against the cluster it has (has_cluster: tasks) and
+ * sc->replicas (more than 1 only for mirrored). */
 static keel_status
 check_strategy(const keel_training_config *cfg, int has_cluster,
                keel_session_config *sc)
@@ -98,14 +98,7 @@ check_strategy(const keel_training_config *cfg, int has_cluster,
                           "trains in one process, but a cluster with tasks "
                           "was given; use parameter_server (or auto) for "
                           "it", name);
-    if (s == KEEL_STRATEGY_MIRRORED) {
-        int r = cfg->replicas > 0 ? cfg->replicas : 2;
-        if (r > KEEL_MAX_REPLICAS)
-            return keel__fail(KEEL_EINVAL, "training session: mirrored "
-                              "with %d replicas; at most %d", r,
-                              KEEL_MAX_REPLICAS);
-        sc->replicas = r;
-    } else if (sc->replicas > 1) {
+    if (s != KEEL_STRATEGY_MIRRORED && sc->replicas > 1) {
         return keel__fail(KEEL_EINVAL, "training session: session.replicas "
                           "= %d needs strategy mirrored, not %s",
                           sc->replicas, name);
@@ -114,16 +107,15 @@ check_strategy(const keel_training_config *cfg, int has_cluster,
 }
 
 /* The update rule and the cluster of cfg into sc (and *own): a cluster
- * backend when the spec (given or detected) has tasks, else the optimizer
- * applied here. *is_chief: the spec's, else cfg's. */
+ * backend when the spec (given or detected) has tasks, with the spec's
+ * is_chief and the cluster's max_wait_secs, else the optimizer applied
+ * here. */
 static keel_status
 resolve_cluster(const keel_training_config *cfg, keel_session_config *sc,
-                training_owned *own, int *is_chief, double *max_wait)
+                training_owned *own)
 {
     const keel_cluster_spec *spec = cfg->cluster;
     keel_status st;
-    *is_chief = cfg->is_chief;
-    *max_wait = cfg->max_wait_secs;
     if (spec == NULL && cfg->cluster_from_env) {
         st = keel_cluster_spec_detect(cfg->cluster_options, &own->spec);
         if (st != KEEL_OK)
@@ -159,8 +151,8 @@ resolve_cluster(const keel_training_config *cfg, keel_session_config *sc,
             return keel__wrap(st, "training session");
         keel_cluster_backend_get(own->cluster, &own->backend);
         sc->backend = &own->backend;
-        *is_chief = keel_cluster_spec_is_chief(spec);
-        *max_wait = co.max_wait_secs;
+        sc->is_chief = keel_cluster_spec_is_chief(spec);
+        sc->max_wait_secs = co.max_wait_secs;
         return KEEL_OK;
     }
     if (cfg->optimizer != NULL) {
@@ -184,14 +176,11 @@ keel_training_config_init(keel_training_config *cfg)
     memset(cfg, 0, sizeof *cfg);
     cfg->struct_size = sizeof *cfg;
     keel_session_config_init(&cfg->session);
-    cfg->is_chief = 1;
     cfg->save_checkpoint_secs = KEEL_USE_DEFAULT;
     cfg->save_checkpoint_steps = KEEL_USE_DEFAULT;
     cfg->save_summaries_steps = KEEL_USE_DEFAULT;
     cfg->save_summaries_secs = KEEL_USE_DEFAULT;
     cfg->log_step_count_steps = 100;
-    cfg->stop_grace_period_secs = 120;
-    cfg->max_wait_secs = 7200;
 }
 
 /* TF's USE_DEFAULT pair: secs defaults to dflt_secs (steps to dflt_steps)
@@ -234,8 +223,8 @@ keel_training_session_new(const keel_training_config *cfg,
     const char *summary_dir;
     static const char *const default_names[] = { "loss" };
     training_owned *own = NULL;
+    const char *ckpt_dir;
     int is_chief;
-    double max_wait;
     keel_status st;
     if (out == NULL)
         return keel__fail(KEEL_EINVAL, "training session: out is NULL");
@@ -259,16 +248,17 @@ keel_training_session_new(const keel_training_config *cfg,
     if (st != KEEL_OK)
         return st;
     sc = cfg->session;
+    ckpt_dir = sc.checkpoint_dir;
     own = calloc(1, sizeof *own);
     if (own == NULL)
         return keel__fail(KEEL_ENOMEM, "training session");
-    st = resolve_cluster(cfg, &sc, own, &is_chief, &max_wait);
+    st = resolve_cluster(cfg, &sc, own);
     if (st != KEEL_OK) {
         training_owned_free(own);
         return st;
     }
-    summary_dir = cfg->summary_dir != NULL ? cfg->summary_dir
-                                           : cfg->checkpoint_dir;
+    is_chief = sc.is_chief;
+    summary_dir = cfg->summary_dir != NULL ? cfg->summary_dir : ckpt_dir;
     cap = cfg->n_chief_only_hooks + 3 + cfg->session.n_hooks;
     all = calloc(cap, sizeof *all);
     owned = calloc(3, sizeof *owned);
@@ -307,7 +297,7 @@ keel_training_session_new(const keel_training_config *cfg,
                 goto fail;
             all[n_all++] = owned[n_owned++];
         }
-        if (cfg->checkpoint_dir != NULL && (ck_secs > 0 || ck_steps > 0)) {
+        if (ckpt_dir != NULL && (ck_secs > 0 || ck_steps > 0)) {
             keel_ckpt_hook_config hc;
             keel_ckpt_hook_config_init(&hc);
             hc.save_secs = ck_secs;
@@ -326,14 +316,10 @@ keel_training_session_new(const keel_training_config *cfg,
         all[n_all++] = cfg->session.hooks[i];
     sc.hooks = all;
     sc.n_hooks = n_all;
-    sc.is_chief = is_chief;
-    sc.checkpoint_dir = is_chief ? cfg->checkpoint_dir : NULL;
-    sc.max_wait_secs = max_wait;
-    sc.stop_grace_period_secs = cfg->stop_grace_period_secs;
+    sc.checkpoint_dir = is_chief ? ckpt_dir : NULL;
     keel__log(KEEL_LOG_INFO, "training session (%s): %zu hooks, checkpoints "
               "%s every %g s / %lld steps", is_chief ? "chief" : "worker",
-              n_all, cfg->checkpoint_dir != NULL ? cfg->checkpoint_dir
-                                                 : "(none)",
+              n_all, ckpt_dir != NULL ? ckpt_dir : "(none)",
               ck_secs, (long long)ck_steps);
     st = keel__session_new(&sc, 1, owned, n_owned, out);
     free(all);              // the session copied the hooks

@@ -651,11 +651,11 @@ replica_main(void *arg)
     cfg.optimizer = r->opt;
     cfg.cluster = r->spec;
     cfg.cluster_options = r->opts;
-    cfg.checkpoint_dir = r->dir;
+    cfg.session.checkpoint_dir = r->dir;
     cfg.save_checkpoint_steps = 1000000;
     cfg.log_step_count_steps = 0;
     cfg.save_summaries_steps = 0;
-    cfg.max_wait_secs = 60;
+    cfg.session.max_wait_secs = 60;
     r->st = keel_training_session_new(&cfg, &s);
     if (r->st == KEEL_OK)
         r->st = keel_session_train(s);

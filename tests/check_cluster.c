@@ -538,8 +538,8 @@ START_TEST(test_slurm_ranks_map_to_ps_then_workers)
     char *env[] = { "SLURM_PROCID=3", "SLURM_NTASKS=4",
                     "SLURM_JOB_NODELIST=node[1-2]",
                     "SLURM_TASKS_PER_NODE=2(x2)", NULL };
-    keel_cluster_slurm_options o = { .num_ps = 1, .port_base = 9000,
-                                     .env = env };
+    keel_cluster_slurm_options o = { .struct_size = sizeof o, .num_ps = 1,
+                                     .port_base = 9000, .env = env };
     keel_cluster_spec *s = NULL;
     ck_assert_int_eq(keel_cluster_spec_from_slurm(&o, &s), KEEL_OK);
     ck_assert_int_eq(keel_cluster_spec_num_tasks(s, KEEL_TASK_PS), 1);
@@ -567,7 +567,8 @@ START_TEST(test_slurm_ranks_map_to_ps_then_workers)
     {
         char *e2[] = { "SLURM_PROCID=0", "SLURM_STEP_NUM_TASKS=3",
                        "SLURM_STEP_NODELIST=a,b", NULL };
-        keel_cluster_slurm_options o2 = { .num_ps = 0, .env = e2 };
+        keel_cluster_slurm_options o2 = { .struct_size = sizeof o2,
+                                          .num_ps = 0, .env = e2 };
         ck_assert_int_eq(keel_cluster_spec_from_slurm(&o2, &s), KEEL_OK);
         ck_assert_str_eq(keel_cluster_spec_address(s, KEEL_TASK_WORKER, 1),
                          "a:8889");
@@ -588,7 +589,8 @@ START_TEST(test_slurm_errors_are_named_and_listed_together)
                     NULL };
     char *many_ps[] = { "SLURM_PROCID=0", "SLURM_NTASKS=2",
                         "SLURM_JOB_NODELIST=n1", NULL };
-    keel_cluster_slurm_options o = { .num_ps = 0, .env = none };
+    keel_cluster_slurm_options o = { .struct_size = sizeof o, .num_ps = 0,
+                                     .env = none };
     ck_assert_int_eq(keel_cluster_spec_from_slurm(&o, &s), KEEL_EINVAL);
     ck_assert_ptr_null(s);
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "3 problems"));
@@ -2436,7 +2438,7 @@ START_TEST(test_seam_ps_run_and_training_session_on_a_cluster)
     seam_config(&cfg, vs, &stop, &mom);
     cfg.cluster = cl.chief;
     cfg.cluster_options = &co;
-    cfg.checkpoint_dir = dir;
+    cfg.session.checkpoint_dir = dir;
     cfg.save_checkpoint_steps = 100;
     cfg.log_step_count_steps = 0;
     cfg.save_summaries_steps = 0;

@@ -560,6 +560,61 @@ START_TEST(test_algorithm_admits_joiners_only_without_per_replica_state)
 }
 END_TEST
 
+/* The option structs of the cluster, job and launch APIs made without
+ * their init function (struct_size 0) are refused by the function taking
+ * them, naming the struct and its init function, before anything runs. */
+static keel_status
+zc_slurm(void)
+{
+    keel_cluster_slurm_options o;
+    keel_cluster_spec *spec = NULL;
+    memset(&o, 0, sizeof o);
+    return keel_cluster_spec_from_slurm(&o, &spec);
+}
+
+static keel_status
+zc_launch(void)
+{
+    char *argv[] = { "/bin/true", NULL };
+    keel_launch_config c;
+    keel_launch *l = NULL;
+    memset(&c, 0, sizeof c);
+    c.exe = argv[0];
+    c.argv = argv;
+    c.output_dir = tu_path("out");
+    return keel_launch_new(&c, &l);
+}
+
+static keel_status
+zc_job_options(void)
+{
+    keel_job_options o;
+    keel_job_result r;
+    memset(&o, 0, sizeof o);
+    return keel_job_train(cfg, &o, &r);
+}
+
+static keel_status
+zc_evaluator_options(void)
+{
+    keel_evaluator_options o;
+    keel_evaluator_result r;
+    memset(&o, 0, sizeof o);
+    return keel_job_run_evaluator(cfg, &o, &r);
+}
+
+START_TEST(test_zeroed_option_structs_are_refused_by_name)
+{
+    static const tu_zeroed_case cases[] = {
+        { "keel_cluster_slurm_options", zc_slurm },
+        { "keel_launch_config", zc_launch },
+        { "keel_job_options", zc_job_options },
+        { "keel_evaluator_options", zc_evaluator_options },
+    };
+    tu_assert_zeroed_refused(cases, sizeof cases / sizeof *cases);
+}
+END_TEST
+
 static Suite *
 config_suite(void)
 {
@@ -585,7 +640,8 @@ config_suite(void)
         test_tf_config_model_dir_is_checkpoint_dir_unless_another,
         test_docs_config_md_is_the_generated_reference,
         test_algorithm_keys_and_their_conflicts,
-        test_algorithm_admits_joiners_only_without_per_replica_state));
+        test_algorithm_admits_joiners_only_without_per_replica_state,
+        test_zeroed_option_structs_are_refused_by_name));
     return s;
 }
 

@@ -1309,8 +1309,8 @@ START_TEST(test_replica_stores_start_zero_every_step_and_after_a_failure)
 }
 END_TEST
 
-/* Session, training and supervisor configs not filled by their init
- * function are refused, naming the struct and the function. */
+/* Session, training and supervisor configs and backends not filled by
+ * their init function are refused, naming the struct and the function. */
 START_TEST(test_configs_without_their_init_are_refused_by_name)
 {
     script sc = { 0 };
@@ -1344,6 +1344,41 @@ START_TEST(test_configs_without_their_init_are_refused_by_name)
     ck_assert_int_eq(keel_supervisor_new(&vc, &sv), KEEL_EINVAL);
     ck_assert_ptr_nonnull(strstr(keel_last_error(),
                                  "keel_supervisor_config_init()"));
+    /* a backend made without keel_backend_init, in each taker */
+    {
+        keel_backend be;
+        keel_session_manager_config mc;
+        keel_session_manager *sm = NULL;
+        memset(&be, 0, sizeof be);
+        be.name = "mine";
+        keel_session_config_init(&c);
+        c.vars = vs;
+        c.step = scripted_step;
+        c.step_ctx = &sc;
+        c.backend = &be;
+        ck_assert_int_eq(keel_session_new(&c, &s), KEEL_EINVAL);
+        ck_assert_ptr_nonnull(strstr(keel_last_error(), "session: backend "
+                                     "'mine': keel_backend has struct_size "
+                                     "0: fill it with keel_backend_init()"));
+        keel_supervisor_config_init(&vc);
+        vc.vars = vs;
+        vc.step = scripted_step;
+        vc.backend = &be;
+        ck_assert_int_eq(keel_supervisor_new(&vc, &sv), KEEL_EINVAL);
+        ck_assert_ptr_nonnull(strstr(keel_last_error(), "supervisor: "
+                                     "backend 'mine': keel_backend has "
+                                     "struct_size 0"));
+        keel_session_manager_config_init(&mc);
+        mc.vars = vs;
+        mc.backend = &be;
+        ck_assert_int_eq(keel_session_manager_new(&mc, &sm), KEEL_EINVAL);
+        ck_assert_ptr_nonnull(strstr(keel_last_error(), "keel_backend has "
+                                     "struct_size 0"));
+        ck_assert_ptr_null(sm);
+        keel_backend_init(&be);            /* all NULL: a local backend */
+        ck_assert_int_eq(keel_session_manager_new(&mc, &sm), KEEL_OK);
+        keel_session_manager_free(sm);
+    }
     ck_assert_ptr_null(s);
     ck_assert_ptr_null(sv);
 }
@@ -1387,8 +1422,7 @@ START_TEST(test_strategy_names_and_the_training_sessions_rules)
     ck_assert_int_eq(keel_training_session_new(&tc, &s), KEEL_EINVAL);
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "needs strategy "
                                                     "mirrored"));
-    /* mirrored with replicas 0: two replicas */
-    tc.session.replicas = 1;
+    /* mirrored runs session.replicas (still 2) replicas */
     tc.strategy = KEEL_STRATEGY_MIRRORED;
     replica_calls = 0;
     ck_assert_int_eq(keel_training_session_new(&tc, &s), KEEL_OK);
@@ -1410,7 +1444,7 @@ START_TEST(test_training_session_rejects_both_secs_and_steps)
     tc.session.vars = vs;
     tc.session.step = scripted_step;
     tc.session.step_ctx = &sc;
-    tc.checkpoint_dir = tu_dir;
+    tc.session.checkpoint_dir = tu_dir;
     tc.save_checkpoint_secs = 10;
     tc.save_checkpoint_steps = 10;
     ck_assert_int_eq(keel_training_session_new(&tc, &s), KEEL_EINVAL);
@@ -1435,7 +1469,7 @@ START_TEST(test_training_session_hook_order_chief_and_worker)
     tc.session.n_hooks = 1;
     tc.chief_only_hooks = &chief;
     tc.n_chief_only_hooks = 1;
-    tc.checkpoint_dir = tu_dir;
+    tc.session.checkpoint_dir = tu_dir;
     tc.save_summaries_steps = 0;
     ck_assert_int_eq(keel_training_session_new(&tc, &s), KEEL_OK);
     ck_assert_int_eq(keel_session_run(s, NULL), KEEL_OK);
@@ -1447,7 +1481,7 @@ START_TEST(test_training_session_hook_order_chief_and_worker)
     ev[0] = '\0';
     fake_install();
     keel_vars_set_all_initialized(vs, 1);  // the chief made it ready
-    tc.is_chief = 0;
+    tc.session.is_chief = 0;
     ck_assert_int_eq(keel_training_session_new(&tc, &s), KEEL_OK);
     keel_session_free(s);
     ck_assert_str_eq(ev, "b:U c:U e:U:clean ");

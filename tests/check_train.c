@@ -2367,6 +2367,114 @@ START_TEST(test_h5_reader_reads_uint8_and_float)
 }
 END_TEST
 
+/* Every config struct of keel/train.h made without its init function
+ * (memset, "= { 0 }": struct_size 0) is refused by the function taking it,
+ * naming the struct and its init function. */
+static keel_vars *zc_vs;
+static keel_model *zc_model;
+static keel_dataset *zc_ds;
+
+static keel_status
+zc_model_config(void)
+{
+    keel_model_config c;
+    keel_model *m = NULL;
+    keel_status st;
+    memset(&c, 0, sizeof c);
+    st = keel_model_new(&c, zc_vs, &m);
+    ck_assert_ptr_null(m);
+    return st;
+}
+
+static keel_status
+zc_lr_schedule(void)
+{
+    keel_lr_schedule c;
+    memset(&c, 0, sizeof c);
+    return keel_lr_schedule_validate(&c);
+}
+
+static keel_status
+zc_optimizer_config(void)
+{
+    keel_optimizer_config c;
+    keel_optimizer *o = NULL;
+    keel_status st;
+    memset(&c, 0, sizeof c);
+    st = keel_optimizer_new(&c, &o);
+    ck_assert_ptr_null(o);
+    return st;
+}
+
+static keel_status
+zc_optimizer_schedule(void)
+{
+    keel_optimizer_config c;
+    keel_optimizer *o = NULL;
+    keel_optimizer_config_init(&c, KEEL_OPT_SGD);
+    memset(&c.schedule, 0, sizeof c.schedule);
+    return keel_optimizer_new(&c, &o);
+}
+
+static keel_status
+zc_kfac_config(void)
+{
+    keel_kfac_config c;
+    keel_kfac *k = NULL;
+    memset(&c, 0, sizeof c);
+    return keel_kfac_new(&c, zc_model, zc_vs, &k);
+}
+
+static keel_status
+zc_hogwild_config(void)
+{
+    keel_hogwild_config c;
+    keel_optimizer_config oc;
+    keel_hogwild *h = NULL;
+    memset(&c, 0, sizeof c);
+    keel_optimizer_config_init(&oc, KEEL_OPT_SGD);
+    return keel_hogwild_new(&c, &oc, zc_vs, &h);
+}
+
+static keel_status
+zc_data_iter_config(void)
+{
+    keel_data_iter_config c;
+    keel_data_iter *it = NULL;
+    memset(&c, 0, sizeof c);
+    return keel_data_iter_new(zc_ds, &c, &it);
+}
+
+START_TEST(test_zeroed_config_structs_are_refused_by_name)
+{
+    static const tu_zeroed_case cases[] = {
+        { "keel_model_config", zc_model_config },
+        { "keel_lr_schedule", zc_lr_schedule },
+        { "keel_optimizer_config", zc_optimizer_config },
+        { "keel_lr_schedule", zc_optimizer_schedule },
+        { "keel_kfac_config", zc_kfac_config },
+        { "keel_hogwild_config", zc_hogwild_config },
+        { "keel_data_iter_config", zc_data_iter_config },
+    };
+    keel_model_config mc;
+    const char *p = tu_path("zc.h5");
+    ck_assert_int_eq(keel_vars_new(&zc_vs), KEEL_OK);
+    keel_model_config_init(&mc);
+    mc.kind = KEEL_MODEL_SOFTMAX;
+    mc.height = 4;
+    mc.width = 3;
+    mc.channels = 2;
+    mc.classes = 3;
+    ck_assert_int_eq(keel_model_new(&mc, zc_vs, &zc_model), KEEL_OK);
+    write_h5(p, 0, 5, 5, -1);
+    ck_assert_int_eq(keel_dataset_open_h5(p, 3, &zc_ds), KEEL_OK);
+    tu_assert_zeroed_refused(cases, sizeof cases / sizeof *cases);
+    keel_dataset_free(zc_ds);
+    keel_model_free(zc_model);
+    keel_vars_free(zc_vs);
+}
+END_TEST
+
 START_TEST(test_h5_reader_rejects_corrupt_files)
 {
     keel_dataset *ds;
@@ -2730,6 +2838,7 @@ train_suite(void)
         test_idx_reader_rejects_corrupt_files,
         test_h5_reader_reads_uint8_and_float,
         test_h5_reader_rejects_corrupt_files,
+        test_zeroed_config_structs_are_refused_by_name,
         test_iterator_shuffles_deterministically_per_epoch,
         test_worker_slices_union_to_the_global_batch,
         test_iterator_state_resumes_with_the_next_example,

@@ -96,7 +96,7 @@ static void
 lib_config(keel_launch_config *c, recorder *rc, const char *script, int ps,
            int workers)
 {
-    memset(c, 0, sizeof *c);
+    keel_launch_config_init(c);
     memset(rc, 0, sizeof *rc);
     sh_argv[2] = (char *)script;
     c->exe = "/bin/sh";

@@ -134,7 +134,7 @@ main(int argc, char **argv)
     cfg.session.meta_ctx = &c;
     cfg.session.restore_fn = restore_fn;
     cfg.session.restore_ctx = &c;
-    cfg.checkpoint_dir = argv[1];
+    cfg.session.checkpoint_dir = argv[1];
     cfg.summary_dir = NULL;
     cfg.log_step_count_steps = 0;
     cfg.save_summaries_steps = 0;

@@ -694,3 +694,17 @@ tu_json_number(const char *json, const char *key)
                   "%s is no number in %s", field, tu_tail(json, 2000));
     return x;
 }
+
+void
+tu_assert_zeroed_refused(const tu_zeroed_case *cases, size_t n)
+{
+    char want[160];
+    for (size_t i = 0; i < n; i++) {
+        ck_assert_int_eq(cases[i].call(), KEEL_EINVAL);
+        TU_SNPRINTF(want, sizeof want, "%s has struct_size 0: fill it with "
+                 "%s_init()", cases[i].type, cases[i].type);
+        ck_assert_msg(strstr(keel_last_error(), want) != NULL,
+                      "case %zu: '%s' lacks '%s'", i, keel_last_error(),
+                      want);
+    }
+}

@@ -178,4 +178,15 @@ TCase *tu_tcase(Suite *s, const char *name, int timeout_s,
  * SO_REUSEADDR) binds it beside ours. */
 int tu_held_port(void);
 
+/* A config struct made without its init function: call passes one of
+ * type `type` with struct_size 0 to the function that takes it. */
+typedef struct tu_zeroed_case {
+    const char *type;
+    keel_status (*call)(void);
+} tu_zeroed_case;
+/* Every case must fail with KEEL_EINVAL and a message naming the struct
+ * and its init function ("<type> has struct_size 0: fill it with
+ * <type>_init()"). */
+void tu_assert_zeroed_refused(const tu_zeroed_case *cases, size_t n);
+
 #endif

@@ -437,10 +437,7 @@ cmd_launch(int argc, char **argv)
 
     if (cli_wants_help(argc, argv))
         return launch_usage(stdout, CLI_OK);
-    memset(&lc, 0, sizeof lc);
-    lc.max_restarts = 3;
-    lc.backoff_secs = 0.1;
-    lc.grace_secs = 10;
+    keel_launch_config_init(&lc);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;

@@ -153,7 +153,7 @@ cli_resolve_cluster(const keel_config *cfg, const char *task,
         st = keel_cluster_spec_from_env(&spec);
     } else if (getenv("SLURM_PROCID") != NULL) {
         keel_cluster_slurm_options so;
-        memset(&so, 0, sizeof so);
+        keel_cluster_slurm_options_init(&so);
         so.num_ps = (int)keel_config_int(cfg, "cluster.num_ps");
         so.port_base = (int)keel_config_int(cfg, "cluster.port_base");
         st = keel_cluster_spec_from_slurm(&so, &spec);
@@ -388,7 +388,7 @@ cmd_train(int argc, char **argv)
     ps.bar = strcmp(mode, "on") == 0 ||
              (strcmp(mode, "auto") == 0 && isatty(2));
     ps.cluster = spec != NULL && !keel_cluster_spec_is_local(spec);
-    memset(&opts, 0, sizeof opts);
+    keel_job_options_init(&opts);
     opts.progress_fn = on_progress;
     opts.epoch_fn = on_epoch;
     opts.progress_ctx = &ps;

@@ -692,6 +692,7 @@ void
 keel_data_iter_config_init(keel_data_iter_config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
+    cfg->struct_size = sizeof *cfg;
     cfg->global_batch_size = 64;
     cfg->num_workers = 1;
     cfg->shuffle = 1;
@@ -720,6 +721,8 @@ keel_data_iter_new(const keel_dataset *ds, const keel_data_iter_config *cfg,
     *out = NULL;
     if (ds == NULL || cfg == NULL)
         return keel__fail(KEEL_EINVAL, "data iterator: NULL argument");
+    if (KEEL__STRUCT_CHECK(cfg, keel_data_iter_config) != KEEL_OK)
+        return keel__wrap(KEEL_EINVAL, "data iterator");
     b = cfg->global_batch_size;
     n = (int64_t)ds->n;
     if (cfg->num_workers < 1 || cfg->worker_index < 0 ||

@@ -31,6 +31,7 @@ void
 keel_hogwild_config_init(keel_hogwild_config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
+    cfg->struct_size = sizeof *cfg;
     cfg->threads = 1;
 }
 
@@ -46,6 +47,9 @@ keel_hogwild_new(const keel_hogwild_config *cfg,
     *out = NULL;
     if (cfg == NULL || opt == NULL || vs == NULL)
         return keel__fail(KEEL_EINVAL, "hogwild: NULL argument");
+    if ((st = KEEL__STRUCT_CHECK(cfg, keel_hogwild_config)) != KEEL_OK ||
+        (st = KEEL__STRUCT_CHECK(opt, keel_optimizer_config)) != KEEL_OK)
+        return keel__wrap(st, "hogwild");
     if (cfg->threads < 1 || cfg->threads > KEEL_HOGWILD_MAX_THREADS)
         return keel__fail(KEEL_EINVAL, "hogwild: %d threads (1..%d)",
                           cfg->threads, KEEL_HOGWILD_MAX_THREADS);

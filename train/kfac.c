@@ -65,6 +65,7 @@ void
 keel_kfac_config_init(keel_kfac_config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
+    cfg->struct_size = sizeof *cfg;
     keel_lr_schedule_init(&cfg->schedule);
     cfg->schedule.learning_rate = 0.0001;
     cfg->damping = 0.001;
@@ -250,6 +251,8 @@ keel_kfac_new(const keel_kfac_config *cfg, keel_model *m, keel_vars *vs,
     *out = NULL;
     if (cfg == NULL || m == NULL || vs == NULL)
         return keel__fail(KEEL_EINVAL, "K-FAC: NULL argument");
+    if ((st = KEEL__STRUCT_CHECK(cfg, keel_kfac_config)) != KEEL_OK)
+        return keel__wrap(st, "K-FAC");
     if ((st = check_config(cfg)) != KEEL_OK)
         return st;
     n = keel__model_kfac_layers(m, info, (int)(sizeof info / sizeof *info));

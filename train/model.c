@@ -107,6 +107,7 @@ void
 keel_model_config_init(keel_model_config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
+    cfg->struct_size = sizeof *cfg;
     cfg->kind = KEEL_MODEL_MLP;
     cfg->n_hidden = 2;
     cfg->hidden[0] = 256;
@@ -481,6 +482,8 @@ model_build(const keel_model_config *cfg, keel_vars *vs, int reuse,
     *out = NULL;
     if (cfg == NULL || vs == NULL)
         return keel__fail(KEEL_EINVAL, "model: NULL config or store");
+    if ((st = KEEL__STRUCT_CHECK(cfg, keel_model_config)) != KEEL_OK)
+        return keel__wrap(st, "model");
     if ((st = check_config(cfg)) != KEEL_OK)
         return st;
     m = calloc(1, sizeof *m);

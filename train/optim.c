@@ -32,6 +32,7 @@ void
 keel_lr_schedule_init(keel_lr_schedule *s)
 {
     memset(s, 0, sizeof *s);
+    s->struct_size = sizeof *s;
     s->kind = KEEL_LR_CONSTANT;
     s->learning_rate = 0.001;
     s->decay_steps = 1000;
@@ -60,6 +61,8 @@ keel_lr_schedule_validate(const keel_lr_schedule *s)
 {
     if (s == NULL)
         return keel__fail(KEEL_EINVAL, "schedule: NULL");
+    if (KEEL__STRUCT_CHECK(s, keel_lr_schedule) != KEEL_OK)
+        return keel__wrap(KEEL_EINVAL, "schedule");
     switch (s->kind) {
     case KEEL_LR_CONSTANT:
     case KEEL_LR_EXPONENTIAL:
@@ -182,6 +185,7 @@ keel_optimizer_config_init(keel_optimizer_config *cfg,
                            keel_optimizer_kind kind)
 {
     memset(cfg, 0, sizeof *cfg);
+    cfg->struct_size = sizeof *cfg;
     cfg->kind = kind;
     keel_lr_schedule_init(&cfg->schedule);
     cfg->momentum = kind == KEEL_OPT_MOMENTUM ? 0.9 : 0.0;
@@ -221,6 +225,8 @@ keel_optimizer_new(const keel_optimizer_config *cfg, keel_optimizer **out)
     *out = NULL;
     if (cfg == NULL)
         return keel__fail(KEEL_EINVAL, "optimizer: config is NULL");
+    if ((st = KEEL__STRUCT_CHECK(cfg, keel_optimizer_config)) != KEEL_OK)
+        return keel__wrap(st, "optimizer");
     if ((unsigned)cfg->kind > KEEL_OPT_RMSPROP)
         return keel__fail(KEEL_EINVAL, "optimizer: unknown kind %d",
                           cfg->kind);

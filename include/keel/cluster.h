@@ -63,10 +63,14 @@ keel_status keel_cluster_spec_from_env(keel_cluster_spec **out);
  * spread evenly in block order). The first num_ps ranks are ps, the rest
  * workers (worker 0 is chief); task k on a host listens on port_base + k. */
 typedef struct keel_cluster_slurm_options {
-    int num_ps;              /* >= 0 */
-    int port_base;           /* 0 means 8888 */
+    /* set by keel_cluster_slurm_options_init() */
+    uint32_t struct_size;
+    int num_ps;              /* >= 0; default 1 */
+    int port_base;           /* default (and 0) 8888 */
     char *const *env;        /* "K=V" list, NULL-terminated; NULL: environ */
 } keel_cluster_slurm_options;
+/* The defaults above. Cannot fail. */
+void keel_cluster_slurm_options_init(keel_cluster_slurm_options *opt);
 keel_status keel_cluster_spec_from_slurm(
     const keel_cluster_slurm_options *opt, keel_cluster_spec **out);
 

@@ -45,6 +45,7 @@ typedef struct keel_job_epoch {
 } keel_job_epoch;
 
 typedef struct keel_job_options {
+    uint32_t struct_size;          /* set by keel_job_options_init() */
     /* Called after every step (NULL: none). */
     void (*progress_fn)(void *ctx, const keel_job_progress *p);
     void *progress_ctx;
@@ -59,6 +60,10 @@ typedef struct keel_job_options {
      * shutdown; chief/worker: a training replica (docs/cluster.md). */
     const keel_cluster_spec *cluster;
 } keel_job_options;
+
+/* All zero but struct_size: no callbacks, no signal handlers, one
+ * process. Cannot fail. */
+void keel_job_options_init(keel_job_options *opts);
 
 /* What a finished run reports. */
 typedef struct keel_job_result {
@@ -116,6 +121,7 @@ keel_status keel_job_eval_progress(const keel_config *cfg,
 /* The TF_CONFIG evaluator task (TF's Estimator evaluator): watch
  * checkpoint.dir and evaluate each new checkpoint on the test set. */
 typedef struct keel_evaluator_options {
+    uint32_t struct_size;          /* set by keel_evaluator_options_init() */
     /* Return after evaluating a checkpoint at or past this step; 0: the
      * config's last training step (train.max_steps / train.epochs). */
     int64_t final_step;
@@ -138,7 +144,7 @@ typedef struct keel_evaluator_result {
     int stopped_by_signal;
 } keel_evaluator_result;
 
-/* All zero: the defaults above. Cannot fail. */
+/* All zero but struct_size: the defaults above. Cannot fail. */
 void keel_evaluator_options_init(keel_evaluator_options *opts);
 
 /* Evaluate every new checkpoint in cfg's checkpoint.dir (the newest when

@@ -75,6 +75,7 @@ typedef struct keel_launch_event {
 } keel_launch_event;
 
 typedef struct keel_launch_config {
+    uint32_t struct_size;          /* set by keel_launch_config_init() */
     /* The program each task runs and its arguments (argv[0] included),
      * NULL-terminated; borrowed until keel_launch_free(). */
     const char *exe;
@@ -84,21 +85,24 @@ typedef struct keel_launch_config {
     /* Exported as OUTPUT_DIR to every task; per-task logs go to
      * OUTPUT_DIR/logs/<task>.log (appended). Created if missing. */
     const char *output_dir;
-    int max_restarts;         /* per task, failures only; < 0: 3 */
+    int max_restarts;         /* per task, failures only; default (and
+                               * < 0) 3 */
     double backoff_secs;      /* restart delay in a crash loop, doubled
                                * per failure in a row before any progress
                                * (its step line, the chief's step
                                * advancing meanwhile, or 10 s up), at
                                * most 5 s; a task that made progress
-                               * restarts at once; < 0: 0.1 */
-    double grace_secs;        /* SIGTERM -> SIGKILL; <= 0: 10 */
+                               * restarts at once; default (and < 0)
+                               * 0.1 */
+    double grace_secs;        /* SIGTERM -> SIGKILL; default (and <= 0)
+                               * 10 */
     /* Chaos: SIGKILL one eligible running task at random times with mean
      * chaos_period_secs (exponential gaps), reproducible from the seed;
      * the next kill comes only once the previous victim runs again.
      * Chaos kills are restarted without counting against max_restarts. */
     int chaos;
     uint64_t chaos_seed;
-    double chaos_period_secs; /* <= 0: 10 */
+    double chaos_period_secs; /* default (and <= 0) 10 */
     unsigned chaos_types;     /* bit (1 << keel_task_type) per eligible
                                * type; 0: chief, workers and ps */
     /* Each complete output line of a task (stream 1 stdout, 2 stderr),
@@ -121,6 +125,10 @@ typedef struct keel_launch_config {
     keel_cluster_mode mode;
     int replicas_to_aggregate;
 } keel_launch_config;
+
+/* The defaults above; exe, argv, output_dir NULL, no tasks, no chaos,
+ * mode sync. Cannot fail. */
+void keel_launch_config_init(keel_launch_config *cfg);
 
 /* Validate cfg (copied; argv and output_dir borrowed) and pick a free
  * 127.0.0.1 port per task. Nothing is started. KEEL_EINVAL names the bad

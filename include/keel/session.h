@@ -117,7 +117,7 @@ void keel_scaffold_init(keel_scaffold *sc);
  * process's variable store is the shared state. The cluster supplies a
  * parameter-server backend. */
 typedef struct keel_backend {
-    uint32_t struct_size;     /* sizeof(keel_backend) as compiled */
+    uint32_t struct_size;     /* set by keel_backend_init() */
     const char *name;         /* "local", "ps" */
     void *ctx;
     keel_updater updater;     /* apply NULL: the session config's updater */
@@ -152,7 +152,11 @@ typedef struct keel_backend {
     keel_status (*read_global_step)(void *ctx, int64_t *step);
 } keel_backend;
 /* A struct_size that ends before before_save (a backend compiled before
- * those members existed) is accepted: the missing members are NULL. */
+ * those members existed) is accepted: the missing members are NULL. 0
+ * (not filled by keel_backend_init or a getter such as
+ * keel_cluster_backend_get) is KEEL_EINVAL naming the backend. */
+/* All members NULL (local), struct_size set. Cannot fail. */
+void keel_backend_init(keel_backend *be);
 
 /* ---- session manager and creators --------------------------------------- */
 
@@ -422,10 +426,13 @@ keel_strategy keel_strategy_resolve(keel_strategy s, int has_cluster);
 
 typedef struct keel_training_config {
     uint32_t struct_size;             /* set by keel_training_config_init() */
-    keel_session_config session;      /* vars, step, updater, ... */
-    int is_chief;                     /* default 1 */
-    const char *checkpoint_dir;       /* NULL: no restore, no ckpt hook */
-    const char *summary_dir;          /* NULL: checkpoint_dir */
+    /* vars, step, updater, hooks and the settings a plain session has:
+     * is_chief, checkpoint_dir (restore and the checkpoint hook; NULL:
+     * neither), max_wait_secs, stop_grace_period_secs, replicas. Each
+     * lives only there, with the default keel_session_config_init gives
+     * it; the training session changes them only as stated below. */
+    keel_session_config session;
+    const char *summary_dir;          /* NULL: session.checkpoint_dir */
     const keel_hook *chief_only_hooks;
     size_t n_chief_only_hooks;
     /* KEEL_USE_DEFAULT (-1): 600 s iff steps also default. Both set > 0:
@@ -437,8 +444,6 @@ typedef struct keel_training_config {
     const char *const *summary_names; /* values SummarySaverHook writes */
     size_t n_summary_names;           /* default: "loss" */
     int64_t log_step_count_steps;     /* default 100; 0: off */
-    double stop_grace_period_secs;    /* default 120 */
-    double max_wait_secs;             /* worker; default 7200 */
     int save_on_error;                /* final checkpoint on error; 0 */
     const keel_ckpt_listener *listeners;
     size_t n_listeners;
@@ -456,7 +461,9 @@ typedef struct keel_training_config {
      * local spec (no tasks, or only a chief) trains alone. Otherwise the
      * session makes a cluster backend (keel/distributed.h) with
      * cluster_options (NULL: the defaults) and
-     * frees it with the session; is_chief comes from the spec, a worker
+     * frees it with the session; session.is_chief is replaced by the
+     * spec's, session.max_wait_secs by cluster_options' max_wait_secs
+     * (the cluster's one wait for its chief), a worker
      * writes no checkpoints, the chief pulls before each save and stops
      * the ps at a clean end. A ps task is an error (KEEL_EINVAL): it runs
      * keel_ps_run instead; a worker that finds the cluster already shut
@@ -468,12 +475,11 @@ typedef struct keel_training_config {
     /* The strategy (default auto: parameter_server with a cluster, else
      * one_device). one_device and mirrored train in this process and
      * refuse a cluster with tasks; parameter_server needs one;
-     * mirrored runs session.step on `replicas` threads
-     * (session.replicas, 2..KEEL_MAX_REPLICAS; 0: 2).
+     * mirrored runs session.step on session.replicas threads (set it:
+     * its default 1 is one replica); the others need session.replicas 1.
      * multi_worker_mirrored needs session.backend set from
      * keel_collective_get_backend (keel/distributed.h) and no cluster. */
     keel_strategy strategy;
-    int replicas;
 } keel_training_config;
 
 void keel_training_config_init(keel_training_config *cfg);

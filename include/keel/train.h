@@ -48,6 +48,7 @@ typedef enum keel_init_kind {
 #define KEEL_MODEL_MAX_HIDDEN 8
 
 typedef struct keel_model_config {
+    uint32_t struct_size;          /* set by keel_model_config_init() */
     keel_model_kind kind;          /* default KEEL_MODEL_MLP */
     int n_hidden;                  /* MLP hidden layers; default 2 */
     int64_t hidden[KEEL_MODEL_MAX_HIDDEN];   /* default 256, 256 */
@@ -141,6 +142,7 @@ typedef enum keel_lr_kind {
 #define KEEL_LR_MAX_PIECES 16
 
 typedef struct keel_lr_schedule {
+    uint32_t struct_size;          /* set by keel_lr_schedule_init() */
     keel_lr_kind kind;             /* default constant */
     double learning_rate;          /* default 0.001 */
     int n_boundaries;              /* piecewise: values has n_boundaries+1 */
@@ -172,6 +174,7 @@ typedef enum keel_optimizer_kind {
 } keel_optimizer_kind;
 
 typedef struct keel_optimizer_config {
+    uint32_t struct_size;          /* set by keel_optimizer_config_init() */
     keel_optimizer_kind kind;      /* default adam */
     keel_lr_schedule schedule;     /* the learning rate, per step */
     double momentum;               /* momentum, rmsprop; default 0.9 / 0.0 */
@@ -240,6 +243,7 @@ typedef enum keel_kfac_estimation {
 } keel_kfac_estimation;
 
 typedef struct keel_kfac_config {
+    uint32_t struct_size;          /* set by keel_kfac_config_init() */
     keel_lr_schedule schedule;     /* learning rate per step; 0.0001 */
     double damping;                /* Tikhonov lambda; default 0.001 */
     double cov_ema_decay;          /* default 0.95 */
@@ -329,6 +333,7 @@ keel_status keel_kfac_apply_update(keel_kfac *k, keel_vars *vs,
 #define KEEL_HOGWILD_MAX_THREADS 8
 
 typedef struct keel_hogwild_config {
+    uint32_t struct_size;          /* set by keel_hogwild_config_init() */
     int threads;                   /* 1..KEEL_HOGWILD_MAX_THREADS; 1 */
     int use_cas;                   /* default 0: racy stores */
 } keel_hogwild_config;
@@ -397,6 +402,7 @@ keel_status keel_dataset_get(const keel_dataset *ds, size_t i, float *x,
                              int32_t *y);
 
 typedef struct keel_data_iter_config {
+    uint32_t struct_size;          /* set by keel_data_iter_config_init() */
     int64_t global_batch_size;   /* examples per step over all workers; 64 */
     int worker_index;            /* 0 .. num_workers-1; default 0 */
     int num_workers;             /* default 1 */

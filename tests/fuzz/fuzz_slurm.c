@@ -43,7 +43,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                                                &n_hosts);
         p = nl != NULL ? nl + 1 : NULL;
     }
-    memset(&opt, 0, sizeof opt);
+    keel_cluster_slurm_options_init(&opt);
     opt.num_ps = data[0] % 4;
     opt.env = env;
     if (keel_cluster_spec_from_slurm(&opt, &spec) == KEEL_OK) {
