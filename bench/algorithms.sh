@@ -11,7 +11,9 @@
 # and against examples seen, one line per scheme, from the run's
 # checkpoints (POINTS of them, each evaluated with keel eval; the time
 # of a point is its checkpoint's mtime less the step-0 checkpoint's, so
-# start-up is not plotted).
+# start-up is not plotted). Every run trains the job of
+# bench/algorithms_accuracy.sh (SGD at 0.1, batch 64; tests/common.sh)
+# with the model's type replaced, at its rule's tuned rates.
 #
 #   usage: bench/algorithms.sh [BUILD]
 #   env:   RULES="sync async hogwild downpour ..." (default: all of them;
@@ -44,7 +46,10 @@ N_TRAIN=60000
 EXAMPLES=${EXAMPLES:-$((EPOCHS * N_TRAIN))}
 out=${BENCH_OUT:-$(mktemp -d /tmp/keel-algorithms.XXXXXX)}
 mkdir -p "$out"
-ini="$here/../examples/fashion_mnist.ini"
+# the rule comparisons' job (SGD at 0.1, tests/common.sh), each rule at
+# its tuned rates (keel_rule_rates), as bench/algorithms_accuracy.sh
+ini="$out/job.ini"
+keel_rules_mlp_ini "$DATA" > "$ini"
 
 core=$(OPENBLAS_VERBOSE=2 "$keel" --version 2>&1 | sed -n 's/^Core: //p')
 {
@@ -55,7 +60,7 @@ core=$(OPENBLAS_VERBOSE=2 "$keel" --version 2>&1 | sed -n 's/^Core: //p')
 
 is_sync() { case $1 in sync|sagn|easgd|model_averaging) return 0;; esac; return 1; }
 known() {  # the built keel accepts algorithm.name = $1
-    "$keel" config check "$ini" -s algorithm.name="$1" >/dev/null 2>&1
+    "$keel" config check "$ini" -s algorithm.name="$1" -s train.max_steps=1 >/dev/null 2>&1
 }
 now() { date +%s.%N; }
 acc_of() { "$keel" eval "$1" --json 2>/dev/null |
@@ -67,13 +72,15 @@ echo "|---|---|---|---|---|---|---|" >> "$table"
 skipped=""
 
 run_one() {  # model replicas rule label
-    local m=$1 w=$2 rule=$3 label=$4 eps steps every dir t0 t1 rc=0
+    local m=$1 w=$2 rule=$3 label=$4 eps steps every dir t0 t1 rc=0 rates
+    rates=$(keel_rule_rates "$rule" "$w")
     if [ "$label" = hogwild-1proc ] || is_sync "$rule"; then eps=$B; else eps=$((B / w)); fi
     steps=$((EXAMPLES / eps))
     every=$((steps / POINTS))
     dir="$out/$m-w$w-$label"
     rm -rf "$dir"
-    local common=(-s model.type="$m" -s data.dir="$DATA" -s train.batch_size=$B
+    # shellcheck disable=SC2206
+    local common=(-s model.type="$m" $rates -s data.dir="$DATA" -s train.batch_size=$B
                   -s train.epochs=0 -s train.max_steps=$steps -s train.seed=0
                   -s train.threads=1 -s algorithm.name="$rule"
                   -s checkpoint.dir="$dir" -s checkpoint.save_steps=$every

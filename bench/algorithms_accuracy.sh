@@ -64,20 +64,7 @@ for r in $rules; do
         sync|sagn|easgd|model_averaging) steps=$((examples / 64)) ;;
         *) steps=$((examples * replicas / 64)) ;;
     esac
-    # The rules' own rates (docs/algorithms.md), for about the budget of
-    # sync's 2,812 steps at 0.1. Local SGD runs on each replica's mean
-    # gradient (a slice of 32) at eta 0.05; AGN-like commits move the
-    # center by about one local step per window, so those get a short
-    # window and eta 0.2. async and hogwild push each replica's share of
-    # the global batch's gradient (half its mean with 2 replicas): their
-    # optimizer rate is 0.1 times the replicas (0.2).
-    case $r in
-        agn|adag|sagn) extra="-s algorithm.window=4 -s algorithm.learning_rate=0.2" ;;
-        downpour) extra="-s algorithm.learning_rate=0.05 -s algorithm.ps_learning_rate=0.01" ;;
-        downpour_easy) extra="-s algorithm.learning_rate=0.05 -s algorithm.ps_learning_rate=0.05" ;;
-        async|hogwild) extra="-s optimizer.learning_rate=$(awk -v r="$replicas" 'BEGIN { print 0.1 * r }')" ;;
-        *) extra="-s algorithm.learning_rate=0.05" ;;
-    esac
+    extra=$(keel_rule_rates "$r" "$replicas")
     rm -rf "$work/run"
     # timed inside the lock: waiting for another benchmark does not count
     # shellcheck disable=SC2086

@@ -21,14 +21,32 @@ keel_require_fashion_mnist() {
     fi
 }
 
-# The rule comparisons' job on stdout: the MLP 784-256-256-10 on the
+# The rule comparisons' rates for rule $1 with $2 replicas, as keel -s
+# options on stdout (docs/algorithms.md, "Accuracy"): tuned on the job
+# below for about the budget of sync's 2,812 steps at 0.1. Local SGD runs
+# on each replica's mean gradient (a slice of 32) at eta 0.05; AGN-like
+# commits move the center by about one local step per window, so those
+# get a short window and eta 0.2. async and hogwild push each replica's
+# share of the global batch's gradient (1 / replicas of its mean): their
+# optimizer rate is 0.1 times the replicas.
+keel_rule_rates() {
+    case $1 in
+        agn|adag|sagn) echo "-s algorithm.window=4 -s algorithm.learning_rate=0.2" ;;
+        downpour) echo "-s algorithm.learning_rate=0.05 -s algorithm.ps_learning_rate=0.01" ;;
+        downpour_easy) echo "-s algorithm.learning_rate=0.05 -s algorithm.ps_learning_rate=0.05" ;;
+        async|hogwild) echo "-s optimizer.learning_rate=$(awk -v r="$2" 'BEGIN { print 0.1 * r }')" ;;
+        *) echo "-s algorithm.learning_rate=0.05" ;;
+    esac
+}
+
+# The rule comparisons' job on stdout: the MLP 784-256-256-10 (the
+# default widths, so that -s model.type=cnn may replace it) on the
 # Fashion-MNIST in directory $1, plain SGD at 0.1, batch 64, seed 0, one
 # thread. The text ends inside [train]; the caller appends the rest.
 keel_rules_mlp_ini() {
     cat <<INI
 [model]
 type = mlp
-hidden = 256,256
 [data]
 dir = $1
 [optimizer]
