@@ -90,6 +90,9 @@ typedef struct job {
     keel_grads *zeroed;           /* zero since job_apply; NULL: unknown */
     /* [algorithm] when algorithm.name is set (else the spec's mode) */
     int has_algo;
+    /* the step after this replica's newest step: under a local-step rule
+     * ahead of the shared global step by its uncommitted local steps */
+    int64_t own_step;
     keel_algorithm_config algo;
     double algo_rates[1024];
     /* a rule with local steps: each replica's gradient is the mean over
@@ -671,6 +674,7 @@ job_step(void *ctx, keel_step *stp)
     keel_status st;
     if (b == NULL)
         return keel__fail(KEEL_EINTERNAL, "train step: no batch was fed");
+    j->own_step = keel_step_global_step(stp) + 1;
     if (keel_step_num_replicas(stp) > 1)
         return replica_step(j, stp, b);
     if (j->own_zeroing && j->hw == NULL &&
@@ -1765,6 +1769,8 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
         j.epoch_done = j.last_report_gstep / j.steps_per_epoch;
     st = keel_session_train(s);
     reached = keel_session_global_step(s);
+    if (j.own_step > reached)   /* a sync local-step rule's chief pulled */
+        reached = j.own_step;   /* the center before its final save */
     cst = keel_session_close(s);
     if (st == KEEL_OK)
         st = cst;

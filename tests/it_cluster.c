@@ -768,13 +768,16 @@ END_TEST
  * so the ps counts 2 rounds x 4 = 8 steps and the chief's final
  * checkpoint (the center) is at step 8, not 10. The chief reached its
  * last step: every task exits 0 (it used to exit 1, "before its last
- * step", and a launcher then restarted it against stopped ps). */
+ * step", and a launcher then restarted it against stopped ps). A save
+ * every 5 steps makes the chief pull the center (step 8) at its last
+ * step, as an epoch's end does: it still exits 0. */
 START_TEST(local_step_rule_ends_with_unsent_steps_and_exits_0)
 {
     const char *const sets[] = { "train.max_steps=10",
                                  "algorithm.name=model_averaging",
                                  "algorithm.window=4",
-                                 "algorithm.learning_rate=0.05", NULL };
+                                 "algorithm.learning_rate=0.05",
+                                 "checkpoint.save_steps=5", NULL };
     cluster c;
     long step, applied, dropped;
     cluster_init(&c, 1, 2, NULL, "ma");
