@@ -674,9 +674,11 @@ job_step(void *ctx, keel_step *stp)
     keel_status st;
     if (b == NULL)
         return keel__fail(KEEL_EINTERNAL, "train step: no batch was fed");
-    j->own_step = keel_step_global_step(stp) + 1;
     if (keel_step_num_replicas(stp) > 1)
         return replica_step(j, stp, b);
+    /* one replica only: mirrored replicas run on several threads, and no
+     * local-step rule runs mirrored */
+    j->own_step = keel_step_global_step(stp) + 1;
     if (j->own_zeroing && j->hw == NULL &&
         j->zeroed != keel_step_grads(stp))
         keel_grads_zero(keel_step_grads(stp));
