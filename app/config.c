@@ -275,7 +275,7 @@ static const key_def schema[] = {
       "Sync mode: the ps add the replicas' gradients along the fixed "
       "binary tree over the model's pieces of the global batch (each "
       "replica pushes the sums of the tree nodes covering its pieces, one "
-      "for power-of-two splits), so 1, 2, 3, 4 ... replicas give the same "
+      "for a power-of-two replica count dividing the pieces), so 1, 2, 3, 4 ... replicas give the same "
       "bits where the batch allows it (docs/determinism.md). false: in "
       "replica order (one push each; results differ between replica "
       "counts in the last bits)." },

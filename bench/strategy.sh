@@ -8,7 +8,8 @@
 # median of the per-round ratios mirrored / one_device.
 # Then (PS=1) the deterministic sync reduction's cost: keel launch, 1 ps,
 # the chief and 1 worker, the CNN at batch 64 (each replica one tree node)
-# and 96 (two nodes each), cluster.reduce_tree true against false: the
+# and 96 (6 pieces: 3 a replica, again one node), cluster.reduce_tree
+# true against false: the
 # chief's examples/s, and the ps's own time per sync step from its log
 # (aggregate: the sum, the update and the replies, one thread), which a
 # loaded machine disturbs less than the run's wall time.

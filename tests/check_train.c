@@ -2726,10 +2726,13 @@ START_TEST(test_blas_threads_and_corename)
 }
 END_TEST
 
-/* The reduction tree: covers by hand (the tree over 8 leaves is
- * [0,4) [4,8), over 3 leaves [0,2) [2,3), over 12 [0,8) [8,12)), and sums
- * whose order shows: leaves 1, 1e8, -1e8, 1 add along the tree to
- * (1 + 1e8) + (-1e8 + 1) = 1e8 - 1e8 = 0 in float (in leaf order: 1). */
+/* The reduction tree: covers by hand (a node splits at its middle, the
+ * left half the smaller: over 8 leaves [0,4) [4,8); over 3 [0,1) [1,3);
+ * over 6 [0,3) [3,6), then [0,1) [1,3); over 12 [0,6) [6,12), then
+ * [0,3) [3,6) [6,9) [9,12), [3,6) into [3,4) [4,6), [6,9) into [6,7)
+ * [7,9)), and sums whose order shows: leaves 1, 1e8, -1e8, 1 add along the
+ * tree to (1 + 1e8) + (-1e8 + 1) = 1e8 - 1e8 = 0 in float (in leaf order:
+ * 1). */
 START_TEST(test_reduce_tree_covers_and_sums_in_tree_order)
 {
     keel__tree_node n[16];
@@ -2744,12 +2747,23 @@ START_TEST(test_reduce_tree_covers_and_sums_in_tree_order)
     ck_assert_int_eq(keel__tree_cover(8, 1, 8, n, 16), 3);
     ck_assert(n[0].lo == 1 && n[1].lo == 2 && n[1].hi == 4 &&
               n[2].lo == 4 && n[2].hi == 8);
-    ck_assert_int_eq(keel__tree_cover(3, 1, 3, n, 16), 2);
-    ck_assert(n[0].lo == 1 && n[0].hi == 2 && n[1].lo == 2 && n[1].hi == 3);
-    ck_assert_int_eq(keel__tree_cover(12, 4, 8, n, 16), 1);
-    ck_assert(n[0].lo == 4 && n[0].hi == 8);
+    ck_assert_int_eq(keel__tree_cover(3, 1, 3, n, 16), 1);
+    ck_assert(n[0].lo == 1 && n[0].hi == 3);
+    ck_assert_int_eq(keel__tree_cover(3, 0, 2, n, 16), 2);
+    ck_assert(n[0].lo == 0 && n[0].hi == 1 && n[1].lo == 1 && n[1].hi == 2);
+    /* two replicas of 6 leaves (a CNN batch of 96): one node each */
+    ck_assert_int_eq(keel__tree_cover(6, 0, 3, n, 16), 1);
+    ck_assert(n[0].lo == 0 && n[0].hi == 3);
+    ck_assert_int_eq(keel__tree_cover(6, 3, 6, n, 16), 1);
+    ck_assert(n[0].lo == 3 && n[0].hi == 6);
+    /* four replicas of 12 leaves: one node each; three: a few */
+    ck_assert_int_eq(keel__tree_cover(12, 9, 12, n, 16), 1);
+    ck_assert(n[0].lo == 9 && n[0].hi == 12);
+    ck_assert_int_eq(keel__tree_cover(12, 4, 8, n, 16), 3);
+    ck_assert(n[0].lo == 4 && n[0].hi == 6 && n[1].lo == 6 &&
+              n[1].hi == 7 && n[2].lo == 7 && n[2].hi == 8);
     ck_assert_int_eq(keel__tree_cover(12, 0, 9, n, 16), 2);
-    ck_assert(n[0].hi == 8 && n[1].lo == 8 && n[1].hi == 9);
+    ck_assert(n[0].hi == 6 && n[1].lo == 6 && n[1].hi == 9);
     ck_assert_int_eq(keel__tree_cover(8, 1, 8, n, 2), -1);
     ck_assert_int_eq(keel__tree_cover(8, 5, 5, n, 16), -1);
     ck_assert_int_eq(keel__tree_cover(8, 0, 9, n, 16), -1);

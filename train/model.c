@@ -56,8 +56,8 @@ typedef struct lgrad {
  * compute up to MAX_SLOTS pieces at a time into slots, which are then
  * added along that tree; past MAX_SLOTS pieces the next round's tree
  * starts from the sum so far in piece 0's place. So the bits never depend on
- * which thread ran a piece, and a batch cut into aligned runs of 2^k
- * pieces whose sums are added along the same tree gives the same bits. */
+ * which thread ran a piece, and a batch cut into runs of pieces that are
+ * nodes of that tree, whose sums are added along it, gives the same bits. */
 #define CNN_PIECE 16
 #define MAX_SLOTS KEEL__MODEL_TREE_PIECES
 /* Piece 0's dense gradients go straight into the caller's grads (sgemm
@@ -934,9 +934,9 @@ job_worker(void *ctx, int t)
 
 /* dst[lo, hi) = the round's pieces added along the reduction tree
  * (keel__tree_sum) whose leaf 0 is dst + slot 0 (or dst alone when piece
- * 0 went straight into it) and leaf i the slot i: for a round of 2^k
- * pieces onto zero gradients, the same bits as any split of the round into
- * aligned runs of pieces whose sums are added later along the same tree
+ * 0 went straight into it) and leaf i the slot i: for a round onto zero
+ * gradients, the same bits as any split of the round into runs of pieces
+ * that are tree nodes, whose sums are added later along the same tree
  * (mirrored replicas, cluster workers). Whichever thread does which
  * range. */
 static void

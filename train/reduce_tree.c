@@ -16,10 +16,7 @@ KEEL__VECTORIZE_FILE
 int64_t
 keel__tree_split(int64_t lo, int64_t hi)
 {
-    int64_t n = hi - lo, p = 1;
-    while (p * 2 < n)
-        p *= 2;
-    return lo + p;
+    return lo + (hi - lo) / 2;
 }
 
 /* Append the nodes of the subtree [nlo, nhi) that cover [lo, hi). */

@@ -173,12 +173,13 @@ void keel__sgemm(int trans_a, int trans_b, size_t m, size_t n, size_t k,
 
 /* ---- reduce_tree.c: the canonical reduction tree ---- */
 /* The tree over leaves [0, n): a node [lo, hi) with two or more leaves
- * has the children [lo, mid) and [mid, hi), mid = lo + the largest power
- * of two below hi - lo; so every aligned run of 2^k leaves is a node, and
- * the sum of the leaves is defined as its children's sums added, each
- * rounded alone. A process that owns leaves [lo, hi) sends the sums of
- * the nodes that cover them (keel__tree_cover: one node when its range
- * is aligned to a power of two, about 2 log2(n) at most); whoever holds
+ * has the children [lo, mid) and [mid, hi), mid = lo + (hi - lo) / 2 (the
+ * split depends on the node's size only, so a node's subtree is the tree
+ * over that many leaves); the sum of the leaves is defined as its
+ * children's sums added, each rounded alone. With R dividing n, R a power
+ * of two, the R equal runs of leaves are nodes. A process that owns leaves
+ * [lo, hi) sends the sums of the nodes that cover them (keel__tree_cover:
+ * one node for such a run, about 2 log2(n) at most); whoever holds
  * the sums of nodes covering [0, n) completes the root with
  * keel__tree_sum, and gets the same bits however the leaves were
  * spread. */
@@ -234,8 +235,8 @@ keel_status keel__model_new_replica(const keel_model *m, keel_vars *vs,
                                     int threads, keel_model **out);
 /* Examples per piece (the last piece of a batch may be shorter); a
  * batch of up to KEEL__MODEL_TREE_PIECES pieces adds their gradients
- * along one reduction tree, so aligned runs of them computed apart and
- * added along the same tree give the same bits. */
+ * along one reduction tree, so runs of them that are nodes of that tree,
+ * computed apart and added along it, give the same bits. */
 #define KEEL__MODEL_TREE_PIECES 16
 size_t keel__model_piece(const keel_model *m);
 /* keel_optimizer_apply_and_zero with every variable element changed by

@@ -164,8 +164,8 @@ typedef struct keel_cluster_options {
      * (consecutive runs of its examples) added along the fixed binary
      * tree over them (docs/strategy.md); replica r of R owns leaves
      * [r*L/R, (r+1)*L/R) (L a multiple of R) and pushes, in order, the
-     * sums of the tree nodes that cover them (one store for an aligned
-     * power-of-two range, else a few: keel_cluster_backend_set_micro);
+     * sums of the tree nodes that cover them (one store when R is a
+     * power of two dividing L, else a few: keel_cluster_backend_set_micro);
      * the ps add every replica's node sums along the tree when all
      * replicas are aggregated (no backup workers). Every task of a
      * cluster must use the same value. 0 (default): the ps add the
