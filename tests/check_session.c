@@ -184,6 +184,17 @@ base_cfg(keel_session_config *c, script *sc, keel_hook *hooks, size_t n)
     c->backoff_max_ms = 4;
 }
 
+/* A session on base_cfg's configuration; fails the test unless it opens. */
+static keel_session *
+open_session(script *sc, keel_hook *hooks, size_t n)
+{
+    keel_session_config c;
+    keel_session *s;
+    base_cfg(&c, sc, hooks, n);
+    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
+    return s;
+}
+
 /* ---- sequences ---------------------------------------------------------- */
 
 START_TEST(test_clean_run_calls_hooks_in_order_and_end_clean)
@@ -191,10 +202,7 @@ START_TEST(test_clean_run_calls_hooks_in_order_and_end_clean)
     rec a = { "A", 0 }, b = { "B", 0 };
     keel_hook h[2] = { rec_hook(&a), rec_hook(&b) };
     script sc = { 0 };
-    keel_session_config c;
-    keel_session *s;
-    base_cfg(&c, &sc, h, 2);
-    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
+    keel_session *s = open_session(&sc, h, 2);
     ck_assert_int_eq(keel_session_run(s, NULL), KEEL_OK);
     ck_assert_int_eq(keel_session_run(s, NULL), KEEL_OK);
     ck_assert_int_eq(keel_session_close(s), KEEL_OK);
@@ -313,10 +321,7 @@ START_TEST(test_hook_stop_request_lets_all_hooks_see_after_run_then_refuses)
     rec a = { "A", 2 }, b = { "B", 0 };
     keel_hook h[2] = { rec_hook(&a), rec_hook(&b) };
     script sc = { 0 };
-    keel_session_config c;
-    keel_session *s;
-    base_cfg(&c, &sc, h, 2);
-    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
+    keel_session *s = open_session(&sc, h, 2);
     ck_assert_int_eq(keel_session_train(s), KEEL_OK);
     ck_assert(keel_session_should_stop(s));
     ck_assert_int_eq(keel_session_run(s, NULL), KEEL_ESTATE);
@@ -334,10 +339,7 @@ START_TEST(test_step_error_skips_after_run_and_ends_with_error)
     rec a = { "A", 0 };
     keel_hook h[1] = { rec_hook(&a) };
     script sc = { .fail_at = 1, .fail_code = KEEL_EIO, .fail_times = -1 };
-    keel_session_config c;
-    keel_session *s;
-    base_cfg(&c, &sc, h, 1);
-    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
+    keel_session *s = open_session(&sc, h, 1);
     ck_assert_int_eq(keel_session_run(s, NULL), KEEL_OK);
     ck_assert_int_eq(keel_session_run(s, NULL), KEEL_EIO);
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "scripted failure"));
@@ -354,10 +356,7 @@ START_TEST(test_recoverable_error_recreates_session_and_retries_same_step)
     rec a = { "A", 0 };
     keel_hook h[1] = { rec_hook(&a) };
     script sc = { .fail_at = 1, .fail_code = KEEL_EABORTED, .fail_times = 1 };
-    keel_session_config c;
-    keel_session *s;
-    base_cfg(&c, &sc, h, 1);
-    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
+    keel_session *s = open_session(&sc, h, 1);
     ck_assert_int_eq(keel_session_run(s, NULL), KEEL_OK);
     ck_assert_int_eq(keel_session_run(s, NULL), KEEL_OK);
     ck_assert_int_eq(keel_session_creation_count(s), 2);
@@ -431,10 +430,7 @@ START_TEST(test_end_of_input_ends_with_out_of_range)
     keel_hook h[1] = { rec_hook(&a) };
     script sc = { .fail_at = 1, .fail_code = KEEL_EOUTOFRANGE,
                   .fail_times = -1 };
-    keel_session_config c;
-    keel_session *s;
-    base_cfg(&c, &sc, h, 1);
-    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
+    keel_session *s = open_session(&sc, h, 1);
     ck_assert_int_eq(keel_session_train(s), KEEL_OK);
     keel_session_close(s);
     ck_assert_str_eq(ev, "b:A c:A r:A s0 a:A1 r:A s1 e:A:end of input ");
@@ -504,10 +500,7 @@ START_TEST(test_requested_value_the_step_never_sets_fails_naming_it)
     keel_hook h = { .struct_size = sizeof h, .name = "wants_acc",
                     .before_run = want_missing };
     script sc = { 0 };
-    keel_session_config c;
-    keel_session *s;
-    base_cfg(&c, &sc, &h, 1);
-    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
+    keel_session *s = open_session(&sc, &h, 1);
     ck_assert_int_eq(keel_session_run(s, NULL), KEEL_ENOTFOUND);
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "accuracy"));
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "wants_acc"));
@@ -1172,6 +1165,17 @@ record_apply(void *ctx, keel_vars *v, keel_grads *g, int64_t gs)
     return KEEL_OK;
 }
 
+/* A session config whose steps are step and whose updates record_apply
+ * records: the replica tests' base. */
+static void
+replica_cfg(keel_session_config *c, keel_step_fn step)
+{
+    keel_session_config_init(c);
+    c->vars = vs;
+    c->step = step;
+    c->updater.apply = record_apply;
+}
+
 static keel_status
 loss_before(void *ctx, keel_run_context *rc)
 {
@@ -1198,10 +1202,7 @@ START_TEST(test_replicas_add_gradients_along_the_tree_and_average_values)
                     .before_run = loss_before, .after_run = loss_after };
     keel_session_config c;
     keel_session *s;
-    keel_session_config_init(&c);
-    c.vars = vs;
-    c.step = replica_step;
-    c.updater.apply = record_apply;
+    replica_cfg(&c, replica_step);
     c.hooks = &h;
     c.n_hooks = 1;
     c.replicas = 4;
@@ -1227,10 +1228,7 @@ START_TEST(test_replica_failures_name_the_replica_and_apply_nothing)
 {
     keel_session_config c;
     keel_session *s;
-    keel_session_config_init(&c);
-    c.vars = vs;
-    c.step = replica_step;
-    c.updater.apply = record_apply;
+    replica_cfg(&c, replica_step);
     c.max_recovery_attempts = 0;
     c.replicas = KEEL_MAX_REPLICAS + 1;
     ck_assert_int_eq(keel_session_new(&c, &s), KEEL_EINVAL);
@@ -1282,10 +1280,7 @@ START_TEST(test_replica_stores_start_zero_every_step_and_after_a_failure)
 {
     keel_session_config c;
     keel_session *s;
-    keel_session_config_init(&c);
-    c.vars = vs;
-    c.step = adding_step;
-    c.updater.apply = record_apply;
+    replica_cfg(&c, adding_step);
     c.replicas = 2;
     c.recovery_wait_ms = 1;
     c.backoff_ms = 1;
@@ -1408,9 +1403,7 @@ START_TEST(test_strategy_names_and_the_training_sessions_rules)
     ck_assert_int_eq(keel_strategy_resolve(KEEL_STRATEGY_MIRRORED, 1),
                      KEEL_STRATEGY_MIRRORED);
     keel_training_config_init(&tc);
-    tc.session.vars = vs;
-    tc.session.step = replica_step;
-    tc.session.updater.apply = record_apply;
+    replica_cfg(&tc.session, replica_step);
     tc.strategy = KEEL_STRATEGY_PARAMETER_SERVER;
     ck_assert_int_eq(keel_training_session_new(&tc, &s), KEEL_EINVAL);
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "needs a cluster"));
