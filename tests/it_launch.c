@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -112,6 +113,17 @@ lib_config(keel_launch_config *c, recorder *rc, const char *script, int ps,
     c->ctx = rc;
 }
 
+/* keel_launch_new on c, then keel_launch_start; fails the test unless
+ * both succeed. */
+static keel_launch *
+start_launch(keel_launch_config *c)
+{
+    keel_launch *l;
+    ck_assert_int_eq(keel_launch_new(c, &l), KEEL_OK);
+    ck_assert_int_eq(keel_launch_start(l), KEEL_OK);
+    return l;
+}
+
 /* Poll until done or the deadline; returns 1 when done. */
 static int
 run_until_done(keel_launch *l, int timeout_ms)
@@ -128,6 +140,16 @@ static int
 is_gone(int pid)
 {
     return kill(pid, 0) != 0 && errno == ESRCH;
+}
+
+/* Free l; none of the n tasks described in info may be left behind. */
+static void
+free_launch_leaving_none(keel_launch *l, const keel_launch_task_info *info,
+                         int n)
+{
+    keel_launch_free(l);
+    for (int i = 0; i < n; i++)
+        ck_assert_msg(is_gone(info[i].pid), "%s left behind", info[i].name);
 }
 
 START_TEST(test_each_task_gets_own_tf_config_and_output_dir)
@@ -181,9 +203,7 @@ START_TEST(test_each_task_gets_own_tf_config_and_output_dir)
     }
     ck_assert_int_ge(tu_file_size(tu_path("out/logs/ps.0.log")), 1);
     ck_assert_int_ge(tu_file_size(tu_path("out/logs/worker.1.log")), 1);
-    keel_launch_free(l);
-    for (int i = 0; i < 4; i++)
-        ck_assert_msg(is_gone(info[i].pid), "%s left behind", info[i].name);
+    free_launch_leaving_none(l, info, 4);
 }
 END_TEST
 
@@ -198,8 +218,7 @@ START_TEST(test_failing_task_restarts_with_backoff_then_gives_up)
     int starts = 0, at = 0;
     lib_config(&c, &rc, "echo step 1; echo oops >&2; exit 3", 0, 0);
     c.max_restarts = 2;
-    ck_assert_int_eq(keel_launch_new(&c, &l), KEEL_OK);
-    ck_assert_int_eq(keel_launch_start(l), KEEL_OK);
+    l = start_launch(&c);
     ck_assert(run_until_done(l, 10000));
     ck_assert_int_eq(keel_launch_exit_code(l, &why), 1);
     ck_assert_ptr_nonnull(strstr(why, "chief failed 3 times"));
@@ -260,9 +279,7 @@ START_TEST(test_ps_stopped_by_a_chief_that_then_fails_comes_back_with_it)
     const char *why = NULL;
     lib_config(&c, &rc, script, 1, 0);
     c.max_restarts = 1;
-    ck_assert_int_eq(keel_launch_new(&c, &l), KEEL_OK);
-    rc.l = l;
-    ck_assert_int_eq(keel_launch_start(l), KEEL_OK);
+    l = start_launch(&c);
     ck_assert(run_until_done(l, 30000));
     ck_assert_msg(keel_launch_exit_code(l, &why) == 0, "%s",
                   why ? why : "");
@@ -291,8 +308,7 @@ START_TEST(test_worker_that_never_comes_back_stops_all_with_exit_1)
     const char *why = NULL;
     lib_config(&c, &rc, script, 1, 1);
     c.max_restarts = 1;
-    ck_assert_int_eq(keel_launch_new(&c, &l), KEEL_OK);
-    ck_assert_int_eq(keel_launch_start(l), KEEL_OK);
+    l = start_launch(&c);
     ck_assert(run_until_done(l, 20000));
     ck_assert_int_eq(keel_launch_exit_code(l, &why), 1);
     ck_assert_msg(strstr(why, "worker.0") != NULL, "%s", why);
@@ -303,9 +319,7 @@ START_TEST(test_worker_that_never_comes_back_stops_all_with_exit_1)
     ck_assert_int_eq(info[2].state, KEEL_LAUNCH_FAILED);
     ck_assert_int_eq(info[2].restarts, 1);
     ck_assert_int_ge(find_rec(&rc, 0, 2, "giving up on worker.0"), 0);
-    keel_launch_free(l);
-    for (int i = 0; i < 3; i++)
-        ck_assert_msg(is_gone(info[i].pid), "%s left behind", info[i].name);
+    free_launch_leaving_none(l, info, 3);
 }
 END_TEST
 
@@ -317,8 +331,7 @@ START_TEST(test_backoff_doubles_only_in_a_crash_loop)
     /* no step line: a crash loop, 0.05 -> 0.1 -> 0.2 s */
     lib_config(&c, &rc, "exit 1", 0, 0);
     c.backoff_secs = 0.05;
-    ck_assert_int_eq(keel_launch_new(&c, &l), KEEL_OK);
-    ck_assert_int_eq(keel_launch_start(l), KEEL_OK);
+    l = start_launch(&c);
     ck_assert(run_until_done(l, 10000));
     ck_assert_int_ge(find_rec(&rc, 0, 0, "in 0.05 s (restart 1 of 3"), 0);
     ck_assert_int_ge(find_rec(&rc, 0, 0, "in 0.1 s (restart 2 of 3"), 0);
@@ -327,8 +340,7 @@ START_TEST(test_backoff_doubles_only_in_a_crash_loop)
     /* a step line before each failure: healthy, so back at once */
     lib_config(&c, &rc, "echo step 3; exit 1", 0, 0);
     c.backoff_secs = 0.05;
-    ck_assert_int_eq(keel_launch_new(&c, &l), KEEL_OK);
-    ck_assert_int_eq(keel_launch_start(l), KEEL_OK);
+    l = start_launch(&c);
     ck_assert(run_until_done(l, 10000));
     ck_assert_int_ge(find_rec(&rc, 0, 0, "in 0 s (restart 1 of 3"), 0);
     ck_assert_int_ge(find_rec(&rc, 0, 0, "in 0 s (restart 3 of 3"), 0);
@@ -354,8 +366,7 @@ START_TEST(test_healthy_task_restarts_at_once_then_backs_off)
     lib_config(&c, &rc, script, 0, 0);
     c.backoff_secs = 3;
     c.max_restarts = 2;
-    ck_assert_int_eq(keel_launch_new(&c, &l), KEEL_OK);
-    ck_assert_int_eq(keel_launch_start(l), KEEL_OK);
+    l = start_launch(&c);
     /* restart 1 at once; restart 2 (no step line since) after 3 s: the
      * test ends the launch once it is announced */
     at = -1;
@@ -383,8 +394,7 @@ START_TEST(test_task_ignoring_sigterm_is_killed_after_grace)
     lib_config(&c, &rc, "trap '' TERM; echo step 1; "
                "while :; do sleep 0.05; done", 0, 0);
     c.grace_secs = 0.3;
-    ck_assert_int_eq(keel_launch_new(&c, &l), KEEL_OK);
-    ck_assert_int_eq(keel_launch_start(l), KEEL_OK);
+    l = start_launch(&c);
     while (find_rec(&rc, 0, 0, "step 1") < 0)
         ck_assert_int_eq(keel_launch_poll(l, 50, NULL), KEEL_OK);
     t0 = tu_now_ms();
@@ -395,8 +405,7 @@ START_TEST(test_task_ignoring_sigterm_is_killed_after_grace)
     ck_assert_int_eq(keel_launch_task(l, 0, &info), KEEL_OK);
     ck_assert_int_eq(info.last_status, 128 + SIGKILL);
     ck_assert_int_eq(keel_launch_exit_code(l, NULL), 1);
-    keel_launch_free(l);
-    ck_assert(is_gone(info.pid));
+    free_launch_leaving_none(l, &info, 1);
 }
 END_TEST
 
@@ -415,8 +424,7 @@ START_TEST(test_stop_while_chief_is_down_restarts_it_for_a_clean_end)
     lib_config(&c, &rc, "sleep 0.3; trap 'echo saved; exit 0' TERM; "
                "echo step 5; while :; do sleep 0.05; done", 0, 0);
     c.backoff_secs = 30;           /* down until the stop brings it back */
-    ck_assert_int_eq(keel_launch_new(&c, &l), KEEL_OK);
-    ck_assert_int_eq(keel_launch_start(l), KEEL_OK);
+    l = start_launch(&c);
     /* killed before its first step line, so this is a crash loop's
      * backoff (a chief that had stepped would come back at once) */
     ck_assert_int_eq(keel_launch_task(l, 0, &info), KEEL_OK);
@@ -436,8 +444,7 @@ START_TEST(test_stop_while_chief_is_down_restarts_it_for_a_clean_end)
     ck_assert_int_eq(keel_launch_task(l, 0, &info), KEEL_OK);
     ck_assert_int_eq(info.last_status, 0);
     ck_assert_int_eq(keel_launch_exit_code(l, NULL), 0);
-    keel_launch_free(l);
-    ck_assert(is_gone(info.pid));
+    free_launch_leaving_none(l, &info, 1);
 }
 END_TEST
 
@@ -455,8 +462,7 @@ chaos_victims(uint64_t seed, int n, char *out, size_t size, int *overlap)
     c.chaos_seed = seed;
     c.chaos_period_secs = 0.02;
     c.max_restarts = 0;            /* chaos kills must not count */
-    ck_assert_int_eq(keel_launch_new(&c, &l), KEEL_OK);
-    ck_assert_int_eq(keel_launch_start(l), KEEL_OK);
+    l = start_launch(&c);
     while (rc.chaos_kills < n && tu_now_ms() < deadline)
         ck_assert_int_eq(keel_launch_poll(l, 50, NULL), KEEL_OK);
     ck_assert_int_eq(rc.chaos_kills, n);
@@ -560,9 +566,7 @@ START_TEST(test_evaluator_still_running_after_the_chief_is_stopped)
                                     "sleep 30"), 0, 0);
     c.with_evaluator = 1;
     c.grace_secs = 0.5;
-    ck_assert_int_eq(keel_launch_new(&c, &l), KEEL_OK);
-    rc.l = l;
-    ck_assert_int_eq(keel_launch_start(l), KEEL_OK);
+    l = start_launch(&c);
     t0 = tu_now_ms();
     ck_assert(run_until_done(l, 28000));
     ck_assert_int_lt(tu_now_ms() - t0, 28000);  // not the evaluator's 30 s
@@ -601,9 +605,7 @@ START_TEST(test_failing_evaluator_is_given_up_without_stopping_the_run)
     lib_config(&c, &rc, script, 1, 0);
     c.with_evaluator = 1;
     c.max_restarts = 2;
-    ck_assert_int_eq(keel_launch_new(&c, &l), KEEL_OK);
-    rc.l = l;
-    ck_assert_int_eq(keel_launch_start(l), KEEL_OK);
+    l = start_launch(&c);
     deadline = tu_now_ms() + 15000;
     while (!done && find_rec(&rc, 0, 2, "giving up on evaluator") < 0 &&
            tu_now_ms() < deadline)
@@ -735,15 +737,36 @@ stop_launch(pid_t pid, int fd, int timeout_ms)
     close(fd);
 }
 
+/* Start `keel launch cfg_path <arg>...` (NULL-terminated) as a registered
+ * child: its stdout on *fd (tu_spawn_pipe), its stderr in err_log (NULL:
+ * /dev/null). */
+static pid_t
+spawn_launch(const char *err_log, int *fd, const char *arg, ...)
+{
+    char *argv[32];
+    int n = 0;
+    va_list ap;
+    argv[n++] = (char *)tu_build_path("keel");
+    argv[n++] = "launch";
+    argv[n++] = cfg_path;
+    va_start(ap, arg);
+    for (; arg != NULL; arg = va_arg(ap, const char *)) {
+        ck_assert_int_lt(n, 31);
+        argv[n++] = (char *)arg;
+    }
+    va_end(ap);
+    argv[n] = NULL;
+    return tu_spawn_pipe(argv, NULL, err_log, fd);
+}
+
 START_TEST(test_sigkilled_chief_restarts_resumes_and_sigterm_saves)
 {
-    char *argv[] = { (char *)tu_build_path("keel"), "launch",
-                     (char *)cfg_path, "-s", "train.max_steps=1000000",
-                     "--max-restarts", "1", NULL };
     char line[512], *log;
     int fd, chief = 0, chief2 = 0;
     long long resumed = -1, final = -1, back = -1;
-    pid_t pid = tu_spawn_pipe(argv, NULL, tu_path("launch.err"), &fd);
+    pid_t pid = spawn_launch(tu_path("launch.err"), &fd, "-s",
+                             "train.max_steps=1000000", "--max-restarts", "1",
+                             NULL);
     const char *p;
     expect_line(fd, "launch | started chief (pid ", line, sizeof line);
     ck_assert_int_eq(sscanf(strstr(line, "(pid ") + 5, "%d", &chief), 1);
@@ -803,8 +826,7 @@ START_TEST(test_configuration_error_exit_2_is_not_restarted)
     const char *why = NULL;
     lib_config(&c, &rc, "echo 'keel: bad key' >&2; exit 2", 0, 0);
     c.max_restarts = 3;
-    ck_assert_int_eq(keel_launch_new(&c, &l), KEEL_OK);
-    ck_assert_int_eq(keel_launch_start(l), KEEL_OK);
+    l = start_launch(&c);
     ck_assert(run_until_done(l, 10000));
     ck_assert_int_ne(keel_launch_exit_code(l, &why), 0);
     ck_assert_ptr_nonnull(strstr(why, "chief failed 1 time"));
@@ -903,14 +925,12 @@ START_TEST(test_sigkilled_launcher_takes_its_tasks_along)
 {
     /* a silent chief (no step, checkpoint or summary lines), so that no
      * SIGPIPE on a dead launcher's pipe can stand in for PDEATHSIG */
-    char *argv[] = { (char *)tu_build_path("keel"), "launch",
-                     (char *)cfg_path, "-s", "train.max_steps=100000000",
-                     "-s", "hooks.log_every_steps=0", "-s",
-                     "hooks.summary_every_steps=0", "-s",
-                     "checkpoint.save_steps=0", NULL };
     char line[512];
     int fd, chief = 0;
-    pid_t pid = tu_spawn_pipe(argv, NULL, NULL, &fd);
+    pid_t pid = spawn_launch(NULL, &fd, "-s", "train.max_steps=100000000",
+                             "-s", "hooks.log_every_steps=0", "-s",
+                             "hooks.summary_every_steps=0", "-s",
+                             "checkpoint.save_steps=0", NULL);
     expect_line(fd, "launch | started chief (pid ", line, sizeof line);
     ck_assert_int_eq(sscanf(strstr(line, "(pid ") + 5, "%d", &chief), 1);
     expect_line(fd, "chief | no checkpoint in", line, sizeof line);
@@ -928,14 +948,13 @@ END_TEST
 
 START_TEST(test_sigterm_stops_a_cluster_with_a_final_checkpoint)
 {
-    char *argv[] = { (char *)tu_build_path("keel"), "launch",
-                     (char *)cfg_path, "--ps", "1", "--workers", "2", "-s",
-                     "train.max_steps=1000000", NULL };
     char line[512], name[64];
     int fd;
     long long final = -1;
     const char *p;
-    pid_t pid = tu_spawn_pipe(argv, NULL, tu_path("launch.err"), &fd);
+    pid_t pid = spawn_launch(tu_path("launch.err"), &fd, "--ps", "1",
+                             "--workers", "2", "-s", "train.max_steps=1000000",
+                             NULL);
     expect_line(fd, "chief | step 20 ", line, sizeof line);
     ck_assert_int_eq(kill(pid, SIGTERM), 0);
     expect_line(fd, "launch | SIGTERM: stopping every task", line,
@@ -973,16 +992,12 @@ END_TEST
 
 START_TEST(test_async_job_scales_with_sigusr1_and_sigusr2_sync_refuses)
 {
-    char *argv[] = { (char *)tu_build_path("keel"), "launch",
-                     (char *)cfg_path, "--ps", "1", "--workers", "1", "-s",
-                     "train.max_steps=1000000", "-s", "algorithm.name=async",
-                     "-s", "cluster.dead_after_ms=1500", NULL };
-    char *sync_argv[] = { (char *)tu_build_path("keel"), "launch",
-                          (char *)cfg_path, "--ps", "1", "-s",
-                          "train.max_steps=1000000", NULL };
     char line[512], *log;
     int fd;
-    pid_t pid = tu_spawn_pipe(argv, NULL, tu_path("launch.err"), &fd);
+    pid_t pid = spawn_launch(tu_path("launch.err"), &fd, "--ps", "1",
+                             "--workers", "1", "-s", "train.max_steps=1000000",
+                             "-s", "algorithm.name=async", "-s",
+                             "cluster.dead_after_ms=1500", NULL);
     /* async: the global step moves by every replica's push */
     expect_line(fd, "chief | step ", line, sizeof line);
     /* up: workers 1 and 2, indexes the cluster did not start with */
@@ -1015,7 +1030,8 @@ START_TEST(test_async_job_scales_with_sigusr1_and_sigusr2_sync_refuses)
     free(log);
 
     /* a sync job keeps its replica count */
-    pid = tu_spawn_pipe(sync_argv, NULL, tu_path("launch2.err"), &fd);
+    pid = spawn_launch(tu_path("launch2.err"), &fd, "--ps", "1", "-s",
+                       "train.max_steps=1000000", NULL);
     expect_line(fd, "chief | step ", line, sizeof line);
     ck_assert_int_eq(kill(pid, SIGUSR1), 0);
     expect_line(fd, "launch | SIGUSR1: launch: not adding a worker: a sync "
@@ -1109,15 +1125,13 @@ pid_in(const char *line)
  * steps lost, and training goes on. */
 START_TEST(test_sigkilled_ps_is_reloaded_and_the_steps_lost_are_logged)
 {
-    char *argv[] = { (char *)tu_build_path("keel"), "launch",
-                     (char *)cfg_path, "--ps", "1", "--workers", "1",
-                     "-s", "train.max_steps=1000000", "-s",
-                     "cluster.dead_after_ms=120000", "--max-restarts", "1",
-                     NULL };
     char line[512];
     int fd, ps;
     long long saved = -1, lost_from = -1, lost_to = -1, after = -1;
-    pid_t pid = tu_spawn_pipe(argv, NULL, tu_path("launch.err"), &fd);
+    pid_t pid = spawn_launch(tu_path("launch.err"), &fd, "--ps", "1",
+                             "--workers", "1", "-s", "train.max_steps=1000000",
+                             "-s", "cluster.dead_after_ms=120000",
+                             "--max-restarts", "1", NULL);
     const char *p;
     expect_line(fd, "launch | started ps.0 (pid ", line, sizeof line);
     ps = pid_in(line);
@@ -1158,16 +1172,14 @@ END_TEST
  * waiting in a pull (every step saves), then killed. */
 START_TEST(test_ps_lost_during_a_checkpoint_pull_is_found_at_once)
 {
-    char *argv[] = { (char *)tu_build_path("keel"), "launch",
-                     (char *)cfg_path, "--ps", "1", "--workers", "1",
-                     "-s", "train.max_steps=1000000", "-s",
-                     "cluster.dead_after_ms=120000", "-s",
-                     "cluster.stall_warn_secs=0.2", "-s",
-                     "checkpoint.save_steps=1", "--max-restarts", "1",
-                     NULL };
     char line[512];
     int fd, ps, in_pull = 0;
-    pid_t pid = tu_spawn_pipe(argv, NULL, tu_path("launch.err"), &fd);
+    pid_t pid = spawn_launch(tu_path("launch.err"), &fd, "--ps", "1",
+                             "--workers", "1", "-s", "train.max_steps=1000000",
+                             "-s", "cluster.dead_after_ms=120000", "-s",
+                             "cluster.stall_warn_secs=0.2", "-s",
+                             "checkpoint.save_steps=1", "--max-restarts", "1",
+                             NULL);
     expect_line(fd, "launch | started ps.0 (pid ", line, sizeof line);
     ps = pid_in(line);
     for (int attempt = 0; attempt < 40 && !in_pull; attempt++) {
@@ -1199,16 +1211,14 @@ END_TEST
  * every gradient applied exactly once (global_step x 2 = applied). */
 START_TEST(test_stalled_worker_is_named_then_killed_and_the_step_resumes)
 {
-    char *argv[] = { (char *)tu_build_path("keel"), "launch",
-                     (char *)cfg_path, "--ps", "1", "--workers", "1",
-                     "-s", "train.max_steps=1000000", "-s",
-                     "cluster.stall_warn_secs=0.5", "--max-restarts", "1",
-                     NULL };
     char line[512], *log;
     int fd, worker;
     long long stalled = -1, after = -1, step = -1;
     long applied = -1, dropped = -1;
-    pid_t pid = tu_spawn_pipe(argv, NULL, tu_path("launch.err"), &fd);
+    pid_t pid = spawn_launch(tu_path("launch.err"), &fd, "--ps", "1",
+                             "--workers", "1", "-s", "train.max_steps=1000000",
+                             "-s", "cluster.stall_warn_secs=0.5",
+                             "--max-restarts", "1", NULL);
     const char *p;
     expect_line(fd, "launch | started worker.0 (pid ", line, sizeof line);
     worker = pid_in(line);
@@ -1365,12 +1375,6 @@ END_TEST
  * kill; the launcher names the roles. */
 START_TEST(test_kfac_roles_survive_sigkill_of_each_role)
 {
-    char *argv[] = { (char *)tu_build_path("keel"), "launch",
-                     (char *)cfg_path, "--ps", "1", "--workers", "2",
-                     "-s", "train.max_steps=1000000", "-s",
-                     "optimizer.name=kfac", "-s",
-                     "optimizer.learning_rate=0.003", "-s",
-                     "kfac.distributed=roles", "--max-restarts", "2", NULL };
     char line[512];
     int fd, pids[3] = { 0, 0, 0 };
     long long at = -1, after = -1;
@@ -1380,7 +1384,12 @@ START_TEST(test_kfac_roles_survive_sigkill_of_each_role)
     static const char *const restarted[3] = {
         "launch | restarted worker.1 (pid ",
         "launch | restarted worker.0 (pid ", "launch | restarted chief (pid " };
-    pid_t pid = tu_spawn_pipe(argv, NULL, tu_path("launch.err"), &fd);
+    pid_t pid = spawn_launch(tu_path("launch.err"), &fd, "--ps", "1",
+                             "--workers", "2", "-s", "train.max_steps=1000000",
+                             "-s", "optimizer.name=kfac", "-s",
+                             "optimizer.learning_rate=0.003", "-s",
+                             "kfac.distributed=roles", "--max-restarts", "2",
+                             NULL);
     expect_line(fd, "launch | K-FAC roles: worker.0 is covariance.0", line,
                 sizeof line);
     expect_line(fd, "launch | K-FAC roles: worker.1 is inverse.0", line,
