@@ -34,6 +34,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 build=${1:-$here/../_build}
 keel="$build/keel"
 . "$here/../tests/common.sh"
+. "$here/common.sh"
 RULES=${RULES:-$KEEL_ALL_RULES}
 MODELS=${MODELS:-"mlp cnn"}
 MLP_REPLICAS=${MLP_REPLICAS:-"2 4"}
@@ -44,8 +45,7 @@ DATA=${DATA:-/usr/share/datasets/fashion-mnist}
 B=64
 N_TRAIN=60000
 EXAMPLES=${EXAMPLES:-$((EPOCHS * N_TRAIN))}
-out=${BENCH_OUT:-$(mktemp -d /tmp/keel-algorithms.XXXXXX)}
-mkdir -p "$out"
+out=$(bench_out_dir keel-algorithms)
 # the rule comparisons' job (SGD at 0.1, tests/common.sh), each rule at
 # its tuned rates (keel_rule_rates), as bench/algorithms_accuracy.sh
 ini="$out/job.ini"

@@ -50,24 +50,32 @@ log_line(void *ctx, keel_log_level level, const char *msg)
     fprintf(stderr, "%s: %s\n", keel_log_level_name(level), msg);
 }
 
+/* Every variable's bytes in store order, written to (is_write) or read
+ * from fd in full: the raw I/O keel's checkpoint is measured against. */
+static void
+raw_transfer(int fd, keel_vars *vs, int is_write)
+{
+    for (size_t i = 0; i < keel_vars_count(vs); i++) {
+        keel_tensor *t = keel_var_tensor(keel_vars_at(vs, i));
+        char *p = (char *)t->data;
+        size_t n = keel_tensor_bytes(t);
+        while (n > 0) {
+            ssize_t k = is_write ? write(fd, p, n) : read(fd, p, n);
+            if (k <= 0)
+                die(is_write ? "raw write" : "raw read");
+            p += k;
+            n -= (size_t)k;
+        }
+    }
+}
+
 static void
 raw_write(const char *path, keel_vars *vs)
 {
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0)
         die(path);
-    for (size_t i = 0; i < keel_vars_count(vs); i++) {
-        keel_tensor *t = keel_var_tensor(keel_vars_at(vs, i));
-        const char *p = (const char *)t->data;
-        size_t n = keel_tensor_bytes(t);
-        while (n > 0) {
-            ssize_t w = write(fd, p, n);
-            if (w <= 0)
-                die("raw write");
-            p += w;
-            n -= (size_t)w;
-        }
-    }
+    raw_transfer(fd, vs, 1);
     if (fsync(fd) != 0)
         die("raw fsync");
     close(fd);
@@ -79,18 +87,7 @@ raw_read(const char *path, keel_vars *vs)
     int fd = open(path, O_RDONLY);
     if (fd < 0)
         die(path);
-    for (size_t i = 0; i < keel_vars_count(vs); i++) {
-        keel_tensor *t = keel_var_tensor(keel_vars_at(vs, i));
-        char *p = (char *)t->data;
-        size_t n = keel_tensor_bytes(t);
-        while (n > 0) {
-            ssize_t r = read(fd, p, n);
-            if (r <= 0)
-                die("raw read");
-            p += r;
-            n -= (size_t)r;
-        }
-    }
+    raw_transfer(fd, vs, 0);
     close(fd);
 }
 

@@ -35,6 +35,13 @@ bench_coretypes() {
     fi
 }
 
+# The directory for a run's logs, on stdout: $BENCH_OUT (made when
+# missing), or else a fresh `mktemp -d /tmp/<name>.XXXXXX`.
+bench_out_dir() {
+    d=${BENCH_OUT:-$(mktemp -d "/tmp/$1.XXXXXX")}
+    mkdir -p "$d" && echo "$d"
+}
+
 # The MLP 784-256-256-10 with momentum SGD on Fashion-MNIST (INI sections
 # [model], [data], [optimizer]; the caller appends the rest).
 bench_mlp_momentum_ini() {

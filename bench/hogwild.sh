@@ -20,10 +20,10 @@ ROUNDS=${ROUNDS:-5}
 STEPS=${STEPS:-1500}
 EPOCHS=${EPOCHS:-3}
 DATA=${DATA:-/usr/share/datasets/fashion-mnist}
-out=${BENCH_OUT:-$(mktemp -d /tmp/keel-hogwild-bench.XXXXXX)}
-mkdir -p "$out"
-keel="$build/keel"
 here=$(cd "$(dirname "$0")" && pwd)
+. "$here/common.sh"
+out=$(bench_out_dir keel-hogwild-bench)
+keel="$build/keel"
 ini="$here/../examples/fashion_mnist.ini"
 
 core=$(OPENBLAS_VERBOSE=2 "$keel" --version 2>&1 | sed -n 's/^Core: //p')

@@ -49,11 +49,9 @@ KFAC_LR=${KFAC_LR:-$( [ "$mode" = accuracy ] && echo 0.001 || echo 0.0003)}
 KFAC_DAMPING=${KFAC_DAMPING:-0.001}
 MAX_KFAC_EPOCHS=${MAX_KFAC_EPOCHS:-5}
 DATA=${DATA:-/usr/share/datasets/fashion-mnist}
-out=${BENCH_OUT:-$(mktemp -d /tmp/keel-kfac-bench.XXXXXX)}
-mkdir -p "$out"
-keel="$build/keel"
-
 . "$(dirname "$0")/common.sh"
+out=$(bench_out_dir keel-kfac-bench)
+keel="$build/keel"
 echo "# $(bench_machine)" >&2
 echo "# logs: $out" >&2
 if [ -z "${CORETYPES:-}" ]; then

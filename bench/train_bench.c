@@ -314,11 +314,11 @@ main(int argc, char **argv)
     const char *tlist = "1,2,m2";
     int model_threads = 1;
     int reps = 5, epochs = 5, threads = 2;
-    double seg = 1.5;
+    double seg = 1.5, peak[2] = { 0, 0 };
     uint64_t seed = 0;
     keel_init_kind init = KEEL_INIT_GLOROT;
     setting tl[4];
-    int nt = 0;
+    int nt = 0, is_throughput;
     char buf[256], *tok, *save;
     keel_dataset *train, *test = NULL;
     for (int i = 1; i < argc; i++) {
@@ -367,8 +367,8 @@ main(int argc, char **argv)
         nt++;
     }
     train = load("train");
-    if (!strcmp(mode, "throughput")) {
-        double peak[2];
+    is_throughput = !strcmp(mode, "throughput");
+    if (is_throughput) {
         for (int t = 0; t < 2; t++) {
             keel_train_set_threads(t + 1);
             peak[t] = sgemm_peak(2048, 3);
@@ -376,30 +376,26 @@ main(int argc, char **argv)
                    "\"threads\": %d, \"corename\": \"%s\", \"gflops\": "
                    "%.1f}\n", t + 1, keel_train_blas_corename(), peak[t]);
         }
-        snprintf(buf, sizeof buf, "%s", models);
-        for (tok = strtok_r(buf, ",", &save); tok != NULL;
-             tok = strtok_r(NULL, ",", &save)) {
-            char b2[128], *t2, *s2;
-            snprintf(b2, sizeof b2, "%s", batches);
-            for (t2 = strtok_r(b2, ",", &s2); t2 != NULL;
-                 t2 = strtok_r(NULL, ",", &s2))
-                throughput(tok, atoll(t2), tl, nt, reps, seg, train, peak);
-        }
     } else if (!strcmp(mode, "accuracy")) {
         test = load("t10k");
         keel_train_set_threads(threads);
-        snprintf(buf, sizeof buf, "%s", models);
-        for (tok = strtok_r(buf, ",", &save); tok != NULL;
-             tok = strtok_r(NULL, ",", &save)) {
-            char b2[128], *t2, *s2;
-            snprintf(b2, sizeof b2, "%s", batches);
-            for (t2 = strtok_r(b2, ",", &s2); t2 != NULL;
-                 t2 = strtok_r(NULL, ",", &s2))
+    } else {
+        usage();
+    }
+    /* every model with every batch size */
+    snprintf(buf, sizeof buf, "%s", models);
+    for (tok = strtok_r(buf, ",", &save); tok != NULL;
+         tok = strtok_r(NULL, ",", &save)) {
+        char b2[128], *t2, *s2;
+        snprintf(b2, sizeof b2, "%s", batches);
+        for (t2 = strtok_r(b2, ",", &s2); t2 != NULL;
+             t2 = strtok_r(NULL, ",", &s2)) {
+            if (is_throughput)
+                throughput(tok, atoll(t2), tl, nt, reps, seg, train, peak);
+            else
                 accuracy(tok, atoll(t2), epochs, seed, init, model_threads,
                          train, test);
         }
-    } else {
-        usage();
     }
     keel_dataset_free(test);
     keel_dataset_free(train);
