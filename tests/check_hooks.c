@@ -67,6 +67,18 @@ teardown(void)
     tu_teardown();
 }
 
+/* c: a session config over vs whose steps are step_fn, with these hooks. */
+static void
+hooks_cfg(keel_session_config *c, keel_step_fn step_fn, keel_hook *h,
+          size_t n)
+{
+    keel_session_config_init(c);
+    c->vars = vs;
+    c->step = step_fn;
+    c->hooks = h;
+    c->n_hooks = n;
+}
+
 /* A session over vs and step with these hooks; checkpoints in dir (NULL:
  * none). */
 static keel_session *
@@ -74,11 +86,7 @@ session_in(keel_hook *h, size_t n, const char *dir)
 {
     keel_session_config c;
     keel_session *s;
-    keel_session_config_init(&c);
-    c.vars = vs;
-    c.step = step;
-    c.hooks = h;
-    c.n_hooks = n;
+    hooks_cfg(&c, step, h, n);
     c.backoff_ms = 1;
     c.checkpoint_dir = dir;
     ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
@@ -285,11 +293,7 @@ START_TEST(test_hook_with_bad_struct_size_is_rejected)
     keel_hook h = { .struct_size = 0, .name = "old" };
     keel_session_config c;
     keel_session *s = (keel_session *)&c;
-    keel_session_config_init(&c);
-    c.vars = vs;
-    c.step = step;
-    c.hooks = &h;
-    c.n_hooks = 1;
+    hooks_cfg(&c, step, &h, 1);
     ck_assert_int_eq(keel_session_new(&c, &s), KEEL_EINVAL);
     ck_assert_ptr_null(s);
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "struct_size"));
@@ -352,9 +356,7 @@ START_TEST(test_backend_worker_waits_on_events_and_chief_skips_rollback)
                         .fetch = be_fetch, .wait_for_change = be_wait };
     keel_session_config c;
     keel_session *s;
-    keel_session_config_init(&c);
-    c.vars = vs;
-    c.step = step;
+    hooks_cfg(&c, step, NULL, 0);
     c.backend = &be;
     c.is_chief = 0;
     ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
@@ -430,13 +432,9 @@ START_TEST(test_ckpt_hook_reports_the_step_the_backend_saved_at)
     hc.listeners = &li;
     hc.n_listeners = 1;
     ck_assert_int_eq(keel_ckpt_hook_new(&hc, &h), KEEL_OK);
-    keel_session_config_init(&c);
-    c.vars = vs;
-    c.step = step;
+    hooks_cfg(&c, step, &h, 1);
     c.backend = &be;
     c.is_chief = 1;
-    c.hooks = &h;
-    c.n_hooks = 1;
     c.checkpoint_dir = tu_dir;
     ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);  /* saves at 0 */
     run_steps(s, 2);                                      /* 11, 12 */
@@ -564,11 +562,7 @@ skip_scenario(int is_skipping, const char *sub, char *out, size_t out_size)
     ck_assert_int_eq(keel_logging_hook_new(&lc, &h[5]), KEEL_OK);
     h[6] = (keel_hook){ .struct_size = sizeof h[6], .name = "abort_after",
                         .after_run = abort_after };
-    keel_session_config_init(&c);
-    c.vars = vs;
-    c.step = scenario_step;
-    c.hooks = order;
-    c.n_hooks = 7;
+    hooks_cfg(&c, scenario_step, order, 7);
     order[0] = h[6];
     for (i = 0; i < 6; i++)
         order[i + 1] = h[i];
@@ -786,11 +780,7 @@ START_TEST(test_real_clock_trigger_is_neither_late_nor_early_while_idle)
     hc.n_listeners = 1;
     step_hooks_around(h, 1000, (int64_t)1 << 40);
     ck_assert_int_eq(keel_ckpt_hook_new(&hc, &h[1]), KEEL_OK);
-    keel_session_config_init(&c);
-    c.vars = vs;
-    c.step = timed_step;
-    c.hooks = h;
-    c.n_hooks = 3;
+    hooks_cfg(&c, timed_step, h, 3);
     c.checkpoint_dir = tu_dir;
     t_new = keel__now_mono_ns();
     ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);  // saves, timer
@@ -847,11 +837,7 @@ START_TEST(test_nan_hook_finds_its_value_again_in_a_new_session)
      * the slot the hook found before is not its name's any more. */
     h[0] = (keel_hook){ .struct_size = sizeof h[0], .name = "acc",
                         .before_run = acc_before };
-    keel_session_config_init(&c);
-    c.vars = vs;
-    c.step = acc_nan_step;
-    c.hooks = h;
-    c.n_hooks = 2;
+    hooks_cfg(&c, acc_nan_step, h, 2);
     ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
     run_steps(s, 2);
     ck_assert(!keel_session_should_stop(s));

@@ -58,3 +58,12 @@ seed = 0
 threads = 1
 INI
 }
+
+# The libdir that keel.pc in the build directory $1 names, with ${prefix}
+# and ${exec_prefix} spelled out: where `make install` puts libkeel and
+# keel.pc below its DESTDIR.
+keel_pc_libdir() (
+    prefix=$(sed -n 's/^prefix=//p' "$1/keel.pc")
+    sed -n 's/^libdir=//p' "$1/keel.pc" |
+        sed -e "s|\${exec_prefix}|$prefix|g" -e "s|\${prefix}|$prefix|g"
+)

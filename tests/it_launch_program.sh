@@ -28,10 +28,8 @@ fail() { echo "it_launch_program: FAIL: $*" >&2; exit 1; }
 
 make -C "$build" --no-print-directory install DESTDIR="$dest/inst" \
     >"$dest/install.log" 2>&1 || fail "make install: $(tail -20 "$dest/install.log")"
-libdir=$(sed -n 's/^libdir=//p' "$build/keel.pc")
-prefix=$(sed -n 's/^prefix=//p' "$build/keel.pc")
-libdir=${libdir//\$\{exec_prefix\}/$prefix}
-libdir=${libdir//\$\{prefix\}/$prefix}
+. "$src/tests/common.sh"
+libdir=$(keel_pc_libdir "$build")
 export PKG_CONFIG_PATH="$dest/inst$libdir/pkgconfig"
 export PKG_CONFIG_SYSROOT_DIR="$dest/inst"
 export LD_LIBRARY_PATH="$dest/inst$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

@@ -7,10 +7,9 @@ src=$(cd "$(dirname "$0")" && pwd)
 dest=$(mktemp -d "${TMPDIR:-/tmp}/keel-install-XXXXXX")
 trap 'rm -rf "$dest"' EXIT
 make -C "$build" --no-print-directory install DESTDIR="$dest" >/dev/null
-libdir=$(sed -n 's/^libdir=//p' "$build/keel.pc")
+. "$src/../common.sh"
+libdir=$(keel_pc_libdir "$build")
 prefix=$(sed -n 's/^prefix=//p' "$build/keel.pc")
-libdir=${libdir//\$\{exec_prefix\}/$prefix}
-libdir=${libdir//\$\{prefix\}/$prefix}
 export PKG_CONFIG_PATH="$dest$libdir/pkgconfig"
 export PKG_CONFIG_SYSROOT_DIR="$dest"
 # shellcheck disable=SC2046
