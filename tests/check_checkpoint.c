@@ -34,6 +34,17 @@ long_mode(void)
     return e != NULL && strcmp(e, "1") == 0;
 }
 
+/* A store holding one rows x cols matrix (zeros) named name. */
+static keel_vars *
+matrix_store(const char *name, int64_t rows, int64_t cols)
+{
+    keel_vars *vs;
+    ck_assert_int_eq(keel_vars_new(&vs), KEEL_OK);
+    ck_assert_int_eq(keel_vars_create(vs, name, 2, (int64_t[]){ rows, cols },
+                                      0, NULL), KEEL_OK);
+    return vs;
+}
+
 /* A store with every shape kind, path-like names, slots and a local var;
  * values derived from seed. */
 static keel_vars *
@@ -657,9 +668,7 @@ START_TEST(test_restore_shape_mismatch_names_variable_and_shapes)
     keel_saver *s = new_saver(tu_dir, 5, 0);
     char path[4096];
     save_step(s, a, 5, path, sizeof path);
-    ck_assert_int_eq(keel_vars_new(&b), KEEL_OK);
-    ck_assert_int_eq(keel_vars_create(b, "dense/kernel", 2,
-                                      (int64_t[]){ 7, 5 }, 0, NULL), KEEL_OK);
+    b = matrix_store("dense/kernel", 7, 5);
     ck_assert_int_eq(keel_ckpt_restore(path, b, NULL, NULL), KEEL_EINVAL);
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "dense/kernel"));
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "[5,7]"));
@@ -682,9 +691,7 @@ START_TEST(test_restore_strict_partial_report_and_name_map)
     keel_var *v;
 
     save_step(s, a, 9, path, sizeof path);
-    ck_assert_int_eq(keel_vars_new(&b), KEEL_OK);
-    ck_assert_int_eq(keel_vars_create(b, "fc/kernel", 2, (int64_t[]){ 5, 7 },
-                                      0, NULL), KEEL_OK);
+    b = matrix_store("fc/kernel", 5, 7);
     ck_assert_int_eq(keel_vars_create(b, "new/thing", 1, (int64_t[]){ 2 },
                                       0, &v), KEEL_OK);
     keel_var_tensor(v)->data[0] = 17;
@@ -716,9 +723,7 @@ START_TEST(test_restore_strict_partial_report_and_name_map)
     ck_assert_int_eq(keel_vars_global_step(b), 9);
     /* skip_slots leaves a fresh store without slots. */
     keel_vars_free(b);
-    ck_assert_int_eq(keel_vars_new(&b), KEEL_OK);
-    ck_assert_int_eq(keel_vars_create(b, "fc/kernel", 2, (int64_t[]){ 5, 7 },
-                                      0, NULL), KEEL_OK);
+    b = matrix_store("fc/kernel", 5, 7);
     o.skip_slots = 1;
     ck_assert_int_eq(keel_ckpt_restore(path, b, &o, &rep), KEEL_OK);
     ck_assert_uint_eq(keel_var_slot_count(keel_vars_find(b, "fc/kernel")),
