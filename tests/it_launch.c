@@ -737,26 +737,57 @@ stop_launch(pid_t pid, int fd, int timeout_ms)
     close(fd);
 }
 
-/* Start `keel launch cfg_path <arg>...` (NULL-terminated) as a registered
- * child: its stdout on *fd (tu_spawn_pipe), its stderr in err_log (NULL:
+/* Start `keel launch cfg_path <lead>... <arg>...` (lead NULL-terminated or
+ * NULL; the args from arg on, up to a NULL, in ap) as a registered child:
+ * its stdout on *fd (tu_spawn_pipe), its stderr in err_log (NULL:
  * /dev/null). */
 static pid_t
-spawn_launch(const char *err_log, int *fd, const char *arg, ...)
+spawn_launch_va(const char *err_log, int *fd, const char *const *lead,
+                const char *arg, va_list ap)
 {
     char *argv[32];
     int n = 0;
-    va_list ap;
     argv[n++] = (char *)tu_build_path("keel");
     argv[n++] = "launch";
     argv[n++] = cfg_path;
-    va_start(ap, arg);
+    for (; lead != NULL && *lead != NULL; lead++)
+        argv[n++] = (char *)*lead;
     for (; arg != NULL; arg = va_arg(ap, const char *)) {
         ck_assert_int_lt(n, 31);
         argv[n++] = (char *)arg;
     }
-    va_end(ap);
     argv[n] = NULL;
     return tu_spawn_pipe(argv, NULL, err_log, fd);
+}
+
+/* `keel launch cfg_path <arg>...` (NULL-terminated); see spawn_launch_va. */
+static pid_t
+spawn_launch(const char *err_log, int *fd, const char *arg, ...)
+{
+    va_list ap;
+    pid_t pid;
+    va_start(ap, arg);
+    pid = spawn_launch_va(err_log, fd, NULL, arg, ap);
+    va_end(ap);
+    return pid;
+}
+
+/* A cluster run with no reachable end: `keel launch cfg_path --ps 1
+ * --workers <workers> -s train.max_steps=1000000 <arg>...`
+ * (NULL-terminated), its stderr in <tu_dir>/launch.err. */
+static pid_t
+spawn_cluster(int *fd, int workers, const char *arg, ...)
+{
+    char n_workers[16];
+    const char *lead[] = { "--ps", "1", "--workers", n_workers, "-s",
+                           "train.max_steps=1000000", NULL };
+    va_list ap;
+    pid_t pid;
+    TU_SNPRINTF(n_workers, sizeof n_workers, "%d", workers);
+    va_start(ap, arg);
+    pid = spawn_launch_va(tu_path("launch.err"), fd, lead, arg, ap);
+    va_end(ap);
+    return pid;
 }
 
 START_TEST(test_sigkilled_chief_restarts_resumes_and_sigterm_saves)
@@ -952,9 +983,7 @@ START_TEST(test_sigterm_stops_a_cluster_with_a_final_checkpoint)
     int fd;
     long long final = -1;
     const char *p;
-    pid_t pid = spawn_launch(tu_path("launch.err"), &fd, "--ps", "1",
-                             "--workers", "2", "-s", "train.max_steps=1000000",
-                             NULL);
+    pid_t pid = spawn_cluster(&fd, 2, NULL);
     expect_line(fd, "chief | step 20 ", line, sizeof line);
     ck_assert_int_eq(kill(pid, SIGTERM), 0);
     expect_line(fd, "launch | SIGTERM: stopping every task", line,
@@ -994,10 +1023,8 @@ START_TEST(test_async_job_scales_with_sigusr1_and_sigusr2_sync_refuses)
 {
     char line[512], *log;
     int fd;
-    pid_t pid = spawn_launch(tu_path("launch.err"), &fd, "--ps", "1",
-                             "--workers", "1", "-s", "train.max_steps=1000000",
-                             "-s", "algorithm.name=async", "-s",
-                             "cluster.dead_after_ms=1500", NULL);
+    pid_t pid = spawn_cluster(&fd, 1, "-s", "algorithm.name=async", "-s",
+                              "cluster.dead_after_ms=1500", NULL);
     /* async: the global step moves by every replica's push */
     expect_line(fd, "chief | step ", line, sizeof line);
     /* up: workers 1 and 2, indexes the cluster did not start with */
@@ -1128,10 +1155,8 @@ START_TEST(test_sigkilled_ps_is_reloaded_and_the_steps_lost_are_logged)
     char line[512];
     int fd, ps;
     long long saved = -1, lost_from = -1, lost_to = -1, after = -1;
-    pid_t pid = spawn_launch(tu_path("launch.err"), &fd, "--ps", "1",
-                             "--workers", "1", "-s", "train.max_steps=1000000",
-                             "-s", "cluster.dead_after_ms=120000",
-                             "--max-restarts", "1", NULL);
+    pid_t pid = spawn_cluster(&fd, 1, "-s", "cluster.dead_after_ms=120000",
+                              "--max-restarts", "1", NULL);
     const char *p;
     expect_line(fd, "launch | started ps.0 (pid ", line, sizeof line);
     ps = pid_in(line);
@@ -1174,12 +1199,10 @@ START_TEST(test_ps_lost_during_a_checkpoint_pull_is_found_at_once)
 {
     char line[512];
     int fd, ps, in_pull = 0;
-    pid_t pid = spawn_launch(tu_path("launch.err"), &fd, "--ps", "1",
-                             "--workers", "1", "-s", "train.max_steps=1000000",
-                             "-s", "cluster.dead_after_ms=120000", "-s",
-                             "cluster.stall_warn_secs=0.2", "-s",
-                             "checkpoint.save_steps=1", "--max-restarts", "1",
-                             NULL);
+    pid_t pid = spawn_cluster(&fd, 1, "-s", "cluster.dead_after_ms=120000",
+                              "-s", "cluster.stall_warn_secs=0.2", "-s",
+                              "checkpoint.save_steps=1", "--max-restarts", "1",
+                              NULL);
     expect_line(fd, "launch | started ps.0 (pid ", line, sizeof line);
     ps = pid_in(line);
     for (int attempt = 0; attempt < 40 && !in_pull; attempt++) {
@@ -1215,10 +1238,8 @@ START_TEST(test_stalled_worker_is_named_then_killed_and_the_step_resumes)
     int fd, worker;
     long long stalled = -1, after = -1, step = -1;
     long applied = -1, dropped = -1;
-    pid_t pid = spawn_launch(tu_path("launch.err"), &fd, "--ps", "1",
-                             "--workers", "1", "-s", "train.max_steps=1000000",
-                             "-s", "cluster.stall_warn_secs=0.5",
-                             "--max-restarts", "1", NULL);
+    pid_t pid = spawn_cluster(&fd, 1, "-s", "cluster.stall_warn_secs=0.5",
+                              "--max-restarts", "1", NULL);
     const char *p;
     expect_line(fd, "launch | started worker.0 (pid ", line, sizeof line);
     worker = pid_in(line);
@@ -1384,12 +1405,10 @@ START_TEST(test_kfac_roles_survive_sigkill_of_each_role)
     static const char *const restarted[3] = {
         "launch | restarted worker.1 (pid ",
         "launch | restarted worker.0 (pid ", "launch | restarted chief (pid " };
-    pid_t pid = spawn_launch(tu_path("launch.err"), &fd, "--ps", "1",
-                             "--workers", "2", "-s", "train.max_steps=1000000",
-                             "-s", "optimizer.name=kfac", "-s",
-                             "optimizer.learning_rate=0.003", "-s",
-                             "kfac.distributed=roles", "--max-restarts", "2",
-                             NULL);
+    pid_t pid = spawn_cluster(&fd, 2, "-s", "optimizer.name=kfac", "-s",
+                              "optimizer.learning_rate=0.003", "-s",
+                              "kfac.distributed=roles", "--max-restarts", "2",
+                              NULL);
     expect_line(fd, "launch | K-FAC roles: worker.0 is covariance.0", line,
                 sizeof line);
     expect_line(fd, "launch | K-FAC roles: worker.1 is inverse.0", line,
