@@ -440,9 +440,31 @@ expect_same_result(const job *a, const job *b)
                           "diff", p1, p2, NULL) == 0, "%s%s", out, err);
 }
 
+/* A reference run (tag ref_tag) and a run j (tag tag) that eval and
+ * stranger attack (run_job), both secured by sets and token: the ps logs
+ * its mechanism ("(token)", "(CURVE)"), refuses the forged SHUTDOWN and
+ * logs refused_client for the stranger, and j ends bitwise where the
+ * reference did. */
+static void
+run_refusing_raw_peers(job *j, const char *tag, const char *ref_tag,
+                       const char *const *sets, const char *token,
+                       const peer_auth *eval, const peer_auth *stranger,
+                       const char *mechanism, const char *refused_client)
+{
+    job ref;
+    job_init(&ref, ref_tag);
+    run_job(&ref, sets, token, NULL, NULL);
+    ck_assert(log_has(&ref, "ps0", mechanism));
+    job_init(j, tag);
+    run_job(j, sets, token, eval, stranger);
+    ck_assert(log_has(j, "ps0", "refused SHUTDOWN"));
+    ck_assert(log_has(j, "ps0", refused_client));
+    expect_same_result(&ref, j);
+}
+
 START_TEST(token_ps_refuses_a_raw_peer_and_trains_on)
 {
-    job ref, j;
+    job j;
     keel__curve ev;
     peer_auth eval = { 0 }, stranger = { .user = "worker0",
                                          .password = "0000" };
@@ -451,16 +473,10 @@ START_TEST(token_ps_refuses_a_raw_peer_and_trains_on)
                      KEEL_OK);
     eval.user = ev.user;
     eval.password = ev.password;
-    job_init(&ref, "ref");
-    run_job(&ref, NULL, TOKEN, NULL, NULL);
-    ck_assert(log_has(&ref, "ps0", "(token)"));
-    job_init(&j, "tok");
-    run_job(&j, NULL, TOKEN, &eval, &stranger);
-    ck_assert(log_has(&j, "ps0", "refused SHUTDOWN"));
-    ck_assert(log_has(&j, "ps0", "refused PLAIN client"));
+    run_refusing_raw_peers(&j, "tok", "ref", NULL, TOKEN, &eval, &stranger,
+                           "(token)", "refused PLAIN client");
     ck_assert(!log_has(&j, "ps0", ev.password));
     ck_assert(!log_has(&j, "ps0", TOKEN));
-    expect_same_result(&ref, &j);
     keel__curve_clear(&ev);
 }
 END_TEST
@@ -479,7 +495,7 @@ read_key(const char *dir, const char *file, char out_key[41])
 
 START_TEST(curve_ps_refuses_a_raw_peer_and_trains_on)
 {
-    job ref, j;
+    job j;
     char keys[4200], rogue[4200], set_keys[4300];
     char ps_pub[41], ev_pub[41], ev_sec[41], st_pub[41], st_sec[41];
     const char *const sets[] = { "security.curve=true", set_keys, NULL };
@@ -500,14 +516,8 @@ START_TEST(curve_ps_refuses_a_raw_peer_and_trains_on)
     stranger = (peer_auth){ .server_key = ps_pub, .pub = st_pub,
                             .sec = st_sec };
     TU_SNPRINTF(set_keys, sizeof set_keys, "security.key_dir=%s", keys);
-    job_init(&ref, "cref");
-    run_job(&ref, sets, NULL, NULL, NULL);
-    ck_assert(log_has(&ref, "ps0", "(CURVE)"));
-    job_init(&j, "curve");
-    run_job(&j, sets, NULL, &eval, &stranger);
-    ck_assert(log_has(&j, "ps0", "refused SHUTDOWN"));
-    ck_assert(log_has(&j, "ps0", "refused CURVE client"));
-    expect_same_result(&ref, &j);
+    run_refusing_raw_peers(&j, "curve", "cref", sets, NULL, &eval, &stranger,
+                           "(CURVE)", "refused CURVE client");
 }
 END_TEST
 
