@@ -92,21 +92,9 @@ start_task(cluster *c, const char *type, int index, const char *const *sets,
 {
     char tf[2048], log[64];
     char *env[] = { tf, NULL };
-    char *argv[32];
-    int k = 0;
     tf_config(c, type, index, tf, sizeof tf);
-    argv[k++] = (char *)tu_build_path("keel");
-    argv[k++] = "train";
-    argv[k++] = cfg_path;
-    for (int i = 0; sets != NULL && sets[i] != NULL && k < 28; i++) {
-        argv[k++] = "-s";
-        argv[k++] = (char *)sets[i];
-    }
-    argv[k] = NULL;
     snprintf(log, sizeof log, "%s-%s%d.log", c->tag, type, index);
-    if (out_fd != NULL)
-        return tu_spawn_pipe(argv, env, tu_path(log), out_fd);
-    return tu_spawn(argv, env, tu_path(log));
+    return tu_spawn_train(cfg_path, sets, env, tu_path(log), out_fd);
 }
 
 static void

@@ -82,8 +82,7 @@ start_task(job *j, const char *type, int index, const char *const *sets,
 {
     char tf[1024], log[64], tok[128], dir[4300];
     char *env[] = { tf, NULL, NULL };
-    char *argv[32];
-    int k = 0;
+    const char *all_sets[12] = { dir };
     TU_SNPRINTF(tf, sizeof tf, "TF_CONFIG={\"cluster\": {\"ps\": "
                      "[\"127.0.0.1:%d\"], \"worker\": [\"127.0.0.1:%d\", "
                      "\"127.0.0.1:%d\"]}, \"task\": {\"type\": \"%s\", "
@@ -94,20 +93,12 @@ start_task(job *j, const char *type, int index, const char *const *sets,
         env[1] = tok;
     }
     TU_SNPRINTF(dir, sizeof dir, "checkpoint.dir=%s", j->ckpt);
-    argv[k++] = (char *)tu_build_path("keel");
-    argv[k++] = "train";
-    argv[k++] = cfg_path;
-    argv[k++] = "-s";
-    argv[k++] = dir;
-    for (int i = 0; sets != NULL && sets[i] != NULL && k < 28; i++) {
-        argv[k++] = "-s";
-        argv[k++] = (char *)sets[i];
+    for (int i = 0; sets != NULL && sets[i] != NULL; i++) {
+        ck_assert_int_lt(i + 1, 11);
+        all_sets[i + 1] = sets[i];
     }
-    argv[k] = NULL;
     snprintf(log, sizeof log, "%s-%s%d.log", j->tag, type, index);
-    if (out_fd != NULL)
-        return tu_spawn_pipe(argv, env, tu_path(log), out_fd);
-    return tu_spawn(argv, env, tu_path(log));
+    return tu_spawn_train(cfg_path, all_sets, env, tu_path(log), out_fd);
 }
 
 static void

@@ -440,6 +440,26 @@ tu_spawn_pipe(char *const argv[], char *const env[], const char *err_log,
     return pid;
 }
 
+pid_t
+tu_spawn_train(const char *cfg, const char *const *sets, char *const env[],
+               const char *log_path, int *out_fd)
+{
+    char *argv[32];
+    int k = 0;
+    argv[k++] = (char *)tu_build_path("keel");
+    argv[k++] = "train";
+    argv[k++] = (char *)cfg;
+    for (int i = 0; sets != NULL && sets[i] != NULL; i++) {
+        ck_assert_int_lt(i, 12);
+        argv[k++] = "-s";
+        argv[k++] = (char *)sets[i];
+    }
+    argv[k] = NULL;
+    if (out_fd != NULL)
+        return tu_spawn_pipe(argv, env, log_path, out_fd);
+    return tu_spawn(argv, env, log_path);
+}
+
 int
 tu_wait_for_line(int fd, const char *needle, int timeout_ms, char *line,
                  size_t line_size)

@@ -63,6 +63,12 @@ pid_t tu_spawn(char *const argv[], char *const env[], const char *log_path);
 #define TU_ERR_TO_PIPE "|"
 pid_t tu_spawn_pipe(char *const argv[], char *const env[],
                     const char *err_log, int *out_fd);
+/* Start `keel train cfg [-s <set>]...` (sets NULL-terminated or NULL; at
+ * most 12) as a registered child with env added (NULL: none): stdout and
+ * stderr to log_path (tu_spawn), or, with out_fd, stdout on a pipe and
+ * stderr to log_path (tu_spawn_pipe). */
+pid_t tu_spawn_train(const char *cfg, const char *const *sets,
+                     char *const env[], const char *log_path, int *out_fd);
 /* Read fd until a line containing needle arrives (1), or EOF / the
  * deadline (0). The line (truncated) is copied into line if not NULL. */
 int tu_wait_for_line(int fd, const char *needle, int timeout_ms, char *line,
