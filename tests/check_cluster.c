@@ -2560,6 +2560,177 @@ START_TEST(test_ps_refuses_updates_from_an_earlier_generation)
 }
 END_TEST
 
+/* A PULL of w through c: w = (w0, w1) at global step step. */
+static void
+check_w(keel__wire_client *c, float w0, float w1, int64_t step)
+{
+    keel__wire_header h = { .type = KEEL_MSG_PULL,
+                            .flags = KEEL_WIRE_F_NAMES_ONLY };
+    keel__wire_out name = { "w", NULL, NULL };
+    keel__wire_msg r;
+    ck_assert_int_eq(keel__wire_client_call(c, &h, &name, 1, 0, 5000, &r),
+                     KEEL_OK);
+    ck_assert_int_eq(r.h.global_step, step);
+    ck_assert_int_eq(r.n, 1);
+    ck_assert_float_eq(r.tensors[0].t.data[0], w0);
+    ck_assert_float_eq(r.tensors[0].t.data[1], w1);
+    keel__wire_msg_clear(&r);
+}
+
+/* PUSH with WANT_VALUES on a real async ps (SGD, lr 0.5; w = (1, 2),
+ * b = (3, 4, 5)): the ack carries the new values of the pushed variables
+ * only, bit for bit what a PULL right after returns, at the same global
+ * step. A push from another generation, one whose data frame disagrees
+ * with its shape and one with fewer frames than its count are refused
+ * with no values and change nothing. By hand: g = (1, 1) -> w = (0.5,
+ * 1.5), step 1; then g = (2, -2) -> w = (-0.5, 2.5), step 2. */
+START_TEST(test_async_push_with_values_equals_a_pull)
+{
+    tu_cluster cl;
+    keel_vars *ps_vs, *vs;
+    keel_optimizer_config sgd;
+    keel_cluster_options co;
+    keel__wire_client *c;
+    keel__wire_header h;
+    keel__wire_msg ack, r;
+    keel__wire_out o[2];
+    keel_tensor g;
+    int64_t two[1] = { 2 }, three[1] = { 3 };
+    float bv[3] = { 3, 4, 5 };
+    uint64_t gen;
+    char ep[64];
+    void *zctx = zmq_ctx_new(), *bad = zmq_socket(zctx, ZMQ_DEALER);
+    int zero = 0;
+    raw rw;
+    tu_ps p;
+
+    ck_assert_int_eq(keel_vars_new(&ps_vs), KEEL_OK);
+    ck_assert_int_eq(keel_vars_new(&vs), KEEL_OK);
+    for (int k = 0; k < 2; k++) {
+        keel_vars *x = k ? vs : ps_vs;
+        ck_assert_int_eq(keel_vars_create(x, "w", 1, two, KEEL_VAR_TRAINABLE,
+                                          NULL), KEEL_OK);
+        ck_assert_int_eq(keel_vars_create(x, "b", 1, three,
+                                          KEEL_VAR_TRAINABLE, NULL), KEEL_OK);
+    }
+    keel_optimizer_config_init(&sgd, KEEL_OPT_SGD);
+    sgd.schedule.learning_rate = 0.5;
+    keel_cluster_options_init(&co);
+    co.optimizer = &sgd;
+    co.orphan_secs = 30;
+    co.token = NULL;
+    tu_cluster_new(&cl, 0);
+    tu_ps_start(&p, cl.ps, ps_vs, &co);
+    snprintf(ep, sizeof ep, "tcp://%s",
+             keel_cluster_spec_address(cl.ps, KEEL_TASK_PS, 0));
+    ck_assert_int_eq(keel__wire_client_new(ep, NULL, KEEL_TASK_CHIEF, 0, &c),
+                     KEEL_OK);
+    zmq_setsockopt(bad, ZMQ_LINGER, &zero, sizeof zero);
+    ck_assert_int_eq(zmq_connect(bad, ep), 0);
+    keel_var_tensor(keel_vars_find(vs, "w"))->data[0] = 1.0f;
+    keel_var_tensor(keel_vars_find(vs, "w"))->data[1] = 2.0f;
+    memcpy(keel_var_tensor(keel_vars_find(vs, "b"))->data, bv, sizeof bv);
+    o[0] = (keel__wire_out){ "w", keel_var_tensor(keel_vars_find(vs, "w")),
+                             NULL };
+    o[1] = (keel__wire_out){ "b", keel_var_tensor(keel_vars_find(vs, "b")),
+                             NULL };
+    header_of(&h, KEEL_MSG_INIT);
+    ck_assert_msg(keel__wire_client_call(c, &h, o, 2, 1, 5000, &r) ==
+                  KEEL_OK, "%s", keel_last_error());
+    gen = r.h.generation;
+    keel__wire_msg_clear(&r);
+
+    /* the ack: w's new values (b was not pushed), step 1 */
+    ck_assert_int_eq(keel_tensor_alloc(&g, 1, two), KEEL_OK);
+    g.data[0] = g.data[1] = 1.0f;
+    o[0] = (keel__wire_out){ "w", &g, NULL };
+    header_of(&h, KEEL_MSG_PUSH);
+    h.flags = KEEL_WIRE_F_WANT_VALUES;
+    h.peer_generation = gen;
+    ck_assert_msg(keel__wire_client_call(c, &h, o, 1, 1, 5000, &ack) ==
+                  KEEL_OK, "%s", keel_last_error());
+    ck_assert_int_eq(ack.h.type, KEEL_MSG_PUSH_ACK);
+    ck_assert_int_eq(ack.h.global_step, 1);
+    ck_assert_int_eq(ack.n, 1);
+    ck_assert_str_eq(ack.tensors[0].name, "w");
+    ck_assert_int_eq(ack.tensors[0].t.count, 2);
+    ck_assert_float_eq(ack.tensors[0].t.data[0], 0.5f);
+    ck_assert_float_eq(ack.tensors[0].t.data[1], 1.5f);
+    /* a PULL of everything right after: the same bits, the same step */
+    header_of(&h, KEEL_MSG_PULL);
+    h.flags = KEEL_WIRE_F_NAMES_ONLY;
+    ck_assert_int_eq(keel__wire_client_call(c, &h, NULL, 0, 0, 5000, &r),
+                     KEEL_OK);
+    ck_assert_int_eq(r.h.global_step, ack.h.global_step);
+    ck_assert_int_eq(r.n, 2);
+    for (size_t i = 0; i < r.n; i++) {
+        const keel__wire_tensor *t = &r.tensors[i];
+        if (strcmp(t->name, "w") == 0)
+            ck_assert_int_eq(memcmp(t->t.data, ack.tensors[0].t.data,
+                                    2 * sizeof(float)), 0);
+        else
+            ck_assert_int_eq(memcmp(t->t.data, bv, sizeof bv), 0);
+    }
+    keel__wire_msg_clear(&r);
+    keel__wire_msg_clear(&ack);
+
+    /* another generation's push: refused, no values */
+    header_of(&h, KEEL_MSG_PUSH);
+    h.flags = KEEL_WIRE_F_WANT_VALUES;
+    h.peer_generation = gen ^ 1;
+    ck_assert_int_eq(keel__wire_client_call(c, &h, o, 1, 1, 5000, &r),
+                     KEEL_EPEER);
+    ck_assert_int_eq(r.h.type, KEEL_MSG_ERROR);
+    ck_assert_int_eq(r.h.arg, KEEL_EABORTED);
+    ck_assert_int_eq(r.n, 0);
+    keel__wire_msg_clear(&r);
+    /* lengths are checked before anything is applied or answered */
+    raw_init(&rw);
+    rw.hdr[7] = KEEL_WIRE_F_WANT_VALUES;
+    rw.desc_len = keel__wire_desc_encode("w", 1, two, rw.desc,
+                                         sizeof rw.desc);
+    rw.data_len = 4;
+    expect_error_reply(bad, &rw, KEEL_ECORRUPT, "data frame is 4 bytes, "
+                       "shape needs 2 x 4");
+    raw_init(&rw);
+    rw.hdr[7] = KEEL_WIRE_F_WANT_VALUES;
+    rw.hdr[48] = 2;                         /* count 2, frames for one */
+    rw.desc_len = keel__wire_desc_encode("w", 1, two, rw.desc,
+                                         sizeof rw.desc);
+    rw.data_len = 8;
+    expect_error_reply(bad, &rw, KEEL_ECORRUPT, "3 frames for 2 tensors");
+    check_w(c, 0.5f, 1.5f, 1);
+
+    /* the next push (no generation named: 0) applies to those values */
+    g.data[0] = 2.0f;
+    g.data[1] = -2.0f;
+    header_of(&h, KEEL_MSG_PUSH);
+    h.flags = KEEL_WIRE_F_WANT_VALUES;
+    h.local_step = 1;
+    ck_assert_msg(keel__wire_client_call(c, &h, o, 1, 1, 5000, &ack) ==
+                  KEEL_OK, "%s", keel_last_error());
+    ck_assert_int_eq(ack.h.global_step, 2);
+    ck_assert_int_eq(ack.n, 1);
+    ck_assert_float_eq(ack.tensors[0].t.data[0], -0.5f);
+    ck_assert_float_eq(ack.tensors[0].t.data[1], 2.5f);
+    keel__wire_msg_clear(&ack);
+    check_w(c, -0.5f, 2.5f, 2);
+
+    header_of(&h, KEEL_MSG_SHUTDOWN);
+    ck_assert_int_eq(keel__wire_client_call(c, &h, NULL, 0, 0, 5000, &r),
+                     KEEL_OK);
+    keel__wire_msg_clear(&r);
+    ck_assert_int_eq(tu_ps_join(&p), KEEL_OK);
+    zmq_close(bad);
+    zmq_ctx_term(zctx);
+    keel__wire_client_free(c);
+    keel_tensor_release(&g);
+    keel_vars_free(vs);
+    keel_vars_free(ps_vs);
+    tu_cluster_free(&cl);
+}
+END_TEST
+
 /* Alone, keel_training_config.optimizer is the update rule: momentum
  * applied in the process with its slot in vars; giving an updater too is
  * an error. */
@@ -2709,6 +2880,7 @@ cluster_suite(void)
     tu_tcase(s, "seam", 30, NULL, NULL, TU_TESTS(
         test_seam_ps_run_and_training_session_on_a_cluster,
         test_ps_refuses_updates_from_an_earlier_generation,
+        test_async_push_with_values_equals_a_pull,
         test_seam_training_optimizer_alone,
         test_seam_rejects_wrong_roles_and_options));
     return s;
