@@ -2469,39 +2469,53 @@ START_TEST(test_seam_ps_run_and_training_session_on_a_cluster)
 }
 END_TEST
 
+/* A real async ps on its own thread, serving ps_vs with SGD at 0.5 and no
+ * authentication, and a chief's client to it: sgd_ps_start fills s (the
+ * options it borrows live there until tu_ps_join(&s->p)). */
+typedef struct sgd_ps {
+    tu_cluster cl;
+    keel_optimizer_config sgd;
+    keel_cluster_options co;
+    tu_ps p;
+    char ep[64];
+} sgd_ps;
+
+static keel__wire_client *
+sgd_ps_start(sgd_ps *s, keel_vars *ps_vs)
+{
+    keel__wire_client *c;
+    keel_optimizer_config_init(&s->sgd, KEEL_OPT_SGD);
+    s->sgd.schedule.learning_rate = 0.5;
+    keel_cluster_options_init(&s->co);
+    s->co.optimizer = &s->sgd;
+    s->co.orphan_secs = 30;
+    s->co.token = NULL;
+    tu_cluster_new(&s->cl, 0);
+    tu_ps_start(&s->p, s->cl.ps, ps_vs, &s->co);
+    snprintf(s->ep, sizeof s->ep, "tcp://%s",
+             keel_cluster_spec_address(s->cl.ps, KEEL_TASK_PS, 0));
+    ck_assert_int_eq(keel__wire_client_new(s->ep, NULL, KEEL_TASK_CHIEF, 0,
+                                           &c), KEEL_OK);
+    return c;
+}
+
 /* A real ps (SGD, lr 0.5) initialized to w = (1, 2): a push computed from
  * another generation's values is answered KEEL_EABORTED and not applied;
  * one naming the ps's generation, or none (0), is. After the two applied
  * pushes of g = (1, 1): w = (1, 2) - 2 x 0.5 x (1, 1) = (0, 1), step 2. */
 START_TEST(test_ps_refuses_updates_from_an_earlier_generation)
 {
-    tu_cluster cl;
+    sgd_ps s;
     keel_vars *ps_vs = seam_vars(), *vs = seam_vars();
-    keel_optimizer_config sgd;
-    keel_cluster_options co;
-    keel__wire_client *c;
+    keel__wire_client *c = sgd_ps_start(&s, ps_vs);
     keel__wire_header h;
     keel__wire_msg r;
     keel__wire_out o;
     keel_tensor g;
     int64_t two[1] = { 2 };
     uint64_t gen;
-    char ep[64];
-    tu_ps p;
     float *w = keel_var_tensor(keel_vars_find(vs, "w"))->data;
 
-    keel_optimizer_config_init(&sgd, KEEL_OPT_SGD);
-    sgd.schedule.learning_rate = 0.5;
-    keel_cluster_options_init(&co);
-    co.optimizer = &sgd;
-    co.orphan_secs = 30;
-    co.token = NULL;
-    tu_cluster_new(&cl, 0);
-    tu_ps_start(&p, cl.ps, ps_vs, &co);
-    snprintf(ep, sizeof ep, "tcp://%s",
-             keel_cluster_spec_address(cl.ps, KEEL_TASK_PS, 0));
-    ck_assert_int_eq(keel__wire_client_new(ep, NULL, KEEL_TASK_CHIEF, 0, &c),
-                     KEEL_OK);
     w[0] = 1.0f;
     w[1] = 2.0f;
     o = (keel__wire_out){ "w", keel_var_tensor(keel_vars_find(vs, "w")),
@@ -2551,12 +2565,12 @@ START_TEST(test_ps_refuses_updates_from_an_earlier_generation)
     ck_assert_int_eq(keel__wire_client_call(c, &h, NULL, 0, 0, 5000, &r),
                      KEEL_OK);
     keel__wire_msg_clear(&r);
-    ck_assert_int_eq(tu_ps_join(&p), KEEL_OK);
+    ck_assert_int_eq(tu_ps_join(&s.p), KEEL_OK);
     keel__wire_client_free(c);
     keel_tensor_release(&g);
     keel_vars_free(vs);
     keel_vars_free(ps_vs);
-    tu_cluster_free(&cl);
+    tu_cluster_free(&s.cl);
 }
 END_TEST
 
@@ -2586,10 +2600,8 @@ check_w(keel__wire_client *c, float w0, float w1, int64_t step)
  * 1.5), step 1; then g = (2, -2) -> w = (-0.5, 2.5), step 2. */
 START_TEST(test_async_push_with_values_equals_a_pull)
 {
-    tu_cluster cl;
+    sgd_ps s;
     keel_vars *ps_vs, *vs;
-    keel_optimizer_config sgd;
-    keel_cluster_options co;
     keel__wire_client *c;
     keel__wire_header h;
     keel__wire_msg ack, r;
@@ -2598,11 +2610,9 @@ START_TEST(test_async_push_with_values_equals_a_pull)
     int64_t two[1] = { 2 }, three[1] = { 3 };
     float bv[3] = { 3, 4, 5 };
     uint64_t gen;
-    char ep[64];
     void *zctx = zmq_ctx_new(), *bad = zmq_socket(zctx, ZMQ_DEALER);
     int zero = 0;
     raw rw;
-    tu_ps p;
 
     ck_assert_int_eq(keel_vars_new(&ps_vs), KEEL_OK);
     ck_assert_int_eq(keel_vars_new(&vs), KEEL_OK);
@@ -2613,20 +2623,9 @@ START_TEST(test_async_push_with_values_equals_a_pull)
         ck_assert_int_eq(keel_vars_create(x, "b", 1, three,
                                           KEEL_VAR_TRAINABLE, NULL), KEEL_OK);
     }
-    keel_optimizer_config_init(&sgd, KEEL_OPT_SGD);
-    sgd.schedule.learning_rate = 0.5;
-    keel_cluster_options_init(&co);
-    co.optimizer = &sgd;
-    co.orphan_secs = 30;
-    co.token = NULL;
-    tu_cluster_new(&cl, 0);
-    tu_ps_start(&p, cl.ps, ps_vs, &co);
-    snprintf(ep, sizeof ep, "tcp://%s",
-             keel_cluster_spec_address(cl.ps, KEEL_TASK_PS, 0));
-    ck_assert_int_eq(keel__wire_client_new(ep, NULL, KEEL_TASK_CHIEF, 0, &c),
-                     KEEL_OK);
+    c = sgd_ps_start(&s, ps_vs);
     zmq_setsockopt(bad, ZMQ_LINGER, &zero, sizeof zero);
-    ck_assert_int_eq(zmq_connect(bad, ep), 0);
+    ck_assert_int_eq(zmq_connect(bad, s.ep), 0);
     keel_var_tensor(keel_vars_find(vs, "w"))->data[0] = 1.0f;
     keel_var_tensor(keel_vars_find(vs, "w"))->data[1] = 2.0f;
     memcpy(keel_var_tensor(keel_vars_find(vs, "b"))->data, bv, sizeof bv);
@@ -2720,14 +2719,14 @@ START_TEST(test_async_push_with_values_equals_a_pull)
     ck_assert_int_eq(keel__wire_client_call(c, &h, NULL, 0, 0, 5000, &r),
                      KEEL_OK);
     keel__wire_msg_clear(&r);
-    ck_assert_int_eq(tu_ps_join(&p), KEEL_OK);
+    ck_assert_int_eq(tu_ps_join(&s.p), KEEL_OK);
     zmq_close(bad);
     zmq_ctx_term(zctx);
     keel__wire_client_free(c);
     keel_tensor_release(&g);
     keel_vars_free(vs);
     keel_vars_free(ps_vs);
-    tu_cluster_free(&cl);
+    tu_cluster_free(&s.cl);
 }
 END_TEST
 
