@@ -114,7 +114,8 @@ attr_write_str(hid_t obj, const char *name, const char *val)
     return ok;
 }
 
-static keel_status close_file(hid_t f, const char *tmp);
+static keel_status end_write(hid_t f, hid_t fapl, const char *tmp,
+                             keel_status st);
 
 /* Create one dataset (early-allocated, contiguous, never filled) with its
  * checksum attribute; *offset receives where its bytes go. */
@@ -272,26 +273,26 @@ write_structure(const ck_plan *p, const char *tmp, ck_piece *pieces)
 out:
     h5_close_id(g);
     h5_close_id(meta);
-    if (f >= 0 && st == KEEL_OK)
-        st = close_file(f, tmp);
-    else if (f >= 0)
-        H5Fclose(f);
+    return end_write(f, fapl, tmp, st);
+}
+
+/* The end of a write of tmp that began with h5_begin(): close f (when
+ * open) and fapl, then h5_end(); st, or when st is KEEL_OK the error of
+ * closing f. HDF5 flushes what it buffered on close, so a full disk
+ * (ENOSPC) or a file size limit (EFBIG) often shows there: say which. */
+static keel_status
+end_write(hid_t f, hid_t fapl, const char *tmp, keel_status st)
+{
+    if (f >= 0) {
+        errno = 0;
+        if (H5Fclose(f) < 0 && st == KEEL_OK)
+            st = keel__fail(KEEL_EIO, "HDF5 could not close %s%s%s", tmp,
+                            errno != 0 ? ": " : "",
+                            errno != 0 ? strerror(errno) : "");
+    }
     h5_close_id(fapl);
     h5_end();
     return st;
-}
-
-/* Close a written file: HDF5 flushes what it buffered, so a full disk
- * (ENOSPC) or a file size limit (EFBIG) often shows here: say which. */
-static keel_status
-close_file(hid_t f, const char *tmp)
-{
-    errno = 0;
-    if (H5Fclose(f) >= 0)
-        return KEEL_OK;
-    return keel__fail(KEEL_EIO, "HDF5 could not close %s%s%s", tmp,
-                      errno != 0 ? ": " : "",
-                      errno != 0 ? strerror(errno) : "");
 }
 
 /* Fill in the xxh64 attributes once the checksums are known. */
@@ -333,13 +334,7 @@ write_hashes(const ck_plan *p, const char *tmp)
         }
     }
 out:
-    if (f >= 0 && st == KEEL_OK)
-        st = close_file(f, tmp);
-    else if (f >= 0)
-        H5Fclose(f);
-    h5_close_id(fapl);
-    h5_end();
-    return st;
+    return end_write(f, fapl, tmp, st);
 }
 
 keel_status
@@ -713,6 +708,22 @@ read_meta_step(hid_t h, const char *path, int64_t *step)
     return st;
 }
 
+/* List the datasets below group prefix ("/variables" or "/slots") of the
+ * open checkpoint h into c->f (visit_cb). */
+static keel_status
+visit_group(hid_t h, const char *path, const char *prefix, visit_ctx *c)
+{
+    hid_t g = H5Gopen2(h, prefix, H5P_DEFAULT);
+    keel_status st = KEEL_OK;
+    c->prefix = prefix;
+    if (g < 0 || H5Ovisit(g, H5_INDEX_NAME, H5_ITER_INC, visit_cb, c) < 0)
+        st = c->st != KEEL_OK ? c->st :
+             keel__fail(KEEL_ECORRUPT, "checkpoint %s: cannot list %s",
+                        path, prefix);
+    h5_close_id(g);
+    return st;
+}
+
 keel_status
 keel__ckpt_open(const char *path, ck_file *f)
 {
@@ -736,27 +747,13 @@ keel__ckpt_open(const char *path, ck_file *f)
             st = keel__fail(KEEL_ECORRUPT, "checkpoint %s has no /variables "
                             "group", path);
         } else {
-            hid_t g = H5Gopen2(h, "/variables", H5P_DEFAULT);
-            c.prefix = "/variables";
-            if (g < 0 || H5Ovisit(g, H5_INDEX_NAME, H5_ITER_INC, visit_cb,
-                                  &c) < 0)
-                st = c.st != KEEL_OK ? c.st :
-                     keel__fail(KEEL_ECORRUPT, "checkpoint %s: cannot list "
-                                "/variables", path);
-            h5_close_id(g);
+            st = visit_group(h, path, "/variables", &c);
         }
     }
     f->n_vars = f->n;
     if (st == KEEL_OK && H5Lexists(h, "/slots", H5P_DEFAULT) > 0) {
-        hid_t g = H5Gopen2(h, "/slots", H5P_DEFAULT);
-        c.prefix = "/slots";
         c.is_slots = 1;
-        if (g < 0 || H5Ovisit(g, H5_INDEX_NAME, H5_ITER_INC, visit_cb,
-                              &c) < 0)
-            st = c.st != KEEL_OK ? c.st :
-                 keel__fail(KEEL_ECORRUPT, "checkpoint %s: cannot list "
-                            "/slots", path);
-        h5_close_id(g);
+        st = visit_group(h, path, "/slots", &c);
     }
     if (h >= 0)
         H5Fclose(h);
