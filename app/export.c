@@ -191,16 +191,8 @@ keel_inference_predict(keel_inference *inf, const float *x, size_t n,
 static const char *const format_names[] = { "keras-h5", "safetensors",
                                             "onnx" };
 
-keel_status
-keel_export_format_from_name(const char *name, keel_export_format *out)
-{
-    int i = 0;
-    keel_status st = keel__train_name_lookup("export format", name,
-                                             format_names, 3, &i);
-    if (st == KEEL_OK)
-        *out = (keel_export_format)i;
-    return st;
-}
+KEEL__TRAIN_FROM_NAME(keel_export_format_from_name, keel_export_format,
+                      "export format", format_names)
 
 const char *
 keel_export_format_extension(keel_export_format f)

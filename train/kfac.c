@@ -79,28 +79,11 @@ keel_kfac_config_init(keel_kfac_config *cfg)
     cfg->cov_update_every = 1;
 }
 
-keel_status
-keel_kfac_momentum_type_from_name(const char *name,
-                                  keel_kfac_momentum_type *out)
-{
-    int i = 0;
-    keel_status st = keel__train_name_lookup("K-FAC momentum type", name,
-                                             mom_names, 2, &i);
-    if (st == KEEL_OK)
-        *out = (keel_kfac_momentum_type)i;
-    return st;
-}
+KEEL__TRAIN_FROM_NAME(keel_kfac_momentum_type_from_name, keel_kfac_momentum_type,
+                      "K-FAC momentum type", mom_names)
 
-keel_status
-keel_kfac_estimation_from_name(const char *name, keel_kfac_estimation *out)
-{
-    int i = 0;
-    keel_status st = keel__train_name_lookup("K-FAC estimation mode", name,
-                                             est_names, 2, &i);
-    if (st == KEEL_OK)
-        *out = (keel_kfac_estimation)i;
-    return st;
-}
+KEEL__TRAIN_FROM_NAME(keel_kfac_estimation_from_name, keel_kfac_estimation,
+                      "K-FAC estimation mode", est_names)
 
 static keel_status
 check_config(const keel_kfac_config *c)

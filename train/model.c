@@ -147,44 +147,16 @@ keel__train_name_lookup(const char *what, const char *name,
                       name != NULL ? name : "(null)", list);
 }
 
-keel_status
-keel_model_kind_from_name(const char *name, keel_model_kind *out)
-{
-    int i = 0;
-    keel_status st = keel__train_name_lookup("model type", name, model_names,
-                                             3, &i);
-    if (st == KEEL_OK)
-        *out = (keel_model_kind)i;
-    return st;
-}
+KEEL__TRAIN_FROM_NAME(keel_model_kind_from_name, keel_model_kind,
+                      "model type", model_names)
 
-const char *
-keel_model_kind_name(keel_model_kind k)
-{
-    return (unsigned)k < 3 ? model_names[k] : "unknown";
-}
+KEEL__TRAIN_NAME(keel_model_kind_name, keel_model_kind, model_names)
 
-keel_status
-keel_activation_from_name(const char *name, keel_activation *out)
-{
-    int i = 0;
-    keel_status st = keel__train_name_lookup("activation", name, act_names,
-                                             3, &i);
-    if (st == KEEL_OK)
-        *out = (keel_activation)i;
-    return st;
-}
+KEEL__TRAIN_FROM_NAME(keel_activation_from_name, keel_activation,
+                      "activation", act_names)
 
-keel_status
-keel_init_kind_from_name(const char *name, keel_init_kind *out)
-{
-    int i = 0;
-    keel_status st = keel__train_name_lookup("init scheme", name, init_names,
-                                             2, &i);
-    if (st == KEEL_OK)
-        *out = (keel_init_kind)i;
-    return st;
-}
+KEEL__TRAIN_FROM_NAME(keel_init_kind_from_name, keel_init_kind,
+                      "init scheme", init_names)
 
 keel_status
 keel_model_parse_hidden(const char *s, keel_model_config *cfg)

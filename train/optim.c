@@ -39,22 +39,10 @@ keel_lr_schedule_init(keel_lr_schedule *s)
     s->decay_rate = 0.96;
 }
 
-keel_status
-keel_lr_kind_from_name(const char *name, keel_lr_kind *out)
-{
-    int i = 0;
-    keel_status st = keel__train_name_lookup("learning-rate schedule",
-                                             name, lr_names, 3, &i);
-    if (st == KEEL_OK)
-        *out = (keel_lr_kind)i;
-    return st;
-}
+KEEL__TRAIN_FROM_NAME(keel_lr_kind_from_name, keel_lr_kind,
+                      "learning-rate schedule", lr_names)
 
-const char *
-keel_lr_kind_name(keel_lr_kind k)
-{
-    return (unsigned)k < 3 ? lr_names[k] : "unknown";
-}
+KEEL__TRAIN_NAME(keel_lr_kind_name, keel_lr_kind, lr_names)
 
 keel_status
 keel_lr_schedule_validate(const keel_lr_schedule *s)
@@ -198,22 +186,10 @@ keel_optimizer_config_init(keel_optimizer_config *cfg,
         cfg->schedule.learning_rate = 0.01;
 }
 
-keel_status
-keel_optimizer_kind_from_name(const char *name, keel_optimizer_kind *out)
-{
-    int i = 0;
-    keel_status st = keel__train_name_lookup("optimizer", name, opt_names,
-                                             5, &i);
-    if (st == KEEL_OK)
-        *out = (keel_optimizer_kind)i;
-    return st;
-}
+KEEL__TRAIN_FROM_NAME(keel_optimizer_kind_from_name, keel_optimizer_kind,
+                      "optimizer", opt_names)
 
-const char *
-keel_optimizer_kind_name(keel_optimizer_kind k)
-{
-    return (unsigned)k < 5 ? opt_names[k] : "unknown";
-}
+KEEL__TRAIN_NAME(keel_optimizer_kind_name, keel_optimizer_kind, opt_names)
 
 keel_status
 keel_optimizer_new(const keel_optimizer_config *cfg, keel_optimizer **out)

@@ -301,4 +301,27 @@ keel_status keel__train_name_lookup(const char *what, const char *name,
                                     const char *const *names, int n,
                                     int *out);
 
+/* The two string functions of an enum T whose values index the static
+ * array names. KEEL__TRAIN_FROM_NAME defines keel_status F(const char
+ * *name, T *out): KEEL_OK and *out, or KEEL_EINVAL naming what and listing
+ * the names (*out untouched). KEEL__TRAIN_NAME defines const char *F(T k):
+ * names[k], or "unknown" for a value outside the array. */
+#define KEEL__TRAIN_NAMES_N(names) ((int)(sizeof(names) / sizeof((names)[0])))
+#define KEEL__TRAIN_FROM_NAME(F, T, what, names)                            \
+    keel_status F(const char *name, T *out)                                 \
+    {                                                                       \
+        int i = 0;                                                          \
+        keel_status st = keel__train_name_lookup(                           \
+            what, name, names, KEEL__TRAIN_NAMES_N(names), &i);             \
+        if (st == KEEL_OK)                                                  \
+            *out = (T)i;                                                    \
+        return st;                                                          \
+    }
+#define KEEL__TRAIN_NAME(F, T, names)                                       \
+    const char *F(T k)                                                      \
+    {                                                                       \
+        return (unsigned)k < (unsigned)KEEL__TRAIN_NAMES_N(names)           \
+               ? names[k] : "unknown";                                      \
+    }
+
 #endif
