@@ -273,8 +273,7 @@ keel_job_eval_progress(const keel_config *cfg, const char *checkpoint_path,
 void
 keel_evaluator_options_init(keel_evaluator_options *o)
 {
-    memset(o, 0, sizeof *o);
-    o->struct_size = sizeof *o;
+    KEEL__STRUCT_INIT(o);
 }
 
 /* The newest checkpoint file in dir: the newest the state file lists,

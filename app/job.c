@@ -1297,8 +1297,7 @@ replica_session(job *j, keel_training_config *tc, const keel_backend *backend,
                 keel_hook *hooks, size_t n_hooks, int is_chief)
 {
     keel_hook *position = &hooks[n_hooks];     /* owns nothing */
-    memset(position, 0, sizeof *position);
-    position->struct_size = sizeof *position;
+    KEEL__STRUCT_INIT(position);
     position->name = "data_position";
     position->ctx = j;
     position->after_create_session = position_after_create;
@@ -1426,8 +1425,7 @@ session_config_from(const keel_config *cfg, job *j, keel_scaffold *sc,
 void
 keel_job_options_init(keel_job_options *opts)
 {
-    memset(opts, 0, sizeof *opts);
-    opts->struct_size = sizeof *opts;
+    KEEL__STRUCT_INIT(opts);
 }
 
 keel_status

@@ -483,8 +483,7 @@ rs_free(restore_job *r)
 void
 keel_restore_opts_init(keel_restore_opts *opts)
 {
-    memset(opts, 0, sizeof *opts);
-    opts->struct_size = sizeof *opts;
+    KEEL__STRUCT_INIT(opts);
     opts->mode = KEEL_RESTORE_STRICT;
 }
 

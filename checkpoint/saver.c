@@ -65,8 +65,7 @@ keel_saver_config_init(keel_saver_config *cfg)
 {
     if (cfg == NULL)
         return;
-    memset(cfg, 0, sizeof *cfg);
-    cfg->struct_size = sizeof *cfg;
+    KEEL__STRUCT_INIT(cfg);
     cfg->basename = KEEL_CKPT_DEFAULT_BASENAME;
     cfg->max_to_keep = 5;
     cfg->keep_every_n_hours = 0;

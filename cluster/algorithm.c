@@ -49,8 +49,7 @@ keel_algorithm_is_sync(keel_algorithm a)
 void
 keel_algorithm_config_init(keel_algorithm_config *cfg, keel_algorithm name)
 {
-    memset(cfg, 0, sizeof *cfg);
-    cfg->struct_size = sizeof *cfg;
+    KEEL__STRUCT_INIT(cfg);
     cfg->name = name;
 }
 

@@ -678,8 +678,7 @@ keel_collective_get_backend(keel_collective *c, keel_backend *out)
 {
     if (out == NULL)
         return;
-    memset(out, 0, sizeof *out);
-    out->struct_size = sizeof *out;
+    KEEL__STRUCT_INIT(out);
     out->name = "allreduce";
     out->ctx = c;
     out->updater.ctx = c;

@@ -1397,8 +1397,7 @@ be_end(void *ctx, keel_vars *vs, int is_chief, keel_end_reason why)
 void
 keel_cluster_backend_get(keel_cluster_backend *w, keel_backend *out)
 {
-    memset(out, 0, sizeof *out);
-    out->struct_size = sizeof *out;
+    KEEL__STRUCT_INIT(out);
     out->name = "ps";
     out->ctx = w;
     out->updater.ctx = w;
@@ -1551,8 +1550,7 @@ keel_cluster_backend_shutdown(keel_cluster_backend *w)
 void
 keel_cluster_options_init(keel_cluster_options *o)
 {
-    memset(o, 0, sizeof *o);
-    o->struct_size = sizeof *o;
+    KEEL__STRUCT_INIT(o);
     o->placement = KEEL_PLACEMENT_SIZE_BALANCED;
     o->heartbeat_ms = KEEL__CLUSTER_HEARTBEAT_MS;
     o->dead_after_ms = KEEL__CLUSTER_DEAD_AFTER_MS;

@@ -206,8 +206,7 @@ expand_tasks_per_node(const char *s, int *counts, long max)
 void
 keel_cluster_slurm_options_init(keel_cluster_slurm_options *opt)
 {
-    memset(opt, 0, sizeof *opt);
-    opt->struct_size = sizeof *opt;
+    KEEL__STRUCT_INIT(opt);
     opt->num_ps = KEEL__CLUSTER_SLURM_NUM_PS;
     opt->port_base = KEEL__CLUSTER_SLURM_PORT_BASE;
 }

@@ -27,8 +27,7 @@ void
 keel__hooks_fill(keel_hook *out, const char *name, void *ctx,
                  keel_hook_kind kind, void (*destroy)(void *))
 {
-    memset(out, 0, sizeof *out);
-    out->struct_size = sizeof *out;
+    KEEL__STRUCT_INIT(out);
     out->name = name;
     out->ctx = ctx;
     out->destroy = destroy;
@@ -167,8 +166,7 @@ logging_wake(const void *ctx, keel_hook_wake *w)
 void
 keel_logging_hook_config_init(keel_logging_hook_config *cfg)
 {
-    memset(cfg, 0, sizeof *cfg);
-    cfg->struct_size = sizeof *cfg;
+    KEEL__STRUCT_INIT(cfg);
 }
 
 keel_status
@@ -268,8 +266,7 @@ stop_wake(const void *ctx, keel_hook_wake *w)
 void
 keel_stop_at_step_hook_config_init(keel_stop_at_step_hook_config *cfg)
 {
-    memset(cfg, 0, sizeof *cfg);
-    cfg->struct_size = sizeof *cfg;
+    KEEL__STRUCT_INIT(cfg);
 }
 
 keel_status
@@ -352,8 +349,7 @@ nan_after(void *ctx, keel_run_context *rc, const keel_run_values *v)
 void
 keel_nan_hook_config_init(keel_nan_hook_config *cfg)
 {
-    memset(cfg, 0, sizeof *cfg);
-    cfg->struct_size = sizeof *cfg;
+    KEEL__STRUCT_INIT(cfg);
     cfg->name = "loss";
     cfg->fail_on_nan = 1;
 }
@@ -438,8 +434,7 @@ void
 keel_global_step_waiter_hook_config_init(
     keel_global_step_waiter_hook_config *cfg)
 {
-    memset(cfg, 0, sizeof *cfg);
-    cfg->struct_size = sizeof *cfg;
+    KEEL__STRUCT_INIT(cfg);
     cfg->poll_ms = KEEL__DEFAULT_RETRY_MS;
 }
 
@@ -494,8 +489,7 @@ final_end(void *ctx, keel_session *s, keel_end_reason why)
 void
 keel_final_ops_hook_config_init(keel_final_ops_hook_config *cfg)
 {
-    memset(cfg, 0, sizeof *cfg);
-    cfg->struct_size = sizeof *cfg;
+    KEEL__STRUCT_INIT(cfg);
 }
 
 keel_status
@@ -555,8 +549,7 @@ feed_before(void *ctx, keel_run_context *rc)
 void
 keel_feed_fn_hook_config_init(keel_feed_fn_hook_config *cfg)
 {
-    memset(cfg, 0, sizeof *cfg);
-    cfg->struct_size = sizeof *cfg;
+    KEEL__STRUCT_INIT(cfg);
 }
 
 keel_status

@@ -223,8 +223,7 @@ ck_wake(const void *ctx, keel_hook_wake *w)
 void
 keel_ckpt_hook_config_init(keel_ckpt_hook_config *cfg)
 {
-    memset(cfg, 0, sizeof *cfg);
-    cfg->struct_size = sizeof *cfg;
+    KEEL__STRUCT_INIT(cfg);
 }
 
 keel_status

@@ -217,8 +217,7 @@ counter_wake(const void *ctx, keel_hook_wake *w)
 void
 keel_step_counter_hook_config_init(keel_step_counter_hook_config *cfg)
 {
-    memset(cfg, 0, sizeof *cfg);
-    cfg->struct_size = sizeof *cfg;
+    KEEL__STRUCT_INIT(cfg);
     cfg->every_n_steps = 100;
 }
 
@@ -349,8 +348,7 @@ summary_wake(const void *ctx, keel_hook_wake *w)
 void
 keel_summary_hook_config_init(keel_summary_hook_config *cfg)
 {
-    memset(cfg, 0, sizeof *cfg);
-    cfg->struct_size = sizeof *cfg;
+    KEEL__STRUCT_INIT(cfg);
 }
 
 keel_status
@@ -481,8 +479,7 @@ profiler_destroy(void *ctx)
 void
 keel_profiler_hook_config_init(keel_profiler_hook_config *cfg)
 {
-    memset(cfg, 0, sizeof *cfg);
-    cfg->struct_size = sizeof *cfg;
+    KEEL__STRUCT_INIT(cfg);
 }
 
 keel_status

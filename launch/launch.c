@@ -181,8 +181,7 @@ init_task(task *t, keel_task_type type, int index)
 void
 keel_launch_config_init(keel_launch_config *cfg)
 {
-    memset(cfg, 0, sizeof *cfg);
-    cfg->struct_size = sizeof *cfg;
+    KEEL__STRUCT_INIT(cfg);
     cfg->max_restarts = LAUNCH_MAX_RESTARTS;
     cfg->backoff_secs = LAUNCH_BACKOFF_SECS;
     cfg->grace_secs = LAUNCH_GRACE_SECS;

@@ -112,8 +112,7 @@ keel_scaffold_init(keel_scaffold *sc)
 void
 keel_session_manager_config_init(keel_session_manager_config *cfg)
 {
-    memset(cfg, 0, sizeof *cfg);
-    cfg->struct_size = sizeof *cfg;
+    KEEL__STRUCT_INIT(cfg);
 }
 
 keel_status
@@ -519,8 +518,7 @@ keel_worker_creator(keel_session_manager *sm)
 void
 keel_backend_init(keel_backend *be)
 {
-    memset(be, 0, sizeof *be);
-    be->struct_size = sizeof *be;
+    KEEL__STRUCT_INIT(be);
 }
 
 keel_status

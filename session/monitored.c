@@ -396,8 +396,7 @@ replicas_step(keel_session *s, const void *batch, int64_t gs)
 void
 keel_session_config_init(keel_session_config *cfg)
 {
-    memset(cfg, 0, sizeof *cfg);
-    cfg->struct_size = sizeof *cfg;
+    KEEL__STRUCT_INIT(cfg);
     cfg->is_chief = 1;
     cfg->max_wait_secs = KEEL__DEFAULT_MAX_WAIT_SECS;
     cfg->recovery_wait_ms = KEEL__DEFAULT_RETRY_MS;

@@ -21,8 +21,7 @@ struct keel_supervisor {
 void
 keel_supervisor_config_init(keel_supervisor_config *cfg)
 {
-    memset(cfg, 0, sizeof *cfg);
-    cfg->struct_size = sizeof *cfg;
+    KEEL__STRUCT_INIT(cfg);
     cfg->is_chief = 1;
     cfg->save_model_secs = 600;
     cfg->recovery_wait_ms = KEEL__DEFAULT_RETRY_MS;

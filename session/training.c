@@ -173,8 +173,7 @@ resolve_cluster(const keel_training_config *cfg, keel_session_config *sc,
 void
 keel_training_config_init(keel_training_config *cfg)
 {
-    memset(cfg, 0, sizeof *cfg);
-    cfg->struct_size = sizeof *cfg;
+    KEEL__STRUCT_INIT(cfg);
     keel_session_config_init(&cfg->session);
     cfg->save_checkpoint_secs = KEEL_USE_DEFAULT;
     cfg->save_checkpoint_steps = KEEL_USE_DEFAULT;

@@ -691,8 +691,7 @@ struct keel_data_iter {
 void
 keel_data_iter_config_init(keel_data_iter_config *cfg)
 {
-    memset(cfg, 0, sizeof *cfg);
-    cfg->struct_size = sizeof *cfg;
+    KEEL__STRUCT_INIT(cfg);
     cfg->global_batch_size = 64;
     cfg->num_workers = 1;
     cfg->shuffle = 1;

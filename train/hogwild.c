@@ -30,8 +30,7 @@ struct keel_hogwild {
 void
 keel_hogwild_config_init(keel_hogwild_config *cfg)
 {
-    memset(cfg, 0, sizeof *cfg);
-    cfg->struct_size = sizeof *cfg;
+    KEEL__STRUCT_INIT(cfg);
     cfg->threads = 1;
 }
 

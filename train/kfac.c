@@ -64,8 +64,7 @@ static const char *const est_names[] = { "gradients", "empirical" };
 void
 keel_kfac_config_init(keel_kfac_config *cfg)
 {
-    memset(cfg, 0, sizeof *cfg);
-    cfg->struct_size = sizeof *cfg;
+    KEEL__STRUCT_INIT(cfg);
     keel_lr_schedule_init(&cfg->schedule);
     cfg->schedule.learning_rate = 0.0001;
     cfg->damping = 0.001;

@@ -106,8 +106,7 @@ struct keel_model {
 void
 keel_model_config_init(keel_model_config *cfg)
 {
-    memset(cfg, 0, sizeof *cfg);
-    cfg->struct_size = sizeof *cfg;
+    KEEL__STRUCT_INIT(cfg);
     cfg->kind = KEEL_MODEL_MLP;
     cfg->n_hidden = 2;
     cfg->hidden[0] = 256;

@@ -31,8 +31,7 @@ static const char *const opt_names[] = { "sgd", "momentum", "adagrad",
 void
 keel_lr_schedule_init(keel_lr_schedule *s)
 {
-    memset(s, 0, sizeof *s);
-    s->struct_size = sizeof *s;
+    KEEL__STRUCT_INIT(s);
     s->kind = KEEL_LR_CONSTANT;
     s->learning_rate = 0.001;
     s->decay_steps = 1000;
@@ -172,8 +171,7 @@ void
 keel_optimizer_config_init(keel_optimizer_config *cfg,
                            keel_optimizer_kind kind)
 {
-    memset(cfg, 0, sizeof *cfg);
-    cfg->struct_size = sizeof *cfg;
+    KEEL__STRUCT_INIT(cfg);
     cfg->kind = kind;
     keel_lr_schedule_init(&cfg->schedule);
     cfg->momentum = kind == KEEL_OPT_MOMENTUM ? 0.9 : 0.0;

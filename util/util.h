@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 #include <sys/types.h>
 #include <keel/status.h>
 #include <keel/log.h>
@@ -37,6 +38,13 @@ keel_status keel__struct_size_check(uint32_t struct_size, size_t min_size,
  * the present one. */
 #define KEEL__STRUCT_CHECK(p, T) \
     keel__struct_size_check((p)->struct_size, sizeof(T), sizeof(T), #T)
+/* What every *_init() of such a struct does first: zero *p and set its
+ * struct_size to this library's size, the value KEEL__STRUCT_CHECK takes. */
+#define KEEL__STRUCT_INIT(p)                                                \
+    do {                                                                    \
+        memset((p), 0, sizeof *(p));                                        \
+        (p)->struct_size = sizeof *(p);                                     \
+    } while (0)
 
 /* The start of a constructor taking a config struct T whose first member is
  * uint32_t struct_size: cfg and out non-NULL (else KEEL_EINVAL "who: cfg or
