@@ -787,39 +787,45 @@ keel__conv_direct_path_supported(int path)
 }
 
 static void
-dconv_fwd_33(const keel__conv_geom *g, const float *xe, const float *w,
-             size_t c0, float *ye, int path)
+dconv_fwd_33_generic(const keel__conv_geom *g, const float *xe,
+                     const float *w, size_t c0, float *ye)
 {
-#ifdef DC_X86
-    if (path == KEEL__DC_AVX512) {
-        dconv_fwd_33_avx512(g, xe, w, c0, ye);
-        return;
-    }
-    if (path == KEEL__DC_AVX2) {
-        dconv_fwd_33_avx2(g, xe, w, c0, ye);
-        return;
-    }
-#endif
-    (void)path;
     dconv_fwd_block(g, xe, w, c0, DC_CB, ye);
 }
 
 static void
-dconv_dw_33(const keel__conv_geom *g, const float *xe, const float *dye,
-            size_t c0, float (*sum)[DC_CB], int path)
+dconv_dw_33_generic(const keel__conv_geom *g, const float *xe,
+                    const float *dye, size_t c0, float (*sum)[DC_CB])
 {
-#ifdef DC_X86
-    if (path == KEEL__DC_AVX512) {
-        dconv_dw_33_avx512(g, xe, dye, c0, sum);
-        return;
-    }
-    if (path == KEEL__DC_AVX2) {
-        dconv_dw_33_avx2(g, xe, dye, c0, sum);
-        return;
-    }
-#endif
-    (void)path;
     dconv_dw_block(g, xe, dye, c0, DC_CB, sum);
+}
+
+/* The 3x3 kernels of one path, each on a full DC_CB-channel block of one
+ * example. */
+typedef struct dc_kernels {
+    void (*fwd)(const keel__conv_geom *g, const float *xe, const float *w,
+                size_t c0, float *ye);
+    void (*dw)(const keel__conv_geom *g, const float *xe, const float *dye,
+               size_t c0, float (*sum)[DC_CB]);
+} dc_kernels;
+
+/* The 3x3 kernels of the path dc_path() picks. */
+static const dc_kernels *
+dc_kernels_33(void)
+{
+    static const dc_kernels generic = { dconv_fwd_33_generic,
+                                        dconv_dw_33_generic };
+#ifdef DC_X86
+    static const dc_kernels avx2 = { dconv_fwd_33_avx2, dconv_dw_33_avx2 };
+    static const dc_kernels avx512 = { dconv_fwd_33_avx512,
+                                       dconv_dw_33_avx512 };
+    int path = dc_path();
+    if (path == KEEL__DC_AVX512)
+        return &avx512;
+    if (path == KEEL__DC_AVX2)
+        return &avx2;
+#endif
+    return &generic;
 }
 
 static int
@@ -834,12 +840,12 @@ dconv_forward(const keel__conv_geom *g, const float *x, size_t n,
 {
     KEEL__PROF_BEGIN();
     size_t xs = g->h * g->w, ys = g->oh * g->ow * g->cout;
-    int path = dc_path();
+    const dc_kernels *k33 = dc_kernels_33();
     for (size_t e = 0; e < n; e++)
         for (size_t c0 = 0; c0 < g->cout; c0 += DC_CB) {
             size_t cb = g->cout - c0 < DC_CB ? g->cout - c0 : DC_CB;
             if (is33(g, cb))
-                dconv_fwd_33(g, x + e * xs, w, c0, y + e * ys, path);
+                k33->fwd(g, x + e * xs, w, c0, y + e * ys);
             else
                 dconv_fwd_block(g, x + e * xs, w, c0, cb, y + e * ys);
         }
@@ -854,13 +860,13 @@ dconv_dw(const keel__conv_geom *g, const float *x, size_t n,
     size_t K = g->kh * g->kw, xs = g->h * g->w;
     size_t ys = g->oh * g->ow * g->cout;
     float acc[DC_KMAX][DC_CB];
-    int path = dc_path();
+    const dc_kernels *k33 = dc_kernels_33();
     for (size_t c0 = 0; c0 < g->cout; c0 += DC_CB) {
         size_t cb = g->cout - c0 < DC_CB ? g->cout - c0 : DC_CB;
         memset(acc, 0, sizeof acc);
         for (size_t e = 0; e < n; e++) {
             if (is33(g, cb))
-                dconv_dw_33(g, x + e * xs, dy + e * ys, c0, acc, path);
+                k33->dw(g, x + e * xs, dy + e * ys, c0, acc);
             else
                 dconv_dw_block(g, x + e * xs, dy + e * ys, c0, cb, acc);
         }
