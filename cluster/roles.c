@@ -518,6 +518,27 @@ keel_cluster_backend_free(keel_cluster_backend *w)
     free(w);
 }
 
+/* KEEL_EABORTED for a reply r of ps p from another generation than the one
+ * this task knows: the ps restarted. */
+static keel_status
+restarted(const keel_cluster_backend *w, int p, const keel__wire_msg *r)
+{
+    return keel__fail(KEEL_EABORTED, "ps %d restarted (generation %016llx, "
+                      "was %016llx)", p, (unsigned long long)r->h.generation,
+                      (unsigned long long)w->ps_gen[p]);
+}
+
+/* The end of ps p's reply r to a step's request: when st is KEEL_OK, ps 0's
+ * global step (the step's authority) into *new_step; r cleared. Returns st. */
+static keel_status
+end_reply(keel__wire_msg *r, int p, keel_status st, int64_t *new_step)
+{
+    if (st == KEEL_OK && p == 0)
+        *new_step = r->h.global_step;
+    keel__wire_msg_clear(r);
+    return st;
+}
+
 /* A failed call to ps p as a session status: timeouts and a restarted or
  * uninitialized ps are recoverable, a shut-down cluster ends the input. */
 static keel_status
@@ -926,10 +947,7 @@ be_read_step(void *ctx, int64_t *step)
     h.type = KEEL_MSG_STEP;
     st = call_ps(w, 0, &h, NULL, 0, 0, "the step query", NULL, 0, &r);
     if (st == KEEL_OK && r.h.generation != w->ps_gen[0])
-        st = keel__fail(KEEL_EABORTED, "ps 0 restarted (generation "
-                        "%016llx, was %016llx)",
-                        (unsigned long long)r.h.generation,
-                        (unsigned long long)w->ps_gen[0]);
+        st = restarted(w, 0, &r);
     if (st == KEEL_OK)
         *step = r.h.global_step;
     keel__wire_msg_clear(&r);
@@ -1103,10 +1121,7 @@ chief_commit(keel_cluster_backend *w, keel_vars *vs, keel_grads *mean,
         if (st == KEEL_OK && r.h.generation != w->ps_gen[p])
             st = keel__fail(KEEL_EABORTED, "ps %d restarted during %s", p,
                             what);
-        if (st == KEEL_OK && p == 0)
-            *new_step = r.h.global_step;
-        keel__wire_msg_clear(&r);
-        if (st != KEEL_OK)
+        if ((st = end_reply(&r, p, st, new_step)) != KEEL_OK)
             return st;
     }
     return KEEL_OK;
@@ -1206,10 +1221,7 @@ push_round(keel_cluster_backend *w, keel_vars *vs, keel_grads *const *srcs,
         } else if (st != KEEL_OK) {
             st = call_error(w, p, st, &r, "push");
         } else if (r.h.generation != w->ps_gen[p]) {
-            st = keel__fail(KEEL_EABORTED, "ps %d restarted (generation "
-                            "%016llx, was %016llx)", p,
-                            (unsigned long long)r.h.generation,
-                            (unsigned long long)w->ps_gen[p]);
+            st = restarted(w, p, &r);
         } else if (r.h.type == KEEL_MSG_AGGREGATE) {
             st = mean != NULL
                 ? take_grads(vs, mean, &r)
@@ -1222,9 +1234,7 @@ push_round(keel_cluster_backend *w, keel_vars *vs, keel_grads *const *srcs,
                                                 : take_values(vs, &r);
             *t_copy += keel__now_mono_ns() - t;
         }
-        if (st == KEEL_OK && p == 0)
-            *new_step = r.h.global_step;
-        keel__wire_msg_clear(&r);
+        st = end_reply(&r, p, st, new_step);
         if (st != KEEL_OK && first == KEEL_OK)
             first = st;
     }
@@ -1266,17 +1276,11 @@ net_pull(void *ctx, int into, keel_vars *vs, keel_grads *center,
         h.flags = KEEL_WIRE_F_NAMES_ONLY;
         st = call_ps(w, p, &h, w->outs, n, 0, "pull", NULL, 0, &r);
         if (st == KEEL_OK && r.h.generation != w->ps_gen[p])
-            st = keel__fail(KEEL_EABORTED, "ps %d restarted (generation "
-                            "%016llx, was %016llx)", p,
-                            (unsigned long long)r.h.generation,
-                            (unsigned long long)w->ps_gen[p]);
+            st = restarted(w, p, &r);
         if (st == KEEL_OK)
             st = into == KEEL__ALGO_INTO_CENTER ? take_center(center, vs, &r)
                                                 : take_values(vs, &r);
-        if (st == KEEL_OK && p == 0)
-            *new_step = r.h.global_step;
-        keel__wire_msg_clear(&r);
-        if (st != KEEL_OK)
+        if ((st = end_reply(&r, p, st, new_step)) != KEEL_OK)
             return st;
     }
     return KEEL_OK;
