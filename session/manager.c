@@ -33,29 +33,31 @@ struct keel_session_manager {
 
 /* ---- scaffold defaults -------------------------------------------------- */
 
+/* Mark the local variables of vs (is_local 1) or the others initialized. */
+static void
+mark_initialized(keel_vars *vs, int is_local)
+{
+    size_t n = keel_vars_count(vs);
+    for (size_t i = 0; i < n; i++) {
+        keel_var *v = keel_vars_at(vs, i);
+        if (!(keel_var_flags(v) & KEEL_VAR_LOCAL) == !is_local)
+            keel_var_set_initialized(v, 1);
+    }
+}
+
 static keel_status
 default_init(void *ctx, keel_vars *vs)
 {
-    size_t i, n = keel_vars_count(vs);
     (void)ctx;
-    for (i = 0; i < n; i++) {
-        keel_var *v = keel_vars_at(vs, i);
-        if (!(keel_var_flags(v) & KEEL_VAR_LOCAL))
-            keel_var_set_initialized(v, 1);
-    }
+    mark_initialized(vs, 0);
     return KEEL_OK;
 }
 
 static keel_status
 default_local_init(void *ctx, keel_vars *vs)
 {
-    size_t i, n = keel_vars_count(vs);
     (void)ctx;
-    for (i = 0; i < n; i++) {
-        keel_var *v = keel_vars_at(vs, i);
-        if (keel_var_flags(v) & KEEL_VAR_LOCAL)
-            keel_var_set_initialized(v, 1);
-    }
+    mark_initialized(vs, 1);
     return KEEL_OK;
 }
 
