@@ -523,6 +523,22 @@ json_int(struct json_object *o, int64_t lo, int64_t hi, int64_t *out)
     return 1;
 }
 
+/* The optional replica count key of root (1..2^20) into *dst, else a
+ * problem naming it. */
+static void
+json_replicas(struct json_object *root, const char *key, keel__problems *p,
+              int *dst)
+{
+    struct json_object *o;
+    int64_t v;
+    if (!json_object_object_get_ex(root, key, &o))
+        return;
+    if (!json_int(o, 1, 1 << 20, &v))
+        keel__problems_add(p, "%s must be an integer in 1..1048576", key);
+    else
+        *dst = (int)v;
+}
+
 /* One job: a list of "host:port" or a sparse {"<index>": "host:port"} map
  * that must cover 0..n-1. */
 static keel_status
@@ -700,22 +716,9 @@ parse_tf_config(keel_cluster_spec *s, struct json_object *root,
         else
             keel__problems_add(p, "mode must be \"sync\" or \"async\"");
     }
-    if (json_object_object_get_ex(root, "replicas_to_aggregate", &o)) {
-        int64_t v;
-        if (!json_int(o, 1, 1 << 20, &v))
-            keel__problems_add(p, "replicas_to_aggregate must be an "
-                               "integer in 1..1048576");
-        else
-            s->replicas_to_aggregate = (int)v;
-    }
-    if (json_object_object_get_ex(root, "total_num_replicas", &o)) {
-        int64_t v;
-        if (!json_int(o, 1, 1 << 20, &v))
-            keel__problems_add(p, "total_num_replicas must be an integer "
-                               "in 1..1048576");
-        else
-            s->total_num_replicas = (int)v;
-    }
+    json_replicas(root, "replicas_to_aggregate", p,
+                  &s->replicas_to_aggregate);
+    json_replicas(root, "total_num_replicas", p, &s->total_num_replicas);
     if (json_object_object_get_ex(root, "model_dir", &o)) {
         if (!json_object_is_type(o, json_type_string) ||
             json_object_get_string_len(o) == 0) {
