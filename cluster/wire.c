@@ -28,44 +28,6 @@ put16(unsigned char *p, uint16_t v)
     p[1] = (unsigned char)(v >> 8);
 }
 
-static void
-put32(unsigned char *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (unsigned char)(v >> (8 * i));
-}
-
-static void
-put64(unsigned char *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (unsigned char)(v >> (8 * i));
-}
-
-static uint16_t
-get16(const unsigned char *p)
-{
-    return (uint16_t)(p[0] | (p[1] << 8));
-}
-
-static uint32_t
-get32(const unsigned char *p)
-{
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-
-static uint64_t
-get64(const unsigned char *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-
 /* ---- header and descriptor ---------------------------------------------- */
 
 void
@@ -88,15 +50,15 @@ keel__wire_header_encode(const keel__wire_header *h,
     put16(out + 4, KEEL_WIRE_VERSION);
     out[6] = h->type;
     out[7] = h->flags;
-    put64(out + 8, h->request_id);
+    keel__le_put(out + 8, h->request_id, 8);
     out[16] = h->sender_type;
-    put32(out + 20, h->sender_index);
-    put64(out + 24, h->generation);
-    put64(out + 32, (uint64_t)h->global_step);
-    put64(out + 40, (uint64_t)h->local_step);
-    put32(out + 48, h->count);
-    put32(out + 52, h->arg);
-    put64(out + 56, h->peer_generation);
+    keel__le_put(out + 20, h->sender_index, 4);
+    keel__le_put(out + 24, h->generation, 8);
+    keel__le_put(out + 32, (uint64_t)h->global_step, 8);
+    keel__le_put(out + 40, (uint64_t)h->local_step, 8);
+    keel__le_put(out + 48, h->count, 4);
+    keel__le_put(out + 52, h->arg, 4);
+    keel__le_put(out + 56, h->peer_generation, 8);
 }
 
 keel_status
@@ -109,32 +71,32 @@ keel__wire_header_decode(const void *buf, size_t n, keel__wire_header *h)
                           "%d", n, KEEL_WIRE_HEADER_SIZE);
     if (memcmp(p, "KEEL", 4) != 0)
         return keel__fail(KEEL_ECORRUPT, "bad magic (not a keel message)");
-    version = get16(p + 4);
+    version = keel__le_get(p + 4, 2);
     if (version != KEEL_WIRE_VERSION)
         return keel__fail(KEEL_ECORRUPT, "wire version %u (this keel speaks "
                           "%d)", version, KEEL_WIRE_VERSION);
     /* The request id first: a request refused below is still answered
      * under its own id, so its sender learns why instead of timing out. */
-    h->request_id = get64(p + 8);
+    h->request_id = keel__le_get(p + 8, 8);
     h->type = p[6];
     h->flags = p[7];
     if (h->type < KEEL_MSG_HELLO || h->type >= KEEL_MSG_TYPE_END)
         return keel__fail(KEEL_ECORRUPT, "unknown message type %u", h->type);
     if (h->flags & ~KEEL_WIRE_F_KNOWN)
         return keel__fail(KEEL_ECORRUPT, "unknown flags 0x%02x", h->flags);
-    if (p[17] != 0 || get16(p + 18) != 0)
+    if (p[17] != 0 || keel__le_get(p + 18, 2) != 0)
         return keel__fail(KEEL_ECORRUPT, "reserved header bytes not zero");
     h->sender_type = p[16];
     if (h->sender_type >= KEEL_TASK_TYPE_COUNT)
         return keel__fail(KEEL_ECORRUPT, "unknown sender task type %u",
                           h->sender_type);
-    h->sender_index = get32(p + 20);
-    h->generation = get64(p + 24);
-    h->global_step = (int64_t)get64(p + 32);
-    h->local_step = (int64_t)get64(p + 40);
-    h->count = get32(p + 48);
-    h->arg = get32(p + 52);
-    h->peer_generation = get64(p + 56);
+    h->sender_index = keel__le_get(p + 20, 4);
+    h->generation = keel__le_get(p + 24, 8);
+    h->global_step = (int64_t)keel__le_get(p + 32, 8);
+    h->local_step = (int64_t)keel__le_get(p + 40, 8);
+    h->count = keel__le_get(p + 48, 4);
+    h->arg = keel__le_get(p + 52, 4);
+    h->peer_generation = keel__le_get(p + 56, 8);
     return KEEL_OK;
 }
 
@@ -149,7 +111,7 @@ keel__wire_desc_encode(const char *name, int ndim, const int64_t *shape,
     buf[2] = KEEL_WIRE_DTYPE_F32;
     buf[3] = (unsigned char)ndim;
     for (int i = 0; i < ndim; i++)
-        put64(buf + 4 + 8 * i, (uint64_t)shape[i]);
+        keel__le_put(buf + 4 + 8 * i, (uint64_t)shape[i], 8);
     memcpy(buf + 4 + 8 * ndim, name, len);
     return need;
 }
@@ -162,7 +124,7 @@ desc_decode(const unsigned char *p, size_t n, size_t i, keel__wire_tensor *wt)
     if (n < 4)
         return keel__fail(KEEL_ECORRUPT, "tensor %zu: descriptor of %zu "
                           "bytes is truncated", i, n);
-    len = get16(p);
+    len = keel__le_get(p, 2);
     if (p[2] != KEEL_WIRE_DTYPE_F32)
         return keel__fail(KEEL_ECORRUPT, "tensor %zu: dtype %u (only "
                           "float32=1)", i, p[2]);
@@ -184,7 +146,7 @@ desc_decode(const unsigned char *p, size_t n, size_t i, keel__wire_tensor *wt)
     for (int d = 0; d < KEEL_MAX_DIMS; d++)
         wt->t.shape[d] = 1;
     for (size_t d = 0; d < ndim; d++) {
-        int64_t v = (int64_t)get64(p + 4 + 8 * d);
+        int64_t v = (int64_t)keel__le_get(p + 4 + 8 * d, 8);
         if (v <= 0)
             return keel__fail(KEEL_ECORRUPT, "tensor %zu '%s': dimension %zu "
                               "is %lld (must be > 0)", i, wt->name, d,

@@ -10,6 +10,7 @@
 #include <isa-l/crc.h>
 
 #include "events_int.h"
+#include "util.h"
 
 #define CRC32C_POLY 0x82f63b78u
 #define ISAL_MAX_LEN (1u << 30)
@@ -47,22 +48,14 @@ keel__crc32c_mask(uint32_t crc)
     return ((crc >> 15) | (crc << 17)) + 0xa282ead8u;
 }
 
-static void
-put_le32(uint8_t *b, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        b[i] = (uint8_t)(v >> (8 * i));
-}
-
 void
 keel__tfrecord_frame(const void *data, size_t n, uint8_t head[12],
                      uint8_t tail[4])
 {
-    uint64_t len = (uint64_t)n;
-    for (int i = 0; i < 8; i++)
-        head[i] = (uint8_t)(len >> (8 * i));
-    put_le32(head + 8, keel__crc32c_mask(keel__crc32c_extend(0, head, 8)));
-    put_le32(tail, keel__crc32c_mask(keel__crc32c_extend(0, data, n)));
+    keel__le_put(head, (uint64_t)n, 8);
+    keel__le_put(head + 8, keel__crc32c_mask(keel__crc32c_extend(0, head, 8)),
+                 4);
+    keel__le_put(tail, keel__crc32c_mask(keel__crc32c_extend(0, data, n)), 4);
 }
 
 int

@@ -182,8 +182,7 @@ pb_fixed64(uint8_t *p, double d)
 {
     uint64_t v;
     memcpy(&v, &d, sizeof v);
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
+    keel__le_put(p, v, 8);
     return 8;
 }
 
@@ -192,8 +191,7 @@ pb_fixed32(uint8_t *p, float f)
 {
     uint32_t v;
     memcpy(&v, &f, sizeof v);
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
+    keel__le_put(p, v, 4);
     return 4;
 }
 

@@ -842,22 +842,6 @@ keel_data_iter_steps_per_epoch(const keel_data_iter *it)
 #define STATE_MAGIC 0x5449444bu   /* "KDIT" little-endian */
 #define STATE_VERSION 1u
 
-static void
-put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t
-get64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
-
 keel_status
 keel_data_iter_get_state(const keel_data_iter *it, void *buf, size_t size,
                          size_t *len)
@@ -868,11 +852,11 @@ keel_data_iter_get_state(const keel_data_iter *it, void *buf, size_t size,
     if (size < KEEL_DATA_ITER_STATE_BYTES)
         return keel__fail(KEEL_EINVAL, "data iterator state: buffer of %zu "
                           "bytes, need %d", size, KEEL_DATA_ITER_STATE_BYTES);
-    put64(p, (uint64_t)STATE_MAGIC | (uint64_t)STATE_VERSION << 32);
-    put64(p + 8, (uint64_t)keel_data_iter_epoch(it));
-    put64(p + 16, (uint64_t)keel_data_iter_offset(it));
-    put64(p + 24, it->cfg.seed);
-    put64(p + 32, (uint64_t)it->ds->n);
+    keel__le_put(p, (uint64_t)STATE_MAGIC | (uint64_t)STATE_VERSION << 32, 8);
+    keel__le_put(p + 8, (uint64_t)keel_data_iter_epoch(it), 8);
+    keel__le_put(p + 16, (uint64_t)keel_data_iter_offset(it), 8);
+    keel__le_put(p + 24, it->cfg.seed, 8);
+    keel__le_put(p + 32, (uint64_t)it->ds->n, 8);
     if (len != NULL)
         *len = KEEL_DATA_ITER_STATE_BYTES;
     return KEEL_OK;
@@ -888,16 +872,16 @@ keel_data_iter_set_state(keel_data_iter *it, const void *buf, size_t len)
     if (len != KEEL_DATA_ITER_STATE_BYTES)
         return keel__fail(KEEL_ECORRUPT, "data iterator state: %zu bytes, "
                           "expected %d", len, KEEL_DATA_ITER_STATE_BYTES);
-    head = get64(p);
+    head = keel__le_get(p, 8);
     if ((uint32_t)head != STATE_MAGIC)
         return keel__fail(KEEL_ECORRUPT, "data iterator state: bad magic");
     if ((head >> 32) != STATE_VERSION)
         return keel__fail(KEEL_ECORRUPT, "data iterator state: version %u "
                           "(this keel reads %u)", (unsigned)(head >> 32),
                           STATE_VERSION);
-    epoch = get64(p + 8);
-    offset = get64(p + 16);
-    count = get64(p + 32);
+    epoch = keel__le_get(p + 8, 8);
+    offset = keel__le_get(p + 16, 8);
+    count = keel__le_get(p + 32, 8);
     if (count != it->ds->n)
         return keel__fail(KEEL_EINVAL, "data iterator state: saved for a "
                           "dataset of %llu examples, this one has %zu",
@@ -909,7 +893,7 @@ keel_data_iter_set_state(keel_data_iter *it, const void *buf, size_t len)
                           (unsigned long long)offset);
     it->epoch = (int64_t)epoch;
     it->offset = (int64_t)offset;
-    it->cfg.seed = get64(p + 24);
+    it->cfg.seed = keel__le_get(p + 24, 8);
     it->perm_epoch = -1;
     return KEEL_OK;
 }

@@ -55,6 +55,27 @@ keel_status keel__config_check(const void *cfg, const void *out,
 #define KEEL__CONFIG_CHECK(cfg, out, T, who) \
     keel__config_check((cfg), (out), sizeof(T), sizeof(T), #T, (who))
 
+/* Little-endian byte order, the order of every integer keel writes to a
+ * file or a message: the n (1..8) low bytes of v into p, and the n bytes at
+ * p back as a number. */
+static inline void
+keel__le_put(void *p, uint64_t v, int n)
+{
+    unsigned char *b = p;
+    for (int i = 0; i < n; i++)
+        b[i] = (unsigned char)(v >> (8 * i));
+}
+
+static inline uint64_t
+keel__le_get(const void *p, int n)
+{
+    const unsigned char *b = p;
+    uint64_t v = 0;
+    for (int i = 0; i < n; i++)
+        v |= (uint64_t)b[i] << (8 * i);
+    return v;
+}
+
 /* Log a line through the installed handler (no-op without one). */
 void keel__log(keel_log_level level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
