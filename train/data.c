@@ -194,6 +194,27 @@ be32(const uint8_t *p)
            (uint32_t)p[2] << 8 | (uint32_t)p[3];
 }
 
+/* 1 when the IDX file b (len bytes) holds at least its header (the magic
+ * and one 4-byte size per dimension) and the magic of uint8 data of dims
+ * dimensions; else 0 after a KEEL_ECORRUPT naming what, path and shape. */
+static int
+idx_magic_ok(const uint8_t *b, size_t len, int dims, const char *what,
+             const char *path, const char *shape)
+{
+    size_t head = 4 + 4 * (size_t)dims;
+    char why[64];
+    if (len >= head && b[0] == 0 && b[1] == 0 && b[2] == 0x08 &&
+        b[3] == dims)
+        return 1;
+    if (len < head)
+        snprintf(why, sizeof why, "shorter than its %zu-byte header", head);
+    else
+        snprintf(why, sizeof why, "wrong magic");
+    keel__fail(KEEL_ECORRUPT, "IDX %s file %s: %s (want magic 0x0000080%d, "
+               "uint8 %s)", what, path, why, dims, shape);
+    return 0;
+}
+
 /* The dataset of an IDX images file read whole into *img (a checked
  * 16-byte header of n x rows x cols, then the pixels): the pixels are
  * moved to the front and the dataset takes the buffer (*img = NULL);
@@ -245,14 +266,8 @@ keel_dataset_open_idx(const char *images_path, const char *labels_path,
         KEEL_OK)
         goto out;
     st = KEEL_ECORRUPT;
-    if (ilen < 16 || img[0] != 0 || img[1] != 0 || img[2] != 0x08 ||
-        img[3] != 3) {
-        keel__fail(st, "IDX images file %s: %s (want magic 0x00000803, "
-                   "uint8 [N,rows,cols])", images_path,
-                   ilen < 16 ? "shorter than its 16-byte header"
-                             : "wrong magic");
+    if (!idx_magic_ok(img, ilen, 3, "images", images_path, "[N,rows,cols]"))
         goto out;
-    }
     n = be32(img + 4);
     rows = be32(img + 8);
     cols = be32(img + 12);
@@ -270,14 +285,8 @@ keel_dataset_open_idx(const char *images_path, const char *labels_path,
                    rows, cols, need, ilen - 16);
         goto out;
     }
-    if (llen < 8 || lab[0] != 0 || lab[1] != 0 || lab[2] != 0x08 ||
-        lab[3] != 1) {
-        keel__fail(st, "IDX labels file %s: %s (want magic 0x00000801, "
-                   "uint8 [N])", labels_path,
-                   llen < 8 ? "shorter than its 8-byte header"
-                            : "wrong magic");
+    if (!idx_magic_ok(lab, llen, 1, "labels", labels_path, "[N]"))
         goto out;
-    }
     if (be32(lab + 4) != n) {
         keel__fail(st, "IDX labels file %s has %u labels but images file %s "
                    "has %zu images", labels_path, be32(lab + 4),
