@@ -495,10 +495,11 @@ hogwild_build(job *j, const keel_config *cfg, const keel_model_config *mc,
 }
 
 /* Build dataset, iterator, variables, model and optimizer; hogwild: one
- * process runs algorithm.name = hogwild. */
+ * process runs algorithm.name = hogwild; one_process: no cluster and no
+ * collective (K-FAC then applies the gradients the model step wrote). */
 static keel_status
 job_build(job *j, const keel_config *cfg, int worker_index, int num_workers,
-          int hogwild)
+          int hogwild, int one_process)
 {
     keel_model_config mc;
     keel_optimizer_config oc;
@@ -542,6 +543,7 @@ job_build(job *j, const keel_config *cfg, int worker_index, int num_workers,
         strcmp(keel_config_str(cfg, "optimizer.name"), "kfac") == 0) {
         keel_kfac_config kc;
         st = kfac_config_from(cfg, j->steps_per_epoch, &kc);
+        kc.model_grads = one_process;
         if (st == KEEL_OK) {
             j->schedule = kc.schedule;
             st = keel_kfac_new(&kc, j->model, j->vs, &j->kfac);
@@ -1212,7 +1214,7 @@ run_ps(const keel_config *cfg, const keel_cluster_spec *spec,
     if (opts->handle_signals)
         st = keel_session_install_signal_handlers();
     if (st == KEEL_OK)
-        st = job_build(&j, cfg, 0, 1, 0);
+        st = job_build(&j, cfg, 0, 1, 0, 0);
     else
         memset(&j, 0, sizeof j);
     if (st == KEEL_OK)
@@ -1540,7 +1542,7 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     }
     st = job_build(&j, cfg, replica, replicas, !in_cluster && !is_mwm &&
                    strcmp(keel_config_str(cfg, "algorithm.name"),
-                          "hogwild") == 0);
+                          "hogwild") == 0, !in_cluster && !is_mwm);
     if (st == KEEL_OK)
         st = job_rule(&j, in_cluster ? spec : NULL);
     if (st == KEEL_OK && is_mwm)

@@ -53,6 +53,7 @@ run_new(run *r, keel_model_kind kind, int64_t batch, int use_kfac,
         keel_kfac_config_init(&kc);
         kc.invert_every = invert_every;
         kc.cov_update_every = cov_every;
+        kc.model_grads = 1;          /* as keel train in one process */
         check(keel_kfac_new(&kc, r->m, r->vs, &r->kfac), "kfac");
     } else {
         keel_optimizer_config oc;

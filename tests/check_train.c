@@ -1545,6 +1545,8 @@ typedef struct kf_case {
     size_t n;                    /* examples per step */
     int steps;
     int expect_clipped;          /* the case must exercise KL clipping */
+    uint64_t expect_factored;    /* the layers (bits) of the last step that
+                                  * must take the factored update */
 } kf_case;
 
 static void
@@ -1675,14 +1677,16 @@ kf_run_case(const kf_case *c)
             "\"h\": %lld, \"w\": %lld, \"c\": 1, \"classes\": %lld, "
             "\"damping\": %.17g, \"decay\": %.17g, \"momentum\": %.17g, "
             "\"momentum_type\": \"%s\", \"norm_constraint\": %.17g, "
-            "\"lr\": %.17g, \"empirical\": %d, \"names\": [",
+            "\"lr\": %.17g, \"empirical\": %d, \"invert_every\": %lld, "
+            "\"names\": [",
             c->model, (long long)mc.height, (long long)mc.width,
             (long long)mc.classes, c->kc.damping, c->kc.cov_ema_decay,
             c->kc.momentum,
             c->kc.momentum_type == KEEL_KFAC_MOMENTUM_ADAM ? "adam"
                                                            : "regular",
             c->kc.norm_constraint, c->kc.schedule.learning_rate,
-            c->kc.estimation == KEEL_KFAC_EMPIRICAL);
+            c->kc.estimation == KEEL_KFAC_EMPIRICAL,
+            (long long)c->kc.invert_every);
     for (int i = 0; i < nl; i++)
         fprintf(fp, "%s\"%s\", \"%s\"", i ? ", " : "",
                 keel_var_name(info[i].w), keel_var_name(info[i].b));
@@ -1730,6 +1734,11 @@ kf_run_case(const kf_case *c)
         fprintf(fp, "}");
         ck_assert_msg(keel_kfac_apply(k, f.vs, f.g, s) == KEEL_OK, "%s",
                       keel_last_error());
+        if (s + 1 == c->steps)
+            ck_assert_msg(keel__kfac_factored(k) == c->expect_factored,
+                          "layers 0x%llx took the factored update, not "
+                          "0x%llx", (unsigned long long)keel__kfac_factored(k),
+                          (unsigned long long)c->expect_factored);
     }
     fprintf(fp, "]}\n");
     ck_assert_int_eq(fclose(fp), 0);
@@ -1772,9 +1781,13 @@ kf_run_case(const kf_case *c)
                 kf_compare(text, key, Ai->data, Ai->count, 1.0, 1e-5);
                 snprintf(key, sizeof key, "Ginv %d", i);
                 kf_compare(text, key, Gi->data, Gi->count, 1.0, 1e-5);
+                float *pc = malloc(info[i].a_dim * info[i].g_dim *
+                                   sizeof *pc);
+                keel__kfac_precond(k, i, pc);
                 snprintf(key, sizeof key, "precond %d", i);
-                kf_compare(text, key, keel__kfac_precond(k, i),
-                           info[i].a_dim * info[i].g_dim, 1.0, 1e-5);
+                kf_compare(text, key, pc, info[i].a_dim * info[i].g_dim,
+                           1.0, 1e-5);
+                free(pc);
             }
 #undef KF_VAR
         }
@@ -1849,19 +1862,54 @@ START_TEST(test_kfac_matches_numpy_reference)
 }
 END_TEST
 
+START_TEST(test_kfac_factored_update_matches_numpy_reference)
+{
+    /* model_grads with 3 examples, fewer than the 6 inputs: the first
+     * layer's update (a 7, g 5) is formed from the batch, the second's
+     * (a 6, g 3) from the gradient. adam: steps 1 and 2 continue F^-1 v
+     * from step 0's between inversions (invert_every 3); regular with KL
+     * clipping: F^-1 of each step's gradient, an inversion at step 2 */
+    kf_case c[2];
+    for (int i = 0; i < 2; i++) {
+        memset(&c[i], 0, sizeof c[i]);
+        keel_kfac_config_init(&c[i].kc);
+        c[i].model = "mlp";
+        c[i].n = 3;
+        c[i].steps = 3;
+        c[i].kc.model_grads = 1;
+        c[i].kc.invert_every = 3;
+        c[i].kc.cov_ema_decay = 0.8;
+        c[i].kc.momentum = 0.5;
+        c[i].kc.seed = 4;
+        c[i].kc.damping = 0.05;
+        c[i].kc.schedule.learning_rate = 0.1;
+        c[i].expect_factored = 1;
+    }
+    c[1].kc.momentum_type = KEEL_KFAC_MOMENTUM_REGULAR;
+    c[1].kc.invert_every = 2;
+    c[1].kc.norm_constraint = 1e-4;
+    c[1].expect_clipped = 1;
+    for (int i = 0; i < 2; i++)
+        kf_run_case(&c[i]);
+}
+END_TEST
+
 START_TEST(test_kfac_continues_bitwise_after_restore)
 {
     /* invert_every 3: the copy at step 4 lands between inversions, so the
-     * restored inverses, EMA weight and velocities carry the run */
+     * restored inverses, EMA weight and velocities carry the run; with
+     * model_grads (_i 1) and 4 examples the first layer's update is
+     * continued from the restored preconditioned velocity */
     keel_model_config cfg;
     keel_kfac_config kc;
     keel_kfac *ka, *kb = NULL;
     fixture a, b;
     float x[8 * 36];
     int32_t y[8];
-    keel_batch bt = { x, y, 8 };
+    keel_batch bt = { x, y, _i ? 4 : 8 };
     tiny_mlp(&cfg, 7, 8);
     keel_kfac_config_init(&kc);
+    kc.model_grads = _i;
     kc.invert_every = 3;
     kc.schedule.learning_rate = 0.01;
     kc.damping = 0.01;
@@ -1876,14 +1924,16 @@ START_TEST(test_kfac_continues_bitwise_after_restore)
         }
         if (s >= 4) {
             keel_grads_zero(b.g);
-            keel_model_step(b.m, b.vs, &bt, 8, b.g, NULL);
+            keel_model_step(b.m, b.vs, &bt, (int64_t)bt.n, b.g, NULL);
             ck_assert_int_eq(keel_kfac_observe(kb, b.vs, &bt, s), KEEL_OK);
             ck_assert_int_eq(keel_kfac_apply(kb, b.vs, b.g, s), KEEL_OK);
         }
         keel_grads_zero(a.g);
-        keel_model_step(a.m, a.vs, &bt, 8, a.g, NULL);
+        keel_model_step(a.m, a.vs, &bt, (int64_t)bt.n, a.g, NULL);
         ck_assert_int_eq(keel_kfac_observe(ka, a.vs, &bt, s), KEEL_OK);
         ck_assert_int_eq(keel_kfac_apply(ka, a.vs, a.g, s), KEEL_OK);
+        ck_assert_int_eq((int)keel__kfac_factored(ka),
+                         _i && s % 3 != 0 ? 1 : 0);
     }
     ck_assert_int_eq((int)keel_vars_count(a.vs), (int)keel_vars_count(b.vs));
     ck_assert_int_eq((int)keel_vars_count(a.vs), 4 + 2 * 4 + 1);
@@ -1894,10 +1944,17 @@ START_TEST(test_kfac_continues_bitwise_after_restore)
                              keel_var_tensor(vb)->data,
                              keel_tensor_bytes(keel_var_tensor(va))) == 0,
                       "%s differs after the restore", keel_var_name(va));
-        if (keel_var_is_trainable(va))
-            ck_assert_mem_eq(keel_var_slot(va, "velocity")->data,
-                             keel_var_slot(vb, "velocity")->data,
-                             keel_tensor_bytes(keel_var_tensor(va)));
+        ck_assert_int_eq((int)keel_var_slot_count(va),
+                         keel_var_is_trainable(va) ? 1 + _i
+                         : strcmp(keel_var_name(va), "kfac/ema_weight") == 0
+                             ? _i : 0);
+        for (size_t k = 0; k < keel_var_slot_count(va); k++) {
+            const char *sn;
+            keel_tensor *sa = keel_var_slot_at(va, k, &sn);
+            ck_assert_ptr_nonnull(keel_var_slot(vb, sn));
+            ck_assert_mem_eq(sa->data, keel_var_slot(vb, sn)->data,
+                             keel_tensor_bytes(sa));
+        }
     }
     keel_kfac_free(ka);
     keel_kfac_free(kb);
@@ -2807,6 +2864,7 @@ static Suite *
 train_suite(void)
 {
     Suite *s = suite_create("train");
+    TCase *kf;
     tu_tcase(s, "layers", 0, NULL, NULL, TU_TESTS(
         test_dense_gradients_match_finite_differences,
         test_conv2d_valid_gradients_match_finite_differences,
@@ -2841,12 +2899,15 @@ train_suite(void)
         test_adam_continues_bitwise_after_restore,
         test_apply_and_zero_equals_apply_then_zero,
         test_optimizer_flushes_subnormals_and_keeps_callers_mode));
-    tu_tcase(s, "kfac", 60, tu_setup, tu_teardown, TU_TESTS(
+    kf = tu_tcase(s, "kfac", 60, tu_setup, tu_teardown, TU_TESTS(
         test_kfac_matches_numpy_reference,
-        test_kfac_continues_bitwise_after_restore,
+        test_kfac_factored_update_matches_numpy_reference,
         test_kfac_rejects_bad_configs_and_unobserved_steps,
         test_kfac_updates_factors_every_cov_update_every_steps,
         test_kfac_apply_update_uses_the_stores_inverses_only));
+    /* 0: from the gradients; 1: model_grads */
+    tcase_add_loop_test(kf, test_kfac_continues_bitwise_after_restore, 0,
+                        2);
     tu_tcase(s, "data", 20, tu_setup, tu_teardown, TU_TESTS(
         test_idx_reader_reads_plain_and_gzip,
         test_idx_reader_rejects_corrupt_files,

@@ -182,7 +182,10 @@ def main():
     vel = [None] * nl
     h, w_, c = cfg["h"], cfg["w"], cfg["c"]
     out = {}
-    for step in cfg["steps"]:
+    # the inverses (and pi) of the last step with step % invert_every == 0
+    every = cfg.get("invert_every", 1)
+    keep = [None] * nl
+    for si, step in enumerate(cfg["steps"]):
         x = np.array(step["x"], dtype=np.float64).reshape(-1, h, w_, c)
         y = np.array(step["y"], dtype=np.int64)
         t = np.array(step["t"], dtype=np.int64)
@@ -218,12 +221,16 @@ def main():
                 d * accG[li] + (1 - d) * Gb
             A = accA[li] / wsum
             G = accG[li] / wsum
-            ta = np.trace(A) / A.shape[0]
-            tg = np.trace(G) / G.shape[0]
-            pi = 1.0 if ta * tg == 0 else np.sqrt(ta / tg)
-            lt = lam / T
-            Ai = np.linalg.inv(A + pi * np.sqrt(lt) * np.eye(A.shape[0]))
-            Gi = np.linalg.inv(G + np.sqrt(lt) / pi * np.eye(G.shape[0]))
+            if si % every == 0:
+                ta = np.trace(A) / A.shape[0]
+                tg = np.trace(G) / G.shape[0]
+                pi = 1.0 if ta * tg == 0 else np.sqrt(ta / tg)
+                lt = lam / T
+                keep[li] = (
+                    np.linalg.inv(A + pi * np.sqrt(lt) * np.eye(A.shape[0])),
+                    np.linalg.inv(G + np.sqrt(lt) / pi * np.eye(G.shape[0])),
+                    pi)
+            Ai, Gi, pi = keep[li]
             Ainv.append(Ai)
             Ginv.append(Gi)
             pis.append(pi)

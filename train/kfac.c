@@ -38,7 +38,17 @@ typedef struct kf_layer {
     float *Asum, *Gsum;           /* this step's sums (upper triangles) */
     float *Ainv_new, *Ginv_new;   /* inversion workspaces */
     float *T, *V;                 /* a_dim x g_dim: [kernel; bias] G^-1,
-                                   * preconditioned */
+                                   * preconditioned (V: regular momentum) */
+    float *Vw, *Vb;               /* F^-1 m of kernel and bias: V, or the
+                                   * precond slots (adam momentum) */
+    keel_tensor *pw, *pb;         /* adam with model_grads: the "precond"
+                                   * slots, F^-1 of the velocity (state) */
+    size_t fmax;                  /* model_grads, a dense layer: the most
+                                   * examples its factored update has
+                                   * fewer flops for (0: none) */
+    float *X1, *DY;               /* the observed step's [in, 1] (fmax x
+                                   * a_dim) and dy (fmax x g_dim) */
+    float *U, *W;                 /* X1 A^-1 and DY G^-1 */
     double pi;                    /* of the last inversion */
 } kf_layer;
 
@@ -56,6 +66,15 @@ struct keel_kfac {
                                    * EMA, inversion at step 0 only */
     int64_t rng_step;             /* the step rng was seeded for */
     keel__rng rng;
+    /* model_grads: the step keel_kfac_observe captured the factored
+     * gradient of (-1: none), its examples and gradients */
+    int64_t cap_step;
+    int64_t obs_step;             /* of the last keel_kfac_observe */
+    size_t cap_n;
+    const keel_grads *cap_grads;
+    keel_var *ema_var;            /* "kfac/ema_weight" */
+    uint64_t factored;            /* the last apply's layers (bit i) that
+                                   * took the factored update */
 };
 
 static const char *const mom_names[] = { "regular", "adam" };
@@ -128,6 +147,10 @@ keel_kfac_free(keel_kfac *k)
         keel_aligned_free(L->Ginv_new);
         keel_aligned_free(L->T);
         keel_aligned_free(L->V);
+        keel_aligned_free(L->X1);
+        keel_aligned_free(L->DY);
+        keel_aligned_free(L->U);
+        keel_aligned_free(L->W);
     }
     free(k->l);
     free(k->Ap);
@@ -217,6 +240,39 @@ layer_new(keel_kfac *k, kf_layer *L)
         (st = alloc_f(&L->T, a * g, "workspace", L->scope)) != KEEL_OK ||
         (st = alloc_f(&L->V, a * g, "update", L->scope)) != KEEL_OK)
         return st;
+    L->Vw = L->V;
+    L->Vb = L->V + (a - 1) * g;
+    if (!k->cfg.model_grads)
+        return KEEL_OK;
+    if (k->cfg.momentum_type == KEEL_KFAC_MOMENTUM_ADAM) {
+        if ((st = keel_var_add_slot(L->info.w, "precond", &L->pw)) !=
+                KEEL_OK ||
+            (st = keel_var_add_slot(L->info.b, "precond", &L->pb)) !=
+                KEEL_OK)
+            return keel__wrap(st, "K-FAC: preconditioned velocity of '%s'",
+                              L->scope);
+        L->Vw = L->pw->data;
+        L->Vb = L->pb->data;
+    }
+    if (!L->info.is_conv) {
+        size_t n = (size_t)keel_model_get_config(k->m)->max_batch;
+        /* the factored update, 2 n (a^2 + g^2 + a g) flops, against
+         * 2 a g (a + g) of A^-1 M G^-1: fewer for n < fmax */
+        double lim = (double)a * (double)g * (double)(a + g) /
+                     ((double)a * a + (double)g * g + (double)a * g);
+        size_t fm = (size_t)ceil(lim) - 1;
+        L->fmax = fm < n ? fm : n;
+        if (L->fmax > 0 &&
+            ((st = alloc_f(&L->X1, L->fmax * a, "observed inputs",
+                           L->scope)) != KEEL_OK ||
+             (st = alloc_f(&L->DY, L->fmax * g, "observed output gradients",
+                           L->scope)) != KEEL_OK ||
+             (st = alloc_f(&L->U, L->fmax * a, "workspace", L->scope)) !=
+                 KEEL_OK ||
+             (st = alloc_f(&L->W, L->fmax * g, "workspace", L->scope)) !=
+                 KEEL_OK))
+            return st;
+    }
     return KEEL_OK;
 }
 
@@ -248,6 +304,8 @@ keel_kfac_new(const keel_kfac_config *cfg, keel_model *m, keel_vars *vs,
     k->m = m;
     k->vs = vs;
     k->rng_step = -1;
+    k->cap_step = -1;
+    k->obs_step = -1;
     k->l = calloc((size_t)n, sizeof *k->l);
     k->Ap = calloc((size_t)n, sizeof *k->Ap);
     k->Gp = calloc((size_t)n, sizeof *k->Gp);
@@ -269,6 +327,11 @@ keel_kfac_new(const keel_kfac_config *cfg, keel_model *m, keel_vars *vs,
         k->Gp[i] = k->l[i].Gsum;
     }
     st = state_var(vs, "kfac", "ema_weight", 0, NULL, &k->ema_w);
+    k->ema_var = keel_vars_find(vs, "kfac/ema_weight");
+    if (st == KEEL_OK && cfg->model_grads &&
+        cfg->momentum_type == KEEL_KFAC_MOMENTUM_ADAM)
+        st = keel_var_add_slot(k->ema_var, "precond_valid", &(keel_tensor *){
+                                   NULL });
     if (st != KEEL_OK) {
         keel_kfac_free(k);
         return st;
@@ -292,6 +355,43 @@ cov_step(const keel_kfac *k, int64_t global_step)
            k->ema_w->data[0] == 0.0f;
 }
 
+/* model_grads: the factored gradient of the step keel_model_step just
+ * computed on batch ([in, 1] and dy of the dense layers it pays for),
+ * copied out of the model's workspaces before the statistics pass reuses
+ * them. A second observe of one step drops it: the step's gradient is
+ * then not one batch's. */
+static void
+capture(keel_kfac *k, const keel_batch *batch, int64_t global_step)
+{
+    const keel_grads *g0 = NULL;
+    int again = k->obs_step == global_step;
+    k->obs_step = global_step;
+    k->cap_step = -1;
+    if (!k->cfg.model_grads || again)
+        return;
+    for (int i = 0; i < k->nl; i++) {
+        kf_layer *L = &k->l[i];
+        const keel_grads *g;
+        const float *in, *dy;
+        size_t a = L->info.a_dim;
+        if (batch->n > L->fmax)
+            continue;
+        if (!keel__model_step_io(k->m, batch, i, &g, &in, &dy))
+            return;
+        for (size_t r = 0; r < batch->n; r++) {
+            memcpy(L->X1 + r * a, in + r * (a - 1), (a - 1) * sizeof(float));
+            L->X1[r * a + a - 1] = 1.0f;
+        }
+        memcpy(L->DY, dy, batch->n * L->info.g_dim * sizeof(float));
+        g0 = g;
+    }
+    if (g0 != NULL) {
+        k->cap_step = global_step;
+        k->cap_n = batch->n;
+        k->cap_grads = g0;
+    }
+}
+
 static keel_status
 kfac_observe_fp(keel_kfac *k, keel_vars *vs, const keel_batch *batch,
                 int64_t global_step)
@@ -305,6 +405,7 @@ kfac_observe_fp(keel_kfac *k, keel_vars *vs, const keel_batch *batch,
     if (global_step < 0)
         return keel__fail(KEEL_EINVAL, "K-FAC observe: negative global step "
                           "%lld", (long long)global_step);
+    capture(k, batch, global_step);
     if (!cov_step(k, global_step))
         return KEEL_OK;
     if (global_step != k->rng_step) {
@@ -433,19 +534,43 @@ dot(double s, const float *x, const float *y, size_t n)
     return s;
 }
 
-/* V = A^-1 [kernel; bias] G^-1 / locations: the kernel's rows and the
- * bias row go through G^-1 in place (no copy of them into one matrix),
- * then A^-1 takes the whole a x g product in one sgemm. */
+/* [Vw; Vb] = A^-1 [kernel; bias] G^-1 / locations: the kernel's rows and
+ * the bias row go through G^-1 in place (no copy of them into one
+ * matrix), then A^-1 takes the whole a x g product (one sgemm where Vw
+ * and Vb are one matrix). */
 static void
 precondition(kf_layer *L, const float *kernel, const float *bias)
 {
     size_t a = L->info.a_dim, g = L->info.g_dim;
+    float s = (float)(1.0 / (double)L->info.locations);
+    const float *Ai = L->Ainv->data;
     keel__sgemm(0, 0, a - 1, g, g, 1.0f, kernel, g, L->Ginv->data, g, 0.0f,
                 L->T, g);
     keel__sgemm(0, 0, 1, g, g, 1.0f, bias, g, L->Ginv->data, g, 0.0f,
                 L->T + (a - 1) * g, g);
-    keel__sgemm(0, 0, a, g, a, (float)(1.0 / (double)L->info.locations),
-                L->Ainv->data, a, L->T, g, 0.0f, L->V, g);
+    if (L->Vb == L->Vw + (a - 1) * g) {
+        keel__sgemm(0, 0, a, g, a, s, Ai, a, L->T, g, 0.0f, L->Vw, g);
+        return;
+    }
+    keel__sgemm(0, 0, a - 1, g, a, s, Ai, a, L->T, g, 0.0f, L->Vw, g);
+    keel__sgemm(0, 0, 1, g, a, s, Ai + (a - 1) * a, a, L->T, g, 0.0f, L->Vb,
+                g);
+}
+
+/* A dense layer whose gradient is [kernel; bias] = X1^T DY (X1 = [in, 1],
+ * n rows): [Vw; Vb] = (X1 A^-1)^T (DY G^-1) + beta [Vw; Vb], the same
+ * A^-1 X1^T DY G^-1 in 2 n (a^2 + g^2 + a g) flops (A^-1 is symmetric). */
+static void
+precondition_factored(kf_layer *L, size_t n, float beta)
+{
+    size_t a = L->info.a_dim, g = L->info.g_dim;
+    keel__sgemm(0, 0, n, a, a, 1.0f, L->X1, a, L->Ainv->data, a, 0.0f, L->U,
+                a);
+    keel__sgemm(0, 0, n, g, g, 1.0f, L->DY, g, L->Ginv->data, g, 0.0f, L->W,
+                g);
+    keel__sgemm(1, 0, a - 1, g, n, 1.0f, L->U, a, L->W, g, beta, L->Vw, g);
+    keel__sgemm(1, 0, 1, g, n, 1.0f, L->U + a - 1, a, L->W, g, beta, L->Vb,
+                g);
 }
 
 static keel_status
@@ -454,7 +579,8 @@ kfac_apply_fp(keel_kfac *k, keel_vars *vs, keel_grads *grads,
 {
     float d, w_old, w_new, lr, mu, c = 1.0f;
     double s = 0.0, lrd;
-    int invert, cov;
+    int invert, cov, fact, cont;
+    keel_tensor *valid;
     keel_status st = KEEL_OK;
     if (k == NULL || vs == NULL || grads == NULL)
         return keel__fail(KEEL_EINVAL, "K-FAC apply: NULL argument");
@@ -535,6 +661,17 @@ kfac_apply_fp(keel_kfac *k, keel_vars *vs, keel_grads *grads,
         }
     }
     clear_pending(k);
+    /* the factored update: grads are the observed step's own (model_grads,
+     * the gradients keel_model_step wrote, one batch); with adam momentum
+     * F^-1 v = mu F^-1 v_prev + F^-1 grad, continued from the precond
+     * slots while they hold F^-1 v_prev for these inverses (valid: the
+     * flag slot, 0 after an inversion or on a store of another mode) */
+    fact = k->cfg.model_grads && !k->update_only &&
+           k->cap_step == global_step && grads == k->cap_grads;
+    k->cap_step = -1;
+    valid = keel_var_slot(k->ema_var, "precond_valid");
+    k->factored = 0;
+    cont = fact && !invert && valid != NULL && valid->data[0] == 1.0f;
     lrd = keel_lr_at(&k->cfg.schedule, global_step);
     lr = (float)lrd;
     mu = (float)k->cfg.momentum;
@@ -545,6 +682,7 @@ kfac_apply_fp(keel_kfac *k, keel_vars *vs, keel_grads *grads,
                                         keel_var_index(L->info.w))->data;
         const float *mb = keel_grads_at(grads,
                                         keel_var_index(L->info.b))->data;
+        int f = fact && k->cap_n <= L->fmax;
         if (k->cfg.momentum_type == KEEL_KFAC_MOMENTUM_ADAM) {
             /* v = mu v + g, then the update is F^-1 v */
             float *vw = L->vw->data, *vb = L->vb->data;
@@ -554,13 +692,27 @@ kfac_apply_fp(keel_kfac *k, keel_vars *vs, keel_grads *grads,
                 vb[j] = mu * vb[j] + mb[j];
             mw = vw;
             mb = vb;
+            f = f && cont && L->pw != NULL;
+            if (f)
+                precondition_factored(L, k->cap_n, mu);
+        } else if (f) {
+            precondition_factored(L, k->cap_n, 0.0f);
         }
-        precondition(L, mw, mb);
+        if (!f)
+            precondition(L, mw, mb);
+        else if (i < 64)
+            k->factored |= (uint64_t)1 << i;
         if (k->cfg.norm_constraint > 0.0) {
             /* <m, F^-1 m> in the order of [kernel; bias] */
-            s += dot(dot(0.0, mw, L->V, nw), mb, L->V + nw, g);
+            s += dot(dot(0.0, mw, L->Vw, nw), mb, L->Vb, g);
         }
     }
+    /* the precond slots now hold F^-1 v for the store's inverses, except
+     * after keel_kfac_apply_update, whose inverses others replace */
+    if (valid != NULL)
+        valid->data[0] = k->cfg.model_grads && !k->update_only &&
+                         k->cfg.momentum_type == KEEL_KFAC_MOMENTUM_ADAM &&
+                         k->l[0].pw != NULL ? 1.0f : 0.0f;
     if (k->cfg.norm_constraint > 0.0 && s > 0.0 && lrd > 0.0) {
         double r = sqrt(k->cfg.norm_constraint / (lrd * lrd * s));
         c = r < 1.0 ? (float)r : 1.0f;
@@ -570,19 +722,20 @@ kfac_apply_fp(keel_kfac *k, keel_vars *vs, keel_grads *grads,
         float *x = keel_var_tensor(L->info.w)->data;
         float *xb = keel_var_tensor(L->info.b)->data;
         size_t nw = L->vw->count, g = L->info.g_dim;
+        const float *Vw = L->Vw, *Vb = L->Vb;
         if (k->cfg.momentum_type == KEEL_KFAC_MOMENTUM_ADAM) {
             for (size_t j = 0; j < nw; j++)
-                x[j] -= lr * (c * L->V[j]);
+                x[j] -= lr * (c * Vw[j]);
             for (size_t j = 0; j < g; j++)
-                xb[j] -= lr * (c * L->V[nw + j]);
+                xb[j] -= lr * (c * Vb[j]);
         } else {
             float *vw = L->vw->data, *vb = L->vb->data;
             for (size_t j = 0; j < nw; j++) {
-                vw[j] = mu * vw[j] + c * L->V[j];
+                vw[j] = mu * vw[j] + c * Vw[j];
                 x[j] -= lr * vw[j];
             }
             for (size_t j = 0; j < g; j++) {
-                vb[j] = mu * vb[j] + c * L->V[nw + j];
+                vb[j] = mu * vb[j] + c * Vb[j];
                 xb[j] -= lr * vb[j];
             }
         }
@@ -606,10 +759,19 @@ keel__kfac_pi(const keel_kfac *k, int i)
     return k != NULL && i >= 0 && i < k->nl ? k->l[i].pi : 0.0;
 }
 
-const float *
-keel__kfac_precond(const keel_kfac *k, int i)
+void
+keel__kfac_precond(const keel_kfac *k, int i, float *out)
 {
-    return k != NULL && i >= 0 && i < k->nl ? k->l[i].V : NULL;
+    const kf_layer *L = &k->l[i];
+    size_t nw = (L->info.a_dim - 1) * L->info.g_dim;
+    memcpy(out, L->Vw, nw * sizeof(float));
+    memcpy(out + nw, L->Vb, L->info.g_dim * sizeof(float));
+}
+
+uint64_t
+keel__kfac_factored(const keel_kfac *k)
+{
+    return k != NULL ? k->factored : 0;
 }
 
 const int32_t *
@@ -700,6 +862,11 @@ kfac_invert_layer_fp(keel_kfac *k, int i)
     st = invert_layer(k, L, L->A->data, L->G->data, w);
     if (st != KEEL_OK)
         return st;
+    {
+        keel_tensor *valid = keel_var_slot(k->ema_var, "precond_valid");
+        if (valid != NULL)
+            valid->data[0] = 0.0f;
+    }
     memcpy(L->Ainv->data, L->Ainv_new, a * a * sizeof(float));
     memcpy(L->Ginv->data, L->Ginv_new, g * g * sizeof(float));
     return KEEL_OK;

@@ -101,6 +101,12 @@ struct keel_model {
     lgrad *slot[MAX_SLOTS];       /* [slot][layer] */
     double *piece_loss;           /* [max_pieces] */
     int64_t *piece_correct;
+    /* the last call, when it was a step of one piece in buf[0]
+     * (keel__model_step_io): its batch and gradients */
+    int last_io;
+    const float *last_x;
+    size_t last_n;
+    const keel_grads *last_grads;
 };
 
 void
@@ -977,6 +983,12 @@ run_job(keel_model *m, job *j, int what, const keel_batch *batch,
         float scale, float *probs, keel_grads *grads)
 {
     size_t np = (batch->n + m->piece - 1) / m->piece;
+    /* a step of one piece leaves its activations and output gradients in
+     * buf[0] (one thread's piece, or the column halves' shared one) */
+    m->last_io = what == JOB_STEP && m->is_dense_only && np == 1;
+    m->last_x = batch->x;
+    m->last_n = batch->n;
+    m->last_grads = grads;
     *j = (job){ .m = m, .what = what, .batch = batch, .npieces = np,
                 .scale = scale, .probs = probs, .grads = grads,
                 .nthreads = keel__pool_threads(m->pool) };
@@ -1044,6 +1056,7 @@ model_step_fp(keel_model *m, keel_vars *vs, const keel_batch *batch,
     job j;
     if (m == NULL || vs == NULL || grads == NULL)
         return keel__fail(KEEL_EINVAL, "model step: NULL argument");
+    m->last_io = 0;
     if ((st = check_batch(m, batch, "step")) != KEEL_OK)
         return st;
     if (global_batch_size < (int64_t)batch->n)
@@ -1190,6 +1203,7 @@ keel__model_kfac_stats(keel_model *m, const keel_batch *batch, keel__rng *rng,
     kfac_sink sink = { accumulate, A, G };
     if ((st = check_batch(m, batch, "K-FAC statistics")) != KEEL_OK)
         return st;
+    m->last_io = 0;
     buf = m->buf[0];
     k_out = m->l[m->nl - 1].dout;
     for (size_t lo = 0; lo < batch->n; lo += m->piece) {
@@ -1206,6 +1220,28 @@ keel__model_kfac_stats(keel_model *m, const keel_batch *batch, keel__rng *rng,
         sink.accumulate = 1;
     }
     return KEEL_OK;
+}
+
+int
+keel__model_step_io(const keel_model *m, const keel_batch *batch, int f,
+                    const keel_grads **grads, const float **in,
+                    const float **dy)
+{
+    int k = 0;
+    if (m == NULL || batch == NULL || !m->last_io || batch->x != m->last_x ||
+        batch->n != m->last_n)
+        return 0;
+    for (int i = 0; i < m->nl; i++) {
+        if (m->l[i].w == NULL || k++ != f)
+            continue;
+        if (m->l[i].kind != L_DENSE)
+            return 0;
+        *grads = m->last_grads;
+        *in = i > 0 ? m->buf[0][i - 1].y : batch->x;
+        *dy = m->buf[0][i].dy;
+        return 1;
+    }
+    return 0;
 }
 
 size_t

@@ -287,13 +287,28 @@ keel_status keel__model_kfac_stats(keel_model *m, const keel_batch *b,
                                    keel__rng *rng, int32_t *targets,
                                    int accumulate, float *const *A,
                                    float *const *G);
+/* What the last call of m computed, when it was keel_model_step of batch
+ * (the same x pointer and n) as one piece (a dense-only model and n at
+ * most its piece): 1, the gradients it wrote in *grads, and for the f-th
+ * layer with parameters (a dense one) its input rows in *in (n x a_dim - 1,
+ * the caller's batch for the first layer) and the gradient of the step's
+ * loss at its pre-activation outputs in *dy (n x g_dim): the layer's
+ * gradient is [in, 1]^T dy. Borrowed, valid until the next call of m.
+ * 0 otherwise (nothing set). */
+int keel__model_step_io(const keel_model *m, const keel_batch *batch, int f,
+                        const keel_grads **grads, const float **in,
+                        const float **dy);
 
 /* kfac.c, for tests: pi of the i-th layer's last inversion (0 if none),
- * its last preconditioned matrix (a_dim x g_dim: F^-1 of the gradient, or
- * of the velocity with adam momentum; before clipping and the learning
- * rate) and the targets of the last observed batch (all borrowed). */
+ * its last preconditioned matrix (copied to out, a_dim x g_dim: F^-1 of
+ * the gradient, or of the velocity with adam momentum; before clipping and
+ * the learning rate; i must be a layer) and the targets of the last
+ * observed batch (borrowed). */
 double keel__kfac_pi(const keel_kfac *k, int i);
-const float *keel__kfac_precond(const keel_kfac *k, int i);
+/* kfac.c, for tests: the layers (bit i) whose update of the last
+ * keel_kfac_apply was formed from the observed batch (model_grads). */
+uint64_t keel__kfac_factored(const keel_kfac *k);
+void keel__kfac_precond(const keel_kfac *k, int i, float *out);
 const int32_t *keel__kfac_targets(const keel_kfac *k);
 
 /* model.c: index of name among n names, or KEEL_EINVAL listing them. */
