@@ -72,7 +72,12 @@ struct keel_kfac {
     int64_t obs_step;             /* of the last keel_kfac_observe */
     size_t cap_n;
     const keel_grads *cap_grads;
-    keel_var *ema_var;            /* "kfac/ema_weight" */
+    keel_var *flag_var;           /* the first layer's bias: its slot
+                                   * "precond_valid" (every element 1:
+                                   * the precond slots hold F^-1 v for the
+                                   * store's inverses and velocity) rides
+                                   * on a trainable variable, so every
+                                   * mode's chief commits it */
     uint64_t factored;            /* the last apply's layers (bit i) that
                                    * took the factored update */
 };
@@ -327,11 +332,11 @@ keel_kfac_new(const keel_kfac_config *cfg, keel_model *m, keel_vars *vs,
         k->Gp[i] = k->l[i].Gsum;
     }
     st = state_var(vs, "kfac", "ema_weight", 0, NULL, &k->ema_w);
-    k->ema_var = keel_vars_find(vs, "kfac/ema_weight");
+    k->flag_var = k->l[0].info.b;
     if (st == KEEL_OK && cfg->model_grads &&
         cfg->momentum_type == KEEL_KFAC_MOMENTUM_ADAM)
-        st = keel_var_add_slot(k->ema_var, "precond_valid", &(keel_tensor *){
-                                   NULL });
+        st = keel_var_add_slot(k->flag_var, "precond_valid",
+                               &(keel_tensor *){ NULL });
     if (st != KEEL_OK) {
         keel_kfac_free(k);
         return st;
@@ -419,7 +424,8 @@ kfac_observe_fp(keel_kfac *k, keel_vars *vs, const keel_batch *batch,
     st = keel__model_kfac_stats(k->m, batch,
                                 k->cfg.estimation == KEEL_KFAC_GRADIENTS
                                     ? &k->rng : NULL,
-                                k->targets, k->pending > 0, k->Ap, k->Gp);
+                                k->targets, k->pending > 0,
+                                k->cfg.model_grads, k->Ap, k->Gp);
     KEEL__PROF_END(kfac_stats_ns);
     if (st != KEEL_OK)
         return keel__wrap(st, "K-FAC observe");
@@ -523,6 +529,13 @@ invert_layer(const keel_kfac *k, kf_layer *L, const float *A, const float *G,
         st = damped_inverse(G, g, w, (float)(sqrt(lam) / pi),
                             L->Ginv_new, L->scope, "G");
     return st;
+}
+
+static void
+set_all(keel_tensor *t, float v)
+{
+    for (size_t i = 0; i < t->count; i++)
+        t->data[i] = v;
 }
 
 /* s + <x, y>, summed in double in index order. */
@@ -669,7 +682,7 @@ kfac_apply_fp(keel_kfac *k, keel_vars *vs, keel_grads *grads,
     fact = k->cfg.model_grads && !k->update_only &&
            k->cap_step == global_step && grads == k->cap_grads;
     k->cap_step = -1;
-    valid = keel_var_slot(k->ema_var, "precond_valid");
+    valid = keel_var_slot(k->flag_var, "precond_valid");
     k->factored = 0;
     cont = fact && !invert && valid != NULL && valid->data[0] == 1.0f;
     lrd = keel_lr_at(&k->cfg.schedule, global_step);
@@ -710,9 +723,9 @@ kfac_apply_fp(keel_kfac *k, keel_vars *vs, keel_grads *grads,
     /* the precond slots now hold F^-1 v for the store's inverses, except
      * after keel_kfac_apply_update, whose inverses others replace */
     if (valid != NULL)
-        valid->data[0] = k->cfg.model_grads && !k->update_only &&
-                         k->cfg.momentum_type == KEEL_KFAC_MOMENTUM_ADAM &&
-                         k->l[0].pw != NULL ? 1.0f : 0.0f;
+        set_all(valid, k->cfg.model_grads && !k->update_only &&
+                           k->cfg.momentum_type == KEEL_KFAC_MOMENTUM_ADAM &&
+                           k->l[0].pw != NULL ? 1.0f : 0.0f);
     if (k->cfg.norm_constraint > 0.0 && s > 0.0 && lrd > 0.0) {
         double r = sqrt(k->cfg.norm_constraint / (lrd * lrd * s));
         c = r < 1.0 ? (float)r : 1.0f;
@@ -863,9 +876,9 @@ kfac_invert_layer_fp(keel_kfac *k, int i)
     if (st != KEEL_OK)
         return st;
     {
-        keel_tensor *valid = keel_var_slot(k->ema_var, "precond_valid");
+        keel_tensor *valid = keel_var_slot(k->flag_var, "precond_valid");
         if (valid != NULL)
-            valid->data[0] = 0.0f;
+            set_all(valid, 0.0f);
     }
     memcpy(L->Ainv->data, L->Ainv_new, a * a * sizeof(float));
     memcpy(L->Ginv->data, L->Ginv_new, g * g * sizeof(float));

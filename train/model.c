@@ -1194,15 +1194,20 @@ kfac_targets(const float *logits, size_t n, size_t k, const int32_t *labels,
 
 keel_status
 keel__model_kfac_stats(keel_model *m, const keel_batch *batch, keel__rng *rng,
-                       int32_t *targets, int accumulate, float *const *A,
-                       float *const *G)
+                       int32_t *targets, int accumulate, int after_step,
+                       float *const *A, float *const *G)
 {
     keel_status st;
     lbuf *buf;
     size_t k_out;
     kfac_sink sink = { accumulate, A, G };
+    int have_fwd;
     if ((st = check_batch(m, batch, "K-FAC statistics")) != KEEL_OK)
         return st;
+    /* the step's one piece left every layer's activations in buf[0]
+     * (its backward writes only the gradients) */
+    have_fwd = after_step && m->last_io && batch->x == m->last_x &&
+               batch->n == m->last_n;
     m->last_io = 0;
     buf = m->buf[0];
     k_out = m->l[m->nl - 1].dout;
@@ -1211,7 +1216,8 @@ keel__model_kfac_stats(keel_model *m, const keel_batch *batch, keel__rng *rng,
         const float *x = batch->x + lo * m->l[0].in_size;
         double loss = 0.0;
         int64_t correct = 0;
-        forward(m, buf, x, n);
+        if (!have_fwd)
+            forward(m, buf, x, n);
         kfac_targets(buf[m->nl - 1].y, n, k_out, batch->y + lo, rng,
                      targets + lo);
         keel__softmax_xent(buf[m->nl - 1].y, targets + lo, n, k_out, 1.0f,

@@ -274,7 +274,10 @@ typedef struct keel__kfac_layer {
  * and returns how many there are. */
 int keel__model_kfac_layers(const keel_model *m, keel__kfac_layer *out,
                             int max);
-/* K-FAC statistics of batch on the current variables: a forward pass,
+/* K-FAC statistics of batch on the current variables: a forward pass
+ * (none with after_step when the last call of m was keel_model_step of
+ * batch in one piece, keel__model_step_io, and the variables are as that
+ * step saw them: its activations are reused),
  * targets = the labels (rng NULL) or one draw per example from the model's
  * softmax (rng), written to targets[0..n), and a backward pass of
  * sum_b -log p(target_b | x_b) alone (no parameter gradients). For the k-th
@@ -285,8 +288,8 @@ int keel__model_kfac_layers(const keel_model *m, keel__kfac_layer *out,
  * Runs on the calling thread, in the model's fixed pieces. */
 keel_status keel__model_kfac_stats(keel_model *m, const keel_batch *b,
                                    keel__rng *rng, int32_t *targets,
-                                   int accumulate, float *const *A,
-                                   float *const *G);
+                                   int accumulate, int after_step,
+                                   float *const *A, float *const *G);
 /* What the last call of m computed, when it was keel_model_step of batch
  * (the same x pointer and n) as one piece (a dense-only model and n at
  * most its piece): 1, the gradients it wrote in *grads, and for the f-th

@@ -256,18 +256,21 @@ typedef struct keel_kfac_config {
     int64_t cov_update_every;      /* steps between factor updates; 1. The
                                     * EMA decay per update is then
                                     * cov_ema_decay^cov_update_every */
-    int model_grads;               /* 1: every keel_kfac_apply gets, unchanged,
-                                    * the gradients keel_model_step wrote
-                                    * (onto zero) for the batch then given
-                                    * to keel_kfac_observe once (no added
-                                    * term, no aggregation: keel train in
-                                    * one process). A dense layer's update
-                                    * may then be formed from that batch's
-                                    * activations, fewer flops for a batch
-                                    * smaller than the layer (docs/kfac.md);
-                                    * with adam momentum it adds the
-                                    * "precond" slots. 0 (default): from
-                                    * the gradients alone. */
+    int model_grads;               /* 1: each step is keel_model_step of a
+                                    * batch onto zeroed gradients, then
+                                    * keel_kfac_observe of that batch once
+                                    * with the variables unchanged, then
+                                    * keel_kfac_apply of those gradients
+                                    * unchanged (no added term, no
+                                    * aggregation: keel train in one
+                                    * process). The statistics then reuse
+                                    * the step's forward pass, and a dense
+                                    * layer's update may be formed from
+                                    * the batch's activations (fewer flops
+                                    * for a batch smaller than the layer;
+                                    * docs/kfac.md); with adam momentum it
+                                    * adds the "precond" slots. 0 (default):
+                                    * none of that is assumed. */
 } keel_kfac_config;
 
 typedef struct keel_kfac keel_kfac;
