@@ -7,7 +7,10 @@
  * kept as zero-debiased EMAs, inverted with factored Tikhonov damping (the
  * trace-norm pi) every invert_every steps with LAPACK's Cholesky
  * (spotrf + spotri), and the update F^-1 g = A^-1 g G^-1 / locations with
- * regular or adam momentum and the KL-norm constraint (docs/kfac.md).
+ * regular or adam momentum and the KL-norm constraint (docs/kfac.md); with
+ * model_grads, a dense layer's F^-1 g from the step's batch when that is
+ * cheaper, (X A^-1)^T (D G^-1), and adam's F^-1 v continued from the
+ * "precond" slots between inversions.
  * All state is variables and slots of the store: checkpointed as they are,
  * so a restored run continues bit for bit. */
 #include <config.h>
