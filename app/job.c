@@ -1430,30 +1430,580 @@ keel_job_options_init(keel_job_options *opts)
     KEEL__STRUCT_INIT(opts);
 }
 
-keel_status
-keel_job_train(const keel_config *cfg, const keel_job_options *opts,
-               keel_job_result *result)
-{
-    const keel_cluster_spec *spec = opts ? opts->cluster : NULL;
-    int in_cluster = spec != NULL && !keel_cluster_spec_is_local(spec);
-    int is_chief = 1, replica = 0, replicas = 1, is_mwm = 0;
-    keel_cluster_backend *worker = NULL;
-    keel_collective *coll = NULL;
+/* What the steps of one keel_job_train share. It lives on that call's
+ * stack: the hooks, the session and the backend hold pointers into it. */
+typedef struct train_run {
+    const keel_config *cfg;
+    const keel_job_options *opts;        /* borrowed; may be NULL */
+    keel_job_result *result;             /* borrowed; may be NULL */
+    const keel_cluster_spec *spec;       /* opts' cluster, or NULL */
+    int in_cluster, is_chief, replica, replicas, is_mwm;
+    int is_ps;                           /* a ps task: run_ps serves it */
+    keel_strategy strategy;
+    keel_cluster_backend *worker;
+    keel_collective *coll;
     keel_backend backend;
     job j;
     keel_training_config tc;
     keel_scaffold sc;
-    keel_hook hooks[5], chief_hooks[3], nan, *ch;
+    keel_hook hooks[5], chief_hooks[3], nan;
+    size_t n_hooks, n_chief_hooks;
+    int has_nan;
+} train_run;
+
+/* Resolve train.strategy against r->in_cluster into r->strategy and
+ * r->is_mwm; refuse a strategy (or K-FAC's mode) this process cannot
+ * run. Acquires nothing. */
+static keel_status
+train_strategy(train_run *r)
+{
+    const keel_config *cfg = r->cfg;
+    keel_status st;
+
+    st = keel_strategy_from_name(keel_config_str(cfg, "train.strategy"),
+                                 &r->strategy);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "train.strategy");
+    r->strategy = keel_strategy_resolve(r->strategy, r->in_cluster);
+    r->is_mwm = r->strategy == KEEL_STRATEGY_MULTI_WORKER_MIRRORED;
+    if (r->is_mwm && (st = mwm_check(cfg, r->in_cluster)) != KEEL_OK)
+        return st;
+    if (r->strategy == KEEL_STRATEGY_PARAMETER_SERVER && !r->in_cluster)
+        return keel__fail(KEEL_EINVAL, "train.strategy = parameter_server "
+                          "(%s) needs a cluster (TF_CONFIG, Slurm, [cluster] "
+                          "or keel launch --ps N --workers M), and this "
+                          "process has none; use one_device, mirrored or "
+                          "auto", keel_config_origin(cfg, "train.strategy"));
+    if (r->strategy != KEEL_STRATEGY_PARAMETER_SERVER && !r->is_mwm &&
+        r->in_cluster)
+        return keel__fail(KEEL_EINVAL, "train.strategy = %s (%s) trains in "
+                          "one process, but this process is %s %d of a "
+                          "cluster; use parameter_server (or auto) there",
+                          keel_strategy_name(r->strategy),
+                          keel_config_origin(cfg, "train.strategy"),
+                          keel_task_type_name(
+                              keel_cluster_spec_task_type(r->spec)),
+                          keel_cluster_spec_task_index(r->spec));
+    /* algorithm.name other than sync is refused by keel_config_validate */
+    if (r->in_cluster &&
+        strcmp(keel_config_str(cfg, "optimizer.name"), "kfac") == 0 &&
+        keel_cluster_spec_mode(r->spec) != KEEL_CLUSTER_SYNC &&
+        !keel_config_is_set(cfg, "algorithm.name"))
+        return keel__fail(KEEL_EINVAL, "optimizer.name = kfac in a cluster "
+                          "needs sync mode (cluster.mode = sync): the chief "
+                          "applies each step's K-FAC update (docs/kfac.md)");
+    return KEEL_OK;
+}
+
+/* A cluster task's role: sets r->is_ps for a ps task (and looks no
+ * further), else r->is_chief, r->replica and r->replicas of a chief or
+ * worker; refuses other task types and a cluster without a ps. */
+static keel_status
+train_cluster_role(train_run *r)
+{
+    const keel_cluster_spec *spec = r->spec;
+    keel_task_type t = keel_cluster_spec_task_type(spec);
+    keel_status st;
+
+    if ((st = keel_cluster_spec_validate(spec)) != KEEL_OK)
+        return st;
+    if (t == KEEL_TASK_PS) {
+        r->is_ps = 1;
+        return KEEL_OK;
+    }
+    if (t != KEEL_TASK_CHIEF && t != KEEL_TASK_WORKER)
+        return keel__fail(KEEL_EINVAL, "train: task type %s does not "
+                          "train (use chief, worker or ps)",
+                          keel_task_type_name(t));
+    if (keel_cluster_spec_num_tasks(spec, KEEL_TASK_PS) == 0)
+        return keel__fail(KEEL_EINVAL, "train: the cluster has no ps "
+                          "task (parameter-server training needs at "
+                          "least one)");
+    r->is_chief = keel_cluster_spec_is_chief(spec);
+    r->replicas = keel_cluster_spec_num_replicas(spec);
+    r->replica = t == KEEL_TASK_CHIEF ? 0
+        : keel_cluster_spec_task_index(spec) +
+          (keel_cluster_spec_num_tasks(spec, KEEL_TASK_CHIEF) > 0);
+    return KEEL_OK;
+}
+
+/* multi_worker_mirrored: start the collective in r->coll (the caller
+ * frees it, on failure too) and take this process's rank, the number of
+ * ranks and the chief role from it. */
+static keel_status
+train_ranks(train_run *r)
+{
+    keel_updater up;
+    keel_status st;
+
+    /* the ranks before the data: a rank's slice is its rank's part */
+    up.ctx = &r->j;
+    up.apply = job_apply;
+    st = keel_collective_new(&up, &r->coll);
+    if (st != KEEL_OK)
+        return st;
+    r->replica = keel_collective_rank(r->coll);
+    r->replicas = keel_collective_size(r->coll);
+    r->is_chief = r->replica == 0;
+    return mwm_check_ranks(r->cfg, r->replicas);
+}
+
+/* Build r->j (model, data, optimizer) for this replica and its update
+ * rule; on failure the caller frees r->j. */
+static keel_status
+train_build_job(train_run *r)
+{
+    const keel_config *cfg = r->cfg;
+    keel_status st;
+
+    st = job_build(&r->j, cfg, r->replica, r->replicas,
+                   !r->in_cluster && !r->is_mwm &&
+                   strcmp(keel_config_str(cfg, "algorithm.name"),
+                          "hogwild") == 0, !r->in_cluster && !r->is_mwm);
+    if (st == KEEL_OK)
+        st = job_rule(&r->j, r->in_cluster ? r->spec : NULL);
+    if (st == KEEL_OK && r->is_mwm)
+        snprintf(r->j.topology, sizeof r->j.topology,
+                 "multi_worker_mirrored ranks=%d batch=%lld leaves=%lld",
+                 r->replicas, (long long)r->j.global_batch,
+                 (long long)keel_config_int(cfg, "train.leaves"));
+    return st;
+}
+
+/* Set up the signal handlers, the collective and the job. On failure
+ * nothing is left held (train_free must not run); on success train_free
+ * releases them. */
+static keel_status
+train_start(train_run *r)
+{
+    int signals = r->opts != NULL && r->opts->handle_signals;
+    int built = 0;
+    keel_status st = KEEL_OK;
+
+    /* Before loading the data: a SIGTERM during start-up then ends the run
+     * cleanly (a chief with its checkpoint) instead of killing it. */
+    if (signals && (st = keel_session_install_signal_handlers()) != KEEL_OK)
+        return st;
+    if (r->is_mwm)
+        st = train_ranks(r);
+    if (st == KEEL_OK) {
+        built = 1;
+        st = train_build_job(r);
+    }
+    if (st != KEEL_OK) {
+        keel_collective_free(r->coll);
+        if (built)
+            job_free(&r->j);
+        if (signals)
+            keel_session_uninstall_signal_handlers();
+        return st;
+    }
+    if (r->opts != NULL)
+        r->j.opts = *r->opts;
+    return KEEL_OK;
+}
+
+/* The hooks every replica runs: feed, stop at train.max_steps, a
+ * worker's NaN check, the profiler (r->hooks[0..r->n_hooks)); the NaN
+ * hook in r->nan (r->has_nan). What it made train_free releases. */
+static keel_status
+train_step_hooks(train_run *r)
+{
+    const keel_config *cfg = r->cfg;
     keel_feed_fn_hook_config feed_cfg;
     keel_stop_at_step_hook_config stop_cfg;
     keel_nan_hook_config nan_cfg;
     keel_profiler_hook_config prof_cfg;
-    size_t n_hooks = 0;
-    int has_nan = 0;
+    int64_t max_steps, every;
+    keel_status st;
+
+    keel_feed_fn_hook_config_init(&feed_cfg);
+    feed_cfg.fn = job_feed;
+    feed_cfg.ctx = &r->j;
+    st = keel_feed_fn_hook_new(&feed_cfg, &r->hooks[r->n_hooks]);
+    if (st == KEEL_OK)
+        r->n_hooks++;
+    max_steps = keel_config_int(cfg, "train.max_steps");
+    if (st == KEEL_OK && max_steps > 0) {
+        keel_stop_at_step_hook_config_init(&stop_cfg);
+        stop_cfg.last_step = max_steps;
+        st = keel_stop_at_step_hook_new(&stop_cfg, &r->hooks[r->n_hooks]);
+        if (st == KEEL_OK)
+            r->n_hooks++;
+    }
+    if (st == KEEL_OK && keel_config_bool(cfg, "hooks.nan_check")) {
+        keel_nan_hook_config_init(&nan_cfg);
+        nan_cfg.fail_on_inf = keel_config_bool(cfg, "hooks.inf_check");
+        st = keel_nan_hook_new(&nan_cfg, &r->nan);
+        r->has_nan = st == KEEL_OK;
+        /* A worker checks among its hooks; the chief before its saver
+         * (chief-only hooks run first), so that the step whose loss is
+         * NaN fails before a checkpoint of its update is written. */
+        if (r->has_nan && !r->is_chief)
+            r->hooks[r->n_hooks++] = r->nan;
+    }
+    every = keel_config_int(cfg, "hooks.profile_steps");
+    if (st == KEEL_OK && every > 0) {
+        keel_profiler_hook_config_init(&prof_cfg);
+        prof_cfg.save_steps = every;
+        prof_cfg.output_dir = keel_config_str(cfg, "checkpoint.dir");
+        st = keel_profiler_hook_new(&prof_cfg, &r->hooks[r->n_hooks]);
+        if (st == KEEL_OK)
+            r->n_hooks++;
+    }
+    return st;
+}
+
+/* The chief-only hooks (the chief's NaN check first, before its saver;
+ * progress; epoch_end) in r->chief_hooks, the job's epoch settings and,
+ * with train.validate_every_epochs, the chief's validator and its event
+ * file. Takes st, the status so far: builds the validator only on OK. */
+static keel_status
+train_chief_hooks(train_run *r, keel_status st)
+{
+    const keel_config *cfg = r->cfg;
+    job *j = &r->j;
+    keel_hook *ch = r->chief_hooks;
+
+    if (r->has_nan && r->is_chief)
+        *ch++ = r->nan;
+    ch[0].struct_size = sizeof ch[0];
+    ch[0].name = "progress";
+    ch[0].ctx = j;
+    ch[0].before_run = progress_before_run;
+    ch[0].after_run = progress_after_run;
+    ch[1].struct_size = sizeof ch[1];
+    ch[1].name = "epoch_end";
+    ch[1].ctx = j;
+    ch[1].before_run = progress_before_run;
+    ch[1].after_run = epoch_after_run;
+    r->n_chief_hooks = (size_t)(ch - r->chief_hooks) + 2;
+    j->save_epochs = keel_config_int(cfg, "checkpoint.save_epochs");
+    j->validate_epochs = keel_config_int(cfg, "train.validate_every_epochs");
+    j->examples_per_gstep = j->rule_sync ? j->global_batch
+        : j->global_batch / r->replicas;
+    /* local steps: each replica's own mean gradient */
+    j->local_norm = !j->opt_slots;
+    if (st == KEEL_OK && r->is_chief && j->validate_epochs > 0) {
+        char vdir[KEEL_PATH_MAX];
+        st = keel__validator_new(cfg, &j->validator);
+        if (st == KEEL_OK)
+            st = keel__path_join(vdir, sizeof vdir,
+                                 keel_config_str(cfg, "checkpoint.dir"),
+                                 "validation");
+        if (st == KEEL_OK)
+            st = keel__fs_mkdirs(vdir);
+        if (st == KEEL_OK)
+            st = keel_events_open(vdir, NULL, &j->val_events);
+    }
+    return st;
+}
+
+/* Build the hooks: the mirrored replicas' models, the step hooks and the
+ * chief's. What it made train_free releases. */
+static keel_status
+train_hooks(train_run *r)
+{
+    keel_status st;
+
+    if (r->strategy == KEEL_STRATEGY_MIRRORED &&
+        (st = mirrored_build(&r->j, r->cfg)) != KEEL_OK)
+        return st;
+    st = train_step_hooks(r);
+    return train_chief_hooks(r, st);
+}
+
+/* A K-FAC job in a cluster: its replicas and, with distributed roles,
+ * this replica's role (gradient, covariance or inverse worker) in
+ * r->j.kfac_role and r->j.kdist (which job_free frees). */
+static keel_status
+train_kfac_roles(train_run *r)
+{
+    const keel_config *cfg = r->cfg;
+    job *j = &r->j;
+    int counts[3] = { 0, 0, 0 }, index = 0;
+    keel_status st;
+
+    st = kfac_replicas(cfg, r->replicas, j);
+    if (st == KEEL_OK && keel__kfac_dist_roles(cfg))
+        st = keel__kfac_dist_role(cfg, r->replica, r->replicas,
+                                  &j->kfac_role, &index, counts);
+    if (st == KEEL_OK && keel__kfac_dist_roles(cfg)) {
+        st = keel__kfac_dist_new(cfg, j->kfac, j->vs, j->kfac_role, index,
+                                 counts[j->kfac_role], &j->kdist);
+        j->kfac_observes = j->kfac_role == 1;
+        keel__log(KEEL_LOG_INFO, "K-FAC roles: this replica (%d of %d) "
+                  "is %s worker %d (%d gradient, %d covariance, %d "
+                  "inverse)", r->replica, r->replicas,
+                  keel__kfac_role_name(j->kfac_role), index, counts[0],
+                  counts[1], counts[2]);
+    }
+    return st;
+}
+
+/* Refuse a train.micro_batch that does not split each replica's part of
+ * the batch into at most 64 equal micro-batches (not for
+ * multi_worker_mirrored, whose micro-batches are its leaves). */
+static keel_status
+train_micro_check(const train_run *r)
+{
+    const job *j = &r->j;
+    int64_t slice;
+
+    if (j->micro <= 0 || r->is_mwm)
+        return KEEL_OK;
+    slice = j->global_batch / r->replicas;
+    if (j->global_batch % r->replicas != 0 || slice % j->micro != 0 ||
+        slice / j->micro > 64)
+        return keel__fail(KEEL_EINVAL, "train.micro_batch = %lld: each "
+                          "of the %d replicas' %lld-example part of "
+                          "train.batch_size = %lld must be a multiple of "
+                          "it, at most 64 micro-batches",
+                          (long long)j->micro, r->replicas,
+                          (long long)slice, (long long)j->global_batch);
+    return KEEL_OK;
+}
+
+/* multi_worker_mirrored: train.leaves are this rank's leaves, each
+ * computed alone (the micro-batch path) and summed along the
+ * collective's tree; the session runs over the collective's backend. */
+static keel_status
+train_mwm_backend(train_run *r)
+{
+    job *j = &r->j;
+    int64_t leaves = keel_config_int(r->cfg, "train.leaves");
+    keel_status st;
+
+    j->micro = j->global_batch / leaves;
+    if ((st = alloc_micro(j, (int)(leaves / r->replicas))) != KEEL_OK ||
+        (st = keel_collective_set_leaves(r->coll, j->micro_g, j->n_micro)) !=
+        KEEL_OK)
+        return st;
+    keel_collective_get_backend(r->coll, &r->backend);
+    replica_session(j, &r->tc, &r->backend, r->hooks, r->n_hooks,
+                    r->is_chief);
+    return KEEL_OK;
+}
+
+/* A cluster's chief or worker: the cluster through the public seam
+ * (keel/distributed.h) in r->worker (which train_free frees); the
+ * backend pulls before the chief's checkpoints and stops the ps when the
+ * chief's session ends cleanly. */
+static keel_status
+train_cluster_backend(train_run *r)
+{
+    job *j = &r->j;
+    keel_cluster_options o;
+    keel_status st;
+
+    j->leaves = leaves_for(r->cfg, j, r->spec);
+    cluster_options_from(r->cfg, j, &o);
+    st = keel_cluster_backend_new(r->spec, j->vs, &o, &r->worker);
+    if (st != KEEL_OK)
+        return st;
+    j->worker = r->worker;
+    if (j->leaves > 0 &&
+        (st = tree_nodes_build(j, r->replica, r->replicas)) != KEEL_OK)
+        return st;
+    if (j->micro > 0) {
+        int k = (int)(j->global_batch / r->replicas / j->micro);
+        if ((st = alloc_micro(j, k)) != KEEL_OK ||
+            (st = keel_cluster_backend_set_micro(r->worker, j->micro_g,
+                                                 j->n_micro)) != KEEL_OK)
+            return st;
+    }
+    keel_cluster_backend_get(r->worker, &r->backend);
+    if (j->kdist != NULL) {
+        keel__kfac_dist_set_backend(j->kdist, r->worker);
+        if (j->kfac_role != 0) {     /* statistics or inverses, no push */
+            r->backend.updater.ctx = j->kdist;
+            r->backend.updater.apply = keel__kfac_dist_role_apply;
+        }
+    }
+    replica_session(j, &r->tc, &r->backend, r->hooks, r->n_hooks,
+                    r->is_chief);
+    return KEEL_OK;
+}
+
+/* Fill r->tc and r->sc, the training session's settings: the config's,
+ * the hooks, K-FAC's roles, the micro-batches and the backend of a
+ * collective or a cluster. */
+static keel_status
+train_session_config(train_run *r)
+{
+    const keel_config *cfg = r->cfg;
+    job *j = &r->j;
+    keel_status st;
+
+    session_config_from(cfg, j, &r->sc, &r->tc);
+    /* one process: job_step zeroes the gradients unless job_apply left
+     * them zero (a replica pushes them and the session zeroes them) */
+    j->own_zeroing = !r->in_cluster && j->replicas <= 1;
+    j->kfac_observes = r->is_chief;
+    if (r->in_cluster && j->kfac != NULL &&
+        (st = train_kfac_roles(r)) != KEEL_OK)
+        return st;
+    r->tc.session.skip_grad_zeroing = j->own_zeroing;
+    r->tc.session.hooks = r->hooks;
+    r->tc.session.n_hooks = r->n_hooks;
+    r->tc.chief_only_hooks = r->chief_hooks;
+    r->tc.n_chief_only_hooks = r->n_chief_hooks;
+    r->tc.strategy = r->strategy;
+    j->micro = keel_config_int(cfg, "train.micro_batch");
+    if ((st = train_micro_check(r)) != KEEL_OK)
+        return st;
+    if (r->is_mwm && (st = train_mwm_backend(r)) != KEEL_OK)
+        return st;
+    if (r->in_cluster && (st = train_cluster_backend(r)) != KEEL_OK)
+        return st;
+    if (r->in_cluster || r->is_mwm) {
+        r->tc.session.max_wait_secs =
+            keel_config_double(cfg, "cluster.max_wait_secs");
+        r->tc.session.stop_grace_period_secs =
+            keel_config_double(cfg, "cluster.stop_grace_secs");
+    }
+    return KEEL_OK;
+}
+
+/* Open the training session in *out (caller owns). KEEL_OK with *out
+ * NULL is a clean end with nothing to train: a worker whose chief
+ * already finished, or a signal before training started. */
+static keel_status
+train_open(train_run *r, keel_session **out)
+{
     keel_session *s = NULL;
+    keel_status st;
+
+    *out = NULL;
+    if (r->tc.session.checkpoint_dir != NULL &&
+        (st = keel__fs_mkdirs(r->tc.session.checkpoint_dir)) != KEEL_OK)
+        return st;
+    st = keel_training_session_new(&r->tc, &s);
+    if (st == KEEL_EOUTOFRANGE && r->in_cluster && !r->is_chief) {
+        /* the chief finished and shut the ps down before we joined */
+        keel__log(KEEL_LOG_INFO, "training already finished: %s",
+                  keel_last_error());
+        return KEEL_OK;
+    }
+    if (st == KEEL_ECANCELLED && keel_session_signal_received()) {
+        /* SIGTERM while waiting for the chief or the ps: nothing trained,
+         * nothing to save; a clean stop, like one in mid-run */
+        keel__log(KEEL_LOG_INFO, "signal %d received before training "
+                  "started: stopping (%s)", keel_session_signal_received(),
+                  keel_last_error());
+        if (r->result != NULL)
+            r->result->end_reason = (int)KEEL_END_SIGNAL;
+        return KEEL_OK;
+    }
+    if (st == KEEL_OK)
+        *out = s;
+    return st;
+}
+
+/* Before the run loop: the planned last step, the resume log line, the
+ * result's start and the progress clocks. Cannot fail. */
+static void
+train_begin(train_run *r, const keel_session *s)
+{
+    job *j = &r->j;
+
+    j->last_step = planned_last_step(j);
+    if (j->restored)
+        keel__log(KEEL_LOG_INFO, "resumed from %s at step %lld",
+                  j->restored_from, (long long)keel_session_global_step(s));
+    if (r->result != NULL) {
+        r->result->start_step = keel_session_global_step(s);
+        r->result->restored = j->restored;
+        snprintf(r->result->restored_from, sizeof r->result->restored_from,
+                 "%s", j->restored_from);
+    }
+    j->t0_ns = j->last_report_ns = keel__now_mono_ns();
+    j->last_report_gstep = keel_session_global_step(s);
+    if (j->steps_per_epoch > 0)
+        j->epoch_done = j->last_report_gstep / j->steps_per_epoch;
+}
+
+/* After the run loop: the result's figures, the end check (the chief or
+ * the one process must have reached the planned end; reached is the
+ * step this replica stopped at) and the log line. Takes st, the run's
+ * status so far, and returns the final one. */
+static keel_status
+train_end(train_run *r, const keel_session *s, int64_t reached,
+          keel_status st)
+{
+    const job *j = &r->j;
+    keel_job_result *result = r->result;
+
+    if (result != NULL) {
+        result->final_step = keel_session_global_step(s);
+        result->examples = j->examples;
+        result->cluster_examples = (result->final_step - result->start_step)
+                                   * j->examples_per_gstep;
+        result->seconds = (keel__now_mono_ns() - j->t0_ns) / 1e9;
+        result->end_reason = (int)keel_session_end_reason(s);
+    }
+    if (st == KEEL_OK && (!r->in_cluster || r->is_chief))
+        st = check_reached_end(j, s, reached);
+    if (st == KEEL_OK && keel_session_global_step(s) < reached)
+        keel__log(KEEL_LOG_INFO, "training ended (%s) at step %lld (the "
+                  "parameter servers' committed steps; this replica "
+                  "stopped at step %lld)",
+                  keel_end_reason_name(keel_session_end_reason(s)),
+                  (long long)keel_session_global_step(s), (long long)reached);
+    else if (st == KEEL_OK)
+        keel__log(KEEL_LOG_INFO, "training ended (%s) at step %lld",
+                  keel_end_reason_name(keel_session_end_reason(s)),
+                  (long long)keel_session_global_step(s));
+    return st;
+}
+
+/* The run loop over session s (takes ownership: closed and freed here),
+ * between train_begin and train_end. */
+static keel_status
+train_loop(train_run *r, keel_session *s)
+{
     keel_status st, cst;
-    int64_t max_steps, every, reached;
-    keel_strategy strategy = KEEL_STRATEGY_AUTO;
+    int64_t reached;
+
+    train_begin(r, s);
+    st = keel_session_train(s);
+    reached = keel_session_global_step(s);
+    if (r->j.own_step > reached) /* a sync local-step rule's chief pulled */
+        reached = r->j.own_step; /* the center before its final save */
+    cst = keel_session_close(s);
+    if (st == KEEL_OK)
+        st = cst;
+    st = train_end(r, s, reached, st);
+    keel_session_free(s);
+    return st;
+}
+
+/* Release what a started run holds, in reverse order: the cluster
+ * backend, the collective, the signal handlers, the hooks, the job.
+ * Cannot fail. */
+static void
+train_free(train_run *r)
+{
+    keel_cluster_backend_free(r->worker);
+    /* after the session: MPI_Finalize (or, after a failure, not: the
+     * launcher then ends the other ranks) */
+    keel_collective_free(r->coll);
+    if (r->j.opts.handle_signals)
+        keel_session_uninstall_signal_handlers();
+    for (size_t i = 0; i < r->n_hooks; i++)
+        keel_hook_release(&r->hooks[i]);
+    if (r->has_nan && r->is_chief)
+        keel_hook_release(&r->nan);
+    job_free(&r->j);
+}
+
+keel_status
+keel_job_train(const keel_config *cfg, const keel_job_options *opts,
+               keel_job_result *result)
+{
+    train_run r;
+    keel_session *s = NULL;
+    keel_status st;
 
     if (result != NULL)
         memset(result, 0, sizeof *result);
@@ -1465,349 +2015,29 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     st = keel_config_validate(cfg);
     if (st != KEEL_OK)
         return st;
-    st = keel_strategy_from_name(keel_config_str(cfg, "train.strategy"),
-                                 &strategy);
-    if (st != KEEL_OK)
-        return keel__wrap(st, "train.strategy");
-    strategy = keel_strategy_resolve(strategy, in_cluster);
-    is_mwm = strategy == KEEL_STRATEGY_MULTI_WORKER_MIRRORED;
-    if (is_mwm && (st = mwm_check(cfg, in_cluster)) != KEEL_OK)
+    memset(&r, 0, sizeof r);
+    r.cfg = cfg;
+    r.opts = opts;
+    r.result = result;
+    r.spec = opts ? opts->cluster : NULL;
+    r.in_cluster = r.spec != NULL && !keel_cluster_spec_is_local(r.spec);
+    r.is_chief = 1;
+    r.replicas = 1;
+    r.strategy = KEEL_STRATEGY_AUTO;
+    if ((st = train_strategy(&r)) != KEEL_OK ||
+        (r.in_cluster && (st = train_cluster_role(&r)) != KEEL_OK))
         return st;
-    if (strategy == KEEL_STRATEGY_PARAMETER_SERVER && !in_cluster)
-        return keel__fail(KEEL_EINVAL, "train.strategy = parameter_server "
-                          "(%s) needs a cluster (TF_CONFIG, Slurm, [cluster] "
-                          "or keel launch --ps N --workers M), and this "
-                          "process has none; use one_device, mirrored or "
-                          "auto", keel_config_origin(cfg, "train.strategy"));
-    if (strategy != KEEL_STRATEGY_PARAMETER_SERVER && !is_mwm && in_cluster)
-        return keel__fail(KEEL_EINVAL, "train.strategy = %s (%s) trains in "
-                          "one process, but this process is %s %d of a "
-                          "cluster; use parameter_server (or auto) there",
-                          keel_strategy_name(strategy),
-                          keel_config_origin(cfg, "train.strategy"),
-                          keel_task_type_name(
-                              keel_cluster_spec_task_type(spec)),
-                          keel_cluster_spec_task_index(spec));
-    /* algorithm.name other than sync is refused by keel_config_validate */
-    if (in_cluster &&
-        strcmp(keel_config_str(cfg, "optimizer.name"), "kfac") == 0 &&
-        keel_cluster_spec_mode(spec) != KEEL_CLUSTER_SYNC &&
-        !keel_config_is_set(cfg, "algorithm.name"))
-        return keel__fail(KEEL_EINVAL, "optimizer.name = kfac in a cluster "
-                          "needs sync mode (cluster.mode = sync): the chief "
-                          "applies each step's K-FAC update (docs/kfac.md)");
-    if (in_cluster) {
-        keel_task_type t = keel_cluster_spec_task_type(spec);
-        if ((st = keel_cluster_spec_validate(spec)) != KEEL_OK)
-            return st;
-        if (t == KEEL_TASK_PS)
-            return run_ps(cfg, spec, opts);
-        if (t != KEEL_TASK_CHIEF && t != KEEL_TASK_WORKER)
-            return keel__fail(KEEL_EINVAL, "train: task type %s does not "
-                              "train (use chief, worker or ps)",
-                              keel_task_type_name(t));
-        if (keel_cluster_spec_num_tasks(spec, KEEL_TASK_PS) == 0)
-            return keel__fail(KEEL_EINVAL, "train: the cluster has no ps "
-                              "task (parameter-server training needs at "
-                              "least one)");
-        is_chief = keel_cluster_spec_is_chief(spec);
-        replicas = keel_cluster_spec_num_replicas(spec);
-        replica = t == KEEL_TASK_CHIEF ? 0
-            : keel_cluster_spec_task_index(spec) +
-              (keel_cluster_spec_num_tasks(spec, KEEL_TASK_CHIEF) > 0);
-    }
-    /* Before loading the data: a SIGTERM during start-up then ends the run
-     * cleanly (a chief with its checkpoint) instead of killing it. */
-    if (opts != NULL && opts->handle_signals &&
-        (st = keel_session_install_signal_handlers()) != KEEL_OK)
+    if (r.is_ps)
+        return run_ps(cfg, r.spec, opts);
+    if ((st = train_start(&r)) != KEEL_OK)
         return st;
-    if (is_mwm) {
-        /* the ranks before the data: a rank's slice is its rank's part */
-        keel_updater up;
-        up.ctx = &j;
-        up.apply = job_apply;
-        st = keel_collective_new(&up, &coll);
-        if (st == KEEL_OK) {
-            replica = keel_collective_rank(coll);
-            replicas = keel_collective_size(coll);
-            is_chief = replica == 0;
-            st = mwm_check_ranks(cfg, replicas);
-        }
-        if (st != KEEL_OK) {
-            keel_collective_free(coll);
-            if (opts != NULL && opts->handle_signals)
-                keel_session_uninstall_signal_handlers();
-            return st;
-        }
-    }
-    st = job_build(&j, cfg, replica, replicas, !in_cluster && !is_mwm &&
-                   strcmp(keel_config_str(cfg, "algorithm.name"),
-                          "hogwild") == 0, !in_cluster && !is_mwm);
+    st = train_hooks(&r);
     if (st == KEEL_OK)
-        st = job_rule(&j, in_cluster ? spec : NULL);
-    if (st == KEEL_OK && is_mwm)
-        snprintf(j.topology, sizeof j.topology, "multi_worker_mirrored "
-                 "ranks=%d batch=%lld leaves=%lld", replicas,
-                 (long long)j.global_batch,
-                 (long long)keel_config_int(cfg, "train.leaves"));
-    if (st != KEEL_OK) {
-        keel_collective_free(coll);
-        job_free(&j);
-        if (opts != NULL && opts->handle_signals)
-            keel_session_uninstall_signal_handlers();
-        return st;
-    }
-    if (opts != NULL)
-        j.opts = *opts;
-    memset(hooks, 0, sizeof hooks);
-    if (strategy == KEEL_STRATEGY_MIRRORED) {
-        st = mirrored_build(&j, cfg);
-        if (st != KEEL_OK)
-            goto out;
-    }
-
-    keel_feed_fn_hook_config_init(&feed_cfg);
-    feed_cfg.fn = job_feed;
-    feed_cfg.ctx = &j;
-    st = keel_feed_fn_hook_new(&feed_cfg, &hooks[n_hooks]);
+        st = train_session_config(&r);
     if (st == KEEL_OK)
-        n_hooks++;
-    max_steps = keel_config_int(cfg, "train.max_steps");
-    if (st == KEEL_OK && max_steps > 0) {
-        keel_stop_at_step_hook_config_init(&stop_cfg);
-        stop_cfg.last_step = max_steps;
-        st = keel_stop_at_step_hook_new(&stop_cfg, &hooks[n_hooks]);
-        if (st == KEEL_OK)
-            n_hooks++;
-    }
-    memset(&nan, 0, sizeof nan);
-    if (st == KEEL_OK && keel_config_bool(cfg, "hooks.nan_check")) {
-        keel_nan_hook_config_init(&nan_cfg);
-        nan_cfg.fail_on_inf = keel_config_bool(cfg, "hooks.inf_check");
-        st = keel_nan_hook_new(&nan_cfg, &nan);
-        has_nan = st == KEEL_OK;
-        /* A worker checks among its hooks; the chief before its saver
-         * (chief-only hooks run first), so that the step whose loss is
-         * NaN fails before a checkpoint of its update is written. */
-        if (has_nan && !is_chief)
-            hooks[n_hooks++] = nan;
-    }
-    every = keel_config_int(cfg, "hooks.profile_steps");
-    if (st == KEEL_OK && every > 0) {
-        keel_profiler_hook_config_init(&prof_cfg);
-        prof_cfg.save_steps = every;
-        prof_cfg.output_dir = keel_config_str(cfg, "checkpoint.dir");
-        st = keel_profiler_hook_new(&prof_cfg, &hooks[n_hooks]);
-        if (st == KEEL_OK)
-            n_hooks++;
-    }
-    /* the chief's NaN check runs first, before its saver */
-    memset(chief_hooks, 0, sizeof chief_hooks);
-    ch = chief_hooks;
-    if (has_nan && is_chief)
-        *ch++ = nan;
-    ch[0].struct_size = sizeof ch[0];
-    ch[0].name = "progress";
-    ch[0].ctx = &j;
-    ch[0].before_run = progress_before_run;
-    ch[0].after_run = progress_after_run;
-    ch[1].struct_size = sizeof ch[1];
-    ch[1].name = "epoch_end";
-    ch[1].ctx = &j;
-    ch[1].before_run = progress_before_run;
-    ch[1].after_run = epoch_after_run;
-    j.save_epochs = keel_config_int(cfg, "checkpoint.save_epochs");
-    j.validate_epochs = keel_config_int(cfg, "train.validate_every_epochs");
-    j.examples_per_gstep = j.rule_sync ? j.global_batch
-        : j.global_batch / replicas;
-    /* local steps: each replica's own mean gradient */
-    j.local_norm = !j.opt_slots;
-    if (st == KEEL_OK && is_chief && j.validate_epochs > 0) {
-        char vdir[KEEL_PATH_MAX];
-        st = keel__validator_new(cfg, &j.validator);
-        if (st == KEEL_OK)
-            st = keel__path_join(vdir, sizeof vdir,
-                                 keel_config_str(cfg, "checkpoint.dir"),
-                                 "validation");
-        if (st == KEEL_OK)
-            st = keel__fs_mkdirs(vdir);
-        if (st == KEEL_OK)
-            st = keel_events_open(vdir, NULL, &j.val_events);
-    }
-    if (st != KEEL_OK)
-        goto out;
-
-    session_config_from(cfg, &j, &sc, &tc);
-    /* one process: job_step zeroes the gradients unless job_apply left
-     * them zero (a replica pushes them and the session zeroes them) */
-    j.own_zeroing = !in_cluster && j.replicas <= 1;
-    j.kfac_observes = is_chief;
-    if (in_cluster && j.kfac != NULL) {
-        int counts[3] = { 0, 0, 0 }, index = 0;
-        st = kfac_replicas(cfg, replicas, &j);
-        if (st == KEEL_OK && keel__kfac_dist_roles(cfg))
-            st = keel__kfac_dist_role(cfg, replica, replicas, &j.kfac_role,
-                                      &index, counts);
-        if (st == KEEL_OK && keel__kfac_dist_roles(cfg)) {
-            st = keel__kfac_dist_new(cfg, j.kfac, j.vs, j.kfac_role, index,
-                                     counts[j.kfac_role], &j.kdist);
-            j.kfac_observes = j.kfac_role == 1;
-            keel__log(KEEL_LOG_INFO, "K-FAC roles: this replica (%d of %d) "
-                      "is %s worker %d (%d gradient, %d covariance, %d "
-                      "inverse)", replica, replicas,
-                      keel__kfac_role_name(j.kfac_role), index, counts[0],
-                      counts[1], counts[2]);
-        }
-        if (st != KEEL_OK)
-            goto out;
-    }
-    tc.session.skip_grad_zeroing = j.own_zeroing;
-    tc.session.hooks = hooks;
-    tc.session.n_hooks = n_hooks;
-    tc.chief_only_hooks = chief_hooks;
-    tc.n_chief_only_hooks = (size_t)(ch - chief_hooks) + 2;
-    tc.strategy = strategy;
-    j.micro = keel_config_int(cfg, "train.micro_batch");
-    if (j.micro > 0 && !is_mwm) {
-        int64_t slice = j.global_batch / replicas;
-        if (j.global_batch % replicas != 0 || slice % j.micro != 0 ||
-            slice / j.micro > 64) {
-            st = keel__fail(KEEL_EINVAL, "train.micro_batch = %lld: each "
-                            "of the %d replicas' %lld-example part of "
-                            "train.batch_size = %lld must be a multiple of "
-                            "it, at most 64 micro-batches",
-                            (long long)j.micro, replicas,
-                            (long long)slice, (long long)j.global_batch);
-            goto out;
-        }
-    }
-    if (is_mwm) {
-        /* train.leaves: this rank's leaves, each computed alone (the
-         * micro-batch path) and summed along the collective's tree */
-        int64_t leaves = keel_config_int(cfg, "train.leaves");
-        j.micro = j.global_batch / leaves;
-        if ((st = alloc_micro(&j, (int)(leaves / replicas))) != KEEL_OK ||
-            (st = keel_collective_set_leaves(coll, j.micro_g, j.n_micro)) !=
-            KEEL_OK)
-            goto out;
-        keel_collective_get_backend(coll, &backend);
-        replica_session(&j, &tc, &backend, hooks, n_hooks, is_chief);
-    }
-    if (in_cluster) {
-        /* the cluster through the public seam (keel/distributed.h): the
-         * backend pulls before the chief's checkpoints and stops the ps
-         * when the chief's session ends cleanly */
-        keel_cluster_options o;
-        j.leaves = leaves_for(cfg, &j, spec);
-        cluster_options_from(cfg, &j, &o);
-        st = keel_cluster_backend_new(spec, j.vs, &o, &worker);
-        if (st != KEEL_OK)
-            goto out;
-        j.worker = worker;
-        if (j.leaves > 0 && (st = tree_nodes_build(&j, replica, replicas))
-            != KEEL_OK)
-            goto out;
-        if (j.micro > 0) {
-            int k = (int)(j.global_batch / replicas / j.micro);
-            if ((st = alloc_micro(&j, k)) != KEEL_OK ||
-                (st = keel_cluster_backend_set_micro(worker, j.micro_g,
-                                                     j.n_micro)) != KEEL_OK)
-                goto out;
-        }
-        keel_cluster_backend_get(worker, &backend);
-        if (j.kdist != NULL) {
-            keel__kfac_dist_set_backend(j.kdist, worker);
-            if (j.kfac_role != 0) {     /* statistics or inverses, no push */
-                backend.updater.ctx = j.kdist;
-                backend.updater.apply = keel__kfac_dist_role_apply;
-            }
-        }
-        replica_session(&j, &tc, &backend, hooks, n_hooks, is_chief);
-    }
-    if (in_cluster || is_mwm) {
-        tc.session.max_wait_secs =
-            keel_config_double(cfg, "cluster.max_wait_secs");
-        tc.session.stop_grace_period_secs =
-            keel_config_double(cfg, "cluster.stop_grace_secs");
-    }
-
-    if (tc.session.checkpoint_dir != NULL &&
-        (st = keel__fs_mkdirs(tc.session.checkpoint_dir)) != KEEL_OK)
-        goto out;
-    st = keel_training_session_new(&tc, &s);
-    if (st == KEEL_EOUTOFRANGE && in_cluster && !is_chief) {
-        /* the chief finished and shut the ps down before we joined */
-        keel__log(KEEL_LOG_INFO, "training already finished: %s",
-                  keel_last_error());
-        st = KEEL_OK;
-        goto out;
-    }
-    if (st == KEEL_ECANCELLED && keel_session_signal_received()) {
-        /* SIGTERM while waiting for the chief or the ps: nothing trained,
-         * nothing to save; a clean stop, like one in mid-run */
-        keel__log(KEEL_LOG_INFO, "signal %d received before training "
-                  "started: stopping (%s)", keel_session_signal_received(),
-                  keel_last_error());
-        if (result != NULL)
-            result->end_reason = (int)KEEL_END_SIGNAL;
-        st = KEEL_OK;
-        goto out;
-    }
-    if (st != KEEL_OK)
-        goto out;
-    j.last_step = planned_last_step(&j);
-    if (j.restored)
-        keel__log(KEEL_LOG_INFO, "resumed from %s at step %lld",
-                  j.restored_from, (long long)keel_session_global_step(s));
-    if (result != NULL) {
-        result->start_step = keel_session_global_step(s);
-        result->restored = j.restored;
-        snprintf(result->restored_from, sizeof result->restored_from, "%s",
-                 j.restored_from);
-    }
-    j.t0_ns = j.last_report_ns = keel__now_mono_ns();
-    j.last_report_gstep = keel_session_global_step(s);
-    if (j.steps_per_epoch > 0)
-        j.epoch_done = j.last_report_gstep / j.steps_per_epoch;
-    st = keel_session_train(s);
-    reached = keel_session_global_step(s);
-    if (j.own_step > reached)   /* a sync local-step rule's chief pulled */
-        reached = j.own_step;   /* the center before its final save */
-    cst = keel_session_close(s);
-    if (st == KEEL_OK)
-        st = cst;
-    if (result != NULL) {
-        result->final_step = keel_session_global_step(s);
-        result->examples = j.examples;
-        result->cluster_examples = (result->final_step - result->start_step)
-                                   * j.examples_per_gstep;
-        result->seconds = (keel__now_mono_ns() - j.t0_ns) / 1e9;
-        result->end_reason = (int)keel_session_end_reason(s);
-    }
-    if (st == KEEL_OK && (!in_cluster || is_chief))
-        st = check_reached_end(&j, s, reached);
-    if (st == KEEL_OK && keel_session_global_step(s) < reached)
-        keel__log(KEEL_LOG_INFO, "training ended (%s) at step %lld (the "
-                  "parameter servers' committed steps; this replica "
-                  "stopped at step %lld)",
-                  keel_end_reason_name(keel_session_end_reason(s)),
-                  (long long)keel_session_global_step(s), (long long)reached);
-    else if (st == KEEL_OK)
-        keel__log(KEEL_LOG_INFO, "training ended (%s) at step %lld",
-                  keel_end_reason_name(keel_session_end_reason(s)),
-                  (long long)keel_session_global_step(s));
-    keel_session_free(s);
-out:
-    keel_cluster_backend_free(worker);
-    /* after the session: MPI_Finalize (or, after a failure, not: the
-     * launcher then ends the other ranks) */
-    keel_collective_free(coll);
-    if (j.opts.handle_signals)
-        keel_session_uninstall_signal_handlers();
-    for (size_t i = 0; i < n_hooks; i++)
-        keel_hook_release(&hooks[i]);
-    if (has_nan && is_chief)
-        keel_hook_release(&nan);
-    job_free(&j);
+        st = train_open(&r, &s);
+    if (st == KEEL_OK && s != NULL)
+        st = train_loop(&r, s);
+    train_free(&r);
     return st;
 }
