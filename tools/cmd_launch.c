@@ -412,332 +412,496 @@ find_program(const char *name, char *buf, size_t size)
                      "its path, e.g. ./%s)", name, name);
 }
 
-int
-cmd_launch(int argc, char **argv)
-{
-    const char *path = NULL, *out_opt = NULL, *strategy = NULL;
-    int is_mwm = 0, workers_set = 0;
-    char n_ranks[16];
-    char **program = NULL;          /* -- PROGRAM [ARGS...] */
-    int async_mode = 0, rta = 0;
-    /* the rule that refuses workers beyond the start, or empty */
-    char fixed_rule[32] = "";
+/* What cmd_launch's steps share: the command line as parsed, then the
+ * launch's settings and the strings lc points into. */
+typedef struct launch_args {
+    const char *path, *out_opt, *strategy;
+    char **program;                 /* -- PROGRAM [ARGS...], or NULL */
     char *over[MAX_OVERRIDES];
+    int n_over, verbose, status_flag, async_mode, rta, workers_set, is_mwm;
+    /* the rule that refuses workers beyond the start, or empty */
+    char fixed_rule[32];
+    char n_ranks[16];
     char *task_argv[MAX_OVERRIDES * 2 + 8];
     char exe[PATH_MAX], outdir[PATH_MAX], keel_exe[PATH_MAX];
-    int n_over = 0, verbose = 0, rc, done = 0, k = 0, status_flag = 1;
-    ssize_t len;
-    keel_config *cfg = NULL;
     keel_launch_config lc;
-    keel_launch *l = NULL;
-    keel_status st;
-    view v;
-    struct sigaction sa, old_int, old_term, old_pipe, old_usr1, old_usr2;
-    const char *why;
+} launch_args;
 
-    if (cli_wants_help(argc, argv))
-        return launch_usage(stdout, CLI_OK);
-    keel_launch_config_init(&lc);
+/* The signal dispositions cmd_launch replaces, to restore at the end. */
+typedef struct launch_signals {
+    struct sigaction old_int, old_term, old_pipe, old_usr1, old_usr2;
+} launch_signals;
+
+/* Whether option o takes a value (the next argument). */
+static int
+launch_takes_value(const char *o)
+{
+    static const char *const valued[] = { "--ps", "--workers",
+        "--output-dir", "--replicas-to-aggregate", "--max-restarts",
+        "--chaos", "--chaos-targets", "--grace", "--backoff", "-s",
+        "--strategy", "--set" };
+    for (size_t i = 0; i < sizeof valued / sizeof *valued; i++)
+        if (strcmp(o, valued[i]) == 0)
+            return 1;
+    return 0;
+}
+
+/* Option o with its value val into a: CLI_OK or the usage error, on
+ * stderr already. */
+static int
+launch_option(launch_args *a, const char *o, const char *val)
+{
+    keel_launch_config *lc = &a->lc;
+
+    if (strcmp(o, "--ps") == 0)
+        return parse_int(o, val, 0, KEEL_LAUNCH_MAX_PS, &lc->num_ps);
+    if (strcmp(o, "--workers") == 0) {
+        a->workers_set = 1;
+        return parse_int(o, val, 0, KEEL_LAUNCH_MAX_WORKERS,
+                         &lc->num_workers);
+    }
+    if (strcmp(o, "--output-dir") == 0)
+        a->out_opt = val;
+    else if (strcmp(o, "--strategy") == 0)
+        a->strategy = val;
+    else if (strcmp(o, "--replicas-to-aggregate") == 0)
+        return parse_int(o, val, 1, KEEL_LAUNCH_MAX_WORKERS + 1, &a->rta);
+    else if (strcmp(o, "--max-restarts") == 0)
+        return parse_int(o, val, 0, 1000000, &lc->max_restarts);
+    else if (strcmp(o, "--chaos") == 0) {
+        lc->chaos = 1;
+        return parse_chaos(val, &lc->chaos_seed, &lc->chaos_period_secs);
+    } else if (strcmp(o, "--chaos-targets") == 0)
+        return parse_targets(val, &lc->chaos_types);
+    else if (strcmp(o, "--grace") == 0)
+        return parse_secs(o, val, 0.001, 86400, &lc->grace_secs);
+    else if (strcmp(o, "--backoff") == 0)
+        return parse_secs(o, val, 0, 60, &lc->backoff_secs);
+    else {                              /* -s, --set */
+        if (a->n_over == MAX_OVERRIDES)
+            return cli_error(CLI_USAGE, "launch: too many -s overrides");
+        a->over[a->n_over++] = (char *)val;
+    }
+    return CLI_OK;
+}
+
+/* Argument o without a value: a flag, or the CONFIG. CLI_OK or the
+ * usage error, on stderr already. */
+static int
+launch_flag(launch_args *a, const char *o)
+{
+    if (strcmp(o, "-v") == 0 || strcmp(o, "--verbose") == 0)
+        a->verbose = 1;
+    else if (strcmp(o, "--no-status") == 0)
+        a->status_flag = 0;
+    else if (strcmp(o, "--evaluator") == 0)
+        a->lc.with_evaluator = 1;
+    else if (strcmp(o, "--async") == 0)
+        a->async_mode = 1;
+    else if (o[0] == '-')
+        return cli_error(CLI_USAGE, "launch: unknown option '%s'; see "
+                         "'keel launch --help'", o);
+    else if (a->path == NULL)
+        a->path = o;
+    else
+        return cli_error(CLI_USAGE, "launch takes one CONFIG, got '%s' "
+                         "and '%s'", a->path, o);
+    return CLI_OK;
+}
+
+/* Parse argv into a (initialised here): options, flags, the CONFIG or
+ * -- PROGRAM [ARGS...]. CLI_OK or the usage error, on stderr already. */
+static int
+launch_parse(int argc, char **argv, launch_args *a)
+{
+    int rc;
+
+    memset(a, 0, sizeof *a);
+    a->status_flag = 1;
+    keel_launch_config_init(&a->lc);
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
-        int takes = strcmp(a, "--ps") == 0 || strcmp(a, "--workers") == 0 ||
-                    strcmp(a, "--output-dir") == 0 ||
-                    strcmp(a, "--replicas-to-aggregate") == 0 ||
-                    strcmp(a, "--max-restarts") == 0 ||
-                    strcmp(a, "--chaos") == 0 ||
-                    strcmp(a, "--chaos-targets") == 0 ||
-                    strcmp(a, "--grace") == 0 ||
-                    strcmp(a, "--backoff") == 0 || strcmp(a, "-s") == 0 ||
-                    strcmp(a, "--strategy") == 0 ||
-                    strcmp(a, "--set") == 0;
-        if (strcmp(a, "--") == 0) {
+        const char *o = argv[i];
+        if (strcmp(o, "--") == 0) {
             if (i + 1 >= argc)
                 return cli_error(CLI_USAGE, "launch: -- needs a PROGRAM; "
                                  "see 'keel launch --help'");
-            program = &argv[i + 1];
+            a->program = &argv[i + 1];
             break;
         }
-        if (takes && val == NULL)
+        if (!launch_takes_value(o))
+            rc = launch_flag(a, o);
+        else if (i + 1 >= argc)
             return cli_error(CLI_USAGE, "launch: %s needs a value; see 'keel "
-                             "launch --help'", a);
-        rc = CLI_OK;
-        if (strcmp(a, "--ps") == 0)
-            rc = parse_int(a, val, 0, KEEL_LAUNCH_MAX_PS, &lc.num_ps);
-        else if (strcmp(a, "--workers") == 0)
-            rc = parse_int(a, val, 0, KEEL_LAUNCH_MAX_WORKERS,
-                           &lc.num_workers), workers_set = 1;
-        else if (strcmp(a, "--output-dir") == 0)
-            out_opt = val;
-        else if (strcmp(a, "--strategy") == 0)
-            strategy = val;
-        else if (strcmp(a, "--replicas-to-aggregate") == 0)
-            rc = parse_int(a, val, 1, KEEL_LAUNCH_MAX_WORKERS + 1, &rta);
-        else if (strcmp(a, "--max-restarts") == 0)
-            rc = parse_int(a, val, 0, 1000000, &lc.max_restarts);
-        else if (strcmp(a, "--chaos") == 0) {
-            lc.chaos = 1;
-            rc = parse_chaos(val, &lc.chaos_seed, &lc.chaos_period_secs);
-        } else if (strcmp(a, "--chaos-targets") == 0)
-            rc = parse_targets(val, &lc.chaos_types);
-        else if (strcmp(a, "--grace") == 0)
-            rc = parse_secs(a, val, 0.001, 86400, &lc.grace_secs);
-        else if (strcmp(a, "--backoff") == 0)
-            rc = parse_secs(a, val, 0, 60, &lc.backoff_secs);
-        else if (strcmp(a, "-s") == 0 || strcmp(a, "--set") == 0) {
-            if (n_over == MAX_OVERRIDES)
-                return cli_error(CLI_USAGE, "launch: too many -s overrides");
-            over[n_over++] = (char *)val;
-        } else if (strcmp(a, "-v") == 0 || strcmp(a, "--verbose") == 0) {
-            verbose = 1;
-            continue;
-        } else if (strcmp(a, "--no-status") == 0) {
-            status_flag = 0;
-            continue;
-        } else if (strcmp(a, "--evaluator") == 0) {
-            lc.with_evaluator = 1;
-            continue;
-        } else if (strcmp(a, "--async") == 0) {
-            async_mode = 1;
-            continue;
-        } else if (a[0] == '-') {
-            return cli_error(CLI_USAGE, "launch: unknown option '%s'; see "
-                             "'keel launch --help'", a);
-        } else if (path == NULL) {
-            path = a;
-            continue;
-        } else {
-            return cli_error(CLI_USAGE, "launch takes one CONFIG, got '%s' "
-                             "and '%s'", path, a);
-        }
+                             "launch --help'", o);
+        else
+            rc = launch_option(a, o, argv[++i]);
         if (rc != CLI_OK)
             return rc;
-        i++;
     }
-    if (program != NULL && path != NULL)
+    return CLI_OK;
+}
+
+/* The options that do not fit together (CONFIG against PROGRAM, the
+ * replicas to aggregate, chaos with nothing to kill): CLI_OK or the
+ * usage error, on stderr already. */
+static int
+launch_check_args(const launch_args *a)
+{
+    const keel_launch_config *lc = &a->lc;
+
+    if (a->program != NULL && a->path != NULL)
         return cli_error(CLI_USAGE, "launch: give a CONFIG ('%s') or -- "
-                         "PROGRAM ('%s'), not both", path, program[0]);
-    if (program != NULL && (n_over > 0 || verbose))
+                         "PROGRAM ('%s'), not both", a->path, a->program[0]);
+    if (a->program != NULL && (a->n_over > 0 || a->verbose))
         return cli_error(CLI_USAGE, "launch: -s and -v set keys of a keel "
                          "CONFIG; PROGRAM takes its own arguments after --");
-    if (program != NULL && strategy != NULL)
+    if (a->program != NULL && a->strategy != NULL)
         return cli_error(CLI_USAGE, "launch: --strategy is for a keel "
                          "CONFIG (PROGRAM chooses its own)");
-    if (program == NULL && (out_opt != NULL || async_mode || rta > 0))
+    if (a->program == NULL &&
+        (a->out_opt != NULL || a->async_mode || a->rta > 0))
         return cli_error(CLI_USAGE, "launch: --output-dir, --async and "
                          "--replicas-to-aggregate are for -- PROGRAM (a "
                          "CONFIG sets checkpoint.dir and [cluster] keys)");
-    if (path == NULL && program == NULL)
+    if (a->path == NULL && a->program == NULL)
         return cli_error(CLI_USAGE, "launch needs a CONFIG file or -- "
                          "PROGRAM [ARGS...]; see 'keel launch --help'");
-    if (rta > lc.num_workers + 1)
+    if (a->rta > lc->num_workers + 1)
         return cli_error(CLI_USAGE, "launch: --replicas-to-aggregate %d is "
                          "more than the %d replicas (the chief and %d "
-                         "worker%s)", rta, lc.num_workers + 1,
-                         lc.num_workers, lc.num_workers == 1 ? "" : "s");
-    if (lc.chaos && lc.chaos_types != 0 &&
-        !(lc.chaos_types & (1u << KEEL_TASK_CHIEF)) &&
-        !(lc.num_workers > 0 && (lc.chaos_types & (1u << KEEL_TASK_WORKER))) &&
-        !(lc.num_ps > 0 && (lc.chaos_types & (1u << KEEL_TASK_PS))))
+                         "worker%s)", a->rta, lc->num_workers + 1,
+                         lc->num_workers, lc->num_workers == 1 ? "" : "s");
+    if (lc->chaos && lc->chaos_types != 0 &&
+        !(lc->chaos_types & (1u << KEEL_TASK_CHIEF)) &&
+        !(lc->num_workers > 0 &&
+          (lc->chaos_types & (1u << KEEL_TASK_WORKER))) &&
+        !(lc->num_ps > 0 && (lc->chaos_types & (1u << KEEL_TASK_PS))))
         return cli_error(CLI_USAGE, "launch: --chaos-targets leaves chaos "
                          "nothing to kill (no such task: add --workers or "
                          "--ps, or target chief)");
-    if (program != NULL) {
-        rc = find_program(program[0], exe, sizeof exe);
-        if (rc == CLI_OK)
-            rc = absolute_dir(out_opt != NULL ? out_opt : "launch_output",
-                              outdir, sizeof outdir);
-        if (rc != CLI_OK)
-            return rc;
-        lc.mode = async_mode ? KEEL_CLUSTER_ASYNC : KEEL_CLUSTER_SYNC;
-        lc.replicas_to_aggregate = rta;
-        lc.argv = program;
-    } else {
-        /* the whole config is checked here, before anything starts */
-        rc = cli_load_config(path, n_over, over, &cfg);
-        if (rc != CLI_OK)
-            return rc;
-        if (strategy == NULL)
-            strategy = keel_config_str(cfg, "train.strategy");
-        is_mwm = strcmp(strategy, "multi_worker_mirrored") == 0;
-        rc = absolute_dir(keel_config_str(cfg, "checkpoint.dir"), outdir,
-                          sizeof outdir);
-        if (rc == CLI_OK && is_mwm)
-            rc = check_mwm(lc.num_ps, lc.with_evaluator,
-                           workers_set ? lc.num_workers : 2);
-        else if (rc == CLI_OK && strcmp(strategy, "parameter_server") != 0 &&
-                 strcmp(strategy, "auto") != 0)
-            rc = cli_error(CLI_USAGE, "launch: --strategy '%s': want "
-                           "parameter_server or multi_worker_mirrored",
-                           strategy);
-        if (rc == CLI_OK && !is_mwm)
-            rc = check_replicas(cfg, lc.num_ps, lc.num_workers);
-        lc.mode = keel_config_is_async(cfg, NULL) ? KEEL_CLUSTER_ASYNC
-                                                  : KEEL_CLUSTER_SYNC;
-        if (lc.mode == KEEL_CLUSTER_ASYNC &&
-            keel_config_is_set(cfg, "algorithm.name")) {
-            keel_algorithm a;
-            if (keel_algorithm_from_name(keel_config_str(cfg,
-                                             "algorithm.name"), &a)
-                == KEEL_OK && !keel_algorithm_admits_joiners(a))
-                snprintf(fixed_rule, sizeof fixed_rule, "%s",
-                         keel_algorithm_name(a));
-        }
-        for (int i = 0; rc == CLI_OK && i <= lc.num_workers; i++) {
-            char label[32];
-            st = keel_job_replica_role(cfg, i, lc.num_workers + 1, label,
-                                       sizeof label);
-            if (st == KEEL_ENOTFOUND)
-                break;
-            if (st != KEEL_OK)
-                rc = cli_error(CLI_USAGE, "launch: with --workers %d: %s",
-                               lc.num_workers, keel_last_error());
-            else if (i == 0)
-                printf("launch | K-FAC roles: chief is %s\n", label);
-            else
-                snprintf(role_label[i - 1], sizeof role_label[i - 1], "%s",
-                         label);
-            if (i > 0 && st == KEEL_OK)
-                printf("launch | K-FAC roles: worker.%d is %s\n", i - 1,
-                       label);
-        }
-        keel_config_free(cfg);
-        if (rc != CLI_OK)
-            return rc;
-        len = readlink("/proc/self/exe", exe, sizeof exe - 1);
-        if (len <= 0)
-            return cli_error(CLI_RUNTIME, "launch: cannot find the keel "
-                             "binary (/proc/self/exe): %s", strerror(errno));
-        exe[len] = '\0';
-        if (is_mwm) {
-            /* one task: mpirun and its ranks, restarted as a whole */
-            snprintf(n_ranks, sizeof n_ranks, "%d",
-                     workers_set ? lc.num_workers : 2);
-            snprintf(keel_exe, sizeof keel_exe, "%s", exe);
-            k = mpirun_argv(task_argv, n_ranks, keel_exe);
-            lc.num_workers = 0;
-            snprintf(exe, sizeof exe, "%s", KEEL_MPIRUN);
-        } else {
-            task_argv[k++] = "keel";
-        }
-        task_argv[k++] = "train";
-        task_argv[k++] = (char *)path;
-        if (is_mwm) {
-            task_argv[k++] = "-s";
-            task_argv[k++] = "train.strategy=multi_worker_mirrored";
-        }
-        for (int i = 0; i < n_over; i++) {
-            task_argv[k++] = "-s";
-            task_argv[k++] = over[i];
-        }
-        if (verbose)
-            task_argv[k++] = "-v";
-        task_argv[k] = NULL;
-        lc.argv = task_argv;
-    }
+    return CLI_OK;
+}
 
-    memset(&v, 0, sizeof v);
-    v.status_on = status_flag && isatty(1);
-    lc.exe = exe;
-    lc.output_dir = outdir;
-    lc.line_fn = on_line;
-    lc.event_fn = on_event;
-    lc.ctx = &v;
-    st = keel_launch_new(&lc, &l);
-    if (st != KEEL_OK)
-        return cli_fail(st, NULL);
-    v.l = l;
+/* -- PROGRAM: its executable, OUTPUT_DIR and the TF_CONFIG mode. */
+static int
+launch_program_setup(launch_args *a)
+{
+    int rc = find_program(a->program[0], a->exe, sizeof a->exe);
+    if (rc == CLI_OK)
+        rc = absolute_dir(a->out_opt != NULL ? a->out_opt : "launch_output",
+                          a->outdir, sizeof a->outdir);
+    if (rc != CLI_OK)
+        return rc;
+    a->lc.mode = a->async_mode ? KEEL_CLUSTER_ASYNC : KEEL_CLUSTER_SYNC;
+    a->lc.replicas_to_aggregate = a->rta;
+    a->lc.argv = a->program;
+    return CLI_OK;
+}
+
+/* A CONFIG against the cluster this launch makes: the strategy (sets
+ * a->is_mwm), OUTPUT_DIR, the replica counts, the mode and an async
+ * rule that refuses joiners (a->fixed_rule). */
+static int
+launch_config_check(launch_args *a, const keel_config *cfg)
+{
+    keel_launch_config *lc = &a->lc;
+    int rc;
+
+    if (a->strategy == NULL)
+        a->strategy = keel_config_str(cfg, "train.strategy");
+    a->is_mwm = strcmp(a->strategy, "multi_worker_mirrored") == 0;
+    rc = absolute_dir(keel_config_str(cfg, "checkpoint.dir"), a->outdir,
+                      sizeof a->outdir);
+    if (rc == CLI_OK && a->is_mwm)
+        rc = check_mwm(lc->num_ps, lc->with_evaluator,
+                       a->workers_set ? lc->num_workers : 2);
+    else if (rc == CLI_OK && strcmp(a->strategy, "parameter_server") != 0 &&
+             strcmp(a->strategy, "auto") != 0)
+        rc = cli_error(CLI_USAGE, "launch: --strategy '%s': want "
+                       "parameter_server or multi_worker_mirrored",
+                       a->strategy);
+    if (rc == CLI_OK && !a->is_mwm)
+        rc = check_replicas(cfg, lc->num_ps, lc->num_workers);
+    lc->mode = keel_config_is_async(cfg, NULL) ? KEEL_CLUSTER_ASYNC
+                                               : KEEL_CLUSTER_SYNC;
+    if (lc->mode == KEEL_CLUSTER_ASYNC &&
+        keel_config_is_set(cfg, "algorithm.name")) {
+        keel_algorithm alg;
+        if (keel_algorithm_from_name(keel_config_str(cfg, "algorithm.name"),
+                                     &alg) == KEEL_OK &&
+            !keel_algorithm_admits_joiners(alg))
+            snprintf(a->fixed_rule, sizeof a->fixed_rule, "%s",
+                     keel_algorithm_name(alg));
+    }
+    return rc;
+}
+
+/* K-FAC's roles (kfac.distributed = roles): print each replica's and
+ * keep the workers' in role_label; CLI_OK when the config has none. */
+static int
+launch_kfac_roles(const launch_args *a, const keel_config *cfg)
+{
+    int num_workers = a->lc.num_workers;
+    int rc = CLI_OK;
+
+    for (int i = 0; rc == CLI_OK && i <= num_workers; i++) {
+        char label[32];
+        keel_status st = keel_job_replica_role(cfg, i, num_workers + 1,
+                                               label, sizeof label);
+        if (st == KEEL_ENOTFOUND)
+            break;
+        if (st != KEEL_OK)
+            rc = cli_error(CLI_USAGE, "launch: with --workers %d: %s",
+                           num_workers, keel_last_error());
+        else if (i == 0)
+            printf("launch | K-FAC roles: chief is %s\n", label);
+        else
+            snprintf(role_label[i - 1], sizeof role_label[i - 1], "%s",
+                     label);
+        if (i > 0 && st == KEEL_OK)
+            printf("launch | K-FAC roles: worker.%d is %s\n", i - 1,
+                   label);
+    }
+    return rc;
+}
+
+/* Every task's command: `keel train CONFIG [-s K=V]... [-v]`, for
+ * multi_worker_mirrored one task of mpirun and its ranks. */
+static int
+launch_task_argv(launch_args *a)
+{
+    ssize_t len = readlink("/proc/self/exe", a->exe, sizeof a->exe - 1);
+    int k = 0;
+
+    if (len <= 0)
+        return cli_error(CLI_RUNTIME, "launch: cannot find the keel "
+                         "binary (/proc/self/exe): %s", strerror(errno));
+    a->exe[len] = '\0';
+    if (a->is_mwm) {
+        /* one task: mpirun and its ranks, restarted as a whole */
+        snprintf(a->n_ranks, sizeof a->n_ranks, "%d",
+                 a->workers_set ? a->lc.num_workers : 2);
+        snprintf(a->keel_exe, sizeof a->keel_exe, "%s", a->exe);
+        k = mpirun_argv(a->task_argv, a->n_ranks, a->keel_exe);
+        a->lc.num_workers = 0;
+        snprintf(a->exe, sizeof a->exe, "%s", KEEL_MPIRUN);
+    } else {
+        a->task_argv[k++] = "keel";
+    }
+    a->task_argv[k++] = "train";
+    a->task_argv[k++] = (char *)a->path;
+    if (a->is_mwm) {
+        a->task_argv[k++] = "-s";
+        a->task_argv[k++] = "train.strategy=multi_worker_mirrored";
+    }
+    for (int i = 0; i < a->n_over; i++) {
+        a->task_argv[k++] = "-s";
+        a->task_argv[k++] = a->over[i];
+    }
+    if (a->verbose)
+        a->task_argv[k++] = "-v";
+    a->task_argv[k] = NULL;
+    a->lc.argv = a->task_argv;
+    return CLI_OK;
+}
+
+/* CONFIG: load it with the -s overrides and check all of it before
+ * anything starts, then build the tasks' command. */
+static int
+launch_config_setup(launch_args *a)
+{
+    keel_config *cfg = NULL;
+    int rc = cli_load_config(a->path, a->n_over, a->over, &cfg);
+
+    if (rc != CLI_OK)
+        return rc;
+    rc = launch_config_check(a, cfg);
+    if (rc == CLI_OK)
+        rc = launch_kfac_roles(a, cfg);
+    keel_config_free(cfg);
+    if (rc != CLI_OK)
+        return rc;
+    return launch_task_argv(a);
+}
+
+/* Catch SIGINT/SIGTERM (stop), SIGUSR1/SIGUSR2 (scale) and ignore
+ * SIGPIPE, keeping the old dispositions in old. */
+static void
+launch_signals_install(launch_signals *old)
+{
+    struct sigaction sa;
 
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;          /* no SA_RESTART: poll wakes */
     sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &old_int);
-    sigaction(SIGTERM, &sa, &old_term);
+    sigaction(SIGINT, &sa, &old->old_int);
+    sigaction(SIGTERM, &sa, &old->old_term);
     sa.sa_handler = on_scale;
-    sigaction(SIGUSR1, &sa, &old_usr1);
-    sigaction(SIGUSR2, &sa, &old_usr2);
+    sigaction(SIGUSR1, &sa, &old->old_usr1);
+    sigaction(SIGUSR2, &sa, &old->old_usr2);
     sa.sa_handler = SIG_IGN;            /* a closed stdout must not kill us */
-    sigaction(SIGPIPE, &sa, &old_pipe);
+    sigaction(SIGPIPE, &sa, &old->old_pipe);
+}
 
-    if (is_mwm)
+/* Put back the dispositions launch_signals_install replaced. */
+static void
+launch_signals_restore(const launch_signals *old)
+{
+    sigaction(SIGINT, &old->old_int, NULL);
+    sigaction(SIGTERM, &old->old_term, NULL);
+    sigaction(SIGPIPE, &old->old_pipe, NULL);
+    sigaction(SIGUSR1, &old->old_usr1, NULL);
+    sigaction(SIGUSR2, &old->old_usr2, NULL);
+}
+
+/* The launch's first lines: the cluster it runs and chaos's seed. */
+static void
+launch_announce(const launch_args *a)
+{
+    const keel_launch_config *lc = &a->lc;
+
+    if (a->is_mwm)
         printf("launch | multi_worker_mirrored: %s MPI ranks under %s; "
-               "OUTPUT_DIR=%s\n", n_ranks, exe, outdir);
+               "OUTPUT_DIR=%s\n", a->n_ranks, a->exe, a->outdir);
     else
-    printf("launch | %d ps, chief, %d worker%s%s%s%s; OUTPUT_DIR=%s\n",
-           lc.num_ps, lc.num_workers, lc.num_workers == 1 ? "" : "s",
-           lc.with_evaluator ? ", evaluator" : "",
-           program != NULL ? " running " : "",
-           program != NULL ? program[0] : "", outdir);
-    if (lc.chaos)
+        printf("launch | %d ps, chief, %d worker%s%s%s%s; OUTPUT_DIR=%s\n",
+               lc->num_ps, lc->num_workers,
+               lc->num_workers == 1 ? "" : "s",
+               lc->with_evaluator ? ", evaluator" : "",
+               a->program != NULL ? " running " : "",
+               a->program != NULL ? a->program[0] : "", a->outdir);
+    if (lc->chaos)
         printf("chaos | seed %llu, mean period %g s\n",
-               (unsigned long long)lc.chaos_seed, lc.chaos_period_secs);
+               (unsigned long long)lc->chaos_seed, lc->chaos_period_secs);
     fflush(stdout);
-    st = keel_launch_start(l);
-    if (st != KEEL_OK) {
-        rc = cli_fail(st, NULL);
-        goto out;
-    }
-    {
-        int handled = 0, ups = 0, downs = 0;
-        while (!done) {
-            st = keel_launch_poll(l, 100, &done);
-            if (st != KEEL_OK) {
-                keel_launch_stop(l, 1);
-                rc = cli_fail(st, NULL);
-                goto out;
-            }
-            if (n_signals > handled) {
-                int sig = got_signal;
-                handled = n_signals;
-                erase_status(&v);
-                printf("launch | %s: %s\n",
-                       sig == SIGINT ? "SIGINT" : "SIGTERM",
-                       handled == 1 ? "stopping every task gracefully "
-                       "(again to kill at once)" : "killing every task");
-                keel_launch_stop(l, handled > 1);
-            }
-            while (ups < n_scale_up || downs < n_scale_down) {
-                int up = ups < n_scale_up;
-                keel_status sst;
-                if (up)
-                    ups++;
-                else
-                    downs++;
-                erase_status(&v);
-                if (up && fixed_rule[0] != '\0') {
-                    printf("launch | SIGUSR1: algorithm.name = %s keeps "
-                           "state per worker the job started with; no "
-                           "worker added\n", fixed_rule);
-                    continue;
-                }
-                sst = up ? keel_launch_add_worker(l)
-                         : keel_launch_remove_worker(l);
-                if (sst != KEEL_OK)
-                    printf("launch | %s: %s\n", up ? "SIGUSR1" : "SIGUSR2",
-                           keel_last_error());
-            }
-            if (v.status_on && !done && mono_secs() - v.last_draw >= 0.25)
-                draw_status(&v);
-            fflush(stdout);
+}
+
+/* The SIGUSR1/SIGUSR2 that arrived since the last call (*ups, *downs
+ * count those handled): add or remove a worker each, unless fixed_rule
+ * names an algorithm that refuses joiners. A refusal is printed, not
+ * fatal. */
+static void
+launch_scale(view *v, const char *fixed_rule, int *ups, int *downs)
+{
+    while (*ups < n_scale_up || *downs < n_scale_down) {
+        int up = *ups < n_scale_up;
+        keel_status sst;
+        if (up)
+            (*ups)++;
+        else
+            (*downs)++;
+        erase_status(v);
+        if (up && fixed_rule[0] != '\0') {
+            printf("launch | SIGUSR1: algorithm.name = %s keeps "
+                   "state per worker the job started with; no "
+                   "worker added\n", fixed_rule);
+            continue;
         }
+        sst = up ? keel_launch_add_worker(v->l)
+                 : keel_launch_remove_worker(v->l);
+        if (sst != KEEL_OK)
+            printf("launch | %s: %s\n", up ? "SIGUSR1" : "SIGUSR2",
+                   keel_last_error());
     }
-    if (v.status_on)
-        draw_status(&v);
-    rc = keel_launch_exit_code(l, &why);
+}
+
+/* The run loop until every task has ended: poll the tasks, forward
+ * SIGINT/SIGTERM as a graceful stop (a second one kills), scale, redraw
+ * the status. CLI_OK when the launch is done; a poll failure stops every
+ * task and returns its exit status. */
+static int
+launch_loop(view *v, const char *fixed_rule)
+{
+    int done = 0, handled = 0, ups = 0, downs = 0;
+    keel_status st;
+
+    while (!done) {
+        st = keel_launch_poll(v->l, 100, &done);
+        if (st != KEEL_OK) {
+            keel_launch_stop(v->l, 1);
+            return cli_fail(st, NULL);
+        }
+        if (n_signals > handled) {
+            int sig = got_signal;
+            handled = n_signals;
+            erase_status(v);
+            printf("launch | %s: %s\n",
+                   sig == SIGINT ? "SIGINT" : "SIGTERM",
+                   handled == 1 ? "stopping every task gracefully "
+                   "(again to kill at once)" : "killing every task");
+            keel_launch_stop(v->l, handled > 1);
+        }
+        launch_scale(v, fixed_rule, &ups, &downs);
+        if (v->status_on && !done && mono_secs() - v->last_draw >= 0.25)
+            draw_status(v);
+        fflush(stdout);
+    }
+    return CLI_OK;
+}
+
+/* The end: the last status block, the outcome line and the chief's
+ * exit status (0 or 1, with its reason on stderr). */
+static int
+launch_finish(view *v)
+{
+    const char *why;
+    int rc;
+
+    if (v->status_on)
+        draw_status(v);
+    rc = keel_launch_exit_code(v->l, &why);
     if (rc == 0)
         printf("launch | %s in %.1f s\n", n_signals > 0
                ? "stopped on request: the chief saved and exited 0"
                : "the chief finished: run complete",
-               keel_launch_elapsed(l));
+               keel_launch_elapsed(v->l));
     fflush(stdout);
     if (rc != 0)
         cli_error(CLI_RUNTIME, "launch: %s", why);
-out:
+    return rc;
+}
+
+int
+cmd_launch(int argc, char **argv)
+{
+    launch_args a;
+    launch_signals old;
+    keel_launch *l = NULL;
+    keel_status st;
+    view v;
+    int rc;
+
+    if (cli_wants_help(argc, argv))
+        return launch_usage(stdout, CLI_OK);
+    rc = launch_parse(argc, argv, &a);
+    if (rc == CLI_OK)
+        rc = launch_check_args(&a);
+    if (rc == CLI_OK)
+        rc = a.program != NULL ? launch_program_setup(&a)
+                               : launch_config_setup(&a);
+    if (rc != CLI_OK)
+        return rc;
+
+    memset(&v, 0, sizeof v);
+    v.status_on = a.status_flag && isatty(1);
+    a.lc.exe = a.exe;
+    a.lc.output_dir = a.outdir;
+    a.lc.line_fn = on_line;
+    a.lc.event_fn = on_event;
+    a.lc.ctx = &v;
+    st = keel_launch_new(&a.lc, &l);
+    if (st != KEEL_OK)
+        return cli_fail(st, NULL);
+    v.l = l;
+
+    launch_signals_install(&old);
+    launch_announce(&a);
+    st = keel_launch_start(l);
+    if (st != KEEL_OK)
+        rc = cli_fail(st, NULL);
+    else if ((rc = launch_loop(&v, a.fixed_rule)) == CLI_OK)
+        rc = launch_finish(&v);
     keel_launch_free(l);
-    sigaction(SIGINT, &old_int, NULL);
-    sigaction(SIGTERM, &old_term, NULL);
-    sigaction(SIGPIPE, &old_pipe, NULL);
-    sigaction(SIGUSR1, &old_usr1, NULL);
-    sigaction(SIGUSR2, &old_usr2, NULL);
+    launch_signals_restore(&old);
     return rc;
 }
