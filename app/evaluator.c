@@ -352,188 +352,274 @@ base_name(const char *path)
     return s != NULL ? s + 1 : path;
 }
 
+/* What the evaluator task's steps share: its settings, the loaded test
+ * set and model, the event file, the directory watch and the result so
+ * far. */
+typedef struct evaluator {
+    const keel_config *cfg;
+    keel_evaluator_options o;
+    keel_evaluator_result r;
+    eval_ctx e;
+    keel_events *ev;
+    const char *dir, *base;             /* checkpoint.dir and .basename */
+    char evdir[KEEL_PATH_MAX];
+    int64_t final_step, deadline_ns, poll_ms;
+    int ifd;                            /* inotify, or -1: polling */
+    int installed;                      /* the signal handlers */
+} evaluator;
+
+/* The options (opts, or the defaults when NULL) with the config's
+ * timeout, the final training step and the directories; creates
+ * checkpoint.dir. Acquires nothing. */
+static keel_status
+evaluator_settings(evaluator *w, const keel_config *cfg,
+                   const keel_evaluator_options *opts)
+{
+    keel_evaluator_options *o = &w->o;
+    keel_status st;
+
+    w->cfg = cfg;
+    if (opts != NULL)
+        *o = *opts;
+    else
+        keel_evaluator_options_init(o);
+    if (o->timeout_secs <= 0)
+        o->timeout_secs = keel_config_double(cfg,
+                                             "cluster.eval_timeout_secs");
+    if (o->poll_secs <= 0)
+        o->poll_secs = 0.5;
+    w->poll_ms = (int64_t)(o->poll_secs * 1000);
+    w->dir = keel_config_str(cfg, "checkpoint.dir");
+    w->base = keel_config_str(cfg, "checkpoint.basename");
+    w->final_step = o->final_step;
+    if (w->final_step <= 0) {
+        st = final_step_of(cfg, &w->final_step);
+        if (st != KEEL_OK)
+            return keel__wrap(st, "evaluator: the final step");
+    }
+    /* the chief may not have created it yet; the saver creates it too */
+    st = keel__fs_mkdirs(w->dir);
+    if (st == KEEL_OK)
+        st = keel__path_join(w->evdir, sizeof w->evdir, w->dir, "eval");
+    if (st != KEEL_OK)
+        return keel__wrap(st, "evaluator: checkpoint.dir %s", w->dir);
+    return KEEL_OK;
+}
+
+/* Load the test set and model, open the event file and watch the
+ * directory (w->ifd, -1 without inotify). On failure nothing is held;
+ * on success evaluator_close releases them. */
+static keel_status
+evaluator_open(evaluator *w)
+{
+    keel_status st = eval_ctx_open(&w->e, w->cfg);
+
+    if (st != KEEL_OK)
+        return st;
+    st = keel_events_open(w->evdir, NULL, &w->ev);
+    if (st != KEEL_OK) {
+        eval_ctx_free(&w->e);
+        return keel__wrap(st, "evaluator: event files in %s", w->evdir);
+    }
+#ifdef __linux__
+    /* The state file is replaced by rename (IN_MOVED_TO); the poll covers
+     * file systems without inotify events (NFS) and a full queue. */
+    w->ifd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+    if (w->ifd >= 0 && inotify_add_watch(w->ifd, w->dir, IN_MOVED_TO |
+                                         IN_CLOSE_WRITE) < 0) {
+        keel__log(KEEL_LOG_DEBUG, "evaluator: inotify on %s: %s; polling "
+                  "every %.1f s", w->dir, strerror(errno), w->o.poll_secs);
+        close(w->ifd);
+        w->ifd = -1;
+    }
+#endif
+    return KEEL_OK;
+}
+
+/* Count an evaluated checkpoint (at step; between: the newer ones it
+ * skipped), log it, write it to the event file, hand it to the caller's
+ * result_fn and restart the timeout. */
+static keel_status
+evaluator_record(evaluator *w, const keel_eval_result *er, int64_t step,
+                 int64_t between)
+{
+    keel_status st;
+
+    w->r.evaluated++;
+    w->r.skipped += between;
+    w->r.last_step = step;
+    keel__log(KEEL_LOG_INFO, "eval step %lld: loss %.4f accuracy "
+              "%.4f (%s)", (long long)er->step, er->loss, er->accuracy,
+              base_name(er->checkpoint));
+    if (between > 0)
+        keel__log(KEEL_LOG_DEBUG, "evaluator: skipped %lld older "
+                  "checkpoint(s) that arrived meanwhile",
+                  (long long)between);
+    st = keel_events_scalar(w->ev, er->step, "eval/loss", er->loss);
+    if (st == KEEL_OK)
+        st = keel_events_scalar(w->ev, er->step, "eval/accuracy",
+                                er->accuracy);
+    if (st == KEEL_OK)
+        st = keel_events_flush(w->ev);
+    if (st != KEEL_OK)
+        return st;
+    if (w->o.result_fn != NULL)
+        w->o.result_fn(w->o.ctx, er);
+    w->deadline_ns = keel__now_mono_ns() +
+                     (int64_t)(w->o.timeout_secs * 1e9);
+    return KEEL_OK;
+}
+
+/* One new checkpoint, name at step (between: newer ones skipped): read
+ * it under a read lease, evaluate and record it. A checkpoint that went
+ * away or is unreadable is passed over. Returns 1 to look for the next
+ * one at once, 0 to end the watch with *st (KEEL_OK: the final step is
+ * evaluated). */
+static int
+evaluator_one(evaluator *w, const char *name, int64_t step,
+              int64_t between, keel_status *st)
+{
+    char path[KEEL_PATH_MAX];
+    keel_ckpt_lease *lease = NULL;
+    keel_eval_result er;
+    struct stat sb;
+
+    *st = keel_ckpt_lease_take(w->dir, name, &lease);
+    if (*st != KEEL_OK)
+        return 0;
+    *st = keel__path_join(path, sizeof path, w->dir, name);
+    if (*st == KEEL_OK && stat(path, &sb) != 0)
+        *st = keel__fail(KEEL_ENOTFOUND, "%s is gone", path);
+    if (*st == KEEL_OK)
+        *st = eval_ctx_run(&w->e, path, &er);
+    keel_ckpt_lease_release(lease);
+    if (*st == KEEL_ENOTFOUND || (*st != KEEL_OK && stat(path, &sb) != 0)) {
+        /* retention removed it before our lease: a newer one is there */
+        keel__log(KEEL_LOG_DEBUG, "evaluator: %s went away before it was "
+                  "read", name);
+        return 1;
+    }
+    if (*st == KEEL_ECORRUPT || *st == KEEL_EIO) {
+        keel__log(KEEL_LOG_WARN, "evaluator: skipping %s: %s", path,
+                  keel_last_error());
+        w->r.last_step = step;
+        return 1;
+    }
+    if (*st != KEEL_OK || (*st = evaluator_record(w, &er, step, between))
+        != KEEL_OK)
+        return 0;
+    if (w->final_step > 0 && step >= w->final_step) {
+        keel__log(KEEL_LOG_INFO, "evaluator: done: evaluated the final "
+                  "step %lld (%lld checkpoints, %lld skipped)",
+                  (long long)step, (long long)w->r.evaluated,
+                  (long long)w->r.skipped);
+        return 0;
+    }
+    return 1;                   /* a newer one may be there already */
+}
+
+/* The timeout's failure: no new checkpoint (or none at all) within
+ * o.timeout_secs. */
+static keel_status
+evaluator_timeout(const evaluator *w)
+{
+    if (w->r.last_step >= 0)
+        return keel__fail(KEEL_ETIMEOUT, "evaluator: no new checkpoint "
+                          "in %s for %.0f s after step %lld "
+                          "(cluster.eval_timeout_secs); is the chief "
+                          "running?", w->dir, w->o.timeout_secs,
+                          (long long)w->r.last_step);
+    return keel__fail(KEEL_ETIMEOUT, "evaluator: no checkpoint appeared in "
+                      "%s within %.0f s (cluster.eval_timeout_secs); is the "
+                      "chief running and writing there?", w->dir,
+                      w->o.timeout_secs);
+}
+
+/* The watch loop: evaluate each new checkpoint until the final step's,
+ * a signal (a clean stop), the timeout or a failure. */
+static keel_status
+evaluator_watch(evaluator *w)
+{
+    keel_status st;
+
+    /* no "step N" here: keel launch takes such lines as progress */
+    keel__log(KEEL_LOG_INFO, "evaluator: watching %s until the checkpoint "
+              "of the final training step (%lld); timeout %.0f s without a "
+              "new one", w->dir, (long long)w->final_step,
+              w->o.timeout_secs);
+    w->deadline_ns = keel__now_mono_ns() +
+                     (int64_t)(w->o.timeout_secs * 1e9);
+    for (;;) {
+        char name[KEEL_NAME_MAX];
+        int64_t step = -1, between = 0, now, left_ms;
+
+        st = KEEL_OK;
+        if (keel_session_signal_received() != 0) {
+            w->r.stopped_by_signal = 1;
+            keel__log(KEEL_LOG_INFO, "evaluator: stopped by signal %d "
+                      "after %lld evaluations",
+                      keel_session_signal_received(),
+                      (long long)w->r.evaluated);
+            return st;
+        }
+        if (newest_checkpoint(w->dir, w->base, name, sizeof name, &step,
+                              w->r.last_step, &between) &&
+            step > w->r.last_step) {
+            if (evaluator_one(w, name, step, between, &st))
+                continue;
+            return st;
+        }
+        now = keel__now_mono_ns();
+        if (now >= w->deadline_ns)
+            return evaluator_timeout(w);
+        left_ms = (w->deadline_ns - now) / 1000000 + 1;
+        wait_for_change(w->ifd, (int)(left_ms < w->poll_ms ? left_ms
+                                                           : w->poll_ms));
+    }
+}
+
+/* Release what evaluator_open and the signal handlers hold. Cannot
+ * fail. */
+static void
+evaluator_close(evaluator *w)
+{
+    if (w->installed)
+        keel_session_uninstall_signal_handlers();
+    if (w->ifd >= 0)
+        close(w->ifd);
+    keel_events_close(w->ev);
+    eval_ctx_free(&w->e);
+}
+
 keel_status
 keel_job_run_evaluator(const keel_config *cfg,
                        const keel_evaluator_options *opts,
                        keel_evaluator_result *result)
 {
-    keel_evaluator_options o;
-    keel_evaluator_result r;
-    eval_ctx e;
-    keel_events *ev = NULL;
-    const char *dir, *base;
-    char evdir[KEEL_PATH_MAX];
-    int64_t final_step, deadline_ns, poll_ms;
-    int ifd = -1, installed = 0;
+    evaluator w;
     keel_status st;
 
-    memset(&r, 0, sizeof r);
-    r.last_step = -1;
+    memset(&w, 0, sizeof w);
+    w.r.last_step = -1;
+    w.ifd = -1;
     if (result != NULL)
-        *result = r;
+        *result = w.r;
     if (cfg == NULL)
         return keel__fail(KEEL_EINVAL, "evaluator: config is NULL");
     if (opts != NULL &&
         (st = KEEL__STRUCT_CHECK(opts, keel_evaluator_options)) != KEEL_OK)
         return keel__wrap(st, "evaluator");
-    if (opts != NULL)
-        o = *opts;
-    else
-        keel_evaluator_options_init(&o);
-    if (o.timeout_secs <= 0)
-        o.timeout_secs = keel_config_double(cfg, "cluster.eval_timeout_secs");
-    if (o.poll_secs <= 0)
-        o.poll_secs = 0.5;
-    poll_ms = (int64_t)(o.poll_secs * 1000);
-    dir = keel_config_str(cfg, "checkpoint.dir");
-    base = keel_config_str(cfg, "checkpoint.basename");
-    final_step = o.final_step;
-    if (final_step <= 0) {
-        st = final_step_of(cfg, &final_step);
-        if (st != KEEL_OK)
-            return keel__wrap(st, "evaluator: the final step");
-    }
-    /* the chief may not have created it yet; the saver creates it too */
-    st = keel__fs_mkdirs(dir);
-    if (st == KEEL_OK)
-        st = keel__path_join(evdir, sizeof evdir, dir, "eval");
-    if (st != KEEL_OK)
-        return keel__wrap(st, "evaluator: checkpoint.dir %s", dir);
-    st = eval_ctx_open(&e, cfg);
-    if (st != KEEL_OK)
+    if ((st = evaluator_settings(&w, cfg, opts)) != KEEL_OK ||
+        (st = evaluator_open(&w)) != KEEL_OK)
         return st;
-    st = keel_events_open(evdir, NULL, &ev);
-    if (st != KEEL_OK) {
-        eval_ctx_free(&e);
-        return keel__wrap(st, "evaluator: event files in %s", evdir);
-    }
-#ifdef __linux__
-    /* The state file is replaced by rename (IN_MOVED_TO); the poll covers
-     * file systems without inotify events (NFS) and a full queue. */
-    ifd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
-    if (ifd >= 0 && inotify_add_watch(ifd, dir, IN_MOVED_TO |
-                                      IN_CLOSE_WRITE) < 0) {
-        keel__log(KEEL_LOG_DEBUG, "evaluator: inotify on %s: %s; polling "
-                  "every %.1f s", dir, strerror(errno), o.poll_secs);
-        close(ifd);
-        ifd = -1;
-    }
-#endif
-    if (o.handle_signals) {
+    if (w.o.handle_signals) {
         st = keel_session_install_signal_handlers();
-        if (st != KEEL_OK)
-            goto out;
-        installed = 1;
+        w.installed = st == KEEL_OK;
     }
-    /* no "step N" here: keel launch takes such lines as progress */
-    keel__log(KEEL_LOG_INFO, "evaluator: watching %s until the checkpoint "
-              "of the final training step (%lld); timeout %.0f s without a "
-              "new one", dir, (long long)final_step, o.timeout_secs);
-    deadline_ns = keel__now_mono_ns() + (int64_t)(o.timeout_secs * 1e9);
-    for (;;) {
-        char name[KEEL_NAME_MAX], path[KEEL_PATH_MAX];
-        int64_t step = -1, between = 0, now;
-        keel_ckpt_lease *lease = NULL;
-        keel_eval_result er;
-        struct stat sb;
-
-        st = KEEL_OK;
-        if (keel_session_signal_received() != 0) {
-            r.stopped_by_signal = 1;
-            keel__log(KEEL_LOG_INFO, "evaluator: stopped by signal %d "
-                      "after %lld evaluations",
-                      keel_session_signal_received(),
-                      (long long)r.evaluated);
-            break;
-        }
-        if (newest_checkpoint(dir, base, name, sizeof name, &step,
-                              r.last_step, &between) &&
-            step > r.last_step) {
-            st = keel_ckpt_lease_take(dir, name, &lease);
-            if (st != KEEL_OK)
-                break;
-            st = keel__path_join(path, sizeof path, dir, name);
-            if (st == KEEL_OK && stat(path, &sb) != 0)
-                st = keel__fail(KEEL_ENOTFOUND, "%s is gone", path);
-            if (st == KEEL_OK)
-                st = eval_ctx_run(&e, path, &er);
-            keel_ckpt_lease_release(lease);
-            if (st == KEEL_ENOTFOUND ||
-                (st != KEEL_OK && stat(path, &sb) != 0)) {
-                /* retention removed it before our lease: a newer one is
-                 * there */
-                keel__log(KEEL_LOG_DEBUG, "evaluator: %s went away before "
-                          "it was read", name);
-                continue;
-            }
-            if (st == KEEL_ECORRUPT || st == KEEL_EIO) {
-                keel__log(KEEL_LOG_WARN, "evaluator: skipping %s: %s", path,
-                          keel_last_error());
-                r.last_step = step;
-                continue;
-            }
-            if (st != KEEL_OK)
-                break;
-            r.evaluated++;
-            r.skipped += between;
-            r.last_step = step;
-            keel__log(KEEL_LOG_INFO, "eval step %lld: loss %.4f accuracy "
-                      "%.4f (%s)", (long long)er.step, er.loss, er.accuracy,
-                      base_name(er.checkpoint));
-            if (between > 0)
-                keel__log(KEEL_LOG_DEBUG, "evaluator: skipped %lld older "
-                          "checkpoint(s) that arrived meanwhile",
-                          (long long)between);
-            st = keel_events_scalar(ev, er.step, "eval/loss", er.loss);
-            if (st == KEEL_OK)
-                st = keel_events_scalar(ev, er.step, "eval/accuracy",
-                                        er.accuracy);
-            if (st == KEEL_OK)
-                st = keel_events_flush(ev);
-            if (st != KEEL_OK)
-                break;
-            if (o.result_fn != NULL)
-                o.result_fn(o.ctx, &er);
-            deadline_ns = keel__now_mono_ns() +
-                          (int64_t)(o.timeout_secs * 1e9);
-            if (final_step > 0 && step >= final_step) {
-                keel__log(KEEL_LOG_INFO, "evaluator: done: evaluated the "
-                          "final step %lld (%lld checkpoints, %lld "
-                          "skipped)", (long long)step,
-                          (long long)r.evaluated, (long long)r.skipped);
-                break;
-            }
-            continue;                   // a newer one may be there already
-        }
-        now = keel__now_mono_ns();
-        if (now >= deadline_ns) {
-            if (r.last_step >= 0)
-                st = keel__fail(KEEL_ETIMEOUT, "evaluator: no new checkpoint "
-                                "in %s for %.0f s after step %lld "
-                                "(cluster.eval_timeout_secs); is the chief "
-                                "running?", dir, o.timeout_secs,
-                                (long long)r.last_step);
-            else
-                st = keel__fail(KEEL_ETIMEOUT, "evaluator: no checkpoint "
-                                "appeared in %s within %.0f s "
-                                "(cluster.eval_timeout_secs); is the chief "
-                                "running and writing there?", dir,
-                                o.timeout_secs);
-            break;
-        }
-        wait_for_change(ifd, (int)((deadline_ns - now) / 1000000 + 1 <
-                                   poll_ms
-                                   ? (deadline_ns - now) / 1000000 + 1
-                                   : poll_ms));
-    }
-out:
-    if (installed)
-        keel_session_uninstall_signal_handlers();
-    if (ifd >= 0)
-        close(ifd);
-    keel_events_close(ev);
-    eval_ctx_free(&e);
+    if (st == KEEL_OK)
+        st = evaluator_watch(&w);
+    evaluator_close(&w);
     if (result != NULL)
-        *result = r;
+        *result = w.r;
     return st;
 }
