@@ -1222,13 +1222,11 @@ keel_config_double_list(const keel_config *cfg, const char *key, double *out,
     return get_list(cfg, key, 0, NULL, out, max);
 }
 
-/* Cross-key rules. Each names both keys and where they were set. */
-keel_status
-keel_config_validate(const keel_config *cfg)
+/* checkpoint.save_steps against checkpoint.save_secs, and the run's end
+ * (train.max_steps or train.epochs). */
+static keel_status
+validate_saves_and_end(const keel_config *cfg)
 {
-    const char *opt, *model, *sched;
-    if (cfg == NULL)
-        return keel__fail(KEEL_EINVAL, "config: NULL argument");
     if (keel_config_is_set(cfg, "checkpoint.save_steps") &&
         keel_config_is_set(cfg, "checkpoint.save_secs") &&
         keel_config_int(cfg, "checkpoint.save_steps") > 0 &&
@@ -1242,24 +1240,37 @@ keel_config_validate(const keel_config *cfg)
         return keel__fail(KEEL_EINVAL, "the run has no end: set "
                           "train.max_steps or train.epochs (or both; the "
                           "first reached stops training)");
-    {
-        const char *alg = keel_config_str(cfg, "algorithm.name");
-        int is_hw = strcmp(alg, "hogwild") == 0;
-        if (is_hw && strcmp(keel_config_str(cfg, "optimizer.name"),
-                            "kfac") == 0)
-            return keel__fail(KEEL_EINVAL, "algorithm.name = hogwild and "
-                              "optimizer.name = kfac (%s): K-FAC's shared "
-                              "factors need one update at a time; pick "
-                              "another optimizer",
-                              keel_config_origin(cfg, "optimizer.name"));
-        if (is_hw && keel_config_int(cfg, "train.micro_batch") > 0)
-            return keel__fail(KEEL_EINVAL, "algorithm.name = hogwild and "
-                              "train.micro_batch (%s): Hogwild threads "
-                              "each take whole mini-batches; remove "
-                              "train.micro_batch",
-                              keel_config_origin(cfg, "train.micro_batch"));
-    }
-    model = keel_config_str(cfg, "model.type");
+    return KEEL_OK;
+}
+
+/* algorithm.name = hogwild against K-FAC and micro-batches. */
+static keel_status
+validate_hogwild(const keel_config *cfg)
+{
+    const char *alg = keel_config_str(cfg, "algorithm.name");
+    int is_hw = strcmp(alg, "hogwild") == 0;
+
+    if (is_hw && strcmp(keel_config_str(cfg, "optimizer.name"),
+                        "kfac") == 0)
+        return keel__fail(KEEL_EINVAL, "algorithm.name = hogwild and "
+                          "optimizer.name = kfac (%s): K-FAC's shared "
+                          "factors need one update at a time; pick "
+                          "another optimizer",
+                          keel_config_origin(cfg, "optimizer.name"));
+    if (is_hw && keel_config_int(cfg, "train.micro_batch") > 0)
+        return keel__fail(KEEL_EINVAL, "algorithm.name = hogwild and "
+                          "train.micro_batch (%s): Hogwild threads "
+                          "each take whole mini-batches; remove "
+                          "train.micro_batch",
+                          keel_config_origin(cfg, "train.micro_batch"));
+    return KEEL_OK;
+}
+
+/* One process's parallelism: model threads against OpenBLAS threads,
+ * train.replicas only with mirrored, whose batch they split evenly. */
+static keel_status
+validate_parallelism(const keel_config *cfg)
+{
     if (keel_config_int(cfg, "train.model_threads") > 1 &&
         keel_config_int(cfg, "train.threads") > 1)
         return keel__fail(KEEL_EINVAL, "train.model_threads (%lld) and "
@@ -1283,6 +1294,15 @@ keel_config_validate(const keel_config *cfg)
                           "(mirrored); make it a multiple",
                           (long long)keel_config_int(cfg, "train.batch_size"),
                           (long long)keel_config_int(cfg, "train.replicas"));
+    return KEEL_OK;
+}
+
+/* model.hidden: only for an mlp, which needs at least one layer. */
+static keel_status
+validate_model(const keel_config *cfg)
+{
+    const char *model = keel_config_str(cfg, "model.type");
+
     if (keel_config_is_set(cfg, "model.hidden") && strcmp(model, "mlp") != 0)
         return keel__fail(KEEL_EINVAL, "model.hidden (%s) applies only to "
                           "model.type = mlp, not '%s'",
@@ -1294,7 +1314,15 @@ keel_config_validate(const keel_config *cfg)
                               "needs at least one hidden layer (e.g. "
                               "256,256)");
     }
-    opt = keel_config_str(cfg, "optimizer.name");
+    return KEEL_OK;
+}
+
+/* The optimizer.* and kfac.* keys that only some optimizer.name reads. */
+static keel_status
+validate_optimizer(const keel_config *cfg)
+{
+    const char *opt = keel_config_str(cfg, "optimizer.name");
+
     if (keel_config_is_set(cfg, "optimizer.momentum") &&
         strcmp(opt, "momentum") != 0 && strcmp(opt, "rmsprop") != 0)
         return keel__fail(KEEL_EINVAL, "optimizer.momentum (%s) has no "
@@ -1323,7 +1351,16 @@ keel_config_validate(const keel_config *cfg)
                                   "optimizer.name = kfac, not %s", kk[i],
                                   keel_config_origin(cfg, kk[i]), opt);
     }
-    sched = keel_config_str(cfg, "optimizer.schedule");
+    return KEEL_OK;
+}
+
+/* optimizer.schedule = piecewise: its increasing boundaries and one
+ * value more; the boundaries and values need piecewise. */
+static keel_status
+validate_schedule(const keel_config *cfg)
+{
+    const char *sched = keel_config_str(cfg, "optimizer.schedule");
+
     if (strcmp(sched, "piecewise") == 0) {
         int64_t b[256];
         double vals[257];
@@ -1346,6 +1383,14 @@ keel_config_validate(const keel_config *cfg)
         return keel__fail(KEEL_EINVAL, "optimizer.boundaries/values need "
                           "optimizer.schedule = piecewise, not %s", sched);
     }
+    return KEEL_OK;
+}
+
+/* The files: an HDF5 training file, checkpoint.dir and a plain
+ * checkpoint.basename. */
+static keel_status
+validate_files(const keel_config *cfg)
+{
     if (strcmp(keel_config_str(cfg, "data.format"), "hdf5") == 0 &&
         keel_config_str(cfg, "data.train_file")[0] == '\0')
         return keel__fail(KEEL_EINVAL, "data.format = hdf5 needs "
@@ -1359,6 +1404,13 @@ keel_config_validate(const keel_config *cfg)
         return keel__fail(KEEL_EINVAL, "checkpoint.basename '%s' must be a "
                           "plain file name of [A-Za-z0-9_.-]",
                           keel_config_str(cfg, "checkpoint.basename"));
+    return KEEL_OK;
+}
+
+/* The cluster's timing (heartbeat before death) and replica counts. */
+static keel_status
+validate_cluster(const keel_config *cfg)
+{
     if (keel_config_int(cfg, "cluster.heartbeat_ms") >=
         keel_config_int(cfg, "cluster.dead_after_ms"))
         return keel__fail(KEEL_EINVAL, "cluster.heartbeat_ms (%lld) must be "
@@ -1377,6 +1429,14 @@ keel_config_validate(const keel_config *cfg)
                               "cluster.replicas_to_aggregate"),
                           (long long)keel_config_int(cfg,
                               "cluster.total_num_replicas"));
+    return KEEL_OK;
+}
+
+/* algorithm.name against the older cluster.mode, per-worker learning
+ * rates only with sync, and K-FAC's plain sync rule. */
+static keel_status
+validate_algorithm(const keel_config *cfg)
+{
     if (keel_config_is_set(cfg, "algorithm.name") &&
         keel_config_is_set(cfg, "cluster.mode")) {
         keel_algorithm a;
@@ -1424,11 +1484,39 @@ keel_config_validate(const keel_config *cfg)
                               "(docs/kfac.md); unset it", k,
                               keel_config_origin(cfg, k));
     }
+    return KEEL_OK;
+}
+
+/* security.curve needs its key directory. */
+static keel_status
+validate_security(const keel_config *cfg)
+{
     if (keel_config_bool(cfg, "security.curve") &&
         keel_config_str(cfg, "security.key_dir")[0] == '\0')
         return keel__fail(KEEL_EINVAL, "security.curve = true needs "
                           "security.key_dir (make keys with 'keel keygen "
                           "DIR')");
+    return KEEL_OK;
+}
+
+/* Cross-key rules. Each names both keys and where they were set; the
+ * first rule broken, in this order, is the one reported. */
+keel_status
+keel_config_validate(const keel_config *cfg)
+{
+    static keel_status (*const rules[])(const keel_config *) = {
+        validate_saves_and_end, validate_hogwild, validate_parallelism,
+        validate_model, validate_optimizer, validate_schedule,
+        validate_files, validate_cluster, validate_algorithm,
+        validate_security
+    };
+    keel_status st;
+
+    if (cfg == NULL)
+        return keel__fail(KEEL_EINVAL, "config: NULL argument");
+    for (size_t i = 0; i < sizeof rules / sizeof *rules; i++)
+        if ((st = rules[i](cfg)) != KEEL_OK)
+            return st;
     return KEEL_OK;
 }
 
