@@ -19,15 +19,6 @@
  * receipt without the identity frame): keel__wire_bytes. */
 static _Atomic uint64_t bytes_out, bytes_in;
 
-/* ---- little-endian helpers ---------------------------------------------- */
-
-static void
-put16(unsigned char *p, uint16_t v)
-{
-    p[0] = (unsigned char)v;
-    p[1] = (unsigned char)(v >> 8);
-}
-
 /* ---- header and descriptor ---------------------------------------------- */
 
 void
@@ -47,7 +38,7 @@ keel__wire_header_encode(const keel__wire_header *h,
 {
     memset(out, 0, KEEL_WIRE_HEADER_SIZE);
     memcpy(out, "KEEL", 4);
-    put16(out + 4, KEEL_WIRE_VERSION);
+    keel__le_put(out + 4, KEEL_WIRE_VERSION, 2);
     out[6] = h->type;
     out[7] = h->flags;
     keel__le_put(out + 8, h->request_id, 8);
@@ -107,7 +98,7 @@ keel__wire_desc_encode(const char *name, int ndim, const int64_t *shape,
     size_t len = strlen(name), need = 4 + 8 * (size_t)ndim + len;
     if (need > size || len > 0xffff || ndim < 0 || ndim > KEEL_MAX_DIMS)
         return 0;
-    put16(buf, (uint16_t)len);
+    keel__le_put(buf, len, 2);
     buf[2] = KEEL_WIRE_DTYPE_F32;
     buf[3] = (unsigned char)ndim;
     for (int i = 0; i < ndim; i++)
