@@ -721,6 +721,24 @@ hogwild_step(job *j, keel_step *stp, const keel_batch *b,
     return KEEL_OK;
 }
 
+/* One piece of the step's batch through the model, its loss and accuracy
+ * added to stats: into own (zeroed first), or with own NULL into the
+ * step's gradients; norm divides the loss. */
+static keel_status
+piece_step(job *j, keel_step *stp, const keel_batch *piece, int64_t norm,
+           keel_grads *own, keel_step_stats *stats)
+{
+    keel_step_stats one;
+    keel_status st;
+    if (own != NULL)
+        keel_grads_zero(own);
+    st = keel_model_step(j->model, keel_step_vars(stp), piece, norm,
+                         own != NULL ? own : keel_step_grads(stp), &one);
+    if (st == KEEL_OK)
+        stats_add(stats, &one);
+    return st;
+}
+
 /* train.micro_batch: fixed micro-batches, each computed alone and added in
  * order (in a cluster each into its own gradient store, pushed
  * separately). */
@@ -730,7 +748,6 @@ micro_step(job *j, keel_step *stp, const keel_batch *b,
 {
     size_t m = (size_t)j->micro, stride = keel_dataset_example_size(j->ds);
     int64_t norm = j->local_norm ? (int64_t)b->n : j->global_batch;
-    keel_step_stats one;
     keel_status st;
     if (b->n % m != 0)
         return keel__fail(KEEL_EINVAL, "train.micro_batch = %zu does not "
@@ -738,19 +755,15 @@ micro_step(job *j, keel_step *stp, const keel_batch *b,
     memset(stats, 0, sizeof *stats);
     for (size_t k = 0; k < b->n / m; k++) {
         keel_batch mb = batch_slice(b, k * m, m, stride);
-        keel_grads *g = keel_step_grads(stp);
+        keel_grads *own = NULL;
         if (j->n_micro > 0) {
             if (k >= (size_t)j->n_micro)
                 return keel__fail(KEEL_EINTERNAL, "micro-batch %zu of %d",
                                   k, j->n_micro);
-            g = j->micro_g[k];
-            keel_grads_zero(g);
+            own = j->micro_g[k];
         }
-        st = keel_model_step(j->model, keel_step_vars(stp), &mb, norm, g,
-                             &one);
-        if (st != KEEL_OK)
+        if ((st = piece_step(j, stp, &mb, norm, own, stats)) != KEEL_OK)
             return st;
-        stats_add(stats, &one);
     }
     return KEEL_OK;
 }
@@ -762,7 +775,6 @@ tree_step(job *j, keel_step *stp, const keel_batch *b,
           keel_step_stats *stats)
 {
     size_t stride = keel_dataset_example_size(j->ds);
-    keel_step_stats one;
     keel_status st;
     memset(stats, 0, sizeof *stats);
     for (int c = 0; c < j->n_nodes; c++) {
@@ -772,12 +784,9 @@ tree_step(job *j, keel_step *stp, const keel_batch *b,
                               "[%zu, +%zu) of a batch of %zu", c,
                               j->node_off[c], j->node_len[c], b->n);
         nb = batch_slice(b, j->node_off[c], j->node_len[c], stride);
-        keel_grads_zero(j->micro_g[c]);
-        st = keel_model_step(j->model, keel_step_vars(stp), &nb,
-                             j->global_batch, j->micro_g[c], &one);
+        st = piece_step(j, stp, &nb, j->global_batch, j->micro_g[c], stats);
         if (st != KEEL_OK)
             return st;
-        stats_add(stats, &one);
     }
     return KEEL_OK;
 }
