@@ -93,15 +93,17 @@ open_model(const char *ckpt_arg, const char *config, keel_inference **inf)
     return CLI_OK;
 }
 
-int
-cmd_export(int argc, char **argv)
+/* What `keel export`'s command line gives. */
+typedef struct export_args {
+    const char *ckpt, *format, *output, *config;
+    int help;
+} export_args;
+
+/* Parse argv into a (initialised here): --format, -o, --config and CKPT.
+ * CLI_OK (a->help set for --help) or the usage error, on stderr already. */
+static int
+export_parse(int argc, char **argv, export_args *a)
 {
-    const char *ckpt = NULL, *format = NULL, *output = NULL, *config = NULL;
-    keel_export_format f;
-    keel_inference *inf = NULL;
-    char outbuf[4096];
-    keel_status st;
-    int rc, c;
     static const struct option longs[] = {
         { "format", required_argument, NULL, 'f' },
         { "output", required_argument, NULL, 'o' },
@@ -110,65 +112,90 @@ cmd_export(int argc, char **argv)
         { NULL, 0, NULL, 0 }
     };
     const char *spec = cli_getopt_begin("o:h");
+    int c;
+
+    memset(a, 0, sizeof *a);
     while ((c = getopt_long(argc, argv, spec, longs, NULL)) != -1) {
         switch (c) {
         case 'f':
-            format = optarg;
+            a->format = optarg;
             break;
         case 'o':
-            output = optarg;
+            a->output = optarg;
             break;
         case 'c':
-            config = optarg;
+            a->config = optarg;
             break;
         case 'h':
-            return export_usage(stdout, CLI_OK);
+            a->help = 1;
+            return CLI_OK;
         default:
             return cli_getopt_error(argv, c, "a value");
         }
     }
     for (int i = optind; i < argc; i++) {
-        const char *a = argv[i];
-        if (ckpt == NULL) {
-            ckpt = a;
-        } else {
+        if (a->ckpt != NULL)
             return cli_error(CLI_USAGE, "export takes one CKPT, got '%s' and "
-                             "'%s'", ckpt, a);
-        }
+                             "'%s'", a->ckpt, argv[i]);
+        a->ckpt = argv[i];
     }
-    if (ckpt == NULL || format == NULL)
+    if (a->ckpt == NULL || a->format == NULL)
         return cli_error(CLI_USAGE, "export needs CKPT and --format "
                          "keras-h5|safetensors|onnx; see 'keel export "
                          "--help'");
-    if (keel_export_format_from_name(format, &f) != KEEL_OK)
-        return cli_error(CLI_USAGE, "--format %s: %s", format,
-                         keel_last_error());
-    rc = open_model(ckpt, config, &inf);
+    return CLI_OK;
+}
+
+/* Without -o: the checkpoint's path with the format's extension in place
+ * of ".h5" (keras-h5: ".keras.h5"), into buf. */
+static int
+default_output(const char *ckpt, keel_export_format f, char *buf,
+               size_t size)
+{
+    char src[4096];
+    size_t n;
+    int rc = resolve_ckpt(ckpt, src, sizeof src);
+
     if (rc != CLI_OK)
         return rc;
-    if (output == NULL) {
-        char src[4096];
-        size_t n;
-        if ((rc = resolve_ckpt(ckpt, src, sizeof src)) != CLI_OK) {
-            keel_inference_free(inf);
-            return rc;
-        }
-        n = strlen(src);
-        if (n > 3 && strcmp(src + n - 3, ".h5") == 0)
-            n -= 3;
-        if (f == KEEL_EXPORT_KERAS_H5) {
-            snprintf(outbuf, sizeof outbuf, "%.*s.keras.h5", (int)n, src);
-        } else {
-            snprintf(outbuf, sizeof outbuf, "%.*s%s", (int)n, src,
-                     keel_export_format_extension(f));
-        }
-        output = outbuf;
+    n = strlen(src);
+    if (n > 3 && strcmp(src + n - 3, ".h5") == 0)
+        n -= 3;
+    snprintf(buf, size, "%.*s%s", (int)n, src, f == KEEL_EXPORT_KERAS_H5
+             ? ".keras.h5" : keel_export_format_extension(f));
+    return CLI_OK;
+}
+
+int
+cmd_export(int argc, char **argv)
+{
+    export_args a;
+    keel_export_format f;
+    keel_inference *inf = NULL;
+    char outbuf[4096];
+    keel_status st;
+    int rc = export_parse(argc, argv, &a);
+
+    if (rc != CLI_OK)
+        return rc;
+    if (a.help)
+        return export_usage(stdout, CLI_OK);
+    if (keel_export_format_from_name(a.format, &f) != KEEL_OK)
+        return cli_error(CLI_USAGE, "--format %s: %s", a.format,
+                         keel_last_error());
+    rc = open_model(a.ckpt, a.config, &inf);
+    if (rc == CLI_OK && a.output == NULL &&
+        (rc = default_output(a.ckpt, f, outbuf, sizeof outbuf)) == CLI_OK)
+        a.output = outbuf;
+    if (rc != CLI_OK) {
+        keel_inference_free(inf);
+        return rc;
     }
-    st = keel_export(inf, f, output);
+    st = keel_export(inf, f, a.output);
     keel_inference_free(inf);
     if (st != KEEL_OK)
         return cli_fail(st, "export");
-    printf("exported %s (%s) to %s\n", ckpt, format, output);
+    printf("exported %s (%s) to %s\n", a.ckpt, a.format, a.output);
     return CLI_OK;
 }
 
