@@ -239,10 +239,20 @@ cli_resolve_cluster(const keel_config *cfg, const char *task,
 
 enum { OPT_TASK = 256, OPT_JSON, OPT_CHECKPOINT };
 
+/* What train's and eval's command lines give: CONFIG (eval: or DIR or
+ * CKPT.h5), the -s overrides, -v, and train's --task or eval's --checkpoint
+ * and --json. */
+typedef struct common_args {
+    const char *path;
+    const char *ckpt;             /* --task (train), --checkpoint (eval) */
+    char *over[256];
+    int n_over, verbose, json;
+} common_args;
+
+/* Parse argv into a (initialised here); allow_eval_opts: eval's options,
+ * else train's. CLI_OK or the usage error, on stderr already. */
 static int
-parse_common(int argc, char **argv, const char **path, char **over,
-             int *n_over, int *verbose, int *json, const char **ckpt,
-             int allow_eval_opts)
+parse_common(int argc, char **argv, int allow_eval_opts, common_args *a)
 {
     static const struct option train_opts[] = {
         { "set", required_argument, NULL, 's' },
@@ -259,26 +269,25 @@ parse_common(int argc, char **argv, const char **path, char **over,
     };
     const char *spec = cli_getopt_begin("s:v");
     int c;
-    *path = NULL;
-    *n_over = 0;
+    memset(a, 0, sizeof *a);
     while ((c = getopt_long(argc, argv, spec,
                             allow_eval_opts ? eval_opts : train_opts,
                             NULL)) != -1) {
         switch (c) {
         case 's':
-            if (*n_over == 256)
+            if (a->n_over == 256)
                 return cli_error(CLI_USAGE, "too many -s overrides");
-            over[(*n_over)++] = optarg;
+            a->over[a->n_over++] = optarg;
             break;
         case 'v':
-            *verbose = 1;
+            a->verbose = 1;
             break;
         case OPT_TASK:
         case OPT_CHECKPOINT:
-            *ckpt = optarg;
+            a->ckpt = optarg;
             break;
         case OPT_JSON:
-            *json = 1;
+            a->json = 1;
             break;
         default:
             return cli_getopt_error(argv, c,
@@ -288,12 +297,12 @@ parse_common(int argc, char **argv, const char **path, char **over,
         }
     }
     for (int i = optind; i < argc; i++) {
-        if (*path != NULL)
+        if (a->path != NULL)
             return cli_error(CLI_USAGE, "%s takes one CONFIG, got '%s' and "
-                             "'%s'", argv[0], *path, argv[i]);
-        *path = argv[i];
+                             "'%s'", argv[0], a->path, argv[i]);
+        a->path = argv[i];
     }
-    if (*path == NULL)
+    if (a->path == NULL)
         return cli_error(CLI_USAGE, "%s needs a CONFIG file; see 'keel %s "
                          "--help'", argv[0], argv[0]);
     return CLI_OK;
@@ -344,9 +353,9 @@ run_evaluator(const keel_config *cfg)
 int
 cmd_train(int argc, char **argv)
 {
-    const char *path, *ckpt = NULL, *mode;
-    char *over[256];
-    int n_over, verbose = 0, json = 0, rc;
+    const char *mode;
+    common_args a;
+    int rc;
     keel_config *cfg;
     keel_job_options opts;
     keel_job_result res;
@@ -356,19 +365,18 @@ cmd_train(int argc, char **argv)
 
     if (cli_wants_help(argc, argv))
         return train_usage(stdout, CLI_OK);
-    rc = parse_common(argc, argv, &path, over, &n_over, &verbose, &json,
-                      &ckpt, 0);
+    rc = parse_common(argc, argv, 0, &a);
     if (rc != CLI_OK)
         return rc;
-    cli_install_logger(verbose);
-    rc = cli_load_config(path, n_over, over, &cfg);
+    cli_install_logger(a.verbose);
+    rc = cli_load_config(a.path, a.n_over, a.over, &cfg);
     if (rc != CLI_OK)
         return rc;
     /* multi_worker_mirrored: the ranks come from MPI, not a cluster spec
      * (srun's SLURM_PROCID is then an MPI rank, not a ps task) */
     if (strcmp(keel_config_str(cfg, "train.strategy"),
                "multi_worker_mirrored") != 0 || getenv("TF_CONFIG") != NULL)
-        rc = cli_resolve_cluster(cfg, ckpt, &spec);     /* ckpt: --task */
+        rc = cli_resolve_cluster(cfg, a.ckpt, &spec);   /* --task */
     if (rc != CLI_OK) {
         keel_config_free(cfg);
         return rc;
@@ -520,12 +528,23 @@ is_hdf5(const char *path)
     return n == 8 && memcmp(sig, "\211HDF\r\n\032\n", 8) == 0;
 }
 
+/* The config checkpoint src carries, with a's -s overrides. */
+static keel_status
+config_from_checkpoint(const char *src, const common_args *a,
+                       keel_config **cfg)
+{
+    keel_status st = keel_config_from_checkpoint(src, cfg);
+    for (int i = 0; st == KEEL_OK && i < a->n_over; i++)
+        st = keel_config_override(*cfg, a->over[i], "-s");
+    return st;
+}
+
 int
 cmd_eval(int argc, char **argv)
 {
-    const char *path, *ckpt = NULL;
-    char *over[256];
-    int n_over, verbose = 0, json = 0, rc;
+    const char *ckpt;
+    common_args a;
+    int rc;
     keel_config *cfg = NULL;
     keel_eval_result res;
     struct stat sb;
@@ -534,40 +553,37 @@ cmd_eval(int argc, char **argv)
 
     if (cli_wants_help(argc, argv))
         return eval_usage(stdout, CLI_OK);
-    rc = parse_common(argc, argv, &path, over, &n_over, &verbose, &json,
-                      &ckpt, 1);
+    rc = parse_common(argc, argv, 1, &a);
     if (rc != CLI_OK)
         return rc;
-    cli_install_logger(verbose);
-    if (is_hdf5(path)) {
+    cli_install_logger(a.verbose);
+    ckpt = a.ckpt;
+    if (is_hdf5(a.path)) {
         /* A checkpoint file: it carries its config (and architecture). */
         if (ckpt != NULL)
             return cli_error(CLI_USAGE, "eval %s: --checkpoint is for CONFIG "
-                             "or DIR, not a checkpoint file", path);
-        st = keel_config_from_checkpoint(path, &cfg);
-        for (int i = 0; st == KEEL_OK && i < n_over; i++)
-            st = keel_config_override(cfg, over[i], "-s");
+                             "or DIR, not a checkpoint file", a.path);
+        st = config_from_checkpoint(a.path, &a, &cfg);
         if (st != KEEL_OK) {
             keel_config_free(cfg);
             return cli_fail(st, "eval");
         }
-        ckpt = path;
-    } else if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        ckpt = a.path;
+    } else if (stat(a.path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
         /* A checkpoint directory: its checkpoint carries the config. */
         int64_t step;
         const char *src = ckpt;
         if (src == NULL) {
-            st = keel_ckpt_latest(path, NULL, latest, sizeof latest, &step);
+            st = keel_ckpt_latest(a.path, NULL, latest, sizeof latest,
+                                  &step);
             if (st != KEEL_OK)
                 return cli_fail(st, "eval");
             src = latest;
         }
-        st = keel_config_from_checkpoint(src, &cfg);
-        for (int i = 0; st == KEEL_OK && i < n_over; i++)
-            st = keel_config_override(cfg, over[i], "-s");
+        st = config_from_checkpoint(src, &a, &cfg);
         if (st == KEEL_OK) {
             char set[1100];
-            snprintf(set, sizeof set, "checkpoint.dir=%s", path);
+            snprintf(set, sizeof set, "checkpoint.dir=%s", a.path);
             st = keel_config_override(cfg, set, "eval DIR");
         }
         if (st != KEEL_OK) {
@@ -577,7 +593,7 @@ cmd_eval(int argc, char **argv)
         if (ckpt == NULL)
             ckpt = latest;
     } else {
-        rc = cli_load_config(path, n_over, over, &cfg);
+        rc = cli_load_config(a.path, a.n_over, a.over, &cfg);
         if (rc != CLI_OK)
             return rc;
     }
@@ -597,7 +613,7 @@ cmd_eval(int argc, char **argv)
     keel_config_free(cfg);
     if (st != KEEL_OK)
         return cli_fail(st, "eval");
-    if (json) {
+    if (a.json) {
         print_eval_json(&res);
     } else {
         printf("step %lld: test loss %.4f, accuracy %.4f (%lld examples, "
