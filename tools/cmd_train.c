@@ -350,18 +350,96 @@ run_evaluator(const keel_config *cfg)
     return CLI_OK;
 }
 
+/* hooks.progress: on, or auto with stderr a terminal. */
+static int
+wants_bar(const keel_config *cfg)
+{
+    const char *mode = keel_config_str(cfg, "hooks.progress");
+    return strcmp(mode, "on") == 0 ||
+           (strcmp(mode, "auto") == 0 && isatty(2));
+}
+
+/* The cluster this task belongs to (NULL: one process).
+ * multi_worker_mirrored: the ranks come from MPI, not a cluster spec
+ * (srun's SLURM_PROCID is then an MPI rank, not a ps task). */
+static int
+train_cluster(const keel_config *cfg, const char *task,
+              keel_cluster_spec **spec)
+{
+    *spec = NULL;
+    if (strcmp(keel_config_str(cfg, "train.strategy"),
+               "multi_worker_mirrored") != 0 || getenv("TF_CONFIG") != NULL)
+        return cli_resolve_cluster(cfg, task, spec);
+    return CLI_OK;
+}
+
+/* The run's last line: the steps trained and the examples/s (a cluster's
+ * chief also the whole cluster's), or a stop before training began. */
+static void
+train_report(const keel_config *cfg, const keel_job_result *res,
+             int cluster_chief)
+{
+    if (res->end_reason == KEEL_END_SIGNAL && res->examples == 0 &&
+        res->seconds == 0.0) {
+        /* SIGTERM while waiting for the cluster: no session ever ran */
+        printf("stopped by a signal before training started; checkpoints "
+               "in %s\n", keel_config_str(cfg, "checkpoint.dir"));
+        return;
+    }
+    printf("trained steps %lld..%lld (%lld examples, %.1f s, %.0f "
+           "examples/s", (long long)res->start_step,
+           (long long)res->final_step, (long long)res->examples,
+           res->seconds,
+           res->seconds > 0 ? res->examples / res->seconds : 0.0);
+    if (cluster_chief)
+        printf("; cluster %lld examples, %.0f examples/s",
+               (long long)res->cluster_examples, res->seconds > 0
+               ? res->cluster_examples / res->seconds : 0.0);
+    printf("); checkpoints in %s\n", keel_config_str(cfg, "checkpoint.dir"));
+}
+
+/* Train as this task of spec (NULL: one process), with the progress lines
+ * and bar, then report: a ps its stop, the others the run. */
+static int
+train_task(const keel_config *cfg, const keel_cluster_spec *spec)
+{
+    int in_cluster = spec != NULL && !keel_cluster_spec_is_local(spec);
+    keel_job_options opts;
+    keel_job_result res;
+    progress_state ps;
+    keel_status st;
+
+    if (in_cluster)
+        keep_message_buffers();
+    memset(&ps, 0, sizeof ps);
+    ps.every = keel_config_int(cfg, "hooks.log_every_steps");
+    ps.bar = wants_bar(cfg);
+    ps.cluster = in_cluster;
+    keel_job_options_init(&opts);
+    opts.progress_fn = on_progress;
+    opts.epoch_fn = on_epoch;
+    opts.progress_ctx = &ps;
+    opts.handle_signals = 1;
+    opts.cluster = spec;
+    st = keel_job_train(cfg, &opts, &res);
+    clear_bar(&ps);
+    if (st != KEEL_OK)
+        return cli_fail(st, "train");
+    if (spec != NULL && keel_cluster_spec_task_type(spec) == KEEL_TASK_PS) {
+        printf("ps %d: stopped\n", keel_cluster_spec_task_index(spec));
+        return CLI_OK;
+    }
+    train_report(cfg, &res, in_cluster && keel_cluster_spec_is_chief(spec));
+    return CLI_OK;
+}
+
 int
 cmd_train(int argc, char **argv)
 {
-    const char *mode;
     common_args a;
-    int rc;
     keel_config *cfg;
-    keel_job_options opts;
-    keel_job_result res;
-    keel_cluster_spec *spec = NULL;
-    progress_state ps;
-    keel_status st;
+    keel_cluster_spec *spec;
+    int rc;
 
     if (cli_wants_help(argc, argv))
         return train_usage(stdout, CLI_OK);
@@ -372,71 +450,18 @@ cmd_train(int argc, char **argv)
     rc = cli_load_config(a.path, a.n_over, a.over, &cfg);
     if (rc != CLI_OK)
         return rc;
-    /* multi_worker_mirrored: the ranks come from MPI, not a cluster spec
-     * (srun's SLURM_PROCID is then an MPI rank, not a ps task) */
-    if (strcmp(keel_config_str(cfg, "train.strategy"),
-               "multi_worker_mirrored") != 0 || getenv("TF_CONFIG") != NULL)
-        rc = cli_resolve_cluster(cfg, a.ckpt, &spec);   /* --task */
-    if (rc != CLI_OK) {
-        keel_config_free(cfg);
-        return rc;
-    }
-    if (spec != NULL &&
+    rc = train_cluster(cfg, a.ckpt, &spec);         /* a.ckpt: --task */
+    if (rc == CLI_OK && spec != NULL &&
         keel_cluster_spec_task_type(spec) == KEEL_TASK_EVALUATOR) {
         keel_cluster_spec_free(spec);
+        spec = NULL;
         rc = run_evaluator(cfg);
-        keel_config_free(cfg);
-        return rc;
+    } else if (rc == CLI_OK) {
+        rc = train_task(cfg, spec);
     }
-    if (spec != NULL && !keel_cluster_spec_is_local(spec))
-        keep_message_buffers();
-    memset(&ps, 0, sizeof ps);
-    ps.every = keel_config_int(cfg, "hooks.log_every_steps");
-    mode = keel_config_str(cfg, "hooks.progress");
-    ps.bar = strcmp(mode, "on") == 0 ||
-             (strcmp(mode, "auto") == 0 && isatty(2));
-    ps.cluster = spec != NULL && !keel_cluster_spec_is_local(spec);
-    keel_job_options_init(&opts);
-    opts.progress_fn = on_progress;
-    opts.epoch_fn = on_epoch;
-    opts.progress_ctx = &ps;
-    opts.handle_signals = 1;
-    opts.cluster = spec;
-    st = keel_job_train(cfg, &opts, &res);
-    clear_bar(&ps);
-    if (st != KEEL_OK) {
-        keel_cluster_spec_free(spec);
-        keel_config_free(cfg);
-        return cli_fail(st, "train");
-    }
-    if (spec != NULL &&
-        keel_cluster_spec_task_type(spec) == KEEL_TASK_PS) {
-        printf("ps %d: stopped\n", keel_cluster_spec_task_index(spec));
-        keel_cluster_spec_free(spec);
-        keel_config_free(cfg);
-        return CLI_OK;
-    }
-    ps.cluster = ps.cluster && keel_cluster_spec_is_chief(spec);
     keel_cluster_spec_free(spec);
-    if (res.end_reason == KEEL_END_SIGNAL && res.examples == 0 &&
-        res.seconds == 0.0) {
-        /* SIGTERM while waiting for the cluster: no session ever ran */
-        printf("stopped by a signal before training started; checkpoints "
-               "in %s\n", keel_config_str(cfg, "checkpoint.dir"));
-        keel_config_free(cfg);
-        return CLI_OK;
-    }
-    printf("trained steps %lld..%lld (%lld examples, %.1f s, %.0f "
-           "examples/s", (long long)res.start_step,
-           (long long)res.final_step, (long long)res.examples, res.seconds,
-           res.seconds > 0 ? res.examples / res.seconds : 0.0);
-    if (ps.cluster)
-        printf("; cluster %lld examples, %.0f examples/s",
-               (long long)res.cluster_examples,
-               res.seconds > 0 ? res.cluster_examples / res.seconds : 0.0);
-    printf("); checkpoints in %s\n", keel_config_str(cfg, "checkpoint.dir"));
     keel_config_free(cfg);
-    return CLI_OK;
+    return rc;
 }
 
 static int
@@ -539,17 +564,82 @@ config_from_checkpoint(const char *src, const common_args *a,
     return st;
 }
 
+/* What eval evaluates: the checkpoint (NULL: the newest in
+ * checkpoint.dir), which may be latest. */
+typedef struct eval_target {
+    const char *ckpt;
+    char latest[1024];
+} eval_target;
+
+/* A checkpoint directory: the config of --checkpoint or of its newest
+ * checkpoint, which is then the one evaluated; checkpoint.dir is dir. */
+static int
+eval_dir_config(const common_args *a, eval_target *t, keel_config **cfg)
+{
+    const char *src = a->ckpt;
+    char set[1100];
+    int64_t step;
+    keel_status st;
+
+    if (src == NULL) {
+        st = keel_ckpt_latest(a->path, NULL, t->latest, sizeof t->latest,
+                              &step);
+        if (st != KEEL_OK)
+            return cli_fail(st, "eval");
+        src = t->latest;
+    }
+    st = config_from_checkpoint(src, a, cfg);
+    if (st == KEEL_OK) {
+        snprintf(set, sizeof set, "checkpoint.dir=%s", a->path);
+        st = keel_config_override(*cfg, set, "eval DIR");
+    }
+    if (st != KEEL_OK) {
+        keel_config_free(*cfg);
+        return cli_fail(st, "eval");
+    }
+    t->ckpt = src;
+    return CLI_OK;
+}
+
+/* The config and checkpoint of a->path: a checkpoint file (its own
+ * config), a checkpoint directory, or a CONFIG file (--checkpoint, or the
+ * newest checkpoint in its checkpoint.dir). */
+static int
+eval_config(common_args *a, eval_target *t, keel_config **cfg)
+{
+    struct stat sb;
+    keel_status st;
+
+    *cfg = NULL;
+    t->ckpt = a->ckpt;
+    if (is_hdf5(a->path)) {
+        /* A checkpoint file: it carries its config (and architecture). */
+        if (a->ckpt != NULL)
+            return cli_error(CLI_USAGE, "eval %s: --checkpoint is for CONFIG "
+                             "or DIR, not a checkpoint file", a->path);
+        st = config_from_checkpoint(a->path, a, cfg);
+        if (st != KEEL_OK) {
+            keel_config_free(*cfg);
+            return cli_fail(st, "eval");
+        }
+        t->ckpt = a->path;
+        return CLI_OK;
+    }
+    if (stat(a->path, &sb) == 0 && S_ISDIR(sb.st_mode))
+        return eval_dir_config(a, t, cfg);
+    return cli_load_config(a->path, a->n_over, a->over, cfg);
+}
+
 int
 cmd_eval(int argc, char **argv)
 {
-    const char *ckpt;
     common_args a;
-    int rc;
-    keel_config *cfg = NULL;
+    eval_target t;
+    keel_config *cfg;
     keel_eval_result res;
-    struct stat sb;
     keel_status st;
-    char latest[1024];
+    eval_bar eb;
+    int rc;
 
     if (cli_wants_help(argc, argv))
         return eval_usage(stdout, CLI_OK);
@@ -557,68 +647,24 @@ cmd_eval(int argc, char **argv)
     if (rc != CLI_OK)
         return rc;
     cli_install_logger(a.verbose);
-    ckpt = a.ckpt;
-    if (is_hdf5(a.path)) {
-        /* A checkpoint file: it carries its config (and architecture). */
-        if (ckpt != NULL)
-            return cli_error(CLI_USAGE, "eval %s: --checkpoint is for CONFIG "
-                             "or DIR, not a checkpoint file", a.path);
-        st = config_from_checkpoint(a.path, &a, &cfg);
-        if (st != KEEL_OK) {
-            keel_config_free(cfg);
-            return cli_fail(st, "eval");
-        }
-        ckpt = a.path;
-    } else if (stat(a.path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
-        /* A checkpoint directory: its checkpoint carries the config. */
-        int64_t step;
-        const char *src = ckpt;
-        if (src == NULL) {
-            st = keel_ckpt_latest(a.path, NULL, latest, sizeof latest,
-                                  &step);
-            if (st != KEEL_OK)
-                return cli_fail(st, "eval");
-            src = latest;
-        }
-        st = config_from_checkpoint(src, &a, &cfg);
-        if (st == KEEL_OK) {
-            char set[1100];
-            snprintf(set, sizeof set, "checkpoint.dir=%s", a.path);
-            st = keel_config_override(cfg, set, "eval DIR");
-        }
-        if (st != KEEL_OK) {
-            keel_config_free(cfg);
-            return cli_fail(st, "eval");
-        }
-        if (ckpt == NULL)
-            ckpt = latest;
-    } else {
-        rc = cli_load_config(a.path, a.n_over, a.over, &cfg);
-        if (rc != CLI_OK)
-            return rc;
-    }
-    {
-        const char *mode = keel_config_str(cfg, "hooks.progress");
-        eval_bar eb;
-        int bar = strcmp(mode, "on") == 0 ||
-                  (strcmp(mode, "auto") == 0 && isatty(2));
-        eb.t0_ns = eb.last_ns = now_ns();
-        st = keel_job_eval_progress(cfg, ckpt, bar ? on_eval_progress : NULL,
-                                    &eb, &res);
-        if (cli_bar_drawn) {
-            fputs("\r\033[K", stderr);
-            cli_bar_drawn = 0;
-        }
+    rc = eval_config(&a, &t, &cfg);
+    if (rc != CLI_OK)
+        return rc;
+    eb.t0_ns = eb.last_ns = now_ns();
+    st = keel_job_eval_progress(cfg, t.ckpt, wants_bar(cfg)
+                                ? on_eval_progress : NULL, &eb, &res);
+    if (cli_bar_drawn) {
+        fputs("\r\033[K", stderr);
+        cli_bar_drawn = 0;
     }
     keel_config_free(cfg);
     if (st != KEEL_OK)
         return cli_fail(st, "eval");
-    if (a.json) {
+    if (a.json)
         print_eval_json(&res);
-    } else {
+    else
         printf("step %lld: test loss %.4f, accuracy %.4f (%lld examples, "
                "%s)\n", (long long)res.step, res.loss, res.accuracy,
                (long long)res.examples, res.checkpoint);
-    }
     return CLI_OK;
 }
