@@ -439,35 +439,24 @@ section_known(const char *section)
     return 0;
 }
 
+/* What an error about an unknown name offers instead, into buf: section
+ * NULL, every section ("[model] [data] ..."); else the keys of section
+ * ("type, init, ..."). */
 static void
-list_sections(char *buf, size_t size)
+list_names(const char *section, char *buf, size_t size)
 {
     size_t used = 0;
     buf[0] = '\0';
-    for (size_t k = 0; k < N_KEYS; k++) {
-        if (k > 0 && strcmp(schema[k].section, schema[k - 1].section) == 0)
-            continue;
-        used += (size_t)snprintf(buf + used, used < size ? size - used : 0,
-                                 "%s[%s]", used > 0 ? " " : "",
-                                 schema[k].section);
-        if (used >= size)
-            break;
-    }
-}
-
-static void
-list_keys(const char *section, char *buf, size_t size)
-{
-    size_t used = 0;
-    buf[0] = '\0';
-    for (size_t k = 0; k < N_KEYS; k++) {
-        if (strcmp(schema[k].section, section) != 0)
-            continue;
-        used += (size_t)snprintf(buf + used, used < size ? size - used : 0,
-                                 "%s%s", used > 0 ? ", " : "",
-                                 schema[k].name);
-        if (used >= size)
-            break;
+    for (size_t k = 0; k < N_KEYS && used < size; k++) {
+        const key_def *d = &schema[k];
+        int opens_section = k == 0 ||
+                            strcmp(d->section, schema[k - 1].section) != 0;
+        if (section == NULL && opens_section)
+            used += (size_t)snprintf(buf + used, size - used, "%s[%s]",
+                                     used > 0 ? " " : "", d->section);
+        else if (section != NULL && strcmp(d->section, section) == 0)
+            used += (size_t)snprintf(buf + used, size - used, "%s%s",
+                                     used > 0 ? ", " : "", d->name);
     }
 }
 
@@ -857,7 +846,7 @@ read_line(char *str, int num, void *stream)
         if (nl2 >= sizeof name || (memcpy(name, s, nl2), name[nl2] = '\0',
                                    !section_known(name))) {
             char secs[256];
-            list_sections(secs, sizeof secs);
+            list_names(NULL, secs, sizeof secs);
             READER_FAIL(lc, "unknown section [%.*s]; valid sections: %s",
                         (int)(nl2 < 64 ? nl2 : 64), s, secs);
         }
@@ -942,7 +931,7 @@ on_ini(void *user, const char *section, const char *name, const char *val)
     k = find_key(section, name);
     if (k < 0) {
         char keys[600];
-        list_keys(section, keys, sizeof keys);
+        list_names(section, keys, sizeof keys);
         FAIL_FIRST(lc, "unknown key '%s' in [%s]; valid keys: %s", name,
                    section, keys);
     }
@@ -1059,13 +1048,13 @@ keel_config_override(keel_config *cfg, const char *assignment,
         if (dot != NULL) {
             *dot = '\0';
             if (section_known(key)) {
-                list_keys(key, keys, sizeof keys);
+                list_names(key, keys, sizeof keys);
                 return keel__fail(KEEL_EINVAL, "%s: unknown key '%s' in "
                                   "[%s]; valid keys: %s", origin, dot + 1,
                                   key, keys);
             }
         }
-        list_sections(secs, sizeof secs);
+        list_names(NULL, secs, sizeof secs);
         return keel__fail(KEEL_EINVAL, "%s: unknown setting '%s'; use "
                           "section.key with a section of %s", origin,
                           assignment, secs);

@@ -21,6 +21,7 @@
 #include <keel/job.h>
 #include <keel/export.h>
 #include "util.h"
+#include "h5util.h"
 #include "app_int.h"
 #include "../train/train_int.h"
 
@@ -273,10 +274,8 @@ attr_put(hid_t obj, const char *name, hid_t t, hid_t sp, const void *val)
     hid_t a = t >= 0 && sp >= 0 ? H5Acreate2(obj, name, t, sp, H5P_DEFAULT,
                                              H5P_DEFAULT) : -1;
     int ok = a >= 0 && (val == NULL || H5Awrite(a, t, val) >= 0);
-    if (a >= 0)
-        H5Aclose(a);
-    if (sp >= 0)
-        H5Sclose(sp);
+    keel__h5_close(a);
+    keel__h5_close(sp);
     return ok;
 }
 
@@ -304,8 +303,7 @@ attr_strings(hid_t obj, const char *name, const char *const *names,
         memcpy(buf + i * w, names[i], strlen(names[i]));
     t = str_type(w);
     ok = attr_put(obj, name, t, H5Screate_simple(1, &dim, NULL), buf);
-    if (t >= 0)
-        H5Tclose(t);
+    keel__h5_close(t);
     free(buf);
     return ok;
 }
@@ -315,8 +313,7 @@ attr_string(hid_t obj, const char *name, const char *s)
 {
     hid_t t = str_type(strlen(s));
     int ok = attr_put(obj, name, t, H5Screate(H5S_SCALAR), s);
-    if (t >= 0)
-        H5Tclose(t);
+    keel__h5_close(t);
     return ok;
 }
 
@@ -339,12 +336,9 @@ write_weight(hid_t g, const char *lname, const char *leaf, keel_var *v)
                                           H5P_DEFAULT, H5P_DEFAULT) : -1;
     ok = d >= 0 && H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL,
                             H5P_DEFAULT, t->data) >= 0;
-    if (d >= 0)
-        H5Dclose(d);
-    if (sp >= 0)
-        H5Sclose(sp);
-    if (lcpl >= 0)
-        H5Pclose(lcpl);
+    keel__h5_close(d);
+    keel__h5_close(sp);
+    keel__h5_close(lcpl);
     return ok;
 }
 
@@ -411,8 +405,7 @@ keras_h5_write(keel_inference *inf, const char *tmp)
         } else if (ok) {
             ok = attr_strings(g, "weight_names", NULL, 0);
         }
-        if (g >= 0)
-            H5Gclose(g);
+        keel__h5_close(g);
     }
     if (H5Fclose(f) < 0)
         ok = 0;

@@ -494,26 +494,14 @@ hogwild_build(job *j, const keel_config *cfg, const keel_model_config *mc,
     return KEEL_OK;
 }
 
-/* Build dataset, iterator, variables, model and optimizer; hogwild: one
- * process runs algorithm.name = hogwild; one_process: no cluster and no
- * collective (K-FAC then applies the gradients the model step wrote). */
+/* The training set and this worker's iterator over it; hogwild: a round
+ * of the iterator's batch is one global batch per thread. */
 static keel_status
-job_build(job *j, const keel_config *cfg, int worker_index, int num_workers,
-          int hogwild, int one_process)
+job_data(job *j, const keel_config *cfg, int worker_index, int num_workers,
+         int hogwild)
 {
-    keel_model_config mc;
-    keel_optimizer_config oc;
     keel_data_iter_config ic;
-    keel_status st;
-
-    memset(j, 0, sizeof *j);
-    j->cfg = cfg;
-    j->global_batch = keel_config_int(cfg, "train.batch_size");
-    j->seed = (uint64_t)keel_config_int(cfg, "train.seed");
-    j->hw_threads = hogwild
-        ? (int)keel_config_int(cfg, "train.model_threads") : 0;
-    keel__job_set_blas_threads(cfg);
-    st = keel__job_open_dataset(cfg, 0, &j->ds);
+    keel_status st = keel__job_open_dataset(cfg, 0, &j->ds);
     if (st != KEEL_OK)
         return st;
     keel_data_iter_config_init(&ic);
@@ -523,49 +511,72 @@ job_build(job *j, const keel_config *cfg, int worker_index, int num_workers,
     ic.max_epochs = keel_config_int(cfg, "train.epochs");
     ic.worker_index = worker_index;
     ic.num_workers = num_workers;
-    st = keel_data_iter_new(j->ds, &ic, &j->it);
+    return keel_data_iter_new(j->ds, &ic, &j->it);
+}
+
+/* The variables and the model (its config into mc); hogwild: the threads
+ * are Hogwild's, and a round of the iterator's batch is one global step
+ * per thread. */
+static keel_status
+job_model(job *j, const keel_config *cfg, int hogwild,
+          keel_model_config *mc)
+{
+    keel_status st = keel_vars_new(&j->vs);
     if (st == KEEL_OK)
-        st = algorithm_from(cfg, j);
-    if (st == KEEL_OK)
-        st = keel_vars_new(&j->vs);
-    if (st == KEEL_OK)
-        st = keel__job_model_config_from(cfg, j->ds, j->global_batch, &mc);
+        st = keel__job_model_config_from(cfg, j->ds, j->global_batch, mc);
     if (st == KEEL_OK && hogwild)
-        mc.threads = 1;          /* the threads are Hogwild's */
+        mc->threads = 1;
     if (st == KEEL_OK)
-        st = keel_model_new(&mc, j->vs, &j->model);
-    /* hogwild: a round of the iterator's batch is one global step per
-     * thread */
+        st = keel_model_new(mc, j->vs, &j->model);
     if (st == KEEL_OK)
         j->steps_per_epoch = keel_data_iter_steps_per_epoch(j->it) *
                              (hogwild ? j->hw_threads : 1);
-    if (st == KEEL_OK &&
-        strcmp(keel_config_str(cfg, "optimizer.name"), "kfac") == 0) {
-        keel_kfac_config kc;
-        st = kfac_config_from(cfg, j->steps_per_epoch, &kc);
-        kc.model_grads = one_process;
-        if (st == KEEL_OK) {
-            j->schedule = kc.schedule;
-            st = keel_kfac_new(&kc, j->model, j->vs, &j->kfac);
-        }
-        if (st == KEEL_OK && keel__kfac_dist_roles(cfg))
-            st = keel__kfac_dist_add_state(j->kfac, j->vs);
-        if (st == KEEL_OK)
-            st = arch_dump(j, NULL, &kc);
-    } else {
-        if (st == KEEL_OK)
-            st = optimizer_config_from(cfg, j->steps_per_epoch, &oc);
-        if (st == KEEL_OK)
-            st = keel_optimizer_new(&oc, &j->opt);
-        if (st == KEEL_OK) {
-            j->schedule = oc.schedule;
-            st = arch_dump(j, &oc, NULL);
-        }
-        if (st == KEEL_OK && hogwild)
-            st = hogwild_build(j, cfg, &mc, &oc);
+    return st;
+}
+
+/* optimizer.name = kfac: K-FAC (one_process: it applies the gradients the
+ * model step wrote), its state for kfac.distributed = roles, and the
+ * architecture description. */
+static keel_status
+job_kfac(job *j, const keel_config *cfg, int one_process)
+{
+    keel_kfac_config kc;
+    keel_status st = kfac_config_from(cfg, j->steps_per_epoch, &kc);
+    kc.model_grads = one_process;
+    if (st == KEEL_OK) {
+        j->schedule = kc.schedule;
+        st = keel_kfac_new(&kc, j->model, j->vs, &j->kfac);
     }
+    if (st == KEEL_OK && keel__kfac_dist_roles(cfg))
+        st = keel__kfac_dist_add_state(j->kfac, j->vs);
     if (st == KEEL_OK)
-        st = keel_config_dump(cfg, 0, &j->config_dump);
+        st = arch_dump(j, NULL, &kc);
+    return st;
+}
+
+/* Every other optimizer, the architecture description, and with hogwild
+ * its threads. */
+static keel_status
+job_optimizer(job *j, const keel_config *cfg, const keel_model_config *mc,
+              int hogwild)
+{
+    keel_optimizer_config oc;
+    keel_status st = optimizer_config_from(cfg, j->steps_per_epoch, &oc);
+    if (st == KEEL_OK)
+        st = keel_optimizer_new(&oc, &j->opt);
+    if (st == KEEL_OK) {
+        j->schedule = oc.schedule;
+        st = arch_dump(j, &oc, NULL);
+    }
+    if (st == KEEL_OK && hogwild)
+        st = hogwild_build(j, cfg, mc, &oc);
+    return st;
+}
+
+/* The topology line every checkpoint records. */
+static void
+job_topology(job *j, int num_workers, int hogwild)
+{
     if (num_workers > 1)
         snprintf(j->topology, sizeof j->topology, "cluster replicas=%d "
                  "batch=%lld", num_workers, (long long)j->global_batch);
@@ -576,6 +587,37 @@ job_build(job *j, const keel_config *cfg, int worker_index, int num_workers,
     else
         snprintf(j->topology, sizeof j->topology, "single-process "
                  "workers=1 batch=%lld", (long long)j->global_batch);
+}
+
+/* Build dataset, iterator, variables, model and optimizer; hogwild: one
+ * process runs algorithm.name = hogwild; one_process: no cluster and no
+ * collective (K-FAC then applies the gradients the model step wrote). */
+static keel_status
+job_build(job *j, const keel_config *cfg, int worker_index, int num_workers,
+          int hogwild, int one_process)
+{
+    keel_model_config mc;
+    keel_status st;
+
+    memset(j, 0, sizeof *j);
+    j->cfg = cfg;
+    j->global_batch = keel_config_int(cfg, "train.batch_size");
+    j->seed = (uint64_t)keel_config_int(cfg, "train.seed");
+    j->hw_threads = hogwild
+        ? (int)keel_config_int(cfg, "train.model_threads") : 0;
+    keel__job_set_blas_threads(cfg);
+    st = job_data(j, cfg, worker_index, num_workers, hogwild);
+    if (st == KEEL_OK)
+        st = algorithm_from(cfg, j);
+    if (st == KEEL_OK)
+        st = job_model(j, cfg, hogwild, &mc);
+    if (st == KEEL_OK)
+        st = strcmp(keel_config_str(cfg, "optimizer.name"), "kfac") == 0
+            ? job_kfac(j, cfg, one_process)
+            : job_optimizer(j, cfg, &mc, hogwild);
+    if (st == KEEL_OK)
+        st = keel_config_dump(cfg, 0, &j->config_dump);
+    job_topology(j, num_workers, hogwild);
     return st;
 }
 
@@ -596,6 +638,23 @@ step_values(job *j, keel_step *stp, const keel_step_stats *stats)
     return st;
 }
 
+/* Examples [off, off + n) of b: a view, nothing copied; stride is
+ * one example's floats. */
+static keel_batch
+batch_slice(const keel_batch *b, size_t off, size_t n, size_t stride)
+{
+    keel_batch s = { b->x + off * stride, b->y + off, n };
+    return s;
+}
+
+static void
+stats_add(keel_step_stats *sum, const keel_step_stats *one)
+{
+    sum->loss_sum += one->loss_sum;
+    sum->correct += one->correct;
+    sum->count += one->count;
+}
+
 /* Mirrored: replica r of R trains examples [r*n/R, (r+1)*n/R) of the
  * batch on its own model into its own gradients (the session adds them).
  * Runs on R threads at once: it writes only replica r's state. */
@@ -612,9 +671,7 @@ replica_step(job *j, keel_step *stp, const keel_batch *b)
     if (R != j->replicas || hi <= lo)
         return keel__fail(KEEL_EINTERNAL, "replica %d of %d: batch of %zu "
                           "for %d replicas", r, R, b->n, j->replicas);
-    slice.x = b->x + lo * stride;
-    slice.y = b->y + lo;
-    slice.n = hi - lo;
+    slice = batch_slice(b, lo, hi - lo, stride);
     st = keel_model_step(j->rmodel[r], keel_step_vars(stp), &slice,
                          j->global_batch, keel_step_grads(stp), &stats);
     if (st != KEEL_OK)
@@ -634,8 +691,8 @@ hogwild_thread(void *ctx, int t, keel_grads *grads, int64_t global_step)
     const keel_batch *b = j->hw_batch;
     size_t lo = b->n * (size_t)t / (size_t)j->hw_threads;
     size_t hi = b->n * ((size_t)t + 1) / (size_t)j->hw_threads;
-    size_t stride = keel_dataset_example_size(j->ds);
-    keel_batch mb = { b->x + lo * stride, b->y + lo, hi - lo };
+    keel_batch mb = batch_slice(b, lo, hi - lo,
+                                keel_dataset_example_size(j->ds));
     (void)global_step;
     memset(&j->hw_stats[t], 0, sizeof j->hw_stats[t]);
     if (mb.n == 0)
@@ -657,14 +714,98 @@ hogwild_step(job *j, keel_step *stp, const keel_batch *b,
     if (st != KEEL_OK)
         return st;
     memset(stats, 0, sizeof *stats);
-    for (int t = 0; t < j->hw_threads; t++) {
-        stats->loss_sum += j->hw_stats[t].loss_sum;
-        stats->correct += j->hw_stats[t].correct;
-        stats->count += j->hw_stats[t].count;
-    }
+    for (int t = 0; t < j->hw_threads; t++)
+        stats_add(stats, &j->hw_stats[t]);
     keel_step_mark_applied(stp);
     keel_vars_set_global_step(keel_step_vars(stp), gs + j->hw_threads);
     return KEEL_OK;
+}
+
+/* One piece of the step's batch through the model, its loss and accuracy
+ * added to stats: into own (zeroed first), or with own NULL into the
+ * step's gradients; norm divides the loss. */
+static keel_status
+piece_step(job *j, keel_step *stp, const keel_batch *piece, int64_t norm,
+           keel_grads *own, keel_step_stats *stats)
+{
+    keel_step_stats one;
+    keel_status st;
+    if (own != NULL)
+        keel_grads_zero(own);
+    st = keel_model_step(j->model, keel_step_vars(stp), piece, norm,
+                         own != NULL ? own : keel_step_grads(stp), &one);
+    if (st == KEEL_OK)
+        stats_add(stats, &one);
+    return st;
+}
+
+/* train.micro_batch: fixed micro-batches, each computed alone and added in
+ * order (in a cluster each into its own gradient store, pushed
+ * separately). */
+static keel_status
+micro_step(job *j, keel_step *stp, const keel_batch *b,
+           keel_step_stats *stats)
+{
+    size_t m = (size_t)j->micro, stride = keel_dataset_example_size(j->ds);
+    int64_t norm = j->local_norm ? (int64_t)b->n : j->global_batch;
+    keel_status st;
+    if (b->n % m != 0)
+        return keel__fail(KEEL_EINVAL, "train.micro_batch = %zu does not "
+                          "divide this batch of %zu examples", m, b->n);
+    memset(stats, 0, sizeof *stats);
+    for (size_t k = 0; k < b->n / m; k++) {
+        keel_batch mb = batch_slice(b, k * m, m, stride);
+        keel_grads *own = NULL;
+        if (j->n_micro > 0) {
+            if (k >= (size_t)j->n_micro)
+                return keel__fail(KEEL_EINTERNAL, "micro-batch %zu of %d",
+                                  k, j->n_micro);
+            own = j->micro_g[k];
+        }
+        if ((st = piece_step(j, stp, &mb, norm, own, stats)) != KEEL_OK)
+            return st;
+    }
+    return KEEL_OK;
+}
+
+/* Canonical leaves on a cluster: each tree node's sum alone, into its own
+ * gradient store; the ps adds them along the tree. */
+static keel_status
+tree_step(job *j, keel_step *stp, const keel_batch *b,
+          keel_step_stats *stats)
+{
+    size_t stride = keel_dataset_example_size(j->ds);
+    keel_status st;
+    memset(stats, 0, sizeof *stats);
+    for (int c = 0; c < j->n_nodes; c++) {
+        keel_batch nb;
+        if (j->node_off[c] + j->node_len[c] > b->n)
+            return keel__fail(KEEL_EINTERNAL, "tree node %d: examples "
+                              "[%zu, +%zu) of a batch of %zu", c,
+                              j->node_off[c], j->node_len[c], b->n);
+        nb = batch_slice(b, j->node_off[c], j->node_len[c], stride);
+        st = piece_step(j, stp, &nb, j->global_batch, j->micro_g[c], stats);
+        if (st != KEEL_OK)
+            return st;
+    }
+    return KEEL_OK;
+}
+
+/* The step's gradients (and with Hogwild the update) from batch b: by
+ * Hogwild's threads, fixed micro-batches, tree nodes, or all at once. */
+static keel_status
+batch_step(job *j, keel_step *stp, const keel_batch *b,
+           keel_step_stats *stats)
+{
+    if (j->hw != NULL)
+        return hogwild_step(j, stp, b, stats);
+    if (j->micro > 0)
+        return micro_step(j, stp, b, stats);
+    if (j->n_nodes > 0)
+        return tree_step(j, stp, b, stats);
+    return keel_model_step(j->model, keel_step_vars(stp), b,
+                           j->local_norm ? (int64_t)b->n : j->global_batch,
+                           keel_step_grads(stp), stats);
 }
 
 static keel_status
@@ -687,70 +828,8 @@ job_step(void *ctx, keel_step *stp)
     j->zeroed = NULL;
     if (j->kfac_role == 2)              /* an inverse worker: no batch */
         return keel_step_set_value(stp, "loss", 0.0);
-    if (j->hw != NULL) {
-        if ((st = hogwild_step(j, stp, b, &stats)) != KEEL_OK)
-            return st;
-    } else if (j->micro > 0) {
-        /* fixed micro-batches, each computed alone and added in order */
-        size_t m = (size_t)j->micro, stride = keel_dataset_example_size(j->ds);
-        keel_step_stats one;
-        if (b->n % m != 0)
-            return keel__fail(KEEL_EINVAL, "train.micro_batch = %zu does "
-                              "not divide this batch of %zu examples", m,
-                              b->n);
-        memset(&stats, 0, sizeof stats);
-        for (size_t k = 0; k < b->n / m; k++) {
-            keel_batch mb;
-            keel_grads *g = keel_step_grads(stp);
-            mb.x = b->x + k * m * stride;
-            mb.y = b->y + k * m;
-            mb.n = m;
-            if (j->n_micro > 0) {
-                if (k >= (size_t)j->n_micro)
-                    return keel__fail(KEEL_EINTERNAL, "micro-batch %zu of "
-                                      "%d", k, j->n_micro);
-                g = j->micro_g[k];
-                keel_grads_zero(g);
-            }
-            st = keel_model_step(j->model, keel_step_vars(stp), &mb,
-                                 j->local_norm ? (int64_t)b->n
-                                               : j->global_batch, g, &one);
-            if (st != KEEL_OK)
-                return st;
-            stats.loss_sum += one.loss_sum;
-            stats.correct += one.correct;
-            stats.count += one.count;
-        }
-    } else if (j->n_nodes > 0) {
-        /* each node's sum alone: the ps adds them along the tree */
-        size_t stride = keel_dataset_example_size(j->ds);
-        keel_step_stats one;
-        memset(&stats, 0, sizeof stats);
-        for (int c = 0; c < j->n_nodes; c++) {
-            keel_batch nb;
-            if (j->node_off[c] + j->node_len[c] > b->n)
-                return keel__fail(KEEL_EINTERNAL, "tree node %d: examples "
-                                  "[%zu, +%zu) of a batch of %zu", c,
-                                  j->node_off[c], j->node_len[c], b->n);
-            nb.x = b->x + j->node_off[c] * stride;
-            nb.y = b->y + j->node_off[c];
-            nb.n = j->node_len[c];
-            keel_grads_zero(j->micro_g[c]);
-            st = keel_model_step(j->model, keel_step_vars(stp), &nb,
-                                 j->global_batch, j->micro_g[c], &one);
-            if (st != KEEL_OK)
-                return st;
-            stats.loss_sum += one.loss_sum;
-            stats.correct += one.correct;
-            stats.count += one.count;
-        }
-    } else {
-        st = keel_model_step(j->model, keel_step_vars(stp), b,
-                             j->local_norm ? (int64_t)b->n : j->global_batch,
-                             keel_step_grads(stp), &stats);
-        if (st != KEEL_OK)
-            return st;
-    }
+    if ((st = batch_step(j, stp, b, &stats)) != KEEL_OK)
+        return st;
     if (j->kfac != NULL && j->kfac_observes &&
         (st = keel_kfac_observe(j->kfac, keel_step_vars(stp), b,
                                 keel_step_global_step(stp))) != KEEL_OK)
@@ -940,6 +1019,75 @@ mirrored_build(job *j, const keel_config *cfg)
     return KEEL_OK;
 }
 
+/* Epoch e's end is an end-of-epoch checkpoint (checkpoint.save_epochs)
+ * and this task saves. */
+static int
+epoch_saves(const job *j, keel_session *s, int64_t e)
+{
+    return j->save_epochs > 0 && e % j->save_epochs == 0 &&
+           keel_session_saver(s) != NULL;
+}
+
+/* The end-of-epoch checkpoint, its path into ep. save_now pulls the ps's
+ * state first (the backend's before_save). */
+static keel_status
+epoch_save(keel_session *s, keel_job_epoch *ep)
+{
+    keel_status st = keel_session_save_now(s, ep->checkpoint,
+                                           sizeof ep->checkpoint);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "checkpoint at the end of epoch %lld",
+                          (long long)ep->epoch);
+    keel__log(KEEL_LOG_INFO, "saved end-of-epoch checkpoint: %s",
+              ep->checkpoint);
+    return KEEL_OK;
+}
+
+/* validation/loss and validation/accuracy at step g, flushed. */
+static keel_status
+validation_events(job *j, int64_t g, const keel_eval_result *er)
+{
+    keel_status st = keel_events_scalar(j->val_events, g, "validation/loss",
+                                        er->loss);
+    if (st == KEEL_OK)
+        st = keel_events_scalar(j->val_events, g, "validation/accuracy",
+                                er->accuracy);
+    if (st == KEEL_OK)
+        st = keel_events_flush(j->val_events);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "validation events");
+    return KEEL_OK;
+}
+
+/* The test set evaluated on the session's variables (a cluster chief
+ * pulls them first unless pull is 0: a save just did), into ep, the log
+ * and the validation events. */
+static keel_status
+epoch_validate(job *j, keel_session *s, int pull, keel_job_epoch *ep)
+{
+    keel_eval_result er;
+    keel_status st;
+    if (j->worker != NULL && pull &&
+        (st = keel_cluster_backend_pull(j->worker)) != KEEL_OK)
+        return keel__wrap(st, "validation after epoch %lld",
+                          (long long)ep->epoch);
+    st = keel__validator_run(j->validator, keel_session_vars(s), &er);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "validation after epoch %lld",
+                          (long long)ep->epoch);
+    ep->validated = 1;
+    ep->val_loss = er.loss;
+    ep->val_accuracy = er.accuracy;
+    ep->val_examples = er.examples;
+    keel__log(KEEL_LOG_INFO, "validation after epoch %lld (step %lld): "
+              "loss %.4f accuracy %.4f (%lld examples)",
+              (long long)ep->epoch, (long long)ep->global_step, er.loss,
+              er.accuracy, (long long)er.examples);
+    if (j->val_events != NULL)
+        return validation_events(j, ep->global_step, &er);
+    return KEEL_OK;
+}
+
 /* The chief's end of an epoch: the learning rate (Keras's PrintLR), the
  * end-of-epoch checkpoint, validation, then the caller's epoch_fn. */
 static keel_status
@@ -949,7 +1097,7 @@ epoch_after_run(void *ctx, keel_run_context *rc, const keel_run_values *v)
     keel_session *s = keel_run_context_session(rc);
     int64_t g = keel_run_values_step_after(v), e;
     keel_job_epoch ep;
-    int pulled = 0;
+    int saves;
     keel_status st;
     if (j->steps_per_epoch <= 0 || g <= 0 || g % j->steps_per_epoch != 0)
         return KEEL_OK;
@@ -965,48 +1113,12 @@ epoch_after_run(void *ctx, keel_run_context *rc, const keel_run_values *v)
     keel__log(KEEL_LOG_DEBUG, "epoch %lld ended at step %lld: learning rate "
               "for epoch %lld was %g", (long long)e, (long long)g,
               (long long)e, ep.learning_rate);
-    if (j->save_epochs > 0 && e % j->save_epochs == 0 &&
-        keel_session_saver(s) != NULL) {
-        /* save_now pulls the ps's state first (the backend's
-         * before_save) */
-        pulled = 1;
-        st = keel_session_save_now(s, ep.checkpoint, sizeof ep.checkpoint);
-        if (st != KEEL_OK)
-            return keel__wrap(st, "checkpoint at the end of epoch %lld",
-                              (long long)e);
-        keel__log(KEEL_LOG_INFO, "saved end-of-epoch checkpoint: %s",
-                  ep.checkpoint);
-    }
-    if (j->validator != NULL && e % j->validate_epochs == 0) {
-        keel_eval_result er;
-        if (j->worker != NULL && !pulled &&
-            (st = keel_cluster_backend_pull(j->worker)) != KEEL_OK)
-            return keel__wrap(st, "validation after epoch %lld",
-                              (long long)e);
-        st = keel__validator_run(j->validator, keel_session_vars(s), &er);
-        if (st != KEEL_OK)
-            return keel__wrap(st, "validation after epoch %lld",
-                              (long long)e);
-        ep.validated = 1;
-        ep.val_loss = er.loss;
-        ep.val_accuracy = er.accuracy;
-        ep.val_examples = er.examples;
-        keel__log(KEEL_LOG_INFO, "validation after epoch %lld (step %lld): "
-                  "loss %.4f accuracy %.4f (%lld examples)", (long long)e,
-                  (long long)g, er.loss, er.accuracy,
-                  (long long)er.examples);
-        if (j->val_events != NULL) {
-            st = keel_events_scalar(j->val_events, g, "validation/loss",
-                                    er.loss);
-            if (st == KEEL_OK)
-                st = keel_events_scalar(j->val_events, g,
-                                        "validation/accuracy", er.accuracy);
-            if (st == KEEL_OK)
-                st = keel_events_flush(j->val_events);
-            if (st != KEEL_OK)
-                return keel__wrap(st, "validation events");
-        }
-    }
+    saves = epoch_saves(j, s, e);
+    if (saves && (st = epoch_save(s, &ep)) != KEEL_OK)
+        return st;
+    if (j->validator != NULL && e % j->validate_epochs == 0 &&
+        (st = epoch_validate(j, s, !saves, &ep)) != KEEL_OK)
+        return st;
     if (j->opts.epoch_fn != NULL)
         j->opts.epoch_fn(j->opts.progress_ctx, &ep);
     return KEEL_OK;

@@ -209,127 +209,225 @@ transpose(pb *graph, const char *lname, const char *tag, const char *in,
     snprintf(out, out_size, "%s", o);
 }
 
+/* Begin NodeProto op of layer lname: named "<lname>/<op>", its output
+ * "<lname>/<op>:0" into out. */
+static void
+layer_node_begin(pb *n, const char *op, const char *lname, const char *in0,
+                 const char *in1, const char *in2, char *out, size_t out_size)
+{
+    char name[128];
+    snprintf(name, sizeof name, "%s/%s", lname, op);
+    snprintf(out, out_size, "%s/%s:0", lname, op);
+    node_begin(n, op, name, in0, in1, in2, out);
+}
+
 static void
 activation(pb *graph, const char *act, const char *in, char *out,
            size_t out_size, const char *lname)
 {
     const char *op = strcmp(act, "relu") == 0 ? "Relu"
                    : strcmp(act, "tanh") == 0 ? "Tanh" : NULL;
-    char name[96];
     pb n;
     if (op == NULL) {
         snprintf(out, out_size, "%s", in);
         return;
     }
-    snprintf(name, sizeof name, "%s/%s", lname, op);
-    snprintf(out, out_size, "%s/%s:0", lname, op);
-    node_begin(&n, op, name, in, NULL, NULL, out);
+    layer_node_begin(&n, op, lname, in, NULL, NULL, out, out_size);
     node_end(graph, &n);
+}
+
+/* The graph as it is built: the name of the tensor the next layer takes,
+ * and whether that tensor is NCHW (after a convolution) or NHWC. */
+typedef struct onnx_graph {
+    pb g;
+    char cur[128];
+    int nchw;
+} onnx_graph;
+
+/* One layer of the architecture: its Keras config, name, activation, and
+ * kernel and bias (or NULL). */
+typedef struct onnx_layer {
+    struct json_object *config;
+    const char *cls, *name, *act;
+    keel_var *kernel, *bias;
+} onnx_layer;
+
+/* A Conv2D or MaxPooling2D layer's 2-D window (size_key) and strides. */
+static void
+layer_window(const onnx_layer *l, const char *size_key, int64_t size[2],
+             int64_t strides[2])
+{
+    for (int d = 0; d < 2; d++) {
+        size[d] = keel__export_layer_int(l->config, size_key, (size_t)d);
+        strides[d] = keel__export_layer_int(l->config, "strides", (size_t)d);
+    }
+}
+
+/* Conv2D: the input turned NCHW (once), the kernel OIHW, unpadded. */
+static void
+add_conv(onnx_graph *og, const onnx_layer *l)
+{
+    static const int64_t to_nchw[4] = { 0, 3, 1, 2 };
+    static const int64_t to_oihw[4] = { 3, 2, 0, 1 };
+    int64_t ks[2], st[2], pads[4] = { 0, 0, 0, 0 };
+    char w[128], next[128];
+    pb n;
+
+    if (!og->nchw) {
+        transpose(&og->g, l->name, "to_nchw", og->cur, to_nchw, og->cur,
+                  sizeof og->cur);
+        og->nchw = 1;
+    }
+    transpose(&og->g, l->name, "kernel_oihw", keel_var_name(l->kernel),
+              to_oihw, w, sizeof w);
+    layer_window(l, "kernel_size", ks, st);
+    layer_node_begin(&n, "Conv", l->name, og->cur, w, keel_var_name(l->bias),
+                     next, sizeof next);
+    attr_ints(&n, "kernel_shape", ks, 2, 0);
+    attr_ints(&n, "strides", st, 2, 0);
+    attr_ints(&n, "pads", pads, 4, 0);
+    node_end(&og->g, &n);
+    activation(&og->g, l->act, next, og->cur, sizeof og->cur, l->name);
+}
+
+static void
+add_maxpool(onnx_graph *og, const onnx_layer *l)
+{
+    int64_t ks[2], st[2];
+    char next[128];
+    pb n;
+
+    layer_window(l, "pool_size", ks, st);
+    layer_node_begin(&n, "MaxPool", l->name, og->cur, NULL, NULL, next,
+                     sizeof next);
+    attr_ints(&n, "kernel_shape", ks, 2, 0);
+    attr_ints(&n, "strides", st, 2, 0);
+    node_end(&og->g, &n);
+    snprintf(og->cur, sizeof og->cur, "%s", next);
+}
+
+/* Flatten, from NHWC: Keras flattens in (h, w, c) order. */
+static void
+add_flatten(onnx_graph *og, const onnx_layer *l)
+{
+    static const int64_t to_nhwc[4] = { 0, 2, 3, 1 };
+    static const int64_t one = 1;
+    char next[128];
+    pb n;
+
+    if (og->nchw) {
+        transpose(&og->g, l->name, "to_nhwc", og->cur, to_nhwc, og->cur,
+                  sizeof og->cur);
+        og->nchw = 0;
+    }
+    layer_node_begin(&n, "Flatten", l->name, og->cur, NULL, NULL, next,
+                     sizeof next);
+    attr_ints(&n, "axis", &one, 1, 1);
+    node_end(&og->g, &n);
+    snprintf(og->cur, sizeof og->cur, "%s", next);
+}
+
+/* Dense: a Gemm with the kernel and bias, then the activation. */
+static void
+add_dense(onnx_graph *og, const onnx_layer *l)
+{
+    char next[128];
+    pb n;
+
+    layer_node_begin(&n, "Gemm", l->name, og->cur, keel_var_name(l->kernel),
+                     keel_var_name(l->bias), next, sizeof next);
+    node_end(&og->g, &n);
+    activation(&og->g, l->act, next, og->cur, sizeof og->cur, l->name);
+}
+
+/* Layer i of inf's architecture into l. */
+static void
+layer_at(keel_inference *inf, size_t i, onnx_layer *l)
+{
+    struct json_object *v;
+
+    l->config = keel__export_layer(inf, i);
+    l->kernel = keel__export_layer_var(inf, i, 0);
+    l->bias = keel__export_layer_var(inf, i, 1);
+    json_object_object_get_ex(l->config, "class_name", &v);
+    l->cls = json_object_get_string(v);
+    json_object_object_get_ex(l->config, "name", &v);
+    l->name = json_object_get_string(v);
+    l->act = "linear";
+    if (json_object_object_get_ex(l->config, "activation", &v))
+        l->act = json_object_get_string(v);
+}
+
+/* Layer i's nodes, then its kernel and bias as initializers. */
+static keel_status
+add_layer(onnx_graph *og, keel_inference *inf, size_t i)
+{
+    static const struct {
+        const char *cls;
+        void (*add)(onnx_graph *, const onnx_layer *);
+    } kinds[] = {
+        { "Conv2D", add_conv }, { "MaxPooling2D", add_maxpool },
+        { "Flatten", add_flatten }, { "Dense", add_dense },
+    };
+    onnx_layer l;
+    size_t j = 0;
+
+    layer_at(inf, i, &l);
+    while (j < sizeof kinds / sizeof *kinds && strcmp(l.cls, kinds[j].cls))
+        j++;
+    if (j == sizeof kinds / sizeof *kinds)
+        return keel__fail(KEEL_EINTERNAL, "onnx export: layer %s of class "
+                          "%s", l.name, l.cls);
+    kinds[j].add(og, &l);
+    if (l.kernel != NULL)
+        initializer(&og->g, l.kernel);
+    if (l.bias != NULL)
+        initializer(&og->g, l.bias);
+    return KEEL_OK;
+}
+
+/* The GraphProto: every layer, the softmax, and the input and output. */
+static keel_status
+build_graph(keel_inference *inf, pb *graph)
+{
+    static const int64_t last = 1;
+    const keel_model_config *mc = keel_inference_model_config(inf);
+    int64_t in_dims[3] = { mc->height, mc->width, mc->channels };
+    int64_t out_dims[1] = { mc->classes };
+    size_t nl = keel__export_layers(inf);
+    onnx_graph og;
+    pb n;
+
+    memset(&og, 0, sizeof og);
+    og.g.ok = 1;
+    pb_str(&og.g, 2, "keel");
+    snprintf(og.cur, sizeof og.cur, "input");
+    for (size_t i = 0; i < nl; i++) {
+        keel_status st = add_layer(&og, inf, i);
+        if (st != KEEL_OK) {
+            pb_free(&og.g);
+            return st;
+        }
+    }
+    node_begin(&n, "Softmax", "probabilities/Softmax", og.cur, NULL, NULL,
+               "probabilities");
+    attr_ints(&n, "axis", &last, 1, 1);
+    node_end(&og.g, &n);
+    value_info(&og.g, 11, "input", in_dims, 3);
+    value_info(&og.g, 12, "probabilities", out_dims, 1);
+    *graph = og.g;
+    return KEEL_OK;
 }
 
 keel_status
 keel__onnx_bytes(keel_inference *inf, unsigned char **out, size_t *len)
 {
-    const keel_model_config *mc = keel_inference_model_config(inf);
-    pb model = { 0 }, graph = { 0 }, n, op = { 0 };
-    char cur[128], next[128], name[128];
-    int nchw = 0;                  /* the current tensor is NCHW */
-    int64_t in_dims[3] = { mc->height, mc->width, mc->channels };
-    int64_t out_dims[1] = { mc->classes };
-    size_t nl = keel__export_layers(inf);
-    model.ok = graph.ok = op.ok = 1;
+    pb model = { 0 }, graph, op = { 0 };
+    keel_status st = build_graph(inf, &graph);
 
-    pb_str(&graph, 2, "keel");
-    snprintf(cur, sizeof cur, "input");
-    for (size_t i = 0; i < nl; i++) {
-        struct json_object *L = keel__export_layer(inf, i), *v;
-        const char *cls, *lname, *act = "linear";
-        keel_var *k = keel__export_layer_var(inf, i, 0);
-        keel_var *b = keel__export_layer_var(inf, i, 1);
-        json_object_object_get_ex(L, "class_name", &v);
-        cls = json_object_get_string(v);
-        json_object_object_get_ex(L, "name", &v);
-        lname = json_object_get_string(v);
-        if (json_object_object_get_ex(L, "activation", &v))
-            act = json_object_get_string(v);
-        if (strcmp(cls, "Conv2D") == 0) {
-            static const int64_t to_nchw[4] = { 0, 3, 1, 2 };
-            static const int64_t to_oihw[4] = { 3, 2, 0, 1 };
-            int64_t ks[2], st[2], pads[4] = { 0, 0, 0, 0 };
-            char w[128];
-            if (!nchw) {
-                transpose(&graph, lname, "to_nchw", cur, to_nchw, cur,
-                          sizeof cur);
-                nchw = 1;
-            }
-            transpose(&graph, lname, "kernel_oihw", keel_var_name(k),
-                      to_oihw, w, sizeof w);
-            for (int d = 0; d < 2; d++) {
-                ks[d] = keel__export_layer_int(L, "kernel_size", (size_t)d);
-                st[d] = keel__export_layer_int(L, "strides", (size_t)d);
-            }
-            snprintf(name, sizeof name, "%s/Conv", lname);
-            snprintf(next, sizeof next, "%s/Conv:0", lname);
-            node_begin(&n, "Conv", name, cur, w, keel_var_name(b), next);
-            attr_ints(&n, "kernel_shape", ks, 2, 0);
-            attr_ints(&n, "strides", st, 2, 0);
-            attr_ints(&n, "pads", pads, 4, 0);
-            node_end(&graph, &n);
-            activation(&graph, act, next, cur, sizeof cur, lname);
-        } else if (strcmp(cls, "MaxPooling2D") == 0) {
-            int64_t ks[2], st[2];
-            for (int d = 0; d < 2; d++) {
-                ks[d] = keel__export_layer_int(L, "pool_size", (size_t)d);
-                st[d] = keel__export_layer_int(L, "strides", (size_t)d);
-            }
-            snprintf(name, sizeof name, "%s/MaxPool", lname);
-            snprintf(next, sizeof next, "%s/MaxPool:0", lname);
-            node_begin(&n, "MaxPool", name, cur, NULL, NULL, next);
-            attr_ints(&n, "kernel_shape", ks, 2, 0);
-            attr_ints(&n, "strides", st, 2, 0);
-            node_end(&graph, &n);
-            snprintf(cur, sizeof cur, "%s", next);
-        } else if (strcmp(cls, "Flatten") == 0) {
-            static const int64_t to_nhwc[4] = { 0, 2, 3, 1 };
-            static const int64_t one = 1;
-            if (nchw) {       /* Keras flattens in (h, w, c) order */
-                transpose(&graph, lname, "to_nhwc", cur, to_nhwc, cur,
-                          sizeof cur);
-                nchw = 0;
-            }
-            snprintf(name, sizeof name, "%s/Flatten", lname);
-            snprintf(next, sizeof next, "%s/Flatten:0", lname);
-            node_begin(&n, "Flatten", name, cur, NULL, NULL, next);
-            attr_ints(&n, "axis", &one, 1, 1);
-            node_end(&graph, &n);
-            snprintf(cur, sizeof cur, "%s", next);
-        } else if (strcmp(cls, "Dense") == 0) {
-            snprintf(name, sizeof name, "%s/Gemm", lname);
-            snprintf(next, sizeof next, "%s/Gemm:0", lname);
-            node_begin(&n, "Gemm", name, cur, keel_var_name(k),
-                       keel_var_name(b), next);
-            node_end(&graph, &n);
-            activation(&graph, act, next, cur, sizeof cur, lname);
-        } else {
-            pb_free(&graph);
-            return keel__fail(KEEL_EINTERNAL, "onnx export: layer %s of "
-                              "class %s", lname, cls);
-        }
-        if (k != NULL)
-            initializer(&graph, k);
-        if (b != NULL)
-            initializer(&graph, b);
-    }
-    {
-        static const int64_t last = 1;
-        node_begin(&n, "Softmax", "probabilities/Softmax", cur, NULL, NULL,
-                   "probabilities");
-        attr_ints(&n, "axis", &last, 1, 1);
-        node_end(&graph, &n);
-    }
-    value_info(&graph, 11, "input", in_dims, 3);
-    value_info(&graph, 12, "probabilities", out_dims, 1);
-
+    if (st != KEEL_OK)
+        return st;
+    model.ok = op.ok = 1;
     pb_int(&model, 1, ONNX_IR_VERSION);
     pb_str(&model, 2, "keel");
     pb_str(&model, 3, keel_version());

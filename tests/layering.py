@@ -48,6 +48,9 @@ SEAMS = {
     # the defaults every layer shares (waits, grace periods)
     "util/defaults.h": ["train", "checkpoint", "session", "hooks", "cluster",
                         "app", "launch"],
+    # closing any HDF5 handle, a failed one skipped: the readers and
+    # writers of HDF5 files
+    "util/h5util.h": ["train", "checkpoint", "app"],
     # the global step the session's step path reads and bumps in place
     "train/vars_int.h": ["session"],
     # the vectorized kernels the ps sums with; the model's thread pool the

@@ -106,21 +106,149 @@ ckpt_ls(int argc, char **argv)
 
 /* ---- show --------------------------------------------------------------- */
 
+/* What ckpt show's command line asks for: FILE, and VAR (its slot) to
+ * print at most limit values of (-1: all). */
+typedef struct show_args {
+    const char *file, *var, *slot;
+    long limit;
+} show_args;
+
+/* Parse argv into a (initialised here). CLI_OK or the usage error, on
+ * stderr already. */
 static int
-ckpt_show(int argc, char **argv)
+show_parse(int argc, char **argv, show_args *a)
 {
-    const char *file = NULL, *var = NULL, *slot = NULL;
     static const struct option longs[] = {
         { "slot", required_argument, NULL, 's' },
         { "limit", required_argument, NULL, 'l' },
         { "all", no_argument, NULL, 'a' },
         { NULL, 0, NULL, 0 }
     };
-    const char *spec;
-    long limit = 1000;
+    const char *spec = cli_getopt_begin("");
+    int c;
+
+    memset(a, 0, sizeof *a);
+    a->limit = 1000;
+    while ((c = getopt_long(argc, argv, spec, longs, NULL)) != -1) {
+        char *end;
+        switch (c) {
+        case 's':
+            a->slot = optarg;
+            break;
+        case 'l':
+            a->limit = strtol(optarg, &end, 10);
+            if (end == optarg || *end != '\0' || a->limit < 0)
+                return cli_error(CLI_USAGE, "--limit needs a count >= 0");
+            break;
+        case 'a':
+            a->limit = -1;
+            break;
+        default:
+            return cli_getopt_error_as("ckpt show", "ckpt show", argv, c,
+                                       optopt == 'l' ? "a count" : "a SLOT");
+        }
+    }
+    for (int i = optind; i < argc; i++) {
+        if (a->file == NULL) {
+            a->file = argv[i];
+        } else if (a->var == NULL) {
+            a->var = argv[i];
+        } else {
+            return cli_error(CLI_USAGE, "ckpt show takes FILE [VAR]; see "
+                             "'keel ckpt show --help'");
+        }
+    }
+    if (a->file == NULL)
+        return cli_error(CLI_USAGE, "ckpt show needs a checkpoint file; see "
+                         "'keel ckpt show --help'");
+    return CLI_OK;
+}
+
+/* The values of a->var (or of its slot), at most a->limit of them. */
+static int
+show_values(const show_args *a)
+{
+    keel_tensor t;
+    char shape[96];
+    keel_status st = keel_ckpt_read_tensor(a->file, a->var, a->slot, &t);
+
+    if (st != KEEL_OK)
+        return cli_fail(st, "ckpt show");
+    printf("%s%s%s %s\n", a->var, a->slot ? " slot " : "",
+           a->slot ? a->slot : "",
+           keel_shape_format(shape, sizeof shape, t.ndim, t.shape));
+    for (size_t j = 0; j < t.count; j++) {
+        if (a->limit >= 0 && j >= (size_t)a->limit) {
+            printf("... (%zu more; --all prints them)\n", t.count - j);
+            break;
+        }
+        printf("%.9g\n", (double)t.data[j]);
+    }
+    keel_tensor_release(&t);
+    return CLI_OK;
+}
+
+/* The checkpoint's header: step, wall time, versions, topology, blobs and
+ * the config, indented. */
+static void
+show_info(const char *file, const keel_ckpt_info *info)
+{
+    time_t t = (time_t)info->wall_time;
+    struct tm tm;
+    char when[40];
+
+    gmtime_r(&t, &tm);
+    strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S UTC", &tm);
+    printf("file:           %s\n", file);
+    printf("global_step:    %lld\n", (long long)info->global_step);
+    printf("wall_time:      %.3f (%s)\n", info->wall_time, when);
+    printf("format_version: %d\n", info->format_version);
+    printf("keel_version:   %s\n", info->keel_version);
+    printf("topology:       %s\n", info->topology ? info->topology
+                                                  : "(none)");
+    for (size_t i = 0; i < info->n_blobs; i++)
+        printf("blob:           %s (%zu bytes)\n", info->blobs[i].name,
+               info->blobs[i].size);
+    printf("config:%s\n", info->config_text ? "" : "         (none)");
+    if (info->config_text != NULL) {
+        const char *p = info->config_text;
+        while (*p != '\0') {
+            const char *nl = strchr(p, '\n');
+            size_t len = nl ? (size_t)(nl - p) : strlen(p);
+            printf("    %.*s\n", (int)len, p);
+            p += len + (nl ? 1 : 0);
+        }
+    }
+}
+
+/* Every variable and slot of file with its shape. */
+static int
+show_datasets(const char *file)
+{
+    keel_ckpt_entry *e;
+    size_t n;
+    keel_status st = keel_ckpt_list(file, &e, &n);
+
+    if (st != KEEL_OK)
+        return cli_fail(st, "ckpt show");
+    printf("%zu datasets:\n", n);
+    for (size_t i = 0; i < n; i++) {
+        char label[600], shape[96];
+        entry_label(label, sizeof label, &e[i]);
+        fmt_shape(shape, sizeof shape, &e[i]);
+        printf("  %-50s %s\n", label, shape);
+    }
+    keel_ckpt_list_free(e);
+    return CLI_OK;
+}
+
+static int
+ckpt_show(int argc, char **argv)
+{
+    show_args a;
     keel_ckpt_info *info;
     keel_status st;
-    int c;
+    int rc;
 
     if (cli_wants_help(argc, argv)) {
         printf("usage: keel ckpt show [--slot S] [--limit N|--all] FILE "
@@ -132,102 +260,16 @@ ckpt_show(int argc, char **argv)
                "values (default 1000) unless --all.\n");
         return CLI_OK;
     }
-    spec = cli_getopt_begin("");
-    while ((c = getopt_long(argc, argv, spec, longs, NULL)) != -1) {
-        char *end;
-        switch (c) {
-        case 's':
-            slot = optarg;
-            break;
-        case 'l':
-            limit = strtol(optarg, &end, 10);
-            if (end == optarg || *end != '\0' || limit < 0)
-                return cli_error(CLI_USAGE, "--limit needs a count >= 0");
-            break;
-        case 'a':
-            limit = -1;
-            break;
-        default:
-            return cli_getopt_error_as("ckpt show", "ckpt show", argv, c,
-                                       optopt == 'l' ? "a count" : "a SLOT");
-        }
-    }
-    for (int i = optind; i < argc; i++) {
-        if (file == NULL) {
-            file = argv[i];
-        } else if (var == NULL) {
-            var = argv[i];
-        } else {
-            return cli_error(CLI_USAGE, "ckpt show takes FILE [VAR]; see "
-                             "'keel ckpt show --help'");
-        }
-    }
-    if (file == NULL)
-        return cli_error(CLI_USAGE, "ckpt show needs a checkpoint file; see "
-                         "'keel ckpt show --help'");
-    if (var != NULL) {
-        keel_tensor t;
-        char shape[96];
-        st = keel_ckpt_read_tensor(file, var, slot, &t);
-        if (st != KEEL_OK)
-            return cli_fail(st, "ckpt show");
-        printf("%s%s%s %s\n", var, slot ? " slot " : "", slot ? slot : "",
-               keel_shape_format(shape, sizeof shape, t.ndim, t.shape));
-        for (size_t j = 0; j < t.count; j++) {
-            if (limit >= 0 && j >= (size_t)limit) {
-                printf("... (%zu more; --all prints them)\n", t.count - j);
-                break;
-            }
-            printf("%.9g\n", (double)t.data[j]);
-        }
-        keel_tensor_release(&t);
-        return CLI_OK;
-    }
-    st = keel_ckpt_read_info(file, &info);
+    if ((rc = show_parse(argc, argv, &a)) != CLI_OK)
+        return rc;
+    if (a.var != NULL)
+        return show_values(&a);
+    st = keel_ckpt_read_info(a.file, &info);
     if (st != KEEL_OK)
         return cli_fail(st, "ckpt show");
-    {
-        keel_ckpt_entry *e;
-        size_t n;
-        time_t t = (time_t)info->wall_time;
-        struct tm tm;
-        char when[40];
-        gmtime_r(&t, &tm);
-        strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S UTC", &tm);
-        printf("file:           %s\n", file);
-        printf("global_step:    %lld\n", (long long)info->global_step);
-        printf("wall_time:      %.3f (%s)\n", info->wall_time, when);
-        printf("format_version: %d\n", info->format_version);
-        printf("keel_version:   %s\n", info->keel_version);
-        printf("topology:       %s\n", info->topology ? info->topology
-                                                      : "(none)");
-        for (size_t i = 0; i < info->n_blobs; i++)
-            printf("blob:           %s (%zu bytes)\n", info->blobs[i].name,
-                   info->blobs[i].size);
-        printf("config:%s\n", info->config_text ? "" : "         (none)");
-        if (info->config_text != NULL) {
-            const char *p = info->config_text;
-            while (*p != '\0') {
-                const char *nl = strchr(p, '\n');
-                size_t len = nl ? (size_t)(nl - p) : strlen(p);
-                printf("    %.*s\n", (int)len, p);
-                p += len + (nl ? 1 : 0);
-            }
-        }
-        keel_ckpt_info_free(info);
-        st = keel_ckpt_list(file, &e, &n);
-        if (st != KEEL_OK)
-            return cli_fail(st, "ckpt show");
-        printf("%zu datasets:\n", n);
-        for (size_t i = 0; i < n; i++) {
-            char label[600], shape[96];
-            entry_label(label, sizeof label, &e[i]);
-            fmt_shape(shape, sizeof shape, &e[i]);
-            printf("  %-50s %s\n", label, shape);
-        }
-        keel_ckpt_list_free(e);
-    }
-    return CLI_OK;
+    show_info(a.file, info);
+    keel_ckpt_info_free(info);
+    return show_datasets(a.file);
 }
 
 /* ---- verify ------------------------------------------------------------- */

@@ -70,6 +70,128 @@ cli_load_config(const char *path, int n_over, char **over, keel_config **out)
     return CLI_OK;
 }
 
+/* `keel config keys`: the reference of every key. */
+static int
+config_keys(int argc, char **argv)
+{
+    keel_status st;
+    if (cli_wants_help(argc - 1, argv + 1))
+        return usage(stdout, CLI_OK);
+    if (argc > 2)
+        return cli_error(CLI_USAGE, "config keys takes no arguments");
+    st = keel_config_write_reference(stdout);
+    return st == KEEL_OK ? CLI_OK : cli_fail(st, NULL);
+}
+
+/* What `keel config check`'s command line gives: CONFIG, the -s
+ * overrides and --task. */
+typedef struct check_args {
+    const char *path, *task;
+    char *over[256];
+    int n_over, help;
+} check_args;
+
+/* Parse argv (argv[1] is "check") into a (initialised here). CLI_OK (a->help
+ * set for --help) or the usage error, on stderr already. */
+static int
+check_parse(int argc, char **argv, check_args *a)
+{
+    static const struct option longs[] = {
+        { "set", required_argument, NULL, 's' },
+        { "task", required_argument, NULL, 't' },
+        { "help", no_argument, NULL, 'h' },
+        { NULL, 0, NULL, 0 }
+    };
+    const char *optspec = cli_getopt_begin("s:h");
+    int c;
+
+    memset(a, 0, sizeof *a);
+    /* argv + 1: "check" is the verb getopt starts after */
+    while ((c = getopt_long(argc - 1, argv + 1, optspec, longs, NULL))
+           != -1) {
+        switch (c) {
+        case 's':
+            if (a->n_over == 256)
+                return cli_error(CLI_USAGE, "too many -s overrides "
+                                 "(limit 256)");
+            a->over[a->n_over++] = optarg;
+            break;
+        case 't':
+            a->task = optarg;
+            break;
+        case 'h':
+            a->help = 1;
+            return CLI_OK;
+        default:
+            return cli_getopt_error_as("config check", "config", argv + 1,
+                                       c, optopt == 't' ? "TYPE:INDEX"
+                                                        : "section.key=value");
+        }
+    }
+    for (int i = optind + 1; i < argc; i++) {
+        if (a->path != NULL)
+            return cli_error(CLI_USAGE, "config check takes one CONFIG "
+                             "file, got '%s' and '%s'", a->path, argv[i]);
+        a->path = argv[i];
+    }
+    if (a->path == NULL)
+        return cli_error(CLI_USAGE, "config check needs a CONFIG file; "
+                         "see 'keel config --help'");
+    return CLI_OK;
+}
+
+/* The resolved settings of cfg with their origins, then the cluster spec
+ * (NULL: one process) and this task's role. */
+static int
+check_print(const char *path, const keel_config *cfg,
+            const keel_cluster_spec *spec)
+{
+    char buf[8192], *text;
+    keel_status st = keel_config_dump(cfg, 1, &text);
+
+    if (st == KEEL_OK && spec != NULL)
+        st = keel_cluster_spec_format(spec, buf, sizeof buf);
+    if (st != KEEL_OK) {
+        free(text);
+        return cli_fail(st, NULL);
+    }
+    printf("# %s: valid\n%s", path, text);
+    free(text);
+    if (spec == NULL)
+        printf("# cluster: none (one process)\n");
+    else
+        printf("# cluster (this task: %s %d%s):\n%s",
+               keel_task_type_name(keel_cluster_spec_task_type(spec)),
+               keel_cluster_spec_task_index(spec),
+               keel_cluster_spec_is_chief(spec) ? ", chief" : "", buf);
+    return CLI_OK;
+}
+
+/* `keel config check`. Everything is checked before anything is printed:
+ * an error prints only the error and exits 2. */
+static int
+config_check(int argc, char **argv)
+{
+    check_args a;
+    keel_config *cfg;
+    keel_cluster_spec *spec = NULL;
+    int rc = check_parse(argc, argv, &a);
+
+    if (rc != CLI_OK)
+        return rc;
+    if (a.help)
+        return usage(stdout, CLI_OK);
+    rc = cli_load_config(a.path, a.n_over, a.over, &cfg);
+    if (rc != CLI_OK)
+        return rc;
+    rc = cli_resolve_cluster(cfg, a.task, &spec);
+    if (rc == CLI_OK)
+        rc = check_print(a.path, cfg, spec);
+    keel_cluster_spec_free(spec);
+    keel_config_free(cfg);
+    return rc;
+}
+
 int
 cmd_config(int argc, char **argv)
 {
@@ -78,97 +200,10 @@ cmd_config(int argc, char **argv)
         return usage(stderr, CLI_USAGE);
     if (strcmp(sub, "-h") == 0 || strcmp(sub, "--help") == 0)
         return usage(stdout, CLI_OK);
-    if (strcmp(sub, "keys") == 0) {
-        keel_status st;
-        if (cli_wants_help(argc - 1, argv + 1))
-            return usage(stdout, CLI_OK);
-        if (argc > 2)
-            return cli_error(CLI_USAGE, "config keys takes no arguments");
-        st = keel_config_write_reference(stdout);
-        return st == KEEL_OK ? CLI_OK : cli_fail(st, NULL);
-    }
-    if (strcmp(sub, "check") == 0) {
-        const char *path = NULL, *task = NULL;
-        char *over[256];
-        int n_over = 0, rc;
-        keel_config *cfg;
-        char *text;
-        keel_status st;
-        static const struct option longs[] = {
-            { "set", required_argument, NULL, 's' },
-            { "task", required_argument, NULL, 't' },
-            { "help", no_argument, NULL, 'h' },
-            { NULL, 0, NULL, 0 }
-        };
-        const char *optspec = cli_getopt_begin("s:h");
-        int c;
-        /* argv + 1: "check" is the verb getopt starts after */
-        while ((c = getopt_long(argc - 1, argv + 1, optspec, longs, NULL))
-               != -1) {
-            switch (c) {
-            case 's':
-                if (n_over == 256)
-                    return cli_error(CLI_USAGE, "too many -s overrides "
-                                     "(limit 256)");
-                over[n_over++] = optarg;
-                break;
-            case 't':
-                task = optarg;
-                break;
-            case 'h':
-                return usage(stdout, CLI_OK);
-            default:
-                return cli_getopt_error_as("config check", "config",
-                                           argv + 1, c, optopt == 't'
-                                           ? "TYPE:INDEX"
-                                           : "section.key=value");
-            }
-        }
-        for (int i = optind + 1; i < argc; i++) {
-            if (path != NULL)
-                return cli_error(CLI_USAGE, "config check takes one CONFIG "
-                                 "file, got '%s' and '%s'", path, argv[i]);
-            path = argv[i];
-        }
-        if (path == NULL)
-            return cli_error(CLI_USAGE, "config check needs a CONFIG file; "
-                             "see 'keel config --help'");
-        /* Everything is checked before anything is printed: an error
-         * prints only the error and exits 2. */
-        rc = cli_load_config(path, n_over, over, &cfg);
-        if (rc != CLI_OK)
-            return rc;
-        {
-            keel_cluster_spec *spec = NULL;
-            char buf[8192];
-            rc = cli_resolve_cluster(cfg, task, &spec);
-            if (rc != CLI_OK) {
-                keel_config_free(cfg);
-                return rc;
-            }
-            st = keel_config_dump(cfg, 1, &text);
-            if (st == KEEL_OK && spec != NULL)
-                st = keel_cluster_spec_format(spec, buf, sizeof buf);
-            if (st != KEEL_OK) {
-                keel_cluster_spec_free(spec);
-                keel_config_free(cfg);
-                return cli_fail(st, NULL);
-            }
-            printf("# %s: valid\n%s", path, text);
-            free(text);
-            if (spec == NULL)
-                printf("# cluster: none (one process)\n");
-            else
-                printf("# cluster (this task: %s %d%s):\n%s",
-                       keel_task_type_name(keel_cluster_spec_task_type(spec)),
-                       keel_cluster_spec_task_index(spec),
-                       keel_cluster_spec_is_chief(spec) ? ", chief" : "",
-                       buf);
-            keel_cluster_spec_free(spec);
-        }
-        keel_config_free(cfg);
-        return CLI_OK;
-    }
+    if (strcmp(sub, "keys") == 0)
+        return config_keys(argc, argv);
+    if (strcmp(sub, "check") == 0)
+        return config_check(argc, argv);
     return cli_error(CLI_USAGE, "unknown config command '%s'; use check or "
                      "keys (see 'keel config --help')", sub);
 }

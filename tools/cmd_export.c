@@ -93,15 +93,17 @@ open_model(const char *ckpt_arg, const char *config, keel_inference **inf)
     return CLI_OK;
 }
 
-int
-cmd_export(int argc, char **argv)
+/* What `keel export`'s command line gives. */
+typedef struct export_args {
+    const char *ckpt, *format, *output, *config;
+    int help;
+} export_args;
+
+/* Parse argv into a (initialised here): --format, -o, --config and CKPT.
+ * CLI_OK (a->help set for --help) or the usage error, on stderr already. */
+static int
+export_parse(int argc, char **argv, export_args *a)
 {
-    const char *ckpt = NULL, *format = NULL, *output = NULL, *config = NULL;
-    keel_export_format f;
-    keel_inference *inf = NULL;
-    char outbuf[4096];
-    keel_status st;
-    int rc, c;
     static const struct option longs[] = {
         { "format", required_argument, NULL, 'f' },
         { "output", required_argument, NULL, 'o' },
@@ -110,82 +112,112 @@ cmd_export(int argc, char **argv)
         { NULL, 0, NULL, 0 }
     };
     const char *spec = cli_getopt_begin("o:h");
+    int c;
+
+    memset(a, 0, sizeof *a);
     while ((c = getopt_long(argc, argv, spec, longs, NULL)) != -1) {
         switch (c) {
         case 'f':
-            format = optarg;
+            a->format = optarg;
             break;
         case 'o':
-            output = optarg;
+            a->output = optarg;
             break;
         case 'c':
-            config = optarg;
+            a->config = optarg;
             break;
         case 'h':
-            return export_usage(stdout, CLI_OK);
+            a->help = 1;
+            return CLI_OK;
         default:
             return cli_getopt_error(argv, c, "a value");
         }
     }
     for (int i = optind; i < argc; i++) {
-        const char *a = argv[i];
-        if (ckpt == NULL) {
-            ckpt = a;
-        } else {
+        if (a->ckpt != NULL)
             return cli_error(CLI_USAGE, "export takes one CKPT, got '%s' and "
-                             "'%s'", ckpt, a);
-        }
+                             "'%s'", a->ckpt, argv[i]);
+        a->ckpt = argv[i];
     }
-    if (ckpt == NULL || format == NULL)
+    if (a->ckpt == NULL || a->format == NULL)
         return cli_error(CLI_USAGE, "export needs CKPT and --format "
                          "keras-h5|safetensors|onnx; see 'keel export "
                          "--help'");
-    if (keel_export_format_from_name(format, &f) != KEEL_OK)
-        return cli_error(CLI_USAGE, "--format %s: %s", format,
-                         keel_last_error());
-    rc = open_model(ckpt, config, &inf);
+    return CLI_OK;
+}
+
+/* Without -o: the checkpoint's path with the format's extension in place
+ * of ".h5" (keras-h5: ".keras.h5"), into buf. */
+static int
+default_output(const char *ckpt, keel_export_format f, char *buf,
+               size_t size)
+{
+    char src[4096];
+    size_t n;
+    int rc = resolve_ckpt(ckpt, src, sizeof src);
+
     if (rc != CLI_OK)
         return rc;
-    if (output == NULL) {
-        char src[4096];
-        size_t n;
-        if ((rc = resolve_ckpt(ckpt, src, sizeof src)) != CLI_OK) {
-            keel_inference_free(inf);
-            return rc;
-        }
-        n = strlen(src);
-        if (n > 3 && strcmp(src + n - 3, ".h5") == 0)
-            n -= 3;
-        if (f == KEEL_EXPORT_KERAS_H5) {
-            snprintf(outbuf, sizeof outbuf, "%.*s.keras.h5", (int)n, src);
-        } else {
-            snprintf(outbuf, sizeof outbuf, "%.*s%s", (int)n, src,
-                     keel_export_format_extension(f));
-        }
-        output = outbuf;
-    }
-    st = keel_export(inf, f, output);
-    keel_inference_free(inf);
-    if (st != KEEL_OK)
-        return cli_fail(st, "export");
-    printf("exported %s (%s) to %s\n", ckpt, format, output);
+    n = strlen(src);
+    if (n > 3 && strcmp(src + n - 3, ".h5") == 0)
+        n -= 3;
+    snprintf(buf, size, "%.*s%s", (int)n, src, f == KEEL_EXPORT_KERAS_H5
+             ? ".keras.h5" : keel_export_format_extension(f));
     return CLI_OK;
 }
 
 int
-cmd_predict(int argc, char **argv)
+cmd_export(int argc, char **argv)
 {
-    const char *ckpt = NULL, *input = NULL, *labels = NULL, *config = NULL;
-    int json = 0, rc;
+    export_args a;
+    keel_export_format f;
     keel_inference *inf = NULL;
-    keel_dataset *ds = NULL, *lds = NULL;
-    const keel_model_config *mc;
-    float *x = NULL, *probs = NULL;
-    int32_t *y = NULL;
-    size_t n, esize;
-    int64_t h, w, c, correct = 0, labelled = 0;
+    char outbuf[4096];
     keel_status st;
-    int opt;
+    int rc = export_parse(argc, argv, &a);
+
+    if (rc != CLI_OK)
+        return rc;
+    if (a.help)
+        return export_usage(stdout, CLI_OK);
+    if (keel_export_format_from_name(a.format, &f) != KEEL_OK)
+        return cli_error(CLI_USAGE, "--format %s: %s", a.format,
+                         keel_last_error());
+    rc = open_model(a.ckpt, a.config, &inf);
+    if (rc == CLI_OK && a.output == NULL &&
+        (rc = default_output(a.ckpt, f, outbuf, sizeof outbuf)) == CLI_OK)
+        a.output = outbuf;
+    if (rc != CLI_OK) {
+        keel_inference_free(inf);
+        return rc;
+    }
+    st = keel_export(inf, f, a.output);
+    keel_inference_free(inf);
+    if (st != KEEL_OK)
+        return cli_fail(st, "export");
+    printf("exported %s (%s) to %s\n", a.ckpt, a.format, a.output);
+    return CLI_OK;
+}
+
+/* What cmd_predict's steps share: the command line, the model, and the
+ * examples with their labels (-1: none) and predicted probabilities. */
+typedef struct predict_run {
+    const char *ckpt, *input, *labels, *config;
+    int json, help;
+    keel_inference *inf;
+    const keel_model_config *mc;
+    keel_dataset *ds;
+    size_t n, esize;
+    float *x, *probs;
+    int32_t *y;
+} predict_run;
+
+/* Parse argv into r (initialised here): --json, --labels, --config, then
+ * CKPT and INPUT. CLI_OK (r->help set for --help) or the usage error, on
+ * stderr already. */
+static int
+predict_parse(int argc, char **argv, predict_run *r)
+{
     static const struct option longs[] = {
         { "json", no_argument, NULL, 'j' },
         { "labels", required_argument, NULL, 'l' },
@@ -194,116 +226,177 @@ cmd_predict(int argc, char **argv)
         { NULL, 0, NULL, 0 }
     };
     const char *spec = cli_getopt_begin("h");
+    int opt;
+
+    memset(r, 0, sizeof *r);
     while ((opt = getopt_long(argc, argv, spec, longs, NULL)) != -1) {
         switch (opt) {
         case 'j':
-            json = 1;
+            r->json = 1;
             break;
         case 'l':
-            labels = optarg;
+            r->labels = optarg;
             break;
         case 'c':
-            config = optarg;
+            r->config = optarg;
             break;
         case 'h':
-            return predict_usage(stdout, CLI_OK);
+            r->help = 1;
+            return CLI_OK;
         default:
             return cli_getopt_error(argv, opt, "a FILE");
         }
     }
     for (int i = optind; i < argc; i++) {
         const char *a = argv[i];
-        if (ckpt == NULL) {
-            ckpt = a;
-        } else if (input == NULL) {
-            input = a;
+        if (r->ckpt == NULL) {
+            r->ckpt = a;
+        } else if (r->input == NULL) {
+            r->input = a;
         } else {
             return cli_error(CLI_USAGE, "predict takes CKPT and INPUT, got "
                              "a third argument '%s'", a);
         }
     }
-    if (ckpt == NULL || input == NULL)
+    if (r->ckpt == NULL || r->input == NULL)
         return cli_error(CLI_USAGE, "predict needs CKPT and INPUT; see "
                          "'keel predict --help'");
-    rc = open_model(ckpt, config, &inf);
+    return CLI_OK;
+}
+
+/* The model, and INPUT (with --labels, its labels) as a dataset whose
+ * examples are the size the model takes. */
+static int
+predict_open(predict_run *r)
+{
+    int64_t h, w, c;
+    keel_status st;
+    int rc = open_model(r->ckpt, r->config, &r->inf);
+
     if (rc != CLI_OK)
         return rc;
-    mc = keel_inference_model_config(inf);
-    st = labels != NULL
-        ? keel_dataset_open_idx(input, labels, (int)mc->classes, &ds)
-        : keel_dataset_open_inputs(input, &ds);
-    if (st != KEEL_OK) {
-        keel_inference_free(inf);
+    r->mc = keel_inference_model_config(r->inf);
+    st = r->labels != NULL
+        ? keel_dataset_open_idx(r->input, r->labels, (int)r->mc->classes,
+                                &r->ds)
+        : keel_dataset_open_inputs(r->input, &r->ds);
+    if (st != KEEL_OK)
         return cli_fail(st, "predict: input");
-    }
-    n = keel_dataset_count(ds);
-    esize = keel_dataset_example_size(ds);
-    keel_dataset_shape(ds, &h, &w, &c);
-    if (esize != (size_t)(mc->height * mc->width * mc->channels)) {
-        rc = cli_error(CLI_USAGE, "predict: %s has examples of %lldx%lldx"
-                       "%lld values; the model takes %lldx%lldx%lld", input,
-                       (long long)h, (long long)w, (long long)c,
-                       (long long)mc->height, (long long)mc->width,
-                       (long long)mc->channels);
-        goto out;
-    }
-    x = malloc(n * esize * sizeof *x);
-    y = malloc(n * sizeof *y);
-    probs = malloc(n * (size_t)mc->classes * sizeof *probs);
-    if (x == NULL || y == NULL || probs == NULL) {
-        rc = cli_error(CLI_RUNTIME, "predict: out of memory for %zu "
-                       "examples", n);
-        goto out;
-    }
-    for (size_t i = 0; i < n && st == KEEL_OK; i++)
-        st = keel_dataset_get(ds, i, x + i * esize, y + i);
+    r->n = keel_dataset_count(r->ds);
+    r->esize = keel_dataset_example_size(r->ds);
+    keel_dataset_shape(r->ds, &h, &w, &c);
+    if (r->esize != (size_t)(r->mc->height * r->mc->width *
+                             r->mc->channels))
+        return cli_error(CLI_USAGE, "predict: %s has examples of %lldx%lldx"
+                         "%lld values; the model takes %lldx%lldx%lld",
+                         r->input, (long long)h, (long long)w, (long long)c,
+                         (long long)r->mc->height, (long long)r->mc->width,
+                         (long long)r->mc->channels);
+    return CLI_OK;
+}
+
+/* Every example and label into memory, and the model's probabilities for
+ * all of them. */
+static int
+predict_compute(predict_run *r)
+{
+    keel_status st = KEEL_OK;
+
+    r->x = malloc(r->n * r->esize * sizeof *r->x);
+    r->y = malloc(r->n * sizeof *r->y);
+    r->probs = malloc(r->n * (size_t)r->mc->classes * sizeof *r->probs);
+    if (r->x == NULL || r->y == NULL || r->probs == NULL)
+        return cli_error(CLI_RUNTIME, "predict: out of memory for %zu "
+                         "examples", r->n);
+    for (size_t i = 0; i < r->n && st == KEEL_OK; i++)
+        st = keel_dataset_get(r->ds, i, r->x + i * r->esize, r->y + i);
     if (st == KEEL_OK)
-        st = keel_inference_predict(inf, x, n, probs);
-    if (st != KEEL_OK) {
-        rc = cli_fail(st, "predict");
-        goto out;
+        st = keel_inference_predict(r->inf, r->x, r->n, r->probs);
+    if (st != KEEL_OK)
+        return cli_fail(st, "predict");
+    return CLI_OK;
+}
+
+/* The most probable of n classes (the first on a tie). */
+static int64_t
+argmax(const float *p, int64_t n)
+{
+    int64_t best = 0;
+    for (int64_t k = 1; k < n; k++)
+        if (p[k] > p[best])
+            best = k;
+    return best;
+}
+
+/* Example i's line: index, class and its probability (--json: every
+ * probability), and its label when it has one. */
+static void
+print_example(const predict_run *r, size_t i, int64_t best)
+{
+    const float *p = r->probs + i * (size_t)r->mc->classes;
+    int32_t label = r->y[i];
+
+    if (r->json) {
+        printf("{\"index\": %zu, \"class\": %lld", i, (long long)best);
+        if (label >= 0)
+            printf(", \"label\": %d", (int)label);
+        printf(", \"probabilities\": [");
+        for (int64_t k = 0; k < r->mc->classes; k++)
+            printf("%s%.9g", k ? ", " : "", (double)p[k]);
+        printf("]}\n");
+    } else {
+        printf("%zu\t%lld\t%.6f%s", i, (long long)best, (double)p[best],
+               label >= 0 ? "" : "\n");
+        if (label >= 0)
+            printf("\tlabel %d\n", (int)label);
     }
-    for (size_t i = 0; i < n; i++) {
-        const float *p = probs + i * (size_t)mc->classes;
-        int64_t best = 0;
-        for (int64_t k = 1; k < mc->classes; k++)
-            if (p[k] > p[best])
-                best = k;
-        if (y[i] >= 0) {
+}
+
+/* One line per example, then the accuracy over the labelled ones. */
+static void
+predict_print(const predict_run *r)
+{
+    int64_t correct = 0, labelled = 0;
+
+    for (size_t i = 0; i < r->n; i++) {
+        int64_t best = argmax(r->probs + i * (size_t)r->mc->classes,
+                              r->mc->classes);
+        if (r->y[i] >= 0) {
             labelled++;
-            correct += best == y[i];
+            correct += best == r->y[i];
         }
-        if (json) {
-            printf("{\"index\": %zu, \"class\": %lld", i, (long long)best);
-            if (y[i] >= 0)
-                printf(", \"label\": %d", (int)y[i]);
-            printf(", \"probabilities\": [");
-            for (int64_t k = 0; k < mc->classes; k++)
-                printf("%s%.9g", k ? ", " : "", (double)p[k]);
-            printf("]}\n");
-        } else {
-            printf("%zu\t%lld\t%.6f%s", i, (long long)best, (double)p[best],
-                   y[i] >= 0 ? "" : "\n");
-            if (y[i] >= 0)
-                printf("\tlabel %d\n", (int)y[i]);
-        }
+        print_example(r, i, best);
     }
     if (labelled > 0) {
         double acc = (double)correct / (double)labelled;
-        if (json)
+        if (r->json)
             printf("{\"examples\": %lld, \"accuracy\": %.6f}\n",
                    (long long)labelled, acc);
         else
             printf("accuracy %.4f (%lld of %lld examples)\n", acc,
                    (long long)correct, (long long)labelled);
     }
-    rc = CLI_OK;
-out:
-    free(x);
-    free(y);
-    free(probs);
-    keel_dataset_free(ds);
-    keel_dataset_free(lds);
-    keel_inference_free(inf);
+}
+
+int
+cmd_predict(int argc, char **argv)
+{
+    predict_run r;
+    int rc = predict_parse(argc, argv, &r);
+
+    if (rc != CLI_OK)
+        return rc;
+    if (r.help)
+        return predict_usage(stdout, CLI_OK);
+    rc = predict_open(&r);
+    if (rc == CLI_OK)
+        rc = predict_compute(&r);
+    if (rc == CLI_OK)
+        predict_print(&r);
+    free(r.x);
+    free(r.y);
+    free(r.probs);
+    keel_dataset_free(r.ds);
+    keel_inference_free(r.inf);
     return rc;
 }

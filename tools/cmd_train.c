@@ -239,10 +239,20 @@ cli_resolve_cluster(const keel_config *cfg, const char *task,
 
 enum { OPT_TASK = 256, OPT_JSON, OPT_CHECKPOINT };
 
+/* What train's and eval's command lines give: CONFIG (eval: or DIR or
+ * CKPT.h5), the -s overrides, -v, and train's --task or eval's --checkpoint
+ * and --json. */
+typedef struct common_args {
+    const char *path;
+    const char *ckpt;             /* --task (train), --checkpoint (eval) */
+    char *over[256];
+    int n_over, verbose, json;
+} common_args;
+
+/* Parse argv into a (initialised here); allow_eval_opts: eval's options,
+ * else train's. CLI_OK or the usage error, on stderr already. */
 static int
-parse_common(int argc, char **argv, const char **path, char **over,
-             int *n_over, int *verbose, int *json, const char **ckpt,
-             int allow_eval_opts)
+parse_common(int argc, char **argv, int allow_eval_opts, common_args *a)
 {
     static const struct option train_opts[] = {
         { "set", required_argument, NULL, 's' },
@@ -259,26 +269,25 @@ parse_common(int argc, char **argv, const char **path, char **over,
     };
     const char *spec = cli_getopt_begin("s:v");
     int c;
-    *path = NULL;
-    *n_over = 0;
+    memset(a, 0, sizeof *a);
     while ((c = getopt_long(argc, argv, spec,
                             allow_eval_opts ? eval_opts : train_opts,
                             NULL)) != -1) {
         switch (c) {
         case 's':
-            if (*n_over == 256)
+            if (a->n_over == 256)
                 return cli_error(CLI_USAGE, "too many -s overrides");
-            over[(*n_over)++] = optarg;
+            a->over[a->n_over++] = optarg;
             break;
         case 'v':
-            *verbose = 1;
+            a->verbose = 1;
             break;
         case OPT_TASK:
         case OPT_CHECKPOINT:
-            *ckpt = optarg;
+            a->ckpt = optarg;
             break;
         case OPT_JSON:
-            *json = 1;
+            a->json = 1;
             break;
         default:
             return cli_getopt_error(argv, c,
@@ -288,12 +297,12 @@ parse_common(int argc, char **argv, const char **path, char **over,
         }
     }
     for (int i = optind; i < argc; i++) {
-        if (*path != NULL)
+        if (a->path != NULL)
             return cli_error(CLI_USAGE, "%s takes one CONFIG, got '%s' and "
-                             "'%s'", argv[0], *path, argv[i]);
-        *path = argv[i];
+                             "'%s'", argv[0], a->path, argv[i]);
+        a->path = argv[i];
     }
-    if (*path == NULL)
+    if (a->path == NULL)
         return cli_error(CLI_USAGE, "%s needs a CONFIG file; see 'keel %s "
                          "--help'", argv[0], argv[0]);
     return CLI_OK;
@@ -341,53 +350,71 @@ run_evaluator(const keel_config *cfg)
     return CLI_OK;
 }
 
-int
-cmd_train(int argc, char **argv)
+/* hooks.progress: on, or auto with stderr a terminal. */
+static int
+wants_bar(const keel_config *cfg)
 {
-    const char *path, *ckpt = NULL, *mode;
-    char *over[256];
-    int n_over, verbose = 0, json = 0, rc;
-    keel_config *cfg;
+    const char *mode = keel_config_str(cfg, "hooks.progress");
+    return strcmp(mode, "on") == 0 ||
+           (strcmp(mode, "auto") == 0 && isatty(2));
+}
+
+/* The cluster this task belongs to (NULL: one process).
+ * multi_worker_mirrored: the ranks come from MPI, not a cluster spec
+ * (srun's SLURM_PROCID is then an MPI rank, not a ps task). */
+static int
+train_cluster(const keel_config *cfg, const char *task,
+              keel_cluster_spec **spec)
+{
+    *spec = NULL;
+    if (strcmp(keel_config_str(cfg, "train.strategy"),
+               "multi_worker_mirrored") != 0 || getenv("TF_CONFIG") != NULL)
+        return cli_resolve_cluster(cfg, task, spec);
+    return CLI_OK;
+}
+
+/* The run's last line: the steps trained and the examples/s (a cluster's
+ * chief also the whole cluster's), or a stop before training began. */
+static void
+train_report(const keel_config *cfg, const keel_job_result *res,
+             int cluster_chief)
+{
+    if (res->end_reason == KEEL_END_SIGNAL && res->examples == 0 &&
+        res->seconds == 0.0) {
+        /* SIGTERM while waiting for the cluster: no session ever ran */
+        printf("stopped by a signal before training started; checkpoints "
+               "in %s\n", keel_config_str(cfg, "checkpoint.dir"));
+        return;
+    }
+    printf("trained steps %lld..%lld (%lld examples, %.1f s, %.0f "
+           "examples/s", (long long)res->start_step,
+           (long long)res->final_step, (long long)res->examples,
+           res->seconds,
+           res->seconds > 0 ? res->examples / res->seconds : 0.0);
+    if (cluster_chief)
+        printf("; cluster %lld examples, %.0f examples/s",
+               (long long)res->cluster_examples, res->seconds > 0
+               ? res->cluster_examples / res->seconds : 0.0);
+    printf("); checkpoints in %s\n", keel_config_str(cfg, "checkpoint.dir"));
+}
+
+/* Train as this task of spec (NULL: one process), with the progress lines
+ * and bar, then report: a ps its stop, the others the run. */
+static int
+train_task(const keel_config *cfg, const keel_cluster_spec *spec)
+{
+    int in_cluster = spec != NULL && !keel_cluster_spec_is_local(spec);
     keel_job_options opts;
     keel_job_result res;
-    keel_cluster_spec *spec = NULL;
     progress_state ps;
     keel_status st;
 
-    if (cli_wants_help(argc, argv))
-        return train_usage(stdout, CLI_OK);
-    rc = parse_common(argc, argv, &path, over, &n_over, &verbose, &json,
-                      &ckpt, 0);
-    if (rc != CLI_OK)
-        return rc;
-    cli_install_logger(verbose);
-    rc = cli_load_config(path, n_over, over, &cfg);
-    if (rc != CLI_OK)
-        return rc;
-    /* multi_worker_mirrored: the ranks come from MPI, not a cluster spec
-     * (srun's SLURM_PROCID is then an MPI rank, not a ps task) */
-    if (strcmp(keel_config_str(cfg, "train.strategy"),
-               "multi_worker_mirrored") != 0 || getenv("TF_CONFIG") != NULL)
-        rc = cli_resolve_cluster(cfg, ckpt, &spec);     /* ckpt: --task */
-    if (rc != CLI_OK) {
-        keel_config_free(cfg);
-        return rc;
-    }
-    if (spec != NULL &&
-        keel_cluster_spec_task_type(spec) == KEEL_TASK_EVALUATOR) {
-        keel_cluster_spec_free(spec);
-        rc = run_evaluator(cfg);
-        keel_config_free(cfg);
-        return rc;
-    }
-    if (spec != NULL && !keel_cluster_spec_is_local(spec))
+    if (in_cluster)
         keep_message_buffers();
     memset(&ps, 0, sizeof ps);
     ps.every = keel_config_int(cfg, "hooks.log_every_steps");
-    mode = keel_config_str(cfg, "hooks.progress");
-    ps.bar = strcmp(mode, "on") == 0 ||
-             (strcmp(mode, "auto") == 0 && isatty(2));
-    ps.cluster = spec != NULL && !keel_cluster_spec_is_local(spec);
+    ps.bar = wants_bar(cfg);
+    ps.cluster = in_cluster;
     keel_job_options_init(&opts);
     opts.progress_fn = on_progress;
     opts.epoch_fn = on_epoch;
@@ -396,39 +423,45 @@ cmd_train(int argc, char **argv)
     opts.cluster = spec;
     st = keel_job_train(cfg, &opts, &res);
     clear_bar(&ps);
-    if (st != KEEL_OK) {
-        keel_cluster_spec_free(spec);
-        keel_config_free(cfg);
+    if (st != KEEL_OK)
         return cli_fail(st, "train");
-    }
-    if (spec != NULL &&
-        keel_cluster_spec_task_type(spec) == KEEL_TASK_PS) {
+    if (spec != NULL && keel_cluster_spec_task_type(spec) == KEEL_TASK_PS) {
         printf("ps %d: stopped\n", keel_cluster_spec_task_index(spec));
-        keel_cluster_spec_free(spec);
-        keel_config_free(cfg);
         return CLI_OK;
     }
-    ps.cluster = ps.cluster && keel_cluster_spec_is_chief(spec);
-    keel_cluster_spec_free(spec);
-    if (res.end_reason == KEEL_END_SIGNAL && res.examples == 0 &&
-        res.seconds == 0.0) {
-        /* SIGTERM while waiting for the cluster: no session ever ran */
-        printf("stopped by a signal before training started; checkpoints "
-               "in %s\n", keel_config_str(cfg, "checkpoint.dir"));
-        keel_config_free(cfg);
-        return CLI_OK;
-    }
-    printf("trained steps %lld..%lld (%lld examples, %.1f s, %.0f "
-           "examples/s", (long long)res.start_step,
-           (long long)res.final_step, (long long)res.examples, res.seconds,
-           res.seconds > 0 ? res.examples / res.seconds : 0.0);
-    if (ps.cluster)
-        printf("; cluster %lld examples, %.0f examples/s",
-               (long long)res.cluster_examples,
-               res.seconds > 0 ? res.cluster_examples / res.seconds : 0.0);
-    printf("); checkpoints in %s\n", keel_config_str(cfg, "checkpoint.dir"));
-    keel_config_free(cfg);
+    train_report(cfg, &res, in_cluster && keel_cluster_spec_is_chief(spec));
     return CLI_OK;
+}
+
+int
+cmd_train(int argc, char **argv)
+{
+    common_args a;
+    keel_config *cfg;
+    keel_cluster_spec *spec;
+    int rc;
+
+    if (cli_wants_help(argc, argv))
+        return train_usage(stdout, CLI_OK);
+    rc = parse_common(argc, argv, 0, &a);
+    if (rc != CLI_OK)
+        return rc;
+    cli_install_logger(a.verbose);
+    rc = cli_load_config(a.path, a.n_over, a.over, &cfg);
+    if (rc != CLI_OK)
+        return rc;
+    rc = train_cluster(cfg, a.ckpt, &spec);         /* a.ckpt: --task */
+    if (rc == CLI_OK && spec != NULL &&
+        keel_cluster_spec_task_type(spec) == KEEL_TASK_EVALUATOR) {
+        keel_cluster_spec_free(spec);
+        spec = NULL;
+        rc = run_evaluator(cfg);
+    } else if (rc == CLI_OK) {
+        rc = train_task(cfg, spec);
+    }
+    keel_cluster_spec_free(spec);
+    keel_config_free(cfg);
+    return rc;
 }
 
 static int
@@ -520,89 +553,118 @@ is_hdf5(const char *path)
     return n == 8 && memcmp(sig, "\211HDF\r\n\032\n", 8) == 0;
 }
 
+/* The config checkpoint src carries, with a's -s overrides. */
+static keel_status
+config_from_checkpoint(const char *src, const common_args *a,
+                       keel_config **cfg)
+{
+    keel_status st = keel_config_from_checkpoint(src, cfg);
+    for (int i = 0; st == KEEL_OK && i < a->n_over; i++)
+        st = keel_config_override(*cfg, a->over[i], "-s");
+    return st;
+}
+
+/* What eval evaluates: the checkpoint (NULL: the newest in
+ * checkpoint.dir), which may be latest. */
+typedef struct eval_target {
+    const char *ckpt;
+    char latest[1024];
+} eval_target;
+
+/* A checkpoint directory: the config of --checkpoint or of its newest
+ * checkpoint, which is then the one evaluated; checkpoint.dir is dir. */
+static int
+eval_dir_config(const common_args *a, eval_target *t, keel_config **cfg)
+{
+    const char *src = a->ckpt;
+    char set[1100];
+    int64_t step;
+    keel_status st;
+
+    if (src == NULL) {
+        st = keel_ckpt_latest(a->path, NULL, t->latest, sizeof t->latest,
+                              &step);
+        if (st != KEEL_OK)
+            return cli_fail(st, "eval");
+        src = t->latest;
+    }
+    st = config_from_checkpoint(src, a, cfg);
+    if (st == KEEL_OK) {
+        snprintf(set, sizeof set, "checkpoint.dir=%s", a->path);
+        st = keel_config_override(*cfg, set, "eval DIR");
+    }
+    if (st != KEEL_OK) {
+        keel_config_free(*cfg);
+        return cli_fail(st, "eval");
+    }
+    t->ckpt = src;
+    return CLI_OK;
+}
+
+/* The config and checkpoint of a->path: a checkpoint file (its own
+ * config), a checkpoint directory, or a CONFIG file (--checkpoint, or the
+ * newest checkpoint in its checkpoint.dir). */
+static int
+eval_config(common_args *a, eval_target *t, keel_config **cfg)
+{
+    struct stat sb;
+    keel_status st;
+
+    *cfg = NULL;
+    t->ckpt = a->ckpt;
+    if (is_hdf5(a->path)) {
+        /* A checkpoint file: it carries its config (and architecture). */
+        if (a->ckpt != NULL)
+            return cli_error(CLI_USAGE, "eval %s: --checkpoint is for CONFIG "
+                             "or DIR, not a checkpoint file", a->path);
+        st = config_from_checkpoint(a->path, a, cfg);
+        if (st != KEEL_OK) {
+            keel_config_free(*cfg);
+            return cli_fail(st, "eval");
+        }
+        t->ckpt = a->path;
+        return CLI_OK;
+    }
+    if (stat(a->path, &sb) == 0 && S_ISDIR(sb.st_mode))
+        return eval_dir_config(a, t, cfg);
+    return cli_load_config(a->path, a->n_over, a->over, cfg);
+}
+
 int
 cmd_eval(int argc, char **argv)
 {
-    const char *path, *ckpt = NULL;
-    char *over[256];
-    int n_over, verbose = 0, json = 0, rc;
-    keel_config *cfg = NULL;
+    common_args a;
+    eval_target t;
+    keel_config *cfg;
     keel_eval_result res;
-    struct stat sb;
     keel_status st;
-    char latest[1024];
+    eval_bar eb;
+    int rc;
 
     if (cli_wants_help(argc, argv))
         return eval_usage(stdout, CLI_OK);
-    rc = parse_common(argc, argv, &path, over, &n_over, &verbose, &json,
-                      &ckpt, 1);
+    rc = parse_common(argc, argv, 1, &a);
     if (rc != CLI_OK)
         return rc;
-    cli_install_logger(verbose);
-    if (is_hdf5(path)) {
-        /* A checkpoint file: it carries its config (and architecture). */
-        if (ckpt != NULL)
-            return cli_error(CLI_USAGE, "eval %s: --checkpoint is for CONFIG "
-                             "or DIR, not a checkpoint file", path);
-        st = keel_config_from_checkpoint(path, &cfg);
-        for (int i = 0; st == KEEL_OK && i < n_over; i++)
-            st = keel_config_override(cfg, over[i], "-s");
-        if (st != KEEL_OK) {
-            keel_config_free(cfg);
-            return cli_fail(st, "eval");
-        }
-        ckpt = path;
-    } else if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
-        /* A checkpoint directory: its checkpoint carries the config. */
-        int64_t step;
-        const char *src = ckpt;
-        if (src == NULL) {
-            st = keel_ckpt_latest(path, NULL, latest, sizeof latest, &step);
-            if (st != KEEL_OK)
-                return cli_fail(st, "eval");
-            src = latest;
-        }
-        st = keel_config_from_checkpoint(src, &cfg);
-        for (int i = 0; st == KEEL_OK && i < n_over; i++)
-            st = keel_config_override(cfg, over[i], "-s");
-        if (st == KEEL_OK) {
-            char set[1100];
-            snprintf(set, sizeof set, "checkpoint.dir=%s", path);
-            st = keel_config_override(cfg, set, "eval DIR");
-        }
-        if (st != KEEL_OK) {
-            keel_config_free(cfg);
-            return cli_fail(st, "eval");
-        }
-        if (ckpt == NULL)
-            ckpt = latest;
-    } else {
-        rc = cli_load_config(path, n_over, over, &cfg);
-        if (rc != CLI_OK)
-            return rc;
-    }
-    {
-        const char *mode = keel_config_str(cfg, "hooks.progress");
-        eval_bar eb;
-        int bar = strcmp(mode, "on") == 0 ||
-                  (strcmp(mode, "auto") == 0 && isatty(2));
-        eb.t0_ns = eb.last_ns = now_ns();
-        st = keel_job_eval_progress(cfg, ckpt, bar ? on_eval_progress : NULL,
-                                    &eb, &res);
-        if (cli_bar_drawn) {
-            fputs("\r\033[K", stderr);
-            cli_bar_drawn = 0;
-        }
+    cli_install_logger(a.verbose);
+    rc = eval_config(&a, &t, &cfg);
+    if (rc != CLI_OK)
+        return rc;
+    eb.t0_ns = eb.last_ns = now_ns();
+    st = keel_job_eval_progress(cfg, t.ckpt, wants_bar(cfg)
+                                ? on_eval_progress : NULL, &eb, &res);
+    if (cli_bar_drawn) {
+        fputs("\r\033[K", stderr);
+        cli_bar_drawn = 0;
     }
     keel_config_free(cfg);
     if (st != KEEL_OK)
         return cli_fail(st, "eval");
-    if (json) {
+    if (a.json)
         print_eval_json(&res);
-    } else {
+    else
         printf("step %lld: test loss %.4f, accuracy %.4f (%lld examples, "
                "%s)\n", (long long)res.step, res.loss, res.accuracy,
                (long long)res.examples, res.checkpoint);
-    }
     return CLI_OK;
 }
