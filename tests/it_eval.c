@@ -64,6 +64,18 @@ drain_and_close(int fd)
     close(fd);
 }
 
+/* The evaluator ev ends: needle arrives on fd within line_ms, then ev exits
+ * 0 within exit_ms; fd is drained and closed. */
+static void
+expect_last_line_and_exit_0(pid_t ev, int fd, const char *needle,
+                            int line_ms, int exit_ms)
+{
+    ck_assert_msg(tu_wait_for_line(fd, needle, line_ms, NULL, 0),
+                  "no line '%s' before the evaluator's exit", needle);
+    ck_assert_int_eq(tu_wait(ev, exit_ms), 0);
+    drain_and_close(fd);
+}
+
 static int
 count_names(const char *dir, const char *needle)
 {
@@ -104,10 +116,8 @@ START_TEST(test_evaluator_follows_training_and_exits_0_at_final_step)
     }
     ck_assert_int_eq(prev, 40);
     ck_assert_ptr_nonnull(strstr(line, "(model.ckpt-40.h5)"));
-    ck_assert(tu_wait_for_line(fd, "evaluator: done: evaluated the final "
-                                   "step 40", 10000, line, sizeof line));
-    ck_assert_int_eq(tu_wait(ev, 30000), 0);
-    drain_and_close(fd);
+    expect_last_line_and_exit_0(ev, fd, "evaluator: done: evaluated the "
+                                "final step 40", 10000, 30000);
     /* TensorBoard event files and the CSV under <checkpoint.dir>/eval */
     ck_assert_int_eq(count_names(tu_path("run/eval"), "events.out.tfevents"),
                      1);
@@ -119,10 +129,7 @@ START_TEST(test_evaluator_follows_training_and_exits_0_at_final_step)
     ck_assert_int_eq(count_names(run_dir, ".lease-"), 0);
     /* started after training finished: evaluates the newest and exits */
     ev = spawn_evaluator(&fd);
-    ck_assert(tu_wait_for_line(fd, "eval step 40: ", 30000, line,
-                               sizeof line));
-    ck_assert_int_eq(tu_wait(ev, 30000), 0);
-    drain_and_close(fd);
+    expect_last_line_and_exit_0(ev, fd, "eval step 40: ", 30000, 30000);
 }
 END_TEST
 
@@ -151,10 +158,7 @@ START_TEST(test_evaluator_stops_on_sigterm_with_exit_0)
                                    sizeof line),
                   "the evaluator never started");
     ck_assert_int_eq(kill(ev, SIGTERM), 0);
-    ck_assert(tu_wait_for_line(fd, "stopped by signal", 10000, line,
-                               sizeof line));
-    ck_assert_int_eq(tu_wait(ev, 10000), 0);
-    drain_and_close(fd);
+    expect_last_line_and_exit_0(ev, fd, "stopped by signal", 10000, 10000);
 }
 END_TEST
 
