@@ -1135,17 +1135,6 @@ START_TEST(test_chaos_killing_workers_mid_run_still_finishes)
 }
 END_TEST
 
-/* The pid in "launch | started|restarted <task> (pid N" lines. */
-static int
-pid_in(const char *line)
-{
-    int pid = 0;
-    const char *p = strstr(line, "(pid ");
-    ck_assert_ptr_nonnull(p);
-    ck_assert_int_eq(sscanf(p + 5, "%d", &pid), 1);
-    return pid;
-}
-
 /* A SIGKILLed ps comes back empty; the heartbeats see its new incarnation
  * (dead_after_ms is set far beyond the test's deadlines, so only that can
  * end the wait), the chief reloads it from the latest checkpoint, logs the
@@ -1159,14 +1148,14 @@ START_TEST(test_sigkilled_ps_is_reloaded_and_the_steps_lost_are_logged)
                               "--max-restarts", "1", NULL);
     const char *p;
     expect_line(fd, "launch | started ps.0 (pid ", line, sizeof line);
-    ps = pid_in(line);
+    ps = tu_pid_in(line);
     expect_line(fd, "chief | saved checkpoint for step ", line, sizeof line);
     p = strstr(line, "for step ");
     ck_assert_int_eq(sscanf(p, "for step %lld", &saved), 1);
     expect_line(fd, "chief | step ", line, sizeof line);
     ck_assert_int_eq(kill(ps, SIGKILL), 0);
     expect_line(fd, "launch | restarted ps.0 (pid ", line, sizeof line);
-    ck_assert_int_ne(pid_in(line), ps);
+    ck_assert_int_ne(tu_pid_in(line), ps);
     /* the chief learns of it from the heartbeats (a new generation) or,
      * when its request was queued until the new ps was up, from that ps's
      * answer (no state yet, or, once it holds state, an update computed
@@ -1208,7 +1197,7 @@ START_TEST(test_ps_lost_during_a_checkpoint_pull_is_found_at_once)
                               "checkpoint.save_steps=1", "--max-restarts", "1",
                               NULL);
     expect_line(fd, "launch | started ps.0 (pid ", line, sizeof line);
-    ps = pid_in(line);
+    ps = tu_pid_in(line);
     for (int attempt = 0; attempt < 40 && !in_pull; attempt++) {
         expect_line(fd, "chief | step ", line, sizeof line);
         ck_assert_int_eq(kill(ps, SIGSTOP), 0);
@@ -1246,7 +1235,7 @@ START_TEST(test_stalled_worker_is_named_then_killed_and_the_step_resumes)
                               "--max-restarts", "1", NULL);
     const char *p;
     expect_line(fd, "launch | started worker.0 (pid ", line, sizeof line);
-    worker = pid_in(line);
+    worker = tu_pid_in(line);
     expect_line(fd, "chief | step 3 ", line, sizeof line);
     ck_assert_int_eq(kill(worker, SIGSTOP), 0);
     expect_line(fd, "missing=worker 0 (silent ", line, sizeof line);
@@ -1418,18 +1407,18 @@ START_TEST(test_kfac_roles_survive_sigkill_of_each_role)
     expect_line(fd, "launch | K-FAC roles: worker.1 is inverse.0", line,
                 sizeof line);
     expect_line(fd, "launch | started chief (pid ", line, sizeof line);
-    pids[2] = pid_in(line);
+    pids[2] = tu_pid_in(line);
     expect_line(fd, started[1], line, sizeof line);
-    pids[1] = pid_in(line);
+    pids[1] = tu_pid_in(line);
     expect_line(fd, started[0], line, sizeof line);
-    pids[0] = pid_in(line);
+    pids[0] = tu_pid_in(line);
     expect_line(fd, "inverse.0 | K-FAC roles: this replica (2 of 3) is "
                 "inverse worker 0", line, sizeof line);
     for (int k = 0; k < 3; k++) {
         at = chief_step(fd);
         ck_assert_int_eq(kill(pids[k], SIGKILL), 0);
         expect_line(fd, restarted[k], line, sizeof line);
-        ck_assert_int_ne(pid_in(line), pids[k]);
+        ck_assert_int_ne(tu_pid_in(line), pids[k]);
         /* the cluster trains past the kill: the new task does its part */
         while ((after = chief_step(fd)) <= at + 10)
             continue;

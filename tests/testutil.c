@@ -584,6 +584,16 @@ tu_setup_job(const char *tail_fmt, ...)
 }
 
 int
+tu_pid_in(const char *line)
+{
+    int pid = 0;
+    const char *p = strstr(line, "(pid ");
+    ck_assert_msg(p != NULL, "no pid in '%s'", line);
+    ck_assert_int_eq(sscanf(p + 5, "%d", &pid), 1);
+    return pid;
+}
+
+int
 tu_held_port(void)
 {
     struct sockaddr_in a;

@@ -74,6 +74,10 @@ pid_t tu_spawn_train(const char *cfg, const char *const *sets,
 int tu_wait_for_line(int fd, const char *needle, int timeout_ms, char *line,
                      size_t line_size);
 
+/* The pid in a keel launch line "launch | started|restarted <task> (pid
+ * N) ..."; fails the test when the line has none. */
+int tu_pid_in(const char *line);
+
 /* Wait for pid up to timeout_ms. Returns the exit status (0..255), 128+sig
  * when killed by a signal, or -1 on timeout (the child keeps running). */
 int tu_wait(pid_t pid, int timeout_ms);
