@@ -148,8 +148,8 @@ ckpt_seeds(void)
     keel_saver *s = NULL;
     keel_vars *vs = NULL;
     keel_var *v;
-    keel_ckpt_meta meta = { "[train]\nmax_steps = 5\n", "ps=1 workers=1",
-                            NULL, 0 };
+    keel_ckpt_meta meta = { .config_text = "[train]\nmax_steps = 5\n",
+                            .topology = "ps=1 workers=1" };
     char *data;
     long len;
     FILE *f;
