@@ -167,6 +167,16 @@ save_step(keel_saver *s, keel_vars *vs, int64_t step, char *path,
     ck_assert_msg(keel_saver_wait(s) == KEEL_OK, "%s", keel_last_error());
 }
 
+/* One checkpoint of vs at step in tu_dir, written by a saver (async when
+ * is_async) made for it alone; its path into path (size bytes). */
+static void
+save_once(keel_vars *vs, int64_t step, int is_async, char *path, size_t size)
+{
+    keel_saver *s = new_saver(tu_dir, 5, is_async);
+    save_step(s, vs, step, path, size);
+    keel_saver_free(s);
+}
+
 static int
 count_files(const char *dir, const char *needle)
 {
@@ -299,14 +309,13 @@ END_TEST
 START_TEST(test_list_and_read_tensor)
 {
     keel_vars *a = make_store(3.0f, 1);
-    keel_saver *s = new_saver(tu_dir, 5, 0);
     char path[4096];
     keel_ckpt_entry *e;
     size_t n;
     keel_tensor t;
     keel_tensor *want;
 
-    save_step(s, a, 7, path, sizeof path);
+    save_once(a, 7, 0, path, sizeof path);
     ck_assert_int_eq(keel_ckpt_list(path, &e, &n), KEEL_OK);
     ck_assert_uint_eq(n, 10);
     ck_assert_str_eq(e[0].name, "conv1/kernel");
@@ -329,7 +338,6 @@ START_TEST(test_list_and_read_tensor)
     ck_assert_int_eq(keel_ckpt_read_tensor(path, "nope", NULL, &t),
                      KEEL_ENOTFOUND);
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "nope"));
-    keel_saver_free(s);
     keel_vars_free(a);
 }
 END_TEST
@@ -352,9 +360,7 @@ START_TEST(test_large_checkpoint_checksums_recorded_after_data)
         t->data[j] = (float)j;
     ck_assert_int_eq(keel_vars_create(b, "big", 2, shape, 0, NULL), KEEL_OK);
     for (int is_async = 0; is_async < 2; is_async++) {
-        keel_saver *s = new_saver(tu_dir, 5, is_async);
-        save_step(s, a, 1 + is_async, path, sizeof path);
-        keel_saver_free(s);
+        save_once(a, 1 + is_async, is_async, path, sizeof path);
         ck_assert_msg(keel_ckpt_verify(path) == KEEL_OK, "%s",
                       keel_last_error());
         ck_assert_int_eq(keel_ckpt_restore(path, b, NULL, NULL), KEEL_OK);
@@ -378,7 +384,6 @@ START_TEST(test_one_pass_restore_detects_corruption_in_any_dataset)
     const char *names[3] = { "a", "b/kernel", "c" };
     int64_t rows[3] = { 300, 2500, 7 };     /* ~1.2 MiB, ~9.8 MiB, tiny */
     keel_vars *vs, *back;
-    keel_saver *s = new_saver(tu_dir, 5, 0);
     char path[4096], *file;
     size_t fsize;
 
@@ -400,7 +405,7 @@ START_TEST(test_one_pass_restore_detects_corruption_in_any_dataset)
         ck_assert_int_eq(keel_vars_create(back, names[i], 2, shape, 0, NULL),
                          KEEL_OK);
     }
-    save_step(s, vs, 1, path, sizeof path);
+    save_once(vs, 1, 0, path, sizeof path);
     ck_assert_msg(keel_ckpt_restore(path, back, NULL, NULL) == KEEL_OK, "%s",
                   keel_last_error());
     assert_stores_equal(vs, back);
@@ -434,7 +439,6 @@ START_TEST(test_one_pass_restore_detects_corruption_in_any_dataset)
     tu_truncate(path, fsize / 2);
     ck_assert_int_ne(keel_ckpt_restore(path, back, NULL, NULL), KEEL_OK);
     ck_assert_ptr_nonnull(strstr(keel_last_error(), path));
-    keel_saver_free(s);
     keel_vars_free(vs);
     keel_vars_free(back);
 }
@@ -510,10 +514,8 @@ START_TEST(test_direct_io_save_and_cold_restore_roundtrip)
     }
     keel_log_set_handler(tu_log_append, &io_log, KEEL_LOG_DEBUG);
     for (int is_async = 0; is_async < 2; is_async++) {
-        keel_saver *s = new_saver(tu_dir, 5, is_async);
         io_log.text[0] = '\0';
-        save_step(s, vs, 10 + is_async, path, sizeof path);
-        keel_saver_free(s);
+        save_once(vs, 10 + is_async, is_async, path, sizeof path);
         if (has_direct < 0)
             has_direct = fs_has_direct_io(path);
         if (has_direct)
@@ -590,7 +592,6 @@ START_TEST(test_multi_reader_restore_names_first_bad_dataset)
     const char *names[3] = { "a", "b/kernel", "c" };
     int64_t rows[3] = { 768, 1280, 600 };   /* 3 MiB, 5 MiB, 2.3 MiB */
     keel_vars *vs, *back;
-    keel_saver *s = new_saver(tu_dir, 5, 0);
     char path[4096], *file, *hit[3];
     size_t fsize;
 
@@ -609,7 +610,7 @@ START_TEST(test_multi_reader_restore_names_first_bad_dataset)
         ck_assert_int_eq(keel_vars_create(back, names[i], 2, shape, 0, NULL),
                          KEEL_OK);
     }
-    save_step(s, vs, 1, path, sizeof path);
+    save_once(vs, 1, 0, path, sizeof path);
     file = tu_read_file(path, &fsize);
     for (int i = 0; i < 3; i++) {
         const keel_tensor *t = keel_var_tensor(keel_vars_find(vs, names[i]));
@@ -654,7 +655,6 @@ START_TEST(test_multi_reader_restore_names_first_bad_dataset)
     ck_assert_int_ne(keel_ckpt_restore(path, back, NULL, NULL), KEEL_OK);
     ck_assert_msg(strstr(keel_last_error(), path) != NULL, "%s",
                   keel_last_error());
-    keel_saver_free(s);
     keel_vars_free(vs);
     keel_vars_free(back);
 }
@@ -665,9 +665,8 @@ END_TEST
 START_TEST(test_restore_shape_mismatch_names_variable_and_shapes)
 {
     keel_vars *a = make_store(1, 1), *b;
-    keel_saver *s = new_saver(tu_dir, 5, 0);
     char path[4096];
-    save_step(s, a, 5, path, sizeof path);
+    save_once(a, 5, 0, path, sizeof path);
     b = matrix_store("dense/kernel", 7, 5);
     ck_assert_int_eq(keel_ckpt_restore(path, b, NULL, NULL), KEEL_EINVAL);
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "dense/kernel"));
@@ -675,7 +674,6 @@ START_TEST(test_restore_shape_mismatch_names_variable_and_shapes)
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "[7,5]"));
     ck_assert_ptr_nonnull(strstr(keel_last_error(), path));
     keel_vars_free(b);
-    keel_saver_free(s);
     keel_vars_free(a);
 }
 END_TEST
@@ -683,14 +681,13 @@ END_TEST
 START_TEST(test_restore_strict_partial_report_and_name_map)
 {
     keel_vars *a = make_store(2, 1), *b;
-    keel_saver *s = new_saver(tu_dir, 5, 0);
     char path[4096];
     keel_restore_report rep;
     keel_restore_opts o;
     const char *map[] = { "dense=fc" };
     keel_var *v;
 
-    save_step(s, a, 9, path, sizeof path);
+    save_once(a, 9, 0, path, sizeof path);
     b = matrix_store("fc/kernel", 5, 7);
     ck_assert_int_eq(keel_vars_create(b, "new/thing", 1, (int64_t[]){ 2 },
                                       0, &v), KEEL_OK);
@@ -733,7 +730,6 @@ START_TEST(test_restore_strict_partial_report_and_name_map)
     ck_assert_int_eq(keel_ckpt_restore(path, b, &o, &rep), KEEL_EINVAL);
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "nonsense"));
     keel_vars_free(b);
-    keel_saver_free(s);
     keel_vars_free(a);
 }
 END_TEST
@@ -762,7 +758,6 @@ START_TEST(test_python_snippet_reads_same_values)
 {
     const char *py = getenv("PYTHON3");
     keel_vars *a = make_store(0.1f, 1);
-    keel_saver *s = new_saver(tu_dir, 5, 0);
     char path[4096], *snip, *script, *line, *save = NULL;
     size_t len;
     int n_lines = 0, n_vals = 0;
@@ -792,7 +787,7 @@ START_TEST(test_python_snippet_reads_same_values)
                       "($PYTHON3=%s, /usr/bin/python3)", py ? py : "");
         py = pick;
     }
-    save_step(s, a, 321, path, sizeof path);
+    save_once(a, 321, 0, path, sizeof path);
     snip = doc_snippet();
     len = strlen(snip) + sizeof driver;
     script = malloc(len);
@@ -848,7 +843,6 @@ START_TEST(test_python_snippet_reads_same_values)
     ck_assert_int_gt(n_vals, 200);
     free(script);
     free(snip);
-    keel_saver_free(s);
     keel_vars_free(a);
 }
 END_TEST
@@ -859,7 +853,6 @@ START_TEST(test_flipped_tensor_byte_detected_every_time)
 {
     keel_vars *vs;
     keel_var *v;
-    keel_saver *s = new_saver(tu_dir, 5, 0);
     char path[4096], *file;
     size_t fsize;
     char *hit;
@@ -873,7 +866,7 @@ START_TEST(test_flipped_tensor_byte_detected_every_time)
     t = keel_var_tensor(v);
     for (size_t j = 0; j < t->count; j++)
         t->data[j] = (float)j * 1.000123f + 0.5f;
-    save_step(s, vs, 1, path, sizeof path);
+    save_once(vs, 1, 0, path, sizeof path);
     file = tu_read_file(path, &fsize);
     hit = memmem(file, fsize, t->data, keel_tensor_bytes(t));
     ck_assert_ptr_nonnull(hit);
@@ -895,7 +888,6 @@ START_TEST(test_flipped_tensor_byte_detected_every_time)
         tu_flip_byte(path, at, mask);
     }
     ck_assert_int_eq(keel_ckpt_verify(path), KEEL_OK);
-    keel_saver_free(s);
     keel_vars_free(vs);
 }
 END_TEST
@@ -1540,12 +1532,11 @@ two_by_three(const char *a, const char *b)
 START_TEST(test_name_map_of_two_onto_one_names_both)
 {
     keel_vars *a = two_by_three("a/w", "b/w"), *b = two_by_three("x/w", NULL);
-    keel_saver *s = new_saver(tu_dir, 5, 0);
     const char *map[] = { "a=x", "b=x" };
     keel_restore_opts o;
     char path[4096];
     float before[3];
-    save_step(s, a, 3, path, sizeof path);
+    save_once(a, 3, 0, path, sizeof path);
     memcpy(before, keel_var_tensor(keel_vars_at(b, 0))->data, sizeof before);
     keel_restore_opts_init(&o);
     o.mode = KEEL_RESTORE_PARTIAL;
@@ -1558,7 +1549,6 @@ START_TEST(test_name_map_of_two_onto_one_names_both)
     /* nothing was read */
     ck_assert_int_eq(memcmp(before, keel_var_tensor(keel_vars_at(b, 0))->data,
                             sizeof before), 0);
-    keel_saver_free(s);
     keel_vars_free(a);
     keel_vars_free(b);
 }
