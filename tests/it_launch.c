@@ -793,14 +793,14 @@ spawn_cluster(int *fd, int workers, const char *arg, ...)
 START_TEST(test_sigkilled_chief_restarts_resumes_and_sigterm_saves)
 {
     char line[512], *log;
-    int fd, chief = 0, chief2 = 0;
+    int fd, chief, chief2;
     long long resumed = -1, final = -1, back = -1;
     pid_t pid = spawn_launch(tu_path("launch.err"), &fd, "-s",
                              "train.max_steps=1000000", "--max-restarts", "1",
                              NULL);
     const char *p;
     expect_line(fd, "launch | started chief (pid ", line, sizeof line);
-    ck_assert_int_eq(sscanf(strstr(line, "(pid ") + 5, "%d", &chief), 1);
+    chief = tu_pid_in(line);
     expect_line(fd, "chief | saved checkpoint for step 10:", line,
                 sizeof line);
     /* an outside SIGKILL: a failure, restarted, resumed from a checkpoint */
@@ -810,7 +810,7 @@ START_TEST(test_sigkilled_chief_restarts_resumes_and_sigterm_saves)
     expect_line(fd, "restarting chief", line, sizeof line);
     ck_assert_ptr_nonnull(strstr(line, "restart 1 of 1"));
     expect_line(fd, "launch | restarted chief (pid ", line, sizeof line);
-    ck_assert_int_eq(sscanf(strstr(line, "(pid ") + 5, "%d", &chief2), 1);
+    chief2 = tu_pid_in(line);
     ck_assert_int_ne(chief2, chief);
     ck_assert(is_gone(chief));
     expect_line(fd, "launch | chief back at step ", line, sizeof line);
@@ -957,13 +957,13 @@ START_TEST(test_sigkilled_launcher_takes_its_tasks_along)
     /* a silent chief (no step, checkpoint or summary lines), so that no
      * SIGPIPE on a dead launcher's pipe can stand in for PDEATHSIG */
     char line[512];
-    int fd, chief = 0;
+    int fd, chief;
     pid_t pid = spawn_launch(NULL, &fd, "-s", "train.max_steps=100000000",
                              "-s", "hooks.log_every_steps=0", "-s",
                              "hooks.summary_every_steps=0", "-s",
                              "checkpoint.save_steps=0", NULL);
     expect_line(fd, "launch | started chief (pid ", line, sizeof line);
-    ck_assert_int_eq(sscanf(strstr(line, "(pid ") + 5, "%d", &chief), 1);
+    chief = tu_pid_in(line);
     expect_line(fd, "chief | no checkpoint in", line, sizeof line);
     ck_assert(!stops_running(chief, 0));
     ck_assert_int_eq(kill(pid, SIGKILL), 0);
