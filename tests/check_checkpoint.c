@@ -11,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <dirent.h>
 #include <grp.h>
 #include <sched.h>
 #include <sys/mount.h>
@@ -175,20 +174,6 @@ save_once(keel_vars *vs, int64_t step, int is_async, char *path, size_t size)
     keel_saver *s = new_saver(tu_dir, 5, is_async);
     save_step(s, vs, step, path, size);
     keel_saver_free(s);
-}
-
-static int
-count_files(const char *dir, const char *needle)
-{
-    DIR *d = opendir(dir);
-    struct dirent *de;
-    int n = 0;
-    ck_assert_ptr_nonnull(d);
-    while ((de = readdir(d)) != NULL)
-        if (strstr(de->d_name, needle) != NULL)
-            n++;
-    closedir(d);
-    return n;
 }
 
 /* ---- round trips -------------------------------------------------------- */
@@ -1098,7 +1083,7 @@ START_TEST(test_retention_survives_restart_and_lowered_max_prunes)
     char *state;
     for (int i = 1; i <= 6; i++)
         save_step(s, a, i * 10, NULL, 0);
-    ck_assert_int_eq(count_files(tu_dir, ".h5"), 3);
+    ck_assert_int_eq(tu_count_names(tu_dir, ".h5"), 3);
     state = tu_read_file(tu_path("checkpoint"), NULL);
     ck_assert_ptr_nonnull(strstr(state, "model_checkpoint_path: "
                                         "\"model.ckpt-60.h5\""));
@@ -1114,7 +1099,7 @@ START_TEST(test_retention_survives_restart_and_lowered_max_prunes)
     s = new_saver(tu_dir, 1, 0);
     ck_assert_int_eq(keel_saver_last_step(s), 60);
     save_step(s, a, 70, NULL, 0);
-    ck_assert_int_eq(count_files(tu_dir, ".h5"), 1);
+    ck_assert_int_eq(tu_count_names(tu_dir, ".h5"), 1);
     ck_assert_int_eq(access(tu_path("model.ckpt-70.h5"), F_OK), 0);
     keel_saver_free(s);
 
@@ -1122,7 +1107,7 @@ START_TEST(test_retention_survives_restart_and_lowered_max_prunes)
     s = new_saver(tu_dir, 0, 0);
     for (int i = 8; i <= 10; i++)
         save_step(s, a, i * 10, NULL, 0);
-    ck_assert_int_eq(count_files(tu_dir, ".h5"), 4);
+    ck_assert_int_eq(tu_count_names(tu_dir, ".h5"), 4);
     keel_saver_free(s);
     keel_vars_free(a);
 }
@@ -1141,7 +1126,7 @@ START_TEST(test_keep_every_n_hours_preserves_pruned_files)
     ck_assert_int_eq(keel_saver_new(&cfg, &s), KEEL_OK);
     for (int i = 1; i <= 4; i++)
         save_step(s, a, i, NULL, 0);
-    ck_assert_int_eq(count_files(tu_dir, ".h5"), 4);
+    ck_assert_int_eq(tu_count_names(tu_dir, ".h5"), 4);
     state = tu_read_file(tu_path("checkpoint"), NULL);
     ck_assert_ptr_null(strstr(state, "\"model.ckpt-3.h5\""));
     ck_assert_ptr_nonnull(strstr(state, "keep_every_n_hours=1e-09"));
@@ -1168,7 +1153,7 @@ START_TEST(test_dead_process_temp_files_cleaned_at_start)
     tu_write_file(tu_path(mine), "x", 1);
     tu_write_file(tu_path(".other.tmp.1"), "x", 1);
     s = new_saver(tu_dir, 5, 0);
-    ck_assert_int_eq(count_files(tu_dir, ".tmp."), 2);
+    ck_assert_int_eq(tu_count_names(tu_dir, ".tmp."), 2);
     ck_assert_int_eq(access(tu_path(mine), F_OK), 0);
     keel_saver_free(s);
 }
@@ -1231,7 +1216,7 @@ fault_run(int is_async)
         ck_assert_msg(st == KEEL_EIO, "fault %d: %d %s", which, st,
                       keel_last_error());
         failures++;
-        ck_assert_int_eq(count_files(tu_dir, ".tmp."), 0);
+        ck_assert_int_eq(tu_count_names(tu_dir, ".tmp."), 0);
         ck_assert_int_eq(keel_ckpt_latest(tu_dir, NULL, got, sizeof got,
                                           &step), KEEL_OK);
         ck_assert_int_eq(keel_ckpt_restore(got, b, NULL, NULL), KEEL_OK);
@@ -1303,7 +1288,7 @@ crash_trials(int is_async)
         keel_saver *s = new_saver(tu_dir, 3, 0);
         int64_t last = keel_saver_last_step(s);
         ck_assert_int_ge(last, 1);
-        ck_assert_int_eq(count_files(tu_dir, ".tmp."), 0);
+        ck_assert_int_eq(tu_count_names(tu_dir, ".tmp."), 0);
         char *state, *p;
         int listed = 0;
         save_step(s, b, last + 1, NULL, 0);
@@ -1312,7 +1297,7 @@ crash_trials(int is_async)
             listed++;
         free(state);
         ck_assert_int_le(listed, 3);
-        ck_assert_int_eq(count_files(tu_dir, ".h5"), listed);
+        ck_assert_int_eq(tu_count_names(tu_dir, ".h5"), listed);
         keel_saver_free(s);
     }
     keel_vars_free(b);
@@ -1444,10 +1429,10 @@ START_TEST(test_lease_defers_retention_until_released)
     save_step(s, a, 50, NULL, 0);      /* the next save deletes it */
     ck_assert_int_eq(access(tu_path("model.ckpt-10.h5"), F_OK), -1);
     ck_assert_int_eq(access(tu_path(".deferred-model.ckpt-10.h5"), F_OK), -1);
-    ck_assert_int_eq(count_files(tu_dir, ".lease-"), 0);
+    ck_assert_int_eq(tu_count_names(tu_dir, ".lease-"), 0);
     ck_assert_int_eq(access(tu_path("model.ckpt-40.h5"), F_OK), 0);
     ck_assert_int_eq(access(tu_path("model.ckpt-50.h5"), F_OK), 0);
-    ck_assert_int_eq(count_files(tu_dir, "model.ckpt-"), 2);
+    ck_assert_int_eq(tu_count_names(tu_dir, "model.ckpt-"), 2);
     keel_saver_free(s);
     keel_vars_free(a);
 }
@@ -1639,7 +1624,7 @@ START_TEST(test_disk_full_mid_data_keeps_the_previous_checkpoint)
                   strstr(e, dir) != NULL, "%s", e);
     keel_saver_free(s);
     /* no partial or temporary file left; the last good one is latest */
-    ck_assert_int_eq(count_files(dir, ".tmp"), 0);
+    ck_assert_int_eq(tu_count_names(dir, ".tmp"), 0);
     ck_assert_msg(keel_ckpt_latest(dir, NULL, latest, sizeof latest, &step) ==
                   KEEL_OK, "%s", keel_last_error());
     ck_assert_int_eq(step, 1);
@@ -1701,7 +1686,8 @@ START_TEST(test_file_size_limit_fails_the_save_cleanly)
                 _exit(12);
             }
             if (keel_saver_wait(s) != KEEL_OK ||
-                count_files(dir, ".tmp") != 0 || count_files(dir, ".h5") != 0)
+                tu_count_names(dir, ".tmp") != 0 ||
+                tu_count_names(dir, ".h5") != 0)
                 _exit(13);
             keel_saver_free(s);
             keel_vars_free(vs);
@@ -1795,8 +1781,8 @@ START_TEST(test_unwritable_checkpoint_dir_fails_clearly)
         ck_assert_msg(try_unwritable(dir, why, sizeof why), "%s", why);
         chmod(dir, 0755);
     }
-    ck_assert_int_eq(count_files(dir, ".h5"), 0);
-    ck_assert_int_eq(count_files(dir, "checkpoint"), 0);
+    ck_assert_int_eq(tu_count_names(dir, ".h5"), 0);
+    ck_assert_int_eq(tu_count_names(dir, "checkpoint"), 0);
 }
 END_TEST
 

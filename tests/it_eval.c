@@ -5,7 +5,6 @@
  * `keel launch --evaluator` end to end. */
 #include <config.h>
 
-#include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -76,21 +75,6 @@ expect_last_line_and_exit_0(pid_t ev, int fd, const char *needle,
     drain_and_close(fd);
 }
 
-static int
-count_names(const char *dir, const char *needle)
-{
-    DIR *d = opendir(dir);
-    struct dirent *de;
-    int n = 0;
-    if (d == NULL)
-        return 0;
-    while ((de = readdir(d)) != NULL)
-        if (strstr(de->d_name, needle) != NULL)
-            n++;
-    closedir(d);
-    return n;
-}
-
 START_TEST(test_evaluator_follows_training_and_exits_0_at_final_step)
 {
     char line[1024], *csv;
@@ -119,14 +103,14 @@ START_TEST(test_evaluator_follows_training_and_exits_0_at_final_step)
     expect_last_line_and_exit_0(ev, fd, "evaluator: done: evaluated the "
                                 "final step 40", 10000, 30000);
     /* TensorBoard event files and the CSV under <checkpoint.dir>/eval */
-    ck_assert_int_eq(count_names(tu_path("run/eval"), "events.out.tfevents"),
-                     1);
+    ck_assert_int_eq(tu_count_names(tu_path("run/eval"),
+                                    "events.out.tfevents"), 1);
     csv = tu_read_file(tu_path("run/eval/scalars.csv"), NULL);
     ck_assert_ptr_nonnull(strstr(csv, ",40,eval/accuracy,"));
     ck_assert_ptr_nonnull(strstr(csv, ",40,eval/loss,"));
     free(csv);
     /* it released every lease it took */
-    ck_assert_int_eq(count_names(run_dir, ".lease-"), 0);
+    ck_assert_int_eq(tu_count_names(run_dir, ".lease-"), 0);
     /* started after training finished: evaluates the newest and exits */
     ev = spawn_evaluator(&fd);
     expect_last_line_and_exit_0(ev, fd, "eval step 40: ", 30000, 30000);
@@ -200,7 +184,7 @@ START_TEST(test_lease_keeps_a_checkpoint_from_the_chiefs_retention)
     ck_assert_int_eq(access(tu_path("run/model.ckpt-5.h5"), F_OK), -1);
     ck_assert_int_eq(access(tu_path("run/.deferred-model.ckpt-5.h5"), F_OK),
                      -1);
-    ck_assert_int_eq(count_names(run_dir, "model.ckpt-"), 2);
+    ck_assert_int_eq(tu_count_names(run_dir, "model.ckpt-"), 2);
 }
 END_TEST
 
@@ -257,7 +241,7 @@ START_TEST(test_launch_evaluator_end_to_end)
     ck_assert_ptr_nonnull(strstr(log, "TF_CONFIG task evaluator 0"));
     ck_assert_ptr_nonnull(strstr(log, "eval step 40:"));
     free(log);
-    ck_assert_int_eq(count_names(run_dir, ".lease-"), 0);
+    ck_assert_int_eq(tu_count_names(run_dir, ".lease-"), 0);
 }
 END_TEST
 

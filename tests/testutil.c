@@ -1,6 +1,7 @@
 /* testutil.c - helpers for keel's Check suites (see testutil.h). */
 #include <config.h>
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -581,6 +582,20 @@ tu_setup_job(const char *tail_fmt, ...)
     TU_SNPRINTF(path, sizeof path, "%s", tu_path("job.ini"));
     tu_write_file(path, text, strlen(text));
     return path;
+}
+
+int
+tu_count_names(const char *dir, const char *needle)
+{
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    int n = 0;
+    ck_assert_msg(d != NULL, "cannot read directory %s", dir);
+    while ((de = readdir(d)) != NULL)
+        if (strstr(de->d_name, needle) != NULL)
+            n++;
+    closedir(d);
+    return n;
 }
 
 int

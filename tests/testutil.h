@@ -37,6 +37,9 @@ char *tu_read_file(const char *path, size_t *n);
 void tu_truncate(const char *path, off_t n);
 void tu_flip_byte(const char *path, off_t offset, unsigned char mask);
 off_t tu_file_size(const char *path);
+/* The number of entries of directory dir whose names contain needle;
+ * fails the test when dir cannot be read. */
+int tu_count_names(const char *dir, const char *needle);
 
 /* Run argv (argv[0] a path) to completion within timeout_ms, capturing
  * stdout and stderr (each truncated to its buffer, NUL-terminated; either
