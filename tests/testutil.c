@@ -609,6 +609,17 @@ tu_pid_in(const char *line)
 }
 
 int
+tu_launch_pid(int fd, const char *verb, const char *task, int timeout_ms)
+{
+    char needle[128], line[512];
+    TU_SNPRINTF(needle, sizeof needle, "launch | %s %s (pid ", verb, task);
+    ck_assert_msg(tu_wait_for_line(fd, needle, timeout_ms, line,
+                                   sizeof line),
+                  "keel launch never printed '%s'", needle);
+    return tu_pid_in(line);
+}
+
+int
 tu_held_port(void)
 {
     struct sockaddr_in a;

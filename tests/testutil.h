@@ -81,6 +81,12 @@ int tu_wait_for_line(int fd, const char *needle, int timeout_ms, char *line,
  * N) ..."; fails the test when the line has none. */
 int tu_pid_in(const char *line);
 
+/* Read keel launch's output on fd up to its line "launch | <verb> <task>
+ * (pid N" (verb "started" or "restarted"; task "chief", "ps.0", ...)
+ * within timeout_ms; fails the test when none comes. Returns N. */
+int tu_launch_pid(int fd, const char *verb, const char *task,
+                  int timeout_ms);
+
 /* Wait for pid up to timeout_ms. Returns the exit status (0..255), 128+sig
  * when killed by a signal, or -1 on timeout (the child keeps running). */
 int tu_wait(pid_t pid, int timeout_ms);
