@@ -28,9 +28,7 @@ check(keel_status st, const char *what)
 }
 
 typedef struct run {
-    keel_vars *vs;
-    keel_model *m;
-    keel_grads *g;
+    bench_model net;
     keel_optimizer *opt;
     keel_kfac *kfac;
 } run;
@@ -45,33 +43,28 @@ run_new(run *r, keel_model_kind kind, int64_t batch, int use_kfac,
     mc.kind = kind;
     keel_dataset_shape(ds, &mc.height, &mc.width, &mc.channels);
     mc.max_batch = batch;
-    check(keel_vars_new(&r->vs), "vars");
-    check(keel_model_new(&mc, r->vs, &r->m), "model");
-    check(keel_model_init_vars(r->m, r->vs, 1), "init");
+    check(bench_model_new(&r->net, &mc, 1), "model");
     if (use_kfac) {
         keel_kfac_config kc;
         keel_kfac_config_init(&kc);
         kc.invert_every = invert_every;
         kc.cov_update_every = cov_every;
         kc.model_grads = 1;          /* as keel train in one process */
-        check(keel_kfac_new(&kc, r->m, r->vs, &r->kfac), "kfac");
+        check(keel_kfac_new(&kc, r->net.m, r->net.vs, &r->kfac), "kfac");
     } else {
         keel_optimizer_config oc;
         keel_optimizer_config_init(&oc, KEEL_OPT_ADAM);
         check(keel_optimizer_new(&oc, &r->opt), "adam");
-        check(keel_optimizer_prepare(r->opt, r->vs), "prepare");
+        check(keel_optimizer_prepare(r->opt, r->net.vs), "prepare");
     }
-    check(keel_grads_new(r->vs, &r->g), "grads");
 }
 
 static void
 run_free(run *r)
 {
-    keel_grads_free(r->g);
     keel_kfac_free(r->kfac);
     keel_optimizer_free(r->opt);
-    keel_model_free(r->m);
-    keel_vars_free(r->vs);
+    bench_model_free(&r->net);
 }
 
 /* steps steps from step0; returns seconds per step (median of blocks of
@@ -81,6 +74,7 @@ static double
 timed(run *r, keel_data_iter *it, int64_t batch, int steps, int64_t *step,
       double *cpu)
 {
+    bench_model *net = &r->net;
     double blk[1024], cblk[1024];
     int nb = 0;
     for (int s = 0; s < steps; s += 10) {
@@ -91,15 +85,16 @@ timed(run *r, keel_data_iter *it, int64_t batch, int steps, int64_t *step,
             if (st == KEEL_EOUTOFRANGE)
                 st = keel_data_iter_next(it, &b);
             check(st, "data");
-            keel_grads_zero(r->g);
-            check(keel_model_step(r->m, r->vs, &b, batch, r->g, NULL),
+            keel_grads_zero(net->g);
+            check(keel_model_step(net->m, net->vs, &b, batch, net->g, NULL),
                   "step");
             if (r->kfac != NULL) {
-                check(keel_kfac_observe(r->kfac, r->vs, &b, *step),
+                check(keel_kfac_observe(r->kfac, net->vs, &b, *step),
                       "observe");
-                check(keel_kfac_apply(r->kfac, r->vs, r->g, *step), "apply");
+                check(keel_kfac_apply(r->kfac, net->vs, net->g, *step),
+                      "apply");
             } else {
-                check(keel_optimizer_apply(r->opt, r->vs, r->g, *step),
+                check(keel_optimizer_apply(r->opt, net->vs, net->g, *step),
                       "apply");
             }
             (*step)++;

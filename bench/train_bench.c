@@ -52,13 +52,11 @@ sgemm_peak(int n, int reps)
 }
 
 typedef struct run {
-    keel_vars *vs;
-    keel_model *m;
-    keel_grads *g;
+    bench_model net;
     keel_optimizer *o;
     keel_data_iter *it;
     int64_t batch;
-    int zeroed;                  /* r->g is zero (the last update zeroed it) */
+    int zeroed;              /* net.g is zero (the last update zeroed it) */
 } run;
 
 static void
@@ -74,10 +72,7 @@ run_new(run *r, const char *model, int64_t batch, const keel_dataset *train,
     mc.max_batch = batch;
     mc.init = init;
     mc.threads = model_threads;
-    if (keel_vars_new(&r->vs) != KEEL_OK ||
-        keel_model_new(&mc, r->vs, &r->m) != KEEL_OK ||
-        keel_model_init_vars(r->m, r->vs, seed) != KEEL_OK ||
-        keel_grads_new(r->vs, &r->g) != KEEL_OK)
+    if (bench_model_new(&r->net, &mc, seed) != KEEL_OK)
         die("model setup");
     /* the PyTorch twin: MLP SGD momentum 0.9 lr 0.01, CNN Adam lr 1e-3 */
     if (mc.kind == KEEL_MODEL_CNN) {
@@ -89,7 +84,7 @@ run_new(run *r, const char *model, int64_t batch, const keel_dataset *train,
         oc.schedule.learning_rate = lr > 0 ? lr : 0.01;
     }
     if (keel_optimizer_new(&oc, &r->o) != KEEL_OK ||
-        keel_optimizer_prepare(r->o, r->vs) != KEEL_OK)
+        keel_optimizer_prepare(r->o, r->net.vs) != KEEL_OK)
         die("optimizer");
     keel_data_iter_config_init(&ic);
     ic.global_batch_size = batch;
@@ -105,9 +100,7 @@ run_free(run *r)
 {
     keel_data_iter_free(r->it);
     keel_optimizer_free(r->o);
-    keel_grads_free(r->g);
-    keel_model_free(r->m);
-    keel_vars_free(r->vs);
+    bench_model_free(&r->net);
 }
 
 static double data_s;
@@ -116,6 +109,7 @@ static double data_s;
 static double
 steps(run *r, int n)
 {
+    bench_model *net = &r->net;
     keel_step_stats st = { 0 };
     for (int i = 0; i < n; i++) {
         keel_batch b;
@@ -125,17 +119,17 @@ steps(run *r, int n)
         data_s += bench_now() - t0;
         /* as keel train does: the update leaves the gradients zero */
         if (!r->zeroed)
-            keel_grads_zero(r->g);
+            keel_grads_zero(net->g);
         r->zeroed = 0;
-        if (keel_model_step(r->m, r->vs, &b, r->batch, r->g, &st) !=
+        if (keel_model_step(net->m, net->vs, &b, r->batch, net->g, &st) !=
             KEEL_OK)
             die("step");
-        int64_t gs = keel_vars_global_step(r->vs);
-        if (keel__optimizer_apply_pooled(r->o, r->vs, r->g, gs, 1,
-                                         keel__model_pool(r->m)) != KEEL_OK)
+        int64_t gs = keel_vars_global_step(net->vs);
+        if (keel__optimizer_apply_pooled(r->o, net->vs, net->g, gs, 1,
+                                         keel__model_pool(net->m)) != KEEL_OK)
             die("apply");
         r->zeroed = 1;
-        keel_vars_set_global_step(r->vs, gs + 1);
+        keel_vars_set_global_step(net->vs, gs + 1);
     }
     return st.loss_sum / (double)r->batch;
 }
@@ -154,7 +148,7 @@ evaluate(run *r, const keel_dataset *test)
         keel_batch b = { x, y, k };
         for (size_t j = 0; j < k; j++)
             keel_dataset_get(test, i + j, x + j * es, y + j);
-        if (keel_model_eval(r->m, r->vs, &b, &st) != KEEL_OK)
+        if (keel_model_eval(r->net.m, r->net.vs, &b, &st) != KEEL_OK)
             die("eval");
         correct += st.correct;
     }
@@ -193,7 +187,7 @@ throughput(const char *model, int64_t batch, const setting *set, int nt,
     for (int t = 0; t < nt; t++)
         run_new(&r[t], model, batch, train, KEEL_INIT_GLOROT, 0, 0,
                 set[t].model);
-    flops = keel_model_flops_per_example(r[0].m);
+    flops = keel_model_flops_per_example(r[0].net.m);
     keel_train_set_threads(set[nt - 1].blas);
     steps(&r[nt - 1], 5);
     {

@@ -11,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <dirent.h>
 #include <grp.h>
 #include <sched.h>
 #include <sys/mount.h>
@@ -167,18 +166,14 @@ save_step(keel_saver *s, keel_vars *vs, int64_t step, char *path,
     ck_assert_msg(keel_saver_wait(s) == KEEL_OK, "%s", keel_last_error());
 }
 
-static int
-count_files(const char *dir, const char *needle)
+/* One checkpoint of vs at step in tu_dir, written by a saver (async when
+ * is_async) made for it alone; its path into path (size bytes). */
+static void
+save_once(keel_vars *vs, int64_t step, int is_async, char *path, size_t size)
 {
-    DIR *d = opendir(dir);
-    struct dirent *de;
-    int n = 0;
-    ck_assert_ptr_nonnull(d);
-    while ((de = readdir(d)) != NULL)
-        if (strstr(de->d_name, needle) != NULL)
-            n++;
-    closedir(d);
-    return n;
+    keel_saver *s = new_saver(tu_dir, 5, is_async);
+    save_step(s, vs, step, path, size);
+    keel_saver_free(s);
 }
 
 /* ---- round trips -------------------------------------------------------- */
@@ -299,14 +294,13 @@ END_TEST
 START_TEST(test_list_and_read_tensor)
 {
     keel_vars *a = make_store(3.0f, 1);
-    keel_saver *s = new_saver(tu_dir, 5, 0);
     char path[4096];
     keel_ckpt_entry *e;
     size_t n;
     keel_tensor t;
     keel_tensor *want;
 
-    save_step(s, a, 7, path, sizeof path);
+    save_once(a, 7, 0, path, sizeof path);
     ck_assert_int_eq(keel_ckpt_list(path, &e, &n), KEEL_OK);
     ck_assert_uint_eq(n, 10);
     ck_assert_str_eq(e[0].name, "conv1/kernel");
@@ -329,7 +323,6 @@ START_TEST(test_list_and_read_tensor)
     ck_assert_int_eq(keel_ckpt_read_tensor(path, "nope", NULL, &t),
                      KEEL_ENOTFOUND);
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "nope"));
-    keel_saver_free(s);
     keel_vars_free(a);
 }
 END_TEST
@@ -352,9 +345,7 @@ START_TEST(test_large_checkpoint_checksums_recorded_after_data)
         t->data[j] = (float)j;
     ck_assert_int_eq(keel_vars_create(b, "big", 2, shape, 0, NULL), KEEL_OK);
     for (int is_async = 0; is_async < 2; is_async++) {
-        keel_saver *s = new_saver(tu_dir, 5, is_async);
-        save_step(s, a, 1 + is_async, path, sizeof path);
-        keel_saver_free(s);
+        save_once(a, 1 + is_async, is_async, path, sizeof path);
         ck_assert_msg(keel_ckpt_verify(path) == KEEL_OK, "%s",
                       keel_last_error());
         ck_assert_int_eq(keel_ckpt_restore(path, b, NULL, NULL), KEEL_OK);
@@ -378,7 +369,6 @@ START_TEST(test_one_pass_restore_detects_corruption_in_any_dataset)
     const char *names[3] = { "a", "b/kernel", "c" };
     int64_t rows[3] = { 300, 2500, 7 };     /* ~1.2 MiB, ~9.8 MiB, tiny */
     keel_vars *vs, *back;
-    keel_saver *s = new_saver(tu_dir, 5, 0);
     char path[4096], *file;
     size_t fsize;
 
@@ -400,7 +390,7 @@ START_TEST(test_one_pass_restore_detects_corruption_in_any_dataset)
         ck_assert_int_eq(keel_vars_create(back, names[i], 2, shape, 0, NULL),
                          KEEL_OK);
     }
-    save_step(s, vs, 1, path, sizeof path);
+    save_once(vs, 1, 0, path, sizeof path);
     ck_assert_msg(keel_ckpt_restore(path, back, NULL, NULL) == KEEL_OK, "%s",
                   keel_last_error());
     assert_stores_equal(vs, back);
@@ -434,7 +424,6 @@ START_TEST(test_one_pass_restore_detects_corruption_in_any_dataset)
     tu_truncate(path, fsize / 2);
     ck_assert_int_ne(keel_ckpt_restore(path, back, NULL, NULL), KEEL_OK);
     ck_assert_ptr_nonnull(strstr(keel_last_error(), path));
-    keel_saver_free(s);
     keel_vars_free(vs);
     keel_vars_free(back);
 }
@@ -510,10 +499,8 @@ START_TEST(test_direct_io_save_and_cold_restore_roundtrip)
     }
     keel_log_set_handler(tu_log_append, &io_log, KEEL_LOG_DEBUG);
     for (int is_async = 0; is_async < 2; is_async++) {
-        keel_saver *s = new_saver(tu_dir, 5, is_async);
         io_log.text[0] = '\0';
-        save_step(s, vs, 10 + is_async, path, sizeof path);
-        keel_saver_free(s);
+        save_once(vs, 10 + is_async, is_async, path, sizeof path);
         if (has_direct < 0)
             has_direct = fs_has_direct_io(path);
         if (has_direct)
@@ -590,7 +577,6 @@ START_TEST(test_multi_reader_restore_names_first_bad_dataset)
     const char *names[3] = { "a", "b/kernel", "c" };
     int64_t rows[3] = { 768, 1280, 600 };   /* 3 MiB, 5 MiB, 2.3 MiB */
     keel_vars *vs, *back;
-    keel_saver *s = new_saver(tu_dir, 5, 0);
     char path[4096], *file, *hit[3];
     size_t fsize;
 
@@ -609,7 +595,7 @@ START_TEST(test_multi_reader_restore_names_first_bad_dataset)
         ck_assert_int_eq(keel_vars_create(back, names[i], 2, shape, 0, NULL),
                          KEEL_OK);
     }
-    save_step(s, vs, 1, path, sizeof path);
+    save_once(vs, 1, 0, path, sizeof path);
     file = tu_read_file(path, &fsize);
     for (int i = 0; i < 3; i++) {
         const keel_tensor *t = keel_var_tensor(keel_vars_find(vs, names[i]));
@@ -654,7 +640,6 @@ START_TEST(test_multi_reader_restore_names_first_bad_dataset)
     ck_assert_int_ne(keel_ckpt_restore(path, back, NULL, NULL), KEEL_OK);
     ck_assert_msg(strstr(keel_last_error(), path) != NULL, "%s",
                   keel_last_error());
-    keel_saver_free(s);
     keel_vars_free(vs);
     keel_vars_free(back);
 }
@@ -665,9 +650,8 @@ END_TEST
 START_TEST(test_restore_shape_mismatch_names_variable_and_shapes)
 {
     keel_vars *a = make_store(1, 1), *b;
-    keel_saver *s = new_saver(tu_dir, 5, 0);
     char path[4096];
-    save_step(s, a, 5, path, sizeof path);
+    save_once(a, 5, 0, path, sizeof path);
     b = matrix_store("dense/kernel", 7, 5);
     ck_assert_int_eq(keel_ckpt_restore(path, b, NULL, NULL), KEEL_EINVAL);
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "dense/kernel"));
@@ -675,7 +659,6 @@ START_TEST(test_restore_shape_mismatch_names_variable_and_shapes)
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "[7,5]"));
     ck_assert_ptr_nonnull(strstr(keel_last_error(), path));
     keel_vars_free(b);
-    keel_saver_free(s);
     keel_vars_free(a);
 }
 END_TEST
@@ -683,14 +666,13 @@ END_TEST
 START_TEST(test_restore_strict_partial_report_and_name_map)
 {
     keel_vars *a = make_store(2, 1), *b;
-    keel_saver *s = new_saver(tu_dir, 5, 0);
     char path[4096];
     keel_restore_report rep;
     keel_restore_opts o;
     const char *map[] = { "dense=fc" };
     keel_var *v;
 
-    save_step(s, a, 9, path, sizeof path);
+    save_once(a, 9, 0, path, sizeof path);
     b = matrix_store("fc/kernel", 5, 7);
     ck_assert_int_eq(keel_vars_create(b, "new/thing", 1, (int64_t[]){ 2 },
                                       0, &v), KEEL_OK);
@@ -733,7 +715,6 @@ START_TEST(test_restore_strict_partial_report_and_name_map)
     ck_assert_int_eq(keel_ckpt_restore(path, b, &o, &rep), KEEL_EINVAL);
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "nonsense"));
     keel_vars_free(b);
-    keel_saver_free(s);
     keel_vars_free(a);
 }
 END_TEST
@@ -762,7 +743,6 @@ START_TEST(test_python_snippet_reads_same_values)
 {
     const char *py = getenv("PYTHON3");
     keel_vars *a = make_store(0.1f, 1);
-    keel_saver *s = new_saver(tu_dir, 5, 0);
     char path[4096], *snip, *script, *line, *save = NULL;
     size_t len;
     int n_lines = 0, n_vals = 0;
@@ -792,7 +772,7 @@ START_TEST(test_python_snippet_reads_same_values)
                       "($PYTHON3=%s, /usr/bin/python3)", py ? py : "");
         py = pick;
     }
-    save_step(s, a, 321, path, sizeof path);
+    save_once(a, 321, 0, path, sizeof path);
     snip = doc_snippet();
     len = strlen(snip) + sizeof driver;
     script = malloc(len);
@@ -848,7 +828,6 @@ START_TEST(test_python_snippet_reads_same_values)
     ck_assert_int_gt(n_vals, 200);
     free(script);
     free(snip);
-    keel_saver_free(s);
     keel_vars_free(a);
 }
 END_TEST
@@ -859,7 +838,6 @@ START_TEST(test_flipped_tensor_byte_detected_every_time)
 {
     keel_vars *vs;
     keel_var *v;
-    keel_saver *s = new_saver(tu_dir, 5, 0);
     char path[4096], *file;
     size_t fsize;
     char *hit;
@@ -873,7 +851,7 @@ START_TEST(test_flipped_tensor_byte_detected_every_time)
     t = keel_var_tensor(v);
     for (size_t j = 0; j < t->count; j++)
         t->data[j] = (float)j * 1.000123f + 0.5f;
-    save_step(s, vs, 1, path, sizeof path);
+    save_once(vs, 1, 0, path, sizeof path);
     file = tu_read_file(path, &fsize);
     hit = memmem(file, fsize, t->data, keel_tensor_bytes(t));
     ck_assert_ptr_nonnull(hit);
@@ -895,7 +873,6 @@ START_TEST(test_flipped_tensor_byte_detected_every_time)
         tu_flip_byte(path, at, mask);
     }
     ck_assert_int_eq(keel_ckpt_verify(path), KEEL_OK);
-    keel_saver_free(s);
     keel_vars_free(vs);
 }
 END_TEST
@@ -1106,7 +1083,7 @@ START_TEST(test_retention_survives_restart_and_lowered_max_prunes)
     char *state;
     for (int i = 1; i <= 6; i++)
         save_step(s, a, i * 10, NULL, 0);
-    ck_assert_int_eq(count_files(tu_dir, ".h5"), 3);
+    ck_assert_int_eq(tu_count_names(tu_dir, ".h5"), 3);
     state = tu_read_file(tu_path("checkpoint"), NULL);
     ck_assert_ptr_nonnull(strstr(state, "model_checkpoint_path: "
                                         "\"model.ckpt-60.h5\""));
@@ -1122,7 +1099,7 @@ START_TEST(test_retention_survives_restart_and_lowered_max_prunes)
     s = new_saver(tu_dir, 1, 0);
     ck_assert_int_eq(keel_saver_last_step(s), 60);
     save_step(s, a, 70, NULL, 0);
-    ck_assert_int_eq(count_files(tu_dir, ".h5"), 1);
+    ck_assert_int_eq(tu_count_names(tu_dir, ".h5"), 1);
     ck_assert_int_eq(access(tu_path("model.ckpt-70.h5"), F_OK), 0);
     keel_saver_free(s);
 
@@ -1130,7 +1107,7 @@ START_TEST(test_retention_survives_restart_and_lowered_max_prunes)
     s = new_saver(tu_dir, 0, 0);
     for (int i = 8; i <= 10; i++)
         save_step(s, a, i * 10, NULL, 0);
-    ck_assert_int_eq(count_files(tu_dir, ".h5"), 4);
+    ck_assert_int_eq(tu_count_names(tu_dir, ".h5"), 4);
     keel_saver_free(s);
     keel_vars_free(a);
 }
@@ -1149,7 +1126,7 @@ START_TEST(test_keep_every_n_hours_preserves_pruned_files)
     ck_assert_int_eq(keel_saver_new(&cfg, &s), KEEL_OK);
     for (int i = 1; i <= 4; i++)
         save_step(s, a, i, NULL, 0);
-    ck_assert_int_eq(count_files(tu_dir, ".h5"), 4);
+    ck_assert_int_eq(tu_count_names(tu_dir, ".h5"), 4);
     state = tu_read_file(tu_path("checkpoint"), NULL);
     ck_assert_ptr_null(strstr(state, "\"model.ckpt-3.h5\""));
     ck_assert_ptr_nonnull(strstr(state, "keep_every_n_hours=1e-09"));
@@ -1176,7 +1153,7 @@ START_TEST(test_dead_process_temp_files_cleaned_at_start)
     tu_write_file(tu_path(mine), "x", 1);
     tu_write_file(tu_path(".other.tmp.1"), "x", 1);
     s = new_saver(tu_dir, 5, 0);
-    ck_assert_int_eq(count_files(tu_dir, ".tmp."), 2);
+    ck_assert_int_eq(tu_count_names(tu_dir, ".tmp."), 2);
     ck_assert_int_eq(access(tu_path(mine), F_OK), 0);
     keel_saver_free(s);
 }
@@ -1239,7 +1216,7 @@ fault_run(int is_async)
         ck_assert_msg(st == KEEL_EIO, "fault %d: %d %s", which, st,
                       keel_last_error());
         failures++;
-        ck_assert_int_eq(count_files(tu_dir, ".tmp."), 0);
+        ck_assert_int_eq(tu_count_names(tu_dir, ".tmp."), 0);
         ck_assert_int_eq(keel_ckpt_latest(tu_dir, NULL, got, sizeof got,
                                           &step), KEEL_OK);
         ck_assert_int_eq(keel_ckpt_restore(got, b, NULL, NULL), KEEL_OK);
@@ -1311,7 +1288,7 @@ crash_trials(int is_async)
         keel_saver *s = new_saver(tu_dir, 3, 0);
         int64_t last = keel_saver_last_step(s);
         ck_assert_int_ge(last, 1);
-        ck_assert_int_eq(count_files(tu_dir, ".tmp."), 0);
+        ck_assert_int_eq(tu_count_names(tu_dir, ".tmp."), 0);
         char *state, *p;
         int listed = 0;
         save_step(s, b, last + 1, NULL, 0);
@@ -1320,7 +1297,7 @@ crash_trials(int is_async)
             listed++;
         free(state);
         ck_assert_int_le(listed, 3);
-        ck_assert_int_eq(count_files(tu_dir, ".h5"), listed);
+        ck_assert_int_eq(tu_count_names(tu_dir, ".h5"), listed);
         keel_saver_free(s);
     }
     keel_vars_free(b);
@@ -1452,10 +1429,10 @@ START_TEST(test_lease_defers_retention_until_released)
     save_step(s, a, 50, NULL, 0);      /* the next save deletes it */
     ck_assert_int_eq(access(tu_path("model.ckpt-10.h5"), F_OK), -1);
     ck_assert_int_eq(access(tu_path(".deferred-model.ckpt-10.h5"), F_OK), -1);
-    ck_assert_int_eq(count_files(tu_dir, ".lease-"), 0);
+    ck_assert_int_eq(tu_count_names(tu_dir, ".lease-"), 0);
     ck_assert_int_eq(access(tu_path("model.ckpt-40.h5"), F_OK), 0);
     ck_assert_int_eq(access(tu_path("model.ckpt-50.h5"), F_OK), 0);
-    ck_assert_int_eq(count_files(tu_dir, "model.ckpt-"), 2);
+    ck_assert_int_eq(tu_count_names(tu_dir, "model.ckpt-"), 2);
     keel_saver_free(s);
     keel_vars_free(a);
 }
@@ -1540,12 +1517,11 @@ two_by_three(const char *a, const char *b)
 START_TEST(test_name_map_of_two_onto_one_names_both)
 {
     keel_vars *a = two_by_three("a/w", "b/w"), *b = two_by_three("x/w", NULL);
-    keel_saver *s = new_saver(tu_dir, 5, 0);
     const char *map[] = { "a=x", "b=x" };
     keel_restore_opts o;
     char path[4096];
     float before[3];
-    save_step(s, a, 3, path, sizeof path);
+    save_once(a, 3, 0, path, sizeof path);
     memcpy(before, keel_var_tensor(keel_vars_at(b, 0))->data, sizeof before);
     keel_restore_opts_init(&o);
     o.mode = KEEL_RESTORE_PARTIAL;
@@ -1558,7 +1534,6 @@ START_TEST(test_name_map_of_two_onto_one_names_both)
     /* nothing was read */
     ck_assert_int_eq(memcmp(before, keel_var_tensor(keel_vars_at(b, 0))->data,
                             sizeof before), 0);
-    keel_saver_free(s);
     keel_vars_free(a);
     keel_vars_free(b);
 }
@@ -1649,7 +1624,7 @@ START_TEST(test_disk_full_mid_data_keeps_the_previous_checkpoint)
                   strstr(e, dir) != NULL, "%s", e);
     keel_saver_free(s);
     /* no partial or temporary file left; the last good one is latest */
-    ck_assert_int_eq(count_files(dir, ".tmp"), 0);
+    ck_assert_int_eq(tu_count_names(dir, ".tmp"), 0);
     ck_assert_msg(keel_ckpt_latest(dir, NULL, latest, sizeof latest, &step) ==
                   KEEL_OK, "%s", keel_last_error());
     ck_assert_int_eq(step, 1);
@@ -1711,7 +1686,8 @@ START_TEST(test_file_size_limit_fails_the_save_cleanly)
                 _exit(12);
             }
             if (keel_saver_wait(s) != KEEL_OK ||
-                count_files(dir, ".tmp") != 0 || count_files(dir, ".h5") != 0)
+                tu_count_names(dir, ".tmp") != 0 ||
+                tu_count_names(dir, ".h5") != 0)
                 _exit(13);
             keel_saver_free(s);
             keel_vars_free(vs);
@@ -1805,8 +1781,8 @@ START_TEST(test_unwritable_checkpoint_dir_fails_clearly)
         ck_assert_msg(try_unwritable(dir, why, sizeof why), "%s", why);
         chmod(dir, 0755);
     }
-    ck_assert_int_eq(count_files(dir, ".h5"), 0);
-    ck_assert_int_eq(count_files(dir, "checkpoint"), 0);
+    ck_assert_int_eq(tu_count_names(dir, ".h5"), 0);
+    ck_assert_int_eq(tu_count_names(dir, "checkpoint"), 0);
 }
 END_TEST
 

@@ -110,17 +110,6 @@ expect_line(int fd, const char *needle, char *line, size_t size)
                   "keel launch never printed '%s'", needle);
 }
 
-/* The pid in a "launch | started|restarted <task> (pid N) ..." line. */
-static int
-pid_in(const char *line)
-{
-    int pid = 0;
-    const char *p = strstr(line, "(pid ");
-    ck_assert_ptr_nonnull(p);
-    ck_assert_int_eq(sscanf(p + 5, "%d", &pid), 1);
-    return pid;
-}
-
 /* Run into <tu_dir>/<name>, SIGKILL task victim ("ps.0", "chief",
  * "worker.0") when the chief reports step KILL_AT, let the launcher restart
  * it, and wait for the run to complete with exit 0. evidence (or NULL) is a
@@ -137,17 +126,12 @@ run_with_kill(const char *name, int is_local, const char *victim,
     launch_argv(argv, is_local);
     output_env(env0, sizeof env0, name);
     pid = tu_spawn_pipe(argv, env, tu_path("launch.err"), &fd);
-    TU_SNPRINTF(needle, sizeof needle, "launch | started %s (pid ",
-                     victim);
-    expect_line(fd, needle, line, sizeof line);
-    victim_pid = pid_in(line);
+    victim_pid = tu_launch_pid(fd, "started", victim, LINE_MS);
     TU_SNPRINTF(needle, sizeof needle, "chief | step %d ", KILL_AT);
     expect_line(fd, needle, line, sizeof line);
     ck_assert_int_eq(kill(victim_pid, SIGKILL), 0);
-    TU_SNPRINTF(needle, sizeof needle, "launch | restarted %s (pid ",
-                     victim);
-    expect_line(fd, needle, line, sizeof line);
-    ck_assert_int_ne(pid_in(line), victim_pid);
+    ck_assert_int_ne(tu_launch_pid(fd, "restarted", victim, LINE_MS),
+                     victim_pid);
     if (evidence != NULL)
         expect_line(fd, evidence, line, sizeof line);
     TU_SNPRINTF(needle, sizeof needle, "chief | step %d ", MAX_STEPS);

@@ -5,7 +5,6 @@
  * `keel launch --evaluator` end to end. */
 #include <config.h>
 
-#include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,19 +63,16 @@ drain_and_close(int fd)
     close(fd);
 }
 
-static int
-count_names(const char *dir, const char *needle)
+/* The evaluator ev ends: needle arrives on fd within line_ms, then ev exits
+ * 0 within exit_ms; fd is drained and closed. */
+static void
+expect_last_line_and_exit_0(pid_t ev, int fd, const char *needle,
+                            int line_ms, int exit_ms)
 {
-    DIR *d = opendir(dir);
-    struct dirent *de;
-    int n = 0;
-    if (d == NULL)
-        return 0;
-    while ((de = readdir(d)) != NULL)
-        if (strstr(de->d_name, needle) != NULL)
-            n++;
-    closedir(d);
-    return n;
+    ck_assert_msg(tu_wait_for_line(fd, needle, line_ms, NULL, 0),
+                  "no line '%s' before the evaluator's exit", needle);
+    ck_assert_int_eq(tu_wait(ev, exit_ms), 0);
+    drain_and_close(fd);
 }
 
 START_TEST(test_evaluator_follows_training_and_exits_0_at_final_step)
@@ -104,25 +100,20 @@ START_TEST(test_evaluator_follows_training_and_exits_0_at_final_step)
     }
     ck_assert_int_eq(prev, 40);
     ck_assert_ptr_nonnull(strstr(line, "(model.ckpt-40.h5)"));
-    ck_assert(tu_wait_for_line(fd, "evaluator: done: evaluated the final "
-                                   "step 40", 10000, line, sizeof line));
-    ck_assert_int_eq(tu_wait(ev, 30000), 0);
-    drain_and_close(fd);
+    expect_last_line_and_exit_0(ev, fd, "evaluator: done: evaluated the "
+                                "final step 40", 10000, 30000);
     /* TensorBoard event files and the CSV under <checkpoint.dir>/eval */
-    ck_assert_int_eq(count_names(tu_path("run/eval"), "events.out.tfevents"),
-                     1);
+    ck_assert_int_eq(tu_count_names(tu_path("run/eval"),
+                                    "events.out.tfevents"), 1);
     csv = tu_read_file(tu_path("run/eval/scalars.csv"), NULL);
     ck_assert_ptr_nonnull(strstr(csv, ",40,eval/accuracy,"));
     ck_assert_ptr_nonnull(strstr(csv, ",40,eval/loss,"));
     free(csv);
     /* it released every lease it took */
-    ck_assert_int_eq(count_names(run_dir, ".lease-"), 0);
+    ck_assert_int_eq(tu_count_names(run_dir, ".lease-"), 0);
     /* started after training finished: evaluates the newest and exits */
     ev = spawn_evaluator(&fd);
-    ck_assert(tu_wait_for_line(fd, "eval step 40: ", 30000, line,
-                               sizeof line));
-    ck_assert_int_eq(tu_wait(ev, 30000), 0);
-    drain_and_close(fd);
+    expect_last_line_and_exit_0(ev, fd, "eval step 40: ", 30000, 30000);
 }
 END_TEST
 
@@ -151,10 +142,7 @@ START_TEST(test_evaluator_stops_on_sigterm_with_exit_0)
                                    sizeof line),
                   "the evaluator never started");
     ck_assert_int_eq(kill(ev, SIGTERM), 0);
-    ck_assert(tu_wait_for_line(fd, "stopped by signal", 10000, line,
-                               sizeof line));
-    ck_assert_int_eq(tu_wait(ev, 10000), 0);
-    drain_and_close(fd);
+    expect_last_line_and_exit_0(ev, fd, "stopped by signal", 10000, 10000);
 }
 END_TEST
 
@@ -196,7 +184,7 @@ START_TEST(test_lease_keeps_a_checkpoint_from_the_chiefs_retention)
     ck_assert_int_eq(access(tu_path("run/model.ckpt-5.h5"), F_OK), -1);
     ck_assert_int_eq(access(tu_path("run/.deferred-model.ckpt-5.h5"), F_OK),
                      -1);
-    ck_assert_int_eq(count_names(run_dir, "model.ckpt-"), 2);
+    ck_assert_int_eq(tu_count_names(run_dir, "model.ckpt-"), 2);
 }
 END_TEST
 
@@ -253,7 +241,7 @@ START_TEST(test_launch_evaluator_end_to_end)
     ck_assert_ptr_nonnull(strstr(log, "TF_CONFIG task evaluator 0"));
     ck_assert_ptr_nonnull(strstr(log, "eval step 40:"));
     free(log);
-    ck_assert_int_eq(count_names(run_dir, ".lease-"), 0);
+    ck_assert_int_eq(tu_count_names(run_dir, ".lease-"), 0);
 }
 END_TEST
 

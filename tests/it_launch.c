@@ -25,6 +25,8 @@
  * fraction of a second: on a loaded 2-core machine one takes minutes (3 on
  * a machine with load average 24), so this catches hangs, not slowness. */
 #define RUN_MS 600000
+/* The deadline of each awaited launcher line. */
+#define LINE_MS 30000
 
 typedef struct record {
     int is_event;
@@ -709,7 +711,7 @@ END_TEST
 static void
 expect_line(int fd, const char *needle, char *line, size_t size)
 {
-    ck_assert_msg(tu_wait_for_line(fd, needle, 30000, line, size),
+    ck_assert_msg(tu_wait_for_line(fd, needle, LINE_MS, line, size),
                   "keel launch never printed '%s'", needle);
 }
 
@@ -793,14 +795,13 @@ spawn_cluster(int *fd, int workers, const char *arg, ...)
 START_TEST(test_sigkilled_chief_restarts_resumes_and_sigterm_saves)
 {
     char line[512], *log;
-    int fd, chief = 0, chief2 = 0;
+    int fd, chief, chief2;
     long long resumed = -1, final = -1, back = -1;
     pid_t pid = spawn_launch(tu_path("launch.err"), &fd, "-s",
                              "train.max_steps=1000000", "--max-restarts", "1",
                              NULL);
     const char *p;
-    expect_line(fd, "launch | started chief (pid ", line, sizeof line);
-    ck_assert_int_eq(sscanf(strstr(line, "(pid ") + 5, "%d", &chief), 1);
+    chief = tu_launch_pid(fd, "started", "chief", LINE_MS);
     expect_line(fd, "chief | saved checkpoint for step 10:", line,
                 sizeof line);
     /* an outside SIGKILL: a failure, restarted, resumed from a checkpoint */
@@ -809,8 +810,7 @@ START_TEST(test_sigkilled_chief_restarts_resumes_and_sigterm_saves)
     ck_assert_ptr_nonnull(strstr(line, "killed by SIGKILL"));
     expect_line(fd, "restarting chief", line, sizeof line);
     ck_assert_ptr_nonnull(strstr(line, "restart 1 of 1"));
-    expect_line(fd, "launch | restarted chief (pid ", line, sizeof line);
-    ck_assert_int_eq(sscanf(strstr(line, "(pid ") + 5, "%d", &chief2), 1);
+    chief2 = tu_launch_pid(fd, "restarted", "chief", LINE_MS);
     ck_assert_int_ne(chief2, chief);
     ck_assert(is_gone(chief));
     expect_line(fd, "launch | chief back at step ", line, sizeof line);
@@ -957,13 +957,12 @@ START_TEST(test_sigkilled_launcher_takes_its_tasks_along)
     /* a silent chief (no step, checkpoint or summary lines), so that no
      * SIGPIPE on a dead launcher's pipe can stand in for PDEATHSIG */
     char line[512];
-    int fd, chief = 0;
+    int fd, chief;
     pid_t pid = spawn_launch(NULL, &fd, "-s", "train.max_steps=100000000",
                              "-s", "hooks.log_every_steps=0", "-s",
                              "hooks.summary_every_steps=0", "-s",
                              "checkpoint.save_steps=0", NULL);
-    expect_line(fd, "launch | started chief (pid ", line, sizeof line);
-    ck_assert_int_eq(sscanf(strstr(line, "(pid ") + 5, "%d", &chief), 1);
+    chief = tu_launch_pid(fd, "started", "chief", LINE_MS);
     expect_line(fd, "chief | no checkpoint in", line, sizeof line);
     ck_assert(!stops_running(chief, 0));
     ck_assert_int_eq(kill(pid, SIGKILL), 0);
@@ -1135,17 +1134,6 @@ START_TEST(test_chaos_killing_workers_mid_run_still_finishes)
 }
 END_TEST
 
-/* The pid in "launch | started|restarted <task> (pid N" lines. */
-static int
-pid_in(const char *line)
-{
-    int pid = 0;
-    const char *p = strstr(line, "(pid ");
-    ck_assert_ptr_nonnull(p);
-    ck_assert_int_eq(sscanf(p + 5, "%d", &pid), 1);
-    return pid;
-}
-
 /* A SIGKILLed ps comes back empty; the heartbeats see its new incarnation
  * (dead_after_ms is set far beyond the test's deadlines, so only that can
  * end the wait), the chief reloads it from the latest checkpoint, logs the
@@ -1158,15 +1146,13 @@ START_TEST(test_sigkilled_ps_is_reloaded_and_the_steps_lost_are_logged)
     pid_t pid = spawn_cluster(&fd, 1, "-s", "cluster.dead_after_ms=120000",
                               "--max-restarts", "1", NULL);
     const char *p;
-    expect_line(fd, "launch | started ps.0 (pid ", line, sizeof line);
-    ps = pid_in(line);
+    ps = tu_launch_pid(fd, "started", "ps.0", LINE_MS);
     expect_line(fd, "chief | saved checkpoint for step ", line, sizeof line);
     p = strstr(line, "for step ");
     ck_assert_int_eq(sscanf(p, "for step %lld", &saved), 1);
     expect_line(fd, "chief | step ", line, sizeof line);
     ck_assert_int_eq(kill(ps, SIGKILL), 0);
-    expect_line(fd, "launch | restarted ps.0 (pid ", line, sizeof line);
-    ck_assert_int_ne(pid_in(line), ps);
+    ck_assert_int_ne(tu_launch_pid(fd, "restarted", "ps.0", LINE_MS), ps);
     /* the chief learns of it from the heartbeats (a new generation) or,
      * when its request was queued until the new ps was up, from that ps's
      * answer (no state yet, or, once it holds state, an update computed
@@ -1207,8 +1193,7 @@ START_TEST(test_ps_lost_during_a_checkpoint_pull_is_found_at_once)
                               "-s", "cluster.stall_warn_secs=0.2", "-s",
                               "checkpoint.save_steps=1", "--max-restarts", "1",
                               NULL);
-    expect_line(fd, "launch | started ps.0 (pid ", line, sizeof line);
-    ps = pid_in(line);
+    ps = tu_launch_pid(fd, "started", "ps.0", LINE_MS);
     for (int attempt = 0; attempt < 40 && !in_pull; attempt++) {
         expect_line(fd, "chief | step ", line, sizeof line);
         ck_assert_int_eq(kill(ps, SIGSTOP), 0);
@@ -1245,8 +1230,7 @@ START_TEST(test_stalled_worker_is_named_then_killed_and_the_step_resumes)
     pid_t pid = spawn_cluster(&fd, 1, "-s", "cluster.stall_warn_secs=0.5",
                               "--max-restarts", "1", NULL);
     const char *p;
-    expect_line(fd, "launch | started worker.0 (pid ", line, sizeof line);
-    worker = pid_in(line);
+    worker = tu_launch_pid(fd, "started", "worker.0", LINE_MS);
     expect_line(fd, "chief | step 3 ", line, sizeof line);
     ck_assert_int_eq(kill(worker, SIGSTOP), 0);
     expect_line(fd, "missing=worker 0 (silent ", line, sizeof line);
@@ -1403,12 +1387,7 @@ START_TEST(test_kfac_roles_survive_sigkill_of_each_role)
     char line[512];
     int fd, pids[3] = { 0, 0, 0 };
     long long at = -1, after = -1;
-    static const char *const started[3] = {
-        "launch | started worker.1 (pid ", "launch | started worker.0 (pid ",
-        "launch | started chief (pid " };
-    static const char *const restarted[3] = {
-        "launch | restarted worker.1 (pid ",
-        "launch | restarted worker.0 (pid ", "launch | restarted chief (pid " };
+    static const char *const tasks[3] = { "worker.1", "worker.0", "chief" };
     pid_t pid = spawn_cluster(&fd, 2, "-s", "optimizer.name=kfac", "-s",
                               "optimizer.learning_rate=0.003", "-s",
                               "kfac.distributed=roles", "--max-restarts", "2",
@@ -1417,19 +1396,15 @@ START_TEST(test_kfac_roles_survive_sigkill_of_each_role)
                 sizeof line);
     expect_line(fd, "launch | K-FAC roles: worker.1 is inverse.0", line,
                 sizeof line);
-    expect_line(fd, "launch | started chief (pid ", line, sizeof line);
-    pids[2] = pid_in(line);
-    expect_line(fd, started[1], line, sizeof line);
-    pids[1] = pid_in(line);
-    expect_line(fd, started[0], line, sizeof line);
-    pids[0] = pid_in(line);
+    for (int k = 2; k >= 0; k--)            /* started in this order */
+        pids[k] = tu_launch_pid(fd, "started", tasks[k], LINE_MS);
     expect_line(fd, "inverse.0 | K-FAC roles: this replica (2 of 3) is "
                 "inverse worker 0", line, sizeof line);
     for (int k = 0; k < 3; k++) {
         at = chief_step(fd);
         ck_assert_int_eq(kill(pids[k], SIGKILL), 0);
-        expect_line(fd, restarted[k], line, sizeof line);
-        ck_assert_int_ne(pid_in(line), pids[k]);
+        ck_assert_int_ne(tu_launch_pid(fd, "restarted", tasks[k], LINE_MS),
+                         pids[k]);
         /* the cluster trains past the kill: the new task does its part */
         while ((after = chief_step(fd)) <= at + 10)
             continue;

@@ -214,9 +214,8 @@ START_TEST(test_killed_rank_restarts_all_from_the_checkpoint_bit_exact)
                      (char *)cfg_path, "--workers", "2", "--no-status",
                      "-s", "model.hidden=512,512", "-s", "train.max_steps=300",
                      "-s", "checkpoint.save_steps=50", "-s", ckdir, NULL };
-    int fd = -1, rc, mpirun = 0;
+    int fd = -1, rc, mpirun;
     pid_t launch, rank;
-    char *p;
     TU_SNPRINTF(ckdir, sizeof ckdir, "checkpoint.dir=%s", tu_path("ref"));
     rc = TU_KEEL(120000, "train", cfg_path, "-s", "model.hidden=512,512", "-s",
                  "train.max_steps=300", "-s", "checkpoint.save_steps=50", "-s",
@@ -227,9 +226,7 @@ START_TEST(test_killed_rank_restarts_all_from_the_checkpoint_bit_exact)
     launch = tu_spawn_pipe(argv, NULL, TU_ERR_TO_PIPE, &fd);
     ck_assert_msg(tu_wait_for_line(fd, "started chief (pid", 60000, line,
                                    sizeof line), "no start line");
-    p = strstr(line, "(pid ");
-    ck_assert_ptr_nonnull(p);
-    mpirun = atoi(p + 5);
+    mpirun = tu_pid_in(line);
     ck_assert_int_gt(mpirun, 0);
     ck_assert_msg(tu_wait_for_line(fd, "saved checkpoint for step 50",
                                    60000, NULL, 0), "no checkpoint at 50");

@@ -206,6 +206,20 @@ run_cluster() {
   start "$1" "$ns_w1" worker 0
 }
 
+# cut_worker_when FILE REGEX WHAT: once a line of FILE matches (within
+# 90 s), cut the worker's link and set t_cut to the time of the cut; when
+# none does, fail with WHAT (status 1)
+cut_worker_when() {
+  if ! wait_log "$1" "$2" 90; then
+    fail "$3"; return 1
+  fi
+  link "$ns_w1" down
+  t_cut=$(now_ms)
+}
+
+# A worker's line saying its ps no longer answers
+ps_lost_re='ps 0.*(unavailable|not answer|no answer|silent|dead|unreachable)|EUNAVAILABLE'
+
 # finish_cluster SCENARIO REPLICAS MAX_STEPS: every task exits 0 in time,
 # the ps's summary has step == MAX_STEPS (any step when MAX_STEPS is "-")
 # and applied == REPLICAS x step
@@ -233,17 +247,14 @@ finish_cluster() {
 # chief (a stop request: every task exits 0) after the worker has rejoined.
 scenario=partition
 run_cluster partition sync 10000000 10
-if ! wait_log "$work/partition-chief.log" '^step [0-9]*[1-9][0-9]0 ' 90; then
-  fail "the cluster never reached step 100"
-else
-  link "$ns_w1" down
-  t_cut=$(now_ms)
+if cut_worker_when "$work/partition-chief.log" '^step [0-9]*[1-9][0-9]0 ' \
+     "the cluster never reached step 100"; then
   # The ps names the silent worker (every stall_warn_secs, 1 s); the worker
   # gives the ps up after dead_after_ms (2 s). Deadlines leave room for a
   # loaded machine.
   if ! wait_log "$work/partition-ps.log" 'missing=worker 0' 30; then
     fail "the ps never named the partitioned worker as missing"
-  elif ! wait_log "$work/partition-worker.log" 'ps 0.*(unavailable|not answer|no answer|silent|dead|unreachable)|EUNAVAILABLE' 30; then
+  elif ! wait_log "$work/partition-worker.log" "$ps_lost_re" 30; then
     fail "the worker never noticed the partition (no 'ps 0 ... unavailable' line)"
   else
     noticed=$(( $(now_ms) - t_cut ))
@@ -272,12 +283,9 @@ stop_all
 # (a stop request: every task exits 0) once the worker has rejoined.
 scenario=async
 run_cluster async async 10000000 10
-if ! wait_log "$work/async-worker.log" 'model ready after 1 attempt' 90; then
-  fail "the worker never started training"
-else
-  link "$ns_w1" down
-  t_cut=$(now_ms)
-  wait_log "$work/async-worker.log" 'ps 0.*(unavailable|not answer|no answer|silent|dead|unreachable)|EUNAVAILABLE' 30
+if cut_worker_when "$work/async-worker.log" 'model ready after 1 attempt' \
+     "the worker never started training"; then
+  wait_log "$work/async-worker.log" "$ps_lost_re" 30
   noticed=$?
   noticed_ms=$(( $(now_ms) - t_cut ))
   s1=$(last_step "$work/async-chief.log")

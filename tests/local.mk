@@ -15,6 +15,10 @@ EXTRA_DIST += tests/soak_chaos.sh tests/common.sh
 LONG_TESTS += tests/algorithm_kills.sh
 EXTRA_DIST += tests/algorithm_kills.sh
 
+# The command line the independent readers (tests/read_tfevents.py,
+# tests/read_trace.py) share.
+EXTRA_DIST += tests/read_common.py
+
 # The layering check: no file includes a header of a higher layer
 # (docs/architecture.md).
 TESTS += tests/layering.py

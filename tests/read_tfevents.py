@@ -9,6 +9,8 @@ import math
 import struct
 import sys
 
+from read_common import run
+
 
 def _make_table():
     table = []
@@ -127,9 +129,10 @@ def decode_event(data):
     return step, version, values
 
 
-def read(path, out):
+def read(path):
     with open(path, "rb") as f:
         buf = f.read()
+    out = []
     pos, index = 0, 0
     while pos < len(buf):
         where = "record %d at offset %d" % (index, pos)
@@ -161,23 +164,15 @@ def read(path, out):
         index += 1
     if index == 0:
         raise Bad("no records")
+    return out
 
 
 def main(argv):
-    if len(argv) != 2:
-        sys.stderr.write("usage: read_tfevents.py EVENT_FILE\n")
-        return 2
     if crc32c(b"123456789") != 0xE3069283:
         sys.stderr.write("read_tfevents: crc32c self-test failed\n")
         return 1
-    out = []
-    try:
-        read(argv[1], out)
-    except (Bad, OSError) as e:
-        sys.stderr.write("read_tfevents: %s: %s\n" % (argv[1], e))
-        return 1
-    sys.stdout.write("".join(line + "\n" for line in out))
-    return 0
+    return run(argv, "read_tfevents", "read_tfevents.py EVENT_FILE", read,
+               (Bad, OSError))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 /* testutil.c - helpers for keel's Check suites (see testutil.h). */
 #include <config.h>
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -581,6 +582,41 @@ tu_setup_job(const char *tail_fmt, ...)
     TU_SNPRINTF(path, sizeof path, "%s", tu_path("job.ini"));
     tu_write_file(path, text, strlen(text));
     return path;
+}
+
+int
+tu_count_names(const char *dir, const char *needle)
+{
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    int n = 0;
+    ck_assert_msg(d != NULL, "cannot read directory %s", dir);
+    while ((de = readdir(d)) != NULL)
+        if (strstr(de->d_name, needle) != NULL)
+            n++;
+    closedir(d);
+    return n;
+}
+
+int
+tu_pid_in(const char *line)
+{
+    int pid = 0;
+    const char *p = strstr(line, "(pid ");
+    ck_assert_msg(p != NULL, "no pid in '%s'", line);
+    ck_assert_int_eq(sscanf(p + 5, "%d", &pid), 1);
+    return pid;
+}
+
+int
+tu_launch_pid(int fd, const char *verb, const char *task, int timeout_ms)
+{
+    char needle[128], line[512];
+    TU_SNPRINTF(needle, sizeof needle, "launch | %s %s (pid ", verb, task);
+    ck_assert_msg(tu_wait_for_line(fd, needle, timeout_ms, line,
+                                   sizeof line),
+                  "keel launch never printed '%s'", needle);
+    return tu_pid_in(line);
 }
 
 int

@@ -37,6 +37,9 @@ char *tu_read_file(const char *path, size_t *n);
 void tu_truncate(const char *path, off_t n);
 void tu_flip_byte(const char *path, off_t offset, unsigned char mask);
 off_t tu_file_size(const char *path);
+/* The number of entries of directory dir whose names contain needle;
+ * fails the test when dir cannot be read. */
+int tu_count_names(const char *dir, const char *needle);
 
 /* Run argv (argv[0] a path) to completion within timeout_ms, capturing
  * stdout and stderr (each truncated to its buffer, NUL-terminated; either
@@ -73,6 +76,16 @@ pid_t tu_spawn_train(const char *cfg, const char *const *sets,
  * deadline (0). The line (truncated) is copied into line if not NULL. */
 int tu_wait_for_line(int fd, const char *needle, int timeout_ms, char *line,
                      size_t line_size);
+
+/* The pid in a keel launch line "launch | started|restarted <task> (pid
+ * N) ..."; fails the test when the line has none. */
+int tu_pid_in(const char *line);
+
+/* Read keel launch's output on fd up to its line "launch | <verb> <task>
+ * (pid N" (verb "started" or "restarted"; task "chief", "ps.0", ...)
+ * within timeout_ms; fails the test when none comes. Returns N. */
+int tu_launch_pid(int fd, const char *verb, const char *task,
+                  int timeout_ms);
 
 /* Wait for pid up to timeout_ms. Returns the exit status (0..255), 128+sig
  * when killed by a signal, or -1 on timeout (the child keeps running). */

@@ -43,10 +43,21 @@ frame(unsigned char *out, size_t at, const void *d, size_t n, int last)
     return at + n;
 }
 
+/* A wire seed's start: the frame count - 1 (more: the frames after the
+ * header), then h encoded as the first frame; the length so far. */
+static size_t
+header_frame(unsigned char *buf, const keel__wire_header *h, int more)
+{
+    unsigned char hdr[KEEL_WIRE_HEADER_SIZE];
+    keel__wire_header_encode(h, hdr);
+    buf[0] = (unsigned char)more;
+    return frame(buf, 1, hdr, sizeof hdr, more == 0);
+}
+
 static void
 wire_seeds(void)
 {
-    unsigned char buf[4096], hdr[KEEL_WIRE_HEADER_SIZE], desc[256];
+    unsigned char buf[4096], desc[256];
     keel__wire_header h;
     int64_t shape[2] = { 3, 2 };
     float vals[6] = { 1, 2, 3, 4, 5, 6 };
@@ -61,10 +72,8 @@ wire_seeds(void)
     h.global_step = 10;
     h.local_step = 3;
     h.count = 1;
-    keel__wire_header_encode(&h, hdr);
     dl = keel__wire_desc_encode("dense/kernel", 2, shape, desc, sizeof desc);
-    buf[0] = 2;
-    n = frame(buf, 1, hdr, sizeof hdr, 0);
+    n = header_frame(buf, &h, 2);
     n = frame(buf, n, desc, dl, 0);
     n = frame(buf, n, vals, sizeof vals, 1);
     put("wire", "push", buf, n);
@@ -72,9 +81,7 @@ wire_seeds(void)
     h.type = KEEL_MSG_PULL;
     h.flags = KEEL_WIRE_F_NAMES_ONLY;
     h.count = 2;
-    keel__wire_header_encode(&h, hdr);
-    buf[0] = 2;
-    n = frame(buf, 1, hdr, sizeof hdr, 0);
+    n = header_frame(buf, &h, 2);
     n = frame(buf, n, desc, dl, 0);
     dl = keel__wire_desc_encode("dense/bias", 1, shape + 1, desc,
                                 sizeof desc);
@@ -85,18 +92,14 @@ wire_seeds(void)
     h.flags = KEEL_WIRE_F_TEXT;
     h.count = 0;
     h.arg = 3;
-    keel__wire_header_encode(&h, hdr);
-    buf[0] = 1;
-    n = frame(buf, 1, hdr, sizeof hdr, 0);
+    n = header_frame(buf, &h, 1);
     n = frame(buf, n, "no such variable 'x'", 20, 1);
     put("wire", "error-text", buf, n);
     /* HELLO, header only. */
     h.type = KEEL_MSG_HELLO;
     h.flags = 0;
     h.arg = 0;
-    keel__wire_header_encode(&h, hdr);
-    buf[0] = 0;
-    n = frame(buf, 1, hdr, sizeof hdr, 1);
+    n = header_frame(buf, &h, 0);
     put("wire", "hello", buf, n);
 }
 
@@ -148,8 +151,8 @@ ckpt_seeds(void)
     keel_saver *s = NULL;
     keel_vars *vs = NULL;
     keel_var *v;
-    keel_ckpt_meta meta = { "[train]\nmax_steps = 5\n", "ps=1 workers=1",
-                            NULL, 0 };
+    keel_ckpt_meta meta = { .config_text = "[train]\nmax_steps = 5\n",
+                            .topology = "ps=1 workers=1" };
     char *data;
     long len;
     FILE *f;
