@@ -154,167 +154,232 @@ set_send_buffer(const keel__role_opts *o)
     keel__wire_set_send_buffer(o->send_buffer_bytes);
 }
 
-static keel_status
-run_ps(const keel__role_opts *o, const keel_vars *model, keel_optimizer *opt)
-{
+/* A ps task while it runs (run_ps): its shard of the model, the rule's
+ * state, the security set-up and the server. */
+typedef struct ps_task {
+    const keel__role_opts *o;
+    int idx;                        /* this ps's task index */
+    size_t n_model;                 /* variables of the whole model */
+    keel_vars *shard;
+    int has_rule;                   /* the rule updates (not an optimizer) */
     keel__algo_ps rule;
-    int has_rule = !keel_algorithm_pushes_gradients(o->algo.c.name);
-    int idx = keel_cluster_spec_task_index(o->spec);
-    int n_ps = (int)keel_cluster_spec_num_tasks(o->spec, KEEL_TASK_PS);
-    size_t n = keel_vars_count(model);
-    int *ps_of = calloc(n ? n : 1, sizeof *ps_of);
-    keel_vars *shard = NULL;
-    keel__ps *ps = NULL;
-    keel__ps_config pc;
     keel__curve curve;
     char bind[KEEL_ADDR_MAX + 16];
-    keel_status st;
+    keel__ps_config pc;
+    keel__ps *ps;
+} ps_task;
 
-    memset(&curve, 0, sizeof curve);
-    memset(&rule, 0, sizeof rule);
+/* The model's variables placed on this ps, into a new store: with the
+ * slots of the chief's update rule when the chief applies (they are the
+ * store's). */
+static keel_status
+build_shard(ps_task *t, const keel_vars *model)
+{
+    int n_ps = (int)keel_cluster_spec_num_tasks(t->o->spec, KEEL_TASK_PS);
+    size_t n = t->n_model;
+    int *ps_of = calloc(n ? n : 1, sizeof *ps_of);
+    keel_status st;
     if (ps_of == NULL)
         return keel__fail(KEEL_ENOMEM, "ps: placement of %zu", n);
-    set_send_buffer(o);
-    st = cluster_place(model, n_ps, o->round_robin, ps_of);
+    st = cluster_place(model, n_ps, t->o->round_robin, ps_of);
     if (st == KEEL_OK)
-        st = keel_vars_new(&shard);
+        st = keel_vars_new(&t->shard);
     for (size_t i = 0; i < n && st == KEEL_OK; i++) {
         keel_var *v = keel_vars_at(model, i);
-        keel_tensor *t = keel_var_tensor(v);
+        keel_tensor *vt = keel_var_tensor(v);
         keel_var *sv = NULL;
-        if (ps_of[i] == idx)
-            st = keel_vars_create(shard, keel_var_name(v), t->ndim, t->shape,
-                                  keel_var_flags(v), &sv);
-        /* the chief applies: its update rule's slots are the store's */
-        for (size_t k = 0; sv != NULL && o->chief_applies && st == KEEL_OK &&
-                           k < keel_var_slot_count(v); k++) {
+        if (ps_of[i] == t->idx)
+            st = keel_vars_create(t->shard, keel_var_name(v), vt->ndim,
+                                  vt->shape, keel_var_flags(v), &sv);
+        for (size_t k = 0; sv != NULL && t->o->chief_applies &&
+                           st == KEEL_OK && k < keel_var_slot_count(v); k++) {
             const char *sname;
-            (void)keel_var_slot_at(v, k, &sname);
             keel_tensor *unused;
+            (void)keel_var_slot_at(v, k, &sname);
             st = keel_var_add_slot(sv, sname, &unused);
         }
     }
-    if (st == KEEL_OK && has_rule)
-        st = keel__algo_prepare(&o->algo, shard);
-    else if (st == KEEL_OK && opt != NULL)
-        st = keel_optimizer_prepare(opt, shard);
-    if (st == KEEL_OK && has_rule)
-        st = keel__algo_ps_init(&rule, &o->algo);
-    if (st == KEEL_OK) {
-        /* Bounded memory: no frame above the largest tensor served, no
-         * message above what INIT (every variable and slot) or a sync push
-         * (each trainable variable once per micro-batch, at most
-         * MAX_MICRO) can carry. */
-        uint64_t all = 0, trainable = 0;
-        size_t n_tensors = 0, n_trainable = 0;
-        for (size_t i = 0; i < keel_vars_count(shard); i++) {
-            keel_var *v = keel_vars_at(shard, i);
-            uint64_t b = keel_tensor_bytes(keel_var_tensor(v));
-            all += b * (1 + keel_var_slot_count(v));
-            n_tensors += 1 + keel_var_slot_count(v);
-            if (keel_var_is_trainable(v)) {
-                trainable += b;
-                n_trainable++;
-            }
+    free(ps_of);
+    return st;
+}
+
+/* The shard's slots for its update (the rule's or the optimizer's) and the
+ * rule's per-replica state. */
+static keel_status
+prepare_shard(ps_task *t, keel_optimizer *opt)
+{
+    keel_status st = KEEL_OK;
+    if (t->has_rule)
+        st = keel__algo_prepare(&t->o->algo, t->shard);
+    else if (opt != NULL)
+        st = keel_optimizer_prepare(opt, t->shard);
+    if (st == KEEL_OK && t->has_rule)
+        st = keel__algo_ps_init(&t->rule, &t->o->algo);
+    return st;
+}
+
+/* Bounded memory: no frame above the largest tensor served, no message
+ * above what INIT (every variable and slot) or a sync push (each trainable
+ * variable once per micro-batch, at most MAX_MICRO) can carry. */
+static void
+shard_limits(const keel_vars *shard, keel__wire_limits *lim)
+{
+    uint64_t all = 0, trainable = 0;
+    size_t n_tensors = 0, n_trainable = 0;
+    for (size_t i = 0; i < keel_vars_count(shard); i++) {
+        keel_var *v = keel_vars_at(shard, i);
+        uint64_t b = keel_tensor_bytes(keel_var_tensor(v));
+        all += b * (1 + keel_var_slot_count(v));
+        n_tensors += 1 + keel_var_slot_count(v);
+        if (keel_var_is_trainable(v)) {
+            trainable += b;
+            n_trainable++;
         }
-        memset(&pc, 0, sizeof pc);
-        pc.limits.max_frame = largest_tensor(shard) + KEEL__WIRE_FRAME_SLACK;
-        pc.limits.max_total_bytes = all > MAX_MICRO * trainable
-                                        ? all : MAX_MICRO * trainable;
-        pc.limits.max_tensors = n_tensors > MAX_MICRO * n_trainable
-                                    ? n_tensors : MAX_MICRO * n_trainable;
-        if (pc.limits.max_total_bytes == 0)
-            pc.limits.max_total_bytes = 1;
-        if (pc.limits.max_tensors == 0)
-            pc.limits.max_tensors = 1;
     }
-    if (st == KEEL_OK)
-        st = load_curve(o, &curve);
+    lim->max_frame = largest_tensor(shard) + KEEL__WIRE_FRAME_SLACK;
+    lim->max_total_bytes = all > MAX_MICRO * trainable
+                               ? all : MAX_MICRO * trainable;
+    lim->max_tensors = n_tensors > MAX_MICRO * n_trainable
+                           ? n_tensors : MAX_MICRO * n_trainable;
+    if (lim->max_total_bytes == 0)
+        lim->max_total_bytes = 1;
+    if (lim->max_tensors == 0)
+        lim->max_tensors = 1;
+}
+
+/* The keys or token the ps admits tasks with, and the address it binds;
+ * a ps without authentication says what that exposes. */
+static keel_status
+ps_security(ps_task *t)
+{
+    const keel__role_opts *o = t->o;
+    keel_status st = load_curve(o, &t->curve);
     if (st == KEEL_OK && o->curve)
-        st = keel__curve_allow_dir(&curve, o->key_dir);
+        st = keel__curve_allow_dir(&t->curve, o->key_dir);
     if (st == KEEL_OK)
-        st = keel__cluster_bind_address(o->spec, KEEL_TASK_PS, idx, bind,
-                                        sizeof bind);
-    if (st != KEEL_OK)
-        goto out;
-    if (!keel__auth_on(&curve))
-        keel__log(KEEL_LOG_WARN, is_loopback(bind)
-                  ? "ps %d: %s has no authentication: any local process "
-                    "can act as any task of this job (keel launch sets "
-                    "KEEL_CLUSTER_TOKEN for its tasks; set it, or "
-                    "security.curve, when starting tasks yourself)"
-                  : "ps %d: %s HAS NO AUTHENTICATION: anyone who reaches "
-                    "this address can read the model and shut the job "
-                    "down; set KEEL_CLUSTER_TOKEN (the same on every "
-                    "task) or security.curve = true", idx, bind);
-    pc.bind = bind;
-    pc.vars = shard;
-    pc.curve = &curve;
-    pc.task_index = idx;
-    pc.apply = ps_apply;
-    pc.apply_ctx = opt;
-    pc.sync = keel_algorithm_is_sync(o->algo.c.name);
-    pc.rule = has_rule ? &rule : NULL;
-    pc.total_replicas = keel_cluster_spec_num_replicas(o->spec);
-    pc.replicas_to_aggregate = o->replicas_to_aggregate > 0
+        st = keel__cluster_bind_address(o->spec, KEEL_TASK_PS, t->idx,
+                                        t->bind, sizeof t->bind);
+    if (st != KEEL_OK || keel__auth_on(&t->curve))
+        return st;
+    keel__log(KEEL_LOG_WARN, is_loopback(t->bind)
+              ? "ps %d: %s has no authentication: any local process "
+                "can act as any task of this job (keel launch sets "
+                "KEEL_CLUSTER_TOKEN for its tasks; set it, or "
+                "security.curve, when starting tasks yourself)"
+              : "ps %d: %s HAS NO AUTHENTICATION: anyone who reaches "
+                "this address can read the model and shut the job "
+                "down; set KEEL_CLUSTER_TOKEN (the same on every "
+                "task) or security.curve = true", t->idx, t->bind);
+    return KEEL_OK;
+}
+
+/* The server over the shard, bound and serving. */
+static keel_status
+start_ps(ps_task *t, keel_optimizer *opt)
+{
+    const keel__role_opts *o = t->o;
+    keel__ps_config *pc = &t->pc;
+    keel_status st;
+    memset(pc, 0, sizeof *pc);
+    shard_limits(t->shard, &pc->limits);
+    pc->bind = t->bind;
+    pc->vars = t->shard;
+    pc->curve = &t->curve;
+    pc->task_index = t->idx;
+    pc->apply = ps_apply;
+    pc->apply_ctx = opt;
+    pc->sync = keel_algorithm_is_sync(o->algo.c.name);
+    pc->rule = t->has_rule ? &t->rule : NULL;
+    pc->total_replicas = keel_cluster_spec_num_replicas(o->spec);
+    pc->replicas_to_aggregate = o->replicas_to_aggregate > 0
         ? o->replicas_to_aggregate
         : keel_cluster_spec_replicas_to_aggregate(o->spec);
-    pc.has_chief = keel_cluster_spec_num_tasks(o->spec, KEEL_TASK_CHIEF) > 0;
-    pc.reduce_leaves = o->reduce_leaves;
-    pc.dead_after_ms = o->dead_after_ms;
-    pc.chief_applies = o->chief_applies;
-    st = keel__ps_new(&pc, &ps);
+    pc->has_chief = keel_cluster_spec_num_tasks(o->spec, KEEL_TASK_CHIEF) > 0;
+    pc->reduce_leaves = o->reduce_leaves;
+    pc->dead_after_ms = o->dead_after_ms;
+    pc->chief_applies = o->chief_applies;
+    st = keel__ps_new(pc, &t->ps);
     if (st != KEEL_OK)
-        goto out;
+        return st;
     keel__log(KEEL_LOG_INFO, "ps %d: %zu of %zu variables (%s placement), "
-              "%s mode, %d of %d replicas per step, algorithm %s%s", idx,
-              keel_vars_count(shard), n,
+              "%s mode, %d of %d replicas per step, algorithm %s%s", t->idx,
+              keel_vars_count(t->shard), t->n_model,
               o->round_robin ? "round-robin" : "size-balanced",
-              pc.sync ? "sync" : "async", pc.replicas_to_aggregate,
-              pc.total_replicas, keel_algorithm_name(o->algo.c.name),
-              pc.chief_applies ? ", the chief applies the updates" : "");
+              pc->sync ? "sync" : "async", pc->replicas_to_aggregate,
+              pc->total_replicas, keel_algorithm_name(o->algo.c.name),
+              pc->chief_applies ? ", the chief applies the updates" : "");
+    return KEEL_OK;
+}
+
+/* Serve until the chief says stop (KEEL_OK), a signal (KEEL_OK), the chief
+ * is silent past cluster.orphan_secs or serving fails. */
+static keel_status
+serve_until_done(ps_task *t)
+{
+    const keel__role_opts *o = t->o;
     for (;;) {
-        st = keel__ps_serve_once(ps, 100);
-        keel__ps_watch(ps, (int)(o->stall_warn_secs * 1000));
-        if (o->orphan_secs > 0 &&
-            keel__ps_chief_silent_ms(ps) > (int64_t)(o->orphan_secs * 1000)) {
-            st = keel__fail(KEEL_EUNAVAILABLE, "ps %d: no word from the "
-                            "chief (%s) for %.0f s (cluster.orphan_secs): "
-                            "the job is gone; exiting", idx,
-                            pc.has_chief ? "chief 0" : "worker 0",
-                            o->orphan_secs);
-            break;
-        }
+        keel_status st = keel__ps_serve_once(t->ps, 100);
+        keel__ps_watch(t->ps, (int)(o->stall_warn_secs * 1000));
+        if (o->orphan_secs > 0 && keel__ps_chief_silent_ms(t->ps) >
+                                      (int64_t)(o->orphan_secs * 1000))
+            return keel__fail(KEEL_EUNAVAILABLE, "ps %d: no word from the "
+                              "chief (%s) for %.0f s (cluster.orphan_secs): "
+                              "the job is gone; exiting", t->idx,
+                              t->pc.has_chief ? "chief 0" : "worker 0",
+                              o->orphan_secs);
         if (st == KEEL_ECANCELLED) {        /* the chief said stop */
-            keel__ps_drain(ps, DRAIN_MS);
-            st = KEEL_OK;
-            break;
+            keel__ps_drain(t->ps, DRAIN_MS);
+            return KEEL_OK;
         }
         if (st != KEEL_OK && st != KEEL_ETIMEOUT)
-            break;
+            return st;
         if (keel_session_signal_received()) {
-            keel__log(KEEL_LOG_INFO, "ps %d: signal %d, stopping", idx,
+            keel__log(KEEL_LOG_INFO, "ps %d: signal %d, stopping", t->idx,
                       keel_session_signal_received());
-            st = KEEL_OK;
-            break;
+            return KEEL_OK;
         }
     }
-    {
-        uint64_t in, out;
-        keel__wire_bytes(&in, &out);
-        keel__log(KEEL_LOG_INFO, "ps %d: done at step %lld: gradients "
-                  "applied %ld, dropped %ld (stale); bytes received %llu, "
-                  "sent %llu", idx, (long long)keel_vars_global_step(shard),
-                  keel__ps_applied(ps), keel__ps_dropped(ps),
-                  (unsigned long long)in, (unsigned long long)out);
+}
+
+static void
+log_ps_done(const ps_task *t)
+{
+    uint64_t in, out;
+    keel__wire_bytes(&in, &out);
+    keel__log(KEEL_LOG_INFO, "ps %d: done at step %lld: gradients applied "
+              "%ld, dropped %ld (stale); bytes received %llu, sent %llu",
+              t->idx, (long long)keel_vars_global_step(t->shard),
+              keel__ps_applied(t->ps), keel__ps_dropped(t->ps),
+              (unsigned long long)in, (unsigned long long)out);
+    keel__ps_log_timing(t->ps);
+}
+
+static keel_status
+run_ps(const keel__role_opts *o, const keel_vars *model, keel_optimizer *opt)
+{
+    ps_task t;
+    keel_status st;
+    memset(&t, 0, sizeof t);
+    t.o = o;
+    t.idx = keel_cluster_spec_task_index(o->spec);
+    t.n_model = keel_vars_count(model);
+    t.has_rule = !keel_algorithm_pushes_gradients(o->algo.c.name);
+    set_send_buffer(o);
+    st = build_shard(&t, model);
+    if (st == KEEL_OK)
+        st = prepare_shard(&t, opt);
+    if (st == KEEL_OK)
+        st = ps_security(&t);
+    if (st == KEEL_OK)
+        st = start_ps(&t, opt);
+    if (st == KEEL_OK) {
+        st = serve_until_done(&t);
+        log_ps_done(&t);
     }
-    keel__ps_log_timing(ps);
-out:
-    keel__ps_free(ps);
-    keel__algo_ps_clear(&rule);
-    keel__curve_clear(&curve);
-    keel_vars_free(shard);
-    free(ps_of);
+    keel__ps_free(t.ps);
+    keel__algo_ps_clear(&t.rule);
+    keel__curve_clear(&t.curve);
+    keel_vars_free(t.shard);
     return st;
 }
 
@@ -704,32 +769,44 @@ call_ps(keel_cluster_backend *w, int p, keel__wire_header *h,
     return st == KEEL_OK ? KEEL_OK : call_error(w, p, st, r, what);
 }
 
+/* Pull the n tensors named in w->outs from ps p into vs (ps 0 holding
+ * none: a step query); with dest, ps p's tensors there (and their slots,
+ * with dest_slots) are faulted in meanwhile. *global_step (if not NULL):
+ * ps p's step. */
+static keel_status
+pull_outs(keel_cluster_backend *w, int p, size_t n, keel_vars *vs,
+          keel_vars *dest, int dest_slots, int64_t *global_step)
+{
+    keel__wire_header h;
+    keel__wire_msg r;
+    keel_status st;
+    memset(&h, 0, sizeof h);
+    h.type = n == 0 ? KEEL_MSG_STEP : KEEL_MSG_PULL;
+    h.flags = n == 0 ? 0 : KEEL_WIRE_F_NAMES_ONLY;
+    st = call_ps(w, p, &h, w->outs, n, 0, "pull", dest, dest_slots, &r);
+    if (st == KEEL_OK)
+        st = take_values(vs, &r);
+    if (st == KEEL_OK && global_step != NULL)
+        *global_step = r.h.global_step;
+    keel__wire_msg_clear(&r);
+    return st;
+}
+
 static keel_status
 worker_pull_all(keel_cluster_backend *w, keel_vars *vs, int with_slots)
 {
     for (int p = 0; p < w->n_ps; p++) {
-        keel__wire_header h;
-        keel__wire_msg r;
+        int64_t step;
         size_t n;
         keel_status st;
         shard_outs(w, vs, p, 0, with_slots, &n);
         if (n == 0 && p != 0)
             continue;
-        memset(&h, 0, sizeof h);
-        h.type = KEEL_MSG_PULL;
-        h.flags = KEEL_WIRE_F_NAMES_ONLY;
-        if (n == 0) {           /* ps 0 holds nothing: a step query */
-            h.type = KEEL_MSG_STEP;
-            h.flags = 0;
-        }
-        st = call_ps(w, p, &h, w->outs, n, 0, "pull", vs, with_slots, &r);
-        if (st == KEEL_OK)
-            st = take_values(vs, &r);
-        if (st == KEEL_OK && p == 0)
-            keel_vars_set_global_step(vs, r.h.global_step);
-        keel__wire_msg_clear(&r);
+        st = pull_outs(w, p, n, vs, vs, with_slots, &step);
         if (st != KEEL_OK)
             return st;
+        if (p == 0)
+            keel_vars_set_global_step(vs, step);
     }
     return KEEL_OK;
 }
@@ -1465,23 +1542,11 @@ keel_cluster_backend_pull_vars(keel_cluster_backend *w,
     if (w == NULL || (n > 0 && names == NULL))
         return keel__fail(KEEL_EINVAL, "cluster backend pull: NULL");
     for (int p = 0; p < w->n_ps; p++) {
-        keel__wire_header h;
-        keel__wire_msg r;
         size_t k = 0;
         keel_status st = named_outs(w, p, names, NULL, n, &k);
-        if (st != KEEL_OK)
-            return st;
-        if (k == 0 && p != 0)
-            continue;
-        memset(&h, 0, sizeof h);
-        h.type = k == 0 ? KEEL_MSG_STEP : KEEL_MSG_PULL;
-        h.flags = k == 0 ? 0 : KEEL_WIRE_F_NAMES_ONLY;
-        st = call_ps(w, p, &h, w->outs, k, 0, "pull", NULL, 0, &r);
-        if (st == KEEL_OK)
-            st = take_values(w->vs, &r);
-        if (st == KEEL_OK && p == 0 && global_step != NULL)
-            *global_step = r.h.global_step;
-        keel__wire_msg_clear(&r);
+        if (st == KEEL_OK && (k > 0 || p == 0))
+            st = pull_outs(w, p, k, w->vs, NULL, 0,
+                           p == 0 ? global_step : NULL);
         if (st != KEEL_OK)
             return st;
     }
