@@ -1475,62 +1475,63 @@ keel__ps_drain(keel__ps *ps, int ms)
     }
 }
 
+/* An update (PUSH, COMMIT, MIX) computed from an earlier incarnation's
+ * values: answered with an error, not applied. Returns 1 when refused. */
+static int
+refuse_stale_update(keel__ps *ps, keel__wire_msg *req)
+{
+    char text[256];
+    if (ps->apply == NULL || req->h.peer_generation == 0 ||
+        req->h.peer_generation == ps->generation ||
+        (req->h.type != KEEL_MSG_PUSH && req->h.type != KEEL_MSG_COMMIT &&
+         req->h.type != KEEL_MSG_MIX))
+        return 0;
+    snprintf(text, sizeof text, "ps %d restarted: this update was computed "
+             "from the values of generation %016llx, the ps is now "
+             "generation %016llx; pull and compute it again",
+             ps->task_index, (unsigned long long)req->h.peer_generation,
+             (unsigned long long)ps->generation);
+    send_error(ps, req, KEEL_EABORTED, text);
+    return 1;
+}
+
+/* The real server's requests; *handled 0 for the ones every server
+ * answers alike (handle_common). */
 static keel_status
-handle(keel__ps *ps, keel__wire_msg *req)
+handle_real(keel__ps *ps, keel__wire_msg *req, int *handled)
+{
+    *handled = 1;
+    switch (req->h.type) {
+    case KEEL_MSG_PULL:
+        return real_pull(ps, req);
+    case KEEL_MSG_PUSH:
+        return real_push(ps, req);
+    case KEEL_MSG_INIT:
+        return real_init(ps, req);
+    case KEEL_MSG_COMMIT:
+        return real_commit(ps, req);
+    case KEEL_MSG_MIX:
+        return real_mix(ps, req);
+    case KEEL_MSG_HELLO:
+        return real_hello(ps, req);
+    case KEEL_MSG_SHUTDOWN:
+        fail_pending(ps, KEEL_ECANCELLED, "training finished: the chief "
+                     "shut this ps down");
+        ps->is_ready = 0;
+        answer_waiters(ps);
+        break;
+    default:
+        break;
+    }
+    *handled = 0;
+    return KEEL_OK;
+}
+
+/* STEP, HEARTBEAT (with the real server's stats) and SHUTDOWN. */
+static keel_status
+handle_common(keel__ps *ps, keel__wire_msg *req)
 {
     keel__wire_header h;
-    if (req->h.flags & KEEL_WIRE_F_REPLY)
-        return keel__fail(KEEL_EINVAL, "a reply (type %u) sent as a request",
-                          req->h.type);
-    if (ps->apply != NULL && req->h.peer_generation != 0 &&
-        req->h.peer_generation != ps->generation &&
-        (req->h.type == KEEL_MSG_PUSH || req->h.type == KEEL_MSG_COMMIT ||
-         req->h.type == KEEL_MSG_MIX)) {
-        /* computed from an earlier incarnation's values: not applied */
-        char text[256];
-        snprintf(text, sizeof text, "ps %d restarted: this update was "
-                 "computed from the values of generation %016llx, the ps "
-                 "is now generation %016llx; pull and compute it again",
-                 ps->task_index,
-                 (unsigned long long)req->h.peer_generation,
-                 (unsigned long long)ps->generation);
-        send_error(ps, req, KEEL_EABORTED, text);
-        return KEEL_OK;
-    }
-    if (ps->apply != NULL) {
-        switch (req->h.type) {
-        case KEEL_MSG_PULL:
-            return real_pull(ps, req);
-        case KEEL_MSG_PUSH:
-            return real_push(ps, req);
-        case KEEL_MSG_INIT:
-            return real_init(ps, req);
-        case KEEL_MSG_COMMIT:
-            return real_commit(ps, req);
-        case KEEL_MSG_MIX:
-            return real_mix(ps, req);
-        case KEEL_MSG_HELLO:
-            return real_hello(ps, req);
-        case KEEL_MSG_SHUTDOWN:
-            fail_pending(ps, KEEL_ECANCELLED, "training finished: the chief "
-                         "shut this ps down");
-            ps->is_ready = 0;
-            answer_waiters(ps);
-            break;
-        default:
-            break;
-        }
-    } else {
-        switch (req->h.type) {
-        case KEEL_MSG_PULL:
-        case KEEL_MSG_PUSH:
-        case KEEL_MSG_INIT:
-        case KEEL_MSG_HELLO:
-            return ps->serve(ps->serve_ctx, ps, req);
-        default:
-            break;
-        }
-    }
     switch (req->h.type) {
     case KEEL_MSG_STEP:
     case KEEL_MSG_HEARTBEAT:
@@ -1543,26 +1544,42 @@ handle(keel__ps *ps, keel__wire_msg *req)
                                    text, NULL);
         }
         break;
-    case KEEL_MSG_SHUTDOWN:
+    case KEEL_MSG_SHUTDOWN: {
+        const char *addr = zmq_msg_gets(&req->frames[0], "Peer-Address");
         reply_header(ps, req, &h, req->h.type, KEEL_WIRE_F_REPLY);
         ps->is_shutdown = 1;
-        {
-            const char *addr = zmq_msg_gets(&req->frames[0],
-                                            "Peer-Address");
-            keel__log(KEEL_LOG_INFO, "ps %d: shut down by %s %u "
-                      "(generation %016llx) from %s", ps->task_index,
-                      keel_task_type_name((keel_task_type)
-                                          req->h.sender_type),
-                      req->h.sender_index,
-                      (unsigned long long)req->h.generation,
-                      addr ? addr : "an unknown address");
-        }
+        keel__log(KEEL_LOG_INFO, "ps %d: shut down by %s %u (generation "
+                  "%016llx) from %s", ps->task_index,
+                  keel_task_type_name((keel_task_type)req->h.sender_type),
+                  req->h.sender_index, (unsigned long long)req->h.generation,
+                  addr ? addr : "an unknown address");
         break;
+    }
     default:
         return keel__fail(KEEL_EINVAL, "message type %u is not served by "
                           "this ps", req->h.type);
     }
     return keel__wire_send(ps->sock, &req->identity, &h, NULL, 0, NULL, NULL);
+}
+
+static keel_status
+handle(keel__ps *ps, keel__wire_msg *req)
+{
+    int handled = 0;
+    keel_status st = KEEL_OK;
+    if (req->h.flags & KEEL_WIRE_F_REPLY)
+        return keel__fail(KEEL_EINVAL, "a reply (type %u) sent as a request",
+                          req->h.type);
+    if (refuse_stale_update(ps, req))
+        return KEEL_OK;
+    if (ps->apply != NULL)
+        st = handle_real(ps, req, &handled);
+    else if (req->h.type == KEEL_MSG_PULL || req->h.type == KEEL_MSG_PUSH ||
+             req->h.type == KEEL_MSG_INIT || req->h.type == KEEL_MSG_HELLO)
+        return ps->serve(ps->serve_ctx, ps, req);
+    if (handled)
+        return st;
+    return handle_common(ps, req);
 }
 
 static const char *
