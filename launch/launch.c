@@ -381,86 +381,83 @@ child_environ(keel_launch *l, task *t)
     return env;
 }
 
-static keel_status
-spawn(keel_launch *l, size_t i)
-{
-    task *t = &l->tasks[i];
-    int po[2] = { -1, -1 }, pe[2] = { -1, -1 }, devnull;
-    pid_t parent = getpid(), pid;
-    sigset_t all, old_mask;
-    char **env = child_environ(l, t);
-    static const char msg127[] = "keel launch: exec failed\n";
+/* A child's standard streams: /dev/null in, a pipe each for out and err
+ * (read ends [0] ours, write ends [1] the child's). */
+typedef struct child_fds {
+    int devnull;
+    int out[2], err[2];
+} child_fds;
 
-    if (env == NULL)
-        return keel__fail(KEEL_ENOMEM, "launch: environment of %s",
-                          t->info.name);
-    devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    if (devnull < 0 || pipe2(po, O_CLOEXEC) != 0 ||
-        pipe2(pe, O_CLOEXEC) != 0) {
-        int e = errno;
-        if (devnull >= 0)
-            close(devnull);
-        for (int k = 0; k < 2; k++) {
-            if (po[k] >= 0)
-                close(po[k]);
-            if (pe[k] >= 0)
-                close(pe[k]);
-        }
-        free(env);
-        return keel__fail(KEEL_EIO, "launch: pipes for %s: %s", t->info.name,
-                          strerror(e));
+static void
+close_child_fds(child_fds *f)
+{
+    if (f->devnull >= 0)
+        close(f->devnull);
+    for (int k = 0; k < 2; k++) {
+        if (f->out[k] >= 0)
+            close(f->out[k]);
+        if (f->err[k] >= 0)
+            close(f->err[k]);
     }
-    /* signals stay blocked until the child has reset its handlers: one
-     * that arrived in between would run the launcher's (or a test
-     * harness's) handler inside the child */
-    sigfillset(&all);
-    pthread_sigmask(SIG_BLOCK, &all, &old_mask);
-    pid = fork();
-    if (pid == 0) {
-        /* child: async-signal-safe calls only */
-        struct sigaction sa;
-        sigset_t none;
-        memset(&sa, 0, sizeof sa);
-        sa.sa_handler = SIG_DFL;
-        sigaction(SIGPIPE, &sa, NULL);
-        sigaction(SIGINT, &sa, NULL);
-        sigaction(SIGTERM, &sa, NULL);
-        sigaction(SIGCHLD, &sa, NULL);
-        sigemptyset(&none);
-        sigprocmask(SIG_SETMASK, &none, NULL);
-        setpgid(0, 0);
+}
+
+/* 0, or errno with nothing left open. */
+static int
+open_child_fds(child_fds *f)
+{
+    f->out[0] = f->out[1] = f->err[0] = f->err[1] = -1;
+    f->devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (f->devnull < 0 || pipe2(f->out, O_CLOEXEC) != 0 ||
+        pipe2(f->err, O_CLOEXEC) != 0) {
+        int e = errno;
+        close_child_fds(f);
+        return e;
+    }
+    return 0;
+}
+
+/* The child, after fork: async-signal-safe calls only. Default signal
+ * handling, its own process group, killed with the launcher, then exec. */
+static void __attribute__((noreturn))
+exec_child(const keel_launch *l, char **env, pid_t parent,
+           const child_fds *f)
+{
+    static const char msg127[] = "keel launch: exec failed\n";
+    struct sigaction sa;
+    sigset_t none;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = SIG_DFL;
+    sigaction(SIGPIPE, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGCHLD, &sa, NULL);
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    setpgid(0, 0);
 #ifdef __linux__
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
 #endif
-        if (getppid() != parent)         /* the launcher died already */
-            _exit(127);
-        dup2(devnull, 0);
-        dup2(po[1], 1);
-        dup2(pe[1], 2);
-        execve(l->cfg.exe, l->cfg.argv, env);
-        if (write(2, msg127, sizeof msg127 - 1) < 0)
-            _exit(127);
+    if (getppid() != parent)            /* the launcher died already */
         _exit(127);
-    }
-    {
-        int e = errno;
-        pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
-        close(devnull);
-        close(po[1]);
-        close(pe[1]);
-        free(env);
-        if (pid < 0) {
-            close(po[0]);
-            close(pe[0]);
-            return keel__fail(KEEL_EIO, "launch: fork for %s: %s",
-                              t->info.name, strerror(e));
-        }
-    }
+    dup2(f->devnull, 0);
+    dup2(f->out[1], 1);
+    dup2(f->err[1], 2);
+    execve(l->cfg.exe, l->cfg.argv, env);
+    if (write(2, msg127, sizeof msg127 - 1) < 0)
+        _exit(127);
+    _exit(127);
+}
+
+/* Task t runs as pid, its output on the read ends of f: a fresh start of
+ * its state and statistics. */
+static void
+task_running(keel_launch *l, task *t, pid_t pid, const child_fds *f)
+{
     setpgid(pid, pid);       /* also in the child: whichever runs first */
-    fcntl(po[0], F_SETFL, fcntl(po[0], F_GETFL) | O_NONBLOCK);
-    fcntl(pe[0], F_SETFL, fcntl(pe[0], F_GETFL) | O_NONBLOCK);
-    t->fd[0] = po[0];
-    t->fd[1] = pe[0];
+    fcntl(f->out[0], F_SETFL, fcntl(f->out[0], F_GETFL) | O_NONBLOCK);
+    fcntl(f->err[0], F_SETFL, fcntl(f->err[0], F_GETFL) | O_NONBLOCK);
+    t->fd[0] = f->out[0];
+    t->fd[1] = f->err[0];
     t->buf[0].used = t->buf[1].used = 0;
     t->pidfd = open_pidfd(pid);
     t->info.pid = pid;
@@ -477,6 +474,47 @@ spawn(keel_launch *l, size_t i)
     t->last_sample_ns = 0;
     t->info.cpu_percent = 0;
     t->info.rss_bytes = 0;
+}
+
+static keel_status
+spawn(keel_launch *l, size_t i)
+{
+    task *t = &l->tasks[i];
+    child_fds f;
+    pid_t parent = getpid(), pid;
+    sigset_t all, old_mask;
+    char **env = child_environ(l, t);
+    int e;
+
+    if (env == NULL)
+        return keel__fail(KEEL_ENOMEM, "launch: environment of %s",
+                          t->info.name);
+    if ((e = open_child_fds(&f)) != 0) {
+        free(env);
+        return keel__fail(KEEL_EIO, "launch: pipes for %s: %s", t->info.name,
+                          strerror(e));
+    }
+    /* signals stay blocked until the child has reset its handlers: one
+     * that arrived in between would run the launcher's (or a test
+     * harness's) handler inside the child */
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old_mask);
+    pid = fork();
+    if (pid == 0)
+        exec_child(l, env, parent, &f);
+    e = errno;
+    pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
+    close(f.devnull);
+    close(f.out[1]);
+    close(f.err[1]);
+    free(env);
+    if (pid < 0) {
+        close(f.out[0]);
+        close(f.err[0]);
+        return keel__fail(KEEL_EIO, "launch: fork for %s: %s", t->info.name,
+                          strerror(e));
+    }
+    task_running(l, t, pid, &f);
     return KEEL_OK;
 }
 
