@@ -468,17 +468,267 @@ keel__algo_worker_steps(const keel__algo_worker *w)
         if (keel_grads_at((w)->acc, i) != NULL &&                             \
             keel_grads_at((grads), i) != NULL)
 
-static keel_status
-io_commit(keel__algo_worker *w, const keel__algo_io *io, keel_vars *vs,
-          int64_t global_step, int into, int64_t *new_step)
+/* One worker step: what every rule's step reads (on the stack: a step
+ * allocates nothing). */
+typedef struct algo_step {
+    keel__algo_worker *w;
+    keel_vars *vs;
+    keel_grads *grads;
+    int64_t global_step;
+    double eta;                 /* the local learning rate at global_step */
+    const keel__algo_io *io;
+    int64_t *new_step;
+} algo_step;
+
+static float *
+var_data(keel_vars *vs, size_t i)
 {
+    return keel_var_tensor(keel_vars_at(vs, i))->data;
+}
+
+/* The local step is taken: one more since the restart and the commit. */
+static void
+count_step(keel__algo_worker *w)
+{
+    w->t++;
+    w->since++;
+}
+
+/* Commit w->commit (covering the steps since the last commit); with into,
+ * the center comes back into vs or w->center. */
+static keel_status
+io_commit(const algo_step *s, int into)
+{
+    keel__algo_worker *w = s->w;
     int sync = keel_algorithm_is_sync(w->a->c.name);
     int covered = (int)w->since;
     /* a sync round is named by the step it began at (the ps's step) */
-    int64_t local_step = sync ? global_step - (covered - 1) : global_step;
+    int64_t local_step = sync ? s->global_step - (covered - 1)
+                              : s->global_step;
     w->since = 0;
-    return io->commit(io->ctx, w->commit, covered, local_step, into, vs,
-                      w->center, new_step);
+    return s->io->commit(s->io->ctx, w->commit, covered, local_step, into,
+                         s->vs, w->center, s->new_step);
+}
+
+/* downpour, downpour_easy: accrued += g; theta -= alpha g; commit at step
+ * mod n_push == 0; pull before each step with step mod n_fetch == 0 */
+static keel_status
+downpour_step(const algo_step *s)
+{
+    keel__algo_worker *w = s->w;
+    const keel_algorithm_config *c = &w->a->c;
+    double eta = s->eta;
+    long step = w->t;
+    keel_status st = KEEL_OK;
+    FOR_TRAINABLE(w, s->vs, s->grads, i) {
+        keel_tensor *acc = keel_grads_at(w->acc, i);
+        float *x = var_data(s->vs, i);
+        const float *g = keel_grads_at(s->grads, i)->data;
+        for (size_t k = 0; k < acc->count; k++) {
+            acc->data[k] += g[k];
+            x[k] = (float)(x[k] - eta * g[k]);
+        }
+    }
+    count_step(w);
+    if (step % c->n_push == 0) {
+        FOR_TRAINABLE(w, s->vs, s->grads, i) {
+            keel_tensor *acc = keel_grads_at(w->acc, i);
+            memcpy(keel_grads_at(w->commit, i)->data, acc->data,
+                   acc->count * sizeof(float));
+            memset(acc->data, 0, acc->count * sizeof(float));
+        }
+        st = io_commit(s, KEEL__ALGO_INTO_NONE);
+    }
+    if (st == KEEL_OK && w->t % c->n_fetch == 0)
+        st = s->io->pull(s->io->ctx, KEEL__ALGO_INTO_VARS, s->vs, w->center,
+                         s->new_step);
+    return st;
+}
+
+/* agn, sagn, adag, dynsgd: a -= eta g; theta -= eta g; every lambda steps
+ * commit a / lambda (agn, adag), a / (lambda R) (sagn: the ps sums the R
+ * shares), a (dynsgd), then theta = the center */
+static keel_status
+agn_step(const algo_step *s)
+{
+    keel__algo_worker *w = s->w;
+    const keel_algorithm_config *c = &w->a->c;
+    double eta = s->eta;
+    double scale = c->name == KEEL_ALGORITHM_DYNSGD ? 1.0
+                   : c->name == KEEL_ALGORITHM_SAGN
+                       ? 1.0 / ((double)c->window * w->a->replicas)
+                       : 1.0 / (double)c->window;
+    FOR_TRAINABLE(w, s->vs, s->grads, i) {
+        keel_tensor *acc = keel_grads_at(w->acc, i);
+        float *x = var_data(s->vs, i);
+        const float *g = keel_grads_at(s->grads, i)->data;
+        for (size_t k = 0; k < acc->count; k++) {
+            float u = (float)(-eta * g[k]);
+            acc->data[k] += u;
+            x[k] += u;
+        }
+    }
+    count_step(w);
+    if (w->t % c->window != 0)
+        return KEEL_OK;
+    FOR_TRAINABLE(w, s->vs, s->grads, i) {
+        keel_tensor *acc = keel_grads_at(w->acc, i);
+        float *out = keel_grads_at(w->commit, i)->data;
+        for (size_t k = 0; k < acc->count; k++)
+            out[k] = (float)(acc->data[k] * scale);
+        memset(acc->data, 0, acc->count * sizeof(float));
+    }
+    return io_commit(s, KEEL__ALGO_INTO_VARS);
+}
+
+/* model_averaging: theta -= eta g; every lambda steps commit (theta -
+ * center) / R (the ps sums: center += mean of the local moves = mean
+ * theta), then theta = center = the new center */
+static keel_status
+model_averaging_step(const algo_step *s)
+{
+    keel__algo_worker *w = s->w;
+    double eta = s->eta;
+    int R = w->a->replicas;
+    keel_status st;
+    FOR_TRAINABLE(w, s->vs, s->grads, i) {
+        float *x = var_data(s->vs, i);
+        const float *g = keel_grads_at(s->grads, i)->data;
+        for (size_t k = 0; k < keel_grads_at(w->acc, i)->count; k++)
+            x[k] = (float)(x[k] - eta * g[k]);
+    }
+    count_step(w);
+    if (w->t % w->a->c.window != 0)
+        return KEEL_OK;
+    FOR_TRAINABLE(w, s->vs, s->grads, i) {
+        keel_tensor *ct = keel_grads_at(w->center, i);
+        const float *x = var_data(s->vs, i);
+        float *out = keel_grads_at(w->commit, i)->data;
+        for (size_t k = 0; k < ct->count; k++)
+            out[k] = (float)(((double)x[k] - ct->data[k]) / R);
+    }
+    st = io_commit(s, KEEL__ALGO_INTO_VARS);
+    if (st == KEEL_OK)
+        copy_vars(w->center, s->vs);
+    return st;
+}
+
+/* easgd: every tau-th step: e = alpha (theta - center); theta -= eta g +
+ * e; commit e (the ps sums: center += alpha sum (theta_i - center)); the
+ * new center comes back. Other steps: theta -= eta g. */
+static keel_status
+easgd_step(const algo_step *s)
+{
+    keel__algo_worker *w = s->w;
+    double eta = s->eta, alpha = w->a->c.moving_rate;
+    int elastic = (w->t + 1) % w->a->c.window == 0;
+    FOR_TRAINABLE(w, s->vs, s->grads, i) {
+        float *x = var_data(s->vs, i);
+        const float *g = keel_grads_at(s->grads, i)->data;
+        const float *ct = keel_grads_at(w->center, i)->data;
+        float *e = keel_grads_at(w->commit, i)->data;
+        for (size_t k = 0; k < keel_grads_at(w->acc, i)->count; k++) {
+            float ek = elastic ? (float)(alpha * ((double)x[k] - ct[k]))
+                               : 0.0f;
+            e[k] = ek;
+            x[k] = (float)(x[k] - eta * g[k] - ek);
+        }
+    }
+    count_step(w);
+    if (!elastic)
+        return KEEL_OK;
+    return io_commit(s, KEEL__ALGO_INTO_CENTER);
+}
+
+static int
+is_aeamsgd(const keel__algo_worker *w)
+{
+    return w->a->c.name == KEEL_ALGORITHM_AEAMSGD;
+}
+
+/* The theta aeasgd and aeamsgd move: vs (aeasgd), w->theta (aeamsgd, whose
+ * vs holds the look-ahead). */
+static float *
+aeasgd_theta(const algo_step *s, size_t i)
+{
+    return is_aeamsgd(s->w) ? keel_grads_at(s->w->theta, i)->data
+                            : var_data(s->vs, i);
+}
+
+/* aeasgd: theta -= eta g. aeamsgd: g was taken at the look-ahead theta +
+ * delta v (vs); v = delta v - eta g; theta += v. */
+static void
+aeasgd_local(const algo_step *s)
+{
+    keel__algo_worker *w = s->w;
+    double eta = s->eta, delta = w->a->c.momentum;
+    int mom = is_aeamsgd(w);
+    FOR_TRAINABLE(w, s->vs, s->grads, i) {
+        float *x = aeasgd_theta(s, i);
+        float *v = mom ? keel_grads_at(w->vel, i)->data : NULL;
+        const float *g = keel_grads_at(s->grads, i)->data;
+        for (size_t k = 0; k < keel_grads_at(w->acc, i)->count; k++) {
+            if (mom) {
+                v[k] = (float)(delta * v[k] - eta * g[k]);
+                x[k] += v[k];
+            } else {
+                x[k] = (float)(x[k] - eta * g[k]);
+            }
+        }
+    }
+}
+
+/* center = Pull(); E = alpha (theta - center); theta -= E; Commit(E) (the
+ * ps adds it). */
+static keel_status
+aeasgd_elastic(const algo_step *s)
+{
+    keel__algo_worker *w = s->w;
+    double alpha = w->a->c.moving_rate;
+    keel_status st = s->io->pull(s->io->ctx, KEEL__ALGO_INTO_CENTER, s->vs,
+                                 w->center, s->new_step);
+    if (st != KEEL_OK)
+        return st;
+    FOR_TRAINABLE(w, s->vs, s->grads, i) {
+        float *x = aeasgd_theta(s, i);
+        const float *ct = keel_grads_at(w->center, i)->data;
+        float *e = keel_grads_at(w->commit, i)->data;
+        for (size_t k = 0; k < keel_grads_at(w->acc, i)->count; k++) {
+            e[k] = (float)(alpha * ((double)x[k] - ct[k]));
+            x[k] -= e[k];
+        }
+    }
+    return io_commit(s, KEEL__ALGO_INTO_NONE);
+}
+
+/* aeamsgd: vs = the look-ahead theta + delta v for the next gradient */
+static void
+aeamsgd_look_ahead(const algo_step *s)
+{
+    keel__algo_worker *w = s->w;
+    double delta = w->a->c.momentum;
+    FOR_TRAINABLE(w, s->vs, s->grads, i) {
+        float *out = var_data(s->vs, i);
+        const float *x = keel_grads_at(w->theta, i)->data;
+        const float *v = keel_grads_at(w->vel, i)->data;
+        for (size_t k = 0; k < keel_grads_at(w->acc, i)->count; k++)
+            out[k] = (float)(x[k] + delta * v[k]);
+    }
+}
+
+/* aeasgd, aeamsgd: the local step, then every tau steps the elastic
+ * exchange with the center. */
+static keel_status
+aeasgd_step(const algo_step *s)
+{
+    keel_status st = KEEL_OK;
+    aeasgd_local(s);
+    count_step(s->w);
+    if (s->w->t % s->w->a->c.window == 0)
+        st = aeasgd_elastic(s);
+    if (is_aeamsgd(s->w))
+        aeamsgd_look_ahead(s);
+    return st;
 }
 
 keel_status
@@ -486,186 +736,27 @@ keel__algo_worker_step(keel__algo_worker *w, keel_vars *vs,
                        keel_grads *grads, int64_t global_step,
                        const keel__algo_io *io, int64_t *new_step)
 {
-    const keel__algo *a = w->a;
-    const keel_algorithm_config *c = &a->c;
-    double eta = keel__algo_lr(a, global_step);
-    int R = a->replicas;
-    keel_status st = KEEL_OK;
+    algo_step s = { w, vs, grads, global_step,
+                    keel__algo_lr(w->a, global_step), io, new_step };
     *new_step = -1;                     /* the session's own count */
-    switch (c->name) {
+    switch (w->a->c.name) {
     case KEEL_ALGORITHM_DOWNPOUR:
-    case KEEL_ALGORITHM_DOWNPOUR_EASY: {
-        /* accrued += g; theta -= alpha g; commit at step mod n_push == 0;
-         * pull before each step with step mod n_fetch == 0 */
-        long step = w->t;
-        FOR_TRAINABLE(w, vs, grads, i) {
-            keel_tensor *acc = keel_grads_at(w->acc, i);
-            float *x = keel_var_tensor(keel_vars_at(vs, i))->data;
-            const float *g = keel_grads_at(grads, i)->data;
-            for (size_t k = 0; k < acc->count; k++) {
-                acc->data[k] += g[k];
-                x[k] = (float)(x[k] - eta * g[k]);
-            }
-        }
-        w->t++;
-        w->since++;
-        if (step % c->n_push == 0) {
-            FOR_TRAINABLE(w, vs, grads, i) {
-                keel_tensor *acc = keel_grads_at(w->acc, i);
-                memcpy(keel_grads_at(w->commit, i)->data, acc->data,
-                       acc->count * sizeof(float));
-                memset(acc->data, 0, acc->count * sizeof(float));
-            }
-            st = io_commit(w, io, vs, global_step, KEEL__ALGO_INTO_NONE,
-                           new_step);
-        }
-        if (st == KEEL_OK && w->t % c->n_fetch == 0)
-            st = io->pull(io->ctx, KEEL__ALGO_INTO_VARS, vs, w->center,
-                          new_step);
-        return st;
-    }
+    case KEEL_ALGORITHM_DOWNPOUR_EASY:
+        return downpour_step(&s);
     case KEEL_ALGORITHM_AGN:
     case KEEL_ALGORITHM_SAGN:
     case KEEL_ALGORITHM_ADAG:
-    case KEEL_ALGORITHM_DYNSGD: {
-        /* a -= eta g; theta -= eta g; every lambda steps commit a / lambda
-         * (agn, adag), a / (lambda R) (sagn: the ps sums the R shares),
-         * a (dynsgd), then theta = the center */
-        double scale = c->name == KEEL_ALGORITHM_DYNSGD ? 1.0
-                       : c->name == KEEL_ALGORITHM_SAGN
-                           ? 1.0 / ((double)c->window * R)
-                           : 1.0 / (double)c->window;
-        FOR_TRAINABLE(w, vs, grads, i) {
-            keel_tensor *acc = keel_grads_at(w->acc, i);
-            float *x = keel_var_tensor(keel_vars_at(vs, i))->data;
-            const float *g = keel_grads_at(grads, i)->data;
-            for (size_t k = 0; k < acc->count; k++) {
-                float u = (float)(-eta * g[k]);
-                acc->data[k] += u;
-                x[k] += u;
-            }
-        }
-        w->t++;
-        w->since++;
-        if (w->t % c->window != 0)
-            return KEEL_OK;
-        FOR_TRAINABLE(w, vs, grads, i) {
-            keel_tensor *acc = keel_grads_at(w->acc, i);
-            float *out = keel_grads_at(w->commit, i)->data;
-            for (size_t k = 0; k < acc->count; k++)
-                out[k] = (float)(acc->data[k] * scale);
-            memset(acc->data, 0, acc->count * sizeof(float));
-        }
-        return io_commit(w, io, vs, global_step, KEEL__ALGO_INTO_VARS,
-                         new_step);
-    }
-    case KEEL_ALGORITHM_MODEL_AVERAGING: {
-        /* theta -= eta g; every lambda steps commit (theta - center) / R
-         * (the ps sums: center += mean of the local moves = mean theta),
-         * then theta = center = the new center */
-        FOR_TRAINABLE(w, vs, grads, i) {
-            float *x = keel_var_tensor(keel_vars_at(vs, i))->data;
-            const float *g = keel_grads_at(grads, i)->data;
-            for (size_t k = 0; k < keel_grads_at(w->acc, i)->count; k++)
-                x[k] = (float)(x[k] - eta * g[k]);
-        }
-        w->t++;
-        w->since++;
-        if (w->t % c->window != 0)
-            return KEEL_OK;
-        FOR_TRAINABLE(w, vs, grads, i) {
-            keel_tensor *ct = keel_grads_at(w->center, i);
-            const float *x = keel_var_tensor(keel_vars_at(vs, i))->data;
-            float *out = keel_grads_at(w->commit, i)->data;
-            for (size_t k = 0; k < ct->count; k++)
-                out[k] = (float)(((double)x[k] - ct->data[k]) / R);
-        }
-        st = io_commit(w, io, vs, global_step, KEEL__ALGO_INTO_VARS,
-                       new_step);
-        if (st == KEEL_OK)
-            copy_vars(w->center, vs);
-        return st;
-    }
-    case KEEL_ALGORITHM_EASGD: {
-        /* every tau-th step: e = alpha (theta - center); theta -= eta g +
-         * e; commit e (the ps sums: center += alpha sum (theta_i -
-         * center)); the new center comes back. Other steps: theta -= eta
-         * g. */
-        double alpha = c->moving_rate;
-        int elastic = (w->t + 1) % c->window == 0;
-        FOR_TRAINABLE(w, vs, grads, i) {
-            float *x = keel_var_tensor(keel_vars_at(vs, i))->data;
-            const float *g = keel_grads_at(grads, i)->data;
-            const float *ct = keel_grads_at(w->center, i)->data;
-            float *e = keel_grads_at(w->commit, i)->data;
-            for (size_t k = 0; k < keel_grads_at(w->acc, i)->count; k++) {
-                float ek = elastic ? (float)(alpha * ((double)x[k] - ct[k]))
-                                   : 0.0f;
-                e[k] = ek;
-                x[k] = (float)(x[k] - eta * g[k] - ek);
-            }
-        }
-        w->t++;
-        w->since++;
-        if (!elastic)
-            return KEEL_OK;
-        return io_commit(w, io, vs, global_step, KEEL__ALGO_INTO_CENTER,
-                         new_step);
-    }
+    case KEEL_ALGORITHM_DYNSGD:
+        return agn_step(&s);
+    case KEEL_ALGORITHM_MODEL_AVERAGING:
+        return model_averaging_step(&s);
+    case KEEL_ALGORITHM_EASGD:
+        return easgd_step(&s);
     case KEEL_ALGORITHM_AEASGD:
-    case KEEL_ALGORITHM_AEAMSGD: {
-        /* aeasgd: theta -= eta g. aeamsgd: g was taken at the look-ahead
-         * theta + delta v (vs); v = delta v - eta g; theta += v. Then every
-         * tau steps: center = Pull(); E = alpha (theta - center); theta -=
-         * E; Commit(E) (the ps adds it). aeamsgd: vs = theta + delta v. */
-        double alpha = c->moving_rate, delta = c->momentum;
-        int mom = c->name == KEEL_ALGORITHM_AEAMSGD;
-        FOR_TRAINABLE(w, vs, grads, i) {
-            float *x = mom ? keel_grads_at(w->theta, i)->data
-                           : keel_var_tensor(keel_vars_at(vs, i))->data;
-            float *v = mom ? keel_grads_at(w->vel, i)->data : NULL;
-            const float *g = keel_grads_at(grads, i)->data;
-            for (size_t k = 0; k < keel_grads_at(w->acc, i)->count; k++) {
-                if (mom) {
-                    v[k] = (float)(delta * v[k] - eta * g[k]);
-                    x[k] += v[k];
-                } else {
-                    x[k] = (float)(x[k] - eta * g[k]);
-                }
-            }
-        }
-        w->t++;
-        w->since++;
-        if (w->t % c->window == 0) {
-            st = io->pull(io->ctx, KEEL__ALGO_INTO_CENTER, vs, w->center,
-                          new_step);
-            if (st != KEEL_OK)
-                return st;
-            FOR_TRAINABLE(w, vs, grads, i) {
-                float *x = mom ? keel_grads_at(w->theta, i)->data
-                               : keel_var_tensor(keel_vars_at(vs, i))->data;
-                const float *ct = keel_grads_at(w->center, i)->data;
-                float *e = keel_grads_at(w->commit, i)->data;
-                for (size_t k = 0; k < keel_grads_at(w->acc, i)->count; k++) {
-                    e[k] = (float)(alpha * ((double)x[k] - ct[k]));
-                    x[k] -= e[k];
-                }
-            }
-            st = io_commit(w, io, vs, global_step, KEEL__ALGO_INTO_NONE,
-                           new_step);
-        }
-        if (mom)
-            FOR_TRAINABLE(w, vs, grads, i) {
-                float *out = keel_var_tensor(keel_vars_at(vs, i))->data;
-                const float *x = keel_grads_at(w->theta, i)->data;
-                const float *v = keel_grads_at(w->vel, i)->data;
-                for (size_t k = 0; k < keel_grads_at(w->acc, i)->count; k++)
-                    out[k] = (float)(x[k] + delta * v[k]);
-            }
-        return st;
-    }
+    case KEEL_ALGORITHM_AEAMSGD:
+        return aeasgd_step(&s);
     default:
         return keel__fail(KEEL_EINTERNAL, "algorithm %s has no worker step",
-                          keel_algorithm_name(c->name));
+                          keel_algorithm_name(w->a->c.name));
     }
 }

@@ -32,8 +32,10 @@ keel_status keel__problems_fail(const keel__problems *p, const char *what);
 /* Append an address (copied) to a job; KEEL_EINVAL past the task limit. */
 keel_status keel__cluster_spec_add(keel_cluster_spec *s, keel_task_type t,
                                    const char *a, size_t len);
-void keel__cluster_validate_into(const keel_cluster_spec *s,
-                                 keel__problems *p);
+/* The spec's own checks added to the problems p already found (reading
+ * it from what: "TF_CONFIG", "slurm"); fails once naming all of them. */
+keel_status keel__cluster_spec_check(const keel_cluster_spec *s,
+                                     keel__problems *p, const char *what);
 /* 1 if a is host:port (host non-empty, port 1..65535), else 0 with why. */
 int keel__cluster_check_address(const char *a, char *why, size_t size);
 /* "tcp://<host:port>" of a task's own address, for its server to bind

@@ -193,28 +193,17 @@ out:
     return NULL;
 }
 
-keel_status
-keel__hb_start(const keel__hb_config *cfg, keel__hb **out)
+/* cfg into hb: the peers, the beat interval, who beats; replies carry a
+ * text only. */
+static void
+take_hb_config(keel__hb *hb, const keel__hb_config *cfg)
 {
-    keel__hb *hb;
-    keel_status st = KEEL_OK;
-    int zero = 0, one = 1;
-    char wake[64];
-    *out = NULL;
-    if (cfg->n < 1 || cfg->interval_ms < 1)
-        return keel__fail(KEEL_EINVAL, "heartbeat: %d peers every %d ms",
-                          cfg->n, cfg->interval_ms);
-    hb = calloc(1, sizeof *hb);
-    if (hb == NULL)
-        return keel__fail(KEEL_ENOMEM, "heartbeat: %zu bytes", sizeof *hb);
+    pthread_condattr_t a;
     pthread_mutex_init(&hb->mu, NULL);
-    {
-        pthread_condattr_t a;
-        pthread_condattr_init(&a);
-        pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
-        pthread_cond_init(&hb->cv, &a);
-        pthread_condattr_destroy(&a);
-    }
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    pthread_cond_init(&hb->cv, &a);
+    pthread_condattr_destroy(&a);
     hb->n = cfg->n;
     hb->interval_ms = cfg->interval_ms;
     hb->type = cfg->type;
@@ -223,54 +212,51 @@ keel__hb_start(const keel__hb_config *cfg, keel__hb **out)
     hb->next_id = 1;
     hb->started_ns = keel__now_mono_ns();
     keel__wire_limits_default(&hb->limits);
-    hb->limits.max_tensors = 1;         /* replies carry a text only */
+    hb->limits.max_tensors = 1;
     hb->limits.max_total_bytes = 1024;
-    hb->socks = calloc((size_t)cfg->n, sizeof *hb->socks);
-    hb->mons = calloc((size_t)cfg->n, sizeof *hb->mons);
-    hb->peers = calloc((size_t)cfg->n, sizeof *hb->peers);
-    hb->zctx = zmq_ctx_new();
-    if (hb->socks == NULL || hb->mons == NULL || hb->peers == NULL ||
-        hb->zctx == NULL) {
-        st = keel__fail(KEEL_ENOMEM, "heartbeat: tables for %d ps", cfg->n);
-        goto fail;
-    }
-    for (int p = 0; p < cfg->n; p++) {
-        void *s = zmq_socket(hb->zctx, ZMQ_DEALER);
-        if (s == NULL) {
-            st = keel__fail(KEEL_EIO, "heartbeat: socket: %s",
-                            zmq_strerror(errno));
-            goto fail;
-        }
-        hb->socks[p] = s;
-        if ((st = keel__wire_sockopts(s, &hb->limits)) != KEEL_OK ||
-            zmq_setsockopt(s, ZMQ_SNDTIMEO, &zero, sizeof zero) != 0 ||
-            zmq_setsockopt(s, ZMQ_IMMEDIATE, &one, sizeof one) != 0 ||
-            (st = keel__curve_setup_client(
-                 s, cfg->curves != NULL ? &cfg->curves[p] : NULL)) !=
-                KEEL_OK) {
-            if (st == KEEL_OK)
-                st = keel__fail(KEEL_EIO, "heartbeat: options: %s",
-                                zmq_strerror(errno));
-            goto fail;
-        }
-        snprintf(wake, sizeof wake, "inproc://keel-hb-%p-mon-%d",
-                 (void *)hb, p);
-        hb->mons[p] = zmq_socket(hb->zctx, ZMQ_PAIR);
-        if (hb->mons[p] == NULL ||
-            zmq_setsockopt(hb->mons[p], ZMQ_LINGER, &zero,
-                           sizeof zero) != 0 ||
-            zmq_socket_monitor(s, wake, ZMQ_EVENT_HANDSHAKE_SUCCEEDED) != 0 ||
-            zmq_connect(hb->mons[p], wake) != 0) {
-            st = keel__fail(KEEL_EIO, "heartbeat: monitor of ps %d: %s", p,
-                            zmq_strerror(errno));
-            goto fail;
-        }
-        if (zmq_connect(s, cfg->endpoints[p]) != 0) {
-            st = keel__fail(KEEL_EINVAL, "heartbeat: connect %s: %s",
-                            cfg->endpoints[p], zmq_strerror(errno));
-            goto fail;
-        }
-    }
+}
+
+/* A DEALER to ps p (never blocking a send, queueing nothing for a peer
+ * not connected) and the monitor that says when its handshake succeeds. */
+static keel_status
+connect_peer(keel__hb *hb, const keel__hb_config *cfg, int p)
+{
+    int zero = 0, one = 1;
+    char mon[64];
+    keel_status st = KEEL_OK;
+    void *s = zmq_socket(hb->zctx, ZMQ_DEALER);
+    if (s == NULL)
+        return keel__fail(KEEL_EIO, "heartbeat: socket: %s",
+                          zmq_strerror(errno));
+    hb->socks[p] = s;
+    if ((st = keel__wire_sockopts(s, &hb->limits)) != KEEL_OK ||
+        zmq_setsockopt(s, ZMQ_SNDTIMEO, &zero, sizeof zero) != 0 ||
+        zmq_setsockopt(s, ZMQ_IMMEDIATE, &one, sizeof one) != 0 ||
+        (st = keel__curve_setup_client(
+             s, cfg->curves != NULL ? &cfg->curves[p] : NULL)) != KEEL_OK)
+        return st != KEEL_OK ? st
+                             : keel__fail(KEEL_EIO, "heartbeat: options: %s",
+                                          zmq_strerror(errno));
+    snprintf(mon, sizeof mon, "inproc://keel-hb-%p-mon-%d", (void *)hb, p);
+    hb->mons[p] = zmq_socket(hb->zctx, ZMQ_PAIR);
+    if (hb->mons[p] == NULL ||
+        zmq_setsockopt(hb->mons[p], ZMQ_LINGER, &zero, sizeof zero) != 0 ||
+        zmq_socket_monitor(s, mon, ZMQ_EVENT_HANDSHAKE_SUCCEEDED) != 0 ||
+        zmq_connect(hb->mons[p], mon) != 0)
+        return keel__fail(KEEL_EIO, "heartbeat: monitor of ps %d: %s", p,
+                          zmq_strerror(errno));
+    if (zmq_connect(s, cfg->endpoints[p]) != 0)
+        return keel__fail(KEEL_EINVAL, "heartbeat: connect %s: %s",
+                          cfg->endpoints[p], zmq_strerror(errno));
+    return KEEL_OK;
+}
+
+/* The pair keel__hb_stop wakes the thread through. */
+static keel_status
+open_wake_pair(keel__hb *hb)
+{
+    int zero = 0;
+    char wake[64];
     snprintf(wake, sizeof wake, "inproc://keel-hb-%p", (void *)hb);
     hb->wake_rx = zmq_socket(hb->zctx, ZMQ_PAIR);
     hb->wake_tx = zmq_socket(hb->zctx, ZMQ_PAIR);
@@ -278,21 +264,45 @@ keel__hb_start(const keel__hb_config *cfg, keel__hb **out)
         zmq_setsockopt(hb->wake_tx, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
         zmq_setsockopt(hb->wake_rx, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
         zmq_bind(hb->wake_rx, wake) != 0 ||
-        zmq_connect(hb->wake_tx, wake) != 0) {
-        st = keel__fail(KEEL_EIO, "heartbeat: wake-up pair: %s",
-                        zmq_strerror(errno));
-        goto fail;
-    }
-    if (pthread_create(&hb->thread, NULL, hb_main, hb) != 0) {
+        zmq_connect(hb->wake_tx, wake) != 0)
+        return keel__fail(KEEL_EIO, "heartbeat: wake-up pair: %s",
+                          zmq_strerror(errno));
+    return KEEL_OK;
+}
+
+keel_status
+keel__hb_start(const keel__hb_config *cfg, keel__hb **out)
+{
+    keel__hb *hb;
+    keel_status st = KEEL_OK;
+    *out = NULL;
+    if (cfg->n < 1 || cfg->interval_ms < 1)
+        return keel__fail(KEEL_EINVAL, "heartbeat: %d peers every %d ms",
+                          cfg->n, cfg->interval_ms);
+    hb = calloc(1, sizeof *hb);
+    if (hb == NULL)
+        return keel__fail(KEEL_ENOMEM, "heartbeat: %zu bytes", sizeof *hb);
+    take_hb_config(hb, cfg);
+    hb->socks = calloc((size_t)cfg->n, sizeof *hb->socks);
+    hb->mons = calloc((size_t)cfg->n, sizeof *hb->mons);
+    hb->peers = calloc((size_t)cfg->n, sizeof *hb->peers);
+    hb->zctx = zmq_ctx_new();
+    if (hb->socks == NULL || hb->mons == NULL || hb->peers == NULL ||
+        hb->zctx == NULL)
+        st = keel__fail(KEEL_ENOMEM, "heartbeat: tables for %d ps", cfg->n);
+    for (int p = 0; p < cfg->n && st == KEEL_OK; p++)
+        st = connect_peer(hb, cfg, p);
+    if (st == KEEL_OK)
+        st = open_wake_pair(hb);
+    if (st == KEEL_OK && pthread_create(&hb->thread, NULL, hb_main, hb) != 0)
         st = keel__fail(KEEL_EIO, "heartbeat: thread: %s", strerror(errno));
-        goto fail;
+    if (st != KEEL_OK) {
+        keel__hb_stop(hb);          /* not running: frees what was made */
+        return st;
     }
     hb->running = 1;
     *out = hb;
     return KEEL_OK;
-fail:
-    keel__hb_stop(hb);              /* not running: frees what was made */
-    return st;
 }
 
 void

@@ -137,32 +137,26 @@ tree_plan(keel__ps *ps, int64_t L)
     return KEEL_OK;
 }
 
-keel_status
-keel__ps_new(const keel__ps_config *cfg, keel__ps **out)
+/* One pin per variable of the store (replies in flight). */
+static keel_status
+alloc_pins(keel__ps *ps)
 {
-    keel__ps *ps;
-    keel_status st;
-    size_t len = sizeof ps->endpoint;
-    *out = NULL;
-    if (cfg == NULL || cfg->bind == NULL || cfg->vars == NULL)
-        return keel__fail(KEEL_EINVAL, "ps: bind address and vars needed");
-    if (cfg->apply == NULL && cfg->serve == NULL)
-        return keel__fail(KEEL_EINVAL, "ps: an optimizer (apply) or a serve "
-                          "function needed");
-    ps = calloc(1, sizeof *ps);
-    if (ps == NULL)
-        return keel__fail(KEEL_ENOMEM, "ps: %zu bytes", sizeof *ps);
     keel__wire_pin_init(&ps->pin);
-    ps->vars = cfg->vars;
-    ps->n_pins = keel_vars_count(cfg->vars);
+    ps->n_pins = keel_vars_count(ps->vars);
     ps->pins = calloc(ps->n_pins ? ps->n_pins : 1, sizeof *ps->pins);
     if (ps->pins == NULL) {
         ps->n_pins = 0;
-        st = keel__fail(KEEL_ENOMEM, "ps: %zu pins", ps->n_pins);
-        goto fail;
+        return keel__fail(KEEL_ENOMEM, "ps: %zu pins", ps->n_pins);
     }
     for (size_t i = 0; i < ps->n_pins; i++)
         keel__wire_pin_init(&ps->pins[i]);
+    return KEEL_OK;
+}
+
+/* cfg's settings into ps, with their defaults, checked together. */
+static keel_status
+take_config(keel__ps *ps, const keel__ps_config *cfg)
+{
     ps->limits = cfg->limits;
     keel__wire_limits_default(&ps->limits);
     ps->task_index = cfg->task_index;
@@ -178,92 +172,123 @@ keel__ps_new(const keel__ps_config *cfg, keel__ps **out)
         ? cfg->replicas_to_aggregate : ps->total_replicas;
     ps->has_chief = cfg->has_chief;
     ps->chief_applies = cfg->chief_applies;
-    if (ps->chief_applies && !ps->sync) {
-        st = keel__fail(KEEL_EINVAL, "ps %d: the chief applies updates "
-                        "only in sync mode (SyncReplicas)", cfg->task_index);
-        goto fail;
-    }
-    if (ps->replicas_to_aggregate > ps->total_replicas) {
-        st = keel__fail(KEEL_EINVAL, "ps %d: replicas_to_aggregate %d is "
-                        "more than the %d replicas (no sync step could "
-                        "complete)", cfg->task_index,
-                        ps->replicas_to_aggregate, ps->total_replicas);
-        goto fail;
-    }
-    if (cfg->reduce_leaves > 0 && (st = tree_plan(ps, cfg->reduce_leaves)) !=
-        KEEL_OK)
-        goto fail;
-    ps->started_ns = keel__now_mono_ns();
     ps->dead_after_ms = cfg->dead_after_ms;
+    if (ps->chief_applies && !ps->sync)
+        return keel__fail(KEEL_EINVAL, "ps %d: the chief applies updates "
+                          "only in sync mode (SyncReplicas)", cfg->task_index);
+    if (ps->replicas_to_aggregate > ps->total_replicas)
+        return keel__fail(KEEL_EINVAL, "ps %d: replicas_to_aggregate %d is "
+                          "more than the %d replicas (no sync step could "
+                          "complete)", cfg->task_index,
+                          ps->replicas_to_aggregate, ps->total_replicas);
+    return KEEL_OK;
+}
+
+/* The replicas tracked for liveness and membership: the spec's (sync, or a
+ * rule that admits no joiners), else up to KEEL__CLUSTER_MAX_REPLICAS. */
+static keel_status
+alloc_members(keel__ps *ps)
+{
+    ps->started_ns = keel__now_mono_ns();
     ps->fixed = ps->sync || (ps->rule != NULL &&
                              !keel_algorithm_admits_joiners(ps->rule->a->c.name));
     ps->n_slots = ps->fixed || ps->total_replicas > KEEL__CLUSTER_MAX_REPLICAS
         ? ps->total_replicas : KEEL__CLUSTER_MAX_REPLICAS;
     ps->last_heard = calloc((size_t)ps->n_slots, sizeof *ps->last_heard);
     ps->member = calloc((size_t)ps->n_slots, 1);
-    if (ps->last_heard == NULL || ps->member == NULL) {
-        st = keel__fail(KEEL_ENOMEM, "ps: %d replicas", ps->total_replicas);
-        goto fail;
-    }
-    if (ps->apply != NULL) {
-        ps->pending = calloc((size_t)ps->total_replicas,
-                             sizeof *ps->pending);
-        if (ps->pending == NULL) {
-            st = keel__fail(KEEL_ENOMEM, "ps: %d pending pushes",
-                            ps->total_replicas);
-            goto fail;
-        }
-        for (int i = 0; i < ps->total_replicas; i++)
-            keel__wire_msg_init(&ps->pending[i].msg);
-        if ((st = keel_grads_new(ps->vars, &ps->acc)) != KEEL_OK)
-            goto fail;
-        /* aggregate's tables, once: a sync step allocates nothing */
-        ps->all = calloc(ps->n_pins ? ps->n_pins : 1, sizeof *ps->all);
-        ps->have = calloc(ps->n_pins ? ps->n_pins : 1, 1);
-        if (ps->all == NULL || ps->have == NULL) {
-            st = keel__fail(KEEL_ENOMEM, "ps: aggregation of %zu "
-                            "variables", ps->n_pins);
-            goto fail;
-        }
-        for (size_t k = 0; k < ps->n_pins; k++)
-            ps->all[k] = keel_vars_at(ps->vars, k);
-    }
+    if (ps->last_heard == NULL || ps->member == NULL)
+        return keel__fail(KEEL_ENOMEM, "ps: %d replicas", ps->total_replicas);
+    return KEEL_OK;
+}
+
+/* The real server's sync tables, once: a sync step allocates nothing. */
+static keel_status
+alloc_aggregation(keel__ps *ps)
+{
+    keel_status st;
+    ps->pending = calloc((size_t)ps->total_replicas, sizeof *ps->pending);
+    if (ps->pending == NULL)
+        return keel__fail(KEEL_ENOMEM, "ps: %d pending pushes",
+                          ps->total_replicas);
+    for (int i = 0; i < ps->total_replicas; i++)
+        keel__wire_msg_init(&ps->pending[i].msg);
+    if ((st = keel_grads_new(ps->vars, &ps->acc)) != KEEL_OK)
+        return st;
+    ps->all = calloc(ps->n_pins ? ps->n_pins : 1, sizeof *ps->all);
+    ps->have = calloc(ps->n_pins ? ps->n_pins : 1, 1);
+    if (ps->all == NULL || ps->have == NULL)
+        return keel__fail(KEEL_ENOMEM, "ps: aggregation of %zu variables",
+                          ps->n_pins);
+    for (size_t k = 0; k < ps->n_pins; k++)
+        ps->all[k] = keel_vars_at(ps->vars, k);
+    return KEEL_OK;
+}
+
+/* The ROUTER socket, its authentication (ZAP) and limits, bound to
+ * cfg->bind; the address it got into ps->endpoint. */
+static keel_status
+open_socket(keel__ps *ps, const keel__ps_config *cfg)
+{
+    size_t len = sizeof ps->endpoint;
+    /* Held messages: at most PS_RCVHWM whole messages per connection wait
+     * in libzmq (past that it stops reading the connection: the sender
+     * waits, nothing is lost), each within limits. */
+    int hwm = PS_RCVHWM;
+    keel_status st;
     ps->zctx = zmq_ctx_new();
-    if (ps->zctx == NULL) {
-        st = keel__fail(KEEL_EIO, "ps: zmq_ctx_new: %s", zmq_strerror(errno));
-        goto fail;
-    }
+    if (ps->zctx == NULL)
+        return keel__fail(KEEL_EIO, "ps: zmq_ctx_new: %s",
+                          zmq_strerror(errno));
     if (keel__auth_on(cfg->curve) &&
         (st = keel__zap_start(ps->zctx, cfg->curve, &ps->zap)) != KEEL_OK)
-        goto fail;
+        return st;
     ps->sock = zmq_socket(ps->zctx, ZMQ_ROUTER);
-    if (ps->sock == NULL) {
-        st = keel__fail(KEEL_EIO, "ps: socket: %s", zmq_strerror(errno));
-        goto fail;
-    }
+    if (ps->sock == NULL)
+        return keel__fail(KEEL_EIO, "ps: socket: %s", zmq_strerror(errno));
     if ((st = keel__wire_sockopts(ps->sock, &ps->limits)) != KEEL_OK ||
         (st = keel__curve_setup_server(ps->sock, cfg->curve)) != KEEL_OK)
-        goto fail;
-    {
-        /* Held messages: at most PS_RCVHWM whole messages per connection
-         * wait in libzmq (past that it stops reading the connection: the
-         * sender waits, nothing is lost), each within limits. */
-        int hwm = PS_RCVHWM;
-        if (zmq_setsockopt(ps->sock, ZMQ_RCVHWM, &hwm, sizeof hwm) != 0) {
-            st = keel__fail(KEEL_EIO, "ps: receive limit: %s",
-                            zmq_strerror(errno));
-            goto fail;
-        }
-    }
-    if (zmq_bind(ps->sock, cfg->bind) != 0) {
-        st = keel__fail(KEEL_EUNAVAILABLE, "ps %d: bind %s: %s",
-                        cfg->task_index, cfg->bind, zmq_strerror(errno));
-        goto fail;
-    }
-    if (zmq_getsockopt(ps->sock, ZMQ_LAST_ENDPOINT, ps->endpoint, &len) != 0) {
-        st = keel__fail(KEEL_EIO, "ps: last endpoint: %s",
-                        zmq_strerror(errno));
-        goto fail;
+        return st;
+    if (zmq_setsockopt(ps->sock, ZMQ_RCVHWM, &hwm, sizeof hwm) != 0)
+        return keel__fail(KEEL_EIO, "ps: receive limit: %s",
+                          zmq_strerror(errno));
+    if (zmq_bind(ps->sock, cfg->bind) != 0)
+        return keel__fail(KEEL_EUNAVAILABLE, "ps %d: bind %s: %s",
+                          cfg->task_index, cfg->bind, zmq_strerror(errno));
+    if (zmq_getsockopt(ps->sock, ZMQ_LAST_ENDPOINT, ps->endpoint, &len) != 0)
+        return keel__fail(KEEL_EIO, "ps: last endpoint: %s",
+                          zmq_strerror(errno));
+    return KEEL_OK;
+}
+
+keel_status
+keel__ps_new(const keel__ps_config *cfg, keel__ps **out)
+{
+    keel__ps *ps;
+    keel_status st;
+    *out = NULL;
+    if (cfg == NULL || cfg->bind == NULL || cfg->vars == NULL)
+        return keel__fail(KEEL_EINVAL, "ps: bind address and vars needed");
+    if (cfg->apply == NULL && cfg->serve == NULL)
+        return keel__fail(KEEL_EINVAL, "ps: an optimizer (apply) or a serve "
+                          "function needed");
+    ps = calloc(1, sizeof *ps);
+    if (ps == NULL)
+        return keel__fail(KEEL_ENOMEM, "ps: %zu bytes", sizeof *ps);
+    ps->vars = cfg->vars;
+    st = alloc_pins(ps);
+    if (st == KEEL_OK)
+        st = take_config(ps, cfg);
+    if (st == KEEL_OK && cfg->reduce_leaves > 0)
+        st = tree_plan(ps, cfg->reduce_leaves);
+    if (st == KEEL_OK)
+        st = alloc_members(ps);
+    if (st == KEEL_OK && ps->apply != NULL)
+        st = alloc_aggregation(ps);
+    if (st == KEEL_OK)
+        st = open_socket(ps, cfg);
+    if (st != KEEL_OK) {
+        keel__ps_free(ps);
+        return st;
     }
     keel__log(KEEL_LOG_INFO, "ps %d: serving %zu variables on %s%s",
               ps->task_index, keel_vars_count(ps->vars), ps->endpoint,
@@ -271,9 +296,6 @@ keel__ps_new(const keel__ps_config *cfg, keel__ps **out)
               : cfg->curve->enabled ? " (CURVE)" : " (token)");
     *out = ps;
     return KEEL_OK;
-fail:
-    keel__ps_free(ps);
-    return st;
 }
 
 void
@@ -837,6 +859,34 @@ resolve_all(keel__ps *ps, const keel__wire_msg *req, const char *what,
     return KEEL_OK;
 }
 
+/* The last part of the chief's INIT came: the ps is ready at its step. */
+static void
+init_complete(keel__ps *ps, const keel__wire_msg *req)
+{
+    /* Pending gradients were computed on the state just replaced (a new
+     * chief, or a rollback after another ps was lost). */
+    fail_pending(ps, KEEL_EABORTED, "the chief (re)initialized this ps; "
+                 "wait for readiness again");
+    keel_vars_set_global_step(ps->vars, req->h.global_step);
+    if (ps->rule != NULL) {
+        /* every replica pulls again; the chief holds these values */
+        int chief = replica_of(ps, &req->h);
+        keel__algo_ps_reset(ps->rule);
+        for (size_t k = 0; chief >= 0 && k < keel_vars_count(ps->vars); k++)
+            keel__algo_ps_pulled(ps->rule, keel_vars_at(ps->vars, k), chief);
+    }
+    ps->chief_generation = req->h.generation;
+    ps->is_ready = 1;
+    /* the slot count shows a rule's state (and an optimizer's) came with
+     * the chief's values, e.g. from its checkpoint */
+    keel__log(KEEL_LOG_INFO, "ps %d: initialized by the chief (generation "
+              "%016llx) at step %lld: %zu variables, %zu slot tensors",
+              ps->task_index, (unsigned long long)req->h.generation,
+              (long long)req->h.global_step, ps->init_vars, ps->init_slots);
+    ps->init_vars = 0;
+    ps->init_slots = 0;
+}
+
 static keel_status
 real_init(keel__ps *ps, keel__wire_msg *req)
 {
@@ -857,49 +907,21 @@ real_init(keel__ps *ps, keel__wire_msg *req)
                           req->h.sender_index);
     if ((st = resolve_all(ps, req, "INIT", 0, &vars, &ts)) != KEEL_OK)
         return st;
-    {
-        for (size_t i = 0; i < req->n; i++) {
-            memcpy(ts[i]->data, req->tensors[i].t.data,
-                   ts[i]->count * sizeof(float));
-            if (ts[i] == keel_var_tensor(vars[i])) {
-                keel_var_set_initialized(vars[i], 1);
-                ps->init_vars++;
-            } else {
-                ps->init_slots++;
-            }
+    for (size_t i = 0; i < req->n; i++) {
+        memcpy(ts[i]->data, req->tensors[i].t.data,
+               ts[i]->count * sizeof(float));
+        if (ts[i] == keel_var_tensor(vars[i])) {
+            keel_var_set_initialized(vars[i], 1);
+            ps->init_vars++;
+        } else {
+            ps->init_slots++;
         }
-        if (req->h.arg == 0) {          /* the last part: ready */
-            /* Pending gradients were computed on the state just replaced
-             * (a new chief, or a rollback after another ps was lost). */
-            fail_pending(ps, KEEL_EABORTED, "the chief (re)initialized "
-                         "this ps; wait for readiness again");
-            keel_vars_set_global_step(ps->vars, req->h.global_step);
-            if (ps->rule != NULL) {
-                /* every replica pulls again; the chief holds these values */
-                int chief = replica_of(ps, &req->h);
-                keel__algo_ps_reset(ps->rule);
-                for (size_t k = 0; chief >= 0 &&
-                                   k < keel_vars_count(ps->vars); k++)
-                    keel__algo_ps_pulled(ps->rule, keel_vars_at(ps->vars, k),
-                                         chief);
-            }
-            ps->chief_generation = req->h.generation;
-            ps->is_ready = 1;
-            /* the slot count shows a rule's state (and an optimizer's)
-             * came with the chief's values, e.g. from its checkpoint */
-            keel__log(KEEL_LOG_INFO, "ps %d: initialized by the chief "
-                      "(generation %016llx) at step %lld: %zu variables, %zu "
-                      "slot tensors", ps->task_index,
-                      (unsigned long long)req->h.generation,
-                      (long long)req->h.global_step, ps->init_vars,
-                      ps->init_slots);
-            ps->init_vars = 0;
-            ps->init_slots = 0;
-        }
-        st = send_done(ps, req, KEEL_MSG_INIT);
-        if (ps->is_ready)
-            answer_waiters(ps);
     }
+    if (req->h.arg == 0)                /* the last part: ready */
+        init_complete(ps, req);
+    st = send_done(ps, req, KEEL_MSG_INIT);
+    if (ps->is_ready)
+        answer_waiters(ps);
     free(vars);
     free(ts);
     return st;
@@ -1237,106 +1259,143 @@ apply:
     return st;
 }
 
+/* Whether ps may take a PUSH req at all: ready, with data, from a training
+ * replica (*replica), covering *covered steps. */
 static keel_status
-real_push(keel__ps *ps, keel__wire_msg *req)
+check_push(const keel__ps *ps, const keel__wire_msg *req, int *replica,
+           int64_t *covered)
 {
-    keel_var **vars;
-    keel_status st;
-    int64_t step = keel_vars_global_step(ps->vars), covered = 1;
-    int replica, fresh = 0;
     if (!ps->is_ready)
         return keel__fail(KEEL_EUNAVAILABLE, "ps %d holds no state yet "
                           "(restarted? waiting for the chief's INIT)",
                           ps->task_index);
     if (req->h.flags & KEEL_WIRE_F_NAMES_ONLY)
         return keel__fail(KEEL_ECORRUPT, "PUSH without data");
-    replica = replica_of(ps, &req->h);
-    if (replica < 0 || (ps->fixed && replica >= ps->total_replicas))
+    *replica = replica_of(ps, &req->h);
+    if (*replica < 0 || (ps->fixed && *replica >= ps->total_replicas))
         return keel__fail(KEEL_EINVAL, "PUSH from %s %u: not a training "
                           "replica of this cluster (%d replicas%s)",
                           keel_task_type_name((keel_task_type)
                                               req->h.sender_type),
                           req->h.sender_index, ps->total_replicas,
                           fixed_why(ps));
-    if ((st = covered_of(req, &covered)) != KEEL_OK)
-        return st;
-    vars = calloc(req->n ? req->n : 1, sizeof *vars);
-    if (vars == NULL)
-        return keel__fail(KEEL_ENOMEM, "ps: %zu updates", req->n);
+    return covered_of(req, covered);
+}
+
+/* The trainable variable of each gradient of req into vars. Sync pushes
+ * may name a variable once per micro-batch (folded in message order);
+ * async ones once. */
+static keel_status
+resolve_push(keel__ps *ps, const keel__wire_msg *req, keel_var **vars)
+{
+    keel_status st;
     if (ps->sync) {
-        /* Sync pushes may name a variable once per micro-batch: they are
-         * folded in message order. */
         for (size_t i = 0; i < req->n; i++) {
             keel_tensor *t;
             if ((st = resolve(ps, &req->tensors[i], 1, &vars[i], &t)) !=
                 KEEL_OK)
-                goto out;
-            if (t != keel_var_tensor(vars[i])) {
-                st = keel__fail(KEEL_EINVAL, "PUSH to slot '%s'",
-                                req->tensors[i].name);
-                goto out;
-            }
+                return st;
+            if (t != keel_var_tensor(vars[i]))
+                return keel__fail(KEEL_EINVAL, "PUSH to slot '%s'",
+                                  req->tensors[i].name);
         }
     } else if ((st = check_tensors(ps, req, vars)) != KEEL_OK) {
-        goto out;
+        return st;
     }
     for (size_t i = 0; i < req->n; i++)
-        if (!keel_var_is_trainable(vars[i])) {
-            st = keel__fail(KEEL_EINVAL, "PUSH to '%s', which is not "
-                            "trainable", keel_var_name(vars[i]));
-            goto out;
-        }
-    if (!ps->sync) {                    /* async: apply as it comes */
-        if ((st = wait_pins(ps, vars, req->n)) != KEEL_OK)
-            goto out;
-        for (size_t i = 0; i < req->n && st == KEEL_OK; i++)
-            st = ps->rule != NULL
-                ? keel__algo_ps_commit(ps->rule, vars[i], &req->tensors[i].t,
-                                       replica, step)
-                : ps->apply(ps->apply_ctx, vars[i], &req->tensors[i].t,
-                            step);
-        if (st != KEEL_OK)
-            goto out;
-        if (ps->rule != NULL)
-            keel__algo_ps_commit_end(ps->rule, replica);
-        keel_vars_set_global_step(ps->vars, step + covered);
-        ps->applied++;
-        st = send_ack(ps, req, vars, req->n);
-        goto out;
+        if (!keel_var_is_trainable(vars[i]))
+            return keel__fail(KEEL_EINVAL, "PUSH to '%s', which is not "
+                              "trainable", keel_var_name(vars[i]));
+    return KEEL_OK;
+}
+
+/* Async: apply replica's push of step as it comes (the optimizer or the
+ * rule), step + covered, answer it. */
+static keel_status
+apply_async(keel__ps *ps, keel__wire_msg *req, keel_var **vars, int replica,
+            int64_t step, int64_t covered)
+{
+    keel_status st = wait_pins(ps, vars, req->n);
+    for (size_t i = 0; i < req->n && st == KEEL_OK; i++)
+        st = ps->rule != NULL
+            ? keel__algo_ps_commit(ps->rule, vars[i], &req->tensors[i].t,
+                                   replica, step)
+            : ps->apply(ps->apply_ctx, vars[i], &req->tensors[i].t, step);
+    if (st != KEEL_OK)
+        return st;
+    if (ps->rule != NULL)
+        keel__algo_ps_commit_end(ps->rule, replica);
+    keel_vars_set_global_step(ps->vars, step + covered);
+    ps->applied++;
+    return send_ack(ps, req, vars, req->n);
+}
+
+/* Sync: hold req (and *vars, taken: *vars set NULL) as replica's push of
+ * this step; a retry replaces its first try. */
+static void
+hold_push(keel__ps *ps, keel__wire_msg *req, int replica, keel_var ***vars)
+{
+    pending_push *p = &ps->pending[replica];
+    if (p->used) {
+        keel__wire_msg_clear(&p->msg);
+        free(p->vars);
     }
+    p->msg = *req;
+    zmq_msg_init(&p->msg.identity);
+    zmq_msg_move(&p->msg.identity, &req->identity);
+    keel__wire_msg_init(req);           /* moved: the caller clears nothing */
+    p->vars = *vars;
+    if (pending_count(ps) == 0)
+        ps->pending_since_ns = keel__now_mono_ns();
+    p->used = 1;
+    *vars = NULL;
+}
+
+/* Sync: aggregate once enough replicas pushed (with the chief's push when
+ * it applies), timing the step. */
+static keel_status
+aggregate_when_complete(keel__ps *ps)
+{
+    int64_t t0, t1;
+    keel_status st;
+    if (pending_count(ps) < ps->replicas_to_aggregate ||
+        ps->awaiting_commit || (ps->chief_applies && !ps->pending[0].used))
+        return KEEL_OK;
+    t0 = keel__now_mono_ns();
+    st = aggregate(ps);
+    t1 = keel__now_mono_ns();
+    if (ps->last_step_end_ns != 0) {    /* the first step starts cold */
+        ps->timed_steps++;
+        ps->idle_ns += ps->pending_since_ns - ps->last_step_end_ns;
+        ps->spread_ns += t0 - ps->pending_since_ns;
+        ps->aggregate_ns += t1 - t0;
+    }
+    ps->last_step_end_ns = t1;
+    return st;
+}
+
+/* Sync: a push for an earlier step is dropped (counted, answered), one for
+ * a later step refused; one for this step is held until the step is
+ * complete. */
+static keel_status
+take_sync(keel__ps *ps, keel__wire_msg *req, int replica, int64_t step,
+          keel_var ***vars)
+{
     if (req->h.local_step < step) {     /* stale: drop, count, go on */
         ps->dropped++;
         keel__log(KEEL_LOG_INFO, "ps %d: dropped a stale gradient of "
                   "replica %d (computed at step %lld, now %lld; %ld dropped)",
                   ps->task_index, replica, (long long)req->h.local_step,
                   (long long)step, ps->dropped);
-        st = send_ack(ps, req, vars, req->n);
-        goto out;
+        return send_ack(ps, req, *vars, req->n);
     }
-    if (req->h.local_step > step) {
-        st = keel__fail(KEEL_EABORTED, "replica %d pushed for step %lld but "
-                        "ps %d is at step %lld (the ps restarted or was "
-                        "re-initialized)", replica,
-                        (long long)req->h.local_step, ps->task_index,
-                        (long long)step);
-        goto out;
-    }
-    {
-        pending_push *p = &ps->pending[replica];
-        if (p->used) {                  /* a retry replaces the first try */
-            keel__wire_msg_clear(&p->msg);
-            free(p->vars);
-        }
-        p->msg = *req;
-        zmq_msg_init(&p->msg.identity);
-        zmq_msg_move(&p->msg.identity, &req->identity);
-        keel__wire_msg_init(req);       /* moved: the caller clears nothing */
-        p->vars = vars;
-        if (pending_count(ps) == 0)
-            ps->pending_since_ns = keel__now_mono_ns();
-        p->used = 1;
-        vars = NULL;
-    }
+    if (req->h.local_step > step)
+        return keel__fail(KEEL_EABORTED, "replica %d pushed for step %lld "
+                          "but ps %d is at step %lld (the ps restarted or "
+                          "was re-initialized)", replica,
+                          (long long)req->h.local_step, ps->task_index,
+                          (long long)step);
+    hold_push(ps, req, replica, vars);
     if (ps->awaiting_commit && replica == 0) {
         /* the chief pushes again instead of committing: it restarted (and
          * joined this live ps) or gave the step up; aggregate anew */
@@ -1345,22 +1404,26 @@ real_push(keel__ps *ps, keel__wire_msg *req)
                   ps->task_index, (long long)step);
         ps->awaiting_commit = 0;
     }
-    for (int r = 0; r < ps->total_replicas; r++)
-        fresh += ps->pending[r].used;
-    if (fresh >= ps->replicas_to_aggregate && !ps->awaiting_commit &&
-        (!ps->chief_applies || ps->pending[0].used)) {
-        int64_t t0 = keel__now_mono_ns(), t1;
-        st = aggregate(ps);
-        t1 = keel__now_mono_ns();
-        if (ps->last_step_end_ns != 0) {  /* the first step starts cold */
-            ps->timed_steps++;
-            ps->idle_ns += ps->pending_since_ns - ps->last_step_end_ns;
-            ps->spread_ns += t0 - ps->pending_since_ns;
-            ps->aggregate_ns += t1 - t0;
-        }
-        ps->last_step_end_ns = t1;
-    }
-out:
+    return aggregate_when_complete(ps);
+}
+
+static keel_status
+real_push(keel__ps *ps, keel__wire_msg *req)
+{
+    keel_var **vars;
+    keel_status st;
+    int64_t step = keel_vars_global_step(ps->vars), covered = 1;
+    int replica = -1;
+    if ((st = check_push(ps, req, &replica, &covered)) != KEEL_OK)
+        return st;
+    vars = calloc(req->n ? req->n : 1, sizeof *vars);
+    if (vars == NULL)
+        return keel__fail(KEEL_ENOMEM, "ps: %zu updates", req->n);
+    st = resolve_push(ps, req, vars);
+    if (st == KEEL_OK && !ps->sync)     /* async: apply as it comes */
+        st = apply_async(ps, req, vars, replica, step, covered);
+    else if (st == KEEL_OK)
+        st = take_sync(ps, req, replica, step, &vars);
     free(vars);
     return st;
 }
@@ -1412,62 +1475,63 @@ keel__ps_drain(keel__ps *ps, int ms)
     }
 }
 
+/* An update (PUSH, COMMIT, MIX) computed from an earlier incarnation's
+ * values: answered with an error, not applied. Returns 1 when refused. */
+static int
+refuse_stale_update(keel__ps *ps, keel__wire_msg *req)
+{
+    char text[256];
+    if (ps->apply == NULL || req->h.peer_generation == 0 ||
+        req->h.peer_generation == ps->generation ||
+        (req->h.type != KEEL_MSG_PUSH && req->h.type != KEEL_MSG_COMMIT &&
+         req->h.type != KEEL_MSG_MIX))
+        return 0;
+    snprintf(text, sizeof text, "ps %d restarted: this update was computed "
+             "from the values of generation %016llx, the ps is now "
+             "generation %016llx; pull and compute it again",
+             ps->task_index, (unsigned long long)req->h.peer_generation,
+             (unsigned long long)ps->generation);
+    send_error(ps, req, KEEL_EABORTED, text);
+    return 1;
+}
+
+/* The real server's requests; *handled 0 for the ones every server
+ * answers alike (handle_common). */
 static keel_status
-handle(keel__ps *ps, keel__wire_msg *req)
+handle_real(keel__ps *ps, keel__wire_msg *req, int *handled)
+{
+    *handled = 1;
+    switch (req->h.type) {
+    case KEEL_MSG_PULL:
+        return real_pull(ps, req);
+    case KEEL_MSG_PUSH:
+        return real_push(ps, req);
+    case KEEL_MSG_INIT:
+        return real_init(ps, req);
+    case KEEL_MSG_COMMIT:
+        return real_commit(ps, req);
+    case KEEL_MSG_MIX:
+        return real_mix(ps, req);
+    case KEEL_MSG_HELLO:
+        return real_hello(ps, req);
+    case KEEL_MSG_SHUTDOWN:
+        fail_pending(ps, KEEL_ECANCELLED, "training finished: the chief "
+                     "shut this ps down");
+        ps->is_ready = 0;
+        answer_waiters(ps);
+        break;
+    default:
+        break;
+    }
+    *handled = 0;
+    return KEEL_OK;
+}
+
+/* STEP, HEARTBEAT (with the real server's stats) and SHUTDOWN. */
+static keel_status
+handle_common(keel__ps *ps, keel__wire_msg *req)
 {
     keel__wire_header h;
-    if (req->h.flags & KEEL_WIRE_F_REPLY)
-        return keel__fail(KEEL_EINVAL, "a reply (type %u) sent as a request",
-                          req->h.type);
-    if (ps->apply != NULL && req->h.peer_generation != 0 &&
-        req->h.peer_generation != ps->generation &&
-        (req->h.type == KEEL_MSG_PUSH || req->h.type == KEEL_MSG_COMMIT ||
-         req->h.type == KEEL_MSG_MIX)) {
-        /* computed from an earlier incarnation's values: not applied */
-        char text[256];
-        snprintf(text, sizeof text, "ps %d restarted: this update was "
-                 "computed from the values of generation %016llx, the ps "
-                 "is now generation %016llx; pull and compute it again",
-                 ps->task_index,
-                 (unsigned long long)req->h.peer_generation,
-                 (unsigned long long)ps->generation);
-        send_error(ps, req, KEEL_EABORTED, text);
-        return KEEL_OK;
-    }
-    if (ps->apply != NULL) {
-        switch (req->h.type) {
-        case KEEL_MSG_PULL:
-            return real_pull(ps, req);
-        case KEEL_MSG_PUSH:
-            return real_push(ps, req);
-        case KEEL_MSG_INIT:
-            return real_init(ps, req);
-        case KEEL_MSG_COMMIT:
-            return real_commit(ps, req);
-        case KEEL_MSG_MIX:
-            return real_mix(ps, req);
-        case KEEL_MSG_HELLO:
-            return real_hello(ps, req);
-        case KEEL_MSG_SHUTDOWN:
-            fail_pending(ps, KEEL_ECANCELLED, "training finished: the chief "
-                         "shut this ps down");
-            ps->is_ready = 0;
-            answer_waiters(ps);
-            break;
-        default:
-            break;
-        }
-    } else {
-        switch (req->h.type) {
-        case KEEL_MSG_PULL:
-        case KEEL_MSG_PUSH:
-        case KEEL_MSG_INIT:
-        case KEEL_MSG_HELLO:
-            return ps->serve(ps->serve_ctx, ps, req);
-        default:
-            break;
-        }
-    }
     switch (req->h.type) {
     case KEEL_MSG_STEP:
     case KEEL_MSG_HEARTBEAT:
@@ -1480,26 +1544,42 @@ handle(keel__ps *ps, keel__wire_msg *req)
                                    text, NULL);
         }
         break;
-    case KEEL_MSG_SHUTDOWN:
+    case KEEL_MSG_SHUTDOWN: {
+        const char *addr = zmq_msg_gets(&req->frames[0], "Peer-Address");
         reply_header(ps, req, &h, req->h.type, KEEL_WIRE_F_REPLY);
         ps->is_shutdown = 1;
-        {
-            const char *addr = zmq_msg_gets(&req->frames[0],
-                                            "Peer-Address");
-            keel__log(KEEL_LOG_INFO, "ps %d: shut down by %s %u "
-                      "(generation %016llx) from %s", ps->task_index,
-                      keel_task_type_name((keel_task_type)
-                                          req->h.sender_type),
-                      req->h.sender_index,
-                      (unsigned long long)req->h.generation,
-                      addr ? addr : "an unknown address");
-        }
+        keel__log(KEEL_LOG_INFO, "ps %d: shut down by %s %u (generation "
+                  "%016llx) from %s", ps->task_index,
+                  keel_task_type_name((keel_task_type)req->h.sender_type),
+                  req->h.sender_index, (unsigned long long)req->h.generation,
+                  addr ? addr : "an unknown address");
         break;
+    }
     default:
         return keel__fail(KEEL_EINVAL, "message type %u is not served by "
                           "this ps", req->h.type);
     }
     return keel__wire_send(ps->sock, &req->identity, &h, NULL, 0, NULL, NULL);
+}
+
+static keel_status
+handle(keel__ps *ps, keel__wire_msg *req)
+{
+    int handled = 0;
+    keel_status st = KEEL_OK;
+    if (req->h.flags & KEEL_WIRE_F_REPLY)
+        return keel__fail(KEEL_EINVAL, "a reply (type %u) sent as a request",
+                          req->h.type);
+    if (refuse_stale_update(ps, req))
+        return KEEL_OK;
+    if (ps->apply != NULL)
+        st = handle_real(ps, req, &handled);
+    else if (req->h.type == KEEL_MSG_PULL || req->h.type == KEEL_MSG_PUSH ||
+             req->h.type == KEEL_MSG_INIT || req->h.type == KEEL_MSG_HELLO)
+        return ps->serve(ps->serve_ctx, ps, req);
+    if (handled)
+        return st;
+    return handle_common(ps, req);
 }
 
 static const char *

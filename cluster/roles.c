@@ -154,167 +154,232 @@ set_send_buffer(const keel__role_opts *o)
     keel__wire_set_send_buffer(o->send_buffer_bytes);
 }
 
-static keel_status
-run_ps(const keel__role_opts *o, const keel_vars *model, keel_optimizer *opt)
-{
+/* A ps task while it runs (run_ps): its shard of the model, the rule's
+ * state, the security set-up and the server. */
+typedef struct ps_task {
+    const keel__role_opts *o;
+    int idx;                        /* this ps's task index */
+    size_t n_model;                 /* variables of the whole model */
+    keel_vars *shard;
+    int has_rule;                   /* the rule updates (not an optimizer) */
     keel__algo_ps rule;
-    int has_rule = !keel_algorithm_pushes_gradients(o->algo.c.name);
-    int idx = keel_cluster_spec_task_index(o->spec);
-    int n_ps = (int)keel_cluster_spec_num_tasks(o->spec, KEEL_TASK_PS);
-    size_t n = keel_vars_count(model);
-    int *ps_of = calloc(n ? n : 1, sizeof *ps_of);
-    keel_vars *shard = NULL;
-    keel__ps *ps = NULL;
-    keel__ps_config pc;
     keel__curve curve;
     char bind[KEEL_ADDR_MAX + 16];
-    keel_status st;
+    keel__ps_config pc;
+    keel__ps *ps;
+} ps_task;
 
-    memset(&curve, 0, sizeof curve);
-    memset(&rule, 0, sizeof rule);
+/* The model's variables placed on this ps, into a new store: with the
+ * slots of the chief's update rule when the chief applies (they are the
+ * store's). */
+static keel_status
+build_shard(ps_task *t, const keel_vars *model)
+{
+    int n_ps = (int)keel_cluster_spec_num_tasks(t->o->spec, KEEL_TASK_PS);
+    size_t n = t->n_model;
+    int *ps_of = calloc(n ? n : 1, sizeof *ps_of);
+    keel_status st;
     if (ps_of == NULL)
         return keel__fail(KEEL_ENOMEM, "ps: placement of %zu", n);
-    set_send_buffer(o);
-    st = cluster_place(model, n_ps, o->round_robin, ps_of);
+    st = cluster_place(model, n_ps, t->o->round_robin, ps_of);
     if (st == KEEL_OK)
-        st = keel_vars_new(&shard);
+        st = keel_vars_new(&t->shard);
     for (size_t i = 0; i < n && st == KEEL_OK; i++) {
         keel_var *v = keel_vars_at(model, i);
-        keel_tensor *t = keel_var_tensor(v);
+        keel_tensor *vt = keel_var_tensor(v);
         keel_var *sv = NULL;
-        if (ps_of[i] == idx)
-            st = keel_vars_create(shard, keel_var_name(v), t->ndim, t->shape,
-                                  keel_var_flags(v), &sv);
-        /* the chief applies: its update rule's slots are the store's */
-        for (size_t k = 0; sv != NULL && o->chief_applies && st == KEEL_OK &&
-                           k < keel_var_slot_count(v); k++) {
+        if (ps_of[i] == t->idx)
+            st = keel_vars_create(t->shard, keel_var_name(v), vt->ndim,
+                                  vt->shape, keel_var_flags(v), &sv);
+        for (size_t k = 0; sv != NULL && t->o->chief_applies &&
+                           st == KEEL_OK && k < keel_var_slot_count(v); k++) {
             const char *sname;
-            (void)keel_var_slot_at(v, k, &sname);
             keel_tensor *unused;
+            (void)keel_var_slot_at(v, k, &sname);
             st = keel_var_add_slot(sv, sname, &unused);
         }
     }
-    if (st == KEEL_OK && has_rule)
-        st = keel__algo_prepare(&o->algo, shard);
-    else if (st == KEEL_OK && opt != NULL)
-        st = keel_optimizer_prepare(opt, shard);
-    if (st == KEEL_OK && has_rule)
-        st = keel__algo_ps_init(&rule, &o->algo);
-    if (st == KEEL_OK) {
-        /* Bounded memory: no frame above the largest tensor served, no
-         * message above what INIT (every variable and slot) or a sync push
-         * (each trainable variable once per micro-batch, at most
-         * MAX_MICRO) can carry. */
-        uint64_t all = 0, trainable = 0;
-        size_t n_tensors = 0, n_trainable = 0;
-        for (size_t i = 0; i < keel_vars_count(shard); i++) {
-            keel_var *v = keel_vars_at(shard, i);
-            uint64_t b = keel_tensor_bytes(keel_var_tensor(v));
-            all += b * (1 + keel_var_slot_count(v));
-            n_tensors += 1 + keel_var_slot_count(v);
-            if (keel_var_is_trainable(v)) {
-                trainable += b;
-                n_trainable++;
-            }
+    free(ps_of);
+    return st;
+}
+
+/* The shard's slots for its update (the rule's or the optimizer's) and the
+ * rule's per-replica state. */
+static keel_status
+prepare_shard(ps_task *t, keel_optimizer *opt)
+{
+    keel_status st = KEEL_OK;
+    if (t->has_rule)
+        st = keel__algo_prepare(&t->o->algo, t->shard);
+    else if (opt != NULL)
+        st = keel_optimizer_prepare(opt, t->shard);
+    if (st == KEEL_OK && t->has_rule)
+        st = keel__algo_ps_init(&t->rule, &t->o->algo);
+    return st;
+}
+
+/* Bounded memory: no frame above the largest tensor served, no message
+ * above what INIT (every variable and slot) or a sync push (each trainable
+ * variable once per micro-batch, at most MAX_MICRO) can carry. */
+static void
+shard_limits(const keel_vars *shard, keel__wire_limits *lim)
+{
+    uint64_t all = 0, trainable = 0;
+    size_t n_tensors = 0, n_trainable = 0;
+    for (size_t i = 0; i < keel_vars_count(shard); i++) {
+        keel_var *v = keel_vars_at(shard, i);
+        uint64_t b = keel_tensor_bytes(keel_var_tensor(v));
+        all += b * (1 + keel_var_slot_count(v));
+        n_tensors += 1 + keel_var_slot_count(v);
+        if (keel_var_is_trainable(v)) {
+            trainable += b;
+            n_trainable++;
         }
-        memset(&pc, 0, sizeof pc);
-        pc.limits.max_frame = largest_tensor(shard) + KEEL__WIRE_FRAME_SLACK;
-        pc.limits.max_total_bytes = all > MAX_MICRO * trainable
-                                        ? all : MAX_MICRO * trainable;
-        pc.limits.max_tensors = n_tensors > MAX_MICRO * n_trainable
-                                    ? n_tensors : MAX_MICRO * n_trainable;
-        if (pc.limits.max_total_bytes == 0)
-            pc.limits.max_total_bytes = 1;
-        if (pc.limits.max_tensors == 0)
-            pc.limits.max_tensors = 1;
     }
-    if (st == KEEL_OK)
-        st = load_curve(o, &curve);
+    lim->max_frame = largest_tensor(shard) + KEEL__WIRE_FRAME_SLACK;
+    lim->max_total_bytes = all > MAX_MICRO * trainable
+                               ? all : MAX_MICRO * trainable;
+    lim->max_tensors = n_tensors > MAX_MICRO * n_trainable
+                           ? n_tensors : MAX_MICRO * n_trainable;
+    if (lim->max_total_bytes == 0)
+        lim->max_total_bytes = 1;
+    if (lim->max_tensors == 0)
+        lim->max_tensors = 1;
+}
+
+/* The keys or token the ps admits tasks with, and the address it binds;
+ * a ps without authentication says what that exposes. */
+static keel_status
+ps_security(ps_task *t)
+{
+    const keel__role_opts *o = t->o;
+    keel_status st = load_curve(o, &t->curve);
     if (st == KEEL_OK && o->curve)
-        st = keel__curve_allow_dir(&curve, o->key_dir);
+        st = keel__curve_allow_dir(&t->curve, o->key_dir);
     if (st == KEEL_OK)
-        st = keel__cluster_bind_address(o->spec, KEEL_TASK_PS, idx, bind,
-                                        sizeof bind);
-    if (st != KEEL_OK)
-        goto out;
-    if (!keel__auth_on(&curve))
-        keel__log(KEEL_LOG_WARN, is_loopback(bind)
-                  ? "ps %d: %s has no authentication: any local process "
-                    "can act as any task of this job (keel launch sets "
-                    "KEEL_CLUSTER_TOKEN for its tasks; set it, or "
-                    "security.curve, when starting tasks yourself)"
-                  : "ps %d: %s HAS NO AUTHENTICATION: anyone who reaches "
-                    "this address can read the model and shut the job "
-                    "down; set KEEL_CLUSTER_TOKEN (the same on every "
-                    "task) or security.curve = true", idx, bind);
-    pc.bind = bind;
-    pc.vars = shard;
-    pc.curve = &curve;
-    pc.task_index = idx;
-    pc.apply = ps_apply;
-    pc.apply_ctx = opt;
-    pc.sync = keel_algorithm_is_sync(o->algo.c.name);
-    pc.rule = has_rule ? &rule : NULL;
-    pc.total_replicas = keel_cluster_spec_num_replicas(o->spec);
-    pc.replicas_to_aggregate = o->replicas_to_aggregate > 0
+        st = keel__cluster_bind_address(o->spec, KEEL_TASK_PS, t->idx,
+                                        t->bind, sizeof t->bind);
+    if (st != KEEL_OK || keel__auth_on(&t->curve))
+        return st;
+    keel__log(KEEL_LOG_WARN, is_loopback(t->bind)
+              ? "ps %d: %s has no authentication: any local process "
+                "can act as any task of this job (keel launch sets "
+                "KEEL_CLUSTER_TOKEN for its tasks; set it, or "
+                "security.curve, when starting tasks yourself)"
+              : "ps %d: %s HAS NO AUTHENTICATION: anyone who reaches "
+                "this address can read the model and shut the job "
+                "down; set KEEL_CLUSTER_TOKEN (the same on every "
+                "task) or security.curve = true", t->idx, t->bind);
+    return KEEL_OK;
+}
+
+/* The server over the shard, bound and serving. */
+static keel_status
+start_ps(ps_task *t, keel_optimizer *opt)
+{
+    const keel__role_opts *o = t->o;
+    keel__ps_config *pc = &t->pc;
+    keel_status st;
+    memset(pc, 0, sizeof *pc);
+    shard_limits(t->shard, &pc->limits);
+    pc->bind = t->bind;
+    pc->vars = t->shard;
+    pc->curve = &t->curve;
+    pc->task_index = t->idx;
+    pc->apply = ps_apply;
+    pc->apply_ctx = opt;
+    pc->sync = keel_algorithm_is_sync(o->algo.c.name);
+    pc->rule = t->has_rule ? &t->rule : NULL;
+    pc->total_replicas = keel_cluster_spec_num_replicas(o->spec);
+    pc->replicas_to_aggregate = o->replicas_to_aggregate > 0
         ? o->replicas_to_aggregate
         : keel_cluster_spec_replicas_to_aggregate(o->spec);
-    pc.has_chief = keel_cluster_spec_num_tasks(o->spec, KEEL_TASK_CHIEF) > 0;
-    pc.reduce_leaves = o->reduce_leaves;
-    pc.dead_after_ms = o->dead_after_ms;
-    pc.chief_applies = o->chief_applies;
-    st = keel__ps_new(&pc, &ps);
+    pc->has_chief = keel_cluster_spec_num_tasks(o->spec, KEEL_TASK_CHIEF) > 0;
+    pc->reduce_leaves = o->reduce_leaves;
+    pc->dead_after_ms = o->dead_after_ms;
+    pc->chief_applies = o->chief_applies;
+    st = keel__ps_new(pc, &t->ps);
     if (st != KEEL_OK)
-        goto out;
+        return st;
     keel__log(KEEL_LOG_INFO, "ps %d: %zu of %zu variables (%s placement), "
-              "%s mode, %d of %d replicas per step, algorithm %s%s", idx,
-              keel_vars_count(shard), n,
+              "%s mode, %d of %d replicas per step, algorithm %s%s", t->idx,
+              keel_vars_count(t->shard), t->n_model,
               o->round_robin ? "round-robin" : "size-balanced",
-              pc.sync ? "sync" : "async", pc.replicas_to_aggregate,
-              pc.total_replicas, keel_algorithm_name(o->algo.c.name),
-              pc.chief_applies ? ", the chief applies the updates" : "");
+              pc->sync ? "sync" : "async", pc->replicas_to_aggregate,
+              pc->total_replicas, keel_algorithm_name(o->algo.c.name),
+              pc->chief_applies ? ", the chief applies the updates" : "");
+    return KEEL_OK;
+}
+
+/* Serve until the chief says stop (KEEL_OK), a signal (KEEL_OK), the chief
+ * is silent past cluster.orphan_secs or serving fails. */
+static keel_status
+serve_until_done(ps_task *t)
+{
+    const keel__role_opts *o = t->o;
     for (;;) {
-        st = keel__ps_serve_once(ps, 100);
-        keel__ps_watch(ps, (int)(o->stall_warn_secs * 1000));
-        if (o->orphan_secs > 0 &&
-            keel__ps_chief_silent_ms(ps) > (int64_t)(o->orphan_secs * 1000)) {
-            st = keel__fail(KEEL_EUNAVAILABLE, "ps %d: no word from the "
-                            "chief (%s) for %.0f s (cluster.orphan_secs): "
-                            "the job is gone; exiting", idx,
-                            pc.has_chief ? "chief 0" : "worker 0",
-                            o->orphan_secs);
-            break;
-        }
+        keel_status st = keel__ps_serve_once(t->ps, 100);
+        keel__ps_watch(t->ps, (int)(o->stall_warn_secs * 1000));
+        if (o->orphan_secs > 0 && keel__ps_chief_silent_ms(t->ps) >
+                                      (int64_t)(o->orphan_secs * 1000))
+            return keel__fail(KEEL_EUNAVAILABLE, "ps %d: no word from the "
+                              "chief (%s) for %.0f s (cluster.orphan_secs): "
+                              "the job is gone; exiting", t->idx,
+                              t->pc.has_chief ? "chief 0" : "worker 0",
+                              o->orphan_secs);
         if (st == KEEL_ECANCELLED) {        /* the chief said stop */
-            keel__ps_drain(ps, DRAIN_MS);
-            st = KEEL_OK;
-            break;
+            keel__ps_drain(t->ps, DRAIN_MS);
+            return KEEL_OK;
         }
         if (st != KEEL_OK && st != KEEL_ETIMEOUT)
-            break;
+            return st;
         if (keel_session_signal_received()) {
-            keel__log(KEEL_LOG_INFO, "ps %d: signal %d, stopping", idx,
+            keel__log(KEEL_LOG_INFO, "ps %d: signal %d, stopping", t->idx,
                       keel_session_signal_received());
-            st = KEEL_OK;
-            break;
+            return KEEL_OK;
         }
     }
-    {
-        uint64_t in, out;
-        keel__wire_bytes(&in, &out);
-        keel__log(KEEL_LOG_INFO, "ps %d: done at step %lld: gradients "
-                  "applied %ld, dropped %ld (stale); bytes received %llu, "
-                  "sent %llu", idx, (long long)keel_vars_global_step(shard),
-                  keel__ps_applied(ps), keel__ps_dropped(ps),
-                  (unsigned long long)in, (unsigned long long)out);
+}
+
+static void
+log_ps_done(const ps_task *t)
+{
+    uint64_t in, out;
+    keel__wire_bytes(&in, &out);
+    keel__log(KEEL_LOG_INFO, "ps %d: done at step %lld: gradients applied "
+              "%ld, dropped %ld (stale); bytes received %llu, sent %llu",
+              t->idx, (long long)keel_vars_global_step(t->shard),
+              keel__ps_applied(t->ps), keel__ps_dropped(t->ps),
+              (unsigned long long)in, (unsigned long long)out);
+    keel__ps_log_timing(t->ps);
+}
+
+static keel_status
+run_ps(const keel__role_opts *o, const keel_vars *model, keel_optimizer *opt)
+{
+    ps_task t;
+    keel_status st;
+    memset(&t, 0, sizeof t);
+    t.o = o;
+    t.idx = keel_cluster_spec_task_index(o->spec);
+    t.n_model = keel_vars_count(model);
+    t.has_rule = !keel_algorithm_pushes_gradients(o->algo.c.name);
+    set_send_buffer(o);
+    st = build_shard(&t, model);
+    if (st == KEEL_OK)
+        st = prepare_shard(&t, opt);
+    if (st == KEEL_OK)
+        st = ps_security(&t);
+    if (st == KEEL_OK)
+        st = start_ps(&t, opt);
+    if (st == KEEL_OK) {
+        st = serve_until_done(&t);
+        log_ps_done(&t);
     }
-    keel__ps_log_timing(ps);
-out:
-    keel__ps_free(ps);
-    keel__algo_ps_clear(&rule);
-    keel__curve_clear(&curve);
-    keel_vars_free(shard);
-    free(ps_of);
+    keel__ps_free(t.ps);
+    keel__algo_ps_clear(&t.rule);
+    keel__curve_clear(&t.curve);
+    keel_vars_free(t.shard);
     return st;
 }
 
@@ -396,18 +461,10 @@ start_heartbeats(keel_cluster_backend *w)
     return st;
 }
 
-static keel_status
-worker_new(keel__role_opts *o, keel_vars *vs, keel_cluster_backend **out)
+/* This task's role from o (the rule's rates moved into w) over vs. */
+static void
+take_role(keel_cluster_backend *w, keel__role_opts *o, keel_vars *vs)
 {
-    keel_cluster_backend *w = calloc(1, sizeof *w);
-    keel__curve curve;
-    keel_status st = KEEL_OK;
-    size_t slots = 0;
-    *out = NULL;
-    memset(&curve, 0, sizeof curve);
-    if (w == NULL)
-        return keel__fail(KEEL_ENOMEM, "worker: %zu bytes", sizeof *w);
-    set_send_buffer(o);
     w->spec = o->spec;
     w->o = *o;
     o->algo.worker_lrs = NULL;          /* moved into w */
@@ -417,71 +474,119 @@ worker_new(keel__role_opts *o, keel_vars *vs, keel_cluster_backend **out)
         : keel_cluster_spec_task_index(o->spec) +
           (keel_cluster_spec_num_tasks(o->spec, KEEL_TASK_CHIEF) > 0);
     w->generation = keel__wire_new_generation();
-    if (!keel_algorithm_pushes_gradients(o->algo.c.name)) {
-        if ((st = keel__algo_worker_new(&w->o.algo, w->replica, vs,
-                                        &w->aw)) != KEEL_OK ||
-            (w->is_chief && (st = keel_grads_new(vs, &w->local)) != KEEL_OK))
-            goto fail;
-    }
-    w->n_ps = (int)keel_cluster_spec_num_tasks(o->spec, KEEL_TASK_PS);
-    w->n_vars = keel_vars_count(vs);
+}
+
+/* A rule's worker half, and the chief's copy of its own model across a
+ * checkpoint's pull. */
+static keel_status
+new_rule_state(keel_cluster_backend *w)
+{
+    keel_status st = keel__algo_worker_new(&w->o.algo, w->replica, w->vs,
+                                           &w->aw);
+    if (st == KEEL_OK && w->is_chief)
+        st = keel_grads_new(w->vs, &w->local);
+    return st;
+}
+
+/* The per-ps and per-variable tables, once: a step allocates nothing. */
+static keel_status
+alloc_tables(keel_cluster_backend *w)
+{
+    size_t slots = 0, n_ps;
+    w->n_ps = (int)keel_cluster_spec_num_tasks(w->spec, KEEL_TASK_PS);
+    n_ps = (size_t)(w->n_ps ? w->n_ps : 1);
+    w->n_vars = keel_vars_count(w->vs);
     for (size_t i = 0; i < w->n_vars; i++)
-        slots += keel_var_slot_count(keel_vars_at(vs, i));
+        slots += keel_var_slot_count(keel_vars_at(w->vs, i));
     w->n_names = w->n_vars + slots;
-    w->clients = calloc((size_t)(w->n_ps ? w->n_ps : 1), sizeof *w->clients);
-    w->ps_gen = calloc((size_t)(w->n_ps ? w->n_ps : 1), sizeof *w->ps_gen);
-    w->req_ids = calloc((size_t)(w->n_ps ? w->n_ps : 1),
-                        sizeof *w->req_ids);
+    w->clients = calloc(n_ps, sizeof *w->clients);
+    w->ps_gen = calloc(n_ps, sizeof *w->ps_gen);
+    w->req_ids = calloc(n_ps, sizeof *w->req_ids);
     w->ps_of = calloc(w->n_vars ? w->n_vars : 1, sizeof *w->ps_of);
-    w->curves = calloc((size_t)(w->n_ps ? w->n_ps : 1), sizeof *w->curves);
+    w->curves = calloc(n_ps, sizeof *w->curves);
     w->outs = calloc(w->n_names + w->n_vars * MAX_MICRO + 1,
                      sizeof *w->outs);
     w->names = calloc(w->n_names ? w->n_names : 1, sizeof *w->names);
     if (w->clients == NULL || w->ps_gen == NULL || w->req_ids == NULL ||
         w->ps_of == NULL || w->curves == NULL ||
-        w->outs == NULL || w->names == NULL) {
-        st = keel__fail(KEEL_ENOMEM, "worker: tables for %zu variables",
-                        w->n_vars);
-        goto fail;
+        w->outs == NULL || w->names == NULL)
+        return keel__fail(KEEL_ENOMEM, "worker: tables for %zu variables",
+                          w->n_vars);
+    return KEEL_OK;
+}
+
+/* A client of ps p (with CURVE, its public key from key_dir/ps<p>.key). */
+static keel_status
+connect_one(keel_cluster_backend *w, int p, keel__curve *curve)
+{
+    const keel__role_opts *o = &w->o;
+    char ep[KEEL_ADDR_MAX + 16];
+    keel_status st = keel__fmt(ep, sizeof ep, "ps address", "tcp://%s",
+                               keel_cluster_spec_address(o->spec,
+                                                         KEEL_TASK_PS, p));
+    if (st != KEEL_OK)
+        return st;
+    if (o->curve) {
+        char path[KEEL_PATH_MAX], fname[32];
+        snprintf(fname, sizeof fname, "ps%d.key", p);
+        if ((st = keel__path_join(path, sizeof path, o->key_dir,
+                                  fname)) != KEEL_OK ||
+            (st = keel__curve_read_public(path, curve->server_key)) !=
+                KEEL_OK)
+            return st;
     }
-    if ((st = cluster_place(vs, w->n_ps, o->round_robin, w->ps_of))
-        != KEEL_OK || (st = load_curve(o, &curve)) != KEEL_OK)
-        goto fail;
-    /* no reply frame above the largest tensor this task receives */
-    keel__wire_set_max_frame(largest_tensor(vs) + KEEL__WIRE_FRAME_SLACK);
-    for (int p = 0; p < w->n_ps; p++) {
-        char ep[KEEL_ADDR_MAX + 16];
-        if ((st = keel__fmt(ep, sizeof ep, "ps address", "tcp://%s",
-                            keel_cluster_spec_address(o->spec, KEEL_TASK_PS,
-                                                      p))) != KEEL_OK)
-            goto fail;
-        if (o->curve) {
-            char path[KEEL_PATH_MAX], fname[32];
-            snprintf(fname, sizeof fname, "ps%d.key", p);
-            if ((st = keel__path_join(path, sizeof path, o->key_dir,
-                                      fname)) != KEEL_OK ||
-                (st = keel__curve_read_public(path, curve.server_key)) !=
-                    KEEL_OK)
-                goto fail;
-        }
-        w->curves[p] = curve;
-        st = keel__wire_client_new(ep, &curve,
-                                   keel_cluster_spec_task_type(o->spec),
-                                   keel_cluster_spec_task_index(o->spec),
-                                   &w->clients[p]);
-        if (st != KEEL_OK)
-            goto fail;
+    w->curves[p] = *curve;
+    st = keel__wire_client_new(ep, curve,
+                               keel_cluster_spec_task_type(o->spec),
+                               keel_cluster_spec_task_index(o->spec),
+                               &w->clients[p]);
+    if (st == KEEL_OK)
         keel__wire_client_set_generation(w->clients[p], w->generation);
-    }
+    return st;
+}
+
+/* This task's keys, then a client of every ps. */
+static keel_status
+connect_all(keel_cluster_backend *w)
+{
+    keel__curve curve;
+    keel_status st = load_curve(&w->o, &curve);
+    /* no reply frame above the largest tensor this task receives */
+    if (st == KEEL_OK)
+        keel__wire_set_max_frame(largest_tensor(w->vs) +
+                                 KEEL__WIRE_FRAME_SLACK);
+    for (int p = 0; p < w->n_ps && st == KEEL_OK; p++)
+        st = connect_one(w, p, &curve);
     keel__curve_clear(&curve);
-    if (w->n_ps > 0 && (st = start_heartbeats(w)) != KEEL_OK)
-        goto fail;
+    return st;
+}
+
+static keel_status
+worker_new(keel__role_opts *o, keel_vars *vs, keel_cluster_backend **out)
+{
+    keel_cluster_backend *w = calloc(1, sizeof *w);
+    keel_status st = KEEL_OK;
+    *out = NULL;
+    if (w == NULL)
+        return keel__fail(KEEL_ENOMEM, "worker: %zu bytes", sizeof *w);
+    set_send_buffer(o);
+    take_role(w, o, vs);
+    if (!keel_algorithm_pushes_gradients(w->o.algo.c.name))
+        st = new_rule_state(w);
+    if (st == KEEL_OK)
+        st = alloc_tables(w);
+    if (st == KEEL_OK)
+        st = cluster_place(vs, w->n_ps, w->o.round_robin, w->ps_of);
+    if (st == KEEL_OK)
+        st = connect_all(w);
+    if (st == KEEL_OK && w->n_ps > 0)
+        st = start_heartbeats(w);
+    if (st != KEEL_OK) {
+        keel_cluster_backend_free(w);
+        return st;
+    }
     *out = w;
     return KEEL_OK;
-fail:
-    keel__curve_clear(&curve);
-    keel_cluster_backend_free(w);
-    return st;
 }
 
 void
@@ -704,32 +809,44 @@ call_ps(keel_cluster_backend *w, int p, keel__wire_header *h,
     return st == KEEL_OK ? KEEL_OK : call_error(w, p, st, r, what);
 }
 
+/* Pull the n tensors named in w->outs from ps p into vs (ps 0 holding
+ * none: a step query); with dest, ps p's tensors there (and their slots,
+ * with dest_slots) are faulted in meanwhile. *global_step (if not NULL):
+ * ps p's step. */
+static keel_status
+pull_outs(keel_cluster_backend *w, int p, size_t n, keel_vars *vs,
+          keel_vars *dest, int dest_slots, int64_t *global_step)
+{
+    keel__wire_header h;
+    keel__wire_msg r;
+    keel_status st;
+    memset(&h, 0, sizeof h);
+    h.type = n == 0 ? KEEL_MSG_STEP : KEEL_MSG_PULL;
+    h.flags = n == 0 ? 0 : KEEL_WIRE_F_NAMES_ONLY;
+    st = call_ps(w, p, &h, w->outs, n, 0, "pull", dest, dest_slots, &r);
+    if (st == KEEL_OK)
+        st = take_values(vs, &r);
+    if (st == KEEL_OK && global_step != NULL)
+        *global_step = r.h.global_step;
+    keel__wire_msg_clear(&r);
+    return st;
+}
+
 static keel_status
 worker_pull_all(keel_cluster_backend *w, keel_vars *vs, int with_slots)
 {
     for (int p = 0; p < w->n_ps; p++) {
-        keel__wire_header h;
-        keel__wire_msg r;
+        int64_t step;
         size_t n;
         keel_status st;
         shard_outs(w, vs, p, 0, with_slots, &n);
         if (n == 0 && p != 0)
             continue;
-        memset(&h, 0, sizeof h);
-        h.type = KEEL_MSG_PULL;
-        h.flags = KEEL_WIRE_F_NAMES_ONLY;
-        if (n == 0) {           /* ps 0 holds nothing: a step query */
-            h.type = KEEL_MSG_STEP;
-            h.flags = 0;
-        }
-        st = call_ps(w, p, &h, w->outs, n, 0, "pull", vs, with_slots, &r);
-        if (st == KEEL_OK)
-            st = take_values(vs, &r);
-        if (st == KEEL_OK && p == 0)
-            keel_vars_set_global_step(vs, r.h.global_step);
-        keel__wire_msg_clear(&r);
+        st = pull_outs(w, p, n, vs, vs, with_slots, &step);
         if (st != KEEL_OK)
             return st;
+        if (p == 0)
+            keel_vars_set_global_step(vs, step);
     }
     return KEEL_OK;
 }
@@ -1149,6 +1266,102 @@ take_center(keel_grads *center, keel_vars *vs, const keel__wire_msg *r)
     return KEEL_OK;
 }
 
+/* One push round (push_round's arguments, on its stack). */
+typedef struct push_req {
+    keel_vars *vs;
+    keel_grads *const *srcs;    /* the tensors pushed, in order */
+    int n_src;
+    int64_t local_step;
+    int covered;                /* the steps the push covers */
+    int into;                   /* KEEL__ALGO_INTO_*: where values go */
+    keel_grads *center;         /* with KEEL__ALGO_INTO_CENTER */
+    keel_grads *mean;           /* the chief that applies, else NULL */
+    int64_t *new_step;
+    int64_t *t_copy;
+} push_req;
+
+/* Queue the PUSH of ps p's tensors of q->srcs (zero-copy). */
+static keel_status
+send_push(keel_cluster_backend *w, const push_req *q, int p)
+{
+    keel__wire_header h;
+    size_t k = 0;
+    keel_status st;
+    for (int m = 0; m < q->n_src; m++) {
+        keel_grads *src = q->srcs[m];
+        for (size_t i = 0; i < w->n_vars; i++) {
+            keel_tensor *g;
+            if (w->ps_of[i] != p || (g = keel_grads_at(src, i)) == NULL)
+                continue;
+            w->outs[k].name = keel_var_name(keel_vars_at(q->vs, i));
+            w->outs[k].t = g;
+            w->outs[k].pin = NULL;
+            k++;
+        }
+    }
+    memset(&h, 0, sizeof h);
+    h.type = KEEL_MSG_PUSH;
+    h.peer_generation = w->ps_gen[p];
+    h.flags = q->into != KEEL__ALGO_INTO_NONE ? KEEL_WIRE_F_WANT_VALUES : 0;
+    h.local_step = q->local_step;
+    h.global_step = q->covered;         /* the steps this push covers */
+    st = keel__wire_client_send(w->clients[p], &h, w->outs, k, 1,
+                                w->o.dead_after_ms);
+    if (st != KEEL_OK)
+        return keel__wrap(st == KEEL_ETIMEOUT ? KEEL_EUNAVAILABLE : st,
+                          "ps %d: push", p);
+    w->req_ids[p] = h.request_id;
+    return KEEL_OK;
+}
+
+/* The step failed elsewhere (first): give ps p's push up too, so that its
+ * zero-copy frames are released before the next step. Returns the step's
+ * status (KEEL_EIO when the connection could not be made again). */
+static keel_status
+give_up_push(keel_cluster_backend *w, int p, keel_status first,
+             int64_t local_step)
+{
+    char keep[KEEL_ERR_MAX];
+    snprintf(keep, sizeof keep, "%s", keel_last_error());
+    if (abandon(w, p, KEEL_EABORTED, "step %lld abandoned",
+                (long long)local_step) == KEEL_EIO)
+        return KEEL_EIO;
+    (void)keel__fail(first, "%s", keep);
+    return first;
+}
+
+/* ps p's reply to the push: the new values (into q->into), or the step's
+ * mean gradients for the chief (*aggregated counts them). */
+static keel_status
+take_push_reply(keel_cluster_backend *w, const push_req *q, int p,
+                int *aggregated)
+{
+    keel__wire_msg r;
+    char what[64];
+    keel_status st;
+    snprintf(what, sizeof what, "step %lld", (long long)q->local_step);
+    st = wait_reply(w, p, what, &r);
+    if (st != KEEL_OK && r.h.type == 0) {
+        /* abandoned or failed locally: nothing was read */
+    } else if (st != KEEL_OK) {
+        st = call_error(w, p, st, &r, "push");
+    } else if (r.h.generation != w->ps_gen[p]) {
+        st = restarted(w, p, &r);
+    } else if (r.h.type == KEEL_MSG_AGGREGATE) {
+        st = q->mean != NULL
+            ? take_grads(q->vs, q->mean, &r)
+            : keel__fail(KEEL_ECORRUPT, "ps %d sent the step's mean "
+                         "gradient to a task that does not apply", p);
+        (*aggregated)++;
+    } else if (q->into != KEEL__ALGO_INTO_NONE) {
+        int64_t t = keel__now_mono_ns();
+        st = q->into == KEEL__ALGO_INTO_CENTER
+            ? take_center(q->center, q->vs, &r) : take_values(q->vs, &r);
+        *q->t_copy += keel__now_mono_ns() - t;
+    }
+    return end_reply(&r, p, st, q->new_step);
+}
+
 /* One PUSH to every ps of the tensors of srcs[0..n_src) (in order) and
  * the replies: the new values go into vs (into VARS) or center (CENTER)
  * or nowhere; *new_step is ps 0's step after it. Sent to every ps first,
@@ -1162,79 +1375,21 @@ push_round(keel_cluster_backend *w, keel_vars *vs, keel_grads *const *srcs,
            keel_grads *center, keel_grads *mean, int64_t *new_step,
            int64_t *t_copy, int64_t *t_sent)
 {
-    int timeout = w->o.dead_after_ms;
+    push_req q = { vs, srcs, n_src, local_step, covered, into, center, mean,
+                   new_step, t_copy };
     keel_status first = KEEL_OK;
-    int sent = 0, aggregated = 0;
-    char what[64];
-    for (int p = 0; p < w->n_ps; p++) {
-        keel__wire_header h;
-        size_t k = 0;
-        keel_status st;
-        for (int m = 0; m < n_src; m++) {
-            keel_grads *src = srcs[m];
-            for (size_t i = 0; i < w->n_vars; i++) {
-                keel_tensor *g;
-                if (w->ps_of[i] != p || (g = keel_grads_at(src, i)) == NULL)
-                    continue;
-                w->outs[k].name = keel_var_name(keel_vars_at(vs, i));
-                w->outs[k].t = g;
-                w->outs[k].pin = NULL;
-                k++;
-            }
-        }
-        memset(&h, 0, sizeof h);
-        h.type = KEEL_MSG_PUSH;
-        h.peer_generation = w->ps_gen[p];
-        h.flags = into != KEEL__ALGO_INTO_NONE ? KEEL_WIRE_F_WANT_VALUES : 0;
-        h.local_step = local_step;
-        h.global_step = covered;        /* the steps this push covers */
-        st = keel__wire_client_send(w->clients[p], &h, w->outs, k, 1,
-                                    timeout);
-        if (st != KEEL_OK) {
-            first = keel__wrap(st == KEEL_ETIMEOUT ? KEEL_EUNAVAILABLE : st,
-                               "ps %d: push", p);
+    int sent, aggregated = 0;
+    for (sent = 0; sent < w->n_ps; sent++)
+        if ((first = send_push(w, &q, sent)) != KEEL_OK)
             break;
-        }
-        w->req_ids[p] = h.request_id;
-        sent++;
-    }
     *t_sent = keel__now_mono_ns();
     for (int p = 0; p < sent; p++) {
-        keel__wire_msg r;
         keel_status st;
         if (first != KEEL_OK) {
-            /* The step failed elsewhere: give this push up too, so that
-             * its zero-copy frames are released before the next step. */
-            char keep[KEEL_ERR_MAX];
-            snprintf(keep, sizeof keep, "%s", keel_last_error());
-            if (abandon(w, p, KEEL_EABORTED, "step %lld abandoned",
-                        (long long)local_step) == KEEL_EIO)
-                first = KEEL_EIO;
-            else
-                (void)keel__fail(first, "%s", keep);
+            first = give_up_push(w, p, first, local_step);
             continue;
         }
-        snprintf(what, sizeof what, "step %lld", (long long)local_step);
-        st = wait_reply(w, p, what, &r);
-        if (st != KEEL_OK && r.h.type == 0) {
-            /* abandoned or failed locally: nothing was read */
-        } else if (st != KEEL_OK) {
-            st = call_error(w, p, st, &r, "push");
-        } else if (r.h.generation != w->ps_gen[p]) {
-            st = restarted(w, p, &r);
-        } else if (r.h.type == KEEL_MSG_AGGREGATE) {
-            st = mean != NULL
-                ? take_grads(vs, mean, &r)
-                : keel__fail(KEEL_ECORRUPT, "ps %d sent the step's mean "
-                             "gradient to a task that does not apply", p);
-            aggregated++;
-        } else if (into != KEEL__ALGO_INTO_NONE) {
-            int64_t t = keel__now_mono_ns();
-            st = into == KEEL__ALGO_INTO_CENTER ? take_center(center, vs, &r)
-                                                : take_values(vs, &r);
-            *t_copy += keel__now_mono_ns() - t;
-        }
-        st = end_reply(&r, p, st, new_step);
+        st = take_push_reply(w, &q, p, &aggregated);
         if (st != KEEL_OK && first == KEEL_OK)
             first = st;
     }
@@ -1465,23 +1620,11 @@ keel_cluster_backend_pull_vars(keel_cluster_backend *w,
     if (w == NULL || (n > 0 && names == NULL))
         return keel__fail(KEEL_EINVAL, "cluster backend pull: NULL");
     for (int p = 0; p < w->n_ps; p++) {
-        keel__wire_header h;
-        keel__wire_msg r;
         size_t k = 0;
         keel_status st = named_outs(w, p, names, NULL, n, &k);
-        if (st != KEEL_OK)
-            return st;
-        if (k == 0 && p != 0)
-            continue;
-        memset(&h, 0, sizeof h);
-        h.type = k == 0 ? KEEL_MSG_STEP : KEEL_MSG_PULL;
-        h.flags = k == 0 ? 0 : KEEL_WIRE_F_NAMES_ONLY;
-        st = call_ps(w, p, &h, w->outs, k, 0, "pull", NULL, 0, &r);
-        if (st == KEEL_OK)
-            st = take_values(w->vs, &r);
-        if (st == KEEL_OK && p == 0 && global_step != NULL)
-            *global_step = r.h.global_step;
-        keel__wire_msg_clear(&r);
+        if (st == KEEL_OK && (k > 0 || p == 0))
+            st = pull_outs(w, p, k, w->vs, NULL, 0,
+                           p == 0 ? global_step : NULL);
         if (st != KEEL_OK)
             return st;
     }
@@ -1570,24 +1713,12 @@ keel_cluster_options_init(keel_cluster_options *o)
     o->slurm_port_base = KEEL__CLUSTER_SLURM_PORT_BASE;
 }
 
-/* Check opts (NULL: the defaults) and resolve them for spec into *o. */
+/* What role_opts_from refuses in in (the options) for spec. */
 static keel_status
-role_opts_from(const keel_cluster_spec *spec, const keel_cluster_options *in,
-               const char *who, keel__role_opts *o)
+check_options(const keel_cluster_spec *spec, const keel_cluster_options *in,
+              const char *who)
 {
-    keel_cluster_options d;
-    keel_status st;
-    if (spec == NULL)
-        return keel__fail(KEEL_EINVAL, "%s: spec is NULL", who);
-    if (in == NULL) {
-        keel_cluster_options_init(&d);
-        in = &d;
-    } else if ((st = KEEL__STRUCT_CHECK(in, keel_cluster_options))
-               != KEEL_OK) {
-        return keel__wrap(st, "%s", who);
-    }
-    if ((st = keel_cluster_spec_validate(spec)) != KEEL_OK)
-        return keel__wrap(st, "%s", who);
+    int replicas = keel_cluster_spec_num_replicas(spec);
     if (keel_cluster_spec_num_tasks(spec, KEEL_TASK_PS) == 0)
         return keel__fail(KEEL_EINVAL, "%s: the cluster has no ps task "
                           "(parameter-server training needs at least one)",
@@ -1615,15 +1746,27 @@ role_opts_from(const keel_cluster_spec *spec, const keel_cluster_options *in,
         return keel__fail(KEEL_EINVAL, "%s: send_buffer_kib %d out of "
                           "0..65536", who, in->send_buffer_kib);
     if (in->reduce_leaves < 0 ||
-        (in->reduce_leaves > 0 &&
-         in->reduce_leaves % keel_cluster_spec_num_replicas(spec) != 0))
+        (in->reduce_leaves > 0 && in->reduce_leaves % replicas != 0))
         return keel__fail(KEEL_EINVAL, "%s: reduce_leaves %lld is not a "
                           "multiple of the cluster's %d replicas", who,
-                          (long long)in->reduce_leaves,
-                          keel_cluster_spec_num_replicas(spec));
+                          (long long)in->reduce_leaves, replicas);
     if (in->curve && (in->key_dir == NULL || in->key_dir[0] == '\0'))
         return keel__fail(KEEL_EINVAL, "%s: curve needs key_dir (make keys "
                           "with 'keel keygen')", who);
+    if (in->replicas_to_aggregate < 0 ||
+        in->replicas_to_aggregate > replicas)
+        return keel__fail(KEEL_EINVAL, "%s: replicas_to_aggregate %d out of "
+                          "0..%d (the cluster's replicas)", who,
+                          in->replicas_to_aggregate, replicas);
+    return KEEL_OK;
+}
+
+/* The checked options in into *o (placement as a flag, the send buffer in
+ * bytes); the update rule is resolved by role_opts_from. */
+static void
+copy_options(const keel_cluster_spec *spec, const keel_cluster_options *in,
+             keel__role_opts *o)
+{
     memset(o, 0, sizeof *o);
     o->spec = spec;
     o->round_robin = in->placement == KEEL_PLACEMENT_ROUND_ROBIN;
@@ -1644,13 +1787,30 @@ role_opts_from(const keel_cluster_spec *spec, const keel_cluster_options *in,
     o->chief_apply = in->chief_apply;
     o->chief_apply_ctx = in->chief_apply_ctx;
     o->chief_commits_trainable_only = in->chief_commits_trainable_only;
-    if (in->replicas_to_aggregate < 0 ||
-        in->replicas_to_aggregate > keel_cluster_spec_num_replicas(spec))
-        return keel__fail(KEEL_EINVAL, "%s: replicas_to_aggregate %d out of "
-                          "0..%d (the cluster's replicas)", who,
-                          in->replicas_to_aggregate,
-                          keel_cluster_spec_num_replicas(spec));
     o->replicas_to_aggregate = in->replicas_to_aggregate;
+}
+
+/* Check opts (NULL: the defaults) and resolve them for spec into *o. */
+static keel_status
+role_opts_from(const keel_cluster_spec *spec, const keel_cluster_options *in,
+               const char *who, keel__role_opts *o)
+{
+    keel_cluster_options d;
+    keel_status st;
+    if (spec == NULL)
+        return keel__fail(KEEL_EINVAL, "%s: spec is NULL", who);
+    if (in == NULL) {
+        keel_cluster_options_init(&d);
+        in = &d;
+    } else if ((st = KEEL__STRUCT_CHECK(in, keel_cluster_options))
+               != KEEL_OK) {
+        return keel__wrap(st, "%s", who);
+    }
+    if ((st = keel_cluster_spec_validate(spec)) != KEEL_OK)
+        return keel__wrap(st, "%s", who);
+    if ((st = check_options(spec, in, who)) != KEEL_OK)
+        return st;
+    copy_options(spec, in, o);
     st = keel__algo_resolve(in->algorithm, keel_cluster_spec_mode(spec),
                             in->optimizer,
                             keel_cluster_spec_num_replicas(spec), &o->algo);

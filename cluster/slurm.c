@@ -211,18 +211,155 @@ keel_cluster_slurm_options_init(keel_cluster_slurm_options *opt)
     opt->port_base = KEEL__CLUSTER_SLURM_PORT_BASE;
 }
 
+/* A Slurm step as its environment describes it. */
+typedef struct slurm_step {
+    const char *v_rank, *v_n, *v_nodes, *v_tpn;  /* the variables, or NULL */
+    int64_t rank, ntasks;
+    int port_base, num_ps;
+    char *hosts;                /* nhosts names, each NUL-terminated */
+    size_t nhosts;
+    int *tpn;                   /* tasks on each host */
+} slurm_step;
+
+/* The step's variables (the step's own first, then the job's), and every
+ * problem with them or opt into p. */
+static void
+read_slurm_env(const keel_cluster_slurm_options *opt, slurm_step *j,
+               keel__problems *p)
+{
+    memset(j, 0, sizeof *j);
+    j->rank = -1;
+    j->ntasks = -1;
+    j->port_base = opt->port_base ? opt->port_base
+                                  : KEEL__CLUSTER_SLURM_PORT_BASE;
+    j->num_ps = opt->num_ps;
+    j->v_rank = env_get(opt->env, "SLURM_PROCID");
+    j->v_n = env_get(opt->env, "SLURM_STEP_NUM_TASKS");
+    if (j->v_n == NULL)
+        j->v_n = env_get(opt->env, "SLURM_NTASKS");
+    j->v_nodes = env_get(opt->env, "SLURM_STEP_NODELIST");
+    if (j->v_nodes == NULL)
+        j->v_nodes = env_get(opt->env, "SLURM_JOB_NODELIST");
+    j->v_tpn = env_get(opt->env, "SLURM_STEP_TASKS_PER_NODE");
+    if (j->v_tpn == NULL)
+        j->v_tpn = env_get(opt->env, "SLURM_TASKS_PER_NODE");
+
+    if (j->v_rank == NULL)
+        keel__problems_add(p, "SLURM_PROCID not set (not running inside "
+                           "a Slurm step?)");
+    else if (!keel__parse_i64(j->v_rank, 0, MAX_TASKS_PER_JOB - 1, &j->rank))
+        keel__problems_add(p, "SLURM_PROCID '%.16s' is not a rank",
+                           j->v_rank);
+    if (j->v_n == NULL)
+        keel__problems_add(p, "SLURM_NTASKS not set");
+    else if (!keel__parse_i64(j->v_n, 1, MAX_TASKS_PER_JOB, &j->ntasks))
+        keel__problems_add(p, "SLURM_NTASKS '%.16s' is not a count", j->v_n);
+    if (j->v_nodes == NULL)
+        keel__problems_add(p, "SLURM_JOB_NODELIST not set");
+    if (j->port_base < 1 || j->port_base > 65535)
+        keel__problems_add(p, "port base %d out of 1..65535", j->port_base);
+    if (j->num_ps < 0)
+        keel__problems_add(p, "number of ps %d < 0", j->num_ps);
+    if (j->rank >= 0 && j->ntasks > 0 && j->rank >= j->ntasks)
+        keel__problems_add(p, "SLURM_PROCID %lld >= SLURM_NTASKS %lld",
+                           (long long)j->rank, (long long)j->ntasks);
+    if (j->ntasks > 0 && j->num_ps >= j->ntasks)
+        keel__problems_add(p, "%d ps leave no worker among %lld tasks",
+                           j->num_ps, (long long)j->ntasks);
+}
+
+/* SLURM_TASKS_PER_NODE into j->tpn: one count per host, summing to
+ * ntasks. */
+static keel_status
+explicit_tasks_per_node(slurm_step *j)
+{
+    long k = expand_tasks_per_node(j->v_tpn, j->tpn, MAX_HOSTS);
+    int64_t sum = 0;
+    if (k < 0)
+        return keel__fail(KEEL_EINVAL, "slurm: SLURM_TASKS_PER_NODE "
+                          "'%.64s' is malformed (want e.g. 3(x2),2)",
+                          j->v_tpn);
+    if ((size_t)k != j->nhosts)
+        return keel__fail(KEEL_EINVAL, "slurm: SLURM_TASKS_PER_NODE names "
+                          "%ld nodes but the node list has %zu", k,
+                          j->nhosts);
+    for (long i = 0; i < k; i++)
+        sum += j->tpn[i];
+    if (sum != j->ntasks)
+        return keel__fail(KEEL_EINVAL, "slurm: tasks per node sum to %lld, "
+                          "SLURM_NTASKS is %lld", (long long)sum,
+                          (long long)j->ntasks);
+    return KEEL_OK;
+}
+
+/* The hosts of the node list and the tasks on each (as given, else the
+ * block distribution: ceil(ntasks / nhosts) per node in order), each
+ * host's ports within 65535. */
+static keel_status
+place_tasks(slurm_step *j)
+{
+    size_t hsize = (size_t)MAX_HOSTS * 32;
+    keel_status st;
+    j->hosts = malloc(hsize);
+    j->tpn = malloc(sizeof *j->tpn * MAX_HOSTS);
+    if (j->hosts == NULL || j->tpn == NULL)
+        return keel__fail(KEEL_ENOMEM, "slurm: host buffers");
+    if ((st = keel_cluster_expand_hostlist(j->v_nodes, j->hosts, hsize,
+                                           &j->nhosts)) != KEEL_OK)
+        return keel__wrap(st, "slurm: SLURM_JOB_NODELIST");
+    if (j->v_tpn != NULL) {
+        if ((st = explicit_tasks_per_node(j)) != KEEL_OK)
+            return st;
+    } else {
+        int64_t per = (j->ntasks + (int64_t)j->nhosts - 1) /
+                      (int64_t)j->nhosts;
+        int64_t left = j->ntasks;
+        for (size_t i = 0; i < j->nhosts; i++) {
+            int64_t c = left < per ? left : per;
+            j->tpn[i] = (int)c;
+            left -= c;
+        }
+    }
+    for (size_t i = 0; i < j->nhosts; i++)
+        if (j->port_base + j->tpn[i] - 1 > 65535)
+            return keel__fail(KEEL_EINVAL, "slurm: port base %d + %d tasks "
+                              "per node exceeds 65535", j->port_base,
+                              j->tpn[i]);
+    return KEEL_OK;
+}
+
+/* Ranks in host order, the first num_ps of them ps, the rest workers, each
+ * on port base + its place on the host; this task is rank's. */
+static keel_status
+fill_spec(const slurm_step *j, keel_cluster_spec *s)
+{
+    const char *h = j->hosts;
+    int64_t r = 0;
+    int is_ps = j->rank < j->num_ps;
+    keel_status st;
+    for (size_t i = 0; i < j->nhosts; i++, h += strlen(h) + 1)
+        for (int k = 0; k < j->tpn[i]; k++, r++) {
+            char a[KEEL_ADDR_MAX];
+            keel_task_type t = r < j->num_ps ? KEEL_TASK_PS
+                                             : KEEL_TASK_WORKER;
+            int len = snprintf(a, sizeof a, "%s:%d", h, j->port_base + k);
+            if ((st = keel__cluster_spec_add(s, t, a, (size_t)len)) !=
+                KEEL_OK)
+                return st;
+        }
+    return keel_cluster_spec_set_task(s, is_ps ? KEEL_TASK_PS
+                                               : KEEL_TASK_WORKER,
+                                      (int)(is_ps ? j->rank
+                                                  : j->rank - j->num_ps));
+}
+
 keel_status
 keel_cluster_spec_from_slurm(const keel_cluster_slurm_options *opt,
                              keel_cluster_spec **out)
 {
     keel_cluster_spec *s = NULL;
     keel__problems p = { .count = 0 };
-    const char *v_rank, *v_n, *v_nodes, *v_tpn;
-    int64_t rank = -1, ntasks = -1;
-    int port_base, num_ps;
-    char *hosts = NULL;
-    int *tpn = NULL;
-    size_t nhosts = 0, hsize = (size_t)MAX_HOSTS * 32;
+    slurm_step j;
     keel_status st;
 
     if (out == NULL || opt == NULL)
@@ -230,123 +367,22 @@ keel_cluster_spec_from_slurm(const keel_cluster_slurm_options *opt,
     *out = NULL;
     if (KEEL__STRUCT_CHECK(opt, keel_cluster_slurm_options) != KEEL_OK)
         return keel__wrap(KEEL_EINVAL, "slurm");
-    port_base = opt->port_base ? opt->port_base
-                               : KEEL__CLUSTER_SLURM_PORT_BASE;
-    num_ps = opt->num_ps;
-    v_rank = env_get(opt->env, "SLURM_PROCID");
-    v_n = env_get(opt->env, "SLURM_STEP_NUM_TASKS");
-    if (v_n == NULL)
-        v_n = env_get(opt->env, "SLURM_NTASKS");
-    v_nodes = env_get(opt->env, "SLURM_STEP_NODELIST");
-    if (v_nodes == NULL)
-        v_nodes = env_get(opt->env, "SLURM_JOB_NODELIST");
-    v_tpn = env_get(opt->env, "SLURM_STEP_TASKS_PER_NODE");
-    if (v_tpn == NULL)
-        v_tpn = env_get(opt->env, "SLURM_TASKS_PER_NODE");
-
-    if (v_rank == NULL)
-        keel__problems_add(&p, "SLURM_PROCID not set (not running inside "
-                           "a Slurm step?)");
-    else if (!keel__parse_i64(v_rank, 0, MAX_TASKS_PER_JOB - 1, &rank))
-        keel__problems_add(&p, "SLURM_PROCID '%.16s' is not a rank", v_rank);
-    if (v_n == NULL)
-        keel__problems_add(&p, "SLURM_NTASKS not set");
-    else if (!keel__parse_i64(v_n, 1, MAX_TASKS_PER_JOB, &ntasks))
-        keel__problems_add(&p, "SLURM_NTASKS '%.16s' is not a count", v_n);
-    if (v_nodes == NULL)
-        keel__problems_add(&p, "SLURM_JOB_NODELIST not set");
-    if (port_base < 1 || port_base > 65535)
-        keel__problems_add(&p, "port base %d out of 1..65535", port_base);
-    if (num_ps < 0)
-        keel__problems_add(&p, "number of ps %d < 0", num_ps);
-    if (rank >= 0 && ntasks > 0 && rank >= ntasks)
-        keel__problems_add(&p, "SLURM_PROCID %lld >= SLURM_NTASKS %lld",
-                           (long long)rank, (long long)ntasks);
-    if (ntasks > 0 && num_ps >= ntasks)
-        keel__problems_add(&p, "%d ps leave no worker among %lld tasks",
-                           num_ps, (long long)ntasks);
+    read_slurm_env(opt, &j, &p);
     if (p.count > 0)
         return keel__problems_fail(&p, "slurm");
-
-    hosts = malloc(hsize);
-    tpn = malloc(sizeof *tpn * MAX_HOSTS);
-    if (hosts == NULL || tpn == NULL) {
-        st = keel__fail(KEEL_ENOMEM, "slurm: host buffers");
-        goto out;
+    st = place_tasks(&j);
+    if (st == KEEL_OK)
+        st = keel_cluster_spec_new(&s);
+    if (st == KEEL_OK)
+        st = fill_spec(&j, s);
+    if (st == KEEL_OK)
+        st = keel__cluster_spec_check(s, &p, "slurm");
+    if (st == KEEL_OK) {
+        *out = s;
+        s = NULL;
     }
-    if ((st = keel_cluster_expand_hostlist(v_nodes, hosts, hsize, &nhosts))
-        != KEEL_OK) {
-        st = keel__wrap(st, "slurm: SLURM_JOB_NODELIST");
-        goto out;
-    }
-    if (v_tpn != NULL) {
-        long k = expand_tasks_per_node(v_tpn, tpn, MAX_HOSTS);
-        int64_t sum = 0;
-        if (k < 0) {
-            st = keel__fail(KEEL_EINVAL, "slurm: SLURM_TASKS_PER_NODE "
-                            "'%.64s' is malformed (want e.g. 3(x2),2)", v_tpn);
-            goto out;
-        }
-        if ((size_t)k != nhosts) {
-            st = keel__fail(KEEL_EINVAL, "slurm: SLURM_TASKS_PER_NODE names "
-                            "%ld nodes but the node list has %zu", k, nhosts);
-            goto out;
-        }
-        for (long i = 0; i < k; i++)
-            sum += tpn[i];
-        if (sum != ntasks) {
-            st = keel__fail(KEEL_EINVAL, "slurm: tasks per node sum to %lld, "
-                            "SLURM_NTASKS is %lld", (long long)sum,
-                            (long long)ntasks);
-            goto out;
-        }
-    } else {
-        /* block distribution: ceil(ntasks / nhosts) per node in order */
-        int64_t per = (ntasks + (int64_t)nhosts - 1) / (int64_t)nhosts;
-        int64_t left = ntasks;
-        for (size_t i = 0; i < nhosts; i++) {
-            int64_t c = left < per ? left : per;
-            tpn[i] = (int)c;
-            left -= c;
-        }
-    }
-    for (size_t i = 0; i < nhosts; i++)
-        if (port_base + tpn[i] - 1 > 65535) {
-            st = keel__fail(KEEL_EINVAL, "slurm: port base %d + %d tasks "
-                            "per node exceeds 65535", port_base, tpn[i]);
-            goto out;
-        }
-    if ((st = keel_cluster_spec_new(&s)) != KEEL_OK)
-        goto out;
-    {
-        const char *h = hosts;
-        int64_t r = 0;
-        for (size_t i = 0; i < nhosts; i++, h += strlen(h) + 1)
-            for (int k = 0; k < tpn[i]; k++, r++) {
-                char a[KEEL_ADDR_MAX];
-                keel_task_type t = r < num_ps ? KEEL_TASK_PS
-                                              : KEEL_TASK_WORKER;
-                int len = snprintf(a, sizeof a, "%s:%d", h, port_base + k);
-                if ((st = keel__cluster_spec_add(s, t, a, (size_t)len)) !=
-                    KEEL_OK)
-                    goto out;
-            }
-        st = keel_cluster_spec_set_task(s, rank < num_ps ? KEEL_TASK_PS
-                                                         : KEEL_TASK_WORKER,
-                                        (int)(rank < num_ps ? rank
-                                                            : rank - num_ps));
-        if (st != KEEL_OK)
-            goto out;
-    }
-    keel__cluster_validate_into(s, &p);
-    if ((st = keel__problems_fail(&p, "slurm")) != KEEL_OK)
-        goto out;
-    *out = s;
-    s = NULL;
-out:
     keel_cluster_spec_free(s);
-    free(hosts);
-    free(tpn);
+    free(j.hosts);
+    free(j.tpn);
     return st;
 }
-

@@ -287,22 +287,23 @@ keel_cluster_spec_mode(const keel_cluster_spec *s)
     return s ? s->mode : KEEL_CLUSTER_SYNC;
 }
 
+/* A replica count of s as set (n > 0), else (unset) all its replicas. */
+static int
+replicas_or_all(const keel_cluster_spec *s, int n)
+{
+    return n > 0 ? n : keel_cluster_spec_num_replicas(s);
+}
+
 int
 keel_cluster_spec_replicas_to_aggregate(const keel_cluster_spec *s)
 {
-    if (s == NULL)
-        return 0;
-    return s->replicas_to_aggregate > 0 ? s->replicas_to_aggregate
-                                        : keel_cluster_spec_num_replicas(s);
+    return s != NULL ? replicas_or_all(s, s->replicas_to_aggregate) : 0;
 }
 
 int
 keel_cluster_spec_total_num_replicas(const keel_cluster_spec *s)
 {
-    if (s == NULL)
-        return 0;
-    return s->total_num_replicas > 0 ? s->total_num_replicas
-                                     : keel_cluster_spec_num_replicas(s);
+    return s != NULL ? replicas_or_all(s, s->total_num_replicas) : 0;
 }
 
 const char *
@@ -402,8 +403,8 @@ cmp_ref(const void *x, const void *y)
     return a->index < b->index ? -1 : a->index > b->index;
 }
 
-void
-keel__cluster_validate_into(const keel_cluster_spec *s, keel__problems *p)
+static void
+validate_into(const keel_cluster_spec *s, keel__problems *p)
 {
     size_t total = 0, k = 0;
     addr_ref *refs;
@@ -498,13 +499,20 @@ keel__cluster_validate_into(const keel_cluster_spec *s, keel__problems *p)
 }
 
 keel_status
+keel__cluster_spec_check(const keel_cluster_spec *s, keel__problems *p,
+                         const char *what)
+{
+    validate_into(s, p);
+    return keel__problems_fail(p, what);
+}
+
+keel_status
 keel_cluster_spec_validate(const keel_cluster_spec *s)
 {
     keel__problems p = { .count = 0 };
     if (s == NULL)
         return keel__fail(KEEL_EINVAL, "cluster spec is NULL");
-    keel__cluster_validate_into(s, &p);
-    return keel__problems_fail(&p, "cluster spec");
+    return keel__cluster_spec_check(s, &p, "cluster spec");
 }
 
 /* ---- TF_CONFIG ---------------------------------------------------------- */
@@ -619,116 +627,159 @@ parse_job(keel_cluster_spec *s, keel_task_type t, const char *key,
     return KEEL_OK;
 }
 
+/* The task type of cluster job key (master: chief, with a warning), or
+ * KEEL_TASK_NONE with a problem; *has_chief / *has_master set by name. */
+static keel_task_type
+cluster_job_type(const char *key, int *has_chief, int *has_master,
+                 keel__problems *p)
+{
+    if (strcmp(key, "master") == 0) {
+        *has_master = 1;
+        keel__log(KEEL_LOG_WARN, "TF_CONFIG: job 'master' read as 'chief' "
+                  "(legacy name)");
+        return KEEL_TASK_CHIEF;
+    }
+    if (strcmp(key, "chief") == 0) {
+        *has_chief = 1;
+        return KEEL_TASK_CHIEF;
+    }
+    if (strcmp(key, "worker") == 0)
+        return KEEL_TASK_WORKER;
+    if (strcmp(key, "ps") == 0)
+        return KEEL_TASK_PS;
+    if (strcmp(key, "evaluator") == 0)
+        return KEEL_TASK_EVALUATOR;
+    keel__problems_add(p, "unknown task type '%.32s' in cluster (allowed: "
+                       "chief, master, worker, ps, evaluator)", key);
+    return KEEL_TASK_NONE;
+}
+
+/* "cluster": each job's addresses; *cluster_set when any job is known. */
+static keel_status
+parse_cluster(keel_cluster_spec *s, struct json_object *cluster,
+              keel__problems *p, int *cluster_set)
+{
+    int has_chief = 0, has_master = 0;
+    keel_status st;
+    if (!json_object_is_type(cluster, json_type_object)) {
+        keel__problems_add(p, "'cluster' is not an object");
+        return KEEL_OK;
+    }
+    json_object_object_foreach(cluster, key, job) {
+        keel_task_type t = cluster_job_type(key, &has_chief, &has_master, p);
+        if (t == KEEL_TASK_NONE)
+            continue;
+        *cluster_set = 1;
+        if ((st = parse_job(s, t, key, job, p)) != KEEL_OK)
+            return st;
+    }
+    if (has_chief && has_master)
+        keel__problems_add(p, "both 'chief' and 'master' jobs (master is an "
+                           "alias of chief; keep one)");
+    return KEEL_OK;
+}
+
+/* "task": this task's type and index (both required once cluster is set;
+ * without a cluster, a worker). */
+static void
+parse_task(keel_cluster_spec *s, struct json_object *task, int cluster_set,
+           keel__problems *p)
+{
+    struct json_object *ty = NULL, *ix = NULL;
+    int64_t idx = 0;
+    int has_type, has_index;
+    keel_task_type t = KEEL_TASK_NONE;
+    if (!json_object_is_type(task, json_type_object)) {
+        keel__problems_add(p, "'task' is not an object");
+        return;
+    }
+    has_type = json_object_object_get_ex(task, "type", &ty);
+    has_index = json_object_object_get_ex(task, "index", &ix);
+    if (!has_type) {
+        if (cluster_set)
+            keel__problems_add(p, "task.type is missing");
+        else
+            t = KEEL_TASK_WORKER;
+    } else if (!json_object_is_type(ty, json_type_string)) {
+        keel__problems_add(p, "task.type is not a string");
+    } else if (keel_task_type_from_name(json_object_get_string(ty), &t)
+               != KEEL_OK) {
+        keel__problems_add(p, "unknown task.type '%.32s'",
+                           json_object_get_string(ty));
+        t = KEEL_TASK_NONE;
+    }
+    if (!has_index) {
+        if (cluster_set)
+            keel__problems_add(p, "task.index is missing");
+    } else if (!json_object_is_type(ix, json_type_int)) {
+        keel__problems_add(p, "task.index is not an integer");
+    } else if (!json_int(ix, 0, INT_MAX, &idx)) {
+        keel__problems_add(p, "task.index %.32s is negative or too large",
+                           json_object_to_json_string(ix));
+    }
+    if (t != KEEL_TASK_NONE) {
+        s->task = t;
+        s->index = (int)idx;
+    }
+}
+
+/* "mode": "sync" or "async". */
+static void
+parse_mode(keel_cluster_spec *s, struct json_object *o, keel__problems *p)
+{
+    const char *m = json_object_is_type(o, json_type_string)
+                        ? json_object_get_string(o) : NULL;
+    if (m != NULL && strcmp(m, "sync") == 0)
+        s->mode = KEEL_CLUSTER_SYNC;
+    else if (m != NULL && strcmp(m, "async") == 0)
+        s->mode = KEEL_CLUSTER_ASYNC;
+    else
+        keel__problems_add(p, "mode must be \"sync\" or \"async\"");
+}
+
+/* "model_dir": a non-empty string (copied). */
+static keel_status
+parse_model_dir(keel_cluster_spec *s, struct json_object *o,
+                keel__problems *p)
+{
+    if (!json_object_is_type(o, json_type_string) ||
+        json_object_get_string_len(o) == 0) {
+        keel__problems_add(p, "model_dir must be a non-empty string");
+        return KEEL_OK;
+    }
+    s->model_dir = strdup(json_object_get_string(o));
+    if (s->model_dir == NULL)
+        return keel__fail(KEEL_ENOMEM, "TF_CONFIG: model_dir");
+    return KEEL_OK;
+}
+
+/* TF_CONFIG's members into s; what is wrong with them into p. */
 static keel_status
 parse_tf_config(keel_cluster_spec *s, struct json_object *root,
                 keel__problems *p)
 {
-    struct json_object *cluster = NULL, *task = NULL, *o;
-    int has_chief = 0, has_master = 0, cluster_set = 0;
+    struct json_object *o;
+    int cluster_set = 0;
     keel_status st;
 
     if (!json_object_is_type(root, json_type_object)) {
         keel__problems_add(p, "top level is not a JSON object");
         return KEEL_OK;
     }
-    if (json_object_object_get_ex(root, "cluster", &cluster)) {
-        if (!json_object_is_type(cluster, json_type_object)) {
-            keel__problems_add(p, "'cluster' is not an object");
-        } else {
-            json_object_object_foreach(cluster, key, job) {
-                keel_task_type t;
-                if (strcmp(key, "master") == 0) {
-                    has_master = 1;
-                    t = KEEL_TASK_CHIEF;
-                    keel__log(KEEL_LOG_WARN, "TF_CONFIG: job 'master' read "
-                              "as 'chief' (legacy name)");
-                } else if (strcmp(key, "chief") == 0) {
-                    has_chief = 1;
-                    t = KEEL_TASK_CHIEF;
-                } else if (strcmp(key, "worker") == 0) {
-                    t = KEEL_TASK_WORKER;
-                } else if (strcmp(key, "ps") == 0) {
-                    t = KEEL_TASK_PS;
-                } else if (strcmp(key, "evaluator") == 0) {
-                    t = KEEL_TASK_EVALUATOR;
-                } else {
-                    keel__problems_add(p, "unknown task type '%.32s' in "
-                                       "cluster (allowed: chief, master, "
-                                       "worker, ps, evaluator)", key);
-                    continue;
-                }
-                cluster_set = 1;
-                if ((st = parse_job(s, t, key, job, p)) != KEEL_OK)
-                    return st;
-            }
-            if (has_chief && has_master)
-                keel__problems_add(p, "both 'chief' and 'master' jobs "
-                                   "(master is an alias of chief; keep "
-                                   "one)");
-        }
-    }
-    if (json_object_object_get_ex(root, "task", &task)) {
-        struct json_object *ty = NULL, *ix = NULL;
-        int64_t idx = 0;
-        if (!json_object_is_type(task, json_type_object)) {
-            keel__problems_add(p, "'task' is not an object");
-        } else {
-            int has_type = json_object_object_get_ex(task, "type", &ty);
-            int has_index = json_object_object_get_ex(task, "index", &ix);
-            keel_task_type t = KEEL_TASK_NONE;
-            if (!has_type) {
-                if (cluster_set)
-                    keel__problems_add(p, "task.type is missing");
-                else
-                    t = KEEL_TASK_WORKER;
-            } else if (!json_object_is_type(ty, json_type_string)) {
-                keel__problems_add(p, "task.type is not a string");
-            } else if (keel_task_type_from_name(json_object_get_string(ty), &t)
-                       != KEEL_OK) {
-                keel__problems_add(p, "unknown task.type '%.32s'",
-                                   json_object_get_string(ty));
-                t = KEEL_TASK_NONE;
-            }
-            if (!has_index) {
-                if (cluster_set)
-                    keel__problems_add(p, "task.index is missing");
-            } else if (!json_object_is_type(ix, json_type_int)) {
-                keel__problems_add(p, "task.index is not an integer");
-            } else if (!json_int(ix, 0, INT_MAX, &idx)) {
-                keel__problems_add(p, "task.index %.32s is negative or too "
-                                   "large", json_object_to_json_string(ix));
-            }
-            if (t != KEEL_TASK_NONE) {
-                s->task = t;
-                s->index = (int)idx;
-            }
-        }
-    } else if (cluster_set) {
+    if (json_object_object_get_ex(root, "cluster", &o) &&
+        (st = parse_cluster(s, o, p, &cluster_set)) != KEEL_OK)
+        return st;
+    if (json_object_object_get_ex(root, "task", &o))
+        parse_task(s, o, cluster_set, p);
+    else if (cluster_set)
         keel__problems_add(p, "'task' is missing (cluster is set)");
-    }
-    if (json_object_object_get_ex(root, "mode", &o)) {
-        const char *m = json_object_is_type(o, json_type_string)
-                            ? json_object_get_string(o) : NULL;
-        if (m != NULL && strcmp(m, "sync") == 0)
-            s->mode = KEEL_CLUSTER_SYNC;
-        else if (m != NULL && strcmp(m, "async") == 0)
-            s->mode = KEEL_CLUSTER_ASYNC;
-        else
-            keel__problems_add(p, "mode must be \"sync\" or \"async\"");
-    }
+    if (json_object_object_get_ex(root, "mode", &o))
+        parse_mode(s, o, p);
     json_replicas(root, "replicas_to_aggregate", p,
                   &s->replicas_to_aggregate);
     json_replicas(root, "total_num_replicas", p, &s->total_num_replicas);
-    if (json_object_object_get_ex(root, "model_dir", &o)) {
-        if (!json_object_is_type(o, json_type_string) ||
-            json_object_get_string_len(o) == 0) {
-            keel__problems_add(p, "model_dir must be a non-empty string");
-        } else {
-            s->model_dir = strdup(json_object_get_string(o));
-            if (s->model_dir == NULL)
-                return keel__fail(KEEL_ENOMEM, "TF_CONFIG: model_dir");
-        }
-    }
+    if (json_object_object_get_ex(root, "model_dir", &o))
+        return parse_model_dir(s, o, p);
     return KEEL_OK;
 }
 
@@ -772,8 +823,7 @@ keel_cluster_spec_from_tf_config(const char *json, keel_cluster_spec **out)
     }
     if ((st = parse_tf_config(s, root, &p)) != KEEL_OK)
         goto out;
-    keel__cluster_validate_into(s, &p);
-    if ((st = keel__problems_fail(&p, "TF_CONFIG")) != KEEL_OK)
+    if ((st = keel__cluster_spec_check(s, &p, "TF_CONFIG")) != KEEL_OK)
         goto out;
     *out = s;
     s = NULL;

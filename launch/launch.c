@@ -189,16 +189,10 @@ keel_launch_config_init(keel_launch_config *cfg)
     cfg->mode = KEEL_CLUSTER_SYNC;
 }
 
-keel_status
-keel_launch_new(const keel_launch_config *cfg, keel_launch **out)
+/* What keel_launch_new refuses in cfg. */
+static keel_status
+check_config(const keel_launch_config *cfg)
 {
-    keel_launch *l;
-    keel_status st;
-    size_t k = 0, len;
-
-    if (out == NULL)
-        return keel__fail(KEEL_EINVAL, "launch: out is NULL");
-    *out = NULL;
     if (cfg != NULL && KEEL__STRUCT_CHECK(cfg, keel_launch_config) != KEEL_OK)
         return keel__wrap(KEEL_EINVAL, "launch");
     if (cfg == NULL || cfg->exe == NULL || cfg->argv == NULL ||
@@ -226,9 +220,14 @@ keel_launch_new(const keel_launch_config *cfg, keel_launch **out)
     if (cfg->chaos && cfg->chaos_period_secs > 1e6)
         return keel__fail(KEEL_EINVAL, "launch: chaos period %g s is too "
                           "long (at most 1e6)", cfg->chaos_period_secs);
-    l = calloc(1, sizeof *l);
-    if (l == NULL)
-        return keel__fail(KEEL_ENOMEM, "launch: %zu bytes", sizeof *l);
+    return KEEL_OK;
+}
+
+/* cfg into l, values out of range replaced by the defaults; the machine's
+ * clock tick and page size (for the /proc samples). */
+static void
+take_config(keel_launch *l, const keel_launch_config *cfg)
+{
     l->cfg = *cfg;
     if (l->cfg.max_restarts < 0)
         l->cfg.max_restarts = LAUNCH_MAX_RESTARTS;
@@ -250,43 +249,85 @@ keel_launch_new(const keel_launch_config *cfg, keel_launch **out)
         l->clk_tck = 100;
     if (l->page_size <= 0)
         l->page_size = 4096;
-    l->n = (size_t)cfg->num_ps + 1 + (size_t)cfg->num_workers +
-           (cfg->with_evaluator ? 1 : 0);
+}
+
+/* The task table and OUTPUT_DIR (copied: cfg.output_dir points at the
+ * copy). */
+static keel_status
+alloc_tasks(keel_launch *l)
+{
+    size_t len = strlen(l->cfg.output_dir) + sizeof "OUTPUT_DIR=";
+    l->n = (size_t)l->cfg.num_ps + 1 + (size_t)l->cfg.num_workers +
+           (l->cfg.with_evaluator ? 1 : 0);
     l->tasks = calloc(l->n, sizeof *l->tasks);
-    l->output_dir = strdup(cfg->output_dir);
-    len = strlen(cfg->output_dir) + sizeof "OUTPUT_DIR=";
+    l->output_dir = strdup(l->cfg.output_dir);
     l->output_env = malloc(len);
-    if (l->tasks == NULL || l->output_dir == NULL || l->output_env == NULL) {
-        keel_launch_free(l);
+    if (l->tasks == NULL || l->output_dir == NULL || l->output_env == NULL)
         return keel__fail(KEEL_ENOMEM, "launch: %zu tasks", (size_t)0);
-    }
-    snprintf(l->output_env, len, "OUTPUT_DIR=%s", cfg->output_dir);
-    /* Every job has a secret: the ps obey only tasks that hold it (a
-     * caller's KEEL_CLUSTER_TOKEN is passed on as it is). */
-    if (getenv("KEEL_CLUSTER_TOKEN") == NULL ||
-        getenv("KEEL_CLUSTER_TOKEN")[0] == '\0') {
-        unsigned char raw[32];
-        size_t off = (size_t)snprintf(l->token_env, sizeof l->token_env,
-                                      "KEEL_CLUSTER_TOKEN=");
-        if (getrandom(raw, sizeof raw, 0) != (ssize_t)sizeof raw) {
-            keel_launch_free(l);
-            return keel__fail(KEEL_EIO, "launch: no random bytes for the "
-                              "cluster token: %s", strerror(errno));
-        }
-        for (size_t i = 0; i < sizeof raw; i++)
-            snprintf(l->token_env + off + 2 * i, 3, "%02x", raw[i]);
-        explicit_bzero(raw, sizeof raw);
-    }
+    snprintf(l->output_env, len, "OUTPUT_DIR=%s", l->output_dir);
     l->cfg.output_dir = l->output_dir;
-    for (int i = 0; i < cfg->num_ps; i++)
+    return KEEL_OK;
+}
+
+/* Every job has a secret: the ps obey only tasks that hold it (a caller's
+ * KEEL_CLUSTER_TOKEN is passed on as it is). */
+static keel_status
+make_token(keel_launch *l)
+{
+    unsigned char raw[32];
+    size_t off;
+    if (getenv("KEEL_CLUSTER_TOKEN") != NULL &&
+        getenv("KEEL_CLUSTER_TOKEN")[0] != '\0')
+        return KEEL_OK;
+    off = (size_t)snprintf(l->token_env, sizeof l->token_env,
+                           "KEEL_CLUSTER_TOKEN=");
+    if (getrandom(raw, sizeof raw, 0) != (ssize_t)sizeof raw)
+        return keel__fail(KEEL_EIO, "launch: no random bytes for the "
+                          "cluster token: %s", strerror(errno));
+    for (size_t i = 0; i < sizeof raw; i++)
+        snprintf(l->token_env + off + 2 * i, 3, "%02x", raw[i]);
+    explicit_bzero(raw, sizeof raw);
+    return KEEL_OK;
+}
+
+/* The tasks in their order: the ps, the chief, the workers, the
+ * evaluator. */
+static void
+init_tasks(keel_launch *l)
+{
+    size_t k = 0;
+    for (int i = 0; i < l->cfg.num_ps; i++)
         init_task(&l->tasks[k++], KEEL_TASK_PS, i);
     l->chief = k;
     init_task(&l->tasks[k++], KEEL_TASK_CHIEF, 0);
-    for (int i = 0; i < cfg->num_workers; i++)
+    for (int i = 0; i < l->cfg.num_workers; i++)
         init_task(&l->tasks[k++], KEEL_TASK_WORKER, i);
-    if (cfg->with_evaluator)
+    if (l->cfg.with_evaluator)
         init_task(&l->tasks[k++], KEEL_TASK_EVALUATOR, 0);
-    st = pick_ports(l);
+}
+
+keel_status
+keel_launch_new(const keel_launch_config *cfg, keel_launch **out)
+{
+    keel_launch *l;
+    keel_status st;
+
+    if (out == NULL)
+        return keel__fail(KEEL_EINVAL, "launch: out is NULL");
+    *out = NULL;
+    if ((st = check_config(cfg)) != KEEL_OK)
+        return st;
+    l = calloc(1, sizeof *l);
+    if (l == NULL)
+        return keel__fail(KEEL_ENOMEM, "launch: %zu bytes", sizeof *l);
+    take_config(l, cfg);
+    st = alloc_tasks(l);
+    if (st == KEEL_OK)
+        st = make_token(l);
+    if (st == KEEL_OK) {
+        init_tasks(l);
+        st = pick_ports(l);
+    }
     if (st == KEEL_OK)
         st = build_tf_configs(l, 0);
     if (st != KEEL_OK) {
@@ -340,86 +381,83 @@ child_environ(keel_launch *l, task *t)
     return env;
 }
 
-static keel_status
-spawn(keel_launch *l, size_t i)
-{
-    task *t = &l->tasks[i];
-    int po[2] = { -1, -1 }, pe[2] = { -1, -1 }, devnull;
-    pid_t parent = getpid(), pid;
-    sigset_t all, old_mask;
-    char **env = child_environ(l, t);
-    static const char msg127[] = "keel launch: exec failed\n";
+/* A child's standard streams: /dev/null in, a pipe each for out and err
+ * (read ends [0] ours, write ends [1] the child's). */
+typedef struct child_fds {
+    int devnull;
+    int out[2], err[2];
+} child_fds;
 
-    if (env == NULL)
-        return keel__fail(KEEL_ENOMEM, "launch: environment of %s",
-                          t->info.name);
-    devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    if (devnull < 0 || pipe2(po, O_CLOEXEC) != 0 ||
-        pipe2(pe, O_CLOEXEC) != 0) {
-        int e = errno;
-        if (devnull >= 0)
-            close(devnull);
-        for (int k = 0; k < 2; k++) {
-            if (po[k] >= 0)
-                close(po[k]);
-            if (pe[k] >= 0)
-                close(pe[k]);
-        }
-        free(env);
-        return keel__fail(KEEL_EIO, "launch: pipes for %s: %s", t->info.name,
-                          strerror(e));
+static void
+close_child_fds(child_fds *f)
+{
+    if (f->devnull >= 0)
+        close(f->devnull);
+    for (int k = 0; k < 2; k++) {
+        if (f->out[k] >= 0)
+            close(f->out[k]);
+        if (f->err[k] >= 0)
+            close(f->err[k]);
     }
-    /* signals stay blocked until the child has reset its handlers: one
-     * that arrived in between would run the launcher's (or a test
-     * harness's) handler inside the child */
-    sigfillset(&all);
-    pthread_sigmask(SIG_BLOCK, &all, &old_mask);
-    pid = fork();
-    if (pid == 0) {
-        /* child: async-signal-safe calls only */
-        struct sigaction sa;
-        sigset_t none;
-        memset(&sa, 0, sizeof sa);
-        sa.sa_handler = SIG_DFL;
-        sigaction(SIGPIPE, &sa, NULL);
-        sigaction(SIGINT, &sa, NULL);
-        sigaction(SIGTERM, &sa, NULL);
-        sigaction(SIGCHLD, &sa, NULL);
-        sigemptyset(&none);
-        sigprocmask(SIG_SETMASK, &none, NULL);
-        setpgid(0, 0);
+}
+
+/* 0, or errno with nothing left open. */
+static int
+open_child_fds(child_fds *f)
+{
+    f->out[0] = f->out[1] = f->err[0] = f->err[1] = -1;
+    f->devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (f->devnull < 0 || pipe2(f->out, O_CLOEXEC) != 0 ||
+        pipe2(f->err, O_CLOEXEC) != 0) {
+        int e = errno;
+        close_child_fds(f);
+        return e;
+    }
+    return 0;
+}
+
+/* The child, after fork: async-signal-safe calls only. Default signal
+ * handling, its own process group, killed with the launcher, then exec. */
+static void __attribute__((noreturn))
+exec_child(const keel_launch *l, char **env, pid_t parent,
+           const child_fds *f)
+{
+    static const char msg127[] = "keel launch: exec failed\n";
+    struct sigaction sa;
+    sigset_t none;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = SIG_DFL;
+    sigaction(SIGPIPE, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGCHLD, &sa, NULL);
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    setpgid(0, 0);
 #ifdef __linux__
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
 #endif
-        if (getppid() != parent)         /* the launcher died already */
-            _exit(127);
-        dup2(devnull, 0);
-        dup2(po[1], 1);
-        dup2(pe[1], 2);
-        execve(l->cfg.exe, l->cfg.argv, env);
-        if (write(2, msg127, sizeof msg127 - 1) < 0)
-            _exit(127);
+    if (getppid() != parent)            /* the launcher died already */
         _exit(127);
-    }
-    {
-        int e = errno;
-        pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
-        close(devnull);
-        close(po[1]);
-        close(pe[1]);
-        free(env);
-        if (pid < 0) {
-            close(po[0]);
-            close(pe[0]);
-            return keel__fail(KEEL_EIO, "launch: fork for %s: %s",
-                              t->info.name, strerror(e));
-        }
-    }
+    dup2(f->devnull, 0);
+    dup2(f->out[1], 1);
+    dup2(f->err[1], 2);
+    execve(l->cfg.exe, l->cfg.argv, env);
+    if (write(2, msg127, sizeof msg127 - 1) < 0)
+        _exit(127);
+    _exit(127);
+}
+
+/* Task t runs as pid, its output on the read ends of f: a fresh start of
+ * its state and statistics. */
+static void
+task_running(keel_launch *l, task *t, pid_t pid, const child_fds *f)
+{
     setpgid(pid, pid);       /* also in the child: whichever runs first */
-    fcntl(po[0], F_SETFL, fcntl(po[0], F_GETFL) | O_NONBLOCK);
-    fcntl(pe[0], F_SETFL, fcntl(pe[0], F_GETFL) | O_NONBLOCK);
-    t->fd[0] = po[0];
-    t->fd[1] = pe[0];
+    fcntl(f->out[0], F_SETFL, fcntl(f->out[0], F_GETFL) | O_NONBLOCK);
+    fcntl(f->err[0], F_SETFL, fcntl(f->err[0], F_GETFL) | O_NONBLOCK);
+    t->fd[0] = f->out[0];
+    t->fd[1] = f->err[0];
     t->buf[0].used = t->buf[1].used = 0;
     t->pidfd = open_pidfd(pid);
     t->info.pid = pid;
@@ -436,6 +474,47 @@ spawn(keel_launch *l, size_t i)
     t->last_sample_ns = 0;
     t->info.cpu_percent = 0;
     t->info.rss_bytes = 0;
+}
+
+static keel_status
+spawn(keel_launch *l, size_t i)
+{
+    task *t = &l->tasks[i];
+    child_fds f;
+    pid_t parent = getpid(), pid;
+    sigset_t all, old_mask;
+    char **env = child_environ(l, t);
+    int e;
+
+    if (env == NULL)
+        return keel__fail(KEEL_ENOMEM, "launch: environment of %s",
+                          t->info.name);
+    if ((e = open_child_fds(&f)) != 0) {
+        free(env);
+        return keel__fail(KEEL_EIO, "launch: pipes for %s: %s", t->info.name,
+                          strerror(e));
+    }
+    /* signals stay blocked until the child has reset its handlers: one
+     * that arrived in between would run the launcher's (or a test
+     * harness's) handler inside the child */
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old_mask);
+    pid = fork();
+    if (pid == 0)
+        exec_child(l, env, parent, &f);
+    e = errno;
+    pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
+    close(f.devnull);
+    close(f.out[1]);
+    close(f.err[1]);
+    free(env);
+    if (pid < 0) {
+        close(f.out[0]);
+        close(f.err[0]);
+        return keel__fail(KEEL_EIO, "launch: fork for %s: %s", t->info.name,
+                          strerror(e));
+    }
+    task_running(l, t, pid, &f);
     return KEEL_OK;
 }
 
@@ -713,14 +792,104 @@ next_deadline(const keel_launch *l)
     return d;
 }
 
+/* Wait for output or a child's exit until the nearest deadline (or
+ * timeout_ms after now) and relay the lines that came. */
+static keel_status
+poll_outputs(keel_launch *l, int64_t now, int timeout_ms)
+{
+    struct pollfd *fds = calloc(l->n * 3, sizeof *fds);
+    int *owner = calloc(l->n * 3, sizeof *owner);
+    int *stream = calloc(l->n * 3, sizeof *stream);
+    size_t nfds = 0;
+    int64_t until, wake;
+    keel_status st = KEEL_OK;
+    if (fds == NULL || owner == NULL || stream == NULL) {
+        st = keel__fail(KEEL_ENOMEM, "launch: poll set");
+        goto out;
+    }
+    for (size_t i = 0; i < l->n; i++) {
+        task *t = &l->tasks[i];
+        for (int s = 0; s < 3; s++) {   /* stdout, stderr, the exit */
+            int fd = s < 2 ? t->fd[s] : t->is_alive ? t->pidfd : -1;
+            if (fd < 0)
+                continue;
+            fds[nfds].fd = fd;
+            fds[nfds].events = POLLIN;
+            owner[nfds] = (int)i;
+            stream[nfds++] = s;
+        }
+    }
+    until = now + (int64_t)(timeout_ms < 0 ? 0 : timeout_ms) * 1000000;
+    wake = next_deadline(l);
+    if (wake > until)
+        wake = until;
+    if (poll(fds, nfds, wake > now ? (int)((wake - now + 999999) / 1000000)
+                                   : 0) > 0)
+        for (size_t k = 0; k < nfds; k++) {
+            task *t = &l->tasks[owner[k]];
+            if (fds[k].revents == 0 || stream[k] == 2)
+                continue;
+            if (t->fd[stream[k]] == fds[k].fd)
+                keel__launch_read_stream(l, (size_t)owner[k], stream[k]);
+        }
+out:
+    free(fds);
+    free(owner);
+    free(stream);
+    return st;
+}
+
+/* Start again the tasks whose backoff is over; one that cannot start
+ * fails the job. */
+static void
+restart_due(keel_launch *l, int64_t now)
+{
+    for (size_t i = 0; i < l->n; i++) {
+        task *t = &l->tasks[i];
+        if (t->info.state != KEEL_LAUNCH_BACKOFF || l->is_stopping ||
+            now < t->restart_at_ns)
+            continue;
+        t->wants_back_event = 1;
+        if (keel__launch_start_task(l, i, "restarted") == KEEL_OK)
+            continue;
+        t->info.state = KEEL_LAUNCH_FAILED;
+        if (l->failed_task < 0) {
+            l->failed_task = (int)i;
+            snprintf(l->why, sizeof l->why, "%s could not be restarted: %s",
+                     t->info.name, keel_last_error());
+        }
+        keel__launch_begin_stop(l, "a restart failed");
+    }
+}
+
+/* Stopping: release the held tasks, SIGKILL those past the grace period,
+ * send the SIGTERMs due, move the stop order on. */
+static void
+stop_deadlines(keel_launch *l, int64_t now)
+{
+    keel__launch_release_held(l, now);  /* up now (or out of time) */
+    for (size_t i = 0; i < l->n; i++) {
+        task *t = &l->tasks[i];
+        if (t->is_alive && t->info.state == KEEL_LAUNCH_STOPPING &&
+            now - t->term_sent_ns >= (int64_t)(l->cfg.grace_secs * 1e9) &&
+            !t->kill_sent) {
+            keel__launch_emit(l, KEEL_LAUNCH_EV_STOP, (int)i, t->info.pid, 0,
+                              "%s (pid %d) still running %.0f s after "
+                              "SIGTERM: SIGKILL", t->info.name, t->info.pid,
+                              l->cfg.grace_secs);
+            keel__launch_signal_task(t, SIGKILL);
+            t->kill_sent = 1;
+        }
+    }
+    keel__launch_term_due(l, now);
+    keel__launch_advance_stop(l, now);
+}
+
 keel_status
 keel_launch_poll(keel_launch *l, int timeout_ms, int *is_done)
 {
-    struct pollfd *fds;
-    int *owner, *stream;
-    size_t nfds = 0;
-    int64_t now, until, wake;
-    int r;
+    int64_t now;
+    keel_status st;
 
     if (is_done != NULL)
         *is_done = 0;
@@ -732,93 +901,13 @@ keel_launch_poll(keel_launch *l, int timeout_ms, int *is_done)
             *is_done = 1;
         return KEEL_OK;
     }
-    fds = calloc(l->n * 3, sizeof *fds);
-    owner = calloc(l->n * 3, sizeof *owner);
-    stream = calloc(l->n * 3, sizeof *stream);
-    if (fds == NULL || owner == NULL || stream == NULL) {
-        free(fds);
-        free(owner);
-        free(stream);
-        return keel__fail(KEEL_ENOMEM, "launch: poll set");
-    }
-    for (size_t i = 0; i < l->n; i++) {
-        task *t = &l->tasks[i];
-        for (int s = 0; s < 2; s++)
-            if (t->fd[s] >= 0) {
-                fds[nfds].fd = t->fd[s];
-                fds[nfds].events = POLLIN;
-                owner[nfds] = (int)i;
-                stream[nfds++] = s;
-            }
-        if (t->is_alive && t->pidfd >= 0) {
-            fds[nfds].fd = t->pidfd;
-            fds[nfds].events = POLLIN;
-            owner[nfds] = (int)i;
-            stream[nfds++] = 2;
-        }
-    }
-    until = now + (int64_t)(timeout_ms < 0 ? 0 : timeout_ms) * 1000000;
-    wake = next_deadline(l);
-    if (wake > until)
-        wake = until;
-    r = poll(fds, nfds, wake > now ? (int)((wake - now + 999999) / 1000000)
-                                   : 0);
-    if (r > 0) {
-        for (size_t k = 0; k < nfds; k++) {
-            task *t = &l->tasks[owner[k]];
-            if (fds[k].revents == 0 || stream[k] == 2)
-                continue;
-            if (t->fd[stream[k]] == fds[k].fd)
-                keel__launch_read_stream(l, (size_t)owner[k], stream[k]);
-        }
-    }
-    free(fds);
-    free(owner);
-    free(stream);
+    if ((st = poll_outputs(l, now, timeout_ms)) != KEEL_OK)
+        return st;
     now = keel__now_mono_ns();
     keel__launch_reap(l, now);
-    /* restarts due */
-    for (size_t i = 0; i < l->n; i++) {
-        task *t = &l->tasks[i];
-        if (t->info.state == KEEL_LAUNCH_BACKOFF && !l->is_stopping &&
-            now >= t->restart_at_ns) {
-            char why[32];
-            keel_status st;
-            snprintf(why, sizeof why, "restarted");
-            t->wants_back_event = 1;
-            st = keel__launch_start_task(l, i, why);
-            if (st != KEEL_OK) {
-                t->info.state = KEEL_LAUNCH_FAILED;
-                if (l->failed_task < 0) {
-                    l->failed_task = (int)i;
-                    snprintf(l->why, sizeof l->why, "%s could not be "
-                             "restarted: %s", t->info.name,
-                             keel_last_error());
-                }
-                keel__launch_begin_stop(l, "a restart failed");
-            }
-        }
-    }
-    /* stop deadlines */
-    if (l->is_stopping) {
-        keel__launch_release_held(l, now);   /* up now (or out of time) */
-        for (size_t i = 0; i < l->n; i++) {
-            task *t = &l->tasks[i];
-            if (t->is_alive && t->info.state == KEEL_LAUNCH_STOPPING &&
-                now - t->term_sent_ns >=
-                    (int64_t)(l->cfg.grace_secs * 1e9) &&
-                !t->kill_sent) {
-                keel__launch_emit(l, KEEL_LAUNCH_EV_STOP, (int)i, t->info.pid,
-                                  0, "%s (pid %d) still running %.0f s after "
-                                  "SIGTERM: SIGKILL", t->info.name,
-                                  t->info.pid, l->cfg.grace_secs);
-                keel__launch_signal_task(t, SIGKILL);
-                t->kill_sent = 1;
-            }
-        }
-        keel__launch_term_due(l, now);
-        keel__launch_advance_stop(l, now);
-    }
+    restart_due(l, now);
+    if (l->is_stopping)
+        stop_deadlines(l, now);
     keel__launch_chaos_tick(l, now);
     if (now - l->last_sample_ns >= SAMPLE_NS) {
         for (size_t i = 0; i < l->n; i++)

@@ -9,22 +9,13 @@
 
 #include "launch_int.h"
 #include "util.h"
-
-/* splitmix64: a tiny reproducible PRNG (chaos only, not cryptographic). */
-static uint64_t
-splitmix64(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
+#include "../train/train_int.h"     /* keel__splitmix64 */
 
 /* An exponential gap with the configured mean, in ns. */
 int64_t
 keel__launch_chaos_gap_ns(keel_launch *l)
 {
-    double u = (double)(splitmix64(&l->rng) >> 11) * 0x1.0p-53;
+    double u = (double)(keel__splitmix64(&l->rng) >> 11) * 0x1.0p-53;
     double secs = -l->cfg.chaos_period_secs * log(1.0 - u);
     if (secs > 1e6)
         secs = 1e6;
@@ -67,7 +58,7 @@ keel__launch_chaos_tick(keel_launch *l, int64_t now)
         l->next_chaos_ns = now + keel__launch_chaos_gap_ns(l);
         return;
     }
-    pick = eligible[splitmix64(&l->rng) % n_eligible];
+    pick = eligible[keel__splitmix64(&l->rng) % n_eligible];
     t = &l->tasks[pick];
     t->chaos_pid = t->info.pid;
     t->chaos_wants_step = t->had_step;

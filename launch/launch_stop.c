@@ -70,13 +70,20 @@ restart_stopped_ps(keel_launch *l, size_t i, int64_t now)
                       "chief needs it; not counted)", t->info.name);
 }
 
+/* How a task ended (on_exit_status). */
+typedef struct task_exit {
+    int status;
+    int64_t now;
+    int was_chaos;              /* the chaos kill of this pid */
+    char how[64];               /* the status in words */
+} task_exit;
+
+/* Task i is gone: its last lines relayed, its pipes closed, its end
+ * reported and noted in its log. */
 static void
-on_exit_status(keel_launch *l, size_t i, int status, int64_t now)
+record_exit(keel_launch *l, size_t i, const task_exit *e)
 {
     task *t = &l->tasks[i];
-    char how[64];
-    int was_chaos = t->chaos_pid != 0 && t->chaos_pid == t->info.pid &&
-                    status == 128 + SIGKILL;
     /* lines the task wrote before it died come before its exit event */
     for (int s = 0; s < 2; s++)
         if (t->fd[s] >= 0)
@@ -84,95 +91,134 @@ on_exit_status(keel_launch *l, size_t i, int status, int64_t now)
     keel__launch_close_task_fds(t);
     t->is_alive = 0;
     t->chaos_pid = 0;
-    t->info.last_status = status;
-    t->died_ns = now;
-    keel__launch_describe_status(status, how, sizeof how);
-    keel__launch_emit(l, KEEL_LAUNCH_EV_EXIT, (int)i, t->info.pid, status,
-                      "%s (pid %d) ended: %s%s", t->info.name, t->info.pid, how,
-                      was_chaos ? " (chaos)" : "");
+    t->info.last_status = e->status;
+    t->died_ns = e->now;
+    keel__launch_emit(l, KEEL_LAUNCH_EV_EXIT, (int)i, t->info.pid, e->status,
+                      "%s (pid %d) ended: %s%s", t->info.name, t->info.pid,
+                      e->how, e->was_chaos ? " (chaos)" : "");
     keel__launch_log_note(t, "%s (pid %d) ended: %s%s", t->info.name,
-                          t->info.pid, how, was_chaos ? " (chaos)" : "");
-    if (t->info.type == KEEL_TASK_EVALUATOR && status != 0 &&
-        t->info.state != KEEL_LAUNCH_STOPPING &&
-        (l->is_stopping || status == 2 ||
-         (!was_chaos && t->info.restarts >= l->cfg.max_restarts))) {
-        evaluator_failed(l, i, status, how);
-        return;
+                          t->info.pid, e->how,
+                          e->was_chaos ? " (chaos)" : "");
+}
+
+/* Task i exited 0: the chief's end stops the job; a ps the restarted
+ * chief still needs comes back. */
+static void
+ended_ok(keel_launch *l, size_t i, int64_t now)
+{
+    l->tasks[i].info.state = KEEL_LAUNCH_DONE;
+    if (i == l->chief) {
+        l->chief_done = 1;
+        keel__launch_begin_stop(l, "the chief finished");
+    } else if (ps_needed_again(l, &l->tasks[i])) {
+        restart_stopped_ps(l, i, now);
     }
-    t->term_due_ns = 0;
-    if (l->is_stopping || t->is_removed) {
-        t->info.state = status == 0 ? KEEL_LAUNCH_DONE : KEEL_LAUNCH_STOPPED;
-        return;
+}
+
+/* The wait before task t starts again (counting the restart unless it was
+ * chaos's). A task that made progress (its own step line, the chief's
+ * step advancing while it was up, or 10 s up) died of something else
+ * than its own start: it comes back at once, since every millisecond here
+ * is the whole job's. Only a crash loop waits: the base delay, doubled for
+ * each failure in a row without progress, at most BACKOFF_CAP_SECS. */
+static double
+restart_delay(keel_launch *l, task *t, const task_exit *e)
+{
+    double delay = l->cfg.backoff_secs;
+    int was_healthy = t->had_step ||
+        e->now - t->started_ns >= HEALTHY_NS ||
+        l->tasks[l->chief].info.global_step > t->chief_step_at_start;
+    if (!e->was_chaos)
+        t->info.restarts++;
+    if (was_healthy) {
+        t->backoff_level = 0;
+        return 0;
     }
-    if (status == 0) {
-        t->info.state = KEEL_LAUNCH_DONE;
-        if (i == l->chief) {
-            l->chief_done = 1;
-            keel__launch_begin_stop(l, "the chief finished");
-        } else if (ps_needed_again(l, t)) {
-            restart_stopped_ps(l, i, now);
-        }
-        return;
+    if (!e->was_chaos) {
+        for (int k = 0; k < t->backoff_level && delay < BACKOFF_CAP_SECS;
+             k++)
+            delay *= 2;
+        if (delay > BACKOFF_CAP_SECS)
+            delay = BACKOFF_CAP_SECS;
+        t->backoff_level++;
     }
-    /* exit 2 is keel's usage/configuration error: a restart cannot fix it */
-    if (status != 2 && (was_chaos || t->info.restarts < l->cfg.max_restarts)) {
-        double delay = l->cfg.backoff_secs;
-        /* A task that made progress (its own step line, the chief's step
-         * advancing while it was up, or 10 s up) died of something else
-         * than its own start: it comes back at once, since every
-         * millisecond here is the whole job's. Only a crash loop waits:
-         * the base delay, doubled for each failure in a row without
-         * progress, at most BACKOFF_CAP_SECS. */
-        int was_healthy = t->had_step ||
-            now - t->started_ns >= HEALTHY_NS ||
-            l->tasks[l->chief].info.global_step > t->chief_step_at_start;
-        if (!was_chaos)
-            t->info.restarts++;
-        if (was_healthy) {
-            t->backoff_level = 0;
-            delay = 0;
-        } else if (!was_chaos) {
-            for (int k = 0; k < t->backoff_level &&
-                 delay < BACKOFF_CAP_SECS; k++)
-                delay *= 2;
-            if (delay > BACKOFF_CAP_SECS)
-                delay = BACKOFF_CAP_SECS;
-            t->backoff_level++;
-        }
-        t->info.state = KEEL_LAUNCH_BACKOFF;
-        t->restart_at_ns = now + (int64_t)(delay * 1e9);
-        /* the ps this chief had already stopped come back with it */
-        for (size_t k = 0; i == l->chief && k < l->n; k++)
-            if (l->tasks[k].info.state == KEEL_LAUNCH_DONE &&
-                ps_needed_again(l, &l->tasks[k]))
-                restart_stopped_ps(l, k, now);
-        if (was_chaos)
-            keel__launch_emit(l, KEEL_LAUNCH_EV_RESTART, (int)i, t->info.pid,
-                              status,
-                              "restarting %s in %.3g s (chaos kill; not "
-                              "counted)",
-                              t->info.name, delay);
-        else
-            keel__launch_emit(l, KEEL_LAUNCH_EV_RESTART, (int)i, t->info.pid,
-                              status,
-                              "restarting %s in %.3g s (restart %d of %d "
-                              "after %s)",
-                              t->info.name, delay, t->info.restarts,
-                              l->cfg.max_restarts, how);
-        return;
-    }
+    return delay;
+}
+
+/* Task i starts again after its delay (a chief with the ps it had
+ * stopped). */
+static void
+schedule_restart(keel_launch *l, size_t i, const task_exit *e)
+{
+    task *t = &l->tasks[i];
+    double delay = restart_delay(l, t, e);
+    t->info.state = KEEL_LAUNCH_BACKOFF;
+    t->restart_at_ns = e->now + (int64_t)(delay * 1e9);
+    /* the ps this chief had already stopped come back with it */
+    for (size_t k = 0; i == l->chief && k < l->n; k++)
+        if (l->tasks[k].info.state == KEEL_LAUNCH_DONE &&
+            ps_needed_again(l, &l->tasks[k]))
+            restart_stopped_ps(l, k, e->now);
+    if (e->was_chaos)
+        keel__launch_emit(l, KEEL_LAUNCH_EV_RESTART, (int)i, t->info.pid,
+                          e->status, "restarting %s in %.3g s (chaos kill; "
+                          "not counted)", t->info.name, delay);
+    else
+        keel__launch_emit(l, KEEL_LAUNCH_EV_RESTART, (int)i, t->info.pid,
+                          e->status, "restarting %s in %.3g s (restart %d "
+                          "of %d after %s)", t->info.name, delay,
+                          t->info.restarts, l->cfg.max_restarts, e->how);
+}
+
+/* Task i failed for good: the job stops, naming the first such task. */
+static void
+give_up(keel_launch *l, size_t i, const task_exit *e)
+{
+    task *t = &l->tasks[i];
     t->info.state = KEEL_LAUNCH_FAILED;
     if (l->failed_task < 0) {
         l->failed_task = (int)i;
         snprintf(l->why, sizeof l->why, "%s failed %d time%s (last: %s%s); "
                  "see %s/logs/%s.log", t->info.name, t->info.restarts + 1,
-                 t->info.restarts == 0 ? "" : "s", how,
-                 status == 2 ? ", a configuration error: not restarted" : "",
+                 t->info.restarts == 0 ? "" : "s", e->how,
+                 e->status == 2 ? ", a configuration error: not restarted"
+                                : "",
                  l->output_dir, t->info.name);
     }
-    keel__launch_emit(l, KEEL_LAUNCH_EV_GIVE_UP, (int)i, t->info.pid, status,
-                      "giving up on %s: %s", t->info.name, l->why);
+    keel__launch_emit(l, KEEL_LAUNCH_EV_GIVE_UP, (int)i, t->info.pid,
+                      e->status, "giving up on %s: %s", t->info.name, l->why);
     keel__launch_begin_stop(l, "a task failed for good");
+}
+
+static void
+on_exit_status(keel_launch *l, size_t i, int status, int64_t now)
+{
+    task *t = &l->tasks[i];
+    task_exit e;
+    e.status = status;
+    e.now = now;
+    e.was_chaos = t->chaos_pid != 0 && t->chaos_pid == t->info.pid &&
+                  status == 128 + SIGKILL;
+    keel__launch_describe_status(status, e.how, sizeof e.how);
+    record_exit(l, i, &e);
+    if (t->info.type == KEEL_TASK_EVALUATOR && status != 0 &&
+        t->info.state != KEEL_LAUNCH_STOPPING &&
+        (l->is_stopping || status == 2 ||
+         (!e.was_chaos && t->info.restarts >= l->cfg.max_restarts))) {
+        evaluator_failed(l, i, status, e.how);
+        return;
+    }
+    t->term_due_ns = 0;
+    if (l->is_stopping || t->is_removed)
+        t->info.state = status == 0 ? KEEL_LAUNCH_DONE : KEEL_LAUNCH_STOPPED;
+    else if (status == 0)
+        ended_ok(l, i, now);
+    /* exit 2 is keel's usage/configuration error: a restart cannot fix it */
+    else if (status != 2 &&
+             (e.was_chaos || t->info.restarts < l->cfg.max_restarts))
+        schedule_restart(l, i, &e);
+    else
+        give_up(l, i, &e);
 }
 
 void

@@ -55,8 +55,9 @@ SEAMS = {
     "train/vars_int.h": ["session"],
     # the vectorized kernels the ps sums with; the model's thread pool the
     # trainer applies the optimizer on and the session runs replicas on;
-    # the reduction tree replicas' gradients are added along
-    "train/train_int.h": ["session", "cluster", "app"],
+    # the reduction tree replicas' gradients are added along; the
+    # splitmix64 stream launch's chaos draws its gaps and victims from
+    "train/train_int.h": ["session", "cluster", "app", "launch"],
     # the threads a mirrored session runs its replicas on, which the
     # trainer's update uses between steps
     "session/step_pool.h": ["app"],
