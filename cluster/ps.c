@@ -142,12 +142,11 @@ static keel_status
 alloc_pins(keel__ps *ps)
 {
     keel__wire_pin_init(&ps->pin);
-    ps->n_pins = keel_vars_count(ps->vars);
-    ps->pins = calloc(ps->n_pins ? ps->n_pins : 1, sizeof *ps->pins);
-    if (ps->pins == NULL) {
-        ps->n_pins = 0;
-        return keel__fail(KEEL_ENOMEM, "ps: %zu pins", ps->n_pins);
-    }
+    size_t n = keel_vars_count(ps->vars);
+    ps->pins = calloc(n ? n : 1, sizeof *ps->pins);
+    if (ps->pins == NULL)
+        return keel__fail(KEEL_ENOMEM, "ps: %zu pins", n);
+    ps->n_pins = n;
     for (size_t i = 0; i < ps->n_pins; i++)
         keel__wire_pin_init(&ps->pins[i]);
     return KEEL_OK;

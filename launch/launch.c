@@ -251,19 +251,41 @@ take_config(keel_launch *l, const keel_launch_config *cfg)
         l->page_size = 4096;
 }
 
-/* The task table and OUTPUT_DIR (copied: cfg.output_dir points at the
- * copy). */
+/* The tasks in their order: the ps, the chief, the workers, the
+ * evaluator. */
+static void
+init_tasks(keel_launch *l)
+{
+    size_t k = 0;
+    for (int i = 0; i < l->cfg.num_ps; i++)
+        init_task(&l->tasks[k++], KEEL_TASK_PS, i);
+    l->chief = k;
+    init_task(&l->tasks[k++], KEEL_TASK_CHIEF, 0);
+    for (int i = 0; i < l->cfg.num_workers; i++)
+        init_task(&l->tasks[k++], KEEL_TASK_WORKER, i);
+    if (l->cfg.with_evaluator)
+        init_task(&l->tasks[k++], KEEL_TASK_EVALUATOR, 0);
+}
+
+/* The task table, its tasks initialised (so that keel_launch_free of a
+ * launch that fails later closes no descriptor it does not own), and
+ * OUTPUT_DIR (copied: cfg.output_dir points at the copy). */
 static keel_status
 alloc_tasks(keel_launch *l)
 {
     size_t len = strlen(l->cfg.output_dir) + sizeof "OUTPUT_DIR=";
-    l->n = (size_t)l->cfg.num_ps + 1 + (size_t)l->cfg.num_workers +
-           (l->cfg.with_evaluator ? 1 : 0);
-    l->tasks = calloc(l->n, sizeof *l->tasks);
+    size_t n = (size_t)l->cfg.num_ps + 1 + (size_t)l->cfg.num_workers +
+               (l->cfg.with_evaluator ? 1 : 0);
+    l->tasks = calloc(n, sizeof *l->tasks);
+    if (l->tasks == NULL)
+        return keel__fail(KEEL_ENOMEM, "launch: a table of %zu tasks", n);
+    l->n = n;
+    init_tasks(l);
     l->output_dir = strdup(l->cfg.output_dir);
     l->output_env = malloc(len);
-    if (l->tasks == NULL || l->output_dir == NULL || l->output_env == NULL)
-        return keel__fail(KEEL_ENOMEM, "launch: %zu tasks", (size_t)0);
+    if (l->output_dir == NULL || l->output_env == NULL)
+        return keel__fail(KEEL_ENOMEM, "launch: OUTPUT_DIR of %zu bytes",
+                          len);
     snprintf(l->output_env, len, "OUTPUT_DIR=%s", l->output_dir);
     l->cfg.output_dir = l->output_dir;
     return KEEL_OK;
@@ -290,22 +312,6 @@ make_token(keel_launch *l)
     return KEEL_OK;
 }
 
-/* The tasks in their order: the ps, the chief, the workers, the
- * evaluator. */
-static void
-init_tasks(keel_launch *l)
-{
-    size_t k = 0;
-    for (int i = 0; i < l->cfg.num_ps; i++)
-        init_task(&l->tasks[k++], KEEL_TASK_PS, i);
-    l->chief = k;
-    init_task(&l->tasks[k++], KEEL_TASK_CHIEF, 0);
-    for (int i = 0; i < l->cfg.num_workers; i++)
-        init_task(&l->tasks[k++], KEEL_TASK_WORKER, i);
-    if (l->cfg.with_evaluator)
-        init_task(&l->tasks[k++], KEEL_TASK_EVALUATOR, 0);
-}
-
 keel_status
 keel_launch_new(const keel_launch_config *cfg, keel_launch **out)
 {
@@ -324,10 +330,8 @@ keel_launch_new(const keel_launch_config *cfg, keel_launch **out)
     st = alloc_tasks(l);
     if (st == KEEL_OK)
         st = make_token(l);
-    if (st == KEEL_OK) {
-        init_tasks(l);
+    if (st == KEEL_OK)
         st = pick_ports(l);
-    }
     if (st == KEEL_OK)
         st = build_tf_configs(l, 0);
     if (st != KEEL_OK) {
