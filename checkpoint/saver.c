@@ -215,11 +215,126 @@ parse_quoted(const char *v, char *out, size_t size)
     return n > 0;
 }
 
+/* A state file being parsed: its path, the line and the timestamps read
+ * so far. */
+typedef struct state_parse {
+    const char *path;
+    size_t lineno;
+    size_t n_ts;
+} state_parse;
+
+static keel_status
+state_bad_line(const state_parse *sp)
+{
+    return keel__fail(KEEL_ECORRUPT, "state file %s: line %zu is not "
+                      "`key: value` in TF's checkpoint format", sp->path,
+                      sp->lineno);
+}
+
+static keel_status
+state_add_doomed(ck_state *st, const char *name)
+{
+    void *nd = realloc(st->doomed, (st->n_doomed + 1) * sizeof *st->doomed);
+    if (nd == NULL)
+        return keel__fail(KEEL_ENOMEM, "state file list");
+    st->doomed = nd;
+    strcpy(st->doomed[st->n_doomed++], name);
+    return KEEL_OK;
+}
+
+/* keel's own comment line, "# keel: max_to_keep=5 keep_every_n_hours=0
+ * delete=NAME ..."; other comments and unknown or bad words are
+ * ignored. */
+static keel_status
+state_parse_options(ck_state *st, char *line)
+{
+    char *kv, *save = NULL;
+    if (strncmp(line, "# keel:", 7) != 0)
+        return KEEL_OK;
+    for (kv = strtok_r(line + 7, " \t", &save); kv != NULL;
+         kv = strtok_r(NULL, " \t", &save)) {
+        int64_t iv;
+        double d;
+        if (strncmp(kv, "max_to_keep=", 12) == 0 &&
+            keel__parse_i64(kv + 12, 0, 1000000000, &iv))
+            st->max_to_keep = (int)iv;
+        else if (strncmp(kv, "keep_every_n_hours=", 19) == 0 &&
+                 keel__parse_double(kv + 19, &d) && d >= 0)
+            st->keep_every_n_hours = d;
+        else if (strncmp(kv, "delete=", 7) == 0 &&
+                 keel_name_is_valid(kv + 7) &&
+                 strchr(kv + 7, '/') == NULL && st->n_doomed < 1024) {
+            keel_status rc = state_add_doomed(st, kv + 7);
+            if (rc != KEEL_OK)
+                return rc;
+        }
+    }
+    return KEEL_OK;
+}
+
+/* One `key: value` line of TF's checkpoint format; other keys are
+ * ignored (forward compatibility). */
+static keel_status
+state_parse_entry(ck_state *st, state_parse *sp, char *line)
+{
+    char *colon = strchr(line, ':'), *key, *val, name[KEEL_NAME_MAX];
+    double d;
+    if (colon == NULL)
+        return state_bad_line(sp);
+    *colon = '\0';
+    key = line;
+    val = colon + 1;
+    while (isspace((unsigned char)*val))
+        val++;
+    for (char *e = val + strlen(val); e > val &&
+         isspace((unsigned char)e[-1]); )
+        *--e = '\0';
+    if (strcmp(key, "model_checkpoint_path") == 0) {
+        if (!parse_quoted(val, st->latest, sizeof st->latest))
+            return state_bad_line(sp);
+    } else if (strcmp(key, "all_model_checkpoint_paths") == 0) {
+        if (!parse_quoted(val, name, sizeof name))
+            return state_bad_line(sp);
+        return state_push(st, name, 0);
+    } else if (strcmp(key, "all_model_checkpoint_timestamps") == 0) {
+        if (!keel__parse_double(val, &d))
+            return state_bad_line(sp);
+        if (sp->n_ts < st->n)
+            st->e[sp->n_ts].ts = d;
+        sp->n_ts++;
+    } else if (strcmp(key, "last_preserved_timestamp") == 0) {
+        if (!keel__parse_double(val, &d))
+            return state_bad_line(sp);
+        st->last_preserved = d;
+    }
+    return KEEL_OK;
+}
+
+/* The lines of a state file's text (NUL-free; tokenized in place). */
+static keel_status
+state_parse_text(ck_state *st, const char *path, char *data)
+{
+    state_parse sp = { .path = path };
+    char *line, *save = NULL;
+    keel_status rc = KEEL_OK;
+    for (line = strtok_r(data, "\n", &save); line != NULL && rc == KEEL_OK;
+         line = strtok_r(NULL, "\n", &save)) {
+        sp.lineno++;
+        while (isspace((unsigned char)*line))
+            line++;
+        if (*line == '#')
+            rc = state_parse_options(st, line);
+        else if (*line != '\0')
+            rc = state_parse_entry(st, &sp, line);
+    }
+    return rc;
+}
+
 keel_status
 keel__ckpt_state_read(const char *dir, ck_state *st)
 {
-    char path[KEEL_PATH_MAX], *data, *line, *save = NULL;
-    size_t n, n_ts = 0, lineno = 0;
+    char path[KEEL_PATH_MAX], *data;
+    size_t n;
     keel_status rc;
 
     memset(st, 0, sizeof *st);
@@ -232,96 +347,17 @@ keel__ckpt_state_read(const char *dir, ck_state *st)
     rc = keel__fs_read_all(path, (size_t)16 << 20, &data, &n);
     if (rc != KEEL_OK)
         return rc;
-    if (strlen(data) != n) {
-        free(data);
-        return keel__fail(KEEL_ECORRUPT, "state file %s contains NUL bytes",
-                          path);
-    }
-    for (line = strtok_r(data, "\n", &save); line != NULL;
-         line = strtok_r(NULL, "\n", &save)) {
-        char *colon, *key, *val, name[KEEL_NAME_MAX];
-        double d;
-        lineno++;
-        while (isspace((unsigned char)*line))
-            line++;
-        if (*line == '\0')
-            continue;
-        if (*line == '#') {
-            /* "# keel: max_to_keep=5 keep_every_n_hours=0" */
-            char *kv, *s2 = NULL;
-            if (strncmp(line, "# keel:", 7) != 0)
-                continue;
-            for (kv = strtok_r(line + 7, " \t", &s2); kv != NULL;
-                 kv = strtok_r(NULL, " \t", &s2)) {
-                int64_t iv;
-                if (strncmp(kv, "max_to_keep=", 12) == 0 &&
-                    keel__parse_i64(kv + 12, 0, 1000000000, &iv))
-                    st->max_to_keep = (int)iv;
-                else if (strncmp(kv, "keep_every_n_hours=", 19) == 0 &&
-                         keel__parse_double(kv + 19, &d) && d >= 0)
-                    st->keep_every_n_hours = d;
-                else if (strncmp(kv, "delete=", 7) == 0 &&
-                         keel_name_is_valid(kv + 7) &&
-                         strchr(kv + 7, '/') == NULL &&
-                         st->n_doomed < 1024) {
-                    void *nd = realloc(st->doomed, (st->n_doomed + 1) *
-                                       sizeof *st->doomed);
-                    if (nd == NULL) {
-                        rc = keel__fail(KEEL_ENOMEM, "state file list");
-                        goto fail;
-                    }
-                    st->doomed = nd;
-                    strcpy(st->doomed[st->n_doomed++], kv + 7);
-                }
-            }
-            continue;
-        }
-        colon = strchr(line, ':');
-        if (colon == NULL)
-            goto bad;
-        *colon = '\0';
-        key = line;
-        val = colon + 1;
-        while (isspace((unsigned char)*val))
-            val++;
-        for (char *e = val + strlen(val); e > val &&
-             isspace((unsigned char)e[-1]); )
-            *--e = '\0';
-        if (strcmp(key, "model_checkpoint_path") == 0) {
-            if (!parse_quoted(val, st->latest, sizeof st->latest))
-                goto bad;
-        } else if (strcmp(key, "all_model_checkpoint_paths") == 0) {
-            if (!parse_quoted(val, name, sizeof name))
-                goto bad;
-            rc = state_push(st, name, 0);
-            if (rc != KEEL_OK)
-                goto fail;
-        } else if (strcmp(key, "all_model_checkpoint_timestamps") == 0) {
-            if (!keel__parse_double(val, &d))
-                goto bad;
-            if (n_ts < st->n)
-                st->e[n_ts].ts = d;
-            n_ts++;
-        } else if (strcmp(key, "last_preserved_timestamp") == 0) {
-            if (!keel__parse_double(val, &d))
-                goto bad;
-            st->last_preserved = d;
-        }
-        /* Other keys are ignored (forward compatibility). */
-    }
+    if (strlen(data) != n)
+        rc = keel__fail(KEEL_ECORRUPT, "state file %s contains NUL bytes",
+                        path);
+    else
+        rc = state_parse_text(st, path, data);
     free(data);
-    if (st->latest[0] == '\0' && st->n == 0) {
+    if (rc == KEEL_OK && st->latest[0] == '\0' && st->n == 0)
+        rc = keel__fail(KEEL_ECORRUPT, "state file %s names no checkpoint",
+                        path);
+    if (rc != KEEL_OK)
         keel__ckpt_state_free(st);
-        return keel__fail(KEEL_ECORRUPT, "state file %s names no checkpoint",
-                          path);
-    }
-    return KEEL_OK;
-bad:
-    rc = keel__fail(KEEL_ECORRUPT, "state file %s: line %zu is not "
-                    "`key: value` in TF's checkpoint format", path, lineno);
-fail:
-    free(data);
-    keel__ckpt_state_free(st);
     return rc;
 }
 
@@ -642,54 +678,37 @@ check_room(const ck_plan *p)
     return KEEL_OK;
 }
 
-/* Commit the file, record it in the state file, apply retention. Runs on
- * the caller's thread (sync) or the writer thread (async). */
+/* One save being committed: its file's name and path, when the save
+ * began (the file's timestamp in the state file), and the files
+ * retention drops from the list. */
+typedef struct ck_commit {
+    char name[KEEL_NAME_MAX];
+    char path[KEEL_PATH_MAX];
+    double now;
+    char (*doomed)[KEEL_NAME_MAX];
+    size_t n_doomed;
+} ck_commit;
+
 static keel_status
-commit_save(keel_saver *s, ck_plan *p)
+commit_file(const keel_saver *s, ck_plan *p, ck_commit *c)
 {
-    char name[KEEL_NAME_MAX], path[KEEL_PATH_MAX];
-    char (*doomed)[KEEL_NAME_MAX] = NULL;
-    size_t n_doomed = 0;
-    double now = keel__now_wall(), saved_lp = s->state.last_preserved;
-    ck_state_entry *backup = NULL;
-    size_t backup_n = s->state.n;
-    keel_status st;
-
-    int64_t t0 = keel__now_mono_ns(), t1, t2, t3;
-
-    join_reaper(s);
-
-    t1 = t0;
-    st = ckpt_file_name(name, sizeof name, s->basename, p->step, p->epoch);
+    keel_status st = ckpt_file_name(c->name, sizeof c->name, s->basename,
+                                    p->step, p->epoch);
     if (st == KEEL_OK)
-        st = keel__path_join(path, sizeof path, s->dir, name);
+        st = keel__path_join(c->path, sizeof c->path, s->dir, c->name);
     if (st == KEEL_OK)
-        st = keel__ckpt_write_file(p, path);
+        st = keel__ckpt_write_file(p, c->path);
     if (st != KEEL_OK)
         return keel__wrap(st, "save of step %lld failed", (long long)p->step);
-    t2 = keel__now_mono_ns();
+    return KEEL_OK;
+}
 
-    /* New list: without an older entry of the same name, plus this one. */
-    backup = malloc((backup_n + 1) * sizeof *backup);
-    doomed = malloc((backup_n + 1) * sizeof *doomed);
-    if (backup == NULL || doomed == NULL) {
-        st = keel__fail(KEEL_ENOMEM, "checkpoint retention list");
-        goto out;
-    }
-    if (backup_n > 0)
-        memcpy(backup, s->state.e, backup_n * sizeof *backup);
-    for (size_t i = 0; i < s->state.n; ) {
-        const char *nm = s->state.e[i].name;
-        const char *sl = strrchr(nm, '/');
-        if (strcmp(sl ? sl + 1 : nm, name) == 0)
-            state_remove(&s->state, i);
-        else
-            i++;
-    }
-    st = state_push(&s->state, name, now);
-    if (st != KEEL_OK)
-        goto out;
-    /* Retention: the entry just added is never removed (n > max >= 1). */
+/* Retention: the oldest entries past max_to_keep leave the list, into
+ * c->doomed unless keep_every_n_hours keeps them for good. The entry
+ * just added is never removed (n > max >= 1). */
+static void
+apply_retention(keel_saver *s, ck_commit *c)
+{
     while (s->max_to_keep > 0 && s->state.n > (size_t)s->max_to_keep) {
         ck_state_entry old = s->state.e[0];
         state_remove(&s->state, 0);
@@ -699,54 +718,110 @@ commit_save(keel_saver *s, ck_plan *p)
             s->state.last_preserved = old.ts;   /* kept for good */
             continue;
         }
-        snprintf(doomed[n_doomed++], KEEL_NAME_MAX, "%s", old.name);
+        snprintf(c->doomed[c->n_doomed++], KEEL_NAME_MAX, "%s", old.name);
     }
-    st = state_write(s, doomed, n_doomed);
-    if (st != KEEL_OK) {
-        /* The .h5 is committed but unrecorded; keep the old list. */
-        memcpy(s->state.e, backup, backup_n * sizeof *backup);
-        s->state.n = backup_n;
-        s->state.last_preserved = saved_lp;
-        n_doomed = 0;
-        st = keel__wrap(st, "checkpoint %s was written but the state file "
-                        "could not be updated", path);
-        goto out;
+}
+
+/* The new list (without an older entry of the same name, plus this one,
+ * after retention) into the state file. When that cannot be written the
+ * .h5 is committed but unrecorded: the old list stays. */
+static keel_status
+record_commit(keel_saver *s, ck_commit *c)
+{
+    size_t backup_n = s->state.n;
+    double saved_lp = s->state.last_preserved;
+    ck_state_entry *backup = malloc((backup_n + 1) * sizeof *backup);
+    keel_status st;
+    if (backup == NULL)
+        return keel__fail(KEEL_ENOMEM, "checkpoint retention list");
+    if (backup_n > 0)
+        memcpy(backup, s->state.e, backup_n * sizeof *backup);
+    for (size_t i = 0; i < s->state.n; ) {
+        const char *nm = s->state.e[i].name;
+        const char *sl = strrchr(nm, '/');
+        if (strcmp(sl ? sl + 1 : nm, c->name) == 0)
+            state_remove(&s->state, i);
+        else
+            i++;
     }
-    __atomic_store_n(&s->last_step, p->step, __ATOMIC_RELEASE);
-    /* deletions deferred by readers' leases, now released */
-    keel__ckpt_lease_sweep(s->dir, &s->state);
-    t3 = keel__now_mono_ns();
-    /* Only now that the state file no longer lists them (a crash before
-     * they are gone is finished by the next saver: "# keel: delete="). */
-    if (n_doomed > 0) {
-        s->n_reap = 0;
-        s->reap = malloc(n_doomed * sizeof *s->reap);
-        for (size_t i = 0; s->reap != NULL && i < n_doomed; i++) {
-            char *dp = s->reap[s->n_reap];
-            if (!may_unlink(s, doomed[i]))
-                continue;
-            if (doomed[i][0] == '/')
-                snprintf(dp, KEEL_PATH_MAX, "%s", doomed[i]);
-            else if (keel__path_join(dp, KEEL_PATH_MAX, s->dir, doomed[i]) !=
-                     KEEL_OK)
-                continue;
-            s->n_reap++;
+    st = state_push(&s->state, c->name, c->now);
+    if (st == KEEL_OK) {
+        apply_retention(s, c);
+        st = state_write(s, c->doomed, c->n_doomed);
+        if (st != KEEL_OK) {
+            memcpy(s->state.e, backup, backup_n * sizeof *backup);
+            s->state.n = backup_n;
+            s->state.last_preserved = saved_lp;
+            c->n_doomed = 0;
+            st = keel__wrap(st, "checkpoint %s was written but the state "
+                            "file could not be updated", c->path);
         }
-        if (s->reap != NULL) {
-            s->reaping = pthread_create(&s->reaper, NULL, reaper_main, s) ==
-                         0;
-            if (!s->reaping)
-                reaper_main(s);
-        }
     }
-    keel__log(KEEL_LOG_DEBUG, "saved %s: (setup %.1f ms) file %.1f ms, "
-              "state file %.1f ms, retention start %.1f ms", path,
-              (double)(t1 - t0) / 1e6, (double)(t2 - t1) / 1e6,
-              (double)(t3 - t2) / 1e6,
-              (double)(keel__now_mono_ns() - t3) / 1e6);
-out:
     free(backup);
-    free(doomed);
+    return st;
+}
+
+/* Unlink the files retention dropped, on the reaper thread (here when it
+ * cannot start): only now that the state file no longer lists them (a
+ * crash before they are gone is finished by the next saver: "# keel:
+ * delete="). */
+static void
+start_reaping(keel_saver *s, const ck_commit *c)
+{
+    if (c->n_doomed == 0)
+        return;
+    s->n_reap = 0;
+    s->reap = malloc(c->n_doomed * sizeof *s->reap);
+    for (size_t i = 0; s->reap != NULL && i < c->n_doomed; i++) {
+        const char *nm = c->doomed[i];
+        char *dp = s->reap[s->n_reap];
+        if (!may_unlink(s, nm))
+            continue;
+        if (nm[0] == '/')
+            snprintf(dp, KEEL_PATH_MAX, "%s", nm);
+        else if (keel__path_join(dp, KEEL_PATH_MAX, s->dir, nm) != KEEL_OK)
+            continue;
+        s->n_reap++;
+    }
+    if (s->reap != NULL) {
+        s->reaping = pthread_create(&s->reaper, NULL, reaper_main, s) == 0;
+        if (!s->reaping)
+            reaper_main(s);
+    }
+}
+
+/* Commit the file, record it in the state file, apply retention. Runs on
+ * the caller's thread (sync) or the writer thread (async). */
+static keel_status
+commit_save(keel_saver *s, ck_plan *p)
+{
+    ck_commit c = { .now = keel__now_wall() };
+    keel_status st;
+    int64_t t0 = keel__now_mono_ns(), t1, t2, t3;
+
+    join_reaper(s);
+    t1 = t0;
+    st = commit_file(s, p, &c);
+    if (st != KEEL_OK)
+        return st;
+    t2 = keel__now_mono_ns();
+    c.doomed = malloc((s->state.n + 1) * sizeof *c.doomed);
+    if (c.doomed == NULL)
+        return keel__fail(KEEL_ENOMEM, "checkpoint retention list");
+    st = record_commit(s, &c);
+    if (st == KEEL_OK) {
+        __atomic_store_n(&s->last_step, p->step, __ATOMIC_RELEASE);
+        /* deletions deferred by readers' leases, now released */
+        keel__ckpt_lease_sweep(s->dir, &s->state);
+        t3 = keel__now_mono_ns();
+        start_reaping(s, &c);
+        keel__log(KEEL_LOG_DEBUG, "saved %s: (setup %.1f ms) file %.1f ms, "
+                  "state file %.1f ms, retention start %.1f ms", c.path,
+                  (double)(t1 - t0) / 1e6, (double)(t2 - t1) / 1e6,
+                  (double)(t3 - t2) / 1e6,
+                  (double)(keel__now_mono_ns() - t3) / 1e6);
+    }
+    free(c.doomed);
     return st;
 }
 
