@@ -283,11 +283,22 @@ make_var(keel_vars *vs, int reuse, const char *scope, const char *leaf,
     return KEEL_OK;
 }
 
+/* A model being built: its store, the shape of the next layer's input
+ * (a dense layer's output is 1 x 1 x its size) and the layer counts
+ * that number the variable scopes. */
+typedef struct builder {
+    keel_model *m;
+    keel_vars *vs;
+    size_t h, w, c;
+    int n_dense, n_conv;
+} builder;
+
 /* Append a layer; in_size is the previous output (or the input). */
 static keel_status
-add_layer(keel_model *m, keel_vars *vs, layer *proto, int *n_dense,
-          int *n_conv)
+add_layer(builder *bd, layer *proto)
 {
+    keel_model *m = bd->m;
+    keel_vars *vs = bd->vs;
     layer *L = &m->l[m->nl];
     keel_status st;
     char scope[32];
@@ -296,7 +307,7 @@ add_layer(keel_model *m, keel_vars *vs, layer *proto, int *n_dense,
     if (L->kind == L_DENSE) {
         int64_t ks[2] = { (int64_t)L->din, (int64_t)L->dout };
         int64_t bs[1] = { (int64_t)L->dout };
-        snprintf(scope, sizeof scope, "dense_%d", ++*n_dense);
+        snprintf(scope, sizeof scope, "dense_%d", ++bd->n_dense);
         L->out_size = L->dout;
         if ((st = make_var(vs, m->reuse_vars, scope, "kernel", 2, ks, &L->w)) != KEEL_OK ||
             (st = make_var(vs, m->reuse_vars, scope, "bias", 1, bs, &L->b)) != KEEL_OK)
@@ -308,7 +319,7 @@ add_layer(keel_model *m, keel_vars *vs, layer *proto, int *n_dense,
         int64_t ks[4] = { (int64_t)g->kh, (int64_t)g->kw, (int64_t)g->cin,
                           (int64_t)g->cout };
         int64_t bs[1] = { (int64_t)g->cout };
-        snprintf(scope, sizeof scope, "conv2d_%d", ++*n_conv);
+        snprintf(scope, sizeof scope, "conv2d_%d", ++bd->n_conv);
         if ((st = keel__conv_geom_init(g, 0)) != KEEL_OK)
             return st;
         L->out_size = g->oh * g->ow * g->cout;
@@ -445,15 +456,97 @@ keel__model_new_replica(const keel_model *m, keel_vars *vs, int threads,
     return model_build(&c, vs, 1, out);
 }
 
+/* A dense layer of dout units on the flattened input. */
+static keel_status
+add_dense(builder *bd, size_t dout, keel_activation act)
+{
+    size_t flat = bd->h * bd->w * bd->c;
+    layer p = { .kind = L_DENSE, .act = act, .in_size = flat, .din = flat,
+                .dout = dout };
+    keel_status st = add_layer(bd, &p);
+    bd->h = bd->w = 1;
+    bd->c = dout;
+    return st;
+}
+
+/* A 3 x 3 ReLU convolution of cout channels, then a 2 x 2 max-pool fused
+ * with it. */
+static keel_status
+add_conv_pool(builder *bd, size_t cout)
+{
+    keel_model *m = bd->m;
+    layer conv = {
+        .kind = L_CONV, .act = KEEL_ACT_RELU,
+        .in_size = bd->h * bd->w * bd->c,
+        .cg = { .h = bd->h, .w = bd->w, .cin = bd->c, .kh = 3, .kw = 3,
+                .cout = cout, .sh = 1, .sw = 1 },
+    };
+    layer pool = { .kind = L_POOL, .act = KEEL_ACT_NONE };
+    keel_status st = add_layer(bd, &conv);
+    if (st != KEEL_OK)
+        return st;
+    bd->h = m->l[m->nl - 1].cg.oh;
+    bd->w = m->l[m->nl - 1].cg.ow;
+    bd->c = cout;
+    pool.in_size = bd->h * bd->w * bd->c;
+    pool.pg = (keel__pool_geom){ .h = bd->h, .w = bd->w, .c = bd->c,
+                                 .k = 2, .s = 2 };
+    if ((st = add_layer(bd, &pool)) != KEEL_OK)
+        return st;
+    bd->h = m->l[m->nl - 1].pg.oh;
+    bd->w = m->l[m->nl - 1].pg.ow;
+    m->l[m->nl - 2].fused = 1;
+    return KEEL_OK;
+}
+
+/* The layers of cfg's model kind, then the logits: the CNN's two
+ * convolution + pool blocks (32 and 64 channels) and dense 64, or the
+ * MLP's hidden layers; a softmax model has the logits only. */
+static keel_status
+add_layers(builder *bd, const keel_model_config *cfg)
+{
+    keel_status st = KEEL_OK;
+    if (cfg->kind == KEEL_MODEL_CNN) {
+        st = add_conv_pool(bd, 32);
+        if (st == KEEL_OK)
+            st = add_conv_pool(bd, 64);
+        if (st == KEEL_OK)
+            st = add_dense(bd, 64, KEEL_ACT_RELU);
+    } else if (cfg->kind == KEEL_MODEL_MLP) {
+        for (int i = 0; i < cfg->n_hidden && st == KEEL_OK; i++)
+            st = add_dense(bd, (size_t)cfg->hidden[i], cfg->activation);
+    }
+    if (st == KEEL_OK)
+        st = add_dense(bd, (size_t)cfg->classes, KEEL_ACT_NONE);
+    return st;
+}
+
+/* How a batch of up to max_batch is cut into pieces, and the slots the
+ * pieces' gradients go through. */
+static void
+set_pieces(keel_model *m)
+{
+    size_t max_batch = (size_t)m->cfg.max_batch;
+    if (!m->is_dense_only)
+        m->piece = CNN_PIECE;
+    else
+        m->piece = dense_piece_for(max_batch);
+    if (m->piece > max_batch)
+        m->piece = max_batch;
+    m->max_pieces = (max_batch + m->piece - 1) / m->piece;
+    m->nslots = m->max_pieces < MAX_SLOTS ? (int)m->max_pieces : MAX_SLOTS;
+}
+
+/* Check cfg, add the layers (their variables created in vs, or with
+ * reuse found there), cut batches into pieces and allocate every
+ * workspace. */
 static keel_status
 model_build(const keel_model_config *cfg, keel_vars *vs, int reuse,
             keel_model **out)
 {
     keel_model *m;
     keel_status st;
-    int n_dense = 0, n_conv = 0;
-    size_t h, w, c, flat;
-    layer p;
+    builder bd;
     if (out == NULL)
         return keel__fail(KEEL_EINVAL, "model: out is NULL");
     *out = NULL;
@@ -468,92 +561,26 @@ model_build(const keel_model_config *cfg, keel_vars *vs, int reuse,
         return keel__fail(KEEL_ENOMEM, "model");
     m->cfg = *cfg;
     m->reuse_vars = reuse;
+    m->nthreads = cfg->threads;
+    m->is_dense_only = cfg->kind != KEEL_MODEL_CNN;
     m->l = calloc(KEEL_MODEL_MAX_HIDDEN + 8, sizeof *m->l);
     if (m->l == NULL) {
         free(m);
         return keel__fail(KEEL_ENOMEM, "model layers");
     }
-    h = (size_t)cfg->height;
-    w = (size_t)cfg->width;
-    c = (size_t)cfg->channels;
-    flat = h * w * c;
-    if (cfg->kind == KEEL_MODEL_CNN) {
-        size_t chans[2] = { 32, 64 };
-        for (int i = 0; i < 2; i++) {
-            memset(&p, 0, sizeof p);
-            p.kind = L_CONV;
-            p.act = KEEL_ACT_RELU;
-            p.in_size = h * w * c;
-            p.cg.h = h;
-            p.cg.w = w;
-            p.cg.cin = c;
-            p.cg.kh = p.cg.kw = 3;
-            p.cg.sh = p.cg.sw = 1;
-            p.cg.cout = chans[i];
-            if ((st = add_layer(m, vs, &p, &n_dense, &n_conv)) != KEEL_OK)
-                goto fail;
-            h = m->l[m->nl - 1].cg.oh;
-            w = m->l[m->nl - 1].cg.ow;
-            c = chans[i];
-            memset(&p, 0, sizeof p);
-            p.kind = L_POOL;
-            p.act = KEEL_ACT_NONE;
-            p.in_size = h * w * c;
-            p.pg.h = h;
-            p.pg.w = w;
-            p.pg.c = c;
-            p.pg.k = p.pg.s = 2;
-            if ((st = add_layer(m, vs, &p, &n_dense, &n_conv)) != KEEL_OK)
-                goto fail;
-            h = m->l[m->nl - 1].pg.oh;
-            w = m->l[m->nl - 1].pg.ow;
-            m->l[m->nl - 2].fused = 1;
-        }
-        flat = h * w * c;
-        memset(&p, 0, sizeof p);
-        p.kind = L_DENSE;
-        p.act = KEEL_ACT_RELU;
-        p.in_size = p.din = flat;
-        p.dout = 64;
-        if ((st = add_layer(m, vs, &p, &n_dense, &n_conv)) != KEEL_OK)
-            goto fail;
-        flat = 64;
-    } else if (cfg->kind == KEEL_MODEL_MLP) {
-        for (int i = 0; i < cfg->n_hidden; i++) {
-            memset(&p, 0, sizeof p);
-            p.kind = L_DENSE;
-            p.act = cfg->activation;
-            p.in_size = p.din = flat;
-            p.dout = (size_t)cfg->hidden[i];
-            if ((st = add_layer(m, vs, &p, &n_dense, &n_conv)) != KEEL_OK)
-                goto fail;
-            flat = p.dout;
-        }
+    bd = (builder){ .m = m, .vs = vs, .h = (size_t)cfg->height,
+                    .w = (size_t)cfg->width, .c = (size_t)cfg->channels };
+    st = add_layers(&bd, cfg);
+    if (st == KEEL_OK) {
+        set_pieces(m);
+        st = alloc_buffers(m);
     }
-    memset(&p, 0, sizeof p);
-    p.kind = L_DENSE;
-    p.act = KEEL_ACT_NONE;
-    p.in_size = p.din = flat;
-    p.dout = (size_t)cfg->classes;
-    if ((st = add_layer(m, vs, &p, &n_dense, &n_conv)) != KEEL_OK)
-        goto fail;
-    m->nthreads = cfg->threads;
-    m->is_dense_only = cfg->kind != KEEL_MODEL_CNN;
-    if (!m->is_dense_only)
-        m->piece = CNN_PIECE;
-    else
-        m->piece = dense_piece_for((size_t)cfg->max_batch);
-    if (m->piece > (size_t)cfg->max_batch)
-        m->piece = (size_t)cfg->max_batch;
-    m->max_pieces = ((size_t)cfg->max_batch + m->piece - 1) / m->piece;
-    m->nslots = m->max_pieces < MAX_SLOTS ? (int)m->max_pieces : MAX_SLOTS;
-    if ((st = alloc_buffers(m)) != KEEL_OK)
-        goto fail;
+    if (st != KEEL_OK) {
+        keel_model_free(m);
+        return st;
+    }
     *out = m;
     return KEEL_OK;
-fail:
-    keel_model_free(m);
-    return st;
 }
 
 keel_status
