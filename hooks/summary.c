@@ -231,23 +231,23 @@ keel_step_counter_hook_new(const keel_step_counter_hook_config *cfg,
                            keel_hook *out)
 {
     counter_hook *h;
+    keel_timer timer;
     keel_status st;
     st = KEEL__CONFIG_CHECK(cfg, out, keel_step_counter_hook_config,
                             "step counter hook");
     if (st != KEEL_OK)
         return st;
+    st = keel_timer_init(&timer, cfg->every_n_secs, cfg->every_n_steps,
+                         &cfg->clock);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "step counter hook: exactly one of "
+                          "every_n_steps and every_n_secs should be "
+                          "provided");
     st = keel__hooks_new_ctx((void **)&h, sizeof *h, "step counter hook");
     if (st != KEEL_OK)
         return st;
     h->last_before = -1;
-    st = keel_timer_init(&h->timer, cfg->every_n_secs, cfg->every_n_steps,
-                         &cfg->clock);
-    if (st != KEEL_OK) {
-        free(h);
-        return keel__wrap(st, "step counter hook: exactly one of "
-                          "every_n_steps and every_n_secs should be "
-                          "provided");
-    }
+    h->timer = timer;
     st = events_out_init(&h->ev, cfg->output_dir, "step counter");
     if (st != KEEL_OK) {
         free(h);
@@ -335,6 +335,7 @@ keel_status
 keel_summary_hook_new(const keel_summary_hook_config *cfg, keel_hook *out)
 {
     summary_hook *h;
+    keel_timer timer;
     keel_status st;
     st = KEEL__CONFIG_CHECK(cfg, out, keel_summary_hook_config,
                             "summary saver hook");
@@ -347,17 +348,16 @@ keel_summary_hook_new(const keel_summary_hook_config *cfg, keel_hook *out)
                                  "summary saver hook");
     if (st != KEEL_OK)
         return st;
+    st = keel_timer_init(&timer, cfg->save_secs, cfg->save_steps,
+                         &cfg->clock);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "summary saver hook (save_steps/save_secs)");
     st = keel__hooks_new_ctx((void **)&h, sizeof *h, "summary saver hook");
     if (st != KEEL_OK)
         return st;
     keel__hooks_copy_names(h->names, cfg->names, cfg->n_names);
     h->n = cfg->n_names;
-    st = keel_timer_init(&h->timer, cfg->save_secs, cfg->save_steps,
-                         &cfg->clock);
-    if (st != KEEL_OK) {
-        free(h);
-        return keel__wrap(st, "summary saver hook (save_steps/save_secs)");
-    }
+    h->timer = timer;
     st = events_out_init(&h->ev, cfg->output_dir, "summary saver");
     if (st != KEEL_OK) {
         free(h);
@@ -466,6 +466,7 @@ keel_status
 keel_profiler_hook_new(const keel_profiler_hook_config *cfg, keel_hook *out)
 {
     profiler_hook *h;
+    keel_timer timer;
     keel_status st;
     st = KEEL__CONFIG_CHECK(cfg, out, keel_profiler_hook_config,
                             "profiler hook");
@@ -474,16 +475,15 @@ keel_profiler_hook_new(const keel_profiler_hook_config *cfg, keel_hook *out)
     if (cfg->output_dir == NULL)
         return keel__fail(KEEL_EINVAL, "profiler hook: output_dir is "
                           "required");
+    st = keel_timer_init(&timer, cfg->save_secs, cfg->save_steps,
+                         &cfg->clock);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "profiler hook (save_steps/save_secs)");
     st = keel__hooks_new_ctx((void **)&h, sizeof *h, "profiler hook");
     if (st != KEEL_OK)
         return st;
     h->is_first = 1;
-    st = keel_timer_init(&h->timer, cfg->save_secs, cfg->save_steps,
-                         &cfg->clock);
-    if (st != KEEL_OK) {
-        free(h);
-        return keel__wrap(st, "profiler hook (save_steps/save_secs)");
-    }
+    h->timer = timer;
     st = keel__path_join(h->path, sizeof h->path, cfg->output_dir,
                          "timeline.json");
     if (st != KEEL_OK) {
