@@ -455,6 +455,112 @@ adopt_orphans(keel_saver *s)
     keel_ckpt_scan_free(f);
 }
 
+/* The saver's name and retention settings: base gets the basename. */
+static keel_status
+check_naming(const keel_saver_config *cfg, const char **base)
+{
+    *base = cfg->basename != NULL ? cfg->basename
+                                  : KEEL_CKPT_DEFAULT_BASENAME;
+    if (!keel_name_is_valid(*base) || strchr(*base, '/') != NULL ||
+        strlen(*base) > 200)
+        return keel__fail(KEEL_EINVAL, "checkpoint basename '%s' must be one "
+                          "path segment of [A-Za-z0-9_.-]", *base);
+    if (cfg->max_to_keep < 0)
+        return keel__fail(KEEL_EINVAL, "max_to_keep %d: must be >= 0 "
+                          "(0 keeps all)", cfg->max_to_keep);
+    if (!(cfg->keep_every_n_hours >= 0))
+        return keel__fail(KEEL_EINVAL, "keep_every_n_hours must be >= 0");
+    return KEEL_OK;
+}
+
+/* s's settings from cfg, and its directory, created when missing. */
+static keel_status
+saver_setup(keel_saver *s, const keel_saver_config *cfg, const char *base)
+{
+    keel_status st = keel__fmt(s->dir, sizeof s->dir,
+                               "checkpoint directory", "%s", cfg->dir);
+    if (st != KEEL_OK)
+        return st;
+    snprintf(s->basename, sizeof s->basename, "%s", base);
+    s->max_to_keep = cfg->max_to_keep;
+    s->keep_every_n_hours = cfg->keep_every_n_hours;
+    s->is_async = cfg->is_async != 0;
+    s->last_step = -1;
+    st = keel__fs_mkdirs(s->dir);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "checkpoint directory %s", s->dir);
+    return KEEL_OK;
+}
+
+/* Drop the loaded list's entries whose file is gone. */
+static void
+state_drop_missing(keel_saver *s)
+{
+    for (size_t i = 0; i < s->state.n; ) {
+        char p[KEEL_PATH_MAX];
+        struct stat sb;
+        const char *nm = s->state.e[i].name;
+        if (nm[0] == '/')
+            snprintf(p, sizeof p, "%s", nm);
+        else if (keel__path_join(p, sizeof p, s->dir, nm) != KEEL_OK)
+            p[0] = '\0';
+        if (stat(p, &sb) != 0) {
+            state_remove(&s->state, i);
+            continue;
+        }
+        i++;
+    }
+}
+
+/* Finish the retention deletions a crash interrupted (the state file's
+ * "# keel: delete=" names no longer listed), then forget them. */
+static void
+finish_doomed(keel_saver *s)
+{
+    for (size_t k = 0; k < s->state.n_doomed; k++) {
+        char p[KEEL_PATH_MAX];
+        int listed = 0;
+        for (size_t i = 0; i < s->state.n; i++)
+            listed |= strcmp(s->state.e[i].name, s->state.doomed[k]) == 0;
+        if (!listed && may_unlink(s, s->state.doomed[k]) &&
+            keel__path_join(p, sizeof p, s->dir, s->state.doomed[k]) ==
+                KEEL_OK &&
+            !keel__ckpt_lease_defer(s->dir, s->state.doomed[k]) &&
+            unlink(p) == 0)
+            keel__log(KEEL_LOG_INFO, "retention: removed %s (deletion "
+                      "interrupted earlier)", p);
+    }
+    free(s->state.doomed);
+    s->state.doomed = NULL;
+    s->state.n_doomed = 0;
+}
+
+/* The retention list from the directory's state file, without missing
+ * files, and the newest entry's step; no state file (or a bad one, with
+ * a warning) starts a new list. */
+static void
+load_state(keel_saver *s)
+{
+    keel_status st = keel__ckpt_state_read(s->dir, &s->state);
+    if (st != KEEL_OK) {
+        if (st != KEEL_ENOTFOUND)
+            keel__log(KEEL_LOG_WARN, "%s; starting a new checkpoint list",
+                      keel_last_error());
+        memset(&s->state, 0, sizeof s->state);
+        return;
+    }
+    state_drop_missing(s);
+    finish_doomed(s);
+    if (s->state.n > 0) {
+        const char *nm = s->state.e[s->state.n - 1].name;
+        const char *sl = strrchr(nm, '/');
+        s->last_step = keel__ckpt_name_step(sl ? sl + 1 : nm, s->basename);
+    }
+}
+
+/* Check cfg, set up the directory, take over what an earlier saver left
+ * there (temp files, its list, interrupted deletions, stale leases,
+ * committed but unrecorded checkpoints). */
 keel_status
 keel_saver_new(const keel_saver_config *cfg, keel_saver **out)
 {
@@ -471,81 +577,19 @@ keel_saver_new(const keel_saver_config *cfg, keel_saver **out)
         return keel__fail(KEEL_EINVAL, "keel_saver_new: a checkpoint "
                           "directory is required");
     *out = NULL;
-    base = cfg->basename != NULL ? cfg->basename : KEEL_CKPT_DEFAULT_BASENAME;
-    if (!keel_name_is_valid(base) || strchr(base, '/') != NULL ||
-        strlen(base) > 200)
-        return keel__fail(KEEL_EINVAL, "checkpoint basename '%s' must be one "
-                          "path segment of [A-Za-z0-9_.-]", base);
-    if (cfg->max_to_keep < 0)
-        return keel__fail(KEEL_EINVAL, "max_to_keep %d: must be >= 0 "
-                          "(0 keeps all)", cfg->max_to_keep);
-    if (!(cfg->keep_every_n_hours >= 0))
-        return keel__fail(KEEL_EINVAL, "keep_every_n_hours must be >= 0");
+    st = check_naming(cfg, &base);
+    if (st != KEEL_OK)
+        return st;
     s = calloc(1, sizeof *s);
     if (s == NULL)
         return keel__fail(KEEL_ENOMEM, "saver");
-    st = keel__fmt(s->dir, sizeof s->dir, "checkpoint directory", "%s",
-                   cfg->dir);
-    if (st != KEEL_OK)
-        goto fail;
-    snprintf(s->basename, sizeof s->basename, "%s", base);
-    s->max_to_keep = cfg->max_to_keep;
-    s->keep_every_n_hours = cfg->keep_every_n_hours;
-    s->is_async = cfg->is_async != 0;
-    s->last_step = -1;
-    st = keel__fs_mkdirs(s->dir);
+    st = saver_setup(s, cfg, base);
     if (st != KEEL_OK) {
-        st = keel__wrap(st, "checkpoint directory %s", s->dir);
-        goto fail;
+        free(s);
+        return st;
     }
     clean_temp_files(s);
-    st = keel__ckpt_state_read(s->dir, &s->state);
-    if (st == KEEL_ENOTFOUND) {
-        memset(&s->state, 0, sizeof s->state);
-    } else if (st != KEEL_OK) {
-        keel__log(KEEL_LOG_WARN, "%s; starting a new checkpoint list",
-                  keel_last_error());
-        memset(&s->state, 0, sizeof s->state);
-    } else {
-        /* Drop entries whose file is gone; remember the newest step. */
-        for (size_t i = 0; i < s->state.n; ) {
-            char p[KEEL_PATH_MAX];
-            struct stat sb;
-            const char *nm = s->state.e[i].name;
-            if (nm[0] == '/')
-                snprintf(p, sizeof p, "%s", nm);
-            else if (keel__path_join(p, sizeof p, s->dir, nm) != KEEL_OK)
-                p[0] = '\0';
-            if (stat(p, &sb) != 0) {
-                state_remove(&s->state, i);
-                continue;
-            }
-            i++;
-        }
-        /* Retention deletions a crash interrupted. */
-        for (size_t k = 0; k < s->state.n_doomed; k++) {
-            char p[KEEL_PATH_MAX];
-            int listed = 0;
-            for (size_t i = 0; i < s->state.n; i++)
-                listed |= strcmp(s->state.e[i].name, s->state.doomed[k]) == 0;
-            if (!listed && may_unlink(s, s->state.doomed[k]) &&
-                keel__path_join(p, sizeof p, s->dir, s->state.doomed[k]) ==
-                    KEEL_OK &&
-                !keel__ckpt_lease_defer(s->dir, s->state.doomed[k]) &&
-                unlink(p) == 0)
-                keel__log(KEEL_LOG_INFO, "retention: removed %s (deletion "
-                          "interrupted earlier)", p);
-        }
-        free(s->state.doomed);
-        s->state.doomed = NULL;
-        s->state.n_doomed = 0;
-        if (s->state.n > 0) {
-            const char *nm = s->state.e[s->state.n - 1].name;
-            const char *sl = strrchr(nm, '/');
-            s->last_step = keel__ckpt_name_step(sl ? sl + 1 : nm,
-                                                s->basename);
-        }
-    }
+    load_state(s);
     /* stale leases of dead readers; deferred deletions now unleased */
     keel__ckpt_lease_sweep(s->dir, &s->state);
     adopt_orphans(s);
@@ -553,9 +597,6 @@ keel_saver_new(const keel_saver_config *cfg, keel_saver **out)
         s->state.last_preserved = keel__now_wall();
     *out = s;
     return KEEL_OK;
-fail:
-    free(s);
-    return st;
 }
 
 int64_t
@@ -985,39 +1026,51 @@ arena_put(keel_saver *s, size_t *off, const char *str)
     return p;
 }
 
-/* Async: copy every tensor, name and meta into staging memory. */
-static keel_status
-stage(keel_saver *s, const keel_vars *vs, const keel_ckpt_meta *meta)
+/* The end of an n-byte tensor staged at or after off. */
+static size_t
+stage_end(size_t off, size_t n)
 {
-    size_t total = 0, text = 0, off = 0, toff = 0, n;
-    ck_plan *p = &s->plan;
-    size_t nv = keel_vars_count(vs);
-    keel_status st;
+    return stage_at(off, n) + round_up(n);
+}
 
+/* The staging bytes (*total) and name arena bytes (*text) a save of vs
+ * and meta needs. */
+static void
+stage_measure(const keel_vars *vs, const keel_ckpt_meta *meta,
+              size_t *total, size_t *text)
+{
+    size_t nv = keel_vars_count(vs);
+    *total = *text = 0;
     for (size_t i = 0; i < nv; i++) {
         keel_var *v = keel_vars_at(vs, i);
         const char *sn;
         if (keel_var_flags(v) & KEEL_VAR_LOCAL)
             continue;
-        n = keel_tensor_bytes(keel_var_tensor(v));
-        total = stage_at(total, n) + round_up(n);
-        text += strlen(keel_var_name(v)) + 1;
+        *total = stage_end(*total, keel_tensor_bytes(keel_var_tensor(v)));
+        *text += strlen(keel_var_name(v)) + 1;
         for (size_t j = 0; keel_var_slot_at(v, j, &sn) != NULL; j++) {
-            n = keel_tensor_bytes(keel_var_slot_at(v, j, NULL));
-            total = stage_at(total, n) + round_up(n);
-            text += strlen(sn) + 1;
+            *total = stage_end(*total,
+                               keel_tensor_bytes(keel_var_slot_at(v, j,
+                                                                  NULL)));
+            *text += strlen(sn) + 1;
         }
     }
     if (meta != NULL) {
         for (size_t i = 0; i < meta->n_blobs; i++) {
-            n = meta->blobs[i].size;
-            total = stage_at(total, n) + round_up(n);
-            text += strlen(meta->blobs[i].name) + 1;
+            *total = stage_end(*total, meta->blobs[i].size);
+            *text += strlen(meta->blobs[i].name) + 1;
         }
-        text += (meta->config_text ? strlen(meta->config_text) + 1 : 0) +
-                (meta->topology ? strlen(meta->topology) + 1 : 0) +
-                (meta->architecture ? strlen(meta->architecture) + 1 : 0);
+        *text += (meta->config_text ? strlen(meta->config_text) + 1 : 0) +
+                 (meta->topology ? strlen(meta->topology) + 1 : 0) +
+                 (meta->architecture ? strlen(meta->architecture) + 1 : 0);
     }
+}
+
+/* Grow the staging buffer and the name arena to total and text bytes
+ * (they are reused from save to save). */
+static keel_status
+stage_reserve(keel_saver *s, size_t total, size_t text)
+{
     if (total > s->stage_cap) {
         char *nb = keel_aligned_alloc(total);
         if (nb == NULL)
@@ -1034,52 +1087,94 @@ stage(keel_saver *s, const keel_vars *vs, const keel_ckpt_meta *meta)
         s->names = nn;
         s->names_cap = text + 1;
     }
-    p->n = 0;
+    return KEEL_OK;
+}
+
+/* Copy t into the staging buffer at or after *off and add it to the plan
+ * as variable name (slot NULL) or as its slot. */
+static keel_status
+stage_tensor(keel_saver *s, const char *name, const char *slot,
+             const keel_tensor *t, size_t *off)
+{
+    size_t n = keel_tensor_bytes(t);
+    keel_status st;
+    *off = stage_at(*off, n);
+    memcpy(s->stage + *off, t->data, n);
+    st = plan_add(&s->plan, name, slot, t, s->stage + *off);
+    if (st != KEEL_OK)
+        return st;
+    *off += round_up(n);
+    return KEEL_OK;
+}
+
+/* Every saved variable and its slots, names into the arena at *toff. */
+static keel_status
+stage_vars(keel_saver *s, const keel_vars *vs, size_t *off, size_t *toff)
+{
+    size_t nv = keel_vars_count(vs);
+    keel_status st;
+    s->plan.n = 0;
     for (size_t i = 0; i < nv; i++) {
         keel_var *v = keel_vars_at(vs, i);
-        keel_tensor *t = keel_var_tensor(v), *sl;
+        keel_tensor *sl;
         const char *name, *sn;
         if (keel_var_flags(v) & KEEL_VAR_LOCAL)
             continue;
-        name = arena_put(s, &toff, keel_var_name(v));
-        off = stage_at(off, keel_tensor_bytes(t));
-        memcpy(s->stage + off, t->data, keel_tensor_bytes(t));
-        st = plan_add(p, name, NULL, t, s->stage + off);
+        name = arena_put(s, toff, keel_var_name(v));
+        st = stage_tensor(s, name, NULL, keel_var_tensor(v), off);
         if (st != KEEL_OK)
             return st;
-        off += round_up(keel_tensor_bytes(t));
         for (size_t j = 0; (sl = keel_var_slot_at(v, j, &sn)) != NULL; j++) {
-            const char *slot = arena_put(s, &toff, sn);
-            off = stage_at(off, keel_tensor_bytes(sl));
-            memcpy(s->stage + off, sl->data, keel_tensor_bytes(sl));
-            st = plan_add(p, name, slot, sl, s->stage + off);
+            st = stage_tensor(s, name, arena_put(s, toff, sn), sl, off);
             if (st != KEEL_OK)
                 return st;
-            off += round_up(keel_tensor_bytes(sl));
         }
     }
+    return KEEL_OK;
+}
+
+/* meta's blobs (after the tensors, from off) and texts into the plan. */
+static void
+stage_meta(keel_saver *s, const keel_ckpt_meta *meta, size_t off,
+           size_t *toff)
+{
+    ck_plan *p = &s->plan;
     p->n_blobs = 0;
     p->config_text = p->topology = p->architecture = NULL;
     p->epoch = meta != NULL ? meta->epoch : 0;
-    if (meta != NULL) {
-        for (size_t i = 0; i < meta->n_blobs; i++) {
-            keel_ckpt_blob *b = &p->blobs[p->n_blobs++];
-            b->name = arena_put(s, &toff, meta->blobs[i].name);
-            b->size = meta->blobs[i].size;
-            off = stage_at(off, b->size);
-            if (b->size > 0)
-                memcpy(s->stage + off, meta->blobs[i].data, b->size);
-            b->data = s->stage + off;
-            off += round_up(b->size);
-        }
-        if (meta->config_text != NULL)
-            p->config_text = arena_put(s, &toff, meta->config_text);
-        if (meta->topology != NULL)
-            p->topology = arena_put(s, &toff, meta->topology);
-        if (meta->architecture != NULL)
-            p->architecture = arena_put(s, &toff, meta->architecture);
+    if (meta == NULL)
+        return;
+    for (size_t i = 0; i < meta->n_blobs; i++) {
+        keel_ckpt_blob *b = &p->blobs[p->n_blobs++];
+        b->name = arena_put(s, toff, meta->blobs[i].name);
+        b->size = meta->blobs[i].size;
+        off = stage_at(off, b->size);
+        if (b->size > 0)
+            memcpy(s->stage + off, meta->blobs[i].data, b->size);
+        b->data = s->stage + off;
+        off += round_up(b->size);
     }
-    return KEEL_OK;
+    if (meta->config_text != NULL)
+        p->config_text = arena_put(s, toff, meta->config_text);
+    if (meta->topology != NULL)
+        p->topology = arena_put(s, toff, meta->topology);
+    if (meta->architecture != NULL)
+        p->architecture = arena_put(s, toff, meta->architecture);
+}
+
+/* Async: copy every tensor, name and meta into staging memory. */
+static keel_status
+stage(keel_saver *s, const keel_vars *vs, const keel_ckpt_meta *meta)
+{
+    size_t total, text, off = 0, toff = 0;
+    keel_status st;
+    stage_measure(vs, meta, &total, &text);
+    st = stage_reserve(s, total, text);
+    if (st == KEEL_OK)
+        st = stage_vars(s, vs, &off, &toff);
+    if (st == KEEL_OK)
+        stage_meta(s, meta, off, &toff);
+    return st;
 }
 
 /* Sync: the plan points straight at the store's tensors. */
