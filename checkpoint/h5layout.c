@@ -369,88 +369,101 @@ out:
     return end_write(f, fapl, tmp, st);
 }
 
+/* One checkpoint file being written: its temp file, the pieces of data
+ * (items, then blobs), the items' bytes, whether their checksums are
+ * recorded after the data, and the phases' times for the debug log. */
+typedef struct ck_write {
+    char tmp[KEEL_PATH_MAX];
+    ck_piece *pieces;
+    size_t np;
+    size_t total;
+    int late;
+    size_t n_direct;
+    int64_t tm[6];
+} ck_write;
+
+/* Small checkpoints: checksums first (cheaper than reopening the file to
+ * record them). Large ones: each chunk hashed right before it is written
+ * (one pass over memory), checksums recorded afterwards. */
+static void
+plan_hashes(ck_plan *p, ck_write *w)
+{
+    for (size_t i = 0; i < p->n; i++)
+        w->total += p->items[i].bytes;
+    w->late = w->total >= CK_LATE_HASH_BYTES;
+    for (size_t i = 0; i < p->n; i++) {
+        p->items[i].hash = w->late ? 0 : XXH64(p->items[i].data,
+                                               p->items[i].bytes, 0);
+        w->pieces[i].hash = w->late ? &p->items[i].hash : NULL;
+    }
+}
+
+/* The pieces' bytes at their offsets in the temp file, the late
+ * checksums, then fsync and close. */
+static keel_status
+write_data(const ck_plan *p, ck_write *w)
+{
+    keel_status st;
+    int fd = open(w->tmp, O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        return keel__fail(KEEL_EIO, "reopen %s to write data: %s", w->tmp,
+                          strerror(errno));
+    st = keel__ckpt_io_write(fd, w->tmp, w->pieces, w->np,
+                             w->total >= CK_DIRECT_BYTES, &w->n_direct);
+    w->tm[2] = keel__now_mono_ns();
+    if (st == KEEL_OK && w->late) {
+        w->tm[3] = w->tm[2];
+        st = write_hashes(p, w->tmp);
+    }
+    w->tm[4] = keel__now_mono_ns();
+    if (st == KEEL_OK && keel__fs->fsync(fd) != 0)
+        st = keel__fail(KEEL_EIO, "fsync %s: %s", w->tmp, strerror(errno));
+    if (st != KEEL_OK) {
+        close(fd);
+        return st;
+    }
+    if (close(fd) != 0)
+        return keel__fail(KEEL_EIO, "close %s: %s", w->tmp, strerror(errno));
+    return KEEL_OK;
+}
+
+/* Write p to a temp file beside path (structure, data, checksums),
+ * fsync it and commit it under path; on failure nothing is left. */
 keel_status
 keel__ckpt_write_file(ck_plan *p, const char *path)
 {
-    char tmp[KEEL_PATH_MAX];
-    ck_piece *pieces;
+    ck_write w = { .np = p->n + p->n_blobs };
     keel_status st;
-    int fd = -1;
-    size_t np = p->n + p->n_blobs;
-    int late;
-    size_t total = 0;
-    int64_t tm[6] = { 0 };
-    size_t n_direct = 0;
 
-    st = keel__fs_tmp_name(tmp, sizeof tmp, path);
+    st = keel__fs_tmp_name(w.tmp, sizeof w.tmp, path);
     if (st != KEEL_OK)
         return st;
-    pieces = calloc(np > 0 ? np : 1, sizeof *pieces);
-    if (pieces == NULL)
+    w.pieces = calloc(w.np > 0 ? w.np : 1, sizeof *w.pieces);
+    if (w.pieces == NULL)
         return keel__fail(KEEL_ENOMEM, "checkpoint %s: no memory for %zu "
-                          "datasets", path, np);
-    /* Small checkpoints: checksums first (cheaper than reopening the file
-     * to record them). Large ones: each chunk hashed right before it is
-     * written (one pass over memory), checksums recorded afterwards. */
-    for (size_t i = 0; i < p->n; i++)
-        total += p->items[i].bytes;
-    late = total >= CK_LATE_HASH_BYTES;
-    for (size_t i = 0; i < p->n; i++) {
-        p->items[i].hash = late ? 0 : XXH64(p->items[i].data,
-                                            p->items[i].bytes, 0);
-        pieces[i].hash = late ? &p->items[i].hash : NULL;
+                          "datasets", path, w.np);
+    plan_hashes(p, &w);
+    w.tm[0] = keel__now_mono_ns();
+    st = write_structure(p, w.tmp, w.pieces);
+    w.tm[1] = keel__now_mono_ns();
+    if (st == KEEL_OK)
+        st = write_data(p, &w);
+    free(w.pieces);
+    if (st != KEEL_OK) {
+        unlink(w.tmp);
+        return st;
     }
-    tm[0] = keel__now_mono_ns();
-    st = write_structure(p, tmp, pieces);
-    if (st != KEEL_OK)
-        goto fail;
-    tm[1] = keel__now_mono_ns();
-    fd = open(tmp, O_WRONLY | O_CLOEXEC);
-    if (fd < 0) {
-        st = keel__fail(KEEL_EIO, "reopen %s to write data: %s", tmp,
-                        strerror(errno));
-        goto fail;
-    }
-    st = keel__ckpt_io_write(fd, tmp, pieces, np, total >= CK_DIRECT_BYTES,
-                             &n_direct);
-    if (st != KEEL_OK)
-        goto fail;
-    tm[2] = keel__now_mono_ns();
-    if (late) {
-        tm[3] = tm[2];
-        st = write_hashes(p, tmp);
-        if (st != KEEL_OK)
-            goto fail;
-    }
-    tm[4] = keel__now_mono_ns();
-    if (keel__fs->fsync(fd) != 0) {
-        st = keel__fail(KEEL_EIO, "fsync %s: %s", tmp, strerror(errno));
-        goto fail;
-    }
-    if (close(fd) != 0) {
-        fd = -1;
-        st = keel__fail(KEEL_EIO, "close %s: %s", tmp, strerror(errno));
-        goto fail;
-    }
-    fd = -1;
-    free(pieces);
-    tm[5] = keel__now_mono_ns();
+    w.tm[5] = keel__now_mono_ns();
     /* rename + fsync of the directory; unlinks tmp if the rename fails. */
-    st = keel__fs_commit(tmp, path);
+    st = keel__fs_commit(w.tmp, path);
     keel__log(KEEL_LOG_DEBUG, "wrote %s: structure %.1f ms, data %.1f ms "
               "(%zu of %zu bytes with O_DIRECT), record checksums %.1f ms, "
               "fsync %.1f ms, rename+dir fsync %.1f ms", path,
-              (double)(tm[1] - tm[0]) / 1e6, (double)(tm[2] - tm[1]) / 1e6,
-              n_direct, total,
-              late ? (double)(tm[4] - tm[3]) / 1e6 : 0.0,
-              (double)(tm[5] - tm[4]) / 1e6,
-              (double)(keel__now_mono_ns() - tm[5]) / 1e6);
-    return st;
-fail:
-    if (fd >= 0)
-        close(fd);
-    unlink(tmp);
-    free(pieces);
+              (double)(w.tm[1] - w.tm[0]) / 1e6,
+              (double)(w.tm[2] - w.tm[1]) / 1e6, w.n_direct, w.total,
+              w.late ? (double)(w.tm[4] - w.tm[3]) / 1e6 : 0.0,
+              (double)(w.tm[5] - w.tm[4]) / 1e6,
+              (double)(keel__now_mono_ns() - w.tm[5]) / 1e6);
     return st;
 }
 
