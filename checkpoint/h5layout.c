@@ -558,20 +558,15 @@ static keel_status
 visit_grow(visit_ctx *c)
 {
     ck_file *f = c->f;
-    size_t nc;
-    ck_dset *nd;
+    ck_dset *d;
     if (f->n >= CK_MAX_ENTRIES)
         return keel__fail(KEEL_ECORRUPT, "checkpoint %s holds more than %d "
                           "datasets", f->path, CK_MAX_ENTRIES);
-    if (f->n < c->cap)
-        return KEEL_OK;
-    nc = c->cap ? c->cap * 2 : 64;
-    nd = realloc(f->d, nc * sizeof *nd);
-    if (nd == NULL)
+    d = keel__ckpt_grow(f->d, &c->cap, f->n, sizeof *d, 64);
+    if (d == NULL)
         return keel__fail(KEEL_ENOMEM, "checkpoint %s: dataset table",
                           f->path);
-    f->d = nd;
-    c->cap = nc;
+    f->d = d;
     return KEEL_OK;
 }
 

@@ -141,17 +141,28 @@ keel__ckpt_state_free(ck_state *st)
     memset(st, 0, sizeof *st);
 }
 
+void *
+keel__ckpt_grow(void *arr, size_t *cap, size_t n, size_t elem, size_t first)
+{
+    size_t nc;
+    void *p;
+    if (n < *cap)
+        return arr;
+    nc = *cap ? *cap * 2 : first;
+    p = realloc(arr, nc * elem);
+    if (p != NULL)
+        *cap = nc;
+    return p;
+}
+
 static keel_status
 state_push(ck_state *st, const char *name, double ts)
 {
-    if (st->n == st->cap) {
-        size_t nc = st->cap ? st->cap * 2 : 16;
-        ck_state_entry *e = realloc(st->e, nc * sizeof *e);
-        if (e == NULL)
-            return keel__fail(KEEL_ENOMEM, "checkpoint state list");
-        st->e = e;
-        st->cap = nc;
-    }
+    ck_state_entry *e = keel__ckpt_grow(st->e, &st->cap, st->n, sizeof *e,
+                                        16);
+    if (e == NULL)
+        return keel__fail(KEEL_ENOMEM, "checkpoint state list");
+    st->e = e;
     snprintf(st->e[st->n].name, sizeof st->e[0].name, "%s", name);
     st->e[st->n].ts = ts;
     st->n++;
@@ -613,15 +624,12 @@ static keel_status
 plan_add(ck_plan *p, const char *name, const char *slot,
          const keel_tensor *t, const void *data)
 {
+    ck_item *items = keel__ckpt_grow(p->items, &p->cap, p->n, sizeof *items,
+                                     64);
     ck_item *it;
-    if (p->n == p->cap) {
-        size_t nc = p->cap ? p->cap * 2 : 64;
-        ck_item *ni = realloc(p->items, nc * sizeof *ni);
-        if (ni == NULL)
-            return keel__fail(KEEL_ENOMEM, "checkpoint plan");
-        p->items = ni;
-        p->cap = nc;
-    }
+    if (items == NULL)
+        return keel__fail(KEEL_ENOMEM, "checkpoint plan");
+    p->items = items;
     it = &p->items[p->n++];
     memset(it, 0, sizeof *it);
     it->name = name;
@@ -1325,24 +1333,21 @@ keel_ckpt_scan(const char *dir, const char *basename, keel_ckpt_file **out,
         int64_t step = keel__ckpt_name_step(de->d_name, basename);
         char p[KEEL_PATH_MAX];
         struct stat sb;
+        keel_ckpt_file *nv;
         if (step < 0 || de->d_name[0] == '.' ||
             strlen(de->d_name) >= KEEL_NAME_MAX ||
             keel__path_join(p, sizeof p, dir, de->d_name) != KEEL_OK ||
             stat(p, &sb) != 0 || !S_ISREG(sb.st_mode))
             continue;
-        if (cnt == cap) {
-            size_t nc = cap ? cap * 2 : 16;
-            keel_ckpt_file *nv = realloc(v, nc * sizeof *nv);
-            if (nv == NULL) {
-                free(v);
-                closedir(d);
-                if (have_state)
-                    keel__ckpt_state_free(&state);
-                return keel__fail(KEEL_ENOMEM, "scan of %s", dir);
-            }
-            v = nv;
-            cap = nc;
+        nv = keel__ckpt_grow(v, &cap, cnt, sizeof *nv, 16);
+        if (nv == NULL) {
+            free(v);
+            closedir(d);
+            if (have_state)
+                keel__ckpt_state_free(&state);
+            return keel__fail(KEEL_ENOMEM, "scan of %s", dir);
         }
+        v = nv;
         memset(&v[cnt], 0, sizeof v[cnt]);
         strcpy(v[cnt].name, de->d_name);
         v[cnt].step = step;
