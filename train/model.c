@@ -1325,86 +1325,103 @@ keras_activation(keel_activation a)
                                                            : "linear";
 }
 
-struct json_object *
-keel__model_arch(const keel_model *m)
+static void
+json_set_str(struct json_object *o, const char *key, const char *s)
 {
-    struct json_object *o = json_object_new_object(), *layers, *L;
-    const keel_model_config *c = &m->cfg;
+    json_object_object_add(o, key, json_object_new_string(s));
+}
+
+static void
+json_set_int(struct json_object *o, const char *key, int64_t v)
+{
+    json_object_object_add(o, key, json_object_new_int64(v));
+}
+
+/* The model's config members of the architecture record. */
+static void
+arch_config(struct json_object *o, const keel_model_config *c)
+{
     int64_t shape[3] = { c->height, c->width, c->channels };
-    int n_pool = 0;
-    if (o == NULL)
-        return NULL;
-    json_object_object_add(o, "model",
-                           json_object_new_string(model_names[c->kind]));
+    json_set_str(o, "model", model_names[c->kind]);
     json_object_object_add(o, "input_shape", json_ints(shape, 3));
-    json_object_object_add(o, "classes", json_object_new_int64(c->classes));
+    json_set_int(o, "classes", c->classes);
     json_object_object_add(o, "hidden",
                            json_ints(c->hidden, c->kind == KEEL_MODEL_MLP
                                                     ? c->n_hidden : 0));
-    json_object_object_add(o, "activation",
-                           json_object_new_string(act_names[c->activation]));
-    json_object_object_add(o, "init",
-                           json_object_new_string(init_names[c->init]));
-    json_object_object_add(o, "output", json_object_new_string("logits"));
+    json_set_str(o, "activation", act_names[c->activation]);
+    json_set_str(o, "init", init_names[c->init]);
+    json_set_str(o, "output", "logits");
+}
+
+/* A Keras MaxPooling2D layer (the n-th) for l. */
+static void
+arch_pool(struct json_object *L, const layer *l, int n)
+{
+    int64_t k[2] = { (int64_t)l->pg.k, (int64_t)l->pg.k };
+    int64_t s[2] = { (int64_t)l->pg.s, (int64_t)l->pg.s };
+    char name[48];
+    snprintf(name, sizeof name, "max_pooling2d_%d", n);
+    json_set_str(L, "name", name);
+    json_set_str(L, "class_name", "MaxPooling2D");
+    json_object_object_add(L, "pool_size", json_ints(k, 2));
+    json_object_object_add(L, "strides", json_ints(s, 2));
+    json_set_str(L, "padding", "valid");
+}
+
+/* A Keras Dense or Conv2D layer for l, named by its variables' scope,
+ * with its activation and its variables' names. */
+static void
+arch_params(struct json_object *L, const layer *l)
+{
+    const char *vn = keel_var_name(l->w);
+    const char *slash = strchr(vn, '/');
+    struct json_object *w = json_object_new_array();
+    char name[48];
+    snprintf(name, sizeof name, "%.*s", (int)(slash - vn), vn);
+    json_set_str(L, "name", name);
+    if (l->kind == L_DENSE) {
+        json_set_str(L, "class_name", "Dense");
+        json_set_int(L, "units", (int64_t)l->dout);
+    } else {
+        int64_t k[2] = { (int64_t)l->cg.kh, (int64_t)l->cg.kw };
+        int64_t s[2] = { (int64_t)l->cg.sh, (int64_t)l->cg.sw };
+        json_set_str(L, "class_name", "Conv2D");
+        json_set_int(L, "filters", (int64_t)l->cg.cout);
+        json_object_object_add(L, "kernel_size", json_ints(k, 2));
+        json_object_object_add(L, "strides", json_ints(s, 2));
+        json_set_str(L, "padding", "valid");
+    }
+    json_set_str(L, "activation", keras_activation(l->act));
+    json_object_array_add(w, json_object_new_string(vn));
+    json_object_array_add(w, json_object_new_string(keel_var_name(l->b)));
+    json_object_object_add(L, "weights", w);
+}
+
+/* The architecture record (a Keras-like layer list) of m. */
+struct json_object *
+keel__model_arch(const keel_model *m)
+{
+    struct json_object *o = json_object_new_object(), *layers;
+    int n_pool = 0;
+    if (o == NULL)
+        return NULL;
+    arch_config(o, &m->cfg);
     layers = json_object_new_array();
     json_object_object_add(o, "layers", layers);
     for (int i = 0; i < m->nl; i++) {
         const layer *l = &m->l[i];
-        char name[48];
-        L = json_object_new_object();
+        struct json_object *L = json_object_new_object();
         if (l->kind == L_DENSE && (i == 0 || m->l[i - 1].kind != L_DENSE)) {
             /* Keras flattens NHWC in (h, w, c) order, as keel does */
             struct json_object *f = json_object_new_object();
-            json_object_object_add(f, "name",
-                                   json_object_new_string("flatten_1"));
-            json_object_object_add(f, "class_name",
-                                   json_object_new_string("Flatten"));
+            json_set_str(f, "name", "flatten_1");
+            json_set_str(f, "class_name", "Flatten");
             json_object_array_add(layers, f);
         }
-        if (l->kind == L_POOL) {
-            int64_t k[2] = { (int64_t)l->pg.k, (int64_t)l->pg.k };
-            int64_t s[2] = { (int64_t)l->pg.s, (int64_t)l->pg.s };
-            snprintf(name, sizeof name, "max_pooling2d_%d", ++n_pool);
-            json_object_object_add(L, "name", json_object_new_string(name));
-            json_object_object_add(L, "class_name",
-                                   json_object_new_string("MaxPooling2D"));
-            json_object_object_add(L, "pool_size", json_ints(k, 2));
-            json_object_object_add(L, "strides", json_ints(s, 2));
-            json_object_object_add(L, "padding",
-                                   json_object_new_string("valid"));
-        } else {
-            const char *vn = keel_var_name(l->w);
-            const char *slash = strchr(vn, '/');
-            struct json_object *w = json_object_new_array();
-            snprintf(name, sizeof name, "%.*s", (int)(slash - vn), vn);
-            json_object_object_add(L, "name", json_object_new_string(name));
-            if (l->kind == L_DENSE) {
-                json_object_object_add(L, "class_name",
-                                       json_object_new_string("Dense"));
-                json_object_object_add(L, "units",
-                                       json_object_new_int64(
-                                           (int64_t)l->dout));
-            } else {
-                int64_t k[2] = { (int64_t)l->cg.kh, (int64_t)l->cg.kw };
-                int64_t s[2] = { (int64_t)l->cg.sh, (int64_t)l->cg.sw };
-                json_object_object_add(L, "class_name",
-                                       json_object_new_string("Conv2D"));
-                json_object_object_add(L, "filters",
-                                       json_object_new_int64(
-                                           (int64_t)l->cg.cout));
-                json_object_object_add(L, "kernel_size", json_ints(k, 2));
-                json_object_object_add(L, "strides", json_ints(s, 2));
-                json_object_object_add(L, "padding",
-                                       json_object_new_string("valid"));
-            }
-            json_object_object_add(L, "activation",
-                                   json_object_new_string(
-                                       keras_activation(l->act)));
-            json_object_array_add(w, json_object_new_string(vn));
-            json_object_array_add(w, json_object_new_string(
-                                         keel_var_name(l->b)));
-            json_object_object_add(L, "weights", w);
-        }
+        if (l->kind == L_POOL)
+            arch_pool(L, l, ++n_pool);
+        else
+            arch_params(L, l);
         json_object_array_add(layers, L);
     }
     return o;
