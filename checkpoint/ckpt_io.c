@@ -431,6 +431,8 @@ typedef struct rm_job {
     size_t next;              /* the next piece a reader takes */
     int is_stopped;           /* a read failed, or the caller gave up */
     size_t direct_bytes;      /* read with O_DIRECT (for the debug log) */
+    pthread_t th[CK_RD_READERS];
+    int n_th;                 /* readers running; 0: the caller reads */
 } rm_job;
 
 static size_t
@@ -666,125 +668,172 @@ rm_direct_setup(rm_job *j, const ck_file *f)
 #endif
 }
 
+/* The contiguous jobs (the layout reads the others) into order, by file
+ * offset; returns how many, *total their bytes. */
+static size_t
+rm_order(const ck_read_job *jobs, size_t n, rm_ord *order, size_t *total)
+{
+    size_t n_contig = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (jobs[i].d->offset < 0)
+            continue;
+        order[n_contig].offset = jobs[i].d->offset;
+        order[n_contig++].i = i;
+        *total += jobs[i].d->count * sizeof(float);
+    }
+    qsort(order, n_contig, sizeof *order, rm_offset_cmp);
+    return n_contig;
+}
 
+static keel_status
+rm_open(rm_job *j, const char *path)
+{
+    j->fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (j->fd < 0)
+        return keel__fail(KEEL_EIO, "open checkpoint %s: %s", path,
+                          strerror(errno));
+    posix_fadvise(j->fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    return KEEL_OK;
+}
+
+/* The readers of a large restore: the pieces, O_DIRECT where it can
+ * serve, then the threads (when none starts, the caller reads alone). */
+static keel_status
+rm_start(rm_job *j, const ck_file *f)
+{
+    keel_status st = rm_plan(j, f->path);
+    if (st != KEEL_OK)
+        return st;
+    rm_direct_setup(j, f);
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_cond_init(&j->cv, NULL);
+    while (j->n_th < CK_RD_READERS &&
+           pthread_create(&j->th[j->n_th], NULL, rm_main, j) == 0)
+        j->n_th++;
+    if (j->n_th == 0) {
+        pthread_cond_destroy(&j->cv);
+        pthread_mutex_destroy(&j->mu);
+    }
+    return KEEL_OK;
+}
+
+/* Stop the readers (they finish the piece in hand) and wait for them. */
+static void
+rm_stop(rm_job *j)
+{
+    if (j->n_th == 0)
+        return;
+    pthread_mutex_lock(&j->mu);
+    j->is_stopped = 1;
+    pthread_mutex_unlock(&j->mu);
+    for (int i = 0; i < j->n_th; i++)
+        pthread_join(j->th[i], NULL);
+    pthread_cond_destroy(&j->cv);
+    pthread_mutex_destroy(&j->mu);
+}
+
+static void
+rm_release(rm_job *j)
+{
+    if (j->dfd >= 0)
+        close(j->dfd);
+    if (j->map != NULL)
+        munmap((void *)j->map, j->map_len);
+    free(j->scratch);
+    free(j->pc);
+    if (j->fd >= 0)
+        close(j->fd);
+}
+
+/* Wait for a reader to finish piece pc; its read's failure, named. */
+static keel_status
+rm_wait(rm_job *j, const rm_piece *pc, const char *path)
+{
+    int state, err;
+    pthread_mutex_lock(&j->mu);
+    while (pc->state == 0)
+        pthread_cond_wait(&j->cv, &j->mu);
+    state = pc->state;
+    err = pc->err;
+    pthread_mutex_unlock(&j->mu);
+    if (state == 1)
+        return KEEL_OK;
+    return err == -1
+           ? keel__fail(KEEL_ECORRUPT, "checkpoint %s is truncated "
+                        "(unexpected end of file)", path)
+           : keel__fail(KEEL_EIO, "read %s: %s", path, strerror(err));
+}
+
+/* The bytes of contiguous job k, read here (no readers) or hashed as the
+ * readers' pieces arrive, against the dataset's checksum. *p is the
+ * piece holding the next unhashed bytes of job k. */
+static keel_status
+rm_check_job(rm_job *j, size_t k, size_t *p, XXH64_state_t *hs,
+             const char *path)
+{
+    const ck_read_job *jb = &j->jobs[j->order[k].i];
+    size_t bytes = rm_bytes(j, k), hashed = 0;
+    keel_status st;
+    XXH64_reset(hs, 0);
+    if (j->n_th == 0) {
+        st = pread_all(j->fd, jb->dst, bytes, jb->d->offset, path);
+        if (st != KEEL_OK)
+            return st;
+        XXH64_update(hs, jb->dst, bytes);
+        hashed = bytes;
+    }
+    while (hashed < bytes) {
+        const rm_piece *pc = &j->pc[*p];
+        size_t avail;
+        st = rm_wait(j, pc, path);
+        if (st != KEEL_OK)
+            return st;
+        avail = pc->k1 > k ? bytes : pc->pos1;
+        XXH64_update(hs, (char *)jb->dst + hashed, avail - hashed);
+        hashed = avail;
+        if (pc->k1 == k)
+            (*p)++;
+    }
+    if (XXH64_digest(hs) != jb->d->e.xxh64)
+        return keel__ckpt_io_bad_hash(path, jb->d);
+    return KEEL_OK;
+}
+
+/* Order the contiguous datasets by offset, start readers for a large
+ * restore, then hash and check each dataset in file order. */
 keel_status
 keel__ckpt_io_read_many(const ck_file *f, const ck_read_job *jobs, size_t n)
 {
     rm_ord *order;
-    size_t n_contig = 0, total = 0, p = 0;
+    size_t total = 0, p = 0;
     keel_status st = KEEL_OK;
     XXH64_state_t *hs = NULL;
     rm_job j;
-    pthread_t th[CK_RD_READERS];
-    int fd = -1, n_th = 0;
 
     memset(&j, 0, sizeof j);
+    j.fd = -1;
     j.dfd = -1;
+    j.jobs = jobs;
     order = malloc((n > 0 ? n : 1) * sizeof *order);
     if (order == NULL)
         return keel__fail(KEEL_ENOMEM, "restore from %s: %zu datasets",
                           f->path, n);
-    for (size_t i = 0; i < n; i++) {
-        if (jobs[i].d->offset < 0)
-            continue;                     /* the layout reads those */
-        order[n_contig].offset = jobs[i].d->offset;
-        order[n_contig++].i = i;
-        total += jobs[i].d->count * sizeof(float);
-    }
-    if (n_contig == 0)
-        goto out;
-    qsort(order, n_contig, sizeof *order, rm_offset_cmp);
-    hs = XXH64_createState();
-    if (hs == NULL) {
-        st = keel__fail(KEEL_ENOMEM, "xxh64 state");
-        goto out;
-    }
-    fd = open(f->path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        st = keel__fail(KEEL_EIO, "open checkpoint %s: %s", f->path,
-                        strerror(errno));
-        goto out;
-    }
-    posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-    j.fd = fd;
-    j.jobs = jobs;
     j.order = order;
-    j.n = n_contig;
-    if (total >= CK_RD_THREAD_BYTES) {
-        st = rm_plan(&j, f->path);
-        if (st != KEEL_OK)
-            goto out;
-        rm_direct_setup(&j, f);
-        pthread_mutex_init(&j.mu, NULL);
-        pthread_cond_init(&j.cv, NULL);
-        while (n_th < CK_RD_READERS &&
-               pthread_create(&th[n_th], NULL, rm_main, &j) == 0)
-            n_th++;
-        if (n_th == 0) {
-            pthread_cond_destroy(&j.cv);
-            pthread_mutex_destroy(&j.mu);
-        }
+    j.n = rm_order(jobs, n, order, &total);
+    if (j.n > 0) {
+        hs = XXH64_createState();
+        st = hs != NULL ? rm_open(&j, f->path)
+                        : keel__fail(KEEL_ENOMEM, "xxh64 state");
     }
-    for (size_t k = 0; k < n_contig && st == KEEL_OK; k++) {
-        const ck_read_job *jb = &jobs[order[k].i];
-        size_t bytes = jb->d->count * sizeof(float), hashed = 0;
-        XXH64_reset(hs, 0);
-        if (n_th == 0) {
-            st = pread_all(fd, jb->dst, bytes, jb->d->offset, f->path);
-            if (st != KEEL_OK)
-                break;
-            XXH64_update(hs, jb->dst, bytes);
-            hashed = bytes;
-        }
-        /* Piece p holds the next unhashed bytes of job k. */
-        while (hashed < bytes) {
-            const rm_piece *pc = &j.pc[p];
-            size_t avail;
-            int state, err;
-            pthread_mutex_lock(&j.mu);
-            while (pc->state == 0)
-                pthread_cond_wait(&j.cv, &j.mu);
-            state = pc->state;
-            err = pc->err;
-            pthread_mutex_unlock(&j.mu);
-            if (state != 1) {
-                st = err == -1
-                     ? keel__fail(KEEL_ECORRUPT, "checkpoint %s is truncated "
-                                  "(unexpected end of file)", f->path)
-                     : keel__fail(KEEL_EIO, "read %s: %s", f->path,
-                                  strerror(err));
-                break;
-            }
-            avail = pc->k1 > k ? bytes : pc->pos1;
-            XXH64_update(hs, (char *)jb->dst + hashed, avail - hashed);
-            hashed = avail;
-            if (pc->k1 == k)
-                p++;
-        }
-        if (st == KEEL_OK && XXH64_digest(hs) != jb->d->e.xxh64)
-            st = keel__ckpt_io_bad_hash(f->path, jb->d);
-    }
-    if (n_th > 0) {
-        pthread_mutex_lock(&j.mu);
-        j.is_stopped = 1;
-        pthread_mutex_unlock(&j.mu);
-        for (int i = 0; i < n_th; i++)
-            pthread_join(th[i], NULL);
-        pthread_cond_destroy(&j.cv);
-        pthread_mutex_destroy(&j.mu);
-    }
+    if (j.n > 0 && st == KEEL_OK && total >= CK_RD_THREAD_BYTES)
+        st = rm_start(&j, f);
+    for (size_t k = 0; k < j.n && st == KEEL_OK; k++)
+        st = rm_check_job(&j, k, &p, hs, f->path);
+    rm_stop(&j);
     if (j.direct_bytes > 0)
         keel__log(KEEL_LOG_DEBUG, "read %s: %zu of %zu bytes with O_DIRECT "
-                  "(%d readers)", f->path, j.direct_bytes, total, n_th);
-out:
-    if (j.dfd >= 0)
-        close(j.dfd);
-    if (j.map != NULL)
-        munmap((void *)j.map, j.map_len);
-    free(j.scratch);
-    free(j.pc);
-    if (fd >= 0)
-        close(fd);
+                  "(%d readers)", f->path, j.direct_bytes, total, j.n_th);
+    rm_release(&j);
     XXH64_freeState(hs);
     free(order);
     return st;

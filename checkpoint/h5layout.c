@@ -166,52 +166,47 @@ out:
     return st;
 }
 
-/* Create the file's whole HDF5 structure; pieces[i] gets each dataset's
- * data offset (items first, then blobs). */
+/* The /variables and /slots groups, and /meta with its attributes into
+ * *meta (closed by the caller, also on failure). */
 static keel_status
-write_structure(const ck_plan *p, const char *tmp, ck_piece *pieces)
+write_meta(hid_t f, const ck_plan *p, const char *tmp, hid_t *meta)
 {
-    hid_t fapl, f = -1, meta = -1, g = -1;
-    char h5name[2 * KEEL_NAME_MAX + 32];
-    keel_status st = KEEL_OK;
     int format = KEEL_CKPT_FORMAT_VERSION;
-
-    h5_begin();
-    fapl = file_access_plist();
-    if (fapl >= 0)
-        f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
-    if (f < 0) {
-        st = keel__fail(KEEL_EIO, "cannot create checkpoint file %s: %s",
-                        tmp, strerror(errno));
-        goto out;
-    }
-    meta = H5Gcreate2(f, "/meta", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    hid_t g;
+    *meta = H5Gcreate2(f, "/meta", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
     g = H5Gcreate2(f, "/variables", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
     h5_close_id(g);
     g = H5Gcreate2(f, "/slots", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
     h5_close_id(g);
-    g = -1;
-    if (meta < 0 ||
-        !attr_write(meta, "format_version", H5T_STD_I32LE, H5T_NATIVE_INT,
+    if (*meta < 0 ||
+        !attr_write(*meta, "format_version", H5T_STD_I32LE, H5T_NATIVE_INT,
                     &format) ||
-        !attr_write_str(meta, "keel_version", keel_version()) ||
-        !attr_write(meta, "global_step", H5T_STD_I64LE, H5T_NATIVE_INT64,
+        !attr_write_str(*meta, "keel_version", keel_version()) ||
+        !attr_write(*meta, "global_step", H5T_STD_I64LE, H5T_NATIVE_INT64,
                     &p->step) ||
-        !attr_write(meta, "wall_time", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE,
+        !attr_write(*meta, "wall_time", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE,
                     &p->wall_time) ||
         (p->config_text != NULL &&
-         !attr_write_str(meta, "config", p->config_text)) ||
+         !attr_write_str(*meta, "config", p->config_text)) ||
         (p->topology != NULL &&
-         !attr_write_str(meta, "topology", p->topology)) ||
+         !attr_write_str(*meta, "topology", p->topology)) ||
         (p->architecture != NULL &&
-         !attr_write_str(meta, "architecture", p->architecture)) ||
+         !attr_write_str(*meta, "architecture", p->architecture)) ||
         (p->epoch > 0 &&
-         !attr_write(meta, "epoch", H5T_STD_I64LE, H5T_NATIVE_INT64,
-                     &p->epoch))) {
-        st = keel__fail(KEEL_EIO, "cannot write /meta attributes of %s",
-                        tmp);
-        goto out;
-    }
+         !attr_write(*meta, "epoch", H5T_STD_I64LE, H5T_NATIVE_INT64,
+                     &p->epoch)))
+        return keel__fail(KEEL_EIO, "cannot write /meta attributes of %s",
+                          tmp);
+    return KEEL_OK;
+}
+
+/* One dataset per variable and slot, under /variables/<name> and
+ * /slots/<slot>/<name>; pieces[i] gets item i's bytes and offset. */
+static keel_status
+write_items(hid_t f, const ck_plan *p, const char *tmp, ck_piece *pieces)
+{
+    char h5name[2 * KEEL_NAME_MAX + 32];
+    keel_status st;
     for (size_t i = 0; i < p->n; i++) {
         const ck_item *it = &p->items[i];
         if (it->slot == NULL)
@@ -224,39 +219,55 @@ write_structure(const ck_plan *p, const char *tmp, ck_piece *pieces)
             st = create_dset(f, h5name, H5T_IEEE_F32LE, it->ndim,
                              it->shape, it->hash, &pieces[i].offset, tmp);
         if (st != KEEL_OK)
-            goto out;
+            return st;
         pieces[i].data = it->data;
         pieces[i].bytes = it->bytes;
         pieces[i].what = it->name;
     }
+    return KEEL_OK;
+}
+
+/* An empty blob: a dataset of shape (0,) with its checksum, nothing to
+ * write. */
+static keel_status
+write_empty_blob(hid_t g, const keel_ckpt_blob *b, uint64_t hash,
+                 const char *tmp)
+{
+    hsize_t zero = 0;
+    hid_t sp = H5Screate_simple(1, &zero, NULL);
+    hid_t d = sp >= 0 ? H5Dcreate2(g, b->name, H5T_STD_U8LE, sp,
+                                   H5P_DEFAULT, H5P_DEFAULT,
+                                   H5P_DEFAULT) : -1;
+    int ok = d >= 0 && attr_write(d, "xxh64", H5T_STD_U64LE,
+                                  H5T_NATIVE_UINT64, &hash);
+    h5_close_id(d);
+    h5_close_id(sp);
+    if (!ok)
+        return keel__fail(KEEL_EIO, "cannot create blob %s in %s", b->name,
+                          tmp);
+    return KEEL_OK;
+}
+
+/* One uint8 dataset per blob under /meta/blobs; pieces[i] gets blob i's
+ * bytes and offset (none for an empty blob). */
+static keel_status
+write_blobs(hid_t meta, const ck_plan *p, const char *tmp, ck_piece *pieces)
+{
+    keel_status st = KEEL_OK;
+    hid_t g = -1;
     if (p->n_blobs > 0) {
         g = H5Gcreate2(meta, "blobs", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-        if (g < 0) {
-            st = keel__fail(KEEL_EIO, "cannot create /meta/blobs in %s", tmp);
-            goto out;
-        }
+        if (g < 0)
+            return keel__fail(KEEL_EIO, "cannot create /meta/blobs in %s",
+                              tmp);
     }
-    for (size_t i = 0; i < p->n_blobs; i++) {
+    for (size_t i = 0; i < p->n_blobs && st == KEEL_OK; i++) {
         const keel_ckpt_blob *b = &p->blobs[i];
         int64_t shape = (int64_t)b->size;
-        ck_piece *pc = &pieces[p->n + i];
+        ck_piece *pc = &pieces[i];
         uint64_t hash = XXH64(b->data, b->size, 0);
         if (b->size == 0) {
-            /* An empty blob: a dataset of shape (0,), nothing to write. */
-            hsize_t zero = 0;
-            hid_t sp = H5Screate_simple(1, &zero, NULL);
-            hid_t d = sp >= 0 ? H5Dcreate2(g, b->name, H5T_STD_U8LE, sp,
-                                           H5P_DEFAULT, H5P_DEFAULT,
-                                           H5P_DEFAULT) : -1;
-            int ok = d >= 0 && attr_write(d, "xxh64", H5T_STD_U64LE,
-                                          H5T_NATIVE_UINT64, &hash);
-            h5_close_id(d);
-            h5_close_id(sp);
-            if (!ok) {
-                st = keel__fail(KEEL_EIO, "cannot create blob %s in %s",
-                                b->name, tmp);
-                goto out;
-            }
+            st = write_empty_blob(g, b, hash, tmp);
             pc->data = NULL;
             pc->bytes = 0;
             pc->offset = -1;
@@ -264,14 +275,35 @@ write_structure(const ck_plan *p, const char *tmp, ck_piece *pieces)
         }
         st = create_dset(g, b->name, H5T_STD_U8LE, 1, &shape, hash,
                          &pc->offset, tmp);
-        if (st != KEEL_OK)
-            goto out;
         pc->data = b->data;
         pc->bytes = b->size;
         pc->what = b->name;
     }
-out:
     h5_close_id(g);
+    return st;
+}
+
+/* Create the file's whole HDF5 structure; pieces[i] gets each dataset's
+ * data offset (items first, then blobs). */
+static keel_status
+write_structure(const ck_plan *p, const char *tmp, ck_piece *pieces)
+{
+    hid_t fapl, f = -1, meta = -1;
+    keel_status st = KEEL_OK;
+
+    h5_begin();
+    fapl = file_access_plist();
+    if (fapl >= 0)
+        f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+    if (f < 0)
+        st = keel__fail(KEEL_EIO, "cannot create checkpoint file %s: %s",
+                        tmp, strerror(errno));
+    if (st == KEEL_OK)
+        st = write_meta(f, p, tmp, &meta);
+    if (st == KEEL_OK)
+        st = write_items(f, p, tmp, pieces);
+    if (st == KEEL_OK)
+        st = write_blobs(meta, p, tmp, pieces + p->n);
     h5_close_id(meta);
     return end_write(f, fapl, tmp, st);
 }
@@ -337,88 +369,101 @@ out:
     return end_write(f, fapl, tmp, st);
 }
 
+/* One checkpoint file being written: its temp file, the pieces of data
+ * (items, then blobs), the items' bytes, whether their checksums are
+ * recorded after the data, and the phases' times for the debug log. */
+typedef struct ck_write {
+    char tmp[KEEL_PATH_MAX];
+    ck_piece *pieces;
+    size_t np;
+    size_t total;
+    int late;
+    size_t n_direct;
+    int64_t tm[6];
+} ck_write;
+
+/* Small checkpoints: checksums first (cheaper than reopening the file to
+ * record them). Large ones: each chunk hashed right before it is written
+ * (one pass over memory), checksums recorded afterwards. */
+static void
+plan_hashes(ck_plan *p, ck_write *w)
+{
+    for (size_t i = 0; i < p->n; i++)
+        w->total += p->items[i].bytes;
+    w->late = w->total >= CK_LATE_HASH_BYTES;
+    for (size_t i = 0; i < p->n; i++) {
+        p->items[i].hash = w->late ? 0 : XXH64(p->items[i].data,
+                                               p->items[i].bytes, 0);
+        w->pieces[i].hash = w->late ? &p->items[i].hash : NULL;
+    }
+}
+
+/* The pieces' bytes at their offsets in the temp file, the late
+ * checksums, then fsync and close. */
+static keel_status
+write_data(const ck_plan *p, ck_write *w)
+{
+    keel_status st;
+    int fd = open(w->tmp, O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        return keel__fail(KEEL_EIO, "reopen %s to write data: %s", w->tmp,
+                          strerror(errno));
+    st = keel__ckpt_io_write(fd, w->tmp, w->pieces, w->np,
+                             w->total >= CK_DIRECT_BYTES, &w->n_direct);
+    w->tm[2] = keel__now_mono_ns();
+    if (st == KEEL_OK && w->late) {
+        w->tm[3] = w->tm[2];
+        st = write_hashes(p, w->tmp);
+    }
+    w->tm[4] = keel__now_mono_ns();
+    if (st == KEEL_OK && keel__fs->fsync(fd) != 0)
+        st = keel__fail(KEEL_EIO, "fsync %s: %s", w->tmp, strerror(errno));
+    if (st != KEEL_OK) {
+        close(fd);
+        return st;
+    }
+    if (close(fd) != 0)
+        return keel__fail(KEEL_EIO, "close %s: %s", w->tmp, strerror(errno));
+    return KEEL_OK;
+}
+
+/* Write p to a temp file beside path (structure, data, checksums),
+ * fsync it and commit it under path; on failure nothing is left. */
 keel_status
 keel__ckpt_write_file(ck_plan *p, const char *path)
 {
-    char tmp[KEEL_PATH_MAX];
-    ck_piece *pieces;
+    ck_write w = { .np = p->n + p->n_blobs };
     keel_status st;
-    int fd = -1;
-    size_t np = p->n + p->n_blobs;
-    int late;
-    size_t total = 0;
-    int64_t tm[6] = { 0 };
-    size_t n_direct = 0;
 
-    st = keel__fs_tmp_name(tmp, sizeof tmp, path);
+    st = keel__fs_tmp_name(w.tmp, sizeof w.tmp, path);
     if (st != KEEL_OK)
         return st;
-    pieces = calloc(np > 0 ? np : 1, sizeof *pieces);
-    if (pieces == NULL)
+    w.pieces = calloc(w.np > 0 ? w.np : 1, sizeof *w.pieces);
+    if (w.pieces == NULL)
         return keel__fail(KEEL_ENOMEM, "checkpoint %s: no memory for %zu "
-                          "datasets", path, np);
-    /* Small checkpoints: checksums first (cheaper than reopening the file
-     * to record them). Large ones: each chunk hashed right before it is
-     * written (one pass over memory), checksums recorded afterwards. */
-    for (size_t i = 0; i < p->n; i++)
-        total += p->items[i].bytes;
-    late = total >= CK_LATE_HASH_BYTES;
-    for (size_t i = 0; i < p->n; i++) {
-        p->items[i].hash = late ? 0 : XXH64(p->items[i].data,
-                                            p->items[i].bytes, 0);
-        pieces[i].hash = late ? &p->items[i].hash : NULL;
+                          "datasets", path, w.np);
+    plan_hashes(p, &w);
+    w.tm[0] = keel__now_mono_ns();
+    st = write_structure(p, w.tmp, w.pieces);
+    w.tm[1] = keel__now_mono_ns();
+    if (st == KEEL_OK)
+        st = write_data(p, &w);
+    free(w.pieces);
+    if (st != KEEL_OK) {
+        unlink(w.tmp);
+        return st;
     }
-    tm[0] = keel__now_mono_ns();
-    st = write_structure(p, tmp, pieces);
-    if (st != KEEL_OK)
-        goto fail;
-    tm[1] = keel__now_mono_ns();
-    fd = open(tmp, O_WRONLY | O_CLOEXEC);
-    if (fd < 0) {
-        st = keel__fail(KEEL_EIO, "reopen %s to write data: %s", tmp,
-                        strerror(errno));
-        goto fail;
-    }
-    st = keel__ckpt_io_write(fd, tmp, pieces, np, total >= CK_DIRECT_BYTES,
-                             &n_direct);
-    if (st != KEEL_OK)
-        goto fail;
-    tm[2] = keel__now_mono_ns();
-    if (late) {
-        tm[3] = tm[2];
-        st = write_hashes(p, tmp);
-        if (st != KEEL_OK)
-            goto fail;
-    }
-    tm[4] = keel__now_mono_ns();
-    if (keel__fs->fsync(fd) != 0) {
-        st = keel__fail(KEEL_EIO, "fsync %s: %s", tmp, strerror(errno));
-        goto fail;
-    }
-    if (close(fd) != 0) {
-        fd = -1;
-        st = keel__fail(KEEL_EIO, "close %s: %s", tmp, strerror(errno));
-        goto fail;
-    }
-    fd = -1;
-    free(pieces);
-    tm[5] = keel__now_mono_ns();
+    w.tm[5] = keel__now_mono_ns();
     /* rename + fsync of the directory; unlinks tmp if the rename fails. */
-    st = keel__fs_commit(tmp, path);
+    st = keel__fs_commit(w.tmp, path);
     keel__log(KEEL_LOG_DEBUG, "wrote %s: structure %.1f ms, data %.1f ms "
               "(%zu of %zu bytes with O_DIRECT), record checksums %.1f ms, "
               "fsync %.1f ms, rename+dir fsync %.1f ms", path,
-              (double)(tm[1] - tm[0]) / 1e6, (double)(tm[2] - tm[1]) / 1e6,
-              n_direct, total,
-              late ? (double)(tm[4] - tm[3]) / 1e6 : 0.0,
-              (double)(tm[5] - tm[4]) / 1e6,
-              (double)(keel__now_mono_ns() - tm[5]) / 1e6);
-    return st;
-fail:
-    if (fd >= 0)
-        close(fd);
-    unlink(tmp);
-    free(pieces);
+              (double)(w.tm[1] - w.tm[0]) / 1e6,
+              (double)(w.tm[2] - w.tm[1]) / 1e6, w.n_direct, w.total,
+              w.late ? (double)(w.tm[4] - w.tm[3]) / 1e6 : 0.0,
+              (double)(w.tm[5] - w.tm[4]) / 1e6,
+              (double)(keel__now_mono_ns() - w.tm[5]) / 1e6);
     return st;
 }
 
@@ -508,112 +553,94 @@ typedef struct visit_ctx {
     keel_status st;
 } visit_ctx;
 
-static herr_t
-visit_cb(hid_t obj, const char *name, const H5O_info_t *info, void *op)
+/* Room in c->f's table for one more dataset, within CK_MAX_ENTRIES. */
+static keel_status
+visit_grow(visit_ctx *c)
 {
-    visit_ctx *c = op;
     ck_file *f = c->f;
     ck_dset *d;
-    hid_t ds = -1, t = -1, sp = -1, dcpl = -1;
-    hsize_t dims[KEEL_MAX_DIMS + 1];
-    int nd;
-    const char *var = name;
-    herr_t rc = -1;
+    if (f->n >= CK_MAX_ENTRIES)
+        return keel__fail(KEEL_ECORRUPT, "checkpoint %s holds more than %d "
+                          "datasets", f->path, CK_MAX_ENTRIES);
+    d = keel__ckpt_grow(f->d, &c->cap, f->n, sizeof *d, 64);
+    if (d == NULL)
+        return keel__fail(KEEL_ENOMEM, "checkpoint %s: dataset table",
+                          f->path);
+    f->d = d;
+    return KEEL_OK;
+}
 
-    if (info->type == H5O_TYPE_GROUP)
-        return 0;
-    if (info->type != H5O_TYPE_DATASET) {
-        c->st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: %s/%s is not a "
-                           "dataset or group", f->path, c->prefix, name);
-        return -1;
-    }
-    if (f->n >= CK_MAX_ENTRIES) {
-        c->st = keel__fail(KEEL_ECORRUPT, "checkpoint %s holds more than %d "
-                           "datasets", f->path, CK_MAX_ENTRIES);
-        return -1;
-    }
-    if (f->n == c->cap) {
-        size_t nc = c->cap ? c->cap * 2 : 64;
-        ck_dset *nd2 = realloc(f->d, nc * sizeof *nd2);
-        if (nd2 == NULL) {
-            c->st = keel__fail(KEEL_ENOMEM, "checkpoint %s: dataset table",
-                               f->path);
-            return -1;
-        }
-        f->d = nd2;
-        c->cap = nc;
-    }
-    d = &f->d[f->n];
-    memset(d, 0, sizeof *d);
+/* d's variable name (and under /slots its slot) from the dataset's name
+ * below the group: "<variable>", or "<slot>/<variable>". */
+static keel_status
+visit_name(const visit_ctx *c, const char *name, ck_dset *d)
+{
+    const char *var = name;
     if (c->is_slots) {
         const char *sl = strchr(name, '/');
         size_t n = sl != NULL ? (size_t)(sl - name) : 0;
-        if (sl == NULL || n >= sizeof d->e.slot) {
-            c->st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: slot dataset "
-                               "/slots/%s is not /slots/<slot>/<variable>",
-                               f->path, name);
-            return -1;
-        }
+        if (sl == NULL || n >= sizeof d->e.slot)
+            return keel__fail(KEEL_ECORRUPT, "checkpoint %s: slot dataset "
+                              "/slots/%s is not /slots/<slot>/<variable>",
+                              c->f->path, name);
         memcpy(d->e.slot, name, n);
         d->e.slot[n] = '\0';
         var = sl + 1;
     }
     if (!keel_name_is_valid(var) || strlen(var) >= sizeof d->e.name ||
-        (c->is_slots && !keel_name_is_valid(d->e.slot))) {
-        c->st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: %s/%s is not a "
-                           "valid variable name", f->path, c->prefix, name);
-        return -1;
-    }
+        (c->is_slots && !keel_name_is_valid(d->e.slot)))
+        return keel__fail(KEEL_ECORRUPT, "checkpoint %s: %s/%s is not a "
+                          "valid variable name", c->f->path, c->prefix,
+                          name);
     strcpy(d->e.name, var);
-    ds = H5Dopen2(obj, name, H5P_DEFAULT);
-    t = ds >= 0 ? H5Dget_type(ds) : -1;
-    sp = ds >= 0 ? H5Dget_space(ds) : -1;
-    if (t < 0 || sp < 0) {
-        c->st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: cannot open "
-                           "dataset %s/%s", f->path, c->prefix, name);
-        goto out;
-    }
-    if (H5Tequal(t, H5T_IEEE_F32LE) <= 0) {
-        c->st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: dataset %s/%s is "
-                           "not float32 little-endian (HDF5 class %d, %zu "
-                           "bytes)", f->path, c->prefix, name,
-                           (int)H5Tget_class(t), H5Tget_size(t));
-        goto out;
-    }
+    return KEEL_OK;
+}
+
+/* d's shape and element count from the dataset's type t and space sp:
+ * float32 little-endian, at most KEEL_MAX_DIMS non-empty dimensions. */
+static keel_status
+visit_shape(const visit_ctx *c, const char *name, hid_t t, hid_t sp,
+            ck_dset *d)
+{
+    const char *path = c->f->path;
+    hsize_t dims[KEEL_MAX_DIMS + 1];
+    int nd;
+    if (H5Tequal(t, H5T_IEEE_F32LE) <= 0)
+        return keel__fail(KEEL_ECORRUPT, "checkpoint %s: dataset %s/%s is "
+                          "not float32 little-endian (HDF5 class %d, %zu "
+                          "bytes)", path, c->prefix, name,
+                          (int)H5Tget_class(t), H5Tget_size(t));
     nd = H5Sget_simple_extent_ndims(sp);
-    if (nd < 0 || nd > KEEL_MAX_DIMS) {
-        c->st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: dataset %s/%s has "
-                           "%d dimensions (at most %d)", f->path, c->prefix,
-                           name, nd, KEEL_MAX_DIMS);
-        goto out;
-    }
+    if (nd < 0 || nd > KEEL_MAX_DIMS)
+        return keel__fail(KEEL_ECORRUPT, "checkpoint %s: dataset %s/%s has "
+                          "%d dimensions (at most %d)", path, c->prefix,
+                          name, nd, KEEL_MAX_DIMS);
     H5Sget_simple_extent_dims(sp, dims, NULL);
     d->e.ndim = nd;
     for (int i = 0; i < KEEL_MAX_DIMS; i++)
         d->e.shape[i] = 1;
     for (int i = 0; i < nd; i++) {
-        if (dims[i] < 1 || dims[i] > (hsize_t)INT64_MAX) {
-            c->st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: dataset %s/%s "
-                               "has an empty or huge dimension", f->path,
-                               c->prefix, name);
-            goto out;
-        }
+        if (dims[i] < 1 || dims[i] > (hsize_t)INT64_MAX)
+            return keel__fail(KEEL_ECORRUPT, "checkpoint %s: dataset %s/%s "
+                              "has an empty or huge dimension", path,
+                              c->prefix, name);
         d->e.shape[i] = (int64_t)dims[i];
     }
-    if (keel_shape_count(nd, d->e.shape, &d->count) != KEEL_OK) {
-        c->st = keel__wrap(KEEL_ECORRUPT, "checkpoint %s: dataset %s/%s",
-                           f->path, c->prefix, name);
-        goto out;
-    }
-    if (!attr_read_num(ds, "xxh64", H5T_NATIVE_UINT64, H5T_INTEGER,
-                       &d->e.xxh64)) {
-        c->st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: dataset %s/%s has "
-                           "no xxh64 checksum attribute", f->path, c->prefix,
-                           name);
-        goto out;
-    }
+    if (keel_shape_count(nd, d->e.shape, &d->count) != KEEL_OK)
+        return keel__wrap(KEEL_ECORRUPT, "checkpoint %s: dataset %s/%s",
+                          path, c->prefix, name);
+    return KEEL_OK;
+}
+
+/* d->offset: where the dataset's bytes start when they are one
+ * unfiltered contiguous run of the whole dataset (-1 otherwise, for
+ * read_via_h5), which must lie within the file. */
+static keel_status
+visit_offset(const visit_ctx *c, const char *name, hid_t ds, ck_dset *d)
+{
+    const ck_file *f = c->f;
+    hid_t dcpl = H5Dget_create_plist(ds);
     d->offset = -1;
-    dcpl = H5Dget_create_plist(ds);
     if (dcpl >= 0 && H5Pget_layout(dcpl) == H5D_CONTIGUOUS &&
         H5Pget_nfilters(dcpl) == 0 &&
         H5Dget_storage_size(ds) == (hsize_t)d->count * 4) {
@@ -621,22 +648,70 @@ visit_cb(hid_t obj, const char *name, const H5O_info_t *info, void *op)
         if (a != HADDR_UNDEF && a <= (haddr_t)INT64_MAX)
             d->offset = (int64_t)a;
     }
+    h5_close_id(dcpl);
     if (d->offset >= 0 &&
         (d->offset > f->file_size ||
-         (uint64_t)(f->file_size - d->offset) < (uint64_t)d->count * 4)) {
-        c->st = keel__fail(KEEL_ECORRUPT, "checkpoint %s is truncated: "
-                           "dataset %s/%s ends past the end of the file",
-                           f->path, c->prefix, name);
-        goto out;
-    }
-    f->n++;
-    rc = 0;
-out:
-    h5_close_id(dcpl);
+         (uint64_t)(f->file_size - d->offset) < (uint64_t)d->count * 4))
+        return keel__fail(KEEL_ECORRUPT, "checkpoint %s is truncated: "
+                          "dataset %s/%s ends past the end of the file",
+                          f->path, c->prefix, name);
+    return KEEL_OK;
+}
+
+/* d's shape, checksum and offset from dataset name below obj. */
+static keel_status
+visit_dataset(const visit_ctx *c, hid_t obj, const char *name, ck_dset *d)
+{
+    hid_t ds = H5Dopen2(obj, name, H5P_DEFAULT);
+    hid_t t = ds >= 0 ? H5Dget_type(ds) : -1;
+    hid_t sp = ds >= 0 ? H5Dget_space(ds) : -1;
+    keel_status st;
+    if (t < 0 || sp < 0)
+        st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: cannot open "
+                        "dataset %s/%s", c->f->path, c->prefix, name);
+    else
+        st = visit_shape(c, name, t, sp, d);
+    if (st == KEEL_OK &&
+        !attr_read_num(ds, "xxh64", H5T_NATIVE_UINT64, H5T_INTEGER,
+                       &d->e.xxh64))
+        st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: dataset %s/%s has "
+                        "no xxh64 checksum attribute", c->f->path, c->prefix,
+                        name);
+    if (st == KEEL_OK)
+        st = visit_offset(c, name, ds, d);
     h5_close_id(sp);
     h5_close_id(t);
     h5_close_id(ds);
-    return rc;
+    return st;
+}
+
+/* H5Ovisit's callback: each dataset below the group becomes the next
+ * entry of c->f's table; the first failure stops the walk (c->st). */
+static herr_t
+visit_cb(hid_t obj, const char *name, const H5O_info_t *info, void *op)
+{
+    visit_ctx *c = op;
+    ck_dset *d;
+
+    if (info->type == H5O_TYPE_GROUP)
+        return 0;
+    if (info->type != H5O_TYPE_DATASET) {
+        c->st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: %s/%s is not a "
+                           "dataset or group", c->f->path, c->prefix, name);
+        return -1;
+    }
+    c->st = visit_grow(c);
+    if (c->st != KEEL_OK)
+        return -1;
+    d = &c->f->d[c->f->n];
+    memset(d, 0, sizeof *d);
+    c->st = visit_name(c, name, d);
+    if (c->st == KEEL_OK)
+        c->st = visit_dataset(c, obj, name, d);
+    if (c->st != KEEL_OK)
+        return -1;
+    c->f->n++;
+    return 0;
 }
 
 static int

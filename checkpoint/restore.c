@@ -28,6 +28,7 @@ static keel_status
 cand_add(cand **c, size_t *n, size_t *cap, const char *dir, const char *nm)
 {
     char p[KEEL_PATH_MAX];
+    cand *nv;
     if (nm[0] == '/') {
         if (keel__fmt(p, sizeof p, "path", "%s", nm) != KEEL_OK)
             return KEEL_OK;
@@ -36,14 +37,10 @@ cand_add(cand **c, size_t *n, size_t *cap, const char *dir, const char *nm)
     }
     if (cand_has(*c, *n, p))
         return KEEL_OK;
-    if (*n == *cap) {
-        size_t nc = *cap ? *cap * 2 : 16;
-        cand *nv = realloc(*c, nc * sizeof *nv);
-        if (nv == NULL)
-            return keel__fail(KEEL_ENOMEM, "checkpoint candidates");
-        *c = nv;
-        *cap = nc;
-    }
+    nv = keel__ckpt_grow(*c, cap, *n, sizeof *nv, 16);
+    if (nv == NULL)
+        return keel__fail(KEEL_ENOMEM, "checkpoint candidates");
+    *c = nv;
     strcpy((*c)[*n].path, p);
     (*n)++;
     return KEEL_OK;

@@ -141,17 +141,28 @@ keel__ckpt_state_free(ck_state *st)
     memset(st, 0, sizeof *st);
 }
 
+void *
+keel__ckpt_grow(void *arr, size_t *cap, size_t n, size_t elem, size_t first)
+{
+    size_t nc;
+    void *p;
+    if (n < *cap)
+        return arr;
+    nc = *cap ? *cap * 2 : first;
+    p = realloc(arr, nc * elem);
+    if (p != NULL)
+        *cap = nc;
+    return p;
+}
+
 static keel_status
 state_push(ck_state *st, const char *name, double ts)
 {
-    if (st->n == st->cap) {
-        size_t nc = st->cap ? st->cap * 2 : 16;
-        ck_state_entry *e = realloc(st->e, nc * sizeof *e);
-        if (e == NULL)
-            return keel__fail(KEEL_ENOMEM, "checkpoint state list");
-        st->e = e;
-        st->cap = nc;
-    }
+    ck_state_entry *e = keel__ckpt_grow(st->e, &st->cap, st->n, sizeof *e,
+                                        16);
+    if (e == NULL)
+        return keel__fail(KEEL_ENOMEM, "checkpoint state list");
+    st->e = e;
     snprintf(st->e[st->n].name, sizeof st->e[0].name, "%s", name);
     st->e[st->n].ts = ts;
     st->n++;
@@ -215,11 +226,126 @@ parse_quoted(const char *v, char *out, size_t size)
     return n > 0;
 }
 
+/* A state file being parsed: its path, the line and the timestamps read
+ * so far. */
+typedef struct state_parse {
+    const char *path;
+    size_t lineno;
+    size_t n_ts;
+} state_parse;
+
+static keel_status
+state_bad_line(const state_parse *sp)
+{
+    return keel__fail(KEEL_ECORRUPT, "state file %s: line %zu is not "
+                      "`key: value` in TF's checkpoint format", sp->path,
+                      sp->lineno);
+}
+
+static keel_status
+state_add_doomed(ck_state *st, const char *name)
+{
+    void *nd = realloc(st->doomed, (st->n_doomed + 1) * sizeof *st->doomed);
+    if (nd == NULL)
+        return keel__fail(KEEL_ENOMEM, "state file list");
+    st->doomed = nd;
+    strcpy(st->doomed[st->n_doomed++], name);
+    return KEEL_OK;
+}
+
+/* keel's own comment line, "# keel: max_to_keep=5 keep_every_n_hours=0
+ * delete=NAME ..."; other comments and unknown or bad words are
+ * ignored. */
+static keel_status
+state_parse_options(ck_state *st, char *line)
+{
+    char *kv, *save = NULL;
+    if (strncmp(line, "# keel:", 7) != 0)
+        return KEEL_OK;
+    for (kv = strtok_r(line + 7, " \t", &save); kv != NULL;
+         kv = strtok_r(NULL, " \t", &save)) {
+        int64_t iv;
+        double d;
+        if (strncmp(kv, "max_to_keep=", 12) == 0 &&
+            keel__parse_i64(kv + 12, 0, 1000000000, &iv))
+            st->max_to_keep = (int)iv;
+        else if (strncmp(kv, "keep_every_n_hours=", 19) == 0 &&
+                 keel__parse_double(kv + 19, &d) && d >= 0)
+            st->keep_every_n_hours = d;
+        else if (strncmp(kv, "delete=", 7) == 0 &&
+                 keel_name_is_valid(kv + 7) &&
+                 strchr(kv + 7, '/') == NULL && st->n_doomed < 1024) {
+            keel_status rc = state_add_doomed(st, kv + 7);
+            if (rc != KEEL_OK)
+                return rc;
+        }
+    }
+    return KEEL_OK;
+}
+
+/* One `key: value` line of TF's checkpoint format; other keys are
+ * ignored (forward compatibility). */
+static keel_status
+state_parse_entry(ck_state *st, state_parse *sp, char *line)
+{
+    char *colon = strchr(line, ':'), *key, *val, name[KEEL_NAME_MAX];
+    double d;
+    if (colon == NULL)
+        return state_bad_line(sp);
+    *colon = '\0';
+    key = line;
+    val = colon + 1;
+    while (isspace((unsigned char)*val))
+        val++;
+    for (char *e = val + strlen(val); e > val &&
+         isspace((unsigned char)e[-1]); )
+        *--e = '\0';
+    if (strcmp(key, "model_checkpoint_path") == 0) {
+        if (!parse_quoted(val, st->latest, sizeof st->latest))
+            return state_bad_line(sp);
+    } else if (strcmp(key, "all_model_checkpoint_paths") == 0) {
+        if (!parse_quoted(val, name, sizeof name))
+            return state_bad_line(sp);
+        return state_push(st, name, 0);
+    } else if (strcmp(key, "all_model_checkpoint_timestamps") == 0) {
+        if (!keel__parse_double(val, &d))
+            return state_bad_line(sp);
+        if (sp->n_ts < st->n)
+            st->e[sp->n_ts].ts = d;
+        sp->n_ts++;
+    } else if (strcmp(key, "last_preserved_timestamp") == 0) {
+        if (!keel__parse_double(val, &d))
+            return state_bad_line(sp);
+        st->last_preserved = d;
+    }
+    return KEEL_OK;
+}
+
+/* The lines of a state file's text (NUL-free; tokenized in place). */
+static keel_status
+state_parse_text(ck_state *st, const char *path, char *data)
+{
+    state_parse sp = { .path = path };
+    char *line, *save = NULL;
+    keel_status rc = KEEL_OK;
+    for (line = strtok_r(data, "\n", &save); line != NULL && rc == KEEL_OK;
+         line = strtok_r(NULL, "\n", &save)) {
+        sp.lineno++;
+        while (isspace((unsigned char)*line))
+            line++;
+        if (*line == '#')
+            rc = state_parse_options(st, line);
+        else if (*line != '\0')
+            rc = state_parse_entry(st, &sp, line);
+    }
+    return rc;
+}
+
 keel_status
 keel__ckpt_state_read(const char *dir, ck_state *st)
 {
-    char path[KEEL_PATH_MAX], *data, *line, *save = NULL;
-    size_t n, n_ts = 0, lineno = 0;
+    char path[KEEL_PATH_MAX], *data;
+    size_t n;
     keel_status rc;
 
     memset(st, 0, sizeof *st);
@@ -232,96 +358,17 @@ keel__ckpt_state_read(const char *dir, ck_state *st)
     rc = keel__fs_read_all(path, (size_t)16 << 20, &data, &n);
     if (rc != KEEL_OK)
         return rc;
-    if (strlen(data) != n) {
-        free(data);
-        return keel__fail(KEEL_ECORRUPT, "state file %s contains NUL bytes",
-                          path);
-    }
-    for (line = strtok_r(data, "\n", &save); line != NULL;
-         line = strtok_r(NULL, "\n", &save)) {
-        char *colon, *key, *val, name[KEEL_NAME_MAX];
-        double d;
-        lineno++;
-        while (isspace((unsigned char)*line))
-            line++;
-        if (*line == '\0')
-            continue;
-        if (*line == '#') {
-            /* "# keel: max_to_keep=5 keep_every_n_hours=0" */
-            char *kv, *s2 = NULL;
-            if (strncmp(line, "# keel:", 7) != 0)
-                continue;
-            for (kv = strtok_r(line + 7, " \t", &s2); kv != NULL;
-                 kv = strtok_r(NULL, " \t", &s2)) {
-                int64_t iv;
-                if (strncmp(kv, "max_to_keep=", 12) == 0 &&
-                    keel__parse_i64(kv + 12, 0, 1000000000, &iv))
-                    st->max_to_keep = (int)iv;
-                else if (strncmp(kv, "keep_every_n_hours=", 19) == 0 &&
-                         keel__parse_double(kv + 19, &d) && d >= 0)
-                    st->keep_every_n_hours = d;
-                else if (strncmp(kv, "delete=", 7) == 0 &&
-                         keel_name_is_valid(kv + 7) &&
-                         strchr(kv + 7, '/') == NULL &&
-                         st->n_doomed < 1024) {
-                    void *nd = realloc(st->doomed, (st->n_doomed + 1) *
-                                       sizeof *st->doomed);
-                    if (nd == NULL) {
-                        rc = keel__fail(KEEL_ENOMEM, "state file list");
-                        goto fail;
-                    }
-                    st->doomed = nd;
-                    strcpy(st->doomed[st->n_doomed++], kv + 7);
-                }
-            }
-            continue;
-        }
-        colon = strchr(line, ':');
-        if (colon == NULL)
-            goto bad;
-        *colon = '\0';
-        key = line;
-        val = colon + 1;
-        while (isspace((unsigned char)*val))
-            val++;
-        for (char *e = val + strlen(val); e > val &&
-             isspace((unsigned char)e[-1]); )
-            *--e = '\0';
-        if (strcmp(key, "model_checkpoint_path") == 0) {
-            if (!parse_quoted(val, st->latest, sizeof st->latest))
-                goto bad;
-        } else if (strcmp(key, "all_model_checkpoint_paths") == 0) {
-            if (!parse_quoted(val, name, sizeof name))
-                goto bad;
-            rc = state_push(st, name, 0);
-            if (rc != KEEL_OK)
-                goto fail;
-        } else if (strcmp(key, "all_model_checkpoint_timestamps") == 0) {
-            if (!keel__parse_double(val, &d))
-                goto bad;
-            if (n_ts < st->n)
-                st->e[n_ts].ts = d;
-            n_ts++;
-        } else if (strcmp(key, "last_preserved_timestamp") == 0) {
-            if (!keel__parse_double(val, &d))
-                goto bad;
-            st->last_preserved = d;
-        }
-        /* Other keys are ignored (forward compatibility). */
-    }
+    if (strlen(data) != n)
+        rc = keel__fail(KEEL_ECORRUPT, "state file %s contains NUL bytes",
+                        path);
+    else
+        rc = state_parse_text(st, path, data);
     free(data);
-    if (st->latest[0] == '\0' && st->n == 0) {
+    if (rc == KEEL_OK && st->latest[0] == '\0' && st->n == 0)
+        rc = keel__fail(KEEL_ECORRUPT, "state file %s names no checkpoint",
+                        path);
+    if (rc != KEEL_OK)
         keel__ckpt_state_free(st);
-        return keel__fail(KEEL_ECORRUPT, "state file %s names no checkpoint",
-                          path);
-    }
-    return KEEL_OK;
-bad:
-    rc = keel__fail(KEEL_ECORRUPT, "state file %s: line %zu is not "
-                    "`key: value` in TF's checkpoint format", path, lineno);
-fail:
-    free(data);
-    keel__ckpt_state_free(st);
     return rc;
 }
 
@@ -419,6 +466,112 @@ adopt_orphans(keel_saver *s)
     keel_ckpt_scan_free(f);
 }
 
+/* The saver's name and retention settings: base gets the basename. */
+static keel_status
+check_naming(const keel_saver_config *cfg, const char **base)
+{
+    *base = cfg->basename != NULL ? cfg->basename
+                                  : KEEL_CKPT_DEFAULT_BASENAME;
+    if (!keel_name_is_valid(*base) || strchr(*base, '/') != NULL ||
+        strlen(*base) > 200)
+        return keel__fail(KEEL_EINVAL, "checkpoint basename '%s' must be one "
+                          "path segment of [A-Za-z0-9_.-]", *base);
+    if (cfg->max_to_keep < 0)
+        return keel__fail(KEEL_EINVAL, "max_to_keep %d: must be >= 0 "
+                          "(0 keeps all)", cfg->max_to_keep);
+    if (!(cfg->keep_every_n_hours >= 0))
+        return keel__fail(KEEL_EINVAL, "keep_every_n_hours must be >= 0");
+    return KEEL_OK;
+}
+
+/* s's settings from cfg, and its directory, created when missing. */
+static keel_status
+saver_setup(keel_saver *s, const keel_saver_config *cfg, const char *base)
+{
+    keel_status st = keel__fmt(s->dir, sizeof s->dir,
+                               "checkpoint directory", "%s", cfg->dir);
+    if (st != KEEL_OK)
+        return st;
+    snprintf(s->basename, sizeof s->basename, "%s", base);
+    s->max_to_keep = cfg->max_to_keep;
+    s->keep_every_n_hours = cfg->keep_every_n_hours;
+    s->is_async = cfg->is_async != 0;
+    s->last_step = -1;
+    st = keel__fs_mkdirs(s->dir);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "checkpoint directory %s", s->dir);
+    return KEEL_OK;
+}
+
+/* Drop the loaded list's entries whose file is gone. */
+static void
+state_drop_missing(keel_saver *s)
+{
+    for (size_t i = 0; i < s->state.n; ) {
+        char p[KEEL_PATH_MAX];
+        struct stat sb;
+        const char *nm = s->state.e[i].name;
+        if (nm[0] == '/')
+            snprintf(p, sizeof p, "%s", nm);
+        else if (keel__path_join(p, sizeof p, s->dir, nm) != KEEL_OK)
+            p[0] = '\0';
+        if (stat(p, &sb) != 0) {
+            state_remove(&s->state, i);
+            continue;
+        }
+        i++;
+    }
+}
+
+/* Finish the retention deletions a crash interrupted (the state file's
+ * "# keel: delete=" names no longer listed), then forget them. */
+static void
+finish_doomed(keel_saver *s)
+{
+    for (size_t k = 0; k < s->state.n_doomed; k++) {
+        char p[KEEL_PATH_MAX];
+        int listed = 0;
+        for (size_t i = 0; i < s->state.n; i++)
+            listed |= strcmp(s->state.e[i].name, s->state.doomed[k]) == 0;
+        if (!listed && may_unlink(s, s->state.doomed[k]) &&
+            keel__path_join(p, sizeof p, s->dir, s->state.doomed[k]) ==
+                KEEL_OK &&
+            !keel__ckpt_lease_defer(s->dir, s->state.doomed[k]) &&
+            unlink(p) == 0)
+            keel__log(KEEL_LOG_INFO, "retention: removed %s (deletion "
+                      "interrupted earlier)", p);
+    }
+    free(s->state.doomed);
+    s->state.doomed = NULL;
+    s->state.n_doomed = 0;
+}
+
+/* The retention list from the directory's state file, without missing
+ * files, and the newest entry's step; no state file (or a bad one, with
+ * a warning) starts a new list. */
+static void
+load_state(keel_saver *s)
+{
+    keel_status st = keel__ckpt_state_read(s->dir, &s->state);
+    if (st != KEEL_OK) {
+        if (st != KEEL_ENOTFOUND)
+            keel__log(KEEL_LOG_WARN, "%s; starting a new checkpoint list",
+                      keel_last_error());
+        memset(&s->state, 0, sizeof s->state);
+        return;
+    }
+    state_drop_missing(s);
+    finish_doomed(s);
+    if (s->state.n > 0) {
+        const char *nm = s->state.e[s->state.n - 1].name;
+        const char *sl = strrchr(nm, '/');
+        s->last_step = keel__ckpt_name_step(sl ? sl + 1 : nm, s->basename);
+    }
+}
+
+/* Check cfg, set up the directory, take over what an earlier saver left
+ * there (temp files, its list, interrupted deletions, stale leases,
+ * committed but unrecorded checkpoints). */
 keel_status
 keel_saver_new(const keel_saver_config *cfg, keel_saver **out)
 {
@@ -435,81 +588,19 @@ keel_saver_new(const keel_saver_config *cfg, keel_saver **out)
         return keel__fail(KEEL_EINVAL, "keel_saver_new: a checkpoint "
                           "directory is required");
     *out = NULL;
-    base = cfg->basename != NULL ? cfg->basename : KEEL_CKPT_DEFAULT_BASENAME;
-    if (!keel_name_is_valid(base) || strchr(base, '/') != NULL ||
-        strlen(base) > 200)
-        return keel__fail(KEEL_EINVAL, "checkpoint basename '%s' must be one "
-                          "path segment of [A-Za-z0-9_.-]", base);
-    if (cfg->max_to_keep < 0)
-        return keel__fail(KEEL_EINVAL, "max_to_keep %d: must be >= 0 "
-                          "(0 keeps all)", cfg->max_to_keep);
-    if (!(cfg->keep_every_n_hours >= 0))
-        return keel__fail(KEEL_EINVAL, "keep_every_n_hours must be >= 0");
+    st = check_naming(cfg, &base);
+    if (st != KEEL_OK)
+        return st;
     s = calloc(1, sizeof *s);
     if (s == NULL)
         return keel__fail(KEEL_ENOMEM, "saver");
-    st = keel__fmt(s->dir, sizeof s->dir, "checkpoint directory", "%s",
-                   cfg->dir);
-    if (st != KEEL_OK)
-        goto fail;
-    snprintf(s->basename, sizeof s->basename, "%s", base);
-    s->max_to_keep = cfg->max_to_keep;
-    s->keep_every_n_hours = cfg->keep_every_n_hours;
-    s->is_async = cfg->is_async != 0;
-    s->last_step = -1;
-    st = keel__fs_mkdirs(s->dir);
+    st = saver_setup(s, cfg, base);
     if (st != KEEL_OK) {
-        st = keel__wrap(st, "checkpoint directory %s", s->dir);
-        goto fail;
+        free(s);
+        return st;
     }
     clean_temp_files(s);
-    st = keel__ckpt_state_read(s->dir, &s->state);
-    if (st == KEEL_ENOTFOUND) {
-        memset(&s->state, 0, sizeof s->state);
-    } else if (st != KEEL_OK) {
-        keel__log(KEEL_LOG_WARN, "%s; starting a new checkpoint list",
-                  keel_last_error());
-        memset(&s->state, 0, sizeof s->state);
-    } else {
-        /* Drop entries whose file is gone; remember the newest step. */
-        for (size_t i = 0; i < s->state.n; ) {
-            char p[KEEL_PATH_MAX];
-            struct stat sb;
-            const char *nm = s->state.e[i].name;
-            if (nm[0] == '/')
-                snprintf(p, sizeof p, "%s", nm);
-            else if (keel__path_join(p, sizeof p, s->dir, nm) != KEEL_OK)
-                p[0] = '\0';
-            if (stat(p, &sb) != 0) {
-                state_remove(&s->state, i);
-                continue;
-            }
-            i++;
-        }
-        /* Retention deletions a crash interrupted. */
-        for (size_t k = 0; k < s->state.n_doomed; k++) {
-            char p[KEEL_PATH_MAX];
-            int listed = 0;
-            for (size_t i = 0; i < s->state.n; i++)
-                listed |= strcmp(s->state.e[i].name, s->state.doomed[k]) == 0;
-            if (!listed && may_unlink(s, s->state.doomed[k]) &&
-                keel__path_join(p, sizeof p, s->dir, s->state.doomed[k]) ==
-                    KEEL_OK &&
-                !keel__ckpt_lease_defer(s->dir, s->state.doomed[k]) &&
-                unlink(p) == 0)
-                keel__log(KEEL_LOG_INFO, "retention: removed %s (deletion "
-                          "interrupted earlier)", p);
-        }
-        free(s->state.doomed);
-        s->state.doomed = NULL;
-        s->state.n_doomed = 0;
-        if (s->state.n > 0) {
-            const char *nm = s->state.e[s->state.n - 1].name;
-            const char *sl = strrchr(nm, '/');
-            s->last_step = keel__ckpt_name_step(sl ? sl + 1 : nm,
-                                                s->basename);
-        }
-    }
+    load_state(s);
     /* stale leases of dead readers; deferred deletions now unleased */
     keel__ckpt_lease_sweep(s->dir, &s->state);
     adopt_orphans(s);
@@ -517,9 +608,6 @@ keel_saver_new(const keel_saver_config *cfg, keel_saver **out)
         s->state.last_preserved = keel__now_wall();
     *out = s;
     return KEEL_OK;
-fail:
-    free(s);
-    return st;
 }
 
 int64_t
@@ -536,15 +624,12 @@ static keel_status
 plan_add(ck_plan *p, const char *name, const char *slot,
          const keel_tensor *t, const void *data)
 {
+    ck_item *items = keel__ckpt_grow(p->items, &p->cap, p->n, sizeof *items,
+                                     64);
     ck_item *it;
-    if (p->n == p->cap) {
-        size_t nc = p->cap ? p->cap * 2 : 64;
-        ck_item *ni = realloc(p->items, nc * sizeof *ni);
-        if (ni == NULL)
-            return keel__fail(KEEL_ENOMEM, "checkpoint plan");
-        p->items = ni;
-        p->cap = nc;
-    }
+    if (items == NULL)
+        return keel__fail(KEEL_ENOMEM, "checkpoint plan");
+    p->items = items;
     it = &p->items[p->n++];
     memset(it, 0, sizeof *it);
     it->name = name;
@@ -642,54 +727,37 @@ check_room(const ck_plan *p)
     return KEEL_OK;
 }
 
-/* Commit the file, record it in the state file, apply retention. Runs on
- * the caller's thread (sync) or the writer thread (async). */
+/* One save being committed: its file's name and path, when the save
+ * began (the file's timestamp in the state file), and the files
+ * retention drops from the list. */
+typedef struct ck_commit {
+    char name[KEEL_NAME_MAX];
+    char path[KEEL_PATH_MAX];
+    double now;
+    char (*doomed)[KEEL_NAME_MAX];
+    size_t n_doomed;
+} ck_commit;
+
 static keel_status
-commit_save(keel_saver *s, ck_plan *p)
+commit_file(const keel_saver *s, ck_plan *p, ck_commit *c)
 {
-    char name[KEEL_NAME_MAX], path[KEEL_PATH_MAX];
-    char (*doomed)[KEEL_NAME_MAX] = NULL;
-    size_t n_doomed = 0;
-    double now = keel__now_wall(), saved_lp = s->state.last_preserved;
-    ck_state_entry *backup = NULL;
-    size_t backup_n = s->state.n;
-    keel_status st;
-
-    int64_t t0 = keel__now_mono_ns(), t1, t2, t3;
-
-    join_reaper(s);
-
-    t1 = t0;
-    st = ckpt_file_name(name, sizeof name, s->basename, p->step, p->epoch);
+    keel_status st = ckpt_file_name(c->name, sizeof c->name, s->basename,
+                                    p->step, p->epoch);
     if (st == KEEL_OK)
-        st = keel__path_join(path, sizeof path, s->dir, name);
+        st = keel__path_join(c->path, sizeof c->path, s->dir, c->name);
     if (st == KEEL_OK)
-        st = keel__ckpt_write_file(p, path);
+        st = keel__ckpt_write_file(p, c->path);
     if (st != KEEL_OK)
         return keel__wrap(st, "save of step %lld failed", (long long)p->step);
-    t2 = keel__now_mono_ns();
+    return KEEL_OK;
+}
 
-    /* New list: without an older entry of the same name, plus this one. */
-    backup = malloc((backup_n + 1) * sizeof *backup);
-    doomed = malloc((backup_n + 1) * sizeof *doomed);
-    if (backup == NULL || doomed == NULL) {
-        st = keel__fail(KEEL_ENOMEM, "checkpoint retention list");
-        goto out;
-    }
-    if (backup_n > 0)
-        memcpy(backup, s->state.e, backup_n * sizeof *backup);
-    for (size_t i = 0; i < s->state.n; ) {
-        const char *nm = s->state.e[i].name;
-        const char *sl = strrchr(nm, '/');
-        if (strcmp(sl ? sl + 1 : nm, name) == 0)
-            state_remove(&s->state, i);
-        else
-            i++;
-    }
-    st = state_push(&s->state, name, now);
-    if (st != KEEL_OK)
-        goto out;
-    /* Retention: the entry just added is never removed (n > max >= 1). */
+/* Retention: the oldest entries past max_to_keep leave the list, into
+ * c->doomed unless keep_every_n_hours keeps them for good. The entry
+ * just added is never removed (n > max >= 1). */
+static void
+apply_retention(keel_saver *s, ck_commit *c)
+{
     while (s->max_to_keep > 0 && s->state.n > (size_t)s->max_to_keep) {
         ck_state_entry old = s->state.e[0];
         state_remove(&s->state, 0);
@@ -699,54 +767,110 @@ commit_save(keel_saver *s, ck_plan *p)
             s->state.last_preserved = old.ts;   /* kept for good */
             continue;
         }
-        snprintf(doomed[n_doomed++], KEEL_NAME_MAX, "%s", old.name);
+        snprintf(c->doomed[c->n_doomed++], KEEL_NAME_MAX, "%s", old.name);
     }
-    st = state_write(s, doomed, n_doomed);
-    if (st != KEEL_OK) {
-        /* The .h5 is committed but unrecorded; keep the old list. */
-        memcpy(s->state.e, backup, backup_n * sizeof *backup);
-        s->state.n = backup_n;
-        s->state.last_preserved = saved_lp;
-        n_doomed = 0;
-        st = keel__wrap(st, "checkpoint %s was written but the state file "
-                        "could not be updated", path);
-        goto out;
+}
+
+/* The new list (without an older entry of the same name, plus this one,
+ * after retention) into the state file. When that cannot be written the
+ * .h5 is committed but unrecorded: the old list stays. */
+static keel_status
+record_commit(keel_saver *s, ck_commit *c)
+{
+    size_t backup_n = s->state.n;
+    double saved_lp = s->state.last_preserved;
+    ck_state_entry *backup = malloc((backup_n + 1) * sizeof *backup);
+    keel_status st;
+    if (backup == NULL)
+        return keel__fail(KEEL_ENOMEM, "checkpoint retention list");
+    if (backup_n > 0)
+        memcpy(backup, s->state.e, backup_n * sizeof *backup);
+    for (size_t i = 0; i < s->state.n; ) {
+        const char *nm = s->state.e[i].name;
+        const char *sl = strrchr(nm, '/');
+        if (strcmp(sl ? sl + 1 : nm, c->name) == 0)
+            state_remove(&s->state, i);
+        else
+            i++;
     }
-    __atomic_store_n(&s->last_step, p->step, __ATOMIC_RELEASE);
-    /* deletions deferred by readers' leases, now released */
-    keel__ckpt_lease_sweep(s->dir, &s->state);
-    t3 = keel__now_mono_ns();
-    /* Only now that the state file no longer lists them (a crash before
-     * they are gone is finished by the next saver: "# keel: delete="). */
-    if (n_doomed > 0) {
-        s->n_reap = 0;
-        s->reap = malloc(n_doomed * sizeof *s->reap);
-        for (size_t i = 0; s->reap != NULL && i < n_doomed; i++) {
-            char *dp = s->reap[s->n_reap];
-            if (!may_unlink(s, doomed[i]))
-                continue;
-            if (doomed[i][0] == '/')
-                snprintf(dp, KEEL_PATH_MAX, "%s", doomed[i]);
-            else if (keel__path_join(dp, KEEL_PATH_MAX, s->dir, doomed[i]) !=
-                     KEEL_OK)
-                continue;
-            s->n_reap++;
+    st = state_push(&s->state, c->name, c->now);
+    if (st == KEEL_OK) {
+        apply_retention(s, c);
+        st = state_write(s, c->doomed, c->n_doomed);
+        if (st != KEEL_OK) {
+            memcpy(s->state.e, backup, backup_n * sizeof *backup);
+            s->state.n = backup_n;
+            s->state.last_preserved = saved_lp;
+            c->n_doomed = 0;
+            st = keel__wrap(st, "checkpoint %s was written but the state "
+                            "file could not be updated", c->path);
         }
-        if (s->reap != NULL) {
-            s->reaping = pthread_create(&s->reaper, NULL, reaper_main, s) ==
-                         0;
-            if (!s->reaping)
-                reaper_main(s);
-        }
     }
-    keel__log(KEEL_LOG_DEBUG, "saved %s: (setup %.1f ms) file %.1f ms, "
-              "state file %.1f ms, retention start %.1f ms", path,
-              (double)(t1 - t0) / 1e6, (double)(t2 - t1) / 1e6,
-              (double)(t3 - t2) / 1e6,
-              (double)(keel__now_mono_ns() - t3) / 1e6);
-out:
     free(backup);
-    free(doomed);
+    return st;
+}
+
+/* Unlink the files retention dropped, on the reaper thread (here when it
+ * cannot start): only now that the state file no longer lists them (a
+ * crash before they are gone is finished by the next saver: "# keel:
+ * delete="). */
+static void
+start_reaping(keel_saver *s, const ck_commit *c)
+{
+    if (c->n_doomed == 0)
+        return;
+    s->n_reap = 0;
+    s->reap = malloc(c->n_doomed * sizeof *s->reap);
+    for (size_t i = 0; s->reap != NULL && i < c->n_doomed; i++) {
+        const char *nm = c->doomed[i];
+        char *dp = s->reap[s->n_reap];
+        if (!may_unlink(s, nm))
+            continue;
+        if (nm[0] == '/')
+            snprintf(dp, KEEL_PATH_MAX, "%s", nm);
+        else if (keel__path_join(dp, KEEL_PATH_MAX, s->dir, nm) != KEEL_OK)
+            continue;
+        s->n_reap++;
+    }
+    if (s->reap != NULL) {
+        s->reaping = pthread_create(&s->reaper, NULL, reaper_main, s) == 0;
+        if (!s->reaping)
+            reaper_main(s);
+    }
+}
+
+/* Commit the file, record it in the state file, apply retention. Runs on
+ * the caller's thread (sync) or the writer thread (async). */
+static keel_status
+commit_save(keel_saver *s, ck_plan *p)
+{
+    ck_commit c = { .now = keel__now_wall() };
+    keel_status st;
+    int64_t t0 = keel__now_mono_ns(), t1, t2, t3;
+
+    join_reaper(s);
+    t1 = t0;
+    st = commit_file(s, p, &c);
+    if (st != KEEL_OK)
+        return st;
+    t2 = keel__now_mono_ns();
+    c.doomed = malloc((s->state.n + 1) * sizeof *c.doomed);
+    if (c.doomed == NULL)
+        return keel__fail(KEEL_ENOMEM, "checkpoint retention list");
+    st = record_commit(s, &c);
+    if (st == KEEL_OK) {
+        __atomic_store_n(&s->last_step, p->step, __ATOMIC_RELEASE);
+        /* deletions deferred by readers' leases, now released */
+        keel__ckpt_lease_sweep(s->dir, &s->state);
+        t3 = keel__now_mono_ns();
+        start_reaping(s, &c);
+        keel__log(KEEL_LOG_DEBUG, "saved %s: (setup %.1f ms) file %.1f ms, "
+                  "state file %.1f ms, retention start %.1f ms", c.path,
+                  (double)(t1 - t0) / 1e6, (double)(t2 - t1) / 1e6,
+                  (double)(t3 - t2) / 1e6,
+                  (double)(keel__now_mono_ns() - t3) / 1e6);
+    }
+    free(c.doomed);
     return st;
 }
 
@@ -910,39 +1034,51 @@ arena_put(keel_saver *s, size_t *off, const char *str)
     return p;
 }
 
-/* Async: copy every tensor, name and meta into staging memory. */
-static keel_status
-stage(keel_saver *s, const keel_vars *vs, const keel_ckpt_meta *meta)
+/* The end of an n-byte tensor staged at or after off. */
+static size_t
+stage_end(size_t off, size_t n)
 {
-    size_t total = 0, text = 0, off = 0, toff = 0, n;
-    ck_plan *p = &s->plan;
-    size_t nv = keel_vars_count(vs);
-    keel_status st;
+    return stage_at(off, n) + round_up(n);
+}
 
+/* The staging bytes (*total) and name arena bytes (*text) a save of vs
+ * and meta needs. */
+static void
+stage_measure(const keel_vars *vs, const keel_ckpt_meta *meta,
+              size_t *total, size_t *text)
+{
+    size_t nv = keel_vars_count(vs);
+    *total = *text = 0;
     for (size_t i = 0; i < nv; i++) {
         keel_var *v = keel_vars_at(vs, i);
         const char *sn;
         if (keel_var_flags(v) & KEEL_VAR_LOCAL)
             continue;
-        n = keel_tensor_bytes(keel_var_tensor(v));
-        total = stage_at(total, n) + round_up(n);
-        text += strlen(keel_var_name(v)) + 1;
+        *total = stage_end(*total, keel_tensor_bytes(keel_var_tensor(v)));
+        *text += strlen(keel_var_name(v)) + 1;
         for (size_t j = 0; keel_var_slot_at(v, j, &sn) != NULL; j++) {
-            n = keel_tensor_bytes(keel_var_slot_at(v, j, NULL));
-            total = stage_at(total, n) + round_up(n);
-            text += strlen(sn) + 1;
+            *total = stage_end(*total,
+                               keel_tensor_bytes(keel_var_slot_at(v, j,
+                                                                  NULL)));
+            *text += strlen(sn) + 1;
         }
     }
     if (meta != NULL) {
         for (size_t i = 0; i < meta->n_blobs; i++) {
-            n = meta->blobs[i].size;
-            total = stage_at(total, n) + round_up(n);
-            text += strlen(meta->blobs[i].name) + 1;
+            *total = stage_end(*total, meta->blobs[i].size);
+            *text += strlen(meta->blobs[i].name) + 1;
         }
-        text += (meta->config_text ? strlen(meta->config_text) + 1 : 0) +
-                (meta->topology ? strlen(meta->topology) + 1 : 0) +
-                (meta->architecture ? strlen(meta->architecture) + 1 : 0);
+        *text += (meta->config_text ? strlen(meta->config_text) + 1 : 0) +
+                 (meta->topology ? strlen(meta->topology) + 1 : 0) +
+                 (meta->architecture ? strlen(meta->architecture) + 1 : 0);
     }
+}
+
+/* Grow the staging buffer and the name arena to total and text bytes
+ * (they are reused from save to save). */
+static keel_status
+stage_reserve(keel_saver *s, size_t total, size_t text)
+{
     if (total > s->stage_cap) {
         char *nb = keel_aligned_alloc(total);
         if (nb == NULL)
@@ -959,52 +1095,94 @@ stage(keel_saver *s, const keel_vars *vs, const keel_ckpt_meta *meta)
         s->names = nn;
         s->names_cap = text + 1;
     }
-    p->n = 0;
+    return KEEL_OK;
+}
+
+/* Copy t into the staging buffer at or after *off and add it to the plan
+ * as variable name (slot NULL) or as its slot. */
+static keel_status
+stage_tensor(keel_saver *s, const char *name, const char *slot,
+             const keel_tensor *t, size_t *off)
+{
+    size_t n = keel_tensor_bytes(t);
+    keel_status st;
+    *off = stage_at(*off, n);
+    memcpy(s->stage + *off, t->data, n);
+    st = plan_add(&s->plan, name, slot, t, s->stage + *off);
+    if (st != KEEL_OK)
+        return st;
+    *off += round_up(n);
+    return KEEL_OK;
+}
+
+/* Every saved variable and its slots, names into the arena at *toff. */
+static keel_status
+stage_vars(keel_saver *s, const keel_vars *vs, size_t *off, size_t *toff)
+{
+    size_t nv = keel_vars_count(vs);
+    keel_status st;
+    s->plan.n = 0;
     for (size_t i = 0; i < nv; i++) {
         keel_var *v = keel_vars_at(vs, i);
-        keel_tensor *t = keel_var_tensor(v), *sl;
+        keel_tensor *sl;
         const char *name, *sn;
         if (keel_var_flags(v) & KEEL_VAR_LOCAL)
             continue;
-        name = arena_put(s, &toff, keel_var_name(v));
-        off = stage_at(off, keel_tensor_bytes(t));
-        memcpy(s->stage + off, t->data, keel_tensor_bytes(t));
-        st = plan_add(p, name, NULL, t, s->stage + off);
+        name = arena_put(s, toff, keel_var_name(v));
+        st = stage_tensor(s, name, NULL, keel_var_tensor(v), off);
         if (st != KEEL_OK)
             return st;
-        off += round_up(keel_tensor_bytes(t));
         for (size_t j = 0; (sl = keel_var_slot_at(v, j, &sn)) != NULL; j++) {
-            const char *slot = arena_put(s, &toff, sn);
-            off = stage_at(off, keel_tensor_bytes(sl));
-            memcpy(s->stage + off, sl->data, keel_tensor_bytes(sl));
-            st = plan_add(p, name, slot, sl, s->stage + off);
+            st = stage_tensor(s, name, arena_put(s, toff, sn), sl, off);
             if (st != KEEL_OK)
                 return st;
-            off += round_up(keel_tensor_bytes(sl));
         }
     }
+    return KEEL_OK;
+}
+
+/* meta's blobs (after the tensors, from off) and texts into the plan. */
+static void
+stage_meta(keel_saver *s, const keel_ckpt_meta *meta, size_t off,
+           size_t *toff)
+{
+    ck_plan *p = &s->plan;
     p->n_blobs = 0;
     p->config_text = p->topology = p->architecture = NULL;
     p->epoch = meta != NULL ? meta->epoch : 0;
-    if (meta != NULL) {
-        for (size_t i = 0; i < meta->n_blobs; i++) {
-            keel_ckpt_blob *b = &p->blobs[p->n_blobs++];
-            b->name = arena_put(s, &toff, meta->blobs[i].name);
-            b->size = meta->blobs[i].size;
-            off = stage_at(off, b->size);
-            if (b->size > 0)
-                memcpy(s->stage + off, meta->blobs[i].data, b->size);
-            b->data = s->stage + off;
-            off += round_up(b->size);
-        }
-        if (meta->config_text != NULL)
-            p->config_text = arena_put(s, &toff, meta->config_text);
-        if (meta->topology != NULL)
-            p->topology = arena_put(s, &toff, meta->topology);
-        if (meta->architecture != NULL)
-            p->architecture = arena_put(s, &toff, meta->architecture);
+    if (meta == NULL)
+        return;
+    for (size_t i = 0; i < meta->n_blobs; i++) {
+        keel_ckpt_blob *b = &p->blobs[p->n_blobs++];
+        b->name = arena_put(s, toff, meta->blobs[i].name);
+        b->size = meta->blobs[i].size;
+        off = stage_at(off, b->size);
+        if (b->size > 0)
+            memcpy(s->stage + off, meta->blobs[i].data, b->size);
+        b->data = s->stage + off;
+        off += round_up(b->size);
     }
-    return KEEL_OK;
+    if (meta->config_text != NULL)
+        p->config_text = arena_put(s, toff, meta->config_text);
+    if (meta->topology != NULL)
+        p->topology = arena_put(s, toff, meta->topology);
+    if (meta->architecture != NULL)
+        p->architecture = arena_put(s, toff, meta->architecture);
+}
+
+/* Async: copy every tensor, name and meta into staging memory. */
+static keel_status
+stage(keel_saver *s, const keel_vars *vs, const keel_ckpt_meta *meta)
+{
+    size_t total, text, off = 0, toff = 0;
+    keel_status st;
+    stage_measure(vs, meta, &total, &text);
+    st = stage_reserve(s, total, text);
+    if (st == KEEL_OK)
+        st = stage_vars(s, vs, &off, &toff);
+    if (st == KEEL_OK)
+        stage_meta(s, meta, off, &toff);
+    return st;
 }
 
 /* Sync: the plan points straight at the store's tensors. */
@@ -1155,24 +1333,21 @@ keel_ckpt_scan(const char *dir, const char *basename, keel_ckpt_file **out,
         int64_t step = keel__ckpt_name_step(de->d_name, basename);
         char p[KEEL_PATH_MAX];
         struct stat sb;
+        keel_ckpt_file *nv;
         if (step < 0 || de->d_name[0] == '.' ||
             strlen(de->d_name) >= KEEL_NAME_MAX ||
             keel__path_join(p, sizeof p, dir, de->d_name) != KEEL_OK ||
             stat(p, &sb) != 0 || !S_ISREG(sb.st_mode))
             continue;
-        if (cnt == cap) {
-            size_t nc = cap ? cap * 2 : 16;
-            keel_ckpt_file *nv = realloc(v, nc * sizeof *nv);
-            if (nv == NULL) {
-                free(v);
-                closedir(d);
-                if (have_state)
-                    keel__ckpt_state_free(&state);
-                return keel__fail(KEEL_ENOMEM, "scan of %s", dir);
-            }
-            v = nv;
-            cap = nc;
+        nv = keel__ckpt_grow(v, &cap, cnt, sizeof *nv, 16);
+        if (nv == NULL) {
+            free(v);
+            closedir(d);
+            if (have_state)
+                keel__ckpt_state_free(&state);
+            return keel__fail(KEEL_ENOMEM, "scan of %s", dir);
         }
+        v = nv;
         memset(&v[cnt], 0, sizeof v[cnt]);
         strcpy(v[cnt].name, de->d_name);
         v[cnt].step = step;

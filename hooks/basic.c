@@ -173,6 +173,7 @@ keel_status
 keel_logging_hook_new(const keel_logging_hook_config *cfg, keel_hook *out)
 {
     logging_hook *h;
+    keel_timer timer;
     keel_status st;
     st = KEEL__CONFIG_CHECK(cfg, out, keel_logging_hook_config,
                             "logging hook");
@@ -184,22 +185,21 @@ keel_logging_hook_new(const keel_logging_hook_config *cfg, keel_hook *out)
     if (cfg->every_n_iter < 0)
         return keel__fail(KEEL_EINVAL, "logging hook: every_n_iter %lld <= 0",
                           (long long)cfg->every_n_iter);
+    if (cfg->at_end && cfg->every_n_iter == 0 && cfg->every_n_secs <= 0) {
+        keel_timer_init_never(&timer);
+    } else {
+        st = keel_timer_init(&timer, cfg->every_n_secs, cfg->every_n_iter,
+                             &cfg->clock);
+        if (st != KEEL_OK)
+            return keel__wrap(st, "logging hook (every_n_iter/every_n_secs)");
+    }
     st = keel__hooks_new_ctx((void **)&h, sizeof *h, "logging hook");
     if (st != KEEL_OK)
         return st;
     keel__hooks_copy_names(h->names, cfg->names, cfg->n_names);
     h->n = cfg->n_names;
     h->at_end = cfg->at_end;
-    if (cfg->at_end && cfg->every_n_iter == 0 && cfg->every_n_secs <= 0) {
-        keel_timer_init_never(&h->timer);
-    } else {
-        st = keel_timer_init(&h->timer, cfg->every_n_secs, cfg->every_n_iter,
-                             &cfg->clock);
-        if (st != KEEL_OK) {
-            free(h);
-            return keel__wrap(st, "logging hook (every_n_iter/every_n_secs)");
-        }
-    }
+    h->timer = timer;
     keel__hooks_fill(out, "logging_tensor", h, KEEL_HOOK_LOGGING, free);
     out->before_run = logging_before;
     out->after_run = logging_after;

@@ -230,6 +230,7 @@ keel_status
 keel_ckpt_hook_new(const keel_ckpt_hook_config *cfg, keel_hook *out)
 {
     ckpt_hook *h;
+    keel_timer timer;
     keel_status st;
     st = KEEL__CONFIG_CHECK(cfg, out, keel_ckpt_hook_config,
                             "checkpoint saver hook");
@@ -243,17 +244,16 @@ keel_ckpt_hook_new(const keel_ckpt_hook_config *cfg, keel_hook *out)
         || (cfg->n_listeners > 0 && cfg->listeners == NULL))
         return keel__fail(KEEL_EINVAL, "checkpoint saver hook: %zu listeners "
                           "(at most %d)", cfg->n_listeners, LISTENERS_MAX);
+    st = keel_timer_init(&timer, cfg->save_secs, cfg->save_steps,
+                         &cfg->clock);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "checkpoint saver hook (save_secs/save_steps)");
     st = keel__hooks_new_ctx((void **)&h, sizeof *h,
                              "checkpoint saver hook");
     if (st != KEEL_OK)
         return st;
     h->last_saved = -1;
-    st = keel_timer_init(&h->timer, cfg->save_secs, cfg->save_steps,
-                         &cfg->clock);
-    if (st != KEEL_OK) {
-        ck_destroy(h);
-        return keel__wrap(st, "checkpoint saver hook (save_secs/save_steps)");
-    }
+    h->timer = timer;
     if (cfg->saver_cfg != NULL)
         h->saver_cfg = *cfg->saver_cfg;
     else

@@ -10,7 +10,8 @@
 #include <keel/session.h>
 
 /* A zeroed context of size bytes in *ctx (the caller frees it); ENOMEM
- * names who. */
+ * names who. A constructor checks its whole config first (names, timer
+ * period) so that after this only copying into the context can fail. */
 keel_status keel__hooks_new_ctx(void **ctx, size_t size, const char *who);
 
 /* *out zeroed (struct_size set), then its name (static storage), ctx,

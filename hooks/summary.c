@@ -62,8 +62,8 @@ open_events(const char *dir, keel_events **w, const char *who)
     }
     pthread_mutex_unlock(&cache_lock);
     if (st != KEEL_OK)
-        keel__log(KEEL_LOG_WARN, "%s: no event file in %s (%s): logging "
-                  "only", who, dir, keel_last_error());
+        keel__log(KEEL_LOG_WARN, "%s hook: no event file in %s (%s): "
+                  "logging only", who, dir, keel_last_error());
     return KEEL_OK;
 }
 
@@ -94,10 +94,12 @@ close_events(keel_events *w)
 
 /* A hook's event output: the directory it was given (owned; NULL: none)
  * and, from its first begin on, the shared writer for it (NULL while
- * closed or when the file could not be opened). */
+ * closed or when the file could not be opened); who is the hook in
+ * messages ("step counter"). */
 typedef struct events_out {
     char *dir;
     keel_events *w;
+    const char *who;
 } events_out;
 
 /* Copy dir (NULL: no output) into e; ENOMEM names who. */
@@ -106,26 +108,27 @@ events_out_init(events_out *e, const char *dir, const char *who)
 {
     e->w = NULL;
     e->dir = NULL;
+    e->who = who;
     if (dir != NULL && (e->dir = strdup(dir)) == NULL)
-        return keel__fail(KEEL_ENOMEM, "%s: copy dir", who);
+        return keel__fail(KEEL_ENOMEM, "%s hook: copy dir", who);
     return KEEL_OK;
 }
 
 /* At begin: open the writer unless there is no dir or it is open. */
 static keel_status
-events_out_begin(events_out *e, const char *who)
+events_out_begin(events_out *e)
 {
     if (e->dir != NULL && e->w == NULL)
-        return open_events(e->dir, &e->w, who);
+        return open_events(e->dir, &e->w, e->who);
     return KEEL_OK;
 }
 
-/* At end: flush what was written; a failure is a warning naming who. */
+/* At end: flush what was written; a failure is a warning. */
 static void
-events_out_flush(events_out *e, const char *who)
+events_out_flush(events_out *e)
 {
     if (e->w != NULL && keel_events_flush(e->w) != KEEL_OK)
-        keel__log(KEEL_LOG_WARN, "%s: flush: %s", who, keel_last_error());
+        keel__log(KEEL_LOG_WARN, "%s: flush: %s", e->who, keel_last_error());
 }
 
 /* Drop the writer and the dir (e may be zeroed: a no-op). */
@@ -136,20 +139,40 @@ events_out_free(events_out *e)
     free(e->dir);
 }
 
+/* The hooks that write events (step counter, summary saver) keep their
+ * events_out first in their context, so one begin, end and destroy serve
+ * them all. */
+static keel_status
+events_hook_begin(void *ctx)
+{
+    return events_out_begin(ctx);
+}
+
+static void
+events_hook_end(void *ctx, keel_session *s, keel_end_reason why)
+{
+    (void)s;
+    (void)why;
+    events_out_flush(ctx);
+}
+
+static void
+events_hook_destroy(void *ctx)
+{
+    if (ctx == NULL)
+        return;
+    events_out_free(ctx);
+    free(ctx);
+}
+
 /* ---- StepCounterHook ---------------------------------------------------- */
 
 typedef struct counter_hook {
+    events_out ev;                /* first: events_hook_* */
     keel_timer timer;
-    events_out ev;
     int64_t last_before;
     int64_t n_stalled;
 } counter_hook;
-
-static keel_status
-counter_begin(void *ctx)
-{
-    return events_out_begin(&((counter_hook *)ctx)->ev, "step counter hook");
-}
 
 static keel_status
 counter_after_run(void *ctx, keel_run_context *rc, const keel_run_values *v)
@@ -184,24 +207,6 @@ counter_after_run(void *ctx, keel_run_context *rc, const keel_run_values *v)
     return KEEL_OK;
 }
 
-static void
-counter_end(void *ctx, keel_session *s, keel_end_reason why)
-{
-    (void)s;
-    (void)why;
-    events_out_flush(&((counter_hook *)ctx)->ev, "step counter");
-}
-
-static void
-counter_destroy(void *ctx)
-{
-    counter_hook *h = ctx;
-    if (h == NULL)
-        return;
-    events_out_free(&h->ev);
-    free(h);
-}
-
 /* after_run acts when the timer is due or on a stall; seconds: always. */
 static int
 counter_wake(const void *ctx, keel_hook_wake *w)
@@ -226,33 +231,33 @@ keel_step_counter_hook_new(const keel_step_counter_hook_config *cfg,
                            keel_hook *out)
 {
     counter_hook *h;
+    keel_timer timer;
     keel_status st;
     st = KEEL__CONFIG_CHECK(cfg, out, keel_step_counter_hook_config,
                             "step counter hook");
     if (st != KEEL_OK)
         return st;
+    st = keel_timer_init(&timer, cfg->every_n_secs, cfg->every_n_steps,
+                         &cfg->clock);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "step counter hook: exactly one of "
+                          "every_n_steps and every_n_secs should be "
+                          "provided");
     st = keel__hooks_new_ctx((void **)&h, sizeof *h, "step counter hook");
     if (st != KEEL_OK)
         return st;
     h->last_before = -1;
-    st = keel_timer_init(&h->timer, cfg->every_n_secs, cfg->every_n_steps,
-                         &cfg->clock);
-    if (st != KEEL_OK) {
-        free(h);
-        return keel__wrap(st, "step counter hook: exactly one of "
-                          "every_n_steps and every_n_secs should be "
-                          "provided");
-    }
-    st = events_out_init(&h->ev, cfg->output_dir, "step counter hook");
+    h->timer = timer;
+    st = events_out_init(&h->ev, cfg->output_dir, "step counter");
     if (st != KEEL_OK) {
         free(h);
         return st;
     }
     keel__hooks_fill(out, "step_counter", h, KEEL_HOOK_STEP_COUNTER,
-                     counter_destroy);
-    out->begin = counter_begin;
+                     events_hook_destroy);
+    out->begin = events_hook_begin;
     out->after_run = counter_after_run;
-    out->end = counter_end;
+    out->end = events_hook_end;
     out->wake = counter_wake;
     out->flags = KEEL_HOOK_NO_STEP_TIME; // reads its own timer's clock
     return KEEL_OK;
@@ -261,19 +266,12 @@ keel_step_counter_hook_new(const keel_step_counter_hook_config *cfg,
 /* ---- SummarySaverHook --------------------------------------------------- */
 
 typedef struct summary_hook {
+    events_out ev;                /* first: events_hook_* */
     char names[KEEL__HOOKS_NAMES_MAX][KEEL_VALUE_NAME_MAX];
     size_t n;
     keel_timer timer;
-    events_out ev;
     int is_requested;
 } summary_hook;
-
-static keel_status
-summary_begin(void *ctx)
-{
-    return events_out_begin(&((summary_hook *)ctx)->ev,
-                            "summary saver hook");
-}
 
 static keel_status
 summary_before(void *ctx, keel_run_context *rc)
@@ -310,24 +308,6 @@ summary_after(void *ctx, keel_run_context *rc, const keel_run_values *v)
     return KEEL_OK;
 }
 
-static void
-summary_end(void *ctx, keel_session *s, keel_end_reason why)
-{
-    (void)s;
-    (void)why;
-    events_out_flush(&((summary_hook *)ctx)->ev, "summary saver");
-}
-
-static void
-summary_destroy(void *ctx)
-{
-    summary_hook *h = ctx;
-    if (h == NULL)
-        return;
-    events_out_free(&h->ev);
-    free(h);
-}
-
 /* before_run acts when the step about to run ends at a due step; after_run
  * only after a before_run that requested values. Seconds: always. */
 static int
@@ -355,6 +335,7 @@ keel_status
 keel_summary_hook_new(const keel_summary_hook_config *cfg, keel_hook *out)
 {
     summary_hook *h;
+    keel_timer timer;
     keel_status st;
     st = KEEL__CONFIG_CHECK(cfg, out, keel_summary_hook_config,
                             "summary saver hook");
@@ -367,28 +348,27 @@ keel_summary_hook_new(const keel_summary_hook_config *cfg, keel_hook *out)
                                  "summary saver hook");
     if (st != KEEL_OK)
         return st;
+    st = keel_timer_init(&timer, cfg->save_secs, cfg->save_steps,
+                         &cfg->clock);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "summary saver hook (save_steps/save_secs)");
     st = keel__hooks_new_ctx((void **)&h, sizeof *h, "summary saver hook");
     if (st != KEEL_OK)
         return st;
     keel__hooks_copy_names(h->names, cfg->names, cfg->n_names);
     h->n = cfg->n_names;
-    st = keel_timer_init(&h->timer, cfg->save_secs, cfg->save_steps,
-                         &cfg->clock);
-    if (st != KEEL_OK) {
-        free(h);
-        return keel__wrap(st, "summary saver hook (save_steps/save_secs)");
-    }
-    st = events_out_init(&h->ev, cfg->output_dir, "summary saver hook");
+    h->timer = timer;
+    st = events_out_init(&h->ev, cfg->output_dir, "summary saver");
     if (st != KEEL_OK) {
         free(h);
         return st;
     }
     keel__hooks_fill(out, "summary_saver", h, KEEL_HOOK_SUMMARY,
-                     summary_destroy);
-    out->begin = summary_begin;
+                     events_hook_destroy);
+    out->begin = events_hook_begin;
     out->before_run = summary_before;
     out->after_run = summary_after;
-    out->end = summary_end;
+    out->end = events_hook_end;
     out->wake = summary_wake;
     out->flags = KEEL_HOOK_NO_STEP_TIME;
     return KEEL_OK;
@@ -486,6 +466,7 @@ keel_status
 keel_profiler_hook_new(const keel_profiler_hook_config *cfg, keel_hook *out)
 {
     profiler_hook *h;
+    keel_timer timer;
     keel_status st;
     st = KEEL__CONFIG_CHECK(cfg, out, keel_profiler_hook_config,
                             "profiler hook");
@@ -494,16 +475,15 @@ keel_profiler_hook_new(const keel_profiler_hook_config *cfg, keel_hook *out)
     if (cfg->output_dir == NULL)
         return keel__fail(KEEL_EINVAL, "profiler hook: output_dir is "
                           "required");
+    st = keel_timer_init(&timer, cfg->save_secs, cfg->save_steps,
+                         &cfg->clock);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "profiler hook (save_steps/save_secs)");
     st = keel__hooks_new_ctx((void **)&h, sizeof *h, "profiler hook");
     if (st != KEEL_OK)
         return st;
     h->is_first = 1;
-    st = keel_timer_init(&h->timer, cfg->save_secs, cfg->save_steps,
-                         &cfg->clock);
-    if (st != KEEL_OK) {
-        free(h);
-        return keel__wrap(st, "profiler hook (save_steps/save_secs)");
-    }
+    h->timer = timer;
     st = keel__path_join(h->path, sizeof h->path, cfg->output_dir,
                          "timeline.json");
     if (st != KEEL_OK) {

@@ -405,10 +405,90 @@ keel_session_manager_recover(keel_session_manager *sm, int *is_ready)
     return KEEL_OK;
 }
 
+/* Why the last attempt found no ready model: not ready for local init
+ * (why), or the variables not yet initialized (missing); "" for none. */
+typedef struct not_ready {
+    char why[MISSING_MAX];
+    char missing[MISSING_MAX];
+} not_ready;
+
+/* A cancel or a signal ends the wait; *gen is the state's generation
+ * before this attempt (a later change ends the pause after it). */
+static keel_status
+wait_check_cancel(keel_session_manager *sm, int attempts, uint64_t *gen)
+{
+    pthread_mutex_lock(&sm->mu);
+    *gen = sm->change_gen;
+    if (sm->is_cancelled) {
+        pthread_mutex_unlock(&sm->mu);
+        return keel__fail(KEEL_ECANCELLED, "wait for session: cancelled "
+                          "after %d attempts", attempts);
+    }
+    pthread_mutex_unlock(&sm->mu);
+    if (keel__signal_pending())
+        return keel__fail(KEEL_ECANCELLED, "wait for session: signal %d "
+                          "received after %d attempts",
+                          (int)keel__signal_pending(), attempts);
+    return KEEL_OK;
+}
+
+/* One attempt: fetch the shared state, run local init, check the ready
+ * list; *is_ready, or nr says what is missing. */
+static keel_status
+wait_attempt(keel_session_manager *sm, not_ready *nr, int *is_ready)
+{
+    int is_fetched = 1, ok;
+    size_t n = 0;
+    keel_status st;
+    *is_ready = 0;
+    nr->why[0] = '\0';
+    nr->missing[0] = '\0';
+    if (sm->backend.fetch != NULL) {
+        st = sm->backend.fetch(sm->backend.ctx, sm->vars, &is_fetched,
+                               nr->why, sizeof nr->why);
+        if (st != KEEL_OK)
+            return keel__wrap(st, "backend '%s' fetch",
+                              sm->backend.name ? sm->backend.name : "?");
+    }
+    if (!is_fetched)
+        return KEEL_OK;
+    st = try_local_init(sm, &ok, nr->why, sizeof nr->why);
+    if (st != KEEL_OK || !ok)
+        return st;
+    st = check(sm, sm->sc.ready, nr->missing, sizeof nr->missing, &n);
+    if (st != KEEL_OK)
+        return st;
+    *is_ready = n == 0;
+    return KEEL_OK;
+}
+
+/* Pause until the shared state may have changed since generation gen
+ * (the backend's own wait, or a local change or cancel), or until next. */
+static keel_status
+wait_for_change(keel_session_manager *sm, uint64_t gen, int64_t next)
+{
+    if (sm->backend.wait_for_change != NULL) {
+        keel_status st = sm->backend.wait_for_change(sm->backend.ctx, next);
+        if (st != KEEL_OK)
+            return keel__wrap(st, "backend '%s' wait_for_change",
+                              sm->backend.name ? sm->backend.name : "?");
+        return KEEL_OK;
+    }
+    pthread_mutex_lock(&sm->mu);
+    while (sm->change_gen == gen && !sm->is_cancelled)
+        if (keel__cond_wait_until(&sm->cv, &sm->mu, next))
+            break;
+    pthread_mutex_unlock(&sm->mu);
+    return KEEL_OK;
+}
+
+/* Attempt until the model is ready, pausing recovery_wait_ms (or until
+ * the state changes) between attempts, within max_wait_secs (<= 0 or
+ * infinite: no limit). */
 keel_status
 keel_session_manager_wait(keel_session_manager *sm, double max_wait_secs)
 {
-    char why[MISSING_MAX], missing[MISSING_MAX];
+    not_ready nr;
     int64_t start = keel__now_mono_ns(), deadline = -1;
     int attempts = 0;
     if (sm == NULL)
@@ -416,74 +496,39 @@ keel_session_manager_wait(keel_session_manager *sm, double max_wait_secs)
     if (max_wait_secs > 0 && isfinite(max_wait_secs))
         deadline = start + (int64_t)(max_wait_secs * 1e9);
     for (;;) {
-        int is_ready = 1, ok;
-        size_t n = 0;
+        int is_ready;
         uint64_t gen;
         int64_t next;
-        keel_status st;
-        pthread_mutex_lock(&sm->mu);
-        gen = sm->change_gen;
-        if (sm->is_cancelled) {
-            pthread_mutex_unlock(&sm->mu);
-            return keel__fail(KEEL_ECANCELLED, "wait for session: "
-                              "cancelled after %d attempts", attempts);
-        }
-        pthread_mutex_unlock(&sm->mu);
-        if (keel__signal_pending())
-            return keel__fail(KEEL_ECANCELLED, "wait for session: signal "
-                              "%d received after %d attempts",
-                              (int)keel__signal_pending(), attempts);
+        keel_status st = wait_check_cancel(sm, attempts, &gen);
+        if (st != KEEL_OK)
+            return st;
         attempts++;
-        why[0] = '\0';
-        missing[0] = '\0';
-        if (sm->backend.fetch != NULL) {
-            st = sm->backend.fetch(sm->backend.ctx, sm->vars, &is_ready, why,
-                                   sizeof why);
-            if (st != KEEL_OK)
-                return keel__wrap(st, "backend '%s' fetch",
-                                  sm->backend.name ? sm->backend.name : "?");
-        }
+        st = wait_attempt(sm, &nr, &is_ready);
+        if (st != KEEL_OK)
+            return st;
         if (is_ready) {
-            st = try_local_init(sm, &ok, why, sizeof why);
-            if (st != KEEL_OK)
-                return st;
-            if (ok) {
-                st = check(sm, sm->sc.ready, missing, sizeof missing, &n);
-                if (st != KEEL_OK)
-                    return st;
-                if (n == 0) {
-                    keel__log(KEEL_LOG_INFO, "model ready after %d "
-                              "attempt(s), %.3f s", attempts,
-                              (double)(keel__now_mono_ns() - start) / 1e9);
-                    return KEEL_OK;
-                }
-            }
+            keel__log(KEEL_LOG_INFO, "model ready after %d attempt(s), "
+                      "%.3f s", attempts,
+                      (double)(keel__now_mono_ns() - start) / 1e9);
+            return KEEL_OK;
         }
         next = keel__now_mono_ns() + (int64_t)sm->recovery_wait_ms * 1000000;
         if (deadline >= 0 && keel__now_mono_ns() >= deadline)
             return keel__fail(KEEL_ETIMEOUT, "Session was not ready after "
                               "waiting %.0f secs (ready_for_local_init: %s; "
                               "ready: %s)", max_wait_secs,
-                              why[0] ? why : "None",
-                              missing[0] ? missing : "None");
+                              nr.why[0] ? nr.why : "None",
+                              nr.missing[0] ? nr.missing : "None");
         if (deadline >= 0 && next > deadline)
             next = deadline;
         if (attempts == 1 || attempts % 100 == 0)
             keel__log(KEEL_LOG_INFO, "Waiting for model to be ready. "
                       "Ready_for_local_init: %s, ready: %s",
-                      why[0] ? why : "None", missing[0] ? missing : "None");
-        if (sm->backend.wait_for_change != NULL) {
-            st = sm->backend.wait_for_change(sm->backend.ctx, next);
-            if (st != KEEL_OK)
-                return keel__wrap(st, "backend '%s' wait_for_change",
-                                  sm->backend.name ? sm->backend.name : "?");
-        } else {
-            pthread_mutex_lock(&sm->mu);
-            while (sm->change_gen == gen && !sm->is_cancelled)
-                if (keel__cond_wait_until(&sm->cv, &sm->mu, next))
-                    break;
-            pthread_mutex_unlock(&sm->mu);
-        }
+                      nr.why[0] ? nr.why : "None",
+                      nr.missing[0] ? nr.missing : "None");
+        st = wait_for_change(sm, gen, next);
+        if (st != KEEL_OK)
+            return st;
     }
 }
 

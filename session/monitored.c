@@ -1083,15 +1083,12 @@ run_after(keel_session *s, int64_t gs, int64_t after)
     return st;
 }
 
-/* One attempt at one step. Hooks are skipped while their calls would do
- * nothing (hook_slot): skipping keeps the order of the calls made. */
-static keel_status
-run_once(keel_session *s, const void *batch, int with_hooks)
+/* The run context of a step at gs on batch: nothing requested, no stop;
+ * values set before this step no longer count. */
+static void
+run_context_reset(keel_session *s, const void *batch, int64_t gs)
 {
     keel_run_context *rc = &s->rc;
-    int64_t gs = *s->gs, after, t0 = 0;
-    size_t i;
-    keel_status st;
     rc->batch = batch;
     rc->has_batch = batch != NULL;
     rc->is_stop_requested = 0;
@@ -1099,31 +1096,32 @@ run_once(keel_session *s, const void *batch, int with_hooks)
     rc->global_step = gs;
     rc->hook_name = NULL;
     s->values.gen++;
-    if (with_hooks && (gs >= s->before_min
-                       || s->n_chains >= s->before_chain_min
-                       || s->has_armed)) {
-        st = run_before(s, gs);
-        if (st != KEEL_OK)
-            return st;
-        // A hook refreshed the shared state (GlobalStepWaiterHook on a
-        // cluster worker): the step runs at the step it fetched.
-        if (*s->gs != gs)
-            rc->global_step = gs = *s->gs;
-    }
-    s->st.batch = rc->batch;
-    s->st.is_applied = 0;
-    s->st.global_step = gs;
-    if (!s->skip_grad_zeroing && s->rep == NULL)
-        keel_grads_zero(s->grads);
-    // Two clock reads are a third of keel's cost on a short step: only
-    // when a hook can see them (a user hook or the profiler).
-    if (with_hooks && s->needs_step_time)
-        t0 = keel__now_mono_ns();
-    st = s->rep != NULL ? replicas_step(s, rc->batch, gs)
-                        : s->step(s->step_ctx, &s->st);
+}
+
+/* The hooks' before_run unless every hook is idle. A hook that refreshed
+ * the shared state (GlobalStepWaiterHook on a cluster worker) moves the
+ * step to the global step it fetched (*gs). */
+static keel_status
+run_before_hooks(keel_session *s, int64_t *gs)
+{
+    keel_status st;
+    if (!(*gs >= s->before_min || s->n_chains >= s->before_chain_min
+          || s->has_armed))
+        return KEEL_OK;
+    st = run_before(s, *gs);
     if (st != KEEL_OK)
         return st;
-    for (i = 0; i < rc->n_requested; i++) {
+    if (*s->gs != *gs)
+        s->rc.global_step = *gs = *s->gs;
+    return KEEL_OK;
+}
+
+/* Every value a hook requested for the step at gs was set by it. */
+static keel_status
+check_requested(const keel_session *s, int64_t gs)
+{
+    const keel_run_context *rc = &s->rc;
+    for (size_t i = 0; i < rc->n_requested; i++) {
         const keel__value *v = &s->values.v[rc->requested[i]];
         if (v->set_gen != s->values.gen)
             return keel__fail(KEEL_ENOTFOUND, "hook '%s' requested value "
@@ -1132,29 +1130,50 @@ run_once(keel_session *s, const void *batch, int with_hooks)
                               rc->requested_by[i] ? rc->requested_by[i] : "?",
                               v->name, (long long)gs);
     }
-    if (!s->st.is_applied && s->updater.apply == optimizer_apply &&
-        s->rep != NULL) {
-        // keel's optimizer on the replicas' idle threads: the same bits
+    return KEEL_OK;
+}
+
+/* The step's gradients into the variables unless the step applied them:
+ * keel's optimizer on the replicas' idle threads (the same bits), or the
+ * updater. */
+static keel_status
+apply_update(keel_session *s, int64_t gs)
+{
+    keel_status st = KEEL_OK;
+    if (s->st.is_applied)
+        return KEEL_OK;
+    if (s->updater.apply == optimizer_apply && s->rep != NULL)
         st = keel__optimizer_apply_pooled(s->updater.ctx, s->vars, s->grads,
                                           gs, 0, s->rep->pool);
-        if (st != KEEL_OK)
-            return keel__wrap(st, "apply gradients at step %lld",
-                              (long long)gs);
-    } else if (!s->st.is_applied && s->updater.apply != NULL) {
+    else if (s->updater.apply != NULL)
         st = s->updater.apply(s->updater.ctx, s->vars, s->grads, gs);
-        if (st != KEEL_OK)
-            return keel__wrap(st, "apply gradients at step %lld",
-                              (long long)gs);
-    }
-    after = *s->gs;
+    if (st != KEEL_OK)
+        return keel__wrap(st, "apply gradients at step %lld",
+                          (long long)gs);
+    return KEEL_OK;
+}
+
+/* The global step after the step at gs (gs + 1 unless the step or the
+ * update moved it) and the run values' step counts; returns it. */
+static int64_t
+advance_step(keel_session *s, int64_t gs)
+{
+    int64_t after = *s->gs;
     if (after == gs)
         *s->gs = after = gs + 1;
     s->local_step++;
     s->rv.step_before = gs;
     s->rv.step_after = after;
     s->rv.local_step = s->local_step;
-    if (!with_hooks)
-        return KEEL_OK;
+    return after;
+}
+
+/* The hooks' after_run for the step from gs to after (started at t0)
+ * unless every hook is idle, then a stop one of them requested. */
+static keel_status
+run_after_hooks(keel_session *s, int64_t gs, int64_t after, int64_t t0)
+{
+    keel_status st;
     s->rv.start_ns = t0;
     s->rv.duration_ns = s->needs_step_time ? keel__now_mono_ns() - t0 : 0;
     s->n_chains++;
@@ -1168,9 +1187,44 @@ run_once(keel_session *s, const void *batch, int with_hooks)
         s->chain_prev = gs;             // every hook idle: all reached
         s->has_chain_prev = 1;
     }
-    if (rc->is_stop_requested)
+    if (s->rc.is_stop_requested)
         stop_with(s, KEEL_END_STOP_REQUESTED);
     return KEEL_OK;
+}
+
+/* One attempt at one step: hooks before, the step callback (or the
+ * replicas), the update, the global step, hooks after. Hooks are skipped
+ * while their calls would do nothing (hook_slot): skipping keeps the order
+ * of the calls made. */
+static keel_status
+run_once(keel_session *s, const void *batch, int with_hooks)
+{
+    int64_t gs = *s->gs, after, t0 = 0;
+    keel_status st;
+    run_context_reset(s, batch, gs);
+    if (with_hooks && (st = run_before_hooks(s, &gs)) != KEEL_OK)
+        return st;
+    s->st.batch = s->rc.batch;
+    s->st.is_applied = 0;
+    s->st.global_step = gs;
+    if (!s->skip_grad_zeroing && s->rep == NULL)
+        keel_grads_zero(s->grads);
+    // Two clock reads are a third of keel's cost on a short step: only
+    // when a hook can see them (a user hook or the profiler).
+    if (with_hooks && s->needs_step_time)
+        t0 = keel__now_mono_ns();
+    st = s->rep != NULL ? replicas_step(s, s->rc.batch, gs)
+                        : s->step(s->step_ctx, &s->st);
+    if (st == KEEL_OK)
+        st = check_requested(s, gs);
+    if (st == KEEL_OK)
+        st = apply_update(s, gs);
+    if (st != KEEL_OK)
+        return st;
+    after = advance_step(s, gs);
+    if (!with_hooks)
+        return KEEL_OK;
+    return run_after_hooks(s, gs, after, t0);
 }
 
 /* Notice stops from outside the step (signal, coordinator). */

@@ -210,24 +210,23 @@ resolve_pair(const char *what, double *secs, int64_t *steps,
     return KEEL_OK;
 }
 
-keel_status
-keel_training_session_new(const keel_training_config *cfg,
-                          keel_session **out)
-{
-    keel_session_config sc;
-    keel_hook *all = NULL, *owned = NULL;
-    size_t n_all = 0, n_owned = 0, i, cap;
+/* The checkpoint and summary periods after resolve_pair. */
+typedef struct save_periods {
     double ck_secs, sum_secs;
     int64_t ck_steps, sum_steps;
-    const char *summary_dir;
-    static const char *const default_names[] = { "loss" };
-    training_owned *own = NULL;
-    const char *ckpt_dir;
-    int is_chief;
+} save_periods;
+
+/* The hooks a training session runs, in order (all), and those it made
+ * itself (owned, which the session takes). */
+typedef struct hook_list {
+    keel_hook *all, *owned;
+    size_t n_all, n_owned;
+} hook_list;
+
+static keel_status
+check_training_config(const keel_training_config *cfg)
+{
     keel_status st;
-    if (out == NULL)
-        return keel__fail(KEEL_EINVAL, "training session: out is NULL");
-    *out = NULL;
     if (cfg == NULL)
         return keel__fail(KEEL_EINVAL, "training session: config is NULL");
     if ((st = KEEL__STRUCT_CHECK(cfg, keel_training_config)) != KEEL_OK
@@ -237,13 +236,144 @@ keel_training_session_new(const keel_training_config *cfg,
     if (cfg->session.vars == NULL)
         return keel__fail(KEEL_EINVAL, "training session: config needs "
                           "session.vars");
-    ck_secs = cfg->save_checkpoint_secs;
-    ck_steps = cfg->save_checkpoint_steps;
-    sum_secs = cfg->save_summaries_secs;
-    sum_steps = cfg->save_summaries_steps;
-    st = resolve_pair("save_checkpoint", &ck_secs, &ck_steps, 600, 0);
+    return KEEL_OK;
+}
+
+static keel_status
+resolve_periods(const keel_training_config *cfg, save_periods *p)
+{
+    keel_status st;
+    p->ck_secs = cfg->save_checkpoint_secs;
+    p->ck_steps = cfg->save_checkpoint_steps;
+    p->sum_secs = cfg->save_summaries_secs;
+    p->sum_steps = cfg->save_summaries_steps;
+    st = resolve_pair("save_checkpoint", &p->ck_secs, &p->ck_steps, 600, 0);
     if (st == KEEL_OK)
-        st = resolve_pair("save_summaries", &sum_secs, &sum_steps, 0, 100);
+        st = resolve_pair("save_summaries", &p->sum_secs, &p->sum_steps, 0,
+                          100);
+    return st;
+}
+
+/* Room for the chief-only hooks, the three default ones and the user's. */
+static keel_status
+hook_list_alloc(hook_list *hl, const keel_training_config *cfg)
+{
+    size_t cap = cfg->n_chief_only_hooks + 3 + cfg->session.n_hooks;
+    hl->all = calloc(cap, sizeof *hl->all);
+    hl->owned = calloc(3, sizeof *hl->owned);
+    if (hl->all == NULL || hl->owned == NULL)
+        return keel__fail(KEEL_ENOMEM, "training session: %zu hooks", cap);
+    return KEEL_OK;
+}
+
+static void
+hook_list_free(hook_list *hl)
+{
+    for (size_t i = 0; i < hl->n_owned; i++)
+        keel_hook_release(&hl->owned[i]);
+    free(hl->owned);
+    free(hl->all);
+}
+
+/* Appends the hook a constructor made in the next owned slot; st is the
+ * constructor's status (nothing is appended when it failed). */
+static keel_status
+hook_list_adopt(hook_list *hl, keel_status st)
+{
+    if (st == KEEL_OK)
+        hl->all[hl->n_all++] = hl->owned[hl->n_owned++];
+    return st;
+}
+
+static keel_status
+new_step_counter(const keel_training_config *cfg, const char *summary_dir,
+                 keel_hook *out)
+{
+    keel_step_counter_hook_config cc;
+    keel_step_counter_hook_config_init(&cc);
+    cc.every_n_steps = cfg->log_step_count_steps;
+    cc.output_dir = summary_dir;
+    cc.clock = cfg->clock;
+    return keel_step_counter_hook_new(&cc, out);
+}
+
+static keel_status
+new_summary_saver(const keel_training_config *cfg, const save_periods *p,
+                  const char *summary_dir, keel_hook *out)
+{
+    static const char *const default_names[] = { "loss" };
+    keel_summary_hook_config mc;
+    keel_summary_hook_config_init(&mc);
+    mc.names = cfg->n_summary_names > 0 ? cfg->summary_names
+                                        : default_names;
+    mc.n_names = cfg->n_summary_names > 0 ? cfg->n_summary_names : 1;
+    mc.save_steps = p->sum_steps;
+    mc.save_secs = p->sum_secs;
+    mc.output_dir = summary_dir;
+    mc.clock = cfg->clock;
+    return keel_summary_hook_new(&mc, out);
+}
+
+static keel_status
+new_ckpt_saver(const keel_training_config *cfg, const save_periods *p,
+               keel_hook *out)
+{
+    keel_ckpt_hook_config hc;
+    keel_ckpt_hook_config_init(&hc);
+    hc.save_secs = p->ck_secs;
+    hc.save_steps = p->ck_steps;
+    hc.listeners = cfg->listeners;
+    hc.n_listeners = cfg->n_listeners;
+    hc.save_on_error = cfg->save_on_error;
+    hc.clock = cfg->clock;
+    return keel_ckpt_hook_new(&hc, out);
+}
+
+/* The chief's hooks in TF's order: chief-only, StepCounter,
+ * SummarySaver, CheckpointSaver (each default one when its directory and
+ * period are set). */
+static keel_status
+add_chief_hooks(const keel_training_config *cfg, const save_periods *p,
+                const char *ckpt_dir, hook_list *hl)
+{
+    const char *summary_dir = cfg->summary_dir != NULL ? cfg->summary_dir
+                                                       : ckpt_dir;
+    keel_status st = KEEL_OK;
+    for (size_t i = 0; i < cfg->n_chief_only_hooks; i++)
+        hl->all[hl->n_all++] = cfg->chief_only_hooks[i];
+    if (summary_dir != NULL && cfg->log_step_count_steps > 0)
+        st = hook_list_adopt(hl, new_step_counter(cfg, summary_dir,
+                                                  &hl->owned[hl->n_owned]));
+    if (st == KEEL_OK && summary_dir != NULL &&
+        (p->sum_secs > 0 || p->sum_steps > 0))
+        st = hook_list_adopt(hl, new_summary_saver(cfg, p, summary_dir,
+                                                   &hl->owned[hl->n_owned]));
+    if (st == KEEL_OK && ckpt_dir != NULL &&
+        (p->ck_secs > 0 || p->ck_steps > 0))
+        st = hook_list_adopt(hl, new_ckpt_saver(cfg, p,
+                                                &hl->owned[hl->n_owned]));
+    return st;
+}
+
+/* Check cfg, resolve its periods and cluster, assemble the hooks (the
+ * chief's defaults, then the user's) and make a recovering session that
+ * owns what was made here. */
+keel_status
+keel_training_session_new(const keel_training_config *cfg,
+                          keel_session **out)
+{
+    keel_session_config sc;
+    hook_list hl = { 0 };
+    save_periods per;
+    training_owned *own;
+    const char *ckpt_dir;
+    keel_status st;
+    if (out == NULL)
+        return keel__fail(KEEL_EINVAL, "training session: out is NULL");
+    *out = NULL;
+    st = check_training_config(cfg);
+    if (st == KEEL_OK)
+        st = resolve_periods(cfg, &per);
     if (st != KEEL_OK)
         return st;
     sc = cfg->session;
@@ -252,86 +382,30 @@ keel_training_session_new(const keel_training_config *cfg,
     if (own == NULL)
         return keel__fail(KEEL_ENOMEM, "training session");
     st = resolve_cluster(cfg, &sc, own);
+    if (st == KEEL_OK)
+        st = hook_list_alloc(&hl, cfg);
+    if (st == KEEL_OK && sc.is_chief)
+        st = add_chief_hooks(cfg, &per, ckpt_dir, &hl);
     if (st != KEEL_OK) {
+        hook_list_free(&hl);
         training_owned_free(own);
         return st;
     }
-    is_chief = sc.is_chief;
-    summary_dir = cfg->summary_dir != NULL ? cfg->summary_dir : ckpt_dir;
-    cap = cfg->n_chief_only_hooks + 3 + cfg->session.n_hooks;
-    all = calloc(cap, sizeof *all);
-    owned = calloc(3, sizeof *owned);
-    if (all == NULL || owned == NULL) {
-        free(all);
-        free(owned);
-        training_owned_free(own);
-        return keel__fail(KEEL_ENOMEM, "training session: %zu hooks", cap);
-    }
-    if (is_chief) {
-        for (i = 0; i < cfg->n_chief_only_hooks; i++)
-            all[n_all++] = cfg->chief_only_hooks[i];
-        if (summary_dir != NULL && cfg->log_step_count_steps > 0) {
-            keel_step_counter_hook_config cc;
-            keel_step_counter_hook_config_init(&cc);
-            cc.every_n_steps = cfg->log_step_count_steps;
-            cc.output_dir = summary_dir;
-            cc.clock = cfg->clock;
-            st = keel_step_counter_hook_new(&cc, &owned[n_owned]);
-            if (st != KEEL_OK)
-                goto fail;
-            all[n_all++] = owned[n_owned++];
-        }
-        if (summary_dir != NULL && (sum_secs > 0 || sum_steps > 0)) {
-            keel_summary_hook_config mc;
-            keel_summary_hook_config_init(&mc);
-            mc.names = cfg->n_summary_names > 0 ? cfg->summary_names
-                                                : default_names;
-            mc.n_names = cfg->n_summary_names > 0 ? cfg->n_summary_names : 1;
-            mc.save_steps = sum_steps;
-            mc.save_secs = sum_secs;
-            mc.output_dir = summary_dir;
-            mc.clock = cfg->clock;
-            st = keel_summary_hook_new(&mc, &owned[n_owned]);
-            if (st != KEEL_OK)
-                goto fail;
-            all[n_all++] = owned[n_owned++];
-        }
-        if (ckpt_dir != NULL && (ck_secs > 0 || ck_steps > 0)) {
-            keel_ckpt_hook_config hc;
-            keel_ckpt_hook_config_init(&hc);
-            hc.save_secs = ck_secs;
-            hc.save_steps = ck_steps;
-            hc.listeners = cfg->listeners;
-            hc.n_listeners = cfg->n_listeners;
-            hc.save_on_error = cfg->save_on_error;
-            hc.clock = cfg->clock;
-            st = keel_ckpt_hook_new(&hc, &owned[n_owned]);
-            if (st != KEEL_OK)
-                goto fail;
-            all[n_all++] = owned[n_owned++];
-        }
-    }
-    for (i = 0; i < cfg->session.n_hooks; i++)
-        all[n_all++] = cfg->session.hooks[i];
-    sc.hooks = all;
-    sc.n_hooks = n_all;
-    sc.checkpoint_dir = is_chief ? ckpt_dir : NULL;
+    for (size_t i = 0; i < cfg->session.n_hooks; i++)
+        hl.all[hl.n_all++] = cfg->session.hooks[i];
+    sc.hooks = hl.all;
+    sc.n_hooks = hl.n_all;
+    sc.checkpoint_dir = sc.is_chief ? ckpt_dir : NULL;
     keel__log(KEEL_LOG_INFO, "training session (%s): %zu hooks, checkpoints "
-              "%s every %g s / %lld steps", is_chief ? "chief" : "worker",
-              n_all, ckpt_dir != NULL ? ckpt_dir : "(none)",
-              ck_secs, (long long)ck_steps);
-    st = keel__session_new(&sc, 1, owned, n_owned, out);
-    free(all);              // the session copied the hooks
+              "%s every %g s / %lld steps", sc.is_chief ? "chief" : "worker",
+              hl.n_all, ckpt_dir != NULL ? ckpt_dir : "(none)",
+              per.ck_secs, (long long)per.ck_steps);
+    /* the session takes the owned hooks and copies the list */
+    st = keel__session_new(&sc, 1, hl.owned, hl.n_owned, out);
+    free(hl.all);
     if (st == KEEL_OK)
         keel__session_set_cleanup(*out, training_owned_free, own);
     else
         training_owned_free(own);
-    return st;
-fail:
-    for (i = 0; i < n_owned; i++)
-        keel_hook_release(&owned[i]);
-    free(owned);
-    free(all);
-    training_owned_free(own);
     return st;
 }

@@ -317,152 +317,210 @@ out:
 
 /* ---- HDF5 --------------------------------------------------------------- */
 
-static keel_status
-h5_read_dataset(const char *path, int num_classes, keel_dataset *ds,
-                int need_y)
-{
-    hid_t f = H5I_INVALID_HID, dx = H5I_INVALID_HID, dy = H5I_INVALID_HID;
-    hid_t sx = H5I_INVALID_HID, sy = H5I_INVALID_HID;
-    hid_t tx = H5I_INVALID_HID, ty = H5I_INVALID_HID;
-    hsize_t xd[8], yd[8];
-    int xr, yr, is_u8 = 0;
-    size_t n, count;
-    int64_t *labels = NULL;
-    keel_status st = KEEL_ECORRUPT;
+/* An HDF5 data file being read: its 'x' and, where there is one, 'y'
+ * with their dataspaces and types (H5I_INVALID_HID where not open). */
+typedef struct h5_src {
+    const char *path;
+    hid_t f, dx, dy, sx, sy, tx, ty;
+    hsize_t xd[8];                /* 'x' as [N, H, W, C] */
+    int is_u8;                    /* 'x' is uint8 pixels, else float32 */
+} h5_src;
 
-    f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
-    if (f < 0) {
-        keel__fail(st, "HDF5 data file %s: not a readable HDF5 file", path);
-        goto out;
+static void
+h5_src_close(h5_src *s)
+{
+    if (s->tx >= 0)
+        H5Tclose(s->tx);
+    if (s->ty >= 0)
+        H5Tclose(s->ty);
+    if (s->sx >= 0)
+        H5Sclose(s->sx);
+    if (s->sy >= 0)
+        H5Sclose(s->sy);
+    if (s->dx >= 0)
+        H5Dclose(s->dx);
+    if (s->dy >= 0)
+        H5Dclose(s->dy);
+    if (s->f >= 0)
+        H5Fclose(s->f);
+}
+
+/* The file, its datasets and their headers; 'y' is optional unless
+ * need_y. */
+static keel_status
+h5_src_open(h5_src *s, int need_y)
+{
+    s->f = H5Fopen(s->path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (s->f < 0)
+        return keel__fail(KEEL_ECORRUPT, "HDF5 data file %s: not a readable "
+                          "HDF5 file", s->path);
+    s->dx = H5Dopen2(s->f, "x", H5P_DEFAULT);
+    s->dy = need_y || H5Lexists(s->f, "y", H5P_DEFAULT) > 0
+        ? H5Dopen2(s->f, "y", H5P_DEFAULT) : H5I_INVALID_HID;
+    if (s->dx < 0 || (need_y && s->dy < 0))
+        return keel__fail(KEEL_ECORRUPT, "HDF5 data file %s: needs datasets "
+                          "'x' and 'y' (%s missing)", s->path,
+                          s->dx < 0 ? "'x'" : "'y'");
+    s->sx = H5Dget_space(s->dx);
+    s->tx = H5Dget_type(s->dx);
+    if (s->dy >= 0) {
+        s->sy = H5Dget_space(s->dy);
+        s->ty = H5Dget_type(s->dy);
     }
-    dx = H5Dopen2(f, "x", H5P_DEFAULT);
-    dy = need_y || H5Lexists(f, "y", H5P_DEFAULT) > 0
-        ? H5Dopen2(f, "y", H5P_DEFAULT) : H5I_INVALID_HID;
-    if (dx < 0 || (need_y && dy < 0)) {
-        keel__fail(st, "HDF5 data file %s: needs datasets 'x' and 'y' (%s "
-                   "missing)", path, dx < 0 ? "'x'" : "'y'");
-        goto out;
-    }
-    sx = H5Dget_space(dx);
-    tx = H5Dget_type(dx);
-    if (dy >= 0) {
-        sy = H5Dget_space(dy);
-        ty = H5Dget_type(dy);
-    }
-    if (sx < 0 || tx < 0 || (dy >= 0 && (sy < 0 || ty < 0))) {
-        keel__fail(st, "HDF5 data file %s: cannot read dataset headers",
-                   path);
-        goto out;
-    }
-    xr = H5Sget_simple_extent_ndims(sx);
-    yr = dy >= 0 ? H5Sget_simple_extent_ndims(sy) : 1;
-    if (xr < 3 || xr > 4 || yr != 1) {
-        keel__fail(st, "HDF5 data file %s: 'x' must be [N,H,W] or [N,H,W,C] "
-                   "and 'y' [N] (ranks are %d and %d)", path, xr, yr);
-        goto out;
-    }
-    H5Sget_simple_extent_dims(sx, xd, NULL);
-    if (dy >= 0)
-        H5Sget_simple_extent_dims(sy, yd, NULL);
+    if (s->sx < 0 || s->tx < 0 || (s->dy >= 0 && (s->sy < 0 || s->ty < 0)))
+        return keel__fail(KEEL_ECORRUPT, "HDF5 data file %s: cannot read "
+                          "dataset headers", s->path);
+    return KEEL_OK;
+}
+
+/* 'x' is [N,H,W] or [N,H,W,C] within bounds, 'y' (if any) [N]. */
+static keel_status
+h5_check_shape(h5_src *s)
+{
+    hsize_t yd[8], *xd = s->xd;
+    int xr = H5Sget_simple_extent_ndims(s->sx);
+    int yr = s->dy >= 0 ? H5Sget_simple_extent_ndims(s->sy) : 1;
+    if (xr < 3 || xr > 4 || yr != 1)
+        return keel__fail(KEEL_ECORRUPT, "HDF5 data file %s: 'x' must be "
+                          "[N,H,W] or [N,H,W,C] and 'y' [N] (ranks are %d "
+                          "and %d)", s->path, xr, yr);
+    H5Sget_simple_extent_dims(s->sx, xd, NULL);
+    if (s->dy >= 0)
+        H5Sget_simple_extent_dims(s->sy, yd, NULL);
     else
         yd[0] = xd[0];
     if (xr == 3)
         xd[3] = 1;
     if (xd[0] < 1 || xd[0] > INT32_MAX || xd[1] < 1 || xd[1] > MAX_SIDE ||
-        xd[2] < 1 || xd[2] > MAX_SIDE || xd[3] < 1 || xd[3] > 4096) {
-        keel__fail(st, "HDF5 data file %s: 'x' has bad dimensions", path);
-        goto out;
-    }
-    if (yd[0] != xd[0]) {
-        keel__fail(st, "HDF5 data file %s: 'x' has %llu examples but 'y' "
-                   "has %llu labels", path, (unsigned long long)xd[0],
-                   (unsigned long long)yd[0]);
-        goto out;
-    }
-    if (H5Tget_class(tx) == H5T_FLOAT && H5Tget_size(tx) == 4) {
-        is_u8 = 0;
-    } else if (H5Tget_class(tx) == H5T_INTEGER && H5Tget_size(tx) == 1 &&
-               H5Tget_sign(tx) == H5T_SGN_NONE) {
-        is_u8 = 1;
+        xd[2] < 1 || xd[2] > MAX_SIDE || xd[3] < 1 || xd[3] > 4096)
+        return keel__fail(KEEL_ECORRUPT, "HDF5 data file %s: 'x' has bad "
+                          "dimensions", s->path);
+    if (yd[0] != xd[0])
+        return keel__fail(KEEL_ECORRUPT, "HDF5 data file %s: 'x' has %llu "
+                          "examples but 'y' has %llu labels", s->path,
+                          (unsigned long long)xd[0],
+                          (unsigned long long)yd[0]);
+    return KEEL_OK;
+}
+
+/* 'x' is float32 or uint8 (sets is_u8), 'y' an integer type. */
+static keel_status
+h5_check_types(h5_src *s)
+{
+    if (H5Tget_class(s->tx) == H5T_FLOAT && H5Tget_size(s->tx) == 4) {
+        s->is_u8 = 0;
+    } else if (H5Tget_class(s->tx) == H5T_INTEGER &&
+               H5Tget_size(s->tx) == 1 &&
+               H5Tget_sign(s->tx) == H5T_SGN_NONE) {
+        s->is_u8 = 1;
     } else {
-        keel__fail(st, "HDF5 data file %s: 'x' must be float32 or uint8",
-                   path);
-        goto out;
+        return keel__fail(KEEL_ECORRUPT, "HDF5 data file %s: 'x' must be "
+                          "float32 or uint8", s->path);
     }
-    if (dy >= 0 && H5Tget_class(ty) != H5T_INTEGER) {
-        keel__fail(st, "HDF5 data file %s: 'y' must be an integer type",
-                   path);
-        goto out;
-    }
-    n = (size_t)xd[0];
+    if (s->dy >= 0 && H5Tget_class(s->ty) != H5T_INTEGER)
+        return keel__fail(KEEL_ECORRUPT, "HDF5 data file %s: 'y' must be an "
+                          "integer type", s->path);
+    return KEEL_OK;
+}
+
+/* ds's shape from 'x', and its pixel (or float) and label arrays; labels
+ * gets room for the file's int64 labels. */
+static keel_status
+h5_alloc(const h5_src *s, keel_dataset *ds, int64_t **labels)
+{
+    size_t n = (size_t)s->xd[0], count;
     ds->n = n;
-    ds->h = (int64_t)xd[1];
-    ds->w = (int64_t)xd[2];
-    ds->c = (int64_t)xd[3];
-    ds->esize = (size_t)(xd[1] * xd[2] * xd[3]);
-    if (ds->esize > KEEL_TENSOR_MAX_BYTES / 4 / n) {
-        keel__fail(KEEL_EINVAL, "HDF5 data file %s: 'x' too large", path);
-        goto out;
-    }
+    ds->h = (int64_t)s->xd[1];
+    ds->w = (int64_t)s->xd[2];
+    ds->c = (int64_t)s->xd[3];
+    ds->esize = (size_t)(s->xd[1] * s->xd[2] * s->xd[3]);
+    if (ds->esize > KEEL_TENSOR_MAX_BYTES / 4 / n)
+        return keel__fail(KEEL_ECORRUPT, "HDF5 data file %s: 'x' too large",
+                          s->path);
     count = n * ds->esize;
-    labels = malloc(n * sizeof *labels);
+    *labels = malloc(n * sizeof **labels);
     ds->y = malloc(n * sizeof *ds->y);
-    if (is_u8)
+    if (s->is_u8)
         ds->x8 = malloc(count);
     else
         ds->xf = malloc(count * sizeof(float));
-    if (labels == NULL || ds->y == NULL ||
-        (ds->x8 == NULL && ds->xf == NULL)) {
-        st = keel__fail(KEEL_ENOMEM, "HDF5 data file %s: %zu values", path,
-                        count);
-        goto out;
-    }
-    if (H5Dread(dx, is_u8 ? H5T_NATIVE_UINT8 : H5T_NATIVE_FLOAT, H5S_ALL,
-                H5S_ALL, H5P_DEFAULT,
-                is_u8 ? (void *)ds->x8 : (void *)ds->xf) < 0 ||
-        (dy >= 0 && H5Dread(dy, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL,
-                            H5P_DEFAULT, labels) < 0)) {
-        keel__fail(st, "HDF5 data file %s: H5Dread failed (corrupt data)",
-                   path);
-        goto out;
-    }
-    for (size_t i = 0; i < n && dy < 0; i++)
-        labels[i] = -1;               /* inputs without labels */
-    for (size_t i = 0; i < n && dy >= 0; i++) {
-        if (labels[i] < 0 || labels[i] >= num_classes) {
-            keel__fail(st, "HDF5 data file %s: label %lld of example %zu "
-                       "outside [0, %d)", path, (long long)labels[i], i,
-                       num_classes);
-            goto out;
-        }
+    if (*labels == NULL || ds->y == NULL ||
+        (ds->x8 == NULL && ds->xf == NULL))
+        return keel__fail(KEEL_ENOMEM, "HDF5 data file %s: %zu values",
+                          s->path, count);
+    return KEEL_OK;
+}
+
+static keel_status
+h5_read_values(const h5_src *s, keel_dataset *ds, int64_t *labels)
+{
+    if (H5Dread(s->dx, s->is_u8 ? H5T_NATIVE_UINT8 : H5T_NATIVE_FLOAT,
+                H5S_ALL, H5S_ALL, H5P_DEFAULT,
+                s->is_u8 ? (void *)ds->x8 : (void *)ds->xf) < 0 ||
+        (s->dy >= 0 && H5Dread(s->dy, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL,
+                               H5P_DEFAULT, labels) < 0))
+        return keel__fail(KEEL_ECORRUPT, "HDF5 data file %s: H5Dread failed "
+                          "(corrupt data)", s->path);
+    return KEEL_OK;
+}
+
+/* ds->y from the file's labels, each in [0, num_classes); -1 for inputs
+ * without labels. */
+static keel_status
+h5_set_labels(const h5_src *s, keel_dataset *ds, const int64_t *labels,
+              int num_classes)
+{
+    for (size_t i = 0; i < ds->n && s->dy >= 0; i++) {
+        if (labels[i] < 0 || labels[i] >= num_classes)
+            return keel__fail(KEEL_ECORRUPT, "HDF5 data file %s: label %lld "
+                              "of example %zu outside [0, %d)", s->path,
+                              (long long)labels[i], i, num_classes);
         ds->y[i] = (int32_t)labels[i];
     }
-    for (size_t i = 0; i < n && dy < 0; i++)
+    for (size_t i = 0; i < ds->n && s->dy < 0; i++)
         ds->y[i] = -1;
-    if (!is_u8)
-        for (size_t i = 0; i < count; i++)
-            if (!isfinite(ds->xf[i])) {
-                keel__fail(st, "HDF5 data file %s: 'x' value %zu is not "
-                           "finite", path, i);
-                goto out;
-            }
-    st = KEEL_OK;
-out:
+    return KEEL_OK;
+}
+
+static keel_status
+h5_check_finite(const char *path, const keel_dataset *ds)
+{
+    size_t count = ds->n * ds->esize;
+    if (ds->xf == NULL)
+        return KEEL_OK;
+    for (size_t i = 0; i < count; i++)
+        if (!isfinite(ds->xf[i]))
+            return keel__fail(KEEL_ECORRUPT, "HDF5 data file %s: 'x' value "
+                              "%zu is not finite", path, i);
+    return KEEL_OK;
+}
+
+/* ds from the HDF5 file at path: open and check its headers, then read,
+ * then check the values. */
+static keel_status
+h5_read_dataset(const char *path, int num_classes, keel_dataset *ds,
+                int need_y)
+{
+    h5_src s = { .path = path, .f = H5I_INVALID_HID,
+                 .dx = H5I_INVALID_HID, .dy = H5I_INVALID_HID,
+                 .sx = H5I_INVALID_HID, .sy = H5I_INVALID_HID,
+                 .tx = H5I_INVALID_HID, .ty = H5I_INVALID_HID };
+    int64_t *labels = NULL;
+    keel_status st = h5_src_open(&s, need_y);
+    if (st == KEEL_OK)
+        st = h5_check_shape(&s);
+    if (st == KEEL_OK)
+        st = h5_check_types(&s);
+    if (st == KEEL_OK)
+        st = h5_alloc(&s, ds, &labels);
+    if (st == KEEL_OK)
+        st = h5_read_values(&s, ds, labels);
+    if (st == KEEL_OK)
+        st = h5_set_labels(&s, ds, labels, num_classes);
+    if (st == KEEL_OK)
+        st = h5_check_finite(path, ds);
     free(labels);
-    if (tx >= 0)
-        H5Tclose(tx);
-    if (ty >= 0)
-        H5Tclose(ty);
-    if (sx >= 0)
-        H5Sclose(sx);
-    if (sy >= 0)
-        H5Sclose(sy);
-    if (dx >= 0)
-        H5Dclose(dx);
-    if (dy >= 0)
-        H5Dclose(dy);
-    if (f >= 0)
-        H5Fclose(f);
+    h5_src_close(&s);
     return st;
 }
 

@@ -589,15 +589,19 @@ precondition_factored(kf_layer *L, size_t n, float beta)
                 g);
 }
 
+/* One apply's schedule: whether it folds statistics into the factors,
+ * whether it inverts them, and the EMA's decay and weight after it. */
+typedef struct apply_plan {
+    int cov;                      /* a statistics step */
+    int invert;                   /* an inversion is due */
+    float d;                      /* the EMA's decay per update */
+    float w_new;                  /* "kfac/ema_weight" after the step */
+} apply_plan;
+
 static keel_status
-kfac_apply_fp(keel_kfac *k, keel_vars *vs, keel_grads *grads,
-              int64_t global_step)
+check_apply(const keel_kfac *k, keel_vars *vs, keel_grads *grads,
+            int64_t global_step)
 {
-    float d, w_old, w_new, lr, mu, c = 1.0f;
-    double s = 0.0, lrd;
-    int invert, cov, fact, cont;
-    keel_tensor *valid;
-    keel_status st = KEEL_OK;
     if (k == NULL || vs == NULL || grads == NULL)
         return keel__fail(KEEL_EINVAL, "K-FAC apply: NULL argument");
     if (vs != k->vs || keel_grads_vars(grads) != vs)
@@ -606,133 +610,179 @@ kfac_apply_fp(keel_kfac *k, keel_vars *vs, keel_grads *grads,
     if (global_step < 0)
         return keel__fail(KEEL_EINVAL, "K-FAC apply: negative global step "
                           "%lld", (long long)global_step);
-    cov = !k->update_only && cov_step(k, global_step);
-    if (cov && k->pending <= 0)
-        return keel__fail(KEEL_ESTATE, "K-FAC apply at step %lld: no factor "
-                          "statistics observed (call keel_kfac_observe "
-                          "first)", (long long)global_step);
+    return KEEL_OK;
+}
+
+static keel_status
+check_layer_grads(const keel_kfac *k, keel_grads *grads)
+{
     for (int i = 0; i < k->nl; i++) {
-        kf_layer *L = &k->l[i];
+        const kf_layer *L = &k->l[i];
         keel_tensor *gw = keel_grads_at(grads, keel_var_index(L->info.w));
         keel_tensor *gb = keel_grads_at(grads, keel_var_index(L->info.b));
         if (gw == NULL || gb == NULL || gw->count != L->vw->count ||
-            gb->count != L->vb->count) {
-            clear_pending(k);
+            gb->count != L->vb->count)
             return keel__fail(KEEL_EINVAL, "K-FAC apply: no gradient of the "
                               "right shape for '%s'", L->scope);
-        }
     }
+    return KEEL_OK;
+}
+
+static void
+plan_apply(const keel_kfac *k, int64_t global_step, apply_plan *p)
+{
+    float w_old = k->ema_w->data[0];
+    p->cov = !k->update_only && cov_step(k, global_step);
     /* kfac's decay per update with cov_update_every: the decay per step
      * to that power (pow(d, 1) is d exactly) */
-    d = (float)pow(k->cfg.cov_ema_decay, (double)k->cfg.cov_update_every);
-    w_old = k->ema_w->data[0];
-    w_new = cov ? d * w_old + (1.0f - d) : w_old;
-    invert = (k->update_only ? global_step == 0
-                             : global_step % k->cfg.invert_every == 0) ||
-             w_old == 0.0f;
-    if (cov) {
-        KEEL__PROF_BEGIN();
-        for (int i = 0; i < k->nl; i++) {
-            kf_layer *L = &k->l[i];
-            float sc = (float)(1.0 / ((double)k->pending *
-                                      (double)L->info.locations));
-            /* with an inversion due, into the sums (committed after it
-             * succeeds); otherwise straight into the state */
-            ema_sym(invert ? L->Asum : L->A->data, L->A->data, L->Asum,
-                    L->info.a_dim, d, sc);
-            ema_sym(invert ? L->Gsum : L->G->data, L->G->data, L->Gsum,
-                    L->info.g_dim, d, sc);
-        }
-        KEEL__PROF_END(kfac_stats_ns);
-    }
-    if (invert) {
-        KEEL__PROF_BEGIN();
-        /* the new factors: in the sums' buffers after an EMA, else the
-         * state's own */
-        for (int i = 0; i < k->nl && st == KEEL_OK; i++) {
-            kf_layer *L = &k->l[i];
-            st = invert_layer(k, L, cov ? L->Asum : L->A->data,
-                              cov ? L->Gsum : L->G->data, w_new);
-        }
-        KEEL__PROF_END(kfac_invert_ns);
-        if (st != KEEL_OK) {
-            clear_pending(k);
-            return keel__wrap(st, "K-FAC apply at step %lld",
-                              (long long)global_step);
-        }
-    }
-    /* commit: nothing below can fail */
+    p->d = (float)pow(k->cfg.cov_ema_decay, (double)k->cfg.cov_update_every);
+    p->w_new = p->cov ? p->d * w_old + (1.0f - p->d) : w_old;
+    p->invert = (k->update_only ? global_step == 0
+                                : global_step % k->cfg.invert_every == 0) ||
+                w_old == 0.0f;
+}
+
+/* The step's sums into the factors' EMAs: with an inversion due, into the
+ * sums' own buffers (committed after it succeeds); otherwise straight
+ * into the state. */
+static void
+fold_statistics(keel_kfac *k, const apply_plan *p)
+{
     KEEL__PROF_BEGIN();
-    k->ema_w->data[0] = w_new;
+    for (int i = 0; i < k->nl; i++) {
+        kf_layer *L = &k->l[i];
+        float sc = (float)(1.0 / ((double)k->pending *
+                                  (double)L->info.locations));
+        ema_sym(p->invert ? L->Asum : L->A->data, L->A->data, L->Asum,
+                L->info.a_dim, p->d, sc);
+        ema_sym(p->invert ? L->Gsum : L->G->data, L->G->data, L->Gsum,
+                L->info.g_dim, p->d, sc);
+    }
+    KEEL__PROF_END(kfac_stats_ns);
+}
+
+/* Every layer's inverses into its workspaces, from the new factors: in
+ * the sums' buffers after an EMA, else the state's own. */
+static keel_status
+invert_layers(keel_kfac *k, const apply_plan *p)
+{
+    keel_status st = KEEL_OK;
+    KEEL__PROF_BEGIN();
+    for (int i = 0; i < k->nl && st == KEEL_OK; i++) {
+        kf_layer *L = &k->l[i];
+        st = invert_layer(k, L, p->cov ? L->Asum : L->A->data,
+                          p->cov ? L->Gsum : L->G->data, p->w_new);
+    }
+    KEEL__PROF_END(kfac_invert_ns);
+    return st;
+}
+
+/* The new weight, factors and inverses into the state; cannot fail. */
+static void
+commit_factors(keel_kfac *k, const apply_plan *p)
+{
+    k->ema_w->data[0] = p->w_new;
     for (int i = 0; i < k->nl; i++) {
         kf_layer *L = &k->l[i];
         size_t a = L->info.a_dim, g = L->info.g_dim;
-        if (invert && cov) {
+        if (p->invert && p->cov) {
             memcpy(L->A->data, L->Asum, a * a * sizeof(float));
             memcpy(L->G->data, L->Gsum, g * g * sizeof(float));
         }
-        if (invert) {
+        if (p->invert) {
             memcpy(L->Ainv->data, L->Ainv_new, a * a * sizeof(float));
             memcpy(L->Ginv->data, L->Ginv_new, g * g * sizeof(float));
         }
     }
     clear_pending(k);
-    /* the factored update: grads are the observed step's own (model_grads,
-     * the gradients keel_model_step wrote, one batch); with adam momentum
-     * F^-1 v = mu F^-1 v_prev + F^-1 grad, continued from the precond
-     * slots while they hold F^-1 v_prev for these inverses (valid: the
-     * flag slot, 0 after an inversion or on a store of another mode) */
-    fact = k->cfg.model_grads && !k->update_only &&
-           k->cap_step == global_step && grads == k->cap_grads;
+}
+
+/* F^-1 m of layer i into its Vw, Vb, m being the gradient or, with adam
+ * momentum, the velocity this gradient updates first. fact: the factored
+ * update may serve (the observed step's own gradients); cont: adam's
+ * precond slots hold F^-1 of the previous velocity. Returns <m, F^-1 m>
+ * in the order of [kernel; bias] when the norm constraint needs it. */
+static double
+precondition_layer(keel_kfac *k, int i, keel_grads *grads, int fact,
+                   int cont, float mu)
+{
+    kf_layer *L = &k->l[i];
+    size_t g = L->info.g_dim, nw = L->vw->count;
+    const float *mw = keel_grads_at(grads, keel_var_index(L->info.w))->data;
+    const float *mb = keel_grads_at(grads, keel_var_index(L->info.b))->data;
+    int f = fact && k->cap_n <= L->fmax;
+    if (k->cfg.momentum_type == KEEL_KFAC_MOMENTUM_ADAM) {
+        /* v = mu v + g, then the update is F^-1 v */
+        float *vw = L->vw->data, *vb = L->vb->data;
+        for (size_t j = 0; j < nw; j++)
+            vw[j] = mu * vw[j] + mw[j];
+        for (size_t j = 0; j < g; j++)
+            vb[j] = mu * vb[j] + mb[j];
+        mw = vw;
+        mb = vb;
+        f = f && cont && L->pw != NULL;
+        if (f)
+            precondition_factored(L, k->cap_n, mu);
+    } else if (f) {
+        precondition_factored(L, k->cap_n, 0.0f);
+    }
+    if (!f)
+        precondition(L, mw, mb);
+    else if (i < 64)
+        k->factored |= (uint64_t)1 << i;
+    if (!(k->cfg.norm_constraint > 0.0))
+        return 0.0;
+    return dot(dot(0.0, mw, L->Vw, nw), mb, L->Vb, g);
+}
+
+/* Every layer's F^-1 m; returns the sum of their <m, F^-1 m>. The
+ * factored update: grads are the observed step's own (model_grads, the
+ * gradients keel_model_step wrote, one batch); with adam momentum
+ * F^-1 v = mu F^-1 v_prev + F^-1 grad, continued from the precond slots
+ * while they hold F^-1 v_prev for these inverses (valid: the flag slot,
+ * 0 after an inversion or on a store of another mode). */
+static double
+precondition_layers(keel_kfac *k, keel_grads *grads, int64_t global_step,
+                    int invert, float mu)
+{
+    double s = 0.0;
+    int fact = k->cfg.model_grads && !k->update_only &&
+               k->cap_step == global_step && grads == k->cap_grads;
+    keel_tensor *valid;
+    int cont;
     k->cap_step = -1;
     valid = keel_var_slot(k->flag_var, "precond_valid");
     k->factored = 0;
     cont = fact && !invert && valid != NULL && valid->data[0] == 1.0f;
-    lrd = keel_lr_at(&k->cfg.schedule, global_step);
-    lr = (float)lrd;
-    mu = (float)k->cfg.momentum;
-    for (int i = 0; i < k->nl; i++) {
-        kf_layer *L = &k->l[i];
-        size_t g = L->info.g_dim, nw = L->vw->count;
-        const float *mw = keel_grads_at(grads,
-                                        keel_var_index(L->info.w))->data;
-        const float *mb = keel_grads_at(grads,
-                                        keel_var_index(L->info.b))->data;
-        int f = fact && k->cap_n <= L->fmax;
-        if (k->cfg.momentum_type == KEEL_KFAC_MOMENTUM_ADAM) {
-            /* v = mu v + g, then the update is F^-1 v */
-            float *vw = L->vw->data, *vb = L->vb->data;
-            for (size_t j = 0; j < nw; j++)
-                vw[j] = mu * vw[j] + mw[j];
-            for (size_t j = 0; j < g; j++)
-                vb[j] = mu * vb[j] + mb[j];
-            mw = vw;
-            mb = vb;
-            f = f && cont && L->pw != NULL;
-            if (f)
-                precondition_factored(L, k->cap_n, mu);
-        } else if (f) {
-            precondition_factored(L, k->cap_n, 0.0f);
-        }
-        if (!f)
-            precondition(L, mw, mb);
-        else if (i < 64)
-            k->factored |= (uint64_t)1 << i;
-        if (k->cfg.norm_constraint > 0.0) {
-            /* <m, F^-1 m> in the order of [kernel; bias] */
-            s += dot(dot(0.0, mw, L->Vw, nw), mb, L->Vb, g);
-        }
-    }
+    for (int i = 0; i < k->nl; i++)
+        s += precondition_layer(k, i, grads, fact, cont, mu);
     /* the precond slots now hold F^-1 v for the store's inverses, except
      * after keel_kfac_apply_update, whose inverses others replace */
     if (valid != NULL)
         set_all(valid, k->cfg.model_grads && !k->update_only &&
                            k->cfg.momentum_type == KEEL_KFAC_MOMENTUM_ADAM &&
                            k->l[0].pw != NULL ? 1.0f : 0.0f);
-    if (k->cfg.norm_constraint > 0.0 && s > 0.0 && lrd > 0.0) {
-        double r = sqrt(k->cfg.norm_constraint / (lrd * lrd * s));
-        c = r < 1.0 ? (float)r : 1.0f;
-    }
+    return s;
+}
+
+/* The KL-norm constraint's factor on the update, from s = sum <m, F^-1 m>
+ * and the learning rate lr: min(1, sqrt(norm_constraint / (lr^2 s))). */
+static float
+norm_scale(const keel_kfac *k, double s, double lr)
+{
+    double r;
+    if (!(k->cfg.norm_constraint > 0.0 && s > 0.0 && lr > 0.0))
+        return 1.0f;
+    r = sqrt(k->cfg.norm_constraint / (lr * lr * s));
+    return r < 1.0 ? (float)r : 1.0f;
+}
+
+/* The variables take their step along c F^-1 m: directly with adam
+ * momentum (m is already the velocity), through the velocity with
+ * regular momentum. */
+static void
+update_vars(keel_kfac *k, float lr, float mu, float c)
+{
     for (int i = 0; i < k->nl; i++) {
         kf_layer *L = &k->l[i];
         float *x = keel_var_tensor(L->info.w)->data;
@@ -756,6 +806,47 @@ kfac_apply_fp(keel_kfac *k, keel_vars *vs, keel_grads *grads,
             }
         }
     }
+}
+
+/* Validate, fold the step's statistics into the factors, invert them
+ * when due (nothing is committed before all inversions succeed), then
+ * precondition, constrain and apply the update. */
+static keel_status
+kfac_apply_fp(keel_kfac *k, keel_vars *vs, keel_grads *grads,
+              int64_t global_step)
+{
+    apply_plan p;
+    double lr, s;
+    float mu;
+    keel_status st = check_apply(k, vs, grads, global_step);
+    if (st != KEEL_OK)
+        return st;
+    plan_apply(k, global_step, &p);
+    if (p.cov && k->pending <= 0)
+        return keel__fail(KEEL_ESTATE, "K-FAC apply at step %lld: no factor "
+                          "statistics observed (call keel_kfac_observe "
+                          "first)", (long long)global_step);
+    st = check_layer_grads(k, grads);
+    if (st != KEEL_OK) {
+        clear_pending(k);
+        return st;
+    }
+    if (p.cov)
+        fold_statistics(k, &p);
+    if (p.invert) {
+        st = invert_layers(k, &p);
+        if (st != KEEL_OK) {
+            clear_pending(k);
+            return keel__wrap(st, "K-FAC apply at step %lld",
+                              (long long)global_step);
+        }
+    }
+    KEEL__PROF_BEGIN();
+    commit_factors(k, &p);
+    lr = keel_lr_at(&k->cfg.schedule, global_step);
+    mu = (float)k->cfg.momentum;
+    s = precondition_layers(k, grads, global_step, p.invert, mu);
+    update_vars(k, (float)lr, mu, norm_scale(k, s, lr));
     KEEL__PROF_END(kfac_precond_ns);
     return KEEL_OK;
 }

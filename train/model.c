@@ -283,11 +283,22 @@ make_var(keel_vars *vs, int reuse, const char *scope, const char *leaf,
     return KEEL_OK;
 }
 
+/* A model being built: its store, the shape of the next layer's input
+ * (a dense layer's output is 1 x 1 x its size) and the layer counts
+ * that number the variable scopes. */
+typedef struct builder {
+    keel_model *m;
+    keel_vars *vs;
+    size_t h, w, c;
+    int n_dense, n_conv;
+} builder;
+
 /* Append a layer; in_size is the previous output (or the input). */
 static keel_status
-add_layer(keel_model *m, keel_vars *vs, layer *proto, int *n_dense,
-          int *n_conv)
+add_layer(builder *bd, layer *proto)
 {
+    keel_model *m = bd->m;
+    keel_vars *vs = bd->vs;
     layer *L = &m->l[m->nl];
     keel_status st;
     char scope[32];
@@ -296,7 +307,7 @@ add_layer(keel_model *m, keel_vars *vs, layer *proto, int *n_dense,
     if (L->kind == L_DENSE) {
         int64_t ks[2] = { (int64_t)L->din, (int64_t)L->dout };
         int64_t bs[1] = { (int64_t)L->dout };
-        snprintf(scope, sizeof scope, "dense_%d", ++*n_dense);
+        snprintf(scope, sizeof scope, "dense_%d", ++bd->n_dense);
         L->out_size = L->dout;
         if ((st = make_var(vs, m->reuse_vars, scope, "kernel", 2, ks, &L->w)) != KEEL_OK ||
             (st = make_var(vs, m->reuse_vars, scope, "bias", 1, bs, &L->b)) != KEEL_OK)
@@ -308,7 +319,7 @@ add_layer(keel_model *m, keel_vars *vs, layer *proto, int *n_dense,
         int64_t ks[4] = { (int64_t)g->kh, (int64_t)g->kw, (int64_t)g->cin,
                           (int64_t)g->cout };
         int64_t bs[1] = { (int64_t)g->cout };
-        snprintf(scope, sizeof scope, "conv2d_%d", ++*n_conv);
+        snprintf(scope, sizeof scope, "conv2d_%d", ++bd->n_conv);
         if ((st = keel__conv_geom_init(g, 0)) != KEEL_OK)
             return st;
         L->out_size = g->oh * g->ow * g->cout;
@@ -445,15 +456,97 @@ keel__model_new_replica(const keel_model *m, keel_vars *vs, int threads,
     return model_build(&c, vs, 1, out);
 }
 
+/* A dense layer of dout units on the flattened input. */
+static keel_status
+add_dense(builder *bd, size_t dout, keel_activation act)
+{
+    size_t flat = bd->h * bd->w * bd->c;
+    layer p = { .kind = L_DENSE, .act = act, .in_size = flat, .din = flat,
+                .dout = dout };
+    keel_status st = add_layer(bd, &p);
+    bd->h = bd->w = 1;
+    bd->c = dout;
+    return st;
+}
+
+/* A 3 x 3 ReLU convolution of cout channels, then a 2 x 2 max-pool fused
+ * with it. */
+static keel_status
+add_conv_pool(builder *bd, size_t cout)
+{
+    keel_model *m = bd->m;
+    layer conv = {
+        .kind = L_CONV, .act = KEEL_ACT_RELU,
+        .in_size = bd->h * bd->w * bd->c,
+        .cg = { .h = bd->h, .w = bd->w, .cin = bd->c, .kh = 3, .kw = 3,
+                .cout = cout, .sh = 1, .sw = 1 },
+    };
+    layer pool = { .kind = L_POOL, .act = KEEL_ACT_NONE };
+    keel_status st = add_layer(bd, &conv);
+    if (st != KEEL_OK)
+        return st;
+    bd->h = m->l[m->nl - 1].cg.oh;
+    bd->w = m->l[m->nl - 1].cg.ow;
+    bd->c = cout;
+    pool.in_size = bd->h * bd->w * bd->c;
+    pool.pg = (keel__pool_geom){ .h = bd->h, .w = bd->w, .c = bd->c,
+                                 .k = 2, .s = 2 };
+    if ((st = add_layer(bd, &pool)) != KEEL_OK)
+        return st;
+    bd->h = m->l[m->nl - 1].pg.oh;
+    bd->w = m->l[m->nl - 1].pg.ow;
+    m->l[m->nl - 2].fused = 1;
+    return KEEL_OK;
+}
+
+/* The layers of cfg's model kind, then the logits: the CNN's two
+ * convolution + pool blocks (32 and 64 channels) and dense 64, or the
+ * MLP's hidden layers; a softmax model has the logits only. */
+static keel_status
+add_layers(builder *bd, const keel_model_config *cfg)
+{
+    keel_status st = KEEL_OK;
+    if (cfg->kind == KEEL_MODEL_CNN) {
+        st = add_conv_pool(bd, 32);
+        if (st == KEEL_OK)
+            st = add_conv_pool(bd, 64);
+        if (st == KEEL_OK)
+            st = add_dense(bd, 64, KEEL_ACT_RELU);
+    } else if (cfg->kind == KEEL_MODEL_MLP) {
+        for (int i = 0; i < cfg->n_hidden && st == KEEL_OK; i++)
+            st = add_dense(bd, (size_t)cfg->hidden[i], cfg->activation);
+    }
+    if (st == KEEL_OK)
+        st = add_dense(bd, (size_t)cfg->classes, KEEL_ACT_NONE);
+    return st;
+}
+
+/* How a batch of up to max_batch is cut into pieces, and the slots the
+ * pieces' gradients go through. */
+static void
+set_pieces(keel_model *m)
+{
+    size_t max_batch = (size_t)m->cfg.max_batch;
+    if (!m->is_dense_only)
+        m->piece = CNN_PIECE;
+    else
+        m->piece = dense_piece_for(max_batch);
+    if (m->piece > max_batch)
+        m->piece = max_batch;
+    m->max_pieces = (max_batch + m->piece - 1) / m->piece;
+    m->nslots = m->max_pieces < MAX_SLOTS ? (int)m->max_pieces : MAX_SLOTS;
+}
+
+/* Check cfg, add the layers (their variables created in vs, or with
+ * reuse found there), cut batches into pieces and allocate every
+ * workspace. */
 static keel_status
 model_build(const keel_model_config *cfg, keel_vars *vs, int reuse,
             keel_model **out)
 {
     keel_model *m;
     keel_status st;
-    int n_dense = 0, n_conv = 0;
-    size_t h, w, c, flat;
-    layer p;
+    builder bd;
     if (out == NULL)
         return keel__fail(KEEL_EINVAL, "model: out is NULL");
     *out = NULL;
@@ -468,92 +561,26 @@ model_build(const keel_model_config *cfg, keel_vars *vs, int reuse,
         return keel__fail(KEEL_ENOMEM, "model");
     m->cfg = *cfg;
     m->reuse_vars = reuse;
+    m->nthreads = cfg->threads;
+    m->is_dense_only = cfg->kind != KEEL_MODEL_CNN;
     m->l = calloc(KEEL_MODEL_MAX_HIDDEN + 8, sizeof *m->l);
     if (m->l == NULL) {
         free(m);
         return keel__fail(KEEL_ENOMEM, "model layers");
     }
-    h = (size_t)cfg->height;
-    w = (size_t)cfg->width;
-    c = (size_t)cfg->channels;
-    flat = h * w * c;
-    if (cfg->kind == KEEL_MODEL_CNN) {
-        size_t chans[2] = { 32, 64 };
-        for (int i = 0; i < 2; i++) {
-            memset(&p, 0, sizeof p);
-            p.kind = L_CONV;
-            p.act = KEEL_ACT_RELU;
-            p.in_size = h * w * c;
-            p.cg.h = h;
-            p.cg.w = w;
-            p.cg.cin = c;
-            p.cg.kh = p.cg.kw = 3;
-            p.cg.sh = p.cg.sw = 1;
-            p.cg.cout = chans[i];
-            if ((st = add_layer(m, vs, &p, &n_dense, &n_conv)) != KEEL_OK)
-                goto fail;
-            h = m->l[m->nl - 1].cg.oh;
-            w = m->l[m->nl - 1].cg.ow;
-            c = chans[i];
-            memset(&p, 0, sizeof p);
-            p.kind = L_POOL;
-            p.act = KEEL_ACT_NONE;
-            p.in_size = h * w * c;
-            p.pg.h = h;
-            p.pg.w = w;
-            p.pg.c = c;
-            p.pg.k = p.pg.s = 2;
-            if ((st = add_layer(m, vs, &p, &n_dense, &n_conv)) != KEEL_OK)
-                goto fail;
-            h = m->l[m->nl - 1].pg.oh;
-            w = m->l[m->nl - 1].pg.ow;
-            m->l[m->nl - 2].fused = 1;
-        }
-        flat = h * w * c;
-        memset(&p, 0, sizeof p);
-        p.kind = L_DENSE;
-        p.act = KEEL_ACT_RELU;
-        p.in_size = p.din = flat;
-        p.dout = 64;
-        if ((st = add_layer(m, vs, &p, &n_dense, &n_conv)) != KEEL_OK)
-            goto fail;
-        flat = 64;
-    } else if (cfg->kind == KEEL_MODEL_MLP) {
-        for (int i = 0; i < cfg->n_hidden; i++) {
-            memset(&p, 0, sizeof p);
-            p.kind = L_DENSE;
-            p.act = cfg->activation;
-            p.in_size = p.din = flat;
-            p.dout = (size_t)cfg->hidden[i];
-            if ((st = add_layer(m, vs, &p, &n_dense, &n_conv)) != KEEL_OK)
-                goto fail;
-            flat = p.dout;
-        }
+    bd = (builder){ .m = m, .vs = vs, .h = (size_t)cfg->height,
+                    .w = (size_t)cfg->width, .c = (size_t)cfg->channels };
+    st = add_layers(&bd, cfg);
+    if (st == KEEL_OK) {
+        set_pieces(m);
+        st = alloc_buffers(m);
     }
-    memset(&p, 0, sizeof p);
-    p.kind = L_DENSE;
-    p.act = KEEL_ACT_NONE;
-    p.in_size = p.din = flat;
-    p.dout = (size_t)cfg->classes;
-    if ((st = add_layer(m, vs, &p, &n_dense, &n_conv)) != KEEL_OK)
-        goto fail;
-    m->nthreads = cfg->threads;
-    m->is_dense_only = cfg->kind != KEEL_MODEL_CNN;
-    if (!m->is_dense_only)
-        m->piece = CNN_PIECE;
-    else
-        m->piece = dense_piece_for((size_t)cfg->max_batch);
-    if (m->piece > (size_t)cfg->max_batch)
-        m->piece = (size_t)cfg->max_batch;
-    m->max_pieces = ((size_t)cfg->max_batch + m->piece - 1) / m->piece;
-    m->nslots = m->max_pieces < MAX_SLOTS ? (int)m->max_pieces : MAX_SLOTS;
-    if ((st = alloc_buffers(m)) != KEEL_OK)
-        goto fail;
+    if (st != KEEL_OK) {
+        keel_model_free(m);
+        return st;
+    }
     *out = m;
     return KEEL_OK;
-fail:
-    keel_model_free(m);
-    return st;
 }
 
 keel_status
@@ -1298,86 +1325,103 @@ keras_activation(keel_activation a)
                                                            : "linear";
 }
 
-struct json_object *
-keel__model_arch(const keel_model *m)
+static void
+json_set_str(struct json_object *o, const char *key, const char *s)
 {
-    struct json_object *o = json_object_new_object(), *layers, *L;
-    const keel_model_config *c = &m->cfg;
+    json_object_object_add(o, key, json_object_new_string(s));
+}
+
+static void
+json_set_int(struct json_object *o, const char *key, int64_t v)
+{
+    json_object_object_add(o, key, json_object_new_int64(v));
+}
+
+/* The model's config members of the architecture record. */
+static void
+arch_config(struct json_object *o, const keel_model_config *c)
+{
     int64_t shape[3] = { c->height, c->width, c->channels };
-    int n_pool = 0;
-    if (o == NULL)
-        return NULL;
-    json_object_object_add(o, "model",
-                           json_object_new_string(model_names[c->kind]));
+    json_set_str(o, "model", model_names[c->kind]);
     json_object_object_add(o, "input_shape", json_ints(shape, 3));
-    json_object_object_add(o, "classes", json_object_new_int64(c->classes));
+    json_set_int(o, "classes", c->classes);
     json_object_object_add(o, "hidden",
                            json_ints(c->hidden, c->kind == KEEL_MODEL_MLP
                                                     ? c->n_hidden : 0));
-    json_object_object_add(o, "activation",
-                           json_object_new_string(act_names[c->activation]));
-    json_object_object_add(o, "init",
-                           json_object_new_string(init_names[c->init]));
-    json_object_object_add(o, "output", json_object_new_string("logits"));
+    json_set_str(o, "activation", act_names[c->activation]);
+    json_set_str(o, "init", init_names[c->init]);
+    json_set_str(o, "output", "logits");
+}
+
+/* A Keras MaxPooling2D layer (the n-th) for l. */
+static void
+arch_pool(struct json_object *L, const layer *l, int n)
+{
+    int64_t k[2] = { (int64_t)l->pg.k, (int64_t)l->pg.k };
+    int64_t s[2] = { (int64_t)l->pg.s, (int64_t)l->pg.s };
+    char name[48];
+    snprintf(name, sizeof name, "max_pooling2d_%d", n);
+    json_set_str(L, "name", name);
+    json_set_str(L, "class_name", "MaxPooling2D");
+    json_object_object_add(L, "pool_size", json_ints(k, 2));
+    json_object_object_add(L, "strides", json_ints(s, 2));
+    json_set_str(L, "padding", "valid");
+}
+
+/* A Keras Dense or Conv2D layer for l, named by its variables' scope,
+ * with its activation and its variables' names. */
+static void
+arch_params(struct json_object *L, const layer *l)
+{
+    const char *vn = keel_var_name(l->w);
+    const char *slash = strchr(vn, '/');
+    struct json_object *w = json_object_new_array();
+    char name[48];
+    snprintf(name, sizeof name, "%.*s", (int)(slash - vn), vn);
+    json_set_str(L, "name", name);
+    if (l->kind == L_DENSE) {
+        json_set_str(L, "class_name", "Dense");
+        json_set_int(L, "units", (int64_t)l->dout);
+    } else {
+        int64_t k[2] = { (int64_t)l->cg.kh, (int64_t)l->cg.kw };
+        int64_t s[2] = { (int64_t)l->cg.sh, (int64_t)l->cg.sw };
+        json_set_str(L, "class_name", "Conv2D");
+        json_set_int(L, "filters", (int64_t)l->cg.cout);
+        json_object_object_add(L, "kernel_size", json_ints(k, 2));
+        json_object_object_add(L, "strides", json_ints(s, 2));
+        json_set_str(L, "padding", "valid");
+    }
+    json_set_str(L, "activation", keras_activation(l->act));
+    json_object_array_add(w, json_object_new_string(vn));
+    json_object_array_add(w, json_object_new_string(keel_var_name(l->b)));
+    json_object_object_add(L, "weights", w);
+}
+
+/* The architecture record (a Keras-like layer list) of m. */
+struct json_object *
+keel__model_arch(const keel_model *m)
+{
+    struct json_object *o = json_object_new_object(), *layers;
+    int n_pool = 0;
+    if (o == NULL)
+        return NULL;
+    arch_config(o, &m->cfg);
     layers = json_object_new_array();
     json_object_object_add(o, "layers", layers);
     for (int i = 0; i < m->nl; i++) {
         const layer *l = &m->l[i];
-        char name[48];
-        L = json_object_new_object();
+        struct json_object *L = json_object_new_object();
         if (l->kind == L_DENSE && (i == 0 || m->l[i - 1].kind != L_DENSE)) {
             /* Keras flattens NHWC in (h, w, c) order, as keel does */
             struct json_object *f = json_object_new_object();
-            json_object_object_add(f, "name",
-                                   json_object_new_string("flatten_1"));
-            json_object_object_add(f, "class_name",
-                                   json_object_new_string("Flatten"));
+            json_set_str(f, "name", "flatten_1");
+            json_set_str(f, "class_name", "Flatten");
             json_object_array_add(layers, f);
         }
-        if (l->kind == L_POOL) {
-            int64_t k[2] = { (int64_t)l->pg.k, (int64_t)l->pg.k };
-            int64_t s[2] = { (int64_t)l->pg.s, (int64_t)l->pg.s };
-            snprintf(name, sizeof name, "max_pooling2d_%d", ++n_pool);
-            json_object_object_add(L, "name", json_object_new_string(name));
-            json_object_object_add(L, "class_name",
-                                   json_object_new_string("MaxPooling2D"));
-            json_object_object_add(L, "pool_size", json_ints(k, 2));
-            json_object_object_add(L, "strides", json_ints(s, 2));
-            json_object_object_add(L, "padding",
-                                   json_object_new_string("valid"));
-        } else {
-            const char *vn = keel_var_name(l->w);
-            const char *slash = strchr(vn, '/');
-            struct json_object *w = json_object_new_array();
-            snprintf(name, sizeof name, "%.*s", (int)(slash - vn), vn);
-            json_object_object_add(L, "name", json_object_new_string(name));
-            if (l->kind == L_DENSE) {
-                json_object_object_add(L, "class_name",
-                                       json_object_new_string("Dense"));
-                json_object_object_add(L, "units",
-                                       json_object_new_int64(
-                                           (int64_t)l->dout));
-            } else {
-                int64_t k[2] = { (int64_t)l->cg.kh, (int64_t)l->cg.kw };
-                int64_t s[2] = { (int64_t)l->cg.sh, (int64_t)l->cg.sw };
-                json_object_object_add(L, "class_name",
-                                       json_object_new_string("Conv2D"));
-                json_object_object_add(L, "filters",
-                                       json_object_new_int64(
-                                           (int64_t)l->cg.cout));
-                json_object_object_add(L, "kernel_size", json_ints(k, 2));
-                json_object_object_add(L, "strides", json_ints(s, 2));
-                json_object_object_add(L, "padding",
-                                       json_object_new_string("valid"));
-            }
-            json_object_object_add(L, "activation",
-                                   json_object_new_string(
-                                       keras_activation(l->act)));
-            json_object_array_add(w, json_object_new_string(vn));
-            json_object_array_add(w, json_object_new_string(
-                                         keel_var_name(l->b)));
-            json_object_object_add(L, "weights", w);
-        }
+        if (l->kind == L_POOL)
+            arch_pool(L, l, ++n_pool);
+        else
+            arch_params(L, l);
         json_object_array_add(layers, L);
     }
     return o;
