@@ -20,6 +20,7 @@
 #include <keel/version.h>
 
 #include "ckpt_int.h"
+#include "h5util.h"
 #include "ckpt_io.h"
 
 #define CK_ALIGN_THRESHOLD ((hsize_t)64 << 10)
@@ -45,23 +46,6 @@ static void
 h5_end(void)
 {
     keel__h5_unlock();
-}
-
-static void
-h5_close_id(hid_t id)
-{
-    if (id < 0)
-        return;
-    switch (H5Iget_type(id)) {
-    case H5I_FILE: H5Fclose(id); break;
-    case H5I_GROUP: H5Gclose(id); break;
-    case H5I_DATASET: H5Dclose(id); break;
-    case H5I_DATASPACE: H5Sclose(id); break;
-    case H5I_DATATYPE: H5Tclose(id); break;
-    case H5I_ATTR: H5Aclose(id); break;
-    case H5I_GENPROP_LST: H5Pclose(id); break;
-    default: break;
-    }
 }
 
 static hid_t
@@ -92,8 +76,8 @@ attr_write(hid_t obj, const char *name, hid_t ftype, hid_t mtype,
     hid_t a = sp >= 0 ? H5Acreate2(obj, name, ftype, sp, H5P_DEFAULT,
                                    H5P_DEFAULT) : -1;
     int ok = a >= 0 && H5Awrite(a, mtype, val) >= 0;
-    h5_close_id(a);
-    h5_close_id(sp);
+    keel__h5_close(a);
+    keel__h5_close(sp);
     return ok;
 }
 
@@ -110,7 +94,7 @@ attr_write_str(hid_t obj, const char *name, const char *val)
         char zero = '\0';
         ok = attr_write(obj, name, t, t, n > 0 ? val : &zero);
     }
-    h5_close_id(t);
+    keel__h5_close(t);
     return ok;
 }
 
@@ -159,10 +143,10 @@ create_dset(hid_t parent, const char *h5name, hid_t ftype, int ndim,
     addr = H5Dget_offset(d);
     *offset = addr == HADDR_UNDEF ? -1 : (int64_t)addr;
 out:
-    h5_close_id(d);
-    h5_close_id(lcpl);
-    h5_close_id(dcpl);
-    h5_close_id(sp);
+    keel__h5_close(d);
+    keel__h5_close(lcpl);
+    keel__h5_close(dcpl);
+    keel__h5_close(sp);
     return st;
 }
 
@@ -175,9 +159,9 @@ write_meta(hid_t f, const ck_plan *p, const char *tmp, hid_t *meta)
     hid_t g;
     *meta = H5Gcreate2(f, "/meta", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
     g = H5Gcreate2(f, "/variables", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-    h5_close_id(g);
+    keel__h5_close(g);
     g = H5Gcreate2(f, "/slots", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-    h5_close_id(g);
+    keel__h5_close(g);
     if (*meta < 0 ||
         !attr_write(*meta, "format_version", H5T_STD_I32LE, H5T_NATIVE_INT,
                     &format) ||
@@ -240,8 +224,8 @@ write_empty_blob(hid_t g, const keel_ckpt_blob *b, uint64_t hash,
                                    H5P_DEFAULT) : -1;
     int ok = d >= 0 && attr_write(d, "xxh64", H5T_STD_U64LE,
                                   H5T_NATIVE_UINT64, &hash);
-    h5_close_id(d);
-    h5_close_id(sp);
+    keel__h5_close(d);
+    keel__h5_close(sp);
     if (!ok)
         return keel__fail(KEEL_EIO, "cannot create blob %s in %s", b->name,
                           tmp);
@@ -279,7 +263,7 @@ write_blobs(hid_t meta, const ck_plan *p, const char *tmp, ck_piece *pieces)
         pc->bytes = b->size;
         pc->what = b->name;
     }
-    h5_close_id(g);
+    keel__h5_close(g);
     return st;
 }
 
@@ -304,7 +288,7 @@ write_structure(const ck_plan *p, const char *tmp, ck_piece *pieces)
         st = write_items(f, p, tmp, pieces);
     if (st == KEEL_OK)
         st = write_blobs(meta, p, tmp, pieces + p->n);
-    h5_close_id(meta);
+    keel__h5_close(meta);
     return end_write(f, fapl, tmp, st);
 }
 
@@ -322,7 +306,7 @@ end_write(hid_t f, hid_t fapl, const char *tmp, keel_status st)
                             errno != 0 ? ": " : "",
                             errno != 0 ? strerror(errno) : "");
     }
-    h5_close_id(fapl);
+    keel__h5_close(fapl);
     h5_end();
     return st;
 }
@@ -357,8 +341,8 @@ write_hashes(const ck_plan *p, const char *tmp)
         if (d >= 0)
             a = H5Aopen(d, "xxh64", H5P_DEFAULT);
         ok = a >= 0 && H5Awrite(a, H5T_NATIVE_UINT64, &it->hash) >= 0;
-        h5_close_id(a);
-        h5_close_id(d);
+        keel__h5_close(a);
+        keel__h5_close(d);
         if (!ok) {
             st = keel__fail(KEEL_EIO, "cannot record the checksum of %s in "
                             "%s", h5name, tmp);
@@ -490,9 +474,9 @@ attr_read_num(hid_t obj, const char *name, hid_t mtype, H5T_class_t cls,
     if (t >= 0 && sp >= 0 && H5Tget_class(t) == cls &&
         H5Sget_simple_extent_npoints(sp) == 1)
         ok = H5Aread(a, mtype, out) >= 0;
-    h5_close_id(sp);
-    h5_close_id(t);
-    h5_close_id(a);
+    keel__h5_close(sp);
+    keel__h5_close(t);
+    keel__h5_close(a);
     return ok;
 }
 
@@ -538,10 +522,10 @@ attr_read_str(hid_t obj, const char *name, char **out)
     }
     rc = *out != NULL ? 1 : -1;
 out:
-    h5_close_id(mt);
-    h5_close_id(sp);
-    h5_close_id(t);
-    h5_close_id(a);
+    keel__h5_close(mt);
+    keel__h5_close(sp);
+    keel__h5_close(t);
+    keel__h5_close(a);
     return rc;
 }
 
@@ -648,7 +632,7 @@ visit_offset(const visit_ctx *c, const char *name, hid_t ds, ck_dset *d)
         if (a != HADDR_UNDEF && a <= (haddr_t)INT64_MAX)
             d->offset = (int64_t)a;
     }
-    h5_close_id(dcpl);
+    keel__h5_close(dcpl);
     if (d->offset >= 0 &&
         (d->offset > f->file_size ||
          (uint64_t)(f->file_size - d->offset) < (uint64_t)d->count * 4))
@@ -679,9 +663,9 @@ visit_dataset(const visit_ctx *c, hid_t obj, const char *name, ck_dset *d)
                         name);
     if (st == KEEL_OK)
         st = visit_offset(c, name, ds, d);
-    h5_close_id(sp);
-    h5_close_id(t);
-    h5_close_id(ds);
+    keel__h5_close(sp);
+    keel__h5_close(t);
+    keel__h5_close(ds);
     return st;
 }
 
@@ -779,7 +763,7 @@ read_meta_step(hid_t h, const char *path, int64_t *step)
                             H5T_INTEGER, step))
         st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: /meta has no "
                         "global_step", path);
-    h5_close_id(meta);
+    keel__h5_close(meta);
     return st;
 }
 
@@ -795,7 +779,7 @@ visit_group(hid_t h, const char *path, const char *prefix, visit_ctx *c)
         st = c->st != KEEL_OK ? c->st :
              keel__fail(KEEL_ECORRUPT, "checkpoint %s: cannot list %s",
                         path, prefix);
-    h5_close_id(g);
+    keel__h5_close(g);
     return st;
 }
 
@@ -830,8 +814,7 @@ keel__ckpt_open(const char *path, ck_file *f)
         c.is_slots = 1;
         st = visit_group(h, path, "/slots", &c);
     }
-    if (h >= 0)
-        H5Fclose(h);
+    keel__h5_close(h);
     h5_end();
     if (st != KEEL_OK) {
         keel__ckpt_close(f);
@@ -875,8 +858,8 @@ read_via_h5(const ck_file *f, const ck_dset *d, void *dst)
             st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: cannot read "
                             "dataset %s", f->path, h5name);
     }
-    h5_close_id(ds);
-    h5_close_id(h);
+    keel__h5_close(ds);
+    keel__h5_close(h);
     h5_end();
     return st;
 }
@@ -1041,17 +1024,17 @@ blob_read_cb(hid_t g, const char *name, const H5L_info_t *linfo, void *op)
     d = H5Dopen2(g, name, H5P_DEFAULT);
     sp = d >= 0 ? H5Dget_space(d) : -1;
     n = sp >= 0 ? H5Sget_simple_extent_npoints(sp) : -1;
-    h5_close_id(sp);
+    keel__h5_close(sp);
     if (d < 0 || n < 0 || (uint64_t)n > CK_BLOB_MAX ||
         !attr_read_num(d, "xxh64", H5T_NATIVE_UINT64, H5T_INTEGER, &want)) {
-        h5_close_id(d);
+        keel__h5_close(d);
         c->st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: blob /meta/blobs/"
                            "%s is unreadable or has no xxh64", c->path, name);
         return -1;
     }
     buf = malloc(n > 0 ? (size_t)n : 1);
     if (buf == NULL) {
-        h5_close_id(d);
+        keel__h5_close(d);
         c->st = keel__fail(KEEL_ENOMEM, "checkpoint %s: blob %s (%lld "
                            "bytes)", c->path, name, (long long)n);
         return -1;
@@ -1060,12 +1043,12 @@ blob_read_cb(hid_t g, const char *name, const H5L_info_t *linfo, void *op)
                           H5P_DEFAULT, buf) < 0) ||
         XXH64(buf, (size_t)n, 0) != want) {
         free(buf);
-        h5_close_id(d);
+        keel__h5_close(d);
         c->st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: blob /meta/blobs/"
                            "%s fails its xxh64 checksum", c->path, name);
         return -1;
     }
-    h5_close_id(d);
+    keel__h5_close(d);
     strcpy(info->blobs[info->n_blobs].name, name);
     info->blobs[info->n_blobs].data = buf;
     info->blobs[info->n_blobs].size = (size_t)n;
@@ -1137,10 +1120,10 @@ keel_ckpt_read_info(const char *path, keel_ckpt_info **out)
                                 blob_read_cb, &c) < 0)
             st = c.st != KEEL_OK ? c.st : keel__fail(KEEL_ECORRUPT,
                  "checkpoint %s: cannot list /meta/blobs", path);
-        h5_close_id(g);
+        keel__h5_close(g);
     }
-    h5_close_id(meta);
-    h5_close_id(h);
+    keel__h5_close(meta);
+    keel__h5_close(h);
     h5_end();
     if (st != KEEL_OK) {
         keel_ckpt_info_free(info);

@@ -19,6 +19,7 @@
 
 #include <keel/train.h>
 #include "util.h"
+#include "h5util.h"
 #include "train_int.h"
 
 KEEL__VECTORIZE_FILE
@@ -329,20 +330,13 @@ typedef struct h5_src {
 static void
 h5_src_close(h5_src *s)
 {
-    if (s->tx >= 0)
-        H5Tclose(s->tx);
-    if (s->ty >= 0)
-        H5Tclose(s->ty);
-    if (s->sx >= 0)
-        H5Sclose(s->sx);
-    if (s->sy >= 0)
-        H5Sclose(s->sy);
-    if (s->dx >= 0)
-        H5Dclose(s->dx);
-    if (s->dy >= 0)
-        H5Dclose(s->dy);
-    if (s->f >= 0)
-        H5Fclose(s->f);
+    keel__h5_close(s->tx);
+    keel__h5_close(s->ty);
+    keel__h5_close(s->sx);
+    keel__h5_close(s->sy);
+    keel__h5_close(s->dx);
+    keel__h5_close(s->dy);
+    keel__h5_close(s->f);
 }
 
 /* The file, its datasets and their headers; 'y' is optional unless
