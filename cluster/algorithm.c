@@ -678,17 +678,13 @@ aeasgd_local(const algo_step *s)
     }
 }
 
-/* center = Pull(); E = alpha (theta - center); theta -= E; Commit(E) (the
- * ps adds it). */
+/* With the center just pulled: E = alpha (theta - center); theta -= E;
+ * Commit(E) (the ps adds it). */
 static keel_status
 aeasgd_elastic(const algo_step *s)
 {
     keel__algo_worker *w = s->w;
     double alpha = w->a->c.moving_rate;
-    keel_status st = s->io->pull(s->io->ctx, KEEL__ALGO_INTO_CENTER, s->vs,
-                                 w->center, s->new_step);
-    if (st != KEEL_OK)
-        return st;
     FOR_TRAINABLE(w, s->vs, s->grads, i) {
         float *x = aeasgd_theta(s, i);
         const float *ct = keel_grads_at(w->center, i)->data;
@@ -724,8 +720,15 @@ aeasgd_step(const algo_step *s)
     keel_status st = KEEL_OK;
     aeasgd_local(s);
     count_step(s->w);
-    if (s->w->t % s->w->a->c.window == 0)
+    if (s->w->t % s->w->a->c.window == 0) {
+        /* a failed pull ends the step here, vs untouched (no look-ahead);
+         * a failed commit still leaves vs at the look-ahead */
+        st = s->io->pull(s->io->ctx, KEEL__ALGO_INTO_CENTER, s->vs,
+                         s->w->center, s->new_step);
+        if (st != KEEL_OK)
+            return st;
         st = aeasgd_elastic(s);
+    }
     if (is_aeamsgd(s->w))
         aeamsgd_look_ahead(s);
     return st;

@@ -183,8 +183,9 @@ take_config(keel__ps *ps, const keel__ps_config *cfg)
     return KEEL_OK;
 }
 
-/* The replicas tracked for liveness and membership: the spec's (sync, or a
- * rule that admits no joiners), else up to KEEL__CLUSTER_MAX_REPLICAS. */
+/* The replicas tracked for liveness (a replica not heard from yet counts
+ * from now) and membership: the spec's (sync, or a rule that admits no
+ * joiners), else up to KEEL__CLUSTER_MAX_REPLICAS. */
 static keel_status
 alloc_members(keel__ps *ps)
 {

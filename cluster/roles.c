@@ -1266,7 +1266,7 @@ take_center(keel_grads *center, keel_vars *vs, const keel__wire_msg *r)
     return KEEL_OK;
 }
 
-/* One push round (push_round's arguments, on its stack). */
+/* One push round, as its callers describe it. */
 typedef struct push_req {
     keel_vars *vs;
     keel_grads *const *srcs;    /* the tensors pushed, in order */
@@ -1277,7 +1277,8 @@ typedef struct push_req {
     keel_grads *center;         /* with KEEL__ALGO_INTO_CENTER */
     keel_grads *mean;           /* the chief that applies, else NULL */
     int64_t *new_step;
-    int64_t *t_copy;
+    int64_t *t_copy;            /* time spent copying values in */
+    int64_t *t_sent;            /* when every PUSH was queued */
 } push_req;
 
 /* Queue the PUSH of ps p's tensors of q->srcs (zero-copy). */
@@ -1362,43 +1363,38 @@ take_push_reply(keel_cluster_backend *w, const push_req *q, int p,
     return end_reply(&r, p, st, q->new_step);
 }
 
-/* One PUSH to every ps of the tensors of srcs[0..n_src) (in order) and
- * the replies: the new values go into vs (into VARS) or center (CENTER)
- * or nowhere; *new_step is ps 0's step after it. Sent to every ps first,
- * then collected: the ps work in parallel. *t_copy: time spent copying
- * values. mean (the chief when it applies the updates, else NULL): where
- * the ps's AGGREGATE answers put the step's mean gradients; once every ps
- * sent its part the chief applies them and commits (chief_commit). */
+/* One PUSH to every ps of the tensors of q->srcs[0..n_src) (in order)
+ * and the replies: the new values go into q->vs (into VARS) or q->center
+ * (CENTER) or nowhere; *q->new_step is ps 0's step after it. Sent to every
+ * ps first, then collected: the ps work in parallel. q->mean (the chief
+ * when it applies the updates, else NULL): where the ps's AGGREGATE
+ * answers put the step's mean gradients; once every ps sent its part the
+ * chief applies them and commits (chief_commit). */
 static keel_status
-push_round(keel_cluster_backend *w, keel_vars *vs, keel_grads *const *srcs,
-           int n_src, int64_t local_step, int covered, int into,
-           keel_grads *center, keel_grads *mean, int64_t *new_step,
-           int64_t *t_copy, int64_t *t_sent)
+push_round(keel_cluster_backend *w, const push_req *q)
 {
-    push_req q = { vs, srcs, n_src, local_step, covered, into, center, mean,
-                   new_step, t_copy };
     keel_status first = KEEL_OK;
     int sent, aggregated = 0;
     for (sent = 0; sent < w->n_ps; sent++)
-        if ((first = send_push(w, &q, sent)) != KEEL_OK)
+        if ((first = send_push(w, q, sent)) != KEEL_OK)
             break;
-    *t_sent = keel__now_mono_ns();
+    *q->t_sent = keel__now_mono_ns();
     for (int p = 0; p < sent; p++) {
         keel_status st;
         if (first != KEEL_OK) {
-            first = give_up_push(w, p, first, local_step);
+            first = give_up_push(w, p, first, q->local_step);
             continue;
         }
-        st = take_push_reply(w, &q, p, &aggregated);
+        st = take_push_reply(w, q, p, &aggregated);
         if (st != KEEL_OK && first == KEEL_OK)
             first = st;
     }
     if (first == KEEL_OK && aggregated > 0)
         first = aggregated == sent
-            ? chief_commit(w, vs, mean, local_step, new_step)
+            ? chief_commit(w, q->vs, q->mean, q->local_step, q->new_step)
             : keel__fail(KEEL_EABORTED, "step %lld: %d of %d ps sent the "
                          "mean gradient for the chief's update",
-                         (long long)local_step, aggregated, sent);
+                         (long long)q->local_step, aggregated, sent);
     return first;
 }
 
@@ -1409,8 +1405,12 @@ net_commit(void *ctx, keel_grads *c, int covered, int64_t local_step,
 {
     keel_cluster_backend *w = ctx;
     int64_t t_copy = 0, t_sent;
-    return push_round(w, vs, &c, 1, local_step, covered, into, center,
-                      NULL, new_step, &t_copy, &t_sent);
+    push_req q = { .vs = vs, .srcs = &c, .n_src = 1,
+                   .local_step = local_step, .covered = covered,
+                   .into = into, .center = center, .mean = NULL,
+                   .new_step = new_step, .t_copy = &t_copy,
+                   .t_sent = &t_sent };
+    return push_round(w, &q);
 }
 
 static keel_status
@@ -1500,11 +1500,16 @@ be_apply(void *ctx, keel_vars *vs, keel_grads *grads, int64_t global_step)
             }
         }
     }
-    first = push_round(w, vs, w->micro != NULL ? w->micro : &one,
-                       w->micro != NULL ? w->n_micro : 1, global_step, 1,
-                       KEEL__ALGO_INTO_VARS, NULL,
-                       w->is_chief && w->o.chief_applies ? grads : NULL,
-                       &new_step, &t_copy, &t_sent);
+    push_req q = {
+        .vs = vs,
+        .srcs = w->micro != NULL ? w->micro : &one,
+        .n_src = w->micro != NULL ? w->n_micro : 1,
+        .local_step = global_step, .covered = 1,
+        .into = KEEL__ALGO_INTO_VARS, .center = NULL,
+        .mean = w->is_chief && w->o.chief_applies ? grads : NULL,
+        .new_step = &new_step, .t_copy = &t_copy, .t_sent = &t_sent,
+    };
+    first = push_round(w, &q);
     if (first != KEEL_OK) {
         w->last_apply_end_ns = 0;       /* recovery is not compute */
         return first;

@@ -115,14 +115,14 @@ ended_ok(keel_launch *l, size_t i, int64_t now)
     }
 }
 
-/* The wait before task t starts again (counting the restart unless it was
- * chaos's). A task that made progress (its own step line, the chief's
+/* Count task t's restart (unless chaos killed it) and return the wait
+ * before it starts again. A task that made progress (its own step line, the chief's
  * step advancing while it was up, or 10 s up) died of something else
  * than its own start: it comes back at once, since every millisecond here
  * is the whole job's. Only a crash loop waits: the base delay, doubled for
  * each failure in a row without progress, at most BACKOFF_CAP_SECS. */
 static double
-restart_delay(keel_launch *l, task *t, const task_exit *e)
+count_restart(keel_launch *l, task *t, const task_exit *e)
 {
     double delay = l->cfg.backoff_secs;
     int was_healthy = t->had_step ||
@@ -151,7 +151,7 @@ static void
 schedule_restart(keel_launch *l, size_t i, const task_exit *e)
 {
     task *t = &l->tasks[i];
-    double delay = restart_delay(l, t, e);
+    double delay = count_restart(l, t, e);
     t->info.state = KEEL_LAUNCH_BACKOFF;
     t->restart_at_ns = e->now + (int64_t)(delay * 1e9);
     /* the ps this chief had already stopped come back with it */

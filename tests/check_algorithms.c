@@ -86,6 +86,7 @@ typedef struct fake {
     int commits, pulls, last_covered;
     int64_t last_local_step;
     float last_commit[2];
+    keel_status pull_fails;     /* KEEL_OK, or what every pull returns */
 } fake;
 
 static void
@@ -131,6 +132,8 @@ fake_pull(void *ctx, int into, keel_vars *vs, keel_grads *center,
 {
     fake *f = ctx;
     f->pulls++;
+    if (f->pull_fails != KEEL_OK)
+        return keel__fail(f->pull_fails, "fake ps: pull refused");
     *new_step = f->step;
     fake_send(f, into, vs, center);
     return KEEL_OK;
@@ -598,6 +601,27 @@ START_TEST(test_aeamsgd_cycle)
 }
 END_TEST
 
+/* A pull that fails at the elastic step ends the step there: nothing is
+ * committed and aeamsgd's vs keeps the look-ahead of the step before
+ * (test_aeamsgd_cycle's step 1). */
+START_TEST(test_aeamsgd_failed_pull_leaves_vs)
+{
+    cycle c;
+    int64_t ns = -1;
+    elastic_init(&c, KEEL_ALGORITHM_AEAMSGD, 2, 1, 0.5);
+    cycle_step(&c, 1, -2);
+    CK2(wdata(c.vs), 0.25, 3.5);
+    c.f.pull_fails = KEEL_EIO;
+    set2(keel_grads_find(c.g, "w")->data, 1, -2);
+    ck_assert_int_eq(keel__algo_worker_step(c.w, c.vs, c.g, c.gstep, &c.io,
+                                            &ns), KEEL_EIO);
+    ck_assert_int_eq(c.f.pulls, 1);
+    ck_assert_int_eq(c.f.commits, 0);
+    CK2(wdata(c.vs), 0.25, 3.5);
+    cycle_free(&c);
+}
+END_TEST
+
 /* ---- end to end on real sockets --------------------------------------------
  * One ps, the chief and one worker (threads of this process, each with its
  * own store), least squares toward the target (3, -1): each replica's
@@ -896,7 +920,8 @@ algorithms_suite(void)
         test_model_averaging_cycle_and_mean,
         test_easgd_cycle,
         test_aeasgd_cycle,
-        test_aeamsgd_cycle));
+        test_aeamsgd_cycle,
+        test_aeamsgd_failed_pull_leaves_vs));
     e = tu_tcase(s, "cluster", 120, NULL, NULL, NULL);
     tcase_add_loop_test(e, test_every_rule_trains_on_a_cluster, 0,
                         KEEL_ALGORITHM_COUNT);
