@@ -214,52 +214,70 @@ size_run_close(size_run *sr)
     keel_vars_free(sr->vs);
 }
 
-/* keel's save and the raw write+fsync, keel first when keel_first. */
+/* One timed measurement of repetition r into sm. */
+typedef void timed_fn(size_run *sr, int r, ckpt_samples *sm);
+
+/* keel's measurement and its raw twin, keel's first when keel_first. */
 static void
-time_writes(size_run *sr, int r, int keel_first, ckpt_samples *sm)
+time_pair(timed_fn *keel, timed_fn *raw, size_run *sr, int r, int keel_first,
+          ckpt_samples *sm)
 {
-    double t0;
-    for (int k = 0; k < 2; k++) {
-        if ((k == 0) == (keel_first == 1)) {
-            keel_vars_set_global_step(sr->vs, ++sr->step);
-            t0 = bench_now();
-            if (keel_saver_save(sr->sync_s, sr->vs, NULL, sr->ck_path,
-                                sizeof sr->ck_path) != KEEL_OK)
-                die("save");
-            sm->w_keel[r] = sr->gb / (bench_now() - t0);
-            /* Retention's unlink of the previous file runs on a
-             * thread; let it finish before the raw run. */
-            if (keel_saver_wait(sr->sync_s) != KEEL_OK)
-                die("wait");
-        } else {
-            unlink(sr->raw_path);
-            t0 = bench_now();
-            raw_write(sr->raw_path, sr->vs);
-            sm->w_raw[r] = sr->gb / (bench_now() - t0);
-        }
+    if (keel_first == 1) {
+        keel(sr, r, sm);
+        raw(sr, r, sm);
+    } else {
+        raw(sr, r, sm);
+        keel(sr, r, sm);
     }
 }
 
-/* keel's restore and the raw read, both from a cold page cache. */
 static void
-time_reads(size_run *sr, int r, int keel_first, ckpt_samples *sm)
+time_keel_save(size_run *sr, int r, ckpt_samples *sm)
 {
     double t0;
-    for (int k = 0; k < 2; k++) {
-        if ((k == 0) == (keel_first == 1)) {
-            drop_cache(sr->ck_path);
-            t0 = bench_now();
-            if (keel_ckpt_restore(sr->ck_path, sr->vs, NULL, NULL) !=
-                KEEL_OK)
-                die("restore");
-            sm->r_keel[r] = sr->gb / (bench_now() - t0);
-        } else {
-            drop_cache(sr->raw_path);
-            t0 = bench_now();
-            raw_read(sr->raw_path, sr->vs);
-            sm->r_raw[r] = sr->gb / (bench_now() - t0);
-        }
-    }
+    keel_vars_set_global_step(sr->vs, ++sr->step);
+    t0 = bench_now();
+    if (keel_saver_save(sr->sync_s, sr->vs, NULL, sr->ck_path,
+                        sizeof sr->ck_path) != KEEL_OK)
+        die("save");
+    sm->w_keel[r] = sr->gb / (bench_now() - t0);
+    /* Retention's unlink of the previous file runs on a thread; let it
+     * finish before the raw run. */
+    if (keel_saver_wait(sr->sync_s) != KEEL_OK)
+        die("wait");
+}
+
+static void
+time_raw_write(size_run *sr, int r, ckpt_samples *sm)
+{
+    double t0;
+    unlink(sr->raw_path);
+    t0 = bench_now();
+    raw_write(sr->raw_path, sr->vs);
+    sm->w_raw[r] = sr->gb / (bench_now() - t0);
+}
+
+/* keel's restore, from a cold page cache. */
+static void
+time_keel_restore(size_run *sr, int r, ckpt_samples *sm)
+{
+    double t0;
+    drop_cache(sr->ck_path);
+    t0 = bench_now();
+    if (keel_ckpt_restore(sr->ck_path, sr->vs, NULL, NULL) != KEEL_OK)
+        die("restore");
+    sm->r_keel[r] = sr->gb / (bench_now() - t0);
+}
+
+/* The raw read, from a cold page cache. */
+static void
+time_raw_read(size_run *sr, int r, ckpt_samples *sm)
+{
+    double t0;
+    drop_cache(sr->raw_path);
+    t0 = bench_now();
+    raw_read(sr->raw_path, sr->vs);
+    sm->r_raw[r] = sr->gb / (bench_now() - t0);
 }
 
 /* Async stall vs one memcpy of every variable. */
@@ -306,8 +324,9 @@ bench_size(const ckpt_opts *o, int mib)
     size_run_open(&sr, o->dir, mib);
     for (int r = 0; r < o->reps; r++) {
         int keel_first = (r + o->round) % 2;
-        time_writes(&sr, r, keel_first, &sm);
-        time_reads(&sr, r, keel_first, &sm);
+        time_pair(time_keel_save, time_raw_write, &sr, r, keel_first, &sm);
+        time_pair(time_keel_restore, time_raw_read, &sr, r, keel_first,
+                  &sm);
         time_async_stall(&sr, r, &sm);
         sm.w_ratio[r] = sm.w_keel[r] / sm.w_raw[r];
         sm.r_ratio[r] = sm.r_keel[r] / sm.r_raw[r];
