@@ -152,6 +152,20 @@ times_alloc(hooks_times *t, int reps)
     t->own = calloc((size_t)reps, sizeof *t->own);
 }
 
+/* The inputs xs and the model's one variable, w of N_PARAMS floats. */
+static keel_status
+linear_model_new(keel_vars **vs)
+{
+    int64_t shape[1] = { N_PARAMS };
+    keel_status st;
+    for (int i = 0; i < N_PARAMS; i++)
+        xs[i] = (float)((i % 7) - 3) / 100.0f;
+    st = keel_vars_new(vs);
+    if (st == KEEL_OK)
+        st = keel_vars_create(*vs, "w", 1, shape, KEEL_VAR_TRAINABLE, NULL);
+    return st;
+}
+
 /* StopAtStep, NaN and Logging hooks that never trigger in the run. */
 static keel_status
 extra_hooks_new(keel_hook extra[3])
@@ -299,7 +313,6 @@ main(int argc, char **argv)
     keel_vars *vs;
     keel_session *s;
     keel_hook extra[3];
-    int64_t shape[1];
     float *g;
     int r, i;
     o.reps = argc > 1 ? atoi(argv[1]) : 7;
@@ -311,16 +324,9 @@ main(int argc, char **argv)
     if (o.reps < 1 || N_PARAMS < 1 || N_PARAMS > MAX_PARAMS
         || mkdtemp(dir) == NULL)
         return 2;
-    shape[0] = N_PARAMS;
     times_alloc(&t, o.reps);
     g = calloc(N_PARAMS, sizeof *g);
-    for (i = 0; i < N_PARAMS; i++)
-        xs[i] = (float)((i % 7) - 3) / 100.0f;
-    if (keel_vars_new(&vs) != KEEL_OK
-        || keel_vars_create(vs, "w", 1, shape, KEEL_VAR_TRAINABLE, NULL)
-           != KEEL_OK)
-        return 1;
-    if (extra_hooks_new(extra) != KEEL_OK)
+    if (linear_model_new(&vs) != KEEL_OK || extra_hooks_new(extra) != KEEL_OK)
         return 1;
     training_config_fill(&cfg, &o, vs, extra, dir);
     if (keel_training_session_new(&cfg, &s) != KEEL_OK) {
