@@ -568,32 +568,43 @@ parse_list(const char *s, int is_int, double lo, double hi, int64_t *iout,
     return n;
 }
 
-/* Validate text (trimmed, writable) for key k and store it. why gets the
- * reason on failure. */
-static int
-set_trimmed(keel_config *cfg, int k, char *text, char *why, size_t why_size)
+/* An enum's choices "a|b|c" as "a, b, c", cut to fit out. */
+static void
+format_choices(const char *choices, char *out, size_t size)
 {
-    const key_def *d = &schema[k];
-    value *v = &cfg->v[k];
-    char *copy;
-    int64_t i = 0;
-    double dv = 0;
-    int b;
+    size_t used = 0;
+    for (const char *p = choices; *p != '\0' && used + 3 < size; p++) {
+        if (*p == '|') {
+            out[used++] = ',';
+            out[used++] = ' ';
+        } else {
+            out[used++] = *p;
+        }
+    }
+    out[used] = '\0';
+}
 
+/* Whether text is a valid value of key d: its integer (ints, bools) in *i
+ * and number (ints, doubles) in *dv; why gets the reason when not. */
+static int
+parse_typed(const key_def *d, const char *text, int64_t *i, double *dv,
+            char *why, size_t why_size)
+{
+    int b;
     switch (d->type) {
     case T_INT: {
         int64_t hi = d->hi >= I64MAX ? INT64_MAX : (int64_t)d->hi;
-        if (!keel__parse_i64(text, (int64_t)d->lo, hi, &i)) {
+        if (!keel__parse_i64(text, (int64_t)d->lo, hi, i)) {
             snprintf(why, why_size, "%s.%s = '%s' is not an integer from "
                      "%lld to %lld", d->section, d->name, text,
                      (long long)d->lo, (long long)hi);
             return 0;
         }
-        dv = (double)i;
+        *dv = (double)*i;
         break;
     }
     case T_DOUBLE:
-        if (!keel__parse_double(text, &dv) || dv < d->lo || dv > d->hi) {
+        if (!keel__parse_double(text, dv) || *dv < d->lo || *dv > d->hi) {
             snprintf(why, why_size, "%s.%s = '%s' is not a number from %g "
                      "to %g", d->section, d->name, text, d->lo, d->hi);
             return 0;
@@ -605,22 +616,12 @@ set_trimmed(keel_config *cfg, int k, char *text, char *why, size_t why_size)
                      "true or false", d->section, d->name, text);
             return 0;
         }
-        i = b;
+        *i = b;
         break;
     case T_ENUM:
         if (!enum_has(d->choices, text)) {
             char choices[256];
-            size_t used = 0;
-            for (const char *p = d->choices; *p != '\0' &&
-                 used + 3 < sizeof choices; p++) {
-                if (*p == '|') {
-                    choices[used++] = ',';
-                    choices[used++] = ' ';
-                } else {
-                    choices[used++] = *p;
-                }
-            }
-            choices[used] = '\0';
+            format_choices(d->choices, choices, sizeof choices);
             snprintf(why, why_size, "%s.%s = '%s' is not one of: %s",
                      d->section, d->name, text, choices);
             return 0;
@@ -641,6 +642,20 @@ set_trimmed(keel_config *cfg, int k, char *text, char *why, size_t why_size)
     case T_ADDR_LIST:
         break;
     }
+    return 1;
+}
+
+/* Validate text (trimmed, writable) for key k and store it. why gets the
+ * reason on failure. */
+static int
+set_trimmed(keel_config *cfg, int k, char *text, char *why, size_t why_size)
+{
+    value *v = &cfg->v[k];
+    char *copy;
+    int64_t i = 0;
+    double dv = 0;
+    if (!parse_typed(&schema[k], text, &i, &dv, why, why_size))
+        return 0;
     copy = strdup(text);
     if (copy == NULL) {
         snprintf(why, why_size, "out of memory");
@@ -799,6 +814,61 @@ put_line(char *str, int num, const char *s, size_t n)
     return 1;
 }
 
+/* A "[section]" line: the section's name to inih, or an error naming the
+ * valid sections. */
+static char *
+section_line(load_ctx *lc, const char *s, const char *end, char *str,
+             int num)
+{
+    const char *close = find_or_comment(s + 1, end, "]");
+    char name[64];
+    size_t nl2;
+    if (close == end || *close != ']')
+        READER_FAIL(lc, "syntax error: '[' without ']'; expected "
+                    "'[section]'");
+    for (s++; s < close && is_blank(*s); s++)
+        ;
+    while (close > s && is_blank(close[-1]))
+        close--;
+    nl2 = (size_t)(close - s);
+    if (nl2 >= sizeof name || (memcpy(name, s, nl2), name[nl2] = '\0',
+                               !section_known(name))) {
+        char secs[256];
+        list_names(NULL, secs, sizeof secs);
+        READER_FAIL(lc, "unknown section [%.*s]; valid sections: %s",
+                    (int)(nl2 < 64 ? nl2 : 64), s, secs);
+    }
+    lc->has_key = 0;
+    lc->last_key = -1;
+    snprintf(str, (size_t)num, "[%s]\n", name);
+    return str;
+}
+
+/* A "key = value" line [start, end), s its first non-blank: as it is when
+ * it fits str, else "key=x" with the value kept in lc->long_value. */
+static char *
+key_line(load_ctx *lc, const char *start, const char *s, const char *end,
+         char *str, int num)
+{
+    const char *eq = find_or_comment(s, end, "=:");
+    if (eq == end || (*eq != '=' && *eq != ':'))
+        READER_FAIL(lc, "syntax error; expected '[section]' or "
+                    "'key = value'");
+    lc->has_key = 1;
+    if (put_line(str, num, start, (size_t)(end - start)))
+        return str;
+    if ((size_t)(eq - s) + 4 > (size_t)num)
+        READER_FAIL(lc, "key '%.40s...' is too long", s);
+    lc->long_value = value_copy(eq + 1, end);
+    if (lc->long_value == NULL)
+        READER_FAIL(lc, "out of memory");
+    memcpy(str, s, (size_t)(eq - s) + 1);
+    strcpy(str + (eq - s) + 1, "x\n");
+    return str;
+}
+
+/* The ini_reader: the next physical line to inih, shortened as the comment
+ * above load_ctx says when it does not fit str. */
 static char *
 read_line(char *str, int num, void *stream)
 {
@@ -831,47 +901,9 @@ read_line(char *str, int num, void *stream)
             READER_FAIL(lc, "out of memory");
         return put_line(str, num, start, n) ? str : strcpy(str, " x\n");
     }
-    if (*s == '[') {
-        const char *close = find_or_comment(s + 1, end, "]");
-        char name[64];
-        size_t nl2;
-        if (close == end || *close != ']')
-            READER_FAIL(lc, "syntax error: '[' without ']'; expected "
-                        "'[section]'");
-        for (s++; s < close && is_blank(*s); s++)
-            ;
-        while (close > s && is_blank(close[-1]))
-            close--;
-        nl2 = (size_t)(close - s);
-        if (nl2 >= sizeof name || (memcpy(name, s, nl2), name[nl2] = '\0',
-                                   !section_known(name))) {
-            char secs[256];
-            list_names(NULL, secs, sizeof secs);
-            READER_FAIL(lc, "unknown section [%.*s]; valid sections: %s",
-                        (int)(nl2 < 64 ? nl2 : 64), s, secs);
-        }
-        lc->has_key = 0;
-        lc->last_key = -1;
-        snprintf(str, (size_t)num, "[%s]\n", name);
-        return str;
-    }
-    {
-        const char *eq = find_or_comment(s, end, "=:");
-        if (eq == end || (*eq != '=' && *eq != ':'))
-            READER_FAIL(lc, "syntax error; expected '[section]' or "
-                        "'key = value'");
-        lc->has_key = 1;
-        if (put_line(str, num, start, n))
-            return str;
-        if ((size_t)(eq - s) + 4 > (size_t)num)
-            READER_FAIL(lc, "key '%.40s...' is too long", s);
-        lc->long_value = value_copy(eq + 1, end);
-        if (lc->long_value == NULL)
-            READER_FAIL(lc, "out of memory");
-        memcpy(str, s, (size_t)(eq - s) + 1);
-        strcpy(str + (eq - s) + 1, "x\n");
-        return str;
-    }
+    if (*s == '[')
+        return section_line(lc, s, end, str, num);
+    return key_line(lc, start, s, end, str, num);
 }
 
 /* Append a continuation line to the list value of key k (a trailing comma

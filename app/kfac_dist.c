@@ -181,6 +181,78 @@ keel__kfac_dist_free(keel__kfac_dist *d)
     free(d);
 }
 
+/* The settings the roles read from the config. */
+static void
+dist_read_config(keel__kfac_dist *d, const keel_config *cfg)
+{
+    d->every = keel_config_int(cfg, "kfac.cov_update_every");
+    if (d->every < 1)
+        d->every = 1;
+    d->decay = pow(keel_config_double(cfg, "kfac.cov_ema_decay"),
+                   (double)d->every);
+    d->wait_secs = keel_config_double(cfg, "cluster.step_timeout_secs");
+    d->seed = (uint64_t)keel_config_int(cfg, "train.seed");
+    d->log_every = keel_config_int(cfg, "hooks.log_every_steps");
+}
+
+/* The per-layer arrays, zeroed, and the name and tensor arrays a pull or
+ * push of up to 6 names per layer (+2) uses. */
+static keel_status
+dist_alloc_arrays(keel__kfac_dist *d, int nl)
+{
+    d->names = calloc((size_t)nl * 6 + 2, sizeof *d->names);
+    d->ts = calloc((size_t)nl * 6 + 2, sizeof *d->ts);
+    d->ver = calloc((size_t)nl, sizeof *d->ver);
+    d->vnames = calloc((size_t)nl, sizeof *d->vnames);
+    d->fnames = calloc((size_t)nl, sizeof *d->fnames);
+    d->perm = calloc((size_t)nl, sizeof *d->perm);
+    d->held = calloc((size_t)nl, sizeof *d->held);
+    d->Ab = calloc((size_t)nl, sizeof *d->Ab);
+    d->Gb = calloc((size_t)nl, sizeof *d->Gb);
+    d->Abt = calloc((size_t)nl, sizeof *d->Abt);
+    d->Gbt = calloc((size_t)nl, sizeof *d->Gbt);
+    if (d->names == NULL || d->ts == NULL || d->ver == NULL ||
+        d->vnames == NULL || d->fnames == NULL || d->perm == NULL ||
+        d->held == NULL ||
+        d->Ab == NULL || d->Gb == NULL || d->Abt == NULL || d->Gbt == NULL)
+        return keel__fail(KEEL_ENOMEM, "K-FAC roles: %d layers", nl);
+    return KEEL_OK;
+}
+
+/* Layer i's version and factor names, its version tensor in the store and,
+ * for a covariance worker (role 1), its A and G statistics buffers. */
+static keel_status
+dist_init_layer(keel__kfac_dist *d, int i)
+{
+    static const char *const leaf[4] = { "kfac_A", "kfac_G",
+                                         "kfac_A_inv", "kfac_G_inv" };
+    const char *scope;
+    size_t a, g;
+    keel_var *v;
+    keel_status st = keel_kfac_layer(d->k, i, &scope, &a, &g);
+    if (st == KEEL_OK)
+        st = version_name(d->k, i, d->vnames[i], sizeof d->vnames[i]);
+    for (int f = 0; f < 4 && st == KEEL_OK; f++)
+        st = keel__fmt(d->fnames[i][f], KEEL_NAME_MAX, "K-FAC name",
+                       "%s/%s", scope, leaf[f]);
+    if (st != KEEL_OK)
+        return st;
+    if ((v = keel_vars_find(d->vs, d->vnames[i])) == NULL)
+        return keel__fail(KEEL_EINTERNAL, "K-FAC roles: no '%s'",
+                          d->vnames[i]);
+    d->ver[i] = keel_var_tensor(v);
+    if (d->role == 1) {
+        int64_t as[2] = { (int64_t)a, (int64_t)a };
+        int64_t gs[2] = { (int64_t)g, (int64_t)g };
+        if ((st = keel_tensor_alloc(&d->Abt[i], 2, as)) != KEEL_OK ||
+            (st = keel_tensor_alloc(&d->Gbt[i], 2, gs)) != KEEL_OK)
+            return st;
+        d->Ab[i] = d->Abt[i].data;
+        d->Gb[i] = d->Gbt[i].data;
+    }
+    return KEEL_OK;
+}
+
 keel_status
 keel__kfac_dist_new(const keel_config *cfg, keel_kfac *k, keel_vars *vs,
                     int role, int index, int n_role, keel__kfac_dist **out)
@@ -197,67 +269,16 @@ keel__kfac_dist_new(const keel_config *cfg, keel_kfac *k, keel_vars *vs,
     d->index = index;
     d->n_role = n_role > 0 ? n_role : 1;
     d->nl = nl;
-    d->every = keel_config_int(cfg, "kfac.cov_update_every");
-    if (d->every < 1)
-        d->every = 1;
-    d->decay = pow(keel_config_double(cfg, "kfac.cov_ema_decay"),
-                   (double)d->every);
-    d->wait_secs = keel_config_double(cfg, "cluster.step_timeout_secs");
-    d->seed = (uint64_t)keel_config_int(cfg, "train.seed");
-    d->log_every = keel_config_int(cfg, "hooks.log_every_steps");
+    dist_read_config(d, cfg);
     d->last_step = -1;
     d->perm_pass = -1;
-    d->names = calloc((size_t)nl * 6 + 2, sizeof *d->names);
-    d->ts = calloc((size_t)nl * 6 + 2, sizeof *d->ts);
-    d->ver = calloc((size_t)nl, sizeof *d->ver);
-    d->vnames = calloc((size_t)nl, sizeof *d->vnames);
-    d->fnames = calloc((size_t)nl, sizeof *d->fnames);
-    d->perm = calloc((size_t)nl, sizeof *d->perm);
-    d->held = calloc((size_t)nl, sizeof *d->held);
-    d->Ab = calloc((size_t)nl, sizeof *d->Ab);
-    d->Gb = calloc((size_t)nl, sizeof *d->Gb);
-    d->Abt = calloc((size_t)nl, sizeof *d->Abt);
-    d->Gbt = calloc((size_t)nl, sizeof *d->Gbt);
-    if (d->names == NULL || d->ts == NULL || d->ver == NULL ||
-        d->vnames == NULL || d->fnames == NULL || d->perm == NULL ||
-        d->held == NULL ||
-        d->Ab == NULL || d->Gb == NULL || d->Abt == NULL || d->Gbt == NULL) {
-        keel__kfac_dist_free(d);
-        return keel__fail(KEEL_ENOMEM, "K-FAC roles: %d layers", nl);
-    }
-    st = keel_tensor_alloc(&d->one, 0, NULL);
+    st = dist_alloc_arrays(d, nl);
+    if (st == KEEL_OK)
+        st = keel_tensor_alloc(&d->one, 0, NULL);
     if (st == KEEL_OK)
         d->one.data[0] = 1.0f;
-    for (int i = 0; i < nl && st == KEEL_OK; i++) {
-        static const char *const leaf[4] = { "kfac_A", "kfac_G",
-                                             "kfac_A_inv", "kfac_G_inv" };
-        const char *scope;
-        size_t a, g;
-        keel_var *v;
-        st = keel_kfac_layer(k, i, &scope, &a, &g);
-        if (st == KEEL_OK)
-            st = version_name(k, i, d->vnames[i], sizeof d->vnames[i]);
-        for (int f = 0; f < 4 && st == KEEL_OK; f++)
-            st = keel__fmt(d->fnames[i][f], KEEL_NAME_MAX, "K-FAC name",
-                           "%s/%s", scope, leaf[f]);
-        if (st != KEEL_OK)
-            break;
-        if ((v = keel_vars_find(vs, d->vnames[i])) == NULL) {
-            st = keel__fail(KEEL_EINTERNAL, "K-FAC roles: no '%s'",
-                            d->vnames[i]);
-            break;
-        }
-        d->ver[i] = keel_var_tensor(v);
-        if (role == 1) {
-            int64_t as[2] = { (int64_t)a, (int64_t)a };
-            int64_t gs[2] = { (int64_t)g, (int64_t)g };
-            if ((st = keel_tensor_alloc(&d->Abt[i], 2, as)) != KEEL_OK ||
-                (st = keel_tensor_alloc(&d->Gbt[i], 2, gs)) != KEEL_OK)
-                break;
-            d->Ab[i] = d->Abt[i].data;
-            d->Gb[i] = d->Gbt[i].data;
-        }
-    }
+    for (int i = 0; i < nl && st == KEEL_OK; i++)
+        st = dist_init_layer(d, i);
     if (st != KEEL_OK) {
         keel__kfac_dist_free(d);
         return st;
@@ -479,6 +500,96 @@ keel__kfac_dist_role_apply(void *ctx, keel_vars *vs, keel_grads *g,
                         : inverse_apply(d, global_step);
 }
 
+/* One pull round: every layer's version (and at step 0 its statistics,
+ * which apply_update inverts then), then the inverses of the layers whose
+ * version moved, each with its version again. *pulled: how many layers'
+ * inverses came. The local store's versions are those of the local
+ * inverses, so the names array is rebuilt in place, nothing allocated. */
+static keel_status
+pull_new_inverses(keel__kfac_dist *d, int64_t global_step, int64_t *pulled)
+{
+    int64_t step = 0;
+    size_t n = 0;
+    keel_status st;
+    for (int i = 0; i < d->nl; i++) {
+        d->held[i] = d->ver[i]->data[0];
+        d->names[n++] = d->vnames[i];
+        if (global_step == 0) {     /* apply_update inverts at step 0 */
+            d->names[n++] = d->fnames[i][0];
+            d->names[n++] = d->fnames[i][1];
+        }
+    }
+    d->names[n++] = "kfac/ema_weight";
+    st = keel_cluster_backend_pull_vars(d->b, d->names, n, &step);
+    if (st != KEEL_OK)
+        return st;
+    n = 0;
+    for (int i = 0; i < d->nl; i++)
+        if (d->ver[i]->data[0] != d->held[i] || d->held[i] < 0.0f) {
+            d->names[n++] = d->fnames[i][2];
+            d->names[n++] = d->fnames[i][3];
+            d->names[n++] = d->vnames[i];
+        }
+    *pulled = (int64_t)n / 3;
+    if (n > 0 &&
+        (st = keel_cluster_backend_pull_vars(d->b, d->names, n, &step)) !=
+        KEEL_OK) {
+        /* the versions stand for inverses not pulled: pull all next */
+        for (int i = 0; i < d->nl; i++)
+            d->ver[i]->data[0] = -1.0f;
+        return st;
+    }
+    return KEEL_OK;
+}
+
+/* Whether every layer has inverses from the inverse workers. */
+static int
+has_every_inverse(const keel__kfac_dist *d)
+{
+    int missing = 0;
+    for (int i = 0; i < d->nl; i++)
+        missing |= d->ver[i]->data[0] < 0.0f;
+    return !missing;
+}
+
+/* Whether the chief may keep waiting for the first inverses: not once a
+ * signal came or cluster.step_timeout_secs passed since t0. */
+static keel_status
+may_keep_waiting(const keel__kfac_dist *d, double t0)
+{
+    if (keel_session_signal_received())
+        return keel__fail(KEEL_ECANCELLED, "K-FAC: signal while waiting "
+                          "for the inverse workers' first inverses");
+    if (d->wait_secs > 0 &&
+        (double)keel__now_mono_ns() / 1e9 - t0 > d->wait_secs)
+        return keel__fail(KEEL_ETIMEOUT, "K-FAC: no inverses of every "
+                          "layer from the inverse workers after %.0f s "
+                          "(cluster.step_timeout_secs): are the "
+                          "covariance and inverse workers running?",
+                          d->wait_secs);
+    return KEEL_OK;
+}
+
+/* How old the inverses preconditioning this step are: mean and worst. */
+static void
+log_staleness(const keel__kfac_dist *d, int64_t global_step)
+{
+    double sum = 0.0, worst = 0.0;
+    int wi = 0;
+    for (int i = 0; i < d->nl; i++) {
+        double s = (double)global_step - (double)d->ver[i]->data[0];
+        sum += s;
+        if (s > worst || i == 0) {
+            worst = s;
+            wi = i;
+        }
+    }
+    keel__log(KEEL_LOG_INFO, "K-FAC: step %lld preconditioned with "
+              "inverses %.1f steps old on average, at most %.0f ('%s')",
+              (long long)global_step, sum / d->nl, worst,
+              d->fnames[wi][2]);
+}
+
 keel_status
 keel__kfac_dist_chief_apply(void *ctx, keel_vars *vs, keel_grads *mean,
                             int64_t global_step)
@@ -486,76 +597,23 @@ keel__kfac_dist_chief_apply(void *ctx, keel_vars *vs, keel_grads *mean,
     keel__kfac_dist *d = ctx;
     int64_t t_pull = keel__now_mono_ns(), t_update;
     double t0 = (double)t_pull / 1e9;
-    int64_t step = 0, pulled = 0;
+    int64_t pulled = 0;
     int waited = 0;
     keel_status st;
     for (;;) {
-        size_t n = 0;
-        int missing = 0;
-        /* the versions first (the local store's are those of the local
-         * inverses), then the inverses of the layers whose version moved,
-         * each with its version again */
-        for (int i = 0; i < d->nl; i++) {
-            d->held[i] = d->ver[i]->data[0];
-            d->names[n++] = d->vnames[i];
-            if (global_step == 0) {     /* apply_update inverts at step 0 */
-                d->names[n++] = d->fnames[i][0];
-                d->names[n++] = d->fnames[i][1];
-            }
-        }
-        d->names[n++] = "kfac/ema_weight";
-        st = keel_cluster_backend_pull_vars(d->b, d->names, n, &step);
+        st = pull_new_inverses(d, global_step, &pulled);
         if (st != KEEL_OK)
             return st;
-        n = 0;
-        for (int i = 0; i < d->nl; i++)
-            if (d->ver[i]->data[0] != d->held[i] || d->held[i] < 0.0f) {
-                d->names[n++] = d->fnames[i][2];
-                d->names[n++] = d->fnames[i][3];
-                d->names[n++] = d->vnames[i];
-            }
-        pulled = (int64_t)n / 3;
-        if (n > 0 &&
-            (st = keel_cluster_backend_pull_vars(d->b, d->names, n, &step)) !=
-            KEEL_OK) {
-            /* the versions stand for inverses not pulled: pull all next */
-            for (int i = 0; i < d->nl; i++)
-                d->ver[i]->data[0] = -1.0f;
-            return st;
-        }
-        for (int i = 0; i < d->nl; i++)
-            missing |= d->ver[i]->data[0] < 0.0f;
-        if (!missing)
+        if (has_every_inverse(d))
             break;
-        if (keel_session_signal_received())
-            return keel__fail(KEEL_ECANCELLED, "K-FAC: signal while waiting "
-                              "for the inverse workers' first inverses");
+        st = may_keep_waiting(d, t0);
+        if (st != KEEL_OK)
+            return st;
         waited = 1;
-        if (d->wait_secs > 0 &&
-            (double)keel__now_mono_ns() / 1e9 - t0 > d->wait_secs)
-            return keel__fail(KEEL_ETIMEOUT, "K-FAC: no inverses of every "
-                              "layer from the inverse workers after %.0f s "
-                              "(cluster.step_timeout_secs): are the "
-                              "covariance and inverse workers running?",
-                              d->wait_secs);
         nap();
     }
-    if (d->log_every > 0 && global_step % d->log_every == 0) {
-        double sum = 0.0, worst = 0.0;
-        int wi = 0;
-        for (int i = 0; i < d->nl; i++) {
-            double s = (double)global_step - (double)d->ver[i]->data[0];
-            sum += s;
-            if (s > worst || i == 0) {
-                worst = s;
-                wi = i;
-            }
-        }
-        keel__log(KEEL_LOG_INFO, "K-FAC: step %lld preconditioned with "
-                  "inverses %.1f steps old on average, at most %.0f ('%s')",
-                  (long long)global_step, sum / d->nl, worst,
-                  d->fnames[wi][2]);
-    }
+    if (d->log_every > 0 && global_step % d->log_every == 0)
+        log_staleness(d, global_step);
     t_update = keel__now_mono_ns();
     st = keel_kfac_apply_update(d->k, vs, mean, global_step);
     if (!waited) {              /* not the wait for the first inverses */

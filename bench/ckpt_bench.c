@@ -102,151 +102,254 @@ emit(const char *op, int mib, double *v, int reps, const char *unit)
            mib, med, s[0], s[reps - 1], reps, unit);
 }
 
-int
-main(int argc, char **argv)
-{
-    const char *dir = "/tmp/keel_ckpt_bench";
-    char sizes[256] = "16,256,1024";
-    int reps = 3, round = 0;
-    char *tok, *save = NULL;
+/* The command line: see the usage at the top of this file. */
+typedef struct ckpt_opts {
+    const char *dir;
+    char sizes[256];
+    int reps;
+    int round;
+} ckpt_opts;
 
+/* One size's variables, savers and files, shared by its timed steps. */
+typedef struct size_run {
+    keel_vars *vs;
+    keel_saver *sync_s, *async_s;
+    char *scratch;
+    char raw_path[4096], ck_path[4096];
+    double gb;
+    int64_t step;
+} size_run;
+
+/* One sample per repetition of each quantity emitted. */
+typedef struct ckpt_samples {
+    double w_raw[64], w_keel[64], r_raw[64], r_keel[64], stall[64],
+           cpy[64], w_ratio[64], r_ratio[64], s_ratio[64];
+} ckpt_samples;
+
+static int
+parse_args(int argc, char **argv, ckpt_opts *o)
+{
+    o->dir = "/tmp/keel_ckpt_bench";
+    snprintf(o->sizes, sizeof o->sizes, "%s", "16,256,1024");
+    o->reps = 3;
+    o->round = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--dir") == 0 && i + 1 < argc)
-            dir = argv[++i];
+            o->dir = argv[++i];
         else if (strcmp(argv[i], "--sizes") == 0 && i + 1 < argc)
-            snprintf(sizes, sizeof sizes, "%s", argv[++i]);
+            snprintf(o->sizes, sizeof o->sizes, "%s", argv[++i]);
         else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc)
-            reps = atoi(argv[++i]);
+            o->reps = atoi(argv[++i]);
         else if (strcmp(argv[i], "--round") == 0 && i + 1 < argc)
-            round = atoi(argv[++i]);
+            o->round = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: ckpt_bench [--dir D] [--sizes 16,256] "
                     "[--reps N] [--round R]\n");
             return 2;
         }
     }
+    return 0;
+}
+
+/* N_VARS variables of mib MiB in all, filled with a fixed pattern. */
+static keel_vars *
+vars_of_size(int mib)
+{
+    size_t per = ((size_t)mib << 20) / N_VARS;
+    keel_vars *vs;
+    if (keel_vars_new(&vs) != KEEL_OK)
+        die("vars");
+    for (int i = 0; i < N_VARS; i++) {
+        char name[64];
+        int64_t shape[2] = { (int64_t)(per / 4 / 1024), 1024 };
+        keel_var *v;
+        keel_tensor *t;
+        snprintf(name, sizeof name, "layer%d/kernel", i);
+        if (keel_vars_create(vs, name, 2, shape, 0, &v) != KEEL_OK)
+            die("create");
+        t = keel_var_tensor(v);
+        for (size_t j = 0; j < t->count; j++)
+            t->data[j] = (float)(j % 1000) * 0.001f + (float)i;
+    }
+    return vs;
+}
+
+/* The variables, a scratch buffer for the memcpy, a sync saver in dir and
+ * an async one in dir/async whose staging buffer is already allocated. */
+static void
+size_run_open(size_run *sr, const char *dir, int mib)
+{
+    keel_saver_config cfg;
+    char adir[4096];
+    sr->gb = (double)((size_t)mib << 20) / 1e9;
+    sr->step = 0;
+    sr->vs = vars_of_size(mib);
+    sr->scratch = keel_aligned_alloc(keel_vars_bytes(sr->vs, 0));
+    memset(sr->scratch, 1, keel_vars_bytes(sr->vs, 0));
+    snprintf(sr->raw_path, sizeof sr->raw_path, "%s/raw-%d.bin", dir, mib);
+    snprintf(adir, sizeof adir, "%s/async", dir);
+    keel_saver_config_init(&cfg);
+    cfg.dir = dir;
+    cfg.max_to_keep = 1;
+    if (keel_saver_new(&cfg, &sr->sync_s) != KEEL_OK)
+        die("saver");
+    cfg.dir = adir;
+    cfg.is_async = 1;
+    if (keel_saver_new(&cfg, &sr->async_s) != KEEL_OK)
+        die("async saver");
+    /* Warm-up: allocate the staging buffer once. */
+    keel_vars_set_global_step(sr->vs, ++sr->step);
+    if (keel_saver_save(sr->async_s, sr->vs, NULL, NULL, 0) != KEEL_OK ||
+        keel_saver_wait(sr->async_s) != KEEL_OK)
+        die("async warm-up");
+}
+
+static void
+size_run_close(size_run *sr)
+{
+    keel_saver_free(sr->sync_s);
+    keel_saver_free(sr->async_s);
+    unlink(sr->raw_path);
+    keel_aligned_free(sr->scratch);
+    keel_vars_free(sr->vs);
+}
+
+/* One timed measurement of repetition r into sm. */
+typedef void timed_fn(size_run *sr, int r, ckpt_samples *sm);
+
+/* keel's measurement and its raw twin, keel's first when keel_first. */
+static void
+time_pair(timed_fn *keel, timed_fn *raw, size_run *sr, int r, int keel_first,
+          ckpt_samples *sm)
+{
+    if (keel_first == 1) {
+        keel(sr, r, sm);
+        raw(sr, r, sm);
+    } else {
+        raw(sr, r, sm);
+        keel(sr, r, sm);
+    }
+}
+
+static void
+time_keel_save(size_run *sr, int r, ckpt_samples *sm)
+{
+    double t0;
+    keel_vars_set_global_step(sr->vs, ++sr->step);
+    t0 = bench_now();
+    if (keel_saver_save(sr->sync_s, sr->vs, NULL, sr->ck_path,
+                        sizeof sr->ck_path) != KEEL_OK)
+        die("save");
+    sm->w_keel[r] = sr->gb / (bench_now() - t0);
+    /* Retention's unlink of the previous file runs on a thread; let it
+     * finish before the raw run. */
+    if (keel_saver_wait(sr->sync_s) != KEEL_OK)
+        die("wait");
+}
+
+static void
+time_raw_write(size_run *sr, int r, ckpt_samples *sm)
+{
+    double t0;
+    unlink(sr->raw_path);
+    t0 = bench_now();
+    raw_write(sr->raw_path, sr->vs);
+    sm->w_raw[r] = sr->gb / (bench_now() - t0);
+}
+
+/* keel's restore, from a cold page cache. */
+static void
+time_keel_restore(size_run *sr, int r, ckpt_samples *sm)
+{
+    double t0;
+    drop_cache(sr->ck_path);
+    t0 = bench_now();
+    if (keel_ckpt_restore(sr->ck_path, sr->vs, NULL, NULL) != KEEL_OK)
+        die("restore");
+    sm->r_keel[r] = sr->gb / (bench_now() - t0);
+}
+
+/* The raw read, from a cold page cache. */
+static void
+time_raw_read(size_run *sr, int r, ckpt_samples *sm)
+{
+    double t0;
+    drop_cache(sr->raw_path);
+    t0 = bench_now();
+    raw_read(sr->raw_path, sr->vs);
+    sm->r_raw[r] = sr->gb / (bench_now() - t0);
+}
+
+/* Async stall vs one memcpy of every variable. */
+static void
+time_async_stall(size_run *sr, int r, ckpt_samples *sm)
+{
+    double t0 = bench_now();
+    for (size_t i = 0, off = 0; i < keel_vars_count(sr->vs); i++) {
+        keel_tensor *t = keel_var_tensor(keel_vars_at(sr->vs, i));
+        memcpy(sr->scratch + off, t->data, keel_tensor_bytes(t));
+        off += keel_tensor_bytes(t);
+    }
+    sm->cpy[r] = (bench_now() - t0) * 1e3;
+    keel_vars_set_global_step(sr->vs, ++sr->step);
+    t0 = bench_now();
+    if (keel_saver_save(sr->async_s, sr->vs, NULL, NULL, 0) != KEEL_OK)
+        die("async save");
+    sm->stall[r] = (bench_now() - t0) * 1e3;
+    if (keel_saver_wait(sr->async_s) != KEEL_OK)
+        die("async wait");
+}
+
+static void
+emit_all(int mib, ckpt_samples *sm, int reps)
+{
+    emit("raw_write_fsync", mib, sm->w_raw, reps, "GB/s");
+    emit("keel_save", mib, sm->w_keel, reps, "GB/s");
+    emit("save_ratio_keel_over_raw", mib, sm->w_ratio, reps, "x");
+    emit("raw_read_cold", mib, sm->r_raw, reps, "GB/s");
+    emit("keel_restore_cold", mib, sm->r_keel, reps, "GB/s");
+    emit("restore_ratio_keel_over_raw", mib, sm->r_ratio, reps, "x");
+    emit("memcpy_vars", mib, sm->cpy, reps, "ms");
+    emit("async_stall", mib, sm->stall, reps, "ms");
+    emit("stall_ratio_over_memcpy", mib, sm->s_ratio, reps, "x");
+    fflush(stdout);
+}
+
+/* Every measurement at one size, reps times, then its JSON lines. */
+static void
+bench_size(const ckpt_opts *o, int mib)
+{
+    size_run sr;
+    ckpt_samples sm;
+    size_run_open(&sr, o->dir, mib);
+    for (int r = 0; r < o->reps; r++) {
+        int keel_first = (r + o->round) % 2;
+        time_pair(time_keel_save, time_raw_write, &sr, r, keel_first, &sm);
+        time_pair(time_keel_restore, time_raw_read, &sr, r, keel_first,
+                  &sm);
+        time_async_stall(&sr, r, &sm);
+        sm.w_ratio[r] = sm.w_keel[r] / sm.w_raw[r];
+        sm.r_ratio[r] = sm.r_keel[r] / sm.r_raw[r];
+        sm.s_ratio[r] = sm.stall[r] / sm.cpy[r];
+    }
+    emit_all(mib, &sm, o->reps);
+    size_run_close(&sr);
+}
+
+int
+main(int argc, char **argv)
+{
+    ckpt_opts o;
+    char *tok, *save = NULL;
+    if (parse_args(argc, argv, &o) != 0)
+        return 2;
     if (getenv("KEEL_BENCH_VERBOSE") != NULL)
         keel_log_set_handler(log_line, NULL, KEEL_LOG_DEBUG);
-    if (reps < 1 || reps > 64)
-        reps = 3;
-    mkdir(dir, 0755);
-    for (tok = strtok_r(sizes, ",", &save); tok != NULL;
-         tok = strtok_r(NULL, ",", &save)) {
-        int mib = atoi(tok);
-        size_t bytes = (size_t)mib << 20, per = bytes / N_VARS;
-        double gb = (double)bytes / 1e9;
-        double w_raw[64], w_keel[64], r_raw[64], r_keel[64], stall[64],
-               cpy[64], w_ratio[64], r_ratio[64], s_ratio[64];
-        keel_vars *vs;
-        keel_saver_config cfg;
-        keel_saver *sync_s, *async_s;
-        char raw_path[4096], ck_path[4096], adir[4096];
-        char *scratch;
-        int64_t step = 0;
-
-        if (keel_vars_new(&vs) != KEEL_OK)
-            die("vars");
-        for (int i = 0; i < N_VARS; i++) {
-            char name[64];
-            int64_t shape[2] = { (int64_t)(per / 4 / 1024), 1024 };
-            keel_var *v;
-            keel_tensor *t;
-            snprintf(name, sizeof name, "layer%d/kernel", i);
-            if (keel_vars_create(vs, name, 2, shape, 0, &v) != KEEL_OK)
-                die("create");
-            t = keel_var_tensor(v);
-            for (size_t j = 0; j < t->count; j++)
-                t->data[j] = (float)(j % 1000) * 0.001f + (float)i;
-        }
-        scratch = keel_aligned_alloc(keel_vars_bytes(vs, 0));
-        memset(scratch, 1, keel_vars_bytes(vs, 0));
-        snprintf(raw_path, sizeof raw_path, "%s/raw-%d.bin", dir, mib);
-        snprintf(adir, sizeof adir, "%s/async", dir);
-        keel_saver_config_init(&cfg);
-        cfg.dir = dir;
-        cfg.max_to_keep = 1;
-        if (keel_saver_new(&cfg, &sync_s) != KEEL_OK)
-            die("saver");
-        cfg.dir = adir;
-        cfg.is_async = 1;
-        if (keel_saver_new(&cfg, &async_s) != KEEL_OK)
-            die("async saver");
-        /* Warm-up: allocate the staging buffer once. */
-        keel_vars_set_global_step(vs, ++step);
-        if (keel_saver_save(async_s, vs, NULL, NULL, 0) != KEEL_OK ||
-            keel_saver_wait(async_s) != KEEL_OK)
-            die("async warm-up");
-        for (int r = 0; r < reps; r++) {
-            double t0;
-            int keel_first = (r + round) % 2;
-            for (int k = 0; k < 2; k++) {
-                if ((k == 0) == (keel_first == 1)) {
-                    keel_vars_set_global_step(vs, ++step);
-                    t0 = bench_now();
-                    if (keel_saver_save(sync_s, vs, NULL, ck_path,
-                                        sizeof ck_path) != KEEL_OK)
-                        die("save");
-                    w_keel[r] = gb / (bench_now() - t0);
-                    /* Retention's unlink of the previous file runs on a
-                     * thread; let it finish before the raw run. */
-                    if (keel_saver_wait(sync_s) != KEEL_OK)
-                        die("wait");
-                } else {
-                    unlink(raw_path);
-                    t0 = bench_now();
-                    raw_write(raw_path, vs);
-                    w_raw[r] = gb / (bench_now() - t0);
-                }
-            }
-            for (int k = 0; k < 2; k++) {
-                if ((k == 0) == (keel_first == 1)) {
-                    drop_cache(ck_path);
-                    t0 = bench_now();
-                    if (keel_ckpt_restore(ck_path, vs, NULL, NULL) !=
-                        KEEL_OK)
-                        die("restore");
-                    r_keel[r] = gb / (bench_now() - t0);
-                } else {
-                    drop_cache(raw_path);
-                    t0 = bench_now();
-                    raw_read(raw_path, vs);
-                    r_raw[r] = gb / (bench_now() - t0);
-                }
-            }
-            /* Async stall vs one memcpy of every variable. */
-            t0 = bench_now();
-            for (size_t i = 0, off = 0; i < keel_vars_count(vs); i++) {
-                keel_tensor *t = keel_var_tensor(keel_vars_at(vs, i));
-                memcpy(scratch + off, t->data, keel_tensor_bytes(t));
-                off += keel_tensor_bytes(t);
-            }
-            cpy[r] = (bench_now() - t0) * 1e3;
-            keel_vars_set_global_step(vs, ++step);
-            t0 = bench_now();
-            if (keel_saver_save(async_s, vs, NULL, NULL, 0) != KEEL_OK)
-                die("async save");
-            stall[r] = (bench_now() - t0) * 1e3;
-            if (keel_saver_wait(async_s) != KEEL_OK)
-                die("async wait");
-            w_ratio[r] = w_keel[r] / w_raw[r];
-            r_ratio[r] = r_keel[r] / r_raw[r];
-            s_ratio[r] = stall[r] / cpy[r];
-        }
-        emit("raw_write_fsync", mib, w_raw, reps, "GB/s");
-        emit("keel_save", mib, w_keel, reps, "GB/s");
-        emit("save_ratio_keel_over_raw", mib, w_ratio, reps, "x");
-        emit("raw_read_cold", mib, r_raw, reps, "GB/s");
-        emit("keel_restore_cold", mib, r_keel, reps, "GB/s");
-        emit("restore_ratio_keel_over_raw", mib, r_ratio, reps, "x");
-        emit("memcpy_vars", mib, cpy, reps, "ms");
-        emit("async_stall", mib, stall, reps, "ms");
-        emit("stall_ratio_over_memcpy", mib, s_ratio, reps, "x");
-        fflush(stdout);
-        keel_saver_free(sync_s);
-        keel_saver_free(async_s);
-        unlink(raw_path);
-        keel_aligned_free(scratch);
-        keel_vars_free(vs);
-    }
+    if (o.reps < 1 || o.reps > 64)
+        o.reps = 3;
+    mkdir(o.dir, 0755);
+    for (tok = strtok_r(o.sizes, ",", &save); tok != NULL;
+         tok = strtok_r(NULL, ",", &save))
+        bench_size(&o, atoi(tok));
     return 0;
 }

@@ -68,7 +68,6 @@ srv_main(void *arg)
         exit(1);                                                          \
     } while (0)
 
-/* One size: returns per-op seconds for each rep in secs[]. */
 static int g_mode = 3;      /* bit 0: push, bit 1: pull, 4: both at once,
                              * 5: both at once, pipelined in parts,
                              * 6: raw ZeroMQ */
@@ -81,106 +80,145 @@ count_reply(void *ctx, const keel__wire_msg *m)
     g_reply_count += m->n;
 }
 
+/* A variable server on its own thread and a client of it, with nvars
+ * gradients of per floats each to push. */
+typedef struct wire_run {
+    size_t mib, per;
+    int nvars;
+    keel_vars *vars;
+    srv s;
+    pthread_t th;
+    keel__wire_client *c;
+    keel_tensor *grads;
+    keel__wire_out *outs;
+    char (*names)[32];
+} wire_run;
+
+static void
+wire_run_open(wire_run *w, size_t mib, int nvars)
+{
+    keel__ps_config cfg = { .bind = "tcp://127.0.0.1:*",
+                            .serve = ps_skel_serve };
+    w->mib = mib;
+    w->nvars = nvars;
+    w->grads = calloc((size_t)nvars, sizeof *w->grads);
+    w->outs = calloc((size_t)nvars, sizeof *w->outs);
+    w->names = calloc((size_t)nvars, sizeof *w->names);
+    w->per = (mib << 20) / sizeof(float) / (size_t)nvars;
+    if (keel_vars_new(&w->vars) != KEEL_OK)
+        DIE("vars");
+    for (int i = 0; i < nvars; i++) {
+        int64_t shape[1] = { (int64_t)w->per };
+        keel_var *v;
+        snprintf(w->names[i], sizeof w->names[i], "layer%d/w", i);
+        if (keel_vars_create(w->vars, w->names[i], 1, shape,
+                             KEEL_VAR_TRAINABLE, &v) != KEEL_OK ||
+            keel_tensor_alloc(&w->grads[i], 1, shape) != KEEL_OK)
+            DIE("alloc");
+        for (size_t k = 0; k < w->per; k++)
+            w->grads[i].data[k] = 1e-3f;
+        w->outs[i].name = w->names[i];
+        w->outs[i].t = &w->grads[i];
+    }
+    cfg.vars = w->vars;
+    memset(&w->s, 0, sizeof w->s);
+    if (keel__ps_new(&cfg, &w->s.ps) != KEEL_OK)
+        DIE("ps");
+    pthread_create(&w->th, NULL, srv_main, &w->s);
+    if (keel__wire_client_new(keel__ps_endpoint(w->s.ps), NULL,
+                              KEEL_TASK_WORKER, 0, &w->c) != KEEL_OK)
+        DIE("client");
+}
+
+static void
+wire_run_close(wire_run *w)
+{
+    keel__wire_client_free(w->c);
+    atomic_store(&w->s.stop, 1);
+    pthread_join(w->th, NULL);
+    keel__ps_free(w->s.ps);
+    keel_vars_free(w->vars);
+    for (int i = 0; i < w->nvars; i++)
+        keel_tensor_release(&w->grads[i]);
+    free(w->grads);
+    free(w->outs);
+    free(w->names);
+}
+
+/* --mode pipelined: one PUSH with F_WANT_VALUES in parts of S/8 (at
+ * least 256 KiB). */
+static void
+push_pipelined(wire_run *w)
+{
+    size_t part = (w->mib << 20) / 8;
+    g_reply_count = 0;
+    if (keel__wire_client_push_parts(
+            w->c, w->outs, (size_t)w->nvars, part < (256u << 10)
+                                               ? (256u << 10) : part,
+            KEEL_WIRE_F_WANT_VALUES, 60000, count_reply, NULL)
+        != KEEL_OK)
+        DIE("pipelined push");
+    if (g_reply_count != (size_t)w->nvars)
+        DIE("pipelined push: %zu values", g_reply_count);
+}
+
+/* One operation of g_mode: what is timed. */
+static void
+wire_op(wire_run *w)
+{
+    keel__wire_header h = { .type = KEEL_MSG_PUSH };
+    keel__wire_msg m;
+    size_t nvars = (size_t)w->nvars;
+    if (g_mode == 5)
+        push_pipelined(w);
+    if (g_mode == 4) {
+        h.flags = KEEL_WIRE_F_WANT_VALUES;
+        if (keel__wire_client_call(w->c, &h, w->outs, nvars, 1, 60000, &m)
+            != KEEL_OK)
+            DIE("push+values");
+        if (m.n != nvars || m.tensors[0].t.count != w->per)
+            DIE("push+values reply shape");
+        keel__wire_msg_clear(&m);
+    }
+    if (g_mode & 1) {
+        if (keel__wire_client_call(w->c, &h, w->outs, nvars, 1, 60000, &m)
+            != KEEL_OK)
+            DIE("push");
+        keel__wire_msg_clear(&m);
+    }
+    if (g_mode & 2) {
+        memset(&h, 0, sizeof h);
+        h.type = KEEL_MSG_PULL;
+        h.flags = KEEL_WIRE_F_NAMES_ONLY;
+        if (keel__wire_client_call(w->c, &h, NULL, 0, 0, 60000, &m) !=
+            KEEL_OK)
+            DIE("pull");
+        if (m.n != nvars || m.tensors[0].t.count != w->per)
+            DIE("pull reply shape");
+        keel__wire_msg_clear(&m);
+    }
+}
+
+/* One size: returns per-op seconds for each rep in secs[]. */
 static void
 run_size(size_t mib, int nvars, int reps, size_t total_mib, double *secs,
          long *iters_out)
 {
-    keel_vars *vars;
-    keel__ps_config cfg = { .bind = "tcp://127.0.0.1:*",
-                            .serve = ps_skel_serve };
-    srv s;
-    pthread_t th;
-    keel__wire_client *c;
-    keel_tensor *grads = calloc((size_t)nvars, sizeof *grads);
-    keel__wire_out *outs = calloc((size_t)nvars, sizeof *outs);
-    char (*names)[32] = calloc((size_t)nvars, sizeof *names);
-    size_t per = (mib << 20) / sizeof(float) / (size_t)nvars;
+    wire_run w;
     long iters = (long)(total_mib / mib);
     if (iters < 3)
         iters = 3;
-
-    if (keel_vars_new(&vars) != KEEL_OK)
-        DIE("vars");
-    for (int i = 0; i < nvars; i++) {
-        int64_t shape[1] = { (int64_t)per };
-        keel_var *v;
-        snprintf(names[i], sizeof names[i], "layer%d/w", i);
-        if (keel_vars_create(vars, names[i], 1, shape, KEEL_VAR_TRAINABLE,
-                             &v) != KEEL_OK ||
-            keel_tensor_alloc(&grads[i], 1, shape) != KEEL_OK)
-            DIE("alloc");
-        for (size_t k = 0; k < per; k++)
-            grads[i].data[k] = 1e-3f;
-        outs[i].name = names[i];
-        outs[i].t = &grads[i];
-    }
-    cfg.vars = vars;
-    memset(&s, 0, sizeof s);
-    if (keel__ps_new(&cfg, &s.ps) != KEEL_OK)
-        DIE("ps");
-    pthread_create(&th, NULL, srv_main, &s);
-    if (keel__wire_client_new(keel__ps_endpoint(s.ps), NULL, KEEL_TASK_WORKER,
-                              0, &c) != KEEL_OK)
-        DIE("client");
+    wire_run_open(&w, mib, nvars);
     for (int r = -1; r < reps; r++) {       /* r = -1: warm-up */
         double t0 = now_s();
         long n = r < 0 ? 2 : iters;
-        for (long i = 0; i < n; i++) {
-            keel__wire_header h = { .type = KEEL_MSG_PUSH };
-            keel__wire_msg m;
-            if (g_mode == 5) {
-                size_t part = (mib << 20) / 8;
-                g_reply_count = 0;
-                if (keel__wire_client_push_parts(
-                        c, outs, (size_t)nvars, part < (256u << 10)
-                                                    ? (256u << 10) : part,
-                        KEEL_WIRE_F_WANT_VALUES, 60000, count_reply, NULL)
-                    != KEEL_OK)
-                    DIE("pipelined push");
-                if (g_reply_count != (size_t)nvars)
-                    DIE("pipelined push: %zu values", g_reply_count);
-            }
-            if (g_mode == 4) {
-                h.flags = KEEL_WIRE_F_WANT_VALUES;
-                if (keel__wire_client_call(c, &h, outs, (size_t)nvars, 1,
-                                           60000, &m) != KEEL_OK)
-                    DIE("push+values");
-                if (m.n != (size_t)nvars || m.tensors[0].t.count != per)
-                    DIE("push+values reply shape");
-                keel__wire_msg_clear(&m);
-            }
-            if (g_mode & 1) {
-                if (keel__wire_client_call(c, &h, outs, (size_t)nvars, 1,
-                                           60000, &m) != KEEL_OK)
-                    DIE("push");
-                keel__wire_msg_clear(&m);
-            }
-            if (g_mode & 2) {
-                memset(&h, 0, sizeof h);
-                h.type = KEEL_MSG_PULL;
-                h.flags = KEEL_WIRE_F_NAMES_ONLY;
-                if (keel__wire_client_call(c, &h, NULL, 0, 0, 60000, &m) !=
-                    KEEL_OK)
-                    DIE("pull");
-                if (m.n != (size_t)nvars || m.tensors[0].t.count != per)
-                    DIE("pull reply shape");
-                keel__wire_msg_clear(&m);
-            }
-        }
+        for (long i = 0; i < n; i++)
+            wire_op(&w);
         if (r >= 0)
             secs[r] = (now_s() - t0) / (double)n;
     }
     *iters_out = iters;
-    keel__wire_client_free(c);
-    atomic_store(&s.stop, 1);
-    pthread_join(th, NULL);
-    keel__ps_free(s.ps);
-    keel_vars_free(vars);
-    for (int i = 0; i < nvars; i++)
-        keel_tensor_release(&grads[i]);
-    free(grads);
-    free(outs);
-    free(names);
+    wire_run_close(&w);
 }
 
 /* --mode raw: plain ZeroMQ PUSH -> PULL, the ceiling keel's wire runs
@@ -278,81 +316,123 @@ raw_size(size_t mib, int reps, size_t total_mib)
     free(buf);
 }
 
-int
-main(int argc, char **argv)
+/* The command line: see the usage at the top of this file. */
+typedef struct bench_opts {
+    int reps, nvars;
+    size_t total_mib, sizes[16], nsizes;
+} bench_opts;
+
+/* exactly keel train's setting for cluster tasks (tools/cmd_train.c): keep
+ * freed message buffers instead of returning them to the kernel (no page
+ * faults on every receive), one arena for the zmq I/O thread that mallocs
+ * them and the thread that frees them. A process-wide knob for a program,
+ * never set by libkeel. */
+static int
+set_mallopt(void)
 {
-    int reps = 5, nvars = 16;
-    size_t total_mib = 256, sizes[16] = { 1, 16, 64 }, nsizes = 3;
+    if (!mallopt(M_MMAP_THRESHOLD, 32 << 20) ||
+        !mallopt(M_TRIM_THRESHOLD, 1 << 30) ||
+        !mallopt(M_ARENA_MAX, 1)) {
+        fprintf(stderr, "cluster_bench: mallopt refused\n");
+        return 1;
+    }
+    return 0;
+}
+
+static int
+mode_from_name(const char *name)
+{
+    return !strcmp(name, "push") ? 1
+           : !strcmp(name, "pull") ? 2
+           : !strcmp(name, "fused") ? 4
+           : !strcmp(name, "pipelined") ? 5
+           : !strcmp(name, "raw") ? 6 : 3;
+}
+
+static void
+parse_sizes(bench_opts *o, const char *list)
+{
+    char *d = strdup(list), *sv = NULL;
+    o->nsizes = 0;
+    for (char *p = strtok_r(d, ",", &sv); p && o->nsizes < 16;
+         p = strtok_r(NULL, ",", &sv))
+        o->sizes[o->nsizes++] = (size_t)atol(p);
+    free(d);
+}
+
+/* Returns -1 to go on, else the exit code. */
+static int
+parse_args(int argc, char **argv, bench_opts *o)
+{
+    *o = (bench_opts){ .reps = 5, .nvars = 16, .total_mib = 256,
+                       .sizes = { 1, 16, 64 }, .nsizes = 3 };
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--reps") && i + 1 < argc)
-            reps = atoi(argv[++i]);
+            o->reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--vars") && i + 1 < argc)
-            nvars = atoi(argv[++i]);
+            o->nvars = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--mallopt")) {
-            /* exactly keel train's setting for cluster tasks
-             * (tools/cmd_train.c): keep freed message buffers instead of
-             * returning them to the kernel (no page faults on every
-             * receive), one arena for the zmq I/O thread that mallocs
-             * them and the thread that frees them. A process-wide knob
-             * for a program, never set by libkeel. */
-            if (!mallopt(M_MMAP_THRESHOLD, 32 << 20) ||
-                !mallopt(M_TRIM_THRESHOLD, 1 << 30) ||
-                !mallopt(M_ARENA_MAX, 1)) {
-                fprintf(stderr, "cluster_bench: mallopt refused\n");
+            if (set_mallopt() != 0)
                 return 1;
-            }
         } else if (!strcmp(argv[i], "--mode") && i + 1 < argc)
-            g_mode = !strcmp(argv[++i], "push") ? 1
-                     : !strcmp(argv[i], "pull") ? 2
-                     : !strcmp(argv[i], "fused") ? 4
-                     : !strcmp(argv[i], "pipelined") ? 5
-                     : !strcmp(argv[i], "raw") ? 6 : 3;
+            g_mode = mode_from_name(argv[++i]);
         else if (!strcmp(argv[i], "--total-mib") && i + 1 < argc)
-            total_mib = (size_t)atol(argv[++i]);
-        else if (!strcmp(argv[i], "--sizes-mib") && i + 1 < argc) {
-            char *d = strdup(argv[++i]), *sv = NULL;
-            nsizes = 0;
-            for (char *p = strtok_r(d, ",", &sv); p && nsizes < 16;
-                 p = strtok_r(NULL, ",", &sv))
-                sizes[nsizes++] = (size_t)atol(p);
-            free(d);
-        } else {
+            o->total_mib = (size_t)atol(argv[++i]);
+        else if (!strcmp(argv[i], "--sizes-mib") && i + 1 < argc)
+            parse_sizes(o, argv[++i]);
+        else {
             fprintf(stderr, "usage: cluster_bench [--reps N] [--sizes-mib "
                     "1,16,64] [--vars K] [--total-mib T] [--mode "
                     "pushpull|fused|pipelined|push|pull|raw] [--mallopt]\n");
             return 2;
         }
     }
-    if (reps < 1 || reps > 100 || nvars < 1 || nvars > 1024)
-        return 2;
-    if (g_mode == 6) {
-        for (size_t si = 0; si < nsizes; si++)
-            raw_size(sizes[si], reps, total_mib);
-        return 0;
+    return -1;
+}
+
+/* One size through keel's wire: its JSON line. */
+static void
+keel_size(const bench_opts *o, size_t mib)
+{
+    int reps = o->reps;
+    double secs[100], alg[100], wire[100];
+    long iters;
+    size_t bytes = mib << 20;
+    run_size(mib, o->nvars, reps, o->total_mib, secs, &iters);
+    for (int r = 0; r < reps; r++) {
+        alg[r] = (double)bytes / secs[r] / 1e9;
+        wire[r] = 2.0 * (double)bytes / secs[r] / 1e9;
     }
-    for (size_t si = 0; si < nsizes; si++) {
-        double secs[100], alg[100], wire[100];
-        long iters;
-        size_t bytes = sizes[si] << 20;
-        run_size(sizes[si], nvars, reps, total_mib, secs, &iters);
-        for (int r = 0; r < reps; r++) {
-            alg[r] = (double)bytes / secs[r] / 1e9;
-            wire[r] = 2.0 * (double)bytes / secs[r] / 1e9;
-        }
-        qsort(alg, (size_t)reps, sizeof alg[0], cmp_d);
-        qsort(wire, (size_t)reps, sizeof wire[0], cmp_d);
-        qsort(secs, (size_t)reps, sizeof secs[0], cmp_d);
-        printf("{\"bench\":\"keel_%s\",\"mib\":%zu,\"bytes\":%zu,"
-               "\"vars\":%d,\"ops_per_rep\":%ld,\"reps\":%d,"
-               "\"unit\":\"GB/s\",\"algbw_median\":%.4f,\"algbw_min\":%.4f,"
-               "\"algbw_max\":%.4f,\"wire_median\":%.4f,"
-               "\"op_ms_median\":%.3f}\n",
-               g_mode == 5 ? "pushpull_pipelined"
-               : g_mode == 4 ? "pushpull_fused" : g_mode == 3 ? "pushpull"
-               : g_mode == 1 ? "push" : "pull",
-               sizes[si], bytes, nvars, iters, reps, alg[reps / 2], alg[0],
-               alg[reps - 1], wire[reps / 2], secs[reps / 2] * 1e3);
-        fflush(stdout);
+    qsort(alg, (size_t)reps, sizeof alg[0], cmp_d);
+    qsort(wire, (size_t)reps, sizeof wire[0], cmp_d);
+    qsort(secs, (size_t)reps, sizeof secs[0], cmp_d);
+    printf("{\"bench\":\"keel_%s\",\"mib\":%zu,\"bytes\":%zu,"
+           "\"vars\":%d,\"ops_per_rep\":%ld,\"reps\":%d,"
+           "\"unit\":\"GB/s\",\"algbw_median\":%.4f,\"algbw_min\":%.4f,"
+           "\"algbw_max\":%.4f,\"wire_median\":%.4f,"
+           "\"op_ms_median\":%.3f}\n",
+           g_mode == 5 ? "pushpull_pipelined"
+           : g_mode == 4 ? "pushpull_fused" : g_mode == 3 ? "pushpull"
+           : g_mode == 1 ? "push" : "pull",
+           mib, bytes, o->nvars, iters, reps, alg[reps / 2], alg[0],
+           alg[reps - 1], wire[reps / 2], secs[reps / 2] * 1e3);
+    fflush(stdout);
+}
+
+int
+main(int argc, char **argv)
+{
+    bench_opts o;
+    int rc = parse_args(argc, argv, &o);
+    if (rc >= 0)
+        return rc;
+    if (o.reps < 1 || o.reps > 100 || o.nvars < 1 || o.nvars > 1024)
+        return 2;
+    for (size_t si = 0; si < o.nsizes; si++) {
+        if (g_mode == 6)
+            raw_size(o.sizes[si], o.reps, o.total_mib);
+        else
+            keel_size(&o, o.sizes[si]);
     }
     return 0;
 }

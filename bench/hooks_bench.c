@@ -128,44 +128,53 @@ bare_loop(keel_vars *vs, float *g, int n_steps)
     return cpu_s() - t0;
 }
 
-int
-main(int argc, char **argv)
+/* The command line: see the usage at the top of this file. */
+typedef struct hooks_opts {
+    int reps;
+    int skip_zero;
+    int has_extra;
+    double ckpt_secs;
+} hooks_opts;
+
+/* One sample per repetition of each timed quantity. */
+typedef struct hooks_times {
+    double *with_h, *without_h, *keel_t, *bare_t, *share, *own;
+} hooks_times;
+
+static void
+times_alloc(hooks_times *t, int reps)
 {
-    int reps = argc > 1 ? atoi(argv[1]) : 7, r, i;
-    int skip_zero = argc > 3 ? atoi(argv[3]) : 1;
-    int has_extra = argc > 4 ? atoi(argv[4]) : 1;
-    double ckpt_secs = argc > 5 ? atof(argv[5]) : 0;
-    char dir[] = "/tmp/keel-hooks-bench-XXXXXX";
-    keel_training_config cfg;
-    keel_vars *vs;
-    keel_session *s;
-    keel_hook extra[3];
+    t->with_h = calloc((size_t)reps, sizeof *t->with_h);
+    t->without_h = calloc((size_t)reps, sizeof *t->without_h);
+    t->keel_t = calloc((size_t)reps, sizeof *t->keel_t);
+    t->bare_t = calloc((size_t)reps, sizeof *t->bare_t);
+    t->share = calloc((size_t)reps, sizeof *t->share);
+    t->own = calloc((size_t)reps, sizeof *t->own);
+}
+
+/* The inputs xs and the model's one variable, w of N_PARAMS floats. */
+static keel_status
+linear_model_new(keel_vars **vs)
+{
+    int64_t shape[1] = { N_PARAMS };
+    keel_status st;
+    for (int i = 0; i < N_PARAMS; i++)
+        xs[i] = (float)((i % 7) - 3) / 100.0f;
+    st = keel_vars_new(vs);
+    if (st == KEEL_OK)
+        st = keel_vars_create(*vs, "w", 1, shape, KEEL_VAR_TRAINABLE, NULL);
+    return st;
+}
+
+/* StopAtStep, NaN and Logging hooks that never trigger in the run. */
+static keel_status
+extra_hooks_new(keel_hook extra[3])
+{
+    static const char *names[] = { "loss" };
     keel_logging_hook_config lc;
     keel_stop_at_step_hook_config sc;
     keel_nan_hook_config nc;
-    const char *names[] = { "loss" };
-    int64_t shape[1];
-    double *with_h, *without_h, *keel_t, *bare_t, *share, *own;
-    float *g;
-    if (argc > 2)
-        N_PARAMS = atoi(argv[2]);
-    if (reps < 1 || N_PARAMS < 1 || N_PARAMS > MAX_PARAMS
-        || mkdtemp(dir) == NULL)
-        return 2;
-    shape[0] = N_PARAMS;
-    with_h = calloc((size_t)reps, sizeof *with_h);
-    without_h = calloc((size_t)reps, sizeof *without_h);
-    keel_t = calloc((size_t)reps, sizeof *keel_t);
-    bare_t = calloc((size_t)reps, sizeof *bare_t);
-    share = calloc((size_t)reps, sizeof *share);
-    own = calloc((size_t)reps, sizeof *own);
-    g = calloc(N_PARAMS, sizeof *g);
-    for (i = 0; i < N_PARAMS; i++)
-        xs[i] = (float)((i % 7) - 3) / 100.0f;
-    if (keel_vars_new(&vs) != KEEL_OK
-        || keel_vars_create(vs, "w", 1, shape, KEEL_VAR_TRAINABLE, NULL)
-           != KEEL_OK)
-        return 1;
+    keel_status st;
     keel_logging_hook_config_init(&lc);
     lc.names = names;
     lc.n_names = 1;
@@ -174,116 +183,170 @@ main(int argc, char **argv)
     sc.last_step = (int64_t)1 << 60;
     keel_nan_hook_config_init(&nc);
     nc.fail_on_inf = 1;
-    if (keel_stop_at_step_hook_new(&sc, &extra[0]) != KEEL_OK
-        || keel_nan_hook_new(&nc, &extra[1]) != KEEL_OK
-        || keel_logging_hook_new(&lc, &extra[2]) != KEEL_OK)
-        return 1;
-    keel_training_config_init(&cfg);
-    cfg.session.vars = vs;
-    cfg.session.step = linear_step;
-    cfg.session.updater.apply = sgd;
-    cfg.session.hooks = extra;
-    cfg.session.n_hooks = has_extra ? 3 : 0;
-    cfg.session.skip_grad_zeroing = skip_zero;   // the step writes them all
-    cfg.session.checkpoint_dir = dir;
+    st = keel_stop_at_step_hook_new(&sc, &extra[0]);
+    if (st == KEEL_OK)
+        st = keel_nan_hook_new(&nc, &extra[1]);
+    if (st == KEEL_OK)
+        st = keel_logging_hook_new(&lc, &extra[2]);
+    return st;
+}
+
+static void
+training_config_fill(keel_training_config *cfg, const hooks_opts *o,
+                     keel_vars *vs, keel_hook *extra, const char *dir)
+{
+    keel_training_config_init(cfg);
+    cfg->session.vars = vs;
+    cfg->session.step = linear_step;
+    cfg->session.updater.apply = sgd;
+    cfg->session.hooks = extra;
+    cfg->session.n_hooks = o->has_extra ? 3 : 0;
+    cfg->session.skip_grad_zeroing = o->skip_zero; // the step writes them all
+    cfg->session.checkpoint_dir = dir;
     /* Default hooks present but not triggering inside the timed loops. */
-    if (ckpt_secs > 0)
-        cfg.save_checkpoint_secs = ckpt_secs;
+    if (o->ckpt_secs > 0)
+        cfg->save_checkpoint_secs = o->ckpt_secs;
     else
-        cfg.save_checkpoint_steps = (int64_t)1 << 60;
-    cfg.log_step_count_steps = (int64_t)1 << 60;
-    cfg.save_summaries_steps = (int64_t)1 << 60;
+        cfg->save_checkpoint_steps = (int64_t)1 << 60;
+    cfg->log_step_count_steps = (int64_t)1 << 60;
+    cfg->save_summaries_steps = (int64_t)1 << 60;
+}
+
+/* (2) trivial step: 10,000 steps each of keel and bare, interleaved in
+ * chunks of 500 so machine noise hits both alike; then the attribution
+ * pass, the same steps with the callbacks timed. Returns 0, or 1 when a
+ * step fails. */
+static int
+time_trivial_step(keel_session *s, keel_vars *vs, float *g, int r,
+                  hooks_times *t)
+{
+    double t0, tk;
+    int chunk, i;
+    t->bare_t[r] = t->keel_t[r] = 0;
+    user_s = 0;
+    for (chunk = 0; chunk < N_STEPS / 500; chunk++) {
+        t->bare_t[r] += bare_loop(vs, keel_g != NULL ? keel_g : g, 500);
+        t0 = cpu_s();
+        for (i = 0; i < 500; i++)
+            if (keel_session_run(s, NULL) != KEEL_OK)
+                return 1;
+        t->keel_t[r] += cpu_s() - t0;
+    }
+    t->share[r] = (t->keel_t[r] - t->bare_t[r]) / t->keel_t[r];
+    user_s = 0;
+    is_instrumented = 1;
+    t0 = bench_now();
+    for (i = 0; i < N_STEPS; i++)
+        if (keel_session_run(s, NULL) != KEEL_OK)
+            return 1;
+    tk = bench_now() - t0;
+    is_instrumented = 0;
+    t->own[r] = (tk - user_s) / tk;
+    return 0;
+}
+
+/* (1) the hook chain alone: an empty step, without and with hooks. */
+static void
+time_hook_chain(keel_session *s, int r, hooks_times *t)
+{
+    int chunk, i;
+    t->without_h[r] = t->with_h[r] = 0;
+    for (chunk = 0; chunk < N_STEPS / 500; chunk++) {
+        double t0 = cpu_s();
+        for (i = 0; i < 500; i++)
+            keel_session_run_without_hooks(s, NULL);
+        t->without_h[r] += cpu_s() - t0;
+        t0 = cpu_s();
+        for (i = 0; i < 500; i++)
+            keel_session_run(s, NULL);
+        t->with_h[r] += cpu_s() - t0;
+    }
+}
+
+static void
+print_table(const hooks_opts *o, hooks_times *t)
+{
+    int reps = o->reps;
+    double mh = bench_median(t->with_h, reps) / N_STEPS * 1e9;
+    double mw = bench_median(t->without_h, reps) / N_STEPS * 1e9;
+    double mk = bench_median(t->keel_t, reps) / N_STEPS * 1e9;
+    double mb = bench_median(t->bare_t, reps) / N_STEPS * 1e9;
+    printf("hooks: %s, none triggering; checkpoint timer %s; %d "
+           "parameters; gradient zeroing %s; medians of %d x %d "
+           "steps\n", o->has_extra ?
+           "6 hooks (step_counter, summary_saver, checkpoint_saver, "
+           "stop_at_step, nan_tensor, logging)" : "3 hooks (the "
+           "MonitoredTrainingSession defaults: step_counter, "
+           "summary_saver, checkpoint_saver)",
+           o->ckpt_secs > 0 ? "time based" : "step based", N_PARAMS,
+           o->skip_zero ? "off" : "on", reps, N_STEPS);
+    printf("| quantity | median ns/step |\n|---|---|\n");
+    printf("| empty step, run_without_hooks (baseline) | %.1f |\n", mw);
+    printf("| empty step, run with %d hooks | %.1f |\n",
+           o->has_extra ? 6 : 3, mh);
+    printf("| hook-chain overhead per step | %.1f |\n", mh - mw);
+    printf("| trivial step, bare loop (baseline) | %.1f |\n", mb);
+    printf("| trivial step, keel_session_run + %d hooks | %.1f |\n",
+           o->has_extra ? 6 : 3, mk);
+    printf("| share in keel: (keel run - bare loop) / keel run | "
+           "%.2f %% |\n", 100.0 * bench_median(t->share, reps));
+    printf("| share in keel: time outside the callbacks (timed "
+           "callbacks, own pass) | %.2f %% |\n",
+           100.0 * bench_median(t->own, reps));
+}
+
+static int
+remove_dir(const char *dir)
+{
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    return system(cmd) != 0 ? 1 : 0;
+}
+
+int
+main(int argc, char **argv)
+{
+    hooks_opts o;
+    hooks_times t;
+    char dir[] = "/tmp/keel-hooks-bench-XXXXXX";
+    keel_training_config cfg;
+    keel_vars *vs;
+    keel_session *s;
+    keel_hook extra[3];
+    float *g;
+    int r, i;
+    o.reps = argc > 1 ? atoi(argv[1]) : 7;
+    o.skip_zero = argc > 3 ? atoi(argv[3]) : 1;
+    o.has_extra = argc > 4 ? atoi(argv[4]) : 1;
+    o.ckpt_secs = argc > 5 ? atof(argv[5]) : 0;
+    if (argc > 2)
+        N_PARAMS = atoi(argv[2]);
+    if (o.reps < 1 || N_PARAMS < 1 || N_PARAMS > MAX_PARAMS
+        || mkdtemp(dir) == NULL)
+        return 2;
+    times_alloc(&t, o.reps);
+    g = calloc(N_PARAMS, sizeof *g);
+    if (linear_model_new(&vs) != KEEL_OK || extra_hooks_new(extra) != KEEL_OK)
+        return 1;
+    training_config_fill(&cfg, &o, vs, extra, dir);
     if (keel_training_session_new(&cfg, &s) != KEEL_OK) {
         fprintf(stderr, "session: %s\n", keel_last_error());
         return 1;
     }
-    for (r = 0; r < reps; r++) {
-        int chunk;
-        /* (2) trivial step: 10,000 steps each of keel and bare, interleaved
-         * in chunks of 500 so machine noise hits both alike. */
-        bare_t[r] = keel_t[r] = 0;
-        user_s = 0;
-        for (chunk = 0; chunk < N_STEPS / 500; chunk++) {
-            double t0;
-            bare_t[r] += bare_loop(vs, keel_g != NULL ? keel_g : g, 500);
-            t0 = cpu_s();
-            for (i = 0; i < 500; i++)
-                if (keel_session_run(s, NULL) != KEEL_OK)
-                    return 1;
-            keel_t[r] += cpu_s() - t0;
-        }
-        share[r] = (keel_t[r] - bare_t[r]) / keel_t[r];
-        /* Attribution pass: the same steps with the callbacks timed. */
-        {
-            double t0, tk;
-            user_s = 0;
-            is_instrumented = 1;
-            t0 = bench_now();
-            for (i = 0; i < N_STEPS; i++)
-                if (keel_session_run(s, NULL) != KEEL_OK)
-                    return 1;
-            tk = bench_now() - t0;
-            is_instrumented = 0;
-            own[r] = (tk - user_s) / tk;
-        }
-    }
+    for (r = 0; r < o.reps; r++)
+        if (time_trivial_step(s, vs, g, r, &t) != 0)
+            return 1;
     keel_session_free(s);
-    /* (1) the hook chain alone: empty step, with and without hooks. */
     cfg.session.step = empty_step;
     cfg.session.updater.apply = NULL;
     if (keel_training_session_new(&cfg, &s) != KEEL_OK)
         return 1;
-    for (r = 0; r < reps; r++) {
-        int chunk;
-        without_h[r] = with_h[r] = 0;
-        for (chunk = 0; chunk < N_STEPS / 500; chunk++) {
-            double t0 = cpu_s();
-            for (i = 0; i < 500; i++)
-                keel_session_run_without_hooks(s, NULL);
-            without_h[r] += cpu_s() - t0;
-            t0 = cpu_s();
-            for (i = 0; i < 500; i++)
-                keel_session_run(s, NULL);
-            with_h[r] += cpu_s() - t0;
-        }
-    }
+    for (r = 0; r < o.reps; r++)
+        time_hook_chain(s, r, &t);
     keel_session_free(s);
     for (i = 0; i < 3; i++)
         keel_hook_release(&extra[i]);
     keel_vars_free(vs);
-    {
-        double mh = bench_median(with_h, reps) / N_STEPS * 1e9;
-        double mw = bench_median(without_h, reps) / N_STEPS * 1e9;
-        double mk = bench_median(keel_t, reps) / N_STEPS * 1e9;
-        double mb = bench_median(bare_t, reps) / N_STEPS * 1e9;
-        printf("hooks: %s, none triggering; checkpoint timer %s; %d "
-               "parameters; gradient zeroing %s; medians of %d x %d "
-               "steps\n", has_extra ?
-               "6 hooks (step_counter, summary_saver, checkpoint_saver, "
-               "stop_at_step, nan_tensor, logging)" : "3 hooks (the "
-               "MonitoredTrainingSession defaults: step_counter, "
-               "summary_saver, checkpoint_saver)",
-               ckpt_secs > 0 ? "time based" : "step based", N_PARAMS,
-               skip_zero ? "off" : "on", reps, N_STEPS);
-        printf("| quantity | median ns/step |\n|---|---|\n");
-        printf("| empty step, run_without_hooks (baseline) | %.1f |\n", mw);
-        printf("| empty step, run with %d hooks | %.1f |\n",
-               has_extra ? 6 : 3, mh);
-        printf("| hook-chain overhead per step | %.1f |\n", mh - mw);
-        printf("| trivial step, bare loop (baseline) | %.1f |\n", mb);
-        printf("| trivial step, keel_session_run + %d hooks | %.1f |\n",
-               has_extra ? 6 : 3, mk);
-        printf("| share in keel: (keel run - bare loop) / keel run | "
-               "%.2f %% |\n", 100.0 * bench_median(share, reps));
-        printf("| share in keel: time outside the callbacks (timed "
-               "callbacks, own pass) | %.2f %% |\n",
-               100.0 * bench_median(own, reps));
-    }
-    {
-        char cmd[256];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-        if (system(cmd) != 0)
-            return 1;
-    }
-    return 0;
+    print_table(&o, &t);
+    return remove_dir(dir);
 }

@@ -108,75 +108,113 @@ timed(run *r, keel_data_iter *it, int64_t batch, int steps, int64_t *step,
     return bench_median(blk, nb);
 }
 
-int
-main(int argc, char **argv)
+/* The command line: see the usage at the top of this file. */
+typedef struct kfac_opts {
+    const char *model, *dir;
+    int64_t batch, ie, ce;
+    int steps, rounds;
+} kfac_opts;
+
+static int
+parse_args(int argc, char **argv, kfac_opts *o)
 {
-    const char *model = "mlp", *dir = "/usr/share/datasets/fashion-mnist";
-    int64_t batch = 64, ie = 10, ce = 1;
-    int steps = 300, rounds = 3;
-    keel_model_kind kind;
-    keel_dataset *ds;
-    char img[1024], lab[1024];
+    *o = (kfac_opts){ .model = "mlp",
+                      .dir = "/usr/share/datasets/fashion-mnist",
+                      .batch = 64, .ie = 10, .ce = 1,
+                      .steps = 300, .rounds = 3 };
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--model") == 0)
-            model = argv[i + 1];
+            o->model = argv[i + 1];
         else if (strcmp(argv[i], "--batch") == 0)
-            batch = atoll(argv[i + 1]);
+            o->batch = atoll(argv[i + 1]);
         else if (strcmp(argv[i], "--steps") == 0)
-            steps = atoi(argv[i + 1]);
+            o->steps = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--rounds") == 0)
-            rounds = atoi(argv[i + 1]);
+            o->rounds = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--invert-every") == 0)
-            ie = atoll(argv[i + 1]);
+            o->ie = atoll(argv[i + 1]);
         else if (strcmp(argv[i], "--cov-update-every") == 0)
-            ce = atoll(argv[i + 1]);
+            o->ce = atoll(argv[i + 1]);
         else if (strcmp(argv[i], "--data") == 0)
-            dir = argv[i + 1];
+            o->dir = argv[i + 1];
         else {
             fprintf(stderr, "kfac_bench: unknown option %s\n", argv[i]);
             return 2;
         }
     }
-    check(keel_model_kind_from_name(model, &kind), "--model");
-    snprintf(img, sizeof img, "%s/train-images-idx3-ubyte.gz", dir);
-    snprintf(lab, sizeof lab, "%s/train-labels-idx1-ubyte.gz", dir);
+    return 0;
+}
+
+/* One optimizer's turn in a round (use_kfac: K-FAC, else Adam) on a fresh
+ * model and iterator: a warm-up, then steps timed with the profile on
+ * (read into *p for K-FAC). Seconds per step; CPU seconds in *cpu. */
+static double
+time_optimizer(const kfac_opts *o, keel_model_kind kind,
+               const keel_dataset *ds, int use_kfac, double *cpu,
+               keel_train_profile *p)
+{
+    run ru;
+    keel_data_iter *it;
+    keel_data_iter_config ic;
+    int64_t step = 0;
+    double t, cw;
+    keel_data_iter_config_init(&ic);
+    ic.global_batch_size = o->batch;
+    check(keel_data_iter_new(ds, &ic, &it), "iterator");
+    run_new(&ru, kind, o->batch, use_kfac, o->ie, o->ce, ds);
+    timed(&ru, it, o->batch, 20, &step, &cw);      /* warm-up */
+    keel_train_profile_reset();
+    keel_train_profile_enable(1);
+    t = timed(&ru, it, o->batch, o->steps, &step, cpu);
+    keel_train_profile_enable(0);
+    if (use_kfac)
+        keel_train_profile_get(p);
+    run_free(&ru);
+    keel_data_iter_free(it);
+    return t;
+}
+
+static void
+print_round(const kfac_opts *o, int r, const double t[2], const double c[2],
+            const keel_train_profile *p)
+{
+    int steps = o->steps;
+    printf("{\"round\": %d, \"model\": \"%s\", \"batch\": %lld, "
+           "\"invert_every\": %lld, \"cov_update_every\": %lld, "
+           "\"corename\": \"%s\", "
+           "\"adam_ms\": %.4f, \"kfac_ms\": %.4f, \"ratio\": %.3f, "
+           "\"adam_cpu_ms\": %.4f, \"kfac_cpu_ms\": %.4f, "
+           "\"cpu_ratio\": %.3f, "
+           "\"kfac_stats_ms\": %.4f, \"kfac_invert_ms\": %.4f, "
+           "\"kfac_precond_ms\": %.4f}\n",
+           r, o->model, (long long)o->batch, (long long)o->ie,
+           (long long)o->ce, keel_train_blas_corename(), t[0] * 1e3,
+           t[1] * 1e3, t[1] / t[0], c[0] * 1e3, c[1] * 1e3, c[1] / c[0],
+           (double)p->kfac_stats_ns / 1e6 / steps,
+           (double)p->kfac_invert_ns / 1e6 / steps,
+           (double)p->kfac_precond_ns / 1e6 / steps);
+    fflush(stdout);
+}
+
+int
+main(int argc, char **argv)
+{
+    kfac_opts o;
+    keel_model_kind kind;
+    keel_dataset *ds;
+    char img[1024], lab[1024];
+    if (parse_args(argc, argv, &o) != 0)
+        return 2;
+    check(keel_model_kind_from_name(o.model, &kind), "--model");
+    snprintf(img, sizeof img, "%s/train-images-idx3-ubyte.gz", o.dir);
+    snprintf(lab, sizeof lab, "%s/train-labels-idx1-ubyte.gz", o.dir);
     check(keel_dataset_open_idx(img, lab, 10, &ds), "dataset");
-    for (int r = 0; r < rounds; r++) {
-        double t[2], c[2], cw;
+    for (int r = 0; r < o.rounds; r++) {
+        double t[2], c[2];
         keel_train_profile p;
-        for (int k = 0; k < 2; k++) {
-            run ru;
-            keel_data_iter *it;
-            keel_data_iter_config ic;
-            int64_t step = 0;
-            keel_data_iter_config_init(&ic);
-            ic.global_batch_size = batch;
-            check(keel_data_iter_new(ds, &ic, &it), "iterator");
-            run_new(&ru, kind, batch, k, ie, ce, ds);
-            timed(&ru, it, batch, 20, &step, &cw);      /* warm-up */
-            keel_train_profile_reset();
-            keel_train_profile_enable(1);
-            t[k] = timed(&ru, it, batch, steps, &step, &c[k]);
-            keel_train_profile_enable(0);
-            if (k == 1)
-                keel_train_profile_get(&p);
-            run_free(&ru);
-            keel_data_iter_free(it);
-        }
-        printf("{\"round\": %d, \"model\": \"%s\", \"batch\": %lld, "
-               "\"invert_every\": %lld, \"cov_update_every\": %lld, "
-               "\"corename\": \"%s\", "
-               "\"adam_ms\": %.4f, \"kfac_ms\": %.4f, \"ratio\": %.3f, "
-               "\"adam_cpu_ms\": %.4f, \"kfac_cpu_ms\": %.4f, "
-               "\"cpu_ratio\": %.3f, "
-               "\"kfac_stats_ms\": %.4f, \"kfac_invert_ms\": %.4f, "
-               "\"kfac_precond_ms\": %.4f}\n",
-               r, model, (long long)batch, (long long)ie, (long long)ce,
-               keel_train_blas_corename(), t[0] * 1e3, t[1] * 1e3,
-               t[1] / t[0], c[0] * 1e3, c[1] * 1e3, c[1] / c[0], (double)p.kfac_stats_ns / 1e6 / steps,
-               (double)p.kfac_invert_ns / 1e6 / steps,
-               (double)p.kfac_precond_ns / 1e6 / steps);
-        fflush(stdout);
+        for (int k = 0; k < 2; k++)     /* Adam, then K-FAC */
+            t[k] = time_optimizer(&o, kind, ds, k, &c[k], &p);
+        print_round(&o, r, t, c, &p);
     }
     keel_dataset_free(ds);
     return 0;

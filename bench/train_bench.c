@@ -176,12 +176,111 @@ typedef struct setting {
     int blas, model;
 } setting;
 
+/* Where the first setting's timed steps spent their time: the profile's
+ * parts (gemm, im2col, elementwise, optimizer, direct convolution), the
+ * data iterator's, and the total. */
+typedef struct time_split {
+    double part[5], data, total;
+} time_split;
+
+/* How many steps of r take about seg_s seconds (at least 10), after 5
+ * warm-up steps. */
+static int
+steps_per_segment(run *r, double seg_s)
+{
+    double t0;
+    int nsteps;
+    steps(r, 5);
+    t0 = bench_now();
+    steps(r, 10);
+    nsteps = (int)(seg_s / ((bench_now() - t0) / 10));
+    return nsteps < 10 ? 10 : nsteps;
+}
+
+/* nsteps timed steps of r under set (after 2 untimed ones): examples/s.
+ * The profile runs only with one model thread; with split != NULL its
+ * times and the data time are added there. */
+static double
+time_setting(run *r, const setting *set, int nsteps, time_split *split)
+{
+    keel_train_profile p;
+    double t0, eps;
+    keel_train_set_threads(set->blas);
+    steps(r, 2);
+    keel_train_profile_reset();
+    keel_train_profile_enable(set->model == 1);
+    data_s = 0;
+    t0 = bench_now();
+    steps(r, nsteps);
+    eps = (double)nsteps * (double)r->batch / (bench_now() - t0);
+    keel_train_profile_enable(0);
+    if (split != NULL) {
+        keel_train_profile_get(&p);
+        split->part[0] += (double)p.gemm_ns * 1e-9;
+        split->part[1] += (double)p.im2col_ns * 1e-9;
+        split->part[2] += (double)p.elementwise_ns * 1e-9;
+        split->part[3] += (double)p.optimizer_ns * 1e-9;
+        split->part[4] += (double)p.conv_direct_ns * 1e-9;
+        split->data += data_s;
+        split->total += (double)nsteps * (double)r->batch / eps;
+    }
+    return eps;
+}
+
+static void
+print_tput(const char *model, int64_t batch, const setting *set,
+           int nsteps, double *res, int reps, double flops,
+           const double *peak)
+{
+    double lo = res[0], hi = res[0], med;
+    int cores = set->blas * set->model;
+    for (int i = 1; i < reps; i++) {
+        lo = res[i] < lo ? res[i] : lo;
+        hi = res[i] > hi ? res[i] : hi;
+    }
+    med = bench_median(res, reps);
+    printf("{\"bench\": \"keel_train_tput\", \"model\": \"%s\", "
+           "\"batch\": %lld, \"threads\": \"%s\", \"blas_threads\": %d, "
+           "\"model_threads\": %d, \"corename\": \"%s\", "
+           "\"steps_per_rep\": %d, \"unit\": \"examples/s\", "
+           "\"median\": %.1f, \"min\": %.1f, \"max\": %.1f, \"reps\": %d, "
+           "\"gflops\": %.1f, \"sgemm_peak_gflops\": %.1f, "
+           "\"pct_of_peak\": %.1f}\n",
+           model, (long long)batch, set->name, set->blas,
+           set->model, keel_train_blas_corename(), nsteps, med, lo, hi,
+           reps, med * flops / 1e9, peak[cores > 1],
+           100.0 * med * flops / 1e9 / peak[cores > 1]);
+}
+
+static void
+print_split(const char *model, int64_t batch, const setting *set,
+            const time_split *sp)
+{
+    const double *part = sp->part;
+    double total_s = sp->total;
+    printf("{\"bench\": \"keel_train_split\", \"model\": \"%s\", \"batch\": "
+           "%lld, \"threads\": \"%s\", \"gemm_pct\": %.1f, "
+           "\"im2col_pct\": %.1f, "
+           "\"elementwise_pct\": %.1f, \"optimizer_pct\": %.1f, "
+           "\"conv_direct_pct\": %.1f, "
+           "\"data_pct\": %.1f, \"other_pct\": %.1f}\n",
+           model, (long long)batch, set->name,
+           100 * part[0] / total_s, 100 * part[1] / total_s,
+           100 * part[2] / total_s, 100 * part[3] / total_s,
+           100 * part[4] / total_s, 100 * sp->data / total_s,
+           100 * (total_s - part[0] - part[1] - part[2] - part[3] -
+                  part[4] - sp->data) / total_s);
+}
+
+/* Examples/s of model at batch under each of the nt thread settings,
+ * interleaved rep by rep, and the first setting's time split. */
 static void
 throughput(const char *model, int64_t batch, const setting *set, int nt,
            int reps, double seg_s, const keel_dataset *train, double *peak)
 {
     run r[4];
-    double res[4][64], split[5] = { 0 }, split_data = 0, total_s = 0;
+    double res[4][64];
+    time_split split = { { 0 }, 0, 0 };
     int nsteps;
     double flops;
     for (int t = 0; t < nt; t++)
@@ -189,72 +288,16 @@ throughput(const char *model, int64_t batch, const setting *set, int nt,
                 set[t].model);
     flops = keel_model_flops_per_example(r[0].net.m);
     keel_train_set_threads(set[nt - 1].blas);
-    steps(&r[nt - 1], 5);
-    {
-        double t0 = bench_now();
-        steps(&r[nt - 1], 10);
-        nsteps = (int)(seg_s / ((bench_now() - t0) / 10));
-        if (nsteps < 10)
-            nsteps = 10;
-    }
-    for (int rep = 0; rep < reps; rep++) {
-        for (int t = 0; t < nt; t++) {
-            keel_train_profile p;
-            double t0;
-            keel_train_set_threads(set[t].blas);
-            steps(&r[t], 2);
-            keel_train_profile_reset();
-            keel_train_profile_enable(set[t].model == 1);
-            data_s = 0;
-            t0 = bench_now();
-            steps(&r[t], nsteps);
-            res[t][rep] = (double)nsteps * (double)batch / (bench_now() - t0);
-            keel_train_profile_enable(0);
-            if (t == 0) {
-                keel_train_profile_get(&p);
-                split[0] += (double)p.gemm_ns * 1e-9;
-                split[1] += (double)p.im2col_ns * 1e-9;
-                split[2] += (double)p.elementwise_ns * 1e-9;
-                split[3] += (double)p.optimizer_ns * 1e-9;
-                split[4] += (double)p.conv_direct_ns * 1e-9;
-                split_data += data_s;
-                total_s += (double)nsteps * (double)batch / res[t][rep];
-            }
-        }
-    }
+    nsteps = steps_per_segment(&r[nt - 1], seg_s);
+    for (int rep = 0; rep < reps; rep++)
+        for (int t = 0; t < nt; t++)
+            res[t][rep] = time_setting(&r[t], &set[t], nsteps,
+                                       t == 0 ? &split : NULL);
     for (int t = 0; t < nt; t++) {
-        double lo = res[t][0], hi = res[t][0], med;
-        int cores = set[t].blas * set[t].model;
-        for (int i = 1; i < reps; i++) {
-            lo = res[t][i] < lo ? res[t][i] : lo;
-            hi = res[t][i] > hi ? res[t][i] : hi;
-        }
-        med = bench_median(res[t], reps);
-        printf("{\"bench\": \"keel_train_tput\", \"model\": \"%s\", "
-               "\"batch\": %lld, \"threads\": \"%s\", \"blas_threads\": %d, "
-               "\"model_threads\": %d, \"corename\": \"%s\", "
-               "\"steps_per_rep\": %d, \"unit\": \"examples/s\", "
-               "\"median\": %.1f, \"min\": %.1f, \"max\": %.1f, \"reps\": %d, "
-               "\"gflops\": %.1f, \"sgemm_peak_gflops\": %.1f, "
-               "\"pct_of_peak\": %.1f}\n",
-               model, (long long)batch, set[t].name, set[t].blas,
-               set[t].model, keel_train_blas_corename(), nsteps, med, lo, hi,
-               reps, med * flops / 1e9, peak[cores > 1],
-               100.0 * med * flops / 1e9 / peak[cores > 1]);
+        print_tput(model, batch, &set[t], nsteps, res[t], reps, flops, peak);
         run_free(&r[t]);
     }
-    printf("{\"bench\": \"keel_train_split\", \"model\": \"%s\", \"batch\": "
-           "%lld, \"threads\": \"%s\", \"gemm_pct\": %.1f, "
-           "\"im2col_pct\": %.1f, "
-           "\"elementwise_pct\": %.1f, \"optimizer_pct\": %.1f, "
-           "\"conv_direct_pct\": %.1f, "
-           "\"data_pct\": %.1f, \"other_pct\": %.1f}\n",
-           model, (long long)batch, set[0].name,
-           100 * split[0] / total_s, 100 * split[1] / total_s,
-           100 * split[2] / total_s, 100 * split[3] / total_s,
-           100 * split[4] / total_s, 100 * split_data / total_s,
-           100 * (total_s - split[0] - split[1] - split[2] - split[3] -
-                  split[4] - split_data) / total_s);
+    print_split(model, batch, &set[0], &split);
     fflush(stdout);
 }
 
@@ -301,55 +344,65 @@ usage(void)
     exit(2);
 }
 
-int
-main(int argc, char **argv)
+/* The command line: see usage(). */
+typedef struct train_opts {
+    const char *mode, *models, *batches, *tlist;
+    int model_threads, reps, epochs, threads;
+    double seg;
+    uint64_t seed;
+    keel_init_kind init;
+} train_opts;
+
+static void
+parse_args(int argc, char **argv, train_opts *o)
 {
-    const char *mode = NULL, *models = "mlp,cnn", *batches = "64,256";
-    const char *tlist = "1,2,m2";
-    int model_threads = 1;
-    int reps = 5, epochs = 5, threads = 2;
-    double seg = 1.5, peak[2] = { 0, 0 };
-    uint64_t seed = 0;
-    keel_init_kind init = KEEL_INIT_GLOROT;
-    setting tl[4];
-    int nt = 0, is_throughput;
-    char buf[256], *tok, *save;
-    keel_dataset *train, *test = NULL;
+    *o = (train_opts){ .models = "mlp,cnn", .batches = "64,256",
+                       .tlist = "1,2,m2", .model_threads = 1, .reps = 5,
+                       .epochs = 5, .threads = 2, .seg = 1.5,
+                       .init = KEEL_INIT_GLOROT };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (v == NULL)
             usage();
         i++;
         if (!strcmp(a, "--mode"))
-            mode = v;
+            o->mode = v;
         else if (!strcmp(a, "--models"))
-            models = v;
+            o->models = v;
         else if (!strcmp(a, "--batches"))
-            batches = v;
+            o->batches = v;
         else if (!strcmp(a, "--threads-list"))
-            tlist = v;
+            o->tlist = v;
         else if (!strcmp(a, "--reps"))
-            reps = atoi(v);
+            o->reps = atoi(v);
         else if (!strcmp(a, "--seg-seconds"))
-            seg = atof(v);
+            o->seg = atof(v);
         else if (!strcmp(a, "--epochs"))
-            epochs = atoi(v);
+            o->epochs = atoi(v);
         else if (!strcmp(a, "--model-threads"))
-            model_threads = atoi(v);
+            o->model_threads = atoi(v);
         else if (!strcmp(a, "--threads"))
-            threads = atoi(v);
+            o->threads = atoi(v);
         else if (!strcmp(a, "--seed"))
-            seed = strtoull(v, NULL, 10);
+            o->seed = strtoull(v, NULL, 10);
         else if (!strcmp(a, "--init")) {
-            if (keel_init_kind_from_name(v, &init) != KEEL_OK)
+            if (keel_init_kind_from_name(v, &o->init) != KEEL_OK)
                 die("--init");
         } else if (!strcmp(a, "--data"))
             data_dir = v;
         else
             usage();
     }
-    if (mode == NULL || reps < 1 || reps > 64)
+    if (o->mode == NULL || o->reps < 1 || o->reps > 64)
         usage();
+}
+
+/* --threads-list into tl (at most 4 settings); returns how many. */
+static int
+parse_thread_list(const char *tlist, setting tl[4])
+{
+    char buf[256], *tok, *save;
+    int nt = 0;
     snprintf(buf, sizeof buf, "%s", tlist);
     for (tok = strtok_r(buf, ",", &save); tok != NULL && nt < 4;
          tok = strtok_r(NULL, ",", &save)) {
@@ -360,35 +413,58 @@ main(int argc, char **argv)
             usage();
         nt++;
     }
+    return nt;
+}
+
+/* The sgemm peak with 1 and 2 OpenBLAS threads, printed and kept in
+ * peak[0] and peak[1]. */
+static void
+measure_peaks(double peak[2])
+{
+    for (int t = 0; t < 2; t++) {
+        keel_train_set_threads(t + 1);
+        peak[t] = sgemm_peak(2048, 3);
+        printf("{\"bench\": \"keel_sgemm_peak\", \"n\": 2048, "
+               "\"threads\": %d, \"corename\": \"%s\", \"gflops\": "
+               "%.1f}\n", t + 1, keel_train_blas_corename(), peak[t]);
+    }
+}
+
+int
+main(int argc, char **argv)
+{
+    train_opts o;
+    double peak[2] = { 0, 0 };
+    setting tl[4];
+    int nt, is_throughput;
+    char buf[256], *tok, *save;
+    keel_dataset *train, *test = NULL;
+    parse_args(argc, argv, &o);
+    nt = parse_thread_list(o.tlist, tl);
     train = load("train");
-    is_throughput = !strcmp(mode, "throughput");
+    is_throughput = !strcmp(o.mode, "throughput");
     if (is_throughput) {
-        for (int t = 0; t < 2; t++) {
-            keel_train_set_threads(t + 1);
-            peak[t] = sgemm_peak(2048, 3);
-            printf("{\"bench\": \"keel_sgemm_peak\", \"n\": 2048, "
-                   "\"threads\": %d, \"corename\": \"%s\", \"gflops\": "
-                   "%.1f}\n", t + 1, keel_train_blas_corename(), peak[t]);
-        }
-    } else if (!strcmp(mode, "accuracy")) {
+        measure_peaks(peak);
+    } else if (!strcmp(o.mode, "accuracy")) {
         test = load("t10k");
-        keel_train_set_threads(threads);
+        keel_train_set_threads(o.threads);
     } else {
         usage();
     }
     /* every model with every batch size */
-    snprintf(buf, sizeof buf, "%s", models);
+    snprintf(buf, sizeof buf, "%s", o.models);
     for (tok = strtok_r(buf, ",", &save); tok != NULL;
          tok = strtok_r(NULL, ",", &save)) {
         char b2[128], *t2, *s2;
-        snprintf(b2, sizeof b2, "%s", batches);
+        snprintf(b2, sizeof b2, "%s", o.batches);
         for (t2 = strtok_r(b2, ",", &s2); t2 != NULL;
              t2 = strtok_r(NULL, ",", &s2)) {
             if (is_throughput)
-                throughput(tok, atoll(t2), tl, nt, reps, seg, train, peak);
+                throughput(tok, atoll(t2), tl, nt, o.reps, o.seg, train,
+                           peak);
             else
-                accuracy(tok, atoll(t2), epochs, seed, init, model_threads,
-                         train, test);
+                accuracy(tok, atoll(t2), o.epochs, o.seed, o.init,
+                         o.model_threads, train, test);
         }
     }
     keel_dataset_free(test);

@@ -50,6 +50,36 @@ step(void *ctx, keel_step *st)
     return keel_step_set_value(st, "loss", loss);
 }
 
+/* The synthetic set: y = 3x - 2 plus a little noise, the same in every
+ * task (a fixed seed). */
+static void
+make_data(data *d)
+{
+    uint32_t r = 12345;
+    for (int i = 0; i < N; i++) {
+        r = r * 1664525u + 1013904223u;
+        d->x[i] = (float)i / N * 4 - 2;
+        d->y[i] = 3 * d->x[i] - 2 + ((float)(r >> 8) / (1 << 24) - 0.5f) * 0.1f;
+    }
+}
+
+/* The model's variables. Every task (the ps too) creates the same
+ * variables in the same order: that is how they agree on which ps holds
+ * which. */
+static keel_status
+create_variables(keel_vars **vs)
+{
+    int64_t one[1] = { 1 };
+    keel_status st = keel_vars_new(vs);
+    if (st == KEEL_OK)
+        st = keel_vars_create(*vs, "linear/w", 1, one, KEEL_VAR_TRAINABLE,
+                              NULL);
+    if (st == KEEL_OK)
+        st = keel_vars_create(*vs, "linear/b", 1, one, KEEL_VAR_TRAINABLE,
+                              NULL);
+    return st;
+}
+
 static void
 log_line(void *ctx, keel_log_level level, const char *msg)
 {
@@ -63,7 +93,6 @@ main(int argc, char **argv)
     const char *dir = argc > 1 ? argv[1] : "custom_step_run";
     long steps = argc > 2 ? strtol(argv[2], NULL, 10) : 200;
     const char *rule = argc > 3 ? argv[3] : NULL;
-    int64_t one[1] = { 1 };
     keel_vars *vs = NULL;
     keel_cluster_spec *cluster = NULL;
     keel_session *s = NULL;
@@ -75,24 +104,13 @@ main(int argc, char **argv)
     keel_training_config cfg;
     keel_status st;
     data d;
-    uint32_t r = 12345;
 
     keel_log_set_handler(log_line, NULL, KEEL_LOG_INFO);
-    for (int i = 0; i < N; i++) {
-        r = r * 1664525u + 1013904223u;
-        d.x[i] = (float)i / N * 4 - 2;
-        d.y[i] = 3 * d.x[i] - 2 + ((float)(r >> 8) / (1 << 24) - 0.5f) * 0.1f;
-    }
-    /* Every task (the ps too) creates the same variables in the same
-     * order: that is how they agree on which ps holds which. */
+    make_data(&d);
     keel_algorithm_config_init(&algo, KEEL_ALGORITHM_SYNC);
     st = rule != NULL ? keel_algorithm_from_name(rule, &algo.name) : KEEL_OK;
     if (st == KEEL_OK)
-        st = keel_vars_new(&vs);
-    if (st == KEEL_OK)
-        st = keel_vars_create(vs, "linear/w", 1, one, KEEL_VAR_TRAINABLE, NULL);
-    if (st == KEEL_OK)
-        st = keel_vars_create(vs, "linear/b", 1, one, KEEL_VAR_TRAINABLE, NULL);
+        st = create_variables(&vs);
     keel_optimizer_config_init(&sgd, KEEL_OPT_SGD);
     sgd.schedule.learning_rate = 0.1;
     keel_cluster_options_init(&copts);

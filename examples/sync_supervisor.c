@@ -71,6 +71,54 @@ apply_local(void *ctx, keel_vars *vs, keel_grads *g, int64_t global_step)
     return keel_optimizer_apply(ctx, vs, g, global_step);
 }
 
+/* The synthetic set, the same in every task (a fixed seed). */
+static void
+make_data(run *r)
+{
+    uint32_t seed = 7;
+    for (int i = 0; i < SET; i++) {
+        double z = 0.5;
+        for (int j = 0; j < DIM; j++) {
+            seed = seed * 1664525u + 1013904223u;
+            r->x[i][j] = (float)(seed >> 8) / (1 << 24) * 2 - 1;
+            z += (j % 2 ? -1.0 : 1.0) * (j + 1) * r->x[i][j];
+        }
+        r->y[i] = z > 0 ? 1.0f : 0.0f;
+    }
+}
+
+/* every task creates the same variables in the same order */
+static keel_status
+create_variables(keel_vars **vs)
+{
+    int64_t wshape[1] = { DIM }, bshape[1] = { 1 };
+    keel_status st = keel_vars_new(vs);
+    if (st == KEEL_OK)
+        st = keel_vars_create(*vs, "logreg/w", 1, wshape, KEEL_VAR_TRAINABLE,
+                              NULL);
+    if (st == KEEL_OK)
+        st = keel_vars_create(*vs, "logreg/b", 1, bshape, KEEL_VAR_TRAINABLE,
+                              NULL);
+    return st;
+}
+
+/* The training loop: steps until the supervisor should stop; the chief
+ * requests the stop at max_steps. */
+static keel_status
+train(keel_supervisor *sv, long max_steps)
+{
+    keel_status st = KEEL_OK;
+    while (st == KEEL_OK && !keel_supervisor_should_stop(sv)) {
+        st = keel_supervisor_run_step(sv, NULL);
+        if (st == KEEL_EOUTOFRANGE)          /* the chief stopped the ps */
+            st = KEEL_OK;
+        else if (st == KEEL_OK && keel_session_global_step(
+                     keel_supervisor_session(sv)) >= max_steps)
+            keel_supervisor_request_stop(sv, "max_steps reached");
+    }
+    return st;
+}
+
 static void
 log_line(void *ctx, keel_log_level level, const char *msg)
 {
@@ -83,7 +131,6 @@ main(int argc, char **argv)
 {
     const char *logdir = argc > 1 ? argv[1] : "sync_supervisor_run";
     long max_steps = argc > 2 ? strtol(argv[2], NULL, 10) : 300;
-    int64_t wshape[1] = { DIM }, bshape[1] = { 1 };
     keel_vars *vs = NULL;
     keel_cluster_spec *spec = NULL;
     keel_cluster_backend *cluster = NULL;
@@ -95,26 +142,10 @@ main(int argc, char **argv)
     keel_cluster_options copts;
     keel_status st, stop_st;
     static run r;
-    uint32_t seed = 7;
 
     keel_log_set_handler(log_line, NULL, KEEL_LOG_INFO);
-    for (int i = 0; i < SET; i++) {
-        double z = 0.5;
-        for (int j = 0; j < DIM; j++) {
-            seed = seed * 1664525u + 1013904223u;
-            r.x[i][j] = (float)(seed >> 8) / (1 << 24) * 2 - 1;
-            z += (j % 2 ? -1.0 : 1.0) * (j + 1) * r.x[i][j];
-        }
-        r.y[i] = z > 0 ? 1.0f : 0.0f;
-    }
-    /* every task creates the same variables in the same order */
-    st = keel_vars_new(&vs);
-    if (st == KEEL_OK)
-        st = keel_vars_create(vs, "logreg/w", 1, wshape, KEEL_VAR_TRAINABLE,
-                              NULL);
-    if (st == KEEL_OK)
-        st = keel_vars_create(vs, "logreg/b", 1, bshape, KEEL_VAR_TRAINABLE,
-                              NULL);
+    make_data(&r);
+    st = create_variables(&vs);
     keel_optimizer_config_init(&adagrad, KEEL_OPT_ADAGRAD);
     adagrad.schedule.learning_rate = 0.5;
     keel_cluster_options_init(&copts);
@@ -171,14 +202,8 @@ main(int argc, char **argv)
         st = KEEL_OK;
         goto out;
     }
-    while (st == KEEL_OK && !keel_supervisor_should_stop(sv)) {
-        st = keel_supervisor_run_step(sv, NULL);
-        if (st == KEEL_EOUTOFRANGE)          /* the chief stopped the ps */
-            st = KEEL_OK;
-        else if (st == KEEL_OK && keel_session_global_step(
-                     keel_supervisor_session(sv)) >= max_steps)
-            keel_supervisor_request_stop(sv, "max_steps reached");
-    }
+    if (st == KEEL_OK)
+        st = train(sv, max_steps);
     /* the chief writes the final checkpoint and stops the ps */
     stop_st = keel_supervisor_stop(sv);
     if (st == KEEL_OK)

@@ -333,6 +333,59 @@ find_entry(const keel_ckpt_entry *e, size_t n, const keel_ckpt_entry *key)
     return NULL;
 }
 
+/* The largest |a[j] - b[j]|, INFINITY where either is NaN. */
+static double
+max_abs_diff(const keel_tensor *ta, const keel_tensor *tb)
+{
+    double maxd = 0;
+    for (size_t j = 0; j < ta->count; j++) {
+        double d = fabs((double)ta->data[j] - (double)tb->data[j]);
+        if (isnan(d))
+            d = INFINITY;
+        if (d > maxd)
+            maxd = d;
+    }
+    return maxd;
+}
+
+/* Entry a of file pa against its namesake b (NULL: none) of file pb: prints
+ * a line and sets *differs when they differ. CLI_OK, or a usage error when
+ * a tensor cannot be read. */
+static int
+diff_entry(const char *pa, const char *pb, const keel_ckpt_entry *a,
+           const keel_ckpt_entry *b, int *differs)
+{
+    char label[600], sa[96], sb[96];
+    keel_tensor ta, tb;
+    entry_label(label, sizeof label, a);
+    if (b == NULL) {
+        printf("only in A   %s\n", label);
+        *differs = 1;
+        return CLI_OK;
+    }
+    if (!keel_shape_equal(a->ndim, a->shape, b->ndim, b->shape)) {
+        fmt_shape(sa, sizeof sa, a);
+        fmt_shape(sb, sizeof sb, b);
+        printf("shape       %s: %s vs %s\n", label, sa, sb);
+        *differs = 1;
+        return CLI_OK;
+    }
+    if (keel_ckpt_read_tensor(pa, a->name, a->slot, &ta) != KEEL_OK)
+        return cli_error(CLI_USAGE, "ckpt diff: %s", keel_last_error());
+    if (keel_ckpt_read_tensor(pb, b->name, b->slot, &tb) != KEEL_OK) {
+        keel_tensor_release(&ta);
+        return cli_error(CLI_USAGE, "ckpt diff: %s", keel_last_error());
+    }
+    if (memcmp(ta.data, tb.data, ta.count * sizeof(float)) != 0) {
+        printf("differs     %-50s max_abs_diff %.9g\n", label,
+               max_abs_diff(&ta, &tb));
+        *differs = 1;
+    }
+    keel_tensor_release(&ta);
+    keel_tensor_release(&tb);
+    return CLI_OK;
+}
+
 static int
 ckpt_diff(int argc, char **argv)
 {
@@ -361,51 +414,9 @@ ckpt_diff(int argc, char **argv)
         cli_fail(st, "ckpt diff");
         return CLI_USAGE;
     }
-    for (size_t i = 0; i < na && rc == CLI_OK; i++) {
-        const keel_ckpt_entry *o = find_entry(eb, nb, &ea[i]);
-        char label[600], sa[96], sb[96];
-        keel_tensor ta, tb;
-        double maxd = 0;
-        int equal;
-        entry_label(label, sizeof label, &ea[i]);
-        if (o == NULL) {
-            printf("only in A   %s\n", label);
-            differs = 1;
-            continue;
-        }
-        if (!keel_shape_equal(ea[i].ndim, ea[i].shape, o->ndim, o->shape)) {
-            fmt_shape(sa, sizeof sa, &ea[i]);
-            fmt_shape(sb, sizeof sb, o);
-            printf("shape       %s: %s vs %s\n", label, sa, sb);
-            differs = 1;
-            continue;
-        }
-        if (keel_ckpt_read_tensor(argv[1], ea[i].name, ea[i].slot, &ta) !=
-            KEEL_OK) {
-            rc = cli_error(CLI_USAGE, "ckpt diff: %s", keel_last_error());
-            break;
-        }
-        if (keel_ckpt_read_tensor(argv[2], o->name, o->slot, &tb) !=
-            KEEL_OK) {
-            keel_tensor_release(&ta);
-            rc = cli_error(CLI_USAGE, "ckpt diff: %s", keel_last_error());
-            break;
-        }
-        equal = memcmp(ta.data, tb.data, ta.count * sizeof(float)) == 0;
-        for (size_t j = 0; !equal && j < ta.count; j++) {
-            double d = fabs((double)ta.data[j] - (double)tb.data[j]);
-            if (isnan(d))
-                d = INFINITY;
-            if (d > maxd)
-                maxd = d;
-        }
-        if (!equal) {
-            printf("differs     %-50s max_abs_diff %.9g\n", label, maxd);
-            differs = 1;
-        }
-        keel_tensor_release(&ta);
-        keel_tensor_release(&tb);
-    }
+    for (size_t i = 0; i < na && rc == CLI_OK; i++)
+        rc = diff_entry(argv[1], argv[2], &ea[i], find_entry(eb, nb, &ea[i]),
+                        &differs);
     for (size_t i = 0; i < nb && rc == CLI_OK; i++) {
         char label[600];
         if (find_entry(ea, na, &eb[i]) != NULL)

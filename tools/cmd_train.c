@@ -140,7 +140,110 @@ on_epoch(void *ctx, const keel_job_epoch *e)
     fflush(stdout);
 }
 
-/* Shared by train and eval: CONFIG and -s/-v options. */
+/* The cluster keel_cluster_spec_from_slurm derives from Slurm's
+ * environment, with [cluster] num_ps and port_base. */
+static keel_status
+spec_from_slurm(const keel_config *cfg, keel_cluster_spec **spec)
+{
+    keel_cluster_slurm_options so;
+    keel_cluster_slurm_options_init(&so);
+    so.num_ps = (int)keel_config_int(cfg, "cluster.num_ps");
+    so.port_base = (int)keel_config_int(cfg, "cluster.port_base");
+    return keel_cluster_spec_from_slurm(&so, spec);
+}
+
+/* Whether the config's [cluster] lists any task. */
+static int
+config_lists_cluster(const keel_config *cfg)
+{
+    return keel_config_str(cfg, "cluster.ps")[0] != '\0' ||
+           keel_config_str(cfg, "cluster.workers")[0] != '\0' ||
+           keel_config_str(cfg, "cluster.chief")[0] != '\0';
+}
+
+/* --task TYPE:INDEX into *tt and *idx; a usage error naming it otherwise. */
+static int
+parse_task(const char *task, keel_task_type *tt, long *idx)
+{
+    char type[32];
+    const char *colon = task ? strchr(task, ':') : NULL;
+    char *end;
+    if (task == NULL)
+        return cli_error(CLI_USAGE, "the config lists a [cluster]: say "
+                         "which task this is with --task TYPE:INDEX "
+                         "(e.g. --task worker:0)");
+    if (colon == NULL || (size_t)(colon - task) >= sizeof type)
+        return cli_error(CLI_USAGE, "--task '%s': expected TYPE:INDEX "
+                         "(chief:0, worker:1, ps:0)", task);
+    memcpy(type, task, (size_t)(colon - task));
+    type[colon - task] = '\0';
+    *idx = strtol(colon + 1, &end, 10);
+    if (keel_task_type_from_name(type, tt) != KEEL_OK || *end != '\0' ||
+        end == colon + 1 || *idx < 0 || *idx > 65535)
+        return cli_error(CLI_USAGE, "--task '%s': expected TYPE:INDEX "
+                         "with TYPE chief, worker or ps", task);
+    return CLI_OK;
+}
+
+/* The cluster the config's [cluster] lists, this process being --task.
+ * A usage error for a bad --task; otherwise CLI_OK with *st the status of
+ * building the spec. */
+static int
+spec_from_lists(const keel_config *cfg, const char *task,
+                keel_cluster_spec **spec, keel_status *st)
+{
+    keel_task_type tt;
+    long idx = 0;
+    int rc = parse_task(task, &tt, &idx);
+    if (rc != CLI_OK)
+        return rc;
+    *st = keel_cluster_spec_new(spec);
+    if (*st == KEEL_OK)
+        *st = keel_cluster_spec_add_list(*spec, KEEL_TASK_CHIEF,
+                                         keel_config_str(cfg,
+                                                         "cluster.chief"));
+    if (*st == KEEL_OK)
+        *st = keel_cluster_spec_add_list(*spec, KEEL_TASK_PS,
+                                         keel_config_str(cfg, "cluster.ps"));
+    if (*st == KEEL_OK)
+        *st = keel_cluster_spec_add_list(*spec, KEEL_TASK_WORKER,
+                                         keel_config_str(cfg,
+                                                         "cluster.workers"));
+    if (*st == KEEL_OK)
+        *st = keel_cluster_spec_set_task(*spec, tt, (int)idx);
+    if (*st == KEEL_OK && keel_config_is_async(cfg, NULL))
+        keel_cluster_spec_set_mode(*spec, KEEL_CLUSTER_ASYNC);
+    return CLI_OK;
+}
+
+/* TF: a cluster of one task (only the chief) is local, master ''; an
+ * evaluator beside it still evaluates */
+static int
+runs_locally(const keel_cluster_spec *spec)
+{
+    return keel_cluster_spec_task_type(spec) != KEEL_TASK_EVALUATOR &&
+           (keel_cluster_spec_is_local(spec) ||
+            (keel_cluster_spec_num_tasks(spec, KEEL_TASK_CHIEF) == 1 &&
+             keel_cluster_spec_num_tasks(spec, KEEL_TASK_PS) == 0 &&
+             keel_cluster_spec_num_tasks(spec, KEEL_TASK_WORKER) == 0));
+}
+
+/* The config's sync/async mode and replica counts, then validation. */
+static keel_status
+spec_apply_config(const keel_config *cfg, keel_cluster_spec *spec)
+{
+    int mode_set = 0, is_async = keel_config_is_async(cfg, &mode_set);
+    if (mode_set)
+        keel_cluster_spec_set_mode(spec, is_async ? KEEL_CLUSTER_ASYNC
+                                                  : KEEL_CLUSTER_SYNC);
+    if (keel_config_int(cfg, "cluster.replicas_to_aggregate") > 0 ||
+        keel_config_int(cfg, "cluster.total_num_replicas") > 0)
+        keel_cluster_spec_set_replicas(spec,
+            (int)keel_config_int(cfg, "cluster.replicas_to_aggregate"),
+            (int)keel_config_int(cfg, "cluster.total_num_replicas"));
+    return keel_cluster_spec_validate(spec);
+}
+
 int
 cli_resolve_cluster(const keel_config *cfg, const char *task,
                     keel_cluster_spec **out)
@@ -148,54 +251,16 @@ cli_resolve_cluster(const keel_config *cfg, const char *task,
     keel_cluster_spec *spec = NULL;
     const char *tf = getenv("TF_CONFIG");
     keel_status st;
+    int rc;
     *out = NULL;
     if (tf != NULL && tf[0] != '\0') {
         st = keel_cluster_spec_from_env(&spec);
     } else if (getenv("SLURM_PROCID") != NULL) {
-        keel_cluster_slurm_options so;
-        keel_cluster_slurm_options_init(&so);
-        so.num_ps = (int)keel_config_int(cfg, "cluster.num_ps");
-        so.port_base = (int)keel_config_int(cfg, "cluster.port_base");
-        st = keel_cluster_spec_from_slurm(&so, &spec);
-    } else if (keel_config_str(cfg, "cluster.ps")[0] != '\0' ||
-               keel_config_str(cfg, "cluster.workers")[0] != '\0' ||
-               keel_config_str(cfg, "cluster.chief")[0] != '\0') {
-        char type[32];
-        const char *colon = task ? strchr(task, ':') : NULL;
-        keel_task_type tt;
-        char *end;
-        long idx;
-        if (task == NULL)
-            return cli_error(CLI_USAGE, "the config lists a [cluster]: say "
-                             "which task this is with --task TYPE:INDEX "
-                             "(e.g. --task worker:0)");
-        if (colon == NULL || (size_t)(colon - task) >= sizeof type)
-            return cli_error(CLI_USAGE, "--task '%s': expected TYPE:INDEX "
-                             "(chief:0, worker:1, ps:0)", task);
-        memcpy(type, task, (size_t)(colon - task));
-        type[colon - task] = '\0';
-        idx = strtol(colon + 1, &end, 10);
-        if (keel_task_type_from_name(type, &tt) != KEEL_OK || *end != '\0' ||
-            end == colon + 1 || idx < 0 || idx > 65535)
-            return cli_error(CLI_USAGE, "--task '%s': expected TYPE:INDEX "
-                             "with TYPE chief, worker or ps", task);
-        st = keel_cluster_spec_new(&spec);
-        if (st == KEEL_OK)
-            st = keel_cluster_spec_add_list(spec, KEEL_TASK_CHIEF,
-                                            keel_config_str(cfg,
-                                                            "cluster.chief"));
-        if (st == KEEL_OK)
-            st = keel_cluster_spec_add_list(spec, KEEL_TASK_PS,
-                                            keel_config_str(cfg,
-                                                            "cluster.ps"));
-        if (st == KEEL_OK)
-            st = keel_cluster_spec_add_list(spec, KEEL_TASK_WORKER,
-                                            keel_config_str(cfg,
-                                                            "cluster.workers"));
-        if (st == KEEL_OK)
-            st = keel_cluster_spec_set_task(spec, tt, (int)idx);
-        if (st == KEEL_OK && keel_config_is_async(cfg, NULL))
-            keel_cluster_spec_set_mode(spec, KEEL_CLUSTER_ASYNC);
+        st = spec_from_slurm(cfg, &spec);
+    } else if (config_lists_cluster(cfg)) {
+        rc = spec_from_lists(cfg, task, &spec, &st);
+        if (rc != CLI_OK)
+            return rc;
     } else {
         if (task != NULL)
             return cli_error(CLI_USAGE, "--task %s given but there is no "
@@ -203,32 +268,12 @@ cli_resolve_cluster(const keel_config *cfg, const char *task,
                              "lists)", task);
         return CLI_OK;
     }
-    /* TF: a cluster of one task (only the chief) is local, master ''; an
-     * evaluator beside it still evaluates */
-    if (st == KEEL_OK &&
-        keel_cluster_spec_task_type(spec) != KEEL_TASK_EVALUATOR &&
-        (keel_cluster_spec_is_local(spec) ||
-                          (keel_cluster_spec_num_tasks(spec, KEEL_TASK_CHIEF)
-                               == 1 &&
-                           keel_cluster_spec_num_tasks(spec, KEEL_TASK_PS)
-                               == 0 &&
-                           keel_cluster_spec_num_tasks(spec, KEEL_TASK_WORKER)
-                               == 0))) {
+    if (st == KEEL_OK && runs_locally(spec)) {
         keel_cluster_spec_free(spec);
         return CLI_OK;
     }
-    if (st == KEEL_OK) {
-        int mode_set = 0, is_async = keel_config_is_async(cfg, &mode_set);
-        if (mode_set)
-            keel_cluster_spec_set_mode(spec, is_async ? KEEL_CLUSTER_ASYNC
-                                                      : KEEL_CLUSTER_SYNC);
-        if (keel_config_int(cfg, "cluster.replicas_to_aggregate") > 0 ||
-            keel_config_int(cfg, "cluster.total_num_replicas") > 0)
-            keel_cluster_spec_set_replicas(spec,
-                (int)keel_config_int(cfg, "cluster.replicas_to_aggregate"),
-                (int)keel_config_int(cfg, "cluster.total_num_replicas"));
-        st = keel_cluster_spec_validate(spec);
-    }
+    if (st == KEEL_OK)
+        st = spec_apply_config(cfg, spec);
     if (st != KEEL_OK) {
         keel_cluster_spec_free(spec);
         return cli_error(CLI_USAGE, "cluster: %s", keel_last_error());
