@@ -68,9 +68,9 @@ srv_main(void *arg)
         exit(1);                                                          \
     } while (0)
 
-static int g_mode = 3;      /* bit 0: push, bit 1: pull, 4: both at once,
-                             * 5: both at once, pipelined in parts,
-                             * 6: raw ZeroMQ */
+static int g_mode = 3;      /* 1: push, 2: pull, 3: push then pull,
+                             * 4: both at once, 5: both at once,
+                             * pipelined in parts, 6: raw ZeroMQ */
 static size_t g_reply_count;
 
 static void
@@ -180,13 +180,13 @@ wire_op(wire_run *w)
             DIE("push+values reply shape");
         keel__wire_msg_clear(&m);
     }
-    if (g_mode & 1) {
+    if (g_mode == 1 || g_mode == 3) {
         if (keel__wire_client_call(w->c, &h, w->outs, nvars, 1, 60000, &m)
             != KEEL_OK)
             DIE("push");
         keel__wire_msg_clear(&m);
     }
-    if (g_mode & 2) {
+    if (g_mode == 2 || g_mode == 3) {
         memset(&h, 0, sizeof h);
         h.type = KEEL_MSG_PULL;
         h.flags = KEEL_WIRE_F_NAMES_ONLY;
