@@ -1317,6 +1317,43 @@ END_TEST
 
 /* ---- CLI ---------------------------------------------------------------- */
 
+/* keel ckpt diff's report, line by line: a variable only in A, one only in
+ * B, a shape that changed, a value that changed, and the all-equal
+ * summary. */
+START_TEST(test_cli_diff_names_every_difference)
+{
+    keel_vars *a = matrix_store("w", 2, 3), *b = matrix_store("w", 3, 2);
+    char pa[4096], pb[4096], pc[4096];
+    ck_assert_int_eq(keel_vars_create(a, "gone", 1, (int64_t[]){ 4 }, 0,
+                                      NULL), KEEL_OK);
+    ck_assert_int_eq(keel_vars_create(b, "new", 1, (int64_t[]){ 4 }, 0,
+                                      NULL), KEEL_OK);
+    ck_assert_int_eq(keel_vars_create(b, "same", 1, (int64_t[]){ 2 }, 0,
+                                      NULL), KEEL_OK);
+    ck_assert_int_eq(keel_vars_create(a, "same", 1, (int64_t[]){ 2 }, 0,
+                                      NULL), KEEL_OK);
+    save_once(a, 1, 0, pa, sizeof pa);
+    keel_var_tensor(keel_vars_find(a, "same"))->data[1] = 0.25f;
+    save_once(a, 2, 0, pc, sizeof pc);
+    save_once(b, 3, 0, pb, sizeof pb);
+
+    ck_assert_int_eq(TU_KEEL(20000, "ckpt", "diff", pa, pb), 1);
+    ck_assert_msg(strstr(out, "only in A   gone\n") != NULL, "%s", out);
+    ck_assert_msg(strstr(out, "only in B   new\n") != NULL, "%s", out);
+    ck_assert_msg(strstr(out, "shape       w: [2,3] vs [3,2]\n") != NULL,
+                  "%s", out);
+    ck_assert_msg(strstr(out, "same") == NULL, "%s", out);
+    ck_assert_int_eq(TU_KEEL(20000, "ckpt", "diff", pa, pc), 1);
+    ck_assert_msg(strncmp(out, "differs     same ", 17) == 0 &&
+                  strstr(out, "max_abs_diff 0.25\n") != NULL, "%s", out);
+    ck_assert_int_eq(TU_KEEL(20000, "ckpt", "diff", pa, pa), 0);
+    ck_assert_msg(strcmp(out, "identical: 3 variables and slots bitwise "
+                         "equal\n") == 0, "%s", out);
+    keel_vars_free(a);
+    keel_vars_free(b);
+}
+END_TEST
+
 START_TEST(test_cli_ls_show_verify_diff)
 {
     keel_vars *a = make_store(1, 1);
@@ -1819,6 +1856,7 @@ checkpoint_suite(void)
         test_dead_process_temp_files_cleaned_at_start,
         test_io_faults_keep_previous_checkpoint_findable,
         test_async_failure_is_reported_not_dropped,
+        test_cli_diff_names_every_difference,
         test_cli_ls_show_verify_diff,
         test_lease_defers_retention_until_released,
         test_stale_lease_of_dead_pid_is_ignored_and_removed,
