@@ -89,29 +89,10 @@ keel_algorithm_admits_joiners(keel_algorithm a)
            a != KEEL_ALGORITHM_ADAG;
 }
 
-keel_status
-keel__algo_resolve(const keel_algorithm_config *in, keel_cluster_mode mode,
-                   const keel_optimizer_config *opt, int replicas,
-                   keel__algo *out)
+/* Every rate and count of c is >= 0 and finite, momentum in [0, 1). */
+static keel_status
+resolve_check_ranges(const keel_algorithm_config *c)
 {
-    keel_algorithm_config d;
-    keel_algorithm_config *c = &out->c;
-    memset(out, 0, sizeof *out);
-    if (in == NULL) {
-        keel_algorithm_config_init(&d, mode == KEEL_CLUSTER_ASYNC
-                                           ? KEEL_ALGORITHM_ASYNC
-                                           : KEEL_ALGORITHM_SYNC);
-        in = &d;
-    } else {
-        keel_status st = KEEL__STRUCT_CHECK(in, keel_algorithm_config);
-        if (st != KEEL_OK)
-            return st;
-    }
-    if ((unsigned)in->name >= KEEL_ALGORITHM_COUNT)
-        return keel__fail(KEEL_EINVAL, "algorithm %d is not a "
-                          "keel_algorithm", (int)in->name);
-    *c = *in;
-    c->worker_learning_rates = NULL;
     if (!(c->learning_rate >= 0) || !(c->ps_learning_rate >= 0) ||
         !(c->epsilon >= 0) || !(c->moving_rate >= 0) ||
         !(c->momentum >= 0) || c->momentum >= 1 || c->window < 0 ||
@@ -124,6 +105,15 @@ keel__algo_resolve(const keel_algorithm_config *in, keel_cluster_mode mode,
                           keel_algorithm_name(c->name), c->learning_rate,
                           c->ps_learning_rate, c->epsilon, c->moving_rate,
                           c->window, c->n_fetch, c->n_push, c->momentum);
+    return KEEL_OK;
+}
+
+/* The defaults of the members left 0; out->replicas is set (moving_rate's
+ * default depends on it). */
+static void
+resolve_defaults(keel__algo *out)
+{
+    keel_algorithm_config *c = &out->c;
     if (c->window == 0)
         c->window = default_window(c->name);
     if (c->n_fetch == 0)
@@ -134,42 +124,76 @@ keel__algo_resolve(const keel_algorithm_config *in, keel_cluster_mode mode,
         c->epsilon = 1e-8;
     if (c->momentum == 0)
         c->momentum = 0.9;
-    out->replicas = replicas > 0 ? replicas : 1;
     if (c->moving_rate == 0)
         c->moving_rate = 0.9 / out->replicas;
+}
+
+/* Sync's per-worker learning rates from in: one per replica, each >= 0
+ * and finite, copied into out->worker_lrs. */
+static keel_status
+resolve_worker_lrs(const keel_algorithm_config *in, keel__algo *out)
+{
+    keel_algorithm_config *c = &out->c;
+    if (c->name != KEEL_ALGORITHM_SYNC)
+        return keel__fail(KEEL_EINVAL, "algorithm %s: per-worker "
+                          "learning rates apply to sync only",
+                          keel_algorithm_name(c->name));
+    if (in->worker_learning_rates == NULL ||
+        in->n_worker_learning_rates != out->replicas)
+        return keel__fail(KEEL_EINVAL, "algorithm sync: %d per-worker "
+                          "learning rates for %d replicas (give one "
+                          "per replica: the chief's first)",
+                          in->n_worker_learning_rates, out->replicas);
+    out->worker_lrs = malloc((size_t)out->replicas * sizeof *out->worker_lrs);
+    if (out->worker_lrs == NULL)
+        return keel__fail(KEEL_ENOMEM, "algorithm: %d rates", out->replicas);
+    for (int r = 0; r < out->replicas; r++) {
+        double v = in->worker_learning_rates[r];
+        if (!(v >= 0) || !isfinite(v)) {
+            free(out->worker_lrs);
+            out->worker_lrs = NULL;
+            return keel__fail(KEEL_EINVAL, "algorithm sync: learning "
+                              "rate %g of replica %d must be >= 0", v, r);
+        }
+        out->worker_lrs[r] = v;
+    }
+    c->n_worker_learning_rates = out->replicas;
+    return KEEL_OK;
+}
+
+keel_status
+keel__algo_resolve(const keel_algorithm_config *in, keel_cluster_mode mode,
+                   const keel_optimizer_config *opt, int replicas,
+                   keel__algo *out)
+{
+    keel_algorithm_config d;
+    keel_algorithm_config *c = &out->c;
+    keel_status st;
+    memset(out, 0, sizeof *out);
+    if (in == NULL) {
+        keel_algorithm_config_init(&d, mode == KEEL_CLUSTER_ASYNC
+                                           ? KEEL_ALGORITHM_ASYNC
+                                           : KEEL_ALGORITHM_SYNC);
+        in = &d;
+    } else if ((st = KEEL__STRUCT_CHECK(in, keel_algorithm_config)) !=
+               KEEL_OK) {
+        return st;
+    }
+    if ((unsigned)in->name >= KEEL_ALGORITHM_COUNT)
+        return keel__fail(KEEL_EINVAL, "algorithm %d is not a "
+                          "keel_algorithm", (int)in->name);
+    *c = *in;
+    c->worker_learning_rates = NULL;
+    if ((st = resolve_check_ranges(c)) != KEEL_OK)
+        return st;
+    out->replicas = replicas > 0 ? replicas : 1;
+    resolve_defaults(out);
     if (opt != NULL)
         out->schedule = opt->schedule;
     else
         keel_lr_schedule_init(&out->schedule);
-    if (in->n_worker_learning_rates > 0) {
-        if (c->name != KEEL_ALGORITHM_SYNC)
-            return keel__fail(KEEL_EINVAL, "algorithm %s: per-worker "
-                              "learning rates apply to sync only",
-                              keel_algorithm_name(c->name));
-        if (in->worker_learning_rates == NULL ||
-            in->n_worker_learning_rates != out->replicas)
-            return keel__fail(KEEL_EINVAL, "algorithm sync: %d per-worker "
-                              "learning rates for %d replicas (give one "
-                              "per replica: the chief's first)",
-                              in->n_worker_learning_rates, out->replicas);
-        out->worker_lrs = malloc((size_t)out->replicas *
-                                 sizeof *out->worker_lrs);
-        if (out->worker_lrs == NULL)
-            return keel__fail(KEEL_ENOMEM, "algorithm: %d rates",
-                              out->replicas);
-        for (int r = 0; r < out->replicas; r++) {
-            double v = in->worker_learning_rates[r];
-            if (!(v >= 0) || !isfinite(v)) {
-                free(out->worker_lrs);
-                out->worker_lrs = NULL;
-                return keel__fail(KEEL_EINVAL, "algorithm sync: learning "
-                                  "rate %g of replica %d must be >= 0", v,
-                                  r);
-            }
-            out->worker_lrs[r] = v;
-        }
-        c->n_worker_learning_rates = out->replicas;
-    }
+    if (in->n_worker_learning_rates > 0)
+        return resolve_worker_lrs(in, out);
     return KEEL_OK;
 }
 
@@ -261,79 +285,119 @@ adag_slot(keel_var *v, int replica)
     return keel_var_slot(v, name);
 }
 
+/* DOWNPOUR's Adagrad: acc += d^2; theta -= gamma * d / (sqrt(acc) + eps) */
+static keel_status
+commit_downpour(const keel__algo *a, keel_var *v, const keel_tensor *c,
+                int64_t step)
+{
+    keel_tensor *t = keel_var_tensor(v);
+    keel_tensor *acc = keel_var_slot(v, "downpour_accumulator");
+    double g = keel__algo_ps_lr(a, step), eps = a->c.epsilon;
+    float *th = t->data;
+    const float *d = c->data;
+    if (acc == NULL)
+        return keel__fail(KEEL_EINTERNAL, "'%s' has no "
+                          "downpour_accumulator slot", keel_var_name(v));
+    for (size_t i = 0, n = t->count; i < n; i++) {
+        acc->data[i] += d[i] * d[i];
+        th[i] = (float)(th[i] - g * d[i] / (sqrt((double)acc->data[i]) + eps));
+    }
+    return KEEL_OK;
+}
+
+/* DOWNPOUR_EASY: theta -= gamma * d */
+static void
+commit_sgd(const keel__algo *a, keel_tensor *t, const keel_tensor *c,
+           int64_t step)
+{
+    double g = keel__algo_ps_lr(a, step);
+    float *th = t->data;
+    const float *d = c->data;
+    for (size_t i = 0, n = t->count; i < n; i++)
+        th[i] = (float)(th[i] - g * d[i]);
+}
+
+/* DYNSGD: theta += d / (tau + 1), tau = commits since the replica's pull */
+static void
+commit_dynsgd(const keel__algo_ps *p, keel_tensor *t, const keel_tensor *c,
+              int replica)
+{
+    int64_t tau = replica >= 0 && replica < p->a->replicas
+                      ? p->commits - p->pulled_at[replica] : 0;
+    double f = 1.0 / (double)((tau > 0 ? tau : 0) + 1);
+    float *th = t->data;
+    const float *d = c->data;
+    for (size_t i = 0, n = t->count; i < n; i++)
+        th[i] = (float)(th[i] + f * d[i]);
+}
+
+/* ADAG: theta += d / (eta^-1 * (theta - m_r)^2 + 1), element-wise */
+static keel_status
+commit_adag(const keel__algo *a, keel_var *v, const keel_tensor *c,
+            int replica, int64_t step)
+{
+    keel_tensor *t = keel_var_tensor(v);
+    keel_tensor *m = replica >= 0 ? adag_slot(v, replica) : NULL;
+    double eta = keel__algo_lr(a, step);
+    float *th = t->data;
+    const float *d = c->data;
+    if (m == NULL)
+        return keel__fail(KEEL_EINVAL, "ADAG commit to '%s' from replica "
+                          "%d, which has no pull state", keel_var_name(v),
+                          replica);
+    if (!(eta > 0))
+        return keel__fail(KEEL_EINVAL, "ADAG needs a learning rate > 0 "
+                          "(algorithm.learning_rate or the optimizer's)");
+    for (size_t i = 0, n = t->count; i < n; i++) {
+        double dist = (double)th[i] - (double)m->data[i];
+        th[i] = (float)(th[i] + d[i] / (dist * dist / eta + 1.0));
+    }
+    return KEEL_OK;
+}
+
+/* The averaging family: theta += d (the worker sent the change) */
+static void
+commit_add(keel_tensor *t, const keel_tensor *c)
+{
+    float *th = t->data;
+    const float *d = c->data;
+    for (size_t i = 0, n = t->count; i < n; i++)
+        th[i] += d[i];
+}
+
 keel_status
 keel__algo_ps_commit(keel__algo_ps *p, keel_var *v, const keel_tensor *c,
                      int replica, int64_t step)
 {
     const keel__algo *a = p->a;
     keel_tensor *t = keel_var_tensor(v);
-    float *th = t->data;
-    const float *d = c->data;
     size_t n = t->count;
     if (c->count != n)
         return keel__fail(KEEL_EINVAL, "commit to '%s': %zu values for %zu",
                           keel_var_name(v), c->count, n);
     switch (a->c.name) {
-    case KEEL_ALGORITHM_DOWNPOUR: {
-        /* Adagrad: acc += d^2; theta -= gamma * d / (sqrt(acc) + eps) */
-        keel_tensor *acc = keel_var_slot(v, "downpour_accumulator");
-        double g = keel__algo_ps_lr(a, step), eps = a->c.epsilon;
-        if (acc == NULL)
-            return keel__fail(KEEL_EINTERNAL, "'%s' has no "
-                              "downpour_accumulator slot", keel_var_name(v));
-        for (size_t i = 0; i < n; i++) {
-            acc->data[i] += d[i] * d[i];
-            th[i] = (float)(th[i] - g * d[i] /
-                                        (sqrt((double)acc->data[i]) + eps));
-        }
-        break;
-    }
-    case KEEL_ALGORITHM_DOWNPOUR_EASY: {
-        double g = keel__algo_ps_lr(a, step);
-        for (size_t i = 0; i < n; i++)
-            th[i] = (float)(th[i] - g * d[i]);
-        break;
-    }
-    case KEEL_ALGORITHM_DYNSGD: {
-        /* theta += d / (tau + 1), tau = commits since the replica's pull */
-        int64_t tau = replica >= 0 && replica < a->replicas
-                          ? p->commits - p->pulled_at[replica] : 0;
-        double f = 1.0 / (double)((tau > 0 ? tau : 0) + 1);
-        for (size_t i = 0; i < n; i++)
-            th[i] = (float)(th[i] + f * d[i]);
-        break;
-    }
-    case KEEL_ALGORITHM_ADAG: {
-        /* theta += d / (eta^-1 * (theta - m_r)^2 + 1), element-wise */
-        keel_tensor *m = replica >= 0 ? adag_slot(v, replica) : NULL;
-        double eta = keel__algo_lr(a, step);
-        if (m == NULL)
-            return keel__fail(KEEL_EINVAL, "ADAG commit to '%s' from replica "
-                              "%d, which has no pull state", keel_var_name(v),
-                              replica);
-        if (!(eta > 0))
-            return keel__fail(KEEL_EINVAL, "ADAG needs a learning rate > 0 "
-                              "(algorithm.learning_rate or the optimizer's)");
-        for (size_t i = 0; i < n; i++) {
-            double dist = (double)th[i] - (double)m->data[i];
-            th[i] = (float)(th[i] + d[i] / (dist * dist / eta + 1.0));
-        }
-        break;
-    }
+    case KEEL_ALGORITHM_DOWNPOUR:
+        return commit_downpour(a, v, c, step);
+    case KEEL_ALGORITHM_DOWNPOUR_EASY:
+        commit_sgd(a, t, c, step);
+        return KEEL_OK;
+    case KEEL_ALGORITHM_DYNSGD:
+        commit_dynsgd(p, t, c, replica);
+        return KEEL_OK;
+    case KEEL_ALGORITHM_ADAG:
+        return commit_adag(a, v, c, replica, step);
     case KEEL_ALGORITHM_AGN:
     case KEEL_ALGORITHM_SAGN:
     case KEEL_ALGORITHM_EASGD:
     case KEEL_ALGORITHM_AEASGD:
     case KEEL_ALGORITHM_AEAMSGD:
     case KEEL_ALGORITHM_MODEL_AVERAGING:
-        for (size_t i = 0; i < n; i++)
-            th[i] += d[i];
-        break;
+        commit_add(t, c);
+        return KEEL_OK;
     default:
         return keel__fail(KEEL_EINTERNAL, "algorithm %s has no ps commit",
                           keel_algorithm_name(a->c.name));
     }
-    return KEEL_OK;
 }
 
 void

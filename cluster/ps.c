@@ -1173,32 +1173,16 @@ real_mix(keel__ps *ps, keel__wire_msg *req)
     return st;
 }
 
-/* Sum the pending gradients in ascending replica order, scale the sum to
- * the mean of the gradients aggregated, apply, step + 1, answer every
- * pending push (the sync token). */
-static keel_status
-aggregate(keel__ps *ps)
+/* Sum the pending gradients into ps->acc in one pass per gradient: the
+ * first one of a variable initializes its sum (no separate zeroing pass);
+ * the order of the additions, and so every bit, is that of zero +
+ * replica 0 + replica 1 + ... have[k] marks the variables summed; the
+ * number of gradients summed is returned. */
+static int
+sum_pending(keel__ps *ps, unsigned char *have)
 {
-    int64_t step = keel_vars_global_step(ps->vars);
-    size_t nv = ps->n_pins;
-    keel_var **all = ps->all;
-    unsigned char *have = ps->have;
-    keel_status st = KEEL_OK;
     int fresh = 0;
-    int64_t covered = 1;
-    memset(have, 0, nv);
-    st = wait_pins(ps, all, nv);
-    for (int r = 0; r < ps->total_replicas; r++)
-        fresh += ps->pending[r].used;
-    if (st == KEEL_OK && ps->leaves > 0 && fresh == ps->total_replicas) {
-        st = tree_aggregate(ps, have);
-        goto apply;
-    }
-    fresh = 0;
-    /* One pass per gradient: the first one of a variable initializes its
-     * sum (no separate zeroing pass); the order of the additions, and so
-     * every bit, is that of zero + replica 0 + replica 1 + ... */
-    for (int r = 0; r < ps->total_replicas && st == KEEL_OK; r++) {
+    for (int r = 0; r < ps->total_replicas; r++) {
         pending_push *p = &ps->pending[r];
         if (!p->used)
             continue;
@@ -1216,43 +1200,93 @@ aggregate(keel__ps *ps)
             have[k] = 1;
         }
     }
+    return fresh;
+}
+
+/* chief_applies: send the sums (if st, the aggregation's status, is OK)
+ * and wait for the chief's commit; on failure answer every pending push
+ * with the error. */
+static keel_status
+hand_to_chief(keel__ps *ps, keel_status st, int fresh)
+{
+    if (st == KEEL_OK)
+        st = send_aggregate(ps, ps->all, ps->have, ps->n_pins);
+    if (st == KEEL_OK) {
+        ps->awaiting_commit = 1;
+        ps->commit_fresh = fresh;
+        return KEEL_OK;
+    }
+    fail_pending(ps, KEEL_EINVAL, keel_last_error());
+    return st;
+}
+
+/* Apply each summed variable's sum at step: by the algorithm's ps rule,
+ * else by the ps's apply callback. */
+static keel_status
+apply_sums(keel__ps *ps, int64_t step)
+{
+    keel_status st = KEEL_OK;
+    for (size_t k = 0; k < ps->n_pins && st == KEEL_OK; k++)
+        if (ps->have[k])
+            st = ps->rule != NULL
+                ? keel__algo_ps_commit(ps->rule, ps->all[k],
+                                       keel_grads_at(ps->acc, k), -1, step)
+                : ps->apply(ps->apply_ctx, ps->all[k],
+                            keel_grads_at(ps->acc, k), step);
+    if (st == KEEL_OK && ps->rule != NULL)
+        keel__algo_ps_commit_end(ps->rule, -1);
+    return st;
+}
+
+/* The steps the pending pushes cover (the first one's, checked when it
+ * came; 1 without any). */
+static int64_t
+pending_covered(const keel__ps *ps)
+{
+    int64_t covered = 1;
+    for (int r = 0; r < ps->total_replicas; r++)
+        if (ps->pending[r].used) {
+            (void)covered_of(&ps->pending[r].msg, &covered);
+            break;
+        }
+    return covered;
+}
+
+/* Sum the pending gradients in ascending replica order, scale the sum to
+ * the mean of the gradients aggregated, apply, step + 1, answer every
+ * pending push (the sync token). */
+static keel_status
+aggregate(keel__ps *ps)
+{
+    int64_t step = keel_vars_global_step(ps->vars);
+    size_t nv = ps->n_pins;
+    unsigned char *have = ps->have;
+    keel_status st;
+    int fresh = 0;
+    memset(have, 0, nv);
+    st = wait_pins(ps, ps->all, nv);
+    for (int r = 0; r < ps->total_replicas; r++)
+        fresh += ps->pending[r].used;
+    if (st == KEEL_OK && ps->leaves > 0 && fresh == ps->total_replicas)
+        st = tree_aggregate(ps, have);
+    else
+        fresh = st == KEEL_OK ? sum_pending(ps, have) : 0;
     /* Each replica pushes its share of the step's gradient: its own mean
      * gradient divided by total_replicas. With backup workers only
      * `fresh` shares came; total/fresh makes the sum the mean of the
      * gradients aggregated. Without backups the factor is 1 and the sum's
      * bits stand as they are. */
-apply:
     if (st == KEEL_OK && fresh > 0 && fresh != ps->total_replicas)
         for (size_t k = 0; k < nv; k++)
             if (have[k])
                 mean_of_shares(keel_grads_at(ps->acc, k),
                                ps->total_replicas, fresh);
-    if (ps->chief_applies) {
-        st = st == KEEL_OK ? send_aggregate(ps, all, have, nv) : st;
-        if (st == KEEL_OK) {
-            ps->awaiting_commit = 1;
-            ps->commit_fresh = fresh;
-            return KEEL_OK;
-        }
-        fail_pending(ps, KEEL_EINVAL, keel_last_error());
-        return st;
-    }
-    for (size_t k = 0; k < nv && st == KEEL_OK; k++)
-        if (have[k])
-            st = ps->rule != NULL
-                ? keel__algo_ps_commit(ps->rule, all[k],
-                                       keel_grads_at(ps->acc, k), -1, step)
-                : ps->apply(ps->apply_ctx, all[k], keel_grads_at(ps->acc, k),
-                            step);
-    if (st == KEEL_OK && ps->rule != NULL)
-        keel__algo_ps_commit_end(ps->rule, -1);
-    for (int r = 0; r < ps->total_replicas && st == KEEL_OK; r++)
-        if (ps->pending[r].used) {      /* checked when it came */
-            (void)covered_of(&ps->pending[r].msg, &covered);
-            break;
-        }
+    if (ps->chief_applies)
+        return hand_to_chief(ps, st, fresh);
+    if (st == KEEL_OK)
+        st = apply_sums(ps, step);
     if (st == KEEL_OK) {
-        keel_vars_set_global_step(ps->vars, step + covered);
+        keel_vars_set_global_step(ps->vars, step + pending_covered(ps));
         ps->applied += fresh;
     }
     release_pending(ps, st);

@@ -440,15 +440,13 @@ frame_str(zmq_msg_t *f, char *buf, size_t size)
     buf[n] = '\0';
 }
 
-static void
-zap_handle(keel__zap *z)
+/* Receive one request's frames: the first 8 into f, the rest received and
+ * dropped; the number kept returned. */
+static size_t
+zap_recv(keel__zap *z, zmq_msg_t f[8])
 {
-    zmq_msg_t f[8];
     size_t n = 0;
     int more = 1;
-    const char *task = NULL;
-    char mech[16] = "", key[KEEL_Z85_KEY] = "", user[KEEL__TASK_NAME_MAX] = "";
-    const char *why = "not a task of this job";
     while (more) {
         zmq_msg_t tmp;
         zmq_msg_init(&tmp);
@@ -462,66 +460,111 @@ zap_handle(keel__zap *z)
         else
             zmq_msg_close(&tmp);
     }
-    if (n < 6) {                 /* not a ZAP request: REP needs a reply */
+    return n;
+}
+
+/* Not a ZAP request: REP still needs a reply. */
+static void
+zap_reply_bad_request(void *rep)
+{
+    zmq_send(rep, "1.0", 3, ZMQ_SNDMORE);
+    zmq_send(rep, "", 0, ZMQ_SNDMORE);
+    zmq_send(rep, "500", 3, ZMQ_SNDMORE);
+    zmq_send(rep, "bad request", 11, ZMQ_SNDMORE);
+    zmq_send(rep, "", 0, ZMQ_SNDMORE);
+    zmq_send(rep, "", 0, 0);
+}
+
+/* The task whose allowed key is the 32-byte public key in kf (its Z85 text
+ * into key), or NULL with *why saying why not. */
+static const char *
+zap_curve_task(const keel__zap *z, zmq_msg_t *kf, char key[KEEL_Z85_KEY],
+               const char **why)
+{
+    const char *task = NULL;
+    zmq_z85_encode(key, zmq_msg_data(kf), 32);
+    for (size_t i = 0; i < z->n_allowed && task == NULL; i++)
+        if (strcmp(key, z->allowed[i]) == 0) {
+            task = z->allowed_task[i];
+            *why = "its key names no task (<type><index>.key)";
+        }
+    if (task != NULL && task[0] == '\0')
+        task = NULL;
+    else if (task == NULL)
+        *why = "unknown public key";
+    return task;
+}
+
+/* user (the frame uf, into user) when it names a task and the password
+ * frame pf is that task's token, else NULL with *why saying why not. */
+static const char *
+zap_plain_task(const keel__zap *z, zmq_msg_t *uf, zmq_msg_t *pf,
+               char user[KEEL__TASK_NAME_MAX], const char **why)
+{
+    const char *task = NULL;
+    char pass[80], want[65];
+    keel_task_type tt;
+    int ti;
+    frame_str(uf, user, KEEL__TASK_NAME_MAX);
+    frame_str(pf, pass, sizeof pass);
+    *why = "wrong token";
+    if (keel__task_parse(user, &tt, &ti) && zmq_msg_size(uf) <
+            KEEL__TASK_NAME_MAX && strlen(pass) == 64) {
+        task_password(z->token_key, user, want);
+        if (sodium_memcmp(want, pass, 64) == 0)
+            task = user;
+        sodium_memzero(want, sizeof want);
+    } else if (!keel__task_parse(user, &tt, &ti)) {
+        *why = "user is not a task name";
+    }
+    sodium_memzero(pass, sizeof pass);
+    return task;
+}
+
+/* Count and answer a refused request; log it once per address and key or
+ * user: a refused client reconnects every few ms. The public key is not
+ * secret; it helps find the stray client. Passwords are never logged. */
+static void
+zap_refuse(keel__zap *z, zmq_msg_t f[8], const char *mech, const char *key,
+           const char *user, const char *why)
+{
+    char addr[64];
+    frame_str(&f[3], addr, sizeof addr);
+    atomic_fetch_add(&z->refused, 1);
+    if (keel__once_add(&z->logged, addr, key[0] ? key : user, 0))
+        keel__log(KEEL_LOG_WARN, "cluster: refused %s client from %s%s%s"
+                  "%s%s: %s (logged once)", mech[0] ? mech : "unknown",
+                  addr, key[0] ? " with public key " : "", key,
+                  user[0] ? " as " : "", user, why);
+    zap_reply(z->rep, &f[0], &f[1], "400", "not allowed", "");
+}
+
+static void
+zap_handle(keel__zap *z)
+{
+    zmq_msg_t f[8];
+    size_t n = zap_recv(z, f);
+    const char *task = NULL;
+    char mech[16] = "", key[KEEL_Z85_KEY] = "", user[KEEL__TASK_NAME_MAX] = "";
+    const char *why = "not a task of this job";
+    if (n < 6) {
         for (size_t i = 0; i < n; i++)
             zmq_msg_close(&f[i]);
-        zmq_send(z->rep, "1.0", 3, ZMQ_SNDMORE);
-        zmq_send(z->rep, "", 0, ZMQ_SNDMORE);
-        zmq_send(z->rep, "500", 3, ZMQ_SNDMORE);
-        zmq_send(z->rep, "bad request", 11, ZMQ_SNDMORE);
-        zmq_send(z->rep, "", 0, ZMQ_SNDMORE);
-        zmq_send(z->rep, "", 0, 0);
+        zap_reply_bad_request(z->rep);
         return;
     }
     frame_str(&f[5], mech, sizeof mech);
-    if (strcmp(mech, "CURVE") == 0 && n >= 7 && zmq_msg_size(&f[6]) == 32) {
-        zmq_z85_encode(key, zmq_msg_data(&f[6]), 32);
-        for (size_t i = 0; i < z->n_allowed && task == NULL; i++)
-            if (strcmp(key, z->allowed[i]) == 0) {
-                task = z->allowed_task[i];
-                why = "its key names no task (<type><index>.key)";
-            }
-        if (task != NULL && task[0] == '\0')
-            task = NULL;
-        else if (task == NULL)
-            why = "unknown public key";
-    } else if (strcmp(mech, "PLAIN") == 0 && z->plain && n >= 8) {
-        char pass[80], want[65];
-        keel_task_type tt;
-        int ti;
-        frame_str(&f[6], user, sizeof user);
-        frame_str(&f[7], pass, sizeof pass);
-        why = "wrong token";
-        if (keel__task_parse(user, &tt, &ti) && zmq_msg_size(&f[6]) <
-                sizeof user && strlen(pass) == 64) {
-            task_password(z->token_key, user, want);
-            if (sodium_memcmp(want, pass, 64) == 0)
-                task = user;
-            sodium_memzero(want, sizeof want);
-        } else if (!keel__task_parse(user, &tt, &ti)) {
-            why = "user is not a task name";
-        }
-        sodium_memzero(pass, sizeof pass);
-    } else {
+    if (strcmp(mech, "CURVE") == 0 && n >= 7 && zmq_msg_size(&f[6]) == 32)
+        task = zap_curve_task(z, &f[6], key, &why);
+    else if (strcmp(mech, "PLAIN") == 0 && z->plain && n >= 8)
+        task = zap_plain_task(z, &f[6], &f[7], user, &why);
+    else
         why = z->plain ? "no token (PLAIN) credentials"
                        : "no CURVE credentials";
-    }
-    if (task != NULL) {
+    if (task != NULL)
         zap_reply(z->rep, &f[0], &f[1], "200", "OK", task);
-    } else {
-        char addr[64];
-        frame_str(&f[3], addr, sizeof addr);
-        atomic_fetch_add(&z->refused, 1);
-        /* Once per address and key or user: a refused client reconnects
-         * every few ms. The public key is not secret; it helps find the
-         * stray client. Passwords are never logged. */
-        if (keel__once_add(&z->logged, addr, key[0] ? key : user, 0))
-            keel__log(KEEL_LOG_WARN, "cluster: refused %s client from %s%s%s"
-                      "%s%s: %s (logged once)", mech[0] ? mech : "unknown",
-                      addr, key[0] ? " with public key " : "", key,
-                      user[0] ? " as " : "", user, why);
-        zap_reply(z->rep, &f[0], &f[1], "400", "not allowed", "");
-    }
+    else
+        zap_refuse(z, f, mech, key, user, why);
     for (size_t i = 0; i < n; i++)     /* sent ones are empty now */
         zmq_msg_close(&f[i]);
 }

@@ -314,59 +314,61 @@ keel_cluster_spec_model_dir(const keel_cluster_spec *s)
 
 /* ---- validation --------------------------------------------------------- */
 
-int
-keel__cluster_check_address(const char *a, char *why, size_t size)
+/* The host of "[v6]:port": hex digits, ':' and '.' between the brackets;
+ * *colon and *hlen set for the caller's checks. */
+static int
+check_v6_host(const char *a, const char **colon, size_t *hlen, char *why,
+              size_t size)
 {
-    const char *colon, *host_end, *port;
-    size_t len = strlen(a), hlen;
+    const char *host_end = strchr(a, ']');
+    if (host_end == NULL || host_end[1] != ':') {
+        snprintf(why, size, "'%.64s' is not [ipv6]:port", a);
+        return 0;
+    }
+    *colon = host_end + 1;
+    *hlen = (size_t)(host_end - a - 1);
+    for (const char *h = a + 1; h < host_end; h++)
+        if (!isxdigit((unsigned char)*h) && *h != ':' && *h != '.') {
+            snprintf(why, size, "'%.64s' has a bad IPv6 host", a);
+            return 0;
+        }
+    return 1;
+}
+
+/* The host of "host:port": one ':', a name or IPv4 address, or a lone
+ * '*'; *colon and *hlen set for the caller's checks. */
+static int
+check_name_host(const char *a, const char **colon, size_t *hlen, char *why,
+                size_t size)
+{
+    const char *c = strrchr(a, ':');
+    if (c == NULL) {
+        snprintf(why, size, "'%.64s' has no ':port'", a);
+        return 0;
+    }
+    if (memchr(a, ':', (size_t)(c - a)) != NULL) {
+        snprintf(why, size, "'%.64s' has more than one ':' (write IPv6 "
+                 "as [addr]:port)", a);
+        return 0;
+    }
+    *colon = c;
+    *hlen = (size_t)(c - a);
+    for (const char *h = a; h < c; h++)
+        if (!isalnum((unsigned char)*h) && *h != '.' && *h != '-' &&
+            *h != '_' && !(*h == '*' && *hlen == 1)) {
+            snprintf(why, size, "'%.64s' has a bad host character "
+                     "'%c'", a, isprint((unsigned char)*h) ? *h : '?');
+            return 0;
+        }
+    return 1;
+}
+
+/* port: at most 6 digits, a number in 1..65535 (a is the whole address,
+ * for the message). */
+static int
+check_port(const char *a, const char *port, char *why, size_t size)
+{
     long v = 0;
-    if (len == 0) {
-        snprintf(why, size, "empty address");
-        return 0;
-    }
-    if (len >= KEEL_ADDR_MAX) {
-        snprintf(why, size, "address longer than %d bytes",
-                 KEEL_ADDR_MAX - 1);
-        return 0;
-    }
-    if (a[0] == '[') {                     /* [v6]:port */
-        host_end = strchr(a, ']');
-        if (host_end == NULL || host_end[1] != ':') {
-            snprintf(why, size, "'%.64s' is not [ipv6]:port", a);
-            return 0;
-        }
-        colon = host_end + 1;
-        hlen = (size_t)(host_end - a - 1);
-        for (const char *h = a + 1; h < host_end; h++)
-            if (!isxdigit((unsigned char)*h) && *h != ':' && *h != '.') {
-                snprintf(why, size, "'%.64s' has a bad IPv6 host", a);
-                return 0;
-            }
-    } else {
-        colon = strrchr(a, ':');
-        if (colon == NULL) {
-            snprintf(why, size, "'%.64s' has no ':port'", a);
-            return 0;
-        }
-        if (memchr(a, ':', (size_t)(colon - a)) != NULL) {
-            snprintf(why, size, "'%.64s' has more than one ':' (write IPv6 "
-                     "as [addr]:port)", a);
-            return 0;
-        }
-        hlen = (size_t)(colon - a);
-        for (const char *h = a; h < colon; h++)
-            if (!isalnum((unsigned char)*h) && *h != '.' && *h != '-' &&
-                *h != '_' && !(*h == '*' && hlen == 1)) {
-                snprintf(why, size, "'%.64s' has a bad host character "
-                         "'%c'", a, isprint((unsigned char)*h) ? *h : '?');
-                return 0;
-            }
-    }
-    if (hlen == 0) {
-        snprintf(why, size, "'%.64s' has an empty host", a);
-        return 0;
-    }
-    port = colon + 1;
     if (*port == '\0') {
         snprintf(why, size, "'%.64s' has an empty port", a);
         return 0;
@@ -383,6 +385,34 @@ keel__cluster_check_address(const char *a, char *why, size_t size)
         return 0;
     }
     return 1;
+}
+
+int
+keel__cluster_check_address(const char *a, char *why, size_t size)
+{
+    const char *colon = NULL;
+    size_t len = strlen(a), hlen = 0;
+    int ok;
+    if (len == 0) {
+        snprintf(why, size, "empty address");
+        return 0;
+    }
+    if (len >= KEEL_ADDR_MAX) {
+        snprintf(why, size, "address longer than %d bytes",
+                 KEEL_ADDR_MAX - 1);
+        return 0;
+    }
+    if (a[0] == '[')                        /* [v6]:port */
+        ok = check_v6_host(a, &colon, &hlen, why, size);
+    else
+        ok = check_name_host(a, &colon, &hlen, why, size);
+    if (!ok)
+        return 0;
+    if (hlen == 0) {
+        snprintf(why, size, "'%.64s' has an empty host", a);
+        return 0;
+    }
+    return check_port(a, colon + 1, why, size);
 }
 
 typedef struct addr_ref {
@@ -403,30 +433,27 @@ cmp_ref(const void *x, const void *y)
     return a->index < b->index ? -1 : a->index > b->index;
 }
 
-static void
-validate_into(const keel_cluster_spec *s, keel__problems *p)
+/* Every task's address is well formed; the number of tasks returned. */
+static size_t
+validate_addresses(const keel_cluster_spec *s, keel__problems *p)
 {
-    size_t total = 0, k = 0;
-    addr_ref *refs;
+    size_t total = 0;
     char why[160];
-    int local = keel_cluster_spec_is_local(s);
-
     for (int t = 1; t < KEEL_TASK_TYPE_COUNT; t++)
         for (size_t i = 0; i < s->n[t]; i++) {
             total++;
             if (!keel__cluster_check_address(s->addr[t][i], why, sizeof why))
                 keel__problems_add(p, "%s[%zu]: %s", type_names[t], i, why);
         }
-    if (s->n[KEEL_TASK_CHIEF] > 1)
-        keel__problems_add(p, "%zu chief tasks (at most 1)",
-                           s->n[KEEL_TASK_CHIEF]);
-    if (s->n[KEEL_TASK_EVALUATOR] > 1)
-        keel__problems_add(p, "%zu evaluator tasks (at most 1)",
-                           s->n[KEEL_TASK_EVALUATOR]);
-    if (!local && s->n[KEEL_TASK_CHIEF] + s->n[KEEL_TASK_WORKER] == 0)
-        keel__problems_add(p, "no chief or worker task");
-    /* duplicates, across every job */
-    refs = total ? malloc(total * sizeof *refs) : NULL;
+    return total;
+}
+
+/* No address serves two tasks, across every job (total: the task count). */
+static void
+validate_unique(const keel_cluster_spec *s, size_t total, keel__problems *p)
+{
+    addr_ref *refs = total ? malloc(total * sizeof *refs) : NULL;
+    size_t k = 0;
     if (total && refs == NULL) {
         keel__problems_add(p, "out of memory checking duplicates");
     } else if (total) {
@@ -443,7 +470,13 @@ validate_into(const keel_cluster_spec *s, keel__problems *p)
                                    type_names[refs[i].type], refs[i].index);
     }
     free(refs);
-    /* the task */
+}
+
+/* This process's task names a task of the cluster (local mode: at most
+ * worker 0). */
+static void
+validate_task(const keel_cluster_spec *s, int local, keel__problems *p)
+{
     if (local) {
         if (s->task != KEEL_TASK_NONE &&
             !(s->task == KEEL_TASK_WORKER && s->index == 0))
@@ -464,36 +497,59 @@ validate_into(const keel_cluster_spec *s, keel__problems *p)
                            "(%zu tasks)", s->index, type_names[s->task],
                            s->n[s->task]);
     }
+}
+
+/* SyncReplicas counts against the replicas that exist (chief + workers):
+ * more to aggregate than exist would hold every step forever;
+ * total_num_replicas names the cluster's own count. */
+static void
+validate_sync_replicas(const keel_cluster_spec *s, keel__problems *p)
+{
+    int n = keel_cluster_spec_num_replicas(s);
+    char who[64];
+    snprintf(who, sizeof who, "%s%zu worker%s",
+             s->n[KEEL_TASK_CHIEF] > 0 ? "the chief and " : "",
+             s->n[KEEL_TASK_WORKER],
+             s->n[KEEL_TASK_WORKER] == 1 ? "" : "s");
+    if (s->replicas_to_aggregate > n)
+        keel__problems_add(p, "replicas_to_aggregate %d is more than "
+                           "the %d training replica%s of the cluster "
+                           "(%s): no sync step could complete; set it "
+                           "to at most %d or add workers",
+                           s->replicas_to_aggregate, n,
+                           n == 1 ? "" : "s", who, n);
+    if (s->total_num_replicas > 0 && s->total_num_replicas != n)
+        keel__problems_add(p, "total_num_replicas %d does not match "
+                           "the %d training replica%s of the cluster "
+                           "(%s); set it to %d or 0 (the default: "
+                           "every replica)", s->total_num_replicas, n,
+                           n == 1 ? "" : "s", who, n);
+}
+
+static void
+validate_into(const keel_cluster_spec *s, keel__problems *p)
+{
+    int local = keel_cluster_spec_is_local(s);
+    size_t total = validate_addresses(s, p);
+
+    if (s->n[KEEL_TASK_CHIEF] > 1)
+        keel__problems_add(p, "%zu chief tasks (at most 1)",
+                           s->n[KEEL_TASK_CHIEF]);
+    if (s->n[KEEL_TASK_EVALUATOR] > 1)
+        keel__problems_add(p, "%zu evaluator tasks (at most 1)",
+                           s->n[KEEL_TASK_EVALUATOR]);
+    if (!local && s->n[KEEL_TASK_CHIEF] + s->n[KEEL_TASK_WORKER] == 0)
+        keel__problems_add(p, "no chief or worker task");
+    validate_unique(s, total, p);
+    validate_task(s, local, p);
     if (s->replicas_to_aggregate < 0)
         keel__problems_add(p, "replicas_to_aggregate %d < 1",
                            s->replicas_to_aggregate);
     if (s->total_num_replicas < 0)
         keel__problems_add(p, "total_num_replicas %d < 1",
                            s->total_num_replicas);
-    /* SyncReplicas counts against the replicas that exist (chief +
-     * workers): more to aggregate than exist would hold every step
-     * forever; total_num_replicas names the cluster's own count */
-    if (!local && s->mode == KEEL_CLUSTER_SYNC) {
-        int n = keel_cluster_spec_num_replicas(s);
-        char who[64];
-        snprintf(who, sizeof who, "%s%zu worker%s",
-                 s->n[KEEL_TASK_CHIEF] > 0 ? "the chief and " : "",
-                 s->n[KEEL_TASK_WORKER],
-                 s->n[KEEL_TASK_WORKER] == 1 ? "" : "s");
-        if (s->replicas_to_aggregate > n)
-            keel__problems_add(p, "replicas_to_aggregate %d is more than "
-                               "the %d training replica%s of the cluster "
-                               "(%s): no sync step could complete; set it "
-                               "to at most %d or add workers",
-                               s->replicas_to_aggregate, n,
-                               n == 1 ? "" : "s", who, n);
-        if (s->total_num_replicas > 0 && s->total_num_replicas != n)
-            keel__problems_add(p, "total_num_replicas %d does not match "
-                               "the %d training replica%s of the cluster "
-                               "(%s); set it to %d or 0 (the default: "
-                               "every replica)", s->total_num_replicas, n,
-                               n == 1 ? "" : "s", who, n);
-    }
+    if (!local && s->mode == KEEL_CLUSTER_SYNC)
+        validate_sync_replicas(s, p);
     if (s->mode != KEEL_CLUSTER_SYNC && s->mode != KEEL_CLUSTER_ASYNC)
         keel__problems_add(p, "unknown mode %d", (int)s->mode);
 }
@@ -547,82 +603,104 @@ json_replicas(struct json_object *root, const char *key, keel__problems *p,
         *dst = (int)v;
 }
 
+/* A job given as a list: one task per element, in order. */
+static keel_status
+parse_job_list(keel_cluster_spec *s, keel_task_type t, const char *key,
+               struct json_object *job, keel__problems *p)
+{
+    size_t n = json_object_array_length(job);
+    keel_status st;
+    if (n > MAX_TASKS_PER_JOB) {
+        keel__problems_add(p, "cluster.%s has %zu tasks (max %d)", key,
+                           n, MAX_TASKS_PER_JOB);
+        return KEEL_OK;
+    }
+    for (size_t i = 0; i < n; i++) {
+        struct json_object *e = json_object_array_get_idx(job, i);
+        const char *a = "";
+        size_t len = 0;
+        if (e == NULL || !json_object_is_type(e, json_type_string))
+            keel__problems_add(p, "cluster.%s[%zu] is not a string",
+                               key, i);
+        else {
+            a = json_object_get_string(e);
+            len = (size_t)json_object_get_string_len(e);
+            if (strlen(a) != len) {
+                keel__problems_add(p, "cluster.%s[%zu] contains NUL",
+                                   key, i);
+                len = strlen(a);
+            }
+        }
+        /* keep a slot either way so indices stay meaningful */
+        if ((st = keel__cluster_spec_add(s, t, a, len)) != KEEL_OK)
+            return st;
+    }
+    return KEEL_OK;
+}
+
+/* The n entries of a sparse job map into slots by index; 0 (and problems
+ * added) if a key is not an index in 0..n-1, a value not a string, or an
+ * index given twice. */
+static int
+sparse_job_slots(const char *key, struct json_object *job, size_t n,
+                 const char **slots, keel__problems *p)
+{
+    int ok = 1;
+    json_object_object_foreach(job, k, v) {
+        int64_t idx;
+        if (!keel__parse_i64(k, 0, (int64_t)n - 1, &idx)) {
+            keel__problems_add(p, "cluster.%s key '%.32s' is not an "
+                               "index in 0..%zu", key, k, n - 1);
+            ok = 0;
+        } else if (!json_object_is_type(v, json_type_string)) {
+            keel__problems_add(p, "cluster.%s[\"%s\"] is not a string",
+                               key, k);
+            ok = 0;
+        } else if (slots[idx] != NULL) {
+            keel__problems_add(p, "cluster.%s index %s given twice",
+                               key, k);
+            ok = 0;
+        } else {
+            slots[idx] = json_object_get_string(v);
+        }
+    }
+    return ok;
+}
+
+/* A job given as a sparse {"<index>": "host:port"} map that must cover
+ * 0..n-1. */
+static keel_status
+parse_job_map(keel_cluster_spec *s, keel_task_type t, const char *key,
+              struct json_object *job, keel__problems *p)
+{
+    size_t n = (size_t)json_object_object_length(job);
+    const char **slots;
+    keel_status st = KEEL_OK;
+    if (n > MAX_TASKS_PER_JOB) {
+        keel__problems_add(p, "cluster.%s has %zu tasks (max %d)", key,
+                           n, MAX_TASKS_PER_JOB);
+        return KEEL_OK;
+    }
+    slots = calloc(n ? n : 1, sizeof *slots);
+    if (slots == NULL)
+        return keel__fail(KEEL_ENOMEM, "TF_CONFIG: sparse job %s", key);
+    if (sparse_job_slots(key, job, n, slots, p))
+        for (size_t i = 0; i < n && st == KEEL_OK; i++)
+            st = keel__cluster_spec_add(s, t, slots[i], strlen(slots[i]));
+    free(slots);
+    return st;
+}
+
 /* One job: a list of "host:port" or a sparse {"<index>": "host:port"} map
  * that must cover 0..n-1. */
 static keel_status
 parse_job(keel_cluster_spec *s, keel_task_type t, const char *key,
           struct json_object *job, keel__problems *p)
 {
-    keel_status st;
-    if (json_object_is_type(job, json_type_array)) {
-        size_t n = json_object_array_length(job);
-        if (n > MAX_TASKS_PER_JOB) {
-            keel__problems_add(p, "cluster.%s has %zu tasks (max %d)", key,
-                               n, MAX_TASKS_PER_JOB);
-            return KEEL_OK;
-        }
-        for (size_t i = 0; i < n; i++) {
-            struct json_object *e = json_object_array_get_idx(job, i);
-            const char *a = "";
-            size_t len = 0;
-            if (e == NULL || !json_object_is_type(e, json_type_string))
-                keel__problems_add(p, "cluster.%s[%zu] is not a string",
-                                   key, i);
-            else {
-                a = json_object_get_string(e);
-                len = (size_t)json_object_get_string_len(e);
-                if (strlen(a) != len) {
-                    keel__problems_add(p, "cluster.%s[%zu] contains NUL",
-                                       key, i);
-                    len = strlen(a);
-                }
-            }
-            /* keep a slot either way so indices stay meaningful */
-            if ((st = keel__cluster_spec_add(s, t, a, len)) != KEEL_OK)
-                return st;
-        }
-        return KEEL_OK;
-    }
-    if (json_object_is_type(job, json_type_object)) {
-        size_t n = (size_t)json_object_object_length(job), start = s->n[t];
-        const char **slots;
-        int ok = 1;
-        if (n > MAX_TASKS_PER_JOB) {
-            keel__problems_add(p, "cluster.%s has %zu tasks (max %d)", key,
-                               n, MAX_TASKS_PER_JOB);
-            return KEEL_OK;
-        }
-        slots = calloc(n ? n : 1, sizeof *slots);
-        if (slots == NULL)
-            return keel__fail(KEEL_ENOMEM, "TF_CONFIG: sparse job %s", key);
-        json_object_object_foreach(job, k, v) {
-            int64_t idx;
-            if (!keel__parse_i64(k, 0, (int64_t)n - 1, &idx)) {
-                keel__problems_add(p, "cluster.%s key '%.32s' is not an "
-                                   "index in 0..%zu", key, k, n - 1);
-                ok = 0;
-            } else if (!json_object_is_type(v, json_type_string)) {
-                keel__problems_add(p, "cluster.%s[\"%s\"] is not a string",
-                                   key, k);
-                ok = 0;
-            } else if (slots[idx] != NULL) {
-                keel__problems_add(p, "cluster.%s index %s given twice",
-                                   key, k);
-                ok = 0;
-            } else {
-                slots[idx] = json_object_get_string(v);
-            }
-        }
-        for (size_t i = 0; ok && i < n; i++)
-            if ((st = keel__cluster_spec_add(s, t, slots[i], strlen(slots[i]))) !=
-                KEEL_OK) {
-                free(slots);
-                return st;
-            }
-        (void)start;
-        free(slots);
-        return KEEL_OK;
-    }
+    if (json_object_is_type(job, json_type_array))
+        return parse_job_list(s, t, key, job, p);
+    if (json_object_is_type(job, json_type_object))
+        return parse_job_map(s, t, key, job, p);
     keel__problems_add(p, "cluster.%s is not a list of \"host:port\"", key);
     return KEEL_OK;
 }
@@ -917,15 +995,72 @@ keel_cluster_spec_format(const keel_cluster_spec *s, char *buf, size_t size)
     return KEEL_OK;
 }
 
+/* The cluster object's jobs: one array of addresses per non-empty job. */
+static keel_status
+tf_config_jobs(const keel_cluster_spec *s, struct json_object *cl)
+{
+    for (int t = 1; t < KEEL_TASK_TYPE_COUNT; t++) {
+        struct json_object *arr;
+        if (s->n[t] == 0)
+            continue;
+        arr = json_object_new_array();
+        if (arr == NULL)
+            return keel__fail(KEEL_ENOMEM, "to_tf_config: json");
+        json_object_object_add(cl, type_names[t], arr);
+        for (size_t i = 0; i < s->n[t]; i++)
+            json_object_array_add(arr, json_object_new_string(s->addr[t][i]));
+    }
+    return KEEL_OK;
+}
+
+/* Everything of root after "cluster": the task (taking task over), the
+ * mode and the optional keys that are set. */
+static void
+tf_config_fields(const keel_cluster_spec *s, keel_task_type type, int index,
+                 struct json_object *root, struct json_object *task)
+{
+    json_object_object_add(root, "task", task);
+    json_object_object_add(task, "type",
+                           json_object_new_string(type_names[type]));
+    json_object_object_add(task, "index", json_object_new_int(index));
+    json_object_object_add(root, "mode", json_object_new_string(
+        s->mode == KEEL_CLUSTER_ASYNC ? "async" : "sync"));
+    if (s->replicas_to_aggregate > 0)
+        json_object_object_add(root, "replicas_to_aggregate",
+                               json_object_new_int(s->replicas_to_aggregate));
+    if (s->total_num_replicas > 0)
+        json_object_object_add(root, "total_num_replicas",
+                               json_object_new_int(s->total_num_replicas));
+    if (s->model_dir != NULL)
+        json_object_object_add(root, "model_dir",
+                               json_object_new_string(s->model_dir));
+}
+
+/* root as one line of JSON into buf (size bytes, NUL included). */
+static keel_status
+tf_config_write(struct json_object *root, char *buf, size_t size)
+{
+    const char *text;
+    size_t len;
+    text = json_object_to_json_string_ext(root, JSON_C_TO_STRING_PLAIN |
+                                          JSON_C_TO_STRING_NOSLASHESCAPE);
+    if (text == NULL)
+        return keel__fail(KEEL_ENOMEM, "to_tf_config: serialize");
+    len = strlen(text);
+    if (len >= size)
+        return keel__fail(KEEL_EINVAL, "to_tf_config: needs %zu bytes, "
+                          "buffer has %zu", len + 1, size);
+    memcpy(buf, text, len + 1);
+    return KEEL_OK;
+}
+
 keel_status
 keel_cluster_spec_to_tf_config(const keel_cluster_spec *s,
                                keel_task_type type, int index, char *buf,
                                size_t size)
 {
     struct json_object *root = NULL, *cl, *task;
-    const char *text;
-    keel_status st = KEEL_OK;
-    size_t len;
+    keel_status st;
 
     if (s == NULL || buf == NULL || size == 0)
         return keel__fail(KEEL_EINVAL, "to_tf_config: bad argument");
@@ -944,47 +1079,12 @@ keel_cluster_spec_to_tf_config(const keel_cluster_spec *s,
         goto out;
     }
     json_object_object_add(root, "cluster", cl);
-    for (int t = 1; t < KEEL_TASK_TYPE_COUNT; t++) {
-        struct json_object *arr;
-        if (s->n[t] == 0)
-            continue;
-        arr = json_object_new_array();
-        if (arr == NULL) {
-            st = keel__fail(KEEL_ENOMEM, "to_tf_config: json");
-            goto out;
-        }
-        json_object_object_add(cl, type_names[t], arr);
-        for (size_t i = 0; i < s->n[t]; i++)
-            json_object_array_add(arr, json_object_new_string(s->addr[t][i]));
-    }
-    json_object_object_add(root, "task", task);
-    json_object_object_add(task, "type",
-                           json_object_new_string(type_names[type]));
-    json_object_object_add(task, "index", json_object_new_int(index));
-    json_object_object_add(root, "mode", json_object_new_string(
-        s->mode == KEEL_CLUSTER_ASYNC ? "async" : "sync"));
-    if (s->replicas_to_aggregate > 0)
-        json_object_object_add(root, "replicas_to_aggregate",
-                               json_object_new_int(s->replicas_to_aggregate));
-    if (s->total_num_replicas > 0)
-        json_object_object_add(root, "total_num_replicas",
-                               json_object_new_int(s->total_num_replicas));
-    if (s->model_dir != NULL)
-        json_object_object_add(root, "model_dir",
-                               json_object_new_string(s->model_dir));
-    text = json_object_to_json_string_ext(root, JSON_C_TO_STRING_PLAIN |
-                                          JSON_C_TO_STRING_NOSLASHESCAPE);
-    if (text == NULL) {
-        st = keel__fail(KEEL_ENOMEM, "to_tf_config: serialize");
+    if ((st = tf_config_jobs(s, cl)) != KEEL_OK) {
+        json_object_put(task);
         goto out;
     }
-    len = strlen(text);
-    if (len >= size) {
-        st = keel__fail(KEEL_EINVAL, "to_tf_config: needs %zu bytes, buffer "
-                        "has %zu", len + 1, size);
-        goto out;
-    }
-    memcpy(buf, text, len + 1);
+    tf_config_fields(s, type, index, root, task);
+    st = tf_config_write(root, buf, size);
 out:
     json_object_put(root);
     return st;

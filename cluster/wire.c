@@ -176,13 +176,111 @@ keel__wire_msg_clear(keel__wire_msg *m)
     memset(m, 0, sizeof *m);
 }
 
+/* The frame layout the header announces, checked against n_frames and the
+ * limits before anything is allocated: the tensor count, the number of
+ * frames, and the text frame's length and content. */
+static keel_status
+decode_check_layout(const keel__wire_msg *m, const keel__wire_limits *lim)
+{
+    int names_only = (m->h.flags & KEEL_WIRE_F_NAMES_ONLY) != 0;
+    int has_text = (m->h.flags & KEEL_WIRE_F_TEXT) != 0;
+    size_t per, want;
+    if (m->h.count > lim->max_tensors)
+        return keel__fail(KEEL_ECORRUPT, "%u tensors (limit %zu)",
+                          m->h.count, lim->max_tensors);
+    per = names_only ? 1 : 2;
+    want = 1 + per * (size_t)m->h.count + (has_text ? 1 : 0);
+    if (m->n_frames != want)
+        return keel__fail(KEEL_ECORRUPT, "%zu frames for %u tensor%s%s "
+                          "(expected %zu)", m->n_frames, m->h.count,
+                          m->h.count == 1 ? "" : "s",
+                          has_text ? " and text" : "", want);
+    if (has_text) {
+        zmq_msg_t *tf = &m->frames[m->n_frames - 1];
+        size_t tl = zmq_msg_size(tf);
+        if (tl > lim->max_text)
+            return keel__fail(KEEL_ECORRUPT, "text of %zu bytes (limit %zu)",
+                              tl, lim->max_text);
+        if (memchr(zmq_msg_data(tf), '\0', tl) != NULL)
+            return keel__fail(KEEL_ECORRUPT, "text contains NUL");
+    }
+    return KEEL_OK;
+}
+
+/* Copy a data frame that libzmq delivered misaligned for float into an
+ * aligned buffer m owns; *p then points at the copy. */
+static keel_status
+decode_align(keel__wire_msg *m, const keel__wire_tensor *wt, void **p,
+             size_t bytes)
+{
+    void *c = keel_aligned_alloc(bytes);
+    void **cs;
+    if (c == NULL)
+        return keel__fail(KEEL_ENOMEM, "aligned copy of '%s'", wt->name);
+    cs = realloc(m->copies, (m->n_copies + 1) * sizeof *cs);
+    if (cs == NULL) {
+        keel_aligned_free(c);
+        return keel__fail(KEEL_ENOMEM, "copy list");
+    }
+    m->copies = cs;
+    m->copies[m->n_copies++] = c;
+    memcpy(c, *p, bytes);
+    *p = c;
+    return KEEL_OK;
+}
+
+/* Point wt's data at its data frame (in place, unless misaligned), after
+ * checking the frame's size against wt's shape and the running total
+ * against the limit. */
+static keel_status
+decode_data(keel__wire_msg *m, keel__wire_tensor *wt, zmq_msg_t *data,
+            const keel__wire_limits *lim, uint64_t *total)
+{
+    size_t bytes = zmq_msg_size(data);
+    void *p = zmq_msg_data(data);
+    if (wt->t.count > SIZE_MAX / sizeof(float) ||
+        bytes != wt->t.count * sizeof(float))
+        return keel__fail(KEEL_ECORRUPT, "tensor '%s': data frame is "
+                          "%zu bytes, shape needs %zu x 4", wt->name,
+                          bytes, wt->t.count);
+    *total += bytes;
+    if (*total > lim->max_total_bytes)
+        return keel__fail(KEEL_ECORRUPT, "tensor data exceeds %llu "
+                          "bytes at '%s'",
+                          (unsigned long long)lim->max_total_bytes,
+                          wt->name);
+    if (((uintptr_t)p % _Alignof(float)) != 0) {
+        keel_status st = decode_align(m, wt, &p, bytes);
+        if (st != KEEL_OK)
+            return st;
+    }
+    wt->t.data = p;
+    wt->t.is_owner = 0;
+    return KEEL_OK;
+}
+
+/* Copy the last frame, already checked by decode_check_layout, into m->text
+ * as a C string. */
+static keel_status
+decode_text(keel__wire_msg *m)
+{
+    zmq_msg_t *tf = &m->frames[m->n_frames - 1];
+    size_t tl = zmq_msg_size(tf);
+    m->text = malloc(tl + 1);
+    if (m->text == NULL)
+        return keel__fail(KEEL_ENOMEM, "text of %zu bytes", tl);
+    memcpy(m->text, zmq_msg_data(tf), tl);
+    m->text[tl] = '\0';
+    return KEEL_OK;
+}
+
 keel_status
 keel__wire_decode(zmq_msg_t *frames, size_t n_frames,
                   const keel__wire_limits *lim_in, keel__wire_msg *m)
 {
     keel__wire_limits lim = *lim_in;
-    int names_only, has_text;
-    size_t per, want, i;
+    int names_only;
+    size_t per, i;
     uint64_t total = 0;
     keel_status st;
 
@@ -195,27 +293,10 @@ keel__wire_decode(zmq_msg_t *frames, size_t n_frames,
                                   zmq_msg_size(&frames[0]), &m->h);
     if (st != KEEL_OK)
         return st;
+    if ((st = decode_check_layout(m, &lim)) != KEEL_OK)
+        return st;
     names_only = (m->h.flags & KEEL_WIRE_F_NAMES_ONLY) != 0;
-    has_text = (m->h.flags & KEEL_WIRE_F_TEXT) != 0;
-    if (m->h.count > lim.max_tensors)
-        return keel__fail(KEEL_ECORRUPT, "%u tensors (limit %zu)",
-                          m->h.count, lim.max_tensors);
     per = names_only ? 1 : 2;
-    want = 1 + per * (size_t)m->h.count + (has_text ? 1 : 0);
-    if (n_frames != want)
-        return keel__fail(KEEL_ECORRUPT, "%zu frames for %u tensor%s%s "
-                          "(expected %zu)", n_frames, m->h.count,
-                          m->h.count == 1 ? "" : "s",
-                          has_text ? " and text" : "", want);
-    if (has_text) {
-        zmq_msg_t *tf = &frames[n_frames - 1];
-        size_t tl = zmq_msg_size(tf);
-        if (tl > lim.max_text)
-            return keel__fail(KEEL_ECORRUPT, "text of %zu bytes (limit %zu)",
-                              tl, lim.max_text);
-        if (memchr(zmq_msg_data(tf), '\0', tl) != NULL)
-            return keel__fail(KEEL_ECORRUPT, "text contains NUL");
-    }
     /* Every size is known to be bounded now: allocate. */
     if (m->h.count > 0) {
         m->tensors = calloc(m->h.count, sizeof *m->tensors);
@@ -230,51 +311,110 @@ keel__wire_decode(zmq_msg_t *frames, size_t n_frames,
             return st;
         if (names_only)
             continue;
-        {
-            zmq_msg_t *data = &frames[2 + per * i];
-            size_t bytes = zmq_msg_size(data);
-            void *p = zmq_msg_data(data);
-            if (wt->t.count > SIZE_MAX / sizeof(float) ||
-                bytes != wt->t.count * sizeof(float))
-                return keel__fail(KEEL_ECORRUPT, "tensor '%s': data frame is "
-                                  "%zu bytes, shape needs %zu x 4", wt->name,
-                                  bytes, wt->t.count);
-            total += bytes;
-            if (total > lim.max_total_bytes)
-                return keel__fail(KEEL_ECORRUPT, "tensor data exceeds %llu "
-                                  "bytes at '%s'",
-                                  (unsigned long long)lim.max_total_bytes,
-                                  wt->name);
-            if (((uintptr_t)p % _Alignof(float)) != 0) {
-                void *c = keel_aligned_alloc(bytes);
-                void **cs;
-                if (c == NULL)
-                    return keel__fail(KEEL_ENOMEM, "aligned copy of '%s'",
-                                      wt->name);
-                cs = realloc(m->copies, (m->n_copies + 1) * sizeof *cs);
-                if (cs == NULL) {
-                    keel_aligned_free(c);
-                    return keel__fail(KEEL_ENOMEM, "copy list");
-                }
-                m->copies = cs;
-                m->copies[m->n_copies++] = c;
-                memcpy(c, p, bytes);
-                p = c;
-            }
-            wt->t.data = p;
-            wt->t.is_owner = 0;
-        }
+        st = decode_data(m, wt, &frames[2 + per * i], &lim, &total);
+        if (st != KEEL_OK)
+            return st;
     }
-    if (has_text) {
-        zmq_msg_t *tf = &frames[n_frames - 1];
-        size_t tl = zmq_msg_size(tf);
-        m->text = malloc(tl + 1);
-        if (m->text == NULL)
-            return keel__fail(KEEL_ENOMEM, "text of %zu bytes", tl);
-        memcpy(m->text, zmq_msg_data(tf), tl);
-        m->text[tl] = '\0';
-    }
+    if ((m->h.flags & KEEL_WIRE_F_TEXT) != 0 &&
+        (st = decode_text(m)) != KEEL_OK)
+        return st;
     m->n = m->h.count;
+    return KEEL_OK;
+}
+
+/* Wait until sock has a message, up to timeout_ms (-1: forever). A signal
+ * (SIGTERM for a clean stop) must not fail the call: poll again for the
+ * rest of the time. */
+static keel_status
+recv_poll(void *sock, int timeout_ms)
+{
+    zmq_pollitem_t item = { sock, 0, ZMQ_POLLIN, 0 };
+    int64_t deadline = keel__now_mono_ns() + (int64_t)timeout_ms * 1000000;
+    int rc;
+    for (;;) {
+        int left = timeout_ms;
+        if (timeout_ms >= 0) {
+            int64_t l = (deadline - keel__now_mono_ns()) / 1000000;
+            left = l < 0 ? 0 : (int)l;
+        }
+        rc = zmq_poll(&item, 1, left);
+        if (rc >= 0 || errno != EINTR)
+            break;
+    }
+    if (rc < 0)
+        return keel__fail(errno == ETERM ? KEEL_ECANCELLED : KEEL_EIO,
+                          "poll: %s", zmq_strerror(errno));
+    if (rc == 0)
+        return keel__fail(KEEL_ETIMEOUT, "no message within %d ms",
+                          timeout_ms);
+    return KEEL_OK;
+}
+
+/* A ROUTER's identity frame into m->identity; a header frame must follow. */
+static keel_status
+recv_identity(void *sock, keel__wire_msg *m)
+{
+    zmq_msg_init(&m->identity);
+    if (zmq_msg_recv(&m->identity, sock, ZMQ_DONTWAIT) < 0) {
+        zmq_msg_close(&m->identity);
+        return keel__fail(KEEL_EIO, "recv identity: %s",
+                          zmq_strerror(errno));
+    }
+    m->has_identity = 1;
+    if (!zmq_msg_more(&m->identity))
+        return keel__fail(KEEL_ECORRUPT, "message has no header frame");
+    return KEEL_OK;
+}
+
+static void
+frames_close(zmq_msg_t *frames, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        zmq_msg_close(&frames[i]);
+    free(frames);
+}
+
+/* All parts of a multipart message arrive together: drain them into
+ * *frames (*n of them). Frames past max_frames, or past a failed growth of
+ * the array, are received and dropped, and *too_many is set. A failed
+ * receive closes what was kept. */
+static keel_status
+recv_frames(void *sock, size_t max_frames, zmq_msg_t **frames, size_t *n,
+            int *too_many)
+{
+    size_t cap = 0;
+    int more = 1;
+    while (more) {
+        zmq_msg_t f;
+        zmq_msg_init(&f);
+        if (zmq_msg_recv(&f, sock, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&f);
+            frames_close(*frames, *n);
+            *frames = NULL;
+            return keel__fail(KEEL_EIO, "recv frame %zu: %s", *n,
+                              zmq_strerror(errno));
+        }
+        more = zmq_msg_more(&f);
+        atomic_fetch_add_explicit(&bytes_in, (uint64_t)zmq_msg_size(&f),
+                                  memory_order_relaxed);
+        if (*n >= max_frames) {
+            *too_many = 1;
+            zmq_msg_close(&f);
+            continue;
+        }
+        if (*n == cap) {
+            size_t nc = cap ? cap * 2 : 8;
+            zmq_msg_t *nf = realloc(*frames, nc * sizeof *nf);
+            if (nf == NULL) {
+                zmq_msg_close(&f);
+                *too_many = 1;      /* keep draining, then fail */
+                continue;
+            }
+            *frames = nf;
+            cap = nc;
+        }
+        (*frames)[(*n)++] = f;
+    }
     return KEEL_OK;
 }
 
@@ -283,87 +423,26 @@ keel__wire_recv(void *sock, int has_identity, const keel__wire_limits *lim_in,
                 int timeout_ms, keel__wire_msg *m)
 {
     keel__wire_limits lim = *lim_in;
-    zmq_pollitem_t item = { sock, 0, ZMQ_POLLIN, 0 };
     zmq_msg_t *frames = NULL;
-    size_t n = 0, cap = 0, max_frames;
-    int more = 1, too_many = 0, rc;
+    size_t n = 0, max_frames;
+    int too_many = 0;
+    keel_status st;
 
     keel__wire_limits_default(&lim);
     keel__wire_msg_init(m);
     max_frames = 2 + 2 * lim.max_tensors + 1;
-    {
-        /* A signal (SIGTERM for a clean stop) must not fail the call:
-         * poll again for the rest of the time. */
-        int64_t deadline = keel__now_mono_ns() + (int64_t)timeout_ms * 1000000;
-        for (;;) {
-            int left = timeout_ms;
-            if (timeout_ms >= 0) {
-                int64_t l = (deadline - keel__now_mono_ns()) / 1000000;
-                left = l < 0 ? 0 : (int)l;
-            }
-            rc = zmq_poll(&item, 1, left);
-            if (rc >= 0 || errno != EINTR)
-                break;
-        }
-    }
-    if (rc < 0)
-        return keel__fail(errno == ETERM ? KEEL_ECANCELLED : KEEL_EIO,
-                          "poll: %s", zmq_strerror(errno));
-    if (rc == 0)
-        return keel__fail(KEEL_ETIMEOUT, "no message within %d ms",
-                          timeout_ms);
-    if (has_identity) {
-        zmq_msg_init(&m->identity);
-        if (zmq_msg_recv(&m->identity, sock, ZMQ_DONTWAIT) < 0) {
-            zmq_msg_close(&m->identity);
-            return keel__fail(KEEL_EIO, "recv identity: %s",
-                              zmq_strerror(errno));
-        }
-        m->has_identity = 1;
-        more = zmq_msg_more(&m->identity);
-        if (!more)
-            return keel__fail(KEEL_ECORRUPT, "message has no header frame");
-    }
-    /* All parts of a multipart message arrive together: drain them. */
-    while (more) {
-        zmq_msg_t f;
-        zmq_msg_init(&f);
-        if (zmq_msg_recv(&f, sock, ZMQ_DONTWAIT) < 0) {
-            zmq_msg_close(&f);
-            for (size_t i = 0; i < n; i++)
-                zmq_msg_close(&frames[i]);
-            free(frames);
-            return keel__fail(KEEL_EIO, "recv frame %zu: %s", n,
-                              zmq_strerror(errno));
-        }
-        more = zmq_msg_more(&f);
-        atomic_fetch_add_explicit(&bytes_in, (uint64_t)zmq_msg_size(&f),
-                                  memory_order_relaxed);
-        if (n >= max_frames) {
-            too_many = 1;
-            zmq_msg_close(&f);
-            continue;
-        }
-        if (n == cap) {
-            size_t nc = cap ? cap * 2 : 8;
-            zmq_msg_t *nf = realloc(frames, nc * sizeof *nf);
-            if (nf == NULL) {
-                zmq_msg_close(&f);
-                too_many = 1;       /* keep draining, then fail */
-                continue;
-            }
-            frames = nf;
-            cap = nc;
-        }
-        frames[n++] = f;
-    }
+    if ((st = recv_poll(sock, timeout_ms)) != KEEL_OK)
+        return st;
+    if (has_identity && (st = recv_identity(sock, m)) != KEEL_OK)
+        return st;
+    st = recv_frames(sock, max_frames, &frames, &n, &too_many);
+    if (st != KEEL_OK)
+        return st;
     if (too_many) {
         if (n > 0)      /* the request id, to answer under it */
             (void)keel__wire_header_decode(zmq_msg_data(&frames[0]),
                                            zmq_msg_size(&frames[0]), &m->h);
-        for (size_t i = 0; i < n; i++)
-            zmq_msg_close(&frames[i]);
-        free(frames);
+        frames_close(frames, n);
         return keel__fail(KEEL_ECORRUPT, "more than %zu frames", max_frames);
     }
     return keel__wire_decode(frames, n, &lim, m);
@@ -454,6 +533,64 @@ send_bytes(void *sock, const void *buf, size_t n, int more)
     return send_frame(sock, &f, more);
 }
 
+/* A copy of a ROUTER peer's identity frame, sent ahead of the message. */
+static keel_status
+send_identity(void *sock, zmq_msg_t *identity)
+{
+    zmq_msg_t id;
+    zmq_msg_init(&id);
+    if (zmq_msg_copy(&id, identity) != 0) {
+        zmq_msg_close(&id);
+        return keel__fail(KEEL_EINTERNAL, "copy identity");
+    }
+    return send_frame(sock, &id, 1);
+}
+
+/* t's data frame: zero-copy under pin (libzmq releases it later), copied
+ * when pin is NULL. */
+static keel_status
+send_data(void *sock, const keel_tensor *t, keel__wire_pin *pin, int more)
+{
+    zmq_msg_t f;
+    if (pin == NULL)
+        return send_bytes(sock, t->data, t->count * sizeof(float), more);
+    pthread_mutex_lock(&pin->mu);
+    pin->pending++;
+    pthread_mutex_unlock(&pin->mu);
+    if (zmq_msg_init_data(&f, t->data, t->count * sizeof(float),
+                          pin_release, pin) != 0) {
+        pin_release(NULL, pin);
+        return keel__fail(KEEL_ENOMEM, "send: data frame");
+    }
+    return send_frame(sock, &f, more);
+}
+
+/* One tensor's descriptor frame and, unless names_only, its data frame;
+ * last: no frame follows it. */
+static keel_status
+send_tensor(void *sock, const keel__wire_out *o, int names_only, int last,
+            keel__wire_pin *pin)
+{
+    unsigned char desc[4 + 8 * KEEL_MAX_DIMS + KEEL_NAME_MAX];
+    const keel_tensor *t = o->t;
+    int64_t scalar[1] = { 1 };
+    size_t dl = keel__wire_desc_encode(o->name, t ? t->ndim : 0,
+                                       t ? t->shape : scalar, desc,
+                                       sizeof desc);
+    keel_status st;
+    if (dl == 0)
+        return keel__fail(KEEL_EINVAL, "send: tensor '%.64s' cannot be "
+                          "described", o->name);
+    if ((st = send_bytes(sock, desc, dl, !(names_only && last))) != KEEL_OK)
+        return st;
+    if (names_only)
+        return KEEL_OK;
+    if (t == NULL || t->data == NULL)
+        return keel__fail(KEEL_EINVAL, "send: tensor '%s' has no data",
+                          o->name);
+    return send_data(sock, t, o->pin != NULL ? o->pin : pin, !last);
+}
+
 keel_status
 keel__wire_send(void *sock, zmq_msg_t *identity, const keel__wire_header *h_in,
                 const keel__wire_out *ts, size_t n, const char *text,
@@ -461,7 +598,6 @@ keel__wire_send(void *sock, zmq_msg_t *identity, const keel__wire_header *h_in,
 {
     keel__wire_header h = *h_in;
     unsigned char hdr[KEEL_WIRE_HEADER_SIZE];
-    unsigned char desc[4 + 8 * KEEL_MAX_DIMS + KEEL_NAME_MAX];
     int names_only;
     keel_status st;
 
@@ -473,53 +609,15 @@ keel__wire_send(void *sock, zmq_msg_t *identity, const keel__wire_header *h_in,
         h.flags |= KEEL_WIRE_F_TEXT;
     names_only = (h.flags & KEEL_WIRE_F_NAMES_ONLY) != 0;
     keel__wire_header_encode(&h, hdr);
-    if (identity != NULL) {
-        zmq_msg_t id;
-        zmq_msg_init(&id);
-        if (zmq_msg_copy(&id, identity) != 0) {
-            zmq_msg_close(&id);
-            return keel__fail(KEEL_EINTERNAL, "copy identity");
-        }
-        if ((st = send_frame(sock, &id, 1)) != KEEL_OK)
-            return st;
-    }
+    if (identity != NULL && (st = send_identity(sock, identity)) != KEEL_OK)
+        return st;
     st = send_bytes(sock, hdr, sizeof hdr, n > 0 || text != NULL);
     if (st != KEEL_OK)
         return st;
     for (size_t i = 0; i < n; i++) {
-        const keel_tensor *t = ts[i].t;
         int last = i + 1 == n && text == NULL;
-        int64_t scalar[1] = { 1 };
-        size_t dl = keel__wire_desc_encode(ts[i].name, t ? t->ndim : 0,
-                                           t ? t->shape : scalar, desc,
-                                           sizeof desc);
-        if (dl == 0)
-            return keel__fail(KEEL_EINVAL, "send: tensor '%.64s' cannot be "
-                              "described", ts[i].name);
-        if ((st = send_bytes(sock, desc, dl, !(names_only && last))) !=
+        if ((st = send_tensor(sock, &ts[i], names_only, last, pin)) !=
             KEEL_OK)
-            return st;
-        if (names_only)
-            continue;
-        if (t == NULL || t->data == NULL)
-            return keel__fail(KEEL_EINVAL, "send: tensor '%s' has no data",
-                              ts[i].name);
-        if (ts[i].pin != NULL || pin != NULL) {
-            keel__wire_pin *tp = ts[i].pin != NULL ? ts[i].pin : pin;
-            zmq_msg_t f;
-            pthread_mutex_lock(&tp->mu);
-            tp->pending++;
-            pthread_mutex_unlock(&tp->mu);
-            if (zmq_msg_init_data(&f, t->data, t->count * sizeof(float),
-                                  pin_release, tp) != 0) {
-                pin_release(NULL, tp);
-                return keel__fail(KEEL_ENOMEM, "send: data frame");
-            }
-            st = send_frame(sock, &f, !last);
-        } else {
-            st = send_bytes(sock, t->data, t->count * sizeof(float), !last);
-        }
-        if (st != KEEL_OK)
             return st;
     }
     if (text != NULL)
@@ -764,22 +862,14 @@ keel__wire_client_call(keel__wire_client *c, keel__wire_header *h,
                                   reply);
 }
 
-keel_status
-keel__wire_client_push_parts(keel__wire_client *c, const keel__wire_out *ts,
-                             size_t n, size_t part_bytes, uint8_t flags,
-                             int timeout_ms,
-                             void (*on_reply)(void *, const keel__wire_msg *),
-                             void *ctx)
+/* Split ts into parts of whole tensors, each closed once it reaches
+ * part_bytes, at most 1024 of them: their first indices into starts, their
+ * count returned. */
+static size_t
+push_split(const keel__wire_out *ts, size_t n, size_t part_bytes,
+           size_t starts[1024])
 {
-    int64_t deadline = keel__now_mono_ns() + (int64_t)timeout_ms * 1000000;
-    size_t starts[1024], parts = 0, got = 0;
-    uint64_t first_id;
-    keel_status st = KEEL_OK, first_err = KEEL_OK;
-    char err[KEEL_ERR_MAX] = "";
-
-    if (n == 0)
-        return keel__fail(KEEL_EINVAL, "push_parts: nothing to push");
-    /* whole tensors per part, at most 1024 parts */
+    size_t parts = 0;
     for (size_t i = 0, acc = 0; i < n; i++) {
         if (acc == 0 && parts < 1024)
             starts[parts++] = i;
@@ -787,11 +877,14 @@ keel__wire_client_push_parts(keel__wire_client *c, const keel__wire_out *ts,
         if (acc >= part_bytes)
             acc = 0;
     }
-    if (zmq_setsockopt(c->sock, ZMQ_SNDTIMEO, &timeout_ms,
-                       sizeof timeout_ms) != 0)
-        return keel__fail(KEEL_EIO, "client: send timeout: %s",
-                          zmq_strerror(errno));
-    first_id = c->next_id;
+    return parts;
+}
+
+/* Send each part as a PUSH whose arg counts the parts after it. */
+static keel_status
+push_send(keel__wire_client *c, const keel__wire_out *ts, size_t n,
+          const size_t *starts, size_t parts, uint8_t flags)
+{
     for (size_t p = 0; p < parts; p++) {
         size_t end = p + 1 < parts ? starts[p + 1] : n;
         keel__wire_header h = { .type = KEEL_MSG_PUSH, .flags = flags,
@@ -800,13 +893,69 @@ keel__wire_client_push_parts(keel__wire_client *c, const keel__wire_out *ts,
                                 .sender_index = (uint32_t)c->index,
                                 .generation = c->generation,
                                 .arg = (uint32_t)(parts - 1 - p) };
-        st = keel__wire_send(c->sock, NULL, &h, ts + starts[p],
-                             end - starts[p], NULL, &c->pin);
+        keel_status st = keel__wire_send(c->sock, NULL, &h, ts + starts[p],
+                                         end - starts[p], NULL, &c->pin);
         if (st != KEEL_OK)
             return keel__wrap(st, "push part %zu/%zu to %s", p + 1, parts,
                               c->endpoint);
     }
-    while (got < parts) {
+    return KEEL_OK;
+}
+
+/* The replies to one push_parts call, counted as they come; the first
+ * error reply is kept to report once all have come. */
+typedef struct {
+    uint64_t first_id;
+    size_t parts, got;
+    keel_status first_err;
+    char err[KEEL_ERR_MAX];
+} push_replies;
+
+/* Count m if it answers one of r's parts: an error is remembered, any
+ * other reply goes to on_reply. Stale replies are ignored. */
+static void
+push_take_reply(const keel__wire_client *c, push_replies *r,
+                const keel__wire_msg *m,
+                void (*on_reply)(void *, const keel__wire_msg *), void *ctx)
+{
+    if (m->h.request_id < r->first_id ||
+        m->h.request_id >= r->first_id + r->parts)
+        return;
+    r->got++;
+    if (m->h.type == KEEL_MSG_ERROR && r->first_err == KEEL_OK) {
+        r->first_err = KEEL_EPEER;
+        snprintf(r->err, sizeof r->err, "%s answered error %u (%s): %s",
+                 c->endpoint, m->h.arg,
+                 keel_status_name((keel_status)m->h.arg),
+                 m->text ? m->text : "(no text)");
+    } else if (m->h.type != KEEL_MSG_ERROR && on_reply != NULL) {
+        on_reply(ctx, m);
+    }
+}
+
+keel_status
+keel__wire_client_push_parts(keel__wire_client *c, const keel__wire_out *ts,
+                             size_t n, size_t part_bytes, uint8_t flags,
+                             int timeout_ms,
+                             void (*on_reply)(void *, const keel__wire_msg *),
+                             void *ctx)
+{
+    int64_t deadline = keel__now_mono_ns() + (int64_t)timeout_ms * 1000000;
+    size_t starts[1024];
+    push_replies r = { .first_err = KEEL_OK, .err = "" };
+    keel_status st;
+
+    if (n == 0)
+        return keel__fail(KEEL_EINVAL, "push_parts: nothing to push");
+    r.parts = push_split(ts, n, part_bytes, starts);
+    if (zmq_setsockopt(c->sock, ZMQ_SNDTIMEO, &timeout_ms,
+                       sizeof timeout_ms) != 0)
+        return keel__fail(KEEL_EIO, "client: send timeout: %s",
+                          zmq_strerror(errno));
+    r.first_id = c->next_id;
+    if ((st = push_send(c, ts, n, starts, r.parts, flags)) != KEEL_OK)
+        return st;
+    while (r.got < r.parts) {
         keel__wire_msg m;
         int64_t left = (deadline - keel__now_mono_ns()) / 1000000;
         st = keel__wire_recv(c->sock, 0, &c->limits, left < 0 ? 0 : (int)left,
@@ -814,30 +963,19 @@ keel__wire_client_push_parts(keel__wire_client *c, const keel__wire_out *ts,
         if (st == KEEL_ETIMEOUT) {
             keel__wire_msg_clear(&m);
             return keel__fail(KEEL_ETIMEOUT, "%zu of %zu push replies from "
-                              "%s within %d ms", got, parts, c->endpoint,
+                              "%s within %d ms", r.got, r.parts, c->endpoint,
                               timeout_ms);
         }
         if (st != KEEL_OK) {
             keel__wire_msg_clear(&m);
             return keel__wrap(st, "push reply from %s", c->endpoint);
         }
-        if (m.h.request_id >= first_id && m.h.request_id < first_id + parts) {
-            got++;
-            if (m.h.type == KEEL_MSG_ERROR && first_err == KEEL_OK) {
-                first_err = KEEL_EPEER;
-                snprintf(err, sizeof err, "%s answered error %u (%s): %s",
-                         c->endpoint, m.h.arg,
-                         keel_status_name((keel_status)m.h.arg),
-                         m.text ? m.text : "(no text)");
-            } else if (m.h.type != KEEL_MSG_ERROR && on_reply != NULL) {
-                on_reply(ctx, &m);
-            }
-        }
+        push_take_reply(c, &r, &m, on_reply, ctx);
         keel__wire_msg_clear(&m);
     }
     if ((st = keel__wire_pin_wait(&c->pin, 10000)) != KEEL_OK)
         return st;
-    if (first_err != KEEL_OK)
-        return keel__fail(first_err, "%s", err);
+    if (r.first_err != KEEL_OK)
+        return keel__fail(r.first_err, "%s", r.err);
     return KEEL_OK;
 }
