@@ -856,8 +856,9 @@ parse_tf_config(keel_cluster_spec *s, struct json_object *root,
     json_replicas(root, "replicas_to_aggregate", p,
                   &s->replicas_to_aggregate);
     json_replicas(root, "total_num_replicas", p, &s->total_num_replicas);
-    if (json_object_object_get_ex(root, "model_dir", &o))
-        return parse_model_dir(s, o, p);
+    if (json_object_object_get_ex(root, "model_dir", &o) &&
+        (st = parse_model_dir(s, o, p)) != KEEL_OK)
+        return st;
     return KEEL_OK;
 }
 
