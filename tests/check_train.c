@@ -15,6 +15,9 @@
 
 #include <hdf5.h>
 #include <zlib.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
 
 #include <keel/keel.h>
 #include "util.h"
@@ -1319,6 +1322,39 @@ tiny_mlp(keel_model_config *cfg, int64_t hidden, int64_t max_batch)
     cfg->max_batch = max_batch;
 }
 
+#if defined(__x86_64__) || defined(__i386__) || defined(__aarch64__)
+static volatile float ftz_a = 2e-38f, ftz_b = 1.5e-38f;
+
+/* ftz_a - ftz_b (subnormal), computed where the caller's mode rules */
+static __attribute__((noipa)) float
+sub_f(void)
+{
+    return ftz_a - ftz_b;
+}
+
+/* Whether this CPU flushes subnormals when asked to, asked directly rather
+ * than through keel: an emulator may not (valgrind ignores MXCSR's FTZ and
+ * DAZ bits), and there the flushed values cannot be checked. */
+static int
+cpu_honours_ftz(void)
+{
+    float d;
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned int csr = _mm_getcsr();
+    _mm_setcsr(csr | 0x8040);           /* FTZ | DAZ */
+    d = sub_f();
+    _mm_setcsr(csr);
+#else
+    uint64_t fpcr;
+    __asm__ volatile("mrs %0, fpcr" : "=r"(fpcr));
+    __asm__ volatile("msr fpcr, %0" : : "r"(fpcr | (UINT64_C(1) << 24)));
+    d = sub_f();
+    __asm__ volatile("msr fpcr, %0" : : "r"(fpcr));
+#endif
+    return d == 0.0f;
+}
+#endif
+
 START_TEST(test_optimizer_flushes_subnormals_and_keeps_callers_mode)
 {
     /* SGD, lr 1: 2e-38 - 1.5e-38 is subnormal (under FLT_MIN, 1.18e-38)
@@ -1348,8 +1384,13 @@ START_TEST(test_optimizer_flushes_subnormals_and_keeps_callers_mode)
     ck_assert_int_eq(keel_optimizer_new(&oc, &opt), KEEL_OK);
     ck_assert_int_eq(keel_optimizer_prepare(opt, vs), KEEL_OK);
     ck_assert_int_eq(keel_optimizer_apply(opt, vs, g, 0), KEEL_OK);
-    ck_assert_float_eq(x[0], 0.0f);
-    ck_assert_float_eq(x[1], 0.0f);
+    if (cpu_honours_ftz()) {
+        ck_assert_float_eq(x[0], 0.0f);
+        ck_assert_float_eq(x[1], 0.0f);
+    } else {
+        fprintf(stderr, "test_optimizer_flushes_subnormals: this CPU (or "
+                "emulator) ignores FTZ/DAZ; flushed values not checked\n");
+    }
     ck_assert_float_eq(x[2], 0.5f);
     ck_assert(a - b > 0.0f && a - b < FLT_MIN);
     keel_optimizer_free(opt);
