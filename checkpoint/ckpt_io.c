@@ -23,80 +23,85 @@
 #define CK_HASH_CHUNK ((size_t)1 << 20)
 #define CK_WB_CHUNK ((size_t)8 << 20)
 #define CK_DIO_ALIGN KEEL__PAGE_ALIGN  /* O_DIRECT buffer/offset/length */
-/* One O_DIRECT write: 8 block-layer requests of 4 MiB in flight (32 MiB
- * wrote 1.0-1.7 GB/s against 0.8-1.6 for 8 MiB on a shared 2-core VM). */
+/* One O_DIRECT write: 8 block-layer requests of 4 MiB in flight, so the
+ * device's queue stays full. */
 #define CK_DIO_WCHUNK ((size_t)32 << 20)
 #define CK_THREADED_READ_BYTES ((size_t)16 << 20)
 
 /* ---- writing ------------------------------------------------------------ */
 
-/* Write one dataset's bytes at its offset. With hash, each chunk is hashed
- * right before it is written (one pass over memory).
- * With dfd (an O_DIRECT descriptor of the same file, or -1), the
- * page-aligned body of a page-aligned piece (large tensors: see
- * train/tensor.c) goes to the disk by DMA straight from the tensor, and
- * only the sub-page tail through the page cache. On the test VM direct
- * writes ran at 2.3-2.6 GB/s in every round while buffered writes of the
- * same 1 GiB (with or without writeback pacing, preallocated or not) ran
- * at 0.35-2.7 GB/s: the guest's dirty-page writeback and its throttling,
- * not the disk, set the buffered rate. *dfd is closed and set to -1 when
- * the file system refuses O_DIRECT (EINVAL); the piece then goes
- * buffered.
- * Buffered bytes: every CK_WB_CHUNK written (across pieces) the kernel is
- * asked to start writing the chunk back (sync_file_range WRITE: no wait,
- * no durability promise - the fsync after all pieces gives that), so the
- * disk works while the next chunks are copied. */
+/* The file a checkpoint's pieces go to, and how far it has got. */
+typedef struct ck_out {
+    int fd;                   /* buffered descriptor */
+    int dfd;                  /* O_DIRECT descriptor of the same file, or -1 */
+    int64_t wb[2];            /* written range not yet handed to writeback */
+    size_t n_direct;          /* bytes that went by O_DIRECT */
+    const char *path;         /* the temporary file, for messages */
+} ck_out;
+
+/* The O_DIRECT part of a piece: its page-aligned body, when the piece
+ * starts page-aligned in memory and in the file (large tensors: see
+ * train/tensor.c), goes to the disk by DMA straight from the tensor,
+ * CK_DIO_WCHUNK at a time. Direct writes are used because buffered ones
+ * of large checkpoints are paced by the kernel's dirty-page writeback, not
+ * by the disk (docs/checkpoint.md). When the file system refuses O_DIRECT
+ * (EINVAL on the first write) o->dfd is closed and set to -1, hs restarts
+ * and *done stays 0: the piece goes buffered. */
 static keel_status
-write_piece(int fd, int *dfd, const ck_piece *pc, uint64_t *hash,
-            int64_t *wb, size_t *n_direct, const char *tmp)
+write_direct(ck_out *o, const ck_piece *pc, XXH64_state_t *hs, size_t *done)
 {
     const char *d = pc->data;
-    XXH64_state_t *hs = NULL;
-    keel_status st = KEEL_OK;
-    size_t done = 0, body = 0;
+    size_t body = 0;
 
-    if (*dfd >= 0 && ((uintptr_t)d & (CK_DIO_ALIGN - 1)) == 0 &&
+    *done = 0;
+    if (o->dfd >= 0 && ((uintptr_t)d & (CK_DIO_ALIGN - 1)) == 0 &&
         ((uint64_t)pc->offset & (CK_DIO_ALIGN - 1)) == 0)
         body = pc->bytes & ~(CK_DIO_ALIGN - 1);
-    if (hash != NULL) {
-        hs = XXH64_createState();
-        if (hs == NULL)
-            return keel__fail(KEEL_ENOMEM, "xxh64 state");
-        XXH64_reset(hs, 0);
-    }
-    if (body > 0 && lseek(*dfd, (off_t)pc->offset, SEEK_SET) < 0)
+    if (body > 0 && lseek(o->dfd, (off_t)pc->offset, SEEK_SET) < 0)
         body = 0;
-    while (done < body && st == KEEL_OK) {
-        size_t c = body - done < CK_DIO_WCHUNK ? body - done
-                                               : CK_DIO_WCHUNK;
+    while (*done < body) {
+        size_t c = body - *done < CK_DIO_WCHUNK ? body - *done
+                                                : CK_DIO_WCHUNK;
         size_t put = 0;
         if (hs != NULL)
-            XXH64_update(hs, d + done, c);
+            XXH64_update(hs, d + *done, c);
         while (put < c) {
-            ssize_t w = keel__fs->write(*dfd, d + done + put, c - put);
+            ssize_t w = keel__fs->write(o->dfd, d + *done + put, c - put);
             if (w < 0 && errno == EINTR)
                 continue;
-            if (w < 0 && errno == EINVAL && done + put == 0) {
-                close(*dfd);               /* no O_DIRECT here after all */
-                *dfd = -1;
-                body = 0;
-                break;
+            if (w < 0 && errno == EINVAL && *done + put == 0) {
+                close(o->dfd);             /* no O_DIRECT here after all */
+                o->dfd = -1;
+                if (hs != NULL)
+                    XXH64_reset(hs, 0);    /* start over, buffered */
+                return KEEL_OK;
             }
-            if (w <= 0) {
-                st = keel__fail(KEEL_EIO, "write %s: %s", tmp,
-                                w < 0 ? strerror(errno) : "no progress");
-                break;
-            }
+            if (w <= 0)
+                return keel__fail(KEEL_EIO, "write %s: %s", o->path,
+                                  w < 0 ? strerror(errno) : "no progress");
             put += (size_t)w;
-            *n_direct += (size_t)w;
+            o->n_direct += (size_t)w;
         }
-        if (body == 0 && hs != NULL)
-            XXH64_reset(hs, 0);            /* start over, buffered */
-        done += put;
+        *done += put;
     }
-    if (st == KEEL_OK && done < pc->bytes &&
-        lseek(fd, (off_t)(pc->offset + (int64_t)done), SEEK_SET) < 0)
-        st = keel__fail(KEEL_EIO, "seek in %s: %s", tmp, strerror(errno));
+    return KEEL_OK;
+}
+
+/* The rest of a piece from byte done on, through the page cache. Every
+ * CK_WB_CHUNK written (across pieces) the kernel is asked to start writing
+ * the chunk back (sync_file_range WRITE: no wait, no durability promise -
+ * the fsync after all pieces gives that), so the disk works while the
+ * next chunks are copied. */
+static keel_status
+write_buffered(ck_out *o, const ck_piece *pc, XXH64_state_t *hs, size_t done)
+{
+    const char *d = pc->data;
+    keel_status st = KEEL_OK;
+
+    if (done < pc->bytes &&
+        lseek(o->fd, (off_t)(pc->offset + (int64_t)done), SEEK_SET) < 0)
+        return keel__fail(KEEL_EIO, "seek in %s: %s", o->path,
+                          strerror(errno));
     while (done < pc->bytes && st == KEEL_OK) {
         size_t c = pc->bytes - done < CK_WB_CHUNK ? pc->bytes - done
                                                   : CK_WB_CHUNK;
@@ -104,25 +109,48 @@ write_piece(int fd, int *dfd, const ck_piece *pc, uint64_t *hash,
             for (size_t h = 0; h < c && st == KEEL_OK; h += CK_HASH_CHUNK) {
                 size_t hc = c - h < CK_HASH_CHUNK ? c - h : CK_HASH_CHUNK;
                 XXH64_update(hs, d + done + h, hc);
-                st = keel__fs_write_all(fd, d + done + h, hc, tmp);
+                st = keel__fs_write_all(o->fd, d + done + h, hc, o->path);
             }
         } else {
-            st = keel__fs_write_all(fd, d + done, c, tmp);
+            st = keel__fs_write_all(o->fd, d + done, c, o->path);
         }
         done += c;
         /* wb[0..1]: the written range not yet handed to writeback (the
          * pieces are in file order; gaps between them are metadata). */
-        if (wb[1] <= wb[0])
-            wb[0] = pc->offset + (int64_t)(done - c);
-        wb[1] = pc->offset + (int64_t)done;
+        if (o->wb[1] <= o->wb[0])
+            o->wb[0] = pc->offset + (int64_t)(done - c);
+        o->wb[1] = pc->offset + (int64_t)done;
 #ifdef SYNC_FILE_RANGE_WRITE
-        if (st == KEEL_OK && wb[1] - wb[0] >= (int64_t)CK_WB_CHUNK) {
-            (void)sync_file_range(fd, (off_t)wb[0], (off_t)(wb[1] - wb[0]),
+        if (st == KEEL_OK && o->wb[1] - o->wb[0] >= (int64_t)CK_WB_CHUNK) {
+            (void)sync_file_range(o->fd, (off_t)o->wb[0],
+                                  (off_t)(o->wb[1] - o->wb[0]),
                                   SYNC_FILE_RANGE_WRITE);
-            wb[0] = wb[1];
+            o->wb[0] = o->wb[1];
         }
 #endif
     }
+    return st;
+}
+
+/* Write one dataset's bytes at its offset: the O_DIRECT body, then the
+ * rest buffered. With hash, each chunk is hashed right before it is
+ * written (one pass over memory). */
+static keel_status
+write_piece(ck_out *o, const ck_piece *pc, uint64_t *hash)
+{
+    XXH64_state_t *hs = NULL;
+    size_t done;
+    keel_status st;
+
+    if (hash != NULL) {
+        hs = XXH64_createState();
+        if (hs == NULL)
+            return keel__fail(KEEL_ENOMEM, "xxh64 state");
+        XXH64_reset(hs, 0);
+    }
+    st = write_direct(o, pc, hs, &done);
+    if (st == KEEL_OK)
+        st = write_buffered(o, pc, hs, done);
     if (hs != NULL) {
         *hash = XXH64_digest(hs);
         XXH64_freeState(hs);
@@ -132,7 +160,7 @@ write_piece(int fd, int *dfd, const ck_piece *pc, uint64_t *hash,
 
 /* O_DIRECT writes do not pass the data through the CPU, so the checksums
  * need a pass of their own: a thread computes them while the writes run
- * (on the test VM hashing inline cost ~20% of a 32 MiB direct write). */
+ * (hashing inline would hold each direct write back by the hash's time). */
 typedef struct hash_job {
     const ck_piece *pieces;
     size_t n;
@@ -154,22 +182,21 @@ keel__ckpt_io_write(int fd, const char *tmp, const ck_piece *pieces,
                     size_t n, int direct, size_t *n_direct)
 {
     keel_status st = KEEL_OK;
-    int64_t wb[2] = { 0, 0 };
-    int dfd = -1, has_hasher = 0, wants_hash = 0;
+    ck_out o = { .fd = fd, .dfd = -1, .path = tmp };
+    int has_hasher = 0, wants_hash = 0;
     hash_job hj = { pieces, n };
     pthread_t hasher;
 
     assert(fd >= 0 && n_direct != NULL);
-    *n_direct = 0;
     for (size_t i = 0; i < n; i++)
         wants_hash |= pieces[i].hash != NULL;
 #ifdef O_DIRECT
     if (direct)
-        dfd = open(tmp, O_WRONLY | O_CLOEXEC | O_DIRECT);
+        o.dfd = open(tmp, O_WRONLY | O_CLOEXEC | O_DIRECT);
 #else
     (void)direct;
 #endif
-    if (wants_hash && dfd >= 0)
+    if (wants_hash && o.dfd >= 0)
         has_hasher = pthread_create(&hasher, NULL, hash_main, &hj) == 0;
     for (size_t i = 0; i < n && st == KEEL_OK; i++) {
         const ck_piece *pc = &pieces[i];
@@ -180,13 +207,13 @@ keel__ckpt_io_write(int fd, const char *tmp, const ck_piece *pieces,
                             "%s in %s", pc->what, tmp);
             break;
         }
-        st = write_piece(fd, &dfd, pc, has_hasher ? NULL : pc->hash, wb,
-                         n_direct, tmp);
+        st = write_piece(&o, pc, has_hasher ? NULL : pc->hash);
     }
     if (has_hasher)
         pthread_join(hasher, NULL);
-    if (dfd >= 0)
-        close(dfd);                 /* direct writes are done on return */
+    if (o.dfd >= 0)
+        close(o.dfd);               /* direct writes are done on return */
+    *n_direct = o.n_direct;
     return st;
 }
 
