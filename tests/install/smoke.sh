@@ -15,6 +15,13 @@ export PKG_CONFIG_SYSROOT_DIR="$dest"
 # shellcheck disable=SC2046
 cc -o "$dest/smoke" "$src/smoke.c" $(pkg-config --cflags --libs keel)
 out=$(LD_LIBRARY_PATH="$dest$libdir" "$dest/smoke")
+# README's library example compiles, warning-free, against what was installed.
+awk '/^```c$/ { on = 1; next } /^```$/ { if (on) exit } on' \
+    "$src/../../README.md" > "$dest/readme_snippet.c"
+test -s "$dest/readme_snippet.c"
+# shellcheck disable=SC2046
+cc -Wall -Wextra -Werror -c -o "$dest/readme_example.o" -I"$dest" \
+   "$src/readme_example.c" $(pkg-config --cflags keel)
 echo "$out"
 grep -q '1 variable, 802816 bytes' <<<"$out"
 test -f "$dest$prefix/share/man/man1/keel.1"
@@ -26,4 +33,4 @@ test -x "$dest$prefix/bin/keel"
 # Only keel_* symbols are exported.
 bad=$(nm -D --defined-only "$dest$libdir/libkeel.so" | awk '{print $3}' | grep -v -E '^(keel_[a-z]|_init$|_fini$)' || true)
 if [ -n "$bad" ]; then echo "install smoke: libkeel exports non-keel symbols: $bad" >&2; exit 1; fi
-echo "install smoke: 1 passed, 0 failed"
+echo "install smoke: 2 passed, 0 failed"
