@@ -28,6 +28,12 @@ keel_end_reason_name(keel_end_reason why)
 }
 
 void
+keel_hook_init(keel_hook *h)
+{
+    KEEL__STRUCT_INIT(h);
+}
+
+void
 keel_hook_release(keel_hook *h)
 {
     if (h == NULL)

@@ -93,6 +93,7 @@ struct keel_session {
     keel_step_fn step;
     void *step_ctx;
     keel_updater updater;
+    int is_updateless_told;         /* "no update rule" logged once */
     keel_backend backend;           /* zero: local */
     keel_hook *hooks;
     size_t n_hooks;
@@ -762,7 +763,8 @@ sn_add_hooks(keel_session *s, const keel_session_config *cfg)
         const keel_hook *h = &cfg->hooks[i];
         if (h->struct_size == 0 || h->struct_size > sizeof(keel_hook))
             return keel__fail(KEEL_EINVAL, "session: hook %zu ('%s') has "
-                              "struct_size %u (expected %zu)", i,
+                              "struct_size %u (this libkeel knows up to "
+                              "%zu): start it with keel_hook_init()", i,
                               h->name != NULL ? h->name : "?",
                               h->struct_size, sizeof(keel_hook));
         memcpy(&s->hooks[i], h, h->struct_size);
@@ -1147,6 +1149,16 @@ apply_update(keel_session *s, int64_t gs)
                                           gs, 0, s->rep->pool);
     else if (s->updater.apply != NULL)
         st = s->updater.apply(s->updater.ctx, s->vars, s->grads, gs);
+    else if (!s->is_updateless_told && s->grads != NULL
+             && keel_grads_count(s->grads) > 0) {
+        s->is_updateless_told = 1;
+        keel__log(KEEL_LOG_WARN, "session: no update rule: the gradients "
+                  "of %zu trainable variables are discarded at every step "
+                  "(set keel_training_config.optimizer or "
+                  "keel_session_config.updater, or call "
+                  "keel_step_mark_applied in a step that updates the "
+                  "variables itself)", keel_grads_count(s->grads));
+    }
     if (st != KEEL_OK)
         return keel__wrap(st, "apply gradients at step %lld",
                           (long long)gs);

@@ -250,6 +250,74 @@ START_TEST(test_optimizer_updater_applies_the_optimizer)
 }
 END_TEST
 
+/* A session with trainable variables and no update rule discards the
+ * gradients: it says so once, naming the settings that fix it; a step that
+ * applies its own update is not told. */
+START_TEST(test_no_update_rule_is_logged_once)
+{
+    script sc = { 0 };
+    keel_session_config c;
+    keel_session *s;
+    tu_log log = { .filter = "no update rule" };
+    keel_log_set_handler(tu_log_append, &log, KEEL_LOG_WARN);
+    base_cfg(&c, &sc, NULL, 0);
+    c.updater.apply = NULL;
+    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_eq(keel_session_run(s, NULL), KEEL_OK);
+    ck_assert_int_eq(keel_session_close(s), KEEL_OK);
+    keel_session_free(s);
+    keel_log_set_handler(NULL, NULL, KEEL_LOG_INFO);
+    ck_assert_int_eq(keel_vars_global_step(vs), 3);
+    ck_assert_ptr_nonnull(strstr(log.text, "gradients of 1 trainable "
+                                 "variables are discarded"));
+    ck_assert_ptr_nonnull(strstr(log.text, "keel_training_config.optimizer"));
+    ck_assert_ptr_null(strstr(strchr(log.text, '\n') + 1, "no update rule"));
+
+    log.text[0] = '\0';                      /* an updater: silent */
+    keel_log_set_handler(tu_log_append, &log, KEEL_LOG_WARN);
+    s = open_session(&sc, NULL, 0);
+    ck_assert_int_eq(keel_session_run(s, NULL), KEEL_OK);
+    ck_assert_int_eq(keel_session_close(s), KEEL_OK);
+    keel_session_free(s);
+    keel_log_set_handler(NULL, NULL, KEEL_LOG_INFO);
+    ck_assert_str_eq(log.text, "");
+}
+END_TEST
+
+/* keel_hook_init gives a user's hook its struct_size; a hook without one is
+ * refused with the call that fixes it. */
+START_TEST(test_user_hook_starts_from_keel_hook_init)
+{
+    script sc = { 0 };
+    keel_session_config c;
+    keel_session *s;
+    keel_hook h;
+    rec r = { "mine", 0 };
+    memset(&h, 0xff, sizeof h);
+    keel_hook_init(&h);
+    ck_assert_uint_eq(h.struct_size, sizeof h);
+    ck_assert_ptr_null(h.before_run);
+    ck_assert_uint_eq(h.kind, KEEL_HOOK_USER);
+    h.name = "mine";
+    h.ctx = &r;
+    h.after_run = rec_after;
+    s = open_session(&sc, &h, 1);
+    ck_assert_int_eq(keel_session_run(s, NULL), KEEL_OK);
+    ck_assert_int_eq(keel_session_close(s), KEEL_OK);
+    keel_session_free(s);
+    ck_assert_ptr_nonnull(strstr(ev, "a:mine1 "));
+
+    h.struct_size = 0;
+    base_cfg(&c, &sc, &h, 1);
+    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "hook 0 ('mine') has "
+                                 "struct_size 0"));
+    ck_assert_ptr_nonnull(strstr(keel_last_error(),
+                                 "start it with keel_hook_init()"));
+}
+END_TEST
+
 /* A user's step running Hogwild rounds (keel_hogwild) on the session's
  * store: every element's gradient is 1 in each of 2 threads. */
 static keel_status
@@ -961,7 +1029,9 @@ START_TEST(test_prepare_errors_match_tf_conditions)
                      KEEL_ESTATE);
     ck_assert_ptr_nonnull(strstr(keel_last_error(),
                                  "did not make model ready: 1 not "
-                                 "initialized: w"));
+                                 "initialized: w (a scaffold.init of your "
+                                 "own marks what it set with "
+                                 "keel_var_set_initialized"));
     keel_session_manager_free(sm);
     mc.scaffold = NULL;
     ck_assert_int_eq(keel_session_manager_new(&mc, &sm), KEEL_OK);
@@ -1511,6 +1581,8 @@ session_suite(void)
     tu_tcase(s, "session", 20, setup, teardown, TU_TESTS(
         test_clean_run_calls_hooks_in_order_and_end_clean,
         test_optimizer_updater_applies_the_optimizer,
+        test_no_update_rule_is_logged_once,
+        test_user_hook_starts_from_keel_hook_init,
         test_a_step_runs_hogwild_rounds_of_one_step_per_thread,
         test_hook_stop_request_lets_all_hooks_see_after_run_then_refuses,
         test_step_error_skips_after_run_and_ends_with_error,

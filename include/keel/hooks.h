@@ -83,16 +83,19 @@ typedef enum keel_hook_kind {
     KEEL_HOOK_PROFILER
 } keel_hook_kind;
 
-/* A hook: function pointers plus a context, copied when added. Any member
- * may be NULL. Pointer arguments are borrowed for the call. A non-OK return
+/* A hook: function pointers plus a context. Start from keel_hook_init(),
+ * then set the members you need; any member may be NULL. The session
+ * copies the struct when it is added; name and ctx stay borrowed for the
+ * session's life. Pointer arguments of the calls are borrowed for the
+ * call. A non-OK return
  * stops the session; the caller sees KEEL_EHOOK (recoverable codes,
  * KEEL_EABORTED/KEEL_EUNAVAILABLE, are passed through so a MonitoredSession
  * re-creates itself). Call order: begin once; after_create_session after
  * every session (re)creation; before_run and after_run around every step
  * (after_run only for steps that succeeded); end once with the reason. */
 typedef struct keel_hook {
-    uint32_t    struct_size;  /* sizeof(keel_hook) as the caller compiled it */
-    const char *name;         /* for logs: "checkpoint_saver" */
+    uint32_t    struct_size;  /* set by keel_hook_init() */
+    const char *name;         /* for logs: "checkpoint_saver"; borrowed */
     void       *ctx;          /* caller owns; must outlive the session */
     keel_status (*begin)(void *ctx);
     keel_status (*after_create_session)(void *ctx, keel_session *s);
@@ -114,6 +117,10 @@ typedef struct keel_hook {
     uint32_t    flags;        /* KEEL_HOOK_NO_STEP_TIME, or 0 */
     uint32_t    kind;         /* keel_hook_kind */
 } keel_hook;
+
+/* Zero *h and set its struct_size: every member NULL, kind
+ * KEEL_HOOK_USER. */
+void keel_hook_init(keel_hook *h);
 
 /* Free a built-in hook's context (h->destroy) and clear *h. NULL or a hook
  * without destroy is a no-op. Cannot fail. */
