@@ -52,6 +52,7 @@ DATA=${DATA:-/usr/share/datasets/fashion-mnist}
 . "$(dirname "$0")/common.sh"
 out=$(bench_out_dir keel-kfac-bench)
 keel="$build/keel"
+[ "$mode" = overhead ] && make -s -C "$build" bench/kfac_bench >&2
 echo "# $(bench_machine)" >&2
 echo "# logs: $out" >&2
 if [ -z "${CORETYPES:-}" ]; then
