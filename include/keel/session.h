@@ -267,18 +267,19 @@ typedef struct keel_session_config {
     uint32_t struct_size;             /* set by keel_session_config_init() */
     keel_vars *vars;                  /* borrowed; required */
     keel_step_fn step;                /* required */
-    void *step_ctx;
+    void *step_ctx;                   /* borrowed, like every ctx below */
     keel_updater updater;             /* used when the backend has none */
     const keel_backend *backend;      /* copied; NULL: local */
-    const keel_hook *hooks;           /* copied, run in this order */
+    const keel_hook *hooks;           /* copied, run in this order (each
+                                       * hook's name and ctx borrowed) */
     size_t n_hooks;
     /* Creation: creator.create non-NULL wins; else is_chief (default 1)
      * picks the chief (prepare) or worker (wait max_wait_secs) creator over
      * a manager built from scaffold/checkpoint_dir/backend. */
     keel_session_creator creator;
     int is_chief;
-    const keel_scaffold *scaffold;    /* NULL: defaults */
-    const char *checkpoint_dir;       /* restore + keel_session_save_now */
+    const keel_scaffold *scaffold;    /* copied; NULL: defaults */
+    const char *checkpoint_dir;       /* copied; restore + save_now */
     double max_wait_secs;             /* worker; default 1800 */
     int recovery_wait_ms;             /* worker retry; default 50 */
     /* Recovery (MonitoredSession only): bounded retries, the first at
@@ -295,7 +296,7 @@ typedef struct keel_session_config {
     /* After every restore: the restored checkpoint's info and blobs. */
     keel_status (*restore_fn)(void *ctx, const keel_ckpt_info *info);
     void *restore_ctx;
-    const keel_restore_opts *restore_opts;
+    const keel_restore_opts *restore_opts;    /* copied */
     /* 0 (default): gradients are zeroed before every step. 1: not (the step
      * overwrites every gradient; saves one pass over them per step). */
     int skip_grad_zeroing;
@@ -432,6 +433,8 @@ typedef struct keel_training_config {
      * lives only there, with the default keel_session_config_init gives
      * it; the training session changes them only as stated below. */
     keel_session_config session;
+    /* Pointer members below are copied by keel_training_session_new,
+     * except cluster (borrowed) and a listener's or hook's ctx. */
     const char *summary_dir;          /* NULL: session.checkpoint_dir */
     const keel_hook *chief_only_hooks;
     size_t n_chief_only_hooks;

@@ -22,6 +22,21 @@ test -s "$dest/readme_snippet.c"
 # shellcheck disable=SC2046
 cc -Wall -Wextra -Werror -c -o "$dest/readme_example.o" -I"$dest" \
    "$src/readme_example.c" $(pkg-config --cflags keel)
+# So do the doc blocks marked "compiled by tests/install/smoke.sh".
+for doc in "$src"/../../docs/*.md; do
+    awk '/<!-- compiled by tests\/install\/smoke.sh -->/ { want = 1; next }
+         want && /^```c$/ { on = 1; want = 0; next }
+         on && /^```$/ { on = 0; next } on' "$doc" > "$dest/doc_block.c"
+    [ -s "$dest/doc_block.c" ] || continue
+    { echo '#include <math.h>'; echo '#include <keel/keel.h>';
+      cat "$dest/doc_block.c"; } > "$dest/doc_example.c"
+    # shellcheck disable=SC2046
+    cc -Wall -Wextra -Werror -c -o "$dest/doc_example.o" "$dest/doc_example.c" \
+       $(pkg-config --cflags keel) ||
+        { echo "install smoke: a code block of $doc does not compile" >&2; exit 1; }
+    n_docs=$((${n_docs:-0} + 1))
+done
+[ "${n_docs:-0}" -ge 1 ]
 echo "$out"
 grep -q '1 variable, 802816 bytes' <<<"$out"
 test -f "$dest$prefix/share/man/man1/keel.1"
