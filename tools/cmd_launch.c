@@ -18,6 +18,7 @@
 #include <keel/keel.h>
 #include <keel/launch.h>
 #include "cli.h"
+#include "mpirun.h"
 
 #define MAX_OVERRIDES 256
 
@@ -362,26 +363,17 @@ check_mwm(int num_ps, int with_evaluator, int ranks)
     return CLI_OK;
 }
 
-/* mpirun's arguments for n ranks of keel (Open MPI): every rank on this
- * machine, more ranks than cores allowed, shared memory between them and
- * the loopback interface only (no network); as root, Open MPI's own
- * consent flag. Returns the number of arguments written. */
+/* mpirun's arguments for n ranks of keel (Open MPI): the options of
+ * ranks on this machine alone (mpirun.h), then the ranks and the program.
+ * Returns the number of arguments written. */
 static int
 mpirun_argv(char **argv, char *n, char *keel)
 {
     int k = 0;
     argv[k++] = "mpirun";
-    if (getuid() == 0)
-        argv[k++] = "--allow-run-as-root";
+    k += mpirun_local_options(argv + k);
     argv[k++] = "-n";
     argv[k++] = n;
-    argv[k++] = "--oversubscribe";
-    argv[k++] = "--mca";
-    argv[k++] = "btl";
-    argv[k++] = "self,vader";
-    argv[k++] = "--mca";
-    argv[k++] = "oob_tcp_if_include";
-    argv[k++] = "lo";
     argv[k++] = keel;
     return k;
 }
@@ -422,7 +414,9 @@ typedef struct launch_args {
     /* the rule that refuses workers beyond the start, or empty */
     char fixed_rule[32];
     char n_ranks[16];
-    char *task_argv[MAX_OVERRIDES * 2 + 8];
+    /* mpirun, its options, -n N keel, train CONFIG, -s strategy, the
+     * overrides, -v, NULL */
+    char *task_argv[MPIRUN_LOCAL_OPTIONS_MAX + 10 + MAX_OVERRIDES * 2];
     char exe[PATH_MAX], outdir[PATH_MAX], keel_exe[PATH_MAX];
     keel_launch_config lc;
 } launch_args;
