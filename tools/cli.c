@@ -58,6 +58,16 @@ cli_wants_help(int argc, char **argv)
     return 0;
 }
 
+int
+cli_add_override(const char *verb, char **over, int *n_over, char *value)
+{
+    if (*n_over == CLI_MAX_OVERRIDES)
+        return cli_error(CLI_USAGE, "%s: too many -s overrides (limit %d)",
+                         verb, CLI_MAX_OVERRIDES);
+    over[(*n_over)++] = value;
+    return CLI_OK;
+}
+
 int cli_bar_drawn;
 
 void

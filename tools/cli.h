@@ -58,6 +58,13 @@ typedef struct cli_bar {
 } cli_bar;
 void cli_bar_make(cli_bar *b, double frac, double elapsed_secs);
 
+/* The most -s section.key=value overrides a command line takes. */
+#define CLI_MAX_OVERRIDES 256
+/* Add an -s value to over (*n_over of CLI_MAX_OVERRIDES used): CLI_OK, or
+ * the usage error "<verb>: too many -s overrides", on stderr already. */
+int cli_add_override(const char *verb, char **over, int *n_over,
+                     char *value);
+
 /* Load a config file, apply -s overrides and $OUTPUT_DIR, validate; prints
  * the error and returns its exit code, or CLI_OK with *out (caller frees). */
 struct keel_config;

@@ -20,8 +20,6 @@
 #include "cli.h"
 #include "mpirun.h"
 
-#define MAX_OVERRIDES 256
-
 static int
 launch_usage(FILE *out, int code)
 {
@@ -409,14 +407,15 @@ find_program(const char *name, char *buf, size_t size)
 typedef struct launch_args {
     const char *path, *out_opt, *strategy;
     char **program;                 /* -- PROGRAM [ARGS...], or NULL */
-    char *over[MAX_OVERRIDES];
+    char *over[CLI_MAX_OVERRIDES];
     int n_over, verbose, status_flag, async_mode, rta, workers_set, is_mwm;
     /* the rule that refuses workers beyond the start, or empty */
     char fixed_rule[32];
     char n_ranks[16];
     /* mpirun, its options, -n N keel, train CONFIG, -s strategy, the
      * overrides, -v, NULL */
-    char *task_argv[MPIRUN_LOCAL_OPTIONS_MAX + 10 + MAX_OVERRIDES * 2];
+    char *task_argv[MPIRUN_LOCAL_OPTIONS_MAX + 10 +
+                    CLI_MAX_OVERRIDES * 2];
     char exe[PATH_MAX], outdir[PATH_MAX], keel_exe[PATH_MAX];
     keel_launch_config lc;
 } launch_args;
@@ -471,11 +470,8 @@ launch_option(launch_args *a, const char *o, const char *val)
         return parse_secs(o, val, 0.001, 86400, &lc->grace_secs);
     else if (strcmp(o, "--backoff") == 0)
         return parse_secs(o, val, 0, 60, &lc->backoff_secs);
-    else {                              /* -s, --set */
-        if (a->n_over == MAX_OVERRIDES)
-            return cli_error(CLI_USAGE, "launch: too many -s overrides");
-        a->over[a->n_over++] = (char *)val;
-    }
+    else                                /* -s, --set */
+        return cli_add_override("launch", a->over, &a->n_over, (char *)val);
     return CLI_OK;
 }
 

@@ -268,7 +268,7 @@ enum { OPT_TASK = 256, OPT_JSON, OPT_CHECKPOINT };
 typedef struct common_args {
     const char *path;
     const char *ckpt;             /* --task (train), --checkpoint (eval) */
-    char *over[256];
+    char *over[CLI_MAX_OVERRIDES];
     int n_over, verbose, json;
 } common_args;
 
@@ -298,9 +298,9 @@ parse_common(int argc, char **argv, int allow_eval_opts, common_args *a)
                             NULL)) != -1) {
         switch (c) {
         case 's':
-            if (a->n_over == 256)
-                return cli_error(CLI_USAGE, "too many -s overrides");
-            a->over[a->n_over++] = optarg;
+            if (cli_add_override(argv[0], a->over, &a->n_over, optarg) !=
+                CLI_OK)
+                return CLI_USAGE;
             break;
         case 'v':
             a->verbose = 1;
