@@ -230,6 +230,14 @@ keel__algo_worker_scale(const keel__algo *a, int replica, int64_t step)
     return base > 0 ? a->worker_lrs[replica] / base : 0.0;
 }
 
+/* ADAG's slot of the center at replica's last pull, "adag_pull<replica>",
+ * into name. */
+static void
+adag_slot_name(int replica, char *name, size_t size)
+{
+    snprintf(name, size, "adag_pull%d", replica);
+}
+
 keel_status
 keel__algo_prepare(const keel__algo *a, keel_vars *vs)
 {
@@ -243,7 +251,7 @@ keel__algo_prepare(const keel__algo *a, keel_vars *vs)
         for (int r = 0; a->c.name == KEEL_ALGORITHM_ADAG && r < a->replicas &&
                         st == KEEL_OK; r++) {
             char name[32];
-            snprintf(name, sizeof name, "adag_pull%d", r);
+            adag_slot_name(r, name, sizeof name);
             st = keel_var_add_slot(v, name, NULL);
         }
         if (st != KEEL_OK)
@@ -281,7 +289,7 @@ static keel_tensor *
 adag_slot(keel_var *v, int replica)
 {
     char name[32];
-    snprintf(name, sizeof name, "adag_pull%d", replica);
+    adag_slot_name(replica, name, sizeof name);
     return keel_var_slot(v, name);
 }
 

@@ -27,33 +27,18 @@
  * what a ps and a worker size their messages for. */
 #define MAX_MICRO 64
 
-/* The options every role function reads: the spec plus the public
- * options resolved (placement as a flag, the send buffer as
- * keel__wire_set_send_buffer's bytes). */
+/* The options every role function reads: the caller's options, checked,
+ * and what they resolve to for this spec. */
 typedef struct keel__role_opts {
+    keel_cluster_options in;        /* optimizer and algorithm NULL: the
+                                     * update rule is algo */
     const keel_cluster_spec *spec;
-    int round_robin;
-    int64_t reduce_leaves;
-    int dead_after_ms;
-    int heartbeat_ms;
-    double stall_warn_secs;
-    double step_timeout_secs;
-    double orphan_secs;
-    int ready_retry_ms;
-    double max_wait_secs;
-    int curve;
-    const char *key_dir;
-    const char *token;              /* the job token when curve is off */
-    int send_buffer_bytes;          /* 0: the kernel's autotuning */
-    int shutdown_at_end;
+    int round_robin;                /* in.placement is round-robin */
+    int send_buffer_bytes;          /* keel__wire_set_send_buffer's
+                                     * in.send_buffer_kib; 0: the kernel's
+                                     * autotuning */
     keel__algo algo;                /* the update rule (owns its rates:
                                      * keel__algo_clear) */
-    int chief_applies;
-    keel_status (*chief_apply)(void *ctx, keel_vars *vs, keel_grads *mean,
-                               int64_t global_step);
-    void *chief_apply_ctx;
-    int chief_commits_trainable_only;
-    int replicas_to_aggregate;      /* 0: the spec's */
 } keel__role_opts;
 
 /* ---- placement ---------------------------------------------------------- */
@@ -101,11 +86,11 @@ load_curve(const keel__role_opts *o, keel__curve *c)
     keel_task_type t = keel_cluster_spec_task_type(o->spec);
     int index = keel_cluster_spec_task_index(o->spec);
     memset(c, 0, sizeof *c);
-    if (!o->curve)
-        return o->token != NULL && o->token[0] != '\0'
-                   ? keel__auth_token(c, o->token, t, index) : KEEL_OK;
+    if (!o->in.curve)
+        return o->in.token != NULL && o->in.token[0] != '\0'
+                   ? keel__auth_token(c, o->in.token, t, index) : KEEL_OK;
     keel__task_name(t, index, name, sizeof name);
-    return keel__curve_load(c, o->key_dir, name);
+    return keel__curve_load(c, o->in.key_dir, name);
 }
 
 /* The largest tensor of vs (variables and their slots), in bytes. */
@@ -191,7 +176,7 @@ build_shard(ps_task *t, const keel_vars *model)
         if (ps_of[i] == t->idx)
             st = keel_vars_create(t->shard, keel_var_name(v), vt->ndim,
                                   vt->shape, keel_var_flags(v), &sv);
-        for (size_t k = 0; sv != NULL && t->o->chief_applies &&
+        for (size_t k = 0; sv != NULL && t->o->in.chief_applies &&
                            st == KEEL_OK && k < keel_var_slot_count(v); k++) {
             const char *sname;
             keel_tensor *unused;
@@ -254,8 +239,8 @@ ps_security(ps_task *t)
 {
     const keel__role_opts *o = t->o;
     keel_status st = load_curve(o, &t->curve);
-    if (st == KEEL_OK && o->curve)
-        st = keel__curve_allow_dir(&t->curve, o->key_dir);
+    if (st == KEEL_OK && o->in.curve)
+        st = keel__curve_allow_dir(&t->curve, o->in.key_dir);
     if (st == KEEL_OK)
         st = keel__cluster_bind_address(o->spec, KEEL_TASK_PS, t->idx,
                                         t->bind, sizeof t->bind);
@@ -291,13 +276,13 @@ start_ps(ps_task *t, keel_optimizer *opt)
     pc->sync = keel_algorithm_is_sync(o->algo.c.name);
     pc->rule = t->has_rule ? &t->rule : NULL;
     pc->total_replicas = keel_cluster_spec_num_replicas(o->spec);
-    pc->replicas_to_aggregate = o->replicas_to_aggregate > 0
-        ? o->replicas_to_aggregate
+    pc->replicas_to_aggregate = o->in.replicas_to_aggregate > 0
+        ? o->in.replicas_to_aggregate
         : keel_cluster_spec_replicas_to_aggregate(o->spec);
     pc->has_chief = keel_cluster_spec_num_tasks(o->spec, KEEL_TASK_CHIEF) > 0;
-    pc->reduce_leaves = o->reduce_leaves;
-    pc->dead_after_ms = o->dead_after_ms;
-    pc->chief_applies = o->chief_applies;
+    pc->reduce_leaves = o->in.reduce_leaves;
+    pc->dead_after_ms = o->in.dead_after_ms;
+    pc->chief_applies = o->in.chief_applies;
     st = keel__ps_new(pc, &t->ps);
     if (st != KEEL_OK)
         return st;
@@ -319,14 +304,14 @@ serve_until_done(ps_task *t)
     const keel__role_opts *o = t->o;
     for (;;) {
         keel_status st = keel__ps_serve_once(t->ps, 100);
-        keel__ps_watch(t->ps, (int)(o->stall_warn_secs * 1000));
-        if (o->orphan_secs > 0 && keel__ps_chief_silent_ms(t->ps) >
-                                      (int64_t)(o->orphan_secs * 1000))
+        keel__ps_watch(t->ps, (int)(o->in.stall_warn_secs * 1000));
+        if (o->in.orphan_secs > 0 && keel__ps_chief_silent_ms(t->ps) >
+                                      (int64_t)(o->in.orphan_secs * 1000))
             return keel__fail(KEEL_EUNAVAILABLE, "ps %d: no word from the "
                               "chief (%s) for %.0f s (cluster.orphan_secs): "
                               "the job is gone; exiting", t->idx,
                               t->pc.has_chief ? "chief 0" : "worker 0",
-                              o->orphan_secs);
+                              o->in.orphan_secs);
         if (st == KEEL_ECANCELLED) {        /* the chief said stop */
             keel__ps_drain(t->ps, DRAIN_MS);
             return KEEL_OK;
@@ -450,7 +435,7 @@ start_heartbeats(keel_cluster_backend *w)
     hc.endpoints = ptrs;
     hc.curves = keel__auth_on(&w->curves[0]) ? w->curves : NULL;
     hc.n = w->n_ps;
-    hc.interval_ms = w->o.heartbeat_ms > 0 ? w->o.heartbeat_ms : 200;
+    hc.interval_ms = w->o.in.heartbeat_ms > 0 ? w->o.in.heartbeat_ms : 200;
     hc.type = keel_cluster_spec_task_type(w->spec);
     hc.index = keel_cluster_spec_task_index(w->spec);
     hc.generation = w->generation;
@@ -526,10 +511,10 @@ connect_one(keel_cluster_backend *w, int p, keel__curve *curve)
                                                          KEEL_TASK_PS, p));
     if (st != KEEL_OK)
         return st;
-    if (o->curve) {
+    if (o->in.curve) {
         char path[KEEL_PATH_MAX], fname[32];
         snprintf(fname, sizeof fname, "ps%d.key", p);
-        if ((st = keel__path_join(path, sizeof path, o->key_dir,
+        if ((st = keel__path_join(path, sizeof path, o->in.key_dir,
                                   fname)) != KEEL_OK ||
             (st = keel__curve_read_public(path, curve->server_key)) !=
                 KEEL_OK)
@@ -796,7 +781,7 @@ call_ps(keel_cluster_backend *w, int p, keel__wire_header *h,
         keel__wire_msg *r)
 {
     keel_status st = keel__wire_client_send(w->clients[p], h, outs, n,
-                                            zero_copy, w->o.dead_after_ms);
+                                            zero_copy, w->o.in.dead_after_ms);
     keel__wire_msg_init(r);
     if (st == KEEL_OK) {
         w->req_ids[p] = h->request_id;
@@ -942,7 +927,7 @@ be_publish(void *ctx, keel_vars *vs, int restored)
     keel_cluster_backend *w = ctx;
     int ready, same;
     keel_status st;
-    int timeout = ms_of(w->o.max_wait_secs);
+    int timeout = ms_of(w->o.in.max_wait_secs);
     size_t bytes = 0;
     int64_t t0;
     (void)restored;
@@ -1006,7 +991,7 @@ be_is_intact(void *ctx, keel_vars *vs, int *is_intact)
     *is_intact = 0;
     if (gens == NULL)
         return keel__fail(KEEL_ENOMEM, "is_intact: %d ps", w->n_ps);
-    st = hello_all(w, 0, w->o.dead_after_ms, &ready, &same, gens, NULL, 0);
+    st = hello_all(w, 0, w->o.in.dead_after_ms, &ready, &same, gens, NULL, 0);
     if (st == KEEL_OK && ready && same) {
         /* joining these incarnations: a restart during the pull is one */
         memcpy(w->ps_gen, gens, (size_t)w->n_ps * sizeof *gens);
@@ -1027,7 +1012,7 @@ be_fetch(void *ctx, keel_vars *vs, int *is_ready, char *why, size_t size)
     keel_cluster_backend *w = ctx;
     int same;
     keel_status st;
-    int chunk = ms_of(w->o.max_wait_secs);
+    int chunk = ms_of(w->o.in.max_wait_secs);
     int64_t t0;
     w->last_fetch_ns = keel__now_mono_ns();
     st = hello_all(w, 1, chunk < HELLO_CHUNK_MS ? chunk : HELLO_CHUNK_MS,
@@ -1078,7 +1063,7 @@ be_wait(void *ctx, int64_t deadline_ns)
 {
     keel_cluster_backend *w = ctx;
     int64_t until = w->last_fetch_ns +
-                    (int64_t)w->o.ready_retry_ms * 1000000;
+                    (int64_t)w->o.in.ready_retry_ms * 1000000;
     if (until > deadline_ns)
         until = deadline_ns;
     for (;;) {
@@ -1123,9 +1108,9 @@ static keel_status
 wait_reply(keel_cluster_backend *w, int p, const char *what, keel__wire_msg *r)
 {
     int64_t start = keel__now_mono_ns(), last_warn = start;
-    int64_t stall = (int64_t)(w->o.stall_warn_secs * 1e9);
-    int64_t limit = (int64_t)(w->o.step_timeout_secs * 1e9);
-    int64_t dead = (int64_t)w->o.dead_after_ms * 1000000;
+    int64_t stall = (int64_t)(w->o.in.stall_warn_secs * 1e9);
+    int64_t limit = (int64_t)(w->o.in.step_timeout_secs * 1e9);
+    int64_t dead = (int64_t)w->o.in.dead_after_ms * 1000000;
     const char *addr = keel_cluster_spec_address(w->spec, KEEL_TASK_PS, p);
     for (;;) {
         keel__hb_peer peer;
@@ -1151,11 +1136,11 @@ wait_reply(keel_cluster_backend *w, int p, const char *what, keel__wire_msg *r)
             return abandon(w, p, KEEL_EUNAVAILABLE, "ps %d (%s) silent for "
                            "%.1f s (cluster.dead_after_ms = %d): declared "
                            "dead during %s", p, addr, (double)quiet / 1e9,
-                           w->o.dead_after_ms, what);
+                           w->o.in.dead_after_ms, what);
         if (limit > 0 && now - start > limit)
             return abandon(w, p, KEEL_ETIMEOUT, "%s did not complete "
                            "within %.0f s (cluster.step_timeout_secs); ps %d "
-                           "says: %s", what, w->o.step_timeout_secs, p,
+                           "says: %s", what, w->o.in.step_timeout_secs, p,
                            peer.status[0] ? peer.status : "(nothing)");
         if (stall > 0 && now - last_warn >= stall) {
             last_warn = now;
@@ -1214,7 +1199,7 @@ static keel_status
 chief_commit(keel_cluster_backend *w, keel_vars *vs, keel_grads *mean,
              int64_t global_step, int64_t *new_step)
 {
-    keel_status st = w->o.chief_apply(w->o.chief_apply_ctx, vs, mean,
+    keel_status st = w->o.in.chief_apply(w->o.in.chief_apply_ctx, vs, mean,
                                       global_step);
     if (st != KEEL_OK)
         return keel__wrap(st, "chief: update of step %lld",
@@ -1225,7 +1210,7 @@ chief_commit(keel_cluster_backend *w, keel_vars *vs, keel_grads *mean,
         size_t n;
         char what[64];
         shard_outs(w, vs, p, 1, 1, &n);     /* every ps awaits it */
-        if (w->o.chief_commits_trainable_only)
+        if (w->o.in.chief_commits_trainable_only)
             n = keep_trainable(vs, w->outs, n);
         memset(&h, 0, sizeof h);
         h.type = KEEL_MSG_COMMIT;
@@ -1307,7 +1292,7 @@ send_push(keel_cluster_backend *w, const push_req *q, int p)
     h.local_step = q->local_step;
     h.global_step = q->covered;         /* the steps this push covers */
     st = keel__wire_client_send(w->clients[p], &h, w->outs, k, 1,
-                                w->o.dead_after_ms);
+                                w->o.in.dead_after_ms);
     if (st != KEEL_OK)
         return keel__wrap(st == KEEL_ETIMEOUT ? KEEL_EUNAVAILABLE : st,
                           "ps %d: push", p);
@@ -1506,7 +1491,7 @@ be_apply(void *ctx, keel_vars *vs, keel_grads *grads, int64_t global_step)
         .n_src = w->micro != NULL ? w->n_micro : 1,
         .local_step = global_step, .covered = 1,
         .into = KEEL__ALGO_INTO_VARS, .center = NULL,
-        .mean = w->is_chief && w->o.chief_applies ? grads : NULL,
+        .mean = w->is_chief && w->o.in.chief_applies ? grads : NULL,
         .new_step = &new_step, .t_copy = &t_copy, .t_sent = &t_sent,
     };
     first = push_round(w, &q);
@@ -1554,7 +1539,7 @@ be_end(void *ctx, keel_vars *vs, int is_chief, keel_end_reason why)
     keel_cluster_backend *w = ctx;
     (void)vs;
     (void)is_chief;
-    if (w->is_chief && w->o.shutdown_at_end && why != KEEL_END_ERROR)
+    if (w->is_chief && w->o.in.shutdown_at_end && why != KEEL_END_ERROR)
         keel_cluster_backend_shutdown(w);
 }
 
@@ -1773,26 +1758,12 @@ copy_options(const keel_cluster_spec *spec, const keel_cluster_options *in,
              keel__role_opts *o)
 {
     memset(o, 0, sizeof *o);
+    o->in = *in;
+    o->in.optimizer = NULL;         /* the caller's: not kept */
+    o->in.algorithm = NULL;
     o->spec = spec;
     o->round_robin = in->placement == KEEL_PLACEMENT_ROUND_ROBIN;
-    o->reduce_leaves = in->reduce_leaves;
-    o->dead_after_ms = in->dead_after_ms;
-    o->heartbeat_ms = in->heartbeat_ms;
-    o->stall_warn_secs = in->stall_warn_secs;
-    o->step_timeout_secs = in->step_timeout_secs;
-    o->orphan_secs = in->orphan_secs;
-    o->ready_retry_ms = in->ready_retry_ms;
-    o->max_wait_secs = in->max_wait_secs;
-    o->curve = in->curve;
-    o->key_dir = in->key_dir;
-    o->token = in->token;
     o->send_buffer_bytes = in->send_buffer_kib * 1024;
-    o->shutdown_at_end = in->shutdown_at_end;
-    o->chief_applies = in->chief_applies;
-    o->chief_apply = in->chief_apply;
-    o->chief_apply_ctx = in->chief_apply_ctx;
-    o->chief_commits_trainable_only = in->chief_commits_trainable_only;
-    o->replicas_to_aggregate = in->replicas_to_aggregate;
 }
 
 /* Check opts (NULL: the defaults) and resolve them for spec into *o. */
@@ -1821,7 +1792,7 @@ role_opts_from(const keel_cluster_spec *spec, const keel_cluster_options *in,
                             keel_cluster_spec_num_replicas(spec), &o->algo);
     if (st != KEEL_OK)
         return keel__wrap(st, "%s", who);
-    if (o->chief_applies && (o->algo.c.name != KEEL_ALGORITHM_SYNC ||
+    if (o->in.chief_applies && (o->algo.c.name != KEEL_ALGORITHM_SYNC ||
                              o->algo.worker_lrs != NULL)) {
         /* the other rules update on the ps or locally: nothing would
          * reach the chief's update */
@@ -1854,7 +1825,7 @@ keel_ps_run(const keel_cluster_spec *spec, const keel_vars *vars,
                         keel_task_type_name(
                             keel_cluster_spec_task_type(spec)),
                         keel_cluster_spec_task_index(spec));
-    else if (!o.chief_applies && (opts == NULL || opts->optimizer == NULL))
+    else if (!o.in.chief_applies && (opts == NULL || opts->optimizer == NULL))
         st = keel__fail(KEEL_EINVAL, "ps %d: keel_cluster_options."
                         "optimizer is NULL: the ps needs the update rule "
                         "(keel_optimizer_config_init)",
@@ -1895,7 +1866,7 @@ keel_cluster_backend_new(const keel_cluster_spec *spec, keel_vars *vars,
                         "%d; only the chief and workers train (a ps runs "
                         "keel_ps_run)", keel_task_type_name(t),
                         keel_cluster_spec_task_index(spec));
-    } else if (o.chief_applies && o.chief_apply == NULL &&
+    } else if (o.in.chief_applies && o.in.chief_apply == NULL &&
                t == KEEL_TASK_CHIEF) {
         st = keel__fail(KEEL_EINVAL, "cluster backend: chief_applies "
                         "without chief_apply on the chief");

@@ -808,6 +808,17 @@ keel__wire_client_send(keel__wire_client *c, keel__wire_header *h,
     return KEEL_OK;
 }
 
+/* The error reply m from c's peer as one line into buf: "<endpoint>
+ * answered error <code> (<status name>): <its text>". */
+static void
+peer_error_text(const keel__wire_client *c, const keel__wire_msg *m,
+                char *buf, size_t size)
+{
+    snprintf(buf, size, "%s answered error %u (%s): %s", c->endpoint,
+             m->h.arg, keel_status_name((keel_status)m->h.arg),
+             m->text ? m->text : "(no text)");
+}
+
 keel_status
 keel__wire_client_wait(keel__wire_client *c, uint64_t request_id,
                        int zero_copy, int timeout_ms, keel__wire_msg *reply)
@@ -840,11 +851,11 @@ keel__wire_client_wait(keel__wire_client *c, uint64_t request_id,
         if (st == KEEL_OK && ps != KEEL_OK)
             st = ps;
     }
-    if (st == KEEL_OK && reply->h.type == KEEL_MSG_ERROR)
-        st = keel__fail(KEEL_EPEER, "%s answered error %u (%s): %s",
-                        c->endpoint, reply->h.arg,
-                        keel_status_name((keel_status)reply->h.arg),
-                        reply->text ? reply->text : "(no text)");
+    if (st == KEEL_OK && reply->h.type == KEEL_MSG_ERROR) {
+        char why[KEEL_ERR_MAX];
+        peer_error_text(c, reply, why, sizeof why);
+        st = keel__fail(KEEL_EPEER, "%s", why);
+    }
     return st;
 }
 
@@ -924,10 +935,7 @@ push_take_reply(const keel__wire_client *c, push_replies *r,
     r->got++;
     if (m->h.type == KEEL_MSG_ERROR && r->first_err == KEEL_OK) {
         r->first_err = KEEL_EPEER;
-        snprintf(r->err, sizeof r->err, "%s answered error %u (%s): %s",
-                 c->endpoint, m->h.arg,
-                 keel_status_name((keel_status)m->h.arg),
-                 m->text ? m->text : "(no text)");
+        peer_error_text(c, m, r->err, sizeof r->err);
     } else if (m->h.type != KEEL_MSG_ERROR && on_reply != NULL) {
         on_reply(ctx, m);
     }

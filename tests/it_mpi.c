@@ -24,6 +24,7 @@
 
 #include <keel/keel.h>
 #include "testutil.h"
+#include "../tools/mpirun.h"
 
 static char out[65536], err[65536];
 static const char *cfg_path;
@@ -31,12 +32,6 @@ static const char *cfg_path;
 static void
 setup(void)
 {
-    /* Open MPI refuses root without its consent variables (containers,
-     * CI); keel launch passes its flag itself */
-    if (getuid() == 0) {
-        setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-        setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-    }
 #ifdef __SANITIZE_ADDRESS__
     {
         /* Open MPI's plugins keep buffers to the end and are unloaded by
@@ -61,21 +56,14 @@ teardown(void)
     tu_teardown();
 }
 
-/* The start of an mpirun command line: its options (every rank on this
- * machine, shared memory and loopback only); the next free index. */
+/* The start of an mpirun command line: the options keel launch runs its
+ * ranks with (every rank on this machine, shared memory and loopback
+ * only); the next free index. */
 static int
 mpirun_options(char **argv)
 {
-    int k = 0;
-    argv[k++] = KEEL_MPIRUN;
-    argv[k++] = "--oversubscribe";
-    argv[k++] = "--mca";
-    argv[k++] = "btl";
-    argv[k++] = "self,vader";
-    argv[k++] = "--mca";
-    argv[k++] = "oob_tcp_if_include";
-    argv[k++] = "lo";
-    return k;
+    argv[0] = KEEL_MPIRUN;
+    return 1 + mpirun_local_options(argv + 1);
 }
 
 /* One application context: -n n keel train cfg_path -s ckdir [-s extra]

@@ -3,6 +3,7 @@
 
 #include <stdarg.h>
 #include <getopt.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -57,16 +58,52 @@ cli_wants_help(int argc, char **argv)
     return 0;
 }
 
+int
+cli_add_override(const char *verb, char **over, int *n_over, char *value)
+{
+    if (*n_over == CLI_MAX_OVERRIDES)
+        return cli_error(CLI_USAGE, "%s: too many -s overrides (limit %d)",
+                         verb, CLI_MAX_OVERRIDES);
+    over[(*n_over)++] = value;
+    return CLI_OK;
+}
+
 int cli_bar_drawn;
+
+void
+cli_bar_clear(void)
+{
+    if (!cli_bar_drawn)
+        return;
+    fputs("\r\033[K", stderr);
+    fflush(stderr);
+    cli_bar_drawn = 0;
+}
+
+void
+cli_bar_make(cli_bar *b, double frac, double elapsed_secs)
+{
+    enum { WIDTH = 30 };
+    char cells[WIDTH + 1];
+    int filled;
+    double eta;
+    if (frac > 1)
+        frac = 1;
+    filled = (int)(frac * WIDTH);
+    for (int i = 0; i < WIDTH; i++)
+        cells[i] = i < filled ? '#' : '.';
+    cells[WIDTH] = '\0';
+    snprintf(b->head, sizeof b->head, "[%s] %3.0f%%", cells, frac * 100);
+    eta = frac > 0 ? elapsed_secs * (1 - frac) / frac : 0;
+    snprintf(b->eta, sizeof b->eta, "ETA %dh%02dm%02ds", (int)(eta / 3600),
+             (int)fmod(eta / 60, 60), (int)fmod(eta, 60));
+}
 
 static void
 log_to_stderr(void *ctx, keel_log_level level, const char *msg)
 {
     (void)ctx;
-    if (cli_bar_drawn) {        /* the line starts where the bar was */
-        fputs("\r\033[K", stderr);
-        cli_bar_drawn = 0;
-    }
+    cli_bar_clear();            /* the line starts where the bar was */
     if (level >= KEEL_LOG_WARN)
         fprintf(stderr, "keel: %s: %s\n", keel_log_level_name(level), msg);
     else

@@ -46,6 +46,24 @@ void cli_install_logger(int verbose);
 /* 1 while a progress bar (no newline) ends stderr: the logger then clears
  * it before its line, and the bar is drawn again at the next step. */
 extern int cli_bar_drawn;
+/* Clear the progress bar that ends stderr, if one does. */
+void cli_bar_clear(void);
+
+/* The parts every progress bar shows, for frac done (at most 1) after
+ * elapsed_secs: "[###.......]  42%" and the time left at the rate so far,
+ * "ETA 0h01m05s". */
+typedef struct cli_bar {
+    char head[48];
+    char eta[48];
+} cli_bar;
+void cli_bar_make(cli_bar *b, double frac, double elapsed_secs);
+
+/* The most -s section.key=value overrides a command line takes. */
+#define CLI_MAX_OVERRIDES 256
+/* Add an -s value to over (*n_over of CLI_MAX_OVERRIDES used): CLI_OK, or
+ * the usage error "<verb>: too many -s overrides", on stderr already. */
+int cli_add_override(const char *verb, char **over, int *n_over,
+                     char *value);
 
 /* Load a config file, apply -s overrides and $OUTPUT_DIR, validate; prints
  * the error and returns its exit code, or CLI_OK with *out (caller frees). */

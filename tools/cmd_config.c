@@ -87,7 +87,7 @@ config_keys(int argc, char **argv)
  * overrides and --task. */
 typedef struct check_args {
     const char *path, *task;
-    char *over[256];
+    char *over[CLI_MAX_OVERRIDES];
     int n_over, help;
 } check_args;
 
@@ -111,10 +111,9 @@ check_parse(int argc, char **argv, check_args *a)
            != -1) {
         switch (c) {
         case 's':
-            if (a->n_over == 256)
-                return cli_error(CLI_USAGE, "too many -s overrides "
-                                 "(limit 256)");
-            a->over[a->n_over++] = optarg;
+            if (cli_add_override("config check", a->over, &a->n_over,
+                                 optarg) != CLI_OK)
+                return CLI_USAGE;
             break;
         case 't':
             a->task = optarg;

@@ -18,8 +18,7 @@
 #include <keel/keel.h>
 #include <keel/launch.h>
 #include "cli.h"
-
-#define MAX_OVERRIDES 256
+#include "mpirun.h"
 
 static int
 launch_usage(FILE *out, int code)
@@ -362,26 +361,17 @@ check_mwm(int num_ps, int with_evaluator, int ranks)
     return CLI_OK;
 }
 
-/* mpirun's arguments for n ranks of keel (Open MPI): every rank on this
- * machine, more ranks than cores allowed, shared memory between them and
- * the loopback interface only (no network); as root, Open MPI's own
- * consent flag. Returns the number of arguments written. */
+/* mpirun's arguments for n ranks of keel (Open MPI): the options of
+ * ranks on this machine alone (mpirun.h), then the ranks and the program.
+ * Returns the number of arguments written. */
 static int
 mpirun_argv(char **argv, char *n, char *keel)
 {
     int k = 0;
     argv[k++] = "mpirun";
-    if (getuid() == 0)
-        argv[k++] = "--allow-run-as-root";
+    k += mpirun_local_options(argv + k);
     argv[k++] = "-n";
     argv[k++] = n;
-    argv[k++] = "--oversubscribe";
-    argv[k++] = "--mca";
-    argv[k++] = "btl";
-    argv[k++] = "self,vader";
-    argv[k++] = "--mca";
-    argv[k++] = "oob_tcp_if_include";
-    argv[k++] = "lo";
     argv[k++] = keel;
     return k;
 }
@@ -417,12 +407,15 @@ find_program(const char *name, char *buf, size_t size)
 typedef struct launch_args {
     const char *path, *out_opt, *strategy;
     char **program;                 /* -- PROGRAM [ARGS...], or NULL */
-    char *over[MAX_OVERRIDES];
+    char *over[CLI_MAX_OVERRIDES];
     int n_over, verbose, status_flag, async_mode, rta, workers_set, is_mwm;
     /* the rule that refuses workers beyond the start, or empty */
     char fixed_rule[32];
     char n_ranks[16];
-    char *task_argv[MAX_OVERRIDES * 2 + 8];
+    /* mpirun, its options, -n N keel, train CONFIG, -s strategy, the
+     * overrides, -v, NULL */
+    char *task_argv[MPIRUN_LOCAL_OPTIONS_MAX + 10 +
+                    CLI_MAX_OVERRIDES * 2];
     char exe[PATH_MAX], outdir[PATH_MAX], keel_exe[PATH_MAX];
     keel_launch_config lc;
 } launch_args;
@@ -477,11 +470,8 @@ launch_option(launch_args *a, const char *o, const char *val)
         return parse_secs(o, val, 0.001, 86400, &lc->grace_secs);
     else if (strcmp(o, "--backoff") == 0)
         return parse_secs(o, val, 0, 60, &lc->backoff_secs);
-    else {                              /* -s, --set */
-        if (a->n_over == MAX_OVERRIDES)
-            return cli_error(CLI_USAGE, "launch: too many -s overrides");
-        a->over[a->n_over++] = (char *)val;
-    }
+    else                                /* -s, --set */
+        return cli_add_override("launch", a->over, &a->n_over, (char *)val);
     return CLI_OK;
 }
 

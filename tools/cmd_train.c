@@ -5,7 +5,6 @@
 
 #include <getopt.h>
 #include <malloc.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,7 +50,6 @@ typedef struct progress_state {
     int cluster;            /* a cluster replica: report global examples/s */
     double eps_smooth;      /* examples/s for the bar, smoothed */
     int64_t last_draw_ns;
-    int bar_drawn;
 } progress_state;
 
 static int64_t
@@ -63,16 +61,6 @@ now_ns(void)
 }
 
 static void
-clear_bar(progress_state *ps)
-{
-    if (ps->bar_drawn && cli_bar_drawn) {
-        fputs("\r\033[K", stderr);
-        fflush(stderr);
-    }
-    ps->bar_drawn = cli_bar_drawn = 0;
-}
-
-static void
 on_progress(void *ctx, const keel_job_progress *p)
 {
     progress_state *ps = ctx;
@@ -80,7 +68,7 @@ on_progress(void *ctx, const keel_job_progress *p)
         ? 0.9 * ps->eps_smooth + 0.1 * p->examples_per_sec
         : p->examples_per_sec;
     if (ps->every > 0 && p->global_step % ps->every == 0) {
-        clear_bar(ps);
+        cli_bar_clear();
         printf("step %lld  epoch %lld  loss %.4f  accuracy %.4f  lr %.3g  "
                "%.0f examples/s", (long long)p->global_step,
                (long long)p->epoch + 1, p->loss, p->accuracy,
@@ -94,17 +82,9 @@ on_progress(void *ctx, const keel_job_progress *p)
         int64_t t = now_ns();
         if (t - ps->last_draw_ns >= 100000000 ||
             p->global_step >= p->last_step) {
-            double frac = (double)p->global_step / (double)p->last_step;
-            int width = 30, filled;
-            char bar[64];
-            double eta;
-            if (frac > 1)
-                frac = 1;
-            filled = (int)(frac * width);
-            for (int i = 0; i < width; i++)
-                bar[i] = i < filled ? '#' : '.';
-            bar[width] = '\0';
-            eta = frac > 0 ? p->elapsed_secs * (1 - frac) / frac : 0;
+            cli_bar b;
+            cli_bar_make(&b, (double)p->global_step / (double)p->last_step,
+                         p->elapsed_secs);
             fprintf(stderr, "\r\033[K");
             if (p->epochs > 0)
                 fprintf(stderr, "epoch %lld/%lld ", (long long)p->epoch + 1
@@ -112,13 +92,11 @@ on_progress(void *ctx, const keel_job_progress *p)
                         : (long long)p->epoch + 1, (long long)p->epochs);
             else
                 fprintf(stderr, "epoch %lld ", (long long)p->epoch + 1);
-            fprintf(stderr, "[%s] %3.0f%%  step %lld/%lld  %.0f ex/s  "
-                    "loss %.4f  ETA %dh%02dm%02ds", bar, frac * 100,
-                    (long long)p->global_step, (long long)p->last_step,
-                    ps->eps_smooth, p->loss, (int)(eta / 3600),
-                    (int)fmod(eta / 60, 60), (int)fmod(eta, 60));
+            fprintf(stderr, "%s  step %lld/%lld  %.0f ex/s  loss %.4f  %s",
+                    b.head, (long long)p->global_step,
+                    (long long)p->last_step, ps->eps_smooth, p->loss, b.eta);
             fflush(stderr);
-            ps->bar_drawn = cli_bar_drawn = 1;
+            cli_bar_drawn = 1;
             ps->last_draw_ns = t;
         }
     }
@@ -127,8 +105,8 @@ on_progress(void *ctx, const keel_job_progress *p)
 static void
 on_epoch(void *ctx, const keel_job_epoch *e)
 {
-    progress_state *ps = ctx;
-    clear_bar(ps);
+    (void)ctx;
+    cli_bar_clear();
     printf("epoch %lld ended at step %lld: learning rate %g",
            (long long)e->epoch, (long long)e->global_step, e->learning_rate);
     if (e->validated)
@@ -290,7 +268,7 @@ enum { OPT_TASK = 256, OPT_JSON, OPT_CHECKPOINT };
 typedef struct common_args {
     const char *path;
     const char *ckpt;             /* --task (train), --checkpoint (eval) */
-    char *over[256];
+    char *over[CLI_MAX_OVERRIDES];
     int n_over, verbose, json;
 } common_args;
 
@@ -320,9 +298,9 @@ parse_common(int argc, char **argv, int allow_eval_opts, common_args *a)
                             NULL)) != -1) {
         switch (c) {
         case 's':
-            if (a->n_over == 256)
-                return cli_error(CLI_USAGE, "too many -s overrides");
-            a->over[a->n_over++] = optarg;
+            if (cli_add_override(argv[0], a->over, &a->n_over, optarg) !=
+                CLI_OK)
+                return CLI_USAGE;
             break;
         case 'v':
             a->verbose = 1;
@@ -467,7 +445,7 @@ train_task(const keel_config *cfg, const keel_cluster_spec *spec)
     opts.handle_signals = 1;
     opts.cluster = spec;
     st = keel_job_train(cfg, &opts, &res);
-    clear_bar(&ps);
+    cli_bar_clear();
     if (st != KEEL_OK)
         return cli_fail(st, "train");
     if (spec != NULL && keel_cluster_spec_task_type(spec) == KEEL_TASK_PS) {
@@ -565,21 +543,15 @@ on_eval_progress(void *ctx, int64_t done, int64_t total)
 {
     eval_bar *eb = ctx;
     int64_t t = now_ns();
-    double frac = total > 0 ? (double)done / (double)total : 1;
-    double secs = (t - eb->t0_ns) / 1e9, eta;
-    char bar[32];
-    int filled = (int)(frac * 30);
+    double secs = (t - eb->t0_ns) / 1e9;
+    cli_bar b;
     if (t - eb->last_ns < 100000000 && done < total)
         return;
     eb->last_ns = t;
-    for (int i = 0; i < 30; i++)
-        bar[i] = i < filled ? '#' : '.';
-    bar[30] = '\0';
-    eta = frac > 0 ? secs * (1 - frac) / frac : 0;
-    fprintf(stderr, "\r\033[Keval [%s] %3.0f%%  %lld/%lld examples  %.0f "
-            "ex/s  ETA %dh%02dm%02ds", bar, frac * 100, (long long)done,
-            (long long)total, secs > 0 ? done / secs : 0.0, (int)(eta / 3600),
-            (int)fmod(eta / 60, 60), (int)fmod(eta, 60));
+    cli_bar_make(&b, total > 0 ? (double)done / (double)total : 1, secs);
+    fprintf(stderr, "\r\033[Keval %s  %lld/%lld examples  %.0f ex/s  %s",
+            b.head, (long long)done, (long long)total,
+            secs > 0 ? done / secs : 0.0, b.eta);
     fflush(stderr);
     cli_bar_drawn = 1;
 }
@@ -698,10 +670,7 @@ cmd_eval(int argc, char **argv)
     eb.t0_ns = eb.last_ns = now_ns();
     st = keel_job_eval_progress(cfg, t.ckpt, wants_bar(cfg)
                                 ? on_eval_progress : NULL, &eb, &res);
-    if (cli_bar_drawn) {
-        fputs("\r\033[K", stderr);
-        cli_bar_drawn = 0;
-    }
+    cli_bar_clear();
     keel_config_free(cfg);
     if (st != KEEL_OK)
         return cli_fail(st, "eval");

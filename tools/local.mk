@@ -1,6 +1,7 @@
 # tools/: the keel CLI. Verbs live in tools/cmd_<verb>.c.
 keel_SOURCES += tools/cmd_config.c tools/cmd_train.c tools/cmd_ckpt.c \
-	tools/cmd_keygen.c tools/cmd_launch.c tools/cmd_export.c
+	tools/cmd_keygen.c tools/cmd_launch.c tools/cmd_export.c \
+	tools/mpirun.c tools/mpirun.h
 
 if HAVE_CHECK
 SUITES += tests/it_train
@@ -8,6 +9,7 @@ SUITES += tests/it_train
 # it_mpi: multi_worker_mirrored under mpirun and keel launch (skipped
 # without MPI).
 SUITES += tests/it_mpi
+tests_it_mpi_SOURCES = tests/it_mpi.c tools/mpirun.c tools/mpirun.h
 
 # it_eval: the evaluator task, read leases, TF_CONFIG model_dir and
 # `keel launch --evaluator` with real processes.
