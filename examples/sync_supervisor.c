@@ -64,13 +64,6 @@ step(void *ctx, keel_step *st)
     return keel_step_set_value(st, "loss", loss);
 }
 
-/* Alone (no cluster), the same rule applied in this process. */
-static keel_status
-apply_local(void *ctx, keel_vars *vs, keel_grads *g, int64_t global_step)
-{
-    return keel_optimizer_apply(ctx, vs, g, global_step);
-}
-
 /* The synthetic set, the same in every task (a fixed seed). */
 static void
 make_data(run *r)
@@ -173,8 +166,7 @@ main(int argc, char **argv)
         st = keel_optimizer_new(&adagrad, &local_opt);
         if (st == KEEL_OK)
             st = keel_optimizer_prepare(local_opt, vs);
-        cfg.updater.ctx = local_opt;
-        cfg.updater.apply = apply_local;
+        cfg.updater = keel_optimizer_updater(local_opt);  /* same rule */
     } else {
         /* replica 0 is the chief, then worker 0, 1, ... */
         r.replicas = keel_cluster_spec_num_replicas(spec);

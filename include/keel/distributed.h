@@ -75,7 +75,7 @@ int keel_algorithm_admits_joiners(keel_algorithm a);
 /* A rule and its hyper-parameters. Every task of a cluster must use the
  * same values. Zero in a member marked "0:" selects what it says. */
 typedef struct keel_algorithm_config {
-    uint32_t struct_size;      /* sizeof(keel_algorithm_config) */
+    uint32_t struct_size;      /* set by keel_algorithm_config_init() */
     keel_algorithm name;       /* default sync */
     /* eta (alpha in DOWNPOUR): the workers' local SGD step; also ADAG's
      * eta on the ps. 0: the optimizer's learning rate at the step. */
@@ -113,7 +113,7 @@ void keel_algorithm_config_init(keel_algorithm_config *cfg,
  * [security] keys of `keel train` have the same defaults), then change
  * what you need. Every task of one cluster should use the same options. */
 typedef struct keel_cluster_options {
-    uint32_t struct_size;         /* sizeof(keel_cluster_options) */
+    uint32_t struct_size;         /* set by keel_cluster_options_init() */
     /* The update rule the ps apply to the aggregated gradients (keel's
      * optimizers by kind and hyper-parameters; copied). Its slots live on
      * the ps, are pulled into the chief's variable store before each of
