@@ -565,11 +565,9 @@ keel_saver_new(const keel_saver_config *cfg, keel_saver **out)
     keel_status st;
     const char *base;
 
-    if (out == NULL || cfg == NULL)
-        return keel__fail(KEEL_EINVAL, "keel_saver_new: cfg or out is NULL");
-    st = KEEL__STRUCT_CHECK(cfg, keel_saver_config);
+    st = KEEL__CONFIG_CHECK(cfg, out, keel_saver_config, "keel_saver_new");
     if (st != KEEL_OK)
-        return keel__wrap(st, "keel_saver_new");
+        return st;
     if (cfg->dir == NULL || cfg->dir[0] == 0)
         return keel__fail(KEEL_EINVAL, "keel_saver_new: a checkpoint "
                           "directory is required");
