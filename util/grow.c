@@ -1,6 +1,7 @@
 /* grow.c - the growable array libkeel's lists share. */
 #include <config.h>
 
+#include <assert.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -11,6 +12,7 @@ keel__grow(void *arr, size_t *cap, size_t n, size_t elem, size_t first)
 {
     size_t nc;
     void *p;
+    assert(first > 0);
     if (n < *cap)
         return arr;
     if (*cap > SIZE_MAX / 2)
