@@ -16,13 +16,6 @@
 #define CK_BLOB_MAX ((size_t)1 << 32)         /* 4 GiB per blob on read */
 #define CK_MAX_ENTRIES 1000000                /* datasets per file on read */
 
-/* The array arr (*cap elements of elem bytes, n of them used) with room
- * for one more: arr itself while n < *cap, else reallocated to twice
- * *cap (first when empty) and *cap updated. NULL when out of memory
- * (arr and *cap are unchanged; the caller names what it was growing). */
-void *keel__ckpt_grow(void *arr, size_t *cap, size_t n, size_t elem,
-                      size_t first);
-
 /* One dataset to write: a variable (slot NULL) or a slot. */
 typedef struct ck_item {
     const char *name;

@@ -20,6 +20,7 @@
 #include <keel/version.h>
 
 #include "ckpt_int.h"
+#include "grow.h"
 #include "h5util.h"
 #include "ckpt_io.h"
 
@@ -546,7 +547,7 @@ visit_grow(visit_ctx *c)
     if (f->n >= CK_MAX_ENTRIES)
         return keel__fail(KEEL_ECORRUPT, "checkpoint %s holds more than %d "
                           "datasets", f->path, CK_MAX_ENTRIES);
-    d = keel__ckpt_grow(f->d, &c->cap, f->n, sizeof *d, 64);
+    d = keel__grow(f->d, &c->cap, f->n, sizeof *d, 64);
     if (d == NULL)
         return keel__fail(KEEL_ENOMEM, "checkpoint %s: dataset table",
                           f->path);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "ckpt_int.h"
+#include "grow.h"
 
 /* ---- latest ------------------------------------------------------------- */
 
@@ -37,7 +38,7 @@ cand_add(cand **c, size_t *n, size_t *cap, const char *dir, const char *nm)
     }
     if (cand_has(*c, *n, p))
         return KEEL_OK;
-    nv = keel__ckpt_grow(*c, cap, *n, sizeof *nv, 16);
+    nv = keel__grow(*c, cap, *n, sizeof *nv, 16);
     if (nv == NULL)
         return keel__fail(KEEL_ENOMEM, "checkpoint candidates");
     *c = nv;

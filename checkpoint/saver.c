@@ -22,6 +22,7 @@
 
 
 #include "ckpt_int.h"
+#include "grow.h"
 
 struct keel_saver {
     char dir[KEEL_PATH_MAX];
@@ -141,25 +142,10 @@ keel__ckpt_state_free(ck_state *st)
     memset(st, 0, sizeof *st);
 }
 
-void *
-keel__ckpt_grow(void *arr, size_t *cap, size_t n, size_t elem, size_t first)
-{
-    size_t nc;
-    void *p;
-    if (n < *cap)
-        return arr;
-    nc = *cap ? *cap * 2 : first;
-    p = realloc(arr, nc * elem);
-    if (p != NULL)
-        *cap = nc;
-    return p;
-}
-
 static keel_status
 state_push(ck_state *st, const char *name, double ts)
 {
-    ck_state_entry *e = keel__ckpt_grow(st->e, &st->cap, st->n, sizeof *e,
-                                        16);
+    ck_state_entry *e = keel__grow(st->e, &st->cap, st->n, sizeof *e, 16);
     if (e == NULL)
         return keel__fail(KEEL_ENOMEM, "checkpoint state list");
     st->e = e;
@@ -579,11 +565,9 @@ keel_saver_new(const keel_saver_config *cfg, keel_saver **out)
     keel_status st;
     const char *base;
 
-    if (out == NULL || cfg == NULL)
-        return keel__fail(KEEL_EINVAL, "keel_saver_new: cfg or out is NULL");
-    st = KEEL__STRUCT_CHECK(cfg, keel_saver_config);
+    st = KEEL__CONFIG_CHECK(cfg, out, keel_saver_config, "keel_saver_new");
     if (st != KEEL_OK)
-        return keel__wrap(st, "keel_saver_new");
+        return st;
     if (cfg->dir == NULL || cfg->dir[0] == 0)
         return keel__fail(KEEL_EINVAL, "keel_saver_new: a checkpoint "
                           "directory is required");
@@ -624,8 +608,7 @@ static keel_status
 plan_add(ck_plan *p, const char *name, const char *slot,
          const keel_tensor *t, const void *data)
 {
-    ck_item *items = keel__ckpt_grow(p->items, &p->cap, p->n, sizeof *items,
-                                     64);
+    ck_item *items = keel__grow(p->items, &p->cap, p->n, sizeof *items, 64);
     ck_item *it;
     if (items == NULL)
         return keel__fail(KEEL_ENOMEM, "checkpoint plan");
@@ -1339,7 +1322,7 @@ keel_ckpt_scan(const char *dir, const char *basename, keel_ckpt_file **out,
             keel__path_join(p, sizeof p, dir, de->d_name) != KEEL_OK ||
             stat(p, &sb) != 0 || !S_ISREG(sb.st_mode))
             continue;
-        nv = keel__ckpt_grow(v, &cap, cnt, sizeof *nv, 16);
+        nv = keel__grow(v, &cap, cnt, sizeof *nv, 16);
         if (nv == NULL) {
             free(v);
             closedir(d);

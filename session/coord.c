@@ -161,6 +161,17 @@ keel_coord_clear_stop(keel_coord *c)
     pthread_mutex_unlock(&c->mu);
 }
 
+/* A thread's function failed: the coordinator stops, naming the thread
+ * (what: "thread" or "looper") and the failure's message. */
+static void
+stop_on_failure(coord_thread *t, const char *what, keel_status st)
+{
+    char why[KEEL_ERR_MAX];
+    snprintf(why, sizeof why, "%s '%s' failed: %s", what, t->name,
+             keel_last_error());
+    keel_coord_request_stop(t->c, st, why);
+}
+
 static void
 run_looper(coord_thread *t)
 {
@@ -173,10 +184,7 @@ run_looper(coord_thread *t)
             return;
         st = t->loop_fn(t->arg);
         if (st != KEEL_OK) {
-            char why[KEEL_ERR_MAX];
-            snprintf(why, sizeof why, "looper '%s' failed: %s", t->name,
-                     keel_last_error());
-            keel_coord_request_stop(c, st, why);
+            stop_on_failure(t, "looper", st);
             return;
         }
         if (step <= 0)
@@ -198,12 +206,8 @@ thread_main(void *arg)
         run_looper(t);
     } else {
         keel_status st = t->fn(t->arg, c);
-        if (st != KEEL_OK) {
-            char why[KEEL_ERR_MAX];
-            snprintf(why, sizeof why, "thread '%s' failed: %s", t->name,
-                     keel_last_error());
-            keel_coord_request_stop(c, st, why);
-        }
+        if (st != KEEL_OK)
+            stop_on_failure(t, "thread", st);
     }
     pthread_mutex_lock(&c->mu);
     t->is_done = 1;

@@ -123,14 +123,12 @@ keel_session_manager_new(const keel_session_manager_config *cfg,
 {
     keel_session_manager *sm;
     keel_status st;
-    if (out == NULL)
-        return keel__fail(KEEL_EINVAL, "session manager: out is NULL");
-    *out = NULL;
-    if (cfg == NULL)
-        return keel__fail(KEEL_EINVAL, "session manager: config is NULL");
-    st = KEEL__STRUCT_CHECK(cfg, keel_session_manager_config);
+    if (out != NULL)
+        *out = NULL;
+    st = KEEL__CONFIG_CHECK(cfg, out, keel_session_manager_config,
+                            "session manager");
     if (st != KEEL_OK)
-        return keel__wrap(st, "session manager");
+        return st;
     if (cfg->restore_opts != NULL
         && (st = KEEL__STRUCT_CHECK(cfg->restore_opts, keel_restore_opts))
            != KEEL_OK)

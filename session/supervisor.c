@@ -33,13 +33,11 @@ keel_supervisor_new(const keel_supervisor_config *cfg, keel_supervisor **out)
 {
     keel_supervisor *sv;
     keel_status st;
-    if (out == NULL)
-        return keel__fail(KEEL_EINVAL, "supervisor: out is NULL");
-    *out = NULL;
-    if (cfg == NULL)
-        return keel__fail(KEEL_EINVAL, "supervisor: config is NULL");
-    if ((st = KEEL__STRUCT_CHECK(cfg, keel_supervisor_config)) != KEEL_OK)
-        return keel__wrap(st, "supervisor");
+    if (out != NULL)
+        *out = NULL;
+    st = KEEL__CONFIG_CHECK(cfg, out, keel_supervisor_config, "supervisor");
+    if (st != KEEL_OK)
+        return st;
     if (cfg->vars == NULL || cfg->step == NULL)
         return keel__fail(KEEL_EINVAL, "supervisor: config needs vars and "
                           "step");

@@ -11,6 +11,7 @@
 
 #include <keel/keel.h>
 #include "util.h"
+#include "grow.h"
 #include "testutil.h"
 
 START_TEST(test_status_names_are_distinct_and_never_null)
@@ -474,6 +475,31 @@ START_TEST(test_parse_numbers)
 }
 END_TEST
 
+START_TEST(test_grow_doubles_and_keeps_the_array_on_failure)
+{
+    size_t cap = 0, n;
+    int *a = NULL, *p;
+    for (n = 0; n < 20; n++) {
+        a = keel__grow(a, &cap, n, sizeof *a, 4);
+        ck_assert_ptr_nonnull(a);
+        ck_assert_uint_gt(cap, n);
+        a[n] = (int)n;
+    }
+    ck_assert_uint_eq(cap, 32);          // 4, 8, 16, 32
+    for (n = 0; n < 20; n++)
+        ck_assert_int_eq(a[n], (int)n);
+    /* room left: the same array, the same capacity */
+    ck_assert_ptr_eq(keel__grow(a, &cap, 20, sizeof *a, 4), a);
+    ck_assert_uint_eq(cap, 32);
+    /* a size past SIZE_MAX: NULL, the array and its capacity untouched */
+    p = keel__grow(a, &cap, cap, SIZE_MAX / 32, 4);
+    ck_assert_ptr_null(p);
+    ck_assert_uint_eq(cap, 32);
+    ck_assert_int_eq(a[19], 19);
+    free(a);
+}
+END_TEST
+
 static Suite *
 core_suite(void)
 {
@@ -504,6 +530,8 @@ core_suite(void)
         test_read_all_bounds_and_errors,
         test_mkdirs_and_path_join,
         test_parse_numbers));
+    tu_tcase(s, "grow", 0, NULL, NULL, TU_TESTS(
+        test_grow_doubles_and_keeps_the_array_on_failure));
     return s;
 }
 

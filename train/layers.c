@@ -237,7 +237,6 @@ add_row(float *restrict acc, const float *restrict row, size_t cols)
         acc[c] += row[c];
 }
 
-/* Column sums of dy[rows,cols] into db (overwritten), fixed order. */
 /* db = column sums of dy, rows ld floats apart, each summed in row order. */
 static void
 col_sums_set(const float *dy, size_t rows, size_t cols, size_t ld, float *db)

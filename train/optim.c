@@ -194,13 +194,11 @@ keel_optimizer_new(const keel_optimizer_config *cfg, keel_optimizer **out)
 {
     keel_optimizer *o;
     keel_status st;
-    if (out == NULL)
-        return keel__fail(KEEL_EINVAL, "optimizer: out is NULL");
-    *out = NULL;
-    if (cfg == NULL)
-        return keel__fail(KEEL_EINVAL, "optimizer: config is NULL");
-    if ((st = KEEL__STRUCT_CHECK(cfg, keel_optimizer_config)) != KEEL_OK)
-        return keel__wrap(st, "optimizer");
+    if (out != NULL)
+        *out = NULL;
+    st = KEEL__CONFIG_CHECK(cfg, out, keel_optimizer_config, "optimizer");
+    if (st != KEEL_OK)
+        return st;
     if ((unsigned)cfg->kind > KEEL_OPT_RMSPROP)
         return keel__fail(KEEL_EINVAL, "optimizer: unknown kind %d",
                           cfg->kind);

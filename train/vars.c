@@ -8,6 +8,7 @@
 
 #include <keel/train.h>
 #include "util.h"
+#include "grow.h"
 #include "train_int.h"
 
 typedef struct slot {
@@ -183,6 +184,7 @@ keel_status
 keel_vars_create(keel_vars *vs, const char *name, int ndim,
                  const int64_t *shape, unsigned flags, keel_var **out)
 {
+    keel_var **p;
     keel_var *v;
     keel_status st;
     char shp[96];
@@ -205,14 +207,11 @@ keel_vars_create(keel_vars *vs, const char *name, int ndim,
         if (st != KEEL_OK)
             return st;
     }
-    if (vs->n == vs->cap) {
-        size_t cap = vs->cap ? vs->cap * 2 : 16;
-        keel_var **p = realloc(vs->vars, cap * sizeof *p);
-        if (p == NULL)
-            return keel__fail(KEEL_ENOMEM, "vars: %zu entries", cap);
-        vs->vars = p;
-        vs->cap = cap;
-    }
+    p = keel__grow(vs->vars, &vs->cap, vs->n, sizeof *p, 16);
+    if (p == NULL)
+        return keel__fail(KEEL_ENOMEM, "vars: room for %zu entries",
+                          vs->n + 1);
+    vs->vars = p;
     v = calloc(1, sizeof *v);
     if (v == NULL)
         return keel__fail(KEEL_ENOMEM, "variable '%s'", name);
