@@ -1149,8 +1149,11 @@ START_TEST(test_lr_schedules_follow_their_formulas)
 }
 END_TEST
 
-/* One variable w = {1, -2}, two steps with gradients g1, g2; returns w and
- * the slots after each step. */
+/* The optimizer cases run one variable w = {1, -2} through two steps, with
+ * the gradients opt_grads[0] then opt_grads[1]. */
+static const double opt_w0[2] = { 1.0, -2.0 };
+static const float opt_grads[2][2] = { { 0.5f, -1.0f }, { 0.25f, 2.0f } };
+
 static keel_var *
 opt_var(keel_vars **vs)
 {
@@ -1159,8 +1162,8 @@ opt_var(keel_vars **vs)
     ck_assert_int_eq(keel_vars_new(vs), KEEL_OK);
     ck_assert_int_eq(keel_vars_create(*vs, "w", 1, shape,
                                       KEEL_VAR_TRAINABLE, &v), KEEL_OK);
-    keel_var_tensor(v)->data[0] = 1.0f;
-    keel_var_tensor(v)->data[1] = -2.0f;
+    keel_var_tensor(v)->data[0] = (float)opt_w0[0];
+    keel_var_tensor(v)->data[1] = (float)opt_w0[1];
     return v;
 }
 
@@ -1171,12 +1174,11 @@ run_opt(const keel_optimizer_config *oc, keel_var *v, keel_vars *vs,
     keel_optimizer *o;
     keel_tensor g;
     int64_t shape[1] = { 2 };
-    const float gs[2][2] = { { 0.5f, -1.0f }, { 0.25f, 2.0f } };
     ck_assert_int_eq(keel_optimizer_new(oc, &o), KEEL_OK);
     ck_assert_int_eq(keel_optimizer_prepare(o, vs), KEEL_OK);
     ck_assert_int_eq(keel_tensor_alloc(&g, 1, shape), KEEL_OK);
     for (int s = 0; s < 2; s++) {
-        memcpy(g.data, gs[s], sizeof gs[s]);
+        memcpy(g.data, opt_grads[s], sizeof opt_grads[s]);
         ck_assert_int_eq(keel_optimizer_apply_var(o, v, &g, step0 + s),
                          KEEL_OK);
     }
@@ -1184,102 +1186,116 @@ run_opt(const keel_optimizer_config *oc, keel_var *v, keel_vars *vs,
     keel_optimizer_free(o);
 }
 
-#define W(i) ((double)keel_var_tensor(v)->data[i])
-#define SLOT(n, i) ((double)keel_var_slot(v, n)->data[i])
+/* One optimizer case: its config (with a piecewise schedule when
+ * boundaries is not NULL; momentum 0 keeps the default), the global step
+ * of its first update, and the slots it keeps. */
+typedef struct opt_case {
+    const char *name;
+    keel_optimizer_kind kind;
+    double learning_rate;
+    const char *boundaries, *values;
+    double momentum;
+    int use_nesterov;
+    int64_t step0;
+    const char *slots[2];
+    size_t n_slots;
+} opt_case;
+
+static const opt_case opt_cases[] = {
+    { "sgd", KEEL_OPT_SGD, 0, "1", "0.1,0.01", 0, 0, 0, { NULL }, 0 },
+    { "momentum", KEEL_OPT_MOMENTUM, 0.1, NULL, NULL, 0, 0, 0,
+      { "momentum" }, 1 },
+    { "nesterov", KEEL_OPT_MOMENTUM, 0.1, NULL, NULL, 0, 1, 0,
+      { "momentum" }, 1 },
+    { "adagrad", KEEL_OPT_ADAGRAD, 0.1, NULL, NULL, 0, 0, 0,
+      { "accumulator" }, 1 },
+    { "adam", KEEL_OPT_ADAM, 0.01, NULL, NULL, 0, 0, 5, { "m", "v" }, 2 },
+    { "rmsprop", KEEL_OPT_RMSPROP, 0.01, NULL, NULL, 0.5, 0, 0,
+      { "rms", "mom" }, 2 },
+};
+
+/* Case c by hand for element i: returns the weight after the two steps
+ * and sets slot[] to the slots' values, in the order c names them. The
+ * other hyperparameters are the defaults: momentum 0.9, Adagrad's initial
+ * accumulator 0.1, Adam's betas 0.9 and 0.999, RMSProp's rho 0.9. */
+static double
+opt_by_hand(const opt_case *c, int i, double slot[2])
+{
+    double w = opt_w0[i], lr = c->learning_rate;
+    double a = c->kind == KEEL_OPT_ADAGRAD ? 0.1 : 0.0, b = 0.0;
+    for (int s = 0; s < 2; s++) {
+        double g = opt_grads[s][i];
+        double t = (double)(c->step0 + s + 1), lr_t;
+        switch (c->kind) {
+        case KEEL_OPT_SGD:          /* lr 0.1 at step 0, 0.01 from step 1 */
+            w -= (s == 0 ? 0.1 : 0.01) * g;
+            break;
+        case KEEL_OPT_MOMENTUM:     /* a: the accumulation */
+            a = 0.9 * a + g;
+            w -= lr * (c->use_nesterov ? g + 0.9 * a : a);
+            break;
+        case KEEL_OPT_ADAGRAD:      /* a: the accumulator */
+            a += g * g;
+            w -= lr * g / (sqrt(a) + 1e-7);
+            break;
+        case KEEL_OPT_ADAM:         /* a, b: m and v; t counts from 1 */
+            lr_t = lr * sqrt(1 - pow(0.999, t)) / (1 - pow(0.9, t));
+            a = 0.9 * a + 0.1 * g;
+            b = 0.999 * b + 0.001 * g * g;
+            w -= lr_t * a / (sqrt(b) + 1e-7);
+            break;
+        case KEEL_OPT_RMSPROP:      /* a, b: mean square and momentum */
+            a = 0.9 * a + 0.1 * g * g;
+            b = c->momentum * b + lr * g / sqrt(a + 1e-7);
+            w -= b;
+            break;
+        default:
+            ck_abort_msg("%s: no hand computation", c->name);
+        }
+    }
+    slot[0] = a;
+    slot[1] = b;
+    return w;
+}
+
+/* got within 1e-6 of want, or a failure naming the case and the value */
+static void
+expect_near(const char *name, const char *what, int i, double got,
+            double want)
+{
+    ck_assert_msg(fabs(got - want) < 1e-6, "%s: %s[%d] is %.9g, expected "
+                  "%.9g", name, what, i, got, want);
+}
 
 START_TEST(test_optimizer_updates_match_hand_computed_values)
 {
-    keel_optimizer_config oc;
-    keel_vars *vs;
-    keel_var *v;
-    const double g1[2] = { 0.5, -1.0 }, g2[2] = { 0.25, 2.0 };
-    const double w0[2] = { 1.0, -2.0 };
-    double tol = 1e-6;
-
-    /* SGD with a piecewise schedule: lr 0.1 at step 0, 0.01 from step 1 */
-    v = opt_var(&vs);
-    keel_optimizer_config_init(&oc, KEEL_OPT_SGD);
-    ck_assert_int_eq(keel_lr_parse_piecewise("1", "0.1,0.01", &oc.schedule),
-                     KEEL_OK);
-    run_opt(&oc, v, vs, 0);
-    for (int i = 0; i < 2; i++)
-        ck_assert_double_eq_tol(W(i), w0[i] - 0.1 * g1[i] - 0.01 * g2[i],
-                                tol);
-    ck_assert_uint_eq(keel_var_slot_count(v), 0);
-    keel_vars_free(vs);
-
-    /* Momentum 0.9, lr 0.1; then Nesterov */
-    for (int nes = 0; nes <= 1; nes++) {
-        v = opt_var(&vs);
-        keel_optimizer_config_init(&oc, KEEL_OPT_MOMENTUM);
-        oc.schedule.learning_rate = 0.1;
-        oc.use_nesterov = nes;
-        run_opt(&oc, v, vs, 0);
+    for (size_t k = 0; k < sizeof opt_cases / sizeof *opt_cases; k++) {
+        const opt_case *c = &opt_cases[k];
+        keel_optimizer_config oc;
+        keel_vars *vs;
+        keel_var *v = opt_var(&vs);
+        keel_optimizer_config_init(&oc, c->kind);
+        if (c->boundaries != NULL)
+            ck_assert_int_eq(keel_lr_parse_piecewise(c->boundaries,
+                                                     c->values, &oc.schedule),
+                             KEEL_OK);
+        else
+            oc.schedule.learning_rate = c->learning_rate;
+        if (c->momentum != 0)
+            oc.momentum = c->momentum;
+        oc.use_nesterov = c->use_nesterov;
+        run_opt(&oc, v, vs, c->step0);
+        ck_assert_msg(keel_var_slot_count(v) == c->n_slots, "%s: %zu slots",
+                      c->name, keel_var_slot_count(v));
         for (int i = 0; i < 2; i++) {
-            double a1 = g1[i], a2 = 0.9 * a1 + g2[i], w = w0[i];
-            w -= 0.1 * (nes ? g1[i] + 0.9 * a1 : a1);
-            w -= 0.1 * (nes ? g2[i] + 0.9 * a2 : a2);
-            ck_assert_double_eq_tol(SLOT("momentum", i), a2, tol);
-            ck_assert_double_eq_tol(W(i), w, tol);
+            double slot[2], w = opt_by_hand(c, i, slot);
+            for (size_t j = 0; j < c->n_slots; j++)
+                expect_near(c->name, c->slots[j], i,
+                            keel_var_slot(v, c->slots[j])->data[i], slot[j]);
+            expect_near(c->name, "w", i, keel_var_tensor(v)->data[i], w);
         }
         keel_vars_free(vs);
     }
-
-    /* Adagrad, initial accumulator 0.1 */
-    v = opt_var(&vs);
-    keel_optimizer_config_init(&oc, KEEL_OPT_ADAGRAD);
-    oc.schedule.learning_rate = 0.1;
-    run_opt(&oc, v, vs, 0);
-    for (int i = 0; i < 2; i++) {
-        double a = 0.1 + g1[i] * g1[i], w = w0[i];
-        w -= 0.1 * g1[i] / (sqrt(a) + 1e-7);
-        a += g2[i] * g2[i];
-        w -= 0.1 * g2[i] / (sqrt(a) + 1e-7);
-        ck_assert_double_eq_tol(SLOT("accumulator", i), a, tol);
-        ck_assert_double_eq_tol(W(i), w, tol);
-    }
-    keel_vars_free(vs);
-
-    /* Adam starting at global step 5 (t = 6, 7) */
-    v = opt_var(&vs);
-    keel_optimizer_config_init(&oc, KEEL_OPT_ADAM);
-    oc.schedule.learning_rate = 0.01;
-    run_opt(&oc, v, vs, 5);
-    for (int i = 0; i < 2; i++) {
-        double m = 0, vv = 0, w = w0[i];
-        const double *gs[2] = { g1, g2 };
-        for (int s = 0; s < 2; s++) {
-            double t = 6 + s;
-            double lr_t = 0.01 * sqrt(1 - pow(0.999, t)) / (1 - pow(0.9, t));
-            m = 0.9 * m + 0.1 * gs[s][i];
-            vv = 0.999 * vv + 0.001 * gs[s][i] * gs[s][i];
-            w -= lr_t * m / (sqrt(vv) + 1e-7);
-        }
-        ck_assert_double_eq_tol(SLOT("m", i), m, tol);
-        ck_assert_double_eq_tol(SLOT("v", i), vv, tol);
-        ck_assert_double_eq_tol(W(i), w, tol);
-    }
-    keel_vars_free(vs);
-
-    /* RMSProp rho 0.9, momentum 0.5, lr 0.01 */
-    v = opt_var(&vs);
-    keel_optimizer_config_init(&oc, KEEL_OPT_RMSPROP);
-    oc.schedule.learning_rate = 0.01;
-    oc.momentum = 0.5;
-    run_opt(&oc, v, vs, 0);
-    for (int i = 0; i < 2; i++) {
-        double ms = 0, mom = 0, w = w0[i];
-        const double *gs[2] = { g1, g2 };
-        for (int s = 0; s < 2; s++) {
-            ms = 0.9 * ms + 0.1 * gs[s][i] * gs[s][i];
-            mom = 0.5 * mom + 0.01 * gs[s][i] / sqrt(ms + 1e-7);
-            w -= mom;
-        }
-        ck_assert_double_eq_tol(SLOT("rms", i), ms, tol);
-        ck_assert_double_eq_tol(SLOT("mom", i), mom, tol);
-        ck_assert_double_eq_tol(W(i), w, tol);
-    }
-    keel_vars_free(vs);
 }
 END_TEST
 
