@@ -693,27 +693,38 @@ tu_ps_join(tu_ps *p)
     return p->st;
 }
 
-/* The spec of a cluster of one ps, the chief and, when worker_port > 0,
- * one worker at those ports, as task (type, 0). */
+keel_cluster_spec *
+tu_spec_from_lists(const char *ps, const char *workers, const char *chief,
+                   keel_task_type type, int index)
+{
+    const struct { keel_task_type type; const char *list; } jobs[] = {
+        { KEEL_TASK_PS, ps }, { KEEL_TASK_WORKER, workers },
+        { KEEL_TASK_CHIEF, chief },
+    };
+    keel_cluster_spec *s;
+    ck_assert_int_eq(keel_cluster_spec_new(&s), KEEL_OK);
+    for (size_t i = 0; i < sizeof jobs / sizeof *jobs; i++)
+        if (jobs[i].list != NULL)
+            ck_assert_msg(keel_cluster_spec_add_list(s, jobs[i].type,
+                                                     jobs[i].list) == KEEL_OK,
+                          "%s: %s", jobs[i].list, keel_last_error());
+    ck_assert_int_eq(keel_cluster_spec_set_task(s, type, index), KEEL_OK);
+    return s;
+}
+
+/* The validated spec of a cluster of one ps, the chief and, when
+ * worker_port > 0, one worker at those ports, as task (type, 0). */
 static keel_cluster_spec *
 loopback_spec(int ps_port, int chief_port, int worker_port,
               keel_task_type type)
 {
-    const struct { keel_task_type type; int port; } tasks[] = {
-        { KEEL_TASK_PS, ps_port }, { KEEL_TASK_CHIEF, chief_port },
-        { KEEL_TASK_WORKER, worker_port },
-    };
+    char ps[32], chief[32], worker[32];
     keel_cluster_spec *spec;
-    char a[64];
-    ck_assert_int_eq(keel_cluster_spec_new(&spec), KEEL_OK);
-    for (size_t i = 0; i < sizeof tasks / sizeof *tasks; i++) {
-        if (tasks[i].port <= 0)
-            continue;
-        TU_SNPRINTF(a, sizeof a, "127.0.0.1:%d", tasks[i].port);
-        ck_assert_int_eq(keel_cluster_spec_add_list(spec, tasks[i].type, a),
-                         KEEL_OK);
-    }
-    ck_assert_int_eq(keel_cluster_spec_set_task(spec, type, 0), KEEL_OK);
+    TU_SNPRINTF(ps, sizeof ps, "127.0.0.1:%d", ps_port);
+    TU_SNPRINTF(chief, sizeof chief, "127.0.0.1:%d", chief_port);
+    TU_SNPRINTF(worker, sizeof worker, "127.0.0.1:%d", worker_port);
+    spec = tu_spec_from_lists(ps, worker_port > 0 ? worker : NULL, chief,
+                              type, 0);
     ck_assert_int_eq(keel_cluster_spec_validate(spec), KEEL_OK);
     return spec;
 }

@@ -153,6 +153,13 @@ void tu_ps_start(tu_ps *p, const keel_cluster_spec *spec,
                  const keel_vars *vs, const keel_cluster_options *opts);
 keel_status tu_ps_join(tu_ps *p);
 
+/* A spec from explicit lists, as a [cluster] section gives them: the ps,
+ * worker and chief lists (NULL: none) and this task (type, index); fails
+ * the test on any error. Not validated. */
+keel_cluster_spec *tu_spec_from_lists(const char *ps, const char *workers,
+                                      const char *chief, keel_task_type type,
+                                      int index);
+
 /* One cluster on 127.0.0.1, on ports from tu_held_port(): one ps, the
  * chief and, when with_worker, one worker. Each member is the validated
  * spec as seen by that task (index 0); worker is NULL without one.
