@@ -767,7 +767,9 @@ tu_assert_zeroed_refused(const tu_zeroed_case *cases, size_t n)
 {
     char want[160];
     for (size_t i = 0; i < n; i++) {
-        ck_assert_int_eq(cases[i].call(), KEEL_EINVAL);
+        keel_status st = cases[i].call();
+        ck_assert_msg(st == KEEL_EINVAL, "case %zu (%s): %s, not "
+                      "KEEL_EINVAL", i, cases[i].type, keel_status_name(st));
         TU_SNPRINTF(want, sizeof want, "%s has struct_size 0: fill it with "
                  "%s_init()", cases[i].type, cases[i].type);
         ck_assert_msg(strstr(keel_last_error(), want) != NULL,
