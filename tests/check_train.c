@@ -1606,6 +1606,22 @@ typedef struct kf_case {
                                   * must take the factored update */
 } kf_case;
 
+/* A case on model with n examples a step, steps steps and kfac's seed;
+ * the factors' EMA decay 0.8 and momentum 0.5, the rest kfac's defaults */
+static void
+kf_case_init(kf_case *c, const char *model, size_t n, int steps,
+             uint64_t seed)
+{
+    memset(c, 0, sizeof *c);
+    keel_kfac_config_init(&c->kc);
+    c->model = model;
+    c->n = n;
+    c->steps = steps;
+    c->kc.seed = seed;
+    c->kc.cov_ema_decay = 0.8;
+    c->kc.momentum = 0.5;
+}
+
 static void
 json_floats(FILE *f, const float *v, size_t n)
 {
@@ -1890,17 +1906,8 @@ START_TEST(test_kfac_matches_numpy_reference)
      * pi, the damped inverses and the last step's update, two steps each
      * (the EMA and momentum carry over), against numpy in float64 */
     kf_case c[3];
-    for (int i = 0; i < 3; i++) {
-        memset(&c[i], 0, sizeof c[i]);
-        keel_kfac_config_init(&c[i].kc);
-        c[i].kc.invert_every = 1;
-        c[i].kc.cov_ema_decay = 0.8;
-        c[i].kc.momentum = 0.5;
-        c[i].kc.seed = 3;
-        c[i].steps = 2;
-    }
-    c[0].model = "mlp";
-    c[0].n = 7;
+    kf_case_init(&c[0], "mlp", 7, 2, 3);
+    c[0].kc.invert_every = 1;
     c[0].kc.damping = 0.05;
     c[0].kc.schedule.learning_rate = 0.1;
     c[1] = c[0];
@@ -1908,8 +1915,8 @@ START_TEST(test_kfac_matches_numpy_reference)
     c[1].kc.momentum_type = KEEL_KFAC_MOMENTUM_REGULAR;
     c[1].kc.norm_constraint = 1e-4;
     c[1].expect_clipped = 1;
-    c[2].model = "cnn";
-    c[2].n = 3;
+    kf_case_init(&c[2], "cnn", 3, 2, 3);
+    c[2].kc.invert_every = 1;
     c[2].kc.damping = 0.1;
     c[2].kc.schedule.learning_rate = 0.05;
     c[2].kc.norm_constraint = 1e-4;
@@ -1927,21 +1934,13 @@ START_TEST(test_kfac_factored_update_matches_numpy_reference)
      * from step 0's between inversions (invert_every 3); regular with KL
      * clipping: F^-1 of each step's gradient, an inversion at step 2 */
     kf_case c[2];
-    for (int i = 0; i < 2; i++) {
-        memset(&c[i], 0, sizeof c[i]);
-        keel_kfac_config_init(&c[i].kc);
-        c[i].model = "mlp";
-        c[i].n = 3;
-        c[i].steps = 3;
-        c[i].kc.model_grads = 1;
-        c[i].kc.invert_every = 3;
-        c[i].kc.cov_ema_decay = 0.8;
-        c[i].kc.momentum = 0.5;
-        c[i].kc.seed = 4;
-        c[i].kc.damping = 0.05;
-        c[i].kc.schedule.learning_rate = 0.1;
-        c[i].expect_factored = 1;
-    }
+    kf_case_init(&c[0], "mlp", 3, 3, 4);
+    c[0].kc.model_grads = 1;
+    c[0].kc.invert_every = 3;
+    c[0].kc.damping = 0.05;
+    c[0].kc.schedule.learning_rate = 0.1;
+    c[0].expect_factored = 1;
+    c[1] = c[0];
     c[1].kc.momentum_type = KEEL_KFAC_MOMENTUM_REGULAR;
     c[1].kc.invert_every = 2;
     c[1].kc.norm_constraint = 1e-4;
