@@ -2290,15 +2290,6 @@ END_TEST
 #define NEX 10
 
 static void
-put_be32(uint8_t *p, uint32_t v)
-{
-    p[0] = (uint8_t)(v >> 24);
-    p[1] = (uint8_t)(v >> 16);
-    p[2] = (uint8_t)(v >> 8);
-    p[3] = (uint8_t)v;
-}
-
-static void
 write_maybe_gz(const char *path, const void *data, size_t n, int gz)
 {
     if (gz) {
@@ -2317,18 +2308,10 @@ static void
 write_idx(const char *img, const char *lab, int gz, uint32_t count_labels)
 {
     uint8_t ibuf[16 + NEX * 12], lbuf[8 + NEX];
-    ibuf[0] = ibuf[1] = 0;
-    ibuf[2] = 8;
-    ibuf[3] = 3;
-    put_be32(ibuf + 4, NEX);
-    put_be32(ibuf + 8, 4);
-    put_be32(ibuf + 12, 3);
+    tu_idx_images_header(ibuf, NEX, 4, 3);
     for (int i = 0; i < NEX * 12; i++)
         ibuf[16 + i] = (uint8_t)i;
-    lbuf[0] = lbuf[1] = 0;
-    lbuf[2] = 8;
-    lbuf[3] = 1;
-    put_be32(lbuf + 4, count_labels);
+    tu_idx_labels_header(lbuf, count_labels);
     for (int i = 0; i < NEX; i++)
         lbuf[8 + i] = (uint8_t)(i % 3);
     write_maybe_gz(img, ibuf, sizeof ibuf, gz);
@@ -2625,15 +2608,9 @@ index_dataset(size_t n)
     keel_dataset *ds;
     uint8_t *ibuf = calloc(16 + n, 1), lbuf[8 + 256];
     ck_assert(n <= 256);
-    ibuf[2] = 8;
-    ibuf[3] = 3;
-    put_be32(ibuf + 4, (uint32_t)n);
-    put_be32(ibuf + 8, 1);
-    put_be32(ibuf + 12, 1);
+    tu_idx_images_header(ibuf, (uint32_t)n, 1, 1);
     memset(lbuf, 0, sizeof lbuf);
-    lbuf[2] = 8;
-    lbuf[3] = 1;
-    put_be32(lbuf + 4, (uint32_t)n);
+    tu_idx_labels_header(lbuf, (uint32_t)n);
     for (size_t i = 0; i < n; i++) {
         ibuf[16 + i] = (uint8_t)i;
         lbuf[8 + i] = (uint8_t)(i % 2);

@@ -518,6 +518,23 @@ put_be32(unsigned char *p, uint32_t v)
 }
 
 void
+tu_idx_images_header(unsigned char *p, uint32_t n, uint32_t rows,
+                     uint32_t cols)
+{
+    put_be32(p, 0x00000803);
+    put_be32(p + 4, n);
+    put_be32(p + 8, rows);
+    put_be32(p + 12, cols);
+}
+
+void
+tu_idx_labels_header(unsigned char *p, uint32_t n)
+{
+    put_be32(p, 0x00000801);
+    put_be32(p + 4, n);
+}
+
+void
 tu_write_idx_dataset(const char *prefix, int n, uint32_t seed)
 {
     size_t img_bytes = 16 + (size_t)n * 784, lab_bytes = 8 + (size_t)n;
@@ -526,12 +543,8 @@ tu_write_idx_dataset(const char *prefix, int n, uint32_t seed)
     uint32_t s = seed;
     ck_assert_ptr_nonnull(img);
     ck_assert_ptr_nonnull(lab);
-    put_be32(img, 0x00000803);
-    put_be32(img + 4, (uint32_t)n);
-    put_be32(img + 8, 28);
-    put_be32(img + 12, 28);
-    put_be32(lab, 0x00000801);
-    put_be32(lab + 4, (uint32_t)n);
+    tu_idx_images_header(img, (uint32_t)n, 28, 28);
+    tu_idx_labels_header(lab, (uint32_t)n);
     for (int i = 0; i < n; i++) {
         int c = i % 10, r0 = 2 + (c / 5) * 12, c0 = 2 + (c % 5) * 5;
         unsigned char *x = img + 16 + (size_t)i * 784;

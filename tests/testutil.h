@@ -98,6 +98,12 @@ void tu_kill(pid_t pid);
 /* Kill and reap every registered child. */
 void tu_kill_all(void);
 
+/* The header of an IDX file (MNIST's format) at p: of n uint8 images of
+ * rows x cols (16 bytes), of n uint8 labels (8 bytes). */
+void tu_idx_images_header(unsigned char *p, uint32_t n, uint32_t rows,
+                          uint32_t cols);
+void tu_idx_labels_header(unsigned char *p, uint32_t n);
+
 /* A synthetic MNIST-format (IDX) dataset: <prefix>-images-idx3-ubyte and
  * <prefix>-labels-idx1-ubyte with n 28x28 examples; class c (i % 10) is a
  * bright 6x6 patch at a class-specific place over deterministic noise, so
