@@ -1370,33 +1370,36 @@ zc_supervisor_config(void)
     return keel_supervisor_new(&vc, &zc_sv);
 }
 
+/* st, once the message is seen to name the taker (who) and the backend */
+static keel_status
+zc_backend_named(keel_status st, const char *who)
+{
+    char want[64];
+    TU_SNPRINTF(want, sizeof want, "%s: backend 'mine': ", who);
+    ck_assert_msg(strstr(keel_last_error(), want) != NULL, "'%s' lacks '%s'",
+                  keel_last_error(), want);
+    return st;
+}
+
 static keel_status
 zc_session_backend(void)
 {
     keel_session_config c;
-    keel_status st;
     keel_session_config_init(&c);
     zc_fill(&c);
     c.backend = zc_backend();
-    st = keel_session_new(&c, &zc_s);
-    ck_assert_ptr_nonnull(strstr(keel_last_error(),
-                                 "session: backend 'mine': "));
-    return st;
+    return zc_backend_named(keel_session_new(&c, &zc_s), "session");
 }
 
 static keel_status
 zc_supervisor_backend(void)
 {
     keel_supervisor_config vc;
-    keel_status st;
     keel_supervisor_config_init(&vc);
     vc.vars = vs;
     vc.step = scripted_step;
     vc.backend = zc_backend();
-    st = keel_supervisor_new(&vc, &zc_sv);
-    ck_assert_ptr_nonnull(strstr(keel_last_error(),
-                                 "supervisor: backend 'mine': "));
-    return st;
+    return zc_backend_named(keel_supervisor_new(&vc, &zc_sv), "supervisor");
 }
 
 static keel_status
