@@ -127,10 +127,6 @@ progress() {
     sed -n 's/^chief | \(step\|saved checkpoint for step\) \([0-9][0-9]*\).*/\2/p' "$LOG" |
         sort -n | tail -1
 }
-# The pid of a task's newest incarnation.
-pid_of() {
-    sed -n "s/^launch | \(re\)\{0,1\}started $1 (pid \([0-9]*\)).*/\2/p" "$LOG" | tail -1
-}
 count() { grep -c -- "$1" "$LOG"; }
 
 # until_ok WHAT CMD...: run CMD every 0.1 s until it succeeds (0), the
@@ -228,7 +224,7 @@ for r in $RULES; do
         K=$((K + 1))
         AT=$((R_LAST * K / (2 * NK + 2)))
         if until_ok "step $AT" past "$AT"; then
-            WPID=$(pid_of "$t")
+            WPID=$(keel_launch_pid "$LOG" "$t")
             kill -KILL "$WPID" 2>/dev/null || WHY="$t (pid $WPID) was gone before its kill"
         fi
         [ -z "$WHY" ] && until_ok "restart of $t" seen "^launch | restarted $t "
@@ -247,7 +243,7 @@ for r in $RULES; do
     esac
     NRB=$(count "restarting from step ")
     if [ -z "$WHY" ]; then
-        PPID_=$(pid_of ps.0)
+        PPID_=$(keel_launch_pid "$LOG" ps.0)
         kill -KILL "$PPID_" 2>/dev/null || WHY="ps.0 (pid $PPID_) was gone before its kill"
     fi
     [ -z "$WHY" ] && until_ok "restart of ps.0" seen "^launch | restarted ps.0 "

@@ -1138,13 +1138,9 @@ END_TEST
 
 START_TEST(test_dead_process_temp_files_cleaned_at_start)
 {
-    pid_t dead = fork();
+    pid_t dead = tu_dead_pid();
     char name[256], mine[256];
     keel_saver *s;
-    ck_assert_int_ge(dead, 0);
-    if (dead == 0)
-        _exit(0);
-    ck_assert_int_eq(waitpid(dead, NULL, 0), dead);
     snprintf(name, sizeof name, ".model.ckpt-5.h5.tmp.%d", (int)dead);
     tu_write_file(tu_path(name), "x", 1);
     snprintf(name, sizeof name, ".checkpoint.tmp.%d", (int)dead);

@@ -431,15 +431,8 @@ START_TEST(test_explicit_lists_from_ini_values)
 {
     keel_cluster_spec *s;
     char bind[128];
-    ck_assert_int_eq(keel_cluster_spec_new(&s), KEEL_OK);
-    ck_assert_int_eq(keel_cluster_spec_add_list(s, KEEL_TASK_PS,
-                                                "127.0.0.1:2222, 127.0.0.1:2223"),
-                     KEEL_OK);
-    ck_assert_int_eq(keel_cluster_spec_add_list(s, KEEL_TASK_WORKER,
-                                                "h1:3000,h2:3000"), KEEL_OK);
-    ck_assert_int_eq(keel_cluster_spec_add_list(s, KEEL_TASK_CHIEF,
-                                                "[::1]:4000"), KEEL_OK);
-    ck_assert_int_eq(keel_cluster_spec_set_task(s, KEEL_TASK_PS, 1), KEEL_OK);
+    s = tu_spec_from_lists("127.0.0.1:2222, 127.0.0.1:2223",
+                           "h1:3000,h2:3000", "[::1]:4000", KEEL_TASK_PS, 1);
     ck_assert_int_eq(keel_cluster_spec_validate(s), KEEL_OK);
     ck_assert_str_eq(keel_cluster_spec_address(s, KEEL_TASK_PS, 1),
                      "127.0.0.1:2223");
@@ -455,11 +448,8 @@ START_TEST(test_explicit_lists_from_ini_values)
                      KEEL_EINVAL);
     keel_cluster_spec_free(s);
 
-    ck_assert_int_eq(keel_cluster_spec_new(&s), KEEL_OK);
-    ck_assert_int_eq(keel_cluster_spec_add_list(s, KEEL_TASK_WORKER,
-                                                "a:1,,b:0,a:1"), KEEL_OK);
-    ck_assert_int_eq(keel_cluster_spec_set_task(s, KEEL_TASK_WORKER, 7),
-                     KEEL_OK);
+    s = tu_spec_from_lists(NULL, "a:1,,b:0,a:1", NULL, KEEL_TASK_WORKER,
+                           7);
     keel_cluster_spec_set_replicas(s, -1, 0);
     ck_assert_int_eq(keel_cluster_spec_validate(s), KEEL_EINVAL);
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "5 problems"));
@@ -471,11 +461,7 @@ START_TEST(test_explicit_lists_from_ini_values)
     keel_cluster_spec_free(s);
 
     /* A wildcard bind only when the spec says so. */
-    ck_assert_int_eq(keel_cluster_spec_new(&s), KEEL_OK);
-    ck_assert_int_eq(keel_cluster_spec_add_list(s, KEEL_TASK_WORKER,
-                                                "*:5000"), KEEL_OK);
-    ck_assert_int_eq(keel_cluster_spec_set_task(s, KEEL_TASK_WORKER, 0),
-                     KEEL_OK);
+    s = tu_spec_from_lists(NULL, "*:5000", NULL, KEEL_TASK_WORKER, 0);
     ck_assert_int_eq(keel__cluster_bind_address(s, KEEL_TASK_WORKER, 0, bind,
                                                 sizeof bind), KEEL_OK);
     ck_assert_str_eq(bind, "tcp://*:5000");
@@ -2103,7 +2089,6 @@ START_TEST(test_global_step_waiter_hook_sees_the_cluster_step)
     wb init, push;
     keel__wire_header h;
     keel__wire_msg r;
-    char list[128];
 
     /* the ps: 2 replicas, 1 aggregated */
     ck_assert_int_eq(sync_ps_start(&sv, 1, 2), KEEL_OK);
@@ -2117,15 +2102,9 @@ START_TEST(test_global_step_waiter_hook_sees_the_cluster_step)
     keel__wire_msg_clear(&r);
 
     /* worker 1: the real backend and a MonitoredSession with the hook */
-    ck_assert_int_eq(keel_cluster_spec_new(&spec), KEEL_OK);
-    ck_assert_int_eq(keel_cluster_spec_add_list(spec, KEEL_TASK_PS,
-                         keel__ps_endpoint(sv.ps) + strlen("tcp://")),
-                     KEEL_OK);
-    snprintf(list, sizeof list, "127.0.0.1:1,127.0.0.1:2");
-    ck_assert_int_eq(keel_cluster_spec_add_list(spec, KEEL_TASK_WORKER,
-                                                list), KEEL_OK);
-    ck_assert_int_eq(keel_cluster_spec_set_task(spec, KEEL_TASK_WORKER, 1),
-                     KEEL_OK);
+    spec = tu_spec_from_lists(keel__ps_endpoint(sv.ps) + strlen("tcp://"),
+                              "127.0.0.1:1,127.0.0.1:2", NULL,
+                              KEEL_TASK_WORKER, 1);
     keel_cluster_spec_set_replicas(spec, 1, 2);
     ck_assert_msg(keel_cluster_spec_validate(spec) == KEEL_OK, "%s",
                   keel_last_error());

@@ -1375,77 +1375,143 @@ START_TEST(test_replica_stores_start_zero_every_step_and_after_a_failure)
 END_TEST
 
 /* Session, training and supervisor configs and backends not filled by
- * their init function are refused, naming the struct and the function. */
-START_TEST(test_configs_without_their_init_are_refused_by_name)
+ * their init function are refused, naming the struct and the function:
+ * each zc_ function passes one such struct to one constructor, which
+ * leaves its output NULL. */
+static script zc_script;
+static keel_session *zc_s;
+static keel_supervisor *zc_sv;
+static keel_backend zc_be;
+
+/* A session config as a caller fills it, but for its init function */
+static void
+zc_fill(keel_session_config *c)
 {
-    script sc = { 0 };
+    c->vars = vs;
+    c->step = scripted_step;
+    c->step_ctx = &zc_script;
+}
+
+/* A backend made without keel_backend_init */
+static keel_backend *
+zc_backend(void)
+{
+    memset(&zc_be, 0, sizeof zc_be);
+    zc_be.name = "mine";
+    return &zc_be;
+}
+
+static keel_status
+zc_session_config(void)
+{
     keel_session_config c;
-    keel_training_config tc;
-    keel_supervisor_config vc;
-    keel_session *s = NULL;
-    keel_supervisor *sv = NULL;
     memset(&c, 0, sizeof c);
-    c.vars = vs;
-    c.step = scripted_step;
-    c.step_ctx = &sc;
-    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_EINVAL);
-    ck_assert_ptr_nonnull(strstr(keel_last_error(),
-                                 "keel_session_config_init()"));
+    zc_fill(&c);
+    return keel_session_new(&c, &zc_s);
+}
+
+static keel_status
+zc_nested_session_config(void)
+{
+    keel_training_config tc;
     keel_training_config_init(&tc);
-    tc.session = c;                         // nested, still not filled
-    ck_assert_int_eq(keel_training_session_new(&tc, &s), KEEL_EINVAL);
-    ck_assert_ptr_nonnull(strstr(keel_last_error(),
-                                 "keel_session_config has struct_size 0"));
+    memset(&tc.session, 0, sizeof tc.session);
+    zc_fill(&tc.session);
+    return keel_training_session_new(&tc, &zc_s);
+}
+
+static keel_status
+zc_training_config(void)
+{
+    keel_training_config tc;
     memset(&tc, 0, sizeof tc);
     keel_session_config_init(&tc.session);
-    tc.session.vars = vs;
-    tc.session.step = scripted_step;
-    ck_assert_int_eq(keel_training_session_new(&tc, &s), KEEL_EINVAL);
-    ck_assert_ptr_nonnull(strstr(keel_last_error(),
-                                 "keel_training_config_init()"));
+    zc_fill(&tc.session);
+    return keel_training_session_new(&tc, &zc_s);
+}
+
+static keel_status
+zc_supervisor_config(void)
+{
+    keel_supervisor_config vc;
     memset(&vc, 0, sizeof vc);
     vc.vars = vs;
     vc.step = scripted_step;
-    ck_assert_int_eq(keel_supervisor_new(&vc, &sv), KEEL_EINVAL);
-    ck_assert_ptr_nonnull(strstr(keel_last_error(),
-                                 "keel_supervisor_config_init()"));
-    /* a backend made without keel_backend_init, in each taker */
-    {
-        keel_backend be;
-        keel_session_manager_config mc;
-        keel_session_manager *sm = NULL;
-        memset(&be, 0, sizeof be);
-        be.name = "mine";
-        keel_session_config_init(&c);
-        c.vars = vs;
-        c.step = scripted_step;
-        c.step_ctx = &sc;
-        c.backend = &be;
-        ck_assert_int_eq(keel_session_new(&c, &s), KEEL_EINVAL);
-        ck_assert_ptr_nonnull(strstr(keel_last_error(), "session: backend "
-                                     "'mine': keel_backend has struct_size "
-                                     "0: fill it with keel_backend_init()"));
-        keel_supervisor_config_init(&vc);
-        vc.vars = vs;
-        vc.step = scripted_step;
-        vc.backend = &be;
-        ck_assert_int_eq(keel_supervisor_new(&vc, &sv), KEEL_EINVAL);
-        ck_assert_ptr_nonnull(strstr(keel_last_error(), "supervisor: "
-                                     "backend 'mine': keel_backend has "
-                                     "struct_size 0"));
-        keel_session_manager_config_init(&mc);
-        mc.vars = vs;
-        mc.backend = &be;
-        ck_assert_int_eq(keel_session_manager_new(&mc, &sm), KEEL_EINVAL);
-        ck_assert_ptr_nonnull(strstr(keel_last_error(), "keel_backend has "
-                                     "struct_size 0"));
-        ck_assert_ptr_null(sm);
-        keel_backend_init(&be);            /* all NULL: a local backend */
-        ck_assert_int_eq(keel_session_manager_new(&mc, &sm), KEEL_OK);
-        keel_session_manager_free(sm);
-    }
-    ck_assert_ptr_null(s);
-    ck_assert_ptr_null(sv);
+    return keel_supervisor_new(&vc, &zc_sv);
+}
+
+/* st, once the message is seen to name the taker (who) and the backend */
+static keel_status
+zc_backend_named(keel_status st, const char *who)
+{
+    char want[64];
+    TU_SNPRINTF(want, sizeof want, "%s: backend 'mine': ", who);
+    ck_assert_msg(strstr(keel_last_error(), want) != NULL, "'%s' lacks '%s'",
+                  keel_last_error(), want);
+    return st;
+}
+
+static keel_status
+zc_session_backend(void)
+{
+    keel_session_config c;
+    keel_session_config_init(&c);
+    zc_fill(&c);
+    c.backend = zc_backend();
+    return zc_backend_named(keel_session_new(&c, &zc_s), "session");
+}
+
+static keel_status
+zc_supervisor_backend(void)
+{
+    keel_supervisor_config vc;
+    keel_supervisor_config_init(&vc);
+    vc.vars = vs;
+    vc.step = scripted_step;
+    vc.backend = zc_backend();
+    return zc_backend_named(keel_supervisor_new(&vc, &zc_sv), "supervisor");
+}
+
+static keel_status
+zc_manager_backend(void)
+{
+    keel_session_manager_config mc;
+    keel_session_manager *sm = NULL;
+    keel_status st;
+    keel_session_manager_config_init(&mc);
+    mc.vars = vs;
+    mc.backend = zc_backend();
+    st = keel_session_manager_new(&mc, &sm);
+    ck_assert_ptr_null(sm);
+    return st;
+}
+
+START_TEST(test_configs_without_their_init_are_refused_by_name)
+{
+    static const tu_zeroed_case cases[] = {
+        { "keel_session_config", zc_session_config },
+        { "keel_session_config", zc_nested_session_config },
+        { "keel_training_config", zc_training_config },
+        { "keel_supervisor_config", zc_supervisor_config },
+        { "keel_backend", zc_session_backend },
+        { "keel_backend", zc_supervisor_backend },
+        { "keel_backend", zc_manager_backend },
+    };
+    keel_session_manager_config mc;
+    keel_session_manager *sm = NULL;
+    zc_s = NULL;
+    zc_sv = NULL;
+    tu_assert_zeroed_refused(cases, sizeof cases / sizeof *cases);
+    ck_assert_ptr_null(zc_s);
+    ck_assert_ptr_null(zc_sv);
+    /* the same backend filled by keel_backend_init (all NULL: a local
+     * backend) is taken */
+    keel_backend_init(&zc_be);
+    keel_session_manager_config_init(&mc);
+    mc.vars = vs;
+    mc.backend = &zc_be;
+    ck_assert_int_eq(keel_session_manager_new(&mc, &sm), KEEL_OK);
+    keel_session_manager_free(sm);
 }
 END_TEST
 

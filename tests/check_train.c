@@ -1149,8 +1149,11 @@ START_TEST(test_lr_schedules_follow_their_formulas)
 }
 END_TEST
 
-/* One variable w = {1, -2}, two steps with gradients g1, g2; returns w and
- * the slots after each step. */
+/* The optimizer cases run one variable w = {1, -2} through two steps, with
+ * the gradients opt_grads[0] then opt_grads[1]. */
+static const double opt_w0[2] = { 1.0, -2.0 };
+static const float opt_grads[2][2] = { { 0.5f, -1.0f }, { 0.25f, 2.0f } };
+
 static keel_var *
 opt_var(keel_vars **vs)
 {
@@ -1159,8 +1162,8 @@ opt_var(keel_vars **vs)
     ck_assert_int_eq(keel_vars_new(vs), KEEL_OK);
     ck_assert_int_eq(keel_vars_create(*vs, "w", 1, shape,
                                       KEEL_VAR_TRAINABLE, &v), KEEL_OK);
-    keel_var_tensor(v)->data[0] = 1.0f;
-    keel_var_tensor(v)->data[1] = -2.0f;
+    keel_var_tensor(v)->data[0] = (float)opt_w0[0];
+    keel_var_tensor(v)->data[1] = (float)opt_w0[1];
     return v;
 }
 
@@ -1171,12 +1174,11 @@ run_opt(const keel_optimizer_config *oc, keel_var *v, keel_vars *vs,
     keel_optimizer *o;
     keel_tensor g;
     int64_t shape[1] = { 2 };
-    const float gs[2][2] = { { 0.5f, -1.0f }, { 0.25f, 2.0f } };
     ck_assert_int_eq(keel_optimizer_new(oc, &o), KEEL_OK);
     ck_assert_int_eq(keel_optimizer_prepare(o, vs), KEEL_OK);
     ck_assert_int_eq(keel_tensor_alloc(&g, 1, shape), KEEL_OK);
     for (int s = 0; s < 2; s++) {
-        memcpy(g.data, gs[s], sizeof gs[s]);
+        memcpy(g.data, opt_grads[s], sizeof opt_grads[s]);
         ck_assert_int_eq(keel_optimizer_apply_var(o, v, &g, step0 + s),
                          KEEL_OK);
     }
@@ -1184,102 +1186,120 @@ run_opt(const keel_optimizer_config *oc, keel_var *v, keel_vars *vs,
     keel_optimizer_free(o);
 }
 
-#define W(i) ((double)keel_var_tensor(v)->data[i])
-#define SLOT(n, i) ((double)keel_var_slot(v, n)->data[i])
+/* One optimizer case: its config (with a piecewise schedule when
+ * boundaries is not NULL; momentum 0 keeps the default), the global step
+ * of its first update, and the slots it keeps (NULL after the last). */
+typedef struct opt_case {
+    const char *name;
+    keel_optimizer_kind kind;
+    double learning_rate;
+    const char *boundaries, *values;
+    double momentum;
+    int use_nesterov;
+    int64_t step0;
+    const char *slots[3];
+} opt_case;
+
+static const opt_case opt_cases[] = {
+    { .name = "sgd", .kind = KEEL_OPT_SGD,
+      .boundaries = "1", .values = "0.1,0.01" },
+    { .name = "momentum", .kind = KEEL_OPT_MOMENTUM, .learning_rate = 0.1,
+      .slots = { "momentum" } },
+    { .name = "nesterov", .kind = KEEL_OPT_MOMENTUM, .learning_rate = 0.1,
+      .use_nesterov = 1, .slots = { "momentum" } },
+    { .name = "adagrad", .kind = KEEL_OPT_ADAGRAD, .learning_rate = 0.1,
+      .slots = { "accumulator" } },
+    { .name = "adam", .kind = KEEL_OPT_ADAM, .learning_rate = 0.01,
+      .step0 = 5, .slots = { "m", "v" } },
+    { .name = "rmsprop", .kind = KEEL_OPT_RMSPROP, .learning_rate = 0.01,
+      .momentum = 0.5, .slots = { "rms", "mom" } },
+};
+
+/* Case c by hand for element i: returns the weight after the two steps
+ * and sets slot[] to the slots' values, in the order c names them. The
+ * other hyperparameters are the defaults: momentum 0.9, Adagrad's initial
+ * accumulator 0.1, Adam's betas 0.9 and 0.999, RMSProp's rho 0.9. */
+static double
+opt_by_hand(const opt_case *c, int i, double slot[2])
+{
+    double w = opt_w0[i], lr = c->learning_rate;
+    double a = c->kind == KEEL_OPT_ADAGRAD ? 0.1 : 0.0, b = 0.0;
+    for (int s = 0; s < 2; s++) {
+        double g = opt_grads[s][i];
+        double t = (double)(c->step0 + s + 1), lr_t;
+        switch (c->kind) {
+        case KEEL_OPT_SGD:          /* lr 0.1 at step 0, 0.01 from step 1 */
+            w -= (s == 0 ? 0.1 : 0.01) * g;
+            break;
+        case KEEL_OPT_MOMENTUM:     /* a: the accumulation */
+            a = 0.9 * a + g;
+            w -= lr * (c->use_nesterov ? g + 0.9 * a : a);
+            break;
+        case KEEL_OPT_ADAGRAD:      /* a: the accumulator */
+            a += g * g;
+            w -= lr * g / (sqrt(a) + 1e-7);
+            break;
+        case KEEL_OPT_ADAM:         /* a, b: m and v; t counts from 1 */
+            lr_t = lr * sqrt(1 - pow(0.999, t)) / (1 - pow(0.9, t));
+            a = 0.9 * a + 0.1 * g;
+            b = 0.999 * b + 0.001 * g * g;
+            w -= lr_t * a / (sqrt(b) + 1e-7);
+            break;
+        case KEEL_OPT_RMSPROP:      /* a, b: mean square and momentum */
+            a = 0.9 * a + 0.1 * g * g;
+            b = c->momentum * b + lr * g / sqrt(a + 1e-7);
+            w -= b;
+            break;
+        default:
+            ck_abort_msg("%s: no hand computation", c->name);
+        }
+    }
+    slot[0] = a;
+    slot[1] = b;
+    return w;
+}
+
+/* got within 1e-6 of want, or a failure naming the case and the value */
+static void
+expect_near(const char *name, const char *what, int i, double got,
+            double want)
+{
+    ck_assert_msg(fabs(got - want) < 1e-6, "%s: %s[%d] is %.9g, expected "
+                  "%.9g", name, what, i, got, want);
+}
 
 START_TEST(test_optimizer_updates_match_hand_computed_values)
 {
-    keel_optimizer_config oc;
-    keel_vars *vs;
-    keel_var *v;
-    const double g1[2] = { 0.5, -1.0 }, g2[2] = { 0.25, 2.0 };
-    const double w0[2] = { 1.0, -2.0 };
-    double tol = 1e-6;
-
-    /* SGD with a piecewise schedule: lr 0.1 at step 0, 0.01 from step 1 */
-    v = opt_var(&vs);
-    keel_optimizer_config_init(&oc, KEEL_OPT_SGD);
-    ck_assert_int_eq(keel_lr_parse_piecewise("1", "0.1,0.01", &oc.schedule),
-                     KEEL_OK);
-    run_opt(&oc, v, vs, 0);
-    for (int i = 0; i < 2; i++)
-        ck_assert_double_eq_tol(W(i), w0[i] - 0.1 * g1[i] - 0.01 * g2[i],
-                                tol);
-    ck_assert_uint_eq(keel_var_slot_count(v), 0);
-    keel_vars_free(vs);
-
-    /* Momentum 0.9, lr 0.1; then Nesterov */
-    for (int nes = 0; nes <= 1; nes++) {
-        v = opt_var(&vs);
-        keel_optimizer_config_init(&oc, KEEL_OPT_MOMENTUM);
-        oc.schedule.learning_rate = 0.1;
-        oc.use_nesterov = nes;
-        run_opt(&oc, v, vs, 0);
+    for (size_t k = 0; k < sizeof opt_cases / sizeof *opt_cases; k++) {
+        const opt_case *c = &opt_cases[k];
+        keel_optimizer_config oc;
+        keel_vars *vs;
+        keel_var *v = opt_var(&vs);
+        size_t n_slots = 0;
+        while (c->slots[n_slots] != NULL)
+            n_slots++;
+        keel_optimizer_config_init(&oc, c->kind);
+        if (c->boundaries != NULL)
+            ck_assert_int_eq(keel_lr_parse_piecewise(c->boundaries,
+                                                     c->values, &oc.schedule),
+                             KEEL_OK);
+        else
+            oc.schedule.learning_rate = c->learning_rate;
+        if (c->momentum != 0)
+            oc.momentum = c->momentum;
+        oc.use_nesterov = c->use_nesterov;
+        run_opt(&oc, v, vs, c->step0);
+        ck_assert_msg(keel_var_slot_count(v) == n_slots, "%s: %zu slots",
+                      c->name, keel_var_slot_count(v));
         for (int i = 0; i < 2; i++) {
-            double a1 = g1[i], a2 = 0.9 * a1 + g2[i], w = w0[i];
-            w -= 0.1 * (nes ? g1[i] + 0.9 * a1 : a1);
-            w -= 0.1 * (nes ? g2[i] + 0.9 * a2 : a2);
-            ck_assert_double_eq_tol(SLOT("momentum", i), a2, tol);
-            ck_assert_double_eq_tol(W(i), w, tol);
+            double slot[2], w = opt_by_hand(c, i, slot);
+            for (size_t j = 0; j < n_slots; j++)
+                expect_near(c->name, c->slots[j], i,
+                            keel_var_slot(v, c->slots[j])->data[i], slot[j]);
+            expect_near(c->name, "w", i, keel_var_tensor(v)->data[i], w);
         }
         keel_vars_free(vs);
     }
-
-    /* Adagrad, initial accumulator 0.1 */
-    v = opt_var(&vs);
-    keel_optimizer_config_init(&oc, KEEL_OPT_ADAGRAD);
-    oc.schedule.learning_rate = 0.1;
-    run_opt(&oc, v, vs, 0);
-    for (int i = 0; i < 2; i++) {
-        double a = 0.1 + g1[i] * g1[i], w = w0[i];
-        w -= 0.1 * g1[i] / (sqrt(a) + 1e-7);
-        a += g2[i] * g2[i];
-        w -= 0.1 * g2[i] / (sqrt(a) + 1e-7);
-        ck_assert_double_eq_tol(SLOT("accumulator", i), a, tol);
-        ck_assert_double_eq_tol(W(i), w, tol);
-    }
-    keel_vars_free(vs);
-
-    /* Adam starting at global step 5 (t = 6, 7) */
-    v = opt_var(&vs);
-    keel_optimizer_config_init(&oc, KEEL_OPT_ADAM);
-    oc.schedule.learning_rate = 0.01;
-    run_opt(&oc, v, vs, 5);
-    for (int i = 0; i < 2; i++) {
-        double m = 0, vv = 0, w = w0[i];
-        const double *gs[2] = { g1, g2 };
-        for (int s = 0; s < 2; s++) {
-            double t = 6 + s;
-            double lr_t = 0.01 * sqrt(1 - pow(0.999, t)) / (1 - pow(0.9, t));
-            m = 0.9 * m + 0.1 * gs[s][i];
-            vv = 0.999 * vv + 0.001 * gs[s][i] * gs[s][i];
-            w -= lr_t * m / (sqrt(vv) + 1e-7);
-        }
-        ck_assert_double_eq_tol(SLOT("m", i), m, tol);
-        ck_assert_double_eq_tol(SLOT("v", i), vv, tol);
-        ck_assert_double_eq_tol(W(i), w, tol);
-    }
-    keel_vars_free(vs);
-
-    /* RMSProp rho 0.9, momentum 0.5, lr 0.01 */
-    v = opt_var(&vs);
-    keel_optimizer_config_init(&oc, KEEL_OPT_RMSPROP);
-    oc.schedule.learning_rate = 0.01;
-    oc.momentum = 0.5;
-    run_opt(&oc, v, vs, 0);
-    for (int i = 0; i < 2; i++) {
-        double ms = 0, mom = 0, w = w0[i];
-        const double *gs[2] = { g1, g2 };
-        for (int s = 0; s < 2; s++) {
-            ms = 0.9 * ms + 0.1 * gs[s][i] * gs[s][i];
-            mom = 0.5 * mom + 0.01 * gs[s][i] / sqrt(ms + 1e-7);
-            w -= mom;
-        }
-        ck_assert_double_eq_tol(SLOT("rms", i), ms, tol);
-        ck_assert_double_eq_tol(SLOT("mom", i), mom, tol);
-        ck_assert_double_eq_tol(W(i), w, tol);
-    }
-    keel_vars_free(vs);
 }
 END_TEST
 
@@ -1590,6 +1610,22 @@ typedef struct kf_case {
                                   * must take the factored update */
 } kf_case;
 
+/* A case on model with n examples a step, steps steps and kfac's seed;
+ * the factors' EMA decay 0.8 and momentum 0.5, the rest kfac's defaults */
+static void
+kf_case_init(kf_case *c, const char *model, size_t n, int steps,
+             uint64_t seed)
+{
+    memset(c, 0, sizeof *c);
+    keel_kfac_config_init(&c->kc);
+    c->model = model;
+    c->n = n;
+    c->steps = steps;
+    c->kc.seed = seed;
+    c->kc.cov_ema_decay = 0.8;
+    c->kc.momentum = 0.5;
+}
+
 static void
 json_floats(FILE *f, const float *v, size_t n)
 {
@@ -1874,17 +1910,8 @@ START_TEST(test_kfac_matches_numpy_reference)
      * pi, the damped inverses and the last step's update, two steps each
      * (the EMA and momentum carry over), against numpy in float64 */
     kf_case c[3];
-    for (int i = 0; i < 3; i++) {
-        memset(&c[i], 0, sizeof c[i]);
-        keel_kfac_config_init(&c[i].kc);
-        c[i].kc.invert_every = 1;
-        c[i].kc.cov_ema_decay = 0.8;
-        c[i].kc.momentum = 0.5;
-        c[i].kc.seed = 3;
-        c[i].steps = 2;
-    }
-    c[0].model = "mlp";
-    c[0].n = 7;
+    kf_case_init(&c[0], "mlp", 7, 2, 3);
+    c[0].kc.invert_every = 1;
     c[0].kc.damping = 0.05;
     c[0].kc.schedule.learning_rate = 0.1;
     c[1] = c[0];
@@ -1892,8 +1919,8 @@ START_TEST(test_kfac_matches_numpy_reference)
     c[1].kc.momentum_type = KEEL_KFAC_MOMENTUM_REGULAR;
     c[1].kc.norm_constraint = 1e-4;
     c[1].expect_clipped = 1;
-    c[2].model = "cnn";
-    c[2].n = 3;
+    kf_case_init(&c[2], "cnn", 3, 2, 3);
+    c[2].kc.invert_every = 1;
     c[2].kc.damping = 0.1;
     c[2].kc.schedule.learning_rate = 0.05;
     c[2].kc.norm_constraint = 1e-4;
@@ -1911,21 +1938,13 @@ START_TEST(test_kfac_factored_update_matches_numpy_reference)
      * from step 0's between inversions (invert_every 3); regular with KL
      * clipping: F^-1 of each step's gradient, an inversion at step 2 */
     kf_case c[2];
-    for (int i = 0; i < 2; i++) {
-        memset(&c[i], 0, sizeof c[i]);
-        keel_kfac_config_init(&c[i].kc);
-        c[i].model = "mlp";
-        c[i].n = 3;
-        c[i].steps = 3;
-        c[i].kc.model_grads = 1;
-        c[i].kc.invert_every = 3;
-        c[i].kc.cov_ema_decay = 0.8;
-        c[i].kc.momentum = 0.5;
-        c[i].kc.seed = 4;
-        c[i].kc.damping = 0.05;
-        c[i].kc.schedule.learning_rate = 0.1;
-        c[i].expect_factored = 1;
-    }
+    kf_case_init(&c[0], "mlp", 3, 3, 4);
+    c[0].kc.model_grads = 1;
+    c[0].kc.invert_every = 3;
+    c[0].kc.damping = 0.05;
+    c[0].kc.schedule.learning_rate = 0.1;
+    c[0].expect_factored = 1;
+    c[1] = c[0];
     c[1].kc.momentum_type = KEEL_KFAC_MOMENTUM_REGULAR;
     c[1].kc.invert_every = 2;
     c[1].kc.norm_constraint = 1e-4;
@@ -2275,15 +2294,6 @@ END_TEST
 #define NEX 10
 
 static void
-put_be32(uint8_t *p, uint32_t v)
-{
-    p[0] = (uint8_t)(v >> 24);
-    p[1] = (uint8_t)(v >> 16);
-    p[2] = (uint8_t)(v >> 8);
-    p[3] = (uint8_t)v;
-}
-
-static void
 write_maybe_gz(const char *path, const void *data, size_t n, int gz)
 {
     if (gz) {
@@ -2302,18 +2312,10 @@ static void
 write_idx(const char *img, const char *lab, int gz, uint32_t count_labels)
 {
     uint8_t ibuf[16 + NEX * 12], lbuf[8 + NEX];
-    ibuf[0] = ibuf[1] = 0;
-    ibuf[2] = 8;
-    ibuf[3] = 3;
-    put_be32(ibuf + 4, NEX);
-    put_be32(ibuf + 8, 4);
-    put_be32(ibuf + 12, 3);
+    tu_idx_images_header(ibuf, NEX, 4, 3);
     for (int i = 0; i < NEX * 12; i++)
         ibuf[16 + i] = (uint8_t)i;
-    lbuf[0] = lbuf[1] = 0;
-    lbuf[2] = 8;
-    lbuf[3] = 1;
-    put_be32(lbuf + 4, count_labels);
+    tu_idx_labels_header(lbuf, count_labels);
     for (int i = 0; i < NEX; i++)
         lbuf[8 + i] = (uint8_t)(i % 3);
     write_maybe_gz(img, ibuf, sizeof ibuf, gz);
@@ -2610,15 +2612,9 @@ index_dataset(size_t n)
     keel_dataset *ds;
     uint8_t *ibuf = calloc(16 + n, 1), lbuf[8 + 256];
     ck_assert(n <= 256);
-    ibuf[2] = 8;
-    ibuf[3] = 3;
-    put_be32(ibuf + 4, (uint32_t)n);
-    put_be32(ibuf + 8, 1);
-    put_be32(ibuf + 12, 1);
+    tu_idx_images_header(ibuf, (uint32_t)n, 1, 1);
     memset(lbuf, 0, sizeof lbuf);
-    lbuf[2] = 8;
-    lbuf[3] = 1;
-    put_be32(lbuf + 4, (uint32_t)n);
+    tu_idx_labels_header(lbuf, (uint32_t)n);
     for (size_t i = 0; i < n; i++) {
         ibuf[16 + i] = (uint8_t)i;
         lbuf[8 + i] = (uint8_t)(i % 2);

@@ -1,6 +1,7 @@
-# tests/common.sh - sourced (POSIX sh) by the long tests and by
-# bench/algorithms_accuracy.sh: the update rules, the checks that start a
-# Fashion-MNIST run and the MLP job the rule comparisons share.
+# tests/common.sh - sourced (POSIX sh) by the long tests, the install tests
+# and bench/algorithms_accuracy.sh: the update rules, the checks that start
+# a Fashion-MNIST run, the MLP job the rule comparisons share and readers
+# of keel launch's output and of keel.pc.
 # shellcheck shell=sh
 
 # Every update rule (docs/algorithms.md).
@@ -57,6 +58,14 @@ batch_size = 64
 seed = 0
 threads = 1
 INI
+}
+
+# The pid of the newest incarnation of task $2 ("chief", "ps.0", ...) that
+# keel launch reported in its output file $1 (its lines "launch |
+# started|restarted <task> (pid N)"); nothing when there is none.
+keel_launch_pid() {
+    sed -n "s/^launch | \(re\)\{0,1\}started $2 (pid \([0-9]*\)).*/\2/p" "$1" |
+        tail -1
 }
 
 # The libdir that keel.pc in the build directory $1 names, with ${prefix}

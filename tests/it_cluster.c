@@ -34,12 +34,6 @@ setup(void)
              tu_dir));
 }
 
-static void
-teardown(void)
-{
-    tu_teardown();
-}
-
 /* One cluster: n_ps ps and n_workers workers (worker 0 is the chief). */
 typedef struct cluster {
     int n_ps, n_workers;
@@ -799,7 +793,7 @@ static Suite *
 suite(void)
 {
     Suite *s = suite_create("it_cluster");
-    tu_tcase(s, "cluster", 90, setup, teardown, TU_TESTS(
+    tu_tcase(s, "cluster", 90, setup, tu_teardown, TU_TESTS(
         sync_1ps_2workers_trains_like_one_process,
         sync_rerun_is_bitwise_identical,
         async_applies_every_push_as_a_step,

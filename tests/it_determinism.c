@@ -37,12 +37,6 @@ setup(void)
              "[cluster]\nmax_wait_secs = 30\n", MAX_STEPS, tu_dir));
 }
 
-static void
-teardown(void)
-{
-    tu_teardown();
-}
-
 /* "OUTPUT_DIR=<tu_dir>/<name>" for a run's environment. */
 static void
 output_env(char *buf, size_t size, const char *name)
@@ -265,7 +259,7 @@ static Suite *
 determinism_suite(void)
 {
     Suite *s = suite_create("it_determinism");
-    tu_tcase(s, "launch", 180, setup, teardown, TU_TESTS(
+    tu_tcase(s, "launch", 180, setup, tu_teardown, TU_TESTS(
         test_two_runs_of_one_config_are_bitwise_identical,
         test_ps_killed_and_restarted_ends_bitwise_equal,
         test_worker_killed_and_restarted_ends_bitwise_equal,

@@ -35,12 +35,6 @@ setup(void)
     TU_SNPRINTF(run_dir, sizeof run_dir, "%s/run", tu_dir);
 }
 
-static void
-teardown(void)
-{
-    tu_teardown();
-}
-
 /* Start an evaluator task on cfg_path; *fd reads its stdout and stderr
  * (keel's log lines), one pipe, in order. */
 static pid_t
@@ -264,7 +258,7 @@ static Suite *
 eval_suite(void)
 {
     Suite *s = suite_create("eval");
-    tu_tcase(s, "evaluator", 120, setup, teardown, TU_TESTS(
+    tu_tcase(s, "evaluator", 120, setup, tu_teardown, TU_TESTS(
         test_evaluator_follows_training_and_exits_0_at_final_step,
         test_evaluator_without_checkpoints_times_out_with_exit_1,
         test_evaluator_stops_on_sigterm_with_exit_0,

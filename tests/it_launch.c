@@ -668,12 +668,6 @@ setup(void)
              "progress = off\n", tu_dir));
 }
 
-static void
-teardown(void)
-{
-    tu_teardown();
-}
-
 START_TEST(test_launch_chief_prefixes_lines_and_keeps_logs)
 {
     char *log;
@@ -1433,7 +1427,7 @@ launch_suite(void)
         test_evaluator_still_running_after_the_chief_is_stopped,
         test_failing_evaluator_is_given_up_without_stopping_the_run));
     /* hangs only: see RUN_MS */
-    tu_tcase(s, "cli", 1200, setup, teardown, TU_TESTS(
+    tu_tcase(s, "cli", 1200, setup, tu_teardown, TU_TESTS(
         test_launch_chief_prefixes_lines_and_keeps_logs,
         test_sigkilled_chief_restarts_resumes_and_sigterm_saves,
         test_chief_failing_for_good_exits_1_naming_it,
@@ -1449,7 +1443,7 @@ launch_suite(void)
         test_sigkilled_ps_is_reloaded_and_the_steps_lost_are_logged,
         test_stalled_worker_is_named_then_killed_and_the_step_resumes));
     /* hangs only: see RUN_MS */
-    tu_tcase(s, "kfac", 1200, setup, teardown, TU_TESTS(
+    tu_tcase(s, "kfac", 1200, setup, tu_teardown, TU_TESTS(
         test_kfac_chief_mode_trains_and_resumes_in_one_process,
         test_kfac_roles_mode_trains_and_resumes_in_one_process,
         test_kfac_roles_survive_sigkill_of_each_role));

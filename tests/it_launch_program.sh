@@ -56,11 +56,6 @@ wait_for() {
         sleep 0.05
     done
 }
-# the newest pid the launcher reported for task $2 in file $1
-pid_of() {
-    grep -E "^launch \| (re)?started $2 \(pid [0-9]+\)" "$1" | tail -1 |
-        sed -E 's/.*\(pid ([0-9]+)\).*/\1/'
-}
 # the highest global step in the chief's step lines so far
 chief_step() {
     { grep -E '^chief \| step [0-9]+:' "$1" || true; } |
@@ -75,13 +70,13 @@ out=$dest/custom.out
     >"$out" 2>&1 &
 lpid=$!
 wait_for "$out" '^chief \| step [3-9][0-9]{2}:|^chief \| step [0-9]{4}:' 120
-wpid=$(pid_of "$out" worker.0)
+wpid=$(keel_launch_pid "$out" worker.0)
 [ -n "$wpid" ] || fail "no pid for worker.0"
 kill -KILL "$wpid"
 wait_for "$out" '^launch \| restarted worker\.0 ' 30
 wait_for "$out" '^launch \| worker\.0 back at step ' 60
 before=$(chief_step "$out")
-cpid=$(pid_of "$out" chief)
+cpid=$(keel_launch_pid "$out" chief)
 [ -n "$cpid" ] || fail "no pid for chief"
 kill -KILL "$cpid"
 wait_for "$out" '^launch \| restarted chief ' 30

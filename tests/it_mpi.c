@@ -50,12 +50,6 @@ setup(void)
         "[hooks]\nprogress = off\n", tu_dir);
 }
 
-static void
-teardown(void)
-{
-    tu_teardown();
-}
-
 /* The start of an mpirun command line: the options keel launch runs its
  * ranks with (every rank on this machine, shared memory and loopback
  * only); the next free index. */
@@ -315,7 +309,7 @@ static Suite *
 mpi_suite(void)
 {
     Suite *s = suite_create("it_mpi");
-    tu_tcase(s, "mpi", 300, setup, teardown, TU_TESTS(
+    tu_tcase(s, "mpi", 300, setup, tu_teardown, TU_TESTS(
         test_two_ranks_train_and_restore_in_one_process,
         test_one_two_four_ranks_give_identical_bits,
         test_killed_rank_restarts_all_from_the_checkpoint_bit_exact,

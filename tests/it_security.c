@@ -62,12 +62,6 @@ setup(void)
     tu_write_file(cfg_path, text, strlen(text));
 }
 
-static void
-teardown(void)
-{
-    tu_teardown();
-}
-
 typedef struct job {
     int ps_port, w_port[2];
     pid_t ps, w[2];
@@ -555,7 +549,7 @@ static Suite *
 security_suite(void)
 {
     Suite *s = suite_create("security");
-    tu_tcase(s, "raw_peer", 300, setup, teardown, TU_TESTS(
+    tu_tcase(s, "raw_peer", 300, setup, tu_teardown, TU_TESTS(
         token_ps_refuses_a_raw_peer_and_trains_on,
         curve_ps_refuses_a_raw_peer_and_trains_on,
         without_authentication_a_forged_shutdown_fails_the_chief));

@@ -6,13 +6,11 @@
 #include <config.h>
 
 #include <errno.h>
-#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <keel/keel.h>
@@ -23,26 +21,15 @@ static int out_fd = -1;
 static char buf[8192];
 static size_t buf_len;
 
+/* Start session_child (a registered child: tu_teardown kills it) with its
+ * stdout on out_fd and its stderr to /dev/null. */
 static void
 start_child(const char *dir, const char *last_step, const char *min_steps)
 {
-    int p[2];
-    ck_assert_int_eq(pipe(p), 0);
-    child = fork();
-    ck_assert_int_ge(child, 0);
-    if (child == 0) {
-        const char *exe = tu_build_path("tests/session_child");
-        int devnull = open("/dev/null", O_WRONLY);
-        dup2(p[1], 1);
-        if (devnull >= 0)
-            dup2(devnull, 2);
-        close(p[0]);
-        close(p[1]);
-        execl(exe, exe, dir, last_step, min_steps, (char *)NULL);
-        _exit(127);
-    }
-    close(p[1]);
-    out_fd = p[0];
+    char *argv[] = { (char *)tu_build_path("tests/session_child"),
+                     (char *)dir, (char *)last_step, (char *)min_steps,
+                     NULL };
+    child = tu_spawn_pipe(argv, NULL, NULL, &out_fd);
     buf_len = 0;
     buf[0] = '\0';
 }
@@ -61,6 +48,8 @@ wait_for_output(const char *want, int deadline_ms)
         if (poll(&pfd, 1, (int)left) <= 0)
             continue;
         n = read(out_fd, buf + buf_len, sizeof buf - 1 - buf_len);
+        if (n < 0 && (errno == EAGAIN || errno == EINTR))
+            continue;                   /* out_fd is non-blocking */
         if (n <= 0)
             return strstr(buf, want) != NULL;
         buf_len += (size_t)n;
@@ -93,15 +82,11 @@ field(const char *key)
 static void
 teardown(void)
 {
-    if (child > 0) {
-        kill(child, SIGKILL);
-        waitpid(child, NULL, 0);
-        child = -1;
-    }
     if (out_fd >= 0)
         close(out_fd);
     out_fd = -1;
-    tu_teardown();
+    child = -1;
+    tu_teardown();                      /* kills the child if it runs */
 }
 
 static void

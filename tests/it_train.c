@@ -27,12 +27,6 @@ setup(void)
              "progress = off\n", tu_dir);
 }
 
-static void
-teardown(void)
-{
-    tu_teardown();
-}
-
 START_TEST(test_train_then_eval_learns_and_reports_json)
 {
     double acc = 0;
@@ -380,7 +374,7 @@ static Suite *
 train_cli_suite(void)
 {
     Suite *s = suite_create("it_train");
-    tu_tcase(s, "train", 120, setup, teardown, TU_TESTS(
+    tu_tcase(s, "train", 120, setup, tu_teardown, TU_TESTS(
         test_train_then_eval_learns_and_reports_json,
         test_eval_dir_rebuilds_a_model_changed_by_overrides,
         test_rerun_resumes_at_the_right_step,

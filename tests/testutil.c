@@ -518,6 +518,23 @@ put_be32(unsigned char *p, uint32_t v)
 }
 
 void
+tu_idx_images_header(unsigned char *p, uint32_t n, uint32_t rows,
+                     uint32_t cols)
+{
+    put_be32(p, 0x00000803);
+    put_be32(p + 4, n);
+    put_be32(p + 8, rows);
+    put_be32(p + 12, cols);
+}
+
+void
+tu_idx_labels_header(unsigned char *p, uint32_t n)
+{
+    put_be32(p, 0x00000801);
+    put_be32(p + 4, n);
+}
+
+void
 tu_write_idx_dataset(const char *prefix, int n, uint32_t seed)
 {
     size_t img_bytes = 16 + (size_t)n * 784, lab_bytes = 8 + (size_t)n;
@@ -526,12 +543,8 @@ tu_write_idx_dataset(const char *prefix, int n, uint32_t seed)
     uint32_t s = seed;
     ck_assert_ptr_nonnull(img);
     ck_assert_ptr_nonnull(lab);
-    put_be32(img, 0x00000803);
-    put_be32(img + 4, (uint32_t)n);
-    put_be32(img + 8, 28);
-    put_be32(img + 12, 28);
-    put_be32(lab, 0x00000801);
-    put_be32(lab + 4, (uint32_t)n);
+    tu_idx_images_header(img, (uint32_t)n, 28, 28);
+    tu_idx_labels_header(lab, (uint32_t)n);
     for (int i = 0; i < n; i++) {
         int c = i % 10, r0 = 2 + (c / 5) * 12, c0 = 2 + (c % 5) * 5;
         unsigned char *x = img + 16 + (size_t)i * 784;
@@ -693,27 +706,38 @@ tu_ps_join(tu_ps *p)
     return p->st;
 }
 
-/* The spec of a cluster of one ps, the chief and, when worker_port > 0,
- * one worker at those ports, as task (type, 0). */
+keel_cluster_spec *
+tu_spec_from_lists(const char *ps, const char *workers, const char *chief,
+                   keel_task_type type, int index)
+{
+    const struct { keel_task_type type; const char *list; } jobs[] = {
+        { KEEL_TASK_PS, ps }, { KEEL_TASK_WORKER, workers },
+        { KEEL_TASK_CHIEF, chief },
+    };
+    keel_cluster_spec *s;
+    ck_assert_int_eq(keel_cluster_spec_new(&s), KEEL_OK);
+    for (size_t i = 0; i < sizeof jobs / sizeof *jobs; i++)
+        if (jobs[i].list != NULL)
+            ck_assert_msg(keel_cluster_spec_add_list(s, jobs[i].type,
+                                                     jobs[i].list) == KEEL_OK,
+                          "%s: %s", jobs[i].list, keel_last_error());
+    ck_assert_int_eq(keel_cluster_spec_set_task(s, type, index), KEEL_OK);
+    return s;
+}
+
+/* The validated spec of a cluster of one ps, the chief and, when
+ * worker_port > 0, one worker at those ports, as task (type, 0). */
 static keel_cluster_spec *
 loopback_spec(int ps_port, int chief_port, int worker_port,
               keel_task_type type)
 {
-    const struct { keel_task_type type; int port; } tasks[] = {
-        { KEEL_TASK_PS, ps_port }, { KEEL_TASK_CHIEF, chief_port },
-        { KEEL_TASK_WORKER, worker_port },
-    };
+    char ps[32], chief[32], worker[32];
     keel_cluster_spec *spec;
-    char a[64];
-    ck_assert_int_eq(keel_cluster_spec_new(&spec), KEEL_OK);
-    for (size_t i = 0; i < sizeof tasks / sizeof *tasks; i++) {
-        if (tasks[i].port <= 0)
-            continue;
-        TU_SNPRINTF(a, sizeof a, "127.0.0.1:%d", tasks[i].port);
-        ck_assert_int_eq(keel_cluster_spec_add_list(spec, tasks[i].type, a),
-                         KEEL_OK);
-    }
-    ck_assert_int_eq(keel_cluster_spec_set_task(spec, type, 0), KEEL_OK);
+    TU_SNPRINTF(ps, sizeof ps, "127.0.0.1:%d", ps_port);
+    TU_SNPRINTF(chief, sizeof chief, "127.0.0.1:%d", chief_port);
+    TU_SNPRINTF(worker, sizeof worker, "127.0.0.1:%d", worker_port);
+    spec = tu_spec_from_lists(ps, worker_port > 0 ? worker : NULL, chief,
+                              type, 0);
     ck_assert_int_eq(keel_cluster_spec_validate(spec), KEEL_OK);
     return spec;
 }
@@ -756,7 +780,9 @@ tu_assert_zeroed_refused(const tu_zeroed_case *cases, size_t n)
 {
     char want[160];
     for (size_t i = 0; i < n; i++) {
-        ck_assert_int_eq(cases[i].call(), KEEL_EINVAL);
+        keel_status st = cases[i].call();
+        ck_assert_msg(st == KEEL_EINVAL, "case %zu (%s): %s, not "
+                      "KEEL_EINVAL", i, cases[i].type, keel_status_name(st));
         TU_SNPRINTF(want, sizeof want, "%s has struct_size 0: fill it with "
                  "%s_init()", cases[i].type, cases[i].type);
         ck_assert_msg(strstr(keel_last_error(), want) != NULL,

@@ -98,6 +98,12 @@ void tu_kill(pid_t pid);
 /* Kill and reap every registered child. */
 void tu_kill_all(void);
 
+/* The header of an IDX file (MNIST's format) at p: of n uint8 images of
+ * rows x cols (16 bytes), of n uint8 labels (8 bytes). */
+void tu_idx_images_header(unsigned char *p, uint32_t n, uint32_t rows,
+                          uint32_t cols);
+void tu_idx_labels_header(unsigned char *p, uint32_t n);
+
 /* A synthetic MNIST-format (IDX) dataset: <prefix>-images-idx3-ubyte and
  * <prefix>-labels-idx1-ubyte with n 28x28 examples; class c (i % 10) is a
  * bright 6x6 patch at a class-specific place over deterministic noise, so
@@ -152,6 +158,13 @@ typedef struct tu_ps {
 void tu_ps_start(tu_ps *p, const keel_cluster_spec *spec,
                  const keel_vars *vs, const keel_cluster_options *opts);
 keel_status tu_ps_join(tu_ps *p);
+
+/* A spec from explicit lists, as a [cluster] section gives them: the ps,
+ * worker and chief lists (NULL: none) and this task (type, index); fails
+ * the test on any error. Not validated. */
+keel_cluster_spec *tu_spec_from_lists(const char *ps, const char *workers,
+                                      const char *chief, keel_task_type type,
+                                      int index);
 
 /* One cluster on 127.0.0.1, on ports from tu_held_port(): one ps, the
  * chief and, when with_worker, one worker. Each member is the validated
