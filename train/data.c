@@ -112,6 +112,48 @@ open_fail(const char *path, const char *what)
                       "%s file %s: %s", what, path, strerror(e));
 }
 
+/* Open path for zlib. *first is the first buffer's size: a plain file fits
+ * exactly (its size + 1, so the read that finds its end needs no growth), a
+ * gzip'd one grows from there by doubling; a small file never gets a large
+ * block. One open: the size that sizes the buffer is the opened file's. */
+static keel_status
+gz_open(const char *path, const char *what, gzFile *f, size_t *first)
+{
+    struct stat sb;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return open_fail(path, what);
+    if (fstat(fd, &sb) != 0 || (*f = gzdopen(fd, "rb")) == NULL) {
+        keel_status st = open_fail(path, what);
+        close(fd);
+        return st;
+    }
+    *first = sb.st_size < 4096 ? 4096
+             : (uint64_t)sb.st_size < ((uint64_t)1 << 20)
+                 ? (size_t)sb.st_size + 1 : (size_t)1 << 20;
+    return KEEL_OK;
+}
+
+/* Room for more: *cap becomes first, then doubles up to IDX_MAX_BYTES. */
+static keel_status
+gz_grow(uint8_t **buf, size_t *cap, size_t first, const char *path,
+        const char *what)
+{
+    size_t ncap = *cap == 0 ? first
+                  : *cap > IDX_MAX_BYTES / 2 ? IDX_MAX_BYTES : *cap * 2;
+    uint8_t *nb;
+    if (*cap >= IDX_MAX_BYTES)
+        return keel__fail(KEEL_ECORRUPT, "%s file %s: larger than %zu bytes "
+                          "uncompressed", what, path, IDX_MAX_BYTES);
+    nb = realloc(*buf, ncap);
+    if (nb == NULL)
+        return keel__fail(KEEL_ENOMEM, "%s file %s: %zu bytes", what, path,
+                          ncap);
+    *buf = nb;
+    *cap = ncap;
+    return KEEL_OK;
+}
+
 /* Whole file, decompressed if it is gzip'd (zlib reads plain files as is). */
 static keel_status
 read_maybe_gz(const char *path, const char *what, uint8_t **data,
@@ -119,70 +161,36 @@ read_maybe_gz(const char *path, const char *what, uint8_t **data,
 {
     gzFile f;
     uint8_t *buf = NULL;
-    size_t cap = 0, n = 0;
-    int errnum = Z_OK;
-    const char *msg;
-    struct stat sb;
-    size_t first;
-    int fd;
+    size_t cap = 0, n = 0, first = 0;
+    int got = 0, errnum = Z_OK;
+    keel_status st;
+
     *data = NULL;
     *len = 0;
-    /* One open: the size that sizes the buffer is the opened file's. */
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return open_fail(path, what);
-    if (fstat(fd, &sb) != 0 || (f = gzdopen(fd, "rb")) == NULL) {
-        keel_status st = open_fail(path, what);
-        close(fd);
+    st = gz_open(path, what, &f, &first);
+    if (st != KEEL_OK)
         return st;
-    }
-    /* first buffer: a plain file fits exactly (its size + 1, so the read
-     * that finds its end needs no growth), a gzip'd one grows from there
-     * by doubling; a small file never gets a large block */
-    first = sb.st_size < 4096 ? 4096
-            : (uint64_t)sb.st_size < ((uint64_t)1 << 20)
-                ? (size_t)sb.st_size + 1 : (size_t)1 << 20;
-    for (;;) {
-        int got;
-        if (n == cap) {
-            size_t ncap = cap == 0 ? first
-                          : cap > IDX_MAX_BYTES / 2 ? IDX_MAX_BYTES : cap * 2;
-            uint8_t *nb;
-            if (cap >= IDX_MAX_BYTES) {
-                free(buf);
-                gzclose(f);
-                return keel__fail(KEEL_ECORRUPT, "%s file %s: larger than "
-                                  "%zu bytes uncompressed", what, path,
-                                  IDX_MAX_BYTES);
-            }
-            nb = realloc(buf, ncap);
-            if (nb == NULL) {
-                free(buf);
-                gzclose(f);
-                return keel__fail(KEEL_ENOMEM, "%s file %s: %zu bytes", what,
-                                  path, ncap);
-            }
-            buf = nb;
-            cap = ncap;
-        }
+    do {
+        if (n == cap && (st = gz_grow(&buf, &cap, first, path, what)) !=
+                            KEEL_OK)
+            break;
         got = gzread(f, buf + n, (unsigned)(cap - n > INT_MAX ? INT_MAX
                                                               : cap - n));
-        if (got < 0)
-            break;
-        if (got == 0)
-            break;
-        n += (size_t)got;
-    }
-    msg = gzerror(f, &errnum);
-    if (errnum != Z_OK && errnum != Z_STREAM_END) {
-        keel_status st = keel__fail(KEEL_ECORRUPT, "%s file %s: bad or "
-                                    "truncated gzip data (%s)", what, path,
-                                    msg != NULL ? msg : "zlib error");
-        free(buf);
-        gzclose(f);
-        return st;
+        if (got > 0)
+            n += (size_t)got;
+    } while (got > 0);
+    if (st == KEEL_OK) {
+        const char *msg = gzerror(f, &errnum);
+        if (errnum != Z_OK && errnum != Z_STREAM_END)
+            st = keel__fail(KEEL_ECORRUPT, "%s file %s: bad or truncated "
+                            "gzip data (%s)", what, path,
+                            msg != NULL ? msg : "zlib error");
     }
     gzclose(f);
+    if (st != KEEL_OK) {
+        free(buf);
+        return st;
+    }
     *data = buf;
     *len = n;
     return KEEL_OK;
