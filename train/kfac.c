@@ -210,21 +210,30 @@ state_var(keel_vars *vs, const char *scope, const char *leaf, int ndim,
     return KEEL_OK;
 }
 
+/* L->scope: the layer's name, its weight's name up to the last '/'. */
 static keel_status
-layer_new(keel_kfac *k, kf_layer *L)
+layer_scope(kf_layer *L)
 {
     const char *wname = keel_var_name(L->info.w);
-    size_t a = L->info.a_dim, g = L->info.g_dim, len;
-    int64_t as[2] = { (int64_t)a, (int64_t)a }, gs[2] = { (int64_t)g,
-                                                        (int64_t)g };
     const char *slash = strrchr(wname, '/');
-    keel_status st;
-    len = slash != NULL ? (size_t)(slash - wname) : strlen(wname);
+    size_t len = slash != NULL ? (size_t)(slash - wname) : strlen(wname);
     if (len >= sizeof L->scope)
         return keel__fail(KEEL_EINVAL, "K-FAC: layer name of '%s' too long",
                           wname);
     memcpy(L->scope, wname, len);
     L->scope[len] = '\0';
+    return KEEL_OK;
+}
+
+/* The state a checkpoint keeps: the factors and their inverses as
+ * variables of the layer's scope, the velocity as slots. */
+static keel_status
+layer_state(keel_kfac *k, kf_layer *L)
+{
+    size_t a = L->info.a_dim, g = L->info.g_dim;
+    int64_t as[2] = { (int64_t)a, (int64_t)a };
+    int64_t gs[2] = { (int64_t)g, (int64_t)g };
+    keel_status st;
     if ((st = state_var(k->vs, L->scope, "kfac_A", 2, as, &L->A)) != KEEL_OK ||
         (st = state_var(k->vs, L->scope, "kfac_G", 2, gs, &L->G)) != KEEL_OK ||
         (st = state_var(k->vs, L->scope, "kfac_A_inv", 2, as, &L->Ainv)) !=
@@ -239,6 +248,16 @@ layer_new(keel_kfac *k, kf_layer *L)
         return keel__fail(KEEL_EINTERNAL, "K-FAC: '%s' has %zu + %zu "
                           "parameters, not %zu x %zu", L->scope,
                           L->vw->count, L->vb->count, a, g);
+    return KEEL_OK;
+}
+
+/* Working memory: the statistics being summed, the inverses being formed,
+ * the update and a workspace. */
+static keel_status
+layer_buffers(kf_layer *L)
+{
+    size_t a = L->info.a_dim, g = L->info.g_dim;
+    keel_status st;
     if ((st = alloc_f(&L->Asum, a * a, "A statistics", L->scope)) != KEEL_OK ||
         (st = alloc_f(&L->Gsum, g * g, "G statistics", L->scope)) != KEEL_OK ||
         (st = alloc_f(&L->Ainv_new, a * a, "A inverse", L->scope)) !=
@@ -250,8 +269,17 @@ layer_new(keel_kfac *k, kf_layer *L)
         return st;
     L->Vw = L->V;
     L->Vb = L->V + (a - 1) * g;
-    if (!k->cfg.model_grads)
-        return KEEL_OK;
+    return KEEL_OK;
+}
+
+/* With the model's own gradients: adam momentum's preconditioned velocity
+ * (precond slots), and for a dense layer the observed batch the factored
+ * update is formed from when the batch is smaller than the layer. */
+static keel_status
+layer_model_grads(keel_kfac *k, kf_layer *L)
+{
+    size_t a = L->info.a_dim, g = L->info.g_dim;
+    keel_status st;
     if (k->cfg.momentum_type == KEEL_KFAC_MOMENTUM_ADAM) {
         if ((st = keel_var_add_slot(L->info.w, "precond", &L->pw)) !=
                 KEEL_OK ||
@@ -282,6 +310,17 @@ layer_new(keel_kfac *k, kf_layer *L)
             return st;
     }
     return KEEL_OK;
+}
+
+static keel_status
+layer_new(keel_kfac *k, kf_layer *L)
+{
+    keel_status st;
+    if ((st = layer_scope(L)) != KEEL_OK ||
+        (st = layer_state(k, L)) != KEEL_OK ||
+        (st = layer_buffers(L)) != KEEL_OK)
+        return st;
+    return k->cfg.model_grads ? layer_model_grads(k, L) : KEEL_OK;
 }
 
 keel_status
