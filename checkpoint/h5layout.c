@@ -1057,6 +1057,53 @@ blob_read_cb(hid_t g, const char *name, const H5L_info_t *linfo, void *op)
     return 0;
 }
 
+/* /meta's attributes: wall time, keel version, the config, topology and
+ * architecture texts, the epoch when there is one. */
+static keel_status
+read_meta_attrs(hid_t meta, const char *path, keel_ckpt_info *info)
+{
+    char *s = NULL;
+    int rc;
+    if (!attr_read_num(meta, "wall_time", H5T_NATIVE_DOUBLE, H5T_FLOAT,
+                       &info->wall_time))
+        return keel__fail(KEEL_ECORRUPT, "checkpoint %s: /meta has no "
+                          "wall_time", path);
+    rc = attr_read_str(meta, "keel_version", &s);
+    if (rc > 0)
+        snprintf(info->keel_version, sizeof info->keel_version, "%s", s);
+    free(s);
+    if (rc < 0 ||
+        attr_read_str(meta, "config", &info->config_text) < 0 ||
+        attr_read_str(meta, "topology", &info->topology) < 0 ||
+        attr_read_str(meta, "architecture", &info->architecture) < 0)
+        return keel__fail(KEEL_ECORRUPT, "checkpoint %s: unreadable text "
+                          "attribute under /meta", path);
+    if (attr_exists(meta, "epoch") &&
+        (!attr_read_num(meta, "epoch", H5T_NATIVE_INT64, H5T_INTEGER,
+                        &info->epoch) || info->epoch < 0))
+        return keel__fail(KEEL_ECORRUPT, "checkpoint %s: /meta epoch is not "
+                          "a non-negative integer", path);
+    return KEEL_OK;
+}
+
+/* Every blob under /meta/blobs, each checked against its checksum. */
+static keel_status
+read_blobs(hid_t meta, const char *path, keel_ckpt_info *info)
+{
+    blob_ctx c = { info, path, KEEL_OK };
+    keel_status st = KEEL_OK;
+    hid_t g;
+    if (H5Lexists(meta, "blobs", H5P_DEFAULT) <= 0)
+        return KEEL_OK;
+    g = H5Gopen2(meta, "blobs", H5P_DEFAULT);
+    if (g < 0 || H5Literate(g, H5_INDEX_NAME, H5_ITER_INC, NULL,
+                            blob_read_cb, &c) < 0)
+        st = c.st != KEEL_OK ? c.st : keel__fail(KEEL_ECORRUPT,
+             "checkpoint %s: cannot list /meta/blobs", path);
+    keel__h5_close(g);
+    return st;
+}
+
 keel_status
 keel_ckpt_read_info(const char *path, keel_ckpt_info **out)
 {
@@ -1065,7 +1112,6 @@ keel_ckpt_read_info(const char *path, keel_ckpt_info **out)
     hid_t h = -1, meta = -1;
     int64_t size;
     keel_status st;
-    char *s = NULL;
 
     if (path == NULL || out == NULL)
         return keel__fail(KEEL_EINVAL, "keel_ckpt_read_info: NULL argument");
@@ -1091,38 +1137,10 @@ keel_ckpt_read_info(const char *path, keel_ckpt_info **out)
     if (st == KEEL_OK && meta < 0)
         st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: cannot open /meta",
                         path);
-    if (st == KEEL_OK &&
-        !attr_read_num(meta, "wall_time", H5T_NATIVE_DOUBLE, H5T_FLOAT,
-                       &info->wall_time))
-        st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: /meta has no "
-                        "wall_time", path);
-    if (st == KEEL_OK) {
-        int rc = attr_read_str(meta, "keel_version", &s);
-        if (rc > 0)
-            snprintf(info->keel_version, sizeof info->keel_version, "%s", s);
-        free(s);
-        s = NULL;
-        if (rc < 0 ||
-            attr_read_str(meta, "config", &info->config_text) < 0 ||
-            attr_read_str(meta, "topology", &info->topology) < 0 ||
-            attr_read_str(meta, "architecture", &info->architecture) < 0)
-            st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: unreadable text "
-                            "attribute under /meta", path);
-    }
-    if (st == KEEL_OK && attr_exists(meta, "epoch") &&
-        (!attr_read_num(meta, "epoch", H5T_NATIVE_INT64, H5T_INTEGER,
-                        &info->epoch) || info->epoch < 0))
-        st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: /meta epoch is not "
-                        "a non-negative integer", path);
-    if (st == KEEL_OK && H5Lexists(meta, "blobs", H5P_DEFAULT) > 0) {
-        blob_ctx c = { info, path, KEEL_OK };
-        hid_t g = H5Gopen2(meta, "blobs", H5P_DEFAULT);
-        if (g < 0 || H5Literate(g, H5_INDEX_NAME, H5_ITER_INC, NULL,
-                                blob_read_cb, &c) < 0)
-            st = c.st != KEEL_OK ? c.st : keel__fail(KEEL_ECORRUPT,
-                 "checkpoint %s: cannot list /meta/blobs", path);
-        keel__h5_close(g);
-    }
+    if (st == KEEL_OK)
+        st = read_meta_attrs(meta, path, info);
+    if (st == KEEL_OK)
+        st = read_blobs(meta, path, info);
     keel__h5_close(meta);
     keel__h5_close(h);
     h5_end();
