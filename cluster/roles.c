@@ -564,6 +564,10 @@ worker_new(keel__role_opts *o, keel_vars *vs, keel_cluster_backend **out)
         st = cluster_place(vs, w->n_ps, w->o.round_robin, w->ps_of);
     if (st == KEEL_OK)
         st = connect_all(w);
+    /* key_dir and token are the caller's for the call only (the keys are
+     * loaded and the sockets made): none kept past it */
+    w->o.in.key_dir = NULL;
+    w->o.in.token = NULL;
     if (st == KEEL_OK && w->n_ps > 0)
         st = start_heartbeats(w);
     if (st != KEEL_OK) {

@@ -303,9 +303,17 @@ try_local_init(keel_session_manager *sm, int *ok, char *missing, size_t size)
     return KEEL_OK;
 }
 
-/* What a scaffold.init of the user's own most often forgets. */
-#define NOT_MARKED_HINT " (a scaffold.init of your own marks what it set " \
-    "with keel_var_set_initialized or keel_vars_set_all_initialized)"
+/* What a scaffold init or init_fn of the user's own most often forgets;
+ * said before the list of what is missing, which may fill the message. */
+static const char *
+not_marked_hint(const keel_session_manager *sm, int is_restored)
+{
+    if (is_restored || (sm->sc.init == default_init && sm->sc.init_fn == NULL)
+        || (sm->sc.init == NULL && sm->sc.init_fn == NULL))
+        return "";
+    return " (your scaffold init or init_fn marks what it sets with "
+           "keel_var_set_initialized or keel_vars_set_all_initialized)";
+}
 
 keel_status
 keel_session_manager_prepare(keel_session_manager *sm, int is_recovery,
@@ -356,15 +364,15 @@ keel_session_manager_prepare(keel_session_manager *sm, int is_recovery,
         return st;
     if (!ok)
         return keel__fail(KEEL_ESTATE, "Init operations did not make model "
-                          "ready for local_init: %s%s", missing,
-                          is_restored ? "" : NOT_MARKED_HINT);
+                          "ready for local_init%s: %s",
+                          not_marked_hint(sm, is_restored), missing);
     st = check(sm, sm->sc.ready, missing, sizeof missing, &n);
     if (st != KEEL_OK)
         return keel__wrap(st, "scaffold ready");
     if (n > 0)
         return keel__fail(KEEL_ESTATE, "Init operations did not make model "
-                          "ready: %zu not initialized: %s%s", n, missing,
-                          is_restored ? "" : NOT_MARKED_HINT);
+                          "ready%s: %zu not initialized: %s",
+                          not_marked_hint(sm, is_restored), n, missing);
     if (sm->backend.publish != NULL) {
         st = sm->backend.publish(sm->backend.ctx, sm->vars, is_restored);
         if (st != KEEL_OK)

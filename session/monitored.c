@@ -719,6 +719,12 @@ sn_take_settings(keel_session *s, const keel_session_config *cfg,
     s->updater = cfg->updater;
     if (cfg->backend != NULL) {
         keel__backend_copy(&s->backend, cfg->backend);
+        if (s->backend.updater.apply != NULL && cfg->updater.apply != NULL)
+            keel__log(KEEL_LOG_WARN, "session: the updater given is not "
+                      "used: backend '%s' applies the updates (on a "
+                      "cluster, give the rule as "
+                      "keel_cluster_options.optimizer)",
+                      s->backend.name != NULL ? s->backend.name : "?");
         if (s->backend.updater.apply != NULL)
             s->updater = s->backend.updater;
     }

@@ -567,6 +567,70 @@ START_TEST(test_direct_io_save_and_cold_restore_roundtrip)
 }
 END_TEST
 
+/* A file system that opens files with O_DIRECT but refuses the writes
+ * (EINVAL on the first one): every piece goes through the page cache,
+ * no byte counts as direct, and the checksums, hashed again from the
+ * start, still verify. */
+static int n_direct_refused;
+
+static ssize_t
+refuse_direct_write(int fd, const void *buf, size_t n)
+{
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0 && (fl & O_DIRECT)) {
+        n_direct_refused++;
+        errno = EINVAL;
+        return -1;
+    }
+    return write(fd, buf, n);
+}
+
+static const keel__fs_ops refuse_direct_ops = { refuse_direct_write, fsync,
+                                                rename };
+
+START_TEST(test_refused_direct_writes_fall_back_to_buffered)
+{
+    const char *names[2] = { "big/kernel", "odd/kernel" };
+    int64_t shapes[2][2] = { { 1280, 1024 }, { 1000, 27 } };
+    keel_vars *vs, *back;
+    char path[4096];
+    ck_assert_int_eq(keel_vars_new(&vs), KEEL_OK);
+    ck_assert_int_eq(keel_vars_new(&back), KEEL_OK);
+    for (int i = 0; i < 2; i++) {
+        keel_var *v;
+        keel_tensor *t;
+        ck_assert_int_eq(keel_vars_create(vs, names[i], 2, shapes[i], 0, &v),
+                         KEEL_OK);
+        t = keel_var_tensor(v);
+        for (size_t j = 0; j < t->count; j++)
+            t->data[j] = (float)j * 0.5f + (float)i;
+        ck_assert_int_eq(keel_vars_create(back, names[i], 2, shapes[i], 0,
+                                          NULL), KEEL_OK);
+    }
+    keel_log_set_handler(tu_log_append, &io_log, KEEL_LOG_DEBUG);
+    for (int is_async = 0; is_async < 2; is_async++) {
+        n_direct_refused = 0;
+        io_log.text[0] = '\0';
+        keel__fs_set_ops(&refuse_direct_ops);
+        save_once(vs, 10 + is_async, is_async, path, sizeof path);
+        keel__fs_set_ops(NULL);
+        if (fs_has_direct_io(path)) {
+            ck_assert_int_gt(n_direct_refused, 0);
+            ck_assert_msg(strstr(io_log.text, "(0 of ") != NULL,
+                          "bytes counted as direct (async %d): %s", is_async,
+                          io_log.text);
+        }
+        ck_assert_msg(keel_ckpt_verify(path) == KEEL_OK, "%s",
+                      keel_last_error());
+        ck_assert_int_eq(keel_ckpt_restore(path, back, NULL, NULL), KEEL_OK);
+        assert_stores_equal(vs, back);
+    }
+    keel_log_set_handler(NULL, NULL, KEEL_LOG_INFO);
+    keel_vars_free(vs);
+    keel_vars_free(back);
+}
+END_TEST
+
 /* Restore reads 2 MiB pieces on several reader threads, so later pieces
  * can arrive before earlier ones: with two corrupt datasets the error
  * still names the first in file order, read cold (O_DIRECT where the file
@@ -1843,6 +1907,7 @@ checkpoint_suite(void)
         test_one_pass_restore_detects_corruption_in_any_dataset,
         test_multi_reader_restore_names_first_bad_dataset,
         test_direct_io_save_and_cold_restore_roundtrip,
+        test_refused_direct_writes_fall_back_to_buffered,
         test_restore_shape_mismatch_names_variable_and_shapes,
         test_restore_strict_partial_report_and_name_map,
         test_python_snippet_reads_same_values,

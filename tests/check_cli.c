@@ -81,6 +81,39 @@ START_TEST(test_options_parse_the_getopt_long_way)
 }
 END_TEST
 
+/* More -s overrides than keel takes (256) is a usage error that names the
+ * verb and the limit, the same for every verb that takes them. */
+START_TEST(test_too_many_overrides_exit_2_naming_the_limit)
+{
+    static const char *verbs[][2] = { { "train", NULL },
+                                      { "config", "check" },
+                                      { "launch", NULL } };
+    char cfg[4200], want[64];
+    char *argv[4 + 2 * 257 + 2];
+    TU_SNPRINTF(cfg, sizeof cfg, "%s",
+                tu_src_path("examples/fashion_mnist.ini"));
+    for (size_t v = 0; v < sizeof verbs / sizeof *verbs; v++) {
+        int k = 0;
+        argv[k++] = (char *)tu_build_path("keel");
+        argv[k++] = (char *)verbs[v][0];
+        if (verbs[v][1] != NULL)
+            argv[k++] = (char *)verbs[v][1];
+        for (int i = 0; i < 257; i++) {
+            argv[k++] = "-s";
+            argv[k++] = "train.seed=1";
+        }
+        argv[k++] = cfg;
+        argv[k] = NULL;
+        ck_assert_int_eq(tu_run(argv, NULL, 10000, out, sizeof out, err,
+                                sizeof err), 2);
+        TU_SNPRINTF(want, sizeof want, "%s%s%s: too many -s overrides "
+                    "(limit 256)", verbs[v][0], verbs[v][1] ? " " : "",
+                    verbs[v][1] ? verbs[v][1] : "");
+        ck_assert_msg(strstr(err, want) != NULL, "%s: %s", want, err);
+    }
+}
+END_TEST
+
 START_TEST(test_every_verb_has_help)
 {
     /* Each verb named in `keel --help` answers `keel <verb> --help` with 0
@@ -313,6 +346,7 @@ cli_suite(void)
         test_every_verb_has_help,
         test_config_check_exits_2_on_every_error,
         test_options_parse_the_getopt_long_way,
+        test_too_many_overrides_exit_2_naming_the_limit,
         test_more_verbs_parse_the_getopt_long_way,
         test_launch_program_usage_errors_exit_2,
         test_launch_program_gives_each_task_its_tf_config));

@@ -107,6 +107,7 @@ typedef struct script {
     int64_t signal_at;
     double loss;
     int calls;
+    int applies_own;          /* the step marks its update applied */
     const void *last_batch;
 } script;
 
@@ -128,6 +129,8 @@ scripted_step(void *ctx, keel_step *st)
         raise(SIGTERM);
     keel_tensor *g = keel_grads_find(keel_step_grads(st), "w");
     g->data[0] = 1.0f;
+    if (sc->applies_own)
+        keel_step_mark_applied(st);
     return keel_step_set_value(st, "loss", sc->loss);
 }
 
@@ -280,8 +283,54 @@ START_TEST(test_no_update_rule_is_logged_once)
     ck_assert_int_eq(keel_session_run(s, NULL), KEEL_OK);
     ck_assert_int_eq(keel_session_close(s), KEEL_OK);
     keel_session_free(s);
+    sc.applies_own = 1;                       /* the step's own update */
+    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
+    ck_assert_int_eq(keel_session_run(s, NULL), KEEL_OK);
+    ck_assert_int_eq(keel_session_close(s), KEEL_OK);
+    keel_session_free(s);
     keel_log_set_handler(NULL, NULL, KEEL_LOG_INFO);
     ck_assert_str_eq(log.text, "");
+}
+END_TEST
+
+/* A backend that applies the updates wins over the session's updater, and
+ * the session says the updater it was given goes unused. */
+static int n_backend_applied;
+
+static keel_status
+backend_apply(void *ctx, keel_vars *v, keel_grads *g, int64_t gs)
+{
+    (void)ctx;
+    (void)v;
+    (void)g;
+    (void)gs;
+    n_backend_applied++;
+    return KEEL_OK;
+}
+
+START_TEST(test_backend_updater_wins_and_an_unused_updater_is_named)
+{
+    script sc = { 0 };
+    keel_session_config c;
+    keel_session *s;
+    keel_backend be;
+    tu_log log = { .filter = "not used" };
+    keel_backend_init(&be);
+    be.name = "mine";
+    be.updater.apply = backend_apply;
+    base_cfg(&c, &sc, NULL, 0);
+    c.backend = &be;
+    n_applied = n_backend_applied = 0;
+    keel_log_set_handler(tu_log_append, &log, KEEL_LOG_WARN);
+    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
+    ck_assert_int_eq(keel_session_run(s, NULL), KEEL_OK);
+    ck_assert_int_eq(keel_session_close(s), KEEL_OK);
+    keel_session_free(s);
+    keel_log_set_handler(NULL, NULL, KEEL_LOG_INFO);
+    ck_assert_int_eq(n_backend_applied, 1);
+    ck_assert_int_eq(n_applied, 0);
+    ck_assert_ptr_nonnull(strstr(log.text, "the updater given is not used: "
+                                 "backend 'mine' applies the updates"));
 }
 END_TEST
 
@@ -1015,7 +1064,8 @@ START_TEST(test_prepare_errors_match_tf_conditions)
     ck_assert_int_eq(keel_session_manager_prepare(sm, 0, &restored),
                      KEEL_ESTATE);
     ck_assert_ptr_nonnull(strstr(keel_last_error(),
-                                 "ready for local_init: w"));
+                                 "ready for local_init: w"));  /* no hint:
+                                                                * no init */
     keel_session_manager_free(sm);
     empty.local_init = NULL;
     empty.ready_for_local_init = NULL;
@@ -1028,10 +1078,11 @@ START_TEST(test_prepare_errors_match_tf_conditions)
     ck_assert_int_eq(keel_session_manager_prepare(sm, 0, &restored),
                      KEEL_ESTATE);
     ck_assert_ptr_nonnull(strstr(keel_last_error(),
-                                 "did not make model ready: 1 not "
-                                 "initialized: w (a scaffold.init of your "
-                                 "own marks what it set with "
-                                 "keel_var_set_initialized"));
+                                 "did not make model ready (your scaffold "
+                                 "init or init_fn marks what it sets with "
+                                 "keel_var_set_initialized or "
+                                 "keel_vars_set_all_initialized): 1 not "
+                                 "initialized: w"));
     keel_session_manager_free(sm);
     mc.scaffold = NULL;
     ck_assert_int_eq(keel_session_manager_new(&mc, &sm), KEEL_OK);
@@ -1649,6 +1700,7 @@ session_suite(void)
         test_optimizer_updater_applies_the_optimizer,
         test_no_update_rule_is_logged_once,
         test_user_hook_starts_from_keel_hook_init,
+        test_backend_updater_wins_and_an_unused_updater_is_named,
         test_a_step_runs_hogwild_rounds_of_one_step_per_thread,
         test_hook_stop_request_lets_all_hooks_see_after_run_then_refuses,
         test_step_error_skips_after_run_and_ends_with_error,

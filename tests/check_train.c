@@ -1276,7 +1276,8 @@ START_TEST(test_optimizer_updates_match_hand_computed_values)
         keel_vars *vs;
         keel_var *v = opt_var(&vs);
         size_t n_slots = 0;
-        while (c->slots[n_slots] != NULL)
+        while (n_slots < sizeof c->slots / sizeof *c->slots &&
+               c->slots[n_slots] != NULL)
             n_slots++;
         keel_optimizer_config_init(&oc, c->kind);
         if (c->boundaries != NULL)

@@ -1,6 +1,7 @@
 /* mpirun.c - the mpirun options of ranks on one machine (mpirun.h). */
 #include <config.h>
 
+#include <assert.h>
 #include <unistd.h>
 
 #include "mpirun.h"
@@ -18,5 +19,6 @@ mpirun_local_options(char **argv)
     argv[k++] = "--mca";
     argv[k++] = "oob_tcp_if_include";
     argv[k++] = "lo";
+    assert(k <= MPIRUN_LOCAL_OPTIONS_MAX);
     return k;
 }

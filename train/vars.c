@@ -209,8 +209,8 @@ keel_vars_create(keel_vars *vs, const char *name, int ndim,
     }
     p = keel__grow(vs->vars, &vs->cap, vs->n, sizeof *p, 16);
     if (p == NULL)
-        return keel__fail(KEEL_ENOMEM, "vars: room for %zu entries",
-                          vs->n + 1);
+        return keel__fail(KEEL_ENOMEM, "variable '%s': no room in the "
+                          "store for %zu entries", name, vs->n + 1);
     vs->vars = p;
     v = calloc(1, sizeof *v);
     if (v == NULL)

@@ -94,7 +94,8 @@ keel__config_check(const void *cfg, const void *out, size_t min_size,
     uint32_t struct_size;
     keel_status st;
     if (cfg == NULL || out == NULL)
-        return keel__fail(KEEL_EINVAL, "%s: cfg or out is NULL", who);
+        return keel__fail(KEEL_EINVAL, "%s: %s is NULL", who,
+                          cfg == NULL ? "cfg" : "out");
     memcpy(&struct_size, cfg, sizeof struct_size);
     st = keel__struct_size_check(struct_size, min_size, size, type);
     return st == KEEL_OK ? KEEL_OK : keel__wrap(st, "%s", who);

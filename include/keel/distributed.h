@@ -182,7 +182,8 @@ typedef struct keel_cluster_options {
      * hold every slot of their variables in the store they are given.
      * chief_apply (required on the chief, unused elsewhere) gets the step's
      * mean gradients in mean, a gradient store of vs (borrowed for the
-     * call); chief_apply_ctx is passed through. */
+     * call); chief_apply_ctx is passed through (borrowed for the
+     * backend's life). */
     int chief_applies;
     keel_status (*chief_apply)(void *ctx, keel_vars *vs, keel_grads *mean,
                                int64_t global_step);

@@ -434,7 +434,9 @@ typedef struct keel_training_config {
      * it; the training session changes them only as stated below. */
     keel_session_config session;
     /* Pointer members below are copied by keel_training_session_new,
-     * except cluster (borrowed) and a listener's or hook's ctx. */
+     * except cluster (borrowed for the session's life) and, borrowed
+     * likewise, each hook's name and ctx, each listener's ctx and
+     * clock.ctx. */
     const char *summary_dir;          /* NULL: session.checkpoint_dir */
     const keel_hook *chief_only_hooks;
     size_t n_chief_only_hooks;
