@@ -22,6 +22,9 @@
 #define DRAIN_MS 300
 #define HELLO_CHUNK_MS 2000
 #define HELLO_SIGNAL_MS 250
+/* A replica's LEAVE at the end of its session: a live ps answers at once;
+ * one already gone (the chief stopped the job) costs at most this. */
+#define LEAVE_TIMEOUT_MS 1000
 /* The micro-batch gradient stores one push may carry (each trainable
  * variable once per store): keel_cluster_backend_set_micro's bound, and
  * what a ps and a worker size their messages for. */
@@ -407,6 +410,9 @@ struct keel_cluster_backend {
     keel__hb *hb;                  /* liveness of every ps */
     int64_t gen_ns;                /* when ps_gen was last learned */
     int64_t last_step_seen;        /* the cluster's step before a loss */
+    int is_sync;                   /* the ps aggregate sync steps */
+    int heard_end;                 /* a ps said the job ended (SHUTDOWN, or
+                                    * a replica's LEAVE): nothing to tell */
     int replica;                   /* chief 0, worker i i + has_chief */
     keel__algo_worker *aw;         /* the rule's worker half, or NULL
                                     * (sync, async, hogwild: gradients) */
@@ -470,6 +476,7 @@ take_role(keel_cluster_backend *w, keel__role_opts *o, keel_vars *vs)
     o->algo.worker_lrs = NULL;          /* moved into w */
     w->vs = vs;
     w->is_chief = keel_cluster_spec_is_chief(o->spec);
+    w->is_sync = keel_algorithm_is_sync(w->o.algo.c.name);
     w->replica = keel_cluster_spec_task_type(o->spec) == KEEL_TASK_CHIEF ? 0
         : keel_cluster_spec_task_index(o->spec) +
           (keel_cluster_spec_num_tasks(o->spec, KEEL_TASK_CHIEF) > 0);
@@ -655,10 +662,20 @@ call_error(keel_cluster_backend *w, int p, keel_status st, const keel__wire_msg 
                           what);
     if (st == KEEL_EPEER && r->h.type == KEEL_MSG_ERROR) {
         switch ((keel_status)r->h.arg) {
+        case KEEL_EOUTOFRANGE:
+            /* Another replica ended its session (the ps's text says who
+             * and at which step): a sync job ends with it. The step is
+             * given up and this session stops as for a stop request. */
+            w->heard_end = 1;
+            keel__log(KEEL_LOG_INFO, "%s at step %lld: %s",
+                      what, (long long)keel_vars_global_step(w->vs),
+                      keel_last_error());
+            return keel__wrap(KEEL_ECANCELLED, "ps %d: %s", p, what);
         case KEEL_ECANCELLED:
             /* A worker's input ends when the chief stops the cluster; the
              * chief itself has not (it does so only after its last
              * step): someone else did, and the run is cut short. */
+            w->heard_end = 1;
             if (w->is_chief)
                 return keel__wrap(KEEL_EPEER, "ps %d (%s) was shut down "
                                   "by someone other than this chief before "
@@ -737,7 +754,7 @@ shard_outs(keel_cluster_backend *w, keel_vars *vs, int p, int with_data,
 }
 
 static keel_status wait_reply(keel_cluster_backend *w, int p, const char *what,
-                              keel__wire_msg *r);
+                              int on_signal, keel__wire_msg *r);
 
 /* Fault in the pages of [p, p + bytes) for writing, keeping their
  * contents: a new process's tensors come from calloc and are first
@@ -802,7 +819,7 @@ call_ps(keel_cluster_backend *w, int p, keel__wire_header *h,
         w->req_ids[p] = h->request_id;
         if (dest != NULL)
             fault_in_shard(w, dest, p, dest_slots);
-        st = wait_reply(w, p, what, r);
+        st = wait_reply(w, p, what, 0, r);
         if (st != KEEL_OK && r->h.type == 0)
             return st;            /* abandoned: the reason is set */
     }
@@ -1118,9 +1135,15 @@ abandon(keel_cluster_backend *w, int p, keel_status code, const char *fmt, ...)
  * sync step waits for the other replicas), but no longer than the ps stays
  * alive and the same incarnation (heartbeats), and no longer than
  * cluster.step_timeout_secs; a long wait is logged with what the step
- * lacks. *r is initialized either way (type 0 when abandoned). */
+ * lacks. on_signal (a step's push): a SIGTERM/SIGINT gives the step up
+ * within WAIT_CHUNK_MS (KEEL_ECANCELLED; nothing of it was applied here),
+ * so that a preempted task saves and exits while its step waits for a
+ * replica that may never come. Pulls and commits are not given up: the
+ * final checkpoint after a signal needs them. *r is initialized either
+ * way (type 0 when abandoned). */
 static keel_status
-wait_reply(keel_cluster_backend *w, int p, const char *what, keel__wire_msg *r)
+wait_reply(keel_cluster_backend *w, int p, const char *what, int on_signal,
+           keel__wire_msg *r)
 {
     int64_t start = keel__now_mono_ns(), last_warn = start;
     int64_t stall = (int64_t)(w->o.stall_warn_secs * 1e9);
@@ -1137,6 +1160,11 @@ wait_reply(keel_cluster_backend *w, int p, const char *what, keel__wire_msg *r)
             return st;
         keel__wire_msg_clear(r);
         keel__wire_msg_init(r);
+        if (on_signal && keel_session_signal_received())
+            return abandon(w, p, KEEL_ECANCELLED, "signal %d received "
+                           "while %s waited for ps %d (%s): the step is "
+                           "given up", keel_session_signal_received(),
+                           what, p, addr);
         now = keel__now_mono_ns();
         keel__hb_peer_get(w->hb, p, &peer);
         quiet = now - (peer.since_ns > start ? peer.since_ns : start);
@@ -1341,7 +1369,7 @@ take_push_reply(keel_cluster_backend *w, const push_req *q, int p,
     char what[64];
     keel_status st;
     snprintf(what, sizeof what, "step %lld", (long long)q->local_step);
-    st = wait_reply(w, p, what, &r);
+    st = wait_reply(w, p, what, 1, &r);
     if (st != KEEL_OK && r.h.type == 0) {
         /* abandoned or failed locally: nothing was read */
     } else if (st != KEEL_OK) {
@@ -1548,14 +1576,44 @@ be_before_save(void *ctx, keel_vars *vs)
     return st;
 }
 
+/* Tell every ps that this replica's session ended by itself at its
+ * global step (real_leave in ps.c): the other replicas of a sync job
+ * would otherwise wait for its next push until step_timeout_secs. Best
+ * effort: a ps that does not answer within LEAVE_TIMEOUT_MS is gone. */
+static void
+send_leave(keel_cluster_backend *w, keel_vars *vs, keel_end_reason why)
+{
+    for (int p = 0; p < w->n_ps; p++) {
+        keel__wire_header h;
+        keel__wire_msg r;
+        memset(&h, 0, sizeof h);
+        h.type = KEEL_MSG_LEAVE;
+        h.global_step = keel_vars_global_step(vs);
+        h.arg = (uint32_t)why;
+        if (keel__wire_client_call(w->clients[p], &h, NULL, 0, 0,
+                                   LEAVE_TIMEOUT_MS, &r) != KEEL_OK)
+            keel__log(KEEL_LOG_INFO, "ps %d not told that this replica "
+                      "ended: %s", p, keel_last_error());
+        keel__wire_msg_clear(&r);
+    }
+}
+
+/* The chief stops the ps unless its session failed. A replica of a sync
+ * job whose session ended by itself (a stop request, end of input, closed
+ * by its program) and that is not the chief about to do that tells the ps,
+ * which end the job (docs/cluster.md). */
 static void
 be_end(void *ctx, keel_vars *vs, int is_chief, keel_end_reason why)
 {
     keel_cluster_backend *w = ctx;
-    (void)vs;
+    int stops_ps = w->is_chief && w->o.shutdown_at_end;
     (void)is_chief;
-    if (w->is_chief && w->o.shutdown_at_end && why != KEEL_END_ERROR)
+    if (stops_ps && why != KEEL_END_ERROR)
         keel_cluster_backend_shutdown(w);
+    else if (w->is_sync && !w->heard_end && !stops_ps &&
+             (why == KEEL_END_STOP_REQUESTED || why == KEEL_END_CLEAN ||
+              why == KEEL_END_OUT_OF_RANGE))
+        send_leave(w, vs, why);
 }
 
 void
