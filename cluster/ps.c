@@ -1502,7 +1502,10 @@ real_leave(keel__ps *ps, keel__wire_msg *req)
         keel__log(KEEL_LOG_INFO, "ps %d: %s; the sync job stops (at step "
                   "%lld here)", ps->task_index, what,
                   (long long)keel_vars_global_step(ps->vars));
-        fail_pending(ps, KEEL_EOUTOFRANGE, ps->job_end);
+        /* a step the chief is applying (backups) completes first: its
+         * COMMIT answers the held pushes, and their next ones end */
+        if (!ps->awaiting_commit)
+            fail_pending(ps, KEEL_EOUTOFRANGE, ps->job_end);
     } else {
         keel__log(KEEL_LOG_INFO, "ps %d: %s; %d live replica%s",
                   ps->task_index, what, ps->n_members,

@@ -849,9 +849,14 @@ pull_outs(keel_cluster_backend *w, int p, size_t n, keel_vars *vs,
     return st;
 }
 
+/* Pull every ps's variables (with_slots: and slots) into vs; the global
+ * step is ps 0's. *agreed (if not NULL): 0 when a ps answered at another
+ * global step than ps 0. */
 static keel_status
-worker_pull_all(keel_cluster_backend *w, keel_vars *vs, int with_slots)
+pull_all_steps(keel_cluster_backend *w, keel_vars *vs, int with_slots,
+               int *agreed)
 {
+    int64_t step0 = 0;
     for (int p = 0; p < w->n_ps; p++) {
         int64_t step;
         size_t n;
@@ -862,10 +867,47 @@ worker_pull_all(keel_cluster_backend *w, keel_vars *vs, int with_slots)
         st = pull_outs(w, p, n, vs, vs, with_slots, &step);
         if (st != KEEL_OK)
             return st;
-        if (p == 0)
+        if (p == 0) {
             keel_vars_set_global_step(vs, step);
+            step0 = step;
+        } else if (agreed != NULL && step != step0) {
+            *agreed = 0;
+        }
     }
     return KEEL_OK;
+}
+
+static keel_status
+worker_pull_all(keel_cluster_backend *w, keel_vars *vs, int with_slots)
+{
+    return pull_all_steps(w, vs, with_slots, NULL);
+}
+
+#define PULL_AGREE_TRIES 5
+
+/* The chief's pull before a checkpoint, again while the ps answer at
+ * different global steps: a sync step can complete on them while they are
+ * pulled one after the other (the chief's push of a step it gave up on a
+ * signal is still held there; backup replicas complete steps without the
+ * chief), and a checkpoint must hold one step's values. After
+ * PULL_AGREE_TRIES the last pull is kept, with a warning. */
+static keel_status
+pull_for_save(keel_cluster_backend *w, keel_vars *vs)
+{
+    for (int i = 1;; i++) {
+        int agreed = 1;
+        keel_status st = pull_all_steps(w, vs, 1, &agreed);
+        if (st != KEEL_OK || agreed || !w->is_sync)
+            return st;
+        if (i == PULL_AGREE_TRIES) {
+            keel__log(KEEL_LOG_WARN, "chief: the ps answered the pulls for "
+                      "the checkpoint at different global steps %d times "
+                      "in a row; saving the last pull (step %lld)",
+                      PULL_AGREE_TRIES,
+                      (long long)keel_vars_global_step(vs));
+            return KEEL_OK;
+        }
+    }
 }
 
 /* One HELLO to ps p and its reply (KEEL_ETIMEOUT after timeout_ms). A
@@ -1569,7 +1611,7 @@ be_before_save(void *ctx, keel_vars *vs)
                 memcpy(t->data, keel_var_tensor(keel_vars_at(vs, i))->data,
                        t->count * sizeof(float));
         }
-    st = worker_pull_all(w, vs, 1);
+    st = pull_for_save(w, vs);
     /* a rule's chief keeps training its own model after the save */
     if (st == KEEL_OK && w->local != NULL)
         w->restore_local = 1;
