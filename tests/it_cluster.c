@@ -797,19 +797,22 @@ END_TEST
 
 /* Start task (type, index) of c as tests/cluster_child (a user's own
  * program) checkpointing into dir, with one more environment variable
- * env_set ("K=V") or none: its output to <tag>-<type><index>.log. */
+ * env_set ("K=V") or none: its output to <tag>-<type><index>.log, which
+ * exists (empty) when this returns, so that it can be polled at once. */
 static pid_t
 start_child(cluster *c, const char *type, int index, const char *dir,
             const char *env_set)
 {
-    char tf[2048], log[64], prog[4200], d[4200];
+    char tf[2048], log[64], prog[4200], d[4200], path[4200];
     char *env[] = { tf, (char *)env_set, NULL };
     char *argv[] = { prog, d, "1000000", NULL };
     TU_SNPRINTF(prog, sizeof prog, "%s", tu_build_path("tests/cluster_child"));
     TU_SNPRINTF(d, sizeof d, "%s", dir);
     tf_config(c, type, index, tf, sizeof tf);
     snprintf(log, sizeof log, "%s-%s%d.log", c->tag, type, index);
-    return tu_spawn(argv, env, tu_path(log));
+    TU_SNPRINTF(path, sizeof path, "%s", tu_path(log));
+    tu_write_file(path, "", 0);      /* the child appends to it */
+    return tu_spawn(argv, env, path);
 }
 
 /* A sync job of cluster_child: one ps, the chief (worker 0), workers 1
