@@ -665,11 +665,9 @@ call_error(keel_cluster_backend *w, int p, keel_status st, const keel__wire_msg 
         case KEEL_EOUTOFRANGE:
             /* Another replica ended its session (the ps's text says who
              * and at which step): a sync job ends with it. The step is
-             * given up and this session stops as for a stop request. */
+             * given up and the session stops as for a stop request (it
+             * logs why). */
             w->heard_end = 1;
-            keel__log(KEEL_LOG_INFO, "%s at step %lld: %s",
-                      what, (long long)keel_vars_global_step(w->vs),
-                      keel_last_error());
             return keel__wrap(KEEL_ECANCELLED, "ps %d: %s", p, what);
         case KEEL_ECANCELLED:
             /* A worker's input ends when the chief stops the cluster; the
