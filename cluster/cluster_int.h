@@ -76,6 +76,10 @@ enum keel__msg_type {
     KEEL_MSG_MIX,           /* a replica -> ps: v = d v + (1 - d) t for
                              * non-trainable variables, d the float32 in
                              * arg (0: assign); reply: F_REPLY */
+    KEEL_MSG_LEAVE,         /* a replica -> ps: its session ended (not by
+                             * an error or a signal) at global_step; arg:
+                             * its keel_end_reason, text: why; a sync ps
+                             * then ends the job (reply: F_REPLY) */
     KEEL_MSG_TYPE_END
 };
 

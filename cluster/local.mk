@@ -28,10 +28,13 @@ tests_it_security_CFLAGS = $(TEST_CFLAGS) $(ZMQ_CFLAGS)
 tests_it_security_LDADD = $(TEST_LIBS) $(ZMQ_LIBS)
 endif
 
-# it_cluster: ps / chief / worker processes of the keel CLI on 127.0.0.1.
+# it_cluster: ps / chief / worker processes of the keel CLI on 127.0.0.1,
+# and of tests/cluster_child (a user's own program of one cluster task).
 if HAVE_CHECK
 SUITES += tests/it_cluster
 endif
+check_PROGRAMS += tests/cluster_child
+tests_cluster_child_LDADD = libkeel_core.la
 
 # check_algorithms: the update rules by hand, then each on real sockets.
 if HAVE_CHECK

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <keel/hooks.h>
 #include "cluster_int.h"
 #include "defaults.h"
 #include "../train/train_int.h"
@@ -100,6 +101,9 @@ struct keel__ps {
     long timed_steps;
     int64_t last_step_end_ns, idle_ns, spread_ns, aggregate_ns;
     keel__once refusals;         /* refused (peer, task, type) logged */
+    /* sync: a replica ended its session (LEAVE): why no step can complete
+     * any more, the answer to every push from then on; "" while none */
+    char job_end[512];
 };
 
 /* The tree nodes covering each replica's leaves of L. */
@@ -1423,6 +1427,10 @@ take_sync(keel__ps *ps, keel__wire_msg *req, int replica, int64_t step,
                   (long long)step, ps->dropped);
         return send_ack(ps, req, *vars, req->n);
     }
+    if (ps->job_end[0] != '\0') {
+        send_error(ps, req, KEEL_EOUTOFRANGE, ps->job_end);
+        return KEEL_OK;
+    }
     if (req->h.local_step > step)
         return keel__fail(KEEL_EABORTED, "replica %d pushed for step %lld "
                           "but ps %d is at step %lld (the ps restarted or "
@@ -1460,6 +1468,50 @@ real_push(keel__ps *ps, keel__wire_msg *req)
         st = take_sync(ps, req, replica, step, &vars);
     free(vars);
     return st;
+}
+
+/* A replica's session ended by itself (a stop request, the end of its
+ * input, its program closing it) at the step in the header. A sync step
+ * needs every replica (no backups) or a fixed count of them, so a sync job
+ * ends there, as TF's never did: the held pushes and every later one are
+ * answered KEEL_EOUTOFRANGE with the reason, and the other replicas end
+ * their sessions at the step they were at (the chief with its final
+ * checkpoint, then SHUTDOWN). Async: the replica is forgotten. */
+static keel_status
+real_leave(keel__ps *ps, keel__wire_msg *req)
+{
+    int r = replica_of(ps, &req->h);
+    char name[32], what[320];
+    if (r < 0)
+        return keel__fail(KEEL_EINVAL, "LEAVE from a task that is not a "
+                          "training replica");
+    replica_name(ps, r, name, sizeof name);
+    snprintf(what, sizeof what, "%s ended its session at step %lld (%s)",
+             name, (long long)req->h.global_step,
+             req->h.arg <= KEEL_END_SIGNAL
+                 ? keel_end_reason_name((keel_end_reason)req->h.arg)
+                 : "no reason given");
+    if (ps->member[r]) {
+        ps->member[r] = 0;
+        ps->n_members--;
+    }
+    if (ps->sync && ps->job_end[0] == '\0') {
+        snprintf(ps->job_end, sizeof ps->job_end, "%s; a sync job stops "
+                 "when one of its replicas does: every replica stops at "
+                 "its current step", what);
+        keel__log(KEEL_LOG_INFO, "ps %d: %s; the sync job stops (at step "
+                  "%lld here)", ps->task_index, what,
+                  (long long)keel_vars_global_step(ps->vars));
+        /* a step the chief is applying (backups) completes first: its
+         * COMMIT answers the held pushes, and their next ones end */
+        if (!ps->awaiting_commit)
+            fail_pending(ps, KEEL_EOUTOFRANGE, ps->job_end);
+    } else {
+        keel__log(KEEL_LOG_INFO, "ps %d: %s; %d live replica%s",
+                  ps->task_index, what, ps->n_members,
+                  ps->n_members == 1 ? "" : "s");
+    }
+    return send_done(ps, req, KEEL_MSG_LEAVE);
 }
 
 static keel_status
@@ -1548,6 +1600,8 @@ handle_real(keel__ps *ps, keel__wire_msg *req, int *handled)
         return real_mix(ps, req);
     case KEEL_MSG_HELLO:
         return real_hello(ps, req);
+    case KEEL_MSG_LEAVE:
+        return real_leave(ps, req);
     case KEEL_MSG_SHUTDOWN:
         fail_pending(ps, KEEL_ECANCELLED, "training finished: the chief "
                      "shut this ps down");
@@ -1622,7 +1676,7 @@ msg_type_name(unsigned type)
     static const char *const names[KEEL_MSG_TYPE_END] = {
         "?", "HELLO", "READY", "PULL", "PULL_REPLY", "PUSH", "PUSH_ACK",
         "ERROR", "STEP", "SHUTDOWN", "HEARTBEAT", "TOKEN", "INIT",
-        "AGGREGATE", "COMMIT", "MIX" };
+        "AGGREGATE", "COMMIT", "MIX", "LEAVE" };
     return type < KEEL_MSG_TYPE_END ? names[type] : "?";
 }
 
@@ -1642,6 +1696,7 @@ role_allows(const keel__ps *ps, keel_task_type t, uint32_t index,
         return chief;
     case KEEL_MSG_PUSH:
     case KEEL_MSG_MIX:
+    case KEEL_MSG_LEAVE:
         return t == KEEL_TASK_CHIEF || t == KEEL_TASK_WORKER;
     case KEEL_MSG_HELLO:
     case KEEL_MSG_PULL:

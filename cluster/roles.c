@@ -22,6 +22,9 @@
 #define DRAIN_MS 300
 #define HELLO_CHUNK_MS 2000
 #define HELLO_SIGNAL_MS 250
+/* A replica's LEAVE at the end of its session: a live ps answers at once;
+ * one already gone (the chief stopped the job) costs at most this. */
+#define LEAVE_TIMEOUT_MS 1000
 /* The micro-batch gradient stores one push may carry (each trainable
  * variable once per store): keel_cluster_backend_set_micro's bound, and
  * what a ps and a worker size their messages for. */
@@ -392,6 +395,9 @@ struct keel_cluster_backend {
     keel__hb *hb;                  /* liveness of every ps */
     int64_t gen_ns;                /* when ps_gen was last learned */
     int64_t last_step_seen;        /* the cluster's step before a loss */
+    int is_sync;                   /* the ps aggregate sync steps */
+    int heard_end;                 /* a ps said the job ended (SHUTDOWN, or
+                                    * a replica's LEAVE): nothing to tell */
     int replica;                   /* chief 0, worker i i + has_chief */
     keel__algo_worker *aw;         /* the rule's worker half, or NULL
                                     * (sync, async, hogwild: gradients) */
@@ -455,6 +461,7 @@ take_role(keel_cluster_backend *w, keel__role_opts *o, keel_vars *vs)
     o->algo.worker_lrs = NULL;          /* moved into w */
     w->vs = vs;
     w->is_chief = keel_cluster_spec_is_chief(o->spec);
+    w->is_sync = keel_algorithm_is_sync(w->o.algo.c.name);
     w->replica = keel_cluster_spec_task_type(o->spec) == KEEL_TASK_CHIEF ? 0
         : keel_cluster_spec_task_index(o->spec) +
           (keel_cluster_spec_num_tasks(o->spec, KEEL_TASK_CHIEF) > 0);
@@ -644,10 +651,18 @@ call_error(keel_cluster_backend *w, int p, keel_status st, const keel__wire_msg 
                           what);
     if (st == KEEL_EPEER && r->h.type == KEEL_MSG_ERROR) {
         switch ((keel_status)r->h.arg) {
+        case KEEL_EOUTOFRANGE:
+            /* Another replica ended its session (the ps's text says who
+             * and at which step): a sync job ends with it. The step is
+             * given up and the session stops as for a stop request (it
+             * logs why). */
+            w->heard_end = 1;
+            return keel__wrap(KEEL_ECANCELLED, "ps %d: %s", p, what);
         case KEEL_ECANCELLED:
             /* A worker's input ends when the chief stops the cluster; the
              * chief itself has not (it does so only after its last
              * step): someone else did, and the run is cut short. */
+            w->heard_end = 1;
             if (w->is_chief)
                 return keel__wrap(KEEL_EPEER, "ps %d (%s) was shut down "
                                   "by someone other than this chief before "
@@ -726,7 +741,7 @@ shard_outs(keel_cluster_backend *w, keel_vars *vs, int p, int with_data,
 }
 
 static keel_status wait_reply(keel_cluster_backend *w, int p, const char *what,
-                              keel__wire_msg *r);
+                              int on_signal, keel__wire_msg *r);
 
 /* Fault in the pages of [p, p + bytes) for writing, keeping their
  * contents: a new process's tensors come from calloc and are first
@@ -791,7 +806,7 @@ call_ps(keel_cluster_backend *w, int p, keel__wire_header *h,
         w->req_ids[p] = h->request_id;
         if (dest != NULL)
             fault_in_shard(w, dest, p, dest_slots);
-        st = wait_reply(w, p, what, r);
+        st = wait_reply(w, p, what, 0, r);
         if (st != KEEL_OK && r->h.type == 0)
             return st;            /* abandoned: the reason is set */
     }
@@ -821,9 +836,14 @@ pull_outs(keel_cluster_backend *w, int p, size_t n, keel_vars *vs,
     return st;
 }
 
+/* Pull every ps's variables (with_slots: and slots) into vs; the global
+ * step is ps 0's. *agreed (if not NULL): 0 when a ps answered at another
+ * global step than ps 0. */
 static keel_status
-worker_pull_all(keel_cluster_backend *w, keel_vars *vs, int with_slots)
+pull_all_steps(keel_cluster_backend *w, keel_vars *vs, int with_slots,
+               int *agreed)
 {
+    int64_t step0 = 0;
     for (int p = 0; p < w->n_ps; p++) {
         int64_t step;
         size_t n;
@@ -834,10 +854,47 @@ worker_pull_all(keel_cluster_backend *w, keel_vars *vs, int with_slots)
         st = pull_outs(w, p, n, vs, vs, with_slots, &step);
         if (st != KEEL_OK)
             return st;
-        if (p == 0)
+        if (p == 0) {
             keel_vars_set_global_step(vs, step);
+            step0 = step;
+        } else if (agreed != NULL && step != step0) {
+            *agreed = 0;
+        }
     }
     return KEEL_OK;
+}
+
+static keel_status
+worker_pull_all(keel_cluster_backend *w, keel_vars *vs, int with_slots)
+{
+    return pull_all_steps(w, vs, with_slots, NULL);
+}
+
+#define PULL_AGREE_TRIES 5
+
+/* The chief's pull before a checkpoint, again while the ps answer at
+ * different global steps: a sync step can complete on them while they are
+ * pulled one after the other (the chief's push of a step it gave up on a
+ * signal is still held there; backup replicas complete steps without the
+ * chief), and a checkpoint must hold one step's values. After
+ * PULL_AGREE_TRIES the last pull is kept, with a warning. */
+static keel_status
+pull_for_save(keel_cluster_backend *w, keel_vars *vs)
+{
+    for (int i = 1;; i++) {
+        int agreed = 1;
+        keel_status st = pull_all_steps(w, vs, 1, &agreed);
+        if (st != KEEL_OK || agreed || !w->is_sync)
+            return st;
+        if (i == PULL_AGREE_TRIES) {
+            keel__log(KEEL_LOG_WARN, "chief: the ps answered the pulls for "
+                      "the checkpoint at different global steps %d times "
+                      "in a row; saving the last pull (step %lld)",
+                      PULL_AGREE_TRIES,
+                      (long long)keel_vars_global_step(vs));
+            return KEEL_OK;
+        }
+    }
 }
 
 /* One HELLO to ps p and its reply (KEEL_ETIMEOUT after timeout_ms). A
@@ -1107,9 +1164,15 @@ abandon(keel_cluster_backend *w, int p, keel_status code, const char *fmt, ...)
  * sync step waits for the other replicas), but no longer than the ps stays
  * alive and the same incarnation (heartbeats), and no longer than
  * cluster.step_timeout_secs; a long wait is logged with what the step
- * lacks. *r is initialized either way (type 0 when abandoned). */
+ * lacks. on_signal (a step's push): a SIGTERM/SIGINT gives the step up
+ * within WAIT_CHUNK_MS (KEEL_ECANCELLED; nothing of it was applied here),
+ * so that a preempted task saves and exits while its step waits for a
+ * replica that may never come. Pulls and commits are not given up: the
+ * final checkpoint after a signal needs them. *r is initialized either
+ * way (type 0 when abandoned). */
 static keel_status
-wait_reply(keel_cluster_backend *w, int p, const char *what, keel__wire_msg *r)
+wait_reply(keel_cluster_backend *w, int p, const char *what, int on_signal,
+           keel__wire_msg *r)
 {
     int64_t start = keel__now_mono_ns(), last_warn = start;
     int64_t stall = (int64_t)(w->o.in.stall_warn_secs * 1e9);
@@ -1126,6 +1189,11 @@ wait_reply(keel_cluster_backend *w, int p, const char *what, keel__wire_msg *r)
             return st;
         keel__wire_msg_clear(r);
         keel__wire_msg_init(r);
+        if (on_signal && keel_session_signal_received())
+            return abandon(w, p, KEEL_ECANCELLED, "signal %d received "
+                           "while %s waited for ps %d (%s): the step is "
+                           "given up", keel_session_signal_received(),
+                           what, p, addr);
         now = keel__now_mono_ns();
         keel__hb_peer_get(w->hb, p, &peer);
         quiet = now - (peer.since_ns > start ? peer.since_ns : start);
@@ -1330,7 +1398,7 @@ take_push_reply(keel_cluster_backend *w, const push_req *q, int p,
     char what[64];
     keel_status st;
     snprintf(what, sizeof what, "step %lld", (long long)q->local_step);
-    st = wait_reply(w, p, what, &r);
+    st = wait_reply(w, p, what, 1, &r);
     if (st != KEEL_OK && r.h.type == 0) {
         /* abandoned or failed locally: nothing was read */
     } else if (st != KEEL_OK) {
@@ -1530,21 +1598,51 @@ be_before_save(void *ctx, keel_vars *vs)
                 memcpy(t->data, keel_var_tensor(keel_vars_at(vs, i))->data,
                        t->count * sizeof(float));
         }
-    st = worker_pull_all(w, vs, 1);
+    st = pull_for_save(w, vs);
     /* a rule's chief keeps training its own model after the save */
     if (st == KEEL_OK && w->local != NULL)
         w->restore_local = 1;
     return st;
 }
 
+/* Tell every ps that this replica's session ended by itself at its
+ * global step (real_leave in ps.c): the other replicas of a sync job
+ * would otherwise wait for its next push until step_timeout_secs. Best
+ * effort: a ps that does not answer within LEAVE_TIMEOUT_MS is gone. */
+static void
+send_leave(keel_cluster_backend *w, keel_vars *vs, keel_end_reason why)
+{
+    for (int p = 0; p < w->n_ps; p++) {
+        keel__wire_header h;
+        keel__wire_msg r;
+        memset(&h, 0, sizeof h);
+        h.type = KEEL_MSG_LEAVE;
+        h.global_step = keel_vars_global_step(vs);
+        h.arg = (uint32_t)why;
+        if (keel__wire_client_call(w->clients[p], &h, NULL, 0, 0,
+                                   LEAVE_TIMEOUT_MS, &r) != KEEL_OK)
+            keel__log(KEEL_LOG_INFO, "ps %d not told that this replica "
+                      "ended: %s", p, keel_last_error());
+        keel__wire_msg_clear(&r);
+    }
+}
+
+/* The chief stops the ps unless its session failed. A replica of a sync
+ * job whose session ended by itself (a stop request, end of input, closed
+ * by its program) and that is not the chief about to do that tells the ps,
+ * which end the job (docs/cluster.md). */
 static void
 be_end(void *ctx, keel_vars *vs, int is_chief, keel_end_reason why)
 {
     keel_cluster_backend *w = ctx;
-    (void)vs;
+    int stops_ps = w->is_chief && w->o.in.shutdown_at_end;
     (void)is_chief;
-    if (w->is_chief && w->o.in.shutdown_at_end && why != KEEL_END_ERROR)
+    if (stops_ps && why != KEEL_END_ERROR)
         keel_cluster_backend_shutdown(w);
+    else if (w->is_sync && !w->heard_end && !stops_ps &&
+             (why == KEEL_END_STOP_REQUESTED || why == KEEL_END_CLEAN ||
+              why == KEEL_END_OUT_OF_RANGE))
+        send_leave(w, vs, why);
 }
 
 void

@@ -471,6 +471,7 @@ task_running(keel_launch *l, task *t, pid_t pid, const child_fds *f)
     t->kill_sent = 0;
     t->is_term_held = 0;
     t->had_step = 0;
+    t->had_out_step = 0;
     t->last_error[0] = '\0';
     t->started_ns = keel__now_mono_ns();
     t->chief_step_at_start = l->tasks[l->chief].info.global_step;
@@ -704,6 +705,7 @@ deliver_line(keel_launch *l, size_t i, int stream, char *line, size_t len)
     if (step >= 0) {
         t->info.global_step = step;
         t->had_step = 1;
+        t->had_out_step |= stream == 0;
         /* "back" counts a real step line (stdout), not a log line such
          * as "resumed from ... at step N" (stderr) */
         if (t->wants_back_event && stream == 0) {

@@ -35,10 +35,13 @@ keel__launch_chaos_tick(keel_launch *l, int64_t now)
         task *v = &l->tasks[l->chaos_victim];
         if (v->info.state == KEEL_LAUNCH_BACKOFF || v->chaos_pid)
             return;                     /* not back yet */
-        /* a victim that had printed a step line is back when it prints
-         * one again (it restored and trains): a slow restart is never
-         * killed again before it makes progress, so a job under chaos
-         * always advances however slow the machine */
+        /* a victim that had printed a step line on stdout is back when
+         * it prints one again (it restored and trains): a slow restart is
+         * never killed again before it makes progress, so a job under
+         * chaos always advances however slow the machine. Log lines on
+         * stderr that mention a step ("pulled ... at step 0") do not
+         * count: they are not what "back" waits for, and a program
+         * without step lines would never be back. */
         if (v->is_alive && v->chaos_wants_step && v->wants_back_event)
             return;
         /* running again (or ended for good): the next gap starts now */
@@ -61,7 +64,7 @@ keel__launch_chaos_tick(keel_launch *l, int64_t now)
     pick = eligible[keel__splitmix64(&l->rng) % n_eligible];
     t = &l->tasks[pick];
     t->chaos_pid = t->info.pid;
-    t->chaos_wants_step = t->had_step;
+    t->chaos_wants_step = t->had_out_step;
     t->info.chaos_kills++;
     keel__launch_signal_task(t, SIGKILL);
     t->wants_back_event = 1;

@@ -32,7 +32,8 @@ typedef struct task {
     int is_alive;                  /* a process not reaped yet */
     int chaos_pid;                 /* pid chaos killed (not reaped yet) */
     int chaos_wants_step;          /* chaos killed it after it printed a
-                                    * step: back when it prints another */
+                                    * step line on stdout: back when it
+                                    * prints another */
     int kill_sent;                 /* stop deadline passed: SIGKILL sent */
     int is_term_held;              /* stopping: SIGTERM waits until it is up */
     int64_t restart_at_ns;
@@ -40,6 +41,7 @@ typedef struct task {
     int64_t died_ns;               /* for the "back" event */
     int wants_back_event;
     int had_step;                  /* printed a step line since its start */
+    int had_out_step;              /* ... on stdout (what "back" counts) */
     char last_error[256];          /* its last "keel: ..." stderr line
                                     * (why it failed, for the report) */
     int64_t started_ns;

@@ -1301,6 +1301,18 @@ run(keel_session *s, const void *batch, int with_hooks)
         if (st == KEEL_OK)
             return KEEL_OK;
 failed:
+        if (st == KEEL_ECANCELLED) {
+            /* A wait inside the step or its update (a cluster's sync
+             * step) ended by a stop: a signal, or another replica that
+             * ended the job. Nothing of the step was applied: the session
+             * stops at the step it was at, as at a step boundary. */
+            keel__log(KEEL_LOG_INFO, "the step at global step %lld was "
+                      "given up: %s", (long long)keel_vars_global_step(
+                          s->vars), keel_last_error());
+            if (!check_stop(s))
+                stop_with(s, KEEL_END_STOP_REQUESTED);
+            return st;
+        }
         if (s->is_recovering && keel_status_is_recoverable(st)
             && attempt < s->max_attempts) {
             keel__log(KEEL_LOG_WARN, "recoverable error at global step "

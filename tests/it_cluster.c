@@ -789,6 +789,125 @@ START_TEST(dynsgd_refuses_a_worker_index_beyond_its_replicas)
 }
 END_TEST
 
+/* Start task (type, index) of c as tests/cluster_child (a user's own
+ * program) checkpointing into dir, with one more environment variable
+ * env_set ("K=V") or none: its output to <tag>-<type><index>.log, which
+ * exists (empty) when this returns, so that it can be polled at once. */
+static pid_t
+start_child(cluster *c, const char *type, int index, const char *dir,
+            const char *env_set)
+{
+    char tf[2048], log[64], prog[4200], d[4200], path[4200];
+    char *env[] = { tf, (char *)env_set, NULL };
+    char *argv[] = { prog, d, "1000000", NULL };
+    TU_SNPRINTF(prog, sizeof prog, "%s", tu_build_path("tests/cluster_child"));
+    TU_SNPRINTF(d, sizeof d, "%s", dir);
+    tf_config(c, type, index, tf, sizeof tf);
+    snprintf(log, sizeof log, "%s-%s%d.log", c->tag, type, index);
+    TU_SNPRINTF(path, sizeof path, "%s", tu_path(log));
+    tu_write_file(path, "", 0);      /* the child appends to it */
+    return tu_spawn(argv, env, path);
+}
+
+/* A sync job of cluster_child: one ps, the chief (worker 0), workers 1
+ * and 2; worker 2 with env_set. */
+static void
+child_cluster_start(cluster *c, const char *tag, const char *env_set)
+{
+    char dir[4200];
+    TU_SNPRINTF(dir, sizeof dir, "%s/%s", tu_dir, tag);
+    cluster_init(c, 1, 3, NULL, tag);
+    c->ps[0] = start_child(c, "ps", 0, dir, NULL);
+    c->w[0] = start_child(c, "worker", 0, dir, NULL);
+    c->w[1] = start_child(c, "worker", 1, dir, NULL);
+    c->w[2] = start_child(c, "worker", 2, dir, env_set);
+}
+
+/* The step in a task's "final_step N reason R" line. */
+static long
+final_step(const cluster *c, const char *task)
+{
+    char log[64];
+    char *text, *p;
+    long step = -1;
+    snprintf(log, sizeof log, "%s-%s.log", c->tag, task);
+    text = tu_read_file(tu_path(log), NULL);
+    p = strstr(text, "final_step ");
+    ck_assert_msg(p != NULL && sscanf(p, "final_step %ld", &step) == 1,
+                  "%s has no final step: %s", task, tu_tail(text, 1000));
+    free(text);
+    return step;
+}
+
+/* A replica's own stop request in a sync job (an early-stopping hook in
+ * session.hooks that fires on worker 2 only, at step 30): every replica
+ * ends its session at step 30 as for a stop request and exits 0 at once,
+ * the chief after its final checkpoint of step 30 and the ps after its
+ * SHUTDOWN, instead of waiting for worker 2's next push until
+ * cluster.step_timeout_secs (an hour). */
+START_TEST(sync_replica_stop_request_stops_every_replica_at_its_step)
+{
+    cluster c;
+    long step, applied, dropped;
+    child_cluster_start(&c, "s", "CHILD_STOP_AT=30");
+    cluster_wait_ok(&c);
+    for (int i = 0; i < 3; i++) {
+        char task[16];
+        snprintf(task, sizeof task, "worker%d", i);
+        ck_assert_msg(log_has(&c, task, "final_step 30 reason stop "
+                              "requested"), "%s: %s", task,
+                      log_tail(&c, task));
+    }
+    ck_assert_msg(log_has(&c, "worker0", "worker 2 ended its session at "
+                          "step 30 (stop requested)"), "%s",
+                  log_tail(&c, "worker0"));
+    ck_assert(log_has(&c, "worker0", "saved checkpoint for step 30"));
+    ck_assert(log_has(&c, "ps0", "worker 2 ended its session at step 30"));
+    ps_stats(&c, 0, &step, &applied, &dropped);
+    ck_assert_int_eq(step, 30);
+    ck_assert_int_eq(applied, 3 * 30);
+}
+END_TEST
+
+/* Preemption while a sync step waits for a replica that does not come
+ * (worker 2 SIGSTOPped, no backups): SIGTERM gives a waiting worker's step
+ * up at once (exit 0, nothing to save), then the chief's, which saves the
+ * final checkpoint of the last completed step and stops the ps; every
+ * task exits 0 well within keel launch's grace period. */
+START_TEST(sigterm_ends_a_sync_step_waiting_for_a_stopped_replica)
+{
+    cluster c;
+    long step, applied, dropped, last;
+    char ck[64];
+    int64_t t0;
+    child_cluster_start(&c, "p", NULL);
+    ck_assert_msg(wait_log(&c, "worker0", "step 20\n"), "%s",
+                  log_tail(&c, "worker0"));
+    ck_assert_int_eq(kill(c.w[2], SIGSTOP), 0);
+    usleep(500000);                 /* the next step waits for worker 2 */
+    ck_assert_int_eq(kill(c.w[1], SIGTERM), 0);
+    t0 = tu_now_ms();
+    ck_assert_msg(tu_wait(c.w[1], 10000) == 0, "worker 1 did not exit 0: "
+                  "%s", log_tail(&c, "worker1"));
+    ck_assert(log_has(&c, "worker1", "reason signal"));
+    ck_assert_int_eq(kill(c.w[0], SIGTERM), 0);
+    ck_assert_msg(tu_wait(c.w[0], 10000) == 0, "the chief did not exit 0: "
+                  "%s", log_tail(&c, "worker0"));
+    ck_assert_int_lt(tu_now_ms() - t0, 20000);
+    ck_assert(log_has(&c, "worker0", "reason signal"));
+    last = final_step(&c, "worker0");
+    ck_assert_int_ge(last, 20);
+    snprintf(ck, sizeof ck, "saved checkpoint for step %ld", last);
+    ck_assert_msg(log_has(&c, "worker0", ck), "%s", log_tail(&c, "worker0"));
+    ck_assert_msg(tu_wait(c.ps[0], 10000) == 0, "ps: %s",
+                  log_tail(&c, "ps0"));
+    ps_stats(&c, 0, &step, &applied, &dropped);
+    ck_assert_int_eq(step, last);
+    ck_assert_int_eq(applied, 3 * last);
+    tu_kill(c.w[2]);
+}
+END_TEST
+
 static Suite *
 suite(void)
 {
@@ -806,6 +925,8 @@ suite(void)
         two_ps_split_and_restore_into_1_3_and_no_cluster,
         chief_killed_and_restarted_rejoins_without_rollback,
         chief_sigterm_stops_everyone_with_exit_0,
+        sync_replica_stop_request_stops_every_replica_at_its_step,
+        sigterm_ends_a_sync_step_waiting_for_a_stopped_replica,
         ps_restarted_is_reinitialized_from_checkpoint,
         worker_losing_the_ps_fails_clearly,
         sigterm_while_waiting_for_the_chief_exits_0_at_once,

@@ -506,6 +506,33 @@ START_TEST(test_chaos_is_reproducible_bounded_and_not_counted)
 }
 END_TEST
 
+/* A program that prints no step line on stdout, only log lines on stderr
+ * that mention a step (a worker's "pulled ... at step 0"): a victim is
+ * back as soon as it runs again, so the kills keep coming at their mean
+ * period instead of waiting forever for a step line that never comes. */
+START_TEST(test_chaos_without_step_lines_keeps_killing)
+{
+    keel_launch_config c;
+    static recorder rc;
+    keel_launch *l;
+    int64_t deadline = tu_now_ms() + 15000;
+    lib_config(&c, &rc, "echo 'pulled 0.0 MiB at step 0 from 1 ps' >&2; "
+               "exec sleep 30", 1, 3);
+    c.chaos = 1;
+    c.chaos_seed = 42;
+    c.chaos_period_secs = 0.02;
+    c.max_restarts = 0;
+    l = start_launch(&c);
+    while (rc.chaos_kills < 8 && tu_now_ms() < deadline)
+        ck_assert_int_eq(keel_launch_poll(l, 50, NULL), KEEL_OK);
+    ck_assert_int_eq(rc.chaos_kills, 8);
+    ck_assert_int_eq(rc.chaos_overlap, 0);
+    keel_launch_stop(l, 0);
+    ck_assert(run_until_done(l, 10000));
+    keel_launch_free(l);
+}
+END_TEST
+
 /* The evaluator: its own TF_CONFIG outside the cluster, time to finish
  * after the chief, a SIGTERM (then SIGKILL) when it does not, and a
  * failure that changes nothing for the run. */
@@ -1422,6 +1449,7 @@ launch_suite(void)
         test_backoff_doubles_only_in_a_crash_loop,
         test_healthy_task_restarts_at_once_then_backs_off,
         test_chaos_is_reproducible_bounded_and_not_counted,
+        test_chaos_without_step_lines_keeps_killing,
         test_bad_launch_configs_are_rejected,
         test_evaluator_finishes_after_the_chief_in_its_own_time,
         test_evaluator_still_running_after_the_chief_is_stopped,

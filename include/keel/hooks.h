@@ -129,7 +129,14 @@ void keel_hook_release(keel_hook *h);
 /* ---- run context and values --------------------------------------------- */
 
 /* Request that the session stop after this step; every hook still sees
- * after_run of this step. why (copied) is logged with the hook's name. */
+ * after_run of this step. why (copied) is logged with the hook's name.
+ * On a cluster, where a stop-requesting hook belongs: in sync mode a
+ * replica whose session ends by a stop request (or the end of its input)
+ * stops the whole job at that step (docs/cluster.md, "Ending a sync job
+ * early"): a hook in keel_training_config.session.hooks runs on every
+ * replica and the first one to stop wins; in chief_only_hooks the chief
+ * alone decides, from its own values. In async mode only the replica
+ * that stopped ends; the chief's stop (and SHUTDOWN) ends the job. */
 void keel_run_context_request_stop(keel_run_context *rc, const char *why);
 /* 1 once any hook requested a stop in this step. */
 int keel_run_context_stop_requested(const keel_run_context *rc);
