@@ -21,20 +21,20 @@
 #define RUN_MS 60000         /* deadline of a whole run */
 
 static char out[65536], err[65536];
-static char cfg_path[4200];  /* tu_path()'s buffers rotate: a copy */
+static const char *cfg_path;
 
 static void
 setup(void)
 {
     /* every step logged, so a kill lands at a known step; checkpoints
      * often, so a restarted ps reloads a recent one and recomputes */
-    TU_SNPRINTF(cfg_path, sizeof cfg_path, "%s", tu_setup_job(
+    cfg_path = tu_setup_job(
              "max_steps = %d\nthreads = 1\nmodel_threads = 1\n"
              "[checkpoint]\ndir = %s/unused\nsave_steps = 40\n"
              "max_to_keep = 0\n"
              "[hooks]\nlog_every_steps = 1\nsummary_every_steps = 0\n"
              "progress = off\n"
-             "[cluster]\nmax_wait_secs = 30\n", MAX_STEPS, tu_dir));
+             "[cluster]\nmax_wait_secs = 30\n", MAX_STEPS, tu_dir);
 }
 
 /* "OUTPUT_DIR=<tu_dir>/<name>" for a run's environment. */
@@ -52,7 +52,7 @@ launch_argv(char **argv, int is_local)
     int n = 0;
     argv[n++] = (char *)tu_build_path("keel");
     argv[n++] = "launch";
-    argv[n++] = cfg_path;
+    argv[n++] = (char *)cfg_path;
     if (!is_local) {
         argv[n++] = "--ps";
         argv[n++] = "1";

@@ -656,16 +656,16 @@ END_TEST
 /* A chaos run on a loaded machine restarts tasks many times: its output
  * passed 280 KB. */
 static char out[4 << 20], err[65536];
-static char cfg_path[4096];     /* tu_path()'s buffers rotate: a copy */
+static const char *cfg_path;
 
 static void
 setup(void)
 {
-    TU_SNPRINTF(cfg_path, sizeof cfg_path, "%s", tu_setup_job(
+    cfg_path = tu_setup_job(
              "max_steps = 40\nthreads = 1\n"
              "[checkpoint]\ndir = %s/run\nsave_steps = 5\n"
              "[hooks]\nlog_every_steps = 1\nsummary_every_steps = 10\n"
-             "progress = off\n", tu_dir));
+             "progress = off\n", tu_dir);
 }
 
 START_TEST(test_launch_chief_prefixes_lines_and_keeps_logs)
@@ -738,7 +738,7 @@ spawn_launch_va(const char *err_log, int *fd, const char *const *lead,
     int n = 0;
     argv[n++] = (char *)tu_build_path("keel");
     argv[n++] = "launch";
-    argv[n++] = cfg_path;
+    argv[n++] = (char *)cfg_path;
     for (; lead != NULL && *lead != NULL; lead++)
         argv[n++] = (char *)*lead;
     for (; arg != NULL; arg = va_arg(ap, const char *)) {
