@@ -141,7 +141,8 @@ typedef struct hooks_times {
     double *with_h, *without_h, *keel_t, *bare_t, *share, *own;
 } hooks_times;
 
-static void
+/* 0, or -1 when out of memory. */
+static int
 times_alloc(hooks_times *t, int reps)
 {
     t->with_h = calloc((size_t)reps, sizeof *t->with_h);
@@ -150,6 +151,9 @@ times_alloc(hooks_times *t, int reps)
     t->bare_t = calloc((size_t)reps, sizeof *t->bare_t);
     t->share = calloc((size_t)reps, sizeof *t->share);
     t->own = calloc((size_t)reps, sizeof *t->own);
+    return t->with_h != NULL && t->without_h != NULL && t->keel_t != NULL
+           && t->bare_t != NULL && t->share != NULL && t->own != NULL
+           ? 0 : -1;
 }
 
 /* The inputs xs and the model's one variable, w of N_PARAMS floats. */
@@ -324,8 +328,11 @@ main(int argc, char **argv)
     if (o.reps < 1 || N_PARAMS < 1 || N_PARAMS > MAX_PARAMS
         || mkdtemp(dir) == NULL)
         return 2;
-    times_alloc(&t, o.reps);
     g = calloc(N_PARAMS, sizeof *g);
+    if (times_alloc(&t, o.reps) != 0 || g == NULL) {
+        fprintf(stderr, "hooks_bench: out of memory for %d reps\n", o.reps);
+        return 1;
+    }
     if (linear_model_new(&vs) != KEEL_OK || extra_hooks_new(extra) != KEEL_OK)
         return 1;
     training_config_fill(&cfg, &o, vs, extra, dir);

@@ -15,6 +15,7 @@
 #include <json-c/json.h>
 
 #include <keel/cluster.h>
+#include "grow.h"
 #include "util.h"
 #include "cluster_int.h"
 
@@ -134,18 +135,16 @@ keel_status
 keel__cluster_spec_add(keel_cluster_spec *s, keel_task_type t, const char *a,
                        size_t len)
 {
+    char **p;
     char *copy;
     if (s->n[t] >= MAX_TASKS_PER_JOB)
         return keel__fail(KEEL_EINVAL, "cluster: more than %d %s tasks",
                           MAX_TASKS_PER_JOB, type_names[t]);
-    if (s->n[t] == s->cap[t]) {
-        size_t cap = s->cap[t] ? s->cap[t] * 2 : 8;
-        char **p = realloc(s->addr[t], cap * sizeof *p);
-        if (p == NULL)
-            return keel__fail(KEEL_ENOMEM, "cluster: %zu addresses", cap);
-        s->addr[t] = p;
-        s->cap[t] = cap;
-    }
+    p = keel__grow(s->addr[t], &s->cap[t], s->n[t], sizeof *p, 8);
+    if (p == NULL)
+        return keel__fail(KEEL_ENOMEM, "cluster: %zu addresses",
+                          s->n[t] + 1);
+    s->addr[t] = p;
     copy = strndup(a, len);
     if (copy == NULL)
         return keel__fail(KEEL_ENOMEM, "cluster: copy address");

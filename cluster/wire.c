@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "cluster_int.h"
+#include "grow.h"
 
 /* Message bytes this process sent and received (frames as sent; on
  * receipt without the identity frame): keel__wire_bytes. */
@@ -386,6 +387,7 @@ recv_frames(void *sock, size_t max_frames, zmq_msg_t **frames, size_t *n,
     int more = 1;
     while (more) {
         zmq_msg_t f;
+        zmq_msg_t *nf;
         zmq_msg_init(&f);
         if (zmq_msg_recv(&f, sock, ZMQ_DONTWAIT) < 0) {
             zmq_msg_close(&f);
@@ -402,17 +404,13 @@ recv_frames(void *sock, size_t max_frames, zmq_msg_t **frames, size_t *n,
             zmq_msg_close(&f);
             continue;
         }
-        if (*n == cap) {
-            size_t nc = cap ? cap * 2 : 8;
-            zmq_msg_t *nf = realloc(*frames, nc * sizeof *nf);
-            if (nf == NULL) {
-                zmq_msg_close(&f);
-                *too_many = 1;      /* keep draining, then fail */
-                continue;
-            }
-            *frames = nf;
-            cap = nc;
+        nf = keel__grow(*frames, &cap, *n, sizeof *nf, 8);
+        if (nf == NULL) {
+            zmq_msg_close(&f);
+            *too_many = 1;          /* keep draining, then fail */
+            continue;
         }
+        *frames = nf;
         (*frames)[(*n)++] = f;
     }
     return KEEL_OK;

@@ -14,13 +14,13 @@
 #include <keel/hooks.h>
 #include <keel/session.h>
 
-keel_status
-keel__hooks_new_ctx(void **ctx, size_t size, const char *who)
+void *
+keel__hooks_new_ctx(size_t size, const char *who)
 {
-    *ctx = calloc(1, size);
-    if (*ctx == NULL)
-        return keel__fail(KEEL_ENOMEM, "%s: %zu bytes", who, size);
-    return KEEL_OK;
+    void *ctx = calloc(1, size);
+    if (ctx == NULL)
+        keel__fail(KEEL_ENOMEM, "%s: %zu bytes", who, size);
+    return ctx;
 }
 
 void
@@ -193,9 +193,9 @@ keel_logging_hook_new(const keel_logging_hook_config *cfg, keel_hook *out)
         if (st != KEEL_OK)
             return keel__wrap(st, "logging hook (every_n_iter/every_n_secs)");
     }
-    st = keel__hooks_new_ctx((void **)&h, sizeof *h, "logging hook");
-    if (st != KEEL_OK)
-        return st;
+    h = keel__hooks_new_ctx(sizeof *h, "logging hook");
+    if (h == NULL)
+        return KEEL_ENOMEM;
     keel__hooks_copy_names(h->names, cfg->names, cfg->n_names);
     h->n = cfg->n_names;
     h->at_end = cfg->at_end;
@@ -284,9 +284,9 @@ keel_stop_at_step_hook_new(const keel_stop_at_step_hook_config *cfg,
                           "of num_steps (%lld) and last_step (%lld) > 0",
                           (long long)cfg->num_steps,
                           (long long)cfg->last_step);
-    st = keel__hooks_new_ctx((void **)&h, sizeof *h, "stop_at_step hook");
-    if (st != KEEL_OK)
-        return st;
+    h = keel__hooks_new_ctx(sizeof *h, "stop_at_step hook");
+    if (h == NULL)
+        return KEEL_ENOMEM;
     h->num_steps = cfg->num_steps;
     h->last_step = cfg->last_step;
     h->is_resolved = cfg->last_step > 0;
@@ -367,9 +367,9 @@ keel_nan_hook_new(const keel_nan_hook_config *cfg, keel_hook *out)
         || strlen(cfg->name) >= KEEL_VALUE_NAME_MAX)
         return keel__fail(KEEL_EINVAL, "nan hook: name must be 1..%d "
                           "characters", KEEL_VALUE_NAME_MAX - 1);
-    st = keel__hooks_new_ctx((void **)&h, sizeof *h, "nan hook");
-    if (st != KEEL_OK)
-        return st;
+    h = keel__hooks_new_ctx(sizeof *h, "nan hook");
+    if (h == NULL)
+        return KEEL_ENOMEM;
     memcpy(h->name, cfg->name, strlen(cfg->name) + 1);
     h->fail_on_nan = cfg->fail_on_nan;
     h->fail_on_inf = cfg->fail_on_inf;
@@ -451,10 +451,9 @@ keel_global_step_waiter_hook_new(
     if (cfg->poll_ms <= 0)
         return keel__fail(KEEL_EINVAL, "global step waiter hook: poll_ms %d "
                           "must be > 0", cfg->poll_ms);
-    st = keel__hooks_new_ctx((void **)&h, sizeof *h,
-                             "global_step_waiter hook");
-    if (st != KEEL_OK)
-        return st;
+    h = keel__hooks_new_ctx(sizeof *h, "global_step_waiter hook");
+    if (h == NULL)
+        return KEEL_ENOMEM;
     h->target = cfg->wait_until_step;
     h->poll_ms = cfg->poll_ms;
     keel__hooks_fill(out, "global_step_waiter", h,
@@ -504,9 +503,9 @@ keel_final_ops_hook_new(const keel_final_ops_hook_config *cfg,
         return st;
     if (cfg->fn == NULL)
         return keel__fail(KEEL_EINVAL, "final ops hook: fn is NULL");
-    st = keel__hooks_new_ctx((void **)&h, sizeof *h, "final_ops hook");
-    if (st != KEEL_OK)
-        return st;
+    h = keel__hooks_new_ctx(sizeof *h, "final_ops hook");
+    if (h == NULL)
+        return KEEL_ENOMEM;
     h->fn = cfg->fn;
     h->ctx = cfg->ctx;
     keel__hooks_fill(out, "final_ops", h, KEEL_HOOK_FINAL_OPS, free);
@@ -563,9 +562,9 @@ keel_feed_fn_hook_new(const keel_feed_fn_hook_config *cfg, keel_hook *out)
         return st;
     if (cfg->fn == NULL)
         return keel__fail(KEEL_EINVAL, "feed fn hook: fn is NULL");
-    st = keel__hooks_new_ctx((void **)&h, sizeof *h, "feed_fn hook");
-    if (st != KEEL_OK)
-        return st;
+    h = keel__hooks_new_ctx(sizeof *h, "feed_fn hook");
+    if (h == NULL)
+        return KEEL_ENOMEM;
     h->fn = cfg->fn;
     h->ctx = cfg->ctx;
     keel__hooks_fill(out, "feed_fn", h, KEEL_HOOK_FEED_FN, free);

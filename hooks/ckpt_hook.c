@@ -248,10 +248,9 @@ keel_ckpt_hook_new(const keel_ckpt_hook_config *cfg, keel_hook *out)
                          &cfg->clock);
     if (st != KEEL_OK)
         return keel__wrap(st, "checkpoint saver hook (save_secs/save_steps)");
-    st = keel__hooks_new_ctx((void **)&h, sizeof *h,
-                             "checkpoint saver hook");
-    if (st != KEEL_OK)
-        return st;
+    h = keel__hooks_new_ctx(sizeof *h, "checkpoint saver hook");
+    if (h == NULL)
+        return KEEL_ENOMEM;
     h->last_saved = -1;
     h->timer = timer;
     if (cfg->saver_cfg != NULL)

@@ -9,10 +9,11 @@
 #include <keel/hooks.h>
 #include <keel/session.h>
 
-/* A zeroed context of size bytes in *ctx (the caller frees it); ENOMEM
- * names who. A constructor checks its whole config first (names, timer
- * period) so that after this only copying into the context can fail. */
-keel_status keel__hooks_new_ctx(void **ctx, size_t size, const char *who);
+/* A zeroed context of size bytes (the caller frees it), or NULL with
+ * KEEL_ENOMEM set naming who. A constructor checks its whole config first
+ * (names, timer period) so that after this only copying into the context
+ * can fail. */
+void *keel__hooks_new_ctx(size_t size, const char *who);
 
 /* *out zeroed (struct_size set), then its name (static storage), ctx,
  * kind and destroy (called on ctx by keel_hook_release); the caller sets

@@ -243,9 +243,9 @@ keel_step_counter_hook_new(const keel_step_counter_hook_config *cfg,
         return keel__wrap(st, "step counter hook: exactly one of "
                           "every_n_steps and every_n_secs should be "
                           "provided");
-    st = keel__hooks_new_ctx((void **)&h, sizeof *h, "step counter hook");
-    if (st != KEEL_OK)
-        return st;
+    h = keel__hooks_new_ctx(sizeof *h, "step counter hook");
+    if (h == NULL)
+        return KEEL_ENOMEM;
     h->last_before = -1;
     h->timer = timer;
     st = events_out_init(&h->ev, cfg->output_dir, "step counter");
@@ -352,9 +352,9 @@ keel_summary_hook_new(const keel_summary_hook_config *cfg, keel_hook *out)
                          &cfg->clock);
     if (st != KEEL_OK)
         return keel__wrap(st, "summary saver hook (save_steps/save_secs)");
-    st = keel__hooks_new_ctx((void **)&h, sizeof *h, "summary saver hook");
-    if (st != KEEL_OK)
-        return st;
+    h = keel__hooks_new_ctx(sizeof *h, "summary saver hook");
+    if (h == NULL)
+        return KEEL_ENOMEM;
     keel__hooks_copy_names(h->names, cfg->names, cfg->n_names);
     h->n = cfg->n_names;
     h->timer = timer;
@@ -479,9 +479,9 @@ keel_profiler_hook_new(const keel_profiler_hook_config *cfg, keel_hook *out)
                          &cfg->clock);
     if (st != KEEL_OK)
         return keel__wrap(st, "profiler hook (save_steps/save_secs)");
-    st = keel__hooks_new_ctx((void **)&h, sizeof *h, "profiler hook");
-    if (st != KEEL_OK)
-        return st;
+    h = keel__hooks_new_ctx(sizeof *h, "profiler hook");
+    if (h == NULL)
+        return KEEL_ENOMEM;
     h->is_first = 1;
     h->timer = timer;
     st = keel__path_join(h->path, sizeof h->path, cfg->output_dir,

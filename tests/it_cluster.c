@@ -21,17 +21,17 @@
 
 static char out[65536], err[65536];
 
-static char cfg_path[4200];     /* tu_path's buffers rotate: copied */
+static const char *cfg_path;
 
 static void
 setup(void)
 {
-    TU_SNPRINTF(cfg_path, sizeof cfg_path, "%s", tu_setup_job(
+    cfg_path = tu_setup_job(
              "max_steps = 40\n"
              "[checkpoint]\ndir = %s/run\nsave_steps = 20\n"
              "[hooks]\nlog_every_steps = 10\nsummary_every_steps = 0\n"
              "[cluster]\ndead_after_ms = 8000\nmax_wait_secs = 20\n",
-             tu_dir));
+             tu_dir);
 }
 
 /* One cluster: n_ps ps and n_workers workers (worker 0 is the chief). */
@@ -365,7 +365,7 @@ END_TEST
 START_TEST(bad_tf_config_exits_2_listing_problems)
 {
     char *argv[] = { (char *)tu_build_path("keel"), "train",
-                     cfg_path, NULL };
+                     (char *)cfg_path, NULL };
     char *env1[] = { "TF_CONFIG={\"cluster\": {\"ps\": [\"nohost\"], "
                      "\"worker\": [\"127.0.0.1:99999\"]}, \"task\": "
                      "{\"type\": \"worker\", \"index\": 3}}", NULL };
@@ -396,8 +396,8 @@ START_TEST(replica_counts_beyond_the_cluster_exit_2_at_start)
     static const char *const roles[][2] = { { "ps", "0" }, { "worker", "0" },
                                             { "worker", "1" } };
     char tf[2048];
-    char *argv[] = { (char *)tu_build_path("keel"), "train", cfg_path, NULL,
-                     NULL, NULL };
+    char *argv[] = { (char *)tu_build_path("keel"), "train",
+                     (char *)cfg_path, NULL, NULL, NULL };
     char *env[] = { tf, NULL };
     cluster_init(&c, 1, 2, ", \"replicas_to_aggregate\": 3", "x");
     for (int i = 0; i < 3; i++) {
@@ -431,7 +431,7 @@ END_TEST
 START_TEST(config_check_prints_the_role_from_tf_config_slurm_and_lists)
 {
     char *check[] = { (char *)tu_build_path("keel"), "config", "check",
-                      cfg_path, NULL, NULL, NULL };
+                      (char *)cfg_path, NULL, NULL, NULL };
     char *tf[] = { "TF_CONFIG={\"cluster\": {\"ps\": [\"127.0.0.1:7000\"], "
                    "\"worker\": [\"127.0.0.1:7001\", \"127.0.0.1:7002\"]}, "
                    "\"task\": {\"type\": \"worker\", \"index\": 1}}", NULL };
@@ -534,7 +534,7 @@ sigterm_in_wait(const cluster *c, int index, const char *waiting)
 {
     char tf[2048], line[512];
     char *env[] = { tf, NULL };
-    char *argv[] = { (char *)tu_build_path("keel"), "train", cfg_path,
+    char *argv[] = { (char *)tu_build_path("keel"), "train", (char *)cfg_path,
                      "-s", "cluster.max_wait_secs=600", NULL };
     int fd;
     pid_t pid;

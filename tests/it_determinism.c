@@ -21,20 +21,20 @@
 #define RUN_MS 60000         /* deadline of a whole run */
 
 static char out[65536], err[65536];
-static char cfg_path[4200];  /* tu_path()'s buffers rotate: a copy */
+static const char *cfg_path;
 
 static void
 setup(void)
 {
     /* every step logged, so a kill lands at a known step; checkpoints
      * often, so a restarted ps reloads a recent one and recomputes */
-    TU_SNPRINTF(cfg_path, sizeof cfg_path, "%s", tu_setup_job(
+    cfg_path = tu_setup_job(
              "max_steps = %d\nthreads = 1\nmodel_threads = 1\n"
              "[checkpoint]\ndir = %s/unused\nsave_steps = 40\n"
              "max_to_keep = 0\n"
              "[hooks]\nlog_every_steps = 1\nsummary_every_steps = 0\n"
              "progress = off\n"
-             "[cluster]\nmax_wait_secs = 30\n", MAX_STEPS, tu_dir));
+             "[cluster]\nmax_wait_secs = 30\n", MAX_STEPS, tu_dir);
 }
 
 /* "OUTPUT_DIR=<tu_dir>/<name>" for a run's environment. */
@@ -52,7 +52,7 @@ launch_argv(char **argv, int is_local)
     int n = 0;
     argv[n++] = (char *)tu_build_path("keel");
     argv[n++] = "launch";
-    argv[n++] = cfg_path;
+    argv[n++] = (char *)cfg_path;
     if (!is_local) {
         argv[n++] = "--ps";
         argv[n++] = "1";
@@ -96,14 +96,6 @@ assert_final_equal(const char *a, const char *b)
     ck_assert_ptr_nonnull(strstr(out, "identical: "));
 }
 
-/* Read the launcher's stdout until a line with needle; fail otherwise. */
-static void
-expect_line(int fd, const char *needle, char *line, size_t size)
-{
-    ck_assert_msg(tu_wait_for_line(fd, needle, LINE_MS, line, size),
-                  "keel launch never printed '%s'", needle);
-}
-
 /* Run into <tu_dir>/<name>, SIGKILL task victim ("ps.0", "chief",
  * "worker.0") when the chief reports step KILL_AT, let the launcher restart
  * it, and wait for the run to complete with exit 0. evidence (or NULL) is a
@@ -122,16 +114,16 @@ run_with_kill(const char *name, int is_local, const char *victim,
     pid = tu_spawn_pipe(argv, env, tu_path("launch.err"), &fd);
     victim_pid = tu_launch_pid(fd, "started", victim, LINE_MS);
     TU_SNPRINTF(needle, sizeof needle, "chief | step %d ", KILL_AT);
-    expect_line(fd, needle, line, sizeof line);
+    tu_expect_line(fd, needle, LINE_MS, line, sizeof line);
     ck_assert_int_eq(kill(victim_pid, SIGKILL), 0);
     ck_assert_int_ne(tu_launch_pid(fd, "restarted", victim, LINE_MS),
                      victim_pid);
     if (evidence != NULL)
-        expect_line(fd, evidence, line, sizeof line);
+        tu_expect_line(fd, evidence, LINE_MS, line, sizeof line);
     TU_SNPRINTF(needle, sizeof needle, "chief | step %d ", MAX_STEPS);
-    expect_line(fd, needle, line, sizeof line);
-    expect_line(fd, "launch | the chief finished: run complete", line,
-                sizeof line);
+    tu_expect_line(fd, needle, LINE_MS, line, sizeof line);
+    tu_expect_line(fd, "launch | the chief finished: run complete", LINE_MS,
+                   line, sizeof line);
     /* drain to EOF so nothing of this run stays buffered */
     (void)tu_wait_for_line(fd, "\001", LINE_MS, NULL, 0);
     close(fd);

@@ -20,18 +20,18 @@
     "\"task\": {\"type\": \"evaluator\", \"index\": 0}}"
 
 static char out[262144], err[65536];
-static char cfg_path[4096];     /* tu_path()'s buffers rotate: copies */
+static const char *cfg_path;
 static char run_dir[4096];
 
 static void
 setup(void)
 {
     unsetenv("TF_CONFIG");
-    TU_SNPRINTF(cfg_path, sizeof cfg_path, "%s", tu_setup_job(
+    cfg_path = tu_setup_job(
              "max_steps = 40\nthreads = 1\n"
              "[checkpoint]\ndir = %s/run\nsave_steps = 5\n"
              "[hooks]\nlog_every_steps = 10\nsummary_every_steps = 10\n"
-             "progress = off\n", tu_dir));
+             "progress = off\n", tu_dir);
     TU_SNPRINTF(run_dir, sizeof run_dir, "%s/run", tu_dir);
 }
 
@@ -42,7 +42,7 @@ spawn_evaluator(int *fd)
 {
     char *env[] = { EVAL_TF_CONFIG, NULL };
     char *argv[] = { "/bin/sh", "-c", "exec \"$0\" train \"$1\" 2>&1",
-                     (char *)tu_build_path("keel"), cfg_path, NULL };
+                     (char *)tu_build_path("keel"), (char *)cfg_path, NULL };
     return tu_spawn_pipe(argv, env, NULL, fd);
 }
 
@@ -114,8 +114,9 @@ END_TEST
 START_TEST(test_evaluator_without_checkpoints_times_out_with_exit_1)
 {
     char *env[] = { EVAL_TF_CONFIG, NULL };
-    char *argv[] = { (char *)tu_build_path("keel"), "train", cfg_path, "-s",
-                     "cluster.eval_timeout_secs=0.7", NULL };
+    char *argv[] = { (char *)tu_build_path("keel"), "train",
+                     (char *)cfg_path, "-s", "cluster.eval_timeout_secs=0.7",
+                     NULL };
     int64_t t0 = tu_now_ms();
     ck_assert_int_eq(tu_run(argv, env, 120000, out, sizeof out, err,
                             sizeof err), 1);
@@ -187,7 +188,7 @@ START_TEST(test_tf_config_model_dir_is_checkpoint_dir_and_conflicts_exit_2)
     char text[1024], ini[4200], tf[4400], md[4200];
     char *env[] = { tf, NULL };
     char *argv[] = { (char *)tu_build_path("keel"), "train", ini, NULL };
-    char *argv2[] = { (char *)tu_build_path("keel"), "train", cfg_path,
+    char *argv2[] = { (char *)tu_build_path("keel"), "train", (char *)cfg_path,
                       NULL };
     /* a config without checkpoint.dir: model_dir decides */
     TU_SNPRINTF(text, sizeof text,

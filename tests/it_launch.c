@@ -683,16 +683,16 @@ END_TEST
 /* A chaos run on a loaded machine restarts tasks many times: its output
  * passed 280 KB. */
 static char out[4 << 20], err[65536];
-static char cfg_path[4096];     /* tu_path()'s buffers rotate: a copy */
+static const char *cfg_path;
 
 static void
 setup(void)
 {
-    TU_SNPRINTF(cfg_path, sizeof cfg_path, "%s", tu_setup_job(
+    cfg_path = tu_setup_job(
              "max_steps = 40\nthreads = 1\n"
              "[checkpoint]\ndir = %s/run\nsave_steps = 5\n"
              "[hooks]\nlog_every_steps = 1\nsummary_every_steps = 10\n"
-             "progress = off\n", tu_dir));
+             "progress = off\n", tu_dir);
 }
 
 START_TEST(test_launch_chief_prefixes_lines_and_keeps_logs)
@@ -728,21 +728,13 @@ START_TEST(test_launch_chief_prefixes_lines_and_keeps_logs)
 }
 END_TEST
 
-/* Read the launcher's stdout until a line with needle; fail otherwise. */
-static void
-expect_line(int fd, const char *needle, char *line, size_t size)
-{
-    ck_assert_msg(tu_wait_for_line(fd, needle, LINE_MS, line, size),
-                  "keel launch never printed '%s'", needle);
-}
-
 /* The global step of the chief's next "chief | step N" line. */
 static long long
 chief_step(int fd)
 {
     char line[512];
     long long step = -1;
-    expect_line(fd, "chief | step ", line, sizeof line);
+    tu_expect_line(fd, "chief | step ", LINE_MS, line, sizeof line);
     ck_assert_int_eq(sscanf(strstr(line, "chief | step "), "chief | step %lld",
                             &step), 1);
     return step;
@@ -755,7 +747,8 @@ stop_launch(pid_t pid, int fd, int timeout_ms)
 {
     char line[512];
     ck_assert_int_eq(kill(pid, SIGTERM), 0);
-    expect_line(fd, "launch | stopped on request", line, sizeof line);
+    tu_expect_line(fd, "launch | stopped on request", LINE_MS, line,
+                   sizeof line);
     ck_assert_int_eq(tu_wait(pid, timeout_ms), 0);
     close(fd);
 }
@@ -772,7 +765,7 @@ spawn_launch_va(const char *err_log, int *fd, const char *const *lead,
     int n = 0;
     argv[n++] = (char *)tu_build_path("keel");
     argv[n++] = "launch";
-    argv[n++] = cfg_path;
+    argv[n++] = (char *)cfg_path;
     for (; lead != NULL && *lead != NULL; lead++)
         argv[n++] = (char *)*lead;
     for (; arg != NULL; arg = va_arg(ap, const char *)) {
@@ -823,28 +816,29 @@ START_TEST(test_sigkilled_chief_restarts_resumes_and_sigterm_saves)
                              NULL);
     const char *p;
     chief = tu_launch_pid(fd, "started", "chief", LINE_MS);
-    expect_line(fd, "chief | saved checkpoint for step 10:", line,
-                sizeof line);
+    tu_expect_line(fd, "chief | saved checkpoint for step 10:", LINE_MS, line,
+                   sizeof line);
     /* an outside SIGKILL: a failure, restarted, resumed from a checkpoint */
     ck_assert_int_eq(kill(chief, SIGKILL), 0);
-    expect_line(fd, "launch | chief (pid ", line, sizeof line);
+    tu_expect_line(fd, "launch | chief (pid ", LINE_MS, line, sizeof line);
     ck_assert_ptr_nonnull(strstr(line, "killed by SIGKILL"));
-    expect_line(fd, "restarting chief", line, sizeof line);
+    tu_expect_line(fd, "restarting chief", LINE_MS, line, sizeof line);
     ck_assert_ptr_nonnull(strstr(line, "restart 1 of 1"));
     chief2 = tu_launch_pid(fd, "restarted", "chief", LINE_MS);
     ck_assert_int_ne(chief2, chief);
     ck_assert(is_gone(chief));
-    expect_line(fd, "launch | chief back at step ", line, sizeof line);
+    tu_expect_line(fd, "launch | chief back at step ", LINE_MS, line,
+                   sizeof line);
     ck_assert_int_eq(sscanf(strstr(line, "at step ") + 8, "%lld", &back),
                      1);
     /* SIGTERM to the launcher: forwarded; the chief saves and exits 0 */
     ck_assert_int_eq(kill(pid, SIGTERM), 0);
-    expect_line(fd, "chief | trained steps ", line, sizeof line);
+    tu_expect_line(fd, "chief | trained steps ", LINE_MS, line, sizeof line);
     p = strstr(line, "..");
     ck_assert_ptr_nonnull(p);
     ck_assert_int_eq(sscanf(p, "..%lld", &final), 1);
     ck_assert_int_ge(final, back);
-    expect_line(fd, "launch | chief (pid ", line, sizeof line);
+    tu_expect_line(fd, "launch | chief (pid ", LINE_MS, line, sizeof line);
     ck_assert_ptr_nonnull(strstr(line, "exit status 0"));
     ck_assert_int_eq(tu_wait(pid, 30000), 0);
     close(fd);
@@ -984,7 +978,7 @@ START_TEST(test_sigkilled_launcher_takes_its_tasks_along)
                              "hooks.summary_every_steps=0", "-s",
                              "checkpoint.save_steps=0", NULL);
     chief = tu_launch_pid(fd, "started", "chief", LINE_MS);
-    expect_line(fd, "chief | no checkpoint in", line, sizeof line);
+    tu_expect_line(fd, "chief | no checkpoint in", LINE_MS, line, sizeof line);
     ck_assert(!stops_running(chief, 0));
     ck_assert_int_eq(kill(pid, SIGKILL), 0);
     ck_assert_int_eq(tu_wait(pid, 10000), 128 + SIGKILL);
@@ -1004,20 +998,21 @@ START_TEST(test_sigterm_stops_a_cluster_with_a_final_checkpoint)
     long long final = -1;
     const char *p;
     pid_t pid = spawn_cluster(&fd, 2, NULL);
-    expect_line(fd, "chief | step 20 ", line, sizeof line);
+    tu_expect_line(fd, "chief | step 20 ", LINE_MS, line, sizeof line);
     ck_assert_int_eq(kill(pid, SIGTERM), 0);
-    expect_line(fd, "launch | SIGTERM: stopping every task", line,
-                sizeof line);
-    expect_line(fd, "chief | trained steps ", line, sizeof line);
+    tu_expect_line(fd, "launch | SIGTERM: stopping every task", LINE_MS, line,
+                   sizeof line);
+    tu_expect_line(fd, "chief | trained steps ", LINE_MS, line, sizeof line);
     p = strstr(line, "..");
     ck_assert_ptr_nonnull(p);
     ck_assert_int_eq(sscanf(p, "..%lld", &final), 1);
     ck_assert_int_ge(final, 20);
-    expect_line(fd, "launch | chief (pid ", line, sizeof line);
+    tu_expect_line(fd, "launch | chief (pid ", LINE_MS, line, sizeof line);
     ck_assert_ptr_nonnull(strstr(line, "exit status 0"));
     /* the ps goes last, once the chief has saved through it */
-    expect_line(fd, "launch | ps.0 (pid ", line, sizeof line);
-    expect_line(fd, "launch | stopped on request", line, sizeof line);
+    tu_expect_line(fd, "launch | ps.0 (pid ", LINE_MS, line, sizeof line);
+    tu_expect_line(fd, "launch | stopped on request", LINE_MS, line,
+                   sizeof line);
     ck_assert_int_eq(tu_wait(pid, 30000), 0);
     close(fd);
     TU_SNPRINTF(name, sizeof name, "run/model.ckpt-%lld.h5", final);
@@ -1046,29 +1041,33 @@ START_TEST(test_async_job_scales_with_sigusr1_and_sigusr2_sync_refuses)
     pid_t pid = spawn_cluster(&fd, 1, "-s", "algorithm.name=async", "-s",
                               "cluster.dead_after_ms=1500", NULL);
     /* async: the global step moves by every replica's push */
-    expect_line(fd, "chief | step ", line, sizeof line);
+    tu_expect_line(fd, "chief | step ", LINE_MS, line, sizeof line);
     /* up: workers 1 and 2, indexes the cluster did not start with */
     ck_assert_int_eq(kill(pid, SIGUSR1), 0);
-    expect_line(fd, "launch | added worker.1 (pid ", line, sizeof line);
-    expect_line(fd, "worker 1 joined (async: not in the cluster spec", line,
-                sizeof line);
+    tu_expect_line(fd, "launch | added worker.1 (pid ", LINE_MS, line,
+                   sizeof line);
+    tu_expect_line(fd, "worker 1 joined (async: not in the cluster spec",
+                   LINE_MS, line, sizeof line);
     ck_assert_int_eq(kill(pid, SIGUSR1), 0);
-    expect_line(fd, "launch | added worker.2 (pid ", line, sizeof line);
-    expect_line(fd, "worker 2 joined (async", line, sizeof line);
+    tu_expect_line(fd, "launch | added worker.2 (pid ", LINE_MS, line,
+                   sizeof line);
+    tu_expect_line(fd, "worker 2 joined (async", LINE_MS, line, sizeof line);
     /* down: the last added first; they end cleanly, are not restarted and
      * are forgotten by the ps; the chief goes on */
     ck_assert_int_eq(kill(pid, SIGUSR2), 0);
-    expect_line(fd, "launch | removing worker.2 (pid ", line, sizeof line);
-    expect_line(fd, "launch | worker.2 (pid ", line, sizeof line);
+    tu_expect_line(fd, "launch | removing worker.2 (pid ", LINE_MS, line,
+                   sizeof line);
+    tu_expect_line(fd, "launch | worker.2 (pid ", LINE_MS, line, sizeof line);
     ck_assert_msg(strstr(line, "exit status 0") != NULL, "%s", line);
-    expect_line(fd, "worker 2 left: silent", line, sizeof line);
+    tu_expect_line(fd, "worker 2 left: silent", LINE_MS, line, sizeof line);
     ck_assert_int_eq(kill(pid, SIGUSR2), 0);
-    expect_line(fd, "launch | removing worker.1 (pid ", line, sizeof line);
+    tu_expect_line(fd, "launch | removing worker.1 (pid ", LINE_MS, line,
+                   sizeof line);
     ck_assert_int_eq(kill(pid, SIGUSR2), 0);
-    expect_line(fd, "launch | SIGUSR2: launch: no added worker is running",
-                line, sizeof line);
-    expect_line(fd, "worker 1 left: silent", line, sizeof line);
-    expect_line(fd, "chief | step ", line, sizeof line);
+    tu_expect_line(fd, "launch | SIGUSR2: launch: no added worker is running",
+                   LINE_MS, line, sizeof line);
+    tu_expect_line(fd, "worker 1 left: silent", LINE_MS, line, sizeof line);
+    tu_expect_line(fd, "chief | step ", LINE_MS, line, sizeof line);
     stop_launch(pid, fd, 30000);
     /* worker 1 trained: it got past its first pull */
     log = tu_read_file(tu_path("run/logs/worker.1.log"), NULL);
@@ -1079,10 +1078,11 @@ START_TEST(test_async_job_scales_with_sigusr1_and_sigusr2_sync_refuses)
     /* a sync job keeps its replica count */
     pid = spawn_launch(tu_path("launch2.err"), &fd, "--ps", "1", "-s",
                        "train.max_steps=1000000", NULL);
-    expect_line(fd, "chief | step ", line, sizeof line);
+    tu_expect_line(fd, "chief | step ", LINE_MS, line, sizeof line);
     ck_assert_int_eq(kill(pid, SIGUSR1), 0);
-    expect_line(fd, "launch | SIGUSR1: launch: not adding a worker: a sync "
-                "job keeps its fixed replica count", line, sizeof line);
+    tu_expect_line(fd, "launch | SIGUSR1: launch: not adding a worker: a sync "
+                   "job keeps its fixed replica count", LINE_MS, line,
+                   sizeof line);
     ck_assert_int_eq(kill(pid, SIGTERM), 0);
     ck_assert_int_eq(tu_wait(pid, 30000), 0);
     close(fd);
@@ -1168,24 +1168,26 @@ START_TEST(test_sigkilled_ps_is_reloaded_and_the_steps_lost_are_logged)
                               "--max-restarts", "1", NULL);
     const char *p;
     ps = tu_launch_pid(fd, "started", "ps.0", LINE_MS);
-    expect_line(fd, "chief | saved checkpoint for step ", line, sizeof line);
+    tu_expect_line(fd, "chief | saved checkpoint for step ", LINE_MS, line,
+                   sizeof line);
     p = strstr(line, "for step ");
     ck_assert_int_eq(sscanf(p, "for step %lld", &saved), 1);
-    expect_line(fd, "chief | step ", line, sizeof line);
+    tu_expect_line(fd, "chief | step ", LINE_MS, line, sizeof line);
     ck_assert_int_eq(kill(ps, SIGKILL), 0);
     ck_assert_int_ne(tu_launch_pid(fd, "restarted", "ps.0", LINE_MS), ps);
     /* the chief learns of it from the heartbeats (a new generation) or,
      * when its request was queued until the new ps was up, from that ps's
      * answer (no state yet, or, once it holds state, an update computed
      * from the old generation's values); never from a timeout */
-    expect_line(fd, "chief | keel: warning: recoverable error ", line,
-                sizeof line);
+    tu_expect_line(fd, "chief | keel: warning: recoverable error ", LINE_MS,
+                   line, sizeof line);
     ck_assert_msg(strstr(line, "restarted (generation ") != NULL ||
                   strstr(line, "holds no state yet") != NULL ||
                   strstr(line, "restarted: this update was computed from "
                                 "the values of generation ") != NULL,
                   "%s", line);
-    expect_line(fd, "the cluster had reached step ", line, sizeof line);
+    tu_expect_line(fd, "the cluster had reached step ", LINE_MS, line,
+                   sizeof line);
     p = strstr(line, "reached step ");
     ck_assert_int_eq(sscanf(p, "reached step %lld", &lost_from), 1);
     p = strstr(line, "restarting from step ");
@@ -1216,9 +1218,10 @@ START_TEST(test_ps_lost_during_a_checkpoint_pull_is_found_at_once)
                               NULL);
     ps = tu_launch_pid(fd, "started", "ps.0", LINE_MS);
     for (int attempt = 0; attempt < 40 && !in_pull; attempt++) {
-        expect_line(fd, "chief | step ", line, sizeof line);
+        tu_expect_line(fd, "chief | step ", LINE_MS, line, sizeof line);
         ck_assert_int_eq(kill(ps, SIGSTOP), 0);
-        expect_line(fd, "chief | keel: warning: ", line, sizeof line);
+        tu_expect_line(fd, "chief | keel: warning: ", LINE_MS, line,
+                       sizeof line);
         ck_assert_msg(strstr(line, " has waited ") != NULL, "%s", line);
         in_pull = strstr(line, "warning: pull has waited ") != NULL;
         if (!in_pull)
@@ -1226,14 +1229,15 @@ START_TEST(test_ps_lost_during_a_checkpoint_pull_is_found_at_once)
     }
     ck_assert_msg(in_pull, "the chief was never caught in a pull");
     ck_assert_int_eq(kill(ps, SIGKILL), 0);
-    expect_line(fd, "launch | restarted ps.0 (pid ", line, sizeof line);
-    expect_line(fd, "chief | keel: warning: recoverable error ", line,
-                sizeof line);
+    tu_expect_line(fd, "launch | restarted ps.0 (pid ", LINE_MS, line,
+                   sizeof line);
+    tu_expect_line(fd, "chief | keel: warning: recoverable error ", LINE_MS,
+                   line, sizeof line);
     ck_assert_msg(strstr(line, "restarted (generation ") != NULL &&
                   strstr(line, "while pull waited") != NULL, "%s", line);
-    expect_line(fd, "chief: 1 parameter server(s) initialized", line,
-                sizeof line);
-    expect_line(fd, "chief | step ", line, sizeof line);
+    tu_expect_line(fd, "chief: 1 parameter server(s) initialized", LINE_MS,
+                   line, sizeof line);
+    tu_expect_line(fd, "chief | step ", LINE_MS, line, sizeof line);
     stop_launch(pid, fd, 30000);
 }
 END_TEST
@@ -1252,14 +1256,15 @@ START_TEST(test_stalled_worker_is_named_then_killed_and_the_step_resumes)
                               "--max-restarts", "1", NULL);
     const char *p;
     worker = tu_launch_pid(fd, "started", "worker.0", LINE_MS);
-    expect_line(fd, "chief | step 3 ", line, sizeof line);
+    tu_expect_line(fd, "chief | step 3 ", LINE_MS, line, sizeof line);
     ck_assert_int_eq(kill(worker, SIGSTOP), 0);
-    expect_line(fd, "missing=worker 0 (silent ", line, sizeof line);
+    tu_expect_line(fd, "missing=worker 0 (silent ", LINE_MS, line, sizeof line);
     p = strstr(line, "step ");
     ck_assert_ptr_nonnull(p);
     ck_assert_int_eq(sscanf(p, "step %lld", &stalled), 1);
     ck_assert_int_eq(kill(worker, SIGKILL), 0);
-    expect_line(fd, "launch | restarted worker.0 (pid ", line, sizeof line);
+    tu_expect_line(fd, "launch | restarted worker.0 (pid ", LINE_MS, line,
+                   sizeof line);
     while ((after = chief_step(fd)) <= stalled + 2)
         continue;
     stop_launch(pid, fd, 30000);
@@ -1413,14 +1418,14 @@ START_TEST(test_kfac_roles_survive_sigkill_of_each_role)
                               "optimizer.learning_rate=0.003", "-s",
                               "kfac.distributed=roles", "--max-restarts", "2",
                               NULL);
-    expect_line(fd, "launch | K-FAC roles: worker.0 is covariance.0", line,
-                sizeof line);
-    expect_line(fd, "launch | K-FAC roles: worker.1 is inverse.0", line,
-                sizeof line);
+    tu_expect_line(fd, "launch | K-FAC roles: worker.0 is covariance.0",
+                   LINE_MS, line, sizeof line);
+    tu_expect_line(fd, "launch | K-FAC roles: worker.1 is inverse.0", LINE_MS,
+                   line, sizeof line);
     for (int k = 2; k >= 0; k--)            /* started in this order */
         pids[k] = tu_launch_pid(fd, "started", tasks[k], LINE_MS);
-    expect_line(fd, "inverse.0 | K-FAC roles: this replica (2 of 3) is "
-                "inverse worker 0", line, sizeof line);
+    tu_expect_line(fd, "inverse.0 | K-FAC roles: this replica (2 of 3) is "
+                   "inverse worker 0", LINE_MS, line, sizeof line);
     for (int k = 0; k < 3; k++) {
         at = chief_step(fd);
         ck_assert_int_eq(kill(pids[k], SIGKILL), 0);

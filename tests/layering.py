@@ -51,9 +51,9 @@ SEAMS = {
     # closing any HDF5 handle, a failed one skipped: the readers and
     # writers of HDF5 files
     "util/h5util.h": ["train", "checkpoint", "app"],
-    # room for one more element by doubling: the lists the variable store
-    # and the checkpoint code build
-    "util/grow.h": ["train", "checkpoint"],
+    # room for one more element by doubling: the lists the variable store,
+    # the checkpoint code, the cluster spec and the wire receiver build
+    "util/grow.h": ["train", "checkpoint", "cluster"],
     # the global step the session's step path reads and bumps in place
     "train/vars_int.h": ["session"],
     # the vectorized kernels the ps sums with; the model's thread pool the

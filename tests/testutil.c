@@ -621,14 +621,20 @@ tu_pid_in(const char *line)
     return pid;
 }
 
+void
+tu_expect_line(int fd, const char *needle, int timeout_ms, char *line,
+               size_t line_size)
+{
+    ck_assert_msg(tu_wait_for_line(fd, needle, timeout_ms, line, line_size),
+                  "never printed '%s' (waited %d ms)", needle, timeout_ms);
+}
+
 int
 tu_launch_pid(int fd, const char *verb, const char *task, int timeout_ms)
 {
     char needle[128], line[512];
     TU_SNPRINTF(needle, sizeof needle, "launch | %s %s (pid ", verb, task);
-    ck_assert_msg(tu_wait_for_line(fd, needle, timeout_ms, line,
-                                   sizeof line),
-                  "keel launch never printed '%s'", needle);
+    tu_expect_line(fd, needle, timeout_ms, line, sizeof line);
     return tu_pid_in(line);
 }
 

@@ -76,6 +76,9 @@ pid_t tu_spawn_train(const char *cfg, const char *const *sets,
  * deadline (0). The line (truncated) is copied into line if not NULL. */
 int tu_wait_for_line(int fd, const char *needle, int timeout_ms, char *line,
                      size_t line_size);
+/* tu_wait_for_line that fails the test when no such line comes. */
+void tu_expect_line(int fd, const char *needle, int timeout_ms, char *line,
+                    size_t line_size);
 
 /* The pid in a keel launch line "launch | started|restarted <task> (pid
  * N) ..."; fails the test when the line has none. */
