@@ -34,6 +34,7 @@ if HAVE_CHECK
 SUITES += tests/it_cluster
 endif
 check_PROGRAMS += tests/cluster_child
+tests_cluster_child_SOURCES = tests/cluster_child.c tests/linefit.h
 tests_cluster_child_LDADD = libkeel_core.la
 
 # check_algorithms: the update rules by hand, then each on real sockets.

@@ -6,6 +6,7 @@ libkeel_core_la_SOURCES += session/session_int.h session/step_pool.h \
 pkginclude_HEADERS += include/keel/session.h
 
 check_PROGRAMS += tests/session_child
+tests_session_child_SOURCES = tests/session_child.c tests/linefit.h
 tests_session_child_LDADD = libkeel_core.la
 
 check_PROGRAMS += bench/hooks_bench

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include <keel/keel.h>
+#include "linefit.h"
 
 typedef struct child {
     int64_t position;          /* data position: next sample index */
@@ -25,15 +26,7 @@ static keel_status
 step(void *ctx, keel_step *st)
 {
     child *c = ctx;
-    keel_vars *vs = keel_step_vars(st);
-    keel_grads *g = keel_step_grads(st);
-    float *w = keel_var_tensor(keel_vars_find(vs, "w"))->data;
-    float *b = keel_var_tensor(keel_vars_find(vs, "b"))->data;
-    double x = (double)(c->position % 10) / 10.0, y = 3 * x + 1;
-    double err = (w[0] * x + b[0]) - y;
-    keel_grads_find(g, "w")->data[0] = (float)(2 * err * x);
-    keel_grads_find(g, "b")->data[0] = (float)(2 * err);
-    c->position++;
+    linefit_grads(st, c->position++);
     return KEEL_OK;
 }
 
