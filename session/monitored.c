@@ -1270,10 +1270,10 @@ check_stop(keel_session *s)
     return 0;
 }
 
+/* Whether the session may run a step: KEEL_OK, or why not. */
 static keel_status
-run(keel_session *s, const void *batch, int with_hooks)
+run_allowed(keel_session *s)
 {
-    int attempt = 0;
     if (s == NULL)
         return keel__fail(KEEL_EINVAL, "run: NULL session");
     if (s->is_closed)
@@ -1290,61 +1290,77 @@ run(keel_session *s, const void *batch, int with_hooks)
         return keel__fail(KEEL_ESTATE, "Run called even after should_stop "
                           "requested (%s)", keel_end_reason_name(s->reason));
     }
-    for (;;) {
-        keel_status st;
-        if (s->needs_create) {
-            st = create_once(s, 1);
-            if (st != KEEL_OK)
-                goto failed;
-        }
-        st = run_once(s, batch, with_hooks);
-        if (st == KEEL_OK)
-            return KEEL_OK;
-failed:
-        if (st == KEEL_ECANCELLED) {
-            /* A wait inside the step or its update (a cluster's sync
-             * step) ended by a stop: a signal, or another replica that
-             * ended the job. Nothing of the step was applied: the session
-             * stops at the step it was at, as at a step boundary. */
-            keel__log(KEEL_LOG_INFO, "the step at global step %lld was "
-                      "given up: %s", (long long)keel_vars_global_step(
-                          s->vars), keel_last_error());
-            if (!check_stop(s))
-                stop_with(s, KEEL_END_STOP_REQUESTED);
-            return st;
-        }
-        if (s->is_recovering && keel_status_is_recoverable(st)
-            && attempt < s->max_attempts) {
-            keel__log(KEEL_LOG_WARN, "recoverable error at global step "
-                      "%lld (%s): %s; re-creating the session (attempt "
-                      "%d/%d)", (long long)keel_vars_global_step(s->vars),
-                      keel_status_name(st), keel_last_error(), attempt + 1,
-                      s->max_attempts);
-            s->needs_create = 1;
-            /* The first re-creation is at once: what failed the step (a
-             * restarted ps, a worker back) is usually over by the time it
-             * is noticed, and the whole job waits on this step. Only
-             * failures in a row back off (TF retries at once, forever). */
-            st = backoff(s, attempt - 1);
-            attempt++;
-            if (st == KEEL_OK)
-                continue;
-            check_stop(s);
+    return KEEL_OK;
+}
+
+/* A step (or the session creation before it) failed with st: KEEL_OK to
+ * try it again (a recoverable error with attempts left, after the
+ * backoff), else the session stops and the status to return. */
+static keel_status
+after_failed_step(keel_session *s, keel_status st, int *attempt)
+{
+    if (st == KEEL_ECANCELLED) {
+        /* A wait inside the step or its update (a cluster's sync step)
+         * ended by a stop: a signal, or another replica that ended the
+         * job. Nothing of the step was applied: the session stops at the
+         * step it was at, as at a step boundary. */
+        keel__log(KEEL_LOG_INFO, "the step at global step %lld was given "
+                  "up: %s", (long long)keel_vars_global_step(s->vars),
+                  keel_last_error());
+        if (!check_stop(s))
             stop_with(s, KEEL_END_STOP_REQUESTED);
-            return st;
-        }
-        if (st == KEEL_EOUTOFRANGE) {
-            keel__log(KEEL_LOG_INFO, "end of input at global step %lld",
-                      (long long)keel_vars_global_step(s->vars));
-            stop_with(s, KEEL_END_OUT_OF_RANGE);
-            return st;
-        }
-        if (keel_status_is_recoverable(st) && s->is_recovering)
-            st = keel__wrap(st, "gave up after %d recovery attempts",
-                            attempt);
-        stop_with(s, KEEL_END_ERROR);
         return st;
     }
+    if (s->is_recovering && keel_status_is_recoverable(st)
+        && *attempt < s->max_attempts) {
+        keel_status bst;
+        keel__log(KEEL_LOG_WARN, "recoverable error at global step %lld "
+                  "(%s): %s; re-creating the session (attempt %d/%d)",
+                  (long long)keel_vars_global_step(s->vars),
+                  keel_status_name(st), keel_last_error(), *attempt + 1,
+                  s->max_attempts);
+        s->needs_create = 1;
+        /* The first re-creation is at once: what failed the step (a
+         * restarted ps, a worker back) is usually over by the time it is
+         * noticed, and the whole job waits on this step. Only failures in
+         * a row back off (TF retries at once, forever). */
+        bst = backoff(s, *attempt - 1);
+        (*attempt)++;
+        if (bst == KEEL_OK)
+            return KEEL_OK;
+        check_stop(s);
+        stop_with(s, KEEL_END_STOP_REQUESTED);
+        return bst;
+    }
+    if (st == KEEL_EOUTOFRANGE) {
+        keel__log(KEEL_LOG_INFO, "end of input at global step %lld",
+                  (long long)keel_vars_global_step(s->vars));
+        stop_with(s, KEEL_END_OUT_OF_RANGE);
+        return st;
+    }
+    if (keel_status_is_recoverable(st) && s->is_recovering)
+        st = keel__wrap(st, "gave up after %d recovery attempts", *attempt);
+    stop_with(s, KEEL_END_ERROR);
+    return st;
+}
+
+/* One step, re-creating the session and trying again after recoverable
+ * errors (MonitoredSession); a step that cannot run stops the session. */
+static keel_status
+run(keel_session *s, const void *batch, int with_hooks)
+{
+    int attempt = 0;
+    keel_status st = run_allowed(s);
+    while (st == KEEL_OK) {
+        if (s->needs_create)
+            st = create_once(s, 1);
+        if (st == KEEL_OK)
+            st = run_once(s, batch, with_hooks);
+        if (st == KEEL_OK)
+            return KEEL_OK;
+        st = after_failed_step(s, st, &attempt);
+    }
+    return st;
 }
 
 /* A step, hooks included, computes with subnormals flushed to zero. */
