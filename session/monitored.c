@@ -421,7 +421,10 @@ static keel_status
 hook_error(keel_status st, const keel_hook *h, const char *where,
            int64_t step)
 {
-    keel_status code = keel_status_is_recoverable(st) ? st : KEEL_EHOOK;
+    /* recoverable codes re-create the session; KEEL_ECANCELLED (a wait
+     * given up for a stop) ends it as a stop */
+    keel_status code = keel_status_is_recoverable(st) || st == KEEL_ECANCELLED
+                           ? st : KEEL_EHOOK;
     return keel__wrap(code, "hook '%s' %s at step %lld",
                       h->name != NULL ? h->name : "?", where,
                       (long long)step);

@@ -90,7 +90,8 @@ typedef enum keel_hook_kind {
  * call. A non-OK return
  * stops the session; the caller sees KEEL_EHOOK (recoverable codes,
  * KEEL_EABORTED/KEEL_EUNAVAILABLE, are passed through so a MonitoredSession
- * re-creates itself). Call order: begin once; after_create_session after
+ * re-creates itself; KEEL_ECANCELLED, a wait given up for a stop, is
+ * passed through and ends the session as a stop, not an error). Call order: begin once; after_create_session after
  * every session (re)creation; before_run and after_run around every step
  * (after_run only for steps that succeeded); end once with the reason. */
 typedef struct keel_hook {
