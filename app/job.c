@@ -1152,7 +1152,7 @@ check_reached_end(const job *j, const keel_session *s, int64_t at)
     if (j->last_step <= 0 || at >= j->last_step || why == KEEL_END_SIGNAL)
         return KEEL_OK;
     return keel__fail(KEEL_EINTERNAL, "training ended (%s) at step %lld, "
-                      "before its last step %lld, without a stop request; "
+                      "before its last step %lld, and not by a signal; "
                       "the newest checkpoint in %s resumes it",
                       keel_end_reason_name(why), (long long)at,
                       (long long)j->last_step,
