@@ -1015,6 +1015,28 @@ after_failed(keel_session *s, size_t k, int64_t chain_prev,
     return hook_error(st, &s->hooks[k], "after_run", after);
 }
 
+/* Every dynamic hook idle: only the always-called hooks' after_run, in
+ * order (none watches for stalls: that is a dynamic hook's wake). A
+ * failing one marks the hooks after it behind (after_failed). */
+static keel_status
+run_after_always(keel_session *s, int64_t chain_prev, int has_chain_prev,
+                 int64_t after)
+{
+    keel_run_context *rc = &s->rc;
+    s->rv.has_prev_before = 0;
+    s->rv.n_skipped = 0;
+    for (size_t i = 0; i < s->n_always_after; i++) {
+        const keel_hook *h = &s->hooks[s->always_after[i]];
+        keel_status st;
+        rc->hook_name = h->name;
+        st = h->after_run(h->ctx, rc, &s->rv);
+        if (st != KEEL_OK)
+            return after_failed(s, s->always_after[i], chain_prev,
+                                has_chain_prev, after, st);
+    }
+    return KEEL_OK;
+}
+
 /* after_run of every hook not idle at this step, in order. A hook that
  * watches for stalls compares with the last step that reached it. */
 static keel_status
@@ -1031,24 +1053,8 @@ run_after(keel_session *s, int64_t gs, int64_t after)
     s->has_chain_prev = 1;
     if (after < s->dyn_after_min && s->n_behind == 0 && !is_alarm_up
         && !(s->has_dyn_stall_hook
-             && (!has_chain_prev || chain_prev == gs))) {
-        // Every dynamic hook idle: only the always-called ones, in order
-        // (none watches for stalls: that is a dynamic hook's wake).
-        s->rv.has_prev_before = 0;
-        s->rv.n_skipped = 0;
-        for (i = 0; i < s->n_always_after; i++) {
-            const keel_hook *h = &s->hooks[s->always_after[i]];
-            rc->hook_name = h->name;
-            st = h->after_run(h->ctx, rc, &s->rv);
-            if (st != KEEL_OK)
-                break;
-        }
-        if (st == KEEL_OK)
-            return KEEL_OK;
-        // Fall through to mark the hooks after the failing one behind.
-        return after_failed(s, s->always_after[i], chain_prev,
-                            has_chain_prev, after, st);
-    }
+             && (!has_chain_prev || chain_prev == gs)))
+        return run_after_always(s, chain_prev, has_chain_prev, after);
     for (i = 0; i < s->n_after; i++) {
         size_t k = s->after_idx[i];
         hook_slot *sl = &s->slots[k];
