@@ -1633,9 +1633,7 @@ train_cluster_role(train_run *r)
                           "least one)");
     r->is_chief = keel_cluster_spec_is_chief(spec);
     r->replicas = keel_cluster_spec_num_replicas(spec);
-    r->replica = t == KEEL_TASK_CHIEF ? 0
-        : keel_cluster_spec_task_index(spec) +
-          (keel_cluster_spec_num_tasks(spec, KEEL_TASK_CHIEF) > 0);
+    r->replica = keel_cluster_spec_replica_index(spec);
     return KEEL_OK;
 }
 

@@ -462,9 +462,7 @@ take_role(keel_cluster_backend *w, keel__role_opts *o, keel_vars *vs)
     w->vs = vs;
     w->is_chief = keel_cluster_spec_is_chief(o->spec);
     w->is_sync = keel_algorithm_is_sync(w->o.algo.c.name);
-    w->replica = keel_cluster_spec_task_type(o->spec) == KEEL_TASK_CHIEF ? 0
-        : keel_cluster_spec_task_index(o->spec) +
-          (keel_cluster_spec_num_tasks(o->spec, KEEL_TASK_CHIEF) > 0);
+    w->replica = keel_cluster_spec_replica_index(o->spec);
     w->generation = keel__wire_new_generation();
 }
 

@@ -271,6 +271,16 @@ keel_cluster_spec_is_chief(const keel_cluster_spec *s)
 }
 
 int
+keel_cluster_spec_replica_index(const keel_cluster_spec *s)
+{
+    if (keel_cluster_spec_is_local(s) || s->task == KEEL_TASK_CHIEF)
+        return 0;
+    if (s->task != KEEL_TASK_WORKER)
+        return -1;
+    return s->index + (s->n[KEEL_TASK_CHIEF] > 0);
+}
+
+int
 keel_cluster_spec_num_replicas(const keel_cluster_spec *s)
 {
     if (s == NULL)

@@ -170,8 +170,7 @@ main(int argc, char **argv)
     } else {
         /* replica 0 is the chief, then worker 0, 1, ... */
         r.replicas = keel_cluster_spec_num_replicas(spec);
-        r.replica = keel_cluster_spec_is_chief(spec) ? 0
-            : keel_cluster_spec_task_index(spec) + 1;
+        r.replica = keel_cluster_spec_replica_index(spec);
         if (BATCH % r.replicas != 0) {
             fprintf(stderr, "sync_supervisor: %d replicas do not divide "
                     "the batch of %d\n", r.replicas, BATCH);

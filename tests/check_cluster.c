@@ -157,6 +157,47 @@ START_TEST(test_tf_config_local_mode)
 }
 END_TEST
 
+/* The replica index: the chief 0, then the workers in order (worker 0 is
+ * replica 0 when there is no chief job); ps and evaluator -1; alone 0. */
+START_TEST(test_replica_index_counts_the_chief_first)
+{
+#define CHIEF_2W "\"chief\": [\"a:1\"], \"worker\": [\"b:1\", \"c:1\"]"
+#define ONLY_2W "\"worker\": [\"b:1\", \"c:1\"], \"ps\": [\"p:1\"]"
+#define WITH_EVAL "\"chief\": [\"a:1\"], \"evaluator\": [\"e:1\"]"
+    static const struct {
+        const char *cluster, *type;
+        int index, replica;
+    } cases[] = {
+        { CHIEF_2W, "chief", 0, 0 },
+        { CHIEF_2W, "worker", 0, 1 },
+        { CHIEF_2W, "worker", 1, 2 },
+        { ONLY_2W, "worker", 0, 0 },
+        { ONLY_2W, "worker", 1, 1 },
+        { ONLY_2W, "ps", 0, -1 },
+        { WITH_EVAL, "evaluator", 0, -1 },
+    };
+#undef CHIEF_2W
+#undef ONLY_2W
+#undef WITH_EVAL
+    char json[256];
+    keel_cluster_spec *s;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(json, sizeof json, "{\"cluster\": {%s}, \"task\": "
+                 "{\"type\": \"%s\", \"index\": %d}}", cases[i].cluster,
+                 cases[i].type, cases[i].index);
+        s = good(json);
+        ck_assert_msg(keel_cluster_spec_replica_index(s) == cases[i].replica,
+                      "%s: replica %d, want %d", json,
+                      keel_cluster_spec_replica_index(s), cases[i].replica);
+        keel_cluster_spec_free(s);
+    }
+    s = good("{}");
+    ck_assert_int_eq(keel_cluster_spec_replica_index(s), 0);
+    keel_cluster_spec_free(s);
+    ck_assert_int_eq(keel_cluster_spec_replica_index(NULL), 0);
+}
+END_TEST
+
 START_TEST(test_tf_config_sparse_jobs_are_ordered_and_must_be_dense)
 {
     keel_cluster_spec *s = good(
@@ -2821,6 +2862,7 @@ cluster_suite(void)
         test_tf_config_without_chief_worker_0_is_chief,
         test_tf_config_evaluator_is_outside_the_training_cluster,
         test_tf_config_local_mode,
+        test_replica_index_counts_the_chief_first,
         test_tf_config_sparse_jobs_are_ordered_and_must_be_dense,
         test_tf_config_each_bad_input_is_named,
         test_tf_config_lists_every_problem_at_once,

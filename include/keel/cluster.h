@@ -119,6 +119,14 @@ int keel_cluster_spec_is_ps(const keel_cluster_spec *spec);
 int keel_cluster_spec_is_local(const keel_cluster_spec *spec);
 /* chief + workers (the evaluator does not count). */
 int keel_cluster_spec_num_replicas(const keel_cluster_spec *spec);
+/* This task's place among the training replicas, 0 ..
+ * num_replicas - 1: 0 for the chief, worker i is i + 1 when the cluster
+ * has a chief and i when it has none (worker 0 is then the chief); -1
+ * for a ps or evaluator task; 0 in local mode. With
+ * keel_step_global_step it tells a replica which slice of the data a step
+ * reads, so a restarted replica resumes its data position. */
+int keel_cluster_spec_replica_index(const keel_cluster_spec *spec);
+
 keel_cluster_mode keel_cluster_spec_mode(const keel_cluster_spec *spec);
 int keel_cluster_spec_replicas_to_aggregate(const keel_cluster_spec *spec);
 int keel_cluster_spec_total_num_replicas(const keel_cluster_spec *spec);
