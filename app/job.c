@@ -876,9 +876,10 @@ job_init(void *ctx, keel_vars *vs)
 }
 
 static keel_status
-job_feed(void *ctx, const void **batch)
+job_feed(void *ctx, int64_t global_step, const void **batch)
 {
     job *j = ctx;
+    (void)global_step;      /* the iterator's state is in the checkpoint */
     keel_status st = keel_data_iter_next(j->it, &j->batch);
     if (st != KEEL_OK)
         return st;

@@ -530,7 +530,7 @@ keel_final_ops_hook_value(const keel_hook *hk, double *value)
 /* ---- FeedFnHook --------------------------------------------------------- */
 
 typedef struct feed_hook {
-    keel_status (*fn)(void *ctx, const void **batch);
+    keel_status (*fn)(void *ctx, int64_t global_step, const void **batch);
     void *ctx;
 } feed_hook;
 
@@ -539,7 +539,8 @@ feed_before(void *ctx, keel_run_context *rc)
 {
     feed_hook *h = ctx;
     const void *batch = NULL;
-    keel_status st = h->fn(h->ctx, &batch);
+    keel_status st = h->fn(h->ctx, keel_run_context_global_step(rc),
+                           &batch);
     if (st != KEEL_OK)
         return st;
     return keel_run_context_set_batch(rc, batch);

@@ -660,11 +660,15 @@ END_TEST
 
 static int feed_left = 2;
 static int batch_value = 7;
+static int64_t fed_steps[4];         /* the global step of each call */
+static int n_fed;
 
 static keel_status
-feed(void *ctx, const void **batch)
+feed(void *ctx, int64_t global_step, const void **batch)
 {
     (void)ctx;
+    if (n_fed < 4)
+        fed_steps[n_fed++] = global_step;
     if (feed_left-- <= 0)
         return KEEL_EOUTOFRANGE;
     *batch = &batch_value;
@@ -689,12 +693,27 @@ START_TEST(test_feed_fn_supplies_batch_and_its_end_of_input_ends_cleanly)
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "one feeder"));
     keel_session_free(s);
     feed_left = 2;
+    n_fed = 0;
     ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
     ck_assert_int_eq(keel_session_train(s), KEEL_OK);
     ck_assert_ptr_eq(sc.last_batch, &batch_value);
     ck_assert_int_eq(keel_vars_global_step(vs), 2);
     ck_assert_int_eq(keel_session_end_reason(s), KEEL_END_OUT_OF_RANGE);
     keel_session_free(s);
+    /* fn is told the global step each batch is for: 0, 1, then 2 ends */
+    ck_assert_int_eq(n_fed, 3);
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_eq(fed_steps[i], i);
+    /* a session that starts at step 5 (as after a restore) feeds from 5 */
+    feed_left = 1;
+    n_fed = 0;
+    keel_vars_set_global_step(vs, 5);
+    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
+    ck_assert_int_eq(keel_session_train(s), KEEL_OK);
+    keel_session_free(s);
+    ck_assert_int_eq(n_fed, 2);
+    ck_assert_int_eq(fed_steps[0], 5);
+    ck_assert_int_eq(fed_steps[1], 6);
     keel_hook_release(&h);
 }
 END_TEST

@@ -391,13 +391,16 @@ keel_status keel_final_ops_hook_new(const keel_final_ops_hook_config *cfg,
 /* 1 and *value once the final op ran successfully, else 0. */
 int keel_final_ops_hook_value(const keel_hook *h, double *value);
 
-/* FeedFnHook: before every step, fn supplies the batch. fn returning
- * KEEL_EOUTOFRANGE ends the input (the session ends with
- * KEEL_END_OUT_OF_RANGE). */
+/* FeedFnHook: before every step, fn supplies the batch. global_step is
+ * the global step before this step (what the step will see): a feeder
+ * that derives its batch from it (and, on a cluster, from
+ * keel_cluster_spec_replica_index) resumes at the right data after a
+ * restore or a restart. fn returning KEEL_EOUTOFRANGE ends the input (the
+ * session ends with KEEL_END_OUT_OF_RANGE). */
 typedef struct keel_feed_fn_hook_config {
     uint32_t struct_size;     /* set by keel_feed_fn_hook_config_init() */
-    /* required; default NULL */
-    keel_status (*fn)(void *ctx, const void **batch);
+    /* required; default NULL. *batch is borrowed until after_run. */
+    keel_status (*fn)(void *ctx, int64_t global_step, const void **batch);
     void *ctx;                /* borrowed: outlives the hook; default NULL */
 } keel_feed_fn_hook_config;
 void keel_feed_fn_hook_config_init(keel_feed_fn_hook_config *cfg);
