@@ -355,6 +355,33 @@ add_chief_hooks(const keel_training_config *cfg, const save_periods *p,
     return st;
 }
 
+/* Say what the session does about checkpoints: only what this task does
+ * (a worker restores from the chief's, never writes one). */
+static void
+log_setup(const keel_session_config *sc, size_t n_hooks, const char *ckpt_dir,
+          const save_periods *p)
+{
+    const char *who = sc->is_chief ? "chief" : "worker";
+    if (ckpt_dir == NULL)
+        keel__log(KEEL_LOG_INFO, "training session (%s): %zu hooks, "
+                  "checkpoints off (no checkpoint_dir)", who, n_hooks);
+    else if (!sc->is_chief)
+        keel__log(KEEL_LOG_INFO, "training session (worker): %zu hooks, "
+                  "checkpoints: written by the chief", n_hooks);
+    else if (p->ck_secs > 0)
+        keel__log(KEEL_LOG_INFO, "training session (chief): %zu hooks, "
+                  "checkpoints %s every %g s", n_hooks, ckpt_dir, p->ck_secs);
+    else if (p->ck_steps > 0)
+        keel__log(KEEL_LOG_INFO, "training session (chief): %zu hooks, "
+                  "checkpoints %s every %lld steps", n_hooks, ckpt_dir,
+                  (long long)p->ck_steps);
+    else
+        keel__log(KEEL_LOG_INFO, "training session (chief): %zu hooks, "
+                  "checkpoints restored from %s, no periodic saves "
+                  "(save_checkpoint_secs and _steps are 0)", n_hooks,
+                  ckpt_dir);
+}
+
 /* Check cfg, resolve its periods and cluster, assemble the hooks (the
  * chief's defaults, then the user's) and make a recovering session that
  * owns what was made here. */
@@ -396,10 +423,7 @@ keel_training_session_new(const keel_training_config *cfg,
     sc.hooks = hl.all;
     sc.n_hooks = hl.n_all;
     sc.checkpoint_dir = sc.is_chief ? ckpt_dir : NULL;
-    keel__log(KEEL_LOG_INFO, "training session (%s): %zu hooks, checkpoints "
-              "%s every %g s / %lld steps", sc.is_chief ? "chief" : "worker",
-              hl.n_all, ckpt_dir != NULL ? ckpt_dir : "(none)",
-              per.ck_secs, (long long)per.ck_steps);
+    log_setup(&sc, hl.n_all, ckpt_dir, &per);
     /* the session takes the owned hooks and copies the list */
     st = keel__session_new(&sc, 1, hl.owned, hl.n_owned, out);
     free(hl.all);

@@ -1688,6 +1688,43 @@ START_TEST(test_training_session_hook_order_chief_and_worker)
 }
 END_TEST
 
+/* The setup line says only what this task does with checkpoints: none
+ * without a directory, the chief's period, and a worker writes none. */
+START_TEST(test_training_session_logs_only_the_checkpoints_it_writes)
+{
+    keel_training_config tc;
+    keel_session *s;
+    script sc = { 0 };
+    tu_log log = { .filter = "training session (" };
+    char want[sizeof log.text];
+    keel_training_config_init(&tc);
+    tc.session.vars = vs;
+    tc.session.step = scripted_step;
+    tc.session.step_ctx = &sc;
+    tc.save_summaries_steps = 0;
+    keel_log_set_handler(tu_log_append, &log, KEEL_LOG_INFO);
+    ck_assert_int_eq(keel_training_session_new(&tc, &s), KEEL_OK);
+    keel_session_free(s);
+    tc.session.checkpoint_dir = tu_dir;
+    tc.save_checkpoint_steps = 50;
+    ck_assert_int_eq(keel_training_session_new(&tc, &s), KEEL_OK);
+    keel_session_free(s);
+    keel_vars_set_all_initialized(vs, 1);  // the chief made it ready
+    tc.session.is_chief = 0;
+    ck_assert_int_eq(keel_training_session_new(&tc, &s), KEEL_OK);
+    keel_session_free(s);
+    keel_log_set_handler(NULL, NULL, KEEL_LOG_INFO);
+    snprintf(want, sizeof want,
+             "training session (chief): 0 hooks, checkpoints off (no "
+             "checkpoint_dir)\n"
+             "training session (chief): 2 hooks, checkpoints %s every 50 "
+             "steps\n"
+             "training session (worker): 0 hooks, checkpoints: written by "
+             "the chief\n", tu_dir);
+    ck_assert_str_eq(log.text, want);
+}
+END_TEST
+
 START_TEST(test_supervisor_checkpoints_at_start_and_at_stop)
 {
     keel_supervisor_config cfg;
@@ -1745,6 +1782,7 @@ session_suite(void)
         test_coordinator_keeps_first_error_only,
         test_training_session_rejects_both_secs_and_steps,
         test_training_session_hook_order_chief_and_worker,
+        test_training_session_logs_only_the_checkpoints_it_writes,
         test_supervisor_checkpoints_at_start_and_at_stop,
         test_replicas_add_gradients_along_the_tree_and_average_values,
         test_replica_failures_name_the_replica_and_apply_nothing,
