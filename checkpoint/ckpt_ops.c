@@ -11,7 +11,7 @@ const keel__ckpt_ops keel__ckpt_default = {
     keel_saver_new, keel_saver_save, keel_saver_wait, keel_saver_free,
     keel_ckpt_latest, keel_ckpt_restore, keel_ckpt_restore_latest,
     keel_ckpt_read_info,
-    keel_ckpt_info_free
+    keel_ckpt_info_free, keel_saver_last_step
 };
 
 const keel__ckpt_ops *keel__ckpt = &keel__ckpt_default;

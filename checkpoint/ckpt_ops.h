@@ -30,6 +30,7 @@ typedef struct keel__ckpt_ops {
                                   size_t path_size);
     keel_status (*read_info)(const char *path, keel_ckpt_info **out);
     void (*info_free)(keel_ckpt_info *info);
+    int64_t (*saver_last_step)(const keel_saver *s);
 } keel__ckpt_ops;
 
 extern const keel__ckpt_ops *keel__ckpt;          /* current table */

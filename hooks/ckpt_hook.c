@@ -48,6 +48,24 @@ resolve_saver(ckpt_hook *h, keel_session *s, keel_saver **out)
     return KEEL_OK;
 }
 
+/* Say what a save did: existed when the saver already had the step's
+ * checkpoint (and so wrote nothing); saved is the step the checkpoint is
+ * named by, step this replica's. */
+static void
+log_save(int existed, int64_t saved, int64_t step, const char *path)
+{
+    if (existed)
+        keel__log(KEEL_LOG_INFO, "checkpoint for step %lld already saved: "
+                  "%s", (long long)saved, path);
+    else if (saved == step)
+        keel__log(KEEL_LOG_INFO, "saved checkpoint for step %lld: %s",
+                  (long long)saved, path);
+    else
+        keel__log(KEEL_LOG_INFO, "saved checkpoint for step %lld: %s (the "
+                  "shared global step; this replica was at step %lld)",
+                  (long long)saved, path, (long long)step);
+}
+
 /* Save at step unless already saved; *should_stop from listeners. */
 static keel_status
 save(ckpt_hook *h, keel_session *s, int64_t step, int *should_stop)
@@ -57,6 +75,7 @@ save(ckpt_hook *h, keel_session *s, int64_t step, int *should_stop)
     keel_saver *sv;
     size_t i;
     int64_t saved;
+    int existed;
     keel_status st;
     if (step == h->last_saved)
         return KEEL_OK;
@@ -77,6 +96,9 @@ save(ckpt_hook *h, keel_session *s, int64_t step, int *should_stop)
      * backend may have brought the shared global step (a local-step
      * rule's ps count, or another replica's pushes) into the store. */
     saved = keel_vars_global_step(keel_session_vars(s));
+    /* the saver's newest checkpoint (just restored, or saved by
+     * keel_session_save_now): its save below writes nothing */
+    existed = keel__ckpt->saver_last_step(sv) == saved;
     st = keel_session_collect_meta(s, &meta);
     if (st != KEEL_OK)
         return keel__wrap(st, "checkpoint at step %lld: meta_fn",
@@ -87,14 +109,8 @@ save(ckpt_hook *h, keel_session *s, int64_t step, int *should_stop)
     if (st != KEEL_OK)
         return keel__wrap(st, "checkpoint at step %lld", (long long)step);
     h->last_saved = step;
-    h->n_saves++;
-    if (saved == step)
-        keel__log(KEEL_LOG_INFO, "saved checkpoint for step %lld: %s",
-                  (long long)saved, path);
-    else
-        keel__log(KEEL_LOG_INFO, "saved checkpoint for step %lld: %s (the "
-                  "shared global step; this replica was at step %lld)",
-                  (long long)saved, path, (long long)step);
+    h->n_saves += !existed;
+    log_save(existed, saved, step, path);
     for (i = 0; i < h->n_listeners; i++) {
         int stop = 0;
         if (h->listeners[i].after_save == NULL)

@@ -461,6 +461,42 @@ START_TEST(test_ckpt_hook_reports_the_step_the_backend_saved_at)
 }
 END_TEST
 
+/* A session that restored step 3 does not claim to save it again: the
+ * saver writes nothing for the checkpoint it already has. */
+START_TEST(test_ckpt_hook_does_not_claim_the_restored_checkpoint)
+{
+    keel_ckpt_hook_config hc;
+    keel_hook h;
+    keel_session *s;
+    keel_ckpt_hook_config_init(&hc);
+    hc.save_steps = 1000;
+    ck_assert_int_eq(keel_ckpt_hook_new(&hc, &h), KEEL_OK);
+    s = session_in(&h, 1, tu_dir);                  /* saves at 0 */
+    run_steps(s, 3);
+    keel_session_close(s);                          /* saves at 3 */
+    keel_session_free(s);
+    ck_assert_int_eq(keel_ckpt_hook_save_count(&h), 2);
+    keel_hook_release(&h);
+    hook_log.text[0] = '\0';
+    ck_assert_int_eq(keel_ckpt_hook_new(&hc, &h), KEEL_OK);
+    s = session_in(&h, 1, tu_dir);                  /* restores 3 */
+    ck_assert_int_eq(keel_session_global_step(s), 3);
+    ck_assert_int_eq(fake.n_saves, 2);
+    ck_assert_int_eq(keel_ckpt_hook_save_count(&h), 0);
+    ck_assert_msg(strstr(hook_log.text, "checkpoint for step 3 already "
+                         "saved: fake-3") != NULL, "%s", hook_log.text);
+    ck_assert_msg(strstr(hook_log.text, "saved checkpoint for step 3") ==
+                  NULL, "%s", hook_log.text);
+    run_steps(s, 1);
+    keel_session_close(s);                          /* saves at 4 */
+    ck_assert_msg(strstr(hook_log.text, "saved checkpoint for step 4: "
+                         "fake-4") != NULL, "%s", hook_log.text);
+    ck_assert_int_eq(keel_ckpt_hook_save_count(&h), 1);
+    keel_session_free(s);
+    keel_hook_release(&h);
+}
+END_TEST
+
 START_TEST(test_supervisor_worker_times_out_when_chief_never_ready)
 {
     keel_supervisor_config cfg;
@@ -956,6 +992,7 @@ hooks_suite(void)
         test_hook_with_bad_struct_size_is_rejected,
         test_backend_worker_waits_on_events_and_chief_skips_rollback,
         test_ckpt_hook_reports_the_step_the_backend_saved_at,
+        test_ckpt_hook_does_not_claim_the_restored_checkpoint,
         test_supervisor_worker_times_out_when_chief_never_ready));
     tu_tcase(s, "skip", 20, setup, teardown, TU_TESTS(
         test_skipping_idle_hooks_changes_no_save_event_log_or_stop,

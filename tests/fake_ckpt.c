@@ -31,6 +31,8 @@ f_save(keel_saver *s, const keel_vars *vs, const keel_ckpt_meta *meta,
     if (fake.fail_saves)
         return keel__fail(KEEL_EIO, "fake save failure at step %lld",
                           (long long)step);
+    if (path != NULL)               // named also by a no-op, as the real one
+        snprintf(path, n, "fake-%lld", (long long)step);
     if (fake.n_saves > 0 && fake.steps[fake.n_saves - 1] == step)
         return KEEL_OK;             // the real saver's no-op rule
     if (fake.n_saves < FAKE_MAX_SAVES)
@@ -49,8 +51,6 @@ f_save(keel_saver *s, const keel_vars *vs, const keel_ckpt_meta *meta,
         snprintf(fake.blob_name, sizeof fake.blob_name, "%s",
                  meta->blobs[0].name);
     }
-    if (path != NULL)
-        snprintf(path, n, "fake-%lld", (long long)step);
     if (fake_on_save != NULL)
         fake_on_save(step);
     return KEEL_OK;
@@ -150,10 +150,18 @@ f_info_free(keel_ckpt_info *info)
     free(info);
 }
 
+/* The newest save's step, as the real saver knows its newest checkpoint. */
+static int64_t
+f_last_step(const keel_saver *s)
+{
+    (void)s;
+    return fake.n_saves > 0 ? fake.steps[fake.n_saves - 1] : -1;
+}
+
 static const keel__ckpt_ops fake_ops = {
     f_saver_new, f_save, f_wait, f_free, f_latest, f_restore,
     f_restore_latest, f_read_info,
-    f_info_free
+    f_info_free, f_last_step
 };
 
 void

@@ -312,7 +312,9 @@ typedef struct keel_ckpt_hook_config {
 void keel_ckpt_hook_config_init(keel_ckpt_hook_config *cfg);
 keel_status keel_ckpt_hook_new(const keel_ckpt_hook_config *cfg,
                                keel_hook *out);
-/* Saves this hook made so far, and the step of its last save (-1). */
+/* Saves this hook made so far (not counting a save of the checkpoint the
+ * saver already had, such as the one just restored, which writes nothing),
+ * and the step of its last save (-1). */
 int64_t keel_ckpt_hook_save_count(const keel_hook *h);
 int64_t keel_ckpt_hook_last_step(const keel_hook *h);
 
