@@ -59,6 +59,9 @@ struct keel_saver {
     int reaping;
     char (*reap)[KEEL_PATH_MAX];
     size_t n_reap;
+    /* the state file this saver last wrote has "# keel: delete=" lines,
+     * which only a crash before the reaper is done may leave behind */
+    int lists_deletions;
 };
 
 void
@@ -842,6 +845,7 @@ commit_save(keel_saver *s, ck_plan *p)
         return keel__fail(KEEL_ENOMEM, "checkpoint retention list");
     st = record_commit(s, &c);
     if (st == KEEL_OK) {
+        s->lists_deletions = c.n_doomed > 0;
         __atomic_store_n(&s->last_step, p->step, __ATOMIC_RELEASE);
         /* deletions deferred by readers' leases, now released */
         keel__ckpt_lease_sweep(s->dir, &s->state);
@@ -946,6 +950,46 @@ stop_writer(keel_saver *s)
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
     s->has_thread = 0;
+}
+
+/* 1 when the state file on disk lists the entries of s's list, in order
+ * (no other saver of the directory wrote it since s). */
+static int
+state_is_ours(const keel_saver *s, const ck_state *disk)
+{
+    if (disk->n != s->state.n)
+        return 0;
+    for (size_t i = 0; i < disk->n; i++)
+        if (strcmp(disk->e[i].name, s->state.e[i].name) != 0)
+            return 0;
+    return 1;
+}
+
+/* At a clean end, once the reaper is done: rewrite the state file without
+ * the "# keel: delete=" lines of the files that are gone, so that a line
+ * left there means a deletion still pending (a crash, a reader's lease,
+ * a failed unlink). Leaves a file another saver wrote since alone. */
+static void
+drop_finished_deletions(keel_saver *s)
+{
+    ck_state disk;
+    size_t n = 0;
+    if (!s->lists_deletions)
+        return;
+    s->lists_deletions = 0;
+    if (keel__ckpt_state_read(s->dir, &disk) != KEEL_OK)
+        return;
+    for (size_t k = 0; k < disk.n_doomed; k++) {
+        char p[KEEL_PATH_MAX];
+        if (keel__path_join(p, sizeof p, s->dir, disk.doomed[k]) !=
+                KEEL_OK || access(p, F_OK) == 0)
+            memmove(disk.doomed[n++], disk.doomed[k], KEEL_NAME_MAX);
+    }
+    if (n < disk.n_doomed && state_is_ours(s, &disk) &&
+        state_write(s, disk.doomed, n) != KEEL_OK)
+        keel__log(KEEL_LOG_WARN, "%s (its \"# keel: delete=\" lines stay "
+                  "until the next save)", keel_last_error());
+    keel__ckpt_state_free(&disk);
 }
 
 keel_status
@@ -1273,6 +1317,7 @@ keel_saver_free(keel_saver *s)
         keel__log(KEEL_LOG_ERROR, "%s", keel_last_error());
     stop_writer(s);
     join_reaper(s);
+    drop_finished_deletions(s);
     keel__ckpt_state_free(&s->state);
     free(s->plan.items);
     keel_aligned_free(s->stage);

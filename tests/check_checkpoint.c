@@ -1177,6 +1177,47 @@ START_TEST(test_retention_survives_restart_and_lowered_max_prunes)
 }
 END_TEST
 
+/* The "# keel: delete=" line of a save's retention stays in the state file
+ * until the file is gone (a crash before leaves it for the next saver),
+ * and a clean end removes it: only a deletion still pending, here one a
+ * reader's lease defers, is left listed. */
+START_TEST(test_clean_end_leaves_no_pending_deletion)
+{
+    keel_vars *a = make_store(1, 1);
+    keel_ckpt_lease *l = NULL;
+    keel_saver *s;
+    char *state;
+    for (int is_async = 0; is_async <= 1; is_async++) {
+        s = new_saver(tu_dir, 2, is_async);
+        for (int i = 1; i <= 3; i++)
+            save_step(s, a, is_async * 100 + i * 10, NULL, 0);
+        state = tu_read_file(tu_path("checkpoint"), NULL);
+        ck_assert_msg(strstr(state, "# keel: delete=model.ckpt-") != NULL,
+                      "%s", state);
+        free(state);
+        keel_saver_free(s);
+        state = tu_read_file(tu_path("checkpoint"), NULL);
+        ck_assert_msg(strstr(state, "# keel: delete=") == NULL, "%s", state);
+        ck_assert_msg(strstr(state, "max_to_keep=2") != NULL, "%s", state);
+        free(state);
+        ck_assert_int_eq(tu_count_names(tu_dir, "model.ckpt-"), 2);
+    }
+    s = new_saver(tu_dir, 1, 0);
+    ck_assert_int_eq(keel_ckpt_lease_take(tu_dir, "model.ckpt-130.h5", &l),
+                     KEEL_OK);
+    save_step(s, a, 140, NULL, 0);
+    keel_saver_free(s);
+    state = tu_read_file(tu_path("checkpoint"), NULL);
+    ck_assert_msg(strstr(state, "# keel: delete=model.ckpt-130.h5\n") !=
+                  NULL, "%s", state);
+    ck_assert_msg(strstr(state, "# keel: delete=model.ckpt-120.h5") == NULL,
+                  "%s", state);
+    free(state);
+    keel_ckpt_lease_release(l);
+    keel_vars_free(a);
+}
+END_TEST
+
 START_TEST(test_keep_every_n_hours_preserves_pruned_files)
 {
     keel_vars *a = make_store(1, 1);
@@ -1916,6 +1957,7 @@ checkpoint_suite(void)
         test_bad_files_give_clear_errors_and_latest_falls_back,
         test_latest_without_state_file_scans,
         test_retention_survives_restart_and_lowered_max_prunes,
+        test_clean_end_leaves_no_pending_deletion,
         test_keep_every_n_hours_preserves_pruned_files,
         test_dead_process_temp_files_cleaned_at_start,
         test_io_faults_keep_previous_checkpoint_findable,

@@ -86,7 +86,9 @@ keel_status keel_saver_wait(keel_saver *s);
 /* The step of the newest checkpoint this saver knows, or -1. */
 int64_t keel_saver_last_step(const keel_saver *s);
 
-/* Wait for any in-flight save, then release. NULL is a no-op. */
+/* Wait for any in-flight save and retention's deletions, drop the state
+ * file's "# keel: delete=" lines of the files now gone (a line left names
+ * a deletion still pending), then release. NULL is a no-op. */
 void keel_saver_free(keel_saver *s);
 
 /* ---- finding and verifying ---------------------------------------------------- */
