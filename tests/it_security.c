@@ -163,7 +163,7 @@ rss_kib(const job *j)
 /* ---- the raw peer: libzmq and a hand-written header ----------------- */
 
 enum { T_HELLO = 1, T_PULL = 3, T_PUSH = 5, T_ERROR = 7, T_STEP = 8,
-       T_SHUTDOWN = 9, T_INIT = 12 };
+       T_SHUTDOWN = 9, T_INIT = 12, T_LEAVE = 16 };
 enum { WORKER = 2, EVALUATOR = 4 };   /* the header's task type byte */
 
 static void
@@ -347,6 +347,9 @@ attack(const job *j, const peer_auth *eval, const peer_auth *stranger,
                    "evaluator0 may not send INIT");
     expect_refusal(s, T_PUSH, 0, EVALUATOR, 0, 1, 15,
                    "evaluator0 may not send PUSH");
+    /* a LEAVE ends a sync job: only a training replica may send one */
+    expect_refusal(s, T_LEAVE, 0, EVALUATOR, 0, 0, 115,
+                   "evaluator0 may not send LEAVE");
     /* an unknown flag: answered under its own request id */
     expect_refusal(s, T_PULL, 0x80, EVALUATOR, 0, 0, 16, "unknown flags");
     if (!heavy) {
