@@ -22,8 +22,8 @@
 
 #define MAX_RECORDS 512
 /* The deadline of one `keel launch` run. Chaos runs restart a task every
- * fraction of a second: on a loaded 2-core machine one takes minutes (3 on
- * a machine with load average 24), so this catches hangs, not slowness. */
+ * fraction of a second: on a small, busy machine one takes minutes, so
+ * this deadline catches hangs, not slowness. */
 #define RUN_MS 600000
 /* The deadline of each awaited launcher line. */
 #define LINE_MS 30000

@@ -33,3 +33,8 @@ check-netns: all
 	@$(abs_top_srcdir)/tests/it_netns.sh '$(abs_top_builddir)'; rc=$$?; \
 	if test $$rc = 77; then exit 0; fi; exit $$rc
 .PHONY: check-netns
+
+# No dates, machine loads or lock paths of one run in the documentation or
+# in comments: those belong in bench/README.md (HACKING.md, "Style").
+TESTS += tests/docs_facts.py
+EXTRA_DIST += tests/docs_facts.py
