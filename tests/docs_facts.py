@@ -11,7 +11,7 @@ file (bench/ and the fuzz corpus excepted) for:
 
   - dates: year-month-day, year-month, a month's name (or its
     abbreviation) and a year;
-  - a machine's load: its load average, or load and a number;
+  - a machine's load: its load (average), or load and a number;
   - lock paths: a path under /tmp, /run or /var/lock whose name ends
     in lock;
 
