@@ -286,7 +286,7 @@ static const key_def schema[] = {
     { "cluster", "send_buffer_kib", T_INT, D(SEND_BUFFER_KIB), 0, 65536, NULL,
       "Kernel send buffer of every cluster socket, in KiB (the kernel "
       "doubles it: the bytes a connection has in flight); 0: the kernel's "
-      "autotuning. 512 was fastest on loopback (docs/cluster.md); across "
+      "autotuning. 512 suits loopback (docs/protocol.md); across "
       "machines raise it to about the link's bandwidth x round trip, e.g. "
       "2048 for 10 Gb/s at 1 ms." },
     { "cluster", "dead_after_ms", T_INT, D(DEAD_AFTER_MS), 100, 86400000, NULL,

@@ -50,7 +50,7 @@ keel_status keel__cluster_bind_address(const keel_cluster_spec *s,
  *   header                KEEL_WIRE_HEADER_SIZE bytes, little endian
  *   per tensor:  descriptor frame, then (unless F_NAMES_ONLY) data frame
  *   [text]                if F_TEXT: UTF-8, at most limits.max_text bytes
- * docs/cluster.md lays the header and descriptor out byte by byte. */
+ * docs/protocol.md lays the header and descriptor out byte by byte. */
 
 #define KEEL_WIRE_VERSION 2
 #define KEEL_WIRE_HEADER_SIZE 64

@@ -924,8 +924,8 @@ START_TEST(test_decode_copies_misaligned_data_only)
 }
 END_TEST
 
-/* Every keel socket gets the fixed send buffer (docs/cluster.md "Wire
- * format"), and the other common options. */
+/* Every keel socket gets the fixed send buffer (docs/protocol.md "Send
+ * buffer"), and the other common options. */
 START_TEST(test_sockopts_set_the_send_buffer)
 {
     void *zctx = zmq_ctx_new();

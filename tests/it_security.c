@@ -173,7 +173,7 @@ le(unsigned char *p, uint64_t v, int n)
         p[i] = (unsigned char)(v >> (8 * i));
 }
 
-/* The header (HDR bytes), laid out as docs/cluster.md describes it. */
+/* The header (HDR bytes), laid out as docs/protocol.md describes it. */
 #define HDR 64
 static void
 header(unsigned char h[HDR], int type, int flags, uint64_t id, int sender,

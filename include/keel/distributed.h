@@ -3,8 +3,8 @@
  * session, MonitoredTrainingSession or the Supervisor runs its step over
  * (keel_cluster_backend_new). Tasks and addresses come from a
  * keel_cluster_spec (keel/cluster.h: TF_CONFIG, Slurm or explicit lists);
- * the wire protocol stays internal. docs/cluster.md has a complete
- * program. */
+ * the wire protocol stays internal (docs/protocol.md describes it).
+ * docs/cluster.md has a complete program. */
 #ifndef KEEL_DISTRIBUTED_H
 #define KEEL_DISTRIBUTED_H
 
