@@ -215,12 +215,11 @@ uint64_t keel__wire_new_generation(void);
 
 /* SO_SNDBUF of every keel socket (the kernel doubles it: 1 MiB of a
  * connection's data in flight). Fixed instead of autotuned (up to
- * tcp_wmem's 4 MiB here): on loopback the bytes in flight then stay in
- * the CPUs' caches between the sender's and the receiver's copy, and a
- * 64 MiB push + values reply ran 1.4 -> 2.3 GB/s (bench/cluster_bench).
- * 256-512 KiB helped; 576 KiB and more did not. The
- * price off loopback: at most 1 MiB per round trip per connection
- * (1 ms RTT: 1 GB/s). */
+ * tcp_wmem's maximum): on loopback the bytes in flight then stay in the
+ * CPUs' caches between the sender's and the receiver's copy, which makes
+ * a large push + values reply faster (bench/cluster_bench.sh). The price
+ * off loopback: at most 1 MiB per round trip per connection (1 ms RTT:
+ * 1 GB/s), which cluster.send_buffer_kib raises. */
 #define KEEL__WIRE_SNDBUF (512 << 10)
 
 /* The largest frame a task's sockets created from now on accept when

@@ -2,8 +2,8 @@
  * one function to every thread (the caller is thread 0) and returns when
  * all have finished it. Between runs a worker first spins watching for the
  * next run, then parks on a condition variable: waking a parked thread
- * costs 50-300 us on this kind of VM (an idle vCPU must be woken), more
- * than a small model's whole step, and a model calls the pool once or more
+ * can cost more than a small model's whole step (on a virtual machine an
+ * idle vCPU must be woken first), and a model calls the pool once or more
  * per step. A worker spins for twice the last gap between two runs (at
  * most POOL_SPIN_MAX_NS) when that gap was short, as between the steps of
  * one process; after a long gap, as while a replica waits for its

@@ -45,8 +45,8 @@ keel_shape_count(int ndim, const int64_t *shape, size_t *count)
  * touches them, so they fault in as transparent huge pages where the
  * kernel allows (`madvise` mode, the common default): physically
  * contiguous 2 MiB runs that an O_DIRECT read or write moves in a few
- * large block requests instead of many small ones (a 4 KiB-page tensor
- * split the checkpoint reads of the test VM into 512 KiB-1 MiB requests,
+ * large block requests instead of many small ones (a tensor on 4 KiB
+ * pages splits an O_DIRECT transfer at every physical discontinuity,
  * see docs/checkpoint.md), and fewer TLB misses for the kernels. Such a
  * block's stored pointer has its low bit set and the mapping's length
  * sits one word below it. Only the block's whole 2 MiB runs are marked,
