@@ -15,7 +15,7 @@
 #include <keel/hooks.h>
 #include "cluster_int.h"
 #include "defaults.h"
-#include "../train/train_int.h"
+#include "../core/core_int.h"
 
 #define PIN_WAIT_MS 5000
 #define MAX_WAITERS 256

@@ -9,7 +9,7 @@
 
 #include "util.h"
 #include "ps_skel.h"
-#include "../train/train_int.h"
+#include "../core/core_int.h"
 
 #define PIN_WAIT_MS 5000
 
