@@ -192,8 +192,8 @@ keel_inference_predict(keel_inference *inf, const float *x, size_t n,
 static const char *const format_names[] = { "keras-h5", "safetensors",
                                             "onnx" };
 
-KEEL__TRAIN_FROM_NAME(keel_export_format_from_name, keel_export_format,
-                      "export format", format_names)
+KEEL__FROM_NAME(keel_export_format_from_name, keel_export_format,
+                "export format", format_names)
 
 const char *
 keel_export_format_extension(keel_export_format f)

@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <keel/checkpoint.h>
-#include <keel/train.h>
+#include <keel/tensor.h>
 #include "util.h"
 
 #define CK_STATE_NAME "checkpoint"

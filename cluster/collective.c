@@ -26,7 +26,7 @@
 
 #include <keel/distributed.h>
 #include "util.h"
-#include "../train/train_int.h"
+#include "../core/core_int.h"
 
 /* A waiting rank polls this many times, then sleeps this long between
  * polls. */

@@ -9,7 +9,6 @@
 
 #include "launch_int.h"
 #include "util.h"
-#include "../train/train_int.h"     /* keel__splitmix64 */
 
 /* An exponential gap with the configured mean, in ns. */
 int64_t

@@ -10,9 +10,9 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <keel/session.h>
-#include <keel/train.h>
+#include <keel/optimizer.h>
 #include "../checkpoint/ckpt_ops.h"
-#include "../train/vars_int.h"
+#include "../core/vars_int.h"
 
 /* A condition variable on CLOCK_MONOTONIC. */
 void keel__cond_init_mono(pthread_cond_t *cv);

@@ -10,7 +10,6 @@
 #include <keel/distributed.h>
 #include "util.h"
 #include "session_int.h"
-#include "../train/train_int.h"
 
 /* What a training session made for itself and frees with it: the
  * optimizer it applies alone, the spec it detected, the cluster backend. */
@@ -53,8 +52,8 @@ keel_strategy_from_name(const char *name, keel_strategy *out)
     keel_status st;
     if (out == NULL)
         return keel__fail(KEEL_EINVAL, "strategy: NULL argument");
-    st = keel__train_name_lookup("strategy", name, strategy_names,
-                                 KEEL_STRATEGY_COUNT, &i);
+    st = keel__name_lookup("strategy", name, strategy_names,
+                           KEEL_STRATEGY_COUNT, &i);
     if (st == KEEL_OK)
         *out = (keel_strategy)i;
     return st;

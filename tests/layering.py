@@ -19,7 +19,9 @@ import sys
 # (layer, rank, folders, public headers in include/keel/)
 LAYERS = [
     ("util", 0, ["util"], ["status.h", "log.h", "version.h"]),
-    ("train", 1, ["train"], ["tensor.h", "train.h"]),
+    ("core", 1, ["core"], ["tensor.h", "optimizer.h"]),
+    # the model library: layers, models, K-FAC, Hogwild, data readers
+    ("train", 2, ["train"], ["train.h"]),
     ("checkpoint", 2, ["checkpoint"], ["checkpoint.h"]),
     # keel_hook, the run context and the timer are the session's interface
     # (session.h includes hooks.h); the standard hooks declared there are
@@ -43,24 +45,27 @@ FILE_LAYERS = {
 # Private headers other folders may include: header -> folders.
 SEAMS = {
     # keel__fail, logging, paths: libkeel's own helpers
-    "util/util.h": ["train", "checkpoint", "session", "hooks", "cluster",
-                    "app", "launch"],
+    "util/util.h": ["core", "train", "checkpoint", "session", "hooks",
+                    "cluster", "app", "launch"],
     # the defaults every layer shares (waits, grace periods)
-    "util/defaults.h": ["train", "checkpoint", "session", "hooks", "cluster",
-                        "app", "launch"],
+    "util/defaults.h": ["core", "train", "checkpoint", "session", "hooks",
+                        "cluster", "app", "launch"],
     # closing any HDF5 handle, a failed one skipped: the readers and
     # writers of HDF5 files
     "util/h5util.h": ["train", "checkpoint", "app"],
     # room for one more element by doubling: the lists the variable store,
     # the checkpoint code, the cluster spec and the wire receiver build
-    "util/grow.h": ["train", "checkpoint", "cluster"],
+    "util/grow.h": ["core", "train", "checkpoint", "cluster"],
     # the global step the session's step path reads and bumps in place
-    "train/vars_int.h": ["session"],
-    # the vectorized kernels the ps sums with; the model's thread pool the
-    # trainer applies the optimizer on and the session runs replicas on;
-    # the reduction tree replicas' gradients are added along; the
-    # splitmix64 stream launch's chaos draws its gaps and victims from
-    "train/train_int.h": ["session", "cluster", "app", "launch"],
+    "core/vars_int.h": ["session"],
+    # the vectorized kernels the ps and the collective sum with and the
+    # model library builds on; the thread pool the session runs replicas
+    # on and applies the optimizer on (keel__optimizer_apply_pooled); the
+    # reduction tree replicas' gradients are added along
+    "core/core_int.h": ["train", "session", "cluster"],
+    # the model's internals the trainer builds on: its architecture for
+    # export, replicas, pieces and pool
+    "train/train_int.h": ["app"],
     # the threads a mirrored session runs its replicas on, which the
     # trainer's update uses between steps
     "session/step_pool.h": ["app"],

@@ -105,11 +105,11 @@ keel_kfac_config_init(keel_kfac_config *cfg)
     cfg->cov_update_every = 1;
 }
 
-KEEL__TRAIN_FROM_NAME(keel_kfac_momentum_type_from_name, keel_kfac_momentum_type,
-                      "K-FAC momentum type", mom_names)
+KEEL__FROM_NAME(keel_kfac_momentum_type_from_name, keel_kfac_momentum_type,
+                "K-FAC momentum type", mom_names)
 
-KEEL__TRAIN_FROM_NAME(keel_kfac_estimation_from_name, keel_kfac_estimation,
-                      "K-FAC estimation mode", est_names)
+KEEL__FROM_NAME(keel_kfac_estimation_from_name, keel_kfac_estimation,
+                "K-FAC estimation mode", est_names)
 
 static keel_status
 check_config(const keel_kfac_config *c)

@@ -1,6 +1,6 @@
 /* layers.c - layer kernels on raw NHWC float buffers: dense, conv2d (im2col +
  * one large sgemm per layer), max-pool with argmax indices, activations and
- * softmax cross-entropy, plus the BLAS glue, profiling and the PRNG. Every
+ * softmax cross-entropy, plus the BLAS glue and profiling. Every
  * kernel is a fixed sequence of operations: same inputs, same bits. */
 #include <config.h>
 
@@ -18,14 +18,7 @@
 
 KEEL__VECTORIZE_FILE
 
-int keel__prof_on;
 keel_train_profile keel__prof;
-
-int64_t
-keel__prof_now(void)
-{
-    return keel__now_mono_ns();
-}
 
 void
 keel_train_profile_enable(int on)
@@ -36,14 +29,18 @@ keel_train_profile_enable(int on)
 void
 keel_train_profile_get(keel_train_profile *p)
 {
-    if (p != NULL)
+    if (p != NULL) {
         *p = keel__prof;
+        p->elementwise_ns += keel__prof_core.elementwise_ns;
+        p->optimizer_ns += keel__prof_core.optimizer_ns;
+    }
 }
 
 void
 keel_train_profile_reset(void)
 {
     memset(&keel__prof, 0, sizeof keel__prof);
+    memset(&keel__prof_core, 0, sizeof keel__prof_core);
 }
 
 void
@@ -64,65 +61,6 @@ keel_train_blas_corename(void)
 {
     const char *s = openblas_get_corename();
     return s != NULL ? s : "unknown";
-}
-
-/* ---- PRNG --------------------------------------------------------------- */
-
-uint64_t
-keel__splitmix64(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
-void
-keel__rng_seed(keel__rng *r, uint64_t seed)
-{
-    uint64_t x = seed;
-    for (int i = 0; i < 4; i++)
-        r->s[i] = keel__splitmix64(&x);
-}
-
-static uint64_t
-rotl(uint64_t x, int k)
-{
-    return (x << k) | (x >> (64 - k));
-}
-
-uint64_t
-keel__rng_next(keel__rng *r)
-{
-    uint64_t *s = r->s;
-    uint64_t result = rotl(s[1] * 5, 7) * 9;
-    uint64_t t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return result;
-}
-
-uint64_t
-keel__rng_below(keel__rng *r, uint64_t n)
-{
-    uint64_t limit = UINT64_MAX - UINT64_MAX % n;
-    uint64_t v;
-    do
-        v = keel__rng_next(r);
-    while (v >= limit);
-    return v % n;
-}
-
-float
-keel__rng_uniform(keel__rng *r, float lo, float hi)
-{
-    /* 24 random bits: exactly representable, in [0, 1). */
-    float u = (float)(keel__rng_next(r) >> 40) * (1.0f / 16777216.0f);
-    return lo + (hi - lo) * u;
 }
 
 /* ---- BLAS --------------------------------------------------------------- */
@@ -268,29 +206,6 @@ col_sums_add(const float *dy, size_t rows, size_t cols, size_t ld, float *db)
             add_row(tmp, dy + r * ld + c0, cb);
         add_row(db + c0, tmp, cb);
     }
-    KEEL__PROF_END(elementwise_ns);
-}
-
-void
-keel__add_into(float *dst, const float *src, size_t count)
-{
-    KEEL__PROF_BEGIN();
-    add_row(dst, src, count);
-    KEEL__PROF_END(elementwise_ns);
-}
-
-static KEEL__HOT void
-zero_plus(float *restrict dst, const float *restrict src, size_t count)
-{
-    for (size_t i = 0; i < count; i++)
-        dst[i] = 0.0f + src[i];
-}
-
-void
-keel__zero_add_into(float *dst, const float *src, size_t count)
-{
-    KEEL__PROF_BEGIN();
-    zero_plus(dst, src, count);
     KEEL__PROF_END(elementwise_ns);
 }
 

@@ -1,7 +1,7 @@
-# train/: core types (tensors, variables), layers, models, optimizers, data.
-libkeel_core_la_SOURCES += train/train_int.h train/vars_int.h \
-	train/layers.c train/model.c train/pool.c train/hogwild.c \
-	train/optim.c train/kfac.c train/data.c train/reduce_tree.c
+# train/: the model library on core/: layers, models, K-FAC, Hogwild, data.
+libkeel_core_la_SOURCES += train/train_int.h \
+	train/layers.c train/model.c train/hogwild.c \
+	train/kfac.c train/data.c
 pkginclude_HEADERS += include/keel/train.h
 
 # Throughput / accuracy benchmark (bench/train.sh runs it); not installed.
@@ -16,8 +16,6 @@ bench_kfac_bench_SOURCES = bench/kfac_bench.c $(BENCH_UTIL)
 bench_kfac_bench_LDADD = libkeel_core.la
 
 if HAVE_CHECK
-SUITES += tests/check_core
-
 SUITES += tests/check_train
 tests_check_train_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/train
 tests_check_train_CFLAGS = $(TEST_CFLAGS) $(HDF5_CFLAGS) $(ZLIB_CFLAGS)

@@ -52,7 +52,7 @@ typedef struct lgrad {
  * thread, and the slot reduction made model threads slower still). The
  * batch's gradient is, by definition, the pieces' gradients (each rounded
  * on its own) added elementwise along the reduction tree over the pieces
- * (train_int.h, keel__tree_sum), piece 0 added onto grads first. Threads
+ * (core_int.h, keel__tree_sum), piece 0 added onto grads first. Threads
  * compute up to MAX_SLOTS pieces at a time into slots, which are then
  * added along that tree; past MAX_SLOTS pieces the next round's tree
  * starts from the sum so far in piece 0's place. So the bits never depend on
@@ -131,37 +131,16 @@ static const char *const model_names[] = { "softmax", "mlp", "cnn" };
 static const char *const act_names[] = { "relu", "tanh", "none" };
 static const char *const init_names[] = { "glorot", "torch" };
 
-/* The index of name in names (n entries), or KEEL_EINVAL naming what and
- * listing the valid choices. Shared by the *_from_name() parsers. */
-keel_status
-keel__train_name_lookup(const char *what, const char *name,
-                        const char *const *names, int n, int *out)
-{
-    char list[128] = "";
-    for (int i = 0; i < n; i++)
-        if (name != NULL && strcmp(name, names[i]) == 0) {
-            *out = i;
-            return KEEL_OK;
-        }
-    for (int i = 0; i < n; i++) {
-        strncat(list, names[i], sizeof list - strlen(list) - 1);
-        if (i + 1 < n)
-            strncat(list, ", ", sizeof list - strlen(list) - 1);
-    }
-    return keel__fail(KEEL_EINVAL, "unknown %s '%s' (valid: %s)", what,
-                      name != NULL ? name : "(null)", list);
-}
+KEEL__FROM_NAME(keel_model_kind_from_name, keel_model_kind,
+                "model type", model_names)
 
-KEEL__TRAIN_FROM_NAME(keel_model_kind_from_name, keel_model_kind,
-                      "model type", model_names)
+KEEL__NAME(keel_model_kind_name, keel_model_kind, model_names)
 
-KEEL__TRAIN_NAME(keel_model_kind_name, keel_model_kind, model_names)
+KEEL__FROM_NAME(keel_activation_from_name, keel_activation,
+                "activation", act_names)
 
-KEEL__TRAIN_FROM_NAME(keel_activation_from_name, keel_activation,
-                      "activation", act_names)
-
-KEEL__TRAIN_FROM_NAME(keel_init_kind_from_name, keel_init_kind,
-                      "init scheme", init_names)
+KEEL__FROM_NAME(keel_init_kind_from_name, keel_init_kind,
+                "init scheme", init_names)
 
 keel_status
 keel_model_parse_hidden(const char *s, keel_model_config *cfg)
@@ -1451,8 +1430,8 @@ arch_name(struct json_object *o, const char *key, const char *const *names,
         !json_object_is_type(v, json_type_string))
         return keel__fail(KEEL_ECORRUPT, "architecture: '%s' is missing or "
                           "not a string", key);
-    return keel__train_name_lookup(key, json_object_get_string(v), names, n,
-                                   out);
+    return keel__name_lookup(key, json_object_get_string(v), names, n,
+                             out);
 }
 
 keel_status

@@ -1,51 +1,22 @@
 /* train_int.h - private interface of train/: the layer kernels (forward and
- * backward on raw NHWC float buffers) shared by the models and the tests,
- * the profiling counters and the small deterministic PRNG. */
+ * backward on raw NHWC float buffers) shared by the models and the tests
+ * and the model's profiling counters, on the core's kernels, pool and
+ * reduction tree (core/core_int.h, included). */
 #ifndef KEEL_TRAIN_INT_H
 #define KEEL_TRAIN_INT_H
 
 #include <stddef.h>
 #include <stdint.h>
 #include <keel/train.h>
+#include "util.h"
+#include "../core/core_int.h"
 
-/* Hot elementwise loops: vectorized (O3) and cloned for AVX2/AVX-512 with
- * runtime dispatch. FMA contraction stays off so every clone computes the
- * same bits as the scalar code. (Makefile.am builds with -fno-math-errno,
- * without which no sqrtf loop is vectorized.) */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && \
-    !defined(KEEL_NO_CLONES)
-#define KEEL__HOT \
-    __attribute__((target_clones("avx512f", "avx2", "default")))
-#define KEEL__VECTORIZE_FILE \
-    _Pragma("GCC optimize(\"O3\", \"fp-contract=off\")")
-#else
-#define KEEL__HOT
-#define KEEL__VECTORIZE_FILE
-#endif
-
-#include "vars_int.h"
-
-/* ---- profiling ---- */
-extern int keel__prof_on;
+/* ---- profiling: the model's counters (the core's are in core_int.h;
+ * keel_train_profile_get adds them) ---- */
 extern keel_train_profile keel__prof;
-int64_t keel__prof_now(void);
-#define KEEL__PROF_BEGIN() \
-    int64_t prof_t0_ = keel__prof_on ? keel__prof_now() : 0
 #define KEEL__PROF_END(field) \
     do { if (keel__prof_on) keel__prof.field += keel__prof_now() - prof_t0_; } \
     while (0)
-
-/* ---- PRNG: splitmix64 seeding xoshiro256** (never libc) ---- */
-typedef struct keel__rng {
-    uint64_t s[4];
-} keel__rng;
-uint64_t keel__splitmix64(uint64_t *x);
-void keel__rng_seed(keel__rng *r, uint64_t seed);
-uint64_t keel__rng_next(keel__rng *r);
-/* Uniform in [0, n) without modulo bias (n >= 1). */
-uint64_t keel__rng_below(keel__rng *r, uint64_t n);
-/* Uniform float in [lo, hi). */
-float keel__rng_uniform(keel__rng *r, float lo, float hi);
 
 /* ---- dense: y[n,out] = x[n,in] W[in,out] + b ---- */
 void keel__dense_forward(const float *x, size_t n, size_t in, size_t out,
@@ -155,12 +126,8 @@ void keel__softmax_xent(const float *logits, const int32_t *y, size_t n,
                         size_t k, float scale, float *dlogits,
                         double *loss_sum, int64_t *correct);
 
-/* db[c] = sum over rows of dy[r,c] (overwritten); dst += src. */
+/* db[c] = sum over rows of dy[r,c] (overwritten). */
 void keel__col_sums(const float *dy, size_t rows, size_t cols, float *db);
-void keel__add_into(float *dst, const float *src, size_t count);
-/* dst = 0 + src: the bits of zeroing dst and adding src (-0 becomes +0),
- * in one pass (a sum's first term). */
-void keel__zero_add_into(float *dst, const float *src, size_t count);
 
 /* 1 (default): piece 0's dense gradients go straight into the caller's
  * grads (sgemm beta 1); 0: through a slot, then added (tests). */
@@ -170,62 +137,6 @@ extern int keel__grads_direct;
 void keel__sgemm(int trans_a, int trans_b, size_t m, size_t n, size_t k,
                  float alpha, const float *a, size_t lda, const float *b,
                  size_t ldb, float beta, float *c, size_t ldc);
-
-/* ---- reduce_tree.c: the canonical reduction tree ---- */
-/* The tree over leaves [0, n): a node [lo, hi) with two or more leaves
- * has the children [lo, mid) and [mid, hi), mid = lo + (hi - lo) / 2 (the
- * split depends on the node's size only, so a node's subtree is the tree
- * over that many leaves); the sum of the leaves is defined as its
- * children's sums added, each rounded alone. With R dividing n, R a power
- * of two, the R equal runs of leaves are nodes. A process that owns leaves
- * [lo, hi) sends the sums of the nodes that cover them (keel__tree_cover:
- * one node for such a run, about 2 log2(n) at most); whoever holds
- * the sums of nodes covering [0, n) completes the root with
- * keel__tree_sum, and gets the same bits however the leaves were
- * spread. */
-#define KEEL__TREE_MAX_DEPTH 64
-typedef struct keel__tree_node {
-    int64_t lo, hi;               /* leaves [lo, hi) */
-} keel__tree_node;
-/* mid of node [lo, hi) (hi - lo >= 2). */
-int64_t keel__tree_split(int64_t lo, int64_t hi);
-/* The fewest nodes of the tree over [0, n) whose leaves are exactly
- * [lo, hi), left to right, into out (up to max): their count, or -1 on a
- * bad range or more than max nodes. */
-int keel__tree_cover(int64_t n, int64_t lo, int64_t hi, keel__tree_node *out,
-                     int max);
-/* dst[lo, hi) = the root's sum over the tree of n leaves, where parts[i]
- * (k of them) holds the sum of nodes[i] and nodes[] are tree nodes
- * covering [0, n) left to right (keel__tree_cover of each owner's range,
- * concatenated). Elementwise, so threads may split [lo, hi) any way;
- * dst may be one of the parts. KEEL_EINVAL when nodes is not such a
- * cover. Allocation-free. */
-keel_status keel__tree_sum(int64_t n, const keel__tree_node *nodes,
-                           const float *const *parts, int k, float *dst,
-                           size_t lo, size_t hi);
-
-/* ---- pool.c: the model's persistent worker threads ---- */
-#define KEEL__POOL_MAX 8
-typedef struct keel__pool keel__pool;
-/* fn(ctx, thread) runs once on each thread; thread 0 is the caller. */
-typedef void (*keel__pool_fn)(void *ctx, int thread);
-/* nthreads - 1 workers, parked until a run (fewer if creating one fails:
- * callers must not depend on the count). Caller owns *out. */
-keel_status keel__pool_new(int nthreads, keel__pool **out);
-/* Threads that take part in a run (the caller included); cannot fail. */
-int keel__pool_threads(const keel__pool *p);
-/* Run fn on every thread and wait for all (NULL pool: inline). */
-void keel__pool_run(keel__pool *p, keel__pool_fn fn, void *ctx);
-/* Stop and join the workers. NULL is a no-op. Cannot fail. */
-void keel__pool_free(keel__pool *p);
-/* A barrier for the n threads of one pool run (zeroed, then n set): they
- * spin, as the pool's threads do between runs. */
-typedef struct keel__spin_barrier {
-    _Atomic int count;
-    _Atomic int phase;
-    int n;
-} keel__spin_barrier;
-void keel__spin_barrier_wait(keel__spin_barrier *b);
 
 /* Another model of m's configuration (threads model threads) over the
  * variables m created in vs (borrowed; both must outlive it), with its
@@ -239,19 +150,8 @@ keel_status keel__model_new_replica(const keel_model *m, keel_vars *vs,
  * computed apart and added along it, give the same bits. */
 #define KEEL__MODEL_TREE_PIECES 16
 size_t keel__model_piece(const keel_model *m);
-/* keel_optimizer_apply_and_zero with every variable element changed by
- * one compare-and-swap loop (Hogwild's CAS form); slots plain. */
-keel_status keel__optimizer_apply_cas(keel_optimizer *o, keel_vars *vs,
-                                      keel_grads *grads,
-                                      int64_t global_step);
 /* The model's pool (NULL on one thread), for work beside its steps. */
 keel__pool *keel__model_pool(keel_model *m);
-/* keel_optimizer_apply (zero: _and_zero) on the pool's threads (NULL: the
- * caller's): the same bits for any thread count. */
-keel_status keel__optimizer_apply_pooled(keel_optimizer *o, keel_vars *vs,
-                                         keel_grads *grads,
-                                         int64_t global_step, int zero,
-                                         keel__pool *pool);
 
 /* model.c: the model's architecture as a new JSON object (caller puts it;
  * NULL if out of memory): model, input_shape, classes, hidden, activation,
@@ -313,33 +213,5 @@ double keel__kfac_pi(const keel_kfac *k, int i);
 uint64_t keel__kfac_factored(const keel_kfac *k);
 void keel__kfac_precond(const keel_kfac *k, int i, float *out);
 const int32_t *keel__kfac_targets(const keel_kfac *k);
-
-/* model.c: index of name among n names, or KEEL_EINVAL listing them. */
-keel_status keel__train_name_lookup(const char *what, const char *name,
-                                    const char *const *names, int n,
-                                    int *out);
-
-/* The two string functions of an enum T whose values index the static
- * array names. KEEL__TRAIN_FROM_NAME defines keel_status F(const char
- * *name, T *out): KEEL_OK and *out, or KEEL_EINVAL naming what and listing
- * the names (*out untouched). KEEL__TRAIN_NAME defines const char *F(T k):
- * names[k], or "unknown" for a value outside the array. */
-#define KEEL__TRAIN_NAMES_N(names) ((int)(sizeof(names) / sizeof((names)[0])))
-#define KEEL__TRAIN_FROM_NAME(F, T, what, names)                            \
-    keel_status F(const char *name, T *out)                                 \
-    {                                                                       \
-        int i = 0;                                                          \
-        keel_status st = keel__train_name_lookup(                           \
-            what, name, names, KEEL__TRAIN_NAMES_N(names), &i);             \
-        if (st == KEEL_OK)                                                  \
-            *out = (T)i;                                                    \
-        return st;                                                          \
-    }
-#define KEEL__TRAIN_NAME(F, T, names)                                       \
-    const char *F(T k)                                                      \
-    {                                                                       \
-        return (unsigned)k < (unsigned)KEEL__TRAIN_NAMES_N(names)           \
-               ? names[k] : "unknown";                                      \
-    }
 
 #endif

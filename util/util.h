@@ -182,4 +182,47 @@ keel_status keel__fs_read_all(const char *path, size_t max_bytes,
 /* mkdir -p. */
 keel_status keel__fs_mkdirs(const char *path);
 
+/* ---- enum names (names.c) ------------------------------------------------ */
+
+/* The index of name among n names into *out, or KEEL_EINVAL naming what
+ * and listing the valid choices (*out untouched). */
+keel_status keel__name_lookup(const char *what, const char *name,
+                              const char *const *names, int n, int *out);
+
+/* The two string functions of an enum T whose values index the static
+ * array names. KEEL__FROM_NAME defines keel_status F(const char *name,
+ * T *out): KEEL_OK and *out, or KEEL_EINVAL naming what and listing the
+ * names (*out untouched). KEEL__NAME defines const char *F(T k): names[k],
+ * or "unknown" for a value outside the array. */
+#define KEEL__NAMES_N(names) ((int)(sizeof(names) / sizeof((names)[0])))
+#define KEEL__FROM_NAME(F, T, what, names)                                  \
+    keel_status F(const char *name, T *out)                                 \
+    {                                                                       \
+        int i = 0;                                                          \
+        keel_status st = keel__name_lookup(what, name, names,               \
+                                           KEEL__NAMES_N(names), &i);       \
+        if (st == KEEL_OK)                                                  \
+            *out = (T)i;                                                    \
+        return st;                                                          \
+    }
+#define KEEL__NAME(F, T, names)                                             \
+    const char *F(T k)                                                      \
+    {                                                                       \
+        return (unsigned)k < (unsigned)KEEL__NAMES_N(names)                 \
+               ? names[k] : "unknown";                                      \
+    }
+
+/* ---- PRNG (rng.c): splitmix64 seeding xoshiro256** (never libc) ---------- */
+
+typedef struct keel__rng {
+    uint64_t s[4];
+} keel__rng;
+uint64_t keel__splitmix64(uint64_t *x);
+void keel__rng_seed(keel__rng *r, uint64_t seed);
+uint64_t keel__rng_next(keel__rng *r);
+/* Uniform in [0, n) without modulo bias (n >= 1). */
+uint64_t keel__rng_below(keel__rng *r, uint64_t n);
+/* Uniform float in [lo, hi). */
+float keel__rng_uniform(keel__rng *r, float lo, float hi);
+
 #endif

@@ -14,6 +14,7 @@
 #include <keel/status.h>
 #include <keel/log.h>
 #include <keel/tensor.h>
+#include <keel/optimizer.h>
 #include <keel/checkpoint.h>
 #include <keel/events.h>
 #include <keel/hooks.h>

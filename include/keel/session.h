@@ -14,7 +14,7 @@
 #include <keel/tensor.h>
 #include <keel/checkpoint.h>
 #include <keel/hooks.h>
-#include <keel/train.h>
+#include <keel/optimizer.h>
 
 #ifdef __cplusplus
 extern "C" {

@@ -20,9 +20,9 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
-#include <keel/train.h>
+#include <keel/tensor.h>
 #include "util.h"
-#include "train_int.h"
+#include "core_int.h"
 
 /* Spin budgets: a gap up to POOL_SHORT_GAP_NS is worth spinning through
  * (twice it, at most POOL_SPIN_MAX_NS); otherwise POOL_SPIN_MIN_NS. */

@@ -6,10 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <keel/train.h>
+#include <keel/tensor.h>
 #include "util.h"
 #include "grow.h"
-#include "train_int.h"
+#include "core_int.h"
 
 typedef struct slot {
     char *name;

@@ -9,9 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <keel/train.h>
+#include <keel/optimizer.h>
 #include "util.h"
-#include "train_int.h"
+#include "core_int.h"
 
 KEEL__VECTORIZE_FILE
 
@@ -38,10 +38,10 @@ keel_lr_schedule_init(keel_lr_schedule *s)
     s->decay_rate = 0.96;
 }
 
-KEEL__TRAIN_FROM_NAME(keel_lr_kind_from_name, keel_lr_kind,
-                      "learning-rate schedule", lr_names)
+KEEL__FROM_NAME(keel_lr_kind_from_name, keel_lr_kind,
+                "learning-rate schedule", lr_names)
 
-KEEL__TRAIN_NAME(keel_lr_kind_name, keel_lr_kind, lr_names)
+KEEL__NAME(keel_lr_kind_name, keel_lr_kind, lr_names)
 
 keel_status
 keel_lr_schedule_validate(const keel_lr_schedule *s)
@@ -184,10 +184,10 @@ keel_optimizer_config_init(keel_optimizer_config *cfg,
         cfg->schedule.learning_rate = 0.01;
 }
 
-KEEL__TRAIN_FROM_NAME(keel_optimizer_kind_from_name, keel_optimizer_kind,
-                      "optimizer", opt_names)
+KEEL__FROM_NAME(keel_optimizer_kind_from_name, keel_optimizer_kind,
+                "optimizer", opt_names)
 
-KEEL__TRAIN_NAME(keel_optimizer_kind_name, keel_optimizer_kind, opt_names)
+KEEL__NAME(keel_optimizer_kind_name, keel_optimizer_kind, opt_names)
 
 keel_status
 keel_optimizer_new(const keel_optimizer_config *cfg, keel_optimizer **out)
@@ -532,7 +532,7 @@ optimizer_apply_var_fp(keel_optimizer *o, keel_var *v,
                     .task = &k, .ntask = 1, .total = k.n, .nthreads = 1 };
     KEEL__PROF_BEGIN();
     update_range(&a, &k, 0, k.n);
-    KEEL__PROF_END(optimizer_ns);
+    KEEL__CORE_PROF_END(optimizer_ns);
     return KEEL_OK;
 }
 
@@ -649,7 +649,7 @@ apply_all_fp(keel_optimizer *o, keel_vars *vs, keel_grads *grads,
     } else {
         apply_worker(&a, 0);
     }
-    KEEL__PROF_END(optimizer_ns);
+    KEEL__CORE_PROF_END(optimizer_ns);
     return KEEL_OK;
 }
 
