@@ -81,11 +81,12 @@ rec_after(void *ctx, keel_run_context *rc, const keel_run_values *v)
     return KEEL_OK;
 }
 
-static void
+static keel_status
 rec_end(void *ctx, keel_session *s, keel_end_reason why)
 {
     (void)s;
     logev("e:%s:%s ", ((rec *)ctx)->tag, keel_end_reason_name(why));
+    return KEEL_OK;
 }
 
 static keel_hook

@@ -351,8 +351,12 @@ void keel_session_request_stop(keel_session *s, const char *why);
 keel_status keel_session_save_now(keel_session *s, char *path,
                                   size_t path_size);
 /* End the session: every hook's end with the reason, then coordinator stop
- * and join (grace). Idempotent. Returns KEEL_OK, or an error from the
- * coordinator's threads. */
+ * and join (grace), then the session saver's pending save. Idempotent.
+ * Returns KEEL_OK, an error from the coordinator's threads, or else the
+ * first hook end's failure or the saver's (a final checkpoint that is not
+ * on disk: the message names the hook, the step and the file), so a run
+ * never ends well without its final checkpoint. MonitoredTrainingSession
+ * and the Supervisor close through it. */
 keel_status keel_session_close(keel_session *s);
 /* The reason recorded (or that close used). */
 keel_end_reason keel_session_end_reason(const keel_session *s);
