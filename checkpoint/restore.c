@@ -364,7 +364,9 @@ rs_match_variables(restore_job *r)
 }
 
 /* List the store's variables the file lacks; a strict restore fails on
- * any. */
+ * any with KEEL_EINVAL, like a shape mismatch: the checkpoint is there
+ * but does not fit the model, which is not the absence of a checkpoint
+ * (KEEL_ENOTFOUND, the file itself gone). */
 static keel_status
 rs_find_missing(restore_job *r)
 {
@@ -381,7 +383,7 @@ rs_find_missing(restore_job *r)
         }
     }
     if (r->rep.n_missing > 0 && mode == KEEL_RESTORE_STRICT)
-        return keel__fail(KEEL_ENOTFOUND, "restore from %s: %zu variable(s) "
+        return keel__fail(KEEL_EINVAL, "restore from %s: %zu variable(s) "
                           "of the model are not in the checkpoint: %s (use a "
                           "partial restore or a name map)", r->path,
                           r->rep.n_missing, r->rep.missing);

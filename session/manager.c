@@ -245,6 +245,16 @@ restore_latest(keel_session_manager *sm, int *restored)
                   sm->checkpoint_dir);
         return KEEL_OK;
     }
+    if (st == KEEL_EINVAL) {        /* a checkpoint that does not fit */
+        char cause[KEEL_ERR_MAX];
+        snprintf(cause, sizeof cause, "%s", keel_last_error());
+        return keel__fail(st, "resume from %s: %s. The model does not fit "
+                          "the run in this directory (nothing was written): "
+                          "resume it with the model it was trained with, or "
+                          "start a new run from its checkpoint with a warm "
+                          "start (warm_start_from) into a new checkpoint "
+                          "directory", sm->checkpoint_dir, cause);
+    }
     if (st != KEEL_OK)
         return keel__wrap(st, "restore from %s", sm->checkpoint_dir);
     /* Restore covers every checkpointed variable and the global step. */

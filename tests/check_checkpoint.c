@@ -742,7 +742,7 @@ START_TEST(test_restore_strict_partial_report_and_name_map)
                                       0, &v), KEEL_OK);
     keel_var_tensor(v)->data[0] = 17;
     /* Strict: "new/thing" and "fc/kernel" are missing. */
-    ck_assert_int_eq(keel_ckpt_restore(path, b, NULL, &rep), KEEL_ENOTFOUND);
+    ck_assert_int_eq(keel_ckpt_restore(path, b, NULL, &rep), KEEL_EINVAL);
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "new/thing"));
     ck_assert_uint_eq(rep.n_missing, 2);
     /* Partial with a map: fc/kernel restored from dense/kernel with its
@@ -1098,6 +1098,19 @@ START_TEST(test_restore_latest_verifies_while_reading_and_falls_back)
     ck_assert_int_eq(keel_ckpt_restore_latest(tu_dir, NULL, odd, NULL, NULL,
                                               NULL, 0), KEEL_EINVAL);
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "dense/bias"));
+    /* a model that only adds a variable does not fit either: an error
+     * naming the newest file and the variable, not "no checkpoint" */
+    keel_vars_free(b);
+    b = make_store(0, 0);
+    ck_assert_int_eq(keel_vars_create(b, "head/extra", 1, shape,
+                                      KEEL_VAR_TRAINABLE, NULL), KEEL_OK);
+    ck_assert_int_eq(keel_ckpt_restore_latest(tu_dir, NULL, b, NULL, NULL,
+                                              NULL, 0), KEEL_EINVAL);
+    ck_assert_msg(strstr(keel_last_error(), bad) != NULL
+                  && strstr(keel_last_error(), "head/extra") != NULL, "%s",
+                  keel_last_error());
+    keel_vars_free(b);
+    b = make_store(0, 0);
     /* nothing restores */
     tu_write_file(bad, "junk", 4);
     tu_write_file(good, "junk", 4);
