@@ -835,6 +835,8 @@ sn_make_creator(keel_session *s, const keel_session_config *cfg)
     mc.recovery_wait_ms = cfg->recovery_wait_ms;
     mc.restore_fn = cfg->restore_fn;
     mc.restore_ctx = cfg->restore_ctx;
+    mc.warm_start_from = cfg->warm_start_from;
+    mc.warm_start_vars = cfg->warm_start_vars;
     st = keel_session_manager_new(&mc, &s->sm);
     if (st != KEEL_OK)
         return st;
