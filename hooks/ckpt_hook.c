@@ -106,6 +106,9 @@ save(ckpt_hook *h, keel_session *s, int64_t step, int *should_stop)
     path[0] = '\0';
     st = keel__ckpt->saver_save(sv, keel_session_vars(s), &meta, path,
                                 sizeof path);
+    if (st != KEEL_OK && path[0] != '\0')     /* the saver names it first */
+        return keel__wrap(st, "checkpoint at step %lld (%s)",
+                          (long long)step, path);
     if (st != KEEL_OK)
         return keel__wrap(st, "checkpoint at step %lld", (long long)step);
     h->last_saved = step;
