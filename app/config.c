@@ -230,6 +230,15 @@ static const key_def schema[] = {
     { "checkpoint", "save_on_error", T_BOOL, "false", NOLIM, NULL,
       "Also write the final checkpoint when training stops on an error "
       "(TF1 never does)." },
+    { "checkpoint", "warm_start_from", T_STRING, "", NOLIM, NULL,
+      "Start a new run from another run's checkpoint (a file, or a "
+      "directory: its newest): variables restored by name, the ones it "
+      "lacks initialized, step and optimizer state fresh. Only while dir "
+      "holds no checkpoint: a dir with one resumes it instead. Never dir "
+      "itself (\"\": off)." },
+    { "checkpoint", "warm_start_vars", T_STRING, "", NOLIM, NULL,
+      "Warm-start only the variables whose whole name matches this POSIX "
+      "extended regex (\"\": every variable)." },
 
     { "hooks", "log_every_steps", T_INT, "100", 0, I64MAX, NULL,
       "Log step, epoch, loss, accuracy, learning rate and examples/s "

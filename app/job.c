@@ -1419,8 +1419,10 @@ replica_session(job *j, keel_training_config *tc, const keel_backend *backend,
     tc->session.backend = backend;
     tc->session.n_hooks = n_hooks + 1;
     tc->session.is_chief = is_chief;
-    if (!is_chief)
+    if (!is_chief) {
         tc->session.checkpoint_dir = NULL;
+        tc->session.warm_start_from = NULL;     /* the chief's to apply */
+    }
 }
 
 /* train.strategy = multi_worker_mirrored: what the config and the
@@ -1518,6 +1520,12 @@ session_config_from(const keel_config *cfg, job *j, keel_scaffold *sc,
     tc->session.restore_fn = job_restore;
     tc->session.restore_ctx = j;
     tc->session.checkpoint_dir = keel_config_str(cfg, "checkpoint.dir");
+    if (keel_config_str(cfg, "checkpoint.warm_start_from")[0] != '\0')
+        tc->session.warm_start_from =
+            keel_config_str(cfg, "checkpoint.warm_start_from");
+    if (keel_config_str(cfg, "checkpoint.warm_start_vars")[0] != '\0')
+        tc->session.warm_start_vars =
+            keel_config_str(cfg, "checkpoint.warm_start_vars");
     tc->save_checkpoint_steps = every > 0 ? every : 0;
     tc->save_checkpoint_secs = every > 0 ? 0 : secs;
     if (j->save_epochs > 0 &&

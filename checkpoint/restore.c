@@ -4,6 +4,7 @@
 #include <config.h>
 
 #include <assert.h>
+#include <regex.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -296,7 +297,42 @@ typedef struct restore_job {
     ck_read_job *jobs;
     size_t n_jobs;
     keel_restore_report rep;
+    regex_t only;                   /* opts->only_vars, anchored */
+    int has_only;
 } restore_job;
+
+/* 1 when store variable name is one this restore writes (only_vars). */
+static int
+rs_wanted(const restore_job *r, const char *name)
+{
+    return !r->has_only || regexec(&r->only, name, 0, NULL, 0) == 0;
+}
+
+/* Compile opts->only_vars, anchored to the whole name. */
+static keel_status
+rs_compile_only(restore_job *r)
+{
+    const char *re = r->opts != NULL ? r->opts->only_vars : NULL;
+    char *whole;
+    size_t n;
+    int rc;
+    if (re == NULL)
+        return KEEL_OK;
+    n = strlen(re) + 5;
+    whole = malloc(n);
+    if (whole == NULL)
+        return keel__fail(KEEL_ENOMEM, "restore from %s: only_vars",
+                          r->path);
+    snprintf(whole, n, "^(%s)$", re);
+    rc = regcomp(&r->only, whole, REG_EXTENDED | REG_NOSUB);
+    free(whole);
+    if (rc != 0)
+        return keel__fail(KEEL_EINVAL, "restore from %s: only_vars '%s' is "
+                          "not a POSIX extended regular expression", r->path,
+                          re);
+    r->has_only = 1;
+    return KEEL_OK;
+}
 
 /* The store variable a file dataset restores into (its name, renamed,
  * in mapped), NULL when it has none (unknown or local). Returns 0 when the
@@ -310,7 +346,8 @@ rs_lookup(const restore_job *r, const char *name, char *mapped,
     if (!map_name(r->map, r->n_map, name, mapped))
         return 0;
     v = keel_vars_find(r->vs, mapped);
-    if (v != NULL && !(keel_var_flags(v) & KEEL_VAR_LOCAL))
+    if (v != NULL && !(keel_var_flags(v) & KEEL_VAR_LOCAL)
+        && rs_wanted(r, mapped))
         *out = v;
     return 1;
 }
@@ -364,7 +401,9 @@ rs_match_variables(restore_job *r)
 }
 
 /* List the store's variables the file lacks; a strict restore fails on
- * any. */
+ * any with KEEL_EINVAL, like a shape mismatch: the checkpoint is there
+ * but does not fit the model, which is not the absence of a checkpoint
+ * (KEEL_ENOTFOUND, the file itself gone). */
 static keel_status
 rs_find_missing(restore_job *r)
 {
@@ -372,7 +411,8 @@ rs_find_missing(restore_job *r)
                                              : KEEL_RESTORE_STRICT;
     for (size_t j = 0; j < r->nv; j++) {
         keel_var *v = keel_vars_at(r->vs, j);
-        if (keel_var_flags(v) & KEEL_VAR_LOCAL)
+        if ((keel_var_flags(v) & KEEL_VAR_LOCAL)
+            || !rs_wanted(r, keel_var_name(v)))
             continue;
         if (r->owner[j] == SIZE_MAX) {
             r->rep.n_missing++;
@@ -381,7 +421,7 @@ rs_find_missing(restore_job *r)
         }
     }
     if (r->rep.n_missing > 0 && mode == KEEL_RESTORE_STRICT)
-        return keel__fail(KEEL_ENOTFOUND, "restore from %s: %zu variable(s) "
+        return keel__fail(KEEL_EINVAL, "restore from %s: %zu variable(s) "
                           "of the model are not in the checkpoint: %s (use a "
                           "partial restore or a name map)", r->path,
                           r->rep.n_missing, r->rep.missing);
@@ -475,6 +515,8 @@ rs_free(restore_job *r)
     free(r->owner);
     free(r->target);
     free(r->map);
+    if (r->has_only)
+        regfree(&r->only);
     keel__ckpt_close(&r->f);
 }
 
@@ -506,12 +548,16 @@ keel_ckpt_restore(const char *path, keel_vars *vs,
     r.skip_slots = opts != NULL && opts->skip_slots;
     r.n_map = opts != NULL ? opts->n_name_map : 0;
     st = parse_map(opts, &r.map);
+    if (st == KEEL_OK && (st = rs_compile_only(&r)) != KEEL_OK)
+        free(r.map);
     if (st != KEEL_OK)
         return st;
     t0 = keel__now_mono_ns();
     st = keel__ckpt_open(path, &r.f);
     if (st != KEEL_OK) {
         free(r.map);
+        if (r.has_only)
+            regfree(&r.only);
         return st;
     }
     t1 = keel__now_mono_ns();

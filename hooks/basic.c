@@ -133,7 +133,7 @@ logging_after(void *ctx, keel_run_context *rc, const keel_run_values *v)
     return KEEL_OK;
 }
 
-static void
+static keel_status
 logging_end(void *ctx, keel_session *s, keel_end_reason why)
 {
     logging_hook *h = ctx;
@@ -141,6 +141,7 @@ logging_end(void *ctx, keel_session *s, keel_end_reason why)
     (void)why;
     if (h->at_end && h->has_last)
         log_values(h, h->last, 0, 0);
+    return KEEL_OK;
 }
 
 /* With an iteration timer (and no at_end) the hook acts from its next due
@@ -471,7 +472,7 @@ typedef struct final_hook {
     int has_value;
 } final_hook;
 
-static void
+static keel_status
 final_end(void *ctx, keel_session *s, keel_end_reason why)
 {
     final_hook *h = ctx;
@@ -483,6 +484,7 @@ final_end(void *ctx, keel_session *s, keel_end_reason why)
     else
         keel__log(KEEL_LOG_WARN, "final ops failed (%s): %s",
                   keel_status_name(st), keel_last_error());
+    return KEEL_OK;
 }
 
 void

@@ -106,6 +106,9 @@ save(ckpt_hook *h, keel_session *s, int64_t step, int *should_stop)
     path[0] = '\0';
     st = keel__ckpt->saver_save(sv, keel_session_vars(s), &meta, path,
                                 sizeof path);
+    if (st != KEEL_OK && path[0] != '\0')     /* the saver names it first */
+        return keel__wrap(st, "checkpoint at step %lld (%s)",
+                          (long long)step, path);
     if (st != KEEL_OK)
         return keel__wrap(st, "checkpoint at step %lld", (long long)step);
     h->last_saved = step;
@@ -178,32 +181,44 @@ ck_after_run(void *ctx, keel_run_context *rc, const keel_run_values *v)
     return KEEL_OK;
 }
 
-static void
+/* The final checkpoint: due at every end but an error's without
+ * save_on_error. Its failure (or the own saver's pending async save's) is
+ * the returned status, so the session's close reports it: a run whose
+ * final checkpoint is not on disk has not ended well. The listeners' end
+ * runs either way. */
+static keel_status
 ck_end(void *ctx, keel_session *s, keel_end_reason why)
 {
     ckpt_hook *h = ctx;
     int64_t gs = keel_session_global_step(s);
     int stop = 0;
     size_t i;
+    keel_status st = KEEL_OK, ws;
+    char err[KEEL_ERR_MAX] = "";
     if (why == KEEL_END_ERROR && !h->save_on_error) {
         keel__log(KEEL_LOG_WARN, "session ended with an error at step %lld: "
                   "no final checkpoint (save_on_error is off)",
                   (long long)gs);
     } else {
-        keel_status st = save(h, s, gs, &stop);
+        st = save(h, s, gs, &stop);
         if (st != KEEL_OK)
-            keel__log(KEEL_LOG_ERROR, "final checkpoint failed: %s",
-                      keel_last_error());
+            snprintf(err, sizeof err, "%s", keel_last_error());
     }
-    if (h->own != NULL) {
-        keel_status st = keel__ckpt->saver_wait(h->own);
-        if (st != KEEL_OK)
-            keel__log(KEEL_LOG_ERROR, "final checkpoint failed: %s",
-                      keel_last_error());
+    if (h->own != NULL && (ws = keel__ckpt->saver_wait(h->own)) != KEEL_OK
+        && st == KEEL_OK) {
+        st = ws;
+        snprintf(err, sizeof err, "%s", keel_last_error());
     }
+    if (st != KEEL_OK)
+        keel__log(KEEL_LOG_ERROR, "final checkpoint at step %lld failed: %s",
+                  (long long)gs, err);
     for (i = 0; i < h->n_listeners; i++)
         if (h->listeners[i].end != NULL)
             h->listeners[i].end(h->listeners[i].ctx, s, h->last_saved);
+    if (st != KEEL_OK)
+        return keel__fail(st, "final checkpoint at step %lld not saved: %s",
+                          (long long)gs, err);
+    return KEEL_OK;
 }
 
 static void

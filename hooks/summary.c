@@ -148,12 +148,13 @@ events_hook_begin(void *ctx)
     return events_out_begin(ctx);
 }
 
-static void
+static keel_status
 events_hook_end(void *ctx, keel_session *s, keel_end_reason why)
 {
     (void)s;
     (void)why;
     events_out_flush(ctx);
+    return KEEL_OK;
 }
 
 static void
@@ -431,7 +432,7 @@ profiler_after(void *ctx, keel_run_context *rc, const keel_run_values *v)
     return KEEL_OK;
 }
 
-static void
+static keel_status
 profiler_end(void *ctx, keel_session *s, keel_end_reason why)
 {
     profiler_hook *h = ctx;
@@ -443,6 +444,7 @@ profiler_end(void *ctx, keel_session *s, keel_end_reason why)
                       keel_last_error());
         h->t = NULL;
     }
+    return KEEL_OK;
 }
 
 static void

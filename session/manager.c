@@ -3,10 +3,12 @@
  * a deadline; recover) and the chief/worker session creators. */
 #include <config.h>
 
+#include <limits.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "defaults.h"
 #include "util.h"
@@ -25,10 +27,13 @@ struct keel_session_manager {
     double max_wait_secs;
     keel_status (*restore_fn)(void *ctx, const keel_ckpt_info *info);
     void *restore_ctx;
+    char *warm_from;                /* NULL: no warm start */
+    char *warm_vars;                /* NULL: every variable */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     uint64_t change_gen;
     int is_cancelled;
+    int is_initialized;             /* mu and cv exist */
 };
 
 /* ---- scaffold defaults -------------------------------------------------- */
@@ -179,8 +184,21 @@ keel_session_manager_new(const keel_session_manager_config *cfg,
     sm->max_wait_secs = KEEL__DEFAULT_MAX_WAIT_SECS;
     sm->restore_fn = cfg->restore_fn;
     sm->restore_ctx = cfg->restore_ctx;
+    if ((cfg->warm_start_from != NULL
+         && (sm->warm_from = strdup(cfg->warm_start_from)) == NULL)
+        || (cfg->warm_start_vars != NULL
+            && (sm->warm_vars = strdup(cfg->warm_start_vars)) == NULL)) {
+        keel_session_manager_free(sm);
+        return keel__fail(KEEL_ENOMEM, "session manager: copy warm start");
+    }
+    if (sm->warm_from != NULL && sm->checkpoint_dir == NULL) {
+        keel_session_manager_free(sm);
+        return keel__fail(KEEL_EINVAL, "session manager: warm_start_from "
+                          "needs a checkpoint_dir for the new run");
+    }
     pthread_mutex_init(&sm->mu, NULL);
     keel__cond_init_mono(&sm->cv);
+    sm->is_initialized = 1;
     *out = sm;
     return KEEL_OK;
 }
@@ -190,9 +208,13 @@ keel_session_manager_free(keel_session_manager *sm)
 {
     if (sm == NULL)
         return;
-    pthread_cond_destroy(&sm->cv);
-    pthread_mutex_destroy(&sm->mu);
+    if (sm->is_initialized) {
+        pthread_cond_destroy(&sm->cv);
+        pthread_mutex_destroy(&sm->mu);
+    }
     free(sm->checkpoint_dir);
+    free(sm->warm_from);
+    free(sm->warm_vars);
     free(sm);
 }
 
@@ -244,6 +266,16 @@ restore_latest(keel_session_manager *sm, int *restored)
         keel__log(KEEL_LOG_INFO, "no checkpoint in %s: initializing",
                   sm->checkpoint_dir);
         return KEEL_OK;
+    }
+    if (st == KEEL_EINVAL) {        /* a checkpoint that does not fit */
+        char cause[KEEL_ERR_MAX];
+        snprintf(cause, sizeof cause, "%s", keel_last_error());
+        return keel__fail(st, "resume from %s: %s. The model does not fit "
+                          "the run in this directory (nothing was written): "
+                          "resume it with the model it was trained with, or "
+                          "start a new run from its checkpoint with a warm "
+                          "start (warm_start_from) into a new checkpoint "
+                          "directory", sm->checkpoint_dir, cause);
     }
     if (st != KEEL_OK)
         return keel__wrap(st, "restore from %s", sm->checkpoint_dir);
@@ -303,6 +335,72 @@ try_local_init(keel_session_manager *sm, int *ok, char *missing, size_t size)
     return KEEL_OK;
 }
 
+/* The warm start's checkpoint file into path: warm_from itself, or a
+ * directory's newest valid checkpoint. A directory that is the run's own
+ * checkpoint_dir is refused: a warm start writes a new run elsewhere. */
+static keel_status
+warm_start_file(const keel_session_manager *sm, char *path, size_t size)
+{
+    char a[PATH_MAX], b[PATH_MAX];
+    struct stat sb;
+    int64_t step;
+    keel_status st;
+    if (stat(sm->warm_from, &sb) != 0)
+        return keel__fail(KEEL_EINVAL, "warm start: %s does not exist",
+                          sm->warm_from);
+    if (!S_ISDIR(sb.st_mode))
+        return keel__fmt(path, size, "warm start path", "%s", sm->warm_from);
+    if (realpath(sm->warm_from, a) != NULL
+        && realpath(sm->checkpoint_dir, b) != NULL && strcmp(a, b) == 0)
+        return keel__fail(KEEL_EINVAL, "warm start from %s: that is this "
+                          "run's own checkpoint directory; a warm start "
+                          "writes a new run into another directory",
+                          sm->warm_from);
+    st = keel__ckpt->latest(sm->warm_from, NULL, path, size, &step);
+    if (st != KEEL_OK)
+        return keel__wrap(KEEL_EINVAL, "warm start from %s", sm->warm_from);
+    return KEEL_OK;
+}
+
+/* Warm start (after init): the matching variables from the other run's
+ * checkpoint, by name; their slots and the global step stay fresh. */
+static keel_status
+warm_start(keel_session_manager *sm)
+{
+    char path[KEEL_PATH_MAX];
+    keel_restore_opts o;
+    keel_restore_report rep;
+    int64_t gs = keel_vars_global_step(sm->vars);
+    keel_status st = warm_start_file(sm, path, sizeof path);
+    if (st != KEEL_OK)
+        return st;
+    keel_restore_opts_init(&o);
+    o.mode = KEEL_RESTORE_PARTIAL;
+    o.skip_slots = 1;
+    o.only_vars = sm->warm_vars;
+    if (sm->has_restore_opts) {
+        o.name_map = sm->restore_opts.name_map;
+        o.n_name_map = sm->restore_opts.n_name_map;
+    }
+    memset(&rep, 0, sizeof rep);
+    st = keel__ckpt->restore(path, sm->vars, &o, &rep);
+    keel_vars_set_global_step(sm->vars, gs);
+    if (st != KEEL_OK)
+        return keel__wrap(st == KEEL_ENOTFOUND ? KEEL_EINVAL : st,
+                          "warm start from %s", path);
+    if (rep.n_restored == 0)
+        return keel__fail(KEEL_EINVAL, "warm start from %s: no variable of "
+                          "the model is in it%s%s%s", path,
+                          sm->warm_vars != NULL ? " and matches '" : "",
+                          sm->warm_vars != NULL ? sm->warm_vars : "",
+                          sm->warm_vars != NULL ? "'" : "");
+    keel__log(KEEL_LOG_INFO, "warm start from %s: %zu variable(s) restored, "
+              "%zu keep their initial values%s%s; step %lld, fresh "
+              "optimizer state", path, rep.n_restored, rep.n_missing,
+              rep.n_missing > 0 ? ": " : "", rep.missing, (long long)gs);
+    return KEEL_OK;
+}
+
 /* What a scaffold init or init_fn of the user's own most often forgets;
  * said before the list of what is missing, which may fill the message. */
 static const char *
@@ -358,6 +456,12 @@ keel_session_manager_prepare(keel_session_manager *sm, int is_recovery,
             if (st != KEEL_OK)
                 return keel__wrap(st, "scaffold init_fn");
         }
+        if (sm->warm_from != NULL && (st = warm_start(sm)) != KEEL_OK)
+            return st;
+    } else if (sm->warm_from != NULL) {
+        keel__log(KEEL_LOG_INFO, "%s holds this run's own checkpoint: "
+                  "resuming it (warm start from %s not applied)",
+                  sm->checkpoint_dir, sm->warm_from);
     }
     st = try_local_init(sm, &ok, missing, sizeof missing);
     if (st != KEEL_OK)

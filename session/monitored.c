@@ -835,6 +835,8 @@ sn_make_creator(keel_session *s, const keel_session_config *cfg)
     mc.recovery_wait_ms = cfg->recovery_wait_ms;
     mc.restore_fn = cfg->restore_fn;
     mc.restore_ctx = cfg->restore_ctx;
+    mc.warm_start_from = cfg->warm_start_from;
+    mc.warm_start_vars = cfg->warm_start_vars;
     st = keel_session_manager_new(&mc, &s->sm);
     if (st != KEEL_OK)
         return st;
@@ -1477,7 +1479,8 @@ keel_status
 keel_session_close(keel_session *s)
 {
     size_t i;
-    keel_status st;
+    keel_status st, end_st = KEEL_OK;
+    char end_err[KEEL_ERR_MAX];
     if (s == NULL)
         return keel__fail(KEEL_EINVAL, "close: NULL session");
     if (s->is_closed)
@@ -1489,10 +1492,19 @@ keel_session_close(keel_session *s)
     keel__log(KEEL_LOG_INFO, "session ending at global step %lld: %s",
               (long long)keel_vars_global_step(s->vars),
               keel_end_reason_name(s->reason));
+    /* Every hook's end runs; the first failure (a final checkpoint not
+     * on disk) is close's status, its message kept past the calls after
+     * it. */
     for (i = 0; i < s->n_hooks; i++) {
         const keel_hook *h = &s->hooks[i];
-        if (h->end != NULL)
-            h->end(h->ctx, s, s->reason);
+        keel_status hs;
+        if (h->end == NULL || (hs = h->end(h->ctx, s, s->reason)) == KEEL_OK)
+            continue;
+        if (end_st == KEEL_OK) {
+            end_st = hs;
+            snprintf(end_err, sizeof end_err, "hook '%s' end: %s",
+                     h->name != NULL ? h->name : "?", keel_last_error());
+        }
     }
     s->is_closed = 1;
     alarm_stop(&s->alarm);
@@ -1500,9 +1512,14 @@ keel_session_close(keel_session *s)
     st = keel_coord_join(s->coord, (int64_t)(s->grace_secs * 1000), 1);
     if (s->saver != NULL) {
         keel_status ws = keel__ckpt->saver_wait(s->saver);
-        if (st == KEEL_OK && ws != KEEL_OK)
-            st = ws;
+        if (ws != KEEL_OK && end_st == KEEL_OK) {
+            end_st = ws;
+            snprintf(end_err, sizeof end_err, "final checkpoint: %s",
+                     keel_last_error());
+        }
     }
+    if (st == KEEL_OK && end_st != KEEL_OK)
+        st = keel__fail(end_st, "%s", end_err);
     if (s->backend.end != NULL)
         s->backend.end(s->backend.ctx, s->vars, s->is_chief,
                        st == KEEL_OK ? s->reason : KEEL_END_ERROR);

@@ -742,7 +742,7 @@ START_TEST(test_restore_strict_partial_report_and_name_map)
                                       0, &v), KEEL_OK);
     keel_var_tensor(v)->data[0] = 17;
     /* Strict: "new/thing" and "fc/kernel" are missing. */
-    ck_assert_int_eq(keel_ckpt_restore(path, b, NULL, &rep), KEEL_ENOTFOUND);
+    ck_assert_int_eq(keel_ckpt_restore(path, b, NULL, &rep), KEEL_EINVAL);
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "new/thing"));
     ck_assert_uint_eq(rep.n_missing, 2);
     /* Partial with a map: fc/kernel restored from dense/kernel with its
@@ -1098,6 +1098,19 @@ START_TEST(test_restore_latest_verifies_while_reading_and_falls_back)
     ck_assert_int_eq(keel_ckpt_restore_latest(tu_dir, NULL, odd, NULL, NULL,
                                               NULL, 0), KEEL_EINVAL);
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "dense/bias"));
+    /* a model that only adds a variable does not fit either: an error
+     * naming the newest file and the variable, not "no checkpoint" */
+    keel_vars_free(b);
+    b = make_store(0, 0);
+    ck_assert_int_eq(keel_vars_create(b, "head/extra", 1, shape,
+                                      KEEL_VAR_TRAINABLE, NULL), KEEL_OK);
+    ck_assert_int_eq(keel_ckpt_restore_latest(tu_dir, NULL, b, NULL, NULL,
+                                              NULL, 0), KEEL_EINVAL);
+    ck_assert_msg(strstr(keel_last_error(), bad) != NULL
+                  && strstr(keel_last_error(), "head/extra") != NULL, "%s",
+                  keel_last_error());
+    keel_vars_free(b);
+    b = make_store(0, 0);
     /* nothing restores */
     tu_write_file(bad, "junk", 4);
     tu_write_file(good, "junk", 4);
@@ -1927,6 +1940,117 @@ START_TEST(test_unwritable_checkpoint_dir_fails_clearly)
 }
 END_TEST
 
+/* ---- resume and warm start through the session manager ------------------ */
+
+/* The chief's prepare over vs with checkpoints in dir, warm starting from
+ * warm (NULL: none) with the vars regex: its status, *restored. */
+static keel_status
+prepare_in(keel_vars *vs, const char *dir, const char *warm,
+           const char *vars, int *restored)
+{
+    keel_session_manager_config mc;
+    keel_session_manager *sm;
+    keel_status st;
+    keel_session_manager_config_init(&mc);
+    mc.vars = vs;
+    mc.checkpoint_dir = dir;
+    mc.warm_start_from = warm;
+    mc.warm_start_vars = vars;
+    st = keel_session_manager_new(&mc, &sm);
+    if (st == KEEL_OK)
+        st = keel_session_manager_prepare(sm, 0, restored);
+    keel_session_manager_free(sm);
+    return st;
+}
+
+/* A model with a variable more than its run's checkpoint: resuming is an
+ * error naming the file, the variable and the warm start, and nothing is
+ * written; a warm start into a new directory takes the variables by name
+ * (the new one keeps its initializer, the step and slots start fresh),
+ * only those warm_start_vars matches; a restarted warm-started run resumes
+ * its own checkpoints; the run's own directory is refused as the source. */
+START_TEST(test_misfit_resume_fails_and_warm_start_starts_a_new_run)
+{
+    keel_vars *a = make_store(4, 1), *b;
+    char path[4096], *old, want[4200], *now;
+    size_t osize, nsize;
+    int restored = -1;
+    int64_t shape[1] = { 3 };
+    keel_var *extra;
+
+    ck_assert_int_eq(mkdir(tu_path("old"), 0700), 0);
+    ck_assert_int_eq(mkdir(tu_path("new"), 0700), 0);
+    {
+        keel_saver *s = new_saver(tu_path("old"), 5, 0);
+        save_step(s, a, 10, path, sizeof path);
+        keel_saver_free(s);
+    }
+    old = tu_read_file(tu_path("old/checkpoint"), &osize);
+    b = make_store(0, 0);
+    ck_assert_int_eq(keel_vars_create(b, "head/extra", 1, shape,
+                                      KEEL_VAR_TRAINABLE, &extra), KEEL_OK);
+    keel_var_tensor(extra)->data[0] = 42;
+
+    /* resume: an error, not "no checkpoint: initializing" */
+    ck_assert_int_eq(prepare_in(b, tu_path("old"), NULL, NULL, &restored),
+                     KEEL_EINVAL);
+    ck_assert_msg(strstr(keel_last_error(), path) != NULL
+                  && strstr(keel_last_error(), "head/extra") != NULL
+                  && strstr(keel_last_error(), "warm start") != NULL, "%s",
+                  keel_last_error());
+    now = tu_read_file(tu_path("old/checkpoint"), &nsize);
+    ck_assert(nsize == osize && memcmp(old, now, osize) == 0);
+    free(now);
+
+    /* the run's own directory is no warm-start source */
+    ck_assert_int_eq(prepare_in(b, tu_path("new"), tu_path("new"), NULL,
+                                &restored), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "own checkpoint "
+                                 "directory"));
+    /* a regex matching nothing the checkpoint has is refused */
+    ck_assert_int_eq(prepare_in(b, tu_path("new"), tu_path("old"),
+                                "head/.*", &restored), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "'head/.*'"));
+    ck_assert_int_eq(prepare_in(b, tu_path("new"), tu_path("old"), "(",
+                                &restored), KEEL_EINVAL);
+
+    /* warm start: by name, only what matches, step and slots fresh */
+    ck_assert_msg(prepare_in(b, tu_path("new"), tu_path("old"),
+                             "dense/.*", &restored) == KEEL_OK, "%s",
+                  keel_last_error());
+    ck_assert_int_eq(restored, 0);
+    ck_assert_int_eq(keel_vars_global_step(b), 0);
+    ck_assert(memcmp(keel_var_tensor(keel_vars_find(a, "dense/kernel"))->data,
+                     keel_var_tensor(keel_vars_find(b, "dense/kernel"))->data,
+                     5 * 7 * sizeof(float)) == 0);
+    ck_assert_float_eq(keel_var_tensor(keel_vars_find(b, "global_scale"))
+                       ->data[0], 0);
+    ck_assert_float_eq(keel_var_tensor(extra)->data[0], 42);
+    ck_assert_float_eq(keel_var_slot(keel_vars_find(b, "dense/kernel"),
+                                     "m")->data[1], 0);     /* not -5 */
+    /* the new run's checkpoint, then its restart: resumed, not warm */
+    {
+        keel_saver *s = new_saver(tu_path("new"), 5, 0);
+        keel_var_tensor(extra)->data[0] = 7;
+        save_step(s, b, 3, NULL, 0);
+        keel_saver_free(s);
+    }
+    keel_var_tensor(extra)->data[0] = 0;
+    ck_assert_msg(prepare_in(b, tu_path("new"), tu_path("old"), NULL,
+                             &restored) == KEEL_OK, "%s", keel_last_error());
+    ck_assert_int_eq(restored, 1);
+    ck_assert_int_eq(keel_vars_global_step(b), 3);
+    ck_assert_float_eq(keel_var_tensor(extra)->data[0], 7);
+    TU_SNPRINTF(want, sizeof want, "%s", tu_path("old/checkpoint"));
+    now = tu_read_file(want, &nsize);
+    ck_assert(nsize == osize && memcmp(old, now, osize) == 0);
+    free(now);
+    free(old);
+    keel_vars_free(a);
+    keel_vars_free(b);
+}
+END_TEST
+
 static Suite *
 checkpoint_suite(void)
 {
@@ -1971,7 +2095,8 @@ checkpoint_suite(void)
         test_retention_never_unlinks_outside_the_checkpoint_set,
         test_disk_full_mid_data_keeps_the_previous_checkpoint,
         test_unwritable_checkpoint_dir_fails_clearly,
-        test_file_size_limit_fails_the_save_cleanly));
+        test_file_size_limit_fails_the_save_cleanly,
+        test_misfit_resume_fails_and_warm_start_starts_a_new_run));
     tu_tcase(s, "slow", long_mode() ? 7200 : 120, tu_setup, tu_teardown,
              TU_TESTS(
         test_sigkill_at_random_moments_leaves_valid_latest,

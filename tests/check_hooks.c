@@ -32,11 +32,14 @@ count(const char *hay, const char *needle)
 }
 
 static int fail_with_abort_once;
+static int64_t input_ends_at;     /* > 0: the step's end of input */
 
 static keel_status
 step(void *ctx, keel_step *st)
 {
     (void)ctx;
+    if (input_ends_at > 0 && keel_step_global_step(st) >= input_ends_at)
+        return keel_error_set(KEEL_EOUTOFRANGE, "input exhausted");
     if (fail_with_abort_once && keel_step_global_step(st) == 1) {
         fail_with_abort_once = 0;
         return keel_error_set(KEEL_EABORTED, "peer restarted");
@@ -51,6 +54,7 @@ setup(void)
     fake_install();
     hook_log.text[0] = '\0';
     fail_with_abort_once = 0;
+    input_ends_at = 0;
     keel_log_set_handler(tu_log_append, &hook_log, KEEL_LOG_DEBUG);
     ck_assert_int_eq(keel_vars_new(&vs), KEEL_OK);
     ck_assert_int_eq(keel_vars_create(vs, "w", 0, NULL, KEEL_VAR_TRAINABLE,
@@ -979,6 +983,100 @@ START_TEST(test_hooks_are_told_apart_by_kind)
 }
 END_TEST
 
+/* The session of a final-save test: h[0] a CheckpointSaverHook on the
+ * session's saver (own: a saver of its own in tu_dir instead), h[1] a
+ * StopAtStepHook at step 3; the creation's save at step 0 succeeds,
+ * every later one fails (fake: ENOSPC). */
+static keel_session *
+final_save_session(keel_hook h[2], int own)
+{
+    keel_ckpt_hook_config hc;
+    keel_stop_at_step_hook_config sc;
+    keel_ckpt_hook_config_init(&hc);
+    hc.save_steps = 1000;
+    hc.dir = own ? tu_dir : NULL;
+    ck_assert_int_eq(keel_ckpt_hook_new(&hc, &h[0]), KEEL_OK);
+    keel_stop_at_step_hook_config_init(&sc);
+    sc.last_step = 3;
+    ck_assert_int_eq(keel_stop_at_step_hook_new(&sc, &h[1]), KEEL_OK);
+    fake_install();
+    fake.fail_after_saves = 1;
+    keel_vars_set_global_step(vs, 0);
+    return session_in(h, 2, own ? NULL : tu_dir);
+}
+
+/* close's status: the final save's failure, naming the step and cause. */
+static void
+assert_final_save_failed(keel_session *s, keel_hook h[2],
+                         keel_end_reason why, int64_t step)
+{
+    char want[64];
+    ck_assert_int_eq(keel_session_close(s), KEEL_EIO);
+    ck_assert_int_eq(keel_session_end_reason(s), why);
+    snprintf(want, sizeof want, "final checkpoint at step %lld not saved",
+             (long long)step);
+    ck_assert_msg(strstr(keel_last_error(), want) != NULL
+                  && strstr(keel_last_error(), "No space left") != NULL,
+                  "%s", keel_last_error());
+    ck_assert_int_eq(keel_session_end_reason(s), why);
+    ck_assert_int_eq(keel_session_close(s), KEEL_OK);       /* idempotent */
+    keel_session_free(s);
+    ck_assert_int_eq(fake.n_saves, 1);
+    keel_hook_release(&h[0]);
+    keel_hook_release(&h[1]);
+}
+
+/* Every end path with a final save due reports its failure from close:
+ * the last step reached, the end of input, a stop request, a signal, and
+ * a plain close; a save the hook's own async saver finishes late too. */
+START_TEST(test_ckpt_hook_final_save_failure_reaches_close_on_every_end)
+{
+    keel_hook h[2];
+    keel_session *s;
+
+    s = final_save_session(h, 0);                       /* max steps */
+    ck_assert_int_eq(keel_session_train(s), KEEL_OK);
+    assert_final_save_failed(s, h, KEEL_END_STOP_REQUESTED, 3);
+
+    s = final_save_session(h, 0);                       /* end of input */
+    input_ends_at = 2;
+    ck_assert_int_eq(keel_session_train(s), KEEL_OK);
+    assert_final_save_failed(s, h, KEEL_END_OUT_OF_RANGE, 2);
+    input_ends_at = 0;
+
+    s = final_save_session(h, 0);                       /* stop request */
+    run_steps(s, 1);
+    keel_session_request_stop(s, "test");
+    ck_assert_int_eq(keel_session_train(s), KEEL_OK);
+    assert_final_save_failed(s, h, KEEL_END_STOP_REQUESTED, 1);
+
+    s = final_save_session(h, 0);                       /* SIGTERM */
+    ck_assert_int_eq(keel_session_install_signal_handlers(), KEEL_OK);
+    run_steps(s, 2);
+    raise(SIGTERM);
+    ck_assert_int_eq(keel_session_train(s), KEEL_OK);
+    assert_final_save_failed(s, h, KEEL_END_SIGNAL, 2);
+    keel_session_clear_signal();
+    keel_session_uninstall_signal_handlers();
+
+    s = final_save_session(h, 1);                       /* own saver */
+    run_steps(s, 2);
+    assert_final_save_failed(s, h, KEEL_END_CLEAN, 2);
+
+    /* the own saver's pending save fails when the hook waits for it */
+    s = final_save_session(h, 1);
+    fake.fail_after_saves = 0;
+    fake.fail_wait = 1;
+    run_steps(s, 1);
+    ck_assert_int_eq(keel_session_close(s), KEEL_EIO);
+    ck_assert_msg(strstr(keel_last_error(), "fake async save failure")
+                  != NULL, "%s", keel_last_error());
+    keel_session_free(s);
+    keel_hook_release(&h[0]);
+    keel_hook_release(&h[1]);
+}
+END_TEST
+
 static Suite *
 hooks_suite(void)
 {
@@ -993,6 +1091,7 @@ hooks_suite(void)
         test_backend_worker_waits_on_events_and_chief_skips_rollback,
         test_ckpt_hook_reports_the_step_the_backend_saved_at,
         test_ckpt_hook_does_not_claim_the_restored_checkpoint,
+        test_ckpt_hook_final_save_failure_reaches_close_on_every_end,
         test_supervisor_worker_times_out_when_chief_never_ready));
     tu_tcase(s, "skip", 20, setup, teardown, TU_TESTS(
         test_skipping_idle_hooks_changes_no_save_event_log_or_stop,

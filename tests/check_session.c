@@ -81,11 +81,12 @@ rec_after(void *ctx, keel_run_context *rc, const keel_run_values *v)
     return KEEL_OK;
 }
 
-static void
+static keel_status
 rec_end(void *ctx, keel_session *s, keel_end_reason why)
 {
     (void)s;
     logev("e:%s:%s ", ((rec *)ctx)->tag, keel_end_reason_name(why));
+    return KEEL_OK;
 }
 
 static keel_hook
@@ -1747,6 +1748,65 @@ START_TEST(test_supervisor_checkpoints_at_start_and_at_stop)
 }
 END_TEST
 
+/* A final checkpoint that fails (fake: ENOSPC after the creation's save)
+ * is the close status of MonitoredTrainingSession (last step reached) and
+ * of the Supervisor (keel_supervisor_loop, keel_supervisor_stop); the
+ * hooks after the failing one still see end. */
+START_TEST(test_final_checkpoint_failure_is_the_close_status)
+{
+    keel_training_config tc;
+    keel_supervisor_config vc;
+    keel_supervisor *sv;
+    keel_session *s;
+    script sc = { 0 };
+    rec r = { "after", 0 };
+    keel_hook h[2];
+    keel_stop_at_step_hook_config pc;
+
+    keel_stop_at_step_hook_config_init(&pc);
+    pc.last_step = 4;
+    ck_assert_int_eq(keel_stop_at_step_hook_new(&pc, &h[0]), KEEL_OK);
+    h[1] = rec_hook(&r);
+    keel_training_config_init(&tc);
+    tc.session.vars = vs;
+    tc.session.step = scripted_step;
+    tc.session.step_ctx = &sc;
+    tc.session.checkpoint_dir = tu_dir;
+    tc.session.hooks = h;
+    tc.session.n_hooks = 2;
+    tc.save_summaries_steps = 0;
+    fake.fail_after_saves = 1;
+    ck_assert_int_eq(keel_training_session_new(&tc, &s), KEEL_OK);
+    ck_assert_int_eq(keel_session_train(s), KEEL_OK);
+    ck_assert_int_eq(keel_session_global_step(s), 4);
+    ck_assert_int_eq(keel_session_close(s), KEEL_EIO);
+    ck_assert_msg(strstr(keel_last_error(), "final checkpoint at step 4 "
+                         "not saved") != NULL && strstr(keel_last_error(),
+                         "fake-4: No space left on device") != NULL, "%s",
+                  keel_last_error());
+    ck_assert_msg(strstr(ev, "e:after:") != NULL, "%s", ev);
+    keel_session_free(s);
+    keel_hook_release(&h[0]);
+    ck_assert_int_eq(fake.n_saves, 1);
+
+    fake_install();
+    fake.fail_after_saves = 1;
+    keel_vars_set_global_step(vs, 0);
+    keel_supervisor_config_init(&vc);
+    vc.vars = vs;
+    vc.step = scripted_step;
+    vc.step_ctx = &sc;
+    vc.logdir = tu_dir;
+    ck_assert_int_eq(keel_supervisor_new(&vc, &sv), KEEL_OK);
+    ck_assert_int_eq(keel_supervisor_prepare_or_wait(sv, 1), KEEL_OK);
+    ck_assert_int_eq(keel_supervisor_loop(sv, 3), KEEL_EIO);
+    ck_assert_msg(strstr(keel_last_error(), "final checkpoint at step 3 "
+                         "not saved") != NULL, "%s", keel_last_error());
+    ck_assert_int_eq(keel_supervisor_stop(sv), KEEL_OK);    /* closed */
+    keel_supervisor_free(sv);
+}
+END_TEST
+
 static Suite *
 session_suite(void)
 {
@@ -1784,6 +1844,7 @@ session_suite(void)
         test_training_session_hook_order_chief_and_worker,
         test_training_session_logs_only_the_checkpoints_it_writes,
         test_supervisor_checkpoints_at_start_and_at_stop,
+        test_final_checkpoint_failure_is_the_close_status,
         test_replicas_add_gradients_along_the_tree_and_average_values,
         test_replica_failures_name_the_replica_and_apply_nothing,
         test_replica_stores_start_zero_every_step_and_after_a_failure,

@@ -28,9 +28,12 @@ f_save(keel_saver *s, const keel_vars *vs, const keel_ckpt_meta *meta,
     size_t i, k = 0;
     int64_t step = keel_vars_global_step(vs);
     (void)s;
-    if (fake.fail_saves)
-        return keel__fail(KEEL_EIO, "fake save failure at step %lld",
-                          (long long)step);
+    if (fake.fail_saves
+        || (fake.fail_after_saves > 0 && fake.n_saves >= fake.fail_after_saves
+            && fake.steps[fake.n_saves - 1] != step))
+        return keel__fail(KEEL_EIO, "fake save failure at step %lld: "
+                          "fake-%lld: No space left on device",
+                          (long long)step, (long long)step);
     if (path != NULL)               // named also by a no-op, as the real one
         snprintf(path, n, "fake-%lld", (long long)step);
     if (fake.n_saves > 0 && fake.steps[fake.n_saves - 1] == step)
@@ -60,6 +63,9 @@ static keel_status
 f_wait(keel_saver *s)
 {
     (void)s;
+    if (fake.fail_wait)
+        return keel__fail(KEEL_EIO, "fake async save failure: fake-%lld: "
+                          "No space left on device", (long long)fake.gs);
     return KEEL_OK;
 }
 

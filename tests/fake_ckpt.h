@@ -18,6 +18,9 @@ typedef struct fake_ckpt {
     size_t blob_size;
     char blob_name[64];
     int fail_saves;                  /* saves fail with KEEL_EIO */
+    int fail_after_saves;            /* > 0: once this many saves are
+                                      * recorded, new ones fail (EIO) */
+    int fail_wait;                   /* saver_wait fails with KEEL_EIO */
 } fake_ckpt;
 
 extern fake_ckpt fake;

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <keel/keel.h>
@@ -129,13 +130,50 @@ START_TEST(test_sigint_behaves_like_sigterm)
 }
 END_TEST
 
+/* A SIGTERM whose final checkpoint cannot be written is no clean stop:
+ * the child, resumed (no save due at its start) under a file size limit
+ * below a checkpoint's size, exits 1 and the newest checkpoint stays the
+ * one it resumed from. */
+START_TEST(test_sigterm_whose_final_checkpoint_fails_exits_nonzero)
+{
+    char path[4096];
+    struct rlimit old, lim;
+    int64_t step = -1;
+    off_t size;
+
+    start_child(tu_dir, "5", "1");
+    ck_assert_int_eq(finish_child(), 0);
+    ck_assert_int_eq(keel_ckpt_latest(tu_dir, NULL, path, sizeof path,
+                                      &step), KEEL_OK);
+    ck_assert_int_eq(step, 5);
+    size = tu_file_size(path);
+    ck_assert_int_gt(size, 1024);
+    ck_assert_int_eq(getrlimit(RLIMIT_FSIZE, &old), 0);
+    lim = old;
+    lim.rlim_cur = (rlim_t)size / 2;
+    signal(SIGXFSZ, SIG_IGN);
+    ck_assert_int_eq(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    start_child(tu_dir, "1000000000", "200");
+    ck_assert_int_eq(setrlimit(RLIMIT_FSIZE, &old), 0);
+    signal(SIGXFSZ, SIG_DFL);
+    ck_assert_msg(wait_for_output("running", 20000), "child never ran: %s",
+                  buf);
+    ck_assert_int_eq(kill(child, SIGTERM), 0);
+    ck_assert_int_eq(finish_child(), 1);
+    ck_assert_int_eq(keel_ckpt_latest(tu_dir, NULL, path, sizeof path,
+                                      &step), KEEL_OK);
+    ck_assert_int_eq(step, 5);
+}
+END_TEST
+
 static Suite *
 sigterm_suite(void)
 {
     Suite *s = suite_create("it_sigterm");
     tu_tcase(s, "sigterm", 60, tu_setup, teardown, TU_TESTS(
         test_sigterm_mid_run_checkpoints_current_step_exits_0_and_resumes,
-        test_sigint_behaves_like_sigterm));
+        test_sigint_behaves_like_sigterm,
+        test_sigterm_whose_final_checkpoint_fails_exits_nonzero));
     return s;
 }
 

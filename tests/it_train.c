@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <keel/keel.h>
@@ -370,6 +372,101 @@ START_TEST(test_mirrored_matches_one_device_and_restores_anywhere)
 }
 END_TEST
 
+/* A final checkpoint the file system refuses fails the run: resumed at
+ * step 5 (so no save is due before the end), keel train runs with a file
+ * size limit below a checkpoint's size (SIGXFSZ ignored), which the saver
+ * refuses. Exit 1, a 'keel:' line naming the step, the checkpoint file
+ * and the cause; the state file still names step 5. */
+START_TEST(test_final_checkpoint_that_cannot_be_written_fails_the_run)
+{
+    const char *const first[] = { "train.max_steps=5",
+                                  "checkpoint.save_secs=0", NULL };
+    const char *const second[] = { "train.max_steps=9",
+                                   "checkpoint.save_secs=0", NULL };
+    struct rlimit old, lim;
+    char *state;
+    off_t size;
+    int rc;
+
+    ck_assert_int_eq(train_into("full", first), 0);
+    size = tu_file_size(tu_path("full/model.ckpt-5.h5"));
+    ck_assert_int_gt(size, 8192);
+    ck_assert_int_eq(getrlimit(RLIMIT_FSIZE, &old), 0);
+    lim = old;
+    lim.rlim_cur = (rlim_t)size / 2;
+    signal(SIGXFSZ, SIG_IGN);
+    ck_assert_int_eq(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    rc = train_into("full", second);
+    ck_assert_int_eq(setrlimit(RLIMIT_FSIZE, &old), 0);
+    signal(SIGXFSZ, SIG_DFL);
+    ck_assert_msg(rc == 1, "exit %d: %s", rc, tu_tail(err, 2000));
+    ck_assert_msg(strstr(err, "keel: train: ") != NULL
+                  && strstr(err, "final checkpoint at step 9 not saved")
+                  != NULL && strstr(err, "model.ckpt-9.h5") != NULL
+                  && strstr(err, "file size limit") != NULL, "%s",
+                  tu_tail(err, 2000));
+    ck_assert_ptr_null(strstr(out, "trained steps"));
+    ck_assert_int_lt(tu_file_size(tu_path("full/model.ckpt-9.h5")), 0);
+    state = tu_read_file(tu_path("full/checkpoint"), NULL);
+    ck_assert_msg(strstr(state, "model_checkpoint_path: \"model.ckpt-5.h5\"")
+                  != NULL, "%s", state);
+    free(state);
+}
+END_TEST
+
+/* A checkpoint directory whose run does not fit the model (here a wider
+ * hidden layer) is an error, exit 2, naming the file and the variable and
+ * pointing to the warm start; nothing is written. The warm start from that
+ * directory into a new one trains; the old run is left as it was. */
+START_TEST(test_misfit_is_refused_and_warm_start_starts_a_new_run)
+{
+    const char *const first[] = { "train.max_steps=5", NULL };
+    const char *const wider[] = { "train.max_steps=5", "model.hidden=48",
+                                  NULL };
+    char warm[4200], *before, *after;
+    size_t nb, na;
+    int rc;
+
+    ck_assert_int_eq(train_into("base", first), 0);
+    before = tu_read_file(tu_path("base/checkpoint"), &nb);
+    rc = train_into("base", wider);
+    ck_assert_msg(rc == 2, "exit %d: %s", rc, tu_tail(err, 2000));
+    ck_assert_msg(strstr(err, "keel: train: resume from ") != NULL
+                  && strstr(err, "model.ckpt-5.h5") != NULL
+                  && strstr(err, "shape") != NULL
+                  && strstr(err, "warm_start_from") != NULL, "%s",
+                  tu_tail(err, 2000));
+    ck_assert_ptr_null(strstr(err, "initializing"));
+    after = tu_read_file(tu_path("base/checkpoint"), &na);
+    ck_assert(na == nb && memcmp(before, after, nb) == 0);
+    free(after);
+    free(before);
+    /* the same model again warm-starts by name into a new directory */
+    TU_SNPRINTF(warm, sizeof warm, "checkpoint.warm_start_from=%s/base",
+                tu_dir);
+    {
+        const char *const sets[] = { "train.max_steps=3", warm, NULL };
+        rc = train_into("warm", sets);
+    }
+    ck_assert_msg(rc == 0, "exit %d: %s", rc, tu_tail(err, 2000));
+    ck_assert_msg(strstr(err, "warm start from ") != NULL
+                  && strstr(err, "model.ckpt-5.h5") != NULL, "%s",
+                  tu_tail(err, 2000));
+    ck_assert_ptr_nonnull(strstr(out, "trained steps 0..3"));
+    ck_assert_int_ge(tu_file_size(tu_path("warm/model.ckpt-3.h5")), 1);
+    /* its own directory as the source is refused */
+    TU_SNPRINTF(warm, sizeof warm, "checkpoint.warm_start_from=%s/fresh",
+                tu_dir);
+    ck_assert_int_eq(mkdir(tu_path("fresh"), 0700), 0);
+    {
+        const char *const sets[] = { "train.max_steps=3", warm, NULL };
+        rc = train_into("fresh", sets);
+    }
+    ck_assert_msg(rc == 2 && strstr(err, "own checkpoint directory") != NULL,
+                  "exit %d: %s", rc, tu_tail(err, 2000));
+}
+END_TEST
+
 static Suite *
 train_cli_suite(void)
 {
@@ -384,7 +481,9 @@ train_cli_suite(void)
         test_no_periodic_saves_still_saves_at_start_and_end,
         test_bad_configs_exit_2_with_one_message,
         test_mirrored_matches_one_device_and_restores_anywhere,
-        test_nan_loss_stops_naming_the_step_and_keeps_the_last_good));
+        test_nan_loss_stops_naming_the_step_and_keeps_the_last_good,
+        test_final_checkpoint_that_cannot_be_written_fails_the_run,
+        test_misfit_is_refused_and_warm_start_starts_a_new_run));
     return s;
 }
 

@@ -120,6 +120,11 @@ typedef struct keel_restore_opts {
     const char *const *name_map;
     size_t n_name_map;
     int skip_slots;           /* 1: do not restore optimizer slots */
+    /* Only the model variables whose whole name matches this POSIX
+     * extended regex are restored (and can be missing); the others are
+     * left as they are. NULL: every variable. Caller owns. A bad regex is
+     * KEEL_EINVAL naming it. */
+    const char *only_vars;
 } keel_restore_opts;
 
 /* Strict, no renames, slots restored. Cannot fail. */

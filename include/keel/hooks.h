@@ -93,7 +93,10 @@ typedef enum keel_hook_kind {
  * re-creates itself; KEEL_ECANCELLED, a wait given up for a stop, is
  * passed through and ends the session as a stop, not an error). Call order: begin once; after_create_session after
  * every session (re)creation; before_run and after_run around every step
- * (after_run only for steps that succeeded); end once with the reason. */
+ * (after_run only for steps that succeeded); end once with the reason.
+ * end's non-OK return (a final checkpoint that did not reach the disk)
+ * does not stop the other hooks' end: keel_session_close returns the
+ * first one, with its message. */
 typedef struct keel_hook {
     uint32_t    struct_size;  /* set by keel_hook_init() */
     const char *name;         /* for logs: "checkpoint_saver"; borrowed */
@@ -103,7 +106,7 @@ typedef struct keel_hook {
     keel_status (*before_run)(void *ctx, keel_run_context *rc);
     keel_status (*after_run)(void *ctx, keel_run_context *rc,
                              const keel_run_values *v);
-    void        (*end)(void *ctx, keel_session *s, keel_end_reason why);
+    keel_status (*end)(void *ctx, keel_session *s, keel_end_reason why);
     /* Frees ctx; called by keel_hook_release() only (sessions never call
      * it). Set by the built-in hook constructors below. */
     void        (*destroy)(void *ctx);

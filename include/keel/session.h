@@ -174,6 +174,22 @@ typedef struct keel_session_manager_config {
      * iterator, RNG state), borrowed for the call. */
     keel_status (*restore_fn)(void *ctx, const keel_ckpt_info *info);
     void *restore_ctx;
+    /* Warm start (TF's WarmStartSettings): a new run that starts from
+     * another run's checkpoint. Only when checkpoint_dir holds no
+     * checkpoint of its own: after init and init_fn, the variables whose
+     * whole names match warm_start_vars are restored by name from
+     * warm_start_from (a checkpoint file, or a directory: its newest
+     * valid checkpoint); those it lacks keep their initial values;
+     * optimizer slots, the global step and restore_fn's metadata start
+     * fresh. A checkpoint_dir that holds a checkpoint resumes that run
+     * and the warm start is not applied (logged): a restarted warm-started
+     * run continues from its own checkpoints. warm_start_from in
+     * checkpoint_dir itself, a warm start without checkpoint_dir, a
+     * warm_start_from without a checkpoint, and one whose variables match
+     * none of the model's are KEEL_EINVAL. */
+    const char *warm_start_from;      /* copied; NULL: no warm start */
+    const char *warm_start_vars;      /* copied; POSIX extended regex;
+                                       * NULL: every variable */
 } keel_session_manager_config;
 
 /* The defaults above; vars NULL. Cannot fail. */
@@ -311,6 +327,9 @@ typedef struct keel_session_config {
      * must be safe to run on R threads at once (its own state per
      * keel_step_replica). */
     int replicas;
+    /* Warm start: as keel_session_manager_config's (the chief only). */
+    const char *warm_start_from;      /* copied; NULL: no warm start */
+    const char *warm_start_vars;      /* copied; NULL: every variable */
 } keel_session_config;
 
 #define KEEL_MAX_REPLICAS 8
@@ -351,8 +370,12 @@ void keel_session_request_stop(keel_session *s, const char *why);
 keel_status keel_session_save_now(keel_session *s, char *path,
                                   size_t path_size);
 /* End the session: every hook's end with the reason, then coordinator stop
- * and join (grace). Idempotent. Returns KEEL_OK, or an error from the
- * coordinator's threads. */
+ * and join (grace), then the session saver's pending save. Idempotent.
+ * Returns KEEL_OK, an error from the coordinator's threads, or else the
+ * first hook end's failure or the saver's (a final checkpoint that is not
+ * on disk: the message names the hook, the step and the file), so a run
+ * never ends well without its final checkpoint. MonitoredTrainingSession
+ * and the Supervisor close through it. */
 keel_status keel_session_close(keel_session *s);
 /* The reason recorded (or that close used). */
 keel_end_reason keel_session_end_reason(const keel_session *s);
