@@ -1,8 +1,8 @@
 # cluster/: cluster spec, wire protocol, parameter servers, workers.
 libkeel_core_la_SOURCES += cluster/cluster_int.h cluster/spec.c cluster/slurm.c \
 	cluster/wire.c cluster/security.c cluster/ps.c \
-	cluster/defaults.h cluster/roles.c cluster/heartbeat.c \
-	cluster/collective.c cluster/algorithm.c
+	cluster/defaults.h cluster/worker.c cluster/heartbeat.c \
+	cluster/allreduce_mpi.c cluster/algorithm.c
 pkginclude_HEADERS += include/keel/cluster.h include/keel/distributed.h
 if HAVE_CHECK
 SUITES += tests/check_cluster
