@@ -28,26 +28,26 @@ LAYERS = [
     ("session", 3, ["session"], ["session.h", "hooks.h"]),
     ("hooks", 4, ["hooks"], ["events.h"]),
     ("cluster", 4, ["cluster"], ["cluster.h", "distributed.h"]),
-    ("app", 5, ["app"], ["config.h", "job.h", "export.h"]),
-    ("launch", 5, ["launch"], ["launch.h"]),
-    ("programs", 6, ["tools", "examples"], ["keel.h"]),
+    # MonitoredTrainingSession and the Supervisor compose the session with
+    # the standard hooks and the cluster's backend: above both.
+    ("supervise", 5, ["supervise"], ["supervise.h"]),
+    ("app", 6, ["app"], ["config.h", "job.h", "export.h"]),
+    ("launch", 6, ["launch"], ["launch.h"]),
+    ("programs", 7, ["tools", "examples"], ["keel.h"]),
 ]
 
-# Files above their folder's layer. MonitoredTrainingSession composes the
-# session with the cluster's backend (keel_training_config.cluster) and the
-# standard hooks: it sits above both, at the top of the session folder.
+# Files above their folder's layer: file -> (layer name, rank).
 FILE_LAYERS = {
-    "session/training.c": ("training", 5),
 }
 
 # Private headers other folders may include: header -> folders.
 SEAMS = {
     # keel__fail, logging, paths: libkeel's own helpers
     "util/util.h": ["train", "checkpoint", "session", "hooks", "cluster",
-                    "app", "launch"],
+                    "supervise", "app", "launch"],
     # the defaults every layer shares (waits, grace periods)
     "util/defaults.h": ["train", "checkpoint", "session", "hooks", "cluster",
-                        "app", "launch"],
+                        "supervise", "app", "launch"],
     # closing any HDF5 handle, a failed one skipped: the readers and
     # writers of HDF5 files
     "util/h5util.h": ["train", "checkpoint", "app"],
@@ -59,11 +59,17 @@ SEAMS = {
     # the vectorized kernels the ps sums with; the model's thread pool the
     # trainer applies the optimizer on and the session runs replicas on;
     # the reduction tree replicas' gradients are added along; the
-    # splitmix64 stream launch's chaos draws its gaps and victims from
-    "train/train_int.h": ["session", "cluster", "app", "launch"],
+    # splitmix64 stream launch's chaos draws its gaps and victims from;
+    # the name lookup keel_strategy_from_name answers with
+    "train/train_int.h": ["session", "cluster", "supervise", "app",
+                          "launch"],
     # the threads a mirrored session runs its replicas on, which the
     # trainer's update uses between steps
     "session/step_pool.h": ["app"],
+    # the session's own constructor with the hooks it owns, the backend
+    # check and copy, and the cleanup a session runs at its free: what
+    # MonitoredTrainingSession and the Supervisor build their sessions with
+    "session/session_int.h": ["supervise"],
     # the checkpoint call table tests swap (session's saver, the
     # CheckpointSaverHook)
     "checkpoint/ckpt_ops.h": ["session", "hooks"],
