@@ -11,7 +11,7 @@
 #include "role_int.h"
 #include "defaults.h"
 
-/* ---- keys --------------------------------------------------------------- */
+/* ---- what the options set up for a task: keys, socket sizes ------------ */
 
 /* CURVE: KEY_DIR/<type><index>.key(_secret) is this task's pair; each
  * <task>.key file in KEY_DIR is allowed by servers as that task; clients
@@ -54,7 +54,7 @@ keel__role_set_send_buffer(const keel__role_opts *o)
     keel__wire_set_send_buffer(o->send_buffer_bytes);
 }
 
-/* ---- the public options and entry points -------------------------------- */
+/* ---- the options: defaults, checks, resolution ------------------------- */
 
 void
 keel_cluster_options_init(keel_cluster_options *o)

@@ -23,8 +23,6 @@ is_loopback(const char *endpoint)
            strncmp(h, "[::1]:", 6) == 0;
 }
 
-/* ---- the ps task -------------------------------------------------------- */
-
 static keel_status
 ps_apply(void *ctx, keel_var *v, const keel_tensor *grad, int64_t step)
 {
