@@ -22,6 +22,7 @@
 #include <keel/train.h>
 #include <keel/job.h>
 #include <keel/distributed.h>
+#include <keel/supervise.h>
 #include "util.h"
 #include "app_int.h"
 #include "../train/train_int.h"

@@ -508,7 +508,7 @@ typedef struct keel__ps_config {
     const keel__curve *curve;   /* NULL or !enabled: plain TCP */
     keel__wire_limits limits;   /* zeros: defaults */
     int task_index;
-    /* The parameter server (roles.c): apply one aggregated gradient with
+    /* The parameter server (ps_task.c): apply one aggregated gradient with
      * the optimizer (NULL: serve below answers the data messages). */
     keel_status (*apply)(void *ctx, keel_var *v, const keel_tensor *grad,
                          int64_t global_step);

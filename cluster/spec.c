@@ -1,37 +1,23 @@
-/* spec.c - the cluster table: TF_CONFIG (json-c), Slurm's environment and
- * explicit lists in (Slurm: slurm.c), validation that lists every problem
- * at once, a human summary and TF_CONFIG out. Rules follow TF1's RunConfig and
- * multi_worker_util. */
+/* spec.c - the cluster table: its model and queries, explicit lists in
+ * (TF_CONFIG: tfconfig.c; Slurm: slurm.c; the environment: detect.c),
+ * validation that lists every problem at once and a human summary. Rules
+ * follow TF1's RunConfig and multi_worker_util. */
 #include <config.h>
 
 #include <ctype.h>
-#include <errno.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include <json-c/json.h>
-
 #include <keel/cluster.h>
 #include "grow.h"
 #include "util.h"
 #include "cluster_int.h"
+#include "spec_int.h"
 
 #define MAX_TASKS_PER_JOB KEEL__MAX_TASKS_PER_JOB
-
-struct keel_cluster_spec {
-    char **addr[KEEL_TASK_TYPE_COUNT];
-    size_t n[KEEL_TASK_TYPE_COUNT];
-    size_t cap[KEEL_TASK_TYPE_COUNT];
-    keel_task_type task;
-    int index;
-    keel_cluster_mode mode;
-    int replicas_to_aggregate;   /* 0: default */
-    int total_num_replicas;      /* 0: default */
-    char *model_dir;
-};
 
 static const char *const type_names[KEEL_TASK_TYPE_COUNT] = {
     "none", "chief", "worker", "ps", "evaluator"
@@ -152,18 +138,12 @@ keel__cluster_spec_add(keel_cluster_spec *s, keel_task_type t, const char *a,
     return KEEL_OK;
 }
 
-static int
-type_ok(keel_task_type t)
-{
-    return (int)t > KEEL_TASK_NONE && (int)t < KEEL_TASK_TYPE_COUNT;
-}
-
 keel_status
 keel_cluster_spec_add_list(keel_cluster_spec *s, keel_task_type t,
                            const char *list)
 {
     const char *p, *end;
-    if (s == NULL || list == NULL || !type_ok(t))
+    if (s == NULL || list == NULL || !keel__task_type_ok(t))
         return keel__fail(KEEL_EINVAL, "cluster: add_list: bad argument");
     p = list;
     for (;;) {
@@ -195,7 +175,7 @@ keel_cluster_spec_add_list(keel_cluster_spec *s, keel_task_type t,
 keel_status
 keel_cluster_spec_set_task(keel_cluster_spec *s, keel_task_type t, int index)
 {
-    if (s == NULL || !type_ok(t) || index < 0)
+    if (s == NULL || !keel__task_type_ok(t) || index < 0)
         return keel__fail(KEEL_EINVAL, "cluster: set_task: bad task %s %d",
                           keel_task_type_name(t), index);
     s->task = t;
@@ -222,7 +202,7 @@ keel_cluster_spec_set_replicas(keel_cluster_spec *s, int rta, int tnr)
 size_t
 keel_cluster_spec_num_tasks(const keel_cluster_spec *s, keel_task_type t)
 {
-    if (s == NULL || !type_ok(t))
+    if (s == NULL || !keel__task_type_ok(t))
         return 0;
     return s->n[t];
 }
@@ -231,7 +211,8 @@ const char *
 keel_cluster_spec_address(const keel_cluster_spec *s, keel_task_type t,
                           int index)
 {
-    if (s == NULL || !type_ok(t) || index < 0 || (size_t)index >= s->n[t])
+    if (s == NULL || !keel__task_type_ok(t) || index < 0 ||
+        (size_t)index >= s->n[t])
         return NULL;
     return s->addr[t][index];
 }
@@ -580,360 +561,6 @@ keel_cluster_spec_validate(const keel_cluster_spec *s)
     return keel__cluster_spec_check(s, &p, "cluster spec");
 }
 
-/* ---- TF_CONFIG ---------------------------------------------------------- */
-
-static int
-json_int(struct json_object *o, int64_t lo, int64_t hi, int64_t *out)
-{
-    int64_t v;
-    if (o == NULL || !json_object_is_type(o, json_type_int))
-        return 0;
-    errno = 0;
-    v = json_object_get_int64(o);
-    if (errno != 0 || v < lo || v > hi)
-        return 0;
-    *out = v;
-    return 1;
-}
-
-/* The optional replica count key of root (1..2^20) into *dst, else a
- * problem naming it. */
-static void
-json_replicas(struct json_object *root, const char *key, keel__problems *p,
-              int *dst)
-{
-    struct json_object *o;
-    int64_t v;
-    if (!json_object_object_get_ex(root, key, &o))
-        return;
-    if (!json_int(o, 1, 1 << 20, &v))
-        keel__problems_add(p, "%s must be an integer in 1..1048576", key);
-    else
-        *dst = (int)v;
-}
-
-/* A job given as a list: one task per element, in order. */
-static keel_status
-parse_job_list(keel_cluster_spec *s, keel_task_type t, const char *key,
-               struct json_object *job, keel__problems *p)
-{
-    size_t n = json_object_array_length(job);
-    keel_status st;
-    if (n > MAX_TASKS_PER_JOB) {
-        keel__problems_add(p, "cluster.%s has %zu tasks (max %d)", key,
-                           n, MAX_TASKS_PER_JOB);
-        return KEEL_OK;
-    }
-    for (size_t i = 0; i < n; i++) {
-        struct json_object *e = json_object_array_get_idx(job, i);
-        const char *a = "";
-        size_t len = 0;
-        if (e == NULL || !json_object_is_type(e, json_type_string))
-            keel__problems_add(p, "cluster.%s[%zu] is not a string",
-                               key, i);
-        else {
-            a = json_object_get_string(e);
-            len = (size_t)json_object_get_string_len(e);
-            if (strlen(a) != len) {
-                keel__problems_add(p, "cluster.%s[%zu] contains NUL",
-                                   key, i);
-                len = strlen(a);
-            }
-        }
-        /* keep a slot either way so indices stay meaningful */
-        if ((st = keel__cluster_spec_add(s, t, a, len)) != KEEL_OK)
-            return st;
-    }
-    return KEEL_OK;
-}
-
-/* The n entries of a sparse job map into slots by index; 0 (and problems
- * added) if a key is not an index in 0..n-1, a value not a string, or an
- * index given twice. */
-static int
-sparse_job_slots(const char *key, struct json_object *job, size_t n,
-                 const char **slots, keel__problems *p)
-{
-    int ok = 1;
-    json_object_object_foreach(job, k, v) {
-        int64_t idx;
-        if (!keel__parse_i64(k, 0, (int64_t)n - 1, &idx)) {
-            keel__problems_add(p, "cluster.%s key '%.32s' is not an "
-                               "index in 0..%zu", key, k, n - 1);
-            ok = 0;
-        } else if (!json_object_is_type(v, json_type_string)) {
-            keel__problems_add(p, "cluster.%s[\"%s\"] is not a string",
-                               key, k);
-            ok = 0;
-        } else if (slots[idx] != NULL) {
-            keel__problems_add(p, "cluster.%s index %s given twice",
-                               key, k);
-            ok = 0;
-        } else {
-            slots[idx] = json_object_get_string(v);
-        }
-    }
-    return ok;
-}
-
-/* A job given as a sparse {"<index>": "host:port"} map that must cover
- * 0..n-1. */
-static keel_status
-parse_job_map(keel_cluster_spec *s, keel_task_type t, const char *key,
-              struct json_object *job, keel__problems *p)
-{
-    size_t n = (size_t)json_object_object_length(job);
-    const char **slots;
-    keel_status st = KEEL_OK;
-    if (n > MAX_TASKS_PER_JOB) {
-        keel__problems_add(p, "cluster.%s has %zu tasks (max %d)", key,
-                           n, MAX_TASKS_PER_JOB);
-        return KEEL_OK;
-    }
-    slots = calloc(n ? n : 1, sizeof *slots);
-    if (slots == NULL)
-        return keel__fail(KEEL_ENOMEM, "TF_CONFIG: sparse job %s", key);
-    if (sparse_job_slots(key, job, n, slots, p))
-        for (size_t i = 0; i < n && st == KEEL_OK; i++)
-            st = keel__cluster_spec_add(s, t, slots[i], strlen(slots[i]));
-    free(slots);
-    return st;
-}
-
-/* One job: a list of "host:port" or a sparse {"<index>": "host:port"} map
- * that must cover 0..n-1. */
-static keel_status
-parse_job(keel_cluster_spec *s, keel_task_type t, const char *key,
-          struct json_object *job, keel__problems *p)
-{
-    if (json_object_is_type(job, json_type_array))
-        return parse_job_list(s, t, key, job, p);
-    if (json_object_is_type(job, json_type_object))
-        return parse_job_map(s, t, key, job, p);
-    keel__problems_add(p, "cluster.%s is not a list of \"host:port\"", key);
-    return KEEL_OK;
-}
-
-/* The task type of cluster job key (master: chief, with a warning), or
- * KEEL_TASK_NONE with a problem; *has_chief / *has_master set by name. */
-static keel_task_type
-cluster_job_type(const char *key, int *has_chief, int *has_master,
-                 keel__problems *p)
-{
-    if (strcmp(key, "master") == 0) {
-        *has_master = 1;
-        keel__log(KEEL_LOG_WARN, "TF_CONFIG: job 'master' read as 'chief' "
-                  "(legacy name)");
-        return KEEL_TASK_CHIEF;
-    }
-    if (strcmp(key, "chief") == 0) {
-        *has_chief = 1;
-        return KEEL_TASK_CHIEF;
-    }
-    if (strcmp(key, "worker") == 0)
-        return KEEL_TASK_WORKER;
-    if (strcmp(key, "ps") == 0)
-        return KEEL_TASK_PS;
-    if (strcmp(key, "evaluator") == 0)
-        return KEEL_TASK_EVALUATOR;
-    keel__problems_add(p, "unknown task type '%.32s' in cluster (allowed: "
-                       "chief, master, worker, ps, evaluator)", key);
-    return KEEL_TASK_NONE;
-}
-
-/* "cluster": each job's addresses; *cluster_set when any job is known. */
-static keel_status
-parse_cluster(keel_cluster_spec *s, struct json_object *cluster,
-              keel__problems *p, int *cluster_set)
-{
-    int has_chief = 0, has_master = 0;
-    keel_status st;
-    if (!json_object_is_type(cluster, json_type_object)) {
-        keel__problems_add(p, "'cluster' is not an object");
-        return KEEL_OK;
-    }
-    json_object_object_foreach(cluster, key, job) {
-        keel_task_type t = cluster_job_type(key, &has_chief, &has_master, p);
-        if (t == KEEL_TASK_NONE)
-            continue;
-        *cluster_set = 1;
-        if ((st = parse_job(s, t, key, job, p)) != KEEL_OK)
-            return st;
-    }
-    if (has_chief && has_master)
-        keel__problems_add(p, "both 'chief' and 'master' jobs (master is an "
-                           "alias of chief; keep one)");
-    return KEEL_OK;
-}
-
-/* "task": this task's type and index (both required once cluster is set;
- * without a cluster, a worker). */
-static void
-parse_task(keel_cluster_spec *s, struct json_object *task, int cluster_set,
-           keel__problems *p)
-{
-    struct json_object *ty = NULL, *ix = NULL;
-    int64_t idx = 0;
-    int has_type, has_index;
-    keel_task_type t = KEEL_TASK_NONE;
-    if (!json_object_is_type(task, json_type_object)) {
-        keel__problems_add(p, "'task' is not an object");
-        return;
-    }
-    has_type = json_object_object_get_ex(task, "type", &ty);
-    has_index = json_object_object_get_ex(task, "index", &ix);
-    if (!has_type) {
-        if (cluster_set)
-            keel__problems_add(p, "task.type is missing");
-        else
-            t = KEEL_TASK_WORKER;
-    } else if (!json_object_is_type(ty, json_type_string)) {
-        keel__problems_add(p, "task.type is not a string");
-    } else if (keel_task_type_from_name(json_object_get_string(ty), &t)
-               != KEEL_OK) {
-        keel__problems_add(p, "unknown task.type '%.32s'",
-                           json_object_get_string(ty));
-        t = KEEL_TASK_NONE;
-    }
-    if (!has_index) {
-        if (cluster_set)
-            keel__problems_add(p, "task.index is missing");
-    } else if (!json_object_is_type(ix, json_type_int)) {
-        keel__problems_add(p, "task.index is not an integer");
-    } else if (!json_int(ix, 0, INT_MAX, &idx)) {
-        keel__problems_add(p, "task.index %.32s is negative or too large",
-                           json_object_to_json_string(ix));
-    }
-    if (t != KEEL_TASK_NONE) {
-        s->task = t;
-        s->index = (int)idx;
-    }
-}
-
-/* "mode": "sync" or "async". */
-static void
-parse_mode(keel_cluster_spec *s, struct json_object *o, keel__problems *p)
-{
-    const char *m = json_object_is_type(o, json_type_string)
-                        ? json_object_get_string(o) : NULL;
-    if (m != NULL && strcmp(m, "sync") == 0)
-        s->mode = KEEL_CLUSTER_SYNC;
-    else if (m != NULL && strcmp(m, "async") == 0)
-        s->mode = KEEL_CLUSTER_ASYNC;
-    else
-        keel__problems_add(p, "mode must be \"sync\" or \"async\"");
-}
-
-/* "model_dir": a non-empty string (copied). */
-static keel_status
-parse_model_dir(keel_cluster_spec *s, struct json_object *o,
-                keel__problems *p)
-{
-    if (!json_object_is_type(o, json_type_string) ||
-        json_object_get_string_len(o) == 0) {
-        keel__problems_add(p, "model_dir must be a non-empty string");
-        return KEEL_OK;
-    }
-    s->model_dir = strdup(json_object_get_string(o));
-    if (s->model_dir == NULL)
-        return keel__fail(KEEL_ENOMEM, "TF_CONFIG: model_dir");
-    return KEEL_OK;
-}
-
-/* TF_CONFIG's members into s; what is wrong with them into p. */
-static keel_status
-parse_tf_config(keel_cluster_spec *s, struct json_object *root,
-                keel__problems *p)
-{
-    struct json_object *o;
-    int cluster_set = 0;
-    keel_status st;
-
-    if (!json_object_is_type(root, json_type_object)) {
-        keel__problems_add(p, "top level is not a JSON object");
-        return KEEL_OK;
-    }
-    if (json_object_object_get_ex(root, "cluster", &o) &&
-        (st = parse_cluster(s, o, p, &cluster_set)) != KEEL_OK)
-        return st;
-    if (json_object_object_get_ex(root, "task", &o))
-        parse_task(s, o, cluster_set, p);
-    else if (cluster_set)
-        keel__problems_add(p, "'task' is missing (cluster is set)");
-    if (json_object_object_get_ex(root, "mode", &o))
-        parse_mode(s, o, p);
-    json_replicas(root, "replicas_to_aggregate", p,
-                  &s->replicas_to_aggregate);
-    json_replicas(root, "total_num_replicas", p, &s->total_num_replicas);
-    if (json_object_object_get_ex(root, "model_dir", &o) &&
-        (st = parse_model_dir(s, o, p)) != KEEL_OK)
-        return st;
-    return KEEL_OK;
-}
-
-keel_status
-keel_cluster_spec_from_tf_config(const char *json, keel_cluster_spec **out)
-{
-    keel_cluster_spec *s = NULL;
-    struct json_tokener *tok = NULL;
-    struct json_object *root = NULL;
-    keel__problems p = { .count = 0 };
-    keel_status st;
-    size_t len;
-
-    if (out == NULL || json == NULL)
-        return keel__fail(KEEL_EINVAL, "TF_CONFIG: NULL argument");
-    *out = NULL;
-    len = strnlen(json, (size_t)KEEL_TF_CONFIG_MAX + 1);
-    if (len > KEEL_TF_CONFIG_MAX)
-        return keel__fail(KEEL_EINVAL, "TF_CONFIG: longer than %d bytes",
-                          KEEL_TF_CONFIG_MAX);
-    if ((st = keel_cluster_spec_new(&s)) != KEEL_OK)
-        return st;
-    tok = json_tokener_new_ex(32);
-    if (tok == NULL) {
-        st = keel__fail(KEEL_ENOMEM, "TF_CONFIG: json tokener");
-        goto out;
-    }
-    root = json_tokener_parse_ex(tok, json, (int)len);
-    if (root == NULL || json_tokener_get_error(tok) != json_tokener_success
-        || json_tokener_get_parse_end(tok) != len) {
-        enum json_tokener_error e = json_tokener_get_error(tok);
-        if (root != NULL || e == json_tokener_continue)
-            st = keel__fail(KEEL_EINVAL, "TF_CONFIG: not valid JSON "
-                            "(incomplete or trailing data at offset %zu)",
-                            json_tokener_get_parse_end(tok));
-        else
-            st = keel__fail(KEEL_EINVAL, "TF_CONFIG: not valid JSON: %s "
-                            "at offset %zu", json_tokener_error_desc(e),
-                            json_tokener_get_parse_end(tok));
-        goto out;
-    }
-    if ((st = parse_tf_config(s, root, &p)) != KEEL_OK)
-        goto out;
-    if ((st = keel__cluster_spec_check(s, &p, "TF_CONFIG")) != KEEL_OK)
-        goto out;
-    *out = s;
-    s = NULL;
-out:
-    json_object_put(root);
-    if (tok != NULL)
-        json_tokener_free(tok);
-    keel_cluster_spec_free(s);
-    return st;
-}
-
-keel_status
-keel_cluster_spec_from_env(keel_cluster_spec **out)
-{
-    const char *v = getenv("TF_CONFIG");
-    if (out == NULL)
-        return keel__fail(KEEL_EINVAL, "TF_CONFIG: out is NULL");
-    if (v == NULL || v[0] == '\0')
-        return keel_cluster_spec_new(out);
-    return keel_cluster_spec_from_tf_config(v, out);
-}
-
 /* ---- output ------------------------------------------------------------- */
 
 typedef struct outbuf {
@@ -1005,101 +632,6 @@ keel_cluster_spec_format(const keel_cluster_spec *s, char *buf, size_t size)
     return KEEL_OK;
 }
 
-/* The cluster object's jobs: one array of addresses per non-empty job. */
-static keel_status
-tf_config_jobs(const keel_cluster_spec *s, struct json_object *cl)
-{
-    for (int t = 1; t < KEEL_TASK_TYPE_COUNT; t++) {
-        struct json_object *arr;
-        if (s->n[t] == 0)
-            continue;
-        arr = json_object_new_array();
-        if (arr == NULL)
-            return keel__fail(KEEL_ENOMEM, "to_tf_config: json");
-        json_object_object_add(cl, type_names[t], arr);
-        for (size_t i = 0; i < s->n[t]; i++)
-            json_object_array_add(arr, json_object_new_string(s->addr[t][i]));
-    }
-    return KEEL_OK;
-}
-
-/* Everything of root after "cluster": the task (taking task over), the
- * mode and the optional keys that are set. */
-static void
-tf_config_fields(const keel_cluster_spec *s, keel_task_type type, int index,
-                 struct json_object *root, struct json_object *task)
-{
-    json_object_object_add(root, "task", task);
-    json_object_object_add(task, "type",
-                           json_object_new_string(type_names[type]));
-    json_object_object_add(task, "index", json_object_new_int(index));
-    json_object_object_add(root, "mode", json_object_new_string(
-        s->mode == KEEL_CLUSTER_ASYNC ? "async" : "sync"));
-    if (s->replicas_to_aggregate > 0)
-        json_object_object_add(root, "replicas_to_aggregate",
-                               json_object_new_int(s->replicas_to_aggregate));
-    if (s->total_num_replicas > 0)
-        json_object_object_add(root, "total_num_replicas",
-                               json_object_new_int(s->total_num_replicas));
-    if (s->model_dir != NULL)
-        json_object_object_add(root, "model_dir",
-                               json_object_new_string(s->model_dir));
-}
-
-/* root as one line of JSON into buf (size bytes, NUL included). */
-static keel_status
-tf_config_write(struct json_object *root, char *buf, size_t size)
-{
-    const char *text;
-    size_t len;
-    text = json_object_to_json_string_ext(root, JSON_C_TO_STRING_PLAIN |
-                                          JSON_C_TO_STRING_NOSLASHESCAPE);
-    if (text == NULL)
-        return keel__fail(KEEL_ENOMEM, "to_tf_config: serialize");
-    len = strlen(text);
-    if (len >= size)
-        return keel__fail(KEEL_EINVAL, "to_tf_config: needs %zu bytes, "
-                          "buffer has %zu", len + 1, size);
-    memcpy(buf, text, len + 1);
-    return KEEL_OK;
-}
-
-keel_status
-keel_cluster_spec_to_tf_config(const keel_cluster_spec *s,
-                               keel_task_type type, int index, char *buf,
-                               size_t size)
-{
-    struct json_object *root = NULL, *cl, *task;
-    keel_status st;
-
-    if (s == NULL || buf == NULL || size == 0)
-        return keel__fail(KEEL_EINVAL, "to_tf_config: bad argument");
-    if (!type_ok(type) || index < 0 ||
-        ((size_t)index >= s->n[type] &&
-         !(type == KEEL_TASK_EVALUATOR && index == 0)))
-        return keel__fail(KEEL_EINVAL, "to_tf_config: no task %s %d in the "
-                          "cluster", keel_task_type_name(type), index);
-    root = json_object_new_object();
-    cl = json_object_new_object();
-    task = json_object_new_object();
-    if (root == NULL || cl == NULL || task == NULL) {
-        json_object_put(cl);
-        json_object_put(task);
-        st = keel__fail(KEEL_ENOMEM, "to_tf_config: json");
-        goto out;
-    }
-    json_object_object_add(root, "cluster", cl);
-    if ((st = tf_config_jobs(s, cl)) != KEEL_OK) {
-        json_object_put(task);
-        goto out;
-    }
-    tf_config_fields(s, type, index, root, task);
-    st = tf_config_write(root, buf, size);
-out:
-    json_object_put(root);
-    return st;
-}
-
 keel_status
 keel__cluster_bind_address(const keel_cluster_spec *s, keel_task_type type,
                            int index, char *buf, size_t size)
@@ -1113,4 +645,11 @@ keel__cluster_bind_address(const keel_cluster_spec *s, keel_task_type type,
         return keel__fail(KEEL_EINVAL, "bind: %s %d: %s",
                           keel_task_type_name(type), index, why);
     return keel__fmt(buf, size, "bind address", "tcp://%s", a);
+}
+
+int
+keel_cluster_spec_is_ps(const keel_cluster_spec *spec)
+{
+    return spec != NULL && !keel_cluster_spec_is_local(spec) &&
+           keel_cluster_spec_task_type(spec) == KEEL_TASK_PS;
 }

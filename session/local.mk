@@ -1,8 +1,8 @@
-# session/: Scaffold, SessionManager, MonitoredSession, Supervisor, Coordinator.
+# session/: Scaffold, SessionManager, MonitoredSession, Coordinator.
 libkeel_core_la_SOURCES += session/session_int.h session/step_pool.h \
 	session/chain.c \
 	session/coord.c session/manager.c session/monitored.c \
-	session/training.c session/supervisor.c session/signal.c
+	session/signal.c
 pkginclude_HEADERS += include/keel/session.h
 
 check_PROGRAMS += tests/session_child

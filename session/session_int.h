@@ -81,7 +81,7 @@ int keel__hook_reads_step_time(const keel_hook *h);
  * hook every step, as before skipping existed). Test use only. */
 void keel__session_set_skipping(int is_on);
 
-/* Session internals used by training.c and supervisor.c. */
+/* Session internals used by supervise/ (training.c, supervisor.c). */
 keel_status keel__session_new(const keel_session_config *cfg,
                               int is_recovering, keel_hook *owned,
                               size_t n_owned, keel_session **out);

@@ -30,26 +30,26 @@ LAYERS = [
     ("session", 3, ["session"], ["session.h", "hooks.h"]),
     ("hooks", 4, ["hooks"], ["events.h"]),
     ("cluster", 4, ["cluster"], ["cluster.h", "distributed.h"]),
-    ("app", 5, ["app"], ["config.h", "job.h", "export.h"]),
-    ("launch", 5, ["launch"], ["launch.h"]),
-    ("programs", 6, ["tools", "examples"], ["keel.h"]),
+    # MonitoredTrainingSession and the Supervisor compose the session with
+    # the standard hooks and the cluster's backend: above both.
+    ("supervise", 5, ["supervise"], ["supervise.h"]),
+    ("app", 6, ["app"], ["config.h", "job.h", "export.h"]),
+    ("launch", 6, ["launch"], ["launch.h"]),
+    ("programs", 7, ["tools", "examples"], ["keel.h"]),
 ]
 
-# Files above their folder's layer. MonitoredTrainingSession composes the
-# session with the cluster's backend (keel_training_config.cluster) and the
-# standard hooks: it sits above both, at the top of the session folder.
+# Files above their folder's layer: file -> (layer name, rank).
 FILE_LAYERS = {
-    "session/training.c": ("training", 5),
 }
 
 # Private headers other folders may include: header -> folders.
 SEAMS = {
     # keel__fail, logging, paths: libkeel's own helpers
     "util/util.h": ["core", "train", "checkpoint", "session", "hooks",
-                    "cluster", "app", "launch"],
+                    "cluster", "supervise", "app", "launch"],
     # the defaults every layer shares (waits, grace periods)
     "util/defaults.h": ["core", "train", "checkpoint", "session", "hooks",
-                        "cluster", "app", "launch"],
+                        "cluster", "supervise", "app", "launch"],
     # closing any HDF5 handle, a failed one skipped: the readers and
     # writers of HDF5 files
     "util/h5util.h": ["train", "checkpoint", "app"],
@@ -69,6 +69,10 @@ SEAMS = {
     # the threads a mirrored session runs its replicas on, which the
     # trainer's update uses between steps
     "session/step_pool.h": ["app"],
+    # the session's own constructor with the hooks it owns, the backend
+    # check and copy, and the cleanup a session runs at its free: what
+    # MonitoredTrainingSession and the Supervisor build their sessions with
+    "session/session_int.h": ["supervise"],
     # the checkpoint call table tests swap (session's saver, the
     # CheckpointSaverHook)
     "checkpoint/ckpt_ops.h": ["session", "hooks"],

@@ -22,6 +22,7 @@
 #include <keel/train.h>
 #include <keel/cluster.h>
 #include <keel/distributed.h>
+#include <keel/supervise.h>
 #include <keel/config.h>
 #include <keel/job.h>
 #include <keel/launch.h>

@@ -7,9 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <keel/supervise.h>
 #include "defaults.h"
 #include "util.h"
-#include "session_int.h"
+#include "../session/session_int.h"
 
 struct keel_supervisor {
     keel_supervisor_config cfg;

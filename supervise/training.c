@@ -8,8 +8,9 @@
 #include <string.h>
 
 #include <keel/distributed.h>
+#include <keel/supervise.h>
 #include "util.h"
-#include "session_int.h"
+#include "../session/session_int.h"
 
 /* What a training session made for itself and frees with it: the
  * optimizer it applies alone, the spec it detected, the cluster backend. */

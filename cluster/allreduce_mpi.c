@@ -1,4 +1,4 @@
-/* collective.c - the multi_worker_mirrored engine (keel/distributed.h,
+/* allreduce_mpi.c - the multi_worker_mirrored engine (keel/distributed.h,
  * keel_collective_*): every rank holds every variable; each step the ranks'
  * gradients are summed in a fixed order that does not depend on the rank
  * count, and every rank applies the same update. Over MPI when keel was

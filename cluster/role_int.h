@@ -1,0 +1,58 @@
+/* role_int.h - private to cluster/: what the ps task (ps_task.c) and the
+ * worker backend (worker.c and its parts) share: the options they run
+ * with, resolved for the spec (options.c), and the placement of the
+ * variables on the ps (placement.c). */
+#ifndef KEEL_CLUSTER_ROLE_INT_H
+#define KEEL_CLUSTER_ROLE_INT_H
+
+#include <stdint.h>
+
+#include <keel/cluster.h>
+#include <keel/distributed.h>
+#include "cluster_int.h"
+
+/* The micro-batch gradient stores one push may carry (each trainable
+ * variable once per store): keel_cluster_backend_set_micro's bound, and
+ * what a ps and a worker size their messages for. */
+#define KEEL__MAX_MICRO 64
+
+/* The options every role function reads: the caller's options, checked,
+ * and what they resolve to for this spec. */
+typedef struct keel__role_opts {
+    keel_cluster_options in;        /* optimizer and algorithm NULL: the
+                                     * update rule is algo */
+    const keel_cluster_spec *spec;
+    int round_robin;                /* in.placement is round-robin */
+    int send_buffer_bytes;          /* keel__wire_set_send_buffer's
+                                     * in.send_buffer_kib; 0: the kernel's
+                                     * autotuning */
+    keel__algo algo;                /* the update rule (owns its rates:
+                                     * keel__algo_clear) */
+} keel__role_opts;
+
+/* ---- options (options.c) ------------------------------------------------ */
+
+/* Check in (NULL: the defaults; who names the caller in the errors) and
+ * resolve it for spec into *o; on success *o owns the rule's rates
+ * (keel__algo_clear(&o->algo)). */
+keel_status keel__role_opts_from(const keel_cluster_spec *spec,
+                                 const keel_cluster_options *in,
+                                 const char *who, keel__role_opts *o);
+/* This task's CURVE keys (o->in.curve: KEY_DIR/<type><index>.key and
+ * _secret; clients read ps<i>.key), else its job token, else none. */
+keel_status keel__role_load_curve(const keel__role_opts *o, keel__curve *c);
+/* The largest tensor of vs (variables and their slots), in bytes. */
+uint64_t keel__role_largest_tensor(const keel_vars *vs);
+/* cluster.send_buffer_kib for every socket this task creates. */
+void keel__role_set_send_buffer(const keel__role_opts *o);
+
+/* ---- placement (placement.c) -------------------------------------------- */
+
+/* The ps of each variable of vs into ps_of (keel_vars_count(vs) of them;
+ * -1 for a local variable): variable i to ps i mod n_ps with round_robin,
+ * else to the least loaded ps so far (ties: the lowest). KEEL_EINVAL for
+ * n_ps < 1. */
+keel_status keel__cluster_place(const keel_vars *vs, int n_ps,
+                                int round_robin, int *ps_of);
+
+#endif

@@ -1,0 +1,129 @@
+/* worker_int.h - private to cluster/: the worker backend's state and the
+ * calls its files share. worker.c (set-up, the session backend, the end,
+ * the public calls) uses worker_pull.c (HELLO, INIT and pulls) and
+ * worker_push.c (a step's push and its token); both use worker_call.c
+ * (one request to a ps and its reply). No file calls one above it. */
+#ifndef KEEL_CLUSTER_WORKER_INT_H
+#define KEEL_CLUSTER_WORKER_INT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <keel/session.h>
+#include <keel/distributed.h>
+#include "cluster_int.h"
+#include "role_int.h"
+
+struct keel_cluster_backend {
+    const keel_cluster_spec *spec;
+    keel__role_opts o;
+    keel_vars *vs;
+    int n_ps;
+    keel__wire_client **clients;
+    uint64_t *req_ids;             /* per ps: the push in flight */
+    uint64_t *ps_gen;              /* each ps's incarnation when joined */
+    int *ps_of;                    /* per variable */
+    size_t n_vars;
+    keel__wire_out *outs;          /* scratch, n_vars + slots */
+    char (*names)[KEEL_NAME_MAX];  /* scratch slot names */
+    size_t n_names;
+    int is_chief;
+    uint64_t generation;           /* this process's incarnation */
+    keel_grads *const *micro;      /* micro-batch gradients, or NULL */
+    int n_micro;
+    int64_t last_fetch_ns;
+    keel__curve *curves;           /* per ps: client set-up (server key) */
+    keel__hb *hb;                  /* liveness of every ps */
+    int64_t gen_ns;                /* when ps_gen was last learned */
+    int64_t last_step_seen;        /* the cluster's step before a loss */
+    int is_sync;                   /* the ps aggregate sync steps */
+    int heard_end;                 /* a ps said the job ended (SHUTDOWN, or
+                                    * a replica's LEAVE): nothing to tell */
+    int replica;                   /* chief 0, worker i i + has_chief */
+    keel__algo_worker *aw;         /* the rule's worker half, or NULL
+                                    * (sync, async, hogwild: gradients) */
+    keel_grads *local;             /* the chief's local model across a
+                                    * checkpoint's pull (with aw) */
+    int restore_local;             /* local holds it until the next step */
+    /* step timing (logged by keel_cluster_backend_free), monotonic ns
+     * summed over steps: compute (the previous apply's end to this one's
+     * start: input, forward, backward, hooks), send (queueing the pushes),
+     * wait (for the replies: the other replicas, the ps's aggregation, the
+     * transfer back), copy (the new values into the model) */
+    long timed_steps;
+    int64_t last_apply_end_ns, compute_ns, send_ns, wait_ns, copy_ns;
+};
+
+/* ---- one request to a ps (worker_call.c) -------------------------------- */
+
+/* KEEL_EABORTED for a reply r of ps p from another generation than the one
+ * this task knows: the ps restarted. */
+keel_status keel__worker_restarted(const keel_cluster_backend *w, int p,
+                                   const keel__wire_msg *r);
+/* The end of ps p's reply r to a step's request: when st is KEEL_OK, ps 0's
+ * global step (the step's authority) into *new_step; r cleared. Returns st. */
+keel_status keel__worker_end_reply(keel__wire_msg *r, int p, keel_status st,
+                                   int64_t *new_step);
+/* A failed call to ps p as a session status: timeouts and a restarted or
+ * uninitialized ps are recoverable, a shut-down cluster ends the input. */
+keel_status keel__worker_call_error(keel_cluster_backend *w, int p,
+                                    keel_status st, const keel__wire_msg *r,
+                                    const char *what);
+/* Copy the tensors of a reply into vs (variables or "var/slot"). */
+keel_status keel__worker_take_values(keel_vars *vs, const keel__wire_msg *r);
+/* Names (and tensors, with_data) of ps p's variables (and slots,
+ * with_slots) into w->outs; count in *n. */
+void keel__worker_shard_outs(keel_cluster_backend *w, keel_vars *vs, int p,
+                             int with_data, int with_slots, size_t *n);
+/* One request h (with the n tensors outs; zero_copy: sent in place) to ps
+ * p and its reply into *r, waited for like a step's push
+ * (keel__worker_wait_reply); errors through keel__worker_call_error. With
+ * dest, ps p's tensors there (and their slots, with dest_slots) are
+ * faulted in while the reply is on its way. */
+keel_status keel__worker_call_ps(keel_cluster_backend *w, int p,
+                                 keel__wire_header *h,
+                                 const keel__wire_out *outs, size_t n,
+                                 int zero_copy, const char *what,
+                                 keel_vars *dest, int dest_slots,
+                                 keel__wire_msg *r);
+/* Give up the request in flight to ps p: drop its connection (and the
+ * queued frames) and fail with code and the message; KEEL_EIO when the
+ * reconnect fails. */
+keel_status keel__worker_abandon(keel_cluster_backend *w, int p,
+                                 keel_status code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* Wait for the reply to the request in flight to ps p while the ps lives
+ * and stays the same incarnation, up to cluster.step_timeout_secs;
+ * on_signal: a SIGTERM/SIGINT gives it up (KEEL_ECANCELLED). *r is
+ * initialized either way (type 0 when abandoned). */
+keel_status keel__worker_wait_reply(keel_cluster_backend *w, int p,
+                                    const char *what, int on_signal,
+                                    keel__wire_msg *r);
+
+/* ---- HELLO, INIT and pulls (worker_pull.c) ------------------------------ */
+
+/* Pull the n tensors named in w->outs from ps p into vs (n 0: a step
+ * query); *global_step (if not NULL): ps p's step. */
+keel_status keel__worker_pull_outs(keel_cluster_backend *w, int p, size_t n,
+                                   keel_vars *vs, keel_vars *dest,
+                                   int dest_slots, int64_t *global_step);
+/* Every ps's variables (with_slots: and slots) into vs; ps 0's step. */
+keel_status keel__worker_pull_all(keel_cluster_backend *w, keel_vars *vs,
+                                  int with_slots);
+/* keel_backend's publish, is_intact, fetch, read_global_step,
+ * wait_for_change and before_save (ctx: the backend). */
+keel_status keel__worker_publish(void *ctx, keel_vars *vs, int restored);
+keel_status keel__worker_is_intact(void *ctx, keel_vars *vs, int *is_intact);
+keel_status keel__worker_fetch(void *ctx, keel_vars *vs, int *is_ready,
+                               char *why, size_t size);
+keel_status keel__worker_read_step(void *ctx, int64_t *step);
+keel_status keel__worker_wait(void *ctx, int64_t deadline_ns);
+keel_status keel__worker_before_save(void *ctx, keel_vars *vs);
+
+/* ---- the step (worker_push.c) ------------------------------------------- */
+
+/* keel_backend's updater (ctx: the backend): the step's push and token. */
+keel_status keel__worker_apply(void *ctx, keel_vars *vs, keel_grads *grads,
+                               int64_t global_step);
+
+#endif

@@ -1,0 +1,376 @@
+/* worker_pull.c - the worker backend's way in: HELLO to learn whether the
+ * ps are up and initialized, the chief's INIT (publish) or join of live ps,
+ * the workers' fetch, the pulls (before a checkpoint, of named variables),
+ * the step query and the wait between fetches. */
+#include <config.h>
+
+#include <limits.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <keel/session.h>
+#include "worker_int.h"
+
+#define HELLO_CHUNK_MS 2000
+#define HELLO_SIGNAL_MS 250
+
+static int
+ms_of(double secs)
+{
+    double ms = secs * 1000.0;
+    return ms > INT_MAX / 2 ? INT_MAX / 2 : ms < 1 ? 1 : (int)ms;
+}
+
+/* Pull the n tensors named in w->outs from ps p into vs (ps 0 holding
+ * none: a step query); with dest, ps p's tensors there (and their slots,
+ * with dest_slots) are faulted in meanwhile. *global_step (if not NULL):
+ * ps p's step. */
+keel_status
+keel__worker_pull_outs(keel_cluster_backend *w, int p, size_t n,
+                       keel_vars *vs, keel_vars *dest, int dest_slots,
+                       int64_t *global_step)
+{
+    keel__wire_header h;
+    keel__wire_msg r;
+    keel_status st;
+    memset(&h, 0, sizeof h);
+    h.type = n == 0 ? KEEL_MSG_STEP : KEEL_MSG_PULL;
+    h.flags = n == 0 ? 0 : KEEL_WIRE_F_NAMES_ONLY;
+    st = keel__worker_call_ps(w, p, &h, w->outs, n, 0, "pull", dest,
+                              dest_slots, &r);
+    if (st == KEEL_OK)
+        st = keel__worker_take_values(vs, &r);
+    if (st == KEEL_OK && global_step != NULL)
+        *global_step = r.h.global_step;
+    keel__wire_msg_clear(&r);
+    return st;
+}
+
+/* Pull every ps's variables (with_slots: and slots) into vs; the global
+ * step is ps 0's. *agreed (if not NULL): 0 when a ps answered at another
+ * global step than ps 0. */
+static keel_status
+pull_all_steps(keel_cluster_backend *w, keel_vars *vs, int with_slots,
+               int *agreed)
+{
+    int64_t step0 = 0;
+    for (int p = 0; p < w->n_ps; p++) {
+        int64_t step;
+        size_t n;
+        keel_status st;
+        keel__worker_shard_outs(w, vs, p, 0, with_slots, &n);
+        if (n == 0 && p != 0)
+            continue;
+        st = keel__worker_pull_outs(w, p, n, vs, vs, with_slots, &step);
+        if (st != KEEL_OK)
+            return st;
+        if (p == 0) {
+            keel_vars_set_global_step(vs, step);
+            step0 = step;
+        } else if (agreed != NULL && step != step0) {
+            *agreed = 0;
+        }
+    }
+    return KEEL_OK;
+}
+
+keel_status
+keel__worker_pull_all(keel_cluster_backend *w, keel_vars *vs,
+                      int with_slots)
+{
+    return pull_all_steps(w, vs, with_slots, NULL);
+}
+
+#define PULL_AGREE_TRIES 5
+
+/* The chief's pull before a checkpoint, again while the ps answer at
+ * different global steps: a sync step can complete on them while they are
+ * pulled one after the other (the chief's push of a step it gave up on a
+ * signal is still held there; backup replicas complete steps without the
+ * chief), and a checkpoint must hold one step's values. After
+ * PULL_AGREE_TRIES the last pull is kept, with a warning. */
+static keel_status
+pull_for_save(keel_cluster_backend *w, keel_vars *vs)
+{
+    for (int i = 1;; i++) {
+        int agreed = 1;
+        keel_status st = pull_all_steps(w, vs, 1, &agreed);
+        if (st != KEEL_OK || agreed || !w->is_sync)
+            return st;
+        if (i == PULL_AGREE_TRIES) {
+            keel__log(KEEL_LOG_WARN, "chief: the ps answered the pulls for "
+                      "the checkpoint at different global steps %d times "
+                      "in a row; saving the last pull (step %lld)",
+                      PULL_AGREE_TRIES,
+                      (long long)keel_vars_global_step(vs));
+            return KEEL_OK;
+        }
+    }
+}
+
+/* One HELLO to ps p and its reply (KEEL_ETIMEOUT after timeout_ms). A
+ * plain HELLO (wait 0: is the ps up?) is sent again every HELLO_SIGNAL_MS,
+ * so a SIGTERM during a long wait for a ps that is not up yet ends it
+ * (KEEL_ECANCELLED) instead of being ignored until the deadline; a stale
+ * reply to an earlier one is discarded. A held HELLO (wait 1) goes once:
+ * the ps keeps every held one until it is ready, and its callers come back
+ * every HELLO_CHUNK_MS, through the session manager that sees signals. */
+static keel_status
+hello_one(keel_cluster_backend *w, int p, int wait, int timeout_ms,
+          keel__wire_msg *r)
+{
+    int64_t end = keel__now_mono_ns() + (int64_t)timeout_ms * 1000000;
+    for (;;) {
+        int64_t left = (end - keel__now_mono_ns()) / 1000000;
+        int piece = left > 0 ? (int)left : 0;
+        keel__wire_header h;
+        keel_status st;
+        if (!wait && piece > HELLO_SIGNAL_MS)
+            piece = HELLO_SIGNAL_MS;
+        memset(&h, 0, sizeof h);
+        h.type = KEEL_MSG_HELLO;
+        h.arg = (uint32_t)wait;
+        st = keel__wire_client_call(w->clients[p], &h, NULL, 0, 0, piece, r);
+        if (st != KEEL_ETIMEOUT || wait || keel__now_mono_ns() >= end)
+            return st;
+        keel__wire_msg_clear(r);
+        if (keel_session_signal_received())
+            return keel__fail(KEEL_ECANCELLED, "signal %d received while "
+                              "waiting for ps %d (%s)",
+                              keel_session_signal_received(), p,
+                              keel_cluster_spec_address(w->spec,
+                                                        KEEL_TASK_PS, p));
+    }
+}
+
+/* HELLO every ps (wait: held until ready, up to timeout_ms). *all_ready
+ * and *same_chief (all ps initialized by the same chief incarnation). */
+static keel_status
+hello_all(keel_cluster_backend *w, int wait, int timeout_ms, int *all_ready,
+          int *same_chief, uint64_t *gens, char *why, size_t why_size)
+{
+    uint64_t chief = 0;
+    *all_ready = 1;
+    *same_chief = 1;
+    for (int p = 0; p < w->n_ps; p++) {
+        keel__wire_msg r;
+        keel_status st = hello_one(w, p, wait, timeout_ms, &r);
+        if (st == KEEL_ECANCELLED && keel_session_signal_received()) {
+            keel__wire_msg_clear(&r);
+            return st;              /* preempted: no peer to blame */
+        }
+        if (st == KEEL_ETIMEOUT && wait) {
+            keel__wire_msg_clear(&r);
+            *all_ready = 0;
+            if (why != NULL)
+                snprintf(why, why_size, "ps %d (%s) not ready", p,
+                         keel_cluster_spec_address(w->spec, KEEL_TASK_PS,
+                                                   p));
+            return KEEL_OK;
+        }
+        if (st != KEEL_OK) {
+            st = keel__worker_call_error(w, p, st, &r, "hello");
+            keel__wire_msg_clear(&r);
+            return st;
+        }
+        if (gens != NULL)
+            gens[p] = r.h.generation;
+        if (!r.h.arg) {
+            *all_ready = 0;
+            if (why != NULL)
+                snprintf(why, why_size, "ps %d not initialized", p);
+        }
+        if (p == 0)
+            chief = (uint64_t)r.h.local_step;
+        else if ((uint64_t)r.h.local_step != chief)
+            *same_chief = 0;
+        keel__wire_msg_clear(&r);
+    }
+    if (chief == 0)
+        *same_chief = 0;
+    if (gens == w->ps_gen)
+        w->gen_ns = keel__now_mono_ns();
+    return KEEL_OK;
+}
+
+keel_status
+keel__worker_publish(void *ctx, keel_vars *vs, int restored)
+{
+    keel_cluster_backend *w = ctx;
+    int ready, same;
+    keel_status st;
+    int timeout = ms_of(w->o.in.max_wait_secs);
+    size_t bytes = 0;
+    int64_t t0;
+    (void)restored;
+    st = hello_all(w, 0, timeout, &ready, &same, w->ps_gen, NULL, 0);
+    if (st != KEEL_OK)
+        return st;
+    if (ready && same) {
+        /* A live cluster (this chief restarted): join it, no rollback. */
+        st = keel__worker_pull_all(w, vs, 1);
+        if (st == KEEL_OK)
+            keel__log(KEEL_LOG_INFO, "chief: joined live parameter servers "
+                      "at step %lld (their state wins over any checkpoint)",
+                      (long long)keel_vars_global_step(vs));
+        if (st == KEEL_OK && w->aw != NULL)
+            keel__algo_worker_restart(w->aw, vs);
+        return st;
+    }
+    t0 = keel__now_mono_ns();
+    for (int p = 0; p < w->n_ps; p++) {
+        keel__wire_header h;
+        keel__wire_msg r;
+        size_t n;
+        keel__worker_shard_outs(w, vs, p, 1, 1, &n);
+        for (size_t k = 0; k < n; k++)
+            bytes += keel_tensor_bytes(w->outs[k].t);
+        memset(&h, 0, sizeof h);
+        h.type = KEEL_MSG_INIT;
+        h.global_step = keel_vars_global_step(vs);
+        /* in place: nothing touches the variables until INIT is answered */
+        st = keel__worker_call_ps(w, p, &h, w->outs, n, 1, "init", NULL, 0,
+                                  &r);
+        keel__wire_msg_clear(&r);
+        if (st != KEEL_OK)
+            return st;
+    }
+    keel__log(KEEL_LOG_INFO, "chief: %d parameter server(s) initialized at "
+              "step %lld; cluster ready (INIT of %.1f MiB in %.3f s)",
+              w->n_ps, (long long)keel_vars_global_step(vs),
+              (double)bytes / (1 << 20),
+              (double)(keel__now_mono_ns() - t0) / 1e9);
+    if (w->last_step_seen > 0)          /* this process trained before */
+        keel__log(KEEL_LOG_WARN, "chief: the cluster had reached step %lld "
+                  "before it lost its state; restarting from step %lld: "
+                  "%lld step(s) lost", (long long)w->last_step_seen,
+                  (long long)keel_vars_global_step(vs),
+                  (long long)(w->last_step_seen -
+                              keel_vars_global_step(vs)));
+    w->last_step_seen = keel_vars_global_step(vs);
+    if (w->aw != NULL)
+        keel__algo_worker_restart(w->aw, vs);
+    w->restore_local = 0;
+    return KEEL_OK;
+}
+
+keel_status
+keel__worker_is_intact(void *ctx, keel_vars *vs, int *is_intact)
+{
+    keel_cluster_backend *w = ctx;
+    int ready, same;
+    uint64_t *gens = calloc((size_t)w->n_ps, sizeof *gens);
+    keel_status st;
+    *is_intact = 0;
+    if (gens == NULL)
+        return keel__fail(KEEL_ENOMEM, "is_intact: %d ps", w->n_ps);
+    st = hello_all(w, 0, w->o.in.dead_after_ms, &ready, &same, gens, NULL, 0);
+    if (st == KEEL_OK && ready && same) {
+        /* joining these incarnations: a restart during the pull is one */
+        memcpy(w->ps_gen, gens, (size_t)w->n_ps * sizeof *gens);
+        w->gen_ns = keel__now_mono_ns();
+        st = keel__worker_pull_all(w, vs, 1);
+        *is_intact = st == KEEL_OK;
+        if (st == KEEL_OK && w->aw != NULL)
+            keel__algo_worker_restart(w->aw, vs);
+        w->restore_local = 0;
+    }
+    free(gens);
+    return st;
+}
+
+keel_status
+keel__worker_fetch(void *ctx, keel_vars *vs, int *is_ready, char *why,
+                   size_t size)
+{
+    keel_cluster_backend *w = ctx;
+    int same;
+    keel_status st;
+    int chunk = ms_of(w->o.in.max_wait_secs);
+    int64_t t0;
+    w->last_fetch_ns = keel__now_mono_ns();
+    st = hello_all(w, 1, chunk < HELLO_CHUNK_MS ? chunk : HELLO_CHUNK_MS,
+                   is_ready, &same, w->ps_gen, why, size);
+    if (st != KEEL_OK || !*is_ready)
+        return st;
+    t0 = keel__now_mono_ns();
+    st = keel__worker_pull_all(w, vs, 0);
+    if (st == KEEL_OK && w->aw != NULL)
+        keel__algo_worker_restart(w->aw, vs);
+    if (st == KEEL_OK) {
+        double bytes = 0;
+        for (size_t i = 0; i < w->n_vars; i++)
+            bytes += (double)keel_var_tensor(keel_vars_at(vs, i))->count *
+                     sizeof(float);
+        keel__log(KEEL_LOG_INFO, "pulled %.1f MiB at step %lld from %d "
+                  "ps in %.3f s", bytes / (1 << 20),
+                  (long long)keel_vars_global_step(vs), w->n_ps,
+                  (double)(keel__now_mono_ns() - t0) / 1e9);
+    }
+    return st;
+}
+
+/* The cluster's global step, ps 0's (the one keel__worker_apply adopts):
+ * one STEP request, no values. A restarted ps 0 is a recoverable error. */
+keel_status
+keel__worker_read_step(void *ctx, int64_t *step)
+{
+    keel_cluster_backend *w = ctx;
+    keel__wire_header h;
+    keel__wire_msg r;
+    keel_status st;
+    memset(&h, 0, sizeof h);
+    h.type = KEEL_MSG_STEP;
+    st = keel__worker_call_ps(w, 0, &h, NULL, 0, 0, "the step query", NULL,
+                              0, &r);
+    if (st == KEEL_OK && r.h.generation != w->ps_gen[0])
+        st = keel__worker_restarted(w, 0, &r);
+    if (st == KEEL_OK)
+        *step = r.h.global_step;
+    keel__wire_msg_clear(&r);
+    return st;
+}
+
+/* fetch itself blocks until readiness (an event from the ps); only a
+ * fetch that returned quickly is followed by the retry floor. */
+keel_status
+keel__worker_wait(void *ctx, int64_t deadline_ns)
+{
+    keel_cluster_backend *w = ctx;
+    int64_t until = w->last_fetch_ns +
+                    (int64_t)w->o.in.ready_retry_ms * 1000000;
+    if (until > deadline_ns)
+        until = deadline_ns;
+    for (;;) {
+        int64_t now = keel__now_mono_ns();
+        struct timespec ts;
+        if (now >= until || keel_session_signal_received())
+            return KEEL_OK;     /* the session manager sees the signal */
+        ts.tv_sec = (until - now) / 1000000000;
+        ts.tv_nsec = (until - now) % 1000000000;
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* The chief, before a checkpoint: the ps hold the truth. */
+keel_status
+keel__worker_before_save(void *ctx, keel_vars *vs)
+{
+    keel_cluster_backend *w = ctx;
+    keel_status st;
+    if (w->local != NULL && !w->restore_local)
+        for (size_t i = 0; i < w->n_vars; i++) {
+            keel_tensor *t = keel_grads_at(w->local, i);
+            if (t != NULL)
+                memcpy(t->data, keel_var_tensor(keel_vars_at(vs, i))->data,
+                       t->count * sizeof(float));
+        }
+    st = pull_for_save(w, vs);
+    /* a rule's chief keeps training its own model after the save */
+    if (st == KEEL_OK && w->local != NULL)
+        w->restore_local = 1;
+    return st;
+}

@@ -1,0 +1,4 @@
+# supervise/: MonitoredTrainingSession and the Supervisor, over the session,
+# the standard hooks and the cluster's worker backend.
+libkeel_core_la_SOURCES += supervise/training.c supervise/supervisor.c
+pkginclude_HEADERS += include/keel/supervise.h
