@@ -1339,10 +1339,33 @@ validate_model(const keel_config *cfg)
                           keel_config_origin(cfg, "model.hidden"), model);
     if (strcmp(model, "mlp") == 0) {
         int64_t h[1];
+        keel_model_config mc;
+        keel_status st;
         if (keel_config_int_list(cfg, "model.hidden", h, 1) < 1)
             return keel__fail(KEEL_EINVAL, "model.hidden is empty; an mlp "
                               "needs at least one hidden layer (e.g. "
                               "256,256)");
+        /* the parser keel train builds the model with, so that config
+         * check refuses what train refuses (a trailing comma, too many
+         * layers) */
+        keel_model_config_init(&mc);
+        st = keel_model_parse_hidden(keel_config_str(cfg, "model.hidden"),
+                                     &mc);
+        if (st != KEEL_OK)
+            return keel__wrap(KEEL_EINVAL, "model.hidden (%s)",
+                              keel_config_origin(cfg, "model.hidden"));
+    }
+    {
+        int64_t micro = keel_config_int(cfg, "train.micro_batch");
+        int64_t batch = keel_config_int(cfg, "train.batch_size");
+        if (micro > 0 && (batch % micro != 0 || batch / micro > 64))
+            return keel__fail(KEEL_EINVAL, "train.micro_batch = %lld (%s) "
+                              "must divide train.batch_size = %lld (%s) "
+                              "into at most 64 micro-batches",
+                              (long long)micro,
+                              keel_config_origin(cfg, "train.micro_batch"),
+                              (long long)batch,
+                              keel_config_origin(cfg, "train.batch_size"));
     }
     return KEEL_OK;
 }

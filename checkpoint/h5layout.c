@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -33,6 +34,13 @@
 #define CK_META_BLOCK ((hsize_t)64 << 10)
 #define CK_LATE_HASH_BYTES ((size_t)4 << 20)
 #define CK_DIRECT_BYTES ((size_t)4 << 20)  /* smaller files: page cache */
+/* A filtered (compressed) dataset may declare at most this many times the
+ * bytes it stores: deflate, the filter HDF5 always has, cannot expand
+ * more than about 1032-fold, so a larger claim is a damaged or hostile
+ * file, refused before anything is allocated for it. */
+#define CK_MAX_EXPANSION ((uint64_t)1100)
+/* The longest external link value (file and object name) read. */
+#define CK_ELINK_MAX ((size_t)2 * KEEL_PATH_MAX)
 
 
 /* Lock HDF5 and switch its error printing off (libkeel never prints). */
@@ -530,6 +538,173 @@ out:
     return rc;
 }
 
+/* ---- what a checkpoint may point at ------------------------------------ */
+
+/* 1 when target, a file named inside the checkpoint at path (an external
+ * link's file, an external storage file, a virtual dataset's source), is
+ * one of that checkpoint's own files: the checkpoint file itself. A
+ * relative target is taken from the checkpoint's directory; "." is the
+ * file itself (a virtual dataset's own-file name). */
+static int
+own_file(const char *path, const char *target)
+{
+    char full[KEEL_PATH_MAX], a[PATH_MAX], b[PATH_MAX];
+    const char *sl = strrchr(path, '/');
+    int n;
+    if (strcmp(target, ".") == 0)
+        return 1;
+    if (target[0] == '/' || sl == NULL)
+        n = snprintf(full, sizeof full, "%s", target);
+    else
+        n = snprintf(full, sizeof full, "%.*s/%s", (int)(sl - path), path,
+                     target);
+    if (n < 0 || (size_t)n >= sizeof full)
+        return 0;
+    return realpath(full, a) != NULL && realpath(path, b) != NULL &&
+           strcmp(a, b) == 0;
+}
+
+/* A walk over every link of a checkpoint file: pass 0 refuses external
+ * and user-defined links to anything but the checkpoint's own files,
+ * pass 1 (once no link leaves the file) refuses dangling soft links. */
+typedef struct link_ctx {
+    const char *path;
+    int pass;
+    keel_status st;
+} link_ctx;
+
+static herr_t
+link_cb(hid_t g, const char *name, const H5L_info_t *li, void *op)
+{
+    link_ctx *c = op;
+    if (li->type == H5L_TYPE_HARD)
+        return 0;
+    if (li->type == H5L_TYPE_SOFT) {
+        if (c->pass == 1 && H5Oexists_by_name(g, name, H5P_DEFAULT) <= 0) {
+            c->st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: /%s is a "
+                               "dangling soft link", c->path, name);
+            return -1;
+        }
+        return 0;
+    }
+    if (c->pass == 1)
+        return 0;
+    if (li->type == H5L_TYPE_EXTERNAL) {
+        char *val = NULL;
+        const char *file = NULL, *obj = NULL;
+        unsigned flags;
+        int ok = li->u.val_size > 0 && li->u.val_size <= CK_ELINK_MAX &&
+                 (val = calloc(1, li->u.val_size + 1)) != NULL &&
+                 H5Lget_val(g, name, val, li->u.val_size, H5P_DEFAULT) >= 0 &&
+                 H5Lunpack_elink_val(val, li->u.val_size, &flags, &file,
+                                     &obj) >= 0 && file != NULL;
+        if (ok && own_file(c->path, file)) {
+            free(val);
+            return 0;
+        }
+        c->st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: /%s is an external "
+                           "link to %s%s%s, outside the checkpoint's own "
+                           "files; refused", c->path, name,
+                           ok ? file : "an unreadable target",
+                           ok && obj != NULL ? ":" : "",
+                           ok && obj != NULL ? obj : "");
+        free(val);
+        return -1;
+    }
+    c->st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: /%s is a user-defined "
+                       "link (type %d); refused", c->path, name,
+                       (int)li->type);
+    return -1;
+}
+
+/* Every link of the open checkpoint h stays within its own files and
+ * resolves. */
+static keel_status
+check_links(hid_t h, const char *path)
+{
+    link_ctx c = { path, 0, KEEL_OK };
+    for (c.pass = 0; c.pass < 2; c.pass++)
+        if (H5Lvisit(h, H5_INDEX_NAME, H5_ITER_INC, link_cb, &c) < 0)
+            return c.st != KEEL_OK ? c.st :
+                   keel__fail(KEEL_ECORRUPT, "checkpoint %s: cannot list "
+                              "its links (damaged HDF5 metadata)", path);
+    return KEEL_OK;
+}
+
+/* Dataset ds (what: its name for messages) of the checkpoint path,
+ * file_size bytes long, declaring bytes bytes of data: its storage is in
+ * the checkpoint's own files (no external storage file, no virtual
+ * source elsewhere) and can hold what it declares (unfiltered: all of
+ * it; filtered: at most CK_MAX_EXPANSION times what it stores). Checked
+ * before anything of that size is allocated. */
+static keel_status
+check_storage(const char *path, int64_t file_size, const char *what,
+              hid_t ds, uint64_t bytes)
+{
+    hid_t dcpl = H5Dget_create_plist(ds);
+    keel_status st = KEEL_OK;
+    H5D_layout_t layout;
+    int n_ext, n_filters;
+    uint64_t stored, limit;
+
+    if (dcpl < 0)
+        return keel__fail(KEEL_ECORRUPT, "checkpoint %s: dataset %s has no "
+                          "readable creation properties", path, what);
+    layout = H5Pget_layout(dcpl);
+    n_ext = H5Pget_external_count(dcpl);
+    n_filters = H5Pget_nfilters(dcpl);
+    for (int i = 0; i < n_ext && st == KEEL_OK; i++) {
+        char name[KEEL_PATH_MAX] = "";
+        off_t off;
+        hsize_t size;
+        if (H5Pget_external(dcpl, (unsigned)i, sizeof name, name, &off,
+                            &size) < 0 || !own_file(path, name))
+            st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: dataset %s keeps "
+                            "its data in external file '%s', outside the "
+                            "checkpoint's own files; refused", path, what,
+                            name);
+    }
+    if (st == KEEL_OK && layout == H5D_VIRTUAL) {
+        size_t nv = 0;
+        if (H5Pget_virtual_count(dcpl, &nv) < 0)
+            st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: virtual dataset "
+                            "%s has unreadable mappings", path, what);
+        for (size_t i = 0; i < nv && st == KEEL_OK; i++) {
+            char name[KEEL_PATH_MAX] = "";
+            ssize_t len = H5Pget_virtual_filename(dcpl, i, name,
+                                                  sizeof name);
+            if (len < 0 || (size_t)len >= sizeof name ||
+                !own_file(path, name))
+                st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: virtual "
+                                "dataset %s maps data from '%s', outside "
+                                "the checkpoint's own files; refused", path,
+                                what, name);
+        }
+    }
+    keel__h5_close(dcpl);
+    if (st != KEEL_OK)
+        return st;
+    /* Virtual and external data is bounded by the file itself. */
+    stored = layout == H5D_VIRTUAL || n_ext > 0 ? (uint64_t)file_size
+                                                : H5Dget_storage_size(ds);
+    if (stored > (uint64_t)file_size)
+        return keel__fail(KEEL_ECORRUPT, "checkpoint %s: dataset %s claims "
+                          "%llu stored bytes in a file of %lld bytes", path,
+                          what, (unsigned long long)stored,
+                          (long long)file_size);
+    limit = n_filters > 0 || layout == H5D_VIRTUAL ?
+            stored * CK_MAX_EXPANSION : stored;
+    if (bytes > limit)
+        return keel__fail(KEEL_ECORRUPT, "checkpoint %s: dataset %s declares "
+                          "%llu bytes but the file holds %llu bytes of it%s; "
+                          "truncated or damaged", path, what,
+                          (unsigned long long)bytes,
+                          (unsigned long long)stored,
+                          n_filters > 0 ? " (compressed, more than the "
+                          "largest expansion a filter gives)" : "");
+    return KEEL_OK;
+}
+
 typedef struct visit_ctx {
     ck_file *f;
     size_t cap;
@@ -656,6 +831,12 @@ visit_dataset(const visit_ctx *c, hid_t obj, const char *name, ck_dset *d)
                         "dataset %s/%s", c->f->path, c->prefix, name);
     else
         st = visit_shape(c, name, t, sp, d);
+    if (st == KEEL_OK) {
+        char what[2 * KEEL_NAME_MAX + 32];
+        snprintf(what, sizeof what, "%s/%s", c->prefix, name);
+        st = check_storage(c->f->path, c->f->file_size, what, ds,
+                           (uint64_t)d->count * 4);
+    }
     if (st == KEEL_OK &&
         !attr_read_num(ds, "xxh64", H5T_NATIVE_UINT64, H5T_INTEGER,
                        &d->e.xxh64))
@@ -798,6 +979,8 @@ keel__ckpt_open(const char *path, ck_file *f)
     h5_begin();
     st = open_h5(path, &f->file_size, &h);
     if (st == KEEL_OK)
+        st = check_links(h, path);
+    if (st == KEEL_OK)
         st = read_meta_step(h, path, &f->global_step);
     memset(&c, 0, sizeof c);
     c.f = f;
@@ -907,6 +1090,75 @@ keel__ckpt_read_many(const ck_file *f, const ck_read_job *jobs, size_t n)
     return keel__ckpt_io_read_many(f, jobs, n);
 }
 
+/* The xxh64 of dataset d of f, which HDF5 reads (chunked or filtered),
+ * a slab of whole rows at a time through buf (size bytes), so memory
+ * stays bounded whatever the dataset declares. */
+static keel_status
+hash_via_h5(const ck_file *f, const ck_dset *d, void *buf, size_t size,
+            uint64_t *hash)
+{
+    char h5name[2 * KEEL_NAME_MAX + 32];
+    hid_t h = -1, ds = -1, fsp = -1, msp = -1;
+    hsize_t start[KEEL_MAX_DIMS] = { 0 }, cnt[KEEL_MAX_DIMS];
+    size_t row = 1, rows = 1, per;
+    XXH64_state_t *xs = XXH64_createState();
+    int64_t fsize;
+    keel_status st;
+
+    if (xs == NULL)
+        return keel__fail(KEEL_ENOMEM, "verify %s: hash state", f->path);
+    XXH64_reset(xs, 0);
+    if (d->e.slot[0] == '\0')
+        snprintf(h5name, sizeof h5name, "/variables/%s", d->e.name);
+    else
+        snprintf(h5name, sizeof h5name, "/slots/%s/%s", d->e.slot,
+                 d->e.name);
+    for (int i = 0; i < d->e.ndim; i++) {
+        cnt[i] = (hsize_t)d->e.shape[i];
+        if (i > 0)
+            row *= (size_t)d->e.shape[i];
+    }
+    if (d->e.ndim > 0)
+        rows = (size_t)d->e.shape[0];
+    per = size / (row * sizeof(float));
+    h5_begin();
+    st = open_h5(f->path, &fsize, &h);
+    if (st == KEEL_OK && (per == 0 ||
+        (ds = H5Dopen2(h, h5name, H5P_DEFAULT)) < 0 ||
+        (fsp = H5Dget_space(ds)) < 0))
+        st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: cannot read dataset "
+                        "%s", f->path, h5name);
+    for (size_t r = 0; st == KEEL_OK && r < rows; r += per) {
+        size_t k = rows - r < per ? rows - r : per;
+        hsize_t m = (hsize_t)(k * row);
+        int ok;
+        if (d->e.ndim > 0) {
+            start[0] = (hsize_t)r;
+            cnt[0] = (hsize_t)k;
+        }
+        msp = H5Screate_simple(1, &m, NULL);
+        ok = msp >= 0 &&
+             (d->e.ndim == 0 ||
+              H5Sselect_hyperslab(fsp, H5S_SELECT_SET, start, NULL, cnt,
+                                  NULL) >= 0) &&
+             H5Dread(ds, H5T_NATIVE_FLOAT, d->e.ndim == 0 ? H5S_ALL : msp,
+                     d->e.ndim == 0 ? H5S_ALL : fsp, H5P_DEFAULT, buf) >= 0;
+        keel__h5_close(msp);
+        if (!ok)
+            st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: cannot read "
+                            "dataset %s", f->path, h5name);
+        else
+            XXH64_update(xs, buf, k * row * sizeof(float));
+    }
+    keel__h5_close(fsp);
+    keel__h5_close(ds);
+    keel__h5_close(h);
+    h5_end();
+    *hash = XXH64_digest(xs);
+    XXH64_freeState(xs);
+    return st;
+}
+
 /* Verify the metadata and blobs under /meta (small: read through HDF5). */
 static keel_status
 verify_blobs(const char *path)
@@ -924,7 +1176,6 @@ keel__ckpt_verify(const char *path, int64_t *step)
     keel_status st;
     void *buf = NULL;
     int fd = -1;
-    size_t max_fallback = 0;
 
     st = keel__ckpt_open(path, &f);
     if (st != KEEL_OK)
@@ -947,14 +1198,8 @@ keel__ckpt_verify(const char *path, int64_t *step)
                                               v->e.shape));
             goto out;
         }
-        if (f.d[i].offset < 0 && f.d[i].count > max_fallback)
-            max_fallback = f.d[i].count;
     }
-    for (size_t i = 0; i < f.n_vars; i++)
-        if (f.d[i].offset < 0 && f.d[i].count > max_fallback)
-            max_fallback = f.d[i].count;
-    buf = malloc(max_fallback * sizeof(float) > CK_IO_CHUNK ?
-                 max_fallback * sizeof(float) : CK_IO_CHUNK);
+    buf = malloc(CK_IO_CHUNK);
     if (buf == NULL) {
         st = keel__fail(KEEL_ENOMEM, "verify %s: read buffer", path);
         goto out;
@@ -969,7 +1214,9 @@ keel__ckpt_verify(const char *path, int64_t *step)
         const ck_dset *d = &f.d[i];
         uint64_t h = 0;
         if (d->offset < 0) {
-            st = keel__ckpt_read(&f, d, buf);
+            st = hash_via_h5(&f, d, buf, CK_IO_CHUNK, &h);
+            if (st == KEEL_OK && h != d->e.xxh64)
+                st = keel__ckpt_io_bad_hash(path, d);
             continue;
         }
         st = keel__ckpt_io_read_hashed(fd, NULL, buf,
@@ -1003,6 +1250,7 @@ keel_ckpt_verify(const char *path)
 typedef struct blob_ctx {
     keel_ckpt_info *info;
     const char *path;
+    int64_t file_size;
     keel_status st;
 } blob_ctx;
 
@@ -1026,6 +1274,15 @@ blob_read_cb(hid_t g, const char *name, const H5L_info_t *linfo, void *op)
     sp = d >= 0 ? H5Dget_space(d) : -1;
     n = sp >= 0 ? H5Sget_simple_extent_npoints(sp) : -1;
     keel__h5_close(sp);
+    if (d >= 0 && n >= 0) {
+        char what[KEEL_NAME_MAX + 32];
+        snprintf(what, sizeof what, "/meta/blobs/%s", name);
+        c->st = check_storage(c->path, c->file_size, what, d, (uint64_t)n);
+        if (c->st != KEEL_OK) {
+            keel__h5_close(d);
+            return -1;
+        }
+    }
     if (d < 0 || n < 0 || (uint64_t)n > CK_BLOB_MAX ||
         !attr_read_num(d, "xxh64", H5T_NATIVE_UINT64, H5T_INTEGER, &want)) {
         keel__h5_close(d);
@@ -1088,9 +1345,10 @@ read_meta_attrs(hid_t meta, const char *path, keel_ckpt_info *info)
 
 /* Every blob under /meta/blobs, each checked against its checksum. */
 static keel_status
-read_blobs(hid_t meta, const char *path, keel_ckpt_info *info)
+read_blobs(hid_t meta, const char *path, int64_t file_size,
+           keel_ckpt_info *info)
 {
-    blob_ctx c = { info, path, KEEL_OK };
+    blob_ctx c = { info, path, file_size, KEEL_OK };
     keel_status st = KEEL_OK;
     hid_t g;
     if (H5Lexists(meta, "blobs", H5P_DEFAULT) <= 0)
@@ -1140,7 +1398,7 @@ keel_ckpt_read_info(const char *path, keel_ckpt_info **out)
     if (st == KEEL_OK)
         st = read_meta_attrs(meta, path, info);
     if (st == KEEL_OK)
-        st = read_blobs(meta, path, info);
+        st = read_blobs(meta, path, size, info);
     keel__h5_close(meta);
     keel__h5_close(h);
     h5_end();

@@ -158,6 +158,25 @@ state_push(ck_state *st, const char *name, double ts)
     return KEEL_OK;
 }
 
+/* Whether name (a state file entry) is in the saver's directory: a plain
+ * file name, or a path whose directory is that same directory. */
+static int
+in_saver_dir(const keel_saver *s, const char *name)
+{
+    const char *sl = strrchr(name, '/');
+    char dir[KEEL_PATH_MAX], a[PATH_MAX], b[PATH_MAX];
+    size_t n;
+    if (sl == NULL)
+        return 1;
+    n = (size_t)(sl - name);
+    if (n == 0 || n >= sizeof dir)
+        return 0;
+    memcpy(dir, name, n);
+    dir[n] = '\0';
+    return realpath(dir, a) != NULL && realpath(s->dir, b) != NULL &&
+           strcmp(a, b) == 0;
+}
+
 /* Retention deletes only this saver's own checkpoints: a file of the
  * form <basename>-<step>.h5 (or <basename>-epoch<E>-<step>.h5) in the
  * checkpoint directory, named by its plain file name or by a path whose
@@ -168,18 +187,8 @@ static int
 may_unlink(const keel_saver *s, const char *name)
 {
     const char *sl = strrchr(name, '/');
-    int ok = keel__ckpt_name_step(sl ? sl + 1 : name, s->basename) >= 0;
-    if (ok && sl != NULL) {
-        char dir[KEEL_PATH_MAX], a[PATH_MAX], b[PATH_MAX];
-        size_t n = (size_t)(sl - name);
-        ok = n > 0 && n < sizeof dir;
-        if (ok) {
-            memcpy(dir, name, n);
-            dir[n] = '\0';
-            ok = realpath(dir, a) != NULL && realpath(s->dir, b) != NULL &&
-                 strcmp(a, b) == 0;
-        }
-    }
+    int ok = keel__ckpt_name_step(sl ? sl + 1 : name, s->basename) >= 0 &&
+             in_saver_dir(s, name);
     if (ok)
         return 1;
     keel__log(KEEL_LOG_WARN, "retention: '%s' in %s/%s is not a checkpoint "
@@ -359,6 +368,68 @@ keel__ckpt_state_read(const char *dir, ck_state *st)
     if (rc != KEEL_OK)
         keel__ckpt_state_free(st);
     return rc;
+}
+
+keel_status
+keel_ckpt_state_check(const char *dir)
+{
+    char p[KEEL_PATH_MAX];
+    const char *nm;
+    struct stat sb, lb;
+    ck_state st;
+    keel_status rc;
+
+    if (dir == NULL)
+        return keel__fail(KEEL_EINVAL, "keel_ckpt_state_check: dir is NULL");
+    rc = keel__ckpt_state_read(dir, &st);
+    if (rc == KEEL_ENOTFOUND)
+        return KEEL_OK;
+    if (rc != KEEL_OK)
+        return rc;
+    nm = st.latest[0] != '\0' ? st.latest : st.e[st.n - 1].name;
+    if (nm[0] == '/')
+        snprintf(p, sizeof p, "%s", nm);
+    else if (keel__path_join(p, sizeof p, dir, nm) != KEEL_OK)
+        p[0] = '\0';
+    if (p[0] == '\0' || stat(p, &sb) != 0 || !S_ISREG(sb.st_mode))
+        rc = keel__fail(KEEL_ENOTFOUND, "state file %s/%s names '%s' as the "
+                        "newest checkpoint, but it is %s", dir, CK_STATE_NAME,
+                        nm, p[0] != '\0' && lstat(p, &lb) == 0 &&
+                        S_ISLNK(lb.st_mode) ? "a dangling symlink" :
+                        p[0] != '\0' && lstat(p, &lb) == 0 ?
+                        "not a regular file" : "missing");
+    keel__ckpt_state_free(&st);
+    return rc;
+}
+
+/* Two state file entries that name the same file of the saver's
+ * directory: equal names, or equal file names where one is a path into
+ * that directory. */
+static int
+same_entry(const keel_saver *s, const char *a, const char *b)
+{
+    const char *sa = strrchr(a, '/'), *sb = strrchr(b, '/');
+    if (strcmp(a, b) == 0)
+        return 1;
+    if (strcmp(sa ? sa + 1 : a, sb ? sb + 1 : b) != 0)
+        return 0;
+    /* same file name: the same file when each is in the saver's dir */
+    return in_saver_dir(s, a) && in_saver_dir(s, b);
+}
+
+/* A state file listing one file several times keeps its newest entry. */
+static void
+state_dedup(keel_saver *s)
+{
+    for (size_t i = 0; i < s->state.n; ) {
+        int later = 0;
+        for (size_t j = i + 1; j < s->state.n && !later; j++)
+            later = same_entry(s, s->state.e[i].name, s->state.e[j].name);
+        if (later)
+            state_remove(&s->state, i);
+        else
+            i++;
+    }
 }
 
 static keel_status
@@ -550,6 +621,7 @@ load_state(keel_saver *s)
         return;
     }
     state_drop_missing(s);
+    state_dedup(s);
     finish_doomed(s);
     if (s->state.n > 0) {
         const char *nm = s->state.e[s->state.n - 1].name;
@@ -738,6 +810,17 @@ commit_file(const keel_saver *s, ck_plan *p, ck_commit *c)
     return KEEL_OK;
 }
 
+/* Whether the list still names the file name names (retention never
+ * deletes a file the state file goes on listing). */
+static int
+still_listed(const keel_saver *s, const char *name)
+{
+    for (size_t i = 0; i < s->state.n; i++)
+        if (same_entry(s, s->state.e[i].name, name))
+            return 1;
+    return 0;
+}
+
 /* Retention: the oldest entries past max_to_keep leave the list, into
  * c->doomed unless keep_every_n_hours keeps them for good. The entry
  * just added is never removed (n > max >= 1). */
@@ -753,7 +836,9 @@ apply_retention(keel_saver *s, ck_commit *c)
             s->state.last_preserved = old.ts;   /* kept for good */
             continue;
         }
-        snprintf(c->doomed[c->n_doomed++], KEEL_NAME_MAX, "%s", old.name);
+        if (!still_listed(s, old.name))
+            snprintf(c->doomed[c->n_doomed++], KEEL_NAME_MAX, "%s",
+                     old.name);
     }
 }
 

@@ -38,3 +38,13 @@ check-netns: all
 # in comments: those belong in bench/README.md (HACKING.md, "Style").
 TESTS += tests/docs_facts.py
 EXTRA_DIST += tests/docs_facts.py
+
+# The adversarial checkpoint suite: tests/ckpt_mutate.py makes truncated,
+# bit-flipped, swapped, huge, external, linked, virtual checkpoints and
+# damaged state files; every reader must end with a `keel:` error or a
+# correct result under a memory limit, and lose no checkpoint. One of each
+# in `make check`, the seeded campaign in `make check-long`.
+TESTS += tests/ckpt_adversarial.sh
+LONG_TESTS += tests/ckpt_adversarial_long.sh
+EXTRA_DIST += tests/ckpt_adversarial.sh tests/ckpt_adversarial_long.sh \
+	tests/ckpt_adversarial.py tests/ckpt_mutate.py

@@ -101,6 +101,8 @@ ckpt_ls(int argc, char **argv)
     if (n == 0)
         printf("(no checkpoints in %s)\n", argv[1]);
     keel_ckpt_scan_free(f);
+    if (keel_ckpt_state_check(argv[1]) != KEEL_OK)
+        return cli_error(CLI_RUNTIME, "ckpt ls: %s", keel_last_error());
     return CLI_OK;
 }
 
@@ -310,6 +312,11 @@ ckpt_verify(int argc, char **argv)
             }
         }
         keel_ckpt_scan_free(f);
+        if (keel_ckpt_state_check(argv[1]) != KEEL_OK) {
+            printf("CORRUPT  %s/checkpoint\n", argv[1]);
+            fprintf(stderr, "keel: %s\n", keel_last_error());
+            bad++;
+        }
         return bad ? CLI_RUNTIME : CLI_OK;
     }
     if (keel_ckpt_verify(argv[1]) != KEEL_OK) {

@@ -4,6 +4,7 @@
 #include <assert.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <keel/status.h>
@@ -46,14 +47,54 @@ keel_status_is_recoverable(keel_status s)
     return s == KEEL_EABORTED || s == KEEL_EUNAVAILABLE;
 }
 
+/* Store text (n bytes) as the thread's message. One longer than the
+ * buffer keeps its head and its tail, where the reason usually is, with
+ * " ... " between: a message is never cut before its reason. */
+static void
+put_error(const char *text, size_t n)
+{
+    static const char mid[] = " ... ";
+    size_t head, tail;
+    if (n < sizeof last_error) {
+        memcpy(last_error, text, n + 1);
+        return;
+    }
+    head = (sizeof last_error - sizeof mid) / 3;
+    tail = sizeof last_error - sizeof mid - head;
+    memcpy(last_error, text, head);
+    memcpy(last_error + head, mid, sizeof mid - 1);
+    memcpy(last_error + head + sizeof mid - 1, text + n - tail, tail);
+    last_error[sizeof last_error - 1] = '\0';
+}
+
+/* fmt with ap into a malloc'd string (NULL when out of memory or fmt is
+ * bad); *len its length. */
+static char *
+vformat(const char *fmt, va_list ap, size_t *len)
+{
+    va_list aq;
+    char *buf;
+    int n;
+    va_copy(aq, ap);
+    n = vsnprintf(NULL, 0, fmt, aq);
+    va_end(aq);
+    if (n < 0 || (buf = malloc((size_t)n + 1)) == NULL)
+        return NULL;
+    vsnprintf(buf, (size_t)n + 1, fmt, ap);
+    *len = (size_t)n;
+    return buf;
+}
+
 static keel_status
 vfail(keel_status code, const char *fmt, va_list ap)
 {
-    char tmp[KEEL_ERR_MAX];
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    if (n < 0)
-        snprintf(tmp, sizeof tmp, "%s", keel_status_name(code));
-    memcpy(last_error, tmp, sizeof tmp);
+    size_t n = 0;
+    char *text = vformat(fmt, ap, &n);
+    if (text == NULL)
+        snprintf(last_error, sizeof last_error, "%s", keel_status_name(code));
+    else
+        put_error(text, n);
+    free(text);
     return code;
 }
 
@@ -104,16 +145,27 @@ keel__config_check(const void *cfg, const void *out, size_t min_size,
 keel_status
 keel__wrap(keel_status code, const char *fmt, ...)
 {
-    char cause[KEEL_ERR_MAX], head[KEEL_ERR_MAX];
+    char cause[KEEL_ERR_MAX], *head, *all = NULL;
+    size_t hn = 0, cn;
     va_list ap;
     memcpy(cause, last_error, sizeof cause);
+    cn = strlen(cause);
     va_start(ap, fmt);
-    if (vsnprintf(head, sizeof head, fmt, ap) < 0)
-        head[0] = '\0';
+    head = vformat(fmt, ap, &hn);
     va_end(ap);
-    if (cause[0] != '\0')
+    if (head != NULL && cn > 0 && (all = malloc(hn + cn + 3)) != NULL) {
+        memcpy(all, head, hn);
+        memcpy(all + hn, ": ", 2);
+        memcpy(all + hn + 2, cause, cn + 1);
+        put_error(all, hn + cn + 2);
+    } else if (head != NULL && cn == 0) {
+        put_error(head, hn);
+    } else if (head == NULL) {
+        put_error(cause, cn);
+    } else {
         snprintf(last_error, sizeof last_error, "%s: %s", head, cause);
-    else
-        snprintf(last_error, sizeof last_error, "%s", head);
+    }
+    free(all);
+    free(head);
     return code;
 }

@@ -101,6 +101,14 @@ void keel_saver_free(keel_saver *s);
 keel_status keel_ckpt_latest(const char *dir, const char *basename,
                              char *path, size_t path_size, int64_t *step);
 
+/* The state file of dir against the directory: KEEL_OK when there is no
+ * state file or its newest entry (model_checkpoint_path) is a regular
+ * file (a symlink is followed); KEEL_ENOTFOUND naming the state file and
+ * the entry when that file is missing or a dangling symlink;
+ * KEEL_ECORRUPT when the state file cannot be parsed. What `keel ckpt
+ * verify DIR` and `keel ckpt ls` check besides each file. */
+keel_status keel_ckpt_state_check(const char *dir);
+
 /* Verify every dataset's checksum, shapes and the format version of one
  * checkpoint file: KEEL_OK, or KEEL_ECORRUPT/KEEL_EIO naming the file and
  * the first bad dataset. */
