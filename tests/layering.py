@@ -30,7 +30,8 @@ LAYERS = [
     ("cluster", 4, ["cluster"], ["cluster.h", "distributed.h"]),
     ("app", 5, ["app"], ["config.h", "job.h", "export.h"]),
     ("launch", 5, ["launch"], ["launch.h"]),
-    ("programs", 6, ["tools", "examples"], ["keel.h"]),
+    # the umbrellas: keel.h (the framework), app.h (the trainer app)
+    ("programs", 6, ["tools", "examples"], ["keel.h", "app.h"]),
 ]
 
 # Files above their folder's layer. MonitoredTrainingSession composes the

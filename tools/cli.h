@@ -6,6 +6,7 @@
 
 #include <stdio.h>
 #include <keel/keel.h>
+#include <keel/app.h>
 
 /* Exit codes: 0 success, 1 runtime failure, 2 usage or configuration. */
 enum { CLI_OK = 0, CLI_RUNTIME = 1, CLI_USAGE = 2 };
