@@ -1407,7 +1407,9 @@ alloc_micro(job *j, int k)
 /* A replica of several (parameter-server or all-reduce): its session runs
  * over backend (borrowed: lives until the session is freed), moves its
  * data slice to the global step after every creation (a hook after
- * hooks[0..n)), and only the chief writes checkpoints. */
+ * hooks[0..n)), and only the chief writes checkpoints. A backend that
+ * applies the updates (the ps's, K-FAC's roles) takes the place of
+ * job_apply: the session is given no updater of its own. */
 static void
 replica_session(job *j, keel_training_config *tc, const keel_backend *backend,
                 keel_hook *hooks, size_t n_hooks, int is_chief)
@@ -1418,6 +1420,8 @@ replica_session(job *j, keel_training_config *tc, const keel_backend *backend,
     position->ctx = j;
     position->after_create_session = position_after_create;
     tc->session.backend = backend;
+    if (backend->updater.apply != NULL)
+        memset(&tc->session.updater, 0, sizeof tc->session.updater);
     tc->session.n_hooks = n_hooks + 1;
     tc->session.is_chief = is_chief;
     if (!is_chief) {

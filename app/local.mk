@@ -2,5 +2,5 @@
 # `keel train` (job.c) and the evaluator task.
 libkeel_core_la_SOURCES += app/app_int.h app/config.c app/job.c \
 	app/evaluator.c app/export.c app/onnx.c app/kfac_dist.c
-pkginclude_HEADERS += include/keel/config.h include/keel/job.h \
-	include/keel/export.h
+pkginclude_HEADERS += include/keel/app.h include/keel/config.h \
+	include/keel/job.h include/keel/export.h

@@ -8,7 +8,8 @@
 #include <string.h>
 
 #include <keel/keel.h>
-#include <keel/config.h>
+#include <keel/app.h>
+#include <keel/launch.h>
 #include "testutil.h"
 
 static keel_config *cfg;

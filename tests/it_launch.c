@@ -1131,6 +1131,30 @@ START_TEST(test_ps_and_two_workers_train_and_the_result_evaluates)
 }
 END_TEST
 
+/* keel's main job (examples/fashion_mnist.ini, as ./quickstart.sh launches
+ * it: a ps, the chief and a worker) with its own settings but for the
+ * data, the output directory and a few steps: no task prints a warning
+ * (the trainer gives the session no updater of its own where the ps
+ * applies the updates). */
+START_TEST(test_main_job_defaults_warn_on_no_task)
+{
+    char data[4200], dir[4200];
+    TU_SNPRINTF(data, sizeof data, "data.dir=%s", tu_dir);
+    TU_SNPRINTF(dir, sizeof dir, "checkpoint.dir=%s/main", tu_dir);
+    ck_assert_int_eq(TU_KEEL(RUN_MS, "launch",
+                             tu_src_path("examples/fashion_mnist.ini"),
+                             "--ps", "1", "--workers", "1", "-s", data,
+                             "-s", dir, "-s", "train.max_steps=3",
+                             "-s", "train.model_threads=1"), 0);
+    ck_assert_msg(strstr(out, "chief | trained steps 0..3") != NULL, "%s",
+                  tu_tail(out, 3000));
+    ck_assert_ptr_nonnull(strstr(out, "ps.0 | "));
+    ck_assert_ptr_nonnull(strstr(out, "worker.0 | "));
+    ck_assert_msg(strstr(out, "warning") == NULL, "%s", tu_tail(out, 3000));
+    ck_assert_msg(strstr(err, "warning") == NULL, "%s", err);
+}
+END_TEST
+
 START_TEST(test_chaos_killing_workers_mid_run_still_finishes)
 {
     int kills = 0;
@@ -1468,6 +1492,7 @@ launch_suite(void)
         test_usage_and_config_errors_exit_2_before_starting,
         test_replica_counts_beyond_the_cluster_exit_2_at_once,
         test_ps_and_two_workers_train_and_the_result_evaluates,
+        test_main_job_defaults_warn_on_no_task,
         test_chaos_killing_workers_mid_run_still_finishes,
         test_sigkilled_launcher_takes_its_tasks_along,
         test_sigterm_stops_a_cluster_with_a_final_checkpoint,

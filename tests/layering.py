@@ -35,7 +35,8 @@ LAYERS = [
     ("supervise", 5, ["supervise"], ["supervise.h"]),
     ("app", 6, ["app"], ["config.h", "job.h", "export.h"]),
     ("launch", 6, ["launch"], ["launch.h"]),
-    ("programs", 7, ["tools", "examples"], ["keel.h"]),
+    # the umbrellas: keel.h (the framework), app.h (the trainer app)
+    ("programs", 7, ["tools", "examples"], ["keel.h", "app.h"]),
 ]
 
 # Files above their folder's layer: file -> (layer name, rank).

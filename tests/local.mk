@@ -24,6 +24,11 @@ EXTRA_DIST += tests/read_common.py
 TESTS += tests/layering.py
 EXTRA_DIST += tests/layering.py
 
+# keel/keel.h on its own compiles and declares nothing of the trainer app
+# (keel/app.h) or the launcher (keel/launch.h).
+TESTS += tests/header_keel.sh
+EXTRA_DIST += tests/header_keel.sh tests/header_keel.c
+
 # The multi-host suite (`make check-netns`): ps, chief and worker in their
 # own network namespaces, links cut and restored. Needs root and iproute2;
 # prints "SKIP: reason" and succeeds otherwise. Not part of `make check`

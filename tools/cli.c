@@ -1,12 +1,17 @@
-/* cli.c - error reporting and logging for the keel CLI. */
+/* cli.c - what the keel CLI's verbs share: error reporting, logging,
+ * options, progress bars, loading a config, finding this task's cluster,
+ * opening a checkpoint's model. */
 #include <config.h>
 
 #include <stdarg.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cli.h"
 
@@ -146,4 +151,302 @@ cli_getopt_error_as(const char *name, const char *help, char **argv, int c,
         typed = shortopt;
     return cli_error(CLI_USAGE, "%s: unknown option '%s'; see 'keel %s "
                      "--help'", name, typed, help);
+}
+
+/* TF_CONFIG's model_dir is checkpoint.dir. A TF_CONFIG that does not parse
+ * is reported by cli_resolve_cluster, with every problem listed. */
+static keel_status
+apply_tf_config_model_dir(keel_config *cfg)
+{
+    const char *tf = getenv("TF_CONFIG");
+    keel_cluster_spec *spec = NULL;
+    keel_status st;
+    if (tf == NULL || tf[0] == '\0' ||
+        keel_cluster_spec_from_env(&spec) != KEEL_OK)
+        return KEEL_OK;
+    st = keel_config_apply_model_dir(cfg,
+                                     keel_cluster_spec_model_dir(spec));
+    keel_cluster_spec_free(spec);
+    return st;
+}
+
+/* Load CONFIG, apply -s overrides and the environment, validate. */
+int
+cli_load_config(const char *path, int n_over, char **over, keel_config **out)
+{
+    keel_config *cfg;
+    keel_status st = keel_config_new(&cfg);
+    *out = NULL;
+    if (st != KEEL_OK)
+        return cli_fail(st, NULL);
+    st = keel_config_load(cfg, path);
+    for (int i = 0; st == KEEL_OK && i < n_over; i++)
+        st = keel_config_override(cfg, over[i], "-s");
+    if (st == KEEL_OK)
+        st = keel_config_apply_env(cfg);
+    if (st == KEEL_OK)
+        st = apply_tf_config_model_dir(cfg);
+    if (st == KEEL_OK)
+        st = keel_config_validate(cfg);
+    if (st != KEEL_OK) {
+        keel_config_free(cfg);
+        return cli_fail(st, NULL);
+    }
+    *out = cfg;
+    return CLI_OK;
+}
+
+/* The cluster keel_cluster_spec_from_slurm derives from Slurm's
+ * environment, with [cluster] num_ps and port_base. */
+static keel_status
+spec_from_slurm(const keel_config *cfg, keel_cluster_spec **spec)
+{
+    keel_cluster_slurm_options so;
+    keel_cluster_slurm_options_init(&so);
+    so.num_ps = (int)keel_config_int(cfg, "cluster.num_ps");
+    so.port_base = (int)keel_config_int(cfg, "cluster.port_base");
+    return keel_cluster_spec_from_slurm(&so, spec);
+}
+
+/* Whether the config's [cluster] lists any task. */
+static int
+config_lists_cluster(const keel_config *cfg)
+{
+    return keel_config_str(cfg, "cluster.ps")[0] != '\0' ||
+           keel_config_str(cfg, "cluster.workers")[0] != '\0' ||
+           keel_config_str(cfg, "cluster.chief")[0] != '\0';
+}
+
+/* --task TYPE:INDEX into *tt and *idx; a usage error naming it otherwise. */
+static int
+parse_task(const char *task, keel_task_type *tt, long *idx)
+{
+    char type[32];
+    const char *colon = task ? strchr(task, ':') : NULL;
+    char *end;
+    if (task == NULL)
+        return cli_error(CLI_USAGE, "the config lists a [cluster]: say "
+                         "which task this is with --task TYPE:INDEX "
+                         "(e.g. --task worker:0)");
+    if (colon == NULL || (size_t)(colon - task) >= sizeof type)
+        return cli_error(CLI_USAGE, "--task '%s': expected TYPE:INDEX "
+                         "(chief:0, worker:1, ps:0)", task);
+    memcpy(type, task, (size_t)(colon - task));
+    type[colon - task] = '\0';
+    *idx = strtol(colon + 1, &end, 10);
+    if (keel_task_type_from_name(type, tt) != KEEL_OK || *end != '\0' ||
+        end == colon + 1 || *idx < 0 || *idx > 65535)
+        return cli_error(CLI_USAGE, "--task '%s': expected TYPE:INDEX "
+                         "with TYPE chief, worker or ps", task);
+    return CLI_OK;
+}
+
+/* The cluster the config's [cluster] lists, this process being --task.
+ * A usage error for a bad --task; otherwise CLI_OK with *st the status of
+ * building the spec. */
+static int
+spec_from_lists(const keel_config *cfg, const char *task,
+                keel_cluster_spec **spec, keel_status *st)
+{
+    keel_task_type tt;
+    long idx = 0;
+    int rc = parse_task(task, &tt, &idx);
+    if (rc != CLI_OK)
+        return rc;
+    *st = keel_cluster_spec_new(spec);
+    if (*st == KEEL_OK)
+        *st = keel_cluster_spec_add_list(*spec, KEEL_TASK_CHIEF,
+                                         keel_config_str(cfg,
+                                                         "cluster.chief"));
+    if (*st == KEEL_OK)
+        *st = keel_cluster_spec_add_list(*spec, KEEL_TASK_PS,
+                                         keel_config_str(cfg, "cluster.ps"));
+    if (*st == KEEL_OK)
+        *st = keel_cluster_spec_add_list(*spec, KEEL_TASK_WORKER,
+                                         keel_config_str(cfg,
+                                                         "cluster.workers"));
+    if (*st == KEEL_OK)
+        *st = keel_cluster_spec_set_task(*spec, tt, (int)idx);
+    if (*st == KEEL_OK && keel_config_is_async(cfg, NULL))
+        keel_cluster_spec_set_mode(*spec, KEEL_CLUSTER_ASYNC);
+    return CLI_OK;
+}
+
+/* TF: a cluster of one task (only the chief) is local, master ''; an
+ * evaluator beside it still evaluates */
+static int
+runs_locally(const keel_cluster_spec *spec)
+{
+    return keel_cluster_spec_task_type(spec) != KEEL_TASK_EVALUATOR &&
+           (keel_cluster_spec_is_local(spec) ||
+            (keel_cluster_spec_num_tasks(spec, KEEL_TASK_CHIEF) == 1 &&
+             keel_cluster_spec_num_tasks(spec, KEEL_TASK_PS) == 0 &&
+             keel_cluster_spec_num_tasks(spec, KEEL_TASK_WORKER) == 0));
+}
+
+/* The config's sync/async mode and replica counts, then validation. */
+static keel_status
+spec_apply_config(const keel_config *cfg, keel_cluster_spec *spec)
+{
+    int mode_set = 0, is_async = keel_config_is_async(cfg, &mode_set);
+    if (mode_set)
+        keel_cluster_spec_set_mode(spec, is_async ? KEEL_CLUSTER_ASYNC
+                                                  : KEEL_CLUSTER_SYNC);
+    if (keel_config_int(cfg, "cluster.replicas_to_aggregate") > 0 ||
+        keel_config_int(cfg, "cluster.total_num_replicas") > 0)
+        keel_cluster_spec_set_replicas(spec,
+            (int)keel_config_int(cfg, "cluster.replicas_to_aggregate"),
+            (int)keel_config_int(cfg, "cluster.total_num_replicas"));
+    return keel_cluster_spec_validate(spec);
+}
+
+int
+cli_resolve_cluster(const keel_config *cfg, const char *task,
+                    keel_cluster_spec **out)
+{
+    keel_cluster_spec *spec = NULL;
+    const char *tf = getenv("TF_CONFIG");
+    keel_status st;
+    int rc;
+    *out = NULL;
+    if (tf != NULL && tf[0] != '\0') {
+        st = keel_cluster_spec_from_env(&spec);
+    } else if (getenv("SLURM_PROCID") != NULL) {
+        st = spec_from_slurm(cfg, &spec);
+    } else if (config_lists_cluster(cfg)) {
+        rc = spec_from_lists(cfg, task, &spec, &st);
+        if (rc != CLI_OK)
+            return rc;
+    } else {
+        if (task != NULL)
+            return cli_error(CLI_USAGE, "--task %s given but there is no "
+                             "cluster (no TF_CONFIG, no Slurm, no [cluster] "
+                             "lists)", task);
+        return CLI_OK;
+    }
+    if (st == KEEL_OK && runs_locally(spec)) {
+        keel_cluster_spec_free(spec);
+        return CLI_OK;
+    }
+    if (st == KEEL_OK)
+        st = spec_apply_config(cfg, spec);
+    if (st != KEEL_OK) {
+        keel_cluster_spec_free(spec);
+        return cli_error(CLI_USAGE, "cluster: %s", keel_last_error());
+    }
+    *out = spec;
+    return CLI_OK;
+}
+
+int64_t
+cli_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* hooks.progress: on, or auto with stderr a terminal. */
+int
+cli_wants_bar(const keel_config *cfg)
+{
+    const char *mode = keel_config_str(cfg, "hooks.progress");
+    return strcmp(mode, "on") == 0 ||
+           (strcmp(mode, "auto") == 0 && isatty(2));
+}
+
+enum { OPT_TASK = 256, OPT_JSON, OPT_CHECKPOINT };
+
+/* Parse argv into a (initialised here); allow_eval_opts: eval's options,
+ * else train's. CLI_OK or the usage error, on stderr already. */
+int
+cli_parse_common(int argc, char **argv, int allow_eval_opts,
+                 cli_common_args *a)
+{
+    static const struct option train_opts[] = {
+        { "set", required_argument, NULL, 's' },
+        { "verbose", no_argument, NULL, 'v' },
+        { "task", required_argument, NULL, OPT_TASK },
+        { NULL, 0, NULL, 0 },
+    };
+    static const struct option eval_opts[] = {
+        { "set", required_argument, NULL, 's' },
+        { "verbose", no_argument, NULL, 'v' },
+        { "json", no_argument, NULL, OPT_JSON },
+        { "checkpoint", required_argument, NULL, OPT_CHECKPOINT },
+        { NULL, 0, NULL, 0 },
+    };
+    const char *spec = cli_getopt_begin("s:v");
+    int c;
+    memset(a, 0, sizeof *a);
+    while ((c = getopt_long(argc, argv, spec,
+                            allow_eval_opts ? eval_opts : train_opts,
+                            NULL)) != -1) {
+        switch (c) {
+        case 's':
+            if (cli_add_override(argv[0], a->over, &a->n_over, optarg) !=
+                CLI_OK)
+                return CLI_USAGE;
+            break;
+        case 'v':
+            a->verbose = 1;
+            break;
+        case OPT_TASK:
+        case OPT_CHECKPOINT:
+            a->ckpt = optarg;
+            break;
+        case OPT_JSON:
+            a->json = 1;
+            break;
+        default:
+            return cli_getopt_error(argv, c,
+                                    optopt == 's' ? "section.key=value"
+                                    : optopt == OPT_TASK ? "TYPE:INDEX"
+                                                         : "a FILE");
+        }
+    }
+    for (int i = optind; i < argc; i++) {
+        if (a->path != NULL)
+            return cli_error(CLI_USAGE, "%s takes one CONFIG, got '%s' and "
+                             "'%s'", argv[0], a->path, argv[i]);
+        a->path = argv[i];
+    }
+    if (a->path == NULL)
+        return cli_error(CLI_USAGE, "%s needs a CONFIG file; see 'keel %s "
+                         "--help'", argv[0], argv[0]);
+    return CLI_OK;
+}
+
+/* CKPT, or a directory's newest valid checkpoint, into buf. */
+int
+cli_resolve_ckpt(const char *arg, char *buf, size_t size)
+{
+    int64_t step;
+    struct stat sb;
+    if (stat(arg, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        keel_status st = keel_ckpt_latest(arg, NULL, buf, size, &step);
+        return st == KEEL_OK ? CLI_OK : cli_fail(st, arg);
+    }
+    if ((size_t)snprintf(buf, size, "%s", arg) >= size)
+        return cli_error(CLI_USAGE, "checkpoint path too long");
+    return CLI_OK;
+}
+
+int
+cli_open_model(const char *ckpt_arg, const char *config, keel_inference **inf)
+{
+    char ckpt[4096];
+    keel_config *cfg = NULL;
+    keel_status st;
+    int rc = cli_resolve_ckpt(ckpt_arg, ckpt, sizeof ckpt);
+    if (rc != CLI_OK)
+        return rc;
+    if (config != NULL && (rc = cli_load_config(config, 0, NULL, &cfg)) !=
+        CLI_OK)
+        return rc;
+    st = keel_inference_open(ckpt, cfg, 256, inf);
+    keel_config_free(cfg);
+    if (st != KEEL_OK)
+        return cli_fail(st, ckpt);
+    return CLI_OK;
 }

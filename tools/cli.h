@@ -4,8 +4,10 @@
 #ifndef KEEL_CLI_H
 #define KEEL_CLI_H
 
+#include <stdint.h>
 #include <stdio.h>
 #include <keel/keel.h>
+#include <keel/app.h>
 
 /* Exit codes: 0 success, 1 runtime failure, 2 usage or configuration. */
 enum { CLI_OK = 0, CLI_RUNTIME = 1, CLI_USAGE = 2 };
@@ -79,6 +81,38 @@ int cli_load_config(const char *path, int n_over, char **over,
 int cli_resolve_cluster(const struct keel_config *cfg, const char *task,
                         keel_cluster_spec **out);
 
+/* CLOCK_MONOTONIC in nanoseconds: the progress bars' clock. */
+int64_t cli_now_ns(void);
+/* 1 if the config's hooks.progress asks for a progress bar: on, or auto
+ * with stderr a terminal. */
+int cli_wants_bar(const struct keel_config *cfg);
+
+/* What train's and eval's command lines give: CONFIG (eval: or DIR or
+ * CKPT.h5), the -s overrides, -v, and train's --task or eval's --checkpoint
+ * and --json. */
+typedef struct cli_common_args {
+    const char *path;
+    const char *ckpt;             /* --task (train), --checkpoint (eval) */
+    char *over[CLI_MAX_OVERRIDES];
+    int n_over, verbose, json;
+} cli_common_args;
+
+/* Parse a train or eval command line into a (initialised here);
+ * allow_eval_opts: eval's options (--checkpoint, --json), else train's
+ * (--task). CLI_OK or the usage error, on stderr already. */
+int cli_parse_common(int argc, char **argv, int allow_eval_opts,
+                     cli_common_args *a);
+
+/* CKPT, or a directory's newest valid checkpoint, into buf (size bytes).
+ * Prints the error and returns its exit code, or CLI_OK. */
+int cli_resolve_ckpt(const char *arg, char *buf, size_t size);
+/* The model of checkpoint ckpt_arg (cli_resolve_ckpt), with the config
+ * file config for checkpoints that hold no architecture (NULL: none), in
+ * *inf (caller frees with keel_inference_free). Prints the error and
+ * returns its exit code, or CLI_OK. */
+int cli_open_model(const char *ckpt_arg, const char *config,
+                   keel_inference **inf);
+
 /* The verbs (tools/cmd_<verb>.c). */
 int cmd_config(int argc, char **argv);
 int cmd_train(int argc, char **argv);
@@ -88,5 +122,6 @@ int cmd_keygen(int argc, char **argv);
 int cmd_launch(int argc, char **argv);
 int cmd_export(int argc, char **argv);
 int cmd_predict(int argc, char **argv);
+int cmd_version(int argc, char **argv);
 
 #endif

@@ -26,50 +26,6 @@ usage(FILE *out, int code)
     return code;
 }
 
-/* TF_CONFIG's model_dir is checkpoint.dir. A TF_CONFIG that does not parse
- * is reported by cli_resolve_cluster, with every problem listed. */
-static keel_status
-apply_tf_config_model_dir(keel_config *cfg)
-{
-    const char *tf = getenv("TF_CONFIG");
-    keel_cluster_spec *spec = NULL;
-    keel_status st;
-    if (tf == NULL || tf[0] == '\0' ||
-        keel_cluster_spec_from_env(&spec) != KEEL_OK)
-        return KEEL_OK;
-    st = keel_config_apply_model_dir(cfg,
-                                     keel_cluster_spec_model_dir(spec));
-    keel_cluster_spec_free(spec);
-    return st;
-}
-
-/* Load CONFIG, apply -s overrides and the environment, validate. Shared
- * with train/eval through cli.h. */
-int
-cli_load_config(const char *path, int n_over, char **over, keel_config **out)
-{
-    keel_config *cfg;
-    keel_status st = keel_config_new(&cfg);
-    *out = NULL;
-    if (st != KEEL_OK)
-        return cli_fail(st, NULL);
-    st = keel_config_load(cfg, path);
-    for (int i = 0; st == KEEL_OK && i < n_over; i++)
-        st = keel_config_override(cfg, over[i], "-s");
-    if (st == KEEL_OK)
-        st = keel_config_apply_env(cfg);
-    if (st == KEEL_OK)
-        st = apply_tf_config_model_dir(cfg);
-    if (st == KEEL_OK)
-        st = keel_config_validate(cfg);
-    if (st != KEEL_OK) {
-        keel_config_free(cfg);
-        return cli_fail(st, NULL);
-    }
-    *out = cfg;
-    return CLI_OK;
-}
-
 /* `keel config keys`: the reference of every key. */
 static int
 config_keys(int argc, char **argv)

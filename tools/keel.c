@@ -7,8 +7,6 @@
 
 #include "cli.h"
 
-static int cmd_version(int argc, char **argv);
-
 /* The verbs, in the order `keel --help` lists them. */
 static const cli_verb verbs[] = {
     { "train", "train the job a config file describes", cmd_train },
@@ -41,20 +39,6 @@ usage(FILE *out)
             "`keel <verb> --help` describes a verb; `man keel` has the rest.\n"
             "Exit status: 0 success, 1 runtime failure, 2 usage or "
             "configuration error.\n");
-}
-
-static int
-cmd_version(int argc, char **argv)
-{
-    if (cli_wants_help(argc, argv)) {
-        printf("usage: keel version\n\nPrint keel's version and exit.\n");
-        return CLI_OK;
-    }
-    if (argc > 1)
-        return cli_error(CLI_USAGE, "version takes no arguments; "
-                         "see 'keel version --help'");
-    printf("keel %s\n", keel_version());
-    return CLI_OK;
 }
 
 int

@@ -1,6 +1,9 @@
 # tools/: the keel CLI. Verbs live in tools/cmd_<verb>.c.
-keel_SOURCES += tools/cmd_config.c tools/cmd_train.c tools/cmd_ckpt.c \
-	tools/cmd_keygen.c tools/cmd_launch.c tools/cmd_export.c \
+# What several verbs share is in tools/cli.c (cli.h), which Makefile.am lists
+# with tools/keel.c.
+keel_SOURCES += tools/cmd_config.c tools/cmd_train.c tools/cmd_eval.c \
+	tools/cmd_ckpt.c tools/cmd_keygen.c tools/cmd_launch.c \
+	tools/cmd_export.c tools/cmd_predict.c tools/cmd_version.c \
 	tools/mpirun.c tools/mpirun.h
 
 if HAVE_CHECK

@@ -1,4 +1,6 @@
-/* keel/keel.h - umbrella header: every public header.
+/* keel/keel.h - umbrella header of the framework: every public header but
+ * those of the trainer application (keel/app.h: config, job and export;
+ * it includes this one) and of the local cluster launcher (keel/launch.h).
  *
  * Process-wide state in libkeel (nothing else is global):
  *   - the thread-local error message (keel_last_error),
@@ -23,9 +25,5 @@
 #include <keel/cluster.h>
 #include <keel/distributed.h>
 #include <keel/supervise.h>
-#include <keel/config.h>
-#include <keel/job.h>
-#include <keel/launch.h>
-#include <keel/export.h>
 
 #endif

@@ -37,6 +37,15 @@ for doc in "$src"/../../docs/*.md; do
     n_docs=$((${n_docs:-0} + 1))
 done
 [ "${n_docs:-0}" -ge 1 ]
+# The trainer app's umbrella and the launcher's header are installed, and
+# compile warning-free beside keel/keel.h.
+printf '%s\n' '#include <keel/keel.h>' '#include <keel/app.h>' \
+    '#include <keel/launch.h>' \
+    'int main(void) { keel_config_free(NULL); keel_launch_free(NULL); return 0; }' \
+    > "$dest/app_example.c"
+# shellcheck disable=SC2046
+cc -Wall -Wextra -Werror -c -o "$dest/app_example.o" "$dest/app_example.c" \
+   $(pkg-config --cflags keel)
 echo "$out"
 grep -q '1 variable, 802816 bytes' <<<"$out"
 test -f "$dest$prefix/share/man/man1/keel.1"
