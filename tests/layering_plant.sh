@@ -55,6 +55,21 @@ expect sibling_call 1 "keel_ps_run" \
     "layer hooks (rank 4) uses layer cluster (rank 4); siblings" -- \
     --extra-object "hooks=$dir/plant_call.o"
 
+# Two files of one folder using each other: an error in cluster/
+# (MUTUAL_STRICT), a note elsewhere.
+printf 'int plant_b(int);\nint plant_a(int n) { return n ? plant_b(n - 1) : 0; }\n' \
+    >"$dir/plant_a.c"
+printf 'int plant_a(int);\nint plant_b(int n) { return n ? plant_a(n - 1) : 1; }\n' \
+    >"$dir/plant_b.c"
+${CC:-cc} -c -o "$dir/plant_a.o" "$dir/plant_a.c" || exit 1
+${CC:-cc} -c -o "$dir/plant_b.o" "$dir/plant_b.c" || exit 1
+expect mutual_strict 1 \
+    "cluster/plant_a.c and cluster/plant_b.c use each other's symbols" -- \
+    --extra-object "cluster=$dir/plant_a.o" \
+    --extra-object "cluster=$dir/plant_b.o"
+expect mutual_note 0 "note: app/plant_a.c and app/plant_b.c" -- \
+    --extra-object "app=$dir/plant_a.o" --extra-object "app=$dir/plant_b.o"
+
 # A train/ source including the session's public header.
 printf '#include <keel/session.h>\n' >"$dir/plant_incl.c"
 expect upward_include 1 "train/plant_incl.c:1: #include <keel/session.h>" \
