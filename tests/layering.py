@@ -18,7 +18,8 @@ for the folders in MUTUAL_STRICT.
 usage: layering.py [--srcdir D] [--builddir D] [--extra-source F=PATH.c]
                    [--extra-object F=PATH.o]
   --extra-*: check PATH as if it were a file of folder F (tests plant one).
-Exits 77 when nm is missing and the include check passes.
+Exits 77 when nm (NM, first word) is missing or KEEL_BUILDDIR unset and
+the include check passes.
 """
 import argparse
 import os
@@ -266,14 +267,12 @@ def call_check(nm, objs, lay, errors):
 def main():
     here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("srcdir", nargs="?",
-                    default=os.environ.get("KEEL_SRCDIR") or here)
-    ap.add_argument("--srcdir", dest="srcdir_opt")
+    ap.add_argument("--srcdir", default=os.environ.get("KEEL_SRCDIR") or here)
     ap.add_argument("--builddir", default=os.environ.get("KEEL_BUILDDIR"))
     ap.add_argument("--extra-source", action="append", default=[])
     ap.add_argument("--extra-object", action="append", default=[])
     a = ap.parse_args()
-    src = os.path.abspath(a.srcdir_opt or a.srcdir)
+    src = os.path.abspath(a.srcdir)
     lay = Layout(src)
 
     def pairs(opts, what):
@@ -289,7 +288,7 @@ def main():
     errors = []
     nfiles, nincl = include_check(src, lay, extra_src, errors)
     summary = "%d files, %d keel includes" % (nfiles, nincl)
-    nm = shutil.which(os.environ.get("NM", "nm"))
+    nm = shutil.which((os.environ.get("NM") or "nm").split()[0])
     skipped = None
     if nm is None:
         skipped = "no nm"

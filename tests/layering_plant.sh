@@ -6,7 +6,8 @@ set -u
 : "${KEEL_SRCDIR:?}" "${KEEL_BUILDDIR:?}"
 py=${PYTHON3:-python3}
 check="$KEEL_SRCDIR/tests/layering.py"
-command -v "${NM:-nm}" >/dev/null 2>&1 || { echo "SKIP: no nm"; exit 77; }
+nm=${NM:-nm}
+command -v "${nm%% *}" >/dev/null 2>&1 || { echo "SKIP: no nm"; exit 77; }
 dir=$(mktemp -d "${TMPDIR:-/tmp}/keel-layering-XXXXXX") || exit 1
 trap 'rm -rf "$dir"' EXIT
 pass=0
