@@ -19,10 +19,11 @@ EXTRA_DIST += tests/algorithm_kills.sh
 # tests/read_trace.py) share.
 EXTRA_DIST += tests/read_common.py
 
-# The layering check: no file includes a header of a higher layer
-# (docs/architecture.md).
-TESTS += tests/layering.py
-EXTRA_DIST += tests/layering.py
+# The layering check: no file includes a header of, or calls a function
+# of, a higher layer or a sibling (the table in docs/architecture.md);
+# layering_plant.sh plants an upward call and include and sees it fail.
+TESTS += tests/layering.py tests/layering_plant.sh
+EXTRA_DIST += tests/layering.py tests/layering_plant.sh
 
 # keel/keel.h on its own compiles and declares nothing of the trainer app
 # (keel/app.h) or the launcher (keel/launch.h).
