@@ -297,8 +297,9 @@ keel_status keel__curve_allow_dir(keel__curve *c, const char *dir);
 /* Wipe the secrets and free the allowed list. */
 void keel__curve_clear(keel__curve *c);
 /* Socket setup: server (CURVE_SERVER + secret, or PLAIN_SERVER, + ZAP
- * domain) or client (server key + own pair, or PLAIN user + password).
- * No-op when c is NULL or neither is on. */
+ * domain; without authentication the ZAP domain alone, not enforced, which
+ * refuses legacy ZMTP 1.0 / 2.0 peers) or client (server key + own pair,
+ * or PLAIN user + password; no-op when c is NULL or neither is on). */
 keel_status keel__curve_setup_server(void *sock, const keel__curve *c);
 keel_status keel__curve_setup_client(void *sock, const keel__curve *c);
 /* 1 when c authenticates peers (CURVE or token). */
@@ -307,8 +308,11 @@ int keel__auth_on(const keel__curve *c);
 /* The ZAP handler of one zmq context: admits CURVE clients whose public
  * key is allowed as a task, or PLAIN clients whose password is their
  * task's under the token; the task's name becomes the connection's
- * User-Id. Refuses everything else (each refused address and key or user
- * logged once). */
+ * User-Id. Refuses everything else (logged rate-limited, peer text
+ * escaped). Its thread answers until zctx is terminated: the owner closes
+ * its sockets, calls zmq_ctx_term (which returns once the handler has
+ * closed its own), then keel__zap_stop, which joins the thread and frees
+ * z (NULL accepted). */
 typedef struct keel__zap keel__zap;
 keel_status keel__zap_start(void *zctx, const keel__curve *c,
                             keel__zap **out);

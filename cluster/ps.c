@@ -8,6 +8,7 @@
  * the server goes on serving everyone else. */
 #include <config.h>
 
+#include <assert.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,8 +21,16 @@
 #define PIN_WAIT_MS 5000
 #define MAX_WAITERS 256
 #define PS_RCVHWM 64
+/* Per replica: pushes that do not make progress (a second push for a step
+ * already held, a stale one, one refused over budget) are charged to a
+ * budget of PUSH_BURST that regains one every PUSH_REFILL_MS and one at
+ * each step the ps completes. A replica pushes once per step, so its own
+ * pushes never run out of it; past it, pushes are refused unread. */
+#define PUSH_BURST 16
+#define PUSH_REFILL_MS 100
 
 static keel_status check_init_step(const keel__wire_msg *req);
+static void push_budget_step(keel__ps *ps);
 
 /* A fresh gradient waiting for the rest of its step (sync). */
 typedef struct pending_push {
@@ -100,7 +109,14 @@ struct keel__ps {
      * (first to last replica's gradient), aggregate (sum, apply, replies) */
     long timed_steps;
     int64_t last_step_end_ns, idle_ns, spread_ns, aggregate_ns;
-    keel__once refusals;         /* refused (peer, task, type) logged */
+    /* peers' refused requests, logged rate-limited (keel__log_limit):
+     * per refused request type; rejected requests; dropped messages;
+     * refused pushes (held step, budget) */
+    keel__log_limit lim_refused[KEEL_MSG_TYPE_END];
+    keel__log_limit lim_rejected, lim_dropped, lim_push;
+    long refused_pushes;         /* pushes refused: held step or budget */
+    int *push_budget;            /* per replica (n_slots) */
+    int64_t *push_budget_ns;     /* when it last regained one */
     /* sync: a replica ended its session (LEAVE): why no step can complete
      * any more, the answer to every push from then on; "" while none */
     char job_end[512];
@@ -200,8 +216,16 @@ alloc_members(keel__ps *ps)
         ? ps->total_replicas : KEEL__CLUSTER_MAX_REPLICAS;
     ps->last_heard = calloc((size_t)ps->n_slots, sizeof *ps->last_heard);
     ps->member = calloc((size_t)ps->n_slots, 1);
-    if (ps->last_heard == NULL || ps->member == NULL)
+    ps->push_budget = calloc((size_t)ps->n_slots, sizeof *ps->push_budget);
+    ps->push_budget_ns = calloc((size_t)ps->n_slots,
+                                sizeof *ps->push_budget_ns);
+    if (ps->last_heard == NULL || ps->member == NULL ||
+        ps->push_budget == NULL || ps->push_budget_ns == NULL)
         return keel__fail(KEEL_ENOMEM, "ps: %d replicas", ps->total_replicas);
+    for (int r = 0; r < ps->n_slots; r++) {
+        ps->push_budget[r] = PUSH_BURST;
+        ps->push_budget_ns[r] = ps->started_ns;
+    }
     return KEEL_OK;
 }
 
@@ -302,16 +326,37 @@ keel__ps_new(const keel__ps_config *cfg, keel__ps **out)
     return KEEL_OK;
 }
 
+/* The refusals counted but not logged yet, one line per kind. */
+static void
+log_held(keel__ps *ps)
+{
+    long n = 0;
+    for (int t = 0; t < KEEL_MSG_TYPE_END; t++)
+        n += keel__log_limit_flush(&ps->lim_refused[t]);
+    n += keel__log_limit_flush(&ps->lim_rejected);
+    n += keel__log_limit_flush(&ps->lim_dropped);
+    n += keel__log_limit_flush(&ps->lim_push);
+    if (n > 0)
+        keel__log(KEEL_LOG_WARN, "ps %d: %ld more refused or dropped "
+                  "requests since the last such lines (%ld pushes refused "
+                  "in all)", ps->task_index, n, ps->refused_pushes);
+}
+
 void
 keel__ps_free(keel__ps *ps)
 {
     if (ps == NULL)
         return;
+    /* The ROUTER first (linger 0: its connections go, pinned frames are
+     * released), while the ZAP handler still answers the handshakes under
+     * way; the context's end then stops the handler, which closes its
+     * socket so that zmq_ctx_term returns; then its thread is joined. */
     if (ps->sock != NULL)
         zmq_close(ps->sock);
-    keel__zap_stop(ps->zap);
     if (ps->zctx != NULL)
-        zmq_ctx_term(ps->zctx);   /* linger 0: releases pinned frames */
+        zmq_ctx_term(ps->zctx);
+    keel__zap_stop(ps->zap);
+    log_held(ps);
     for (int i = 0; ps->pending != NULL && i < ps->total_replicas; i++) {
         keel__wire_msg_clear(&ps->pending[i].msg);
         free(ps->pending[i].vars);
@@ -334,6 +379,8 @@ keel__ps_free(keel__ps *ps)
     free(ps->seen);
     free(ps->last_heard);
     free(ps->member);
+    free(ps->push_budget);
+    free(ps->push_budget_ns);
     free(ps);
 }
 
@@ -408,8 +455,9 @@ pending_count(const keel__ps *ps)
     return k;
 }
 
-/* "applied=A dropped=D ready=R step=S" and, while a sync step is partly
- * filled, " waiting=K/N missing=worker 1 (silent 2.5 s),...". */
+/* "applied=A dropped=D ready=R step=S", " refused=P" once pushes were
+ * refused (a step already held, over budget) and, while a sync step is
+ * partly filled, " waiting=K/N missing=worker 1 (silent 2.5 s),...". */
 static void
 status_text(const keel__ps *ps, char *buf, size_t size)
 {
@@ -419,6 +467,10 @@ status_text(const keel__ps *ps, char *buf, size_t size)
     snprintf(buf, size, "applied=%ld dropped=%ld ready=%d step=%lld",
              ps->applied, ps->dropped, ps->is_ready,
              (long long)keel_vars_global_step(ps->vars));
+    if (ps->refused_pushes > 0) {
+        len = strlen(buf);
+        snprintf(buf + len, size - len, " refused=%ld", ps->refused_pushes);
+    }
     if (!ps->sync || k == 0)
         return;
     len = strlen(buf);
@@ -1128,6 +1180,7 @@ real_commit(keel__ps *ps, keel__wire_msg *req)
                    ts[i]->count * sizeof(float));
         keel_vars_set_global_step(ps->vars, step + 1);
         ps->applied += ps->commit_fresh;
+        push_budget_step(ps);
         ps->awaiting_commit = 0;
         release_pending(ps, KEEL_OK);
         st = send_done(ps, req, KEEL_MSG_COMMIT);
@@ -1292,9 +1345,88 @@ aggregate(keel__ps *ps)
     if (st == KEEL_OK) {
         keel_vars_set_global_step(ps->vars, step + pending_covered(ps));
         ps->applied += fresh;
+        push_budget_step(ps);
     }
     release_pending(ps, st);
     return st;
+}
+
+/* Take one from replica r's budget of pushes that make no progress, after
+ * regaining what time gave it; 0 when it is empty. */
+static int
+push_budget_take(keel__ps *ps, int r)
+{
+    int64_t now = keel__now_mono_ns();
+    int64_t every = (int64_t)PUSH_REFILL_MS * 1000000;
+    int64_t gained = (now - ps->push_budget_ns[r]) / every;
+    if (gained > 0) {
+        int64_t b = ps->push_budget[r] + gained;
+        ps->push_budget[r] = b > PUSH_BURST ? PUSH_BURST : (int)b;
+        ps->push_budget_ns[r] += gained * every;
+    }
+    if (ps->push_budget[r] == 0)
+        return 0;
+    ps->push_budget[r]--;
+    return 1;
+}
+
+/* A sync step completed: every replica regains one (a backup worker's
+ * stale push each step costs it nothing in the end). */
+static void
+push_budget_step(keel__ps *ps)
+{
+    for (int r = 0; r < ps->n_slots; r++)
+        if (ps->push_budget[r] < PUSH_BURST)
+            ps->push_budget[r]++;
+}
+
+/* Answer replica's push req with an ERROR (code, text) without reading
+ * it further; counted, logged rate-limited. */
+static void
+refuse_push(keel__ps *ps, keel__wire_msg *req, int replica,
+            keel_status code, const char *text)
+{
+    long held = 0;
+    ps->refused_pushes++;
+    ps->rejected++;
+    if (keel__log_limit_take(&ps->lim_push, keel__now_mono_ns(), &held))
+        keel__log(KEEL_LOG_WARN, "ps %d: refused a push of replica %d: %s "
+                  "(%ld more pushes refused since the last such line, %ld "
+                  "in all)", ps->task_index, replica, text, held,
+                  ps->refused_pushes);
+    send_error(ps, req, code, text);
+}
+
+/* Sync, before anything of req is read: a replica whose push of this step
+ * is held (one held push per replica per step: a second one is another
+ * sender under its identity, or the replica itself from a new connection
+ * after it gave its first up) is refused and the held push stands; a
+ * stale push costs budget, and without any it is refused. 1 when req was
+ * answered so. */
+static int
+sync_push_refused(keel__ps *ps, keel__wire_msg *req, int replica,
+                  int64_t step)
+{
+    char name[32], text[512];
+    replica_name(ps, replica, name, sizeof name);
+    if (ps->pending[replica].used) {
+        (void)push_budget_take(ps, replica);
+        snprintf(text, sizeof text, "ps %d already holds a push of %s for "
+                 "step %lld: a replica pushes once per step; this push is "
+                 "refused, the held one stands and is answered when the "
+                 "step completes", ps->task_index, name, (long long)step);
+        refuse_push(ps, req, replica, KEEL_EABORTED, text);
+        return 1;
+    }
+    if (req->h.local_step < step && !push_budget_take(ps, replica)) {
+        snprintf(text, sizeof text, "%s pushed more stale or refused "
+                 "gradients than its budget (%d, one more each %d ms and "
+                 "each step): refused unread; pull and push for step %lld",
+                 name, PUSH_BURST, PUSH_REFILL_MS, (long long)step);
+        refuse_push(ps, req, replica, KEEL_EUNAVAILABLE, text);
+        return 1;
+    }
+    return 0;
 }
 
 /* Whether ps may take a PUSH req at all: ready, with data, from a training
@@ -1369,15 +1501,12 @@ apply_async(keel__ps *ps, keel__wire_msg *req, keel_var **vars, int replica,
 }
 
 /* Sync: hold req (and *vars, taken: *vars set NULL) as replica's push of
- * this step; a retry replaces its first try. */
+ * this step, which holds none (sync_push_refused). */
 static void
 hold_push(keel__ps *ps, keel__wire_msg *req, int replica, keel_var ***vars)
 {
     pending_push *p = &ps->pending[replica];
-    if (p->used) {
-        keel__wire_msg_clear(&p->msg);
-        free(p->vars);
-    }
+    assert(!p->used);
     p->msg = *req;
     zmq_msg_init(&p->msg.identity);
     zmq_msg_move(&p->msg.identity, &req->identity);
@@ -1458,6 +1587,8 @@ real_push(keel__ps *ps, keel__wire_msg *req)
     int replica = -1;
     if ((st = check_push(ps, req, &replica, &covered)) != KEEL_OK)
         return st;
+    if (ps->sync && sync_push_refused(ps, req, replica, step))
+        return KEEL_OK;
     vars = calloc(req->n ? req->n : 1, sizeof *vars);
     if (vars == NULL)
         return keel__fail(KEEL_ENOMEM, "ps: %zu updates", req->n);
@@ -1486,6 +1617,13 @@ real_leave(keel__ps *ps, keel__wire_msg *req)
         return keel__fail(KEEL_EINVAL, "LEAVE from a task that is not a "
                           "training replica");
     replica_name(ps, r, name, sizeof name);
+    if (ps->pending != NULL && r < ps->total_replicas &&
+        ps->pending[r].used)
+        return keel__fail(KEEL_EINVAL, "LEAVE of %s refused: its push for "
+                          "step %lld is held here, and a replica leaves only "
+                          "between its steps (after its last push was "
+                          "answered); the held push stands", name,
+                          (long long)keel_vars_global_step(ps->vars));
     snprintf(what, sizeof what, "%s ended its session at step %lld (%s)",
              name, (long long)req->h.global_step,
              req->h.arg <= KEEL_END_SIGNAL
@@ -1710,9 +1848,10 @@ role_allows(const keel__ps *ps, keel_task_type t, uint32_t index,
 
 /* Who sent req: the task its connection authenticated as (the ZAP
  * handler's User-Id), or, without authentication, what its header says;
- * then whether that task may send it. A refusal is logged once per peer
- * address, task and message type (*logged set: the caller logs nothing
- * more). */
+ * then whether that task may send it. A refusal is logged rate-limited per
+ * request type (the first at once, then one line per interval with the
+ * count between), the peer's address and name escaped (*logged set: the
+ * caller logs nothing more). */
 static keel_status
 authorize(keel__ps *ps, const keel__wire_msg *req, int *logged)
 {
@@ -1720,6 +1859,7 @@ authorize(keel__ps *ps, const keel__wire_msg *req, int *logged)
     uint32_t index = req->h.sender_index;
     const char *addr = NULL, *user = NULL;
     char claim[KEEL__TASK_NAME_MAX], why[256];
+    long held = 0;
     *logged = 0;
     if (req->n_frames > 0) {
         addr = zmq_msg_gets(&req->frames[0], "Peer-Address");
@@ -1745,14 +1885,21 @@ authorize(keel__ps *ps, const keel__wire_msg *req, int *logged)
         return KEEL_OK;
     ps->rejected++;
     *logged = 1;
-    if (keel__once_add(&ps->refusals, addr, user ? user : claim,
-                       req->h.type))
+    if (keel__log_limit_take(&ps->lim_refused[req->h.type < KEEL_MSG_TYPE_END
+                                              ? req->h.type : 0],
+                             keel__now_mono_ns(), &held)) {
+        char e_addr[160], e_user[160], e_why[512];
         keel__log(KEEL_LOG_WARN, "ps %d: refused %s from %s (%s%s): %s "
-                  "(logged once per peer and request type)",
+                  "(%ld more %s refused since the last such line)",
                   ps->task_index, msg_type_name(req->h.type),
-                  addr ? addr : "an unknown address",
+                  addr ? keel__log_escape(e_addr, sizeof e_addr, addr)
+                       : "an unknown address",
                   ps->zap ? "authenticated as " : "unauthenticated, claims ",
-                  user ? user : claim, why);
+                  keel__log_escape(e_user, sizeof e_user,
+                                   user ? user : claim),
+                  keel__log_escape(e_why, sizeof e_why, why), held,
+                  msg_type_name(req->h.type));
+    }
     return keel__fail(KEEL_EINVAL, "refused: %s", why);
 }
 
@@ -1789,21 +1936,36 @@ keel__ps_serve_once(keel__ps *ps, int timeout_ms)
         char why[KEEL_ERR_MAX];
         snprintf(why, sizeof why, "%s", keel_last_error());
         if (!logged) {
+            long held = 0;
+            char e_why[KEEL_ERR_MAX];
             ps->rejected++;
-            keel__log(KEEL_LOG_WARN, "ps %d: rejected a request from task "
-                      "%s %u (request %llu): %s", ps->task_index,
-                      keel_task_type_name((keel_task_type)req.h.sender_type),
-                      req.h.sender_index,
-                      (unsigned long long)req.h.request_id, why);
+            if (keel__log_limit_take(&ps->lim_rejected, keel__now_mono_ns(),
+                                     &held))
+                keel__log(KEEL_LOG_WARN, "ps %d: rejected a request from "
+                          "task %s %u (request %llu): %s (%ld more "
+                          "rejected since the last such line)",
+                          ps->task_index,
+                          keel_task_type_name((keel_task_type)
+                                              req.h.sender_type),
+                          req.h.sender_index,
+                          (unsigned long long)req.h.request_id,
+                          keel__log_escape(e_why, sizeof e_why, why), held);
         }
         send_error(ps, &req, st == KEEL_ECORRUPT || st == KEEL_ENOTFOUND ||
                              st == KEEL_EUNAVAILABLE || st == KEEL_EABORTED ||
                              st == KEEL_ECANCELLED ? st : KEEL_EINVAL,
                    why);
     } else if (st != KEEL_OK) {
+        long held = 0;
+        char e_why[KEEL_ERR_MAX];
         ps->rejected++;
-        keel__log(KEEL_LOG_WARN, "ps %d: dropped a message: %s",
-                  ps->task_index, keel_last_error());
+        if (keel__log_limit_take(&ps->lim_dropped, keel__now_mono_ns(),
+                                 &held))
+            keel__log(KEEL_LOG_WARN, "ps %d: dropped a message: %s (%ld "
+                      "more dropped since the last such line)",
+                      ps->task_index, keel__log_escape(e_why, sizeof e_why,
+                                                       keel_last_error()),
+                      held);
     } else {
         ps->served++;
     }

@@ -359,8 +359,18 @@ keel_status
 keel__curve_setup_server(void *sock, const keel__curve *c)
 {
     int one = 1;
-    if (c == NULL || !keel__auth_on(c))
+    if (c == NULL || !keel__auth_on(c)) {
+        /* No authentication: a ZAP domain without a handler in the context
+         * lets every ZMTP 3 peer in (the domain is not enforced) and makes
+         * libzmq refuse the ZMTP 1.0 / 2.0 greetings that bytes of garbage
+         * look like; libzmq 4.3 aborts the process when such a legacy
+         * handshake completes while the socket is being closed. (libzmq
+         * enforces a domain only with the draft ZMQ_ZAP_ENFORCE_DOMAIN.) */
+        if (zmq_setsockopt(sock, ZMQ_ZAP_DOMAIN, "keel", 4) != 0)
+            return keel__fail(KEEL_EIO, "zap domain: %s",
+                              zmq_strerror(errno));
         return KEEL_OK;
+    }
     if (c->enabled
             ? zmq_setsockopt(sock, ZMQ_CURVE_SERVER, &one, sizeof one) != 0 ||
               zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, c->secret_key, 40) !=
@@ -403,9 +413,7 @@ keel__curve_setup_client(void *sock, const keel__curve *c)
 
 struct keel__zap {
     void *zctx;
-    void *rep;           /* inproc://zeromq.zap.01 */
-    void *ctl_in;        /* thread side of the stop pipe */
-    void *ctl_out;
+    void *rep;           /* inproc://zeromq.zap.01; closed by the thread */
     pthread_t thread;
     int started;
     char (*allowed)[KEEL_Z85_KEY];
@@ -413,7 +421,7 @@ struct keel__zap {
     size_t n_allowed;
     int plain;
     unsigned char token_key[32];
-    keel__once logged;   /* refused (address, key or user) already logged */
+    keel__log_limit logged;  /* refused connections' log lines */
     atomic_long refused;
 };
 
@@ -521,21 +529,32 @@ zap_plain_task(const keel__zap *z, zmq_msg_t *uf, zmq_msg_t *pf,
     return task;
 }
 
-/* Count and answer a refused request; log it once per address and key or
- * user: a refused client reconnects every few ms. The public key is not
- * secret; it helps find the stray client. Passwords are never logged. */
+/* Count and answer a refused request. Logged rate-limited (the first at
+ * once, then one line per interval with the count between): a refused
+ * client reconnects every few ms, and a flood of new addresses or names
+ * must not flood the log. The mechanism, address and user name come from
+ * the peer: escaped. The public key is not secret; it helps find the stray
+ * client. Passwords are never logged. */
 static void
 zap_refuse(keel__zap *z, zmq_msg_t f[8], const char *mech, const char *key,
            const char *user, const char *why)
 {
-    char addr[64];
+    char addr[64], e_addr[256], e_user[4 * KEEL__TASK_NAME_MAX];
+    char e_mech[80];
+    long held = 0;
     frame_str(&f[3], addr, sizeof addr);
     atomic_fetch_add(&z->refused, 1);
-    if (keel__once_add(&z->logged, addr, key[0] ? key : user, 0))
+    if (keel__log_limit_take(&z->logged, keel__now_mono_ns(), &held))
         keel__log(KEEL_LOG_WARN, "cluster: refused %s client from %s%s%s"
-                  "%s%s: %s (logged once)", mech[0] ? mech : "unknown",
-                  addr, key[0] ? " with public key " : "", key,
-                  user[0] ? " as " : "", user, why);
+                  "%s%s: %s (%ld more refused since the last such line; "
+                  "at most one line per %d s)",
+                  mech[0] ? keel__log_escape(e_mech, sizeof e_mech, mech)
+                          : "unknown",
+                  keel__log_escape(e_addr, sizeof e_addr, addr),
+                  key[0] ? " with public key " : "", key,
+                  user[0] ? " as " : "",
+                  keel__log_escape(e_user, sizeof e_user, user), why, held,
+                  (int)(KEEL__LOG_LIMIT_NS / 1000000000));
     zap_reply(z->rep, &f[0], &f[1], "400", "not allowed", "");
 }
 
@@ -569,23 +588,29 @@ zap_handle(keel__zap *z)
         zmq_msg_close(&f[i]);
 }
 
+/* Answers every ZAP request until the context is terminated (ETERM):
+ * a connection still in its handshake while the sockets close is answered
+ * too. Then closes its socket, which lets zmq_ctx_term finish. */
 static void *
 zap_main(void *arg)
 {
     keel__zap *z = arg;
+    long held;
     for (;;) {
-        zmq_pollitem_t items[2] = { { z->rep, 0, ZMQ_POLLIN, 0 },
-                                    { z->ctl_in, 0, ZMQ_POLLIN, 0 } };
-        if (zmq_poll(items, 2, -1) < 0) {
+        zmq_pollitem_t item = { z->rep, 0, ZMQ_POLLIN, 0 };
+        if (zmq_poll(&item, 1, -1) < 0) {
             if (errno == EINTR)
                 continue;
             break;
         }
-        if (items[1].revents & ZMQ_POLLIN)
-            break;
-        if (items[0].revents & ZMQ_POLLIN)
+        if (item.revents & ZMQ_POLLIN)
             zap_handle(z);
     }
+    zmq_close(z->rep);
+    z->rep = NULL;
+    if ((held = keel__log_limit_flush(&z->logged)) > 0)
+        keel__log(KEEL_LOG_WARN, "cluster: %ld more clients refused since "
+                  "the last such line", held);
     return NULL;
 }
 
@@ -593,7 +618,6 @@ keel_status
 keel__zap_start(void *zctx, const keel__curve *c, keel__zap **out)
 {
     keel__zap *z;
-    char ctl[64];
     int zero = 0;
     *out = NULL;
     z = calloc(1, sizeof *z);
@@ -618,17 +642,11 @@ keel__zap_start(void *zctx, const keel__curve *c, keel__zap **out)
         z->plain = 1;
         memcpy(z->token_key, c->token_key, sizeof z->token_key);
     }
-    snprintf(ctl, sizeof ctl, "inproc://keel-zap-ctl-%p", (void *)z);
     z->rep = zmq_socket(zctx, ZMQ_REP);
-    z->ctl_in = zmq_socket(zctx, ZMQ_PAIR);
-    z->ctl_out = zmq_socket(zctx, ZMQ_PAIR);
-    if (z->rep == NULL || z->ctl_in == NULL || z->ctl_out == NULL)
+    if (z->rep == NULL)
         goto fail;
     zmq_setsockopt(z->rep, ZMQ_LINGER, &zero, sizeof zero);
-    zmq_setsockopt(z->ctl_in, ZMQ_LINGER, &zero, sizeof zero);
-    zmq_setsockopt(z->ctl_out, ZMQ_LINGER, &zero, sizeof zero);
-    if (zmq_bind(z->rep, "inproc://zeromq.zap.01") != 0 ||
-        zmq_bind(z->ctl_in, ctl) != 0 || zmq_connect(z->ctl_out, ctl) != 0)
+    if (zmq_bind(z->rep, "inproc://zeromq.zap.01") != 0)
         goto fail;
     if (pthread_create(&z->thread, NULL, zap_main, z) != 0)
         goto fail;
@@ -649,16 +667,10 @@ keel__zap_stop(keel__zap *z)
 {
     if (z == NULL)
         return;
-    if (z->started) {
-        zmq_send(z->ctl_out, "", 0, 0);
-        pthread_join(z->thread, NULL);
-    }
+    if (z->started)
+        pthread_join(z->thread, NULL);    /* it ends at ETERM */
     if (z->rep)
         zmq_close(z->rep);
-    if (z->ctl_in)
-        zmq_close(z->ctl_in);
-    if (z->ctl_out)
-        zmq_close(z->ctl_out);
     free(z->allowed);
     free(z->allowed_task);
     sodium_memzero(z->token_key, sizeof z->token_key);

@@ -4,17 +4,24 @@
  * an unknown flag, an oversized frame, a storm of pushes and a message of
  * too many frames, in each security mode (the job token, CURVE). Every one
  * is refused, the ps's resident memory stays bounded, and the run ends
- * with the same checkpoint, bit for bit, as a run nobody attacked. Without
- * any authentication a forged SHUTDOWN stops the ps, and the chief then
- * exits non-zero saying so. */
+ * with the same checkpoint, bit for bit, as a run nobody attacked; a peer
+ * holding the chief's credential cannot replace its held push nor send
+ * LEAVE for it mid-step. Without any authentication a forged SHUTDOWN
+ * stops the ps, and the chief then exits non-zero saying so. Garbage on
+ * the ps's port while training ends (with and without the token) neither
+ * aborts the ps nor floods its log, and a peer's odd user name is logged
+ * escaped. */
 #include <config.h>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -244,6 +251,34 @@ peer_send(void *s, const unsigned char h[HDR], int n, size_t data_bytes)
     return 1;
 }
 
+/* A PUSH of a well-formed gradient of "dense_1/kernel" (784 x 32) for
+ * local step step, as task sender index. 0 when the send timed out. */
+static int
+peer_push_kernel(void *s, uint64_t id, int sender, uint32_t index,
+                 int64_t step)
+{
+    unsigned char h[HDR], desc[4 + 16 + 14];
+    size_t bytes = (size_t)784 * 32 * 4;
+    float *g = calloc(1, bytes);
+    int ok;
+    ck_assert_ptr_nonnull(g);
+    for (size_t i = 0; i < bytes / 4; i++)
+        g[i] = 1000.0f;                 /* far from any real gradient */
+    header(h, T_PUSH, 0, id, sender, index, 0, 1);
+    le(h + 40, (uint64_t)step, 8);      /* local step */
+    le(desc, 14, 2);
+    desc[2] = 1;
+    desc[3] = 2;
+    le(desc + 4, 784, 8);
+    le(desc + 12, 32, 8);
+    memcpy(desc + 20, "dense_1/kernel", 14);
+    ok = zmq_send(s, h, HDR, ZMQ_SNDMORE) == HDR &&
+         zmq_send(s, desc, sizeof desc, ZMQ_SNDMORE) == (int)sizeof desc &&
+         zmq_send(s, g, bytes, 0) == (int)bytes;
+    free(g);
+    return ok;
+}
+
 /* Wait for the reply to request id: its type and (into text) its text
  * frame; -1 when none came within ms. Replies to other ids are skipped. */
 static int
@@ -311,6 +346,57 @@ expect_alive(void *ctx, const job *j, const peer_auth *a)
     /* it first works through the storm queued before: no tight bound */
     ck_assert_int_eq(peer_reply(s, 4242, RUN_MS, text, sizeof text), T_STEP);
     zmq_close(s);
+}
+
+/* The ps's status (a STEP reply's text) into text. */
+static void
+ps_status(void *ctx, const job *j, const peer_auth *a, char *text,
+          size_t size)
+{
+    void *s = peer_new(ctx, j, a);
+    unsigned char h[HDR];
+    header(h, T_STEP, 0, 4343, EVALUATOR, 0, 0, 0);
+    ck_assert(peer_send(s, h, 0, 0));
+    ck_assert_int_eq(peer_reply(s, 4343, RUN_MS, text, size), T_STEP);
+    zmq_close(s);
+}
+
+/* A raw peer holding the chief's credential (worker 0: the job has no
+ * chief task) while the chief's push of step 0 is held (worker 1 is not
+ * started yet): its own push of that step is refused at once and the
+ * chief's stays held (the run ends bitwise as the undisturbed one); its
+ * LEAVE is refused too, as a replica leaves only between its steps. */
+static void
+impersonate(const job *j, const peer_auth *eval, const peer_auth *chief)
+{
+    void *ctx = zmq_ctx_new(), *s;
+    char text[1024];
+    int64_t deadline = tu_now_ms() + RUN_MS;
+    unsigned char h[HDR];
+    do {
+        ps_status(ctx, j, eval, text, sizeof text);
+        if (strstr(text, "have=1/2") == NULL)
+            usleep(20000);
+    } while (strstr(text, "have=1/2") == NULL && tu_now_ms() < deadline);
+    ck_assert_msg(strstr(text, "have=1/2") != NULL, "%s", text);
+    s = peer_new(ctx, j, chief);
+    for (int i = 0; i < 3; i++) {
+        ck_assert(peer_push_kernel(s, 500 + (uint64_t)i, WORKER, 0, 0));
+        ck_assert_int_eq(peer_reply(s, 500 + (uint64_t)i, 5000, text,
+                                    sizeof text), T_ERROR);
+        ck_assert_msg(strstr(text, "already holds a push of worker 0 for "
+                             "step 0") != NULL, "%s", text);
+    }
+    header(h, T_LEAVE, 0, 510, WORKER, 0, 0, 0);
+    ck_assert(peer_send(s, h, 0, 0));
+    ck_assert_int_eq(peer_reply(s, 510, 5000, text, sizeof text), T_ERROR);
+    ck_assert_msg(strstr(text, "LEAVE of worker 0 refused") != NULL, "%s",
+                  text);
+    zmq_close(s);
+    ps_status(ctx, j, eval, text, sizeof text);
+    ck_assert_msg(strstr(text, "have=1/2") != NULL &&
+                  strstr(text, "refused=3") != NULL, "%s", text);
+    zmq_ctx_term(ctx);
 }
 
 /* Everything a raw peer tries against the ps of job j, as the evaluator
@@ -394,7 +480,8 @@ attack(const job *j, const peer_auth *eval, const peer_auth *stranger,
  * and pushed for step 0, which waits for worker 1, started only then. */
 static void
 run_job(job *j, const char *const *sets, const char *token,
-        const peer_auth *eval, const peer_auth *stranger)
+        const peer_auth *eval, const peer_auth *stranger,
+        const peer_auth *chief)
 {
     j->ps = start_task(j, "ps", 0, sets, token, NULL);
     wait_serving(j);
@@ -407,6 +494,7 @@ run_job(job *j, const char *const *sets, const char *token,
                tu_now_ms() < deadline)
             usleep(10000);
         attack(j, eval, stranger, 1);
+        impersonate(j, eval, chief);
     }
     j->w[1] = start_task(j, "worker", 1, sets, token, NULL);
     ck_assert_msg(tu_wait(j->w[0], RUN_MS) == 0, "%s: the chief failed",
@@ -437,14 +525,15 @@ static void
 run_refusing_raw_peers(job *j, const char *tag, const char *ref_tag,
                        const char *const *sets, const char *token,
                        const peer_auth *eval, const peer_auth *stranger,
-                       const char *mechanism, const char *refused_client)
+                       const peer_auth *chief, const char *mechanism,
+                       const char *refused_client)
 {
     job ref;
     job_init(&ref, ref_tag);
-    run_job(&ref, sets, token, NULL, NULL);
+    run_job(&ref, sets, token, NULL, NULL, NULL);
     ck_assert(log_has(&ref, "ps0", mechanism));
     job_init(j, tag);
-    run_job(j, sets, token, eval, stranger);
+    run_job(j, sets, token, eval, stranger, chief);
     ck_assert(log_has(j, "ps0", "refused SHUTDOWN"));
     ck_assert(log_has(j, "ps0", refused_client));
     expect_same_result(&ref, j);
@@ -453,19 +542,25 @@ run_refusing_raw_peers(job *j, const char *tag, const char *ref_tag,
 START_TEST(token_ps_refuses_a_raw_peer_and_trains_on)
 {
     job j;
-    keel__curve ev;
-    peer_auth eval = { 0 }, stranger = { .user = "worker0",
-                                         .password = "0000" };
+    keel__curve ev, w0;
+    peer_auth eval = { 0 }, chief = { 0 },
+              stranger = { .user = "worker0", .password = "0000" };
     memset(&ev, 0, sizeof ev);
+    memset(&w0, 0, sizeof w0);
     ck_assert_int_eq(keel__auth_token(&ev, TOKEN, KEEL_TASK_EVALUATOR, 0),
+                     KEEL_OK);
+    ck_assert_int_eq(keel__auth_token(&w0, TOKEN, KEEL_TASK_WORKER, 0),
                      KEEL_OK);
     eval.user = ev.user;
     eval.password = ev.password;
+    chief.user = w0.user;
+    chief.password = w0.password;
     run_refusing_raw_peers(&j, "tok", "ref", NULL, TOKEN, &eval, &stranger,
-                           "(token)", "refused PLAIN client");
+                           &chief, "(token)", "refused PLAIN client");
     ck_assert(!log_has(&j, "ps0", ev.password));
     ck_assert(!log_has(&j, "ps0", TOKEN));
     keel__curve_clear(&ev);
+    keel__curve_clear(&w0);
 }
 END_TEST
 
@@ -486,9 +581,10 @@ START_TEST(curve_ps_refuses_a_raw_peer_and_trains_on)
     job j;
     char keys[4200], rogue[4200], set_keys[4300];
     char ps_pub[41], ev_pub[41], ev_sec[41], st_pub[41], st_sec[41];
+    char w0_pub[41], w0_sec[41];
     const char *const sets[] = { "security.curve=true", set_keys, NULL };
     const char *names[] = { "ps0", "worker0", "worker1", "evaluator0" };
-    peer_auth eval, stranger;
+    peer_auth eval, stranger, chief;
     TU_SNPRINTF(keys, sizeof keys, "%s/keys", tu_dir);
     TU_SNPRINTF(rogue, sizeof rogue, "%s/rogue", tu_dir);
     for (int i = 0; i < 4; i++)
@@ -498,14 +594,18 @@ START_TEST(curve_ps_refuses_a_raw_peer_and_trains_on)
     read_key(keys, "ps0.key", ps_pub);
     read_key(keys, "evaluator0.key", ev_pub);
     read_key(keys, "evaluator0.key_secret", ev_sec);
+    read_key(keys, "worker0.key", w0_pub);
+    read_key(keys, "worker0.key_secret", w0_sec);
     read_key(rogue, "worker0.key", st_pub);
     read_key(rogue, "worker0.key_secret", st_sec);
     eval = (peer_auth){ .server_key = ps_pub, .pub = ev_pub, .sec = ev_sec };
     stranger = (peer_auth){ .server_key = ps_pub, .pub = st_pub,
                             .sec = st_sec };
+    chief = (peer_auth){ .server_key = ps_pub, .pub = w0_pub,
+                         .sec = w0_sec };
     TU_SNPRINTF(set_keys, sizeof set_keys, "security.key_dir=%s", keys);
     run_refusing_raw_peers(&j, "curve", "cref", sets, NULL, &eval, &stranger,
-                           "(CURVE)", "refused CURVE client");
+                           &chief, "(CURVE)", "refused CURVE client");
 }
 END_TEST
 
@@ -548,6 +648,129 @@ START_TEST(without_authentication_a_forged_shutdown_fails_the_chief)
 }
 END_TEST
 
+/* A child that connects to the ps's port again and again and writes
+ * garbage into each connection, until killed: every other connection
+ * starts like a legacy ZMTP 1.0 peer (a 5-byte first frame), the rest is
+ * random. */
+static pid_t
+start_flood(int port)
+{
+    pid_t p = fork();
+    ck_assert_int_ge(p, 0);
+    if (p == 0) {
+        unsigned char buf[4096];
+        uint32_t x = (uint32_t)getpid();
+        struct sockaddr_in a;
+        memset(&a, 0, sizeof a);
+        a.sin_family = AF_INET;
+        a.sin_port = htons((uint16_t)port);
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        for (unsigned k = 0;; k++) {
+            int fd = socket(AF_INET, SOCK_STREAM, 0);
+            for (size_t i = 0; i < sizeof buf; i++) {
+                x = x * 1664525u + 1013904223u;
+                buf[i] = (unsigned char)(x >> 24);
+            }
+            if (k % 2 == 0) {
+                buf[0] = 5;
+                buf[1] = 0;
+            }
+            if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0)
+                for (int r = 0; r < 4; r++)
+                    if (send(fd, buf, sizeof buf, MSG_NOSIGNAL) < 0)
+                        break;
+            if (fd >= 0)
+                close(fd);
+        }
+    }
+    return p;
+}
+
+static long
+file_size(const char *path)
+{
+    struct stat sb;
+    return stat(path, &sb) == 0 ? (long)sb.st_size : 0;
+}
+
+/* A PLAIN client whose user name carries a newline and an ESC: refused,
+ * and logged with both escaped. */
+static void
+odd_user_escaped(const job *j)
+{
+    void *ctx = zmq_ctx_new(), *s;
+    peer_auth odd = { .user = "worker0\n\x1b[31mFAKE", .password = "x" };
+    unsigned char h[HDR];
+    int64_t deadline = tu_now_ms() + RUN_MS;
+    char *log;
+    s = peer_new(ctx, j, &odd);
+    header(h, T_STEP, 0, 1, WORKER, 0, 0, 0);
+    peer_send(s, h, 0, 0);
+    while (!log_has(j, "ps0", "refused PLAIN client") &&
+           tu_now_ms() < deadline)
+        usleep(10000);
+    zmq_close(s);
+    zmq_ctx_term(ctx);
+    log = task_log(j, "ps0");
+    ck_assert_msg(strstr(log, "as worker0\\n\\x1b[31mFAKE") != NULL, "%s",
+                  tu_tail(log, 1500));
+    ck_assert_ptr_null(strchr(log, 0x1b));
+    free(log);
+}
+
+/* Training ends while garbage keeps arriving on the ps's port, rounds
+ * times: the ps exits 0 every time (libzmq does not abort it) and its log
+ * grows by a few KB at most. */
+static void
+flood_at_shutdown(const char *tag, const char *token, int rounds)
+{
+    for (int round = 0; round < rounds; round++) {
+        job j;
+        char t[16], log[64];
+        long before, after;
+        pid_t flood;
+        int rc;
+        snprintf(t, sizeof t, "%s%d", tag, round);
+        job_init(&j, t);
+        snprintf(log, sizeof log, "%s-ps0.log", t);
+        j.ps = start_task(&j, "ps", 0, NULL, token, NULL);
+        wait_serving(&j);
+        if (token != NULL && round == 0)
+            odd_user_escaped(&j);
+        j.w[0] = start_task(&j, "worker", 0, NULL, token, &j.chief_fd);
+        j.w[1] = start_task(&j, "worker", 1, NULL, token, NULL);
+        before = file_size(tu_path(log));
+        flood = start_flood(j.ps_port);
+        rc = tu_wait(j.ps, RUN_MS);
+        usleep(200000);                 /* what a dying ps might still log */
+        kill(flood, SIGKILL);
+        waitpid(flood, NULL, 0);
+        after = file_size(tu_path(log));
+        if (rc != 0) {
+            char *text = task_log(&j, "ps0");
+            ck_abort_msg("%s: the ps exited %d: %s", t, rc,
+                         tu_tail(text, 1500));
+        }
+        ck_assert_msg(after - before < 8192, "%s: the ps log grew by %ld "
+                      "bytes under the flood", t, after - before);
+        ck_assert_int_eq(tu_wait(j.w[0], RUN_MS), 0);
+        ck_assert_int_eq(tu_wait(j.w[1], RUN_MS), 0);
+        close(j.chief_fd);
+    }
+}
+
+START_TEST(garbage_at_shutdown_without_authentication)
+{
+    flood_at_shutdown("fn", NULL, 3);
+}
+END_TEST
+
+START_TEST(garbage_at_shutdown_with_the_token)
+{
+    flood_at_shutdown("ft", TOKEN, 3);
+}
+END_TEST
+
 static Suite *
 security_suite(void)
 {
@@ -556,6 +779,9 @@ security_suite(void)
         token_ps_refuses_a_raw_peer_and_trains_on,
         curve_ps_refuses_a_raw_peer_and_trains_on,
         without_authentication_a_forged_shutdown_fails_the_chief));
+    tu_tcase(s, "shutdown_flood", 300, setup, tu_teardown, TU_TESTS(
+        garbage_at_shutdown_without_authentication,
+        garbage_at_shutdown_with_the_token));
     return s;
 }
 

@@ -6,6 +6,7 @@
 #include <stdarg.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <string.h>
 #include <time.h>
 
 #include <keel/log.h>
@@ -67,6 +68,75 @@ keel__log(keel_log_level level, const char *fmt, ...)
         line[0] = '\0';
     va_end(ap);
     h.fn(h.ctx, level, line);
+}
+
+const char *
+keel__log_escape_n(char *out, size_t size, const char *in, size_t n)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t o = 0;
+    if (size == 0)
+        return out;
+    for (size_t i = 0; in != NULL && i < n; i++) {
+        unsigned char c = (unsigned char)in[i];
+        char e[4];
+        size_t k = 0;
+        if (c == '\\' || c == '\n' || c == '\r' || c == '\t') {
+            e[k++] = '\\';
+            e[k++] = c == '\n' ? 'n' : c == '\r' ? 'r' : c == '\t' ? 't'
+                                                                : '\\';
+        } else if (c < 0x20 || c >= 0x7f) {
+            e[k++] = '\\';
+            e[k++] = 'x';
+            e[k++] = hex[c >> 4];
+            e[k++] = hex[c & 15];
+        } else {
+            e[k++] = (char)c;
+        }
+        if (o + k + 1 > size || (i + 1 < n && o + k + 4 > size)) {
+            /* no room for this character and a cut mark after it */
+            if (size >= 4) {
+                while (o + 4 > size)
+                    o--;
+                memcpy(out + o, "...", 3);
+                o += 3;
+            }
+            break;
+        }
+        memcpy(out + o, e, k);
+        o += k;
+    }
+    out[o < size ? o : size - 1] = '\0';
+    return out;
+}
+
+const char *
+keel__log_escape(char *out, size_t size, const char *in)
+{
+    return keel__log_escape_n(out, size, in, in != NULL ? strlen(in) : 0);
+}
+
+int
+keel__log_limit_take(keel__log_limit *l, int64_t now_ns, long *held)
+{
+    int64_t every = l->interval_ns > 0 ? l->interval_ns : KEEL__LOG_LIMIT_NS;
+    l->total++;
+    if (l->logged_ns != 0 && now_ns - l->logged_ns < every) {
+        l->held++;
+        return 0;
+    }
+    *held = l->held;
+    l->held = 0;
+    l->logged_ns = now_ns != 0 ? now_ns : 1;
+    return 1;
+}
+
+long
+keel__log_limit_flush(keel__log_limit *l)
+{
+    long n = l->held;
+    l->held = 0;
+    return n;
 }
 
 int64_t

@@ -80,6 +80,35 @@ keel__le_get(const void *p, int n)
 void keel__log(keel_log_level level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+/* Text another process chose (a peer's user name, address, identity)
+ * made safe for one log line: printable ASCII is kept, a backslash becomes
+ * two, a newline, carriage return and tab become \n \r \t, every other
+ * byte (control characters, ESC, non-ASCII) \xHH; cut with "..." to fit
+ * size (>= 4). Returns out. */
+const char *keel__log_escape(char *out, size_t size, const char *in);
+/* The same for n bytes that need not end in a NUL. */
+const char *keel__log_escape_n(char *out, size_t size, const char *in,
+                               size_t n);
+
+/* A rate limit for one kind of log line that peers can cause (a refused
+ * request, a refused connection): the first occurrence is logged at once,
+ * later ones within interval_ns are only counted, and the next occurrence
+ * after the interval is logged with that count. One caller thread per
+ * limit. Zero-initialized: an interval of KEEL__LOG_LIMIT_NS. */
+#define KEEL__LOG_LIMIT_NS ((int64_t)10 * 1000000000)
+typedef struct keel__log_limit {
+    int64_t interval_ns;
+    int64_t logged_ns;      /* when the last line was logged; 0: never */
+    long held;              /* occurrences counted since that line */
+    long total;             /* occurrences ever */
+} keel__log_limit;
+/* One occurrence at now_ns: 1 when it is to be logged, with *held the
+ * occurrences not logged since the previous line; 0 when only counted. */
+int keel__log_limit_take(keel__log_limit *l, int64_t now_ns, long *held);
+/* The occurrences counted and not yet logged (for a last summary line);
+ * resets that count. */
+long keel__log_limit_flush(keel__log_limit *l);
+
 /* Debian's HDF5 is built without thread safety: every HDF5 call in keel
  * (checkpoint writer thread, readers, the HDF5 data reader) runs under this
  * one recursive process-wide lock. */
