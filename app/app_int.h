@@ -7,13 +7,22 @@
 #include <keel/config.h>
 #include <keel/train.h>
 
-/* Open the training (is_test 0) or test set the config names. */
+/* Open the training (is_test 0) or test set the config names, labels in
+ * [0, classes) (0: up to the format's limit); HDF5 sets streamed as
+ * data.stream says, or always with labels_only (only the labels are read
+ * then). */
 keel_status keel__job_open_dataset(const struct keel_config *cfg, int is_test,
+                                   int64_t classes, int labels_only,
                                    keel_dataset **out);
-/* The model the config describes, for batches up to max_batch. */
+/* The model's class count: model.classes, or (0) the largest label of
+ * the training set train (NULL: opened here, labels only) plus one. */
+keel_status keel__job_classes(const struct keel_config *cfg,
+                              const keel_dataset *train, int64_t *out);
+/* The model the config describes over ds's examples, with classes
+ * classes, for batches up to max_batch; a cnn refuses tabular data. */
 keel_status keel__job_model_config_from(const struct keel_config *cfg,
                                         const keel_dataset *ds,
-                                        int64_t max_batch,
+                                        int64_t classes, int64_t max_batch,
                                         keel_model_config *mc);
 /* OpenBLAS threads as train.threads / train.model_threads say. */
 void keel__job_set_blas_threads(const struct keel_config *cfg);

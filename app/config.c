@@ -47,13 +47,18 @@ typedef struct key_def {
 static const key_def schema[] = {
     { "model", "type", T_ENUM, "mlp", NOLIM, "softmax|mlp|cnn",
       "Model: softmax regression, a multi-layer perceptron, or a small "
-      "CNN (Conv32-Pool-Conv64-Pool-Dense64-Dense10)." },
+      "CNN (Conv32-Pool-Conv64-Pool-Dense64-Dense(classes), images "
+      "only)." },
     { "model", "init", T_ENUM, "glorot", NOLIM, "glorot|torch",
       "Initial weights: glorot (Keras: Glorot-uniform kernels, zero "
       "biases) or torch (PyTorch's default: kernels and biases "
       "U(-1/sqrt(fan_in), 1/sqrt(fan_in)))." },
     { "model", "hidden", T_INT_LIST, "256,256", 1, 65536, NULL,
       "MLP hidden layer widths, comma-separated (mlp only)." },
+    { "model", "classes", T_INT, "0", 0, 1000000, NULL,
+      "Number of classes (labels 0..classes-1); 0: the largest label of "
+      "the training set plus one. A label outside the range is an error "
+      "naming the file and the row." },
 
     { "data", "dir", T_STRING, "/usr/share/datasets/fashion-mnist", NOLIM,
       NULL, "Directory of the IDX files (train-images-idx3-ubyte[.gz], "
@@ -70,6 +75,18 @@ static const key_def schema[] = {
     { "data", "shuffle", T_BOOL, "true", NOLIM, NULL,
       "Shuffle the training set every epoch (deterministically from "
       "train.seed)." },
+    { "data", "stream", T_ENUM, "auto", NOLIM, "auto|on|off",
+      "HDF5 sets: on reads x in blocks of data.shuffle_block rows while "
+      "training (two blocks in memory, the labels whole); off reads the "
+      "file into memory; auto streams a file larger than "
+      "data.memory_budget_mb. Both give the same batches." },
+    { "data", "memory_budget_mb", T_INT, "1024", 1, 1 << 30, NULL,
+      "MiB a data file may take before data.stream = auto streams it." },
+    { "data", "shuffle_block", T_INT, "4096", 1, 2147483647, NULL,
+      "HDF5 sets: each epoch shuffles the order of the blocks of this "
+      "many consecutive rows and the rows within each block (the unit "
+      "a streamed set is read in). A block of at least the set's size "
+      "shuffles the whole set at once." },
 
     { "optimizer", "name", T_ENUM, "sgd", NOLIM,
       "sgd|momentum|adagrad|adam|rmsprop|kfac",
@@ -1328,7 +1345,8 @@ validate_parallelism(const keel_config *cfg)
     return KEEL_OK;
 }
 
-/* model.hidden: only for an mlp, which needs at least one layer. */
+/* model.hidden: only for an mlp, which needs at least one layer;
+ * model.classes: 0 or at least 2. */
 static keel_status
 validate_model(const keel_config *cfg)
 {
@@ -1356,6 +1374,11 @@ validate_model(const keel_config *cfg)
             return keel__wrap(KEEL_EINVAL, "model.hidden (%s)",
                               keel_config_origin(cfg, "model.hidden"));
     }
+    if (keel_config_int(cfg, "model.classes") == 1)
+        return keel__fail(KEEL_EINVAL, "model.classes = 1 (%s): a "
+                          "classifier needs at least 2 classes (0: from "
+                          "the labels)", keel_config_origin(cfg,
+                                                            "model.classes"));
     {
         int64_t micro = keel_config_int(cfg, "train.micro_batch");
         int64_t batch = keel_config_int(cfg, "train.batch_size");

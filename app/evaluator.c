@@ -55,15 +55,18 @@ static keel_status
 eval_ctx_open(eval_ctx *e, const keel_config *cfg)
 {
     keel_model_config mc;
+    int64_t classes = 0;
     keel_status st;
     memset(e, 0, sizeof *e);
     keel__job_set_blas_threads(cfg);
     e->bs = keel_config_int(cfg, "train.eval_batch_size");
-    st = keel__job_open_dataset(cfg, 1, &e->ds);
+    st = keel__job_classes(cfg, NULL, &classes);
+    if (st == KEEL_OK)
+        st = keel__job_open_dataset(cfg, 1, classes, 0, &e->ds);
     if (st == KEEL_OK)
         st = keel_vars_new(&e->vs);
     if (st == KEEL_OK)
-        st = keel__job_model_config_from(cfg, e->ds, e->bs, &mc);
+        st = keel__job_model_config_from(cfg, e->ds, classes, e->bs, &mc);
     if (st == KEEL_OK)
         st = keel_model_new(&mc, e->vs, &e->model);
     if (st == KEEL_OK) {

@@ -82,9 +82,13 @@ model_config_of(const char *path, const keel_ckpt_info *info,
         cfg = own;
     }
     /* older checkpoints: the input shape is the data's */
-    st = keel__job_open_dataset(cfg, 1, &ds);
-    if (st == KEEL_OK)
-        st = keel__job_model_config_from(cfg, ds, 1, mc);
+    st = keel__job_open_dataset(cfg, 1, 0, 1, &ds);
+    if (st == KEEL_OK)      /* keel wrote an architecture once classes
+                             * could be other than 10 */
+        st = keel__job_model_config_from(
+            cfg, ds, keel_config_int(cfg, "model.classes") > 0
+                         ? keel_config_int(cfg, "model.classes") : 10,
+            1, mc);
     keel_dataset_free(ds);
     keel_config_free(own);
     if (st != KEEL_OK)

@@ -47,6 +47,7 @@ typedef struct job {
     keel_kfac *kfac;              /* optimizer.name = kfac */
     keel_lr_schedule schedule;    /* the learning rate, either way */
     int64_t global_batch;
+    int64_t classes;              /* the model's class count */
     uint64_t seed;
     /* step-to-step state */
     unsigned char iter_state[KEEL_DATA_ITER_STATE_BYTES];
@@ -198,25 +199,58 @@ find_idx(const char *dir, const char *stem, char *out, size_t size)
                       "format files", dir, stem, dir);
 }
 
-/* Open the training (is_test 0) or test set the config names. */
+/* The path of the HDF5 training (is_test 0) or test file into path. */
+static keel_status
+h5_path(const keel_config *cfg, int is_test, char *path, size_t size)
+{
+    const char *dir = keel_config_str(cfg, "data.dir");
+    const char *file = keel_config_str(cfg, is_test ? "data.test_file"
+                                                    : "data.train_file");
+    if (file[0] == '\0')
+        return keel__fail(KEEL_EINVAL, "data.format = hdf5 needs "
+                          "data.%s_file", is_test ? "test" : "train");
+    if (file[0] == '/')
+        return keel__fmt(path, size, "data path", "%s", file);
+    return keel__path_join(path, size, dir, file);
+}
+
+/* data.stream for the file at path: on, off, or auto (on when the file
+ * is larger than data.memory_budget_mb). */
+static int
+stream_file(const keel_config *cfg, const char *path)
+{
+    const char *mode = keel_config_str(cfg, "data.stream");
+    struct stat sb;
+    if (strcmp(mode, "on") == 0 || strcmp(mode, "off") == 0)
+        return strcmp(mode, "on") == 0;
+    return stat(path, &sb) == 0 &&
+           (uint64_t)sb.st_size >
+               (uint64_t)keel_config_int(cfg, "data.memory_budget_mb") << 20;
+}
+
 keel_status
-keel__job_open_dataset(const keel_config *cfg, int is_test, keel_dataset **out)
+keel__job_open_dataset(const keel_config *cfg, int is_test, int64_t classes,
+                       int labels_only, keel_dataset **out)
 {
     const char *dir = keel_config_str(cfg, "data.dir");
     keel_status st;
     if (strcmp(keel_config_str(cfg, "data.format"), "hdf5") == 0) {
-        const char *file = keel_config_str(cfg, is_test ? "data.test_file"
-                                                        : "data.train_file");
         char path[KEEL_PATH_MAX];
-        if (file[0] == '\0')
-            return keel__fail(KEEL_EINVAL, "data.format = hdf5 needs "
-                              "data.%s_file", is_test ? "test" : "train");
-        if (file[0] == '/')
-            st = keel__fmt(path, sizeof path, "data path", "%s", file);
-        else
-            st = keel__path_join(path, sizeof path, dir, file);
-        if (st == KEEL_OK)
-            st = keel_dataset_open_h5(path, 10, out);
+        keel_dataset_h5_config hc;
+        st = h5_path(cfg, is_test, path, sizeof path);
+        if (st != KEEL_OK)
+            return st;
+        keel_dataset_h5_config_init(&hc);
+        if (classes > 0)
+            hc.num_classes = classes;
+        hc.stream = labels_only || stream_file(cfg, path);
+        hc.block_rows = keel_config_int(cfg, "data.shuffle_block");
+        st = keel_dataset_open_h5_config(path, &hc, out);
+        if (st == KEEL_OK && keel_dataset_is_streamed(*out) && !labels_only)
+            keel__log(KEEL_LOG_INFO, "data: %s streamed in blocks of %lld "
+                      "rows (data.stream = %s)", path,
+                      (long long)hc.block_rows,
+                      keel_config_str(cfg, "data.stream"));
         return st;
     }
     {
@@ -231,13 +265,45 @@ keel__job_open_dataset(const keel_config *cfg, int is_test, keel_dataset **out)
         st = find_idx(dir, stem, labels, sizeof labels);
         if (st != KEEL_OK)
             return st;
-        return keel_dataset_open_idx(images, labels, 10, out);
+        /* uint8 labels: at most 256 classes */
+        return keel_dataset_open_idx(images, labels,
+                                     classes > 0 && classes < 256
+                                         ? (int)classes : 256, out);
     }
 }
 
 keel_status
+keel__job_classes(const keel_config *cfg, const keel_dataset *train,
+                  int64_t *out)
+{
+    keel_dataset *own = NULL;
+    int64_t max;
+    keel_status st;
+    *out = keel_config_int(cfg, "model.classes");
+    if (*out > 0)
+        return KEEL_OK;
+    if (train == NULL) {
+        st = keel__job_open_dataset(cfg, 0, 0, 1, &own);
+        if (st != KEEL_OK)
+            return keel__wrap(st, "model.classes = 0 takes the class count "
+                              "from the training set's labels");
+        train = own;
+    }
+    max = keel_dataset_max_label(train);
+    keel_dataset_free(own);
+    if (max < 1)
+        return keel__fail(KEEL_EINVAL, "model.classes = 0 takes the class "
+                          "count from the training set's labels, whose "
+                          "largest is %lld: set model.classes",
+                          (long long)max);
+    *out = max + 1;
+    return KEEL_OK;
+}
+
+keel_status
 keel__job_model_config_from(const keel_config *cfg, const keel_dataset *ds,
-                  int64_t max_batch, keel_model_config *mc)
+                            int64_t classes, int64_t max_batch,
+                            keel_model_config *mc)
 {
     keel_status st;
     keel_model_config_init(mc);
@@ -245,6 +311,11 @@ keel__job_model_config_from(const keel_config *cfg, const keel_dataset *ds,
                                    &mc->kind);
     if (st != KEEL_OK)
         return keel__wrap(KEEL_EINVAL, "model.type");
+    if (mc->kind == KEEL_MODEL_CNN && keel_dataset_rank(ds) == 2)
+        return keel__fail(KEEL_EINVAL, "model.type = cnn needs images "
+                          "([N,H,W] or [N,H,W,C]); the data is tabular "
+                          "[N,%zu]: use model.type = softmax or mlp",
+                          keel_dataset_example_size(ds));
     if (mc->kind == KEEL_MODEL_MLP) {
         st = keel_model_parse_hidden(keel_config_str(cfg, "model.hidden"),
                                      mc);
@@ -256,6 +327,7 @@ keel__job_model_config_from(const keel_config *cfg, const keel_dataset *ds,
     if (st != KEEL_OK)
         return keel__wrap(KEEL_EINVAL, "model.init");
     keel_dataset_shape(ds, &mc->height, &mc->width, &mc->channels);
+    mc->classes = classes;
     mc->max_batch = max_batch;
     mc->threads = (int)keel_config_int(cfg, "train.model_threads");
     return KEEL_OK;
@@ -381,7 +453,7 @@ keel__job_steps_per_epoch(const keel_config *cfg, int64_t *out)
     keel_dataset *ds = NULL;
     keel_data_iter *it = NULL;
     keel_data_iter_config ic;
-    keel_status st = keel__job_open_dataset(cfg, 0, &ds);
+    keel_status st = keel__job_open_dataset(cfg, 0, 0, 1, &ds);
     *out = 0;
     if (st != KEEL_OK)
         return st;
@@ -502,9 +574,17 @@ job_data(job *j, const keel_config *cfg, int worker_index, int num_workers,
          int hogwild)
 {
     keel_data_iter_config ic;
-    keel_status st = keel__job_open_dataset(cfg, 0, &j->ds);
+    int64_t classes = keel_config_int(cfg, "model.classes");
+    keel_status st = keel__job_open_dataset(cfg, 0, classes, 0, &j->ds);
+    if (st == KEEL_OK)
+        st = keel__job_classes(cfg, j->ds, &j->classes);
     if (st != KEEL_OK)
         return st;
+    if (classes == 0)
+        keel__log(KEEL_LOG_INFO, "model.classes = %lld from the training "
+                  "set's labels (largest %lld); set model.classes to fix it",
+                  (long long)j->classes,
+                  (long long)keel_dataset_max_label(j->ds));
     keel_data_iter_config_init(&ic);
     ic.global_batch_size = j->global_batch * (hogwild ? j->hw_threads : 1);
     ic.seed = j->seed;
@@ -524,7 +604,8 @@ job_model(job *j, const keel_config *cfg, int hogwild,
 {
     keel_status st = keel_vars_new(&j->vs);
     if (st == KEEL_OK)
-        st = keel__job_model_config_from(cfg, j->ds, j->global_batch, mc);
+        st = keel__job_model_config_from(cfg, j->ds, j->classes,
+                                         j->global_batch, mc);
     if (st == KEEL_OK && hogwild)
         mc->threads = 1;
     if (st == KEEL_OK)

@@ -128,6 +128,9 @@ START_TEST(test_bad_values_explain_valid_range)
     load_fails_naming("[checkpoint]\nasync = maybe\n", "true or false", NULL);
     load_fails_naming("[optimizer]\nlearning_rate = fast\n", NULL);
     load_fails_naming("[model]\nhidden = 256,,x\n", "model.hidden", NULL);
+    load_fails_naming("[model]\nclasses = 2000000\n", "model.classes",
+                      NULL);
+    load_fails_naming("[data]\nstream = maybe\n", "auto, on, off", NULL);
     /* the failed loads changed nothing that was valid before */
     ck_assert_str_eq(keel_config_str(cfg, "model.type"), "mlp");
 }
@@ -306,6 +309,12 @@ START_TEST(test_conflicting_options_are_errors)
     validate_fails_naming("both set", NULL);
     keel_config_override(cfg, "checkpoint.save_secs=0", "-s");
     ck_assert_int_eq(keel_config_validate(cfg), KEEL_OK);
+    keel_config_override(cfg, "model.classes=100", "-s");
+    ck_assert_int_eq(keel_config_int(cfg, "model.classes"), 100);
+    ck_assert_int_eq(keel_config_validate(cfg), KEEL_OK);
+    keel_config_override(cfg, "model.classes=1", "-s");
+    validate_fails_naming("model.classes = 1", "at least 2", NULL);
+    keel_config_override(cfg, "model.classes=0", "-s");
     keel_config_override(cfg, "model.type=cnn", "-s");
     keel_config_override(cfg, "model.hidden=10", "-s");
     validate_fails_naming("model.hidden", NULL);

@@ -2584,8 +2584,8 @@ START_TEST(test_h5_reader_rejects_corrupt_files)
     const char *p = tu_path("d.h5");
     write_h5(p, 0, 5, 4, -1);
     ck_assert_int_eq(keel_dataset_open_h5(p, 3, &ds), KEEL_ECORRUPT);
-    ck_assert_ptr_nonnull(strstr(keel_last_error(), "5 examples but 'y' "
-                                                   "has 4"));
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "5 rows but dataset "
+                                                   "'y' has 4 labels"));
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "d.h5"));
     write_h5(p, 1, 5, 5, 7);
     ck_assert_int_eq(keel_dataset_open_h5(p, 3, &ds), KEEL_ECORRUPT);
@@ -2601,6 +2601,241 @@ START_TEST(test_h5_reader_rejects_corrupt_files)
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "'x'"));
     ck_assert_int_eq(keel_dataset_open_h5(tu_path("nope.h5"), 3, &ds),
                      KEEL_ENOTFOUND);
+}
+END_TEST
+
+
+/* A tabular HDF5 file at path: 'x' [n, d] of type xt (written from
+ * doubles: row i, column j is i + j / 1000, or bad at value bad_at), 'y'
+ * [ny] of type yt (label i % 5, or bad_label at the last row). */
+static void
+write_tab(const char *path, size_t n, size_t d, hid_t xt, size_t ny,
+          hid_t yt, long bad_at, double bad, long bad_label)
+{
+    hsize_t xd[2] = { n, d }, yd = ny;
+    double *x = malloc(n * d * sizeof *x), *yf = malloc(ny * sizeof *yf);
+    int64_t *y = malloc(ny * sizeof *y);
+    hid_t f, s, ds;
+    for (size_t i = 0; i < n * d; i++)
+        x[i] = (double)(i / d) + (double)(i % d) / 1000.0;
+    if (bad_at >= 0)
+        x[bad_at] = bad;
+    for (size_t i = 0; i < ny; i++)
+        y[i] = (int64_t)(i % 5);
+    if (bad_label >= 0 && ny > 0)
+        y[ny - 1] = bad_label;
+    for (size_t i = 0; i < ny; i++)
+        yf[i] = (double)y[i];
+    f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    ck_assert_int_ge(f, 0);
+    s = H5Screate_simple(2, xd, NULL);
+    ds = H5Dcreate2(f, "x", xt, s, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    ck_assert_int_ge(H5Dwrite(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL,
+                              H5P_DEFAULT, x), 0);
+    H5Dclose(ds);
+    H5Sclose(s);
+    s = H5Screate_simple(1, &yd, NULL);
+    ds = H5Dcreate2(f, "y", yt, s, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    if (H5Tget_class(yt) == H5T_FLOAT)
+        ck_assert_int_ge(H5Dwrite(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL,
+                                  H5P_DEFAULT, yf), 0);
+    else
+        ck_assert_int_ge(H5Dwrite(ds, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL,
+                                  H5P_DEFAULT, y), 0);
+    H5Dclose(ds);
+    H5Sclose(s);
+    H5Fclose(f);
+    free(x);
+    free(y);
+    free(yf);
+}
+
+static keel_status
+open_tab(const char *p, int stream, int64_t block, int64_t classes,
+         keel_dataset **ds)
+{
+    keel_dataset_h5_config hc;
+    keel_dataset_h5_config_init(&hc);
+    hc.stream = stream;
+    hc.block_rows = block;
+    hc.num_classes = classes;
+    return keel_dataset_open_h5_config(p, &hc, ds);
+}
+
+START_TEST(test_h5_tabular_rows_in_memory_and_streamed)
+{
+    const char *p = tu_path("t.h5");
+    keel_dataset *ds;
+    float x[7];
+    int32_t y;
+    int64_t h, w, c;
+    for (int stream = 0; stream < 2; stream++) {
+        write_tab(p, 50, 7, stream ? H5T_IEEE_F64LE : H5T_IEEE_F32LE, 50,
+                  H5T_STD_U8LE, -1, 0, -1);
+        ck_assert_msg(open_tab(p, stream, 8, 5, &ds) == KEEL_OK, "%s",
+                      keel_last_error());
+        ck_assert_int_eq(keel_dataset_rank(ds), 2);
+        ck_assert_int_eq(keel_dataset_is_streamed(ds), stream);
+        ck_assert_int_eq(keel_dataset_max_label(ds), 4);
+        keel_dataset_shape(ds, &h, &w, &c);
+        ck_assert(h == 7 && w == 1 && c == 1);
+        ck_assert_int_eq(keel_dataset_get(ds, 43, x, &y), KEEL_OK);
+        ck_assert_int_eq(y, 3);
+        ck_assert_float_eq(x[6], 43.006f);
+        ck_assert_int_eq(keel_dataset_get(ds, 1, x, &y), KEEL_OK);
+        ck_assert_float_eq(x[0], 1.0f);
+        /* streamed: two reads of 8-row blocks, none in memory */
+        ck_assert_uint_eq(keel_dataset_blocks_read(ds), stream ? 2 : 0);
+        keel_dataset_free(ds);
+    }
+}
+END_TEST
+
+/* Each bad file fails with the file, the dataset and the row named. */
+START_TEST(test_h5_tabular_errors_name_file_dataset_and_row)
+{
+    const char *p = tu_path("bad.h5");
+    keel_dataset *ds;
+    float x[4];
+    write_tab(p, 30, 4, H5T_IEEE_F32LE, 30, H5T_STD_I32LE, -1, 0, 9);
+    ck_assert_int_eq(open_tab(p, 0, 0, 5, &ds), KEEL_ECORRUPT);
+    ck_assert_msg(strstr(keel_last_error(), "bad.h5: dataset 'y' row 29: "
+                         "label 9 outside [0, 5)") != NULL, "%s",
+                  keel_last_error());
+    write_tab(p, 30, 4, H5T_IEEE_F32LE, 29, H5T_STD_I32LE, -1, 0, -1);
+    ck_assert_int_eq(open_tab(p, 1, 8, 5, &ds), KEEL_ECORRUPT);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "dataset 'x' has 30 "
+                                 "rows but dataset 'y' has 29 labels"));
+    write_tab(p, 30, 4, H5T_STD_I32LE, 30, H5T_STD_I32LE, -1, 0, -1);
+    ck_assert_int_eq(open_tab(p, 0, 0, 5, &ds), KEEL_ECORRUPT);
+    ck_assert_msg(strstr(keel_last_error(), "dataset 'x' holds integers") !=
+                  NULL && strstr(keel_last_error(), "float32 or float64"),
+                  "%s", keel_last_error());
+    write_tab(p, 30, 4, H5T_IEEE_F32LE, 30, H5T_IEEE_F32LE, -1, 0, -1);
+    ck_assert_int_eq(open_tab(p, 0, 0, 5, &ds), KEEL_ECORRUPT);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "dataset 'y' holds "
+                                 "floating-point numbers"));
+    /* NaN at row 21, value 2: in memory at open, streamed at the read */
+    write_tab(p, 30, 4, H5T_IEEE_F32LE, 30, H5T_STD_I32LE, 21 * 4 + 2, NAN,
+              -1);
+    ck_assert_int_eq(open_tab(p, 0, 0, 5, &ds), KEEL_ECORRUPT);
+    ck_assert_msg(strstr(keel_last_error(), "bad.h5: dataset 'x' row 21, "
+                         "value 2 is NaN") != NULL, "%s", keel_last_error());
+    ck_assert_int_eq(open_tab(p, 1, 8, 5, &ds), KEEL_OK);
+    ck_assert_int_eq(keel_dataset_get(ds, 3, x, NULL), KEEL_OK);
+    ck_assert_int_eq(keel_dataset_get(ds, 17, x, NULL), KEEL_ECORRUPT);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "row 21, value 2 is "
+                                 "NaN"));
+    keel_dataset_free(ds);
+    write_tab(p, 30, 4, H5T_IEEE_F64LE, 30, H5T_STD_I32LE, 5, INFINITY, -1);
+    ck_assert_int_eq(open_tab(p, 0, 0, 5, &ds), KEEL_ECORRUPT);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "row 1, value 1 is "
+                                 "infinite"));
+}
+END_TEST
+
+/* The streamed set gives the in-memory set's batches, position for
+ * position, reading each block once per epoch; the saved position
+ * resumes either; a block size other than the saved one is refused. */
+START_TEST(test_streamed_iterator_matches_in_memory_and_resumes)
+{
+    const char *p = tu_path("s.h5");
+    keel_dataset *mem, *str, *whole;
+    keel_data_iter *a, *b, *c;
+    keel_data_iter_config ic;
+    keel_batch ba, bb;
+    unsigned char state[KEEL_DATA_ITER_STATE_BYTES];
+    size_t len;
+    int seen[203] = { 0 }, sorted = 1;
+    write_tab(p, 203, 3, H5T_IEEE_F32LE, 203, H5T_STD_I32LE, -1, 0, -1);
+    ck_assert_int_eq(open_tab(p, 0, 16, 5, &mem), KEEL_OK);
+    ck_assert_int_eq(open_tab(p, 1, 16, 5, &str), KEEL_OK);
+    ck_assert_int_eq(open_tab(p, 0, 0, 5, &whole), KEEL_OK);
+    keel_data_iter_config_init(&ic);
+    ic.global_batch_size = 10;
+    ic.seed = 77;
+    ck_assert_int_eq(keel_data_iter_new(mem, &ic, &a), KEEL_OK);
+    ck_assert_int_eq(keel_data_iter_new(str, &ic, &b), KEEL_OK);
+    for (int step = 0; step < 60; step++) {         /* 20 a epoch */
+        ck_assert_int_eq(keel_data_iter_next(a, &ba), KEEL_OK);
+        ck_assert_int_eq(keel_data_iter_next(b, &bb), KEEL_OK);
+        ck_assert_uint_eq(ba.n, bb.n);
+        ck_assert(memcmp(ba.x, bb.x, ba.n * 3 * sizeof(float)) == 0);
+        ck_assert(memcmp(ba.y, bb.y, ba.n * sizeof(int32_t)) == 0);
+        for (size_t i = 0; step < 20 && i < ba.n; i++) {
+            int row = (int)lrintf(ba.x[i * 3]);
+            seen[row]++;
+            if (i > 0 && row < (int)lrintf(ba.x[(i - 1) * 3]))
+                sorted = 0;
+        }
+    }
+    /* 13 blocks (the last of 11 rows), 200 rows used an epoch: each
+     * block read once per epoch */
+    ck_assert_uint_le(keel_dataset_blocks_read(str), 3 * 13);
+    ck_assert(!sorted);
+    for (int i = 0, used = 0; i < 203; i++) {
+        ck_assert_int_le(seen[i], 1);
+        used += seen[i];
+        if (i == 202)
+            ck_assert_int_eq(used, 200);
+    }
+    /* the in-memory position resumes the streamed set */
+    ck_assert_int_eq(keel_data_iter_get_state(a, state, sizeof state, &len),
+                     KEEL_OK);
+    keel_data_iter_free(b);
+    ck_assert_int_eq(keel_data_iter_new(str, &ic, &b), KEEL_OK);
+    ck_assert_int_eq(keel_data_iter_set_state(b, state, len), KEEL_OK);
+    for (int step = 0; step < 25; step++) {
+        ck_assert_int_eq(keel_data_iter_next(a, &ba), KEEL_OK);
+        ck_assert_int_eq(keel_data_iter_next(b, &bb), KEEL_OK);
+        ck_assert(memcmp(ba.x, bb.x, ba.n * 3 * sizeof(float)) == 0);
+    }
+    /* a whole-set shuffle does not take a block-shuffled position */
+    ck_assert_int_eq(keel_data_iter_new(whole, &ic, &c), KEEL_OK);
+    ck_assert_int_eq(keel_data_iter_set_state(c, state, len), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "blocks of 16 rows"));
+    keel_data_iter_free(c);
+    keel_data_iter_free(a);
+    keel_data_iter_free(b);
+    keel_dataset_free(mem);
+    keel_dataset_free(str);
+    keel_dataset_free(whole);
+}
+END_TEST
+
+/* A block at least the set's size is the whole-set shuffle, whose bits
+ * are those of the IDX reader's (unchanged by blocks). */
+START_TEST(test_block_as_large_as_the_set_is_the_whole_set_order)
+{
+    const char *p = tu_path("w.h5");
+    keel_dataset *big, *whole;
+    keel_data_iter *a, *b;
+    keel_data_iter_config ic;
+    keel_batch ba, bb;
+    unsigned char sa[KEEL_DATA_ITER_STATE_BYTES], sb[sizeof sa];
+    write_tab(p, 40, 2, H5T_IEEE_F32LE, 40, H5T_STD_I32LE, -1, 0, -1);
+    ck_assert_int_eq(open_tab(p, 1, 40, 5, &big), KEEL_OK);
+    ck_assert_int_eq(open_tab(p, 0, 0, 5, &whole), KEEL_OK);
+    keel_data_iter_config_init(&ic);
+    ic.global_batch_size = 8;
+    ic.seed = 3;
+    ck_assert_int_eq(keel_data_iter_new(big, &ic, &a), KEEL_OK);
+    ck_assert_int_eq(keel_data_iter_new(whole, &ic, &b), KEEL_OK);
+    for (int step = 0; step < 12; step++) {
+        ck_assert_int_eq(keel_data_iter_next(a, &ba), KEEL_OK);
+        ck_assert_int_eq(keel_data_iter_next(b, &bb), KEEL_OK);
+        ck_assert(memcmp(ba.x, bb.x, ba.n * 2 * sizeof(float)) == 0);
+    }
+    ck_assert_int_eq(keel_data_iter_get_state(a, sa, sizeof sa, NULL),
+                     KEEL_OK);
+    ck_assert_int_eq(keel_data_iter_get_state(b, sb, sizeof sb, NULL),
+                     KEEL_OK);
+    ck_assert(memcmp(sa, sb, sizeof sa) == 0);
+    ck_assert_int_eq(sa[4], 1);          /* version 1, as before blocks */
+    keel_data_iter_free(a);
+    keel_data_iter_free(b);
+    keel_dataset_free(big);
+    keel_dataset_free(whole);
 }
 END_TEST
 
@@ -2953,6 +3188,10 @@ train_suite(void)
         test_idx_reader_rejects_corrupt_files,
         test_h5_reader_reads_uint8_and_float,
         test_h5_reader_rejects_corrupt_files,
+        test_h5_tabular_rows_in_memory_and_streamed,
+        test_h5_tabular_errors_name_file_dataset_and_row,
+        test_streamed_iterator_matches_in_memory_and_resumes,
+        test_block_as_large_as_the_set_is_the_whole_set_order,
         test_zeroed_config_structs_are_refused_by_name,
         test_iterator_shuffles_deterministically_per_epoch,
         test_worker_slices_union_to_the_global_batch,

@@ -12,6 +12,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <hdf5.h>
+
 #include <keel/keel.h>
 #include "testutil.h"
 
@@ -467,6 +469,238 @@ START_TEST(test_misfit_is_refused_and_warm_start_starts_a_new_run)
 }
 END_TEST
 
+
+/* ---- the user's data: HDF5 tabular sets ---- */
+
+static uint64_t
+rng_next(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15u);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
+    return z ^ (z >> 31);
+}
+
+static float
+rng_unit(uint64_t *x)          /* uniform in [-1, 1) */
+{
+    return (float)((double)(rng_next(x) >> 11) / 4503599627370496.0 - 1.0);
+}
+
+/* An HDF5 set at path of n rows of d float32 features uniform in [-1, 1)
+ * and labels argmax(x W) of a fixed random linear model W [d, classes]
+ * (seeded: the train and test sets share it), written 4096 rows at a
+ * time (so a set larger than memory is written in bounded memory). */
+static void
+write_linear_h5(const char *path, size_t n, size_t d, int classes,
+                uint64_t data_seed)
+{
+    const size_t chunk = 4096;
+    uint64_t ws = 12345, xs = data_seed;
+    float *w = malloc(d * (size_t)classes * sizeof *w);
+    float *x = malloc(chunk * d * sizeof *x);
+    int32_t *y = malloc(chunk * sizeof *y);
+    hsize_t xd[2] = { n, d }, yd = n;
+    hid_t f, sx, sy, dx, dy;
+    ck_assert(w != NULL && x != NULL && y != NULL);
+    for (size_t i = 0; i < d * (size_t)classes; i++)
+        w[i] = rng_unit(&ws);
+    f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    ck_assert_int_ge(f, 0);
+    sx = H5Screate_simple(2, xd, NULL);
+    sy = H5Screate_simple(1, &yd, NULL);
+    dx = H5Dcreate2(f, "x", H5T_IEEE_F32LE, sx, H5P_DEFAULT, H5P_DEFAULT,
+                    H5P_DEFAULT);
+    dy = H5Dcreate2(f, "y", H5T_STD_I32LE, sy, H5P_DEFAULT, H5P_DEFAULT,
+                    H5P_DEFAULT);
+    ck_assert(dx >= 0 && dy >= 0);
+    for (size_t r0 = 0; r0 < n; r0 += chunk) {
+        size_t rows = n - r0 < chunk ? n - r0 : chunk;
+        hsize_t start[2] = { r0, 0 }, cnt[2] = { rows, d };
+        hid_t mx = H5Screate_simple(2, cnt, NULL), my;
+        for (size_t i = 0; i < rows; i++) {
+            int best = 0;
+            float bestv = -1e30f;
+            for (size_t j = 0; j < d; j++)
+                x[i * d + j] = rng_unit(&xs);
+            for (int k = 0; k < classes; k++) {
+                float v = 0;
+                for (size_t j = 0; j < d; j++)
+                    v += x[i * d + j] * w[j * (size_t)classes + (size_t)k];
+                if (v > bestv) {
+                    bestv = v;
+                    best = k;
+                }
+            }
+            y[i] = best;
+        }
+        ck_assert_int_ge(H5Sselect_hyperslab(sx, H5S_SELECT_SET, start, NULL,
+                                             cnt, NULL), 0);
+        ck_assert_int_ge(H5Dwrite(dx, H5T_NATIVE_FLOAT, mx, sx, H5P_DEFAULT,
+                                  x), 0);
+        my = H5Screate_simple(1, cnt, NULL);
+        ck_assert_int_ge(H5Sselect_hyperslab(sy, H5S_SELECT_SET, start, NULL,
+                                             cnt, NULL), 0);
+        ck_assert_int_ge(H5Dwrite(dy, H5T_NATIVE_INT32, my, sy, H5P_DEFAULT,
+                                  y), 0);
+        H5Sclose(mx);
+        H5Sclose(my);
+    }
+    H5Dclose(dx);
+    H5Dclose(dy);
+    H5Sclose(sx);
+    H5Sclose(sy);
+    H5Fclose(f);
+    free(w);
+    free(x);
+    free(y);
+}
+
+/* job.ini for the HDF5 files train.h5 and test.h5 in tu_dir; returns its
+ * path (cfg_path is set to it too). */
+static const char *
+tabular_job(const char *model, const char *extra)
+{
+    static char path[4200];
+    char text[2048];
+    TU_SNPRINTF(text, sizeof text,
+                "[model]\ntype = %s\n%s"
+                "[data]\nformat = hdf5\ndir = %s\ntrain_file = train.h5\n"
+                "test_file = test.h5\n"
+                "[optimizer]\nname = adam\nlearning_rate = 0.02\n"
+                "[train]\nbatch_size = 64\nseed = 5\nmax_steps = 300\n"
+                "threads = 1\n"
+                "[checkpoint]\ndir = %s/run\nsave_steps = 5\n"
+                "[hooks]\nlog_every_steps = 1\nsummary_every_steps = 100\n"
+                "progress = off\n%s", model,
+                strcmp(model, "mlp") == 0 ? "hidden = 64\n" : "", tu_dir,
+                tu_dir, extra);
+    TU_SNPRINTF(path, sizeof path, "%s", tu_path("tab.ini"));
+    tu_write_file(path, text, strlen(text));
+    cfg_path = path;
+    return path;
+}
+
+/* keel train on a tabular set with 5 classes (counted from the labels)
+ * and with 100 (set): both learn the linear model well above chance,
+ * evaluate and export with the model's class count; a cnn refuses
+ * tabular data; a label beyond model.classes names file, row, value. */
+START_TEST(test_tabular_sets_of_5_and_100_classes_learn)
+{
+    static const struct { int classes; size_t n; const char *model;
+                          const char *extra; double min_acc; } cases[] = {
+        { 5, 4000, "softmax", "", 0.8 },
+        { 100, 12000, "mlp", "[model]\nclasses = 100\n", 0.1 },
+    };
+    for (size_t c = 0; c < 2; c++) {
+        const char *ini;
+        char dir[4200];
+        double acc;
+        write_linear_h5(tu_path("train.h5"), cases[c].n, 16,
+                        cases[c].classes, 1);
+        write_linear_h5(tu_path("test.h5"), 1000, 16, cases[c].classes, 2);
+        ini = tabular_job(cases[c].model, cases[c].extra);
+        TU_SNPRINTF(dir, sizeof dir, "checkpoint.dir=%s/run%zu", tu_dir, c);
+        ck_assert_msg(TU_KEEL(120000, "train", ini, "-s", dir) == 0, "%s",
+                      tu_tail(err, 2000));
+        if (c == 0)
+            ck_assert_msg(strstr(err, "model.classes = 5 from the training "
+                                 "set's labels (largest 4)") != NULL, "%s",
+                          tu_tail(err, 2000));
+        ck_assert_int_eq(TU_KEEL(60000, "eval", ini, "-s", dir, "--json"),
+                         0);
+        acc = tu_json_number(out, "accuracy");
+        ck_assert_msg(acc > cases[c].min_acc, "%d classes: accuracy %g "
+                      "(chance %g)", cases[c].classes, acc,
+                      1.0 / cases[c].classes);
+    }
+    /* the architecture records 100 classes: keel eval DIR rebuilds it */
+    ck_assert_int_eq(TU_KEEL(60000, "eval", tu_path("run1")), 0);
+    ck_assert_ptr_nonnull(strstr(out, "accuracy"));
+    /* a cnn needs images */
+    tabular_job("cnn", "");
+    ck_assert_int_eq(TU_KEEL(20000, "train", cfg_path), 2);
+    ck_assert_msg(strstr(err, "model.type = cnn needs images") != NULL &&
+                  strstr(err, "tabular") != NULL, "%s", err);
+    /* labels 0..99 with model.classes = 50 */
+    tabular_job("mlp", "");
+    ck_assert_int_eq(TU_KEEL(20000, "train", cfg_path, "-s",
+                             "model.classes=50"), 1);
+    ck_assert_msg(strstr(err, "train.h5: dataset 'y' row ") != NULL &&
+                  strstr(err, "outside [0, 50)") != NULL, "%s", err);
+}
+END_TEST
+
+/* A streamed set resumes bit for bit after SIGKILL, and it gives the
+ * bits of the same set read into memory (the reference run). */
+START_TEST(test_streamed_set_resumes_bitwise_and_matches_in_memory)
+{
+    static const char *const ref[] = { "data.stream=off",
+                                       "data.shuffle_block=100", NULL };
+    static const char *const run[] = { "data.stream=on",
+                                       "data.shuffle_block=100", NULL };
+    static const char *const kills[] = { "step 13 ", NULL };
+    char *log;
+    write_linear_h5(tu_path("train.h5"), 2000, 8, 5, 1);
+    write_linear_h5(tu_path("test.h5"), 200, 8, 5, 2);
+    tabular_job("mlp", "");
+    check_kill_and_resume(ref, run, run, "killed", kills,
+                          "model.ckpt-300.h5");
+    log = tu_read_file(tu_path("killed.log"), NULL);
+    ck_assert_msg(strstr(log, "streamed in blocks of 100 rows") != NULL,
+                  "%s", tu_tail(log, 2000));
+    free(log);
+}
+END_TEST
+
+/* A set larger than the process may map trains streamed (data.stream =
+ * auto) and fails read into memory with an error that says so. Not under
+ * the sanitizers, whose shadow memory needs more address space. */
+START_TEST(test_set_larger_than_memory_trains_streamed)
+{
+    const long limit_mb = 520;  /* keel train's peak (OpenBLAS's buffer
+                                 * included) and some room */
+    char sh[256], dir[4200];
+    char *argv[16];
+    int rc, n = 0;
+    if (getenv("ASAN_OPTIONS") != NULL)
+        return;
+    /* 576 MiB of features: more than the address-space limit */
+    write_linear_h5(tu_path("train.h5"), 294912, 512, 5, 1);
+    write_linear_h5(tu_path("test.h5"), 500, 512, 5, 2);
+    ck_assert_int_gt(tu_file_size(tu_path("train.h5")), limit_mb << 20);
+    tabular_job("softmax", "");
+    TU_SNPRINTF(sh, sizeof sh, "ulimit -v %ld && exec \"$0\" \"$@\"",
+                limit_mb << 10);
+    TU_SNPRINTF(dir, sizeof dir, "checkpoint.dir=%s/big", tu_dir);
+    argv[n++] = "/bin/sh";
+    argv[n++] = "-c";
+    argv[n++] = sh;
+    argv[n++] = (char *)tu_build_path("keel");
+    argv[n++] = "train";
+    argv[n++] = (char *)cfg_path;
+    argv[n++] = "-s";
+    argv[n++] = dir;
+    argv[n++] = "-s";
+    argv[n++] = "train.max_steps=40";
+    argv[n++] = "-s";
+    argv[n++] = "data.memory_budget_mb=64";
+    argv[n] = NULL;
+    rc = tu_run(argv, NULL, 120000, out, sizeof out, err, sizeof err);
+    ck_assert_msg(rc == 0, "exit %d: %s", rc, tu_tail(err, 2000));
+    ck_assert_ptr_nonnull(strstr(err, "streamed in blocks of 4096 rows"));
+    ck_assert_int_ge(tu_file_size(tu_path("big/model.ckpt-40.h5")), 1);
+    /* read into memory it does not fit */
+    argv[n++] = "-s";
+    argv[n++] = "data.stream=off";
+    argv[n] = NULL;
+    rc = tu_run(argv, NULL, 120000, out, sizeof out, err, sizeof err);
+    ck_assert_msg(rc == 1 || rc == 2, "exit %d: %s", rc, tu_tail(err, 2000));
+    ck_assert_msg(strstr(err, "data.stream") != NULL, "%s",
+                  tu_tail(err, 2000));
+}
+END_TEST
+
 static Suite *
 train_cli_suite(void)
 {
@@ -484,6 +718,10 @@ train_cli_suite(void)
         test_nan_loss_stops_naming_the_step_and_keeps_the_last_good,
         test_final_checkpoint_that_cannot_be_written_fails_the_run,
         test_misfit_is_refused_and_warm_start_starts_a_new_run));
+    tu_tcase(s, "userdata", 300, tu_setup, tu_teardown, TU_TESTS(
+        test_tabular_sets_of_5_and_100_classes_learn,
+        test_streamed_set_resumes_bitwise_and_matches_in_memory,
+        test_set_larger_than_memory_trains_streamed));
     return s;
 }
 

@@ -8,6 +8,8 @@ keel_SOURCES += tools/cmd_config.c tools/cmd_train.c tools/cmd_eval.c \
 
 if HAVE_CHECK
 SUITES += tests/it_train
+tests_it_train_CFLAGS = $(TEST_CFLAGS) $(HDF5_CFLAGS)
+tests_it_train_LDADD = $(TEST_LIBS) $(HDF5_LIBS)
 
 # it_mpi: multi_worker_mirrored under mpirun and keel launch (skipped
 # without MPI).

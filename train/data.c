@@ -27,13 +27,36 @@ KEEL__VECTORIZE_FILE
 #define IDX_MAX_BYTES ((size_t)4 << 30)   /* 4 GiB uncompressed */
 #define MAX_SIDE 65536
 
+/* A streamed HDF5 set's open file and its bounded buffer: STREAM_SLOTS
+ * blocks of rows rows each, the least recently used one replaced on a
+ * miss. Reading positions that advance through a shuffled epoch (each
+ * block's rows contiguous in it) reads every block once per epoch. */
+#define STREAM_SLOTS 2
+typedef struct stream_state {
+    char *path;
+    hid_t f, dx;
+    hsize_t xd[8];
+    int is_u8;
+    size_t rows;                 /* rows per block */
+    size_t block[STREAM_SLOTS];  /* SIZE_MAX: empty */
+    uint64_t used[STREAM_SLOTS], clock;
+    float *buf[STREAM_SLOTS];
+    uint8_t *u8;                 /* uint8 staging of one block */
+    uint64_t reads;              /* blocks read so far */
+} stream_state;
+
 struct keel_dataset {
     size_t n;
+    int rank;              /* of the file's examples: 2 tabular, 3 or 4 */
     int64_t h, w, c;
     size_t esize;          /* h*w*c */
     uint8_t *x8;           /* either pixels (scaled by 1/255) */
     float *xf;             /* or floats */
     int32_t *y;
+    int64_t max_label;     /* -1: no labels */
+    size_t block_rows;     /* shuffle block; 0: the whole set */
+    int streamed;          /* x is read by blocks through st */
+    stream_state st;
 };
 
 void
@@ -41,10 +64,44 @@ keel_dataset_free(keel_dataset *ds)
 {
     if (ds == NULL)
         return;
+    if (ds->streamed || ds->st.path != NULL) {
+        keel__h5_lock();
+        keel__h5_close(ds->st.dx);
+        keel__h5_close(ds->st.f);
+        keel__h5_unlock();
+    }
+    for (int k = 0; k < STREAM_SLOTS; k++)
+        free(ds->st.buf[k]);
+    free(ds->st.u8);
+    free(ds->st.path);
     free(ds->x8);
     free(ds->xf);
     free(ds->y);
     free(ds);
+}
+
+int
+keel_dataset_rank(const keel_dataset *ds)
+{
+    return ds != NULL ? ds->rank : 0;
+}
+
+int64_t
+keel_dataset_max_label(const keel_dataset *ds)
+{
+    return ds != NULL ? ds->max_label : -1;
+}
+
+int
+keel_dataset_is_streamed(const keel_dataset *ds)
+{
+    return ds != NULL && ds->streamed;
+}
+
+uint64_t
+keel_dataset_blocks_read(const keel_dataset *ds)
+{
+    return ds != NULL ? ds->st.reads : 0;
 }
 
 size_t
@@ -78,14 +135,21 @@ u8_to_float(const uint8_t *restrict p, float *restrict x, size_t n)
         x[j] = (float)p[j] / 255.0f;     /* like numpy's x/np.float32(255) */
 }
 
-static void
+static keel_status stream_example(keel_dataset *ds, size_t i, float *x);
+
+/* A streamed dataset's block buffer changes on reads: the handle is not
+ * thread-safe (keel/train.h), and its const is the caller's view. */
+static keel_status
 copy_example(const keel_dataset *ds, size_t i, float *x)
 {
+    if (ds->streamed)
+        return stream_example((keel_dataset *)ds, i, x);
     if (ds->x8 != NULL) {
         u8_to_float(ds->x8 + i * ds->esize, x, ds->esize);
     } else {
         memcpy(x, ds->xf + i * ds->esize, ds->esize * sizeof *x);
     }
+    return KEEL_OK;
 }
 
 keel_status
@@ -96,10 +160,9 @@ keel_dataset_get(const keel_dataset *ds, size_t i, float *x, int32_t *y)
     if (i >= ds->n)
         return keel__fail(KEEL_EINVAL, "dataset get: example %zu of %zu", i,
                           ds->n);
-    copy_example(ds, i, x);
     if (y != NULL)
         *y = ds->y[i];
-    return KEEL_OK;
+    return copy_example(ds, i, x);
 }
 
 /* ---- IDX ---------------------------------------------------------------- */
@@ -243,9 +306,14 @@ idx_dataset(uint8_t **img, size_t n, size_t rows, size_t cols,
     ds->h = (int64_t)rows;
     ds->w = (int64_t)cols;
     ds->c = 1;
+    ds->rank = 3;
     ds->esize = rows * cols;
-    for (size_t i = 0; i < n; i++)
+    ds->max_label = -1;
+    for (size_t i = 0; i < n; i++) {
         ds->y[i] = labels != NULL ? labels[i] : -1;
+        if (ds->y[i] > ds->max_label)
+            ds->max_label = ds->y[i];
+    }
     memmove(*img, *img + 16, n * rows * cols);
     ds->x8 = *img;
     *img = NULL;
@@ -326,13 +394,17 @@ out:
 
 /* ---- HDF5 --------------------------------------------------------------- */
 
+#define H5_MAX_FEATURES ((hsize_t)1 << 24)
+#define H5_LABEL_CHUNK ((size_t)65536)
+
 /* An HDF5 data file being read: its 'x' and, where there is one, 'y'
  * with their dataspaces and types (H5I_INVALID_HID where not open). */
 typedef struct h5_src {
     const char *path;
     hid_t f, dx, dy, sx, sy, tx, ty;
-    hsize_t xd[8];                /* 'x' as [N, H, W, C] */
-    int is_u8;                    /* 'x' is uint8 pixels, else float32 */
+    int rank;                     /* of 'x': 2 (tabular) or 3, 4 */
+    hsize_t xd[8];                /* 'x' as [N, H, W, C] ([N, D, 1, 1]) */
+    int is_u8;                    /* 'x' is uint8 pixels, else floats */
 } h5_src;
 
 static void
@@ -375,168 +447,285 @@ h5_src_open(h5_src *s, int need_y)
     return KEEL_OK;
 }
 
-/* 'x' is [N,H,W] or [N,H,W,C] within bounds, 'y' (if any) [N]. */
+/* 'x' is [N,D], [N,H,W] or [N,H,W,C] within bounds, 'y' (if any) [N]. */
 static keel_status
 h5_check_shape(h5_src *s)
 {
     hsize_t yd[8], *xd = s->xd;
     int xr = H5Sget_simple_extent_ndims(s->sx);
     int yr = s->dy >= 0 ? H5Sget_simple_extent_ndims(s->sy) : 1;
-    if (xr < 3 || xr > 4 || yr != 1)
-        return keel__fail(KEEL_ECORRUPT, "HDF5 data file %s: 'x' must be "
-                          "[N,H,W] or [N,H,W,C] and 'y' [N] (ranks are %d "
-                          "and %d)", s->path, xr, yr);
+    if (xr < 2 || xr > 4 || yr != 1)
+        return keel__fail(KEEL_ECORRUPT, "HDF5 data file %s: dataset 'x' "
+                          "must be [N,D], [N,H,W] or [N,H,W,C] and 'y' [N] "
+                          "(ranks are %d and %d)", s->path, xr, yr);
+    s->rank = xr;
     H5Sget_simple_extent_dims(s->sx, xd, NULL);
     if (s->dy >= 0)
         H5Sget_simple_extent_dims(s->sy, yd, NULL);
     else
         yd[0] = xd[0];
-    if (xr == 3)
-        xd[3] = 1;
-    if (xd[0] < 1 || xd[0] > INT32_MAX || xd[1] < 1 || xd[1] > MAX_SIDE ||
-        xd[2] < 1 || xd[2] > MAX_SIDE || xd[3] < 1 || xd[3] > 4096)
-        return keel__fail(KEEL_ECORRUPT, "HDF5 data file %s: 'x' has bad "
-                          "dimensions", s->path);
+    if (xr == 2) {
+        if (xd[0] < 1 || xd[0] > INT32_MAX || xd[1] < 1 ||
+            xd[1] > H5_MAX_FEATURES)
+            return keel__fail(KEEL_ECORRUPT, "HDF5 data file %s: dataset "
+                              "'x' [%llu, %llu] has bad dimensions (rows "
+                              "1..%d, features 1..%llu)", s->path,
+                              (unsigned long long)xd[0],
+                              (unsigned long long)xd[1], INT32_MAX,
+                              (unsigned long long)H5_MAX_FEATURES);
+        xd[2] = xd[3] = 1;
+    } else {
+        if (xr == 3)
+            xd[3] = 1;
+        if (xd[0] < 1 || xd[0] > INT32_MAX || xd[1] < 1 ||
+            xd[1] > MAX_SIDE || xd[2] < 1 || xd[2] > MAX_SIDE || xd[3] < 1 ||
+            xd[3] > 4096)
+            return keel__fail(KEEL_ECORRUPT, "HDF5 data file %s: dataset "
+                              "'x' has bad dimensions", s->path);
+    }
     if (yd[0] != xd[0])
-        return keel__fail(KEEL_ECORRUPT, "HDF5 data file %s: 'x' has %llu "
-                          "examples but 'y' has %llu labels", s->path,
-                          (unsigned long long)xd[0],
+        return keel__fail(KEEL_ECORRUPT, "HDF5 data file %s: dataset 'x' "
+                          "has %llu rows but dataset 'y' has %llu labels",
+                          s->path, (unsigned long long)xd[0],
                           (unsigned long long)yd[0]);
     return KEEL_OK;
 }
 
-/* 'x' is float32 or uint8 (sets is_u8), 'y' an integer type. */
+static const char *
+h5_class_name(hid_t t)
+{
+    switch (H5Tget_class(t)) {
+    case H5T_INTEGER: return "integers";
+    case H5T_FLOAT:   return "floating-point numbers";
+    case H5T_STRING:  return "strings";
+    case H5T_COMPOUND: return "compound records";
+    default:          return "a non-numeric type";
+    }
+}
+
+/* 'x' is float32/float64 (any rank) or uint8 (images only; sets is_u8),
+ * 'y' an integer type. */
 static keel_status
 h5_check_types(h5_src *s)
 {
-    if (H5Tget_class(s->tx) == H5T_FLOAT && H5Tget_size(s->tx) == 4) {
+    if (H5Tget_class(s->tx) == H5T_FLOAT &&
+        (H5Tget_size(s->tx) == 4 || H5Tget_size(s->tx) == 8)) {
         s->is_u8 = 0;
-    } else if (H5Tget_class(s->tx) == H5T_INTEGER &&
+    } else if (s->rank > 2 && H5Tget_class(s->tx) == H5T_INTEGER &&
                H5Tget_size(s->tx) == 1 &&
                H5Tget_sign(s->tx) == H5T_SGN_NONE) {
         s->is_u8 = 1;
+    } else if (s->rank == 2) {
+        return keel__fail(KEEL_ECORRUPT, "HDF5 data file %s: dataset 'x' "
+                          "holds %s (%zu bytes each); tabular features "
+                          "[N,D] must be float32 or float64", s->path,
+                          h5_class_name(s->tx), H5Tget_size(s->tx));
     } else {
-        return keel__fail(KEEL_ECORRUPT, "HDF5 data file %s: 'x' must be "
-                          "float32 or uint8", s->path);
+        return keel__fail(KEEL_ECORRUPT, "HDF5 data file %s: dataset 'x' "
+                          "holds %s (%zu bytes each); images must be "
+                          "float32, float64 or uint8", s->path,
+                          h5_class_name(s->tx), H5Tget_size(s->tx));
     }
     if (s->dy >= 0 && H5Tget_class(s->ty) != H5T_INTEGER)
-        return keel__fail(KEEL_ECORRUPT, "HDF5 data file %s: 'y' must be an "
-                          "integer type", s->path);
+        return keel__fail(KEEL_ECORRUPT, "HDF5 data file %s: dataset 'y' "
+                          "holds %s; labels must be an integer type "
+                          "(class indices 0..classes-1)", s->path,
+                          h5_class_name(s->ty));
     return KEEL_OK;
 }
 
-/* ds's shape from 'x', and its pixel (or float) and label arrays; labels
- * gets room for the file's int64 labels. */
+/* ds's shape from 'x' and its label array; with in_memory its pixel (or
+ * float) array too. */
 static keel_status
-h5_alloc(const h5_src *s, keel_dataset *ds, int64_t **labels)
+h5_alloc(const h5_src *s, keel_dataset *ds, int in_memory)
 {
     size_t n = (size_t)s->xd[0], count;
     ds->n = n;
+    ds->rank = s->rank;
     ds->h = (int64_t)s->xd[1];
     ds->w = (int64_t)s->xd[2];
     ds->c = (int64_t)s->xd[3];
     ds->esize = (size_t)(s->xd[1] * s->xd[2] * s->xd[3]);
-    if (ds->esize > KEEL_TENSOR_MAX_BYTES / 4 / n)
-        return keel__fail(KEEL_ECORRUPT, "HDF5 data file %s: 'x' too large",
+    if (ds->esize > KEEL_TENSOR_MAX_BYTES / 4 / (in_memory ? n : 1))
+        return keel__fail(KEEL_ECORRUPT, "HDF5 data file %s: dataset 'x' "
+                          "too large to read into memory (set data.stream)",
                           s->path);
     count = n * ds->esize;
-    *labels = malloc(n * sizeof **labels);
     ds->y = malloc(n * sizeof *ds->y);
-    if (s->is_u8)
+    if (in_memory && s->is_u8)
         ds->x8 = malloc(count);
-    else
+    else if (in_memory)
         ds->xf = malloc(count * sizeof(float));
-    if (*labels == NULL || ds->y == NULL ||
-        (ds->x8 == NULL && ds->xf == NULL))
-        return keel__fail(KEEL_ENOMEM, "HDF5 data file %s: %zu values",
-                          s->path, count);
+    if (ds->y == NULL || (in_memory && ds->x8 == NULL && ds->xf == NULL))
+        return keel__fail(KEEL_ENOMEM, "HDF5 data file %s: %zu values of "
+                          "dataset 'x' (%zu bytes); set data.stream = on "
+                          "to read it in blocks", s->path, count,
+                          count * (s->is_u8 ? 1 : sizeof(float)));
     return KEEL_OK;
 }
 
+/* Rows [r0, r0 + rows) of 'x' into buf (uint8 or native floats). */
 static keel_status
-h5_read_values(const h5_src *s, keel_dataset *ds, int64_t *labels)
+h5_read_rows(const char *path, hid_t dx, int rank, const hsize_t *xd,
+             int is_u8, size_t r0, size_t rows, void *buf)
 {
-    if (H5Dread(s->dx, s->is_u8 ? H5T_NATIVE_UINT8 : H5T_NATIVE_FLOAT,
-                H5S_ALL, H5S_ALL, H5P_DEFAULT,
-                s->is_u8 ? (void *)ds->x8 : (void *)ds->xf) < 0 ||
-        (s->dy >= 0 && H5Dread(s->dy, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL,
-                               H5P_DEFAULT, labels) < 0))
-        return keel__fail(KEEL_ECORRUPT, "HDF5 data file %s: H5Dread failed "
-                          "(corrupt data)", s->path);
+    hsize_t start[4] = { r0, 0, 0, 0 }, count[4];
+    hid_t fs = H5I_INVALID_HID, ms = H5I_INVALID_HID;
+    herr_t rc = -1;
+    count[0] = rows;
+    for (int d = 1; d < rank; d++)
+        count[d] = xd[d];
+    fs = H5Dget_space(dx);
+    ms = H5Screate_simple(rank, count, NULL);
+    if (fs >= 0 && ms >= 0 &&
+        H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, NULL, count,
+                            NULL) >= 0)
+        rc = H5Dread(dx, is_u8 ? H5T_NATIVE_UINT8 : H5T_NATIVE_FLOAT, ms, fs,
+                     H5P_DEFAULT, buf);
+    keel__h5_close(ms);
+    keel__h5_close(fs);
+    if (rc < 0)
+        return keel__fail(KEEL_ECORRUPT, "HDF5 data file %s: reading rows "
+                          "%zu..%zu of dataset 'x' failed (corrupt data)",
+                          path, r0, r0 + rows - 1);
     return KEEL_OK;
 }
 
-/* ds->y from the file's labels, each in [0, num_classes); -1 for inputs
- * without labels. */
+/* Every value of rows [r0, r0 + rows) (floats at xf) is finite. */
 static keel_status
-h5_set_labels(const h5_src *s, keel_dataset *ds, const int64_t *labels,
-              int num_classes)
+check_finite_rows(const char *path, const float *xf, size_t r0, size_t rows,
+                  size_t esize)
 {
-    for (size_t i = 0; i < ds->n && s->dy >= 0; i++) {
-        if (labels[i] < 0 || labels[i] >= num_classes)
-            return keel__fail(KEEL_ECORRUPT, "HDF5 data file %s: label %lld "
-                              "of example %zu outside [0, %d)", s->path,
-                              (long long)labels[i], i, num_classes);
-        ds->y[i] = (int32_t)labels[i];
-    }
-    for (size_t i = 0; i < ds->n && s->dy < 0; i++)
-        ds->y[i] = -1;
+    for (size_t i = 0; i < rows * esize; i++)
+        if (!isfinite(xf[i]))
+            return keel__fail(KEEL_ECORRUPT, "HDF5 data file %s: dataset "
+                              "'x' row %zu, value %zu is %s (features must "
+                              "be finite)", path, r0 + i / esize, i % esize,
+                              isnan(xf[i]) ? "NaN" : "infinite");
     return KEEL_OK;
 }
 
+/* ds->y from the file's labels in blocks, each in [0, num_classes), and
+ * ds->max_label; -1 each for inputs without labels. */
 static keel_status
-h5_check_finite(const char *path, const keel_dataset *ds)
+h5_read_labels(const h5_src *s, keel_dataset *ds, int64_t num_classes)
 {
-    size_t count = ds->n * ds->esize;
-    if (ds->xf == NULL)
+    int64_t *buf;
+    keel_status st = KEEL_OK;
+    ds->max_label = -1;
+    if (s->dy < 0) {
+        for (size_t i = 0; i < ds->n; i++)
+            ds->y[i] = -1;
         return KEEL_OK;
-    for (size_t i = 0; i < count; i++)
-        if (!isfinite(ds->xf[i]))
-            return keel__fail(KEEL_ECORRUPT, "HDF5 data file %s: 'x' value "
-                              "%zu is not finite", path, i);
-    return KEEL_OK;
+    }
+    buf = malloc(H5_LABEL_CHUNK * sizeof *buf);
+    if (buf == NULL)
+        return keel__fail(KEEL_ENOMEM, "HDF5 data file %s: labels", s->path);
+    for (size_t r0 = 0; r0 < ds->n && st == KEEL_OK; r0 += H5_LABEL_CHUNK) {
+        size_t rows = ds->n - r0 < H5_LABEL_CHUNK ? ds->n - r0
+                                                  : H5_LABEL_CHUNK;
+        hsize_t start = r0, count = rows;
+        hid_t fs = H5Dget_space(s->dy), ms = H5Screate_simple(1, &count,
+                                                               NULL);
+        herr_t rc = -1;
+        if (fs >= 0 && ms >= 0 &&
+            H5Sselect_hyperslab(fs, H5S_SELECT_SET, &start, NULL, &count,
+                                NULL) >= 0)
+            rc = H5Dread(s->dy, H5T_NATIVE_INT64, ms, fs, H5P_DEFAULT, buf);
+        keel__h5_close(ms);
+        keel__h5_close(fs);
+        if (rc < 0) {
+            st = keel__fail(KEEL_ECORRUPT, "HDF5 data file %s: reading "
+                            "dataset 'y' failed (corrupt data)", s->path);
+            break;
+        }
+        for (size_t i = 0; i < rows; i++) {
+            if (buf[i] < 0 || buf[i] >= num_classes) {
+                st = keel__fail(KEEL_ECORRUPT, "HDF5 data file %s: dataset "
+                                "'y' row %zu: label %lld outside [0, %lld)",
+                                s->path, r0 + i, (long long)buf[i],
+                                (long long)num_classes);
+                break;
+            }
+            ds->y[r0 + i] = (int32_t)buf[i];
+            if (buf[i] > ds->max_label)
+                ds->max_label = buf[i];
+        }
+    }
+    free(buf);
+    return st;
 }
 
-/* ds from the HDF5 file at path: open and check its headers, then read,
- * then check the values. */
+/* ds from the HDF5 file at path: open and check its headers, read the
+ * labels, then 'x' whole (checking its values) or, streamed, keep the
+ * file open for block reads. */
 static keel_status
-h5_read_dataset(const char *path, int num_classes, keel_dataset *ds,
-                int need_y)
+h5_read_dataset(const char *path, const keel_dataset_h5_config *cfg,
+                keel_dataset *ds, int need_y)
 {
     h5_src s = { .path = path, .f = H5I_INVALID_HID,
                  .dx = H5I_INVALID_HID, .dy = H5I_INVALID_HID,
                  .sx = H5I_INVALID_HID, .sy = H5I_INVALID_HID,
                  .tx = H5I_INVALID_HID, .ty = H5I_INVALID_HID };
-    int64_t *labels = NULL;
     keel_status st = h5_src_open(&s, need_y);
     if (st == KEEL_OK)
         st = h5_check_shape(&s);
     if (st == KEEL_OK)
         st = h5_check_types(&s);
     if (st == KEEL_OK)
-        st = h5_alloc(&s, ds, &labels);
+        st = h5_alloc(&s, ds, !cfg->stream);
     if (st == KEEL_OK)
-        st = h5_read_values(&s, ds, labels);
-    if (st == KEEL_OK)
-        st = h5_set_labels(&s, ds, labels, num_classes);
-    if (st == KEEL_OK)
-        st = h5_check_finite(path, ds);
-    free(labels);
+        st = h5_read_labels(&s, ds, cfg->num_classes);
+    if (st == KEEL_OK && !cfg->stream) {
+        st = h5_read_rows(path, s.dx, s.rank, s.xd, s.is_u8, 0, ds->n,
+                          s.is_u8 ? (void *)ds->x8 : (void *)ds->xf);
+        if (st == KEEL_OK && ds->xf != NULL)
+            st = check_finite_rows(path, ds->xf, 0, ds->n, ds->esize);
+    }
+    if (st == KEEL_OK && cfg->stream) {
+        ds->st.path = strdup(path);
+        ds->st.rows = (size_t)cfg->block_rows;
+        ds->st.is_u8 = s.is_u8;
+        memcpy(ds->st.xd, s.xd, sizeof s.xd);
+        for (int k = 0; k < STREAM_SLOTS; k++) {
+            ds->st.block[k] = SIZE_MAX;
+            ds->st.buf[k] = malloc(ds->st.rows * ds->esize * sizeof(float));
+            if (ds->st.buf[k] == NULL)
+                st = keel__fail(KEEL_ENOMEM, "HDF5 data file %s: block "
+                                "buffer of %zu rows", path, ds->st.rows);
+        }
+        if (s.is_u8 && st == KEEL_OK &&
+            (ds->st.u8 = malloc(ds->st.rows * ds->esize)) == NULL)
+            st = keel__fail(KEEL_ENOMEM, "HDF5 data file %s: block buffer",
+                            path);
+        if (ds->st.path == NULL && st == KEEL_OK)
+            st = keel__fail(KEEL_ENOMEM, "HDF5 data file %s", path);
+        if (st == KEEL_OK) {        /* the dataset keeps file and 'x' */
+            ds->st.f = s.f;
+            ds->st.dx = s.dx;
+            s.f = s.dx = H5I_INVALID_HID;
+            ds->streamed = 1;
+        }
+    }
+    if (cfg->block_rows > 0 && (uint64_t)cfg->block_rows < ds->n)
+        ds->block_rows = (size_t)cfg->block_rows;
     h5_src_close(&s);
     return st;
 }
 
 /* h5_read_dataset into a new dataset, under keel's HDF5 lock. */
 static keel_status
-h5_open(const char *path, int num_classes, int need_y, keel_dataset **out)
+h5_open(const char *path, const keel_dataset_h5_config *cfg, int need_y,
+        keel_dataset **out)
 {
     keel_dataset *ds = calloc(1, sizeof *ds);
     keel_status st;
     if (ds == NULL)
         return keel__fail(KEEL_ENOMEM, "dataset %s", path);
+    ds->st.f = ds->st.dx = H5I_INVALID_HID;
     keel__h5_lock();
     H5E_BEGIN_TRY {
-        st = h5_read_dataset(path, num_classes, ds, need_y);
+        st = h5_read_dataset(path, cfg, ds, need_y);
     } H5E_END_TRY;
     keel__h5_unlock();
     if (st != KEEL_OK) {
@@ -547,20 +736,103 @@ h5_open(const char *path, int num_classes, int need_y, keel_dataset **out)
     return KEEL_OK;
 }
 
+/* Block b of a streamed dataset in one of its slots (read on a miss,
+ * into the least recently used slot): the slot's floats. */
+static keel_status
+stream_block(keel_dataset *ds, size_t b, const float **out)
+{
+    stream_state *t = &ds->st;
+    size_t r0 = b * t->rows, rows = ds->n - r0 < t->rows ? ds->n - r0
+                                                         : t->rows;
+    keel_status st;
+    int k;
+    for (k = 0; k < STREAM_SLOTS; k++)
+        if (t->block[k] == b) {
+            t->used[k] = ++t->clock;
+            *out = t->buf[k];
+            return KEEL_OK;
+        }
+    k = t->used[0] <= t->used[1] ? 0 : 1;
+    t->block[k] = SIZE_MAX;
+    keel__h5_lock();
+    H5E_BEGIN_TRY {
+        st = h5_read_rows(t->path, t->dx, ds->rank, t->xd, t->is_u8, r0,
+                          rows, t->is_u8 ? (void *)t->u8 : (void *)t->buf[k]);
+    } H5E_END_TRY;
+    keel__h5_unlock();
+    if (st != KEEL_OK)
+        return st;
+    if (t->is_u8)
+        u8_to_float(t->u8, t->buf[k], rows * ds->esize);
+    else if ((st = check_finite_rows(t->path, t->buf[k], r0, rows,
+                                     ds->esize)) != KEEL_OK)
+        return st;
+    t->block[k] = b;
+    t->used[k] = ++t->clock;
+    t->reads++;
+    *out = t->buf[k];
+    return KEEL_OK;
+}
+
+static keel_status
+stream_example(keel_dataset *ds, size_t i, float *x)
+{
+    const float *blk;
+    keel_status st = stream_block(ds, i / ds->st.rows, &blk);
+    if (st == KEEL_OK)
+        memcpy(x, blk + (i % ds->st.rows) * ds->esize,
+               ds->esize * sizeof *x);
+    return st;
+}
+
+void
+keel_dataset_h5_config_init(keel_dataset_h5_config *cfg)
+{
+    KEEL__STRUCT_INIT(cfg);
+    cfg->num_classes = KEEL_DATASET_MAX_CLASSES;
+    cfg->stream = 0;
+    cfg->block_rows = 0;
+}
+
 keel_status
-keel_dataset_open_h5(const char *path, int num_classes, keel_dataset **out)
+keel_dataset_open_h5_config(const char *path,
+                            const keel_dataset_h5_config *cfg,
+                            keel_dataset **out)
 {
     if (out == NULL)
         return keel__fail(KEEL_EINVAL, "dataset: out is NULL");
     *out = NULL;
-    if (path == NULL)
-        return keel__fail(KEEL_EINVAL, "dataset: NULL path");
+    if (path == NULL || cfg == NULL)
+        return keel__fail(KEEL_EINVAL, "dataset: NULL argument");
+    if (KEEL__STRUCT_CHECK(cfg, keel_dataset_h5_config) != KEEL_OK)
+        return keel__wrap(KEEL_EINVAL, "dataset %s", path);
+    if (cfg->num_classes < 2 || cfg->num_classes > INT32_MAX)
+        return keel__fail(KEEL_EINVAL, "dataset %s: num_classes %lld outside "
+                          "2..%d", path, (long long)cfg->num_classes,
+                          INT32_MAX);
+    if (cfg->block_rows < 0 || cfg->block_rows > INT32_MAX ||
+        (cfg->stream && cfg->block_rows < 1))
+        return keel__fail(KEEL_EINVAL, "dataset %s: block_rows %lld outside "
+                          "%d..%d", path, (long long)cfg->block_rows,
+                          cfg->stream ? 1 : 0, INT32_MAX);
+    if (access(path, R_OK) != 0)
+        return open_fail(path, "HDF5 data");
+    return h5_open(path, cfg, 1, out);
+}
+
+keel_status
+keel_dataset_open_h5(const char *path, int num_classes, keel_dataset **out)
+{
+    keel_dataset_h5_config cfg;
+    if (out == NULL)
+        return keel__fail(KEEL_EINVAL, "dataset: out is NULL");
+    *out = NULL;
     if (num_classes < 2)
         return keel__fail(KEEL_EINVAL, "dataset: num_classes %d < 2",
                           num_classes);
-    if (access(path, R_OK) != 0)
-        return open_fail(path, "HDF5 data");
-    return h5_open(path, num_classes, 1, out);
+    keel_dataset_h5_config_init(&cfg);
+    cfg.num_classes = num_classes;
+    return keel_dataset_open_h5_config(path, &cfg, out);
 }
 
 /* ---- inputs of any supported format (keel predict) ---------------------- */
@@ -688,6 +960,8 @@ open_npy(const char *path, const uint8_t *b, size_t len, keel_dataset **out)
     ds->h = (int64_t)dims[1];
     ds->w = (int64_t)dims[2];
     ds->c = (int64_t)dims[3];
+    ds->rank = ndim;
+    ds->max_label = -1;
     ds->esize = esize;
     memcpy(is_u8 ? (void *)ds->x8 : (void *)ds->xf, b + off, bytes);
     for (size_t i = 0; i < n; i++)
@@ -718,7 +992,12 @@ keel_dataset_open_inputs(const char *path, keel_dataset **out)
     len = fread(sig, 1, sizeof sig, f);
     fclose(f);
     if (len == 8 && memcmp(sig, "\211HDF\r\n\032\n", 8) == 0)
-        return h5_open(path, INT32_MAX, 0, out);
+    {
+        keel_dataset_h5_config hc;
+        keel_dataset_h5_config_init(&hc);
+        hc.num_classes = INT32_MAX;
+        return h5_open(path, &hc, 0, out);
+    }
     st = read_maybe_gz(path, "input", &b, &len);
     if (st != KEEL_OK)
         return st;
@@ -818,7 +1097,10 @@ keel_data_iter_new(const keel_dataset *ds, const keel_data_iter_config *cfg,
     it->steps_per_epoch = cfg->drop_remainder ? n / b : (n + b - 1) / b;
     it->epoch_end = cfg->drop_remainder ? it->steps_per_epoch * b : n;
     it->cap = (size_t)(b / cfg->num_workers + 1);
-    it->perm = malloc((size_t)n * sizeof *it->perm);
+    /* n rows, then (block shuffle) one entry per block */
+    it->perm = malloc(((size_t)n + (ds->block_rows > 0
+                                    ? (size_t)n / ds->block_rows + 1 : 0)) *
+                      sizeof *it->perm);
     it->x = keel_aligned_alloc(it->cap * ds->esize * sizeof(float));
     it->y = malloc(it->cap * sizeof *it->y);
     if (it->perm == NULL || it->x == NULL || it->y == NULL) {
@@ -829,23 +1111,56 @@ keel_data_iter_new(const keel_dataset *ds, const keel_data_iter_config *cfg,
     return KEEL_OK;
 }
 
+/* perm[0..n) shuffled in place by Fisher-Yates from seed. */
+static void
+shuffle(uint32_t *perm, size_t n, uint64_t seed)
+{
+    keel__rng r;
+    keel__rng_seed(&r, seed);
+    for (size_t i = n - 1; n > 1 && i > 0; i--) {
+        size_t j = (size_t)keel__rng_below(&r, (uint64_t)i + 1);
+        uint32_t t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+}
+
+/* The epoch's order of the examples, a function of (seed, epoch) and the
+ * dataset's shuffle block R alone. R = 0 (the whole set): one
+ * Fisher-Yates shuffle of all rows. Otherwise the blocks of R consecutive
+ * rows (the last one shorter) in a shuffled order, each block's rows
+ * shuffled within it: block b's shuffle has the seed of the whole-set
+ * shuffle mixed with b (b = 0 unmixed), so R >= n gives the whole-set
+ * order. A streamed set and the same set in memory get the same order. */
 static void
 build_perm(keel_data_iter *it)
 {
-    size_t n = it->ds->n;
-    keel__rng r;
+    size_t n = it->ds->n, r = it->ds->block_rows;
     uint64_t mix = it->cfg.seed;
     for (size_t i = 0; i < n; i++)
         it->perm[i] = (uint32_t)i;
     if (it->cfg.shuffle) {
         /* each epoch's order depends only on (seed, epoch) */
         mix ^= keel__splitmix64(&(uint64_t){ (uint64_t)it->epoch });
-        keel__rng_seed(&r, mix);
-        for (size_t i = n - 1; i > 0; i--) {
-            size_t j = (size_t)keel__rng_below(&r, (uint64_t)i + 1);
-            uint32_t t = it->perm[i];
-            it->perm[i] = it->perm[j];
-            it->perm[j] = t;
+        if (r == 0 || r >= n) {
+            shuffle(it->perm, n, mix);
+        } else {
+            size_t nb = (n + r - 1) / r, pos = 0;
+            uint32_t *order = it->perm + n;      /* nb spare entries */
+            for (size_t b = 0; b < nb; b++)
+                order[b] = (uint32_t)b;
+            shuffle(order, nb, mix ^ keel__splitmix64(&(uint64_t){
+                                         UINT64_C(0x6b65656c626c6f63) }));
+            for (size_t k = 0; k < nb; k++) {
+                size_t b = order[k], r0 = b * r;
+                size_t len = n - r0 < r ? n - r0 : r;
+                uint32_t *p = it->perm + pos;
+                for (size_t i = 0; i < len; i++)
+                    p[i] = (uint32_t)(r0 + i);
+                shuffle(p, len, b == 0 ? mix
+                                : mix ^ keel__splitmix64(&(uint64_t){ b }));
+                pos += len;
+            }
         }
     }
     it->perm_epoch = it->epoch;
@@ -876,7 +1191,10 @@ keel_data_iter_next(keel_data_iter *it, keel_batch *out)
     hi = it->offset + b * (wi + 1) / nw;
     for (int64_t i = lo; i < hi; i++) {
         size_t ex = it->perm[i];
-        copy_example(it->ds, ex, it->x + (size_t)(i - lo) * it->ds->esize);
+        keel_status st = copy_example(it->ds, ex, it->x + (size_t)(i - lo) *
+                                                          it->ds->esize);
+        if (st != KEEL_OK)
+            return st;           /* the position stays: nothing consumed */
         it->y[i - lo] = it->ds->y[ex];
     }
     it->offset += b;
@@ -909,7 +1227,9 @@ keel_data_iter_steps_per_epoch(const keel_data_iter *it)
 }
 
 #define STATE_MAGIC 0x5449444bu   /* "KDIT" little-endian */
-#define STATE_VERSION 1u
+#define STATE_VERSION 1u          /* whole-set shuffle */
+#define STATE_VERSION_BLOCKS 2u   /* block shuffle: the count's high 32
+                                   * bits hold the block's rows */
 
 keel_status
 keel_data_iter_get_state(const keel_data_iter *it, void *buf, size_t size,
@@ -921,11 +1241,14 @@ keel_data_iter_get_state(const keel_data_iter *it, void *buf, size_t size,
     if (size < KEEL_DATA_ITER_STATE_BYTES)
         return keel__fail(KEEL_EINVAL, "data iterator state: buffer of %zu "
                           "bytes, need %d", size, KEEL_DATA_ITER_STATE_BYTES);
-    keel__le_put(p, (uint64_t)STATE_MAGIC | (uint64_t)STATE_VERSION << 32, 8);
+    keel__le_put(p, (uint64_t)STATE_MAGIC |
+                 (uint64_t)(it->ds->block_rows > 0 ? STATE_VERSION_BLOCKS
+                                                   : STATE_VERSION) << 32, 8);
     keel__le_put(p + 8, (uint64_t)keel_data_iter_epoch(it), 8);
     keel__le_put(p + 16, (uint64_t)keel_data_iter_offset(it), 8);
     keel__le_put(p + 24, it->cfg.seed, 8);
-    keel__le_put(p + 32, (uint64_t)it->ds->n, 8);
+    keel__le_put(p + 32, (uint64_t)it->ds->n |
+                         (uint64_t)it->ds->block_rows << 32, 8);
     if (len != NULL)
         *len = KEEL_DATA_ITER_STATE_BYTES;
     return KEEL_OK;
@@ -935,7 +1258,7 @@ keel_status
 keel_data_iter_set_state(keel_data_iter *it, const void *buf, size_t len)
 {
     const uint8_t *p = buf;
-    uint64_t head, epoch, offset, count;
+    uint64_t head, epoch, offset, count, block;
     if (it == NULL || buf == NULL)
         return keel__fail(KEEL_EINVAL, "data iterator state: NULL argument");
     if (len != KEEL_DATA_ITER_STATE_BYTES)
@@ -944,13 +1267,25 @@ keel_data_iter_set_state(keel_data_iter *it, const void *buf, size_t len)
     head = keel__le_get(p, 8);
     if ((uint32_t)head != STATE_MAGIC)
         return keel__fail(KEEL_ECORRUPT, "data iterator state: bad magic");
-    if ((head >> 32) != STATE_VERSION)
+    if ((head >> 32) != STATE_VERSION && (head >> 32) != STATE_VERSION_BLOCKS)
         return keel__fail(KEEL_ECORRUPT, "data iterator state: version %u "
-                          "(this keel reads %u)", (unsigned)(head >> 32),
-                          STATE_VERSION);
+                          "(this keel reads %u and %u)",
+                          (unsigned)(head >> 32), STATE_VERSION,
+                          STATE_VERSION_BLOCKS);
     epoch = keel__le_get(p + 8, 8);
     offset = keel__le_get(p + 16, 8);
     count = keel__le_get(p + 32, 8);
+    block = (head >> 32) == STATE_VERSION_BLOCKS ? count >> 32 : 0;
+    count &= 0xffffffffu;
+    if ((head >> 32) == STATE_VERSION_BLOCKS && block == 0)
+        return keel__fail(KEEL_ECORRUPT, "data iterator state: block "
+                          "shuffle of 0 rows");
+    if (block != it->ds->block_rows)
+        return keel__fail(KEEL_EINVAL, "data iterator state: saved with the "
+                          "examples shuffled in blocks of %llu rows (0: the "
+                          "whole set), this dataset shuffles in blocks of "
+                          "%zu; the order would differ",
+                          (unsigned long long)block, it->ds->block_rows);
     if (count != it->ds->n)
         return keel__fail(KEEL_EINVAL, "data iterator state: saved for a "
                           "dataset of %llu examples, this one has %zu",

@@ -304,10 +304,43 @@ typedef struct keel_dataset keel_dataset;
 keel_status keel_dataset_open_idx(const char *images_path,
                                   const char *labels_path, int num_classes,
                                   keel_dataset **out);
-/* Read an HDF5 file with datasets "x" (float32 or uint8, [N,H,W] or
- * [N,H,W,C]; uint8 is scaled by 1/255) and "y" (integer, [N]). */
+/* Read an HDF5 file with datasets "x" and "y" (integer, [N], each label
+ * in [0, num_classes)) fully into memory: "x" is tabular rows [N,D]
+ * (float32 or float64) or images [N,H,W] or [N,H,W,C] (float32, float64,
+ * or uint8, scaled by 1/255); every value finite. Any other shape or
+ * type, a label out of range, a length mismatch or a non-finite value is
+ * KEEL_ECORRUPT naming the file, the dataset and the row. The examples are
+ * shuffled as a whole (keel_data_iter). Caller owns *out. */
 keel_status keel_dataset_open_h5(const char *path, int num_classes,
                                  keel_dataset **out);
+
+/* Labels of any dataset are below this (the model's limit too). */
+#define KEEL_DATASET_MAX_CLASSES 1000000
+
+typedef struct keel_dataset_h5_config {
+    uint32_t struct_size;   /* set by keel_dataset_h5_config_init() */
+    int64_t num_classes;    /* labels in [0, num_classes); default
+                             * KEEL_DATASET_MAX_CLASSES */
+    int stream;             /* 0 (default): "x" read into memory; 1: only
+                             * the labels are read, "x" stays in the file
+                             * and is read block by block (hyperslabs of
+                             * block_rows rows) into a buffer of two
+                             * blocks as examples are asked for; its
+                             * values are checked as each block is read,
+                             * so a bad value fails that read */
+    int64_t block_rows;     /* the shuffle block: keel_data_iter orders
+                             * the blocks of block_rows consecutive rows
+                             * and the rows within each block, a function
+                             * of (seed, epoch) alone, the same in memory
+                             * and streamed. 0 (default, in memory only):
+                             * the whole set is one block */
+} keel_dataset_h5_config;
+
+void keel_dataset_h5_config_init(keel_dataset_h5_config *cfg);
+/* keel_dataset_open_h5 with cfg's options (copied). Caller owns *out. */
+keel_status keel_dataset_open_h5_config(const char *path,
+                                        const keel_dataset_h5_config *cfg,
+                                        keel_dataset **out);
 /* Inputs for inference, format found from the content: an IDX image file
  * (gzip'd or plain), a .npy array (uint8 or little-endian float32,
  * (N, H, W), (N, H, W, C) or (N, D), C order) or an HDF5 file with
@@ -322,7 +355,18 @@ size_t keel_dataset_count(const keel_dataset *ds);
 void keel_dataset_shape(const keel_dataset *ds, int64_t *h, int64_t *w,
                         int64_t *c);
 size_t keel_dataset_example_size(const keel_dataset *ds);
-/* Copy example i as floats (example_size of them) and its label. */
+/* The rank of the file's examples with the leading N: 2 for tabular rows
+ * [N,D] (shape D x 1 x 1), 3 or 4 for images. */
+int keel_dataset_rank(const keel_dataset *ds);
+/* The largest label, -1 when the set has none. */
+int64_t keel_dataset_max_label(const keel_dataset *ds);
+/* 1 when "x" is read from the file block by block
+ * (keel_dataset_h5_config.stream), and the blocks read so far. */
+int keel_dataset_is_streamed(const keel_dataset *ds);
+uint64_t keel_dataset_blocks_read(const keel_dataset *ds);
+/* Copy example i as floats (example_size of them) and its label. A
+ * streamed set reads the block holding i (KEEL_ECORRUPT naming the file
+ * and row on a read failure or a non-finite value). */
 keel_status keel_dataset_get(const keel_dataset *ds, size_t i, float *x,
                              int32_t *y);
 
@@ -361,7 +405,10 @@ int64_t keel_data_iter_offset(const keel_data_iter *it);
 int64_t keel_data_iter_steps_per_epoch(const keel_data_iter *it);
 /* The position as a versioned little-endian blob of
  * KEEL_DATA_ITER_STATE_BYTES: magic, version, epoch, offset, seed,
- * dataset count. Set checks all of them (KEEL_ECORRUPT/EINVAL). */
+ * dataset count (version 2, a block-shuffled set: the block's rows in the
+ * count's high 32 bits). Set checks all of them (KEEL_ECORRUPT/EINVAL),
+ * the block size too: the same position in a set shuffled otherwise would
+ * be other examples. */
 keel_status keel_data_iter_get_state(const keel_data_iter *it, void *buf,
                                      size_t size, size_t *len);
 keel_status keel_data_iter_set_state(keel_data_iter *it, const void *buf,
