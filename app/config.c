@@ -277,7 +277,13 @@ static const key_def schema[] = {
     { "cluster", "chief", T_STRING, "", NOLIM, NULL,
       "Chief address host:port (empty: worker 0 is the chief)." },
     { "cluster", "ps", T_ADDR_LIST, "", NOLIM, NULL,
-      "Parameter servers, comma-separated host:port list." },
+      "Parameter servers, comma-separated host:port list (a host is a "
+      "name, an IPv4 address or [IPv6 address])." },
+    { "cluster", "bind_address", T_STRING, "", NOLIM, NULL,
+      "Where a ps listens. Empty: every address of this machine its own "
+      "entry's host resolves to (an error when none is); *: every "
+      "interface; an interface name (eth0): its addresses; or one address "
+      "of this machine. The port is the entry's." },
     { "cluster", "workers", T_ADDR_LIST, "", NOLIM, NULL,
       "Workers, comma-separated host:port list." },
     { "cluster", "mode", T_ENUM, "sync", NOLIM, "sync|async",
@@ -294,7 +300,9 @@ static const key_def schema[] = {
     { "cluster", "num_ps", T_INT, D(SLURM_NUM_PS), 0, 4096, NULL,
       "Slurm: how many of the tasks are parameter servers." },
     { "cluster", "port_base", T_INT, D(SLURM_PORT_BASE), 1, 65535, NULL,
-      "Slurm: first port on each node." },
+      "Slurm: first port on each node (task k of a node listens on "
+      "port_base + k), unless srun --resv-ports set "
+      "SLURM_STEP_RESV_PORTS." },
     { "cluster", "placement", T_ENUM, "size_balanced", NOLIM,
       "round_robin|size_balanced",
       "How variables are spread over parameter servers." },
@@ -333,7 +341,9 @@ static const key_def schema[] = {
       "Workers' retry interval while waiting for the chief (readiness is "
       "also pushed as an event)." },
     { "cluster", "max_wait_secs", T_DOUBLE, D(MAX_WAIT_SECS), 0, 1e9, NULL,
-      "How long a worker waits for the chief before failing." },
+      "How long the chief waits for the ps, and a worker for the chief, "
+      "before failing; the waiting task names the missing peers every "
+      "10 s." },
     { "cluster", "stop_grace_secs", T_DOUBLE,
       KEEL__XSTR(KEEL__DEFAULT_STOP_GRACE_SECS), 0, 1e6, NULL,
       "Grace period for threads at shutdown." },

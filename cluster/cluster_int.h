@@ -38,11 +38,36 @@ keel_status keel__cluster_spec_check(const keel_cluster_spec *s,
                                      keel__problems *p, const char *what);
 /* 1 if a is host:port (host non-empty, port 1..65535), else 0 with why. */
 int keel__cluster_check_address(const char *a, char *why, size_t size);
-/* "tcp://<host:port>" of a task's own address, for its server to bind
- * (never a wildcard unless the spec says so). */
-keel_status keel__cluster_bind_address(const keel_cluster_spec *s,
-                                       keel_task_type type, int index,
-                                       char *buf, size_t size);
+/* ---- addresses on this machine (address.c) ------------------------------ */
+
+/* Room for the endpoints keel__cluster_bind_endpoints writes. */
+#define KEEL__BIND_ENDPOINTS_MAX 1280
+/* a ("host:port", "[v6]:port", with or without "tcp://") into host (no
+ * brackets, hsize bytes) and *port; 0 if it is not of that form. */
+int keel__addr_split(const char *a, char *host, size_t hsize, int *port);
+/* The endpoints a task listens on, space-separated "tcp://A:port" (IPv6
+ * A bracketed): bind_address NULL or "" binds every address of this
+ * machine its own entry's host resolves to (KEEL_EINVAL naming the task
+ * and host when it does not resolve or none is local); "*" every
+ * interface; an interface name its addresses; an address of this machine
+ * that address. Never a wildcard unless bind_address says "*". */
+keel_status keel__cluster_bind_endpoints(const keel_cluster_spec *s,
+                                         keel_task_type type, int index,
+                                         const char *bind_address,
+                                         char *buf, size_t size);
+/* zmq_bind sock to each endpoint of the space-separated list (ZMQ_IPV6 set
+ * for an IPv6 one, and for "*" where the machine has IPv6); who names the
+ * task in the error. */
+keel_status keel__cluster_zmq_bind(void *sock, const char *endpoints,
+                                   const char *who);
+/* 1 when a connect to endpoint needs ZMQ_IPV6: an IPv6 literal, or a name
+ * without an IPv4 address (ZeroMQ then resolves its AAAA records). A name
+ * with an IPv4 address is reached over IPv4, as its ps binds every local
+ * address of that name. */
+int keel__cluster_wants_ipv6(const char *endpoint);
+/* zmq_connect sock to endpoint by name (ZeroMQ resolves it on each
+ * attempt), ZMQ_IPV6 as keel__cluster_wants_ipv6 says. */
+keel_status keel__cluster_zmq_connect(void *sock, const char *endpoint);
 
 /* ---- wire format (wire.c) ------------------------------------------------
  * A message is one multipart ZeroMQ message:
@@ -507,7 +532,9 @@ keel_status keel__wire_client_push_parts(
 typedef struct keel__ps keel__ps;
 
 typedef struct keel__ps_config {
-    const char *bind;           /* "tcp://127.0.0.1:*" or a spec address */
+    const char *bind;           /* space-separated endpoints: "tcp://"
+                                 * "127.0.0.1:*", or the list of
+                                 * keel__cluster_bind_endpoints */
     keel_vars *vars;            /* borrowed; the server is its only user */
     const keel__curve *curve;   /* NULL or !enabled: plain TCP */
     keel__wire_limits limits;   /* zeros: defaults */

@@ -14,7 +14,10 @@
 #define KEEL__CLUSTER_STEP_TIMEOUT_SECS 3600
 #define KEEL__CLUSTER_ORPHAN_SECS 600
 #define KEEL__CLUSTER_READY_RETRY_MS KEEL__DEFAULT_RETRY_MS
-#define KEEL__CLUSTER_MAX_WAIT_SECS 7200
+/* a chief waits for the ps, a worker for the chief: a cluster's start-up */
+#define KEEL__CLUSTER_MAX_WAIT_SECS 300
+/* a task waiting for its peers names the missing ones this often */
+#define KEEL__CLUSTER_WAIT_LOG_SECS 10
 #define KEEL__CLUSTER_SEND_BUFFER_KIB 512
 #define KEEL__CLUSTER_SLURM_NUM_PS 1
 #define KEEL__CLUSTER_SLURM_PORT_BASE 8888

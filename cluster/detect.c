@@ -1,6 +1,7 @@
 /* detect.c - the spec this process's environment describes: TF_CONFIG
  * (tfconfig.c), else Slurm's variables (slurm.c), else a local spec; a
- * cluster of only a chief is local too (TF's master ''). */
+ * cluster of only a chief is local too (TF's master ''). Its hosts are
+ * checked on this machine (address.c). */
 #include <config.h>
 
 #include <stdlib.h>
@@ -47,6 +48,8 @@ keel_cluster_spec_detect(const keel_cluster_options *opts,
     }
     if (st == KEEL_OK)
         st = keel_cluster_spec_validate(spec);
+    if (st == KEEL_OK)
+        st = keel_cluster_spec_check_hosts(spec, opts->bind_address);
     if (st != KEEL_OK) {
         keel_cluster_spec_free(spec);
         return st;

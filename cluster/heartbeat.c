@@ -245,9 +245,8 @@ connect_peer(keel__hb *hb, const keel__hb_config *cfg, int p)
         zmq_connect(hb->mons[p], mon) != 0)
         return keel__fail(KEEL_EIO, "heartbeat: monitor of ps %d: %s", p,
                           zmq_strerror(errno));
-    if (zmq_connect(s, cfg->endpoints[p]) != 0)
-        return keel__fail(KEEL_EINVAL, "heartbeat: connect %s: %s",
-                          cfg->endpoints[p], zmq_strerror(errno));
+    if ((st = keel__cluster_zmq_connect(s, cfg->endpoints[p])) != KEEL_OK)
+        return keel__wrap(st, "heartbeat");
     return KEEL_OK;
 }
 

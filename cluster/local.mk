@@ -5,7 +5,7 @@ libkeel_core_la_SOURCES += cluster/cluster_int.h cluster/spec.c cluster/slurm.c 
 	cluster/allreduce_mpi.c cluster/algorithm.c \
 	cluster/spec_int.h cluster/tfconfig.c cluster/detect.c \
 	cluster/role_int.h cluster/options.c cluster/placement.c \
-	cluster/ps_task.c \
+	cluster/ps_task.c cluster/address.c \
 	cluster/worker_int.h cluster/worker.c cluster/worker_call.c \
 	cluster/worker_pull.c cluster/worker_push.c
 pkginclude_HEADERS += include/keel/cluster.h include/keel/distributed.h

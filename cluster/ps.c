@@ -262,6 +262,7 @@ open_socket(keel__ps *ps, const keel__ps_config *cfg)
      * in libzmq (past that it stops reading the connection: the sender
      * waits, nothing is lost), each within limits. */
     int hwm = PS_RCVHWM;
+    char who[32];
     keel_status st;
     ps->zctx = zmq_ctx_new();
     if (ps->zctx == NULL)
@@ -279,9 +280,9 @@ open_socket(keel__ps *ps, const keel__ps_config *cfg)
     if (zmq_setsockopt(ps->sock, ZMQ_RCVHWM, &hwm, sizeof hwm) != 0)
         return keel__fail(KEEL_EIO, "ps: receive limit: %s",
                           zmq_strerror(errno));
-    if (zmq_bind(ps->sock, cfg->bind) != 0)
-        return keel__fail(KEEL_EUNAVAILABLE, "ps %d: bind %s: %s",
-                          cfg->task_index, cfg->bind, zmq_strerror(errno));
+    snprintf(who, sizeof who, "ps %d", cfg->task_index);
+    if ((st = keel__cluster_zmq_bind(ps->sock, cfg->bind, who)) != KEEL_OK)
+        return st;
     if (zmq_getsockopt(ps->sock, ZMQ_LAST_ENDPOINT, ps->endpoint, &len) != 0)
         return keel__fail(KEEL_EIO, "ps: last endpoint: %s",
                           zmq_strerror(errno));

@@ -13,7 +13,8 @@
 
 #define DRAIN_MS 300
 
-/* 1 for a loopback host ("tcp://127.x.y.z:port", localhost, [::1]). */
+/* 1 for a loopback host ("tcp://127.x.y.z:port", localhost, [::1]; of a
+ * list, the first). */
 static int
 is_loopback(const char *endpoint)
 {
@@ -43,7 +44,7 @@ typedef struct ps_task {
     int has_rule;                   /* the rule updates (not an optimizer) */
     keel__algo_ps rule;
     keel__curve curve;
-    char bind[KEEL_ADDR_MAX + 16];
+    char bind[KEEL__BIND_ENDPOINTS_MAX];   /* keel__cluster_bind_endpoints */
     keel__ps_config pc;
     keel__ps *ps;
 } ps_task;
@@ -136,8 +137,9 @@ ps_security(ps_task *t)
     if (st == KEEL_OK && o->in.curve)
         st = keel__curve_allow_dir(&t->curve, o->in.key_dir);
     if (st == KEEL_OK)
-        st = keel__cluster_bind_address(o->spec, KEEL_TASK_PS, t->idx,
-                                        t->bind, sizeof t->bind);
+        st = keel__cluster_bind_endpoints(o->spec, KEEL_TASK_PS, t->idx,
+                                          o->in.bind_address, t->bind,
+                                          sizeof t->bind);
     if (st != KEEL_OK || keel__auth_on(&t->curve))
         return st;
     keel__log(KEEL_LOG_WARN, is_loopback(t->bind)

@@ -15,6 +15,7 @@
 
 #define MAX_TASKS_PER_JOB KEEL__MAX_TASKS_PER_JOB
 #define MAX_HOSTS 65536
+#define MAX_RESV_PORTS 1024
 
 extern char **environ;
 
@@ -219,7 +220,42 @@ typedef struct slurm_step {
     char *hosts;                /* nhosts names, each NUL-terminated */
     size_t nhosts;
     int *tpn;                   /* tasks on each host */
+    const char *v_ports;        /* SLURM_STEP_RESV_PORTS, or NULL */
+    int ports[MAX_RESV_PORTS];  /* its ports: task k of a node gets k's */
+    int nports;
 } slurm_step;
+
+/* SLURM_STEP_RESV_PORTS ("12000-12003" or "12000,12005-12006") into
+ * j->ports; 0 when it is malformed or holds more than MAX_RESV_PORTS. */
+static int
+parse_resv_ports(slurm_step *j)
+{
+    const char *p = j->v_ports;
+    j->nports = 0;
+    while (*p) {
+        char *end;
+        long lo = strtol(p, &end, 10), hi = lo;
+        if (end == p || lo < 1 || lo > 65535)
+            return 0;
+        p = end;
+        if (*p == '-') {
+            hi = strtol(p + 1, &end, 10);
+            if (end == p + 1 || hi < lo || hi > 65535)
+                return 0;
+            p = end;
+        }
+        for (long v = lo; v <= hi; v++) {
+            if (j->nports == MAX_RESV_PORTS)
+                return 0;
+            j->ports[j->nports++] = (int)v;
+        }
+        if (*p == ',' && p[1] != '\0')
+            p++;
+        else if (*p != '\0')
+            return 0;
+    }
+    return j->nports > 0;
+}
 
 /* The step's variables (the step's own first, then the job's), and every
  * problem with them or opt into p. */
@@ -243,6 +279,11 @@ read_slurm_env(const keel_cluster_slurm_options *opt, slurm_step *j,
     j->v_tpn = env_get(opt->env, "SLURM_STEP_TASKS_PER_NODE");
     if (j->v_tpn == NULL)
         j->v_tpn = env_get(opt->env, "SLURM_TASKS_PER_NODE");
+    j->v_ports = env_get(opt->env, "SLURM_STEP_RESV_PORTS");
+    if (j->v_ports != NULL && !parse_resv_ports(j))
+        keel__problems_add(p, "SLURM_STEP_RESV_PORTS '%.64s' is not a port "
+                           "list (want e.g. 12000-12003 or 12000,12002)",
+                           j->v_ports);
 
     if (j->v_rank == NULL)
         keel__problems_add(p, "SLURM_PROCID not set (not running inside "
@@ -292,6 +333,16 @@ explicit_tasks_per_node(slurm_step *j)
     return KEEL_OK;
 }
 
+/* The name of host i of j. */
+static const char *
+host_at(const slurm_step *j, size_t i)
+{
+    const char *h = j->hosts;
+    while (i-- > 0)
+        h += strlen(h) + 1;
+    return h;
+}
+
 /* The hosts of the node list and the tasks on each (as given, else the
  * block distribution: ceil(ntasks / nhosts) per node in order), each
  * host's ports within 65535. */
@@ -321,7 +372,14 @@ place_tasks(slurm_step *j)
         }
     }
     for (size_t i = 0; i < j->nhosts; i++)
-        if (j->port_base + j->tpn[i] - 1 > 65535)
+        if (j->v_ports != NULL && j->tpn[i] > j->nports)
+            return keel__fail(KEEL_EINVAL, "slurm: SLURM_STEP_RESV_PORTS "
+                              "'%.64s' has %d port%s but node %s runs %d "
+                              "tasks (srun --resv-ports reserves one per "
+                              "task of a node)", j->v_ports, j->nports,
+                              j->nports == 1 ? "" : "s",
+                              host_at(j, i), j->tpn[i]);
+        else if (j->v_ports == NULL && j->port_base + j->tpn[i] - 1 > 65535)
             return keel__fail(KEEL_EINVAL, "slurm: port base %d + %d tasks "
                               "per node exceeds 65535", j->port_base,
                               j->tpn[i]);
@@ -342,7 +400,9 @@ fill_spec(const slurm_step *j, keel_cluster_spec *s)
             char a[KEEL_ADDR_MAX];
             keel_task_type t = r < j->num_ps ? KEEL_TASK_PS
                                              : KEEL_TASK_WORKER;
-            int len = snprintf(a, sizeof a, "%s:%d", h, j->port_base + k);
+            int len = snprintf(a, sizeof a, "%s:%d", h,
+                               j->v_ports != NULL ? j->ports[k]
+                                                  : j->port_base + k);
             if ((st = keel__cluster_spec_add(s, t, a, (size_t)len)) !=
                 KEEL_OK)
                 return st;

@@ -4,6 +4,7 @@
  * follow TF1's RunConfig and multi_worker_util. */
 #include <config.h>
 
+#include <arpa/inet.h>
 #include <ctype.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -304,29 +305,39 @@ keel_cluster_spec_model_dir(const keel_cluster_spec *s)
 
 /* ---- validation --------------------------------------------------------- */
 
-/* The host of "[v6]:port": hex digits, ':' and '.' between the brackets;
+/* The host of "[v6]:port": an IPv6 address between the brackets;
  * *colon and *hlen set for the caller's checks. */
 static int
 check_v6_host(const char *a, const char **colon, size_t *hlen, char *why,
               size_t size)
 {
     const char *host_end = strchr(a, ']');
+    char host[INET6_ADDRSTRLEN];
+    unsigned char bin[16];
     if (host_end == NULL || host_end[1] != ':') {
         snprintf(why, size, "'%.64s' is not [ipv6]:port", a);
         return 0;
     }
     *colon = host_end + 1;
     *hlen = (size_t)(host_end - a - 1);
-    for (const char *h = a + 1; h < host_end; h++)
-        if (!isxdigit((unsigned char)*h) && *h != ':' && *h != '.') {
-            snprintf(why, size, "'%.64s' has a bad IPv6 host", a);
-            return 0;
-        }
+    if (*hlen == 0)
+        return 1;                   /* the caller names an empty host */
+    if (*hlen >= sizeof host) {
+        snprintf(why, size, "'%.64s' has a bad IPv6 address", a);
+        return 0;
+    }
+    memcpy(host, a + 1, *hlen);
+    host[*hlen] = '\0';
+    if (inet_pton(AF_INET6, host, bin) != 1) {
+        snprintf(why, size, "'%.64s' has a bad IPv6 address '%s'", a, host);
+        return 0;
+    }
     return 1;
 }
 
-/* The host of "host:port": one ':', a name or IPv4 address, or a lone
- * '*'; *colon and *hlen set for the caller's checks. */
+/* The host of "host:port": one ':', a name or IPv4 address (a wildcard
+ * '*' is cluster.bind_address's, not an address others can reach);
+ * *colon and *hlen set for the caller's checks. */
 static int
 check_name_host(const char *a, const char **colon, size_t *hlen, char *why,
                 size_t size)
@@ -343,9 +354,16 @@ check_name_host(const char *a, const char **colon, size_t *hlen, char *why,
     }
     *colon = c;
     *hlen = (size_t)(c - a);
+    if (*hlen == 1 && a[0] == '*') {
+        snprintf(why, size, "'%.64s' is a wildcard, not an address other "
+                 "tasks can reach (give the host; set "
+                 "cluster.bind_address = * to listen on every interface)",
+                 a);
+        return 0;
+    }
     for (const char *h = a; h < c; h++)
         if (!isalnum((unsigned char)*h) && *h != '.' && *h != '-' &&
-            *h != '_' && !(*h == '*' && *hlen == 1)) {
+            *h != '_') {
             snprintf(why, size, "'%.64s' has a bad host character "
                      "'%c'", a, isprint((unsigned char)*h) ? *h : '?');
             return 0;
@@ -630,21 +648,6 @@ keel_cluster_spec_format(const keel_cluster_spec *s, char *buf, size_t size)
         return keel__fail(KEEL_EINVAL, "cluster format: %zu-byte buffer is "
                           "too small", size);
     return KEEL_OK;
-}
-
-keel_status
-keel__cluster_bind_address(const keel_cluster_spec *s, keel_task_type type,
-                           int index, char *buf, size_t size)
-{
-    const char *a = keel_cluster_spec_address(s, type, index);
-    char why[160];
-    if (a == NULL)
-        return keel__fail(KEEL_EINVAL, "bind: no task %s %d in the cluster",
-                          keel_task_type_name(type), index);
-    if (!keel__cluster_check_address(a, why, sizeof why))
-        return keel__fail(KEEL_EINVAL, "bind: %s %d: %s",
-                          keel_task_type_name(type), index, why);
-    return keel__fmt(buf, size, "bind address", "tcp://%s", a);
 }
 
 int

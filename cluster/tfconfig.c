@@ -291,9 +291,16 @@ parse_tf_config(keel_cluster_spec *s, struct json_object *root,
         keel__problems_add(p, "top level is not a JSON object");
         return KEEL_OK;
     }
+    /* Other members (the TFJob operator's "environment": "cloud", TF's
+     * "rpc_layer") say nothing keel uses and are ignored. */
     if (json_object_object_get_ex(root, "cluster", &o) &&
         (st = parse_cluster(s, o, p, &cluster_set)) != KEEL_OK)
         return st;
+    if (json_object_object_get_ex(root, "sparseCluster", &o))
+        keel__problems_add(p, "'sparseCluster' (the TFJob operator's "
+                           "enableDynamicWorker) is not supported: every "
+                           "task needs every task's address; turn "
+                           "enableDynamicWorker off");
     if (json_object_object_get_ex(root, "task", &o))
         parse_task(s, o, cluster_set, p);
     else if (cluster_set)

@@ -724,9 +724,8 @@ keel__wire_client_new(const char *endpoint, const keel__curve *curve,
         keel__wire_client_free(c);
         return st;
     }
-    if (zmq_connect(c->sock, endpoint) != 0) {
-        st = keel__fail(KEEL_EINVAL, "client: connect %s: %s", endpoint,
-                        zmq_strerror(errno));
+    if ((st = keel__cluster_zmq_connect(c->sock, endpoint)) != KEEL_OK) {
+        st = keel__wrap(st, "client");
         keel__wire_client_free(c);
         return st;
     }
@@ -767,9 +766,8 @@ keel__wire_client_reconnect(keel__wire_client *c, const keel__curve *curve)
     if ((st = keel__wire_sockopts(c->sock, &c->limits)) != KEEL_OK ||
         (st = keel__curve_setup_client(c->sock, curve)) != KEEL_OK)
         return st;
-    if (zmq_connect(c->sock, c->endpoint) != 0)
-        return keel__fail(KEEL_EINVAL, "client: connect %s: %s",
-                          c->endpoint, zmq_strerror(errno));
+    if ((st = keel__cluster_zmq_connect(c->sock, c->endpoint)) != KEEL_OK)
+        return keel__wrap(st, "client");
     return KEEL_OK;
 }
 

@@ -32,6 +32,9 @@ struct keel_cluster_backend {
     keel_grads *const *micro;      /* micro-batch gradients, or NULL */
     int n_micro;
     int64_t last_fetch_ns;
+    int64_t wait_since_ns;         /* a fetch first found it not ready; 0:
+                                    * ready (or not yet asked) */
+    int64_t wait_log_ns;           /* the waiting was last logged */
     keel__curve *curves;           /* per ps: client set-up (server key) */
     keel__hb *hb;                  /* liveness of every ps */
     int64_t gen_ns;                /* when ps_gen was last learned */

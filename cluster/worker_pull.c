@@ -13,6 +13,7 @@
 
 #include <keel/session.h>
 #include "worker_int.h"
+#include "defaults.h"
 
 #define HELLO_CHUNK_MS 2000
 #define HELLO_SIGNAL_MS 250
@@ -146,6 +147,83 @@ hello_one(keel_cluster_backend *w, int p, int wait, int timeout_ms,
     }
 }
 
+/* This task as "chief 0" / "worker 2", for the waiting messages. */
+static void
+self_name(const keel_cluster_backend *w, char *buf, size_t size)
+{
+    snprintf(buf, size, "%s %d",
+             keel_task_type_name(keel_cluster_spec_task_type(w->spec)),
+             keel_cluster_spec_task_index(w->spec));
+}
+
+/* 1 when a waiting message is due: the first of a wait (which begins
+ * now when none is under way), then every KEEL__CLUSTER_WAIT_LOG_SECS. */
+static int
+wait_log_due(keel_cluster_backend *w)
+{
+    int64_t now = keel__now_mono_ns();
+    if (w->wait_since_ns == 0) {
+        w->wait_since_ns = now;
+        w->wait_log_ns = now;
+        return 1;
+    }
+    if (now - w->wait_log_ns <
+        (int64_t)KEEL__CLUSTER_WAIT_LOG_SECS * 1000000000)
+        return 0;
+    w->wait_log_ns = now;
+    return 1;
+}
+
+/* The ps from `from` on (with from_silent, from itself is known silent)
+ * that do not answer a plain HELLO within HELLO_SIGNAL_MS, as
+ * "ps 1 (h:p), ps 2 (h:p)". */
+static void
+list_missing_ps(keel_cluster_backend *w, int from, int from_silent,
+                char *list, size_t size)
+{
+    size_t len = 0;
+    list[0] = '\0';
+    for (int q = from; q < w->n_ps && len < size - 1; q++) {
+        keel__wire_msg r;
+        int known = q == from && from_silent;
+        keel_status st = known ? KEEL_ETIMEOUT
+                               : hello_one(w, q, 0, HELLO_SIGNAL_MS, &r);
+        if (!known)
+            keel__wire_msg_clear(&r);
+        if (st == KEEL_ETIMEOUT)
+            len += (size_t)snprintf(list + len, size - len, "%sps %d (%s)",
+                                    len ? ", " : "", q,
+                                    keel_cluster_spec_address(
+                                        w->spec, KEEL_TASK_PS, q));
+    }
+}
+
+/* HELLO ps p with a plain HELLO until it answers or timeout_ms passes
+ * (the wait beginning at start_ns), naming the ps not up at once and
+ * every KEEL__CLUSTER_WAIT_LOG_SECS after. */
+static keel_status
+hello_until_up(keel_cluster_backend *w, int p, int64_t start_ns,
+               int timeout_ms, keel__wire_msg *r)
+{
+    int64_t end = start_ns + (int64_t)timeout_ms * 1000000;
+    for (;;) {
+        int64_t left = (end - keel__now_mono_ns()) / 1000000;
+        int piece = left < 1000 ? (int)(left > 0 ? left : 0) : 1000;
+        char list[512], self[48];
+        keel_status st = hello_one(w, p, 0, piece, r);
+        if (st != KEEL_ETIMEOUT || keel__now_mono_ns() >= end)
+            return st;
+        keel__wire_msg_clear(r);
+        if (!wait_log_due(w))
+            continue;
+        list_missing_ps(w, p, 1, list, sizeof list);
+        self_name(w, self, sizeof self);
+        keel__log(KEEL_LOG_INFO, "%s: waiting for %s: not up yet (%.0f s)",
+                  self, list,
+                  (double)(keel__now_mono_ns() - w->wait_since_ns) / 1e9);
+    }
+}
+
 /* HELLO every ps (wait: held until ready, up to timeout_ms). *all_ready
  * and *same_chief (all ps initialized by the same chief incarnation). */
 static keel_status
@@ -153,11 +231,13 @@ hello_all(keel_cluster_backend *w, int wait, int timeout_ms, int *all_ready,
           int *same_chief, uint64_t *gens, char *why, size_t why_size)
 {
     uint64_t chief = 0;
+    int64_t start = keel__now_mono_ns();
     *all_ready = 1;
     *same_chief = 1;
     for (int p = 0; p < w->n_ps; p++) {
         keel__wire_msg r;
-        keel_status st = hello_one(w, p, wait, timeout_ms, &r);
+        keel_status st = wait ? hello_one(w, p, wait, timeout_ms, &r)
+                              : hello_until_up(w, p, start, timeout_ms, &r);
         if (st == KEEL_ECANCELLED && keel_session_signal_received()) {
             keel__wire_msg_clear(&r);
             return st;              /* preempted: no peer to blame */
@@ -189,6 +269,7 @@ hello_all(keel_cluster_backend *w, int wait, int timeout_ms, int *all_ready,
             *same_chief = 0;
         keel__wire_msg_clear(&r);
     }
+    w->wait_since_ns = 0;               /* every ps answered */
     if (chief == 0)
         *same_chief = 0;
     if (gens == w->ps_gen)
@@ -282,6 +363,38 @@ keel__worker_is_intact(void *ctx, keel_vars *vs, int *is_intact)
     return st;
 }
 
+/* The chief's address, for the waiting messages ("chief 0 (h:p)", or
+ * worker 0's without a chief job). */
+static void
+chief_name(const keel_cluster_backend *w, char *buf, size_t size)
+{
+    keel_task_type t = keel_cluster_spec_num_tasks(w->spec,
+                                                   KEEL_TASK_CHIEF) > 0
+                           ? KEEL_TASK_CHIEF : KEEL_TASK_WORKER;
+    snprintf(buf, size, "%s 0 (%s)", keel_task_type_name(t),
+             keel_cluster_spec_address(w->spec, t, 0));
+}
+
+/* A worker's fetch found the cluster not ready: every
+ * KEEL__CLUSTER_WAIT_LOG_SECS, name what it waits for - each ps that does
+ * not answer, else the chief that has not initialized them. */
+static void
+log_not_ready(keel_cluster_backend *w)
+{
+    char list[512], self[48], chief[KEEL_ADDR_MAX + 32];
+    if (!wait_log_due(w))
+        return;
+    list_missing_ps(w, 0, 0, list, sizeof list);
+    self_name(w, self, sizeof self);
+    chief_name(w, chief, sizeof chief);
+    keel__log(KEEL_LOG_INFO, "%s: waiting for %s%s (%.0f s of "
+              "cluster.max_wait_secs %.0f)", self,
+              list[0] ? list : chief,
+              list[0] ? ": not up yet" : " to initialize the ps",
+              (double)(keel__now_mono_ns() - w->wait_since_ns) / 1e9,
+              w->o.in.max_wait_secs);
+}
+
 keel_status
 keel__worker_fetch(void *ctx, keel_vars *vs, int *is_ready, char *why,
                    size_t size)
@@ -294,6 +407,8 @@ keel__worker_fetch(void *ctx, keel_vars *vs, int *is_ready, char *why,
     w->last_fetch_ns = keel__now_mono_ns();
     st = hello_all(w, 1, chunk < HELLO_CHUNK_MS ? chunk : HELLO_CHUNK_MS,
                    is_ready, &same, w->ps_gen, why, size);
+    if (st == KEEL_OK && !*is_ready)
+        log_not_ready(w);
     if (st != KEEL_OK || !*is_ready)
         return st;
     t0 = keel__now_mono_ns();

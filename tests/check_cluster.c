@@ -477,14 +477,13 @@ START_TEST(test_explicit_lists_from_ini_values)
     ck_assert_int_eq(keel_cluster_spec_validate(s), KEEL_OK);
     ck_assert_str_eq(keel_cluster_spec_address(s, KEEL_TASK_PS, 1),
                      "127.0.0.1:2223");
-    ck_assert_int_eq(keel__cluster_bind_address(s, KEEL_TASK_PS, 1, bind,
-                                                sizeof bind), KEEL_OK);
+    ck_assert_int_eq(keel__cluster_bind_endpoints(s, KEEL_TASK_PS, 1, NULL,
+                                                  bind, sizeof bind),
+                     KEEL_OK);
     ck_assert_str_eq(bind, "tcp://127.0.0.1:2223");
-    ck_assert_int_eq(keel__cluster_bind_address(s, KEEL_TASK_CHIEF, 0, bind,
-                                                sizeof bind), KEEL_OK);
-    ck_assert_str_eq(bind, "tcp://[::1]:4000");
-    ck_assert_int_eq(keel__cluster_bind_address(s, KEEL_TASK_PS, 2, bind,
-                                                sizeof bind), KEEL_EINVAL);
+    ck_assert_int_eq(keel__cluster_bind_endpoints(s, KEEL_TASK_PS, 2, NULL,
+                                                  bind, sizeof bind),
+                     KEEL_EINVAL);
     ck_assert_int_eq(keel_cluster_spec_set_task(s, KEEL_TASK_NONE, 0),
                      KEEL_EINVAL);
     keel_cluster_spec_free(s);
@@ -501,11 +500,138 @@ START_TEST(test_explicit_lists_from_ini_values)
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "replicas_to_aggregate"));
     keel_cluster_spec_free(s);
 
-    /* A wildcard bind only when the spec says so. */
+    /* A wildcard is no address: only cluster.bind_address binds one. */
     s = tu_spec_from_lists(NULL, "*:5000", NULL, KEEL_TASK_WORKER, 0);
-    ck_assert_int_eq(keel__cluster_bind_address(s, KEEL_TASK_WORKER, 0, bind,
-                                                sizeof bind), KEEL_OK);
+    ck_assert_int_eq(keel_cluster_spec_validate(s), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "wildcard"));
+    keel_cluster_spec_free(s);
+    s = tu_spec_from_lists("127.0.0.1:5000", "127.0.0.1:5001", NULL,
+                           KEEL_TASK_PS, 0);
+    ck_assert_int_eq(keel__cluster_bind_endpoints(s, KEEL_TASK_PS, 0, "*",
+                                                  bind, sizeof bind),
+                     KEEL_OK);
     ck_assert_str_eq(bind, "tcp://*:5000");
+    keel_cluster_spec_free(s);
+}
+END_TEST
+
+/* A host is a name, an IPv4 address or a bracketed IPv6 address. */
+START_TEST(test_addresses_are_names_ipv4_or_bracketed_ipv6)
+{
+    const char *good[] = { "[::1]:2222", "[fd00::2]:1", "[::ffff:1.2.3.4]:9",
+                           "job-ps-0.ns.svc:2222", "10.0.0.1:65535",
+                           "node07:8888", "h_1:1" };
+    const char *bad[] = { "::1:2222", "[::1]", "[]:1", "[1:2:3]:1",
+                          "[::g]:1", "[::1]2222", "*:1", "host", "h:",
+                          "h:0", "h:65536", "h o:1", "[fe80::1%eth0]:1" };
+    char why[160];
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++)
+        ck_assert_msg(keel__cluster_check_address(good[i], why, sizeof why),
+                      "refused '%s': %s", good[i], why);
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        ck_assert_msg(!keel__cluster_check_address(bad[i], why, sizeof why),
+                      "accepted '%s'", bad[i]);
+    ck_assert(!keel__cluster_check_address("[1:2:3]:1", why, sizeof why));
+    ck_assert_ptr_nonnull(strstr(why, "bad IPv6 address"));
+    ck_assert_int_eq(keel__cluster_wants_ipv6("tcp://[::1]:1"), 1);
+    ck_assert_int_eq(keel__cluster_wants_ipv6("tcp://127.0.0.1:1"), 0);
+    ck_assert_int_eq(keel__cluster_wants_ipv6("tcp://localhost:1"), 0);
+}
+END_TEST
+
+/* TF_CONFIG as the TFJob operator writes it: lower-case job names, one
+ * service name per task, "environment": "cloud", the evaluator in the
+ * cluster; "rpc_layer" is ignored; its sparse form is refused by name. */
+START_TEST(test_tf_config_as_the_tfjob_operator_writes_it)
+{
+    keel_cluster_spec *s = NULL;
+    const char *job =
+        "{\"cluster\":{\"chief\":[\"mnist-chief-0.team.svc:2222\"],"
+        "\"evaluator\":[\"mnist-evaluator-0.team.svc:2222\"],"
+        "\"ps\":[\"mnist-ps-0.team.svc:2222\",\"mnist-ps-1.team.svc:2222\"],"
+        "\"worker\":[\"mnist-worker-0.team.svc.cluster.local:2222\"]},"
+        "\"task\":{\"type\":\"ps\",\"index\":1},"
+        "\"environment\":\"cloud\",\"rpc_layer\":\"grpc\"}";
+    const char *v6 =
+        "{\"cluster\":{\"ps\":[\"[fd00::10]:2222\"],"
+        "\"worker\":[\"[fd00::11]:2222\",\"10.1.2.3:2222\"]},"
+        "\"task\":{\"type\":\"worker\",\"index\":1},"
+        "\"environment\":\"cloud\"}";
+    const char *sparse =
+        "{\"sparseCluster\":{\"worker\":{\"1\":\"w-1.ns.svc:2222\"},"
+        "\"ps\":[\"p-0.ns.svc:2222\"]},"
+        "\"task\":{\"type\":\"worker\",\"index\":1}}";
+    ck_assert_int_eq(keel_cluster_spec_from_tf_config(job, &s), KEEL_OK);
+    ck_assert_int_eq(keel_cluster_spec_num_tasks(s, KEEL_TASK_PS), 2);
+    ck_assert_int_eq(keel_cluster_spec_num_tasks(s, KEEL_TASK_CHIEF), 1);
+    ck_assert_int_eq(keel_cluster_spec_num_tasks(s, KEEL_TASK_EVALUATOR), 1);
+    ck_assert_int_eq(keel_cluster_spec_task_type(s), KEEL_TASK_PS);
+    ck_assert_int_eq(keel_cluster_spec_task_index(s), 1);
+    ck_assert_str_eq(keel_cluster_spec_address(s, KEEL_TASK_PS, 1),
+                     "mnist-ps-1.team.svc:2222");
+    ck_assert_int_eq(keel_cluster_spec_num_replicas(s), 2);
+    keel_cluster_spec_free(s);
+    ck_assert_int_eq(keel_cluster_spec_from_tf_config(v6, &s), KEEL_OK);
+    ck_assert_str_eq(keel_cluster_spec_address(s, KEEL_TASK_WORKER, 0),
+                     "[fd00::11]:2222");
+    keel_cluster_spec_free(s);
+    ck_assert_int_eq(keel_cluster_spec_from_tf_config(sparse, &s),
+                     KEEL_EINVAL);
+    ck_assert_ptr_null(s);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "enableDynamicWorker"));
+}
+END_TEST
+
+/* A spec's hosts on this machine: names resolve, two names of one address
+ * are one task too many, a ps listens only where its entry resolves here
+ * (or where cluster.bind_address says). */
+START_TEST(test_check_hosts_names_unresolvable_foreign_and_shared)
+{
+    keel_cluster_spec *s;
+    char bind[KEEL__BIND_ENDPOINTS_MAX];
+    s = tu_spec_from_lists("localhost:4100", "127.0.0.1:4101", NULL,
+                           KEEL_TASK_PS, 0);
+    ck_assert_int_eq(keel_cluster_spec_check_hosts(s, NULL), KEEL_OK);
+    ck_assert_int_eq(keel__cluster_bind_endpoints(s, KEEL_TASK_PS, 0, NULL,
+                                                  bind, sizeof bind),
+                     KEEL_OK);
+    ck_assert_msg(strstr(bind, "tcp://127.0.0.1:4100") != NULL, "%s", bind);
+    ck_assert_ptr_null(strstr(bind, "*"));
+    ck_assert_int_eq(keel__cluster_bind_endpoints(s, KEEL_TASK_PS, 0, "lo",
+                                                  bind, sizeof bind),
+                     KEEL_OK);
+    ck_assert_msg(strstr(bind, "tcp://127.0.0.1:4100") != NULL, "%s", bind);
+    ck_assert_int_eq(keel__cluster_bind_endpoints(s, KEEL_TASK_PS, 0,
+                                                  "no-such-if0", bind,
+                                                  sizeof bind), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "no-such-if0"));
+    keel_cluster_spec_free(s);
+
+    s = tu_spec_from_lists("localhost:4100", "127.0.0.1:4100", NULL,
+                           KEEL_TASK_WORKER, 0);
+    ck_assert_int_eq(keel_cluster_spec_validate(s), KEEL_OK);
+    ck_assert_int_eq(keel_cluster_spec_check_hosts(s, NULL), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "one address"));
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "ps 0"));
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "worker 0"));
+    keel_cluster_spec_free(s);
+
+    s = tu_spec_from_lists("no-such-host.invalid:4100", "127.0.0.1:4101",
+                           NULL, KEEL_TASK_WORKER, 0);
+    ck_assert_int_eq(keel_cluster_spec_check_hosts(s, NULL), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "ps 0"));
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "no-such-host.invalid"));
+    keel_cluster_spec_free(s);
+
+    s = tu_spec_from_lists("198.51.100.7:4100", "127.0.0.1:4101", NULL,
+                           KEEL_TASK_PS, 0);
+    ck_assert_int_eq(keel_cluster_spec_check_hosts(s, NULL), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "198.51.100.7"));
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "no address of this "
+                                                    "machine"));
+    ck_assert_int_eq(keel_cluster_spec_check_hosts(s, "*"), KEEL_OK);
+    keel_cluster_spec_set_task(s, KEEL_TASK_WORKER, 0);  /* binds nothing */
+    ck_assert_int_eq(keel_cluster_spec_check_hosts(s, NULL), KEEL_OK);
     keel_cluster_spec_free(s);
 }
 END_TEST
@@ -547,6 +673,9 @@ START_TEST(test_slurm_hostlist_expansion)
     HOSTS("r[1-2]n[08-09]", "r1n08", "r1n09", "r2n08", "r2n09");
     HOSTS("n[9-11]", "n9", "n10", "n11");
     HOSTS("n[009-011]x", "n009x", "n010x", "n011x");
+    HOSTS("host-[1-3]", "host-1", "host-2", "host-3");
+    HOSTS("gpu-a[1-2].rack-[7,9]", "gpu-a1.rack-7", "gpu-a1.rack-9",
+          "gpu-a2.rack-7", "gpu-a2.rack-9");
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         ck_assert_msg(keel_cluster_expand_hostlist(bad[i], buf, sizeof buf,
                                                    &n) == KEEL_EINVAL,
@@ -604,6 +733,58 @@ START_TEST(test_slurm_ranks_map_to_ps_then_workers)
         ck_assert(keel_cluster_spec_is_chief(s));
         keel_cluster_spec_free(s);
     }
+}
+END_TEST
+
+/* Tasks per node in Slurm's compressed form, ports from srun
+ * --resv-ports; a node listed twice, a list that does not parse, too few
+ * reserved ports and more tasks than the nodes give are errors. */
+START_TEST(test_slurm_tasks_per_node_and_reserved_ports)
+{
+    keel_cluster_spec *s = NULL;
+    char *env[] = { "SLURM_PROCID=6", "SLURM_NTASKS=7",
+                    "SLURM_JOB_NODELIST=node[01-03,07]",
+                    "SLURM_TASKS_PER_NODE=2(x3),1",
+                    "SLURM_STEP_RESV_PORTS=12000-12001", NULL };
+    keel_cluster_slurm_options o;
+    keel_cluster_slurm_options_init(&o);
+    o.env = env;
+    ck_assert_int_eq(keel_cluster_spec_from_slurm(&o, &s), KEEL_OK);
+    ck_assert_int_eq(keel_cluster_spec_num_tasks(s, KEEL_TASK_WORKER), 6);
+    ck_assert_str_eq(keel_cluster_spec_address(s, KEEL_TASK_PS, 0),
+                     "node01:12000");
+    ck_assert_str_eq(keel_cluster_spec_address(s, KEEL_TASK_WORKER, 0),
+                     "node01:12001");
+    ck_assert_str_eq(keel_cluster_spec_address(s, KEEL_TASK_WORKER, 4),
+                     "node03:12001");
+    ck_assert_str_eq(keel_cluster_spec_address(s, KEEL_TASK_WORKER, 5),
+                     "node07:12000");
+    ck_assert_int_eq(keel_cluster_spec_task_index(s), 5);
+    keel_cluster_spec_free(s);
+
+    env[4] = "SLURM_STEP_RESV_PORTS=12000";   /* 2 tasks, 1 port */
+    ck_assert_int_eq(keel_cluster_spec_from_slurm(&o, &s), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "node01 runs 2"));
+    env[4] = "SLURM_STEP_RESV_PORTS=12000-";
+    ck_assert_int_eq(keel_cluster_spec_from_slurm(&o, &s), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(),
+                                 "SLURM_STEP_RESV_PORTS '12000-'"));
+    env[4] = NULL;
+    env[3] = "SLURM_TASKS_PER_NODE=2(x4)";    /* 8 slots, 7 tasks */
+    ck_assert_int_eq(keel_cluster_spec_from_slurm(&o, &s), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "sum to 8"));
+    env[3] = "SLURM_TASKS_PER_NODE=2(x3)";    /* 3 counts, 4 nodes */
+    ck_assert_int_eq(keel_cluster_spec_from_slurm(&o, &s), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "node list has 4"));
+    env[3] = "SLURM_TASKS_PER_NODE=2(x3),1";
+    env[2] = "SLURM_JOB_NODELIST=node[01-03,]";
+    ck_assert_int_eq(keel_cluster_spec_from_slurm(&o, &s), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "SLURM_JOB_NODELIST"));
+    env[2] = "SLURM_JOB_NODELIST=node01,node01,node[02-03]";
+    ck_assert_int_eq(keel_cluster_spec_from_slurm(&o, &s), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "duplicate address "
+                                                    "'node01:8888'"));
+    ck_assert_ptr_null(s);
 }
 END_TEST
 
@@ -2876,7 +3057,11 @@ cluster_suite(void)
         test_tf_config_replica_counts_must_fit_the_cluster,
         test_format_summarises_the_cluster,
         test_explicit_lists_from_ini_values,
+        test_addresses_are_names_ipv4_or_bracketed_ipv6,
+        test_tf_config_as_the_tfjob_operator_writes_it,
+        test_check_hosts_names_unresolvable_foreign_and_shared,
         test_slurm_hostlist_expansion,
+        test_slurm_tasks_per_node_and_reserved_ports,
         test_slurm_ranks_map_to_ps_then_workers,
         test_slurm_errors_are_named_and_listed_together));
     tu_tcase(s, "wire", 0, NULL, NULL, TU_TESTS(

@@ -80,7 +80,8 @@ START_TEST(test_defaults_match_tf_and_issue)
     ck_assert_int_eq(keel_config_int(cfg, "checkpoint.max_to_keep"), 5);
     ck_assert_int_eq(keel_config_int(cfg, "hooks.log_every_steps"), 100);
     ck_assert_int_eq(keel_config_bool(cfg, "hooks.nan_check"), 1);
-    ck_assert(keel_config_double(cfg, "cluster.max_wait_secs") == 7200.0);
+    ck_assert(keel_config_double(cfg, "cluster.max_wait_secs") == 300.0);
+    ck_assert_str_eq(keel_config_str(cfg, "cluster.bind_address"), "");
     ck_assert_str_eq(keel_config_origin(cfg, "model.type"), "default");
     ck_assert(!keel_config_is_set(cfg, "model.type"));
 }
@@ -286,6 +287,9 @@ START_TEST(test_overrides_and_output_dir)
     ck_assert_int_eq(keel_config_override(cfg, "nosection", "-s"),
                      KEEL_EINVAL);
     ck_assert_int_eq(keel_config_override(cfg, "x.y=1", "-s"), KEEL_EINVAL);
+    ck_assert_int_eq(keel_config_override(cfg, "cluster.bind_address=*",
+                                          "-s"), KEEL_OK);
+    ck_assert_str_eq(keel_config_str(cfg, "cluster.bind_address"), "*");
     setenv("OUTPUT_DIR", "/tmp/out-from-env", 1);
     ck_assert_int_eq(keel_config_apply_env(cfg), KEEL_OK);
     ck_assert_str_eq(keel_config_str(cfg, "checkpoint.dir"),

@@ -6,6 +6,7 @@
 #include <config.h>
 
 #include <arpa/inet.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
@@ -39,6 +40,7 @@ typedef struct cluster {
     int n_ps, n_workers;
     int ps_port[MAX_TASKS], w_port[MAX_TASKS];
     char extra[256];                 /* more TF_CONFIG keys */
+    char host[300];                  /* every task's host; 127.0.0.1 */
     pid_t ps[MAX_TASKS], w[MAX_TASKS];
     int chief_fd;                    /* worker 0's stdout */
     char tag[32];                    /* log file prefix */
@@ -58,6 +60,7 @@ cluster_init(cluster *c, int n_ps, int n_workers, const char *extra,
         c->w_port[i] = tu_held_port();
     snprintf(c->extra, sizeof c->extra, "%s", extra ? extra : "");
     snprintf(c->tag, sizeof c->tag, "%s", tag);
+    snprintf(c->host, sizeof c->host, "127.0.0.1");
 }
 
 static void
@@ -68,12 +71,12 @@ tf_config(const cluster *c, const char *type, int index, char *buf,
     n += (size_t)snprintf(buf + n, size - n,
                           "TF_CONFIG={\"cluster\": {\"ps\": [");
     for (int i = 0; i < c->n_ps; i++)
-        n += (size_t)snprintf(buf + n, size - n, "%s\"127.0.0.1:%d\"",
-                              i ? ", " : "", c->ps_port[i]);
+        n += (size_t)snprintf(buf + n, size - n, "%s\"%s:%d\"",
+                              i ? ", " : "", c->host, c->ps_port[i]);
     n += (size_t)snprintf(buf + n, size - n, "], \"worker\": [");
     for (int i = 0; i < c->n_workers; i++)
-        n += (size_t)snprintf(buf + n, size - n, "%s\"127.0.0.1:%d\"",
-                              i ? ", " : "", c->w_port[i]);
+        n += (size_t)snprintf(buf + n, size - n, "%s\"%s:%d\"",
+                              i ? ", " : "", c->host, c->w_port[i]);
     n += (size_t)snprintf(buf + n, size - n, "]}, \"task\": {\"type\": "
                           "\"%s\", \"index\": %d}%s}", type, index, c->extra);
     ck_assert_uint_lt(n, size);
@@ -908,6 +911,138 @@ START_TEST(sigterm_ends_a_sync_step_waiting_for_a_stopped_replica)
 }
 END_TEST
 
+
+/* A ps and a chief whose addresses name their host by host (a name, or an
+ * IPv6 literal): both train to the end and exit 0. */
+static void
+train_on_host(const char *host, const char *tag)
+{
+    cluster c;
+    char dir[300];
+    const char *const sets[] = { dir, NULL };
+    int st;
+    TU_SNPRINTF(dir, sizeof dir, "checkpoint.dir=%s/%s", tu_dir, tag);
+    cluster_init(&c, 1, 1, NULL, tag);
+    snprintf(c.host, sizeof c.host, "%s", host);
+    cluster_start(&c, sets);
+    st = tu_wait(c.w[0], RUN_MS);
+    ck_assert_msg(st == 0, "%s: chief exited %d: %s", host, st,
+                  log_tail(&c, "worker0"));
+    ck_assert_msg(tu_wait(c.ps[0], RUN_MS) == 0, "%s: ps: %s", host,
+                  log_tail(&c, "ps0"));
+    ck_assert_msg(log_has(&c, "worker0", "step 40"), "%s: %s", host,
+                  log_tail(&c, "worker0"));
+    if (c.chief_fd >= 0)
+        close(c.chief_fd);
+}
+
+/* 1 when this machine can listen on ::1. */
+static int
+ipv6_loopback_works(void)
+{
+    struct sockaddr_in6 a;
+    int fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0), ok;
+    if (fd < 0)
+        return 0;
+    memset(&a, 0, sizeof a);
+    a.sin6_family = AF_INET6;
+    a.sin6_addr = in6addr_loopback;
+    ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
+    close(fd);
+    return ok;
+}
+
+START_TEST(ps_and_chief_train_by_localhost_host_name_and_ipv6)
+{
+    char name[256];
+    struct addrinfo *res = NULL;
+    train_on_host("localhost", "localhost");
+    if (gethostname(name, sizeof name) == 0 &&
+        getaddrinfo(name, NULL, NULL, &res) == 0) {
+        freeaddrinfo(res);
+        train_on_host(name, "hostname");
+    } else {
+        fprintf(stderr, "it_cluster: skipping the host name run: this "
+                "machine's name does not resolve\n");
+    }
+    if (ipv6_loopback_works())
+        train_on_host("[::1]", "ipv6");
+    else
+        fprintf(stderr, "it_cluster: skipping the [::1] run: no IPv6 "
+                "loopback\n");
+}
+END_TEST
+
+/* keel train of task (a TF_CONFIG task) with cluster: exit 2 with a
+ * message naming every needle. */
+static void
+exits_2_naming(const char *cluster_json, const char *task,
+               const char *const *needles)
+{
+    char tf[1024];
+    char *argv[] = { (char *)tu_build_path("keel"), "train",
+                     (char *)cfg_path, NULL };
+    char *env[] = { tf, NULL };
+    TU_SNPRINTF(tf, sizeof tf, "TF_CONFIG={\"cluster\": %s, \"task\": %s}",
+                cluster_json, task);
+    ck_assert_int_eq(tu_run(argv, env, RUN_MS, out, sizeof out, err,
+                            sizeof err), 2);
+    for (size_t i = 0; needles[i] != NULL; i++)
+        ck_assert_msg(strstr(err, needles[i]) != NULL, "no '%s' in: %s",
+                      needles[i], err);
+}
+
+/* An unresolvable host, a ps entry on another machine, two names of one
+ * address and a wildcard each stop a task at start with exit 2, naming
+ * the task and the host. */
+START_TEST(bad_hosts_exit_2_at_start_naming_task_and_host)
+{
+    char cl[512];
+    int p1 = tu_held_port(), p2 = tu_held_port();
+    const char *const unres[] = { "ps 0", "no-such-host.invalid",
+                                  "does not resolve", NULL };
+    const char *const foreign[] = { "ps 0", "198.51.100.7",
+                                    "no address of this machine", NULL };
+    const char *const shared[] = { "ps 0", "worker 0", "one address",
+                                   NULL };
+    const char *const wildcard[] = { "wildcard", "bind_address", NULL };
+    TU_SNPRINTF(cl, sizeof cl, "{\"ps\": [\"no-such-host.invalid:%d\"], "
+                "\"worker\": [\"127.0.0.1:%d\"]}", p1, p2);
+    exits_2_naming(cl, "{\"type\": \"worker\", \"index\": 0}", unres);
+    exits_2_naming(cl, "{\"type\": \"ps\", \"index\": 0}", unres);
+    TU_SNPRINTF(cl, sizeof cl, "{\"ps\": [\"198.51.100.7:%d\"], "
+                "\"worker\": [\"127.0.0.1:%d\"]}", p1, p2);
+    exits_2_naming(cl, "{\"type\": \"ps\", \"index\": 0}", foreign);
+    TU_SNPRINTF(cl, sizeof cl, "{\"ps\": [\"localhost:%d\"], "
+                "\"worker\": [\"127.0.0.1:%d\"]}", p1, p1);
+    exits_2_naming(cl, "{\"type\": \"worker\", \"index\": 0}", shared);
+    TU_SNPRINTF(cl, sizeof cl, "{\"ps\": [\"*:%d\"], "
+                "\"worker\": [\"127.0.0.1:%d\"]}", p1, p2);
+    exits_2_naming(cl, "{\"type\": \"ps\", \"index\": 0}", wildcard);
+}
+END_TEST
+
+/* A chief whose ps is not up names it (task and address) while it
+ * waits, from the start. */
+START_TEST(chief_waiting_for_a_ps_names_it)
+{
+    cluster c;
+    char want[128];
+    int64_t deadline = tu_now_ms() + 15000;
+    cluster_init(&c, 1, 1, NULL, "nops");
+    c.w[0] = start_task(&c, "worker", 0, NULL, NULL);
+    TU_SNPRINTF(want, sizeof want, "waiting for ps 0 (127.0.0.1:%d)",
+                c.ps_port[0]);
+    while (tu_now_ms() < deadline &&
+           (access(tu_path("nops-worker0.log"), F_OK) != 0 ||
+            !log_has(&c, "worker0", want)))
+        usleep(100000);
+    ck_assert_msg(log_has(&c, "worker0", want), "no '%s' in: %s", want,
+                  log_tail(&c, "worker0"));
+    tu_kill(c.w[0]);
+}
+END_TEST
+
 static Suite *
 suite(void)
 {
@@ -934,6 +1069,10 @@ suite(void)
         replica_counts_beyond_the_cluster_exit_2_at_start,
         config_check_prints_the_role_from_tf_config_slurm_and_lists,
         curve_worker_without_allowed_key_cannot_join));
+    tu_tcase(s, "hosts", 150, setup, tu_teardown, TU_TESTS(
+        ps_and_chief_train_by_localhost_host_name_and_ipv6,
+        bad_hosts_exit_2_at_start_naming_task_and_host,
+        chief_waiting_for_a_ps_names_it));
     return s;
 }
 

@@ -11,9 +11,9 @@
 /* How long stopping waits for threads to finish (TF1's
  * stop_grace_period_secs). */
 #define KEEL__DEFAULT_STOP_GRACE_SECS 120
-/* How long a worker waits for a session the chief initializes (TF1's
- * SessionManager max_wait_secs). */
-#define KEEL__DEFAULT_MAX_WAIT_SECS 1800
+/* How long a worker waits for a session the chief initializes
+ * (SessionManager max_wait_secs): a cluster's start-up, minutes. */
+#define KEEL__DEFAULT_MAX_WAIT_SECS 300
 
 /* A default as the string the config table wants: KEEL__XSTR(KEEL__...). */
 #define KEEL__STR(x) #x

@@ -96,10 +96,22 @@ void keel_cluster_spec_set_replicas(keel_cluster_spec *spec,
                                     int replicas_to_aggregate,
                                     int total_num_replicas);
 
-/* Check the whole spec: addresses (host non-empty, port 1..65535), no
+/* Check the whole spec: addresses ("host:port" with a host name, an IPv4
+ * address or "[ipv6]:port", port 1..65535; no wildcard '*'), no
  * empty or duplicate addresses, at most one chief and one evaluator, the
  * task in range, the replica counts. KEEL_EINVAL lists every problem. */
 keel_status keel_cluster_spec_validate(const keel_cluster_spec *spec);
+/* Check the spec's hosts on this machine (after keel_cluster_spec_validate;
+ * it asks the resolver, so it may block as long as a lookup does): every
+ * host resolves (a name, an IPv4 address, an IPv6 one as "[addr]:port"),
+ * no two tasks share an address and port (also through two names of one
+ * address), and a ps's own entry resolves to an address of this machine
+ * unless bind_address (cluster.bind_address: "*", an interface or an
+ * address of this machine; NULL or "": the entry; borrowed for the call)
+ * says where it listens. KEEL_OK in local mode. KEEL_EINVAL lists every
+ * problem, naming the task and the host. */
+keel_status keel_cluster_spec_check_hosts(const keel_cluster_spec *spec,
+                                          const char *bind_address);
 
 /* Accessors; cannot fail. */
 size_t keel_cluster_spec_num_tasks(const keel_cluster_spec *spec,

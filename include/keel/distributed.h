@@ -136,7 +136,8 @@ typedef struct keel_cluster_options {
     double step_timeout_secs;     /* a step's wait fails; 3600; 0 never */
     double orphan_secs;           /* a ps without its chief exits; 600 */
     int ready_retry_ms;           /* worker retry floor while waiting; 50 */
-    double max_wait_secs;         /* a worker waits for the chief; 7200 */
+    double max_wait_secs;         /* a chief waits for the ps, a worker
+                                   * for the chief; 300 */
     int send_buffer_kib;          /* every socket's send buffer; 512;
                                    * 0: the kernel's autotuning */
     int curve;                    /* CURVE on every socket; 0 */
@@ -195,6 +196,13 @@ typedef struct keel_cluster_options {
     /* Sync mode: the replicas a step aggregates, overriding the spec's
      * (e.g. only the replicas that push gradients); 0: the spec's. */
     int replicas_to_aggregate;
+    /* Where a ps listens (cluster.bind_address). NULL or "" (default):
+     * every address of this machine its own entry's host resolves to;
+     * "*": every interface; an interface name ("eth0"): its addresses; an
+     * address of this machine: that one. Also what
+     * keel_cluster_spec_detect checks the ps's entry against. Borrowed
+     * while the options are in use. */
+    const char *bind_address;
 } keel_cluster_options;
 
 /* The defaults above. Cannot fail. */

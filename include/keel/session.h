@@ -233,7 +233,7 @@ typedef struct keel_session_creator {
 /* Chief creator: keel_session_manager_prepare. sm borrowed. */
 keel_session_creator keel_chief_creator(keel_session_manager *sm);
 /* Worker creator: keel_session_manager_wait with the manager's
- * max_wait_secs set by keel_session_manager_set_max_wait (default 1800). */
+ * max_wait_secs set by keel_session_manager_set_max_wait (default 300). */
 keel_session_creator keel_worker_creator(keel_session_manager *sm);
 void keel_session_manager_set_max_wait(keel_session_manager *sm,
                                        double max_wait_secs);
@@ -296,7 +296,7 @@ typedef struct keel_session_config {
     int is_chief;
     const keel_scaffold *scaffold;    /* copied; NULL: defaults */
     const char *checkpoint_dir;       /* copied; restore + save_now */
-    double max_wait_secs;             /* worker; default 1800 */
+    double max_wait_secs;             /* worker; default 300 */
     int recovery_wait_ms;             /* worker retry; default 50 */
     /* Recovery (MonitoredSession only): bounded retries, the first at
      * once, then with exponential backoff, doubling from backoff_ms up
