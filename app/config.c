@@ -210,11 +210,11 @@ static const key_def schema[] = {
       "micro-batches of this many examples in global order, so 1 process "
       "and any number of cluster workers give identical bits; the "
       "per-worker batch must be a multiple of it." },
-    { "train", "leaves", T_INT, "4", 1, 1024, NULL,
+    { "train", "leaves", T_INT, "4", 1, 65536, NULL,
       "multi_worker_mirrored: the global batch is cut into this many equal "
       "leaves whose gradients are added along one fixed binary tree, so "
-      "every rank count that divides it gives identical bits (a power of "
-      "two; train.batch_size a multiple of it)." },
+      "every rank count up to it gives identical bits (train.batch_size a "
+      "multiple of it; 1 to 64 leaves per rank)." },
     { "train", "eval_batch_size", T_INT, "1000", 1, 1 << 20, NULL,
       "Batch size of keel eval." },
     { "train", "validate_every_epochs", T_INT, "0", 0, 1000000, NULL,

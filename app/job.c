@@ -86,6 +86,11 @@ typedef struct job {
     int64_t leaves;
     int n_nodes;
     size_t node_off[64], node_len[64];
+    /* multi_worker_mirrored with leaves the ranks do not split evenly:
+     * every rank reads the whole global batch and trains examples
+     * [slice_off, + slice_len) of it, its leaves (0: the iterator's
+     * slice is the rank's) */
+    size_t slice_off, slice_len;
     /* One process: the job zeroes the step's gradients itself (the session
      * is told to skip it) and knows when the last update already did. */
     int own_zeroing;
@@ -896,6 +901,7 @@ job_step(void *ctx, keel_step *stp)
     job *j = ctx;
     const keel_batch *b = keel_step_batch(stp);
     keel_step_stats stats;
+    keel_batch slice;
     keel_status st;
     if (b == NULL)
         return keel__fail(KEEL_EINTERNAL, "train step: no batch was fed");
@@ -910,6 +916,15 @@ job_step(void *ctx, keel_step *stp)
     j->zeroed = NULL;
     if (j->kfac_role == 2)              /* an inverse worker: no batch */
         return keel_step_set_value(stp, "loss", 0.0);
+    if (j->slice_len > 0) {
+        if (j->slice_off + j->slice_len > b->n)
+            return keel__fail(KEEL_EINTERNAL, "this rank's examples [%zu, "
+                              "+%zu) of a batch of %zu", j->slice_off,
+                              j->slice_len, b->n);
+        slice = batch_slice(b, j->slice_off, j->slice_len,
+                            keel_dataset_example_size(j->ds));
+        b = &slice;
+    }
     if ((st = batch_step(j, stp, b, &stats)) != KEEL_OK)
         return st;
     if (j->kfac != NULL && j->kfac_observes &&
@@ -1550,9 +1565,9 @@ mwm_check(const keel_config *cfg, int in_cluster)
                           "apply to multi_worker_mirrored: its gradients are "
                           "always summed over train.leaves fixed leaves",
                           keel_config_origin(cfg, "train.micro_batch"));
-    if ((leaves & (leaves - 1)) != 0 || batch % leaves != 0)
-        return keel__fail(KEEL_EINVAL, "train.leaves = %lld (%s): a power "
-                          "of two dividing train.batch_size = %lld",
+    if (batch % leaves != 0)
+        return keel__fail(KEEL_EINVAL, "train.leaves = %lld (%s) must "
+                          "divide train.batch_size = %lld",
                           (long long)leaves,
                           keel_config_origin(cfg, "train.leaves"),
                           (long long)batch);
@@ -1563,12 +1578,12 @@ static keel_status
 mwm_check_ranks(const keel_config *cfg, int ranks)
 {
     int64_t leaves = keel_config_int(cfg, "train.leaves");
-    if (leaves % ranks != 0 || leaves / ranks > 64)
+    if (leaves < ranks || (leaves + ranks - 1) / ranks > 64)
         return keel__fail(KEEL_EINVAL, "multi_worker_mirrored: %d ranks "
-                          "and train.leaves = %lld: start a power-of-two "
-                          "number of ranks dividing the leaves, with at "
-                          "most 64 leaves per rank (or set train.leaves)",
-                          ranks, (long long)leaves);
+                          "and train.leaves = %lld: every rank needs at "
+                          "least one leaf and at most 64 (start at most %lld "
+                          "ranks, or set train.leaves)",
+                          ranks, (long long)leaves, (long long)leaves);
     return KEEL_OK;
 }
 
@@ -1762,7 +1777,11 @@ train_build_job(train_run *r)
     const keel_config *cfg = r->cfg;
     keel_status st;
 
-    st = job_build(&r->j, cfg, r->replica, r->replicas,
+    /* multi_worker_mirrored ranks that split the leaves unevenly read
+     * the whole batch: the iterator's even slices would cut leaves */
+    int even = !r->is_mwm ||
+               keel_config_int(cfg, "train.leaves") % r->replicas == 0;
+    st = job_build(&r->j, cfg, even ? r->replica : 0, even ? r->replicas : 1,
                    !r->in_cluster && !r->is_mwm &&
                    strcmp(keel_config_str(cfg, "algorithm.name"),
                           "hogwild") == 0, !r->in_cluster && !r->is_mwm);
@@ -1978,10 +1997,18 @@ train_mwm_backend(train_run *r)
 {
     job *j = &r->j;
     int64_t leaves = keel_config_int(r->cfg, "train.leaves");
+    int64_t first = leaves * r->replica / r->replicas;
+    int64_t end = leaves * (r->replica + 1) / r->replicas;
     keel_status st;
 
+    /* rank r's leaves: [L r / R, L (r + 1) / R), in rank order (the
+     * collective places them in its tree by the ranks' counts) */
     j->micro = j->global_batch / leaves;
-    if ((st = alloc_micro(j, (int)(leaves / r->replicas))) != KEEL_OK ||
+    if (leaves % r->replicas != 0) {
+        j->slice_off = (size_t)(first * j->micro);
+        j->slice_len = (size_t)((end - first) * j->micro);
+    }
+    if ((st = alloc_micro(j, (int)(end - first))) != KEEL_OK ||
         (st = keel_collective_set_leaves(r->coll, j->micro_g, j->n_micro)) !=
         KEEL_OK)
         return st;

@@ -5,12 +5,17 @@
  * configured with it; without MPI every call but the availability checks
  * fails with the install command.
  *
- * The sum: a rank's gradient leaves (keel_collective_set_leaves; one leaf,
- * the session's gradients, when none are set) are added pairwise along a
- * binary tree into the rank's root, the roots of every rank are gathered
- * (MPI_Allgather, in rank order) and added along the same kind of tree.
- * With L leaves in all and P ranks (powers of two, P <= L) this is the one
- * tree over the L leaves, so 1, 2, 4 ... ranks give identical bits.
+ * The sum is the canonical tree's (core_int.h, keel__tree_*) over the
+ * leaves of every rank: rank r's leaves (keel_collective_set_leaves; one
+ * leaf, the session's gradients, when none are set) follow those of the
+ * ranks before it, any count per rank. A rank adds its leaves into the
+ * tree nodes that cover them (one node when the ranks split a power-of-two
+ * tree evenly), the flattened gradient is cut into one contiguous chunk
+ * per rank, chunk c of every node sum goes to rank c (MPI_Ialltoallv),
+ * rank c adds the nodes of its chunk along the tree, and the summed chunks
+ * are gathered by every rank (MPI_Iallgatherv). Every addition is the
+ * tree's, so any rank count gives the bits of one process; a rank sends
+ * and receives its node sums and one sum a step, whatever the rank count.
  * MPI_Allreduce is not used: its order is the implementation's. */
 #include <config.h>
 
@@ -32,6 +37,11 @@
  * polls. */
 #define KEEL__COLL_SPIN_POLLS 200
 #define KEEL__COLL_SLEEP_NS 20000
+/* A rank waits this long for the others in one exchange before it fails:
+ * longer than any step or checkpoint a rank may wait out. */
+#define KEEL__COLL_DEADLINE_SECS 1800
+/* Leaves one rank may hold (each is a gradient store of its own). */
+#define KEEL__COLL_MAX_LEAVES 4096
 
 #define NO_MPI_HINT "keel was built without MPI: install Open MPI " \
     "(apt-get install libopenmpi-dev openmpi-bin), re-run configure and " \
@@ -136,17 +146,24 @@ struct keel_collective {
     int is_clean;               /* the session ended without an error */
     keel_grads *const *leaves;  /* borrowed; NULL: the session's grads */
     int n_leaves;
-    size_t n_floats;            /* trainable gradient floats (buffers
-                                 * sized at the first all-reduce) */
-    float *send;                /* n_floats + 1 (the stop flag) */
-    float *recv;                /* size * (n_floats + 1) */
-    /* Every rank on this node: a shared window of two slots per rank
-     * (alternate steps), read directly after one barrier */
-    int use_shm, phase;
-    MPI_Comm node;
-    MPI_Win win;
-    float **slot;               /* each rank's slots in this process */
+    /* The exchange, fixed at the first all-reduce (make_plan) */
+    int has_plan;
+    size_t n_floats;            /* trainable gradient floats */
+    int64_t n_tree;             /* leaves over every rank: the tree's */
+    int64_t first;              /* this rank's first leaf in the tree */
+    keel__tree_node *nodes;     /* every rank's cover nodes, rank order */
+    int n_nodes;                /* ... all of them */
+    int *node0, *nk;            /* size: rank r's first node, its count */
+    keel__tree_node *leaf_nodes;/* [i, i + 1) for a node's own leaves */
+    const float **parts;        /* max(n_nodes, n_leaves) pointers */
+    size_t *chunk;              /* size + 1: chunk c is floats
+                                 * [chunk[c], chunk[c + 1]) */
+    int *scount, *sdispl, *rcount, *rdispl, *gcount, *gdispl;
+    float *send;                /* per rank c: flag, own nodes' chunk c */
+    float *recv;                /* per rank r: flag, r's nodes' chunk */
+    float *gath;                /* per chunk c: its sum, the stop flag */
     int64_t steps, reduce_ns;
+    uint64_t sent_bytes, recv_bytes;   /* to and from other ranks */
     struct sigaction old_term, old_int;
     int has_handlers;
 };
@@ -210,7 +227,6 @@ keel_collective_new(const keel_updater *update, keel_collective **out)
     c = calloc(1, sizeof *c);
     if (c == NULL)
         return keel__fail(KEEL_ENOMEM, "collective: %zu bytes", sizeof *c);
-    c->node = MPI_COMM_NULL;
     if (update != NULL)
         c->inner = *update;
     MPI_Initialized(&is_init);
@@ -254,162 +270,131 @@ keel_collective_set_leaves(keel_collective *c, keel_grads *const *leaves,
 {
     if (c == NULL)
         return keel__fail(KEEL_EINVAL, "collective: handle is NULL");
-    if (n < 0 || n > 1024 || (n > 0 && leaves == NULL) || (n & (n - 1)))
-        return keel__fail(KEEL_EINVAL, "collective: %d leaves (a power of "
-                          "two up to 1024, or 0 for the session's "
-                          "gradients)", n);
+    if (n < 0 || n > KEEL__COLL_MAX_LEAVES || (n > 0 && leaves == NULL))
+        return keel__fail(KEEL_EINVAL, "collective: %d leaves (1 to %d, or "
+                          "0 for the session's gradients)", n,
+                          KEEL__COLL_MAX_LEAVES);
+    if (c->has_plan && (n > 0 ? n : 1) != (c->n_leaves > 0 ? c->n_leaves
+                                                            : 1))
+        return keel__fail(KEEL_ESTATE, "collective: rank %d changes its "
+                          "leaves from %d to %d after the first all-reduce",
+                          c->rank, c->n_leaves, n);
     c->leaves = n > 0 ? leaves : NULL;
     c->n_leaves = n;
     return KEEL_OK;
 }
 
-/* bufs[lo..hi) summed pairwise along the fixed tree (halves split at the
- * middle, the left half's size rounded up) into bufs[lo]. */
+/* Floats [lo, hi) of g's trainable tensors flattened in store order: into
+ * dst (to_g = 0) or from src into g (to_g = 1). */
 static void
-tree_sum(float *const *bufs, int lo, int hi, size_t count)
-{
-    int mid;
-    if (hi - lo < 2)
-        return;
-    mid = lo + (hi - lo + 1) / 2;
-    tree_sum(bufs, lo, mid, count);
-    tree_sum(bufs, mid, hi, count);
-    keel__add_into(bufs[lo], bufs[mid], count);
-}
-
-/* The gradient store's trainable tensors, in store order, into dst. */
-static void
-pack(keel_grads *g, float *dst)
+copy_range(keel_grads *g, size_t lo, size_t hi, float *buf, int to_g)
 {
     size_t off = 0;
-    for (size_t i = 0; i < keel_grads_count(g); i++) {
+    for (size_t i = 0; i < keel_grads_count(g) && off < hi; i++) {
         keel_tensor *t = keel_grads_at(g, i);
+        size_t a, b;
         if (t == NULL)
             continue;
-        memcpy(dst + off, t->data, t->count * sizeof(float));
-        off += t->count;
-    }
-}
-
-static void
-unpack(keel_grads *g, const float *src)
-{
-    size_t off = 0;
-    for (size_t i = 0; i < keel_grads_count(g); i++) {
-        keel_tensor *t = keel_grads_at(g, i);
-        if (t == NULL)
-            continue;
-        memcpy(t->data, src + off, t->count * sizeof(float));
-        off += t->count;
-    }
-}
-
-/* The leaves' tree sum into leaves[0], tensor by tensor. */
-static void
-sum_leaves(keel_grads *const *leaves, int n)
-{
-    float *bufs[1024];
-    for (size_t i = 0; i < keel_grads_count(leaves[0]); i++) {
-        keel_tensor *t = keel_grads_at(leaves[0], i);
-        if (t == NULL)
-            continue;
-        for (int k = 0; k < n; k++)
-            bufs[k] = keel_grads_at(leaves[k], i)->data;
-        tree_sum(bufs, 0, n, t->count);
-    }
-}
-
-/* Wait for req without holding a core: a short spin, then MPI_Test
- * between sleeps. A blocking collective polls at full speed, and a rank
- * waiting for a slower one would take the CPU the slower one (or other
- * ranks on the same cores) needs. */
-static int
-wait_for(MPI_Request *req)
-{
-    int done = 0, rc = MPI_SUCCESS, polls = 0;
-    while (rc == MPI_SUCCESS) {
-        rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
-        if (rc != MPI_SUCCESS || done)
-            break;
-        if (++polls > KEEL__COLL_SPIN_POLLS) {
-            struct timespec ts = { 0, KEEL__COLL_SLEEP_NS };
-            nanosleep(&ts, NULL);
+        a = lo > off ? lo - off : 0;
+        b = hi - off < t->count ? hi - off : t->count;
+        if (a < b) {
+            if (to_g)
+                memcpy(t->data + a, buf + (off + a - lo),
+                       (b - a) * sizeof(float));
+            else
+                memcpy(buf + (off + a - lo), t->data + a,
+                       (b - a) * sizeof(float));
         }
+        off += t->count;
     }
-    return rc;
 }
 
-/* Every rank's root (stride floats each, from c->send) into c->recv in
- * rank order. On one node through the shared window: each rank writes its
- * slot of this step's phase, one barrier, each reads every slot (the other
- * phase is written next step, after the next barrier, so no slot is
- * overwritten while read). Across nodes: MPI_Iallgather. */
-static int
-allgather(keel_collective *c, size_t stride)
-{
-    MPI_Request req;
-    int rc;
-    if (c->use_shm) {
-        size_t off = (size_t)c->phase * stride;
-        memcpy(c->slot[c->rank] + off, c->send, stride * sizeof(float));
-        MPI_Win_sync(c->win);
-        rc = MPI_Ibarrier(c->node, &req);
-        if (rc == MPI_SUCCESS)
-            rc = wait_for(&req);
-        if (rc != MPI_SUCCESS)
-            return rc;
-        MPI_Win_sync(c->win);
-        for (int r = 0; r < c->size; r++)
-            memcpy(c->recv + (size_t)r * stride, c->slot[r] + off,
-                   stride * sizeof(float));
-        c->phase ^= 1;
-        return MPI_SUCCESS;
-    }
-    rc = MPI_Iallgather(c->send, (int)stride, MPI_FLOAT, c->recv,
-                        (int)stride, MPI_FLOAT, MPI_COMM_WORLD, &req);
-    return rc == MPI_SUCCESS ? wait_for(&req) : rc;
-}
-
-/* The shared window when every rank is on this node (else nothing: the
- * all-gather goes through MPI). */
+/* The sum of local leaves [lo, lo + n) along the tree over n leaves (a
+ * node's subtree), tensor by tensor, into leaf lo: the node's sum. */
 static keel_status
-make_window(keel_collective *c, size_t stride)
+sum_node(keel_collective *c, int64_t lo, int64_t n)
 {
-    int nsize = 0, rc;
-    float *base = NULL;
-    rc = MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0,
-                             MPI_INFO_NULL, &c->node);
-    if (rc != MPI_SUCCESS)
-        return mpi_fail(rc, "the node communicator");
-    MPI_Comm_size(c->node, &nsize);
-    if (nsize != c->size)
+    keel_grads *const *leaves = c->leaves;
+    if (n < 2)
         return KEEL_OK;
-    c->slot = calloc((size_t)c->size, sizeof *c->slot);
-    if (c->slot == NULL)
-        return keel__fail(KEEL_ENOMEM, "collective: %d slots", c->size);
-    rc = MPI_Win_allocate_shared((MPI_Aint)(2 * stride * sizeof(float)),
-                                 (int)sizeof(float), MPI_INFO_NULL, c->node,
-                                 &base, &c->win);
-    if (rc != MPI_SUCCESS)
-        return mpi_fail(rc, "the shared window");
-    for (int r = 0; r < c->size && rc == MPI_SUCCESS; r++) {
-        MPI_Aint size;
-        int disp;
-        rc = MPI_Win_shared_query(c->win, r, &size, &disp, &c->slot[r]);
+    for (size_t i = 0; i < keel_grads_count(leaves[lo]); i++) {
+        keel_tensor *t = keel_grads_at(leaves[lo], i);
+        keel_status st;
+        if (t == NULL)
+            continue;
+        for (int64_t k = 0; k < n; k++)
+            c->parts[k] = keel_grads_at(leaves[lo + k], i)->data;
+        st = keel__tree_sum(n, c->leaf_nodes, c->parts, (int)n, t->data, 0,
+                            t->count);
+        if (st != KEEL_OK)
+            return st;
     }
-    if (rc == MPI_SUCCESS)
-        rc = MPI_Win_lock_all(MPI_MODE_NOCHECK, c->win);
-    if (rc != MPI_SUCCESS)
-        return mpi_fail(rc, "the shared window");
-    c->use_shm = 1;
     return KEEL_OK;
 }
 
-/* The all-gather's buffers for g's trainable tensors and the stop flag. */
-static keel_status
-make_buffers(keel_collective *c, keel_grads *g)
+/* The gradient store holding the sum of this rank's node i (after
+ * sum_node): its first leaf, or the session's gradients g. */
+static keel_grads *
+node_grads(keel_collective *c, int i, keel_grads *g)
 {
-    keel_status st;
+    if (c->leaves == NULL)
+        return g;
+    return c->leaves[c->nodes[c->node0[c->rank] + i].lo - c->first];
+}
+
+/* Wait for req without holding a core: a short spin, then MPI_Test
+ * between sleeps (a blocking collective polls at full speed, and a rank
+ * waiting for a slower one would take the CPU the slower one, or other
+ * ranks on the same cores, needs). Gives up after
+ * KEEL__COLL_DEADLINE_SECS: a rank that stopped answering ends this one
+ * with a message instead of a hang. */
+static keel_status
+wait_for(keel_collective *c, MPI_Request *req, const char *what)
+{
+    int done = 0, rc = MPI_SUCCESS, polls = 0;
+    int64_t deadline = keel__now_mono_ns() +
+                       (int64_t)KEEL__COLL_DEADLINE_SECS * 1000000000;
+    for (;;) {
+        rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS)
+            return mpi_fail(rc, what);
+        if (done)
+            return KEEL_OK;
+        if (++polls > KEEL__COLL_SPIN_POLLS) {
+            struct timespec ts = { 0, KEEL__COLL_SLEEP_NS };
+            nanosleep(&ts, NULL);
+            if ((polls & 1023) == 0 && keel__now_mono_ns() > deadline)
+                return keel__fail(KEEL_ETIMEOUT, "collective: rank %d "
+                                  "waited %d s in %s for the other %d "
+                                  "ranks (one died or stopped answering; "
+                                  "restart every rank from the newest "
+                                  "checkpoint)", c->rank,
+                                  KEEL__COLL_DEADLINE_SECS, what,
+                                  c->size - 1);
+        }
+    }
+}
+
+static void *
+plan_alloc(int *bad, size_t n, size_t size)
+{
+    void *p = calloc(n > 0 ? n : 1, size);
+    if (p == NULL)
+        *bad = 1;
+    return p;
+}
+
+/* The exchange for g's trainable tensors: every rank's leaf count (one
+ * MPI_Allgather, once) places its leaves in the tree; each rank's range
+ * is covered by tree nodes; the gradient is cut into size chunks, chunk c
+ * reduced by rank c. */
+static keel_status
+make_plan(keel_collective *c, keel_grads *g)
+{
+    int mine = c->n_leaves > 0 ? c->n_leaves : 1, bad = 0, rc, max_k;
+    int *counts;
+    size_t stride, need;
+    keel_status st = KEEL_OK;
     c->n_floats = 0;
     for (size_t i = 0; i < keel_grads_count(g); i++) {
         keel_tensor *t = keel_grads_at(g, i);
@@ -419,46 +404,209 @@ make_buffers(keel_collective *c, keel_grads *g)
     if (c->n_floats >= (size_t)1 << 30)
         return keel__fail(KEEL_EINVAL, "collective: %zu gradient floats "
                           "(at most 2^30 per step)", c->n_floats);
-    c->send = keel_aligned_alloc((c->n_floats + 1) * sizeof(float));
-    c->recv = keel_aligned_alloc((size_t)c->size * (c->n_floats + 1) *
-                                 sizeof(float));
-    if (c->send == NULL || c->recv == NULL) {
-        keel_aligned_free(c->send);
-        keel_aligned_free(c->recv);
-        c->send = c->recv = NULL;
-        return keel__fail(KEEL_ENOMEM, "collective: buffers of %zu floats "
-                          "for %d ranks", c->n_floats, c->size);
+    counts = plan_alloc(&bad, (size_t)c->size, sizeof *counts);
+    c->node0 = plan_alloc(&bad, (size_t)c->size + 1, sizeof *c->node0);
+    c->nk = plan_alloc(&bad, (size_t)c->size, sizeof *c->nk);
+    c->chunk = plan_alloc(&bad, (size_t)c->size + 1, sizeof *c->chunk);
+    c->scount = plan_alloc(&bad, 6 * (size_t)c->size, sizeof(int));
+    if (bad) {
+        free(counts);
+        return keel__fail(KEEL_ENOMEM, "collective: the plan for %d ranks",
+                          c->size);
     }
-    st = make_window(c, c->n_floats + 1);
+    c->sdispl = c->scount + c->size;
+    c->rcount = c->sdispl + c->size;
+    c->rdispl = c->rcount + c->size;
+    c->gcount = c->rdispl + c->size;
+    c->gdispl = c->gcount + c->size;
+    counts[c->rank] = mine;
+    rc = MPI_Allgather(&mine, 1, MPI_INT, counts, 1, MPI_INT,
+                       MPI_COMM_WORLD);
+    if (rc != MPI_SUCCESS) {
+        free(counts);
+        return mpi_fail(rc, "the exchange of the ranks' leaf counts");
+    }
+    c->n_tree = 0;
+    for (int r = 0; r < c->size; r++) {
+        if (r == c->rank)
+            c->first = c->n_tree;
+        c->n_tree += counts[r];
+    }
+    /* every rank's cover, rank order: the nodes left to right */
+    max_k = 2 * KEEL__TREE_MAX_DEPTH;
+    c->nodes = plan_alloc(&bad, (size_t)c->size * (size_t)max_k,
+                          sizeof *c->nodes);
+    for (int64_t r = 0, lo = 0, k = 0; !bad && r < c->size; r++) {
+        int n = keel__tree_cover(c->n_tree, lo, lo + counts[r],
+                                 c->nodes + k, max_k);
+        if (n < 1) {
+            st = keel__fail(KEEL_EINTERNAL, "collective: the tree cover of "
+                            "rank %d's leaves [%lld, %lld) of %lld", (int)r,
+                            (long long)lo, (long long)(lo + counts[r]),
+                            (long long)c->n_tree);
+            break;
+        }
+        c->node0[r] = (int)k;
+        c->nk[r] = n;
+        k += n;
+        lo += counts[r];
+        c->n_nodes = (int)k;
+    }
+    free(counts);
     if (st != KEEL_OK)
         return st;
+    c->node0[c->size] = c->n_nodes;
+    c->leaf_nodes = plan_alloc(&bad, (size_t)mine, sizeof *c->leaf_nodes);
+    c->parts = plan_alloc(&bad, (size_t)(mine > c->n_nodes ? mine
+                                          : c->n_nodes), sizeof *c->parts);
+    for (int i = 0; !bad && i < mine; i++) {
+        c->leaf_nodes[i].lo = i;
+        c->leaf_nodes[i].hi = i + 1;
+    }
+    /* chunk c: floats [n c / size, n (c + 1) / size); each message and
+     * each gathered chunk carries one more float, the stop flag */
+    for (int r = 0; r <= c->size; r++)
+        c->chunk[r] = c->n_floats * (size_t)r / (size_t)c->size;
+    stride = 0;
+    need = 0;
+    for (int r = 0; r < c->size; r++) {
+        size_t to_r = c->chunk[r + 1] - c->chunk[r];
+        size_t from_r = c->chunk[c->rank + 1] - c->chunk[c->rank];
+        c->scount[r] = 1 + c->nk[c->rank] * (int)to_r;
+        c->sdispl[r] = (int)stride;
+        stride += (size_t)c->scount[r];
+        c->rcount[r] = 1 + c->nk[r] * (int)from_r;
+        c->rdispl[r] = (int)need;
+        need += (size_t)c->rcount[r];
+        c->gcount[r] = 1 + (int)to_r;
+        c->gdispl[r] = (int)(c->chunk[r] + (size_t)r);
+    }
+    if (stride >= (size_t)1 << 31 || need >= (size_t)1 << 31)
+        return keel__fail(KEEL_EINVAL, "collective: %zu gradient floats "
+                          "over %d tree nodes exceed one exchange's 2^31 "
+                          "floats (fewer leaves per rank, or leaves that "
+                          "the ranks split evenly)", c->n_floats,
+                          c->n_nodes);
+    c->send = keel_aligned_alloc((stride + 1) * sizeof(float));
+    c->recv = keel_aligned_alloc((need + 1) * sizeof(float));
+    c->gath = keel_aligned_alloc((c->n_floats + (size_t)c->size) *
+                                 sizeof(float));
+    if (bad || c->send == NULL || c->recv == NULL || c->gath == NULL)
+        return keel__fail(KEEL_ENOMEM, "collective: buffers of %zu floats "
+                          "for %d ranks", c->n_floats, c->size);
+    c->has_plan = 1;
     keel__log(KEEL_LOG_INFO, "collective: rank %d of %d, %zu gradient "
-              "floats per step (%s)", c->rank, c->size, c->n_floats,
-              c->use_shm ? "one node: a shared window" : "all-gather");
+              "floats per step; leaves [%lld, %lld) of %lld, %d tree "
+              "node(s) sent (reduce-scatter, then all-gather)", c->rank,
+              c->size, c->n_floats, (long long)c->first,
+              (long long)(c->first + mine), (long long)c->n_tree,
+              c->nk[c->rank]);
+    return KEEL_OK;
+}
+
+/* This rank's node sums, cut into chunks: chunk c of every node to rank
+ * c, behind this rank's stop flag. */
+static void
+pack_send(keel_collective *c, keel_grads *g, float flag)
+{
+    int k = c->nk[c->rank];
+    for (int r = 0; r < c->size; r++) {
+        float *p = c->send + c->sdispl[r];
+        size_t len = c->chunk[r + 1] - c->chunk[r];
+        *p++ = flag;
+        for (int i = 0; i < k; i++, p += len)
+            copy_range(node_grads(c, i, g), c->chunk[r], c->chunk[r + 1], p,
+                       0);
+    }
+}
+
+/* This rank's chunk: every rank's node sums for it (rank order: the
+ * nodes left to right) added along the tree into the gathered buffer, with
+ * the first stop flag any rank sent. */
+static keel_status
+reduce_chunk(keel_collective *c)
+{
+    size_t len = c->chunk[c->rank + 1] - c->chunk[c->rank];
+    float *out = c->gath + c->gdispl[c->rank];
+    float flag = 0.0f;
+    int j = 0;
+    for (int r = 0; r < c->size; r++) {
+        const float *p = c->recv + c->rdispl[r];
+        if (flag == 0.0f)
+            flag = p[0];
+        for (int i = 0; i < c->nk[r]; i++)
+            c->parts[j++] = p + 1 + (size_t)i * len;
+    }
+    out[len] = flag;
+    if (len == 0)
+        return KEEL_OK;
+    return keel__tree_sum(c->n_tree, c->nodes, c->parts, c->n_nodes, out, 0,
+                          len);
+}
+
+/* g = the tree sum of every rank's leaves; *held = the first stop flag a
+ * rank sent. Reduce-scatter (MPI_Ialltoallv: chunk c of each node sum to
+ * rank c, which adds them along the tree), then all-gather of the summed
+ * chunks (MPI_Iallgatherv): a rank sends and receives its node sums once
+ * and the sum once, whatever the rank count. */
+static keel_status
+exchange(keel_collective *c, keel_grads *g, int *held)
+{
+    MPI_Request req;
+    keel_status st;
+    int rc;
+    pack_send(c, g, (float)*held);
+    rc = MPI_Ialltoallv(c->send, c->scount, c->sdispl, MPI_FLOAT, c->recv,
+                        c->rcount, c->rdispl, MPI_FLOAT, MPI_COMM_WORLD,
+                        &req);
+    if (rc != MPI_SUCCESS)
+        return mpi_fail(rc, "the gradient reduce-scatter");
+    if ((st = wait_for(c, &req, "the gradient reduce-scatter")) != KEEL_OK ||
+        (st = reduce_chunk(c)) != KEEL_OK)
+        return st;
+    rc = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, c->gath,
+                         c->gcount, c->gdispl, MPI_FLOAT, MPI_COMM_WORLD,
+                         &req);
+    if (rc != MPI_SUCCESS)
+        return mpi_fail(rc, "the gradient all-gather");
+    if ((st = wait_for(c, &req, "the gradient all-gather")) != KEEL_OK)
+        return st;
+    for (int r = 0; r < c->size; r++) {
+        const float *p = c->gath + c->gdispl[r];
+        size_t len = c->chunk[r + 1] - c->chunk[r];
+        copy_range(g, c->chunk[r], c->chunk[r + 1], (float *)p, 1);
+        if (*held == 0 && p[len] != 0.0f)
+            *held = (int)p[len];
+        if (r != c->rank) {
+            c->sent_bytes += ((uint64_t)c->scount[r] +
+                              (uint64_t)c->gcount[c->rank]) * sizeof(float);
+            c->recv_bytes += ((uint64_t)c->rcount[r] +
+                              (uint64_t)c->gcount[r]) * sizeof(float);
+        }
+    }
     return KEEL_OK;
 }
 
 keel_status
 keel_collective_allreduce(keel_collective *c, keel_grads *g)
 {
-    keel_grads *root;
-    float *bufs[1024];
-    size_t stride;
     int64_t t0 = keel__now_mono_ns();
-    int rc, held;
+    int held;
     keel_status st;
     if (c == NULL || g == NULL)
         return keel__fail(KEEL_EINVAL, "collective: all-reduce of NULL");
-    if (c->size > 1024)
-        return keel__fail(KEEL_EINVAL, "collective: %d ranks (at most 1024)",
-                          c->size);
-    root = g;
-    if (c->n_leaves > 0) {
-        sum_leaves(c->leaves, c->n_leaves);
-        root = c->leaves[0];
+    if (!c->has_plan && (st = make_plan(c, g)) != KEEL_OK)
+        return st;
+    /* this rank's node sums, each in its first leaf */
+    for (int i = 0; c->leaves != NULL && i < c->nk[c->rank]; i++) {
+        const keel__tree_node *nd = &c->nodes[c->node0[c->rank] + i];
+        if ((st = sum_node(c, nd->lo - c->first, nd->hi - nd->lo)) !=
+            KEEL_OK)
+            return st;
     }
     held = g_held_signal;
     if (c->size == 1) {
+        keel_grads *root = node_grads(c, 0, g);
         if (root != g)
             for (size_t i = 0; i < keel_grads_count(g); i++) {
                 keel_tensor *t = keel_grads_at(g, i);
@@ -466,22 +614,8 @@ keel_collective_allreduce(keel_collective *c, keel_grads *g)
                     memcpy(t->data, keel_grads_at(root, i)->data,
                            t->count * sizeof(float));
             }
-    } else {
-        if (c->send == NULL && (st = make_buffers(c, g)) != KEEL_OK)
-            return st;
-        stride = c->n_floats + 1;
-        pack(root, c->send);
-        c->send[c->n_floats] = (float)held;
-        rc = allgather(c, stride);
-        if (rc != MPI_SUCCESS)
-            return mpi_fail(rc, "the gradient all-gather");
-        for (int r = 0; r < c->size; r++) {
-            bufs[r] = c->recv + (size_t)r * stride;
-            if (bufs[r][c->n_floats] != 0.0f && held == 0)
-                held = (int)bufs[r][c->n_floats];
-        }
-        tree_sum(bufs, 0, c->size, c->n_floats);
-        unpack(g, bufs[0]);
+    } else if ((st = exchange(c, g, &held)) != KEEL_OK) {
+        return st;
     }
     if (held != 0 && keel__signal_flag == 0)
         keel__signal_flag = held;   /* every rank stops after this step */
@@ -700,25 +834,23 @@ keel_collective_free(keel_collective *c)
         if (g_held_signal != 0 && keel__signal_flag == 0)
             keel__signal_flag = g_held_signal;
     }
+    /* the counters bench/mwm_train.sh reads */
     if (c->steps > 0)
         keel__log(KEEL_LOG_INFO, "collective: rank %d: %lld all-reduces, "
-                  "%.3f ms each on average", c->rank, (long long)c->steps,
-                  (double)c->reduce_ns / 1e6 / (double)c->steps);
+                  "%.3f ms each on average; per step %.0f bytes sent to and "
+                  "%.0f received from other ranks", c->rank,
+                  (long long)c->steps,
+                  (double)c->reduce_ns / 1e6 / (double)c->steps,
+                  (double)c->sent_bytes / (double)c->steps,
+                  (double)c->recv_bytes / (double)c->steps);
     if (c->did_init) {
         int is_final = 0;
         MPI_Finalized(&is_final);
         /* A rank whose session failed does not finalize: the launcher
          * (mpirun, srun) sees it exit without MPI_Finalize and ends the
          * other ranks, which may be waiting for it in an all-reduce. */
-        if (!is_final && c->is_clean) {
-            if (c->use_shm) {
-                MPI_Win_unlock_all(c->win);
-                MPI_Win_free(&c->win);
-            }
-            if (c->node != MPI_COMM_NULL && c->node != 0)
-                MPI_Comm_free(&c->node);
+        if (!is_final && c->is_clean)
             MPI_Finalize();
-        }
         else if (!is_final)
             keel__log(KEEL_LOG_WARN, "collective: rank %d ends without "
                       "MPI_Finalize after a failure: the launcher ends "
@@ -726,7 +858,14 @@ keel_collective_free(keel_collective *c)
     }
     keel_aligned_free(c->send);
     keel_aligned_free(c->recv);
-    free(c->slot);
+    keel_aligned_free(c->gath);
+    free(c->nodes);
+    free(c->node0);
+    free(c->nk);
+    free(c->leaf_nodes);
+    free(c->parts);
+    free(c->chunk);
+    free(c->scount);
     free(c);
 }
 

@@ -4,12 +4,15 @@
  * this machine (shared memory and loopback only), real checkpoints.
  *  - 2 ranks train and learn; the chief's checkpoint restores with keel
  *    eval in one process;
- *  - 1, 2 and 4 ranks give bitwise identical checkpoints (keel ckpt diff);
+ *  - 1, 2, 3 and 4 ranks give bitwise identical checkpoints (keel ckpt
+ *    diff), also with leaves the ranks split unevenly (8 leaves on 3
+ *    ranks, 6 on 4) and with the bytes a rank exchanges flat in the rank
+ *    count;
  *  - a SIGKILLed rank ends the job, keel launch restarts every rank from
  *    the newest checkpoint, and the run ends bitwise equal to an
  *    uninterrupted one;
- *  - leaves that the rank count cannot split, and a cluster spec, are
- *    configuration errors (exit 2);
+ *  - fewer leaves than ranks, and a cluster spec, are configuration
+ *    errors (exit 2);
  *  - under Slurm (when a controller answers), srun --mpi=pmix ranks give
  *    mpirun's bits.
  * Skipped (exit 77) when keel was built without MPI. */
@@ -60,11 +63,11 @@ mpirun_options(char **argv)
     return 1 + mpirun_local_options(argv + 1);
 }
 
-/* One application context: -n n keel train cfg_path -s ckdir [-s extra]
- * at argv[k]; the next free index. */
+/* One application context: -n n keel train cfg_path -s ckdir [-s extra
+ * [-s extra2]] at argv[k]; the next free index. */
 static int
-mpirun_app(char **argv, int k, const char *ranks, const char *ckdir,
-           const char *extra)
+mpirun_app2(char **argv, int k, const char *ranks, const char *ckdir,
+            const char *extra, const char *extra2)
 {
     argv[k++] = "-n";
     argv[k++] = (char *)ranks;
@@ -77,13 +80,24 @@ mpirun_app(char **argv, int k, const char *ranks, const char *ckdir,
         argv[k++] = "-s";
         argv[k++] = (char *)extra;
     }
+    if (extra != NULL && extra2 != NULL) {
+        argv[k++] = "-s";
+        argv[k++] = (char *)extra2;
+    }
     return k;
 }
 
-/* mpirun -n n keel train cfg_path -s checkpoint.dir=<tu_dir>/dir [-s
- * extra] within the timeout; its exit status. */
 static int
-mpirun_train(int n, const char *dir, const char *extra)
+mpirun_app(char **argv, int k, const char *ranks, const char *ckdir,
+           const char *extra)
+{
+    return mpirun_app2(argv, k, ranks, ckdir, extra, NULL);
+}
+
+/* mpirun -n n keel train cfg_path -s checkpoint.dir=<tu_dir>/dir [-s
+ * extra [-s extra2]] within the timeout; its exit status. */
+static int
+mpirun_train2(int n, const char *dir, const char *extra, const char *extra2)
 {
     char ranks[8], ckdir[4200];
     char *argv[32];
@@ -91,9 +105,15 @@ mpirun_train(int n, const char *dir, const char *extra)
     snprintf(ranks, sizeof ranks, "%d", n);
     TU_SNPRINTF(ckdir, sizeof ckdir, "checkpoint.dir=%s", tu_path(dir));
     k = mpirun_options(argv);
-    k = mpirun_app(argv, k, ranks, ckdir, extra);
+    k = mpirun_app2(argv, k, ranks, ckdir, extra, extra2);
     argv[k] = NULL;
     return tu_run(argv, NULL, 120000, out, sizeof out, err, sizeof err);
+}
+
+static int
+mpirun_train(int n, const char *dir, const char *extra)
+{
+    return mpirun_train2(n, dir, extra, NULL);
 }
 
 static int
@@ -129,33 +149,92 @@ START_TEST(test_two_ranks_train_and_restore_in_one_process)
 }
 END_TEST
 
-START_TEST(test_one_two_four_ranks_give_identical_bits)
+/* The bytes rank 0 sent to other ranks per step (its last log line),
+ * or -1. */
+static double
+sent_per_step(const char *log)
 {
-    char a[64], b[64];
-    int rc;
-    /* one rank: a plain process (a singleton MPI job) */
-    char ckdir[4200];
-    TU_SNPRINTF(ckdir, sizeof ckdir, "checkpoint.dir=%s", tu_path("r1"));
-    rc = TU_KEEL(120000, "train", cfg_path, "-s", ckdir);
-    ck_assert_msg(rc == 0, "1 rank: %d\n%s", rc, tu_tail(err, 3000));
-    rc = mpirun_train(2, "r2", NULL);
-    ck_assert_msg(rc == 0, "2 ranks: %d\n%s", rc, tu_tail(err, 3000));
-    rc = mpirun_train(4, "r4", NULL);
-    ck_assert_msg(rc == 0, "4 ranks: %d\n%s", rc, tu_tail(err, 3000));
-    for (int step = 10; step <= 30; step += 20) {
-        snprintf(a, sizeof a, "r1/model.ckpt-%d.h5", step);
-        snprintf(b, sizeof b, "r2/model.ckpt-%d.h5", step);
-        ck_assert_msg(ckpt_diff(a, b) == 0, "%s vs %s:\n%s%s", a, b, out,
-                      err);
-        snprintf(b, sizeof b, "r4/model.ckpt-%d.h5", step);
-        ck_assert_msg(ckpt_diff(a, b) == 0, "%s vs %s:\n%s%s", a, b, out,
-                      err);
+    const char *p = log, *q;
+    double sent = -1;
+    while ((q = strstr(p, "collective: rank 0: ")) != NULL) {
+        const char *b = strstr(q, "per step ");
+        if (b != NULL)
+            sscanf(b, "per step %lf", &sent);
+        p = q + 1;
     }
+    return sent;
+}
+
+/* train (one process) and mpirun -n ranks[i] into dirs "<tag>1",
+ * "<tag>N" with extra and extra2: the step-10 and step-30 checkpoints all
+ * equal the one process's; the last mpirun's log has expect (unless
+ * NULL); sent[i] (unless NULL) is rank 0's bytes a step. */
+static void
+check_rank_counts(const char *tag, const int *ranks, int n,
+                  const char *extra, const char *extra2, const char *expect,
+                  double *sent)
+{
+    char a[128], b[128], dir[32], ckdir[4200];
+    int rc;
+    snprintf(dir, sizeof dir, "%s1", tag);
+    TU_SNPRINTF(ckdir, sizeof ckdir, "checkpoint.dir=%s", tu_path(dir));
+    /* one rank: a plain process (a singleton MPI job) */
+    rc = extra2 != NULL
+        ? TU_KEEL(120000, "train", cfg_path, "-s", ckdir, "-s", extra, "-s",
+                  extra2)
+        : extra != NULL
+        ? TU_KEEL(120000, "train", cfg_path, "-s", ckdir, "-s", extra)
+        : TU_KEEL(120000, "train", cfg_path, "-s", ckdir);
+    ck_assert_msg(rc == 0, "%s 1 rank: %d\n%s", tag, rc, tu_tail(err, 3000));
+    for (int i = 0; i < n; i++) {
+        snprintf(dir, sizeof dir, "%s%d", tag, ranks[i]);
+        rc = mpirun_train2(ranks[i], dir, extra, extra2);
+        ck_assert_msg(rc == 0, "%s %d ranks: %d\n%s", tag, ranks[i], rc,
+                      tu_tail(err, 3000));
+        if (sent != NULL)
+            sent[i] = sent_per_step(err);
+        if (expect != NULL && i == n - 1)
+            ck_assert_msg(strstr(err, expect) != NULL, "no '%s' in:\n%s",
+                          expect, tu_tail(err, 3000));
+        for (int step = 10; step <= 30; step += 20) {
+            snprintf(a, sizeof a, "%s1/model.ckpt-%d.h5", tag, step);
+            snprintf(b, sizeof b, "%s/model.ckpt-%d.h5", dir, step);
+            ck_assert_msg(ckpt_diff(a, b) == 0, "%s vs %s:\n%s%s", a, b,
+                          out, err);
+        }
+    }
+}
+
+START_TEST(test_one_to_four_ranks_give_identical_bits)
+{
+    static const int ranks[] = { 2, 3, 4 };
+    double sent[3];
+    int rc;
+    /* 4 leaves: 2 ranks 2 each, 3 ranks 1, 1 and 2, 4 ranks 1 each */
+    check_rank_counts("r", ranks, 3, NULL, NULL, NULL, sent);
+    /* the bytes a rank sends do not grow with the ranks: its node sum and
+     * its chunk of the sum, a little under two gradients */
+    ck_assert_msg(sent[0] > 0 && sent[2] > 0, "%g %g", sent[0], sent[2]);
+    ck_assert_msg(sent[2] < 1.6 * sent[0], "2 ranks: %g bytes a step, 4 "
+                  "ranks: %g", sent[0], sent[2]);
     /* the diff can fail: another seed gives other bits */
     rc = mpirun_train(2, "seed", "train.seed=6");
     ck_assert_int_eq(rc, 0);
     ck_assert_int_ne(ckpt_diff("r1/model.ckpt-30.h5",
                                "seed/model.ckpt-30.h5"), 0);
+}
+END_TEST
+
+START_TEST(test_uneven_leaves_give_identical_bits)
+{
+    static const int three[] = { 3 }, four[] = { 4 };
+    /* 8 leaves on 3 ranks: 2, 3 and 3 leaves, the last two ranks send
+     * two tree nodes each */
+    check_rank_counts("e", three, 1, "train.leaves=8", NULL,
+                      "leaves [2, 5) of 8, 2 tree node(s)", NULL);
+    /* 6 leaves (not a power of two) of a 24-example batch on 4 ranks */
+    check_rank_counts("s", four, 1, "train.leaves=6",
+                      "train.batch_size=24", "leaves [3, 4) of 6", NULL);
 }
 END_TEST
 
@@ -234,13 +313,13 @@ START_TEST(test_bad_setups_exit_2)
 {
     char ckdir[4200];
     TU_SNPRINTF(ckdir, sizeof ckdir, "checkpoint.dir=%s", tu_path("bad"));
-    /* 3 leaves: not a power of two */
+    /* 3 leaves cannot divide the 32-example batch */
     ck_assert_int_eq(TU_KEEL(60000, "train", cfg_path, "-s", ckdir, "-s",
                              "train.leaves=3"), 2);
     ck_assert_msg(strstr(err, "train.leaves = 3") != NULL, "%s", err);
-    /* 3 ranks cannot split 4 leaves */
-    ck_assert_int_eq(mpirun_train(3, "bad", NULL) != 0, 1);
-    ck_assert_msg(strstr(err, "3 ranks and train.leaves = 4") != NULL, "%s",
+    /* 3 ranks cannot share 2 leaves */
+    ck_assert_int_eq(mpirun_train(3, "bad", "train.leaves=2") != 0, 1);
+    ck_assert_msg(strstr(err, "3 ranks and train.leaves = 2") != NULL, "%s",
                   tu_tail(err, 3000));
     /* ranks that built other models (rank 1: model.hidden = 16): every
      * rank fails with the reason before any value travels, none waits
@@ -311,7 +390,8 @@ mpi_suite(void)
     Suite *s = suite_create("it_mpi");
     tu_tcase(s, "mpi", 300, setup, tu_teardown, TU_TESTS(
         test_two_ranks_train_and_restore_in_one_process,
-        test_one_two_four_ranks_give_identical_bits,
+        test_one_to_four_ranks_give_identical_bits,
+        test_uneven_leaves_give_identical_bits,
         test_killed_rank_restarts_all_from_the_checkpoint_bit_exact,
         test_bad_setups_exit_2,
         test_srun_ranks_train_the_bits_of_mpirun));
