@@ -472,7 +472,7 @@ keel__desc_int(struct json_object *L, const char *key, size_t i)
 struct keel_model_desc {
     keel_vars *vs;              /* borrowed */
     struct json_object *arch;
-    int n_kind[4];              /* layers of each class so far */
+    int n_kind[4];              /* default-named layers of each class */
     char *json;                 /* keel_model_desc_json's text */
 };
 
@@ -532,9 +532,10 @@ desc_add(keel_model_desc *d, int kind, const char *name,
     keel__xmodel xm;
     keel_status st;
     char def[LAYER_NAME_MAX];
+    int defaulted = name == NULL;
     if (L == NULL)
         return keel__fail(KEEL_ENOMEM, "model description");
-    if (name == NULL) {
+    if (defaulted) {
         if (d->n_kind[kind] == 0)
             snprintf(def, sizeof def, "%s", default_names[kind]);
         else
@@ -553,7 +554,7 @@ desc_add(keel_model_desc *d, int kind, const char *name,
                                   json_object_array_length(layers) - 1, 1);
         return keel__wrap(KEEL_EINVAL, "model description");
     }
-    d->n_kind[kind]++;
+    d->n_kind[kind] += defaulted;
     return KEEL_OK;
 }
 
