@@ -42,19 +42,39 @@ keel_status keel__validator_run(keel__validator *v, const keel_vars *src,
                                 struct keel_eval_result *result);
 void keel__validator_free(keel__validator *v);
 
-/* export.c pieces onnx.c walks: the layer list of keel__model_arch, a
- * layer's kernel (w 0) or bias (w 1) variable (NULL: none), an integer or
- * the i-th of a list. */
+/* A model being exported (export.c, onnx.c): its variables and, when it
+ * has one, its layer description (docs/export.md) as keel__desc_check
+ * (describe.c) checked and completed it against them. */
 struct json_object;
-struct keel_inference;
-size_t keel__export_layers(struct keel_inference *inf);
-struct json_object *keel__export_layer(struct keel_inference *inf, size_t i);
-keel_var *keel__export_layer_var(struct keel_inference *inf, size_t i,
-                                 int w);
-int64_t keel__export_layer_int(struct json_object *L, const char *key,
-                               size_t i);
-/* The ONNX ModelProto of inf (onnx.c); caller frees *out. */
-keel_status keel__onnx_bytes(struct keel_inference *inf, unsigned char **out,
+typedef struct keel__xmodel {
+    keel_vars *vs;                  /* borrowed */
+    struct json_object *arch;       /* borrowed; NULL: no description */
+    int keras_names;                /* keel train's scopes: renamed as
+                                     * tf.keras names its layers */
+    int softmax;                    /* "output": "logits": a Softmax gives
+                                     * "probabilities" */
+    int in_rank;                    /* 1: [features]; 3: [h, w, c] */
+    int64_t in_shape[3];
+    int64_t out_dim;                /* the last layer's width */
+    int64_t step;                   /* the checkpoint's global step */
+    const char *path;               /* the checkpoint, for messages */
+} keel__xmodel;
+/* Check arch (a description read from a file or built by a program)
+ * against vs: classes, names, activations, every variable's shape along
+ * the layers; missing settings (strides, units, ...) are written in.
+ * Fills xm's vs, arch, softmax and shapes. KEEL_ECORRUPT naming the
+ * layer. */
+keel_status keel__desc_check(struct json_object *arch, keel_vars *vs,
+                             keel__xmodel *xm);
+/* The checked description's layers, layer i, its kernel (w 0) or bias
+ * (w 1) variable (NULL: none), and an integer setting or the i-th of a
+ * pair. */
+size_t keel__desc_layers(const keel__xmodel *xm);
+struct json_object *keel__desc_layer(const keel__xmodel *xm, size_t i);
+keel_var *keel__desc_layer_var(const keel__xmodel *xm, size_t i, int w);
+int64_t keel__desc_int(struct json_object *L, const char *key, size_t i);
+/* The ONNX ModelProto of xm (onnx.c); caller frees *out. */
+keel_status keel__onnx_bytes(const keel__xmodel *xm, unsigned char **out,
                              size_t *len);
 
 /* ---- K-FAC with split roles in a cluster (kfac_dist.c) ---- */

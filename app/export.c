@@ -1,8 +1,9 @@
 /* export.c - keel/export.h: a checkpoint's model restored for inference
- * from the checkpoint alone (its /meta architecture), and its weights
- * written as Keras's HDF5 weight layout, safetensors or ONNX
- * (docs/export.md). Every writer builds the whole file beside the target
- * and renames it into place. */
+ * from the checkpoint alone (its /meta architecture), and the weights of
+ * any checkpoint written as safetensors or, with a layer description
+ * (keel train's, or a program's: describe.c), Keras's HDF5 weight layout
+ * or ONNX (docs/export.md). Every writer builds the whole file beside the
+ * target and renames it into place. */
 #include <config.h>
 
 #include <fcntl.h>
@@ -20,6 +21,7 @@
 #include <keel/train.h>
 #include <keel/job.h>
 #include <keel/export.h>
+#include <keel/version.h>
 #include "util.h"
 #include "h5util.h"
 #include "app_int.h"
@@ -36,7 +38,7 @@ struct keel_inference {
     keel_model_config mc;
     int64_t step;
     struct json_object *arch;     /* keel__model_arch of the model */
-    char *source_arch;            /* the checkpoint's attribute, or NULL */
+    keel__xmodel xm;              /* the model and arch, for the writers */
     char path[KEEL_PATH_MAX];
 };
 
@@ -49,7 +51,6 @@ keel_inference_free(keel_inference *inf)
     keel_vars_free(inf->vs);
     if (inf->arch != NULL)
         json_object_put(inf->arch);
-    free(inf->source_arch);
     free(inf);
 }
 
@@ -62,10 +63,18 @@ model_config_of(const char *path, const keel_ckpt_info *info,
     keel_dataset *ds = NULL;
     keel_status st;
     if (info->architecture != NULL) {
-        struct json_object *o = json_tokener_parse(info->architecture);
+        struct json_object *o = json_tokener_parse(info->architecture), *m;
         if (o == NULL)
             return keel__fail(KEEL_ECORRUPT, "checkpoint %s: /meta "
                               "architecture is not JSON", path);
+        if (json_object_is_type(o, json_type_object) &&
+            !json_object_object_get_ex(o, "model", &m)) {
+            json_object_put(o);
+            return keel__fail(KEEL_EINVAL, "checkpoint %s holds a program's "
+                              "layer description, not a model keel train "
+                              "built: it exports (keel export) but does not "
+                              "run in keel", path);
+        }
         st = keel__model_config_from_arch(o, mc);
         json_object_put(o);
         return st != KEEL_OK ? keel__wrap(st, "checkpoint %s", path) : st;
@@ -73,9 +82,10 @@ model_config_of(const char *path, const keel_ckpt_info *info,
     if (cfg == NULL) {
         if (info->config_text == NULL)
             return keel__fail(KEEL_EINVAL, "checkpoint %s holds neither an "
-                              "architecture nor a config (written by an "
-                              "older keel); pass the job's CONFIG file",
-                              path);
+                              "architecture nor a config (a program's own "
+                              "model, or written by an older keel); for a "
+                              "keel train checkpoint pass the job's CONFIG "
+                              "file", path);
         st = keel_config_from_checkpoint(path, &own);
         if (st != KEEL_OK)
             return st;
@@ -119,9 +129,6 @@ keel_inference_open(const char *checkpoint_path, const keel_config *cfg,
     st = keel_ckpt_read_info(checkpoint_path, &info);
     if (st == KEEL_OK)
         st = model_config_of(checkpoint_path, info, cfg, &inf->mc);
-    if (st == KEEL_OK && info->architecture != NULL &&
-        (inf->source_arch = strdup(info->architecture)) == NULL)
-        st = keel__fail(KEEL_ENOMEM, "inference");
     keel_ckpt_info_free(info);
     if (st == KEEL_OK) {
         inf->mc.max_batch = max_batch > 0 ? max_batch : 256;
@@ -140,6 +147,15 @@ keel_inference_open(const char *checkpoint_path, const keel_config *cfg,
         inf->arch = keel__model_arch(inf->model);
         if (inf->arch == NULL)
             st = keel__fail(KEEL_ENOMEM, "inference: architecture");
+    }
+    if (st == KEEL_OK) {
+        st = keel__desc_check(inf->arch, inf->vs, &inf->xm);
+        if (st != KEEL_OK)
+            st = keel__wrap(KEEL_EINTERNAL, "inference: the model's layer "
+                            "description");
+        inf->xm.keras_names = 1;
+        inf->xm.step = inf->step;
+        inf->xm.path = inf->path;
     }
     if (st != KEEL_OK) {
         keel_inference_free(inf);
@@ -204,55 +220,6 @@ keel_export_format_extension(keel_export_format f)
 {
     return f == KEEL_EXPORT_KERAS_H5 ? ".h5"
          : f == KEEL_EXPORT_SAFETENSORS ? ".safetensors" : ".onnx";
-}
-
-/* The layer list and each layer's variables. */
-static size_t
-n_layers(const keel_inference *inf)
-{
-    struct json_object *l;
-    json_object_object_get_ex(inf->arch, "layers", &l);
-    return json_object_array_length(l);
-}
-
-static struct json_object *
-layer_at(const keel_inference *inf, size_t i)
-{
-    struct json_object *l;
-    json_object_object_get_ex(inf->arch, "layers", &l);
-    return json_object_array_get_idx(l, i);
-}
-
-static const char *
-jstr(struct json_object *o, const char *key)
-{
-    struct json_object *v;
-    if (!json_object_object_get_ex(o, key, &v))
-        return NULL;
-    return json_object_get_string(v);
-}
-
-static int64_t
-jint_at(struct json_object *o, const char *key, size_t i)
-{
-    struct json_object *v;
-    if (!json_object_object_get_ex(o, key, &v))
-        return 0;
-    if (json_object_is_type(v, json_type_array))
-        v = json_object_array_get_idx(v, i);
-    return json_object_get_int64(v);
-}
-
-/* Layer i's variable w (0 kernel, 1 bias), or NULL for weightless ones. */
-static keel_var *
-layer_var(keel_inference *inf, size_t i, int w)
-{
-    struct json_object *ws, *L = layer_at(inf, i);
-    if (!json_object_object_get_ex(L, "weights", &ws))
-        return NULL;
-    return keel_vars_find(inf->vs, json_object_get_string(
-                                       json_object_array_get_idx(ws,
-                                                                 (size_t)w)));
 }
 
 /* ---- keras-h5 ---------------------------------------------------------- */
@@ -366,9 +333,9 @@ keras_name(const char *name, char *out, size_t size)
 }
 
 static keel_status
-keras_h5_write(keel_inference *inf, const char *tmp)
+keras_h5_write(const keel__xmodel *xm, const char *tmp)
 {
-    size_t nl = n_layers(inf);
+    size_t nl = keel__desc_layers(xm);
     const char **names = calloc(nl > 0 ? nl : 1, sizeof *names);
     char (*kn)[64] = calloc(nl > 0 ? nl : 1, sizeof *kn);
     hid_t f;
@@ -380,7 +347,14 @@ keras_h5_write(keel_inference *inf, const char *tmp)
         return keel__fail(KEEL_ENOMEM, "keras-h5 export");
     }
     for (size_t i = 0; i < nl; i++) {
-        keras_name(jstr(layer_at(inf, i), "name"), kn[i], sizeof kn[i]);
+        struct json_object *v;
+        const char *name = "";
+        if (json_object_object_get_ex(keel__desc_layer(xm, i), "name", &v))
+            name = json_object_get_string(v);
+        if (xm->keras_names)
+            keras_name(name, kn[i], sizeof kn[i]);
+        else
+            snprintf(kn[i], sizeof kn[i], "%s", name);
         names[i] = kn[i];
     }
     f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
@@ -396,7 +370,8 @@ keras_h5_write(keel_inference *inf, const char *tmp)
     for (size_t i = 0; ok && i < nl; i++) {
         hid_t g = H5Gcreate2(f, names[i], H5P_DEFAULT, H5P_DEFAULT,
                              H5P_DEFAULT);
-        keel_var *k = layer_var(inf, i, 0), *b = layer_var(inf, i, 1);
+        keel_var *k = keel__desc_layer_var(xm, i, 0);
+        keel_var *b = keel__desc_layer_var(xm, i, 1);
         ok = g >= 0;
         if (ok && k != NULL && b != NULL) {
             char wk[96], wb[96];
@@ -423,42 +398,40 @@ keras_h5_write(keel_inference *inf, const char *tmp)
 
 /* ---- safetensors ------------------------------------------------------- */
 
-/* Every variable of the model in layer order (kernel, bias, ...). */
-static size_t
-model_vars(keel_inference *inf, keel_var **out, size_t cap)
-{
-    size_t n = 0;
-    for (size_t i = 0; i < n_layers(inf); i++)
-        for (int w = 0; w < 2; w++) {
-            keel_var *v = layer_var(inf, i, w);
-            if (v != NULL && n < cap)
-                out[n++] = v;
-        }
-    return n;
-}
-
+/* Every variable of xm, in the store's order, as F32 tensors (keel's
+ * floats are little-endian IEEE 754 binary32: x86-64's and the checkpoint
+ * format's byte order), after a header padded with spaces so that the data
+ * starts 8-byte aligned. __metadata__: format, keel_version, global_step
+ * and, when there is one, arch_text (the layer description). */
 static keel_status
-safetensors_bytes(keel_inference *inf, unsigned char **out, size_t *len)
+safetensors_bytes(const keel__xmodel *xm, const char *arch_text,
+                  unsigned char **out, size_t *len)
 {
-    keel_var *vars[64];
-    size_t nv = model_vars(inf, vars, 64), off = 0, hl, pad, total;
+    size_t nv = keel_vars_count(xm->vs), off = 0, hl, pad, total;
     struct json_object *h = json_object_new_object(), *meta;
     const char *text;
     unsigned char *buf;
     char step[32];
-    if (h == NULL)
+    if (h == NULL || (meta = json_object_new_object()) == NULL) {
+        json_object_put(h);
         return keel__fail(KEEL_ENOMEM, "safetensors header");
-    meta = json_object_new_object();
+    }
     json_object_object_add(meta, "format", json_object_new_string("keel"));
-    snprintf(step, sizeof step, "%lld", (long long)inf->step);
+    json_object_object_add(meta, "keel_version",
+                           json_object_new_string(keel_version()));
+    snprintf(step, sizeof step, "%lld", (long long)xm->step);
     json_object_object_add(meta, "global_step", json_object_new_string(step));
-    json_object_object_add(meta, "architecture", json_object_new_string(
-        json_object_to_json_string_ext(inf->arch, JSON_C_TO_STRING_PLAIN)));
+    if (arch_text != NULL)
+        json_object_object_add(meta, "architecture",
+                               json_object_new_string(arch_text));
     json_object_object_add(h, "__metadata__", meta);
     for (size_t i = 0; i < nv; i++) {
-        keel_tensor *t = keel_var_tensor(vars[i]);
+        keel_var *v = keel_vars_at(xm->vs, i);
+        keel_tensor *t = keel_var_tensor(v);
         struct json_object *e = json_object_new_object(), *s, *o;
         size_t nb = keel_tensor_bytes(t);
+        if (keel_var_flags(v) & KEEL_VAR_LOCAL)
+            continue;
         s = json_object_new_array();
         for (int k = 0; k < t->ndim; k++)
             json_object_array_add(s, json_object_new_int64(t->shape[k]));
@@ -468,13 +441,17 @@ safetensors_bytes(keel_inference *inf, unsigned char **out, size_t *len)
         json_object_object_add(e, "dtype", json_object_new_string("F32"));
         json_object_object_add(e, "shape", s);
         json_object_object_add(e, "data_offsets", o);
-        json_object_object_add(h, keel_var_name(vars[i]), e);
+        json_object_object_add(h, keel_var_name(v), e);
         off += nb;
     }
     text = json_object_to_json_string_ext(h, JSON_C_TO_STRING_PLAIN |
                                           JSON_C_TO_STRING_NOSLASHESCAPE);
+    if (text == NULL) {
+        json_object_put(h);
+        return keel__fail(KEEL_ENOMEM, "safetensors header");
+    }
     hl = strlen(text);
-    pad = (8 - hl % 8) % 8;             /* data starts 8-byte aligned */
+    pad = (8 - hl % 8) % 8;
     total = 8 + hl + pad + off;
     buf = malloc(total);
     if (buf == NULL) {
@@ -489,9 +466,10 @@ safetensors_bytes(keel_inference *inf, unsigned char **out, size_t *len)
     json_object_put(h);
     off = 8 + hl + pad;
     for (size_t i = 0; i < nv; i++) {
-        keel_tensor *t = keel_var_tensor(vars[i]);
-        /* keel's floats are little-endian IEEE 754 binary32 (x86-64, the
-         * checkpoint format's own byte order) */
+        keel_var *v = keel_vars_at(xm->vs, i);
+        keel_tensor *t = keel_var_tensor(v);
+        if (keel_var_flags(v) & KEEL_VAR_LOCAL)
+            continue;
         memcpy(buf + off, t->data, keel_tensor_bytes(t));
         off += keel_tensor_bytes(t);
     }
@@ -502,14 +480,15 @@ safetensors_bytes(keel_inference *inf, unsigned char **out, size_t *len)
 
 /* ---- export ------------------------------------------------------------ */
 
-keel_status
-keel_export(keel_inference *inf, keel_export_format f, const char *out_path)
+/* xm in format f to out_path, atomically; keras-h5 and onnx need xm's
+ * description (the callers check). */
+static keel_status
+export_xmodel(const keel__xmodel *xm, const char *arch_text,
+              keel_export_format f, const char *out_path)
 {
     unsigned char *buf = NULL;
     size_t len = 0;
     keel_status st;
-    if (inf == NULL || out_path == NULL)
-        return keel__fail(KEEL_EINVAL, "export: NULL argument");
     if (f == KEEL_EXPORT_KERAS_H5) {
         char tmp[KEEL_PATH_MAX];
         st = keel__fs_tmp_name(tmp, sizeof tmp, out_path);
@@ -517,7 +496,7 @@ keel_export(keel_inference *inf, keel_export_format f, const char *out_path)
             return st;
         keel__h5_lock();
         H5E_BEGIN_TRY {
-            st = keras_h5_write(inf, tmp);
+            st = keras_h5_write(xm, tmp);
         } H5E_END_TRY;
         keel__h5_unlock();
         if (st == KEEL_OK)
@@ -529,9 +508,9 @@ keel_export(keel_inference *inf, keel_export_format f, const char *out_path)
         return st != KEEL_OK ? keel__wrap(st, "export to %s", out_path) : st;
     }
     if (f == KEEL_EXPORT_SAFETENSORS)
-        st = safetensors_bytes(inf, &buf, &len);
+        st = safetensors_bytes(xm, arch_text, &buf, &len);
     else if (f == KEEL_EXPORT_ONNX)
-        st = keel__onnx_bytes(inf, &buf, &len);
+        st = keel__onnx_bytes(xm, &buf, &len);
     else
         st = keel__fail(KEEL_EINVAL, "export: unknown format %d", (int)f);
     if (st == KEEL_OK)
@@ -540,27 +519,120 @@ keel_export(keel_inference *inf, keel_export_format f, const char *out_path)
     return st != KEEL_OK ? keel__wrap(st, "export to %s", out_path) : st;
 }
 
-/* For onnx.c: the pieces of the model it walks. */
-size_t
-keel__export_layers(keel_inference *inf)
+keel_status
+keel_export(keel_inference *inf, keel_export_format f, const char *out_path)
 {
-    return n_layers(inf);
+    if (inf == NULL || out_path == NULL)
+        return keel__fail(KEEL_EINVAL, "export: NULL argument");
+    return export_xmodel(&inf->xm, json_object_to_json_string_ext(
+                             inf->arch, JSON_C_TO_STRING_PLAIN),
+                         f, out_path);
 }
 
-struct json_object *
-keel__export_layer(keel_inference *inf, size_t i)
+/* Every variable of the checkpoint at path, restored (checksums verified,
+ * slots not read) into a new store; *step its global step. */
+static keel_status
+checkpoint_vars(const char *path, keel_vars **out, int64_t *step)
 {
-    return layer_at(inf, i);
+    keel_ckpt_entry *e = NULL;
+    keel_restore_opts ro;
+    keel_restore_report rep;
+    keel_vars *vs = NULL;
+    size_t n = 0;
+    keel_status st = keel_ckpt_list(path, &e, &n);
+    if (st == KEEL_OK)
+        st = keel_vars_new(&vs);
+    for (size_t i = 0; st == KEEL_OK && i < n; i++)
+        if (e[i].slot[0] == '\0')
+            st = keel_vars_create(vs, e[i].name, e[i].ndim, e[i].shape, 0,
+                                  NULL);
+    keel_ckpt_list_free(e);
+    if (st == KEEL_OK) {
+        keel_restore_opts_init(&ro);
+        ro.skip_slots = 1;
+        st = keel_ckpt_restore(path, vs, &ro, &rep);
+    }
+    if (st != KEEL_OK) {
+        keel_vars_free(vs);
+        return st;
+    }
+    *step = rep.global_step;
+    *out = vs;
+    return KEEL_OK;
 }
 
-keel_var *
-keel__export_layer_var(keel_inference *inf, size_t i, int w)
+/* A model keel train built: an architecture with "model", or none but a
+ * config (the checkpoint's or cfg) for a checkpoint of an older keel. */
+static int
+is_keel_model(const keel_ckpt_info *info, const keel_config *cfg)
 {
-    return layer_var(inf, i, w);
+    struct json_object *o, *m;
+    int yes;
+    if (info->architecture == NULL)
+        return cfg != NULL || info->config_text != NULL;
+    o = json_tokener_parse(info->architecture);
+    yes = o != NULL && json_object_is_type(o, json_type_object) &&
+          json_object_object_get_ex(o, "model", &m);
+    json_object_put(o);
+    return yes;
 }
 
-int64_t
-keel__export_layer_int(struct json_object *L, const char *key, size_t i)
+/* The variables and description of the checkpoint at path to out_path. */
+static keel_status
+export_checkpoint_vars(const char *path, const keel_ckpt_info *info,
+                       keel_export_format f, const char *out_path)
 {
-    return jint_at(L, key, i);
+    struct json_object *arch = NULL, *m;
+    keel__xmodel xm;
+    keel_status st;
+    memset(&xm, 0, sizeof xm);
+    xm.path = path;
+    if (info->architecture == NULL && f != KEEL_EXPORT_SAFETENSORS)
+        return keel__fail(KEEL_EINVAL, "%s has no layer description: "
+                          "safetensors export works; keras-h5 and onnx "
+                          "need one, stored with keel_model_desc_json() in "
+                          "keel_ckpt_meta.architecture, or for a checkpoint "
+                          "of keel train its job's config "
+                          "(docs/export.md)", path);
+    if (info->architecture != NULL &&
+        (arch = json_tokener_parse(info->architecture)) == NULL)
+        return keel__fail(KEEL_ECORRUPT, "checkpoint %s: /meta architecture "
+                          "is not JSON", path);
+    st = checkpoint_vars(path, &xm.vs, &xm.step);
+    if (st == KEEL_OK && arch != NULL && f != KEEL_EXPORT_SAFETENSORS) {
+        st = keel__desc_check(arch, xm.vs, &xm);
+        if (st != KEEL_OK)
+            st = keel__wrap(st, "checkpoint %s: the layer description",
+                            path);
+        xm.keras_names = json_object_object_get_ex(arch, "model", &m);
+    }
+    if (st == KEEL_OK)
+        st = export_xmodel(&xm, info->architecture, f, out_path);
+    keel_vars_free(xm.vs);
+    json_object_put(arch);
+    return st;
+}
+
+keel_status
+keel_export_checkpoint(const char *checkpoint_path, const keel_config *cfg,
+                       keel_export_format f, const char *out_path)
+{
+    keel_ckpt_info *info = NULL;
+    keel_inference *inf = NULL;
+    keel_status st;
+    if (checkpoint_path == NULL || out_path == NULL)
+        return keel__fail(KEEL_EINVAL, "export: NULL argument");
+    st = keel_ckpt_read_info(checkpoint_path, &info);
+    if (st != KEEL_OK)
+        return st;
+    if (f != KEEL_EXPORT_SAFETENSORS && is_keel_model(info, cfg)) {
+        st = keel_inference_open(checkpoint_path, cfg, 0, &inf);
+        if (st == KEEL_OK)
+            st = keel_export(inf, f, out_path);
+        keel_inference_free(inf);
+    } else {
+        st = export_checkpoint_vars(checkpoint_path, info, f, out_path);
+    }
+    keel_ckpt_info_free(info);
+    return st;
 }

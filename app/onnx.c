@@ -1,10 +1,11 @@
 /* onnx.c - the ONNX export (keel_export, KEEL_EXPORT_ONNX): a ModelProto
  * encoded by hand in protobuf wire format (varints and length-delimited
  * fields; no generated code exists for onnx.proto in C). The graph takes
- * NHWC float32 images "input" [N,H,W,C] and gives "probabilities"
- * [N,classes]; every variable is an initializer under its keel name in
- * keel's (Keras's) layout, convolution kernels turned to ONNX's OIHW by a
- * Transpose node. Opset 13, IR version 7. docs/export.md. */
+ * "input", NHWC float32 images [N,H,W,C] or vectors [N,D], and gives
+ * "probabilities" [N,classes] (a description whose output is logits) or
+ * "output" [N,D] (any other); every variable is an initializer under its
+ * keel name in keel's (Keras's) layout, convolution kernels turned to
+ * ONNX's OIHW by a Transpose node. Opset 13, IR version 7. docs/export.md. */
 #include <config.h>
 
 #include <stdint.h>
@@ -225,14 +226,19 @@ static void
 activation(pb *graph, const char *act, const char *in, char *out,
            size_t out_size, const char *lname)
 {
+    static const int64_t last = -1;
     const char *op = strcmp(act, "relu") == 0 ? "Relu"
-                   : strcmp(act, "tanh") == 0 ? "Tanh" : NULL;
+                   : strcmp(act, "tanh") == 0 ? "Tanh"
+                   : strcmp(act, "sigmoid") == 0 ? "Sigmoid"
+                   : strcmp(act, "softmax") == 0 ? "Softmax" : NULL;
     pb n;
     if (op == NULL) {
         snprintf(out, out_size, "%s", in);
         return;
     }
     layer_node_begin(&n, op, lname, in, NULL, NULL, out, out_size);
+    if (strcmp(op, "Softmax") == 0)
+        attr_ints(&n, "axis", &last, 1, 1);
     node_end(graph, &n);
 }
 
@@ -258,8 +264,8 @@ layer_window(const onnx_layer *l, const char *size_key, int64_t size[2],
              int64_t strides[2])
 {
     for (int d = 0; d < 2; d++) {
-        size[d] = keel__export_layer_int(l->config, size_key, (size_t)d);
-        strides[d] = keel__export_layer_int(l->config, "strides", (size_t)d);
+        size[d] = keel__desc_int(l->config, size_key, (size_t)d);
+        strides[d] = keel__desc_int(l->config, "strides", (size_t)d);
     }
 }
 
@@ -340,15 +346,15 @@ add_dense(onnx_graph *og, const onnx_layer *l)
     activation(&og->g, l->act, next, og->cur, sizeof og->cur, l->name);
 }
 
-/* Layer i of inf's architecture into l. */
+/* Layer i of xm's description into l. */
 static void
-layer_at(keel_inference *inf, size_t i, onnx_layer *l)
+layer_at(const keel__xmodel *xm, size_t i, onnx_layer *l)
 {
     struct json_object *v;
 
-    l->config = keel__export_layer(inf, i);
-    l->kernel = keel__export_layer_var(inf, i, 0);
-    l->bias = keel__export_layer_var(inf, i, 1);
+    l->config = keel__desc_layer(xm, i);
+    l->kernel = keel__desc_layer_var(xm, i, 0);
+    l->bias = keel__desc_layer_var(xm, i, 1);
     json_object_object_get_ex(l->config, "class_name", &v);
     l->cls = json_object_get_string(v);
     json_object_object_get_ex(l->config, "name", &v);
@@ -360,7 +366,7 @@ layer_at(keel_inference *inf, size_t i, onnx_layer *l)
 
 /* Layer i's nodes, then its kernel and bias as initializers. */
 static keel_status
-add_layer(onnx_graph *og, keel_inference *inf, size_t i)
+add_layer(onnx_graph *og, const keel__xmodel *xm, size_t i)
 {
     static const struct {
         const char *cls;
@@ -372,7 +378,7 @@ add_layer(onnx_graph *og, keel_inference *inf, size_t i)
     onnx_layer l;
     size_t j = 0;
 
-    layer_at(inf, i, &l);
+    layer_at(xm, i, &l);
     while (j < sizeof kinds / sizeof *kinds && strcmp(l.cls, kinds[j].cls))
         j++;
     if (j == sizeof kinds / sizeof *kinds)
@@ -386,15 +392,15 @@ add_layer(onnx_graph *og, keel_inference *inf, size_t i)
     return KEEL_OK;
 }
 
-/* The GraphProto: every layer, the softmax, and the input and output. */
+/* The GraphProto: every layer, the softmax of logits, and the input and
+ * output ("probabilities" after logits, else "output"). */
 static keel_status
-build_graph(keel_inference *inf, pb *graph)
+build_graph(const keel__xmodel *xm, pb *graph)
 {
     static const int64_t last = 1;
-    const keel_model_config *mc = keel_inference_model_config(inf);
-    int64_t in_dims[3] = { mc->height, mc->width, mc->channels };
-    int64_t out_dims[1] = { mc->classes };
-    size_t nl = keel__export_layers(inf);
+    int64_t out_dims[1] = { xm->out_dim };
+    size_t nl = keel__desc_layers(xm);
+    const char *out_name = xm->softmax ? "probabilities" : "output";
     onnx_graph og;
     pb n;
 
@@ -403,27 +409,32 @@ build_graph(keel_inference *inf, pb *graph)
     pb_str(&og.g, 2, "keel");
     snprintf(og.cur, sizeof og.cur, "input");
     for (size_t i = 0; i < nl; i++) {
-        keel_status st = add_layer(&og, inf, i);
+        keel_status st = add_layer(&og, xm, i);
         if (st != KEEL_OK) {
             pb_free(&og.g);
             return st;
         }
     }
-    node_begin(&n, "Softmax", "probabilities/Softmax", og.cur, NULL, NULL,
-               "probabilities");
-    attr_ints(&n, "axis", &last, 1, 1);
+    if (xm->softmax) {
+        node_begin(&n, "Softmax", "probabilities/Softmax", og.cur, NULL,
+                   NULL, out_name);
+        attr_ints(&n, "axis", &last, 1, 1);
+    } else {
+        node_begin(&n, "Identity", "output/Identity", og.cur, NULL, NULL,
+                   out_name);
+    }
     node_end(&og.g, &n);
-    value_info(&og.g, 11, "input", in_dims, 3);
-    value_info(&og.g, 12, "probabilities", out_dims, 1);
+    value_info(&og.g, 11, "input", xm->in_shape, xm->in_rank);
+    value_info(&og.g, 12, out_name, out_dims, 1);
     *graph = og.g;
     return KEEL_OK;
 }
 
 keel_status
-keel__onnx_bytes(keel_inference *inf, unsigned char **out, size_t *len)
+keel__onnx_bytes(const keel__xmodel *xm, unsigned char **out, size_t *len)
 {
     pb model = { 0 }, graph, op = { 0 };
-    keel_status st = build_graph(inf, &graph);
+    keel_status st = build_graph(xm, &graph);
 
     if (st != KEEL_OK)
         return st;

@@ -1,7 +1,8 @@
-/* cmd_export.c - `keel export CKPT --format F [-o FILE]`: a checkpoint's
- * model in a format other tools load, from the checkpoint alone (its
- * architecture attribute) or, for checkpoints written before keel stored
- * one, with --config. */
+/* cmd_export.c - `keel export CKPT --format F [-o FILE]`: a checkpoint in
+ * a format other tools load: safetensors for any checkpoint; keras-h5 and
+ * onnx from its layer description (keel train's, or one the program that
+ * wrote it stored) or, for checkpoints of keel train written before keel
+ * stored one, with --config. */
 #include <config.h>
 
 #include <getopt.h>
@@ -17,12 +18,15 @@ export_usage(FILE *out, int code)
             "usage: keel export CKPT --format keras-h5|safetensors|onnx\n"
             "                   [-o FILE] [--config CONFIG]\n"
             "\n"
-            "Write the model of checkpoint CKPT (a .h5 file, or a checkpoint\n"
-            "directory: its newest valid checkpoint) in a format other tools\n"
-            "load (docs/export.md):\n"
+            "Write checkpoint CKPT (a .h5 file, or a checkpoint directory: its\n"
+            "newest valid checkpoint) in a format other tools load\n"
+            "(docs/export.md):\n"
+            "  safetensors  every variable: JSON header, little-endian float32\n"
+            "               tensors (any checkpoint)\n"
             "  keras-h5     Keras's HDF5 weight layout (model.load_weights)\n"
-            "  safetensors  JSON header and little-endian float32 tensors\n"
             "  onnx         an ONNX graph with the weights as initializers\n"
+            "keras-h5 and onnx need the checkpoint's layer description: keel\n"
+            "train stores one; a program stores its own with keel_model_desc_*.\n"
             "\n"
             "  -o, --output FILE  where to write (default: CKPT with the\n"
             "                     format's extension, e.g. model.ckpt-200.onnx)\n"
@@ -109,8 +113,8 @@ cmd_export(int argc, char **argv)
 {
     export_args a;
     keel_export_format f;
-    keel_inference *inf = NULL;
-    char outbuf[4096];
+    keel_config *cfg = NULL;
+    char ckpt[4096], outbuf[4096];
     keel_status st;
     int rc = export_parse(argc, argv, &a);
 
@@ -121,16 +125,18 @@ cmd_export(int argc, char **argv)
     if (keel_export_format_from_name(a.format, &f) != KEEL_OK)
         return cli_error(CLI_USAGE, "--format %s: %s", a.format,
                          keel_last_error());
-    rc = cli_open_model(a.ckpt, a.config, &inf);
+    rc = cli_resolve_ckpt(a.ckpt, ckpt, sizeof ckpt);
+    if (rc == CLI_OK && a.config != NULL)
+        rc = cli_load_config(a.config, 0, NULL, &cfg);
     if (rc == CLI_OK && a.output == NULL &&
         (rc = default_output(a.ckpt, f, outbuf, sizeof outbuf)) == CLI_OK)
         a.output = outbuf;
     if (rc != CLI_OK) {
-        keel_inference_free(inf);
+        keel_config_free(cfg);
         return rc;
     }
-    st = keel_export(inf, f, a.output);
-    keel_inference_free(inf);
+    st = keel_export_checkpoint(ckpt, cfg, f, a.output);
+    keel_config_free(cfg);
     if (st != KEEL_OK)
         return cli_fail(st, "export");
     printf("exported %s (%s) to %s\n", a.ckpt, a.format, a.output);

@@ -40,6 +40,15 @@ EXTRA_DIST += tests/it_custom_step.sh
 TESTS += tests/it_export.sh
 EXTRA_DIST += tests/it_export.sh tests/it_export.py
 
+# it_export_any: keel export of checkpoints keel train did not write:
+# examples/custom_step's (safetensors; the error for keras-h5 and onnx) and
+# tests/export_desc's, a program that describes its own model.
+check_PROGRAMS += tests/export_desc
+tests_export_desc_SOURCES = tests/export_desc.c
+tests_export_desc_LDADD = libkeel.la
+TESTS += tests/it_export_any.sh
+EXTRA_DIST += tests/it_export_any.sh tests/it_export_any.py
+
 # it_launch_program: the examples built against an installed keel with
 # pkg-config, run as clusters by `keel launch -- PROGRAM` (kills, restore).
 TESTS += tests/it_launch_program.sh

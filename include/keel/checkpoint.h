@@ -36,8 +36,9 @@ typedef struct keel_ckpt_meta {
     const char *topology;      /* e.g. "ps=2 workers=4 mode=sync"; may be NULL */
     const keel_ckpt_blob *blobs;
     size_t n_blobs;            /* <= KEEL_CKPT_MAX_BLOBS */
-    /* The model's architecture as JSON (docs/checkpoint-format.md); may be
-     * NULL. */
+    /* The model's architecture as JSON (docs/checkpoint-format.md): keel
+     * train's, or a program's layer description (keel_model_desc_json,
+     * docs/export.md); may be NULL. */
     const char *architecture;
     /* Epochs completed when saved, for an end-of-epoch checkpoint: the file
      * is then named <basename>-epoch<E>-<step>.h5 and /meta records it.
