@@ -341,9 +341,9 @@ static const key_def schema[] = {
       "Workers' retry interval while waiting for the chief (readiness is "
       "also pushed as an event)." },
     { "cluster", "max_wait_secs", T_DOUBLE, D(MAX_WAIT_SECS), 0, 1e9, NULL,
-      "How long the chief waits for the ps, and a worker for the chief, "
-      "before failing; the waiting task names the missing peers every "
-      "10 s." },
+      "How long the chief waits for the ps, a worker for the chief, and "
+      "every task for the cluster's host names to resolve, before "
+      "failing; the waiting task names the missing peers every 10 s." },
     { "cluster", "stop_grace_secs", T_DOUBLE,
       KEEL__XSTR(KEEL__DEFAULT_STOP_GRACE_SECS), 0, 1e6, NULL,
       "Grace period for threads at shutdown." },

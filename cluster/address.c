@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/socket.h>
 
 #include <keel/cluster.h>
@@ -387,7 +388,7 @@ cmp_task_ip(const void *x, const void *y)
  * that does not resolve into p. */
 static keel_status
 resolve_all(const keel_cluster_spec *s, task_ip **out, size_t *n,
-            keel__problems *p)
+            keel__problems *p, int *unresolved)
 {
     size_t cap = 0, k = 0;
     task_ip *all = NULL;
@@ -406,10 +407,12 @@ resolve_all(const keel_cluster_spec *s, task_ip **out, size_t *n,
             if (!keel__addr_split(a, host, sizeof host, &port))
                 continue;               /* the spec's validation says */
             m = resolve_host(host, res, MAX_RESOLVED, why, sizeof why);
-            if (m == 0)
+            if (m == 0) {
                 keel__problems_add(p, "%s %zu: host '%.64s' does not "
                                    "resolve (%s)", keel_task_type_name(t),
                                    i, host, why);
+                (*unresolved)++;
+            }
             for (int j = 0; j < m; j++)
                 all[k++] = (task_ip){ res[j], port, t, i };
         }
@@ -444,9 +447,11 @@ find_shared(const keel_cluster_spec *s, task_ip *all, size_t n,
     }
 }
 
-keel_status
-keel_cluster_spec_check_hosts(const keel_cluster_spec *s,
-                              const char *bind_address)
+/* keel_cluster_spec_check_hosts, counting the hosts that do not resolve
+ * into *unresolved. */
+static keel_status
+check_hosts(const keel_cluster_spec *s, const char *bind_address,
+            int *unresolved)
 {
     keel__problems p = { .count = 0 };
     task_ip *all = NULL;
@@ -456,7 +461,8 @@ keel_cluster_spec_check_hosts(const keel_cluster_spec *s,
         return keel__fail(KEEL_EINVAL, "cluster hosts: spec is NULL");
     if (keel_cluster_spec_is_local(s))
         return KEEL_OK;
-    if ((st = resolve_all(s, &all, &n, &p)) != KEEL_OK)
+    *unresolved = 0;
+    if ((st = resolve_all(s, &all, &n, &p, unresolved)) != KEEL_OK)
         return st;
     find_shared(s, all, n, &p);
     free(all);
@@ -469,4 +475,50 @@ keel_cluster_spec_check_hosts(const keel_cluster_spec *s,
             keel__problems_add(&p, "%s", keel_last_error());
     }
     return keel__problems_fail(&p, "cluster hosts");
+}
+
+keel_status
+keel_cluster_spec_check_hosts(const keel_cluster_spec *s,
+                              const char *bind_address)
+{
+    int unresolved;
+    return check_hosts(s, bind_address, &unresolved);
+}
+
+/* Polling a resolver that has no event to wait on: once a second. */
+#define RESOLVE_POLL_MS 1000
+#define RESOLVE_LOG_SECS 10
+
+keel_status
+keel_cluster_spec_wait_hosts(const keel_cluster_spec *s,
+                             const char *bind_address, double wait_secs)
+{
+    int64_t start = keel__now_mono_ns(), last_log = start;
+    for (;;) {
+        int unresolved = 0;
+        keel_status st = check_hosts(s, bind_address, &unresolved);
+        int64_t now = keel__now_mono_ns();
+        double waited = (double)(now - start) / 1e9;
+        if (st == KEEL_OK || unresolved == 0)
+            return st;
+        if (!(wait_secs > waited))
+            return waited > 0
+                ? keel__wrap(st, "cluster hosts: still unresolved after "
+                             "%.0f s (cluster.max_wait_secs)", waited)
+                : st;
+        if (keel__signal_pending())
+            return keel__wrap(KEEL_ECANCELLED, "cluster hosts: waiting for "
+                              "names to resolve: stopped by a signal");
+        if (now == start || now - last_log >= RESOLVE_LOG_SECS * 1000000000LL) {
+            keel__log(KEEL_LOG_INFO, "cluster: waiting up to %.0f s for "
+                      "every host to resolve (%.0f s so far): %s", wait_secs,
+                      waited, keel_last_error());
+            last_log = now;
+        }
+        {
+            struct timespec ts = { RESOLVE_POLL_MS / 1000,
+                                   (RESOLVE_POLL_MS % 1000) * 1000000L };
+            nanosleep(&ts, NULL);
+        }
+    }
 }

@@ -49,7 +49,8 @@ keel_cluster_spec_detect(const keel_cluster_options *opts,
     if (st == KEEL_OK)
         st = keel_cluster_spec_validate(spec);
     if (st == KEEL_OK)
-        st = keel_cluster_spec_check_hosts(spec, opts->bind_address);
+        st = keel_cluster_spec_wait_hosts(spec, opts->bind_address,
+                                          opts->max_wait_secs);
     if (st != KEEL_OK) {
         keel_cluster_spec_free(spec);
         return st;

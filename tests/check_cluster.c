@@ -623,6 +623,31 @@ START_TEST(test_check_hosts_names_unresolvable_foreign_and_shared)
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "no-such-host.invalid"));
     keel_cluster_spec_free(s);
 
+    /* A name that does not resolve yet is waited for (up to the deadline,
+     * then the same error, saying how long); any other problem is not. */
+    s = tu_spec_from_lists("no-such-host.invalid:4100", "127.0.0.1:4101",
+                           NULL, KEEL_TASK_WORKER, 0);
+    {
+        int64_t t0 = keel__now_mono_ns();
+        ck_assert_int_eq(keel_cluster_spec_wait_hosts(s, NULL, 1.5),
+                         KEEL_EINVAL);
+        ck_assert_int_ge(keel__now_mono_ns() - t0, 1000000000LL);
+        ck_assert_ptr_nonnull(strstr(keel_last_error(), "still unresolved"));
+        ck_assert_ptr_nonnull(strstr(keel_last_error(),
+                                     "no-such-host.invalid"));
+    }
+    keel_cluster_spec_free(s);
+    s = tu_spec_from_lists("localhost:4100", "127.0.0.1:4100", NULL,
+                           KEEL_TASK_WORKER, 0);
+    {
+        int64_t t0 = keel__now_mono_ns();
+        ck_assert_int_eq(keel_cluster_spec_wait_hosts(s, NULL, 60),
+                         KEEL_EINVAL);
+        ck_assert_int_lt(keel__now_mono_ns() - t0, 5000000000LL);
+        ck_assert_ptr_nonnull(strstr(keel_last_error(), "one address"));
+    }
+    keel_cluster_spec_free(s);
+
     s = tu_spec_from_lists("198.51.100.7:4100", "127.0.0.1:4101", NULL,
                            KEEL_TASK_PS, 0);
     ck_assert_int_eq(keel_cluster_spec_check_hosts(s, NULL), KEEL_EINVAL);

@@ -980,8 +980,10 @@ exits_2_naming(const char *cluster_json, const char *task,
                const char *const *needles)
 {
     char tf[1024];
+    /* a name that does not resolve is waited for up to max_wait_secs */
     char *argv[] = { (char *)tu_build_path("keel"), "train",
-                     (char *)cfg_path, NULL };
+                     (char *)cfg_path, "-s", "cluster.max_wait_secs=1",
+                     NULL };
     char *env[] = { tf, NULL };
     TU_SNPRINTF(tf, sizeof tf, "TF_CONFIG={\"cluster\": %s, \"task\": %s}",
                 cluster_json, task);

@@ -331,8 +331,9 @@ cli_resolve_cluster(const keel_config *cfg, const char *task,
     if (st == KEEL_OK)
         st = spec_apply_config(cfg, spec);
     if (st == KEEL_OK)
-        st = keel_cluster_spec_check_hosts(
-            spec, keel_config_str(cfg, "cluster.bind_address"));
+        st = keel_cluster_spec_wait_hosts(
+            spec, keel_config_str(cfg, "cluster.bind_address"),
+            keel_config_double(cfg, "cluster.max_wait_secs"));
     if (st != KEEL_OK) {
         keel_cluster_spec_free(spec);
         return cli_error(CLI_USAGE, "cluster: %s", keel_last_error());

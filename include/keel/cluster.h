@@ -112,6 +112,15 @@ keel_status keel_cluster_spec_validate(const keel_cluster_spec *spec);
  * problem, naming the task and the host. */
 keel_status keel_cluster_spec_check_hosts(const keel_cluster_spec *spec,
                                           const char *bind_address);
+/* keel_cluster_spec_check_hosts, retried once a second while its only
+ * problems are hosts that do not resolve yet (under Kubernetes or Slurm a
+ * peer's name appears when the peer's pod or job step starts), for up to
+ * wait_secs (0: one check), naming the hosts it waits for every 10 s.
+ * Any other problem fails at once. KEEL_EINVAL as check_hosts, saying how
+ * long it waited; KEEL_ECANCELLED on SIGTERM/SIGINT. */
+keel_status keel_cluster_spec_wait_hosts(const keel_cluster_spec *spec,
+                                         const char *bind_address,
+                                         double wait_secs);
 
 /* Accessors; cannot fail. */
 size_t keel_cluster_spec_num_tasks(const keel_cluster_spec *spec,
