@@ -11,7 +11,11 @@
  * (MPI_Allgather, in rank order) and added along the same kind of tree.
  * With L leaves in all and P ranks (powers of two, P <= L) this is the one
  * tree over the L leaves, so 1, 2, 4 ... ranks give identical bits.
- * MPI_Allreduce is not used: its order is the implementation's. */
+ * MPI_Allreduce is not used: its order is the implementation's. Leaves
+ * are pieces of the global batch's mean, so their sum is the step's
+ * gradient; without leaves each rank's gradient is the mean over its own
+ * examples (keel_grads_examples) and the ranks' example-weighted mean is
+ * formed instead (weighted_mean). */
 #include <config.h>
 
 #include <errno.h>
@@ -304,6 +308,25 @@ unpack(keel_grads *g, const float *src)
     }
 }
 
+/* Without leaves: every rank's gradient is the mean over its examples
+ * (the float after the held signal). bufs[0] becomes the mean over every
+ * example, sum_r n_r g_r / sum_r n_r, accumulated in double in rank order
+ * and rounded once: the parameter servers' rule (cluster/ps.c), so ranks
+ * that computed the same gradient keep its bits. */
+static void
+weighted_mean(float *const *bufs, int n, size_t count)
+{
+    double total = 0;
+    for (int r = 0; r < n; r++)
+        total += (double)bufs[r][count + 1];
+    for (size_t e = 0; e < count; e++) {
+        double d = 0;
+        for (int r = 0; r < n; r++)
+            d += (double)bufs[r][count + 1] * (double)bufs[r][e];
+        bufs[0][e] = (float)(d / total);
+    }
+}
+
 /* The leaves' tree sum into leaves[0], tensor by tensor. */
 static void
 sum_leaves(keel_grads *const *leaves, int n)
@@ -419,8 +442,9 @@ make_buffers(keel_collective *c, keel_grads *g)
     if (c->n_floats >= (size_t)1 << 30)
         return keel__fail(KEEL_EINVAL, "collective: %zu gradient floats "
                           "(at most 2^30 per step)", c->n_floats);
-    c->send = keel_aligned_alloc((c->n_floats + 1) * sizeof(float));
-    c->recv = keel_aligned_alloc((size_t)c->size * (c->n_floats + 1) *
+    /* after the floats: the held signal, then the example count */
+    c->send = keel_aligned_alloc((c->n_floats + 2) * sizeof(float));
+    c->recv = keel_aligned_alloc((size_t)c->size * (c->n_floats + 2) *
                                  sizeof(float));
     if (c->send == NULL || c->recv == NULL) {
         keel_aligned_free(c->send);
@@ -429,7 +453,7 @@ make_buffers(keel_collective *c, keel_grads *g)
         return keel__fail(KEEL_ENOMEM, "collective: buffers of %zu floats "
                           "for %d ranks", c->n_floats, c->size);
     }
-    st = make_window(c, c->n_floats + 1);
+    st = make_window(c, c->n_floats + 2);
     if (st != KEEL_OK)
         return st;
     keel__log(KEEL_LOG_INFO, "collective: rank %d of %d, %zu gradient "
@@ -469,9 +493,11 @@ keel_collective_allreduce(keel_collective *c, keel_grads *g)
     } else {
         if (c->send == NULL && (st = make_buffers(c, g)) != KEEL_OK)
             return st;
-        stride = c->n_floats + 1;
+        stride = c->n_floats + 2;
         pack(root, c->send);
         c->send[c->n_floats] = (float)held;
+        /* exact: at most KEEL_GRADS_MAX_EXAMPLES = 2^24 - 1 */
+        c->send[c->n_floats + 1] = (float)keel_grads_examples(g);
         rc = allgather(c, stride);
         if (rc != MPI_SUCCESS)
             return mpi_fail(rc, "the gradient all-gather");
@@ -480,7 +506,10 @@ keel_collective_allreduce(keel_collective *c, keel_grads *g)
             if (bufs[r][c->n_floats] != 0.0f && held == 0)
                 held = (int)bufs[r][c->n_floats];
         }
-        tree_sum(bufs, 0, c->size, c->n_floats);
+        if (c->n_leaves > 0)
+            tree_sum(bufs, 0, c->size, c->n_floats);
+        else
+            weighted_mean(bufs, c->size, c->n_floats);
         unpack(g, bufs[0]);
     }
     if (held != 0 && keel__signal_flag == 0)

@@ -52,7 +52,7 @@ keel_status keel__cluster_bind_address(const keel_cluster_spec *s,
  *   [text]                if F_TEXT: UTF-8, at most limits.max_text bytes
  * docs/protocol.md lays the header and descriptor out byte by byte. */
 
-#define KEEL_WIRE_VERSION 2
+#define KEEL_WIRE_VERSION 3
 #define KEEL_WIRE_HEADER_SIZE 64
 #define KEEL_WIRE_DTYPE_F32 1
 
@@ -98,6 +98,9 @@ typedef struct keel__wire_header {
     uint8_t flags;
     uint64_t request_id;
     uint8_t sender_type;        /* keel_task_type */
+    uint32_t examples;          /* PUSH: the examples its gradients are
+                                 * the mean over (0: one; at most
+                                 * KEEL_GRADS_MAX_EXAMPLES); else 0 */
     uint32_t sender_index;
     uint64_t generation;        /* the sender's incarnation (random) */
     int64_t global_step;
@@ -128,7 +131,8 @@ typedef struct keel__wire_limits {
 void keel__wire_limits_default(keel__wire_limits *l);
 
 /* Header to and from its 64 bytes. decode checks magic, version, type,
- * flags, reserved bytes and sender type (KEEL_ECORRUPT naming the field). */
+ * flags, the example count (only a PUSH has one) and sender type
+ * (KEEL_ECORRUPT naming the field). */
 void keel__wire_header_encode(const keel__wire_header *h,
                               unsigned char out[KEEL_WIRE_HEADER_SIZE]);
 keel_status keel__wire_header_decode(const void *buf, size_t n,
