@@ -1924,8 +1924,10 @@ train_cluster_backend(train_run *r)
     j->leaves = leaves_for(r->cfg, j, r->spec);
     /* each replica's gradient is the mean over its own slice (the ps
      * forms the example-weighted mean of the replicas'); the tree's node
-     * sums (j->leaves) stay pieces of the global batch's mean */
-    j->local_norm = 1;
+     * sums (j->leaves) and micro-batches stay pieces of the global
+     * batch's mean, which the ps add */
+    if (j->leaves == 0 && j->micro == 0)
+        j->local_norm = 1;
     cluster_options_from(r->cfg, j, &o);
     st = keel_cluster_backend_new(r->spec, j->vs, &o, &r->worker);
     if (st != KEEL_OK)

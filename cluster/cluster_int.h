@@ -90,7 +90,10 @@ enum {
     KEEL_WIRE_F_WANT_VALUES = 1u << 3, /* PUSH: ack carries the new values
                                         * of the pushed variables (push and
                                         * pull in one round trip) */
-    KEEL_WIRE_F_KNOWN = 0xfu
+    KEEL_WIRE_F_PIECES = 1u << 4,      /* PUSH: pieces of the step's mean
+                                        * (micro-batch or tree stores):
+                                        * added, not weighted */
+    KEEL_WIRE_F_KNOWN = 0x1fu
 };
 
 typedef struct keel__wire_header {

@@ -1246,6 +1246,29 @@ examples_of(const pending_push *p)
     return p->msg.h.examples > 0 ? (int64_t)p->msg.h.examples : 1;
 }
 
+/* 1 in *pieces when every held push carries pieces of the step's mean
+ * (KEEL_WIRE_F_PIECES: micro-batch stores, added as they are), 0 when none
+ * does; KEEL_EINVAL when the replicas mix the two. */
+static keel_status
+pieces_of(const keel__ps *ps, int *pieces)
+{
+    int with = 0, without = 0;
+    for (int r = 0; r < ps->total_replicas; r++)
+        if (ps->pending[r].used) {
+            if (ps->pending[r].msg.h.flags & KEEL_WIRE_F_PIECES)
+                with++;
+            else
+                without++;
+        }
+    *pieces = with > 0;
+    if (with > 0 && without > 0)
+        return keel__fail(KEEL_EINVAL, "ps %d: %d replicas pushed "
+                          "micro-batch pieces and %d their mean gradients "
+                          "in one step (set micro-batches on every replica "
+                          "or on none)", ps->task_index, with, without);
+    return KEEL_OK;
+}
+
 /* Gradient rules: each fresh replica pushed the mean gradient over its own
  * examples (its micro-batch stores add up to it). acc becomes the mean
  * over every example aggregated: sum_r n_r g_r / sum_r n_r, accumulated
@@ -1351,26 +1374,27 @@ aggregate(keel__ps *ps)
     size_t nv = ps->n_pins;
     unsigned char *have = ps->have;
     keel_status st;
-    int fresh = 0;
+    int fresh = 0, pieces = 0;
     memset(have, 0, nv);
     st = wait_pins(ps, ps->all, nv);
     for (int r = 0; r < ps->total_replicas; r++)
         fresh += ps->pending[r].used;
     if (st == KEEL_OK && ps->leaves > 0 && fresh == ps->total_replicas)
         st = tree_aggregate(ps, have);
-    else if (st == KEEL_OK && ps->rule == NULL && ps->leaves == 0)
+    else if (st == KEEL_OK && ps->rule == NULL && ps->leaves == 0 &&
+             (st = pieces_of(ps, &pieces)) == KEEL_OK && !pieces)
         fresh = weighted_mean(ps, have);
     else
         fresh = st == KEEL_OK ? sum_pending(ps, have) : 0;
-    /* Declared pieces (reduce_leaves) and a rule's commits are shares of
-     * the step's update: each replica's part of the global batch's mean
+    /* Declared pieces (reduce_leaves, micro-batch stores) and a rule's
+     * commits are shares of the step's update: each replica's part of the global batch's mean
      * (its examples' gradients divided by the global batch), or its
      * commit divided by total_replicas. With backup workers only `fresh`
      * shares came; total/fresh makes the sum the mean of those
      * aggregated. Without backups the factor is 1 and the sum's bits
      * stand as they are. Gradient rules already hold the mean. */
     if (st == KEEL_OK && fresh > 0 && fresh != ps->total_replicas &&
-        (ps->rule != NULL || ps->leaves > 0))
+        (ps->rule != NULL || ps->leaves > 0 || pieces))
         for (size_t k = 0; k < nv; k++)
             if (have[k])
                 mean_of_shares(keel_grads_at(ps->acc, k),

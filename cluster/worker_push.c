@@ -114,6 +114,7 @@ typedef struct push_req {
     int64_t local_step;
     int covered;                /* the steps the push covers */
     int64_t examples;           /* the gradients' example count; 0: none */
+    int pieces;                 /* srcs are pieces of the step's mean */
     int into;                   /* KEEL__ALGO_INTO_*: where values go */
     keel_grads *center;         /* with KEEL__ALGO_INTO_CENTER */
     keel_grads *mean;           /* the chief that applies, else NULL */
@@ -145,6 +146,8 @@ send_push(keel_cluster_backend *w, const push_req *q, int p)
     h.type = KEEL_MSG_PUSH;
     h.peer_generation = w->ps_gen[p];
     h.flags = q->into != KEEL__ALGO_INTO_NONE ? KEEL_WIRE_F_WANT_VALUES : 0;
+    if (q->pieces)
+        h.flags |= KEEL_WIRE_F_PIECES;
     h.local_step = q->local_step;
     h.global_step = q->covered;         /* the steps this push covers */
     h.examples = (uint32_t)q->examples;
@@ -353,6 +356,8 @@ keel__worker_apply(void *ctx, keel_vars *vs, keel_grads *grads,
         .local_step = global_step, .covered = 1,
         /* the ps weighs each replica's mean gradient by its examples */
         .examples = keel_grads_examples(grads),
+        /* micro-batch / tree stores: pieces of the global batch's mean */
+        .pieces = w->micro != NULL,
         .into = KEEL__ALGO_INTO_VARS, .center = NULL,
         .mean = w->is_chief && w->o.in.chief_applies ? grads : NULL,
         .new_step = &new_step, .t_copy = &t_copy, .t_sent = &t_sent,
