@@ -102,8 +102,9 @@ typedef struct job {
     int64_t own_step;
     keel_algorithm_config algo;
     double algo_rates[1024];
-    /* a rule with local steps: each replica's gradient is the mean over
-     * its own slice (not a share of the global batch) */
+    /* each replica's gradient is the mean over its own slice (not a share
+     * of the global batch): a rule with local steps, and every replica
+     * over the ps (the ps weighs the replicas' means by their examples) */
     int local_norm;
     /* The update rule, decided once by job_rule: its rounds take one
      * global batch (else each replica's own slice), and its workers push
@@ -926,6 +927,10 @@ job_step(void *ctx, keel_step *stp)
         b = &slice;
     }
     if ((st = batch_step(j, stp, b, &stats)) != KEEL_OK)
+        return st;
+    if (j->worker != NULL &&
+        (st = keel_grads_set_examples(keel_step_grads(stp), (int64_t)b->n))
+        != KEEL_OK)
         return st;
     if (j->kfac != NULL && j->kfac_observes &&
         (st = keel_kfac_observe(j->kfac, keel_step_vars(stp), b,
@@ -2030,6 +2035,12 @@ train_cluster_backend(train_run *r)
     keel_status st;
 
     j->leaves = leaves_for(r->cfg, j, r->spec);
+    /* each replica's gradient is the mean over its own slice (the ps
+     * forms the example-weighted mean of the replicas'); the tree's node
+     * sums (j->leaves) and micro-batches stay pieces of the global
+     * batch's mean, which the ps add */
+    if (j->leaves == 0 && j->micro == 0)
+        j->local_norm = 1;
     cluster_options_from(r->cfg, j, &o);
     st = keel_cluster_backend_new(r->spec, j->vs, &o, &r->worker);
     if (st != KEEL_OK)

@@ -16,7 +16,12 @@
  * are gathered by every rank (MPI_Iallgatherv). Every addition is the
  * tree's, so any rank count gives the bits of one process; a rank sends
  * and receives its node sums and one sum a step, whatever the rank count.
- * MPI_Allreduce is not used: its order is the implementation's. */
+ * MPI_Allreduce is not used: its order is the implementation's. Leaves
+ * are pieces of the global batch's mean, so their sum is the step's
+ * gradient; without leaves each rank's gradient is the mean over its own
+ * examples (keel_grads_examples), and the owner of a chunk forms the
+ * ranks' example-weighted mean instead (weighted_chunk), the parameter
+ * servers' rule. */
 #include <config.h>
 
 #include <errno.h>
@@ -136,6 +141,10 @@ keel_collective_free(keel_collective *c)
 }
 
 #else /* HAVE_MPI */
+
+/* Floats before a reduce-scatter message's chunks: the stop flag and the
+ * sender's example count. */
+#define HDR 2
 
 struct keel_collective {
     keel_vars *vs;              /* the session's, once it used the backend */
@@ -463,8 +472,10 @@ make_plan(keel_collective *c, keel_grads *g)
         c->leaf_nodes[i].lo = i;
         c->leaf_nodes[i].hi = i + 1;
     }
-    /* chunk c: floats [n c / size, n (c + 1) / size); each message and
-     * each gathered chunk carries one more float, the stop flag */
+    /* chunk c: floats [n c / size, n (c + 1) / size); each message
+     * carries HDR more floats, the stop flag and the sender's example
+     * count (0: it sends leaves' node sums), and each gathered chunk one,
+     * the stop flag */
     for (int r = 0; r <= c->size; r++)
         c->chunk[r] = c->n_floats * (size_t)r / (size_t)c->size;
     stride = 0;
@@ -472,10 +483,10 @@ make_plan(keel_collective *c, keel_grads *g)
     for (int r = 0; r < c->size; r++) {
         size_t to_r = c->chunk[r + 1] - c->chunk[r];
         size_t from_r = c->chunk[c->rank + 1] - c->chunk[c->rank];
-        c->scount[r] = 1 + c->nk[c->rank] * (int)to_r;
+        c->scount[r] = HDR + c->nk[c->rank] * (int)to_r;
         c->sdispl[r] = (int)stride;
         stride += (size_t)c->scount[r];
-        c->rcount[r] = 1 + c->nk[r] * (int)from_r;
+        c->rcount[r] = HDR + c->nk[r] * (int)from_r;
         c->rdispl[r] = (int)need;
         need += (size_t)c->rcount[r];
         c->gcount[r] = 1 + (int)to_r;
@@ -505,41 +516,75 @@ make_plan(keel_collective *c, keel_grads *g)
 }
 
 /* This rank's node sums, cut into chunks: chunk c of every node to rank
- * c, behind this rank's stop flag. */
+ * c, behind this rank's stop flag and example count (0 with leaves). */
 static void
 pack_send(keel_collective *c, keel_grads *g, float flag)
 {
+    /* exact in a float: at most KEEL_GRADS_MAX_EXAMPLES = 2^24 - 1 */
+    float examples = c->leaves != NULL ? 0.0f
+        : (float)keel_grads_examples(g);
     int k = c->nk[c->rank];
     for (int r = 0; r < c->size; r++) {
         float *p = c->send + c->sdispl[r];
         size_t len = c->chunk[r + 1] - c->chunk[r];
         *p++ = flag;
+        *p++ = examples;
         for (int i = 0; i < k; i++, p += len)
             copy_range(node_grads(c, i, g), c->chunk[r], c->chunk[r + 1], p,
                        0);
     }
 }
 
+/* Without leaves every rank sent one node, its mean gradient, with its
+ * example count: out = sum_r n_r g_r / sum_r n_r, accumulated in double in
+ * rank order and rounded once, so ranks that computed the same gradient
+ * keep its bits. */
+static void
+weighted_chunk(keel_collective *c, size_t len, float *out)
+{
+    double total = 0;
+    for (int r = 0; r < c->size; r++)
+        total += (double)c->recv[c->rdispl[r] + 1];
+    for (size_t e = 0; e < len; e++) {
+        double d = 0;
+        for (int r = 0; r < c->size; r++)
+            d += (double)c->recv[c->rdispl[r] + 1] *
+                 (double)c->parts[r][e];
+        out[e] = (float)(d / total);
+    }
+}
+
 /* This rank's chunk: every rank's node sums for it (rank order: the
- * nodes left to right) added along the tree into the gathered buffer, with
- * the first stop flag any rank sent. */
+ * nodes left to right) added along the tree into the gathered buffer, or
+ * without leaves the ranks' example-weighted mean, with the first stop
+ * flag any rank sent. */
 static keel_status
 reduce_chunk(keel_collective *c)
 {
     size_t len = c->chunk[c->rank + 1] - c->chunk[c->rank];
     float *out = c->gath + c->gdispl[c->rank];
     float flag = 0.0f;
-    int j = 0;
+    int j = 0, means = 0;
     for (int r = 0; r < c->size; r++) {
         const float *p = c->recv + c->rdispl[r];
         if (flag == 0.0f)
             flag = p[0];
+        means += p[1] > 0.0f;
         for (int i = 0; i < c->nk[r]; i++)
-            c->parts[j++] = p + 1 + (size_t)i * len;
+            c->parts[j++] = p + HDR + (size_t)i * len;
     }
     out[len] = flag;
+    if (means != 0 && means != c->size)
+        return keel__fail(KEEL_EINVAL, "collective: %d of %d ranks send "
+                          "their mean gradient and the others leaves "
+                          "(keel_collective_set_leaves): every rank must do "
+                          "the same", means, c->size);
     if (len == 0)
         return KEEL_OK;
+    if (means != 0) {
+        weighted_chunk(c, len, out);
+        return KEEL_OK;
+    }
     return keel__tree_sum(c->n_tree, c->nodes, c->parts, c->n_nodes, out, 0,
                           len);
 }

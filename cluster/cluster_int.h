@@ -77,7 +77,7 @@ keel_status keel__cluster_zmq_connect(void *sock, const char *endpoint);
  *   [text]                if F_TEXT: UTF-8, at most limits.max_text bytes
  * docs/protocol.md lays the header and descriptor out byte by byte. */
 
-#define KEEL_WIRE_VERSION 2
+#define KEEL_WIRE_VERSION 3
 #define KEEL_WIRE_HEADER_SIZE 64
 #define KEEL_WIRE_DTYPE_F32 1
 
@@ -115,7 +115,10 @@ enum {
     KEEL_WIRE_F_WANT_VALUES = 1u << 3, /* PUSH: ack carries the new values
                                         * of the pushed variables (push and
                                         * pull in one round trip) */
-    KEEL_WIRE_F_KNOWN = 0xfu
+    KEEL_WIRE_F_PIECES = 1u << 4,      /* PUSH: pieces of the step's mean
+                                        * (micro-batch or tree stores):
+                                        * added, not weighted */
+    KEEL_WIRE_F_KNOWN = 0x1fu
 };
 
 typedef struct keel__wire_header {
@@ -123,6 +126,9 @@ typedef struct keel__wire_header {
     uint8_t flags;
     uint64_t request_id;
     uint8_t sender_type;        /* keel_task_type */
+    uint32_t examples;          /* PUSH: the examples its gradients are
+                                 * the mean over (0: one; at most
+                                 * KEEL_GRADS_MAX_EXAMPLES); else 0 */
     uint32_t sender_index;
     uint64_t generation;        /* the sender's incarnation (random) */
     int64_t global_step;
@@ -153,7 +159,8 @@ typedef struct keel__wire_limits {
 void keel__wire_limits_default(keel__wire_limits *l);
 
 /* Header to and from its 64 bytes. decode checks magic, version, type,
- * flags, reserved bytes and sender type (KEEL_ECORRUPT naming the field). */
+ * flags, the example count (only a PUSH has one) and sender type
+ * (KEEL_ECORRUPT naming the field). */
 void keel__wire_header_encode(const keel__wire_header *h,
                               unsigned char out[KEEL_WIRE_HEADER_SIZE]);
 keel_status keel__wire_header_decode(const void *buf, size_t n,

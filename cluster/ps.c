@@ -79,6 +79,10 @@ struct keel__ps {
     long applied, dropped;
     pending_push *pending;       /* sync: one per replica */
     keel_grads *acc;             /* sync: the sums */
+    /* sync gradients (no ps rule): the example-weighted sums, in double,
+     * variable k's at dacc + doff[k] */
+    double *dacc;
+    size_t *doff;
     keel_var **all;              /* sync: every variable, in store order */
     unsigned char *have;         /* sync: which sums a step has */
     /* sync with reduce_leaves L: the tree nodes covering each replica's
@@ -229,6 +233,31 @@ alloc_members(keel__ps *ps)
     return KEEL_OK;
 }
 
+/* weighted_mean's double sums, one per trainable float of the store (a
+ * rule's ps sums its commits and an async ps applies each push: neither
+ * needs them). */
+static keel_status
+alloc_weighted(keel__ps *ps)
+{
+    size_t nv = keel_vars_count(ps->vars), total = 0;
+    if (ps->rule != NULL || !ps->sync)
+        return KEEL_OK;
+    ps->doff = calloc(nv ? nv : 1, sizeof *ps->doff);
+    if (ps->doff == NULL)
+        return keel__fail(KEEL_ENOMEM, "ps: aggregation of %zu variables",
+                          nv);
+    for (size_t k = 0; k < nv; k++) {
+        keel_tensor *t = keel_grads_at(ps->acc, k);
+        ps->doff[k] = total;
+        total += t != NULL ? t->count : 0;
+    }
+    ps->dacc = malloc((total ? total : 1) * sizeof *ps->dacc);
+    if (ps->dacc == NULL)
+        return keel__fail(KEEL_ENOMEM, "ps: weighted sums of %zu floats",
+                          total);
+    return KEEL_OK;
+}
+
 /* The real server's sync tables, once: a sync step allocates nothing. */
 static keel_status
 alloc_aggregation(keel__ps *ps)
@@ -249,7 +278,7 @@ alloc_aggregation(keel__ps *ps)
                           ps->n_pins);
     for (size_t k = 0; k < ps->n_pins; k++)
         ps->all[k] = keel_vars_at(ps->vars, k);
-    return KEEL_OK;
+    return alloc_weighted(ps);
 }
 
 /* The ROUTER socket, its authentication (ZAP) and limits, bound to
@@ -371,6 +400,8 @@ keel__ps_free(keel__ps *ps)
     free(ps->all);
     free(ps->have);
     keel_grads_free(ps->acc);
+    free(ps->dacc);
+    free(ps->doff);
     for (int i = 0; i < ps->n_waiters; i++)
         zmq_msg_close(&ps->waiters[i].identity);
     keel__wire_pin_destroy(&ps->pin);
@@ -1261,6 +1292,82 @@ sum_pending(keel__ps *ps, unsigned char *have)
     return fresh;
 }
 
+/* The examples a held push's gradients are the mean over (0 on the wire:
+ * one). */
+static int64_t
+examples_of(const pending_push *p)
+{
+    return p->msg.h.examples > 0 ? (int64_t)p->msg.h.examples : 1;
+}
+
+/* 1 in *pieces when every held push carries pieces of the step's mean
+ * (KEEL_WIRE_F_PIECES: micro-batch stores, added as they are), 0 when none
+ * does; KEEL_EINVAL when the replicas mix the two. */
+static keel_status
+pieces_of(const keel__ps *ps, int *pieces)
+{
+    int with = 0, without = 0;
+    for (int r = 0; r < ps->total_replicas; r++)
+        if (ps->pending[r].used) {
+            if (ps->pending[r].msg.h.flags & KEEL_WIRE_F_PIECES)
+                with++;
+            else
+                without++;
+        }
+    *pieces = with > 0;
+    if (with > 0 && without > 0)
+        return keel__fail(KEEL_EINVAL, "ps %d: %d replicas pushed "
+                          "micro-batch pieces and %d their mean gradients "
+                          "in one step (set micro-batches on every replica "
+                          "or on none)", ps->task_index, with, without);
+    return KEEL_OK;
+}
+
+/* Gradient rules: each fresh replica pushed the mean gradient over its own
+ * examples (its micro-batch stores add up to it). acc becomes the mean
+ * over every example aggregated: sum_r n_r g_r / sum_r n_r, accumulated
+ * in double in ascending replica order (n_r g_r is exact there) and
+ * rounded once, so R replicas pushing the same gradient give its bits.
+ * have[k] marks the variables summed; the number of pushes is returned. */
+static int
+weighted_mean(keel__ps *ps, unsigned char *have)
+{
+    int fresh = 0;
+    double total = 0;
+    for (int r = 0; r < ps->total_replicas; r++) {
+        pending_push *p = &ps->pending[r];
+        double w;
+        if (!p->used)
+            continue;
+        fresh++;
+        w = (double)examples_of(p);
+        total += w;
+        for (size_t i = 0; i < p->msg.n; i++) {
+            size_t k = keel_var_index(p->vars[i]);
+            double *d = ps->dacc + ps->doff[k];
+            const float *g = p->msg.tensors[i].t.data;
+            size_t n = keel_grads_at(ps->acc, k)->count;
+            if (have[k])
+                for (size_t e = 0; e < n; e++)
+                    d[e] += w * (double)g[e];
+            else
+                for (size_t e = 0; e < n; e++)
+                    d[e] = w * (double)g[e];
+            have[k] = 1;
+        }
+    }
+    for (size_t k = 0; k < ps->n_pins; k++) {
+        keel_tensor *acc;
+        const double *d = ps->dacc + ps->doff[k];
+        if (!have[k])
+            continue;
+        acc = keel_grads_at(ps->acc, k);
+        for (size_t e = 0; e < acc->count; e++)
+            acc->data[e] = (float)(d[e] / total);
+    }
+    return fresh;
+}
+
 /* chief_applies: send the sums (if st, the aggregation's status, is OK)
  * and wait for the chief's commit; on failure answer every pending push
  * with the error. */
@@ -1310,9 +1417,10 @@ pending_covered(const keel__ps *ps)
     return covered;
 }
 
-/* Sum the pending gradients in ascending replica order, scale the sum to
- * the mean of the gradients aggregated, apply, step + 1, answer every
- * pending push (the sync token). */
+/* The step's update from the pending pushes: the example-weighted mean of
+ * the replicas' gradients (weighted_mean), or with declared pieces their
+ * sum along the tree, or a rule's commits summed in ascending replica
+ * order; apply, step + 1, answer every pending push (the sync token). */
 static keel_status
 aggregate(keel__ps *ps)
 {
@@ -1320,21 +1428,27 @@ aggregate(keel__ps *ps)
     size_t nv = ps->n_pins;
     unsigned char *have = ps->have;
     keel_status st;
-    int fresh = 0;
+    int fresh = 0, pieces = 0;
     memset(have, 0, nv);
     st = wait_pins(ps, ps->all, nv);
     for (int r = 0; r < ps->total_replicas; r++)
         fresh += ps->pending[r].used;
     if (st == KEEL_OK && ps->leaves > 0 && fresh == ps->total_replicas)
         st = tree_aggregate(ps, have);
+    else if (st == KEEL_OK && ps->rule == NULL && ps->leaves == 0 &&
+             (st = pieces_of(ps, &pieces)) == KEEL_OK && !pieces)
+        fresh = weighted_mean(ps, have);
     else
         fresh = st == KEEL_OK ? sum_pending(ps, have) : 0;
-    /* Each replica pushes its share of the step's gradient: its own mean
-     * gradient divided by total_replicas. With backup workers only
-     * `fresh` shares came; total/fresh makes the sum the mean of the
-     * gradients aggregated. Without backups the factor is 1 and the sum's
-     * bits stand as they are. */
-    if (st == KEEL_OK && fresh > 0 && fresh != ps->total_replicas)
+    /* Declared pieces (reduce_leaves, micro-batch stores) and a rule's
+     * commits are shares of the step's update: each replica's part of the global batch's mean
+     * (its examples' gradients divided by the global batch), or its
+     * commit divided by total_replicas. With backup workers only `fresh`
+     * shares came; total/fresh makes the sum the mean of those
+     * aggregated. Without backups the factor is 1 and the sum's bits
+     * stand as they are. Gradient rules already hold the mean. */
+    if (st == KEEL_OK && fresh > 0 && fresh != ps->total_replicas &&
+        (ps->rule != NULL || ps->leaves > 0 || pieces))
         for (size_t k = 0; k < nv; k++)
             if (have[k])
                 mean_of_shares(keel_grads_at(ps->acc, k),

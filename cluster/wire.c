@@ -44,6 +44,7 @@ keel__wire_header_encode(const keel__wire_header *h,
     out[7] = h->flags;
     keel__le_put(out + 8, h->request_id, 8);
     out[16] = h->sender_type;
+    keel__le_put(out + 17, h->examples, 3);
     keel__le_put(out + 20, h->sender_index, 4);
     keel__le_put(out + 24, h->generation, 8);
     keel__le_put(out + 32, (uint64_t)h->global_step, 8);
@@ -76,8 +77,10 @@ keel__wire_header_decode(const void *buf, size_t n, keel__wire_header *h)
         return keel__fail(KEEL_ECORRUPT, "unknown message type %u", h->type);
     if (h->flags & ~KEEL_WIRE_F_KNOWN)
         return keel__fail(KEEL_ECORRUPT, "unknown flags 0x%02x", h->flags);
-    if (p[17] != 0 || keel__le_get(p + 18, 2) != 0)
-        return keel__fail(KEEL_ECORRUPT, "reserved header bytes not zero");
+    h->examples = (uint32_t)keel__le_get(p + 17, 3);
+    if (h->examples != 0 && h->type != KEEL_MSG_PUSH)
+        return keel__fail(KEEL_ECORRUPT, "example count %u in a message "
+                          "that is not a PUSH", h->examples);
     h->sender_type = p[16];
     if (h->sender_type >= KEEL_TASK_TYPE_COUNT)
         return keel__fail(KEEL_ECORRUPT, "unknown sender task type %u",

@@ -113,6 +113,8 @@ typedef struct push_req {
     int n_src;
     int64_t local_step;
     int covered;                /* the steps the push covers */
+    int64_t examples;           /* the gradients' example count; 0: none */
+    int pieces;                 /* srcs are pieces of the step's mean */
     int into;                   /* KEEL__ALGO_INTO_*: where values go */
     keel_grads *center;         /* with KEEL__ALGO_INTO_CENTER */
     keel_grads *mean;           /* the chief that applies, else NULL */
@@ -144,8 +146,11 @@ send_push(keel_cluster_backend *w, const push_req *q, int p)
     h.type = KEEL_MSG_PUSH;
     h.peer_generation = w->ps_gen[p];
     h.flags = q->into != KEEL__ALGO_INTO_NONE ? KEEL_WIRE_F_WANT_VALUES : 0;
+    if (q->pieces)
+        h.flags |= KEEL_WIRE_F_PIECES;
     h.local_step = q->local_step;
     h.global_step = q->covered;         /* the steps this push covers */
+    h.examples = (uint32_t)q->examples;
     st = keel__wire_client_send(w->clients[p], &h, w->outs, k, 1,
                                 w->o.in.dead_after_ms);
     if (st != KEEL_OK)
@@ -349,6 +354,10 @@ keel__worker_apply(void *ctx, keel_vars *vs, keel_grads *grads,
         .srcs = w->micro != NULL ? w->micro : &one,
         .n_src = w->micro != NULL ? w->n_micro : 1,
         .local_step = global_step, .covered = 1,
+        /* the ps weighs each replica's mean gradient by its examples */
+        .examples = keel_grads_examples(grads),
+        /* micro-batch / tree stores: pieces of the global batch's mean */
+        .pieces = w->micro != NULL,
         .into = KEEL__ALGO_INTO_VARS, .center = NULL,
         .mean = w->is_chief && w->o.in.chief_applies ? grads : NULL,
         .new_step = &new_step, .t_copy = &t_copy, .t_sent = &t_sent,

@@ -447,6 +447,7 @@ struct keel_grads {
     const keel_vars *vs;
     keel_tensor *t;      /* one per variable; empty (data NULL) if frozen */
     size_t n;
+    int64_t examples;    /* what the gradients are the mean over */
 };
 
 keel_status
@@ -463,6 +464,7 @@ keel_grads_new(const keel_vars *vs, keel_grads **out)
         return keel__fail(KEEL_ENOMEM, "grads: %zu bytes", sizeof *g);
     g->vs = vs;
     g->n = vs->n;
+    g->examples = 1;
     if (vs->n > 0) {
         g->t = calloc(vs->n, sizeof *g->t);
         if (g->t == NULL) {
@@ -514,6 +516,25 @@ keel_grads_at(keel_grads *g, size_t i)
     if (g == NULL || i >= g->n || g->t[i].data == NULL)
         return NULL;
     return &g->t[i];
+}
+
+keel_status
+keel_grads_set_examples(keel_grads *g, int64_t n)
+{
+    if (g == NULL)
+        return keel__fail(KEEL_EINVAL, "grads: set_examples on NULL");
+    if (n < 1 || n > KEEL_GRADS_MAX_EXAMPLES)
+        return keel__fail(KEEL_EINVAL, "grads: %lld examples (a step's "
+                          "gradient is the mean over 1..%d examples)",
+                          (long long)n, KEEL_GRADS_MAX_EXAMPLES);
+    g->examples = n;
+    return KEEL_OK;
+}
+
+int64_t
+keel_grads_examples(const keel_grads *g)
+{
+    return g != NULL ? g->examples : 1;
 }
 
 keel_tensor *

@@ -6,7 +6,10 @@
  * ./custom_step DIR` each task finds its role in TF_CONFIG, the ps task
  * serves the variables, the chief and the workers train them (sync, or
  * the update rule named by the third argument: agn, easgd, ...;
- * docs/algorithms.md).
+ * docs/algorithms.md). The step computes the mean gradient over its own
+ * examples and says how many they were (keel_grads_set_examples); the ps
+ * apply the example-weighted mean of the replicas' gradients, so one
+ * process and any number of replicas take the same steps.
  *
  *   cc -o custom_step custom_step.c $(pkg-config --cflags --libs keel)
  *   ./custom_step /tmp/custom_step_run [steps]
@@ -23,8 +26,9 @@ typedef struct data {
     float x[N], y[N];
 } data;
 
-/* Gradient of the mean squared error over the whole set (every replica
- * computes it; a real program gives each replica its slice of a batch). */
+/* Gradient of the mean squared error over the whole set, the mean over
+ * its N examples (every replica computes it; a real program gives each
+ * replica its slice of a batch and declares the slice's size). */
 static keel_status
 step(void *ctx, keel_step *st)
 {
@@ -42,6 +46,8 @@ step(void *ctx, keel_step *st)
     }
     keel_grads_find(g, "linear/w")->data[0] = (float)gw;
     keel_grads_find(g, "linear/b")->data[0] = (float)gb;
+    if (keel_grads_set_examples(g, N) != KEEL_OK)
+        return KEEL_EINVAL;
     if (keel_step_global_step(st) % 100 == 0) {
         printf("step %lld: loss %.6f\n",
                (long long)keel_step_global_step(st), loss);

@@ -1,17 +1,21 @@
 /* sync_supervisor.c - synchronous data-parallel SGD under the Supervisor,
  * the TF1 recipe: a ps task serves the variables, the chief initializes
  * them (or restores its last checkpoint) and publishes them, the workers
- * wait until the model is ready, then every replica computes the gradient
- * of its slice of each global batch and the ps apply the mean of one
- * gradient per replica per step (SyncReplicas with tokens: no barrier in
- * the program). The chief checkpoints to LOGDIR; at max_steps it stops,
- * writes the final checkpoint and stops the ps, and the workers end.
+ * wait until the model is ready, then every replica computes the mean
+ * gradient over its slice of each global batch, declares the slice's size
+ * (keel_grads_set_examples), and the ps apply the example-weighted mean of
+ * one gradient per replica per step, the mean over the global batch
+ * (SyncReplicas with tokens: no barrier in the program). The step is the
+ * one a single process runs on the whole batch: 1, 2 or 3 replicas train
+ * the same model (up to float rounding). The chief checkpoints to LOGDIR;
+ * at max_steps it stops, writes the final checkpoint and stops the ps, and
+ * the workers end.
  *
  * The model: logistic regression on a synthetic, deterministic set
  * (8 features, label 1 when a fixed linear function is positive),
  * Adagrad as the update rule.
  *
- *   cc -o sync_supervisor sync_supervisor.c $(pkg-config --cflags --libs keel)
+ *   cc -o sync_supervisor sync_supervisor.c $(pkg-config --cflags --libs keel) -lm
  *   keel launch --ps 1 --workers 2 -- ./sync_supervisor LOGDIR [max_steps]
  */
 #include <math.h>
@@ -57,6 +61,8 @@ step(void *ctx, keel_step *st)
             gw[j] += (float)(e * x[j] / per);
         gb[0] += (float)(e / per);
     }
+    if (keel_grads_set_examples(keel_step_grads(st), per) != KEEL_OK)
+        return KEEL_EINVAL;
     if (g % 50 == 0) {
         printf("step %lld: loss %.4f\n", (long long)g, loss);
         fflush(stdout);

@@ -856,7 +856,7 @@ START_TEST(test_header_round_trip_keeps_every_field)
     unsigned char b[KEEL_WIRE_HEADER_SIZE];
     keel__wire_header_encode(&h, b);
     ck_assert(memcmp(b, "KEEL", 4) == 0);
-    ck_assert_int_eq(b[4], 2);      /* version, little endian */
+    ck_assert_int_eq(b[4], 3);      /* version, little endian */
     ck_assert_int_eq(b[5], 0);
     memset(&g, 0, sizeof g);
     ck_assert_int_eq(keel__wire_header_decode(b, sizeof b, &g), KEEL_OK);
@@ -1047,8 +1047,15 @@ START_TEST(test_decode_rejects_every_malformed_class)
     expect_corrupt(&r, &lim, "unknown message type 200");
     raw_init(&r); r.hdr[7] = 0x80;
     expect_corrupt(&r, &lim, "unknown flags");
-    raw_init(&r); r.hdr[17] = 1;
-    expect_corrupt(&r, &lim, "reserved");
+    raw_init(&r); r.hdr[4] = 2;         /* before the example count */
+    expect_corrupt(&r, &lim, "wire version 2");
+    raw_init(&r); r.hdr[17] = 1; r.hdr[19] = 0x80;   /* a PUSH's count */
+    ck_assert_int_eq(raw_decode(&r, &lim, &m), KEEL_OK);
+    ck_assert_uint_eq(m.h.examples, 0x800001u);
+    keel__wire_msg_clear(&m);
+    raw_init(&r); r.hdr[6] = KEEL_MSG_PULL; r.hdr[18] = 1;
+    expect_corrupt(&r, &lim, "example count 256 in a message that is not "
+                   "a PUSH");
     raw_init(&r); r.hdr[16] = 9;
     expect_corrupt(&r, &lim, "sender task type 9");
     raw_init(&r); r.hdr[48] = 0; r.hdr[50] = 2;      /* count 131072 */
@@ -2151,8 +2158,8 @@ START_TEST(test_real_ps_checks_requests_and_aggregates_in_sync)
         ck_assert_int_eq(r.h.type, KEEL_MSG_PUSH_ACK);
         ck_assert_int_eq(r.h.global_step, 6);
         ck_assert_int_eq(r.n, 1);
-        for (int i = 0; i < 6; i++)           /* w - (g0 + g1) */
-            ck_assert_float_eq(r.tensors[0].t.data[i], wv[i] - 3.0f);
+        for (int i = 0; i < 6; i++)           /* w - (g0 + g1) / 2 */
+            ck_assert_float_eq(r.tensors[0].t.data[i], wv[i] - 1.5f);
         keel__wire_msg_clear(&r);
         ck_assert_int_eq(keel__wire_recv(raw0, 0, &lim, 3000, &r), KEEL_OK);
         ck_assert_int_eq(r.h.type, KEEL_MSG_PUSH_ACK);
@@ -2185,19 +2192,88 @@ START_TEST(test_real_ps_checks_requests_and_aggregates_in_sync)
 }
 END_TEST
 
+/* Replicas that trained on different numbers of examples: the update is
+ * the mean over every example, each replica's mean gradient weighted by
+ * the example count in its PUSH header. Worker 0 declares 3 examples with
+ * mean gradients 1 (w) and 2 (b), worker 1 one example with 5 and 6: the
+ * mean is (3 * 1 + 5) / 4 = 2 and (3 * 2 + 6) / 4 = 3 (the unweighted
+ * mean of the two would be 3 and 4). Then one step without counts: equal
+ * weights. SGD at learning rate 1. */
+START_TEST(test_real_ps_weighs_replicas_by_their_examples)
+{
+    server sv;
+    keel__wire_client *w[2];
+    float wv[6] = { 10, 20, 30, 40, 50, 60 }, bv[3] = { 1, 2, 3 };
+    float g0w[6] = { 1, 1, 1, 1, 1, 1 }, g0b[3] = { 2, 2, 2 };
+    float g1w[6] = { 5, 5, 5, 5, 5, 5 }, g1b[3] = { 6, 6, 6 };
+    wb init, p0, p1;
+    keel__wire_header h;
+    keel__wire_msg r;
+    uint64_t id0;
+
+    wb_make(&init, wv, bv);
+    wb_make(&p0, g0w, g0b);
+    wb_make(&p1, g1w, g1b);
+    ck_assert_msg(sync_ps_start(&sv, 2, 2) == KEEL_OK, "%s",
+                  keel_last_error());
+    for (int i = 0; i < 2; i++)
+        w[i] = worker_client(&sv, NULL, i);
+    header_of(&h, KEEL_MSG_INIT);
+    ck_assert_int_eq(keel__wire_client_call(w[0], &h, init.out, 2, 0, 3000, &r),
+                     KEEL_OK);
+    keel__wire_msg_clear(&r);
+    for (int step = 0; step < 2; step++) {
+        float dw = step == 0 ? 2.0f : 3.0f, db = step == 0 ? 3.0f : 4.0f;
+        header_of(&h, KEEL_MSG_PUSH);
+        h.local_step = step;
+        h.examples = step == 0 ? 3 : 0;
+        ck_assert_int_eq(keel__wire_client_send(w[0], &h, p0.out, 2, 0,
+                                                3000), KEEL_OK);
+        id0 = h.request_id;
+        header_of(&h, KEEL_MSG_PUSH);
+        h.flags = KEEL_WIRE_F_WANT_VALUES;
+        h.local_step = step;
+        h.examples = 1;
+        ck_assert_int_eq(keel__wire_client_call(w[1], &h, p1.out, 2, 0, 3000,
+                                                &r), KEEL_OK);
+        ck_assert_int_eq(r.h.type, KEEL_MSG_PUSH_ACK);
+        ck_assert_int_eq(r.h.global_step, step + 1);
+        ck_assert_int_eq(r.n, 2);
+        for (int i = 0; i < 6; i++) {
+            wv[i] -= dw;
+            ck_assert_float_eq(r.tensors[0].t.data[i], wv[i]);
+        }
+        for (int i = 0; i < 3; i++) {
+            bv[i] -= db;
+            ck_assert_float_eq(r.tensors[1].t.data[i], bv[i]);
+        }
+        keel__wire_msg_clear(&r);
+        ck_assert_int_eq(keel__wire_client_wait(w[0], id0, 0, 3000, &r),
+                         KEEL_OK);
+        ck_assert_int_eq(r.h.type, KEEL_MSG_PUSH_ACK);
+        keel__wire_msg_clear(&r);
+    }
+    for (int i = 0; i < 2; i++)
+        keel__wire_client_free(w[i]);
+    server_stop(&sv);
+    wb_release(&init);
+    wb_release(&p0);
+    wb_release(&p1);
+}
+END_TEST
+
 /* Three replicas (workers 0..2, worker 0 the chief), two aggregated: one
- * backup. Each replica pushes its share of the step's gradient, its mean
- * gradient / 3; the update must be the mean of the two mean gradients that
- * were aggregated, not their shares' sum (2/3 of it). Worked by hand with
- * SGD at learning rate 1: replica means G1 = 3, G2 = 6 (w), 1.5 / 3 (b) ->
- * shares 1, 2 and 0.5, 1 -> means 4.5 and 2.25. */
+ * backup. Each replica pushes its own mean gradient; the update must be
+ * the mean of the two that were aggregated (not their sum, not a third of
+ * it). Worked by hand with SGD at learning rate 1: replica means G1 = 3,
+ * G2 = 6 (w), 1.5, 3 (b) -> means 4.5 and 2.25. */
 START_TEST(test_real_ps_applies_the_mean_with_a_backup_worker)
 {
     server sv;
     keel__wire_client *w[3];
     float wv[6] = { 10, 20, 30, 40, 50, 60 }, bv[3] = { 1, 2, 3 };
-    float s1w[6] = { 1, 1, 1, 1, 1, 1 }, s2w[6] = { 2, 2, 2, 2, 2, 2 };
-    float s1b[3] = { 0.5f, 0.5f, 0.5f }, s2b[3] = { 1, 1, 1 };
+    float s1w[6] = { 3, 3, 3, 3, 3, 3 }, s2w[6] = { 6, 6, 6, 6, 6, 6 };
+    float s1b[3] = { 1.5f, 1.5f, 1.5f }, s2b[3] = { 3, 3, 3 };
     wb init, p1, p2;
     keel__wire_header h;
     keel__wire_msg r;
@@ -2299,7 +2375,7 @@ waiter_step(void *ctx, keel_step *st)
     for (size_t k = 0; k < keel_vars_count(vs); k++) {
         keel_tensor *t = keel_grads_at(g, k);
         for (size_t i = 0; i < t->count; i++)
-            t->data[i] = 0.25f;
+            t->data[i] = 0.5f;
     }
     return KEEL_OK;
 }
@@ -2336,7 +2412,7 @@ START_TEST(test_global_step_waiter_hook_sees_the_cluster_step)
     pthread_t th;
     int64_t deadline;
     float wv[6] = { 10, 10, 10, 10, 10, 10 }, bv[3] = { 1, 1, 1 };
-    float one[6] = { 1, 1, 1, 1, 1, 1 };
+    float two[6] = { 2, 2, 2, 2, 2, 2 };    /* each push's mean gradient */
     wb init, push;
     keel__wire_header h;
     keel__wire_msg r;
@@ -2344,7 +2420,7 @@ START_TEST(test_global_step_waiter_hook_sees_the_cluster_step)
     /* the ps: 2 replicas, 1 aggregated */
     ck_assert_int_eq(sync_ps_start(&sv, 1, 2), KEEL_OK);
     wb_make(&init, wv, bv);
-    wb_make(&push, one, one);
+    wb_make(&push, two, two);
     chief = worker_client(&sv, NULL, 0);
     header_of(&h, KEEL_MSG_INIT);
     h.global_step = 5;
@@ -3101,6 +3177,7 @@ cluster_suite(void)
         test_pull_of_named_and_unknown_variables,
         test_push_sum_has_the_scalar_bits,
         test_real_ps_checks_requests_and_aggregates_in_sync,
+        test_real_ps_weighs_replicas_by_their_examples,
         test_real_ps_applies_the_mean_with_a_backup_worker,
         test_global_step_waiter_hook_sees_the_cluster_step,
         test_heartbeats_see_the_step_state_and_a_restarted_ps,

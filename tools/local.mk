@@ -32,8 +32,10 @@ examples_custom_step_LDADD = libkeel.la
 check_PROGRAMS += examples/sync_supervisor
 examples_sync_supervisor_SOURCES = examples/sync_supervisor.c
 examples_sync_supervisor_LDADD = libkeel.la -lm
-TESTS += tests/it_custom_step.sh
-EXTRA_DIST += tests/it_custom_step.sh
+TESTS += tests/it_custom_step.sh tests/it_sync_supervisor.sh \
+	tests/docs_commands.sh
+EXTRA_DIST += tests/it_custom_step.sh tests/it_sync_supervisor.sh \
+	tests/docs_commands.sh
 
 # it_export: keel export (keras-h5, safetensors, onnx), keel predict, keel
 # eval CKPT.h5 and the per-epoch workflow, read by independent Python.

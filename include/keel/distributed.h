@@ -162,15 +162,18 @@ typedef struct keel_cluster_options {
     int slurm_port_base;
     /* Sync results independent of the replica count: the step's gradient
      * is defined as L = reduce_leaves canonical leaves of the global batch
-     * (consecutive runs of its examples) added along the fixed binary
-     * tree over them (docs/strategy.md); replica r of R owns leaves
+     * (consecutive runs of its examples; each leaf's gradient its piece of
+     * the global batch's mean) added along the fixed binary tree over
+     * them, unweighted (docs/strategy.md); replica r of R owns leaves
      * [r*L/R, (r+1)*L/R) (L a multiple of R) and pushes, in order, the
      * sums of the tree nodes that cover them (one store when R is a
      * power of two dividing L, else a few: keel_cluster_backend_set_micro);
      * the ps add every replica's node sums along the tree when all
      * replicas are aggregated (no backup workers). Every task of a
-     * cluster must use the same value. 0 (default): the ps add the
-     * replicas' gradients in replica order. */
+     * cluster must use the same value. 0 (default): the ps apply the
+     * example-weighted mean of the replicas' gradients (each the mean over
+     * keel_grads_examples of the session's store), summed in replica
+     * order. */
     int64_t reduce_leaves;
     /* The chief applies the updates (the plain sync rule only: sync mode
      * or algorithm sync, no per-worker learning rates, else
@@ -271,7 +274,10 @@ keel_status keel_cluster_backend_mix(keel_cluster_backend *b,
                                      double decay);
 /* Micro-batches: push these n gradient stores (1..64, one per
  * micro-batch, in order; borrowed while set) instead of the session's; the
- * ps add them in global order. n 0: the session's gradients again. */
+ * ps add them in global order. They are pieces of the step's mean (each
+ * micro-batch's examples' gradients divided by the global batch): the ps
+ * add them unweighted, the example count is not used. Every replica sets
+ * them or none does. n 0: the session's gradients again. */
 keel_status keel_cluster_backend_set_micro(keel_cluster_backend *b,
                                            keel_grads *const *grads, int n);
 
@@ -324,8 +330,10 @@ int keel_collective_size(const keel_collective *c);
 keel_status keel_collective_set_leaves(keel_collective *c,
                                        keel_grads *const *leaves, int n);
 /* Every rank: g (the session's store; overwritten) becomes the sum of every
- * rank's leaves along the fixed tree. A failed or dead rank gives
- * KEEL_EUNAVAILABLE. */
+ * rank's leaves along the fixed tree (leaves are pieces of the global
+ * batch's mean); without leaves, the example-weighted mean of every rank's
+ * g (each the mean over keel_grads_examples(g) examples). A failed or dead
+ * rank gives KEEL_EUNAVAILABLE. */
 keel_status keel_collective_allreduce(keel_collective *c, keel_grads *g);
 /* Every rank: rank 0's global step, variables and slots (not local
  * variables) into vs, marked initialized. */

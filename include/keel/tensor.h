@@ -149,8 +149,22 @@ size_t keel_grads_count(const keel_grads *g);
 keel_tensor *keel_grads_at(keel_grads *g, size_t i);
 /* Gradient of the named variable; NULL if none. */
 keel_tensor *keel_grads_find(keel_grads *g, const char *name);
-/* Set every gradient to zero. */
+/* Set every gradient to zero (the example count stays). */
 void keel_grads_zero(keel_grads *g);
+
+/* The gradients are the mean over this many examples: a train step
+ * declares how many examples its gradient averages (its batch, or its
+ * slice of one). A backend that combines replicas (the parameter servers
+ * in sync mode, the all-reduce) forms the example-weighted mean of the
+ * replicas' gradients, so a step written for one process trains the same
+ * on any number of replicas (docs/cluster.md). 1 until set: replicas that
+ * declare nothing weigh the same. KEEL_EINVAL outside
+ * 1..KEEL_GRADS_MAX_EXAMPLES; the count is kept until set again (a step
+ * whose batch size varies sets it every step). */
+#define KEEL_GRADS_MAX_EXAMPLES 16777215   /* 2^24 - 1 */
+keel_status keel_grads_set_examples(keel_grads *g, int64_t n);
+/* The declared count (1 until set; 1 for NULL). */
+int64_t keel_grads_examples(const keel_grads *g);
 
 #ifdef __cplusplus
 }
