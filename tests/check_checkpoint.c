@@ -1012,26 +1012,45 @@ START_TEST(test_bad_files_give_clear_errors_and_latest_falls_back)
     keel__h5_lock();
     rewrite_as_float64(bad, "/variables/dense/kernel");
     keel__h5_unlock();
-    ck_assert_int_eq(keel_ckpt_verify(bad), KEEL_ECORRUPT);
+    /* a whole file of another dtype does not fit, like a shape: an error
+     * naming the file, the dataset and the dtype; no fallback past it */
+    ck_assert_int_eq(keel_ckpt_verify(bad), KEEL_EINVAL);
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "dense/kernel"));
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "float64"));
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "float32"));
     ck_assert_ptr_nonnull(strstr(keel_last_error(), bad));
-    ck_assert_int_eq(keel_ckpt_restore(bad, b, NULL, NULL), KEEL_ECORRUPT);
+    ck_assert_int_eq(keel_ckpt_restore(bad, b, NULL, NULL), KEEL_EINVAL);
     ck_assert_int_eq(keel_ckpt_latest(tu_dir, NULL, got, sizeof got, &step),
-                     KEEL_OK);
-    ck_assert_int_eq(step, 10);
+                     KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), bad));
 
-    /* Missing file named by the state file: fallback too. */
+    /* Missing file named by the state file: fallback. */
     ck_assert_int_eq(unlink(bad), 0);
     ck_assert_int_eq(keel_ckpt_latest(tu_dir, NULL, got, sizeof got, &step),
                      KEEL_OK);
     ck_assert_int_eq(step, 10);
     ck_assert_int_eq(keel_ckpt_verify(bad), KEEL_ENOTFOUND);
-    /* No valid checkpoint at all. */
+    /* No valid checkpoint at all: not "no checkpoint" (KEEL_ENOTFOUND,
+     * on which a trainer starts afresh) but an error naming the files,
+     * the state file's missing one too. */
     tu_write_file(good, "junk", 4);
     ck_assert_int_eq(keel_ckpt_latest(tu_dir, NULL, got, sizeof got, &step),
+                     KEEL_ECORRUPT);
+    ck_assert_msg(strstr(keel_last_error(), tu_dir) != NULL
+                  && strstr(keel_last_error(), good) != NULL
+                  && strstr(keel_last_error(), bad) != NULL
+                  && strstr(keel_last_error(), "2 found") != NULL, "%s",
+                  keel_last_error());
+    /* a state file naming only files that are gone is no empty
+     * directory either */
+    ck_assert_int_eq(unlink(good), 0);
+    ck_assert_int_eq(keel_ckpt_latest(tu_dir, NULL, got, sizeof got, &step),
+                     KEEL_ECORRUPT);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), good));
+    /* nothing there at all: KEEL_ENOTFOUND */
+    ck_assert_int_eq(unlink(tu_path("checkpoint")), 0);
+    ck_assert_int_eq(keel_ckpt_latest(tu_dir, NULL, got, sizeof got, &step),
                      KEEL_ENOTFOUND);
-    ck_assert_ptr_nonnull(strstr(keel_last_error(), tu_dir));
     free(orig);
     keel_saver_free(s);
     keel_vars_free(a);
@@ -1063,7 +1082,7 @@ START_TEST(test_restore_latest_verifies_while_reading_and_falls_back)
     ck_assert_int_eq(rep.global_step, 20);
     assert_stores_equal(a2, b);
     orig = tu_read_file(bad, &osize);
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < 3; k++) {
         keel_vars_free(b);
         b = make_store(0, 0);
         tu_write_file(bad, orig, osize);
@@ -1076,11 +1095,7 @@ START_TEST(test_restore_latest_verifies_while_reading_and_falls_back)
         }
         else if (k == 1)
             tu_truncate(bad, (off_t)osize / 2);
-        else if (k == 2) {
-            keel__h5_lock();
-            rewrite_as_float64(bad, "/variables/dense/kernel");
-            keel__h5_unlock();
-        } else
+        else
             ck_assert_int_eq(unlink(bad), 0);
         ck_assert_msg(keel_ckpt_restore_latest(tu_dir, NULL, b, NULL, &rep,
                                                got, sizeof got) == KEEL_OK,
@@ -1090,6 +1105,18 @@ START_TEST(test_restore_latest_verifies_while_reading_and_falls_back)
         ck_assert_int_eq(keel_vars_global_step(b), 10);
         assert_stores_equal(a, b);
     }
+    /* a newest file that opens whole but holds float64 does not fit: no
+     * fallback, the error names the file and the dataset */
+    tu_write_file(bad, orig, osize);
+    keel__h5_lock();
+    rewrite_as_float64(bad, "/variables/dense/kernel");
+    keel__h5_unlock();
+    ck_assert_int_eq(keel_ckpt_restore_latest(tu_dir, NULL, b, NULL, &rep,
+                                              got, sizeof got), KEEL_EINVAL);
+    ck_assert_msg(strstr(keel_last_error(), bad) != NULL
+                  && strstr(keel_last_error(), "dense/kernel") != NULL
+                  && strstr(keel_last_error(), "float64") != NULL, "%s",
+                  keel_last_error());
     /* the model does not fit: no fallback, the error names the variable */
     tu_write_file(bad, orig, osize);
     ck_assert_int_eq(keel_vars_new(&odd), KEEL_OK);
@@ -1111,12 +1138,16 @@ START_TEST(test_restore_latest_verifies_while_reading_and_falls_back)
                   keel_last_error());
     keel_vars_free(b);
     b = make_store(0, 0);
-    /* nothing restores */
+    /* nothing restores: an error naming the directory and both files,
+     * not KEEL_ENOTFOUND (no checkpoint: start afresh) */
     tu_write_file(bad, "junk", 4);
     tu_write_file(good, "junk", 4);
     ck_assert_int_eq(keel_ckpt_restore_latest(tu_dir, NULL, b, NULL, NULL,
-                                              NULL, 0), KEEL_ENOTFOUND);
-    ck_assert_ptr_nonnull(strstr(keel_last_error(), tu_dir));
+                                              NULL, 0), KEEL_ECORRUPT);
+    ck_assert_msg(strstr(keel_last_error(), tu_dir) != NULL
+                  && strstr(keel_last_error(), good) != NULL
+                  && strstr(keel_last_error(), bad) != NULL, "%s",
+                  keel_last_error());
     free(orig);
     keel_saver_free(s);
     keel_vars_free(odd);
@@ -2051,6 +2082,54 @@ START_TEST(test_misfit_resume_fails_and_warm_start_starts_a_new_run)
 }
 END_TEST
 
+/* A checkpoint directory in which no checkpoint restores (all damaged, or
+ * a state file naming files that are gone) is not an empty one: prepare
+ * fails naming the directory and the files and how to go on, and writes
+ * nothing (no fresh run over them). */
+START_TEST(test_all_corrupt_dir_is_an_error_not_a_fresh_start)
+{
+    keel_vars *a = make_store(4, 1), *b = make_store(0, 0);
+    char p1[4096], p2[4096], *st1, *st2;
+    size_t n1, n2;
+    int restored = -1;
+    keel_saver *s = new_saver(tu_dir, 5, 0);
+
+    save_step(s, a, 10, p1, sizeof p1);
+    save_step(s, a, 20, p2, sizeof p2);
+    keel_saver_free(s);
+    tu_truncate(p1, 100);
+    tu_write_file(p2, "junk", 4);
+    st1 = tu_read_file(tu_path("checkpoint"), &n1);
+    ck_assert_int_eq(prepare_in(b, tu_dir, NULL, NULL, &restored),
+                     KEEL_ECORRUPT);
+    ck_assert_msg(strstr(keel_last_error(), tu_dir) != NULL
+                  && strstr(keel_last_error(), p1) != NULL
+                  && strstr(keel_last_error(), p2) != NULL
+                  && strstr(keel_last_error(), "move") != NULL
+                  && strstr(keel_last_error(), "warm") != NULL, "%s",
+                  keel_last_error());
+    ck_assert_int_eq(restored, 0);
+    ck_assert_int_eq(tu_file_size(p1), 100);
+    ck_assert_int_eq(tu_file_size(p2), 4);
+    st2 = tu_read_file(tu_path("checkpoint"), &n2);
+    ck_assert(n1 == n2 && memcmp(st1, st2, n1) == 0);
+    free(st2);
+    /* the state file names two files, both gone */
+    ck_assert_int_eq(unlink(p1), 0);
+    ck_assert_int_eq(unlink(p2), 0);
+    ck_assert_int_eq(prepare_in(b, tu_dir, NULL, NULL, &restored),
+                     KEEL_ECORRUPT);
+    ck_assert_msg(strstr(keel_last_error(), p2) != NULL, "%s",
+                  keel_last_error());
+    st2 = tu_read_file(tu_path("checkpoint"), &n2);
+    ck_assert(n1 == n2 && memcmp(st1, st2, n1) == 0);
+    free(st2);
+    free(st1);
+    keel_vars_free(a);
+    keel_vars_free(b);
+}
+END_TEST
+
 static Suite *
 checkpoint_suite(void)
 {
@@ -2096,7 +2175,8 @@ checkpoint_suite(void)
         test_disk_full_mid_data_keeps_the_previous_checkpoint,
         test_unwritable_checkpoint_dir_fails_clearly,
         test_file_size_limit_fails_the_save_cleanly,
-        test_misfit_resume_fails_and_warm_start_starts_a_new_run));
+        test_misfit_resume_fails_and_warm_start_starts_a_new_run,
+        test_all_corrupt_dir_is_an_error_not_a_fresh_start));
     tu_tcase(s, "slow", long_mode() ? 7200 : 120, tu_setup, tu_teardown,
              TU_TESTS(
         test_sigkill_at_random_moments_leaves_valid_latest,
