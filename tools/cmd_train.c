@@ -22,7 +22,7 @@ train_usage(FILE *out, int code)
 {
     fprintf(out,
             "usage: keel train CONFIG [-s section.key=value]... [-v]\n"
-            "                  [--task TYPE:INDEX]\n"
+            "                  [--task TYPE:INDEX] [--warm-start=CKPT]\n"
             "\n"
             "Train the job CONFIG describes under a MonitoredTrainingSession:\n"
             "resume from the newest valid checkpoint in checkpoint.dir (or\n"
@@ -40,6 +40,10 @@ train_usage(FILE *out, int code)
             "  -s, --set K=V       override a config key (repeatable)\n"
             "  --task TYPE:INDEX   this task (chief:0, worker:1, ps:0) when\n"
             "                      the cluster comes from [cluster] lists\n"
+            "  --warm-start=CKPT   start a new run from the variables of\n"
+            "                      checkpoint CKPT (a file or a directory),\n"
+            "                      by name; same as -s\n"
+            "                      checkpoint.warm_start_from=CKPT\n"
             "  -v, --verbose       debug logging\n");
     return code;
 }
@@ -260,7 +264,7 @@ cli_resolve_cluster(const keel_config *cfg, const char *task,
     return CLI_OK;
 }
 
-enum { OPT_TASK = 256, OPT_JSON, OPT_CHECKPOINT };
+enum { OPT_TASK = 256, OPT_JSON, OPT_CHECKPOINT, OPT_WARM_START };
 
 /* What train's and eval's command lines give: CONFIG (eval: or DIR or
  * CKPT.h5), the -s overrides, -v, and train's --task or eval's --checkpoint
@@ -281,6 +285,7 @@ parse_common(int argc, char **argv, int allow_eval_opts, common_args *a)
         { "set", required_argument, NULL, 's' },
         { "verbose", no_argument, NULL, 'v' },
         { "task", required_argument, NULL, OPT_TASK },
+        { "warm-start", required_argument, NULL, OPT_WARM_START },
         { NULL, 0, NULL, 0 },
     };
     static const struct option eval_opts[] = {
@@ -290,6 +295,8 @@ parse_common(int argc, char **argv, int allow_eval_opts, common_args *a)
         { "checkpoint", required_argument, NULL, OPT_CHECKPOINT },
         { NULL, 0, NULL, 0 },
     };
+    /* --warm-start's override (the last one given wins, as with -s) */
+    static char warm[4200];
     const char *spec = cli_getopt_begin("s:v");
     int c;
     memset(a, 0, sizeof *a);
@@ -312,10 +319,21 @@ parse_common(int argc, char **argv, int allow_eval_opts, common_args *a)
         case OPT_JSON:
             a->json = 1;
             break;
+        case OPT_WARM_START:
+            if ((size_t)snprintf(warm, sizeof warm,
+                                 "checkpoint.warm_start_from=%s", optarg)
+                >= sizeof warm)
+                return cli_error(CLI_USAGE, "%s: --warm-start path too "
+                                 "long", argv[0]);
+            if (cli_add_override(argv[0], a->over, &a->n_over, warm) !=
+                CLI_OK)
+                return CLI_USAGE;
+            break;
         default:
             return cli_getopt_error(argv, c,
                                     optopt == 's' ? "section.key=value"
                                     : optopt == OPT_TASK ? "TYPE:INDEX"
+                                    : optopt == OPT_WARM_START ? "CKPT"
                                                          : "a FILE");
         }
     }
