@@ -1971,6 +1971,121 @@ START_TEST(test_unwritable_checkpoint_dir_fails_clearly)
 }
 END_TEST
 
+/* ---- the state file ---------------------------------------------------- */
+
+/* keel_ckpt_state_check: no state file or one whose newest entry is a
+ * regular file (through a symlink too) is fine; a newest entry that is
+ * missing, a dangling symlink or a directory is KEEL_ENOTFOUND naming the
+ * state file, the entry and what it is; an unparseable file
+ * KEEL_ECORRUPT. */
+START_TEST(test_state_check_names_a_missing_newest_entry)
+{
+    keel_vars *a = make_store(1, 1);
+    keel_saver *s = new_saver(tu_dir, 5, 0);
+    char p10[4096], p20[4096], want[4200];
+    static const char two[] =
+        "model_checkpoint_path: \"model.ckpt-20.h5\"\n"
+        "all_model_checkpoint_paths: \"model.ckpt-10.h5\"\n"
+        "all_model_checkpoint_paths: \"model.ckpt-20.h5\"\n";
+
+    ck_assert_int_eq(keel_ckpt_state_check(tu_dir), KEEL_OK);   /* none */
+    save_step(s, a, 10, p10, sizeof p10);
+    save_step(s, a, 20, p20, sizeof p20);
+    keel_saver_free(s);
+    ck_assert_msg(keel_ckpt_state_check(tu_dir) == KEEL_OK, "%s",
+                  keel_last_error());
+    tu_write_file(tu_path("checkpoint"), two, sizeof two - 1);
+    ck_assert_int_eq(keel_ckpt_state_check(tu_dir), KEEL_OK);
+    TU_SNPRINTF(want, sizeof want, "%s/checkpoint", tu_dir);
+
+    ck_assert_int_eq(rename(p20, tu_path("aside.h5")), 0);
+    ck_assert_int_eq(keel_ckpt_state_check(tu_dir), KEEL_ENOTFOUND);
+    ck_assert_msg(strstr(keel_last_error(), want) != NULL
+                  && strstr(keel_last_error(), "'model.ckpt-20.h5'") != NULL
+                  && strstr(keel_last_error(), "missing") != NULL, "%s",
+                  keel_last_error());
+    /* a symlink to a regular file is followed */
+    ck_assert_int_eq(symlink(tu_path("aside.h5"), p20), 0);
+    ck_assert_int_eq(keel_ckpt_state_check(tu_dir), KEEL_OK);
+    ck_assert_int_eq(unlink(tu_path("aside.h5")), 0);
+    ck_assert_int_eq(keel_ckpt_state_check(tu_dir), KEEL_ENOTFOUND);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "dangling symlink"));
+    ck_assert_int_eq(unlink(p20), 0);
+    ck_assert_int_eq(mkdir(p20, 0700), 0);
+    ck_assert_int_eq(keel_ckpt_state_check(tu_dir), KEEL_ENOTFOUND);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "not a regular file"));
+    ck_assert_int_eq(rmdir(p20), 0);
+    /* an older entry that is gone is no error: only the newest counts */
+    ck_assert_int_eq(unlink(p10), 0);
+    {
+        static const char one[] =
+            "model_checkpoint_path: \"model.ckpt-10.h5\"\n";
+        tu_write_file(tu_path("checkpoint"), one, sizeof one - 1);
+        ck_assert_int_eq(keel_ckpt_state_check(tu_dir), KEEL_ENOTFOUND);
+        ck_assert_ptr_nonnull(strstr(keel_last_error(), "model.ckpt-10.h5"));
+    }
+    tu_write_file(tu_path("checkpoint"), "garbage without colon\n", 22);
+    ck_assert_int_eq(keel_ckpt_state_check(tu_dir), KEEL_ECORRUPT);
+    ck_assert_int_eq(keel_ckpt_state_check(NULL), KEEL_EINVAL);
+    keel_vars_free(a);
+}
+END_TEST
+
+/* A state file listing the newest checkpoint several times (and an older
+ * one twice): the next saver keeps one entry per file, and retention
+ * deletes no file the list still names. */
+START_TEST(test_retention_dedups_the_state_file_and_keeps_what_it_lists)
+{
+    keel_vars *a = make_store(1, 1);
+    keel_saver *s = new_saver(tu_dir, 3, 0);
+    char *state, *p;
+    char text[4096];
+    size_t len = 0;
+    int n;
+
+    for (int64_t step = 10; step <= 30; step += 10)
+        save_step(s, a, step, NULL, 0);
+    keel_saver_free(s);
+    len += (size_t)snprintf(text + len, sizeof text - len,
+                            "model_checkpoint_path: \"model.ckpt-30.h5\"\n"
+                            "all_model_checkpoint_paths: "
+                            "\"model.ckpt-20.h5\"\n");
+    for (int i = 0; i < 2; i++)
+        len += (size_t)snprintf(text + len, sizeof text - len,
+                                "all_model_checkpoint_paths: \"%s/"
+                                "model.ckpt-10.h5\"\n", tu_dir);
+    for (int i = 0; i < 6; i++)
+        len += (size_t)snprintf(text + len, sizeof text - len,
+                                "all_model_checkpoint_paths: "
+                                "\"model.ckpt-30.h5\"\n");
+    tu_write_file(tu_path("checkpoint"), text, len);
+
+    s = new_saver(tu_dir, 3, 0);
+    save_step(s, a, 40, NULL, 0);
+    keel_saver_free(s);
+    state = tu_read_file(tu_path("checkpoint"), NULL);
+    /* one entry each for 10, 30, 40 (max_to_keep 3: 20, the oldest, went;
+     * 10 is listed by its path into the directory) */
+    for (n = 0, p = state; (p = strstr(p, "model.ckpt-30.h5\"")) != NULL;
+         p++)
+        n++;
+    ck_assert_msg(n == 1, "%d mentions of step 30: %s", n,
+                  state);
+    ck_assert_msg(strstr(state, "model.ckpt-10.h5\"") != NULL
+                  && strstr(strstr(state, "model.ckpt-10.h5\"") + 1,
+                            "model.ckpt-10.h5\"") == NULL, "%s", state);
+    ck_assert_ptr_null(strstr(state, "model.ckpt-20.h5\""));
+    free(state);
+    ck_assert_int_ge(tu_file_size(tu_path("model.ckpt-10.h5")), 1);
+    ck_assert_int_ge(tu_file_size(tu_path("model.ckpt-30.h5")), 1);
+    ck_assert_int_ge(tu_file_size(tu_path("model.ckpt-40.h5")), 1);
+    ck_assert_int_lt(tu_file_size(tu_path("model.ckpt-20.h5")), 0);
+    ck_assert_msg(keel_ckpt_state_check(tu_dir) == KEEL_OK, "%s",
+                  keel_last_error());
+    keel_vars_free(a);
+}
+END_TEST
+
 /* ---- resume and warm start through the session manager ------------------ */
 
 /* The chief's prepare over vs with checkpoints in dir, warm starting from
@@ -2176,7 +2291,9 @@ checkpoint_suite(void)
         test_unwritable_checkpoint_dir_fails_clearly,
         test_file_size_limit_fails_the_save_cleanly,
         test_misfit_resume_fails_and_warm_start_starts_a_new_run,
-        test_all_corrupt_dir_is_an_error_not_a_fresh_start));
+        test_all_corrupt_dir_is_an_error_not_a_fresh_start,
+        test_state_check_names_a_missing_newest_entry,
+        test_retention_dedups_the_state_file_and_keeps_what_it_lists));
     tu_tcase(s, "slow", long_mode() ? 7200 : 120, tu_setup, tu_teardown,
              TU_TESTS(
         test_sigkill_at_random_moments_leaves_valid_latest,
