@@ -1474,8 +1474,9 @@ validate_warm_start(const keel_config *cfg)
     if (from[0] != '\0' && strncmp(from, dir, n) == 0 &&
         strspn(from + n, "/") == strlen(from + n))
         return keel__fail(KEEL_EINVAL, "checkpoint.warm_start_from (%s) is "
-                          "checkpoint.dir (%s) itself: a warm start writes "
-                          "a new run into another directory",
+                          "checkpoint.dir (%s), this run's own checkpoint "
+                          "directory: a warm start writes a new run into "
+                          "another directory",
                           keel_config_origin(cfg,
                                              "checkpoint.warm_start_from"),
                           keel_config_origin(cfg, "checkpoint.dir"));

@@ -334,7 +334,7 @@ START_TEST(test_warm_start_keys)
                           "needs checkpoint.warm_start_from", NULL);
     keel_config_override(cfg, "checkpoint.warm_start_from=/tmp/run2/", "-s");
     validate_fails_naming("checkpoint.warm_start_from", "checkpoint.dir",
-                          "itself", NULL);
+                          "own checkpoint directory", NULL);
 }
 END_TEST
 
