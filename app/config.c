@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <regex.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1473,6 +1474,48 @@ validate_schedule(const keel_config *cfg)
     return KEEL_OK;
 }
 
+/* The warm start: warm_start_vars compiles as a POSIX extended regex and
+ * goes with a warm_start_from, which is not checkpoint.dir itself. */
+static keel_status
+validate_warm_start(const keel_config *cfg)
+{
+    const char *from = keel_config_str(cfg, "checkpoint.warm_start_from");
+    const char *vars = keel_config_str(cfg, "checkpoint.warm_start_vars");
+    const char *dir = keel_config_str(cfg, "checkpoint.dir");
+    size_t n = strlen(dir);
+    if (vars[0] != '\0') {
+        regex_t re;
+        char why[128];
+        int rc = regcomp(&re, vars, REG_EXTENDED | REG_NOSUB);
+        if (rc != 0) {
+            regerror(rc, &re, why, sizeof why);
+            return keel__fail(KEEL_EINVAL, "checkpoint.warm_start_vars "
+                              "'%s' (%s) is not a POSIX extended regex: %s",
+                              vars, keel_config_origin(
+                                  cfg, "checkpoint.warm_start_vars"), why);
+        }
+        regfree(&re);
+        if (from[0] == '\0')
+            return keel__fail(KEEL_EINVAL, "checkpoint.warm_start_vars (%s) "
+                              "needs checkpoint.warm_start_from: the "
+                              "checkpoint to warm-start from",
+                              keel_config_origin(
+                                  cfg, "checkpoint.warm_start_vars"));
+    }
+    while (n > 1 && dir[n - 1] == '/')
+        n--;
+    if (from[0] != '\0' && strncmp(from, dir, n) == 0 &&
+        strspn(from + n, "/") == strlen(from + n))
+        return keel__fail(KEEL_EINVAL, "checkpoint.warm_start_from (%s) is "
+                          "checkpoint.dir (%s), this run's own checkpoint "
+                          "directory: a warm start writes a new run into "
+                          "another directory",
+                          keel_config_origin(cfg,
+                                             "checkpoint.warm_start_from"),
+                          keel_config_origin(cfg, "checkpoint.dir"));
+    return KEEL_OK;
+}
+
 /* The files: an HDF5 training file, checkpoint.dir and a plain
  * checkpoint.basename. */
 static keel_status
@@ -1491,7 +1534,7 @@ validate_files(const keel_config *cfg)
         return keel__fail(KEEL_EINVAL, "checkpoint.basename '%s' must be a "
                           "plain file name of [A-Za-z0-9_.-]",
                           keel_config_str(cfg, "checkpoint.basename"));
-    return KEEL_OK;
+    return validate_warm_start(cfg);
 }
 
 /* The cluster's timing (heartbeat before death) and replica counts. */

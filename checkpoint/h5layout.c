@@ -765,11 +765,28 @@ visit_shape(const visit_ctx *c, const char *name, hid_t t, hid_t sp,
     const char *path = c->f->path;
     hsize_t dims[KEEL_MAX_DIMS + 1];
     int nd;
-    if (H5Tequal(t, H5T_IEEE_F32LE) <= 0)
+    if (H5Tequal(t, H5T_IEEE_F32LE) <= 0) {
+        /* HDF5 checks the object header's checksum on open, so a number
+         * type here is what the writer chose: the file is whole and does
+         * not fit, like a shape mismatch (no fallback to an older
+         * checkpoint). Anything else is damage. */
+        H5T_class_t cls = H5Tget_class(t);
+        if (cls == H5T_FLOAT || cls == H5T_INTEGER)
+            return keel__fail(KEEL_EINVAL, "checkpoint %s: dataset %s/%s "
+                              "holds %s%zu (%s-endian), not float32 "
+                              "little-endian: not a keel checkpoint's "
+                              "dtype; convert it to float32", path,
+                              c->prefix, name,
+                              cls == H5T_FLOAT ? "float" :
+                              H5Tget_sign(t) == H5T_SGN_NONE ? "uint" :
+                              "int", H5Tget_size(t) * 8,
+                              H5Tget_order(t) == H5T_ORDER_BE ? "big" :
+                              "little");
         return keel__fail(KEEL_ECORRUPT, "checkpoint %s: dataset %s/%s is "
                           "not float32 little-endian (HDF5 class %d, %zu "
-                          "bytes)", path, c->prefix, name,
-                          (int)H5Tget_class(t), H5Tget_size(t));
+                          "bytes)", path, c->prefix, name, (int)cls,
+                          H5Tget_size(t));
+    }
     nd = H5Sget_simple_extent_ndims(sp);
     if (nd < 0 || nd > KEEL_MAX_DIMS)
         return keel__fail(KEEL_ECORRUPT, "checkpoint %s: dataset %s/%s has "

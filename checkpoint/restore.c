@@ -96,26 +96,40 @@ out:
     return KEEL_OK;
 }
 
-/* A candidate that failed: its message kept as last_err (KEEL_ERR_MAX
- * bytes), a warning naming it, one more bad file counted. */
+/* The candidates that failed so far: how many, their paths (as many as
+ * fit) and the last one's message. */
+typedef struct bad_list {
+    size_t n;
+    char paths[KEEL_ERR_MAX / 2];
+    char last_err[KEEL_ERR_MAX];
+} bad_list;
+
+static void list_append(char *buf, size_t size, const char *name);
+
+/* A candidate that failed: its message kept as the last error, a warning
+ * naming it, its path added to the list. */
 static void
-skip_bad(const char *path, char *last_err, size_t *n_bad)
+skip_bad(const char *path, bad_list *b)
 {
-    snprintf(last_err, KEEL_ERR_MAX, "%s", keel_last_error());
-    keel__log(KEEL_LOG_WARN, "skipping checkpoint %s: %s", path, last_err);
-    (*n_bad)++;
+    snprintf(b->last_err, sizeof b->last_err, "%s", keel_last_error());
+    keel__log(KEEL_LOG_WARN, "skipping checkpoint %s: %s", path,
+              b->last_err);
+    list_append(b->paths, sizeof b->paths, path);
+    b->n++;
 }
 
-/* The failure when no candidate in dir served: none at all, or n_bad that
- * all failed to verb ("verifies", "restores"), the last one's cause. */
+/* The failure when no candidate in dir served: KEEL_ENOTFOUND when there
+ * was none at all; KEEL_ECORRUPT naming every file when all of them
+ * failed to verb ("verifies", "restores"), with the last one's cause. A
+ * directory of damaged checkpoints is not an empty one: a caller that
+ * starts afresh on KEEL_ENOTFOUND must not write over them. */
 static keel_status
-none_valid(const char *dir, size_t n_bad, const char *last_err,
-           const char *verb)
+none_valid(const char *dir, const bad_list *b, const char *verb)
 {
-    if (n_bad > 0)
-        return keel__fail(KEEL_ENOTFOUND, "no valid checkpoint in %s: %zu "
-                          "found, none %s (last: %s)", dir, n_bad, verb,
-                          last_err);
+    if (b->n > 0)
+        return keel__fail(KEEL_ECORRUPT, "no valid checkpoint in %s: %zu "
+                          "found, none %s (%s; last: %s)", dir, b->n, verb,
+                          b->paths, b->last_err);
     return keel__fail(KEEL_ENOTFOUND, "no checkpoint in %s", dir);
 }
 
@@ -123,20 +137,22 @@ keel_status
 keel_ckpt_latest(const char *dir, const char *basename, char *path,
                  size_t path_size, int64_t *step)
 {
-    size_t n = 0, n_bad = 0;
+    size_t n = 0;
     cand *c = NULL;
     keel_status st;
-    char last_err[KEEL_ERR_MAX] = "";
+    bad_list bad;
 
     if (dir == NULL)
         return keel__fail(KEEL_EINVAL, "keel_ckpt_latest: dir is NULL");
+    memset(&bad, 0, sizeof bad);
     st = candidates(dir, basename, &c, &n);
     if (st != KEEL_OK)
         return st;
     for (size_t i = 0; i < n; i++) {
         int64_t s = -1;
-        if (keel__ckpt_verify(c[i].path, &s) == KEEL_OK) {
-            if (n_bad > 0)
+        st = keel__ckpt_verify(c[i].path, &s);
+        if (st == KEEL_OK) {
+            if (bad.n > 0)
                 keel__log(KEEL_LOG_WARN, "restoring from %s (step %lld) "
                           "instead", c[i].path, (long long)s);
             st = path != NULL ? keel__fmt(path, path_size, "checkpoint path",
@@ -146,10 +162,15 @@ keel_ckpt_latest(const char *dir, const char *basename, char *path,
             free(c);
             return st;
         }
-        skip_bad(c[i].path, last_err, &n_bad);
+        if (st == KEEL_EINVAL) {
+            free(c);    /* whole, but not a checkpoint keel reads: no
+                         * fallback past it */
+            return st;
+        }
+        skip_bad(c[i].path, &bad);
     }
     free(c);
-    return none_valid(dir, n_bad, last_err, "verifies");
+    return none_valid(dir, &bad, "verifies");
 }
 
 keel_status
@@ -158,11 +179,12 @@ keel_ckpt_restore_latest(const char *dir, const char *basename,
                          keel_restore_report *report, char *path,
                          size_t path_size)
 {
-    size_t n = 0, n_bad = 0;
+    size_t n = 0;
     cand *c = NULL;
     keel_status st;
-    char last_err[KEEL_ERR_MAX] = "";
+    bad_list bad;
 
+    memset(&bad, 0, sizeof bad);
     if (dir == NULL || vs == NULL)
         return keel__fail(KEEL_EINVAL, "keel_ckpt_restore_latest: NULL dir "
                           "or store");
@@ -190,7 +212,7 @@ keel_ckpt_restore_latest(const char *dir, const char *basename,
          * whatever a failed attempt wrote. */
         st = keel_ckpt_restore(c[i].path, vs, opts, report);
         if (st == KEEL_OK) {
-            if (n_bad > 0)
+            if (bad.n > 0)
                 keel__log(KEEL_LOG_WARN, "restored from %s instead",
                           c[i].path);
             if (path != NULL)
@@ -203,10 +225,10 @@ keel_ckpt_restore_latest(const char *dir, const char *basename,
             free(c);               /* the model does not fit: no fallback */
             return st;
         }
-        skip_bad(c[i].path, last_err, &n_bad);
+        skip_bad(c[i].path, &bad);
     }
     free(c);
-    return none_valid(dir, n_bad, last_err, "restores");
+    return none_valid(dir, &bad, "restores");
 }
 
 /* ---- restore ------------------------------------------------------------ */

@@ -277,6 +277,16 @@ restore_latest(keel_session_manager *sm, int *restored)
                           "start (warm_start_from) into a new checkpoint "
                           "directory", sm->checkpoint_dir, cause);
     }
+    if (st == KEEL_ECORRUPT) {      /* checkpoints there, none usable */
+        char cause[KEEL_ERR_MAX];
+        snprintf(cause, sizeof cause, "%s", keel_last_error());
+        return keel__fail(st, "resume from %s: %s. No checkpoint was written: "
+                          "to start a new run there, move these files and "
+                          "its state file out of %s; to start from another "
+                          "run's checkpoint, warm-start (warm_start_from) "
+                          "into a new checkpoint directory",
+                          sm->checkpoint_dir, cause, sm->checkpoint_dir);
+    }
     if (st != KEEL_OK)
         return keel__wrap(st, "restore from %s", sm->checkpoint_dir);
     /* Restore covers every checkpointed variable and the global step. */

@@ -1012,26 +1012,45 @@ START_TEST(test_bad_files_give_clear_errors_and_latest_falls_back)
     keel__h5_lock();
     rewrite_as_float64(bad, "/variables/dense/kernel");
     keel__h5_unlock();
-    ck_assert_int_eq(keel_ckpt_verify(bad), KEEL_ECORRUPT);
+    /* a whole file of another dtype does not fit, like a shape: an error
+     * naming the file, the dataset and the dtype; no fallback past it */
+    ck_assert_int_eq(keel_ckpt_verify(bad), KEEL_EINVAL);
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "dense/kernel"));
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "float64"));
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "float32"));
     ck_assert_ptr_nonnull(strstr(keel_last_error(), bad));
-    ck_assert_int_eq(keel_ckpt_restore(bad, b, NULL, NULL), KEEL_ECORRUPT);
+    ck_assert_int_eq(keel_ckpt_restore(bad, b, NULL, NULL), KEEL_EINVAL);
     ck_assert_int_eq(keel_ckpt_latest(tu_dir, NULL, got, sizeof got, &step),
-                     KEEL_OK);
-    ck_assert_int_eq(step, 10);
+                     KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), bad));
 
-    /* Missing file named by the state file: fallback too. */
+    /* Missing file named by the state file: fallback. */
     ck_assert_int_eq(unlink(bad), 0);
     ck_assert_int_eq(keel_ckpt_latest(tu_dir, NULL, got, sizeof got, &step),
                      KEEL_OK);
     ck_assert_int_eq(step, 10);
     ck_assert_int_eq(keel_ckpt_verify(bad), KEEL_ENOTFOUND);
-    /* No valid checkpoint at all. */
+    /* No valid checkpoint at all: not "no checkpoint" (KEEL_ENOTFOUND,
+     * on which a trainer starts afresh) but an error naming the files,
+     * the state file's missing one too. */
     tu_write_file(good, "junk", 4);
     ck_assert_int_eq(keel_ckpt_latest(tu_dir, NULL, got, sizeof got, &step),
+                     KEEL_ECORRUPT);
+    ck_assert_msg(strstr(keel_last_error(), tu_dir) != NULL
+                  && strstr(keel_last_error(), good) != NULL
+                  && strstr(keel_last_error(), bad) != NULL
+                  && strstr(keel_last_error(), "2 found") != NULL, "%s",
+                  keel_last_error());
+    /* a state file naming only files that are gone is no empty
+     * directory either */
+    ck_assert_int_eq(unlink(good), 0);
+    ck_assert_int_eq(keel_ckpt_latest(tu_dir, NULL, got, sizeof got, &step),
+                     KEEL_ECORRUPT);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), good));
+    /* nothing there at all: KEEL_ENOTFOUND */
+    ck_assert_int_eq(unlink(tu_path("checkpoint")), 0);
+    ck_assert_int_eq(keel_ckpt_latest(tu_dir, NULL, got, sizeof got, &step),
                      KEEL_ENOTFOUND);
-    ck_assert_ptr_nonnull(strstr(keel_last_error(), tu_dir));
     free(orig);
     keel_saver_free(s);
     keel_vars_free(a);
@@ -1063,7 +1082,7 @@ START_TEST(test_restore_latest_verifies_while_reading_and_falls_back)
     ck_assert_int_eq(rep.global_step, 20);
     assert_stores_equal(a2, b);
     orig = tu_read_file(bad, &osize);
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < 3; k++) {
         keel_vars_free(b);
         b = make_store(0, 0);
         tu_write_file(bad, orig, osize);
@@ -1076,11 +1095,7 @@ START_TEST(test_restore_latest_verifies_while_reading_and_falls_back)
         }
         else if (k == 1)
             tu_truncate(bad, (off_t)osize / 2);
-        else if (k == 2) {
-            keel__h5_lock();
-            rewrite_as_float64(bad, "/variables/dense/kernel");
-            keel__h5_unlock();
-        } else
+        else
             ck_assert_int_eq(unlink(bad), 0);
         ck_assert_msg(keel_ckpt_restore_latest(tu_dir, NULL, b, NULL, &rep,
                                                got, sizeof got) == KEEL_OK,
@@ -1090,6 +1105,18 @@ START_TEST(test_restore_latest_verifies_while_reading_and_falls_back)
         ck_assert_int_eq(keel_vars_global_step(b), 10);
         assert_stores_equal(a, b);
     }
+    /* a newest file that opens whole but holds float64 does not fit: no
+     * fallback, the error names the file and the dataset */
+    tu_write_file(bad, orig, osize);
+    keel__h5_lock();
+    rewrite_as_float64(bad, "/variables/dense/kernel");
+    keel__h5_unlock();
+    ck_assert_int_eq(keel_ckpt_restore_latest(tu_dir, NULL, b, NULL, &rep,
+                                              got, sizeof got), KEEL_EINVAL);
+    ck_assert_msg(strstr(keel_last_error(), bad) != NULL
+                  && strstr(keel_last_error(), "dense/kernel") != NULL
+                  && strstr(keel_last_error(), "float64") != NULL, "%s",
+                  keel_last_error());
     /* the model does not fit: no fallback, the error names the variable */
     tu_write_file(bad, orig, osize);
     ck_assert_int_eq(keel_vars_new(&odd), KEEL_OK);
@@ -1111,12 +1138,16 @@ START_TEST(test_restore_latest_verifies_while_reading_and_falls_back)
                   keel_last_error());
     keel_vars_free(b);
     b = make_store(0, 0);
-    /* nothing restores */
+    /* nothing restores: an error naming the directory and both files,
+     * not KEEL_ENOTFOUND (no checkpoint: start afresh) */
     tu_write_file(bad, "junk", 4);
     tu_write_file(good, "junk", 4);
     ck_assert_int_eq(keel_ckpt_restore_latest(tu_dir, NULL, b, NULL, NULL,
-                                              NULL, 0), KEEL_ENOTFOUND);
-    ck_assert_ptr_nonnull(strstr(keel_last_error(), tu_dir));
+                                              NULL, 0), KEEL_ECORRUPT);
+    ck_assert_msg(strstr(keel_last_error(), tu_dir) != NULL
+                  && strstr(keel_last_error(), good) != NULL
+                  && strstr(keel_last_error(), bad) != NULL, "%s",
+                  keel_last_error());
     free(orig);
     keel_saver_free(s);
     keel_vars_free(odd);
@@ -1940,6 +1971,121 @@ START_TEST(test_unwritable_checkpoint_dir_fails_clearly)
 }
 END_TEST
 
+/* ---- the state file ---------------------------------------------------- */
+
+/* keel_ckpt_state_check: no state file or one whose newest entry is a
+ * regular file (through a symlink too) is fine; a newest entry that is
+ * missing, a dangling symlink or a directory is KEEL_ENOTFOUND naming the
+ * state file, the entry and what it is; an unparseable file
+ * KEEL_ECORRUPT. */
+START_TEST(test_state_check_names_a_missing_newest_entry)
+{
+    keel_vars *a = make_store(1, 1);
+    keel_saver *s = new_saver(tu_dir, 5, 0);
+    char p10[4096], p20[4096], want[4200];
+    static const char two[] =
+        "model_checkpoint_path: \"model.ckpt-20.h5\"\n"
+        "all_model_checkpoint_paths: \"model.ckpt-10.h5\"\n"
+        "all_model_checkpoint_paths: \"model.ckpt-20.h5\"\n";
+
+    ck_assert_int_eq(keel_ckpt_state_check(tu_dir), KEEL_OK);   /* none */
+    save_step(s, a, 10, p10, sizeof p10);
+    save_step(s, a, 20, p20, sizeof p20);
+    keel_saver_free(s);
+    ck_assert_msg(keel_ckpt_state_check(tu_dir) == KEEL_OK, "%s",
+                  keel_last_error());
+    tu_write_file(tu_path("checkpoint"), two, sizeof two - 1);
+    ck_assert_int_eq(keel_ckpt_state_check(tu_dir), KEEL_OK);
+    TU_SNPRINTF(want, sizeof want, "%s/checkpoint", tu_dir);
+
+    ck_assert_int_eq(rename(p20, tu_path("aside.h5")), 0);
+    ck_assert_int_eq(keel_ckpt_state_check(tu_dir), KEEL_ENOTFOUND);
+    ck_assert_msg(strstr(keel_last_error(), want) != NULL
+                  && strstr(keel_last_error(), "'model.ckpt-20.h5'") != NULL
+                  && strstr(keel_last_error(), "missing") != NULL, "%s",
+                  keel_last_error());
+    /* a symlink to a regular file is followed */
+    ck_assert_int_eq(symlink(tu_path("aside.h5"), p20), 0);
+    ck_assert_int_eq(keel_ckpt_state_check(tu_dir), KEEL_OK);
+    ck_assert_int_eq(unlink(tu_path("aside.h5")), 0);
+    ck_assert_int_eq(keel_ckpt_state_check(tu_dir), KEEL_ENOTFOUND);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "dangling symlink"));
+    ck_assert_int_eq(unlink(p20), 0);
+    ck_assert_int_eq(mkdir(p20, 0700), 0);
+    ck_assert_int_eq(keel_ckpt_state_check(tu_dir), KEEL_ENOTFOUND);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "not a regular file"));
+    ck_assert_int_eq(rmdir(p20), 0);
+    /* an older entry that is gone is no error: only the newest counts */
+    ck_assert_int_eq(unlink(p10), 0);
+    {
+        static const char one[] =
+            "model_checkpoint_path: \"model.ckpt-10.h5\"\n";
+        tu_write_file(tu_path("checkpoint"), one, sizeof one - 1);
+        ck_assert_int_eq(keel_ckpt_state_check(tu_dir), KEEL_ENOTFOUND);
+        ck_assert_ptr_nonnull(strstr(keel_last_error(), "model.ckpt-10.h5"));
+    }
+    tu_write_file(tu_path("checkpoint"), "garbage without colon\n", 22);
+    ck_assert_int_eq(keel_ckpt_state_check(tu_dir), KEEL_ECORRUPT);
+    ck_assert_int_eq(keel_ckpt_state_check(NULL), KEEL_EINVAL);
+    keel_vars_free(a);
+}
+END_TEST
+
+/* A state file listing the newest checkpoint several times (and an older
+ * one twice): the next saver keeps one entry per file, and retention
+ * deletes no file the list still names. */
+START_TEST(test_retention_dedups_the_state_file_and_keeps_what_it_lists)
+{
+    keel_vars *a = make_store(1, 1);
+    keel_saver *s = new_saver(tu_dir, 3, 0);
+    char *state, *p;
+    char text[4096];
+    size_t len = 0;
+    int n;
+
+    for (int64_t step = 10; step <= 30; step += 10)
+        save_step(s, a, step, NULL, 0);
+    keel_saver_free(s);
+    len += (size_t)snprintf(text + len, sizeof text - len,
+                            "model_checkpoint_path: \"model.ckpt-30.h5\"\n"
+                            "all_model_checkpoint_paths: "
+                            "\"model.ckpt-20.h5\"\n");
+    for (int i = 0; i < 2; i++)
+        len += (size_t)snprintf(text + len, sizeof text - len,
+                                "all_model_checkpoint_paths: \"%s/"
+                                "model.ckpt-10.h5\"\n", tu_dir);
+    for (int i = 0; i < 6; i++)
+        len += (size_t)snprintf(text + len, sizeof text - len,
+                                "all_model_checkpoint_paths: "
+                                "\"model.ckpt-30.h5\"\n");
+    tu_write_file(tu_path("checkpoint"), text, len);
+
+    s = new_saver(tu_dir, 3, 0);
+    save_step(s, a, 40, NULL, 0);
+    keel_saver_free(s);
+    state = tu_read_file(tu_path("checkpoint"), NULL);
+    /* one entry each for 10, 30, 40 (max_to_keep 3: 20, the oldest, went;
+     * 10 is listed by its path into the directory) */
+    for (n = 0, p = state; (p = strstr(p, "model.ckpt-30.h5\"")) != NULL;
+         p++)
+        n++;
+    ck_assert_msg(n == 1, "%d mentions of step 30: %s", n,
+                  state);
+    ck_assert_msg(strstr(state, "model.ckpt-10.h5\"") != NULL
+                  && strstr(strstr(state, "model.ckpt-10.h5\"") + 1,
+                            "model.ckpt-10.h5\"") == NULL, "%s", state);
+    ck_assert_ptr_null(strstr(state, "model.ckpt-20.h5\""));
+    free(state);
+    ck_assert_int_ge(tu_file_size(tu_path("model.ckpt-10.h5")), 1);
+    ck_assert_int_ge(tu_file_size(tu_path("model.ckpt-30.h5")), 1);
+    ck_assert_int_ge(tu_file_size(tu_path("model.ckpt-40.h5")), 1);
+    ck_assert_int_lt(tu_file_size(tu_path("model.ckpt-20.h5")), 0);
+    ck_assert_msg(keel_ckpt_state_check(tu_dir) == KEEL_OK, "%s",
+                  keel_last_error());
+    keel_vars_free(a);
+}
+END_TEST
+
 /* ---- resume and warm start through the session manager ------------------ */
 
 /* The chief's prepare over vs with checkpoints in dir, warm starting from
@@ -2051,6 +2197,54 @@ START_TEST(test_misfit_resume_fails_and_warm_start_starts_a_new_run)
 }
 END_TEST
 
+/* A checkpoint directory in which no checkpoint restores (all damaged, or
+ * a state file naming files that are gone) is not an empty one: prepare
+ * fails naming the directory and the files and how to go on, and writes
+ * nothing (no fresh run over them). */
+START_TEST(test_all_corrupt_dir_is_an_error_not_a_fresh_start)
+{
+    keel_vars *a = make_store(4, 1), *b = make_store(0, 0);
+    char p1[4096], p2[4096], *st1, *st2;
+    size_t n1, n2;
+    int restored = -1;
+    keel_saver *s = new_saver(tu_dir, 5, 0);
+
+    save_step(s, a, 10, p1, sizeof p1);
+    save_step(s, a, 20, p2, sizeof p2);
+    keel_saver_free(s);
+    tu_truncate(p1, 100);
+    tu_write_file(p2, "junk", 4);
+    st1 = tu_read_file(tu_path("checkpoint"), &n1);
+    ck_assert_int_eq(prepare_in(b, tu_dir, NULL, NULL, &restored),
+                     KEEL_ECORRUPT);
+    ck_assert_msg(strstr(keel_last_error(), tu_dir) != NULL
+                  && strstr(keel_last_error(), p1) != NULL
+                  && strstr(keel_last_error(), p2) != NULL
+                  && strstr(keel_last_error(), "move") != NULL
+                  && strstr(keel_last_error(), "warm") != NULL, "%s",
+                  keel_last_error());
+    ck_assert_int_eq(restored, 0);
+    ck_assert_int_eq(tu_file_size(p1), 100);
+    ck_assert_int_eq(tu_file_size(p2), 4);
+    st2 = tu_read_file(tu_path("checkpoint"), &n2);
+    ck_assert(n1 == n2 && memcmp(st1, st2, n1) == 0);
+    free(st2);
+    /* the state file names two files, both gone */
+    ck_assert_int_eq(unlink(p1), 0);
+    ck_assert_int_eq(unlink(p2), 0);
+    ck_assert_int_eq(prepare_in(b, tu_dir, NULL, NULL, &restored),
+                     KEEL_ECORRUPT);
+    ck_assert_msg(strstr(keel_last_error(), p2) != NULL, "%s",
+                  keel_last_error());
+    st2 = tu_read_file(tu_path("checkpoint"), &n2);
+    ck_assert(n1 == n2 && memcmp(st1, st2, n1) == 0);
+    free(st2);
+    free(st1);
+    keel_vars_free(a);
+    keel_vars_free(b);
+}
+END_TEST
+
 static Suite *
 checkpoint_suite(void)
 {
@@ -2096,7 +2290,10 @@ checkpoint_suite(void)
         test_disk_full_mid_data_keeps_the_previous_checkpoint,
         test_unwritable_checkpoint_dir_fails_clearly,
         test_file_size_limit_fails_the_save_cleanly,
-        test_misfit_resume_fails_and_warm_start_starts_a_new_run));
+        test_misfit_resume_fails_and_warm_start_starts_a_new_run,
+        test_all_corrupt_dir_is_an_error_not_a_fresh_start,
+        test_state_check_names_a_missing_newest_entry,
+        test_retention_dedups_the_state_file_and_keeps_what_it_lists));
     tu_tcase(s, "slow", long_mode() ? 7200 : 120, tu_setup, tu_teardown,
              TU_TESTS(
         test_sigkill_at_random_moments_leaves_valid_latest,

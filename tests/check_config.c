@@ -325,6 +325,33 @@ START_TEST(test_conflicting_options_are_errors)
 }
 END_TEST
 
+/* checkpoint.warm_start_from / warm_start_vars: a file or directory and a
+ * regex are taken; a regex that does not compile, a regex without a source
+ * and the run's own checkpoint.dir as the source are refused by name. */
+START_TEST(test_warm_start_keys)
+{
+    keel_config_override(cfg, "train.max_steps=10", "-s");
+    keel_config_override(cfg, "checkpoint.dir=/tmp/run2", "-s");
+    keel_config_override(cfg, "checkpoint.warm_start_from=/tmp/run1", "-s");
+    keel_config_override(cfg, "checkpoint.warm_start_vars=dense_[12]/.*",
+                         "-s");
+    ck_assert_msg(keel_config_validate(cfg) == KEEL_OK, "%s",
+                  keel_last_error());
+    ck_assert_str_eq(keel_config_str(cfg, "checkpoint.warm_start_from"),
+                     "/tmp/run1");
+    keel_config_override(cfg, "checkpoint.warm_start_vars=dense_(1", "-s");
+    validate_fails_naming("checkpoint.warm_start_vars 'dense_(1'", "regex",
+                          NULL);
+    keel_config_override(cfg, "checkpoint.warm_start_vars=dense_1/.*", "-s");
+    keel_config_override(cfg, "checkpoint.warm_start_from=", "-s");
+    validate_fails_naming("checkpoint.warm_start_vars",
+                          "needs checkpoint.warm_start_from", NULL);
+    keel_config_override(cfg, "checkpoint.warm_start_from=/tmp/run2/", "-s");
+    validate_fails_naming("checkpoint.warm_start_from", "checkpoint.dir",
+                          "own checkpoint directory", NULL);
+}
+END_TEST
+
 START_TEST(test_algorithm_name_picks_the_mode_and_checks_its_partners)
 {
     int is_set = -1;
@@ -629,6 +656,7 @@ config_suite(void)
         test_missing_and_binary_files,
         test_overrides_and_output_dir,
         test_conflicting_options_are_errors,
+        test_warm_start_keys,
         test_algorithm_name_picks_the_mode_and_checks_its_partners,
         test_run_needs_an_end_and_piecewise_needs_values,
         test_dump_lists_every_section_with_origins,

@@ -439,6 +439,50 @@ def epoch_checks(d):
           "epochs: validation events")
 
 
+def predict_input_checks(d):
+    """keel predict refuses HDF5 labels outside the model's classes, as eval
+    does; huge finite inputs give finite probabilities; an output that is
+    not finite (a layer overflowed float32) is an error naming the row."""
+    ckpt = os.path.join(d, "mlp")
+    x = np.full((3, 28, 28), 0.5, np.float32)
+    for label in (10, 255, 1000000):
+        p = os.path.join(d, "label%d.h5" % label)
+        with h5py.File(p, "w") as f:
+            f["x"] = x
+            f["y"] = np.array([0, label, 1], np.int64)
+        r = keel("predict", ckpt, p, "--json", ok=False)
+        check(r.returncode == 1 and r.stderr.startswith("keel: predict: ")
+              and "label %d of example 1" % label in r.stderr
+              and "[0, 10)" in r.stderr and r.stdout == "",
+              "predict: HDF5 label %d refused (%d %s)"
+              % (label, r.returncode, r.stderr.strip()))
+    p = os.path.join(d, "huge.h5")
+    with h5py.File(p, "w") as f:
+        f["x"] = x * np.float32(1e30)
+    r = keel("predict", ckpt, p, "--json", ok=False)
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    probs = np.array([row["probabilities"] for row in rows])
+    check(r.returncode == 0 and len(rows) == 3 and np.isfinite(probs).all()
+          and np.allclose(probs.sum(axis=1), 1, atol=1e-5),
+          "predict: inputs of 1e30 give finite probabilities (%d %s)"
+          % (r.returncode, r.stderr.strip()))
+    # rows whose pixels follow the signs of a first-layer unit's weights,
+    # at float32's largest: that unit's sum overflows to +inf
+    with h5py.File(os.path.join(ckpt, "model.ckpt-40.h5"), "r") as f:
+        w = np.asarray(f["variables/dense_1/kernel"]).reshape(28, 28, -1)
+    big = np.zeros((1 + w.shape[2], 28, 28), np.float32)
+    big[0] = x[0]
+    for u in range(w.shape[2]):
+        big[1 + u] = np.where(w[:, :, u] >= 0, 1, -1) * np.finfo("<f4").max
+    with h5py.File(p, "w") as f:
+        f["x"] = big
+    r = keel("predict", ckpt, p, "--json", ok=False)
+    check(r.returncode == 1 and re.search(r"example [1-9][0-9]* of", r.stderr)
+          and "not finite" in r.stderr and r.stdout == "",
+          "predict: a non-finite output names the row (%d %s)"
+          % (r.returncode, r.stderr.strip()))
+
+
 def main():
     if not os.path.exists(os.path.join(FMNIST, "t10k-images-idx3-ubyte.gz")):
         print("SKIP: Debian's dataset-fashion-mnist is not installed")
@@ -447,6 +491,7 @@ def main():
     try:
         x, y = make_data(d)
         export_checks(d, "mlp", x, y)
+        predict_input_checks(d)
         export_checks(d, "cnn", x, y)
         epoch_checks(d)
         r = keel("export", os.path.join(d, "nothing.h5"), "--format", "onnx",

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -905,6 +906,47 @@ START_TEST(test_chief_failing_for_good_exits_1_naming_it)
 }
 END_TEST
 
+/* A chief whose final checkpoint cannot be written fails the launch: a
+ * chief-only cluster resumed at step 5 (no save due before the end) runs
+ * under a file size limit below a checkpoint's size (SIGXFSZ ignored), so
+ * the chief's final save is refused; keel launch exits 1 saying the chief
+ * failed, and the state file still names step 5. */
+START_TEST(test_chief_whose_final_checkpoint_fails_fails_the_launch)
+{
+    struct rlimit old, lim;
+    char *state;
+    off_t size;
+    int rc;
+
+    ck_assert_int_eq(TU_KEEL(RUN_MS, "launch", cfg_path, "--ps", "0",
+                             "--workers", "0", "--no-status", "-s",
+                             "train.max_steps=5"), 0);
+    size = tu_file_size(tu_path("run/model.ckpt-5.h5"));
+    ck_assert_int_gt(size, 8192);
+    ck_assert_int_eq(getrlimit(RLIMIT_FSIZE, &old), 0);
+    lim = old;
+    lim.rlim_cur = (rlim_t)size / 2;
+    signal(SIGXFSZ, SIG_IGN);
+    ck_assert_int_eq(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    rc = TU_KEEL(RUN_MS, "launch", cfg_path, "--ps", "0", "--workers", "0",
+                 "--no-status", "--max-restarts", "0", "-s",
+                 "train.max_steps=9");
+    ck_assert_int_eq(setrlimit(RLIMIT_FSIZE, &old), 0);
+    signal(SIGXFSZ, SIG_DFL);
+    ck_assert_msg(rc == 1, "exit %d: %s\n%s", rc, tu_tail(out, 2000),
+                  tu_tail(err, 2000));
+    ck_assert_msg(strstr(err, "keel: launch: chief failed") != NULL, "%s",
+                  tu_tail(err, 2000));
+    ck_assert_msg(strstr(out, "final checkpoint at step 9 not saved")
+                  != NULL, "%s", tu_tail(out, 2000));
+    ck_assert_int_lt(tu_file_size(tu_path("run/model.ckpt-9.h5")), 0);
+    state = tu_read_file(tu_path("run/checkpoint"), NULL);
+    ck_assert_msg(strstr(state, "model_checkpoint_path: \"model.ckpt-5.h5\"")
+                  != NULL, "%s", state);
+    free(state);
+}
+END_TEST
+
 START_TEST(test_chaos_kills_chief_reproducibly_and_run_finishes)
 {
     char gaps[2][1024];
@@ -1488,6 +1530,7 @@ launch_suite(void)
         test_launch_chief_prefixes_lines_and_keeps_logs,
         test_sigkilled_chief_restarts_resumes_and_sigterm_saves,
         test_chief_failing_for_good_exits_1_naming_it,
+        test_chief_whose_final_checkpoint_fails_fails_the_launch,
         test_chaos_kills_chief_reproducibly_and_run_finishes,
         test_usage_and_config_errors_exit_2_before_starting,
         test_replica_counts_beyond_the_cluster_exit_2_at_once,

@@ -4,6 +4,7 @@
  * configs exiting 2 with one clear message. */
 #include <config.h>
 
+#include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -698,6 +699,147 @@ START_TEST(test_set_larger_than_memory_trains_streamed)
     ck_assert_msg(rc == 1 || rc == 2, "exit %d: %s", rc, tu_tail(err, 2000));
     ck_assert_msg(strstr(err, "data.stream") != NULL, "%s",
                   tu_tail(err, 2000));
+static int
+str_cmp(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Every entry of tu_dir/dir with its size and an FNV-1a hash of its bytes,
+ * sorted by name, one per line: what "no checkpoint was written" compares.
+ * With before (an earlier snapshot), an event file it does not list is
+ * left out: the summary hook opens its event file before the restore.
+ * Caller frees. */
+static char *
+dir_snapshot(const char *dir, const char *before)
+{
+    char path[4200], *names[64], *snap;
+    size_t n = 0, len = 0, cap = 64 * 300;
+    struct dirent *e;
+    DIR *d;
+    TU_SNPRINTF(path, sizeof path, "%s/%s", tu_dir, dir);
+    d = opendir(path);
+    ck_assert_ptr_nonnull(d);
+    while ((e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+            continue;
+        if (before != NULL && strncmp(e->d_name, "events.out.tfevents.",
+                                      20) == 0 &&
+            strstr(before, e->d_name) == NULL)
+            continue;
+        ck_assert_int_lt(n, 64);
+        names[n++] = strdup(e->d_name);
+    }
+    closedir(d);
+    qsort(names, n, sizeof *names, str_cmp);
+    snap = calloc(1, cap);
+    ck_assert_ptr_nonnull(snap);
+    for (size_t i = 0; i < n; i++) {
+        size_t size = 0;
+        uint64_t h = 1469598103934665603ULL;
+        char *data;
+        TU_SNPRINTF(path, sizeof path, "%s/%s/%s", tu_dir, dir, names[i]);
+        data = tu_read_file(path, &size);
+        for (size_t k = 0; data != NULL && k < size; k++)
+            h = (h ^ (unsigned char)data[k]) * 1099511628211ULL;
+        free(data);
+        len += (size_t)snprintf(snap + len, cap - len, "%s %zu %016llx\n",
+                                names[i], size, (unsigned long long)h);
+        ck_assert_int_lt(len, cap);
+        free(names[i]);
+    }
+    return snap;
+}
+
+/* A checkpoint directory in which no checkpoint opens is no empty one:
+ * keel train exits 1 naming the directory, the files and how to go on,
+ * and changes nothing there (no fresh run over the old one). */
+START_TEST(test_all_corrupt_checkpoints_are_refused_not_overwritten)
+{
+    const char *const sets[] = { "train.max_steps=5", NULL };
+    char path[4200], *before, *after;
+    int rc, n = 0;
+    struct dirent *e;
+    DIR *d;
+
+    ck_assert_int_eq(train_into("dead", sets), 0);
+    TU_SNPRINTF(path, sizeof path, "%s/dead", tu_dir);
+    d = opendir(path);
+    ck_assert_ptr_nonnull(d);
+    while ((e = readdir(d)) != NULL) {
+        size_t len = strlen(e->d_name);
+        if (len > 3 && strcmp(e->d_name + len - 3, ".h5") == 0) {
+            TU_SNPRINTF(path, sizeof path, "%s/dead/%s", tu_dir, e->d_name);
+            tu_truncate(path, tu_file_size(path) / 2);
+            n++;
+        }
+    }
+    closedir(d);
+    ck_assert_int_ge(n, 2);
+    before = dir_snapshot("dead", NULL);
+    rc = train_into("dead", sets);
+    ck_assert_msg(rc == 1, "exit %d: %s", rc, tu_tail(err, 2000));
+    TU_SNPRINTF(path, sizeof path, "%s/dead", tu_dir);
+    ck_assert_msg(strstr(err, "keel: train: resume from ") != NULL
+                  && strstr(err, path) != NULL
+                  && strstr(err, "model.ckpt-5.h5") != NULL
+                  && strstr(err, "none restores") != NULL
+                  && strstr(err, "move") != NULL
+                  && strstr(err, "warm_start_from") != NULL, "%s",
+                  tu_tail(err, 2000));
+    ck_assert_ptr_null(strstr(err, "initializing"));
+    ck_assert_ptr_null(strstr(out, "trained steps"));
+    after = dir_snapshot("dead", before);
+    ck_assert_str_eq(before, after);
+    free(after);
+    free(before);
+}
+END_TEST
+
+/* A model that only adds variables to a run (a layer more, the old
+ * layers' shapes unchanged) does not resume it: exit 2 naming the new
+ * variable and the warm start; the old directory is left byte for byte.
+ * keel train --warm-start=DIR (= -s checkpoint.warm_start_from=DIR) then
+ * starts the new model's run in a new directory. */
+START_TEST(test_added_layer_is_refused_and_warm_start_flag_starts_anew)
+{
+    const char *const first[] = { "train.max_steps=5", NULL };
+    const char *const deeper[] = { "train.max_steps=3", "model.hidden=32,10",
+                                   NULL };
+    char set_dir[4200], flag[4200], *argv[24], *before, *after;
+    int rc, n;
+
+    ck_assert_int_eq(train_into("old", first), 0);
+    before = dir_snapshot("old", NULL);
+    rc = train_into("old", deeper);
+    ck_assert_msg(rc == 2, "exit %d: %s", rc, tu_tail(err, 2000));
+    ck_assert_msg(strstr(err, "keel: train: resume from ") != NULL
+                  && strstr(err, "model.ckpt-5.h5") != NULL
+                  && strstr(err, "dense_3") != NULL
+                  && strstr(err, "warm_start_from") != NULL, "%s",
+                  tu_tail(err, 2000));
+    ck_assert_ptr_null(strstr(err, "initializing"));
+    after = dir_snapshot("old", before);
+    ck_assert_str_eq(before, after);
+    free(after);
+
+    train_argv(argv, set_dir, "new", deeper);
+    for (n = 0; argv[n] != NULL; n++)
+        ;
+    TU_SNPRINTF(flag, sizeof flag, "--warm-start=%s/old", tu_dir);
+    argv[n++] = flag;
+    argv[n] = NULL;
+    rc = tu_run(argv, NULL, 60000, out, sizeof out, err, sizeof err);
+    ck_assert_msg(rc == 0, "exit %d: %s", rc, tu_tail(err, 2000));
+    ck_assert_msg(strstr(err, "warm start from ") != NULL
+                  && strstr(err, "model.ckpt-5.h5") != NULL, "%s",
+                  tu_tail(err, 2000));
+    ck_assert_ptr_nonnull(strstr(out, "trained steps 0..3"));
+    ck_assert_int_ge(tu_file_size(tu_path("new/model.ckpt-3.h5")), 1);
+    after = dir_snapshot("old", before);
+    ck_assert_str_eq(before, after);
+    free(after);
+    free(before);
 }
 END_TEST
 
@@ -717,7 +859,9 @@ train_cli_suite(void)
         test_mirrored_matches_one_device_and_restores_anywhere,
         test_nan_loss_stops_naming_the_step_and_keeps_the_last_good,
         test_final_checkpoint_that_cannot_be_written_fails_the_run,
-        test_misfit_is_refused_and_warm_start_starts_a_new_run));
+        test_misfit_is_refused_and_warm_start_starts_a_new_run,
+        test_all_corrupt_checkpoints_are_refused_not_overwritten,
+        test_added_layer_is_refused_and_warm_start_flag_starts_anew));
     tu_tcase(s, "userdata", 300, tu_setup, tu_teardown, TU_TESTS(
         test_tabular_sets_of_5_and_100_classes_learn,
         test_streamed_set_resumes_bitwise_and_matches_in_memory,

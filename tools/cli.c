@@ -359,7 +359,7 @@ cli_wants_bar(const keel_config *cfg)
            (strcmp(mode, "auto") == 0 && isatty(2));
 }
 
-enum { OPT_TASK = 256, OPT_JSON, OPT_CHECKPOINT };
+enum { OPT_TASK = 256, OPT_JSON, OPT_CHECKPOINT, OPT_WARM_START };
 
 /* Parse argv into a (initialised here); allow_eval_opts: eval's options,
  * else train's. CLI_OK or the usage error, on stderr already. */
@@ -371,6 +371,7 @@ cli_parse_common(int argc, char **argv, int allow_eval_opts,
         { "set", required_argument, NULL, 's' },
         { "verbose", no_argument, NULL, 'v' },
         { "task", required_argument, NULL, OPT_TASK },
+        { "warm-start", required_argument, NULL, OPT_WARM_START },
         { NULL, 0, NULL, 0 },
     };
     static const struct option eval_opts[] = {
@@ -380,6 +381,8 @@ cli_parse_common(int argc, char **argv, int allow_eval_opts,
         { "checkpoint", required_argument, NULL, OPT_CHECKPOINT },
         { NULL, 0, NULL, 0 },
     };
+    /* --warm-start's override (the last one given wins, as with -s) */
+    static char warm[4200];
     const char *spec = cli_getopt_begin("s:v");
     int c;
     memset(a, 0, sizeof *a);
@@ -399,6 +402,16 @@ cli_parse_common(int argc, char **argv, int allow_eval_opts,
         case OPT_CHECKPOINT:
             a->ckpt = optarg;
             break;
+        case OPT_WARM_START:
+            if ((size_t)snprintf(warm, sizeof warm,
+                                 "checkpoint.warm_start_from=%s", optarg)
+                >= sizeof warm)
+                return cli_error(CLI_USAGE, "%s: --warm-start path too "
+                                 "long", argv[0]);
+            if (cli_add_override(argv[0], a->over, &a->n_over, warm) !=
+                CLI_OK)
+                return CLI_USAGE;
+            break;
         case OPT_JSON:
             a->json = 1;
             break;
@@ -406,6 +419,7 @@ cli_parse_common(int argc, char **argv, int allow_eval_opts,
             return cli_getopt_error(argv, c,
                                     optopt == 's' ? "section.key=value"
                                     : optopt == OPT_TASK ? "TYPE:INDEX"
+                                    : optopt == OPT_WARM_START ? "CKPT"
                                                          : "a FILE");
         }
     }

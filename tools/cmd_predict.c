@@ -5,6 +5,7 @@
 #include <config.h>
 
 #include <getopt.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -146,10 +147,29 @@ predict_compute(predict_run *r)
                          "examples", r->n);
     for (size_t i = 0; i < r->n && st == KEEL_OK; i++)
         st = keel_dataset_get(r->ds, i, r->x + i * r->esize, r->y + i);
-    if (st == KEEL_OK)
-        st = keel_inference_predict(r->inf, r->x, r->n, r->probs);
     if (st != KEEL_OK)
         return cli_fail(st, "predict");
+    /* labels from the input itself (HDF5 y) are read without knowing the
+     * model: refuse those past its classes, as eval does */
+    for (size_t i = 0; i < r->n; i++)
+        if (r->y[i] >= r->mc->classes)
+            return cli_error(CLI_RUNTIME, "predict: input %s: label %lld of "
+                             "example %zu outside [0, %lld) (the model's "
+                             "classes)", r->input, (long long)r->y[i], i,
+                             (long long)r->mc->classes);
+    st = keel_inference_predict(r->inf, r->x, r->n, r->probs);
+    if (st != KEEL_OK)
+        return cli_fail(st, "predict");
+    /* the softmax subtracts the largest logit, so finite logits give
+     * finite probabilities; inputs so large that a layer overflows float32
+     * do not */
+    for (size_t i = 0; i < r->n; i++)
+        for (int64_t k = 0; k < r->mc->classes; k++)
+            if (!isfinite(r->probs[i * (size_t)r->mc->classes + k]))
+                return cli_error(CLI_RUNTIME, "predict: example %zu of %s: "
+                                 "the model's output is not finite (a "
+                                 "layer overflowed float32: inputs too "
+                                 "large?); nothing printed", i, r->input);
     return CLI_OK;
 }
 

@@ -15,7 +15,7 @@ train_usage(FILE *out, int code)
 {
     fprintf(out,
             "usage: keel train CONFIG [-s section.key=value]... [-v]\n"
-            "                  [--task TYPE:INDEX]\n"
+            "                  [--task TYPE:INDEX] [--warm-start=CKPT]\n"
             "\n"
             "Train the job CONFIG describes under a MonitoredTrainingSession:\n"
             "resume from the newest valid checkpoint in checkpoint.dir (or\n"
@@ -33,6 +33,10 @@ train_usage(FILE *out, int code)
             "  -s, --set K=V       override a config key (repeatable)\n"
             "  --task TYPE:INDEX   this task (chief:0, worker:1, ps:0) when\n"
             "                      the cluster comes from [cluster] lists\n"
+            "  --warm-start=CKPT   start a new run from the variables of\n"
+            "                      checkpoint CKPT (a file or a directory),\n"
+            "                      by name; same as -s\n"
+            "                      checkpoint.warm_start_from=CKPT\n"
             "  -v, --verbose       debug logging\n");
     return code;
 }

@@ -97,8 +97,11 @@ void keel_saver_free(keel_saver *s);
 /* The newest checkpoint in dir that verifies: reads the state file (and, if
  * it is missing or unusable, scans for <basename>-<step>.h5), verifies from
  * the newest down, logs which checkpoint was skipped and why, and returns
- * the first valid one's path and step. KEEL_ENOTFOUND when there is none.
- * basename NULL means the default. */
+ * the first valid one's path and step. KEEL_ENOTFOUND when dir holds no
+ * checkpoint; KEEL_ECORRUPT naming every file tried when it holds some and
+ * none verifies; KEEL_EINVAL, with no fallback, for a whole file that is
+ * not keel's (a dataset of another dtype). basename NULL means the
+ * default. */
 keel_status keel_ckpt_latest(const char *dir, const char *basename,
                              char *path, size_t path_size, int64_t *step);
 
@@ -112,7 +115,8 @@ keel_status keel_ckpt_state_check(const char *dir);
 
 /* Verify every dataset's checksum, shapes and the format version of one
  * checkpoint file: KEEL_OK, or KEEL_ECORRUPT/KEEL_EIO naming the file and
- * the first bad dataset. */
+ * the first bad dataset (KEEL_EINVAL for a whole dataset of another
+ * dtype). */
 keel_status keel_ckpt_verify(const char *path);
 
 /* ---- restoring ------------------------------------------------------------- */
@@ -164,7 +168,10 @@ keel_status keel_ckpt_restore(const char *path, keel_vars *vs,
  * is skipped, logged, for the next newest. A checkpoint that does not fit
  * the store (shapes, names: KEEL_EINVAL) ends the search. Partial-mode
  * restores verify first, then read (see the source). path (may be NULL)
- * receives the file restored. KEEL_ENOTFOUND when nothing restores. */
+ * receives the file restored. KEEL_ENOTFOUND when dir holds no checkpoint;
+ * KEEL_ECORRUPT naming every file tried when it holds some and none
+ * restores (a caller that starts afresh on KEEL_ENOTFOUND must not on
+ * this). */
 keel_status keel_ckpt_restore_latest(const char *dir, const char *basename,
                                      keel_vars *vs,
                                      const keel_restore_opts *opts,

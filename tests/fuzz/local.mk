@@ -6,10 +6,10 @@
 # runs each harness that many seconds, growing a corpus in fuzz-corpus/NAME
 # of the build directory (the seeds in tests/fuzz/corpus/ are read only).
 # See docs/fuzzing.md.
-FUZZ_NAMES = wire tfconfig config slurm ckpt_state idx ckpt_restore
+FUZZ_NAMES = wire tfconfig config slurm ckpt_state idx ckpt_restore ckpt_h5
 FUZZ_BINS = tests/fuzz/fuzz_wire tests/fuzz/fuzz_tfconfig \
 	tests/fuzz/fuzz_config tests/fuzz/fuzz_slurm tests/fuzz/fuzz_ckpt_state \
-	tests/fuzz/fuzz_idx tests/fuzz/fuzz_ckpt_restore
+	tests/fuzz/fuzz_idx tests/fuzz/fuzz_ckpt_restore tests/fuzz/fuzz_ckpt_h5
 EXTRA_PROGRAMS += $(FUZZ_BINS) tests/fuzz/make_seeds
 FUZZ_TIME = 0
 FUZZ_FLAGS = -rss_limit_mb=3072 -timeout=30
@@ -52,11 +52,16 @@ tests_fuzz_fuzz_ckpt_restore_SOURCES = tests/fuzz/fuzz_ckpt_restore.c \
 tests_fuzz_fuzz_ckpt_restore_CPPFLAGS = $(FUZZ_CPPFLAGS)
 tests_fuzz_fuzz_ckpt_restore_LDFLAGS = $(KEEL_FUZZ_LDFLAGS)
 tests_fuzz_fuzz_ckpt_restore_LDADD = $(FUZZ_LDADD)
+tests_fuzz_fuzz_ckpt_h5_SOURCES = tests/fuzz/fuzz_ckpt_h5.c $(FUZZ_UTIL)
+tests_fuzz_fuzz_ckpt_h5_CPPFLAGS = $(FUZZ_CPPFLAGS)
+tests_fuzz_fuzz_ckpt_h5_LDFLAGS = $(KEEL_FUZZ_LDFLAGS)
+tests_fuzz_fuzz_ckpt_h5_LDADD = $(FUZZ_LDADD)
 tests_fuzz_make_seeds_SOURCES = tests/fuzz/make_seeds.c
 tests_fuzz_make_seeds_CPPFLAGS = $(FUZZ_CPPFLAGS)
 tests_fuzz_make_seeds_LDADD = $(FUZZ_LDADD)
 
 EXTRA_DIST += tests/fuzz/fuzz_util.h \
+	tests/fuzz/corpus/ckpt_h5/two-vars \
 	tests/fuzz/corpus/ckpt_restore/two-vars \
 	tests/fuzz/corpus/ckpt_state/saver-written \
 	tests/fuzz/corpus/ckpt_state/tf-style \

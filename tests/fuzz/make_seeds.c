@@ -186,6 +186,7 @@ ckpt_seeds(void)
         exit(1);
     fclose(f);
     put("ckpt_restore", "two-vars", data, (size_t)len);
+    put("ckpt_h5", "two-vars", data, (size_t)len);
     remove(path);
     free(data);
     snprintf(st, sizeof st, "%s/checkpoint", dir);
