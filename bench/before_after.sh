@@ -22,6 +22,9 @@
 #          cluster run's examples) RUN_TIMEOUT=300 (seconds one process
 #          or cluster run may take) BUILD_TIMEOUT=1800
 #          CONFIGURE_FLAGS=<none> BENCH_OUT=<a fresh mktemp -d, kept>
+#          BEFORE_DIR=<a directory for REV's build, kept and reused by
+#          the next run with the same commit; default a temporary one,
+#          removed on exit>
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 me=before_after.sh
@@ -52,22 +55,43 @@ if [ -z "${CORETYPES:-}" ]; then
 fi
 OUT=$(bench_out_dir keel-before-after)
 
-tmp=$(mktemp -d /tmp/keel-before.XXXXXX)
-cleanup() { rm -rf "$tmp"; }
-trap cleanup EXIT
+# The old tree's build: BEFORE_DIR/{src,build}, marked as ours by
+# BEFORE_DIR/.keel-before-after so that no other directory is emptied.
+if [ -n "${BEFORE_DIR:-}" ]; then
+    mkdir -p "$BEFORE_DIR"
+    tmp=$(cd "$BEFORE_DIR" && pwd)
+    if [ ! -e "$tmp/.keel-before-after" ] && [ -n "$(ls -A "$tmp")" ]; then
+        echo "$me: BEFORE_DIR=$tmp is neither empty nor an earlier" \
+             "$me build directory" >&2
+        exit 2
+    fi
+else
+    tmp=$(mktemp -d /tmp/keel-before.XXXXXX)
+    cleanup() { rm -rf "$tmp"; }
+    trap cleanup EXIT
+fi
 trap 'exit 130' INT TERM
+touch "$tmp/.keel-before-after"
+
+build_before() {   # called as a condition: no set -e here, hence the &&
+    rm -rf "$tmp/src" "$tmp/build" "$tmp/built-commit" &&
+    mkdir -p "$tmp/src" "$tmp/build" &&
+    git -C "$repo" archive "$commit" | tar -x -C "$tmp/src" &&
+    timeout "$BUILD_TIMEOUT" bash -c '
+        set -e
+        cd "$1/src" && ./autogen.sh
+        cd "$1/build" && "$1/src/configure" --quiet $2
+        make -j2 keel bench/train_bench' _ "$tmp" "${CONFIGURE_FLAGS:-}"
+}
 
 short=$(git -C "$repo" rev-parse --short "$commit")
 echo "$me: before = $rev ($short), built in $tmp; after = $build;" \
      "logs in $OUT" >&2
-mkdir -p "$tmp/src" "$tmp/build"
-git -C "$repo" archive "$commit" | tar -x -C "$tmp/src"
-if ! timeout "$BUILD_TIMEOUT" bash -c '
-        set -e
-        cd "$1/src" && ./autogen.sh
-        cd "$1/build" && "$1/src/configure" --quiet $2
-        make -j2 keel bench/train_bench' _ "$tmp" "${CONFIGURE_FLAGS:-}" \
-        > "$OUT/build-before.log" 2>&1; then
+if [ "$(cat "$tmp/built-commit" 2>/dev/null)" = "$commit" ]; then
+    echo "$me: reusing the build of $short in $tmp" >&2
+elif build_before > "$OUT/build-before.log" 2>&1; then
+    echo "$commit" > "$tmp/built-commit"
+else
     tail -n 20 "$OUT/build-before.log" >&2
     echo "$me: building $rev ($short) failed or took over ${BUILD_TIMEOUT}s;" \
          "its log: $OUT/build-before.log" >&2

@@ -86,7 +86,7 @@ def port():
     s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close(); return p
 ps, ws = [f"127.0.0.1:{port()}"], [f"127.0.0.1:{port()}" for _ in range(2)]
 shutil.rmtree(f"{out}/run", ignore_errors=True)
-stamps, lines = {}, {}
+stamps, lines, chief_line = {}, {}, []
 def start(t, i):
     env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": {"ps": ps, "worker": ws}, "task": {"type": t, "index": i}, "mode": mode}))
     p = subprocess.Popen([keel, "train", f"{out}/job.ini", "-s", f"train.batch_size={G}", "-s", f"train.max_steps={steps}"],
@@ -98,6 +98,8 @@ def start(t, i):
             for needle in ("cluster ready", "model ready", "trained steps"):
                 if needle in ln and (key, needle) not in stamps:
                     stamps[(key, needle)] = time.monotonic()
+                    if needle == "trained steps" and key == "worker0":
+                        chief_line.append(ln.strip())
     th = threading.Thread(target=rd); th.start()
     return p, th
 procs = [start("ps", 0), start("worker", 1)]
@@ -117,6 +119,8 @@ for p, _ in procs:
 for _, th in procs: th.join()
 wall = time.monotonic() - t0
 res = {"bin": keel, "mode": mode, "rcs": rcs, "global_batch": G, "steps": steps, "wall_s": wall}
+if chief_line:
+    res["chief"] = chief_line[0]
 if timed_out:
     res["timeout_s"] = float(sys.argv[7])
 # from the chief's "cluster ready" to its "trained steps" line: every
