@@ -128,10 +128,12 @@ if ! KEEL_BEFORE_BIN="$tmp/build/keel" DDP=0 LAT_REPS=0 ROUNDS=$ROUNDS \
     cat "$OUT/cluster.txt" >&2
 fi
 
+# the tree BUILD_DIR was configured from, and its commit
+asrc=$(sed -n 's/^abs_top_srcdir = //p' "$build/Makefile")
+ahead=$(git -C "$asrc" rev-parse --short HEAD 2>/dev/null || echo '?')
+git -C "$asrc" diff --quiet HEAD 2>/dev/null || ahead="$ahead + uncommitted changes"
 echo
-echo "before: $rev ($short); after: $(git -C "$repo" rev-parse --short HEAD)" \
-     "$(git -C "$repo" diff --quiet HEAD 2>/dev/null || echo '+ uncommitted changes')" \
-     "built in $build"
+echo "before: $rev ($short); after: $asrc at $ahead, built in $build"
 cat "$OUT/machine.txt"
 /usr/bin/python3 - "$OUT" <<'PY'
 import json, os, statistics, sys
