@@ -53,8 +53,6 @@ if [ -z "${CORETYPES:-}" ]; then
     CORETYPES=${OPENBLAS_CORETYPE:-$(bench_blas_core)}
     [ "$CORETYPES" != unknown ] || CORETYPES=$(bench_coretypes | cut -d' ' -f1)
 fi
-OUT=$(bench_out_dir keel-before-after)
-
 # The old tree's build: BEFORE_DIR/{src,build}, marked as ours by
 # BEFORE_DIR/.keel-before-after so that no other directory is emptied.
 if [ -n "${BEFORE_DIR:-}" ]; then
@@ -72,6 +70,7 @@ else
 fi
 trap 'exit 130' INT TERM
 touch "$tmp/.keel-before-after"
+OUT=$(bench_out_dir keel-before-after)
 
 build_before() {   # called as a condition: no set -e here, hence the &&
     rm -rf "$tmp/src" "$tmp/build" "$tmp/built-commit" &&
@@ -129,7 +128,7 @@ if ! KEEL_BEFORE_BIN="$tmp/build/keel" DDP=0 LAT_REPS=0 ROUNDS=$ROUNDS \
 fi
 
 # the tree BUILD_DIR was configured from, and its commit
-asrc=$(sed -n 's/^abs_top_srcdir = //p' "$build/Makefile")
+asrc=$(cd "$(sed -n 's/^abs_top_srcdir = //p' "$build/Makefile")" && pwd)
 ahead=$(git -C "$asrc" rev-parse --short HEAD 2>/dev/null || echo '?')
 git -C "$asrc" diff --quiet HEAD 2>/dev/null || ahead="$ahead + uncommitted changes"
 echo
