@@ -11,7 +11,10 @@
 #          has AVX-512, Haswell where it has AVX2> MODELS=mlp,cnn
 #          BATCHES=64,256 SEG=1.5 EPOCHS=5 BENCH_OUT=./train-bench
 #          KEEL_BEFORE=path/to/another/build/bench/train_bench: an older
-#          keel measured in the same rounds (before/after columns)
+#          keel measured in the same rounds (before/after columns; the
+#          two take turns going first)
+#          TORCH=0 skips PyTorch; RUN_TIMEOUT=600 (seconds one process
+#          may take)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 mode=${1:-throughput}
@@ -25,8 +28,9 @@ SEG=${SEG:-1.5}
 EPOCHS=${EPOCHS:-5}
 OUT=${BENCH_OUT:-$PWD/train-bench}
 PY=${PYTHON:-/usr/bin/python3}
-TORCH=1
-if ! $PY -c 'import torch' 2>/dev/null; then
+TORCH=${TORCH:-1}
+RUN_TIMEOUT=${RUN_TIMEOUT:-600}
+if [ "$TORCH" = 1 ] && ! $PY -c 'import torch' 2>/dev/null; then
     echo "train.sh: PyTorch missing: the PyTorch column is skipped (apt-get install python3-torch)" >&2
     TORCH=0
 fi
@@ -62,21 +66,24 @@ for core in $CORETYPES; do
         for model in ${MODELS//,/ }; do
             for batch in ${BATCHES//,/ }; do
                 tag="\"round\": $r, \"coretype\": \"$core\""
-                OPENBLAS_CORETYPE=$core "$kb" --mode throughput \
-                    --models "$model" --batches "$batch" \
-                    --threads-list 1,2,m2 --reps 1 --seg-seconds "$SEG" \
-                    | sed "s/^{/{$tag, \"load\": $(load), /" \
-                    >> "$OUT/keel.jsonl"
-                if [ -n "$KEEL_BEFORE" ]; then
-                    OPENBLAS_CORETYPE=$core "$KEEL_BEFORE" --mode throughput \
+                bins=("$kb"); names=(keel)
+                if [ -n "$KEEL_BEFORE" ] && [ $((r % 2)) = 1 ]; then
+                    bins=("$kb" "$KEEL_BEFORE"); names=(keel before)
+                elif [ -n "$KEEL_BEFORE" ]; then
+                    bins=("$KEEL_BEFORE" "$kb"); names=(before keel)
+                fi
+                for i in "${!bins[@]}"; do
+                    OPENBLAS_CORETYPE=$core timeout "$RUN_TIMEOUT" \
+                        "${bins[$i]}" --mode throughput \
                         --models "$model" --batches "$batch" \
                         --threads-list 1,2,m2 --reps 1 --seg-seconds "$SEG" \
                         | sed "s/^{/{$tag, \"load\": $(load), /" \
-                        >> "$OUT/before.jsonl"
-                fi
+                        >> "$OUT/${names[$i]}.jsonl"
+                done
                 [ "$TORCH" = 1 ] || continue
                 for env in "OMP_WAIT_POLICY=PASSIVE" "OPENBLAS_NUM_THREADS=1"; do
-                    env OPENBLAS_CORETYPE="$core" $env $PY "$here/torch_train.py" \
+                    env OPENBLAS_CORETYPE="$core" $env timeout "$RUN_TIMEOUT" \
+                        $PY "$here/torch_train.py" \
                         --mode throughput --models "$model" --batches "$batch" \
                         --reps 1 --seg-seconds "$SEG" \
                         | sed "s/^{/{$tag, \"load\": $(load), \"torch_env\": \"$env\", /" \
