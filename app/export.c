@@ -113,7 +113,7 @@ keel_inference_open(const char *checkpoint_path, const keel_config *cfg,
 {
     keel_inference *inf;
     keel_ckpt_info *info = NULL;
-    keel_restore_opts ro;
+    keel_restore_config ro;
     keel_restore_report rep;
     keel_status st;
     if (out == NULL || checkpoint_path == NULL)
@@ -138,7 +138,7 @@ keel_inference_open(const char *checkpoint_path, const keel_config *cfg,
     if (st == KEEL_OK)
         st = keel_model_new(&inf->mc, inf->vs, &inf->model);
     if (st == KEEL_OK) {
-        keel_restore_opts_init(&ro);   // strict
+        keel_restore_config_init(&ro);   // strict
         ro.skip_slots = 1;
         st = keel_ckpt_restore(checkpoint_path, inf->vs, &ro, &rep);
     }
@@ -535,7 +535,7 @@ static keel_status
 checkpoint_vars(const char *path, keel_vars **out, int64_t *step)
 {
     keel_ckpt_entry *e = NULL;
-    keel_restore_opts ro;
+    keel_restore_config ro;
     keel_restore_report rep;
     keel_vars *vs = NULL;
     size_t n = 0;
@@ -548,7 +548,7 @@ checkpoint_vars(const char *path, keel_vars **out, int64_t *step)
                                   NULL);
     keel_ckpt_list_free(e);
     if (st == KEEL_OK) {
-        keel_restore_opts_init(&ro);
+        keel_restore_config_init(&ro);
         ro.skip_slots = 1;
         st = keel_ckpt_restore(path, vs, &ro, &rep);
     }

@@ -2780,7 +2780,7 @@ START_TEST(test_streamed_iterator_matches_in_memory_and_resumes)
             ck_assert_int_eq(used, 200);
     }
     /* the in-memory position resumes the streamed set */
-    ck_assert_int_eq(keel_data_iter_get_state(a, state, sizeof state, &len),
+    ck_assert_int_eq(keel_data_iter_state(a, state, sizeof state, &len),
                      KEEL_OK);
     keel_data_iter_free(b);
     ck_assert_int_eq(keel_data_iter_new(str, &ic, &b), KEEL_OK);
@@ -2826,9 +2826,9 @@ START_TEST(test_block_as_large_as_the_set_is_the_whole_set_order)
         ck_assert_int_eq(keel_data_iter_next(b, &bb), KEEL_OK);
         ck_assert(memcmp(ba.x, bb.x, ba.n * 2 * sizeof(float)) == 0);
     }
-    ck_assert_int_eq(keel_data_iter_get_state(a, sa, sizeof sa, NULL),
+    ck_assert_int_eq(keel_data_iter_state(a, sa, sizeof sa, NULL),
                      KEEL_OK);
-    ck_assert_int_eq(keel_data_iter_get_state(b, sb, sizeof sb, NULL),
+    ck_assert_int_eq(keel_data_iter_state(b, sb, sizeof sb, NULL),
                      KEEL_OK);
     ck_assert(memcmp(sa, sb, sizeof sa) == 0);
     ck_assert_int_eq(sa[4], 1);          /* version 1, as before blocks */
@@ -2953,7 +2953,7 @@ START_TEST(test_iterator_state_resumes_with_the_next_example)
         ck_assert_int_eq(keel_data_iter_next(a, &ba), KEEL_OK);
     ck_assert_int_eq(keel_data_iter_epoch(a), 1);
     ck_assert_int_eq(keel_data_iter_offset(a), 24);
-    ck_assert_int_eq(keel_data_iter_get_state(a, state, sizeof state, &len),
+    ck_assert_int_eq(keel_data_iter_state(a, state, sizeof state, &len),
                      KEEL_OK);
     ck_assert_uint_eq(len, KEEL_DATA_ITER_STATE_BYTES);
     c.seed = 999;                   /* the state's seed wins */
@@ -3052,7 +3052,7 @@ END_TEST
 START_TEST(test_blas_threads_and_corename)
 {
     keel_train_set_threads(1);
-    ck_assert_int_eq(keel_train_get_threads(), 1);
+    ck_assert_int_eq(keel_train_threads(), 1);
     ck_assert_ptr_nonnull(keel_train_blas_corename());
     ck_assert_int_gt((int)strlen(keel_train_blas_corename()), 0);
 }

@@ -12,11 +12,11 @@
 /* Each declaration below is an error where keel/keel.h already declares
  * the name, as a type or as a function. */
 typedef int keel_config;
-typedef int keel_job_options;
+typedef int keel_job_config;
 typedef int keel_job_result;
 typedef int keel_job_progress;
 typedef int keel_eval_result;
-typedef int keel_evaluator_options;
+typedef int keel_evaluator_config;
 typedef int keel_inference;
 typedef int keel_export_format;
 typedef int keel_launch;

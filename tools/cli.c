@@ -201,8 +201,8 @@ cli_load_config(const char *path, int n_over, char **over, keel_config **out)
 static keel_status
 spec_from_slurm(const keel_config *cfg, keel_cluster_spec **spec)
 {
-    keel_cluster_slurm_options so;
-    keel_cluster_slurm_options_init(&so);
+    keel_cluster_slurm_config so;
+    keel_cluster_slurm_config_init(&so);
     so.num_ps = (int)keel_config_int(cfg, "cluster.num_ps");
     so.port_base = (int)keel_config_int(cfg, "cluster.port_base");
     return keel_cluster_spec_from_slurm(&so, spec);

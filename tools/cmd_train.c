@@ -133,10 +133,10 @@ keep_message_buffers(void)
 static int
 run_evaluator(const keel_config *cfg)
 {
-    keel_evaluator_options o;
+    keel_evaluator_config o;
     keel_evaluator_result r;
     keel_status st;
-    keel_evaluator_options_init(&o);
+    keel_evaluator_config_init(&o);
     o.handle_signals = 1;
     st = keel_job_run_evaluator(cfg, &o, &r);
     if (st != KEEL_OK)
@@ -194,7 +194,7 @@ static int
 train_task(const keel_config *cfg, const keel_cluster_spec *spec)
 {
     int in_cluster = spec != NULL && !keel_cluster_spec_is_local(spec);
-    keel_job_options opts;
+    keel_job_config opts;
     keel_job_result res;
     progress_state ps;
     keel_status st;
@@ -205,7 +205,7 @@ train_task(const keel_config *cfg, const keel_cluster_spec *spec)
     ps.every = keel_config_int(cfg, "hooks.log_every_steps");
     ps.bar = cli_wants_bar(cfg);
     ps.cluster = in_cluster;
-    keel_job_options_init(&opts);
+    keel_job_config_init(&opts);
     opts.progress_fn = on_progress;
     opts.epoch_fn = on_epoch;
     opts.progress_ctx = &ps;

@@ -1232,7 +1232,7 @@ keel_data_iter_steps_per_epoch(const keel_data_iter *it)
                                    * bits hold the block's rows */
 
 keel_status
-keel_data_iter_get_state(const keel_data_iter *it, void *buf, size_t size,
+keel_data_iter_state(const keel_data_iter *it, void *buf, size_t size,
                          size_t *len)
 {
     uint8_t *p = buf;
