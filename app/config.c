@@ -16,6 +16,7 @@
 #include <keel/config.h>
 #include <keel/distributed.h>
 #include <keel/tensor.h>
+#include <keel/train.h>
 #include "defaults.h"
 #include "util.h"
 #include "../cluster/defaults.h"
