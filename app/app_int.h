@@ -70,7 +70,7 @@ keel_status keel__kfac_dist_new(const keel_config *cfg, keel_kfac *k,
 void keel__kfac_dist_free(keel__kfac_dist *d);
 void keel__kfac_dist_set_backend(keel__kfac_dist *d,
                                  struct keel_cluster_backend *b);
-/* The chief's update (keel_cluster_options.chief_apply): newest inverses
+/* The chief's update (keel_cluster_config.chief_apply): newest inverses
  * from the ps, staleness logged, keel_kfac_apply_update. */
 keel_status keel__kfac_dist_chief_apply(void *d, keel_vars *vs,
                                         keel_grads *mean,

@@ -41,7 +41,7 @@ typedef struct key_def {
 #define I64MAX 9.2e18
 
 /* The schema. Order here is the order of `keel config check` and docs. */
-/* cluster defaults shared with keel_cluster_options_init */
+/* cluster defaults shared with keel_cluster_config_init */
 #define D(name) KEEL__XSTR(KEEL__CLUSTER_##name)
 
 static const key_def schema[] = {

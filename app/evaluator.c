@@ -120,12 +120,12 @@ eval_ctx_pass(eval_ctx *e, keel_eval_result *result)
 static keel_status
 eval_ctx_run(eval_ctx *e, const char *path, keel_eval_result *result)
 {
-    keel_restore_opts ro;
+    keel_restore_config ro;
     keel_restore_report rep;
     keel_status st;
 
     memset(result, 0, sizeof *result);
-    keel_restore_opts_init(&ro);       // strict
+    keel_restore_config_init(&ro);       // strict
     ro.skip_slots = 1;          // evaluation needs no optimizer state
     st = keel_ckpt_restore(path, e->vs, &ro, &rep);
     if (st == KEEL_OK)
@@ -271,7 +271,7 @@ keel_job_eval_progress(const keel_config *cfg, const char *checkpoint_path,
 /* ---- the evaluator task ------------------------------------------------ */
 
 void
-keel_evaluator_options_init(keel_evaluator_options *o)
+keel_evaluator_config_init(keel_evaluator_config *o)
 {
     KEEL__STRUCT_INIT(o);
 }
@@ -357,7 +357,7 @@ base_name(const char *path)
  * far. */
 typedef struct evaluator {
     const keel_config *cfg;
-    keel_evaluator_options o;
+    keel_evaluator_config o;
     keel_evaluator_result r;
     eval_ctx e;
     keel_events *ev;
@@ -373,16 +373,16 @@ typedef struct evaluator {
  * checkpoint.dir. Acquires nothing. */
 static keel_status
 evaluator_settings(evaluator *w, const keel_config *cfg,
-                   const keel_evaluator_options *opts)
+                   const keel_evaluator_config *opts)
 {
-    keel_evaluator_options *o = &w->o;
+    keel_evaluator_config *o = &w->o;
     keel_status st;
 
     w->cfg = cfg;
     if (opts != NULL)
         *o = *opts;
     else
-        keel_evaluator_options_init(o);
+        keel_evaluator_config_init(o);
     if (o->timeout_secs <= 0)
         o->timeout_secs = keel_config_double(cfg,
                                              "cluster.eval_timeout_secs");
@@ -593,7 +593,7 @@ evaluator_close(evaluator *w)
 
 keel_status
 keel_job_run_evaluator(const keel_config *cfg,
-                       const keel_evaluator_options *opts,
+                       const keel_evaluator_config *opts,
                        keel_evaluator_result *result)
 {
     evaluator w;
@@ -607,7 +607,7 @@ keel_job_run_evaluator(const keel_config *cfg,
     if (cfg == NULL)
         return keel__fail(KEEL_EINVAL, "evaluator: config is NULL");
     if (opts != NULL &&
-        (st = KEEL__STRUCT_CHECK(opts, keel_evaluator_options)) != KEEL_OK)
+        (st = KEEL__STRUCT_CHECK(opts, keel_evaluator_config)) != KEEL_OK)
         return keel__wrap(st, "evaluator");
     if ((st = evaluator_settings(&w, cfg, opts)) != KEEL_OK ||
         (st = evaluator_open(&w)) != KEEL_OK)

@@ -99,7 +99,7 @@ keel_inference_open(const char *checkpoint_path, const keel_config *cfg,
 {
     keel_inference *inf;
     keel_ckpt_info *info = NULL;
-    keel_restore_opts ro;
+    keel_restore_config ro;
     keel_restore_report rep;
     keel_status st;
     if (out == NULL || checkpoint_path == NULL)
@@ -127,7 +127,7 @@ keel_inference_open(const char *checkpoint_path, const keel_config *cfg,
     if (st == KEEL_OK)
         st = keel_model_new(&inf->mc, inf->vs, &inf->model);
     if (st == KEEL_OK) {
-        keel_restore_opts_init(&ro);   // strict
+        keel_restore_config_init(&ro);   // strict
         ro.skip_slots = 1;
         st = keel_ckpt_restore(checkpoint_path, inf->vs, &ro, &rep);
     }

@@ -52,7 +52,7 @@ typedef struct job {
     unsigned char iter_state[KEEL_DATA_ITER_STATE_BYTES];
     keel_ckpt_blob blob;
     keel_batch batch;
-    keel_job_options opts;
+    keel_job_config opts;
     int64_t last_step;
     int64_t examples;
     int64_t t0_ns, last_report_ns, last_report_examples;
@@ -860,7 +860,7 @@ job_apply(void *ctx, keel_vars *vs, keel_grads *g, int64_t global_step)
 }
 
 /* kfac.distributed = chief: the chief's update of a sync step, with the
- * step's mean gradient from the ps (keel_cluster_options.chief_apply). */
+ * step's mean gradient from the ps (keel_cluster_config.chief_apply). */
 static keel_status
 job_chief_apply(void *ctx, keel_vars *vs, keel_grads *mean,
                 int64_t global_step)
@@ -893,7 +893,7 @@ job_meta(void *ctx, keel_ckpt_meta *meta)
 {
     job *j = ctx;
     size_t len = 0;
-    keel_status st = keel_data_iter_get_state(j->it, j->iter_state,
+    keel_status st = keel_data_iter_state(j->it, j->iter_state,
                                               sizeof j->iter_state, &len);
     if (st != KEEL_OK)
         return st;
@@ -1164,9 +1164,9 @@ check_reached_end(const job *j, const keel_session *s, int64_t at)
 /* The cluster options of the config's [cluster] and [security] keys. */
 static void
 cluster_options_from(const keel_config *cfg, job *j,
-                     keel_cluster_options *o)
+                     keel_cluster_config *o)
 {
-    keel_cluster_options_init(o);
+    keel_cluster_config_init(o);
     o->optimizer = keel_optimizer_get_config(j->opt);
     o->algorithm = j->has_algo ? &j->algo : NULL;
     o->placement = strcmp(keel_config_str(cfg, "cluster.placement"),
@@ -1318,10 +1318,10 @@ tree_nodes_build(job *j, int replica, int replicas)
 /* The ps task: build the model only to know the variables, then serve. */
 static keel_status
 run_ps(const keel_config *cfg, const keel_cluster_spec *spec,
-       const keel_job_options *opts)
+       const keel_job_config *opts)
 {
     job j;
-    keel_cluster_options o;
+    keel_cluster_config o;
     keel_status st = KEEL_OK;
     /* Before anything slow: a SIGTERM during start-up then ends the task
      * cleanly instead of killing it. */
@@ -1366,7 +1366,7 @@ position_after_create(void *ctx, keel_session *s)
     if (epoch == keel_data_iter_epoch(j->it) &&
         offset == keel_data_iter_offset(j->it))
         return KEEL_OK;
-    st = keel_data_iter_get_state(j->it, b, sizeof b, &len);
+    st = keel_data_iter_state(j->it, b, sizeof b, &len);
     if (st != KEEL_OK)
         return st;
     for (int k = 0; k < 8; k++) {
@@ -1547,7 +1547,7 @@ session_config_from(const keel_config *cfg, job *j, keel_scaffold *sc,
 }
 
 void
-keel_job_options_init(keel_job_options *opts)
+keel_job_config_init(keel_job_config *opts)
 {
     KEEL__STRUCT_INIT(opts);
 }
@@ -1556,7 +1556,7 @@ keel_job_options_init(keel_job_options *opts)
  * stack: the hooks, the session and the backend hold pointers into it. */
 typedef struct train_run {
     const keel_config *cfg;
-    const keel_job_options *opts;        /* borrowed; may be NULL */
+    const keel_job_config *opts;        /* borrowed; may be NULL */
     keel_job_result *result;             /* borrowed; may be NULL */
     const keel_cluster_spec *spec;       /* opts' cluster, or NULL */
     int in_cluster, is_chief, replica, replicas, is_mwm;
@@ -1899,7 +1899,7 @@ train_mwm_backend(train_run *r)
         (st = keel_collective_set_leaves(r->coll, j->micro_g, j->n_micro)) !=
         KEEL_OK)
         return st;
-    keel_collective_get_backend(r->coll, &r->backend);
+    keel_collective_session_backend(r->coll, &r->backend);
     replica_session(j, &r->tc, &r->backend, r->hooks, r->n_hooks,
                     r->is_chief);
     return KEEL_OK;
@@ -1913,7 +1913,7 @@ static keel_status
 train_cluster_backend(train_run *r)
 {
     job *j = &r->j;
-    keel_cluster_options o;
+    keel_cluster_config o;
     keel_status st;
 
     j->leaves = leaves_for(r->cfg, j, r->spec);
@@ -1932,7 +1932,7 @@ train_cluster_backend(train_run *r)
                                                  j->n_micro)) != KEEL_OK)
             return st;
     }
-    keel_cluster_backend_get(r->worker, &r->backend);
+    keel_cluster_backend_session_backend(r->worker, &r->backend);
     if (j->kdist != NULL) {
         keel__kfac_dist_set_backend(j->kdist, r->worker);
         if (j->kfac_role != 0) {     /* statistics or inverses, no push */
@@ -2118,7 +2118,7 @@ train_free(train_run *r)
 }
 
 keel_status
-keel_job_train(const keel_config *cfg, const keel_job_options *opts,
+keel_job_train(const keel_config *cfg, const keel_job_config *opts,
                keel_job_result *result)
 {
     train_run r;
@@ -2130,7 +2130,7 @@ keel_job_train(const keel_config *cfg, const keel_job_options *opts,
     if (cfg == NULL)
         return keel__fail(KEEL_EINVAL, "train: config is NULL");
     if (opts != NULL &&
-        (st = KEEL__STRUCT_CHECK(opts, keel_job_options)) != KEEL_OK)
+        (st = KEEL__STRUCT_CHECK(opts, keel_job_config)) != KEEL_OK)
         return keel__wrap(st, "train");
     st = keel_config_validate(cfg);
     if (st != KEEL_OK)

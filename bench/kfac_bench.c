@@ -168,7 +168,7 @@ time_optimizer(const kfac_opts *o, keel_model_kind kind,
     t = timed(&ru, it, o->batch, o->steps, &step, cpu);
     keel_train_profile_enable(0);
     if (use_kfac)
-        keel_train_profile_get(p);
+        keel_train_get_profile(p);
     run_free(&ru);
     keel_data_iter_free(it);
     return t;

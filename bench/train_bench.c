@@ -215,7 +215,7 @@ time_setting(run *r, const setting *set, int nsteps, time_split *split)
     eps = (double)nsteps * (double)r->batch / (bench_now() - t0);
     keel_train_profile_enable(0);
     if (split != NULL) {
-        keel_train_profile_get(&p);
+        keel_train_get_profile(&p);
         split->part[0] += (double)p.gemm_ns * 1e-9;
         split->part[1] += (double)p.im2col_ns * 1e-9;
         split->part[2] += (double)p.elementwise_ns * 1e-9;
@@ -321,7 +321,7 @@ accuracy(const char *model, int64_t batch, int epochs, uint64_t seed,
                "\"epoch\": %d, "
                "\"epoch_s\": %.2f, \"examples_per_s\": %.1f, "
                "\"last_batch_loss\": %.4f, \"test_acc\": %.4f}\n",
-               model, (long long)batch, keel_train_get_threads(),
+               model, (long long)batch, keel_train_threads(),
                model_threads, keel_train_blas_corename(),
                (unsigned long long)seed,
                init == KEEL_INIT_TORCH ? "torch" : "glorot", ep, dt,

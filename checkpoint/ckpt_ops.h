@@ -21,11 +21,11 @@ typedef struct keel__ckpt_ops {
     keel_status (*latest)(const char *dir, const char *basename, char *path,
                           size_t path_size, int64_t *step);
     keel_status (*restore)(const char *path, keel_vars *vs,
-                           const keel_restore_opts *opts,
+                           const keel_restore_config *opts,
                            keel_restore_report *report);
     keel_status (*restore_latest)(const char *dir, const char *basename,
                                   keel_vars *vs,
-                                  const keel_restore_opts *opts,
+                                  const keel_restore_config *opts,
                                   keel_restore_report *report, char *path,
                                   size_t path_size);
     keel_status (*read_info)(const char *path, keel_ckpt_info **out);

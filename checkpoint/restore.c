@@ -154,7 +154,7 @@ keel_ckpt_latest(const char *dir, const char *basename, char *path,
 
 keel_status
 keel_ckpt_restore_latest(const char *dir, const char *basename,
-                         keel_vars *vs, const keel_restore_opts *opts,
+                         keel_vars *vs, const keel_restore_config *opts,
                          keel_restore_report *report, char *path,
                          size_t path_size)
 {
@@ -166,7 +166,7 @@ keel_ckpt_restore_latest(const char *dir, const char *basename,
     if (dir == NULL || vs == NULL)
         return keel__fail(KEEL_EINVAL, "keel_ckpt_restore_latest: NULL dir "
                           "or store");
-    if (opts != NULL && (st = KEEL__STRUCT_CHECK(opts, keel_restore_opts))
+    if (opts != NULL && (st = KEEL__STRUCT_CHECK(opts, keel_restore_config))
                         != KEEL_OK)
         return keel__wrap(st, "keel_ckpt_restore_latest %s", dir);
     if (opts != NULL && opts->mode != KEEL_RESTORE_STRICT) {
@@ -217,7 +217,7 @@ typedef struct map_ent {
 } map_ent;
 
 static keel_status
-parse_map(const keel_restore_opts *o, map_ent **out)
+parse_map(const keel_restore_config *o, map_ent **out)
 {
     map_ent *m;
     *out = NULL;
@@ -286,7 +286,7 @@ list_append(char *buf, size_t size, const char *name)
 typedef struct restore_job {
     const char *path;
     keel_vars *vs;
-    const keel_restore_opts *opts;
+    const keel_restore_config *opts;
     int skip_slots;
     ck_file f;                      /* the opened file */
     map_ent *map;
@@ -521,7 +521,7 @@ rs_free(restore_job *r)
 }
 
 void
-keel_restore_opts_init(keel_restore_opts *opts)
+keel_restore_config_init(keel_restore_config *opts)
 {
     KEEL__STRUCT_INIT(opts);
     opts->mode = KEEL_RESTORE_STRICT;
@@ -529,7 +529,7 @@ keel_restore_opts_init(keel_restore_opts *opts)
 
 keel_status
 keel_ckpt_restore(const char *path, keel_vars *vs,
-                  const keel_restore_opts *opts, keel_restore_report *report)
+                  const keel_restore_config *opts, keel_restore_report *report)
 {
     restore_job r;
     int64_t t0, t1;
@@ -538,7 +538,7 @@ keel_ckpt_restore(const char *path, keel_vars *vs,
     if (path == NULL || vs == NULL)
         return keel__fail(KEEL_EINVAL, "keel_ckpt_restore: NULL path or "
                           "store");
-    if (opts != NULL && (st = KEEL__STRUCT_CHECK(opts, keel_restore_opts))
+    if (opts != NULL && (st = KEEL__STRUCT_CHECK(opts, keel_restore_config))
                         != KEEL_OK)
         return keel__wrap(st, "keel_ckpt_restore %s", path);
     memset(&r, 0, sizeof r);

@@ -112,7 +112,7 @@ keel_collective_barrier(keel_collective *c)
 }
 
 void
-keel_collective_get_backend(keel_collective *c, keel_backend *out)
+keel_collective_session_backend(keel_collective *c, keel_backend *out)
 {
     (void)c;
     if (out != NULL)
@@ -674,7 +674,7 @@ be_end(void *ctx, keel_vars *vs, int is_chief, keel_end_reason why)
 }
 
 void
-keel_collective_get_backend(keel_collective *c, keel_backend *out)
+keel_collective_session_backend(keel_collective *c, keel_backend *out)
 {
     if (out == NULL)
         return;

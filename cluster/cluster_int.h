@@ -527,7 +527,7 @@ typedef struct keel__ps_config {
     int total_replicas;         /* chief + workers */
     int has_chief;              /* replica index: chief 0, worker i i+1 */
     /* > 0: replica r pushes the sums of the tree nodes covering leaves
-     * [r*L/R, (r+1)*L/R) of L = reduce_leaves (keel_cluster_options); a
+     * [r*L/R, (r+1)*L/R) of L = reduce_leaves (keel_cluster_config); a
      * step of all replicas adds them along the tree. */
     int64_t reduce_leaves;
     /* An update rule's ps half (borrowed): each PUSH is then a commit it

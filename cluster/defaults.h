@@ -1,5 +1,5 @@
 /* defaults.h - private to libkeel: the defaults of a cluster task's
- * options in one place. keel_cluster_options_init (cluster/options.c) and
+ * options in one place. keel_cluster_config_init (cluster/options.c) and
  * the INI keys of `keel train` (app/config.c, as strings through
  * KEEL__XSTR) both take them from here; a default the session shares is
  * util/defaults.h's. */

@@ -10,25 +10,25 @@
 #include "util.h"
 
 keel_status
-keel_cluster_spec_detect(const keel_cluster_options *opts,
+keel_cluster_spec_detect(const keel_cluster_config *opts,
                          keel_cluster_spec **out)
 {
     keel_cluster_spec *spec = NULL;
     const char *tf = getenv("TF_CONFIG");
-    keel_cluster_options d;
+    keel_cluster_config d;
     keel_status st;
     if (out == NULL)
         return keel__fail(KEEL_EINVAL, "cluster: out is NULL");
     *out = NULL;
     if (opts == NULL) {
-        keel_cluster_options_init(&d);
+        keel_cluster_config_init(&d);
         opts = &d;
     }
     if (tf != NULL && tf[0] != '\0') {
         st = keel_cluster_spec_from_env(&spec);
     } else if (getenv("SLURM_PROCID") != NULL) {
-        keel_cluster_slurm_options so;
-        keel_cluster_slurm_options_init(&so);
+        keel_cluster_slurm_config so;
+        keel_cluster_slurm_config_init(&so);
         so.num_ps = opts->slurm_num_ps;
         so.port_base = opts->slurm_port_base;
         st = keel_cluster_spec_from_slurm(&so, &spec);

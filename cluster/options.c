@@ -1,4 +1,4 @@
-/* options.c - keel_cluster_options: the defaults, the checks, and what
+/* options.c - keel_cluster_config: the defaults, the checks, and what
  * they resolve to for a spec (keel__role_opts: the update rule, the
  * placement, the socket sizes and the keys a task runs with). */
 #include <config.h>
@@ -57,7 +57,7 @@ keel__role_set_send_buffer(const keel__role_opts *o)
 /* ---- the options: defaults, checks, resolution ------------------------- */
 
 void
-keel_cluster_options_init(keel_cluster_options *o)
+keel_cluster_config_init(keel_cluster_config *o)
 {
     KEEL__STRUCT_INIT(o);
     o->placement = KEEL_PLACEMENT_SIZE_BALANCED;
@@ -77,7 +77,7 @@ keel_cluster_options_init(keel_cluster_options *o)
 
 /* What keel__role_opts_from refuses in in (the options) for spec. */
 static keel_status
-check_options(const keel_cluster_spec *spec, const keel_cluster_options *in,
+check_options(const keel_cluster_spec *spec, const keel_cluster_config *in,
               const char *who)
 {
     int replicas = keel_cluster_spec_num_replicas(spec);
@@ -126,7 +126,7 @@ check_options(const keel_cluster_spec *spec, const keel_cluster_options *in,
 /* The checked options in into *o (placement as a flag, the send buffer in
  * bytes); the update rule is resolved by keel__role_opts_from. */
 static void
-copy_options(const keel_cluster_spec *spec, const keel_cluster_options *in,
+copy_options(const keel_cluster_spec *spec, const keel_cluster_config *in,
              keel__role_opts *o)
 {
     memset(o, 0, sizeof *o);
@@ -141,17 +141,17 @@ copy_options(const keel_cluster_spec *spec, const keel_cluster_options *in,
 /* Check opts (NULL: the defaults) and resolve them for spec into *o. */
 keel_status
 keel__role_opts_from(const keel_cluster_spec *spec,
-                     const keel_cluster_options *in, const char *who,
+                     const keel_cluster_config *in, const char *who,
                      keel__role_opts *o)
 {
-    keel_cluster_options d;
+    keel_cluster_config d;
     keel_status st;
     if (spec == NULL)
         return keel__fail(KEEL_EINVAL, "%s: spec is NULL", who);
     if (in == NULL) {
-        keel_cluster_options_init(&d);
+        keel_cluster_config_init(&d);
         in = &d;
-    } else if ((st = KEEL__STRUCT_CHECK(in, keel_cluster_options))
+    } else if ((st = KEEL__STRUCT_CHECK(in, keel_cluster_config))
                != KEEL_OK) {
         return keel__wrap(st, "%s", who);
     }

@@ -264,7 +264,7 @@ run_ps(const keel__role_opts *o, const keel_vars *model, keel_optimizer *opt)
 
 keel_status
 keel_ps_run(const keel_cluster_spec *spec, const keel_vars *vars,
-            const keel_cluster_options *opts)
+            const keel_cluster_config *opts)
 {
     keel__role_opts o;
     keel_optimizer *opt = NULL;
@@ -279,7 +279,7 @@ keel_ps_run(const keel_cluster_spec *spec, const keel_vars *vars,
                             keel_cluster_spec_task_type(spec)),
                         keel_cluster_spec_task_index(spec));
     else if (!o.in.chief_applies && (opts == NULL || opts->optimizer == NULL))
-        st = keel__fail(KEEL_EINVAL, "ps %d: keel_cluster_options."
+        st = keel__fail(KEEL_EINVAL, "ps %d: keel_cluster_config."
                         "optimizer is NULL: the ps needs the update rule "
                         "(keel_optimizer_config_init)",
                         keel_cluster_spec_task_index(spec));

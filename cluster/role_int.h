@@ -19,7 +19,7 @@
 /* The options every role function reads: the caller's options, checked,
  * and what they resolve to for this spec. */
 typedef struct keel__role_opts {
-    keel_cluster_options in;        /* optimizer and algorithm NULL: the
+    keel_cluster_config in;        /* optimizer and algorithm NULL: the
                                      * update rule is algo */
     const keel_cluster_spec *spec;
     int round_robin;                /* in.placement is round-robin */
@@ -36,7 +36,7 @@ typedef struct keel__role_opts {
  * resolve it for spec into *o; on success *o owns the rule's rates
  * (keel__algo_clear(&o->algo)). */
 keel_status keel__role_opts_from(const keel_cluster_spec *spec,
-                                 const keel_cluster_options *in,
+                                 const keel_cluster_config *in,
                                  const char *who, keel__role_opts *o);
 /* This task's CURVE keys (o->in.curve: KEY_DIR/<type><index>.key and
  * _secret; clients read ps<i>.key), else its job token, else none. */

@@ -204,7 +204,7 @@ expand_tasks_per_node(const char *s, int *counts, long max)
 }
 
 void
-keel_cluster_slurm_options_init(keel_cluster_slurm_options *opt)
+keel_cluster_slurm_config_init(keel_cluster_slurm_config *opt)
 {
     KEEL__STRUCT_INIT(opt);
     opt->num_ps = KEEL__CLUSTER_SLURM_NUM_PS;
@@ -224,7 +224,7 @@ typedef struct slurm_step {
 /* The step's variables (the step's own first, then the job's), and every
  * problem with them or opt into p. */
 static void
-read_slurm_env(const keel_cluster_slurm_options *opt, slurm_step *j,
+read_slurm_env(const keel_cluster_slurm_config *opt, slurm_step *j,
                keel__problems *p)
 {
     memset(j, 0, sizeof *j);
@@ -354,7 +354,7 @@ fill_spec(const slurm_step *j, keel_cluster_spec *s)
 }
 
 keel_status
-keel_cluster_spec_from_slurm(const keel_cluster_slurm_options *opt,
+keel_cluster_spec_from_slurm(const keel_cluster_slurm_config *opt,
                              keel_cluster_spec **out)
 {
     keel_cluster_spec *s = NULL;
@@ -365,7 +365,7 @@ keel_cluster_spec_from_slurm(const keel_cluster_slurm_options *opt,
     if (out == NULL || opt == NULL)
         return keel__fail(KEEL_EINVAL, "slurm: NULL argument");
     *out = NULL;
-    if (KEEL__STRUCT_CHECK(opt, keel_cluster_slurm_options) != KEEL_OK)
+    if (KEEL__STRUCT_CHECK(opt, keel_cluster_slurm_config) != KEEL_OK)
         return keel__wrap(KEEL_EINVAL, "slurm");
     read_slurm_env(opt, &j, &p);
     if (p.count > 0)

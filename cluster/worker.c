@@ -1,8 +1,8 @@
 /* worker.c - the worker backend (keel_cluster_backend): a chief's or
  * worker's clients of every ps and their heartbeats, the session backend
- * over them (keel_cluster_backend_get: the step in worker_push.c, HELLO,
- * INIT and pulls in worker_pull.c), the end of a replica's session, and
- * the public calls of any training task. */
+ * over them (keel_cluster_backend_session_backend: the step in
+ * worker_push.c, HELLO, INIT and pulls in worker_pull.c), the end of a
+ * replica's session, and the public calls of any training task. */
 #include <config.h>
 
 #include <stdint.h>
@@ -256,7 +256,7 @@ be_end(void *ctx, keel_vars *vs, int is_chief, keel_end_reason why)
 }
 
 void
-keel_cluster_backend_get(keel_cluster_backend *w, keel_backend *out)
+keel_cluster_backend_session_backend(keel_cluster_backend *w, keel_backend *out)
 {
     KEEL__STRUCT_INIT(out);
     out->name = "ps";
@@ -396,7 +396,7 @@ keel_cluster_backend_shutdown(keel_cluster_backend *w)
 
 keel_status
 keel_cluster_backend_new(const keel_cluster_spec *spec, keel_vars *vars,
-                         const keel_cluster_options *opts,
+                         const keel_cluster_config *opts,
                          keel_cluster_backend **out)
 {
     keel__role_opts o;

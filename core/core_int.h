@@ -30,7 +30,7 @@
 #include "vars_int.h"
 
 /* ---- profiling: time of the core's work, collected only while
- * keel__prof_on (keel_train_profile_enable); keel_train_profile_get adds
+ * keel__prof_on (keel_train_profile_enable); keel_train_get_profile adds
  * these counters to the model's. Not thread-safe; for benchmarks. ---- */
 typedef struct keel__core_prof {
     int64_t elementwise_ns;   /* keel__add_into, keel__zero_add_into */

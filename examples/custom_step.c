@@ -99,7 +99,7 @@ main(int argc, char **argv)
     keel_hook stop = { 0 };
     keel_stop_at_step_hook_config stop_cfg;
     keel_optimizer_config sgd;
-    keel_cluster_options copts;
+    keel_cluster_config copts;
     keel_algorithm_config algo;
     keel_training_config cfg;
     keel_status st;
@@ -113,7 +113,7 @@ main(int argc, char **argv)
         st = create_variables(&vs);
     keel_optimizer_config_init(&sgd, KEEL_OPT_SGD);
     sgd.schedule.learning_rate = 0.1;
-    keel_cluster_options_init(&copts);
+    keel_cluster_config_init(&copts);
     copts.optimizer = &sgd;                   /* what the ps apply */
     if (rule != NULL)                         /* every task the same */
         copts.algorithm = &algo;
@@ -143,7 +143,7 @@ main(int argc, char **argv)
     cfg.session.n_hooks = 1;
     cfg.optimizer = &sgd;                     /* here, or on the ps */
     cfg.cluster = cluster;                    /* local: trains alone */
-    cfg.cluster_options = &copts;
+    cfg.cluster_config = &copts;
     cfg.session.checkpoint_dir = dir;         /* the chief's */
     cfg.save_checkpoint_steps = 50;
     cfg.log_step_count_steps = 100;

@@ -132,7 +132,7 @@ main(int argc, char **argv)
     keel_supervisor *sv = NULL;
     keel_supervisor_config cfg;
     keel_optimizer_config adagrad;
-    keel_cluster_options copts;
+    keel_cluster_config copts;
     keel_status st, stop_st;
     static run r;
 
@@ -141,7 +141,7 @@ main(int argc, char **argv)
     st = create_variables(&vs);
     keel_optimizer_config_init(&adagrad, KEEL_OPT_ADAGRAD);
     adagrad.schedule.learning_rate = 0.5;
-    keel_cluster_options_init(&copts);
+    keel_cluster_config_init(&copts);
     copts.optimizer = &adagrad;              /* the ps apply Adagrad */
     if (st == KEEL_OK)
         st = keel_cluster_spec_detect(&copts, &spec);
@@ -180,7 +180,7 @@ main(int argc, char **argv)
         }
         st = keel_cluster_backend_new(spec, vs, &copts, &cluster);
         if (st == KEEL_OK)
-            keel_cluster_backend_get(cluster, &backend);
+            keel_cluster_backend_session_backend(cluster, &backend);
         cfg.backend = &backend;
         cfg.is_chief = keel_cluster_spec_is_chief(spec);
     }

@@ -20,8 +20,8 @@ struct keel_session_manager {
     keel_vars *vars;
     keel_scaffold sc;
     char *checkpoint_dir;
-    keel_restore_opts restore_opts;
-    int has_restore_opts;
+    keel_restore_config restore_config;
+    int has_restore_config;
     keel_backend backend;
     int recovery_wait_ms;
     double max_wait_secs;
@@ -134,10 +134,10 @@ keel_session_manager_new(const keel_session_manager_config *cfg,
                             "session manager");
     if (st != KEEL_OK)
         return st;
-    if (cfg->restore_opts != NULL
-        && (st = KEEL__STRUCT_CHECK(cfg->restore_opts, keel_restore_opts))
+    if (cfg->restore_config != NULL
+        && (st = KEEL__STRUCT_CHECK(cfg->restore_config, keel_restore_config))
            != KEEL_OK)
-        return keel__wrap(st, "session manager: restore_opts");
+        return keel__wrap(st, "session manager: restore_config");
     if (cfg->scaffold != NULL
         && (st = KEEL__STRUCT_CHECK(&cfg->scaffold->saver, keel_saver_config))
            != KEEL_OK)
@@ -173,9 +173,9 @@ keel_session_manager_new(const keel_session_manager_config *cfg,
             return keel__fail(KEEL_ENOMEM, "session manager: copy dir");
         }
     }
-    if (cfg->restore_opts != NULL) {
-        sm->restore_opts = *cfg->restore_opts;
-        sm->has_restore_opts = 1;
+    if (cfg->restore_config != NULL) {
+        sm->restore_config = *cfg->restore_config;
+        sm->has_restore_config = 1;
     }
     if (cfg->backend != NULL)
         keel__backend_copy(&sm->backend, cfg->backend);
@@ -259,7 +259,7 @@ restore_latest(keel_session_manager *sm, int *restored)
     memset(&rep, 0, sizeof rep);
     st = keel__ckpt->restore_latest(sm->checkpoint_dir, sm->sc.saver.basename,
                                     sm->vars,
-                                    sm->has_restore_opts ? &sm->restore_opts
+                                    sm->has_restore_config ? &sm->restore_config
                                                          : NULL,
                                     &rep, path, sizeof path);
     if (st == KEEL_ENOTFOUND) {
@@ -368,19 +368,19 @@ static keel_status
 warm_start(keel_session_manager *sm)
 {
     char path[KEEL_PATH_MAX];
-    keel_restore_opts o;
+    keel_restore_config o;
     keel_restore_report rep;
     int64_t gs = keel_vars_global_step(sm->vars);
     keel_status st = warm_start_file(sm, path, sizeof path);
     if (st != KEEL_OK)
         return st;
-    keel_restore_opts_init(&o);
+    keel_restore_config_init(&o);
     o.mode = KEEL_RESTORE_PARTIAL;
     o.skip_slots = 1;
     o.only_vars = sm->warm_vars;
-    if (sm->has_restore_opts) {
-        o.name_map = sm->restore_opts.name_map;
-        o.n_name_map = sm->restore_opts.n_name_map;
+    if (sm->has_restore_config) {
+        o.name_map = sm->restore_config.name_map;
+        o.n_name_map = sm->restore_config.n_name_map;
     }
     memset(&rep, 0, sizeof rep);
     st = keel__ckpt->restore(path, sm->vars, &o, &rep);

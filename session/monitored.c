@@ -726,7 +726,7 @@ sn_take_settings(keel_session *s, const keel_session_config *cfg,
             keel__log(KEEL_LOG_WARN, "session: the updater given is not "
                       "used: backend '%s' applies the updates (on a "
                       "cluster, give the rule as "
-                      "keel_cluster_options.optimizer)",
+                      "keel_cluster_config.optimizer)",
                       s->backend.name != NULL ? s->backend.name : "?");
         if (s->backend.updater.apply != NULL)
             s->updater = s->backend.updater;
@@ -830,7 +830,7 @@ sn_make_creator(keel_session *s, const keel_session_config *cfg)
     mc.vars = cfg->vars;
     mc.scaffold = cfg->scaffold;
     mc.checkpoint_dir = cfg->checkpoint_dir;
-    mc.restore_opts = cfg->restore_opts;
+    mc.restore_config = cfg->restore_config;
     mc.backend = cfg->backend;
     mc.recovery_wait_ms = cfg->recovery_wait_ms;
     mc.restore_fn = cfg->restore_fn;

@@ -86,7 +86,7 @@ check_strategy(const keel_training_config *cfg, int has_cluster,
             return keel__fail(KEEL_EINVAL, "training session: strategy "
                               "multi_worker_mirrored all-reduces over MPI: "
                               "set session.backend from "
-                              "keel_collective_get_backend");
+                              "keel_collective_session_backend");
         return KEEL_OK;
     }
     if (s == KEEL_STRATEGY_PARAMETER_SERVER && !has_cluster)
@@ -117,7 +117,7 @@ resolve_cluster(const keel_training_config *cfg, keel_session_config *sc,
     const keel_cluster_spec *spec = cfg->cluster;
     keel_status st;
     if (spec == NULL && cfg->cluster_from_env) {
-        st = keel_cluster_spec_detect(cfg->cluster_options, &own->spec);
+        st = keel_cluster_spec_detect(cfg->cluster_config, &own->spec);
         if (st != KEEL_OK)
             return keel__wrap(st, "training session: the cluster");
         spec = own->spec;
@@ -129,7 +129,7 @@ resolve_cluster(const keel_training_config *cfg, keel_session_config *sc,
     if (st != KEEL_OK)
         return st;
     if (spec != NULL && !keel_cluster_spec_is_local(spec)) {
-        keel_cluster_options co;
+        keel_cluster_config co;
         if (cfg->session.backend != NULL)
             return keel__fail(KEEL_EINVAL, "training session: both a "
                               "cluster and session.backend are set; give "
@@ -140,16 +140,16 @@ resolve_cluster(const keel_training_config *cfg, keel_session_config *sc,
                               "keel_ps_run() on a ps task (see "
                               "keel_cluster_spec_is_ps)",
                               keel_cluster_spec_task_index(spec));
-        if (cfg->cluster_options != NULL)
-            co = *cfg->cluster_options;
+        if (cfg->cluster_config != NULL)
+            co = *cfg->cluster_config;
         else
-            keel_cluster_options_init(&co);
+            keel_cluster_config_init(&co);
         if (co.optimizer == NULL)
             co.optimizer = cfg->optimizer;
         st = keel_cluster_backend_new(spec, sc->vars, &co, &own->cluster);
         if (st != KEEL_OK)
             return keel__wrap(st, "training session");
-        keel_cluster_backend_get(own->cluster, &own->backend);
+        keel_cluster_backend_session_backend(own->cluster, &own->backend);
         sc->backend = &own->backend;
         sc->is_chief = keel_cluster_spec_is_chief(spec);
         sc->max_wait_secs = co.max_wait_secs;

@@ -631,7 +631,7 @@ END_TEST
 
 typedef struct replica {
     keel_cluster_spec *spec;
-    keel_cluster_options *opts;
+    keel_cluster_config *opts;
     keel_optimizer_config *opt;
     keel_vars *vs;
     const char *dir;
@@ -674,7 +674,7 @@ replica_main(void *arg)
     cfg.session.n_hooks = 1;
     cfg.optimizer = r->opt;
     cfg.cluster = r->spec;
-    cfg.cluster_options = r->opts;
+    cfg.cluster_config = r->opts;
     cfg.session.checkpoint_dir = r->dir;
     cfg.save_checkpoint_steps = 1000000;
     cfg.log_step_count_steps = 0;
@@ -716,7 +716,7 @@ e2e_train(keel_algorithm name, int with_worker, int64_t steps,
     keel_vars *ps_vs = two_vars(0, 0);
     keel_optimizer_config sgd;
     keel_algorithm_config ac;
-    keel_cluster_options co;
+    keel_cluster_config co;
     tu_ps p;
     keel_status ps_st;
     replica chief, worker;
@@ -733,7 +733,7 @@ e2e_train(keel_algorithm name, int with_worker, int64_t steps,
     ac.momentum = 0.5;
     if (name == KEEL_ALGORITHM_DOWNPOUR)
         ac.ps_learning_rate = 0.5;      /* Adagrad's steps shrink */
-    keel_cluster_options_init(&co);
+    keel_cluster_config_init(&co);
     co.optimizer = &sgd;
     co.algorithm = &ac;
     co.orphan_secs = 60;
@@ -819,11 +819,11 @@ START_TEST(test_chief_applies_needs_the_plain_sync_rule)
     tu_cluster cl;
     keel_vars *vs = two_vars(0, 0);
     keel_algorithm_config ac;
-    keel_cluster_options co;
+    keel_cluster_config co;
     keel_cluster_backend *b;
     double rate = 0.1;
     tu_cluster_new(&cl, 0);
-    keel_cluster_options_init(&co);
+    keel_cluster_config_init(&co);
     co.chief_applies = 1;
     co.chief_apply = no_apply;
     co.algorithm = &ac;

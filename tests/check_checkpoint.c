@@ -122,7 +122,7 @@ assert_stores_equal(keel_vars *a, keel_vars *b)
 START_TEST(test_configs_without_their_init_are_refused_by_name)
 {
     keel_saver_config cfg;
-    keel_restore_opts o;
+    keel_restore_config o;
     keel_saver *s = NULL;
     keel_vars *vs;
     memset(&cfg, 0, sizeof cfg);
@@ -137,7 +137,7 @@ START_TEST(test_configs_without_their_init_are_refused_by_name)
     ck_assert_int_eq(keel_ckpt_restore(tu_path("none.h5"), vs, &o, NULL),
                      KEEL_EINVAL);
     ck_assert_ptr_nonnull(strstr(keel_last_error(),
-                                 "keel_restore_opts has struct_size 0"));
+                                 "keel_restore_config has struct_size 0"));
     keel_vars_free(vs);
 }
 END_TEST
@@ -732,7 +732,7 @@ START_TEST(test_restore_strict_partial_report_and_name_map)
     keel_vars *a = make_store(2, 1), *b;
     char path[4096];
     keel_restore_report rep;
-    keel_restore_opts o;
+    keel_restore_config o;
     const char *map[] = { "dense=fc" };
     keel_var *v;
 
@@ -747,7 +747,7 @@ START_TEST(test_restore_strict_partial_report_and_name_map)
     ck_assert_uint_eq(rep.n_missing, 2);
     /* Partial with a map: fc/kernel restored from dense/kernel with its
      * slots; new/thing keeps its value. */
-    keel_restore_opts_init(&o);
+    keel_restore_config_init(&o);
     o.mode = KEEL_RESTORE_PARTIAL;
     o.name_map = map;
     o.n_name_map = 1;
@@ -1669,12 +1669,12 @@ START_TEST(test_name_map_of_two_onto_one_names_both)
 {
     keel_vars *a = two_by_three("a/w", "b/w"), *b = two_by_three("x/w", NULL);
     const char *map[] = { "a=x", "b=x" };
-    keel_restore_opts o;
+    keel_restore_config o;
     char path[4096];
     float before[3];
     save_once(a, 3, 0, path, sizeof path);
     memcpy(before, keel_var_tensor(keel_vars_at(b, 0))->data, sizeof before);
-    keel_restore_opts_init(&o);
+    keel_restore_config_init(&o);
     o.mode = KEEL_RESTORE_PARTIAL;
     o.name_map = map;
     o.n_name_map = 2;

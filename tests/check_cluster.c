@@ -565,7 +565,7 @@ START_TEST(test_slurm_ranks_map_to_ps_then_workers)
     char *env[] = { "SLURM_PROCID=3", "SLURM_NTASKS=4",
                     "SLURM_JOB_NODELIST=node[1-2]",
                     "SLURM_TASKS_PER_NODE=2(x2)", NULL };
-    keel_cluster_slurm_options o = { .struct_size = sizeof o, .num_ps = 1,
+    keel_cluster_slurm_config o = { .struct_size = sizeof o, .num_ps = 1,
                                      .port_base = 9000, .env = env };
     keel_cluster_spec *s = NULL;
     ck_assert_int_eq(keel_cluster_spec_from_slurm(&o, &s), KEEL_OK);
@@ -594,7 +594,7 @@ START_TEST(test_slurm_ranks_map_to_ps_then_workers)
     {
         char *e2[] = { "SLURM_PROCID=0", "SLURM_STEP_NUM_TASKS=3",
                        "SLURM_STEP_NODELIST=a,b", NULL };
-        keel_cluster_slurm_options o2 = { .struct_size = sizeof o2,
+        keel_cluster_slurm_config o2 = { .struct_size = sizeof o2,
                                           .num_ps = 0, .env = e2 };
         ck_assert_int_eq(keel_cluster_spec_from_slurm(&o2, &s), KEEL_OK);
         ck_assert_str_eq(keel_cluster_spec_address(s, KEEL_TASK_WORKER, 1),
@@ -616,7 +616,7 @@ START_TEST(test_slurm_errors_are_named_and_listed_together)
                     NULL };
     char *many_ps[] = { "SLURM_PROCID=0", "SLURM_NTASKS=2",
                         "SLURM_JOB_NODELIST=n1", NULL };
-    keel_cluster_slurm_options o = { .struct_size = sizeof o, .num_ps = 0,
+    keel_cluster_slurm_config o = { .struct_size = sizeof o, .num_ps = 0,
                                      .env = none };
     ck_assert_int_eq(keel_cluster_spec_from_slurm(&o, &s), KEEL_EINVAL);
     ck_assert_ptr_null(s);
@@ -2115,7 +2115,7 @@ START_TEST(test_global_step_waiter_hook_sees_the_cluster_step)
     server sv;
     keel__wire_client *chief;
     keel_cluster_spec *spec;
-    keel_cluster_options o;
+    keel_cluster_config o;
     keel_cluster_backend *wk;
     keel_backend be;
     keel_vars *vs;
@@ -2149,7 +2149,7 @@ START_TEST(test_global_step_waiter_hook_sees_the_cluster_step)
     keel_cluster_spec_set_replicas(spec, 1, 2);
     ck_assert_msg(keel_cluster_spec_validate(spec) == KEEL_OK, "%s",
                   keel_last_error());
-    keel_cluster_options_init(&o);
+    keel_cluster_config_init(&o);
     o.token = NULL;
     o.dead_after_ms = 10000;
     o.heartbeat_ms = 200;
@@ -2159,7 +2159,7 @@ START_TEST(test_global_step_waiter_hook_sees_the_cluster_step)
     vs = wb_vars();
     ck_assert_msg(keel_cluster_backend_new(spec, vs, &o, &wk) == KEEL_OK,
                   "%s", keel_last_error());
-    keel_cluster_backend_get(wk, &be);
+    keel_cluster_backend_session_backend(wk, &be);
     keel_global_step_waiter_hook_config_init(&wc);
     wc.wait_until_step = 9;
     wc.poll_ms = 20;
@@ -2432,7 +2432,7 @@ START_TEST(test_seam_ps_run_and_training_session_on_a_cluster)
     tu_cluster cl;
     keel_vars *ps_vs = seam_vars(), *vs = seam_vars();
     keel_optimizer_config mom;
-    keel_cluster_options co;
+    keel_cluster_config co;
     keel_training_config cfg;
     keel_session *s = NULL;
     keel_hook stop;
@@ -2446,7 +2446,7 @@ START_TEST(test_seam_ps_run_and_training_session_on_a_cluster)
     keel_optimizer_config_init(&mom, KEEL_OPT_MOMENTUM);
     mom.schedule.learning_rate = 0.5;
     mom.momentum = 0.9;
-    keel_cluster_options_init(&co);
+    keel_cluster_config_init(&co);
     co.optimizer = &mom;
     co.orphan_secs = 30;                /* the test's own deadline */
     tu_ps_start(&p, cl.ps, ps_vs, &co);
@@ -2457,7 +2457,7 @@ START_TEST(test_seam_ps_run_and_training_session_on_a_cluster)
     ck_assert_int_eq(keel_stop_at_step_hook_new(&stop_cfg, &stop), KEEL_OK);
     seam_config(&cfg, vs, &stop, &mom);
     cfg.cluster = cl.chief;
-    cfg.cluster_options = &co;
+    cfg.cluster_config = &co;
     cfg.session.checkpoint_dir = dir;
     cfg.save_checkpoint_steps = 100;
     cfg.log_step_count_steps = 0;
@@ -2495,7 +2495,7 @@ END_TEST
 typedef struct sgd_ps {
     tu_cluster cl;
     keel_optimizer_config sgd;
-    keel_cluster_options co;
+    keel_cluster_config co;
     tu_ps p;
     char ep[64];
 } sgd_ps;
@@ -2506,7 +2506,7 @@ sgd_ps_start(sgd_ps *s, keel_vars *ps_vs)
     keel__wire_client *c;
     keel_optimizer_config_init(&s->sgd, KEEL_OPT_SGD);
     s->sgd.schedule.learning_rate = 0.5;
-    keel_cluster_options_init(&s->co);
+    keel_cluster_config_init(&s->co);
     s->co.optimizer = &s->sgd;
     s->co.orphan_secs = 30;
     s->co.token = NULL;
@@ -2792,13 +2792,13 @@ START_TEST(test_seam_rejects_wrong_roles_and_options)
     tu_cluster cl;
     keel_cluster_spec *local;
     keel_vars *vs = seam_vars();
-    keel_cluster_options co;
+    keel_cluster_config co;
     keel_cluster_backend *b = (keel_cluster_backend *)&co;
     keel_training_config cfg;
     keel_session *s = NULL;
 
     tu_cluster_new(&cl, 0);
-    keel_cluster_options_init(&co);
+    keel_cluster_config_init(&co);
     ck_assert_int_eq(keel_ps_run(cl.ps, vs, &co), KEEL_EINVAL); /* no rule */
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "optimizer is NULL"));
     ck_assert_int_eq(keel_ps_run(cl.chief, vs, &co), KEEL_EINVAL);
@@ -2811,7 +2811,7 @@ START_TEST(test_seam_rejects_wrong_roles_and_options)
     ck_assert_int_eq(keel_cluster_backend_new(cl.chief, vs, &co, &b),
                      KEEL_EINVAL);
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "struct_size"));
-    keel_cluster_options_init(&co);
+    keel_cluster_config_init(&co);
     co.heartbeat_ms = co.dead_after_ms;
     ck_assert_int_eq(keel_cluster_backend_new(cl.chief, vs, &co, &b),
                      KEEL_EINVAL);

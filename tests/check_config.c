@@ -549,7 +549,7 @@ END_TEST
 static keel_status
 zc_slurm(void)
 {
-    keel_cluster_slurm_options o;
+    keel_cluster_slurm_config o;
     keel_cluster_spec *spec = NULL;
     memset(&o, 0, sizeof o);
     return keel_cluster_spec_from_slurm(&o, &spec);
@@ -571,7 +571,7 @@ zc_launch(void)
 static keel_status
 zc_job_options(void)
 {
-    keel_job_options o;
+    keel_job_config o;
     keel_job_result r;
     memset(&o, 0, sizeof o);
     return keel_job_train(cfg, &o, &r);
@@ -580,7 +580,7 @@ zc_job_options(void)
 static keel_status
 zc_evaluator_options(void)
 {
-    keel_evaluator_options o;
+    keel_evaluator_config o;
     keel_evaluator_result r;
     memset(&o, 0, sizeof o);
     return keel_job_run_evaluator(cfg, &o, &r);
@@ -589,10 +589,10 @@ zc_evaluator_options(void)
 START_TEST(test_zeroed_option_structs_are_refused_by_name)
 {
     static const tu_zeroed_case cases[] = {
-        { "keel_cluster_slurm_options", zc_slurm },
+        { "keel_cluster_slurm_config", zc_slurm },
         { "keel_launch_config", zc_launch },
-        { "keel_job_options", zc_job_options },
-        { "keel_evaluator_options", zc_evaluator_options },
+        { "keel_job_config", zc_job_options },
+        { "keel_evaluator_config", zc_evaluator_options },
     };
     tu_assert_zeroed_refused(cases, sizeof cases / sizeof *cases);
 }

@@ -2718,7 +2718,7 @@ START_TEST(test_iterator_state_resumes_with_the_next_example)
         ck_assert_int_eq(keel_data_iter_next(a, &ba), KEEL_OK);
     ck_assert_int_eq(keel_data_iter_epoch(a), 1);
     ck_assert_int_eq(keel_data_iter_offset(a), 24);
-    ck_assert_int_eq(keel_data_iter_get_state(a, state, sizeof state, &len),
+    ck_assert_int_eq(keel_data_iter_state(a, state, sizeof state, &len),
                      KEEL_OK);
     ck_assert_uint_eq(len, KEEL_DATA_ITER_STATE_BYTES);
     c.seed = 999;                   /* the state's seed wins */
@@ -2817,7 +2817,7 @@ END_TEST
 START_TEST(test_blas_threads_and_corename)
 {
     keel_train_set_threads(1);
-    ck_assert_int_eq(keel_train_get_threads(), 1);
+    ck_assert_int_eq(keel_train_threads(), 1);
     ck_assert_ptr_nonnull(keel_train_blas_corename());
     ck_assert_int_gt((int)strlen(keel_train_blas_corename()), 0);
 }

@@ -52,7 +52,7 @@ log_line(void *ctx, keel_log_level level, const char *msg)
 }
 
 static keel_status
-train(keel_cluster_spec *spec, keel_cluster_options *copts, keel_vars *vs,
+train(keel_cluster_spec *spec, keel_cluster_config *copts, keel_vars *vs,
       keel_optimizer *opt, const char *dir, int64_t last_step, child *c)
 {
     keel_training_config cfg;
@@ -83,7 +83,7 @@ train(keel_cluster_spec *spec, keel_cluster_options *copts, keel_vars *vs,
     cfg.log_step_count_steps = 0;
     cfg.save_summaries_steps = 0;
     cfg.cluster = spec;
-    cfg.cluster_options = copts;
+    cfg.cluster_config = copts;
     st = keel_training_session_new(&cfg, &s);
     if (st == KEEL_OK)
         st = keel_session_train(s);
@@ -106,7 +106,7 @@ main(int argc, char **argv)
     keel_vars *vs = NULL;
     keel_optimizer *opt = NULL;
     keel_optimizer_config oc;
-    keel_cluster_options copts;
+    keel_cluster_config copts;
     keel_cluster_spec *spec = NULL;
     child c = { 0, 0 };
     keel_status st;
@@ -119,7 +119,7 @@ main(int argc, char **argv)
     keel_log_set_handler(log_line, NULL, KEEL_LOG_INFO);
     keel_optimizer_config_init(&oc, KEEL_OPT_SGD);
     oc.schedule.learning_rate = 0.05;
-    keel_cluster_options_init(&copts);
+    keel_cluster_config_init(&copts);
     copts.optimizer = &oc;
     st = keel_vars_new(&vs);
     if (st == KEEL_OK)

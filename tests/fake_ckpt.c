@@ -89,7 +89,7 @@ f_latest(const char *dir, const char *base, char *path, size_t n,
 }
 
 static keel_status
-f_restore(const char *path, keel_vars *vs, const keel_restore_opts *o,
+f_restore(const char *path, keel_vars *vs, const keel_restore_config *o,
           keel_restore_report *r)
 {
     size_t i, k = 0;
@@ -114,7 +114,7 @@ f_restore(const char *path, keel_vars *vs, const keel_restore_opts *o,
 
 static keel_status
 f_restore_latest(const char *dir, const char *base, keel_vars *vs,
-                 const keel_restore_opts *o, keel_restore_report *r,
+                 const keel_restore_config *o, keel_restore_report *r,
                  char *path, size_t n)
 {
     int64_t step;

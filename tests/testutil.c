@@ -696,7 +696,7 @@ ps_main(void *arg)
 
 void
 tu_ps_start(tu_ps *p, const keel_cluster_spec *spec, const keel_vars *vs,
-            const keel_cluster_options *opts)
+            const keel_cluster_config *opts)
 {
     p->spec = spec;
     p->vs = vs;

@@ -154,12 +154,12 @@ void tu_log_append(void *ctx, keel_log_level level, const char *msg);
 typedef struct tu_ps {
     const keel_cluster_spec *spec;
     const keel_vars *vs;
-    const keel_cluster_options *opts;
+    const keel_cluster_config *opts;
     keel_status st;
     pthread_t thread;
 } tu_ps;
 void tu_ps_start(tu_ps *p, const keel_cluster_spec *spec,
-                 const keel_vars *vs, const keel_cluster_options *opts);
+                 const keel_vars *vs, const keel_cluster_config *opts);
 keel_status tu_ps_join(tu_ps *p);
 
 /* A spec from explicit lists, as a [cluster] section gives them: the ps,

@@ -123,8 +123,8 @@ on_epoch(void *ctx, const keel_job_epoch *e)
 static keel_status
 spec_from_slurm(const keel_config *cfg, keel_cluster_spec **spec)
 {
-    keel_cluster_slurm_options so;
-    keel_cluster_slurm_options_init(&so);
+    keel_cluster_slurm_config so;
+    keel_cluster_slurm_config_init(&so);
     so.num_ps = (int)keel_config_int(cfg, "cluster.num_ps");
     so.port_base = (int)keel_config_int(cfg, "cluster.port_base");
     return keel_cluster_spec_from_slurm(&so, spec);
@@ -357,10 +357,10 @@ keep_message_buffers(void)
 static int
 run_evaluator(const keel_config *cfg)
 {
-    keel_evaluator_options o;
+    keel_evaluator_config o;
     keel_evaluator_result r;
     keel_status st;
-    keel_evaluator_options_init(&o);
+    keel_evaluator_config_init(&o);
     o.handle_signals = 1;
     st = keel_job_run_evaluator(cfg, &o, &r);
     if (st != KEEL_OK)
@@ -427,7 +427,7 @@ static int
 train_task(const keel_config *cfg, const keel_cluster_spec *spec)
 {
     int in_cluster = spec != NULL && !keel_cluster_spec_is_local(spec);
-    keel_job_options opts;
+    keel_job_config opts;
     keel_job_result res;
     progress_state ps;
     keel_status st;
@@ -438,7 +438,7 @@ train_task(const keel_config *cfg, const keel_cluster_spec *spec)
     ps.every = keel_config_int(cfg, "hooks.log_every_steps");
     ps.bar = wants_bar(cfg);
     ps.cluster = in_cluster;
-    keel_job_options_init(&opts);
+    keel_job_config_init(&opts);
     opts.progress_fn = on_progress;
     opts.epoch_fn = on_epoch;
     opts.progress_ctx = &ps;

@@ -912,7 +912,7 @@ keel_data_iter_steps_per_epoch(const keel_data_iter *it)
 #define STATE_VERSION 1u
 
 keel_status
-keel_data_iter_get_state(const keel_data_iter *it, void *buf, size_t size,
+keel_data_iter_state(const keel_data_iter *it, void *buf, size_t size,
                          size_t *len)
 {
     uint8_t *p = buf;

@@ -27,7 +27,7 @@ keel_train_profile_enable(int on)
 }
 
 void
-keel_train_profile_get(keel_train_profile *p)
+keel_train_get_profile(keel_train_profile *p)
 {
     if (p != NULL) {
         *p = keel__prof;
@@ -51,7 +51,7 @@ keel_train_set_threads(int n)
 }
 
 int
-keel_train_get_threads(void)
+keel_train_threads(void)
 {
     return openblas_get_num_threads();
 }

@@ -12,7 +12,7 @@
 #include "../core/core_int.h"
 
 /* ---- profiling: the model's counters (the core's are in core_int.h;
- * keel_train_profile_get adds them) ---- */
+ * keel_train_get_profile adds them) ---- */
 extern keel_train_profile keel__prof;
 #define KEEL__PROF_END(field) \
     do { if (keel__prof_on) keel__prof.field += keel__prof_now() - prof_t0_; } \

@@ -121,8 +121,8 @@ typedef enum keel_restore_mode {
     KEEL_RESTORE_PARTIAL      /* missing variables keep their initializer */
 } keel_restore_mode;
 
-typedef struct keel_restore_opts {
-    uint32_t struct_size;     /* set by keel_restore_opts_init() */
+typedef struct keel_restore_config {
+    uint32_t struct_size;     /* set by keel_restore_config_init() */
     keel_restore_mode mode;   /* default KEEL_RESTORE_STRICT */
     /* Renames for layers renamed since the save: "old/name=new/name". */
     const char *const *name_map;
@@ -133,10 +133,10 @@ typedef struct keel_restore_opts {
      * left as they are. NULL: every variable. Caller owns. A bad regex is
      * KEEL_EINVAL naming it. */
     const char *only_vars;
-} keel_restore_opts;
+} keel_restore_config;
 
 /* Strict, no renames, slots restored. Cannot fail. */
-void keel_restore_opts_init(keel_restore_opts *opts);
+void keel_restore_config_init(keel_restore_config *opts);
 
 /* What a restore found. */
 typedef struct keel_restore_report {
@@ -154,7 +154,7 @@ typedef struct keel_restore_report {
  * NULL (strict, no report). On failure the store may be partly written but
  * the error says so; callers re-initialize or fail. */
 keel_status keel_ckpt_restore(const char *path, keel_vars *vs,
-                              const keel_restore_opts *opts,
+                              const keel_restore_config *opts,
                               keel_restore_report *report);
 
 /* keel_ckpt_latest and keel_ckpt_restore in one pass over the data: the
@@ -166,7 +166,7 @@ keel_status keel_ckpt_restore(const char *path, keel_vars *vs,
  * receives the file restored. KEEL_ENOTFOUND when nothing restores. */
 keel_status keel_ckpt_restore_latest(const char *dir, const char *basename,
                                      keel_vars *vs,
-                                     const keel_restore_opts *opts,
+                                     const keel_restore_config *opts,
                                      keel_restore_report *report, char *path,
                                      size_t path_size);
 

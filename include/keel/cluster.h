@@ -62,17 +62,17 @@ keel_status keel_cluster_spec_from_env(keel_cluster_spec **out);
  * SLURM_STEP_TASKS_PER_NODE (else SLURM_TASKS_PER_NODE; else tasks are
  * spread evenly in block order). The first num_ps ranks are ps, the rest
  * workers (worker 0 is chief); task k on a host listens on port_base + k. */
-typedef struct keel_cluster_slurm_options {
-    /* set by keel_cluster_slurm_options_init() */
+typedef struct keel_cluster_slurm_config {
+    /* set by keel_cluster_slurm_config_init() */
     uint32_t struct_size;
     int num_ps;              /* >= 0; default 1 */
     int port_base;           /* default (and 0) 8888 */
     char *const *env;        /* "K=V" list, NULL-terminated; NULL: environ */
-} keel_cluster_slurm_options;
+} keel_cluster_slurm_config;
 /* The defaults above. Cannot fail. */
-void keel_cluster_slurm_options_init(keel_cluster_slurm_options *opt);
+void keel_cluster_slurm_config_init(keel_cluster_slurm_config *opt);
 keel_status keel_cluster_spec_from_slurm(
-    const keel_cluster_slurm_options *opt, keel_cluster_spec **out);
+    const keel_cluster_slurm_config *opt, keel_cluster_spec **out);
 
 /* Expand a Slurm host list ("node[01-04,07],gpu2") into a NUL-separated
  * list in buf ("node01\0node02\0..."), count in *n. KEEL_EINVAL naming the

@@ -109,11 +109,11 @@ void keel_algorithm_config_init(keel_algorithm_config *cfg,
                                 keel_algorithm name);
 
 /* Options of a cluster task (ps, chief or worker). Fill with
- * keel_cluster_options_init() (the defaults below; the INI [cluster] and
+ * keel_cluster_config_init() (the defaults below; the INI [cluster] and
  * [security] keys of `keel train` have the same defaults), then change
  * what you need. Every task of one cluster should use the same options. */
-typedef struct keel_cluster_options {
-    uint32_t struct_size;         /* set by keel_cluster_options_init() */
+typedef struct keel_cluster_config {
+    uint32_t struct_size;         /* set by keel_cluster_config_init() */
     /* The update rule the ps apply to the aggregated gradients (keel's
      * optimizers by kind and hyper-parameters; copied). Its slots live on
      * the ps, are pulled into the chief's variable store before each of
@@ -195,10 +195,10 @@ typedef struct keel_cluster_options {
     /* Sync mode: the replicas a step aggregates, overriding the spec's
      * (e.g. only the replicas that push gradients); 0: the spec's. */
     int replicas_to_aggregate;
-} keel_cluster_options;
+} keel_cluster_config;
 
 /* The defaults above. Cannot fail. */
-void keel_cluster_options_init(keel_cluster_options *opts);
+void keel_cluster_config_init(keel_cluster_config *opts);
 
 /* The ps task of spec (which must be a validated spec whose task is a
  * ps): hold this ps's shard of vars (borrowed for the call; only its
@@ -210,7 +210,7 @@ void keel_cluster_options_init(keel_cluster_options *opts);
  * opts->orphan_secs without the chief (KEEL_EUNAVAILABLE). With
  * opts->chief_applies, opts->optimizer may be NULL. */
 keel_status keel_ps_run(const keel_cluster_spec *spec, const keel_vars *vars,
-                        const keel_cluster_options *opts);
+                        const keel_cluster_config *opts);
 
 /* A chief's or worker's link to every ps. Opaque; used by one session at
  * a time. */
@@ -224,7 +224,7 @@ typedef struct keel_cluster_backend keel_cluster_backend;
  * keel_cluster_backend_free(). */
 keel_status keel_cluster_backend_new(const keel_cluster_spec *spec,
                                      keel_vars *vars,
-                                     const keel_cluster_options *opts,
+                                     const keel_cluster_config *opts,
                                      keel_cluster_backend **out);
 /* Stop the heartbeats and close the sockets (logs the per-step timing).
  * Does not stop the ps. NULL is a no-op. */
@@ -240,7 +240,8 @@ void keel_cluster_backend_free(keel_cluster_backend *b);
  * makes the step recoverable; before each checkpoint the chief pulls every
  * variable, slot and the global step; at a clean end the chief stops the
  * ps (opts->shutdown_at_end). *out is valid while b lives. */
-void keel_cluster_backend_get(keel_cluster_backend *b, keel_backend *out);
+void keel_cluster_backend_session_backend(keel_cluster_backend *b,
+                                          keel_backend *out);
 
 /* The chief: copy every variable, slot and the global step from the ps
  * into vars now (what a checkpoint save does first). */
@@ -273,7 +274,7 @@ keel_status keel_cluster_backend_set_micro(keel_cluster_backend *b,
  * local spec (train alone). A cluster of only a chief is local too. The
  * spec is validated: KEEL_EINVAL lists every problem. Caller owns *out:
  * keel_cluster_spec_free(). */
-keel_status keel_cluster_spec_detect(const keel_cluster_options *opts,
+keel_status keel_cluster_spec_detect(const keel_cluster_config *opts,
                                      keel_cluster_spec **out);
 
 /* ---- all-reduce (train.strategy = multi_worker_mirrored) ------------------
@@ -328,7 +329,7 @@ keel_status keel_collective_barrier(keel_collective *c);
  * keel_collective_new; the chief (rank 0) publishes its restored or
  * initialized state by broadcast, the other ranks (session workers with no
  * checkpoint directory) take it as their fetch. *out valid while c lives. */
-void keel_collective_get_backend(keel_collective *c, keel_backend *out);
+void keel_collective_session_backend(keel_collective *c, keel_backend *out);
 /* Restore the signal handlers and MPI_Finalize (when this handle
  * initialized MPI and the session ended without an error: a failed rank
  * exits without it, and the launcher ends the others). NULL is a no-op. */

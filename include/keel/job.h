@@ -44,8 +44,8 @@ typedef struct keel_job_epoch {
     char checkpoint[1024];    /* the end-of-epoch checkpoint saved, or "" */
 } keel_job_epoch;
 
-typedef struct keel_job_options {
-    uint32_t struct_size;          /* set by keel_job_options_init() */
+typedef struct keel_job_config {
+    uint32_t struct_size;          /* set by keel_job_config_init() */
     /* Called after every step (NULL: none). */
     void (*progress_fn)(void *ctx, const keel_job_progress *p);
     void *progress_ctx;
@@ -59,11 +59,11 @@ typedef struct keel_job_options {
      * local spec: one process. ps: serve a shard until the chief's
      * shutdown; chief/worker: a training replica (docs/cluster.md). */
     const keel_cluster_spec *cluster;
-} keel_job_options;
+} keel_job_config;
 
 /* All zero but struct_size: no callbacks, no signal handlers, one
  * process. Cannot fail. */
-void keel_job_options_init(keel_job_options *opts);
+void keel_job_config_init(keel_job_config *opts);
 
 /* What a finished run reports. */
 typedef struct keel_job_result {
@@ -85,7 +85,7 @@ typedef struct keel_job_result {
  * end of input); the final checkpoint is then written. opts and result may
  * be NULL. */
 keel_status keel_job_train(const keel_config *cfg,
-                           const keel_job_options *opts,
+                           const keel_job_config *opts,
                            keel_job_result *result);
 
 /* The K-FAC role of replica `replica` (0: the chief; worker i: i + 1) of a
@@ -120,8 +120,8 @@ keel_status keel_job_eval_progress(const keel_config *cfg,
 
 /* The TF_CONFIG evaluator task (TF's Estimator evaluator): watch
  * checkpoint.dir and evaluate each new checkpoint on the test set. */
-typedef struct keel_evaluator_options {
-    uint32_t struct_size;          /* set by keel_evaluator_options_init() */
+typedef struct keel_evaluator_config {
+    uint32_t struct_size;          /* set by keel_evaluator_config_init() */
     /* Return after evaluating a checkpoint at or past this step; 0: the
      * config's last training step (train.max_steps / train.epochs). */
     int64_t final_step;
@@ -135,7 +135,7 @@ typedef struct keel_evaluator_options {
     /* Called after each evaluation (NULL: none); borrowed for the call. */
     void (*result_fn)(void *ctx, const keel_eval_result *r);
     void *ctx;
-} keel_evaluator_options;
+} keel_evaluator_config;
 
 typedef struct keel_evaluator_result {
     int64_t evaluated;        /* checkpoints evaluated */
@@ -145,7 +145,7 @@ typedef struct keel_evaluator_result {
 } keel_evaluator_result;
 
 /* All zero but struct_size: the defaults above. Cannot fail. */
-void keel_evaluator_options_init(keel_evaluator_options *opts);
+void keel_evaluator_config_init(keel_evaluator_config *opts);
 
 /* Evaluate every new checkpoint in cfg's checkpoint.dir (the newest when
  * several arrived during one evaluation) until the final step's checkpoint
@@ -156,7 +156,7 @@ void keel_evaluator_options_init(keel_evaluator_options *opts);
  * eval/loss and eval/accuracy to TensorBoard event files in
  * <checkpoint.dir>/eval/. opts and result may be NULL. */
 keel_status keel_job_run_evaluator(const keel_config *cfg,
-                                   const keel_evaluator_options *opts,
+                                   const keel_evaluator_config *opts,
                                    keel_evaluator_result *result);
 
 /* Load the config a checkpoint was saved with (its /meta config text) into

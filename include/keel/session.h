@@ -154,7 +154,7 @@ typedef struct keel_backend {
 /* A struct_size that ends before before_save (a backend compiled before
  * those members existed) is accepted: the missing members are NULL. 0
  * (not filled by keel_backend_init or a getter such as
- * keel_cluster_backend_get) is KEEL_EINVAL naming the backend. */
+ * keel_cluster_backend_session_backend) is KEEL_EINVAL naming the backend. */
 /* All members NULL (local), struct_size set. Cannot fail. */
 void keel_backend_init(keel_backend *be);
 
@@ -167,7 +167,7 @@ typedef struct keel_session_manager_config {
     keel_vars *vars;                  /* borrowed; required */
     const keel_scaffold *scaffold;    /* copied; NULL: keel_scaffold_init */
     const char *checkpoint_dir;       /* NULL: never restore */
-    const keel_restore_opts *restore_opts; /* copied; NULL: strict */
+    const keel_restore_config *restore_config; /* copied; NULL: strict */
     const keel_backend *backend;      /* copied; NULL: local */
     int recovery_wait_ms;             /* worker retry interval; 0: 50 */
     /* After every restore: the checkpoint's metadata with blobs (data
@@ -312,7 +312,7 @@ typedef struct keel_session_config {
     /* After every restore: the restored checkpoint's info and blobs. */
     keel_status (*restore_fn)(void *ctx, const keel_ckpt_info *info);
     void *restore_ctx;
-    const keel_restore_opts *restore_opts;    /* copied */
+    const keel_restore_config *restore_config;    /* copied */
     /* 0 (default): gradients are zeroed before every step. 1: not (the step
      * overwrites every gradient; saves one pass over them per step). */
     int skip_grad_zeroing;

@@ -90,7 +90,7 @@ typedef struct keel_training_config {
     /* The update rule as one of keel's optimizers (copied; NULL: the
      * session's updater). Alone, the session applies it to session.vars
      * with its slots there (session.updater must be unset); on a cluster
-     * the ps apply it (keel_cluster_options.optimizer) and the chief's
+     * the ps apply it (keel_cluster_config.optimizer) and the chief's
      * checkpoints hold the slots. */
     const struct keel_optimizer_config *optimizer;
     /* The cluster (MonitoredTrainingSession's master/is_chief): a
@@ -99,9 +99,9 @@ typedef struct keel_training_config {
      * (keel_cluster_spec_detect: TF_CONFIG, else Slurm, else alone). A
      * local spec (no tasks, or only a chief) trains alone. Otherwise the
      * session makes a cluster backend (keel/distributed.h) with
-     * cluster_options (NULL: the defaults) and
+     * cluster_config (NULL: the defaults) and
      * frees it with the session; session.is_chief is replaced by the
-     * spec's, session.max_wait_secs by cluster_options' max_wait_secs
+     * spec's, session.max_wait_secs by cluster_config' max_wait_secs
      * (the cluster's one wait for its chief), a worker
      * writes no checkpoints, the chief pulls before each save and stops
      * the ps at a clean end. A ps task is an error (KEEL_EINVAL): it runs
@@ -110,14 +110,14 @@ typedef struct keel_training_config {
      * must then be NULL. */
     const struct keel_cluster_spec *cluster;
     int cluster_from_env;
-    const struct keel_cluster_options *cluster_options;
+    const struct keel_cluster_config *cluster_config;
     /* The strategy (default auto: parameter_server with a cluster, else
      * one_device). one_device and mirrored train in this process and
      * refuse a cluster with tasks; parameter_server needs one;
      * mirrored runs session.step on session.replicas threads (set it:
      * its default 1 is one replica); the others need session.replicas 1.
      * multi_worker_mirrored needs session.backend set from
-     * keel_collective_get_backend (keel/distributed.h) and no cluster. */
+     * keel_collective_session_backend (keel/distributed.h) and no cluster. */
     keel_strategy strategy;
 } keel_training_config;
 
@@ -150,8 +150,8 @@ typedef struct keel_supervisor_config {
     void *restore_ctx;
     keel_clock clock;
     /* Where shared state lives (copied; NULL: local). With a cluster
-     * backend (keel_cluster_backend_get) the chief initializes or restores
-     * and publishes, workers wait for it (every recovery_wait_ms at most,
+     * backend (keel_cluster_backend_session_backend) the chief initializes
+     * or restores and publishes, workers wait for it (every recovery_wait_ms at most,
      * else on the chief's event), steps push to the ps (SyncReplicas in
      * sync mode), the chief's checkpoints pull first, and the chief's
      * keel_supervisor_stop stops the ps. Set is_chief from the spec

@@ -362,7 +362,7 @@ int64_t keel_data_iter_steps_per_epoch(const keel_data_iter *it);
 /* The position as a versioned little-endian blob of
  * KEEL_DATA_ITER_STATE_BYTES: magic, version, epoch, offset, seed,
  * dataset count. Set checks all of them (KEEL_ECORRUPT/EINVAL). */
-keel_status keel_data_iter_get_state(const keel_data_iter *it, void *buf,
+keel_status keel_data_iter_state(const keel_data_iter *it, void *buf,
                                      size_t size, size_t *len);
 keel_status keel_data_iter_set_state(keel_data_iter *it, const void *buf,
                                      size_t len);
@@ -371,7 +371,7 @@ keel_status keel_data_iter_set_state(keel_data_iter *it, const void *buf,
 
 /* OpenBLAS thread count (n >= 1) and kernel name ("Haswell", "SkylakeX"). */
 void keel_train_set_threads(int n);
-int keel_train_get_threads(void);
+int keel_train_threads(void);
 const char *keel_train_blas_corename(void);
 
 /* Process-wide time split of model steps and optimizer updates, collected
@@ -387,7 +387,7 @@ typedef struct keel_train_profile {
     int64_t kfac_precond_ns;/* the preconditioned update */
 } keel_train_profile;
 void keel_train_profile_enable(int on);
-void keel_train_profile_get(keel_train_profile *p);
+void keel_train_get_profile(keel_train_profile *p);
 void keel_train_profile_reset(void);
 
 #ifdef __cplusplus

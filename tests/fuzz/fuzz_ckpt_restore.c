@@ -30,7 +30,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const char *path = fuzz_write(0, "model.ckpt-1.h5", data, size);
     keel_ckpt_entry *entries = NULL;
     keel_ckpt_info *info = NULL;
-    keel_restore_opts opts;
+    keel_restore_config opts;
     keel_vars *vs;
     size_t n;
     if (keel_ckpt_list(path, &entries, &n) == KEEL_OK)
@@ -42,7 +42,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     (void)keel_ckpt_restore(path, vs, NULL, NULL);
     keel_vars_free(vs);
     vs = make_store();
-    keel_restore_opts_init(&opts);
+    keel_restore_config_init(&opts);
     opts.mode = KEEL_RESTORE_PARTIAL;
     (void)keel_ckpt_restore(path, vs, &opts, NULL);
     keel_vars_free(vs);

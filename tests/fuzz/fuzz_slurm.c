@@ -19,7 +19,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     static char hosts[(size_t)65536 * 32];
     char *text, *p, *env_store[4];
     char *env[5] = { NULL };
-    keel_cluster_slurm_options opt;
+    keel_cluster_slurm_config opt;
     keel_cluster_spec *spec = NULL;
     size_t n_env = 0, n_hosts;
     if (size < 1)
@@ -43,7 +43,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                                                &n_hosts);
         p = nl != NULL ? nl + 1 : NULL;
     }
-    keel_cluster_slurm_options_init(&opt);
+    keel_cluster_slurm_config_init(&opt);
     opt.num_ps = data[0] % 4;
     opt.env = env;
     if (keel_cluster_spec_from_slurm(&opt, &spec) == KEEL_OK) {
