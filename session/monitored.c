@@ -683,7 +683,7 @@ optimizer_apply(void *ctx, keel_vars *vs, keel_grads *grads,
 keel_updater
 keel_optimizer_updater(keel_optimizer *opt)
 {
-    keel_updater u = { opt, optimizer_apply };
+    keel_updater u = { opt, optimizer_apply, KEEL_UPDATER_OPTIMIZER };
     return u;
 }
 
@@ -1161,7 +1161,8 @@ apply_update(keel_session *s, int64_t gs)
     keel_status st = KEEL_OK;
     if (s->st.is_applied)
         return KEEL_OK;
-    if (s->updater.apply == optimizer_apply && s->rep != NULL)
+    if (s->updater.kind == KEEL_UPDATER_OPTIMIZER && s->updater.apply != NULL
+        && s->rep != NULL)
         st = keel__optimizer_apply_pooled(s->updater.ctx, s->vars, s->grads,
                                           gs, 0, s->rep->pool);
     else if (s->updater.apply != NULL)

@@ -240,6 +240,7 @@ START_TEST(test_optimizer_updater_applies_the_optimizer)
     base_cfg(&c, &sc, NULL, 0);
     c.updater = keel_optimizer_updater(opt);
     ck_assert_ptr_eq(c.updater.ctx, opt);
+    ck_assert_int_eq(c.updater.kind, KEEL_UPDATER_OPTIMIZER);
     ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
     w0 = keel_var_tensor(keel_vars_find(vs, "w"))->data[0];
     for (int i = 0; i < 3; i++)

@@ -64,10 +64,20 @@ int keel_step_num_replicas(const keel_step *st);
  * keel_vars_global_step(vs) unchanged the session increments it; if apply
  * sets it (a parameter-server updater reporting the shared step), that value
  * is kept. */
+typedef enum keel_updater_kind {
+    KEEL_UPDATER_CUSTOM = 0,    /* apply is the caller's (zero-initialized) */
+    KEEL_UPDATER_OPTIMIZER      /* keel_optimizer_updater's: ctx is the
+                                 * keel_optimizer, which the session may
+                                 * run on its replicas' threads */
+} keel_updater_kind;
+
 typedef struct keel_updater {
     void *ctx;
     keel_status (*apply)(void *ctx, keel_vars *vs, keel_grads *grads,
                          int64_t global_step);
+    /* Set by the constructor (keel_optimizer_updater); an updater the
+     * caller fills is KEEL_UPDATER_CUSTOM, the zero value. */
+    keel_updater_kind kind;
 } keel_updater;
 
 /* An updater that applies one of keel's optimizers
