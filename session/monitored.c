@@ -700,6 +700,9 @@ sn_check_config(const keel_session_config *cfg)
     if (cfg->n_hooks > 0 && cfg->hooks == NULL)
         return keel__fail(KEEL_EINVAL, "session: n_hooks %zu but hooks NULL",
                           cfg->n_hooks);
+    if (cfg->scaffold != NULL
+        && (st = KEEL__STRUCT_CHECK(cfg->scaffold, keel_scaffold)) != KEEL_OK)
+        return keel__wrap(st, "session: scaffold");
     if (cfg->max_recovery_attempts < 0 || cfg->backoff_ms < 0
         || cfg->backoff_max_ms < 0)
         return keel__fail(KEEL_EINVAL, "session: negative recovery setting");
@@ -1428,7 +1431,7 @@ keel_session_request_stop(keel_session *s, const char *why)
 keel_status
 keel_session_collect_meta(keel_session *s, keel_ckpt_meta *meta)
 {
-    memset(meta, 0, sizeof *meta);
+    keel_ckpt_meta_init(meta);
     if (s->meta_fn == NULL)
         return KEEL_OK;
     return s->meta_fn(s->meta_ctx, meta);

@@ -92,9 +92,10 @@ keel_updater keel_optimizer_updater(keel_optimizer *opt);
 /* What to run to make the model ready (TF's Scaffold). A NULL member means
  * "none" (as TF's None): ready NULL means always ready. Fill it with
  * keel_scaffold_init() (TF's default behaviour and saver settings) before
- * changing members; a scaffold whose saver was not initialized is refused
- * (KEEL_EINVAL). */
+ * changing members; a scaffold (or its saver) that keel_scaffold_init did
+ * not fill is refused (KEEL_EINVAL naming keel_scaffold_init). */
 typedef struct keel_scaffold {
+    uint32_t struct_size;     /* set by keel_scaffold_init() */
     void *ctx;
     /* Global init: runs only when nothing was restored. */
     keel_status (*init)(void *ctx, keel_vars *vs);
