@@ -120,6 +120,7 @@ void
 keel_session_manager_config_init(keel_session_manager_config *cfg)
 {
     KEEL__STRUCT_INIT(cfg);
+    cfg->recovery_wait_ms = KEEL__DEFAULT_RETRY_MS;
 }
 
 keel_status
