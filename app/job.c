@@ -1521,14 +1521,14 @@ replica_session(job *j, keel_training_config *tc, const keel_backend *backend,
     position->name = "data_position";
     position->ctx = j;
     position->after_create_session = position_after_create;
-    tc->session.backend = backend;
+    tc->session.manager.backend = backend;
     if (backend->updater.apply != NULL)
         memset(&tc->session.updater, 0, sizeof tc->session.updater);
     tc->session.n_hooks = n_hooks + 1;
     tc->session.is_chief = is_chief;
     if (!is_chief) {
-        tc->session.checkpoint_dir = NULL;
-        tc->session.warm_start_from = NULL;     /* the chief's to apply */
+        tc->session.manager.checkpoint_dir = NULL;
+        tc->session.manager.warm_start_from = NULL; /* the chief's to apply */
     }
 }
 
@@ -1616,22 +1616,22 @@ session_config_from(const keel_config *cfg, job *j, keel_scaffold *sc,
     sc->saver.is_async = keel_config_bool(cfg, "checkpoint.async");
 
     keel_training_config_init(tc);
-    tc->session.vars = j->vs;
+    tc->session.manager.vars = j->vs;
     tc->session.step = job_step;
     tc->session.step_ctx = j;
     tc->session.updater.ctx = j;
     tc->session.updater.apply = job_apply;
-    tc->session.scaffold = sc;
+    tc->session.manager.scaffold = sc;
     tc->session.meta_fn = job_meta;
     tc->session.meta_ctx = j;
-    tc->session.restore_fn = job_restore;
-    tc->session.restore_ctx = j;
-    tc->session.checkpoint_dir = keel_config_str(cfg, "checkpoint.dir");
+    tc->session.manager.restore_fn = job_restore;
+    tc->session.manager.restore_ctx = j;
+    tc->session.manager.checkpoint_dir = keel_config_str(cfg, "checkpoint.dir");
     if (keel_config_str(cfg, "checkpoint.warm_start_from")[0] != '\0')
-        tc->session.warm_start_from =
+        tc->session.manager.warm_start_from =
             keel_config_str(cfg, "checkpoint.warm_start_from");
     if (keel_config_str(cfg, "checkpoint.warm_start_vars")[0] != '\0')
-        tc->session.warm_start_vars =
+        tc->session.manager.warm_start_vars =
             keel_config_str(cfg, "checkpoint.warm_start_vars");
     tc->save_checkpoint_steps = every > 0 ? every : 0;
     tc->save_checkpoint_secs = every > 0 ? 0 : secs;
@@ -2119,8 +2119,8 @@ train_open(train_run *r, keel_session **out)
     keel_status st;
 
     *out = NULL;
-    if (r->tc.session.checkpoint_dir != NULL &&
-        (st = keel__fs_mkdirs(r->tc.session.checkpoint_dir)) != KEEL_OK)
+    if (r->tc.session.manager.checkpoint_dir != NULL &&
+        (st = keel__fs_mkdirs(r->tc.session.manager.checkpoint_dir)) != KEEL_OK)
         return st;
     st = keel_training_session_new(&r->tc, &s);
     if (st == KEEL_EOUTOFRANGE && r->in_cluster && !r->is_chief) {

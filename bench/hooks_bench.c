@@ -200,13 +200,13 @@ training_config_fill(keel_training_config *cfg, const hooks_opts *o,
                      keel_vars *vs, keel_hook *extra, const char *dir)
 {
     keel_training_config_init(cfg);
-    cfg->session.vars = vs;
+    cfg->session.manager.vars = vs;
     cfg->session.step = linear_step;
     cfg->session.updater.apply = sgd;
     cfg->session.hooks = extra;
     cfg->session.n_hooks = o->has_extra ? 3 : 0;
     cfg->session.skip_grad_zeroing = o->skip_zero; // the step writes them all
-    cfg->session.checkpoint_dir = dir;
+    cfg->session.manager.checkpoint_dir = dir;
     /* Default hooks present but not triggering inside the timed loops. */
     if (o->ckpt_secs > 0)
         cfg->save_checkpoint_secs = o->ckpt_secs;

@@ -1104,11 +1104,20 @@ stage_at(size_t off, size_t n)
     return (off + a - 1) & ~(a - 1);
 }
 
+void
+keel_ckpt_meta_init(keel_ckpt_meta *meta)
+{
+    KEEL__STRUCT_INIT(meta);
+}
+
 static keel_status
 check_meta(const keel_ckpt_meta *meta)
 {
+    keel_status st;
     if (meta == NULL)
         return KEEL_OK;
+    if ((st = KEEL__STRUCT_CHECK(meta, keel_ckpt_meta)) != KEEL_OK)
+        return keel__wrap(st, "checkpoint meta");
     if (meta->n_blobs > KEEL_CKPT_MAX_BLOBS)
         return keel__fail(KEEL_EINVAL, "checkpoint meta: %zu blobs, at most "
                           "%d", meta->n_blobs, KEEL_CKPT_MAX_BLOBS);

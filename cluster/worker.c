@@ -1,8 +1,8 @@
 /* worker.c - the worker backend (keel_cluster_backend): a chief's or
  * worker's clients of every ps and their heartbeats, the session backend
- * over them (keel_cluster_backend_session_backend: the step in worker_push.c, HELLO,
- * INIT and pulls in worker_pull.c), the end of a replica's session, and
- * the public calls of any training task. */
+ * over them (keel_cluster_backend_session_backend: the step in
+ * worker_push.c, HELLO, INIT and pulls in worker_pull.c), the end of a
+ * replica's session, and the public calls of any training task. */
 #include <config.h>
 
 #include <stdint.h>

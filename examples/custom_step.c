@@ -142,7 +142,7 @@ main(int argc, char **argv)
         goto out;
 
     keel_training_config_init(&cfg);          /* TF's defaults */
-    cfg.session.vars = vs;
+    cfg.session.manager.vars = vs;
     cfg.session.step = step;
     cfg.session.step_ctx = &d;
     cfg.session.hooks = &stop;
@@ -150,7 +150,7 @@ main(int argc, char **argv)
     cfg.optimizer = &sgd;                     /* here, or on the ps */
     cfg.cluster = cluster;                    /* local: trains alone */
     cfg.cluster_config = &copts;
-    cfg.session.checkpoint_dir = dir;         /* the chief's */
+    cfg.session.manager.checkpoint_dir = dir; /* the chief's */
     cfg.save_checkpoint_steps = 50;
     cfg.log_step_count_steps = 100;
     st = keel_training_session_new(&cfg, &s);

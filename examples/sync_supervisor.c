@@ -161,18 +161,18 @@ main(int argc, char **argv)
     }
 
     keel_supervisor_config_init(&cfg);
-    cfg.vars = vs;
-    cfg.step = step;
-    cfg.step_ctx = &r;
-    cfg.logdir = logdir;                     /* the chief's checkpoints */
-    cfg.save_model_secs = 600;
-    cfg.recovery_wait_ms = 10;               /* recovery_wait_secs ~ 0 */
+    cfg.session.manager.vars = vs;
+    cfg.session.step = step;
+    cfg.session.step_ctx = &r;
+    cfg.session.manager.checkpoint_dir = logdir; /* the chief's */
+    cfg.save_checkpoint_secs = 600;
+    cfg.session.manager.recovery_wait_ms = 10;   /* recovery_wait_secs */
     r.replicas = 1;
     if (keel_cluster_spec_is_local(spec)) {  /* alone: apply here */
         st = keel_optimizer_new(&adagrad, &local_opt);
         if (st == KEEL_OK)
             st = keel_optimizer_prepare(local_opt, vs);
-        cfg.updater = keel_optimizer_updater(local_opt);  /* same rule */
+        cfg.session.updater = keel_optimizer_updater(local_opt);  /* same */
     } else {
         /* replica 0 is the chief, then worker 0, 1, ... */
         r.replicas = keel_cluster_spec_num_replicas(spec);
@@ -187,8 +187,8 @@ main(int argc, char **argv)
         st = keel_cluster_backend_new(spec, vs, &copts, &cluster);
         if (st == KEEL_OK)
             keel_cluster_backend_session_backend(cluster, &backend);
-        cfg.backend = &backend;
-        cfg.is_chief = keel_cluster_spec_is_chief(spec);
+        cfg.session.manager.backend = &backend;
+        cfg.session.is_chief = keel_cluster_spec_is_chief(spec);
     }
     if (st == KEEL_OK)
         st = keel_supervisor_new(&cfg, &sv);

@@ -106,7 +106,7 @@ default_ready_for_local_init(void *ctx, const keel_vars *vs, char *missing,
 void
 keel_scaffold_init(keel_scaffold *sc)
 {
-    memset(sc, 0, sizeof *sc);
+    KEEL__STRUCT_INIT(sc);
     sc->init = default_init;
     sc->ready = default_ready;
     sc->ready_for_local_init = default_ready_for_local_init;
@@ -120,6 +120,7 @@ void
 keel_session_manager_config_init(keel_session_manager_config *cfg)
 {
     KEEL__STRUCT_INIT(cfg);
+    cfg->recovery_wait_ms = KEEL__DEFAULT_RETRY_MS;
 }
 
 keel_status
@@ -138,6 +139,9 @@ keel_session_manager_new(const keel_session_manager_config *cfg,
         && (st = KEEL__STRUCT_CHECK(cfg->restore_config, keel_restore_config))
            != KEEL_OK)
         return keel__wrap(st, "session manager: restore_config");
+    if (cfg->scaffold != NULL
+        && (st = KEEL__STRUCT_CHECK(cfg->scaffold, keel_scaffold)) != KEEL_OK)
+        return keel__wrap(st, "session manager: scaffold");
     if (cfg->scaffold != NULL
         && (st = KEEL__STRUCT_CHECK(&cfg->scaffold->saver, keel_saver_config))
            != KEEL_OK)

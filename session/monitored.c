@@ -398,9 +398,9 @@ void
 keel_session_config_init(keel_session_config *cfg)
 {
     KEEL__STRUCT_INIT(cfg);
+    keel_session_manager_config_init(&cfg->manager);
     cfg->is_chief = 1;
     cfg->max_wait_secs = KEEL__DEFAULT_MAX_WAIT_SECS;
-    cfg->recovery_wait_ms = KEEL__DEFAULT_RETRY_MS;
     cfg->max_recovery_attempts = 8;
     cfg->backoff_ms = KEEL__DEFAULT_RETRY_MS;
     cfg->backoff_max_ms = 5000;
@@ -683,7 +683,7 @@ optimizer_apply(void *ctx, keel_vars *vs, keel_grads *grads,
 keel_updater
 keel_optimizer_updater(keel_optimizer *opt)
 {
-    keel_updater u = { opt, optimizer_apply };
+    keel_updater u = { opt, optimizer_apply, KEEL_UPDATER_OPTIMIZER };
     return u;
 }
 
@@ -695,19 +695,23 @@ sn_check_config(const keel_session_config *cfg)
         return keel__fail(KEEL_EINVAL, "session: config is NULL");
     if ((st = KEEL__STRUCT_CHECK(cfg, keel_session_config)) != KEEL_OK)
         return keel__wrap(st, "session");
-    if (cfg->vars == NULL || cfg->step == NULL)
+    if (cfg->manager.vars == NULL || cfg->step == NULL)
         return keel__fail(KEEL_EINVAL, "session: config needs vars and step");
     if (cfg->n_hooks > 0 && cfg->hooks == NULL)
         return keel__fail(KEEL_EINVAL, "session: n_hooks %zu but hooks NULL",
                           cfg->n_hooks);
+    if (cfg->manager.scaffold != NULL
+        && (st = KEEL__STRUCT_CHECK(cfg->manager.scaffold, keel_scaffold))
+           != KEEL_OK)
+        return keel__wrap(st, "session: scaffold");
     if (cfg->max_recovery_attempts < 0 || cfg->backoff_ms < 0
         || cfg->backoff_max_ms < 0)
         return keel__fail(KEEL_EINVAL, "session: negative recovery setting");
     if (cfg->replicas < 0 || cfg->replicas > KEEL_MAX_REPLICAS)
         return keel__fail(KEEL_EINVAL, "session: replicas = %d out of range "
                           "(1..%d)", cfg->replicas, KEEL_MAX_REPLICAS);
-    if (cfg->backend != NULL)
-        return keel__backend_check(cfg->backend, "session");
+    if (cfg->manager.backend != NULL)
+        return keel__backend_check(cfg->manager.backend, "session");
     return KEEL_OK;
 }
 
@@ -716,12 +720,12 @@ static void
 sn_take_settings(keel_session *s, const keel_session_config *cfg,
                  int is_recovering)
 {
-    s->vars = cfg->vars;
+    s->vars = cfg->manager.vars;
     s->step = cfg->step;
     s->step_ctx = cfg->step_ctx;
     s->updater = cfg->updater;
-    if (cfg->backend != NULL) {
-        keel__backend_copy(&s->backend, cfg->backend);
+    if (cfg->manager.backend != NULL) {
+        keel__backend_copy(&s->backend, cfg->manager.backend);
         if (s->backend.updater.apply != NULL && cfg->updater.apply != NULL)
             keel__log(KEEL_LOG_WARN, "session: the updater given is not "
                       "used: backend '%s' applies the updates (on a "
@@ -801,17 +805,17 @@ sn_open_saver(keel_session *s, const keel_session_config *cfg)
 {
     keel_saver_config sc;
     keel_status st;
-    if (cfg->checkpoint_dir == NULL)
+    if (cfg->manager.checkpoint_dir == NULL)
         return KEEL_OK;
-    if (cfg->scaffold != NULL)
-        sc = cfg->scaffold->saver;
+    if (cfg->manager.scaffold != NULL)
+        sc = cfg->manager.scaffold->saver;
     else
         keel_saver_config_init(&sc);
-    sc.dir = cfg->checkpoint_dir;
+    sc.dir = cfg->manager.checkpoint_dir;
     st = keel__ckpt->saver_new(&sc, &s->saver);
     if (st != KEEL_OK)
         return keel__wrap(st, "session: open checkpoint dir %s",
-                          cfg->checkpoint_dir);
+                          cfg->manager.checkpoint_dir);
     return KEEL_OK;
 }
 
@@ -820,24 +824,12 @@ sn_open_saver(keel_session *s, const keel_session_config *cfg)
 static keel_status
 sn_make_creator(keel_session *s, const keel_session_config *cfg)
 {
-    keel_session_manager_config mc;
     keel_status st;
     if (cfg->creator.create != NULL) {
         s->creator = cfg->creator;
         return KEEL_OK;
     }
-    keel_session_manager_config_init(&mc);
-    mc.vars = cfg->vars;
-    mc.scaffold = cfg->scaffold;
-    mc.checkpoint_dir = cfg->checkpoint_dir;
-    mc.restore_config = cfg->restore_config;
-    mc.backend = cfg->backend;
-    mc.recovery_wait_ms = cfg->recovery_wait_ms;
-    mc.restore_fn = cfg->restore_fn;
-    mc.restore_ctx = cfg->restore_ctx;
-    mc.warm_start_from = cfg->warm_start_from;
-    mc.warm_start_vars = cfg->warm_start_vars;
-    st = keel_session_manager_new(&mc, &s->sm);
+    st = keel_session_manager_new(&cfg->manager, &s->sm);
     if (st != KEEL_OK)
         return st;
     keel_session_manager_set_max_wait(s->sm, cfg->max_wait_secs);
@@ -1161,7 +1153,8 @@ apply_update(keel_session *s, int64_t gs)
     keel_status st = KEEL_OK;
     if (s->st.is_applied)
         return KEEL_OK;
-    if (s->updater.apply == optimizer_apply && s->rep != NULL)
+    if (s->updater.kind == KEEL_UPDATER_OPTIMIZER && s->updater.apply != NULL
+        && s->rep != NULL)
         st = keel__optimizer_apply_pooled(s->updater.ctx, s->vars, s->grads,
                                           gs, 0, s->rep->pool);
     else if (s->updater.apply != NULL)
@@ -1427,7 +1420,7 @@ keel_session_request_stop(keel_session *s, const char *why)
 keel_status
 keel_session_collect_meta(keel_session *s, keel_ckpt_meta *meta)
 {
-    memset(meta, 0, sizeof *meta);
+    keel_ckpt_meta_init(meta);
     if (s->meta_fn == NULL)
         return KEEL_OK;
     return s->meta_fn(s->meta_ctx, meta);

@@ -1,6 +1,6 @@
 /* supervisor.c - TF's Supervisor API over the same parts: a
  * non-recovering session from the chief or worker creator, checkpoints every
- * save_model_secs taken at step boundaries (never concurrently with a
+ * save_checkpoint_secs taken at step boundaries (never concurrently with a
  * step, unlike TF's background thread) and a final checkpoint at stop. */
 #include <config.h>
 
@@ -8,14 +8,13 @@
 #include <string.h>
 
 #include <keel/supervise.h>
-#include "defaults.h"
 #include "util.h"
 #include "../session/session_int.h"
 
 struct keel_supervisor {
-    keel_supervisor_config cfg;
-    char *logdir;
-    keel_backend backend;           /* valid when cfg.backend != NULL */
+    keel_supervisor_config cfg;     /* pointers borrowed from the caller's */
+    char *checkpoint_dir;           /* cfg.session.manager.checkpoint_dir */
+    keel_backend backend;           /* cfg.session.manager.backend's copy */
     keel_session *s;
 };
 
@@ -23,15 +22,14 @@ void
 keel_supervisor_config_init(keel_supervisor_config *cfg)
 {
     KEEL__STRUCT_INIT(cfg);
-    cfg->is_chief = 1;
-    cfg->save_model_secs = 600;
-    cfg->recovery_wait_ms = KEEL__DEFAULT_RETRY_MS;
-    cfg->stop_grace_secs = KEEL__DEFAULT_STOP_GRACE_SECS;
+    keel_session_config_init(&cfg->session);
+    cfg->save_checkpoint_secs = 600;
 }
 
 keel_status
 keel_supervisor_new(const keel_supervisor_config *cfg, keel_supervisor **out)
 {
+    const keel_session_config *c;
     keel_supervisor *sv;
     keel_status st;
     if (out != NULL)
@@ -39,27 +37,36 @@ keel_supervisor_new(const keel_supervisor_config *cfg, keel_supervisor **out)
     st = KEEL__CONFIG_CHECK(cfg, out, keel_supervisor_config, "supervisor");
     if (st != KEEL_OK)
         return st;
-    if (cfg->vars == NULL || cfg->step == NULL)
-        return keel__fail(KEEL_EINVAL, "supervisor: config needs vars and "
-                          "step");
-    if (cfg->save_model_secs < 0)
-        return keel__fail(KEEL_EINVAL, "supervisor: save_model_secs %g < 0",
-                          cfg->save_model_secs);
-    if (cfg->backend != NULL &&
-        (st = keel__backend_check(cfg->backend, "supervisor")) != KEEL_OK)
+    c = &cfg->session;
+    if ((st = KEEL__STRUCT_CHECK(c, keel_session_config)) != KEEL_OK)
+        return keel__wrap(st, "supervisor: session");
+    if (c->manager.vars == NULL || c->step == NULL)
+        return keel__fail(KEEL_EINVAL, "supervisor: config needs "
+                          "session.manager.vars and session.step");
+    if (c->n_hooks > 0 || c->creator.create != NULL)
+        return keel__fail(KEEL_EINVAL, "supervisor: session.hooks and "
+                          "session.creator must be unset (the Supervisor "
+                          "makes its own)");
+    if (cfg->save_checkpoint_secs < 0)
+        return keel__fail(KEEL_EINVAL, "supervisor: save_checkpoint_secs "
+                          "%g < 0", cfg->save_checkpoint_secs);
+    if (c->manager.backend != NULL &&
+        (st = keel__backend_check(c->manager.backend, "supervisor"))
+        != KEEL_OK)
         return st;
     sv = calloc(1, sizeof *sv);
     if (sv == NULL)
         return keel__fail(KEEL_ENOMEM, "supervisor");
     sv->cfg = *cfg;
-    if (cfg->logdir != NULL && (sv->logdir = strdup(cfg->logdir)) == NULL) {
+    if (c->manager.checkpoint_dir != NULL
+        && (sv->checkpoint_dir = strdup(c->manager.checkpoint_dir)) == NULL) {
         free(sv);
-        return keel__fail(KEEL_ENOMEM, "supervisor: copy logdir");
+        return keel__fail(KEEL_ENOMEM, "supervisor: copy checkpoint_dir");
     }
-    sv->cfg.logdir = sv->logdir;
-    if (cfg->backend != NULL) {
-        keel__backend_copy(&sv->backend, cfg->backend);
-        sv->cfg.backend = &sv->backend;
+    sv->cfg.session.manager.checkpoint_dir = sv->checkpoint_dir;
+    if (c->manager.backend != NULL) {
+        keel__backend_copy(&sv->backend, c->manager.backend);
+        sv->cfg.session.manager.backend = &sv->backend;
     }
     *out = sv;
     return KEEL_OK;
@@ -78,27 +85,15 @@ keel_supervisor_prepare_or_wait(keel_supervisor *sv, double max_wait_secs)
         keel_session_free(sv->s);
         sv->s = NULL;
     }
-    keel_session_config_init(&sc);
-    sc.vars = sv->cfg.vars;
-    sc.step = sv->cfg.step;
-    sc.step_ctx = sv->cfg.step_ctx;
-    sc.updater = sv->cfg.updater;
-    sc.backend = sv->cfg.backend;
-    sc.is_chief = sv->cfg.is_chief;
-    sc.scaffold = sv->cfg.scaffold;
-    sc.checkpoint_dir = sv->cfg.is_chief ? sv->logdir : NULL;
+    sc = sv->cfg.session;
+    if (!sc.is_chief)
+        sc.manager.checkpoint_dir = NULL;
     sc.max_wait_secs = max_wait_secs;
-    sc.recovery_wait_ms = sv->cfg.recovery_wait_ms;
-    sc.stop_grace_period_secs = sv->cfg.stop_grace_secs;
-    sc.meta_fn = sv->cfg.meta_fn;
-    sc.meta_ctx = sv->cfg.meta_ctx;
-    sc.restore_fn = sv->cfg.restore_fn;
-    sc.restore_ctx = sv->cfg.restore_ctx;
-    if (sv->cfg.is_chief && sv->logdir != NULL
-        && sv->cfg.save_model_secs > 0) {
+    if (sc.is_chief && sv->checkpoint_dir != NULL
+        && sv->cfg.save_checkpoint_secs > 0) {
         keel_ckpt_hook_config hc;
         keel_ckpt_hook_config_init(&hc);
-        hc.save_secs = sv->cfg.save_model_secs;
+        hc.save_secs = sv->cfg.save_checkpoint_secs;
         hc.clock = sv->cfg.clock;
         owned = calloc(1, sizeof *owned);
         if (owned == NULL)
@@ -179,6 +174,6 @@ keel_supervisor_free(keel_supervisor *sv)
     if (sv == NULL)
         return;
     keel_session_free(sv->s);
-    free(sv->logdir);
+    free(sv->checkpoint_dir);
     free(sv);
 }

@@ -82,10 +82,10 @@ check_strategy(const keel_training_config *cfg, int has_cluster,
                           "not a keel_strategy", (int)cfg->strategy);
     if (s == KEEL_STRATEGY_MULTI_WORKER_MIRRORED) {
         /* a cluster and a backend together are refused after this */
-        if (cfg->session.backend == NULL)
+        if (cfg->session.manager.backend == NULL)
             return keel__fail(KEEL_EINVAL, "training session: strategy "
                               "multi_worker_mirrored all-reduces over MPI: "
-                              "set session.backend from "
+                              "set session.manager.backend from "
                               "keel_collective_session_backend");
         return KEEL_OK;
     }
@@ -125,15 +125,15 @@ resolve_cluster(const keel_training_config *cfg, keel_session_config *sc,
     /* a backend of the caller's is shared state elsewhere: a cluster */
     st = check_strategy(cfg, (spec != NULL &&
                               !keel_cluster_spec_is_local(spec)) ||
-                             cfg->session.backend != NULL, sc);
+                             cfg->session.manager.backend != NULL, sc);
     if (st != KEEL_OK)
         return st;
     if (spec != NULL && !keel_cluster_spec_is_local(spec)) {
         keel_cluster_config co;
-        if (cfg->session.backend != NULL)
+        if (cfg->session.manager.backend != NULL)
             return keel__fail(KEEL_EINVAL, "training session: both a "
-                              "cluster and session.backend are set; give "
-                              "one");
+                              "cluster and session.manager.backend are set; "
+                              "give one");
         if (keel_cluster_spec_is_ps(spec))
             return keel__fail(KEEL_EINVAL, "training session: this task is "
                               "ps %d, which trains nothing: call "
@@ -146,11 +146,12 @@ resolve_cluster(const keel_training_config *cfg, keel_session_config *sc,
             keel_cluster_config_init(&co);
         if (co.optimizer == NULL)
             co.optimizer = cfg->optimizer;
-        st = keel_cluster_backend_new(spec, sc->vars, &co, &own->cluster);
+        st = keel_cluster_backend_new(spec, sc->manager.vars, &co,
+                                      &own->cluster);
         if (st != KEEL_OK)
             return keel__wrap(st, "training session");
         keel_cluster_backend_session_backend(own->cluster, &own->backend);
-        sc->backend = &own->backend;
+        sc->manager.backend = &own->backend;
         sc->is_chief = keel_cluster_spec_is_chief(spec);
         sc->max_wait_secs = co.max_wait_secs;
         return KEEL_OK;
@@ -162,7 +163,7 @@ resolve_cluster(const keel_training_config *cfg, keel_session_config *sc,
                               "one");
         st = keel_optimizer_new(cfg->optimizer, &own->opt);
         if (st == KEEL_OK)
-            st = keel_optimizer_prepare(own->opt, sc->vars);
+            st = keel_optimizer_prepare(own->opt, sc->manager.vars);
         if (st != KEEL_OK)
             return keel__wrap(st, "training session: optimizer");
         sc->updater = keel_optimizer_updater(own->opt);
@@ -233,9 +234,9 @@ check_training_config(const keel_training_config *cfg)
         || (st = KEEL__STRUCT_CHECK(&cfg->session, keel_session_config))
            != KEEL_OK)
         return keel__wrap(st, "training session");
-    if (cfg->session.vars == NULL)
+    if (cfg->session.manager.vars == NULL)
         return keel__fail(KEEL_EINVAL, "training session: config needs "
-                          "session.vars");
+                          "session.manager.vars");
     return KEEL_OK;
 }
 
@@ -404,7 +405,7 @@ keel_training_session_new(const keel_training_config *cfg,
     if (st != KEEL_OK)
         return st;
     sc = cfg->session;
-    ckpt_dir = sc.checkpoint_dir;
+    ckpt_dir = sc.manager.checkpoint_dir;
     own = calloc(1, sizeof *own);
     if (own == NULL)
         return keel__fail(KEEL_ENOMEM, "training session");
@@ -422,7 +423,7 @@ keel_training_session_new(const keel_training_config *cfg,
         hl.all[hl.n_all++] = cfg->session.hooks[i];
     sc.hooks = hl.all;
     sc.n_hooks = hl.n_all;
-    sc.checkpoint_dir = sc.is_chief ? ckpt_dir : NULL;
+    sc.manager.checkpoint_dir = sc.is_chief ? ckpt_dir : NULL;
     log_setup(&sc, hl.n_all, ckpt_dir, &per);
     /* the session takes the owned hooks and copies the list */
     st = keel__session_new(&sc, 1, hl.owned, hl.n_owned, out);

@@ -667,7 +667,7 @@ replica_main(void *arg)
     if (r->st != KEEL_OK)
         return NULL;
     keel_training_config_init(&cfg);
-    cfg.session.vars = r->vs;
+    cfg.session.manager.vars = r->vs;
     cfg.session.step = lsq_step;
     cfg.session.step_ctx = r;
     cfg.session.hooks = &stop;
@@ -675,7 +675,7 @@ replica_main(void *arg)
     cfg.optimizer = r->opt;
     cfg.cluster = r->spec;
     cfg.cluster_config = r->opts;
-    cfg.session.checkpoint_dir = r->dir;
+    cfg.session.manager.checkpoint_dir = r->dir;
     cfg.save_checkpoint_steps = 1000000;
     cfg.log_step_count_steps = 0;
     cfg.save_summaries_steps = 0;

@@ -187,8 +187,9 @@ roundtrip(int is_async)
     unsigned char blob1[300];
     keel_ckpt_blob blobs[2] = { { "data_iterator", blob1, sizeof blob1 },
                                 { "rng", "", 0 } };
-    keel_ckpt_meta meta = { "[train]\nlr = 0.1\n", "ps=2 workers=4", blobs,
-                            2, "{\"model\": \"mlp\"}", 0 };
+    keel_ckpt_meta meta = { sizeof meta, "[train]\nlr = 0.1\n",
+                            "ps=2 workers=4", blobs, 2,
+                            "{\"model\": \"mlp\"}", 0 };
     keel_restore_report rep;
     keel_ckpt_info *info;
     const void *bd;
@@ -198,6 +199,14 @@ roundtrip(int is_async)
     for (size_t i = 0; i < sizeof blob1; i++)
         blob1[i] = (unsigned char)(i * 7);
     keel_vars_set_global_step(a, 1234);
+    {   /* a meta keel_ckpt_meta_init did not fill is refused, naming it */
+        keel_ckpt_meta raw = meta;
+        raw.struct_size = 0;
+        ck_assert_int_eq(keel_saver_save(s, a, &raw, path, sizeof path),
+                         KEEL_EINVAL);
+        ck_assert_ptr_nonnull(strstr(keel_last_error(),
+                                     "keel_ckpt_meta_init"));
+    }
     ck_assert_int_eq(keel_saver_save(s, a, &meta, path, sizeof path),
                      KEEL_OK);
     if (is_async) {

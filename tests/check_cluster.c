@@ -2452,10 +2452,10 @@ START_TEST(test_global_step_waiter_hook_sees_the_cluster_step)
     ck_assert_int_eq(keel_global_step_waiter_hook_new(&wc, &hook), KEEL_OK);
     memset(&wr, 0, sizeof wr);
     keel_session_config_init(&sc);
-    sc.vars = vs;
+    sc.manager.vars = vs;
     sc.step = waiter_step;
     sc.step_ctx = &wr;
-    sc.backend = &be;
+    sc.manager.backend = &be;
     sc.hooks = &hook;
     sc.n_hooks = 1;
     sc.is_chief = 0;
@@ -2700,7 +2700,7 @@ seam_config(keel_training_config *cfg, keel_vars *vs, keel_hook *stop,
             const keel_optimizer_config *opt)
 {
     keel_training_config_init(cfg);
-    cfg->session.vars = vs;
+    cfg->session.manager.vars = vs;
     cfg->session.step = seam_step;
     cfg->session.hooks = stop;
     cfg->session.n_hooks = 1;
@@ -2744,7 +2744,7 @@ START_TEST(test_seam_ps_run_and_training_session_on_a_cluster)
     seam_config(&cfg, vs, &stop, &mom);
     cfg.cluster = cl.chief;
     cfg.cluster_config = &co;
-    cfg.session.checkpoint_dir = dir;
+    cfg.session.manager.checkpoint_dir = dir;
     cfg.save_checkpoint_steps = 100;
     cfg.log_step_count_steps = 0;
     cfg.save_summaries_steps = 0;
@@ -3107,7 +3107,7 @@ START_TEST(test_seam_rejects_wrong_roles_and_options)
     ck_assert_int_eq(keel_cluster_spec_is_ps(NULL), 0);
 
     keel_training_config_init(&cfg);
-    cfg.session.vars = vs;
+    cfg.session.manager.vars = vs;
     cfg.session.step = seam_step;
     cfg.cluster = cl.ps;
     ck_assert_int_eq(keel_training_session_new(&cfg, &s), KEEL_EINVAL);

@@ -77,7 +77,7 @@ hooks_cfg(keel_session_config *c, keel_step_fn step_fn, keel_hook *h,
           size_t n)
 {
     keel_session_config_init(c);
-    c->vars = vs;
+    c->manager.vars = vs;
     c->step = step_fn;
     c->hooks = h;
     c->n_hooks = n;
@@ -92,7 +92,7 @@ session_in(keel_hook *h, size_t n, const char *dir)
     keel_session *s;
     hooks_cfg(&c, step, h, n);
     c.backoff_ms = 1;
-    c.checkpoint_dir = dir;
+    c.manager.checkpoint_dir = dir;
     ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
     return s;
 }
@@ -363,7 +363,7 @@ START_TEST(test_backend_worker_waits_on_events_and_chief_skips_rollback)
     keel_session_config c;
     keel_session *s;
     hooks_cfg(&c, step, NULL, 0);
-    c.backend = &be;
+    c.manager.backend = &be;
     c.is_chief = 0;
     ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
     ck_assert_int_eq(fb.n_fetch, 3);
@@ -373,7 +373,7 @@ START_TEST(test_backend_worker_waits_on_events_and_chief_skips_rollback)
 
     keel_vars_set_all_initialized(vs, 0);
     c.is_chief = 1;
-    c.checkpoint_dir = tu_dir;
+    c.manager.checkpoint_dir = tu_dir;
     c.backoff_ms = 1;
     ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
     ck_assert_int_eq(fb.n_publish, 1);
@@ -439,9 +439,9 @@ START_TEST(test_ckpt_hook_reports_the_step_the_backend_saved_at)
     hc.n_listeners = 1;
     ck_assert_int_eq(keel_ckpt_hook_new(&hc, &h), KEEL_OK);
     hooks_cfg(&c, step, &h, 1);
-    c.backend = &be;
+    c.manager.backend = &be;
     c.is_chief = 1;
-    c.checkpoint_dir = tu_dir;
+    c.manager.checkpoint_dir = tu_dir;
     ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);  /* saves at 0 */
     run_steps(s, 2);                                      /* 11, 12 */
     keel_session_close(s);                                /* saves at 12 */
@@ -506,9 +506,9 @@ START_TEST(test_supervisor_worker_times_out_when_chief_never_ready)
     keel_supervisor_config cfg;
     keel_supervisor *sv;
     keel_supervisor_config_init(&cfg);
-    cfg.vars = vs;
-    cfg.step = step;
-    cfg.is_chief = 0;
+    cfg.session.manager.vars = vs;
+    cfg.session.step = step;
+    cfg.session.is_chief = 0;
     ck_assert_int_eq(keel_supervisor_new(&cfg, &sv), KEEL_OK);
     ck_assert_int_eq(keel_supervisor_prepare_or_wait(sv, 0.1), KEEL_ETIMEOUT);
     ck_assert(keel_supervisor_should_stop(sv));
@@ -609,7 +609,7 @@ skip_scenario(int is_skipping, const char *sub, char *out, size_t out_size)
     for (i = 0; i < 6; i++)
         order[i + 1] = h[i];
     c.backoff_ms = 1;
-    c.checkpoint_dir = tu_dir;          // the fake saver: nothing written
+    c.manager.checkpoint_dir = tu_dir;  // the fake saver: nothing written
     jump_at = 7;
     jump_to = 12;
     abort_at = -1;
@@ -823,7 +823,7 @@ START_TEST(test_real_clock_trigger_is_neither_late_nor_early_while_idle)
     step_hooks_around(h, 1000, (int64_t)1 << 40);
     ck_assert_int_eq(keel_ckpt_hook_new(&hc, &h[1]), KEEL_OK);
     hooks_cfg(&c, timed_step, h, 3);
-    c.checkpoint_dir = tu_dir;
+    c.manager.checkpoint_dir = tu_dir;
     t_new = keel__now_mono_ns();
     ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);  // saves, timer
     deadline = keel__now_mono_ns() + (int64_t)5000000000;

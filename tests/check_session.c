@@ -178,7 +178,7 @@ static void
 base_cfg(keel_session_config *c, script *sc, keel_hook *hooks, size_t n)
 {
     keel_session_config_init(c);
-    c->vars = vs;
+    c->manager.vars = vs;
     c->step = scripted_step;
     c->step_ctx = sc;
     c->updater.apply = count_apply;
@@ -240,6 +240,7 @@ START_TEST(test_optimizer_updater_applies_the_optimizer)
     base_cfg(&c, &sc, NULL, 0);
     c.updater = keel_optimizer_updater(opt);
     ck_assert_ptr_eq(c.updater.ctx, opt);
+    ck_assert_int_eq(c.updater.kind, KEEL_UPDATER_OPTIMIZER);
     ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
     w0 = keel_var_tensor(keel_vars_find(vs, "w"))->data[0];
     for (int i = 0; i < 3; i++)
@@ -320,7 +321,7 @@ START_TEST(test_backend_updater_wins_and_an_unused_updater_is_named)
     be.name = "mine";
     be.updater.apply = backend_apply;
     base_cfg(&c, &sc, NULL, 0);
-    c.backend = &be;
+    c.manager.backend = &be;
     n_applied = n_backend_applied = 0;
     keel_log_set_handler(tu_log_append, &log, KEEL_LOG_WARN);
     ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
@@ -589,7 +590,7 @@ START_TEST(test_sigterm_stops_at_step_boundary_and_saves_final_checkpoint)
     h[0] = rec_hook(&a);
     ck_assert_int_eq(keel_ckpt_hook_new(&hc, &h[1]), KEEL_OK);
     base_cfg(&c, &sc, h, 2);
-    c.checkpoint_dir = tu_dir;
+    c.manager.checkpoint_dir = tu_dir;
     ck_assert_int_eq(keel_session_install_signal_handlers(), KEEL_OK);
     ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
     ck_assert_int_eq(keel_session_train(s), KEEL_OK);
@@ -734,7 +735,7 @@ START_TEST(test_run_without_hooks_skips_hooks_but_updates)
     ck_assert_str_eq(ev, "b:A c:A s0 ");
     ck_assert_int_eq(n_applied, 1);
     keel_session_free(s);
-    c.checkpoint_dir = tu_dir;
+    c.manager.checkpoint_dir = tu_dir;
     keel_vars_set_global_step(vs, 0);
     ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
     ck_assert_int_eq(keel_session_run(s, NULL), KEEL_OK);
@@ -858,7 +859,7 @@ train_with_stop(int64_t num_steps, int64_t last_step, int64_t *start)
     ck_assert_int_eq(keel_stop_at_step_hook_new(&stop, &h[0]), KEEL_OK);
     ck_assert_int_eq(keel_ckpt_hook_new(&hc, &h[1]), KEEL_OK);
     base_cfg(&c, &sc, h, 2);
-    c.checkpoint_dir = tu_dir;
+    c.manager.checkpoint_dir = tu_dir;
     keel_vars_set_global_step(vs, 0);       // a "new process"
     keel_vars_set_all_initialized(vs, 0);
     ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
@@ -922,7 +923,7 @@ START_TEST(test_ckpt_hook_saves_at_creation_every_n_and_end_never_twice)
     int i;
     ck_assert_int_eq(keel_ckpt_hook_new(&hc, &h), KEEL_OK);
     base_cfg(&c, &sc, &h, 1);
-    c.checkpoint_dir = tu_dir;
+    c.manager.checkpoint_dir = tu_dir;
     ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
     for (i = 0; i < 4; i++)
         ck_assert_int_eq(keel_session_run(s, NULL), KEEL_OK);
@@ -963,7 +964,7 @@ START_TEST(test_ckpt_listener_can_stop_training_and_error_skips_final_save)
     hc.n_listeners = 1;
     ck_assert_int_eq(keel_ckpt_hook_new(&hc, &h), KEEL_OK);
     base_cfg(&c, &sc, &h, 1);
-    c.checkpoint_dir = tu_dir;
+    c.manager.checkpoint_dir = tu_dir;
     ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
     ck_assert_int_eq(keel_session_train(s), KEEL_OK);
     ck_assert_int_eq(keel_session_global_step(s), 3);
@@ -1019,9 +1020,9 @@ START_TEST(test_meta_blobs_saved_and_handed_back_after_restore)
     keel_session_config c;
     keel_session *s;
     base_cfg(&c, &sc, NULL, 0);
-    c.checkpoint_dir = tu_dir;
+    c.manager.checkpoint_dir = tu_dir;
     c.meta_fn = meta;
-    c.restore_fn = restore_blob;
+    c.manager.restore_fn = restore_blob;
     ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
     data_pos = 1234;
     ck_assert_int_eq(keel_session_run(s, NULL), KEEL_OK);
@@ -1312,7 +1313,7 @@ static void
 replica_cfg(keel_session_config *c, keel_step_fn step)
 {
     keel_session_config_init(c);
-    c->vars = vs;
+    c->manager.vars = vs;
     c->step = step;
     c->updater.apply = record_apply;
 }
@@ -1423,7 +1424,7 @@ START_TEST(test_replica_stores_start_zero_every_step_and_after_a_failure)
     keel_session *s;
     replica_cfg(&c, adding_step);
     c.replicas = 2;
-    c.recovery_wait_ms = 1;
+    c.manager.recovery_wait_ms = 1;
     c.backoff_ms = 1;
     dirty_entries = 0;
     fails_left = 0;
@@ -1458,7 +1459,7 @@ static keel_backend zc_be;
 static void
 zc_fill(keel_session_config *c)
 {
-    c->vars = vs;
+    c->manager.vars = vs;
     c->step = scripted_step;
     c->step_ctx = &zc_script;
 }
@@ -1506,8 +1507,8 @@ zc_supervisor_config(void)
 {
     keel_supervisor_config vc;
     memset(&vc, 0, sizeof vc);
-    vc.vars = vs;
-    vc.step = scripted_step;
+    vc.session.manager.vars = vs;
+    vc.session.step = scripted_step;
     return keel_supervisor_new(&vc, &zc_sv);
 }
 
@@ -1528,7 +1529,7 @@ zc_session_backend(void)
     keel_session_config c;
     keel_session_config_init(&c);
     zc_fill(&c);
-    c.backend = zc_backend();
+    c.manager.backend = zc_backend();
     return zc_backend_named(keel_session_new(&c, &zc_s), "session");
 }
 
@@ -1537,9 +1538,9 @@ zc_supervisor_backend(void)
 {
     keel_supervisor_config vc;
     keel_supervisor_config_init(&vc);
-    vc.vars = vs;
-    vc.step = scripted_step;
-    vc.backend = zc_backend();
+    vc.session.manager.vars = vs;
+    vc.session.step = scripted_step;
+    vc.session.manager.backend = zc_backend();
     return zc_backend_named(keel_supervisor_new(&vc, &zc_sv), "supervisor");
 }
 
@@ -1641,10 +1642,10 @@ START_TEST(test_training_session_rejects_both_secs_and_steps)
     keel_session *s;
     script sc = { 0 };
     keel_training_config_init(&tc);
-    tc.session.vars = vs;
+    tc.session.manager.vars = vs;
     tc.session.step = scripted_step;
     tc.session.step_ctx = &sc;
-    tc.session.checkpoint_dir = tu_dir;
+    tc.session.manager.checkpoint_dir = tu_dir;
     tc.save_checkpoint_secs = 10;
     tc.save_checkpoint_steps = 10;
     ck_assert_int_eq(keel_training_session_new(&tc, &s), KEEL_EINVAL);
@@ -1662,14 +1663,14 @@ START_TEST(test_training_session_hook_order_chief_and_worker)
     keel_hook chief = rec_hook(&ch), user = rec_hook(&us);
     fake_on_save = on_save;
     keel_training_config_init(&tc);
-    tc.session.vars = vs;
+    tc.session.manager.vars = vs;
     tc.session.step = scripted_step;
     tc.session.step_ctx = &sc;
     tc.session.hooks = &user;
     tc.session.n_hooks = 1;
     tc.chief_only_hooks = &chief;
     tc.n_chief_only_hooks = 1;
-    tc.session.checkpoint_dir = tu_dir;
+    tc.session.manager.checkpoint_dir = tu_dir;
     tc.save_summaries_steps = 0;
     ck_assert_int_eq(keel_training_session_new(&tc, &s), KEEL_OK);
     ck_assert_int_eq(keel_session_run(s, NULL), KEEL_OK);
@@ -1699,14 +1700,14 @@ START_TEST(test_training_session_logs_only_the_checkpoints_it_writes)
     tu_log log = { .filter = "training session (" };
     char want[sizeof log.text];
     keel_training_config_init(&tc);
-    tc.session.vars = vs;
+    tc.session.manager.vars = vs;
     tc.session.step = scripted_step;
     tc.session.step_ctx = &sc;
     tc.save_summaries_steps = 0;
     keel_log_set_handler(tu_log_append, &log, KEEL_LOG_INFO);
     ck_assert_int_eq(keel_training_session_new(&tc, &s), KEEL_OK);
     keel_session_free(s);
-    tc.session.checkpoint_dir = tu_dir;
+    tc.session.manager.checkpoint_dir = tu_dir;
     tc.save_checkpoint_steps = 50;
     ck_assert_int_eq(keel_training_session_new(&tc, &s), KEEL_OK);
     keel_session_free(s);
@@ -1732,10 +1733,10 @@ START_TEST(test_supervisor_checkpoints_at_start_and_at_stop)
     keel_supervisor *sv;
     script sc = { 0 };
     keel_supervisor_config_init(&cfg);
-    cfg.vars = vs;
-    cfg.step = scripted_step;
-    cfg.step_ctx = &sc;
-    cfg.logdir = tu_dir;
+    cfg.session.manager.vars = vs;
+    cfg.session.step = scripted_step;
+    cfg.session.step_ctx = &sc;
+    cfg.session.manager.checkpoint_dir = tu_dir;
     ck_assert_int_eq(keel_supervisor_new(&cfg, &sv), KEEL_OK);
     ck_assert_int_eq(keel_supervisor_run_step(sv, NULL), KEEL_ESTATE);
     ck_assert_int_eq(keel_supervisor_prepare_or_wait(sv, 1), KEEL_OK);
@@ -1768,10 +1769,10 @@ START_TEST(test_final_checkpoint_failure_is_the_close_status)
     ck_assert_int_eq(keel_stop_at_step_hook_new(&pc, &h[0]), KEEL_OK);
     h[1] = rec_hook(&r);
     keel_training_config_init(&tc);
-    tc.session.vars = vs;
+    tc.session.manager.vars = vs;
     tc.session.step = scripted_step;
     tc.session.step_ctx = &sc;
-    tc.session.checkpoint_dir = tu_dir;
+    tc.session.manager.checkpoint_dir = tu_dir;
     tc.session.hooks = h;
     tc.session.n_hooks = 2;
     tc.save_summaries_steps = 0;
@@ -1793,10 +1794,10 @@ START_TEST(test_final_checkpoint_failure_is_the_close_status)
     fake.fail_after_saves = 1;
     keel_vars_set_global_step(vs, 0);
     keel_supervisor_config_init(&vc);
-    vc.vars = vs;
-    vc.step = scripted_step;
-    vc.step_ctx = &sc;
-    vc.logdir = tu_dir;
+    vc.session.manager.vars = vs;
+    vc.session.step = scripted_step;
+    vc.session.step_ctx = &sc;
+    vc.session.manager.checkpoint_dir = tu_dir;
     ck_assert_int_eq(keel_supervisor_new(&vc, &sv), KEEL_OK);
     ck_assert_int_eq(keel_supervisor_prepare_or_wait(sv, 1), KEEL_OK);
     ck_assert_int_eq(keel_supervisor_loop(sv, 3), KEEL_EIO);

@@ -23,8 +23,8 @@ main(int argc, char **argv)
     long first, n;
     char blobdata[32];
     keel_ckpt_blob blob = { "rng", blobdata, sizeof blobdata };
-    keel_ckpt_meta meta = { "[run]\nsteps=1\n", "single", &blob, 1, NULL,
-                            0 };
+    keel_ckpt_meta meta = { sizeof meta, "[run]\nsteps=1\n", "single",
+                            &blob, 1, NULL, 0 };
 
     if (argc != 6 && argc != 7) {
         fprintf(stderr, "usage: ckpt_child DIR FIRST N ASYNC MAX_TO_KEEP "

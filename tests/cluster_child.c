@@ -70,13 +70,13 @@ train(keel_cluster_spec *spec, keel_cluster_config *copts, keel_vars *vs,
     hooks[1].ctx = c;
     hooks[1].after_run = after_run;
     keel_training_config_init(&cfg);
-    cfg.session.vars = vs;
+    cfg.session.manager.vars = vs;
     cfg.session.step = step;
     cfg.session.step_ctx = c;
     cfg.session.updater = keel_optimizer_updater(opt);
     cfg.session.hooks = hooks;
     cfg.session.n_hooks = 2;
-    cfg.session.checkpoint_dir = dir;
+    cfg.session.manager.checkpoint_dir = dir;
     cfg.save_checkpoint_steps = 1000000;
     cfg.save_checkpoint_secs = 0;
     cfg.summary_dir = NULL;

@@ -117,7 +117,7 @@ main(int argc, char **argv)
         return 1;
     }
     keel_training_config_init(&cfg);
-    cfg.session.vars = vs;
+    cfg.session.manager.vars = vs;
     cfg.session.step = step;
     cfg.session.step_ctx = &c;
     cfg.session.updater.apply = sgd;
@@ -125,9 +125,9 @@ main(int argc, char **argv)
     cfg.session.n_hooks = 1;
     cfg.session.meta_fn = meta_fn;
     cfg.session.meta_ctx = &c;
-    cfg.session.restore_fn = restore_fn;
-    cfg.session.restore_ctx = &c;
-    cfg.session.checkpoint_dir = argv[1];
+    cfg.session.manager.restore_fn = restore_fn;
+    cfg.session.manager.restore_ctx = &c;
+    cfg.session.manager.checkpoint_dir = argv[1];
     cfg.summary_dir = NULL;
     cfg.log_step_count_steps = 0;
     cfg.save_summaries_steps = 0;

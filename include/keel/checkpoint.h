@@ -30,8 +30,10 @@ typedef struct keel_ckpt_blob {
 } keel_ckpt_blob;
 
 /* What a checkpoint records besides variables and slots. The global step
- * saved is always keel_vars_global_step() of the store. */
+ * saved is always keel_vars_global_step() of the store. Fill it with
+ * keel_ckpt_meta_init() before setting members. */
 typedef struct keel_ckpt_meta {
+    uint32_t struct_size;      /* set by keel_ckpt_meta_init() */
     const char *config_text;   /* the run's resolved config; may be NULL */
     const char *topology;      /* e.g. "ps=2 workers=4 mode=sync"; may be NULL */
     const keel_ckpt_blob *blobs;
@@ -45,6 +47,10 @@ typedef struct keel_ckpt_meta {
      * 0: an ordinary checkpoint, <basename>-<step>.h5. */
     int64_t epoch;
 } keel_ckpt_meta;
+
+/* Nothing recorded: every member NULL or 0, struct_size set. Cannot
+ * fail. */
+void keel_ckpt_meta_init(keel_ckpt_meta *meta);
 
 /* ---- saving ---------------------------------------------------------------- */
 

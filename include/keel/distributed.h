@@ -204,7 +204,7 @@ typedef struct keel_cluster_config {
      * "*": every interface; an interface name ("eth0"): its addresses; an
      * address of this machine: that one. Also what
      * keel_cluster_spec_detect checks the ps's entry against. Borrowed
-     * while the options are in use. */
+     * while the config is in use. */
     const char *bind_address;
 } keel_cluster_config;
 
@@ -251,7 +251,8 @@ void keel_cluster_backend_free(keel_cluster_backend *b);
  * makes the step recoverable; before each checkpoint the chief pulls every
  * variable, slot and the global step; at a clean end the chief stops the
  * ps (opts->shutdown_at_end). *out is valid while b lives. */
-void keel_cluster_backend_session_backend(keel_cluster_backend *b, keel_backend *out);
+void keel_cluster_backend_session_backend(keel_cluster_backend *b,
+                                          keel_backend *out);
 
 /* The chief: copy every variable, slot and the global step from the ps
  * into vars now (what a checkpoint save does first). */

@@ -64,10 +64,20 @@ int keel_step_num_replicas(const keel_step *st);
  * keel_vars_global_step(vs) unchanged the session increments it; if apply
  * sets it (a parameter-server updater reporting the shared step), that value
  * is kept. */
+typedef enum keel_updater_kind {
+    KEEL_UPDATER_CUSTOM = 0,    /* apply is the caller's (zero-initialized) */
+    KEEL_UPDATER_OPTIMIZER      /* keel_optimizer_updater's: ctx is the
+                                 * keel_optimizer, which the session may
+                                 * run on its replicas' threads */
+} keel_updater_kind;
+
 typedef struct keel_updater {
     void *ctx;
     keel_status (*apply)(void *ctx, keel_vars *vs, keel_grads *grads,
                          int64_t global_step);
+    /* Set by the constructor (keel_optimizer_updater); an updater the
+     * caller fills is KEEL_UPDATER_CUSTOM, the zero value. */
+    keel_updater_kind kind;
 } keel_updater;
 
 /* An updater that applies one of keel's optimizers
@@ -82,9 +92,10 @@ keel_updater keel_optimizer_updater(keel_optimizer *opt);
 /* What to run to make the model ready (TF's Scaffold). A NULL member means
  * "none" (as TF's None): ready NULL means always ready. Fill it with
  * keel_scaffold_init() (TF's default behaviour and saver settings) before
- * changing members; a scaffold whose saver was not initialized is refused
- * (KEEL_EINVAL). */
+ * changing members; a scaffold (or its saver) that keel_scaffold_init did
+ * not fill is refused (KEEL_EINVAL naming keel_scaffold_init). */
 typedef struct keel_scaffold {
+    uint32_t struct_size;     /* set by keel_scaffold_init() */
     void *ctx;
     /* Global init: runs only when nothing was restored. */
     keel_status (*init)(void *ctx, keel_vars *vs);
@@ -169,7 +180,7 @@ typedef struct keel_session_manager_config {
     const char *checkpoint_dir;       /* NULL: never restore */
     const keel_restore_config *restore_config; /* copied; NULL: strict */
     const keel_backend *backend;      /* copied; NULL: local */
-    int recovery_wait_ms;             /* worker retry interval; 0: 50 */
+    int recovery_wait_ms;             /* worker retry; default (and 0) 50 */
     /* After every restore: the checkpoint's metadata with blobs (data
      * iterator, RNG state), borrowed for the call. */
     keel_status (*restore_fn)(void *ctx, const keel_ckpt_info *info);
@@ -281,23 +292,25 @@ keel_status keel_coord_join(keel_coord *c, int64_t grace_ms,
 
 typedef struct keel_session_config {
     uint32_t struct_size;             /* set by keel_session_config_init() */
-    keel_vars *vars;                  /* borrowed; required */
+    /* What the session's manager restores, initializes and waits for, and
+     * where it checkpoints: manager.vars (required), scaffold,
+     * checkpoint_dir (restore and save_now; warm start and restore_fn on
+     * the chief), restore_config, backend (also the updater when it has
+     * one), recovery_wait_ms. Each setting lives only there, with the
+     * default keel_session_manager_config_init gives it. */
+    keel_session_manager_config manager;
     keel_step_fn step;                /* required */
     void *step_ctx;                   /* borrowed, like every ctx below */
     keel_updater updater;             /* used when the backend has none */
-    const keel_backend *backend;      /* copied; NULL: local */
     const keel_hook *hooks;           /* copied, run in this order (each
                                        * hook's name and ctx borrowed) */
     size_t n_hooks;
     /* Creation: creator.create non-NULL wins; else is_chief (default 1)
      * picks the chief (prepare) or worker (wait max_wait_secs) creator over
-     * a manager built from scaffold/checkpoint_dir/backend. */
+     * a manager built from manager. */
     keel_session_creator creator;
     int is_chief;
-    const keel_scaffold *scaffold;    /* copied; NULL: defaults */
-    const char *checkpoint_dir;       /* copied; restore + save_now */
     double max_wait_secs;             /* worker; default 300 */
-    int recovery_wait_ms;             /* worker retry; default 50 */
     /* Recovery (MonitoredSession only): bounded retries, the first at
      * once, then with exponential backoff, doubling from backoff_ms up
      * to backoff_max_ms. */
@@ -309,10 +322,6 @@ typedef struct keel_session_config {
      * iterator, RNG state; borrowed until the save returns). */
     keel_status (*meta_fn)(void *ctx, keel_ckpt_meta *meta);
     void *meta_ctx;
-    /* After every restore: the restored checkpoint's info and blobs. */
-    keel_status (*restore_fn)(void *ctx, const keel_ckpt_info *info);
-    void *restore_ctx;
-    const keel_restore_config *restore_config;    /* copied */
     /* 0 (default): gradients are zeroed before every step. 1: not (the step
      * overwrites every gradient; saves one pass over them per step). */
     int skip_grad_zeroing;
@@ -327,14 +336,12 @@ typedef struct keel_session_config {
      * must be safe to run on R threads at once (its own state per
      * keel_step_replica). */
     int replicas;
-    /* Warm start: as keel_session_manager_config's (the chief only). */
-    const char *warm_start_from;      /* copied; NULL: no warm start */
-    const char *warm_start_vars;      /* copied; NULL: every variable */
 } keel_session_config;
 
 #define KEEL_MAX_REPLICAS 8
 
-/* Defaults above; vars, step NULL. Cannot fail. */
+/* Defaults above (manager by keel_session_manager_config_init); vars,
+ * step NULL. Cannot fail. */
 void keel_session_config_init(keel_session_config *cfg);
 
 /* MonitoredSession: runs begin on every hook, then creates the session

@@ -61,9 +61,10 @@ keel_strategy keel_strategy_resolve(keel_strategy s, int has_cluster);
 
 typedef struct keel_training_config {
     uint32_t struct_size;             /* set by keel_training_config_init() */
-    /* vars, step, updater, hooks and the settings a plain session has:
-     * is_chief, checkpoint_dir (restore and the checkpoint hook; NULL:
-     * neither), max_wait_secs, stop_grace_period_secs, replicas. Each
+    /* step, updater, hooks and the settings a plain session has:
+     * manager.vars, manager.checkpoint_dir (restore and the checkpoint
+     * hook; NULL: neither), is_chief, max_wait_secs,
+     * stop_grace_period_secs, replicas. Each
      * lives only there, with the default keel_session_config_init gives
      * it; the training session changes them only as stated below. */
     keel_session_config session;
@@ -71,7 +72,8 @@ typedef struct keel_training_config {
      * except cluster (borrowed for the session's life) and, borrowed
      * likewise, each hook's name and ctx, each listener's ctx and
      * clock.ctx. */
-    const char *summary_dir;          /* NULL: session.checkpoint_dir */
+    /* NULL: session.manager.checkpoint_dir */
+    const char *summary_dir;
     const keel_hook *chief_only_hooks;
     size_t n_chief_only_hooks;
     /* KEEL_USE_DEFAULT (-1): 600 s iff steps also default. Both set > 0:
@@ -88,7 +90,7 @@ typedef struct keel_training_config {
     size_t n_listeners;
     keel_clock clock;                 /* for the default hooks */
     /* The update rule as one of keel's optimizers (copied; NULL: the
-     * session's updater). Alone, the session applies it to session.vars
+     * session's updater). Alone, the session applies it to session.manager.vars
      * with its slots there (session.updater must be unset); on a cluster
      * the ps apply it (keel_cluster_config.optimizer) and the chief's
      * checkpoints hold the slots. */
@@ -101,13 +103,13 @@ typedef struct keel_training_config {
      * session makes a cluster backend (keel/distributed.h) with
      * cluster_config (NULL: the defaults) and
      * frees it with the session; session.is_chief is replaced by the
-     * spec's, session.max_wait_secs by cluster_config' max_wait_secs
+     * spec's, session.max_wait_secs by cluster_config's max_wait_secs
      * (the cluster's one wait for its chief), a worker
      * writes no checkpoints, the chief pulls before each save and stops
      * the ps at a clean end. A ps task is an error (KEEL_EINVAL): it runs
      * keel_ps_run instead; a worker that finds the cluster already shut
-     * down gets KEEL_EOUTOFRANGE (nothing left to train). session.backend
-     * must then be NULL. */
+     * down gets KEEL_EOUTOFRANGE (nothing left to train).
+     * session.manager.backend must then be NULL. */
     const struct keel_cluster_spec *cluster;
     int cluster_from_env;
     const struct keel_cluster_config *cluster_config;
@@ -116,7 +118,7 @@ typedef struct keel_training_config {
      * refuse a cluster with tasks; parameter_server needs one;
      * mirrored runs session.step on session.replicas threads (set it:
      * its default 1 is one replica); the others need session.replicas 1.
-     * multi_worker_mirrored needs session.backend set from
+     * multi_worker_mirrored needs session.manager.backend set from
      * keel_collective_session_backend (keel/distributed.h) and no cluster. */
     keel_strategy strategy;
 } keel_training_config;
@@ -134,37 +136,32 @@ typedef struct keel_supervisor keel_supervisor;
 
 typedef struct keel_supervisor_config {
     uint32_t struct_size;             /* set by keel_supervisor_config_init() */
-    keel_vars *vars;                  /* required */
-    keel_step_fn step;
-    void *step_ctx;
-    keel_updater updater;
-    int is_chief;                     /* default 1 */
-    const char *logdir;               /* checkpoints; NULL: none */
-    const keel_scaffold *scaffold;
-    double save_model_secs;           /* default 600; 0: off */
-    int recovery_wait_ms;             /* default 50 */
-    double stop_grace_secs;           /* default 120 */
-    keel_status (*meta_fn)(void *ctx, keel_ckpt_meta *meta);
-    void *meta_ctx;
-    keel_status (*restore_fn)(void *ctx, const keel_ckpt_info *info);
-    void *restore_ctx;
-    keel_clock clock;
-    /* Where shared state lives (copied; NULL: local). With a cluster
-     * backend (keel_cluster_backend_session_backend) the chief initializes or restores
-     * and publishes, workers wait for it (every recovery_wait_ms at most,
-     * else on the chief's event), steps push to the ps (SyncReplicas in
-     * sync mode), the chief's checkpoints pull first, and the chief's
-     * keel_supervisor_stop stops the ps. Set is_chief from the spec
-     * (keel_cluster_spec_is_chief). */
-    const keel_backend *backend;
+    /* vars, step, updater and the settings a plain session has: is_chief
+     * (default 1; set it from the spec, keel_cluster_spec_is_chief, on a
+     * cluster), session.manager.checkpoint_dir (checkpoints, the chief
+     * only; NULL: none), scaffold, recovery_wait_ms,
+     * stop_grace_period_secs, meta_fn, restore_fn and backend. Each lives
+     * only there, with the default keel_session_config_init gives it. The
+     * Supervisor's session does not recover (max_recovery_attempts and
+     * the backoff are unused), has no hooks or creator of the caller's,
+     * and waits max_wait_secs of keel_supervisor_prepare_or_wait.
+     * With a cluster backend (keel_cluster_backend_session_backend) in
+     * session.manager.backend the chief initializes or restores and
+     * publishes, workers wait for it (every recovery_wait_ms at most, else
+     * on the chief's event), steps push to the ps (SyncReplicas in sync
+     * mode), the chief's checkpoints pull first, and the chief's
+     * keel_supervisor_stop stops the ps. */
+    keel_session_config session;
+    double save_checkpoint_secs;      /* default 600; 0: off */
+    keel_clock clock;                 /* for the checkpoint timer */
 } keel_supervisor_config;
 
 void keel_supervisor_config_init(keel_supervisor_config *cfg);
 keel_status keel_supervisor_new(const keel_supervisor_config *cfg,
                                 keel_supervisor **out);
 /* Chief: restore or init; worker: wait (max_wait_secs). Clears a previous
- * stop. Checkpoints (chief with logdir) every save_model_secs, taken at step
- * boundaries, the first at once. */
+ * stop. Checkpoints (chief with session.manager.checkpoint_dir) every
+ * save_checkpoint_secs, taken at step boundaries, the first at once. */
 keel_status keel_supervisor_prepare_or_wait(keel_supervisor *sv,
                                             double max_wait_secs);
 int keel_supervisor_should_stop(keel_supervisor *sv);

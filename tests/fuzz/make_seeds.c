@@ -151,7 +151,8 @@ ckpt_seeds(void)
     keel_saver *s = NULL;
     keel_vars *vs = NULL;
     keel_var *v;
-    keel_ckpt_meta meta = { .config_text = "[train]\nmax_steps = 5\n",
+    keel_ckpt_meta meta = { .struct_size = sizeof meta,
+                            .config_text = "[train]\nmax_steps = 5\n",
                             .topology = "ps=1 workers=1" };
     char *data;
     long len;
