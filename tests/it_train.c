@@ -699,6 +699,9 @@ START_TEST(test_set_larger_than_memory_trains_streamed)
     ck_assert_msg(rc == 1 || rc == 2, "exit %d: %s", rc, tu_tail(err, 2000));
     ck_assert_msg(strstr(err, "data.stream") != NULL, "%s",
                   tu_tail(err, 2000));
+}
+END_TEST
+
 static int
 str_cmp(const void *a, const void *b)
 {
