@@ -241,8 +241,8 @@ keel_status keel_cluster_backend_new(const keel_cluster_spec *spec,
  * Does not stop the ps. NULL is a no-op. */
 void keel_cluster_backend_free(keel_cluster_backend *b);
 
-/* The session backend ("ps") to put in keel_session_config.backend or
- * keel_supervisor_config.backend: the updater pushes the step's gradients
+/* The session backend ("ps") to put in keel_session_config.manager.backend
+ * (keel_supervisor_config.session.manager.backend): the updater pushes the step's gradients
  * to every ps and takes back the new values and the cluster's global step
  * (in sync mode once replicas_to_aggregate replicas pushed); the chief
  * publishes its restored or initialized state to the ps (or joins live ps
@@ -340,8 +340,8 @@ keel_status keel_collective_allreduce(keel_collective *c, keel_grads *g);
  * variables) into vs, marked initialized. */
 keel_status keel_collective_broadcast(keel_collective *c, keel_vars *vs);
 keel_status keel_collective_barrier(keel_collective *c);
-/* The session backend ("allreduce") to put in keel_session_config.backend:
- * the updater all-reduces then applies the update given to
+/* The session backend ("allreduce") to put in
+ * keel_session_config.manager.backend: the updater all-reduces then applies the update given to
  * keel_collective_new; the chief (rank 0) publishes its restored or
  * initialized state by broadcast, the other ranks (session workers with no
  * checkpoint directory) take it as their fetch. *out valid while c lives. */
