@@ -41,7 +41,7 @@ typedef struct ck_out {
 
 /* The O_DIRECT part of a piece: its page-aligned body, when the piece
  * starts page-aligned in memory and in the file (large tensors: see
- * core/tensor.c), goes to the disk by DMA straight from the tensor,
+ * numeric/tensor.c), goes to the disk by DMA straight from the tensor,
  * CK_DIO_WCHUNK at a time. Direct writes are used because buffered ones
  * of large checkpoints are paced by the kernel's dirty-page writeback, not
  * by the disk (docs/checkpoint.md). When the file system refuses O_DIRECT

@@ -1095,7 +1095,7 @@ round_up(size_t n)
 }
 
 /* Where an n-byte tensor goes in the staging buffer at or after off:
- * aligned as core/tensor.c allocates tensors (KEEL__ALIGN_FOR), so the
+ * aligned as numeric/tensor.c allocates tensors (KEEL__ALIGN_FOR), so the
  * writer can send large ones to disk with O_DIRECT. */
 static size_t
 stage_at(size_t off, size_t n)

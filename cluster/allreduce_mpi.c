@@ -5,7 +5,7 @@
  * configured with it; without MPI every call but the availability checks
  * fails with the install command.
  *
- * The sum is the canonical tree's (core_int.h, keel__tree_*) over the
+ * The sum is the canonical tree's (numeric_int.h, keel__tree_*) over the
  * leaves of every rank: rank r's leaves (keel_collective_set_leaves; one
  * leaf, the session's gradients, when none are set) follow those of the
  * ranks before it, any count per rank. A rank adds its leaves into the
@@ -36,7 +36,7 @@
 
 #include <keel/distributed.h>
 #include "util.h"
-#include "../core/core_int.h"
+#include "../numeric/numeric_int.h"
 
 /* A waiting rank polls this many times, then sleeps this long between
  * polls. */

@@ -16,7 +16,7 @@
 #include <keel/hooks.h>
 #include "cluster_int.h"
 #include "defaults.h"
-#include "../core/core_int.h"
+#include "../numeric/numeric_int.h"
 
 #define PIN_WAIT_MS 5000
 #define MAX_WAITERS 256
@@ -1279,7 +1279,7 @@ sum_pending(keel__ps *ps, unsigned char *have)
         for (size_t i = 0; i < p->msg.n; i++) {
             size_t k = keel_var_index(p->vars[i]);
             keel_tensor *acc = keel_grads_at(ps->acc, k);
-            /* core/'s vectorized kernels: the first gradient as 0 + g */
+            /* numeric/'s vectorized kernels: the first gradient as 0 + g */
             if (have[k])
                 keel__add_into(acc->data, p->msg.tensors[i].t.data,
                                acc->count);

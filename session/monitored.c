@@ -17,7 +17,7 @@
 #include "util.h"
 #include "session_int.h"
 #include "step_pool.h"
-#include "../core/core_int.h"
+#include "../numeric/numeric_int.h"
 
 struct keel_step {
     keel_session *s;

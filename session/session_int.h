@@ -12,7 +12,7 @@
 #include <keel/session.h>
 #include <keel/optimizer.h>
 #include "../checkpoint/ckpt_ops.h"
-#include "../core/vars_int.h"
+#include "../numeric/vars_int.h"
 
 /* A condition variable on CLOCK_MONOTONIC. */
 void keel__cond_init_mono(pthread_cond_t *cv);

@@ -4,7 +4,7 @@
 #define KEEL_SESSION_STEP_POOL_H
 
 #include <keel/session.h>
-#include "../core/core_int.h"
+#include "../numeric/numeric_int.h"
 
 /* The pool the session runs st's replicas on (borrowed: valid while the
  * session lives), NULL with one replica. It is idle while the session's

@@ -1628,7 +1628,7 @@ START_TEST(test_pull_of_named_and_unknown_variables)
 }
 END_TEST
 
-/* The skeleton's sum runs core/'s vectorized kernel: every element,
+/* The skeleton's sum runs numeric/'s vectorized kernel: every element,
  * the vector body's and the tail's (1003 = 62 x 16 + 11), has the bits of
  * the scalar v + g. */
 START_TEST(test_push_sum_has_the_scalar_bits)

@@ -31,24 +31,24 @@ import sys
 # Private headers other folders may include: header -> folders.
 SEAMS = {
     # keel__fail, logging, paths: libkeel's own helpers
-    "util/util.h": ["core", "train", "checkpoint", "session", "hooks",
+    "util/util.h": ["numeric", "train", "checkpoint", "session", "hooks",
                     "cluster", "supervise", "app", "launch"],
     # the defaults every layer shares (waits, grace periods)
-    "util/defaults.h": ["core", "train", "checkpoint", "session", "hooks",
+    "util/defaults.h": ["numeric", "train", "checkpoint", "session", "hooks",
                         "cluster", "supervise", "app", "launch"],
     # closing any HDF5 handle, a failed one skipped: the readers and
     # writers of HDF5 files
     "util/h5util.h": ["train", "checkpoint", "app"],
     # room for one more element by doubling: the lists the variable store,
     # the checkpoint code, the cluster spec and the wire receiver build
-    "util/grow.h": ["core", "train", "checkpoint", "cluster"],
+    "util/grow.h": ["numeric", "train", "checkpoint", "cluster"],
     # the global step the session's step path reads and bumps in place
-    "core/vars_int.h": ["session"],
+    "numeric/vars_int.h": ["session"],
     # the vectorized kernels the ps and the collective sum with and the
     # model library builds on; the thread pool the session runs replicas
     # on and applies the optimizer on (keel__optimizer_apply_pooled); the
     # reduction tree replicas' gradients are added along
-    "core/core_int.h": ["train", "session", "cluster"],
+    "numeric/numeric_int.h": ["train", "session", "cluster"],
     # the model's internals the trainer builds on: its architecture for
     # export, replicas, pieces and pool
     "train/train_int.h": ["app"],

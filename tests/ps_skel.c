@@ -9,7 +9,7 @@
 
 #include "util.h"
 #include "ps_skel.h"
-#include "../core/core_int.h"
+#include "../numeric/numeric_int.h"
 
 #define PIN_WAIT_MS 5000
 
@@ -78,7 +78,7 @@ skel_update(keel__ps *ps, keel__wire_msg *req, int is_init)
             memcpy(t->data, g, t->count * sizeof(float));
             keel_var_set_initialized(vars[i], 1);
         } else {
-            /* core/'s vectorized kernel (elementwise: the same bits) */
+            /* numeric/'s vectorized kernel (elementwise: the same bits) */
             keel__add_into(t->data, g, t->count);
         }
     }

@@ -1,4 +1,4 @@
-# train/: the model library on core/: layers, models, K-FAC, Hogwild, data.
+# train/: the model library on numeric/: layers, models, K-FAC, Hogwild, data.
 libkeel_core_la_SOURCES += train/train_int.h \
 	train/layers.c train/model.c train/hogwild.c \
 	train/kfac.c train/data.c

@@ -52,7 +52,7 @@ typedef struct lgrad {
  * thread, and the slot reduction made model threads slower still). The
  * batch's gradient is, by definition, the pieces' gradients (each rounded
  * on its own) added elementwise along the reduction tree over the pieces
- * (core_int.h, keel__tree_sum), piece 0 added onto grads first. Threads
+ * (numeric_int.h, keel__tree_sum), piece 0 added onto grads first. Threads
  * compute up to MAX_SLOTS pieces at a time into slots, which are then
  * added along that tree; past MAX_SLOTS pieces the next round's tree
  * starts from the sum so far in piece 0's place. So the bits never depend on

@@ -1,7 +1,7 @@
 /* train_int.h - private interface of train/: the layer kernels (forward and
  * backward on raw NHWC float buffers) shared by the models and the tests
- * and the model's profiling counters, on the core's kernels, pool and
- * reduction tree (core/core_int.h, included). */
+ * and the model's profiling counters, on the numeric layer's kernels, pool and
+ * reduction tree (numeric/numeric_int.h, included). */
 #ifndef KEEL_TRAIN_INT_H
 #define KEEL_TRAIN_INT_H
 
@@ -9,9 +9,9 @@
 #include <stdint.h>
 #include <keel/train.h>
 #include "util.h"
-#include "../core/core_int.h"
+#include "../numeric/numeric_int.h"
 
-/* ---- profiling: the model's counters (the core's are in core_int.h;
+/* ---- profiling: the model's counters (the numeric layer's are in numeric_int.h;
  * keel_train_get_profile adds them) ---- */
 extern keel_train_profile keel__prof;
 #define KEEL__PROF_END(field) \

@@ -1,7 +1,7 @@
 /* keel/train.h - the model library: models (softmax regression, MLP, a
  * small CNN) with forward and backward passes on OpenBLAS, K-FAC, Hogwild,
  * and data readers (IDX, HDF5) with a deterministic, resumable,
- * worker-sliced batch iterator, on the core's tensors, variable store
+ * worker-sliced batch iterator, on the numeric layer's tensors, variable store
  * (keel/tensor.h) and optimizers (keel/optimizer.h), both included.
  * Everything is configured by plain structs filled with defaults by the
  * matching _config_init(). Handles are not thread-safe. */

@@ -9,7 +9,7 @@
 #include <keel/tensor.h>
 #include "util.h"
 #include "grow.h"
-#include "core_int.h"
+#include "numeric_int.h"
 
 typedef struct slot {
     char *name;

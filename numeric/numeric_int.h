@@ -1,11 +1,11 @@
-/* core_int.h - private interface of core/: the vectorized kernels the
+/* numeric_int.h - private interface of numeric/: the vectorized kernels the
  * parameter server, the collective and the model add gradients with, the
  * canonical reduction tree, the thread pool with its spin barrier, the
- * optimizer's pooled and compare-and-swap forms and the core's profiling
- * counters. The model library (train/) and the layers above the core
+ * optimizer's pooled and compare-and-swap forms and the numeric layer's profiling
+ * counters. The model library (train/) and the layers above the numeric layer
  * include this; vars_int.h (included) is the variable store's. */
-#ifndef KEEL_CORE_INT_H
-#define KEEL_CORE_INT_H
+#ifndef KEEL_NUMERIC_INT_H
+#define KEEL_NUMERIC_INT_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -29,7 +29,7 @@
 
 #include "vars_int.h"
 
-/* ---- profiling: time of the core's work, collected only while
+/* ---- profiling: time of the numeric layer's work, collected only while
  * keel__prof_on (keel_train_profile_enable); keel_train_get_profile adds
  * these counters to the model's. Not thread-safe; for benchmarks. ---- */
 typedef struct keel__core_prof {

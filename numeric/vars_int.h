@@ -1,5 +1,5 @@
 /* vars_int.h - the variable store's one internal that session/'s step path
- * uses (core/vars.c). */
+ * uses (numeric/vars.c). */
 #ifndef KEEL_VARS_INT_H
 #define KEEL_VARS_INT_H
 

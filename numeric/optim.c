@@ -11,7 +11,7 @@
 
 #include <keel/optimizer.h>
 #include "util.h"
-#include "core_int.h"
+#include "numeric_int.h"
 
 KEEL__VECTORIZE_FILE
 

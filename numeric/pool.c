@@ -22,7 +22,7 @@
 
 #include <keel/tensor.h>
 #include "util.h"
-#include "core_int.h"
+#include "numeric_int.h"
 
 /* Spin budgets: a gap up to POOL_SHORT_GAP_NS is worth spinning through
  * (twice it, at most POOL_SPIN_MAX_NS); otherwise POOL_SPIN_MIN_NS. */

@@ -1,5 +1,5 @@
 /* reduce_tree.c - the canonical binary tree over n leaves and sums of
- * float vectors along it (core_int.h, "reduce_tree.c"). Every reduction
+ * float vectors along it (numeric_int.h, "reduce_tree.c"). Every reduction
  * keel wants independent of how leaves are spread over threads, replicas
  * or processes adds along this one tree: the sum of a node's leaves is the
  * sum of its left child's plus its right child's, each rounded alone, so a
@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "util.h"
-#include "core_int.h"
+#include "numeric_int.h"
 
 KEEL__VECTORIZE_FILE
 

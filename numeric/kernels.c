@@ -1,6 +1,6 @@
-/* kernels.c - the core's vectorized elementwise kernels (the sums the
+/* kernels.c - the numeric layer's vectorized elementwise kernels (the sums the
  * parameter server, the collective and the model add gradients with) and
- * the profiling counters of the core's work. Every kernel is a fixed
+ * the profiling counters of the numeric layer's work. Every kernel is a fixed
  * sequence of operations: same inputs, same bits. */
 #include <config.h>
 
@@ -8,7 +8,7 @@
 #include <stdint.h>
 
 #include "util.h"
-#include "core_int.h"
+#include "numeric_int.h"
 
 KEEL__VECTORIZE_FILE
 
