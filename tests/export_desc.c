@@ -149,7 +149,7 @@ main(int argc, char **argv)
     scfg.dir = argv[1];
     if (st == KEEL_OK)
         st = keel_saver_new(&scfg, &sv);
-    memset(&meta, 0, sizeof meta);
+    keel_ckpt_meta_init(&meta);
     meta.architecture = json;       /* what keel export reads */
     keel_vars_set_global_step(vs, 7);
     if (st == KEEL_OK)

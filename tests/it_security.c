@@ -188,7 +188,7 @@ header(unsigned char h[HDR], int type, int flags, uint64_t id, int sender,
 {
     memset(h, 0, HDR);
     memcpy(h, "KEEL", 4);
-    le(h + 4, 2, 2);
+    le(h + 4, KEEL_WIRE_VERSION, 2);
     h[6] = (unsigned char)type;
     h[7] = (unsigned char)flags;
     le(h + 8, id, 8);
