@@ -8,7 +8,9 @@
 # is either run or says why not. Run blocks execute line by line (set -e)
 # in a temporary directory holding examples/*.c, with the build's keel on
 # PATH, pkg-config answering for the build tree and /tmp/ rewritten to the
-# temporary directory. The compile lines in the examples' headers
+# temporary directory (in a sanitizer build, keel.pc carries the
+# sanitizer flags, as a program linking that libkeel needs). The compile
+# lines in the examples' headers
 # (" *   cc ...") are run the same way.
 set -eu
 src="$KEEL_SRCDIR"
@@ -20,8 +22,8 @@ cat >"$dir/pc/keel.pc" <<PC
 Name: keel
 Description: keel from its build tree
 Version: 0
-Cflags: -I$build/include -I$src/include
-Libs: -L$build/.libs -lkeel
+Cflags: -I$build/include -I$src/include ${KEEL_SAN_LDFLAGS:-}
+Libs: -L$build/.libs -lkeel ${KEEL_SAN_LDFLAGS:-}
 PC
 ln -s "$build/keel" "$dir/bin/keel"
 cp "$src"/examples/*.c "$dir/"
