@@ -16,23 +16,19 @@ shadow memory needs more (ASAN_OPTIONS set, as make check sets it in a
 --long (make check-long) runs every mutation with several seeds; the
 default (make check) one mutation of each kind (QUICK), one seed. Run with KEEL_BUILDDIR and
 KEEL_SRCDIR set."""
-import gzip
 import os
 import resource
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
 
-import numpy as np
+from py_common import KEEL, Tally, write_fmnist_slice
 
-KEEL = os.path.join(os.environ["KEEL_BUILDDIR"], "keel")
 SRC = os.environ.get("KEEL_SRCDIR", ".")
 MUTATE = os.path.join(SRC, "tests", "ckpt_mutate.py")
-FMNIST = "/usr/share/datasets/fashion-mnist"
 AS_LIMIT = 1 << 30
-failed = passed = 0
+check = Tally("ckpt_adversarial")
 
 
 def limit():
@@ -47,35 +43,6 @@ def run(args, timeout=120):
                               timeout=timeout, preexec_fn=limit)
     except subprocess.TimeoutExpired:
         return None
-
-
-def check(cond, what):
-    global passed, failed
-    if cond:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL: " + what, file=sys.stderr)
-
-
-def idx(name, off):
-    with gzip.open(os.path.join(FMNIST, name)) as f:
-        return np.frombuffer(f.read(), np.uint8, offset=off)
-
-
-def write_idx(path, arr, magic):
-    hdr = struct.pack(">I", magic) + b"".join(struct.pack(">I", d)
-                                              for d in arr.shape)
-    with gzip.open(path, "wb") as f:
-        f.write(hdr + arr.tobytes())
-
-
-def make_data(d):
-    for kind, n in (("train", 256), ("t10k", 64)):
-        x = idx(kind + "-images-idx3-ubyte.gz", 16).reshape(-1, 28, 28)[:n]
-        y = idx(kind + "-labels-idx1-ubyte.gz", 8)[:n]
-        write_idx(os.path.join(d, kind + "-images-idx3-ubyte.gz"), x, 0x803)
-        write_idx(os.path.join(d, kind + "-labels-idx1-ubyte.gz"), y, 0x801)
 
 
 def config(d, ckdir, steps):
@@ -209,7 +176,7 @@ def main():
     try:
         data = os.path.join(work, "data")
         os.mkdir(data)
-        make_data(data)
+        write_fmnist_slice(data, 256, 64)
         base = os.path.join(work, "base")
         r = run(["train", config(data, base, 4)], timeout=300)
         if r is None or r.returncode != 0:
@@ -226,8 +193,7 @@ def main():
                 attack(base, work, data, m, s, long)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print("%d passed, %d failed" % (passed, failed))
-    return 1 if failed else 0
+    return check.report()
 
 
 if __name__ == "__main__":

@@ -16,12 +16,10 @@ code with keel (h5py, numpy, onnx and the standard library only):
   learning rate following a per-epoch step decay in scalars.csv and the event
   file, a validation line per epoch.
 Run by tests/it_export.sh with KEEL_BUILDDIR and KEEL_SRCDIR set."""
-import gzip
 import json
 import os
 import re
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
@@ -29,10 +27,11 @@ import tempfile
 import h5py
 import numpy as np
 
-FMNIST = "/usr/share/datasets/fashion-mnist"
-KEEL = os.path.join(os.environ["KEEL_BUILDDIR"], "keel")
+from py_common import (FMNIST, Tally, attr_list, ckpt_variables, keel,
+                       onnx_run, read_safetensors, write_fmnist_slice)
+
 SRC = os.environ.get("KEEL_SRCDIR", ".")
-passed = failed = 0
+check = Tally("it_export")
 
 
 
@@ -46,47 +45,10 @@ def keel_name(keras):
         return "%s_%d/%s" % (base, int(n) + 1, weight)
     return "%s_1/%s" % (layer, weight)
 
-def check(cond, what):
-    global passed, failed
-    if cond:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL: " + what, file=sys.stderr)
-
-
-def keel(*args, ok=True):
-    r = subprocess.run([KEEL] + [str(a) for a in args], capture_output=True,
-                       text=True, timeout=600)
-    if ok and r.returncode != 0:
-        raise SystemExit("keel %s failed (%d): %s" % (" ".join(map(str, args)),
-                                                      r.returncode, r.stderr))
-    return r
-
-
 # ---- data: a small slice of Fashion-MNIST, as IDX (gz), .npy and HDF5 ----
 
-def idx(name, off):
-    with gzip.open(os.path.join(FMNIST, name)) as f:
-        return np.frombuffer(f.read(), np.uint8, offset=off)
-
-
-def write_idx(path, arr, magic):
-    hdr = struct.pack(">I", magic) + b"".join(struct.pack(">I", d)
-                                              for d in arr.shape)
-    with gzip.open(path, "wb") as f:
-        f.write(hdr + arr.tobytes())
-
-
 def make_data(d):
-    xtr = idx("train-images-idx3-ubyte.gz", 16).reshape(-1, 28, 28)[:640]
-    ytr = idx("train-labels-idx1-ubyte.gz", 8)[:640]
-    xte = idx("t10k-images-idx3-ubyte.gz", 16).reshape(-1, 28, 28)[:500]
-    yte = idx("t10k-labels-idx1-ubyte.gz", 8)[:500]
-    write_idx(os.path.join(d, "train-images-idx3-ubyte.gz"), xtr, 0x803)
-    write_idx(os.path.join(d, "train-labels-idx1-ubyte.gz"), ytr, 0x801)
-    write_idx(os.path.join(d, "t10k-images-idx3-ubyte.gz"), xte, 0x803)
-    write_idx(os.path.join(d, "t10k-labels-idx1-ubyte.gz"), yte, 0x801)
+    xte, yte = write_fmnist_slice(d, 640, 500)
     np.save(os.path.join(d, "test.npy"), xte)
     with h5py.File(os.path.join(d, "test.h5"), "w") as f:
         f["x"] = xte.astype(np.float32) / np.float32(255)
@@ -94,18 +56,6 @@ def make_data(d):
 
 
 # ---- the Keras weight layout, read by its rules ---------------------------
-
-def attr_list(group, name):
-    """load_attributes_from_hdf5_group: name, or name0, name1, ..."""
-    if name in group.attrs:
-        raw = list(group.attrs[name])
-    else:
-        raw, k = [], 0
-        while "%s%d" % (name, k) in group.attrs:
-            raw += list(group.attrs["%s%d" % (name, k)])
-            k += 1
-    return [n.decode("utf8") if hasattr(n, "decode") else n for n in raw]
-
 
 def relu(x):
     return np.maximum(x, 0)
@@ -162,90 +112,7 @@ def keras_h5_logits(path, x):
         return h
 
 
-# ---- safetensors, parsed by hand -------------------------------------------
-
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        blob = f.read()
-    (hl,) = struct.unpack("<Q", blob[:8])
-    header = json.loads(blob[8:8 + hl].decode("utf8"))
-    data = blob[8 + hl:]
-    meta = header.pop("__metadata__", {})
-    assert all(isinstance(v, str) for v in meta.values())
-    spans, out = [], {}
-    for name, e in header.items():
-        assert e["dtype"] == "F32", e
-        b, end = e["data_offsets"]
-        n = int(np.prod(e["shape"])) if e["shape"] else 1
-        assert end - b == 4 * n, (name, e)
-        spans.append((b, end))
-        out[name] = (tuple(e["shape"]), data[b:end])
-    spans.sort()
-    pos = 0
-    for b, end in spans:                 # no holes, no overlaps
-        assert b == pos, spans
-        pos = end
-    assert pos == len(data)
-    return out, meta
-
-
-def ckpt_variables(path):
-    out = {}
-    with h5py.File(path, "r") as f:
-        f["variables"].visititems(
-            lambda n, o: out.__setitem__(n, np.asarray(o[()], "<f4"))
-            if isinstance(o, h5py.Dataset) else None)
-    return out
-
-
-# ---- ONNX: checker, initializers, and a small numpy interpreter ----------
-
-def onnx_run(model, x):
-    from onnx import helper, numpy_helper
-    env = {i.name: numpy_helper.to_array(i).astype(np.float64)
-           for i in model.graph.initializer}
-    env[model.graph.input[0].name] = x[..., None]
-    for node in model.graph.node:
-        a = {at.name: helper.get_attribute_value(at) for at in node.attribute}
-        i = [env[n] for n in node.input]
-        op = node.op_type
-        if op == "Transpose":
-            y = np.transpose(i[0], a["perm"])
-        elif op == "Conv":
-            assert list(a.get("strides", [1, 1])) == [1, 1]
-            assert not any(a.get("pads", [0, 0, 0, 0]))
-            xx, w = i[0], i[1]
-            kh, kw = w.shape[2:]
-            oh, ow = xx.shape[2] - kh + 1, xx.shape[3] - kw + 1
-            y = np.zeros((xx.shape[0], w.shape[0], oh, ow))
-            for p in range(kh):
-                for q in range(kw):
-                    y += np.einsum("nchw,oc->nohw",
-                                   xx[:, :, p:p + oh, q:q + ow], w[:, :, p, q])
-            y += i[2][None, :, None, None]
-        elif op == "Relu":
-            y = relu(i[0])
-        elif op == "Tanh":
-            y = np.tanh(i[0])
-        elif op == "MaxPool":
-            assert list(a["kernel_shape"]) == [2, 2]
-            assert list(a["strides"]) == [2, 2]
-            n, c, h, w = i[0].shape
-            y = i[0][:, :, :h // 2 * 2, :w // 2 * 2].reshape(
-                n, c, h // 2, 2, w // 2, 2).max(axis=(3, 5))
-        elif op == "Flatten":
-            y = i[0].reshape(i[0].shape[0], -1)
-        elif op == "Gemm":
-            assert not a.get("transA", 0) and not a.get("transB", 0)
-            y = i[0] @ i[1] + i[2]
-        elif op == "Softmax":
-            e = np.exp(i[0] - i[0].max(axis=-1, keepdims=True))
-            y = e / e.sum(axis=-1, keepdims=True)
-        else:
-            raise AssertionError("unexpected op " + op)
-        env[node.output[0]] = y
-    return env[model.graph.output[0].name]
-
+# ---- the checks -------------------------------------------------------------
 
 def accuracy_of(out):
     m = re.search(r"accuracy ([0-9.]+)", out)
@@ -345,7 +212,7 @@ def export_checks(d, kind, x, y):
     # safetensors
     st = os.path.join(d, kind + ".safetensors")
     keel("export", ckpt, "--format", "safetensors", "-o", st)
-    tensors, meta = read_safetensors(st)
+    tensors, meta, _ = read_safetensors(st)
     check(set(tensors) == set(variables),
           "%s: safetensors names %s" % (kind, sorted(tensors)))
     check(all(tensors[n][0] == variables[n].shape and
@@ -377,7 +244,7 @@ def export_checks(d, kind, x, y):
         inits[n].dtype == np.float32 and
         np.array_equal(inits[n].view("<u4"), variables[n].view("<u4"))
         for n in inits), "%s: onnx initializers = checkpoint" % kind)
-    oacc = (onnx_run(model, x).argmax(axis=1) == y).mean()
+    oacc = (onnx_run(model, x[..., None]).argmax(axis=1) == y).mean()
     check(abs(oacc - acc) < 1e-4, "%s: onnx graph accuracy %.6f vs keel "
           "%.6f" % (kind, oacc, acc))
 
@@ -504,8 +371,7 @@ def main():
               "unknown export format is a usage error")
     finally:
         shutil.rmtree(d)
-    print("it_export: %d passed, %d failed" % (passed, failed))
-    return 1 if failed else 0
+    return check.report()
 
 
 if __name__ == "__main__":

@@ -19,76 +19,17 @@ Run by tests/it_export_any.sh with KEEL_BUILDDIR and KEEL_SRCDIR set."""
 import json
 import os
 import shutil
-import struct
-import subprocess
 import sys
 import tempfile
 
 import h5py
 import numpy as np
 
-BUILD = os.environ["KEEL_BUILDDIR"]
-KEEL = os.path.join(BUILD, "keel")
-passed = failed = 0
+from py_common import (BUILD, Tally, attr_list, ckpt_variables,
+                       conv_nchw, keel, maxpool_nchw, onnx_run,
+                       read_safetensors, run, softmax)
 
-
-def check(cond, what):
-    global passed, failed
-    if cond:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL: " + what, file=sys.stderr)
-
-
-def run(args, ok=True):
-    r = subprocess.run([str(a) for a in args], capture_output=True,
-                       text=True, timeout=300)
-    if ok and r.returncode != 0:
-        raise SystemExit("%s failed (%d): %s%s" % (" ".join(map(str, args)),
-                                                   r.returncode, r.stdout,
-                                                   r.stderr))
-    return r
-
-
-def keel(*args, ok=True):
-    return run([KEEL] + list(args), ok)
-
-
-def read_safetensors(path):
-    """The format by hand: u64 LE header length, JSON header, data."""
-    with open(path, "rb") as f:
-        blob = f.read()
-    (hl,) = struct.unpack("<Q", blob[:8])
-    assert 8 + hl <= len(blob)
-    header = json.loads(blob[8:8 + hl].decode("utf8"))
-    data = blob[8 + hl:]
-    meta = header.pop("__metadata__", {})
-    assert all(isinstance(v, str) for v in meta.values())
-    spans, out = [], {}
-    for name, e in header.items():
-        assert e["dtype"] == "F32", e
-        b, end = e["data_offsets"]
-        n = int(np.prod(e["shape"])) if e["shape"] else 1
-        assert end - b == 4 * n, (name, e)
-        spans.append((b, end))
-        out[name] = (tuple(e["shape"]), data[b:end])
-    spans.sort()
-    pos = 0
-    for b, end in spans:                 # no holes, no overlaps
-        assert b == pos, spans
-        pos = end
-    assert pos == len(data)
-    return out, meta, 8 + hl
-
-
-def ckpt_variables(path):
-    out = {}
-    with h5py.File(path, "r") as f:
-        f["variables"].visititems(
-            lambda n, o: out.__setitem__(n, np.asarray(o[()], "<f4"))
-            if isinstance(o, h5py.Dataset) else None)
-    return out
+check = Tally("it_export_any")
 
 
 def same_bits(a, b):
@@ -96,74 +37,7 @@ def same_bits(a, b):
     return a.shape == b.shape and np.array_equal(a.view("<u4"), b.view("<u4"))
 
 
-# ---- numpy: the reference forward pass and an ONNX interpreter ------------
-
-def softmax(x):
-    e = np.exp(x - x.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
-
-
-def conv_nchw(x, w, b, strides):
-    kh, kw = w.shape[2:]
-    sh, sw = strides
-    oh, ow = (x.shape[2] - kh) // sh + 1, (x.shape[3] - kw) // sw + 1
-    y = np.zeros((x.shape[0], w.shape[0], oh, ow))
-    for p in range(kh):
-        for q in range(kw):
-            y += np.einsum("nchw,oc->nohw",
-                           x[:, :, p:p + sh * (oh - 1) + 1:sh,
-                             q:q + sw * (ow - 1) + 1:sw], w[:, :, p, q])
-    return y + b[None, :, None, None]
-
-
-def maxpool_nchw(x, k, s):
-    oh, ow = (x.shape[2] - k[0]) // s[0] + 1, (x.shape[3] - k[1]) // s[1] + 1
-    y = np.full(x.shape[:2] + (oh, ow), -np.inf)
-    for p in range(k[0]):
-        for q in range(k[1]):
-            y = np.maximum(y, x[:, :, p:p + s[0] * (oh - 1) + 1:s[0],
-                                q:q + s[1] * (ow - 1) + 1:s[1]])
-    return y
-
-
-def onnx_run(model, x):
-    from onnx import helper, numpy_helper
-    env = {i.name: numpy_helper.to_array(i).astype(np.float64)
-           for i in model.graph.initializer}
-    env[model.graph.input[0].name] = x
-    for node in model.graph.node:
-        a = {at.name: helper.get_attribute_value(at) for at in node.attribute}
-        i = [env[n] for n in node.input]
-        op = node.op_type
-        if op == "Transpose":
-            y = np.transpose(i[0], a["perm"])
-        elif op == "Conv":
-            assert not any(a.get("pads", [0, 0, 0, 0]))
-            y = conv_nchw(i[0], i[1], i[2], a.get("strides", [1, 1]))
-        elif op == "MaxPool":
-            y = maxpool_nchw(i[0], a["kernel_shape"], a["strides"])
-        elif op == "Relu":
-            y = np.maximum(i[0], 0)
-        elif op == "Tanh":
-            y = np.tanh(i[0])
-        elif op == "Sigmoid":
-            y = 1 / (1 + np.exp(-i[0]))
-        elif op == "Flatten":
-            assert a.get("axis", 1) == 1
-            y = i[0].reshape(i[0].shape[0], -1)
-        elif op == "Gemm":
-            assert not a.get("transA", 0) and not a.get("transB", 0)
-            y = i[0] @ i[1] + i[2]
-        elif op == "Softmax":
-            assert a.get("axis", -1) in (-1, 1)
-            y = softmax(i[0])
-        elif op == "Identity":
-            y = i[0]
-        else:
-            raise AssertionError("unexpected op " + op)
-        env[node.output[0]] = y
-    return env[model.graph.output[0].name]
-
+# ---- numpy: the reference forward pass --------------------------------------
 
 def reference(kind, v, x):
     """What the program's model computes, from its variables."""
@@ -177,11 +51,6 @@ def reference(kind, v, x):
                   (1, 1))
     h = maxpool_nchw(np.maximum(h, 0), (2, 2), (2, 2)).transpose(0, 2, 3, 1)
     return h.reshape(h.shape[0], -1) @ v["fc/kernel"] + v["fc/bias"]
-
-
-def attr_list(group, name):
-    return [n.decode("utf8") if hasattr(n, "decode") else n
-            for n in group.attrs[name]]
 
 
 # ---- the checks -------------------------------------------------------------
@@ -349,8 +218,7 @@ def main():
         corrupt_description_checks(d, ckpt, arch)
     finally:
         shutil.rmtree(d)
-    print("it_export_any: %d passed, %d failed" % (passed, failed))
-    return 1 if failed else 0
+    return check.report()
 
 
 if __name__ == "__main__":

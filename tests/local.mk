@@ -19,6 +19,10 @@ EXTRA_DIST += tests/algorithm_kills.sh
 # tests/read_trace.py) share.
 EXTRA_DIST += tests/read_common.py
 
+# What the Python integration tests (it_export.py, it_export_any.py,
+# ckpt_adversarial.py) share: running keel, test data, independent readers.
+EXTRA_DIST += tests/py_common.py
+
 # The layering check: no file includes a header of, or calls a function
 # of, a higher layer or a sibling (the table in docs/architecture.md);
 # layering_plant.sh plants an upward call and include and sees it fail.
