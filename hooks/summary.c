@@ -93,13 +93,15 @@ close_events(keel_events *w)
 }
 
 /* A hook's event output: the directory it was given (owned; NULL: none)
- * and, from its first begin on, the shared writer for it (NULL while
- * closed or when the file could not be opened); who is the hook in
- * messages ("step counter"). */
+ * and, from its first event on, the shared writer for it (NULL until
+ * then and when the file could not be opened: tried is set after the
+ * first attempt, so a failure warns once); who is the hook in messages
+ * ("step counter"). */
 typedef struct events_out {
     char *dir;
     keel_events *w;
     const char *who;
+    int tried;
 } events_out;
 
 /* Copy dir (NULL: no output) into e; ENOMEM names who. */
@@ -109,18 +111,23 @@ events_out_init(events_out *e, const char *dir, const char *who)
     e->w = NULL;
     e->dir = NULL;
     e->who = who;
+    e->tried = 0;
     if (dir != NULL && (e->dir = strdup(dir)) == NULL)
         return keel__fail(KEEL_ENOMEM, "%s hook: copy dir", who);
     return KEEL_OK;
 }
 
-/* At begin: open the writer unless there is no dir or it is open. */
-static keel_status
-events_out_begin(events_out *e)
+/* The writer, opened at the first event rather than at begin: a run
+ * refused before its first step (a checkpoint that does not fit, a bad
+ * directory) leaves no empty event file behind. NULL: no output. */
+static keel_events *
+events_out_writer(events_out *e)
 {
-    if (e->dir != NULL && e->w == NULL)
-        return open_events(e->dir, &e->w, e->who);
-    return KEEL_OK;
+    if (e->dir != NULL && e->w == NULL && !e->tried) {
+        e->tried = 1;
+        (void)open_events(e->dir, &e->w, e->who);
+    }
+    return e->w;
 }
 
 /* At end: flush what was written; a failure is a warning. */
@@ -140,14 +147,8 @@ events_out_free(events_out *e)
 }
 
 /* The hooks that write events (step counter, summary saver) keep their
- * events_out first in their context, so one begin, end and destroy serve
+ * events_out first in their context, so one end and destroy serve
  * them all. */
-static keel_status
-events_hook_begin(void *ctx)
-{
-    return events_out_begin(ctx);
-}
-
 static keel_status
 events_hook_end(void *ctx, keel_session *s, keel_end_reason why)
 {
@@ -197,8 +198,9 @@ counter_after_run(void *ctx, keel_run_context *rc, const keel_run_values *v)
     if (keel_timer_update(&h->timer, gs, &dt, &dsteps) && dt > 0) {
         double rate = (double)dsteps / dt;
         keel__log(KEEL_LOG_INFO, "global_step/sec: %g", rate);
-        if (h->ev.w != NULL) {
-            keel_status st = keel_events_scalar(h->ev.w, gs,
+        keel_events *w = events_out_writer(&h->ev);
+        if (w != NULL) {
+            keel_status st = keel_events_scalar(w, gs,
                                                 "global_step/sec", rate);
             if (st != KEEL_OK)
                 return keel__wrap(st, "step counter hook at step %lld",
@@ -256,7 +258,6 @@ keel_step_counter_hook_new(const keel_step_counter_hook_config *cfg,
     }
     keel__hooks_fill(out, "step_counter", h, KEEL_HOOK_STEP_COUNTER,
                      events_hook_destroy);
-    out->begin = events_hook_begin;
     out->after_run = counter_after_run;
     out->end = events_hook_end;
     out->wake = counter_wake;
@@ -291,6 +292,7 @@ summary_after(void *ctx, keel_run_context *rc, const keel_run_values *v)
 {
     summary_hook *h = ctx;
     int64_t gs = keel_run_values_step_after(v);
+    keel_events *w;
     size_t i;
     (void)rc;
     if (!h->is_requested)
@@ -298,8 +300,9 @@ summary_after(void *ctx, keel_run_context *rc, const keel_run_values *v)
     // Consumed: until the next before_run asks again, after_run is idle.
     h->is_requested = 0;
     keel_timer_update(&h->timer, gs, NULL, NULL);
-    for (i = 0; i < h->n && h->ev.w != NULL; i++) {
-        keel_status st = keel_events_scalar(h->ev.w, gs, h->names[i],
+    w = events_out_writer(&h->ev);
+    for (i = 0; i < h->n && w != NULL; i++) {
+        keel_status st = keel_events_scalar(w, gs, h->names[i],
                                             keel_run_values_get(v,
                                                                 h->names[i]));
         if (st != KEEL_OK)
@@ -366,7 +369,6 @@ keel_summary_hook_new(const keel_summary_hook_config *cfg, keel_hook *out)
     }
     keel__hooks_fill(out, "summary_saver", h, KEEL_HOOK_SUMMARY,
                      events_hook_destroy);
-    out->begin = events_hook_begin;
     out->before_run = summary_before;
     out->after_run = summary_after;
     out->end = events_hook_end;
