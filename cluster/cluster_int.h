@@ -484,7 +484,7 @@ keel_status keel__algo_worker_step(keel__algo_worker *w, keel_vars *vs,
                                    const keel__algo_io *io,
                                    int64_t *new_step);
 
-/* ---- client and parameter server (wire.c, ps.c) ------------------------ */
+/* ---- client and parameter server (wire.c, ps*.c) ----------------------- */
 
 typedef struct keel__wire_client keel__wire_client;
 /* A DEALER connected to endpoint, in its own zmq context. */

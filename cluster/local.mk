@@ -1,6 +1,9 @@
 # cluster/: cluster spec, wire protocol, parameter servers, workers.
 libkeel_core_la_SOURCES += cluster/cluster_int.h cluster/spec.c cluster/slurm.c \
-	cluster/wire.c cluster/security.c cluster/ps.c \
+	cluster/wire.c cluster/security.c \
+	cluster/ps_int.h cluster/ps.c cluster/ps_auth.c cluster/ps_values.c \
+	cluster/ps_push.c cluster/ps_aggregate.c cluster/ps_members.c \
+	cluster/ps_request.c \
 	cluster/defaults.h cluster/heartbeat.c \
 	cluster/allreduce_mpi.c cluster/algorithm.c \
 	cluster/spec_int.h cluster/tfconfig.c cluster/detect.c \

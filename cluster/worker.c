@@ -216,9 +216,10 @@ keel_cluster_backend_free(keel_cluster_backend *w)
 }
 
 /* Tell every ps that this replica's session ended by itself at its
- * global step (real_leave in ps.c): the other replicas of a sync job
- * would otherwise wait for its next push until step_timeout_secs. Best
- * effort: a ps that does not answer within LEAVE_TIMEOUT_MS is gone. */
+ * global step (keel__ps_real_leave, ps_members.c): the other replicas of
+ * a sync job would otherwise wait for its next push until
+ * step_timeout_secs. Best effort: a ps that does not answer within
+ * LEAVE_TIMEOUT_MS is gone. */
 static void
 send_leave(keel_cluster_backend *w, keel_vars *vs, keel_end_reason why)
 {

@@ -1,0 +1,238 @@
+/* ps_members.c - the replicas a ps serves: membership (joined, silent
+ * past the liveness deadline, LEAVE), the status text naming the ones a
+ * sync step lacks, the stall watch, and each replica's budget of pushes
+ * that make no progress. */
+#include <config.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <keel/hooks.h>
+#include "ps_int.h"
+#include "defaults.h"
+
+/* The replicas tracked for liveness (a replica not heard from yet counts
+ * from now) and membership: the spec's (sync, or a rule that admits no
+ * joiners), else up to KEEL__CLUSTER_MAX_REPLICAS. */
+keel_status
+keel__ps_alloc_members(keel__ps *ps)
+{
+    ps->started_ns = keel__now_mono_ns();
+    ps->fixed = ps->sync || (ps->rule != NULL &&
+                             !keel_algorithm_admits_joiners(ps->rule->a->c.name));
+    ps->n_slots = ps->fixed || ps->total_replicas > KEEL__CLUSTER_MAX_REPLICAS
+        ? ps->total_replicas : KEEL__CLUSTER_MAX_REPLICAS;
+    ps->last_heard = calloc((size_t)ps->n_slots, sizeof *ps->last_heard);
+    ps->member = calloc((size_t)ps->n_slots, 1);
+    ps->push_budget = calloc((size_t)ps->n_slots, sizeof *ps->push_budget);
+    ps->push_budget_ns = calloc((size_t)ps->n_slots,
+                                sizeof *ps->push_budget_ns);
+    if (ps->last_heard == NULL || ps->member == NULL ||
+        ps->push_budget == NULL || ps->push_budget_ns == NULL)
+        return keel__fail(KEEL_ENOMEM, "ps: %d replicas", ps->total_replicas);
+    for (int r = 0; r < ps->n_slots; r++) {
+        ps->push_budget[r] = PUSH_BURST;
+        ps->push_budget_ns[r] = ps->started_ns;
+    }
+    return KEEL_OK;
+}
+
+/* "applied=A dropped=D ready=R step=S", " refused=P" once pushes were
+ * refused (a step already held, over budget) and, while a sync step is
+ * partly filled, " waiting=K/N missing=worker 1 (silent 2.5 s),...". */
+void
+keel__ps_status_text(const keel__ps *ps, char *buf, size_t size)
+{
+    size_t len;
+    int k = keel__ps_pending_count(ps);
+    int64_t now = keel__now_mono_ns();
+    snprintf(buf, size, "applied=%ld dropped=%ld ready=%d step=%lld",
+             ps->applied, ps->dropped, ps->is_ready,
+             (long long)keel_vars_global_step(ps->vars));
+    if (ps->refused_pushes > 0) {
+        len = strlen(buf);
+        snprintf(buf + len, size - len, " refused=%ld", ps->refused_pushes);
+    }
+    if (!ps->sync || k == 0)
+        return;
+    len = strlen(buf);
+    snprintf(buf + len, size - len, " waiting=%.1fs have=%d/%d missing=",
+             (double)(now - ps->pending_since_ns) / 1e9, k,
+             ps->replicas_to_aggregate);
+    for (int r = 0, first = 1; r < ps->total_replicas; r++) {
+        char name[32];
+        int64_t heard = ps->last_heard[r] ? ps->last_heard[r]
+                                          : ps->started_ns;
+        if (ps->pending[r].used)
+            continue;
+        keel__ps_replica_name(ps, r, name, sizeof name);
+        len = strlen(buf);
+        if (len + 1 >= size)
+            break;
+        snprintf(buf + len, size - len, "%s%s (silent %.1f s)",
+                 first ? "" : ",", name, (double)(now - heard) / 1e9);
+        first = 0;
+    }
+}
+
+/* Why a worker beyond the spec is refused ("" when one may join). */
+const char *
+keel__ps_fixed_why(const keel__ps *ps)
+{
+    if (!ps->fixed)
+        return "";
+    if (ps->sync)
+        return "; sync mode keeps this fixed count: a worker joins a "
+               "running job only in async mode";
+    return "; this update rule keeps state per replica the job started "
+           "with (dynsgd, adag): a worker joins a running job only under "
+           "async, hogwild, downpour, downpour_easy, agn, aeasgd or "
+           "aeamsgd";
+}
+
+/* A replica was heard from: it joins when it was not a member. */
+void
+keel__ps_member_heard(keel__ps *ps, int r, int64_t now)
+{
+    char name[32];
+    ps->last_heard[r] = now;
+    if (ps->member[r])
+        return;
+    ps->member[r] = 1;
+    ps->n_members++;
+    keel__ps_replica_name(ps, r, name, sizeof name);
+    keel__log(KEEL_LOG_INFO, "ps %d: %s joined%s; %d live replica%s",
+              ps->task_index, name, r >= ps->total_replicas
+              ? " (async: not in the cluster spec this ps started with; "
+                "its pushes are applied)" : "",
+              ps->n_members, ps->n_members == 1 ? "" : "s");
+}
+
+/* Forget the members silent for longer than the liveness deadline. */
+static void
+member_sweep(keel__ps *ps, int64_t now)
+{
+    int64_t dead = (int64_t)ps->dead_after_ms * 1000000;
+    if (ps->dead_after_ms <= 0 || ps->n_members == 0)
+        return;
+    for (int r = 0; r < ps->n_slots; r++) {
+        char name[32];
+        if (!ps->member[r] || now - ps->last_heard[r] <= dead)
+            continue;
+        ps->member[r] = 0;
+        ps->n_members--;
+        keel__ps_replica_name(ps, r, name, sizeof name);
+        keel__log(KEEL_LOG_INFO, "ps %d: %s left: silent %.1f s "
+                  "(cluster.dead_after_ms = %d); forgotten, %d live "
+                  "replica%s", ps->task_index, name,
+                  (double)(now - ps->last_heard[r]) / 1e9,
+                  ps->dead_after_ms, ps->n_members,
+                  ps->n_members == 1 ? "" : "s");
+    }
+}
+
+void
+keel__ps_watch(keel__ps *ps, int stall_ms)
+{
+    int64_t now = keel__now_mono_ns();
+    int64_t stall = (int64_t)stall_ms * 1000000;
+    char text[512];
+    member_sweep(ps, now);
+    if (stall_ms <= 0 || !ps->sync || keel__ps_pending_count(ps) == 0 ||
+        now - ps->pending_since_ns < stall ||
+        now - ps->last_stall_log_ns < stall)
+        return;
+    ps->last_stall_log_ns = now;
+    keel__ps_status_text(ps, text, sizeof text);
+    keel__log(KEEL_LOG_WARN, "ps %d: sync step %lld is stalled: %s",
+              ps->task_index, (long long)keel_vars_global_step(ps->vars),
+              strstr(text, "waiting=") ? strstr(text, "waiting=") : text);
+}
+
+int64_t
+keel__ps_chief_silent_ms(const keel__ps *ps)
+{
+    int64_t heard = ps->last_heard[0] ? ps->last_heard[0] : ps->started_ns;
+    return (keel__now_mono_ns() - heard) / 1000000;
+}
+
+/* Take one from replica r's budget of pushes that make no progress, after
+ * regaining what time gave it; 0 when it is empty. */
+int
+keel__ps_push_budget_take(keel__ps *ps, int r)
+{
+    int64_t now = keel__now_mono_ns();
+    int64_t every = (int64_t)PUSH_REFILL_MS * 1000000;
+    int64_t gained = (now - ps->push_budget_ns[r]) / every;
+    if (gained > 0) {
+        int64_t b = ps->push_budget[r] + gained;
+        ps->push_budget[r] = b > PUSH_BURST ? PUSH_BURST : (int)b;
+        ps->push_budget_ns[r] += gained * every;
+    }
+    if (ps->push_budget[r] == 0)
+        return 0;
+    ps->push_budget[r]--;
+    return 1;
+}
+
+/* A sync step completed: every replica regains one (a backup worker's
+ * stale push each step costs it nothing in the end). */
+void
+keel__ps_push_budget_step(keel__ps *ps)
+{
+    for (int r = 0; r < ps->n_slots; r++)
+        if (ps->push_budget[r] < PUSH_BURST)
+            ps->push_budget[r]++;
+}
+
+/* A replica's session ended by itself (a stop request, the end of its
+ * input, its program closing it) at the step in the header. A sync step
+ * needs every replica (no backups) or a fixed count of them, so a sync job
+ * ends there, as TF's never did: the held pushes and every later one are
+ * answered KEEL_EOUTOFRANGE with the reason, and the other replicas end
+ * their sessions at the step they were at (the chief with its final
+ * checkpoint, then SHUTDOWN). Async: the replica is forgotten. */
+keel_status
+keel__ps_real_leave(keel__ps *ps, keel__wire_msg *req)
+{
+    int r = keel__ps_replica_of(ps, &req->h);
+    char name[32], what[320];
+    if (r < 0)
+        return keel__fail(KEEL_EINVAL, "LEAVE from a task that is not a "
+                          "training replica");
+    keel__ps_replica_name(ps, r, name, sizeof name);
+    if (ps->pending != NULL && r < ps->total_replicas &&
+        ps->pending[r].used)
+        return keel__fail(KEEL_EINVAL, "LEAVE of %s refused: its push for "
+                          "step %lld is held here, and a replica leaves only "
+                          "between its steps (after its last push was "
+                          "answered); the held push stands", name,
+                          (long long)keel_vars_global_step(ps->vars));
+    snprintf(what, sizeof what, "%s ended its session at step %lld (%s)",
+             name, (long long)req->h.global_step,
+             req->h.arg <= KEEL_END_SIGNAL
+                 ? keel_end_reason_name((keel_end_reason)req->h.arg)
+                 : "no reason given");
+    if (ps->member[r]) {
+        ps->member[r] = 0;
+        ps->n_members--;
+    }
+    if (ps->sync && ps->job_end[0] == '\0') {
+        snprintf(ps->job_end, sizeof ps->job_end, "%s; a sync job stops "
+                 "when one of its replicas does: every replica stops at "
+                 "its current step", what);
+        keel__log(KEEL_LOG_INFO, "ps %d: %s; the sync job stops (at step "
+                  "%lld here)", ps->task_index, what,
+                  (long long)keel_vars_global_step(ps->vars));
+        /* a step the chief is applying (backups) completes first: its
+         * COMMIT answers the held pushes, and their next ones end */
+        if (!ps->awaiting_commit)
+            keel__ps_fail_pending(ps, KEEL_EOUTOFRANGE, ps->job_end);
+    } else {
+        keel__log(KEEL_LOG_INFO, "ps %d: %s; %d live replica%s",
+                  ps->task_index, what, ps->n_members,
+                  ps->n_members == 1 ? "" : "s");
+    }
+    return keel__ps_send_done(ps, req, KEEL_MSG_LEAVE);
+}
