@@ -5,7 +5,10 @@
 #   <!-- run by tests/docs_commands.sh -->
 #   <!-- not run by tests/docs_commands.sh: REASON -->
 # A block without one fails the test (file and line named), so a new block
-# is either run or says why not. Run blocks execute line by line (set -e)
+# is either run or says why not; so does a command line in an indented code
+# block (four spaces after a blank line, starting with keel, ./, cc, make,
+# python3, srun, sbatch, mpirun, kubectl and the like), which no block
+# marker can reach. Run blocks execute line by line (set -e)
 # in a temporary directory holding examples/*.c, with the build's keel on
 # PATH, pkg-config answering for the build tree and /tmp/ rewritten to the
 # temporary directory (in a sanitizer build, keel.pc carries the
@@ -42,7 +45,11 @@ for f in "$src/README.md" "$src"/docs/*.md; do
             m = (mark != "" && NR - at <= 2) ? mark : "none"
             print F ":" NR "\t" m; on = 1; mark = ""; next }
         on && /^```$/ { print "@@end"; on = 0; next }
-        on { print }' "$f"
+        on { print; next }
+        /^```/ { fence = !fence; next }
+        !fence && prev ~ /^[ \t]*$/ && /^    (\.\/[^ ]+|keel|cc|make|python3|sh|srun|sbatch|salloc|mpirun|kubectl|export|[A-Z_]+=)[ ]/ {
+            print F ":" NR "\tindented"; print "@@end" }
+        { prev = $0 }' "$f"
 done >"$dir/blocks"
 
 fail=0 ran=0 skipped=0 head= mode=
@@ -59,11 +66,15 @@ while IFS= read -r line; do
         elif [ "$mode" = none ]; then
             echo "FAIL $head: a sh block with no run / not-run marker"
             fail=$((fail + 1))
+        elif [ "$mode" = indented ]; then
+            echo "FAIL $head: a command in an indented code block: make it" \
+                 "a \`\`\`sh block with a run / not-run marker"
+            fail=$((fail + 1))
         else
             skipped=$((skipped + 1))
         fi
         mode= ;;
-    *"	run"|*"	skip"|*"	none")
+    *"	run"|*"	skip"|*"	none"|*"	indented")
         head=${line%"	"*}; mode=${line##*"	"}; : >"$dir/block.sh" ;;
     *)
         printf '%s\n' "$line" | sed "s|/tmp/|$dir/tmp/|g" >>"$dir/block.sh" ;;
