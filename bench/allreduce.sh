@@ -20,37 +20,18 @@ ROUNDS=${ROUNDS:-3}
 EXAMPLES=${EXAMPLES:-38400}
 BYTES_STEPS=${BYTES_STEPS:-20}
 OUT=${BENCH_OUT:-$PWD/allreduce-bench}
-MPIRUN=$(command -v mpirun || true)
-if [ -z "$MPIRUN" ]; then
-    echo "allreduce.sh: mpirun missing (apt-get install openmpi-bin libopenmpi-dev, then re-run configure)" >&2
-    exit 3
-fi
-root=()
-if [ "$(id -u)" = 0 ]; then root=(--allow-run-as-root); fi
+. "$here/common.sh"
+bench_mpirun allreduce.sh
 mkdir -p "$OUT"
 : > "$OUT/bytes.jsonl"
 : > "$OUT/speed.jsonl"
-. "$here/common.sh"
 bench_machine
 
-{ bench_mlp_momentum_ini; cat <<EOF
-[train]
-strategy = multi_worker_mirrored
-threads = 1
-batch_size = 64
-leaves = 8
-[checkpoint]
-dir = $OUT/run
-[hooks]
-log_every_steps = 0
-summary_every_steps = 0
-progress = off
-EOF
-} > "$OUT/mlp.ini"
+bench_mwm_ini "$OUT" 'batch_size = 64\nleaves = 8\n' > "$OUT/mlp.ini"
 
 run() {   # $1 build dir, $2 ranks, $3 steps, $4 log
     rm -rf "$OUT/run"
-    if ! OPENBLAS_NUM_THREADS=1 "$MPIRUN" "${root[@]}" -n "$2" --oversubscribe \
+    if ! OPENBLAS_NUM_THREADS=1 "$MPIRUN" -n "$2" --oversubscribe \
             --bind-to none --mca btl self,vader --mca oob_tcp_if_include lo \
             "$1/keel" train "$OUT/mlp.ini" -s "train.max_steps=$3" \
             > "$4" 2>&1; then

@@ -42,6 +42,33 @@ bench_out_dir() {
     mkdir -p "$d" && echo "$d"
 }
 
+# bench_mpirun ME: MPIRUN, the mpirun on PATH, with Open MPI's consent to
+# run as root exported when root runs it; ME's exit 3 naming the packages
+# when there is none.
+bench_mpirun() {
+    MPIRUN=$(command -v mpirun || true)
+    if [ -z "$MPIRUN" ]; then
+        echo "$1: mpirun missing (apt-get install openmpi-bin" \
+             "libopenmpi-dev, then re-run configure)" >&2
+        exit 3
+    fi
+    if [ "$(id -u)" = 0 ]; then
+        OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+        export OMPI_ALLOW_RUN_AS_ROOT OMPI_ALLOW_RUN_AS_ROOT_CONFIRM
+    fi
+}
+
+# bench_mwm_ini OUT [TRAIN_LINES]: the MLP below under
+# multi_worker_mirrored, one BLAS thread a rank, TRAIN_LINES ("key = v\n"
+# lines) added to [train], checkpoints in OUT/run, no logging hooks.
+bench_mwm_ini() {
+    bench_mlp_momentum_ini
+    printf '[train]\nstrategy = multi_worker_mirrored\nthreads = 1\n%b' \
+        "${2:-}"
+    printf '[checkpoint]\ndir = %s/run\n[hooks]\nlog_every_steps = 0\n' "$1"
+    printf 'summary_every_steps = 0\nprogress = off\n'
+}
+
 # The MLP 784-256-256-10 with momentum SGD on Fashion-MNIST (INI sections
 # [model], [data], [optimizer]; the caller appends the rest).
 bench_mlp_momentum_ini() {

@@ -18,35 +18,18 @@ ROUNDS=${ROUNDS:-3}
 EXAMPLES=${EXAMPLES:-38400}
 CNN_EXAMPLES=${CNN_EXAMPLES:-6400}
 OUT=${BENCH_OUT:-$PWD/mwm-bench}
-MPIRUN=$(command -v mpirun || true)
-if [ -z "$MPIRUN" ]; then
-    echo "mwm_train.sh: mpirun missing (apt-get install openmpi-bin libopenmpi-dev, then re-run configure)" >&2
-    exit 3
-fi
+. "$here/common.sh"
+bench_mpirun mwm_train.sh
 if [ "${DDP:-1}" = 1 ] && ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
     echo "mwm_train.sh: PyTorch missing: the DDP column is skipped (apt-get install python3-torch)" >&2
     DDP=0
 fi
-root=()
-if [ "$(id -u)" = 0 ]; then root=(--allow-run-as-root); fi
 mkdir -p "$OUT"
 : > "$OUT/keel.jsonl"
 : > "$OUT/ddp.jsonl"
-. "$here/common.sh"
 bench_machine
 
-{ bench_mlp_momentum_ini; cat <<EOF
-[train]
-strategy = multi_worker_mirrored
-threads = 1
-[checkpoint]
-dir = $OUT/run
-[hooks]
-log_every_steps = 0
-summary_every_steps = 0
-progress = off
-EOF
-} > "$OUT/mlp.ini"
+bench_mwm_ini "$OUT" > "$OUT/mlp.ini"
 sed -e 's/^type = mlp/type = cnn/' -e '/^hidden/d' \
     -e 's/^name = momentum/name = adam/' -e 's/^learning_rate = .*/learning_rate = 0.001/' \
     -e '/^momentum/d' "$OUT/mlp.ini" > "$OUT/cnn.ini"
@@ -54,7 +37,7 @@ sed -e 's/^type = mlp/type = cnn/' -e '/^hidden/d' \
 run_keel() {   # $1 model, $2 global batch, $3 examples
     local steps=$(( $3 / $2 )) log="$OUT/keel-$1-$2.log"
     rm -rf "$OUT/run"
-    if ! OPENBLAS_NUM_THREADS=1 "$MPIRUN" "${root[@]}" -n 2 --oversubscribe \
+    if ! OPENBLAS_NUM_THREADS=1 "$MPIRUN" -n 2 --oversubscribe \
             --bind-to none --mca btl self,vader --mca oob_tcp_if_include lo \
             "$build/keel" train "$OUT/$1.ini" -s "train.batch_size=$2" \
             -s "train.max_steps=$steps" > "$log" 2>&1; then
