@@ -1,7 +1,13 @@
 # session/: Scaffold, SessionManager, MonitoredSession, Coordinator.
+# MonitoredSession: monitored.c (construction, the step, close) over
+# recover.c (creation and recovery), hook_calls.c (calling the hooks),
+# step.c (the step and replicas) and stop.c (stops), sharing
+# monitored_int.h.
 libkeel_core_la_SOURCES += session/session_int.h session/step_pool.h \
 	session/chain.c \
-	session/coord.c session/manager.c session/monitored.c \
+	session/coord.c session/manager.c \
+	session/monitored_int.h session/monitored.c session/recover.c \
+	session/hook_calls.c session/step.c session/stop.c \
 	session/signal.c
 pkginclude_HEADERS += include/keel/session.h
 

@@ -2,7 +2,7 @@
  * run context, run values and named-value table of the hook chain
  * (chain.c), and what the session files share. Hooks see these only
  * through keel/hooks.h. Threads: a session is single-threaded (its alarm
- * thread, monitored.c, only raises a flag); the coordinator and the
+ * thread, hook_calls.c, only raises a flag); the coordinator and the
  * manager's wait/notify are thread-safe. */
 #ifndef KEEL_SESSION_INT_H
 #define KEEL_SESSION_INT_H

@@ -1,7 +1,15 @@
 # train/: the model library on numeric/: layers, models, K-FAC, Hogwild, data.
+# The model: model.c (building it), model_run.c (running it) and
+# model_desc.c (its architecture record, on model.c), sharing model_int.h.
+# Data: dataset.c (the handle) under the readers data_idx.c, data_hdf5.c
+# and data_inputs.c (any format, on those two), and data.c (examples and
+# batches) on top, sharing data_int.h.
 libkeel_core_la_SOURCES += train/train_int.h \
-	train/layers.c train/model.c train/hogwild.c \
-	train/kfac.c train/data.c
+	train/layers.c \
+	train/model_int.h train/model.c train/model_run.c train/model_desc.c \
+	train/hogwild.c train/kfac.c \
+	train/data_int.h train/dataset.c train/data_idx.c train/data_hdf5.c \
+	train/data_inputs.c train/data.c
 pkginclude_HEADERS += include/keel/train.h
 
 # Throughput / accuracy benchmark (bench/train.sh runs it); not installed.

@@ -41,7 +41,7 @@ void keel__bias_act_forward_ld(keel_activation a, float *y, size_t rows,
 void keel__act_backward_ld(keel_activation a, const float *y, float *dy,
                            size_t rows, size_t cols, size_t ld);
 /* Dense layers by column block, for the dense-only models' fixed halves
- * (train/model.c): outputs [c0, c1) of y = x w; of dw = x^T dy (beta 1 with
+ * (train/model_run.c): outputs [c0, c1) of y = x w; of dw = x^T dy (beta 1 with
  * accumulate) and db (column sums, added when accumulate); inputs [k0, k1)
  * of dx = dy w^T. Each column's bits equal the full-width call's only when
  * the call shapes match, so callers fix the blocks. */
@@ -153,7 +153,7 @@ size_t keel__model_piece(const keel_model *m);
 /* The model's pool (NULL on one thread), for work beside its steps. */
 keel__pool *keel__model_pool(keel_model *m);
 
-/* model.c: the model's architecture as a new JSON object (caller puts it;
+/* model_desc.c: the model's architecture as a new JSON object (caller puts it;
  * NULL if out of memory): model, input_shape, classes, hidden, activation,
  * init, output and the Keras-style layer list; and back into a model
  * config (KEEL_ECORRUPT naming the bad key). docs/checkpoint-format.md. */
@@ -162,7 +162,7 @@ struct json_object *keel__model_arch(const keel_model *m);
 keel_status keel__model_config_from_arch(struct json_object *o,
                                          keel_model_config *mc);
 
-/* ---- model.c: what K-FAC sees of a model ---- */
+/* ---- model_run.c: what K-FAC sees of a model ---- */
 typedef struct keel__kfac_layer {
     int is_conv;
     size_t a_dim;        /* inputs (a conv's kh*kw*cin) + 1 for the bias */

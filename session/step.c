@@ -1,0 +1,252 @@
+/* step.c - the step a step callback gets (keel_step: its variables, batch,
+ * gradients, replica, values) and in-process replicas
+ * (keel_session_config.replicas > 1): one step per replica on a pool of
+ * threads, their gradients reduced along one tree into the session's and
+ * their values averaged. */
+#include <config.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+#include "monitored_int.h"
+#include "step_pool.h"
+
+/* ---- the step ----------------------------------------------------------- */
+
+keel_vars *
+keel_step_vars(keel_step *st)
+{
+    return st->s->vars;
+}
+
+const void *
+keel_step_batch(const keel_step *st)
+{
+    return st->batch;
+}
+
+keel_grads *
+keel_step_grads(keel_step *st)
+{
+    return st->grads;
+}
+
+int
+keel_step_replica(const keel_step *st)
+{
+    return st->replica;
+}
+
+int
+keel_step_num_replicas(const keel_step *st)
+{
+    return st->n_replicas;
+}
+
+keel__pool *
+keel__step_pool(const keel_step *st)
+{
+    return st->s->rep != NULL ? st->s->rep->pool : NULL;
+}
+
+int64_t
+keel_step_global_step(const keel_step *st)
+{
+    return st->global_step;
+}
+
+keel_status
+keel_step_set_value(keel_step *st, const char *name, double v)
+{
+    keel__values *t = st->values;
+    int slot;
+    if (name == NULL)
+        return keel__fail(KEEL_EINVAL, "step value: NULL name");
+    slot = keel__values_slot(t, name, 1);
+    if (slot < 0)
+        return keel__fail(strlen(name) >= KEEL_VALUE_NAME_MAX ? KEEL_EINVAL
+                          : KEEL_ENOMEM, "step value '%s': name longer than "
+                          "%d bytes or more than %d names", name,
+                          KEEL_VALUE_NAME_MAX - 1, KEEL_MAX_VALUES);
+    t->v[slot].value = v;
+    t->v[slot].set_gen = t->gen;
+    return KEEL_OK;
+}
+
+void
+keel_step_mark_applied(keel_step *st)
+{
+    st->is_applied = 1;
+}
+
+/* ---- in-process replicas ------------------------------------------------ */
+
+void
+keel__session_replicas_free(replicas *r)
+{
+    if (r == NULL)
+        return;
+    keel__pool_free(r->pool);
+    for (int i = 0; i < r->n; i++)
+        keel_grads_free(r->grads[i]);
+    free(r);
+}
+
+keel_status
+keel__session_replicas_new(keel_session *s, int n)
+{
+    replicas *r = calloc(1, sizeof *r);
+    keel_status st;
+    if (r == NULL)
+        return keel__fail(KEEL_ENOMEM, "session: %d replicas", n);
+    r->s = s;
+    for (int i = 0; i < n; i++) {
+        if ((st = keel_grads_new(s->vars, &r->grads[i])) != KEEL_OK) {
+            keel__session_replicas_free(r);
+            return keel__wrap(st, "session: replica %d's gradients", i);
+        }
+        r->n = i + 1;
+        r->st[i].s = s;
+        r->st[i].replica = i;
+        r->st[i].n_replicas = n;
+        r->st[i].grads = r->grads[i];
+        r->st[i].values = &r->values[i];
+    }
+    if ((st = keel__pool_new(n, &r->pool)) != KEEL_OK) {
+        keel__session_replicas_free(r);
+        return keel__wrap(st, "session: %d replica threads", n);
+    }
+    r->bar.n = keel__pool_threads(r->pool);
+    s->rep = r;
+    return KEEL_OK;
+}
+
+/* Thread t runs replicas t, t + T, ...: zeroes their gradients if a
+ * failed step left them unreduced and calls the step, keeping its status
+ * and message (messages are per thread). */
+static void
+replica_worker(void *ctx, int t)
+{
+    replicas *r = ctx;
+    int T = keel__pool_threads(r->pool);
+    for (int i = t; i < r->n; i += T) {
+        if (r->dirty[i])
+            keel_grads_zero(r->grads[i]);
+        r->dirty[i] = 1;             /* until the reduction zeroes it */
+        r->status[i] = r->s->step(r->s->step_ctx, &r->st[i]);
+        if (r->status[i] != KEEL_OK)
+            snprintf(r->error[i], sizeof r->error[i], "%s",
+                     keel_last_error());
+        else if (r->st[i].is_applied)
+            snprintf(r->error[i], sizeof r->error[i], "%s", "it marked "
+                     "the update applied, which one replica of several "
+                     "cannot do");
+    }
+}
+
+/* Floats a reduce worker sums before zeroing the replicas' copies of
+ * them: the lines just read are still in L1 when they are zeroed. */
+#define REDUCE_CHUNK 2048
+
+/* Thread t's share of every gradient: the replicas' gradients added along
+ * the tree whose leaf i is replica i, into the session's; the replicas'
+ * shares zeroed behind it for their next step (one pass, not two). */
+static void
+reduce_worker(void *ctx, int t)
+{
+    replicas *r = ctx;
+    keel_session *s = r->s;
+    int T = keel__pool_threads(r->pool);
+    keel__tree_node nodes[KEEL_MAX_REPLICAS];
+    const float *parts[KEEL_MAX_REPLICAS];
+    for (int i = 0; i < r->n; i++) {
+        nodes[i].lo = i;
+        nodes[i].hi = i + 1;
+    }
+    for (size_t v = 0; v < keel_grads_count(s->grads); v++) {
+        keel_tensor *dst = keel_grads_at(s->grads, v);
+        size_t lo, hi;
+        if (dst == NULL)
+            continue;
+        for (int i = 0; i < r->n; i++)
+            parts[i] = keel_grads_at(r->grads[i], v)->data;
+        /* cache-line multiples of 16 floats per thread */
+        lo = (dst->count * (size_t)t / (size_t)T) & ~(size_t)15;
+        hi = t + 1 == T ? dst->count
+                        : (dst->count * (size_t)(t + 1) / (size_t)T) &
+                              ~(size_t)15;
+        for (size_t c = lo; c < hi; c += REDUCE_CHUNK) {
+            size_t e = hi - c < REDUCE_CHUNK ? hi : c + REDUCE_CHUNK;
+            (void)keel__tree_sum(r->n, nodes, parts, r->n, dst->data, c, e);
+            for (int i = 0; i < r->n; i++)
+                memset(keel_grads_at(r->grads[i], v)->data + c, 0,
+                       (e - c) * sizeof(float));
+        }
+    }
+}
+
+/* One pool run per step: every thread steps its replicas, all meet at the
+ * barrier, then (every step succeeded) each reduces its share. */
+static void
+round_worker(void *ctx, int t)
+{
+    replicas *r = ctx;
+    replica_worker(ctx, t);
+    if (r->bar.n > 1)
+        keel__spin_barrier_wait(&r->bar);
+    for (int i = 0; i < r->n; i++)
+        if (r->status[i] != KEEL_OK || r->st[i].is_applied)
+            return;
+    reduce_worker(ctx, t);
+    if (t == 0)
+        r->reduced = 1;
+}
+
+/* One step on every replica, then their gradients reduced into the
+ * session's and their values averaged into the session's. */
+keel_status
+keel__session_replicas_step(keel_session *s, const void *batch, int64_t gs)
+{
+    replicas *r = s->rep;
+    keel__values *t0 = &r->values[0];
+    for (int i = 0; i < r->n; i++) {
+        r->st[i].batch = batch;
+        r->st[i].is_applied = 0;
+        r->st[i].global_step = gs;
+        r->status[i] = KEEL_OK;
+        r->error[i][0] = 0;
+        r->values[i].gen++;
+    }
+    r->reduced = 0;
+    keel__pool_run(r->pool, round_worker, r);
+    for (int i = 0; i < r->n; i++) {
+        if (r->status[i] != KEEL_OK)
+            return keel__fail(r->status[i], "replica %d of %d: %s", i, r->n,
+                              r->error[i]);
+        if (r->st[i].is_applied)
+            return keel__fail(KEEL_EINVAL, "replica %d of %d: %s", i, r->n,
+                              r->error[i]);
+    }
+    for (int i = 0; i < r->n; i++)
+        r->dirty[i] = !r->reduced;
+    for (size_t k = 0; k < t0->n; k++) {
+        double sum = 0.0;
+        keel_status st;
+        if (t0->v[k].set_gen != t0->gen)
+            continue;
+        for (int i = 0; i < r->n; i++) {
+            int slot = keel__values_slot(&r->values[i], t0->v[k].name, 0);
+            if (slot < 0 || r->values[i].v[slot].set_gen != r->values[i].gen)
+                return keel__fail(KEEL_EINVAL, "replica %d of %d did not set "
+                                  "the value '%s' that replica 0 set", i,
+                                  r->n, t0->v[k].name);
+            sum += r->values[i].v[slot].value;
+        }
+        st = keel_step_set_value(&s->st, t0->v[k].name, sum / r->n);
+        if (st != KEEL_OK)
+            return st;
+    }
+    return KEEL_OK;
+}
