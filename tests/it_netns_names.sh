@@ -59,6 +59,7 @@ all_ns=("$hub" "${ns[h1]}" "${ns[h2]}" "${ns[h3]}")
 work=$(mktemp -d "${TMPDIR:-/tmp}/keel-netns-names-XXXXXX")
 pids=()
 declare -A pid
+made_etc_netns=
 
 cleanup() {
   local p n
@@ -70,7 +71,7 @@ cleanup() {
     # only the entries this script made: /etc/netns/<its namespace>
     rm -rf "/etc/netns/$n"
   done
-  rmdir /etc/netns 2>/dev/null
+  [ -z "$made_etc_netns" ] || rmdir /etc/netns 2>/dev/null
   if [ -n "${KEEL_NETNS_KEEP:-}" ]; then
     mkdir -p "$KEEL_NETNS_KEEP" && cp "$work"/*.log "$KEEL_NETNS_KEEP"/ 2>/dev/null
   fi
@@ -115,6 +116,8 @@ fi
 # Every namespace's hosts file names every host: the TFJob services and the
 # Slurm nodes on IPv4, the v6-* names on IPv6 only. The mount point is
 # /etc/hosts; without one `ip netns exec` cannot show the file.
+made_etc_netns=
+[ -d /etc/netns ] || made_etc_netns=1
 [ -e /etc/hosts ] || skip "/etc/hosts does not exist (ip netns exec mounts the namespace's file over it)"
 for h in "${hosts[@]}"; do
   mkdir -p "/etc/netns/${ns[$h]}" || skip "cannot write /etc/netns"
