@@ -11,6 +11,7 @@
 #   usage: bench/netns.sh [BUILD_DIR]
 #   env:   ROUNDS=3 BATCH=64 EXAMPLES=25600 RUN_TIMEOUT=300 (seconds one
 #          run may take; then its tasks are killed and the script fails)
+#          MTU=1500 (the veth pairs' and the bridge's; loopback's is 65536)
 #          BENCH_OUT=<default a fresh /tmp/keel-netns-bench.*, kept>
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -20,6 +21,7 @@ ROUNDS=${ROUNDS:-3}
 BATCH=${BATCH:-64}
 EXAMPLES=${EXAMPLES:-25600}
 RUN_TIMEOUT=${RUN_TIMEOUT:-300}
+MTU=${MTU:-1500}
 [ -x "$keel" ] || { echo "netns.sh: no keel in $build" >&2; exit 2; }
 [ "$(id -u)" -eq 0 ] || { echo "netns.sh: needs root (network namespaces)" >&2; exit 2; }
 command -v ip >/dev/null || { echo "netns.sh: needs ip (iproute2)" >&2; exit 2; }
@@ -59,7 +61,8 @@ for r in "${roles[@]}"; do
   ip -n "${ns[$r]}" link set lo up
   ip link add "v-$r" netns "$hub" type veth peer name eth0 netns "${ns[$r]}"
   ip -n "$hub" link set "v-$r" master br0
-  ip -n "$hub" link set "v-$r" up
+  ip -n "$hub" link set "v-$r" mtu "$MTU" up
+  ip -n "${ns[$r]}" link set eth0 mtu "$MTU"
   ip -n "${ns[$r]}" addr add "${addr[$r]}/24" dev eth0
   ip -n "${ns[$r]}" link set eth0 up
   mkdir -p "/etc/netns/${ns[$r]}"
@@ -141,7 +144,7 @@ for round in $(seq "$ROUNDS"); do
   done
 done
 
-/usr/bin/python3 - "$OUT/runs.jsonl" "$BATCH" "$EXAMPLES" <<'PY'
+/usr/bin/python3 - "$OUT/runs.jsonl" "$BATCH" "$EXAMPLES" "$MTU" <<'PY'
 import json, statistics, sys
 runs = [json.loads(l) for l in open(sys.argv[1])]
 by = {}
@@ -150,7 +153,7 @@ for r in runs:
 lo = [v["loopback"] for v in by.values()]
 ve = [v["veth"] for v in by.values()]
 ratios = sorted(v["veth"] / v["loopback"] for v in by.values())
-print(f"sync, 1 ps + chief + worker, batch {sys.argv[2]}, {sys.argv[3]} examples a run, {len(by)} rounds")
+print(f"sync, 1 ps + chief + worker, batch {sys.argv[2]}, {sys.argv[3]} examples a run, veth MTU {sys.argv[4]}, {len(by)} rounds")
 print(f"loopback: {statistics.median(lo):.0f} ex/s   veth by name: {statistics.median(ve):.0f} ex/s")
 print(f"veth/loopback: {statistics.median(ratios):.3f} (rounds {ratios[0]:.3f}-{ratios[-1]:.3f})")
 PY
