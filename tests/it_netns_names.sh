@@ -329,12 +329,13 @@ final_ckpt() { echo "$work/$1-ckpt/model.ckpt-$MAX_STEPS.h5"; }
 # a replica giving the ps up
 cut_seen_re='missing=|ps 0.*(unavailable|not answer|no answer|silent|dead|unreachable)|EUNAVAILABLE'
 
-# scenario SCENARIO VICTIM CUT FAMILY: an undisturbed run, then one whose
-# VICTIM host's task is SIGKILLed after step KILL_AT and restarted, and
-# whose CUT host's link is down for CUT_SECS once the restarted task is
-# back; both must end with exit 0 and identical final checkpoints.
+# run_scenario SCENARIO VICTIM CUT FAMILY ENDPOINT: an undisturbed run (its
+# ps serving on ENDPOINT, the address its name resolved to), then one
+# whose VICTIM host's task is SIGKILLed after step KILL_AT and restarted,
+# and whose CUT host's link is down for CUT_SECS once the restarted task
+# is back; both must end with exit 0 and identical final checkpoints.
 run_scenario() {
-  local victim=$2 cut=$3 h t0 kill_step cut_step before after rc
+  local victim=$2 cut=$3 ep=$5 h t0 kill_step cut_step before after rc
   scenario=$1
   if ! set_family "$4"; then
     echo "SKIP: $scenario: no IPv$4 address can be set here ($(tr '\n' ' ' <"$work/err"| sed 's/ *$//'))"
@@ -349,6 +350,9 @@ run_scenario() {
   pids=()
   if [ ! -f "$(final_ckpt "$run")" ]; then
     fail "the undisturbed run wrote no $(basename "$(final_ckpt "$run")")"; return
+  fi
+  if ! grep -q -F "on tcp://$ep " "$work/$run-h1.log"; then
+    fail "the ps did not serve on tcp://$ep"; return
   fi
 
   run=$scenario-hit
@@ -398,9 +402,9 @@ run_scenario() {
 
 for s in $scenarios; do
   case $s in
-    tfjob) run_scenario tfjob h1 h3 4 ;;
-    slurm) run_scenario slurm h3 h1 4 ;;
-    ipv6)  run_scenario ipv6 h3 h2 6 ;;
+    tfjob) run_scenario tfjob h1 h3 4 "${v4[h1]}:2222" ;;
+    slurm) run_scenario slurm h3 h1 4 "${v4[h1]}:12000" ;;   # SLURM_STEP_RESV_PORTS
+    ipv6)  run_scenario ipv6 h3 h2 6 "[${v6[h1]}]:2222" ;;
     *) echo "it_netns_names.sh: unknown scenario '$s' (tfjob, slurm, ipv6)" >&2; exit 2 ;;
   esac
 done
