@@ -6,7 +6,9 @@
 #   tfjob  TF_CONFIG exactly as the Kubernetes TFJob operator writes it
 #          (Go's json.Marshal: keys sorted, "environment": "cloud"), hosts
 #          tfjob-{chief,ps,worker}-0.default.svc:2222 on IPv4; the ps is
-#          SIGKILLed and restarted, the worker's link is cut and restored.
+#          SIGKILLed and comes back on another address, its name moved
+#          with it (a pod re-created on a new IP: the chief and the worker
+#          find it again by name); the worker's link is cut and restored.
 #   slurm  srun's variables (SLURM_JOB_NODELIST=node[01-03], SLURM_PROCID,
 #          SLURM_NTASKS, SLURM_NODEID, SLURM_STEP_NODELIST,
 #          SLURM_TASKS_PER_NODE, SLURM_STEP_RESV_PORTS, ...): rank 0 the ps
@@ -115,13 +117,17 @@ fi
 
 # Every namespace's hosts file names every host: the TFJob services and the
 # Slurm nodes on IPv4, the v6-* names on IPv6 only. The mount point is
-# /etc/hosts; without one `ip netns exec` cannot show the file.
+# /etc/hosts; without one `ip netns exec` cannot show the file. A file is
+# rewritten in place (same inode), so that the running tasks, which see it
+# through a bind mount, read the new table, as a cluster DNS's update.
 made_etc_netns=
 [ -d /etc/netns ] || made_etc_netns=1
 [ -e /etc/hosts ] || skip "/etc/hosts does not exist (ip netns exec mounts the namespace's file over it)"
-for h in "${hosts[@]}"; do
-  mkdir -p "/etc/netns/${ns[$h]}" || skip "cannot write /etc/netns"
-  cat >"/etc/netns/${ns[$h]}/hosts" <<EOF
+write_hosts() {
+  local h
+  for h in "${hosts[@]}"; do
+    mkdir -p "/etc/netns/${ns[$h]}" || return 1
+    cat >"/etc/netns/${ns[$h]}/hosts" <<EOF || return 1
 127.0.0.1 localhost
 ::1 localhost ip6-localhost ip6-loopback
 ${v4[h1]} tfjob-ps-0.default.svc node01
@@ -131,7 +137,9 @@ ${v6[h1]} v6-ps-0.default.svc
 ${v6[h2]} v6-chief-0.default.svc
 ${v6[h3]} v6-worker-0.default.svc
 EOF
-done
+  done
+}
+write_hosts || skip "cannot write /etc/netns"
 if ! ip netns exec "${ns[h2]}" getent hosts tfjob-ps-0.default.svc >"$work/err" 2>&1 ||
    ! grep -q "${v4[h1]}" "$work/err"; then
   skip "/etc/netns/NS/hosts is not seen inside the namespace ($(tr '\n' ' ' <"$work/err"))"
@@ -329,18 +337,22 @@ final_ckpt() { echo "$work/$1-ckpt/model.ckpt-$MAX_STEPS.h5"; }
 # a replica giving the ps up
 cut_seen_re='missing=|ps 0.*(unavailable|not answer|no answer|silent|dead|unreachable)|EUNAVAILABLE'
 
-# run_scenario SCENARIO VICTIM CUT FAMILY ENDPOINT: an undisturbed run (its
-# ps serving on ENDPOINT, the address its name resolved to), then one
-# whose VICTIM host's task is SIGKILLed after step KILL_AT and restarted,
-# and whose CUT host's link is down for CUT_SECS once the restarted task
-# is back; both must end with exit 0 and identical final checkpoints.
+# run_scenario SCENARIO VICTIM CUT FAMILY ENDPOINT [MOVED]: an undisturbed
+# run (its ps serving on ENDPOINT, the address its name resolved to), then
+# one whose VICTIM host's task is SIGKILLed after step KILL_AT and
+# restarted, and whose CUT host's link is down for CUT_SECS once the
+# restarted task is back; both must end with exit 0 and identical final
+# checkpoints. MOVED (an IPv4 address): the victim's host comes back on
+# that address and its name with it (a Kubernetes pod re-created on
+# another IP); the peers must find it by name.
 run_scenario() {
-  local victim=$2 cut=$3 ep=$5 h t0 kill_step cut_step before after rc
+  local victim=$2 cut=$3 ep=$5 moved=${6:-} old h t0 kill_step cut_step before after rc
   scenario=$1
   if ! set_family "$4"; then
     echo "SKIP: $scenario: no IPv$4 address can be set here ($(tr '\n' ' ' <"$work/err"| sed 's/ *$//'))"
     skipped=$((skipped + 1)); return
   fi
+  write_hosts || { fail "cannot write the hosts files"; return; }
   t0=$(now_ms)
 
   run=$scenario-ref
@@ -368,6 +380,14 @@ run_scenario() {
     fail "$victim's task had ended (status $rc) before the kill at step $kill_step (raise MAX_STEPS or lower KEEL_NETNS_RATE)"
     stop_all; return
   fi
+  if [ -n "$moved" ]; then
+    old=${v4[$victim]}
+    v4[$victim]=$moved
+    ip -n "${ns[$victim]}" addr flush dev eth0 scope global
+    ip -n "${ns[$victim]}" addr add "$moved/24" dev eth0
+    write_hosts
+    v4[$victim]=$old      # the next scenario's set_family restores it
+  fi
   start "$run" "$scenario" "$victim"
   # back: a worker's second session, or the chief's second INIT of the ps
   if [ "$victim" = h1 ]; then
@@ -376,7 +396,7 @@ run_scenario() {
     wait_log "$work/$run-$victim.log" 'model ready after' 60 2; rc=$?
   fi
   if [ $rc -ne 0 ]; then
-    fail "the restarted task on $victim was not back within 60 s"; stop_all; return
+    fail "the restarted task on $victim${moved:+ (moved to $moved)} was not back within 60 s"; stop_all; return
   fi
   cut_step=$(last_step "$work/$run-h2.log")
   if [ "$cut_step" -ge $MAX_STEPS ]; then
@@ -397,12 +417,15 @@ run_scenario() {
   if [ $rc -ne 0 ] || ! grep -q 'identical: ' "$work/$run-diff.log"; then
     fail "keel ckpt diff of the final checkpoints exited $rc: $(head -c 600 "$work/$run-diff.log")"; return
   fi
-  ok "$victim's task killed at step $kill_step and restarted, $cut's link cut for ${CUT_SECS} s at step $cut_step; step $MAX_STEPS bitwise equal to the undisturbed run ($(( ($(now_ms) - t0) / 1000 )) s)"
+  if [ -n "$moved" ] && ! grep -q -F "on tcp://$moved:" "$work/$run-$victim.log"; then
+    fail "the restarted task did not serve on its new address $moved"; return
+  fi
+  ok "$victim's task killed at step $kill_step and restarted${moved:+ on $moved}, $cut's link cut for ${CUT_SECS} s at step $cut_step; step $MAX_STEPS bitwise equal to the undisturbed run ($(( ($(now_ms) - t0) / 1000 )) s)"
 }
 
 for s in $scenarios; do
   case $s in
-    tfjob) run_scenario tfjob h1 h3 4 "${v4[h1]}:2222" ;;
+    tfjob) run_scenario tfjob h1 h3 4 "${v4[h1]}:2222" 10.201.0.11 ;;
     slurm) run_scenario slurm h3 h1 4 "${v4[h1]}:12000" ;;   # SLURM_STEP_RESV_PORTS
     ipv6)  run_scenario ipv6 h3 h2 6 "[${v6[h1]}]:2222" ;;
     *) echo "it_netns_names.sh: unknown scenario '$s' (tfjob, slurm, ipv6)" >&2; exit 2 ;;
