@@ -44,6 +44,16 @@ check-netns: all
 	if test $$rc = 77; then exit 0; fi; exit $$rc
 .PHONY: check-netns
 
+# Multi-host jobs by name: a TFJob operator's TF_CONFIG, srun's Slurm
+# variables and an IPv6-only job across three namespaces, each host named
+# in its own /etc/netns/NS/hosts; a task SIGKILLed and restarted and a
+# link cut in each, the final checkpoint bitwise equal to an undisturbed
+# run's. About 1.5 minutes; needs root and iproute2, SKIP (77) otherwise.
+# bench/netns.sh measures the same kind of job across namespaces against
+# loopback.
+TESTS += tests/it_netns_names.sh
+EXTRA_DIST += tests/it_netns_names.sh bench/netns.sh
+
 # No dates, machine loads or lock paths of one run in the documentation or
 # in comments: those belong in bench/README.md (HACKING.md, "Style").
 TESTS += tests/docs_facts.py
