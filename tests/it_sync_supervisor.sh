@@ -56,7 +56,7 @@ echo "sync_supervisor: 1, 2 and 3 replicas agree"
 
 # ---- kills ------------------------------------------------------------------
 . "$KEEL_SRCDIR/tests/common.sh"
-steps=3000
+steps=4000
 
 # wait_for FILE REGEX SECS: until a line of FILE matches (fails at the
 # deadline or when the launcher ended without it)
@@ -77,7 +77,7 @@ wait_for() {
 # of STEP (a multiple of 50); tail -f sees it at once, where polling
 # under load saw it seconds late
 wait_step() {
-    timeout "$3" tail -n +1 -F "$1" 2>/dev/null | grep -qE -m1 "^step $2:" ||
+    timeout "$3" tail -s 0.05 -n +1 -F "$1" 2>/dev/null | grep -qE -m1 "^step $2:" ||
         fail "the chief did not reach step $2 in $3 s: $(tail -20 "$1")"
 }
 # kill_task OUT TASK: SIGKILL TASK by the pid keel launch printed, then
