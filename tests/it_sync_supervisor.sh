@@ -8,7 +8,9 @@
 # 1e-5 (each replica adds its own slice in float: not bitwise).
 #
 # Then kills, as a user meets them under keel launch (1 ps, the chief, 1
-# worker, plain SGD): the ps SIGKILLed mid-run, later the worker. Only
+# worker, plain SGD): the ps SIGKILLed mid-run, later the worker (each
+# while the chief is SIGSTOPped for a moment, which pins the kill mid-run
+# on a loaded machine; the chief's process goes on after SIGCONT). Only
 # those two tasks are restarted (once each; the chief keeps its process),
 # the chief re-initializes the restarted ps at the step the job reached
 # (0 steps lost), the step lines and checkpoints never go back, the run
@@ -23,7 +25,9 @@ keel="$KEEL_BUILDDIR/keel"
 tol=1e-5
 dir=$(mktemp -d "${TMPDIR:-/tmp}/keel-syncsv-XXXXXX")
 lpid=
+stopped=
 cleanup() {
+    [ -z "$stopped" ] || kill -CONT "$stopped" 2>/dev/null || true
     if [ -n "$lpid" ] && kill -0 "$lpid" 2>/dev/null; then
         kill -KILL "$lpid" 2>/dev/null || true
         wait "$lpid" 2>/dev/null || true
@@ -80,13 +84,21 @@ wait_step() {
     timeout "$3" tail -s 0.05 -n +1 -F "$1" 2>/dev/null | grep -qE -m1 "^step $2:" ||
         fail "the chief did not reach step $2 in $3 s: $(tail -20 "$1")"
 }
-# kill_task OUT TASK: SIGKILL TASK by the pid keel launch printed, then
-# wait until the launcher restarted it
+# kill_task OUT TASK: SIGKILL TASK by the pid keel launch printed while
+# the chief is SIGSTOPped (a sync job cannot step without it, so the kill
+# lands mid-run however late this shell saw the step line it waited for),
+# wait until the launcher restarted TASK, then SIGCONT the chief
 kill_task() {
+    cpid=$(keel_launch_pid "$1" chief)
     pid=$(keel_launch_pid "$1" "$2")
-    [ -n "$pid" ] || fail "no pid for $2"
-    kill -KILL "$pid"
+    [ -n "$pid" ] && [ -n "$cpid" ] || fail "no pid for $2 or the chief"
+    kill -STOP "$cpid" ||
+        fail "the chief (pid $cpid) ended before the kill of $2: $(tail -20 "$1")"
+    stopped=$cpid
+    kill -KILL "$pid" || fail "$2 (pid $pid) was gone before its kill"
     wait_for "$1" "^launch \\| restarted $2 \\(pid" 60
+    kill -CONT "$cpid"
+    stopped=
 }
 # check_run OUT DIR: exit 0 at the final step, only ps.0 (and worker.0 if
 # $3) restarted once, no step lost, no step going back
@@ -137,11 +149,11 @@ out=$dir/kill.out
     >"$out" 2>&1 &
 lpid=$!
 log=$dir/launch-kill/logs/chief.log
-wait_step "$log" 300 120
+wait_step "$log" 100 120
 kill_task "$out" ps.0
 wait_for "$log" 'recovering at global step' 60
 at=$(sed -nE 's/.*recovering at global step ([0-9]+).*/\1/p' "$log" | head -1)
-wait_step "$log" $((at / 50 * 50 + 300)) 120
+wait_step "$log" $((at / 50 * 50 + 100)) 120
 kill_task "$out" worker.0
 wait_for "$out" '^launch \| worker\.0 back at step ' 60
 rc=0
@@ -162,7 +174,7 @@ out=$dir/kill-ada.out
     --output-dir "$dir/launch-ada" -- "$bin" "$dir/ada" $steps \
     >"$out" 2>&1 &
 lpid=$!
-wait_step "$dir/launch-ada/logs/chief.log" 300 120
+wait_step "$dir/launch-ada/logs/chief.log" 100 120
 kill_task "$out" ps.0
 rc=0
 wait "$lpid" || rc=$?
