@@ -42,9 +42,11 @@ is_on_cluster(const keel_supervisor *sv)
  * the chief's variables, which hold the values and the global step of the
  * last step every ps answered: publishing them joins ps that kept their
  * state (pulling it) and initializes a restarted, empty ps from them, so
- * training continues at the step it reached. Optimizer slots the ps keep
- * are not in those replies: an empty ps gets those of the chief's newest
- * checkpoint pull (or of its start). */
+ * training continues at the step it reached. That holds where every
+ * step's reply brings the chief the shared state (sync mode;
+ * docs/session.md says what async mode and the local-model rules get).
+ * Optimizer slots the ps keep are not in those replies: an empty ps gets
+ * those of the chief's newest checkpoint pull (or of its start). */
 static keel_status
 chief_create(void *ctx, int is_recovery)
 {
