@@ -11,16 +11,22 @@
  * at max_steps it stops, writes the final checkpoint and stops the ps, and
  * the workers end.
  *
+ * A ps or a worker lost mid-run and restarted (by keel launch) costs no
+ * step: the chief and the other workers keep their processes, the chief
+ * re-initializes a restarted ps from its own variables at the step the
+ * job reached, a restarted worker pulls them and rejoins.
+ *
  * The model: logistic regression on a synthetic, deterministic set
  * (8 features, label 1 when a fixed linear function is positive),
- * Adagrad as the update rule.
+ * Adagrad as the update rule (or plain SGD: a third argument "sgd").
  *
  *   cc -o sync_supervisor sync_supervisor.c $(pkg-config --cflags --libs keel) -lm
- *   keel launch --ps 1 --workers 2 -- ./sync_supervisor LOGDIR [max_steps]
+ *   keel launch --ps 1 --workers 2 -- ./sync_supervisor LOGDIR [max_steps [sgd]]
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <keel/keel.h>
 
 #define DIM 8
@@ -130,6 +136,7 @@ main(int argc, char **argv)
 {
     const char *logdir = argc > 1 ? argv[1] : "sync_supervisor_run";
     long max_steps = argc > 2 ? strtol(argv[2], NULL, 10) : 300;
+    const char *rule = argc > 3 ? argv[3] : "adagrad";
     keel_vars *vs = NULL;
     keel_cluster_spec *spec = NULL;
     keel_cluster_backend *cluster = NULL;
@@ -137,7 +144,7 @@ main(int argc, char **argv)
     keel_backend backend;
     keel_supervisor *sv = NULL;
     keel_supervisor_config cfg;
-    keel_optimizer_config adagrad;
+    keel_optimizer_config update;
     keel_cluster_config copts;
     keel_status st, stop_st;
     static run r;
@@ -145,10 +152,17 @@ main(int argc, char **argv)
     keel_log_set_handler(log_line, NULL, KEEL_LOG_INFO);
     make_data(&r);
     st = create_variables(&vs);
-    keel_optimizer_config_init(&adagrad, KEEL_OPT_ADAGRAD);
-    adagrad.schedule.learning_rate = 0.5;
+    if (strcmp(rule, "adagrad") != 0 && strcmp(rule, "sgd") != 0) {
+        fprintf(stderr, "sync_supervisor: update rule '%s': want adagrad "
+                "or sgd\n", rule);
+        keel_vars_free(vs);
+        return 2;
+    }
+    keel_optimizer_config_init(&update, rule[0] == 's' ? KEEL_OPT_SGD
+                                                        : KEEL_OPT_ADAGRAD);
+    update.schedule.learning_rate = 0.5;
     keel_cluster_config_init(&copts);
-    copts.optimizer = &adagrad;              /* the ps apply Adagrad */
+    copts.optimizer = &update;              /* the ps apply the rule */
     if (st == KEEL_OK)
         st = keel_cluster_spec_detect(&copts, &spec);
     if (st == KEEL_OK)
@@ -169,7 +183,7 @@ main(int argc, char **argv)
     cfg.session.manager.recovery_wait_ms = 10;   /* recovery_wait_secs */
     r.replicas = 1;
     if (keel_cluster_spec_is_local(spec)) {  /* alone: apply here */
-        st = keel_optimizer_new(&adagrad, &local_opt);
+        st = keel_optimizer_new(&update, &local_opt);
         if (st == KEEL_OK)
             st = keel_optimizer_prepare(local_opt, vs);
         cfg.session.updater = keel_optimizer_updater(local_opt);  /* same */

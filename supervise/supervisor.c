@@ -1,7 +1,13 @@
-/* supervisor.c - TF's Supervisor API over the same parts: a
- * non-recovering session from the chief or worker creator, checkpoints every
- * save_checkpoint_secs taken at step boundaries (never concurrently with a
- * step, unlike TF's background thread) and a final checkpoint at stop. */
+/* supervisor.c - TF's Supervisor API over the same parts: a session from
+ * the chief or worker creator, checkpoints every save_checkpoint_secs taken
+ * at step boundaries (never concurrently with a step, unlike TF's
+ * background thread) and a final checkpoint at stop. Alone the session
+ * does not recover (TF's Supervisor); on a cluster (a backend that
+ * publishes shared state) it is the recovering session
+ * MonitoredTrainingSession runs, so a lost ps or worker costs a
+ * re-creation of the session, not the task. The chief's re-creation
+ * publishes its own current variables (joining live ps, re-initializing a
+ * restarted one) instead of restoring its newest checkpoint: no rollback. */
 #include <config.h>
 
 #include <stdlib.h>
@@ -16,7 +22,54 @@ struct keel_supervisor {
     char *checkpoint_dir;           /* cfg.session.manager.checkpoint_dir */
     keel_backend backend;           /* cfg.session.manager.backend's copy */
     keel_session *s;
+    /* The chief's manager on a cluster (its creator is chief_create),
+     * freed after s. */
+    keel_session_manager *sm;
+    int is_ready;                   /* sm's first creation succeeded */
 };
+
+/* On a cluster: the backend publishes shared state (the cluster worker
+ * backend, or one of the caller's that does). */
+static int
+is_on_cluster(const keel_supervisor *sv)
+{
+    const keel_backend *be = sv->cfg.session.manager.backend;
+    return be != NULL && be->publish != NULL;
+}
+
+/* The chief's creator on a cluster. The first creation is the manager's
+ * (restore or init, then publish). A re-creation after a lost task keeps
+ * the chief's variables, which hold the values and the global step of the
+ * last step every ps answered: publishing them joins ps that kept their
+ * state (pulling it) and initializes a restarted, empty ps from them, so
+ * training continues at the step it reached. That holds where every
+ * step's reply brings the chief the shared state (sync mode;
+ * docs/session.md says what async mode and the local-model rules get).
+ * Optimizer slots the ps keep are not in those replies: an empty ps gets
+ * those of the chief's newest checkpoint pull (or of its start). */
+static keel_status
+chief_create(void *ctx, int is_recovery)
+{
+    keel_supervisor *sv = ctx;
+    keel_vars *vs = sv->cfg.session.manager.vars;
+    keel_status st;
+    if (!sv->is_ready) {
+        st = keel_session_manager_prepare(sv->sm, is_recovery, NULL);
+        sv->is_ready = st == KEEL_OK;
+        return st;
+    }
+    keel__log(KEEL_LOG_INFO, "supervisor (chief): recovering at global "
+              "step %lld from the chief's own variables (no checkpoint "
+              "restore)", (long long)keel_vars_global_step(vs));
+    st = sv->backend.publish(sv->backend.ctx, vs, 1);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "supervisor (chief): backend '%s' publish at "
+                          "global step %lld",
+                          sv->backend.name != NULL ? sv->backend.name : "?",
+                          (long long)keel_vars_global_step(vs));
+    keel_session_manager_notify(sv->sm);
+    return KEEL_OK;
+}
 
 void
 keel_supervisor_config_init(keel_supervisor_config *cfg)
@@ -78,13 +131,18 @@ keel_supervisor_prepare_or_wait(keel_supervisor *sv, double max_wait_secs)
     keel_session_config sc;
     keel_hook *owned = NULL;
     size_t n_owned = 0;
+    int is_recovering;
     keel_status st;
     if (sv == NULL)
         return keel__fail(KEEL_EINVAL, "supervisor: NULL");
+    is_recovering = is_on_cluster(sv);
     if (sv->s != NULL) {            // clear_stop: a fresh session
         keel_session_free(sv->s);
         sv->s = NULL;
     }
+    keel_session_manager_free(sv->sm);
+    sv->sm = NULL;
+    sv->is_ready = 0;
     sc = sv->cfg.session;
     if (!sc.is_chief)
         sc.manager.checkpoint_dir = NULL;
@@ -107,7 +165,19 @@ keel_supervisor_prepare_or_wait(keel_supervisor *sv, double max_wait_secs)
         sc.hooks = owned;
         sc.n_hooks = 1;
     }
-    return keel__session_new(&sc, 0, owned, n_owned, &sv->s);
+    if (is_recovering && sc.is_chief) {
+        st = keel_session_manager_new(&sc.manager, &sv->sm);
+        if (st != KEEL_OK) {
+            for (size_t i = 0; i < n_owned; i++)
+                keel_hook_release(&owned[i]);
+            free(owned);
+            return keel__wrap(st, "supervisor (chief)");
+        }
+        sc.creator.ctx = sv;
+        sc.creator.create = chief_create;
+    }
+    /* the session takes the owned hooks, also on failure */
+    return keel__session_new(&sc, is_recovering, owned, n_owned, &sv->s);
 }
 
 int
@@ -174,6 +244,7 @@ keel_supervisor_free(keel_supervisor *sv)
     if (sv == NULL)
         return;
     keel_session_free(sv->s);
+    keel_session_manager_free(sv->sm);
     free(sv->checkpoint_dir);
     free(sv);
 }

@@ -142,9 +142,14 @@ typedef struct keel_supervisor_config {
      * only; NULL: none), scaffold, recovery_wait_ms,
      * stop_grace_period_secs, meta_fn, restore_fn and backend. Each lives
      * only there, with the default keel_session_config_init gives it. The
-     * Supervisor's session does not recover (max_recovery_attempts and
-     * the backoff are unused), has no hooks or creator of the caller's,
-     * and waits max_wait_secs of keel_supervisor_prepare_or_wait.
+     * Supervisor's session has no hooks or creator of the caller's and
+     * waits max_wait_secs of keel_supervisor_prepare_or_wait. Alone it
+     * does not recover (max_recovery_attempts and the backoff are
+     * unused); on a cluster (a backend with publish) it recovers a lost
+     * ps or worker as MonitoredTrainingSession's does, except that the
+     * chief publishes its own current variables instead of restoring its
+     * newest checkpoint (no rollback; a restarted ps gets the optimizer
+     * slots of the chief's newest checkpoint or start).
      * With a cluster backend (keel_cluster_backend_session_backend) in
      * session.manager.backend the chief initializes or restores and
      * publishes, workers wait for it (every recovery_wait_ms at most, else
