@@ -204,8 +204,8 @@ START_TEST(test_ranks_on_named_hosts_prefix_their_lines)
     rc = tu_run(argv, NULL, 120000, out, sizeof out, err, sizeof err);
     ck_assert_msg(rc == 0, "mpirun -H %s: %d\n%s", hosts, rc,
                   tu_tail(err, 3000));
-    ck_assert_msg(strstr(out, "rank 0 | step 30 ") != NULL &&
-                  strstr(out, "rank 1 | step 30 ") != NULL, "%s", out);
+    /* step lines come from the chief, the report from every rank */
+    ck_assert_msg(strstr(out, "rank 0 | step 30 ") != NULL, "%s", out);
     ck_assert_msg(strstr(out, "rank 0 | trained steps 0..30") != NULL &&
                   strstr(out, "rank 1 | trained steps 0..30") != NULL, "%s",
                   out);
@@ -371,7 +371,8 @@ START_TEST(test_killed_rank_restarts_all_from_the_checkpoint_bit_exact)
     ck_assert_msg(tu_wait_for_line(fd, "resumed from", 60000, line,
                                    sizeof line), "no resume");
     /* the ranks' lines carry their rank, not the launcher's task name */
-    ck_assert_msg(strncmp(line, "rank 0 | ", 9) == 0, "%s", line);
+    ck_assert_msg(strncmp(line, "rank 0 | ", 9) == 0 ||
+                  strncmp(line, "rank 1 | ", 9) == 0, "%s", line);
     ck_assert_msg(strstr(line, "model.ckpt-0.h5") == NULL, "%s", line);
     ck_assert_msg(tu_wait_for_line(fd, "run complete", 120000, NULL, 0),
                   "the restarted job did not finish");
