@@ -401,7 +401,8 @@ static keel_status
 make_plan(keel_collective *c, keel_grads *g)
 {
     int mine = c->n_leaves > 0 ? c->n_leaves : 1, bad = 0, rc, max_k;
-    int *counts;
+    int *counts, host_len = 0;
+    char host[MPI_MAX_PROCESSOR_NAME + 1];
     size_t stride, need;
     keel_status st = KEEL_OK;
     c->n_floats = 0;
@@ -506,10 +507,13 @@ make_plan(keel_collective *c, keel_grads *g)
         return keel__fail(KEEL_ENOMEM, "collective: buffers of %zu floats "
                           "for %d ranks", c->n_floats, c->size);
     c->has_plan = 1;
-    keel__log(KEEL_LOG_INFO, "collective: rank %d of %d, %zu gradient "
+    /* the host names which machine each rank of a multi-host run is on */
+    if (MPI_Get_processor_name(host, &host_len) != MPI_SUCCESS)
+        snprintf(host, sizeof host, "?");
+    keel__log(KEEL_LOG_INFO, "collective: rank %d of %d on %s, %zu gradient "
               "floats per step; leaves [%lld, %lld) of %lld, %d tree "
               "node(s) sent (reduce-scatter, then all-gather)", c->rank,
-              c->size, c->n_floats, (long long)c->first,
+              c->size, host, c->n_floats, (long long)c->first,
               (long long)(c->first + mine), (long long)c->n_tree,
               c->nk[c->rank]);
     return KEEL_OK;

@@ -278,6 +278,159 @@ parse_model_dir(keel_cluster_spec *s, struct json_object *o,
     return KEEL_OK;
 }
 
+/* ---- keys given twice --------------------------------------------------- */
+
+/* json-c keeps the last of two equal keys of an object, so a job, a sparse
+ * index or a task member listed twice would lose the first silently; the
+ * text is scanned for them instead. */
+
+#define SCAN_DEPTH 34           /* above the tokener's nesting limit */
+
+typedef struct scan_frame {
+    int is_object;
+    int want_key;               /* the next string is a key */
+    char *name;                 /* its key in the parent object, or NULL */
+    char *last;                 /* the last key read (borrowed from keys) */
+    char **keys;                /* decoded, owned */
+    size_t n, cap;
+} scan_frame;
+
+/* The JSON string literal at text[0..len) decoded (malloc'd), or NULL. */
+static char *
+scan_decode(const char *text, size_t len)
+{
+    struct json_object *o;
+    char *lit, *out = NULL;
+    if (memchr(text, '\\', len) == NULL)
+        return strndup(text + 1, len - 2);
+    if ((lit = strndup(text, len)) == NULL)
+        return NULL;
+    o = json_tokener_parse(lit);
+    if (o != NULL && json_object_is_type(o, json_type_string))
+        out = strdup(json_object_get_string(o));
+    json_object_put(o);
+    free(lit);
+    return out;
+}
+
+static int
+scan_cmp(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Frame d of frames closes: every key it has twice, named by where it is,
+ * when it is an object keel reads (members it ignores may hold anything). */
+static void
+scan_close(scan_frame *frames, int d, keel__problems *p)
+{
+    scan_frame *f = &frames[d];
+    const char *parent = d >= 1 ? frames[d - 1].name : NULL;
+    /* the objects keel reads: the root, "cluster", its jobs, "task" */
+    int read = d == 0 ||
+        (d == 1 && f->name != NULL && (strcmp(f->name, "cluster") == 0 ||
+                                       strcmp(f->name, "task") == 0)) ||
+        (d == 2 && f->name != NULL && parent != NULL &&
+         strcmp(parent, "cluster") == 0);
+    if (read && f->n > 1)
+        qsort(f->keys, f->n, sizeof *f->keys, scan_cmp);
+    for (size_t i = 1; read && i < f->n; i++) {
+        const char *k = f->keys[i];
+        if (strcmp(k, f->keys[i - 1]) != 0 ||
+            (i >= 2 && strcmp(k, f->keys[i - 2]) == 0))
+            continue;
+        if (d == 0)
+            keel__problems_add(p, "key '%.32s' given twice", k);
+        else if (d == 1 && strcmp(f->name, "cluster") == 0)
+            keel__problems_add(p, "cluster job '%.32s' given twice (each "
+                               "job is one list of its tasks)", k);
+        else if (d == 1)
+            keel__problems_add(p, "%s.%.32s given twice", f->name, k);
+        else
+            keel__problems_add(p, "cluster.%.32s index %.32s given twice",
+                               f->name, k);
+    }
+    for (size_t i = 0; i < f->n; i++)
+        free(f->keys[i]);
+    free(f->keys);
+    free(f->name);
+    memset(f, 0, sizeof *f);
+}
+
+/* The end of the string literal starting at text[i] (its closing quote). */
+static size_t
+scan_string_end(const char *text, size_t len, size_t i)
+{
+    for (i++; i < len && text[i] != '"'; i++)
+        if (text[i] == '\\')
+            i++;
+    return i;
+}
+
+/* Add a key decoded from text[i..j] to f; 0 when out of memory. */
+static int
+scan_key(scan_frame *f, const char *text, size_t i, size_t j)
+{
+    char *k = scan_decode(text + i, j - i + 1);
+    if (k == NULL)
+        return 0;
+    if (f->n == f->cap) {
+        size_t cap = f->cap ? 2 * f->cap : 8;
+        char **keys = realloc(f->keys, cap * sizeof *keys);
+        if (keys == NULL) {
+            free(k);
+            return 0;
+        }
+        f->keys = keys;
+        f->cap = cap;
+    }
+    f->keys[f->n++] = k;
+    f->last = k;
+    f->want_key = 0;
+    return 1;
+}
+
+/* Every object key of the valid JSON text[0..len) given twice in its
+ * object, into p. */
+static keel_status
+scan_duplicate_keys(const char *text, size_t len, keel__problems *p)
+{
+    scan_frame frames[SCAN_DEPTH];
+    int d = -1, ok = 1;
+    memset(frames, 0, sizeof frames);
+    for (size_t i = 0; i < len && ok; i++) {
+        char c = text[i];
+        if (c == '"') {
+            size_t j = scan_string_end(text, len, i);
+            if (d >= 0 && frames[d].is_object && frames[d].want_key)
+                ok = scan_key(&frames[d], text, i, j);
+            i = j;
+        } else if (c == '{' || c == '[') {
+            if (d + 1 >= SCAN_DEPTH)
+                break;          /* deeper than the tokener allows */
+            d++;
+            frames[d].is_object = c == '{';
+            frames[d].want_key = c == '{';
+            if (d > 0 && frames[d - 1].is_object &&
+                frames[d - 1].last != NULL &&
+                (frames[d].name = strdup(frames[d - 1].last)) == NULL)
+                ok = 0;
+        } else if ((c == '}' || c == ']') && d >= 0) {
+            scan_close(frames, d, p);
+            d--;
+        } else if (c == ',' && d >= 0 && frames[d].is_object) {
+            frames[d].want_key = 1;
+        }
+    }
+    for (; d >= 0; d--) {
+        keel__problems q = { .count = 0 };
+        scan_close(frames, d, &q);
+    }
+    if (!ok)
+        return keel__fail(KEEL_ENOMEM, "TF_CONFIG: checking keys");
+    return KEEL_OK;
+}
+
 /* TF_CONFIG's members into s; what is wrong with them into p. */
 static keel_status
 parse_tf_config(keel_cluster_spec *s, struct json_object *root,
@@ -354,7 +507,8 @@ keel_cluster_spec_from_tf_config(const char *json, keel_cluster_spec **out)
                             json_tokener_get_parse_end(tok));
         goto out;
     }
-    if ((st = parse_tf_config(s, root, &p)) != KEEL_OK)
+    if ((st = scan_duplicate_keys(json, len, &p)) != KEEL_OK ||
+        (st = parse_tf_config(s, root, &p)) != KEEL_OK)
         goto out;
     if ((st = keel__cluster_spec_check(s, &p, "TF_CONFIG")) != KEEL_OK)
         goto out;

@@ -258,6 +258,20 @@ START_TEST(test_tf_config_each_bad_input_is_named)
     snprintf(j, sizeof j, "{\"cluster\": {\"worker\": [\"a:1\"], \"ps\": "
              "[\"a:1\"]}, %s}", task);
     BAD(j, "duplicate address 'a:1'");
+    /* a key given twice would keep only its last value (json-c's rule):
+     * a job, a sparse index (also spelt with an escape), a task member */
+    BAD("{\"cluster\": {\"worker\": [\"a:1\"], \"worker\": [\"b:1\"]}, "
+        "\"task\": {\"type\": \"worker\", \"index\": 0}}",
+        "cluster job 'worker' given twice");
+    BAD("{\"cluster\": {\"worker\": {\"0\": \"a:1\", \"\\u0030\": \"b:1\"}}, "
+        "\"task\": {\"type\": \"worker\", \"index\": 0}}",
+        "cluster.worker index 0 given twice");
+    BAD("{\"cluster\": {\"worker\": [\"a:1\", \"b:1\"]}, \"task\": "
+        "{\"type\": \"worker\", \"index\": 0, \"index\": 1}}",
+        "task.index given twice");
+    BAD("{\"cluster\": {\"worker\": [\"a:1\"]}, \"cluster\": {}, "
+        "\"task\": {\"type\": \"worker\", \"index\": 0}}",
+        "key 'cluster' given twice");
     snprintf(j, sizeof j, "{\"cluster\": {\"chief\": [\"c:1\"], \"master\": "
              "[\"m:1\"]}, \"task\": {\"type\": \"chief\", \"index\": 0}}");
     BAD(j, "both 'chief' and 'master'");
@@ -541,7 +555,9 @@ END_TEST
 
 /* TF_CONFIG as the TFJob operator writes it: lower-case job names, one
  * service name per task, "environment": "cloud", the evaluator in the
- * cluster; "rpc_layer" is ignored; its sparse form is refused by name. */
+ * cluster; "rpc_layer" and other members keel does not read are ignored
+ * (keys given twice inside them too); its sparse form is refused by
+ * name. */
 START_TEST(test_tf_config_as_the_tfjob_operator_writes_it)
 {
     keel_cluster_spec *s = NULL;
@@ -551,7 +567,8 @@ START_TEST(test_tf_config_as_the_tfjob_operator_writes_it)
         "\"ps\":[\"mnist-ps-0.team.svc:2222\",\"mnist-ps-1.team.svc:2222\"],"
         "\"worker\":[\"mnist-worker-0.team.svc.cluster.local:2222\"]},"
         "\"task\":{\"type\":\"ps\",\"index\":1},"
-        "\"environment\":\"cloud\",\"rpc_layer\":\"grpc\"}";
+        "\"environment\":\"cloud\",\"rpc_layer\":\"grpc\","
+        "\"extra\":{\"a\":1,\"a\":[{\"b\":1,\"b\":2}]}}";
     const char *v6 =
         "{\"cluster\":{\"ps\":[\"[fd00::10]:2222\"],"
         "\"worker\":[\"[fd00::11]:2222\",\"10.1.2.3:2222\"]},"

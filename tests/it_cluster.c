@@ -1024,6 +1024,77 @@ START_TEST(bad_hosts_exit_2_at_start_naming_task_and_host)
 }
 END_TEST
 
+/* keel train with env added: exit 2 at once (well before max_wait_secs)
+ * with a message naming every needle. */
+static void
+env_exits_2_naming(char *const *env, const char *const *needles)
+{
+    char *argv[] = { (char *)tu_build_path("keel"), "train",
+                     (char *)cfg_path, "-s", "cluster.max_wait_secs=30",
+                     NULL };
+    int64_t t0 = tu_now_ms();
+    ck_assert_int_eq(tu_run(argv, env, RUN_MS, out, sizeof out, err,
+                            sizeof err), 2);
+    ck_assert_msg(tu_now_ms() - t0 < 20000, "exit 2 only after %lld ms",
+                  (long long)(tu_now_ms() - t0));
+    ck_assert_msg(strstr(err, "keel: cluster: ") != NULL, "%s", err);
+    for (size_t i = 0; needles[i] != NULL; i++)
+        ck_assert_msg(strstr(err, needles[i]) != NULL, "no '%s' in: %s",
+                      needles[i], err);
+}
+
+/* Bad input from the schedulers (docs/deploy.md, "Bad input"): a task
+ * listed twice in TF_CONFIG, a Slurm node list that does not parse, more
+ * Slurm tasks than the nodes give, a node listed twice, too few reserved
+ * ports; each stops keel train at start with exit 2 naming the job, the
+ * task or the variable. Unresolvable hosts and shared addresses:
+ * bad_hosts_exit_2_at_start_naming_task_and_host. */
+START_TEST(bad_cluster_input_exits_2_through_keel_train)
+{
+    char tf[512];
+    int p1 = tu_held_port(), p2 = tu_held_port(), p3 = tu_held_port();
+    char *twice[] = { tf, NULL };
+    char *nodelist[] = { "SLURM_PROCID=1", "SLURM_NTASKS=3",
+                         "SLURM_JOB_NODELIST=node[01-03,]", NULL };
+    char *too_many[] = { "SLURM_PROCID=1", "SLURM_NTASKS=3",
+                         "SLURM_JOB_NODELIST=localhost",
+                         "SLURM_TASKS_PER_NODE=2", NULL };
+    char *node_twice[] = { "SLURM_PROCID=1", "SLURM_NTASKS=2",
+                           "SLURM_JOB_NODELIST=localhost,localhost",
+                           "SLURM_TASKS_PER_NODE=1(x2)", NULL };
+    char *ports[] = { "SLURM_PROCID=1", "SLURM_NTASKS=3",
+                      "SLURM_JOB_NODELIST=localhost",
+                      "SLURM_TASKS_PER_NODE=3",
+                      "SLURM_STEP_RESV_PORTS=12000", NULL };
+    const char *const n_twice[] = { "TF_CONFIG", "cluster job 'worker' "
+                                    "given twice", NULL };
+    const char *const n_index[] = { "TF_CONFIG", "cluster.worker index 1 "
+                                    "given twice", NULL };
+    const char *const n_nodelist[] = { "SLURM_JOB_NODELIST",
+                                       "node[01-03,]", NULL };
+    const char *const n_too_many[] = { "tasks per node sum to 2",
+                                       "SLURM_NTASKS is 3", NULL };
+    const char *const n_node_twice[] = { "duplicate address "
+                                         "'localhost:", NULL };
+    const char *const n_ports[] = { "SLURM_STEP_RESV_PORTS", "localhost",
+                                    "3 tasks", NULL };
+    TU_SNPRINTF(tf, sizeof tf, "TF_CONFIG={\"cluster\": {\"worker\": "
+                "[\"127.0.0.1:%d\"], \"ps\": [\"127.0.0.1:%d\"], "
+                "\"worker\": [\"127.0.0.1:%d\"]}, \"task\": {\"type\": "
+                "\"worker\", \"index\": 0}}", p1, p2, p3);
+    env_exits_2_naming(twice, n_twice);
+    TU_SNPRINTF(tf, sizeof tf, "TF_CONFIG={\"cluster\": {\"worker\": "
+                "{\"0\": \"127.0.0.1:%d\", \"1\": \"127.0.0.1:%d\", "
+                "\"1\": \"127.0.0.1:%d\"}}, \"task\": {\"type\": "
+                "\"worker\", \"index\": 0}}", p1, p2, p3);
+    env_exits_2_naming(twice, n_index);
+    env_exits_2_naming(nodelist, n_nodelist);
+    env_exits_2_naming(too_many, n_too_many);
+    env_exits_2_naming(node_twice, n_node_twice);
+    env_exits_2_naming(ports, n_ports);
+}
+END_TEST
+
 /* A chief whose ps is not up names it (task and address) while it
  * waits, from the start. */
 START_TEST(chief_waiting_for_a_ps_names_it)
@@ -1074,6 +1145,7 @@ suite(void)
     tu_tcase(s, "hosts", 150, setup, tu_teardown, TU_TESTS(
         ps_and_chief_train_by_localhost_host_name_and_ipv6,
         bad_hosts_exit_2_at_start_naming_task_and_host,
+        bad_cluster_input_exits_2_through_keel_train,
         chief_waiting_for_a_ps_names_it));
     return s;
 }

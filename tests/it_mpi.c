@@ -19,6 +19,7 @@
 #include <config.h>
 
 #include <dirent.h>
+#include <netdb.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -146,6 +147,77 @@ START_TEST(test_two_ranks_train_and_restore_in_one_process)
     /* 10 classes: chance is 0.1; the patches are learnt in 30 steps */
     ck_assert_msg(acc > 0.5, "accuracy %g after 30 steps:\n%s", acc, out);
     ck_assert_msg(strstr(out, "step 30") != NULL, "%s", out);
+}
+END_TEST
+
+/* Every line of text starts with "rank 0 | " or "rank 1 | "; the first
+ * other line, or NULL. */
+static const char *
+line_without_rank(const char *text)
+{
+    for (const char *p = text; *p != '\0';) {
+        const char *nl = strchr(p, '\n');
+        if (strncmp(p, "rank 0 | ", 9) != 0 && strncmp(p, "rank 1 | ", 9) != 0)
+            return p;
+        if (nl == NULL)
+            break;
+        p = nl + 1;
+    }
+    return NULL;
+}
+
+/* mpirun -H with host names (this machine's two names when its own
+ * resolves): each rank starts every line it prints with its rank, names
+ * its host, and the run ends with the bits of one process. */
+START_TEST(test_ranks_on_named_hosts_prefix_their_lines)
+{
+    char hosts[600], host[256], ckdir[4200], want[400];
+    char *argv[40];
+    const char *bad;
+    struct addrinfo *res = NULL;
+    int k, rc;
+    if (gethostname(host, sizeof host) == 0 &&
+        getaddrinfo(host, NULL, NULL, &res) == 0) {
+        freeaddrinfo(res);
+        snprintf(hosts, sizeof hosts, "localhost,%s", host);
+    } else {
+        snprintf(host, sizeof host, "localhost");
+        snprintf(hosts, sizeof hosts, "localhost:2");
+    }
+    TU_SNPRINTF(ckdir, sizeof ckdir, "checkpoint.dir=%s", tu_path("one"));
+    rc = TU_KEEL(120000, "train", cfg_path, "-s", ckdir);
+    ck_assert_msg(rc == 0, "one process: %d\n%s", rc, tu_tail(err, 3000));
+    ck_assert_msg(strstr(out, "rank ") == NULL, "%s", out);
+
+    TU_SNPRINTF(ckdir, sizeof ckdir, "checkpoint.dir=%s", tu_path("hosts"));
+    k = mpirun_options(argv);
+    argv[k++] = "-H";
+    argv[k++] = hosts;
+    argv[k++] = (char *)tu_build_path("keel");
+    argv[k++] = "train";
+    argv[k++] = (char *)cfg_path;
+    argv[k++] = "-s";
+    argv[k++] = ckdir;
+    argv[k++] = "-s";
+    argv[k++] = "hooks.log_every_steps=10";
+    argv[k] = NULL;
+    rc = tu_run(argv, NULL, 120000, out, sizeof out, err, sizeof err);
+    ck_assert_msg(rc == 0, "mpirun -H %s: %d\n%s", hosts, rc,
+                  tu_tail(err, 3000));
+    /* step lines come from the chief, the report from every rank */
+    ck_assert_msg(strstr(out, "rank 0 | step 30 ") != NULL, "%s", out);
+    ck_assert_msg(strstr(out, "rank 0 | trained steps 0..30") != NULL &&
+                  strstr(out, "rank 1 | trained steps 0..30") != NULL, "%s",
+                  out);
+    bad = line_without_rank(out);
+    ck_assert_msg(bad == NULL, "a line without its rank: %.200s", bad);
+    TU_SNPRINTF(want, sizeof want, "rank 1 | collective: rank 1 of 2 on ");
+    ck_assert_msg(strstr(err, want) != NULL, "no '%s' in:\n%s", want,
+                  tu_tail(err, 3000));
+    ck_assert_msg(strstr(err, "rank 0 | collective: rank 0 of 2 on ") !=
+                  NULL, "%s", tu_tail(err, 3000));
+    ck_assert_msg(ckpt_diff("one/model.ckpt-30.h5",
+                            "hosts/model.ckpt-30.h5") == 0, "%s%s", out, err);
 }
 END_TEST
 
@@ -298,6 +370,9 @@ START_TEST(test_killed_rank_restarts_all_from_the_checkpoint_bit_exact)
                   "the launcher did not restart the ranks");
     ck_assert_msg(tu_wait_for_line(fd, "resumed from", 60000, line,
                                    sizeof line), "no resume");
+    /* the ranks' lines carry their rank, not the launcher's task name */
+    ck_assert_msg(strncmp(line, "rank 0 | ", 9) == 0 ||
+                  strncmp(line, "rank 1 | ", 9) == 0, "%s", line);
     ck_assert_msg(strstr(line, "model.ckpt-0.h5") == NULL, "%s", line);
     ck_assert_msg(tu_wait_for_line(fd, "run complete", 120000, NULL, 0),
                   "the restarted job did not finish");
@@ -390,6 +465,7 @@ mpi_suite(void)
     Suite *s = suite_create("it_mpi");
     tu_tcase(s, "mpi", 300, setup, tu_teardown, TU_TESTS(
         test_two_ranks_train_and_restore_in_one_process,
+        test_ranks_on_named_hosts_prefix_their_lines,
         test_one_to_four_ranks_give_identical_bits,
         test_uneven_leaves_give_identical_bits,
         test_killed_rank_restarts_all_from_the_checkpoint_bit_exact,

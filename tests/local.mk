@@ -59,6 +59,11 @@ EXTRA_DIST += tests/it_netns_names.sh bench/netns.sh
 TESTS += tests/docs_facts.py
 EXTRA_DIST += tests/docs_facts.py
 
+# docs/deploy.md's TFJob manifest parses, and the TF_CONFIG the training
+# operator writes into each of its pods passes `keel config check`.
+TESTS += tests/deploy_manifest.py
+EXTRA_DIST += tests/deploy_manifest.py
+
 # The adversarial checkpoint suite: tests/ckpt_mutate.py makes truncated,
 # bit-flipped, swapped, huge, external, linked, virtual checkpoints and
 # damaged state files; every reader must end with a `keel:` error or a

@@ -15,11 +15,33 @@
 
 #include "cli.h"
 
+char cli_line_prefix[32];
+
+void
+cli_prefix_mpi_rank(void)
+{
+    static const char *const vars[] = { "OMPI_COMM_WORLD_RANK", "PMIX_RANK",
+                                        "PMI_RANK" };
+    cli_line_prefix[0] = '\0';
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        char *end;
+        long r;
+        if (v == NULL || v[0] == '\0')
+            continue;
+        r = strtol(v, &end, 10);
+        if (*end == '\0' && r >= 0 && r <= 1 << 24)
+            snprintf(cli_line_prefix, sizeof cli_line_prefix, "rank %ld | ",
+                     r);
+        return;
+    }
+}
+
 int
 cli_error(int code, const char *fmt, ...)
 {
     va_list ap;
-    fputs("keel: ", stderr);
+    fprintf(stderr, "%skeel: ", cli_line_prefix);
     va_start(ap, fmt);
     vfprintf(stderr, fmt, ap);
     va_end(ap);
@@ -110,9 +132,10 @@ log_to_stderr(void *ctx, keel_log_level level, const char *msg)
     (void)ctx;
     cli_bar_clear();            /* the line starts where the bar was */
     if (level >= KEEL_LOG_WARN)
-        fprintf(stderr, "keel: %s: %s\n", keel_log_level_name(level), msg);
+        fprintf(stderr, "%skeel: %s: %s\n", cli_line_prefix,
+                keel_log_level_name(level), msg);
     else
-        fprintf(stderr, "%s\n", msg);
+        fprintf(stderr, "%s%s\n", cli_line_prefix, msg);
 }
 
 void

@@ -45,6 +45,14 @@ int cli_getopt_error_as(const char *name, const char *help, char **argv,
 /* Route libkeel's log lines to stderr ("keel: " prefix for warnings and
  * errors); verbose also shows debug lines. */
 void cli_install_logger(int verbose);
+/* What starts every line this process prints on stdout and stderr (log
+ * lines, errors, step lines): "" or, for a rank an MPI launcher started,
+ * "rank R | ", so that the ranks' merged output says who said what. */
+extern char cli_line_prefix[32];
+/* Set cli_line_prefix from the rank an MPI launcher gives this process
+ * (OMPI_COMM_WORLD_RANK, PMIX_RANK, PMI_RANK; the first set); "" without
+ * one. */
+void cli_prefix_mpi_rank(void);
 /* 1 while a progress bar (no newline) ends stderr: the logger then clears
  * it before its line, and the bar is drawn again at the next step. */
 extern int cli_bar_drawn;

@@ -121,6 +121,10 @@ on_scale(int sig)
 /* K-FAC's roles (kfac.distributed = roles): the prefix of each worker's
  * lines ("inverse.0"); empty: the task's name. Index: worker i at i. */
 static char role_label[KEEL_LAUNCH_MAX_WORKERS][32];
+/* multi_worker_mirrored: the one task is mpirun, whose ranks start their
+ * lines with "rank R | " themselves (keel train); those lines are printed
+ * as they are, mpirun's own as "mpirun | ...". */
+static int lines_by_rank;
 
 typedef struct view {
     keel_launch *l;
@@ -178,7 +182,10 @@ on_line(void *ctx, int task, int stream, const char *line)
     if (keel_launch_task(v->l, (size_t)task, &t) != KEEL_OK)
         return;
     erase_status(v);
-    if (t.type == KEEL_TASK_WORKER && t.index >= 0 &&
+    if (lines_by_rank)
+        printf(strncmp(line, "rank ", 5) == 0 && strstr(line, " | ") != NULL
+               ? "%s\n" : "mpirun | %s\n", line);
+    else if (t.type == KEEL_TASK_WORKER && t.index >= 0 &&
         t.index < KEEL_LAUNCH_MAX_WORKERS && role_label[t.index][0] != '\0')
         printf("%s | %s\n", role_label[t.index], line);
     else
@@ -669,6 +676,7 @@ launch_task_argv(launch_args *a)
     a->exe[len] = '\0';
     if (a->is_mwm) {
         /* one task: mpirun and its ranks, restarted as a whole */
+        lines_by_rank = 1;
         snprintf(a->n_ranks, sizeof a->n_ranks, "%d",
                  a->workers_set ? a->lc.num_workers : 2);
         snprintf(a->keel_exe, sizeof a->keel_exe, "%s", a->exe);

@@ -58,8 +58,8 @@ on_progress(void *ctx, const keel_job_progress *p)
         : p->examples_per_sec;
     if (ps->every > 0 && p->global_step % ps->every == 0) {
         cli_bar_clear();
-        printf("step %lld  epoch %lld  loss %.4f  accuracy %.4f  lr %.3g  "
-               "%.0f examples/s", (long long)p->global_step,
+        printf("%sstep %lld  epoch %lld  loss %.4f  accuracy %.4f  lr %.3g  "
+               "%.0f examples/s", cli_line_prefix, (long long)p->global_step,
                (long long)p->epoch + 1, p->loss, p->accuracy,
                p->learning_rate, p->examples_per_sec);
         if (ps->cluster)
@@ -96,8 +96,9 @@ on_epoch(void *ctx, const keel_job_epoch *e)
 {
     (void)ctx;
     cli_bar_clear();
-    printf("epoch %lld ended at step %lld: learning rate %g",
-           (long long)e->epoch, (long long)e->global_step, e->learning_rate);
+    printf("%sepoch %lld ended at step %lld: learning rate %g",
+           cli_line_prefix, (long long)e->epoch, (long long)e->global_step,
+           e->learning_rate);
     if (e->validated)
         printf("; validation loss %.4f, accuracy %.4f (%lld examples)",
                e->val_loss, e->val_accuracy, (long long)e->val_examples);
@@ -172,12 +173,13 @@ train_report(const keel_config *cfg, const keel_job_result *res,
     if (res->end_reason == KEEL_END_SIGNAL && res->examples == 0 &&
         res->seconds == 0.0) {
         /* SIGTERM while waiting for the cluster: no session ever ran */
-        printf("stopped by a signal before training started; checkpoints "
-               "in %s\n", keel_config_str(cfg, "checkpoint.dir"));
+        printf("%sstopped by a signal before training started; "
+               "checkpoints in %s\n", cli_line_prefix,
+               keel_config_str(cfg, "checkpoint.dir"));
         return;
     }
-    printf("trained steps %lld..%lld (%lld examples, %.1f s, %.0f "
-           "examples/s", (long long)res->start_step,
+    printf("%strained steps %lld..%lld (%lld examples, %.1f s, %.0f "
+           "examples/s", cli_line_prefix, (long long)res->start_step,
            (long long)res->final_step, (long long)res->examples,
            res->seconds,
            res->seconds > 0 ? res->examples / res->seconds : 0.0);
@@ -237,9 +239,15 @@ cmd_train(int argc, char **argv)
     if (rc != CLI_OK)
         return rc;
     cli_install_logger(a.verbose);
+    /* ranks of multi_worker_mirrored name themselves on every line, from
+     * the start (a config error too); other tasks get no prefix */
+    cli_prefix_mpi_rank();
     rc = cli_load_config(a.path, a.n_over, a.over, &cfg);
     if (rc != CLI_OK)
         return rc;
+    if (strcmp(keel_config_str(cfg, "train.strategy"),
+               "multi_worker_mirrored") != 0)
+        cli_line_prefix[0] = '\0';
     rc = train_cluster(cfg, a.ckpt, &spec);         /* a.ckpt: --task */
     if (rc == CLI_OK && spec != NULL &&
         keel_cluster_spec_task_type(spec) == KEEL_TASK_EVALUATOR) {
