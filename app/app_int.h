@@ -1,6 +1,7 @@
 /* app_int.h - private to app/, the trainer application (`keel train`,
  * `keel eval`, the evaluator task) built on the public session, cluster,
- * train and checkpoint APIs: what job.c shares with evaluator.c. */
+ * train and checkpoint APIs: what the training job (job*.c, job_int.h)
+ * shares with the evaluator, export and K-FAC's roles. */
 #ifndef KEEL_APP_INT_H
 #define KEEL_APP_INT_H
 
