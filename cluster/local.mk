@@ -28,6 +28,13 @@ bench_cluster_bench_SOURCES = bench/cluster_bench.c tests/ps_skel.c \
 bench_cluster_bench_CFLAGS = $(AM_CFLAGS) $(ZMQ_CFLAGS)
 bench_cluster_bench_LDADD = libkeel_core.la $(ZMQ_LIBS)
 
+# bench/ps_mean: the sync ps's weighted mean of the replicas' gradients,
+# its scalar and kernel forms and the float kernels' sum, timed in one run
+# (built by `make check`; not installed).
+check_PROGRAMS += bench/ps_mean
+bench_ps_mean_SOURCES = bench/ps_mean.c $(BENCH_UTIL)
+bench_ps_mean_LDADD = libkeel_core.la
+
 # it_security: a raw ZeroMQ peer against a running ps, in each security
 # mode (libzmq only for the peer; libkeel_core only to derive a password).
 if HAVE_CHECK

@@ -170,6 +170,9 @@ keel__ps_free(keel__ps *ps)
     keel_grads_free(ps->acc);
     free(ps->dacc);
     free(ps->doff);
+    free(ps->wsrc);
+    free(ps->wts);
+    free(ps->wcnt);
     for (int i = 0; i < ps->n_waiters; i++)
         zmq_msg_close(&ps->waiters[i].identity);
     keel__wire_pin_destroy(&ps->pin);

@@ -45,9 +45,10 @@ keel__ps_tree_plan(keel__ps *ps, int64_t L)
     return KEEL_OK;
 }
 
-/* weighted_mean's double sums, one per trainable float of the store (a
- * rule's ps sums its commits and an async ps applies each push: neither
- * needs them). */
+/* weighted_mean's lists of gradients and weights, and the double sums
+ * of its sequential form, one per trainable float of the store (a rule's
+ * ps sums its commits and an async ps applies each push: neither needs
+ * them). */
 static keel_status
 alloc_weighted(keel__ps *ps)
 {
@@ -64,7 +65,13 @@ alloc_weighted(keel__ps *ps)
         total += t != NULL ? t->count : 0;
     }
     ps->dacc = malloc((total ? total : 1) * sizeof *ps->dacc);
-    if (ps->dacc == NULL)
+    ps->wsrc = calloc((nv ? nv : 1) * (size_t)ps->total_replicas,
+                      sizeof *ps->wsrc);
+    ps->wts = calloc((nv ? nv : 1) * (size_t)ps->total_replicas,
+                     sizeof *ps->wts);
+    ps->wcnt = calloc(nv ? nv : 1, sizeof *ps->wcnt);
+    if (ps->dacc == NULL || ps->wsrc == NULL || ps->wts == NULL ||
+        ps->wcnt == NULL)
         return keel__fail(KEEL_ENOMEM, "ps: weighted sums of %zu floats",
                           total);
     return KEEL_OK;
@@ -313,14 +320,12 @@ pieces_of(const keel__ps *ps, int *pieces)
     return KEEL_OK;
 }
 
-/* Gradient rules: each fresh replica pushed the mean gradient over its own
- * examples (its micro-batch stores add up to it). acc becomes the mean
- * over every example aggregated: sum_r n_r g_r / sum_r n_r, accumulated
- * in double in ascending replica order (n_r g_r is exact there) and
- * rounded once, so R replicas pushing the same gradient give its bits.
- * have[k] marks the variables summed; the number of pushes is returned. */
+/* weighted_mean's arithmetic one gradient at a time over the double sums
+ * in dacc: for a step in which some variable has more gradients than
+ * there are replicas (a push naming it twice), which the tables of
+ * weighted_mean do not hold. */
 static int
-weighted_mean(keel__ps *ps, unsigned char *have)
+weighted_mean_seq(keel__ps *ps, unsigned char *have)
 {
     int fresh = 0;
     double total = 0;
@@ -354,6 +359,53 @@ weighted_mean(keel__ps *ps, unsigned char *have)
         acc = keel_grads_at(ps->acc, k);
         for (size_t e = 0; e < acc->count; e++)
             acc->data[e] = (float)(d[e] / total);
+    }
+    return fresh;
+}
+
+/* Gradient rules: each fresh replica pushed the mean gradient over its own
+ * examples (its micro-batch stores add up to it). acc becomes the mean
+ * over every example aggregated: sum_r n_r g_r / sum_r n_r, accumulated
+ * in double in ascending replica order (n_r g_r is exact there) and
+ * rounded once, so R replicas pushing the same gradient give its bits.
+ * Each variable's gradients and weights are listed first, then summed in
+ * one pass over its sum (keel__weighted_mean_into, numeric/'s vectorized
+ * kernel: the same operations per element). have[k] marks the variables
+ * summed; the number of pushes is returned. */
+static int
+weighted_mean(keel__ps *ps, unsigned char *have)
+{
+    size_t R = (size_t)ps->total_replicas;
+    int fresh = 0;
+    double total = 0;
+    memset(ps->wcnt, 0, ps->n_pins * sizeof *ps->wcnt);
+    for (int r = 0; r < ps->total_replicas; r++) {
+        pending_push *p = &ps->pending[r];
+        double w;
+        if (!p->used)
+            continue;
+        fresh++;
+        w = (double)examples_of(p);
+        total += w;
+        for (size_t i = 0; i < p->msg.n; i++) {
+            size_t k = keel_var_index(p->vars[i]);
+            if ((size_t)ps->wcnt[k] == R) {
+                memset(have, 0, ps->n_pins);
+                return weighted_mean_seq(ps, have);
+            }
+            ps->wsrc[k * R + (size_t)ps->wcnt[k]] = p->msg.tensors[i].t.data;
+            ps->wts[k * R + (size_t)ps->wcnt[k]] = w;
+            ps->wcnt[k]++;
+        }
+    }
+    for (size_t k = 0; k < ps->n_pins; k++) {
+        keel_tensor *acc;
+        if (ps->wcnt[k] == 0)
+            continue;
+        acc = keel_grads_at(ps->acc, k);
+        keel__weighted_mean_into(acc->data, ps->wsrc + k * R, ps->wts + k * R,
+                                 ps->wcnt[k], total, acc->count);
+        have[k] = 1;
     }
     return fresh;
 }

@@ -71,10 +71,15 @@ struct keel__ps {
     long applied, dropped;
     pending_push *pending;       /* sync: one per replica */
     keel_grads *acc;             /* sync: the sums */
-    /* sync gradients (no ps rule): the example-weighted sums, in double,
-     * variable k's at dacc + doff[k] */
+    /* sync gradients (no ps rule), a push naming a variable twice: the
+     * example-weighted sums, in double, variable k's at dacc + doff[k] */
     double *dacc;
     size_t *doff;
+    /* weighted_mean's lists: variable k's gradients and their weights at
+     * wsrc and wts + k * total_replicas, wcnt[k] of them */
+    const float **wsrc;
+    double *wts;
+    int *wcnt;
     keel_var **all;              /* sync: every variable, in store order */
     unsigned char *have;         /* sync: which sums a step has */
     /* sync with reduce_leaves L: the tree nodes covering each replica's

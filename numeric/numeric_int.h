@@ -52,6 +52,14 @@ void keel__add_into(float *dst, const float *src, size_t count);
 /* dst = 0 + src: the bits of zeroing dst and adding src (-0 becomes +0),
  * in one pass (a sum's first term). */
 void keel__zero_add_into(float *dst, const float *src, size_t count);
+/* dst[i] = (float)((w[0] * src[0][i] + ... + w[k-1] * src[k-1][i]) /
+ * total): each product and sum in double, left to right, the quotient
+ * rounded to double and then to float - per element the operations of
+ * that scalar loop, so the same bits, in one pass over dst (k >= 1;
+ * dst may not be one of the sources). */
+void keel__weighted_mean_into(float *dst, const float *const *src,
+                              const double *w, int k, double total,
+                              size_t count);
 
 /* ---- reduce_tree.c: the canonical reduction tree ---- */
 /* The tree over leaves [0, n): a node [lo, hi) with two or more leaves

@@ -18,6 +18,7 @@
 #include <keel/keel.h>
 #include "util.h"
 #include "../cluster/cluster_int.h"
+#include "../numeric/numeric_int.h"
 #include "ps_skel.h"
 #include <keel/distributed.h>
 #include "testutil.h"
@@ -2279,6 +2280,228 @@ START_TEST(test_real_ps_weighs_replicas_by_their_examples)
 }
 END_TEST
 
+/* The weighted mean's kernel against the defining scalar loop, written
+ * out here: (w0 g0 + w1 g1 + ...) / total in double, left to right, then
+ * rounded to float. 3 sources of 2 x 1024 + 1003 elements (whole blocks
+ * and a tail) of awkward values; equal weights and unequal ones, with a
+ * total that is a power of two (the quotient by a multiplication) and one
+ * that is not (a division). */
+START_TEST(test_weighted_mean_kernel_has_the_scalar_bits)
+{
+    enum { N = 2 * 1024 + 1003, K = 3 };
+    static const double ws[4][K] = {
+        { 1, 1, 1 }, { 32, 32, 64 }, { 3, 5, 7 }, { 1, 2, 5 } };
+    static float src[K][N], dst[N];
+    const float *ps[K] = { src[0], src[1], src[2] };
+    uint32_t x = 12345;
+    for (int r = 0; r < K; r++)
+        for (int i = 0; i < N; i++) {
+            x = x * 1664525u + 1013904223u;
+            src[r][i] = (float)((int32_t)x) / 3.0e7f;
+        }
+    for (int c = 0; c < 4; c++) {
+        double total = ws[c][0] + ws[c][1] + ws[c][2];
+        keel__weighted_mean_into(dst, ps, ws[c], K, total, N);
+        for (int i = 0; i < N; i++) {
+            double d = ws[c][0] * (double)src[0][i];
+            d += ws[c][1] * (double)src[1][i];
+            d += ws[c][2] * (double)src[2][i];
+            float want = (float)(d / total);
+            ck_assert_msg(memcmp(&dst[i], &want, sizeof want) == 0,
+                          "case %d, element %d: %a, want %a", c, i,
+                          (double)dst[i], (double)want);
+        }
+    }
+}
+END_TEST
+
+/* One sync step of R workers (no chief) pushing gw / gb with the example
+ * counts ex (0: one); wv and bv are the values the last reply brings. */
+static void
+sync_round(keel__wire_client **w, int R, int step, float (*gw)[6],
+           float (*gb)[3], const uint32_t *ex, float *wv, float *bv)
+{
+    uint64_t ids[8];
+    keel__wire_header h;
+    keel__wire_msg r;
+    wb p[8];
+    for (int i = 0; i < R; i++) {
+        wb_make(&p[i], gw[i], gb[i]);
+        header_of(&h, KEEL_MSG_PUSH);
+        h.local_step = step;
+        h.examples = ex[i];
+        if (i < R - 1) {
+            ck_assert_int_eq(keel__wire_client_send(w[i], &h, p[i].out, 2,
+                                                    0, 3000), KEEL_OK);
+            ids[i] = h.request_id;
+            continue;
+        }
+        h.flags = KEEL_WIRE_F_WANT_VALUES;
+        ck_assert_int_eq(keel__wire_client_call(w[i], &h, p[i].out, 2, 0,
+                                                3000, &r), KEEL_OK);
+        ck_assert_int_eq(r.h.type, KEEL_MSG_PUSH_ACK);
+        ck_assert_int_eq(r.h.global_step, step + 1);
+        ck_assert_int_eq(r.n, 2);
+        memcpy(wv, r.tensors[0].t.data, 6 * sizeof *wv);
+        memcpy(bv, r.tensors[1].t.data, 3 * sizeof *bv);
+        keel__wire_msg_clear(&r);
+    }
+    for (int i = 0; i < R - 1; i++) {
+        ck_assert_int_eq(keel__wire_client_wait(w[i], ids[i], 0, 3000, &r),
+                         KEEL_OK);
+        ck_assert_int_eq(r.h.type, KEEL_MSG_PUSH_ACK);
+        keel__wire_msg_clear(&r);
+    }
+    for (int i = 0; i < R; i++)
+        wb_release(&p[i]);
+}
+
+/* The sync ps's example-weighted mean on a real server (SGD at rate 1,
+ * values 0: the new values are minus the mean). Equal counts: 3 replicas
+ * pushing the same awkward gradient apply exactly its bits (summed in
+ * float and scaled once, ((g + g) + g) * (1 / 3) misses them for some of
+ * these values: checked first, so the test can tell). Unequal counts 3,
+ * 5, 7: the mean as (3 g0 + 5 g1 + 7 g2) / 15 in double, then rounded to
+ * float. Step 1 starts from the values step 0 left. */
+START_TEST(test_real_ps_weighted_mean_with_equal_and_unequal_counts)
+{
+    enum { R = 3 };
+    server sv;
+    keel__wire_client *w[R];
+    float zw[6] = { 0 }, zb[3] = { 0 }, wv[6], bv[3];
+    float g[9] = { 0.1f, 1.0f / 3.0f, 1.0f + 0x1p-23f, 3.3e-5f, -7.77f,
+                   0.7f, 1e-3f, 2.2f, -1.0f / 7.0f };
+    float gw[R][6], gb[R][3];
+    uint32_t eq[R] = { 4, 4, 4 }, uneq[R] = { 3, 5, 7 };
+    int misses = 0;
+    wb init;
+    keel__wire_header h;
+    keel__wire_msg r;
+
+    for (int e = 0; e < 9; e++) {
+        volatile float s = g[e] + g[e];
+        s = s + g[e];
+        misses += s * (1.0f / 3.0f) != g[e];
+    }
+    ck_assert_int_gt(misses, 0);
+    wb_make(&init, zw, zb);
+    ck_assert_msg(sync_ps_start(&sv, R, R) == KEEL_OK, "%s",
+                  keel_last_error());
+    for (int i = 0; i < R; i++)
+        w[i] = worker_client(&sv, NULL, i);
+    header_of(&h, KEEL_MSG_INIT);
+    ck_assert_int_eq(keel__wire_client_call(w[0], &h, init.out, 2, 0, 3000,
+                                            &r), KEEL_OK);
+    keel__wire_msg_clear(&r);
+    for (int i = 0; i < R; i++) {
+        memcpy(gw[i], g, sizeof gw[i]);
+        memcpy(gb[i], g + 6, sizeof gb[i]);
+    }
+    sync_round(w, R, 0, gw, gb, eq, wv, bv);
+    for (int e = 0; e < 9; e++) {
+        float got = -(e < 6 ? wv[e] : bv[e - 6]);
+        ck_assert_msg(memcmp(&got, &g[e], sizeof got) == 0,
+                      "equal counts, element %d: %a, want %a", e,
+                      (double)got, (double)g[e]);
+    }
+    /* unequal: replica i pushes g scaled by i + 1 and shifted */
+    for (int i = 0; i < R; i++)
+        for (int e = 0; e < 9; e++) {
+            float v = g[e] * (float)(i + 1) + 0.25f * (float)i;
+            if (e < 6)
+                gw[i][e] = v;
+            else
+                gb[i][e - 6] = v;
+        }
+    sync_round(w, R, 1, gw, gb, uneq, wv, bv);
+    for (int e = 0; e < 9; e++) {
+        float before = -g[e];
+        double d = 0;
+        float want, got;
+        for (int i = 0; i < R; i++)
+            d += (double)uneq[i] *
+                 (double)(e < 6 ? gw[i][e] : gb[i][e - 6]);
+        want = (float)(d / 15.0);
+        got = (e < 6 ? wv[e] : bv[e - 6]);
+        ck_assert_msg(got == before - want, "unequal counts, element %d: "
+                      "%a, want %a", e, (double)got,
+                      (double)(before - want));
+    }
+    for (int i = 0; i < R; i++)
+        keel__wire_client_free(w[i]);
+    server_stop(&sv);
+    wb_release(&init);
+}
+END_TEST
+
+/* A push that names a variable twice (no micro-batch pieces declared):
+ * both of its gradients count with the replica's weight, as every other
+ * gradient - more gradients of one variable than there are replicas,
+ * which the ps sums one gradient at a time. Worker 0 (weight 1) pushes
+ * w = 1 and w = 2, worker 1 (weight 2) w = 4: (1 + 2 + 2 * 4) / 3. */
+START_TEST(test_real_ps_weighted_mean_of_a_variable_pushed_twice)
+{
+    server sv;
+    keel__wire_client *w[2];
+    float zw[6] = { 0 }, zb[3] = { 0 }, a[6], b[6], c[6];
+    float gb[3] = { 3, 3, 3 };
+    wb init, p0, p0b, p1;
+    keel__wire_out two[3];
+    keel__wire_header h;
+    keel__wire_msg r;
+    uint64_t id0;
+    for (int i = 0; i < 6; i++) {
+        a[i] = 1;
+        b[i] = 2;
+        c[i] = 4;
+    }
+    wb_make(&init, zw, zb);
+    wb_make(&p0, a, gb);
+    wb_make(&p0b, b, NULL);
+    wb_make(&p1, c, gb);
+    two[0] = p0.out[0];
+    two[1] = p0b.out[0];
+    two[2] = p0.out[1];
+    ck_assert_msg(sync_ps_start(&sv, 2, 2) == KEEL_OK, "%s",
+                  keel_last_error());
+    for (int i = 0; i < 2; i++)
+        w[i] = worker_client(&sv, NULL, i);
+    header_of(&h, KEEL_MSG_INIT);
+    ck_assert_int_eq(keel__wire_client_call(w[0], &h, init.out, 2, 0, 3000,
+                                            &r), KEEL_OK);
+    keel__wire_msg_clear(&r);
+    header_of(&h, KEEL_MSG_PUSH);
+    h.examples = 1;
+    ck_assert_int_eq(keel__wire_client_send(w[0], &h, two, 3, 0, 3000),
+                     KEEL_OK);
+    id0 = h.request_id;
+    header_of(&h, KEEL_MSG_PUSH);
+    h.flags = KEEL_WIRE_F_WANT_VALUES;
+    h.examples = 2;
+    ck_assert_int_eq(keel__wire_client_call(w[1], &h, p1.out, 2, 0, 3000,
+                                            &r), KEEL_OK);
+    ck_assert_int_eq(r.h.type, KEEL_MSG_PUSH_ACK);
+    ck_assert_int_eq(r.n, 2);
+    for (int i = 0; i < 6; i++)
+        ck_assert_float_eq(r.tensors[0].t.data[i],
+                           -(float)((1.0 + 2.0 + 2.0 * 4.0) / 3.0));
+    for (int i = 0; i < 3; i++)
+        ck_assert_float_eq(r.tensors[1].t.data[i], -3.0f);
+    keel__wire_msg_clear(&r);
+    ck_assert_int_eq(keel__wire_client_wait(w[0], id0, 0, 3000, &r),
+                     KEEL_OK);
+    ck_assert_int_eq(r.h.type, KEEL_MSG_PUSH_ACK);
+    keel__wire_msg_clear(&r);
+    for (int i = 0; i < 2; i++)
+        keel__wire_client_free(w[i]);
+    server_stop(&sv);
+    wb_release(&init);
+    wb_release(&p0);
+    wb_release(&p0b);
+    wb_release(&p1);
+}
+END_TEST
+
 /* Three replicas (workers 0..2, worker 0 the chief), two aggregated: one
  * backup. Each replica pushes its own mean gradient; the update must be
  * the mean of the two that were aggregated (not their sum, not a third of
@@ -3195,6 +3418,9 @@ cluster_suite(void)
         test_push_sum_has_the_scalar_bits,
         test_real_ps_checks_requests_and_aggregates_in_sync,
         test_real_ps_weighs_replicas_by_their_examples,
+        test_weighted_mean_kernel_has_the_scalar_bits,
+        test_real_ps_weighted_mean_with_equal_and_unequal_counts,
+        test_real_ps_weighted_mean_of_a_variable_pushed_twice,
         test_real_ps_applies_the_mean_with_a_backup_worker,
         test_global_step_waiter_hook_sees_the_cluster_step,
         test_heartbeats_see_the_step_state_and_a_restarted_ps,
