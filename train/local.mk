@@ -1,8 +1,8 @@
 # train/: the model library on numeric/: layers, models, K-FAC, Hogwild, data.
 libkeel_core_la_SOURCES += train/train_int.h \
 	train/layers.c train/model.c train/hogwild.c \
-	train/kfac.c train/data.c
-pkginclude_HEADERS += include/keel/train.h
+	train/kfac.c train/kfac_layers.c train/data.c
+pkginclude_HEADERS += include/keel/train.h include/keel/kfac.h
 
 # Throughput / accuracy benchmark (bench/train.sh runs it); not installed.
 EXTRA_PROGRAMS += bench/train_bench
