@@ -1,9 +1,11 @@
-/* kfac_dist.c - K-FAC with split roles in a cluster (kfac.distributed =
- * roles, docs/kfac.md): replicas by index are gradient workers (the chief
+/* kfac_dist.c - K-FAC in a session and on a cluster (keel/kfac_dist.h,
+ * docs/kfac.md): the one-process updater, chief mode (the chief applies
+ * the whole K-FAC step to the aggregated gradient) and split roles
+ * (KEEL_KFAC_DIST_ROLES): replicas by index are gradient workers (the chief
  * among them: it applies each sync step's update, preconditioned with the
  * newest inverses on the ps), covariance workers (each global step, the
  * factor statistics of a batch into the ps's moving averages, once
- * kfac.cov_update_every steps have passed) and inverse
+ * cov_update_every steps have passed) and inverse
  * workers (each global step, the next layer of a shared, seeded, shuffled,
  * endlessly repeating queue: its damped inverses from the ps's factors,
  * published on the ps with the step they were computed at). */
@@ -15,27 +17,28 @@
 #include <string.h>
 #include <time.h>
 
-#include <keel/config.h>
 #include <keel/distributed.h>
-#include <keel/job.h>
+#include <keel/kfac.h>
+#include <keel/kfac_dist.h>
 #include <keel/session.h>
 #include <keel/train.h>
 #include "util.h"
-#include "app_int.h"
 
 /* Poll interval of a role task waiting for the next global step. */
 #define ROLE_POLL_NS 2000000L
 
-struct keel__kfac_dist {
+struct keel_kfac_dist {
+    keel_kfac_dist_config cfg;
     keel_kfac *k;
     keel_vars *vs;
     keel_cluster_backend *b;
     int role, index, n_role;     /* this task's role, its number in it */
+    int counts[3];               /* tasks of each role (roles mode) */
     int nl;
-    double decay;                /* per factor update (kfac.cov_ema_decay
-                                  * to the power cov_update_every) */
-    int64_t every;               /* kfac.cov_update_every */
-    double wait_secs;            /* cluster.step_timeout_secs; 0 never */
+    double decay;                /* per factor update (cov_ema_decay to
+                                  * the power cov_update_every) */
+    int64_t every;               /* cov_update_every */
+    double wait_secs;            /* step_timeout_secs; 0 never */
     uint64_t seed;
     int64_t log_every;           /* staleness lines (chief) */
     int64_t last_step;           /* of this task's last statistics/op */
@@ -57,28 +60,79 @@ struct keel__kfac_dist {
 
 static const char *const role_names[] = { "gradient", "covariance",
                                           "inverse" };
+static const char *const mode_names[] = { "chief", "roles" };
+
+/* ---- one process ---- */
+
+static keel_status
+kfac_updater_apply(void *ctx, keel_vars *vs, keel_grads *grads,
+                   int64_t global_step)
+{
+    return keel_kfac_apply(ctx, vs, grads, global_step);
+}
+
+keel_updater
+keel_kfac_updater(keel_kfac *k)
+{
+    keel_updater u = { 0 };
+    u.ctx = k;
+    u.apply = kfac_updater_apply;
+    return u;
+}
+
+/* ---- names, config, roles ---- */
 
 const char *
-keel__kfac_role_name(int role)
+keel_kfac_role_name(keel_kfac_role role)
 {
-    return role >= 0 && role < 3 ? role_names[role] : "?";
+    return (unsigned)role < 3 ? role_names[role] : "?";
 }
 
-int
-keel__kfac_dist_roles(const keel_config *cfg)
+const char *
+keel_kfac_distributed_name(keel_kfac_distributed d)
 {
-    return strcmp(keel_config_str(cfg, "optimizer.name"), "kfac") == 0 &&
-           strcmp(keel_config_str(cfg, "kfac.distributed"), "roles") == 0;
+    return (unsigned)d < 2 ? mode_names[d] : "?";
 }
 
-keel_status
-keel__kfac_dist_role(const keel_config *cfg, int replica, int replicas,
-                     int *role, int *index, int counts[3])
+KEEL__FROM_NAME(keel_kfac_distributed_from_name, keel_kfac_distributed,
+                "K-FAC distributed mode", mode_names)
+
+void
+keel_kfac_dist_config_init(keel_kfac_dist_config *cfg)
 {
-    double gf = keel_config_double(cfg, "kfac.gradient_fraction");
-    double cf = keel_config_double(cfg, "kfac.covariance_fraction");
-    int ng = (int)floor(gf * replicas + 1e-9);
-    int nc = (int)floor(cf * replicas + 1e-9);
+    KEEL__STRUCT_INIT(cfg);
+    cfg->mode = KEEL_KFAC_DIST_CHIEF;
+    cfg->replica = 0;
+    cfg->replicas = 1;
+    cfg->kfac_replicas_to_aggregate = 0;
+    cfg->gradient_fraction = 0.6;
+    cfg->covariance_fraction = 0.2;
+    cfg->step_timeout_secs = 3600.0;
+    cfg->seed = 0;
+    cfg->log_every_steps = 100;
+}
+
+static keel_status
+dist_role_fp(const keel_kfac_dist_config *cfg, keel_kfac_role *role,
+             int *index, int counts[3])
+{
+    double gf, cf;
+    int ng, nc, replicas, replica;
+    keel_status st;
+    if (cfg == NULL || role == NULL || index == NULL)
+        return keel__fail(KEEL_EINVAL, "K-FAC roles: NULL argument");
+    if ((st = KEEL__STRUCT_CHECK(cfg, keel_kfac_dist_config)) != KEEL_OK)
+        return keel__wrap(st, "K-FAC roles");
+    gf = cfg->gradient_fraction;
+    cf = cfg->covariance_fraction;
+    replicas = cfg->replicas;
+    replica = cfg->replica;
+    if (!(gf >= 0.0 && gf <= 1.0) || !(cf >= 0.0 && cf <= 1.0))
+        return keel__fail(KEEL_EINVAL, "K-FAC roles: gradient_fraction %g "
+                          "and covariance_fraction %g must be in [0, 1]",
+                          gf, cf);
+    ng = (int)floor(gf * replicas + 1e-9);
+    nc = (int)floor(cf * replicas + 1e-9);
     if (ng < 1)
         ng = 1;
     if (nc < 1)
@@ -103,16 +157,23 @@ keel__kfac_dist_role(const keel_config *cfg, int replica, int replicas,
         counts[2] = replicas - ng - nc;
     }
     if (replica < ng) {
-        *role = 0;
+        *role = KEEL_KFAC_ROLE_GRADIENT;
         *index = replica;
     } else if (replica < ng + nc) {
-        *role = 1;
+        *role = KEEL_KFAC_ROLE_COVARIANCE;
         *index = replica - ng;
     } else {
-        *role = 2;
+        *role = KEEL_KFAC_ROLE_INVERSE;
         *index = replica - ng - nc;
     }
     return KEEL_OK;
+}
+
+keel_status
+keel_kfac_dist_role(const keel_kfac_dist_config *cfg, keel_kfac_role *role,
+                    int *index, int counts[3])
+{
+    return KEEL__FLUSHED(dist_role_fp(cfg, role, index, counts));
 }
 
 /* "<scope>/kfac_inv_step": the global step layer i's published inverses
@@ -129,8 +190,10 @@ version_name(keel_kfac *k, int i, char *buf, size_t size)
 }
 
 keel_status
-keel__kfac_dist_add_state(keel_kfac *k, keel_vars *vs)
+keel_kfac_dist_add_state(keel_kfac *k, keel_vars *vs)
 {
+    if (k == NULL || vs == NULL)
+        return keel__fail(KEEL_EINVAL, "K-FAC roles: NULL argument");
     for (int i = 0; i < keel_kfac_num_layers(k); i++) {
         char name[KEEL_NAME_MAX];
         keel_var *v;
@@ -148,7 +211,7 @@ keel__kfac_dist_add_state(keel_kfac *k, keel_vars *vs)
 }
 
 void
-keel__kfac_dist_free(keel__kfac_dist *d)
+keel_kfac_dist_free(keel_kfac_dist *d)
 {
     if (d == NULL)
         return;
@@ -181,24 +244,25 @@ keel__kfac_dist_free(keel__kfac_dist *d)
     free(d);
 }
 
-/* The settings the roles read from the config. */
+/* The settings the roles read from the config and from K-FAC's. */
 static void
-dist_read_config(keel__kfac_dist *d, const keel_config *cfg)
+dist_read_config(keel_kfac_dist *d, const keel_kfac_dist_config *cfg)
 {
-    d->every = keel_config_int(cfg, "kfac.cov_update_every");
+    const keel_kfac_config *kc = keel_kfac_get_config(d->k);
+    d->cfg = *cfg;
+    d->every = kc->cov_update_every;
     if (d->every < 1)
         d->every = 1;
-    d->decay = pow(keel_config_double(cfg, "kfac.cov_ema_decay"),
-                   (double)d->every);
-    d->wait_secs = keel_config_double(cfg, "cluster.step_timeout_secs");
-    d->seed = (uint64_t)keel_config_int(cfg, "train.seed");
-    d->log_every = keel_config_int(cfg, "hooks.log_every_steps");
+    d->decay = pow(kc->cov_ema_decay, (double)d->every);
+    d->wait_secs = cfg->step_timeout_secs;
+    d->seed = cfg->seed;
+    d->log_every = cfg->log_every_steps;
 }
 
 /* The per-layer arrays, zeroed, and the name and tensor arrays a pull or
  * push of up to 6 names per layer (+2) uses. */
 static keel_status
-dist_alloc_arrays(keel__kfac_dist *d, int nl)
+dist_alloc_arrays(keel_kfac_dist *d, int nl)
 {
     d->names = calloc((size_t)nl * 6 + 2, sizeof *d->names);
     d->ts = calloc((size_t)nl * 6 + 2, sizeof *d->ts);
@@ -222,7 +286,7 @@ dist_alloc_arrays(keel__kfac_dist *d, int nl)
 /* Layer i's version and factor names, its version tensor in the store and,
  * for a covariance worker (role 1), its A and G statistics buffers. */
 static keel_status
-dist_init_layer(keel__kfac_dist *d, int i)
+dist_init_layer(keel_kfac_dist *d, int i)
 {
     static const char *const leaf[4] = { "kfac_A", "kfac_G",
                                          "kfac_A_inv", "kfac_G_inv" };
@@ -253,23 +317,47 @@ dist_init_layer(keel__kfac_dist *d, int i)
     return KEEL_OK;
 }
 
-keel_status
-keel__kfac_dist_new(const keel_config *cfg, keel_kfac *k, keel_vars *vs,
-                    int role, int index, int n_role, keel__kfac_dist **out)
+static keel_status
+kfac_dist_new_fp(const keel_kfac_dist_config *cfg, keel_kfac *k,
+                 keel_vars *vs, keel_kfac_dist **out)
 {
-    keel__kfac_dist *d = calloc(1, sizeof *d);
+    keel_kfac_dist *d;
     keel_status st = KEEL_OK;
-    int nl = keel_kfac_num_layers(k);
+    keel_kfac_role role = KEEL_KFAC_ROLE_GRADIENT;
+    int nl, index = 0, counts[3] = { 0, 0, 0 };
+    if (out == NULL)
+        return keel__fail(KEEL_EINVAL, "K-FAC distributed: out is NULL");
     *out = NULL;
+    if (cfg == NULL || k == NULL || vs == NULL)
+        return keel__fail(KEEL_EINVAL, "K-FAC distributed: NULL argument");
+    if ((st = KEEL__STRUCT_CHECK(cfg, keel_kfac_dist_config)) != KEEL_OK)
+        return keel__wrap(st, "K-FAC distributed");
+    if ((unsigned)cfg->mode > KEEL_KFAC_DIST_ROLES)
+        return keel__fail(KEEL_EINVAL, "K-FAC distributed: unknown mode %d",
+                          (int)cfg->mode);
+    if (cfg->replicas < 1 || cfg->replica < 0 ||
+        cfg->replica >= cfg->replicas)
+        return keel__fail(KEEL_EINVAL, "K-FAC distributed: replica %d of "
+                          "%d", cfg->replica, cfg->replicas);
+    if (cfg->mode == KEEL_KFAC_DIST_ROLES &&
+        (st = keel_kfac_dist_role(cfg, &role, &index, counts)) != KEEL_OK)
+        return st;
+    d = calloc(1, sizeof *d);
     if (d == NULL)
         return keel__fail(KEEL_ENOMEM, "K-FAC roles");
+    nl = keel_kfac_num_layers(k);
     d->k = k;
     d->vs = vs;
-    d->role = role;
+    d->role = (int)role;
     d->index = index;
-    d->n_role = n_role > 0 ? n_role : 1;
+    d->n_role = counts[role] > 0 ? counts[role] : 1;
+    memcpy(d->counts, counts, sizeof counts);
     d->nl = nl;
     dist_read_config(d, cfg);
+    if (cfg->mode == KEEL_KFAC_DIST_CHIEF) {
+        *out = d;               /* the chief's update is keel_kfac_apply */
+        return KEEL_OK;
+    }
     d->last_step = -1;
     d->perm_pass = -1;
     st = dist_alloc_arrays(d, nl);
@@ -280,15 +368,38 @@ keel__kfac_dist_new(const keel_config *cfg, keel_kfac *k, keel_vars *vs,
     for (int i = 0; i < nl && st == KEEL_OK; i++)
         st = dist_init_layer(d, i);
     if (st != KEEL_OK) {
-        keel__kfac_dist_free(d);
+        keel_kfac_dist_free(d);
         return st;
     }
     *out = d;
     return KEEL_OK;
 }
 
+keel_status
+keel_kfac_dist_new(const keel_kfac_dist_config *cfg, keel_kfac *k,
+                   keel_vars *vs, keel_kfac_dist **out)
+{
+    return KEEL__FLUSHED(kfac_dist_new_fp(cfg, k, vs, out));
+}
+
+keel_kfac_role
+keel_kfac_dist_get_role(const keel_kfac_dist *d)
+{
+    return d != NULL ? (keel_kfac_role)d->role : KEEL_KFAC_ROLE_GRADIENT;
+}
+
+int
+keel_kfac_dist_observes(const keel_kfac_dist *d)
+{
+    if (d == NULL)
+        return 0;
+    return d->cfg.mode == KEEL_KFAC_DIST_CHIEF ? d->cfg.replica == 0
+                                               : d->role ==
+                                                 KEEL_KFAC_ROLE_COVARIANCE;
+}
+
 void
-keel__kfac_dist_set_backend(keel__kfac_dist *d, keel_cluster_backend *b)
+keel_kfac_dist_set_backend(keel_kfac_dist *d, keel_cluster_backend *b)
 {
     d->b = b;
 }
@@ -304,7 +415,7 @@ nap(void)
  * still -1, when first is set: the first inverses do not wait for a step,
  * which waits for them). *step: the step seen. */
 static keel_status
-wait_step(keel__kfac_dist *d, int64_t after, int unpublished_too,
+wait_step(keel_kfac_dist *d, int64_t after, int unpublished_too,
           int64_t *step)
 {
     double t0 = (double)keel__now_mono_ns() / 1e9;
@@ -340,7 +451,7 @@ wait_step(keel__kfac_dist *d, int64_t after, int unpublished_too,
 /* After a role's work: the new weights and the global step into the
  * store (what the session's updater leaves). */
 static keel_status
-pull_weights(keel__kfac_dist *d)
+pull_weights(keel_kfac_dist *d)
 {
     size_t n = 0;
     int64_t step = 0;
@@ -370,7 +481,7 @@ pull_weights(keel__kfac_dist *d)
  * cov_update_every do, whose statistics are dropped when not due (a
  * worker that lags the chief may never land on a multiple). */
 static keel_status
-covariance_apply(keel__kfac_dist *d, int64_t step)
+covariance_apply(keel_kfac_dist *d, int64_t step)
 {
     size_t n = 0;
     int64_t now = step;
@@ -415,7 +526,7 @@ mix64(uint64_t x)
 /* Position q of the op queue: pass q / nl is a Fisher-Yates shuffle of
  * the layers seeded by train.seed and the pass, the same on every task. */
 static int
-queue_at(keel__kfac_dist *d, int64_t q)
+queue_at(keel_kfac_dist *d, int64_t q)
 {
     int64_t pass = q / d->nl;
     if (pass != d->perm_pass) {
@@ -440,7 +551,7 @@ queue_at(keel__kfac_dist *d, int64_t q)
  * inverses, published with the step; once every layer has inverses, one
  * op per global step. */
 static keel_status
-inverse_apply(keel__kfac_dist *d, int64_t step)
+inverse_apply(keel_kfac_dist *d, int64_t step)
 {
     int64_t now = step;
     int layer;
@@ -484,11 +595,10 @@ inverse_apply(keel__kfac_dist *d, int64_t step)
     return pull_weights(d);
 }
 
-keel_status
-keel__kfac_dist_role_apply(void *ctx, keel_vars *vs, keel_grads *g,
-                           int64_t global_step)
+static keel_status
+role_apply(void *ctx, keel_vars *vs, keel_grads *g, int64_t global_step)
 {
-    keel__kfac_dist *d = ctx;
+    keel_kfac_dist *d = ctx;
     (void)vs;
     (void)g;
     /* The cluster went back (a lost ps was rebuilt from a checkpoint):
@@ -506,7 +616,7 @@ keel__kfac_dist_role_apply(void *ctx, keel_vars *vs, keel_grads *g,
  * inverses came. The local store's versions are those of the local
  * inverses, so the names array is rebuilt in place, nothing allocated. */
 static keel_status
-pull_new_inverses(keel__kfac_dist *d, int64_t global_step, int64_t *pulled)
+pull_new_inverses(keel_kfac_dist *d, int64_t global_step, int64_t *pulled)
 {
     int64_t step = 0;
     size_t n = 0;
@@ -544,7 +654,7 @@ pull_new_inverses(keel__kfac_dist *d, int64_t global_step, int64_t *pulled)
 
 /* Whether every layer has inverses from the inverse workers. */
 static int
-has_every_inverse(const keel__kfac_dist *d)
+has_every_inverse(const keel_kfac_dist *d)
 {
     int missing = 0;
     for (int i = 0; i < d->nl; i++)
@@ -555,7 +665,7 @@ has_every_inverse(const keel__kfac_dist *d)
 /* Whether the chief may keep waiting for the first inverses: not once a
  * signal came or cluster.step_timeout_secs passed since t0. */
 static keel_status
-may_keep_waiting(const keel__kfac_dist *d, double t0)
+may_keep_waiting(const keel_kfac_dist *d, double t0)
 {
     if (keel_session_signal_received())
         return keel__fail(KEEL_ECANCELLED, "K-FAC: signal while waiting "
@@ -572,7 +682,7 @@ may_keep_waiting(const keel__kfac_dist *d, double t0)
 
 /* How old the inverses preconditioning this step are: mean and worst. */
 static void
-log_staleness(const keel__kfac_dist *d, int64_t global_step)
+log_staleness(const keel_kfac_dist *d, int64_t global_step)
 {
     double sum = 0.0, worst = 0.0;
     int wi = 0;
@@ -590,11 +700,13 @@ log_staleness(const keel__kfac_dist *d, int64_t global_step)
               d->fnames[wi][2]);
 }
 
-keel_status
-keel__kfac_dist_chief_apply(void *ctx, keel_vars *vs, keel_grads *mean,
-                            int64_t global_step)
+/* Roles mode: the chief's update of a sync step: the newest inverses
+ * from the ps, staleness logged, keel_kfac_apply_update. */
+static keel_status
+roles_chief_apply(void *ctx, keel_vars *vs, keel_grads *mean,
+                  int64_t global_step)
 {
-    keel__kfac_dist *d = ctx;
+    keel_kfac_dist *d = ctx;
     int64_t t_pull = keel__now_mono_ns(), t_update;
     double t0 = (double)t_pull / 1e9;
     int64_t pulled = 0;
@@ -625,21 +737,45 @@ keel__kfac_dist_chief_apply(void *ctx, keel_vars *vs, keel_grads *mean,
     return st;
 }
 
-keel_status
-keel_job_replica_role(const keel_config *cfg, int replica, int replicas,
-                      char *buf, size_t size)
+/* Chief mode: the whole K-FAC step on the chief, with the step's mean
+ * gradient from the ps and the chief's own statistics. */
+static keel_status
+chief_apply(void *ctx, keel_vars *vs, keel_grads *mean, int64_t global_step)
 {
-    int role, index;
-    keel_status st;
-    if (cfg == NULL || buf == NULL)
-        return keel__fail(KEEL_EINVAL, "replica role: NULL argument");
-    if (!keel__kfac_dist_roles(cfg))
-        return keel__fail(KEEL_ENOTFOUND, "the config splits no roles "
-                          "(optimizer.name = kfac with kfac.distributed = "
-                          "roles does)");
-    st = keel__kfac_dist_role(cfg, replica, replicas, &role, &index, NULL);
-    if (st == KEEL_OK)
-        st = keel__fmt(buf, size, "replica role", "%s.%d", role_names[role],
-                       index);
-    return st;
+    keel_kfac_dist *d = ctx;
+    return keel_kfac_apply(d->k, vs, mean, global_step);
+}
+
+keel_updater
+keel_kfac_dist_role_updater(keel_kfac_dist *d)
+{
+    keel_updater u = { 0 };
+    u.ctx = d;
+    u.apply = role_apply;
+    return u;
+}
+
+keel_status
+keel_kfac_dist_cluster_config(keel_kfac_dist *d, keel_cluster_config *co)
+{
+    int n;
+    if (d == NULL || co == NULL)
+        return keel__fail(KEEL_EINVAL, "K-FAC cluster config: NULL "
+                          "argument");
+    /* K-FAC's update is not per variable: the chief applies it, its state
+     * (factors, inverses, velocity) lives on the ps */
+    co->optimizer = NULL;
+    co->chief_applies = 1;
+    co->chief_apply_ctx = d;
+    n = d->cfg.replicas;
+    if (d->cfg.mode == KEEL_KFAC_DIST_ROLES) {
+        co->chief_apply = roles_chief_apply;
+        co->chief_commits_trainable_only = 1;
+        co->replicas_to_aggregate = d->counts[0];
+    } else {
+        co->chief_apply = chief_apply;
+        if (d->cfg.kfac_replicas_to_aggregate && n >= 3)
+            co->replicas_to_aggregate = (int)ceil(0.6 * n);
+    }
+    return KEEL_OK;
 }
