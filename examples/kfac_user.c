@@ -13,7 +13,7 @@
  * replicas compute gradients on their own examples, and the chief takes
  * the statistics and applies each step's K-FAC update to the mean.
  *
- *   cc -o kfac_user kfac_user.c $(pkg-config --cflags --libs keel) -lopenblas
+ *   cc -o kfac_user kfac_user.c $(pkg-config --cflags --libs keel) -lopenblas -lm
  *   ./kfac_user /tmp/kfac_user_run [steps] [kfac|sgd]
  *   keel launch --ps 1 --workers 1 -- ./kfac_user /tmp/kfac_user_c 200
  */
@@ -72,13 +72,19 @@ make_data(model *m)
 
 /* Forward pass of n examples xs: a1 = x W1 + b1, h = relu(a1),
  * z = h W2 + b2, p = softmax(z); returns the summed loss of labels ys. */
+static const float *
+value(keel_vars *vs, const char *name)
+{
+    return keel_var_tensor(keel_vars_find(vs, name))->data;
+}
+
 static double
 forward(model *m, keel_vars *vs, const float *xs, const int32_t *ys, int n)
 {
-    const float *w1 = keel_var_tensor(keel_vars_find(vs, "dense_1/kernel"))->data;
-    const float *b1 = keel_var_tensor(keel_vars_find(vs, "dense_1/bias"))->data;
-    const float *w2 = keel_var_tensor(keel_vars_find(vs, "dense_2/kernel"))->data;
-    const float *b2 = keel_var_tensor(keel_vars_find(vs, "dense_2/bias"))->data;
+    const float *w1 = value(vs, "dense_1/kernel");
+    const float *b1 = value(vs, "dense_1/bias");
+    const float *w2 = value(vs, "dense_2/kernel");
+    const float *b2 = value(vs, "dense_2/bias");
     double loss = 0;
     for (int i = 0; i < n; i++) {
         memcpy(m->a1 + i * H, b1, H * sizeof(float));
@@ -108,7 +114,7 @@ forward(model *m, keel_vars *vs, const float *xs, const int32_t *ys, int n)
 static void
 back_to_hidden(model *m, keel_vars *vs, const float *dz, float *dh, int n)
 {
-    const float *w2 = keel_var_tensor(keel_vars_find(vs, "dense_2/kernel"))->data;
+    const float *w2 = value(vs, "dense_2/kernel");
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, H, C, 1.0f, dz,
                 C, w2, C, 0.0f, dh, H);
     for (int i = 0; i < n * H; i++)
