@@ -53,7 +53,7 @@ keel__kfac_dist_role(const keel_config *cfg, int replica, int replicas,
     keel_kfac_role r = KEEL_KFAC_ROLE_GRADIENT;
     keel_status st = dist_config_from(cfg, replica, replicas, &dc);
     if (st == KEEL_OK)
-        st = keel_kfac_dist_role(&dc, &r, index, counts);
+        st = keel_kfac_dist_config_role(&dc, &r, index, counts);
     *role = (int)r;
     return st;
 }

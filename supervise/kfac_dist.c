@@ -170,8 +170,8 @@ dist_role_fp(const keel_kfac_dist_config *cfg, keel_kfac_role *role,
 }
 
 keel_status
-keel_kfac_dist_role(const keel_kfac_dist_config *cfg, keel_kfac_role *role,
-                    int *index, int counts[3])
+keel_kfac_dist_config_role(const keel_kfac_dist_config *cfg,
+                           keel_kfac_role *role, int *index, int counts[3])
 {
     return KEEL__FLUSHED(dist_role_fp(cfg, role, index, counts));
 }
@@ -340,7 +340,8 @@ kfac_dist_new_fp(const keel_kfac_dist_config *cfg, keel_kfac *k,
         return keel__fail(KEEL_EINVAL, "K-FAC distributed: replica %d of "
                           "%d", cfg->replica, cfg->replicas);
     if (cfg->mode == KEEL_KFAC_DIST_ROLES &&
-        (st = keel_kfac_dist_role(cfg, &role, &index, counts)) != KEEL_OK)
+        (st = keel_kfac_dist_config_role(cfg, &role, &index, counts)) !=
+        KEEL_OK)
         return st;
     d = calloc(1, sizeof *d);
     if (d == NULL)
@@ -383,7 +384,7 @@ keel_kfac_dist_new(const keel_kfac_dist_config *cfg, keel_kfac *k,
 }
 
 keel_kfac_role
-keel_kfac_dist_get_role(const keel_kfac_dist *d)
+keel_kfac_dist_role(const keel_kfac_dist *d)
 {
     return d != NULL ? (keel_kfac_role)d->role : KEEL_KFAC_ROLE_GRADIENT;
 }

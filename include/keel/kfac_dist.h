@@ -80,23 +80,24 @@ void keel_kfac_dist_config_init(keel_kfac_dist_config *cfg);
  * that role (*index) and the tasks of every role (counts, may be NULL).
  * KEEL_EINVAL, naming the counts and fractions, when a role would be
  * empty (fewer than 3 replicas, or fractions that leave none). */
-keel_status keel_kfac_dist_role(const keel_kfac_dist_config *cfg,
-                                keel_kfac_role *role, int *index,
-                                int counts[3]);
+keel_status keel_kfac_dist_config_role(const keel_kfac_dist_config *cfg,
+                                       keel_kfac_role *role, int *index,
+                                       int counts[3]);
 /* Roles mode's extra state in vs: "<layer>/kfac_inv_step" of every layer
  * of k (-1: no inverses published yet), created when missing. Every task
  * of the cluster, the ps too, calls it after making k on vs. */
 keel_status keel_kfac_dist_add_state(keel_kfac *k, keel_vars *vs);
 
-/* K-FAC distributed as cfg says, for this training task (not a ps): k and
- * vs borrowed for the handle's life; roles mode needs the state of
+/* K-FAC distributed as cfg says, for this training task (a ps makes one
+ * with replica 0 for keel_kfac_dist_cluster_config only): k and vs
+ * borrowed for the handle's life; roles mode needs the state of
  * keel_kfac_dist_add_state in vs. Caller owns *out: keel_kfac_dist_free(). */
 keel_status keel_kfac_dist_new(const keel_kfac_dist_config *cfg,
                                keel_kfac *k, keel_vars *vs,
                                keel_kfac_dist **out);
 void keel_kfac_dist_free(keel_kfac_dist *d);
 /* This task's role (gradient in chief mode). */
-keel_kfac_role keel_kfac_dist_get_role(const keel_kfac_dist *d);
+keel_kfac_role keel_kfac_dist_role(const keel_kfac_dist *d);
 /* Whether this task runs the statistics (keel_kfac_observe or
  * keel_kfac_observe_layer) each step: the chief in chief mode, the
  * covariance workers in roles mode. */
