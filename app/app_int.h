@@ -7,6 +7,7 @@
 
 #include <keel/config.h>
 #include <keel/train.h>
+#include <keel/kfac_dist.h>
 
 /* Open the training (is_test 0) or test set the config names, labels in
  * [0, classes) (0: up to the format's limit); HDF5 sets streamed as
@@ -78,9 +79,9 @@ int64_t keel__desc_int(struct json_object *L, const char *key, size_t i);
 keel_status keel__onnx_bytes(const keel__xmodel *xm, unsigned char **out,
                              size_t *len);
 
-/* ---- K-FAC with split roles in a cluster (kfac_dist.c) ---- */
-struct keel_cluster_backend;
-typedef struct keel__kfac_dist keel__kfac_dist;
+/* ---- K-FAC on a cluster (kfac_dist.c): the [kfac] keys into the
+ * library's distributed K-FAC (keel/kfac_dist.h) ---- */
+typedef keel_kfac_dist keel__kfac_dist;
 /* 1 if cfg asks for optimizer.name = kfac with kfac.distributed = roles. */
 int keel__kfac_dist_roles(const keel_config *cfg);
 /* Role of replica (0 the chief) of replicas: 0 gradient, 1 covariance,
@@ -93,20 +94,13 @@ const char *keel__kfac_role_name(int role);
 /* The roles' extra state in vs: "<layer>/kfac_inv_step" (every task of
  * the cluster, before placement). */
 keel_status keel__kfac_dist_add_state(keel_kfac *k, keel_vars *vs);
-/* k and vs borrowed; caller owns *out: keel__kfac_dist_free(). */
+/* Distributed K-FAC as cfg's [kfac] keys say for replica of replicas; k
+ * and vs borrowed; caller owns *out: keel__kfac_dist_free(). */
 keel_status keel__kfac_dist_new(const keel_config *cfg, keel_kfac *k,
-                                keel_vars *vs, int role, int index,
-                                int n_role, keel__kfac_dist **out);
+                                keel_vars *vs, int replica, int replicas,
+                                keel__kfac_dist **out);
 void keel__kfac_dist_free(keel__kfac_dist *d);
 void keel__kfac_dist_set_backend(keel__kfac_dist *d,
-                                 struct keel_cluster_backend *b);
-/* The chief's update (keel_cluster_config.chief_apply): newest inverses
- * from the ps, staleness logged, keel_kfac_apply_update. */
-keel_status keel__kfac_dist_chief_apply(void *d, keel_vars *vs,
-                                        keel_grads *mean,
-                                        int64_t global_step);
-/* A covariance or inverse worker's updater (replaces the push). */
-keel_status keel__kfac_dist_role_apply(void *d, keel_vars *vs,
-                                       keel_grads *g, int64_t global_step);
+                                 keel_cluster_backend *b);
 
 #endif

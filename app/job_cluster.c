@@ -163,11 +163,8 @@ cluster_options_from(const keel_config *cfg, keel__job *j,
         o->chief_applies = 1;
         o->chief_apply = keel__job_chief_apply;
         o->chief_apply_ctx = j;
-        if (j->kdist != NULL) {
-            o->chief_apply = keel__kfac_dist_chief_apply;
-            o->chief_apply_ctx = j->kdist;
-            o->chief_commits_trainable_only = 1;
-        }
+        if (j->kdist != NULL)      /* roles: the library's chief */
+            (void)keel_kfac_dist_cluster_config(j->kdist, o);
         o->replicas_to_aggregate = j->kfac_rta;
     }
 }
@@ -417,8 +414,8 @@ keel__job_kfac_roles(keel__train_run *r)
         st = keel__kfac_dist_role(cfg, r->replica, r->replicas,
                                   &j->kfac_role, &index, counts);
     if (st == KEEL_OK && keel__kfac_dist_roles(cfg)) {
-        st = keel__kfac_dist_new(cfg, j->kfac, j->vs, j->kfac_role, index,
-                                 counts[j->kfac_role], &j->kdist);
+        st = keel__kfac_dist_new(cfg, j->kfac, j->vs, r->replica,
+                                 r->replicas, &j->kdist);
         j->kfac_observes = j->kfac_role == 1;
         keel__log(KEEL_LOG_INFO, "K-FAC roles: this replica (%d of %d) "
                   "is %s worker %d (%d gradient, %d covariance, %d "
@@ -495,8 +492,9 @@ keel__job_cluster_backend(keel__train_run *r)
     if (j->kdist != NULL) {
         keel__kfac_dist_set_backend(j->kdist, r->worker);
         if (j->kfac_role != 0) {     /* statistics or inverses, no push */
-            r->backend.updater.ctx = j->kdist;
-            r->backend.updater.apply = keel__kfac_dist_role_apply;
+            keel_updater u = keel_kfac_dist_role_updater(j->kdist);
+            r->backend.updater.ctx = u.ctx;
+            r->backend.updater.apply = u.apply;
         }
     }
     replica_session(j, &r->tc, &r->backend, r->hooks, r->n_hooks,

@@ -2290,6 +2290,384 @@ START_TEST(test_kfac_rejects_bad_configs_and_unobserved_steps)
 }
 END_TEST
 
+/* ---- K-FAC of a program's own layers (keel/kfac.h) ---- */
+
+/* A value in [-1, 1) from *s. */
+static float
+ul_rand(uint64_t *s)
+{
+    *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (float)((double)(*s >> 40) / (1 << 23) - 1.0);
+}
+
+/* The layers of the user-layer tests: a dense layer with a bias (5 -> 4),
+ * one without (4 -> 3), a 2x2 conv2d with a bias on 4x4x2 inputs (VALID,
+ * stride 1: 3x3x3 outputs), and a trainable variable of no layer. */
+typedef struct ul_store {
+    keel_vars *vs;
+    keel_var *d1k, *d1b, *d2k, *ck, *cb, *extra;
+} ul_store;
+
+static void
+ul_store_new(ul_store *u, uint64_t seed)
+{
+    static const int64_t s_d1k[2] = { 5, 4 }, s_d1b[1] = { 4 };
+    static const int64_t s_d2k[2] = { 4, 3 }, s_ck[4] = { 2, 2, 2, 3 };
+    static const int64_t s_cb[1] = { 3 }, s_ex[1] = { 3 };
+    keel_var **out[6] = { &u->d1k, &u->d1b, &u->d2k, &u->ck, &u->cb,
+                          &u->extra };
+    const char *names[6] = { "d1/kernel", "d1/bias", "d2/kernel",
+                             "c/kernel", "c/bias", "extra/w" };
+    const int64_t *shapes[6] = { s_d1k, s_d1b, s_d2k, s_ck, s_cb, s_ex };
+    const int ranks[6] = { 2, 1, 2, 4, 1, 1 };
+    ck_assert_int_eq(keel_vars_new(&u->vs), KEEL_OK);
+    for (int i = 0; i < 6; i++) {
+        keel_tensor *t;
+        ck_assert_int_eq(keel_vars_create(u->vs, names[i], ranks[i],
+                                          shapes[i], KEEL_VAR_TRAINABLE,
+                                          out[i]), KEEL_OK);
+        t = keel_var_tensor(*out[i]);
+        for (size_t j = 0; j < t->count; j++)
+            t->data[j] = ul_rand(&seed);
+    }
+}
+
+static void
+ul_register(ul_store *u, keel_kfac_layers *lc)
+{
+    keel_kfac_conv2d_config cc;
+    int i;
+    ck_assert_int_eq(keel_kfac_layers_add_dense(lc, u->d1k, u->d1b, &i),
+                     KEEL_OK);
+    ck_assert_int_eq(i, 0);
+    ck_assert_int_eq(keel_kfac_layers_add_dense(lc, u->d2k, NULL, &i),
+                     KEEL_OK);
+    ck_assert_int_eq(i, 1);
+    keel_kfac_conv2d_config_init(&cc);
+    cc.height = 4;
+    cc.width = 4;
+    ck_assert_int_eq(keel_kfac_layers_add_conv2d(lc, &cc, u->ck, u->cb, &i),
+                     KEEL_OK);
+    ck_assert_int_eq(i, 2);
+}
+
+/* sum over rows of [x_r, 1?] [x_r, 1?]^T / norm, in double (a x a). */
+static void
+ul_cov(const float *x, size_t rows, size_t d, int homog, double norm,
+       double *out)
+{
+    size_t a = d + (homog ? 1 : 0);
+    memset(out, 0, a * a * sizeof *out);
+    for (size_t r = 0; r < rows; r++)
+        for (size_t i = 0; i < a; i++)
+            for (size_t j = 0; j < a; j++) {
+                double xi = i < d ? x[r * d + i] : 1.0;
+                double xj = j < d ? x[r * d + j] : 1.0;
+                out[i * a + j] += xi * xj / norm;
+            }
+}
+
+/* The store's factor scope/leaf, debiased by the EMA weight, against
+ * want (n x n). */
+static void
+ul_check_factor(keel_vars *vs, const char *name, const double *want,
+                size_t n)
+{
+    keel_tensor *t = keel_var_tensor(keel_vars_find(vs, name));
+    float w = keel_var_tensor(keel_vars_find(vs, "kfac/ema_weight"))->data[0];
+    ck_assert_uint_eq(t->count, n * n);
+    for (size_t i = 0; i < n * n; i++)
+        ck_assert_msg(fabs(t->data[i] / w - want[i]) <=
+                          1e-5 * (fabs(want[i]) + 1e-2),
+                      "%s[%zu]: %g, want %g", name, i,
+                      (double)(t->data[i] / w), want[i]);
+}
+
+/* dst (a x g) = A^-1 m G^-1 / T in double, from the store's inverses. */
+static void
+ul_precond(keel_vars *vs, const char *scope, const double *m, size_t a,
+           size_t g, double T, double *dst)
+{
+    char n[2][KEEL_NAME_MAX];
+    const float *Ai, *Gi;
+    double *t = calloc(a * g, sizeof *t);
+    ck_assert_ptr_nonnull(t);
+    snprintf(n[0], sizeof n[0], "%s/kfac_A_inv", scope);
+    snprintf(n[1], sizeof n[1], "%s/kfac_G_inv", scope);
+    Ai = keel_var_tensor(keel_vars_find(vs, n[0]))->data;
+    Gi = keel_var_tensor(keel_vars_find(vs, n[1]))->data;
+    for (size_t r = 0; r < a; r++)
+        for (size_t c = 0; c < g; c++)
+            for (size_t j = 0; j < g; j++)
+                t[r * g + c] += m[r * g + j] * Gi[j * g + c];
+    for (size_t r = 0; r < a; r++)
+        for (size_t c = 0; c < g; c++) {
+            double p = 0.0;
+            for (size_t j = 0; j < a; j++)
+                p += Ai[r * a + j] * t[j * g + c];
+            dst[r * g + c] = p / T;
+        }
+    free(t);
+}
+
+/* (A / w + pi sqrt(lambda) I) A^-1 = I for the store's A and inverse. */
+static void
+ul_check_inverse(keel_vars *vs, const char *scope, size_t a, size_t g,
+                 double lam)
+{
+    char n[4][KEEL_NAME_MAX];
+    const float *A, *G, *Ai;
+    double w, ta = 0.0, tg = 0.0, pi;
+    snprintf(n[0], sizeof n[0], "%s/kfac_A", scope);
+    snprintf(n[1], sizeof n[1], "%s/kfac_G", scope);
+    snprintf(n[2], sizeof n[2], "%s/kfac_A_inv", scope);
+    A = keel_var_tensor(keel_vars_find(vs, n[0]))->data;
+    G = keel_var_tensor(keel_vars_find(vs, n[1]))->data;
+    Ai = keel_var_tensor(keel_vars_find(vs, n[2]))->data;
+    w = keel_var_tensor(keel_vars_find(vs, "kfac/ema_weight"))->data[0];
+    for (size_t i = 0; i < a; i++)
+        ta += A[i * a + i] / w;
+    for (size_t i = 0; i < g; i++)
+        tg += G[i * g + i] / w;
+    pi = sqrt((ta / (double)a) / (tg / (double)g));
+    for (size_t i = 0; i < a; i++)
+        for (size_t j = 0; j < a; j++) {
+            double s = 0.0;
+            for (size_t k = 0; k < a; k++)
+                s += ((double)A[i * a + k] / w +
+                      (i == k ? pi * sqrt(lam) : 0.0)) * Ai[k * a + j];
+            ck_assert_msg(fabs(s - (i == j ? 1.0 : 0.0)) < 2e-3,
+                          "%s: (A + damping) A^-1 [%zu][%zu] = %g", scope, i,
+                          j, s);
+        }
+}
+
+START_TEST(test_kfac_user_layers_factors_and_update)
+{
+    enum { NX = 6 };
+    const double lr = 0.1, damping = 0.01;
+    ul_store u;
+    keel_kfac_layers *lc;
+    keel_kfac_config kc;
+    keel_kfac *k;
+    keel_grads *g;
+    uint64_t s = 99;
+    float x1[NX * 5], g1[NX * 4], x2[NX * 4], g2[NX * 3];
+    float xc[NX * 4 * 4 * 2], gc[NX * 3 * 3 * 3], patch[NX * 9 * 8];
+    float before[6][64];
+    keel_var *vars[6];
+    double ref[81], *m, *p;
+    ul_store_new(&u, 7);
+    vars[0] = u.d1k; vars[1] = u.d1b; vars[2] = u.d2k;
+    vars[3] = u.ck; vars[4] = u.cb; vars[5] = u.extra;
+    ck_assert_int_eq(keel_kfac_layers_new(&lc), KEEL_OK);
+    ul_register(&u, lc);
+    ck_assert_int_eq(keel_kfac_layers_count(lc), 3);
+    keel_kfac_config_init(&kc);
+    kc.schedule.learning_rate = lr;
+    kc.damping = damping;
+    kc.momentum_type = KEEL_KFAC_MOMENTUM_REGULAR;
+    kc.momentum = 0.5;
+    ck_assert_msg(keel_kfac_new_from_layers(&kc, lc, u.vs, &k) == KEEL_OK,
+                  "%s", keel_last_error());
+    keel_kfac_layers_free(lc);
+    ck_assert_int_eq(keel_kfac_num_layers(k), 3);
+    {
+        size_t a, gd;
+        ck_assert_int_eq(keel_kfac_layer(k, 1, NULL, &a, &gd), KEEL_OK);
+        ck_assert_uint_eq(a, 4);                /* no bias: no 1 appended */
+        ck_assert_uint_eq(gd, 3);
+        ck_assert_int_eq(keel_kfac_layer(k, 2, NULL, &a, &gd), KEEL_OK);
+        ck_assert_uint_eq(a, 2 * 2 * 2 + 1);
+    }
+    ck_assert_ptr_nonnull(keel_var_slot(u.extra, "velocity"));
+    for (size_t i = 0; i < sizeof x1 / sizeof *x1; i++) x1[i] = ul_rand(&s);
+    for (size_t i = 0; i < sizeof g1 / sizeof *g1; i++) g1[i] = ul_rand(&s);
+    for (size_t i = 0; i < sizeof x2 / sizeof *x2; i++) x2[i] = ul_rand(&s);
+    for (size_t i = 0; i < sizeof g2 / sizeof *g2; i++) g2[i] = ul_rand(&s);
+    for (size_t i = 0; i < sizeof xc / sizeof *xc; i++) xc[i] = ul_rand(&s);
+    for (size_t i = 0; i < sizeof gc / sizeof *gc; i++) gc[i] = ul_rand(&s);
+    ck_assert_int_eq(keel_grads_new(u.vs, &g), KEEL_OK);
+    for (int v = 0; v < 6; v++) {
+        keel_tensor *t = keel_grads_at(g, keel_var_index(vars[v]));
+        for (size_t i = 0; i < t->count; i++)
+            t->data[i] = ul_rand(&s);
+        memcpy(before[v], keel_var_tensor(vars[v])->data,
+               t->count * sizeof(float));
+    }
+    /* layer 1 unobserved: the apply fails naming it, nothing changes */
+    ck_assert_int_eq(keel_kfac_observe_layer(k, 0, x1, g1, NX, 0), KEEL_OK);
+    ck_assert_int_eq(keel_kfac_apply(k, u.vs, g, 0), KEEL_ESTATE);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "'d2'"));
+    ck_assert(memcmp(before[0], keel_var_tensor(u.d1k)->data,
+                     20 * sizeof(float)) == 0);
+    /* layer 0 in two pieces of the batch, the others whole */
+    ck_assert_int_eq(keel_kfac_observe_layer(k, 0, x1, g1, 4, 0), KEEL_OK);
+    ck_assert_int_eq(keel_kfac_observe_layer(k, 0, x1 + 4 * 5, g1 + 4 * 4,
+                                             NX - 4, 0), KEEL_OK);
+    ck_assert_int_eq(keel_kfac_observe_layer(k, 1, x2, g2, NX, 0), KEEL_OK);
+    ck_assert_int_eq(keel_kfac_observe_layer(k, 2, xc, gc, NX, 0), KEEL_OK);
+    ck_assert_int_eq(keel_kfac_observe_layer(k, 3, xc, gc, NX, 0),
+                     KEEL_EINVAL);
+    ck_assert_msg(keel_kfac_apply(k, u.vs, g, 0) == KEEL_OK, "%s",
+                  keel_last_error());
+    /* the factors */
+    ul_cov(x1, NX, 5, 1, NX, ref);
+    ul_check_factor(u.vs, "d1/kfac_A", ref, 6);
+    ul_cov(g1, NX, 4, 0, NX, ref);
+    ul_check_factor(u.vs, "d1/kfac_G", ref, 4);
+    ul_cov(x2, NX, 4, 0, NX, ref);
+    ul_check_factor(u.vs, "d2/kfac_A", ref, 4);
+    ul_cov(g2, NX, 3, 0, NX, ref);
+    ul_check_factor(u.vs, "d2/kfac_G", ref, 3);
+    for (int b = 0; b < NX; b++)            /* im2col, kernel order */
+        for (int oy = 0; oy < 3; oy++)
+            for (int ox = 0; ox < 3; ox++)
+                for (int ky = 0; ky < 2; ky++)
+                    for (int kx = 0; kx < 2; kx++)
+                        for (int ci = 0; ci < 2; ci++)
+                            patch[((b * 9 + oy * 3 + ox) * 4 + ky * 2 + kx) *
+                                      2 + ci] =
+                                xc[((b * 4 + oy + ky) * 4 + ox + kx) * 2 + ci];
+    ul_cov(patch, NX * 9, 8, 1, NX * 9, ref);
+    ul_check_factor(u.vs, "c/kfac_A", ref, 9);
+    ul_cov(gc, NX * 9, 3, 0, NX * 9, ref);
+    ul_check_factor(u.vs, "c/kfac_G", ref, 3);
+    /* the damped inverses (lambda / T for the convolution) */
+    ul_check_inverse(u.vs, "d1", 6, 4, damping);
+    ul_check_inverse(u.vs, "d2", 4, 3, damping);
+    ul_check_inverse(u.vs, "c", 9, 3, damping / 9.0);
+    /* the update: x -= lr F^-1 grad (regular momentum, zero velocity) */
+    m = calloc(64, sizeof *m);
+    p = calloc(64, sizeof *p);
+    ck_assert(m != NULL && p != NULL);
+    {
+        const struct {
+            const char *scope;
+            int kv, bv;             /* vars[] of kernel, bias (-1 none) */
+            size_t a, gd;
+            double T;
+        } L[3] = { { "d1", 0, 1, 6, 4, 1 }, { "d2", 2, -1, 4, 3, 1 },
+                   { "c", 3, 4, 9, 3, 9 } };
+        for (int l = 0; l < 3; l++) {
+            size_t nk = (L[l].a - (L[l].bv >= 0)) * L[l].gd;
+            const float *gk = keel_grads_at(g, keel_var_index(vars[L[l].kv]))
+                                  ->data;
+            for (size_t i = 0; i < nk; i++)
+                m[i] = gk[i];
+            if (L[l].bv >= 0) {
+                const float *gb =
+                    keel_grads_at(g, keel_var_index(vars[L[l].bv]))->data;
+                for (size_t i = 0; i < L[l].gd; i++)
+                    m[nk + i] = gb[i];
+            }
+            ul_precond(u.vs, L[l].scope, m, L[l].a, L[l].gd, L[l].T, p);
+            for (size_t i = 0; i < L[l].a * L[l].gd; i++) {
+                int v = i < nk ? L[l].kv : L[l].bv;
+                size_t j = i < nk ? i : i - nk;
+                double want = before[v][j] - lr * p[i];
+                double got = keel_var_tensor(vars[v])->data[j];
+                ck_assert_msg(fabs(got - want) <= 1e-4 * (fabs(want) + 1e-2),
+                              "%s [%zu]: %g, want %g", L[l].scope, i, got,
+                              want);
+            }
+        }
+    }
+    /* the variable of no layer: momentum SGD, v = grad, x -= lr v */
+    for (size_t i = 0; i < 3; i++) {
+        float gv = keel_grads_at(g, keel_var_index(u.extra))->data[i];
+        ck_assert(keel_var_tensor(u.extra)->data[i] ==
+                  before[5][i] - (float)lr * gv);
+    }
+    free(m);
+    free(p);
+    keel_grads_free(g);
+    keel_kfac_free(k);
+    keel_vars_free(u.vs);
+}
+END_TEST
+
+START_TEST(test_kfac_user_layers_refuse_bad_registrations)
+{
+    ul_store u;
+    keel_kfac_layers *lc;
+    keel_kfac_conv2d_config cc;
+    keel_kfac_config kc;
+    keel_kfac *k = NULL;
+    float logits[2 * 3] = { 0, 5, 0, 9, 0, 0 };
+    int32_t labels[2] = { 2, 1 }, t[2];
+    ul_store_new(&u, 3);
+    ck_assert_int_eq(keel_kfac_layers_new(&lc), KEEL_OK);
+    keel_kfac_config_init(&kc);
+    /* nothing registered */
+    ck_assert_int_eq(keel_kfac_new_from_layers(&kc, lc, u.vs, &k),
+                     KEEL_EINVAL);
+    /* a bias that is not the kernel's outputs, a kernel of the wrong rank */
+    ck_assert_int_eq(keel_kfac_layers_add_dense(lc, u.d2k, u.d1b, NULL),
+                     KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "d1/bias"));
+    ck_assert_int_eq(keel_kfac_layers_add_dense(lc, u.ck, NULL, NULL),
+                     KEEL_EINVAL);
+    keel_kfac_conv2d_config_init(&cc);
+    ck_assert_int_eq(keel_kfac_layers_add_conv2d(lc, &cc, u.ck, u.cb, NULL),
+                     KEEL_EINVAL);          /* no input size */
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "height"));
+    cc.height = 1;
+    cc.width = 1;
+    ck_assert_int_eq(keel_kfac_layers_add_conv2d(lc, &cc, u.ck, u.cb, NULL),
+                     KEEL_EINVAL);          /* kernel larger than input */
+    memset(&cc, 0, sizeof cc);
+    ck_assert_int_eq(keel_kfac_layers_add_conv2d(lc, &cc, u.ck, u.cb, NULL),
+                     KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(),
+                                 "keel_kfac_conv2d_config_init"));
+    /* twice the same kernel */
+    ck_assert_int_eq(keel_kfac_layers_add_dense(lc, u.d1k, u.d1b, NULL),
+                     KEEL_OK);
+    ck_assert_int_eq(keel_kfac_layers_add_dense(lc, u.d1k, NULL, NULL),
+                     KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "already"));
+    /* model_grads describes a model's step */
+    kc.model_grads = 1;
+    ck_assert_int_eq(keel_kfac_new_from_layers(&kc, lc, u.vs, &k),
+                     KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "model_grads"));
+    kc.model_grads = 0;
+    ck_assert_int_eq(keel_kfac_new_from_layers(&kc, lc, u.vs, &k), KEEL_OK);
+    /* a layer collection's optimizer observes layers, not batches */
+    {
+        keel_batch bt = { logits, labels, 2 };
+        ck_assert_int_eq(keel_kfac_observe(k, u.vs, &bt, 0), KEEL_EINVAL);
+        ck_assert_ptr_nonnull(strstr(keel_last_error(),
+                                     "keel_kfac_observe_layer"));
+    }
+    /* targets: the same draws for the same step; empirical: the labels */
+    {
+        int32_t t2[2];
+        ck_assert_int_eq(keel_kfac_sample_targets(k, logits, 2, 3, NULL, 5,
+                                                  t), KEEL_OK);
+        ck_assert_int_eq(keel_kfac_sample_targets(k, logits, 2, 3, NULL, 6,
+                                                  t2), KEEL_OK);
+        ck_assert_int_eq(keel_kfac_sample_targets(k, logits, 2, 3, NULL, 5,
+                                                  t2), KEEL_OK);
+        ck_assert(t[0] == t2[0] && t[1] == t2[1]);
+        ck_assert_int_eq(t[0], 1);     /* p = 0.987 */
+        ck_assert_int_eq(t[1], 0);     /* p = 0.9998 */
+    }
+    keel_kfac_free(k);
+    kc.estimation = KEEL_KFAC_EMPIRICAL;
+    ck_assert_int_eq(keel_kfac_new_from_layers(&kc, lc, u.vs, &k), KEEL_OK);
+    ck_assert_int_eq(keel_kfac_sample_targets(k, logits, 2, 3, labels, 0, t),
+                     KEEL_OK);
+    ck_assert(t[0] == 2 && t[1] == 1);
+    ck_assert_int_eq(keel_kfac_sample_targets(k, logits, 2, 3, NULL, 0, t),
+                     KEEL_EINVAL);
+    keel_kfac_free(k);
+    keel_kfac_layers_free(lc);
+    keel_vars_free(u.vs);
+}
+END_TEST
+
 /* ---- data files --------------------------------------------------------- */
 
 #define NEX 10
@@ -3179,7 +3557,9 @@ train_suite(void)
         test_kfac_factored_update_matches_numpy_reference,
         test_kfac_rejects_bad_configs_and_unobserved_steps,
         test_kfac_updates_factors_every_cov_update_every_steps,
-        test_kfac_apply_update_uses_the_stores_inverses_only));
+        test_kfac_apply_update_uses_the_stores_inverses_only,
+        test_kfac_user_layers_factors_and_update,
+        test_kfac_user_layers_refuse_bad_registrations));
     /* 0: from the gradients; 1: model_grads */
     tcase_add_loop_test(kf, test_kfac_continues_bitwise_after_restore, 0,
                         2);

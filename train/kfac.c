@@ -1,5 +1,6 @@
 /* kfac.c - K-FAC (Kronecker-factored approximate curvature) for the layers
- * of a keel_model: per layer with parameters, the factors
+ * of a layer collection (keel/kfac.h: a program's own, or a keel_model's,
+ * registered by keel_kfac_new): per layer with parameters, the factors
  *   A = E[a a^T]  (inputs with a 1 appended for the bias; a convolution's
  *                  im2col patches, averaged over examples and locations)
  *   G = E[g g^T]  (gradients of -log p(target) at the pre-activation
@@ -22,6 +23,7 @@
 #include <cblas.h>
 
 #include <keel/train.h>
+#include <keel/kfac.h>
 #include "util.h"
 #include "train_int.h"
 
@@ -53,6 +55,8 @@ typedef struct kf_layer {
                                    * a_dim) and dy (fmax x g_dim) */
     float *U, *W;                 /* X1 A^-1 and DY G^-1 */
     double pi;                    /* of the last inversion */
+    int64_t pending;              /* examples observed this step */
+    float *col;                   /* a user's conv2d: im2col workspace */
 } kf_layer;
 
 struct keel_kfac {
@@ -63,8 +67,10 @@ struct keel_kfac {
     int nl;
     float **Ap, **Gp;             /* the layers' Asum/Gsum, for the model */
     keel_tensor *ema_w;           /* "kfac/ema_weight" */
-    int32_t *targets;             /* max_batch */
-    int64_t pending;              /* examples observed this step */
+    int32_t *targets;             /* max_batch (a model's) */
+    keel_var **extra;             /* trainable variables of no layer */
+    keel_tensor **extra_v;        /* their "velocity" slots */
+    size_t n_extra;
     int update_only;              /* keel_kfac_apply_update's call: no
                                    * EMA, inversion at step 0 only */
     int64_t rng_step;             /* the step rng was seeded for */
@@ -84,6 +90,24 @@ struct keel_kfac {
     uint64_t factored;            /* the last apply's layers (bit i) that
                                    * took the factored update */
 };
+
+/* The trainable variables of no layer: momentum SGD, v = mu v + grad,
+ * x -= lr v (the identity as their preconditioner, outside the KL-norm
+ * constraint). */
+static void
+update_extra(keel_kfac *k, keel_grads *grads, float lr, float mu)
+{
+    for (size_t i = 0; i < k->n_extra; i++) {
+        float *x = keel_var_tensor(k->extra[i])->data;
+        float *v = k->extra_v[i]->data;
+        const float *gv =
+            keel_grads_at(grads, keel_var_index(k->extra[i]))->data;
+        for (size_t j = 0; j < k->extra_v[i]->count; j++) {
+            v[j] = mu * v[j] + gv[j];
+            x[j] -= lr * v[j];
+        }
+    }
+}
 
 static const char *const mom_names[] = { "regular", "adam" };
 static const char *const est_names[] = { "gradients", "empirical" };
@@ -159,8 +183,11 @@ keel_kfac_free(keel_kfac *k)
         keel_aligned_free(L->DY);
         keel_aligned_free(L->U);
         keel_aligned_free(L->W);
+        keel_aligned_free(L->col);
     }
     free(k->l);
+    free(k->extra);
+    free(k->extra_v);
     free(k->Ap);
     free(k->Gp);
     free(k->targets);
@@ -242,12 +269,14 @@ layer_state(keel_kfac *k, kf_layer *L)
             KEEL_OK)
         return st;
     if ((st = keel_var_add_slot(L->info.w, "velocity", &L->vw)) != KEEL_OK ||
-        (st = keel_var_add_slot(L->info.b, "velocity", &L->vb)) != KEEL_OK)
+        (L->info.b != NULL &&
+         (st = keel_var_add_slot(L->info.b, "velocity", &L->vb)) != KEEL_OK))
         return keel__wrap(st, "K-FAC: velocity of '%s'", L->scope);
-    if (L->vw->count + L->vb->count != a * g)
+    if (L->vw->count + (L->vb != NULL ? L->vb->count : 0) != a * g)
         return keel__fail(KEEL_EINTERNAL, "K-FAC: '%s' has %zu + %zu "
                           "parameters, not %zu x %zu", L->scope,
-                          L->vw->count, L->vb->count, a, g);
+                          L->vw->count, L->vb != NULL ? L->vb->count : 0, a,
+                          g);
     return KEEL_OK;
 }
 
@@ -268,7 +297,7 @@ layer_buffers(kf_layer *L)
         (st = alloc_f(&L->V, a * g, "update", L->scope)) != KEEL_OK)
         return st;
     L->Vw = L->V;
-    L->Vb = L->V + (a - 1) * g;
+    L->Vb = L->info.b != NULL ? L->V + (a - 1) * g : NULL;
     return KEEL_OK;
 }
 
@@ -320,30 +349,72 @@ layer_new(keel_kfac *k, kf_layer *L)
         (st = layer_state(k, L)) != KEEL_OK ||
         (st = layer_buffers(L)) != KEEL_OK)
         return st;
+    for (int i = 0; i < k->nl && &k->l[i] != L; i++)
+        if (strcmp(k->l[i].scope, L->scope) == 0)
+            return keel__fail(KEEL_EINVAL, "K-FAC: layers %d and %d are "
+                              "both '%s' (their state is named after the "
+                              "kernel's scope: give them different ones)",
+                              i, (int)(L - k->l), L->scope);
+    /* a user's convolution: the im2col workspace of its statistics */
+    if (k->m == NULL && L->info.is_conv &&
+        (st = alloc_f(&L->col, keel__conv_col_size(&L->info.cg, SIZE_MAX),
+                      "im2col workspace", L->scope)) != KEEL_OK)
+        return st;
     return k->cfg.model_grads ? layer_model_grads(k, L) : KEEL_OK;
 }
 
+/* Every trainable variable no layer registers, with a "velocity" slot:
+ * they take momentum SGD. */
+static keel_status
+extra_vars(keel_kfac *k)
+{
+    size_t nv = keel_vars_count(k->vs), n = 0;
+    k->extra = calloc(nv + 1, sizeof *k->extra);
+    k->extra_v = calloc(nv + 1, sizeof *k->extra_v);
+    if (k->extra == NULL || k->extra_v == NULL)
+        return keel__fail(KEEL_ENOMEM, "K-FAC: %zu variables", nv);
+    for (size_t i = 0; i < nv; i++) {
+        keel_var *v = keel_vars_at(k->vs, i);
+        int reg = !keel_var_is_trainable(v);
+        keel_status st;
+        for (int j = 0; j < k->nl && !reg; j++)
+            reg = v == k->l[j].info.w || v == k->l[j].info.b;
+        if (reg)
+            continue;
+        st = keel_var_add_slot(v, "velocity", &k->extra_v[n]);
+        if (st != KEEL_OK)
+            return keel__wrap(st, "K-FAC: velocity of '%s'",
+                              keel_var_name(v));
+        k->extra[n++] = v;
+    }
+    k->n_extra = n;
+    return KEEL_OK;
+}
+
 keel_status
-keel_kfac_new(const keel_kfac_config *cfg, keel_model *m, keel_vars *vs,
-              keel_kfac **out)
+keel__kfac_new(const keel_kfac_config *cfg, const keel_kfac_layers *lc,
+               keel_model *m, keel_vars *vs, keel_kfac **out)
 {
     keel_kfac *k;
     keel_status st;
-    keel__kfac_layer info[KEEL_MODEL_MAX_HIDDEN + 8];
     int n;
     if (out == NULL)
         return keel__fail(KEEL_EINVAL, "K-FAC: out is NULL");
     *out = NULL;
-    if (cfg == NULL || m == NULL || vs == NULL)
+    if (cfg == NULL || lc == NULL || vs == NULL)
         return keel__fail(KEEL_EINVAL, "K-FAC: NULL argument");
     if ((st = KEEL__STRUCT_CHECK(cfg, keel_kfac_config)) != KEEL_OK)
         return keel__wrap(st, "K-FAC");
     if ((st = check_config(cfg)) != KEEL_OK)
         return st;
-    n = keel__model_kfac_layers(m, info, (int)(sizeof info / sizeof *info));
-    if (n < 1 || n > (int)(sizeof info / sizeof *info))
-        return keel__fail(KEEL_EINVAL, "K-FAC: the model has %d layers with "
-                          "parameters", n);
+    if (m == NULL && cfg->model_grads)
+        return keel__fail(KEEL_EINVAL, "K-FAC: model_grads describes a "
+                          "keel_model's step (keel_kfac_new); a layer "
+                          "collection's optimizer takes model_grads = 0");
+    n = lc->n;
+    if (n < 1 || n > 4096)
+        return keel__fail(KEEL_EINVAL, "K-FAC: %d layers with parameters "
+                          "registered (1 to 4096)", n);
     k = calloc(1, sizeof *k);
     if (k == NULL)
         return keel__fail(KEEL_ENOMEM, "K-FAC");
@@ -356,16 +427,17 @@ keel_kfac_new(const keel_kfac_config *cfg, keel_model *m, keel_vars *vs,
     k->l = calloc((size_t)n, sizeof *k->l);
     k->Ap = calloc((size_t)n, sizeof *k->Ap);
     k->Gp = calloc((size_t)n, sizeof *k->Gp);
-    k->targets = calloc((size_t)keel_model_get_config(m)->max_batch,
-                        sizeof *k->targets);
+    if (m != NULL)
+        k->targets = calloc((size_t)keel_model_get_config(m)->max_batch,
+                            sizeof *k->targets);
     if (k->l == NULL || k->Ap == NULL || k->Gp == NULL ||
-        k->targets == NULL) {
+        (m != NULL && k->targets == NULL)) {
         keel_kfac_free(k);
         return keel__fail(KEEL_ENOMEM, "K-FAC: layer list");
     }
     k->nl = n;
     for (int i = 0; i < n; i++) {
-        k->l[i].info = info[i];
+        k->l[i].info = lc->l[i];
         if ((st = layer_new(k, &k->l[i])) != KEEL_OK) {
             keel_kfac_free(k);
             return st;
@@ -374,17 +446,55 @@ keel_kfac_new(const keel_kfac_config *cfg, keel_model *m, keel_vars *vs,
         k->Gp[i] = k->l[i].Gsum;
     }
     st = state_var(vs, "kfac", "ema_weight", 0, NULL, &k->ema_w);
-    k->flag_var = k->l[0].info.b;
+    k->flag_var = k->l[0].info.b != NULL ? k->l[0].info.b : k->l[0].info.w;
     if (st == KEEL_OK && cfg->model_grads &&
         cfg->momentum_type == KEEL_KFAC_MOMENTUM_ADAM)
         st = keel_var_add_slot(k->flag_var, "precond_valid",
                                &(keel_tensor *){ NULL });
+    if (st == KEEL_OK)
+        st = extra_vars(k);
     if (st != KEEL_OK) {
         keel_kfac_free(k);
         return st;
     }
     *out = k;
     return KEEL_OK;
+}
+
+/* A keel_model's layers with parameters, registered in the collection a
+ * program's own layers go through. */
+keel_status
+keel_kfac_new(const keel_kfac_config *cfg, keel_model *m, keel_vars *vs,
+              keel_kfac **out)
+{
+    keel__kfac_layer info[KEEL_MODEL_MAX_HIDDEN + 8];
+    keel_kfac_layers *lc = NULL;
+    keel_status st;
+    int n;
+    if (out == NULL)
+        return keel__fail(KEEL_EINVAL, "K-FAC: out is NULL");
+    *out = NULL;
+    if (cfg == NULL || m == NULL || vs == NULL)
+        return keel__fail(KEEL_EINVAL, "K-FAC: NULL argument");
+    n = keel__model_kfac_layers(m, info, (int)(sizeof info / sizeof *info));
+    if (n < 1 || n > (int)(sizeof info / sizeof *info))
+        return keel__fail(KEEL_EINVAL, "K-FAC: the model has %d layers with "
+                          "parameters", n);
+    st = keel_kfac_layers_new(&lc);
+    for (int i = 0; i < n && st == KEEL_OK; i++)
+        st = keel__kfac_layers_add(lc, &info[i], NULL);
+    if (st == KEEL_OK)
+        st = keel__kfac_new(cfg, lc, m, vs, out);
+    keel_kfac_layers_free(lc);
+    return st;
+}
+
+keel_status
+keel_kfac_new_from_layers(const keel_kfac_config *cfg,
+                          const keel_kfac_layers *lc, keel_vars *vs,
+                          keel_kfac **out)
+{
+    return keel__kfac_new(cfg, lc, NULL, vs, out);
 }
 
 const keel_kfac_config *
@@ -439,6 +549,19 @@ capture(keel_kfac *k, const keel_batch *batch, int64_t global_step)
     }
 }
 
+/* The target stream of global_step: one per step, so a resumed run draws
+ * the same targets. */
+static void
+seed_rng(keel_kfac *k, int64_t global_step)
+{
+    if (global_step != k->rng_step) {
+        uint64_t s = k->cfg.seed ^ 0x6b666163ULL;
+        s ^= keel__splitmix64(&(uint64_t){ (uint64_t)global_step });
+        keel__rng_seed(&k->rng, s);
+        k->rng_step = global_step;
+    }
+}
+
 static keel_status
 kfac_observe_fp(keel_kfac *k, keel_vars *vs, const keel_batch *batch,
                 int64_t global_step)
@@ -452,26 +575,25 @@ kfac_observe_fp(keel_kfac *k, keel_vars *vs, const keel_batch *batch,
     if (global_step < 0)
         return keel__fail(KEEL_EINVAL, "K-FAC observe: negative global step "
                           "%lld", (long long)global_step);
+    if (k->m == NULL)
+        return keel__fail(KEEL_EINVAL, "K-FAC observe: this optimizer has "
+                          "no model (keel_kfac_new_from_layers): give each "
+                          "layer's statistics with keel_kfac_observe_layer");
     capture(k, batch, global_step);
     if (!cov_step(k, global_step))
         return KEEL_OK;
-    if (global_step != k->rng_step) {
-        /* one stream per step: a resumed run draws the same targets */
-        uint64_t s = k->cfg.seed ^ 0x6b666163ULL;
-        s ^= keel__splitmix64(&(uint64_t){ (uint64_t)global_step });
-        keel__rng_seed(&k->rng, s);
-        k->rng_step = global_step;
-    }
+    seed_rng(k, global_step);
     KEEL__PROF_BEGIN();
     st = keel__model_kfac_stats(k->m, batch,
                                 k->cfg.estimation == KEEL_KFAC_GRADIENTS
                                     ? &k->rng : NULL,
-                                k->targets, k->pending > 0,
+                                k->targets, k->l[0].pending > 0,
                                 k->cfg.model_grads, k->Ap, k->Gp);
     KEEL__PROF_END(kfac_stats_ns);
     if (st != KEEL_OK)
         return keel__wrap(st, "K-FAC observe");
-    k->pending += (int64_t)batch->n;
+    for (int i = 0; i < k->nl; i++)
+        k->l[i].pending += (int64_t)batch->n;
     return KEEL_OK;
 }
 
@@ -486,7 +608,106 @@ keel_kfac_observe(keel_kfac *k, keel_vars *vs, const keel_batch *batch,
 static void
 clear_pending(keel_kfac *k)
 {
-    k->pending = 0;
+    for (int i = 0; i < k->nl; i++)
+        k->l[i].pending = 0;
+}
+
+/* Whether any layer has statistics pending. */
+static int
+any_pending(const keel_kfac *k)
+{
+    for (int i = 0; i < k->nl; i++)
+        if (k->l[i].pending > 0)
+            return 1;
+    return 0;
+}
+
+/* The first layer without statistics this step, -1 if every layer has. */
+static int
+unobserved_layer(const keel_kfac *k)
+{
+    for (int i = 0; i < k->nl; i++)
+        if (k->l[i].pending <= 0)
+            return i;
+    return -1;
+}
+
+/* A user's layer's statistics: the upper triangles of [in, 1]^T [in, 1]
+ * (a convolution's im2col patches) and dy^T dy, added to the pending
+ * sums. */
+static keel_status
+kfac_observe_layer_fp(keel_kfac *k, int layer, const float *inputs,
+                      const float *output_grads, size_t n,
+                      int64_t global_step)
+{
+    kf_layer *L;
+    int acc, hb;
+    if (k == NULL || inputs == NULL || output_grads == NULL)
+        return keel__fail(KEEL_EINVAL, "K-FAC observe_layer: NULL argument");
+    if (k->m != NULL)
+        return keel__fail(KEEL_EINVAL, "K-FAC observe_layer: this optimizer "
+                          "observes its model's batches (keel_kfac_observe)");
+    if (layer < 0 || layer >= k->nl)
+        return keel__fail(KEEL_EINVAL, "K-FAC observe_layer: no layer %d "
+                          "(%d registered)", layer, k->nl);
+    if (global_step < 0)
+        return keel__fail(KEEL_EINVAL, "K-FAC observe_layer: negative "
+                          "global step %lld", (long long)global_step);
+    if (n == 0 || n > (size_t)INT32_MAX)
+        return keel__fail(KEEL_EINVAL, "K-FAC observe_layer '%s': %zu "
+                          "examples", k->l[layer].scope, n);
+    if (!cov_step(k, global_step))
+        return KEEL_OK;
+    L = &k->l[layer];
+    acc = L->pending > 0;
+    hb = L->info.b != NULL;
+    KEEL__PROF_BEGIN();
+    if (L->info.is_conv) {
+        keel__conv_patch_cov(&L->info.cg, inputs, n, L->col, hb, acc,
+                             L->Asum);
+        keel__cov_add(output_grads, n * L->info.locations, L->info.g_dim,
+                      L->info.g_dim, 0, acc, L->Gsum);
+    } else {
+        size_t din = L->info.a_dim - (size_t)hb;
+        keel__cov_add(inputs, n, din, din, hb, acc, L->Asum);
+        keel__cov_add(output_grads, n, L->info.g_dim, L->info.g_dim, 0, acc,
+                      L->Gsum);
+    }
+    KEEL__PROF_END(kfac_stats_ns);
+    L->pending += (int64_t)n;
+    return KEEL_OK;
+}
+
+keel_status
+keel_kfac_observe_layer(keel_kfac *k, int layer, const float *inputs,
+                        const float *output_grads, size_t n,
+                        int64_t global_step)
+{
+    return KEEL__FLUSHED(kfac_observe_layer_fp(k, layer, inputs,
+                                               output_grads, n,
+                                               global_step));
+}
+
+keel_status
+keel_kfac_sample_targets(keel_kfac *k, const float *logits, size_t n,
+                         size_t classes, const int32_t *labels,
+                         int64_t global_step, int32_t *targets)
+{
+    int gradients;
+    if (k == NULL || logits == NULL || targets == NULL)
+        return keel__fail(KEEL_EINVAL, "K-FAC targets: NULL argument");
+    gradients = k->cfg.estimation == KEEL_KFAC_GRADIENTS;
+    if (!gradients && labels == NULL)
+        return keel__fail(KEEL_EINVAL, "K-FAC targets: the empirical Fisher "
+                          "takes the labels (labels is NULL)");
+    if (classes < 1 || global_step < 0)
+        return keel__fail(KEEL_EINVAL, "K-FAC targets: %zu classes at step "
+                          "%lld", classes, (long long)global_step);
+    if (gradients)
+        seed_rng(k, global_step);
+    keel__kfac_draw_targets(logits, n, classes, labels,
+                            gradients ? &k->rng : NULL, targets);
+    return KEEL_OK;
 }
 
 /* The factor's EMA, dst = d acc + (1 - d) scale sum, from the upper
@@ -592,15 +813,21 @@ dot(double s, const float *x, const float *y, size_t n)
 /* [Vw; Vb] = A^-1 [kernel; bias] G^-1 / locations: the kernel's rows and
  * the bias row go through G^-1 in place (no copy of them into one
  * matrix), then A^-1 takes the whole a x g product (one sgemm where Vw
- * and Vb are one matrix). */
+ * and Vb are one matrix). Without a bias, Vw = A^-1 kernel G^-1 /
+ * locations. */
 static void
 precondition(kf_layer *L, const float *kernel, const float *bias)
 {
     size_t a = L->info.a_dim, g = L->info.g_dim;
+    size_t ak = a - (bias != NULL);   /* the kernel's rows */
     float s = (float)(1.0 / (double)L->info.locations);
     const float *Ai = L->Ainv->data;
-    keel__sgemm(0, 0, a - 1, g, g, 1.0f, kernel, g, L->Ginv->data, g, 0.0f,
+    keel__sgemm(0, 0, ak, g, g, 1.0f, kernel, g, L->Ginv->data, g, 0.0f,
                 L->T, g);
+    if (bias == NULL) {
+        keel__sgemm(0, 0, a, g, a, s, Ai, a, L->T, g, 0.0f, L->Vw, g);
+        return;
+    }
     keel__sgemm(0, 0, 1, g, g, 1.0f, bias, g, L->Ginv->data, g, 0.0f,
                 L->T + (a - 1) * g, g);
     if (L->Vb == L->Vw + (a - 1) * g) {
@@ -658,11 +885,19 @@ check_layer_grads(const keel_kfac *k, keel_grads *grads)
     for (int i = 0; i < k->nl; i++) {
         const kf_layer *L = &k->l[i];
         keel_tensor *gw = keel_grads_at(grads, keel_var_index(L->info.w));
-        keel_tensor *gb = keel_grads_at(grads, keel_var_index(L->info.b));
-        if (gw == NULL || gb == NULL || gw->count != L->vw->count ||
-            gb->count != L->vb->count)
+        keel_tensor *gb = L->info.b != NULL
+            ? keel_grads_at(grads, keel_var_index(L->info.b)) : NULL;
+        if (gw == NULL || gw->count != L->vw->count ||
+            (L->info.b != NULL && (gb == NULL || gb->count != L->vb->count)))
             return keel__fail(KEEL_EINVAL, "K-FAC apply: no gradient of the "
                               "right shape for '%s'", L->scope);
+    }
+    for (size_t i = 0; i < k->n_extra; i++) {
+        keel_tensor *gv = keel_grads_at(grads, keel_var_index(k->extra[i]));
+        if (gv == NULL || gv->count != k->extra_v[i]->count)
+            return keel__fail(KEEL_EINVAL, "K-FAC apply: no gradient of the "
+                              "right shape for '%s'",
+                              keel_var_name(k->extra[i]));
     }
     return KEEL_OK;
 }
@@ -690,7 +925,7 @@ fold_statistics(keel_kfac *k, const apply_plan *p)
     KEEL__PROF_BEGIN();
     for (int i = 0; i < k->nl; i++) {
         kf_layer *L = &k->l[i];
-        float sc = (float)(1.0 / ((double)k->pending *
+        float sc = (float)(1.0 / ((double)L->pending *
                                   (double)L->info.locations));
         ema_sym(p->invert ? L->Asum : L->A->data, L->A->data, L->Asum,
                 L->info.a_dim, p->d, sc);
@@ -748,14 +983,16 @@ precondition_layer(keel_kfac *k, int i, keel_grads *grads, int fact,
     kf_layer *L = &k->l[i];
     size_t g = L->info.g_dim, nw = L->vw->count;
     const float *mw = keel_grads_at(grads, keel_var_index(L->info.w))->data;
-    const float *mb = keel_grads_at(grads, keel_var_index(L->info.b))->data;
+    const float *mb = L->info.b != NULL
+        ? keel_grads_at(grads, keel_var_index(L->info.b))->data : NULL;
+    size_t nb = mb != NULL ? g : 0;
     int f = fact && k->cap_n <= L->fmax;
     if (k->cfg.momentum_type == KEEL_KFAC_MOMENTUM_ADAM) {
         /* v = mu v + g, then the update is F^-1 v */
-        float *vw = L->vw->data, *vb = L->vb->data;
+        float *vw = L->vw->data, *vb = L->vb != NULL ? L->vb->data : NULL;
         for (size_t j = 0; j < nw; j++)
             vw[j] = mu * vw[j] + mw[j];
-        for (size_t j = 0; j < g; j++)
+        for (size_t j = 0; j < nb; j++)
             vb[j] = mu * vb[j] + mb[j];
         mw = vw;
         mb = vb;
@@ -771,7 +1008,8 @@ precondition_layer(keel_kfac *k, int i, keel_grads *grads, int fact,
         k->factored |= (uint64_t)1 << i;
     if (!(k->cfg.norm_constraint > 0.0))
         return 0.0;
-    return dot(dot(0.0, mw, L->Vw, nw), mb, L->Vb, g);
+    return nb > 0 ? dot(dot(0.0, mw, L->Vw, nw), mb, L->Vb, g)
+                  : dot(0.0, mw, L->Vw, nw);
 }
 
 /* Every layer's F^-1 m; returns the sum of their <m, F^-1 m>. The
@@ -825,8 +1063,9 @@ update_vars(keel_kfac *k, float lr, float mu, float c)
     for (int i = 0; i < k->nl; i++) {
         kf_layer *L = &k->l[i];
         float *x = keel_var_tensor(L->info.w)->data;
-        float *xb = keel_var_tensor(L->info.b)->data;
-        size_t nw = L->vw->count, g = L->info.g_dim;
+        float *xb = L->info.b != NULL ? keel_var_tensor(L->info.b)->data
+                                      : NULL;
+        size_t nw = L->vw->count, g = L->info.b != NULL ? L->info.g_dim : 0;
         const float *Vw = L->Vw, *Vb = L->Vb;
         if (k->cfg.momentum_type == KEEL_KFAC_MOMENTUM_ADAM) {
             for (size_t j = 0; j < nw; j++)
@@ -834,7 +1073,8 @@ update_vars(keel_kfac *k, float lr, float mu, float c)
             for (size_t j = 0; j < g; j++)
                 xb[j] -= lr * (c * Vb[j]);
         } else {
-            float *vw = L->vw->data, *vb = L->vb->data;
+            float *vw = L->vw->data, *vb = L->vb != NULL ? L->vb->data
+                                                         : NULL;
             for (size_t j = 0; j < nw; j++) {
                 vw[j] = mu * vw[j] + c * Vw[j];
                 x[j] -= lr * vw[j];
@@ -861,10 +1101,18 @@ kfac_apply_fp(keel_kfac *k, keel_vars *vs, keel_grads *grads,
     if (st != KEEL_OK)
         return st;
     plan_apply(k, global_step, &p);
-    if (p.cov && k->pending <= 0)
+    if (p.cov && !any_pending(k))
         return keel__fail(KEEL_ESTATE, "K-FAC apply at step %lld: no factor "
                           "statistics observed (call keel_kfac_observe "
                           "first)", (long long)global_step);
+    if (p.cov && unobserved_layer(k) >= 0) {
+        int i = unobserved_layer(k);
+        clear_pending(k);
+        return keel__fail(KEEL_ESTATE, "K-FAC apply at step %lld: no factor "
+                          "statistics of layer %d '%s' (call "
+                          "keel_kfac_observe_layer for every layer)",
+                          (long long)global_step, i, k->l[i].scope);
+    }
     st = check_layer_grads(k, grads);
     if (st != KEEL_OK) {
         clear_pending(k);
@@ -886,6 +1134,7 @@ kfac_apply_fp(keel_kfac *k, keel_vars *vs, keel_grads *grads,
     mu = (float)k->cfg.momentum;
     s = precondition_layers(k, grads, global_step, p.invert, mu);
     update_vars(k, (float)lr, mu, norm_scale(k, s, lr));
+    update_extra(k, grads, (float)lr, mu);
     KEEL__PROF_END(kfac_precond_ns);
     return KEEL_OK;
 }
@@ -909,9 +1158,10 @@ void
 keel__kfac_precond(const keel_kfac *k, int i, float *out)
 {
     const kf_layer *L = &k->l[i];
-    size_t nw = (L->info.a_dim - 1) * L->info.g_dim;
+    size_t nw = L->vw->count;
     memcpy(out, L->Vw, nw * sizeof(float));
-    memcpy(out + nw, L->Vb, L->info.g_dim * sizeof(float));
+    if (L->Vb != NULL)
+        memcpy(out + nw, L->Vb, L->info.g_dim * sizeof(float));
 }
 
 uint64_t
@@ -955,12 +1205,13 @@ kfac_take_statistics_fp(keel_kfac *k, float *const *A, float *const *G)
 {
     if (k == NULL || A == NULL || G == NULL)
         return keel__fail(KEEL_EINVAL, "K-FAC statistics: NULL argument");
-    if (k->pending <= 0)
+    if (unobserved_layer(k) >= 0)
         return keel__fail(KEEL_ESTATE, "K-FAC statistics: none observed "
-                          "(call keel_kfac_observe first)");
+                          "of layer '%s' (call keel_kfac_observe first)",
+                          k->l[unobserved_layer(k)].scope);
     for (int i = 0; i < k->nl; i++) {
         const kf_layer *L = &k->l[i];
-        double sc = 1.0 / ((double)k->pending * (double)L->info.locations);
+        double sc = 1.0 / ((double)L->pending * (double)L->info.locations);
         const float *src[2] = { L->Asum, L->Gsum };
         float *dst[2] = { A[i], G[i] };
         size_t dim[2] = { L->info.a_dim, L->info.g_dim };
@@ -975,7 +1226,7 @@ kfac_take_statistics_fp(keel_kfac *k, float *const *A, float *const *G)
                 }
         }
     }
-    k->pending = 0;
+    clear_pending(k);
     return KEEL_OK;
 }
 
@@ -994,7 +1245,7 @@ kfac_invert_layer_fp(keel_kfac *k, int i)
     keel_status st;
     if (k == NULL || i < 0 || i >= k->nl)
         return keel__fail(KEEL_EINVAL, "K-FAC invert: no layer %d", i);
-    if (k->pending > 0)
+    if (any_pending(k))
         return keel__fail(KEEL_ESTATE, "K-FAC invert: statistics of a step "
                           "are pending (this task also observes)");
     L = &k->l[i];
@@ -1031,7 +1282,7 @@ kfac_apply_update_fp(keel_kfac *k, keel_vars *vs, keel_grads *grads,
     keel_status st;
     if (k == NULL)
         return keel__fail(KEEL_EINVAL, "K-FAC update: NULL argument");
-    if (k->pending > 0)
+    if (any_pending(k))
         return keel__fail(KEEL_ESTATE, "K-FAC update at step %lld: "
                           "statistics are pending (use keel_kfac_apply)",
                           (long long)global_step);

@@ -879,14 +879,14 @@ keel__cov_add(const float *x, size_t rows, size_t d, size_t ldx, int homog,
 
 void
 keel__conv_patch_cov(const keel__conv_geom *g, const float *x, size_t n,
-                     float *col, int accumulate, float *c)
+                     float *col, int homog, int accumulate, float *c)
 {
     size_t k = g->kh * g->kw * g->cin, ch = conv_chunk(g);
     size_t xs = g->h * g->w * g->cin, pe = g->oh * g->ow;
     for (size_t e = 0; e < n; e += ch) {
         size_t ne = n - e < ch ? n - e : ch;
         im2col(g, x + e * xs, ne, col);
-        keel__cov_add(col, ne * pe, k, k, 1, accumulate || e > 0, c);
+        keel__cov_add(col, ne * pe, k, k, homog, accumulate || e > 0, c);
     }
 }
 

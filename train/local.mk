@@ -7,10 +7,10 @@
 libkeel_core_la_SOURCES += train/train_int.h \
 	train/layers.c \
 	train/model_int.h train/model.c train/model_run.c train/model_desc.c \
-	train/hogwild.c train/kfac.c \
+	train/hogwild.c train/kfac.c train/kfac_layers.c \
 	train/data_int.h train/dataset.c train/data_idx.c train/data_hdf5.c \
 	train/data_inputs.c train/data.c
-pkginclude_HEADERS += include/keel/train.h
+pkginclude_HEADERS += include/keel/train.h include/keel/kfac.h
 
 # Throughput / accuracy benchmark (bench/train.sh runs it); not installed.
 EXTRA_PROGRAMS += bench/train_bench

@@ -117,7 +117,7 @@ backward(keel_model *m, lbuf *buf, lgrad *g, const float *x, size_t n,
                             keel_var_tensor(L->w)->data, L->dout, 0.0f, dx,
                             L->din);
         } else if (kfac != NULL) {
-            keel__conv_patch_cov(&L->cg, in, n, B->col, kfac->accumulate,
+            keel__conv_patch_cov(&L->cg, in, n, B->col, 1, kfac->accumulate,
                                  kfac->A[f]);
             keel__cov_add(B->dy, n * L->cg.oh * L->cg.ow, L->cg.cout,
                           L->cg.cout, 0, kfac->accumulate, kfac->G[f]);
@@ -558,6 +558,7 @@ keel__model_kfac_layers(const keel_model *m, keel__kfac_layer *out, int max)
             continue;
         if (k < max) {
             o = &out[k];
+            memset(o, 0, sizeof *o);
             o->is_conv = L->kind == L_CONV;
             o->w = L->w;
             o->b = L->b;
@@ -565,6 +566,7 @@ keel__model_kfac_layers(const keel_model *m, keel__kfac_layer *out, int max)
                 o->a_dim = L->cg.kh * L->cg.kw * L->cg.cin + 1;
                 o->g_dim = L->cg.cout;
                 o->locations = L->cg.oh * L->cg.ow;
+                o->cg = L->cg;
             } else {
                 o->a_dim = L->din + 1;
                 o->g_dim = L->dout;
@@ -578,9 +580,9 @@ keel__model_kfac_layers(const keel_model *m, keel__kfac_layer *out, int max)
 
 /* Targets of one piece: the labels, or one draw per example from the
  * softmax of its logits (inverse CDF of a uniform in [0, 1), in double). */
-static void
-kfac_targets(const float *logits, size_t n, size_t k, const int32_t *labels,
-             keel__rng *rng, int32_t *t)
+void
+keel__kfac_draw_targets(const float *logits, size_t n, size_t k,
+                        const int32_t *labels, keel__rng *rng, int32_t *t)
 {
     for (size_t i = 0; i < n; i++) {
         const float *z = logits + i * k;
@@ -631,8 +633,8 @@ keel__model_kfac_stats(keel_model *m, const keel_batch *batch, keel__rng *rng,
         int64_t correct = 0;
         if (!have_fwd)
             forward(m, buf, x, n);
-        kfac_targets(buf[m->nl - 1].y, n, k_out, batch->y + lo, rng,
-                     targets + lo);
+        keel__kfac_draw_targets(buf[m->nl - 1].y, n, k_out, batch->y + lo,
+                                rng, targets + lo);
         keel__softmax_xent(buf[m->nl - 1].y, targets + lo, n, k_out, 1.0f,
                            buf[m->nl - 1].dy, &loss, &correct);
         backward(m, buf, NULL, x, n, NULL, &sink);

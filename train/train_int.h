@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <keel/train.h>
+#include <keel/kfac.h>
 #include "util.h"
 #include "../numeric/numeric_int.h"
 
@@ -98,10 +99,10 @@ void keel__conv_backward(const keel__conv_geom *g, const float *x, size_t n,
 void keel__cov_add(const float *x, size_t rows, size_t d, size_t ldx,
                    int homog, int accumulate, float *c);
 /* The same for a convolution's im2col patches of x (n examples, one row
- * per output location, kh*kw*cin columns, ones appended); col is the
- * keel__conv_col_size(g, n) workspace. */
+ * per output location, kh*kw*cin columns, ones appended with homog); col
+ * is the keel__conv_col_size(g, n) workspace. */
 void keel__conv_patch_cov(const keel__conv_geom *g, const float *x, size_t n,
-                          float *col, int accumulate, float *c);
+                          float *col, int homog, int accumulate, float *c);
 /* dx (overwritten) = the input gradient of dy alone (no dw, db). */
 void keel__conv_backward_dx(const keel__conv_geom *g, size_t n,
                             const float *dy, const float *w, float *col,
@@ -165,11 +166,28 @@ keel_status keel__model_config_from_arch(struct json_object *o,
 /* ---- model_run.c: what K-FAC sees of a model ---- */
 typedef struct keel__kfac_layer {
     int is_conv;
-    size_t a_dim;        /* inputs (a conv's kh*kw*cin) + 1 for the bias */
+    size_t a_dim;        /* inputs (a conv's kh*kw*cin), + 1 with a bias */
     size_t g_dim;        /* outputs (a conv's cout) */
     size_t locations;    /* output positions: oh*ow, or 1 for dense */
-    keel_var *w, *b;     /* borrowed from the model's store */
+    keel_var *w, *b;     /* borrowed from the store; b NULL: no bias */
+    keel__conv_geom cg;  /* a convolution's geometry */
 } keel__kfac_layer;
+
+/* ---- kfac_layers.c: the layer collection (keel/kfac.h) ---- */
+struct keel_kfac_layers {
+    keel__kfac_layer *l;
+    int n, cap;
+};
+/* Register info (w, b, the sizes and, for a convolution, cg filled): the
+ * one registration every layer goes through, the public add functions'
+ * and a keel_model's. *index (may be NULL): its number. */
+keel_status keel__kfac_layers_add(keel_kfac_layers *lc,
+                                  const keel__kfac_layer *info, int *index);
+/* The optimizer of lc's layers; m (NULL: a user's layers) gives the
+ * statistics pass of keel_kfac_observe and model_grads. kfac.c. */
+keel_status keel__kfac_new(const keel_kfac_config *cfg,
+                           const keel_kfac_layers *lc, keel_model *m,
+                           keel_vars *vs, keel_kfac **out);
 /* The layers with parameters, input to output: fills up to max of out
  * and returns how many there are. */
 int keel__model_kfac_layers(const keel_model *m, keel__kfac_layer *out,
@@ -198,6 +216,11 @@ keel_status keel__model_kfac_stats(keel_model *m, const keel_batch *b,
  * loss at its pre-activation outputs in *dy (n x g_dim): the layer's
  * gradient is [in, 1]^T dy. Borrowed, valid until the next call of m.
  * 0 otherwise (nothing set). */
+/* K-FAC's targets of n examples: the labels (rng NULL) or one draw per
+ * example from the softmax of its logits (n x k). */
+void keel__kfac_draw_targets(const float *logits, size_t n, size_t k,
+                             const int32_t *labels, keel__rng *rng,
+                             int32_t *t);
 int keel__model_step_io(const keel_model *m, const keel_batch *batch, int f,
                         const keel_grads **grads, const float **in,
                         const float **dy);

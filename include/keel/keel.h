@@ -22,8 +22,10 @@
 #include <keel/hooks.h>
 #include <keel/session.h>
 #include <keel/train.h>
+#include <keel/kfac.h>
 #include <keel/cluster.h>
 #include <keel/distributed.h>
 #include <keel/supervise.h>
+#include <keel/kfac_dist.h>
 
 #endif
