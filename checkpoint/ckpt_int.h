@@ -1,7 +1,8 @@
 /* ckpt_int.h - private interface between the checkpoint files: the HDF5
- * layout (h5layout.c) with its bulk I/O engine (ckpt_io.c, ckpt_io.h),
- * the saver with its state file and retention (saver.c) and
- * finding/restoring (restore.c). */
+ * layout (h5layout.c writes, h5bounds.c checks, h5read.c reads; h5_int.h)
+ * with its bulk I/O engine (ckpt_io.c, ckpt_io.h), the saver (saver.c)
+ * with its state file (state.c) and retention (retention.c; saver_int.h)
+ * and finding/restoring (restore.c). */
 #ifndef KEEL_CKPT_INT_H
 #define KEEL_CKPT_INT_H
 
