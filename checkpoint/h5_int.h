@@ -19,8 +19,15 @@ void keel__ckpt_h5_end(void);
 hid_t keel__ckpt_fapl(void);
 
 /* Every link of the open checkpoint h (at path) stays within its own
- * files and resolves. */
-keel_status keel__ckpt_check_links(hid_t h, const char *path);
+ * files and resolves. With shard_count > 0 (path is a sharded
+ * checkpoint's index) an external link may also lead to the same
+ * dataset path in one of its shards, path's own shard files
+ * (keel__ckpt_shard_name, same directory) and nothing else; each such
+ * link is appended to *links (*n_links; caller frees *links, also on
+ * failure). */
+keel_status keel__ckpt_check_links(hid_t h, const char *path,
+                                   int shard_count, ck_link **links,
+                                   size_t *n_links);
 /* Dataset ds (what: its name for messages) of the checkpoint path,
  * file_size bytes long, declaring bytes bytes of data: its storage is in
  * the checkpoint's own files and can hold what it declares. */

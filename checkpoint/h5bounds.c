@@ -58,13 +58,107 @@ own_file(const char *path, const char *target)
 }
 
 /* A walk over every link of a checkpoint file: pass 0 refuses external
- * and user-defined links to anything but the checkpoint's own files,
- * pass 1 (once no link leaves the file) refuses dangling soft links. */
+ * and user-defined links to anything but the checkpoint's own files (an
+ * index's links into its shards are collected), pass 1 (once no link
+ * leaves the file) refuses dangling soft links. */
 typedef struct link_ctx {
     const char *path;
     int pass;
     keel_status st;
+    int shard_count;
+    ck_link *links;
+    size_t n_links, cap;
 } link_ctx;
+
+keel_status
+keel__ckpt_shard_name(char *out, size_t size, const char *index_name, int k,
+                      int n)
+{
+    size_t len = strlen(index_name);
+    if (len < 4 || strcmp(index_name + len - 3, ".h5") != 0)
+        return keel__fail(KEEL_EINVAL, "checkpoint name '%s' does not end "
+                          "in .h5", index_name);
+    return keel__fmt(out, size, "shard name", "%.*s.shard-%05d-of-%05d.h5",
+                     (int)(len - 3), index_name, k, n);
+}
+
+const char *
+keel__ckpt_dset_path(const ck_file *f, const ck_dset *d)
+{
+    return d->src > 0 ? f->srcs[d->src - 1].path : f->path;
+}
+
+void
+keel__ckpt_src_view(const ck_file *f, int src, ck_file *view)
+{
+    memset(view, 0, sizeof *view);
+    if (src > 0) {
+        memcpy(view->path, f->srcs[src - 1].path, sizeof view->path);
+        view->file_size = f->srcs[src - 1].file_size;
+    } else {
+        memcpy(view->path, f->path, sizeof view->path);
+        view->file_size = f->file_size;
+    }
+    view->global_step = f->global_step;
+    view->shard_index = -1;
+}
+
+/* The shard number when file (an external link's target file) is one of
+ * the shards of the index at path: exactly keel__ckpt_shard_name of the
+ * index's file name, no directory part; else -1. */
+static int
+shard_of(const char *path, int shard_count, const char *file)
+{
+    const char *sl = strrchr(path, '/'), *base = sl != NULL ? sl + 1 : path;
+    const char *tail = strstr(file, ".shard-");
+    char want[KEEL_NAME_MAX];
+    long k;
+    if (shard_count <= 0 || strchr(file, '/') != NULL || tail == NULL)
+        return -1;
+    k = strtol(tail + 7, NULL, 10);
+    if (k < 0 || k >= shard_count ||
+        keel__ckpt_shard_name(want, sizeof want, base, (int)k,
+                              shard_count) != KEEL_OK ||
+        strcmp(want, file) != 0)
+        return -1;
+    return (int)k;
+}
+
+/* Record the link name (below the root: "variables/<var>" or
+ * "slots/<slot>/<var>") of c's index into shard k, whose target object
+ * obj must be the same dataset path. 0 when it is not one. */
+static int
+add_shard_link(link_ctx *c, const char *name, const char *obj, int k)
+{
+    ck_link *l;
+    const char *var = NULL, *slot = "";
+    size_t slot_len = 0;
+    if (obj == NULL || obj[0] != '/' || strcmp(obj + 1, name) != 0)
+        return 0;
+    if (strncmp(name, "variables/", 10) == 0) {
+        var = name + 10;
+    } else if (strncmp(name, "slots/", 6) == 0) {
+        const char *s2 = strchr(name + 6, '/');
+        if (s2 == NULL)
+            return 0;
+        slot = name + 6;
+        slot_len = (size_t)(s2 - slot);
+        var = s2 + 1;
+    }
+    if (var == NULL || strlen(var) >= KEEL_NAME_MAX ||
+        slot_len >= KEEL_NAME_MAX)
+        return 0;
+    l = keel__grow(c->links, &c->cap, c->n_links, sizeof *l, 64);
+    if (l == NULL)
+        return 0;
+    c->links = l;
+    l = &c->links[c->n_links++];
+    memset(l, 0, sizeof *l);
+    strcpy(l->name, var);
+    memcpy(l->slot, slot, slot_len);
+    l->shard = k;
+    return 1;
+}
 
 static herr_t
 link_cb(hid_t g, const char *name, const H5L_info_t *li, void *op)
@@ -95,9 +189,16 @@ link_cb(hid_t g, const char *name, const H5L_info_t *li, void *op)
             free(val);
             return 0;
         }
+        if (ok) {
+            int k = shard_of(c->path, c->shard_count, file);
+            if (k >= 0 && add_shard_link(c, name, obj, k)) {
+                free(val);
+                return 0;
+            }
+        }
         c->st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: /%s is an external "
                            "link to %s%s%s, outside the checkpoint's own "
-                           "files; refused", c->path, name,
+                           "files and shards; refused", c->path, name,
                            ok ? file : "an unreadable target",
                            ok && obj != NULL ? ":" : "",
                            ok && obj != NULL ? obj : "");
@@ -113,15 +214,20 @@ link_cb(hid_t g, const char *name, const H5L_info_t *li, void *op)
 /* Every link of the open checkpoint h stays within its own files and
  * resolves. */
 keel_status
-keel__ckpt_check_links(hid_t h, const char *path)
+keel__ckpt_check_links(hid_t h, const char *path, int shard_count,
+                       ck_link **links, size_t *n_links)
 {
-    link_ctx c = { path, 0, KEEL_OK };
-    for (c.pass = 0; c.pass < 2; c.pass++)
+    link_ctx c = { .path = path, .st = KEEL_OK,
+                   .shard_count = shard_count };
+    keel_status st = KEEL_OK;
+    for (c.pass = 0; c.pass < 2 && st == KEEL_OK; c.pass++)
         if (H5Lvisit(h, H5_INDEX_NAME, H5_ITER_INC, link_cb, &c) < 0)
-            return c.st != KEEL_OK ? c.st :
-                   keel__fail(KEEL_ECORRUPT, "checkpoint %s: cannot list "
-                              "its links (damaged HDF5 metadata)", path);
-    return KEEL_OK;
+            st = c.st != KEEL_OK ? c.st :
+                 keel__fail(KEEL_ECORRUPT, "checkpoint %s: cannot list its "
+                            "links (damaged HDF5 metadata)", path);
+    *links = c.links;
+    *n_links = c.n_links;
+    return st;
 }
 
 /* Dataset ds (what: its name for messages) of the checkpoint path,

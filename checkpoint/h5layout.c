@@ -36,6 +36,26 @@
 #define CK_LATE_HASH_BYTES ((size_t)4 << 20)
 #define CK_DIRECT_BYTES ((size_t)4 << 20)  /* smaller files: page cache */
 
+keel_status
+keel__ckpt_plan_add(ck_plan *p, const char *name, const char *slot,
+                    const keel_tensor *t, const void *data)
+{
+    ck_item *items = keel__grow(p->items, &p->cap, p->n, sizeof *items, 64);
+    ck_item *it;
+    if (items == NULL)
+        return keel__fail(KEEL_ENOMEM, "checkpoint plan");
+    p->items = items;
+    it = &p->items[p->n++];
+    memset(it, 0, sizeof *it);
+    it->name = name;
+    it->slot = slot;
+    it->ndim = t->ndim;
+    memcpy(it->shape, t->shape, sizeof it->shape);
+    it->data = data;
+    it->bytes = keel_tensor_bytes(t);
+    return KEEL_OK;
+}
+
 /* Lock HDF5 and switch its error printing off (libkeel never prints). */
 void
 keel__ckpt_h5_begin(void)
@@ -152,6 +172,52 @@ out:
     return st;
 }
 
+/* A sharded checkpoint's identity: run_id and shard_count, and in a shard
+ * file its shard_index. 1 on success. */
+static int
+write_shard_meta(hid_t meta, const ck_plan *p)
+{
+    int64_t count = p->shard_count, index = p->shard_index;
+    return attr_write(meta, "run_id", H5T_STD_U64LE, H5T_NATIVE_UINT64,
+                      &p->run_id) &&
+           attr_write(meta, "shard_count", H5T_STD_I64LE, H5T_NATIVE_INT64,
+                      &count) &&
+           (index < 0 ||
+            attr_write(meta, "shard_index", H5T_STD_I64LE,
+                       H5T_NATIVE_INT64, &index));
+}
+
+/* An index's external links: /variables/<name> and /slots/<slot>/<name>
+ * of each link to the same path in its shard's file, named relative to
+ * the index (name: the index's file name). */
+static keel_status
+write_links(hid_t f, const ck_plan *p, const char *name, const char *tmp)
+{
+    char h5name[2 * KEEL_NAME_MAX + 32], file[KEEL_NAME_MAX];
+    hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
+    keel_status st = KEEL_OK;
+    if (lcpl < 0 || H5Pset_create_intermediate_group(lcpl, 1) < 0)
+        st = keel__fail(KEEL_EIO, "cannot create links in %s", tmp);
+    for (size_t i = 0; i < p->n_links && st == KEEL_OK; i++) {
+        const ck_link *l = &p->links[i];
+        st = keel__ckpt_shard_name(file, sizeof file, name, l->shard,
+                                   p->shard_count);
+        if (st == KEEL_OK && l->slot[0] == '\0')
+            st = keel__fmt(h5name, sizeof h5name, "dataset name",
+                           "/variables/%s", l->name);
+        else if (st == KEEL_OK)
+            st = keel__fmt(h5name, sizeof h5name, "dataset name",
+                           "/slots/%s/%s", l->slot, l->name);
+        if (st == KEEL_OK &&
+            H5Lcreate_external(file, h5name, f, h5name, lcpl,
+                               H5P_DEFAULT) < 0)
+            st = keel__fail(KEEL_EIO, "cannot link %s of %s to shard %s",
+                            h5name, tmp, file);
+    }
+    keel__h5_close(lcpl);
+    return st;
+}
+
 /* The /variables and /slots groups, and /meta with its attributes into
  * *meta (closed by the caller, also on failure). */
 static keel_status
@@ -180,7 +246,8 @@ write_meta(hid_t f, const ck_plan *p, const char *tmp, hid_t *meta)
          !attr_write_str(*meta, "architecture", p->architecture)) ||
         (p->epoch > 0 &&
          !attr_write(*meta, "epoch", H5T_STD_I64LE, H5T_NATIVE_INT64,
-                     &p->epoch)))
+                     &p->epoch)) ||
+        (p->shard_count > 0 && !write_shard_meta(*meta, p)))
         return keel__fail(KEEL_EIO, "cannot write /meta attributes of %s",
                           tmp);
     return KEEL_OK;
@@ -272,7 +339,8 @@ write_blobs(hid_t meta, const ck_plan *p, const char *tmp, ck_piece *pieces)
 /* Create the file's whole HDF5 structure; pieces[i] gets each dataset's
  * data offset (items first, then blobs). */
 static keel_status
-write_structure(const ck_plan *p, const char *tmp, ck_piece *pieces)
+write_structure(const ck_plan *p, const char *name, const char *tmp,
+                ck_piece *pieces)
 {
     hid_t fapl, f = -1, meta = -1;
     keel_status st = KEEL_OK;
@@ -288,6 +356,8 @@ write_structure(const ck_plan *p, const char *tmp, ck_piece *pieces)
         st = write_meta(f, p, tmp, &meta);
     if (st == KEEL_OK)
         st = write_items(f, p, tmp, pieces);
+    if (st == KEEL_OK && p->n_links > 0)
+        st = write_links(f, p, name, tmp);
     if (st == KEEL_OK)
         st = write_blobs(meta, p, tmp, pieces + p->n);
     keel__h5_close(meta);
@@ -421,6 +491,7 @@ keel__ckpt_write_file(ck_plan *p, const char *path)
 {
     ck_write w = { .np = p->n + p->n_blobs };
     keel_status st;
+    const char *sl;
 
     st = keel__fs_tmp_name(w.tmp, sizeof w.tmp, path);
     if (st != KEEL_OK)
@@ -431,7 +502,8 @@ keel__ckpt_write_file(ck_plan *p, const char *path)
                           "datasets", path, w.np);
     plan_hashes(p, &w);
     w.tm[0] = keel__now_mono_ns();
-    st = write_structure(p, w.tmp, w.pieces);
+    sl = strrchr(path, '/');
+    st = write_structure(p, sl != NULL ? sl + 1 : path, w.tmp, w.pieces);
     w.tm[1] = keel__now_mono_ns();
     if (st == KEEL_OK)
         st = write_data(p, &w);

@@ -360,6 +360,45 @@ read_meta_step(hid_t h, const char *path, int64_t *step)
     return st;
 }
 
+/* A sharded checkpoint's identity from /meta of h into f: run_id,
+ * shard_count and, in a shard file, shard_index. An ordinary checkpoint
+ * has none of them (shard_count 0, shard_index -1). */
+static keel_status
+read_shard_meta(hid_t h, const char *path, ck_file *f)
+{
+    hid_t meta = H5Gopen2(h, "/meta", H5P_DEFAULT);
+    int64_t count = 0, index = -1;
+    keel_status st = KEEL_OK;
+    f->shard_count = 0;
+    f->shard_index = -1;
+    if (meta < 0)
+        return keel__fail(KEEL_ECORRUPT, "checkpoint %s: cannot open /meta",
+                          path);
+    if (attr_exists(meta, "shard_count")) {
+        if (!attr_read_num(meta, "shard_count", H5T_NATIVE_INT64,
+                           H5T_INTEGER, &count) ||
+            count < 1 || count > CK_MAX_SHARDS)
+            st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: /meta "
+                            "shard_count is unreadable or outside 1..%d",
+                            path, CK_MAX_SHARDS);
+        else if (!attr_read_num(meta, "run_id", H5T_NATIVE_UINT64,
+                                H5T_INTEGER, &f->run_id))
+            st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: sharded but "
+                            "/meta has no run_id", path);
+        else if (attr_exists(meta, "shard_index") &&
+                 (!attr_read_num(meta, "shard_index", H5T_NATIVE_INT64,
+                                 H5T_INTEGER, &index) ||
+                  index < 0 || index >= count))
+            st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: /meta "
+                            "shard_index is unreadable or outside 0..%lld",
+                            path, (long long)count - 1);
+        f->shard_count = (int)count;
+        f->shard_index = (int)index;
+    }
+    keel__h5_close(meta);
+    return st;
+}
+
 /* List the datasets below group prefix ("/variables" or "/slots") of the
  * open checkpoint h into c->f (visit_cb). */
 static keel_status
@@ -376,23 +415,172 @@ visit_group(hid_t h, const char *path, const char *prefix, visit_ctx *c)
     return st;
 }
 
+/* The directory part of path into dir ("." when it has none). */
+static keel_status
+dir_of(const char *path, char *dir, size_t size)
+{
+    const char *sl = strrchr(path, '/');
+    if (sl == NULL)
+        return keel__fmt(dir, size, "checkpoint directory", ".");
+    if (sl == path)
+        return keel__fmt(dir, size, "checkpoint directory", "/");
+    return keel__fmt(dir, size, "checkpoint directory", "%.*s",
+                     (int)(sl - path), path);
+}
+
+/* Open shard k of the index f, check that it is that shard of this very
+ * checkpoint (step, run id, number and count), and append to *d (n
+ * entries so far, capacity *cap) every dataset the index links into it,
+ * each found in the shard; a shard holding a dataset the index does not
+ * link is refused too. */
+static keel_status
+open_shard(ck_file *f, int k, const ck_link *links, size_t n_links,
+           ck_dset **d, size_t *n, size_t *cap)
+{
+    char dir[KEEL_PATH_MAX], name[KEEL_NAME_MAX];
+    const char *sl = strrchr(f->path, '/');
+    ck_src *src = &f->srcs[k];
+    ck_file s;
+    size_t linked = 0;
+    keel_status st = dir_of(f->path, dir, sizeof dir);
+    if (st == KEEL_OK)
+        st = keel__ckpt_shard_name(name, sizeof name, sl ? sl + 1 : f->path,
+                                   k, f->shard_count);
+    if (st == KEEL_OK)
+        st = keel__path_join(src->path, sizeof src->path, dir, name);
+    if (st != KEEL_OK)
+        return st;
+    st = keel__ckpt_open(src->path, &s);
+    if (st == KEEL_ENOTFOUND)
+        return keel__fail(KEEL_ECORRUPT, "checkpoint %s: its shard %s is "
+                          "missing; the checkpoint is incomplete", f->path,
+                          src->path);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "checkpoint %s: shard %d of %d", f->path, k,
+                          f->shard_count);
+    if (s.shard_index != k || s.shard_count != f->shard_count ||
+        s.run_id != f->run_id || s.global_step != f->global_step) {
+        st = keel__fail(KEEL_ECORRUPT, "checkpoint %s (step %lld, run "
+                        "%016llx, %d shards): shard file %s is shard %d of "
+                        "%d of step %lld, run %016llx; not this "
+                        "checkpoint's", f->path, (long long)f->global_step,
+                        (unsigned long long)f->run_id, f->shard_count,
+                        src->path, s.shard_index, s.shard_count,
+                        (long long)s.global_step,
+                        (unsigned long long)s.run_id);
+        keel__ckpt_close(&s);
+        return st;
+    }
+    src->file_size = s.file_size;
+    for (size_t i = 0; i < n_links && st == KEEL_OK; i++) {
+        ck_dset key, *hit = NULL, *nd;
+        if (links[i].shard != k)
+            continue;
+        memset(&key, 0, sizeof key);
+        strcpy(key.e.name, links[i].name);
+        strcpy(key.e.slot, links[i].slot);
+        if (key.e.slot[0] == '\0')
+            hit = bsearch(&key, s.d, s.n_vars, sizeof *s.d, dset_cmp);
+        else
+            hit = bsearch(&key, s.d + s.n_vars, s.n - s.n_vars, sizeof *s.d,
+                          dset_cmp);
+        if (hit == NULL) {
+            st = keel__fail(KEEL_ECORRUPT, "checkpoint %s links %s%s%s in "
+                            "shard %s, which does not hold it", f->path,
+                            links[i].slot, links[i].slot[0] ? "/" : "",
+                            links[i].name, src->path);
+            break;
+        }
+        if (*n >= CK_MAX_ENTRIES) {
+            st = keel__fail(KEEL_ECORRUPT, "checkpoint %s holds more than "
+                            "%d datasets", f->path, CK_MAX_ENTRIES);
+            break;
+        }
+        nd = keel__grow(*d, cap, *n, sizeof *nd, 64);
+        if (nd == NULL) {
+            st = keel__fail(KEEL_ENOMEM, "checkpoint %s: dataset table",
+                            f->path);
+            break;
+        }
+        *d = nd;
+        nd[*n] = *hit;
+        nd[*n].src = k + 1;
+        (*n)++;
+        linked++;
+    }
+    if (st == KEEL_OK && linked != s.n)
+        st = keel__fail(KEEL_ECORRUPT, "checkpoint %s links %zu of the %zu "
+                        "datasets of its shard %s; not this checkpoint's "
+                        "shard", f->path, linked, s.n, src->path);
+    keel__ckpt_close(&s);
+    return st;
+}
+
+/* The index f's table extended by every dataset it links into its
+ * shards: variables first, then slots (keel__ckpt_open sorts each
+ * part). */
+static keel_status
+open_shards(ck_file *f, const ck_link *links, size_t n_links)
+{
+    ck_dset *got = NULL, *all;
+    size_t n = 0, cap = 0, m = 0, nv = 0;
+    keel_status st = KEEL_OK;
+
+    f->srcs = calloc((size_t)f->shard_count, sizeof *f->srcs);
+    if (f->srcs == NULL)
+        return keel__fail(KEEL_ENOMEM, "checkpoint %s: shard table",
+                          f->path);
+    for (int k = 0; st == KEEL_OK && k < f->shard_count; k++)
+        st = open_shard(f, k, links, n_links, &got, &n, &cap);
+    all = st == KEEL_OK ? malloc((f->n + n + 1) * sizeof *all) : NULL;
+    if (st == KEEL_OK && all == NULL)
+        st = keel__fail(KEEL_ENOMEM, "checkpoint %s: dataset table",
+                        f->path);
+    if (st == KEEL_OK) {
+        memcpy(all, f->d, f->n_vars * sizeof *all);
+        m = f->n_vars;
+        for (size_t i = 0; i < n; i++)
+            if (got[i].e.slot[0] == '\0')
+                all[m++] = got[i];
+        nv = m;
+        memcpy(all + m, f->d + f->n_vars, (f->n - f->n_vars) * sizeof *all);
+        m += f->n - f->n_vars;
+        for (size_t i = 0; i < n; i++)
+            if (got[i].e.slot[0] != '\0')
+                all[m++] = got[i];
+        free(f->d);
+        f->d = all;
+        f->n_vars = nv;
+        f->n = m;
+    }
+    free(got);
+    return st;
+}
+
 keel_status
 keel__ckpt_open(const char *path, ck_file *f)
 {
     hid_t h = -1;
     keel_status st;
     visit_ctx c;
+    ck_link *links = NULL;
+    size_t n_links = 0;
 
     memset(f, 0, sizeof *f);
     st = keel__fmt(f->path, sizeof f->path, "checkpoint path", "%s", path);
     if (st != KEEL_OK)
         return st;
     keel__ckpt_h5_begin();
+    f->shard_index = -1;
     st = open_h5(path, &f->file_size, &h);
     if (st == KEEL_OK)
-        st = keel__ckpt_check_links(h, path);
-    if (st == KEEL_OK)
         st = read_meta_step(h, path, &f->global_step);
+    if (st == KEEL_OK)
+        st = read_shard_meta(h, path, f);
+    if (st == KEEL_OK)
+        st = keel__ckpt_check_links(h, path,
+                                    f->shard_index < 0 ? f->shard_count : 0,
+                                    &links, &n_links);
     memset(&c, 0, sizeof c);
     c.f = f;
     c.st = KEEL_OK;
@@ -411,6 +599,9 @@ keel__ckpt_open(const char *path, ck_file *f)
     }
     keel__h5_close(h);
     keel__ckpt_h5_end();
+    if (st == KEEL_OK && f->shard_count > 0 && f->shard_index < 0)
+        st = open_shards(f, links, n_links);
+    free(links);
     if (st != KEEL_OK) {
         keel__ckpt_close(f);
         return st;
@@ -428,6 +619,8 @@ keel__ckpt_close(ck_file *f)
     free(f->d);
     f->d = NULL;
     f->n = f->n_vars = 0;
+    free(f->srcs);
+    f->srcs = NULL;
 }
 
 /* Fallback for datasets whose bytes are not one contiguous run (written by
@@ -445,13 +638,13 @@ read_via_h5(const ck_file *f, const ck_dset *d, void *dst)
         snprintf(h5name, sizeof h5name, "/slots/%s/%s", d->e.slot,
                  d->e.name);
     keel__ckpt_h5_begin();
-    st = open_h5(f->path, &size, &h);
+    st = open_h5(keel__ckpt_dset_path(f, d), &size, &h);
     if (st == KEEL_OK) {
         ds = H5Dopen2(h, h5name, H5P_DEFAULT);
         if (ds < 0 || H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL,
                               H5P_DEFAULT, dst) < 0)
             st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: cannot read "
-                            "dataset %s", f->path, h5name);
+                            "dataset %s", keel__ckpt_dset_path(f, d), h5name);
     }
     keel__h5_close(ds);
     keel__h5_close(h);
@@ -464,16 +657,17 @@ keel_status
 keel__ckpt_read(const ck_file *f, const ck_dset *d, void *dst)
 {
     size_t bytes = d->count * sizeof(float);
+    const char *path = keel__ckpt_dset_path(f, d);
     keel_status st;
     uint64_t h = 0;
 
     if (d->offset >= 0) {
-        int fd = open(f->path, O_RDONLY | O_CLOEXEC);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
         if (fd < 0)
-            return keel__fail(KEEL_EIO, "open checkpoint %s: %s", f->path,
+            return keel__fail(KEEL_EIO, "open checkpoint %s: %s", path,
                               strerror(errno));
         st = keel__ckpt_io_read_hashed(fd, dst, NULL, bytes, d->offset,
-                                       f->path, &h);
+                                       path, &h);
         close(fd);
     } else {
         st = read_via_h5(f, d, dst);
@@ -482,8 +676,32 @@ keel__ckpt_read(const ck_file *f, const ck_dset *d, void *dst)
     if (st != KEEL_OK)
         return st;
     if (h != d->e.xxh64)
-        return keel__ckpt_io_bad_hash(f->path, d);
+        return keel__ckpt_io_bad_hash(path, d);
     return KEEL_OK;
+}
+
+/* keel__ckpt_io_read_many over a sharded checkpoint: one pass per file
+ * (the index, then each shard), each through a view of that file. */
+static keel_status
+read_many_sharded(const ck_file *f, const ck_read_job *jobs, size_t n)
+{
+    ck_read_job *sub = malloc((n + 1) * sizeof *sub);
+    keel_status st = KEEL_OK;
+    if (sub == NULL)
+        return keel__fail(KEEL_ENOMEM, "checkpoint %s: read jobs", f->path);
+    for (int src = 0; src <= f->shard_count && st == KEEL_OK; src++) {
+        ck_file view;
+        size_t m = 0;
+        for (size_t i = 0; i < n; i++)
+            if (jobs[i].d->src == src && jobs[i].d->offset >= 0)
+                sub[m++] = jobs[i];
+        if (m == 0)
+            continue;
+        keel__ckpt_src_view(f, src, &view);
+        st = keel__ckpt_io_read_many(&view, sub, m);
+    }
+    free(sub);
+    return st;
 }
 
 keel_status
@@ -498,7 +716,9 @@ keel__ckpt_read_many(const ck_file *f, const ck_read_job *jobs, size_t n)
                 return st;
         }
     }
-    return keel__ckpt_io_read_many(f, jobs, n);
+    if (f->srcs == NULL)
+        return keel__ckpt_io_read_many(f, jobs, n);
+    return read_many_sharded(f, jobs, n);
 }
 
 /* The xxh64 of dataset d of f, which HDF5 reads (chunked or filtered),
@@ -533,12 +753,12 @@ hash_via_h5(const ck_file *f, const ck_dset *d, void *buf, size_t size,
         rows = (size_t)d->e.shape[0];
     per = size / (row * sizeof(float));
     keel__ckpt_h5_begin();
-    st = open_h5(f->path, &fsize, &h);
+    st = open_h5(keel__ckpt_dset_path(f, d), &fsize, &h);
     if (st == KEEL_OK && (per == 0 ||
         (ds = H5Dopen2(h, h5name, H5P_DEFAULT)) < 0 ||
         (fsp = H5Dget_space(ds)) < 0))
         st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: cannot read dataset "
-                        "%s", f->path, h5name);
+                        "%s", keel__ckpt_dset_path(f, d), h5name);
     for (size_t r = 0; st == KEEL_OK && r < rows; r += per) {
         size_t k = rows - r < per ? rows - r : per;
         hsize_t m = (hsize_t)(k * row);
@@ -557,7 +777,8 @@ hash_via_h5(const ck_file *f, const ck_dset *d, void *buf, size_t size,
         keel__h5_close(msp);
         if (!ok)
             st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: cannot read "
-                            "dataset %s", f->path, h5name);
+                            "dataset %s", keel__ckpt_dset_path(f, d),
+                            h5name);
         else
             XXH64_update(xs, buf, k * row * sizeof(float));
     }
@@ -615,26 +836,32 @@ keel__ckpt_verify(const char *path, int64_t *step)
         st = keel__fail(KEEL_ENOMEM, "verify %s: read buffer", path);
         goto out;
     }
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        st = keel__fail(KEEL_EIO, "open checkpoint %s: %s", path,
-                        strerror(errno));
-        goto out;
-    }
-    for (size_t i = 0; i < f.n && st == KEEL_OK; i++) {
-        const ck_dset *d = &f.d[i];
-        uint64_t h = 0;
-        if (d->offset < 0) {
-            st = hash_via_h5(&f, d, buf, CK_IO_CHUNK, &h);
-            if (st == KEEL_OK && h != d->e.xxh64)
-                st = keel__ckpt_io_bad_hash(path, d);
-            continue;
+    /* The file itself, then each shard of an index, one file at a time. */
+    for (int src = 0; src <= (f.srcs != NULL ? f.shard_count : 0) &&
+                      st == KEEL_OK; src++) {
+        const char *fp = src > 0 ? f.srcs[src - 1].path : path;
+        fd = open(fp, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) {
+            st = keel__fail(KEEL_EIO, "open checkpoint %s: %s", fp,
+                            strerror(errno));
+            goto out;
         }
-        st = keel__ckpt_io_read_hashed(fd, NULL, buf,
-                                       d->count * sizeof(float), d->offset,
-                                       path, &h);
-        if (st == KEEL_OK && h != d->e.xxh64)
-            st = keel__ckpt_io_bad_hash(path, d);
+        for (size_t i = 0; i < f.n && st == KEEL_OK; i++) {
+            const ck_dset *d = &f.d[i];
+            uint64_t h = 0;
+            if (d->src != src)
+                continue;
+            if (d->offset < 0)
+                st = hash_via_h5(&f, d, buf, CK_IO_CHUNK, &h);
+            else
+                st = keel__ckpt_io_read_hashed(fd, NULL, buf,
+                                               d->count * sizeof(float),
+                                               d->offset, fp, &h);
+            if (st == KEEL_OK && h != d->e.xxh64)
+                st = keel__ckpt_io_bad_hash(fp, d);
+        }
+        close(fd);
+        fd = -1;
     }
     if (st == KEEL_OK)
         st = verify_blobs(path);
@@ -798,6 +1025,8 @@ keel_ckpt_read_info(const char *path, keel_ckpt_info **out)
     info->n_variables = f.n_vars;
     info->n_slots = f.n - f.n_vars;
     info->format_version = KEEL_CKPT_FORMAT_VERSION;
+    info->shard_count = f.shard_index < 0 ? f.shard_count : 0;
+    info->run_id = f.run_id;
     keel__ckpt_close(&f);
 
     keel__ckpt_h5_begin();

@@ -5,7 +5,7 @@ libkeel_core_la_SOURCES += checkpoint/ckpt_int.h \
 	checkpoint/ckpt_io.h checkpoint/ckpt_io.c \
 	checkpoint/saver_int.h checkpoint/saver.c \
 	checkpoint/state.c checkpoint/retention.c checkpoint/restore.c \
-	checkpoint/lease.c \
+	checkpoint/lease.c checkpoint/shard.c \
 	checkpoint/ckpt_ops.h checkpoint/ckpt_ops.c
 
 if HAVE_CHECK

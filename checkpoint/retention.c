@@ -114,10 +114,12 @@ finish_doomed(keel_saver *s)
         if (!listed && keel__ckpt_may_unlink(s, s->state.doomed[k]) &&
             keel__path_join(p, sizeof p, s->dir, s->state.doomed[k]) ==
                 KEEL_OK &&
-            !keel__ckpt_lease_defer(s->dir, s->state.doomed[k]) &&
-            unlink(p) == 0)
-            keel__log(KEEL_LOG_INFO, "retention: removed %s (deletion "
-                      "interrupted earlier)", p);
+            !keel__ckpt_lease_defer(s->dir, s->state.doomed[k])) {
+            if (unlink(p) == 0)
+                keel__log(KEEL_LOG_INFO, "retention: removed %s (deletion "
+                          "interrupted earlier)", p);
+            keel__ckpt_unlink_shards(p);
+        }
     }
     free(s->state.doomed);
     s->state.doomed = NULL;
@@ -178,6 +180,7 @@ reaper_main(void *arg)
                       s->reap[i], strerror(errno));
         else
             keel__log(KEEL_LOG_DEBUG, "retention: removed %s", s->reap[i]);
+        keel__ckpt_unlink_shards(s->reap[i]);  /* after its index */
     }
     return NULL;
 }

@@ -121,26 +121,6 @@ keel_saver_last_step(const keel_saver *s)
 
 /* ---- one save ----------------------------------------------------------- */
 
-static keel_status
-plan_add(ck_plan *p, const char *name, const char *slot,
-         const keel_tensor *t, const void *data)
-{
-    ck_item *items = keel__grow(p->items, &p->cap, p->n, sizeof *items, 64);
-    ck_item *it;
-    if (items == NULL)
-        return keel__fail(KEEL_ENOMEM, "checkpoint plan");
-    p->items = items;
-    it = &p->items[p->n++];
-    memset(it, 0, sizeof *it);
-    it->name = name;
-    it->slot = slot;
-    it->ndim = t->ndim;
-    memcpy(it->shape, t->shape, sizeof it->shape);
-    it->data = data;
-    it->bytes = keel_tensor_bytes(t);
-    return KEEL_OK;
-}
-
 /* An upper bound of the file plan p makes: its data, each dataset aligned
  * and with its object header and attributes, the text attributes, and the
  * metadata blocks HDF5 allocates. */
@@ -186,10 +166,20 @@ commit_file(const keel_saver *s, ck_plan *p, ck_commit *c)
 {
     keel_status st = keel__ckpt_file_name(c->name, sizeof c->name,
                                           s->basename, p->step, p->epoch);
+    ck_link *links = NULL;
     if (st == KEEL_OK)
         st = keel__path_join(c->path, sizeof c->path, s->dir, c->name);
+    /* A sharded checkpoint's index is written only once every shard is
+     * durable and is this checkpoint's. */
+    if (st == KEEL_OK && p->shard_count > 0)
+        st = keel__ckpt_index_links(s->dir, c->name, p, &links,
+                                    &p->n_links);
+    p->links = links;
     if (st == KEEL_OK)
         st = keel__ckpt_write_file(p, c->path);
+    free(links);
+    p->links = NULL;
+    p->n_links = 0;
     if (st != KEEL_OK)
         return keel__wrap(st, "save of step %lld failed", (long long)p->step);
     return KEEL_OK;
@@ -474,7 +464,7 @@ stage_tensor(keel_saver *s, const char *name, const char *slot,
     keel_status st;
     *off = stage_at(*off, n);
     memcpy(s->stage + *off, t->data, n);
-    st = plan_add(&s->plan, name, slot, t, s->stage + *off);
+    st = keel__ckpt_plan_add(&s->plan, name, slot, t, s->stage + *off);
     if (st != KEEL_OK)
         return st;
     *off += round_up(n);
@@ -564,11 +554,11 @@ plan_direct(ck_plan *p, const keel_vars *vs, const keel_ckpt_meta *meta)
         const char *sn;
         if (keel_var_flags(v) & KEEL_VAR_LOCAL)
             continue;
-        st = plan_add(p, keel_var_name(v), NULL, t, t->data);
+        st = keel__ckpt_plan_add(p, keel_var_name(v), NULL, t, t->data);
         if (st != KEEL_OK)
             return st;
         for (size_t j = 0; (sl = keel_var_slot_at(v, j, &sn)) != NULL; j++) {
-            st = plan_add(p, keel_var_name(v), sn, sl, sl->data);
+            st = keel__ckpt_plan_add(p, keel_var_name(v), sn, sl, sl->data);
             if (st != KEEL_OK)
                 return st;
         }
@@ -584,9 +574,19 @@ plan_direct(ck_plan *p, const keel_vars *vs, const keel_ckpt_meta *meta)
     return KEEL_OK;
 }
 
-keel_status
-keel_saver_save(keel_saver *s, const keel_vars *vs,
-                const keel_ckpt_meta *meta, char *path, size_t path_size)
+void
+keel_ckpt_index_config_init(keel_ckpt_index_config *cfg)
+{
+    if (cfg == NULL)
+        return;
+    KEEL__STRUCT_INIT(cfg);
+}
+
+/* keel_saver_save, and with index an index of index->shard_count shards
+ * (keel_saver_save_sharded). */
+static keel_status
+save(keel_saver *s, const keel_vars *vs, const keel_ckpt_meta *meta,
+     const keel_ckpt_index_config *index, char *path, size_t path_size)
 {
     keel_status st;
     int64_t step;
@@ -616,6 +616,9 @@ keel_saver_save(keel_saver *s, const keel_vars *vs,
     if (step == keel_saver_last_step(s))
         return KEEL_OK;
     s->plan.step = step;
+    s->plan.run_id = index != NULL ? index->run_id : 0;
+    s->plan.shard_count = index != NULL ? index->shard_count : 0;
+    s->plan.shard_index = -1;
     s->plan.wall_time = keel__now_wall();
     if (!s->is_async) {
         st = plan_direct(&s->plan, vs, meta);
@@ -645,6 +648,33 @@ keel_saver_save(keel_saver *s, const keel_vars *vs,
     pthread_cond_signal(&s->cv);
     pthread_mutex_unlock(&s->mu);
     return KEEL_OK;
+}
+
+keel_status
+keel_saver_save(keel_saver *s, const keel_vars *vs,
+                const keel_ckpt_meta *meta, char *path, size_t path_size)
+{
+    return save(s, vs, meta, NULL, path, path_size);
+}
+
+keel_status
+keel_saver_save_sharded(keel_saver *s, const keel_vars *vs,
+                        const keel_ckpt_meta *meta,
+                        const keel_ckpt_index_config *index, char *path,
+                        size_t path_size)
+{
+    keel_status st;
+    if (index == NULL)
+        return keel__fail(KEEL_EINVAL, "keel_saver_save_sharded: index is "
+                          "NULL");
+    st = KEEL__STRUCT_CHECK(index, keel_ckpt_index_config);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "keel_saver_save_sharded");
+    if (index->shard_count < 1 || index->shard_count > CK_MAX_SHARDS)
+        return keel__fail(KEEL_EINVAL, "keel_saver_save_sharded: "
+                          "shard_count %d outside 1..%d",
+                          index->shard_count, CK_MAX_SHARDS);
+    return save(s, vs, meta, index, path, path_size);
 }
 
 void

@@ -43,8 +43,10 @@ keel__ckpt_name_step(const char *name, const char *base)
     const char *dash, *p;
     int64_t step;
     char digits[32];
-    /* hidden names (temp files, `.lease-*`, `.deferred-*`) never are */
-    if (n < 5 || name[0] == '.' || strcmp(name + n - 3, ".h5") != 0)
+    /* hidden names (temp files, `.lease-*`, `.deferred-*`) never are, nor
+     * a sharded checkpoint's shard files (its index is) */
+    if (n < 5 || name[0] == '.' || strcmp(name + n - 3, ".h5") != 0 ||
+        keel__ckpt_is_shard_name(name))
         return -1;
     if (base != NULL) {
         bl = strlen(base);
