@@ -146,7 +146,7 @@ add_shard_link(link_ctx *c, const char *name, const char *obj, int k)
         var = s2 + 1;
     }
     if (var == NULL || strlen(var) >= KEEL_NAME_MAX ||
-        slot_len >= KEEL_NAME_MAX)
+        slot_len >= KEEL_NAME_MAX || c->n_links >= CK_MAX_ENTRIES)
         return 0;
     l = keel__grow(c->links, &c->cap, c->n_links, sizeof *l, 64);
     if (l == NULL)

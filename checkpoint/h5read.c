@@ -523,15 +523,22 @@ static keel_status
 open_shards(ck_file *f, const ck_link *links, size_t n_links)
 {
     ck_dset *got = NULL, *all;
-    size_t n = 0, cap = 0, m = 0, nv = 0;
+    size_t n = 0, cap = 0, m = 0, nv = 0, scap = 0;
     keel_status st = KEEL_OK;
 
-    f->srcs = calloc((size_t)f->shard_count, sizeof *f->srcs);
-    if (f->srcs == NULL)
-        return keel__fail(KEEL_ENOMEM, "checkpoint %s: shard table",
-                          f->path);
-    for (int k = 0; st == KEEL_OK && k < f->shard_count; k++)
+    /* The shard table grows as shards are found (a damaged index cannot
+     * make it large: the first missing shard ends the walk). */
+    for (int k = 0; st == KEEL_OK && k < f->shard_count; k++) {
+        ck_src *s = keel__grow(f->srcs, &scap, (size_t)k, sizeof *s, 4);
+        if (s == NULL) {
+            st = keel__fail(KEEL_ENOMEM, "checkpoint %s: shard table",
+                            f->path);
+            break;
+        }
+        f->srcs = s;
+        memset(&f->srcs[k], 0, sizeof f->srcs[k]);
         st = open_shard(f, k, links, n_links, &got, &n, &cap);
+    }
     all = st == KEEL_OK ? malloc((f->n + n + 1) * sizeof *all) : NULL;
     if (st == KEEL_OK && all == NULL)
         st = keel__fail(KEEL_ENOMEM, "checkpoint %s: dataset table",

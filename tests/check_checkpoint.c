@@ -2264,32 +2264,36 @@ shard_of_var(size_t i)
     return i == 0 ? -1 : (int)(i % 3);
 }
 
-/* Write the 3 shards of full's variables at step with run_id into tu_dir
- * (as the parameter servers do). */
+/* Write shard k of 3 of full's variables at step with run_id into tu_dir
+ * (as parameter server k does). */
+static void
+write_one_shard(keel_vars *full, int64_t step, uint64_t run_id, int k)
+{
+    const char *names[8];
+    size_t n = 0;
+    keel_ckpt_shard_config cfg;
+    for (size_t i = 0; i < keel_vars_count(full); i++) {
+        keel_var *v = keel_vars_at(full, i);
+        if (!(keel_var_flags(v) & KEEL_VAR_LOCAL) && shard_of_var(i) == k)
+            names[n++] = keel_var_name(v);
+    }
+    keel_ckpt_shard_config_init(&cfg);
+    cfg.dir = tu_dir;
+    cfg.step = step;
+    cfg.run_id = run_id;
+    cfg.shard_index = k;
+    cfg.shard_count = 3;
+    cfg.names = names;
+    cfg.n_names = n;
+    ck_assert_msg(keel_ckpt_write_shard(&cfg, full, NULL, 0) == KEEL_OK,
+                  "%s", keel_last_error());
+}
+
 static void
 write_shards(keel_vars *full, int64_t step, uint64_t run_id)
 {
-    for (int k = 0; k < 3; k++) {
-        const char *names[8];
-        size_t n = 0;
-        keel_ckpt_shard_config cfg;
-        for (size_t i = 0; i < keel_vars_count(full); i++) {
-            keel_var *v = keel_vars_at(full, i);
-            if (!(keel_var_flags(v) & KEEL_VAR_LOCAL) &&
-                shard_of_var(i) == k)
-                names[n++] = keel_var_name(v);
-        }
-        keel_ckpt_shard_config_init(&cfg);
-        cfg.dir = tu_dir;
-        cfg.step = step;
-        cfg.run_id = run_id;
-        cfg.shard_index = k;
-        cfg.shard_count = 3;
-        cfg.names = names;
-        cfg.n_names = n;
-        ck_assert_msg(keel_ckpt_write_shard(&cfg, full, NULL, 0) == KEEL_OK,
-                      "%s", keel_last_error());
-    }
+    for (int k = 0; k < 3; k++)
+        write_one_shard(full, step, run_id, k);
 }
 
 /* The chief's store: full's global_scale, at step. */
@@ -2307,8 +2311,9 @@ chief_store(keel_vars *full, int64_t step)
     return vs;
 }
 
-/* Shards, then the index through a saver (max_to_keep keep): one whole
- * sharded checkpoint of step, its index path into path. */
+/* Shards, then the index through a saver (max_to_keep keep; async when
+ * keep is negative, keeping -keep): one whole sharded checkpoint of step,
+ * its index path into path. */
 static keel_status
 save_sharded(keel_vars *full, int64_t step, uint64_t run_id, int keep,
              char *path, size_t size)
@@ -2321,12 +2326,15 @@ save_sharded(keel_vars *full, int64_t step, uint64_t run_id, int keep,
     write_shards(full, step, run_id);
     keel_saver_config_init(&sc);
     sc.dir = tu_dir;
-    sc.max_to_keep = keep;
+    sc.max_to_keep = keep < 0 ? -keep : keep;
+    sc.is_async = keep < 0;
     ck_assert_int_eq(keel_saver_new(&sc, &s), KEEL_OK);
     keel_ckpt_index_config_init(&ic);
     ic.run_id = run_id;
     ic.shard_count = 3;
     st = keel_saver_save_sharded(s, chief, NULL, &ic, path, size);
+    if (st == KEEL_OK)
+        st = keel_saver_wait(s);
     keel_saver_free(s);
     keel_vars_free(chief);
     return st;
@@ -2464,11 +2472,16 @@ START_TEST(test_sharded_checkpoint_is_whole_or_absent)
     ck_assert_str_eq(got, p10);
     ck_assert_int_eq(keel_vars_global_step(back), 10);
     ck_assert_int_ne(TU_KEEL(20000, "ckpt", "verify", p20), 0);
-    /* a shard of another generation in its place: refused */
+    /* a shard of another generation in its place (same variables):
+     * refused */
+    write_one_shard(full, 20, 99, 1);
+    ck_assert_int_eq(keel_ckpt_verify(p20), KEEL_ECORRUPT);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "run 0000000000000063"));
+    /* one holding datasets the index does not link: refused too */
     keel_ckpt_shard_config_init(&cfg);
     cfg.dir = tu_dir;
     cfg.step = 20;
-    cfg.run_id = 99;
+    cfg.run_id = 7;
     cfg.shard_index = 1;
     cfg.shard_count = 3;
     ck_assert_int_eq(keel_ckpt_write_shard(&cfg, full, NULL, 0), KEEL_OK);
@@ -2494,7 +2507,8 @@ START_TEST(test_retention_deletes_shards_with_their_index)
     keel_vars_set_global_step(full, 10);
     ck_assert_int_eq(save_sharded(full, 10, 1, 1, p, sizeof p), KEEL_OK);
     keel_vars_set_global_step(full, 20);
-    ck_assert_int_eq(save_sharded(full, 20, 1, 1, p, sizeof p), KEEL_OK);
+    ck_assert_msg(save_sharded(full, 20, 1, -1, p, sizeof p) == KEEL_OK,
+                  "%s", keel_last_error());
     ck_assert(access(tu_path("model.ckpt-10.h5"), F_OK) != 0);
     ck_assert_int_eq(tu_count_names(tu_dir, "model.ckpt-10."), 0);
     ck_assert_int_eq(tu_count_names(tu_dir, "model.ckpt-20.shard-"), 3);
