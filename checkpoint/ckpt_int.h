@@ -1,7 +1,8 @@
 /* ckpt_int.h - private interface between the checkpoint files: the HDF5
- * layout (h5layout.c) with its bulk I/O engine (ckpt_io.c, ckpt_io.h),
- * the saver with its state file and retention (saver.c) and
- * finding/restoring (restore.c). */
+ * layout (h5layout.c writes, h5bounds.c checks, h5read.c reads; h5_int.h)
+ * with its bulk I/O engine (ckpt_io.c, ckpt_io.h), the saver (saver.c)
+ * with its state file (state.c) and retention (retention.c; saver_int.h)
+ * and finding/restoring (restore.c). */
 #ifndef KEEL_CKPT_INT_H
 #define KEEL_CKPT_INT_H
 
@@ -27,6 +28,17 @@ typedef struct ck_item {
     uint64_t hash;
 } ck_item;
 
+/* The longest shard count a sharded checkpoint may have (five digits in
+ * the shard file names). */
+#define CK_MAX_SHARDS 99999
+
+/* A dataset a sharded checkpoint's index links into a shard file. */
+typedef struct ck_link {
+    char name[KEEL_NAME_MAX];
+    char slot[KEEL_NAME_MAX];    /* "" for the variable itself */
+    int shard;                   /* 0-based shard number */
+} ck_link;
+
 /* Everything one checkpoint file holds. */
 typedef struct ck_plan {
     ck_item *items;
@@ -39,28 +51,80 @@ typedef struct ck_plan {
     int64_t epoch;             /* > 0: an end-of-epoch checkpoint */
     keel_ckpt_blob blobs[KEEL_CKPT_MAX_BLOBS];
     size_t n_blobs;
+    /* Sharding: shard_count 0 is an ordinary checkpoint. A shard file has
+     * shard_index >= 0; an index has shard_index -1 and links (external
+     * links into the shard files, named keel__ckpt_shard_name). */
+    uint64_t run_id;
+    int shard_count;
+    int shard_index;
+    const ck_link *links;      /* borrowed */
+    size_t n_links;
 } ck_plan;
 
+/* Append a dataset to p: variable name (slot NULL) or its slot, t's shape,
+ * data's bytes (borrowed until the write). */
+keel_status keel__ckpt_plan_add(ck_plan *p, const char *name,
+                                const char *slot, const keel_tensor *t,
+                                const void *data);
 /* Write plan as a complete, durable file at path (temp file, fsync,
  * rename, fsync dir); fills in the items' hashes. On failure nothing is
  * left behind at path. */
 keel_status keel__ckpt_write_file(ck_plan *p, const char *path);
+
+/* The links of the index index_name (in dir) for plan p (p->step,
+ * run_id, shard_count): every dataset of each of its shards, each shard
+ * opened and checked to be that shard of this checkpoint, none also a
+ * dataset of p's own. Caller frees *out. */
+keel_status keel__ckpt_index_links(const char *dir, const char *index_name,
+                                   const ck_plan *p, ck_link **out,
+                                   size_t *n_out);
+
+/* Unlink the shard files of the checkpoint whose index is index_path
+ * (every "<stem>.shard-<k>-of-<n>.h5" beside it), whether or not the
+ * index is still there: retention, after the index. Best effort, logs. */
+void keel__ckpt_unlink_shards(const char *index_path);
+/* 1 when name is a shard file's name ("<stem>.shard-<k>-of-<n>.h5"). */
+int keel__ckpt_is_shard_name(const char *name);
 
 /* One dataset found in a file, with where its raw bytes are. */
 typedef struct ck_dset {
     keel_ckpt_entry e;
     size_t count;            /* elements */
     int64_t offset;          /* file offset of contiguous data, or -1 */
+    int src;                 /* 0: the file itself; k: shard k-1's file */
 } ck_dset;
 
-/* An opened-and-parsed checkpoint: meta plus the dataset table. */
+/* A file a sharded checkpoint's data is in. */
+typedef struct ck_src {
+    char path[KEEL_PATH_MAX];
+    int64_t file_size;
+} ck_src;
+
+/* An opened-and-parsed checkpoint: meta plus the dataset table. For a
+ * sharded checkpoint's index the table holds the index's own datasets and
+ * every dataset it links into its shards (each shard opened, checked and
+ * listed: src, offset and checksum are the shard's). */
 typedef struct ck_file {
     char path[KEEL_PATH_MAX];
     int64_t file_size;
     int64_t global_step;
     ck_dset *d;
     size_t n, n_vars;        /* variables first (sorted), then slots */
+    uint64_t run_id;         /* sharded: the checkpoint's run id */
+    int shard_count;         /* 0: not sharded */
+    int shard_index;         /* a shard file: its number; else -1 */
+    ck_src *srcs;            /* index: srcs[k] is shard k's file */
 } ck_file;
+
+/* The path of the file dataset d of f is in. */
+const char *keel__ckpt_dset_path(const ck_file *f, const ck_dset *d);
+/* A table-less view of the file dataset src k of f lives in (path and
+ * size only), for the I/O engine. */
+void keel__ckpt_src_view(const ck_file *f, int src, ck_file *view);
+/* Shard k (0-based) of n of the checkpoint named index_name
+ * ("<stem>.h5"): "<stem>.shard-<k>-of-<n>.h5", five digits each. */
+keel_status keel__ckpt_shard_name(char *out, size_t size,
+                                  const char *index_name, int k, int n);
 
 /* Open path, check format/meta/types/shapes and list every dataset (no
  * data read). Errors name the file. */

@@ -1,10 +1,11 @@
-/* h5layout.c - the checkpoint file's HDF5 layout: the /meta attributes,
- * the /variables and /slots datasets with their xxh64 attributes, the
- * blobs, opening and listing a file, verifying it, and the whole-file
- * write (temp file, fsync, rename). HDF5 (not thread-safe in Debian's
- * build) is used for metadata only, under keel__h5_lock(); datasets are
- * contiguous and allocated early, so their bytes are written and read by
- * the I/O engine (ckpt_io.c) at their file offsets, outside the lock. */
+/* h5layout.c - the checkpoint file's HDF5 layout and its writing: the
+ * /meta attributes, the /variables and /slots datasets with their xxh64
+ * attributes, the blobs, and the whole-file write (temp file, fsync,
+ * rename). HDF5 (not thread-safe in Debian's build) is used for metadata
+ * only, under keel__h5_lock(); datasets are contiguous and allocated
+ * early, so their bytes are written and read by the I/O engine
+ * (ckpt_io.c) at their file offsets, outside the lock. Reading is
+ * h5read.c, what a file may point at h5bounds.c. */
 #include <config.h>
 
 #include <errno.h>
@@ -20,7 +21,7 @@
 
 #include <keel/version.h>
 
-#include "ckpt_int.h"
+#include "h5_int.h"
 #include "grow.h"
 #include "h5util.h"
 #include "ckpt_io.h"
@@ -34,31 +35,43 @@
 #define CK_META_BLOCK ((hsize_t)64 << 10)
 #define CK_LATE_HASH_BYTES ((size_t)4 << 20)
 #define CK_DIRECT_BYTES ((size_t)4 << 20)  /* smaller files: page cache */
-/* A filtered (compressed) dataset may declare at most this many times the
- * bytes it stores: deflate, the filter HDF5 always has, cannot expand
- * more than about 1032-fold, so a larger claim is a damaged or hostile
- * file, refused before anything is allocated for it. */
-#define CK_MAX_EXPANSION ((uint64_t)1100)
-/* The longest external link value (file and object name) read. */
-#define CK_ELINK_MAX ((size_t)2 * KEEL_PATH_MAX)
 
+keel_status
+keel__ckpt_plan_add(ck_plan *p, const char *name, const char *slot,
+                    const keel_tensor *t, const void *data)
+{
+    ck_item *items = keel__grow(p->items, &p->cap, p->n, sizeof *items, 64);
+    ck_item *it;
+    if (items == NULL)
+        return keel__fail(KEEL_ENOMEM, "checkpoint plan");
+    p->items = items;
+    it = &p->items[p->n++];
+    memset(it, 0, sizeof *it);
+    it->name = name;
+    it->slot = slot;
+    it->ndim = t->ndim;
+    memcpy(it->shape, t->shape, sizeof it->shape);
+    it->data = data;
+    it->bytes = keel_tensor_bytes(t);
+    return KEEL_OK;
+}
 
 /* Lock HDF5 and switch its error printing off (libkeel never prints). */
-static void
-h5_begin(void)
+void
+keel__ckpt_h5_begin(void)
 {
     keel__h5_lock();
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
 }
 
-static void
-h5_end(void)
+void
+keel__ckpt_h5_end(void)
 {
     keel__h5_unlock();
 }
 
-static hid_t
-file_access_plist(void)
+hid_t
+keel__ckpt_fapl(void)
 {
     hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
     if (fapl < 0)
@@ -159,6 +172,52 @@ out:
     return st;
 }
 
+/* A sharded checkpoint's identity: run_id and shard_count, and in a shard
+ * file its shard_index. 1 on success. */
+static int
+write_shard_meta(hid_t meta, const ck_plan *p)
+{
+    int64_t count = p->shard_count, index = p->shard_index;
+    return attr_write(meta, "run_id", H5T_STD_U64LE, H5T_NATIVE_UINT64,
+                      &p->run_id) &&
+           attr_write(meta, "shard_count", H5T_STD_I64LE, H5T_NATIVE_INT64,
+                      &count) &&
+           (index < 0 ||
+            attr_write(meta, "shard_index", H5T_STD_I64LE,
+                       H5T_NATIVE_INT64, &index));
+}
+
+/* An index's external links: /variables/<name> and /slots/<slot>/<name>
+ * of each link to the same path in its shard's file, named relative to
+ * the index (name: the index's file name). */
+static keel_status
+write_links(hid_t f, const ck_plan *p, const char *name, const char *tmp)
+{
+    char h5name[2 * KEEL_NAME_MAX + 32], file[KEEL_NAME_MAX];
+    hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
+    keel_status st = KEEL_OK;
+    if (lcpl < 0 || H5Pset_create_intermediate_group(lcpl, 1) < 0)
+        st = keel__fail(KEEL_EIO, "cannot create links in %s", tmp);
+    for (size_t i = 0; i < p->n_links && st == KEEL_OK; i++) {
+        const ck_link *l = &p->links[i];
+        st = keel__ckpt_shard_name(file, sizeof file, name, l->shard,
+                                   p->shard_count);
+        if (st == KEEL_OK && l->slot[0] == '\0')
+            st = keel__fmt(h5name, sizeof h5name, "dataset name",
+                           "/variables/%s", l->name);
+        else if (st == KEEL_OK)
+            st = keel__fmt(h5name, sizeof h5name, "dataset name",
+                           "/slots/%s/%s", l->slot, l->name);
+        if (st == KEEL_OK &&
+            H5Lcreate_external(file, h5name, f, h5name, lcpl,
+                               H5P_DEFAULT) < 0)
+            st = keel__fail(KEEL_EIO, "cannot link %s of %s to shard %s",
+                            h5name, tmp, file);
+    }
+    keel__h5_close(lcpl);
+    return st;
+}
+
 /* The /variables and /slots groups, and /meta with its attributes into
  * *meta (closed by the caller, also on failure). */
 static keel_status
@@ -187,7 +246,8 @@ write_meta(hid_t f, const ck_plan *p, const char *tmp, hid_t *meta)
          !attr_write_str(*meta, "architecture", p->architecture)) ||
         (p->epoch > 0 &&
          !attr_write(*meta, "epoch", H5T_STD_I64LE, H5T_NATIVE_INT64,
-                     &p->epoch)))
+                     &p->epoch)) ||
+        (p->shard_count > 0 && !write_shard_meta(*meta, p)))
         return keel__fail(KEEL_EIO, "cannot write /meta attributes of %s",
                           tmp);
     return KEEL_OK;
@@ -279,13 +339,14 @@ write_blobs(hid_t meta, const ck_plan *p, const char *tmp, ck_piece *pieces)
 /* Create the file's whole HDF5 structure; pieces[i] gets each dataset's
  * data offset (items first, then blobs). */
 static keel_status
-write_structure(const ck_plan *p, const char *tmp, ck_piece *pieces)
+write_structure(const ck_plan *p, const char *name, const char *tmp,
+                ck_piece *pieces)
 {
     hid_t fapl, f = -1, meta = -1;
     keel_status st = KEEL_OK;
 
-    h5_begin();
-    fapl = file_access_plist();
+    keel__ckpt_h5_begin();
+    fapl = keel__ckpt_fapl();
     if (fapl >= 0)
         f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
     if (f < 0)
@@ -295,16 +356,19 @@ write_structure(const ck_plan *p, const char *tmp, ck_piece *pieces)
         st = write_meta(f, p, tmp, &meta);
     if (st == KEEL_OK)
         st = write_items(f, p, tmp, pieces);
+    if (st == KEEL_OK && p->n_links > 0)
+        st = write_links(f, p, name, tmp);
     if (st == KEEL_OK)
         st = write_blobs(meta, p, tmp, pieces + p->n);
     keel__h5_close(meta);
     return end_write(f, fapl, tmp, st);
 }
 
-/* The end of a write of tmp that began with h5_begin(): close f (when
- * open) and fapl, then h5_end(); st, or when st is KEEL_OK the error of
- * closing f. HDF5 flushes what it buffered on close, so a full disk
- * (ENOSPC) or a file size limit (EFBIG) often shows there: say which. */
+/* The end of a write of tmp that began with keel__ckpt_h5_begin(): close
+ * f (when open) and fapl, then keel__ckpt_h5_end(); st, or when st is
+ * KEEL_OK the error of closing f. HDF5 flushes what it buffered on close,
+ * so a full disk (ENOSPC) or a file size limit (EFBIG) often shows there:
+ * say which. */
 static keel_status
 end_write(hid_t f, hid_t fapl, const char *tmp, keel_status st)
 {
@@ -316,7 +380,7 @@ end_write(hid_t f, hid_t fapl, const char *tmp, keel_status st)
                             errno != 0 ? strerror(errno) : "");
     }
     keel__h5_close(fapl);
-    h5_end();
+    keel__ckpt_h5_end();
     return st;
 }
 
@@ -328,8 +392,8 @@ write_hashes(const ck_plan *p, const char *tmp)
     hid_t fapl, f = -1;
     keel_status st = KEEL_OK;
 
-    h5_begin();
-    fapl = file_access_plist();
+    keel__ckpt_h5_begin();
+    fapl = keel__ckpt_fapl();
     if (fapl >= 0)
         f = H5Fopen(tmp, H5F_ACC_RDWR, fapl);
     if (f < 0) {
@@ -427,6 +491,7 @@ keel__ckpt_write_file(ck_plan *p, const char *path)
 {
     ck_write w = { .np = p->n + p->n_blobs };
     keel_status st;
+    const char *sl;
 
     st = keel__fs_tmp_name(w.tmp, sizeof w.tmp, path);
     if (st != KEEL_OK)
@@ -437,7 +502,8 @@ keel__ckpt_write_file(ck_plan *p, const char *path)
                           "datasets", path, w.np);
     plan_hashes(p, &w);
     w.tm[0] = keel__now_mono_ns();
-    st = write_structure(p, w.tmp, w.pieces);
+    sl = strrchr(path, '/');
+    st = write_structure(p, sl != NULL ? sl + 1 : path, w.tmp, w.pieces);
     w.tm[1] = keel__now_mono_ns();
     if (st == KEEL_OK)
         st = write_data(p, &w);
@@ -460,999 +526,3 @@ keel__ckpt_write_file(ck_plan *p, const char *path)
     return st;
 }
 
-
-/* ---- reading ------------------------------------------------------------ */
-
-static int
-attr_exists(hid_t obj, const char *name)
-{
-    return H5Aexists(obj, name) > 0;
-}
-
-static int
-attr_read_num(hid_t obj, const char *name, hid_t mtype, H5T_class_t cls,
-              void *out)
-{
-    hid_t a, t, sp;
-    int ok = 0;
-    if (!attr_exists(obj, name))
-        return 0;
-    a = H5Aopen(obj, name, H5P_DEFAULT);
-    t = a >= 0 ? H5Aget_type(a) : -1;
-    sp = a >= 0 ? H5Aget_space(a) : -1;
-    if (t >= 0 && sp >= 0 && H5Tget_class(t) == cls &&
-        H5Sget_simple_extent_npoints(sp) == 1)
-        ok = H5Aread(a, mtype, out) >= 0;
-    keel__h5_close(sp);
-    keel__h5_close(t);
-    keel__h5_close(a);
-    return ok;
-}
-
-/* A string attribute (fixed or variable length) into a malloc'd copy.
- * Returns 1 ok, 0 absent, -1 unreadable. */
-static int
-attr_read_str(hid_t obj, const char *name, char **out)
-{
-    hid_t a, t = -1, sp = -1, mt = -1;
-    int rc = -1;
-    *out = NULL;
-    if (!attr_exists(obj, name))
-        return 0;
-    a = H5Aopen(obj, name, H5P_DEFAULT);
-    if (a >= 0)
-        t = H5Aget_type(a);
-    if (a >= 0)
-        sp = H5Aget_space(a);
-    if (t < 0 || sp < 0 || H5Tget_class(t) != H5T_STRING ||
-        H5Sget_simple_extent_npoints(sp) != 1)
-        goto out;
-    if (H5Tis_variable_str(t) > 0) {
-        char *v = NULL;
-        mt = H5Tcopy(H5T_C_S1);
-        if (mt < 0 || H5Tset_size(mt, H5T_VARIABLE) < 0 ||
-            H5Aread(a, mt, &v) < 0 || v == NULL)
-            goto out;
-        if (strlen(v) <= CK_META_MAX_TEXT)
-            *out = strdup(v);
-        H5free_memory(v);
-    } else {
-        size_t n = H5Tget_size(t);
-        char *buf;
-        if (n == 0 || n > CK_META_MAX_TEXT)
-            goto out;
-        buf = calloc(1, n + 1);
-        mt = H5Tcopy(t);
-        if (buf == NULL || mt < 0 || H5Aread(a, mt, buf) < 0) {
-            free(buf);
-            goto out;
-        }
-        *out = buf;
-    }
-    rc = *out != NULL ? 1 : -1;
-out:
-    keel__h5_close(mt);
-    keel__h5_close(sp);
-    keel__h5_close(t);
-    keel__h5_close(a);
-    return rc;
-}
-
-/* ---- what a checkpoint may point at ------------------------------------ */
-
-/* 1 when target, a file named inside the checkpoint at path (an external
- * link's file, an external storage file, a virtual dataset's source), is
- * one of that checkpoint's own files: the checkpoint file itself. A
- * relative target is taken from the checkpoint's directory; "." is the
- * file itself (a virtual dataset's own-file name). */
-static int
-own_file(const char *path, const char *target)
-{
-    char full[KEEL_PATH_MAX], a[PATH_MAX], b[PATH_MAX];
-    const char *sl = strrchr(path, '/');
-    int n;
-    if (strcmp(target, ".") == 0)
-        return 1;
-    if (target[0] == '/' || sl == NULL)
-        n = snprintf(full, sizeof full, "%s", target);
-    else
-        n = snprintf(full, sizeof full, "%.*s/%s", (int)(sl - path), path,
-                     target);
-    if (n < 0 || (size_t)n >= sizeof full)
-        return 0;
-    return realpath(full, a) != NULL && realpath(path, b) != NULL &&
-           strcmp(a, b) == 0;
-}
-
-/* A walk over every link of a checkpoint file: pass 0 refuses external
- * and user-defined links to anything but the checkpoint's own files,
- * pass 1 (once no link leaves the file) refuses dangling soft links. */
-typedef struct link_ctx {
-    const char *path;
-    int pass;
-    keel_status st;
-} link_ctx;
-
-static herr_t
-link_cb(hid_t g, const char *name, const H5L_info_t *li, void *op)
-{
-    link_ctx *c = op;
-    if (li->type == H5L_TYPE_HARD)
-        return 0;
-    if (li->type == H5L_TYPE_SOFT) {
-        if (c->pass == 1 && H5Oexists_by_name(g, name, H5P_DEFAULT) <= 0) {
-            c->st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: /%s is a "
-                               "dangling soft link", c->path, name);
-            return -1;
-        }
-        return 0;
-    }
-    if (c->pass == 1)
-        return 0;
-    if (li->type == H5L_TYPE_EXTERNAL) {
-        char *val = NULL;
-        const char *file = NULL, *obj = NULL;
-        unsigned flags;
-        int ok = li->u.val_size > 0 && li->u.val_size <= CK_ELINK_MAX &&
-                 (val = calloc(1, li->u.val_size + 1)) != NULL &&
-                 H5Lget_val(g, name, val, li->u.val_size, H5P_DEFAULT) >= 0 &&
-                 H5Lunpack_elink_val(val, li->u.val_size, &flags, &file,
-                                     &obj) >= 0 && file != NULL;
-        if (ok && own_file(c->path, file)) {
-            free(val);
-            return 0;
-        }
-        c->st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: /%s is an external "
-                           "link to %s%s%s, outside the checkpoint's own "
-                           "files; refused", c->path, name,
-                           ok ? file : "an unreadable target",
-                           ok && obj != NULL ? ":" : "",
-                           ok && obj != NULL ? obj : "");
-        free(val);
-        return -1;
-    }
-    c->st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: /%s is a user-defined "
-                       "link (type %d); refused", c->path, name,
-                       (int)li->type);
-    return -1;
-}
-
-/* Every link of the open checkpoint h stays within its own files and
- * resolves. */
-static keel_status
-check_links(hid_t h, const char *path)
-{
-    link_ctx c = { path, 0, KEEL_OK };
-    for (c.pass = 0; c.pass < 2; c.pass++)
-        if (H5Lvisit(h, H5_INDEX_NAME, H5_ITER_INC, link_cb, &c) < 0)
-            return c.st != KEEL_OK ? c.st :
-                   keel__fail(KEEL_ECORRUPT, "checkpoint %s: cannot list "
-                              "its links (damaged HDF5 metadata)", path);
-    return KEEL_OK;
-}
-
-/* Dataset ds (what: its name for messages) of the checkpoint path,
- * file_size bytes long, declaring bytes bytes of data: its storage is in
- * the checkpoint's own files (no external storage file, no virtual
- * source elsewhere) and can hold what it declares (unfiltered: all of
- * it; filtered: at most CK_MAX_EXPANSION times what it stores). Checked
- * before anything of that size is allocated. */
-static keel_status
-check_storage(const char *path, int64_t file_size, const char *what,
-              hid_t ds, uint64_t bytes)
-{
-    hid_t dcpl = H5Dget_create_plist(ds);
-    keel_status st = KEEL_OK;
-    H5D_layout_t layout;
-    int n_ext, n_filters;
-    uint64_t stored, limit;
-
-    if (dcpl < 0)
-        return keel__fail(KEEL_ECORRUPT, "checkpoint %s: dataset %s has no "
-                          "readable creation properties", path, what);
-    layout = H5Pget_layout(dcpl);
-    n_ext = H5Pget_external_count(dcpl);
-    n_filters = H5Pget_nfilters(dcpl);
-    for (int i = 0; i < n_ext && st == KEEL_OK; i++) {
-        char name[KEEL_PATH_MAX] = "";
-        off_t off;
-        hsize_t size;
-        if (H5Pget_external(dcpl, (unsigned)i, sizeof name, name, &off,
-                            &size) < 0 || !own_file(path, name))
-            st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: dataset %s keeps "
-                            "its data in external file '%s', outside the "
-                            "checkpoint's own files; refused", path, what,
-                            name);
-    }
-    if (st == KEEL_OK && layout == H5D_VIRTUAL) {
-        size_t nv = 0;
-        if (H5Pget_virtual_count(dcpl, &nv) < 0)
-            st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: virtual dataset "
-                            "%s has unreadable mappings", path, what);
-        for (size_t i = 0; i < nv && st == KEEL_OK; i++) {
-            char name[KEEL_PATH_MAX] = "";
-            ssize_t len = H5Pget_virtual_filename(dcpl, i, name,
-                                                  sizeof name);
-            if (len < 0 || (size_t)len >= sizeof name ||
-                !own_file(path, name))
-                st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: virtual "
-                                "dataset %s maps data from '%s', outside "
-                                "the checkpoint's own files; refused", path,
-                                what, name);
-        }
-    }
-    keel__h5_close(dcpl);
-    if (st != KEEL_OK)
-        return st;
-    /* Virtual and external data is bounded by the file itself. */
-    stored = layout == H5D_VIRTUAL || n_ext > 0 ? (uint64_t)file_size
-                                                : H5Dget_storage_size(ds);
-    if (stored > (uint64_t)file_size)
-        return keel__fail(KEEL_ECORRUPT, "checkpoint %s: dataset %s claims "
-                          "%llu stored bytes in a file of %lld bytes", path,
-                          what, (unsigned long long)stored,
-                          (long long)file_size);
-    limit = n_filters > 0 || layout == H5D_VIRTUAL ?
-            stored * CK_MAX_EXPANSION : stored;
-    if (bytes > limit)
-        return keel__fail(KEEL_ECORRUPT, "checkpoint %s: dataset %s declares "
-                          "%llu bytes but the file holds %llu bytes of it%s; "
-                          "truncated or damaged", path, what,
-                          (unsigned long long)bytes,
-                          (unsigned long long)stored,
-                          n_filters > 0 ? " (compressed, more than the "
-                          "largest expansion a filter gives)" : "");
-    return KEEL_OK;
-}
-
-typedef struct visit_ctx {
-    ck_file *f;
-    size_t cap;
-    const char *prefix;       /* "/variables" or "/slots" */
-    int is_slots;
-    keel_status st;
-} visit_ctx;
-
-/* Room in c->f's table for one more dataset, within CK_MAX_ENTRIES. */
-static keel_status
-visit_grow(visit_ctx *c)
-{
-    ck_file *f = c->f;
-    ck_dset *d;
-    if (f->n >= CK_MAX_ENTRIES)
-        return keel__fail(KEEL_ECORRUPT, "checkpoint %s holds more than %d "
-                          "datasets", f->path, CK_MAX_ENTRIES);
-    d = keel__grow(f->d, &c->cap, f->n, sizeof *d, 64);
-    if (d == NULL)
-        return keel__fail(KEEL_ENOMEM, "checkpoint %s: dataset table",
-                          f->path);
-    f->d = d;
-    return KEEL_OK;
-}
-
-/* d's variable name (and under /slots its slot) from the dataset's name
- * below the group: "<variable>", or "<slot>/<variable>". */
-static keel_status
-visit_name(const visit_ctx *c, const char *name, ck_dset *d)
-{
-    const char *var = name;
-    if (c->is_slots) {
-        const char *sl = strchr(name, '/');
-        size_t n = sl != NULL ? (size_t)(sl - name) : 0;
-        if (sl == NULL || n >= sizeof d->e.slot)
-            return keel__fail(KEEL_ECORRUPT, "checkpoint %s: slot dataset "
-                              "/slots/%s is not /slots/<slot>/<variable>",
-                              c->f->path, name);
-        memcpy(d->e.slot, name, n);
-        d->e.slot[n] = '\0';
-        var = sl + 1;
-    }
-    if (!keel_name_is_valid(var) || strlen(var) >= sizeof d->e.name ||
-        (c->is_slots && !keel_name_is_valid(d->e.slot)))
-        return keel__fail(KEEL_ECORRUPT, "checkpoint %s: %s/%s is not a "
-                          "valid variable name", c->f->path, c->prefix,
-                          name);
-    strcpy(d->e.name, var);
-    return KEEL_OK;
-}
-
-/* d's shape and element count from the dataset's type t and space sp:
- * float32 little-endian, at most KEEL_MAX_DIMS non-empty dimensions. */
-static keel_status
-visit_shape(const visit_ctx *c, const char *name, hid_t t, hid_t sp,
-            ck_dset *d)
-{
-    const char *path = c->f->path;
-    hsize_t dims[KEEL_MAX_DIMS + 1];
-    int nd;
-    if (H5Tequal(t, H5T_IEEE_F32LE) <= 0) {
-        /* HDF5 checks the object header's checksum on open, so a number
-         * type here is what the writer chose: the file is whole and does
-         * not fit, like a shape mismatch (no fallback to an older
-         * checkpoint). Anything else is damage. */
-        H5T_class_t cls = H5Tget_class(t);
-        if (cls == H5T_FLOAT || cls == H5T_INTEGER)
-            return keel__fail(KEEL_EINVAL, "checkpoint %s: dataset %s/%s "
-                              "holds %s%zu (%s-endian), not float32 "
-                              "little-endian: not a keel checkpoint's "
-                              "dtype; convert it to float32", path,
-                              c->prefix, name,
-                              cls == H5T_FLOAT ? "float" :
-                              H5Tget_sign(t) == H5T_SGN_NONE ? "uint" :
-                              "int", H5Tget_size(t) * 8,
-                              H5Tget_order(t) == H5T_ORDER_BE ? "big" :
-                              "little");
-        return keel__fail(KEEL_ECORRUPT, "checkpoint %s: dataset %s/%s is "
-                          "not float32 little-endian (HDF5 class %d, %zu "
-                          "bytes)", path, c->prefix, name, (int)cls,
-                          H5Tget_size(t));
-    }
-    nd = H5Sget_simple_extent_ndims(sp);
-    if (nd < 0 || nd > KEEL_MAX_DIMS)
-        return keel__fail(KEEL_ECORRUPT, "checkpoint %s: dataset %s/%s has "
-                          "%d dimensions (at most %d)", path, c->prefix,
-                          name, nd, KEEL_MAX_DIMS);
-    H5Sget_simple_extent_dims(sp, dims, NULL);
-    d->e.ndim = nd;
-    for (int i = 0; i < KEEL_MAX_DIMS; i++)
-        d->e.shape[i] = 1;
-    for (int i = 0; i < nd; i++) {
-        if (dims[i] < 1 || dims[i] > (hsize_t)INT64_MAX)
-            return keel__fail(KEEL_ECORRUPT, "checkpoint %s: dataset %s/%s "
-                              "has an empty or huge dimension", path,
-                              c->prefix, name);
-        d->e.shape[i] = (int64_t)dims[i];
-    }
-    if (keel_shape_count(nd, d->e.shape, &d->count) != KEEL_OK)
-        return keel__wrap(KEEL_ECORRUPT, "checkpoint %s: dataset %s/%s",
-                          path, c->prefix, name);
-    return KEEL_OK;
-}
-
-/* d->offset: where the dataset's bytes start when they are one
- * unfiltered contiguous run of the whole dataset (-1 otherwise, for
- * read_via_h5), which must lie within the file. */
-static keel_status
-visit_offset(const visit_ctx *c, const char *name, hid_t ds, ck_dset *d)
-{
-    const ck_file *f = c->f;
-    hid_t dcpl = H5Dget_create_plist(ds);
-    d->offset = -1;
-    if (dcpl >= 0 && H5Pget_layout(dcpl) == H5D_CONTIGUOUS &&
-        H5Pget_nfilters(dcpl) == 0 &&
-        H5Dget_storage_size(ds) == (hsize_t)d->count * 4) {
-        haddr_t a = H5Dget_offset(ds);
-        if (a != HADDR_UNDEF && a <= (haddr_t)INT64_MAX)
-            d->offset = (int64_t)a;
-    }
-    keel__h5_close(dcpl);
-    if (d->offset >= 0 &&
-        (d->offset > f->file_size ||
-         (uint64_t)(f->file_size - d->offset) < (uint64_t)d->count * 4))
-        return keel__fail(KEEL_ECORRUPT, "checkpoint %s is truncated: "
-                          "dataset %s/%s ends past the end of the file",
-                          f->path, c->prefix, name);
-    return KEEL_OK;
-}
-
-/* d's shape, checksum and offset from dataset name below obj. */
-static keel_status
-visit_dataset(const visit_ctx *c, hid_t obj, const char *name, ck_dset *d)
-{
-    hid_t ds = H5Dopen2(obj, name, H5P_DEFAULT);
-    hid_t t = ds >= 0 ? H5Dget_type(ds) : -1;
-    hid_t sp = ds >= 0 ? H5Dget_space(ds) : -1;
-    keel_status st;
-    if (t < 0 || sp < 0)
-        st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: cannot open "
-                        "dataset %s/%s", c->f->path, c->prefix, name);
-    else
-        st = visit_shape(c, name, t, sp, d);
-    if (st == KEEL_OK) {
-        char what[2 * KEEL_NAME_MAX + 32];
-        snprintf(what, sizeof what, "%s/%s", c->prefix, name);
-        st = check_storage(c->f->path, c->f->file_size, what, ds,
-                           (uint64_t)d->count * 4);
-    }
-    if (st == KEEL_OK &&
-        !attr_read_num(ds, "xxh64", H5T_NATIVE_UINT64, H5T_INTEGER,
-                       &d->e.xxh64))
-        st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: dataset %s/%s has "
-                        "no xxh64 checksum attribute", c->f->path, c->prefix,
-                        name);
-    if (st == KEEL_OK)
-        st = visit_offset(c, name, ds, d);
-    keel__h5_close(sp);
-    keel__h5_close(t);
-    keel__h5_close(ds);
-    return st;
-}
-
-/* H5Ovisit's callback: each dataset below the group becomes the next
- * entry of c->f's table; the first failure stops the walk (c->st). */
-static herr_t
-visit_cb(hid_t obj, const char *name, const H5O_info_t *info, void *op)
-{
-    visit_ctx *c = op;
-    ck_dset *d;
-
-    if (info->type == H5O_TYPE_GROUP)
-        return 0;
-    if (info->type != H5O_TYPE_DATASET) {
-        c->st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: %s/%s is not a "
-                           "dataset or group", c->f->path, c->prefix, name);
-        return -1;
-    }
-    c->st = visit_grow(c);
-    if (c->st != KEEL_OK)
-        return -1;
-    d = &c->f->d[c->f->n];
-    memset(d, 0, sizeof *d);
-    c->st = visit_name(c, name, d);
-    if (c->st == KEEL_OK)
-        c->st = visit_dataset(c, obj, name, d);
-    if (c->st != KEEL_OK)
-        return -1;
-    c->f->n++;
-    return 0;
-}
-
-static int
-dset_cmp(const void *a, const void *b)
-{
-    const ck_dset *x = a, *y = b;
-    int c = strcmp(x->e.slot, y->e.slot);
-    return c != 0 ? c : strcmp(x->e.name, y->e.name);
-}
-
-/* Open the file with HDF5 after checking it is a non-empty HDF5 file. */
-static keel_status
-open_h5(const char *path, int64_t *size, hid_t *out)
-{
-    struct stat sb;
-    hid_t fapl;
-    htri_t is;
-
-    *out = -1;
-    if (stat(path, &sb) != 0)
-        return keel__fail(errno == ENOENT ? KEEL_ENOTFOUND : KEEL_EIO,
-                          "checkpoint %s: %s", path, strerror(errno));
-    if (!S_ISREG(sb.st_mode))
-        return keel__fail(KEEL_ECORRUPT, "checkpoint %s is not a regular "
-                          "file", path);
-    if (sb.st_size == 0)
-        return keel__fail(KEEL_ECORRUPT, "checkpoint %s is empty (0 bytes): "
-                          "an interrupted copy or a full disk?", path);
-    *size = (int64_t)sb.st_size;
-    fapl = file_access_plist();
-    is = H5Fis_hdf5(path);
-    if (is <= 0) {
-        H5Pclose(fapl);
-        return keel__fail(KEEL_ECORRUPT, "checkpoint %s is not an HDF5 file "
-                          "(no HDF5 signature)", path);
-    }
-    *out = H5Fopen(path, H5F_ACC_RDONLY, fapl);
-    H5Pclose(fapl);
-    if (*out < 0)
-        return keel__fail(KEEL_ECORRUPT, "checkpoint %s cannot be opened by "
-                          "HDF5 (truncated or damaged, %lld bytes)", path,
-                          (long long)sb.st_size);
-    return KEEL_OK;
-}
-
-static keel_status
-read_meta_step(hid_t h, const char *path, int64_t *step)
-{
-    hid_t meta;
-    int format = 0;
-    keel_status st = KEEL_OK;
-    if (H5Lexists(h, "/meta", H5P_DEFAULT) <= 0)
-        return keel__fail(KEEL_ECORRUPT, "checkpoint %s has no /meta group: "
-                          "not a keel checkpoint", path);
-    meta = H5Gopen2(h, "/meta", H5P_DEFAULT);
-    if (meta < 0 || !attr_read_num(meta, "format_version", H5T_NATIVE_INT,
-                                   H5T_INTEGER, &format))
-        st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: /meta has no "
-                        "format_version", path);
-    else if (format != KEEL_CKPT_FORMAT_VERSION)
-        st = keel__fail(KEEL_ECORRUPT, "checkpoint %s has format version %d; "
-                        "this keel reads version %d", path, format,
-                        KEEL_CKPT_FORMAT_VERSION);
-    else if (!attr_read_num(meta, "global_step", H5T_NATIVE_INT64,
-                            H5T_INTEGER, step))
-        st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: /meta has no "
-                        "global_step", path);
-    keel__h5_close(meta);
-    return st;
-}
-
-/* List the datasets below group prefix ("/variables" or "/slots") of the
- * open checkpoint h into c->f (visit_cb). */
-static keel_status
-visit_group(hid_t h, const char *path, const char *prefix, visit_ctx *c)
-{
-    hid_t g = H5Gopen2(h, prefix, H5P_DEFAULT);
-    keel_status st = KEEL_OK;
-    c->prefix = prefix;
-    if (g < 0 || H5Ovisit(g, H5_INDEX_NAME, H5_ITER_INC, visit_cb, c) < 0)
-        st = c->st != KEEL_OK ? c->st :
-             keel__fail(KEEL_ECORRUPT, "checkpoint %s: cannot list %s",
-                        path, prefix);
-    keel__h5_close(g);
-    return st;
-}
-
-keel_status
-keel__ckpt_open(const char *path, ck_file *f)
-{
-    hid_t h = -1;
-    keel_status st;
-    visit_ctx c;
-
-    memset(f, 0, sizeof *f);
-    st = keel__fmt(f->path, sizeof f->path, "checkpoint path", "%s", path);
-    if (st != KEEL_OK)
-        return st;
-    h5_begin();
-    st = open_h5(path, &f->file_size, &h);
-    if (st == KEEL_OK)
-        st = check_links(h, path);
-    if (st == KEEL_OK)
-        st = read_meta_step(h, path, &f->global_step);
-    memset(&c, 0, sizeof c);
-    c.f = f;
-    c.st = KEEL_OK;
-    if (st == KEEL_OK) {
-        if (H5Lexists(h, "/variables", H5P_DEFAULT) <= 0) {
-            st = keel__fail(KEEL_ECORRUPT, "checkpoint %s has no /variables "
-                            "group", path);
-        } else {
-            st = visit_group(h, path, "/variables", &c);
-        }
-    }
-    f->n_vars = f->n;
-    if (st == KEEL_OK && H5Lexists(h, "/slots", H5P_DEFAULT) > 0) {
-        c.is_slots = 1;
-        st = visit_group(h, path, "/slots", &c);
-    }
-    keel__h5_close(h);
-    h5_end();
-    if (st != KEEL_OK) {
-        keel__ckpt_close(f);
-        return st;
-    }
-    qsort(f->d, f->n_vars, sizeof *f->d, dset_cmp);
-    qsort(f->d + f->n_vars, f->n - f->n_vars, sizeof *f->d, dset_cmp);
-    return KEEL_OK;
-}
-
-void
-keel__ckpt_close(ck_file *f)
-{
-    if (f == NULL)
-        return;
-    free(f->d);
-    f->d = NULL;
-    f->n = f->n_vars = 0;
-}
-
-/* Fallback for datasets whose bytes are not one contiguous run (written by
- * another tool, e.g. chunked h5py): let HDF5 read them. */
-static keel_status
-read_via_h5(const ck_file *f, const ck_dset *d, void *dst)
-{
-    char h5name[2 * KEEL_NAME_MAX + 32];
-    hid_t h = -1, ds = -1;
-    int64_t size;
-    keel_status st;
-    if (d->e.slot[0] == '\0')
-        snprintf(h5name, sizeof h5name, "/variables/%s", d->e.name);
-    else
-        snprintf(h5name, sizeof h5name, "/slots/%s/%s", d->e.slot,
-                 d->e.name);
-    h5_begin();
-    st = open_h5(f->path, &size, &h);
-    if (st == KEEL_OK) {
-        ds = H5Dopen2(h, h5name, H5P_DEFAULT);
-        if (ds < 0 || H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL,
-                              H5P_DEFAULT, dst) < 0)
-            st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: cannot read "
-                            "dataset %s", f->path, h5name);
-    }
-    keel__h5_close(ds);
-    keel__h5_close(h);
-    h5_end();
-    return st;
-}
-
-
-keel_status
-keel__ckpt_read(const ck_file *f, const ck_dset *d, void *dst)
-{
-    size_t bytes = d->count * sizeof(float);
-    keel_status st;
-    uint64_t h = 0;
-
-    if (d->offset >= 0) {
-        int fd = open(f->path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0)
-            return keel__fail(KEEL_EIO, "open checkpoint %s: %s", f->path,
-                              strerror(errno));
-        st = keel__ckpt_io_read_hashed(fd, dst, NULL, bytes, d->offset,
-                                       f->path, &h);
-        close(fd);
-    } else {
-        st = read_via_h5(f, d, dst);
-        h = XXH64(dst, bytes, 0);
-    }
-    if (st != KEEL_OK)
-        return st;
-    if (h != d->e.xxh64)
-        return keel__ckpt_io_bad_hash(f->path, d);
-    return KEEL_OK;
-}
-
-keel_status
-keel__ckpt_read_many(const ck_file *f, const ck_read_job *jobs, size_t n)
-{
-    /* Datasets another tool wrote chunked or compressed: through HDF5;
-     * the contiguous ones in one pass by the engine. */
-    for (size_t i = 0; i < n; i++) {
-        if (jobs[i].d->offset < 0) {
-            keel_status st = keel__ckpt_read(f, jobs[i].d, jobs[i].dst);
-            if (st != KEEL_OK)
-                return st;
-        }
-    }
-    return keel__ckpt_io_read_many(f, jobs, n);
-}
-
-/* The xxh64 of dataset d of f, which HDF5 reads (chunked or filtered),
- * a slab of whole rows at a time through buf (size bytes), so memory
- * stays bounded whatever the dataset declares. */
-static keel_status
-hash_via_h5(const ck_file *f, const ck_dset *d, void *buf, size_t size,
-            uint64_t *hash)
-{
-    char h5name[2 * KEEL_NAME_MAX + 32];
-    hid_t h = -1, ds = -1, fsp = -1, msp = -1;
-    hsize_t start[KEEL_MAX_DIMS] = { 0 }, cnt[KEEL_MAX_DIMS];
-    size_t row = 1, rows = 1, per;
-    XXH64_state_t *xs = XXH64_createState();
-    int64_t fsize;
-    keel_status st;
-
-    if (xs == NULL)
-        return keel__fail(KEEL_ENOMEM, "verify %s: hash state", f->path);
-    XXH64_reset(xs, 0);
-    if (d->e.slot[0] == '\0')
-        snprintf(h5name, sizeof h5name, "/variables/%s", d->e.name);
-    else
-        snprintf(h5name, sizeof h5name, "/slots/%s/%s", d->e.slot,
-                 d->e.name);
-    for (int i = 0; i < d->e.ndim; i++) {
-        cnt[i] = (hsize_t)d->e.shape[i];
-        if (i > 0)
-            row *= (size_t)d->e.shape[i];
-    }
-    if (d->e.ndim > 0)
-        rows = (size_t)d->e.shape[0];
-    per = size / (row * sizeof(float));
-    h5_begin();
-    st = open_h5(f->path, &fsize, &h);
-    if (st == KEEL_OK && (per == 0 ||
-        (ds = H5Dopen2(h, h5name, H5P_DEFAULT)) < 0 ||
-        (fsp = H5Dget_space(ds)) < 0))
-        st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: cannot read dataset "
-                        "%s", f->path, h5name);
-    for (size_t r = 0; st == KEEL_OK && r < rows; r += per) {
-        size_t k = rows - r < per ? rows - r : per;
-        hsize_t m = (hsize_t)(k * row);
-        int ok;
-        if (d->e.ndim > 0) {
-            start[0] = (hsize_t)r;
-            cnt[0] = (hsize_t)k;
-        }
-        msp = H5Screate_simple(1, &m, NULL);
-        ok = msp >= 0 &&
-             (d->e.ndim == 0 ||
-              H5Sselect_hyperslab(fsp, H5S_SELECT_SET, start, NULL, cnt,
-                                  NULL) >= 0) &&
-             H5Dread(ds, H5T_NATIVE_FLOAT, d->e.ndim == 0 ? H5S_ALL : msp,
-                     d->e.ndim == 0 ? H5S_ALL : fsp, H5P_DEFAULT, buf) >= 0;
-        keel__h5_close(msp);
-        if (!ok)
-            st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: cannot read "
-                            "dataset %s", f->path, h5name);
-        else
-            XXH64_update(xs, buf, k * row * sizeof(float));
-    }
-    keel__h5_close(fsp);
-    keel__h5_close(ds);
-    keel__h5_close(h);
-    h5_end();
-    *hash = XXH64_digest(xs);
-    XXH64_freeState(xs);
-    return st;
-}
-
-/* Verify the metadata and blobs under /meta (small: read through HDF5). */
-static keel_status
-verify_blobs(const char *path)
-{
-    keel_ckpt_info *info = NULL;
-    keel_status st = keel_ckpt_read_info(path, &info);
-    keel_ckpt_info_free(info);
-    return st;
-}
-
-keel_status
-keel__ckpt_verify(const char *path, int64_t *step)
-{
-    ck_file f;
-    keel_status st;
-    void *buf = NULL;
-    int fd = -1;
-
-    st = keel__ckpt_open(path, &f);
-    if (st != KEEL_OK)
-        return st;
-    /* Slots must match their variable's shape. */
-    for (size_t i = f.n_vars; i < f.n; i++) {
-        ck_dset key = f.d[i];
-        ck_dset *v;
-        key.e.slot[0] = '\0';
-        v = bsearch(&key, f.d, f.n_vars, sizeof *f.d, dset_cmp);
-        if (v != NULL && !keel_shape_equal(v->e.ndim, v->e.shape,
-                                           f.d[i].e.ndim, f.d[i].e.shape)) {
-            char a[64], b[64];
-            st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: slot '%s' of "
-                            "variable '%s' has shape %s, the variable %s",
-                            path, f.d[i].e.slot, f.d[i].e.name,
-                            keel_shape_format(a, sizeof a, f.d[i].e.ndim,
-                                              f.d[i].e.shape),
-                            keel_shape_format(b, sizeof b, v->e.ndim,
-                                              v->e.shape));
-            goto out;
-        }
-    }
-    buf = malloc(CK_IO_CHUNK);
-    if (buf == NULL) {
-        st = keel__fail(KEEL_ENOMEM, "verify %s: read buffer", path);
-        goto out;
-    }
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        st = keel__fail(KEEL_EIO, "open checkpoint %s: %s", path,
-                        strerror(errno));
-        goto out;
-    }
-    for (size_t i = 0; i < f.n && st == KEEL_OK; i++) {
-        const ck_dset *d = &f.d[i];
-        uint64_t h = 0;
-        if (d->offset < 0) {
-            st = hash_via_h5(&f, d, buf, CK_IO_CHUNK, &h);
-            if (st == KEEL_OK && h != d->e.xxh64)
-                st = keel__ckpt_io_bad_hash(path, d);
-            continue;
-        }
-        st = keel__ckpt_io_read_hashed(fd, NULL, buf,
-                                       d->count * sizeof(float), d->offset,
-                                       path, &h);
-        if (st == KEEL_OK && h != d->e.xxh64)
-            st = keel__ckpt_io_bad_hash(path, d);
-    }
-    if (st == KEEL_OK)
-        st = verify_blobs(path);
-    if (st == KEEL_OK && step != NULL)
-        *step = f.global_step;
-out:
-    if (fd >= 0)
-        close(fd);
-    free(buf);
-    keel__ckpt_close(&f);
-    return st;
-}
-
-keel_status
-keel_ckpt_verify(const char *path)
-{
-    if (path == NULL)
-        return keel__fail(KEEL_EINVAL, "keel_ckpt_verify: path is NULL");
-    return keel__ckpt_verify(path, NULL);
-}
-
-/* ---- metadata ----------------------------------------------------------- */
-
-typedef struct blob_ctx {
-    keel_ckpt_info *info;
-    const char *path;
-    int64_t file_size;
-    keel_status st;
-} blob_ctx;
-
-static herr_t
-blob_read_cb(hid_t g, const char *name, const H5L_info_t *linfo, void *op)
-{
-    blob_ctx *c = op;
-    keel_ckpt_info *info = c->info;
-    hid_t d, sp;
-    hssize_t n;
-    uint64_t want = 0;
-    void *buf;
-    (void)linfo;
-    if (info->n_blobs >= KEEL_CKPT_MAX_BLOBS ||
-        strlen(name) >= sizeof info->blobs[0].name) {
-        c->st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: too many blobs or "
-                           "blob name '%s' too long", c->path, name);
-        return -1;
-    }
-    d = H5Dopen2(g, name, H5P_DEFAULT);
-    sp = d >= 0 ? H5Dget_space(d) : -1;
-    n = sp >= 0 ? H5Sget_simple_extent_npoints(sp) : -1;
-    keel__h5_close(sp);
-    if (d >= 0 && n >= 0) {
-        char what[KEEL_NAME_MAX + 32];
-        snprintf(what, sizeof what, "/meta/blobs/%s", name);
-        c->st = check_storage(c->path, c->file_size, what, d, (uint64_t)n);
-        if (c->st != KEEL_OK) {
-            keel__h5_close(d);
-            return -1;
-        }
-    }
-    if (d < 0 || n < 0 || (uint64_t)n > CK_BLOB_MAX ||
-        !attr_read_num(d, "xxh64", H5T_NATIVE_UINT64, H5T_INTEGER, &want)) {
-        keel__h5_close(d);
-        c->st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: blob /meta/blobs/"
-                           "%s is unreadable or has no xxh64", c->path, name);
-        return -1;
-    }
-    buf = malloc(n > 0 ? (size_t)n : 1);
-    if (buf == NULL) {
-        keel__h5_close(d);
-        c->st = keel__fail(KEEL_ENOMEM, "checkpoint %s: blob %s (%lld "
-                           "bytes)", c->path, name, (long long)n);
-        return -1;
-    }
-    if ((n > 0 && H5Dread(d, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL,
-                          H5P_DEFAULT, buf) < 0) ||
-        XXH64(buf, (size_t)n, 0) != want) {
-        free(buf);
-        keel__h5_close(d);
-        c->st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: blob /meta/blobs/"
-                           "%s fails its xxh64 checksum", c->path, name);
-        return -1;
-    }
-    keel__h5_close(d);
-    strcpy(info->blobs[info->n_blobs].name, name);
-    info->blobs[info->n_blobs].data = buf;
-    info->blobs[info->n_blobs].size = (size_t)n;
-    info->n_blobs++;
-    return 0;
-}
-
-/* /meta's attributes: wall time, keel version, the config, topology and
- * architecture texts, the epoch when there is one. */
-static keel_status
-read_meta_attrs(hid_t meta, const char *path, keel_ckpt_info *info)
-{
-    char *s = NULL;
-    int rc;
-    if (!attr_read_num(meta, "wall_time", H5T_NATIVE_DOUBLE, H5T_FLOAT,
-                       &info->wall_time))
-        return keel__fail(KEEL_ECORRUPT, "checkpoint %s: /meta has no "
-                          "wall_time", path);
-    rc = attr_read_str(meta, "keel_version", &s);
-    if (rc > 0)
-        snprintf(info->keel_version, sizeof info->keel_version, "%s", s);
-    free(s);
-    if (rc < 0 ||
-        attr_read_str(meta, "config", &info->config_text) < 0 ||
-        attr_read_str(meta, "topology", &info->topology) < 0 ||
-        attr_read_str(meta, "architecture", &info->architecture) < 0)
-        return keel__fail(KEEL_ECORRUPT, "checkpoint %s: unreadable text "
-                          "attribute under /meta", path);
-    if (attr_exists(meta, "epoch") &&
-        (!attr_read_num(meta, "epoch", H5T_NATIVE_INT64, H5T_INTEGER,
-                        &info->epoch) || info->epoch < 0))
-        return keel__fail(KEEL_ECORRUPT, "checkpoint %s: /meta epoch is not "
-                          "a non-negative integer", path);
-    return KEEL_OK;
-}
-
-/* Every blob under /meta/blobs, each checked against its checksum. */
-static keel_status
-read_blobs(hid_t meta, const char *path, int64_t file_size,
-           keel_ckpt_info *info)
-{
-    blob_ctx c = { info, path, file_size, KEEL_OK };
-    keel_status st = KEEL_OK;
-    hid_t g;
-    if (H5Lexists(meta, "blobs", H5P_DEFAULT) <= 0)
-        return KEEL_OK;
-    g = H5Gopen2(meta, "blobs", H5P_DEFAULT);
-    if (g < 0 || H5Literate(g, H5_INDEX_NAME, H5_ITER_INC, NULL,
-                            blob_read_cb, &c) < 0)
-        st = c.st != KEEL_OK ? c.st : keel__fail(KEEL_ECORRUPT,
-             "checkpoint %s: cannot list /meta/blobs", path);
-    keel__h5_close(g);
-    return st;
-}
-
-keel_status
-keel_ckpt_read_info(const char *path, keel_ckpt_info **out)
-{
-    keel_ckpt_info *info;
-    ck_file f;
-    hid_t h = -1, meta = -1;
-    int64_t size;
-    keel_status st;
-
-    if (path == NULL || out == NULL)
-        return keel__fail(KEEL_EINVAL, "keel_ckpt_read_info: NULL argument");
-    *out = NULL;
-    st = keel__ckpt_open(path, &f);
-    if (st != KEEL_OK)
-        return st;
-    info = calloc(1, sizeof *info);
-    if (info == NULL) {
-        keel__ckpt_close(&f);
-        return keel__fail(KEEL_ENOMEM, "checkpoint info for %s", path);
-    }
-    info->global_step = f.global_step;
-    info->n_variables = f.n_vars;
-    info->n_slots = f.n - f.n_vars;
-    info->format_version = KEEL_CKPT_FORMAT_VERSION;
-    keel__ckpt_close(&f);
-
-    h5_begin();
-    st = open_h5(path, &size, &h);
-    if (st == KEEL_OK)
-        meta = H5Gopen2(h, "/meta", H5P_DEFAULT);
-    if (st == KEEL_OK && meta < 0)
-        st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: cannot open /meta",
-                        path);
-    if (st == KEEL_OK)
-        st = read_meta_attrs(meta, path, info);
-    if (st == KEEL_OK)
-        st = read_blobs(meta, path, size, info);
-    keel__h5_close(meta);
-    keel__h5_close(h);
-    h5_end();
-    if (st != KEEL_OK) {
-        keel_ckpt_info_free(info);
-        return st;
-    }
-    *out = info;
-    return KEEL_OK;
-}
-
-void
-keel_ckpt_info_free(keel_ckpt_info *info)
-{
-    if (info == NULL)
-        return;
-    free(info->config_text);
-    free(info->topology);
-    free(info->architecture);
-    for (size_t i = 0; i < info->n_blobs; i++)
-        free(info->blobs[i].data);
-    free(info);
-}
-
-const void *
-keel_ckpt_info_blob(const keel_ckpt_info *info, const char *name,
-                    size_t *size)
-{
-    if (info == NULL || name == NULL)
-        return NULL;
-    for (size_t i = 0; i < info->n_blobs; i++) {
-        if (strcmp(info->blobs[i].name, name) == 0) {
-            if (size != NULL)
-                *size = info->blobs[i].size;
-            /* A zero-size blob still has a non-NULL (1-byte) buffer. */
-            return info->blobs[i].data;
-        }
-    }
-    return NULL;
-}

@@ -257,6 +257,7 @@ keel__ckpt_lease_sweep(const char *dir, const ck_state *listed)
                       target, strerror(errno));
             continue;
         }
+        keel__ckpt_unlink_shards(target);
         unlink(marker);
         keel__log(KEEL_LOG_INFO, "retention: removed %s (its lease was "
                   "released)", target);

@@ -1,7 +1,11 @@
 # checkpoint/: HDF5 checkpoints, the state file, retention, async save.
-libkeel_core_la_SOURCES += checkpoint/ckpt_int.h checkpoint/h5layout.c \
+libkeel_core_la_SOURCES += checkpoint/ckpt_int.h \
+	checkpoint/h5_int.h checkpoint/h5layout.c checkpoint/h5bounds.c \
+	checkpoint/h5read.c \
 	checkpoint/ckpt_io.h checkpoint/ckpt_io.c \
-	checkpoint/saver.c checkpoint/restore.c checkpoint/lease.c \
+	checkpoint/saver_int.h checkpoint/saver.c \
+	checkpoint/state.c checkpoint/retention.c checkpoint/restore.c \
+	checkpoint/lease.c checkpoint/shard.c \
 	checkpoint/ckpt_ops.h checkpoint/ckpt_ops.c
 
 if HAVE_CHECK

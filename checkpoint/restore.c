@@ -549,9 +549,54 @@ keel_restore_config_init(keel_restore_config *opts)
     opts->mode = KEEL_RESTORE_STRICT;
 }
 
+/* Keep only the datasets of shard k of r's file (its source k + 1). */
+static keel_status
+rs_only_shard(restore_job *r, int k)
+{
+    ck_file *f = &r->f;
+    size_t m = 0, nv = 0;
+    if (f->srcs == NULL || k < 0 || k >= f->shard_count)
+        return keel__fail(KEEL_EINVAL, "checkpoint %s has no shard %d (%d "
+                          "shards)", r->path, k,
+                          f->srcs != NULL ? f->shard_count : 0);
+    for (size_t i = 0; i < f->n; i++) {
+        if (f->d[i].src != k + 1)
+            continue;
+        f->d[m++] = f->d[i];
+        if (i < f->n_vars)
+            nv = m;
+    }
+    f->n = m;
+    f->n_vars = nv;
+    return KEEL_OK;
+}
+
+static keel_status restore(const char *path, int shard, keel_vars *vs,
+                           const keel_restore_config *opts,
+                           keel_restore_report *report);
+
 keel_status
 keel_ckpt_restore(const char *path, keel_vars *vs,
                   const keel_restore_config *opts, keel_restore_report *report)
+{
+    return restore(path, -1, vs, opts, report);
+}
+
+keel_status
+keel_ckpt_restore_shard(const char *path, int shard_index, keel_vars *vs,
+                        const keel_restore_config *opts,
+                        keel_restore_report *report)
+{
+    if (shard_index < 0)
+        return keel__fail(KEEL_EINVAL, "keel_ckpt_restore_shard %s: shard "
+                          "%d", path ? path : "(null)", shard_index);
+    return restore(path, shard_index, vs, opts, report);
+}
+
+/* A restore from path, of every dataset (shard -1) or of one shard's. */
+static keel_status
+restore(const char *path, int shard, keel_vars *vs,
+        const keel_restore_config *opts, keel_restore_report *report)
 {
     restore_job r;
     int64_t t0, t1;
@@ -583,6 +628,10 @@ keel_ckpt_restore(const char *path, keel_vars *vs,
         return st;
     }
     t1 = keel__now_mono_ns();
+    if (shard >= 0 && (st = rs_only_shard(&r, shard)) != KEEL_OK) {
+        rs_free(&r);
+        return st;
+    }
     r.rep.global_step = r.f.global_step;
     r.nv = keel_vars_count(vs);
     r.target = calloc(r.f.n_vars > 0 ? r.f.n_vars : 1, sizeof *r.target);

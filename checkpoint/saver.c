@@ -1,9 +1,7 @@
 /* saver.c - keel_saver: one checkpoint file per save committed durably,
- * then the TF-format `checkpoint` state file, then retention (max_to_keep,
- * keep_every_n_hours, recorded in the state file as `# keel:` comments so
- * they survive restarts and TF's parser still accepts the file). Async
- * saves copy everything into one reusable staging buffer and write it on a
- * background thread; at most one is in flight. */
+ * then the TF-format `checkpoint` state file (state.c), then retention
+ * (retention.c). Async saves copy everything into one reusable staging
+ * buffer and write it on a background thread; at most one is in flight. */
 #include <config.h>
 
 #include <assert.h>
@@ -20,49 +18,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-
-#include "ckpt_int.h"
+#include "saver_int.h"
 #include "grow.h"
-
-struct keel_saver {
-    char dir[KEEL_PATH_MAX];
-    char basename[KEEL_NAME_MAX];
-    int max_to_keep;
-    double keep_every_n_hours;
-    int is_async;
-
-    ck_state state;             /* the retention list, save order */
-    int64_t last_step;          /* atomic: read by keel_saver_last_step */
-
-    /* async: one writer thread for the saver's life, woken per save (a
-     * thread created per save made the step wait for clone() and, on a
-     * busy machine, for the new thread to give the core back) */
-    pthread_t thread;
-    int has_thread;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;          /* has_job set, or is_quitting */
-    pthread_cond_t done_cv;     /* in_flight cleared */
-    int has_job, is_quitting;
-    int in_flight;              /* a staged save not yet committed */
-    int64_t t_stage_ns, t_staged_ns, t_woken_ns;
-    keel_status th_status;
-    char th_err[KEEL_ERR_MAX];
-    ck_plan plan;
-    char *stage;                /* staging buffer, KEEL_TENSOR_ALIGN'd */
-    size_t stage_cap;
-    char *names;                /* copied names, config, topology */
-    size_t names_cap;
-
-    /* retention deletions run on their own thread (freeing a large file's
-     * blocks takes tens of ms) */
-    pthread_t reaper;
-    int reaping;
-    char (*reap)[KEEL_PATH_MAX];
-    size_t n_reap;
-    /* the state file this saver last wrote has "# keel: delete=" lines,
-     * which only a crash before the reaper is done may leave behind */
-    int lists_deletions;
-};
 
 void
 keel_saver_config_init(keel_saver_config *cfg)
@@ -76,455 +33,7 @@ keel_saver_config_init(keel_saver_config *cfg)
     cfg->is_async = 0;
 }
 
-/* ---- names and the state file ------------------------------------------- */
-
-/* <basename>-<step>.h5, or <basename>-epoch<E>-<step>.h5 for an
- * end-of-epoch checkpoint (epoch > 0). */
-static keel_status
-ckpt_file_name(char *out, size_t size, const char *base, int64_t step,
-               int64_t epoch)
-{
-    if (epoch > 0)
-        return keel__fmt(out, size, "checkpoint name", "%s-epoch%lld-%lld.h5",
-                         base, (long long)epoch, (long long)step);
-    return keel__fmt(out, size, "checkpoint name", "%s-%lld.h5", base,
-                     (long long)step);
-}
-
-int64_t
-keel__ckpt_name_step(const char *name, const char *base)
-{
-    size_t n = strlen(name), bl;
-    const char *dash, *p;
-    int64_t step;
-    char digits[32];
-    /* hidden names (temp files, `.lease-*`, `.deferred-*`) never are */
-    if (n < 5 || name[0] == '.' || strcmp(name + n - 3, ".h5") != 0)
-        return -1;
-    if (base != NULL) {
-        bl = strlen(base);
-        if (strncmp(name, base, bl) != 0 || name[bl] != '-')
-            return -1;
-        dash = name + bl;
-    } else {
-        dash = NULL;
-        for (p = name; p < name + n - 3; p++)
-            if (*p == '-')
-                dash = p;
-        if (dash == NULL || dash == name)
-            return -1;
-    }
-    p = dash + 1;
-    if (base != NULL && strncmp(p, "epoch", 5) == 0) {
-        /* <base>-epoch<E>-<step>.h5: the step follows the epoch's dash */
-        const char *q = p + 5;
-        while (isdigit((unsigned char)*q))
-            q++;
-        if (q == p + 5 || *q != '-')
-            return -1;
-        p = q + 1;
-    }
-    if ((size_t)(name + n - 3 - p) == 0 ||
-        (size_t)(name + n - 3 - p) >= sizeof digits)
-        return -1;
-    memcpy(digits, p, (size_t)(name + n - 3 - p));
-    digits[name + n - 3 - p] = '\0';
-    for (p = digits; *p; p++)
-        if (!isdigit((unsigned char)*p))
-            return -1;
-    if (!keel__parse_i64(digits, 0, INT64_MAX, &step))
-        return -1;
-    return step;
-}
-
-void
-keel__ckpt_state_free(ck_state *st)
-{
-    free(st->e);
-    free(st->doomed);
-    memset(st, 0, sizeof *st);
-}
-
-static keel_status
-state_push(ck_state *st, const char *name, double ts)
-{
-    ck_state_entry *e = keel__grow(st->e, &st->cap, st->n, sizeof *e, 16);
-    if (e == NULL)
-        return keel__fail(KEEL_ENOMEM, "checkpoint state list");
-    st->e = e;
-    snprintf(st->e[st->n].name, sizeof st->e[0].name, "%s", name);
-    st->e[st->n].ts = ts;
-    st->n++;
-    return KEEL_OK;
-}
-
-/* Whether name (a state file entry) is in the saver's directory: a plain
- * file name, or a path whose directory is that same directory. */
-static int
-in_saver_dir(const keel_saver *s, const char *name)
-{
-    const char *sl = strrchr(name, '/');
-    char dir[KEEL_PATH_MAX], a[PATH_MAX], b[PATH_MAX];
-    size_t n;
-    if (sl == NULL)
-        return 1;
-    n = (size_t)(sl - name);
-    if (n == 0 || n >= sizeof dir)
-        return 0;
-    memcpy(dir, name, n);
-    dir[n] = '\0';
-    return realpath(dir, a) != NULL && realpath(s->dir, b) != NULL &&
-           strcmp(a, b) == 0;
-}
-
-/* Retention deletes only this saver's own checkpoints: a file of the
- * form <basename>-<step>.h5 (or <basename>-epoch<E>-<step>.h5) in the
- * checkpoint directory, named by its plain file name or by a path whose
- * directory is that same directory.
- * Anything else a state file lists ("../x", another directory, another
- * basename) is dropped from the list but never unlinked. */
-static int
-may_unlink(const keel_saver *s, const char *name)
-{
-    const char *sl = strrchr(name, '/');
-    int ok = keel__ckpt_name_step(sl ? sl + 1 : name, s->basename) >= 0 &&
-             in_saver_dir(s, name);
-    if (ok)
-        return 1;
-    keel__log(KEEL_LOG_WARN, "retention: '%s' in %s/%s is not a checkpoint "
-              "of this saver (%s-<step>.h5 in that directory); left in "
-              "place", name, s->dir, CK_STATE_NAME, s->basename);
-    return 0;
-}
-
-static void
-state_remove(ck_state *st, size_t i)
-{
-    memmove(&st->e[i], &st->e[i + 1], (st->n - i - 1) * sizeof *st->e);
-    st->n--;
-}
-
-/* Parse a quoted string value: "..." with \" and \\ escapes. */
-static int
-parse_quoted(const char *v, char *out, size_t size)
-{
-    size_t n = 0;
-    if (*v++ != '"')
-        return 0;
-    while (*v != '\0' && *v != '"') {
-        if (*v == '\\' && v[1] != '\0')
-            v++;
-        if (n + 1 >= size)
-            return 0;
-        out[n++] = *v++;
-    }
-    if (*v != '"')
-        return 0;
-    out[n] = '\0';
-    return n > 0;
-}
-
-/* A state file being parsed: its path, the line and the timestamps read
- * so far. */
-typedef struct state_parse {
-    const char *path;
-    size_t lineno;
-    size_t n_ts;
-} state_parse;
-
-static keel_status
-state_bad_line(const state_parse *sp)
-{
-    return keel__fail(KEEL_ECORRUPT, "state file %s: line %zu is not "
-                      "`key: value` in TF's checkpoint format", sp->path,
-                      sp->lineno);
-}
-
-static keel_status
-state_add_doomed(ck_state *st, const char *name)
-{
-    void *nd = realloc(st->doomed, (st->n_doomed + 1) * sizeof *st->doomed);
-    if (nd == NULL)
-        return keel__fail(KEEL_ENOMEM, "state file list");
-    st->doomed = nd;
-    strcpy(st->doomed[st->n_doomed++], name);
-    return KEEL_OK;
-}
-
-/* keel's own comment line, "# keel: max_to_keep=5 keep_every_n_hours=0
- * delete=NAME ..."; other comments and unknown or bad words are
- * ignored. */
-static keel_status
-state_parse_options(ck_state *st, char *line)
-{
-    char *kv, *save = NULL;
-    if (strncmp(line, "# keel:", 7) != 0)
-        return KEEL_OK;
-    for (kv = strtok_r(line + 7, " \t", &save); kv != NULL;
-         kv = strtok_r(NULL, " \t", &save)) {
-        int64_t iv;
-        double d;
-        if (strncmp(kv, "max_to_keep=", 12) == 0 &&
-            keel__parse_i64(kv + 12, 0, 1000000000, &iv))
-            st->max_to_keep = (int)iv;
-        else if (strncmp(kv, "keep_every_n_hours=", 19) == 0 &&
-                 keel__parse_double(kv + 19, &d) && d >= 0)
-            st->keep_every_n_hours = d;
-        else if (strncmp(kv, "delete=", 7) == 0 &&
-                 keel_name_is_valid(kv + 7) &&
-                 strchr(kv + 7, '/') == NULL && st->n_doomed < 1024) {
-            keel_status rc = state_add_doomed(st, kv + 7);
-            if (rc != KEEL_OK)
-                return rc;
-        }
-    }
-    return KEEL_OK;
-}
-
-/* One `key: value` line of TF's checkpoint format; other keys are
- * ignored (forward compatibility). */
-static keel_status
-state_parse_entry(ck_state *st, state_parse *sp, char *line)
-{
-    char *colon = strchr(line, ':'), *key, *val, name[KEEL_NAME_MAX];
-    double d;
-    if (colon == NULL)
-        return state_bad_line(sp);
-    *colon = '\0';
-    key = line;
-    val = colon + 1;
-    while (isspace((unsigned char)*val))
-        val++;
-    for (char *e = val + strlen(val); e > val &&
-         isspace((unsigned char)e[-1]); )
-        *--e = '\0';
-    if (strcmp(key, "model_checkpoint_path") == 0) {
-        if (!parse_quoted(val, st->latest, sizeof st->latest))
-            return state_bad_line(sp);
-    } else if (strcmp(key, "all_model_checkpoint_paths") == 0) {
-        if (!parse_quoted(val, name, sizeof name))
-            return state_bad_line(sp);
-        return state_push(st, name, 0);
-    } else if (strcmp(key, "all_model_checkpoint_timestamps") == 0) {
-        if (!keel__parse_double(val, &d))
-            return state_bad_line(sp);
-        if (sp->n_ts < st->n)
-            st->e[sp->n_ts].ts = d;
-        sp->n_ts++;
-    } else if (strcmp(key, "last_preserved_timestamp") == 0) {
-        if (!keel__parse_double(val, &d))
-            return state_bad_line(sp);
-        st->last_preserved = d;
-    }
-    return KEEL_OK;
-}
-
-/* The lines of a state file's text (NUL-free; tokenized in place). */
-static keel_status
-state_parse_text(ck_state *st, const char *path, char *data)
-{
-    state_parse sp = { .path = path };
-    char *line, *save = NULL;
-    keel_status rc = KEEL_OK;
-    for (line = strtok_r(data, "\n", &save); line != NULL && rc == KEEL_OK;
-         line = strtok_r(NULL, "\n", &save)) {
-        sp.lineno++;
-        while (isspace((unsigned char)*line))
-            line++;
-        if (*line == '#')
-            rc = state_parse_options(st, line);
-        else if (*line != '\0')
-            rc = state_parse_entry(st, &sp, line);
-    }
-    return rc;
-}
-
-keel_status
-keel__ckpt_state_read(const char *dir, ck_state *st)
-{
-    char path[KEEL_PATH_MAX], *data;
-    size_t n;
-    keel_status rc;
-
-    memset(st, 0, sizeof *st);
-    st->last_preserved = -1;
-    st->max_to_keep = -1;
-    st->keep_every_n_hours = -1;
-    rc = keel__path_join(path, sizeof path, dir, CK_STATE_NAME);
-    if (rc != KEEL_OK)
-        return rc;
-    rc = keel__fs_read_all(path, (size_t)16 << 20, &data, &n);
-    if (rc != KEEL_OK)
-        return rc;
-    if (strlen(data) != n)
-        rc = keel__fail(KEEL_ECORRUPT, "state file %s contains NUL bytes",
-                        path);
-    else
-        rc = state_parse_text(st, path, data);
-    free(data);
-    if (rc == KEEL_OK && st->latest[0] == '\0' && st->n == 0)
-        rc = keel__fail(KEEL_ECORRUPT, "state file %s names no checkpoint",
-                        path);
-    if (rc != KEEL_OK)
-        keel__ckpt_state_free(st);
-    return rc;
-}
-
-keel_status
-keel_ckpt_state_check(const char *dir)
-{
-    char p[KEEL_PATH_MAX];
-    const char *nm;
-    struct stat sb, lb;
-    ck_state st;
-    keel_status rc;
-
-    if (dir == NULL)
-        return keel__fail(KEEL_EINVAL, "keel_ckpt_state_check: dir is NULL");
-    rc = keel__ckpt_state_read(dir, &st);
-    if (rc == KEEL_ENOTFOUND)
-        return KEEL_OK;
-    if (rc != KEEL_OK)
-        return rc;
-    nm = st.latest[0] != '\0' ? st.latest : st.e[st.n - 1].name;
-    if (nm[0] == '/')
-        snprintf(p, sizeof p, "%s", nm);
-    else if (keel__path_join(p, sizeof p, dir, nm) != KEEL_OK)
-        p[0] = '\0';
-    if (p[0] == '\0' || stat(p, &sb) != 0 || !S_ISREG(sb.st_mode))
-        rc = keel__fail(KEEL_ENOTFOUND, "state file %s/%s names '%s' as the "
-                        "newest checkpoint, but it is %s", dir, CK_STATE_NAME,
-                        nm, p[0] != '\0' && lstat(p, &lb) == 0 &&
-                        S_ISLNK(lb.st_mode) ? "a dangling symlink" :
-                        p[0] != '\0' && lstat(p, &lb) == 0 ?
-                        "not a regular file" : "missing");
-    keel__ckpt_state_free(&st);
-    return rc;
-}
-
-/* Two state file entries that name the same file of the saver's
- * directory: equal names, or equal file names where one is a path into
- * that directory. */
-static int
-same_entry(const keel_saver *s, const char *a, const char *b)
-{
-    const char *sa = strrchr(a, '/'), *sb = strrchr(b, '/');
-    if (strcmp(a, b) == 0)
-        return 1;
-    if (strcmp(sa ? sa + 1 : a, sb ? sb + 1 : b) != 0)
-        return 0;
-    /* same file name: the same file when each is in the saver's dir */
-    return in_saver_dir(s, a) && in_saver_dir(s, b);
-}
-
-/* A state file listing one file several times keeps its newest entry. */
-static void
-state_dedup(keel_saver *s)
-{
-    for (size_t i = 0; i < s->state.n; ) {
-        int later = 0;
-        for (size_t j = i + 1; j < s->state.n && !later; j++)
-            later = same_entry(s, s->state.e[i].name, s->state.e[j].name);
-        if (later)
-            state_remove(&s->state, i);
-        else
-            i++;
-    }
-}
-
-static keel_status
-state_write(const keel_saver *s, char (*doomed)[KEEL_NAME_MAX],
-            size_t n_doomed)
-{
-    char path[KEEL_PATH_MAX];
-    size_t cap = 512 + (s->state.n + n_doomed) * (KEEL_NAME_MAX + 96);
-    char *buf = malloc(cap);
-    size_t len = 0;
-    keel_status st;
-
-    if (buf == NULL)
-        return keel__fail(KEEL_ENOMEM, "state file buffer");
-#define APPEND(...) len += (size_t)snprintf(buf + len, cap - len, __VA_ARGS__)
-    APPEND("model_checkpoint_path: \"%s\"\n",
-           s->state.n > 0 ? s->state.e[s->state.n - 1].name : "");
-    for (size_t i = 0; i < s->state.n; i++)
-        APPEND("all_model_checkpoint_paths: \"%s\"\n", s->state.e[i].name);
-    for (size_t i = 0; i < s->state.n; i++)
-        APPEND("all_model_checkpoint_timestamps: %.6f\n", s->state.e[i].ts);
-    APPEND("last_preserved_timestamp: %.6f\n", s->state.last_preserved);
-    APPEND("# keel: max_to_keep=%d keep_every_n_hours=%.9g\n",
-           s->max_to_keep, s->keep_every_n_hours);
-    for (size_t i = 0; i < n_doomed; i++)
-        if (strchr(doomed[i], '/') == NULL)
-            APPEND("# keel: delete=%s\n", doomed[i]);
-#undef APPEND
-    st = keel__path_join(path, sizeof path, s->dir, CK_STATE_NAME);
-    if (st == KEEL_OK)
-        st = keel__fs_write_atomic(path, buf, len);
-    free(buf);
-    return st;
-}
-
 /* ---- saver lifetime ----------------------------------------------------- */
-
-/* Remove ".<base>-*.h5.tmp.<pid>" and ".checkpoint.tmp.<pid>" left by
- * processes that no longer exist. */
-static void
-clean_temp_files(const keel_saver *s)
-{
-    DIR *d = opendir(s->dir);
-    struct dirent *de;
-    size_t bl = strlen(s->basename);
-    if (d == NULL)
-        return;
-    while ((de = readdir(d)) != NULL) {
-        const char *nm = de->d_name, *t;
-        int64_t pid;
-        char path[KEEL_PATH_MAX];
-        if (nm[0] != '.')
-            continue;
-        if (!((strncmp(nm + 1, s->basename, bl) == 0 && nm[1 + bl] == '-') ||
-              strncmp(nm + 1, CK_STATE_NAME ".tmp.",
-                      sizeof CK_STATE_NAME + 4) == 0))
-            continue;
-        t = strstr(nm, ".tmp.");
-        if (t == NULL || !keel__parse_i64(t + 5, 1, INT32_MAX, &pid))
-            continue;
-        if (pid == (int64_t)getpid() ||
-            (kill((pid_t)pid, 0) != 0 ? errno != ESRCH : 1))
-            continue;          /* owner may still be alive */
-        if (keel__path_join(path, sizeof path, s->dir, nm) != KEEL_OK)
-            continue;
-        if (unlink(path) == 0)
-            keel__log(KEEL_LOG_INFO, "removed %s, left by crashed process "
-                      "%lld", path, (long long)pid);
-    }
-    closedir(d);
-}
-
-/* Checkpoints newer than the newest listed one were committed by a
- * process that died before updating the state file: list them (by step) so
- * retention manages them. Older unlisted files are left alone: they may be
- * kept on purpose (keep_every_n_hours). */
-static void
-adopt_orphans(keel_saver *s)
-{
-    keel_ckpt_file *f = NULL;
-    size_t n = 0;
-    if (keel_ckpt_scan(s->dir, s->basename, &f, &n) != KEEL_OK)
-        return;
-    for (size_t i = 0; i < n; i++) {
-        if (f[i].step <= s->last_step ||
-            keel__ckpt_is_deferred(s->dir, f[i].name))
-            continue;
-        if (state_push(&s->state, f[i].name, f[i].mtime) != KEEL_OK)
-            break;
-        s->last_step = f[i].step;
-        keel__log(KEEL_LOG_INFO, "adopted %s/%s, committed by a process "
-                  "that stopped before recording it", s->dir, f[i].name);
-    }
-    keel_ckpt_scan_free(f);
-}
 
 /* The saver's name and retention settings: base gets the basename. */
 static keel_status
@@ -563,73 +72,6 @@ saver_setup(keel_saver *s, const keel_saver_config *cfg, const char *base)
     return KEEL_OK;
 }
 
-/* Drop the loaded list's entries whose file is gone. */
-static void
-state_drop_missing(keel_saver *s)
-{
-    for (size_t i = 0; i < s->state.n; ) {
-        char p[KEEL_PATH_MAX];
-        struct stat sb;
-        const char *nm = s->state.e[i].name;
-        if (nm[0] == '/')
-            snprintf(p, sizeof p, "%s", nm);
-        else if (keel__path_join(p, sizeof p, s->dir, nm) != KEEL_OK)
-            p[0] = '\0';
-        if (stat(p, &sb) != 0) {
-            state_remove(&s->state, i);
-            continue;
-        }
-        i++;
-    }
-}
-
-/* Finish the retention deletions a crash interrupted (the state file's
- * "# keel: delete=" names no longer listed), then forget them. */
-static void
-finish_doomed(keel_saver *s)
-{
-    for (size_t k = 0; k < s->state.n_doomed; k++) {
-        char p[KEEL_PATH_MAX];
-        int listed = 0;
-        for (size_t i = 0; i < s->state.n; i++)
-            listed |= strcmp(s->state.e[i].name, s->state.doomed[k]) == 0;
-        if (!listed && may_unlink(s, s->state.doomed[k]) &&
-            keel__path_join(p, sizeof p, s->dir, s->state.doomed[k]) ==
-                KEEL_OK &&
-            !keel__ckpt_lease_defer(s->dir, s->state.doomed[k]) &&
-            unlink(p) == 0)
-            keel__log(KEEL_LOG_INFO, "retention: removed %s (deletion "
-                      "interrupted earlier)", p);
-    }
-    free(s->state.doomed);
-    s->state.doomed = NULL;
-    s->state.n_doomed = 0;
-}
-
-/* The retention list from the directory's state file, without missing
- * files, and the newest entry's step; no state file (or a bad one, with
- * a warning) starts a new list. */
-static void
-load_state(keel_saver *s)
-{
-    keel_status st = keel__ckpt_state_read(s->dir, &s->state);
-    if (st != KEEL_OK) {
-        if (st != KEEL_ENOTFOUND)
-            keel__log(KEEL_LOG_WARN, "%s; starting a new checkpoint list",
-                      keel_last_error());
-        memset(&s->state, 0, sizeof s->state);
-        return;
-    }
-    state_drop_missing(s);
-    state_dedup(s);
-    finish_doomed(s);
-    if (s->state.n > 0) {
-        const char *nm = s->state.e[s->state.n - 1].name;
-        const char *sl = strrchr(nm, '/');
-        s->last_step = keel__ckpt_name_step(sl ? sl + 1 : nm, s->basename);
-    }
-}
-
 /* Check cfg, set up the directory, take over what an earlier saver left
  * there (temp files, its list, interrupted deletions, stale leases,
  * committed but unrecorded checkpoints). */
@@ -658,11 +100,11 @@ keel_saver_new(const keel_saver_config *cfg, keel_saver **out)
         free(s);
         return st;
     }
-    clean_temp_files(s);
-    load_state(s);
+    keel__ckpt_clean_temp_files(s);
+    keel__ckpt_load_state(s);
     /* stale leases of dead readers; deferred deletions now unleased */
     keel__ckpt_lease_sweep(s->dir, &s->state);
-    adopt_orphans(s);
+    keel__ckpt_adopt_orphans(s);
     if (s->state.last_preserved < 0)
         s->state.last_preserved = keel__now_wall();
     *out = s;
@@ -678,72 +120,6 @@ keel_saver_last_step(const keel_saver *s)
 }
 
 /* ---- one save ----------------------------------------------------------- */
-
-static keel_status
-plan_add(ck_plan *p, const char *name, const char *slot,
-         const keel_tensor *t, const void *data)
-{
-    ck_item *items = keel__grow(p->items, &p->cap, p->n, sizeof *items, 64);
-    ck_item *it;
-    if (items == NULL)
-        return keel__fail(KEEL_ENOMEM, "checkpoint plan");
-    p->items = items;
-    it = &p->items[p->n++];
-    memset(it, 0, sizeof *it);
-    it->name = name;
-    it->slot = slot;
-    it->ndim = t->ndim;
-    memcpy(it->shape, t->shape, sizeof it->shape);
-    it->data = data;
-    it->bytes = keel_tensor_bytes(t);
-    return KEEL_OK;
-}
-
-/* A reader's lease on path: record `.deferred-<file>` instead of deleting
- * it now (lease.c). */
-static int
-reap_is_leased(const char *path)
-{
-    char dir[KEEL_PATH_MAX];
-    const char *sl = strrchr(path, '/');
-    if (sl == NULL)
-        return keel__ckpt_lease_defer(".", path);
-    if (sl == path)
-        return keel__ckpt_lease_defer("/", sl + 1);
-    if ((size_t)(sl - path) >= sizeof dir)
-        return 0;
-    memcpy(dir, path, (size_t)(sl - path));
-    dir[sl - path] = '\0';
-    return keel__ckpt_lease_defer(dir, sl + 1);
-}
-
-static void *
-reaper_main(void *arg)
-{
-    keel_saver *s = arg;
-    for (size_t i = 0; i < s->n_reap; i++) {
-        if (reap_is_leased(s->reap[i]))
-            continue;                   // deleted by a later save
-        if (unlink(s->reap[i]) != 0 && errno != ENOENT)
-            keel__log(KEEL_LOG_WARN, "retention: cannot remove %s: %s",
-                      s->reap[i], strerror(errno));
-        else
-            keel__log(KEEL_LOG_DEBUG, "retention: removed %s", s->reap[i]);
-    }
-    return NULL;
-}
-
-/* Wait for the retention deletions of the previous save. */
-static void
-join_reaper(keel_saver *s)
-{
-    if (s->reaping)
-        pthread_join(s->reaper, NULL);
-    s->reaping = 0;
-    free(s->reap);
-    s->reap = NULL;
-    s->n_reap = 0;
-}
 
 /* An upper bound of the file plan p makes: its data, each dataset aligned
  * and with its object header and attributes, the text attributes, and the
@@ -785,129 +161,28 @@ check_room(const ck_plan *p)
     return KEEL_OK;
 }
 
-/* One save being committed: its file's name and path, when the save
- * began (the file's timestamp in the state file), and the files
- * retention drops from the list. */
-typedef struct ck_commit {
-    char name[KEEL_NAME_MAX];
-    char path[KEEL_PATH_MAX];
-    double now;
-    char (*doomed)[KEEL_NAME_MAX];
-    size_t n_doomed;
-} ck_commit;
-
 static keel_status
 commit_file(const keel_saver *s, ck_plan *p, ck_commit *c)
 {
-    keel_status st = ckpt_file_name(c->name, sizeof c->name, s->basename,
-                                    p->step, p->epoch);
+    keel_status st = keel__ckpt_file_name(c->name, sizeof c->name,
+                                          s->basename, p->step, p->epoch);
+    ck_link *links = NULL;
     if (st == KEEL_OK)
         st = keel__path_join(c->path, sizeof c->path, s->dir, c->name);
+    /* A sharded checkpoint's index is written only once every shard is
+     * durable and is this checkpoint's. */
+    if (st == KEEL_OK && p->shard_count > 0)
+        st = keel__ckpt_index_links(s->dir, c->name, p, &links,
+                                    &p->n_links);
+    p->links = links;
     if (st == KEEL_OK)
         st = keel__ckpt_write_file(p, c->path);
+    free(links);
+    p->links = NULL;
+    p->n_links = 0;
     if (st != KEEL_OK)
         return keel__wrap(st, "save of step %lld failed", (long long)p->step);
     return KEEL_OK;
-}
-
-/* Whether the list still names the file name names (retention never
- * deletes a file the state file goes on listing). */
-static int
-still_listed(const keel_saver *s, const char *name)
-{
-    for (size_t i = 0; i < s->state.n; i++)
-        if (same_entry(s, s->state.e[i].name, name))
-            return 1;
-    return 0;
-}
-
-/* Retention: the oldest entries past max_to_keep leave the list, into
- * c->doomed unless keep_every_n_hours keeps them for good. The entry
- * just added is never removed (n > max >= 1). */
-static void
-apply_retention(keel_saver *s, ck_commit *c)
-{
-    while (s->max_to_keep > 0 && s->state.n > (size_t)s->max_to_keep) {
-        ck_state_entry old = s->state.e[0];
-        state_remove(&s->state, 0);
-        if (s->keep_every_n_hours > 0 &&
-            old.ts - s->state.last_preserved >=
-                s->keep_every_n_hours * 3600.0) {
-            s->state.last_preserved = old.ts;   /* kept for good */
-            continue;
-        }
-        if (!still_listed(s, old.name))
-            snprintf(c->doomed[c->n_doomed++], KEEL_NAME_MAX, "%s",
-                     old.name);
-    }
-}
-
-/* The new list (without an older entry of the same name, plus this one,
- * after retention) into the state file. When that cannot be written the
- * .h5 is committed but unrecorded: the old list stays. */
-static keel_status
-record_commit(keel_saver *s, ck_commit *c)
-{
-    size_t backup_n = s->state.n;
-    double saved_lp = s->state.last_preserved;
-    ck_state_entry *backup = malloc((backup_n + 1) * sizeof *backup);
-    keel_status st;
-    if (backup == NULL)
-        return keel__fail(KEEL_ENOMEM, "checkpoint retention list");
-    if (backup_n > 0)
-        memcpy(backup, s->state.e, backup_n * sizeof *backup);
-    for (size_t i = 0; i < s->state.n; ) {
-        const char *nm = s->state.e[i].name;
-        const char *sl = strrchr(nm, '/');
-        if (strcmp(sl ? sl + 1 : nm, c->name) == 0)
-            state_remove(&s->state, i);
-        else
-            i++;
-    }
-    st = state_push(&s->state, c->name, c->now);
-    if (st == KEEL_OK) {
-        apply_retention(s, c);
-        st = state_write(s, c->doomed, c->n_doomed);
-        if (st != KEEL_OK) {
-            memcpy(s->state.e, backup, backup_n * sizeof *backup);
-            s->state.n = backup_n;
-            s->state.last_preserved = saved_lp;
-            c->n_doomed = 0;
-            st = keel__wrap(st, "checkpoint %s was written but the state "
-                            "file could not be updated", c->path);
-        }
-    }
-    free(backup);
-    return st;
-}
-
-/* Unlink the files retention dropped, on the reaper thread (here when it
- * cannot start): only now that the state file no longer lists them (a
- * crash before they are gone is finished by the next saver: "# keel:
- * delete="). */
-static void
-start_reaping(keel_saver *s, const ck_commit *c)
-{
-    if (c->n_doomed == 0)
-        return;
-    s->n_reap = 0;
-    s->reap = malloc(c->n_doomed * sizeof *s->reap);
-    for (size_t i = 0; s->reap != NULL && i < c->n_doomed; i++) {
-        const char *nm = c->doomed[i];
-        char *dp = s->reap[s->n_reap];
-        if (!may_unlink(s, nm))
-            continue;
-        if (nm[0] == '/')
-            snprintf(dp, KEEL_PATH_MAX, "%s", nm);
-        else if (keel__path_join(dp, KEEL_PATH_MAX, s->dir, nm) != KEEL_OK)
-            continue;
-        s->n_reap++;
-    }
-    if (s->reap != NULL) {
-        s->reaping = pthread_create(&s->reaper, NULL, reaper_main, s) == 0;
-        if (!s->reaping)
-            reaper_main(s);
-    }
 }
 
 /* Commit the file, record it in the state file, apply retention. Runs on
@@ -919,7 +194,7 @@ commit_save(keel_saver *s, ck_plan *p)
     keel_status st;
     int64_t t0 = keel__now_mono_ns(), t1, t2, t3;
 
-    join_reaper(s);
+    keel__ckpt_join_reaper(s);
     t1 = t0;
     st = commit_file(s, p, &c);
     if (st != KEEL_OK)
@@ -928,14 +203,14 @@ commit_save(keel_saver *s, ck_plan *p)
     c.doomed = malloc((s->state.n + 1) * sizeof *c.doomed);
     if (c.doomed == NULL)
         return keel__fail(KEEL_ENOMEM, "checkpoint retention list");
-    st = record_commit(s, &c);
+    st = keel__ckpt_record_commit(s, &c);
     if (st == KEEL_OK) {
         s->lists_deletions = c.n_doomed > 0;
         __atomic_store_n(&s->last_step, p->step, __ATOMIC_RELEASE);
         /* deletions deferred by readers' leases, now released */
         keel__ckpt_lease_sweep(s->dir, &s->state);
         t3 = keel__now_mono_ns();
-        start_reaping(s, &c);
+        keel__ckpt_start_reaping(s, &c);
         keel__log(KEEL_LOG_DEBUG, "saved %s: (setup %.1f ms) file %.1f ms, "
                   "state file %.1f ms, retention start %.1f ms", c.path,
                   (double)(t1 - t0) / 1e6, (double)(t2 - t1) / 1e6,
@@ -1037,46 +312,6 @@ stop_writer(keel_saver *s)
     s->has_thread = 0;
 }
 
-/* 1 when the state file on disk lists the entries of s's list, in order
- * (no other saver of the directory wrote it since s). */
-static int
-state_is_ours(const keel_saver *s, const ck_state *disk)
-{
-    if (disk->n != s->state.n)
-        return 0;
-    for (size_t i = 0; i < disk->n; i++)
-        if (strcmp(disk->e[i].name, s->state.e[i].name) != 0)
-            return 0;
-    return 1;
-}
-
-/* At a clean end, once the reaper is done: rewrite the state file without
- * the "# keel: delete=" lines of the files that are gone, so that a line
- * left there means a deletion still pending (a crash, a reader's lease,
- * a failed unlink). Leaves a file another saver wrote since alone. */
-static void
-drop_finished_deletions(keel_saver *s)
-{
-    ck_state disk;
-    size_t n = 0;
-    if (!s->lists_deletions)
-        return;
-    s->lists_deletions = 0;
-    if (keel__ckpt_state_read(s->dir, &disk) != KEEL_OK)
-        return;
-    for (size_t k = 0; k < disk.n_doomed; k++) {
-        char p[KEEL_PATH_MAX];
-        if (keel__path_join(p, sizeof p, s->dir, disk.doomed[k]) !=
-                KEEL_OK || access(p, F_OK) == 0)
-            memmove(disk.doomed[n++], disk.doomed[k], KEEL_NAME_MAX);
-    }
-    if (n < disk.n_doomed && state_is_ours(s, &disk) &&
-        state_write(s, disk.doomed, n) != KEEL_OK)
-        keel__log(KEEL_LOG_WARN, "%s (its \"# keel: delete=\" lines stay "
-                  "until the next save)", keel_last_error());
-    keel__ckpt_state_free(&disk);
-}
-
 keel_status
 keel_saver_wait(keel_saver *s)
 {
@@ -1084,7 +319,7 @@ keel_saver_wait(keel_saver *s)
     if (s == NULL)
         return keel__fail(KEEL_EINVAL, "keel_saver_wait: saver is NULL");
     st = join_writer(s);
-    join_reaper(s);
+    keel__ckpt_join_reaper(s);
     return st;
 }
 
@@ -1229,7 +464,7 @@ stage_tensor(keel_saver *s, const char *name, const char *slot,
     keel_status st;
     *off = stage_at(*off, n);
     memcpy(s->stage + *off, t->data, n);
-    st = plan_add(&s->plan, name, slot, t, s->stage + *off);
+    st = keel__ckpt_plan_add(&s->plan, name, slot, t, s->stage + *off);
     if (st != KEEL_OK)
         return st;
     *off += round_up(n);
@@ -1319,11 +554,11 @@ plan_direct(ck_plan *p, const keel_vars *vs, const keel_ckpt_meta *meta)
         const char *sn;
         if (keel_var_flags(v) & KEEL_VAR_LOCAL)
             continue;
-        st = plan_add(p, keel_var_name(v), NULL, t, t->data);
+        st = keel__ckpt_plan_add(p, keel_var_name(v), NULL, t, t->data);
         if (st != KEEL_OK)
             return st;
         for (size_t j = 0; (sl = keel_var_slot_at(v, j, &sn)) != NULL; j++) {
-            st = plan_add(p, keel_var_name(v), sn, sl, sl->data);
+            st = keel__ckpt_plan_add(p, keel_var_name(v), sn, sl, sl->data);
             if (st != KEEL_OK)
                 return st;
         }
@@ -1339,9 +574,19 @@ plan_direct(ck_plan *p, const keel_vars *vs, const keel_ckpt_meta *meta)
     return KEEL_OK;
 }
 
-keel_status
-keel_saver_save(keel_saver *s, const keel_vars *vs,
-                const keel_ckpt_meta *meta, char *path, size_t path_size)
+void
+keel_ckpt_index_config_init(keel_ckpt_index_config *cfg)
+{
+    if (cfg == NULL)
+        return;
+    KEEL__STRUCT_INIT(cfg);
+}
+
+/* keel_saver_save, and with index an index of index->shard_count shards
+ * (keel_saver_save_sharded). */
+static keel_status
+save(keel_saver *s, const keel_vars *vs, const keel_ckpt_meta *meta,
+     const keel_ckpt_index_config *index, char *path, size_t path_size)
 {
     keel_status st;
     int64_t step;
@@ -1362,8 +607,8 @@ keel_saver_save(keel_saver *s, const keel_vars *vs,
     if (step < 0)
         return keel__fail(KEEL_EINVAL, "cannot checkpoint negative global "
                           "step %lld", (long long)step);
-    st = ckpt_file_name(name, sizeof name, s->basename, step,
-                        meta != NULL ? meta->epoch : 0);
+    st = keel__ckpt_file_name(name, sizeof name, s->basename, step,
+                              meta != NULL ? meta->epoch : 0);
     if (st == KEEL_OK && path != NULL)
         st = keel__path_join(path, path_size, s->dir, name);
     if (st != KEEL_OK)
@@ -1371,6 +616,9 @@ keel_saver_save(keel_saver *s, const keel_vars *vs,
     if (step == keel_saver_last_step(s))
         return KEEL_OK;
     s->plan.step = step;
+    s->plan.run_id = index != NULL ? index->run_id : 0;
+    s->plan.shard_count = index != NULL ? index->shard_count : 0;
+    s->plan.shard_index = -1;
     s->plan.wall_time = keel__now_wall();
     if (!s->is_async) {
         st = plan_direct(&s->plan, vs, meta);
@@ -1402,6 +650,33 @@ keel_saver_save(keel_saver *s, const keel_vars *vs,
     return KEEL_OK;
 }
 
+keel_status
+keel_saver_save(keel_saver *s, const keel_vars *vs,
+                const keel_ckpt_meta *meta, char *path, size_t path_size)
+{
+    return save(s, vs, meta, NULL, path, path_size);
+}
+
+keel_status
+keel_saver_save_sharded(keel_saver *s, const keel_vars *vs,
+                        const keel_ckpt_meta *meta,
+                        const keel_ckpt_index_config *index, char *path,
+                        size_t path_size)
+{
+    keel_status st;
+    if (index == NULL)
+        return keel__fail(KEEL_EINVAL, "keel_saver_save_sharded: index is "
+                          "NULL");
+    st = KEEL__STRUCT_CHECK(index, keel_ckpt_index_config);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "keel_saver_save_sharded");
+    if (index->shard_count < 1 || index->shard_count > CK_MAX_SHARDS)
+        return keel__fail(KEEL_EINVAL, "keel_saver_save_sharded: "
+                          "shard_count %d outside 1..%d",
+                          index->shard_count, CK_MAX_SHARDS);
+    return save(s, vs, meta, index, path, path_size);
+}
+
 void
 keel_saver_free(keel_saver *s)
 {
@@ -1410,91 +685,11 @@ keel_saver_free(keel_saver *s)
     if (join_writer(s) != KEEL_OK)
         keel__log(KEEL_LOG_ERROR, "%s", keel_last_error());
     stop_writer(s);
-    join_reaper(s);
-    drop_finished_deletions(s);
+    keel__ckpt_join_reaper(s);
+    keel__ckpt_drop_finished_deletions(s);
     keel__ckpt_state_free(&s->state);
     free(s->plan.items);
     keel_aligned_free(s->stage);
     free(s->names);
     free(s);
-}
-
-/* ---- scanning a directory ----------------------------------------------- */
-
-static int
-file_cmp(const void *a, const void *b)
-{
-    const keel_ckpt_file *x = a, *y = b;
-    if (x->step != y->step)
-        return x->step < y->step ? -1 : 1;
-    return strcmp(x->name, y->name);
-}
-
-keel_status
-keel_ckpt_scan(const char *dir, const char *basename, keel_ckpt_file **out,
-               size_t *n)
-{
-    DIR *d;
-    struct dirent *de;
-    keel_ckpt_file *v = NULL;
-    size_t cap = 0, cnt = 0;
-    ck_state state;
-    int have_state;
-
-    if (dir == NULL || out == NULL || n == NULL)
-        return keel__fail(KEEL_EINVAL, "keel_ckpt_scan: NULL argument");
-    *out = NULL;
-    *n = 0;
-    d = opendir(dir);
-    if (d == NULL)
-        return keel__fail(errno == ENOENT ? KEEL_ENOTFOUND : KEEL_EIO,
-                          "checkpoint directory %s: %s", dir,
-                          strerror(errno));
-    have_state = keel__ckpt_state_read(dir, &state) == KEEL_OK;
-    while ((de = readdir(d)) != NULL) {
-        int64_t step = keel__ckpt_name_step(de->d_name, basename);
-        char p[KEEL_PATH_MAX];
-        struct stat sb;
-        keel_ckpt_file *nv;
-        if (step < 0 || de->d_name[0] == '.' ||
-            strlen(de->d_name) >= KEEL_NAME_MAX ||
-            keel__path_join(p, sizeof p, dir, de->d_name) != KEEL_OK ||
-            stat(p, &sb) != 0 || !S_ISREG(sb.st_mode))
-            continue;
-        nv = keel__grow(v, &cap, cnt, sizeof *nv, 16);
-        if (nv == NULL) {
-            free(v);
-            closedir(d);
-            if (have_state)
-                keel__ckpt_state_free(&state);
-            return keel__fail(KEEL_ENOMEM, "scan of %s", dir);
-        }
-        v = nv;
-        memset(&v[cnt], 0, sizeof v[cnt]);
-        strcpy(v[cnt].name, de->d_name);
-        v[cnt].step = step;
-        v[cnt].size = (int64_t)sb.st_size;
-        v[cnt].mtime = (double)sb.st_mtim.tv_sec +
-                       (double)sb.st_mtim.tv_nsec * 1e-9;
-        for (size_t i = 0; have_state && i < state.n; i++) {
-            const char *nm = state.e[i].name, *sl = strrchr(nm, '/');
-            if (strcmp(sl ? sl + 1 : nm, de->d_name) == 0)
-                v[cnt].in_state_file = 1;
-        }
-        cnt++;
-    }
-    closedir(d);
-    if (have_state)
-        keel__ckpt_state_free(&state);
-    if (cnt > 0)
-        qsort(v, cnt, sizeof *v, file_cmp);
-    *out = v;
-    *n = cnt;
-    return KEEL_OK;
-}
-
-void
-keel_ckpt_scan_free(keel_ckpt_file *files)
-{
-    free(files);
 }

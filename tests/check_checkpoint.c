@@ -2254,6 +2254,269 @@ START_TEST(test_all_corrupt_dir_is_an_error_not_a_fresh_start)
 }
 END_TEST
 
+/* ---- sharded checkpoints ---------------------------------------------- */
+
+/* Which of the 3 shards make_store's variable i goes to; -1: the chief's
+ * own (global_scale, in the index). */
+static int
+shard_of_var(size_t i)
+{
+    return i == 0 ? -1 : (int)(i % 3);
+}
+
+/* Write shard k of 3 of full's variables at step with run_id into tu_dir
+ * (as parameter server k does). */
+static void
+write_one_shard(keel_vars *full, int64_t step, uint64_t run_id, int k)
+{
+    const char *names[8];
+    size_t n = 0;
+    keel_ckpt_shard_config cfg;
+    for (size_t i = 0; i < keel_vars_count(full); i++) {
+        keel_var *v = keel_vars_at(full, i);
+        if (!(keel_var_flags(v) & KEEL_VAR_LOCAL) && shard_of_var(i) == k)
+            names[n++] = keel_var_name(v);
+    }
+    keel_ckpt_shard_config_init(&cfg);
+    cfg.dir = tu_dir;
+    cfg.step = step;
+    cfg.run_id = run_id;
+    cfg.shard_index = k;
+    cfg.shard_count = 3;
+    cfg.names = names;
+    cfg.n_names = n;
+    ck_assert_msg(keel_ckpt_write_shard(&cfg, full, NULL, 0) == KEEL_OK,
+                  "%s", keel_last_error());
+}
+
+static void
+write_shards(keel_vars *full, int64_t step, uint64_t run_id)
+{
+    for (int k = 0; k < 3; k++)
+        write_one_shard(full, step, run_id, k);
+}
+
+/* The chief's store: full's global_scale, at step. */
+static keel_vars *
+chief_store(keel_vars *full, int64_t step)
+{
+    keel_vars *vs;
+    keel_var *v;
+    ck_assert_int_eq(keel_vars_new(&vs), KEEL_OK);
+    ck_assert_int_eq(keel_vars_create(vs, "global_scale", 0, NULL,
+                                      KEEL_VAR_TRAINABLE, &v), KEEL_OK);
+    keel_var_tensor(v)->data[0] =
+        keel_var_tensor(keel_vars_find(full, "global_scale"))->data[0];
+    keel_vars_set_global_step(vs, step);
+    return vs;
+}
+
+/* Shards, then the index through a saver (max_to_keep keep; async when
+ * keep is negative, keeping -keep): one whole sharded checkpoint of step,
+ * its index path into path. */
+static keel_status
+save_sharded(keel_vars *full, int64_t step, uint64_t run_id, int keep,
+             char *path, size_t size)
+{
+    keel_saver_config sc;
+    keel_ckpt_index_config ic;
+    keel_saver *s;
+    keel_vars *chief = chief_store(full, step);
+    keel_status st;
+    write_shards(full, step, run_id);
+    keel_saver_config_init(&sc);
+    sc.dir = tu_dir;
+    sc.max_to_keep = keep < 0 ? -keep : keep;
+    sc.is_async = keep < 0;
+    ck_assert_int_eq(keel_saver_new(&sc, &s), KEEL_OK);
+    keel_ckpt_index_config_init(&ic);
+    ic.run_id = run_id;
+    ic.shard_count = 3;
+    st = keel_saver_save_sharded(s, chief, NULL, &ic, path, size);
+    if (st == KEEL_OK)
+        st = keel_saver_wait(s);
+    keel_saver_free(s);
+    keel_vars_free(chief);
+    return st;
+}
+
+START_TEST(test_sharded_checkpoint_reads_as_one_file)
+{
+    keel_vars *full = make_store(3.0f, 1), *back = make_store(0.0f, 0);
+    keel_vars *part;
+    keel_ckpt_info *info = NULL;
+    keel_ckpt_file *files = NULL;
+    size_t nf = 0;
+    char path[4096], cwd[4096];
+    keel_restore_report rep;
+    hid_t f, d;
+    float w[35];
+
+    keel_vars_set_global_step(full, 10);
+    ck_assert_msg(save_sharded(full, 10, 0xabcdef01, 5, path, sizeof path)
+                  == KEEL_OK, "%s", keel_last_error());
+    ck_assert_int_eq(tu_count_names(tu_dir, ".shard-"), 3);
+    ck_assert_ptr_nonnull(strstr(path, "model.ckpt-10.h5"));
+    ck_assert(access(tu_path("model.ckpt-10.shard-00002-of-00003.h5"),
+                     F_OK) == 0);
+    /* one process restores the whole checkpoint, strict */
+    ck_assert_msg(keel_ckpt_restore(path, back, NULL, &rep) == KEEL_OK, "%s",
+                  keel_last_error());
+    ck_assert_int_eq(rep.global_step, 10);
+    assert_stores_equal(full, back);
+    ck_assert_int_eq(keel_ckpt_verify(path), KEEL_OK);
+    ck_assert_int_eq(keel_ckpt_read_info(path, &info), KEEL_OK);
+    ck_assert_int_eq(info->shard_count, 3);
+    ck_assert_uint_eq(info->run_id, 0xabcdef01);
+    ck_assert_uint_eq(info->n_variables, 5);
+    ck_assert_uint_eq(info->n_slots, 5);
+    keel_ckpt_info_free(info);
+    /* the directory lists the checkpoint once, not its shards */
+    ck_assert_int_eq(keel_ckpt_scan(tu_dir, NULL, &files, &nf), KEEL_OK);
+    ck_assert_uint_eq(nf, 1);
+    keel_ckpt_scan_free(files);
+    ck_assert_msg(TU_KEEL(20000, "ckpt", "verify", tu_dir) == 0, "%s%s",
+                  out, err);
+    ck_assert_msg(TU_KEEL(20000, "ckpt", "show", path) == 0, "%s", err);
+    ck_assert_ptr_nonnull(strstr(out, "dense/kernel"));
+    ck_assert_ptr_nonnull(strstr(out, "shards:         3 (run id "
+                                      "00000000abcdef01)"));
+    /* one shard's variables alone, by name (a ps restoring its part):
+     * dense/kernel (index 2) is shard 2's */
+    ck_assert_int_eq(keel_vars_new(&part), KEEL_OK);
+    ck_assert_int_eq(keel_vars_create(part, "dense/kernel", 2,
+                                      (int64_t[]){ 5, 7 }, 0, NULL),
+                     KEEL_OK);
+    ck_assert_msg(keel_ckpt_restore_shard(path, 2, part, NULL, &rep) ==
+                  KEEL_OK, "%s", keel_last_error());
+    ck_assert_uint_eq(rep.n_restored, 1);
+    ck_assert(memcmp(keel_var_tensor(keel_vars_find(part, "dense/kernel"))
+                         ->data,
+                     keel_var_tensor(keel_vars_find(full, "dense/kernel"))
+                         ->data, 35 * sizeof(float)) == 0);
+    ck_assert_ptr_nonnull(keel_var_slot(keel_vars_find(part, "dense/kernel"),
+                                        "v"));
+    /* shard 1 holds other variables: strict restore of this store fails */
+    ck_assert_int_eq(keel_ckpt_restore_shard(path, 1, part, NULL, NULL),
+                     KEEL_EINVAL);
+    ck_assert_int_eq(keel_ckpt_restore_shard(path, 3, part, NULL, NULL),
+                     KEEL_EINVAL);
+    keel_vars_free(part);
+    /* plain HDF5 (what h5py uses) follows the index's external links, from
+     * another working directory */
+    ck_assert_ptr_nonnull(getcwd(cwd, sizeof cwd));
+    ck_assert_int_eq(chdir("/"), 0);
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    ck_assert_int_ge(f, 0);
+    d = H5Dopen2(f, "/variables/dense/kernel", H5P_DEFAULT);
+    ck_assert_int_ge(d, 0);
+    ck_assert_int_ge(H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL,
+                             H5P_DEFAULT, w), 0);
+    ck_assert(memcmp(w, keel_var_tensor(keel_vars_find(full, "dense/kernel"))
+                            ->data, sizeof w) == 0);
+    H5Dclose(d);
+    H5Fclose(f);
+    ck_assert_int_eq(chdir(cwd), 0);
+    keel_vars_free(back);
+    keel_vars_free(full);
+}
+END_TEST
+
+START_TEST(test_sharded_checkpoint_is_whole_or_absent)
+{
+    keel_vars *full = make_store(5.0f, 1), *back = make_store(0.0f, 0);
+    char p10[4096], p20[4096], got[4096];
+    const char *shard1 = tu_path("model.ckpt-20.shard-00001-of-00003.h5");
+    keel_ckpt_shard_config cfg;
+    keel_ckpt_index_config ic;
+    keel_saver_config sc;
+    keel_saver *s;
+    keel_vars *chief;
+    int64_t step = -1;
+
+    keel_vars_set_global_step(full, 10);
+    ck_assert_int_eq(save_sharded(full, 10, 7, 0, p10, sizeof p10), KEEL_OK);
+    /* killed after the shards of step 20, before its index: absent */
+    write_shards(full, 20, 7);
+    ck_assert_int_eq(keel_ckpt_latest(tu_dir, NULL, got, sizeof got, &step),
+                     KEEL_OK);
+    ck_assert_int_eq(step, 10);
+    /* the index of step 20 cannot be committed over a shard missing or of
+     * another run: the save fails, nothing is committed */
+    keel_saver_config_init(&sc);
+    sc.dir = tu_dir;
+    sc.max_to_keep = 0;
+    ck_assert_int_eq(keel_saver_new(&sc, &s), KEEL_OK);
+    chief = chief_store(full, 20);
+    keel_ckpt_index_config_init(&ic);
+    ic.run_id = 8;
+    ic.shard_count = 3;
+    ck_assert_int_eq(keel_saver_save_sharded(s, chief, NULL, &ic, p20,
+                                             sizeof p20), KEEL_ECORRUPT);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "run"));
+    ck_assert(access(p20, F_OK) != 0);
+    ic.run_id = 7;
+    ck_assert_msg(keel_saver_save_sharded(s, chief, NULL, &ic, p20,
+                                          sizeof p20) == KEEL_OK, "%s",
+                  keel_last_error());
+    keel_saver_free(s);
+    keel_vars_free(chief);
+    ck_assert_int_eq(keel_ckpt_verify(p20), KEEL_OK);
+    /* a shard lost after the commit: invalid, restore falls back to 10 */
+    ck_assert_int_eq(rename(shard1, tu_path("aside.h5")), 0);
+    ck_assert_int_eq(keel_ckpt_verify(p20), KEEL_ECORRUPT);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "missing"));
+    ck_assert_int_eq(keel_ckpt_restore_latest(tu_dir, NULL, back, NULL, NULL,
+                                              got, sizeof got), KEEL_OK);
+    ck_assert_str_eq(got, p10);
+    ck_assert_int_eq(keel_vars_global_step(back), 10);
+    ck_assert_int_ne(TU_KEEL(20000, "ckpt", "verify", p20), 0);
+    /* a shard of another generation in its place (same variables):
+     * refused */
+    write_one_shard(full, 20, 99, 1);
+    ck_assert_int_eq(keel_ckpt_verify(p20), KEEL_ECORRUPT);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "run 0000000000000063"));
+    /* one holding datasets the index does not link: refused too */
+    keel_ckpt_shard_config_init(&cfg);
+    cfg.dir = tu_dir;
+    cfg.step = 20;
+    cfg.run_id = 7;
+    cfg.shard_index = 1;
+    cfg.shard_count = 3;
+    ck_assert_int_eq(keel_ckpt_write_shard(&cfg, full, NULL, 0), KEEL_OK);
+    ck_assert_int_eq(keel_ckpt_verify(p20), KEEL_ECORRUPT);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "not this"));
+    /* the right shard back: whole again; then a torn one */
+    ck_assert_int_eq(rename(tu_path("aside.h5"), shard1), 0);
+    ck_assert_int_eq(keel_ckpt_verify(p20), KEEL_OK);
+    tu_truncate(shard1, tu_file_size(shard1) - 8);
+    ck_assert_int_ne(keel_ckpt_verify(p20), KEEL_OK);
+    ck_assert_int_eq(keel_ckpt_latest(tu_dir, NULL, got, sizeof got, &step),
+                     KEEL_OK);
+    ck_assert_int_eq(step, 10);
+    keel_vars_free(back);
+    keel_vars_free(full);
+}
+END_TEST
+
+START_TEST(test_retention_deletes_shards_with_their_index)
+{
+    keel_vars *full = make_store(1.0f, 1);
+    char p[4096];
+    keel_vars_set_global_step(full, 10);
+    ck_assert_int_eq(save_sharded(full, 10, 1, 1, p, sizeof p), KEEL_OK);
+    keel_vars_set_global_step(full, 20);
+    ck_assert_msg(save_sharded(full, 20, 1, -1, p, sizeof p) == KEEL_OK,
+                  "%s", keel_last_error());
+    ck_assert(access(tu_path("model.ckpt-10.h5"), F_OK) != 0);
+    ck_assert_int_eq(tu_count_names(tu_dir, "model.ckpt-10."), 0);
+    ck_assert_int_eq(tu_count_names(tu_dir, "model.ckpt-20.shard-"), 3);
+    ck_assert_int_eq(keel_ckpt_verify(p), KEEL_OK);
+    keel_vars_free(full);
+}
+END_TEST
+
 static Suite *
 checkpoint_suite(void)
 {
@@ -2303,6 +2566,10 @@ checkpoint_suite(void)
         test_all_corrupt_dir_is_an_error_not_a_fresh_start,
         test_state_check_names_a_missing_newest_entry,
         test_retention_dedups_the_state_file_and_keeps_what_it_lists));
+    tu_tcase(s, "sharded", 60, tu_setup, tu_teardown, TU_TESTS(
+        test_sharded_checkpoint_reads_as_one_file,
+        test_sharded_checkpoint_is_whole_or_absent,
+        test_retention_deletes_shards_with_their_index));
     tu_tcase(s, "slow", long_mode() ? 7200 : 120, tu_setup, tu_teardown,
              TU_TESTS(
         test_sigkill_at_random_moments_leaves_valid_latest,

@@ -208,6 +208,9 @@ show_info(const char *file, const keel_ckpt_info *info)
     printf("keel_version:   %s\n", info->keel_version);
     printf("topology:       %s\n", info->topology ? info->topology
                                                   : "(none)");
+    if (info->shard_count > 0)
+        printf("shards:         %d (run id %016llx)\n", info->shard_count,
+               (unsigned long long)info->run_id);
     for (size_t i = 0; i < info->n_blobs; i++)
         printf("blob:           %s (%zu bytes)\n", info->blobs[i].name,
                info->blobs[i].size);

@@ -85,6 +85,74 @@ keel_status keel_saver_save(keel_saver *s, const keel_vars *vs,
                             const keel_ckpt_meta *meta, char *path,
                             size_t path_size);
 
+/* ---- sharded checkpoints ------------------------------------------------- */
+
+/* A sharded checkpoint of step S is one shard file per parameter server,
+ * <basename>-S.shard-<k>-of-<n>.h5 (k from 00000, five digits each), each
+ * holding that server's variables and slots, then the index
+ * <basename>-S.h5, which the chief writes last: its own variables plus an
+ * HDF5 external link into the shard file for every dataset of every shard.
+ * Readers (restore, keel ckpt, h5py) open the index as one checkpoint;
+ * keel's readers accept external links only into the index's own shards
+ * whose step, run id, number and count match, and treat a missing, torn or
+ * foreign shard as a damaged checkpoint (restore falls back). */
+
+/* One shard to write. Fill with keel_ckpt_shard_config_init(). */
+typedef struct keel_ckpt_shard_config {
+    uint32_t struct_size;     /* set by keel_ckpt_shard_config_init() */
+    const char *dir;          /* checkpoint directory; caller owns */
+    const char *basename;     /* default "model.ckpt": the chief saver's */
+    int64_t step;             /* the checkpoint's step; default -1: the
+                               * store's global step */
+    int64_t epoch;            /* as keel_ckpt_meta.epoch; default 0 */
+    uint64_t run_id;          /* the chief's run id/generation for this
+                               * checkpoint, the same in every shard and
+                               * the index; default 0 */
+    int shard_index;          /* 0-based; default -1 (required) */
+    int shard_count;          /* shards of the checkpoint, 1..99999;
+                               * default 0 (required) */
+    /* Names of the variables to write (with their slots); NULL: every
+     * variable of the store not flagged KEEL_VAR_LOCAL. Caller owns. */
+    const char *const *names;
+    size_t n_names;
+} keel_ckpt_shard_config;
+
+/* Defaults above (dir NULL). Cannot fail. */
+void keel_ckpt_shard_config_init(keel_ckpt_shard_config *cfg);
+
+/* Write shard cfg->shard_index of vs's variables (and slots) durably:
+ * temp file, fsync, rename, fsync of the directory; an existing shard of
+ * that name is replaced. Synchronous; the caller keeps vs unchanged for
+ * the call. path (may be NULL) receives the shard's path. Not a
+ * checkpoint by itself: the chief's keel_saver_save_sharded commits it. */
+keel_status keel_ckpt_write_shard(const keel_ckpt_shard_config *cfg,
+                                  const keel_vars *vs, char *path,
+                                  size_t path_size);
+
+/* A sharded checkpoint's index. Fill with keel_ckpt_index_config_init(). */
+typedef struct keel_ckpt_index_config {
+    uint32_t struct_size;     /* set by keel_ckpt_index_config_init() */
+    uint64_t run_id;          /* as in every shard; default 0 */
+    int shard_count;          /* 1..99999; default 0 (required) */
+} keel_ckpt_index_config;
+
+/* Defaults above. Cannot fail. */
+void keel_ckpt_index_config_init(keel_ckpt_index_config *cfg);
+
+/* keel_saver_save for a sharded checkpoint: vs holds the chief's own
+ * variables (those in no shard); every shard of the step must already be
+ * written (keel_ckpt_write_shard) with index->run_id and shard_count. The
+ * commit opens and checks each shard, writes the index durably, then the
+ * state file, then applies retention (which deletes a checkpoint's shards
+ * with its index). A shard missing or of another step or run fails the
+ * save (KEEL_ENOTFOUND / KEEL_ECORRUPT, naming it) and commits nothing;
+ * a variable both the chief's and in a shard is KEEL_EINVAL. Async savers
+ * check the shards on their writer thread. */
+keel_status keel_saver_save_sharded(keel_saver *s, const keel_vars *vs,
+                                    const keel_ckpt_meta *meta,
+                                    const keel_ckpt_index_config *index,
+                                    char *path, size_t path_size);
+
 /* Wait for an in-flight async save (and for the deletion of checkpoints
  * retention retired); returns the save's status. Cannot block forever: the
  * write either finishes or fails. */
@@ -168,6 +236,17 @@ keel_status keel_ckpt_restore(const char *path, keel_vars *vs,
                               const keel_restore_config *opts,
                               keel_restore_report *report);
 
+/* keel_ckpt_restore of shard shard_index only of the sharded checkpoint
+ * whose index is path: the variables (and slots) that shard holds, by
+ * name, into vs, and the step. The index and every shard are opened and
+ * checked as for a whole restore; only that shard's data is read. A
+ * checkpoint that is not sharded, or has no such shard, is KEEL_EINVAL.
+ * For a parameter server restoring its own part. */
+keel_status keel_ckpt_restore_shard(const char *path, int shard_index,
+                                    keel_vars *vs,
+                                    const keel_restore_config *opts,
+                                    keel_restore_report *report);
+
 /* keel_ckpt_latest and keel_ckpt_restore in one pass over the data: the
  * newest checkpoint is restored as it is verified (the checksums are checked
  * while reading), and one that fails as a file (KEEL_ECORRUPT, KEEL_EIO, gone)
@@ -202,8 +281,11 @@ typedef struct keel_ckpt_info {
         void *data;
         size_t size;
     } blobs[KEEL_CKPT_MAX_BLOBS];
-    size_t n_variables;       /* datasets under /variables */
+    size_t n_variables;       /* datasets under /variables (an index's
+                               * own and those in its shards) */
     size_t n_slots;           /* datasets under /slots */
+    int shard_count;          /* a sharded checkpoint's shards; 0: none */
+    uint64_t run_id;          /* a sharded checkpoint's run id; 0: none */
 } keel_ckpt_info;
 
 keel_status keel_ckpt_read_info(const char *path, keel_ckpt_info **out);

@@ -1,7 +1,7 @@
 /* fuzz_ckpt_h5.c - a checkpoint file of arbitrary bytes through the HDF5
  * layout's readers alone, with no store to fit: verified, listed (and each
  * of the first datasets read back), its metadata read. What the bounded
- * reads and the own-files rule of checkpoint/h5layout.c guard. The bytes
+ * reads and the own-files rule of checkpoint/h5bounds.c guard. The bytes
  * go through a real file because HDF5 opens files. */
 #include <config.h>
 
