@@ -182,6 +182,7 @@ keel__ps_free(keel__ps *ps)
     free(ps->seen);
     free(ps->last_heard);
     free(ps->member);
+    free(ps->lim_stale);
     free(ps->push_budget);
     free(ps->push_budget_ns);
     free(ps);

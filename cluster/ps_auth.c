@@ -7,11 +7,17 @@
 
 #include "ps_int.h"
 
-/* The refusals counted but not logged yet, one line per kind. */
+/* The stale drops and refusals counted but not logged yet, a line each. */
 void
 keel__ps_log_held(keel__ps *ps)
 {
-    long n = 0;
+    long n = 0, stale = 0;
+    for (int r = 0; ps->lim_stale != NULL && r < ps->n_slots; r++)
+        stale += keel__log_limit_flush(&ps->lim_stale[r]);
+    if (stale > 0)
+        keel__log(KEEL_LOG_INFO, "ps %d: %ld more stale gradients dropped "
+                  "since the last such line (%ld in all)", ps->task_index,
+                  stale, ps->dropped);
     for (int t = 0; t < KEEL_MSG_TYPE_END; t++)
         n += keel__log_limit_flush(&ps->lim_refused[t]);
     n += keel__log_limit_flush(&ps->lim_rejected);

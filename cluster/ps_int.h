@@ -115,6 +115,7 @@ struct keel__ps {
      * refused pushes (held step, budget) */
     keel__log_limit lim_refused[KEEL_MSG_TYPE_END];
     keel__log_limit lim_rejected, lim_dropped, lim_push;
+    keel__log_limit *lim_stale;  /* stale drops, per replica (n_slots) */
     long refused_pushes;         /* pushes refused: held step or budget */
     int *push_budget;            /* per replica (n_slots) */
     int64_t *push_budget_ns;     /* when it last regained one */

@@ -28,8 +28,10 @@ keel__ps_alloc_members(keel__ps *ps)
     ps->push_budget = calloc((size_t)ps->n_slots, sizeof *ps->push_budget);
     ps->push_budget_ns = calloc((size_t)ps->n_slots,
                                 sizeof *ps->push_budget_ns);
+    ps->lim_stale = calloc((size_t)ps->n_slots, sizeof *ps->lim_stale);
     if (ps->last_heard == NULL || ps->member == NULL ||
-        ps->push_budget == NULL || ps->push_budget_ns == NULL)
+        ps->push_budget == NULL || ps->push_budget_ns == NULL ||
+        ps->lim_stale == NULL)
         return keel__fail(KEEL_ENOMEM, "ps: %d replicas", ps->total_replicas);
     for (int r = 0; r < ps->n_slots; r++) {
         ps->push_budget[r] = PUSH_BURST;

@@ -155,11 +155,18 @@ take_sync(keel__ps *ps, keel__wire_msg *req, int replica, int64_t step,
           keel_var ***vars)
 {
     if (req->h.local_step < step) {     /* stale: drop, count, go on */
+        long held = 0;
         ps->dropped++;
-        keel__log(KEEL_LOG_INFO, "ps %d: dropped a stale gradient of "
-                  "replica %d (computed at step %lld, now %lld; %ld dropped)",
-                  ps->task_index, replica, (long long)req->h.local_step,
-                  (long long)step, ps->dropped);
+        /* backup workers make drops routine: a replica's first at once,
+         * then a line per interval with the count */
+        if (replica < 0 || replica >= ps->n_slots ||
+            keel__log_limit_take(&ps->lim_stale[replica],
+                                 keel__now_mono_ns(), &held))
+            keel__log(KEEL_LOG_INFO, "ps %d: dropped a stale gradient of "
+                      "replica %d (computed at step %lld, now %lld; %ld "
+                      "more since the last such line, %ld in all)",
+                      ps->task_index, replica, (long long)req->h.local_step,
+                      (long long)step, held, ps->dropped);
         return keel__ps_send_ack(ps, req, *vars, req->n);
     }
     if (ps->job_end[0] != '\0') {

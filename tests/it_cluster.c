@@ -286,6 +286,39 @@ START_TEST(backup_worker_stopped_training_goes_on)
 }
 END_TEST
 
+/* Backup workers make stale drops routine (the slowest of three replicas
+ * misses most steps): the ps logs a replica's first at once and then one
+ * line per interval with the count held, not a line per drop, and says at exit how
+ * many it held since its last such line. */
+START_TEST(backup_workers_stale_drops_are_logged_per_interval)
+{
+    cluster c;
+    const char *const sets[] = { "train.max_steps=300", NULL };
+    long step, applied, dropped, lines = 0;
+    int64_t t0 = tu_now_ms(), secs;
+    char *text, *p;
+    cluster_init(&c, 1, 3, ", \"replicas_to_aggregate\": 2, "
+                 "\"total_num_replicas\": 3", "st");
+    cluster_start(&c, sets);
+    cluster_wait_ok(&c);
+    secs = (tu_now_ms() - t0) / 1000;
+    ps_stats(&c, 0, &step, &applied, &dropped);
+    text = tu_read_file(tu_path("st-ps0.log"), NULL);
+    for (p = text; (p = strstr(p, "dropped a stale gradient of")) != NULL;
+         p++)
+        lines++;
+    ck_assert_msg(dropped >= 20, "only %ld stale drops in %ld steps: %s",
+                  dropped, step, log_tail(&c, "ps0"));
+    /* a replica's first at once, then at most one a 10 s interval */
+    ck_assert_msg(lines >= 1 && lines <= 3 * (2 + secs / 10),
+                  "%ld lines for %ld drops in %lld s", lines, dropped,
+                  (long long)secs);
+    ck_assert_msg(strstr(text, "more stale gradients dropped since the last "
+                         "such line") != NULL, "%s", log_tail(&c, "ps0"));
+    free(text);
+}
+END_TEST
+
 START_TEST(two_ps_split_and_restore_into_1_3_and_no_cluster)
 {
     cluster c;
@@ -1130,6 +1163,7 @@ suite(void)
         local_step_rule_ends_with_unsent_steps_and_exits_0,
         micro_batches_give_identical_bits_for_1_2_and_4_workers,
         backup_worker_stopped_training_goes_on,
+        backup_workers_stale_drops_are_logged_per_interval,
         two_ps_split_and_restore_into_1_3_and_no_cluster,
         chief_killed_and_restarted_rejoins_without_rollback,
         chief_sigterm_stops_everyone_with_exit_0,
