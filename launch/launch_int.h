@@ -1,8 +1,10 @@
 /* launch_int.h - private to launch/launch*.c: the launcher's state (one
  * struct keel_launch with its tasks) and the helpers its files share.
- * launch.c builds, spawns, relays and polls; launch_stop.c handles exits,
- * restarts and the ordered stop; launch_chaos.c the seeded kills;
- * launch_status.c events, notes, /proc samples and snapshots. */
+ * launch.c builds, starts and polls; launch_chaos.c the seeded kills;
+ * launch_stop.c handles exits, restarts and the ordered stop;
+ * launch_task.c spawns a task's process and relays its output;
+ * launch_status.c events, notes, /proc samples and snapshots. Each file
+ * uses only the files after it in this list. */
 #ifndef KEEL_LAUNCH_INT_H
 #define KEEL_LAUNCH_INT_H
 
@@ -104,13 +106,15 @@ void keel__launch_log_note(task *t, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 void keel__launch_sample_proc(keel_launch *l, task *t, int64_t now);
 
-/* launch.c */
+/* launch_task.c */
+/* Read what is there of task i's stream (0 stdout, 1 stderr), relaying
+ * each whole line; returns 0 at EOF or error (fd closed), else 1. */
 int keel__launch_read_stream(keel_launch *l, size_t i, int stream);
-
-/* launch.c */
 /* (Re)start task i ("started", "restarted"): spawn, log, event. */
 keel_status keel__launch_start_task(keel_launch *l, size_t i,
                                     const char *why);
+/* Open t's log, OUTPUT_DIR/logs/<name>.log (appended to), into log_fd. */
+keel_status keel__launch_open_log(keel_launch *l, task *t);
 
 /* launch_stop.c */
 void keel__launch_close_task_fds(task *t);

@@ -13,83 +13,18 @@
  * cheaper, (X A^-1)^T (D G^-1), and adam's F^-1 v continued from the
  * "precond" slots between inversions.
  * All state is variables and slots of the store: checkpointed as they are,
- * so a restored run continues bit for bit. */
+ * so a restored run continues bit for bit.
+ * This file is the optimizer object, its construction and its update; the
+ * factors' statistics are kfac_factors.c's, their damped inverses
+ * kfac_inverse.c's (kfac_int.h). */
 #include <config.h>
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include <cblas.h>
-
-#include <keel/train.h>
-#include <keel/kfac.h>
 #include "util.h"
-#include "train_int.h"
-
-/* LAPACK (Fortran ABI, as OpenBLAS ships it): Cholesky factorization and
- * the inverse from it, of a symmetric positive definite matrix. */
-extern void spotrf_(const char *uplo, const blasint *n, float *a,
-                    const blasint *lda, blasint *info, size_t uplo_len);
-extern void spotri_(const char *uplo, const blasint *n, float *a,
-                    const blasint *lda, blasint *info, size_t uplo_len);
-
-typedef struct kf_layer {
-    keel__kfac_layer info;
-    char scope[KEEL_NAME_MAX];
-    keel_tensor *A, *G;           /* EMA accumulators (state) */
-    keel_tensor *Ainv, *Ginv;     /* damped inverses (state) */
-    keel_tensor *vw, *vb;         /* velocity slots of kernel and bias */
-    float *Asum, *Gsum;           /* this step's sums (upper triangles) */
-    float *Ainv_new, *Ginv_new;   /* inversion workspaces */
-    float *T, *V;                 /* a_dim x g_dim: [kernel; bias] G^-1,
-                                   * preconditioned (V: regular momentum) */
-    float *Vw, *Vb;               /* F^-1 m of kernel and bias: V, or the
-                                   * precond slots (adam momentum) */
-    keel_tensor *pw, *pb;         /* adam with model_grads: the "precond"
-                                   * slots, F^-1 of the velocity (state) */
-    size_t fmax;                  /* model_grads, a dense layer: the most
-                                   * examples its factored update has
-                                   * fewer flops for (0: none) */
-    float *X1, *DY;               /* the observed step's [in, 1] (fmax x
-                                   * a_dim) and dy (fmax x g_dim) */
-    float *U, *W;                 /* X1 A^-1 and DY G^-1 */
-    double pi;                    /* of the last inversion */
-    int64_t pending;              /* examples observed this step */
-    float *col;                   /* a user's conv2d: im2col workspace */
-} kf_layer;
-
-struct keel_kfac {
-    keel_kfac_config cfg;
-    keel_model *m;
-    keel_vars *vs;
-    kf_layer *l;
-    int nl;
-    float **Ap, **Gp;             /* the layers' Asum/Gsum, for the model */
-    keel_tensor *ema_w;           /* "kfac/ema_weight" */
-    int32_t *targets;             /* max_batch (a model's) */
-    keel_var **extra;             /* trainable variables of no layer */
-    keel_tensor **extra_v;        /* their "velocity" slots */
-    size_t n_extra;
-    int update_only;              /* keel_kfac_apply_update's call: no
-                                   * EMA, inversion at step 0 only */
-    int64_t rng_step;             /* the step rng was seeded for */
-    keel__rng rng;
-    /* model_grads: the step keel_kfac_observe captured the factored
-     * gradient of (-1: none), its examples and gradients */
-    int64_t cap_step;
-    int64_t obs_step;             /* of the last keel_kfac_observe */
-    size_t cap_n;
-    const keel_grads *cap_grads;
-    keel_var *flag_var;           /* the first layer's bias: its slot
-                                   * "precond_valid" (every element 1:
-                                   * the precond slots hold F^-1 v for the
-                                   * store's inverses and velocity) rides
-                                   * on a trainable variable, so every
-                                   * mode's chief commits it */
-    uint64_t factored;            /* the last apply's layers (bit i) that
-                                   * took the factored update */
-};
+#include "kfac_int.h"
 
 /* The trainable variables of no layer: momentum SGD, v = mu v + grad,
  * x -= lr v (the identity as their preconditioner, outside the KL-norm
@@ -129,11 +64,13 @@ keel_kfac_config_init(keel_kfac_config *cfg)
     cfg->cov_update_every = 1;
 }
 
+
 KEEL__FROM_NAME(keel_kfac_momentum_type_from_name, keel_kfac_momentum_type,
                 "K-FAC momentum type", mom_names)
 
 KEEL__FROM_NAME(keel_kfac_estimation_from_name, keel_kfac_estimation,
                 "K-FAC estimation mode", est_names)
+
 
 static keel_status
 check_config(const keel_kfac_config *c)
@@ -165,6 +102,7 @@ check_config(const keel_kfac_config *c)
                           "estimation mode");
     return KEEL_OK;
 }
+
 
 void
 keel_kfac_free(keel_kfac *k)
@@ -503,304 +441,6 @@ keel_kfac_get_config(const keel_kfac *k)
     return k != NULL ? &k->cfg : NULL;
 }
 
-/* Whether global_step updates the factors: every cov_update_every steps,
- * and always while they have no statistics (a fresh store). */
-static int
-cov_step(const keel_kfac *k, int64_t global_step)
-{
-    return global_step % k->cfg.cov_update_every == 0 ||
-           k->ema_w->data[0] == 0.0f;
-}
-
-/* model_grads: the factored gradient of the step keel_model_step just
- * computed on batch ([in, 1] and dy of the dense layers it pays for),
- * copied out of the model's workspaces before the statistics pass reuses
- * them. A second observe of one step drops it: the step's gradient is
- * then not one batch's. */
-static void
-capture(keel_kfac *k, const keel_batch *batch, int64_t global_step)
-{
-    const keel_grads *g0 = NULL;
-    int again = k->obs_step == global_step;
-    k->obs_step = global_step;
-    k->cap_step = -1;
-    if (!k->cfg.model_grads || again)
-        return;
-    for (int i = 0; i < k->nl; i++) {
-        kf_layer *L = &k->l[i];
-        const keel_grads *g;
-        const float *in, *dy;
-        size_t a = L->info.a_dim;
-        if (batch->n > L->fmax)
-            continue;
-        if (!keel__model_step_io(k->m, batch, i, &g, &in, &dy))
-            return;
-        for (size_t r = 0; r < batch->n; r++) {
-            memcpy(L->X1 + r * a, in + r * (a - 1), (a - 1) * sizeof(float));
-            L->X1[r * a + a - 1] = 1.0f;
-        }
-        memcpy(L->DY, dy, batch->n * L->info.g_dim * sizeof(float));
-        g0 = g;
-    }
-    if (g0 != NULL) {
-        k->cap_step = global_step;
-        k->cap_n = batch->n;
-        k->cap_grads = g0;
-    }
-}
-
-/* The target stream of global_step: one per step, so a resumed run draws
- * the same targets. */
-static void
-seed_rng(keel_kfac *k, int64_t global_step)
-{
-    if (global_step != k->rng_step) {
-        uint64_t s = k->cfg.seed ^ 0x6b666163ULL;
-        s ^= keel__splitmix64(&(uint64_t){ (uint64_t)global_step });
-        keel__rng_seed(&k->rng, s);
-        k->rng_step = global_step;
-    }
-}
-
-static keel_status
-kfac_observe_fp(keel_kfac *k, keel_vars *vs, const keel_batch *batch,
-                int64_t global_step)
-{
-    keel_status st;
-    if (k == NULL || vs == NULL || batch == NULL)
-        return keel__fail(KEEL_EINVAL, "K-FAC observe: NULL argument");
-    if (vs != k->vs)
-        return keel__fail(KEEL_EINVAL, "K-FAC observe: another variable "
-                          "store than the optimizer's");
-    if (global_step < 0)
-        return keel__fail(KEEL_EINVAL, "K-FAC observe: negative global step "
-                          "%lld", (long long)global_step);
-    if (k->m == NULL)
-        return keel__fail(KEEL_EINVAL, "K-FAC observe: this optimizer has "
-                          "no model (keel_kfac_new_from_layers): give each "
-                          "layer's statistics with keel_kfac_observe_layer");
-    capture(k, batch, global_step);
-    if (!cov_step(k, global_step))
-        return KEEL_OK;
-    seed_rng(k, global_step);
-    KEEL__PROF_BEGIN();
-    st = keel__model_kfac_stats(k->m, batch,
-                                k->cfg.estimation == KEEL_KFAC_GRADIENTS
-                                    ? &k->rng : NULL,
-                                k->targets, k->l[0].pending > 0,
-                                k->cfg.model_grads, k->Ap, k->Gp);
-    KEEL__PROF_END(kfac_stats_ns);
-    if (st != KEEL_OK)
-        return keel__wrap(st, "K-FAC observe");
-    for (int i = 0; i < k->nl; i++)
-        k->l[i].pending += (int64_t)batch->n;
-    return KEEL_OK;
-}
-
-keel_status
-keel_kfac_observe(keel_kfac *k, keel_vars *vs, const keel_batch *batch,
-                  int64_t global_step)
-{
-    return KEEL__FLUSHED(kfac_observe_fp(k, vs, batch, global_step));
-}
-
-/* The next observe starts the sums afresh (overwrites them). */
-static void
-clear_pending(keel_kfac *k)
-{
-    for (int i = 0; i < k->nl; i++)
-        k->l[i].pending = 0;
-}
-
-/* Whether any layer has statistics pending. */
-static int
-any_pending(const keel_kfac *k)
-{
-    for (int i = 0; i < k->nl; i++)
-        if (k->l[i].pending > 0)
-            return 1;
-    return 0;
-}
-
-/* The first layer without statistics this step, -1 if every layer has. */
-static int
-unobserved_layer(const keel_kfac *k)
-{
-    for (int i = 0; i < k->nl; i++)
-        if (k->l[i].pending <= 0)
-            return i;
-    return -1;
-}
-
-/* A user's layer's statistics: the upper triangles of [in, 1]^T [in, 1]
- * (a convolution's im2col patches) and dy^T dy, added to the pending
- * sums. */
-static keel_status
-kfac_observe_layer_fp(keel_kfac *k, int layer, const float *inputs,
-                      const float *output_grads, size_t n,
-                      int64_t global_step)
-{
-    kf_layer *L;
-    int acc, hb;
-    if (k == NULL || inputs == NULL || output_grads == NULL)
-        return keel__fail(KEEL_EINVAL, "K-FAC observe_layer: NULL argument");
-    if (k->m != NULL)
-        return keel__fail(KEEL_EINVAL, "K-FAC observe_layer: this optimizer "
-                          "observes its model's batches (keel_kfac_observe)");
-    if (layer < 0 || layer >= k->nl)
-        return keel__fail(KEEL_EINVAL, "K-FAC observe_layer: no layer %d "
-                          "(%d registered)", layer, k->nl);
-    if (global_step < 0)
-        return keel__fail(KEEL_EINVAL, "K-FAC observe_layer: negative "
-                          "global step %lld", (long long)global_step);
-    if (n == 0 || n > (size_t)INT32_MAX)
-        return keel__fail(KEEL_EINVAL, "K-FAC observe_layer '%s': %zu "
-                          "examples", k->l[layer].scope, n);
-    if (!cov_step(k, global_step))
-        return KEEL_OK;
-    L = &k->l[layer];
-    acc = L->pending > 0;
-    hb = L->info.b != NULL;
-    KEEL__PROF_BEGIN();
-    if (L->info.is_conv) {
-        keel__conv_patch_cov(&L->info.cg, inputs, n, L->col, hb, acc,
-                             L->Asum);
-        keel__cov_add(output_grads, n * L->info.locations, L->info.g_dim,
-                      L->info.g_dim, 0, acc, L->Gsum);
-    } else {
-        size_t din = L->info.a_dim - (size_t)hb;
-        keel__cov_add(inputs, n, din, din, hb, acc, L->Asum);
-        keel__cov_add(output_grads, n, L->info.g_dim, L->info.g_dim, 0, acc,
-                      L->Gsum);
-    }
-    KEEL__PROF_END(kfac_stats_ns);
-    L->pending += (int64_t)n;
-    return KEEL_OK;
-}
-
-keel_status
-keel_kfac_observe_layer(keel_kfac *k, int layer, const float *inputs,
-                        const float *output_grads, size_t n,
-                        int64_t global_step)
-{
-    return KEEL__FLUSHED(kfac_observe_layer_fp(k, layer, inputs,
-                                               output_grads, n,
-                                               global_step));
-}
-
-keel_status
-keel_kfac_sample_targets(keel_kfac *k, const float *logits, size_t n,
-                         size_t classes, const int32_t *labels,
-                         int64_t global_step, int32_t *targets)
-{
-    int gradients;
-    if (k == NULL || logits == NULL || targets == NULL)
-        return keel__fail(KEEL_EINVAL, "K-FAC targets: NULL argument");
-    gradients = k->cfg.estimation == KEEL_KFAC_GRADIENTS;
-    if (!gradients && labels == NULL)
-        return keel__fail(KEEL_EINVAL, "K-FAC targets: the empirical Fisher "
-                          "takes the labels (labels is NULL)");
-    if (classes < 1 || global_step < 0)
-        return keel__fail(KEEL_EINVAL, "K-FAC targets: %zu classes at step "
-                          "%lld", classes, (long long)global_step);
-    if (gradients)
-        seed_rng(k, global_step);
-    keel__kfac_draw_targets(logits, n, classes, labels,
-                            gradients ? &k->rng : NULL, targets);
-    return KEEL_OK;
-}
-
-/* The factor's EMA, dst = d acc + (1 - d) scale sum, from the upper
- * triangle of sum (the row-major upper triangle keel__cov_add leaves) into
- * both triangles of dst, in 32 x 32 tiles: the full symmetric matrix of
- * mirroring sum first, in one pass over half the elements. acc is
- * symmetric; dst may be acc or sum (every element is read before it is
- * written, and only upper elements are read). */
-static void
-ema_sym(float *dst, const float *acc, const float *sum, size_t n, float d,
-        float scale)
-{
-    const float e = 1.0f - d;
-    for (size_t i0 = 0; i0 < n; i0 += 32)
-        for (size_t j0 = i0; j0 < n; j0 += 32) {
-            size_t i1 = i0 + 32 < n ? i0 + 32 : n;
-            size_t j1 = j0 + 32 < n ? j0 + 32 : n;
-            for (size_t i = i0; i < i1; i++)
-                for (size_t j = j0 > i ? j0 : i; j < j1; j++) {
-                    float v = d * acc[i * n + j] + e * (sum[i * n + j] * scale);
-                    dst[i * n + j] = v;
-                    dst[j * n + i] = v;
-                }
-        }
-}
-
-static double
-trace_of(const float *a, size_t n)
-{
-    double t = 0.0;
-    for (size_t i = 0; i < n; i++)
-        t += (double)a[i * n + i];
-    return t;
-}
-
-/* inv = (acc / w + damp I)^-1 by Cholesky; a full symmetric result. */
-static keel_status
-damped_inverse(const float *acc, size_t n, float w, float damp, float *inv,
-               const char *scope, const char *which)
-{
-    blasint bn = (blasint)n, info = 0;
-    for (size_t i = 0; i < n * n; i++)
-        inv[i] = acc[i] / w;
-    for (size_t i = 0; i < n; i++)
-        inv[i * n + i] += damp;
-    spotrf_("U", &bn, inv, &bn, &info, 1);
-    if (info == 0)
-        spotri_("U", &bn, inv, &bn, &info, 1);
-    if (info != 0)
-        return keel__fail(KEEL_EINVAL, "K-FAC: the damped %s factor of '%s' "
-                          "is not positive definite (LAPACK info %d): the "
-                          "training diverged, or raise kfac.damping", which,
-                          scope, (int)info);
-    /* column-major upper = row-major lower: mirror it up */
-    for (size_t i = 0; i < n; i++)
-        for (size_t j = i + 1; j < n; j++)
-            inv[i * n + j] = inv[j * n + i];
-    return KEEL_OK;
-}
-
-/* pi, damping and both inverses of layer L from the accumulators A, G
- * (weight w) into Ainv_new, Ginv_new. */
-static keel_status
-invert_layer(const keel_kfac *k, kf_layer *L, const float *A, const float *G,
-             float w)
-{
-    size_t a = L->info.a_dim, g = L->info.g_dim;
-    double ta = trace_of(A, a) / (double)w;
-    double tg = trace_of(G, g) / (double)w;
-    double lam = k->cfg.damping / (double)L->info.locations;
-    double pi = ta * tg == 0.0 ? 1.0
-                               : sqrt((ta / (double)a) / (tg / (double)g));
-    keel_status st;
-    if (!isfinite(pi) || !(pi > 0.0))
-        return keel__fail(KEEL_EINVAL, "K-FAC: factors of '%s' have traces "
-                          "%g and %g (pi %g): the training diverged",
-                          L->scope, ta, tg, pi);
-    L->pi = pi;
-    st = damped_inverse(A, a, w, (float)(pi * sqrt(lam)), L->Ainv_new,
-                        L->scope, "A");
-    if (st == KEEL_OK)
-        st = damped_inverse(G, g, w, (float)(sqrt(lam) / pi),
-                            L->Ginv_new, L->scope, "G");
-    return st;
-}
-
-static void
-set_all(keel_tensor *t, float v)
-{
-    for (size_t i = 0; i < t->count; i++)
-        t->data[i] = v;
-}
-
 /* s + <x, y>, summed in double in index order. */
 static double
 dot(double s, const float *x, const float *y, size_t n)
@@ -855,15 +495,6 @@ precondition_factored(kf_layer *L, size_t n, float beta)
                 g);
 }
 
-/* One apply's schedule: whether it folds statistics into the factors,
- * whether it inverts them, and the EMA's decay and weight after it. */
-typedef struct apply_plan {
-    int cov;                      /* a statistics step */
-    int invert;                   /* an inversion is due */
-    float d;                      /* the EMA's decay per update */
-    float w_new;                  /* "kfac/ema_weight" after the step */
-} apply_plan;
-
 static keel_status
 check_apply(const keel_kfac *k, keel_vars *vs, keel_grads *grads,
             int64_t global_step)
@@ -906,7 +537,7 @@ static void
 plan_apply(const keel_kfac *k, int64_t global_step, apply_plan *p)
 {
     float w_old = k->ema_w->data[0];
-    p->cov = !k->update_only && cov_step(k, global_step);
+    p->cov = !k->update_only && keel__kfac_cov_step(k, global_step);
     /* kfac's decay per update with cov_update_every: the decay per step
      * to that power (pow(d, 1) is d exactly) */
     p->d = (float)pow(k->cfg.cov_ema_decay, (double)k->cfg.cov_update_every);
@@ -914,41 +545,6 @@ plan_apply(const keel_kfac *k, int64_t global_step, apply_plan *p)
     p->invert = (k->update_only ? global_step == 0
                                 : global_step % k->cfg.invert_every == 0) ||
                 w_old == 0.0f;
-}
-
-/* The step's sums into the factors' EMAs: with an inversion due, into the
- * sums' own buffers (committed after it succeeds); otherwise straight
- * into the state. */
-static void
-fold_statistics(keel_kfac *k, const apply_plan *p)
-{
-    KEEL__PROF_BEGIN();
-    for (int i = 0; i < k->nl; i++) {
-        kf_layer *L = &k->l[i];
-        float sc = (float)(1.0 / ((double)L->pending *
-                                  (double)L->info.locations));
-        ema_sym(p->invert ? L->Asum : L->A->data, L->A->data, L->Asum,
-                L->info.a_dim, p->d, sc);
-        ema_sym(p->invert ? L->Gsum : L->G->data, L->G->data, L->Gsum,
-                L->info.g_dim, p->d, sc);
-    }
-    KEEL__PROF_END(kfac_stats_ns);
-}
-
-/* Every layer's inverses into its workspaces, from the new factors: in
- * the sums' buffers after an EMA, else the state's own. */
-static keel_status
-invert_layers(keel_kfac *k, const apply_plan *p)
-{
-    keel_status st = KEEL_OK;
-    KEEL__PROF_BEGIN();
-    for (int i = 0; i < k->nl && st == KEEL_OK; i++) {
-        kf_layer *L = &k->l[i];
-        st = invert_layer(k, L, p->cov ? L->Asum : L->A->data,
-                          p->cov ? L->Gsum : L->G->data, p->w_new);
-    }
-    KEEL__PROF_END(kfac_invert_ns);
-    return st;
 }
 
 /* The new weight, factors and inverses into the state; cannot fail. */
@@ -968,7 +564,7 @@ commit_factors(keel_kfac *k, const apply_plan *p)
             memcpy(L->Ginv->data, L->Ginv_new, g * g * sizeof(float));
         }
     }
-    clear_pending(k);
+    keel__kfac_clear_pending(k);
 }
 
 /* F^-1 m of layer i into its Vw, Vb, m being the gradient or, with adam
@@ -1036,7 +632,7 @@ precondition_layers(keel_kfac *k, keel_grads *grads, int64_t global_step,
     /* the precond slots now hold F^-1 v for the store's inverses, except
      * after keel_kfac_apply_update, whose inverses others replace */
     if (valid != NULL)
-        set_all(valid, k->cfg.model_grads && !k->update_only &&
+        keel__kfac_set_all(valid, k->cfg.model_grads && !k->update_only &&
                            k->cfg.momentum_type == KEEL_KFAC_MOMENTUM_ADAM &&
                            k->l[0].pw != NULL ? 1.0f : 0.0f);
     return s;
@@ -1101,13 +697,13 @@ kfac_apply_fp(keel_kfac *k, keel_vars *vs, keel_grads *grads,
     if (st != KEEL_OK)
         return st;
     plan_apply(k, global_step, &p);
-    if (p.cov && !any_pending(k))
+    if (p.cov && !keel__kfac_any_pending(k))
         return keel__fail(KEEL_ESTATE, "K-FAC apply at step %lld: no factor "
                           "statistics observed (call keel_kfac_observe "
                           "first)", (long long)global_step);
-    if (p.cov && unobserved_layer(k) >= 0) {
-        int i = unobserved_layer(k);
-        clear_pending(k);
+    if (p.cov && keel__kfac_unobserved_layer(k) >= 0) {
+        int i = keel__kfac_unobserved_layer(k);
+        keel__kfac_clear_pending(k);
         return keel__fail(KEEL_ESTATE, "K-FAC apply at step %lld: no factor "
                           "statistics of layer %d '%s' (call "
                           "keel_kfac_observe_layer for every layer)",
@@ -1115,15 +711,15 @@ kfac_apply_fp(keel_kfac *k, keel_vars *vs, keel_grads *grads,
     }
     st = check_layer_grads(k, grads);
     if (st != KEEL_OK) {
-        clear_pending(k);
+        keel__kfac_clear_pending(k);
         return st;
     }
     if (p.cov)
-        fold_statistics(k, &p);
+        keel__kfac_fold_statistics(k, &p);
     if (p.invert) {
-        st = invert_layers(k, &p);
+        st = keel__kfac_invert_layers(k, &p);
         if (st != KEEL_OK) {
-            clear_pending(k);
+            keel__kfac_clear_pending(k);
             return keel__wrap(st, "K-FAC apply at step %lld",
                               (long long)global_step);
         }
@@ -1201,88 +797,13 @@ keel_kfac_layer(const keel_kfac *k, int i, const char **scope, size_t *a_dim,
 }
 
 static keel_status
-kfac_take_statistics_fp(keel_kfac *k, float *const *A, float *const *G)
-{
-    if (k == NULL || A == NULL || G == NULL)
-        return keel__fail(KEEL_EINVAL, "K-FAC statistics: NULL argument");
-    if (unobserved_layer(k) >= 0)
-        return keel__fail(KEEL_ESTATE, "K-FAC statistics: none observed "
-                          "of layer '%s' (call keel_kfac_observe first)",
-                          k->l[unobserved_layer(k)].scope);
-    for (int i = 0; i < k->nl; i++) {
-        const kf_layer *L = &k->l[i];
-        double sc = 1.0 / ((double)L->pending * (double)L->info.locations);
-        const float *src[2] = { L->Asum, L->Gsum };
-        float *dst[2] = { A[i], G[i] };
-        size_t dim[2] = { L->info.a_dim, L->info.g_dim };
-        for (int f = 0; f < 2; f++) {
-            size_t n = dim[f];
-            /* the sums' upper triangle, mirrored, scaled once */
-            for (size_t r = 0; r < n; r++)
-                for (size_t c = r; c < n; c++) {
-                    float v = (float)((double)src[f][r * n + c] * sc);
-                    dst[f][r * n + c] = v;
-                    dst[f][c * n + r] = v;
-                }
-        }
-    }
-    clear_pending(k);
-    return KEEL_OK;
-}
-
-keel_status
-keel_kfac_take_statistics(keel_kfac *k, float *const *A, float *const *G)
-{
-    return KEEL__FLUSHED(kfac_take_statistics_fp(k, A, G));
-}
-
-static keel_status
-kfac_invert_layer_fp(keel_kfac *k, int i)
-{
-    kf_layer *L;
-    size_t a, g;
-    float w;
-    keel_status st;
-    if (k == NULL || i < 0 || i >= k->nl)
-        return keel__fail(KEEL_EINVAL, "K-FAC invert: no layer %d", i);
-    if (any_pending(k))
-        return keel__fail(KEEL_ESTATE, "K-FAC invert: statistics of a step "
-                          "are pending (this task also observes)");
-    L = &k->l[i];
-    a = L->info.a_dim;
-    g = L->info.g_dim;
-    w = k->ema_w->data[0];
-    if (!(w > 0.0f))
-        return keel__fail(KEEL_ESTATE, "K-FAC invert: the factors of '%s' "
-                          "have no statistics yet (EMA weight %g)", L->scope,
-                          (double)w);
-    st = invert_layer(k, L, L->A->data, L->G->data, w);
-    if (st != KEEL_OK)
-        return st;
-    {
-        keel_tensor *valid = keel_var_slot(k->flag_var, "precond_valid");
-        if (valid != NULL)
-            set_all(valid, 0.0f);
-    }
-    memcpy(L->Ainv->data, L->Ainv_new, a * a * sizeof(float));
-    memcpy(L->Ginv->data, L->Ginv_new, g * g * sizeof(float));
-    return KEEL_OK;
-}
-
-keel_status
-keel_kfac_invert_layer(keel_kfac *k, int i)
-{
-    return KEEL__FLUSHED(kfac_invert_layer_fp(k, i));
-}
-
-static keel_status
 kfac_apply_update_fp(keel_kfac *k, keel_vars *vs, keel_grads *grads,
                      int64_t global_step)
 {
     keel_status st;
     if (k == NULL)
         return keel__fail(KEEL_EINVAL, "K-FAC update: NULL argument");
-    if (any_pending(k))
+    if (keel__kfac_any_pending(k))
         return keel__fail(KEEL_ESTATE, "K-FAC update at step %lld: "
                           "statistics are pending (use keel_kfac_apply)",
                           (long long)global_step);

@@ -4,10 +4,14 @@
 # Data: dataset.c (the handle) under the readers data_idx.c, data_hdf5.c
 # and data_inputs.c (any format, on those two), and data.c (examples and
 # batches) on top, sharing data_int.h.
+# K-FAC: kfac.c (the optimizer and its update) on kfac_inverse.c (damping,
+# inverses) on kfac_factors.c (the factors' statistics), sharing
+# kfac_int.h; kfac_layers.c holds the layer collection.
 libkeel_core_la_SOURCES += train/train_int.h \
 	train/layers.c \
 	train/model_int.h train/model.c train/model_run.c train/model_desc.c \
-	train/hogwild.c train/kfac.c train/kfac_layers.c \
+	train/hogwild.c train/kfac_int.h train/kfac.c train/kfac_inverse.c \
+	train/kfac_factors.c train/kfac_layers.c \
 	train/data_int.h train/dataset.c train/data_idx.c train/data_hdf5.c \
 	train/data_inputs.c train/data.c
 pkginclude_HEADERS += include/keel/train.h include/keel/kfac.h
