@@ -1,8 +1,10 @@
 #!/usr/bin/python3
 """ckpt_torch.py - one round of the torch.save / torch.load baseline for
 bench/ckpt.sh, on the same bytes as bench/ckpt_bench: a state dict of 8
-float32 tensors totalling SIZE MiB. Save = open, torch.save, flush, fsync,
-close (durable, like keel's save); cold load = fdatasync and
+float32 tensors totalling SIZE MiB. Save = the same crash-safe commit as
+keel's: torch.save into a temporary file beside the target, flush, fsync,
+close, rename over the target, fsync of the directory (keel's save adds
+its own state file update, fsynced and renamed the same way); cold load = fdatasync and
 posix_fadvise(DONTNEED) on the file (what ckpt_bench does for keel and raw),
 then torch.load. One JSON line per op (GB/s = 1e9 bytes/s).
   /usr/bin/python3 bench/ckpt_torch.py --size MIB --dir D
@@ -33,11 +35,16 @@ def main():
              for i in range(N_VARS)}
     gb = N_VARS * per * 4 / 1e9
     path = os.path.join(a.dir, "torch-%d.pt" % a.size)
+    tmp = os.path.join(a.dir, ".torch-%d.pt.tmp" % a.size)
     t0 = time.perf_counter()
-    with open(path, "wb") as f:
+    with open(tmp, "wb") as f:
         torch.save(state, f)
         f.flush()
         os.fsync(f.fileno())
+    os.rename(tmp, path)
+    dfd = os.open(a.dir, os.O_RDONLY)
+    os.fsync(dfd)
+    os.close(dfd)
     t_save = time.perf_counter() - t0
     fd = os.open(path, os.O_RDONLY)
     os.fdatasync(fd)

@@ -159,21 +159,31 @@ write_piece(ck_out *o, const ck_piece *pc, uint64_t *hash)
 }
 
 /* O_DIRECT writes do not pass the data through the CPU, so the checksums
- * need a pass of their own: a thread computes them while the writes run
- * (hashing inline would hold each direct write back by the hash's time). */
+ * need a pass of their own: CK_HASHERS threads compute them while the
+ * writes run (hashing inline would hold each direct write back by the
+ * hash's time). Each takes the next piece not yet taken and computes its
+ * whole xxh64, so a checksum is the same as one thread's and the file
+ * format does not change; pieces are hashed in parallel, not split. */
+#define CK_HASHERS 2
+
 typedef struct hash_job {
     const ck_piece *pieces;
     size_t n;
+    size_t next;              /* the next piece to take (atomic) */
 } hash_job;
 
 static void *
 hash_main(void *arg)
 {
-    const hash_job *h = arg;
-    for (size_t i = 0; i < h->n; i++)
+    hash_job *h = arg;
+    for (;;) {
+        size_t i = __atomic_fetch_add(&h->next, 1, __ATOMIC_RELAXED);
+        if (i >= h->n)
+            break;
         if (h->pieces[i].hash != NULL)
             *h->pieces[i].hash = XXH64(h->pieces[i].data,
                                        h->pieces[i].bytes, 0);
+    }
     return NULL;
 }
 
@@ -183,9 +193,10 @@ keel__ckpt_io_write(int fd, const char *tmp, const ck_piece *pieces,
 {
     keel_status st = KEEL_OK;
     ck_out o = { .fd = fd, .dfd = -1, .path = tmp };
-    int has_hasher = 0, wants_hash = 0;
-    hash_job hj = { pieces, n };
-    pthread_t hasher;
+    int n_hashers = 0, wants_hash = 0;
+    hash_job hj = { pieces, n, 0 };
+    pthread_t hasher[CK_HASHERS];
+    int64_t t0 = keel__now_mono_ns(), t1;
 
     assert(fd >= 0 && n_direct != NULL);
     for (size_t i = 0; i < n; i++)
@@ -196,8 +207,10 @@ keel__ckpt_io_write(int fd, const char *tmp, const ck_piece *pieces,
 #else
     (void)direct;
 #endif
-    if (wants_hash && o.dfd >= 0)
-        has_hasher = pthread_create(&hasher, NULL, hash_main, &hj) == 0;
+    while (wants_hash && o.dfd >= 0 && n_hashers < CK_HASHERS &&
+           (size_t)n_hashers < n &&
+           pthread_create(&hasher[n_hashers], NULL, hash_main, &hj) == 0)
+        n_hashers++;
     for (size_t i = 0; i < n && st == KEEL_OK; i++) {
         const ck_piece *pc = &pieces[i];
         if (pc->bytes == 0)
@@ -207,10 +220,16 @@ keel__ckpt_io_write(int fd, const char *tmp, const ck_piece *pieces,
                             "%s in %s", pc->what, tmp);
             break;
         }
-        st = write_piece(&o, pc, has_hasher ? NULL : pc->hash);
+        st = write_piece(&o, pc, n_hashers > 0 ? NULL : pc->hash);
     }
-    if (has_hasher)
-        pthread_join(hasher, NULL);
+    t1 = keel__now_mono_ns();
+    for (int k = 0; k < n_hashers; k++)
+        pthread_join(hasher[k], NULL);
+    if (n_hashers > 0)
+        keel__log(KEEL_LOG_DEBUG, "write %s: data written in %.1f ms, "
+                  "checksums (%d threads) done %.1f ms later", tmp,
+                  (double)(t1 - t0) / 1e6, n_hashers,
+                  (double)(keel__now_mono_ns() - t1) / 1e6);
     if (o.dfd >= 0)
         close(o.dfd);               /* direct writes are done on return */
     *n_direct = o.n_direct;
