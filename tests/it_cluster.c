@@ -1143,6 +1143,12 @@ START_TEST(sharded_checkpoints_are_an_index_and_one_shard_per_ps)
     ck_assert(log_has(&c, "worker0", "shards of step 40 are written"));
     ck_assert_int_eq(TU_KEEL(RUN_MS, "ckpt", "verify", index), 0);
     ck_assert(eval_accuracy(tu_path("run")) > 0.5);
+    ck_assert_int_eq((int)tu_json_number(out, "step"), 40);
+    /* a chief killed after the shards, before the index: step 40's shards
+     * without their index are no checkpoint, the previous one is read */
+    ck_assert_int_eq(unlink(index), 0);
+    ck_assert(eval_accuracy(tu_path("run")) > 0.5);
+    ck_assert_int_eq((int)tu_json_number(out, "step"), 20);
 }
 END_TEST
 
