@@ -219,6 +219,13 @@ const keel__config_key keel__config_keys[] = {
     { "checkpoint", "async", T_BOOL, "false", NOLIM, NULL,
       "Write checkpoints in a background thread; the step waits only for "
       "a copy of the variables." },
+    { "checkpoint", "sharded", T_ENUM, "off", NOLIM, "auto|on|off",
+      "Cluster with ps: each ps writes its own variables and slots as one "
+      "shard into dir and the chief commits an index last (no model "
+      "traffic through the chief); dir must be one directory on every "
+      "task (a shared file system) and basename model.ckpt. off: the "
+      "chief pulls the model and writes one file. auto: on when every ps "
+      "runs on a loopback address (this machine), else off." },
     { "checkpoint", "save_on_error", T_BOOL, "false", NOLIM, NULL,
       "Also write the final checkpoint when training stops on an error "
       "(TF1 never does)." },

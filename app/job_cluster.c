@@ -130,10 +130,35 @@ keel__job_ranks(keel__train_run *r)
     return mwm_check_ranks(r->cfg, r->replicas);
 }
 
+/* checkpoint.sharded: on, off, or auto (on when every ps listens on a
+ * loopback address: one machine, one checkpoint directory). A basename
+ * other than the shards' default keeps it off. */
+static int
+sharded_from(const keel_config *cfg, const keel_cluster_spec *spec)
+{
+    const char *v = keel_config_str(cfg, "checkpoint.sharded");
+    size_t n_ps = spec ? keel_cluster_spec_num_tasks(spec, KEEL_TASK_PS) : 0;
+    if (strcmp(v, "off") == 0 || n_ps == 0 ||
+        strcmp(keel_config_str(cfg, "checkpoint.basename"),
+               "model.ckpt") != 0)
+        return 0;
+    if (strcmp(v, "on") == 0)
+        return 1;
+    for (size_t i = 0; i < n_ps; i++) {
+        const char *a = keel_cluster_spec_address(spec, KEEL_TASK_PS,
+                                                  (int)i);
+        if (a == NULL || (strncmp(a, "127.", 4) != 0 &&
+                          strncmp(a, "localhost:", 10) != 0 &&
+                          strncmp(a, "[::1]:", 6) != 0))
+            return 0;
+    }
+    return 1;
+}
+
 /* The cluster options of the config's [cluster] and [security] keys. */
 static void
 cluster_options_from(const keel_config *cfg, keel__job *j,
-                     keel_cluster_config *o)
+                     const keel_cluster_spec *spec, keel_cluster_config *o)
 {
     keel_cluster_config_init(o);
     o->optimizer = keel_optimizer_get_config(j->opt);
@@ -156,6 +181,8 @@ cluster_options_from(const keel_config *cfg, keel__job *j,
     o->send_buffer_kib =
         (int)keel_config_int(cfg, "cluster.send_buffer_kib");
     o->reduce_leaves = j->leaves;
+    o->sharded_checkpoints = sharded_from(cfg, spec);
+    o->checkpoint_dir = keel_config_str(cfg, "checkpoint.dir");
     if (j->kfac != NULL) {
         /* K-FAC's update is not per variable: the chief applies it, its
          * state (factors, inverses, velocity) lives on the ps */
@@ -302,7 +329,7 @@ keel__job_run_ps(const keel_config *cfg, const keel_cluster_spec *spec,
         st = kfac_replicas(cfg, keel_cluster_spec_num_replicas(spec), &j);
     if (st == KEEL_OK) {
         j.leaves = leaves_for(cfg, &j, spec);
-        cluster_options_from(cfg, &j, &o);
+        cluster_options_from(cfg, &j, spec, &o);
         st = keel_ps_run(spec, j.vs, &o);
     }
     if (opts->handle_signals)
@@ -473,7 +500,7 @@ keel__job_cluster_backend(keel__train_run *r)
      * batch's mean, which the ps add */
     if (j->leaves == 0 && j->micro == 0)
         j->local_norm = 1;
-    cluster_options_from(r->cfg, j, &o);
+    cluster_options_from(r->cfg, j, r->spec, &o);
     st = keel_cluster_backend_new(r->spec, j->vs, &o, &r->worker);
     if (st != KEEL_OK)
         return st;

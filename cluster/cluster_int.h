@@ -77,7 +77,7 @@ keel_status keel__cluster_zmq_connect(void *sock, const char *endpoint);
  *   [text]                if F_TEXT: UTF-8, at most limits.max_text bytes
  * docs/protocol.md lays the header and descriptor out byte by byte. */
 
-#define KEEL_WIRE_VERSION 3
+#define KEEL_WIRE_VERSION 4
 #define KEEL_WIRE_HEADER_SIZE 64
 #define KEEL_WIRE_DTYPE_F32 1
 
@@ -105,6 +105,11 @@ enum keel__msg_type {
                              * an error or a signal) at global_step; arg:
                              * its keel_end_reason, text: why; a sync ps
                              * then ends the job (reply: F_REPLY) */
+    KEEL_MSG_SAVE_SHARD,    /* chief -> ps: write this ps's shard of the
+                             * sharded checkpoint of global_step (arg: the
+                             * shard count, peer_generation: the run id)
+                             * into the ps's checkpoint directory, durably;
+                             * reply: F_REPLY with the ps's global step */
     KEEL_MSG_TYPE_END
 };
 
@@ -584,6 +589,9 @@ typedef struct keel__ps_config {
      * goes to the chief (AGGREGATE) instead of to apply, and the step ends
      * when the chief's COMMIT brings the new values (apply is not called). */
     int chief_applies;
+    /* The shared checkpoint directory a SAVE_SHARD writes this ps's shard
+     * into (borrowed for the server's life); NULL: SAVE_SHARD is refused. */
+    const char *checkpoint_dir;
 } keel__ps_config;
 
 /* The most local steps one commit may cover. */

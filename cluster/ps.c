@@ -54,6 +54,7 @@ take_config(keel__ps *ps, const keel__ps_config *cfg)
     ps->has_chief = cfg->has_chief;
     ps->chief_applies = cfg->chief_applies;
     ps->dead_after_ms = cfg->dead_after_ms;
+    ps->checkpoint_dir = cfg->checkpoint_dir;
     if (ps->chief_applies && !ps->sync)
         return keel__fail(KEEL_EINVAL, "ps %d: the chief applies updates "
                           "only in sync mode (SyncReplicas)", cfg->task_index);
@@ -279,6 +280,8 @@ handle_real(keel__ps *ps, keel__wire_msg *req, int *handled)
         return keel__ps_real_hello(ps, req);
     case KEEL_MSG_LEAVE:
         return keel__ps_real_leave(ps, req);
+    case KEEL_MSG_SAVE_SHARD:
+        return keel__ps_real_save_shard(ps, req);
     case KEEL_MSG_SHUTDOWN:
         keel__ps_fail_pending(ps, KEEL_ECANCELLED, "training finished: "
                               "the chief shut this ps down");

@@ -35,11 +35,12 @@ msg_type_name(unsigned type)
     static const char *const names[KEEL_MSG_TYPE_END] = {
         "?", "HELLO", "READY", "PULL", "PULL_REPLY", "PUSH", "PUSH_ACK",
         "ERROR", "STEP", "SHUTDOWN", "HEARTBEAT", "TOKEN", "INIT",
-        "AGGREGATE", "COMMIT", "MIX", "LEAVE" };
+        "AGGREGATE", "COMMIT", "MIX", "LEAVE", "SAVE_SHARD" };
     return type < KEEL_MSG_TYPE_END ? names[type] : "?";
 }
 
-/* Which task may send which request. INIT and SHUTDOWN: the chief (worker
+/* Which task may send which request. INIT, SHUTDOWN, COMMIT and
+ * SAVE_SHARD: the chief (worker
  * 0 in a cluster without one); PUSH: the training replicas; reads (HELLO,
  * PULL, STEP, HEARTBEAT): every task of the job. */
 static int
@@ -52,6 +53,7 @@ role_allows(const keel__ps *ps, keel_task_type t, uint32_t index,
     case KEEL_MSG_INIT:
     case KEEL_MSG_SHUTDOWN:
     case KEEL_MSG_COMMIT:
+    case KEEL_MSG_SAVE_SHARD:
         return chief;
     case KEEL_MSG_PUSH:
     case KEEL_MSG_MIX:

@@ -5,7 +5,8 @@
  * PUSH); ps_push.c uses ps_aggregate.c (a sync step's update and its
  * tokens); those use ps_members.c (membership, liveness, the push budget,
  * LEAVE); every one uses ps_request.c (a request's sender and tensors,
- * the replies). No file calls one above it. */
+ * the replies); ps_shard.c (SAVE_SHARD) sits beside ps_values.c. No file
+ * calls one above it. */
 #ifndef KEEL_CLUSTER_PS_INT_H
 #define KEEL_CLUSTER_PS_INT_H
 
@@ -122,6 +123,7 @@ struct keel__ps {
     /* sync: a replica ended its session (LEAVE): why no step can complete
      * any more, the answer to every push from then on; "" while none */
     char job_end[512];
+    const char *checkpoint_dir;  /* keel__ps_config's; NULL: none */
 };
 
 /* ---- a request's sender, its tensors, the replies (ps_request.c) ------- */
@@ -236,6 +238,14 @@ void keel__ps_log_held(keel__ps *ps);
  * caller logs nothing more). */
 keel_status keel__ps_authorize(keel__ps *ps, const keel__wire_msg *req,
                                int *logged);
+
+/* ---- this ps's shard of a sharded checkpoint (ps_shard.c) --------------- */
+
+/* SAVE_SHARD: this ps's variables and slots written durably as shard
+ * task_index of the sharded checkpoint of the header's step, answered
+ * after the write (nothing else is served meanwhile, so the shard holds
+ * whole steps only). */
+keel_status keel__ps_real_save_shard(keel__ps *ps, keel__wire_msg *req);
 
 /* ---- INIT and readiness, PULL, MIX (ps_values.c) ------------------------ */
 

@@ -179,6 +179,8 @@ start_ps(ps_task *t, keel_optimizer *opt)
     pc->reduce_leaves = o->in.reduce_leaves;
     pc->dead_after_ms = o->in.dead_after_ms;
     pc->chief_applies = o->in.chief_applies;
+    pc->checkpoint_dir = o->in.sharded_checkpoints ? o->in.checkpoint_dir
+                                                   : NULL;
     st = keel__ps_new(pc, &t->ps);
     if (st != KEEL_OK)
         return st;

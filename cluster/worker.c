@@ -256,6 +256,22 @@ be_end(void *ctx, keel_vars *vs, int is_chief, keel_end_reason why)
         send_leave(w, vs, why);
 }
 
+/* Before a checkpoint: a sharded one needs only the shared global step
+ * (each ps writes its own values); else every variable and slot. */
+static keel_status
+be_before_save(void *ctx, keel_vars *vs)
+{
+    keel_cluster_backend *w = ctx;
+    int64_t step;
+    keel_status st;
+    if (!keel__worker_sharded(w))
+        return keel__worker_before_save(ctx, vs);
+    st = keel__worker_read_step(ctx, &step);
+    if (st == KEEL_OK)
+        keel_vars_set_global_step(vs, step);
+    return st;
+}
+
 void
 keel_cluster_backend_session_backend(keel_cluster_backend *w, keel_backend *out)
 {
@@ -268,7 +284,8 @@ keel_cluster_backend_session_backend(keel_cluster_backend *w, keel_backend *out)
     out->is_intact = keel__worker_is_intact;
     out->fetch = keel__worker_fetch;
     out->wait_for_change = keel__worker_wait;
-    out->before_save = keel__worker_before_save;
+    out->before_save = be_before_save;
+    out->save = keel__worker_save;
     out->end = be_end;
     out->read_global_step = keel__worker_read_step;
 }

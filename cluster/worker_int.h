@@ -1,7 +1,8 @@
 /* worker_int.h - private to cluster/: the worker backend's state and the
  * calls its files share. worker.c (set-up, the session backend, the end,
  * the public calls) uses worker_pull.c (HELLO, INIT and pulls) and
- * worker_push.c (a step's push and its token); both use worker_call.c
+ * worker_push.c (a step's push and its token) and worker_save.c (sharded
+ * checkpoints); all use worker_call.c
  * (one request to a ps and its reply). No file calls one above it. */
 #ifndef KEEL_CLUSTER_WORKER_INT_H
 #define KEEL_CLUSTER_WORKER_INT_H
@@ -122,6 +123,18 @@ keel_status keel__worker_fetch(void *ctx, keel_vars *vs, int *is_ready,
 keel_status keel__worker_read_step(void *ctx, int64_t *step);
 keel_status keel__worker_wait(void *ctx, int64_t deadline_ns);
 keel_status keel__worker_before_save(void *ctx, keel_vars *vs);
+
+/* ---- sharded checkpoints (worker_save.c) ------------------------------- */
+
+/* 1 when this chief's checkpoints are sharded (sharded_checkpoints with a
+ * checkpoint_dir, ps in the cluster, no update rule keeping the chief's
+ * own model). */
+int keel__worker_sharded(const keel_cluster_backend *w);
+/* keel_backend's save (ctx: the backend): sharded, every ps's shard of the
+ * step in vs, then the index; else keel_saver_save. */
+keel_status keel__worker_save(void *ctx, keel_saver *saver, keel_vars *vs,
+                              const keel_ckpt_meta *meta, char *path,
+                              size_t path_size);
 
 /* ---- the step (worker_push.c) ------------------------------------------- */
 

@@ -104,8 +104,7 @@ save(ckpt_hook *h, keel_session *s, int64_t step, int *should_stop)
         return keel__wrap(st, "checkpoint at step %lld: meta_fn",
                           (long long)step);
     path[0] = '\0';
-    st = keel__ckpt->saver_save(sv, keel_session_vars(s), &meta, path,
-                                sizeof path);
+    st = keel_session_write_checkpoint(s, sv, &meta, path, sizeof path);
     if (st != KEEL_OK && path[0] != '\0')     /* the saver names it first */
         return keel__wrap(st, "checkpoint at step %lld (%s)",
                           (long long)step, path);

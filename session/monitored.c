@@ -567,7 +567,22 @@ keel_session_save_now(keel_session *s, char *path, size_t path_size)
     st = keel_session_collect_meta(s, &meta);
     if (st != KEEL_OK)
         return keel__wrap(st, "save now: meta_fn");
-    return keel__ckpt->saver_save(s->saver, s->vars, &meta, path, path_size);
+    return keel_session_write_checkpoint(s, s->saver, &meta, path,
+                                         path_size);
+}
+
+keel_status
+keel_session_write_checkpoint(keel_session *s, keel_saver *saver,
+                              const keel_ckpt_meta *meta, char *path,
+                              size_t path_size)
+{
+    if (s == NULL || saver == NULL)
+        return keel__fail(KEEL_EINVAL, "write checkpoint: NULL %s",
+                          s == NULL ? "session" : "saver");
+    if (s->backend.save != NULL)
+        return s->backend.save(s->backend.ctx, saver, s->vars, meta, path,
+                               path_size);
+    return keel__ckpt->saver_save(saver, s->vars, meta, path, path_size);
 }
 
 keel_status

@@ -132,8 +132,14 @@ START_TEST(test_bad_values_explain_valid_range)
     load_fails_naming("[model]\nclasses = 2000000\n", "model.classes",
                       NULL);
     load_fails_naming("[data]\nstream = maybe\n", "auto, on, off", NULL);
+    load_fails_naming("[checkpoint]\nsharded = yes\n", "job.ini:2",
+                      "auto, on, off", NULL);
     /* the failed loads changed nothing that was valid before */
     ck_assert_str_eq(keel_config_str(cfg, "model.type"), "mlp");
+    ck_assert_str_eq(keel_config_str(cfg, "checkpoint.sharded"), "off");
+    ck_assert_int_eq(keel_config_override(cfg, "checkpoint.sharded=on",
+                                          "-s"), KEEL_OK);
+    ck_assert_str_eq(keel_config_str(cfg, "checkpoint.sharded"), "on");
 }
 END_TEST
 

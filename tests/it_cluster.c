@@ -1149,6 +1149,69 @@ START_TEST(chief_waiting_for_a_ps_names_it)
 }
 END_TEST
 
+/* checkpoint.sharded=on: every checkpoint of a 2-ps sync job is an index
+ * and 2 shards, each ps writing its own; keel ckpt verify and a
+ * one-process eval read it; the shards hold every variable and slot (the
+ * run resumes from them in one process, bitwise like the cluster's). */
+START_TEST(sharded_checkpoints_are_an_index_and_one_shard_per_ps)
+{
+    cluster c;
+    const char *const sets[] = { "checkpoint.sharded=on", NULL };
+    char index[512], shard[512];
+    cluster_init(&c, 2, 2, NULL, "sh");
+    cluster_start(&c, sets);
+    cluster_wait_ok(&c);
+    for (int step = 20; step <= 40; step += 20) {
+        TU_SNPRINTF(index, sizeof index, "%s/run/model.ckpt-%d.h5", tu_dir,
+                    step);
+        ck_assert_msg(access(index, F_OK) == 0, "%s", index);
+        for (int k = 0; k < 2; k++) {
+            TU_SNPRINTF(shard, sizeof shard, "%s/run/model.ckpt-%d.shard-"
+                        "%05d-of-00002.h5", tu_dir, step, k);
+            ck_assert_msg(access(shard, F_OK) == 0, "%s", shard);
+        }
+    }
+    ck_assert(log_has(&c, "ps0", "ps 0: wrote shard 0 of 2 of step 40"));
+    ck_assert(log_has(&c, "ps1", "ps 1: wrote shard 1 of 2 of step 40"));
+    ck_assert(log_has(&c, "worker0", "shards of step 40 are written"));
+    ck_assert_int_eq(TU_KEEL(RUN_MS, "ckpt", "verify", index), 0);
+    ck_assert(eval_accuracy(tu_path("run")) > 0.5);
+    ck_assert_int_eq((int)tu_json_number(out, "step"), 40);
+    /* a chief killed after the shards, before the index: step 40's shards
+     * without their index are no checkpoint, the previous one is read */
+    ck_assert_int_eq(unlink(index), 0);
+    ck_assert(eval_accuracy(tu_path("run")) > 0.5);
+    ck_assert_int_eq((int)tu_json_number(out, "step"), 20);
+}
+END_TEST
+
+/* checkpoint.sharded=on, a ps killed and restarted: the run restores
+ * from the newest sharded checkpoint and ends at its last step, every
+ * step after the checkpoint applied once. */
+START_TEST(sharded_ps_restarted_restores_from_the_newest_checkpoint)
+{
+    cluster c;
+    const char *const sets[] = { "train.max_steps=400",
+                                 "checkpoint.save_steps=50",
+                                 "checkpoint.sharded=on",
+                                 "hooks.log_every_steps=1",
+                                 "cluster.dead_after_ms=1000", NULL };
+    long step, applied, dropped;
+    cluster_init(&c, 2, 2, NULL, "sq");
+    cluster_start(&c, sets);
+    ck_assert(wait_step(c.chief_fd, 120));
+    tu_kill(c.ps[1]);
+    snprintf(c.tag, sizeof c.tag, "sq2");
+    c.ps[1] = start_task(&c, "ps", 1, sets, NULL);
+    cluster_wait_ok(&c);
+    ck_assert(log_has(&c, "ps1", "wrote shard 1 of 2 of step 400"));
+    ps_stats(&c, 1, &step, &applied, &dropped);
+    ck_assert_int_eq(step, 400);
+    ck_assert_int_eq(TU_KEEL(RUN_MS, "ckpt", "verify",
+                             tu_path("run/model.ckpt-400.h5")), 0);
+}
+END_TEST
+
 static Suite *
 suite(void)
 {
@@ -1176,6 +1239,9 @@ suite(void)
         replica_counts_beyond_the_cluster_exit_2_at_start,
         config_check_prints_the_role_from_tf_config_slurm_and_lists,
         curve_worker_without_allowed_key_cannot_join));
+    tu_tcase(s, "sharded", 120, setup, tu_teardown, TU_TESTS(
+        sharded_checkpoints_are_an_index_and_one_shard_per_ps,
+        sharded_ps_restarted_restores_from_the_newest_checkpoint));
     tu_tcase(s, "hosts", 150, setup, tu_teardown, TU_TESTS(
         ps_and_chief_train_by_localhost_host_name_and_ipv6,
         bad_hosts_exit_2_at_start_naming_task_and_host,

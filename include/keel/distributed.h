@@ -206,6 +206,18 @@ typedef struct keel_cluster_config {
      * keel_cluster_spec_detect checks the ps's entry against. Borrowed
      * while the config is in use. */
     const char *bind_address;
+    /* Sharded checkpoints (checkpoint.sharded): 1: before each of the
+     * chief's checkpoints every ps writes its own variables and slots as
+     * one shard into checkpoint_dir (SAVE_SHARD) and the chief commits
+     * the index (keel_saver_save_sharded) once all have; nothing travels
+     * through the chief. checkpoint_dir must then be the same directory on
+     * every task (a shared file system) and the chief's saver must use the
+     * default basename. 0 (default): the chief pulls every variable and
+     * slot and writes one file. Update rules whose chief keeps a model of
+     * its own (elastic averaging, local SGD) always pull. */
+    int sharded_checkpoints;
+    const char *checkpoint_dir;   /* borrowed while the config is in use;
+                                   * NULL: no sharded checkpoints */
 } keel_cluster_config;
 
 /* The defaults above. Cannot fail. */

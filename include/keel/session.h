@@ -161,6 +161,13 @@ typedef struct keel_backend {
      * it is (one small request; what GlobalStepWaiterHook polls). NULL:
      * keel_session_read_shared_step refreshes through fetch instead. */
     keel_status (*read_global_step)(void *ctx, int64_t *step);
+    /* The chief's checkpoint write, after before_save and in place of
+     * keel_saver_save(saver, vs, meta, path, path_size) (the arguments
+     * borrowed for the call): the cluster backend's sharded checkpoints
+     * (every ps writes its shard, then the index). NULL: keel_saver_save. */
+    keel_status (*save)(void *ctx, keel_saver *saver, keel_vars *vs,
+                        const keel_ckpt_meta *meta, char *path,
+                        size_t path_size);
 } keel_backend;
 /* A struct_size that ends before before_save (a backend compiled before
  * those members existed) is accepted: the missing members are NULL. 0
@@ -412,6 +419,12 @@ keel_status keel_session_collect_meta(keel_session *s, keel_ckpt_meta *meta);
  * of the session (keel_session_save_now, CheckpointSaverHook) calls it;
  * a hook that saves by itself must too. KEEL_OK for local sessions. */
 keel_status keel_session_prepare_save(keel_session *s);
+/* Write the checkpoint of s's variables with saver and meta (borrowed for
+ * the call), after keel_session_prepare_save: the backend's save when it
+ * has one, else keel_saver_save. path (may be NULL) receives the file. */
+keel_status keel_session_write_checkpoint(keel_session *s, keel_saver *saver,
+                                          const keel_ckpt_meta *meta,
+                                          char *path, size_t path_size);
 /* Times the session was created (1 + recoveries). */
 int keel_session_creation_count(const keel_session *s);
 /* The session manager (NULL with a custom creator). */
