@@ -132,6 +132,27 @@ keel_step_mark_applied(keel_step *st)
 
 /* ---- in-process replicas ------------------------------------------------ */
 
+/* Replica i's own mean of metric name: the value "<name>/replica_<i>"
+ * (none past KEEL_METRIC_REPLICAS_NAMED, nor for a name too long for
+ * it). */
+static keel_status
+replica_value(keel__values *t, const char *name, int i, double mean)
+{
+    char buf[KEEL_VALUE_NAME_MAX];
+    int len, slot;
+    keel_status st;
+    if (i >= KEEL_METRIC_REPLICAS_NAMED)
+        return KEEL_OK;
+    len = snprintf(buf, sizeof buf, "%s/replica_%d", name, i);
+    if (len < 0 || (size_t)len >= sizeof buf)
+        return KEEL_OK;
+    st = value_set(t, buf, mean, &slot);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "metric '%s' of replica %d", name, i);
+    t->v[slot].metric_gen = -1;
+    return KEEL_OK;
+}
+
 void
 keel__session_replicas_free(replicas *r)
 {
@@ -309,6 +330,10 @@ keel__session_replicas_step(keel_session *s, const void *batch, int64_t gs)
                                               (int64_t)mcount)
                        : keel_step_set_value(&s->st, t0->v[k].name,
                                              sum / r->n);
+        for (int i = 0; is_metric && st == KEEL_OK && i < r->n; i++)
+            st = replica_value(&s->values, t0->v[k].name, i,
+                               r->values[i].v[keel__values_slot(
+                                   &r->values[i], t0->v[k].name, 0)].value);
         if (st != KEEL_OK)
             return st;
     }
@@ -344,7 +369,6 @@ keel__session_metrics_in(keel_session *s)
 {
     keel__metrics *m = keel__grads_metrics(s->grads);
     keel__values *t = &s->values;
-    char name[KEEL_VALUE_NAME_MAX];
     keel_status st;
     if (m == NULL || m->n_combined == 0 || m->n != s->n_metrics)
         return KEEL_OK;
@@ -355,22 +379,12 @@ keel__session_metrics_in(keel_session *s)
             v->sum = m->total_sum[k];
             v->count = m->total_count[k];
         }
-        for (int i = 0; i < m->n_kept; i++) {
-            int slot, len;
-            if (m->replica[i] >= KEEL_METRIC_REPLICAS_NAMED ||
-                m->rcount[i][k] <= 0)
-                continue;
-            len = snprintf(name, sizeof name, "%s/replica_%d", v->name,
-                           m->replica[i]);
-            if (len < 0 || (size_t)len >= sizeof name)
-                continue;
-            st = value_set(t, name, m->rsum[i][k] / m->rcount[i][k],
-                           &slot);
-            if (st != KEEL_OK)
-                return keel__wrap(st, "metric '%s' of replica %d", v->name,
-                                  m->replica[i]);
-            t->v[slot].metric_gen = -1;
-        }
+        for (int i = 0; i < m->n_kept; i++)
+            if (m->rcount[i][k] > 0 &&
+                (st = replica_value(t, v->name, m->replica[i],
+                                    m->rsum[i][k] / m->rcount[i][k]))
+                != KEEL_OK)
+                return st;
     }
     return KEEL_OK;
 }
