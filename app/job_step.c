@@ -21,15 +21,19 @@
 
 #define ITER_BLOB "data_iterator"   /* the iterator's state in checkpoints */
 
-/* Set the step's loss, accuracy and learning rate from stats. */
+/* Set the step's loss and accuracy (metrics: on a cluster the means over
+ * every replica's examples) and learning rate from stats. */
 static keel_status
 step_values(keel__job *j, keel_step *stp, const keel_step_stats *stats)
 {
-    keel_status st = keel_step_set_value(stp, "loss", stats->count > 0
-        ? stats->loss_sum / (double)stats->count : 0.0);
+    keel_status st = stats->count > 0
+        ? keel_step_set_metric(stp, "loss", stats->loss_sum, stats->count)
+        : keel_step_set_value(stp, "loss", 0.0);
     if (st == KEEL_OK)
-        st = keel_step_set_value(stp, "accuracy", stats->count > 0
-            ? (double)stats->correct / stats->count : 0.0);
+        st = stats->count > 0
+            ? keel_step_set_metric(stp, "accuracy", (double)stats->correct,
+                                   stats->count)
+            : keel_step_set_value(stp, "accuracy", 0.0);
     if (st == KEEL_OK)
         st = keel_step_set_value(stp, "learning_rate", keel_lr_at(
             &j->schedule, keel_step_global_step(stp)));

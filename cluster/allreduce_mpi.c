@@ -145,6 +145,10 @@ keel_collective_free(keel_collective *c)
 /* Floats before a reduce-scatter message's chunks: the stop flag and the
  * sender's example count. */
 #define HDR 2
+/* Floats behind each rank's gathered chunk and its stop flag: the rank's
+ * metrics (keel__grads_metrics), float64s held two floats each: their
+ * count, then KEEL__METRICS_MAX sums and KEEL__METRICS_MAX counts. */
+#define MET (2 * (1 + 2 * KEEL__METRICS_MAX))
 
 struct keel_collective {
     keel_vars *vs;              /* the session's, once it used the backend */
@@ -475,8 +479,8 @@ make_plan(keel_collective *c, keel_grads *g)
     }
     /* chunk c: floats [n c / size, n (c + 1) / size); each message
      * carries HDR more floats, the stop flag and the sender's example
-     * count (0: it sends leaves' node sums), and each gathered chunk one,
-     * the stop flag */
+     * count (0: it sends leaves' node sums), and each gathered chunk
+     * 1 + MET, the stop flag and its owner's metrics */
     for (int r = 0; r <= c->size; r++)
         c->chunk[r] = c->n_floats * (size_t)r / (size_t)c->size;
     stride = 0;
@@ -490,8 +494,8 @@ make_plan(keel_collective *c, keel_grads *g)
         c->rcount[r] = HDR + c->nk[r] * (int)from_r;
         c->rdispl[r] = (int)need;
         need += (size_t)c->rcount[r];
-        c->gcount[r] = 1 + (int)to_r;
-        c->gdispl[r] = (int)(c->chunk[r] + (size_t)r);
+        c->gcount[r] = 1 + MET + (int)to_r;
+        c->gdispl[r] = (int)(c->chunk[r] + (size_t)r * (1 + MET));
     }
     if (stride >= (size_t)1 << 31 || need >= (size_t)1 << 31)
         return keel__fail(KEEL_EINVAL, "collective: %zu gradient floats "
@@ -501,8 +505,8 @@ make_plan(keel_collective *c, keel_grads *g)
                           c->n_nodes);
     c->send = keel_aligned_alloc((stride + 1) * sizeof(float));
     c->recv = keel_aligned_alloc((need + 1) * sizeof(float));
-    c->gath = keel_aligned_alloc((c->n_floats + (size_t)c->size) *
-                                 sizeof(float));
+    c->gath = keel_aligned_alloc((c->n_floats + (size_t)c->size *
+                                  (1 + MET)) * sizeof(float));
     if (bad || c->send == NULL || c->recv == NULL || c->gath == NULL)
         return keel__fail(KEEL_ENOMEM, "collective: buffers of %zu floats "
                           "for %d ranks", c->n_floats, c->size);
@@ -593,8 +597,38 @@ reduce_chunk(keel_collective *c)
                           len);
 }
 
+/* m's count, sums and counts as float64s into p (MET floats). */
+static void
+metrics_pack(const keel__metrics *m, float *p)
+{
+    double d[1 + 2 * KEEL__METRICS_MAX] = { (double)m->n };
+    for (int k = 0; k < m->n; k++) {
+        d[1 + k] = m->sum[k];
+        d[1 + KEEL__METRICS_MAX + k] = m->count[k];
+    }
+    memcpy(p, d, sizeof d);
+}
+
+/* Every rank's metrics, gathered behind its chunk, combined into m in
+ * rank order (ranks with another metric count left out). */
+static void
+metrics_combine(keel_collective *c, keel__metrics *m)
+{
+    if (m->n <= 0)
+        return;
+    keel__metrics_combine_begin(m);
+    for (int r = 0; r < c->size; r++) {
+        double d[1 + 2 * KEEL__METRICS_MAX];
+        size_t len = c->chunk[r + 1] - c->chunk[r];
+        memcpy(d, c->gath + c->gdispl[r] + len + 1, sizeof d);
+        if (d[0] == (double)m->n)
+            keel__metrics_combine_add(m, r, d + 1,
+                                      d + 1 + KEEL__METRICS_MAX);
+    }
+}
+
 /* g = the tree sum of every rank's leaves; *held = the first stop flag a
- * rank sent. Reduce-scatter (MPI_Ialltoallv: chunk c of each node sum to
+ * rank sent; g's metrics combined over every rank. Reduce-scatter (MPI_Ialltoallv: chunk c of each node sum to
  * rank c, which adds them along the tree), then all-gather of the summed
  * chunks (MPI_Iallgatherv): a rank sends and receives its node sums once
  * and the sum once, whatever the rank count. */
@@ -613,6 +647,8 @@ exchange(keel_collective *c, keel_grads *g, int *held)
     if ((st = wait_for(c, &req, "the gradient reduce-scatter")) != KEEL_OK ||
         (st = reduce_chunk(c)) != KEEL_OK)
         return st;
+    metrics_pack(keel__grads_metrics(g), c->gath + c->gdispl[c->rank] +
+                 (c->chunk[c->rank + 1] - c->chunk[c->rank]) + 1);
     rc = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, c->gath,
                          c->gcount, c->gdispl, MPI_FLOAT, MPI_COMM_WORLD,
                          &req);
@@ -633,6 +669,7 @@ exchange(keel_collective *c, keel_grads *g, int *held)
                               (uint64_t)c->gcount[r]) * sizeof(float);
         }
     }
+    metrics_combine(c, keel__grads_metrics(g));
     return KEEL_OK;
 }
 

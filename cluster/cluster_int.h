@@ -14,6 +14,7 @@
 #include <keel/tensor.h>
 #include <keel/distributed.h>
 #include "util.h"
+#include "../numeric/numeric_int.h"
 
 /* ---- problem lists (spec.c) --------------------------------------------- */
 
@@ -123,7 +124,10 @@ enum {
     KEEL_WIRE_F_PIECES = 1u << 4,      /* PUSH: pieces of the step's mean
                                         * (micro-batch or tree stores):
                                         * added, not weighted */
-    KEEL_WIRE_F_KNOWN = 0x1fu
+    KEEL_WIRE_F_METRICS = 1u << 5,     /* PUSH, PUSH_ACK: the last tensor
+                                        * is the step's metrics
+                                        * (keel__wire_metrics) */
+    KEEL_WIRE_F_KNOWN = 0x3fu
 };
 
 typedef struct keel__wire_header {
@@ -246,6 +250,44 @@ keel_status keel__wire_send(void *sock, zmq_msg_t *identity,
                             const keel__wire_header *h,
                             const keel__wire_out *ts, size_t n,
                             const char *text, keel__wire_pin *pin);
+
+/* ---- metrics (wire.c) ----------------------------------------------------
+ * A step's metric sums travel with its gradients as one extra tensor, the
+ * last of the message, flagged KEEL_WIRE_F_METRICS and named
+ * KEEL__WIRE_METRICS_NAME (':' is in no variable's name): one dimension,
+ * its float32 words holding float64s, two words each, in the byte order
+ * of all tensor data.
+ *   PUSH (to ps 0, sync): n, then n sums, then n counts.
+ *   PUSH_ACK (the sync step's token): n, the replicas combined, n total
+ *     sums, n total counts, the replicas kept K (at most
+ *     KEEL__METRICS_REPLICAS), then K times (replica, n sums, n counts).
+ * docs/protocol.md, "Metrics". */
+#define KEEL__WIRE_METRICS_NAME "keel:metrics"
+#define KEEL__WIRE_METRICS_DOUBLES \
+    (3 + 2 * KEEL__METRICS_MAX + \
+     KEEL__METRICS_REPLICAS * (1 + 2 * KEEL__METRICS_MAX))
+typedef struct keel__wire_metrics {
+    keel_tensor t;                  /* a view of words */
+    float words[2 * KEEL__WIRE_METRICS_DOUBLES];
+} keel__wire_metrics;
+/* A replica's metrics as its PUSH carries them. */
+typedef struct keel__wire_push_metrics {
+    int n;                          /* 0: none */
+    double sum[KEEL__METRICS_MAX];
+    double count[KEEL__METRICS_MAX];
+} keel__wire_push_metrics;
+/* m's own sums (PUSH) or its combination (PUSH_ACK) into out's tensor. */
+void keel__wire_metrics_push(const keel__metrics *m, keel__wire_metrics *out);
+void keel__wire_metrics_ack(const keel__metrics *m, keel__wire_metrics *out);
+/* A PUSH's metrics tensor (when flagged) out of msg (msg->n then counts
+ * the gradients only) into *out (n 0 without one). KEEL_ECORRUPT naming
+ * what is wrong. */
+keel_status keel__wire_take_push_metrics(keel__wire_msg *msg,
+                                         keel__wire_push_metrics *out);
+/* A PUSH_ACK's metrics tensor (when flagged) out of msg; its combination
+ * into m (NULL: dropped) when its metric count is m->n. */
+keel_status keel__wire_take_ack_metrics(keel__wire_msg *msg,
+                                        keel__metrics *m);
 
 /* A random 64-bit incarnation id (getrandom). */
 uint64_t keel__wire_new_generation(void);

@@ -30,6 +30,7 @@ typedef struct pending_push {
     int used;
     keel__wire_msg msg;
     keel_var **vars;             /* msg.tensors[i] is vars[i]'s gradient */
+    keel__wire_push_metrics metrics; /* the replica's metric sums */
 } pending_push;
 
 /* A HELLO waiting for readiness (answered when INIT arrives). */
@@ -124,6 +125,12 @@ struct keel__ps {
      * any more, the answer to every push from then on; "" while none */
     char job_end[512];
     const char *checkpoint_dir;  /* keel__ps_config's; NULL: none */
+    /* the metrics of the PUSH being taken (keel__wire_take_push_metrics),
+     * and the sync step's combination its tokens carry while
+     * keel__ps_release_pending answers them (has_ack_metrics) */
+    keel__wire_push_metrics push_metrics;
+    keel__wire_metrics ack_metrics;
+    int has_ack_metrics;
 };
 
 /* ---- a request's sender, its tensors, the replies (ps_request.c) ------- */

@@ -141,6 +141,7 @@ hold_push(keel__ps *ps, keel__wire_msg *req, int replica, keel_var ***vars)
     zmq_msg_move(&p->msg.identity, &req->identity);
     keel__wire_msg_init(req);           /* moved: the caller clears nothing */
     p->vars = *vars;
+    p->metrics = ps->push_metrics;
     if (keel__ps_pending_count(ps) == 0)
         ps->pending_since_ns = keel__now_mono_ns();
     p->used = 1;
@@ -202,6 +203,11 @@ keel__ps_real_push(keel__ps *ps, keel__wire_msg *req)
         return st;
     if (ps->sync && sync_push_refused(ps, req, replica, step))
         return KEEL_OK;
+    /* the step's metric sums (sync: combined into the tokens; async: not
+     * used) are no gradient */
+    if ((st = keel__wire_take_push_metrics(req, &ps->push_metrics))
+        != KEEL_OK)
+        return st;
     vars = calloc(req->n ? req->n : 1, sizeof *vars);
     if (vars == NULL)
         return keel__fail(KEEL_ENOMEM, "ps: %zu updates", req->n);

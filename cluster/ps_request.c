@@ -330,7 +330,7 @@ keel__ps_send_ack(keel__ps *ps, keel__wire_msg *req, keel_var *const *vars,
     if (!(req->h.flags & KEEL_WIRE_F_WANT_VALUES))
         return keel__wire_send(ps->sock, &req->identity, &h, NULL, 0, NULL,
                                NULL);
-    outs = calloc(n ? n : 1, sizeof *outs);
+    outs = calloc(n + 1, sizeof *outs);
     if (outs == NULL)
         return keel__fail(KEEL_ENOMEM, "ps: values of %zu variables", n);
     for (size_t i = 0; i < n; i++) {
@@ -340,6 +340,14 @@ keel__ps_send_ack(keel__ps *ps, keel__wire_msg *req, keel_var *const *vars,
     }
     if (ps->rule != NULL)
         keel__ps_rule_pulled(ps, req, outs, n);
+    if (ps->has_ack_metrics && (req->h.flags & KEEL_WIRE_F_METRICS)) {
+        /* the step's metrics, copied into the frame (no pin) */
+        h.flags |= KEEL_WIRE_F_METRICS;
+        outs[n].name = KEEL__WIRE_METRICS_NAME;
+        outs[n].t = &ps->ack_metrics.t;
+        outs[n].pin = NULL;
+        n++;
+    }
     st = keel__wire_send(ps->sock, &req->identity, &h, outs, n, NULL, NULL);
     free(outs);
     return st;
@@ -347,9 +355,39 @@ keel__ps_send_ack(keel__ps *ps, keel__wire_msg *req, keel_var *const *vars,
 
 /* Answer and forget every held push of the step: with the new values
  * (its sync token) after st == KEEL_OK, else with st's error. */
+/* The metric sums of the step's held pushes, combined in ascending
+ * replica order into ps->ack_metrics (has_ack_metrics: some replica sent
+ * them; a replica whose metric count differs from the first one's is left
+ * out). */
+static void
+combine_metrics(keel__ps *ps)
+{
+    keel__metrics m;
+    ps->has_ack_metrics = 0;
+    m.n = -1;
+    for (int r = 0; r < ps->total_replicas; r++) {
+        const pending_push *p = &ps->pending[r];
+        if (!p->used || p->metrics.n == 0)
+            continue;
+        if (m.n < 0) {
+            m.n = p->metrics.n;
+            keel__metrics_combine_begin(&m);
+        }
+        if (p->metrics.n == m.n)
+            keel__metrics_combine_add(&m, r, p->metrics.sum,
+                                      p->metrics.count);
+    }
+    if (m.n > 0) {
+        keel__wire_metrics_ack(&m, &ps->ack_metrics);
+        ps->has_ack_metrics = 1;
+    }
+}
+
 void
 keel__ps_release_pending(keel__ps *ps, keel_status st)
 {
+    if (st == KEEL_OK)
+        combine_metrics(ps);
     for (int r = 0; r < ps->total_replicas; r++) {
         pending_push *p = &ps->pending[r];
         if (!p->used)
@@ -364,6 +402,8 @@ keel__ps_release_pending(keel__ps *ps, keel_status st)
         keel__wire_msg_clear(&p->msg);
         free(p->vars);
         p->vars = NULL;
+        p->metrics.n = 0;
         p->used = 0;
     }
+    ps->has_ack_metrics = 0;
 }

@@ -135,7 +135,11 @@ desc_decode(const unsigned char *p, size_t n, size_t i, keel__wire_tensor *wt)
                           "bytes, expected %zu", i, n, 4 + 8 * ndim + len);
     memcpy(wt->name, p + 4 + 8 * ndim, len);
     wt->name[len] = '\0';
-    if (memchr(wt->name, '\0', len) != NULL || !keel_name_is_valid(wt->name))
+    /* a variable's or slot's name, or the metrics tensor's (no
+     * variable's: keel_name_is_valid refuses ':') */
+    if (memchr(wt->name, '\0', len) != NULL ||
+        (!keel_name_is_valid(wt->name) &&
+         strcmp(wt->name, KEEL__WIRE_METRICS_NAME) != 0))
         return keel__fail(KEEL_ECORRUPT, "tensor %zu: invalid name", i);
     wt->t.ndim = (int)ndim;
     for (int d = 0; d < KEEL_MAX_DIMS; d++)
@@ -984,5 +988,161 @@ keel__wire_client_push_parts(keel__wire_client *c, const keel__wire_out *ts,
         return st;
     if (r.first_err != KEEL_OK)
         return keel__fail(r.first_err, "%s", r.err);
+    return KEEL_OK;
+}
+
+/* ---- metrics ------------------------------------------------------------ */
+
+static void
+metrics_put(keel__wire_metrics *out, size_t *k, double x)
+{
+    memcpy(&out->words[2 * *k], &x, sizeof x);
+    (*k)++;
+}
+
+static void
+metrics_view(keel__wire_metrics *out, size_t doubles)
+{
+    memset(&out->t, 0, sizeof out->t);
+    out->t.ndim = 1;
+    out->t.shape[0] = (int64_t)(2 * doubles);
+    for (int d = 1; d < KEEL_MAX_DIMS; d++)
+        out->t.shape[d] = 1;
+    out->t.count = 2 * doubles;
+    out->t.data = out->words;
+}
+
+void
+keel__wire_metrics_push(const keel__metrics *m, keel__wire_metrics *out)
+{
+    size_t k = 0;
+    metrics_put(out, &k, m->n);
+    for (int i = 0; i < m->n; i++)
+        metrics_put(out, &k, m->sum[i]);
+    for (int i = 0; i < m->n; i++)
+        metrics_put(out, &k, m->count[i]);
+    metrics_view(out, k);
+}
+
+void
+keel__wire_metrics_ack(const keel__metrics *m, keel__wire_metrics *out)
+{
+    size_t k = 0;
+    metrics_put(out, &k, m->n);
+    metrics_put(out, &k, m->n_combined);
+    for (int i = 0; i < m->n; i++)
+        metrics_put(out, &k, m->total_sum[i]);
+    for (int i = 0; i < m->n; i++)
+        metrics_put(out, &k, m->total_count[i]);
+    metrics_put(out, &k, m->n_kept);
+    for (int r = 0; r < m->n_kept; r++) {
+        metrics_put(out, &k, m->replica[r]);
+        for (int i = 0; i < m->n; i++)
+            metrics_put(out, &k, m->rsum[r][i]);
+        for (int i = 0; i < m->n; i++)
+            metrics_put(out, &k, m->rcount[r][i]);
+    }
+    metrics_view(out, k);
+}
+
+/* The flagged metrics tensor of msg, taken off its tensors: its float64s
+ * in *d (count *nd); 0 in *nd without one. */
+static keel_status
+metrics_take(keel__wire_msg *msg, const double **d, size_t *nd,
+             double *buf)
+{
+    const keel__wire_tensor *wt;
+    *nd = 0;
+    if (!(msg->h.flags & KEEL_WIRE_F_METRICS))
+        return KEEL_OK;
+    if (msg->n == 0)
+        return keel__fail(KEEL_ECORRUPT, "metrics flagged without tensors");
+    wt = &msg->tensors[msg->n - 1];
+    if (strcmp(wt->name, KEEL__WIRE_METRICS_NAME) != 0 || wt->t.ndim != 1
+        || wt->t.data == NULL || wt->t.count % 2 != 0 || wt->t.count < 2
+        || wt->t.count > 2 * KEEL__WIRE_METRICS_DOUBLES)
+        return keel__fail(KEEL_ECORRUPT, "metrics flagged but the last "
+                          "tensor '%s' (%zu words) is not a metrics tensor "
+                          "of at most %d float64s", wt->name, wt->t.count,
+                          KEEL__WIRE_METRICS_DOUBLES);
+    memcpy(buf, wt->t.data, wt->t.count * sizeof(float));
+    *d = buf;
+    *nd = wt->t.count / 2;
+    msg->n--;
+    return KEEL_OK;
+}
+
+/* A count d read from a metrics tensor: an integer in [0, max]. */
+static int
+metrics_int(double d, int max, int *out)
+{
+    if (!(d >= 0 && d <= max) || d != (double)(int)d)
+        return 0;
+    *out = (int)d;
+    return 1;
+}
+
+keel_status
+keel__wire_take_push_metrics(keel__wire_msg *msg,
+                             keel__wire_push_metrics *out)
+{
+    double buf[KEEL__WIRE_METRICS_DOUBLES];
+    const double *d = NULL;
+    size_t nd;
+    int n;
+    keel_status st = metrics_take(msg, &d, &nd, buf);
+    out->n = 0;
+    if (st != KEEL_OK || nd == 0)
+        return st;
+    if (!metrics_int(d[0], KEEL__METRICS_MAX, &n) || nd != 1 + 2 * (size_t)n)
+        return keel__fail(KEEL_ECORRUPT, "PUSH metrics: %zu float64s for "
+                          "%g metrics (1 + 2 per metric, at most %d)", nd,
+                          d[0], KEEL__METRICS_MAX);
+    for (int i = 0; i < n; i++) {
+        out->sum[i] = d[1 + i];
+        out->count[i] = d[1 + n + i];
+    }
+    out->n = n;
+    return KEEL_OK;
+}
+
+keel_status
+keel__wire_take_ack_metrics(keel__wire_msg *msg, keel__metrics *m)
+{
+    double buf[KEEL__WIRE_METRICS_DOUBLES];
+    const double *d = NULL;
+    size_t nd, at;
+    int n, combined, kept;
+    keel_status st = metrics_take(msg, &d, &nd, buf);
+    if (st != KEEL_OK || nd == 0)
+        return st;
+    if (nd < 3 || !metrics_int(d[0], KEEL__METRICS_MAX, &n) ||
+        !metrics_int(d[1], INT32_MAX, &combined) || nd < 3 + 2 * (size_t)n
+        || !metrics_int(d[2 + 2 * n], KEEL__METRICS_REPLICAS, &kept) ||
+        kept > combined ||
+        nd != 3 + 2 * (size_t)n + (size_t)kept * (1 + 2 * (size_t)n))
+        return keel__fail(KEEL_ECORRUPT, "PUSH_ACK metrics: %zu float64s "
+                          "do not match their counts", nd);
+    if (m == NULL || n != m->n || combined == 0)
+        return KEEL_OK;
+    m->n_combined = combined;
+    for (int i = 0; i < n; i++) {
+        m->total_sum[i] = d[2 + i];
+        m->total_count[i] = d[2 + n + i];
+    }
+    at = 3 + 2 * (size_t)n;
+    m->n_kept = 0;
+    for (int r = 0; r < kept; r++, at += 1 + 2 * (size_t)n) {
+        int replica;
+        if (!metrics_int(d[at], INT32_MAX, &replica))
+            return keel__fail(KEEL_ECORRUPT, "PUSH_ACK metrics: replica "
+                              "index %g", d[at]);
+        m->replica[r] = replica;
+        for (int i = 0; i < n; i++) {
+            m->rsum[r][i] = d[at + 1 + i];
+            m->rcount[r][i] = d[at + 1 + n + i];
+        }
+        m->n_kept = r + 1;
+    }
     return KEEL_OK;
 }

@@ -56,6 +56,7 @@ struct keel_cluster_backend {
      * transfer back), copy (the new values into the model) */
     long timed_steps;
     int64_t last_apply_end_ns, compute_ns, send_ns, wait_ns, copy_ns;
+    keel__wire_metrics push_metrics; /* the step's metrics to ps 0 */
 };
 
 /* ---- one request to a ps (worker_call.c) -------------------------------- */

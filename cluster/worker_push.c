@@ -118,6 +118,8 @@ typedef struct push_req {
     int into;                   /* KEEL__ALGO_INTO_*: where values go */
     keel_grads *center;         /* with KEEL__ALGO_INTO_CENTER */
     keel_grads *mean;           /* the chief that applies, else NULL */
+    keel__metrics *metrics;     /* sent to ps 0 and combined there, or
+                                 * NULL */
     int64_t *new_step;
     int64_t *t_copy;            /* time spent copying values in */
     int64_t *t_sent;            /* when every PUSH was queued */
@@ -143,9 +145,17 @@ send_push(keel_cluster_backend *w, const push_req *q, int p)
         }
     }
     memset(&h, 0, sizeof h);
+    if (p == 0 && q->metrics != NULL) {
+        keel__wire_metrics_push(q->metrics, &w->push_metrics);
+        w->outs[k].name = KEEL__WIRE_METRICS_NAME;
+        w->outs[k].t = &w->push_metrics.t;
+        w->outs[k].pin = NULL;
+        k++;
+        h.flags |= KEEL_WIRE_F_METRICS;
+    }
     h.type = KEEL_MSG_PUSH;
     h.peer_generation = w->ps_gen[p];
-    h.flags = q->into != KEEL__ALGO_INTO_NONE ? KEEL_WIRE_F_WANT_VALUES : 0;
+    h.flags |= q->into != KEEL__ALGO_INTO_NONE ? KEEL_WIRE_F_WANT_VALUES : 0;
     if (q->pieces)
         h.flags |= KEEL_WIRE_F_PIECES;
     h.local_step = q->local_step;
@@ -193,6 +203,9 @@ take_push_reply(keel_cluster_backend *w, const push_req *q, int p,
         st = keel__worker_call_error(w, p, st, &r, "push");
     } else if (r.h.generation != w->ps_gen[p]) {
         st = keel__worker_restarted(w, p, &r);
+    } else if ((st = keel__wire_take_ack_metrics(&r, p == 0 ? q->metrics
+                                                        : NULL)) != KEEL_OK) {
+        st = keel__wrap(st, "ps %d: push reply", p);
     } else if (r.h.type == KEEL_MSG_AGGREGATE) {
         st = q->mean != NULL
             ? take_grads(q->vs, q->mean, &r)
@@ -360,6 +373,10 @@ keel__worker_apply(void *ctx, keel_vars *vs, keel_grads *grads,
         .pieces = w->micro != NULL,
         .into = KEEL__ALGO_INTO_VARS, .center = NULL,
         .mean = w->is_chief && w->o.in.chief_applies ? grads : NULL,
+        /* sync: the step's metric sums go to ps 0, which answers with
+         * every replica's */
+        .metrics = w->is_sync && keel__grads_metrics(grads)->n > 0
+            ? keel__grads_metrics(grads) : NULL,
         .new_step = &new_step, .t_copy = &t_copy, .t_sent = &t_sent,
     };
     first = push_round(w, &q);

@@ -117,6 +117,40 @@ typedef struct keel__spin_barrier {
 } keel__spin_barrier;
 void keel__spin_barrier_wait(keel__spin_barrier *b);
 
+/* ---- vars.c: the metric sums a step's gradients carry ---- */
+/* A replica's step reports, with its gradients, the sums of its metrics
+ * ("loss", "accuracy") and the examples each sum is over; a backend that
+ * combines the step's replicas (the sync ps, the all-reduce) sets the
+ * combined sums and each replica's, so every replica sees the cluster's
+ * example-weighted means. The session fills `n`, `sum` and `count` before
+ * the update and clears `n_replicas`; the backend sets the rest. */
+#define KEEL__METRICS_MAX 4         /* metrics a step reports */
+#define KEEL__METRICS_REPLICAS 64   /* replicas whose own sums are kept */
+typedef struct keel__metrics {
+    int n;                          /* metrics reported (0: none) */
+    double sum[KEEL__METRICS_MAX];  /* this replica's sums */
+    double count[KEEL__METRICS_MAX];
+    /* combined by the backend: n_combined replicas (0: not combined),
+     * their sums and counts added in ascending replica order */
+    int n_combined;
+    double total_sum[KEEL__METRICS_MAX];
+    double total_count[KEEL__METRICS_MAX];
+    /* the first n_kept (at most KEEL__METRICS_REPLICAS) of them, each
+     * with its replica index */
+    int n_kept;
+    int replica[KEEL__METRICS_REPLICAS];
+    double rsum[KEEL__METRICS_REPLICAS][KEEL__METRICS_MAX];
+    double rcount[KEEL__METRICS_REPLICAS][KEEL__METRICS_MAX];
+} keel__metrics;
+/* g's metrics (never NULL for a non-NULL g; zeroed at keel_grads_new). */
+keel__metrics *keel__grads_metrics(keel_grads *g);
+/* Start a combination of the step's replicas in m (m->n metrics each). */
+void keel__metrics_combine_begin(keel__metrics *m);
+/* Add replica's m->n sums and counts to m's combination (in ascending
+ * replica order: the sums' bits depend on the order). */
+void keel__metrics_combine_add(keel__metrics *m, int replica,
+                               const double *sum, const double *count);
+
 /* ---- optim.c ---- */
 /* keel_optimizer_apply_and_zero with every variable element changed by
  * one compare-and-swap loop (Hogwild's CAS form); slots plain. */

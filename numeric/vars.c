@@ -448,6 +448,7 @@ struct keel_grads {
     keel_tensor *t;      /* one per variable; empty (data NULL) if frozen */
     size_t n;
     int64_t examples;    /* what the gradients are the mean over */
+    keel__metrics metrics;
 };
 
 keel_status
@@ -535,6 +536,40 @@ int64_t
 keel_grads_examples(const keel_grads *g)
 {
     return g != NULL ? g->examples : 1;
+}
+
+keel__metrics *
+keel__grads_metrics(keel_grads *g)
+{
+    return g != NULL ? &g->metrics : NULL;
+}
+
+void
+keel__metrics_combine_begin(keel__metrics *m)
+{
+    m->n_combined = 0;
+    m->n_kept = 0;
+    for (int k = 0; k < KEEL__METRICS_MAX; k++)
+        m->total_sum[k] = m->total_count[k] = 0.0;
+}
+
+void
+keel__metrics_combine_add(keel__metrics *m, int replica, const double *sum,
+                          const double *count)
+{
+    for (int k = 0; k < m->n; k++) {
+        m->total_sum[k] += sum[k];
+        m->total_count[k] += count[k];
+    }
+    m->n_combined++;
+    if (m->n_kept < KEEL__METRICS_REPLICAS) {
+        int i = m->n_kept++;
+        m->replica[i] = replica;
+        for (int k = 0; k < m->n; k++) {
+            m->rsum[i][k] = sum[k];
+            m->rcount[i][k] = count[k];
+        }
+    }
 }
 
 keel_tensor *

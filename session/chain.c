@@ -78,6 +78,7 @@ keel__values_slot(keel__values *t, const char *name, int is_add)
         return -1;
     memcpy(t->v[t->n].name, name, len + 1);
     t->v[t->n].set_gen = -1;
+    t->v[t->n].metric_gen = -1;
     memset(t->v[t->n].ptrs, 0, sizeof t->v[t->n].ptrs);
     t->v[t->n].ptrs[0] = name;
     t->v[t->n].next_ptr = 1;

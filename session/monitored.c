@@ -435,8 +435,14 @@ run_once(keel_session *s, const void *batch, int with_hooks)
                         : s->step(s->step_ctx, &s->st);
     if (st == KEEL_OK)
         st = check_requested(s, gs);
-    if (st == KEEL_OK)
+    if (st == KEEL_OK && s->grads != NULL) {
+        keel__session_metrics_out(s);
         st = apply_update(s, gs);
+        if (st == KEEL_OK)
+            st = keel__session_metrics_in(s);
+    } else if (st == KEEL_OK) {
+        st = apply_update(s, gs);
+    }
     if (st != KEEL_OK)
         return st;
     after = advance_step(s, gs);

@@ -123,6 +123,10 @@ struct keel_session {
     keel_saver *saver;
     keel_grads *grads;
     keel__values values;
+    /* the metrics of the step (slots of values) in the order the gradients
+     * carry them (keel__grads_metrics) */
+    int metric_slot[KEEL__METRICS_MAX];
+    int n_metrics;
     keel_step st;
     replicas *rep;                  /* NULL: one replica */
     keel_run_context rc;
@@ -176,6 +180,13 @@ void keel__session_replicas_free(replicas *r);
  * session's and their values averaged into the session's. */
 keel_status keel__session_replicas_step(keel_session *s, const void *batch,
                                         int64_t gs);
+/* Before the update: the step's metrics (keel_step_set_metric) into the
+ * session's gradients, for a backend that combines replicas. */
+void keel__session_metrics_out(keel_session *s);
+/* After the update: when the backend combined the step's replicas, each
+ * metric's value becomes the combined mean and "<name>/replica_<i>" each
+ * replica's own. */
+keel_status keel__session_metrics_in(keel_session *s);
 
 /* ---- hook_calls.c --------------------------------------------------------
  * A hook's failure st in its call where at step: recoverable codes and

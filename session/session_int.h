@@ -37,6 +37,10 @@ typedef struct keel__value {
     unsigned next_ptr;
     double value;
     int64_t set_gen;          /* == values generation when set this step */
+    /* keel_step_set_metric: the sum and count behind value, when
+     * metric_gen == set_gen */
+    int64_t metric_gen;
+    double sum, count;
 } keel__value;
 
 typedef struct keel__values {

@@ -13,6 +13,9 @@
 #include "monitored_int.h"
 #include "step_pool.h"
 
+_Static_assert(KEEL_MAX_METRICS == KEEL__METRICS_MAX,
+               "the gradients carry every metric a step sets");
+
 /* ---- the step ----------------------------------------------------------- */
 
 keel_vars *
@@ -57,21 +60,67 @@ keel_step_global_step(const keel_step *st)
     return st->global_step;
 }
 
-keel_status
-keel_step_set_value(keel_step *st, const char *name, double v)
+/* Set name's value in t this step; its slot in *slot. */
+static keel_status
+value_set(keel__values *t, const char *name, double v, int *slot)
 {
-    keel__values *t = st->values;
-    int slot;
     if (name == NULL)
         return keel__fail(KEEL_EINVAL, "step value: NULL name");
-    slot = keel__values_slot(t, name, 1);
-    if (slot < 0)
+    *slot = keel__values_slot(t, name, 1);
+    if (*slot < 0)
         return keel__fail(strlen(name) >= KEEL_VALUE_NAME_MAX ? KEEL_EINVAL
                           : KEEL_ENOMEM, "step value '%s': name longer than "
                           "%d bytes or more than %d names", name,
                           KEEL_VALUE_NAME_MAX - 1, KEEL_MAX_VALUES);
-    t->v[slot].value = v;
-    t->v[slot].set_gen = t->gen;
+    t->v[*slot].value = v;
+    t->v[*slot].set_gen = t->gen;
+    return KEEL_OK;
+}
+
+keel_status
+keel_step_set_value(keel_step *st, const char *name, double v)
+{
+    int slot = -1;
+    keel_status rc = value_set(st->values, name, v, &slot);
+    if (rc == KEEL_OK)
+        st->values->v[slot].metric_gen = -1;   /* a value, not a metric */
+    return rc;
+}
+
+/* The metrics t holds this step. */
+static int
+metrics_set(const keel__values *t)
+{
+    int n = 0;
+    for (size_t k = 0; k < t->n; k++)
+        n += t->v[k].metric_gen == t->gen && t->v[k].set_gen == t->gen;
+    return n;
+}
+
+keel_status
+keel_step_set_metric(keel_step *st, const char *name, double sum,
+                     int64_t count)
+{
+    keel__values *t = st->values;
+    keel_status rc;
+    int slot = -1;
+    if (count < 1)
+        return keel__fail(KEEL_EINVAL, "step metric '%s': %lld examples "
+                          "(a metric is a sum over at least one)",
+                          name != NULL ? name : "(null)", (long long)count);
+    if (name != NULL && (slot = keel__values_slot(t, name, 0)) >= 0 &&
+        t->v[slot].metric_gen == t->gen && t->v[slot].set_gen == t->gen)
+        slot = -1;                   /* set again: already counted */
+    else if (metrics_set(t) >= KEEL_MAX_METRICS)
+        return keel__fail(KEEL_ENOMEM, "step metric '%s': more than %d "
+                          "metrics in one step", name != NULL ? name
+                          : "(null)", KEEL_MAX_METRICS);
+    rc = value_set(t, name, sum / (double)count, &slot);
+    if (rc != KEEL_OK)
+        return rc;
+    t->v[slot].metric_gen = t->gen;
+    t->v[slot].sum = sum;
+    t->v[slot].count = (double)count;
     return KEEL_OK;
 }
 
@@ -82,6 +131,27 @@ keel_step_mark_applied(keel_step *st)
 }
 
 /* ---- in-process replicas ------------------------------------------------ */
+
+/* Replica i's own mean of metric name: the value "<name>/replica_<i>"
+ * (none past KEEL_METRIC_REPLICAS_NAMED, nor for a name too long for
+ * it). */
+static keel_status
+replica_value(keel__values *t, const char *name, int i, double mean)
+{
+    char buf[KEEL_VALUE_NAME_MAX];
+    int len, slot;
+    keel_status st;
+    if (i >= KEEL_METRIC_REPLICAS_NAMED)
+        return KEEL_OK;
+    len = snprintf(buf, sizeof buf, "%s/replica_%d", name, i);
+    if (len < 0 || (size_t)len >= sizeof buf)
+        return KEEL_OK;
+    st = value_set(t, buf, mean, &slot);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "metric '%s' of replica %d", name, i);
+    t->v[slot].metric_gen = -1;
+    return KEEL_OK;
+}
 
 void
 keel__session_replicas_free(replicas *r)
@@ -232,21 +302,89 @@ keel__session_replicas_step(keel_session *s, const void *batch, int64_t gs)
     for (int i = 0; i < r->n; i++)
         r->dirty[i] = !r->reduced;
     for (size_t k = 0; k < t0->n; k++) {
-        double sum = 0.0;
+        double sum = 0.0, msum = 0.0, mcount = 0.0;
+        int is_metric = t0->v[k].metric_gen == t0->gen;
         keel_status st;
         if (t0->v[k].set_gen != t0->gen)
             continue;
         for (int i = 0; i < r->n; i++) {
+            const keel__values *ti = &r->values[i];
             int slot = keel__values_slot(&r->values[i], t0->v[k].name, 0);
-            if (slot < 0 || r->values[i].v[slot].set_gen != r->values[i].gen)
+            if (slot < 0 || ti->v[slot].set_gen != ti->gen)
                 return keel__fail(KEEL_EINVAL, "replica %d of %d did not set "
                                   "the value '%s' that replica 0 set", i,
                                   r->n, t0->v[k].name);
-            sum += r->values[i].v[slot].value;
+            if (is_metric != (ti->v[slot].metric_gen == ti->gen))
+                return keel__fail(KEEL_EINVAL, "replica %d of %d set '%s' "
+                                  "as a %s, replica 0 as a %s", i, r->n,
+                                  t0->v[k].name, is_metric ? "value"
+                                  : "metric", is_metric ? "metric"
+                                  : "value");
+            sum += ti->v[slot].value;
+            msum += ti->v[slot].sum;
+            mcount += ti->v[slot].count;
         }
-        st = keel_step_set_value(&s->st, t0->v[k].name, sum / r->n);
+        /* a metric: the example-weighted mean (its sums over all the
+         * replicas' examples); a value: the replicas' mean */
+        st = is_metric ? keel_step_set_metric(&s->st, t0->v[k].name, msum,
+                                              (int64_t)mcount)
+                       : keel_step_set_value(&s->st, t0->v[k].name,
+                                             sum / r->n);
+        for (int i = 0; is_metric && st == KEEL_OK && i < r->n; i++)
+            st = replica_value(&s->values, t0->v[k].name, i,
+                               r->values[i].v[keel__values_slot(
+                                   &r->values[i], t0->v[k].name, 0)].value);
         if (st != KEEL_OK)
             return st;
+    }
+    return KEEL_OK;
+}
+
+/* ---- metrics across replicas -------------------------------------------- */
+
+void
+keel__session_metrics_out(keel_session *s)
+{
+    keel__metrics *m = keel__grads_metrics(s->grads);
+    const keel__values *t = &s->values;
+    int n = 0;
+    if (m == NULL)
+        return;
+    for (size_t k = 0; k < t->n && n < KEEL__METRICS_MAX; k++) {
+        if (t->v[k].metric_gen != t->gen || t->v[k].set_gen != t->gen)
+            continue;
+        s->metric_slot[n] = (int)k;
+        m->sum[n] = t->v[k].sum;
+        m->count[n] = t->v[k].count;
+        n++;
+    }
+    s->n_metrics = n;
+    m->n = n;
+    m->n_combined = 0;
+    m->n_kept = 0;
+}
+
+keel_status
+keel__session_metrics_in(keel_session *s)
+{
+    keel__metrics *m = keel__grads_metrics(s->grads);
+    keel__values *t = &s->values;
+    keel_status st;
+    if (m == NULL || m->n_combined == 0 || m->n != s->n_metrics)
+        return KEEL_OK;
+    for (int k = 0; k < m->n; k++) {
+        keel__value *v = &t->v[s->metric_slot[k]];
+        if (m->total_count[k] > 0) {
+            v->value = m->total_sum[k] / m->total_count[k];
+            v->sum = m->total_sum[k];
+            v->count = m->total_count[k];
+        }
+        for (int i = 0; i < m->n_kept; i++)
+            if (m->rcount[i][k] > 0 &&
+                (st = replica_value(t, v->name, m->replica[i],
+                                    m->rsum[i][k] / m->rcount[i][k]))
+                != KEEL_OK)
+                return st;
     }
     return KEEL_OK;
 }

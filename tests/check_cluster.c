@@ -892,6 +892,99 @@ START_TEST(test_header_round_trip_keeps_every_field)
 }
 END_TEST
 
+
+/* A message of one metrics tensor flagged F_METRICS, as the peer sent it
+ * (the tensor's data in place: the decoder's view of a frame). */
+static void
+metrics_msg(keel__wire_msg *m, keel__wire_tensor *wt, uint8_t type,
+            const keel__wire_metrics *w)
+{
+    keel__wire_msg_init(m);
+    memset(wt, 0, sizeof *wt);
+    snprintf(wt->name, sizeof wt->name, "%s", KEEL__WIRE_METRICS_NAME);
+    wt->t = w->t;
+    m->h.type = type;
+    m->h.flags = KEEL_WIRE_F_METRICS;
+    m->tensors = wt;
+    m->n = 1;
+}
+
+/* The step's metrics from three replicas: pushed, combined in ascending
+ * replica order (the sums' bits), answered, decoded by a replica into the
+ * totals and each replica's own; a malformed tensor is KEEL_ECORRUPT. */
+START_TEST(test_metrics_push_combine_ack_round_trip)
+{
+    static const double loss[3] = { 0.1, 0.2, 0.3 }, right[3] = { 7, 5, 9 };
+    static const double n[3] = { 10, 10, 12 };
+    static keel__wire_metrics w;
+    static keel__metrics comb, got;
+    keel__wire_push_metrics pm[3];
+    keel__wire_tensor wt;
+    keel__wire_msg m;
+    comb.n = 2;
+    keel__metrics_combine_begin(&comb);
+    for (int r = 0; r < 3; r++) {
+        keel__metrics one = { .n = 2 };
+        one.sum[0] = loss[r];
+        one.sum[1] = right[r];
+        one.count[0] = one.count[1] = n[r];
+        keel__wire_metrics_push(&one, &w);
+        ck_assert_uint_eq(w.t.count, 2 * (1 + 2 * 2));
+        metrics_msg(&m, &wt, KEEL_MSG_PUSH, &w);
+        ck_assert_int_eq(keel__wire_take_push_metrics(&m, &pm[r]), KEEL_OK);
+        ck_assert_uint_eq(m.n, 0);      /* no gradient left behind */
+        ck_assert_int_eq(pm[r].n, 2);
+        ck_assert(pm[r].sum[0] == loss[r] && pm[r].count[1] == n[r]);
+        keel__metrics_combine_add(&comb, r + 4, pm[r].sum, pm[r].count);
+    }
+    ck_assert(comb.total_sum[0] == (0.1 + 0.2) + 0.3);
+    ck_assert(comb.total_sum[1] == 21 && comb.total_count[0] == 32);
+    keel__wire_metrics_ack(&comb, &w);
+    metrics_msg(&m, &wt, KEEL_MSG_PUSH_ACK, &w);
+    got.n = 2;
+    ck_assert_int_eq(keel__wire_take_ack_metrics(&m, &got), KEEL_OK);
+    ck_assert_int_eq(got.n_combined, 3);
+    ck_assert_int_eq(got.n_kept, 3);
+    ck_assert(got.total_sum[0] == comb.total_sum[0]);
+    ck_assert(got.total_count[1] == 32);
+    ck_assert_int_eq(got.replica[2], 6);
+    ck_assert(got.rsum[1][0] == 0.2 && got.rcount[2][1] == 12);
+    /* a replica with another metric count takes nothing from it */
+    metrics_msg(&m, &wt, KEEL_MSG_PUSH_ACK, &w);
+    memset(&got, 0, sizeof got);
+    got.n = 1;
+    ck_assert_int_eq(keel__wire_take_ack_metrics(&m, &got), KEEL_OK);
+    ck_assert_int_eq(got.n_combined, 0);
+    ck_assert_uint_eq(m.n, 0);
+    /* an unflagged message keeps its tensors */
+    metrics_msg(&m, &wt, KEEL_MSG_PUSH, &w);
+    m.h.flags = 0;
+    ck_assert_int_eq(keel__wire_take_push_metrics(&m, &pm[0]), KEEL_OK);
+    ck_assert_int_eq(pm[0].n, 0);
+    ck_assert_uint_eq(m.n, 1);
+    /* the ack's layout sent as a PUSH: its counts do not match */
+    metrics_msg(&m, &wt, KEEL_MSG_PUSH, &w);
+    ck_assert_int_eq(keel__wire_take_push_metrics(&m, &pm[0]),
+                     KEEL_ECORRUPT);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "PUSH metrics"));
+    /* a flagged last tensor of another name */
+    metrics_msg(&m, &wt, KEEL_MSG_PUSH, &w);
+    snprintf(wt.name, sizeof wt.name, "w");
+    ck_assert_int_eq(keel__wire_take_push_metrics(&m, &pm[0]),
+                     KEEL_ECORRUPT);
+    /* a replica index that is no integer */
+    {
+        double bad = 0.5;
+        keel__wire_metrics_ack(&comb, &w);
+        memcpy(&w.words[2 * (3 + 2 * 2)], &bad, sizeof bad);
+        metrics_msg(&m, &wt, KEEL_MSG_PUSH_ACK, &w);
+        got.n = 2;
+        ck_assert_int_eq(keel__wire_take_ack_metrics(&m, &got),
+                         KEEL_ECORRUPT);
+    }
+}
+END_TEST
+
 /* Send through an inproc PAIR and decode on the other end. */
 START_TEST(test_send_recv_round_trip_tensors_names_and_text)
 {
@@ -1067,6 +1160,8 @@ START_TEST(test_decode_rejects_every_malformed_class)
     expect_corrupt(&r, &lim, "unknown flags");
     raw_init(&r); r.hdr[4] = 2;         /* before the example count */
     expect_corrupt(&r, &lim, "wire version 2");
+    raw_init(&r); r.hdr[4] = 3;         /* before the metrics tensor */
+    expect_corrupt(&r, &lim, "wire version 3");
     raw_init(&r); r.hdr[17] = 1; r.hdr[19] = 0x80;   /* a PUSH's count */
     ck_assert_int_eq(raw_decode(&r, &lim, &m), KEEL_OK);
     ck_assert_uint_eq(m.h.examples, 0x800001u);
@@ -3411,7 +3506,8 @@ cluster_suite(void)
         test_decode_rejects_every_malformed_class,
         test_decode_copies_misaligned_data_only,
         test_recv_drains_and_rejects_too_many_frames,
-        test_sockopts_set_the_send_buffer));
+        test_sockopts_set_the_send_buffer,
+        test_metrics_push_combine_ack_round_trip));
     tu_tcase(s, "live", 20, NULL, NULL, TU_TESTS(
         test_live_server_survives_garbage_and_serves_others,
         test_pull_of_named_and_unknown_variables,

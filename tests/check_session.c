@@ -1366,6 +1366,70 @@ START_TEST(test_replicas_add_gradients_along_the_tree_and_average_values)
 }
 END_TEST
 
+
+static double seen_replica2, seen_lr;
+static keel_status metric_status[2];
+
+/* Replica r's loss is a metric summed over r + 1 examples (sum r), its
+ * learning rate a plain value; replica 0 also tries the bad calls. */
+static keel_status
+metric_step(void *ctx, keel_step *st)
+{
+    int r = keel_step_replica(st);
+    keel_status rc;
+    (void)ctx;
+    if (r == 0)
+        metric_status[0] = keel_step_set_metric(st, "n", 1.0, 0);
+    for (int k = 0; k < KEEL_MAX_METRICS - 1; k++) {
+        static const char *const names[] = { "m0", "m1", "m2" };
+        (void)keel_step_set_metric(st, names[k % 3], 1.0, 1);
+    }
+    rc = keel_step_set_metric(st, "loss", (double)r, r + 1);
+    if (r == 0)
+        metric_status[1] = keel_step_set_metric(st, "one_too_many", 1.0, 1);
+    if (rc == KEEL_OK)
+        rc = keel_step_set_value(st, "lr", 0.5 * (r + 1));
+    return rc;
+}
+
+static keel_status
+metric_after(void *ctx, keel_run_context *rc, const keel_run_values *v)
+{
+    (void)ctx;
+    (void)rc;
+    seen_loss = keel_run_values_get(v, "loss");
+    seen_replica2 = keel_run_values_get(v, "loss/replica_2");
+    seen_lr = keel_run_values_get(v, "lr");
+    return KEEL_OK;
+}
+
+/* In-process replicas: a metric is the example-weighted mean over every
+ * replica (sums added, counts added: (0+1+2+3) / (1+2+3+4)), not the mean
+ * of their means; each replica's own mean is "loss/replica_<i>"; a plain
+ * value stays the replicas' mean. A metric over no example and a metric
+ * past KEEL_MAX_METRICS are refused. */
+START_TEST(test_replicas_weigh_metrics_by_examples)
+{
+    keel_hook h = { .struct_size = sizeof h, .name = "metrics",
+                    .before_run = loss_before, .after_run = metric_after };
+    keel_session_config c;
+    keel_session *s;
+    replica_cfg(&c, metric_step);
+    c.hooks = &h;
+    c.n_hooks = 1;
+    c.replicas = 4;
+    ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
+    ck_assert_int_eq(keel_session_run(s, NULL), KEEL_OK);
+    ck_assert(seen_loss == 6.0 / 10.0);
+    ck_assert(seen_replica2 == 2.0 / 3.0);
+    ck_assert(seen_lr == (0.5 + 1.0 + 1.5 + 2.0) / 4);
+    ck_assert_int_eq(metric_status[0], KEEL_EINVAL);
+    ck_assert_int_eq(metric_status[1], KEEL_ENOMEM);
+    keel_session_close(s);
+    keel_session_free(s);
+}
+END_TEST
+
 START_TEST(test_replica_failures_name_the_replica_and_apply_nothing)
 {
     keel_session_config c;
@@ -1847,6 +1911,7 @@ session_suite(void)
         test_supervisor_checkpoints_at_start_and_at_stop,
         test_final_checkpoint_failure_is_the_close_status,
         test_replicas_add_gradients_along_the_tree_and_average_values,
+        test_replicas_weigh_metrics_by_examples,
         test_replica_failures_name_the_replica_and_apply_nothing,
         test_replica_stores_start_zero_every_step_and_after_a_failure,
         test_strategy_names_and_the_training_sessions_rules,

@@ -247,6 +247,106 @@ START_TEST(test_one_to_four_replicas_give_the_same_bits_by_default)
 }
 END_TEST
 
+
+/* The loss and accuracy figures of step n in run output o (keel train's or
+ * the chief's lines under keel launch): "loss X  accuracy Y" into buf. */
+static void
+step_figures(const char *o, int n, char *buf, size_t size)
+{
+    char needle[64];
+    const char *p = o, *l, *e;
+    TU_SNPRINTF(needle, sizeof needle, "step %d  epoch", n);
+    while ((p = strstr(p, needle)) != NULL &&
+           p != o && p[-1] != '\n' && p[-1] != ' ')
+        p++;
+    ck_assert_msg(p != NULL, "no line of step %d in:\n%s", n,
+                  tu_tail(o, 2000));
+    l = strstr(p, "loss ");
+    e = l != NULL ? strstr(l, "  lr ") : NULL;
+    ck_assert_msg(l != NULL && e != NULL && (size_t)(e - l) < size,
+                  "step %d: no loss and accuracy in %.200s", n, p);
+    memcpy(buf, l, (size_t)(e - l));
+    buf[e - l] = '\0';
+}
+
+/* The rows of tags loss and accuracy of a scalars.csv (time dropped):
+ * "step,tag,value" lines, in file order. */
+static void
+csv_figures(const char *path, char *buf, size_t size)
+{
+    char *csv = tu_read_file(path, NULL);
+    size_t k = 0;
+    ck_assert_msg(csv != NULL, "no %s", path);
+    for (char *line = strtok(csv, "\n"); line != NULL;
+         line = strtok(NULL, "\n")) {
+        const char *rest = strchr(line, ',');
+        int n;
+        if (rest == NULL || (strstr(rest, ",loss,") == NULL &&
+                             strstr(rest, ",accuracy,") == NULL))
+            continue;
+        n = snprintf(buf + k, size - k, "%s\n", rest + 1);
+        ck_assert(n > 0 && (size_t)n < size - k);
+        k += (size_t)n;
+    }
+    free(csv);
+    ck_assert_msg(k > 0, "%s has no loss or accuracy rows", path);
+}
+
+/* Cluster-wide metrics: a sync job of 2 replicas (the chief and a worker,
+ * each half of the global batch's leaves) prints, step by step, the loss
+ * and accuracy of the whole global batch - the figures the one-process
+ * run of the config prints - and writes them to scalars.csv. */
+START_TEST(test_cluster_metrics_equal_one_process_figures)
+{
+    static const char *names[2] = { "m1", "m2" };
+    static char outs[2][65536], csvs[2][16384];
+    char text[1024], cnn[4200], env0[4200], path[4200];
+    char *env[] = { env0, NULL };
+    TU_SNPRINTF(text, sizeof text,
+                "[model]\ntype = cnn\n[data]\ndir = %s\n"
+                "[optimizer]\nname = adam\nlearning_rate = 0.01\n"
+                "[train]\nbatch_size = 192\nseed = 3\nmax_steps = 6\n"
+                "threads = 1\n[checkpoint]\nsave_steps = 3\n"
+                "[hooks]\nprogress = off\nlog_every_steps = 1\n"
+                "summary_every_steps = 1\n"
+                "[cluster]\nmax_wait_secs = 30\n", tu_dir);
+    TU_SNPRINTF(cnn, sizeof cnn, "%s", tu_path("cnn.ini"));
+    tu_write_file(cnn, text, strlen(text));
+    for (int r = 0; r < 2; r++) {
+        char *argv[12];
+        int n = 0, rc;
+        argv[n++] = (char *)tu_build_path("keel");
+        argv[n++] = r == 0 ? "train" : "launch";
+        argv[n++] = cnn;
+        if (r > 0) {
+            argv[n++] = "--ps";
+            argv[n++] = "1";
+            argv[n++] = "--workers";
+            argv[n++] = "1";
+            argv[n++] = "--no-status";
+        }
+        argv[n] = NULL;
+        output_env(env0, sizeof env0, names[r]);
+        rc = tu_run(argv, env, RUN_MS * 2, outs[r], sizeof outs[r], err,
+                    sizeof err);
+        ck_assert_msg(rc == 0, "%d replicas exited %d:\n%s\n%s", r + 1, rc,
+                      tu_tail(outs[r], 2000), tu_tail(err, 2000));
+        TU_SNPRINTF(path, sizeof path, "%s/%s/scalars.csv", tu_dir,
+                    names[r]);
+        csv_figures(path, csvs[r], sizeof csvs[r]);
+    }
+    for (int n = 1; n <= 6; n++) {
+        char one[128], two[128];
+        step_figures(outs[0], n, one, sizeof one);
+        step_figures(outs[1], n, two, sizeof two);
+        ck_assert_msg(strcmp(one, two) == 0, "step %d: one process '%s', "
+                      "the cluster's chief '%s'", n, one, two);
+    }
+    ck_assert_msg(strcmp(csvs[0], csvs[1]) == 0, "scalars.csv differs:\n"
+                  "one process:\n%s\ncluster:\n%s", csvs[0], csvs[1]);
+}
+END_TEST
+
 static Suite *
 determinism_suite(void)
 {
@@ -258,6 +358,8 @@ determinism_suite(void)
         test_chief_killed_and_restarted_ends_bitwise_equal,
         test_one_process_killed_and_resumed_ends_bitwise_equal,
         test_one_to_four_replicas_give_the_same_bits_by_default));
+    tu_tcase(s, "metrics", 180, setup, tu_teardown, TU_TESTS(
+        test_cluster_metrics_equal_one_process_figures));
     return s;
 }
 

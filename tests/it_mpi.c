@@ -297,6 +297,94 @@ START_TEST(test_one_to_four_ranks_give_identical_bits)
 }
 END_TEST
 
+
+/* The "loss X  accuracy Y" figures of every line of step n in o (any
+ * rank's), checked equal to each other, into buf. */
+static void
+step_figures(const char *o, int n, char *buf, size_t size)
+{
+    char needle[64], one[128];
+    const char *p = o;
+    int found = 0;
+    TU_SNPRINTF(needle, sizeof needle, "step %d  epoch", n);
+    while ((p = strstr(p, needle)) != NULL) {
+        const char *l = strstr(p, "loss "), *e;
+        if (p != o && p[-1] != '\n' && p[-1] != ' ') {
+            p++;
+            continue;
+        }
+        e = l != NULL ? strstr(l, "  lr ") : NULL;
+        ck_assert_msg(l != NULL && e != NULL && (size_t)(e - l) < size &&
+                      (size_t)(e - l) < sizeof one,
+                      "step %d: no loss and accuracy in %.200s", n, p);
+        memcpy(found ? one : buf, l, (size_t)(e - l));
+        (found ? one : buf)[e - l] = '\0';
+        ck_assert_msg(!found || strcmp(one, buf) == 0, "step %d: lines "
+                      "'%s' and '%s'", n, buf, one);
+        found = 1;
+        p = e;
+    }
+    ck_assert_msg(found, "no line of step %d in:\n%s", n, tu_tail(o, 2000));
+}
+
+/* The rows of tags loss and accuracy of a scalars.csv, time dropped
+ * ("step,tag,value" lines in file order); the caller frees it. */
+static char *
+csv_figures(const char *path)
+{
+    char *csv = tu_read_file(path, NULL), *buf;
+    size_t k = 0, size;
+    ck_assert_msg(csv != NULL, "no %s", path);
+    size = strlen(csv) + 1;
+    buf = malloc(size);
+    ck_assert_ptr_nonnull(buf);
+    buf[0] = '\0';
+    for (char *line = strtok(csv, "\n"); line != NULL;
+         line = strtok(NULL, "\n")) {
+        const char *rest = strchr(line, ',');
+        if (rest == NULL || (strstr(rest, ",loss,") == NULL &&
+                             strstr(rest, ",accuracy,") == NULL))
+            continue;
+        k += (size_t)snprintf(buf + k, size - k, "%s\n", rest + 1);
+    }
+    free(csv);
+    ck_assert_msg(k > 0, "%s has no loss or accuracy rows", path);
+    return buf;
+}
+
+/* Cluster-wide metrics: 2 ranks (each half of the leaves) print, step by
+ * step, the loss and accuracy of the whole global batch, the figures one
+ * process prints, and write them to scalars.csv. */
+START_TEST(test_two_ranks_report_the_one_process_metrics)
+{
+    static char one[65536];
+    static const char *extra = "hooks.log_every_steps=1";
+    static const char *extra2 = "hooks.summary_every_steps=1";
+    char ckdir[4200], *a, *b;
+    int rc;
+    TU_SNPRINTF(ckdir, sizeof ckdir, "checkpoint.dir=%s", tu_path("m1"));
+    rc = TU_KEEL(120000, "train", cfg_path, "-s", ckdir, "-s", extra, "-s",
+                 extra2);
+    ck_assert_msg(rc == 0, "1 rank: %d\n%s", rc, tu_tail(err, 3000));
+    memcpy(one, out, sizeof one);
+    rc = mpirun_train2(2, "m2", extra, extra2);
+    ck_assert_msg(rc == 0, "2 ranks: %d\n%s", rc, tu_tail(err, 3000));
+    for (int n = 1; n <= 30; n++) {
+        char f1[128], f2[128];
+        step_figures(one, n, f1, sizeof f1);
+        step_figures(out, n, f2, sizeof f2);
+        ck_assert_msg(strcmp(f1, f2) == 0, "step %d: one process '%s', 2 "
+                      "ranks '%s'", n, f1, f2);
+    }
+    a = csv_figures(tu_path("m1/scalars.csv"));
+    b = csv_figures(tu_path("m2/scalars.csv"));
+    ck_assert_msg(strcmp(a, b) == 0, "scalars.csv differs:\none process:"
+                  "\n%s\n2 ranks:\n%s", a, b);
+    free(a);
+    free(b);
+}
+END_TEST
+
 START_TEST(test_uneven_leaves_give_identical_bits)
 {
     static const int three[] = { 3 }, four[] = { 4 };
@@ -468,6 +556,7 @@ mpi_suite(void)
         test_ranks_on_named_hosts_prefix_their_lines,
         test_one_to_four_ranks_give_identical_bits,
         test_uneven_leaves_give_identical_bits,
+        test_two_ranks_report_the_one_process_metrics,
         test_killed_rank_restarts_all_from_the_checkpoint_bit_exact,
         test_bad_setups_exit_2,
         test_srun_ranks_train_the_bits_of_mpirun));

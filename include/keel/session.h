@@ -48,6 +48,23 @@ int64_t keel_step_global_step(const keel_step *st);
  * KEEL_VALUE_NAME_MAX-1 bytes; KEEL_ENOMEM past KEEL_MAX_VALUES names.
  * Allocation-free. */
 keel_status keel_step_set_value(keel_step *st, const char *name, double v);
+/* Set a metric: the named value sum / count, the mean over count (>= 1)
+ * examples (the loss summed over the step's examples, the correct
+ * predictions). Where the step's replicas are combined - in-process
+ * replicas (keel_session_config.replicas), the parameter servers in sync
+ * mode, multi_worker_mirrored's all-reduce - every replica's hooks see,
+ * under name, the example-weighted mean over every replica of the step
+ * (the replicas' sums added in ascending replica order, divided by their
+ * counts added), as tf.distribute's strategy.reduce(MEAN) does; and under
+ * "<name>/replica_<i>" replica i's own mean, for i below
+ * KEEL_METRIC_REPLICAS_NAMED (a cluster's replicas, by task: the chief is
+ * replica 0). Elsewhere (one process, async mode) name is this
+ * replica's own mean. At most KEEL_MAX_METRICS a step (KEEL_ENOMEM);
+ * KEEL_EINVAL for count < 1. docs/session.md, "Metrics". */
+#define KEEL_MAX_METRICS 4
+#define KEEL_METRIC_REPLICAS_NAMED 16
+keel_status keel_step_set_metric(keel_step *st, const char *name,
+                                 double sum, int64_t count);
 /* The step applied its own update (K-FAC, ...): the session will not call
  * the updater; it still advances the global step unless the step set it. */
 void keel_step_mark_applied(keel_step *st);
