@@ -315,6 +315,14 @@ static const key_def schema[] = {
       "bits where the batch allows it (docs/determinism.md). false: in "
       "replica order (one push each; results differ between replica "
       "counts in the last bits)." },
+    { "cluster", "elastic", T_BOOL, "false", NOLIM, NULL,
+      "Sync mode over the reduction tree: the job goes on when a worker "
+      "leaves for good (silent past cluster.dead_after_ms, or removed by "
+      "keel launch) and when one joins (any new worker index): the ps "
+      "re-divide the global batch's leaves among the live replicas at a "
+      "step boundary, so the variables stay bitwise those of a run with "
+      "fixed membership; each replica reads the whole global batch. One "
+      "ps task, no backup workers (docs/cluster.md)." },
     { "cluster", "heartbeat_ms", T_INT, D(HEARTBEAT_MS), 10, 600000, NULL,
       "Workers and the chief ping every ps this often (own thread and "
       "sockets), so a lost or restarted ps is noticed within about one "
@@ -1559,6 +1567,26 @@ validate_cluster(const keel_config *cfg)
                               "cluster.replicas_to_aggregate"),
                           (long long)keel_config_int(cfg,
                               "cluster.total_num_replicas"));
+    if (keel_config_bool(cfg, "cluster.elastic")) {
+        const char *other = NULL;
+        if (strcmp(keel_config_str(cfg, "cluster.mode"), "async") == 0)
+            other = "cluster.mode = async";
+        else if (!keel_config_bool(cfg, "cluster.reduce_tree"))
+            other = "cluster.reduce_tree = false";
+        else if (keel_config_int(cfg, "train.micro_batch") > 0)
+            other = "train.micro_batch";
+        else if (keel_config_int(cfg, "cluster.replicas_to_aggregate") > 0)
+            other = "cluster.replicas_to_aggregate (backup workers)";
+        else if (keel_config_is_set(cfg, "algorithm.name") &&
+                 strcmp(keel_config_str(cfg, "algorithm.name"), "sync") != 0)
+            other = "algorithm.name other than sync";
+        if (other != NULL)
+            return keel__fail(KEEL_EINVAL, "cluster.elastic (%s) needs sync "
+                              "mode over the reduction tree; %s is set: "
+                              "unset one of them",
+                              keel_config_origin(cfg, "cluster.elastic"),
+                              other);
+    }
     return KEEL_OK;
 }
 

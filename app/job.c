@@ -86,6 +86,13 @@ typedef struct job {
     int64_t leaves;
     int n_nodes;
     size_t node_off[64], node_len[64];
+    /* cluster.elastic: every replica reads the whole global batch and
+     * computes the nodes of its leaves under the membership the ps told it
+     * (el_epoch; el_member 0: not live, nothing computed), el_examples of
+     * them */
+    int elastic, el_member;
+    int64_t el_epoch;
+    size_t el_examples;
     /* multi_worker_mirrored with leaves the ranks do not split evenly:
      * every rank reads the whole global batch and trains examples
      * [slice_off, + slice_len) of it, its leaves (0: the iterator's
@@ -896,6 +903,8 @@ batch_step(job *j, keel_step *stp, const keel_batch *b,
                            keel_step_grads(stp), stats);
 }
 
+static keel_status elastic_division(job *j);
+
 static keel_status
 job_step(void *ctx, keel_step *stp)
 {
@@ -917,6 +926,12 @@ job_step(void *ctx, keel_step *stp)
     j->zeroed = NULL;
     if (j->kfac_role == 2)              /* an inverse worker: no batch */
         return keel_step_set_value(stp, "loss", 0.0);
+    if (j->elastic) {
+        if ((st = elastic_division(j)) != KEEL_OK)
+            return st;
+        if (!j->el_member)
+            return keel_step_set_value(stp, "loss", 0.0);
+    }
     if (j->slice_len > 0) {
         if (j->slice_off + j->slice_len > b->n)
             return keel__fail(KEEL_EINTERNAL, "this rank's examples [%zu, "
@@ -936,7 +951,7 @@ job_step(void *ctx, keel_step *stp)
         (st = keel_kfac_observe(j->kfac, keel_step_vars(stp), b,
                                 keel_step_global_step(stp))) != KEEL_OK)
         return st;
-    j->examples += (int64_t)b->n;
+    j->examples += j->elastic ? (int64_t)j->el_examples : (int64_t)b->n;
     return step_values(j, stp, &stats);
 }
 
@@ -1288,6 +1303,7 @@ cluster_options_from(const keel_config *cfg, job *j,
     o->send_buffer_kib =
         (int)keel_config_int(cfg, "cluster.send_buffer_kib");
     o->reduce_leaves = j->leaves;
+    o->elastic = keel_config_bool(cfg, "cluster.elastic");
     if (j->kfac != NULL) {
         /* K-FAC's update is not per variable: the chief applies it, its
          * state (factors, inverses, velocity) lives on the ps */
@@ -1372,7 +1388,8 @@ leaves_for(const keel_config *cfg, const job *j,
     else if (keel_config_int(cfg, "train.micro_batch") > 0)
         why = "train.micro_batch is set (its micro-batches are added in "
               "order instead)";
-    else if (j->global_batch % p != 0 || L % R != 0)
+    else if (j->global_batch % p != 0 ||
+             (L % R != 0 && !keel_config_bool(cfg, "cluster.elastic")))
         why = "train.batch_size is not a multiple of the replicas times "
               "the model's piece";
     else if (L > KEEL__MODEL_TREE_PIECES)
@@ -1504,6 +1521,54 @@ alloc_micro(job *j, int k)
     if (st != KEEL_OK)
         j->n_micro--;
     return st;
+}
+
+/* cluster.elastic, before each step: the tree nodes of this replica's
+ * leaves under the membership the ps told it last (live replica p of M
+ * owns leaves [p*L/M, (p+1)*L/M) of the whole global batch it reads),
+ * each computed into its own store and pushed in order. Not live: nothing
+ * is computed (the ps refuses the push; the session recovers and the
+ * replica takes part from the next step boundary). */
+static keel_status
+elastic_division(job *j)
+{
+    keel__tree_node nodes[64];
+    size_t piece = keel__model_piece(j->model);
+    int64_t epoch, lo, hi;
+    int pos, count, k;
+    keel_status st = keel_cluster_backend_membership(j->worker, &epoch,
+                                                     &pos, &count);
+    if (st != KEEL_OK || epoch == j->el_epoch)
+        return st;
+    j->el_epoch = epoch;
+    j->el_member = epoch > 0 && pos >= 0 && pos < count &&
+        count <= j->leaves;
+    if (!j->el_member) {
+        keel__log(KEEL_LOG_INFO, "elastic: this replica is not live yet "
+                  "(membership epoch %lld); it takes part from the next "
+                  "step boundary", (long long)epoch);
+        return keel_cluster_backend_set_micro(j->worker, NULL, 0);
+    }
+    lo = (int64_t)pos * j->leaves / count;
+    hi = (int64_t)(pos + 1) * j->leaves / count;
+    k = keel__tree_cover(j->leaves, lo, hi, nodes, 64);
+    if (k < 1)
+        return keel__fail(KEEL_EINTERNAL, "elastic: tree cover of leaves "
+                          "[%lld, %lld) of %lld", (long long)lo,
+                          (long long)hi, (long long)j->leaves);
+    if ((st = alloc_micro(j, k)) != KEEL_OK)
+        return st;
+    for (int c = 0; c < k; c++) {
+        j->node_off[c] = (size_t)nodes[c].lo * piece;
+        j->node_len[c] = (size_t)(nodes[c].hi - nodes[c].lo) * piece;
+    }
+    j->n_nodes = k;
+    j->el_examples = (size_t)(hi - lo) * piece;
+    keel__log(KEEL_LOG_INFO, "elastic: replica %d of %d live (membership "
+              "epoch %lld): leaves [%lld, %lld) of %lld, %d node sum(s)",
+              pos, count, (long long)epoch, (long long)lo, (long long)hi,
+              (long long)j->leaves, k);
+    return keel_cluster_backend_set_micro(j->worker, j->micro_g, k);
 }
 
 /* A replica of several (parameter-server or all-reduce): its session runs
@@ -1786,6 +1851,9 @@ train_build_job(train_run *r)
      * the whole batch: the iterator's even slices would cut leaves */
     int even = !r->is_mwm ||
                keel_config_int(cfg, "train.leaves") % r->replicas == 0;
+    /* so do elastic replicas: their leaves change with the membership */
+    if (r->in_cluster && keel_config_bool(cfg, "cluster.elastic"))
+        even = 0;
     st = job_build(&r->j, cfg, even ? r->replica : 0, even ? r->replicas : 1,
                    !r->in_cluster && !r->is_mwm &&
                    strcmp(keel_config_str(cfg, "algorithm.name"),
@@ -2046,7 +2114,8 @@ train_cluster_backend(train_run *r)
     if (st != KEEL_OK)
         return st;
     j->worker = r->worker;
-    if (j->leaves > 0 &&
+    j->elastic = o.elastic;             /* the nodes: before each step */
+    if (j->leaves > 0 && !j->elastic &&
         (st = tree_nodes_build(j, r->replica, r->replicas)) != KEEL_OK)
         return st;
     if (j->micro > 0) {
