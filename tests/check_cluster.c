@@ -873,7 +873,7 @@ START_TEST(test_header_round_trip_keeps_every_field)
     unsigned char b[KEEL_WIRE_HEADER_SIZE];
     keel__wire_header_encode(&h, b);
     ck_assert(memcmp(b, "KEEL", 4) == 0);
-    ck_assert_int_eq(b[4], 3);      /* version, little endian */
+    ck_assert_int_eq(b[4], 4);      /* version, little endian */
     ck_assert_int_eq(b[5], 0);
     memset(&g, 0, sizeof g);
     ck_assert_int_eq(keel__wire_header_decode(b, sizeof b, &g), KEEL_OK);
