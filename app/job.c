@@ -1556,8 +1556,9 @@ elastic_division(job *j)
         return keel__fail(KEEL_EINTERNAL, "elastic: tree cover of leaves "
                           "[%lld, %lld) of %lld", (long long)lo,
                           (long long)hi, (long long)j->leaves);
-    if ((st = alloc_micro(j, k)) != KEEL_OK)
-        return st;
+    for (; j->n_micro < k; j->n_micro++)  /* a store per node, kept */
+        if ((st = keel_grads_new(j->vs, &j->micro_g[j->n_micro])) != KEEL_OK)
+            return st;
     for (int c = 0; c < k; c++) {
         j->node_off[c] = (size_t)nodes[c].lo * piece;
         j->node_len[c] = (size_t)(nodes[c].hi - nodes[c].lo) * piece;

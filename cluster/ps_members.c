@@ -226,8 +226,8 @@ members_drop(keel__ps *ps, const unsigned char *gone, const char *what)
 }
 
 /* Elastic: the live replicas silent past the liveness deadline leave (a
- * replica never heard from counts from the ps's start); the last one
- * stays. */
+ * replica not heard from since the ps became ready counts from then);
+ * when every one is silent, none leaves. */
 static void
 elastic_sweep(keel__ps *ps, int64_t now)
 {

@@ -5,7 +5,8 @@
  * replicas, and a worker started by hand with a new index joins (3). The
  * final checkpoint is bitwise equal (`keel ckpt diff`) to one process
  * training the same config for the same steps, and the chief's log names
- * each membership change. */
+ * each membership change. keel launch scales such a job with SIGUSR1 and
+ * SIGUSR2. */
 #include <config.h>
 
 #include <signal.h>
@@ -178,12 +179,45 @@ START_TEST(test_four_two_three_replicas_end_as_a_fixed_run)
 }
 END_TEST
 
+/* keel launch scales an elastic sync job: SIGUSR1 adds worker 1 (2 -> 3
+ * replicas), SIGUSR2 removes it again (3 -> 2), and the job trains on. */
+START_TEST(test_keel_launch_scales_an_elastic_sync_job)
+{
+    char line[2048], dir[4200];
+    int fd;
+    pid_t pid;
+    char *argv[] = { (char *)tu_build_path("keel"), "launch", cnn, "--ps",
+                     "1", "--workers", "1", "-s", "train.max_steps=1000000",
+                     "-s", dir, NULL };
+    TU_SNPRINTF(dir, sizeof dir, "checkpoint.dir=%s", tu_path("launched"));
+    pid = tu_spawn_pipe(argv, NULL, tu_path("launch.err"), &fd);
+    tu_expect_line(fd, "chief | step ", WAIT_MS, line, sizeof line);
+    ck_assert_int_eq(kill(pid, SIGUSR1), 0);
+    tu_expect_line(fd, "launch | added worker.1 (pid ", WAIT_MS, line,
+                   sizeof line);
+    tu_expect_line(fd, "chief | membership: 2 -> 3 replicas (worker 1 "
+                   "joined)", WAIT_MS, line, sizeof line);
+    tu_expect_line(fd, "worker.1 | elastic: replica 2 of 3 live", WAIT_MS,
+                   line, sizeof line);
+    ck_assert_int_eq(kill(pid, SIGUSR2), 0);
+    tu_expect_line(fd, "launch | removing worker.1 (pid ", WAIT_MS, line,
+                   sizeof line);
+    tu_expect_line(fd, "chief | membership: 3 -> 2 replicas (worker 1 left)",
+                   WAIT_MS, line, sizeof line);
+    tu_expect_line(fd, "chief | step ", WAIT_MS, line, sizeof line);
+    ck_assert_int_eq(kill(pid, SIGTERM), 0);
+    ck_assert_int_eq(tu_wait(pid, RUN_MS), 0);
+    close(fd);
+}
+END_TEST
+
 static Suite *
 elastic_suite(void)
 {
     Suite *s = suite_create("it_elastic");
     tu_tcase(s, "elastic", 600, setup, tu_teardown, TU_TESTS(
-        test_four_two_three_replicas_end_as_a_fixed_run));
+        test_four_two_three_replicas_end_as_a_fixed_run,
+        test_keel_launch_scales_an_elastic_sync_job));
     return s;
 }
 
