@@ -291,6 +291,26 @@ validate_cluster(const keel_config *cfg)
                               "cluster.replicas_to_aggregate"),
                           (long long)keel_config_int(cfg,
                               "cluster.total_num_replicas"));
+    if (keel_config_bool(cfg, "cluster.elastic")) {
+        const char *other = NULL;
+        if (strcmp(keel_config_str(cfg, "cluster.mode"), "async") == 0)
+            other = "cluster.mode = async";
+        else if (!keel_config_bool(cfg, "cluster.reduce_tree"))
+            other = "cluster.reduce_tree = false";
+        else if (keel_config_int(cfg, "train.micro_batch") > 0)
+            other = "train.micro_batch";
+        else if (keel_config_int(cfg, "cluster.replicas_to_aggregate") > 0)
+            other = "cluster.replicas_to_aggregate (backup workers)";
+        else if (keel_config_is_set(cfg, "algorithm.name") &&
+                 strcmp(keel_config_str(cfg, "algorithm.name"), "sync") != 0)
+            other = "algorithm.name other than sync";
+        if (other != NULL)
+            return keel__fail(KEEL_EINVAL, "cluster.elastic (%s) needs sync "
+                              "mode over the reduction tree; %s is set: "
+                              "unset one of them",
+                              keel_config_origin(cfg, "cluster.elastic"),
+                              other);
+    }
     return KEEL_OK;
 }
 

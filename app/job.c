@@ -180,6 +180,9 @@ train_build_job(keel__train_run *r)
      * the whole batch: the iterator's even slices would cut leaves */
     int even = !r->is_mwm ||
                keel_config_int(cfg, "train.leaves") % r->replicas == 0;
+    /* so do elastic replicas: their leaves change with the membership */
+    if (r->in_cluster && keel_config_bool(cfg, "cluster.elastic"))
+        even = 0;
     st = keel__job_build(&r->j, cfg, even ? r->replica : 0,
                          even ? r->replicas : 1,
                          !r->in_cluster && !r->is_mwm &&

@@ -181,6 +181,7 @@ cluster_options_from(const keel_config *cfg, keel__job *j,
     o->send_buffer_kib =
         (int)keel_config_int(cfg, "cluster.send_buffer_kib");
     o->reduce_leaves = j->leaves;
+    o->elastic = keel_config_bool(cfg, "cluster.elastic");
     o->sharded_checkpoints = sharded_from(cfg, spec);
     o->checkpoint_dir = keel_config_str(cfg, "checkpoint.dir");
     if (j->kfac != NULL) {
@@ -264,7 +265,8 @@ leaves_for(const keel_config *cfg, const keel__job *j,
     else if (keel_config_int(cfg, "train.micro_batch") > 0)
         why = "train.micro_batch is set (its micro-batches are added in "
               "order instead)";
-    else if (j->global_batch % p != 0 || L % R != 0)
+    else if (j->global_batch % p != 0 ||
+             (L % R != 0 && !keel_config_bool(cfg, "cluster.elastic")))
         why = "train.batch_size is not a multiple of the replicas times "
               "the model's piece";
     else if (L > KEEL__MODEL_TREE_PIECES)
@@ -505,7 +507,8 @@ keel__job_cluster_backend(keel__train_run *r)
     if (st != KEEL_OK)
         return st;
     j->worker = r->worker;
-    if (j->leaves > 0 &&
+    j->elastic = o.elastic;             /* the nodes: before each step */
+    if (j->leaves > 0 && !j->elastic &&
         (st = tree_nodes_build(j, r->replica, r->replicas)) != KEEL_OK)
         return st;
     if (j->micro > 0) {

@@ -93,6 +93,13 @@ typedef struct keel__job {
     int64_t leaves;
     int n_nodes;
     size_t node_off[64], node_len[64];
+    /* cluster.elastic: every replica reads the whole global batch and
+     * computes the nodes of its leaves under the membership the ps told it
+     * (el_epoch; el_member 0: not live, nothing computed), el_examples of
+     * them */
+    int elastic, el_member;
+    int64_t el_epoch;
+    size_t el_examples;
     /* multi_worker_mirrored with leaves the ranks do not split evenly:
      * every rank reads the whole global batch and trains examples
      * [slice_off, + slice_len) of it, its leaves (0: the iterator's

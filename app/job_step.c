@@ -210,6 +210,55 @@ batch_step(keel__job *j, keel_step *stp, const keel_batch *b,
                            keel_step_grads(stp), stats);
 }
 
+/* cluster.elastic, before each step: the tree nodes of this replica's
+ * leaves under the membership the ps told it last (live replica p of M
+ * owns leaves [p*L/M, (p+1)*L/M) of the whole global batch it reads),
+ * each computed into its own store and pushed in order. Not live: nothing
+ * is computed (the ps refuses the push; the session recovers and the
+ * replica takes part from the next step boundary). */
+static keel_status
+elastic_division(keel__job *j)
+{
+    keel__tree_node nodes[64];
+    size_t piece = keel__model_piece(j->model);
+    int64_t epoch, lo, hi;
+    int pos, count, k;
+    keel_status st = keel_cluster_backend_membership(j->worker, &epoch,
+                                                     &pos, &count);
+    if (st != KEEL_OK || epoch == j->el_epoch)
+        return st;
+    j->el_epoch = epoch;
+    j->el_member = epoch > 0 && pos >= 0 && pos < count &&
+        count <= j->leaves;
+    if (!j->el_member) {
+        keel__log(KEEL_LOG_INFO, "elastic: this replica is not live yet "
+                  "(membership epoch %lld); it takes part from the next "
+                  "step boundary", (long long)epoch);
+        return keel_cluster_backend_set_micro(j->worker, NULL, 0);
+    }
+    lo = (int64_t)pos * j->leaves / count;
+    hi = (int64_t)(pos + 1) * j->leaves / count;
+    k = keel__tree_cover(j->leaves, lo, hi, nodes, 64);
+    if (k < 1)
+        return keel__fail(KEEL_EINTERNAL, "elastic: tree cover of leaves "
+                          "[%lld, %lld) of %lld", (long long)lo,
+                          (long long)hi, (long long)j->leaves);
+    for (; j->n_micro < k; j->n_micro++)  /* a store per node, kept */
+        if ((st = keel_grads_new(j->vs, &j->micro_g[j->n_micro])) != KEEL_OK)
+            return st;
+    for (int c = 0; c < k; c++) {
+        j->node_off[c] = (size_t)nodes[c].lo * piece;
+        j->node_len[c] = (size_t)(nodes[c].hi - nodes[c].lo) * piece;
+    }
+    j->n_nodes = k;
+    j->el_examples = (size_t)(hi - lo) * piece;
+    keel__log(KEEL_LOG_INFO, "elastic: replica %d of %d live (membership "
+              "epoch %lld): leaves [%lld, %lld) of %lld, %d node sum(s)",
+              pos, count, (long long)epoch, (long long)lo, (long long)hi,
+              (long long)j->leaves, k);
+    return keel_cluster_backend_set_micro(j->worker, j->micro_g, k);
+}
+
 keel_status
 keel__job_step(void *ctx, keel_step *stp)
 {
@@ -231,6 +280,12 @@ keel__job_step(void *ctx, keel_step *stp)
     j->zeroed = NULL;
     if (j->kfac_role == 2)              /* an inverse worker: no batch */
         return keel_step_set_value(stp, "loss", 0.0);
+    if (j->elastic) {
+        if ((st = elastic_division(j)) != KEEL_OK)
+            return st;
+        if (!j->el_member)
+            return keel_step_set_value(stp, "loss", 0.0);
+    }
     if (j->slice_len > 0) {
         if (j->slice_off + j->slice_len > b->n)
             return keel__fail(KEEL_EINTERNAL, "this rank's examples [%zu, "
@@ -250,7 +305,7 @@ keel__job_step(void *ctx, keel_step *stp)
         (st = keel_kfac_observe(j->kfac, keel_step_vars(stp), b,
                                 keel_step_global_step(stp))) != KEEL_OK)
         return st;
-    j->examples += (int64_t)b->n;
+    j->examples += j->elastic ? (int64_t)j->el_examples : (int64_t)b->n;
     return step_values(j, stp, &stats);
 }
 

@@ -147,8 +147,22 @@ typedef struct keel__wire_header {
                                  * follow in this step; TOKEN: payload */
     uint64_t peer_generation;   /* PUSH, COMMIT, MIX: the ps generation
                                  * whose values the update was computed
-                                 * from (0: not known) */
+                                 * from (0: not known); in a ps's reply
+                                 * its membership word
+                                 * (KEEL__MEMBERSHIP_*; 0: not elastic) */
 } keel__wire_header;
+
+/* An elastic sync ps's membership word, in the peer_generation field of
+ * its replies: the epoch (bits 32..63, counted from 1, one more at each
+ * change of the live replicas), their count (bits 16..31) and the
+ * recipient's position among them plus one (bits 0..15; 0: not a live
+ * replica of the coming step). */
+#define KEEL__MEMBERSHIP_WORD(epoch, count, pos1)                           \
+    (((uint64_t)(epoch) << 32) | ((uint64_t)((count) & 0xffff) << 16) |    \
+     (uint64_t)((pos1) & 0xffff))
+#define KEEL__MEMBERSHIP_EPOCH(w) ((uint32_t)((w) >> 32))
+#define KEEL__MEMBERSHIP_COUNT(w) ((int)(((w) >> 16) & 0xffff))
+#define KEEL__MEMBERSHIP_POS1(w) ((int)((w) & 0xffff))
 
 /* The largest global step a peer may set (INIT): far below INT64_MAX, so
  * step + 1 never overflows. */
@@ -634,6 +648,10 @@ typedef struct keel__ps_config {
     /* The shared checkpoint directory a SAVE_SHARD writes this ps's shard
      * into (borrowed for the server's life); NULL: SAVE_SHARD is refused. */
     const char *checkpoint_dir;
+    /* Elastic sync (keel_cluster_config.elastic; needs reduce_leaves and
+     * no backups): the live replicas of each step are decided here, at
+     * step boundaries (ps_members.c), and told in every reply. */
+    int elastic;
 } keel__ps_config;
 
 /* The most local steps one commit may cover. */

@@ -107,8 +107,8 @@ check_options(const keel_cluster_spec *spec, const keel_cluster_config *in,
     if (in->send_buffer_kib < 0 || in->send_buffer_kib > 65536)
         return keel__fail(KEEL_EINVAL, "%s: send_buffer_kib %d out of "
                           "0..65536", who, in->send_buffer_kib);
-    if (in->reduce_leaves < 0 ||
-        (in->reduce_leaves > 0 && in->reduce_leaves % replicas != 0))
+    if (in->reduce_leaves < 0 || (in->reduce_leaves > 0 && !in->elastic &&
+                                  in->reduce_leaves % replicas != 0))
         return keel__fail(KEEL_EINVAL, "%s: reduce_leaves %lld is not a "
                           "multiple of the cluster's %d replicas", who,
                           (long long)in->reduce_leaves, replicas);
@@ -138,6 +138,35 @@ copy_options(const keel_cluster_spec *spec, const keel_cluster_config *in,
     o->send_buffer_bytes = in->send_buffer_kib * 1024;
 }
 
+/* Elastic sync's conditions: the plain sync rule over the reduction
+ * tree, every live replica aggregated, one ps deciding the membership. */
+static keel_status
+check_elastic(const keel_cluster_spec *spec, const keel_cluster_config *in,
+              const keel__algo *algo, const char *who)
+{
+    int replicas = keel_cluster_spec_num_replicas(spec);
+    const char *why = NULL;
+    if (algo->c.name != KEEL_ALGORITHM_SYNC || algo->worker_lrs != NULL)
+        why = "the plain sync rule (sync mode, algorithm sync or unset, no "
+              "per-worker learning rates)";
+    else if (in->reduce_leaves <= 0)
+        why = "the reduction tree (reduce_leaves > 0: train.batch_size a "
+              "multiple of the model's piece, cluster.reduce_tree on, no "
+              "train.micro_batch)";
+    else if (in->chief_applies)
+        why = "the ps to apply the updates (not chief_applies)";
+    else if (keel_cluster_spec_replicas_to_aggregate(spec) != replicas ||
+             (in->replicas_to_aggregate != 0 &&
+              in->replicas_to_aggregate != replicas))
+        why = "every replica aggregated (no backup workers)";
+    else if (keel_cluster_spec_num_tasks(spec, KEEL_TASK_PS) != 1)
+        why = "one ps task (the ps decides the membership)";
+    if (why == NULL)
+        return KEEL_OK;
+    return keel__fail(KEEL_EINVAL, "%s: elastic sync (cluster.elastic) "
+                      "needs %s", who, why);
+}
+
 /* Check opts (NULL: the defaults) and resolve them for spec into *o. */
 keel_status
 keel__role_opts_from(const keel_cluster_spec *spec,
@@ -165,6 +194,11 @@ keel__role_opts_from(const keel_cluster_spec *spec,
                             keel_cluster_spec_num_replicas(spec), &o->algo);
     if (st != KEEL_OK)
         return keel__wrap(st, "%s", who);
+    if (o->in.elastic && (st = check_elastic(spec, in, &o->algo, who))
+        != KEEL_OK) {
+        keel__algo_clear(&o->algo);
+        return st;
+    }
     if (o->in.chief_applies && (o->algo.c.name != KEEL_ALGORITHM_SYNC ||
                              o->algo.worker_lrs != NULL)) {
         /* the other rules update on the ps or locally: nothing would

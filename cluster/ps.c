@@ -55,6 +55,15 @@ take_config(keel__ps *ps, const keel__ps_config *cfg)
     ps->chief_applies = cfg->chief_applies;
     ps->dead_after_ms = cfg->dead_after_ms;
     ps->checkpoint_dir = cfg->checkpoint_dir;
+    ps->elastic = cfg->elastic;
+    if (ps->elastic && (!ps->sync || cfg->reduce_leaves <= 0 ||
+                        ps->total_replicas > KEEL__CLUSTER_MAX_REPLICAS ||
+                        ps->chief_applies || ps->rule != NULL ||
+                        ps->replicas_to_aggregate != ps->total_replicas))
+        return keel__fail(KEEL_EINVAL, "ps %d: elastic sync needs sync "
+                          "mode, reduce_leaves, every replica aggregated "
+                          "and the ps applying the updates",
+                          cfg->task_index);
     if (ps->chief_applies && !ps->sync)
         return keel__fail(KEEL_EINVAL, "ps %d: the chief applies updates "
                           "only in sync mode (SyncReplicas)", cfg->task_index);
@@ -121,10 +130,10 @@ keel__ps_new(const keel__ps_config *cfg, keel__ps **out)
     st = alloc_pins(ps);
     if (st == KEEL_OK)
         st = take_config(ps, cfg);
-    if (st == KEEL_OK && cfg->reduce_leaves > 0)
-        st = keel__ps_tree_plan(ps, cfg->reduce_leaves);
     if (st == KEEL_OK)
         st = keel__ps_alloc_members(ps);
+    if (st == KEEL_OK && cfg->reduce_leaves > 0)
+        st = keel__ps_tree_plan(ps, cfg->reduce_leaves);
     if (st == KEEL_OK && ps->apply != NULL)
         st = keel__ps_alloc_aggregation(ps);
     if (st == KEEL_OK)
@@ -156,7 +165,7 @@ keel__ps_free(keel__ps *ps)
         zmq_ctx_term(ps->zctx);
     keel__zap_stop(ps->zap);
     keel__ps_log_held(ps);
-    for (int i = 0; ps->pending != NULL && i < ps->total_replicas; i++) {
+    for (int i = 0; ps->pending != NULL && i < ps->n_slots; i++) {
         keel__wire_msg_clear(&ps->pending[i].msg);
         free(ps->pending[i].vars);
     }
@@ -184,6 +193,8 @@ keel__ps_free(keel__ps *ps)
     free(ps->last_heard);
     free(ps->member);
     free(ps->lim_stale);
+    free(ps->live);
+    free(ps->told);
     free(ps->push_budget);
     free(ps->push_budget_ns);
     free(ps);

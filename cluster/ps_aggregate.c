@@ -10,39 +10,34 @@
 
 #include "ps_int.h"
 
-/* The tree nodes covering each replica's leaves of L. */
+/* The tree nodes covering each replica's leaves of L (elastic: of each
+ * live replica's, by position, keel__ps_members_plan). */
 keel_status
 keel__ps_tree_plan(keel__ps *ps, int64_t L)
 {
-    int R = ps->total_replicas, cap = R * (2 * KEEL__TREE_MAX_DEPTH);
+    int S = ps->n_slots;
+    int most = ps->elastic ? (L < S ? (int)L : S) : ps->total_replicas;
     size_t nv = keel_vars_count(ps->vars);
-    if (L % R != 0 || L > (int64_t)1 << 40)
+    if ((!ps->elastic && L % ps->total_replicas != 0) ||
+        L > (int64_t)1 << 40 || L < 1)
         return keel__fail(KEEL_EINVAL, "ps %d: reduce_leaves %lld is not a "
                           "multiple of the %d replicas up to 2^40",
-                          ps->task_index, (long long)L, R);
-    ps->tnodes = calloc((size_t)cap, sizeof *ps->tnodes);
-    ps->tfirst = calloc((size_t)R, sizeof *ps->tfirst);
-    ps->tcount = calloc((size_t)R, sizeof *ps->tcount);
+                          ps->task_index, (long long)L, ps->total_replicas);
+    ps->tcap = most * (2 * KEEL__TREE_MAX_DEPTH);
+    ps->tnodes = calloc((size_t)ps->tcap, sizeof *ps->tnodes);
+    ps->tfirst = calloc((size_t)S, sizeof *ps->tfirst);
+    ps->tcount = calloc((size_t)S, sizeof *ps->tcount);
     if (ps->tnodes == NULL || ps->tfirst == NULL || ps->tcount == NULL)
         return keel__fail(KEEL_ENOMEM, "ps: reduction plan");
-    for (int r = 0; r < R; r++) {
-        int k = keel__tree_cover(L, r * (L / R), (r + 1) * (L / R),
-                                 ps->tnodes + ps->tk, cap - ps->tk);
-        if (k < 1)
-            return keel__fail(KEEL_EINTERNAL, "ps: cover of replica %d", r);
-        ps->tfirst[r] = ps->tk;
-        ps->tcount[r] = k;
-        ps->tk += k;
-    }
+    ps->leaves = L;
     /* tree_aggregate's tables, once for the ps's fixed variables: a step
      * allocates nothing */
-    ps->tparts = calloc(nv * (size_t)ps->tk + 1, sizeof *ps->tparts);
-    ps->tcnt = calloc(nv * (size_t)R + 1, sizeof *ps->tcnt);
+    ps->tparts = calloc(nv * (size_t)ps->tcap + 1, sizeof *ps->tparts);
+    ps->tcnt = calloc(nv * (size_t)S + 1, sizeof *ps->tcnt);
     if (ps->tparts == NULL || ps->tcnt == NULL)
         return keel__fail(KEEL_ENOMEM, "ps: reduction tables of %zu "
                           "variables", nv);
-    ps->leaves = L;
-    return KEEL_OK;
+    return keel__ps_members_plan(ps);
 }
 
 /* weighted_mean's lists of gradients and weights, and the double sums
@@ -82,11 +77,11 @@ keel_status
 keel__ps_alloc_aggregation(keel__ps *ps)
 {
     keel_status st;
-    ps->pending = calloc((size_t)ps->total_replicas, sizeof *ps->pending);
+    ps->pending = calloc((size_t)ps->n_slots, sizeof *ps->pending);
     if (ps->pending == NULL)
         return keel__fail(KEEL_ENOMEM, "ps: %d pending pushes",
-                          ps->total_replicas);
-    for (int i = 0; i < ps->total_replicas; i++)
+                          ps->n_slots);
+    for (int i = 0; i < ps->n_slots; i++)
         keel__wire_msg_init(&ps->pending[i].msg);
     if ((st = keel_grads_new(ps->vars, &ps->acc)) != KEEL_OK)
         return st;
@@ -135,12 +130,13 @@ tree_aggregate(keel__ps *ps, unsigned char *have)
     const float **parts = ps->tparts;   /* read only where cnt is full */
     int *cnt = ps->tcnt;
     keel_status st = KEEL_OK;
-    memset(cnt, 0, nv * (size_t)ps->total_replicas * sizeof *cnt);
-    for (int r = 0; r < ps->total_replicas && st == KEEL_OK; r++) {
+    size_t S = (size_t)ps->n_slots;     /* elastic: live ones have nodes */
+    memset(cnt, 0, nv * S * sizeof *cnt);
+    for (int r = 0; r < ps->n_slots && st == KEEL_OK; r++) {
         pending_push *p = &ps->pending[r];
-        for (size_t i = 0; i < p->msg.n; i++) {
+        for (size_t i = 0; p->used && i < p->msg.n; i++) {
             size_t k = keel_var_index(p->vars[i]);
-            int *c = &cnt[k * (size_t)ps->total_replicas + (size_t)r];
+            int *c = &cnt[k * S + (size_t)r];
             if (*c >= ps->tcount[r] || p->msg.tensors[i].t.count !=
                 keel_grads_at(ps->acc, k)->count) {
                 st = keel__fail(KEEL_EINVAL, "replica %d pushed more than "
@@ -159,8 +155,10 @@ tree_aggregate(keel__ps *ps, unsigned char *have)
     for (size_t k = 0; k < nv && st == KEEL_OK; k++) {
         keel_tensor *acc = keel_grads_at(ps->acc, k);
         int any = 0, all = 1;
-        for (int r = 0; r < ps->total_replicas; r++) {
-            int c = cnt[k * (size_t)ps->total_replicas + (size_t)r];
+        for (int r = 0; r < ps->n_slots; r++) {
+            int c = cnt[k * S + (size_t)r];
+            if (ps->tcount[r] == 0)
+                continue;
             if (c != 0 && c != ps->tcount[r]) {
                 st = keel__fail(KEEL_EINVAL, "replica %d pushed %d of its "
                                 "%d node sums of '%s': do all tasks use "
@@ -451,7 +449,7 @@ static int64_t
 pending_covered(const keel__ps *ps)
 {
     int64_t covered = 1;
-    for (int r = 0; r < ps->total_replicas; r++)
+    for (int r = 0; r < ps->n_slots; r++)
         if (ps->pending[r].used) {
             (void)keel__ps_covered_of(&ps->pending[r].msg, &covered);
             break;
@@ -473,9 +471,9 @@ aggregate(keel__ps *ps)
     int fresh = 0, pieces = 0;
     memset(have, 0, nv);
     st = keel__ps_wait_pins(ps, ps->all, nv);
-    for (int r = 0; r < ps->total_replicas; r++)
+    for (int r = 0; r < ps->n_slots; r++)
         fresh += ps->pending[r].used;
-    if (st == KEEL_OK && ps->leaves > 0 && fresh == ps->total_replicas)
+    if (st == KEEL_OK && ps->leaves > 0 && fresh == ps->n_live)
         st = tree_aggregate(ps, have);
     else if (st == KEEL_OK && ps->rule == NULL && ps->leaves == 0 &&
              (st = pieces_of(ps, &pieces)) == KEEL_OK && !pieces)
@@ -489,12 +487,12 @@ aggregate(keel__ps *ps)
      * shares came; total/fresh makes the sum the mean of those
      * aggregated. Without backups the factor is 1 and the sum's bits
      * stand as they are. Gradient rules already hold the mean. */
-    if (st == KEEL_OK && fresh > 0 && fresh != ps->total_replicas &&
+    if (st == KEEL_OK && fresh > 0 && fresh != ps->n_live &&
         (ps->rule != NULL || ps->leaves > 0 || pieces))
         for (size_t k = 0; k < nv; k++)
             if (have[k])
-                mean_of_shares(keel_grads_at(ps->acc, k),
-                               ps->total_replicas, fresh);
+                mean_of_shares(keel_grads_at(ps->acc, k), ps->n_live,
+                               fresh);
     if (ps->chief_applies)
         return hand_to_chief(ps, st, fresh);
     if (st == KEEL_OK)
@@ -503,6 +501,7 @@ aggregate(keel__ps *ps)
         keel_vars_set_global_step(ps->vars, step + pending_covered(ps));
         ps->applied += fresh;
         keel__ps_push_budget_step(ps);
+        keel__ps_members_boundary(ps);  /* elastic: joiners, told below */
     }
     keel__ps_release_pending(ps, st);
     return st;

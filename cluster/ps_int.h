@@ -37,6 +37,8 @@ typedef struct pending_push {
 typedef struct hello_waiter {
     zmq_msg_t identity;
     uint64_t request_id;
+    uint8_t sender_type;         /* the HELLO's sender */
+    uint32_t sender_index;
 } hello_waiter;
 
 struct keel__ps {
@@ -121,6 +123,20 @@ struct keel__ps {
     long refused_pushes;         /* pushes refused: held step or budget */
     int *push_budget;            /* per replica (n_slots) */
     int64_t *push_budget_ns;     /* when it last regained one */
+    /* elastic sync (ps_members.c): the live replicas of the step under
+     * way (live[r], n_live of them; the tree plan is theirs, by
+     * position), the epoch told with every reply, the epoch each replica
+     * was last told in a reply to its HELLO or PUSH (a push computed
+     * under another one is refused), the line naming the last change,
+     * sent with the replies that first tell it (note_due) */
+    int elastic, n_live;
+    uint32_t epoch;
+    int64_t ready_ns;            /* the last INIT completed (monotonic) */
+    int tcap;                    /* tnodes' capacity */
+    unsigned char *live;
+    uint32_t *told;
+    char note[256];
+    int note_due;
     /* sync: a replica ended its session (LEAVE): why no step can complete
      * any more, the answer to every push from then on; "" while none */
     char job_end[512];
@@ -149,6 +165,16 @@ int keel__ps_pending_count(const keel__ps *ps);
 void keel__ps_reply_header(keel__ps *ps, const keel__wire_msg *req,
                            keel__wire_header *h, uint8_t type,
                            uint8_t flags);
+/* Elastic sync: the membership word of a reply to req (0 when not
+ * elastic); a reply to a HELLO or PUSH records the epoch told. */
+uint64_t keel__ps_membership_word(keel__ps *ps, const keel__wire_msg *req);
+/* Replica r's position among the live replicas (ascending index). */
+int keel__ps_position(const keel__ps *ps, int r);
+/* Elastic sync: the membership changes the chief was not told yet, for a
+ * reply to req when it is the chief's (then they count as told), into
+ * buf; "" otherwise. */
+const char *keel__ps_take_note(keel__ps *ps, const keel__wire_msg *req,
+                               char *buf, size_t size);
 /* The reply to a request that carries no data back: done, with the global
  * step and the chief's generation (local_step). */
 keel_status keel__ps_send_done(keel__ps *ps, keel__wire_msg *req,
@@ -208,6 +234,17 @@ int keel__ps_push_budget_take(keel__ps *ps, int r);
 /* A sync step completed: every replica regains one (a backup worker's
  * stale push each step costs it nothing in the end). */
 void keel__ps_push_budget_step(keel__ps *ps);
+/* Elastic sync: the tree plan of the live replicas (live replica p of M
+ * covers leaves [p*L/M, (p+1)*L/M)), into tnodes, tfirst, tcount, tk. */
+keel_status keel__ps_members_plan(keel__ps *ps);
+/* Elastic sync, a step boundary (the step's update applied, its held
+ * pushes not answered yet): admit the replicas heard from that are not
+ * live (at most leaves of them in all). */
+void keel__ps_members_boundary(keel__ps *ps);
+/* Elastic sync, a PUSH of replica r: refused (answered with
+ * KEEL_EABORTED, 1 returned) when r is not live or was not told the
+ * current epoch: its gradients cover leaves of another division. */
+int keel__ps_members_push_refused(keel__ps *ps, keel__wire_msg *req, int r);
 /* LEAVE: a replica's session ended by itself at the step in the header;
  * a sync job ends there, async forgets the replica (see the definition). */
 keel_status keel__ps_real_leave(keel__ps *ps, keel__wire_msg *req);

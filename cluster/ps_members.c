@@ -19,8 +19,9 @@ keel_status
 keel__ps_alloc_members(keel__ps *ps)
 {
     ps->started_ns = keel__now_mono_ns();
-    ps->fixed = ps->sync || (ps->rule != NULL &&
-                             !keel_algorithm_admits_joiners(ps->rule->a->c.name));
+    ps->fixed = (ps->sync && !ps->elastic) ||
+        (ps->rule != NULL &&
+         !keel_algorithm_admits_joiners(ps->rule->a->c.name));
     ps->n_slots = ps->fixed || ps->total_replicas > KEEL__CLUSTER_MAX_REPLICAS
         ? ps->total_replicas : KEEL__CLUSTER_MAX_REPLICAS;
     ps->last_heard = calloc((size_t)ps->n_slots, sizeof *ps->last_heard);
@@ -29,10 +30,17 @@ keel__ps_alloc_members(keel__ps *ps)
     ps->push_budget_ns = calloc((size_t)ps->n_slots,
                                 sizeof *ps->push_budget_ns);
     ps->lim_stale = calloc((size_t)ps->n_slots, sizeof *ps->lim_stale);
+    ps->live = calloc((size_t)ps->n_slots, 1);
+    ps->told = calloc((size_t)ps->n_slots, sizeof *ps->told);
     if (ps->last_heard == NULL || ps->member == NULL ||
         ps->push_budget == NULL || ps->push_budget_ns == NULL ||
-        ps->lim_stale == NULL)
+        ps->lim_stale == NULL || ps->live == NULL || ps->told == NULL)
         return keel__fail(KEEL_ENOMEM, "ps: %d replicas", ps->total_replicas);
+    /* the spec's replicas are the first step's; elastic: epoch 1 */
+    for (int r = 0; r < ps->total_replicas && r < ps->n_slots; r++)
+        ps->live[r] = 1;
+    ps->n_live = ps->total_replicas;
+    ps->epoch = ps->elastic ? 1 : 0;
     for (int r = 0; r < ps->n_slots; r++) {
         ps->push_budget[r] = PUSH_BURST;
         ps->push_budget_ns[r] = ps->started_ns;
@@ -62,11 +70,11 @@ keel__ps_status_text(const keel__ps *ps, char *buf, size_t size)
     snprintf(buf + len, size - len, " waiting=%.1fs have=%d/%d missing=",
              (double)(now - ps->pending_since_ns) / 1e9, k,
              ps->replicas_to_aggregate);
-    for (int r = 0, first = 1; r < ps->total_replicas; r++) {
+    for (int r = 0, first = 1; r < ps->n_slots; r++) {
         char name[32];
         int64_t heard = ps->last_heard[r] ? ps->last_heard[r]
                                           : ps->started_ns;
-        if (ps->pending[r].used)
+        if (!ps->live[r] || ps->pending[r].used)
             continue;
         keel__ps_replica_name(ps, r, name, sizeof name);
         len = strlen(buf);
@@ -105,7 +113,9 @@ keel__ps_member_heard(keel__ps *ps, int r, int64_t now)
     ps->n_members++;
     keel__ps_replica_name(ps, r, name, sizeof name);
     keel__log(KEEL_LOG_INFO, "ps %d: %s joined%s; %d live replica%s",
-              ps->task_index, name, r >= ps->total_replicas
+              ps->task_index, name, ps->elastic && !ps->live[r]
+              ? " (elastic: it takes part from the next step boundary)"
+              : r >= ps->total_replicas
               ? " (async: not in the cluster spec this ps started with; "
                 "its pushes are applied)" : "",
               ps->n_members, ps->n_members == 1 ? "" : "s");
@@ -134,6 +144,154 @@ member_sweep(keel__ps *ps, int64_t now)
     }
 }
 
+keel_status
+keel__ps_members_plan(keel__ps *ps)
+{
+    int M = ps->n_live, p = 0;
+    int64_t L = ps->leaves;
+    ps->tk = 0;
+    for (int r = 0; r < ps->n_slots; r++) {
+        int k;
+        ps->tcount[r] = 0;
+        ps->tfirst[r] = ps->tk;
+        if (!ps->live[r])
+            continue;
+        k = keel__tree_cover(L, (int64_t)p * L / M,
+                             (int64_t)(p + 1) * L / M, ps->tnodes + ps->tk,
+                             ps->tcap - ps->tk);
+        if (k < 1)
+            return keel__fail(KEEL_EINTERNAL, "ps %d: cover of replica %d "
+                              "(%d of %d live, %lld leaves)", ps->task_index,
+                              r, p, M, (long long)L);
+        ps->tcount[r] = k;
+        ps->tk += k;
+        p++;
+    }
+    return KEEL_OK;
+}
+
+/* A change of the live replicas, described by what (" (worker 2 left)"):
+ * a new epoch, its plan, logged and kept for the chief (the changes it
+ * has not been told yet, joined by "; "). */
+static void
+membership_changed(keel__ps *ps, int before, const char *what)
+{
+    char line[256];
+    size_t len = strlen(ps->note);
+    ps->epoch++;
+    ps->replicas_to_aggregate = ps->n_live;
+    if (keel__ps_members_plan(ps) != KEEL_OK)
+        keel__log(KEEL_LOG_ERROR, "ps %d: %s", ps->task_index,
+                  keel_last_error());
+    snprintf(line, sizeof line, "membership: %d -> %d replica%s (%s) at "
+             "step %lld", before, ps->n_live, ps->n_live == 1 ? "" : "s",
+             what, (long long)keel_vars_global_step(ps->vars));
+    keel__log(KEEL_LOG_INFO, "ps %d: %s", ps->task_index, line);
+    snprintf(ps->note + len, sizeof ps->note - len, "%s%s",
+             len > 0 ? "; " : "", line);
+}
+
+/* Append "worker 2 left" (or joined) to buf. */
+static void
+add_change(const keel__ps *ps, int r, const char *how, char *buf,
+           size_t size)
+{
+    char name[32];
+    size_t len = strlen(buf);
+    keel__ps_replica_name(ps, r, name, sizeof name);
+    snprintf(buf + len, size - len, "%s%s %s", len > 0 ? ", " : "", name,
+             how);
+}
+
+/* Elastic: replica r is no longer live (silent, or its LEAVE): a new
+ * division of the leaves, so every push held for the step (computed under
+ * the old one) is answered KEEL_EABORTED and computed again. */
+static void
+members_drop(keel__ps *ps, const unsigned char *gone, const char *what)
+{
+    int before = ps->n_live;
+    char why[512];
+    for (int r = 0; r < ps->n_slots; r++)
+        if (gone[r] && ps->live[r]) {
+            ps->live[r] = 0;
+            ps->n_live--;
+        }
+    membership_changed(ps, before, what);
+    snprintf(why, sizeof why, "%s; step %lld is computed again by the "
+             "%d live replica%s", ps->note,
+             (long long)keel_vars_global_step(ps->vars), ps->n_live,
+             ps->n_live == 1 ? "" : "s");
+    if (ps->pending != NULL && ps->pending[0].used)
+        ps->note[0] = '\0';            /* the chief's push is told below */
+    keel__ps_fail_pending(ps, KEEL_EABORTED, why);
+}
+
+/* Elastic: the live replicas silent past the liveness deadline leave (a
+ * replica not heard from since the ps became ready counts from then);
+ * when every one is silent, none leaves. */
+static void
+elastic_sweep(keel__ps *ps, int64_t now)
+{
+    int64_t dead = (int64_t)ps->dead_after_ms * 1000000;
+    unsigned char gone[KEEL__CLUSTER_MAX_REPLICAS];
+    char what[200] = "";
+    int n = 0;
+    if (!ps->elastic || ps->dead_after_ms <= 0 || !ps->is_ready)
+        return;
+    memset(gone, 0, sizeof gone);
+    for (int r = 0; r < ps->n_slots; r++) {
+        int64_t heard = ps->last_heard[r] > ps->ready_ns
+            ? ps->last_heard[r] : ps->ready_ns;
+        if (ps->live[r] && now - heard > dead) {
+            gone[r] = 1;
+            n++;
+            add_change(ps, r, "left", what, sizeof what);
+        }
+    }
+    if (n == 0 || n >= ps->n_live)
+        return;
+    members_drop(ps, gone, what);
+}
+
+void
+keel__ps_members_boundary(keel__ps *ps)
+{
+    char what[200] = "";
+    int before = ps->n_live;
+    if (!ps->elastic)
+        return;
+    for (int r = 0; r < ps->n_slots; r++)
+        if (ps->member[r] && !ps->live[r] && ps->n_live < ps->leaves) {
+            ps->live[r] = 1;
+            ps->n_live++;
+            add_change(ps, r, "joined", what, sizeof what);
+        }
+    if (ps->n_live != before)
+        membership_changed(ps, before, what);
+}
+
+int
+keel__ps_members_push_refused(keel__ps *ps, keel__wire_msg *req, int r)
+{
+    char name[32], text[512], note[sizeof ps->note];
+    if (!ps->elastic || (ps->live[r] && ps->told[r] == ps->epoch))
+        return 0;
+    keel__ps_take_note(ps, req, note, sizeof note);
+    keel__ps_replica_name(ps, r, name, sizeof name);
+    if (!ps->live[r])
+        snprintf(text, sizeof text, "%s is not a live replica of step %lld "
+                 "(%d live): it takes part from the next step boundary",
+                 name, (long long)keel_vars_global_step(ps->vars),
+                 ps->n_live);
+    else
+        snprintf(text, sizeof text, "%s%sthe live replicas changed "
+                 "(epoch %u) since %s was told its leaves: step %lld is "
+                 "computed again", note, note[0] ? "; " : "", ps->epoch,
+                 name, (long long)keel_vars_global_step(ps->vars));
+    keel__ps_send_error(ps, req, KEEL_EABORTED, text);
+    return 1;
+}
+
 void
 keel__ps_watch(keel__ps *ps, int stall_ms)
 {
@@ -141,6 +299,7 @@ keel__ps_watch(keel__ps *ps, int stall_ms)
     int64_t stall = (int64_t)stall_ms * 1000000;
     char text[512];
     member_sweep(ps, now);
+    elastic_sweep(ps, now);
     if (stall_ms <= 0 || !ps->sync || keel__ps_pending_count(ps) == 0 ||
         now - ps->pending_since_ns < stall ||
         now - ps->last_stall_log_ns < stall)
@@ -204,8 +363,7 @@ keel__ps_real_leave(keel__ps *ps, keel__wire_msg *req)
         return keel__fail(KEEL_EINVAL, "LEAVE from a task that is not a "
                           "training replica");
     keel__ps_replica_name(ps, r, name, sizeof name);
-    if (ps->pending != NULL && r < ps->total_replicas &&
-        ps->pending[r].used)
+    if (ps->pending != NULL && ps->pending[r].used)
         return keel__fail(KEEL_EINVAL, "LEAVE of %s refused: its push for "
                           "step %lld is held here, and a replica leaves only "
                           "between its steps (after its last push was "
@@ -220,7 +378,17 @@ keel__ps_real_leave(keel__ps *ps, keel__wire_msg *req)
         ps->member[r] = 0;
         ps->n_members--;
     }
-    if (ps->sync && ps->job_end[0] == '\0') {
+    if (ps->elastic && r != 0 && ps->live[r] && ps->n_live > 1) {
+        unsigned char gone[KEEL__CLUSTER_MAX_REPLICAS];
+        char how[200] = "";
+        memset(gone, 0, sizeof gone);
+        gone[r] = 1;
+        add_change(ps, r, "left", how, sizeof how);
+        keel__log(KEEL_LOG_INFO, "ps %d: %s", ps->task_index, what);
+        members_drop(ps, gone, how);
+    } else if (ps->elastic && r != 0) {
+        keel__log(KEEL_LOG_INFO, "ps %d: %s", ps->task_index, what);
+    } else if (ps->sync && ps->job_end[0] == '\0') {
         snprintf(ps->job_end, sizeof ps->job_end, "%s; a sync job stops "
                  "when one of its replicas does: every replica stops at "
                  "its current step", what);

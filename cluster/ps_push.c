@@ -201,6 +201,8 @@ keel__ps_real_push(keel__ps *ps, keel__wire_msg *req)
     int replica = -1;
     if ((st = check_push(ps, req, &replica, &covered)) != KEEL_OK)
         return st;
+    if (keel__ps_members_push_refused(ps, req, replica))
+        return KEEL_OK;
     if (ps->sync && sync_push_refused(ps, req, replica, step))
         return KEEL_OK;
     /* the step's metric sums (sync: combined into the tokens; async: not

@@ -49,7 +49,7 @@ int
 keel__ps_pending_count(const keel__ps *ps)
 {
     int k = 0;
-    for (int r = 0; ps->pending != NULL && r < ps->total_replicas; r++)
+    for (int r = 0; ps->pending != NULL && r < ps->n_slots; r++)
         k += ps->pending[r].used;
     return k;
 }
@@ -66,6 +66,48 @@ keel__ps_reply_header(keel__ps *ps, const keel__wire_msg *req,
     h->sender_index = (uint32_t)ps->task_index;
     h->generation = ps->generation;
     h->global_step = keel_vars_global_step(ps->vars);
+    h->peer_generation = keel__ps_membership_word(ps, req);
+}
+
+/* Elastic sync: the membership word of a reply to req (0 when not
+ * elastic); a reply to a HELLO or PUSH records the epoch told. */
+uint64_t
+keel__ps_membership_word(keel__ps *ps, const keel__wire_msg *req)
+{
+    int r, pos1;
+    if (!ps->elastic || req == NULL)
+        return 0;
+    r = keel__ps_replica_of(ps, &req->h);
+    if (r >= 0 && (req->h.type == KEEL_MSG_HELLO ||
+                   req->h.type == KEEL_MSG_PUSH))
+        ps->told[r] = ps->epoch;
+    pos1 = r >= 0 && ps->live[r] ? keel__ps_position(ps, r) + 1 : 0;
+    return KEEL__MEMBERSHIP_WORD(ps->epoch, ps->n_live, pos1);
+}
+
+/* Elastic sync: the membership changes the chief was not told yet, for a
+ * reply to req when it is the chief's (then they count as told), into
+ * buf; "" otherwise. */
+const char *
+keel__ps_take_note(keel__ps *ps, const keel__wire_msg *req, char *buf,
+                   size_t size)
+{
+    buf[0] = '\0';
+    if (ps->note[0] == '\0' || keel__ps_replica_of(ps, &req->h) != 0)
+        return buf;
+    snprintf(buf, size, "%s", ps->note);
+    ps->note[0] = '\0';
+    return buf;
+}
+
+/* Replica r's position among the live replicas (ascending index). */
+int
+keel__ps_position(const keel__ps *ps, int r)
+{
+    int p = 0;
+    for (int i = 0; i < r; i++)
+        p += ps->live[i];
+    return p;
 }
 
 /* The reply to a request that carries no data back: done, with the global
@@ -260,7 +302,7 @@ keel__ps_covered_of(const keel__wire_msg *req, int64_t *out)
 void
 keel__ps_fail_pending(keel__ps *ps, keel_status code, const char *why)
 {
-    for (int r = 0; ps->pending != NULL && r < ps->total_replicas; r++) {
+    for (int r = 0; ps->pending != NULL && r < ps->n_slots; r++) {
         pending_push *p = &ps->pending[r];
         if (!p->used)
             continue;
@@ -325,11 +367,14 @@ keel__ps_send_ack(keel__ps *ps, keel__wire_msg *req, keel_var *const *vars,
     keel__wire_header h;
     keel_status st;
     keel__wire_out *outs;
+    char note[sizeof ps->note];
+    /* elastic: the chief gets the membership changes it was not told */
+    keel__ps_take_note(ps, req, note, sizeof note);
     keel__ps_reply_header(ps, req, &h, KEEL_MSG_PUSH_ACK, 0);
     h.local_step = (int64_t)ps->chief_generation;
     if (!(req->h.flags & KEEL_WIRE_F_WANT_VALUES))
-        return keel__wire_send(ps->sock, &req->identity, &h, NULL, 0, NULL,
-                               NULL);
+        return keel__wire_send(ps->sock, &req->identity, &h, NULL, 0,
+                               note[0] ? note : NULL, NULL);
     outs = calloc(n + 1, sizeof *outs);
     if (outs == NULL)
         return keel__fail(KEEL_ENOMEM, "ps: values of %zu variables", n);
@@ -348,13 +393,12 @@ keel__ps_send_ack(keel__ps *ps, keel__wire_msg *req, keel_var *const *vars,
         outs[n].pin = NULL;
         n++;
     }
-    st = keel__wire_send(ps->sock, &req->identity, &h, outs, n, NULL, NULL);
+    st = keel__wire_send(ps->sock, &req->identity, &h, outs, n,
+                         note[0] ? note : NULL, NULL);
     free(outs);
     return st;
 }
 
-/* Answer and forget every held push of the step: with the new values
- * (its sync token) after st == KEEL_OK, else with st's error. */
 /* The metric sums of the step's held pushes, combined in ascending
  * replica order into ps->ack_metrics (has_ack_metrics: some replica sent
  * them; a replica whose metric count differs from the first one's is left
@@ -365,7 +409,7 @@ combine_metrics(keel__ps *ps)
     keel__metrics m;
     ps->has_ack_metrics = 0;
     m.n = -1;
-    for (int r = 0; r < ps->total_replicas; r++) {
+    for (int r = 0; r < ps->n_slots; r++) {
         const pending_push *p = &ps->pending[r];
         if (!p->used || p->metrics.n == 0)
             continue;
@@ -383,12 +427,14 @@ combine_metrics(keel__ps *ps)
     }
 }
 
+/* Answer and forget every held push of the step: with the new values
+ * (its sync token) after st == KEEL_OK, else with st's error. */
 void
 keel__ps_release_pending(keel__ps *ps, keel_status st)
 {
     if (st == KEEL_OK)
         combine_metrics(ps);
-    for (int r = 0; r < ps->total_replicas; r++) {
+    for (int r = 0; r < ps->n_slots; r++) {
         pending_push *p = &ps->pending[r];
         if (!p->used)
             continue;

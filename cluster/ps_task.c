@@ -181,6 +181,7 @@ start_ps(ps_task *t, keel_optimizer *opt)
     pc->chief_applies = o->in.chief_applies;
     pc->checkpoint_dir = o->in.sharded_checkpoints ? o->in.checkpoint_dir
                                                    : NULL;
+    pc->elastic = o->in.elastic;
     st = keel__ps_new(pc, &t->ps);
     if (st != KEEL_OK)
         return st;
@@ -190,7 +191,9 @@ start_ps(ps_task *t, keel_optimizer *opt)
               o->round_robin ? "round-robin" : "size-balanced",
               pc->sync ? "sync" : "async", pc->replicas_to_aggregate,
               pc->total_replicas, keel_algorithm_name(o->algo.c.name),
-              pc->chief_applies ? ", the chief applies the updates" : "");
+              pc->chief_applies ? ", the chief applies the updates"
+              : pc->elastic ? ", elastic (replicas leave and join at step "
+              "boundaries)" : "");
     return KEEL_OK;
 }
 

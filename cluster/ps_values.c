@@ -57,6 +57,9 @@ keel__ps_answer_waiters(keel__ps *ps)
         keel__wire_msg fake;
         keel__wire_msg_init(&fake);
         fake.h.request_id = ps->waiters[i].request_id;
+        fake.h.type = KEEL_MSG_HELLO;   /* the membership told, elastic */
+        fake.h.sender_type = ps->waiters[i].sender_type;
+        fake.h.sender_index = ps->waiters[i].sender_index;
         keel__ps_reply_header(ps, &fake, &h, KEEL_MSG_READY, 0);
         h.arg = (uint32_t)ps->is_ready;
         if (keel__wire_send(ps->sock, &ps->waiters[i].identity, &h, NULL, 0,
@@ -99,6 +102,7 @@ init_complete(keel__ps *ps, const keel__wire_msg *req)
     }
     ps->chief_generation = req->h.generation;
     ps->is_ready = 1;
+    ps->ready_ns = keel__now_mono_ns();
     /* the slot count shows a rule's state (and an optimizer's) came with
      * the chief's values, e.g. from its checkpoint */
     keel__log(KEEL_LOG_INFO, "ps %d: initialized by the chief (generation "
@@ -206,12 +210,20 @@ keel__ps_real_hello(keel__ps *ps, keel__wire_msg *req)
         zmq_msg_init(&w->identity);
         zmq_msg_copy(&w->identity, &req->identity);
         w->request_id = req->h.request_id;
+        w->sender_type = req->h.sender_type;
+        w->sender_index = req->h.sender_index;
         return KEEL_OK;
     }
     keel__ps_reply_header(ps, req, &h, KEEL_MSG_READY, 0);
     h.arg = (uint32_t)ps->is_ready;
     h.local_step = (int64_t)ps->chief_generation;
     keel__ps_status_text(ps, text, sizeof text);
+    if (ps->note[0] != '\0' && keel__ps_replica_of(ps, &req->h) == 0) {
+        size_t len = strlen(text);       /* elastic: the chief's news */
+        char note[sizeof ps->note];
+        snprintf(text + len, sizeof text - len, "; %s",
+                 keel__ps_take_note(ps, req, note, sizeof note));
+    }
     return keel__wire_send(ps->sock, &req->identity, &h, NULL, 0, text,
                            NULL);
 }

@@ -291,6 +291,19 @@ keel_cluster_backend_session_backend(keel_cluster_backend *w, keel_backend *out)
 }
 
 keel_status
+keel_cluster_backend_membership(const keel_cluster_backend *w,
+                                int64_t *epoch, int *position, int *count)
+{
+    if (w == NULL || epoch == NULL || position == NULL || count == NULL)
+        return keel__fail(KEEL_EINVAL, "cluster backend membership: a "
+                          "NULL argument");
+    *epoch = KEEL__MEMBERSHIP_EPOCH(w->membership);
+    *position = KEEL__MEMBERSHIP_POS1(w->membership) - 1;
+    *count = KEEL__MEMBERSHIP_COUNT(w->membership);
+    return KEEL_OK;
+}
+
+keel_status
 keel_cluster_backend_set_micro(keel_cluster_backend *w,
                                keel_grads *const *g, int n)
 {

@@ -77,6 +77,34 @@ keel__worker_call_error(keel_cluster_backend *w, int p, keel_status st,
     return keel__wrap(st, "ps %d: %s", p, what);
 }
 
+/* Elastic sync: ps p's reply r tells this replica the membership (ps 0's
+ * word, when it has one); the chief logs a change with the ps's note. */
+void
+keel__worker_membership_take(keel_cluster_backend *w, int p,
+                             const keel__wire_msg *r)
+{
+    uint64_t was = w->membership, now = r->h.peer_generation;
+    const char *note;
+    if (p != 0 || now == 0 || r->h.sender_type != KEEL_TASK_PS)
+        return;
+    w->membership = now;
+    /* the replies that carry the ps's note of a change to the chief */
+    if (!w->is_chief || was == 0 ||
+        KEEL__MEMBERSHIP_EPOCH(was) == KEEL__MEMBERSHIP_EPOCH(now) ||
+        (r->h.type != KEEL_MSG_READY && r->h.type != KEEL_MSG_PUSH_ACK &&
+         r->h.type != KEEL_MSG_ERROR))
+        return;
+    note = r->text != NULL ? strstr(r->text, "membership: ") : NULL;
+    if (note != NULL)
+        keel__log(KEEL_LOG_INFO, "%s", note);
+    else
+        keel__log(KEEL_LOG_INFO, "membership: %d -> %d replica%s at step "
+                  "%lld", KEEL__MEMBERSHIP_COUNT(was),
+                  KEEL__MEMBERSHIP_COUNT(now),
+                  KEEL__MEMBERSHIP_COUNT(now) == 1 ? "" : "s",
+                  (long long)r->h.global_step);
+}
+
 /* Copy the tensors of a reply into vs (variables or "var/slot"). */
 keel_status
 keel__worker_take_values(keel_vars *vs, const keel__wire_msg *r)
@@ -253,6 +281,8 @@ keel__worker_wait_reply(keel_cluster_backend *w, int p, const char *what,
         keel_status st = keel__wire_client_wait(w->clients[p],
                                                 w->req_ids[p], 1,
                                                 WAIT_CHUNK_MS, r);
+        if (st == KEEL_OK || st == KEEL_EPEER)   /* an ERROR tells it too */
+            keel__worker_membership_take(w, p, r);
         if (st != KEEL_ETIMEOUT)
             return st;
         keel__wire_msg_clear(r);

@@ -44,6 +44,8 @@ struct keel_cluster_backend {
     int heard_end;                 /* a ps said the job ended (SHUTDOWN, or
                                     * a replica's LEAVE): nothing to tell */
     int replica;                   /* chief 0, worker i i + has_chief */
+    uint64_t membership;           /* elastic: ps 0's last membership word
+                                    * (KEEL__MEMBERSHIP_*); 0: none */
     keel__algo_worker *aw;         /* the rule's worker half, or NULL
                                     * (sync, async, hogwild: gradients) */
     keel_grads *local;             /* the chief's local model across a
@@ -74,6 +76,10 @@ keel_status keel__worker_end_reply(keel__wire_msg *r, int p, keel_status st,
 keel_status keel__worker_call_error(keel_cluster_backend *w, int p,
                                     keel_status st, const keel__wire_msg *r,
                                     const char *what);
+/* Elastic sync: ps p's reply r tells this replica the membership (ps 0's
+ * word, when it has one); the chief logs a change with the ps's note. */
+void keel__worker_membership_take(keel_cluster_backend *w, int p,
+                                  const keel__wire_msg *r);
 /* Copy the tensors of a reply into vs (variables or "var/slot"). */
 keel_status keel__worker_take_values(keel_vars *vs, const keel__wire_msg *r);
 /* Names (and tensors, with_data) of ps p's variables (and slots,

@@ -135,6 +135,8 @@ hello_one(keel_cluster_backend *w, int p, int wait, int timeout_ms,
         h.type = KEEL_MSG_HELLO;
         h.arg = (uint32_t)wait;
         st = keel__wire_client_call(w->clients[p], &h, NULL, 0, 0, piece, r);
+        if (st == KEEL_OK || st == KEEL_EPEER)
+            keel__worker_membership_take(w, p, r);
         if (st != KEEL_ETIMEOUT || wait || keel__now_mono_ns() >= end)
             return st;
         keel__wire_msg_clear(r);

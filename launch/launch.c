@@ -361,11 +361,12 @@ keel_launch_add_worker(keel_launch *l)
     keel_status st;
     if (l == NULL)
         return keel__fail(KEEL_EINVAL, "launch: NULL launcher");
-    if (l->cfg.mode != KEEL_CLUSTER_ASYNC)
+    if (l->cfg.mode != KEEL_CLUSTER_ASYNC && !l->cfg.elastic)
         return keel__fail(KEEL_ESTATE, "launch: not adding a worker: a sync "
                           "job keeps its fixed replica count; workers join "
                           "a running job only in async mode "
-                          "(algorithm.name = async or hogwild)");
+                          "(algorithm.name = async or hogwild) or with "
+                          "cluster.elastic = true");
     if (!l->is_started || l->is_stopping)
         return keel__fail(KEEL_ESTATE, "launch: not adding a worker: the "
                           "job is %s", l->is_stopping ? "stopping"

@@ -331,6 +331,25 @@ START_TEST(test_conflicting_options_are_errors)
 }
 END_TEST
 
+/* cluster.elastic: taken with sync mode over the reduction tree; with
+ * async mode, the tree off, micro-batches or backup workers it is refused,
+ * naming both keys. */
+START_TEST(test_elastic_needs_sync_over_the_tree)
+{
+    keel_config_override(cfg, "train.max_steps=10", "-s");
+    keel_config_override(cfg, "cluster.elastic=true", "-s");
+    ck_assert_int_eq(keel_config_validate(cfg), KEEL_OK);
+    keel_config_override(cfg, "cluster.mode=async", "-s");
+    validate_fails_naming("cluster.elastic", "cluster.mode = async", NULL);
+    keel_config_override(cfg, "cluster.mode=sync", "-s");
+    keel_config_override(cfg, "cluster.reduce_tree=false", "-s");
+    validate_fails_naming("cluster.elastic", "cluster.reduce_tree", NULL);
+    keel_config_override(cfg, "cluster.reduce_tree=true", "-s");
+    keel_config_override(cfg, "cluster.replicas_to_aggregate=2", "-s");
+    validate_fails_naming("cluster.elastic", "backup workers", NULL);
+}
+END_TEST
+
 /* checkpoint.warm_start_from / warm_start_vars: a file or directory and a
  * regex are taken; a regex that does not compile, a regex without a source
  * and the run's own checkpoint.dir as the source are refused by name. */
@@ -662,6 +681,7 @@ config_suite(void)
         test_missing_and_binary_files,
         test_overrides_and_output_dir,
         test_conflicting_options_are_errors,
+        test_elastic_needs_sync_over_the_tree,
         test_warm_start_keys,
         test_algorithm_name_picks_the_mode_and_checks_its_partners,
         test_run_needs_an_end_and_piecewise_needs_values,

@@ -6,6 +6,13 @@ if HAVE_CHECK
 SUITES += tests/it_determinism
 endif
 
+# it_elastic: an elastic sync job goes 4 -> 2 -> 3 replicas (kills, a
+# restart of the whole job, a worker of a new index started by hand) and
+# ends bitwise equal to one process; the chief's log names each change.
+if HAVE_CHECK
+SUITES += tests/it_elastic
+endif
+
 # The chaos soak (`make check-long`; KEEL_SOAK_MINUTES, default 30).
 LONG_TESTS += tests/soak_chaos.sh
 EXTRA_DIST += tests/soak_chaos.sh tests/common.sh

@@ -43,8 +43,9 @@ launch_usage(FILE *out, int code)
             "logs go to OUTPUT_DIR/logs/<task>.log. A failed task is\n"
             "restarted; when the chief finishes the rest are stopped.\n"
             "SIGINT/SIGTERM stop every task gracefully (twice: at once).\n"
-            "An async job scales while it runs: SIGUSR1 adds a worker (the\n"
-            "next index), SIGUSR2 stops the last one added.\n"
+            "An async or elastic sync job (cluster.elastic) scales while it\n"
+            "runs: SIGUSR1 adds a worker (the next index), SIGUSR2 stops\n"
+            "the last one added.\n"
             "Exit status: the chief's (0 or 1); 2 for usage/config errors.\n"
             "\n"
             "With -- PROGRAM, every task runs PROGRAM ARGS instead (found on\n"
@@ -621,6 +622,7 @@ launch_config_check(launch_args *a, const keel_config *cfg)
         rc = check_replicas(cfg, lc->num_ps, lc->num_workers);
     lc->mode = keel_config_is_async(cfg, NULL) ? KEEL_CLUSTER_ASYNC
                                                : KEEL_CLUSTER_SYNC;
+    lc->elastic = keel_config_bool(cfg, "cluster.elastic");
     if (lc->mode == KEEL_CLUSTER_ASYNC &&
         keel_config_is_set(cfg, "algorithm.name")) {
         keel_algorithm alg;

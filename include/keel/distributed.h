@@ -218,6 +218,17 @@ typedef struct keel_cluster_config {
     int sharded_checkpoints;
     const char *checkpoint_dir;   /* borrowed while the config is in use;
                                    * NULL: no sharded checkpoints */
+    /* Elastic sync (default 0; every task of the cluster the same): the
+     * job goes on when a replica leaves for good (silent past
+     * dead_after_ms, or its LEAVE) and when one joins (a worker of any
+     * index, up to 1024 replicas). The ps decide the live replicas at
+     * step boundaries and tell each one its position among them
+     * (keel_cluster_backend_membership); live replica p of M owns leaves
+     * [p*L/M, (p+1)*L/M) of L = reduce_leaves, so every step is the same
+     * sum of the same leaves whoever computed them. Needs sync mode,
+     * reduce_leaves > 0, no backup workers, no chief_applies and one ps
+     * task (KEEL_EINVAL otherwise). */
+    int elastic;
 } keel_cluster_config;
 
 /* The defaults above. Cannot fail. */
@@ -285,6 +296,14 @@ keel_status keel_cluster_backend_mix(keel_cluster_backend *b,
                                      const char *const *names,
                                      const keel_tensor *const *t, size_t n,
                                      double decay);
+/* Elastic sync (keel_cluster_config.elastic): the membership the ps
+ * last told this replica, for the step it computes next: *epoch (0: none
+ * told yet, or not elastic), *position among the *count live replicas
+ * (-1: not one of them yet; it is admitted at the next step boundary).
+ * The replica owns leaves [position*L/count, (position+1)*L/count). */
+keel_status keel_cluster_backend_membership(const keel_cluster_backend *b,
+                                            int64_t *epoch, int *position,
+                                            int *count);
 /* Micro-batches: push these n gradient stores (1..64, one per
  * micro-batch, in order; borrowed while set) instead of the session's; the
  * ps add them in global order. They are pieces of the step's mean (each

@@ -124,6 +124,10 @@ typedef struct keel_launch_config {
      * [cluster] mode override them. */
     keel_cluster_mode mode;
     int replicas_to_aggregate;
+    /* A sync job whose config sets cluster.elastic: workers are added and
+     * removed while it runs as in async mode (keel_launch_add_worker).
+     * Default 0. */
+    int elastic;
 } keel_launch_config;
 
 /* The defaults above; exe, argv, output_dir NULL, no tasks, no chaos,
@@ -155,9 +159,9 @@ void keel_launch_stop(keel_launch *l, int force);
 /* Scale a running async job (mode KEEL_CLUSTER_ASYNC). Add: start one
  * more worker with the next unused index (its TF_CONFIG lists every
  * worker so far, itself included; the ps accept it, docs/algorithms.md);
- * it is restarted on failure like any task. KEEL_ESTATE in sync mode (a
- * sync job keeps its fixed replica count), before the start or while
- * stopping; KEEL_EINVAL past KEEL_LAUNCH_MAX_WORKERS workers. Remove:
+ * it is restarted on failure like any task. KEEL_ESTATE in sync mode
+ * unless elastic (a sync job keeps its fixed replica count), before the
+ * start or while stopping; KEEL_EINVAL past KEEL_LAUNCH_MAX_WORKERS workers. Remove:
  * SIGTERM the most recently added worker still running (it ends its step
  * and exits; never restarted); KEEL_ENOTFOUND when no added worker runs
  * (the workers the job started with are not removed). */

@@ -1,0 +1,224 @@
+/* it_elastic.c - elastic sync (cluster.elastic) with real processes: a
+ * job of 4 replicas (1 ps, workers 0..3, worker 0 the chief) loses two
+ * workers for good (SIGKILL; dropped after cluster.dead_after_ms) and
+ * goes on with 2; the whole job is restarted from its checkpoint with 2
+ * replicas, and a worker started by hand with a new index joins (3). The
+ * final checkpoint is bitwise equal (`keel ckpt diff`) to one process
+ * training the same config for the same steps, and the chief's log names
+ * each membership change. keel launch scales such a job with SIGUSR1 and
+ * SIGUSR2. */
+#include <config.h>
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "testutil.h"
+
+#define PHASE_A 12           /* steps of the 4 -> 2 run */
+#define PHASE_B 24           /* the restarted 2 -> 3 run's last step */
+#define KILL_AT 2            /* checkpoint step that triggers the kills */
+#define JOIN_AT 14           /* checkpoint step that triggers the join */
+#define WAIT_MS 120000       /* deadline of each awaited checkpoint */
+#define RUN_MS 180000        /* deadline of a whole run */
+
+static char out[65536], err[65536];
+static char cnn[4200];
+
+/* The CNN at a global batch of 192: 12 leaves of 16 examples, which 4, 2
+ * and 3 replicas divide; a checkpoint every 2 steps; a silent replica is
+ * dropped after 1.5 s. */
+static void
+setup(void)
+{
+    char text[2048];
+    (void)tu_setup_job("max_steps = 1\n");       /* the data set */
+    TU_SNPRINTF(text, sizeof text,
+                "[model]\ntype = cnn\n[data]\ndir = %s\n"
+                "[optimizer]\nname = adam\nlearning_rate = 0.01\n"
+                "[train]\nbatch_size = 192\nseed = 3\nthreads = 1\n"
+                "model_threads = 1\n"
+                "[checkpoint]\nsave_steps = 2\nmax_to_keep = 0\n"
+                "[hooks]\nprogress = off\nsummary_every_steps = 0\n"
+                "log_every_steps = 1\n"
+                "[cluster]\nelastic = true\ndead_after_ms = 1500\n"
+                "heartbeat_ms = 100\nmax_wait_secs = 60\n", tu_dir);
+    TU_SNPRINTF(cnn, sizeof cnn, "%s", tu_path("cnn.ini"));
+    tu_write_file(cnn, text, strlen(text));
+}
+
+/* TF_CONFIG of task (type, index) in a cluster of one ps on ps_port and
+ * n workers on w_port[0..n). */
+static void
+tf_config(char *buf, size_t size, int ps_port, const int *w_port, int n,
+          const char *type, int index)
+{
+    size_t k = 0;
+    k += (size_t)snprintf(buf + k, size - k, "TF_CONFIG={\"cluster\": "
+                          "{\"ps\": [\"127.0.0.1:%d\"], \"worker\": [",
+                          ps_port);
+    for (int i = 0; i < n; i++)
+        k += (size_t)snprintf(buf + k, size - k, "%s\"127.0.0.1:%d\"",
+                              i ? ", " : "", w_port[i]);
+    k += (size_t)snprintf(buf + k, size - k, "]}, \"task\": {\"type\": "
+                          "\"%s\", \"index\": %d}}", type, index);
+    ck_assert_uint_lt(k, size);
+}
+
+/* Start `keel train cnn.ini` as task (type, index) of that cluster,
+ * training to max_steps; its output in <tag>-<type><index>.log. */
+static pid_t
+start_task(const char *tag, int ps_port, const int *w_port, int n,
+           const char *type, int index, int max_steps)
+{
+    char tf[1024], log[64], steps[64], dir[4200];
+    char *env[] = { tf, NULL };
+    const char *sets[] = { steps, dir, NULL };
+    tf_config(tf, sizeof tf, ps_port, w_port, n, type, index);
+    TU_SNPRINTF(log, sizeof log, "%s-%s%d.log", tag, type, index);
+    TU_SNPRINTF(steps, sizeof steps, "train.max_steps=%d", max_steps);
+    TU_SNPRINTF(dir, sizeof dir, "checkpoint.dir=%s", tu_path("elastic"));
+    return tu_spawn_train(cnn, sets, env, tu_path(log), NULL);
+}
+
+/* Wait until the elastic run's checkpoint of step exists. */
+static void
+wait_for_checkpoint(int step)
+{
+    char path[4200];
+    int64_t deadline = tu_now_ms() + WAIT_MS;
+    TU_SNPRINTF(path, sizeof path, "%s/model.ckpt-%d.h5",
+                tu_path("elastic"), step);
+    while (access(path, F_OK) != 0) {
+        ck_assert_msg(tu_now_ms() < deadline, "no checkpoint of step %d "
+                      "within %d ms", step, WAIT_MS);
+        usleep(20000);
+    }
+}
+
+/* Task pid ends with exit status 0 within RUN_MS. */
+static void
+expect_clean_exit(pid_t pid, const char *log)
+{
+    int rc = tu_wait(pid, RUN_MS);
+    char *text = tu_read_file(tu_path(log), NULL);
+    ck_assert_msg(rc == 0, "%s exited %d:\n%s", log, rc,
+                  text != NULL ? tu_tail(text, 3000) : "(no log)");
+    free(text);
+}
+
+/* The log holds every needle. */
+static void
+expect_in_log(const char *log, const char *const *needles)
+{
+    char *text = tu_read_file(tu_path(log), NULL);
+    ck_assert_ptr_nonnull(text);
+    for (int i = 0; needles[i] != NULL; i++)
+        ck_assert_msg(strstr(text, needles[i]) != NULL, "%s lacks '%s':\n%s",
+                      log, needles[i], tu_tail(text, 4000));
+    free(text);
+}
+
+START_TEST(test_four_two_three_replicas_end_as_a_fixed_run)
+{
+    int ps_port = tu_held_port(), w_port[4], rc;
+    pid_t ps, w[4];
+    char steps[64], dir[4200], a[4200], b[4200];
+    const char *fixed_sets[] = { steps, dir, NULL };
+    for (int i = 0; i < 4; i++)
+        w_port[i] = tu_held_port();
+
+    /* 4 -> 2: workers 2 and 3 killed for good */
+    ps = start_task("a", ps_port, w_port, 4, "ps", 0, PHASE_A);
+    for (int i = 0; i < 4; i++)
+        w[i] = start_task("a", ps_port, w_port, 4, "worker", i, PHASE_A);
+    wait_for_checkpoint(KILL_AT);
+    tu_kill(w[2]);
+    tu_kill(w[3]);
+    expect_clean_exit(w[0], "a-worker0.log");
+    expect_clean_exit(w[1], "a-worker1.log");
+    expect_clean_exit(ps, "a-ps0.log");
+    expect_in_log("a-worker0.log", (const char *const[]){
+        "membership: ", "worker 2 left", "worker 3 left", "-> 2 replicas",
+        NULL });
+
+    /* the whole job restarted from its checkpoint with 2 replicas; then
+     * worker 2, a new index, started by hand: 2 -> 3 */
+    ps_port = tu_held_port();
+    for (int i = 0; i < 3; i++)
+        w_port[i] = tu_held_port();
+    ps = start_task("b", ps_port, w_port, 2, "ps", 0, PHASE_B);
+    for (int i = 0; i < 2; i++)
+        w[i] = start_task("b", ps_port, w_port, 2, "worker", i, PHASE_B);
+    wait_for_checkpoint(JOIN_AT);
+    w[2] = start_task("b", ps_port, w_port, 3, "worker", 2, PHASE_B);
+    expect_clean_exit(w[0], "b-worker0.log");
+    expect_clean_exit(w[1], "b-worker1.log");
+    expect_clean_exit(w[2], "b-worker2.log");
+    expect_clean_exit(ps, "b-ps0.log");
+    expect_in_log("b-worker0.log", (const char *const[]){
+        "membership: 2 -> 3 replicas (worker 2 joined)", NULL });
+    expect_in_log("b-worker2.log", (const char *const[]){
+        "elastic: replica 2 of 3 live", NULL });
+
+    /* fixed membership: one process, the same config and steps */
+    TU_SNPRINTF(steps, sizeof steps, "train.max_steps=%d", PHASE_B);
+    TU_SNPRINTF(dir, sizeof dir, "checkpoint.dir=%s", tu_path("fixed"));
+    rc = tu_wait(tu_spawn_train(cnn, fixed_sets, NULL, tu_path("fixed.log"),
+                                NULL), RUN_MS);
+    ck_assert_int_eq(rc, 0);
+    TU_SNPRINTF(a, sizeof a, "%s/model.ckpt-%d.h5", tu_path("elastic"),
+                PHASE_B);
+    TU_SNPRINTF(b, sizeof b, "%s/model.ckpt-%d.h5", tu_path("fixed"),
+                PHASE_B);
+    rc = TU_KEEL(RUN_MS, "ckpt", "diff", a, b);
+    ck_assert_msg(rc == 0, "elastic and fixed runs differ (exit %d):\n%s%s",
+                  rc, out, err);
+}
+END_TEST
+
+/* keel launch scales an elastic sync job: SIGUSR1 adds worker 1 (2 -> 3
+ * replicas), SIGUSR2 removes it again (3 -> 2), and the job trains on. */
+START_TEST(test_keel_launch_scales_an_elastic_sync_job)
+{
+    char line[2048], dir[4200];
+    int fd;
+    pid_t pid;
+    char *argv[] = { (char *)tu_build_path("keel"), "launch", cnn, "--ps",
+                     "1", "--workers", "1", "-s", "train.max_steps=1000000",
+                     "-s", dir, NULL };
+    TU_SNPRINTF(dir, sizeof dir, "checkpoint.dir=%s", tu_path("launched"));
+    pid = tu_spawn_pipe(argv, NULL, tu_path("launch.err"), &fd);
+    tu_expect_line(fd, "chief | step ", WAIT_MS, line, sizeof line);
+    ck_assert_int_eq(kill(pid, SIGUSR1), 0);
+    tu_expect_line(fd, "launch | added worker.1 (pid ", WAIT_MS, line,
+                   sizeof line);
+    tu_expect_line(fd, "chief | membership: 2 -> 3 replicas (worker 1 "
+                   "joined)", WAIT_MS, line, sizeof line);
+    tu_expect_line(fd, "worker.1 | elastic: replica 2 of 3 live", WAIT_MS,
+                   line, sizeof line);
+    ck_assert_int_eq(kill(pid, SIGUSR2), 0);
+    tu_expect_line(fd, "launch | removing worker.1 (pid ", WAIT_MS, line,
+                   sizeof line);
+    tu_expect_line(fd, "chief | membership: 3 -> 2 replicas (worker 1 left)",
+                   WAIT_MS, line, sizeof line);
+    tu_expect_line(fd, "chief | step ", WAIT_MS, line, sizeof line);
+    ck_assert_int_eq(kill(pid, SIGTERM), 0);
+    ck_assert_int_eq(tu_wait(pid, RUN_MS), 0);
+    close(fd);
+}
+END_TEST
+
+static Suite *
+elastic_suite(void)
+{
+    Suite *s = suite_create("it_elastic");
+    tu_tcase(s, "elastic", 600, setup, tu_teardown, TU_TESTS(
+        test_four_two_three_replicas_end_as_a_fixed_run,
+        test_keel_launch_scales_an_elastic_sync_job));
+    return s;
+}
+
+KEEL_TEST_MAIN(elastic_suite)
