@@ -309,10 +309,11 @@ keel__conv_geom_init(keel__conv_geom *g, int same)
     return KEEL_OK;
 }
 
-/* im2col runs over chunks of examples whose columns fit in L2 (sgemm then
- * streams them from cache, not memory: conv2 15-30% faster at 2-4
- * examples a chunk than with all 32 at once). */
-size_t keel__conv_chunk_bytes = 512 * 1024;
+/* im2col runs over chunks of examples whose columns fit in a core's L2
+ * (sgemm then streams them from cache, not memory). The size is a
+ * constant, never read from the CPU: the dW sums run chunk by chunk, and
+ * their order depends on the chunking alone, never on the cache sizes. */
+size_t keel__conv_chunk_bytes = 1024 * 1024;
 
 static size_t
 col_per_example(const keel__conv_geom *g)
