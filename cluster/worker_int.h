@@ -59,7 +59,7 @@ struct keel_cluster_backend {
 
 /* ---- one request to a ps (worker_call.c) -------------------------------- */
 
-/* Before a plain HELLO to ps p: a ps of this host reached over tcp because
+/* Before a HELLO to ps p: a ps of this host reached over tcp because
  * its Unix socket did not exist yet when the client connected (it started
  * later) is reached over that socket from then on (cluster.local_transport
  * auto). Fails only when the new connection cannot be made. */

@@ -131,7 +131,7 @@ hello_one(keel_cluster_backend *w, int p, int wait, int timeout_ms,
         keel_status st;
         if (!wait && piece > HELLO_SIGNAL_MS)
             piece = HELLO_SIGNAL_MS;
-        if (!wait && (st = keel__worker_prefer_local(w, p)) != KEEL_OK)
+        if ((st = keel__worker_prefer_local(w, p)) != KEEL_OK)
             return st;
         memset(&h, 0, sizeof h);
         h.type = KEEL_MSG_HELLO;
