@@ -374,10 +374,17 @@ keel__cluster_bind_endpoints(const keel_cluster_spec *s, keel_task_type type,
 {
     keel_status st = bind_tcp_endpoints(s, type, index, bind_address, buf,
                                         size);
-    if (st == KEEL_OK && local == KEEL_LOCAL_TRANSPORT_AUTO)
-        st = add_ipc_endpoint(keel_cluster_spec_address(s, type, index),
-                              buf, size);
-    return st;
+    const char *entry = keel_cluster_spec_address(s, type, index);
+    char path[KEEL_PATH_MAX];
+    if (st != KEEL_OK)
+        return st;
+    if (local == KEEL_LOCAL_TRANSPORT_AUTO)
+        return add_ipc_endpoint(entry, buf, size);
+    /* a socket an earlier task of this address left would draw its peers
+     * there */
+    if (keel__cluster_ipc_path(entry, 0, path, sizeof path))
+        unlink(path);
+    return KEEL_OK;
 }
 
 /* keel__cluster_bind_endpoints' tcp endpoints. */
