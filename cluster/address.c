@@ -347,6 +347,27 @@ keel__cluster_peer_endpoint(const char *address, keel_local_transport mode,
     return keel__fmt(buf, size, "ps address", "tcp://%s", address);
 }
 
+/* 1 when path is a Unix socket nobody listens on (connecting is
+ * refused): one a killed task left. */
+static int
+ipc_is_stale(const char *path)
+{
+    struct sockaddr_un a;
+    int fd, stale;
+    memset(&a, 0, sizeof a);
+    a.sun_family = AF_UNIX;
+    if (strlen(path) >= sizeof a.sun_path)
+        return 0;
+    memcpy(a.sun_path, path, strlen(path));
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return 0;
+    stale = connect(fd, (struct sockaddr *)&a, sizeof a) != 0 &&
+            errno == ECONNREFUSED;
+    close(fd);
+    return stale;
+}
+
 /* Append "ipc://<path>" of the task's own address to buf when it is on
  * this machine (after the tcp endpoints: binding those first makes sure
  * no other task holds the address, so a socket file already at the path is
@@ -382,7 +403,8 @@ keel__cluster_bind_endpoints(const keel_cluster_spec *s, keel_task_type type,
         return add_ipc_endpoint(entry, buf, size);
     /* a socket an earlier task of this address left would draw its peers
      * there */
-    if (keel__cluster_ipc_path(entry, 0, path, sizeof path))
+    if (keel__cluster_ipc_path(entry, 0, path, sizeof path) &&
+        ipc_is_stale(path))
         unlink(path);
     return KEEL_OK;
 }

@@ -54,8 +54,9 @@ int keel__addr_split(const char *a, char *host, size_t hsize, int *port);
  * KEEL_LOCAL_TRANSPORT_AUTO and an entry whose host is this machine's,
  * last the task's Unix socket "ipc://<keel__cluster_ipc_path>" (its
  * directory created; left out, with a warning, when that directory is not
- * private to this user); with KEEL_LOCAL_TRANSPORT_TCP, a socket file at
- * that path (left by an earlier task of this address) is removed. */
+ * private to this user); with KEEL_LOCAL_TRANSPORT_TCP, a socket at that
+ * path nobody listens on (left by an earlier task of this address) is
+ * removed. */
 keel_status keel__cluster_bind_endpoints(const keel_cluster_spec *s,
                                          keel_task_type type, int index,
                                          const char *bind_address,

@@ -258,6 +258,12 @@ hello_all(keel_cluster_backend *w, int wait, int timeout_ms, int *all_ready,
             keel__wire_msg_clear(&r);
             return st;
         }
+        /* the ps is up, so its Unix socket is too: nothing is under way
+         * on the client to move */
+        if ((st = keel__worker_prefer_local(w, p)) != KEEL_OK) {
+            keel__wire_msg_clear(&r);
+            return st;
+        }
         if (gens != NULL)
             gens[p] = r.h.generation;
         if (!r.h.arg) {

@@ -16,6 +16,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 
 #include <keel/keel.h>
 #include "util.h"
@@ -1922,7 +1923,7 @@ START_TEST(test_local_ps_over_ipc_checks_the_token_and_rebinds)
 {
     const char *token = "0123456789abcdef-the-job";
     int ps_port = tu_held_port(), w_port = tu_held_port();
-    char ps_addr[64], w_addr[64], bind[KEEL__BIND_ENDPOINTS_MAX];
+    char ps_addr[64], w_addr[64], ps_bind[KEEL__BIND_ENDPOINTS_MAX];
     char tcp_bind[256], path[256], ep[300], want[600];
     keel_cluster_spec *s;
     keel__curve srv, w0c, wrong;
@@ -1945,12 +1946,12 @@ START_TEST(test_local_ps_over_ipc_checks_the_token_and_rebinds)
     ck_assert_ptr_null(strstr(tcp_bind, "ipc://"));
     ck_assert_int_eq(keel__cluster_bind_endpoints(s, KEEL_TASK_PS, 0, NULL,
                                                   KEEL_LOCAL_TRANSPORT_AUTO,
-                                                  bind, sizeof bind),
+                                                  ps_bind, sizeof ps_bind),
                      KEEL_OK);
     ck_assert_int_eq(keel__cluster_ipc_path(ps_addr, 0, path, sizeof path),
                      1);
     snprintf(want, sizeof want, "%s ipc://%s", tcp_bind, path);
-    ck_assert_str_eq(bind, want);
+    ck_assert_str_eq(ps_bind, want);
     /* a host of another machine has none */
     ck_assert_int_eq(keel__cluster_ipc_path("192.0.2.1:2222", 0, path,
                                             sizeof path), 0);
@@ -1980,7 +1981,7 @@ START_TEST(test_local_ps_over_ipc_checks_the_token_and_rebinds)
     if (child == 0) {
         keel__ps *ps = NULL;
         keel_vars *vs = NULL;
-        keel__ps_config cfg = { .bind = bind, .curve = &srv,
+        keel__ps_config cfg = { .bind = ps_bind, .curve = &srv,
                                 .serve = ps_skel_serve };
         if (keel_vars_new(&vs) != KEEL_OK)
             _exit(3);
@@ -2003,7 +2004,7 @@ START_TEST(test_local_ps_over_ipc_checks_the_token_and_rebinds)
     /* its successor binds the same endpoints */
     atomic_store(&n_warned, 0);
     keel_log_set_handler(count_warnings, NULL, KEEL_LOG_WARN);
-    server_start_at(&sv, &srv, NULL, bind);
+    server_start_at(&sv, &srv, NULL, ps_bind);
     wait_socket(path);
     ck_assert_int_eq(keel__cluster_peer_endpoint(ps_addr,
                                                  KEEL_LOCAL_TRANSPORT_AUTO,
@@ -2025,6 +2026,12 @@ START_TEST(test_local_ps_over_ipc_checks_the_token_and_rebinds)
                      KEEL_ETIMEOUT);
     keel__wire_msg_clear(&r);
     check_pull(w0, 0.0f, 10.0f);
+    /* a tcp-only task of this address leaves a live socket alone */
+    ck_assert_int_eq(keel__cluster_bind_endpoints(s, KEEL_TASK_PS, 0, NULL,
+                                                  KEEL_LOCAL_TRANSPORT_TCP,
+                                                  tcp_bind, sizeof tcp_bind),
+                     KEEL_OK);
+    ck_assert_int_eq(access(path, F_OK), 0);
     keel__wire_client_free(w0);
     keel__wire_client_free(bad);
     keel__wire_client_free(none);
@@ -2033,6 +2040,24 @@ START_TEST(test_local_ps_over_ipc_checks_the_token_and_rebinds)
     ck_assert_int_eq(keel__ps_served(sv.ps), 2);
     ck_assert_int_ge(atomic_load(&n_warned), 1);
     server_free(&sv);
+    /* and removes a stale one */
+    {
+        struct sockaddr_un a;
+        int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+        memset(&a, 0, sizeof a);
+        a.sun_family = AF_UNIX;
+        ck_assert_uint_lt(strlen(path), sizeof a.sun_path);
+        memcpy(a.sun_path, path, strlen(path));
+        unlink(path);
+        ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+        close(fd);
+    }
+    ck_assert_int_eq(access(path, F_OK), 0);
+    ck_assert_int_eq(keel__cluster_bind_endpoints(s, KEEL_TASK_PS, 0, NULL,
+                                                  KEEL_LOCAL_TRANSPORT_TCP,
+                                                  tcp_bind, sizeof tcp_bind),
+                     KEEL_OK);
+    ck_assert_int_ne(access(path, F_OK), 0);
     keel__curve_clear(&srv);
     keel__curve_clear(&w0c);
     keel__curve_clear(&wrong);
