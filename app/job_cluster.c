@@ -176,6 +176,9 @@ cluster_options_from(const keel_config *cfg, keel__job *j,
     o->ready_retry_ms = (int)keel_config_int(cfg, "cluster.ready_retry_ms");
     o->max_wait_secs = keel_config_double(cfg, "cluster.max_wait_secs");
     o->bind_address = keel_config_str(cfg, "cluster.bind_address");
+    o->local_transport =
+        strcmp(keel_config_str(cfg, "cluster.local_transport"), "tcp") == 0
+            ? KEEL_LOCAL_TRANSPORT_TCP : KEEL_LOCAL_TRANSPORT_AUTO;
     o->curve = keel_config_bool(cfg, "security.curve");
     o->key_dir = keel_config_str(cfg, "security.key_dir");
     o->send_buffer_kib =

@@ -22,6 +22,13 @@
 #          EPOCHS=3 (the budget: EPOCHS x 60000 examples, or EXAMPLES)
 #          POINTS=5
 #          BENCH_OUT (default a fresh mktemp -d)
+#          STRAGGLER=1: straggler mode: the last worker of every cluster
+#          run is slowed to SPEED (0.5) of its speed by this script
+#          (SIGSTOP for (1 - SPEED) x 100 ms of every 100 ms, then
+#          SIGCONT), each scheme labelled "<scheme>+straggler"; RULES
+#          then defaults to "sync sync-backup1 async" (sync-backup1: sync
+#          with one backup worker, cluster.replicas_to_aggregate =
+#          replicas - 1) and MODELS to mlp
 #
 # The budget becomes train.max_steps: a global step trains batch_size
 # (64) examples in the synchronous schemes (sync sagn easgd
@@ -35,6 +42,12 @@ build=${1:-$here/../_build}
 keel="$build/keel"
 . "$here/../tests/common.sh"
 . "$here/common.sh"
+STRAGGLER=${STRAGGLER:-0}
+SPEED=${SPEED:-0.5}
+if [ "$STRAGGLER" = 1 ]; then
+    RULES=${RULES:-"sync sync-backup1 async"}
+    MODELS=${MODELS:-mlp}
+fi
 RULES=${RULES:-$KEEL_ALL_RULES}
 MODELS=${MODELS:-"mlp cnn"}
 MLP_REPLICAS=${MLP_REPLICAS:-"2 4"}
@@ -59,8 +72,35 @@ core=$(OPENBLAS_VERBOSE=2 "$keel" --version 2>&1 | sed -n 's/^Core: //p')
 } >&2
 
 is_sync() { case $1 in sync|sagn|easgd|model_averaging) return 0;; esac; return 1; }
+# sync-backup1 is the sync rule with one backup worker
+algo_of() { case $1 in sync-backup1) echo sync;; *) echo "$1";; esac; }
 known() {  # the built keel accepts algorithm.name = $1
-    "$keel" config check "$ini" -s algorithm.name="$1" -s train.max_steps=1 >/dev/null 2>&1
+    "$keel" config check "$ini" -s algorithm.name="$(algo_of "$1")" -s train.max_steps=1 >/dev/null 2>&1
+}
+# Straggler mode: worker $2 of the `keel launch` with pid $1 (its child
+# whose TF_CONFIG names that task; found again after a restart) runs for
+# SPEED x 100 ms of every 100 ms and is stopped for the rest, until the
+# launch ends.
+throttle() {
+    local lp=$1 idx=$2 pid="" run stop c
+    run=$(awk -v s="$SPEED" 'BEGIN {printf "%.3f", 0.1 * s}')
+    stop=$(awk -v s="$SPEED" 'BEGIN {printf "%.3f", 0.1 * (1 - s)}')
+    while kill -0 "$lp" 2>/dev/null; do
+        if [ -z "$pid" ] || ! kill -0 "$pid" 2>/dev/null; then
+            pid=""
+            for c in $(pgrep -P "$lp" || true); do
+                if tr '\0' '\n' 2>/dev/null < "/proc/$c/environ" |
+                   grep -q -E "^TF_CONFIG=.*\"type\": *\"worker\", *\"index\": *$idx *\}"; then
+                    pid=$c
+                fi
+            done
+            [ -n "$pid" ] || { sleep 0.05; continue; }
+        fi
+        sleep "$run"
+        kill -STOP "$pid" 2>/dev/null || true
+        sleep "$stop"
+        kill -CONT "$pid" 2>/dev/null || true
+    done
 }
 now() { date +%s.%N; }
 acc_of() { "$keel" eval "$1" --json 2>/dev/null |
@@ -73,8 +113,15 @@ skipped=""
 
 run_one() {  # model replicas rule label
     local m=$1 w=$2 rule=$3 label=$4 eps steps every dir t0 t1 rc=0 rates
-    rates=$(keel_rule_rates "$rule" "$w")
-    if [ "$label" = hogwild-1proc ] || is_sync "$rule"; then eps=$B; else eps=$((B / w)); fi
+    local algo extra=() lp tp=""
+    algo=$(algo_of "$rule")
+    rates=$(keel_rule_rates "$algo" "$w")
+    if [ "$rule" = sync-backup1 ]; then
+        # a step aggregates w - 1 of the w replicas' pieces of the batch
+        eps=$((B * (w - 1) / w))
+        extra=(-s cluster.replicas_to_aggregate=$((w - 1)) -s cluster.reduce_tree=false)
+    elif [ "$label" = hogwild-1proc ] || is_sync "$rule"; then eps=$B; else eps=$((B / w)); fi
+    [ "$STRAGGLER" = 1 ] && [ "$label" != hogwild-1proc ] && label="$label+straggler"
     steps=$((EXAMPLES / eps))
     every=$((steps / POINTS))
     dir="$out/$m-w$w-$label"
@@ -82,7 +129,7 @@ run_one() {  # model replicas rule label
     # shellcheck disable=SC2206
     local common=(-s model.type="$m" $rates -s data.dir="$DATA" -s train.batch_size=$B
                   -s train.epochs=0 -s train.max_steps=$steps -s train.seed=0
-                  -s train.threads=1 -s algorithm.name="$rule"
+                  -s train.threads=1 -s algorithm.name="$algo"
                   -s checkpoint.dir="$dir" -s checkpoint.save_steps=$every
                   -s checkpoint.max_to_keep=$((POINTS + 2))
                   -s hooks.progress=off -s hooks.log_every_steps=1000)
@@ -94,7 +141,14 @@ run_one() {  # model replicas rule label
     else
         OPENBLAS_NUM_THREADS=1 "$keel" launch "$ini" --ps 1 \
             --workers $((w - 1)) --no-status --max-restarts 0 \
-            -s train.model_threads=1 "${common[@]}" > "$dir.log" 2>&1 || rc=$?
+            -s train.model_threads=1 "${common[@]}" "${extra[@]}" > "$dir.log" 2>&1 &
+        lp=$!
+        if [ "$STRAGGLER" = 1 ]; then
+            throttle "$lp" $((w - 2)) &
+            tp=$!
+        fi
+        wait "$lp" || rc=$?
+        [ -n "$tp" ] && { wait "$tp" || true; }
     fi
     t1=$(now)
     if [ "$rc" != 0 ]; then

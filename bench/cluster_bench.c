@@ -15,7 +15,9 @@
  * usage: cluster_bench [--reps N] [--sizes-mib 1,16,64] [--vars K]
  *                      [--total-mib T]
  *                      [--mode pushpull|fused|pipelined|push|pull|raw]
- *                      [--mallopt]
+ *                      [--mallopt] [--transport tcp|ipc]
+ * --transport ipc: the server listens on a Unix socket (ipc://, what
+ * cluster.local_transport auto uses between tasks of one host) instead.
  * --mallopt: keel train's allocator setting for cluster tasks
  * (M_MMAP_THRESHOLD 32 MiB, M_TRIM_THRESHOLD 1 GiB, M_ARENA_MAX 1). */
 #include <config.h>
@@ -26,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <zmq.h>
 
@@ -68,6 +71,7 @@ srv_main(void *arg)
         exit(1);                                                          \
     } while (0)
 
+static int g_ipc = 0;       /* --transport ipc */
 static int g_mode = 3;      /* 1: push, 2: pull, 3: push then pull,
                              * 4: both at once, 5: both at once,
                              * pipelined in parts, 6: raw ZeroMQ */
@@ -99,6 +103,12 @@ wire_run_open(wire_run *w, size_t mib, int nvars)
 {
     keel__ps_config cfg = { .bind = "tcp://127.0.0.1:*",
                             .serve = ps_skel_serve };
+    char ipc[64];
+    if (g_ipc) {
+        snprintf(ipc, sizeof ipc, "ipc:///tmp/keel-cluster-bench-%ld",
+                 (long)getpid());
+        cfg.bind = ipc;
+    }
     w->mib = mib;
     w->nvars = nvars;
     w->grads = calloc((size_t)nvars, sizeof *w->grads);
@@ -374,7 +384,9 @@ parse_args(int argc, char **argv, bench_opts *o)
         else if (!strcmp(argv[i], "--mallopt")) {
             if (set_mallopt() != 0)
                 return 1;
-        } else if (!strcmp(argv[i], "--mode") && i + 1 < argc)
+        } else if (!strcmp(argv[i], "--transport") && i + 1 < argc)
+            g_ipc = !strcmp(argv[++i], "ipc");
+        else if (!strcmp(argv[i], "--mode") && i + 1 < argc)
             g_mode = mode_from_name(argv[++i]);
         else if (!strcmp(argv[i], "--total-mib") && i + 1 < argc)
             o->total_mib = (size_t)atol(argv[++i]);

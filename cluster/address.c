@@ -5,6 +5,7 @@
 #include <config.h>
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netdb.h>
@@ -13,7 +14,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 
 #include <keel/cluster.h>
 #include "cluster_int.h"
@@ -232,10 +236,184 @@ override_endpoints(const char *who, const char *bind_address, int port,
                       bind_address);
 }
 
+static keel_status bind_tcp_endpoints(const keel_cluster_spec *s,
+                                      keel_task_type type, int index,
+                                      const char *bind_address, char *buf,
+                                      size_t size);
+
+/* ---- the same-host transport -------------------------------------------- */
+
+/* Longest host kept readable in a socket's name; a longer one is named by
+ * its hash. */
+#define IPC_HOST_MAX 64
+
+/* The private directory of this user's sockets, "/tmp/keel-<uid>", into
+ * buf; 1 when it is a directory (not a link) owned by this user that no
+ * one else may enter, after creating it when create says so and it is
+ * missing; 0 with why otherwise. */
+static int
+ipc_dir(char *buf, size_t size, int create, char *why, size_t wsize)
+{
+    struct stat st;
+    uid_t uid = geteuid();
+    snprintf(buf, size, "/tmp/keel-%lu", (unsigned long)uid);
+    if (create && mkdir(buf, 0700) != 0 && errno != EEXIST) {
+        snprintf(why, wsize, "mkdir %s: %s", buf, strerror(errno));
+        return 0;
+    }
+    if (lstat(buf, &st) != 0) {
+        snprintf(why, wsize, "%s: %s", buf, strerror(errno));
+        return 0;
+    }
+    if (!S_ISDIR(st.st_mode) || st.st_uid != uid ||
+        (st.st_mode & 077) != 0) {
+        snprintf(why, wsize, "%s is not a directory of user %lu that only "
+                 "it can enter", buf, (unsigned long)uid);
+        return 0;
+    }
+    return 1;
+}
+
+/* The socket path of the task whose address is host:port in dir. */
+static int
+ipc_path(const char *dir, const char *host, int port, char *buf, size_t size)
+{
+    char name[IPC_HOST_MAX + 1];
+    size_t n = strlen(host);
+    int k;
+    if (n <= IPC_HOST_MAX) {
+        for (size_t i = 0; i <= n; i++) {
+            char c = host[i];
+            name[i] = (c == '\0' || (c >= 'a' && c <= 'z') ||
+                       (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                       c == '.' || c == '-') ? c : '_';
+        }
+    } else {
+        uint64_t h = 1469598103934665603ULL;            /* FNV-1a */
+        for (size_t i = 0; i < n; i++)
+            h = (h ^ (unsigned char)host[i]) * 1099511628211ULL;
+        snprintf(name, sizeof name, "h%016llx", (unsigned long long)h);
+    }
+    k = snprintf(buf, size, "%s/%s-%d", dir, name, port);
+    return k > 0 && (size_t)k < size &&
+           (size_t)k < sizeof(((struct sockaddr_un *)0)->sun_path);
+}
+
+/* 1 when one of the n addresses is an address of this machine. */
+static int
+any_local(const ipaddr *a, int n)
+{
+    struct ifaddrs *ifs = NULL;
+    int local = 0;
+    if (getifaddrs(&ifs) != 0)
+        ifs = NULL;
+    for (int i = 0; i < n && !local; i++)
+        local = is_local(&a[i], ifs);
+    freeifaddrs(ifs);
+    return local;
+}
+
+int
+keel__cluster_ipc_path(const char *address, int create, char *buf,
+                       size_t size)
+{
+    char host[KEEL_ADDR_MAX], dir[64], why[160];
+    ipaddr res[MAX_RESOLVED];
+    int port, n;
+    if (!keel__addr_split(address, host, sizeof host, &port))
+        return 0;
+    n = resolve_host(host, res, MAX_RESOLVED, why, sizeof why);
+    if (n == 0 || !any_local(res, n))
+        return 0;
+    if (!ipc_dir(dir, sizeof dir, create, why, sizeof why)) {
+        if (create)                 /* a ps; its peers then use tcp */
+            keel__log(KEEL_LOG_WARN, "cluster: %.80s over tcp, not a "
+                      "Unix socket: %s", address, why);
+        return 0;
+    }
+    return ipc_path(dir, host, port, buf, size);
+}
+
+keel_status
+keel__cluster_peer_endpoint(const char *address, keel_local_transport mode,
+                            char *buf, size_t size)
+{
+    char path[KEEL_PATH_MAX];
+    struct stat st;
+    if (mode == KEEL_LOCAL_TRANSPORT_AUTO &&
+        keel__cluster_ipc_path(address, 0, path, sizeof path) &&
+        stat(path, &st) == 0 && S_ISSOCK(st.st_mode))
+        return keel__fmt(buf, size, "ps address", "ipc://%s", path);
+    return keel__fmt(buf, size, "ps address", "tcp://%s", address);
+}
+
+/* 1 when path is a Unix socket nobody listens on (connecting is
+ * refused): one a killed task left. */
+static int
+ipc_is_stale(const char *path)
+{
+    struct sockaddr_un a;
+    int fd, stale;
+    memset(&a, 0, sizeof a);
+    a.sun_family = AF_UNIX;
+    if (strlen(path) >= sizeof a.sun_path)
+        return 0;
+    memcpy(a.sun_path, path, strlen(path));
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return 0;
+    stale = connect(fd, (struct sockaddr *)&a, sizeof a) != 0 &&
+            errno == ECONNREFUSED;
+    close(fd);
+    return stale;
+}
+
+/* Append "ipc://<path>" of the task's own address to buf when it is on
+ * this machine (after the tcp endpoints: binding those first makes sure
+ * no other task holds the address, so a socket file already at the path is
+ * a stale one, which ZeroMQ replaces). */
+static keel_status
+add_ipc_endpoint(const char *entry, char *buf, size_t size)
+{
+    char path[KEEL_PATH_MAX];
+    size_t len = strlen(buf);
+    int k;
+    if (!keel__cluster_ipc_path(entry, 1, path, sizeof path))
+        return KEEL_OK;
+    k = snprintf(buf + len, size - len, "%sipc://%s", len ? " " : "", path);
+    if (k < 0 || (size_t)k >= size - len)
+        return keel__fail(KEEL_EINVAL, "bind: endpoints longer than %zu "
+                          "bytes", size);
+    return KEEL_OK;
+}
+
 keel_status
 keel__cluster_bind_endpoints(const keel_cluster_spec *s, keel_task_type type,
-                             int index, const char *bind_address, char *buf,
+                             int index, const char *bind_address,
+                             keel_local_transport local, char *buf,
                              size_t size)
+{
+    keel_status st = bind_tcp_endpoints(s, type, index, bind_address, buf,
+                                        size);
+    const char *entry = keel_cluster_spec_address(s, type, index);
+    char path[KEEL_PATH_MAX];
+    if (st != KEEL_OK)
+        return st;
+    if (local == KEEL_LOCAL_TRANSPORT_AUTO)
+        return add_ipc_endpoint(entry, buf, size);
+    /* a socket an earlier task of this address left would draw its peers
+     * there */
+    if (keel__cluster_ipc_path(entry, 0, path, sizeof path) &&
+        ipc_is_stale(path))
+        unlink(path);
+    return KEEL_OK;
+}
+
+/* keel__cluster_bind_endpoints' tcp endpoints. */
+static keel_status
+bind_tcp_endpoints(const keel_cluster_spec *s, keel_task_type type,
+                   int index, const char *bind_address, char *buf,
+                   size_t size)
 {
     const char *entry = keel_cluster_spec_address(s, type, index);
     char host[KEEL_ADDR_MAX], why[160], who[64], ips[256];
@@ -468,9 +646,9 @@ check_hosts(const keel_cluster_spec *s, const char *bind_address,
     free(all);
     if (p.count == 0 && keel_cluster_spec_is_ps(s)) {
         char eps[4 * (KEEL_ADDR_MAX + 16)];
-        st = keel__cluster_bind_endpoints(
-            s, KEEL_TASK_PS, keel_cluster_spec_task_index(s), bind_address,
-            eps, sizeof eps);
+        st = bind_tcp_endpoints(s, KEEL_TASK_PS,
+                                keel_cluster_spec_task_index(s),
+                                bind_address, eps, sizeof eps);
         if (st != KEEL_OK)
             keel__problems_add(&p, "%s", keel_last_error());
     }

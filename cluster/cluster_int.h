@@ -51,11 +51,30 @@ int keel__addr_split(const char *a, char *host, size_t hsize, int *port);
  * machine its own entry's host resolves to (KEEL_EINVAL naming the task
  * and host when it does not resolve or none is local); "*" every
  * interface; an interface name its addresses; an address of this machine
- * that address. Never a wildcard unless bind_address says "*". */
+ * that address. Never a wildcard unless bind_address says "*". With local
+ * KEEL_LOCAL_TRANSPORT_AUTO and an entry whose host is this machine's,
+ * last the task's Unix socket "ipc://<keel__cluster_ipc_path>" (its
+ * directory created; left out, with a warning, when that directory is not
+ * private to this user); with KEEL_LOCAL_TRANSPORT_TCP, a socket at that
+ * path nobody listens on (left by an earlier task of this address) is
+ * removed. */
 keel_status keel__cluster_bind_endpoints(const keel_cluster_spec *s,
                                          keel_task_type type, int index,
                                          const char *bind_address,
+                                         keel_local_transport local,
                                          char *buf, size_t size);
+/* The Unix socket path of the task at address ("host:port") into buf: 1
+ * when host resolves to an address of this machine and the directory
+ * /tmp/keel-<euid> is private to this user (created first when create
+ * is 1), else 0. Every task of the host computes the same path. */
+int keel__cluster_ipc_path(const char *address, int create, char *buf,
+                           size_t size);
+/* The endpoint to reach the task at address: "ipc://<path>" when mode is
+ * KEEL_LOCAL_TRANSPORT_AUTO and keel__cluster_ipc_path names a socket that
+ * exists, else "tcp://<address>". */
+keel_status keel__cluster_peer_endpoint(const char *address,
+                                        keel_local_transport mode,
+                                        char *buf, size_t size);
 /* zmq_bind sock to each endpoint of the space-separated list (ZMQ_IPV6 set
  * for an IPv6 one, and for "*" where the machine has IPv6); who names the
  * task in the error. */
@@ -580,6 +599,13 @@ keel_status keel__wire_client_wait(keel__wire_client *c, uint64_t request_id,
  * again. On failure the client is unusable (free it). */
 keel_status keel__wire_client_reconnect(keel__wire_client *c,
                                         const keel__curve *curve);
+/* The endpoint c connects to (owned by c). */
+const char *keel__wire_client_endpoint(const keel__wire_client *c);
+/* keel__wire_client_reconnect to endpoint (copied) instead: KEEL_EINVAL,
+ * the client unchanged, when it is longer than a client keeps. */
+keel_status keel__wire_client_retarget(keel__wire_client *c,
+                                       const char *endpoint,
+                                       const keel__curve *curve);
 /* One incarnation id for all of a process's clients (the chief's
  * generation). */
 void keel__wire_client_set_generation(keel__wire_client *c,

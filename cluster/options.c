@@ -89,6 +89,11 @@ check_options(const keel_cluster_spec *spec, const keel_cluster_config *in,
         in->placement != KEEL_PLACEMENT_ROUND_ROBIN)
         return keel__fail(KEEL_EINVAL, "%s: placement %d is not a "
                           "keel_placement", who, (int)in->placement);
+    if (in->local_transport != KEEL_LOCAL_TRANSPORT_AUTO &&
+        in->local_transport != KEEL_LOCAL_TRANSPORT_TCP)
+        return keel__fail(KEEL_EINVAL, "%s: local_transport %d is not a "
+                          "keel_local_transport", who,
+                          (int)in->local_transport);
     if (in->heartbeat_ms < 1 || in->dead_after_ms <= in->heartbeat_ms)
         return keel__fail(KEEL_EINVAL, "%s: heartbeat_ms %d must be >= 1 "
                           "and less than dead_after_ms %d (a peer is "

@@ -138,7 +138,8 @@ ps_security(ps_task *t)
         st = keel__curve_allow_dir(&t->curve, o->in.key_dir);
     if (st == KEEL_OK)
         st = keel__cluster_bind_endpoints(o->spec, KEEL_TASK_PS, t->idx,
-                                          o->in.bind_address, t->bind,
+                                          o->in.bind_address,
+                                          o->in.local_transport, t->bind,
                                           sizeof t->bind);
     if (st != KEEL_OK || keel__auth_on(&t->curve))
         return st;

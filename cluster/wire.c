@@ -778,6 +778,23 @@ keel__wire_client_reconnect(keel__wire_client *c, const keel__curve *curve)
     return KEEL_OK;
 }
 
+const char *
+keel__wire_client_endpoint(const keel__wire_client *c)
+{
+    return c->endpoint;
+}
+
+keel_status
+keel__wire_client_retarget(keel__wire_client *c, const char *endpoint,
+                           const keel__curve *curve)
+{
+    if (strlen(endpoint) >= sizeof c->endpoint)
+        return keel__fail(KEEL_EINVAL, "client: endpoint '%.80s...' longer "
+                          "than %zu bytes", endpoint, sizeof c->endpoint - 1);
+    snprintf(c->endpoint, sizeof c->endpoint, "%s", endpoint);
+    return keel__wire_client_reconnect(c, curve);
+}
+
 void
 keel__wire_client_set_generation(keel__wire_client *c, uint64_t generation)
 {

@@ -31,8 +31,9 @@ start_heartbeats(keel_cluster_backend *w)
         return keel__fail(KEEL_ENOMEM, "heartbeat: %d ps", w->n_ps);
     }
     for (int p = 0; p < w->n_ps && st == KEEL_OK; p++) {
-        st = keel__fmt(eps[p], sizeof eps[p], "ps address", "tcp://%s",
-                       keel_cluster_spec_address(w->spec, KEEL_TASK_PS, p));
+        st = keel__cluster_peer_endpoint(
+            keel_cluster_spec_address(w->spec, KEEL_TASK_PS, p),
+            w->o.in.local_transport, eps[p], sizeof eps[p]);
         ptrs[p] = eps[p];
     }
     memset(&hc, 0, sizeof hc);
@@ -109,11 +110,14 @@ connect_one(keel_cluster_backend *w, int p, keel__curve *curve)
 {
     const keel__role_opts *o = &w->o;
     char ep[KEEL_ADDR_MAX + 16];
-    keel_status st = keel__fmt(ep, sizeof ep, "ps address", "tcp://%s",
-                               keel_cluster_spec_address(o->spec,
-                                                         KEEL_TASK_PS, p));
+    keel_status st = keel__cluster_peer_endpoint(
+        keel_cluster_spec_address(o->spec, KEEL_TASK_PS, p),
+        o->in.local_transport, ep, sizeof ep);
     if (st != KEEL_OK)
         return st;
+    keel__log(KEEL_LOG_INFO, "%s %d: ps %d over %s",
+              keel_task_type_name(keel_cluster_spec_task_type(o->spec)),
+              keel_cluster_spec_task_index(o->spec), p, ep);
     if (o->in.curve) {
         char path[KEEL_PATH_MAX], fname[32];
         snprintf(fname, sizeof fname, "ps%d.key", p);

@@ -14,6 +14,27 @@
 
 #define WAIT_CHUNK_MS 20
 
+keel_status
+keel__worker_prefer_local(keel_cluster_backend *w, int p)
+{
+    char ep[KEEL_ADDR_MAX + 16];
+    keel_status st;
+    if (w->o.in.local_transport != KEEL_LOCAL_TRANSPORT_AUTO ||
+        strncmp(keel__wire_client_endpoint(w->clients[p]), "tcp://", 6) != 0)
+        return KEEL_OK;
+    st = keel__cluster_peer_endpoint(
+        keel_cluster_spec_address(w->spec, KEEL_TASK_PS, p),
+        KEEL_LOCAL_TRANSPORT_AUTO, ep, sizeof ep);
+    if (st != KEEL_OK || strncmp(ep, "ipc://", 6) != 0)
+        return KEEL_OK;
+    st = keel__wire_client_retarget(w->clients[p], ep, &w->curves[p]);
+    if (st == KEEL_OK)
+        keel__log(KEEL_LOG_INFO, "%s %d: ps %d over %s",
+                  keel_task_type_name(keel_cluster_spec_task_type(w->spec)),
+                  keel_cluster_spec_task_index(w->spec), p, ep);
+    return st;
+}
+
 /* KEEL_EABORTED for a reply r of ps p from another generation than the one
  * this task knows: the ps restarted. */
 keel_status

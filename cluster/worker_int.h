@@ -63,6 +63,13 @@ struct keel_cluster_backend {
 
 /* ---- one request to a ps (worker_call.c) -------------------------------- */
 
+/* Before a HELLO to ps p and after its answer: a ps of this host reached
+ * over tcp because its Unix socket did not exist yet when the client
+ * connected (it started later) is reached over that socket from then on
+ * (cluster.local_transport auto). Fails only when the new connection
+ * cannot be made. */
+keel_status keel__worker_prefer_local(keel_cluster_backend *w, int p);
+
 /* KEEL_EABORTED for a reply r of ps p from another generation than the one
  * this task knows: the ps restarted. */
 keel_status keel__worker_restarted(const keel_cluster_backend *w, int p,

@@ -131,6 +131,8 @@ hello_one(keel_cluster_backend *w, int p, int wait, int timeout_ms,
         keel_status st;
         if (!wait && piece > HELLO_SIGNAL_MS)
             piece = HELLO_SIGNAL_MS;
+        if ((st = keel__worker_prefer_local(w, p)) != KEEL_OK)
+            return st;
         memset(&h, 0, sizeof h);
         h.type = KEEL_MSG_HELLO;
         h.arg = (uint32_t)wait;
@@ -255,6 +257,12 @@ hello_all(keel_cluster_backend *w, int wait, int timeout_ms, int *all_ready,
         }
         if (st != KEEL_OK) {
             st = keel__worker_call_error(w, p, st, &r, "hello");
+            keel__wire_msg_clear(&r);
+            return st;
+        }
+        /* the ps is up, so its Unix socket is too: nothing is under way
+         * on the client to move */
+        if ((st = keel__worker_prefer_local(w, p)) != KEEL_OK) {
             keel__wire_msg_clear(&r);
             return st;
         }

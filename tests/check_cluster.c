@@ -6,14 +6,17 @@
 #include <config.h>
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 
 #include <keel/keel.h>
 #include "util.h"
@@ -493,10 +496,12 @@ START_TEST(test_explicit_lists_from_ini_values)
     ck_assert_str_eq(keel_cluster_spec_address(s, KEEL_TASK_PS, 1),
                      "127.0.0.1:2223");
     ck_assert_int_eq(keel__cluster_bind_endpoints(s, KEEL_TASK_PS, 1, NULL,
+                                                  KEEL_LOCAL_TRANSPORT_TCP,
                                                   bind, sizeof bind),
                      KEEL_OK);
     ck_assert_str_eq(bind, "tcp://127.0.0.1:2223");
     ck_assert_int_eq(keel__cluster_bind_endpoints(s, KEEL_TASK_PS, 2, NULL,
+                                                  KEEL_LOCAL_TRANSPORT_TCP,
                                                   bind, sizeof bind),
                      KEEL_EINVAL);
     ck_assert_int_eq(keel_cluster_spec_set_task(s, KEEL_TASK_NONE, 0),
@@ -523,6 +528,7 @@ START_TEST(test_explicit_lists_from_ini_values)
     s = tu_spec_from_lists("127.0.0.1:5000", "127.0.0.1:5001", NULL,
                            KEEL_TASK_PS, 0);
     ck_assert_int_eq(keel__cluster_bind_endpoints(s, KEEL_TASK_PS, 0, "*",
+                                                  KEEL_LOCAL_TRANSPORT_TCP,
                                                   bind, sizeof bind),
                      KEEL_OK);
     ck_assert_str_eq(bind, "tcp://*:5000");
@@ -611,17 +617,21 @@ START_TEST(test_check_hosts_names_unresolvable_foreign_and_shared)
                            KEEL_TASK_PS, 0);
     ck_assert_int_eq(keel_cluster_spec_check_hosts(s, NULL), KEEL_OK);
     ck_assert_int_eq(keel__cluster_bind_endpoints(s, KEEL_TASK_PS, 0, NULL,
+                                                  KEEL_LOCAL_TRANSPORT_TCP,
                                                   bind, sizeof bind),
                      KEEL_OK);
     ck_assert_msg(strstr(bind, "tcp://127.0.0.1:4100") != NULL, "%s", bind);
     ck_assert_ptr_null(strstr(bind, "*"));
     ck_assert_int_eq(keel__cluster_bind_endpoints(s, KEEL_TASK_PS, 0, "lo",
+                                                  KEEL_LOCAL_TRANSPORT_TCP,
                                                   bind, sizeof bind),
                      KEEL_OK);
     ck_assert_msg(strstr(bind, "tcp://127.0.0.1:4100") != NULL, "%s", bind);
     ck_assert_int_eq(keel__cluster_bind_endpoints(s, KEEL_TASK_PS, 0,
-                                                  "no-such-if0", bind,
-                                                  sizeof bind), KEEL_EINVAL);
+                                                  "no-such-if0",
+                                                  KEEL_LOCAL_TRANSPORT_TCP,
+                                                  bind, sizeof bind),
+                     KEEL_EINVAL);
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "no-such-if0"));
     keel_cluster_spec_free(s);
 
@@ -1364,13 +1374,15 @@ server_main(void *arg)
     return NULL;
 }
 
+/* A ps over the test's two variables listening on bind, serving in a
+ * thread. */
 static void
-server_start(server *sv, const keel__curve *curve,
-             const keel__wire_limits *lim)
+server_start_at(server *sv, const keel__curve *curve,
+                const keel__wire_limits *lim, const char *bind)
 {
     int64_t ws[2] = { 2, 3 }, bs[1] = { 3 };
     keel_var *w, *b;
-    keel__ps_config cfg = { .bind = "tcp://127.0.0.1:*", .curve = curve,
+    keel__ps_config cfg = { .bind = bind, .curve = curve,
                             .serve = ps_skel_serve };
     memset(sv, 0, sizeof *sv);
     ck_assert_int_eq(keel_vars_new(&sv->vars), KEEL_OK);
@@ -1385,11 +1397,21 @@ server_start(server *sv, const keel__curve *curve,
     cfg.vars = sv->vars;
     if (lim)
         cfg.limits = *lim;
-    ck_assert_int_eq(keel__ps_new(&cfg, &sv->ps), KEEL_OK);
-    ck_assert_int_eq(strncmp(keel__ps_endpoint(sv->ps), "tcp://127.0.0.1:",
-                             16), 0);
+    ck_assert_msg(keel__ps_new(&cfg, &sv->ps) == KEEL_OK, "%s",
+                  keel_last_error());
+    /* the endpoint bound last: the Unix socket after the tcp ones */
+    ck_assert_int_eq(strncmp(keel__ps_endpoint(sv->ps),
+                             strstr(bind, "ipc://") ? "ipc://" : "tcp://",
+                             6), 0);
     atomic_store(&sv->stop, 0);
     ck_assert_int_eq(pthread_create(&sv->th, NULL, server_main, sv), 0);
+}
+
+static void
+server_start(server *sv, const keel__curve *curve,
+             const keel__wire_limits *lim)
+{
+    server_start_at(sv, curve, lim, "tcp://127.0.0.1:*");
 }
 
 static void
@@ -1973,6 +1995,169 @@ START_TEST(test_token_admits_the_job_tasks_only)
     keel__curve_clear(&w0c);
     keel__curve_clear(&w1c);
     keel__curve_clear(&wrong);
+}
+END_TEST
+
+/* The ps of a loopback spec at bind: its socket file exists within 10 s. */
+static void
+wait_socket(const char *path)
+{
+    int64_t deadline = tu_now_ms() + 10000;
+    struct stat st;
+    while ((stat(path, &st) != 0 || !S_ISSOCK(st.st_mode)) &&
+           tu_now_ms() < deadline)
+        usleep(5000);
+    ck_assert_msg(stat(path, &st) == 0 && S_ISSOCK(st.st_mode),
+                  "no socket %s", path);
+}
+
+/* cluster.local_transport auto: a ps on this host also listens on its
+ * Unix socket, a peer of this host computes the same path and connects
+ * there once it exists; the token is checked over it as over tcp; a socket
+ * file left by a killed ps does not stop its successor from binding. */
+START_TEST(test_local_ps_over_ipc_checks_the_token_and_rebinds)
+{
+    const char *token = "0123456789abcdef-the-job";
+    int ps_port = tu_held_port(), w_port = tu_held_port();
+    char ps_addr[64], w_addr[64], ps_bind[KEEL__BIND_ENDPOINTS_MAX];
+    char tcp_bind[256], path[256], ep[300], want[600];
+    keel_cluster_spec *s;
+    keel__curve srv, w0c, wrong;
+    keel__wire_client *w0, *bad, *none;
+    keel__wire_header h = { .type = KEEL_MSG_PULL,
+                            .flags = KEEL_WIRE_F_NAMES_ONLY };
+    keel__wire_msg r;
+    server sv;
+    pid_t child;
+    int status;
+
+    snprintf(ps_addr, sizeof ps_addr, "127.0.0.1:%d", ps_port);
+    snprintf(w_addr, sizeof w_addr, "127.0.0.1:%d", w_port);
+    s = tu_spec_from_lists(ps_addr, w_addr, NULL, KEEL_TASK_PS, 0);
+    ck_assert_int_eq(keel_cluster_spec_validate(s), KEEL_OK);
+    ck_assert_int_eq(keel__cluster_bind_endpoints(s, KEEL_TASK_PS, 0, NULL,
+                                                  KEEL_LOCAL_TRANSPORT_TCP,
+                                                  tcp_bind, sizeof tcp_bind),
+                     KEEL_OK);
+    ck_assert_ptr_null(strstr(tcp_bind, "ipc://"));
+    ck_assert_int_eq(keel__cluster_bind_endpoints(s, KEEL_TASK_PS, 0, NULL,
+                                                  KEEL_LOCAL_TRANSPORT_AUTO,
+                                                  ps_bind, sizeof ps_bind),
+                     KEEL_OK);
+    ck_assert_int_eq(keel__cluster_ipc_path(ps_addr, 0, path, sizeof path),
+                     1);
+    snprintf(want, sizeof want, "%s ipc://%s", tcp_bind, path);
+    ck_assert_str_eq(ps_bind, want);
+    /* a host of another machine has none */
+    ck_assert_int_eq(keel__cluster_ipc_path("192.0.2.1:2222", 0, path,
+                                            sizeof path), 0);
+    ck_assert_int_eq(keel__cluster_ipc_path(ps_addr, 0, path, sizeof path),
+                     1);
+    unlink(path);               /* a file of an earlier run on this port */
+    /* no socket yet, or tcp asked for: tcp */
+    ck_assert_int_eq(keel__cluster_peer_endpoint(ps_addr,
+                                                 KEEL_LOCAL_TRANSPORT_AUTO,
+                                                 ep, sizeof ep), KEEL_OK);
+    snprintf(want, sizeof want, "tcp://%s", ps_addr);
+    ck_assert_str_eq(ep, want);
+
+    memset(&srv, 0, sizeof srv);
+    memset(&w0c, 0, sizeof w0c);
+    memset(&wrong, 0, sizeof wrong);
+    ck_assert_int_eq(keel__auth_token(&srv, token, KEEL_TASK_PS, 0),
+                     KEEL_OK);
+    ck_assert_int_eq(keel__auth_token(&w0c, token, KEEL_TASK_WORKER, 0),
+                     KEEL_OK);
+    ck_assert_int_eq(keel__auth_token(&wrong, "another-job-token-0000",
+                                      KEEL_TASK_WORKER, 0), KEEL_OK);
+
+    /* a ps killed while listening leaves its socket file behind */
+    child = fork();
+    ck_assert_int_ge(child, 0);
+    if (child == 0) {
+        keel__ps *ps = NULL;
+        keel_vars *vs = NULL;
+        keel__ps_config cfg = { .bind = ps_bind, .curve = &srv,
+                                .serve = ps_skel_serve };
+        if (keel_vars_new(&vs) != KEEL_OK)
+            _exit(3);
+        cfg.vars = vs;
+        if (keel__ps_new(&cfg, &ps) != KEEL_OK)
+            _exit(4);
+        for (;;)
+            pause();
+    }
+    wait_socket(path);
+    ck_assert_int_eq(kill(child, SIGKILL), 0);
+    ck_assert_int_eq(waitpid(child, &status, 0), child);
+    ck_assert(WIFSIGNALED(status));
+    ck_assert_int_eq(access(path, F_OK), 0);
+    ck_assert_int_eq(keel__cluster_peer_endpoint(ps_addr,
+                                                 KEEL_LOCAL_TRANSPORT_TCP,
+                                                 ep, sizeof ep), KEEL_OK);
+    ck_assert_str_eq(ep, want);
+
+    /* its successor binds the same endpoints */
+    atomic_store(&n_warned, 0);
+    keel_log_set_handler(count_warnings, NULL, KEEL_LOG_WARN);
+    server_start_at(&sv, &srv, NULL, ps_bind);
+    wait_socket(path);
+    ck_assert_int_eq(keel__cluster_peer_endpoint(ps_addr,
+                                                 KEEL_LOCAL_TRANSPORT_AUTO,
+                                                 ep, sizeof ep), KEEL_OK);
+    snprintf(want, sizeof want, "ipc://%s", path);
+    ck_assert_str_eq(ep, want);
+    ck_assert_int_eq(keel__wire_client_new(ep, &w0c, KEEL_TASK_WORKER, 0,
+                                           &w0), KEEL_OK);
+    ck_assert_int_eq(keel__wire_client_new(ep, &wrong, KEEL_TASK_WORKER, 0,
+                                           &bad), KEEL_OK);
+    ck_assert_int_eq(keel__wire_client_new(ep, NULL, KEEL_TASK_WORKER, 0,
+                                           &none), KEEL_OK);
+    check_pull(w0, 0.0f, 10.0f);
+    /* without the job's token: refused by the ZAP handler, no answer */
+    ck_assert_int_eq(keel__wire_client_call(bad, &h, NULL, 0, 0, 400, &r),
+                     KEEL_ETIMEOUT);
+    keel__wire_msg_clear(&r);
+    ck_assert_int_eq(keel__wire_client_call(none, &h, NULL, 0, 0, 400, &r),
+                     KEEL_ETIMEOUT);
+    keel__wire_msg_clear(&r);
+    check_pull(w0, 0.0f, 10.0f);
+    /* a tcp-only task of this address leaves a live socket alone */
+    ck_assert_int_eq(keel__cluster_bind_endpoints(s, KEEL_TASK_PS, 0, NULL,
+                                                  KEEL_LOCAL_TRANSPORT_TCP,
+                                                  tcp_bind, sizeof tcp_bind),
+                     KEEL_OK);
+    ck_assert_int_eq(access(path, F_OK), 0);
+    keel__wire_client_free(w0);
+    keel__wire_client_free(bad);
+    keel__wire_client_free(none);
+    server_join(&sv);
+    keel_log_set_handler(NULL, NULL, KEEL_LOG_WARN);
+    ck_assert_int_eq(keel__ps_served(sv.ps), 2);
+    ck_assert_int_ge(atomic_load(&n_warned), 1);
+    server_free(&sv);
+    /* and removes a stale one */
+    {
+        struct sockaddr_un a;
+        int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+        memset(&a, 0, sizeof a);
+        a.sun_family = AF_UNIX;
+        ck_assert_uint_lt(strlen(path), sizeof a.sun_path);
+        memcpy(a.sun_path, path, strlen(path));
+        unlink(path);
+        ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+        close(fd);
+    }
+    ck_assert_int_eq(access(path, F_OK), 0);
+    ck_assert_int_eq(keel__cluster_bind_endpoints(s, KEEL_TASK_PS, 0, NULL,
+                                                  KEEL_LOCAL_TRANSPORT_TCP,
+                                                  tcp_bind, sizeof tcp_bind),
+                     KEEL_OK);
+    ck_assert_int_ne(access(path, F_OK), 0);
+    keel__curve_clear(&srv);
+    keel__curve_clear(&w0c);
+    keel__curve_clear(&wrong);
+    keel_cluster_spec_free(s);
 }
 END_TEST
 
@@ -3526,6 +3711,7 @@ cluster_suite(void)
         test_curve_admits_allowed_keys_only,
         test_curve_allowed_key_in_a_role_it_does_not_hold,
         test_token_admits_the_job_tasks_only,
+        test_local_ps_over_ipc_checks_the_token_and_rebinds,
         test_cli_keygen));
     tu_tcase(s, "seam", 30, NULL, NULL, TU_TESTS(
         test_seam_ps_run_and_training_session_on_a_cluster,

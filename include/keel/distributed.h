@@ -28,6 +28,17 @@ typedef enum keel_placement {
     KEEL_PLACEMENT_ROUND_ROBIN        /* variable i to ps i mod n */
 } keel_placement;
 
+/* How a task reaches a ps on its own host (cluster.local_transport). */
+typedef enum keel_local_transport {
+    /* A ps whose own address is an address of its host also listens on a
+     * Unix socket, /tmp/keel-<uid>/<host>-<port> (a directory only that
+     * user can enter), and a task whose ps address resolves to an address
+     * of its own host connects there when that socket exists, tcp
+     * otherwise. The job token or CURVE authenticate it as on tcp. */
+    KEEL_LOCAL_TRANSPORT_AUTO = 0,
+    KEEL_LOCAL_TRANSPORT_TCP          /* tcp always */
+} keel_local_transport;
+
 /* The update rule of a cluster: what a worker computes between its
  * communications with the ps (local steps, accumulation, when it pulls and
  * commits, what it commits) and how a ps applies a commit to the center
@@ -229,6 +240,9 @@ typedef struct keel_cluster_config {
      * reduce_leaves > 0, no backup workers, no chief_applies and one ps
      * task (KEEL_EINVAL otherwise). */
     int elastic;
+    /* A ps on the task's own host over a Unix socket (default auto) or
+     * tcp; every task of one host should use the same value. */
+    keel_local_transport local_transport;
 } keel_cluster_config;
 
 /* The defaults above. Cannot fail. */
