@@ -229,18 +229,19 @@ START_TEST(sync_1ps_2workers_trains_like_one_process)
 }
 END_TEST
 
-/* A rerun gives the same bits, and so does tcp instead of the Unix
- * sockets a cluster of one host uses by default (each task logs which). */
+/* A rerun gives the same bits, and so do the Unix sockets of
+ * cluster.local_transport=auto instead of tcp, the default (each task logs
+ * which). */
 START_TEST(sync_rerun_is_bitwise_identical)
 {
     cluster c;
     char d1[4200], d2[4200];
-    const char *sets[3] = { d1, NULL, NULL };
+    const char *sets[3] = { d1, "cluster.local_transport=auto", NULL };
     run_into(&c, 1, 2, "r1", d1, sizeof d1, sets);
     ck_assert_msg(log_has(&c, "worker0", "ps 0 over ipc://") &&
                   log_has(&c, "worker1", "ps 0 over ipc://"), "%s",
                   log_tail(&c, "worker1"));
-    sets[1] = "cluster.local_transport=tcp";
+    sets[1] = NULL;
     run_into(&c, 1, 2, "r2", d1, sizeof d1, sets);
     ck_assert(!log_has(&c, "worker0", "over ipc://"));
     ck_assert(!log_has(&c, "worker1", "over ipc://"));

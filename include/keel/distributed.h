@@ -35,8 +35,12 @@ typedef enum keel_local_transport {
      * user can enter), and a task whose ps address resolves to an address
      * of its own host connects there when that socket exists, tcp
      * otherwise. The job token or CURVE authenticate it as on tcp. */
-    KEEL_LOCAL_TRANSPORT_AUTO = 0,
-    KEEL_LOCAL_TRANSPORT_TCP          /* tcp always */
+    KEEL_LOCAL_TRANSPORT_AUTO = 1,
+    /* tcp always (default): a worker frozen with a reply queued to it
+     * holds far less in a Unix socket's buffers than in tcp's, so with
+     * backup workers a frozen one would stall the ps sooner (the known
+     * limitation in docs/operations.md) */
+    KEEL_LOCAL_TRANSPORT_TCP = 0
 } keel_local_transport;
 
 /* The update rule of a cluster: what a worker computes between its
