@@ -45,7 +45,7 @@ for R in 2 4 8; do
     /usr/bin/python3 - "$OUT/bytes-$R.log" "$R" >> "$OUT/bytes.jsonl" <<'PY'
 import json, re, sys
 text, R = open(sys.argv[1]).read(), int(sys.argv[2])
-floats = int(re.search(r"collective: rank \d+ of \d+, (\d+) gradient floats", text).group(1))
+floats = int(re.search(r"collective: rank \d+ of \d+(?: on \S+)?, (\d+) gradient floats", text).group(1))
 c = [(float(a), float(b)) for a, b in re.findall(
     r"collective: rank \d+: .*per step (\d+) bytes sent to and (\d+) received", text)]
 assert len(c) == R, c
