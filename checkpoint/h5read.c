@@ -544,13 +544,16 @@ open_shards(ck_file *f, const ck_link *links, size_t n_links)
         st = keel__fail(KEEL_ENOMEM, "checkpoint %s: dataset table",
                         f->path);
     if (st == KEEL_OK) {
-        memcpy(all, f->d, f->n_vars * sizeof *all);
+        if (f->n_vars > 0)      /* f->d is NULL when the index has none */
+            memcpy(all, f->d, f->n_vars * sizeof *all);
         m = f->n_vars;
         for (size_t i = 0; i < n; i++)
             if (got[i].e.slot[0] == '\0')
                 all[m++] = got[i];
         nv = m;
-        memcpy(all + m, f->d + f->n_vars, (f->n - f->n_vars) * sizeof *all);
+        if (f->n > f->n_vars)
+            memcpy(all + m, f->d + f->n_vars,
+                   (f->n - f->n_vars) * sizeof *all);
         m += f->n - f->n_vars;
         for (size_t i = 0; i < n; i++)
             if (got[i].e.slot[0] != '\0')
