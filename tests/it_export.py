@@ -27,7 +27,7 @@ import tempfile
 import h5py
 import numpy as np
 
-from py_common import (FMNIST, Tally, attr_list, ckpt_variables, keel,
+from py_common import (onnx_export_checked, FMNIST, Tally, attr_list, ckpt_variables, keel,
                        onnx_run, read_safetensors, write_fmnist_slice)
 
 SRC = os.environ.get("KEEL_SRCDIR", ".")
@@ -230,15 +230,7 @@ def export_checks(d, kind, x, y):
               "it)")
         return
     ox = os.path.join(d, kind + ".onnx")
-    keel("export", ckpt, "--format", "onnx", "-o", ox)
-    model = onnx.load(ox)
-    try:
-        onnx.checker.check_model(model, full_check=True)
-        ok = True
-    except Exception as e:             # the checker's own exception types
-        print(e, file=sys.stderr)
-        ok = False
-    check(ok, "%s: onnx.checker.check_model" % kind)
+    model = onnx_export_checked(check, ckpt, ox, kind)
     inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     check(set(inits) == set(variables) and all(
         inits[n].dtype == np.float32 and

@@ -25,7 +25,7 @@ import tempfile
 import h5py
 import numpy as np
 
-from py_common import (BUILD, Tally, attr_list, ckpt_variables,
+from py_common import (onnx_export_checked, BUILD, Tally, attr_list, ckpt_variables,
                        conv_nchw, keel, maxpool_nchw, onnx_run,
                        read_safetensors, run, softmax)
 
@@ -123,18 +123,9 @@ def described_checks(d, kind):
           meta["global_step"] == "7", "%s: safetensors metadata" % kind)
 
     # onnx
-    import onnx
     from onnx import numpy_helper
     ox = os.path.join(d, kind + ".onnx")
-    keel("export", ckpt, "--format", "onnx", "-o", ox)
-    model = onnx.load(ox)
-    try:
-        onnx.checker.check_model(model, full_check=True)
-        ok = True
-    except Exception as e:             # the checker's own exception types
-        print(e, file=sys.stderr)
-        ok = False
-    check(ok, "%s: onnx.checker.check_model" % kind)
+    model = onnx_export_checked(check, ckpt, ox, kind)
     inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     check(set(inits) == layer_vars and
           all(same_bits(inits[n], variables[n]) for n in inits),

@@ -137,6 +137,22 @@ def attr_list(group, name):
     return [n.decode("utf8") if hasattr(n, "decode") else n for n in raw]
 
 
+def onnx_export_checked(check, ckpt, out, kind):
+    """keel export --format onnx of ckpt into out, loaded and passed
+    through onnx.checker (full check) as one tallied check; the model."""
+    import onnx
+    keel("export", ckpt, "--format", "onnx", "-o", out)
+    model = onnx.load(out)
+    try:
+        onnx.checker.check_model(model, full_check=True)
+        ok = True
+    except Exception as e:             # the checker's own exception types
+        print(e, file=sys.stderr)
+        ok = False
+    check(ok, "%s: onnx.checker.check_model" % kind)
+    return model
+
+
 # ---- numpy: NCHW layers and a small ONNX interpreter ------------------------
 
 def softmax(x):
