@@ -20,7 +20,7 @@
  *   cc -o kfac_user kfac_user.c $(pkg-config --cflags --libs keel) -lopenblas -lm
  *   ./kfac_user /tmp/kfac_user_run [steps] [kfac|sgd] [chief|roles]
  *   keel launch --ps 1 --workers 1 -- ./kfac_user /tmp/kfac_user_c 200
- *   keel launch --ps 1 --workers 2 -- ./kfac_user /tmp/kfac_user_r 200 kfac roles
+ *   keel launch --ps 1 --workers 2 -- ./kfac_user /tmp/kfac_r 200 kfac roles
  */
 #include <math.h>
 #include <stdio.h>
