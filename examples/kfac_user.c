@@ -7,15 +7,20 @@
  * gradients at their pre-activation outputs of the loss of targets drawn
  * from the model's own predictions (the true Fisher). The third argument
  * "sgd" trains the same model with momentum SGD instead. The same program
- * runs as a cluster in K-FAC's chief mode: under `keel launch --ps 1
- * --workers 1 -- ./kfac_user DIR` each task finds its role in TF_CONFIG,
- * every task (the ps too) makes the same variables and K-FAC state, the
- * replicas compute gradients on their own examples, and the chief takes
- * the statistics and applies each step's K-FAC update to the mean.
+ * runs as a cluster under `keel launch`: each task finds its place in
+ * TF_CONFIG, every task (the ps too) makes the same variables and K-FAC
+ * state, and the fourth argument picks K-FAC's distributed mode. chief:
+ * the replicas compute gradients on their own examples, the chief takes
+ * the statistics and applies each step's K-FAC update to the mean. roles
+ * (3 or more replicas): replicas by index are gradient workers (the chief
+ * first), covariance workers (the statistics) and inverse workers (the
+ * layers' inverses); the chief preconditions with the newest inverses.
+ * Alone, both modes are the one-process K-FAC.
  *
  *   cc -o kfac_user kfac_user.c $(pkg-config --cflags --libs keel) -lopenblas -lm
- *   ./kfac_user /tmp/kfac_user_run [steps] [kfac|sgd]
+ *   ./kfac_user /tmp/kfac_user_run [steps] [kfac|sgd] [chief|roles]
  *   keel launch --ps 1 --workers 1 -- ./kfac_user /tmp/kfac_user_c 200
+ *   keel launch --ps 1 --workers 2 -- ./kfac_user /tmp/kfac_r 200 kfac roles
  */
 #include <math.h>
 #include <stdio.h>
@@ -246,6 +251,7 @@ main(int argc, char **argv)
     const char *dir = argc > 1 ? argv[1] : "kfac_user_run";
     long steps = argc > 2 ? strtol(argv[2], NULL, 10) : 200;
     int use_kfac = !(argc > 3 && strcmp(argv[3], "sgd") == 0);
+    keel_kfac_distributed mode = KEEL_KFAC_DIST_CHIEF;
     model *m = calloc(1, sizeof *m);
     keel_vars *vs = NULL;
     keel_cluster_spec *cluster = NULL;
@@ -262,6 +268,8 @@ main(int argc, char **argv)
     keel_status st = m != NULL ? KEEL_OK : KEEL_ENOMEM;
 
     keel_log_set_handler(log_line, NULL, KEEL_LOG_INFO);
+    if (st == KEEL_OK && argc > 4)            /* "chief" or "roles" */
+        st = keel_kfac_distributed_from_name(argv[4], &mode);
     if (st == KEEL_OK)
         make_data(m);
     keel_optimizer_config_init(&sgd, KEEL_OPT_MOMENTUM);
@@ -287,14 +295,16 @@ main(int argc, char **argv)
             m->replica = keel_cluster_spec_replica_index(cluster);
     }
     if (st == KEEL_OK && use_kfac) {
-        /* chief mode: the chief observes and applies; every task, the ps
-         * too, runs with the same cluster settings */
+        /* K-FAC distributed in this task's place: which task observes,
+         * which applies (alone: this one both) */
         keel_kfac_dist_config_init(&dc);
+        dc.mode = mode;
         dc.replica = m->replica;
         dc.replicas = m->replicas;
-        st = keel_kfac_dist_new(&dc, m->kfac, vs, &dist);
+        if (mode == KEEL_KFAC_DIST_ROLES)     /* the inverses' versions */
+            st = keel_kfac_dist_add_state(m->kfac, vs);
         if (st == KEEL_OK)
-            st = keel_kfac_dist_cluster_config(dist, &copts);
+            st = keel_kfac_dist_new(&dc, m->kfac, vs, &dist);
         m->observes = keel_kfac_dist_observes(dist);
     } else {
         copts.optimizer = &sgd;               /* what the ps apply */
@@ -303,7 +313,11 @@ main(int argc, char **argv)
     if (st == KEEL_OK)
         st = keel_session_install_signal_handlers();
     if (st == KEEL_OK && keel_cluster_spec_is_ps(cluster)) {
-        st = keel_ps_run(cluster, vs, &copts);
+        /* the ps take the cluster settings the session takes itself */
+        if (dist != NULL)
+            st = keel_kfac_dist_cluster_config(dist, &copts);
+        if (st == KEEL_OK)
+            st = keel_ps_run(cluster, vs, &copts);
         goto out;
     }
     keel_stop_at_step_hook_config_init(&stop_cfg);
@@ -324,10 +338,10 @@ main(int argc, char **argv)
     cfg.session.n_hooks = 1;
     cfg.cluster = cluster;
     cfg.cluster_config = &copts;
-    if (!use_kfac)
+    if (use_kfac)
+        cfg.kfac_dist = dist;                 /* alone or on the cluster */
+    else
         cfg.optimizer = &sgd;
-    else if (m->replicas == 1)                /* alone: K-FAC updates here */
-        cfg.session.updater = keel_kfac_updater(m->kfac);
     cfg.session.manager.checkpoint_dir = dir;
     cfg.save_checkpoint_steps = 100;
     cfg.log_step_count_steps = 100;

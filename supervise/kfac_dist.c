@@ -23,6 +23,7 @@
 #include <keel/session.h>
 #include <keel/train.h>
 #include "util.h"
+#include "supervise_int.h"
 
 /* Poll interval of a role task waiting for the next global step. */
 #define ROLE_POLL_NS 2000000L
@@ -339,7 +340,8 @@ kfac_dist_new_fp(const keel_kfac_dist_config *cfg, keel_kfac *k,
         cfg->replica >= cfg->replicas)
         return keel__fail(KEEL_EINVAL, "K-FAC distributed: replica %d of "
                           "%d", cfg->replica, cfg->replicas);
-    if (cfg->mode == KEEL_KFAC_DIST_ROLES &&
+    /* one replica trains alone: every mode is the one-process K-FAC */
+    if (cfg->mode == KEEL_KFAC_DIST_ROLES && cfg->replicas > 1 &&
         (st = keel_kfac_dist_config_role(cfg, &role, &index, counts)) !=
         KEEL_OK)
         return st;
@@ -355,7 +357,7 @@ kfac_dist_new_fp(const keel_kfac_dist_config *cfg, keel_kfac *k,
     memcpy(d->counts, counts, sizeof counts);
     d->nl = nl;
     dist_read_config(d, cfg);
-    if (cfg->mode == KEEL_KFAC_DIST_CHIEF) {
+    if (cfg->mode == KEEL_KFAC_DIST_CHIEF || cfg->replicas == 1) {
         *out = d;               /* the chief's update is keel_kfac_apply */
         return KEEL_OK;
     }
@@ -394,9 +396,21 @@ keel_kfac_dist_observes(const keel_kfac_dist *d)
 {
     if (d == NULL)
         return 0;
-    return d->cfg.mode == KEEL_KFAC_DIST_CHIEF ? d->cfg.replica == 0
-                                               : d->role ==
-                                                 KEEL_KFAC_ROLE_COVARIANCE;
+    if (d->cfg.mode == KEEL_KFAC_DIST_CHIEF || d->cfg.replicas == 1)
+        return d->cfg.replica == 0;
+    return d->role == KEEL_KFAC_ROLE_COVARIANCE;
+}
+
+keel_kfac *
+keel__kfac_dist_kfac(const keel_kfac_dist *d)
+{
+    return d->k;
+}
+
+const keel_kfac_dist_config *
+keel__kfac_dist_config(const keel_kfac_dist *d)
+{
+    return &d->cfg;
 }
 
 void
@@ -547,6 +561,16 @@ queue_at(keel_kfac_dist *d, int64_t q)
     return d->perm[q % d->nl];
 }
 
+/* Whether every layer has inverses from the inverse workers. */
+static int
+has_every_inverse(const keel_kfac_dist *d)
+{
+    int missing = 0;
+    for (int i = 0; i < d->nl; i++)
+        missing |= d->ver[i]->data[0] < 0.0f;
+    return !missing;
+}
+
 /* Inverse worker: the next op of the queue (this task takes positions
  * index, index + n, ...): the layer's factors from the ps, its damped
  * inverses, published with the step; once every layer has inverses, one
@@ -593,6 +617,13 @@ inverse_apply(keel_kfac_dist *d, int64_t step)
     } else {
         nap();                  /* no statistics yet: poll */
     }
+    /* Once every layer has inverses the chief steps on: the step ends
+     * past the global step it began at, as a pushing replica's does, so
+     * the session's step count (a stop at the last step) is the
+     * cluster's. */
+    if (has_every_inverse(d) && (st = wait_step(d, step, 0, &now)) !=
+        KEEL_OK)
+        return st;
     return pull_weights(d);
 }
 
@@ -651,16 +682,6 @@ pull_new_inverses(keel_kfac_dist *d, int64_t global_step, int64_t *pulled)
         return st;
     }
     return KEEL_OK;
-}
-
-/* Whether every layer has inverses from the inverse workers. */
-static int
-has_every_inverse(const keel_kfac_dist *d)
-{
-    int missing = 0;
-    for (int i = 0; i < d->nl; i++)
-        missing |= d->ver[i]->data[0] < 0.0f;
-    return !missing;
 }
 
 /* Whether the chief may keep waiting for the first inverses: not once a
@@ -763,6 +784,12 @@ keel_kfac_dist_cluster_config(keel_kfac_dist *d, keel_cluster_config *co)
     if (d == NULL || co == NULL)
         return keel__fail(KEEL_EINVAL, "K-FAC cluster config: NULL "
                           "argument");
+    if (d->cfg.mode == KEEL_KFAC_DIST_ROLES && d->cfg.replicas == 1) {
+        keel_kfac_role role;
+        int index;
+        /* a cluster of one replica has no roles to split: the error */
+        return keel_kfac_dist_config_role(&d->cfg, &role, &index, NULL);
+    }
     /* K-FAC's update is not per variable: the chief applies it, its state
      * (factors, inverses, velocity) lives on the ps */
     co->optimizer = NULL;

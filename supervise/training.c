@@ -8,8 +8,10 @@
 #include <string.h>
 
 #include <keel/distributed.h>
+#include <keel/kfac_dist.h>
 #include <keel/supervise.h>
 #include "util.h"
+#include "supervise_int.h"
 #include "../session/session_int.h"
 
 /* What a training session made for itself and frees with it: the
@@ -106,10 +108,50 @@ check_strategy(const keel_training_config *cfg, int has_cluster,
     return KEEL_OK;
 }
 
+/* cfg->kfac_dist's replica and replicas against this task's: the spec's
+ * (NULL: alone, replica 0 of 1). */
+static keel_status
+check_kfac_dist(const keel_training_config *cfg,
+                const keel_cluster_spec *spec)
+{
+    const keel_kfac_dist_config *dc = keel__kfac_dist_config(cfg->kfac_dist);
+    int replica = 0, replicas = 1;
+    if (cfg->optimizer != NULL || cfg->session.updater.apply != NULL)
+        return keel__fail(KEEL_EINVAL, "training session: kfac_dist is the "
+                          "update rule; optimizer and session.updater must "
+                          "be unset");
+    if (spec != NULL) {
+        replica = keel_cluster_spec_replica_index(spec);
+        replicas = keel_cluster_spec_num_replicas(spec);
+    }
+    if (dc->replica != replica || dc->replicas != replicas)
+        return keel__fail(KEEL_EINVAL, "training session: kfac_dist is for "
+                          "replica %d of %d, but this task is replica %d of "
+                          "%d (keel_kfac_dist_config.replica, .replicas)",
+                          dc->replica, dc->replicas, replica, replicas);
+    return KEEL_OK;
+}
+
+/* K-FAC on the cluster backend just made: the handle pulls and mixes
+ * through it (roles mode), and a covariance or inverse worker's step ends
+ * in its role's work instead of a push. */
+static void
+kfac_dist_attach(keel_kfac_dist *d, training_owned *own)
+{
+    if (keel__kfac_dist_config(d)->mode != KEEL_KFAC_DIST_ROLES)
+        return;
+    keel_kfac_dist_set_backend(d, own->cluster);
+    if (keel_kfac_dist_role(d) != KEEL_KFAC_ROLE_GRADIENT) {
+        keel_updater u = keel_kfac_dist_role_updater(d);
+        own->backend.updater.ctx = u.ctx;
+        own->backend.updater.apply = u.apply;
+    }
+}
+
 /* The update rule and the cluster of cfg into sc (and *own): a cluster
  * backend when the spec (given or detected) has tasks, with the spec's
- * is_chief and the cluster's max_wait_secs, else the optimizer applied
- * here. */
+ * is_chief and the cluster's max_wait_secs, else the optimizer (or
+ * K-FAC) applied here. */
 static keel_status
 resolve_cluster(const keel_training_config *cfg, keel_session_config *sc,
                 training_owned *own)
@@ -146,14 +188,27 @@ resolve_cluster(const keel_training_config *cfg, keel_session_config *sc,
             keel_cluster_config_init(&co);
         if (co.optimizer == NULL)
             co.optimizer = cfg->optimizer;
+        if (cfg->kfac_dist != NULL &&
+            ((st = check_kfac_dist(cfg, spec)) != KEEL_OK ||
+             (st = keel_kfac_dist_cluster_config(cfg->kfac_dist, &co)) !=
+             KEEL_OK))
+            return keel__wrap(st, "training session");
         st = keel_cluster_backend_new(spec, sc->manager.vars, &co,
                                       &own->cluster);
         if (st != KEEL_OK)
             return keel__wrap(st, "training session");
         keel_cluster_backend_session_backend(own->cluster, &own->backend);
+        if (cfg->kfac_dist != NULL)
+            kfac_dist_attach(cfg->kfac_dist, own);
         sc->manager.backend = &own->backend;
         sc->is_chief = keel_cluster_spec_is_chief(spec);
         sc->max_wait_secs = co.max_wait_secs;
+        return KEEL_OK;
+    }
+    if (cfg->kfac_dist != NULL) {
+        if ((st = check_kfac_dist(cfg, NULL)) != KEEL_OK)
+            return st;
+        sc->updater = keel_kfac_updater(keel__kfac_dist_kfac(cfg->kfac_dist));
         return KEEL_OK;
     }
     if (cfg->optimizer != NULL) {

@@ -1872,6 +1872,100 @@ START_TEST(test_final_checkpoint_failure_is_the_close_status)
 }
 END_TEST
 
+/* The step of test_training_session_takes_kfac_dist: a dense layer
+ * x (2 x 3) W (3 x 2) + b, gradients and K-FAC's statistics from fixed
+ * numbers. */
+static keel_status
+kfac_dist_step(void *ctx, keel_step *st)
+{
+    static const float x[6] = { 1, 2, 0.5f, -1, 0.25f, 3 };
+    static const float d[4] = { 0.5f, -0.25f, -1, 0.75f };
+    keel_grads *g = keel_step_grads(st);
+    float *gw = keel_grads_find(g, "dense/kernel")->data;
+    float *gb = keel_grads_find(g, "dense/bias")->data;
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 2; j++)
+            gw[i * 2 + j] = (x[i] * d[j] + x[3 + i] * d[2 + j]) / 2;
+    for (int j = 0; j < 2; j++)
+        gb[j] = (d[j] + d[2 + j]) / 2;
+    return keel_kfac_observe_layer(ctx, 0, x, d, 2,
+                                   keel_step_global_step(st));
+}
+
+/* keel_training_config.kfac_dist alone: the session applies the handle's
+ * K-FAC (any mode: one replica is one process); it refuses a handle of
+ * another replica count, an optimizer beside it, and a cluster config of
+ * roles mode with one replica. */
+START_TEST(test_training_session_takes_kfac_dist)
+{
+    static const int64_t ws[2] = { 3, 2 }, bs[1] = { 2 };
+    keel_vars *kv;
+    keel_var *w, *b;
+    keel_kfac_layers *lc;
+    keel_kfac *k;
+    keel_kfac_config kc;
+    keel_kfac_dist_config dc;
+    keel_kfac_dist *d, *d3;
+    keel_cluster_config co;
+    keel_optimizer_config sgd;
+    keel_training_config tc;
+    keel_session *s;
+    float before;
+    ck_assert_int_eq(keel_vars_new(&kv), KEEL_OK);
+    ck_assert_int_eq(keel_vars_create(kv, "dense/kernel", 2, ws,
+                                      KEEL_VAR_TRAINABLE, &w), KEEL_OK);
+    ck_assert_int_eq(keel_vars_create(kv, "dense/bias", 1, bs,
+                                      KEEL_VAR_TRAINABLE, &b), KEEL_OK);
+    for (int i = 0; i < 6; i++)
+        keel_var_tensor(w)->data[i] = 0.1f * (float)(i + 1);
+    before = keel_var_tensor(w)->data[0];
+    ck_assert_int_eq(keel_kfac_layers_new(&lc), KEEL_OK);
+    ck_assert_int_eq(keel_kfac_layers_add_dense(lc, w, b, NULL), KEEL_OK);
+    keel_kfac_config_init(&kc);
+    ck_assert_int_eq(keel_kfac_new_from_layers(&kc, lc, kv, &k), KEEL_OK);
+    keel_kfac_layers_free(lc);
+    ck_assert_int_eq(keel_kfac_dist_add_state(k, kv), KEEL_OK);
+    keel_kfac_dist_config_init(&dc);
+    dc.mode = KEEL_KFAC_DIST_ROLES;
+    ck_assert_int_eq(keel_kfac_dist_new(&dc, k, kv, &d), KEEL_OK);
+    ck_assert_int_eq(keel_kfac_dist_observes(d), 1);
+    keel_cluster_config_init(&co);
+    ck_assert_int_eq(keel_kfac_dist_cluster_config(d, &co), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "1 replica(s)"));
+
+    keel_training_config_init(&tc);
+    tc.session.manager.vars = kv;
+    tc.session.step = kfac_dist_step;
+    tc.session.step_ctx = k;
+    tc.log_step_count_steps = 0;
+    tc.kfac_dist = d;
+    ck_assert_int_eq(keel_training_session_new(&tc, &s), KEEL_OK);
+    ck_assert_int_eq(keel_session_run(s, NULL), KEEL_OK);
+    keel_session_free(s);
+    /* K-FAC's update ran: its EMA took the step's statistics */
+    ck_assert(keel_var_tensor(w)->data[0] != before);
+    ck_assert(keel_var_tensor(keel_vars_find(kv, "kfac/ema_weight"))
+                  ->data[0] > 0.0f);
+
+    keel_optimizer_config_init(&sgd, KEEL_OPT_SGD);
+    tc.optimizer = &sgd;
+    ck_assert_int_eq(keel_training_session_new(&tc, &s), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "kfac_dist"));
+    tc.optimizer = NULL;
+    dc.mode = KEEL_KFAC_DIST_CHIEF;
+    dc.replica = 1;
+    dc.replicas = 3;
+    ck_assert_int_eq(keel_kfac_dist_new(&dc, k, kv, &d3), KEEL_OK);
+    tc.kfac_dist = d3;
+    ck_assert_int_eq(keel_training_session_new(&tc, &s), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "replica 1 of 3"));
+    keel_kfac_dist_free(d3);
+    keel_kfac_dist_free(d);
+    keel_kfac_free(k);
+    keel_vars_free(kv);
+}
+END_TEST
+
 static Suite *
 session_suite(void)
 {
@@ -1879,6 +1973,7 @@ session_suite(void)
     tu_tcase(s, "session", 20, setup, teardown, TU_TESTS(
         test_clean_run_calls_hooks_in_order_and_end_clean,
         test_optimizer_updater_applies_the_optimizer,
+        test_training_session_takes_kfac_dist,
         test_no_update_rule_is_logged_once,
         test_user_hook_starts_from_keel_hook_init,
         test_backend_updater_wins_and_an_unused_updater_is_named,

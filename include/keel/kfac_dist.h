@@ -51,7 +51,8 @@ typedef struct keel_kfac_dist_config {
     keel_kfac_distributed mode;  /* default chief */
     /* This task's replica (the chief 0, worker i i + 1) and the cluster's
      * replicas (chief and workers); required on a cluster's training
-     * tasks (default 0 of 1: one process). */
+     * tasks (default 0 of 1: one process, where either mode is the
+     * one-process K-FAC: the task observes and applies). */
     int replica, replicas;
     /* chief: 1 aggregates ceil(0.6 N) of N >= 3 replicas' gradients a
      * step (tensorflow/kfac's convnet example); 0 (default) the cluster's
@@ -100,14 +101,17 @@ void keel_kfac_dist_free(keel_kfac_dist *d);
 keel_kfac_role keel_kfac_dist_role(const keel_kfac_dist *d);
 /* Whether this task runs the statistics (keel_kfac_observe or
  * keel_kfac_observe_layer) each step: the chief in chief mode, the
- * covariance workers in roles mode. */
+ * covariance workers in roles mode, the one replica of one process. */
 int keel_kfac_dist_observes(const keel_kfac_dist *d);
 /* The cluster settings K-FAC needs, into co (every task of the cluster,
  * the ps too, with the same): the chief applies the update (chief_applies,
  * chief_apply: this handle; no ps optimizer), in roles mode it commits
  * only the trainable variables and the ps aggregate the gradient workers'
  * pushes, and replicas_to_aggregate as the config says. d borrowed for
- * the cluster's life. */
+ * the cluster's life. Roles mode with one replica: KEEL_EINVAL, as
+ * keel_kfac_dist_config_role. MonitoredTrainingSession calls it (and the
+ * two below) itself for a handle in keel_training_config.kfac_dist; a
+ * program calls it for its ps (keel_ps_run). */
 keel_status keel_kfac_dist_cluster_config(keel_kfac_dist *d,
                                           keel_cluster_config *co);
 /* Roles mode: the worker backend the roles pull from and mix into

@@ -121,6 +121,17 @@ typedef struct keel_training_config {
      * multi_worker_mirrored needs session.manager.backend set from
      * keel_collective_session_backend (keel/distributed.h) and no cluster. */
     keel_strategy strategy;
+    /* K-FAC as the update rule (keel/kfac_dist.h), borrowed for the
+     * session's life; NULL: none. optimizer and session.updater must then
+     * be unset. Alone, the session applies the handle's K-FAC
+     * (keel_kfac_updater); the handle is for replica 0 of 1. On a cluster
+     * the handle is for this task's replica of the spec's replicas; the
+     * session applies keel_kfac_dist_cluster_config to its copy of
+     * cluster_config (the program does the same for its ps) and, in roles
+     * mode, gives the handle its worker backend and a covariance or
+     * inverse worker the role's updater in place of the backend's
+     * (keel_kfac_dist_set_backend, keel_kfac_dist_role_updater). */
+    struct keel_kfac_dist *kfac_dist;
 } keel_training_config;
 
 void keel_training_config_init(keel_training_config *cfg);
