@@ -449,11 +449,26 @@ typedef struct keel__hb_config {
     keel_task_type type;           /* the sender, as in requests */
     int index;
     uint64_t generation;
+    int dead_after_ms;             /* > 0: the connection itself proves a
+                                    * ps alive while it answers ZMTP pings
+                                    * (its I/O thread, however busy its
+                                    * serving thread), down after this
+                                    * long without traffic; 0: only keel
+                                    * HEARTBEAT answers count */
 } keel__hb_config;
 
 typedef struct keel__hb_peer {
     int64_t last_heard_ns;         /* monotonic; 0: never answered */
-    int64_t since_ns;              /* last_heard_ns, or the start */
+    int64_t since_ns;              /* the last sign of life: now while the
+                                    * connection is up (dead_after_ms > 0),
+                                    * else the later of last_heard_ns and
+                                    * the last traffic on the connection,
+                                    * or the start */
+    int link_up;                   /* the connection is up (dead_after_ms
+                                    * > 0 only) */
+    int64_t link_seen_ns;          /* the last traffic known on it: now
+                                    * while up; when it drops, the drop
+                                    * less the ping timeout */
     uint64_t generation;           /* the ps's incarnation */
     int64_t global_step;
     long beats;                    /* answers so far */

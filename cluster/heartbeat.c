@@ -4,7 +4,12 @@
  * incarnation, at which step, and what its current sync step still lacks.
  * The training thread reads snapshots while it waits for a step, so a dead
  * or restarted ps is noticed in about one interval, however long the step
- * legitimately waits for other replicas. */
+ * legitimately waits for other replicas.
+ * With dead_after_ms, the sockets also send ZMTP pings, which the ps's
+ * libzmq I/O thread answers: a ps whose serving thread is busy for longer
+ * than dead_after_ms (a large apply or INIT on a loaded machine) stays
+ * alive while its connection answers; a killed, frozen or cut-off one
+ * loses the connection after dead_after_ms without traffic. */
 #include <config.h>
 
 #include <errno.h>
@@ -29,6 +34,7 @@ struct keel__hb {
     keel_task_type type;
     int index;
     uint64_t generation;
+    int dead_after_ms;
     uint64_t next_id;
     keel__wire_limits limits;
     int64_t started_ns;
@@ -83,7 +89,9 @@ send_beats(keel__hb *hb)
     return missed;
 }
 
-/* Drain ps p's monitor; 1 if a connection to it was (re)established. */
+/* Drain ps p's monitor; 1 if a connection to it was (re)established.
+ * Keeps the peer's link state: up from a handshake, down from a drop
+ * (the last traffic then dead_after_ms before it: the ping timeout). */
 static int
 take_events(keel__hb *hb, int p)
 {
@@ -100,9 +108,21 @@ take_events(keel__hb *hb, int p)
         /* frame 1: uint16 event, uint32 value; frame 2: the endpoint */
         if (zmq_msg_size(&m) >= 2) {
             uint16_t ev;
+            int64_t now = keel__now_mono_ns();
             memcpy(&ev, zmq_msg_data(&m), sizeof ev);
-            if (ev == ZMQ_EVENT_HANDSHAKE_SUCCEEDED)
+            pthread_mutex_lock(&hb->mu);
+            if (ev == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
                 is_up = 1;
+                hb->peers[p].link_up = hb->dead_after_ms > 0;
+                hb->peers[p].link_seen_ns = now;
+            } else if (ev == ZMQ_EVENT_DISCONNECTED &&
+                       hb->peers[p].link_up) {
+                int64_t seen = now - (int64_t)hb->dead_after_ms * 1000000;
+                hb->peers[p].link_up = 0;
+                if (seen > hb->peers[p].link_seen_ns)
+                    hb->peers[p].link_seen_ns = seen;
+            }
+            pthread_mutex_unlock(&hb->mu);
         }
         zmq_msg_close(&m);
         while (zmq_getsockopt(hb->mons[p], ZMQ_RCVMORE, &more,
@@ -209,6 +229,7 @@ take_hb_config(keel__hb *hb, const keel__hb_config *cfg)
     hb->type = cfg->type;
     hb->index = cfg->index;
     hb->generation = cfg->generation;
+    hb->dead_after_ms = cfg->dead_after_ms > 0 ? cfg->dead_after_ms : 0;
     hb->next_id = 1;
     hb->started_ns = keel__now_mono_ns();
     keel__wire_limits_default(&hb->limits);
@@ -217,11 +238,14 @@ take_hb_config(keel__hb *hb, const keel__hb_config *cfg)
 }
 
 /* A DEALER to ps p (never blocking a send, queueing nothing for a peer
- * not connected) and the monitor that says when its handshake succeeds. */
+ * not connected; with dead_after_ms, pinging it at the interval and
+ * dropping the connection after dead_after_ms without traffic) and the
+ * monitor that says when its handshake succeeds and when it drops. */
 static keel_status
 connect_peer(keel__hb *hb, const keel__hb_config *cfg, int p)
 {
     int zero = 0, one = 1;
+    int ivl = hb->interval_ms, timeout = hb->dead_after_ms;
     char mon[64];
     keel_status st = KEEL_OK;
     void *s = zmq_socket(hb->zctx, ZMQ_DEALER);
@@ -232,6 +256,10 @@ connect_peer(keel__hb *hb, const keel__hb_config *cfg, int p)
     if ((st = keel__wire_sockopts(s, &hb->limits)) != KEEL_OK ||
         zmq_setsockopt(s, ZMQ_SNDTIMEO, &zero, sizeof zero) != 0 ||
         zmq_setsockopt(s, ZMQ_IMMEDIATE, &one, sizeof one) != 0 ||
+        (timeout > 0 &&
+         (zmq_setsockopt(s, ZMQ_HEARTBEAT_IVL, &ivl, sizeof ivl) != 0 ||
+          zmq_setsockopt(s, ZMQ_HEARTBEAT_TIMEOUT, &timeout,
+                         sizeof timeout) != 0)) ||
         (st = keel__curve_setup_client(
              s, cfg->curves != NULL ? &cfg->curves[p] : NULL)) != KEEL_OK)
         return st != KEEL_OK ? st
@@ -241,7 +269,8 @@ connect_peer(keel__hb *hb, const keel__hb_config *cfg, int p)
     hb->mons[p] = zmq_socket(hb->zctx, ZMQ_PAIR);
     if (hb->mons[p] == NULL ||
         zmq_setsockopt(hb->mons[p], ZMQ_LINGER, &zero, sizeof zero) != 0 ||
-        zmq_socket_monitor(s, mon, ZMQ_EVENT_HANDSHAKE_SUCCEEDED) != 0 ||
+        zmq_socket_monitor(s, mon, ZMQ_EVENT_HANDSHAKE_SUCCEEDED |
+                                       ZMQ_EVENT_DISCONNECTED) != 0 ||
         zmq_connect(hb->mons[p], mon) != 0)
         return keel__fail(KEEL_EIO, "heartbeat: monitor of ps %d: %s", p,
                           zmq_strerror(errno));
@@ -331,8 +360,12 @@ keel__hb_peer_get(keel__hb *hb, int p, keel__hb_peer *out)
     pthread_mutex_lock(&hb->mu);
     *out = hb->peers[p];
     pthread_mutex_unlock(&hb->mu);
-    out->since_ns = out->last_heard_ns ? out->last_heard_ns
-                                        : hb->started_ns;
+    if (out->link_up)
+        out->link_seen_ns = keel__now_mono_ns();
+    out->since_ns = out->last_heard_ns > out->link_seen_ns
+                        ? out->last_heard_ns : out->link_seen_ns;
+    if (out->since_ns == 0)
+        out->since_ns = hb->started_ns;
 }
 
 int

@@ -44,6 +44,7 @@ start_heartbeats(keel_cluster_backend *w)
     hc.type = keel_cluster_spec_task_type(w->spec);
     hc.index = keel_cluster_spec_task_index(w->spec);
     hc.generation = w->generation;
+    hc.dead_after_ms = w->o.in.dead_after_ms;
     if (st == KEEL_OK)
         st = keel__hb_start(&hc, &w->hb);
     free(eps);

@@ -3189,6 +3189,97 @@ START_TEST(test_heartbeat_on_reconnect_hears_a_restarted_ps)
 }
 END_TEST
 
+/* A ps whose serving thread is busy: every PULL first takes BUSY_MS. */
+#define BUSY_MS 1500
+static keel_status
+busy_serve(void *ctx, keel__ps *ps, keel__wire_msg *req)
+{
+    if (req->h.type == KEEL_MSG_PULL)
+        usleep(BUSY_MS * 1000);
+    return ps_skel_serve(ctx, ps, req);
+}
+
+/* A ps that is alive but busy for longer than dead_after_ms is not silent:
+ * its connection answers the heartbeat socket's ZMTP pings (libzmq's I/O
+ * thread) while its serving thread works. Once it is gone, its connection
+ * drops and the silence counts from its last traffic at once. */
+START_TEST(test_heartbeat_sees_a_busy_ps_alive_and_a_gone_one_silent)
+{
+    server sv;
+    keel__hb *hb;
+    keel__hb_config hc;
+    keel__hb_peer peer;
+    keel__wire_client *c;
+    keel__wire_header h;
+    keel__wire_msg r;
+    char ep[KEEL_ADDR_MAX + 16];
+    const char *eps[1];
+    int64_t t0, deadline, worst = 0, quiet = 0;
+    const int dead_ms = 600;
+    int64_t ws[2] = { 2, 3 };
+    keel__ps_config cfg = { .bind = "tcp://127.0.0.1:*",
+                            .serve = busy_serve };
+
+    memset(&sv, 0, sizeof sv);
+    ck_assert_int_eq(keel_vars_new(&sv.vars), KEEL_OK);
+    ck_assert_int_eq(keel_vars_create(sv.vars, "layer/w", 2, ws,
+                                      KEEL_VAR_TRAINABLE, NULL), KEEL_OK);
+    cfg.vars = sv.vars;
+    ck_assert_msg(keel__ps_new(&cfg, &sv.ps) == KEEL_OK, "%s",
+                  keel_last_error());
+    atomic_store(&sv.stop, 0);
+    ck_assert_int_eq(pthread_create(&sv.th, NULL, server_main, &sv), 0);
+
+    snprintf(ep, sizeof ep, "%s", keel__ps_endpoint(sv.ps));
+    eps[0] = ep;
+    memset(&hc, 0, sizeof hc);
+    hc.endpoints = eps;
+    hc.n = 1;
+    hc.interval_ms = 50;
+    hc.type = KEEL_TASK_WORKER;
+    hc.generation = 9;
+    hc.dead_after_ms = dead_ms;
+    ck_assert_int_eq(keel__hb_start(&hc, &hb), KEEL_OK);
+    ck_assert(keel__hb_wait(hb, 0, 0, 5000));
+
+    /* the serving thread sleeps in a PULL for 1.5 s: never silent */
+    ck_assert_int_eq(keel__wire_client_new(ep, NULL, KEEL_TASK_WORKER, 0, &c),
+                     KEEL_OK);
+    memset(&h, 0, sizeof h);
+    h.type = KEEL_MSG_PULL;
+    h.flags = KEEL_WIRE_F_NAMES_ONLY;
+    ck_assert_int_eq(keel__wire_client_send(c, &h, NULL, 0, 0, 3000),
+                     KEEL_OK);
+    t0 = tu_now_ms();
+    while (tu_now_ms() - t0 < BUSY_MS - 200) {
+        keel__hb_peer_get(hb, 0, &peer);
+        quiet = (keel__now_mono_ns() - peer.since_ns) / 1000000;
+        if (quiet > worst)
+            worst = quiet;
+        usleep(20000);
+    }
+    ck_assert_msg(worst < dead_ms, "a busy ps looked silent for %lld ms "
+                  "(dead after %d ms)", (long long)worst, dead_ms);
+    ck_assert_int_eq(keel__wire_client_wait(c, h.request_id, 1, 5000, &r),
+                     KEEL_OK);
+    keel__wire_msg_clear(&r);
+    keel__wire_client_free(c);
+
+    /* the ps goes away: its silence passes dead_after_ms within a second */
+    server_stop(&sv);
+    deadline = tu_now_ms() + 3000;
+    do {
+        usleep(20000);
+        keel__hb_peer_get(hb, 0, &peer);
+        quiet = (keel__now_mono_ns() - peer.since_ns) / 1000000;
+    } while (quiet <= dead_ms && tu_now_ms() < deadline);
+    ck_assert_msg(quiet > dead_ms, "a stopped ps still looked alive after "
+                  "3 s (quiet %lld ms)", (long long)quiet);
+    ck_assert_int_eq(peer.link_up, 0);
+    keel__hb_stop(hb);
+}
+END_TEST
+
 /* ---- the public seam (keel/distributed.h) -------------------------------- */
 
 static keel_vars *
@@ -3705,7 +3796,8 @@ cluster_suite(void)
         test_real_ps_applies_the_mean_with_a_backup_worker,
         test_global_step_waiter_hook_sees_the_cluster_step,
         test_heartbeats_see_the_step_state_and_a_restarted_ps,
-        test_heartbeat_on_reconnect_hears_a_restarted_ps));
+        test_heartbeat_on_reconnect_hears_a_restarted_ps,
+        test_heartbeat_sees_a_busy_ps_alive_and_a_gone_one_silent));
     tu_tcase(s, "security", 20, tu_setup, tu_teardown, TU_TESTS(
         test_keygen_writes_pair_with_modes_and_never_overwrites,
         test_curve_admits_allowed_keys_only,
