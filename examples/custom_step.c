@@ -9,7 +9,11 @@
  * docs/algorithms.md). The step computes the mean gradient over its own
  * examples and says how many they were (keel_grads_set_examples); the ps
  * apply the example-weighted mean of the replicas' gradients, so one
- * process and any number of replicas take the same steps.
+ * process and any number of replicas take the same steps. Its loss is a
+ * metric (keel_step_set_metric: the sum over its examples and their
+ * count); a hook prints it every 100 steps after the step, when it is the
+ * mean over every replica of a sync step - the line one process prints
+ * (async mode: each replica's own loss).
  *
  *   cc -o custom_step custom_step.c $(pkg-config --cflags --libs keel)
  *   ./custom_step /tmp/custom_step_run [steps]
