@@ -9,7 +9,11 @@
  * docs/algorithms.md). The step computes the mean gradient over its own
  * examples and says how many they were (keel_grads_set_examples); the ps
  * apply the example-weighted mean of the replicas' gradients, so one
- * process and any number of replicas take the same steps.
+ * process and any number of replicas take the same steps. Its loss is a
+ * metric (keel_step_set_metric: the sum over its examples and their
+ * count); a hook prints it every 100 steps after the step, when it is the
+ * mean over every replica of a sync step - the line one process prints
+ * (async mode: each replica's own loss).
  *
  *   cc -o custom_step custom_step.c $(pkg-config --cflags --libs keel)
  *   ./custom_step /tmp/custom_step_run [steps]
@@ -28,7 +32,9 @@ typedef struct data {
 
 /* Gradient of the mean squared error over the whole set, the mean over
  * its N examples (every replica computes it; a real program gives each
- * replica its slice of a batch and declares the slice's size). */
+ * replica its slice of a batch and declares the slice's size). The loss
+ * is a metric: its sum over the step's examples and their count, which
+ * the session combines over the replicas of a sync step. */
 static keel_status
 step(void *ctx, keel_step *st)
 {
@@ -37,10 +43,10 @@ step(void *ctx, keel_step *st)
     keel_grads *g = keel_step_grads(st);
     float w = keel_var_tensor(keel_vars_find(vs, "linear/w"))->data[0];
     float b = keel_var_tensor(keel_vars_find(vs, "linear/b"))->data[0];
-    double loss = 0, gw = 0, gb = 0;
+    double loss_sum = 0, gw = 0, gb = 0;
     for (int i = 0; i < N; i++) {
         double e = w * d->x[i] + b - d->y[i];
-        loss += e * e / N;
+        loss_sum += e * e;
         gw += 2 * e * d->x[i] / N;
         gb += 2 * e / N;
     }
@@ -48,12 +54,24 @@ step(void *ctx, keel_step *st)
     keel_grads_find(g, "linear/b")->data[0] = (float)gb;
     if (keel_grads_set_examples(g, N) != KEEL_OK)
         return KEEL_EINVAL;
-    if (keel_step_global_step(st) % 100 == 0) {
-        printf("step %lld: loss %.6f\n",
-               (long long)keel_step_global_step(st), loss);
+    return keel_step_set_metric(st, "loss", loss_sum, N);
+}
+
+/* The step line every 100 steps, printed after the step: the loss hooks
+ * read there is the mean over every replica of a sync step (async: this
+ * replica's own), the figure one process prints. */
+static keel_status
+print_loss(void *ctx, keel_run_context *rc, const keel_run_values *v)
+{
+    int64_t g = keel_run_values_step_before(v);
+    (void)ctx;
+    (void)rc;
+    if (g % 100 == 0) {
+        printf("step %lld: loss %.6f\n", (long long)g,
+               keel_run_values_get(v, "loss"));
         fflush(stdout);
     }
-    return keel_step_set_value(st, "loss", loss);
+    return KEEL_OK;
 }
 
 /* The synthetic set: y = 3x - 2 plus a little noise, the same in every
@@ -102,7 +120,7 @@ main(int argc, char **argv)
     keel_vars *vs = NULL;
     keel_cluster_spec *cluster = NULL;
     keel_session *s = NULL;
-    keel_hook stop = { 0 };
+    keel_hook hooks[2] = { { 0 } };     /* stop at the last step, print */
     keel_stop_at_step_hook_config stop_cfg;
     keel_optimizer_config sgd;
     keel_cluster_config copts;
@@ -137,16 +155,19 @@ main(int argc, char **argv)
     keel_stop_at_step_hook_config_init(&stop_cfg);
     stop_cfg.last_step = steps;                 /* absolute: restart safe */
     if (st == KEEL_OK)
-        st = keel_stop_at_step_hook_new(&stop_cfg, &stop);
+        st = keel_stop_at_step_hook_new(&stop_cfg, &hooks[0]);
     if (st != KEEL_OK)
         goto out;
+    keel_hook_init(&hooks[1]);
+    hooks[1].name = "print_loss";
+    hooks[1].after_run = print_loss;
 
     keel_training_config_init(&cfg);          /* TF's defaults */
     cfg.session.manager.vars = vs;
     cfg.session.step = step;
     cfg.session.step_ctx = &d;
-    cfg.session.hooks = &stop;
-    cfg.session.n_hooks = 1;
+    cfg.session.hooks = hooks;                /* on every replica */
+    cfg.session.n_hooks = 2;
     cfg.optimizer = &sgd;                     /* here, or on the ps */
     cfg.cluster = cluster;                    /* local: trains alone */
     cfg.cluster_config = &copts;
@@ -173,7 +194,7 @@ out:
     if (st != KEEL_OK)
         fprintf(stderr, "custom_step: %s\n", keel_last_error());
     keel_session_free(s);
-    keel_hook_release(&stop);
+    keel_hook_release(&hooks[0]);
     keel_cluster_spec_free(cluster);
     keel_vars_free(vs);
     return st == KEEL_OK ? 0 : 1;

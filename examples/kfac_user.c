@@ -128,7 +128,10 @@ back_to_hidden(model *m, keel_vars *vs, const float *dz, float *dh, int n)
 }
 
 /* One step on this replica's B examples: the mean loss's gradients; on
- * the observing task, K-FAC's statistics of both layers. */
+ * the observing task, K-FAC's statistics of both layers. The loss is a
+ * metric (its sum over the B examples and B), which the session combines
+ * over the replicas where the parameter servers combine the step (SGD on
+ * a cluster; in K-FAC's chief mode the chief's summary shows its own). */
 static keel_status
 step(void *ctx, keel_step *st)
 {
@@ -136,14 +139,14 @@ step(void *ctx, keel_step *st)
     keel_vars *vs = keel_step_vars(st);
     keel_grads *g = keel_step_grads(st);
     int64_t gs = keel_step_global_step(st);
-    double loss;
+    double loss_sum;
     keel_status s;
     for (int i = 0; i < B; i++) {
         int64_t e = ((gs * m->replicas + m->replica) * B + i) % N;
         memcpy(m->xb + i * D, m->x[e], sizeof m->x[e]);
         m->yb[i] = m->y[e];
     }
-    loss = forward(m, vs, m->xb, m->yb, B) / B;
+    loss_sum = forward(m, vs, m->xb, m->yb, B);
     for (int i = 0; i < B * C; i++)
         m->dz[i] = m->p[i] / B;
     for (int i = 0; i < B; i++)
@@ -186,7 +189,7 @@ step(void *ctx, keel_step *st)
                 KEEL_OK)
             return s;
     }
-    return keel_step_set_value(st, "loss", loss);
+    return keel_step_set_metric(st, "loss", loss_sum, B);
 }
 
 /* Glorot-uniform kernels, zero biases, from a fixed seed (the chief

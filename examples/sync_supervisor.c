@@ -7,7 +7,11 @@
  * one gradient per replica per step, the mean over the global batch
  * (SyncReplicas with tokens: no barrier in the program). The step is the
  * one a single process runs on the whole batch: 1, 2 or 3 replicas train
- * the same model (up to float rounding). The chief checkpoints to LOGDIR;
+ * the same model (up to float rounding). The loss is a metric (the sum
+ * over the replica's slice and the slice's size): after each step every
+ * replica reads the mean over the whole global batch, which the ps
+ * combine from the replicas' sums, and prints it every 50 steps - the
+ * line one process prints. The chief checkpoints to LOGDIR;
  * at max_steps it stops, writes the final checkpoint and stops the ps, and
  * the workers end.
  *
@@ -37,14 +41,16 @@ typedef struct run {
     float x[SET][DIM];
     float y[SET];
     int replica, replicas;            /* this replica's slice of a batch */
+    int64_t step;                     /* global step of the last step */
 } run;
 
 /* One replica's step: the mean log-loss gradient over its slice of the
- * global batch of this global step (key part 3 of the recipe). */
+ * global batch of this global step (key part 3 of the recipe), and the
+ * slice's summed loss as the metric "loss". */
 static keel_status
 step(void *ctx, keel_step *st)
 {
-    const run *r = ctx;
+    run *r = ctx;
     keel_vars *vs = keel_step_vars(st);
     const float *w = keel_var_tensor(keel_vars_find(vs, "logreg/w"))->data;
     float b = keel_var_tensor(keel_vars_find(vs, "logreg/b"))->data[0];
@@ -53,7 +59,8 @@ step(void *ctx, keel_step *st)
     int64_t g = keel_step_global_step(st);
     int per = BATCH / r->replicas;
     int first = (int)((g * BATCH) % SET) + r->replica * per;
-    double loss = 0;
+    double loss_sum = 0;
+    r->step = g;
     for (int k = 0; k < per; k++) {
         const float *x = r->x[(first + k) % SET];
         float yk = r->y[(first + k) % SET];
@@ -62,18 +69,14 @@ step(void *ctx, keel_step *st)
             z += w[j] * x[j];
         p = 1 / (1 + exp(-z));
         e = p - yk;                  /* d loss / d z */
-        loss -= (yk > 0 ? log(p + 1e-12) : log(1 - p + 1e-12)) / per;
+        loss_sum -= yk > 0 ? log(p + 1e-12) : log(1 - p + 1e-12);
         for (int j = 0; j < DIM; j++)
             gw[j] += (float)(e * x[j] / per);
         gb[0] += (float)(e / per);
     }
     if (keel_grads_set_examples(keel_step_grads(st), per) != KEEL_OK)
         return KEEL_EINVAL;
-    if (g % 50 == 0) {
-        printf("step %lld: loss %.4f\n", (long long)g, loss);
-        fflush(stdout);
-    }
-    return keel_step_set_value(st, "loss", loss);
+    return keel_step_set_metric(st, "loss", loss_sum, per);
 }
 
 /* The synthetic set, the same in every task (a fixed seed). */
@@ -108,13 +111,22 @@ create_variables(keel_vars **vs)
 }
 
 /* The training loop: steps until the supervisor should stop; the chief
- * requests the stop at max_steps. */
+ * requests the stop at max_steps. Every 50 steps the step's loss, the
+ * mean over every replica's slice (the Supervisor takes no hooks: read
+ * from the session after the step). */
 static keel_status
-train(keel_supervisor *sv, long max_steps)
+train(keel_supervisor *sv, run *r, long max_steps)
 {
     keel_status st = KEEL_OK;
+    double loss;
     while (st == KEEL_OK && !keel_supervisor_should_stop(sv)) {
         st = keel_supervisor_run_step(sv, NULL);
+        if (st == KEEL_OK && r->step % 50 == 0 &&
+            keel_session_find_value(keel_supervisor_session(sv), "loss",
+                                    &loss)) {
+            printf("step %lld: loss %.4f\n", (long long)r->step, loss);
+            fflush(stdout);
+        }
         if (st == KEEL_EOUTOFRANGE)          /* the chief stopped the ps */
             st = KEEL_OK;
         else if (st == KEEL_OK && keel_session_global_step(
@@ -214,7 +226,7 @@ main(int argc, char **argv)
         goto out;
     }
     if (st == KEEL_OK)
-        st = train(sv, max_steps);
+        st = train(sv, &r, max_steps);
     /* the chief writes the final checkpoint and stops the ps */
     stop_st = keel_supervisor_stop(sv);
     if (st == KEEL_OK)

@@ -689,6 +689,19 @@ keel_session_global_step(const keel_session *s)
     return keel_vars_global_step(s->vars);
 }
 
+int
+keel_session_find_value(const keel_session *s, const char *name, double *out)
+{
+    int slot;
+    if (s == NULL || name == NULL ||
+        (slot = keel__values_slot((keel__values *)&s->values, name, 0)) < 0 ||
+        s->values.v[slot].set_gen != s->values.gen)
+        return 0;
+    if (out != NULL)
+        *out = s->values.v[slot].value;
+    return 1;
+}
+
 keel_status
 keel_session_refresh(keel_session *s)
 {

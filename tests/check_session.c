@@ -1407,7 +1407,8 @@ metric_after(void *ctx, keel_run_context *rc, const keel_run_values *v)
  * replica (sums added, counts added: (0+1+2+3) / (1+2+3+4)), not the mean
  * of their means; each replica's own mean is "loss/replica_<i>"; a plain
  * value stays the replicas' mean. A metric over no example and a metric
- * past KEEL_MAX_METRICS are refused. */
+ * past KEEL_MAX_METRICS are refused. keel_session_find_value gives the
+ * hooks' figures after the step. */
 START_TEST(test_replicas_weigh_metrics_by_examples)
 {
     keel_hook h = { .struct_size = sizeof h, .name = "metrics",
@@ -1419,12 +1420,24 @@ START_TEST(test_replicas_weigh_metrics_by_examples)
     c.n_hooks = 1;
     c.replicas = 4;
     ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
+    ck_assert_int_eq(keel_session_find_value(s, "loss", NULL), 0);
     ck_assert_int_eq(keel_session_run(s, NULL), KEEL_OK);
     ck_assert(seen_loss == 6.0 / 10.0);
     ck_assert(seen_replica2 == 2.0 / 3.0);
     ck_assert(seen_lr == (0.5 + 1.0 + 1.5 + 2.0) / 4);
     ck_assert_int_eq(metric_status[0], KEEL_EINVAL);
     ck_assert_int_eq(metric_status[1], KEEL_ENOMEM);
+    /* after the step, the session gives what the hooks read */
+    {
+        double x = -1.0;
+        ck_assert_int_eq(keel_session_find_value(s, "loss", &x), 1);
+        ck_assert(x == 6.0 / 10.0);
+        ck_assert_int_eq(keel_session_find_value(s, "loss/replica_2", &x),
+                         1);
+        ck_assert(x == 2.0 / 3.0);
+        ck_assert_int_eq(keel_session_find_value(s, "no_such", &x), 0);
+        ck_assert(x == 2.0 / 3.0);
+    }
     keel_session_close(s);
     keel_session_free(s);
 }

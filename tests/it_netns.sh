@@ -19,17 +19,12 @@
 # KEEL_NETNS_KEEP=DIR keeps every task's log there.
 set -u
 
-builddir=${1:-${KEEL_BUILDDIR:-}}
-if [ -z "$builddir" ] || [ ! -x "$builddir/keel" ]; then
-  echo "it_netns.sh: usage: it_netns.sh BUILDDIR (with keel built in it)" >&2
-  exit 2
-fi
-keel=$(cd "$builddir" && pwd)/keel
+# shellcheck source=tests/netns_common.sh
+. "$(dirname "$0")/netns_common.sh"
+netns_builddir it_netns.sh "${1:-${KEEL_BUILDDIR:-}}"
 
 skip() { echo "SKIP: netns: $*"; exit 77; }
-[ "$(id -u)" -eq 0 ] || skip "needs root to make network namespaces (running as uid $(id -u))"
-command -v ip >/dev/null 2>&1 || skip "ip (iproute2) is not installed"
-command -v python3 >/dev/null 2>&1 || skip "python3 is needed to write the test data"
+netns_require
 
 tag=keeltest-$$
 hub=$tag-hub
@@ -39,68 +34,24 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/keel-netns-XXXXXX")
 pids=()
 
 cleanup() {
-  local p
-  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
-  for ns in "${all_ns[@]}"; do
-    # the processes inside are ours; a namespace with a process left in it
-    # is still deleted from the list (the kernel frees it when they end)
-    ip netns pids "$ns" 2>/dev/null | xargs -r kill -KILL 2>/dev/null
-    ip netns del "$ns" 2>/dev/null
-  done
-  if [ -n "${KEEL_NETNS_KEEP:-}" ]; then   # keep the logs for a look
-    mkdir -p "$KEEL_NETNS_KEEP" && cp "$work"/*.log "$KEEL_NETNS_KEEP"/ 2>/dev/null
-  fi
+  netns_cleanup
   rm -rf "$work"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM HUP
 
-if ! ip netns add "$hub" 2>"$work/err"; then
-  skip "cannot make a network namespace: $(tr '\n' ' ' <"$work/err")"
-fi
-if ! ip -n "$hub" link add br0 type bridge 2>"$work/err"; then
-  skip "cannot make a bridge in a namespace: $(tr '\n' ' ' <"$work/err")"
-fi
-ip -n "$hub" link set lo up
-ip -n "$hub" link set br0 up
+netns_hub "$hub"
 
 # addr_of NS: each task's private address; port 7000 in every namespace.
 declare -A addr=( ["$ns_ps"]=10.200.0.1 ["$ns_chief"]=10.200.0.2 ["$ns_w1"]=10.200.0.3 )
 declare -A hubif=( ["$ns_ps"]=v-ps ["$ns_chief"]=v-chief ["$ns_w1"]=v-w1 )
 for ns in "$ns_ps" "$ns_chief" "$ns_w1"; do
-  ip netns add "$ns" || exit 1
-  ip -n "$ns" link set lo up
-  ip link add "${hubif[$ns]}" netns "$hub" type veth peer name eth0 netns "$ns" || exit 1
-  ip -n "$hub" link set "${hubif[$ns]}" master br0
-  ip -n "$hub" link set "${hubif[$ns]}" up
+  netns_join "$ns" "$hub" "${hubif[$ns]}"
   ip -n "$ns" addr add "${addr[$ns]}/24" dev eth0
-  ip -n "$ns" link set eth0 up
 done
 
 # ---- data and config ---------------------------------------------------------
-python3 - "$work" <<'EOF' || exit 1
-import struct, sys
-d = sys.argv[1]
-for prefix, n, seed in (("train", 640, 1), ("t10k", 200, 2)):
-    s = seed
-    img = bytearray(struct.pack(">IIII", 0x803, n, 28, 28))
-    lab = bytearray(struct.pack(">II", 0x801, n))
-    for i in range(n):
-        c = i % 10
-        x = bytearray(784)
-        for k in range(784):
-            s = (s * 1664525 + 1013904223) & 0xffffffff
-            x[k] = s >> 27
-        r0, c0 = 2 + (c // 5) * 12, 2 + (c % 5) * 5
-        for r in range(r0, r0 + 6):
-            for q in range(c0, min(c0 + 6, 28)):
-                x[r * 28 + q] = 230
-        img += x
-        lab.append(c)
-    open(f"{d}/{prefix}-images-idx3-ubyte", "wb").write(img)
-    open(f"{d}/{prefix}-labels-idx1-ubyte", "wb").write(lab)
-EOF
+netns_write_data "$work" || exit 1
 
 # write_config NAME MODE MAX_STEPS [LOG_EVERY]
 write_config() {

@@ -35,17 +35,12 @@
 # never bits); KEEL_NETNS_KEEP=DIR keeps every task's log there.
 set -u
 
-builddir=${1:-${KEEL_BUILDDIR:-}}
-if [ -z "$builddir" ] || [ ! -x "$builddir/keel" ]; then
-  echo "it_netns_names.sh: usage: it_netns_names.sh BUILDDIR (with keel built in it)" >&2
-  exit 2
-fi
-keel=$(cd "$builddir" && pwd)/keel
+# shellcheck source=tests/netns_common.sh
+. "$(dirname "$0")/netns_common.sh"
+netns_builddir it_netns_names.sh "${1:-${KEEL_BUILDDIR:-}}"
 
 skip() { echo "SKIP: netns names: $*"; exit 77; }
-[ "$(id -u)" -eq 0 ] || skip "needs root to make network namespaces (running as uid $(id -u))"
-command -v ip >/dev/null 2>&1 || skip "ip (iproute2) is not installed"
-command -v python3 >/dev/null 2>&1 || skip "python3 is needed to write the test data"
+netns_require
 
 MAX_STEPS=300
 KILL_AT=30            # the chief's step after which the victim is killed
@@ -64,45 +59,24 @@ declare -A pid
 made_etc_netns=
 
 cleanup() {
-  local p n
-  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
-  for n in "${all_ns[@]}"; do
-    ip netns pids "$n" 2>/dev/null | xargs -r kill -KILL 2>/dev/null
-    ip netns del "$n" 2>/dev/null
-    # only the entries this script made: /etc/netns/<its namespace>
-    rm -rf "/etc/netns/$n"
-  done
+  local n
+  netns_cleanup
+  # only the entries this script made: /etc/netns/<its namespace>
+  for n in "${all_ns[@]}"; do rm -rf "/etc/netns/$n"; done
   [ -z "$made_etc_netns" ] || rmdir /etc/netns 2>/dev/null
-  if [ -n "${KEEL_NETNS_KEEP:-}" ]; then
-    mkdir -p "$KEEL_NETNS_KEEP" && cp "$work"/*.log "$KEEL_NETNS_KEEP"/ 2>/dev/null
-  fi
   rm -rf "$work"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM HUP
 
-if ! ip netns add "$hub" 2>"$work/err"; then
-  skip "cannot make a network namespace: $(tr '\n' ' ' <"$work/err")"
-fi
-if ! ip -n "$hub" link add br0 type bridge 2>"$work/err"; then
-  skip "cannot make a bridge in a namespace: $(tr '\n' ' ' <"$work/err")"
-fi
-ip -n "$hub" link set lo up
-ip -n "$hub" link set br0 up
+netns_hub "$hub"
 # flood multicast (IPv6 neighbour discovery) without waiting for a querier
 ip -n "$hub" link set br0 type bridge mcast_snooping 0 2>/dev/null
 
 declare -A v4=( [h1]=10.201.0.1 [h2]=10.201.0.2 [h3]=10.201.0.3 )
 declare -A v6=( [h1]=fd00:201::1 [h2]=fd00:201::2 [h3]=fd00:201::3 )
 for h in "${hosts[@]}"; do
-  n=${ns[$h]}
-  ip netns add "$n" || exit 1
-  ip -n "$n" link set lo up
-  ip link add "${hubif[$h]}" netns "$hub" type veth peer name eth0 netns "$n" || exit 1
-  ip -n "$hub" link set "${hubif[$h]}" master br0
-  ip -n "$hub" link set "${hubif[$h]}" up
-  ip -n "$n" link set eth0 up
+  netns_join "${ns[$h]}" "$hub" "${hubif[$h]}"
 done
 rate=${KEEL_NETNS_RATE:-200mbit}
 if [ "$rate" != off ]; then
@@ -160,28 +134,7 @@ set_family() {
 }
 
 # ---- data --------------------------------------------------------------------
-python3 - "$work" <<'EOF' || exit 1
-import struct, sys
-d = sys.argv[1]
-for prefix, n, seed in (("train", 640, 1), ("t10k", 200, 2)):
-    s = seed
-    img = bytearray(struct.pack(">IIII", 0x803, n, 28, 28))
-    lab = bytearray(struct.pack(">II", 0x801, n))
-    for i in range(n):
-        c = i % 10
-        x = bytearray(784)
-        for k in range(784):
-            s = (s * 1664525 + 1013904223) & 0xffffffff
-            x[k] = s >> 27
-        r0, c0 = 2 + (c // 5) * 12, 2 + (c % 5) * 5
-        for r in range(r0, r0 + 6):
-            for q in range(c0, min(c0 + 6, 28)):
-                x[r * 28 + q] = 230
-        img += x
-        lab.append(c)
-    open(f"{d}/{prefix}-images-idx3-ubyte", "wb").write(img)
-    open(f"{d}/{prefix}-labels-idx1-ubyte", "wb").write(lab)
-EOF
+netns_write_data "$work" || exit 1
 
 # write_config RUN: the job's config, its checkpoints in $work/RUN-ckpt.
 # Checkpoints every 25 steps bound what a ps restart recomputes.

@@ -5,7 +5,9 @@
 # every replica declares its slice's size and the ps apply the
 # example-weighted mean, the mean over the global batch, so the final
 # weights and Adagrad's accumulators agree with the run alone within
-# 1e-5 (each replica adds its own slice in float: not bitwise).
+# 1e-5 (each replica adds its own slice in float: not bitwise). The loss
+# is a metric the ps combine over the replicas: the chief's loss lines
+# (every 50 steps, 4 decimals) are the run alone's.
 #
 # Then kills, as a user meets them under keel launch (1 ps, the chief, 1
 # worker, plain SGD): the ps SIGKILLed mid-run, later the worker (each
@@ -56,8 +58,18 @@ for w in 1 2; do
         echo "sync_supervisor: $((w + 1)) replicas differ from one process by more than $tol"
         exit 1
     fi
+    grep '^step [0-9]*: loss ' "$dir/alone" >"$dir/loss1"
+    sed -n 's/^chief | \(step [0-9]*: loss \)/\1/p' "$dir/launch$w" \
+        >"$dir/loss$((w + 1))"
+    if [ "$(wc -l <"$dir/loss1")" -lt 2 ] ||
+       ! cmp -s "$dir/loss1" "$dir/loss$((w + 1))"; then
+        echo "sync_supervisor: the chief's loss lines on $((w + 1))" \
+             "replicas are not the run alone's:"
+        diff "$dir/loss1" "$dir/loss$((w + 1))" || true
+        exit 1
+    fi
 done
-echo "sync_supervisor: 1, 2 and 3 replicas agree"
+echo "sync_supervisor: 1, 2 and 3 replicas agree, their loss lines too"
 
 # ---- kills ------------------------------------------------------------------
 . "$KEEL_SRCDIR/tests/common.sh"

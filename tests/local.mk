@@ -45,7 +45,7 @@ EXTRA_DIST += tests/header_keel.sh tests/header_keel.c
 # own network namespaces, links cut and restored. Needs root and iproute2;
 # prints "SKIP: reason" and succeeds otherwise. Not part of `make check`
 # (quickstart.sh check and CI run it).
-EXTRA_DIST += tests/it_netns.sh
+EXTRA_DIST += tests/it_netns.sh tests/netns_common.sh
 check-netns: all
 	@$(abs_top_srcdir)/tests/it_netns.sh '$(abs_top_builddir)'; rc=$$?; \
 	if test $$rc = 77; then exit 0; fi; exit $$rc

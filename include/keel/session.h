@@ -417,6 +417,12 @@ void keel_session_free(keel_session *s);
 keel_vars *keel_session_vars(keel_session *s);
 keel_coord *keel_session_coord(keel_session *s);
 int64_t keel_session_global_step(const keel_session *s);
+/* The named value of the last step run, as hooks read it in after_run
+ * (keel_run_values_find: a metric combined over the step's replicas): 1
+ * and *out (may be NULL), or 0 when that step did not set it or no step
+ * ran. For loops without hooks (the Supervisor's). */
+int keel_session_find_value(const keel_session *s, const char *name,
+                            double *out);
 /* The shared global step in *step: on a cluster worker the parameter
  * servers' (the backend's read_global_step; without one, a refresh as
  * below), locally keel_session_global_step. Errors as the backend's
