@@ -4,16 +4,18 @@
 # slurm.conf of their own, every port, socket, state and log file in a
 # mkdtemp directory, no system daemon involved) runs
 #   sbatch   docs/deploy.md's batch script, as written there but for the
-#            output directory and the config path, submitted with
-#            --nodes=1 --ntasks-per-node=3: srun
-#            --resv-ports starts rank 0 the ps, ranks 1 and 2 the workers
-#            (rank 1, worker 0, the chief) from the variables srun sets;
+#            output root and the config path, submitted with --nodes=1
+#            --ntasks-per-node=3: srun --resv-ports=3 starts rank 0 the ps,
+#            ranks 1 and 2 the workers (rank 1, worker 0, the chief) from
+#            the variables srun sets; the ps serves on a reserved port
+#            (SLURM_STEP_RESV_PORTS, slurm.conf's MpiParams=ports);
 #   srun     `srun -n 3 keel train` on ports from cluster.port_base;
 #   pmix     `srun --mpi=pmix -n 2 keel train -s
 #            train.strategy=multi_worker_mirrored`: the ranks from PMIx;
 # a small sync MLP job on Fashion-MNIST. Each run's every task exits 0
-# (srun's and sbatch --wait's exit code) and its final checkpoint is
-# bitwise equal (`keel ckpt diff`) to the same job run in one process.
+# (srun's exit code; the batch job's, which is its srun's, from scontrol)
+# and its final checkpoint is bitwise equal (`keel ckpt diff`) to the same
+# job run in one process.
 # The daemons, the job's tasks and the directory are removed on exit,
 # failure or signal; every wait has a deadline.
 # Needs root (slurmd runs the tasks as their user), slurmctld, slurmd,
