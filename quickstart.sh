@@ -25,13 +25,16 @@ esac
 say() { printf '== %s\n' "$*"; }
 
 # ---- 1. Debian packages ---------------------------------------------------
-# Build tools, the libraries keel links, the test framework, the Python
-# packages the checkpoint-format test uses, and the seeds' dataset.
+# Build tools, the libraries keel links, the test framework, Open MPI and
+# Slurm (tests/it_slurm.sh starts its own daemons; Debian's services are not
+# needed), the Python packages the checkpoint-format test uses, and the
+# seeds' dataset.
 packages=(
   build-essential autoconf automake libtool pkg-config
   libhdf5-dev libopenblas-dev libzmq3-dev libsodium-dev libinih-dev zlib1g-dev
   libxxhash-dev libjson-c-dev libisal-dev check iproute2
   libopenmpi-dev openmpi-bin
+  slurmctld slurmd slurm-client munge
   python3 python3-h5py python3-numpy python3-onnx
   dataset-fashion-mnist
 )

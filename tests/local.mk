@@ -61,6 +61,14 @@ check-netns: all
 TESTS += tests/it_netns_names.sh
 EXTRA_DIST += tests/it_netns_names.sh bench/netns.sh
 
+# keel under a real one-node Slurm of its own (munged, slurmctld, slurmd on
+# free ports, every file in a temporary directory): docs/deploy.md's sbatch
+# script on reserved ports, srun -n 3 and srun --mpi=pmix
+# multi_worker_mirrored, each bitwise equal to one process. Needs root and
+# slurmctld, slurmd, slurm-client, munge; SKIP (77) otherwise.
+TESTS += tests/it_slurm.sh
+EXTRA_DIST += tests/it_slurm.sh
+
 # No dates, machine loads or lock paths of one run in the documentation or
 # in comments: those belong in bench/README.md (HACKING.md, "Style").
 TESTS += tests/docs_facts.py
