@@ -23,14 +23,14 @@
 static keel_status
 alloc_pins(keel__ps *ps)
 {
-    keel__wire_pin_init(&ps->pin);
+    keel__wire_pin_init(&ps->pin, 1);
     size_t n = keel_vars_count(ps->vars);
     ps->pins = calloc(n ? n : 1, sizeof *ps->pins);
     if (ps->pins == NULL)
         return keel__fail(KEEL_ENOMEM, "ps: %zu pins", n);
     ps->n_pins = n;
     for (size_t i = 0; i < ps->n_pins; i++)
-        keel__wire_pin_init(&ps->pins[i]);
+        keel__wire_pin_init(&ps->pins[i], 1);
     return KEEL_OK;
 }
 
