@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ps_int.h"
 #include "defaults.h"
@@ -155,6 +156,11 @@ keel__ps_free(keel__ps *ps)
 {
     if (ps == NULL)
         return;
+    /* Its Unix socket's file (bound last, after the tcp endpoints), which
+     * libzmq leaves behind: removed while this ps still holds its tcp
+     * port, so no successor of its address can have replaced it yet. */
+    if (strncmp(ps->endpoint, "ipc://", 6) == 0)
+        unlink(ps->endpoint + 6);
     /* The ROUTER first (linger 0: its connections go, pinned frames are
      * released), while the ZAP handler still answers the handshakes under
      * way; the context's end then stops the handler, which closes its
