@@ -265,13 +265,11 @@ const keel__config_key keel__config_keys[] = {
       "entry's host resolves to (an error when none is); *: every "
       "interface; an interface name (eth0): its addresses; or one address "
       "of this machine. The port is the entry's." },
-    { "cluster", "local_transport", T_ENUM, "tcp", NOLIM, "auto|tcp",
-      "auto: a ps on an address of its own host also listens on a Unix "
-      "socket in /tmp/keel-<uid> (private to the user), and tasks of that "
-      "host whose ps socket exists there connect over it, "
-      "with the same token or CURVE checks; tcp: tcp only, the default "
-      "(a frozen worker's queued reply stalls a ps sooner in a Unix "
-      "socket's smaller buffers: docs/cluster.md)." },
+    { "cluster", "local_transport", T_ENUM, "auto", NOLIM, "auto|tcp",
+      "auto, the default: a ps on an address of its own host also listens "
+      "on a Unix socket in /tmp/keel-<uid> (private to the user), and "
+      "tasks of that host whose ps socket exists there connect over it, "
+      "with the same token or CURVE checks; tcp: tcp only." },
     { "cluster", "workers", T_ADDR_LIST, "", NOLIM, NULL,
       "Workers, comma-separated host:port list." },
     { "cluster", "mode", T_ENUM, "sync", NOLIM, "sync|async",

@@ -257,17 +257,40 @@ keel_status keel__wire_recv(void *sock, int has_identity,
                             keel__wire_msg *m);
 
 /* Zero-copy send bookkeeping: every data frame sent with a pin keeps the
- * pinned buffer in use until libzmq releases it. Wait before changing or
- * freeing the data. */
+ * pinned buffer in use until libzmq releases it (the frame is written to
+ * the kernel, or its connection goes). Wait before changing or freeing
+ * the data, or (a tracking pin) hand the buffer over to the pin. */
+typedef struct keel__wire_pinned keel__wire_pinned;
 typedef struct keel__wire_pin {
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    long pending;
+    long pending;                /* frames in flight of buffers not handed
+                                  * over */
+    int track;                   /* per buffer: keel__wire_pin_hand_over */
+    keel__wire_pinned *bufs;     /* tracking: the frames in flight, by the
+                                  * address of their data */
 } keel__wire_pin;
-void keel__wire_pin_init(keel__wire_pin *p);
+/* A pin; track 1: it keeps the frames in flight per buffer, for
+ * keel__wire_pin_hand_over (a lookup per frame sent: for the few buffers
+ * of a variable, not a message of many). */
+void keel__wire_pin_init(keel__wire_pin *p, int track);
+/* After libzmq released every frame (its context terminated): frees what
+ * was handed over and not yet released. */
 void keel__wire_pin_destroy(keel__wire_pin *p);
-/* KEEL_ETIMEOUT if frames are still in flight after timeout_ms. */
+/* KEEL_ETIMEOUT if frames are still in flight after timeout_ms (frames of
+ * buffers handed over are not waited for). */
 keel_status keel__wire_pin_wait(keel__wire_pin *p, int timeout_ms);
+/* 1 when frames whose data lies in [buf, buf + bytes) are in flight under
+ * tracking pin p. */
+int keel__wire_pin_holds(keel__wire_pin *p, const void *buf, size_t bytes);
+/* Hand buf (bytes long) over to tracking pin p when frames whose data lies
+ * in it are in flight: p then frees it with free_fn once libzmq released
+ * the last of them, and the caller neither writes nor frees it again (it
+ * goes on with a copy). 1 when handed over; 0 when nothing was in flight,
+ * buf still the caller's. Never waits: a frozen reader of those frames
+ * holds only that buffer, not the caller's next change. */
+int keel__wire_pin_hand_over(keel__wire_pin *p, void *buf, size_t bytes,
+                             void (*free_fn)(void *));
 
 typedef struct keel__wire_out {
     const char *name;

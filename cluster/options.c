@@ -69,6 +69,7 @@ keel_cluster_config_init(keel_cluster_config *o)
     o->ready_retry_ms = KEEL__CLUSTER_READY_RETRY_MS;
     o->max_wait_secs = KEEL__CLUSTER_MAX_WAIT_SECS;
     o->send_buffer_kib = KEEL__CLUSTER_SEND_BUFFER_KIB;
+    o->local_transport = KEEL_LOCAL_TRANSPORT_AUTO;
     o->token = getenv("KEEL_CLUSTER_TOKEN");
     o->shutdown_at_end = 1;
     o->slurm_num_ps = KEEL__CLUSTER_SLURM_NUM_PS;

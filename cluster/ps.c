@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ps_int.h"
 #include "defaults.h"
@@ -23,14 +24,14 @@
 static keel_status
 alloc_pins(keel__ps *ps)
 {
-    keel__wire_pin_init(&ps->pin);
+    keel__wire_pin_init(&ps->pin, 1);
     size_t n = keel_vars_count(ps->vars);
     ps->pins = calloc(n ? n : 1, sizeof *ps->pins);
     if (ps->pins == NULL)
         return keel__fail(KEEL_ENOMEM, "ps: %zu pins", n);
     ps->n_pins = n;
     for (size_t i = 0; i < ps->n_pins; i++)
-        keel__wire_pin_init(&ps->pins[i]);
+        keel__wire_pin_init(&ps->pins[i], 1);
     return KEEL_OK;
 }
 
@@ -155,6 +156,11 @@ keel__ps_free(keel__ps *ps)
 {
     if (ps == NULL)
         return;
+    /* Its Unix socket's file (bound last, after the tcp endpoints), which
+     * libzmq leaves behind: removed while this ps still holds its tcp
+     * port, so no successor of its address can have replaced it yet. */
+    if (strncmp(ps->endpoint, "ipc://", 6) == 0)
+        unlink(ps->endpoint + 6);
     /* The ROUTER first (linger 0: its connections go, pinned frames are
      * released), while the ZAP handler still answers the handshakes under
      * way; the context's end then stops the handler, which closes its

@@ -186,8 +186,12 @@ void keel__ps_send_error(keel__ps *ps, keel__wire_msg *req, keel_status code,
 keel_status keel__ps_resolve(keel__ps *ps, const keel__wire_tensor *wt,
                              int want_shape, keel_var **vout,
                              keel_tensor **tout);
-/* The earlier replies of the n vars sent (their pins released), within
- * one deadline; KEEL_EUNAVAILABLE past it. */
+/* The n vars free to change: each buffer (value, slots) that earlier
+ * replies in flight still carry is handed over to its pin, a copy taking
+ * its place, so a reply queued to a reader that does not read (a frozen
+ * worker) holds neither the variable nor the step. Only where no copy can
+ * be made are those replies waited for, within one deadline;
+ * KEEL_EUNAVAILABLE past it. */
 keel_status keel__ps_wait_pins(keel__ps *ps, keel_var *const *vars,
                                size_t n);
 /* The update rule's record of what replica req's sender now holds: the

@@ -251,15 +251,49 @@ keel__ps_resolve(keel__ps *ps, const keel__wire_tensor *wt, int want_shape,
     return KEEL_OK;
 }
 
+/* t's buffer handed over to pin when replies in flight still carry it,
+ * a copy taking its place: those replies keep the values they were sent
+ * with and t may change at once, however long their reader (a frozen
+ * worker) leaves them queued. 0 when t is free to change; -1 when its
+ * frames must be waited for (no memory for the copy, a buffer t does not
+ * own). */
+static int
+unpin(keel__wire_pin *pin, keel_tensor *t)
+{
+    size_t bytes;
+    float *copy;
+    int r;
+    if (t == NULL || t->data == NULL)
+        return 0;
+    bytes = t->count * sizeof(float);
+    if (!keel__wire_pin_holds(pin, t->data, bytes))
+        return 0;
+    if (!t->is_owner || (copy = keel_aligned_alloc(bytes)) == NULL)
+        return -1;
+    memcpy(copy, t->data, bytes);
+    r = keel__wire_pin_hand_over(pin, t->data, bytes, keel_aligned_free);
+    if (r == 1)
+        t->data = copy;
+    else
+        keel_aligned_free(copy);
+    return r < 0 ? -1 : 0;
+}
+
 keel_status
 keel__ps_wait_pins(keel__ps *ps, keel_var *const *vars, size_t n)
 {
     int64_t deadline = keel__now_mono_ns() + (int64_t)PIN_WAIT_MS * 1000000;
     for (size_t i = 0; i < n; i++) {
-        int64_t left = deadline - keel__now_mono_ns();
+        keel__wire_pin *pin = pin_of(ps, vars[i]);
+        int64_t left;
+        int stuck = unpin(pin, keel_var_tensor(vars[i])) < 0;
+        for (size_t s = 0; s < keel_var_slot_count(vars[i]); s++)
+            stuck |= unpin(pin, keel_var_slot_at(vars[i], s, NULL)) < 0;
+        if (!stuck)
+            continue;
+        left = deadline - keel__now_mono_ns();
         if (left < 0 ||
-            keel__wire_pin_wait(pin_of(ps, vars[i]),
-                                (int)(left / 1000000)) != KEEL_OK)
+            keel__wire_pin_wait(pin, (int)(left / 1000000)) != KEEL_OK)
             return keel__fail(KEEL_EUNAVAILABLE, "ps %d busy: earlier "
                               "replies of '%s' not yet sent after %d ms",
                               ps->task_index, keel_var_name(vars[i]),

@@ -6,6 +6,7 @@
 #include <config.h>
 
 #include <errno.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -455,17 +456,77 @@ keel__wire_recv(void *sock, int has_identity, const keel__wire_limits *lim_in,
 
 /* ---- sending ------------------------------------------------------------ */
 
+/* A buffer handed over (keel__wire_pin_hand_over): freed with free_fn
+ * when its last frame is released. */
+typedef struct pin_owner {
+    void *buf;
+    void (*free_fn)(void *);
+    long frames;
+} pin_owner;
+
+/* A tracking pin's frames in flight whose data starts at data. */
+struct keel__wire_pinned {
+    const void *data;
+    long frames;
+    pin_owner *owner;            /* NULL: the caller's buffer */
+    keel__wire_pinned *next;
+};
+
 void
-keel__wire_pin_init(keel__wire_pin *p)
+keel__wire_pin_init(keel__wire_pin *p, int track)
 {
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
     p->pending = 0;
+    p->track = track;
+    p->bufs = NULL;
+}
+
+/* Under p->mu: one frame of e released; the owner to free, if that was
+ * its buffer's last. */
+static pin_owner *
+pinned_release(keel__wire_pin *p, keel__wire_pinned *e)
+{
+    pin_owner *done = NULL;
+    e->frames--;
+    if (e->owner != NULL) {
+        if (--e->owner->frames == 0)
+            done = e->owner;
+    } else {
+        p->pending--;
+    }
+    if (e->frames == 0) {
+        keel__wire_pinned **pp = &p->bufs;
+        while (*pp != e)
+            pp = &(*pp)->next;
+        *pp = e->next;
+        free(e);
+    }
+    return done;
+}
+
+static void
+owner_free(pin_owner *o)
+{
+    if (o == NULL)
+        return;
+    o->free_fn(o->buf);
+    free(o);
 }
 
 void
 keel__wire_pin_destroy(keel__wire_pin *p)
 {
+    while (p->bufs != NULL) {
+        keel__wire_pinned *e = p->bufs;
+        pin_owner *done = NULL;
+        for (long n = e->frames; n > 0; n--) {  /* e goes with its last */
+            pin_owner *d = pinned_release(p, e);
+            if (d != NULL)
+                done = d;
+        }
+        owner_free(done);
+    }
     pthread_cond_destroy(&p->cv);
     pthread_mutex_destroy(&p->mu);
 }
@@ -474,11 +535,97 @@ static void
 pin_release(void *data, void *hint)
 {
     keel__wire_pin *p = hint;
-    (void)data;
+    pin_owner *done = NULL;
     pthread_mutex_lock(&p->mu);
-    if (--p->pending == 0)
+    if (p->track) {
+        keel__wire_pinned *e = p->bufs;
+        while (e != NULL && e->data != data)
+            e = e->next;
+        if (e != NULL)
+            done = pinned_release(p, e);
+    } else {
+        p->pending--;
+    }
+    if (p->pending == 0)
         pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
+    owner_free(done);
+}
+
+/* Count one more frame of data in flight under p; 0 when a tracking pin
+ * has no memory for it (the frame is then copied). */
+static int
+pin_take(keel__wire_pin *p, const void *data)
+{
+    keel__wire_pinned *e = NULL;
+    pthread_mutex_lock(&p->mu);
+    if (p->track) {
+        for (e = p->bufs; e != NULL; e = e->next)
+            if (e->data == data && e->owner == NULL)
+                break;
+        if (e == NULL && (e = calloc(1, sizeof *e)) != NULL) {
+            e->data = data;
+            e->next = p->bufs;
+            p->bufs = e;
+        }
+        if (e == NULL) {
+            pthread_mutex_unlock(&p->mu);
+            return 0;
+        }
+        e->frames++;
+    }
+    p->pending++;
+    pthread_mutex_unlock(&p->mu);
+    return 1;
+}
+
+/* 1 when e's frames lie in [buf, buf + bytes) and are the caller's. */
+static int
+pinned_in(const keel__wire_pinned *e, const void *buf, size_t bytes)
+{
+    uintptr_t d = (uintptr_t)e->data, b = (uintptr_t)buf;
+    return e->owner == NULL && d >= b && d - b < bytes;
+}
+
+int
+keel__wire_pin_holds(keel__wire_pin *p, const void *buf, size_t bytes)
+{
+    int held = 0;
+    pthread_mutex_lock(&p->mu);
+    for (keel__wire_pinned *e = p->bufs; e != NULL && !held; e = e->next)
+        held = pinned_in(e, buf, bytes);
+    pthread_mutex_unlock(&p->mu);
+    return held;
+}
+
+int
+keel__wire_pin_hand_over(keel__wire_pin *p, void *buf, size_t bytes,
+                         void (*free_fn)(void *))
+{
+    pin_owner *o = malloc(sizeof *o);
+    long frames = 0;
+    if (o == NULL)
+        return -1;
+    pthread_mutex_lock(&p->mu);
+    for (keel__wire_pinned *e = p->bufs; e != NULL; e = e->next)
+        if (pinned_in(e, buf, bytes))
+            frames += e->frames;
+    if (frames > 0) {
+        o->buf = buf;
+        o->free_fn = free_fn;
+        o->frames = frames;
+        for (keel__wire_pinned *e = p->bufs; e != NULL; e = e->next)
+            if (pinned_in(e, buf, bytes)) {
+                p->pending -= e->frames;
+                e->owner = o;
+            }
+        if (p->pending == 0)
+            pthread_cond_broadcast(&p->cv);
+    }
+    pthread_mutex_unlock(&p->mu);
+    if (frames == 0)
+        free(o);
+    return frames > 0;
 }
 
 keel_status
@@ -557,14 +704,11 @@ static keel_status
 send_data(void *sock, const keel_tensor *t, keel__wire_pin *pin, int more)
 {
     zmq_msg_t f;
-    if (pin == NULL)
+    if (pin == NULL || !pin_take(pin, t->data))
         return send_bytes(sock, t->data, t->count * sizeof(float), more);
-    pthread_mutex_lock(&pin->mu);
-    pin->pending++;
-    pthread_mutex_unlock(&pin->mu);
     if (zmq_msg_init_data(&f, t->data, t->count * sizeof(float),
                           pin_release, pin) != 0) {
-        pin_release(NULL, pin);
+        pin_release(t->data, pin);
         return keel__fail(KEEL_ENOMEM, "send: data frame");
     }
     return send_frame(sock, &f, more);
@@ -707,7 +851,7 @@ keel__wire_client_new(const char *endpoint, const keel__curve *curve,
     c = calloc(1, sizeof *c);
     if (c == NULL)
         return keel__fail(KEEL_ENOMEM, "client: %zu bytes", sizeof *c);
-    keel__wire_pin_init(&c->pin);
+    keel__wire_pin_init(&c->pin, 0);
     c->type = type;
     c->index = index;
     c->generation = keel__wire_new_generation();

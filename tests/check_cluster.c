@@ -1009,7 +1009,7 @@ START_TEST(test_send_recv_round_trip_tensors_names_and_text)
     keel__wire_header h = { .type = KEEL_MSG_PULL_REPLY, .global_step = 9 };
     keel__wire_msg m;
     keel__wire_pin pin;
-    keel__wire_pin_init(&pin);
+    keel__wire_pin_init(&pin, 0);
     ck_assert_int_eq(zmq_bind(a, "inproc://rt"), 0);
     ck_assert_int_eq(zmq_connect(b, "inproc://rt"), 0);
     for (int i = 0; i < 5; i++) {
@@ -1059,6 +1059,75 @@ START_TEST(test_send_recv_round_trip_tensors_names_and_text)
     zmq_close(b);
     zmq_ctx_term(ctx);
     keel__wire_pin_destroy(&pin);
+}
+END_TEST
+
+static atomic_int n_handed_freed;
+
+static void
+count_handed_free(void *p)
+{
+    atomic_fetch_add(&n_handed_freed, 1);
+    keel_aligned_free(p);
+}
+
+/* A tracking pin: a buffer whose frames are still queued is handed over
+ * at once (not waited for); the receiver gets the values as they were
+ * sent while the sender writes its copy; the pin frees the buffer when
+ * the last frame is released, and a buffer with nothing in flight is not
+ * taken. */
+START_TEST(test_pin_hand_over_keeps_queued_frames_and_frees_them)
+{
+    void *ctx = zmq_ctx_new(), *a = zmq_socket(ctx, ZMQ_PAIR),
+         *b = zmq_socket(ctx, ZMQ_PAIR);
+    keel_tensor t;
+    keel__wire_out o = { "v", NULL, NULL };
+    keel__wire_header h = { .type = KEEL_MSG_PULL_REPLY, .global_step = 3 };
+    keel__wire_msg m;
+    keel__wire_pin pin;
+    float *old, *copy;
+    size_t bytes;
+    keel__wire_pin_init(&pin, 1);
+    atomic_store(&n_handed_freed, 0);
+    ck_assert_int_eq(zmq_bind(a, "inproc://handover"), 0);
+    ck_assert_int_eq(zmq_connect(b, "inproc://handover"), 0);
+    ck_assert_int_eq(keel_tensor_alloc(&t, 1, (int64_t[]){ 1000 }), KEEL_OK);
+    bytes = t.count * sizeof(float);
+    for (size_t i = 0; i < t.count; i++)
+        t.data[i] = (float)i;
+    o.t = &t;
+    ck_assert_int_eq(keel__wire_send(a, NULL, &h, &o, 1, NULL, &pin),
+                     KEEL_OK);
+    ck_assert(keel__wire_pin_holds(&pin, t.data, bytes));
+    ck_assert(!keel__wire_pin_holds(&pin, t.data + t.count, bytes));
+    /* the sender goes on with a copy, which it changes */
+    old = t.data;
+    copy = keel_aligned_alloc(bytes);
+    ck_assert_ptr_nonnull(copy);
+    memcpy(copy, old, bytes);
+    ck_assert_int_eq(keel__wire_pin_hand_over(&pin, old, bytes,
+                                              count_handed_free), 1);
+    t.data = copy;
+    for (size_t i = 0; i < t.count; i++)
+        t.data[i] = -1.0f;
+    ck_assert_int_eq(keel__wire_pin_wait(&pin, 0), KEEL_OK);
+    ck_assert(!keel__wire_pin_holds(&pin, old, bytes));
+    ck_assert_int_eq(atomic_load(&n_handed_freed), 0);
+    /* the queued message still has the values it was sent with */
+    ck_assert_int_eq(keel__wire_recv(b, 0, &no_limits, 2000, &m), KEEL_OK);
+    ck_assert_int_eq(m.n, 1);
+    for (size_t i = 0; i < t.count; i++)
+        ck_assert_float_eq(m.tensors[0].t.data[i], (float)i);
+    keel__wire_msg_clear(&m);
+    ck_assert_int_eq(atomic_load(&n_handed_freed), 1);
+    /* nothing in flight: the caller keeps its buffer */
+    ck_assert_int_eq(keel__wire_pin_hand_over(&pin, t.data, bytes,
+                                              count_handed_free), 0);
+    keel_tensor_release(&t);
+    keel__wire_pin_destroy(&pin);
+    zmq_close(a);
+    zmq_close(b);
+    zmq_ctx_term(ctx);
 }
 END_TEST
 
@@ -2014,7 +2083,9 @@ wait_socket(const char *path)
 /* cluster.local_transport auto: a ps on this host also listens on its
  * Unix socket, a peer of this host computes the same path and connects
  * there once it exists; the token is checked over it as over tcp; a socket
- * file left by a killed ps does not stop its successor from binding. */
+ * file left by a killed ps does not stop its successor from binding; a ps
+ * that exits removes its socket from the directory, which only this user
+ * may enter. */
 START_TEST(test_local_ps_over_ipc_checks_the_token_and_rebinds)
 {
     const char *token = "0123456789abcdef-the-job";
@@ -2136,6 +2207,18 @@ START_TEST(test_local_ps_over_ipc_checks_the_token_and_rebinds)
     ck_assert_int_eq(keel__ps_served(sv.ps), 2);
     ck_assert_int_ge(atomic_load(&n_warned), 1);
     server_free(&sv);
+    /* a ps that exits removes its socket; the directory stays private */
+    ck_assert_int_ne(access(path, F_OK), 0);
+    {
+        char d[256];
+        struct stat ds;
+        snprintf(d, sizeof d, "%s", path);
+        *strrchr(d, '/') = '\0';
+        ck_assert_int_eq(lstat(d, &ds), 0);
+        ck_assert(S_ISDIR(ds.st_mode));
+        ck_assert_int_eq(ds.st_uid, geteuid());
+        ck_assert_int_eq(ds.st_mode & 0777, 0700);
+    }
     /* and removes a stale one */
     {
         struct sockaddr_un a;
@@ -2869,6 +2952,213 @@ START_TEST(test_real_ps_applies_the_mean_with_a_backup_worker)
     wb_release(&init);
     wb_release(&p1);
     wb_release(&p2);
+}
+END_TEST
+
+/* ---- a frozen reader over a Unix socket --------------------------------- */
+
+/* Elements of the frozen-reader test's variable: 4 MiB, more than a Unix
+ * socket's kernel buffers hold, so its reply stays queued in the ps. */
+#define FROZEN_N ((int64_t)1 << 20)
+
+/* A PUSH of FROZEN_N elements of value g as step's gradient from c, with
+ * the values back; *id its request id. */
+static keel_status
+frozen_push(keel__wire_client *c, keel_tensor *g, float v, int64_t step,
+            int wait, keel__wire_msg *r, uint64_t *id)
+{
+    keel__wire_header h;
+    keel__wire_out o = { "big", g, NULL };
+    keel_status st;
+    for (size_t i = 0; i < g->count; i++)
+        g->data[i] = v;
+    header_of(&h, KEEL_MSG_PUSH);
+    h.flags = KEEL_WIRE_F_WANT_VALUES;
+    h.local_step = step;
+    if (!wait) {
+        st = keel__wire_client_send(c, &h, &o, 1, 0, 3000);
+        if (id != NULL)
+            *id = h.request_id;
+        return st;
+    }
+    return keel__wire_client_call(c, &h, &o, 1, 0, 3000, r);
+}
+
+/* 1 when r is a PUSH_ACK of step whose values are all v. */
+static int
+frozen_ack_is(const keel__wire_msg *r, int64_t step, float v)
+{
+    if (r->h.type != KEEL_MSG_PUSH_ACK || r->h.global_step != step ||
+        r->n != 1 || r->tensors[0].t.count != (size_t)FROZEN_N)
+        return 0;
+    for (int64_t i = 0; i < FROZEN_N; i++)
+        if (r->tensors[0].t.data[i] != v)
+            return 0;
+    return 1;
+}
+
+/* The frozen replica (worker 2, a process of its own): reads the ps's
+ * endpoint from listen, pushes step 7's gradient, is stopped by the test
+ * before the step's reply comes, and once continued must read that step's values exactly
+ * (not a later step's written over them while the reply was queued);
+ * then its next push, of a step the others have passed, is dropped as
+ * stale with the newest values. Exit status 0 when all of that holds. */
+static int
+frozen_child(int listen)
+{
+    char ep[KEEL_ADDR_MAX + 16];
+    keel__wire_client *c;
+    keel_tensor g;
+    keel__wire_msg r;
+    uint64_t id;
+    ssize_t n = read(listen, ep, sizeof ep - 1);
+    int ok;
+    if (n <= 0)
+        return 2;
+    ep[n] = '\0';
+    if (keel__wire_client_new(ep, NULL, KEEL_TASK_WORKER, 2, &c) != KEEL_OK ||
+        keel_tensor_alloc(&g, 1, (int64_t[]){ FROZEN_N }) != KEEL_OK ||
+        frozen_push(c, &g, 1.0f, 7, 0, NULL, &id) != KEEL_OK)
+        return 3;
+    if (keel__wire_client_wait(c, id, 0, 20000, &r) != KEEL_OK)
+        return 5;
+    ok = frozen_ack_is(&r, 8, 99.0f);   /* 100 - the mean of 1 and 1 */
+    keel__wire_msg_clear(&r);
+    if (!ok)
+        return 6;
+    /* the others made steps 8 and 9 meanwhile: 99 - 2 - 3 */
+    if (frozen_push(c, &g, 5.0f, 8, 1, &r, NULL) != KEEL_OK)
+        return 7;
+    ok = frozen_ack_is(&r, 10, 94.0f);
+    keel__wire_msg_clear(&r);
+    keel_tensor_release(&g);
+    keel__wire_client_free(c);
+    return ok ? 0 : 8;
+}
+
+/* A sync ps over a Unix socket, three replicas, two aggregated (one a
+ * backup): replica 2 pushes and is SIGSTOPped before its reply comes, so
+ * the reply (larger than the socket's kernel buffers) stays queued with
+ * its frames referencing the variable. The other two replicas must go on
+ * making steps at once (the ps neither waits for the frozen reader nor
+ * refuses them as busy), and the frozen one, continued, reads the values
+ * of its own step and is then dropped as stale, as over tcp. */
+START_TEST(test_ipc_frozen_reader_does_not_stall_the_step)
+{
+    char dir[4096], bind[4200], ep[KEEL_ADDR_MAX + 16];
+    int to_child[2];
+    keel__ps_config cfg = { .apply = sgd_apply, .sync = 1,
+                            .replicas_to_aggregate = 2,
+                            .total_replicas = 3 };
+    keel__wire_client *w0, *w1;
+    keel_tensor g, *t;
+    keel_var *v;
+    keel__wire_header h;
+    keel__wire_out init = { "big", NULL, NULL };
+    keel__wire_msg r;
+    server sv;
+    pid_t child;
+    int64_t t0;
+
+    /* the child first, while this process has no threads */
+    ck_assert_int_eq(pipe(to_child), 0);
+    child = fork();
+    ck_assert_int_ge(child, 0);
+    if (child == 0) {
+        close(to_child[1]);
+        _exit(frozen_child(to_child[0]));
+    }
+    close(to_child[0]);
+
+    tu_mkdtemp(dir, sizeof dir);
+    TU_SNPRINTF(bind, sizeof bind, "ipc://%s/ps0", dir);
+    memset(&sv, 0, sizeof sv);
+    ck_assert_int_eq(keel_vars_new(&sv.vars), KEEL_OK);
+    ck_assert_int_eq(keel_vars_create(sv.vars, "big", 1,
+                                      (int64_t[]){ FROZEN_N },
+                                      KEEL_VAR_TRAINABLE, &v), KEEL_OK);
+    cfg.vars = sv.vars;
+    cfg.bind = bind;
+    ck_assert_msg(keel__ps_new(&cfg, &sv.ps) == KEEL_OK, "%s",
+                  keel_last_error());
+    atomic_store(&sv.stop, 0);
+    ck_assert_int_eq(pthread_create(&sv.th, NULL, server_main, &sv), 0);
+    TU_SNPRINTF(ep, sizeof ep, "%s", keel__ps_endpoint(sv.ps));
+    ck_assert_int_eq(strncmp(ep, "ipc://", 6), 0);
+    w0 = worker_client(&sv, NULL, 0);
+    w1 = worker_client(&sv, NULL, 1);
+    ck_assert_int_eq(keel_tensor_alloc(&g, 1, (int64_t[]){ FROZEN_N }),
+                     KEEL_OK);
+    for (int64_t i = 0; i < FROZEN_N; i++)
+        g.data[i] = 100.0f;
+    init.t = &g;
+    header_of(&h, KEEL_MSG_INIT);
+    h.global_step = 7;
+    ck_assert_int_eq(keel__wire_client_call(w0, &h, &init, 1, 0, 3000, &r),
+                     KEEL_OK);
+    keel__wire_msg_clear(&r);
+
+    /* step 7: replica 2 pushes and freezes; replica 1 completes the step,
+     * which queues replica 2's reply */
+    ck_assert_int_eq(write(to_child[1], ep, strlen(ep)),
+                     (ssize_t)strlen(ep));
+    t0 = tu_now_ms();
+    for (;;) {          /* its push held: the step has 1 of 2 */
+        int held;
+        header_of(&h, KEEL_MSG_STEP);
+        ck_assert_int_eq(keel__wire_client_call(w0, &h, NULL, 0, 0, 3000,
+                                                &r), KEEL_OK);
+        held = r.text != NULL && strstr(r.text, "have=1/2") != NULL;
+        keel__wire_msg_clear(&r);
+        if (held)
+            break;
+        ck_assert_msg(tu_now_ms() - t0 < 20000, "worker 2's push never "
+                      "came");
+        usleep(10000);
+    }
+    ck_assert_int_eq(kill(child, SIGSTOP), 0);
+    ck_assert_int_eq(frozen_push(w1, &g, 1.0f, 7, 1, &r, NULL), KEEL_OK);
+    ck_assert(frozen_ack_is(&r, 8, 99.0f));
+    keel__wire_msg_clear(&r);
+    t = keel_var_tensor(v);
+
+    /* steps 8 and 9 of replicas 0 and 1 update the variable whose reply
+     * is still queued: at once, with the right values */
+    t0 = tu_now_ms();
+    for (int64_t step = 8; step < 10; step++) {
+        uint64_t id;
+        float gv = (float)(step - 6);       /* 2, then 3 */
+        float want = step == 8 ? 97.0f : 94.0f;
+        ck_assert_int_eq(frozen_push(w0, &g, gv, step, 0, NULL, &id),
+                         KEEL_OK);
+        ck_assert_msg(frozen_push(w1, &g, gv, step, 1, &r, NULL) == KEEL_OK,
+                      "step %lld: %s", (long long)step, keel_last_error());
+        ck_assert_msg(frozen_ack_is(&r, step + 1, want),
+                      "step %lld: reply type %d (%s)", (long long)step,
+                      (int)r.h.type, r.text ? r.text : "");
+        keel__wire_msg_clear(&r);
+        ck_assert_int_eq(keel__wire_client_wait(w0, id, 0, 3000, &r),
+                         KEEL_OK);
+        ck_assert(frozen_ack_is(&r, step + 1, want));
+        keel__wire_msg_clear(&r);
+    }
+    ck_assert_msg(tu_now_ms() - t0 < 4000, "two steps took %lld ms with "
+                  "a frozen reader", (long long)(tu_now_ms() - t0));
+    ck_assert_float_eq(t->data[0], 94.0f);
+
+    /* continued: it reads step 7's values, then is dropped as stale */
+    ck_assert_int_eq(kill(child, SIGCONT), 0);
+    ck_assert_int_eq(tu_wait(child, 20000), 0);
+    header_of(&h, KEEL_MSG_STEP);
+    ck_assert_int_eq(keel__wire_client_call(w0, &h, NULL, 0, 0, 3000, &r),
+                     KEEL_OK);
+    ck_assert_str_eq(r.text, "applied=6 dropped=1 ready=1 step=10");
+    keel__wire_msg_clear(&r);
+    keel__wire_client_free(w0);
+    keel__wire_client_free(w1);
+    keel_tensor_release(&g);
+    close(to_child[1]);
+    server_stop(&sv);
 }
 END_TEST
 
@@ -3779,6 +4069,7 @@ cluster_suite(void)
     tu_tcase(s, "wire", 0, NULL, NULL, TU_TESTS(
         test_header_round_trip_keeps_every_field,
         test_send_recv_round_trip_tensors_names_and_text,
+        test_pin_hand_over_keeps_queued_frames_and_frees_them,
         test_decode_rejects_every_malformed_class,
         test_decode_copies_misaligned_data_only,
         test_recv_drains_and_rejects_too_many_frames,
@@ -3794,6 +4085,7 @@ cluster_suite(void)
         test_real_ps_weighted_mean_with_equal_and_unequal_counts,
         test_real_ps_weighted_mean_of_a_variable_pushed_twice,
         test_real_ps_applies_the_mean_with_a_backup_worker,
+        test_ipc_frozen_reader_does_not_stall_the_step,
         test_global_step_waiter_hook_sees_the_cluster_step,
         test_heartbeats_see_the_step_state_and_a_restarted_ps,
         test_heartbeat_on_reconnect_hears_a_restarted_ps,

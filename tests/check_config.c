@@ -297,10 +297,10 @@ START_TEST(test_overrides_and_output_dir)
                                           "-s"), KEEL_OK);
     ck_assert_str_eq(keel_config_str(cfg, "cluster.bind_address"), "*");
     ck_assert_str_eq(keel_config_str(cfg, "cluster.local_transport"),
-                     "tcp");
-    ck_assert_int_eq(keel_config_override(cfg, "cluster.local_transport=auto",
+                     "auto");
+    ck_assert_int_eq(keel_config_override(cfg, "cluster.local_transport=tcp",
                                           "-s"), KEEL_OK);
-    ck_assert_str_eq(keel_config_str(cfg, "cluster.local_transport"), "auto");
+    ck_assert_str_eq(keel_config_str(cfg, "cluster.local_transport"), "tcp");
     ck_assert_int_eq(keel_config_override(cfg, "cluster.local_transport=shm",
                                           "-s"), KEEL_EINVAL);
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "local_transport"));

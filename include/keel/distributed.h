@@ -34,12 +34,10 @@ typedef enum keel_local_transport {
      * Unix socket, /tmp/keel-<uid>/<host>-<port> (a directory only that
      * user can enter), and a task whose ps address resolves to an address
      * of its own host connects there when that socket exists, tcp
-     * otherwise. The job token or CURVE authenticate it as on tcp. */
+     * otherwise. The job token or CURVE authenticate it as on tcp. The
+     * default (keel_cluster_config_init). */
     KEEL_LOCAL_TRANSPORT_AUTO = 1,
-    /* tcp always (default): a worker frozen with a reply queued to it
-     * holds far less in a Unix socket's buffers than in tcp's, so with
-     * backup workers a frozen one would stall the ps sooner (the known
-     * limitation in docs/operations.md) */
+    /* tcp always */
     KEEL_LOCAL_TRANSPORT_TCP = 0
 } keel_local_transport;
 
