@@ -166,7 +166,8 @@ copy_var(const keel__partition *p, keel_vars *vs, size_t i, long s,
         else if (!keel_var_is_initialized(pv))
             keel_var_set_initialized(v, 0);
     }
-    copy_rows(t->data, t->ndim > 0 ? t->shape[0] : 1, t->count, k, parts, to_parts);
+    copy_rows(t->data, t->ndim > 0 ? t->shape[0] : 1, t->count, k, parts,
+              to_parts);
 }
 
 /* Every variable (and, with_slots, its slots; trainable_only: only the

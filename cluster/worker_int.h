@@ -2,7 +2,9 @@
  * calls its files share. worker.c (set-up, the session backend, the end,
  * the public calls) uses worker_pull.c (HELLO, INIT and pulls) and
  * worker_push.c (a step's push and its token) and worker_save.c (sharded
- * checkpoints); all use worker_call.c
+ * checkpoints), and worker_part.c (partitioned variables: the session's
+ * calls over the split store) uses worker_pull.c and worker_push.c; all
+ * use worker_call.c
  * (one request to a ps and its reply). No file calls one above it. */
 #ifndef KEEL_CLUSTER_WORKER_INT_H
 #define KEEL_CLUSTER_WORKER_INT_H

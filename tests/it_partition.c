@@ -3,8 +3,8 @@
  * rows over the ps (cluster.partition_bytes) trains bitwise equal to the
  * same run without partitioning (`keel ckpt diff` exit 0), its checkpoint
  * holds each kernel whole (`keel ckpt show`: one dataset of the full
- * shape, no part), each ps holds a part; bad values exit 2 naming the
- * key. */
+ * shape, no part), each ps holds a part, and both runs resumed from their
+ * checkpoints stay equal; bad values exit 2 naming the key. */
 #include <config.h>
 
 #include <stdio.h>
@@ -19,7 +19,7 @@ static char out[65536], err[65536];
 
 /* Run the job with the [cluster] tail into <tu_dir>/<name> on 3 ps. */
 static void
-run_job(const char *name, const char *cluster)
+run_job(const char *name, const char *cluster, int max_steps)
 {
     char text[2048], cfg[4200], env0[4200];
     char *env[] = { env0, NULL };
@@ -28,10 +28,11 @@ run_job(const char *name, const char *cluster)
     TU_SNPRINTF(text, sizeof text,
                 "[model]\ntype = mlp\nhidden = 64,64\n[data]\ndir = %s\n"
                 "[optimizer]\nname = adam\nlearning_rate = 0.01\n"
-                "[train]\nbatch_size = 32\nseed = 5\nmax_steps = 12\n"
+                "[train]\nbatch_size = 32\nseed = 5\nmax_steps = %d\n"
                 "threads = 1\n[checkpoint]\nsave_steps = 6\n"
                 "[hooks]\nprogress = off\n"
-                "[cluster]\nmax_wait_secs = 30\n%s", tu_dir, cluster);
+                "[cluster]\nmax_wait_secs = 30\n%s", tu_dir, max_steps,
+                cluster);
     TU_SNPRINTF(cfg, sizeof cfg, "%s/%s.ini", tu_dir, name);
     tu_write_file(cfg, text, strlen(text));
     argv[n++] = (char *)tu_build_path("keel");
@@ -59,9 +60,9 @@ START_TEST(test_partitioned_run_equals_the_unpartitioned_one)
 {
     char pa[4200], pb[4200];
     int rc;
-    run_job("whole", "");
+    run_job("whole", "", 12);
     /* 784x64 and 64x64 kernels above 4 KiB: 3 parts each (one per ps) */
-    run_job("parts", "partition_bytes = 4096\n");
+    run_job("parts", "partition_bytes = 4096\n", 12);
     TU_SNPRINTF(pa, sizeof pa, "%s/whole/model.ckpt-12.h5", tu_dir);
     TU_SNPRINTF(pb, sizeof pb, "%s/parts/model.ckpt-12.h5", tu_dir);
     rc = TU_KEEL(RUN_MS, "ckpt", "diff", pa, pb);
@@ -86,6 +87,15 @@ START_TEST(test_partitioned_run_equals_the_unpartitioned_one)
                       "ps %d: %s", p, tu_tail(log, 2000));
         free(log);
     }
+    /* both resumed from their step-12 checkpoints (the whole variables
+     * split again for the ps) to step 18: still the same bits */
+    run_job("whole", "", 18);
+    run_job("parts", "partition_bytes = 4096\n", 18);
+    TU_SNPRINTF(pa, sizeof pa, "%s/whole/model.ckpt-18.h5", tu_dir);
+    TU_SNPRINTF(pb, sizeof pb, "%s/parts/model.ckpt-18.h5", tu_dir);
+    rc = TU_KEEL(RUN_MS, "ckpt", "diff", pa, pb);
+    ck_assert_msg(rc == 0, "keel ckpt diff after resuming exited %d:\n%s%s",
+                  rc, out, err);
 }
 END_TEST
 
