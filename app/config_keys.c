@@ -292,6 +292,16 @@ const keel__config_key keel__config_keys[] = {
     { "cluster", "placement", T_ENUM, "size_balanced", NOLIM,
       "round_robin|size_balanced",
       "How variables are spread over parameter servers." },
+    { "cluster", "partition_bytes", T_INT, "0", 0, 1e15, NULL,
+      "Partitioned variables: a variable of at least two rows bigger than "
+      "this many bytes is split by rows into ceil(bytes / partition_bytes) "
+      "parts (at most cluster.max_partitions and its rows), each an "
+      "ordinary variable NAME/part_k on a ps; the workers and checkpoints "
+      "see the whole variable and training gives the same values. 0: "
+      "off. Not with checkpoint.sharded = on (auto is then off)." },
+    { "cluster", "max_partitions", T_INT, "0", 0, 1024, NULL,
+      "The most parts cluster.partition_bytes splits a variable into; 0: "
+      "the number of parameter servers." },
     { "cluster", "reduce_tree", T_BOOL, "true", NOLIM, NULL,
       "Sync mode: the ps add the replicas' gradients along the fixed "
       "binary tree over the model's pieces of the global batch (each "

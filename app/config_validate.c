@@ -311,6 +311,25 @@ validate_cluster(const keel_config *cfg)
                               keel_config_origin(cfg, "cluster.elastic"),
                               other);
     }
+    if (keel_config_int(cfg, "cluster.partition_bytes") > 0) {
+        const char *other = NULL;
+        const char *algo = keel_config_str(cfg, "algorithm.name");
+        if (strcmp(keel_config_str(cfg, "checkpoint.sharded"), "on") == 0)
+            other = "checkpoint.sharded = on (each ps would write its "
+                    "parts)";
+        else if (strcmp(keel_config_str(cfg, "optimizer.name"), "kfac") == 0)
+            other = "optimizer.name = kfac (the chief applies the update)";
+        else if (keel_config_is_set(cfg, "algorithm.name") &&
+                 strcmp(algo, "sync") != 0 && strcmp(algo, "async") != 0 &&
+                 strcmp(algo, "hogwild") != 0)
+            other = "an algorithm.name other than sync, async or hogwild";
+        if (other != NULL)
+            return keel__fail(KEEL_EINVAL, "cluster.partition_bytes (%s) "
+                              "and %s do not go together: unset one of them",
+                              keel_config_origin(cfg,
+                                                 "cluster.partition_bytes"),
+                              other);
+    }
     return KEEL_OK;
 }
 

@@ -139,6 +139,8 @@ sharded_from(const keel_config *cfg, const keel_cluster_spec *spec)
     const char *v = keel_config_str(cfg, "checkpoint.sharded");
     size_t n_ps = spec ? keel_cluster_spec_num_tasks(spec, KEEL_TASK_PS) : 0;
     if (strcmp(v, "off") == 0 || n_ps == 0 ||
+        (strcmp(v, "auto") == 0 &&      /* partitioned: one gathered file */
+         keel_config_int(cfg, "cluster.partition_bytes") > 0) ||
         strcmp(keel_config_str(cfg, "checkpoint.basename"),
                "model.ckpt") != 0)
         return 0;
@@ -186,6 +188,8 @@ cluster_options_from(const keel_config *cfg, keel__job *j,
     o->reduce_leaves = j->leaves;
     o->elastic = keel_config_bool(cfg, "cluster.elastic");
     o->sharded_checkpoints = sharded_from(cfg, spec);
+    o->partition_bytes = keel_config_int(cfg, "cluster.partition_bytes");
+    o->max_partitions = (int)keel_config_int(cfg, "cluster.max_partitions");
     o->checkpoint_dir = keel_config_str(cfg, "checkpoint.dir");
     if (j->kfac != NULL) {
         /* K-FAC's update is not per variable: the chief applies it, its

@@ -7,10 +7,11 @@ libkeel_core_la_SOURCES += cluster/cluster_int.h cluster/spec.c cluster/slurm.c 
 	cluster/defaults.h cluster/heartbeat.c \
 	cluster/allreduce_mpi.c cluster/algorithm.c \
 	cluster/spec_int.h cluster/tfconfig.c cluster/detect.c \
-	cluster/role_int.h cluster/options.c cluster/placement.c \
+	cluster/role_int.h cluster/options.c cluster/placement.c cluster/partition.c \
 	cluster/ps_task.c cluster/address.c \
 	cluster/worker_int.h cluster/worker.c cluster/worker_call.c \
-	cluster/worker_pull.c cluster/worker_save.c cluster/worker_push.c
+	cluster/worker_pull.c cluster/worker_save.c cluster/worker_push.c \
+	cluster/worker_part.c
 pkginclude_HEADERS += include/keel/cluster.h include/keel/distributed.h
 if HAVE_CHECK
 SUITES += tests/check_cluster

@@ -126,6 +126,21 @@ check_options(const keel_cluster_spec *spec, const keel_cluster_config *in,
         return keel__fail(KEEL_EINVAL, "%s: replicas_to_aggregate %d out of "
                           "0..%d (the cluster's replicas)", who,
                           in->replicas_to_aggregate, replicas);
+    if (in->partition_bytes < 0 || in->max_partitions < 0 ||
+        in->max_partitions > KEEL_CLUSTER_MAX_PARTITIONS)
+        return keel__fail(KEEL_EINVAL, "%s: partition_bytes %lld (want >= "
+                          "0) or max_partitions %d (want 0..%d) out of "
+                          "range", who, (long long)in->partition_bytes,
+                          in->max_partitions, KEEL_CLUSTER_MAX_PARTITIONS);
+    if (in->partition_bytes > 0 && in->sharded_checkpoints)
+        return keel__fail(KEEL_EINVAL, "%s: partitioned variables "
+                          "(cluster.partition_bytes) and sharded "
+                          "checkpoints (checkpoint.sharded) do not go "
+                          "together: turn one off", who);
+    if (in->partition_bytes > 0 && in->chief_applies)
+        return keel__fail(KEEL_EINVAL, "%s: partitioned variables "
+                          "(cluster.partition_bytes) need the ps to apply "
+                          "the updates (not chief_applies, K-FAC)", who);
     return KEEL_OK;
 }
 
@@ -202,6 +217,16 @@ keel__role_opts_from(const keel_cluster_spec *spec,
         return keel__wrap(st, "%s", who);
     if (o->in.elastic && (st = check_elastic(spec, in, &o->algo, who))
         != KEEL_OK) {
+        keel__algo_clear(&o->algo);
+        return st;
+    }
+    if (o->in.partition_bytes > 0 &&
+        !keel_algorithm_pushes_gradients(o->algo.c.name)) {
+        st = keel__fail(KEEL_EINVAL, "%s: partitioned variables "
+                        "(cluster.partition_bytes) need an update rule "
+                        "that pushes gradients (sync, async), not "
+                        "algorithm %s", who,
+                        keel_algorithm_name(o->algo.c.name));
         keel__algo_clear(&o->algo);
         return st;
     }

@@ -299,7 +299,16 @@ keel_ps_run(const keel_cluster_spec *spec, const keel_vars *vars,
         keel__algo_clear(&o.algo);
         return st;
     }
-    st = KEEL__FLUSHED(run_ps(&o, vars, opt));  /* as the workers compute */
+    {   /* the parts of a partitioned variable are this ps's variables */
+        keel__partition *part = NULL;
+        st = keel__partition_new(vars, (int)keel_cluster_spec_num_tasks(
+                                     spec, KEEL_TASK_PS),
+                                 o.in.partition_bytes, o.in.max_partitions,
+                                 0, &part);
+        if (st == KEEL_OK)      /* as the workers compute */
+            st = KEEL__FLUSHED(run_ps(&o, part ? part->wire : vars, opt));
+        keel__partition_free(part);
+    }
     keel_optimizer_free(opt);
     keel__algo_clear(&o.algo);
     return st;

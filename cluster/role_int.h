@@ -55,4 +55,47 @@ void keel__role_set_send_buffer(const keel__role_opts *o);
 keel_status keel__cluster_place(const keel_vars *vs, int n_ps,
                                 int round_robin, int *ps_of);
 
+/* ---- partitioned variables (partition.c) ------------------------------- */
+
+/* The caller's store split for the wire: wire holds, in the caller's
+ * order, each variable i either unsplit (parts[i] 1, same name) or as its
+ * parts[i] parts "NAME/part_k" (rows of keel__partition_rows), from entry
+ * first[i] on. */
+typedef struct keel__partition {
+    keel_vars *wire;
+    size_t n;                      /* variables of the caller's store */
+    size_t *first;
+    int *parts;
+} keel__partition;
+
+/* How many parts variable v is split into (1: not split): see
+ * keel_cluster_config.partition_bytes; max_parts >= 1. */
+int keel__partition_count(keel_var *v, int64_t part_bytes, int max_parts);
+/* Part i of k of a variable of rows rows: rows [*first, *first + *n); the
+ * first rows % k parts are one row longer. */
+void keel__partition_rows(int64_t rows, int k, int i, int64_t *first,
+                          int64_t *n);
+/* The split of vs for n_ps ps (max_parts 0: n_ps), with zero-filled
+ * copies of the slots when with_slots; *out NULL (and KEEL_OK) when no
+ * variable is split. Caller owns *out: keel__partition_free. */
+keel_status keel__partition_new(const keel_vars *vs, int n_ps,
+                                int64_t part_bytes, int max_parts,
+                                int with_slots, keel__partition **out);
+void keel__partition_free(keel__partition *p);
+/* vs (the store p was made from) into p->wire (scatter) or p->wire into
+ * vs (gather): values, initialized flags, the global step and, with
+ * with_slots, the slots. A gather skips vs's local variables and, with
+ * trainable_only, every variable that is not trainable. */
+void keel__partition_scatter(const keel__partition *p, keel_vars *vs,
+                             int with_slots);
+void keel__partition_gather(const keel__partition *p, keel_vars *vs,
+                            int with_slots, int trainable_only);
+/* Only variable i's value from p->wire into vs. */
+void keel__partition_gather_var(const keel__partition *p, keel_vars *vs,
+                                size_t i);
+/* Gradients from (a store of the caller's vs) split into to (a store of
+ * p->wire), with from's example count. */
+void keel__partition_grads(const keel__partition *p, keel_grads *from,
+                           keel_grads *to);
+
 #endif

@@ -154,17 +154,26 @@ connect_all(keel_cluster_backend *w)
     return st;
 }
 
+/* The backend over vs, or over part's split store (part owned by the
+ * backend from here on) when part is not NULL. */
 static keel_status
-worker_new(keel__role_opts *o, keel_vars *vs, keel_cluster_backend **out)
+worker_new(keel__role_opts *o, keel_vars *vs, keel__partition *part,
+           keel_cluster_backend **out)
 {
     keel_cluster_backend *w = calloc(1, sizeof *w);
     keel_status st = KEEL_OK;
     *out = NULL;
-    if (w == NULL)
+    if (w == NULL) {
+        keel__partition_free(part);
         return keel__fail(KEEL_ENOMEM, "worker: %zu bytes", sizeof *w);
+    }
     keel__role_set_send_buffer(o);
     take_role(w, o, vs);
-    if (!keel_algorithm_pushes_gradients(w->o.algo.c.name))
+    if (part != NULL) {
+        st = keel__worker_part_take(w, part, vs);
+        w->vs = vs = part->wire;
+    }
+    if (st == KEEL_OK && !keel_algorithm_pushes_gradients(w->o.algo.c.name))
         st = new_rule_state(w);
     if (st == KEEL_OK)
         st = alloc_tables(w);
@@ -203,6 +212,7 @@ keel_cluster_backend_free(keel_cluster_backend *w)
                   (double)w->copy_ns / n / 1e6);
     }
     keel__hb_stop(w->hb);
+    keel__worker_part_free(w);
     keel__algo_worker_free(w->aw);
     keel_grads_free(w->local);
     keel__algo_clear(&w->o.algo);
@@ -293,6 +303,7 @@ keel_cluster_backend_session_backend(keel_cluster_backend *w, keel_backend *out)
     out->save = keel__worker_save;
     out->end = be_end;
     out->read_global_step = keel__worker_read_step;
+    keel__worker_part_backend(w, out);
 }
 
 keel_status
@@ -315,6 +326,8 @@ keel_cluster_backend_set_micro(keel_cluster_backend *w,
     if (w == NULL || n < 0 || n > KEEL__MAX_MICRO || (n > 0 && g == NULL))
         return keel__fail(KEEL_EINVAL, "cluster backend: %d micro-batch "
                           "gradient stores (want 0..%d)", n, KEEL__MAX_MICRO);
+    if (w->part != NULL)
+        return keel__worker_part_set_micro(w, g, n);
     w->micro = n > 0 ? g : NULL;
     w->n_micro = n;
     return KEEL_OK;
@@ -366,6 +379,8 @@ keel_cluster_backend_pull_vars(keel_cluster_backend *w,
         if (st != KEEL_OK)
             return st;
     }
+    if (w->part != NULL)
+        keel__worker_part_gather(w, names, n, 0);
     return KEEL_OK;
 }
 
@@ -405,9 +420,13 @@ keel_cluster_backend_mix(keel_cluster_backend *w, const char *const *names,
 keel_status
 keel_cluster_backend_pull(keel_cluster_backend *w)
 {
+    keel_status st;
     if (w == NULL)
         return keel__fail(KEEL_EINVAL, "cluster backend: NULL");
-    return keel__worker_pull_all(w, w->vs, 1);
+    st = keel__worker_pull_all(w, w->vs, 1);
+    if (st == KEEL_OK && w->part != NULL)
+        keel__worker_part_gather(w, NULL, 0, 1);
+    return st;
 }
 
 void
@@ -438,6 +457,7 @@ keel_cluster_backend_new(const keel_cluster_spec *spec, keel_vars *vars,
     keel__role_opts o;
     keel_status st;
     keel_task_type t;
+    keel__partition *part = NULL;
     if (out == NULL)
         return keel__fail(KEEL_EINVAL, "cluster backend: out is NULL");
     *out = NULL;
@@ -467,8 +487,12 @@ keel_cluster_backend_new(const keel_cluster_spec *spec, keel_vars *vars,
         if (st != KEEL_OK)
             st = keel__wrap(st, "cluster backend: optimizer");
     }
-    if (st == KEEL_OK)
-        st = worker_new(&o, vars, out);     /* owns o.algo's rates now */
+    if (st == KEEL_OK)          /* the same split on every task */
+        st = keel__partition_new(
+            vars, (int)keel_cluster_spec_num_tasks(spec, KEEL_TASK_PS),
+            o.in.partition_bytes, o.in.max_partitions, 1, &part);
+    if (st == KEEL_OK)      /* owns o.algo's rates and part now */
+        st = worker_new(&o, vars, part, out);
     keel__algo_clear(&o.algo);
     return st;
 }

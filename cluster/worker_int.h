@@ -2,7 +2,9 @@
  * calls its files share. worker.c (set-up, the session backend, the end,
  * the public calls) uses worker_pull.c (HELLO, INIT and pulls) and
  * worker_push.c (a step's push and its token) and worker_save.c (sharded
- * checkpoints); all use worker_call.c
+ * checkpoints), and worker_part.c (partitioned variables: the session's
+ * calls over the split store) uses worker_pull.c and worker_push.c; all
+ * use worker_call.c
  * (one request to a ps and its reply). No file calls one above it. */
 #ifndef KEEL_CLUSTER_WORKER_INT_H
 #define KEEL_CLUSTER_WORKER_INT_H
@@ -59,6 +61,13 @@ struct keel_cluster_backend {
     long timed_steps;
     int64_t last_apply_end_ns, compute_ns, send_ns, wait_ns, copy_ns;
     keel__wire_metrics push_metrics; /* the step's metrics to ps 0 */
+    /* partitioned variables (worker_part.c): vs is then part->wire and
+     * the session's store is user_vs */
+    keel__partition *part;
+    keel_vars *user_vs;
+    keel_grads *part_grads;         /* a step's gradients, split */
+    keel_grads *part_micro[KEEL__MAX_MICRO];
+    keel_grads *const *user_micro;
 };
 
 /* ---- one request to a ps (worker_call.c) -------------------------------- */
@@ -149,6 +158,24 @@ int keel__worker_sharded(const keel_cluster_backend *w);
 keel_status keel__worker_save(void *ctx, keel_saver *saver, keel_vars *vs,
                               const keel_ckpt_meta *meta, char *path,
                               size_t path_size);
+
+/* ---- partitioned variables (worker_part.c) ----------------------------- */
+
+/* w runs over part->wire (w->vs) for the caller's store user_vs: take
+ * part (owned from here on, freed by keel__worker_part_free). */
+keel_status keel__worker_part_take(keel_cluster_backend *w,
+                                   keel__partition *part, keel_vars *user_vs);
+void keel__worker_part_free(keel_cluster_backend *w);
+/* The session backend's calls that see a store, over the parts. */
+void keel__worker_part_backend(keel_cluster_backend *w, keel_backend *out);
+/* keel_cluster_backend_set_micro's stores g (n of them, of user_vs). */
+keel_status keel__worker_part_set_micro(keel_cluster_backend *w,
+                                        keel_grads *const *g, int n);
+/* After a pull into w->vs: the named variables (n; all with names NULL)
+ * and, with with_slots, their slots into user_vs. */
+void keel__worker_part_gather(keel_cluster_backend *w,
+                              const char *const *names, size_t n,
+                              int with_slots);
 
 /* ---- the step (worker_push.c) ------------------------------------------- */
 

@@ -21,6 +21,7 @@
 #include <keel/keel.h>
 #include "util.h"
 #include "../cluster/cluster_int.h"
+#include "../cluster/role_int.h"
 #include "../numeric/numeric_int.h"
 #include "ps_skel.h"
 #include <keel/distributed.h>
@@ -4039,6 +4040,127 @@ START_TEST(test_seam_rejects_wrong_roles_and_options)
 }
 END_TEST
 
+/* ---- partitioned variables ---------------------------------------------- */
+
+/* The split store of vs for 3 ps at 32 bytes a part (max_parts 0: 3). */
+static keel__partition *
+split_of(const keel_vars *vs, int max_parts)
+{
+    keel__partition *p = NULL;
+    ck_assert_int_eq(keel__partition_new(vs, 3, 32, max_parts, 1, &p),
+                     KEEL_OK);
+    ck_assert_ptr_nonnull(p);
+    return p;
+}
+
+START_TEST(test_partition_covers_rows_once_and_spreads_over_ps)
+{
+    static const int64_t big[2] = { 10, 3 }, small[2] = { 2, 2 },
+                         vec[1] = { 7 }, loc[1] = { 100 };
+    keel_vars *vs = NULL;
+    keel__partition *p, *again, *two;
+    keel_grads *g = NULL, *pg = NULL;
+    keel_var *bv = NULL;
+    keel_tensor *slot;
+    int ps_of[16], seen[3] = { 0, 0, 0 };
+    /* every row of every split exactly once, in order, the longer first */
+    for (int64_t rows = 1; rows <= 40; rows++)
+        for (int k = 1; k <= rows && k <= 9; k++) {
+            int64_t next = 0, first, n, prev = rows;
+            for (int i = 0; i < k; i++) {
+                keel__partition_rows(rows, k, i, &first, &n);
+                ck_assert_int_eq(first, next);
+                ck_assert(n >= 1 && n <= prev && n >= rows / k);
+                next = first + n;
+                prev = n;
+            }
+            ck_assert_int_eq(next, rows);
+        }
+    ck_assert_int_eq(keel_vars_new(&vs), KEEL_OK);
+    ck_assert_int_eq(keel_vars_create(vs, "big", 2, big, KEEL_VAR_TRAINABLE,
+                                      &bv), KEEL_OK);
+    ck_assert_int_eq(keel_vars_create(vs, "small", 2, small,
+                                      KEEL_VAR_TRAINABLE, NULL), KEEL_OK);
+    ck_assert_int_eq(keel_vars_create(vs, "vec", 1, vec, KEEL_VAR_TRAINABLE,
+                                      NULL), KEEL_OK);
+    ck_assert_int_eq(keel_vars_create(vs, "loc", 1, loc, KEEL_VAR_LOCAL,
+                                      NULL), KEEL_OK);
+    ck_assert_int_eq(keel_var_add_slot(bv, "m", &slot), KEEL_OK);
+    /* nothing above the size: no split store */
+    p = (keel__partition *)1;
+    ck_assert_int_eq(keel__partition_new(vs, 3, 0, 0, 1, &p), KEEL_OK);
+    ck_assert_ptr_null(p);
+    p = split_of(vs, 0);
+    /* big (120 bytes) in 3 parts of 4, 3, 3 rows; vec (28) whole; the
+     * local variable whole */
+    ck_assert_int_eq(keel_vars_count(p->wire), 6);
+    ck_assert_int_eq(p->parts[0], 3);
+    ck_assert_int_eq(p->parts[1], 1);
+    ck_assert_int_eq(p->parts[2], 1);
+    ck_assert_int_eq(p->parts[3], 1);
+    ck_assert_str_eq(keel_var_name(keel_vars_at(p->wire, 0)), "big/part_0");
+    ck_assert_str_eq(keel_var_name(keel_vars_at(p->wire, 2)), "big/part_2");
+    ck_assert_str_eq(keel_var_name(keel_vars_at(p->wire, 3)), "small");
+    ck_assert_int_eq(keel_var_tensor(keel_vars_at(p->wire, 0))->shape[0], 4);
+    ck_assert_int_eq(keel_var_tensor(keel_vars_at(p->wire, 1))->shape[0], 3);
+    ck_assert_int_eq(keel_var_tensor(keel_vars_at(p->wire, 2))->shape[1], 3);
+    ck_assert_ptr_nonnull(keel_var_slot(keel_vars_at(p->wire, 1), "m"));
+    /* the same split on every call */
+    again = split_of(vs, 0);
+    ck_assert_int_eq(keel_vars_count(again->wire), 6);
+    for (size_t i = 0; i < 6; i++) {
+        keel_tensor *a = keel_var_tensor(keel_vars_at(p->wire, i));
+        keel_tensor *b = keel_var_tensor(keel_vars_at(again->wire, i));
+        ck_assert_str_eq(keel_var_name(keel_vars_at(p->wire, i)),
+                         keel_var_name(keel_vars_at(again->wire, i)));
+        ck_assert(keel_shape_equal(a->ndim, a->shape, b->ndim, b->shape));
+    }
+    keel__partition_free(again);
+    /* the parts of big on the 3 ps, one each */
+    ck_assert_int_eq(keel__cluster_place(p->wire, 3, 0, ps_of), KEEL_OK);
+    for (int i = 0; i < 3; i++)
+        seen[ps_of[i]]++;
+    ck_assert(seen[0] == 1 && seen[1] == 1 && seen[2] == 1);
+    ck_assert_int_eq(ps_of[5], -1);
+    /* values and slots to the parts and back; a gradient's rows split */
+    for (int i = 0; i < 30; i++) {
+        keel_var_tensor(bv)->data[i] = (float)i;
+        keel_var_slot(bv, "m")->data[i] = (float)-i;
+    }
+    keel_vars_set_global_step(vs, 7);
+    keel__partition_scatter(p, vs, 1);
+    ck_assert_int_eq(keel_vars_global_step(p->wire), 7);
+    ck_assert(keel_var_tensor(keel_vars_at(p->wire, 1))->data[0] == 12.0f);
+    ck_assert(keel_var_slot(keel_vars_at(p->wire, 2), "m")->data[8] ==
+              -29.0f);
+    memset(keel_var_tensor(bv)->data, 0, 30 * sizeof(float));
+    memset(keel_var_slot(bv, "m")->data, 0, 30 * sizeof(float));
+    keel__partition_gather(p, vs, 1, 0);
+    for (int i = 0; i < 30; i++) {
+        ck_assert(keel_var_tensor(bv)->data[i] == (float)i);
+        ck_assert(keel_var_slot(bv, "m")->data[i] == (float)-i);
+    }
+    ck_assert_int_eq(keel_grads_new(vs, &g), KEEL_OK);
+    ck_assert_int_eq(keel_grads_new(p->wire, &pg), KEEL_OK);
+    for (int i = 0; i < 30; i++)
+        keel_grads_at(g, 0)->data[i] = (float)(100 + i);
+    ck_assert_int_eq(keel_grads_set_examples(g, 5), KEEL_OK);
+    keel__partition_grads(p, g, pg);
+    ck_assert(keel_grads_at(pg, 2)->data[0] == 121.0f);
+    ck_assert_int_eq(keel_grads_examples(pg), 5);
+    keel_grads_free(g);
+    keel_grads_free(pg);
+    keel__partition_free(p);
+    /* max_partitions 2: 5 and 5 rows */
+    two = split_of(vs, 2);
+    ck_assert_int_eq(two->parts[0], 2);
+    ck_assert_int_eq(keel_var_tensor(keel_vars_at(two->wire, 1))->shape[0],
+                     5);
+    keel__partition_free(two);
+    keel_vars_free(vs);
+}
+END_TEST
+
 static Suite *
 cluster_suite(void)
 {
@@ -4103,6 +4225,8 @@ cluster_suite(void)
         test_async_push_with_values_equals_a_pull,
         test_seam_training_optimizer_alone,
         test_seam_rejects_wrong_roles_and_options));
+    tu_tcase(s, "partition", 0, NULL, NULL, TU_TESTS(
+        test_partition_covers_rows_once_and_spreads_over_ps));
     return s;
 }
 

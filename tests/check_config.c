@@ -358,6 +358,37 @@ START_TEST(test_elastic_needs_sync_over_the_tree)
 }
 END_TEST
 
+/* cluster.partition_bytes and max_partitions: in range they are taken;
+ * out of range, or partitioning with checkpoint.sharded = on, K-FAC or an
+ * update rule keeping the chief's model, refused by name. */
+START_TEST(test_partition_keys)
+{
+    keel_config_override(cfg, "train.max_steps=10", "-s");
+    ck_assert_int_eq(keel_config_override(cfg, "cluster.partition_bytes="
+                                          "1048576", "-s"), KEEL_OK);
+    ck_assert_int_eq(keel_config_override(cfg, "cluster.max_partitions=8",
+                                          "-s"), KEEL_OK);
+    ck_assert_int_eq(keel_config_int(cfg, "cluster.partition_bytes"),
+                     1048576);
+    ck_assert_int_eq(keel_config_validate(cfg), KEEL_OK);
+    ck_assert_int_eq(keel_config_override(cfg, "cluster.partition_bytes=-1",
+                                          "-s"), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(),
+                                 "cluster.partition_bytes"));
+    ck_assert_int_eq(keel_config_override(cfg, "cluster.max_partitions="
+                                          "1025", "-s"), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(),
+                                 "cluster.max_partitions"));
+    keel_config_override(cfg, "checkpoint.sharded=on", "-s");
+    validate_fails_naming("cluster.partition_bytes", "checkpoint.sharded",
+                          NULL);
+    keel_config_override(cfg, "checkpoint.sharded=auto", "-s");
+    ck_assert_int_eq(keel_config_validate(cfg), KEEL_OK);
+    keel_config_override(cfg, "algorithm.name=easgd", "-s");
+    validate_fails_naming("cluster.partition_bytes", "algorithm.name", NULL);
+}
+END_TEST
+
 /* checkpoint.warm_start_from / warm_start_vars: a file or directory and a
  * regex are taken; a regex that does not compile, a regex without a source
  * and the run's own checkpoint.dir as the source are refused by name. */
@@ -690,6 +721,7 @@ config_suite(void)
         test_overrides_and_output_dir,
         test_conflicting_options_are_errors,
         test_elastic_needs_sync_over_the_tree,
+        test_partition_keys,
         test_warm_start_keys,
         test_algorithm_name_picks_the_mode_and_checks_its_partners,
         test_run_needs_an_end_and_piecewise_needs_values,

@@ -6,6 +6,12 @@ if HAVE_CHECK
 SUITES += tests/it_determinism
 endif
 
+# it_partition: partitioned variables over 3 ps train bitwise equal to
+# whole ones; the checkpoint holds each variable whole.
+if HAVE_CHECK
+SUITES += tests/it_partition
+endif
+
 # it_elastic: an elastic sync job goes 4 -> 2 -> 3 replicas (kills, a
 # restart of the whole job, a worker of a new index started by hand) and
 # ends bitwise equal to one process; the chief's log names each change.

@@ -245,7 +245,27 @@ typedef struct keel_cluster_config {
     /* A ps on the task's own host over a Unix socket (default auto) or
      * tcp; every task of one host should use the same value. */
     keel_local_transport local_transport;
+    /* Partitioned variables (every task of the cluster the same): a
+     * non-local variable of at least two rows (the first dimension) whose
+     * data exceeds partition_bytes is split by rows into
+     * K = min(ceil(bytes / partition_bytes), max_partitions, rows) parts,
+     * the first rows % K of them one row longer; part k is an ordinary
+     * variable "NAME/part_k" on the ps (placed like any other, with its
+     * own slots), and the backend assembles NAME from its parts after
+     * each pull and splits NAME's gradient before each push, so the
+     * caller's store, its checkpoints and the step see one variable. The
+     * ps compute the same values as without partitioning (the update
+     * rules are elementwise). 0 (default): no variable is split.
+     * max_partitions: 0 (default): the number of ps tasks; else
+     * 1..KEEL_CLUSTER_MAX_PARTITIONS. Not with sharded_checkpoints,
+     * chief_applies or an update rule that keeps the chief's own model
+     * (KEEL_EINVAL). */
+    int64_t partition_bytes;
+    int max_partitions;
 } keel_cluster_config;
+
+/* The largest keel_cluster_config.max_partitions. */
+#define KEEL_CLUSTER_MAX_PARTITIONS 1024
 
 /* The defaults above. Cannot fail. */
 void keel_cluster_config_init(keel_cluster_config *opts);

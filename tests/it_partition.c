@@ -1,0 +1,136 @@
+/* it_partition.c - partitioned variables under `keel launch` (3 ps, the
+ * chief, 1 worker; real processes): an MLP whose kernels are split by
+ * rows over the ps (cluster.partition_bytes) trains bitwise equal to the
+ * same run without partitioning (`keel ckpt diff` exit 0), its checkpoint
+ * holds each kernel whole (`keel ckpt show`: one dataset of the full
+ * shape, no part), each ps holds a part, and both runs resumed from their
+ * checkpoints stay equal; bad values exit 2 naming the key. */
+#include <config.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testutil.h"
+
+#define RUN_MS 90000         /* deadline of a whole run */
+
+static char out[65536], err[65536];
+
+/* Run the job with the [cluster] tail into <tu_dir>/<name> on 3 ps. */
+static void
+run_job(const char *name, const char *cluster, int max_steps)
+{
+    char text[2048], cfg[4200], env0[4200];
+    char *env[] = { env0, NULL };
+    char *argv[12];
+    int n = 0, rc;
+    TU_SNPRINTF(text, sizeof text,
+                "[model]\ntype = mlp\nhidden = 64,64\n[data]\ndir = %s\n"
+                "[optimizer]\nname = adam\nlearning_rate = 0.01\n"
+                "[train]\nbatch_size = 32\nseed = 5\nmax_steps = %d\n"
+                "threads = 1\n[checkpoint]\nsave_steps = 6\n"
+                "[hooks]\nprogress = off\n"
+                "[cluster]\nmax_wait_secs = 30\n%s", tu_dir, max_steps,
+                cluster);
+    TU_SNPRINTF(cfg, sizeof cfg, "%s/%s.ini", tu_dir, name);
+    tu_write_file(cfg, text, strlen(text));
+    argv[n++] = (char *)tu_build_path("keel");
+    argv[n++] = "launch";
+    argv[n++] = cfg;
+    argv[n++] = "--ps";
+    argv[n++] = "3";
+    argv[n++] = "--workers";
+    argv[n++] = "1";
+    argv[n++] = "--no-status";
+    argv[n] = NULL;
+    TU_SNPRINTF(env0, sizeof env0, "OUTPUT_DIR=%s", tu_path(name));
+    rc = tu_run(argv, env, RUN_MS, out, sizeof out, err, sizeof err);
+    ck_assert_msg(rc == 0, "run '%s' exited %d:\n%s\n%s", name, rc,
+                  tu_tail(out, 2000), tu_tail(err, 2000));
+}
+
+static void
+setup(void)
+{
+    (void)tu_setup_job("max_steps = 1\n");
+}
+
+START_TEST(test_partitioned_run_equals_the_unpartitioned_one)
+{
+    char pa[4200], pb[4200];
+    int rc;
+    run_job("whole", "", 12);
+    /* 784x64 and 64x64 kernels above 4 KiB: 3 parts each (one per ps) */
+    run_job("parts", "partition_bytes = 4096\n", 12);
+    TU_SNPRINTF(pa, sizeof pa, "%s/whole/model.ckpt-12.h5", tu_dir);
+    TU_SNPRINTF(pb, sizeof pb, "%s/parts/model.ckpt-12.h5", tu_dir);
+    rc = TU_KEEL(RUN_MS, "ckpt", "diff", pa, pb);
+    ck_assert_msg(rc == 0, "keel ckpt diff exited %d:\n%s%s", rc, out, err);
+    ck_assert_ptr_nonnull(strstr(out, "identical: "));
+    rc = TU_KEEL(RUN_MS, "ckpt", "show", pb);
+    ck_assert_msg(rc == 0, "keel ckpt show exited %d:\n%s%s", rc, out, err);
+    ck_assert_msg(strstr(out, "part_") == NULL, "a part in the "
+                  "checkpoint:\n%s", out);
+    ck_assert_msg(strstr(out, "[784,64]") != NULL, "no whole 784x64 "
+                  "kernel:\n%s", out);
+    /* 3 + 3 parts, the 64x10 kernel and 3 biases on the ps; each ps
+     * holds a part of each split kernel and something more */
+    for (int p = 0; p < 3; p++) {
+        char path[64], *log;
+        TU_SNPRINTF(path, sizeof path, "parts/logs/ps.%d.log", p);
+        log = tu_read_file(tu_path(path), NULL);
+        ck_assert_ptr_nonnull(log);
+        ck_assert_msg(strstr(log, " of 10 variables") != NULL &&
+                      strstr(log, ": 1 of 10 variables") == NULL &&
+                      strstr(log, ": 0 of 10 variables") == NULL,
+                      "ps %d: %s", p, tu_tail(log, 2000));
+        free(log);
+    }
+    /* both resumed from their step-12 checkpoints (the whole variables
+     * split again for the ps) to step 18: still the same bits */
+    run_job("whole", "", 18);
+    run_job("parts", "partition_bytes = 4096\n", 18);
+    TU_SNPRINTF(pa, sizeof pa, "%s/whole/model.ckpt-18.h5", tu_dir);
+    TU_SNPRINTF(pb, sizeof pb, "%s/parts/model.ckpt-18.h5", tu_dir);
+    rc = TU_KEEL(RUN_MS, "ckpt", "diff", pa, pb);
+    ck_assert_msg(rc == 0, "keel ckpt diff after resuming exited %d:\n%s%s",
+                  rc, out, err);
+}
+END_TEST
+
+START_TEST(test_bad_partition_values_exit_2_naming_the_key)
+{
+    static const char *const bad[][2] = {
+        { "[cluster]\npartition_bytes = -1\n", "cluster.partition_bytes" },
+        { "[cluster]\nmax_partitions = 5000\n", "cluster.max_partitions" },
+        { "[cluster]\npartition_bytes = 4096\n[checkpoint]\nsharded = on\n",
+          "checkpoint.sharded" },
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char text[512], cfg[4200];
+        int rc;
+        TU_SNPRINTF(text, sizeof text, "[train]\nmax_steps = 1\n%s",
+                    bad[i][0]);
+        TU_SNPRINTF(cfg, sizeof cfg, "%s/bad%zu.ini", tu_dir, i);
+        tu_write_file(cfg, text, strlen(text));
+        rc = TU_KEEL(RUN_MS, "config", "check", cfg);
+        ck_assert_msg(rc == 2, "%s: exit %d", bad[i][0], rc);
+        ck_assert_msg(strstr(err, bad[i][1]) != NULL, "%s: %s", bad[i][1],
+                      err);
+        ck_assert_msg(strstr(err, "partition") != NULL, "%s", err);
+    }
+}
+END_TEST
+
+static Suite *
+partition_suite(void)
+{
+    Suite *s = suite_create("it_partition");
+    tu_tcase(s, "launch", 240, setup, tu_teardown, TU_TESTS(
+        test_partitioned_run_equals_the_unpartitioned_one,
+        test_bad_partition_values_exit_2_naming_the_key));
+    return s;
+}
+
+KEEL_TEST_MAIN(partition_suite)
