@@ -59,6 +59,9 @@ struct keel_cluster_backend {
     long timed_steps;
     int64_t last_apply_end_ns, compute_ns, send_ns, wait_ns, copy_ns;
     keel__wire_metrics push_metrics; /* the step's metrics to ps 0 */
+    keel__wire_membership push_membership; /* elastic: the word the
+                                    * step's leaves were divided by, to
+                                    * every ps */
 };
 
 /* ---- one request to a ps (worker_call.c) -------------------------------- */
