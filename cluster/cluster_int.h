@@ -97,7 +97,7 @@ keel_status keel__cluster_zmq_connect(void *sock, const char *endpoint);
  *   [text]                if F_TEXT: UTF-8, at most limits.max_text bytes
  * docs/protocol.md lays the header and descriptor out byte by byte. */
 
-#define KEEL_WIRE_VERSION 4
+#define KEEL_WIRE_VERSION 5
 #define KEEL_WIRE_HEADER_SIZE 64
 #define KEEL_WIRE_DTYPE_F32 1
 
@@ -146,7 +146,11 @@ enum {
     KEEL_WIRE_F_METRICS = 1u << 5,     /* PUSH, PUSH_ACK: the last tensor
                                         * is the step's metrics
                                         * (keel__wire_metrics) */
-    KEEL_WIRE_F_KNOWN = 0x3fu
+    KEEL_WIRE_F_MEMBERSHIP = 1u << 6,  /* PUSH (elastic sync): the last
+                                        * tensor is the membership word the
+                                        * push was computed under
+                                        * (keel__wire_membership) */
+    KEEL_WIRE_F_KNOWN = 0x7fu
 };
 
 typedef struct keel__wire_header {
@@ -344,6 +348,24 @@ keel_status keel__wire_take_push_metrics(keel__wire_msg *msg,
  * into m (NULL: dropped) when its metric count is m->n. */
 keel_status keel__wire_take_ack_metrics(keel__wire_msg *msg,
                                         keel__metrics *m);
+
+/* An elastic sync replica's PUSH (to every ps) carries the membership
+ * word it divided its leaves by (ps 0's, KEEL__MEMBERSHIP_*) as one more
+ * tensor, the last of the message (after the metrics), flagged
+ * KEEL_WIRE_F_MEMBERSHIP and named KEEL__WIRE_MEMBERSHIP_NAME: one
+ * dimension of two float32 words holding the word's 8 bytes in the byte
+ * order of all tensor data. docs/protocol.md, "Membership". */
+#define KEEL__WIRE_MEMBERSHIP_NAME "keel:membership"
+typedef struct keel__wire_membership {
+    keel_tensor t;                  /* a view of words */
+    float words[2];
+} keel__wire_membership;
+/* word into out's tensor. */
+void keel__wire_membership_put(uint64_t word, keel__wire_membership *out);
+/* A PUSH's membership tensor (when flagged) out of msg (msg->n then no
+ * longer counts it) into *word (0 without one). KEEL_ECORRUPT naming what
+ * is wrong. */
+keel_status keel__wire_take_membership(keel__wire_msg *msg, uint64_t *word);
 
 /* A random 64-bit incarnation id (getrandom). */
 uint64_t keel__wire_new_generation(void);

@@ -160,7 +160,8 @@ copy_options(const keel_cluster_spec *spec, const keel_cluster_config *in,
 }
 
 /* Elastic sync's conditions: the plain sync rule over the reduction
- * tree, every live replica aggregated, one ps deciding the membership. */
+ * tree, every live replica aggregated (ps 0 decides the membership, the
+ * other ps follow the word each push carries). */
 static keel_status
 check_elastic(const keel_cluster_spec *spec, const keel_cluster_config *in,
               const keel__algo *algo, const char *who)
@@ -180,8 +181,6 @@ check_elastic(const keel_cluster_spec *spec, const keel_cluster_config *in,
              (in->replicas_to_aggregate != 0 &&
               in->replicas_to_aggregate != replicas))
         why = "every replica aggregated (no backup workers)";
-    else if (keel_cluster_spec_num_tasks(spec, KEEL_TASK_PS) != 1)
-        why = "one ps task (the ps decides the membership)";
     if (why == NULL)
         return KEEL_OK;
     return keel__fail(KEEL_EINVAL, "%s: elastic sync (cluster.elastic) "

@@ -200,7 +200,7 @@ keel__ps_free(keel__ps *ps)
     free(ps->member);
     free(ps->lim_stale);
     free(ps->live);
-    free(ps->told);
+    free(ps->carried);
     free(ps->push_budget);
     free(ps->push_budget_ns);
     free(ps);

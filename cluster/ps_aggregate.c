@@ -517,6 +517,10 @@ keel__ps_aggregate_when_complete(keel__ps *ps)
     if (keel__ps_pending_count(ps) < ps->replicas_to_aggregate ||
         ps->awaiting_commit || (ps->chief_applies && !ps->pending[0].used))
         return KEEL_OK;
+    if (keel__ps_members_follow(ps) != KEEL_OK) {  /* elastic, not ps 0 */
+        keel__log(KEEL_LOG_WARN, "%s", keel_last_error());
+        return KEEL_OK;
+    }
     t0 = keel__now_mono_ns();
     st = aggregate(ps);
     t1 = keel__now_mono_ns();

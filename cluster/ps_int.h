@@ -125,16 +125,19 @@ struct keel__ps {
     int64_t *push_budget_ns;     /* when it last regained one */
     /* elastic sync (ps_members.c): the live replicas of the step under
      * way (live[r], n_live of them; the tree plan is theirs, by
-     * position), the epoch told with every reply, the epoch each replica
-     * was last told in a reply to its HELLO or PUSH (a push computed
-     * under another one is refused), the line naming the last change,
-     * sent with the replies that first tell it (note_due) */
+     * position) and their epoch. ps 0 decides them and tells them with
+     * every reply; every other ps (a follower) takes them from the
+     * membership word each push carries (carried[r]: the held push's),
+     * adopting a newer epoch when a push brings one, and sets live[]
+     * from the held pushes when the step is complete. The line naming
+     * the last change, sent with the replies that first tell it
+     * (note_due) */
     int elastic, n_live;
     uint32_t epoch;
     int64_t ready_ns;            /* the last INIT completed (monotonic) */
     int tcap;                    /* tnodes' capacity */
     unsigned char *live;
-    uint32_t *told;
+    uint64_t *carried;
     char note[256];
     int note_due;
     /* sync: a replica ended its session (LEAVE): why no step can complete
@@ -165,8 +168,8 @@ int keel__ps_pending_count(const keel__ps *ps);
 void keel__ps_reply_header(keel__ps *ps, const keel__wire_msg *req,
                            keel__wire_header *h, uint8_t type,
                            uint8_t flags);
-/* Elastic sync: the membership word of a reply to req (0 when not
- * elastic); a reply to a HELLO or PUSH records the epoch told. */
+/* Elastic sync: ps 0's membership word of a reply to req (0 when not
+ * elastic, and from any other ps: ps 0 decides). */
 uint64_t keel__ps_membership_word(keel__ps *ps, const keel__wire_msg *req);
 /* Replica r's position among the live replicas (ascending index). */
 int keel__ps_position(const keel__ps *ps, int r);
@@ -245,10 +248,21 @@ keel_status keel__ps_members_plan(keel__ps *ps);
  * pushes not answered yet): admit the replicas heard from that are not
  * live (at most leaves of them in all). */
 void keel__ps_members_boundary(keel__ps *ps);
-/* Elastic sync, a PUSH of replica r: refused (answered with
- * KEEL_EABORTED, 1 returned) when r is not live or was not told the
- * current epoch: its gradients cover leaves of another division. */
+/* Elastic sync, a PUSH of replica r: its membership word taken off req
+ * (a push without one, or one at a ps that is not elastic, is refused).
+ * ps 0: refused (answered with KEEL_EABORTED, 1 returned) unless the word
+ * is the current epoch's for r: its gradients cover leaves of another
+ * division. Another ps: a word of an older epoch than the step's is
+ * refused so; a newer one is adopted (the held pushes, of the older
+ * division, are answered KEEL_EABORTED). */
 int keel__ps_members_push_refused(keel__ps *ps, keel__wire_msg *req, int r);
+/* Elastic sync, a ps other than ps 0 whose step has n_live pushes: the
+ * live replicas are their senders; KEEL_EABORTED (the held pushes
+ * answered so) when their positions do not make one division, else the
+ * plan. */
+keel_status keel__ps_members_follow(keel__ps *ps);
+/* Whether ps decides the membership (elastic sync, ps 0). */
+#define KEEL__PS_DECIDES(ps) ((ps)->elastic && (ps)->task_index == 0)
 /* LEAVE: a replica's session ended by itself at the step in the header;
  * a sync job ends there, async forgets the replica (see the definition). */
 keel_status keel__ps_real_leave(keel__ps *ps, keel__wire_msg *req);

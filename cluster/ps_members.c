@@ -31,10 +31,10 @@ keel__ps_alloc_members(keel__ps *ps)
                                 sizeof *ps->push_budget_ns);
     ps->lim_stale = calloc((size_t)ps->n_slots, sizeof *ps->lim_stale);
     ps->live = calloc((size_t)ps->n_slots, 1);
-    ps->told = calloc((size_t)ps->n_slots, sizeof *ps->told);
+    ps->carried = calloc((size_t)ps->n_slots, sizeof *ps->carried);
     if (ps->last_heard == NULL || ps->member == NULL ||
         ps->push_budget == NULL || ps->push_budget_ns == NULL ||
-        ps->lim_stale == NULL || ps->live == NULL || ps->told == NULL)
+        ps->lim_stale == NULL || ps->live == NULL || ps->carried == NULL)
         return keel__fail(KEEL_ENOMEM, "ps: %d replicas", ps->total_replicas);
     /* the spec's replicas are the first step's; elastic: epoch 1 */
     for (int r = 0; r < ps->total_replicas && r < ps->n_slots; r++)
@@ -236,7 +236,7 @@ elastic_sweep(keel__ps *ps, int64_t now)
     unsigned char gone[KEEL__CLUSTER_MAX_REPLICAS];
     char what[200] = "";
     int n = 0;
-    if (!ps->elastic || ps->dead_after_ms <= 0 || !ps->is_ready)
+    if (!KEEL__PS_DECIDES(ps) || ps->dead_after_ms <= 0 || !ps->is_ready)
         return;
     memset(gone, 0, sizeof gone);
     for (int r = 0; r < ps->n_slots; r++) {
@@ -258,7 +258,7 @@ keel__ps_members_boundary(keel__ps *ps)
 {
     char what[200] = "";
     int before = ps->n_live;
-    if (!ps->elastic)
+    if (!KEEL__PS_DECIDES(ps))
         return;
     for (int r = 0; r < ps->n_slots; r++)
         if (ps->member[r] && !ps->live[r] && ps->n_live < ps->leaves) {
@@ -270,11 +270,14 @@ keel__ps_members_boundary(keel__ps *ps)
         membership_changed(ps, before, what);
 }
 
-int
-keel__ps_members_push_refused(keel__ps *ps, keel__wire_msg *req, int r)
+/* ps 0: refuse replica r's push unless word is the step's, for r. */
+static int
+decider_refused(keel__ps *ps, keel__wire_msg *req, int r, uint64_t word)
 {
     char name[32], text[512], note[sizeof ps->note];
-    if (!ps->elastic || (ps->live[r] && ps->told[r] == ps->epoch))
+    if (ps->live[r] && KEEL__MEMBERSHIP_EPOCH(word) == ps->epoch &&
+        KEEL__MEMBERSHIP_COUNT(word) == ps->n_live &&
+        KEEL__MEMBERSHIP_POS1(word) == keel__ps_position(ps, r) + 1)
         return 0;
     keel__ps_take_note(ps, req, note, sizeof note);
     keel__ps_replica_name(ps, r, name, sizeof name);
@@ -285,11 +288,119 @@ keel__ps_members_push_refused(keel__ps *ps, keel__wire_msg *req, int r)
                  ps->n_live);
     else
         snprintf(text, sizeof text, "%s%sthe live replicas changed "
-                 "(epoch %u) since %s was told its leaves: step %lld is "
-                 "computed again", note, note[0] ? "; " : "", ps->epoch,
-                 name, (long long)keel_vars_global_step(ps->vars));
+                 "(epoch %u) since %s divided its leaves (epoch %u): step "
+                 "%lld is computed again", note, note[0] ? "; " : "",
+                 ps->epoch, name, KEEL__MEMBERSHIP_EPOCH(word),
+                 (long long)keel_vars_global_step(ps->vars));
     keel__ps_send_error(ps, req, KEEL_EABORTED, text);
     return 1;
+}
+
+/* Another ps: the step's membership is the newest epoch its pushes
+ * carried. */
+static int
+follower_refused(keel__ps *ps, keel__wire_msg *req, int r, uint64_t word)
+{
+    char name[32], text[512];
+    uint32_t e = KEEL__MEMBERSHIP_EPOCH(word);
+    int M = KEEL__MEMBERSHIP_COUNT(word), pos1 = KEEL__MEMBERSHIP_POS1(word);
+    long long step = (long long)keel_vars_global_step(ps->vars);
+    keel__ps_replica_name(ps, r, name, sizeof name);
+    if (e == 0 || pos1 == 0 || pos1 > M || M > ps->n_slots ||
+        (int64_t)M > ps->leaves) {
+        snprintf(text, sizeof text, "%s is not a live replica of step %lld "
+                 "(its push carries membership epoch %u, position %d of "
+                 "%d): it takes part from the next step boundary ps 0 "
+                 "admits it at", name, step, e, pos1 - 1, M);
+        keel__ps_send_error(ps, req, KEEL_EABORTED, text);
+        return 1;
+    }
+    if (e < ps->epoch) {
+        snprintf(text, sizeof text, "%s divided its leaves by membership "
+                 "epoch %u, but ps %d aggregates step %lld under epoch %u "
+                 "(ps 0 decided it): step %lld is computed again", name, e,
+                 ps->task_index, step, ps->epoch, step);
+        keel__ps_send_error(ps, req, KEEL_EABORTED, text);
+        return 1;
+    }
+    if (e > ps->epoch) {
+        snprintf(text, sizeof text, "the live replicas changed (epoch %u "
+                 "-> %u, %d replica%s, decided by ps 0): step %lld is "
+                 "computed again", ps->epoch, e, M, M == 1 ? "" : "s", step);
+        keel__log(KEEL_LOG_INFO, "ps %d: membership: %d -> %d replica%s "
+                  "(epoch %u -> %u, as ps 0 decided; %s's push told it) at "
+                  "step %lld", ps->task_index, ps->n_live, M,
+                  M == 1 ? "" : "s", ps->epoch, e, name, step);
+        ps->epoch = e;
+        ps->n_live = M;
+        ps->replicas_to_aggregate = M;
+        keel__ps_fail_pending(ps, KEEL_EABORTED, text);
+    } else if (M != ps->n_live) {
+        snprintf(text, sizeof text, "%s's push carries membership epoch %u "
+                 "with %d replicas; the step's other pushes carried %d",
+                 name, e, M, ps->n_live);
+        keel__ps_send_error(ps, req, KEEL_EINVAL, text);
+        return 1;
+    }
+    ps->carried[r] = word;
+    return 0;
+}
+
+int
+keel__ps_members_push_refused(keel__ps *ps, keel__wire_msg *req, int r)
+{
+    char text[512];
+    uint64_t word;
+    keel_status st = keel__wire_take_membership(req, &word);
+    if (st != KEEL_OK) {
+        keel__ps_send_error(ps, req, st, keel_last_error());
+        return 1;
+    }
+    if (!ps->elastic && !(req->h.flags & KEEL_WIRE_F_MEMBERSHIP))
+        return 0;
+    if (!ps->elastic || !(req->h.flags & KEEL_WIRE_F_MEMBERSHIP)) {
+        snprintf(text, sizeof text, "a push %s a membership word at ps %d, "
+                 "which is %selastic: do all tasks use the same "
+                 "cluster.elastic?", ps->elastic ? "without" : "with",
+                 ps->task_index, ps->elastic ? "" : "not ");
+        keel__ps_send_error(ps, req, KEEL_EINVAL, text);
+        return 1;
+    }
+    return ps->task_index == 0 ? decider_refused(ps, req, r, word)
+                               : follower_refused(ps, req, r, word);
+}
+
+keel_status
+keel__ps_members_follow(keel__ps *ps)
+{
+    char text[512];
+    int n = 0;
+    if (!ps->elastic || ps->task_index == 0)
+        return KEEL_OK;
+    for (int r = 0; r < ps->n_slots; r++) {
+        ps->live[r] = ps->pending[r].used;
+        n += ps->live[r];
+    }
+    for (int r = 0, p = 0; r < ps->n_slots && n == ps->n_live; r++) {
+        uint64_t w = ps->carried[r];
+        if (!ps->live[r])
+            continue;
+        if (KEEL__MEMBERSHIP_EPOCH(w) != ps->epoch ||
+            KEEL__MEMBERSHIP_POS1(w) != p + 1) {
+            n = -1;
+            break;
+        }
+        p++;
+    }
+    if (n == ps->n_live)
+        return keel__ps_members_plan(ps);
+    snprintf(text, sizeof text, "ps %d: the pushes of step %lld do not "
+             "make one division of the leaves among %d live replicas "
+             "(membership epoch %u): the step is computed again",
+             ps->task_index, (long long)keel_vars_global_step(ps->vars),
+             ps->n_live, ps->epoch);
+    keel__ps_fail_pending(ps, KEEL_EABORTED, text);
+    return keel__fail(KEEL_EABORTED, "%s", text);
 }
 
 void
@@ -378,7 +489,7 @@ keel__ps_real_leave(keel__ps *ps, keel__wire_msg *req)
         ps->member[r] = 0;
         ps->n_members--;
     }
-    if (ps->elastic && r != 0 && ps->live[r] && ps->n_live > 1) {
+    if (KEEL__PS_DECIDES(ps) && r != 0 && ps->live[r] && ps->n_live > 1) {
         unsigned char gone[KEEL__CLUSTER_MAX_REPLICAS];
         char how[200] = "";
         memset(gone, 0, sizeof gone);

@@ -69,18 +69,15 @@ keel__ps_reply_header(keel__ps *ps, const keel__wire_msg *req,
     h->peer_generation = keel__ps_membership_word(ps, req);
 }
 
-/* Elastic sync: the membership word of a reply to req (0 when not
- * elastic); a reply to a HELLO or PUSH records the epoch told. */
+/* Elastic sync: ps 0's membership word of a reply to req (0 when not
+ * elastic, and from any other ps: ps 0 decides). */
 uint64_t
 keel__ps_membership_word(keel__ps *ps, const keel__wire_msg *req)
 {
     int r, pos1;
-    if (!ps->elastic || req == NULL)
+    if (!KEEL__PS_DECIDES(ps) || req == NULL)
         return 0;
     r = keel__ps_replica_of(ps, &req->h);
-    if (r >= 0 && (req->h.type == KEEL_MSG_HELLO ||
-                   req->h.type == KEEL_MSG_PUSH))
-        ps->told[r] = ps->epoch;
     pos1 = r >= 0 && ps->live[r] ? keel__ps_position(ps, r) + 1 : 0;
     return KEEL__MEMBERSHIP_WORD(ps->epoch, ps->n_live, pos1);
 }

@@ -136,11 +136,12 @@ desc_decode(const unsigned char *p, size_t n, size_t i, keel__wire_tensor *wt)
                           "bytes, expected %zu", i, n, 4 + 8 * ndim + len);
     memcpy(wt->name, p + 4 + 8 * ndim, len);
     wt->name[len] = '\0';
-    /* a variable's or slot's name, or the metrics tensor's (no
-     * variable's: keel_name_is_valid refuses ':') */
+    /* a variable's or slot's name, or the metrics or membership tensor's
+     * (no variable's: keel_name_is_valid refuses ':') */
     if (memchr(wt->name, '\0', len) != NULL ||
         (!keel_name_is_valid(wt->name) &&
-         strcmp(wt->name, KEEL__WIRE_METRICS_NAME) != 0))
+         strcmp(wt->name, KEEL__WIRE_METRICS_NAME) != 0 &&
+         strcmp(wt->name, KEEL__WIRE_MEMBERSHIP_NAME) != 0))
         return keel__fail(KEEL_ECORRUPT, "tensor %zu: invalid name", i);
     wt->t.ndim = (int)ndim;
     for (int d = 0; d < KEEL_MAX_DIMS; d++)
@@ -1305,5 +1306,39 @@ keel__wire_take_ack_metrics(keel__wire_msg *msg, keel__metrics *m)
         }
         m->n_kept = r + 1;
     }
+    return KEEL_OK;
+}
+
+void
+keel__wire_membership_put(uint64_t word, keel__wire_membership *out)
+{
+    memcpy(out->words, &word, sizeof word);
+    memset(&out->t, 0, sizeof out->t);
+    out->t.ndim = 1;
+    for (int d = 0; d < KEEL_MAX_DIMS; d++)
+        out->t.shape[d] = 1;
+    out->t.shape[0] = 2;
+    out->t.count = 2;
+    out->t.data = out->words;
+}
+
+keel_status
+keel__wire_take_membership(keel__wire_msg *msg, uint64_t *word)
+{
+    const keel__wire_tensor *wt;
+    *word = 0;
+    if (!(msg->h.flags & KEEL_WIRE_F_MEMBERSHIP))
+        return KEEL_OK;
+    if (msg->n == 0)
+        return keel__fail(KEEL_ECORRUPT, "membership flagged without "
+                          "tensors");
+    wt = &msg->tensors[msg->n - 1];
+    if (strcmp(wt->name, KEEL__WIRE_MEMBERSHIP_NAME) != 0 ||
+        wt->t.ndim != 1 || wt->t.data == NULL || wt->t.count != 2)
+        return keel__fail(KEEL_ECORRUPT, "membership flagged but the last "
+                          "tensor '%s' (%zu words) is not a membership word "
+                          "of two", wt->name, wt->t.count);
+    memcpy(word, wt->t.data, sizeof *word);
+    msg->n--;
     return KEEL_OK;
 }

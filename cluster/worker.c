@@ -94,8 +94,8 @@ alloc_tables(keel_cluster_backend *w)
     w->req_ids = calloc(n_ps, sizeof *w->req_ids);
     w->ps_of = calloc(w->n_vars ? w->n_vars : 1, sizeof *w->ps_of);
     w->curves = calloc(n_ps, sizeof *w->curves);
-    w->outs = calloc(w->n_names + w->n_vars * KEEL__MAX_MICRO + 1,
-                     sizeof *w->outs);
+    w->outs = calloc(w->n_names + w->n_vars * KEEL__MAX_MICRO + 2,
+                     sizeof *w->outs);  /* + metrics and membership */
     w->names = calloc(w->n_names ? w->n_names : 1, sizeof *w->names);
     if (w->clients == NULL || w->ps_gen == NULL || w->req_ids == NULL ||
         w->ps_of == NULL || w->curves == NULL ||

@@ -99,7 +99,10 @@ keel__worker_call_error(keel_cluster_backend *w, int p, keel_status st,
 }
 
 /* Elastic sync: ps p's reply r tells this replica the membership (ps 0's
- * word, when it has one); the chief logs a change with the ps's note. */
+ * word, when it has one); the chief logs the ps's note of the changes
+ * whenever a reply carries it (ps 0 sends each once: a change learned
+ * first from a pull reply is named by a later token), else a line of its
+ * own when the epoch changed. */
 void
 keel__worker_membership_take(keel_cluster_backend *w, int p,
                              const keel__wire_msg *r)
@@ -111,14 +114,13 @@ keel__worker_membership_take(keel_cluster_backend *w, int p,
     w->membership = now;
     /* the replies that carry the ps's note of a change to the chief */
     if (!w->is_chief || was == 0 ||
-        KEEL__MEMBERSHIP_EPOCH(was) == KEEL__MEMBERSHIP_EPOCH(now) ||
         (r->h.type != KEEL_MSG_READY && r->h.type != KEEL_MSG_PUSH_ACK &&
          r->h.type != KEEL_MSG_ERROR))
         return;
     note = r->text != NULL ? strstr(r->text, "membership: ") : NULL;
     if (note != NULL)
         keel__log(KEEL_LOG_INFO, "%s", note);
-    else
+    else if (KEEL__MEMBERSHIP_EPOCH(was) != KEEL__MEMBERSHIP_EPOCH(now))
         keel__log(KEEL_LOG_INFO, "membership: %d -> %d replica%s at step "
                   "%lld", KEEL__MEMBERSHIP_COUNT(was),
                   KEEL__MEMBERSHIP_COUNT(now),

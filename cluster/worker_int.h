@@ -68,6 +68,9 @@ struct keel_cluster_backend {
     keel_grads *part_grads;         /* a step's gradients, split */
     keel_grads *part_micro[KEEL__MAX_MICRO];
     keel_grads *const *user_micro;
+    keel__wire_membership push_membership; /* elastic: the word the
+                                    * step's leaves were divided by, to
+                                    * every ps */
 };
 
 /* ---- one request to a ps (worker_call.c) -------------------------------- */

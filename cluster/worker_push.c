@@ -153,6 +153,14 @@ send_push(keel_cluster_backend *w, const push_req *q, int p)
         k++;
         h.flags |= KEEL_WIRE_F_METRICS;
     }
+    if (w->o.in.elastic) {              /* every ps aggregates by it */
+        keel__wire_membership_put(w->membership, &w->push_membership);
+        w->outs[k].name = KEEL__WIRE_MEMBERSHIP_NAME;
+        w->outs[k].t = &w->push_membership.t;
+        w->outs[k].pin = NULL;
+        k++;
+        h.flags |= KEEL_WIRE_F_MEMBERSHIP;
+    }
     h.type = KEEL_MSG_PUSH;
     h.peer_generation = w->ps_gen[p];
     h.flags |= q->into != KEEL__ALGO_INTO_NONE ? KEEL_WIRE_F_WANT_VALUES : 0;

@@ -1,12 +1,13 @@
 /* it_elastic.c - elastic sync (cluster.elastic) with real processes: a
- * job of 4 replicas (1 ps, workers 0..3, worker 0 the chief) loses two
- * workers for good (SIGKILL; dropped after cluster.dead_after_ms) and
- * goes on with 2; the whole job is restarted from its checkpoint with 2
- * replicas, and a worker started by hand with a new index joins (3). The
- * final checkpoint is bitwise equal (`keel ckpt diff`) to one process
- * training the same config for the same steps, and the chief's log names
- * each membership change. keel launch scales such a job with SIGUSR1 and
- * SIGUSR2. */
+ * job of 4 replicas (workers 0..3, worker 0 the chief; one ps, or two
+ * that split the variables) loses two workers for good (SIGKILL; dropped
+ * after cluster.dead_after_ms) and goes on with 2; the whole job is
+ * restarted from its checkpoint with 2 replicas, and a worker started by
+ * hand with a new index joins (3). The final checkpoint is bitwise equal
+ * (`keel ckpt diff`) to one process training the same config for the same
+ * steps, and the chief's log names each membership change (with two ps,
+ * ps 1 names the ones ps 0 decided). keel launch scales such a job with
+ * SIGUSR1 and SIGUSR2. */
 #include <config.h>
 
 #include <signal.h>
@@ -49,16 +50,19 @@ setup(void)
     tu_write_file(cnn, text, strlen(text));
 }
 
-/* TF_CONFIG of task (type, index) in a cluster of one ps on ps_port and
- * n workers on w_port[0..n). */
+/* TF_CONFIG of task (type, index) in a cluster of n_ps ps on
+ * ps_port[0..n_ps) and n workers on w_port[0..n). */
 static void
-tf_config(char *buf, size_t size, int ps_port, const int *w_port, int n,
-          const char *type, int index)
+tf_config(char *buf, size_t size, const int *ps_port, int n_ps,
+          const int *w_port, int n, const char *type, int index)
 {
     size_t k = 0;
     k += (size_t)snprintf(buf + k, size - k, "TF_CONFIG={\"cluster\": "
-                          "{\"ps\": [\"127.0.0.1:%d\"], \"worker\": [",
-                          ps_port);
+                          "{\"ps\": [");
+    for (int i = 0; i < n_ps; i++)
+        k += (size_t)snprintf(buf + k, size - k, "%s\"127.0.0.1:%d\"",
+                              i ? ", " : "", ps_port[i]);
+    k += (size_t)snprintf(buf + k, size - k, "], \"worker\": [");
     for (int i = 0; i < n; i++)
         k += (size_t)snprintf(buf + k, size - k, "%s\"127.0.0.1:%d\"",
                               i ? ", " : "", w_port[i]);
@@ -70,13 +74,13 @@ tf_config(char *buf, size_t size, int ps_port, const int *w_port, int n,
 /* Start `keel train cnn.ini` as task (type, index) of that cluster,
  * training to max_steps; its output in <tag>-<type><index>.log. */
 static pid_t
-start_task(const char *tag, int ps_port, const int *w_port, int n,
-           const char *type, int index, int max_steps)
+start_task(const char *tag, const int *ps_port, int n_ps, const int *w_port,
+           int n, const char *type, int index, int max_steps)
 {
     char tf[1024], log[64], steps[64], dir[4200];
     char *env[] = { tf, NULL };
     const char *sets[] = { steps, dir, NULL };
-    tf_config(tf, sizeof tf, ps_port, w_port, n, type, index);
+    tf_config(tf, sizeof tf, ps_port, n_ps, w_port, n, type, index);
     TU_SNPRINTF(log, sizeof log, "%s-%s%d.log", tag, type, index);
     TU_SNPRINTF(steps, sizeof steps, "train.max_steps=%d", max_steps);
     TU_SNPRINTF(dir, sizeof dir, "checkpoint.dir=%s", tu_path("elastic"));
@@ -121,47 +125,70 @@ expect_in_log(const char *log, const char *const *needles)
     free(text);
 }
 
-START_TEST(test_four_two_three_replicas_end_as_a_fixed_run)
+/* 4 -> 2 -> 3 replicas with n_ps ps, then the fixed run and the diff. */
+static void
+four_two_three(int n_ps)
 {
-    int ps_port = tu_held_port(), w_port[4], rc;
-    pid_t ps, w[4];
+    int ps_port[2], w_port[4], rc;
+    pid_t ps[2], w[4];
     char steps[64], dir[4200], a[4200], b[4200];
     const char *fixed_sets[] = { steps, dir, NULL };
+    for (int i = 0; i < n_ps; i++)
+        ps_port[i] = tu_held_port();
     for (int i = 0; i < 4; i++)
         w_port[i] = tu_held_port();
 
     /* 4 -> 2: workers 2 and 3 killed for good */
-    ps = start_task("a", ps_port, w_port, 4, "ps", 0, PHASE_A);
+    for (int i = 0; i < n_ps; i++)
+        ps[i] = start_task("a", ps_port, n_ps, w_port, 4, "ps", i, PHASE_A);
     for (int i = 0; i < 4; i++)
-        w[i] = start_task("a", ps_port, w_port, 4, "worker", i, PHASE_A);
+        w[i] = start_task("a", ps_port, n_ps, w_port, 4, "worker", i,
+                          PHASE_A);
     wait_for_checkpoint(KILL_AT);
     tu_kill(w[2]);
     tu_kill(w[3]);
     expect_clean_exit(w[0], "a-worker0.log");
     expect_clean_exit(w[1], "a-worker1.log");
-    expect_clean_exit(ps, "a-ps0.log");
+    expect_clean_exit(ps[0], "a-ps0.log");
+    if (n_ps > 1) {
+        expect_clean_exit(ps[1], "a-ps1.log");
+        expect_in_log("a-ps1.log", (const char *const[]){
+            "membership: ", "-> 2 replicas (epoch ", "as ps 0 decided",
+            NULL });
+    }
     expect_in_log("a-worker0.log", (const char *const[]){
         "membership: ", "worker 2 left", "worker 3 left", "-> 2 replicas",
         NULL });
 
     /* the whole job restarted from its checkpoint with 2 replicas; then
      * worker 2, a new index, started by hand: 2 -> 3 */
-    ps_port = tu_held_port();
+    for (int i = 0; i < n_ps; i++)
+        ps_port[i] = tu_held_port();
     for (int i = 0; i < 3; i++)
         w_port[i] = tu_held_port();
-    ps = start_task("b", ps_port, w_port, 2, "ps", 0, PHASE_B);
+    for (int i = 0; i < n_ps; i++)
+        ps[i] = start_task("b", ps_port, n_ps, w_port, 2, "ps", i, PHASE_B);
     for (int i = 0; i < 2; i++)
-        w[i] = start_task("b", ps_port, w_port, 2, "worker", i, PHASE_B);
+        w[i] = start_task("b", ps_port, n_ps, w_port, 2, "worker", i,
+                          PHASE_B);
     wait_for_checkpoint(JOIN_AT);
-    w[2] = start_task("b", ps_port, w_port, 3, "worker", 2, PHASE_B);
+    w[2] = start_task("b", ps_port, n_ps, w_port, 3, "worker", 2, PHASE_B);
     expect_clean_exit(w[0], "b-worker0.log");
     expect_clean_exit(w[1], "b-worker1.log");
     expect_clean_exit(w[2], "b-worker2.log");
-    expect_clean_exit(ps, "b-ps0.log");
+    for (int i = 0; i < n_ps; i++) {
+        char log[32];
+        TU_SNPRINTF(log, sizeof log, "b-ps%d.log", i);
+        expect_clean_exit(ps[i], log);
+    }
     expect_in_log("b-worker0.log", (const char *const[]){
         "membership: 2 -> 3 replicas (worker 2 joined)", NULL });
     expect_in_log("b-worker2.log", (const char *const[]){
         "elastic: replica 2 of 3 live", NULL });
+    if (n_ps > 1)
+        expect_in_log("b-ps1.log", (const char *const[]){
+            "membership: 2 -> 3 replicas (epoch 1 -> 2, as ps 0 decided",
+            NULL });
 
     /* fixed membership: one process, the same config and steps */
     TU_SNPRINTF(steps, sizeof steps, "train.max_steps=%d", PHASE_B);
@@ -176,6 +203,19 @@ START_TEST(test_four_two_three_replicas_end_as_a_fixed_run)
     rc = TU_KEEL(RUN_MS, "ckpt", "diff", a, b);
     ck_assert_msg(rc == 0, "elastic and fixed runs differ (exit %d):\n%s%s",
                   rc, out, err);
+}
+
+START_TEST(test_four_two_three_replicas_end_as_a_fixed_run)
+{
+    four_two_three(1);
+}
+END_TEST
+
+/* Two ps: ps 0 decides each step's membership, ps 1 aggregates its
+ * variables by the word every push carries; the bits are the same. */
+START_TEST(test_two_ps_four_two_three_replicas_end_as_a_fixed_run)
+{
+    four_two_three(2);
 }
 END_TEST
 
@@ -217,6 +257,7 @@ elastic_suite(void)
     Suite *s = suite_create("it_elastic");
     tu_tcase(s, "elastic", 600, setup, tu_teardown, TU_TESTS(
         test_four_two_three_replicas_end_as_a_fixed_run,
+        test_two_ps_four_two_three_replicas_end_as_a_fixed_run,
         test_keel_launch_scales_an_elastic_sync_job));
     return s;
 }

@@ -14,7 +14,8 @@ endif
 
 # it_elastic: an elastic sync job goes 4 -> 2 -> 3 replicas (kills, a
 # restart of the whole job, a worker of a new index started by hand) and
-# ends bitwise equal to one process; the chief's log names each change.
+# ends bitwise equal to one process, with one ps and with two (ps 0
+# decides, ps 1 follows); the chief's log names each change.
 if HAVE_CHECK
 SUITES += tests/it_elastic
 endif
