@@ -679,6 +679,34 @@ cas_update(const opt_call *a, const opt_task *k)
     memset(g, 0, k->n * sizeof *g);
 }
 
+/* Floats per row of v (rank >= 1). */
+static size_t
+var_row(keel_var *v)
+{
+    const keel_tensor *w = keel_var_tensor(v);
+    return w->count / (size_t)w->shape[0];
+}
+
+/* cas_update on each given row, its gradient copied first (cas_update
+ * zeroes the gradient it reads; the rows stay the caller's). */
+static void
+cas_rows(const opt_call *a, const opt_task *k, size_t n, const int64_t *ids,
+         const float *rows, size_t row)
+{
+    float g[256];
+    for (size_t r = 0; r < n; r++)
+        for (size_t c0 = 0; c0 < row; c0 += 256) {
+            size_t off = (size_t)ids[r] * row + c0;
+            size_t m = row - c0 < 256 ? row - c0 : 256;
+            opt_task one = { .x = k->x + off,
+                             .s1 = k->s1 ? k->s1 + off : NULL,
+                             .s2 = k->s2 ? k->s2 + off : NULL,
+                             .g = g, .n = m };
+            memcpy(g, rows + r * row + c0, m * sizeof *g);
+            cas_update(a, &one);
+        }
+}
+
 static keel_status
 apply_all_fp(keel_optimizer *o, keel_vars *vs, keel_grads *grads,
              int64_t global_step, int zero, keel__pool *pool, int cas)
@@ -737,30 +765,11 @@ apply_all_fp(keel_optimizer *o, keel_vars *vs, keel_grads *grads,
         if (k->var == 0)
             continue;
         nr = keel_grads_rows(grads, k->var - 1, &ids, &rows);
-        row = keel_var_tensor(keel_vars_at(vs, k->var - 1))->count /
-              (size_t)keel_var_tensor(keel_vars_at(vs, k->var - 1))->shape[0];
-        if (cas) {
-            for (size_t r = 0; r < nr; r++) {
-                size_t off = (size_t)ids[r] * row;
-                opt_task one = { .x = k->x + off,
-                                 .s1 = k->s1 ? k->s1 + off : NULL,
-                                 .s2 = k->s2 ? k->s2 + off : NULL,
-                                 .n = row };
-                float g[256];
-                for (size_t c0 = 0; c0 < row; c0 += 256) {
-                    size_t m = row - c0 < 256 ? row - c0 : 256;
-                    memcpy(g, rows + r * row + c0, m * sizeof *g);
-                    one.x = k->x + off + c0;
-                    one.s1 = k->s1 ? k->s1 + off + c0 : NULL;
-                    one.s2 = k->s2 ? k->s2 + off + c0 : NULL;
-                    one.g = g;
-                    one.n = m;
-                    cas_update(&a, &one);
-                }
-            }
-        } else {
+        row = var_row(keel_vars_at(vs, k->var - 1));
+        if (cas)
+            cas_rows(&a, k, nr, ids, rows, row);
+        else
             update_rows(&a, k, nr, ids, rows, row);
-        }
         if (zero)
             keel__grads_clear_rows(grads, k->var - 1);
     }

@@ -3658,12 +3658,14 @@ START_TEST(test_lazy_apply_touches_only_the_given_rows)
     keel_optimizer_kind kind = (keel_optimizer_kind)_i;
     const int64_t ids[3] = { 3, 1, 3 }, ids2[1] = { 1 };
     float rows[9], before[60], after[60], dense[60];
-    keel_vars *vs, *vd;
-    keel_grads *g, *gd;
-    keel_optimizer *o, *od;
+    float cas[60];
+    keel_vars *vs, *vd, *vc;
+    keel_grads *g, *gd, *gc;
+    keel_optimizer *o, *od, *oc;
     fill_uniform(rows, 9, 9, -1, 1);
     rows_store(kind, &vs, &g, &o);
     rows_store(kind, &vd, &gd, &od);
+    rows_store(kind, &vc, &gc, &oc);     /* Hogwild's CAS form */
     rows_snapshot(vs, before);
     /* the same step: rows in one store, scattered densely in the other */
     for (int step = 0; step < 2; step++) {
@@ -3672,6 +3674,13 @@ START_TEST(test_lazy_apply_touches_only_the_given_rows)
         fill_uniform(keel_grads_find(g, "d")->data, 3, 10 + step, -1, 1);
         ck_assert_int_eq(keel_grads_add_rows(g, 0, n, id, rows), KEEL_OK);
         ck_assert_int_eq(keel_grads_add_rows(gd, 0, n, id, rows), KEEL_OK);
+        ck_assert_int_eq(keel_grads_add_rows(gc, 0, n, id, rows), KEEL_OK);
+        memcpy(keel_grads_find(gc, "d")->data, keel_grads_find(g, "d")->data,
+               3 * sizeof(float));
+        ck_assert_int_eq(keel__optimizer_apply_cas(oc, vc, gc, step),
+                         KEEL_OK);
+        ck_assert(!keel_grads_has_rows(gc));
+        ck_assert(rows[0] != 0.0f);      /* the caller's rows stay */
         memcpy(keel_grads_find(gd, "d")->data, keel_grads_find(g, "d")->data,
                3 * sizeof(float));
         keel_grads_densify(gd);
@@ -3682,6 +3691,8 @@ START_TEST(test_lazy_apply_touches_only_the_given_rows)
         keel_grads_zero(gd);
         rows_snapshot(vs, after);
         rows_snapshot(vd, dense);
+        rows_snapshot(vc, cas);
+        ck_assert_mem_eq(cas, after, sizeof cas);
         /* rows 0, 2, 4 and their slots: untouched, bit for bit */
         for (int s = 0; s < 4; s++)
             for (int r = 0; r < 5; r += 2)
@@ -3717,10 +3728,13 @@ START_TEST(test_lazy_apply_touches_only_the_given_rows)
     }
     keel_optimizer_free(o);
     keel_optimizer_free(od);
+    keel_optimizer_free(oc);
     keel_grads_free(g);
     keel_grads_free(gd);
+    keel_grads_free(gc);
     keel_vars_free(vs);
     keel_vars_free(vd);
+    keel_vars_free(vc);
 }
 END_TEST
 
