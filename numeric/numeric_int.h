@@ -151,6 +151,9 @@ void keel__metrics_combine_begin(keel__metrics *m);
 void keel__metrics_combine_add(keel__metrics *m, int replica,
                                const double *sum, const double *count);
 
+/* Drop variable i's gradient rows (its dense gradient stays). */
+void keel__grads_clear_rows(keel_grads *g, size_t i);
+
 /* ---- optim.c ---- */
 /* keel_optimizer_apply_and_zero with every variable element changed by
  * one compare-and-swap loop (Hogwild's CAS form); slots plain. */

@@ -394,6 +394,8 @@ typedef struct opt_task {
     float *x, *s1, *s2;
     float *g;                     /* written only when zeroing */
     size_t n;
+    size_t var;                   /* apply_all: store index + 1 of a
+                                   * variable updated by rows, else 0 */
 } opt_task;
 
 /* One apply: the constants of the step and the variables' tasks, split
@@ -494,6 +496,47 @@ update_range(const opt_call *a, const opt_task *k, size_t lo, size_t hi)
     }
 }
 
+/* Rows of one variable: the dense kernels on each given row of the
+ * variable and its slots (TF's sparse applies; Adam is LazyAdam). */
+static void
+update_rows(const opt_call *a, const opt_task *k, size_t n,
+            const int64_t *ids, const float *rows, size_t row)
+{
+    for (size_t r = 0; r < n; r++) {
+        size_t off = (size_t)ids[r] * row;
+        opt_task one = { .x = k->x + off,
+                         .s1 = k->s1 ? k->s1 + off : NULL,
+                         .s2 = k->s2 ? k->s2 + off : NULL,
+                         .g = (float *)(rows + r * row), .n = row };
+        opt_call c = *a;
+        c.zero = 0;
+        update_range(&c, &one, 0, row);
+    }
+}
+
+/* Check rows against v: ids strictly increasing and below its rows. */
+static keel_status
+check_rows(keel_var *v, size_t n, const int64_t *ids, const float *rows,
+           size_t *row)
+{
+    keel_tensor *w = keel_var_tensor(v);
+    if (w->ndim < 1)
+        return keel__fail(KEEL_EINVAL, "optimizer apply: '%s' is a scalar "
+                          "(rows need rank >= 1)", keel_var_name(v));
+    if (n > 0 && (ids == NULL || rows == NULL))
+        return keel__fail(KEEL_EINVAL, "optimizer apply: rows of '%s': "
+                          "NULL ids or rows", keel_var_name(v));
+    for (size_t r = 0; r < n; r++)
+        if (ids[r] < 0 || ids[r] >= w->shape[0] ||
+            (r > 0 && ids[r] <= ids[r - 1]))
+            return keel__fail(KEEL_EINVAL, "optimizer apply: rows of '%s': "
+                              "id %lld (entry %zu) is outside [0, %lld) or "
+                              "not above the one before", keel_var_name(v),
+                              (long long)ids[r], r, (long long)w->shape[0]);
+    *row = w->count / (size_t)w->shape[0];
+    return KEEL_OK;
+}
+
 /* Thread t's share of the concatenated elements of every task. */
 static void
 apply_worker(void *ctx, int t)
@@ -541,6 +584,41 @@ keel_optimizer_apply_var(keel_optimizer *o, keel_var *v,
                          const keel_tensor *grad, int64_t global_step)
 {
     return KEEL__FLUSHED(optimizer_apply_var_fp(o, v, grad, global_step));
+}
+
+static keel_status
+optimizer_apply_rows_fp(keel_optimizer *o, keel_var *v, size_t n,
+                        const int64_t *ids, const float *rows,
+                        int64_t global_step)
+{
+    opt_task k;
+    opt_call a;
+    keel_status st;
+    size_t row;
+    if (o == NULL || v == NULL)
+        return keel__fail(KEEL_EINVAL, "optimizer apply: NULL argument");
+    if (global_step < 0)
+        return keel__fail(KEEL_EINVAL, "optimizer apply: negative global "
+                          "step %lld", (long long)global_step);
+    if ((st = check_rows(v, n, ids, rows, &row)) != KEEL_OK)
+        return st;
+    if ((st = make_task(&o->cfg, v, keel_var_tensor(v), &k)) != KEEL_OK)
+        return st;
+    a = (opt_call){ .c = &o->cfg, .lr = step_lr(&o->cfg, global_step),
+                    .task = &k, .ntask = 1, .total = k.n, .nthreads = 1 };
+    KEEL__PROF_BEGIN();
+    update_rows(&a, &k, n, ids, rows, row);
+    KEEL__CORE_PROF_END(optimizer_ns);
+    return KEEL_OK;
+}
+
+keel_status
+keel_optimizer_apply_rows(keel_optimizer *o, keel_var *v, size_t n,
+                          const int64_t *ids, const float *rows,
+                          int64_t global_step)
+{
+    return KEEL__FLUSHED(optimizer_apply_rows_fp(o, v, n, ids, rows,
+                                                 global_step));
 }
 
 /* Hogwild's CAS form: x[i] += d as one compare-and-swap loop on the
@@ -601,6 +679,34 @@ cas_update(const opt_call *a, const opt_task *k)
     memset(g, 0, k->n * sizeof *g);
 }
 
+/* Floats per row of v (rank >= 1). */
+static size_t
+var_row(keel_var *v)
+{
+    const keel_tensor *w = keel_var_tensor(v);
+    return w->count / (size_t)w->shape[0];
+}
+
+/* cas_update on each given row, its gradient copied first (cas_update
+ * zeroes the gradient it reads; the rows stay the caller's). */
+static void
+cas_rows(const opt_call *a, const opt_task *k, size_t n, const int64_t *ids,
+         const float *rows, size_t row)
+{
+    float g[256];
+    for (size_t r = 0; r < n; r++)
+        for (size_t c0 = 0; c0 < row; c0 += 256) {
+            size_t off = (size_t)ids[r] * row + c0;
+            size_t m = row - c0 < 256 ? row - c0 : 256;
+            opt_task one = { .x = k->x + off,
+                             .s1 = k->s1 ? k->s1 + off : NULL,
+                             .s2 = k->s2 ? k->s2 + off : NULL,
+                             .g = g, .n = m };
+            memcpy(g, rows + r * row + c0, m * sizeof *g);
+            cas_update(a, &one);
+        }
+}
+
 static keel_status
 apply_all_fp(keel_optimizer *o, keel_vars *vs, keel_grads *grads,
              int64_t global_step, int zero, keel__pool *pool, int cas)
@@ -624,24 +730,53 @@ apply_all_fp(keel_optimizer *o, keel_vars *vs, keel_grads *grads,
         o->task = t;
         o->cap = nv;
     }
-    /* every check first: a failing apply changes no variable */
+    /* every check first: a failing apply changes no variable. A
+     * variable with gradient rows is a task of no dense elements (n 0,
+     * row_of its index + 1), updated after the dense ones. */
     for (size_t i = 0; i < nv; i++) {
         keel_var *v = keel_vars_at(vs, i);
         keel_status st;
+        const int64_t *ids;
+        const float *rows;
+        size_t nr, row;
         if (!keel_var_is_trainable(v))
             continue;              /* untrainable variables have none */
         st = make_task(&o->cfg, v, keel_grads_at(grads, i), &o->task[nt]);
         if (st != KEEL_OK)
             return st;
+        nr = keel_grads_rows(grads, i, &ids, &rows);
+        o->task[nt].var = nr > 0 ? i + 1 : 0;
+        if (nr > 0) {
+            if ((st = check_rows(v, nr, ids, rows, &row)) != KEEL_OK)
+                return st;
+            o->task[nt].n = 0;
+        }
         total += o->task[nt++].n;
     }
     a = (opt_call){ .c = &o->cfg, .lr = step_lr(&o->cfg, global_step),
                     .task = o->task, .ntask = nt, .total = total,
                     .zero = zero, .nthreads = 1 };
     KEEL__PROF_BEGIN();
+    for (size_t i = 0; i < nt; i++) {
+        opt_task *k = &o->task[i];
+        const int64_t *ids;
+        const float *rows;
+        size_t nr, row;
+        if (k->var == 0)
+            continue;
+        nr = keel_grads_rows(grads, k->var - 1, &ids, &rows);
+        row = var_row(keel_vars_at(vs, k->var - 1));
+        if (cas)
+            cas_rows(&a, k, nr, ids, rows, row);
+        else
+            update_rows(&a, k, nr, ids, rows, row);
+        if (zero)
+            keel__grads_clear_rows(grads, k->var - 1);
+    }
     if (cas) {
         for (size_t i = 0; i < nt; i++)
-            cas_update(&a, &o->task[i]);
+            if (o->task[i].var == 0)
+                cas_update(&a, &o->task[i]);
     } else if (pool != NULL && keel__pool_threads(pool) > 1 &&
         total >= OPT_PARALLEL_MIN) {
         a.nthreads = keel__pool_threads(pool);

@@ -3,6 +3,7 @@
  * the global step. Names are path-like and double as checkpoint names. */
 #include <config.h>
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -443,9 +444,22 @@ keel_var_slot_at(keel_var *v, size_t i, const char **name)
 
 /* ---- gradients ----------------------------------------------------------- */
 
+/* A variable's gradient rows: as added (seq order) until coalesced, then
+ * sorted by id with duplicates summed. */
+typedef struct grad_rows {
+    int64_t *ids;
+    float *rows;         /* n x row floats */
+    size_t n, cap;
+    size_t row;          /* floats per row: the variable's count / shape[0] */
+    int is_coalesced;
+    size_t *order;       /* coalescing's permutation, cap entries */
+    float *tmp;          /* coalescing's output rows, cap x row floats */
+} grad_rows;
+
 struct keel_grads {
     const keel_vars *vs;
     keel_tensor *t;      /* one per variable; empty (data NULL) if frozen */
+    grad_rows *rows;     /* one per variable, all empty until rows are added */
     size_t n;
     int64_t examples;    /* what the gradients are the mean over */
     keel__metrics metrics;
@@ -468,7 +482,10 @@ keel_grads_new(const keel_vars *vs, keel_grads **out)
     g->examples = 1;
     if (vs->n > 0) {
         g->t = calloc(vs->n, sizeof *g->t);
-        if (g->t == NULL) {
+        g->rows = calloc(vs->n, sizeof *g->rows);
+        if (g->t == NULL || g->rows == NULL) {
+            free(g->t);
+            free(g->rows);
             free(g);
             return keel__fail(KEEL_ENOMEM, "grads: %zu entries", vs->n);
         }
@@ -493,9 +510,15 @@ keel_grads_free(keel_grads *g)
 {
     if (g == NULL)
         return;
-    for (size_t i = 0; i < g->n; i++)
+    for (size_t i = 0; i < g->n; i++) {
         keel_tensor_release(&g->t[i]);
+        free(g->rows[i].ids);
+        free(g->rows[i].rows);
+        free(g->rows[i].order);
+        free(g->rows[i].tmp);
+    }
     free(g->t);
+    free(g->rows);
     free(g);
 }
 
@@ -587,7 +610,185 @@ keel_grads_zero(keel_grads *g)
 {
     if (g == NULL)
         return;
-    for (size_t i = 0; i < g->n; i++)
+    for (size_t i = 0; i < g->n; i++) {
         if (g->t[i].data != NULL)
             memset(g->t[i].data, 0, keel_tensor_bytes(&g->t[i]));
+        g->rows[i].n = 0;
+    }
+}
+
+/* ---- gradient rows ------------------------------------------------------- */
+
+static keel_status
+rows_reserve(grad_rows *r, size_t need, const char *name)
+{
+    size_t cap;
+    int64_t *ids;
+    float *rows, *tmp;
+    size_t *order;
+    if (need <= r->cap)
+        return KEEL_OK;
+    cap = r->cap < 64 ? 64 : r->cap;
+    while (cap < need)
+        cap *= 2;
+    if (cap > KEEL_TENSOR_MAX_BYTES / sizeof(float) / r->row)
+        return keel__fail(KEEL_ENOMEM, "gradient rows of '%s': %zu rows of "
+                          "%zu floats", name, need, r->row);
+    ids = realloc(r->ids, cap * sizeof *ids);
+    if (ids != NULL)
+        r->ids = ids;
+    rows = realloc(r->rows, cap * r->row * sizeof *rows);
+    if (rows != NULL)
+        r->rows = rows;
+    order = realloc(r->order, cap * sizeof *order);
+    if (order != NULL)
+        r->order = order;
+    tmp = realloc(r->tmp, cap * r->row * sizeof *tmp);
+    if (tmp != NULL)
+        r->tmp = tmp;
+    if (ids == NULL || rows == NULL || order == NULL || tmp == NULL)
+        return keel__fail(KEEL_ENOMEM, "gradient rows of '%s': %zu rows of "
+                          "%zu floats", name, cap, r->row);
+    r->cap = cap;
+    return KEEL_OK;
+}
+
+keel_status
+keel_grads_add_rows(keel_grads *g, size_t i, size_t n, const int64_t *ids,
+                    const float *rows)
+{
+    const keel_var *v;
+    grad_rows *r;
+    int64_t nrows;
+    keel_status st;
+    if (g == NULL || (n > 0 && (ids == NULL || rows == NULL)))
+        return keel__fail(KEEL_EINVAL, "grads: add_rows: NULL argument");
+    if (i >= g->n || g->t[i].data == NULL)
+        return keel__fail(KEEL_EINVAL, "grads: add_rows: variable %zu has "
+                          "no gradient (not trainable, or created after "
+                          "the gradients)", i);
+    v = g->vs->vars[i];
+    if (v->t.ndim < 1)
+        return keel__fail(KEEL_EINVAL, "grads: add_rows: '%s' is a scalar "
+                          "(rows need a variable of rank >= 1)", v->name);
+    nrows = v->t.shape[0];
+    for (size_t k = 0; k < n; k++)
+        if (ids[k] < 0 || ids[k] >= nrows)
+            return keel__fail(KEEL_EINVAL, "grads: add_rows: id %lld (entry "
+                              "%zu) is outside the %lld rows of '%s'",
+                              (long long)ids[k], k, (long long)nrows,
+                              v->name);
+    r = &g->rows[i];
+    r->row = v->t.count / (size_t)nrows;
+    if (n > SIZE_MAX / 2 - r->n)
+        return keel__fail(KEEL_ENOMEM, "gradient rows of '%s'", v->name);
+    if ((st = rows_reserve(r, r->n + n, v->name)) != KEEL_OK)
+        return st;
+    memcpy(r->ids + r->n, ids, n * sizeof *ids);
+    memcpy(r->rows + r->n * r->row, rows, n * r->row * sizeof *rows);
+    r->n += n;
+    r->is_coalesced = 0;
+    return KEEL_OK;
+}
+
+/* Ascending id, then ascending position: a total order, so the sort's
+ * result is the same whatever the algorithm. */
+static _Thread_local const int64_t *sort_ids;
+
+static int
+cmp_id_seq(const void *a, const void *b)
+{
+    size_t x = *(const size_t *)a, y = *(const size_t *)b;
+    if (sort_ids[x] != sort_ids[y])
+        return sort_ids[x] < sort_ids[y] ? -1 : 1;
+    return x < y ? -1 : x > y;
+}
+
+/* Sort by id; each id's rows summed in the order they were added. */
+static void
+rows_coalesce(grad_rows *r)
+{
+    size_t u = 0, row = r->row;
+    if (r->is_coalesced)
+        return;
+    for (size_t k = 0; k < r->n; k++)
+        r->order[k] = k;
+    sort_ids = r->ids;
+    qsort(r->order, r->n, sizeof *r->order, cmp_id_seq);
+    sort_ids = NULL;
+    for (size_t k = 0; k < r->n;) {
+        size_t first = r->order[k];
+        int64_t id = r->ids[first];
+        float *dst = r->tmp + u * row;
+        memcpy(dst, r->rows + first * row, row * sizeof *dst);
+        for (k++; k < r->n && r->ids[r->order[k]] == id; k++) {
+            const float *src = r->rows + r->order[k] * row;
+            for (size_t c = 0; c < row; c++)
+                dst[c] += src[c];
+        }
+        r->order[u++] = (size_t)id;
+    }
+    for (size_t k = 0; k < u; k++)
+        r->ids[k] = (int64_t)r->order[k];
+    memcpy(r->rows, r->tmp, u * row * sizeof *r->rows);
+    r->n = u;
+    r->is_coalesced = 1;
+}
+
+size_t
+keel_grads_rows(keel_grads *g, size_t i, const int64_t **ids,
+                const float **rows)
+{
+    grad_rows *r;
+    if (ids != NULL)
+        *ids = NULL;
+    if (rows != NULL)
+        *rows = NULL;
+    if (g == NULL || i >= g->n || g->rows[i].n == 0)
+        return 0;
+    r = &g->rows[i];
+    rows_coalesce(r);
+    if (ids != NULL)
+        *ids = r->ids;
+    if (rows != NULL)
+        *rows = r->rows;
+    return r->n;
+}
+
+int
+keel_grads_has_rows(const keel_grads *g)
+{
+    if (g == NULL)
+        return 0;
+    for (size_t i = 0; i < g->n; i++)
+        if (g->rows[i].n > 0)
+            return 1;
+    return 0;
+}
+
+void
+keel__grads_clear_rows(keel_grads *g, size_t i)
+{
+    if (g != NULL && i < g->n)
+        g->rows[i].n = 0;
+}
+
+void
+keel_grads_densify(keel_grads *g)
+{
+    if (g == NULL)
+        return;
+    for (size_t i = 0; i < g->n; i++) {
+        grad_rows *r = &g->rows[i];
+        if (r->n == 0)
+            continue;
+        rows_coalesce(r);
+        for (size_t k = 0; k < r->n; k++) {
+            float *dst = g->t[i].data + (size_t)r->ids[k] * r->row;
+            const float *src = r->rows + k * r->row;
+            for (size_t c = 0; c < r->row; c++)
+                dst[c] += src[c];
+        }
+        r->n = 0;
+    }
 }

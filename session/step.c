@@ -213,6 +213,8 @@ replica_worker(void *ctx, int t)
             snprintf(r->error[i], sizeof r->error[i], "%s", "it marked "
                      "the update applied, which one replica of several "
                      "cannot do");
+        else
+            keel_grads_densify(r->grads[i]);   /* the reduction is dense */
     }
 }
 

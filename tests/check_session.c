@@ -1367,6 +1367,68 @@ START_TEST(test_replicas_add_gradients_along_the_tree_and_average_values)
 END_TEST
 
 
+static float rows_dense[6];
+static int rows_left;
+
+/* Replica r adds the row r + 1 (twice, for ids 2 and 0) of table "t". */
+static keel_status
+rows_step(void *ctx, keel_step *st)
+{
+    const int64_t ids[2] = { 2, 0 };
+    float r1 = (float)(keel_step_replica(st) + 1);
+    float rows[4] = { r1, -r1, 10 * r1, 0 };
+    keel_grads *g = keel_step_grads(st);
+    (void)ctx;
+    return keel_grads_add_rows(g, keel_var_index(keel_vars_find(vs, "t")),
+                               2, ids, rows);
+}
+
+static keel_status
+record_rows_apply(void *ctx, keel_vars *v, keel_grads *g, int64_t gs)
+{
+    (void)ctx;
+    (void)gs;
+    memcpy(rows_dense, keel_grads_find(g, "t")->data, sizeof rows_dense);
+    rows_left = keel_grads_has_rows(g) ||
+                keel_grads_rows(g, keel_var_index(keel_vars_find(v, "t")),
+                                NULL, NULL) > 0;
+    n_applied++;
+    return KEEL_OK;
+}
+
+/* An updater other than keel's optimizer reads dense gradients: the
+ * session gives it the step's rows scattered into the dense gradient,
+ * alone and summed over in-process replicas. */
+START_TEST(test_gradient_rows_reach_a_custom_updater_dense)
+{
+    int64_t shape[2] = { 3, 2 };
+    keel_session_config c;
+    keel_session *s;
+    ck_assert_int_eq(keel_vars_create(vs, "t", 2, shape, KEEL_VAR_TRAINABLE,
+                                      NULL), KEEL_OK);
+    for (int replicas = 1; replicas <= 2; replicas++) {
+        float sum = replicas == 1 ? 1.0f : 3.0f;
+        replica_cfg(&c, rows_step);
+        c.updater.apply = record_rows_apply;
+        c.replicas = replicas;
+        n_applied = 0;
+        rows_left = 1;
+        ck_assert_int_eq(keel_session_new(&c, &s), KEEL_OK);
+        ck_assert_int_eq(keel_session_run(s, NULL), KEEL_OK);
+        ck_assert_int_eq(n_applied, 1);
+        ck_assert_int_eq(rows_left, 0);
+        ck_assert(rows_dense[4] == sum && rows_dense[5] == -sum);
+        ck_assert(rows_dense[0] == 10 * sum && rows_dense[1] == 0.0f);
+        ck_assert(rows_dense[2] == 0.0f && rows_dense[3] == 0.0f);
+        /* the next step starts from zero: the same gradient again */
+        ck_assert_int_eq(keel_session_run(s, NULL), KEEL_OK);
+        ck_assert(rows_dense[4] == sum && rows_dense[0] == 10 * sum);
+        keel_session_close(s);
+        keel_session_free(s);
+    }
+}
+END_TEST
+
 static double seen_replica2, seen_lr;
 static keel_status metric_status[2];
 
@@ -2020,6 +2082,7 @@ session_suite(void)
         test_final_checkpoint_failure_is_the_close_status,
         test_replicas_add_gradients_along_the_tree_and_average_values,
         test_replicas_weigh_metrics_by_examples,
+        test_gradient_rows_reach_a_custom_updater_dense,
         test_replica_failures_name_the_replica_and_apply_nothing,
         test_replica_stores_start_zero_every_step_and_after_a_failure,
         test_strategy_names_and_the_training_sessions_rules,

@@ -3513,11 +3513,236 @@ START_TEST(test_reduce_tree_covers_and_sums_in_tree_order)
 }
 END_TEST
 
+
+/* ---- embeddings and gradient rows --------------------------------------- */
+
+START_TEST(test_embedding_gathers_rows_and_sums_duplicates_in_order)
+{
+    keel_vars *vs;
+    keel_grads *g;
+    keel_embedding *e;
+    keel_embedding_config cfg;
+    const int64_t ids1[3] = { 4, 1, 4 }, ids2[2] = { 0, 4 };
+    /* id 4 gets a, b, then c: (a + b) + c is 0 in float, a + (b + c) not */
+    const float a = 1e8f, b = 1.0f, c = -1e8f;
+    float d1[3 * 2] = { a, 1, 5, 6, b, 2 }, d2[2 * 2] = { 7, 8, c, 3 };
+    float out[3 * 2];
+    const int64_t *rid;
+    const float *rrow;
+    volatile float ab = a + b;
+    keel_embedding_config_init(&cfg);
+    cfg.name = "emb";
+    cfg.vocab = 6;
+    cfg.dim = 2;
+    ck_assert_int_eq(keel_vars_new(&vs), KEEL_OK);
+    ck_assert_int_eq(keel_embedding_new(&cfg, vs, &e), KEEL_OK);
+    ck_assert_ptr_eq(keel_embedding_var(e), keel_vars_find(vs,
+                                                          "emb/embeddings"));
+    ck_assert_int_eq(keel_embedding_init_vars(e, 7), KEEL_OK);
+    ck_assert_int_eq(keel_grads_new(vs, &g), KEEL_OK);
+    ck_assert_int_eq(keel_embedding_lookup(e, 3, ids1, out), KEEL_OK);
+    for (int k = 0; k < 3; k++)
+        ck_assert_mem_eq(out + 2 * k, keel_var_tensor(keel_embedding_var(e))
+                         ->data + 2 * ids1[k], 2 * sizeof(float));
+    for (size_t j = 0; j < 12; j++) {
+        float x = keel_var_tensor(keel_embedding_var(e))->data[j];
+        ck_assert(x >= -0.05f && x < 0.05f);
+    }
+    ck_assert_int_eq(keel_embedding_backward(e, 3, ids1, d1, g), KEEL_OK);
+    ck_assert_int_eq(keel_embedding_backward(e, 2, ids2, d2, g), KEEL_OK);
+    ck_assert(keel_grads_has_rows(g));
+    ck_assert_uint_eq(keel_grads_rows(g, 0, &rid, &rrow), 3);
+    ck_assert(rid[0] == 0 && rid[1] == 1 && rid[2] == 4);
+    ck_assert(rrow[0] == 7 && rrow[1] == 8);      /* id 0 */
+    ck_assert(rrow[2] == 5 && rrow[3] == 6);      /* id 1 */
+    ck_assert(rrow[4] == ab + c);                 /* (a + b) + c */
+    ck_assert(rrow[4] == 0.0f);
+    ck_assert(rrow[5] == 1 + 2 + 3);
+    /* asked again: the same (already coalesced) */
+    ck_assert_uint_eq(keel_grads_rows(g, 0, &rid, &rrow), 3);
+    ck_assert(rrow[4] == 0.0f && rid[2] == 4);
+    /* densify scatters the sums into the dense gradient and drops them */
+    keel_grads_densify(g);
+    ck_assert(!keel_grads_has_rows(g));
+    ck_assert(keel_grads_at(g, 0)->data[8] == 0.0f);
+    ck_assert(keel_grads_at(g, 0)->data[9] == 6.0f);
+    ck_assert(keel_grads_at(g, 0)->data[2] == 5.0f);
+    ck_assert(keel_grads_at(g, 0)->data[4] == 0.0f);
+    keel_grads_zero(g);
+    ck_assert_uint_eq(keel_grads_rows(g, 0, NULL, NULL), 0);
+    keel_grads_free(g);
+    keel_embedding_free(e);
+    keel_vars_free(vs);
+}
+END_TEST
+
+START_TEST(test_embedding_ids_out_of_range_are_refused_by_name)
+{
+    keel_vars *vs;
+    keel_grads *g;
+    keel_embedding *e;
+    keel_embedding_config cfg;
+    keel_optimizer_config oc;
+    keel_optimizer *o;
+    const int64_t bad[2] = { 1, 6 }, neg[1] = { -1 }, unsorted[2] = { 3, 2 };
+    float rows[4] = { 0 }, out[4];
+    keel_embedding_config_init(&cfg);
+    cfg.name = "tbl";
+    ck_assert_int_eq(keel_vars_new(&vs), KEEL_OK);
+    ck_assert_int_eq(keel_embedding_new(&cfg, vs, &e), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "vocab"));
+    cfg.vocab = 6;
+    cfg.dim = 2;
+    ck_assert_int_eq(keel_embedding_new(&cfg, vs, &e), KEEL_OK);
+    ck_assert_int_eq(keel_grads_new(vs, &g), KEEL_OK);
+    ck_assert_int_eq(keel_embedding_lookup(e, 2, bad, out), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "tbl/embeddings"));
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "id 6"));
+    ck_assert_int_eq(keel_embedding_backward(e, 1, neg, rows, g),
+                     KEEL_EINVAL);
+    ck_assert_int_eq(keel_grads_add_rows(g, 0, 2, bad, rows), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "tbl/embeddings"));
+    ck_assert_uint_eq(keel_grads_rows(g, 0, NULL, NULL), 0);  /* nothing */
+    keel_optimizer_config_init(&oc, KEEL_OPT_SGD);
+    ck_assert_int_eq(keel_optimizer_new(&oc, &o), KEEL_OK);
+    ck_assert_int_eq(keel_optimizer_apply_rows(o, keel_embedding_var(e), 2,
+                                               unsorted, rows, 0),
+                     KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "tbl/embeddings"));
+    ck_assert_int_eq(keel_optimizer_apply_rows(o, keel_embedding_var(e), 2,
+                                               bad, rows, 0), KEEL_EINVAL);
+    keel_optimizer_free(o);
+    keel_grads_free(g);
+    keel_embedding_free(e);
+    keel_vars_free(vs);
+}
+END_TEST
+
+/* Two stores with the same [5,3] table "t" (and a dense "d"), slots
+ * prepared for kind. */
+static void
+rows_store(keel_optimizer_kind kind, keel_vars **vs, keel_grads **g,
+           keel_optimizer **o)
+{
+    int64_t shape[2] = { 5, 3 };
+    keel_optimizer_config oc;
+    keel_var *t, *d;
+    ck_assert_int_eq(keel_vars_new(vs), KEEL_OK);
+    ck_assert_int_eq(keel_vars_create(*vs, "t", 2, shape, KEEL_VAR_TRAINABLE,
+                                      &t), KEEL_OK);
+    ck_assert_int_eq(keel_vars_create(*vs, "d", 1, shape + 1,
+                                      KEEL_VAR_TRAINABLE, &d), KEEL_OK);
+    fill_uniform(keel_var_tensor(t)->data, 15, 3, -1, 1);
+    fill_uniform(keel_var_tensor(d)->data, 3, 4, -1, 1);
+    keel_optimizer_config_init(&oc, kind);
+    oc.schedule.learning_rate = 0.1;
+    ck_assert_int_eq(keel_optimizer_new(&oc, o), KEEL_OK);
+    ck_assert_int_eq(keel_optimizer_prepare(*o, *vs), KEEL_OK);
+    ck_assert_int_eq(keel_grads_new(*vs, g), KEEL_OK);
+}
+
+/* The table and its slots, concatenated, into buf (4 x 15 floats). */
+static void
+rows_snapshot(keel_vars *vs, float *buf)
+{
+    keel_var *t = keel_vars_find(vs, "t");
+    memset(buf, 0, 4 * 15 * sizeof *buf);
+    memcpy(buf, keel_var_tensor(t)->data, 15 * sizeof *buf);
+    for (size_t i = 0; i < keel_var_slot_count(t) && i < 3; i++)
+        memcpy(buf + 15 * (i + 1), keel_var_slot_at(t, i, NULL)->data,
+               15 * sizeof *buf);
+}
+
+START_TEST(test_lazy_apply_touches_only_the_given_rows)
+{
+    keel_optimizer_kind kind = (keel_optimizer_kind)_i;
+    const int64_t ids[3] = { 3, 1, 3 }, ids2[1] = { 1 };
+    float rows[9], before[60], after[60], dense[60];
+    float cas[60];
+    keel_vars *vs, *vd, *vc;
+    keel_grads *g, *gd, *gc;
+    keel_optimizer *o, *od, *oc;
+    fill_uniform(rows, 9, 9, -1, 1);
+    rows_store(kind, &vs, &g, &o);
+    rows_store(kind, &vd, &gd, &od);
+    rows_store(kind, &vc, &gc, &oc);     /* Hogwild's CAS form */
+    rows_snapshot(vs, before);
+    /* the same step: rows in one store, scattered densely in the other */
+    for (int step = 0; step < 2; step++) {
+        const int64_t *id = step == 0 ? ids : ids2;
+        size_t n = step == 0 ? 3 : 1;
+        fill_uniform(keel_grads_find(g, "d")->data, 3, 10 + step, -1, 1);
+        ck_assert_int_eq(keel_grads_add_rows(g, 0, n, id, rows), KEEL_OK);
+        ck_assert_int_eq(keel_grads_add_rows(gd, 0, n, id, rows), KEEL_OK);
+        ck_assert_int_eq(keel_grads_add_rows(gc, 0, n, id, rows), KEEL_OK);
+        memcpy(keel_grads_find(gc, "d")->data, keel_grads_find(g, "d")->data,
+               3 * sizeof(float));
+        ck_assert_int_eq(keel__optimizer_apply_cas(oc, vc, gc, step),
+                         KEEL_OK);
+        ck_assert(!keel_grads_has_rows(gc));
+        ck_assert(rows[0] != 0.0f);      /* the caller's rows stay */
+        memcpy(keel_grads_find(gd, "d")->data, keel_grads_find(g, "d")->data,
+               3 * sizeof(float));
+        keel_grads_densify(gd);
+        ck_assert_int_eq(keel_optimizer_apply_and_zero(o, vs, g, step),
+                         KEEL_OK);
+        ck_assert(!keel_grads_has_rows(g));
+        ck_assert_int_eq(keel_optimizer_apply(od, vd, gd, step), KEEL_OK);
+        keel_grads_zero(gd);
+        rows_snapshot(vs, after);
+        rows_snapshot(vd, dense);
+        rows_snapshot(vc, cas);
+        ck_assert_mem_eq(cas, after, sizeof cas);
+        /* rows 0, 2, 4 and their slots: untouched, bit for bit */
+        for (int s = 0; s < 4; s++)
+            for (int r = 0; r < 5; r += 2)
+                ck_assert_mem_eq(after + 15 * s + 3 * r,
+                                 before + 15 * s + 3 * r, 3 * sizeof(float));
+        /* the dense variable: as the dense update */
+        ck_assert_mem_eq(keel_var_tensor(keel_vars_find(vs, "d"))->data,
+                         keel_var_tensor(keel_vars_find(vd, "d"))->data,
+                         3 * sizeof(float));
+        /* row 1 (touched every step): the dense update's bits */
+        for (int s = 0; s < 4; s++)
+            ck_assert_mem_eq(after + 15 * s + 3, dense + 15 * s + 3,
+                             3 * sizeof(float));
+        if (step == 0 || kind == KEEL_OPT_SGD || kind == KEEL_OPT_ADAGRAD) {
+            /* stateless in an untouched row: lazy is the dense update */
+            ck_assert_mem_eq(after, dense, sizeof after);
+        } else {
+            /* row 3, untouched at step 1: the lazy update leaves it (and
+             * its slots) as step 0 did; the dense one moves it by its
+             * momentum */
+            int differs = 0;
+            for (int s = 0; s < 4; s++)
+                differs |= memcmp(after + 15 * s + 9, dense + 15 * s + 9,
+                                  3 * sizeof(float)) != 0;
+            ck_assert(differs);
+        }
+        if (step == 0)
+            rows_snapshot(vs, before);   /* step 1 must keep rows 0,2,3,4 */
+        else
+            for (int s = 0; s < 4; s++)
+                ck_assert_mem_eq(after + 15 * s + 9, before + 15 * s + 9,
+                                 3 * sizeof(float));
+    }
+    keel_optimizer_free(o);
+    keel_optimizer_free(od);
+    keel_optimizer_free(oc);
+    keel_grads_free(g);
+    keel_grads_free(gd);
+    keel_grads_free(gc);
+    keel_vars_free(vs);
+    keel_vars_free(vd);
+    keel_vars_free(vc);
+}
+END_TEST
+
 static Suite *
 train_suite(void)
 {
     Suite *s = suite_create("train");
-    TCase *kf;
+    TCase *kf, *tc;
     tu_tcase(s, "layers", 0, NULL, NULL, TU_TESTS(
         test_dense_gradients_match_finite_differences,
         test_conv2d_valid_gradients_match_finite_differences,
@@ -3552,6 +3777,12 @@ train_suite(void)
         test_adam_continues_bitwise_after_restore,
         test_apply_and_zero_equals_apply_then_zero,
         test_optimizer_flushes_subnormals_and_keeps_callers_mode));
+    tc = tu_tcase(s, "rows", 20, NULL, NULL, TU_TESTS(
+        test_embedding_gathers_rows_and_sums_duplicates_in_order,
+        test_embedding_ids_out_of_range_are_refused_by_name));
+    /* every optimizer kind */
+    tcase_add_loop_test(tc, test_lazy_apply_touches_only_the_given_rows, 0,
+                        KEEL_OPT_RMSPROP + 1);
     kf = tu_tcase(s, "kfac", 60, tu_setup, tu_teardown, TU_TESTS(
         test_kfac_matches_numpy_reference,
         test_kfac_factored_update_matches_numpy_reference,

@@ -55,3 +55,10 @@ EXTRA_DIST += tests/it_export_any.sh tests/it_export_any.py
 # pkg-config, run as clusters by `keel launch -- PROGRAM` (kills, restore).
 TESTS += tests/it_launch_program.sh
 EXTRA_DIST += tests/it_launch_program.sh
+# examples/embedding: a click model on hashed features in an embedding
+# table (gradient rows, lazy Adagrad), alone and on 4 ps.
+check_PROGRAMS += examples/embedding
+examples_embedding_SOURCES = examples/embedding.c
+examples_embedding_LDADD = libkeel.la -lm
+TESTS += tests/it_embedding.sh
+EXTRA_DIST += tests/it_embedding.sh examples/make_clicks.py

@@ -90,7 +90,9 @@ const keel_optimizer_config *keel_optimizer_get_config(
  * "accumulator" filled with initial_accumulator_value; "rms", "mom").
  * Idempotent: existing slots keep their values. */
 keel_status keel_optimizer_prepare(keel_optimizer *o, keel_vars *vs);
-/* Apply grads to every trainable variable, with the learning rate and Adam
+/* Apply grads to every trainable variable (a variable whose gradient has
+ * rows, keel_grads_add_rows: those rows only, as
+ * keel_optimizer_apply_rows), with the learning rate and Adam
  * bias correction of global_step (t = global_step + 1). Does not change the
  * store's global step. Slots must exist (prepare). */
 keel_status keel_optimizer_apply(keel_optimizer *o, keel_vars *vs,
@@ -106,6 +108,18 @@ keel_status keel_optimizer_apply_and_zero(keel_optimizer *o, keel_vars *vs,
 keel_status keel_optimizer_apply_var(keel_optimizer *o, keel_var *v,
                                      const keel_tensor *grad,
                                      int64_t global_step);
+/* The lazy (sparse) update of one variable of shape [R, d1, ...]: n rows
+ * of d1*... floats, ids strictly increasing in [0, R) (keel_grads_rows
+ * gives them so). Only those rows of the variable and of its slots
+ * change, each as the dense update of that row with that gradient row
+ * (TF's SparseApply*; Adam is LazyAdam: the moments of the other rows do
+ * not decay). SGD and Adagrad give the bits of the dense update with the
+ * rows scattered into a zero gradient. ids and rows: caller owns.
+ * KEEL_EINVAL naming the variable and the id for a bad id. */
+keel_status keel_optimizer_apply_rows(keel_optimizer *o, keel_var *v,
+                                      size_t n, const int64_t *ids,
+                                      const float *rows,
+                                      int64_t global_step);
 
 #ifdef __cplusplus
 }

@@ -149,8 +149,40 @@ size_t keel_grads_count(const keel_grads *g);
 keel_tensor *keel_grads_at(keel_grads *g, size_t i);
 /* Gradient of the named variable; NULL if none. */
 keel_tensor *keel_grads_find(keel_grads *g, const char *name);
-/* Set every gradient to zero (the example count stays). */
+/* Set every gradient to zero and drop every row (the example count
+ * stays). */
 void keel_grads_zero(keel_grads *g);
+
+/* Gradient rows (sparse gradients, TF's IndexedSlices): a step whose
+ * gradient of a variable touches a few rows of its first dimension (an
+ * embedding table) gives those rows instead of writing the dense tensor.
+ * Row r of a variable of shape [R, d1, ...] is its d1*... floats at
+ * r * d1*...; the gradient is the sum of the rows given for each id. In
+ * one step a variable's gradient is either its dense tensor or its rows:
+ * while it has rows, the optimizers apply those rows only (lazily: the
+ * other rows and their slots stay as they are, as TF's sparse applies,
+ * docs/train.md) and ignore the dense tensor, which stays zero.
+ *
+ * Add n rows (n x d1*... floats; ids in [0, R)) to the gradient of the
+ * variable at store index i; ids may repeat. ids and rows: caller owns
+ * (copied). KEEL_EINVAL naming the variable for an id out of range (then
+ * nothing is added) or a scalar or untrainable variable. */
+keel_status keel_grads_add_rows(keel_grads *g, size_t i, size_t n,
+                                const int64_t *ids, const float *rows);
+/* The rows of variable i, coalesced: ids strictly increasing, each with
+ * the sum of the rows added for it, added in the order they were added
+ * (so the bits depend only on the calls' order). Returns their count (0:
+ * none, *ids and *rows NULL). *ids and *rows (either may be NULL) are
+ * borrowed until the next change of g. */
+size_t keel_grads_rows(keel_grads *g, size_t i, const int64_t **ids,
+                       const float **rows);
+/* 1 if any variable's gradient has rows. */
+int keel_grads_has_rows(const keel_grads *g);
+/* Add every variable's coalesced rows into its dense gradient and drop
+ * them: for an update rule that reads dense gradients only (a custom
+ * updater, K-FAC, the all-reduce). The dense update then changes every
+ * row, as a dense gradient does (Adam's moments decay on all rows). */
+void keel_grads_densify(keel_grads *g);
 
 /* The gradients are the mean over this many examples: a train step
  * declares how many examples its gradient averages (its batch, or its

@@ -131,6 +131,48 @@ double keel_model_flops_per_example(const keel_model *m);
 size_t keel_model_num_vars(const keel_model *m);
 const keel_model_config *keel_model_get_config(const keel_model *m);
 
+/* ---- embedding layer (docs/train.md, "Embeddings") ----------------------
+ * A table variable "<name>/embeddings" [vocab, dim]: forward, the rows of
+ * integer ids (a gather); backward, the table's gradient as rows
+ * (keel_grads_add_rows: the output gradient's row k for id k, duplicates
+ * summed in the order given), so an optimizer updates only the rows the
+ * step read and a worker pushes only those (docs/cluster.md, "Sparse
+ * rows"). The table is an ordinary variable: checkpoints hold it whole. */
+
+typedef struct keel_embedding_config {
+    uint32_t struct_size;          /* set by keel_embedding_config_init() */
+    const char *name;              /* scope; default "embedding"; copied
+                                    * into the variable's name */
+    int64_t vocab;                 /* rows; required (>= 1) */
+    int64_t dim;                   /* floats per row; default 16 */
+} keel_embedding_config;
+
+typedef struct keel_embedding keel_embedding;
+
+/* Defaults above (vocab 0: must be set). Cannot fail. */
+void keel_embedding_config_init(keel_embedding_config *cfg);
+/* Create the trainable table in vs (zero, not initialized), or use the one
+ * of that name and shape already there (a second layer on a shared
+ * table). vs is borrowed and must outlive the layer. Caller owns *out:
+ * keel_embedding_free(). */
+keel_status keel_embedding_new(const keel_embedding_config *cfg,
+                               keel_vars *vs, keel_embedding **out);
+void keel_embedding_free(keel_embedding *e);
+/* The table (borrowed while its store lives). */
+keel_var *keel_embedding_var(const keel_embedding *e);
+/* Keras' default: every entry uniform in [-0.05, 0.05) from seed (the same
+ * bits on every machine); marks the table initialized. */
+keel_status keel_embedding_init_vars(keel_embedding *e, uint64_t seed);
+/* out (n x dim floats, caller's) = the table's rows ids[0..n). KEEL_EINVAL
+ * naming the table for an id outside [0, vocab). */
+keel_status keel_embedding_lookup(const keel_embedding *e, size_t n,
+                                  const int64_t *ids, float *out);
+/* ADD the gradient of the lookup of ids, given its output's gradient dout
+ * (n x dim), to grads as rows of the table. ids, dout: caller owns. */
+keel_status keel_embedding_backward(const keel_embedding *e, size_t n,
+                                    const int64_t *ids, const float *dout,
+                                    keel_grads *grads);
+
 /* ---- K-FAC (docs/kfac.md) ------------------------------------------------
  * Kronecker-factored natural-gradient updates for every layer with
  * parameters of a keel_model (dense: A of the inputs with a 1 appended for

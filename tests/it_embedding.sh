@@ -1,0 +1,43 @@
+#!/bin/sh
+# it_embedding.sh - examples/embedding (a click model on hashed features in
+# an embedding table whose gradient is rows, lazy Adagrad) on a data set
+# examples/make_clicks.py draws from a known model: the loss falls from
+# ln 2 towards the set's Bayes loss in 300 steps; the same program as the
+# chief of 4 ps (keel launch) ends with the bits of the run alone (Adagrad's
+# lazy update is the dense one's bits, and one replica's example-weighted
+# mean is its own gradient).
+set -eu
+bin="$KEEL_BUILDDIR/examples/embedding"
+keel="$KEEL_BUILDDIR/keel"
+py="${PYTHON3:-python3}"
+if ! "$py" -c 'import h5py, numpy' 2>/dev/null; then
+    echo "it_embedding: skipped: $py has no h5py or numpy"
+    exit 77
+fi
+dir=$(mktemp -d "${TMPDIR:-/tmp}/keel-embedding-XXXXXX")
+trap 'rm -rf "$dir"' EXIT
+"$py" "$KEEL_SRCDIR/examples/make_clicks.py" "$dir/clicks.h5" --n 20000 \
+    --vocab 4096 --seed 1
+timeout 120 "$bin" "$dir/clicks.h5" "$dir/r1" 300 4096 >"$dir/r1.out" \
+    2>"$dir/r1.err" || { cat "$dir/r1.err"; exit 1; }
+cat "$dir/r1.out"
+first=$(awk '$1 == "step" { print $4; exit }' "$dir/r1.out")
+last=$(awk '$1 == "step" && $2 == "300:" { print $4 }' "$dir/r1.out")
+if ! awk -v f="$first" -v l="$last" 'BEGIN { exit !(f != "" && l != "" &&
+        l < f - 0.1 && l < 0.55) }'; then
+    echo "embedding: the loss went from $first to $last in 300 steps" \
+         "(want a fall of 0.1 or more, to below 0.55)"
+    exit 1
+fi
+cd "$dir"
+if ! timeout 120 "$keel" launch --ps 4 --workers 0 --no-status -- \
+        "$bin" "$dir/clicks.h5" "$dir/r4" 300 4096 >"$dir/launch" 2>&1; then
+    echo "keel launch with 4 ps failed:"; tail -20 "$dir/launch"
+    exit 1
+fi
+if ! "$keel" ckpt diff "$dir/r1/model.ckpt-300.h5" \
+        "$dir/r4/model.ckpt-300.h5"; then
+    echo "embedding: the chief of 4 ps differs from one process"
+    exit 1
+fi
+echo "embedding: 2 passed, 0 failed"
