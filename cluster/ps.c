@@ -143,8 +143,13 @@ keel__ps_new(const keel__ps_config *cfg, keel__ps **out)
         keel__ps_free(ps);
         return st;
     }
+    /* every address it listens on (tcp and, for tasks of its host, its
+     * Unix socket), as configured; the bound one when a port was left to
+     * the system */
     keel__log(KEEL_LOG_INFO, "ps %d: serving %zu variables on %s%s",
-              ps->task_index, keel_vars_count(ps->vars), ps->endpoint,
+              ps->task_index, keel_vars_count(ps->vars),
+              strchr(cfg->bind, ' ') != NULL && strchr(cfg->bind, '*') == NULL
+                  ? cfg->bind : ps->endpoint,
               ps->zap == NULL ? " (no authentication)"
               : cfg->curve->enabled ? " (CURVE)" : " (token)");
     *out = ps;
