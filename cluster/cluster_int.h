@@ -97,7 +97,7 @@ keel_status keel__cluster_zmq_connect(void *sock, const char *endpoint);
  *   [text]                if F_TEXT: UTF-8, at most limits.max_text bytes
  * docs/protocol.md lays the header and descriptor out byte by byte. */
 
-#define KEEL_WIRE_VERSION 4
+#define KEEL_WIRE_VERSION 5
 #define KEEL_WIRE_HEADER_SIZE 64
 #define KEEL_WIRE_DTYPE_F32 1
 
