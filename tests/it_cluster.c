@@ -1227,7 +1227,7 @@ static void
 copy_run(const char *from, const char *to)
 {
     char a[4200], b[4200];
-    char *argv[] = { "cp", "-a", a, b, NULL };
+    char *argv[] = { "/bin/cp", "-a", a, b, NULL };
     TU_SNPRINTF(a, sizeof a, "%s/%s", tu_dir, from);
     TU_SNPRINTF(b, sizeof b, "%s/%s", tu_dir, to);
     ck_assert_int_eq(tu_run(argv, NULL, RUN_MS, NULL, 0, NULL, 0), 0);
@@ -1244,7 +1244,7 @@ START_TEST(sharded_checkpoint_is_read_by_each_ps_in_any_placement)
     cluster c;
     char d[4200], a[4200], b[4200];
     const char *sets[] = { "train.micro_batch=8", "checkpoint.sharded=on",
-                           NULL, NULL };
+                           NULL, NULL, NULL };
     const char *const tags[] = { "sr1", "sr0" };
     sets[2] = d;
     run_into(&c, 2, 2, "sr", d, sizeof d, sets);
@@ -1357,11 +1357,11 @@ static void
 kill_before_index(int trial, int kill_chief)
 {
     cluster c;
-    char d[4200], pause[4200], tag[32], newest[256], want[64], path[4200];
+    char d[4200], pause[4200], tag[16], newest[256], want[64], path[4200];
     const char *const sets[] = { "checkpoint.sharded=on",
                                  "train.max_steps=60", d, NULL };
     long step;
-    snprintf(tag, sizeof tag, "kt%d", trial);
+    snprintf(tag, sizeof tag, "kt%d", trial % 100000);
     TU_SNPRINTF(d, sizeof d, "checkpoint.dir=%s/%s", tu_dir, tag);
     TU_SNPRINTF(pause, sizeof pause, "%s/%s.pause", tu_dir, tag);
     cluster_init(&c, 2, 2, NULL, tag);
@@ -1394,7 +1394,7 @@ kill_before_index(int trial, int kill_chief)
     TU_SNPRINTF(path, sizeof path, "%s/%s/%s", tu_dir, tag, newest);
     ck_assert_int_eq(TU_KEEL(RUN_MS, "ckpt", "verify", path), 0);
     /* the whole job again: it resumes from that checkpoint */
-    snprintf(c.tag, sizeof c.tag, "%sr", tag);
+    snprintf(c.tag, sizeof c.tag, "kt%dr", trial % 100000);
     cluster_start(&c, sets);
     cluster_wait_ok(&c);
     snprintf(want, sizeof want, " of step %d from ", kill_chief ? 20 : 40);
