@@ -230,13 +230,12 @@ hello_until_up(keel_cluster_backend *w, int p, int64_t start_ns,
 
 /* HELLO every ps (wait: held until ready, up to timeout_ms). *all_ready
  * and *same_chief (all ps initialized by the same chief incarnation).
- * ours (may be NULL): per ps, 1 when it is ready, initialized by this
- * task's incarnation and at global step step (it survived a loss of
- * another ps). */
+ * ours (may be NULL): per ps, 1 when it is ready and initialized by this
+ * task's incarnation (it survived the loss of another ps). */
 static keel_status
 hello_all(keel_cluster_backend *w, int wait, int timeout_ms, int *all_ready,
           int *same_chief, uint64_t *gens, char *why, size_t why_size,
-          int64_t step, unsigned char *ours)
+          unsigned char *ours)
 {
     uint64_t chief = 0;
     int64_t start = keel__now_mono_ns();
@@ -273,8 +272,7 @@ hello_all(keel_cluster_backend *w, int wait, int timeout_ms, int *all_ready,
         if (gens != NULL)
             gens[p] = r.h.generation;
         if (ours != NULL)
-            ours[p] = r.h.arg && (uint64_t)r.h.local_step == w->generation &&
-                      r.h.global_step == step;
+            ours[p] = r.h.arg && (uint64_t)r.h.local_step == w->generation;
         if (!r.h.arg) {
             *all_ready = 0;
             if (why != NULL)
@@ -316,22 +314,26 @@ init_values(keel_cluster_backend *w, keel_vars *vs, int p, int with_slots,
     return st;
 }
 
-/* Every ps initialized at vs's step: a ps that survived the loss of
- * another at this step (ours) keeps its slots and gets the variables; the
- * others read a sharded checkpoint of that step when vs was restored
- * from one, else get the values and slots. */
+/* Every ps initialized at vs's step. When vs is the step this chief
+ * reached (it publishes its own current variables: no rollback), a ps
+ * that survived the loss of another (ours: initialized by this chief and
+ * ready) keeps its slots and gets the variables. The others read a
+ * sharded checkpoint of that step when there is one (restored), else get
+ * the values and slots. */
 static keel_status
 init_all(keel_cluster_backend *w, keel_vars *vs, int restored,
          unsigned char *ours, size_t *bytes, int *n_ckpt, int *n_kept)
 {
     unsigned char *todo = calloc((size_t)w->n_ps, 2);
     unsigned char *done = todo + w->n_ps;
+    int current = keel_vars_global_step(vs) == w->last_step_seen;
     keel_status st = KEEL_OK;
     if (todo == NULL)
         return keel__fail(KEEL_ENOMEM, "publish: %d ps", w->n_ps);
     for (int p = 0; p < w->n_ps; p++) {
-        /* a rule's slots are its state: every ps gets the chief's */
-        if (w->aw != NULL)
+        /* a rollback to a checkpoint takes its slots too; a rule's slots
+         * are its state: every ps gets the chief's */
+        if (!current || w->aw != NULL)
             ours[p] = 0;
         todo[p] = !ours[p];
     }
@@ -359,8 +361,7 @@ keel__worker_publish(void *ctx, keel_vars *vs, int restored)
     unsigned char *ours = calloc((size_t)(w->n_ps > 0 ? w->n_ps : 1), 1);
     if (ours == NULL)
         return keel__fail(KEEL_ENOMEM, "publish: %d ps", w->n_ps);
-    st = hello_all(w, 0, timeout, &ready, &same, w->ps_gen, NULL, 0,
-                   keel_vars_global_step(vs), ours);
+    st = hello_all(w, 0, timeout, &ready, &same, w->ps_gen, NULL, 0, ours);
     if (st == KEEL_OK && ready && same) {
         free(ours);
         /* A live cluster (this chief restarted): join it, no rollback. */
@@ -410,7 +411,7 @@ keel__worker_is_intact(void *ctx, keel_vars *vs, int *is_intact)
     if (gens == NULL)
         return keel__fail(KEEL_ENOMEM, "is_intact: %d ps", w->n_ps);
     st = hello_all(w, 0, w->o.in.dead_after_ms, &ready, &same, gens, NULL,
-                   0, 0, NULL);
+                   0, NULL);
     if (st == KEEL_OK && ready && same) {
         /* joining these incarnations: a restart during the pull is one */
         memcpy(w->ps_gen, gens, (size_t)w->n_ps * sizeof *gens);
@@ -468,7 +469,7 @@ keel__worker_fetch(void *ctx, keel_vars *vs, int *is_ready, char *why,
     int64_t t0;
     w->last_fetch_ns = keel__now_mono_ns();
     st = hello_all(w, 1, chunk < HELLO_CHUNK_MS ? chunk : HELLO_CHUNK_MS,
-                   is_ready, &same, w->ps_gen, why, size, 0, NULL);
+                   is_ready, &same, w->ps_gen, why, size, NULL);
     if (st == KEEL_OK && !*is_ready)
         log_not_ready(w);
     if (st != KEEL_OK || !*is_ready)
