@@ -734,3 +734,154 @@ keel_ckpt_read_tensor(const char *path, const char *name, const char *slot,
     keel__ckpt_close(&f);
     return st;
 }
+
+/* ---- parts, by name (a parameter server's restore) ---------------------- */
+
+/* The datasets of f ordered by (name, slot), for lookups by name. */
+static int
+dset_cmp(const void *a, const void *b)
+{
+    const ck_dset *x = *(const ck_dset *const *)a;
+    const ck_dset *y = *(const ck_dset *const *)b;
+    int c = strcmp(x->e.name, y->e.name);
+    return c != 0 ? c : strcmp(x->e.slot, y->e.slot);
+}
+
+/* Dataset name/slot of f through its sorted table by, or NULL. */
+static const ck_dset *
+dset_find(const ck_dset *const *by, size_t n, const char *name,
+          const char *slot)
+{
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int c = strcmp(by[mid]->e.name, name);
+        if (c == 0)
+            c = strcmp(by[mid]->e.slot, slot);
+        if (c == 0)
+            return by[mid];
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return NULL;
+}
+
+/* Part q's dataset in f and its element count checked: *d, and in *rows
+ * 1 when q asks for rows of it. */
+static keel_status
+part_check(const ck_file *f, const ck_dset *const *by,
+           const keel_ckpt_part *q, const ck_dset **d, int *rows)
+{
+    const char *sl = q->slot != NULL ? q->slot : "";
+    size_t row = 1, want;
+    if (q->name == NULL || q->dst == NULL)
+        return keel__fail(KEEL_EINVAL, "read from %s: a part without a "
+                          "name or destination", f->path);
+    *d = dset_find(by, f->n, q->name, sl);
+    if (*d == NULL)
+        return keel__fail(KEEL_ENOTFOUND, "checkpoint %s has no %s%s%s'%s'",
+                          f->path, sl[0] ? "slot '" : "", sl,
+                          sl[0] ? "' of variable " : "variable ", q->name);
+    *rows = q->row_begin != 0 || q->row_end != 0;
+    want = (*d)->count;
+    if (*rows) {
+        const keel_ckpt_entry *e = &(*d)->e;
+        if (e->ndim < 1 || q->row_begin < 0 || q->row_end <= q->row_begin ||
+            q->row_end > e->shape[0])
+            return keel__fail(KEEL_EINVAL, "checkpoint %s: rows [%lld, "
+                              "%lld) of '%s'%s%s: it has %lld rows", f->path,
+                              (long long)q->row_begin, (long long)q->row_end,
+                              q->name, sl[0] ? " slot " : "", sl,
+                              (long long)(e->ndim >= 1 ? e->shape[0] : 0));
+        row = (*d)->count / (size_t)e->shape[0];
+        want = row * (size_t)(q->row_end - q->row_begin);
+    }
+    if (q->count != want)
+        return keel__fail(KEEL_EINVAL, "checkpoint %s: '%s'%s%s is %zu "
+                          "values there, the destination %zu", f->path,
+                          q->name, sl[0] ? " slot " : "", sl, want,
+                          q->count);
+    return KEEL_OK;
+}
+
+/* Rows of part q from dataset d: the whole dataset is read (its checksum
+ * covers all of it), then the rows copied. */
+static keel_status
+part_read_rows(const ck_file *f, const ck_dset *d, const keel_ckpt_part *q)
+{
+    size_t row = d->count / (size_t)d->e.shape[0];
+    float *all = malloc((d->count > 0 ? d->count : 1) * sizeof *all);
+    keel_status st;
+    if (all == NULL)
+        return keel__fail(KEEL_ENOMEM, "read of '%s' from %s", q->name,
+                          f->path);
+    st = keel__ckpt_read(f, d, all);
+    if (st == KEEL_OK)
+        memcpy(q->dst, all + (size_t)q->row_begin * row,
+               q->count * sizeof *all);
+    free(all);
+    return st;
+}
+
+keel_status
+keel_ckpt_read_parts(const char *path, int64_t step, uint64_t run_id,
+                     const keel_ckpt_part *parts, size_t n,
+                     int64_t *global_step)
+{
+    const ck_dset **by = NULL;
+    ck_read_job *jobs = NULL;
+    size_t n_jobs = 0;
+    ck_file f;
+    keel_status st;
+    if (path == NULL || (n > 0 && parts == NULL))
+        return keel__fail(KEEL_EINVAL, "keel_ckpt_read_parts: NULL path or "
+                          "parts");
+    if ((st = keel__ckpt_open(path, &f)) != KEEL_OK)
+        return st;
+    if ((step >= 0 && f.global_step != step) ||
+        (run_id != 0 && (f.shard_count == 0 || f.run_id != run_id))) {
+        st = keel__fail(KEEL_EABORTED, "checkpoint %s is step %lld, run "
+                        "%016llx (%d shards), not step %lld, run %016llx",
+                        path, (long long)f.global_step,
+                        (unsigned long long)f.run_id, f.shard_count,
+                        (long long)step, (unsigned long long)run_id);
+        keel__ckpt_close(&f);
+        return st;
+    }
+    by = malloc((f.n > 0 ? f.n : 1) * sizeof *by);
+    jobs = malloc((n > 0 ? n : 1) * sizeof *jobs);
+    if (by == NULL || jobs == NULL)
+        st = keel__fail(KEEL_ENOMEM, "read of %zu parts from %s", n, path);
+    for (size_t i = 0; st == KEEL_OK && i < f.n; i++)
+        by[i] = &f.d[i];
+    if (st == KEEL_OK)
+        qsort(by, f.n, sizeof *by, dset_cmp);
+    /* everything checked before anything is read; whole datasets in one
+     * pass over the files, rows one dataset at a time */
+    for (size_t i = 0; st == KEEL_OK && i < n; i++) {
+        const ck_dset *d;
+        int rows;
+        st = part_check(&f, by, &parts[i], &d, &rows);
+        if (st == KEEL_OK && !rows) {
+            jobs[n_jobs].d = d;
+            jobs[n_jobs++].dst = parts[i].dst;
+        }
+    }
+    if (st == KEEL_OK && n_jobs > 0)
+        st = keel__ckpt_read_many(&f, jobs, n_jobs);
+    for (size_t i = 0; st == KEEL_OK && i < n; i++) {
+        const ck_dset *d;
+        int rows;
+        st = part_check(&f, by, &parts[i], &d, &rows);
+        if (st == KEEL_OK && rows)
+            st = part_read_rows(&f, d, &parts[i]);
+    }
+    if (st == KEEL_OK && global_step != NULL)
+        *global_step = f.global_step;
+    free(jobs);
+    free(by);
+    keel__ckpt_close(&f);
+    return st;
+}

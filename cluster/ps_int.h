@@ -308,6 +308,12 @@ keel_status keel__ps_authorize(keel__ps *ps, const keel__wire_msg *req,
  * after the write (nothing else is served meanwhile, so the shard holds
  * whole steps only). */
 keel_status keel__ps_real_save_shard(keel__ps *ps, keel__wire_msg *req);
+/* INIT from a checkpoint (names only: one name, a checkpoint file of this
+ * ps's checkpoint directory; global_step and peer_generation: the step and
+ * run id it must have): every variable and slot this ps holds read from
+ * it by name, whichever shard holds it, nothing through the chief.
+ * Counted in init_vars and init_slots; the caller completes the INIT. */
+keel_status keel__ps_read_checkpoint(keel__ps *ps, const keel__wire_msg *req);
 
 /* ---- INIT and readiness, PULL, MIX (ps_values.c) ------------------------ */
 

@@ -1,10 +1,13 @@
 /* ps_shard.c - a ps's part of a sharded checkpoint: SAVE_SHARD, the
  * chief's request to write this ps's variables and slots as one shard into
  * the shared checkpoint directory (the chief commits the index once every
- * ps answered). */
+ * ps answered), and the INIT that names a checkpoint instead of carrying
+ * values: the ps reads the variables and slots it holds from it by name. */
 #include <config.h>
 
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include <keel/checkpoint.h>
 #include "ps_int.h"
@@ -57,4 +60,94 @@ keel__ps_real_save_shard(keel__ps *ps, keel__wire_msg *req)
               ps->task_index, ps->task_index, req->h.arg, (long long)step,
               path);
     return keel__ps_send_done(ps, req, KEEL_MSG_SAVE_SHARD);
+}
+
+/* The parts of variable v (and of its slots when with_slots) into
+ * parts[*k..], their slot names into slot storage the caller keeps. */
+static void
+var_parts(keel_var *v, int with_slots, keel_ckpt_part *parts, size_t *k)
+{
+    keel_tensor *t = keel_var_tensor(v), *sl;
+    const char *sn;
+    memset(&parts[*k], 0, sizeof parts[*k]);
+    parts[*k].name = keel_var_name(v);
+    parts[*k].dst = t->data;
+    parts[*k].count = t->count;
+    (*k)++;
+    for (size_t j = 0; with_slots &&
+                       (sl = keel_var_slot_at(v, j, &sn)) != NULL; j++) {
+        memset(&parts[*k], 0, sizeof parts[*k]);
+        parts[*k].name = keel_var_name(v);
+        parts[*k].slot = sn;
+        parts[*k].dst = sl->data;
+        parts[*k].count = sl->count;
+        (*k)++;
+    }
+}
+
+/* The checkpoint an INIT names: one path segment (a file of this ps's
+ * checkpoint directory), joined into path. */
+static keel_status
+init_path(keel__ps *ps, const keel__wire_msg *req, char *path, size_t size)
+{
+    const char *name = req->n == 1 ? req->tensors[0].name : NULL;
+    if (name == NULL || strchr(name, '/') != NULL ||
+        !keel_name_is_valid(name))
+        return keel__fail(KEEL_ECORRUPT, "ps %d: INIT from a checkpoint "
+                          "must name one checkpoint file (%zu names)",
+                          ps->task_index, req->n);
+    if (ps->checkpoint_dir == NULL || ps->checkpoint_dir[0] == '\0')
+        return keel__fail(KEEL_EINVAL, "ps %d: INIT from checkpoint %s: "
+                          "this ps has no checkpoint directory (it needs "
+                          "checkpoint.dir and checkpoint.sharded)",
+                          ps->task_index, name);
+    return keel__path_join(path, size, ps->checkpoint_dir, name);
+}
+
+keel_status
+keel__ps_read_checkpoint(keel__ps *ps, const keel__wire_msg *req)
+{
+    char path[KEEL_PATH_MAX];
+    size_t nv = keel_vars_count(ps->vars), n = 0, k = 0;
+    keel_ckpt_part *parts;
+    keel_status st = init_path(ps, req, path, sizeof path);
+    if (st != KEEL_OK)
+        return st;
+    for (size_t i = 0; i < nv; i++)
+        n += 1 + keel_var_slot_count(keel_vars_at(ps->vars, i));
+    parts = calloc(n > 0 ? n : 1, sizeof *parts);
+    if (parts == NULL)
+        return keel__fail(KEEL_ENOMEM, "ps %d: %zu tensors to restore",
+                          ps->task_index, n);
+    for (size_t i = 0; i < nv; i++) {
+        keel_var *v = keel_vars_at(ps->vars, i);
+        if (!(keel_var_flags(v) & KEEL_VAR_LOCAL))
+            var_parts(v, 1, parts, &k);
+    }
+    /* the step and run id are the chief's: a file of another checkpoint
+     * (or a shard of another run behind the index) is refused before
+     * anything is read */
+    st = keel_ckpt_read_parts(path, req->h.global_step,
+                              req->h.peer_generation, parts, k, NULL);
+    if (st == KEEL_OK) {
+        size_t read = 0;
+        for (size_t i = 0; i < nv; i++) {
+            keel_var *v = keel_vars_at(ps->vars, i);
+            if (keel_var_flags(v) & KEEL_VAR_LOCAL)
+                continue;
+            keel_var_set_initialized(v, 1);
+            read++;
+        }
+        ps->init_vars += read;
+        ps->init_slots += k - read;
+        keel__log(KEEL_LOG_INFO, "ps %d: read %zu variables and %zu slot "
+                  "tensors of step %lld from %s (no values through the "
+                  "chief)", ps->task_index, read, k - read,
+                  (long long)req->h.global_step, path);
+    }
+    free(parts);
+    if (st != KEEL_OK)
+        return keel__wrap(st, "ps %d: INIT from checkpoint %s",
+                          ps->task_index, path);
+    return KEEL_OK;
 }

@@ -119,8 +119,6 @@ keel__ps_real_init(keel__ps *ps, keel__wire_msg *req)
     keel_var **vars;
     keel_tensor **ts;
     keel_status st = KEEL_OK;
-    if (req->h.flags & KEEL_WIRE_F_NAMES_ONLY)
-        return keel__fail(KEEL_ECORRUPT, "INIT without data");
     if ((st = check_init_step(req)) != KEEL_OK)
         return st;
     if (req->h.sender_type != KEEL_TASK_CHIEF &&
@@ -131,6 +129,29 @@ keel__ps_real_init(keel__ps *ps, keel__wire_msg *req)
                           keel_task_type_name((keel_task_type)
                                               req->h.sender_type),
                           req->h.sender_index);
+    if (req->h.flags & KEEL_WIRE_F_NAMES_ONLY) {
+        /* names a checkpoint instead of carrying values: one part only */
+        if (req->h.arg != 0)
+            return keel__fail(KEEL_ECORRUPT, "INIT from a checkpoint in "
+                              "parts");
+        if ((st = keel__ps_read_checkpoint(ps, req)) != KEEL_OK) {
+            /* the store may be partly read: not ready until the chief's
+             * next INIT (its values, when it falls back to them) */
+            ps->init_vars = 0;
+            ps->init_slots = 0;
+            if (ps->is_ready) {
+                keel__ps_fail_pending(ps, KEEL_EABORTED, "the chief's INIT "
+                                      "from a checkpoint failed on this "
+                                      "ps; wait for readiness again");
+                ps->is_ready = 0;
+            }
+            return st;
+        }
+        init_complete(ps, req);
+        st = keel__ps_send_done(ps, req, KEEL_MSG_INIT);
+        keel__ps_answer_waiters(ps);
+        return st;
+    }
     if ((st = keel__ps_resolve_all(ps, req, "INIT", 0, &vars, &ts)) != KEEL_OK)
         return st;
     for (size_t i = 0; i < req->n; i++) {

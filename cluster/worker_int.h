@@ -156,6 +156,16 @@ keel_status keel__worker_before_save(void *ctx, keel_vars *vs);
  * checkpoint_dir, ps in the cluster, no update rule keeping the chief's
  * own model). */
 int keel__worker_sharded(const keel_cluster_backend *w);
+/* The chief's INIT that names a checkpoint: when vs's global step is that
+ * of a sharded checkpoint in checkpoint_dir (the one just restored), every
+ * ps with todo[p] set is told to read its variables and slots from it
+ * (all at once), and done[p] is set for each that did. A ps that answers
+ * with an error (it cannot read it) is logged and left to the caller's
+ * INIT with values; a lost or restarted ps fails the call. */
+keel_status keel__worker_init_from_ckpt(keel_cluster_backend *w,
+                                        keel_vars *vs,
+                                        const unsigned char *todo,
+                                        unsigned char *done);
 /* keel_backend's save (ctx: the backend): sharded, every ps's shard of the
  * step in vs, then the index; else keel_saver_save. */
 keel_status keel__worker_save(void *ctx, keel_saver *saver, keel_vars *vs,

@@ -229,10 +229,13 @@ hello_until_up(keel_cluster_backend *w, int p, int64_t start_ns,
 }
 
 /* HELLO every ps (wait: held until ready, up to timeout_ms). *all_ready
- * and *same_chief (all ps initialized by the same chief incarnation). */
+ * and *same_chief (all ps initialized by the same chief incarnation).
+ * ours (may be NULL): per ps, 1 when it is ready and initialized by this
+ * task's incarnation (it survived the loss of another ps). */
 static keel_status
 hello_all(keel_cluster_backend *w, int wait, int timeout_ms, int *all_ready,
-          int *same_chief, uint64_t *gens, char *why, size_t why_size)
+          int *same_chief, uint64_t *gens, char *why, size_t why_size,
+          unsigned char *ours)
 {
     uint64_t chief = 0;
     int64_t start = keel__now_mono_ns();
@@ -268,6 +271,8 @@ hello_all(keel_cluster_backend *w, int wait, int timeout_ms, int *all_ready,
         }
         if (gens != NULL)
             gens[p] = r.h.generation;
+        if (ours != NULL)
+            ours[p] = r.h.arg && (uint64_t)r.h.local_step == w->generation;
         if (!r.h.arg) {
             *all_ready = 0;
             if (why != NULL)
@@ -287,20 +292,78 @@ hello_all(keel_cluster_backend *w, int wait, int timeout_ms, int *all_ready,
     return KEEL_OK;
 }
 
+/* INIT of ps p with the values of vs (and the slots, with_slots: a ps
+ * that survived keeps its own); its bytes added to *bytes. */
+static keel_status
+init_values(keel_cluster_backend *w, keel_vars *vs, int p, int with_slots,
+            size_t *bytes)
+{
+    keel__wire_header h;
+    keel__wire_msg r;
+    size_t n;
+    keel_status st;
+    keel__worker_shard_outs(w, vs, p, 1, with_slots, &n);
+    for (size_t k = 0; k < n; k++)
+        *bytes += keel_tensor_bytes(w->outs[k].t);
+    memset(&h, 0, sizeof h);
+    h.type = KEEL_MSG_INIT;
+    h.global_step = keel_vars_global_step(vs);
+    /* in place: nothing touches the variables until INIT is answered */
+    st = keel__worker_call_ps(w, p, &h, w->outs, n, 1, "init", NULL, 0, &r);
+    keel__wire_msg_clear(&r);
+    return st;
+}
+
+/* Every ps initialized at vs's step. When vs is the step this chief
+ * reached (it publishes its own current variables: no rollback), a ps
+ * that survived the loss of another (ours: initialized by this chief and
+ * ready) keeps its slots and gets the variables. The others read a
+ * sharded checkpoint of that step when there is one (restored), else get
+ * the values and slots. */
+static keel_status
+init_all(keel_cluster_backend *w, keel_vars *vs, int restored,
+         unsigned char *ours, size_t *bytes, int *n_ckpt, int *n_kept)
+{
+    unsigned char *todo = calloc((size_t)w->n_ps, 2);
+    unsigned char *done = todo + w->n_ps;
+    int current = keel_vars_global_step(vs) == w->last_step_seen;
+    keel_status st = KEEL_OK;
+    if (todo == NULL)
+        return keel__fail(KEEL_ENOMEM, "publish: %d ps", w->n_ps);
+    for (int p = 0; p < w->n_ps; p++) {
+        /* a rollback to a checkpoint takes its slots too; a rule's slots
+         * are its state: every ps gets the chief's */
+        if (!current || w->aw != NULL)
+            ours[p] = 0;
+        todo[p] = !ours[p];
+    }
+    if (restored)
+        st = keel__worker_init_from_ckpt(w, vs, todo, done);
+    for (int p = 0; p < w->n_ps && st == KEEL_OK; p++) {
+        *n_ckpt += done[p];
+        *n_kept += ours[p];
+        if (!done[p])
+            st = init_values(w, vs, p, !ours[p], bytes);
+    }
+    free(todo);
+    return st;
+}
+
 keel_status
 keel__worker_publish(void *ctx, keel_vars *vs, int restored)
 {
     keel_cluster_backend *w = ctx;
-    int ready, same;
+    int ready, same, n_ckpt = 0, n_kept = 0;
     keel_status st;
     int timeout = ms_of(w->o.in.max_wait_secs);
     size_t bytes = 0;
     int64_t t0;
-    (void)restored;
-    st = hello_all(w, 0, timeout, &ready, &same, w->ps_gen, NULL, 0);
-    if (st != KEEL_OK)
-        return st;
-    if (ready && same) {
+    unsigned char *ours = calloc((size_t)(w->n_ps > 0 ? w->n_ps : 1), 1);
+    if (ours == NULL)
+        return keel__fail(KEEL_ENOMEM, "publish: %d ps", w->n_ps);
+    st = hello_all(w, 0, timeout, &ready, &same, w->ps_gen, NULL, 0, ours);
+    if (st == KEEL_OK && ready && same) {
+        free(ours);
         /* A live cluster (this chief restarted): join it, no rollback. */
         st = keel__worker_pull_all(w, vs, 1);
         if (st == KEEL_OK)
@@ -312,28 +375,17 @@ keel__worker_publish(void *ctx, keel_vars *vs, int restored)
         return st;
     }
     t0 = keel__now_mono_ns();
-    for (int p = 0; p < w->n_ps; p++) {
-        keel__wire_header h;
-        keel__wire_msg r;
-        size_t n;
-        keel__worker_shard_outs(w, vs, p, 1, 1, &n);
-        for (size_t k = 0; k < n; k++)
-            bytes += keel_tensor_bytes(w->outs[k].t);
-        memset(&h, 0, sizeof h);
-        h.type = KEEL_MSG_INIT;
-        h.global_step = keel_vars_global_step(vs);
-        /* in place: nothing touches the variables until INIT is answered */
-        st = keel__worker_call_ps(w, p, &h, w->outs, n, 1, "init", NULL, 0,
-                                  &r);
-        keel__wire_msg_clear(&r);
-        if (st != KEEL_OK)
-            return st;
-    }
+    if (st == KEEL_OK)
+        st = init_all(w, vs, restored, ours, &bytes, &n_ckpt, &n_kept);
+    free(ours);
+    if (st != KEEL_OK)
+        return st;
     keel__log(KEEL_LOG_INFO, "chief: %d parameter server(s) initialized at "
-              "step %lld; cluster ready (INIT of %.1f MiB in %.3f s)",
+              "step %lld; cluster ready (INIT of %.1f MiB in %.3f s; %d read "
+              "a checkpoint, %d kept their slots)",
               w->n_ps, (long long)keel_vars_global_step(vs),
               (double)bytes / (1 << 20),
-              (double)(keel__now_mono_ns() - t0) / 1e9);
+              (double)(keel__now_mono_ns() - t0) / 1e9, n_ckpt, n_kept);
     if (w->last_step_seen > 0)          /* this process trained before */
         keel__log(KEEL_LOG_WARN, "chief: the cluster had reached step %lld "
                   "before it lost its state; restarting from step %lld: "
@@ -358,7 +410,8 @@ keel__worker_is_intact(void *ctx, keel_vars *vs, int *is_intact)
     *is_intact = 0;
     if (gens == NULL)
         return keel__fail(KEEL_ENOMEM, "is_intact: %d ps", w->n_ps);
-    st = hello_all(w, 0, w->o.in.dead_after_ms, &ready, &same, gens, NULL, 0);
+    st = hello_all(w, 0, w->o.in.dead_after_ms, &ready, &same, gens, NULL,
+                   0, NULL);
     if (st == KEEL_OK && ready && same) {
         /* joining these incarnations: a restart during the pull is one */
         memcpy(w->ps_gen, gens, (size_t)w->n_ps * sizeof *gens);
@@ -416,7 +469,7 @@ keel__worker_fetch(void *ctx, keel_vars *vs, int *is_ready, char *why,
     int64_t t0;
     w->last_fetch_ns = keel__now_mono_ns();
     st = hello_all(w, 1, chunk < HELLO_CHUNK_MS ? chunk : HELLO_CHUNK_MS,
-                   is_ready, &same, w->ps_gen, why, size);
+                   is_ready, &same, w->ps_gen, why, size, NULL);
     if (st == KEEL_OK && !*is_ready)
         log_not_ready(w);
     if (st != KEEL_OK || !*is_ready)

@@ -7,7 +7,10 @@
 #include <config.h>
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <keel/checkpoint.h>
 #include "worker_int.h"
@@ -83,6 +86,31 @@ write_shards(keel_cluster_backend *w, int64_t step, uint64_t run_id)
     return st;
 }
 
+/* A test's pause between the shards and the index: with
+ * KEEL_TEST_PAUSE_BEFORE_INDEX naming a file, the chief writes the step
+ * into it once the shards of that step are written and waits, before
+ * committing the index, until the file is gone (at most
+ * TEST_PAUSE_MAX_MS): a test kills a task there and checks that the
+ * checkpoint is whole or absent. Unset (every real job), nothing. */
+#define TEST_PAUSE_MAX_MS 60000
+
+static void
+test_pause_before_index(int64_t step)
+{
+    const char *path = getenv("KEEL_TEST_PAUSE_BEFORE_INDEX");
+    struct timespec ts = { 0, 10 * 1000000 };
+    FILE *f;
+    if (path == NULL || path[0] == '\0' || (f = fopen(path, "w")) == NULL)
+        return;
+    fprintf(f, "%lld\n", (long long)step);
+    fclose(f);
+    keel__log(KEEL_LOG_INFO, "chief: paused before the index of step %lld "
+              "until %s is removed", (long long)step, path);
+    for (int ms = 0; ms < TEST_PAUSE_MAX_MS && access(path, F_OK) == 0;
+         ms += 10)
+        nanosleep(&ts, NULL);
+}
+
 keel_status
 keel__worker_save(void *ctx, keel_saver *saver, keel_vars *vs,
                   const keel_ckpt_meta *meta, char *path, size_t path_size)
@@ -100,6 +128,7 @@ keel__worker_save(void *ctx, keel_saver *saver, keel_vars *vs,
                           "written", (long long)step);
     keel__log(KEEL_LOG_INFO, "chief: the %d shards of step %lld are "
               "written; committing the index", w->n_ps, (long long)step);
+    test_pause_before_index(step);
     st = own_vars(w, vs, &own);
     keel_ckpt_index_config_init(&ic);
     ic.run_id = w->generation;
@@ -108,5 +137,114 @@ keel__worker_save(void *ctx, keel_saver *saver, keel_vars *vs,
         st = keel_saver_save_sharded(saver, own, meta, &ic, path, path_size);
     /* an async saver keeps a copy: own is not needed past the call */
     keel_vars_free(own);
+    return st;
+}
+
+/* The sharded checkpoint of checkpoint_dir at step: its file name in name
+ * and its run id, or 0 when there is none (an ordinary checkpoint, none
+ * of that step, one that cannot be read: the values are sent instead). */
+static int
+find_sharded(const char *dir, int64_t step, char *name, size_t size,
+             uint64_t *run_id)
+{
+    keel_ckpt_file *files = NULL;
+    size_t n = 0;
+    int found = 0;
+    if (keel_ckpt_scan(dir, NULL, &files, &n) != KEEL_OK)
+        return 0;
+    /* only a file the state file lists: this job's checkpoints (one the
+     * manager restores or this chief wrote), never a stray file of an
+     * older run that happens to have the step */
+    for (size_t i = n; i > 0 && !found; i--) {
+        const keel_ckpt_file *f = &files[i - 1];
+        char path[KEEL_PATH_MAX];
+        keel_ckpt_info *info = NULL;
+        if (f->step != step || !f->in_state_file ||
+            strstr(f->name, ".shard-") != NULL || strlen(f->name) >= size ||
+            snprintf(path, sizeof path, "%s/%s", dir, f->name) >=
+                (int)sizeof path ||
+            keel_ckpt_read_info(path, &info) != KEEL_OK)
+            continue;
+        if (info->shard_count > 0 && info->global_step == step &&
+            info->run_id != 0) {
+            strcpy(name, f->name);
+            *run_id = info->run_id;
+            found = 1;
+        }
+        keel_ckpt_info_free(info);
+    }
+    keel_ckpt_scan_free(files);
+    return found;
+}
+
+keel_status
+keel__worker_init_from_ckpt(keel_cluster_backend *w, keel_vars *vs,
+                            const unsigned char *todo, unsigned char *done)
+{
+    char name[KEEL_NAME_MAX];
+    int64_t step = keel_vars_global_step(vs);
+    uint64_t run_id = 0;
+    keel__wire_out out;
+    keel_status st = KEEL_OK;
+    int sent = 0, n_done = 0;
+    memset(done, 0, (size_t)w->n_ps);
+    if (!keel__worker_sharded(w) ||
+        !find_sharded(w->o.in.checkpoint_dir, step, name, sizeof name,
+                      &run_id))
+        return KEEL_OK;
+    memset(&out, 0, sizeof out);
+    out.name = name;
+    /* every ps reads at once: all sent before any reply is waited for */
+    for (int p = 0; p < w->n_ps && st == KEEL_OK; p++) {
+        keel__wire_header h;
+        sent = p;
+        if (!todo[p])
+            continue;
+        memset(&h, 0, sizeof h);
+        h.type = KEEL_MSG_INIT;
+        h.flags = KEEL_WIRE_F_NAMES_ONLY;
+        h.global_step = step;
+        h.peer_generation = run_id;
+        st = keel__wire_client_send(w->clients[p], &h, &out, 1, 0,
+                                    w->o.in.dead_after_ms);
+        if (st != KEEL_OK)
+            st = keel__wrap(st == KEEL_ETIMEOUT ? KEEL_EUNAVAILABLE : st,
+                            "ps %d: INIT from checkpoint %s", p, name);
+        else
+            w->req_ids[p] = h.request_id;
+        sent = p + (st == KEEL_OK);
+    }
+    for (int p = 0; p < sent; p++) {
+        keel__wire_msg r;
+        char what[KEEL_NAME_MAX + 32];
+        keel_status rs;
+        if (!todo[p])
+            continue;
+        snprintf(what, sizeof what, "the INIT from %s", name);
+        rs = keel__worker_wait_reply(w, p, what, 0, &r);
+        if (rs == KEEL_EPEER && r.h.type == KEEL_MSG_ERROR) {
+            /* the ps could not read it (no directory, a damaged shard):
+             * the caller sends it the values */
+            keel__log(KEEL_LOG_WARN, "chief: ps %d did not initialize "
+                      "from %s (%s); sending it the values", p, name,
+                      r.text != NULL ? r.text : "no reason given");
+            rs = KEEL_OK;
+        } else if (rs != KEEL_OK && r.h.type != 0) {
+            rs = keel__worker_call_error(w, p, rs, &r, what);
+        } else if (rs == KEEL_OK && r.h.generation != w->ps_gen[p]) {
+            rs = keel__worker_restarted(w, p, &r);
+        } else if (rs == KEEL_OK) {
+            done[p] = 1;
+            n_done++;
+        }
+        keel__wire_msg_clear(&r);
+        if (st == KEEL_OK)
+            st = rs;
+    }
+    if (st == KEEL_OK && n_done > 0)
+        keel__log(KEEL_LOG_INFO, "chief: %d parameter server(s) read their "
+                  "variables and slots from %s (step %lld, run %016llx): "
+                  "no values sent", n_done, name, (long long)step,
+                  (unsigned long long)run_id);
     return st;
 }

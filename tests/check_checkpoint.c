@@ -2423,6 +2423,71 @@ START_TEST(test_sharded_checkpoint_reads_as_one_file)
 }
 END_TEST
 
+/* keel_ckpt_read_parts, a ps's restore: named variables and slots, whole
+ * or rows of the first dimension, through the index from whichever shard
+ * holds them; the step and run id checked before anything is read. */
+START_TEST(test_read_parts_by_name_through_the_index)
+{
+    keel_vars *full = make_store(7.0f, 1);
+    const float *kernel, *bias_m;
+    char path[4096];
+    float k[35], rows[14], m[7], junk[35];
+    int64_t step = -1;
+    keel_ckpt_part parts[3];
+
+    keel_vars_set_global_step(full, 30);
+    ck_assert_msg(save_sharded(full, 30, 0x5eed, 5, path, sizeof path)
+                  == KEEL_OK, "%s", keel_last_error());
+    kernel = keel_var_tensor(keel_vars_find(full, "dense/kernel"))->data;
+    bias_m = keel_var_slot(keel_vars_find(full, "dense/bias"), "m")->data;
+    memset(parts, 0, sizeof parts);
+    parts[0].name = "dense/kernel";
+    parts[0].dst = k;
+    parts[0].count = 35;
+    parts[1].name = "dense/kernel";         /* rows [1, 3) of 5 x 7 */
+    parts[1].row_begin = 1;
+    parts[1].row_end = 3;
+    parts[1].dst = rows;
+    parts[1].count = 14;
+    parts[2].name = "dense/bias";
+    parts[2].slot = "m";
+    parts[2].dst = m;
+    parts[2].count = 7;
+    ck_assert_msg(keel_ckpt_read_parts(path, 30, 0x5eed, parts, 3, &step)
+                  == KEEL_OK, "%s", keel_last_error());
+    ck_assert_int_eq(step, 30);
+    ck_assert(memcmp(k, kernel, sizeof k) == 0);
+    ck_assert(memcmp(rows, kernel + 7, sizeof rows) == 0);
+    ck_assert(memcmp(m, bias_m, sizeof m) == 0);
+    /* any step and run */
+    ck_assert_int_eq(keel_ckpt_read_parts(path, -1, 0, parts, 3, NULL),
+                     KEEL_OK);
+    /* another checkpoint's step or run: refused, nothing read */
+    memset(junk, 0, sizeof junk);
+    parts[0].dst = junk;
+    ck_assert_int_eq(keel_ckpt_read_parts(path, 20, 0x5eed, parts, 1, NULL),
+                     KEEL_EABORTED);
+    ck_assert_int_eq(keel_ckpt_read_parts(path, 30, 0x5eee, parts, 1, NULL),
+                     KEEL_EABORTED);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "run 0000000000005eee"));
+    ck_assert_float_eq(junk[0], 0.0f);
+    /* absent, wrong size, rows out of range */
+    parts[0].name = "dense/nope";
+    ck_assert_int_eq(keel_ckpt_read_parts(path, 30, 0, parts, 1, NULL),
+                     KEEL_ENOTFOUND);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "dense/nope"));
+    parts[0].name = "dense/kernel";
+    parts[0].count = 34;
+    ck_assert_int_eq(keel_ckpt_read_parts(path, 30, 0, parts, 1, NULL),
+                     KEEL_EINVAL);
+    parts[1].row_end = 6;
+    ck_assert_int_eq(keel_ckpt_read_parts(path, 30, 0, parts + 1, 1, NULL),
+                     KEEL_EINVAL);
+    ck_assert_float_eq(junk[0], 0.0f);
+    keel_vars_free(full);
+}
+END_TEST
+
 START_TEST(test_sharded_checkpoint_is_whole_or_absent)
 {
     keel_vars *full = make_store(5.0f, 1), *back = make_store(0.0f, 0);
@@ -2568,6 +2633,7 @@ checkpoint_suite(void)
         test_retention_dedups_the_state_file_and_keeps_what_it_lists));
     tu_tcase(s, "sharded", 60, tu_setup, tu_teardown, TU_TESTS(
         test_sharded_checkpoint_reads_as_one_file,
+        test_read_parts_by_name_through_the_index,
         test_sharded_checkpoint_is_whole_or_absent,
         test_retention_deletes_shards_with_their_index));
     tu_tcase(s, "slow", long_mode() ? 7200 : 120, tu_setup, tu_teardown,

@@ -1242,6 +1242,8 @@ START_TEST(test_decode_rejects_every_malformed_class)
     expect_corrupt(&r, &lim, "wire version 2");
     raw_init(&r); r.hdr[4] = 3;         /* before the metrics tensor */
     expect_corrupt(&r, &lim, "wire version 3");
+    raw_init(&r); r.hdr[4] = 4;         /* before INIT from a checkpoint */
+    expect_corrupt(&r, &lim, "wire version 4");
     raw_init(&r); r.hdr[17] = 1; r.hdr[19] = 0x80;   /* a PUSH's count */
     ck_assert_int_eq(raw_decode(&r, &lim, &m), KEEL_OK);
     ck_assert_uint_eq(m.h.examples, 0x800001u);

@@ -1230,6 +1230,213 @@ START_TEST(sharded_ps_restarted_restores_from_the_newest_checkpoint)
 }
 END_TEST
 
+/* A copy of <tu_dir>/<from> as <tu_dir>/<to> (cp -a). */
+static void
+copy_run(const char *from, const char *to)
+{
+    char a[4200], b[4200];
+    char *argv[] = { "/bin/cp", "-a", a, b, NULL };
+    TU_SNPRINTF(a, sizeof a, "%s/%s", tu_dir, from);
+    TU_SNPRINTF(b, sizeof b, "%s/%s", tu_dir, to);
+    ck_assert_int_eq(tu_run(argv, NULL, RUN_MS, NULL, 0, NULL, 0), 0);
+}
+
+/* A sharded checkpoint of 2 ps restores without the values passing
+ * through the chief: restored by 2 ps, each reads its own variables and
+ * slots from the checkpoint (the chief's INIT carries 0.0 MiB); by 1 ps,
+ * which reads all of them through the index's links into both shards;
+ * and by one process. The three runs then train the same steps to the
+ * same bits (micro-batches make 2 workers one process's arithmetic). */
+START_TEST(sharded_checkpoint_is_read_by_each_ps_in_any_placement)
+{
+    cluster c;
+    char d[4200], a[4200], b[4200];
+    const char *sets[] = { "train.micro_batch=8", "checkpoint.sharded=on",
+                           NULL, NULL, NULL };
+    const char *const tags[] = { "sr1", "sr0" };
+    sets[2] = d;
+    run_into(&c, 2, 2, "sr", d, sizeof d, sets);
+    copy_run("sr", "sr1");
+    copy_run("sr", "sr0");
+    sets[3] = "train.max_steps=60";
+    /* 2 ps: each its own shard */
+    run_into(&c, 2, 2, "sr", d, sizeof d, sets);
+    ck_assert_msg(log_has(&c, "ps0", "ps 0: read 1 variables and ") &&
+                  log_has(&c, "ps0", " of step 40 from "), "%s",
+                  log_tail(&c, "ps0"));
+    ck_assert_msg(log_has(&c, "ps1", "ps 1: read 3 variables and ") &&
+                  log_has(&c, "ps1", "(no values through the chief)"), "%s",
+                  log_tail(&c, "ps1"));
+    ck_assert_msg(log_has(&c, "worker0", "2 parameter server(s) read their "
+                          "variables and slots from model.ckpt-40.h5") &&
+                  log_has(&c, "worker0", "(INIT of 0.0 MiB in "), "%s",
+                  log_tail(&c, "worker0"));
+    /* 1 ps: every variable through the index, from both shards */
+    run_into(&c, 1, 2, tags[0], d, sizeof d, sets);
+    ck_assert_msg(log_has(&c, "ps0", "ps 0: read 4 variables and ") &&
+                  log_has(&c, "ps0", " of step 40 from "), "%s",
+                  log_tail(&c, "ps0"));
+    ck_assert(log_has(&c, "worker0", "(INIT of 0.0 MiB in "));
+    /* one process */
+    TU_SNPRINTF(d, sizeof d, "checkpoint.dir=%s/%s", tu_dir, tags[1]);
+    ck_assert_int_eq(TU_KEEL(RUN_MS, "train", cfg_path, "-s", sets[0], "-s",
+                             d, "-s", sets[3]), 0);
+    TU_SNPRINTF(a, sizeof a, "%s/sr/model.ckpt-60.h5", tu_dir);
+    for (int i = 0; i < 2; i++) {
+        TU_SNPRINTF(b, sizeof b, "%s/%s/model.ckpt-60.h5", tu_dir, tags[i]);
+        ck_assert_msg(tu_keel(RUN_MS, out, sizeof out, err, sizeof err,
+                              "ckpt", "diff", a, b, NULL) == 0,
+                      "2 ps vs %s: %s %s", tags[i], out, err);
+    }
+    ck_assert_int_eq(TU_KEEL(RUN_MS, "ckpt", "verify", a), 0);
+}
+END_TEST
+
+/* The newest entry of dir's state file (model_checkpoint_path), into
+ * name. */
+static void
+newest_entry(const char *dir, char *name, size_t size)
+{
+    char path[4200];
+    char *text, *p, *q;
+    TU_SNPRINTF(path, sizeof path, "%s/%s/checkpoint", tu_dir, dir);
+    text = tu_read_file(path, NULL);
+    p = strstr(text, "model_checkpoint_path: \"");
+    ck_assert_msg(p != NULL, "%s: %s", path, text);
+    p += strlen("model_checkpoint_path: \"");
+    q = strchr(p, '"');
+    ck_assert(q != NULL && (size_t)(q - p) < size);
+    memcpy(name, p, (size_t)(q - p));
+    name[q - p] = '\0';
+    free(text);
+}
+
+/* Start the cluster's tasks; the chief pauses before each index until
+ * the file pause is removed (KEEL_TEST_PAUSE_BEFORE_INDEX). */
+static void
+cluster_start_paused(cluster *c, const char *const *sets, const char *pause)
+{
+    char tf[2048], env_pause[4200], log[64];
+    char *env[] = { tf, env_pause, NULL };
+    for (int i = 0; i < c->n_ps; i++)
+        c->ps[i] = start_task(c, "ps", i, sets, NULL);
+    TU_SNPRINTF(env_pause, sizeof env_pause,
+                "KEEL_TEST_PAUSE_BEFORE_INDEX=%s", pause);
+    tf_config(c, "worker", 0, tf, sizeof tf);
+    snprintf(log, sizeof log, "%s-worker0.log", c->tag);
+    c->w[0] = tu_spawn_train(cfg_path, sets, env, tu_path(log), NULL);
+    for (int i = 1; i < c->n_workers; i++)
+        c->w[i] = start_task(c, "worker", i, sets, NULL);
+}
+
+/* The step in the pause file once the chief paused at a step >= min (the
+ * pauses before are let go), or -1 after RUN_MS. */
+static long
+wait_pause(const char *pause, long min)
+{
+    int64_t deadline = tu_now_ms() + RUN_MS;
+    while (tu_now_ms() < deadline) {
+        char *text;
+        long step = -1;
+        if (access(pause, F_OK) != 0) {
+            usleep(10000);
+            continue;
+        }
+        text = tu_read_file(pause, NULL);
+        if (sscanf(text, "%ld", &step) != 1)
+            step = -1;          /* being written */
+        free(text);
+        if (step >= min)
+            return step;
+        if (step >= 0)
+            unlink(pause);
+        usleep(10000);
+    }
+    return -1;
+}
+
+/* One trial: a 2-ps sharded job's chief pauses between step 40's shards
+ * and its index; the chief (kill_chief) or ps 1 is SIGKILLed there, then
+ * the job. Whatever died, `keel ckpt verify` passes, the state file's
+ * newest entry is a whole checkpoint (40 when the chief committed it, 20
+ * when it died first), and the job restarted resumes from it, each ps
+ * reading its own shard, to step 60. */
+static void
+kill_before_index(int trial, int kill_chief)
+{
+    cluster c;
+    char d[4200], pause[4200], tag[16], newest[256], want[64], path[4200];
+    const char *const sets[] = { "checkpoint.sharded=on",
+                                 "train.max_steps=60", d, NULL };
+    long step;
+    snprintf(tag, sizeof tag, "kt%d", trial % 100000);
+    TU_SNPRINTF(d, sizeof d, "checkpoint.dir=%s/%s", tu_dir, tag);
+    TU_SNPRINTF(pause, sizeof pause, "%s/%s.pause", tu_dir, tag);
+    cluster_init(&c, 2, 2, NULL, tag);
+    cluster_start_paused(&c, sets, pause);
+    step = wait_pause(pause, 40);
+    ck_assert_msg(step == 40, "trial %d: no pause at step 40: %s", trial,
+                  log_tail(&c, "worker0"));
+    if (kill_chief) {
+        tu_kill(c.w[0]);
+        tu_kill(c.ps[1]);
+    } else {
+        tu_kill(c.ps[1]);
+        unlink(pause);              /* the chief commits step 40 */
+        ck_assert_msg(wait_log(&c, "worker0", "saved checkpoint for step "
+                               "40"), "trial %d: %s", trial,
+                      log_tail(&c, "worker0"));
+        tu_kill(c.w[0]);
+    }
+    tu_kill(c.w[1]);
+    tu_kill(c.ps[0]);
+    unlink(pause);
+    TU_SNPRINTF(path, sizeof path, "%s/%s", tu_dir, tag);
+    ck_assert_msg(tu_keel(RUN_MS, out, sizeof out, err, sizeof err, "ckpt",
+                          "verify", path, NULL) == 0, "trial %d: %s %s",
+                  trial, out, err);
+    newest_entry(tag, newest, sizeof newest);
+    snprintf(want, sizeof want, "model.ckpt-%d.h5", kill_chief ? 20 : 40);
+    ck_assert_msg(strcmp(newest, want) == 0, "trial %d: newest %s, want %s",
+                  trial, newest, want);
+    TU_SNPRINTF(path, sizeof path, "%s/%s/%s", tu_dir, tag, newest);
+    ck_assert_int_eq(TU_KEEL(RUN_MS, "ckpt", "verify", path), 0);
+    /* the whole job again: it resumes from that checkpoint */
+    snprintf(c.tag, sizeof c.tag, "kt%dr", trial % 100000);
+    cluster_start(&c, sets);
+    cluster_wait_ok(&c);
+    snprintf(want, sizeof want, " of step %d from ", kill_chief ? 20 : 40);
+    ck_assert_msg(log_has(&c, "ps0", want) && log_has(&c, "ps1", want),
+                  "trial %d: %s", trial, log_tail(&c, "ps1"));
+    TU_SNPRINTF(path, sizeof path, "%s/%s/model.ckpt-60.h5", tu_dir, tag);
+    ck_assert_int_eq(TU_KEEL(RUN_MS, "ckpt", "verify", path), 0);
+}
+
+/* Trials of kill_before_index, the chief and ps 1 in turn:
+ * KEEL_SHARD_KILL_TRIALS of them (default 2; `make check-long` runs
+ * tests/sharded_kills.sh, hundreds). */
+static int
+kill_trials(void)
+{
+    const char *v = getenv("KEEL_SHARD_KILL_TRIALS");
+    int n = v != NULL ? atoi(v) : 2;
+    return n > 0 ? n : 2;
+}
+
+START_TEST(sharded_kill_between_shards_and_index_leaves_a_whole_checkpoint)
+{
+    for (int t = 0; t < kill_trials(); t++) {
+        kill_before_index(t, t % 2 == 0);
+        if (t + 1 < kill_trials()) {
+            char path[4200];
+            /* the trials' files would fill a long run's tu_dir */
+            TU_SNPRINTF(path, sizeof path, "%s/kt%d", tu_dir, t);
+            tu_rmrf(path);
+        }
+    }
+}
+END_TEST
+
 static Suite *
 suite(void)
 {
@@ -1259,7 +1466,11 @@ suite(void)
         curve_worker_without_allowed_key_cannot_join));
     tu_tcase(s, "sharded", 120, setup, tu_teardown, TU_TESTS(
         sharded_checkpoints_are_an_index_and_one_shard_per_ps,
-        sharded_ps_restarted_restores_from_the_newest_checkpoint));
+        sharded_ps_restarted_restores_from_the_newest_checkpoint,
+        sharded_checkpoint_is_read_by_each_ps_in_any_placement));
+    tu_tcase(s, "sharded_kill", 60 + 40 * kill_trials(), setup, tu_teardown,
+             TU_TESTS(
+        sharded_kill_between_shards_and_index_leaves_a_whole_checkpoint));
     tu_tcase(s, "hosts", 150, setup, tu_teardown, TU_TESTS(
         ps_and_chief_train_by_localhost_host_name_and_ipv6,
         bad_hosts_exit_2_at_start_naming_task_and_host,

@@ -29,6 +29,11 @@ EXTRA_DIST += tests/soak_chaos.sh tests/common.sh
 LONG_TESTS += tests/algorithm_kills.sh
 EXTRA_DIST += tests/algorithm_kills.sh
 
+# A SIGKILL of the chief or a ps between a sharded checkpoint's shards and
+# its index, hundreds of times (`make check-long`; it_cluster runs 2).
+LONG_TESTS += tests/sharded_kills.sh
+EXTRA_DIST += tests/sharded_kills.sh
+
 # The command line the independent readers (tests/read_tfevents.py,
 # tests/read_trace.py) share.
 EXTRA_DIST += tests/read_common.py

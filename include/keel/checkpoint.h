@@ -247,6 +247,34 @@ keel_status keel_ckpt_restore_shard(const char *path, int shard_index,
                                     const keel_restore_config *opts,
                                     keel_restore_report *report);
 
+/* One tensor keel_ckpt_read_parts reads: variable name's (or its slot's)
+ * rows [row_begin, row_end) of dimension 0, or the whole tensor when both
+ * are 0, into dst. Found by name: through a sharded checkpoint's index,
+ * whichever shard holds it. */
+typedef struct keel_ckpt_part {
+    const char *name;         /* the variable's name; caller owns */
+    const char *slot;         /* NULL or "": the variable; else its slot's
+                               * name; caller owns */
+    int64_t row_begin;        /* first row (dimension 0) */
+    int64_t row_end;          /* one past the last; 0 and 0: every row */
+    float *dst;               /* caller owns; receives count floats */
+    size_t count;             /* the part's elements (rows x row size) */
+} keel_ckpt_part;
+
+/* Read parts[0..n) from the checkpoint file path, verifying each dataset's
+ * checksum (a part of rows reads its whole dataset to verify it). step >= 0
+ * and run_id != 0 are what the checkpoint must be (its global step, a
+ * sharded checkpoint's run id), checked before anything is read: a
+ * mismatch is KEEL_EABORTED naming both. A dataset that is absent is
+ * KEEL_ENOTFOUND, a count or rows that do not fit it KEEL_EINVAL, each
+ * naming the variable, the slot and the file. On failure some dsts may be
+ * written. *global_step (may be NULL): the checkpoint's step. For a
+ * parameter server reading the variables it holds (any of them, in any
+ * placement) and, later, the rows of a partitioned variable it holds. */
+keel_status keel_ckpt_read_parts(const char *path, int64_t step,
+                                 uint64_t run_id, const keel_ckpt_part *parts,
+                                 size_t n, int64_t *global_step);
+
 /* keel_ckpt_latest and keel_ckpt_restore in one pass over the data: the
  * newest checkpoint is restored as it is verified (the checksums are checked
  * while reading), and one that fails as a file (KEEL_ECORRUPT, KEEL_EIO, gone)
