@@ -287,8 +287,11 @@ keel__worker_abandon(keel_cluster_backend *w, int p, keel_status code,
  * within WAIT_CHUNK_MS (KEEL_ECANCELLED; nothing of it was applied here),
  * so that a preempted task saves and exits while its step waits for a
  * replica that may never come. Pulls and commits are not given up: the
- * final checkpoint after a signal needs them. *r is initialized either
- * way (type 0 when abandoned). */
+ * final checkpoint after a signal needs them. A step's push is also given
+ * up when another ps of the step restarted or died: the step cannot
+ * complete, and ps p may hold this push until the other replicas come,
+ * which wait for the lost ps to be initialized again (by this task's
+ * recovery). *r is initialized either way (type 0 when abandoned). */
 keel_status
 keel__worker_wait_reply(keel_cluster_backend *w, int p, const char *what,
                         int on_signal, keel__wire_msg *r)
@@ -330,6 +333,25 @@ keel__worker_wait_reply(keel_cluster_backend *w, int p, const char *what,
                 w, p, KEEL_EUNAVAILABLE, "ps %d (%s) silent for %.1f s "
                 "(cluster.dead_after_ms = %d): declared dead during %s", p,
                 addr, (double)quiet / 1e9, w->o.in.dead_after_ms, what);
+        for (int q = 0; on_signal && q < w->n_ps; q++) {
+            keel__hb_peer other;
+            if (q == p)
+                continue;
+            keel__hb_peer_get(w->hb, q, &other);
+            if (other.last_heard_ns > w->gen_ns &&
+                other.generation != w->ps_gen[q])
+                return keel__worker_abandon(
+                    w, p, KEEL_EABORTED, "ps %d restarted (generation "
+                    "%016llx, was %016llx) while %s waited for ps %d", q,
+                    (unsigned long long)other.generation,
+                    (unsigned long long)w->ps_gen[q], what, p);
+            if (now - (other.since_ns > start ? other.since_ns : start) >
+                dead)
+                return keel__worker_abandon(
+                    w, p, KEEL_EUNAVAILABLE, "ps %d silent for more than "
+                    "%d ms (cluster.dead_after_ms) while %s waited for ps "
+                    "%d: declared dead", q, w->o.in.dead_after_ms, what, p);
+        }
         if (limit > 0 && now - start > limit)
             return keel__worker_abandon(
                 w, p, KEEL_ETIMEOUT, "%s did not complete within %.0f s "

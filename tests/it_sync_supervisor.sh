@@ -196,6 +196,29 @@ lpid=
 check_run "$out" "$dir/ada" 0
 echo "sync_supervisor: Adagrad, ps killed: only it restarted, 0 steps lost"
 
+# Adagrad on 2 ps: ps.1 killed; only it is initialized with the chief's
+# slots, ps.0 survives and keeps its own accumulators
+out=$dir/kill-ada2.out
+"$keel" launch --ps 2 --workers 1 --no-status --grace 5 \
+    --output-dir "$dir/launch-ada2" -- "$bin" "$dir/ada2" $steps \
+    >"$out" 2>&1 &
+lpid=$!
+wait_step "$dir/launch-ada2/logs/chief.log" 100 120
+kill_task "$out" ps.1
+rc=0
+wait "$lpid" || rc=$?
+lpid=
+[ $rc -eq 0 ] || fail "keel launch (Adagrad, 2 ps) with ps.1 killed exited $rc: $(tail -30 "$out")"
+grep -q "^chief | chief done at step $steps\$" "$out" ||
+    fail "2 ps: the chief did not end at step $steps: $(tail -20 "$out")"
+grep -qE '^chief \| chief: 2 parameter server\(s\) initialized at step [1-9][0-9]*; .*, 1 kept their slots\)' "$out" ||
+    fail "2 ps: the survivor did not keep its slots: $(grep 'initialized at step' "$out")"
+grep -qE '^ps\.0 \| ps 0: initialized by the chief .* at step [1-9][0-9]*: [0-9]+ variables, 0 slot tensors' "$out" ||
+    fail "2 ps: ps.0 got slots again: $(grep '^ps.0 | .*initialized' "$out")"
+grep -qE '^ps\.1 \| ps 1: initialized by the chief .* at step [1-9][0-9]*: [0-9]+ variables, [1-9][0-9]* slot tensors' "$out" ||
+    fail "2 ps: the restarted ps.1 got no slots: $(grep '^ps.1 | .*initialized' "$out")"
+echo "sync_supervisor: Adagrad on 2 ps, ps.1 killed: ps.0 kept its slots"
+
 # keel launch --chaos on the ps and the worker (seeded victims, real-time
 # gaps): whatever it killed, the chief was never restarted, no kill of the
 # ps cost a step, and the final weights are the undisturbed run's
@@ -218,4 +241,4 @@ rc=0
 [ $rc -eq 0 ] || fail "chaos: the final weights differ from the undisturbed \
 run's (ckpt diff exit $rc): $(cat "$dir/diffc")"
 echo "sync_supervisor: --chaos killed $(grep -c '^chaos | killed' "$out") time(s), the chief never; final weights bitwise equal"
-echo "sync_supervisor: 5 passed, 0 failed"
+echo "sync_supervisor: 6 passed, 0 failed"
