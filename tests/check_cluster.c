@@ -2794,6 +2794,44 @@ START_TEST(test_rows_push_bad_ids_are_refused_by_name)
 }
 END_TEST
 
+/* Async: a push of rows is applied as it comes, to those rows only, and
+ * its ack with values carries the variable. */
+START_TEST(test_rows_async_push_applies_those_rows)
+{
+    static const int64_t ids[2] = { 1, 3 };
+    float init[EMB_ROWS * EMB_COLS], rows[2 * EMB_COLS];
+    float want[EMB_ROWS * EMB_COLS];
+    server sv;
+    keel__wire_client *c;
+    keel__wire_header h;
+    keel__wire_msg r;
+    rows_push p;
+    for (int i = 0; i < EMB_ROWS * EMB_COLS; i++)
+        want[i] = init[i] = (float)i;
+    for (int i = 0; i < 2 * EMB_COLS; i++)
+        rows[i] = 50.0f + (float)i;
+    for (int k = 0; k < 2; k++)
+        memcpy(want + ids[k] * EMB_COLS, rows + k * EMB_COLS,
+               EMB_COLS * sizeof(float));
+    rows_ps_start(&sv, 0, init);
+    c = worker_client(&sv, NULL, 1);
+    rows_make(&p, 2, ids, rows);
+    header_of(&h, KEEL_MSG_PUSH);
+    h.flags = KEEL_WIRE_F_ROWS | KEEL_WIRE_F_WANT_VALUES;
+    ck_assert_msg(keel__wire_client_call(c, &h, p.out, 2, 0, 3000, &r) ==
+                  KEEL_OK, "%s", keel_last_error());
+    ck_assert_int_eq(r.h.type, KEEL_MSG_PUSH_ACK);
+    ck_assert_int_eq(r.h.global_step, 1);
+    ck_assert_int_eq(r.n, 1);
+    ck_assert_str_eq(r.tensors[0].name, "emb");
+    ck_assert_uint_eq(r.tensors[0].t.count, EMB_ROWS * EMB_COLS);
+    ck_assert_int_eq(memcmp(r.tensors[0].t.data, want, sizeof want), 0);
+    keel__wire_msg_clear(&r);
+    keel__wire_client_free(c);
+    server_stop(&sv);
+}
+END_TEST
+
 /* Two replicas' pushes of one sync step (worker 0 over 3 examples, worker
  * 1 over 2): dense, and as rows with overlapping ids. The ps's mean of
  * the rows has the dense mean's bits on every row either touched; the
@@ -4447,6 +4485,7 @@ cluster_suite(void)
         test_real_ps_weighs_replicas_by_their_examples,
         test_rows_push_bad_ids_are_refused_by_name,
         test_rows_sync_mean_has_the_dense_bits,
+        test_rows_async_push_applies_those_rows,
         test_weighted_mean_kernel_has_the_scalar_bits,
         test_real_ps_weighted_mean_with_equal_and_unequal_counts,
         test_real_ps_weighted_mean_of_a_variable_pushed_twice,
