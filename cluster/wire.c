@@ -78,6 +78,9 @@ keel__wire_header_decode(const void *buf, size_t n, keel__wire_header *h)
         return keel__fail(KEEL_ECORRUPT, "unknown message type %u", h->type);
     if (h->flags & ~KEEL_WIRE_F_KNOWN)
         return keel__fail(KEEL_ECORRUPT, "unknown flags 0x%02x", h->flags);
+    if ((h->flags & KEEL_WIRE_F_ROWS) && h->type != KEEL_MSG_PUSH)
+        return keel__fail(KEEL_ECORRUPT, "flag ROWS in a message that is "
+                          "not a PUSH");
     h->examples = (uint32_t)keel__le_get(p + 17, 3);
     if (h->examples != 0 && h->type != KEEL_MSG_PUSH)
         return keel__fail(KEEL_ECORRUPT, "example count %u in a message "

@@ -1236,8 +1236,9 @@ START_TEST(test_decode_rejects_every_malformed_class)
     expect_corrupt(&r, &lim, "unknown message type 0");
     raw_init(&r); r.hdr[6] = 200;
     expect_corrupt(&r, &lim, "unknown message type 200");
-    raw_init(&r); r.hdr[7] = 0x80;
-    expect_corrupt(&r, &lim, "unknown flags");
+    /* every bit of the flags byte is known; ROWS is a PUSH's only */
+    raw_init(&r); r.hdr[6] = KEEL_MSG_PULL_REPLY; r.hdr[7] = 0x80;
+    expect_corrupt(&r, &lim, "flag ROWS in a message that is not a PUSH");
     raw_init(&r); r.hdr[4] = 2;         /* before the example count */
     expect_corrupt(&r, &lim, "wire version 2");
     raw_init(&r); r.hdr[4] = 3;         /* before the metrics tensor */
