@@ -532,6 +532,7 @@ keel__job_cluster_backend(keel__train_run *r)
             keel_updater u = keel_kfac_dist_role_updater(j->kdist);
             r->backend.updater.ctx = u.ctx;
             r->backend.updater.apply = u.apply;
+            r->backend.updater.kind = u.kind;   /* dense gradients */
         }
     }
     replica_session(j, &r->tc, &r->backend, r->hooks, r->n_hooks,

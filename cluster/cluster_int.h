@@ -150,7 +150,10 @@ enum {
                                         * tensor is the membership word the
                                         * push was computed under
                                         * (keel__wire_membership) */
-    KEEL_WIRE_F_KNOWN = 0x7fu
+    KEEL_WIRE_F_ROWS = 1u << 7,        /* PUSH: some gradients are rows:
+                                        * a KEEL__WIRE_IDS_NAME tensor,
+                                        * then the variable's rows */
+    KEEL_WIRE_F_KNOWN = 0xffu
 };
 
 typedef struct keel__wire_header {
@@ -356,6 +359,13 @@ keel_status keel__wire_take_ack_metrics(keel__wire_msg *msg,
  * dimension of two float32 words holding the word's 8 bytes in the byte
  * order of all tensor data. docs/protocol.md, "Membership". */
 #define KEEL__WIRE_MEMBERSHIP_NAME "keel:membership"
+
+/* A PUSH with KEEL_WIRE_F_ROWS sends a variable's gradient rows as two
+ * tensors: this name, one dimension of 2n float32 words holding n
+ * little-endian int64 ids (strictly ascending, each below the variable's
+ * first dimension, n at most that), then the variable's name with shape
+ * [n, d1, ...]: row k is the gradient of row ids[k]. */
+#define KEEL__WIRE_IDS_NAME "keel:ids"
 typedef struct keel__wire_membership {
     keel_tensor t;                  /* a view of words */
     float words[2];
@@ -738,6 +748,12 @@ typedef struct keel__ps_config {
      * no backups): the live replicas of each step are decided here, at
      * step boundaries (ps_members.c), and told in every reply. */
     int elastic;
+    /* The lazy update of n gradient rows of v (a PUSH with
+     * KEEL_WIRE_F_ROWS; keel_optimizer_apply_rows's contract); NULL:
+     * rows are refused. */
+    keel_status (*apply_rows)(void *ctx, keel_var *v, size_t n,
+                              const int64_t *ids, const float *rows,
+                              int64_t global_step);
 } keel__ps_config;
 
 /* The most local steps one commit may cover. */

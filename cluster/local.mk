@@ -2,7 +2,7 @@
 libkeel_core_la_SOURCES += cluster/cluster_int.h cluster/spec.c cluster/slurm.c \
 	cluster/wire.c cluster/security.c \
 	cluster/ps_int.h cluster/ps.c cluster/ps_auth.c cluster/ps_values.c cluster/ps_shard.c \
-	cluster/ps_push.c cluster/ps_aggregate.c cluster/ps_members.c \
+	cluster/ps_push.c cluster/ps_sparse.c cluster/ps_aggregate.c cluster/ps_members.c \
 	cluster/ps_request.c \
 	cluster/defaults.h cluster/heartbeat.c \
 	cluster/allreduce_mpi.c cluster/algorithm.c \
@@ -10,7 +10,7 @@ libkeel_core_la_SOURCES += cluster/cluster_int.h cluster/spec.c cluster/slurm.c 
 	cluster/role_int.h cluster/options.c cluster/placement.c cluster/partition.c \
 	cluster/ps_task.c cluster/address.c \
 	cluster/worker_int.h cluster/worker.c cluster/worker_call.c \
-	cluster/worker_pull.c cluster/worker_save.c cluster/worker_push.c \
+	cluster/worker_pull.c cluster/worker_save.c cluster/worker_push.c cluster/worker_sparse.c \
 	cluster/worker_part.c
 pkginclude_HEADERS += include/keel/cluster.h include/keel/distributed.h
 if HAVE_CHECK

@@ -45,6 +45,7 @@ take_config(keel__ps *ps, const keel__ps_config *cfg)
     ps->generation = keel__wire_new_generation();
     ps->apply = cfg->apply;
     ps->apply_ctx = cfg->apply_ctx;
+    ps->apply_rows = cfg->apply_rows;
     ps->serve = cfg->serve;
     ps->serve_ctx = cfg->serve_ctx;
     ps->sync = cfg->sync;
@@ -179,6 +180,7 @@ keel__ps_free(keel__ps *ps)
     for (int i = 0; ps->pending != NULL && i < ps->n_slots; i++) {
         keel__wire_msg_clear(&ps->pending[i].msg);
         free(ps->pending[i].vars);
+        free(ps->pending[i].rows);
     }
     free(ps->pending);
     free(ps->tnodes);
@@ -190,6 +192,8 @@ keel__ps_free(keel__ps *ps)
     free(ps->have);
     keel_grads_free(ps->acc);
     free(ps->dacc);
+    free(ps->srows);
+    free(ps->srow_data);
     free(ps->doff);
     free(ps->wsrc);
     free(ps->wts);

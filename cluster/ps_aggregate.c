@@ -495,6 +495,8 @@ aggregate(keel__ps *ps)
                                fresh);
     if (ps->chief_applies)
         return hand_to_chief(ps, st, fresh);
+    if (st == KEEL_OK)                  /* gradient rows: ps_sparse.c */
+        st = keel__ps_sparse_aggregate(ps, step);
     if (st == KEEL_OK)
         st = apply_sums(ps, step);
     if (st == KEEL_OK) {

@@ -25,11 +25,25 @@
 #define PUSH_BURST 16
 #define PUSH_REFILL_MS 100
 
+/* A variable's gradient rows in a PUSH (KEEL_WIRE_F_ROWS, ps_sparse.c):
+ * n ids strictly ascending in [0, rows) and their n rows; ids and rows
+ * point into the message's frames (valid while it is held). */
+typedef struct keel__ps_rows {
+    keel_var *v;
+    size_t n;
+    const int64_t *ids;
+    const float *rows;
+} keel__ps_rows;
+
 /* A fresh gradient waiting for the rest of its step (sync). */
 typedef struct pending_push {
     int used;
     keel__wire_msg msg;
-    keel_var **vars;             /* msg.tensors[i] is vars[i]'s gradient */
+    keel_var **vars;             /* msg.tensors[i] is vars[i]'s gradient;
+                                  * then the n_rows variables of rows
+                                  * (the values the ack carries) */
+    keel__ps_rows *rows;         /* the push's gradient rows (owned) */
+    size_t n_rows;
     keel__wire_push_metrics metrics; /* the replica's metric sums */
 } pending_push;
 
@@ -61,6 +75,14 @@ struct keel__ps {
     keel_status (*apply)(void *ctx, keel_var *v, const keel_tensor *grad,
                          int64_t global_step);
     void *apply_ctx;
+    /* the lazy update of a variable's gradient rows (keel__ps_config) */
+    keel_status (*apply_rows)(void *ctx, keel_var *v, size_t n,
+                              const int64_t *ids, const float *rows,
+                              int64_t global_step);
+    /* sync: a step's mean rows of one variable (ps_sparse.c) */
+    int64_t *srows;
+    float *srow_data;
+    size_t srows_cap;
     /* without apply: PULL / PUSH / INIT / HELLO */
     keel_status (*serve)(void *ctx, keel__ps *ps, keel__wire_msg *req);
     void *serve_ctx;
@@ -328,5 +350,30 @@ keel_status keel__ps_real_mix(keel__ps *ps, keel__wire_msg *req);
 /* HELLO: READY with the status text, or (arg 1, not ready yet) held until
  * the INIT comes. */
 keel_status keel__ps_real_hello(keel__ps *ps, keel__wire_msg *req);
+
+/* ---- gradient rows (ps_sparse.c) -------------------------------------- */
+
+/* With KEEL_WIRE_F_ROWS: take req's rows pairs (KEEL__WIRE_IDS_NAME, then
+ * the rows of a trainable variable) out of req, every one checked before
+ * any is kept (KEEL_EINVAL naming replica and the variable: an id out of
+ * range, ids not strictly ascending, more ids than rows, a row shape or
+ * a variable named twice); req keeps its dense gradients, in order.
+ * *out (owned by the caller, free()) and *n_out: the rows; NULL and 0
+ * without the flag. */
+keel_status keel__ps_sparse_take(keel__ps *ps, keel__wire_msg *req,
+                                 int replica, keel__ps_rows **out,
+                                 size_t *n_out);
+/* KEEL_EINVAL when a variable of rs is also among the n_dense vars. */
+keel_status keel__ps_sparse_check_dense(keel__ps *ps, const keel__ps_rows *rs,
+                                        size_t n, keel_var *const *vars,
+                                        size_t n_dense);
+/* Async: apply the rows rs[0..n) lazily at step. */
+keel_status keel__ps_sparse_apply(keel__ps *ps, const keel__ps_rows *rs,
+                                  size_t n, int64_t step);
+/* Sync, after the dense sums (ps->have marks them): every variable the
+ * held pushes sent as rows gets the example-weighted mean over the union
+ * of their ids (the dense path's bits for those rows), applied lazily at
+ * step; a variable also sent dense in the step is KEEL_EINVAL. */
+keel_status keel__ps_sparse_aggregate(keel__ps *ps, int64_t step);
 
 #endif

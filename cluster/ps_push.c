@@ -112,9 +112,12 @@ resolve_push(keel__ps *ps, const keel__wire_msg *req, keel_var **vars)
  * rule), step + covered, answer it. */
 static keel_status
 apply_async(keel__ps *ps, keel__wire_msg *req, keel_var **vars, int replica,
-            int64_t step, int64_t covered)
+            int64_t step, int64_t covered, const keel__ps_rows *rows,
+            size_t n_rows)
 {
-    keel_status st = keel__ps_wait_pins(ps, vars, req->n);
+    keel_status st = keel__ps_wait_pins(ps, vars, req->n + n_rows);
+    if (st == KEEL_OK)                  /* gradient rows: ps_sparse.c */
+        st = keel__ps_sparse_apply(ps, rows, n_rows, step);
     for (size_t i = 0; i < req->n && st == KEEL_OK; i++)
         st = ps->rule != NULL
             ? keel__algo_ps_commit(ps->rule, vars[i], &req->tensors[i].t,
@@ -126,13 +129,14 @@ apply_async(keel__ps *ps, keel__wire_msg *req, keel_var **vars, int replica,
         keel__algo_ps_commit_end(ps->rule, replica);
     keel_vars_set_global_step(ps->vars, step + covered);
     ps->applied++;
-    return keel__ps_send_ack(ps, req, vars, req->n);
+    return keel__ps_send_ack(ps, req, vars, req->n + n_rows);
 }
 
 /* Sync: hold req (and *vars, taken: *vars set NULL) as replica's push of
  * this step, which holds none (sync_push_refused). */
 static void
-hold_push(keel__ps *ps, keel__wire_msg *req, int replica, keel_var ***vars)
+hold_push(keel__ps *ps, keel__wire_msg *req, int replica, keel_var ***vars,
+          keel__ps_rows **rows, size_t n_rows)
 {
     pending_push *p = &ps->pending[replica];
     assert(!p->used);
@@ -141,6 +145,9 @@ hold_push(keel__ps *ps, keel__wire_msg *req, int replica, keel_var ***vars)
     zmq_msg_move(&p->msg.identity, &req->identity);
     keel__wire_msg_init(req);           /* moved: the caller clears nothing */
     p->vars = *vars;
+    p->rows = *rows;
+    p->n_rows = n_rows;
+    *rows = NULL;
     p->metrics = ps->push_metrics;
     if (keel__ps_pending_count(ps) == 0)
         ps->pending_since_ns = keel__now_mono_ns();
@@ -153,7 +160,7 @@ hold_push(keel__ps *ps, keel__wire_msg *req, int replica, keel_var ***vars)
  * complete. */
 static keel_status
 take_sync(keel__ps *ps, keel__wire_msg *req, int replica, int64_t step,
-          keel_var ***vars)
+          keel_var ***vars, keel__ps_rows **rows, size_t n_rows)
 {
     if (req->h.local_step < step) {     /* stale: drop, count, go on */
         long held = 0;
@@ -168,7 +175,7 @@ take_sync(keel__ps *ps, keel__wire_msg *req, int replica, int64_t step,
                       "more since the last such line, %ld in all)",
                       ps->task_index, replica, (long long)req->h.local_step,
                       (long long)step, held, ps->dropped);
-        return keel__ps_send_ack(ps, req, *vars, req->n);
+        return keel__ps_send_ack(ps, req, *vars, req->n + n_rows);
     }
     if (ps->job_end[0] != '\0') {
         keel__ps_send_error(ps, req, KEEL_EOUTOFRANGE, ps->job_end);
@@ -180,7 +187,7 @@ take_sync(keel__ps *ps, keel__wire_msg *req, int replica, int64_t step,
                           "was re-initialized)", replica,
                           (long long)req->h.local_step, ps->task_index,
                           (long long)step);
-    hold_push(ps, req, replica, vars);
+    hold_push(ps, req, replica, vars, rows, n_rows);
     if (ps->awaiting_commit && replica == 0) {
         /* the chief pushes again instead of committing: it restarted (and
          * joined this live ps) or gave the step up; aggregate anew */
@@ -196,6 +203,8 @@ keel_status
 keel__ps_real_push(keel__ps *ps, keel__wire_msg *req)
 {
     keel_var **vars;
+    keel__ps_rows *rows = NULL;
+    size_t n_rows = 0;
     keel_status st;
     int64_t step = keel_vars_global_step(ps->vars), covered = 1;
     int replica = -1;
@@ -210,14 +219,27 @@ keel__ps_real_push(keel__ps *ps, keel__wire_msg *req)
     if ((st = keel__wire_take_push_metrics(req, &ps->push_metrics))
         != KEEL_OK)
         return st;
-    vars = calloc(req->n ? req->n : 1, sizeof *vars);
-    if (vars == NULL)
+    /* gradient rows (ps_sparse.c): checked, taken out of req; their
+     * variables follow the dense ones in vars (the ack's values) */
+    if ((st = keel__ps_sparse_take(ps, req, replica, &rows, &n_rows))
+        != KEEL_OK)
+        return st;
+    vars = calloc(req->n + n_rows + 1, sizeof *vars);
+    if (vars == NULL) {
+        free(rows);
         return keel__fail(KEEL_ENOMEM, "ps: %zu updates", req->n);
+    }
     st = resolve_push(ps, req, vars);
+    for (size_t j = 0; j < n_rows; j++)
+        vars[req->n + j] = rows[j].v;
+    if (st == KEEL_OK)
+        st = keel__ps_sparse_check_dense(ps, rows, n_rows, vars, req->n);
     if (st == KEEL_OK && !ps->sync)     /* async: apply as it comes */
-        st = apply_async(ps, req, vars, replica, step, covered);
+        st = apply_async(ps, req, vars, replica, step, covered, rows,
+                         n_rows);
     else if (st == KEEL_OK)
-        st = take_sync(ps, req, replica, step, &vars);
+        st = take_sync(ps, req, replica, step, &vars, &rows, n_rows);
     free(vars);
+    free(rows);
     return st;
 }

@@ -341,6 +341,9 @@ keel__ps_fail_pending(keel__ps *ps, keel_status code, const char *why)
         keel__wire_msg_clear(&p->msg);
         free(p->vars);
         p->vars = NULL;
+        free(p->rows);
+        p->rows = NULL;
+        p->n_rows = 0;
         p->used = 0;
     }
     if (ps->awaiting_commit)
@@ -470,7 +473,8 @@ keel__ps_release_pending(keel__ps *ps, keel_status st)
         if (!p->used)
             continue;
         if (st == KEEL_OK) {
-            if (keel__ps_send_ack(ps, &p->msg, p->vars, p->msg.n) != KEEL_OK)
+            if (keel__ps_send_ack(ps, &p->msg, p->vars,
+                                  p->msg.n + p->n_rows) != KEEL_OK)
                 keel__log(KEEL_LOG_WARN, "ps %d: token to replica %d not "
                           "sent: %s", ps->task_index, r, keel_last_error());
         } else {
@@ -479,6 +483,9 @@ keel__ps_release_pending(keel__ps *ps, keel_status st)
         keel__wire_msg_clear(&p->msg);
         free(p->vars);
         p->vars = NULL;
+        free(p->rows);
+        p->rows = NULL;
+        p->n_rows = 0;
         p->metrics.n = 0;
         p->used = 0;
     }

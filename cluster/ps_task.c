@@ -34,6 +34,17 @@ ps_apply(void *ctx, keel_var *v, const keel_tensor *grad, int64_t step)
     return keel_optimizer_apply_var(ctx, v, grad, step);
 }
 
+static keel_status
+ps_apply_rows(void *ctx, keel_var *v, size_t n, const int64_t *ids,
+              const float *rows, int64_t step)
+{
+    if (ctx == NULL)                    /* the chief applies */
+        return keel__fail(KEEL_EINTERNAL, "ps: no optimizer for the rows "
+                          "of '%s' at step %lld (the chief applies)",
+                          keel_var_name(v), (long long)step);
+    return keel_optimizer_apply_rows(ctx, v, n, ids, rows, step);
+}
+
 /* A ps task while it runs (run_ps): its shard of the model, the rule's
  * state, the security set-up and the server. */
 typedef struct ps_task {
@@ -170,6 +181,7 @@ start_ps(ps_task *t, keel_optimizer *opt)
     pc->task_index = t->idx;
     pc->apply = ps_apply;
     pc->apply_ctx = opt;
+    pc->apply_rows = ps_apply_rows;
     pc->sync = keel_algorithm_is_sync(o->algo.c.name);
     pc->rule = t->has_rule ? &t->rule : NULL;
     pc->total_replicas = keel_cluster_spec_num_replicas(o->spec);

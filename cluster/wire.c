@@ -78,6 +78,9 @@ keel__wire_header_decode(const void *buf, size_t n, keel__wire_header *h)
         return keel__fail(KEEL_ECORRUPT, "unknown message type %u", h->type);
     if (h->flags & ~KEEL_WIRE_F_KNOWN)
         return keel__fail(KEEL_ECORRUPT, "unknown flags 0x%02x", h->flags);
+    if ((h->flags & KEEL_WIRE_F_ROWS) && h->type != KEEL_MSG_PUSH)
+        return keel__fail(KEEL_ECORRUPT, "flag ROWS in a message that is "
+                          "not a PUSH");
     h->examples = (uint32_t)keel__le_get(p + 17, 3);
     if (h->examples != 0 && h->type != KEEL_MSG_PUSH)
         return keel__fail(KEEL_ECORRUPT, "example count %u in a message "
@@ -136,12 +139,13 @@ desc_decode(const unsigned char *p, size_t n, size_t i, keel__wire_tensor *wt)
                           "bytes, expected %zu", i, n, 4 + 8 * ndim + len);
     memcpy(wt->name, p + 4 + 8 * ndim, len);
     wt->name[len] = '\0';
-    /* a variable's or slot's name, or the metrics or membership tensor's
-     * (no variable's: keel_name_is_valid refuses ':') */
+    /* a variable's or slot's name, or the metrics, membership or ids
+     * tensor's (no variable's: keel_name_is_valid refuses ':') */
     if (memchr(wt->name, '\0', len) != NULL ||
         (!keel_name_is_valid(wt->name) &&
          strcmp(wt->name, KEEL__WIRE_METRICS_NAME) != 0 &&
-         strcmp(wt->name, KEEL__WIRE_MEMBERSHIP_NAME) != 0))
+         strcmp(wt->name, KEEL__WIRE_MEMBERSHIP_NAME) != 0 &&
+         strcmp(wt->name, KEEL__WIRE_IDS_NAME) != 0))
         return keel__fail(KEEL_ECORRUPT, "tensor %zu: invalid name", i);
     wt->t.ndim = (int)ndim;
     for (int d = 0; d < KEEL_MAX_DIMS; d++)
@@ -259,7 +263,9 @@ decode_data(keel__wire_msg *m, keel__wire_tensor *wt, zmq_msg_t *data,
                           "bytes at '%s'",
                           (unsigned long long)lim->max_total_bytes,
                           wt->name);
-    if (((uintptr_t)p % _Alignof(float)) != 0) {
+    /* the ids of gradient rows are int64 */
+    if (((uintptr_t)p % (strcmp(wt->name, KEEL__WIRE_IDS_NAME) == 0
+                         ? _Alignof(int64_t) : _Alignof(float))) != 0) {
         keel_status st = decode_align(m, wt, &p, bytes);
         if (st != KEEL_OK)
             return st;

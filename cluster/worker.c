@@ -204,14 +204,16 @@ keel_cluster_backend_free(keel_cluster_backend *w)
         double n = (double)w->timed_steps;
         keel__log(KEEL_LOG_INFO, "%s %d: per step (%ld steps, ms): compute "
                   "%.3f, push %.3f, wait for the ps %.3f, copy values "
-                  "%.3f", keel_task_type_name(
+                  "%.3f; bytes pushed %.0f", keel_task_type_name(
                       keel_cluster_spec_task_type(w->spec)),
                   keel_cluster_spec_task_index(w->spec), w->timed_steps,
                   (double)w->compute_ns / n / 1e6,
                   (double)w->send_ns / n / 1e6, (double)w->wait_ns / n / 1e6,
-                  (double)w->copy_ns / n / 1e6);
+                  (double)w->copy_ns / n / 1e6,
+                  (double)w->push_bytes / n);
     }
     keel__hb_stop(w->hb);
+    free(w->sparse_t);
     keel__worker_part_free(w);
     keel__algo_worker_free(w->aw);
     keel_grads_free(w->local);
@@ -295,6 +297,7 @@ keel_cluster_backend_session_backend(keel_cluster_backend *w, keel_backend *out)
     out->ctx = w;
     out->updater.ctx = w;
     out->updater.apply = keel__worker_apply;
+    out->updater.kind = KEEL_UPDATER_ROWS;  /* worker_sparse.c */
     out->publish = keel__worker_publish;
     out->is_intact = keel__worker_is_intact;
     out->fetch = keel__worker_fetch;

@@ -71,6 +71,10 @@ struct keel_cluster_backend {
     keel__wire_membership push_membership; /* elastic: the word the
                                     * step's leaves were divided by, to
                                     * every ps */
+    keel_tensor *sparse_t;         /* per variable: its ids and rows
+                                    * views (worker_sparse.c), or NULL */
+    uint64_t push_bytes;           /* tensor data pushed in timed steps */
+    uint64_t step_bytes;           /* tensor data of this step's push */
 };
 
 /* ---- one request to a ps (worker_call.c) -------------------------------- */
@@ -189,6 +193,25 @@ keel_status keel__worker_part_set_micro(keel_cluster_backend *w,
 void keel__worker_part_gather(keel_cluster_backend *w,
                               const char *const *names, size_t n,
                               int with_slots);
+
+/* ---- gradient rows (worker_sparse.c) ---------------------------------- */
+
+/* 1 when this backend pushes gradient rows as rows: the sync and async
+ * gradient rules without micro-batches, partitions, per-worker rates,
+ * reduce_leaves, elastic membership or chief_applies. */
+int keel__worker_sparse_usable(const keel_cluster_backend *w);
+/* Before a step's push: *sparse 1 when grads has rows this backend
+ * pushes as rows; else the rows of grads (and of the micro-batch stores)
+ * are added into their dense gradients (*sparse 0). */
+keel_status keel__worker_sparse_prepare(keel_cluster_backend *w,
+                                        keel_grads *grads, int *sparse);
+/* Variable i's rows in g (after prepare gave *sparse 1) as the two outs
+ * of the wire (ids, then rows; views into g, unchanged until the push is
+ * answered) into outs[0..2): returns 2, or 0 when it has no rows (then
+ * its dense gradient is pushed). */
+size_t keel__worker_sparse_outs(keel_cluster_backend *w, keel_vars *vs,
+                                keel_grads *g, size_t i,
+                                keel__wire_out *outs);
 
 /* ---- the step (worker_push.c) ------------------------------------------- */
 

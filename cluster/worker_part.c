@@ -122,6 +122,9 @@ part_apply(void *ctx, keel_vars *vs, keel_grads *grads, int64_t global_step)
 {
     keel_cluster_backend *w = ctx;
     keel_status st;
+    keel_grads_densify(grads);          /* the parts are pushed dense */
+    for (int m = 0; w->micro != NULL && m < w->n_micro; m++)
+        keel_grads_densify(w->user_micro[m]);
     keel__partition_grads(w->part, grads, w->part_grads);
     *keel__grads_metrics(w->part_grads) = *keel__grads_metrics(grads);
     for (int m = 0; w->micro != NULL && m < w->n_micro; m++)

@@ -115,6 +115,8 @@ typedef struct push_req {
     int covered;                /* the steps the push covers */
     int64_t examples;           /* the gradients' example count; 0: none */
     int pieces;                 /* srcs are pieces of the step's mean */
+    int sparse;                 /* srcs[0]'s rows go as rows
+                                 * (keel__worker_sparse_prepare) */
     int into;                   /* KEEL__ALGO_INTO_*: where values go */
     keel_grads *center;         /* with KEEL__ALGO_INTO_CENTER */
     keel_grads *mean;           /* the chief that applies, else NULL */
@@ -130,7 +132,8 @@ static keel_status
 send_push(keel_cluster_backend *w, const push_req *q, int p)
 {
     keel__wire_header h;
-    size_t k = 0;
+    size_t k = 0, rk;
+    int rows = 0;
     keel_status st;
     for (int m = 0; m < q->n_src; m++) {
         keel_grads *src = q->srcs[m];
@@ -138,6 +141,12 @@ send_push(keel_cluster_backend *w, const push_req *q, int p)
             keel_tensor *g;
             if (w->ps_of[i] != p || (g = keel_grads_at(src, i)) == NULL)
                 continue;
+            if (q->sparse && (rk = keel__worker_sparse_outs(
+                                  w, q->vs, src, i, w->outs + k)) > 0) {
+                k += rk;                /* its ids and rows */
+                rows = 1;
+                continue;
+            }
             w->outs[k].name = keel_var_name(keel_vars_at(q->vs, i));
             w->outs[k].t = g;
             w->outs[k].pin = NULL;
@@ -145,6 +154,8 @@ send_push(keel_cluster_backend *w, const push_req *q, int p)
         }
     }
     memset(&h, 0, sizeof h);
+    if (rows)
+        h.flags |= KEEL_WIRE_F_ROWS;
     if (p == 0 && q->metrics != NULL) {
         keel__wire_metrics_push(q->metrics, &w->push_metrics);
         w->outs[k].name = KEEL__WIRE_METRICS_NAME;
@@ -169,6 +180,8 @@ send_push(keel_cluster_backend *w, const push_req *q, int p)
     h.local_step = q->local_step;
     h.global_step = q->covered;         /* the steps this push covers */
     h.examples = (uint32_t)q->examples;
+    for (size_t j = 0; j < k; j++)
+        w->step_bytes += w->outs[j].t->count * sizeof(float);
     st = keel__wire_client_send(w->clients[p], &h, w->outs, k, 1,
                                 w->o.in.dead_after_ms);
     if (st != KEEL_OK)
@@ -354,6 +367,12 @@ keel__worker_apply(void *ctx, keel_vars *vs, keel_grads *grads,
     keel_status first;
     int64_t t_start = keel__now_mono_ns(), t_sent, t_copy = 0;
     keel_grads *one = grads;
+    int sparse = 0;
+    /* gradient rows: pushed as rows, or added into the dense gradients
+     * (worker_sparse.c) */
+    if ((first = keel__worker_sparse_prepare(w, grads, &sparse)) != KEEL_OK)
+        return first;
+    w->step_bytes = 0;
     if (w->aw != NULL)
         return rule_apply(w, vs, grads, global_step);
     if (w->o.algo.worker_lrs != NULL) {
@@ -379,6 +398,7 @@ keel__worker_apply(void *ctx, keel_vars *vs, keel_grads *grads,
         .examples = keel_grads_examples(grads),
         /* micro-batch / tree stores: pieces of the global batch's mean */
         .pieces = w->micro != NULL,
+        .sparse = sparse,
         .into = KEEL__ALGO_INTO_VARS, .center = NULL,
         .mean = w->is_chief && w->o.in.chief_applies ? grads : NULL,
         /* sync: the step's metric sums go to ps 0, which answers with
@@ -399,6 +419,7 @@ keel__worker_apply(void *ctx, keel_vars *vs, keel_grads *grads,
         w->send_ns += t_sent - t_start;
         w->wait_ns += end - t_sent - t_copy;
         w->copy_ns += t_copy;
+        w->push_bytes += w->step_bytes;
     }
     w->last_apply_end_ns = keel__now_mono_ns();
     keel_vars_set_global_step(vs, new_step);

@@ -348,9 +348,10 @@ apply_update(keel_session *s, int64_t gs)
     keel_status st = KEEL_OK;
     if (s->st.is_applied)
         return KEEL_OK;
-    /* keel's optimizers apply gradient rows lazily; another updater
-     * reads dense gradients only */
-    if (s->updater.kind != KEEL_UPDATER_OPTIMIZER)
+    /* keel's optimizers apply gradient rows lazily, the cluster backend
+     * pushes them as rows; another updater reads dense gradients only */
+    if (s->updater.kind != KEEL_UPDATER_OPTIMIZER &&
+        s->updater.kind != KEEL_UPDATER_ROWS)
         keel_grads_densify(s->grads);
     if (s->updater.kind == KEEL_UPDATER_OPTIMIZER && s->updater.apply != NULL
         && s->rep != NULL)

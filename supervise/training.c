@@ -145,6 +145,7 @@ kfac_dist_attach(keel_kfac_dist *d, training_owned *own)
         keel_updater u = keel_kfac_dist_role_updater(d);
         own->backend.updater.ctx = u.ctx;
         own->backend.updater.apply = u.apply;
+        own->backend.updater.kind = u.kind;     /* reads dense gradients */
     }
 }
 

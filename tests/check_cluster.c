@@ -1236,8 +1236,9 @@ START_TEST(test_decode_rejects_every_malformed_class)
     expect_corrupt(&r, &lim, "unknown message type 0");
     raw_init(&r); r.hdr[6] = 200;
     expect_corrupt(&r, &lim, "unknown message type 200");
-    raw_init(&r); r.hdr[7] = 0x80;
-    expect_corrupt(&r, &lim, "unknown flags");
+    /* every bit of the flags byte is known; ROWS is a PUSH's only */
+    raw_init(&r); r.hdr[6] = KEEL_MSG_PULL_REPLY; r.hdr[7] = 0x80;
+    expect_corrupt(&r, &lim, "flag ROWS in a message that is not a PUSH");
     raw_init(&r); r.hdr[4] = 2;         /* before the example count */
     expect_corrupt(&r, &lim, "wire version 2");
     raw_init(&r); r.hdr[4] = 3;         /* before the metrics tensor */
@@ -2643,6 +2644,286 @@ START_TEST(test_real_ps_weighs_replicas_by_their_examples)
     wb_release(&init);
     wb_release(&p0);
     wb_release(&p1);
+}
+END_TEST
+
+/* ---- gradient rows (KEEL_WIRE_F_ROWS) ----------------------------------- */
+
+/* The tests' updates of a rows ps: the gradient becomes the value (dense)
+ * and each row its variable's row (rows), so the values show the
+ * aggregated gradient's bits. */
+static keel_status
+take_apply(void *ctx, keel_var *v, const keel_tensor *g, int64_t step)
+{
+    keel_tensor *t = keel_var_tensor(v);
+    (void)ctx;
+    (void)step;
+    memcpy(t->data, g->data, t->count * sizeof(float));
+    return KEEL_OK;
+}
+
+static keel_status
+take_rows(void *ctx, keel_var *v, size_t n, const int64_t *ids,
+          const float *rows, int64_t step)
+{
+    keel_tensor *t = keel_var_tensor(v);
+    size_t row = t->count / (size_t)t->shape[0];
+    (void)ctx;
+    (void)step;
+    for (size_t k = 0; k < n; k++)
+        memcpy(t->data + (size_t)ids[k] * row, rows + k * row,
+               row * sizeof(float));
+    return KEEL_OK;
+}
+
+enum { EMB_ROWS = 5, EMB_COLS = 3 };
+
+/* A real ps (sync: of 2 replicas, no chief job) over emb [5,3] with the
+ * take_* updates, served by a thread, initialized by worker 0 to init. */
+static void
+rows_ps_start(server *sv, int sync, const float *init)
+{
+    static const int64_t shape[2] = { EMB_ROWS, EMB_COLS };
+    keel__ps_config cfg = { .bind = "tcp://127.0.0.1:*" };
+    keel_tensor t;
+    keel__wire_out o = { "emb", &t, NULL };
+    keel__wire_header h;
+    keel__wire_msg r;
+    keel__wire_client *c;
+    memset(sv, 0, sizeof *sv);
+    ck_assert_int_eq(keel_vars_new(&sv->vars), KEEL_OK);
+    ck_assert_int_eq(keel_vars_create(sv->vars, "emb", 2, shape,
+                                      KEEL_VAR_TRAINABLE, NULL), KEEL_OK);
+    cfg.vars = sv->vars;
+    cfg.apply = take_apply;
+    cfg.apply_rows = take_rows;
+    cfg.sync = sync;
+    cfg.replicas_to_aggregate = 2;
+    cfg.total_replicas = 2;
+    ck_assert_int_eq(keel__ps_new(&cfg, &sv->ps), KEEL_OK);
+    atomic_store(&sv->stop, 0);
+    ck_assert_int_eq(pthread_create(&sv->th, NULL, server_main, sv), 0);
+    ck_assert_int_eq(make_tensor(&t, init, 2, shape), KEEL_OK);
+    c = worker_client(sv, NULL, 0);
+    header_of(&h, KEEL_MSG_INIT);
+    ck_assert_int_eq(keel__wire_client_call(c, &h, &o, 1, 0, 3000, &r),
+                     KEEL_OK);
+    keel__wire_msg_clear(&r);
+    keel__wire_client_free(c);
+    keel_tensor_release(&t);
+}
+
+/* A push's rows of emb as the wire sends them: the ids tensor (2 float32
+ * words per int64 id) and the rows [n, 3]. */
+typedef struct rows_push {
+    int64_t ids[8];
+    float rows[8 * EMB_COLS];
+    keel_tensor ti, tr;
+    keel__wire_out out[2];
+} rows_push;
+
+static void
+rows_make(rows_push *p, size_t n, const int64_t *ids, const float *rows)
+{
+    memset(p, 0, sizeof *p);
+    memcpy(p->ids, ids, n * sizeof *ids);
+    memcpy(p->rows, rows, n * EMB_COLS * sizeof *rows);
+    for (int d = 0; d < KEEL_MAX_DIMS; d++)
+        p->ti.shape[d] = p->tr.shape[d] = 1;
+    p->ti.ndim = 1;
+    p->ti.shape[0] = (int64_t)(2 * n);
+    p->ti.count = 2 * n;
+    p->ti.data = (float *)(void *)p->ids;
+    p->tr.ndim = 2;
+    p->tr.shape[0] = (int64_t)n;
+    p->tr.shape[1] = EMB_COLS;
+    p->tr.count = n * EMB_COLS;
+    p->tr.data = p->rows;
+    p->out[0] = (keel__wire_out){ KEEL__WIRE_IDS_NAME, &p->ti, NULL };
+    p->out[1] = (keel__wire_out){ "emb", &p->tr, NULL };
+}
+
+/* Bad rows are refused by the ps naming the sender and the variable, and
+ * nothing of them is applied: an id past the rows, ids not ascending (or
+ * repeated), more ids than the variable has rows. */
+START_TEST(test_rows_push_bad_ids_are_refused_by_name)
+{
+    static const int64_t out_of_range[2] = { 1, 5 }, descending[2] = { 3, 2 },
+        repeated[2] = { 2, 2 }, too_many[6] = { 0, 1, 2, 3, 4, 5 };
+    float init[EMB_ROWS * EMB_COLS], rows[6 * EMB_COLS];
+    server sv;
+    keel__wire_client *c;
+    keel__wire_header h;
+    rows_push p;
+    for (int i = 0; i < EMB_ROWS * EMB_COLS; i++)
+        init[i] = (float)i;
+    for (int i = 0; i < 6 * EMB_COLS; i++)
+        rows[i] = 100.0f + (float)i;
+    for (int sync = 0; sync <= 1; sync++) {
+        rows_ps_start(&sv, sync, init);
+        c = worker_client(&sv, NULL, 1);
+        rows_make(&p, 2, out_of_range, rows);
+        header_of(&h, KEEL_MSG_PUSH);
+        h.flags = KEEL_WIRE_F_ROWS;
+        expect_call_error(c, &h, p.out, 2, KEEL_EINVAL, "PUSH from worker 1: "
+                          "id 5 (entry 1) is outside the 5 rows of 'emb'");
+        rows_make(&p, 2, descending, rows);
+        header_of(&h, KEEL_MSG_PUSH);
+        h.flags = KEEL_WIRE_F_ROWS;
+        expect_call_error(c, &h, p.out, 2, KEEL_EINVAL, "PUSH from worker 1: "
+                          "the ids of 'emb' are not strictly ascending");
+        rows_make(&p, 2, repeated, rows);
+        header_of(&h, KEEL_MSG_PUSH);
+        h.flags = KEEL_WIRE_F_ROWS;
+        expect_call_error(c, &h, p.out, 2, KEEL_EINVAL, "not strictly "
+                          "ascending (2 after 2");
+        rows_make(&p, 6, too_many, rows);
+        header_of(&h, KEEL_MSG_PUSH);
+        h.flags = KEEL_WIRE_F_ROWS;
+        expect_call_error(c, &h, p.out, 2, KEEL_EINVAL, "PUSH from worker 1: "
+                          "6 rows of 'emb', which has 5");
+        /* the rows without their ids tensor: refused too */
+        header_of(&h, KEEL_MSG_PUSH);
+        h.flags = KEEL_WIRE_F_ROWS;
+        expect_call_error(c, &h, p.out + 1, 1, KEEL_ECORRUPT, "PUSH from "
+                          "worker 1: rows flagged but none sent");
+        keel__wire_client_free(c);
+        server_join(&sv);
+        ck_assert_int_eq(memcmp(keel_var_tensor(keel_vars_find(sv.vars,
+                                                               "emb"))->data,
+                                init, sizeof init), 0);
+        server_free(&sv);
+    }
+}
+END_TEST
+
+/* Async: a push of rows is applied as it comes, to those rows only, and
+ * its ack with values carries the variable. */
+START_TEST(test_rows_async_push_applies_those_rows)
+{
+    static const int64_t ids[2] = { 1, 3 };
+    float init[EMB_ROWS * EMB_COLS], rows[2 * EMB_COLS];
+    float want[EMB_ROWS * EMB_COLS];
+    server sv;
+    keel__wire_client *c;
+    keel__wire_header h;
+    keel__wire_msg r;
+    rows_push p;
+    for (int i = 0; i < EMB_ROWS * EMB_COLS; i++)
+        want[i] = init[i] = (float)i;
+    for (int i = 0; i < 2 * EMB_COLS; i++)
+        rows[i] = 50.0f + (float)i;
+    for (int k = 0; k < 2; k++)
+        memcpy(want + ids[k] * EMB_COLS, rows + k * EMB_COLS,
+               EMB_COLS * sizeof(float));
+    rows_ps_start(&sv, 0, init);
+    c = worker_client(&sv, NULL, 1);
+    rows_make(&p, 2, ids, rows);
+    header_of(&h, KEEL_MSG_PUSH);
+    h.flags = KEEL_WIRE_F_ROWS | KEEL_WIRE_F_WANT_VALUES;
+    ck_assert_msg(keel__wire_client_call(c, &h, p.out, 2, 0, 3000, &r) ==
+                  KEEL_OK, "%s", keel_last_error());
+    ck_assert_int_eq(r.h.type, KEEL_MSG_PUSH_ACK);
+    ck_assert_int_eq(r.h.global_step, 1);
+    ck_assert_int_eq(r.n, 1);
+    ck_assert_str_eq(r.tensors[0].name, "emb");
+    ck_assert_uint_eq(r.tensors[0].t.count, EMB_ROWS * EMB_COLS);
+    ck_assert_int_eq(memcmp(r.tensors[0].t.data, want, sizeof want), 0);
+    keel__wire_msg_clear(&r);
+    keel__wire_client_free(c);
+    server_stop(&sv);
+}
+END_TEST
+
+/* Two replicas' pushes of one sync step (worker 0 over 3 examples, worker
+ * 1 over 2): dense, and as rows with overlapping ids. The ps's mean of
+ * the rows has the dense mean's bits on every row either touched; the
+ * untouched row stays (a lazy update). */
+START_TEST(test_rows_sync_mean_has_the_dense_bits)
+{
+    static const int64_t ids0[3] = { 0, 2, 3 }, ids1[2] = { 2, 4 };
+    static const int64_t shape[2] = { EMB_ROWS, EMB_COLS };
+    float init[EMB_ROWS * EMB_COLS], r0[3 * EMB_COLS], r1[2 * EMB_COLS];
+    float dense[EMB_ROWS * EMB_COLS], sparse[EMB_ROWS * EMB_COLS];
+    keel_tensor d0, d1;
+    rows_push p0, p1;
+    int touched[EMB_ROWS] = { 1, 0, 1, 1, 1 };
+    for (int i = 0; i < EMB_ROWS * EMB_COLS; i++)
+        init[i] = -7.0f - (float)i;
+    for (int i = 0; i < 3 * EMB_COLS; i++) {
+        volatile float a = 1.0f / (float)(i + 3);
+        r0[i] = a * 0.7f;
+    }
+    for (int i = 0; i < 2 * EMB_COLS; i++) {
+        volatile float a = -0.3f * (float)(i + 1) / 7.0f;
+        r1[i] = a;
+    }
+    ck_assert_int_eq(keel_tensor_alloc(&d0, 2, shape), KEEL_OK);
+    ck_assert_int_eq(keel_tensor_alloc(&d1, 2, shape), KEEL_OK);
+    for (int k = 0; k < 3; k++)
+        memcpy(d0.data + ids0[k] * EMB_COLS, r0 + k * EMB_COLS,
+               EMB_COLS * sizeof(float));
+    for (int k = 0; k < 2; k++)
+        memcpy(d1.data + ids1[k] * EMB_COLS, r1 + k * EMB_COLS,
+               EMB_COLS * sizeof(float));
+    rows_make(&p0, 3, ids0, r0);
+    rows_make(&p1, 2, ids1, r1);
+    for (int as_rows = 0; as_rows <= 1; as_rows++) {
+        server sv;
+        keel__wire_client *w0, *w1;
+        keel__wire_header h0, h1;
+        keel__wire_msg r;
+        keel__wire_out o0 = { "emb", &d0, NULL }, o1 = { "emb", &d1, NULL };
+        rows_ps_start(&sv, 1, init);
+        w0 = worker_client(&sv, NULL, 0);
+        w1 = worker_client(&sv, NULL, 1);
+        header_of(&h0, KEEL_MSG_PUSH);
+        h0.examples = 3;
+        header_of(&h1, KEEL_MSG_PUSH);
+        h1.examples = 2;
+        if (as_rows) {
+            h0.flags = h1.flags = KEEL_WIRE_F_ROWS;
+            ck_assert_int_eq(keel__wire_client_send(w0, &h0, p0.out, 2, 0,
+                                                    3000), KEEL_OK);
+            ck_assert_int_eq(keel__wire_client_call(w1, &h1, p1.out, 2, 0,
+                                                    3000, &r), KEEL_OK);
+        } else {
+            ck_assert_int_eq(keel__wire_client_send(w0, &h0, &o0, 1, 0,
+                                                    3000), KEEL_OK);
+            ck_assert_int_eq(keel__wire_client_call(w1, &h1, &o1, 1, 0,
+                                                    3000, &r), KEEL_OK);
+        }
+        ck_assert_int_eq(r.h.type, KEEL_MSG_PUSH_ACK);
+        keel__wire_msg_clear(&r);
+        ck_assert_int_eq(keel__wire_client_wait(w0, h0.request_id, 0, 3000,
+                                                &r), KEEL_OK);
+        ck_assert_int_eq(r.h.global_step, 1);
+        keel__wire_msg_clear(&r);
+        keel__wire_client_free(w0);
+        keel__wire_client_free(w1);
+        server_join(&sv);
+        memcpy(as_rows ? sparse : dense,
+               keel_var_tensor(keel_vars_find(sv.vars, "emb"))->data,
+               sizeof dense);
+        server_free(&sv);
+    }
+    for (int i = 0; i < EMB_ROWS; i++)
+        ck_assert_msg(memcmp(sparse + i * EMB_COLS,
+                             touched[i] ? dense + i * EMB_COLS
+                                        : init + i * EMB_COLS,
+                             EMB_COLS * sizeof(float)) == 0,
+                      "row %d: %a %a %a, dense %a %a %a", i,
+                      (double)sparse[i * EMB_COLS],
+                      (double)sparse[i * EMB_COLS + 1],
+                      (double)sparse[i * EMB_COLS + 2],
+                      (double)dense[i * EMB_COLS],
+                      (double)dense[i * EMB_COLS + 1],
+                      (double)dense[i * EMB_COLS + 2]);
+    /* the mean is not a plain copy: row 2 mixes both replicas */
+    ck_assert_msg(sparse[2 * EMB_COLS] != r0[EMB_COLS] &&
+                  sparse[2 * EMB_COLS] != r1[0], "row 2 is one replica's");
+    keel_tensor_release(&d0);
+    keel_tensor_release(&d1);
 }
 END_TEST
 
@@ -4205,6 +4486,9 @@ cluster_suite(void)
         test_push_sum_has_the_scalar_bits,
         test_real_ps_checks_requests_and_aggregates_in_sync,
         test_real_ps_weighs_replicas_by_their_examples,
+        test_rows_push_bad_ids_are_refused_by_name,
+        test_rows_sync_mean_has_the_dense_bits,
+        test_rows_async_push_applies_those_rows,
         test_weighted_mean_kernel_has_the_scalar_bits,
         test_real_ps_weighted_mean_with_equal_and_unequal_counts,
         test_real_ps_weighted_mean_of_a_variable_pushed_twice,

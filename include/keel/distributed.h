@@ -302,7 +302,8 @@ void keel_cluster_backend_free(keel_cluster_backend *b);
 
 /* The session backend ("ps") to put in keel_session_config.manager.backend
  * (keel_supervisor_config.session.manager.backend): the updater pushes the step's gradients
- * to every ps and takes back the new values and the cluster's global step
+ * to every ps (a variable's gradient rows as its ids and rows: the updater
+ * is KEEL_UPDATER_ROWS, docs/cluster.md "Sparse rows") and takes back the new values and the cluster's global step
  * (in sync mode once replicas_to_aggregate replicas pushed); the chief
  * publishes its restored or initialized state to the ps (or joins live ps
  * without rollback: their state wins over any checkpoint), workers wait

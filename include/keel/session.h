@@ -83,9 +83,14 @@ int keel_step_num_replicas(const keel_step *st);
  * is kept. */
 typedef enum keel_updater_kind {
     KEEL_UPDATER_CUSTOM = 0,    /* apply is the caller's (zero-initialized) */
-    KEEL_UPDATER_OPTIMIZER      /* keel_optimizer_updater's: ctx is the
+    KEEL_UPDATER_OPTIMIZER,     /* keel_optimizer_updater's: ctx is the
                                  * keel_optimizer, which the session may
                                  * run on its replicas' threads */
+    KEEL_UPDATER_ROWS           /* apply reads gradient rows itself
+                                 * (keel_grads_rows; the cluster backend
+                                 * pushes them as rows): the session does
+                                 * not add them into the dense gradients
+                                 * first, as it does for a custom one */
 } keel_updater_kind;
 
 typedef struct keel_updater {
