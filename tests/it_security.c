@@ -436,8 +436,10 @@ attack(const job *j, const peer_auth *eval, const peer_auth *stranger,
     /* a LEAVE ends a sync job: only a training replica may send one */
     expect_refusal(s, T_LEAVE, 0, EVALUATOR, 0, 0, 115,
                    "evaluator0 may not send LEAVE");
-    /* an unknown flag: answered under its own request id */
-    expect_refusal(s, T_PULL, 0x80, EVALUATOR, 0, 0, 16, "unknown flags");
+    /* a flag the message may not carry (every flag bit has a meaning):
+     * answered under its own request id */
+    expect_refusal(s, T_PULL, 0x80, EVALUATOR, 0, 0, 16,
+                   "flag ROWS in a message that is not a PUSH");
     if (!heavy) {
         zmq_close(s);
         zmq_ctx_term(ctx);
