@@ -2462,10 +2462,11 @@ partitioned_stores(keel_vars **whole, keel_vars **wire)
     keel_vars_set_global_step(*wire, 30);
 }
 
-/* Parts 0 and 2 in shard 0, part 1 in shard 1, then the index over
- * partitioned variables with whole's global_scale. */
+/* Parts 0 and 2 in shard 0, part 1 in shard 1 (unless without_part1),
+ * then the index over partitioned variables with whole's global_scale. */
 static keel_status
-save_partitioned(keel_vars *whole, keel_vars *wire, char *path, size_t size)
+save_partitioned(keel_vars *whole, keel_vars *wire, int without_part1,
+                 char *path, size_t size)
 {
     static const char *const in0[] = { "emb/part_0", "emb/part_2" };
     static const char *const in1[] = { "emb/part_1" };
@@ -2483,7 +2484,7 @@ save_partitioned(keel_vars *whole, keel_vars *wire, char *path, size_t size)
         cfg.shard_index = k;
         cfg.shard_count = 2;
         cfg.names = k == 0 ? in0 : in1;
-        cfg.n_names = k == 0 ? 2 : 1;
+        cfg.n_names = k == 0 ? 2 : (size_t)!without_part1;
         ck_assert_msg(keel_ckpt_write_shard(&cfg, wire, NULL, 0) == KEEL_OK,
                       "%s", keel_last_error());
     }
@@ -2523,7 +2524,7 @@ START_TEST(test_sharded_partitioned_checkpoint_reads_whole)
     float w[30];
 
     partitioned_stores(&whole, &wire);
-    ck_assert_msg(save_partitioned(whole, wire, path, sizeof path) ==
+    ck_assert_msg(save_partitioned(whole, wire, 0, path, sizeof path) ==
                   KEEL_OK, "%s", keel_last_error());
     partitioned_stores(&back, &dummy);
     keel_vars_free(dummy);
@@ -2562,6 +2563,23 @@ START_TEST(test_sharded_partitioned_checkpoint_reads_whole)
     H5Fclose(f);
     ck_assert_int_eq(chdir(cwd), 0);
     keel_vars_free(back);
+    keel_vars_free(wire);
+    keel_vars_free(whole);
+}
+END_TEST
+
+/* Parts of a partitioned variable that are not 0..K-1 (part 1 in no
+ * shard) fail the index's commit, naming the variable; nothing is
+ * committed. */
+START_TEST(test_sharded_partitioned_index_needs_every_part)
+{
+    keel_vars *whole, *wire;
+    char path[4096];
+    partitioned_stores(&whole, &wire);
+    ck_assert_int_eq(save_partitioned(whole, wire, 1, path, sizeof path),
+                     KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "'emb'"));
+    ck_assert(access(tu_path("model.ckpt-30.h5"), F_OK) != 0);
     keel_vars_free(wire);
     keel_vars_free(whole);
 }
@@ -2713,6 +2731,7 @@ checkpoint_suite(void)
     tu_tcase(s, "sharded", 60, tu_setup, tu_teardown, TU_TESTS(
         test_sharded_checkpoint_reads_as_one_file,
         test_sharded_partitioned_checkpoint_reads_whole,
+        test_sharded_partitioned_index_needs_every_part,
         test_sharded_checkpoint_is_whole_or_absent,
         test_retention_deletes_shards_with_their_index));
     tu_tcase(s, "slow", long_mode() ? 7200 : 120, tu_setup, tu_teardown,
