@@ -297,8 +297,9 @@ const keel__config_key keel__config_keys[] = {
       "this many bytes is split by rows into ceil(bytes / partition_bytes) "
       "parts (at most cluster.max_partitions and its rows), each an "
       "ordinary variable NAME/part_k on a ps; the workers and checkpoints "
-      "see the whole variable and training gives the same values. 0: "
-      "off. Not with checkpoint.sharded = on (auto is then off)." },
+      "see the whole variable (a sharded checkpoint's index shows it as "
+      "one virtual dataset over the parts) and training gives the same "
+      "values. 0: off." },
     { "cluster", "max_partitions", T_INT, "0", 0, 1024, NULL,
       "The most parts cluster.partition_bytes splits a variable into; 0: "
       "the number of parameter servers." },

@@ -314,10 +314,7 @@ validate_cluster(const keel_config *cfg)
     if (keel_config_int(cfg, "cluster.partition_bytes") > 0) {
         const char *other = NULL;
         const char *algo = keel_config_str(cfg, "algorithm.name");
-        if (strcmp(keel_config_str(cfg, "checkpoint.sharded"), "on") == 0)
-            other = "checkpoint.sharded = on (each ps would write its "
-                    "parts)";
-        else if (strcmp(keel_config_str(cfg, "optimizer.name"), "kfac") == 0)
+        if (strcmp(keel_config_str(cfg, "optimizer.name"), "kfac") == 0)
             other = "optimizer.name = kfac (the chief applies the update)";
         else if (keel_config_is_set(cfg, "algorithm.name") &&
                  strcmp(algo, "sync") != 0 && strcmp(algo, "async") != 0 &&

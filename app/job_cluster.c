@@ -139,8 +139,6 @@ sharded_from(const keel_config *cfg, const keel_cluster_spec *spec)
     const char *v = keel_config_str(cfg, "checkpoint.sharded");
     size_t n_ps = spec ? keel_cluster_spec_num_tasks(spec, KEEL_TASK_PS) : 0;
     if (strcmp(v, "off") == 0 || n_ps == 0 ||
-        (strcmp(v, "auto") == 0 &&      /* partitioned: one gathered file */
-         keel_config_int(cfg, "cluster.partition_bytes") > 0) ||
         strcmp(keel_config_str(cfg, "checkpoint.basename"),
                "model.ckpt") != 0)
         return 0;

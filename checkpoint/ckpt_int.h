@@ -32,11 +32,20 @@ typedef struct ck_item {
  * the shard file names). */
 #define CK_MAX_SHARDS 99999
 
-/* A dataset a sharded checkpoint's index links into a shard file. */
+/* A dataset a sharded checkpoint's index links into a shard file: linked
+ * whole (part -1), or part k of a partitioned variable name (the shard's
+ * dataset "<name>/part_<k>", rows [first, first + shape[0]) of name),
+ * which the index maps into one virtual dataset name. */
 typedef struct ck_link {
     char name[KEEL_NAME_MAX];
     char slot[KEEL_NAME_MAX];    /* "" for the variable itself */
     int shard;                   /* 0-based shard number */
+    int part;                    /* -1: linked whole; else the part */
+    int n_parts;                 /* parts of name (part >= 0) */
+    int ndim;                    /* the part's shape (part >= 0) */
+    int64_t shape[KEEL_MAX_DIMS];
+    int64_t first;               /* its first row in name */
+    uint64_t hash;               /* part 0: xxh64 of the whole of name */
 } ck_link;
 
 /* Everything one checkpoint file holds. */
@@ -59,6 +68,10 @@ typedef struct ck_plan {
     int shard_index;
     const ck_link *links;      /* borrowed */
     size_t n_links;
+    /* An index over partitioned variables: the shards' "<name>/part_<k>"
+     * datasets become one virtual dataset name each (keel_ckpt_index_config.
+     * partitioned). */
+    int partitioned;
 } ck_plan;
 
 /* Append a dataset to p: variable name (slot NULL) or its slot, t's shape,
@@ -126,6 +139,8 @@ void keel__ckpt_src_view(const ck_file *f, int src, ck_file *view);
 keel_status keel__ckpt_shard_name(char *out, size_t size,
                                   const char *index_name, int k, int n);
 
+/* Order of a file's table: by slot ("" first), then by name. */
+int keel__ckpt_dset_cmp(const void *a, const void *b);
 /* Open path, check format/meta/types/shapes and list every dataset (no
  * data read). Errors name the file. */
 keel_status keel__ckpt_open(const char *path, ck_file *f);

@@ -35,4 +35,20 @@ keel_status keel__ckpt_check_storage(const char *path, int64_t file_size,
                                      const char *what, hid_t ds,
                                      uint64_t bytes);
 
+/* The most parts a virtual dataset of an index may map. */
+#define CK_MAX_VIRTUAL 65536
+/* The virtual dataset ds (what: "/variables/<var>" or
+ * "/slots/<slot>/<var>") of the index path of shard_count shards: each
+ * of its 2..CK_MAX_VIRTUAL mappings takes all of dataset "<what>/part_<k>"
+ * of one of the index's own shards (keel__ckpt_shard_name, no directory)
+ * onto whole rows, part k onto the k-th block of rows, the blocks
+ * covering every row once. Each mapping is appended to *links (part >= 0,
+ * its shape and first row; *n_links, capacity *cap) for the shard check,
+ * which finds each part in its shard with that shape. */
+keel_status keel__ckpt_check_virtual(const char *path, int shard_count,
+                                     const char *what, const char *var,
+                                     const char *slot, hid_t ds,
+                                     ck_link **links, size_t *n_links,
+                                     size_t *cap);
+
 #endif

@@ -154,6 +154,7 @@ add_shard_link(link_ctx *c, const char *name, const char *obj, int k)
     c->links = l;
     l = &c->links[c->n_links++];
     memset(l, 0, sizeof *l);
+    l->part = -1;
     strcpy(l->name, var);
     memcpy(l->slot, slot, slot_len);
     l->shard = k;
@@ -302,4 +303,151 @@ keel__ckpt_check_storage(const char *path, int64_t file_size,
                           n_filters > 0 ? " (compressed, more than the "
                           "largest expansion a filter gives)" : "");
     return KEEL_OK;
+}
+
+/* One mapping of a virtual dataset, checked by keel__ckpt_check_virtual. */
+typedef struct vmap {
+    int shard, part;
+    int64_t first, rows;
+} vmap;
+
+static int
+vmap_cmp(const void *a, const void *b)
+{
+    const vmap *x = a, *y = b;
+    return (x->first > y->first) - (x->first < y->first);
+}
+
+/* Mapping i of dcpl into *m: its source is shard_of the index path, the
+ * dataset "<h5name>/part_<k>" there, all of it, of ndim dimensions with
+ * dims' trailing ones; its virtual selection one block of whole rows of
+ * dims. 0 when it is anything else. */
+static int
+vmap_read(hid_t dcpl, size_t i, const char *path, int shard_count,
+          const char *h5name, int ndim, const hsize_t *dims, vmap *m)
+{
+    char file[KEEL_NAME_MAX] = "", obj[2 * KEEL_NAME_MAX + 48] = "";
+    hsize_t vd[KEEL_MAX_DIMS + 1];
+    hsize_t lo[KEEL_MAX_DIMS + 1], hi[KEEL_MAX_DIMS + 1];
+    hid_t ssp = -1, vsp = -1;
+    size_t hl = strlen(h5name);
+    ssize_t fl = H5Pget_virtual_filename(dcpl, i, file, sizeof file);
+    ssize_t ol = H5Pget_virtual_dsetname(dcpl, i, obj, sizeof obj);
+    char *end;
+    long k;
+    int ok = fl > 0 && (size_t)fl < sizeof file && ol > 0 &&
+             (size_t)ol < sizeof obj;
+    if (ok) {
+        m->shard = shard_of(path, shard_count, file);
+        ok = m->shard >= 0 && strncmp(obj, h5name, hl) == 0 &&
+             strncmp(obj + hl, "/part_", 6) == 0 &&
+             obj[hl + 6] >= '0' && obj[hl + 6] <= '9' &&
+             (obj[hl + 6] != '0' || obj[hl + 7] == '\0');
+    }
+    if (ok) {
+        k = strtol(obj + hl + 6, &end, 10);
+        ok = *end == '\0' && k >= 0 && k < CK_MAX_VIRTUAL;
+        m->part = (int)k;
+    }
+    if (ok) {
+        ssp = H5Pget_virtual_srcspace(dcpl, i);
+        vsp = H5Pget_virtual_vspace(dcpl, i);
+        ok = ssp >= 0 && vsp >= 0 &&
+             H5Sget_select_type(ssp) == H5S_SEL_ALL &&
+             H5Sget_simple_extent_ndims(vsp) == ndim &&
+             H5Sget_simple_extent_dims(vsp, vd, NULL) == ndim &&
+             H5Sget_select_type(vsp) == H5S_SEL_HYPERSLABS &&
+             H5Sget_select_bounds(vsp, lo, hi) >= 0;
+    }
+    /* one box of whole rows; the source (all of it, an extent HDF5 keeps
+     * only in the source file) is checked to have exactly that shape when
+     * its shard is opened */
+    for (int d = 0; ok && d < ndim; d++)
+        ok = vd[d] == dims[d] && hi[d] >= lo[d] && hi[d] < dims[d] &&
+             (d == 0 || (lo[d] == 0 && hi[d] == dims[d] - 1));
+    if (ok) {
+        hsize_t box = 1;
+        for (int d = 0; d < ndim; d++)
+            box *= hi[d] - lo[d] + 1;
+        ok = H5Sget_select_npoints(vsp) == (hssize_t)box;
+        m->first = (int64_t)lo[0];
+        m->rows = (int64_t)(hi[0] - lo[0] + 1);
+    }
+    keel__h5_close(ssp);
+    keel__h5_close(vsp);
+    return ok;
+}
+
+keel_status
+keel__ckpt_check_virtual(const char *path, int shard_count, const char *what,
+                         const char *var, const char *slot, hid_t ds,
+                         ck_link **links, size_t *n_links, size_t *cap)
+{
+    hid_t dcpl = H5Dget_create_plist(ds), sp = H5Dget_space(ds);
+    hsize_t dims[KEEL_MAX_DIMS + 1];
+    size_t nv = 0;
+    vmap *m = NULL;
+    int ndim = sp >= 0 ? H5Sget_simple_extent_ndims(sp) : -1;
+    int64_t next = 0;
+    keel_status st = KEEL_OK;
+
+    if (dcpl < 0 || ndim < 1 || ndim > KEEL_MAX_DIMS ||
+        H5Sget_simple_extent_dims(sp, dims, NULL) != ndim ||
+        H5Pget_virtual_count(dcpl, &nv) < 0 || nv < 2 ||
+        nv > CK_MAX_VIRTUAL || shard_count <= 0 ||
+        (m = calloc(nv, sizeof *m)) == NULL)
+        st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: virtual dataset %s "
+                        "is not the rows of 2..%d parts in the index's "
+                        "shards; refused", path, what, CK_MAX_VIRTUAL);
+    for (size_t i = 0; i < nv && st == KEEL_OK; i++) {
+        char file[KEEL_NAME_MAX] = "";
+        if (!vmap_read(dcpl, i, path, shard_count, what, ndim, dims,
+                       &m[i])) {
+            (void)H5Pget_virtual_filename(dcpl, i, file, sizeof file);
+            st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: virtual dataset "
+                            "%s maps data from '%s', which is not whole "
+                            "rows of '%s/part_<k>' in one of the index's "
+                            "own shards; refused", path, what, file, what);
+        }
+    }
+    if (st == KEEL_OK)
+        qsort(m, nv, sizeof *m, vmap_cmp);
+    for (size_t i = 0; i < nv && st == KEEL_OK; i++) {
+        if (m[i].first != next || m[i].part != (int)i)
+            st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: virtual dataset "
+                            "%s: its part %d maps rows from %lld, not %lld "
+                            "(parts overlap, leave a gap or are out of "
+                            "order); refused", path, what, m[i].part,
+                            (long long)m[i].first, (long long)next);
+        next += m[i].rows;
+    }
+    if (st == KEEL_OK && (uint64_t)next != (uint64_t)dims[0])
+        st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: virtual dataset %s "
+                        "maps %lld of its %llu rows; refused", path, what,
+                        (long long)next, (unsigned long long)dims[0]);
+    for (size_t i = 0; i < nv && st == KEEL_OK; i++) {
+        ck_link *l = keel__grow(*links, cap, *n_links, sizeof *l, 64);
+        if (l == NULL || *n_links >= CK_MAX_ENTRIES) {
+            st = keel__fail(l == NULL ? KEEL_ENOMEM : KEEL_ECORRUPT,
+                            "checkpoint %s: too many links", path);
+            break;
+        }
+        *links = l;
+        l = &l[(*n_links)++];
+        memset(l, 0, sizeof *l);
+        snprintf(l->name, sizeof l->name, "%s", var);
+        snprintf(l->slot, sizeof l->slot, "%s", slot);
+        l->shard = m[i].shard;
+        l->part = m[i].part;
+        l->n_parts = (int)nv;
+        l->first = m[i].first;
+        l->ndim = ndim;
+        for (int d = 0; d < KEEL_MAX_DIMS; d++)
+            l->shape[d] = d < ndim ? (int64_t)dims[d] : 1;
+        l->shape[0] = m[i].rows;
+    }
+    free(m);
+    keel__h5_close(sp);
+    keel__h5_close(dcpl);
+    return st;
 }

@@ -187,6 +187,78 @@ write_shard_meta(hid_t meta, const ck_plan *p)
                        H5T_NATIVE_INT64, &index));
 }
 
+/* The virtual dataset of a partitioned variable in an index: l[0] .. l[K-1]
+ * are its parts (l->n_parts), each mapped from its shard's
+ * "<name>/part_<k>" (all of it, the file named relative to the index) onto
+ * its rows; the xxh64 attribute is the whole dataset's (l->hash). */
+static keel_status
+write_virtual(hid_t f, const ck_plan *p, const ck_link *l, const char *name,
+              const char *tmp)
+{
+    char h5name[2 * KEEL_NAME_MAX + 32], src[2 * KEEL_NAME_MAX + 48];
+    char file[KEEL_NAME_MAX];
+    hsize_t dims[KEEL_MAX_DIMS], start[KEEL_MAX_DIMS] = { 0 };
+    hsize_t pd[KEEL_MAX_DIMS];
+    hid_t sp = -1, dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    hid_t lcpl = H5Pcreate(H5P_LINK_CREATE), d = -1;
+    int ndim = l->ndim;
+    keel_status st = KEEL_OK;
+
+    for (int i = 0; i < ndim; i++)
+        dims[i] = (hsize_t)l->shape[i];
+    dims[0] = 0;
+    for (int j = 0; j < l->n_parts; j++)
+        dims[0] += (hsize_t)l[j].shape[0];
+    if (l->slot[0] == '\0')
+        st = keel__fmt(h5name, sizeof h5name, "dataset name",
+                       "/variables/%s", l->name);
+    else
+        st = keel__fmt(h5name, sizeof h5name, "dataset name",
+                       "/slots/%s/%s", l->slot, l->name);
+    sp = H5Screate_simple(ndim, dims, NULL);
+    if (st == KEEL_OK && (sp < 0 || dcpl < 0 || lcpl < 0 ||
+                          H5Pset_create_intermediate_group(lcpl, 1) < 0))
+        st = keel__fail(KEEL_EIO, "HDF5 property setup failed for %s in %s",
+                        h5name, tmp);
+    for (int j = 0; j < l->n_parts && st == KEEL_OK; j++) {
+        hid_t vsp = H5Scopy(sp), ssp;
+        for (int i = 0; i < ndim; i++)
+            pd[i] = (hsize_t)l[j].shape[i];
+        start[0] = (hsize_t)l[j].first;
+        ssp = H5Screate_simple(ndim, pd, NULL);
+        st = keel__ckpt_shard_name(file, sizeof file, name, l[j].shard,
+                                   p->shard_count);
+        if (st == KEEL_OK)
+            st = keel__fmt(src, sizeof src, "dataset name", "%s/part_%d",
+                           h5name, l[j].part);
+        if (st == KEEL_OK &&
+            (vsp < 0 || ssp < 0 ||
+             H5Sselect_hyperslab(vsp, H5S_SELECT_SET, start, NULL, pd,
+                                 NULL) < 0 ||
+             H5Pset_virtual(dcpl, vsp, file, src, ssp) < 0))
+            st = keel__fail(KEEL_EIO, "cannot map %s of %s onto rows of %s "
+                            "in %s", src, file, h5name, tmp);
+        keel__h5_close(ssp);
+        keel__h5_close(vsp);
+    }
+    if (st == KEEL_OK) {
+        d = H5Dcreate2(f, h5name, H5T_IEEE_F32LE, sp, lcpl, dcpl,
+                       H5P_DEFAULT);
+        if (d < 0)
+            st = keel__fail(KEEL_EIO, "cannot create virtual dataset %s in "
+                            "%s", h5name, tmp);
+    }
+    if (st == KEEL_OK &&
+        !attr_write(d, "xxh64", H5T_STD_U64LE, H5T_NATIVE_UINT64, &l->hash))
+        st = keel__fail(KEEL_EIO, "cannot write the xxh64 attribute of %s "
+                        "in %s", h5name, tmp);
+    keel__h5_close(d);
+    keel__h5_close(lcpl);
+    keel__h5_close(dcpl);
+    keel__h5_close(sp);
+    return st;
+}
+
 /* An index's external links: /variables/<name> and /slots/<slot>/<name>
  * of each link to the same path in its shard's file, named relative to
  * the index (name: the index's file name). */
@@ -200,6 +272,11 @@ write_links(hid_t f, const ck_plan *p, const char *name, const char *tmp)
         st = keel__fail(KEEL_EIO, "cannot create links in %s", tmp);
     for (size_t i = 0; i < p->n_links && st == KEEL_OK; i++) {
         const ck_link *l = &p->links[i];
+        if (l->part >= 0) {
+            if (l->part == 0)
+                st = write_virtual(f, p, l, name, tmp);
+            continue;
+        }
         st = keel__ckpt_shard_name(file, sizeof file, name, l->shard,
                                    p->shard_count);
         if (st == KEEL_OK && l->slot[0] == '\0')

@@ -105,6 +105,11 @@ typedef struct visit_ctx {
     const char *prefix;       /* "/variables" or "/slots" */
     int is_slots;
     keel_status st;
+    /* an index (shard_count > 0): its links, to which each virtual
+     * dataset's parts are added (keel__ckpt_check_virtual) */
+    int shard_count;
+    ck_link **links;
+    size_t *n_links, *links_cap;
 } visit_ctx;
 
 /* Room in c->f's table for one more dataset, within CK_MAX_ENTRIES. */
@@ -244,9 +249,20 @@ visit_dataset(const visit_ctx *c, hid_t obj, const char *name, ck_dset *d)
         st = visit_shape(c, name, t, sp, d);
     if (st == KEEL_OK) {
         char what[2 * KEEL_NAME_MAX + 32];
+        hid_t dcpl = H5Dget_create_plist(ds);
+        int virt = dcpl >= 0 && H5Pget_layout(dcpl) == H5D_VIRTUAL;
+        keel__h5_close(dcpl);
         snprintf(what, sizeof what, "%s/%s", c->prefix, name);
-        st = keel__ckpt_check_storage(c->f->path, c->f->file_size, what,
-                                      ds, (uint64_t)d->count * 4);
+        /* An index's virtual dataset: the rows of its parts, each checked
+         * with its shard; anything else: bounded by this file. */
+        if (virt && c->shard_count > 0)
+            st = keel__ckpt_check_virtual(c->f->path, c->shard_count, what,
+                                          d->e.name, d->e.slot, ds,
+                                          c->links, c->n_links,
+                                          c->links_cap);
+        else
+            st = keel__ckpt_check_storage(c->f->path, c->f->file_size,
+                                          what, ds, (uint64_t)d->count * 4);
     }
     if (st == KEEL_OK &&
         !attr_read_num(ds, "xxh64", H5T_NATIVE_UINT64, H5T_INTEGER,
@@ -291,8 +307,8 @@ visit_cb(hid_t obj, const char *name, const H5O_info_t *info, void *op)
     return 0;
 }
 
-static int
-dset_cmp(const void *a, const void *b)
+int
+keel__ckpt_dset_cmp(const void *a, const void *b)
 {
     const ck_dset *x = a, *y = b;
     int c = strcmp(x->e.slot, y->e.slot);
@@ -477,19 +493,45 @@ open_shard(ck_file *f, int k, const ck_link *links, size_t n_links,
         if (links[i].shard != k)
             continue;
         memset(&key, 0, sizeof key);
-        strcpy(key.e.name, links[i].name);
+        if (links[i].part >= 0 &&
+            snprintf(key.e.name, sizeof key.e.name, "%s/part_%d",
+                     links[i].name, links[i].part) >=
+            (int)sizeof key.e.name) {
+            st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: part %d of %s "
+                            "has too long a name", f->path, links[i].part,
+                            links[i].name);
+            break;
+        }
+        if (links[i].part < 0)
+            strcpy(key.e.name, links[i].name);
         strcpy(key.e.slot, links[i].slot);
         if (key.e.slot[0] == '\0')
-            hit = bsearch(&key, s.d, s.n_vars, sizeof *s.d, dset_cmp);
+            hit = bsearch(&key, s.d, s.n_vars, sizeof *s.d,
+                          keel__ckpt_dset_cmp);
         else
             hit = bsearch(&key, s.d + s.n_vars, s.n - s.n_vars, sizeof *s.d,
-                          dset_cmp);
+                          keel__ckpt_dset_cmp);
         if (hit == NULL) {
             st = keel__fail(KEEL_ECORRUPT, "checkpoint %s links %s%s%s in "
                             "shard %s, which does not hold it", f->path,
                             links[i].slot, links[i].slot[0] ? "/" : "",
-                            links[i].name, src->path);
+                            key.e.name, src->path);
             break;
+        }
+        if (links[i].part >= 0) {
+            /* a part of a virtual dataset of the index: the shard's
+             * dataset must have the rows the mapping takes */
+            if (!keel_shape_equal(hit->e.ndim, hit->e.shape,
+                                  links[i].ndim, links[i].shape)) {
+                st = keel__fail(KEEL_ECORRUPT, "checkpoint %s maps %s%s%s "
+                                "of shard %s with another shape than the "
+                                "shard's", f->path, links[i].slot,
+                                links[i].slot[0] ? "/" : "", key.e.name,
+                                src->path);
+                break;
+            }
+            linked++;
+            continue;
         }
         if (*n >= CK_MAX_ENTRIES) {
             st = keel__fail(KEEL_ECORRUPT, "checkpoint %s holds more than "
@@ -574,7 +616,7 @@ keel__ckpt_open(const char *path, ck_file *f)
     keel_status st;
     visit_ctx c;
     ck_link *links = NULL;
-    size_t n_links = 0;
+    size_t n_links = 0, links_cap = 0;
 
     memset(f, 0, sizeof *f);
     st = keel__fmt(f->path, sizeof f->path, "checkpoint path", "%s", path);
@@ -594,6 +636,11 @@ keel__ckpt_open(const char *path, ck_file *f)
     memset(&c, 0, sizeof c);
     c.f = f;
     c.st = KEEL_OK;
+    c.shard_count = f->shard_index < 0 ? f->shard_count : 0;
+    c.links = &links;
+    c.n_links = &n_links;
+    links_cap = n_links;
+    c.links_cap = &links_cap;
     if (st == KEEL_OK) {
         if (H5Lexists(h, "/variables", H5P_DEFAULT) <= 0) {
             st = keel__fail(KEEL_ECORRUPT, "checkpoint %s has no /variables "
@@ -616,8 +663,9 @@ keel__ckpt_open(const char *path, ck_file *f)
         keel__ckpt_close(f);
         return st;
     }
-    qsort(f->d, f->n_vars, sizeof *f->d, dset_cmp);
-    qsort(f->d + f->n_vars, f->n - f->n_vars, sizeof *f->d, dset_cmp);
+    qsort(f->d, f->n_vars, sizeof *f->d, keel__ckpt_dset_cmp);
+    qsort(f->d + f->n_vars, f->n - f->n_vars, sizeof *f->d,
+          keel__ckpt_dset_cmp);
     return KEEL_OK;
 }
 
@@ -631,6 +679,21 @@ keel__ckpt_close(ck_file *f)
     f->n = f->n_vars = 0;
     free(f->srcs);
     f->srcs = NULL;
+}
+
+/* Open dataset h5name of the checkpoint file h at path; a virtual
+ * dataset's sources (an index's shards) are found in path's directory
+ * whatever the working directory. -1 on failure. */
+static hid_t
+open_dset(hid_t h, const char *path, const char *h5name)
+{
+    char dir[KEEL_PATH_MAX];
+    hid_t dapl = H5Pcreate(H5P_DATASET_ACCESS), ds = -1;
+    if (dapl >= 0 && dir_of(path, dir, sizeof dir) == KEEL_OK &&
+        H5Pset_virtual_prefix(dapl, dir) >= 0)
+        ds = H5Dopen2(h, h5name, dapl);
+    keel__h5_close(dapl);
+    return ds;
 }
 
 /* Fallback for datasets whose bytes are not one contiguous run (written by
@@ -650,7 +713,7 @@ read_via_h5(const ck_file *f, const ck_dset *d, void *dst)
     keel__ckpt_h5_begin();
     st = open_h5(keel__ckpt_dset_path(f, d), &size, &h);
     if (st == KEEL_OK) {
-        ds = H5Dopen2(h, h5name, H5P_DEFAULT);
+        ds = open_dset(h, keel__ckpt_dset_path(f, d), h5name);
         if (ds < 0 || H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL,
                               H5P_DEFAULT, dst) < 0)
             st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: cannot read "
@@ -765,7 +828,7 @@ hash_via_h5(const ck_file *f, const ck_dset *d, void *buf, size_t size,
     keel__ckpt_h5_begin();
     st = open_h5(keel__ckpt_dset_path(f, d), &fsize, &h);
     if (st == KEEL_OK && (per == 0 ||
-        (ds = H5Dopen2(h, h5name, H5P_DEFAULT)) < 0 ||
+        (ds = open_dset(h, keel__ckpt_dset_path(f, d), h5name)) < 0 ||
         (fsp = H5Dget_space(ds)) < 0))
         st = keel__fail(KEEL_ECORRUPT, "checkpoint %s: cannot read dataset "
                         "%s", keel__ckpt_dset_path(f, d), h5name);
@@ -827,7 +890,7 @@ keel__ckpt_verify(const char *path, int64_t *step)
         ck_dset key = f.d[i];
         ck_dset *v;
         key.e.slot[0] = '\0';
-        v = bsearch(&key, f.d, f.n_vars, sizeof *f.d, dset_cmp);
+        v = bsearch(&key, f.d, f.n_vars, sizeof *f.d, keel__ckpt_dset_cmp);
         if (v != NULL && !keel_shape_equal(v->e.ndim, v->e.shape,
                                            f.d[i].e.ndim, f.d[i].e.shape)) {
             char a[64], b[64];

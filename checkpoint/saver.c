@@ -619,6 +619,7 @@ save(keel_saver *s, const keel_vars *vs, const keel_ckpt_meta *meta,
     s->plan.run_id = index != NULL ? index->run_id : 0;
     s->plan.shard_count = index != NULL ? index->shard_count : 0;
     s->plan.shard_index = -1;
+    s->plan.partitioned = index != NULL && index->partitioned;
     s->plan.wall_time = keel__now_wall();
     if (!s->is_async) {
         st = plan_direct(&s->plan, vs, meta);

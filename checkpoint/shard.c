@@ -14,6 +14,8 @@
 #include <unistd.h>
 
 #include "ckpt_int.h"
+#include <xxhash.h>
+
 #include "grow.h"
 
 void
@@ -144,6 +146,144 @@ plan_has(const ck_plan *p, const char *name, const char *slot)
     return 0;
 }
 
+/* The part number when name is "<base>/part_<k>" (k without leading
+ * zeros), with *base_len the length of base; else -1. */
+static int
+part_of(const char *name, size_t *base_len)
+{
+    const char *t = strrchr(name, '/');
+    char *end;
+    long k;
+    if (t == NULL || t == name || strncmp(t, "/part_", 6) != 0 ||
+        !isdigit((unsigned char)t[6]) || (t[6] == '0' && t[7] != '\0'))
+        return -1;
+    errno = 0;
+    k = strtol(t + 6, &end, 10);
+    if (errno != 0 || *end != '\0' || k < 0 || k > 1000000)
+        return -1;
+    *base_len = (size_t)(t - name);
+    return (int)k;
+}
+
+static int
+link_cmp(const void *a, const void *b)
+{
+    const ck_link *x = a, *y = b;
+    int c = strcmp(x->slot, y->slot);
+    if (c == 0)
+        c = strcmp(x->name, y->name);
+    return c != 0 ? c : (x->part > y->part) - (x->part < y->part);
+}
+
+/* The xxh64 of the whole partitioned dataset whose parts are the n links
+ * l (in part order): each part read from its shard (its own checksum
+ * verified), hashed in row order. */
+static keel_status
+hash_parts(const char *dir, const char *index_name, int shard_count,
+           const ck_link *l, int n, uint64_t *hash)
+{
+    XXH64_state_t *xs = XXH64_createState();
+    keel_status st = KEEL_OK;
+    if (xs == NULL)
+        return keel__fail(KEEL_ENOMEM, "index %s: hash state", index_name);
+    XXH64_reset(xs, 0);
+    for (int j = 0; j < n && st == KEEL_OK; j++) {
+        char name[KEEL_NAME_MAX], path[KEEL_PATH_MAX], dn[KEEL_NAME_MAX];
+        ck_file s;
+        ck_dset key, *hit;
+        void *buf = NULL;
+        st = keel__ckpt_shard_name(name, sizeof name, index_name,
+                                   l[j].shard, shard_count);
+        if (st == KEEL_OK)
+            st = keel__path_join(path, sizeof path, dir, name);
+        if (st == KEEL_OK)
+            st = keel__fmt(dn, sizeof dn, "part name", "%s/part_%d",
+                           l[j].name, l[j].part);
+        if (st == KEEL_OK)
+            st = keel__ckpt_open(path, &s);
+        if (st != KEEL_OK)
+            break;
+        memset(&key, 0, sizeof key);
+        strcpy(key.e.name, dn);
+        strcpy(key.e.slot, l[j].slot);
+        if (l[j].slot[0] == '\0')
+            hit = bsearch(&key, s.d, s.n_vars, sizeof *s.d,
+                          keel__ckpt_dset_cmp);
+        else
+            hit = bsearch(&key, s.d + s.n_vars, s.n - s.n_vars, sizeof *s.d,
+                          keel__ckpt_dset_cmp);
+        if (hit == NULL)
+            st = keel__fail(KEEL_ECORRUPT, "index %s: shard %s lost %s",
+                            index_name, path, dn);
+        else if ((buf = malloc(hit->count * sizeof(float) + 1)) == NULL)
+            st = keel__fail(KEEL_ENOMEM, "index %s: part %s", index_name,
+                            dn);
+        else
+            st = keel__ckpt_read(&s, hit, buf);
+        if (st == KEEL_OK)
+            XXH64_update(xs, buf, hit->count * sizeof(float));
+        free(buf);
+        keel__ckpt_close(&s);
+    }
+    *hash = XXH64_digest(xs);
+    XXH64_freeState(xs);
+    return st;
+}
+
+/* The links of an index over partitioned variables: every
+ * "<name>/part_<k>" dataset becomes part k of name (sorted by slot, name,
+ * part); each name's parts must be 0..K-1 with K >= 2, of one rank and
+ * the same trailing dimensions, and name no dataset of its own. */
+static keel_status
+group_parts(const char *dir, const char *index_name, const ck_plan *p,
+            ck_link *l, size_t n)
+{
+    keel_status st = KEEL_OK;
+    for (size_t i = 0; i < n; i++) {
+        size_t bl;
+        int k = part_of(l[i].name, &bl);
+        if (k >= 0) {
+            l[i].name[bl] = '\0';
+            l[i].part = k;
+        }
+    }
+    qsort(l, n, sizeof *l, link_cmp);
+    for (size_t i = 0; i < n && st == KEEL_OK;) {
+        size_t j = i + 1;
+        int64_t rows = 0;
+        while (j < n && strcmp(l[j].slot, l[i].slot) == 0 &&
+               strcmp(l[j].name, l[i].name) == 0)
+            j++;
+        if (l[i].part < 0 && j == i + 1) {
+            i = j;
+            continue;
+        }
+        for (size_t m = i; m < j && st == KEEL_OK; m++) {
+            if (l[m].part != (int)(m - i) || j - i < 2 || l[m].ndim < 1 ||
+                l[m].ndim != l[i].ndim ||
+                memcmp(l[m].shape + 1, l[i].shape + 1,
+                       sizeof(int64_t) * (KEEL_MAX_DIMS - 1)) != 0)
+                st = keel__fail(KEEL_EINVAL, "index %s: the parts of '%s'%s"
+                                "%s in the shards are not parts 0..K-1 "
+                                "(K >= 2) of one shape but for the rows",
+                                index_name, l[i].name,
+                                l[i].slot[0] ? " slot " : "", l[i].slot);
+            l[m].first = rows;
+            l[m].n_parts = (int)(j - i);
+            rows += l[m].shape[0];
+        }
+        if (st == KEEL_OK && plan_has(p, l[i].name, l[i].slot))
+            st = keel__fail(KEEL_EINVAL, "index %s: partitioned variable "
+                            "'%s' is also the chief's own", index_name,
+                            l[i].name);
+        if (st == KEEL_OK)
+            st = hash_parts(dir, index_name, p->shard_count, l + i,
+                            (int)(j - i), &l[i].hash);
+        i = j;
+    }
+    return st;
+}
+
 keel_status
 keel__ckpt_index_links(const char *dir, const char *index_name,
                        const ck_plan *p, ck_link **out, size_t *n_out)
@@ -195,10 +335,15 @@ keel__ckpt_index_links(const char *dir, const char *index_name,
             memset(&links[n], 0, sizeof links[n]);
             strcpy(links[n].name, s.d[i].e.name);
             strcpy(links[n].slot, s.d[i].e.slot);
+            links[n].part = -1;
+            links[n].ndim = s.d[i].e.ndim;
+            memcpy(links[n].shape, s.d[i].e.shape, sizeof links[n].shape);
             links[n++].shard = k;
         }
         keel__ckpt_close(&s);
     }
+    if (st == KEEL_OK && p->partitioned)
+        st = group_parts(dir, index_name, p, links, n);
     if (st != KEEL_OK) {
         free(links);
         return st;

@@ -132,11 +132,6 @@ check_options(const keel_cluster_spec *spec, const keel_cluster_config *in,
                           "0) or max_partitions %d (want 0..%d) out of "
                           "range", who, (long long)in->partition_bytes,
                           in->max_partitions, KEEL_CLUSTER_MAX_PARTITIONS);
-    if (in->partition_bytes > 0 && in->sharded_checkpoints)
-        return keel__fail(KEEL_EINVAL, "%s: partitioned variables "
-                          "(cluster.partition_bytes) and sharded "
-                          "checkpoints (checkpoint.sharded) do not go "
-                          "together: turn one off", who);
     if (in->partition_bytes > 0 && in->chief_applies)
         return keel__fail(KEEL_EINVAL, "%s: partitioned variables "
                           "(cluster.partition_bytes) need the ps to apply "

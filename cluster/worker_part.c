@@ -103,13 +103,22 @@ part_fetch(void *ctx, keel_vars *vs, int *is_ready, char *why, size_t size)
     return st;
 }
 
-/* Sharded checkpoints are off with partitioned variables (options.c):
- * every variable and slot is pulled. */
+/* Before a checkpoint: a sharded one needs only the global step (each ps
+ * writes its parts, the index shows each variable whole); else every
+ * variable and slot is pulled and assembled. */
 static keel_status
 part_before_save(void *ctx, keel_vars *vs)
 {
     keel_cluster_backend *w = ctx;
-    keel_status st = keel__worker_before_save(ctx, w->part->wire);
+    keel_status st;
+    if (keel__worker_sharded(w)) {
+        int64_t step;
+        st = keel__worker_read_step(ctx, &step);
+        if (st == KEEL_OK)
+            keel_vars_set_global_step(vs, step);
+        return st;
+    }
+    st = keel__worker_before_save(ctx, w->part->wire);
     if (st == KEEL_OK)
         keel__partition_gather(w->part, vs, 1, 0);
     return st;

@@ -24,16 +24,22 @@ keel__worker_sharded(const keel_cluster_backend *w)
 }
 
 /* The chief's variables no ps holds, with the global step, in *own (a new
- * store the caller frees): the index's own part. */
+ * store the caller frees): the index's own part. With partitioned
+ * variables w's table is the parts' store (part->wire); a variable no ps
+ * holds is never split, and its values are vs's. */
 static keel_status
 own_vars(keel_cluster_backend *w, const keel_vars *vs, keel_vars **own)
 {
+    const keel_vars *table = w->part != NULL ? w->part->wire : vs;
     keel_status st = keel_vars_new(own);
     for (size_t i = 0; i < w->n_vars && st == KEEL_OK; i++) {
-        keel_var *v = keel_vars_at(vs, i), *c = NULL;
-        keel_tensor *t = keel_var_tensor(v);
+        keel_var *v = keel_vars_at(table, i), *c = NULL;
+        keel_tensor *t;
         if (w->ps_of[i] >= 0 || (keel_var_flags(v) & KEEL_VAR_LOCAL))
             continue;
+        if (table != vs && keel_vars_find(vs, keel_var_name(v)) != NULL)
+            v = keel_vars_find(vs, keel_var_name(v));
+        t = keel_var_tensor(v);
         st = keel_vars_create(*own, keel_var_name(v), t->ndim, t->shape,
                               keel_var_flags(v), &c);
         if (st == KEEL_OK)
@@ -133,6 +139,8 @@ keel__worker_save(void *ctx, keel_saver *saver, keel_vars *vs,
     keel_ckpt_index_config_init(&ic);
     ic.run_id = w->generation;
     ic.shard_count = w->n_ps;
+    /* the ps hold parts NAME/part_k: the index shows each NAME whole */
+    ic.partitioned = w->part != NULL;
     if (st == KEEL_OK)
         st = keel_saver_save_sharded(saver, own, meta, &ic, path, path_size);
     /* an async saver keeps a copy: own is not needed past the call */
@@ -188,7 +196,9 @@ keel__worker_init_from_ckpt(keel_cluster_backend *w, keel_vars *vs,
     keel_status st = KEEL_OK;
     int sent = 0, n_done = 0;
     memset(done, 0, (size_t)w->n_ps);
-    if (!keel__worker_sharded(w) ||
+    /* partitioned variables are one virtual dataset each in the index,
+     * not the parts a ps holds: the chief's INIT carries their values */
+    if (!keel__worker_sharded(w) || w->part != NULL ||
         !find_sharded(w->o.in.checkpoint_dir, step, name, sizeof name,
                       &run_id))
         return KEEL_OK;

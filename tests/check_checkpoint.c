@@ -2488,6 +2488,168 @@ START_TEST(test_read_parts_by_name_through_the_index)
 }
 END_TEST
 
+/* A whole store "emb" [10,3] (slot m) and "global_scale"; its parts
+ * "emb/part_k" (rows 4, 3, 3) in *wire, with their slots. */
+static void
+partitioned_stores(keel_vars **whole, keel_vars **wire)
+{
+    static const int64_t rows[3] = { 4, 3, 3 };
+    keel_var *v, *pv;
+    keel_tensor *t, *sl, *ps;
+    int64_t first = 0;
+    ck_assert_int_eq(keel_vars_new(whole), KEEL_OK);
+    ck_assert_int_eq(keel_vars_new(wire), KEEL_OK);
+    ck_assert_int_eq(keel_vars_create(*whole, "global_scale", 0, NULL,
+                                      KEEL_VAR_TRAINABLE, &v), KEEL_OK);
+    keel_var_tensor(v)->data[0] = 2.5f;
+    ck_assert_int_eq(keel_vars_create(*whole, "emb", 2, (int64_t[]){ 10, 3 },
+                                      KEEL_VAR_TRAINABLE, &v), KEEL_OK);
+    ck_assert_int_eq(keel_var_add_slot(v, "m", &sl), KEEL_OK);
+    t = keel_var_tensor(v);
+    for (size_t j = 0; j < t->count; j++) {
+        t->data[j] = 1.0f + (float)j * 0.5f;
+        sl->data[j] = -(float)j;
+    }
+    for (int k = 0; k < 3; k++) {
+        char name[32];
+        snprintf(name, sizeof name, "emb/part_%d", k);
+        ck_assert_int_eq(keel_vars_create(*wire, name, 2,
+                                          (int64_t[]){ rows[k], 3 },
+                                          KEEL_VAR_TRAINABLE, &pv), KEEL_OK);
+        ck_assert_int_eq(keel_var_add_slot(pv, "m", &ps), KEEL_OK);
+        memcpy(keel_var_tensor(pv)->data, t->data + first * 3,
+               (size_t)rows[k] * 3 * sizeof(float));
+        memcpy(ps->data, sl->data + first * 3,
+               (size_t)rows[k] * 3 * sizeof(float));
+        first += rows[k];
+    }
+    keel_vars_set_global_step(*whole, 30);
+    keel_vars_set_global_step(*wire, 30);
+}
+
+/* Parts 0 and 2 in shard 0, part 1 in shard 1 (unless without_part1),
+ * then the index over partitioned variables with whole's global_scale. */
+static keel_status
+save_partitioned(keel_vars *whole, keel_vars *wire, int without_part1,
+                 char *path, size_t size)
+{
+    static const char *const in0[] = { "emb/part_0", "emb/part_2" };
+    static const char *const in1[] = { "emb/part_1" };
+    keel_ckpt_shard_config cfg;
+    keel_ckpt_index_config ic;
+    keel_saver_config sc;
+    keel_saver *s;
+    keel_vars *chief;
+    keel_var *v;
+    keel_status st;
+    for (int k = 0; k < 2; k++) {
+        keel_ckpt_shard_config_init(&cfg);
+        cfg.dir = tu_dir;
+        cfg.run_id = 77;
+        cfg.shard_index = k;
+        cfg.shard_count = 2;
+        cfg.names = k == 0 ? in0 : in1;
+        cfg.n_names = k == 0 ? 2 : (size_t)!without_part1;
+        ck_assert_msg(keel_ckpt_write_shard(&cfg, wire, NULL, 0) == KEEL_OK,
+                      "%s", keel_last_error());
+    }
+    ck_assert_int_eq(keel_vars_new(&chief), KEEL_OK);
+    ck_assert_int_eq(keel_vars_create(chief, "global_scale", 0, NULL,
+                                      KEEL_VAR_TRAINABLE, &v), KEEL_OK);
+    keel_var_tensor(v)->data[0] =
+        keel_var_tensor(keel_vars_find(whole, "global_scale"))->data[0];
+    keel_vars_set_global_step(chief, 30);
+    keel_saver_config_init(&sc);
+    sc.dir = tu_dir;
+    ck_assert_int_eq(keel_saver_new(&sc, &s), KEEL_OK);
+    keel_ckpt_index_config_init(&ic);
+    ic.run_id = 77;
+    ic.shard_count = 2;
+    ic.partitioned = 1;
+    st = keel_saver_save_sharded(s, chief, NULL, &ic, path, size);
+    if (st == KEEL_OK)
+        st = keel_saver_wait(s);
+    keel_saver_free(s);
+    keel_vars_free(chief);
+    return st;
+}
+
+/* A sharded checkpoint over partitioned variables: each shard holds its
+ * parts "emb/part_k", the index one virtual dataset "emb" (and "m" of
+ * it) of the whole shape over their rows, which keel's readers and plain
+ * HDF5 read whole (tests/ckpt_vds.py: h5py, and the refusal of a
+ * virtual source outside the index's shards). */
+START_TEST(test_sharded_partitioned_checkpoint_reads_whole)
+{
+    keel_vars *whole, *wire, *back, *dummy;
+    keel_restore_report rep;
+    keel_ckpt_info *info = NULL;
+    char path[4096], cwd[4096];
+    hid_t f, d, dcpl;
+    float w[30];
+
+    partitioned_stores(&whole, &wire);
+    ck_assert_msg(save_partitioned(whole, wire, 0, path, sizeof path) ==
+                  KEEL_OK, "%s", keel_last_error());
+    partitioned_stores(&back, &dummy);
+    keel_vars_free(dummy);
+    memset(keel_var_tensor(keel_vars_find(back, "emb"))->data, 0,
+           30 * sizeof(float));
+    memset(keel_var_slot(keel_vars_find(back, "emb"), "m")->data, 0,
+           30 * sizeof(float));
+    ck_assert_msg(keel_ckpt_restore(path, back, NULL, &rep) == KEEL_OK, "%s",
+                  keel_last_error());
+    assert_stores_equal(whole, back);
+    ck_assert_msg(keel_ckpt_verify(path) == KEEL_OK, "%s",
+                  keel_last_error());
+    ck_assert_int_eq(keel_ckpt_read_info(path, &info), KEEL_OK);
+    ck_assert_uint_eq(info->n_variables, 2);
+    ck_assert_uint_eq(info->n_slots, 1);
+    keel_ckpt_info_free(info);
+    ck_assert_msg(TU_KEEL(20000, "ckpt", "show", path) == 0, "%s", err);
+    ck_assert_msg(strstr(out, "part_") == NULL && strstr(out, "emb") != NULL
+                  && strstr(out, "[10,3]") != NULL, "%s", out);
+    /* plain HDF5 reads emb whole from another working directory */
+    ck_assert_ptr_nonnull(getcwd(cwd, sizeof cwd));
+    ck_assert_int_eq(chdir("/"), 0);
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    ck_assert_int_ge(f, 0);
+    d = H5Dopen2(f, "/slots/m/emb", H5P_DEFAULT);
+    ck_assert_int_ge(d, 0);
+    dcpl = H5Dget_create_plist(d);
+    ck_assert_int_eq(H5Pget_layout(dcpl), H5D_VIRTUAL);
+    H5Pclose(dcpl);
+    ck_assert_int_ge(H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL,
+                             H5P_DEFAULT, w), 0);
+    ck_assert(memcmp(w, keel_var_slot(keel_vars_find(whole, "emb"), "m")
+                            ->data, sizeof w) == 0);
+    H5Dclose(d);
+    H5Fclose(f);
+    ck_assert_int_eq(chdir(cwd), 0);
+    keel_vars_free(back);
+    keel_vars_free(wire);
+    keel_vars_free(whole);
+}
+END_TEST
+
+/* Parts of a partitioned variable that are not 0..K-1 (part 1 in no
+ * shard) fail the index's commit, naming the variable; nothing is
+ * committed. */
+START_TEST(test_sharded_partitioned_index_needs_every_part)
+{
+    keel_vars *whole, *wire;
+    char path[4096];
+    partitioned_stores(&whole, &wire);
+    ck_assert_int_eq(save_partitioned(whole, wire, 1, path, sizeof path),
+                     KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "'emb'"));
+    ck_assert(access(tu_path("model.ckpt-30.h5"), F_OK) != 0);
+    keel_vars_free(wire);
+    keel_vars_free(whole);
+}
+END_TEST
+
 START_TEST(test_sharded_checkpoint_is_whole_or_absent)
 {
     keel_vars *full = make_store(5.0f, 1), *back = make_store(0.0f, 0);
@@ -2634,6 +2796,8 @@ checkpoint_suite(void)
     tu_tcase(s, "sharded", 60, tu_setup, tu_teardown, TU_TESTS(
         test_sharded_checkpoint_reads_as_one_file,
         test_read_parts_by_name_through_the_index,
+        test_sharded_partitioned_checkpoint_reads_whole,
+        test_sharded_partitioned_index_needs_every_part,
         test_sharded_checkpoint_is_whole_or_absent,
         test_retention_deletes_shards_with_their_index));
     tu_tcase(s, "slow", long_mode() ? 7200 : 120, tu_setup, tu_teardown,

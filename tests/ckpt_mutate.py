@@ -157,6 +157,48 @@ def virtual(p, rng, own):
         replace(f, name, lambda f, n: f.create_virtual_dataset(n, layout))
 
 
+def virtual_datasets(path):
+    out = []
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda n, o: out.append(n)
+                     if isinstance(o, h5py.Dataset) and o.is_virtual
+                     else None)
+    return out
+
+
+def virtual_shard(p, rng, how):
+    """A partitioned variable of a sharded index (a virtual dataset over
+    its parts in the shards) remapped: "outside", part 0 from a copy of
+    its shard under another name; "gap", the last part left out. A
+    checkpoint without one gets a virtual dataset of another file."""
+    names = virtual_datasets(p)
+    if not names:
+        virtual(p, rng, False)
+        return
+    name = names[0]
+    d = os.path.dirname(p)
+    with h5py.File(p, "r") as f:
+        ds = f[name]
+        shape, maps = ds.shape, ds.virtual_sources()
+        h = ds.attrs["xxh64"]
+    if how == "outside":
+        shutil.copyfile(os.path.join(d, maps[0].file_name),
+                        os.path.join(d, "other.h5"))
+    layout = h5py.VirtualLayout(shape=shape, dtype="<f4")
+    for i, m in enumerate(maps):
+        if how == "gap" and i == len(maps) - 1:
+            continue
+        file = "other.h5" if how == "outside" and i == 0 else m.file_name
+        lo, hi = m.vspace.get_select_bounds()
+        rows = hi[0] - lo[0] + 1
+        layout[lo[0]:hi[0] + 1] = h5py.VirtualSource(
+            file, m.dset_name, shape=(rows,) + tuple(shape[1:]))
+    with h5py.File(p, "r+") as f:
+        del f[name]
+        f.create_virtual_dataset(name, layout)
+        f[name].attrs["xxh64"] = np.uint64(h)
+
+
 def wrong_type(p, rng):
     name = variables(p)[0]
     with h5py.File(p, "r+") as f:
@@ -229,6 +271,8 @@ MUTATIONS = {
     "dangling-link": dangling_link,
     "virtual-foreign": lambda p, r: virtual(p, r, False),
     "virtual-own": lambda p, r: virtual(p, r, True),
+    "virtual-shard-outside": lambda p, r: virtual_shard(p, r, "outside"),
+    "virtual-shard-gap": lambda p, r: virtual_shard(p, r, "gap"),
     "wrong-type": wrong_type,
     "no-meta": no_meta,
     "state-duplicates": state_duplicates,

@@ -4,7 +4,10 @@
  * same run without partitioning (`keel ckpt diff` exit 0), its checkpoint
  * holds each kernel whole (`keel ckpt show`: one dataset of the full
  * shape, no part), each ps holds a part, and both runs resumed from their
- * checkpoints stay equal; bad values exit 2 naming the key. */
+ * checkpoints stay equal; the same partitioned run with sharded
+ * checkpoints (each ps writes its parts, the index shows each kernel as
+ * one virtual dataset) equals the gathered one, also after resuming; bad
+ * values exit 2 naming the key. */
 #include <config.h>
 
 #include <stdio.h>
@@ -14,6 +17,9 @@
 #include "testutil.h"
 
 #define RUN_MS 90000         /* deadline of a whole run */
+#define PARTS "partition_bytes = 4096\n"
+#define GATHERED PARTS "[checkpoint]\nsharded = off\n"
+#define SHARDED PARTS "[checkpoint]\nsharded = on\n"
 
 static char out[65536], err[65536];
 
@@ -62,7 +68,7 @@ START_TEST(test_partitioned_run_equals_the_unpartitioned_one)
     int rc;
     run_job("whole", "", 12);
     /* 784x64 and 64x64 kernels above 4 KiB: 3 parts each (one per ps) */
-    run_job("parts", "partition_bytes = 4096\n", 12);
+    run_job("parts", GATHERED, 12);
     TU_SNPRINTF(pa, sizeof pa, "%s/whole/model.ckpt-12.h5", tu_dir);
     TU_SNPRINTF(pb, sizeof pb, "%s/parts/model.ckpt-12.h5", tu_dir);
     rc = TU_KEEL(RUN_MS, "ckpt", "diff", pa, pb);
@@ -90,9 +96,56 @@ START_TEST(test_partitioned_run_equals_the_unpartitioned_one)
     /* both resumed from their step-12 checkpoints (the whole variables
      * split again for the ps) to step 18: still the same bits */
     run_job("whole", "", 18);
-    run_job("parts", "partition_bytes = 4096\n", 18);
+    run_job("parts", GATHERED, 18);
     TU_SNPRINTF(pa, sizeof pa, "%s/whole/model.ckpt-18.h5", tu_dir);
     TU_SNPRINTF(pb, sizeof pb, "%s/parts/model.ckpt-18.h5", tu_dir);
+    rc = TU_KEEL(RUN_MS, "ckpt", "diff", pa, pb);
+    ck_assert_msg(rc == 0, "keel ckpt diff after resuming exited %d:\n%s%s",
+                  rc, out, err);
+}
+END_TEST
+
+/* Partitioned and sharded: the ps write their parts, the index presents
+ * each kernel whole (a virtual dataset over the parts' rows), and the run
+ * equals the gathered partitioned one, at the end and after resuming from
+ * the sharded checkpoint. */
+START_TEST(test_partitioned_sharded_run_equals_the_gathered_one)
+{
+    char pa[4200], pb[4200], *shard, *log;
+    int rc;
+    run_job("parts", GATHERED, 12);
+    run_job("sharded", SHARDED, 12);
+    TU_SNPRINTF(pb, sizeof pb, "%s/sharded/model.ckpt-12.shard-00002-of-"
+                "00003.h5", tu_dir);
+    shard = tu_read_file(pb, NULL);
+    ck_assert_msg(shard != NULL, "no shard %s", pb);
+    free(shard);
+    TU_SNPRINTF(pa, sizeof pa, "%s/parts/model.ckpt-12.h5", tu_dir);
+    TU_SNPRINTF(pb, sizeof pb, "%s/sharded/model.ckpt-12.h5", tu_dir);
+    rc = TU_KEEL(RUN_MS, "ckpt", "diff", pa, pb);
+    ck_assert_msg(rc == 0, "keel ckpt diff exited %d:\n%s%s", rc, out, err);
+    ck_assert_ptr_nonnull(strstr(out, "identical: "));
+    rc = TU_KEEL(RUN_MS, "ckpt", "show", pb);
+    ck_assert_msg(rc == 0, "keel ckpt show exited %d:\n%s%s", rc, out, err);
+    ck_assert_msg(strstr(out, "part_") == NULL &&
+                  strstr(out, "[784,64]") != NULL &&
+                  strstr(out, "shards:         3") != NULL,
+                  "not one whole 784x64 kernel over 3 shards:\n%s", out);
+    rc = TU_KEEL(RUN_MS, "ckpt", "verify", pb);
+    ck_assert_msg(rc == 0, "keel ckpt verify exited %d:\n%s%s", rc, out,
+                  err);
+    /* both resumed (the sharded one from its index, each kernel read
+     * whole and split again) to step 18: still the same bits */
+    run_job("parts", GATHERED, 18);
+    run_job("sharded", SHARDED, 18);
+    log = tu_read_file(tu_path("sharded/logs/chief.log"), NULL);
+    ck_assert_ptr_nonnull(log);
+    ck_assert_msg(strstr(log, "model.ckpt-12.h5 at global step 12") != NULL,
+                  "the sharded run did not resume from step 12:\n%s",
+                  tu_tail(log, 2000));
+    free(log);
+    TU_SNPRINTF(pa, sizeof pa, "%s/parts/model.ckpt-18.h5", tu_dir);
+    TU_SNPRINTF(pb, sizeof pb, "%s/sharded/model.ckpt-18.h5", tu_dir);
     rc = TU_KEEL(RUN_MS, "ckpt", "diff", pa, pb);
     ck_assert_msg(rc == 0, "keel ckpt diff after resuming exited %d:\n%s%s",
                   rc, out, err);
@@ -104,8 +157,6 @@ START_TEST(test_bad_partition_values_exit_2_naming_the_key)
     static const char *const bad[][2] = {
         { "[cluster]\npartition_bytes = -1\n", "cluster.partition_bytes" },
         { "[cluster]\nmax_partitions = 5000\n", "cluster.max_partitions" },
-        { "[cluster]\npartition_bytes = 4096\n[checkpoint]\nsharded = on\n",
-          "checkpoint.sharded" },
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char text[512], cfg[4200];
@@ -129,6 +180,7 @@ partition_suite(void)
     Suite *s = suite_create("it_partition");
     tu_tcase(s, "launch", 240, setup, tu_teardown, TU_TESTS(
         test_partitioned_run_equals_the_unpartitioned_one,
+        test_partitioned_sharded_run_equals_the_gathered_one,
         test_bad_partition_values_exit_2_naming_the_key));
     return s;
 }

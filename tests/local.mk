@@ -100,3 +100,9 @@ TESTS += tests/ckpt_adversarial.sh
 LONG_TESTS += tests/ckpt_adversarial_long.sh
 EXTRA_DIST += tests/ckpt_adversarial.sh tests/ckpt_adversarial_long.sh \
 	tests/ckpt_adversarial.py tests/ckpt_mutate.py
+
+# A sharded checkpoint over partitioned variables: the index's virtual
+# datasets read whole by h5py alone, and a virtual source outside the
+# index's shards refused.
+TESTS += tests/ckpt_vds.sh
+EXTRA_DIST += tests/ckpt_vds.sh tests/ckpt_vds.py

@@ -1,6 +1,6 @@
 """py_common.py - what keel's Python integration tests share (it_export.py,
-it_export_any.py, ckpt_adversarial.py): a tally of checks, running keel,
-a slice of Fashion-MNIST as IDX files, and independent readers of
+it_export_any.py, ckpt_adversarial.py, ckpt_vds.py): a tally of checks,
+running keel, a slice of Fashion-MNIST as IDX files, and independent readers of
 safetensors files, checkpoints' variables, Keras weight attributes and
 ONNX graphs (numpy only, no keel code)."""
 import gzip

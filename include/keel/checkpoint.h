@@ -134,6 +134,14 @@ typedef struct keel_ckpt_index_config {
     uint32_t struct_size;     /* set by keel_ckpt_index_config_init() */
     uint64_t run_id;          /* as in every shard; default 0 */
     int shard_count;          /* 1..99999; default 0 (required) */
+    int partitioned;          /* 1: the shards hold the parts of
+                               * partitioned variables, "NAME/part_K" for
+                               * K from 0 (at least 2 parts, split by
+                               * rows); the index presents each NAME, and
+                               * each slot of it, as one HDF5 virtual
+                               * dataset of the whole shape over the parts'
+                               * rows. Default 0: every dataset is linked
+                               * as it is. */
 } keel_ckpt_index_config;
 
 /* Defaults above. Cannot fail. */
