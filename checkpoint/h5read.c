@@ -663,9 +663,11 @@ keel__ckpt_open(const char *path, ck_file *f)
         keel__ckpt_close(f);
         return st;
     }
-    qsort(f->d, f->n_vars, sizeof *f->d, keel__ckpt_dset_cmp);
-    qsort(f->d + f->n_vars, f->n - f->n_vars, sizeof *f->d,
-          keel__ckpt_dset_cmp);
+    if (f->n > 0) {             /* f->d is NULL in an empty file */
+        qsort(f->d, f->n_vars, sizeof *f->d, keel__ckpt_dset_cmp);
+        qsort(f->d + f->n_vars, f->n - f->n_vars, sizeof *f->d,
+              keel__ckpt_dset_cmp);
+    }
     return KEEL_OK;
 }
 

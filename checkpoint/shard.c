@@ -247,7 +247,8 @@ group_parts(const char *dir, const char *index_name, const ck_plan *p,
             l[i].part = k;
         }
     }
-    qsort(l, n, sizeof *l, link_cmp);
+    if (n > 0)                  /* l is NULL when no shard holds a variable */
+        qsort(l, n, sizeof *l, link_cmp);
     for (size_t i = 0; i < n && st == KEEL_OK;) {
         size_t j = i + 1;
         int64_t rows = 0;
