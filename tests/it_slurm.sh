@@ -192,7 +192,11 @@ same() {
 }
 
 one ref -s cluster.num_ps=1
-one ref-mwm -s train.strategy=multi_worker_mirrored -s train.micro_batch=0
+# Open MPI's plugins keep buffers to the end and are unloaded by
+# MPI_Finalize, so no suppression can name their frames: under a sanitizer
+# build every MPI process here runs without leak detection (as in it_mpi)
+mpi_asan="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
+ASAN_OPTIONS=$mpi_asan one ref-mwm -s train.strategy=multi_worker_mirrored -s train.micro_batch=0
 
 # ---- munge -------------------------------------------------------------------
 mungekey --create --keyfile="$work/munge.key" >"$work/mungekey.log" 2>&1 ||
@@ -326,10 +330,7 @@ same srun ref
 if ! srun --mpi=list 2>&1 | grep -q pmix; then
   echo "SKIP: slurm: pmix: srun --mpi=list names no pmix plugin"
 else
-  # Open MPI's plugins keep buffers to the end and are unloaded by
-  # MPI_Finalize, so no suppression can name their frames: under a
-  # sanitizer build the ranks run without leak detection (as in it_mpi)
-  ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" \
+  ASAN_OPTIONS=$mpi_asan \
   OUTPUT_DIR=$work/pmix timeout 120 srun --mpi=pmix -n 2 "$keel" \
     train "$work/job.ini" -s train.strategy=multi_worker_mirrored -s train.micro_batch=0 \
     >"$work/pmix.log" 2>&1
