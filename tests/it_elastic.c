@@ -211,14 +211,6 @@ START_TEST(test_four_two_three_replicas_end_as_a_fixed_run)
 }
 END_TEST
 
-/* Two ps: ps 0 decides each step's membership, ps 1 aggregates its
- * variables by the word every push carries; the bits are the same. */
-START_TEST(test_two_ps_four_two_three_replicas_end_as_a_fixed_run)
-{
-    four_two_three(2);
-}
-END_TEST
-
 /* keel launch scales an elastic sync job: SIGUSR1 adds worker 1 (2 -> 3
  * replicas), SIGUSR2 removes it again (3 -> 2), and the job trains on. */
 START_TEST(test_keel_launch_scales_an_elastic_sync_job)
@@ -257,7 +249,6 @@ elastic_suite(void)
     Suite *s = suite_create("it_elastic");
     tu_tcase(s, "elastic", 600, setup, tu_teardown, TU_TESTS(
         test_four_two_three_replicas_end_as_a_fixed_run,
-        test_two_ps_four_two_three_replicas_end_as_a_fixed_run,
         test_keel_launch_scales_an_elastic_sync_job));
     return s;
 }
