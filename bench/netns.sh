@@ -12,6 +12,8 @@
 #   env:   ROUNDS=3 BATCH=64 EXAMPLES=25600 RUN_TIMEOUT=300 (seconds one
 #          run may take; then its tasks are killed and the script fails)
 #          MTU=1500 (the veth pairs' and the bridge's; loopback's is 65536)
+#          LOCAL_TRANSPORT=auto (cluster.local_transport of both jobs: auto
+#          puts the loopback job on Unix sockets, tcp keeps it on TCP)
 #          BENCH_OUT=<default a fresh /tmp/keel-netns-bench.*, kept>
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -22,6 +24,7 @@ BATCH=${BATCH:-64}
 EXAMPLES=${EXAMPLES:-25600}
 RUN_TIMEOUT=${RUN_TIMEOUT:-300}
 MTU=${MTU:-1500}
+LOCAL_TRANSPORT=${LOCAL_TRANSPORT:-auto}
 [ -x "$keel" ] || { echo "netns.sh: no keel in $build" >&2; exit 2; }
 [ "$(id -u)" -eq 0 ] || { echo "netns.sh: needs root (network namespaces)" >&2; exit 2; }
 command -v ip >/dev/null || { echo "netns.sh: needs ip (iproute2)" >&2; exit 2; }
@@ -86,6 +89,7 @@ summary_every_steps = 0
 progress = off
 [cluster]
 mode = sync
+local_transport = $LOCAL_TRANSPORT
 EOF
 } > "$OUT/job.ini"
 
@@ -144,7 +148,7 @@ for round in $(seq "$ROUNDS"); do
   done
 done
 
-/usr/bin/python3 - "$OUT/runs.jsonl" "$BATCH" "$EXAMPLES" "$MTU" <<'PY'
+/usr/bin/python3 - "$OUT/runs.jsonl" "$BATCH" "$EXAMPLES" "$MTU" "$LOCAL_TRANSPORT" <<'PY'
 import json, statistics, sys
 runs = [json.loads(l) for l in open(sys.argv[1])]
 by = {}
@@ -153,7 +157,7 @@ for r in runs:
 lo = [v["loopback"] for v in by.values()]
 ve = [v["veth"] for v in by.values()]
 ratios = sorted(v["veth"] / v["loopback"] for v in by.values())
-print(f"sync, 1 ps + chief + worker, batch {sys.argv[2]}, {sys.argv[3]} examples a run, veth MTU {sys.argv[4]}, {len(by)} rounds")
+print(f"sync, 1 ps + chief + worker, batch {sys.argv[2]}, {sys.argv[3]} examples a run, veth MTU {sys.argv[4]}, local_transport {sys.argv[5]}, {len(by)} rounds")
 print(f"loopback: {statistics.median(lo):.0f} ex/s   veth by name: {statistics.median(ve):.0f} ex/s")
 print(f"veth/loopback: {statistics.median(ratios):.3f} (rounds {ratios[0]:.3f}-{ratios[-1]:.3f})")
 PY
