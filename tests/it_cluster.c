@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "testutil.h"
@@ -304,10 +305,31 @@ START_TEST(backup_worker_stopped_training_goes_on)
 }
 END_TEST
 
-/* Backup workers make stale drops routine (the slowest of three replicas
- * misses most steps): the ps logs a replica's first at once and then one
- * line per interval with the count held, not a line per drop, and says at exit how
- * many it held since its last such line. */
+/* Until pid exits (not reaped: WNOWAIT keeps it for cluster_wait_ok) or
+ * RUN_MS pass, run victim at half speed: stopped 20 ms of every 40 ms. */
+static void
+slow_down_until_exit(pid_t victim, pid_t pid)
+{
+    int64_t deadline = tu_now_ms() + RUN_MS;
+    siginfo_t info;
+    for (;;) {
+        memset(&info, 0, sizeof info);
+        if (waitid(P_PID, (id_t)pid, &info, WEXITED | WNOHANG | WNOWAIT) != 0
+            || info.si_pid == pid || tu_now_ms() >= deadline)
+            break;
+        kill(victim, SIGSTOP);
+        usleep(20000);
+        kill(victim, SIGCONT);
+        usleep(20000);
+    }
+    kill(victim, SIGCONT);
+}
+
+/* Backup workers make stale drops routine (the slowest of three replicas,
+ * here one run at half speed, misses most steps): the ps logs a replica's
+ * first at once and then one line per interval with the count held, not a
+ * line per drop, and says at exit how many it held since its last such
+ * line. */
 START_TEST(backup_workers_stale_drops_are_logged_per_interval)
 {
     cluster c;
@@ -318,6 +340,7 @@ START_TEST(backup_workers_stale_drops_are_logged_per_interval)
     cluster_init(&c, 1, 3, ", \"replicas_to_aggregate\": 2, "
                  "\"total_num_replicas\": 3", "st");
     cluster_start(&c, sets);
+    slow_down_until_exit(c.w[2], c.w[0]);
     cluster_wait_ok(&c);
     secs = (tu_now_ms() - t0) / 1000;
     ps_stats(&c, 0, &step, &applied, &dropped);
