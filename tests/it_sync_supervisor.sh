@@ -108,7 +108,8 @@ kill_task() {
     kill -STOP "$cpid" ||
         fail "the chief (pid $cpid) ended before the kill of $2: $(tail -20 "$1")"
     stopped=$cpid
-    kill -KILL "$pid" || fail "$2 (pid $pid) was gone before its kill"
+    kill -KILL "$pid" ||
+        fail "$2 (pid $pid) was gone before its kill: $(grep "^launch |" "$1"; tail -20 "$1")"
     wait_for "$1" "^launch \\| restarted $2 \\(pid" 60
     kill -CONT "$cpid"
     stopped=
