@@ -85,6 +85,15 @@ keel__values_slot(keel__values *t, const char *name, int is_add)
     return (int)t->n++;
 }
 
+int
+keel__values_find(const keel__values *t, const char *name)
+{
+    for (size_t i = 0; i < t->n; i++)
+        if (name_eq(t->v[i].name, name))
+            return (int)i;
+    return -1;
+}
+
 /* ---- run context -------------------------------------------------------- */
 
 void

@@ -699,7 +699,7 @@ keel_session_find_value(const keel_session *s, const char *name, double *out)
 {
     int slot;
     if (s == NULL || name == NULL ||
-        (slot = keel__values_slot((keel__values *)&s->values, name, 0)) < 0 ||
+        (slot = keel__values_find(&s->values, name)) < 0 ||
         s->values.v[slot].set_gen != s->values.gen)
         return 0;
     if (out != NULL)

@@ -51,6 +51,8 @@ typedef struct keel__values {
 
 /* Slot of name (adding it if is_add); -1 if absent or the table is full. */
 int keel__values_slot(keel__values *t, const char *name, int is_add);
+/* Slot of name, or -1; leaves t as it is (no pointer cache update). */
+int keel__values_find(const keel__values *t, const char *name);
 
 struct keel_run_context {
     keel_session *s;
