@@ -268,8 +268,9 @@ leaves_for(const keel_config *cfg, const keel__job *j,
         why = "K-FAC's sync steps aggregate the gradients of some replicas "
               "only (kfac.replicas_to_aggregate, kfac.distributed)";
     else if (keel_config_int(cfg, "train.micro_batch") > 0)
-        why = "train.micro_batch is set (its micro-batches are added in "
-              "order instead)";
+        /* a left fold of micro-batch gradients in global order: the same
+         * sum for any replica count, without the tree */
+        return 0;
     else if (j->global_batch % p != 0 ||
              (L % R != 0 && !keel_config_bool(cfg, "cluster.elastic")))
         why = "train.batch_size is not a multiple of the replicas times "

@@ -302,6 +302,9 @@ START_TEST(backup_worker_stopped_training_goes_on)
     ck_assert_int_ge(step, 120);
     ck_assert_int_eq(applied, step * 2);
     ck_assert_int_ge(dropped, 1);
+    ck_assert_msg(log_has(&c, "worker0", "sync results depend on the number "
+                          "of replicas (3) in this run: backup workers"),
+                  "%s", log_tail(&c, "worker0"));
 }
 END_TEST
 
@@ -681,6 +684,11 @@ START_TEST(micro_batches_give_identical_bits_for_1_2_and_4_workers)
                              d), 0);
     run_into(&c, 1, 2, "m2", d, sizeof d, sets);
     run_into(&c, 2, 4, "m4", d, sizeof d, sets);
+    /* the micro-batches' fold is the guarantee: no warning that says
+     * otherwise */
+    ck_assert_msg(!log_has(&c, "worker0", "sync results depend on the "
+                           "number of replicas"), "%s",
+                  log_tail(&c, "worker0"));
     TU_SNPRINTF(a, sizeof a, "%s/m1/model.ckpt-40.h5", tu_dir);
     TU_SNPRINTF(b, sizeof b, "%s/m2/model.ckpt-40.h5", tu_dir);
     ck_assert_msg(tu_keel(RUN_MS, out, sizeof out, err, sizeof err, "ckpt",
