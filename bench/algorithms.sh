@@ -28,7 +28,8 @@
 #          SIGCONT), each scheme labelled "<scheme>+straggler"; RULES
 #          then defaults to "sync sync-backup1 async" (sync-backup1: sync
 #          with one backup worker, cluster.replicas_to_aggregate =
-#          replicas - 1) and MODELS to mlp
+#          replicas - 1) and MODELS to mlp; the PNGs are then named
+#          algorithms-straggler-<model>-w<replicas>.png
 #
 # The budget becomes train.max_steps: a global step trains batch_size
 # (64) examples in the synchronous schemes (sync sagn easgd
@@ -208,11 +209,17 @@ for m in $MODELS; do
     for w in $reps; do
         files=$(ls "$out/$m-w$w-"*.dat 2>/dev/null || true)
         [ -n "$files" ] || continue
+        # straggler runs get their own names beside the plain runs' plots
         png="$out/algorithms-$m-w$w.png"
+        title="$m, 1 ps + $w replicas, $EXAMPLES examples"
+        if [ "$STRAGGLER" = 1 ]; then
+            png="$out/algorithms-straggler-$m-w$w.png"
+            title="$title, last worker at speed $SPEED"
+        fi
         {
             echo "set terminal pngcairo noenhanced size 1200,500 font ',10'"
             echo "set output '$png'"
-            echo "set multiplot layout 1,2 title '$m, 1 ps + $w replicas, $EXAMPLES examples'"
+            echo "set multiplot layout 1,2 title '$title'"
             echo "set ylabel 'test accuracy'; set key bottom right; set grid"
             for axis in 1 2; do
                 if [ $axis = 1 ]; then echo "set xlabel 'training time (s, from the step-0 checkpoint)'"; else echo "set xlabel 'examples seen'"; fi
