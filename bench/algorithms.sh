@@ -5,7 +5,8 @@
 # each started with `keel launch`; hogwild also in one process with as
 # many threads as replicas ("hogwild-1proc"). For every run: test
 # accuracy after the budget (keel eval), wall time (start-up included),
-# examples/s while training (first to last checkpoint) and the bytes the
+# examples/s while training (first to last checkpoint; "steady": from the
+# first checkpoint after step 0 to the last) and the bytes the
 # ps moved (its "bytes received R, sent T" line), in a
 # Markdown table; and a PNG (gnuplot) of test accuracy against wall time
 # and against examples seen, one line per scheme, from the run's
@@ -28,7 +29,8 @@
 #          SIGCONT), each scheme labelled "<scheme>+straggler"; RULES
 #          then defaults to "sync sync-backup1 async" (sync-backup1: sync
 #          with one backup worker, cluster.replicas_to_aggregate =
-#          replicas - 1) and MODELS to mlp
+#          replicas - 1) and MODELS to mlp; the PNGs are then named
+#          algorithms-straggler-<model>-w<replicas>.png
 #
 # The budget becomes train.max_steps: a global step trains batch_size
 # (64) examples in the synchronous schemes (sync sagn easgd
@@ -107,8 +109,8 @@ acc_of() { "$keel" eval "$1" --json 2>/dev/null |
            sed -n 's/.*"accuracy": *\([0-9.]*\).*/\1/p'; }
 
 table="$out/table.md"
-echo "| model | replicas | scheme | test accuracy | wall s (with start-up) | examples/s (training) | ps bytes in + out (MiB) |" > "$table"
-echo "|---|---|---|---|---|---|---|" >> "$table"
+echo "| model | replicas | scheme | test accuracy | wall s (with start-up) | examples/s (training) | examples/s (steady) | ps bytes in + out (MiB) |" > "$table"
+echo "|---|---|---|---|---|---|---|---|" >> "$table"
 skipped=""
 
 run_one() {  # model replicas rule label
@@ -153,7 +155,7 @@ run_one() {  # model replicas rule label
     t1=$(now)
     if [ "$rc" != 0 ]; then
         echo "   failed (exit $rc): $dir.log" >&2
-        echo "| $m | $w | $label | failed (exit $rc) | | | |" >> "$table"
+        echo "| $m | $w | $label | failed (exit $rc) | | | | |" >> "$table"
         return
     fi
     # one point per checkpoint: seconds since start, examples, accuracy
@@ -176,9 +178,13 @@ run_one() {  # model replicas rule label
     # training rate: from the first checkpoint (step 0, once the cluster
     # is up) to the last (the budget), so start-up is not counted
     rate=$(awk 'NR == 1 {t = $1; e = $2} END {if ($1 > t) printf "%.0f", ($2 - e) / ($1 - t); else print "-"}' "$dir.dat")
+    # steady rate: from the first checkpoint after step 0 to the last, so
+    # replicas that start late (a straggler's throttled start-up, which a
+    # sync step waits for) are not counted either
+    steady=$(awk 'NR == 2 {t = $1; e = $2} END {if (NR > 2 && $1 > t) printf "%.0f", ($2 - e) / ($1 - t); else print "-"}' "$dir.dat")
     bytes=$({ grep -h -o 'bytes received [0-9]*, sent [0-9]*' "$dir"/logs/ps*.log 2>/dev/null || true; } |
             awk '{s += $3 + $5} END {if (NR) printf "%.1f", s / 1048576; else print "0 (one process)"}')
-    echo "| $m | $w | $label | $acc | $wall | $rate | $bytes |" >> "$table"
+    echo "| $m | $w | $label | $acc | $wall | $rate | $steady | $bytes |" >> "$table"
 }
 
 for m in $MODELS; do
@@ -208,11 +214,17 @@ for m in $MODELS; do
     for w in $reps; do
         files=$(ls "$out/$m-w$w-"*.dat 2>/dev/null || true)
         [ -n "$files" ] || continue
+        # straggler runs get their own names beside the plain runs' plots
         png="$out/algorithms-$m-w$w.png"
+        title="$m, 1 ps + $w replicas, $EXAMPLES examples"
+        if [ "$STRAGGLER" = 1 ]; then
+            png="$out/algorithms-straggler-$m-w$w.png"
+            title="$title, last worker at speed $SPEED"
+        fi
         {
             echo "set terminal pngcairo noenhanced size 1200,500 font ',10'"
             echo "set output '$png'"
-            echo "set multiplot layout 1,2 title '$m, 1 ps + $w replicas, $EXAMPLES examples'"
+            echo "set multiplot layout 1,2 title '$title'"
             echo "set ylabel 'test accuracy'; set key bottom right; set grid"
             for axis in 1 2; do
                 if [ $axis = 1 ]; then echo "set xlabel 'training time (s, from the step-0 checkpoint)'"; else echo "set xlabel 'examples seen'"; fi
