@@ -11,12 +11,17 @@
 #                                    ("default": OpenBLAS's own choice; by
 #                                    default also SkylakeX where the CPU has
 #                                    AVX-512)
-#   bench/kfac.sh accuracy [BUILD]   for MODELS (mlp cnn): the test accuracy
-#                                    Adam reaches after 5 epochs, then the
-#                                    K-FAC steps and training seconds to
-#                                    reach it (K-FAC resumed in chunks of
-#                                    CHUNK steps, each chunk's checkpoint
-#                                    evaluated with keel eval)
+#   bench/kfac.sh accuracy [BUILD]   for MODELS (mlp cnn): Adam for 5
+#                                    epochs at every run of ADAM_RUNS, its
+#                                    best test accuracy the target; then
+#                                    every run of KFAC_RUNS until it reaches
+#                                    the target (resumed in chunks of
+#                                    CHUNK_EXAMPLES examples, each chunk's
+#                                    checkpoint evaluated with keel eval)
+#                                    or MAX_KFAC_EPOCHS; training seconds
+#                                    of each, and the best K-FAC over the
+#                                    best Adam. A run is "BATCH LR
+#                                    [key=value]...", runs separated by ';'
 #   bench/kfac.sh distributed [BUILD]  the CNN (MODEL) with K-FAC on STEPS
 #                                    steps of 64 examples' gradient each
 #                                    (default 937: one epoch), in one
@@ -44,8 +49,8 @@ build=${2:-_build}
 ROUNDS=${ROUNDS:-3}
 COV_EVERY=${COV_EVERY:-1}
 MODELS=${MODELS:-"mlp cnn"}
-CHUNK=${CHUNK:-250}
-KFAC_LR=${KFAC_LR:-$( [ "$mode" = accuracy ] && echo 0.001 || echo 0.0003)}
+CHUNK_EXAMPLES=${CHUNK_EXAMPLES:-12000}
+KFAC_LR=${KFAC_LR:-0.0003}
 KFAC_DAMPING=${KFAC_DAMPING:-0.001}
 MAX_KFAC_EPOCHS=${MAX_KFAC_EPOCHS:-5}
 DATA=${DATA:-/usr/share/datasets/fashion-mnist}
@@ -82,47 +87,87 @@ overhead)
     ;;
 accuracy)
     # seconds of training reported by `keel train` ("trained steps a..b
-    # (N examples, T s, ...)")
+    # (N examples, T s, ...)"): evaluation and start-up are not in them
     train_secs() { sed -n 's/^trained steps .*examples, \([0-9.]*\) s,.*/\1/p' "$1" | tail -1; }
-    acc_of() { "$keel" eval "$1" --json 2>/dev/null |
+    acc_of() { "$keel" eval "$1" --json 2>/dev/null </dev/null |
                sed -n 's/.*"accuracy": *\([0-9.]*\).*/\1/p'; }
+    # ADAM_RUNS, KFAC_RUNS: runs separated by ';', each "BATCH LR
+    # [key=value]..." (extra keel config keys, e.g. a schedule)
+    ADAM_RUNS=${ADAM_RUNS:-"64 0.001; 128 0.001; 256 0.002"}
+    kf="kfac.cov_update_every=5 kfac.invert_every=5"
+    KFAC_RUNS=${KFAC_RUNS:-"256 0.001 $kf; 512 0.002 $kf; 1024 0.003 $kf"}
+    # K-FAC is evaluated every CHUNK_EXAMPLES training examples (rounded
+    # up to whole steps)
+    # one optimizer's runs of RUNS, one per line: "batch lr extra..."
+    runs_of() { echo "$1" | tr ';' '\n' | sed 's/^ *//; s/ *$//' | grep -v '^$'; }
+    # shellcheck disable=SC2086,SC2046
+    sets_of() { for kv in $1; do printf ' -s %s' "$kv"; done; }
     for m in $MODELS; do
-        common="-s model.type=$m -s data.dir=$DATA -s train.batch_size=64
+        common="-s model.type=$m -s data.dir=$DATA
                 -s train.seed=0 -s train.threads=1 -s train.model_threads=1
                 -s hooks.progress=off -s hooks.log_every_steps=1000
                 -s checkpoint.save_steps=0"
-        rm -rf "$out/adam-$m"
-        # shellcheck disable=SC2086
-        OPENBLAS_NUM_THREADS=1 "$keel" train examples/fashion_mnist.ini $common \
-            -s optimizer.name=adam -s optimizer.learning_rate=0.001 \
-            -s train.epochs=5 -s checkpoint.dir="$out/adam-$m" \
-            >"$out/adam-$m.log" 2>&1
-        target=$(acc_of "$out/adam-$m")
-        asecs=$(train_secs "$out/adam-$m.log")
-        asteps=$(ls "$out/adam-$m"/model.ckpt-*.h5 | sed 's/.*ckpt-\([0-9]*\)\.h5/\1/' | sort -n | tail -1)
-        echo "{\"model\": \"$m\", \"optimizer\": \"adam\", \"epochs\": 5, \"steps\": $asteps, \"train_secs\": $asecs, \"test_accuracy\": $target}"
-        rm -rf "$out/kfac-$m"
-        steps=0
-        total=0
-        reached=0
-        maxsteps=$((MAX_KFAC_EPOCHS * 60000 / 64))
-        while [ "$steps" -lt "$maxsteps" ]; do
-            steps=$((steps + CHUNK))
-            # shellcheck disable=SC2086
+        # Adam: 5 epochs at every batch; its best is the highest test
+        # accuracy (the faster one on a tie); that accuracy is the target
+        target=0 asecs=0 abest=
+        runs_of "$ADAM_RUNS" >"$out/adam-runs"
+        while read -r b lr extra; do
+            d=$out/adam-$m-b$b-lr$lr
+            rm -rf "$d"
+            echo "# $m adam batch $b lr $lr $extra load $(cut -d' ' -f1 /proc/loadavg)" >&2
+            # shellcheck disable=SC2086,SC2046
             OPENBLAS_NUM_THREADS=1 "$keel" train examples/fashion_mnist.ini $common \
-                -s optimizer.name=kfac -s optimizer.learning_rate="$KFAC_LR" \
-                -s kfac.damping="$KFAC_DAMPING" -s train.epochs=0 \
-                -s train.max_steps=$steps -s checkpoint.dir="$out/kfac-$m" \
-                >"$out/kfac-$m-$steps.log" 2>&1
-            total=$(echo "$total + $(train_secs "$out/kfac-$m-$steps.log")" | bc -l)
-            acc=$(acc_of "$out/kfac-$m")
-            echo "{\"model\": \"$m\", \"optimizer\": \"kfac\", \"steps\": $steps, \"train_secs\": $total, \"test_accuracy\": $acc}"
-            if [ "$(echo "$acc >= $target" | bc -l)" = 1 ]; then
-                reached=1
-                break
+                -s train.batch_size="$b" -s optimizer.name=adam \
+                -s optimizer.learning_rate="$lr" $(sets_of "$extra") \
+                -s train.epochs=5 -s checkpoint.dir="$d" \
+                >"$d.log" 2>&1 </dev/null
+            acc=$(acc_of "$d")
+            secs=$(train_secs "$d.log")
+            # shellcheck disable=SC2012
+            steps=$(ls "$d"/model.ckpt-*.h5 | sed 's/.*ckpt-\([0-9]*\)\.h5/\1/' | sort -n | tail -1)
+            echo "{\"model\": \"$m\", \"optimizer\": \"adam\", \"batch\": $b, \"lr\": $lr, \"extra\": \"$extra\", \"epochs\": 5, \"steps\": $steps, \"train_secs\": $secs, \"test_accuracy\": $acc}"
+            if [ "$(echo "$acc > $target || ($acc == $target && $secs < $asecs)" | bc -l)" = 1 ]; then
+                target=$acc asecs=$secs abest="$b $lr $extra"
             fi
-        done
-        echo "{\"model\": \"$m\", \"kfac_reached_adam_5_epochs\": $reached, \"kfac_steps\": $steps, \"kfac_train_secs\": $total, \"adam_steps\": $asteps, \"adam_train_secs\": $asecs, \"target\": $target, \"kfac_lr\": $KFAC_LR, \"kfac_damping\": $KFAC_DAMPING}"
+        done <"$out/adam-runs"
+        # K-FAC: every run until it reaches the target or MAX_KFAC_EPOCHS,
+        # resumed in chunks, each chunk's checkpoint evaluated
+        kbest='' ksecs=''
+        runs_of "$KFAC_RUNS" >"$out/kfac-runs"
+        while read -r b lr extra; do
+            tag=$(echo "b$b-lr$lr-$extra" | tr ' =,' '_:.')
+            d=$out/kfac-$m-$tag
+            rm -rf "$d"
+            echo "# $m kfac batch $b lr $lr $extra load $(cut -d' ' -f1 /proc/loadavg)" >&2
+            chunk=$(( (CHUNK_EXAMPLES + b - 1) / b ))
+            maxsteps=$((MAX_KFAC_EPOCHS * 60000 / b))
+            steps=0 total=0 reached=0 acc=0
+            while [ "$steps" -lt "$maxsteps" ]; do
+                steps=$((steps + chunk))
+                # shellcheck disable=SC2086,SC2046
+                OPENBLAS_NUM_THREADS=1 "$keel" train examples/fashion_mnist.ini $common \
+                    -s train.batch_size="$b" -s optimizer.name=kfac \
+                    -s optimizer.learning_rate="$lr" \
+                    -s kfac.damping="$KFAC_DAMPING" $(sets_of "$extra") \
+                    -s train.epochs=0 -s train.max_steps=$steps \
+                    -s checkpoint.dir="$d" >"$d-$steps.log" 2>&1 </dev/null ||
+                    { echo "# failed: $d-$steps.log" >&2; tail -3 "$d-$steps.log" >&2; break; }
+                total=$(echo "$total + $(train_secs "$d-$steps.log")" | bc -l)
+                acc=$(acc_of "$d")
+                echo "{\"model\": \"$m\", \"optimizer\": \"kfac\", \"batch\": $b, \"lr\": $lr, \"extra\": \"$extra\", \"steps\": $steps, \"train_secs\": $total, \"test_accuracy\": $acc}"
+                if [ "$(echo "$acc >= $target" | bc -l)" = 1 ]; then
+                    reached=1
+                    break
+                fi
+            done
+            echo "{\"model\": \"$m\", \"optimizer\": \"kfac\", \"batch\": $b, \"lr\": $lr, \"extra\": \"$extra\", \"damping\": $KFAC_DAMPING, \"reached\": $reached, \"steps\": $steps, \"train_secs\": $total, \"test_accuracy\": $acc, \"target\": $target}"
+            if [ "$reached" = 1 ] && { [ -z "$ksecs" ] || [ "$(echo "$total < $ksecs" | bc -l)" = 1 ]; }; then
+                ksecs=$total kbest="$b $lr $extra"
+            fi
+        done <"$out/kfac-runs"
+        ratio=null
+        [ -n "$ksecs" ] && ratio=$(printf '%.2f' "$(echo "$ksecs / $asecs" | bc -l)")
+        echo "{\"model\": \"$m\", \"target\": $target, \"adam_best\": \"$abest\", \"adam_train_secs\": $asecs, \"kfac_best\": \"$kbest\", \"kfac_train_secs\": ${ksecs:-null}, \"time_ratio\": $ratio}"
     done
     ;;
 distributed|rolespeed)
