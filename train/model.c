@@ -130,8 +130,8 @@ keel_model_free(keel_model *m)
     }
     for (int s = 0; s < MAX_SLOTS; s++)
         free_lgrads(m->slot[s], m->nl);
-    free(m->piece_loss);
-    free(m->piece_correct);
+    free(m->row_loss);
+    free(m->row_ok);
     free(m->l);
     free(m);
 }
@@ -291,10 +291,10 @@ alloc_buffers(keel_model *m)
     for (int s = 0; s < m->nslots; s++)
         if ((st = alloc_lgrads(m, &m->slot[s])) != KEEL_OK)
             return st;
-    m->piece_loss = calloc(m->max_pieces, sizeof *m->piece_loss);
-    m->piece_correct = calloc(m->max_pieces, sizeof *m->piece_correct);
-    if (m->piece_loss == NULL || m->piece_correct == NULL)
-        return keel__fail(KEEL_ENOMEM, "model: per-piece statistics");
+    m->row_loss = calloc(m->max_pieces * m->piece, sizeof *m->row_loss);
+    m->row_ok = calloc(m->max_pieces * m->piece, sizeof *m->row_ok);
+    if (m->row_loss == NULL || m->row_ok == NULL)
+        return keel__fail(KEEL_ENOMEM, "model: per-example statistics");
     return keel__pool_new(m->nthreads, &m->pool);
 }
 

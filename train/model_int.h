@@ -83,8 +83,10 @@ struct keel_model {
                                    * another model's variables */
     lbuf *buf[MAX_THREADS];       /* [thread][layer] activations */
     lgrad *slot[MAX_SLOTS];       /* [slot][layer] */
-    double *piece_loss;           /* [max_pieces] */
-    int64_t *piece_correct;
+    double *row_loss;             /* [max_pieces * piece]: each example's
+                                   * loss, summed piece by piece in row
+                                   * order, whichever thread computed it */
+    unsigned char *row_ok;        /* [max_pieces * piece]: 1 if correct */
     /* the last call, when it was a step of one piece in buf[0]
      * (keel__model_step_io): its batch and gradients */
     int last_io;

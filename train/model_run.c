@@ -181,16 +181,18 @@ typedef struct job {
     keel__spin_barrier bar;      /* the column halves' layer barrier */
 } job;
 
-/* The end of a piece's forward, on one thread: probabilities (predict), or
- * loss, correct count and (for a step) dlogits. */
+/* The end of a piece's forward for its rows [r0, r1): probabilities
+ * (predict), or each row's loss and correct flag and (for a step) its
+ * dlogits. Rows are independent: any split of the rows over threads gives
+ * the same bits; sum_stats adds the rows' losses in row order. */
 static void
-finish_piece(job *j, lbuf *buf, size_t p, size_t lo, size_t n)
+finish_rows(job *j, lbuf *buf, size_t lo, size_t r0, size_t r1)
 {
     keel_model *m = j->m;
     lbuf *last = &buf[m->nl - 1];
     size_t k = m->l[m->nl - 1].dout;
     if (j->what == JOB_PREDICT) {
-        for (size_t i = 0; i < n; i++) {
+        for (size_t i = r0; i < r1; i++) {
             const float *z = last->y + i * k;
             float *pr = j->probs + (lo + i) * k;
             float mx = z[0];
@@ -204,11 +206,20 @@ finish_piece(job *j, lbuf *buf, size_t p, size_t lo, size_t n)
         }
         return;
     }
-    m->piece_loss[p] = 0.0;
-    m->piece_correct[p] = 0;
-    keel__softmax_xent(last->y, j->batch->y + lo, n, k, j->scale,
-                       j->what == JOB_STEP ? last->dy : NULL,
-                       &m->piece_loss[p], &m->piece_correct[p]);
+    for (size_t i = r0; i < r1; i++) {
+        int64_t ok = 0;
+        keel__softmax_xent(last->y + i * k, j->batch->y + lo + i, 1, k,
+                           j->scale,
+                           j->what == JOB_STEP ? last->dy + i * k : NULL,
+                           &m->row_loss[lo + i], &ok);
+        m->row_ok[lo + i] = (unsigned char)ok;
+    }
+}
+
+static void
+finish_piece(job *j, lbuf *buf, size_t lo, size_t n)
+{
+    finish_rows(j, buf, lo, 0, n);
 }
 
 /* Piece p of a dense-only model in column halves: thread t of T computes
@@ -241,8 +252,9 @@ dense_piece_part(job *j, lbuf *buf, int t, int T, size_t p, lgrad *g)
         if (T > 1)
             keel__spin_barrier_wait(&j->bar);
     }
-    if (t == 0)
-        finish_piece(j, buf, p, lo, n);
+    /* the rows' losses and dlogits in two fixed row halves */
+    for (int h = t; h < 2; h += T)
+        finish_rows(j, buf, lo, h == 0 ? 0 : n / 2, h == 0 ? n / 2 : n);
     if (j->what != JOB_STEP)
         return;
     if (T > 1)
@@ -299,7 +311,7 @@ run_piece(job *j, int t, size_t p, lgrad *g)
     n = hi - lo;
     x = j->batch->x + lo * m->l[0].in_size;
     forward(m, buf, x, n);
-    finish_piece(j, buf, p, lo, n);
+    finish_piece(j, buf, lo, n);
     if (j->what == JOB_STEP)
         backward(m, buf, g, x, n, p == 0 ? j->direct : NULL, NULL);
 }
@@ -449,9 +461,16 @@ sum_stats(const keel_model *m, const job *j, keel_step_stats *stats)
 {
     double loss = 0.0;
     int64_t correct = 0;
+    /* each piece's rows in order, then the pieces in order */
     for (size_t p = 0; p < j->npieces; p++) {
-        loss += m->piece_loss[p];
-        correct += m->piece_correct[p];
+        size_t lo = p * m->piece;
+        size_t hi = lo + m->piece < j->batch->n ? lo + m->piece : j->batch->n;
+        double piece_loss = 0.0;
+        for (size_t i = lo; i < hi; i++) {
+            piece_loss += m->row_loss[i];
+            correct += m->row_ok[i];
+        }
+        loss += piece_loss;
     }
     if (stats != NULL) {
         stats->loss_sum = loss;
