@@ -7,13 +7,17 @@
 # worker-0.bench.svc). Rounds alternate which goes first. Speed is the
 # chief's "cluster N examples/s" (its first to last step, checkpoints
 # included); prints the medians over rounds and veth/loopback (the median
-# of the per-round ratios). Needs root and iproute2.
+# of the per-round ratios), and where a step's time goes: the ps's idle
+# time (replies out, the next gradients in) and the chief's wait for the
+# ps, medians in ms. Needs root and iproute2.
 #   usage: bench/netns.sh [BUILD_DIR]
 #   env:   ROUNDS=3 BATCH=64 EXAMPLES=25600 RUN_TIMEOUT=300 (seconds one
 #          run may take; then its tasks are killed and the script fails)
 #          MTU=1500 (the veth pairs' and the bridge's; loopback's is 65536)
 #          LOCAL_TRANSPORT=auto (cluster.local_transport of both jobs: auto
 #          puts the loopback job on Unix sockets, tcp keeps it on TCP)
+#          SEND_BUFFER_KIB=<unset: keel's default> (cluster.send_buffer_kib
+#          of both jobs; 0: the kernel's autotuning)
 #          BENCH_OUT=<default a fresh /tmp/keel-netns-bench.*, kept>
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -25,6 +29,7 @@ EXAMPLES=${EXAMPLES:-25600}
 RUN_TIMEOUT=${RUN_TIMEOUT:-300}
 MTU=${MTU:-1500}
 LOCAL_TRANSPORT=${LOCAL_TRANSPORT:-auto}
+SEND_BUFFER_KIB=${SEND_BUFFER_KIB:-}
 [ -x "$keel" ] || { echo "netns.sh: no keel in $build" >&2; exit 2; }
 [ "$(id -u)" -eq 0 ] || { echo "netns.sh: needs root (network namespaces)" >&2; exit 2; }
 command -v ip >/dev/null || { echo "netns.sh: needs ip (iproute2)" >&2; exit 2; }
@@ -91,6 +96,7 @@ progress = off
 mode = sync
 local_transport = $LOCAL_TRANSPORT
 EOF
+  [ -z "$SEND_BUFFER_KIB" ] || echo "send_buffer_kib = $SEND_BUFFER_KIB"
 } > "$OUT/job.ini"
 
 free_port() {
@@ -99,7 +105,7 @@ free_port() {
 
 # run WHERE ROUND: one job (WHERE: loopback or veth), a JSON line
 run() {
-  local where=$1 round=$2 r host end rc bad="" line
+  local where=$1 round=$2 r host end rc bad="" line idle wait_ms
   declare -A hp
   if [ "$where" = loopback ]; then
     for r in "${roles[@]}"; do hp[$r]=127.0.0.1:$(free_port); done
@@ -135,7 +141,9 @@ run() {
     exit 1
   fi
   line=$(grep -o -E 'cluster [0-9]+ examples, [0-9.]+ examples/s' "$OUT/$where-$round-chief.log" | tail -n 1)
-  echo "{\"round\": $round, \"where\": \"$where\", \"examples_per_s\": $(sed -E 's/.* ([0-9.]+) examples\/s/\1/' <<<"$line")}" \
+  idle=$(grep -o -E 'idle [0-9.]+' "$OUT/$where-$round-ps.log" | tail -n 1 | cut -d' ' -f2)
+  wait_ms=$(grep -o -E 'wait for the ps [0-9.]+' "$OUT/$where-$round-chief.log" | tail -n 1 | cut -d' ' -f5)
+  echo "{\"round\": $round, \"where\": \"$where\", \"examples_per_s\": $(sed -E 's/.* ([0-9.]+) examples\/s/\1/' <<<"$line"), \"ps_idle_ms\": ${idle:-null}, \"chief_wait_ms\": ${wait_ms:-null}}" \
     >> "$OUT/runs.jsonl"
 }
 
@@ -148,7 +156,7 @@ for round in $(seq "$ROUNDS"); do
   done
 done
 
-/usr/bin/python3 - "$OUT/runs.jsonl" "$BATCH" "$EXAMPLES" "$MTU" "$LOCAL_TRANSPORT" <<'PY'
+/usr/bin/python3 - "$OUT/runs.jsonl" "$BATCH" "$EXAMPLES" "$MTU" "$LOCAL_TRANSPORT" "${SEND_BUFFER_KIB:-default}" <<'PY'
 import json, statistics, sys
 runs = [json.loads(l) for l in open(sys.argv[1])]
 by = {}
@@ -157,8 +165,13 @@ for r in runs:
 lo = [v["loopback"] for v in by.values()]
 ve = [v["veth"] for v in by.values()]
 ratios = sorted(v["veth"] / v["loopback"] for v in by.values())
-print(f"sync, 1 ps + chief + worker, batch {sys.argv[2]}, {sys.argv[3]} examples a run, veth MTU {sys.argv[4]}, local_transport {sys.argv[5]}, {len(by)} rounds")
+print(f"sync, 1 ps + chief + worker, batch {sys.argv[2]}, {sys.argv[3]} examples a run, veth MTU {sys.argv[4]}, local_transport {sys.argv[5]}, send_buffer_kib {sys.argv[6]}, {len(by)} rounds")
 print(f"loopback: {statistics.median(lo):.0f} ex/s   veth by name: {statistics.median(ve):.0f} ex/s")
 print(f"veth/loopback: {statistics.median(ratios):.3f} (rounds {ratios[0]:.3f}-{ratios[-1]:.3f})")
+for w in ("loopback", "veth"):
+    idle = [r["ps_idle_ms"] for r in runs if r["where"] == w and r.get("ps_idle_ms") is not None]
+    wt = [r["chief_wait_ms"] for r in runs if r["where"] == w and r.get("chief_wait_ms") is not None]
+    if idle and wt:
+        print(f"{w}: ps idle {statistics.median(idle):.3f} ms a step (replies out, gradients in), chief waits for the ps {statistics.median(wt):.3f} ms a step")
 PY
 echo "logs: $OUT"
