@@ -228,6 +228,8 @@ keel__ps_real_commit(keel__ps *ps, keel__wire_msg *req)
     keel_var **vars;
     keel_tensor **ts;
     keel_status st = KEEL_OK;
+    if (KEEL__PS_FOLLOWS(ps))           /* a replica's, ps_members.c */
+        return keel__ps_members_commit(ps, req);
     if (!ps->awaiting_commit)
         return keel__fail(KEEL_ESTATE, "COMMIT at step %lld: no step of ps "
                           "%d awaits the chief's update", (long long)
@@ -510,19 +512,31 @@ aggregate(keel__ps *ps)
 }
 
 /* Sync: aggregate once enough replicas pushed (with the chief's push when
- * it applies), timing the step. */
+ * it applies), timing the step; an elastic follower's complete step is
+ * prepared instead (applied at a replica's COMMIT). */
 keel_status
 keel__ps_aggregate_when_complete(keel__ps *ps)
 {
-    int64_t t0, t1;
-    keel_status st;
     if (keel__ps_pending_count(ps) < ps->replicas_to_aggregate ||
-        ps->awaiting_commit || (ps->chief_applies && !ps->pending[0].used))
+        ps->awaiting_commit || ps->prepared ||
+        (ps->chief_applies && !ps->pending[0].used))
         return KEEL_OK;
     if (keel__ps_members_follow(ps) != KEEL_OK) {  /* elastic, not ps 0 */
         keel__log(KEEL_LOG_WARN, "%s", keel_last_error());
         return KEEL_OK;
     }
+    if (KEEL__PS_FOLLOWS(ps)) {         /* applied at a replica's COMMIT */
+        keel__ps_members_prepare(ps);
+        return KEEL_OK;
+    }
+    return keel__ps_aggregate_now(ps);
+}
+
+keel_status
+keel__ps_aggregate_now(keel__ps *ps)
+{
+    int64_t t0, t1;
+    keel_status st;
     t0 = keel__now_mono_ns();
     st = aggregate(ps);
     t1 = keel__now_mono_ns();
