@@ -292,16 +292,8 @@ int keel__ps_members_push_refused(keel__ps *ps, keel__wire_msg *req, int r);
 keel_status keel__ps_members_follow(keel__ps *ps);
 /* Elastic sync, a follower whose step is complete (members_follow):
  * every held push is answered "prepared" (a PUSH_ACK without values);
- * the step is applied at a replica's COMMIT (keel__ps_members_commit). */
+ * the step is applied at a replica's COMMIT (keel__ps_real_commit). */
 void keel__ps_members_prepare(keel__ps *ps);
-/* Elastic sync, a follower: a replica's COMMIT of step global_step under
- * membership epoch arg (ps 0 applied it so), names only: the prepared
- * step is applied (keel__ps_aggregate_now) and the named variables'
- * values answer it, as a PULL's; a COMMIT of a step applied already gets
- * the values too. */
-keel_status keel__ps_members_commit(keel__ps *ps, keel__wire_msg *req);
-/* Sync: apply the step from the held pushes now (timed). */
-keel_status keel__ps_aggregate_now(keel__ps *ps);
 /* Whether ps decides the membership (elastic sync, ps 0). */
 #define KEEL__PS_DECIDES(ps) ((ps)->elastic && (ps)->task_index == 0)
 /* Whether ps follows ps 0's decisions (elastic sync, another ps). */

@@ -396,38 +396,6 @@ keel__ps_members_prepare(keel__ps *ps)
 }
 
 keel_status
-keel__ps_members_commit(keel__ps *ps, keel__wire_msg *req)
-{
-    int64_t step = keel_vars_global_step(ps->vars);
-    uint32_t e = req->h.arg;
-    keel_status st;
-    if (!ps->is_ready)
-        return keel__fail(KEEL_EUNAVAILABLE, "ps %d holds no state yet "
-                          "(restarted? waiting for the chief's INIT)",
-                          ps->task_index);
-    if (!(req->h.flags & KEEL_WIRE_F_NAMES_ONLY))
-        return keel__fail(KEEL_ECORRUPT, "a replica's COMMIT carries names "
-                          "only");
-    if (req->h.global_step == step) {
-        if (!ps->prepared || e != ps->epoch)
-            return keel__fail(KEEL_EABORTED, "COMMIT of step %lld under "
-                              "membership epoch %u, but ps %d holds %s "
-                              "(epoch %u): the step is computed again",
-                              (long long)step, e, ps->task_index,
-                              ps->prepared ? "the step prepared under "
-                              "another division" : "no complete step",
-                              ps->epoch);
-        if ((st = keel__ps_aggregate_now(ps)) != KEEL_OK)
-            return st;
-    } else if (req->h.global_step > step || req->h.global_step < step - 1) {
-        return keel__fail(KEEL_EABORTED, "COMMIT of step %lld, but ps %d is "
-                          "at step %lld", (long long)req->h.global_step,
-                          ps->task_index, (long long)step);
-    }
-    return keel__ps_real_pull(ps, req);
-}
-
-keel_status
 keel__ps_members_follow(keel__ps *ps)
 {
     char text[512];

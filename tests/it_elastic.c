@@ -125,6 +125,23 @@ wait_for_checkpoint(int step)
     }
 }
 
+/* Wait until the log holds needle. */
+static void
+wait_for_log(const char *log, const char *needle)
+{
+    int64_t deadline = tu_now_ms() + WAIT_MS;
+    for (;;) {
+        char *text = tu_read_file(tu_path(log), NULL);
+        int found = text != NULL && strstr(text, needle) != NULL;
+        free(text);
+        if (found)
+            return;
+        ck_assert_msg(tu_now_ms() < deadline, "%s lacks '%s' after %d ms",
+                      log, needle, WAIT_MS);
+        usleep(20000);
+    }
+}
+
 /* Task pid ends with exit status 0 within RUN_MS. */
 static void
 expect_clean_exit(pid_t pid, const char *log)
@@ -212,11 +229,24 @@ four_two_three(int n_ps, int between_phases)
         w_port[i] = tu_held_port();
     for (int i = 0; i < n_ps; i++)
         ps[i] = start_task("b", ps_port, n_ps, w_port, 2, "ps", i, PHASE_B);
+    /* two ps: worker 1 waits before its commit of step JOIN_AT until ps 0
+     * heard worker 2, so the job cannot end before it joins */
+    TU_SNPRINTF(env2, sizeof env2,
+                "KEEL_TEST_PAUSE_ELASTIC_BEFORE_COMMIT=%d:%s", JOIN_AT,
+                pause2);
+    (void)unlink(pause2);
     for (int i = 0; i < 2; i++)
-        w[i] = start_task("b", ps_port, n_ps, w_port, 2, "worker", i,
-                          PHASE_B);
-    wait_for_checkpoint(JOIN_AT);
+        w[i] = start_task_env("b", ps_port, n_ps, w_port, 2, "worker", i,
+                              PHASE_B, n_ps > 1 && i == 1 ? env2 : NULL);
+    if (n_ps > 1)
+        wait_for_file(pause2);
+    else
+        wait_for_checkpoint(JOIN_AT);
     w[2] = start_task("b", ps_port, n_ps, w_port, 3, "worker", 2, PHASE_B);
+    if (n_ps > 1) {
+        wait_for_log("b-ps0.log", "ps 0: worker 2 joined");
+        ck_assert_int_eq(unlink(pause2), 0);
+    }
     expect_clean_exit(w[0], "b-worker0.log");
     expect_clean_exit(w[1], "b-worker1.log");
     expect_clean_exit(w[2], "b-worker2.log");
