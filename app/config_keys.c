@@ -314,11 +314,11 @@ const keel__config_key keel__config_keys[] = {
     { "cluster", "elastic", T_BOOL, "false", NOLIM, NULL,
       "Sync mode over the reduction tree: the job goes on when a worker "
       "leaves for good (silent past cluster.dead_after_ms, or removed by "
-      "keel launch) and when one joins (any new worker index): the ps "
+      "keel launch) and when one joins (any new worker index): ps 0 "
       "re-divides the global batch's leaves among the live replicas at a "
-      "step boundary, so the variables stay bitwise those of a run with "
-      "fixed membership; each replica reads the whole global batch. One ps "
-      "task, no backup workers (docs/cluster.md)." },
+      "step boundary (the other ps follow), so the variables stay bitwise "
+      "those of a run with fixed membership; each replica reads the whole "
+      "global batch. No backup workers (docs/cluster.md)." },
     { "cluster", "heartbeat_ms", T_INT, D(HEARTBEAT_MS), 10, 600000, NULL,
       "Workers and the chief ping every ps this often (own thread and "
       "sockets), so a lost or restarted ps is noticed within about one "

@@ -97,7 +97,7 @@ keel_status keel__cluster_zmq_connect(void *sock, const char *endpoint);
  *   [text]                if F_TEXT: UTF-8, at most limits.max_text bytes
  * docs/protocol.md lays the header and descriptor out byte by byte. */
 
-#define KEEL_WIRE_VERSION 5
+#define KEEL_WIRE_VERSION 6
 #define KEEL_WIRE_HEADER_SIZE 64
 #define KEEL_WIRE_DTYPE_F32 1
 
@@ -526,6 +526,8 @@ typedef struct keel__hb_peer {
                                     * less the ping timeout */
     uint64_t generation;           /* the ps's incarnation */
     int64_t global_step;
+    uint64_t membership;           /* its last answer's membership word
+                                    * (elastic sync, ps 0; else 0) */
     long beats;                    /* answers so far */
     char status[192];              /* the ps's text: counters and what its
                                     * current sync step still lacks */

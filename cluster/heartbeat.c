@@ -147,6 +147,7 @@ take_reply(keel__hb *hb, int p, const keel__wire_msg *m)
     peer->last_heard_ns = keel__now_mono_ns();
     peer->generation = m->h.generation;
     peer->global_step = m->h.global_step;
+    peer->membership = m->h.peer_generation;
     peer->beats++;
     snprintf(peer->status, sizeof peer->status, "%s",
              m->text != NULL ? m->text : "");

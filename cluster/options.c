@@ -176,9 +176,6 @@ check_elastic(const keel_cluster_spec *spec, const keel_cluster_config *in,
              (in->replicas_to_aggregate != 0 &&
               in->replicas_to_aggregate != replicas))
         why = "every replica aggregated (no backup workers)";
-    else if (keel_cluster_spec_num_tasks(spec, KEEL_TASK_PS) != 1)
-        why = "one ps task (with several, a membership change can reach "
-              "the ps at different steps)";
     if (why == NULL)
         return KEEL_OK;
     return keel__fail(KEEL_EINVAL, "%s: elastic sync (cluster.elastic) "

@@ -217,6 +217,9 @@ send_aggregate(keel__ps *ps, keel_var *const *all, const unsigned char *have,
     return st;
 }
 
+static keel_status follower_commit(keel__ps *ps, keel__wire_msg *req);
+static keel_status aggregate_now(keel__ps *ps);
+
 /* The chief's COMMIT of the step awaiting it: take the new values of the
  * variables and slots it names (checked first: a bad COMMIT changes
  * nothing), step + 1, answer every held push with the new values (their
@@ -228,6 +231,8 @@ keel__ps_real_commit(keel__ps *ps, keel__wire_msg *req)
     keel_var **vars;
     keel_tensor **ts;
     keel_status st = KEEL_OK;
+    if (KEEL__PS_FOLLOWS(ps))           /* a replica's */
+        return follower_commit(ps, req);
     if (!ps->awaiting_commit)
         return keel__fail(KEEL_ESTATE, "COMMIT at step %lld: no step of ps "
                           "%d awaits the chief's update", (long long)
@@ -510,19 +515,31 @@ aggregate(keel__ps *ps)
 }
 
 /* Sync: aggregate once enough replicas pushed (with the chief's push when
- * it applies), timing the step. */
+ * it applies), timing the step; an elastic follower's complete step is
+ * prepared instead (applied at a replica's COMMIT). */
 keel_status
 keel__ps_aggregate_when_complete(keel__ps *ps)
 {
-    int64_t t0, t1;
-    keel_status st;
     if (keel__ps_pending_count(ps) < ps->replicas_to_aggregate ||
-        ps->awaiting_commit || (ps->chief_applies && !ps->pending[0].used))
+        ps->awaiting_commit || ps->prepared ||
+        (ps->chief_applies && !ps->pending[0].used))
         return KEEL_OK;
     if (keel__ps_members_follow(ps) != KEEL_OK) {  /* elastic, not ps 0 */
         keel__log(KEEL_LOG_WARN, "%s", keel_last_error());
         return KEEL_OK;
     }
+    if (KEEL__PS_FOLLOWS(ps)) {         /* applied at a replica's COMMIT */
+        keel__ps_members_prepare(ps);
+        return KEEL_OK;
+    }
+    return aggregate_now(ps);
+}
+
+static keel_status
+aggregate_now(keel__ps *ps)
+{
+    int64_t t0, t1;
+    keel_status st;
     t0 = keel__now_mono_ns();
     st = aggregate(ps);
     t1 = keel__now_mono_ns();
@@ -534,4 +551,40 @@ keel__ps_aggregate_when_complete(keel__ps *ps)
     }
     ps->last_step_end_ns = t1;
     return st;
+}
+
+/* Elastic sync, a follower: a replica's COMMIT of step global_step under
+ * membership epoch arg (ps 0 applied it so), names only: the prepared
+ * step is applied and the named variables' values answer it, as a
+ * PULL's; a COMMIT of the step applied just before gets the values too. */
+static keel_status
+follower_commit(keel__ps *ps, keel__wire_msg *req)
+{
+    int64_t step = keel_vars_global_step(ps->vars);
+    uint32_t e = req->h.arg;
+    keel_status st;
+    if (!ps->is_ready)
+        return keel__fail(KEEL_EUNAVAILABLE, "ps %d holds no state yet "
+                          "(restarted? waiting for the chief's INIT)",
+                          ps->task_index);
+    if (!(req->h.flags & KEEL_WIRE_F_NAMES_ONLY))
+        return keel__fail(KEEL_ECORRUPT, "a replica's COMMIT carries names "
+                          "only");
+    if (req->h.global_step == step) {
+        if (!ps->prepared || e != ps->epoch)
+            return keel__fail(KEEL_EABORTED, "COMMIT of step %lld under "
+                              "membership epoch %u, but ps %d holds %s "
+                              "(epoch %u): the step is computed again",
+                              (long long)step, e, ps->task_index,
+                              ps->prepared ? "the step prepared under "
+                              "another division" : "no complete step",
+                              ps->epoch);
+        if ((st = aggregate_now(ps)) != KEEL_OK)
+            return st;
+    } else if (req->h.global_step > step || req->h.global_step < step - 1) {
+        return keel__fail(KEEL_EABORTED, "COMMIT of step %lld, but ps %d is "
+                          "at step %lld", (long long)req->h.global_step,
+                          ps->task_index, (long long)step);
+    }
+    return keel__ps_real_pull(ps, req);
 }

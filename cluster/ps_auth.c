@@ -41,8 +41,9 @@ msg_type_name(unsigned type)
 
 /* Which task may send which request. INIT, SHUTDOWN, COMMIT and
  * SAVE_SHARD: the chief (worker
- * 0 in a cluster without one); PUSH: the training replicas; reads (HELLO,
- * PULL, STEP, HEARTBEAT): every task of the job. */
+ * 0 in a cluster without one); PUSH: the training replicas, and COMMIT
+ * too at an elastic sync ps other than ps 0 (a step ps 0 applied); reads
+ * (HELLO, PULL, STEP, HEARTBEAT): every task of the job. */
 static int
 role_allows(const keel__ps *ps, keel_task_type t, uint32_t index,
             unsigned type)
@@ -50,9 +51,10 @@ role_allows(const keel__ps *ps, keel_task_type t, uint32_t index,
     int chief = t == KEEL_TASK_CHIEF ||
                 (t == KEEL_TASK_WORKER && index == 0 && !ps->has_chief);
     switch (type) {
+    case KEEL_MSG_COMMIT:
+        return chief || (KEEL__PS_FOLLOWS(ps) && t == KEEL_TASK_WORKER);
     case KEEL_MSG_INIT:
     case KEEL_MSG_SHUTDOWN:
-    case KEEL_MSG_COMMIT:
     case KEEL_MSG_SAVE_SHARD:
         return chief;
     case KEEL_MSG_PUSH:

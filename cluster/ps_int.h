@@ -45,6 +45,9 @@ typedef struct pending_push {
     keel__ps_rows *rows;         /* the push's gradient rows (owned) */
     size_t n_rows;
     keel__wire_push_metrics metrics; /* the replica's metric sums */
+    int answered;                /* elastic follower: told "prepared"
+                                  * (PUSH_ACK without values); the
+                                  * replica's COMMIT gets the values */
 } pending_push;
 
 /* A HELLO waiting for readiness (answered when INIT arrives). */
@@ -156,6 +159,10 @@ struct keel__ps {
      * (note_due) */
     int elastic, n_live;
     uint32_t epoch;
+    int prepared;                /* follower: the step's pushes make one
+                                  * division (answered "prepared"); it is
+                                  * applied at a replica's COMMIT, sent
+                                  * once ps 0 applied the step */
     int64_t ready_ns;            /* the last INIT completed (monotonic) */
     int tcap;                    /* tnodes' capacity */
     unsigned char *live;
@@ -283,8 +290,14 @@ int keel__ps_members_push_refused(keel__ps *ps, keel__wire_msg *req, int r);
  * answered so) when their positions do not make one division, else the
  * plan. */
 keel_status keel__ps_members_follow(keel__ps *ps);
+/* Elastic sync, a follower whose step is complete (members_follow):
+ * every held push is answered "prepared" (a PUSH_ACK without values);
+ * the step is applied at a replica's COMMIT (keel__ps_real_commit). */
+void keel__ps_members_prepare(keel__ps *ps);
 /* Whether ps decides the membership (elastic sync, ps 0). */
 #define KEEL__PS_DECIDES(ps) ((ps)->elastic && (ps)->task_index == 0)
+/* Whether ps follows ps 0's decisions (elastic sync, another ps). */
+#define KEEL__PS_FOLLOWS(ps) ((ps)->elastic && (ps)->task_index != 0)
 /* LEAVE: a replica's session ended by itself at the step in the header;
  * a sync job ends there, async forgets the replica (see the definition). */
 keel_status keel__ps_real_leave(keel__ps *ps, keel__wire_msg *req);

@@ -297,7 +297,10 @@ decider_refused(keel__ps *ps, keel__wire_msg *req, int r, uint64_t word)
 }
 
 /* Another ps: the step's membership is the newest epoch its pushes
- * carried. */
+ * carried. Only a push for the step under way tells it: a stale one is
+ * dropped and a later one refused by take_sync (a replica that fetched
+ * while this ps was behind ps 0), neither changes the step's division. A
+ * replica whose push is held in a prepared step is told so again. */
 static int
 follower_refused(keel__ps *ps, keel__wire_msg *req, int r, uint64_t word)
 {
@@ -305,6 +308,13 @@ follower_refused(keel__ps *ps, keel__wire_msg *req, int r, uint64_t word)
     uint32_t e = KEEL__MEMBERSHIP_EPOCH(word);
     int M = KEEL__MEMBERSHIP_COUNT(word), pos1 = KEEL__MEMBERSHIP_POS1(word);
     long long step = (long long)keel_vars_global_step(ps->vars);
+    if (req->h.local_step != step)
+        return 0;
+    if (ps->prepared && ps->pending[r].used && e == ps->epoch &&
+        word == ps->carried[r]) {
+        (void)keel__ps_send_ack(ps, req, NULL, 0);
+        return 1;
+    }
     keel__ps_replica_name(ps, r, name, sizeof name);
     if (e == 0 || pos1 == 0 || pos1 > M || M > ps->n_slots ||
         (int64_t)M > ps->leaves) {
@@ -368,6 +378,21 @@ keel__ps_members_push_refused(keel__ps *ps, keel__wire_msg *req, int r)
     }
     return ps->task_index == 0 ? decider_refused(ps, req, r, word)
                                : follower_refused(ps, req, r, word);
+}
+
+void
+keel__ps_members_prepare(keel__ps *ps)
+{
+    for (int r = 0; r < ps->n_slots; r++) {
+        pending_push *p = &ps->pending[r];
+        if (!p->used || p->answered)
+            continue;
+        if (keel__ps_send_ack(ps, &p->msg, NULL, 0) != KEEL_OK)
+            keel__log(KEEL_LOG_WARN, "ps %d: \"prepared\" to replica %d "
+                      "not sent: %s", ps->task_index, r, keel_last_error());
+        p->answered = 1;
+    }
+    ps->prepared = 1;
 }
 
 keel_status

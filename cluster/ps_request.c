@@ -337,7 +337,9 @@ keel__ps_fail_pending(keel__ps *ps, keel_status code, const char *why)
         pending_push *p = &ps->pending[r];
         if (!p->used)
             continue;
-        keel__ps_send_error(ps, &p->msg, code, why);
+        if (!p->answered)
+            keel__ps_send_error(ps, &p->msg, code, why);
+        p->answered = 0;
         keel__wire_msg_clear(&p->msg);
         free(p->vars);
         p->vars = NULL;
@@ -351,6 +353,7 @@ keel__ps_fail_pending(keel__ps *ps, keel_status code, const char *why)
                   "chief's commit: %s", ps->task_index,
                   (long long)keel_vars_global_step(ps->vars), why);
     ps->awaiting_commit = 0;
+    ps->prepared = 0;
 }
 
 /* Every tensor of req resolved (with its shape) into *vars_out and
@@ -472,7 +475,9 @@ keel__ps_release_pending(keel__ps *ps, keel_status st)
         pending_push *p = &ps->pending[r];
         if (!p->used)
             continue;
-        if (st == KEEL_OK) {
+        if (p->answered) {
+            /* elastic follower: its COMMIT gets the values */
+        } else if (st == KEEL_OK) {
             if (keel__ps_send_ack(ps, &p->msg, p->vars,
                                   p->msg.n + p->n_rows) != KEEL_OK)
                 keel__log(KEEL_LOG_WARN, "ps %d: token to replica %d not "
@@ -487,7 +492,9 @@ keel__ps_release_pending(keel__ps *ps, keel_status st)
         p->rows = NULL;
         p->n_rows = 0;
         p->metrics.n = 0;
+        p->answered = 0;
         p->used = 0;
     }
     ps->has_ack_metrics = 0;
+    ps->prepared = 0;
 }

@@ -291,7 +291,11 @@ keel__worker_abandon(keel_cluster_backend *w, int p, keel_status code,
  * up when another ps of the step restarted or died: the step cannot
  * complete, and ps p may hold this push until the other replicas come,
  * which wait for the lost ps to be initialized again (by this task's
- * recovery). *r is initialized either way (type 0 when abandoned). */
+ * recovery). Elastic sync: a step's push to another ps than ps 0 is
+ * given up when ps 0's heartbeats tell a newer membership epoch than the
+ * one the push was divided by: ps 0 dropped a replica, the step is
+ * computed again, and this ps may wait for the dropped one's push. *r is
+ * initialized either way (type 0 when abandoned). */
 keel_status
 keel__worker_wait_reply(keel_cluster_backend *w, int p, const char *what,
                         int on_signal, keel__wire_msg *r)
@@ -351,6 +355,18 @@ keel__worker_wait_reply(keel_cluster_backend *w, int p, const char *what,
                     w, p, KEEL_EUNAVAILABLE, "ps %d silent for more than "
                     "%d ms (cluster.dead_after_ms) while %s waited for ps "
                     "%d: declared dead", q, w->o.in.dead_after_ms, what, p);
+        }
+        if (on_signal && p != 0 && w->o.in.elastic) {
+            keel__hb_peer ps0;
+            keel__hb_peer_get(w->hb, 0, &ps0);
+            if (KEEL__MEMBERSHIP_EPOCH(ps0.membership) >
+                KEEL__MEMBERSHIP_EPOCH(w->membership))
+                return keel__worker_abandon(
+                    w, p, KEEL_EABORTED, "ps 0 changed the membership "
+                    "(epoch %u -> %u) while %s waited for ps %d: the step "
+                    "is computed again",
+                    KEEL__MEMBERSHIP_EPOCH(w->membership),
+                    KEEL__MEMBERSHIP_EPOCH(ps0.membership), what, p);
         }
         if (limit > 0 && now - start > limit)
             return keel__worker_abandon(

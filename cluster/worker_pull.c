@@ -78,11 +78,33 @@ pull_all_steps(keel_cluster_backend *w, keel_vars *vs, int with_slots,
     return KEEL_OK;
 }
 
+/* Elastic sync with several ps: a follower applies a step at the COMMIT
+ * a replica sends once ps 0 applied it, so a replica fetching in between
+ * (one that joins, or recovers) would compute from two steps' values: it
+ * pulls again until every ps answers at ps 0's step, for at most
+ * cluster.dead_after_ms. */
 keel_status
 keel__worker_pull_all(keel_cluster_backend *w, keel_vars *vs,
                       int with_slots)
 {
-    return pull_all_steps(w, vs, with_slots, NULL);
+    int64_t end = keel__now_mono_ns() + (int64_t)
+        (w->o.in.dead_after_ms > 0 ? w->o.in.dead_after_ms : 5000) * 1000000;
+    for (;;) {
+        int agreed = 1;
+        keel_status st = pull_all_steps(w, vs, with_slots, &agreed);
+        if (st != KEEL_OK || agreed || !w->o.in.elastic)
+            return st;
+        if (keel__now_mono_ns() > end)
+            return keel__fail(KEEL_EUNAVAILABLE, "elastic sync: the ps "
+                              "answered the pulls at different global "
+                              "steps for %d ms (cluster.dead_after_ms; a "
+                              "step ps 0 applied is not committed on the "
+                              "others)", w->o.in.dead_after_ms);
+        {
+            struct timespec ts = { 0, 5 * 1000000 };
+            nanosleep(&ts, NULL);
+        }
+    }
 }
 
 #define PULL_AGREE_TRIES 5

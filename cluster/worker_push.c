@@ -6,7 +6,10 @@
 
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "worker_int.h"
 
@@ -243,6 +246,113 @@ take_push_reply(keel_cluster_backend *w, const push_req *q, int p,
     return keel__worker_end_reply(&r, p, st, q->new_step);
 }
 
+/* A test's pause between the phases of an elastic step: with the
+ * variable env set to "STEP:FILE", the replica writes the step into FILE
+ * at that point of step STEP and waits until the file is gone (at most
+ * TEST_PAUSE_MAX_MS): a test kills it there. Unset (every real job),
+ * nothing. */
+#define TEST_PAUSE_MAX_MS 60000
+
+static void
+test_pause(const char *env, int64_t step)
+{
+    const char *v = getenv(env), *path;
+    struct timespec ts = { 0, 10 * 1000000 };
+    char *end;
+    FILE *f;
+    if (v == NULL || strtoll(v, &end, 10) != step || *end != ':')
+        return;
+    path = end + 1;
+    if ((f = fopen(path, "w")) == NULL)
+        return;
+    fprintf(f, "%lld\n", (long long)step);
+    fclose(f);
+    keel__log(KEEL_LOG_INFO, "paused at step %lld (%s) until %s is "
+              "removed", (long long)step, env, path);
+    for (int ms = 0; ms < TEST_PAUSE_MAX_MS && access(path, F_OK) == 0;
+         ms += 10)
+        nanosleep(&ts, NULL);
+}
+
+/* Elastic sync with several ps: the step's COMMIT to follower p (ps 0
+ * applied the step under membership epoch e; names only): p applies its
+ * prepared step and answers with the new values of its variables. */
+static keel_status
+commit_follower(keel_cluster_backend *w, const push_req *q, int p,
+                uint32_t e)
+{
+    keel__wire_header h;
+    keel__wire_msg r;
+    char what[64];
+    size_t n;
+    keel_status st;
+    int64_t t;
+    keel__worker_shard_outs(w, q->vs, p, 0, 0, &n);
+    memset(&h, 0, sizeof h);
+    h.type = KEEL_MSG_COMMIT;
+    h.flags = KEEL_WIRE_F_NAMES_ONLY;
+    h.peer_generation = w->ps_gen[p];
+    h.global_step = q->local_step;
+    h.arg = e;
+    snprintf(what, sizeof what, "the commit of step %lld",
+             (long long)q->local_step);
+    st = keel__worker_call_ps(w, p, &h, w->outs, n, 0, what, q->vs, 0, &r);
+    if (st == KEEL_OK && r.h.generation != w->ps_gen[p])
+        st = keel__worker_restarted(w, p, &r);
+    t = keel__now_mono_ns();
+    if (st == KEEL_OK)
+        st = keel__worker_take_values(q->vs, &r);
+    *q->t_copy += keel__now_mono_ns() - t;
+    keel__wire_msg_clear(&r);
+    return st;
+}
+
+/* Elastic sync with several ps: a step applied on every ps or on none,
+ * with the same division of the leaves. The push goes to the other ps
+ * (followers) first; each answers "prepared" once the step's pushes make
+ * one division (it waits for the other replicas there, or gives up when
+ * ps 0's heartbeats tell a newer epoch: keel__worker_wait_reply). Then to
+ * ps 0, which applies the step once every live replica's push came (so
+ * every follower holds the step prepared under that epoch) and answers
+ * with the values, or refuses the push (a replica dropped: nothing was
+ * applied anywhere, the step is computed again). Last the COMMIT to each
+ * follower: it applies its prepared step (the first COMMIT does) and
+ * answers with its values. A replica killed between the phases leaves
+ * every ps able to go on: before ps 0 applied, ps 0 drops it and the
+ * followers adopt the new division; after, the other replicas commit. */
+static keel_status
+push_round_elastic(keel_cluster_backend *w, const push_req *q)
+{
+    keel_status first = KEEL_OK;
+    int sent, aggregated = 0;
+    uint32_t e = KEEL__MEMBERSHIP_EPOCH(w->membership);
+    for (sent = 1; sent < w->n_ps; sent++)
+        if ((first = send_push(w, q, sent)) != KEEL_OK)
+            break;
+    *q->t_sent = keel__now_mono_ns();
+    for (int p = 1; p < sent; p++) {
+        keel_status st;
+        if (first != KEEL_OK) {
+            first = give_up_push(w, p, first, q->local_step);
+            continue;
+        }
+        st = take_push_reply(w, q, p, &aggregated);
+        if (st != KEEL_OK && first == KEEL_OK)
+            first = st;
+    }
+    if (first != KEEL_OK)
+        return first;
+    test_pause("KEEL_TEST_PAUSE_ELASTIC_BEFORE_PS0", q->local_step);
+    if ((first = send_push(w, q, 0)) != KEEL_OK)
+        return first;
+    if ((first = take_push_reply(w, q, 0, &aggregated)) != KEEL_OK)
+        return first;
+    test_pause("KEEL_TEST_PAUSE_ELASTIC_BEFORE_COMMIT", q->local_step);
+    for (int p = 1; p < w->n_ps && first == KEEL_OK; p++)
+        first = commit_follower(w, q, p, e);
+    return first;
+}
+
 /* One PUSH to every ps of the tensors of q->srcs[0..n_src) (in order)
  * and the replies: the new values go into q->vs (into VARS) or q->center
  * (CENTER) or nowhere; *q->new_step is ps 0's step after it. Sent to every
@@ -255,6 +365,8 @@ push_round(keel_cluster_backend *w, const push_req *q)
 {
     keel_status first = KEEL_OK;
     int sent, aggregated = 0;
+    if (w->o.in.elastic && w->n_ps > 1 && q->mean == NULL)
+        return push_round_elastic(w, q);
     for (sent = 0; sent < w->n_ps; sent++)
         if ((first = send_push(w, q, sent)) != KEEL_OK)
             break;

@@ -21,6 +21,7 @@
 #define PHASE_A 12           /* steps of the 4 -> 2 run */
 #define PHASE_B 24           /* the restarted 2 -> 3 run's last step */
 #define KILL_AT 2            /* checkpoint step that triggers the kills */
+#define PAUSE_AT 4           /* step between whose phases worker 3 dies */
 #define JOIN_AT 14           /* checkpoint step that triggers the join */
 #define WAIT_MS 120000       /* deadline of each awaited checkpoint */
 #define RUN_MS 180000        /* deadline of a whole run */
@@ -72,19 +73,41 @@ tf_config(char *buf, size_t size, const int *ps_port, int n_ps,
 }
 
 /* Start `keel train cnn.ini` as task (type, index) of that cluster,
- * training to max_steps; its output in <tag>-<type><index>.log. */
+ * training to max_steps, with pause (NULL: none) in its environment; its
+ * output in <tag>-<type><index>.log. */
 static pid_t
-start_task(const char *tag, const int *ps_port, int n_ps, const int *w_port,
-           int n, const char *type, int index, int max_steps)
+start_task_env(const char *tag, const int *ps_port, int n_ps,
+               const int *w_port, int n, const char *type, int index,
+               int max_steps, char *pause)
 {
     char tf[1024], log[64], steps[64], dir[4200];
-    char *env[] = { tf, NULL };
+    char *env[] = { tf, pause, NULL };
     const char *sets[] = { steps, dir, NULL };
     tf_config(tf, sizeof tf, ps_port, n_ps, w_port, n, type, index);
     TU_SNPRINTF(log, sizeof log, "%s-%s%d.log", tag, type, index);
     TU_SNPRINTF(steps, sizeof steps, "train.max_steps=%d", max_steps);
     TU_SNPRINTF(dir, sizeof dir, "checkpoint.dir=%s", tu_path("elastic"));
     return tu_spawn_train(cnn, sets, env, tu_path(log), NULL);
+}
+
+static pid_t
+start_task(const char *tag, const int *ps_port, int n_ps, const int *w_port,
+           int n, const char *type, int index, int max_steps)
+{
+    return start_task_env(tag, ps_port, n_ps, w_port, n, type, index,
+                          max_steps, NULL);
+}
+
+/* Wait until the file exists (a replica paused there). */
+static void
+wait_for_file(const char *path)
+{
+    int64_t deadline = tu_now_ms() + WAIT_MS;
+    while (access(path, F_OK) != 0) {
+        ck_assert_msg(tu_now_ms() < deadline, "%s not written within %d ms",
+                      path, WAIT_MS);
+        usleep(20000);
+    }
 }
 
 /* Wait until the elastic run's checkpoint of step exists. */
@@ -98,6 +121,23 @@ wait_for_checkpoint(int step)
     while (access(path, F_OK) != 0) {
         ck_assert_msg(tu_now_ms() < deadline, "no checkpoint of step %d "
                       "within %d ms", step, WAIT_MS);
+        usleep(20000);
+    }
+}
+
+/* Wait until the log holds needle. */
+static void
+wait_for_log(const char *log, const char *needle)
+{
+    int64_t deadline = tu_now_ms() + WAIT_MS;
+    for (;;) {
+        char *text = tu_read_file(tu_path(log), NULL);
+        int found = text != NULL && strstr(text, needle) != NULL;
+        free(text);
+        if (found)
+            return;
+        ck_assert_msg(tu_now_ms() < deadline, "%s lacks '%s' after %d ms",
+                      log, needle, WAIT_MS);
         usleep(20000);
     }
 }
@@ -125,13 +165,19 @@ expect_in_log(const char *log, const char *const *needles)
     free(text);
 }
 
-/* 4 -> 2 -> 3 replicas with n_ps ps, then the fixed run and the diff. */
+/* 4 -> 2 -> 3 replicas with n_ps ps, then the fixed run and the diff.
+ * between_phases (two ps): worker 3 is killed after its push of step
+ * PAUSE_AT reached ps 0 (which applies the step; the others commit it on
+ * ps 1), worker 2 after its push of step PAUSE_AT + 1 was prepared on ps
+ * 1 but before it reached ps 0 (ps 0 drops it, ps 1 adopts the new
+ * division); else both are killed at once after checkpoint KILL_AT. */
 static void
-four_two_three(int n_ps)
+four_two_three(int n_ps, int between_phases)
 {
     int ps_port[2], w_port[4], rc;
     pid_t ps[2], w[4];
     char steps[64], dir[4200], a[4200], b[4200];
+    char pause2[4200], pause3[4200], env2[4300], env3[4300];
     const char *fixed_sets[] = { steps, dir, NULL };
     for (int i = 0; i < n_ps; i++)
         ps_port[i] = tu_held_port();
@@ -141,12 +187,27 @@ four_two_three(int n_ps)
     /* 4 -> 2: workers 2 and 3 killed for good */
     for (int i = 0; i < n_ps; i++)
         ps[i] = start_task("a", ps_port, n_ps, w_port, 4, "ps", i, PHASE_A);
+    TU_SNPRINTF(pause2, sizeof pause2, "%s", tu_path("pause-worker2"));
+    TU_SNPRINTF(pause3, sizeof pause3, "%s", tu_path("pause-worker3"));
+    TU_SNPRINTF(env2, sizeof env2, "KEEL_TEST_PAUSE_ELASTIC_BEFORE_PS0=%d:%s",
+                PAUSE_AT + 1, pause2);
+    TU_SNPRINTF(env3, sizeof env3,
+                "KEEL_TEST_PAUSE_ELASTIC_BEFORE_COMMIT=%d:%s", PAUSE_AT,
+                pause3);
     for (int i = 0; i < 4; i++)
-        w[i] = start_task("a", ps_port, n_ps, w_port, 4, "worker", i,
-                          PHASE_A);
-    wait_for_checkpoint(KILL_AT);
-    tu_kill(w[2]);
-    tu_kill(w[3]);
+        w[i] = start_task_env("a", ps_port, n_ps, w_port, 4, "worker", i,
+                              PHASE_A, !between_phases ? NULL
+                              : i == 2 ? env2 : i == 3 ? env3 : NULL);
+    if (between_phases) {
+        wait_for_file(pause3);
+        tu_kill(w[3]);
+        wait_for_file(pause2);
+        tu_kill(w[2]);
+    } else {
+        wait_for_checkpoint(KILL_AT);
+        tu_kill(w[2]);
+        tu_kill(w[3]);
+    }
     expect_clean_exit(w[0], "a-worker0.log");
     expect_clean_exit(w[1], "a-worker1.log");
     expect_clean_exit(ps[0], "a-ps0.log");
@@ -168,11 +229,24 @@ four_two_three(int n_ps)
         w_port[i] = tu_held_port();
     for (int i = 0; i < n_ps; i++)
         ps[i] = start_task("b", ps_port, n_ps, w_port, 2, "ps", i, PHASE_B);
+    /* two ps: worker 1 waits before its commit of step JOIN_AT until ps 0
+     * heard worker 2, so the job cannot end before it joins */
+    TU_SNPRINTF(env2, sizeof env2,
+                "KEEL_TEST_PAUSE_ELASTIC_BEFORE_COMMIT=%d:%s", JOIN_AT,
+                pause2);
+    (void)unlink(pause2);
     for (int i = 0; i < 2; i++)
-        w[i] = start_task("b", ps_port, n_ps, w_port, 2, "worker", i,
-                          PHASE_B);
-    wait_for_checkpoint(JOIN_AT);
+        w[i] = start_task_env("b", ps_port, n_ps, w_port, 2, "worker", i,
+                              PHASE_B, n_ps > 1 && i == 1 ? env2 : NULL);
+    if (n_ps > 1)
+        wait_for_file(pause2);
+    else
+        wait_for_checkpoint(JOIN_AT);
     w[2] = start_task("b", ps_port, n_ps, w_port, 3, "worker", 2, PHASE_B);
+    if (n_ps > 1) {
+        wait_for_log("b-ps0.log", "ps 0: worker 2 joined");
+        ck_assert_int_eq(unlink(pause2), 0);
+    }
     expect_clean_exit(w[0], "b-worker0.log");
     expect_clean_exit(w[1], "b-worker1.log");
     expect_clean_exit(w[2], "b-worker2.log");
@@ -207,7 +281,24 @@ four_two_three(int n_ps)
 
 START_TEST(test_four_two_three_replicas_end_as_a_fixed_run)
 {
-    four_two_three(1);
+    four_two_three(1, 0);
+}
+END_TEST
+
+/* Two ps: ps 0 decides each step's membership, ps 1 aggregates its
+ * variables by the word every push carries; the bits are the same. */
+START_TEST(test_two_ps_four_two_three_replicas_end_as_a_fixed_run)
+{
+    four_two_three(2, 0);
+}
+END_TEST
+
+/* Two ps, workers killed between the phases of their step (after ps 0
+ * applied it; after ps 1 prepared it, before ps 0 had it): every ps
+ * applies each step once, with one division; the bits are the same. */
+START_TEST(test_two_ps_workers_killed_between_phases_end_as_a_fixed_run)
+{
+    four_two_three(2, 1);
 }
 END_TEST
 
@@ -249,6 +340,8 @@ elastic_suite(void)
     Suite *s = suite_create("it_elastic");
     tu_tcase(s, "elastic", 600, setup, tu_teardown, TU_TESTS(
         test_four_two_three_replicas_end_as_a_fixed_run,
+        test_two_ps_four_two_three_replicas_end_as_a_fixed_run,
+        test_two_ps_workers_killed_between_phases_end_as_a_fixed_run,
         test_keel_launch_scales_an_elastic_sync_job));
     return s;
 }
