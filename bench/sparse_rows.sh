@@ -2,18 +2,15 @@
 # bench/sparse_rows.sh - the sparse step of examples/embedding (a click
 # model whose embedding table's gradient is rows) on N_PS ps with the
 # chief alone: bytes per step against the dense table, and examples/s.
-#   push: the chief's own counter ("bytes pushed" of its per-step line,
-#         the payload), and the bytes every ps read from its sockets per
-#         step (/proc/PID/io rchar, summed over the ps: pushes, pull
-#         requests, heartbeats; wire framing included);
-#   pull: the chief's "bytes pulled" counter when its per-step line has
-#         one, and the bytes every ps wrote per step (wchar, summed: pull
-#         replies, push acknowledgements, its log lines);
+#   push: the chief's own counter ("bytes pushed" of its per-step line at
+#         its end: the payload a step pushes, all ps together);
+#   pull: its "bytes pulled" counter, when the per-step line has one;
 #   dense: the model's bytes (VOCAB x 8 floats of the table, the 8 + 1 of
 #         the click layer): what a dense push or pull of it moves.
-# The ps counters are the difference between the chief's "step S/10" and
-# "step S" lines (S = STEPS; examples/embedding prints every S/10 steps),
-# and so are examples/s (global batch 128). Rounds; medians.
+# (The tasks of one machine talk over Unix sockets, which keep no byte
+# counts of their own: the counters are keel's.) examples/s: global
+# batch 128 between the chief's "step S/10" and "step S" lines (S =
+# STEPS; examples/embedding prints every S/10 steps). Rounds; medians.
 #   usage: flock /tmp/keel-bench.lock bench/sparse_rows.sh [BUILD_DIR]
 #   env:   N_PS=4 VOCAB=4096 STEPS=300 N=20000 ROUNDS=3 RUN_TIMEOUT=300
 #          BENCH_OUT=<fresh dir in /tmp>
@@ -50,17 +47,10 @@ cluster = {"ps": ports(n_ps), "worker": ports(1)}
 argv = [bin_, f"{out}/clicks.h5", f"{out}/run", str(steps), str(vocab)]
 first = steps // 10 if steps >= 10 else 1
 ps_tasks, marks, per_step = [], {}, {}
-def io(pid):
-    d = dict(l.split(": ") for l in open(f"/proc/{pid}/io").read().splitlines())
-    return int(d["rchar"]), int(d["wchar"])
 def chief_line(t, ln, now):
     m = re.match(r"step (\d+): loss", ln)
     if m and int(m.group(1)) in (first, steps):
-        try:
-            c = [io(p.proc.pid) for p in ps_tasks]
-            marks[int(m.group(1))] = (now, sum(a for a, _ in c), sum(b for _, b in c))
-        except (OSError, ValueError, KeyError):
-            pass
+        marks[int(m.group(1))] = now
     m = re.search(r"per step \((\d+) steps.*bytes pushed (\d+)", ln)
     if m:
         per_step["pushed"] = int(m.group(2))
@@ -73,10 +63,7 @@ rcs, timed_out = wait_all(ps_tasks + [chief], deadline)
 res = {"round": int(rnd), "ps": n_ps, "vocab": vocab, "steps": steps, "rcs": rcs}
 res.update({f"chief_{k}": v for k, v in per_step.items()})
 if first in marks and steps in marks:
-    (t0, r0, w0), (t1, r1, w1) = marks[first], marks[steps]
-    n = steps - first
-    res.update({"examples_per_s": 128 * n / (t1 - t0), "ps_read_per_step": (r1 - r0) / n,
-                "ps_written_per_step": (w1 - w0) / n})
+    res["examples_per_s"] = 128 * (steps - first) / (marks[steps] - marks[first])
 if any(rcs) or timed_out or "examples_per_s" not in res or "chief_pushed" not in res:
     res["failed"] = {t.key: t.tail for t in ps_tasks + [chief]}
 print(json.dumps(res), flush=True)
@@ -100,10 +87,10 @@ dense = vocab * 8 * 4 + 8 * 4 + 4
 print(f"examples/embedding, {ok[0]['ps']} ps, vocab {vocab}, batch 128, {ok[0]['steps']} steps;"
       f" medians of {len(ok)} runs; dense model {dense} bytes")
 print(f"{'':>28} {'bytes/step':>11} {'/ dense':>8}")
-for label, k in (("push: chief's counter", "chief_pushed"), ("push: ps read (wire)", "ps_read_per_step"),
-                 ("pull: chief's counter", "chief_pulled"), ("pull: ps wrote (wire)", "ps_written_per_step")):
+for label, k in (("push (chief's counter)", "chief_pushed"), ("pull (chief's counter)", "chief_pulled")):
     v = med(k)
-    print(f"{label:>28} {v:>11.0f} {v / dense:>8.3f}" if v == v else f"{label:>28} {'n/a':>11}")
+    print(f"{label:>28} {v:>11.0f} {v / dense:>8.3f}" if v == v else
+          f"{label:>28} {'n/a':>11}  (this build logs no pull counter)")
 print(f"{'examples/s':>28} {med('examples_per_s'):>11.0f}")
 print(f"logs: {out}/runs.jsonl")
 PY
