@@ -7,11 +7,18 @@
 # (the slot doubles what a save writes), 1 BLAS thread a task, a save after
 # every step. The chief's stall per save is the time from its "step N" line
 # to its "saved checkpoint for step N" line (the chief waits for the save,
-# shards included); the peak RSS of each task comes from /usr/bin/time.
+# shards included); the wall time per save is the chief's step interval
+# (its "step N" line to its "step N+1" line: a step and a save, what the
+# job's wall clock pays for both); the peak RSS of each task comes from
+# /usr/bin/time. Checkpoint size: 2 x 4 x (784H + H^2 + 10H + 2H + 10)
+# bytes (variables and the momentum slot): H=11264 about 1 GiB, 16384
+# about 2 GiB, 22784 about 4 GiB; a task holds several copies of the
+# model (see bench/README.md) so check `free -g` first.
 # Rounds take turns over the cases; medians. Every run's newest checkpoint
 # must pass `keel ckpt verify`.
 #   usage: bench/shard_save.sh [BUILD_DIR]
 #   env:   HIDDEN=16384 (about 1 GiB of variables; 8192: 0.3 GiB)
+#          BATCH=64 (the step's compute; a save does not depend on it)
 #          PS="1 2 4" STEPS=4 ROUNDS=3 RUN_TIMEOUT=1200
 #          BENCH_OUT=<fresh dir in /tmp>: checkpoints go there, so it
 #          needs about 4x the model's size free
@@ -23,6 +30,7 @@ HIDDEN=${HIDDEN:-16384}
 PS=${PS:-"1 2 4"}
 STEPS=${STEPS:-4}
 ROUNDS=${ROUNDS:-3}
+BATCH=${BATCH:-64}
 RUN_TIMEOUT=${RUN_TIMEOUT:-1200}
 keel="$build/keel"
 [ -x "$keel" ] || { echo "shard_save.sh: no $keel (build keel first)" >&2; exit 3; }
@@ -42,7 +50,7 @@ name = momentum
 learning_rate = 0.01
 momentum = 0.9
 [train]
-batch_size = 64
+batch_size = $BATCH
 max_steps = $STEPS
 threads = 1
 [checkpoint]
@@ -59,56 +67,37 @@ INI
 
 run() {   # run N_PS SHARDED SAVE(1) ROUND: one JSON line
     ini "$2" 1 > "$out/job.ini"
-    OPENBLAS_NUM_THREADS=1 /usr/bin/python3 - "$keel" "$out" "$1" "$2" "$3" \
-        "$4" "$RUN_TIMEOUT" <<'PY'
-import json, os, re, shutil, socket, subprocess, sys, threading, time
+    OPENBLAS_NUM_THREADS=1 PYTHONPATH="$here" /usr/bin/python3 - "$keel" \
+        "$out" "$1" "$2" "$3" "$4" "$RUN_TIMEOUT" <<'PY'
+import json, re, shutil, sys, time
+from cluster_tasks import Task, ports, wait_all
 keel, out, n_ps, sharded, save, rnd = sys.argv[1:7]
 deadline = time.monotonic() + float(sys.argv[7])
-def port():
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close(); return p
-ps = [f"127.0.0.1:{port()}" for _ in range(int(n_ps))]
-ws = [f"127.0.0.1:{port()}" for _ in range(2)]
+ps, ws = ports(int(n_ps)), ports(2)
 shutil.rmtree(f"{out}/run", ignore_errors=True)
-tails, rss, step_at, stalls = {}, {}, {}, []
+step_at, stalls = {}, []
+def chief_line(t, ln, now):
+    m = re.match(r"step (\d+) ", ln)
+    if m:
+        step_at[int(m.group(1))] = now
+    m = re.match(r"saved checkpoint for step (\d+):", ln)
+    if m and int(m.group(1)) in step_at:
+        stalls.append(now - step_at[int(m.group(1))])
 def start(t, i):
-    env = dict(os.environ, TF_CONFIG=json.dumps(
-        {"cluster": {"ps": ps, "worker": ws}, "task": {"type": t, "index": i}}))
-    p = subprocess.Popen(["/usr/bin/time", "-f", "maxrss_kb %M", keel, "train", f"{out}/job.ini"], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    key = f"{t}{i}"; tails[key] = []
-    log = open(f"{out}/r{rnd}-ps{n_ps}-{sharded}-save{save}-{key}.log", "w")
-    def rd():
-        for ln in p.stdout:
-            now = time.monotonic()
-            log.write(ln)
-            tails[key] = (tails[key] + [ln])[-5:]
-            if ln.startswith("maxrss_kb "):
-                rss[key] = int(ln.split()[1]) / 1024
-            if key != "worker0":
-                continue
-            m = re.match(r"step (\d+) ", ln)
-            if m:
-                step_at[int(m.group(1))] = now
-            m = re.match(r"saved checkpoint for step (\d+):", ln)
-            if m and int(m.group(1)) in step_at:
-                stalls.append(now - step_at[int(m.group(1))])
-    th = threading.Thread(target=rd); th.start()
-    return p, th
-procs = [start("ps", i) for i in range(len(ps))] + [start("worker", 1), start("worker", 0)]
-rcs, timed_out = [], False
-for p, _ in procs:
-    try:
-        rcs.append(p.wait(timeout=max(0.0, deadline - time.monotonic())))
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        for q, _ in procs:
-            if q.poll() is None: q.kill()
-        rcs.append(p.wait())
-for _, th in procs: th.join()
+    return Task(["/usr/bin/time", "-f", "maxrss_kb %M", keel, "train", f"{out}/job.ini"],
+                {"ps": ps, "worker": ws}, t, i,
+                on_line=chief_line if (t, i) == ("worker", 0) else None,
+                log=f"{out}/r{rnd}-ps{n_ps}-{sharded}-save{save}-{t}{i}.log")
+tasks = [start("ps", i) for i in range(len(ps))] + [start("worker", 1), start("worker", 0)]
+rcs, timed_out = wait_all(tasks, deadline)
+# the chief's step lines: step N+1's line comes a step and a save after
+# step N's (every step saves)
+at = [step_at[k] for k in sorted(step_at)]
 res = {"round": int(rnd), "ps": int(n_ps), "sharded": sharded, "rcs": rcs,
-       "stalls_s": stalls, "rss_mib": rss}
+       "stalls_s": stalls, "intervals_s": [b - a for a, b in zip(at, at[1:])],
+       "rss_mib": {t.key: t.rss_mib for t in tasks if t.rss_mib is not None}}
 if any(rcs) or timed_out or not stalls:
-    res["failed"] = {k: v for k, v in tails.items()}
+    res["failed"] = {t.key: t.tail for t in tasks}
 print(json.dumps(res), flush=True)
 PY
     "$keel" ckpt verify "$out/run" > "$out/verify.log" 2>&1 || {
@@ -125,18 +114,18 @@ for r in $(seq 1 "$ROUNDS"); do
     done
 done
 
-/usr/bin/python3 - "$out" "$HIDDEN" "$STEPS" <<'PY'
+/usr/bin/python3 - "$out" "$HIDDEN" "$STEPS" "$BATCH" <<'PY'
 import json, statistics, sys
-out, hidden, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+out, hidden, steps, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 runs = [json.loads(l) for l in open(f"{out}/runs.jsonl")]
 bad = [r for r in runs if "failed" in r]
 if bad:
     print("FAILED runs:", json.dumps(bad[:2], indent=1)); sys.exit(1)
 params = 784 * hidden + hidden + hidden * hidden + hidden + hidden * 10 + 10
-print(f"MLP 784-{hidden}-{hidden}-10: {params * 4 / 2**30:.2f} GiB of variables, "
-      f"as much again in momentum; {steps} steps")
-def stall(n, sh):   # median over every save of every round
-    v = [t for x in runs if x["ps"] == n and x["sharded"] == sh for t in x["stalls_s"]]
+print(f"MLP 784-{hidden}-{hidden}-10, batch {batch}: {params * 4 / 2**30:.2f} GiB of variables, "
+      f"as much again in momentum ({2 * params * 4 / 2**30:.2f} GiB a checkpoint); {steps} steps")
+def med(n, sh, key):   # median over every save of every round
+    v = [t for x in runs if x["ps"] == n and x["sharded"] == sh for t in x[key]]
     return statistics.median(v) if v else float("nan")
 def rss(n, sh, role):   # median peak RSS of a role (MiB); ps: the largest
     v = []
@@ -147,12 +136,14 @@ def rss(n, sh, role):   # median peak RSS of a role (MiB); ps: the largest
         if r:
             v.append(max(r))
     return statistics.median(v) if v else float("nan")
-print(f"{'ps':>3} {'gathered s/save':>16} {'sharded s/save':>15} {'gathered/sharded':>17}"
-      f" {'chief MiB g/s':>14} {'largest ps MiB g/s':>19}")
+print(f"{'ps':>3} {'stall g/s (s)':>15} {'g/s':>6} {'wall step+save g/s (s)':>23} {'g/s':>6}"
+      f" {'chief MiB g/s':>14} {'worker1 MiB':>12} {'largest ps MiB g/s':>19}")
 for n in sorted({x["ps"] for x in runs}):
-    g, s = stall(n, "off"), stall(n, "on")
-    print(f"{n:>3} {g:>16.2f} {s:>15.2f} {g / s:>17.2f}"
+    g, s = med(n, "off", "stalls_s"), med(n, "on", "stalls_s")
+    wg, ws = med(n, "off", "intervals_s"), med(n, "on", "intervals_s")
+    print(f"{n:>3} {g:>7.2f}/{s:<7.2f} {g / s:>6.2f} {wg:>11.2f}/{ws:<11.2f} {wg / ws:>6.2f}"
           f" {rss(n, 'off', 'worker0'):>7.0f}/{rss(n, 'on', 'worker0'):<6.0f}"
+          f" {rss(n, 'off', 'worker1'):>12.0f}"
           f" {rss(n, 'off', 'ps'):>10.0f}/{rss(n, 'on', 'ps'):<8.0f}")
 print(f"logs: {out}/runs.jsonl")
 PY
