@@ -9,7 +9,11 @@
  * libzmq I/O thread answers: a ps whose serving thread is busy for longer
  * than dead_after_ms (a large apply or INIT on a loaded machine) stays
  * alive while its connection answers; a killed, frozen or cut-off one
- * loses the connection after dead_after_ms without traffic. */
+ * loses the connection after dead_after_ms without traffic. A ps gets at
+ * most MAX_UNANSWERED beats it has not answered: a busy one's connection
+ * never fills the ps's per-connection queue (PS_RCVHWM), so libzmq keeps
+ * reading it and answering its pings (a connection it stopped reading
+ * would miss them, drop, and abort libzmq 4.3.4 when read again). */
 #include <config.h>
 
 #include <errno.h>
@@ -22,12 +26,17 @@
 #include "cluster_int.h"
 
 #define RETRY_MS 20
+/* Beats a ps may hold unanswered: well under the ps's PS_RCVHWM. */
+#define MAX_UNANSWERED 4
 
 struct keel__hb {
     void *zctx;
     void **socks;                  /* one DEALER per ps */
     void **mons;                   /* one PAIR per ps: its socket's
                                     * handshake events */
+    int *unanswered;               /* per ps: beats sent since its last
+                                    * answer or (re)connection (this
+                                    * thread only) */
     void *wake_rx, *wake_tx;       /* inproc PAIR: stop now */
     int n;
     int interval_ms;
@@ -62,11 +71,14 @@ close_all(keel__hb *hb)
         zmq_ctx_term(hb->zctx);
 }
 
-/* 1 if the beat could not be sent (no live connection to ps p). */
+/* 1 if the beat could not be sent (no live connection to ps p); 0 also
+ * when ps p still holds MAX_UNANSWERED beats (it is busy, not gone). */
 static int
 send_beat(keel__hb *hb, int p)
 {
     keel__wire_header h;
+    if (hb->unanswered[p] >= MAX_UNANSWERED)
+        return 0;
     memset(&h, 0, sizeof h);
     h.type = KEEL_MSG_HEARTBEAT;
     h.request_id = hb->next_id++;
@@ -75,8 +87,11 @@ send_beat(keel__hb *hb, int p)
     h.generation = hb->generation;
     /* Non-blocking, and only on a live connection (ZMQ_IMMEDIATE): a ps
      * that is down misses this beat, and the next comes soon. */
-    return keel__wire_send(hb->socks[p], NULL, &h, NULL, 0, NULL, NULL) !=
-           KEEL_OK;
+    if (keel__wire_send(hb->socks[p], NULL, &h, NULL, 0, NULL, NULL) !=
+        KEEL_OK)
+        return 1;
+    hb->unanswered[p]++;
+    return 0;
 }
 
 /* 1 if a beat could not be sent to some ps. */
@@ -111,6 +126,8 @@ take_events(keel__hb *hb, int p)
             int64_t now = keel__now_mono_ns();
             memcpy(&ev, zmq_msg_data(&m), sizeof ev);
             pthread_mutex_lock(&hb->mu);
+            /* beats queued to a connection that is gone are lost */
+            hb->unanswered[p] = 0;
             if (ev == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
                 is_up = 1;
                 hb->peers[p].link_up = hb->dead_after_ms > 0;
@@ -202,6 +219,7 @@ hb_main(void *arg)
                 keel__wire_msg m;
                 if (!(items[p].revents & ZMQ_POLLIN))
                     continue;
+                hb->unanswered[p] = 0;   /* ps p reads its beats */
                 if (keel__wire_recv(hb->socks[p], 0, &hb->limits, 0, &m) ==
                     KEEL_OK)
                     take_reply(hb, p, &m);
@@ -315,9 +333,10 @@ keel__hb_start(const keel__hb_config *cfg, keel__hb **out)
     hb->socks = calloc((size_t)cfg->n, sizeof *hb->socks);
     hb->mons = calloc((size_t)cfg->n, sizeof *hb->mons);
     hb->peers = calloc((size_t)cfg->n, sizeof *hb->peers);
+    hb->unanswered = calloc((size_t)cfg->n, sizeof *hb->unanswered);
     hb->zctx = zmq_ctx_new();
     if (hb->socks == NULL || hb->mons == NULL || hb->peers == NULL ||
-        hb->zctx == NULL)
+        hb->unanswered == NULL || hb->zctx == NULL)
         st = keel__fail(KEEL_ENOMEM, "heartbeat: tables for %d ps", cfg->n);
     for (int p = 0; p < cfg->n && st == KEEL_OK; p++)
         st = connect_peer(hb, cfg, p);
@@ -347,6 +366,7 @@ keel__hb_stop(keel__hb *hb)
     free(hb->socks);
     free(hb->mons);
     free(hb->peers);
+    free(hb->unanswered);
     pthread_mutex_destroy(&hb->mu);
     pthread_cond_destroy(&hb->cv);
     free(hb);
