@@ -35,14 +35,14 @@ msg_type_name(unsigned type)
     static const char *const names[KEEL_MSG_TYPE_END] = {
         "?", "HELLO", "READY", "PULL", "PULL_REPLY", "PUSH", "PUSH_ACK",
         "ERROR", "STEP", "SHUTDOWN", "HEARTBEAT", "TOKEN", "INIT",
-        "AGGREGATE", "COMMIT", "MIX", "LEAVE", "SAVE_SHARD" };
+        "AGGREGATE", "COMMIT", "MIX", "LEAVE", "SAVE_SHARD", "PULL_ROWS" };
     return type < KEEL_MSG_TYPE_END ? names[type] : "?";
 }
 
 /* Which task may send which request. INIT, SHUTDOWN, COMMIT and
  * SAVE_SHARD: the chief (worker
  * 0 in a cluster without one); PUSH: the training replicas; reads (HELLO,
- * PULL, STEP, HEARTBEAT): every task of the job. */
+ * PULL, PULL_ROWS, STEP, HEARTBEAT): every task of the job. */
 static int
 role_allows(const keel__ps *ps, keel_task_type t, uint32_t index,
             unsigned type)
@@ -61,6 +61,7 @@ role_allows(const keel__ps *ps, keel_task_type t, uint32_t index,
         return t == KEEL_TASK_CHIEF || t == KEEL_TASK_WORKER;
     case KEEL_MSG_HELLO:
     case KEEL_MSG_PULL:
+    case KEEL_MSG_PULL_ROWS:
     case KEEL_MSG_STEP:
     case KEEL_MSG_HEARTBEAT:
         return 1;

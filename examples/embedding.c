@@ -53,34 +53,43 @@ step(void *ctx, keel_step *st)
     long lo = (long)BATCH * m->replica / m->n_replicas;
     long hi = (long)BATCH * (m->replica + 1) / m->n_replicas;
     double loss = 0, dgb = 0, dgw[DIM] = { 0 };
+    int32_t y[BATCH];
+    int64_t ids[BATCH * FIELDS];
+    float e[BATCH * FIELDS * DIM];
     keel_status s = KEEL_OK;
+    /* the slice's ids first, then its rows in one lookup: on a cluster,
+     * one request for the rows this step reads */
     for (long k = lo; k < hi && s == KEEL_OK; k++) {
-        float x[FIELDS], e[FIELDS * DIM], drow[FIELDS * DIM];
-        int64_t ids[FIELDS];
-        int32_t y;
-        double z = b, p, dz, h[DIM] = { 0 };
+        float x[FIELDS];
         size_t i = (size_t)(((uint64_t)gs * BATCH + (uint64_t)k) % n_all);
-        if ((s = keel_dataset_get(m->ds, i, x, &y)) != KEEL_OK)
-            break;
+        s = keel_dataset_get(m->ds, i, x, &y[k - lo]);
         for (int f = 0; f < FIELDS; f++)
-            ids[f] = (int64_t)x[f];
-        if ((s = keel_embedding_lookup(m->emb, FIELDS, ids, e)) != KEEL_OK)
-            break;
+            ids[(k - lo) * FIELDS + f] = (int64_t)x[f];
+    }
+    if (s == KEEL_OK)
+        s = keel_embedding_lookup(m->emb, (size_t)(hi - lo) * FIELDS, ids,
+                                  e);
+    for (long k = lo; k < hi && s == KEEL_OK; k++) {
+        const float *ek = e + (k - lo) * FIELDS * DIM;
+        float drow[FIELDS * DIM];
+        double z = b, p, dz, h[DIM] = { 0 };
+        int32_t yk = y[k - lo];
         for (int f = 0; f < FIELDS; f++)
             for (int j = 0; j < DIM; j++)
-                h[j] += e[f * DIM + j];
+                h[j] += ek[f * DIM + j];
         for (int j = 0; j < DIM; j++)
             z += h[j] * w[j];
         p = 1 / (1 + exp(-z));
-        loss += y ? -log(p + 1e-12) : -log(1 - p + 1e-12);
-        dz = (p - y) / (double)(hi - lo);    /* the mean over the slice */
+        loss += yk ? -log(p + 1e-12) : -log(1 - p + 1e-12);
+        dz = (p - yk) / (double)(hi - lo);   /* the mean over the slice */
         dgb += dz;
         for (int j = 0; j < DIM; j++)
             dgw[j] += dz * h[j];
         for (int f = 0; f < FIELDS; f++)
             for (int j = 0; j < DIM; j++)
                 drow[f * DIM + j] = (float)(dz * w[j]);
-        s = keel_embedding_backward(m->emb, FIELDS, ids, drow, g);
+        s = keel_embedding_backward(m->emb, FIELDS, ids + (k - lo) * FIELDS,
+                                    drow, g);
     }
     if (s != KEEL_OK)
         return s;
@@ -148,6 +157,7 @@ main(int argc, char **argv)
     ecfg.name = "click/emb";
     ecfg.vocab = vocab;
     ecfg.dim = DIM;
+    ecfg.rows = 1;          /* on a cluster: the table stays on its ps */
     st = keel_vars_new(&vs);
     if (st == KEEL_OK)
         st = keel_embedding_new(&ecfg, vs, &m.emb);
