@@ -286,7 +286,8 @@ be_before_save(void *ctx, keel_vars *vs)
     int64_t step;
     keel_status st;
     if (!keel__worker_sharded(w))
-        return keel__worker_before_save(ctx, vs);
+        return (st = keel__worker_sparse_check_gather(w)) != KEEL_OK
+            ? st : keel__worker_before_save(ctx, vs);
     st = keel__worker_read_step(ctx, &step);
     if (st == KEEL_OK)
         keel_vars_set_global_step(vs, step);

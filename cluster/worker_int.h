@@ -226,6 +226,12 @@ int keel__worker_sparse_skip(keel_var *v, int with_slots);
  * holding it (PULL_ROWS), until keel__worker_sparse_detach. */
 void keel__worker_sparse_attach(keel_cluster_backend *w);
 void keel__worker_sparse_detach(keel_cluster_backend *w);
+/* A gathered checkpoint (not sharded) pulls every row variable whole into
+ * the chief: KEEL_EINVAL naming the largest when the row variables with
+ * their slots exceed KEEL__ROWS_GATHER_MAX bytes (sharded checkpoints
+ * are then the way: each ps writes its own). */
+#define KEEL__ROWS_GATHER_MAX ((uint64_t)1 << 30)
+keel_status keel__worker_sparse_check_gather(const keel_cluster_backend *w);
 
 /* ---- the step (worker_push.c) ------------------------------------------- */
 

@@ -189,3 +189,32 @@ keel__worker_sparse_detach(keel_cluster_backend *w)
     }
     w->rows_attached = 0;
 }
+
+keel_status
+keel__worker_sparse_check_gather(const keel_cluster_backend *w)
+{
+    uint64_t total = 0, big = 0;
+    const char *name = NULL;
+    for (size_t i = 0; w->rows_attached && i < w->n_vars; i++) {
+        keel_var *v = keel_vars_at(w->vs, i);
+        uint64_t b;
+        if (!(keel_var_flags(v) & KEEL_VAR_ROWS))
+            continue;
+        /* its slots as the ps holds them: one per slot of the rule */
+        b = keel_tensor_bytes(keel_var_tensor(v)) *
+            (1 + (uint64_t)keel_var_slot_count(v));
+        total += b;
+        if (b > big) {
+            big = b;
+            name = keel_var_name(v);
+        }
+    }
+    if (total <= KEEL__ROWS_GATHER_MAX)
+        return KEEL_OK;
+    return keel__fail(KEEL_EINVAL, "chief: a gathered checkpoint would pull "
+                      "%.1f MiB of row variables (the largest '%s') into "
+                      "this process, above the %.0f MiB it takes; use "
+                      "sharded checkpoints (checkpoint.sharded: each ps "
+                      "writes its own)", (double)total / (1 << 20), name,
+                      (double)KEEL__ROWS_GATHER_MAX / (1 << 20));
+}
