@@ -226,6 +226,9 @@ int keel__worker_sparse_skip(keel_var *v, int with_slots);
  * holding it (PULL_ROWS), until keel__worker_sparse_detach. */
 void keel__worker_sparse_attach(keel_cluster_backend *w);
 void keel__worker_sparse_detach(keel_cluster_backend *w);
+/* After a pull of every ps's values into vs: its row variables, left out
+ * (their rows are pulled by the steps), are marked initialized too. */
+void keel__worker_sparse_pulled(keel_cluster_backend *w, keel_vars *vs);
 /* A gathered checkpoint (not sharded) pulls every row variable whole into
  * the chief: KEEL_EINVAL naming the largest when the row variables with
  * their slots exceed KEEL__ROWS_GATHER_MAX bytes (sharded checkpoints

@@ -82,7 +82,10 @@ keel_status
 keel__worker_pull_all(keel_cluster_backend *w, keel_vars *vs,
                       int with_slots)
 {
-    return pull_all_steps(w, vs, with_slots, NULL);
+    keel_status st = pull_all_steps(w, vs, with_slots, NULL);
+    if (st == KEEL_OK)
+        keel__worker_sparse_pulled(w, vs);
+    return st;
 }
 
 #define PULL_AGREE_TRIES 5

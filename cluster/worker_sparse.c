@@ -218,3 +218,13 @@ keel__worker_sparse_check_gather(const keel_cluster_backend *w)
                       "writes its own)", (double)total / (1 << 20), name,
                       (double)KEEL__ROWS_GATHER_MAX / (1 << 20));
 }
+
+void
+keel__worker_sparse_pulled(keel_cluster_backend *w, keel_vars *vs)
+{
+    for (size_t i = 0; w->rows_attached && i < w->n_vars; i++) {
+        keel_var *v = keel_vars_at(vs, i);
+        if (keel_var_flags(v) & KEEL_VAR_ROWS)
+            keel_var_set_initialized(v, 1);
+    }
+}
