@@ -221,7 +221,11 @@ size_t keel__worker_sparse_outs(keel_cluster_backend *w, keel_vars *vs,
 
 /* 1 when variable v is left out of a refresh of the values (with_slots
  * 0: a worker's fetch): a row variable, whose rows a step pulls. */
-int keel__worker_sparse_skip(keel_var *v, int with_slots);
+static inline int
+keel__worker_sparse_skip(keel_var *v, int with_slots)
+{
+    return !with_slots && (keel_var_flags(v) & KEEL_VAR_ROWS);
+}
 /* Every row variable (KEEL_VAR_ROWS) of w->vs reads its rows from the ps
  * holding it (PULL_ROWS), until keel__worker_sparse_detach. */
 void keel__worker_sparse_attach(keel_cluster_backend *w);

@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "worker_int.h"
-#include "../numeric/vars_int.h"
+#include "../numeric/numeric_int.h"
 
 int
 keel__worker_sparse_usable(const keel_cluster_backend *w)
@@ -81,12 +81,6 @@ keel__worker_sparse_outs(keel_cluster_backend *w, keel_vars *vs,
     outs[1].t = tr;
     outs[1].pin = NULL;
     return 2;
-}
-
-int
-keel__worker_sparse_skip(keel_var *v, int with_slots)
-{
-    return !with_slots && (keel_var_flags(v) & KEEL_VAR_ROWS);
 }
 
 static int
