@@ -130,6 +130,11 @@ enum keel__msg_type {
                              * shard count, peer_generation: the run id)
                              * into the ps's checkpoint directory, durably;
                              * reply: F_REPLY with the ps's global step */
+    KEEL_MSG_PULL_ROWS,     /* rows of row variables: per variable one
+                             * tensor named by it, its data the distinct
+                             * ids (int64, two float32 words each, strictly
+                             * ascending); reply: F_REPLY, per variable its
+                             * rows [n, row shape] in that order */
     KEEL_MSG_TYPE_END
 };
 

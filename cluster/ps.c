@@ -294,6 +294,8 @@ handle_real(keel__ps *ps, keel__wire_msg *req, int *handled)
     switch (req->h.type) {
     case KEEL_MSG_PULL:
         return keel__ps_real_pull(ps, req);
+    case KEEL_MSG_PULL_ROWS:
+        return keel__ps_real_pull_rows(ps, req);
     case KEEL_MSG_PUSH:
         return keel__ps_real_push(ps, req);
     case KEEL_MSG_INIT:

@@ -35,7 +35,7 @@ msg_type_name(unsigned type)
     static const char *const names[KEEL_MSG_TYPE_END] = {
         "?", "HELLO", "READY", "PULL", "PULL_REPLY", "PUSH", "PUSH_ACK",
         "ERROR", "STEP", "SHUTDOWN", "HEARTBEAT", "TOKEN", "INIT",
-        "AGGREGATE", "COMMIT", "MIX", "LEAVE", "SAVE_SHARD" };
+        "AGGREGATE", "COMMIT", "MIX", "LEAVE", "SAVE_SHARD", "PULL_ROWS" };
     return type < KEEL_MSG_TYPE_END ? names[type] : "?";
 }
 
@@ -43,7 +43,7 @@ msg_type_name(unsigned type)
  * SAVE_SHARD: the chief (worker
  * 0 in a cluster without one); PUSH: the training replicas, and COMMIT
  * too at an elastic sync ps other than ps 0 (a step ps 0 applied); reads
- * (HELLO, PULL, STEP, HEARTBEAT): every task of the job. */
+ * (HELLO, PULL, PULL_ROWS, STEP, HEARTBEAT): every task of the job. */
 static int
 role_allows(const keel__ps *ps, keel_task_type t, uint32_t index,
             unsigned type)
@@ -63,6 +63,7 @@ role_allows(const keel__ps *ps, keel_task_type t, uint32_t index,
         return t == KEEL_TASK_CHIEF || t == KEEL_TASK_WORKER;
     case KEEL_MSG_HELLO:
     case KEEL_MSG_PULL:
+    case KEEL_MSG_PULL_ROWS:
     case KEEL_MSG_STEP:
     case KEEL_MSG_HEARTBEAT:
         return 1;

@@ -388,5 +388,9 @@ keel_status keel__ps_sparse_apply(keel__ps *ps, const keel__ps_rows *rs,
  * of their ids (the dense path's bits for those rows), applied lazily at
  * step; a variable also sent dense in the step is KEEL_EINVAL. */
 keel_status keel__ps_sparse_aggregate(keel__ps *ps, int64_t step);
+/* PULL_ROWS: the requested rows of row variables (KEEL_VAR_ROWS), each
+ * request tensor checked (a row variable, distinct ascending ids in
+ * range) before anything is sent. */
+keel_status keel__ps_real_pull_rows(keel__ps *ps, keel__wire_msg *req);
 
 #endif

@@ -404,6 +404,7 @@ keel__ps_send_ack(keel__ps *ps, keel__wire_msg *req, keel_var *const *vars,
     keel__wire_header h;
     keel_status st;
     keel__wire_out *outs;
+    size_t n0 = n;
     char note[sizeof ps->note];
     /* elastic: the chief gets the membership changes it was not told */
     keel__ps_take_note(ps, req, note, sizeof note);
@@ -415,10 +416,16 @@ keel__ps_send_ack(keel__ps *ps, keel__wire_msg *req, keel_var *const *vars,
     outs = calloc(n + 1, sizeof *outs);
     if (outs == NULL)
         return keel__fail(KEEL_ENOMEM, "ps: values of %zu variables", n);
-    for (size_t i = 0; i < n; i++) {
-        outs[i].name = keel_var_name(vars[i]);
-        outs[i].t = keel_var_tensor(vars[i]);
-        outs[i].pin = pin_of(ps, vars[i]);
+    /* row variables go by rows (PULL_ROWS), never whole */
+    for (size_t i = 0, k = 0; i < n0; i++) {
+        if (keel_var_flags(vars[i]) & KEEL_VAR_ROWS) {
+            n--;
+            continue;
+        }
+        outs[k].name = keel_var_name(vars[i]);
+        outs[k].t = keel_var_tensor(vars[i]);
+        outs[k].pin = pin_of(ps, vars[i]);
+        k++;
     }
     if (ps->rule != NULL)
         keel__ps_rule_pulled(ps, req, outs, n);

@@ -1,4 +1,6 @@
-/* ps_sparse.c - a PUSH's gradient rows (KEEL_WIRE_F_ROWS): each pair of
+/* ps_sparse.c - row variables on the ps: a PULL_ROWS answered with the
+ * rows asked for (row variables are never sent whole in a push's
+ * reply), and a PUSH's gradient rows (KEEL_WIRE_F_ROWS): each pair of
  * an ids tensor and the rows of one variable is checked against the
  * variable (count, range, strictly ascending ids) before anything is
  * applied, taken out of the message, and applied lazily: as it comes
@@ -277,5 +279,119 @@ keel__ps_sparse_aggregate(keel__ps *ps, int64_t step)
                 : keel__fail(KEEL_EINVAL, "ps %d: rows pushed, but this "
                              "ps applies no optimizer", ps->task_index);
     }
+    return st;
+}
+
+/* One PULL_ROWS tensor wt checked against the row variable it names:
+ * *v, its ids and their count. who names the sender in errors. */
+static keel_status
+rows_request(keel__ps *ps, const keel__wire_tensor *wt, const char *who,
+             keel_var **v, const int64_t **ids, size_t *n)
+{
+    keel_var *var = keel_vars_find(ps->vars, wt->name);
+    const keel_tensor *vt;
+    const int64_t *id;
+    size_t k, cnt;
+    if (var == NULL || !(keel_var_flags(var) & KEEL_VAR_ROWS))
+        return keel__fail(KEEL_EINVAL, "PULL_ROWS from %s: '%s' is not a "
+                          "row variable on ps %d", who, wt->name,
+                          ps->task_index);
+    vt = keel_var_tensor(var);
+    if (wt->t.ndim != 1 || wt->t.count % 2 != 0 ||
+        (wt->t.count > 0 && wt->t.data == NULL))
+        return keel__fail(KEEL_ECORRUPT, "PULL_ROWS from %s: the ids of "
+                          "'%s' are not a flat tensor of int64 words", who,
+                          wt->name);
+    cnt = wt->t.count / 2;
+    if (cnt == 0 || cnt > (size_t)vt->shape[0])
+        return keel__fail(KEEL_EINVAL, "PULL_ROWS from %s: %zu ids of '%s', "
+                          "which has %lld rows", who, cnt, wt->name,
+                          (long long)vt->shape[0]);
+    id = (const int64_t *)(const void *)wt->t.data;
+    for (k = 0; k < cnt; k++) {
+        if (id[k] < 0 || id[k] >= vt->shape[0])
+            return keel__fail(KEEL_EINVAL, "PULL_ROWS from %s: id %lld "
+                              "(entry %zu) is outside the %lld rows of '%s'",
+                              who, (long long)id[k], k,
+                              (long long)vt->shape[0], wt->name);
+        if (k > 0 && id[k] <= id[k - 1])
+            return keel__fail(KEEL_EINVAL, "PULL_ROWS from %s: the ids of "
+                              "'%s' are not strictly ascending (%lld after "
+                              "%lld, entry %zu)", who, wt->name,
+                              (long long)id[k], (long long)id[k - 1], k);
+    }
+    *v = var;
+    *ids = id;
+    *n = cnt;
+    return KEEL_OK;
+}
+
+keel_status
+keel__ps_real_pull_rows(keel__ps *ps, keel__wire_msg *req)
+{
+    char who[64];
+    keel__wire_out *outs;
+    keel_tensor *ts;
+    keel__wire_header h;
+    keel_status st = KEEL_OK;
+    size_t i;
+    snprintf(who, sizeof who, "%s %u",
+             keel_task_type_name((keel_task_type)req->h.sender_type),
+             req->h.sender_index);
+    if (!ps->is_ready)
+        return keel__fail(KEEL_EUNAVAILABLE, "ps %d holds no state yet "
+                          "(waiting for the chief's INIT)", ps->task_index);
+    if (req->h.flags & KEEL_WIRE_F_NAMES_ONLY)
+        return keel__fail(KEEL_ECORRUPT, "PULL_ROWS from %s without ids",
+                          who);
+    outs = calloc(req->n + 1, sizeof *outs);
+    ts = calloc(req->n + 1, sizeof *ts);
+    if (outs == NULL || ts == NULL) {
+        free(outs);
+        free(ts);
+        return keel__fail(KEEL_ENOMEM, "ps: rows of %zu variables", req->n);
+    }
+    for (i = 0; i < req->n && st == KEEL_OK; i++) {
+        keel_var *v = NULL;
+        const int64_t *ids = NULL;
+        const keel_tensor *vt;
+        size_t n = 0, row;
+        st = rows_request(ps, &req->tensors[i], who, &v, &ids, &n);
+        for (size_t j = 0; st == KEEL_OK && j < i; j++)
+            if (strcmp(outs[j].name, req->tensors[i].name) == 0)
+                st = keel__fail(KEEL_EINVAL, "PULL_ROWS from %s: '%s' "
+                                "twice", who, req->tensors[i].name);
+        if (st != KEEL_OK)
+            break;
+        vt = keel_var_tensor(v);
+        row = vt->count / (size_t)vt->shape[0];
+        ts[i] = *vt;
+        ts[i].is_owner = 0;
+        ts[i].shape[0] = (int64_t)n;
+        ts[i].count = n * row;
+        /* a copy: the variable may change once the reply is queued */
+        ts[i].data = n > 0 ? malloc(n * row * sizeof(float)) : NULL;
+        if (n > 0 && ts[i].data == NULL) {
+            st = keel__fail(KEEL_ENOMEM, "ps: %zu rows of '%s'", n,
+                            keel_var_name(v));
+            break;
+        }
+        for (size_t k = 0; k < n; k++)
+            memcpy(ts[i].data + k * row, vt->data + (size_t)ids[k] * row,
+                   row * sizeof(float));
+        outs[i].name = keel_var_name(v);
+        outs[i].t = &ts[i];
+        outs[i].pin = NULL;
+    }
+    if (st == KEEL_OK) {
+        keel__ps_reply_header(ps, req, &h, KEEL_MSG_PULL_ROWS,
+                              KEEL_WIRE_F_REPLY);
+        st = keel__wire_send(ps->sock, &req->identity, &h, outs, req->n,
+                             NULL, NULL);
+    }
+    for (size_t j = 0; j <= req->n; j++)
+        free(ts[j].data);
+    free(ts);
+    free(outs);
     return st;
 }

@@ -187,6 +187,8 @@ worker_new(keel__role_opts *o, keel_vars *vs, keel__partition *part,
     w->o.in.token = NULL;
     if (st == KEEL_OK && w->n_ps > 0)
         st = start_heartbeats(w);
+    if (st == KEEL_OK)
+        keel__worker_sparse_attach(w);
     if (st != KEEL_OK) {
         keel_cluster_backend_free(w);
         return st;
@@ -204,14 +206,16 @@ keel_cluster_backend_free(keel_cluster_backend *w)
         double n = (double)w->timed_steps;
         keel__log(KEEL_LOG_INFO, "%s %d: per step (%ld steps, ms): compute "
                   "%.3f, push %.3f, wait for the ps %.3f, copy values "
-                  "%.3f; bytes pushed %.0f", keel_task_type_name(
+                  "%.3f; bytes pushed %.0f, pulled %.0f",
+                  keel_task_type_name(
                       keel_cluster_spec_task_type(w->spec)),
                   keel_cluster_spec_task_index(w->spec), w->timed_steps,
                   (double)w->compute_ns / n / 1e6,
                   (double)w->send_ns / n / 1e6, (double)w->wait_ns / n / 1e6,
                   (double)w->copy_ns / n / 1e6,
-                  (double)w->push_bytes / n);
+                  (double)w->push_bytes / n, (double)w->pull_bytes / n);
     }
+    keel__worker_sparse_detach(w);
     keel__hb_stop(w->hb);
     free(w->sparse_t);
     keel__worker_part_free(w);
@@ -282,7 +286,8 @@ be_before_save(void *ctx, keel_vars *vs)
     int64_t step;
     keel_status st;
     if (!keel__worker_sharded(w))
-        return keel__worker_before_save(ctx, vs);
+        return (st = keel__worker_sparse_check_gather(w)) != KEEL_OK
+            ? st : keel__worker_before_save(ctx, vs);
     st = keel__worker_read_step(ctx, &step);
     if (st == KEEL_OK)
         keel_vars_set_global_step(vs, step);

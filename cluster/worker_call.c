@@ -168,7 +168,7 @@ keel__worker_shard_outs(keel_cluster_backend *w, keel_vars *vs, int p,
     size_t k = 0, nn = 0;
     for (size_t i = 0; i < w->n_vars; i++) {
         keel_var *v = keel_vars_at(vs, i);
-        if (w->ps_of[i] != p)
+        if (w->ps_of[i] != p || keel__worker_sparse_skip(v, with_slots))
             continue;
         w->outs[k].name = keel_var_name(v);
         w->outs[k].t = with_data ? keel_var_tensor(v) : NULL;
@@ -220,7 +220,7 @@ fault_in_shard(keel_cluster_backend *w, keel_vars *vs, int p, int with_slots)
     for (size_t i = 0; i < w->n_vars; i++) {
         keel_var *v = keel_vars_at(vs, i);
         keel_tensor *t = keel_var_tensor(v);
-        if (w->ps_of[i] != p)
+        if (w->ps_of[i] != p || keel__worker_sparse_skip(v, with_slots))
             continue;
         if (t != NULL && t->data != NULL)
             fault_in(t->data, t->count * sizeof(float));

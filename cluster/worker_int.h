@@ -75,6 +75,11 @@ struct keel_cluster_backend {
                                     * views (worker_sparse.c), or NULL */
     uint64_t push_bytes;           /* tensor data pushed in timed steps */
     uint64_t step_bytes;           /* tensor data of this step's push */
+    uint64_t pull_bytes;           /* tensor data received in timed steps
+                                    * (the push's reply, row pulls) */
+    uint64_t step_pull_bytes;      /* that of this step */
+    int rows_attached;             /* row variables read through
+                                    * keel__worker_sparse_attach's source */
 };
 
 /* ---- one request to a ps (worker_call.c) -------------------------------- */
@@ -200,9 +205,10 @@ void keel__worker_part_gather(keel_cluster_backend *w,
  * gradient rules without micro-batches, partitions, per-worker rates,
  * reduce_leaves, elastic membership or chief_applies. */
 int keel__worker_sparse_usable(const keel_cluster_backend *w);
-/* Before a step's push: *sparse 1 when grads has rows this backend
- * pushes as rows; else the rows of grads (and of the micro-batch stores)
- * are added into their dense gradients (*sparse 0). */
+/* Before a step's push: *sparse 1 when grads has rows (or w has row
+ * variables, whose gradient is rows only) this backend pushes as rows;
+ * else the rows of grads (and of the micro-batch stores) are added into
+ * their dense gradients (*sparse 0). */
 keel_status keel__worker_sparse_prepare(keel_cluster_backend *w,
                                         keel_grads *grads, int *sparse);
 /* Variable i's rows in g (after prepare gave *sparse 1) as the two outs
@@ -212,6 +218,27 @@ keel_status keel__worker_sparse_prepare(keel_cluster_backend *w,
 size_t keel__worker_sparse_outs(keel_cluster_backend *w, keel_vars *vs,
                                 keel_grads *g, size_t i,
                                 keel__wire_out *outs);
+
+/* 1 when variable v is left out of a refresh of the values (with_slots
+ * 0: a worker's fetch): a row variable, whose rows a step pulls. */
+static inline int
+keel__worker_sparse_skip(keel_var *v, int with_slots)
+{
+    return !with_slots && (keel_var_flags(v) & KEEL_VAR_ROWS);
+}
+/* Every row variable (KEEL_VAR_ROWS) of w->vs reads its rows from the ps
+ * holding it (PULL_ROWS), until keel__worker_sparse_detach. */
+void keel__worker_sparse_attach(keel_cluster_backend *w);
+void keel__worker_sparse_detach(keel_cluster_backend *w);
+/* After a pull of every ps's values into vs: its row variables, left out
+ * (their rows are pulled by the steps), are marked initialized too. */
+void keel__worker_sparse_pulled(keel_cluster_backend *w, keel_vars *vs);
+/* A gathered checkpoint (not sharded) pulls every row variable whole into
+ * the chief: KEEL_EINVAL naming the largest when the row variables with
+ * their slots exceed KEEL__ROWS_GATHER_MAX bytes (sharded checkpoints
+ * are then the way: each ps writes its own). */
+#define KEEL__ROWS_GATHER_MAX ((uint64_t)1 << 30)
+keel_status keel__worker_sparse_check_gather(const keel_cluster_backend *w);
 
 /* ---- the step (worker_push.c) ------------------------------------------- */
 

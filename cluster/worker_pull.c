@@ -92,6 +92,8 @@ keel__worker_pull_all(keel_cluster_backend *w, keel_vars *vs,
     for (;;) {
         int agreed = 1;
         keel_status st = pull_all_steps(w, vs, with_slots, &agreed);
+        if (st == KEEL_OK && (agreed || !w->o.in.elastic))
+            keel__worker_sparse_pulled(w, vs);
         if (st != KEEL_OK || agreed || !w->o.in.elastic)
             return st;
         if (keel__now_mono_ns() > end)

@@ -150,6 +150,9 @@ send_push(keel_cluster_backend *w, const push_req *q, int p)
                 rows = 1;
                 continue;
             }
+            if (q->sparse && (keel_var_flags(keel_vars_at(q->vs, i)) &
+                              KEEL_VAR_ROWS))
+                continue;               /* a row variable without rows */
             w->outs[k].name = keel_var_name(keel_vars_at(q->vs, i));
             w->outs[k].t = g;
             w->outs[k].pin = NULL;
@@ -238,6 +241,8 @@ take_push_reply(keel_cluster_backend *w, const push_req *q, int p,
         (*aggregated)++;
     } else if (q->into != KEEL__ALGO_INTO_NONE) {
         int64_t t = keel__now_mono_ns();
+        for (size_t k = 0; k < r.n; k++)
+            w->step_pull_bytes += r.tensors[k].t.count * sizeof(float);
         st = q->into == KEEL__ALGO_INTO_CENTER
             ? take_center(q->center, q->vs, &r)
             : keel__worker_take_values(q->vs, &r);
@@ -532,7 +537,9 @@ keel__worker_apply(void *ctx, keel_vars *vs, keel_grads *grads,
         w->wait_ns += end - t_sent - t_copy;
         w->copy_ns += t_copy;
         w->push_bytes += w->step_bytes;
+        w->pull_bytes += w->step_pull_bytes;
     }
+    w->step_pull_bytes = 0;     /* the next step's row pulls count anew */
     w->last_apply_end_ns = keel__now_mono_ns();
     keel_vars_set_global_step(vs, new_step);
     w->last_step_seen = new_step;

@@ -16,19 +16,27 @@
  *   python3 examples/make_clicks.py clicks.h5 --vocab 65536
  *   ./embedding clicks.h5 /tmp/emb_run 300 65536
  *   keel launch --ps 4 --workers 1 -- ./embedding clicks.h5 /tmp/emb4 300 65536
- */
+ *   keel launch --ps 4 --workers 2 -- ./embedding clicks.h5 /tmp/e 300 \
+ *       16777216 sharded 64
+ *
+ * The table is a row variable: on a cluster the chief and the workers
+ * pull the rows a step reads and push their gradient rows; the table
+ * lives on its ps (with the sharded argument, checkpoints too). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <keel/keel.h>
 
 #define FIELDS 8                /* categorical fields per example */
-#define DIM 8                   /* floats per table row */
+#define DIM 8                   /* floats per table row, by default */
+#define MAX_DIM 64
 #define BATCH 128               /* global batch */
 
 typedef struct model {
     keel_dataset *ds;
     keel_embedding *emb;
+    int dim;                    /* floats per table row */
     int replica, n_replicas;
     long print_every;
     double loss_sum;            /* since the last line printed */
@@ -52,39 +60,49 @@ step(void *ctx, keel_step *st)
     size_t n_all = keel_dataset_count(m->ds);
     long lo = (long)BATCH * m->replica / m->n_replicas;
     long hi = (long)BATCH * (m->replica + 1) / m->n_replicas;
-    double loss = 0, dgb = 0, dgw[DIM] = { 0 };
+    double loss = 0, dgb = 0, dgw[MAX_DIM] = { 0 };
+    const int D = m->dim;
+    int32_t y[BATCH];
+    int64_t ids[BATCH * FIELDS];
+    float e[BATCH * FIELDS * MAX_DIM];
     keel_status s = KEEL_OK;
+    /* the slice's ids first, then its rows in one lookup: on a cluster,
+     * one request for the rows this step reads */
     for (long k = lo; k < hi && s == KEEL_OK; k++) {
-        float x[FIELDS], e[FIELDS * DIM], drow[FIELDS * DIM];
-        int64_t ids[FIELDS];
-        int32_t y;
-        double z = b, p, dz, h[DIM] = { 0 };
+        float x[FIELDS];
         size_t i = (size_t)(((uint64_t)gs * BATCH + (uint64_t)k) % n_all);
-        if ((s = keel_dataset_get(m->ds, i, x, &y)) != KEEL_OK)
-            break;
+        s = keel_dataset_get(m->ds, i, x, &y[k - lo]);
         for (int f = 0; f < FIELDS; f++)
-            ids[f] = (int64_t)x[f];
-        if ((s = keel_embedding_lookup(m->emb, FIELDS, ids, e)) != KEEL_OK)
-            break;
+            ids[(k - lo) * FIELDS + f] = (int64_t)x[f];
+    }
+    if (s == KEEL_OK)
+        s = keel_embedding_lookup(m->emb, (size_t)(hi - lo) * FIELDS, ids,
+                                  e);
+    for (long k = lo; k < hi && s == KEEL_OK; k++) {
+        const float *ek = e + (k - lo) * FIELDS * D;
+        float drow[FIELDS * MAX_DIM];
+        double z = b, p, dz, h[MAX_DIM] = { 0 };
+        int32_t yk = y[k - lo];
         for (int f = 0; f < FIELDS; f++)
-            for (int j = 0; j < DIM; j++)
-                h[j] += e[f * DIM + j];
-        for (int j = 0; j < DIM; j++)
+            for (int j = 0; j < D; j++)
+                h[j] += ek[f * D + j];
+        for (int j = 0; j < D; j++)
             z += h[j] * w[j];
         p = 1 / (1 + exp(-z));
-        loss += y ? -log(p + 1e-12) : -log(1 - p + 1e-12);
-        dz = (p - y) / (double)(hi - lo);    /* the mean over the slice */
+        loss += yk ? -log(p + 1e-12) : -log(1 - p + 1e-12);
+        dz = (p - yk) / (double)(hi - lo);   /* the mean over the slice */
         dgb += dz;
-        for (int j = 0; j < DIM; j++)
+        for (int j = 0; j < D; j++)
             dgw[j] += dz * h[j];
         for (int f = 0; f < FIELDS; f++)
-            for (int j = 0; j < DIM; j++)
-                drow[f * DIM + j] = (float)(dz * w[j]);
-        s = keel_embedding_backward(m->emb, FIELDS, ids, drow, g);
+            for (int j = 0; j < D; j++)
+                drow[f * D + j] = (float)(dz * w[j]);
+        s = keel_embedding_backward(m->emb, FIELDS, ids + (k - lo) * FIELDS,
+                                    drow, g);
     }
     if (s != KEEL_OK)
         return s;
-    for (int j = 0; j < DIM; j++)
+    for (int j = 0; j < D; j++)
         gw[j] = (float)dgw[j];
     gb[0] = (float)dgb;
     if ((s = keel_grads_set_examples(g, hi - lo)) != KEEL_OK)
@@ -108,8 +126,8 @@ init_fn(void *ctx, keel_vars *vs)
 {
     model *m = ctx;
     float *w = keel_var_tensor(keel_vars_find(vs, "click/w"))->data;
-    for (int j = 0; j < DIM; j++)
-        w[j] = 1.0f / DIM;
+    for (int j = 0; j < m->dim; j++)
+        w[j] = 1.0f / (float)m->dim;
     return keel_embedding_init_vars(m->emb, 42);
 }
 
@@ -127,7 +145,11 @@ main(int argc, char **argv)
     const char *dir = argc > 2 ? argv[2] : "embedding_run";
     long steps = argc > 3 ? strtol(argv[3], NULL, 10) : 300;
     int64_t vocab = argc > 4 ? strtoll(argv[4], NULL, 10) : 1 << 20;
-    int64_t dim1[1] = { DIM }, one[1] = { 1 };
+    /* "sharded": each ps writes its part of a checkpoint (a table too
+     * large to gather into the chief) */
+    int sharded = argc > 5 && strcmp(argv[5], "sharded") == 0;
+    long dim = argc > 6 ? strtol(argv[6], NULL, 10) : DIM;
+    int64_t dim1[1], one[1] = { 1 };
     model m = { 0 };
     keel_vars *vs = NULL;
     keel_cluster_spec *cluster = NULL;
@@ -142,12 +164,20 @@ main(int argc, char **argv)
     keel_status st;
 
     keel_log_set_handler(log_line, NULL, KEEL_LOG_INFO);
+    if (dim < 1 || dim > MAX_DIM) {
+        fprintf(stderr, "embedding: dim %ld is outside 1..%d\n", dim,
+                MAX_DIM);
+        return 2;
+    }
+    m.dim = (int)dim;
+    dim1[0] = dim;
     m.print_every = steps >= 10 ? steps / 10 : 1;
     /* every task creates the same variables in the same order */
     keel_embedding_config_init(&ecfg);
     ecfg.name = "click/emb";
     ecfg.vocab = vocab;
-    ecfg.dim = DIM;
+    ecfg.dim = dim;
+    ecfg.rows = 1;          /* on a cluster: the table stays on its ps */
     st = keel_vars_new(&vs);
     if (st == KEEL_OK)
         st = keel_embedding_new(&ecfg, vs, &m.emb);
@@ -161,6 +191,8 @@ main(int argc, char **argv)
     opt.schedule.learning_rate = 0.1;
     keel_cluster_config_init(&copts);
     copts.optimizer = &opt;                   /* what the ps apply */
+    copts.sharded_checkpoints = sharded;
+    copts.checkpoint_dir = sharded ? dir : NULL;
     if (st == KEEL_OK)
         st = keel_cluster_spec_detect(&copts, &cluster);
     if (st == KEEL_OK)

@@ -25,6 +25,8 @@ struct keel_var {
     size_t index;
     slot **slots;        /* each slot allocated alone: pointers stay valid */
     size_t n_slots;
+    keel__row_source row_src;  /* KEEL_VAR_ROWS on a worker, else NULL */
+    void *row_ctx;
 };
 
 struct keel_vars {
@@ -342,6 +344,41 @@ keel_var_flags(const keel_var *v)
     return v != NULL ? v->flags : 0;
 }
 
+void
+keel__var_set_row_source(keel_var *v, keel__row_source fn, void *ctx)
+{
+    if (v == NULL)
+        return;
+    v->row_src = fn;
+    v->row_ctx = fn != NULL ? ctx : NULL;
+}
+
+keel_status
+keel_var_gather_rows(keel_var *v, size_t n, const int64_t *ids, float *out)
+{
+    size_t row;
+    if (v == NULL || (n > 0 && (ids == NULL || out == NULL)))
+        return keel__fail(KEEL_EINVAL, "gather rows: NULL argument");
+    if (v->t.ndim < 1 || v->t.shape[0] < 1)
+        return keel__fail(KEEL_EINVAL, "gather rows of '%s': a scalar or "
+                          "empty variable", v->name);
+    for (size_t k = 0; k < n; k++)
+        if (ids[k] < 0 || ids[k] >= v->t.shape[0])
+            return keel__fail(KEEL_EINVAL, "gather rows of '%s': id %lld "
+                              "(entry %zu) is outside [0, %lld)", v->name,
+                              (long long)ids[k], k,
+                              (long long)v->t.shape[0]);
+    if (n == 0)
+        return KEEL_OK;
+    if (v->row_src != NULL)
+        return v->row_src(v->row_ctx, v, n, ids, out);
+    row = v->t.count / (size_t)v->t.shape[0];
+    for (size_t k = 0; k < n; k++)
+        memcpy(out + k * row, v->t.data + (size_t)ids[k] * row,
+               row * sizeof *out);
+    return KEEL_OK;
+}
+
 int
 keel_var_is_trainable(const keel_var *v)
 {
@@ -454,6 +491,8 @@ typedef struct grad_rows {
     int is_coalesced;
     size_t *order;       /* coalescing's permutation, cap entries */
     float *tmp;          /* coalescing's output rows, cap x row floats */
+    int dense_written;   /* a row variable's dense gradient was written
+                          * (keel_grads_densify) since it was zeroed */
 } grad_rows;
 
 struct keel_grads {
@@ -611,9 +650,14 @@ keel_grads_zero(keel_grads *g)
     if (g == NULL)
         return;
     for (size_t i = 0; i < g->n; i++) {
-        if (g->t[i].data != NULL)
+        /* a row variable's dense gradient is written only by densify:
+         * untouched, its pages stay unmapped */
+        int skip = (g->vs->vars[i]->flags & KEEL_VAR_ROWS) &&
+                   !g->rows[i].dense_written;
+        if (g->t[i].data != NULL && !skip)
             memset(g->t[i].data, 0, keel_tensor_bytes(&g->t[i]));
         g->rows[i].n = 0;
+        g->rows[i].dense_written = 0;
     }
 }
 
@@ -783,6 +827,7 @@ keel_grads_densify(keel_grads *g)
         if (r->n == 0)
             continue;
         rows_coalesce(r);
+        r->dense_written = 1;
         for (size_t k = 0; k < r->n; k++) {
             float *dst = g->t[i].data + (size_t)r->ids[k] * r->row;
             const float *src = r->rows + k * r->row;

@@ -5,8 +5,9 @@
 # ln 2 towards the set's Bayes loss in 300 steps; the same program as the
 # chief of 4 ps (keel launch) ends with the bits of the run alone (Adagrad's
 # lazy update is the dense one's bits, and one replica's example-weighted
-# mean is its own gradient), pushing the table's gradient as rows: far
-# fewer bytes per step than the dense table.
+# mean is its own gradient), pushing the table's gradient as rows and
+# pulling only the rows a step reads: far fewer bytes per step than the
+# dense table.
 set -eu
 bin="$KEEL_BUILDDIR/examples/embedding"
 keel="$KEEL_BUILDDIR/keel"
@@ -54,6 +55,18 @@ if [ -z "$pushed" ] || [ "$pushed" -ge $((dense / 2)) ]; then
     grep 'per step' "$dir/launch"
     exit 1
 fi
-echo "embedding: the chief pushed $pushed bytes per step (the table is" \
-     "$dense dense)"
-echo "embedding: 3 passed, 0 failed"
+# and pulls only the rows a step reads (a row variable, PULL_ROWS): at
+# most 1024 rows of 32 bytes, w and b, against the table's 131072 bytes
+# that each push's reply carried before
+pulled=$(sed -n 's/.*chief 0: per step.*, pulled \([0-9]*\).*/\1/p' \
+    "$dir/launch" | tail -1)
+if [ -z "$pulled" ] || [ "$pulled" -gt $((1024 * 32 + 64)) ] ||
+        [ "$pulled" -lt 1024 ]; then
+    echo "embedding: the chief pulled '${pulled:-?}' bytes per step (want" \
+         "the rows the step read: at most $((1024 * 32 + 64)))"
+    grep 'per step' "$dir/launch"
+    exit 1
+fi
+echo "embedding: the chief pushed $pushed and pulled $pulled bytes per" \
+     "step (the table is $dense dense)"
+echo "embedding: 4 passed, 0 failed"

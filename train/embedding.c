@@ -1,5 +1,6 @@
 /* embedding.c - the embedding layer: a table variable [vocab, dim] whose
- * forward pass gathers the rows of integer ids and whose backward pass
+ * forward pass gathers the rows of integer ids (keel_var_gather_rows: from
+ * the ps for a row variable on a worker) and whose backward pass
  * gives the table's gradient as rows (keel_grads_add_rows), so the
  * optimizers update only the rows a step read. */
 #include <config.h>
@@ -24,6 +25,7 @@ keel_embedding_config_init(keel_embedding_config *cfg)
     cfg->name = "embedding";
     cfg->vocab = 0;
     cfg->dim = 16;
+    cfg->rows = 0;
 }
 
 keel_status
@@ -61,7 +63,8 @@ keel_embedding_new(const keel_embedding_config *cfg, keel_vars *vs,
                               "with another shape than [%lld,%lld]", name,
                               (long long)shape[0], (long long)shape[1]);
     } else {
-        st = keel_vars_create(vs, name, 2, shape, KEEL_VAR_TRAINABLE, &v);
+        st = keel_vars_create(vs, name, 2, shape, KEEL_VAR_TRAINABLE |
+                              (cfg->rows ? KEEL_VAR_ROWS : 0u), &v);
         if (st != KEEL_OK)
             return keel__wrap(st, "embedding '%s'", cfg->name);
     }
@@ -119,18 +122,12 @@ keel_status
 keel_embedding_lookup(const keel_embedding *e, size_t n, const int64_t *ids,
                       float *out)
 {
-    const keel_tensor *t;
-    size_t d;
     keel_status st;
     if (e == NULL || (n > 0 && (ids == NULL || out == NULL)))
         return keel__fail(KEEL_EINVAL, "embedding lookup: NULL argument");
     if ((st = check_ids(e, n, ids, "lookup")) != KEEL_OK)
         return st;
-    t = keel_var_tensor(e->table);
-    d = (size_t)e->dim;
-    for (size_t k = 0; k < n; k++)
-        memcpy(out + k * d, t->data + (size_t)ids[k] * d, d * sizeof *out);
-    return KEEL_OK;
+    return keel_var_gather_rows(e->table, n, ids, out);
 }
 
 keel_status

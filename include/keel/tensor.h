@@ -65,7 +65,13 @@ typedef struct keel_var keel_var;     /* one variable, owned by its store */
 
 enum {
     KEEL_VAR_TRAINABLE = 1u << 0,  /* the optimizer updates it */
-    KEEL_VAR_LOCAL = 1u << 1       /* per-process state: never checkpointed */
+    KEEL_VAR_LOCAL = 1u << 1,      /* per-process state: never checkpointed */
+    KEEL_VAR_ROWS = 1u << 2        /* a row variable (an embedding table):
+                                    * read by rows (keel_var_gather_rows),
+                                    * its gradient is rows only; a cluster's
+                                    * worker holds none of its values, it
+                                    * pulls the rows a step reads
+                                    * (docs/cluster.md, "Sparse rows") */
 };
 
 /* 1 if name is a valid variable name: 1..KEEL_NAME_MAX-1 bytes of
@@ -118,6 +124,15 @@ void keel_var_set_initialized(keel_var *v, int is_initialized);
 /* Position in creation order. */
 size_t keel_var_index(const keel_var *v);
 
+/* out (n rows of v's row size, caller's) = v's rows ids[0..n) (ids in
+ * [0, shape[0]), may repeat). On a cluster's worker, a row variable's rows
+ * come from the ps that holds it (one request for the distinct ids; the
+ * values are those the ps holds when it answers); elsewhere from v's
+ * tensor. KEEL_EINVAL naming v for an id out of range or a scalar;
+ * a ps's error otherwise. */
+keel_status keel_var_gather_rows(keel_var *v, size_t n, const int64_t *ids,
+                                 float *out);
+
 /* Optimizer slots: zero-filled tensors of the variable's shape, named by a
  * single segment ("m", "v", "momentum"). Adding an existing slot returns the
  * existing one. *out is borrowed until the store is freed. */
@@ -150,7 +165,9 @@ keel_tensor *keel_grads_at(keel_grads *g, size_t i);
 /* Gradient of the named variable; NULL if none. */
 keel_tensor *keel_grads_find(keel_grads *g, const char *name);
 /* Set every gradient to zero and drop every row (the example count
- * stays). */
+ * stays). A row variable's (KEEL_VAR_ROWS) dense gradient is written
+ * only by keel_grads_densify, and zeroed only after it was: never
+ * touched, it takes no memory. */
 void keel_grads_zero(keel_grads *g);
 
 /* Gradient rows (sparse gradients, TF's IndexedSlices): a step whose

@@ -137,7 +137,9 @@ const keel_model_config *keel_model_get_config(const keel_model *m);
  * (keel_grads_add_rows: the output gradient's row k for id k, duplicates
  * summed in the order given), so an optimizer updates only the rows the
  * step read and a worker pushes only those (docs/cluster.md, "Sparse
- * rows"). The table is an ordinary variable: checkpoints hold it whole. */
+ * rows"). Checkpoints hold the table whole. With rows set the table is a
+ * row variable (KEEL_VAR_ROWS): a cluster's workers and chief hold none
+ * of it and the lookup pulls the rows it reads from the ps. */
 
 typedef struct keel_embedding_config {
     uint32_t struct_size;          /* set by keel_embedding_config_init() */
@@ -145,6 +147,8 @@ typedef struct keel_embedding_config {
                                     * into the variable's name */
     int64_t vocab;                 /* rows; required (>= 1) */
     int64_t dim;                   /* floats per row; default 16 */
+    int rows;                      /* 1: a row variable (KEEL_VAR_ROWS);
+                                    * default 0 */
 } keel_embedding_config;
 
 typedef struct keel_embedding keel_embedding;
@@ -163,7 +167,9 @@ keel_var *keel_embedding_var(const keel_embedding *e);
 /* Keras' default: every entry uniform in [-0.05, 0.05) from seed (the same
  * bits on every machine); marks the table initialized. */
 keel_status keel_embedding_init_vars(keel_embedding *e, uint64_t seed);
-/* out (n x dim floats, caller's) = the table's rows ids[0..n). KEEL_EINVAL
+/* out (n x dim floats, caller's) = the table's rows ids[0..n)
+ * (keel_var_gather_rows: a row variable on a cluster's worker asks its ps
+ * for them; one call per step's batch keeps that one request). KEEL_EINVAL
  * naming the table for an id outside [0, vocab). */
 keel_status keel_embedding_lookup(const keel_embedding *e, size_t n,
                                   const int64_t *ids, float *out);
