@@ -805,7 +805,9 @@ keel__conv_forward(const keel__conv_geom *g, const float *x, size_t n,
         return;
     }
     if (keel__wino_ok(g)) {
+        KEEL__PROF_BEGIN();
         keel__wino_forward(g, x, n, w, col, y);
+        KEEL__PROF_END(gemm_ns);      /* Winograd: transforms and sgemms */
         if (b != NULL)
             keel__bias_act_forward(KEEL_ACT_NONE, y, m, g->cout, b);
         return;
@@ -854,8 +856,11 @@ keel__conv_backward(const keel__conv_geom *g, const float *x, size_t n,
             col2im(g, col, ne, dx + e * xs);
         }
     }
-    if (dx != NULL && wino)
+    if (dx != NULL && wino) {
+        KEEL__PROF_BEGIN();
         keel__wino_backward_dx(g, dy, n, w, col, dx);
+        KEEL__PROF_END(gemm_ns);
+    }
 }
 
 /* ---- K-FAC second moments ------------------------------------------------- */

@@ -14,6 +14,8 @@
 
 #include <string.h>
 
+#include <cblas.h>
+
 #include "util.h"
 #include "train_int.h"
 
@@ -55,12 +57,14 @@ round16(size_t n)
 }
 
 /* Examples per chunk: their transformed inputs and outputs fit in
- * keel__conv_chunk_bytes (at least one example). */
+ * WINO_CHUNK_BYTES (at least one example), a constant: the chunks depend
+ * on the shape alone. */
+#define WINO_CHUNK_BYTES (1024 * 1024)
 static size_t
 wino_chunk(const wshape *s)
 {
     size_t per = tiles_per_example(s) * 16 * (s->ci + s->co) * sizeof(float);
-    size_t c = keel__conv_chunk_bytes / per;
+    size_t c = WINO_CHUNK_BYTES / per;
     return c > 0 ? c : 1;
 }
 
@@ -188,7 +192,6 @@ static void
 inputs_transform(const wshape *s, const float *in, size_t e0, size_t ne,
                  const float *zero, float *V)
 {
-    KEEL__PROF_BEGIN();
     size_t ci = s->ci, tw = (s->ow + 1) / 2, tpe = tiles_per_example(s);
     size_t is = s->ih * s->iw * ci, T = ne * tpe;
     for (size_t e = 0; e < ne; e++) {
@@ -208,7 +211,6 @@ inputs_transform(const wshape *s, const float *in, size_t e0, size_t ne,
             input_tile(p, ci, V + (e * tpe + t) * ci, T * ci);
         }
     }
-    KEEL__PROF_END(im2col_ns);
 }
 
 /* Examples e0 .. e0+ne of out from M (16 x T x co); the tiles' parts
@@ -217,7 +219,6 @@ static void
 outputs_transform(const wshape *s, const float *M, size_t e0, size_t ne,
                   float *scratch, float *out)
 {
-    KEEL__PROF_BEGIN();
     size_t co = s->co, tw = (s->ow + 1) / 2, tpe = tiles_per_example(s);
     size_t os = s->oh * s->ow * co, T = ne * tpe;
     for (size_t e = 0; e < ne; e++) {
@@ -235,7 +236,18 @@ outputs_transform(const wshape *s, const float *M, size_t e0, size_t ne,
             output_tile(M + (e * tpe + t) * co, T * co, co, o);
         }
     }
-    KEEL__PROF_END(im2col_ns);
+}
+
+/* M[xi] = V[xi] U[xi] for the 16 positions xi. */
+static void
+products(size_t T, size_t ci, size_t co, const float *V, const float *U,
+         float *M)
+{
+    for (size_t xi = 0; xi < 16; xi++)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)T,
+                    (blasint)co, (blasint)ci, 1.0f, V + xi * T * ci,
+                    (blasint)ci, U + xi * ci * co, (blasint)co, 0.0f,
+                    M + xi * T * co, (blasint)co);
 }
 
 static void
@@ -252,10 +264,7 @@ wino_run(const wshape *s, const float *in, size_t n, const float *U,
         size_t ne = n - e0 < ch ? n - e0 : ch, T = ne * tpe;
         float *M = V + 16 * T * ci;
         inputs_transform(s, in, e0, ne, zero, V);
-        for (int xi = 0; xi < 16; xi++)
-            keel__sgemm(0, 0, T, co, ci, 1.0f, V + (size_t)xi * T * ci, ci,
-                        U + (size_t)xi * ci * co, co, 0.0f,
-                        M + (size_t)xi * T * co, co);
+        products(T, ci, co, V, U, M);
         outputs_transform(s, M, e0, ne, scratch, out);
     }
 }

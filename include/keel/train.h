@@ -467,7 +467,7 @@ const char *keel_train_blas_corename(void);
  * only while enabled (not thread-safe; for benchmarks). */
 typedef struct keel_train_profile {
     int64_t gemm_ns;        /* sgemm calls */
-    int64_t im2col_ns;      /* im2col, col2im, Winograd transforms */
+    int64_t im2col_ns;      /* im2col and col2im */
     int64_t elementwise_ns; /* bias, activations, pooling, softmax, adds */
     int64_t optimizer_ns;   /* keel_optimizer_apply* */
     int64_t conv_direct_ns; /* direct (no im2col) convolution kernels */
