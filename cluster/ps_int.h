@@ -166,6 +166,8 @@ struct keel__ps {
      * any more, the answer to every push from then on; "" while none */
     char job_end[512];
     const char *checkpoint_dir;  /* keel__ps_config's; NULL: none */
+    const keel__ps_part *parts;  /* keel__ps_config's */
+    size_t n_parts;
     /* the metrics of the PUSH being taken (keel__wire_take_push_metrics),
      * and the sync step's combination its tokens carry while
      * keel__ps_release_pending answers them (has_ack_metrics) */
