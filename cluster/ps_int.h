@@ -335,8 +335,9 @@ keel_status keel__ps_real_save_shard(keel__ps *ps, keel__wire_msg *req);
 /* INIT from a checkpoint (names only: one name, a checkpoint file of this
  * ps's checkpoint directory; global_step and peer_generation: the step and
  * run id it must have): every variable and slot this ps holds read from
- * it by name, whichever shard holds it, nothing through the chief.
- * Counted in init_vars and init_slots; the caller completes the INIT. */
+ * it by name, whichever shard holds it, nothing through the chief; a
+ * part of a partitioned variable (ps->parts) as its rows of the whole
+ * variable and of each of its slots. Counted in init_vars and init_slots; the caller completes the INIT. */
 keel_status keel__ps_read_checkpoint(keel__ps *ps, const keel__wire_msg *req);
 
 /* ---- INIT and readiness, PULL, MIX (ps_values.c) ------------------------ */

@@ -2,7 +2,8 @@
  * chief's request to write this ps's variables and slots as one shard into
  * the shared checkpoint directory (the chief commits the index once every
  * ps answered), and the INIT that names a checkpoint instead of carrying
- * values: the ps reads the variables and slots it holds from it by name. */
+ * values: the ps reads the variables and slots it holds from it by name,
+ * a part NAME/part_k of a partitioned variable as its rows of NAME. */
 #include <config.h>
 
 #include <stdio.h>

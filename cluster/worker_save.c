@@ -254,10 +254,15 @@ keel__worker_init_from_ckpt(keel_cluster_backend *w, keel_vars *vs,
         if (st == KEEL_OK)
             st = rs;
     }
-    if (st == KEEL_OK && n_done > 0)
+    if (st == KEEL_OK && n_done > 0 && run_id != 0)
         keel__log(KEEL_LOG_INFO, "chief: %d parameter server(s) read their "
                   "variables and slots from %s (step %lld, run %016llx): "
                   "no values sent", n_done, name, (long long)step,
                   (unsigned long long)run_id);
+    else if (st == KEEL_OK && n_done > 0)
+        keel__log(KEEL_LOG_INFO, "chief: %d parameter server(s) read their "
+                  "variables and slots from %s (step %lld, a gathered "
+                  "checkpoint): no values sent", n_done, name,
+                  (long long)step);
     return st;
 }

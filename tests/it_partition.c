@@ -256,6 +256,9 @@ START_TEST(test_ps_restore_their_parts_as_rows_of_the_checkpoint)
     run_job("whole", "", 18);
     run_job("intoparts", SHARDED, 18);
     assert_ps_read_rows("intoparts", 3);
+    ck_assert_msg(log_has("intoparts", "chief", "from model.ckpt-12.h5 "
+                          "(step 12, a gathered checkpoint): no values"),
+                  "%s", log_tail("intoparts", "chief"));
     assert_same("whole", "intoparts", 18);
 }
 END_TEST
