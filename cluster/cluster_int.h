@@ -702,6 +702,15 @@ keel_status keel__wire_client_push_parts(
 
 typedef struct keel__ps keel__ps;
 
+/* A variable of a ps that is a part of a partitioned variable
+ * (keel__partition): in a checkpoint, rows [row_begin, row_end) of the
+ * dataset whole (and of each of its slots). Names borrowed. */
+typedef struct keel__ps_part {
+    const char *name;           /* the part on the ps: "NAME/part_k" */
+    const char *whole;          /* NAME */
+    int64_t row_begin, row_end;
+} keel__ps_part;
+
 typedef struct keel__ps_config {
     const char *bind;           /* space-separated endpoints: "tcp://"
                                  * "127.0.0.1:*", or the list of
@@ -751,6 +760,11 @@ typedef struct keel__ps_config {
     /* The shared checkpoint directory a SAVE_SHARD writes this ps's shard
      * into (borrowed for the server's life); NULL: SAVE_SHARD is refused. */
     const char *checkpoint_dir;
+    /* The parts of partitioned variables among vars (borrowed for the
+     * server's life; n_parts 0: none): an INIT from a checkpoint reads
+     * each as rows of its whole variable. */
+    const keel__ps_part *parts;
+    size_t n_parts;
     /* Elastic sync (keel_cluster_config.elastic; needs reduce_leaves and
      * no backups): the live replicas of each step are decided here, at
      * step boundaries (ps_members.c), and told in every reply. */

@@ -38,6 +38,29 @@ keel__partition_rows(int64_t rows, int k, int i, int64_t *first,
     *first = (int64_t)i * base + (i < extra ? i : extra);
 }
 
+int
+keel__partition_part_of(const keel__partition *p, const keel_vars *vs,
+                        size_t j, const char **whole, int64_t *row_begin,
+                        int64_t *row_end)
+{
+    for (size_t i = 0; p != NULL && i < p->n; i++) {
+        keel_tensor *t;
+        int64_t first, n;
+        if (j < p->first[i] || j >= p->first[i] + (size_t)p->parts[i])
+            continue;
+        if (p->parts[i] < 2)
+            return 0;
+        t = keel_var_tensor(keel_vars_at(vs, i));
+        keel__partition_rows(t->shape[0], p->parts[i],
+                             (int)(j - p->first[i]), &first, &n);
+        *whole = keel_var_name(keel_vars_at(vs, i));
+        *row_begin = first;
+        *row_end = first + n;
+        return 1;
+    }
+    return 0;
+}
+
 void
 keel__partition_free(keel__partition *p)
 {

@@ -57,6 +57,8 @@ take_config(keel__ps *ps, const keel__ps_config *cfg)
     ps->chief_applies = cfg->chief_applies;
     ps->dead_after_ms = cfg->dead_after_ms;
     ps->checkpoint_dir = cfg->checkpoint_dir;
+    ps->parts = cfg->parts;
+    ps->n_parts = cfg->n_parts;
     ps->elastic = cfg->elastic;
     if (ps->elastic && (!ps->sync || cfg->reduce_leaves <= 0 ||
                         ps->total_replicas > KEEL__CLUSTER_MAX_REPLICAS ||

@@ -173,6 +173,8 @@ struct keel__ps {
      * any more, the answer to every push from then on; "" while none */
     char job_end[512];
     const char *checkpoint_dir;  /* keel__ps_config's; NULL: none */
+    const keel__ps_part *parts;  /* keel__ps_config's */
+    size_t n_parts;
     /* the metrics of the PUSH being taken (keel__wire_take_push_metrics),
      * and the sync step's combination its tokens carry while
      * keel__ps_release_pending answers them (has_ack_metrics) */
@@ -346,8 +348,9 @@ keel_status keel__ps_real_save_shard(keel__ps *ps, keel__wire_msg *req);
 /* INIT from a checkpoint (names only: one name, a checkpoint file of this
  * ps's checkpoint directory; global_step and peer_generation: the step and
  * run id it must have): every variable and slot this ps holds read from
- * it by name, whichever shard holds it, nothing through the chief.
- * Counted in init_vars and init_slots; the caller completes the INIT. */
+ * it by name, whichever shard holds it, nothing through the chief; a
+ * part of a partitioned variable (ps->parts) as its rows of the whole
+ * variable and of each of its slots. Counted in init_vars and init_slots; the caller completes the INIT. */
 keel_status keel__ps_read_checkpoint(keel__ps *ps, const keel__wire_msg *req);
 
 /* ---- INIT and readiness, PULL, MIX (ps_values.c) ------------------------ */

@@ -2,7 +2,8 @@
  * chief's request to write this ps's variables and slots as one shard into
  * the shared checkpoint directory (the chief commits the index once every
  * ps answered), and the INIT that names a checkpoint instead of carrying
- * values: the ps reads the variables and slots it holds from it by name. */
+ * values: the ps reads the variables and slots it holds from it by name,
+ * a part NAME/part_k of a partitioned variable as its rows of NAME. */
 #include <config.h>
 
 #include <stdio.h>
@@ -62,26 +63,39 @@ keel__ps_real_save_shard(keel__ps *ps, keel__wire_msg *req)
     return keel__ps_send_done(ps, req, KEEL_MSG_SAVE_SHARD);
 }
 
-/* The parts of variable v (and of its slots when with_slots) into
- * parts[*k..], their slot names into slot storage the caller keeps. */
-static void
-var_parts(keel_var *v, int with_slots, keel_ckpt_part *parts, size_t *k)
+/* v's entry in ps->parts when v is a part of a partitioned variable,
+ * else NULL. */
+static const keel__ps_part *
+part_of(const keel__ps *ps, keel_var *v)
 {
-    keel_tensor *t = keel_var_tensor(v), *sl;
-    const char *sn;
-    memset(&parts[*k], 0, sizeof parts[*k]);
-    parts[*k].name = keel_var_name(v);
-    parts[*k].dst = t->data;
-    parts[*k].count = t->count;
-    (*k)++;
-    for (size_t j = 0; with_slots &&
-                       (sl = keel_var_slot_at(v, j, &sn)) != NULL; j++) {
-        memset(&parts[*k], 0, sizeof parts[*k]);
-        parts[*k].name = keel_var_name(v);
-        parts[*k].slot = sn;
-        parts[*k].dst = sl->data;
-        parts[*k].count = sl->count;
-        (*k)++;
+    for (size_t i = 0; i < ps->n_parts; i++)
+        if (strcmp(ps->parts[i].name, keel_var_name(v)) == 0)
+            return &ps->parts[i];
+    return NULL;
+}
+
+/* The tensors of variable v (and of its slots when with_slots) into
+ * parts[*k..]: by v's name, or for a part of a partitioned variable (pp)
+ * its rows of the whole variable's dataset (and of each slot's). */
+static void
+var_parts(keel_var *v, const keel__ps_part *pp, int with_slots,
+          keel_ckpt_part *parts, size_t *k)
+{
+    keel_tensor *t = keel_var_tensor(v), *sl = NULL;
+    const char *sn = NULL;
+    for (size_t j = 0; j == 0 || (with_slots &&
+                                  (sl = keel_var_slot_at(v, j - 1, &sn)) !=
+                                      NULL); j++) {
+        keel_ckpt_part *q = &parts[(*k)++];
+        memset(q, 0, sizeof *q);
+        q->name = pp != NULL ? pp->whole : keel_var_name(v);
+        q->slot = j > 0 ? sn : NULL;
+        q->dst = j > 0 ? sl->data : t->data;
+        q->count = j > 0 ? sl->count : t->count;
+        if (pp != NULL) {
+            q->row_begin = pp->row_begin;
+            q->row_end = pp->row_end;
+        }
     }
 }
 
@@ -108,7 +122,7 @@ keel_status
 keel__ps_read_checkpoint(keel__ps *ps, const keel__wire_msg *req)
 {
     char path[KEEL_PATH_MAX];
-    size_t nv = keel_vars_count(ps->vars), n = 0, k = 0;
+    size_t nv = keel_vars_count(ps->vars), n = 0, k = 0, n_rows = 0;
     keel_ckpt_part *parts;
     keel_status st = init_path(ps, req, path, sizeof path);
     if (st != KEEL_OK)
@@ -121,8 +135,11 @@ keel__ps_read_checkpoint(keel__ps *ps, const keel__wire_msg *req)
                           ps->task_index, n);
     for (size_t i = 0; i < nv; i++) {
         keel_var *v = keel_vars_at(ps->vars, i);
-        if (!(keel_var_flags(v) & KEEL_VAR_LOCAL))
-            var_parts(v, 1, parts, &k);
+        const keel__ps_part *pp = part_of(ps, v);
+        if (keel_var_flags(v) & KEEL_VAR_LOCAL)
+            continue;
+        var_parts(v, pp, 1, parts, &k);
+        n_rows += pp != NULL;
     }
     /* the step and run id are the chief's: a file of another checkpoint
      * (or a shard of another run behind the index) is refused before
@@ -144,6 +161,11 @@ keel__ps_read_checkpoint(keel__ps *ps, const keel__wire_msg *req)
                   "tensors of step %lld from %s (no values through the "
                   "chief)", ps->task_index, read, k - read,
                   (long long)req->h.global_step, path);
+        if (n_rows > 0)
+            keel__log(KEEL_LOG_INFO, "ps %d: %zu of them parts of "
+                      "partitioned variables, each (and its slots) read as "
+                      "its rows of the whole variable", ps->task_index,
+                      n_rows);
     }
     free(parts);
     if (st != KEEL_OK)

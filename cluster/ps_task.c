@@ -52,6 +52,10 @@ typedef struct ps_task {
     int idx;                        /* this ps's task index */
     size_t n_model;                 /* variables of the whole model */
     keel_vars *shard;
+    keel__ps_part *parts;           /* the shard's parts of partitioned
+                                     * variables (names: the shard's and
+                                     * the caller's store's) */
+    size_t n_parts;
     int has_rule;                   /* the rule updates (not an optimizer) */
     keel__algo_ps rule;
     keel__curve curve;
@@ -62,9 +66,11 @@ typedef struct ps_task {
 
 /* The model's variables placed on this ps, into a new store: with the
  * slots of the chief's update rule when the chief applies (they are the
- * store's). */
+ * store's). model is part's wire store (part NULL: vars); the shard's
+ * parts of vars's partitioned variables go into t->parts. */
 static keel_status
-build_shard(ps_task *t, const keel_vars *model)
+build_shard(ps_task *t, const keel_vars *model, const keel__partition *part,
+            const keel_vars *vars)
 {
     int n_ps = (int)keel_cluster_spec_num_tasks(t->o->spec, KEEL_TASK_PS);
     size_t n = t->n_model;
@@ -75,6 +81,9 @@ build_shard(ps_task *t, const keel_vars *model)
     st = keel__cluster_place(model, n_ps, t->o->round_robin, ps_of);
     if (st == KEEL_OK)
         st = keel_vars_new(&t->shard);
+    if (st == KEEL_OK && part != NULL &&
+        (t->parts = calloc(n, sizeof *t->parts)) == NULL)
+        st = keel__fail(KEEL_ENOMEM, "ps: parts of %zu", n);
     for (size_t i = 0; i < n && st == KEEL_OK; i++) {
         keel_var *v = keel_vars_at(model, i);
         keel_tensor *vt = keel_var_tensor(v);
@@ -82,6 +91,11 @@ build_shard(ps_task *t, const keel_vars *model)
         if (ps_of[i] == t->idx)
             st = keel_vars_create(t->shard, keel_var_name(v), vt->ndim,
                                   vt->shape, keel_var_flags(v), &sv);
+        if (sv != NULL && keel__partition_part_of(
+                              part, vars, i, &t->parts[t->n_parts].whole,
+                              &t->parts[t->n_parts].row_begin,
+                              &t->parts[t->n_parts].row_end))
+            t->parts[t->n_parts++].name = keel_var_name(sv);
         for (size_t k = 0; sv != NULL && t->o->in.chief_applies &&
                            st == KEEL_OK && k < keel_var_slot_count(v); k++) {
             const char *sname;
@@ -194,6 +208,8 @@ start_ps(ps_task *t, keel_optimizer *opt)
     pc->chief_applies = o->in.chief_applies;
     pc->checkpoint_dir = o->in.sharded_checkpoints ? o->in.checkpoint_dir
                                                    : NULL;
+    pc->parts = t->parts;
+    pc->n_parts = t->n_parts;
     pc->elastic = o->in.elastic;
     st = keel__ps_new(pc, &t->ps);
     if (st != KEEL_OK)
@@ -254,8 +270,10 @@ log_ps_done(const ps_task *t)
 }
 
 static keel_status
-run_ps(const keel__role_opts *o, const keel_vars *model, keel_optimizer *opt)
+run_ps(const keel__role_opts *o, const keel__partition *part,
+       const keel_vars *vars, keel_optimizer *opt)
 {
+    const keel_vars *model = part != NULL ? part->wire : vars;
     ps_task t;
     keel_status st;
     memset(&t, 0, sizeof t);
@@ -264,7 +282,7 @@ run_ps(const keel__role_opts *o, const keel_vars *model, keel_optimizer *opt)
     t.n_model = keel_vars_count(model);
     t.has_rule = !keel_algorithm_pushes_gradients(o->algo.c.name);
     keel__role_set_send_buffer(o);
-    st = build_shard(&t, model);
+    st = build_shard(&t, model, part, vars);
     if (st == KEEL_OK)
         st = prepare_shard(&t, opt);
     if (st == KEEL_OK)
@@ -279,6 +297,7 @@ run_ps(const keel__role_opts *o, const keel_vars *model, keel_optimizer *opt)
     keel__algo_ps_clear(&t.rule);
     keel__curve_clear(&t.curve);
     keel_vars_free(t.shard);
+    free(t.parts);
     return st;
 }
 
@@ -318,7 +337,7 @@ keel_ps_run(const keel_cluster_spec *spec, const keel_vars *vars,
                                  o.in.partition_bytes, o.in.max_partitions,
                                  0, &part);
         if (st == KEEL_OK)      /* as the workers compute */
-            st = KEEL__FLUSHED(run_ps(&o, part ? part->wire : vars, opt));
+            st = KEEL__FLUSHED(run_ps(&o, part, vars, opt));
         keel__partition_free(part);
     }
     keel_optimizer_free(opt);

@@ -81,6 +81,12 @@ void keel__partition_rows(int64_t rows, int k, int i, int64_t *first,
 keel_status keel__partition_new(const keel_vars *vs, int n_ps,
                                 int64_t part_bytes, int max_parts,
                                 int with_slots, keel__partition **out);
+/* 1 when entry j of p->wire is a part of a split variable of vs (the
+ * store p was made from): *whole its name (vs's), its rows [*row_begin,
+ * *row_end); 0 when entry j is a variable whole. */
+int keel__partition_part_of(const keel__partition *p, const keel_vars *vs,
+                            size_t j, const char **whole,
+                            int64_t *row_begin, int64_t *row_end);
 void keel__partition_free(keel__partition *p);
 /* vs (the store p was made from) into p->wire (scatter) or p->wire into
  * vs (gather): values, initialized flags, the global step and, with

@@ -148,9 +148,11 @@ keel__worker_save(void *ctx, keel_saver *saver, keel_vars *vs,
     return st;
 }
 
-/* The sharded checkpoint of checkpoint_dir at step: its file name in name
- * and its run id, or 0 when there is none (an ordinary checkpoint, none
- * of that step, one that cannot be read: the values are sent instead). */
+/* The checkpoint of checkpoint_dir at step the ps can read from: its
+ * file name in name and its run id (a sharded checkpoint's index; 0: a
+ * gathered checkpoint, one file the chief wrote), or 0 when there is
+ * none (none of that step, one that cannot be read: the values are sent
+ * instead). */
 static int
 find_sharded(const char *dir, int64_t step, char *name, size_t size,
              uint64_t *run_id)
@@ -173,8 +175,8 @@ find_sharded(const char *dir, int64_t step, char *name, size_t size,
                 (int)sizeof path ||
             keel_ckpt_read_info(path, &info) != KEEL_OK)
             continue;
-        if (info->shard_count > 0 && info->global_step == step &&
-            info->run_id != 0) {
+        if (info->global_step == step &&
+            (info->shard_count == 0 || info->run_id != 0)) {
             strcpy(name, f->name);
             *run_id = info->run_id;
             found = 1;
@@ -196,9 +198,10 @@ keel__worker_init_from_ckpt(keel_cluster_backend *w, keel_vars *vs,
     keel_status st = KEEL_OK;
     int sent = 0, n_done = 0;
     memset(done, 0, (size_t)w->n_ps);
-    /* partitioned variables are one virtual dataset each in the index,
-     * not the parts a ps holds: the chief's INIT carries their values */
-    if (!keel__worker_sharded(w) || w->part != NULL ||
+    /* a ps holding parts NAME/part_k of a partitioned variable reads
+     * their rows of NAME (the index's virtual dataset, or a gathered
+     * checkpoint's dataset): the same split on every task (partition.c) */
+    if (!keel__worker_sharded(w) ||
         !find_sharded(w->o.in.checkpoint_dir, step, name, sizeof name,
                       &run_id))
         return KEEL_OK;
@@ -251,10 +254,15 @@ keel__worker_init_from_ckpt(keel_cluster_backend *w, keel_vars *vs,
         if (st == KEEL_OK)
             st = rs;
     }
-    if (st == KEEL_OK && n_done > 0)
+    if (st == KEEL_OK && n_done > 0 && run_id != 0)
         keel__log(KEEL_LOG_INFO, "chief: %d parameter server(s) read their "
                   "variables and slots from %s (step %lld, run %016llx): "
                   "no values sent", n_done, name, (long long)step,
                   (unsigned long long)run_id);
+    else if (st == KEEL_OK && n_done > 0)
+        keel__log(KEEL_LOG_INFO, "chief: %d parameter server(s) read their "
+                  "variables and slots from %s (step %lld, a gathered "
+                  "checkpoint): no values sent", n_done, name,
+                  (long long)step);
     return st;
 }

@@ -4392,6 +4392,20 @@ START_TEST(test_partition_covers_rows_once_and_spreads_over_ps)
     ck_assert_int_eq(keel_var_tensor(keel_vars_at(p->wire, 1))->shape[0], 3);
     ck_assert_int_eq(keel_var_tensor(keel_vars_at(p->wire, 2))->shape[1], 3);
     ck_assert_ptr_nonnull(keel_var_slot(keel_vars_at(p->wire, 1), "m"));
+    /* each part's rows of its whole variable (what a ps reads from a
+     * checkpoint); a variable kept whole is no part */
+    for (size_t j = 0; j < 6; j++) {
+        const char *whole = NULL;
+        int64_t b = -1, e = -1;
+        static const int64_t rows[3][2] = { { 0, 4 }, { 4, 7 }, { 7, 10 } };
+        int is = keel__partition_part_of(p, vs, j, &whole, &b, &e);
+        ck_assert_int_eq(is, j < 3);
+        if (!is)
+            continue;
+        ck_assert_str_eq(whole, "big");
+        ck_assert_int_eq(b, rows[j][0]);
+        ck_assert_int_eq(e, rows[j][1]);
+    }
     /* the same split on every call */
     again = split_of(vs, 0);
     ck_assert_int_eq(keel_vars_count(again->wire), 6);

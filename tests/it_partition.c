@@ -23,10 +23,11 @@
 
 static char out[65536], err[65536];
 
-/* Run the job with the [cluster] tail into <tu_dir>/<name> on 3 ps. */
+/* Run the job with the [cluster] tail into <tu_dir>/<name> on n_ps ps. */
 static void
-run_job(const char *name, const char *cluster, int max_steps)
+run_job_on(const char *name, const char *cluster, int max_steps, int n_ps)
 {
+    char ps[16];
     char text[2048], cfg[4200], env0[4200];
     char *env[] = { env0, NULL };
     char *argv[12];
@@ -44,8 +45,9 @@ run_job(const char *name, const char *cluster, int max_steps)
     argv[n++] = (char *)tu_build_path("keel");
     argv[n++] = "launch";
     argv[n++] = cfg;
+    TU_SNPRINTF(ps, sizeof ps, "%d", n_ps);
     argv[n++] = "--ps";
-    argv[n++] = "3";
+    argv[n++] = ps;
     argv[n++] = "--workers";
     argv[n++] = "1";
     argv[n++] = "--no-status";
@@ -54,6 +56,85 @@ run_job(const char *name, const char *cluster, int max_steps)
     rc = tu_run(argv, env, RUN_MS, out, sizeof out, err, sizeof err);
     ck_assert_msg(rc == 0, "run '%s' exited %d:\n%s\n%s", name, rc,
                   tu_tail(out, 2000), tu_tail(err, 2000));
+}
+
+/* On 3 ps. */
+static void
+run_job(const char *name, const char *cluster, int max_steps)
+{
+    run_job_on(name, cluster, max_steps, 3);
+}
+
+/* A copy of <tu_dir>/<from> as <tu_dir>/<to> (cp -a). */
+static void
+copy_run(const char *from, const char *to)
+{
+    char a[4200], b[4200];
+    char *argv[] = { "/bin/cp", "-a", a, b, NULL };
+    TU_SNPRINTF(a, sizeof a, "%s/%s", tu_dir, from);
+    TU_SNPRINTF(b, sizeof b, "%s/%s", tu_dir, to);
+    ck_assert_int_eq(tu_run(argv, NULL, RUN_MS, NULL, 0, NULL, 0), 0);
+}
+
+/* Whether <tu_dir>/<name>/logs/<task>.log holds text. */
+static int
+log_has(const char *name, const char *task, const char *text)
+{
+    char path[4200], *log;
+    int has;
+    TU_SNPRINTF(path, sizeof path, "%s/%s/logs/%s.log", tu_dir, name, task);
+    log = tu_read_file(path, NULL);
+    has = log != NULL && strstr(log, text) != NULL;
+    free(log);
+    return has;
+}
+
+/* The last lines of <tu_dir>/<name>/logs/<task>.log, for a failure. */
+static const char *
+log_tail(const char *name, const char *task)
+{
+    static char tail[2048];
+    char path[4200], *log;
+    TU_SNPRINTF(path, sizeof path, "%s/%s/logs/%s.log", tu_dir, name, task);
+    log = tu_read_file(path, NULL);
+    snprintf(tail, sizeof tail, "%s", log != NULL ? tu_tail(log, 1500)
+                                                  : "(no log)");
+    free(log);
+    return tail;
+}
+
+/* Run a's and b's checkpoints of step are bitwise equal. */
+static void
+assert_same(const char *a, const char *b, int step)
+{
+    char pa[4200], pb[4200];
+    int rc;
+    TU_SNPRINTF(pa, sizeof pa, "%s/%s/model.ckpt-%d.h5", tu_dir, a, step);
+    TU_SNPRINTF(pb, sizeof pb, "%s/%s/model.ckpt-%d.h5", tu_dir, b, step);
+    rc = TU_KEEL(RUN_MS, "ckpt", "diff", pa, pb);
+    ck_assert_msg(rc == 0, "keel ckpt diff %s %s exited %d:\n%s%s", a, b,
+                  rc, out, err);
+}
+
+/* Every ps of run name read its parts as rows from the checkpoint of
+ * step 12 and the chief's INIT carried no values. */
+static void
+assert_ps_read_rows(const char *name, int n_ps)
+{
+    for (int p = 0; p < n_ps; p++) {
+        char task[16], text[64];
+        TU_SNPRINTF(task, sizeof task, "ps.%d", p);
+        TU_SNPRINTF(text, sizeof text, "ps %d: read ", p);
+        ck_assert_msg(log_has(name, task, text) &&
+                      log_has(name, task, " of step 12 from ") &&
+                      log_has(name, task, "of them parts of partitioned "
+                              "variables"), "%s ps %d:\n%s", name, p,
+                      log_tail(name, task));
+    }
+    ck_assert_msg(log_has(name, "chief", "(INIT of 0.0 MiB in ") &&
+                  log_has(name, "chief", "3 read a checkpoint") ==
+                      (n_ps == 3), "%s:\n%s", name,
+                  log_tail(name, "chief"));
 }
 
 static void
@@ -152,6 +233,36 @@ START_TEST(test_partitioned_sharded_run_equals_the_gathered_one)
 }
 END_TEST
 
+/* The ps restore their parts themselves, nothing through the chief: a
+ * partitioned sharded checkpoint of 3 ps (kernels in 3 parts) resumed on
+ * 2 ps (kernels in 2 parts), each ps reading its parts' rows through the
+ * index's virtual datasets, equals the same checkpoint resumed with the
+ * values through the chief's INIT; a gathered checkpoint of an
+ * unpartitioned run resumed partitioned (each ps reading rows of the
+ * plain datasets) equals that run resumed unpartitioned. */
+START_TEST(test_ps_restore_their_parts_as_rows_of_the_checkpoint)
+{
+    run_job("sharded", SHARDED, 12);
+    copy_run("sharded", "byinit");
+    run_job_on("sharded", SHARDED, 18, 2);
+    assert_ps_read_rows("sharded", 2);
+    run_job_on("byinit", GATHERED, 18, 2);
+    ck_assert_msg(!log_has("byinit", "chief", "(INIT of 0.0 MiB in "),
+                  "%s", log_tail("byinit", "chief"));
+    assert_same("byinit", "sharded", 18);
+
+    run_job("whole", "", 12);
+    copy_run("whole", "intoparts");
+    run_job("whole", "", 18);
+    run_job("intoparts", SHARDED, 18);
+    assert_ps_read_rows("intoparts", 3);
+    ck_assert_msg(log_has("intoparts", "chief", "from model.ckpt-12.h5 "
+                          "(step 12, a gathered checkpoint): no values"),
+                  "%s", log_tail("intoparts", "chief"));
+    assert_same("whole", "intoparts", 18);
+}
+END_TEST
+
 START_TEST(test_bad_partition_values_exit_2_naming_the_key)
 {
     static const char *const bad[][2] = {
@@ -181,6 +292,7 @@ partition_suite(void)
     tu_tcase(s, "launch", 240, setup, tu_teardown, TU_TESTS(
         test_partitioned_run_equals_the_unpartitioned_one,
         test_partitioned_sharded_run_equals_the_gathered_one,
+        test_ps_restore_their_parts_as_rows_of_the_checkpoint,
         test_bad_partition_values_exit_2_naming_the_key));
     return s;
 }
