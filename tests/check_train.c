@@ -228,81 +228,6 @@ START_TEST(test_conv2d_direct_paths_gradients_match_finite_differences)
 }
 END_TEST
 
-/* Winograd F(2x2, 3x3) (3x3 stride 1, at least KEEL__WINO_MIN_CIN input
- * channels) against im2col + sgemm: forward and dx within 1e-5 relative to
- * the output's scale; dW is the same path either way (identical bits).
- * (test_model_threads_give_identical_bits runs it in the CNN's conv2.) */
-static void
-check_winograd(size_t h, size_t w, size_t cin, size_t cout, int same,
-               size_t n)
-{
-    keel__conv_geom g = { .h = h, .w = w, .cin = cin, .kh = 3, .kw = 3,
-                          .cout = cout, .sh = 1, .sw = 1 };
-    size_t nx, ny, nw, xs, ys;
-    float *x, *wt, *dy, *col, *y[2], *dw[2], *dx[2];
-    float ymax = 0, dxmax = 0;
-    ck_assert_int_eq(keel__conv_geom_init(&g, same), KEEL_OK);
-    ck_assert(keel__wino_ok(&g));
-    xs = h * w * cin;
-    ys = g.oh * g.ow * cout;
-    nx = n * xs;
-    ny = n * ys;
-    nw = 9 * cin * cout;
-    x = malloc(nx * 4);
-    wt = malloc(nw * 4);
-    dy = malloc(ny * 4);
-    col = malloc(keel__conv_col_size(&g, n) * 4);
-    fill_uniform(x, nx, 31, -1, 1);
-    fill_uniform(wt, nw, 32, -0.3f, 0.3f);
-    fill_uniform(dy, ny, 33, -1, 1);
-    for (int p = 0; p < 2; p++) {
-        y[p] = malloc(ny * 4);
-        dw[p] = malloc(nw * 4);
-        dx[p] = malloc(nx * 4);
-        keel__conv_winograd = p;
-        keel__conv_forward(&g, x, n, wt, NULL, col, y[p]);
-        keel__conv_backward(&g, x, n, dy, wt, col, 1, dw[p], NULL, dx[p]);
-    }
-    for (size_t i = 0; i < ny; i++)
-        ymax = fmaxf(ymax, fabsf(y[0][i]));
-    for (size_t i = 0; i < nx; i++)
-        dxmax = fmaxf(dxmax, fabsf(dx[0][i]));
-    for (size_t i = 0; i < ny; i++)
-        ck_assert_msg(fabsf(y[1][i] - y[0][i]) <= 1e-5f * ymax,
-                      "winograd y[%zu]: %g vs im2col %g", i,
-                      (double)y[1][i], (double)y[0][i]);
-    for (size_t i = 0; i < nx; i++)
-        ck_assert_msg(fabsf(dx[1][i] - dx[0][i]) <= 1e-5f * dxmax,
-                      "winograd dx[%zu]: %g vs im2col %g", i,
-                      (double)dx[1][i], (double)dx[0][i]);
-    ck_assert(memcmp(dw[0], dw[1], nw * 4) == 0);
-    keel__conv_winograd = 1;
-    for (int p = 0; p < 2; p++) {
-        free(y[p]);
-        free(dw[p]);
-        free(dx[p]);
-    }
-    free(x);
-    free(wt);
-    free(dy);
-    free(col);
-}
-
-START_TEST(test_conv2d_winograd_matches_im2col)
-{
-    check_winograd(13, 13, 32, 64, 0, 16);   /* the CNN's conv2 */
-    check_winograd(7, 6, 9, 5, 1, 3);        /* same padding, odd sizes */
-    check_winograd(4, 5, 8, 17, 0, 9);
-}
-END_TEST
-
-START_TEST(test_conv2d_winograd_gradients_match_finite_differences)
-{
-    check_conv(6, 7, 8, 5, 3, 1, 0);
-    check_conv(5, 6, 9, 3, 3, 1, 1);
-}
-END_TEST
-
 START_TEST(test_conv2d_direct_paths_give_identical_bits)
 {
     keel__conv_geom g = { .h = 28, .w = 28, .cin = 1, .kh = 3, .kw = 3,
@@ -3825,8 +3750,6 @@ train_suite(void)
         test_conv2d_chunked_im2col_gradients_match_finite_differences,
         test_conv2d_direct_paths_gradients_match_finite_differences,
         test_conv2d_direct_paths_give_identical_bits,
-        test_conv2d_winograd_matches_im2col,
-        test_conv2d_winograd_gradients_match_finite_differences,
         test_maxpool_gradients_match_finite_differences,
         test_relu_and_tanh_gradients_match_finite_differences,
         test_softmax_xent_gradients_match_finite_differences));

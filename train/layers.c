@@ -331,10 +331,8 @@ conv_chunk(const keel__conv_geom *g)
 size_t
 keel__conv_col_size(const keel__conv_geom *g, size_t n)
 {
-    size_t c = conv_chunk(g), sz = (n < c ? n : c) * col_per_example(g);
-    if (keel__wino_ok(g) && keel__wino_size(g, n) > sz)
-        sz = keel__wino_size(g, n);
-    return sz;
+    size_t c = conv_chunk(g);
+    return (n < c ? n : c) * col_per_example(g);
 }
 
 static KEEL__HOT void
@@ -804,14 +802,6 @@ keel__conv_forward(const keel__conv_geom *g, const float *x, size_t n,
             keel__bias_act_forward(KEEL_ACT_NONE, y, m, g->cout, b);
         return;
     }
-    if (keel__wino_ok(g)) {
-        KEEL__PROF_BEGIN();
-        keel__wino_forward(g, x, n, w, col, y);
-        KEEL__PROF_END(gemm_ns);      /* Winograd: transforms and sgemms */
-        if (b != NULL)
-            keel__bias_act_forward(KEEL_ACT_NONE, y, m, g->cout, b);
-        return;
-    }
     for (size_t e = 0, c = conv_chunk(g); e < n; e += c) {
         size_t ne = n - e < c ? n - e : c, pe = g->oh * g->ow;
         im2col(g, x + e * g->h * g->w * g->cin, ne, col);
@@ -831,9 +821,6 @@ keel__conv_backward(const keel__conv_geom *g, const float *x, size_t n,
     size_t m = n * g->oh * g->ow, k = g->kh * g->kw * g->cin;
     size_t c = conv_chunk(g), pe = g->oh * g->ow;
     size_t xs = g->h * g->w * g->cin;
-    int wino = keel__wino_ok(g);
-    if (wino)
-        col_is_valid = 0;      /* the forward pass left Winograd's tiles */
     if (db != NULL)
         keel__col_sums(dy, m, g->cout, db);
     if (dw != NULL && direct_ok(g)) {
@@ -850,16 +837,11 @@ keel__conv_backward(const keel__conv_geom *g, const float *x, size_t n,
             keel__sgemm(1, 0, k, g->cout, ne * pe, 1.0f, col, k, dye,
                         g->cout, e == 0 ? 0.0f : 1.0f, dw, g->cout);
         }
-        if (dx != NULL && !wino) {
+        if (dx != NULL) {
             keel__sgemm(0, 1, ne * pe, k, g->cout, 1.0f, dye, g->cout, w,
                         g->cout, 0.0f, col, k);
             col2im(g, col, ne, dx + e * xs);
         }
-    }
-    if (dx != NULL && wino) {
-        KEEL__PROF_BEGIN();
-        keel__wino_backward_dx(g, dy, n, w, col, dx);
-        KEEL__PROF_END(gemm_ns);
     }
 }
 

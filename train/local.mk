@@ -8,7 +8,7 @@
 # inverses) on kfac_factors.c (the factors' statistics), sharing
 # kfac_int.h; kfac_layers.c holds the layer collection.
 libkeel_core_la_SOURCES += train/train_int.h \
-	train/layers.c train/winograd.c train/embedding.c \
+	train/layers.c train/embedding.c \
 	train/model_int.h train/model.c train/model_run.c train/model_desc.c \
 	train/hogwild.c train/kfac_int.h train/kfac.c train/kfac_inverse.c \
 	train/kfac_factors.c train/kfac_layers.c \

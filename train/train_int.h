@@ -83,21 +83,6 @@ enum { KEEL__DC_OFF, KEEL__DC_AUTO, KEEL__DC_GENERIC, KEEL__DC_AVX2,
        KEEL__DC_AVX512 };
 extern int keel__conv_direct;
 int keel__conv_direct_path_supported(int path);
-/* 3x3 stride-1 convolutions with at least KEEL__WINO_MIN_CIN input
- * channels (padding at most 2) compute the forward pass and the input
- * gradient as Winograd F(2x2, 3x3) (train/winograd.c): chosen by shape
- * alone, never by the CPU or the thread count; its results differ from
- * im2col + sgemm in the last bits (tested within 1e-5 relative).
- * keel__conv_winograd = 0 (for tests) turns it off. The col workspace
- * (keel__conv_col_size) also holds Winograd's. */
-#define KEEL__WINO_MIN_CIN 8
-extern int keel__conv_winograd;
-int keel__wino_ok(const keel__conv_geom *g);
-size_t keel__wino_size(const keel__conv_geom *g, size_t n);
-void keel__wino_forward(const keel__conv_geom *g, const float *x, size_t n,
-                        const float *w, float *ws, float *y);
-void keel__wino_backward_dx(const keel__conv_geom *g, const float *dy,
-                            size_t n, const float *w, float *ws, float *dx);
 /* col_is_valid: col still holds the forward im2col of x (used only when n
  * fits one chunk; otherwise every chunk is recomputed). dw, db
  * OVERWRITTEN; dx (if non-NULL) overwritten. */
