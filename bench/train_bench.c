@@ -121,13 +121,11 @@ steps(run *r, int n)
         if (!r->zeroed)
             keel_grads_zero(net->g);
         r->zeroed = 0;
-        if (keel_model_step(net->m, net->vs, &b, r->batch, net->g, &st) !=
-            KEEL_OK)
-            die("step");
+        /* the step and the update in one pool run (train_int.h) */
         int64_t gs = keel_vars_global_step(net->vs);
-        if (keel__optimizer_apply_pooled(r->o, net->vs, net->g, gs, 1,
-                                         keel__model_pool(net->m)) != KEEL_OK)
-            die("apply");
+        if (keel__model_step_apply(net->m, net->vs, &b, r->batch, net->g, &st,
+                                   r->o, gs, 1) != KEEL_OK)
+            die("step");
         r->zeroed = 1;
         keel_vars_set_global_step(net->vs, gs + 1);
     }

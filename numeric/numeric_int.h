@@ -166,5 +166,16 @@ keel_status keel__optimizer_apply_pooled(keel_optimizer *o, keel_vars *vs,
                                          keel_grads *grads,
                                          int64_t global_step, int zero,
                                          keel__pool *pool);
+/* keel__optimizer_apply_pooled in two parts, for a caller that runs the
+ * dense updates inside its own pool run: _begin checks everything (a
+ * failure changes nothing) and updates the variables with gradient rows;
+ * then each of nthreads threads calls _part once with its index t, after
+ * the gradients are final and nothing reads the variables any more. The
+ * same bits as keel__optimizer_apply_pooled, for any nthreads. The
+ * gradients' tensors must stay those of the _begin call. */
+keel_status keel__optimizer_begin(keel_optimizer *o, keel_vars *vs,
+                                  keel_grads *grads, int64_t global_step,
+                                  int zero);
+void keel__optimizer_part(keel_optimizer *o, int t, int nthreads);
 
 #endif

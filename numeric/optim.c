@@ -21,6 +21,8 @@ struct keel_optimizer {
     keel_optimizer_config cfg;
     struct opt_task *task;        /* apply's work list, reused */
     size_t cap;
+    struct opt_call *pending;     /* keel__optimizer_begin's call, run by
+                                   * keel__optimizer_part */
 };
 
 static const char *const lr_names[] = { "constant", "piecewise",
@@ -234,8 +236,10 @@ keel_optimizer_new(const keel_optimizer_config *cfg, keel_optimizer **out)
 void
 keel_optimizer_free(keel_optimizer *o)
 {
-    if (o != NULL)
+    if (o != NULL) {
         free(o->task);
+        free(o->pending);
+    }
     free(o);
 }
 
@@ -707,9 +711,12 @@ cas_rows(const opt_call *a, const opt_task *k, size_t n, const int64_t *ids,
         }
 }
 
+/* Check and resolve one apply into *a (every check first: a failing
+ * apply changes no variable), then update the variables with gradient
+ * rows; the dense updates are left to the caller. */
 static keel_status
-apply_all_fp(keel_optimizer *o, keel_vars *vs, keel_grads *grads,
-             int64_t global_step, int zero, keel__pool *pool, int cas)
+apply_prepare(keel_optimizer *o, keel_vars *vs, keel_grads *grads,
+              int64_t global_step, int zero, int cas, opt_call *out)
 {
     size_t nv, nt = 0, total = 0;
     opt_call a;
@@ -756,7 +763,6 @@ apply_all_fp(keel_optimizer *o, keel_vars *vs, keel_grads *grads,
     a = (opt_call){ .c = &o->cfg, .lr = step_lr(&o->cfg, global_step),
                     .task = o->task, .ntask = nt, .total = total,
                     .zero = zero, .nthreads = 1 };
-    KEEL__PROF_BEGIN();
     for (size_t i = 0; i < nt; i++) {
         opt_task *k = &o->task[i];
         const int64_t *ids;
@@ -773,12 +779,26 @@ apply_all_fp(keel_optimizer *o, keel_vars *vs, keel_grads *grads,
         if (zero)
             keel__grads_clear_rows(grads, k->var - 1);
     }
+    *out = a;
+    return KEEL_OK;
+}
+
+static keel_status
+apply_all_fp(keel_optimizer *o, keel_vars *vs, keel_grads *grads,
+             int64_t global_step, int zero, keel__pool *pool, int cas)
+{
+    opt_call a;
+    keel_status st;
+    KEEL__PROF_BEGIN();
+    if ((st = apply_prepare(o, vs, grads, global_step, zero, cas, &a)) !=
+        KEEL_OK)
+        return st;
     if (cas) {
-        for (size_t i = 0; i < nt; i++)
+        for (size_t i = 0; i < a.ntask; i++)
             if (o->task[i].var == 0)
                 cas_update(&a, &o->task[i]);
     } else if (pool != NULL && keel__pool_threads(pool) > 1 &&
-        total >= OPT_PARALLEL_MIN) {
+        a.total >= OPT_PARALLEL_MIN) {
         a.nthreads = keel__pool_threads(pool);
         keel__pool_run(pool, apply_worker, &a);
     } else {
@@ -794,6 +814,28 @@ apply_all(keel_optimizer *o, keel_vars *vs, keel_grads *grads,
 {
     return KEEL__FLUSHED(apply_all_fp(o, vs, grads, global_step, zero, pool,
                                       cas));
+}
+
+keel_status
+keel__optimizer_begin(keel_optimizer *o, keel_vars *vs, keel_grads *grads,
+                      int64_t global_step, int zero)
+{
+    keel_status st;
+    if (o != NULL && o->pending == NULL &&
+        (o->pending = malloc(sizeof *o->pending)) == NULL)
+        return KEEL__FLUSHED(keel__fail(KEEL_ENOMEM, "optimizer apply: "
+                                        "call state"));
+    st = apply_prepare(o, vs, grads, global_step, zero, 0, o ? o->pending
+                                                              : NULL);
+    return KEEL__FLUSHED(st);
+}
+
+void
+keel__optimizer_part(keel_optimizer *o, int t, int nthreads)
+{
+    opt_call a = *o->pending;
+    a.nthreads = nthreads;
+    apply_worker(&a, t);
 }
 
 keel_status

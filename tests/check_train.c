@@ -693,11 +693,13 @@ END_TEST
 
 /* Train `steps` Adam steps of a model with `threads` model threads and
  * `blas` OpenBLAS threads on batches of n (from x, y); hand back the
- * variables' bytes concatenated (caller frees) and the last step's stats. */
+ * variables' bytes concatenated (caller frees) and the last step's stats.
+ * fused: each step and its update as one keel__model_step_apply (zeroing
+ * the gradients every other step). */
 static unsigned char *
 train_bits(const keel_model_config *base, int threads, int blas,
            const float *x, const int32_t *y, size_t n, size_t esize,
-           int steps, keel_step_stats *last, size_t *nbytes)
+           int steps, int fused, keel_step_stats *last, size_t *nbytes)
 {
     keel_model_config cfg = *base;
     keel_optimizer_config oc;
@@ -716,6 +718,12 @@ train_bits(const keel_model_config *base, int threads, int blas,
         /* batch s starts at example s (overlapping windows of x) */
         keel_batch b = { x + (size_t)s * esize, y + s, n };
         keel_grads_zero(f.g);
+        if (fused) {
+            ck_assert_msg(keel__model_step_apply(f.m, f.vs, &b, (int64_t)n,
+                                                 f.g, last, opt, s, s & 1) ==
+                              KEEL_OK, "%s", keel_last_error());
+            continue;
+        }
         ck_assert_msg(keel_model_step(f.m, f.vs, &b, (int64_t)n, f.g,
                                       last) == KEEL_OK, "%s",
                       keel_last_error());
@@ -748,7 +756,8 @@ START_TEST(test_model_threads_give_identical_bits)
      * than the 16 slots: two rounds), MLP batches of 300 (two pieces of 150:
      * piece 0 straight into grads, piece 1 through a slot) and of 200 with
      * layers of 144, 96 and 80 (one piece: its dense layers' column halves
-     * shared by the threads, 80 split 48 + 32). */
+     * shared by the threads, 80 split 48 + 32). The step with its update
+     * in one pool run (keel__model_step_apply) gives the same bits too. */
     static const int threads[] = { 1, 2, 3, 8 };
     struct {
         keel_model_kind kind;
@@ -780,16 +789,22 @@ START_TEST(test_model_threads_give_identical_bits)
         cfg.hidden[0] = cases[c].h0;
         cfg.hidden[1] = cases[c].h1;
         synthetic(x, y, n + (size_t)steps, es, cases[c].classes, 12 + c);
-        ref = train_bits(&cfg, 1, 1, x, y, n, es, steps, &sref, &nref);
-        for (size_t t = 1; t < sizeof threads / sizeof threads[0]; t++) {
+        ref = train_bits(&cfg, 1, 1, x, y, n, es, steps, 0, &sref, &nref);
+        for (size_t t = 0; t < 2 * (sizeof threads / sizeof threads[0]);
+             t++) {
             keel_step_stats st;
             size_t nb;
-            unsigned char *bits = train_bits(&cfg, threads[t], 1, x, y, n,
-                                             es, steps, &st, &nb);
+            int fused = t % 2;
+            unsigned char *bits;
+            if (t / 2 == 0 && !fused)
+                continue;            /* the reference */
+            bits = train_bits(&cfg, threads[t / 2], 1, x, y, n, es, steps,
+                              fused, &st, &nb);
             ck_assert_uint_eq(nb, nref);
             ck_assert_msg(memcmp(bits, ref, nb) == 0,
-                          "case %zu: %d model threads differ from 1 thread "
-                          "(OpenBLAS core %s)", c, threads[t],
+                          "case %zu: %d model threads%s differ from 1 "
+                          "thread (OpenBLAS core %s)", c, threads[t / 2],
+                          fused ? " (step and update fused)" : "",
                           keel_train_blas_corename());
             ck_assert_msg(memcmp(&st.loss_sum, &sref.loss_sum,
                                  sizeof st.loss_sum) == 0,

@@ -22,6 +22,12 @@ bench_train_bench_SOURCES = bench/train_bench.c $(BENCH_UTIL)
 bench_train_bench_CPPFLAGS = $(AM_CPPFLAGS) $(OPENBLAS_CFLAGS)
 bench_train_bench_LDADD = libkeel_core.la
 
+# OpenBLAS sgemm on the MLP step's shapes (by hand: make bench/sgemm_shapes).
+EXTRA_PROGRAMS += bench/sgemm_shapes
+bench_sgemm_shapes_SOURCES = bench/sgemm_shapes.c $(BENCH_UTIL)
+bench_sgemm_shapes_CPPFLAGS = $(AM_CPPFLAGS) $(OPENBLAS_CFLAGS)
+bench_sgemm_shapes_LDADD = libkeel_core.la $(OPENBLAS_LIBS)
+
 # K-FAC's per-step cost against Adam (bench/kfac.sh runs it); not installed.
 EXTRA_PROGRAMS += bench/kfac_bench
 bench_kfac_bench_SOURCES = bench/kfac_bench.c $(BENCH_UTIL)

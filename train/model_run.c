@@ -179,6 +179,9 @@ typedef struct job {
     int nthreads;
     _Atomic int next;            /* next task */
     keel__spin_barrier bar;      /* the column halves' layer barrier */
+    keel_optimizer *opt;         /* JOB_STEP: applied to grads in the same
+                                  * pool run (keel__optimizer_begin done),
+                                  * or NULL */
 } job;
 
 /* The end of a piece's forward for its rows [r0, r1): probabilities
@@ -223,9 +226,13 @@ finish_piece(job *j, lbuf *buf, size_t lo, size_t n)
 }
 
 /* Piece p of a dense-only model in column halves: thread t of T computes
- * the halves h with h % T == t (T = 1: all of them), with a barrier after
- * every layer when T > 1; thread 0 finishes the forward. For a step,
- * backward into g, or piece 0's straight into the caller's grads. */
+ * the halves h with h % T == t (T = 1: all of them). When T > 1 a barrier
+ * follows every layer whose outputs the next reads in full: each forward
+ * layer (the last one's merged with the dlogits' when it is a single
+ * half: its thread finishes every row), and each backward dx but the
+ * second layer's (the first layer's dw reads only its own half of it).
+ * For a step, backward into g, or piece 0's straight into the caller's
+ * grads. */
 static void
 dense_piece_part(job *j, lbuf *buf, int t, int T, size_t p, lgrad *g)
 {
@@ -235,6 +242,8 @@ dense_piece_part(job *j, lbuf *buf, int t, int T, size_t p, lgrad *g)
     size_t n = hi - lo, c0, c1;
     const float *x = j->batch->x + lo * m->l[0].in_size;
     keel_grads *direct = p == 0 ? j->direct : NULL;
+    /* the last layer in one half: that thread also finishes its rows */
+    int last_one = m->l[m->nl - 1].dout < DENSE_SPLIT_MIN;
     for (int i = 0; i < m->nl; i++) {
         layer *L = &m->l[i];
         const float *in = i > 0 ? buf[i - 1].y : x;
@@ -249,12 +258,19 @@ dense_piece_part(job *j, lbuf *buf, int t, int T, size_t p, lgrad *g)
             keel__bias_act_forward_ld(L->act, buf[i].y + c0, n, c1 - c0,
                                       L->dout, b + c0);
         }
-        if (T > 1)
+        if (T > 1 && !(last_one && i == m->nl - 1))
             keel__spin_barrier_wait(&j->bar);
     }
-    /* the rows' losses and dlogits in two fixed row halves */
-    for (int h = t; h < 2; h += T)
-        finish_rows(j, buf, lo, h == 0 ? 0 : n / 2, h == 0 ? n / 2 : n);
+    /* the rows' losses and dlogits: any split of the rows gives the same
+     * bits; two fixed row halves, or all of them on the thread that
+     * computed the single-half last layer */
+    if (last_one) {
+        if (t == 0)
+            finish_rows(j, buf, lo, 0, n);
+    } else {
+        for (int h = t; h < 2; h += T)
+            finish_rows(j, buf, lo, h == 0 ? 0 : n / 2, h == 0 ? n / 2 : n);
+    }
     if (j->what != JOB_STEP)
         return;
     if (T > 1)
@@ -290,7 +306,7 @@ dense_piece_part(job *j, lbuf *buf, int t, int T, size_t p, lgrad *g)
                 keel__act_backward_ld(P->act, buf[i - 1].y + c0,
                                       buf[i - 1].dy + c0, n, c1 - c0, L->din);
         }
-        if (T > 1)
+        if (T > 1 && i > 1)
             keel__spin_barrier_wait(&j->bar);
     }
 }
@@ -316,12 +332,25 @@ run_piece(job *j, int t, size_t p, lgrad *g)
         backward(m, buf, g, x, n, p == 0 ? j->direct : NULL, NULL);
 }
 
-/* A dense-only model's only piece, its column halves over the threads. */
+/* A dense-only model's only piece, its column halves over the threads;
+ * then, for a fused step, thread t's share of the optimizer's update once
+ * every gradient is final and no thread reads a weight any more. */
 static void
 halves_worker(void *ctx, int t)
 {
     job *j = ctx;
     dense_piece_part(j, j->m->buf[0], t, j->nthreads, 0, j->m->slot[0]);
+    if (j->opt != NULL) {
+        keel__spin_barrier_wait(&j->bar);
+        keel__optimizer_part(j->opt, t, j->nthreads);
+    }
+}
+
+static void
+opt_worker(void *ctx, int t)
+{
+    job *j = ctx;
+    keel__optimizer_part(j->opt, t, j->nthreads);
 }
 
 static void
@@ -400,12 +429,27 @@ reduce_worker(void *ctx, int t)
     }
 }
 
+/* The optimizer's update (keel__optimizer_begin done) in a run of its own,
+ * or none for opt NULL. */
+static void
+run_opt(keel_model *m, job *j, keel_optimizer *opt)
+{
+    if (opt == NULL)
+        return;
+    j->opt = opt;
+    j->nthreads = keel__pool_threads(m->pool);
+    if (j->nthreads > 1)
+        keel__pool_run(m->pool, opt_worker, j);
+    else
+        opt_worker(j, 0);
+}
+
 /* Cut the batch into pieces and run them over the pool: evaluation all at
  * once; a step MAX_SLOTS pieces at a time, each round's slots added into
  * grads before the next (piece 0's dense gradients straight into grads). */
 static void
 run_job(keel_model *m, job *j, int what, const keel_batch *batch,
-        float scale, float *probs, keel_grads *grads)
+        float scale, float *probs, keel_grads *grads, keel_optimizer *opt)
 {
     size_t np = (batch->n + m->piece - 1) / m->piece;
     /* a step of one piece leaves its activations and output gradients in
@@ -421,12 +465,16 @@ run_job(keel_model *m, job *j, int what, const keel_batch *batch,
         j->direct = keel__grads_direct ? grads : NULL;
     if (m->is_dense_only && np == 1 && j->nthreads > 1) {
         j->bar.n = j->nthreads;
+        /* the optimizer inside this run when the halves are the gradient */
+        j->opt = j->direct != NULL ? opt : NULL;
         keel__pool_run(m->pool, halves_worker, j);
         if (what == JOB_STEP && j->direct == NULL) {
             j->ntasks = 1;           /* the halves went into slot 0 */
             j->nthreads = 1;
             reduce_worker(j, 0);
         }
+        if (j->opt == NULL)
+            run_opt(m, j, opt);
         return;
     }
     if (what != JOB_STEP) {
@@ -454,6 +502,7 @@ run_job(keel_model *m, job *j, int what, const keel_batch *batch,
             keel__pool_run(m->pool, reduce_worker, j);
         }
     }
+    run_opt(m, j, opt);
 }
 
 static void
@@ -482,7 +531,8 @@ sum_stats(const keel_model *m, const job *j, keel_step_stats *stats)
 static keel_status
 model_step_fp(keel_model *m, keel_vars *vs, const keel_batch *batch,
               int64_t global_batch_size, keel_grads *grads,
-              keel_step_stats *stats)
+              keel_step_stats *stats, keel_optimizer *opt,
+              int64_t global_step, int zero)
 {
     keel_status st;
     job j;
@@ -504,8 +554,12 @@ model_step_fp(keel_model *m, keel_vars *vs, const keel_batch *batch,
              keel_grads_at(grads, keel_var_index(m->l[i].b)) == NULL))
             return keel__fail(KEEL_EINVAL, "model step: no gradient for "
                               "'%s'", keel_var_name(m->l[i].w));
+    if (opt != NULL &&
+        (st = keel__optimizer_begin(opt, vs, grads, global_step, zero)) !=
+            KEEL_OK)
+        return st;
     run_job(m, &j, JOB_STEP, batch, (float)(1.0 / (double)global_batch_size),
-            NULL, grads);
+            NULL, grads, opt);
     sum_stats(m, &j, stats);
     return KEEL_OK;
 }
@@ -516,7 +570,20 @@ keel_model_step(keel_model *m, keel_vars *vs, const keel_batch *batch,
                 keel_step_stats *stats)
 {
     return KEEL__FLUSHED(model_step_fp(m, vs, batch, global_batch_size, grads,
-                                       stats));
+                                       stats, NULL, 0, 0));
+}
+
+keel_status
+keel__model_step_apply(keel_model *m, keel_vars *vs, const keel_batch *batch,
+                       int64_t global_batch_size, keel_grads *grads,
+                       keel_step_stats *stats, keel_optimizer *opt,
+                       int64_t global_step, int zero)
+{
+    if (opt == NULL)
+        return KEEL__FLUSHED(keel__fail(KEEL_EINVAL, "model step: NULL "
+                                        "optimizer"));
+    return KEEL__FLUSHED(model_step_fp(m, vs, batch, global_batch_size, grads,
+                                       stats, opt, global_step, zero));
 }
 
 static keel_status
@@ -529,7 +596,7 @@ model_eval_fp(keel_model *m, keel_vars *vs, const keel_batch *batch,
         return keel__fail(KEEL_EINVAL, "model eval: NULL argument");
     if ((st = check_batch(m, batch, "eval")) != KEEL_OK)
         return st;
-    run_job(m, &j, JOB_EVAL, batch, 1.0f, NULL, NULL);
+    run_job(m, &j, JOB_EVAL, batch, 1.0f, NULL, NULL, NULL);
     sum_stats(m, &j, stats);
     return KEEL_OK;
 }
@@ -553,7 +620,7 @@ model_predict_fp(keel_model *m, keel_vars *vs, const keel_batch *batch,
         return keel__fail(KEEL_EINVAL, "model predict: batch of %zu "
                           "examples (1..max_batch %lld)", batch->n,
                           (long long)m->cfg.max_batch);
-    run_job(m, &j, JOB_PREDICT, batch, 1.0f, probs, NULL);
+    run_job(m, &j, JOB_PREDICT, batch, 1.0f, probs, NULL, NULL);
     return KEEL_OK;
 }
 

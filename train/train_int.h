@@ -153,6 +153,16 @@ keel_status keel__model_new_replica(const keel_model *m, keel_vars *vs,
 size_t keel__model_piece(const keel_model *m);
 /* The model's pool (NULL on one thread), for work beside its steps. */
 keel__pool *keel__model_pool(keel_model *m);
+/* keel_model_step, then keel__optimizer_apply_pooled(opt, vs, grads,
+ * global_step, zero, the model's pool) in the same pool run where the
+ * step allows it (one hand-off less): the same bits as the two calls.
+ * Nothing changes when a check of either fails. */
+keel_status keel__model_step_apply(keel_model *m, keel_vars *vs,
+                                   const keel_batch *batch,
+                                   int64_t global_batch_size,
+                                   keel_grads *grads, keel_step_stats *stats,
+                                   keel_optimizer *opt, int64_t global_step,
+                                   int zero);
 
 /* model_desc.c: the model's architecture as a new JSON object (caller puts it;
  * NULL if out of memory): model, input_shape, classes, hidden, activation,
