@@ -372,6 +372,8 @@ push_round(keel_cluster_backend *w, const push_req *q)
     int sent, aggregated = 0;
     if (w->o.in.elastic && w->n_ps > 1 && q->mean == NULL)
         return push_round_elastic(w, q);
+    if (w->o.in.elastic)
+        test_pause("KEEL_TEST_PAUSE_ELASTIC_BEFORE_PS0", q->local_step);
     for (sent = 0; sent < w->n_ps; sent++)
         if ((first = send_push(w, q, sent)) != KEEL_OK)
             break;

@@ -22,7 +22,7 @@
 #define PHASE_B 24           /* the restarted 2 -> 3 run's last step */
 #define KILL_AT 2            /* checkpoint step that triggers the kills */
 #define PAUSE_AT 4           /* step between whose phases worker 3 dies */
-#define JOIN_AT 14           /* checkpoint step that triggers the join */
+#define JOIN_AT 14           /* step worker 1 waits at for the join */
 #define WAIT_MS 120000       /* deadline of each awaited checkpoint */
 #define RUN_MS 180000        /* deadline of a whole run */
 
@@ -229,24 +229,19 @@ four_two_three(int n_ps, int between_phases)
         w_port[i] = tu_held_port();
     for (int i = 0; i < n_ps; i++)
         ps[i] = start_task("b", ps_port, n_ps, w_port, 2, "ps", i, PHASE_B);
-    /* two ps: worker 1 waits before its commit of step JOIN_AT until ps 0
-     * heard worker 2, so the job cannot end before it joins */
-    TU_SNPRINTF(env2, sizeof env2,
-                "KEEL_TEST_PAUSE_ELASTIC_BEFORE_COMMIT=%d:%s", JOIN_AT,
-                pause2);
+    /* worker 1 waits at step JOIN_AT (two ps: before its commit; one:
+     * before its push) until ps 0 heard worker 2, so the job cannot end
+     * before it joins, however slow its start */
+    TU_SNPRINTF(env2, sizeof env2, "KEEL_TEST_PAUSE_ELASTIC_BEFORE_%s=%d:%s",
+                n_ps > 1 ? "COMMIT" : "PS0", JOIN_AT, pause2);
     (void)unlink(pause2);
     for (int i = 0; i < 2; i++)
         w[i] = start_task_env("b", ps_port, n_ps, w_port, 2, "worker", i,
-                              PHASE_B, n_ps > 1 && i == 1 ? env2 : NULL);
-    if (n_ps > 1)
-        wait_for_file(pause2);
-    else
-        wait_for_checkpoint(JOIN_AT);
+                              PHASE_B, i == 1 ? env2 : NULL);
+    wait_for_file(pause2);
     w[2] = start_task("b", ps_port, n_ps, w_port, 3, "worker", 2, PHASE_B);
-    if (n_ps > 1) {
-        wait_for_log("b-ps0.log", "ps 0: worker 2 joined");
-        ck_assert_int_eq(unlink(pause2), 0);
-    }
+    wait_for_log("b-ps0.log", "ps 0: worker 2 joined");
+    ck_assert_int_eq(unlink(pause2), 0);
     expect_clean_exit(w[0], "b-worker0.log");
     expect_clean_exit(w[1], "b-worker1.log");
     expect_clean_exit(w[2], "b-worker2.log");
