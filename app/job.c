@@ -287,6 +287,9 @@ train_session_config(keel__train_run *r)
         return st;
     if (r->in_cluster && (st = keel__job_cluster_backend(r)) != KEEL_OK)
         return st;
+    j->fuse_update = j->own_zeroing && !r->in_cluster && !r->is_mwm &&
+                     r->tc.session.manager.backend == NULL &&
+                     r->tc.session.updater.apply == keel__job_apply;
     if (r->in_cluster || r->is_mwm) {
         r->tc.session.max_wait_secs =
             keel_config_double(cfg, "cluster.max_wait_secs");

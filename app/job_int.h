@@ -110,6 +110,10 @@ typedef struct keel__job {
     int own_zeroing;
     keel_grads *zeroed;           /* zero since keel__job_apply; NULL:
                                    * unknown */
+    /* The session's updater is keel__job_apply and nothing runs between
+     * the step and it (one process, no backend, no replicas): a step of
+     * the whole batch may make the update itself (job_step.c) */
+    int fuse_update;
     /* [algorithm] when algorithm.name is set (else the spec's mode) */
     int has_algo;
     /* the step after this replica's newest step: under a local-step rule
@@ -181,6 +185,11 @@ keel_status keel__job_mirrored_build(keel__job *j, const keel_config *cfg);
 keel_status keel__job_step(void *ctx, keel_step *stp);
 keel_status keel__job_apply(void *ctx, keel_vars *vs, keel_grads *g,
                             int64_t global_step);
+/* Tests' switch: 0 keeps the step and the update apart even where
+ * fuse_update allows one pool run (the same bits either way); and the
+ * steps that made their update themselves so far. */
+extern int keel__job_fused_update;
+extern int64_t keel__job_fused_steps;
 /* kfac.distributed = chief: the chief's update of a sync step, with the
  * step's mean gradient from the ps (keel_cluster_config.chief_apply). */
 keel_status keel__job_chief_apply(void *ctx, keel_vars *vs,

@@ -193,6 +193,34 @@ tree_step(keel__job *j, keel_step *stp, const keel_batch *b,
     return KEEL_OK;
 }
 
+int keel__job_fused_update = 1;
+int64_t keel__job_fused_steps;
+
+/* The whole batch and the update keel__job_apply would make next, in one
+ * run of the model's pool (keel__model_step_apply: the same bits as the
+ * step and then the update, one hand-off less); the step is marked
+ * applied, so the session calls no updater. Only where the session's
+ * updater is keel__job_apply and nothing comes between the step and it
+ * (j->fuse_update). */
+static keel_status
+fused_step(keel__job *j, keel_step *stp, const keel_batch *b,
+           keel_step_stats *stats)
+{
+    keel_grads *g = keel_step_grads(stp);
+    keel_status st;
+    st = keel__model_step_apply(j->model, keel_step_vars(stp), b,
+                                j->local_norm ? (int64_t)b->n
+                                              : j->global_batch,
+                                g, stats, j->opt, keel_step_global_step(stp),
+                                1);
+    if (st != KEEL_OK)
+        return st;
+    keel_step_mark_applied(stp);
+    j->zeroed = g;                  /* the update zeroed them as it passed */
+    keel__job_fused_steps++;
+    return KEEL_OK;
+}
+
 /* The step's gradients (and with Hogwild the update) from batch b: by
  * Hogwild's threads, fixed micro-batches, tree nodes, or all at once. */
 static keel_status
@@ -205,6 +233,9 @@ batch_step(keel__job *j, keel_step *stp, const keel_batch *b,
         return micro_step(j, stp, b, stats);
     if (j->n_nodes > 0)
         return tree_step(j, stp, b, stats);
+    if (j->fuse_update && keel__job_fused_update && j->opt != NULL &&
+        j->kfac == NULL)
+        return fused_step(j, stp, b, stats);
     return keel_model_step(j->model, keel_step_vars(stp), b,
                            j->local_norm ? (int64_t)b->n : j->global_batch,
                            keel_step_grads(stp), stats);

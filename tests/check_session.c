@@ -21,6 +21,7 @@
 #include "util.h"
 #include "testutil.h"
 #include "fake_ckpt.h"
+#include "../app/job_int.h"
 
 /* ---- a shared event log ------------------------------------------------- */
 
@@ -2041,6 +2042,77 @@ START_TEST(test_training_session_takes_kfac_dist)
 }
 END_TEST
 
+/* ---- keel train's one process: the step and its update in one run ---- */
+
+static const char *job_ini;
+static char out[65536], err[65536];
+
+static void
+job_setup(void)
+{
+    job_ini = tu_setup_job("max_steps = 12\n");
+}
+
+/* keel_job_train of job_ini with these "section.key=value" settings
+ * (NULL-terminated) and checkpoints in dir, the step and update fused or
+ * not; returns the steps that fused. */
+static int64_t
+train_job(const char *dir, int fused, const char *const *sets)
+{
+    keel_config *cfg;
+    char set_dir[4200];
+    int64_t before = keel__job_fused_steps;
+    keel_status st;
+    TU_SNPRINTF(set_dir, sizeof set_dir, "checkpoint.dir=%s", tu_path(dir));
+    ck_assert_int_eq(keel_config_new(&cfg), KEEL_OK);
+    ck_assert_int_eq(keel_config_load(cfg, job_ini), KEEL_OK);
+    ck_assert_int_eq(keel_config_override(cfg, set_dir, "test"), KEEL_OK);
+    for (int i = 0; sets[i] != NULL; i++)
+        ck_assert_int_eq(keel_config_override(cfg, sets[i], "test"),
+                         KEEL_OK);
+    ck_assert_int_eq(keel_config_validate(cfg), KEEL_OK);
+    keel__job_fused_update = fused;
+    st = keel_job_train(cfg, NULL, NULL);
+    keel__job_fused_update = 1;
+    keel_config_free(cfg);
+    ck_assert_msg(st == KEEL_OK, "keel_job_train %s: %s", dir,
+                  keel_last_error());
+    return keel__job_fused_steps - before;
+}
+
+/* keel train in one process makes each dense step and its update in one
+ * pool run (keel__model_step_apply): on 1 and 2 model threads, with the
+ * batch in one piece and in several, the final checkpoint is bitwise the
+ * one of the step and the update made apart; where a backend, replicas or
+ * micro-batches come between them, the two stay apart. */
+START_TEST(test_train_fused_step_update_gives_identical_bits)
+{
+    static const char *const cases[][4] = {
+        { "train.model_threads=1", NULL },
+        { "train.model_threads=2", NULL },
+        { "train.model_threads=2", "train.batch_size=320", NULL },
+        { "train.model_threads=1", "optimizer.name=momentum",
+          "train.batch_size=320", NULL },
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        char fused[64], apart[64], a[4300], b[4300];
+        TU_SNPRINTF(fused, sizeof fused, "fused%zu", c);
+        TU_SNPRINTF(apart, sizeof apart, "apart%zu", c);
+        ck_assert_int_eq(train_job(fused, 1, cases[c]), 12);
+        ck_assert_int_eq(train_job(apart, 0, cases[c]), 0);
+        TU_SNPRINTF(a, sizeof a, "%s/model.ckpt-12.h5", tu_path(fused));
+        TU_SNPRINTF(b, sizeof b, "%s/model.ckpt-12.h5", tu_path(apart));
+        ck_assert_msg(TU_KEEL(20000, "ckpt", "diff", a, b) == 0,
+                      "case %zu: %s %s", c, tu_tail(out, 1500),
+                      tu_tail(err, 1500));
+    }
+    {   /* micro-batches sit between: the step and its update stay apart */
+        static const char *const micro[] = { "train.micro_batch=16", NULL };
+        ck_assert_int_eq(train_job("micro", 1, micro), 0);
+    }
+}
+END_TEST
+
 static Suite *
 session_suite(void)
 {
@@ -2087,6 +2159,8 @@ session_suite(void)
         test_replica_stores_start_zero_every_step_and_after_a_failure,
         test_strategy_names_and_the_training_sessions_rules,
         test_configs_without_their_init_are_refused_by_name));
+    tu_tcase(s, "train", 60, job_setup, tu_teardown, TU_TESTS(
+        test_train_fused_step_update_gives_identical_bits));
     return s;
 }
 
