@@ -91,7 +91,7 @@ build_shard(ps_task *t, const keel_vars *model, const keel__partition *part,
         if (ps_of[i] == t->idx)
             st = keel_vars_create(t->shard, keel_var_name(v), vt->ndim,
                                   vt->shape, keel_var_flags(v), &sv);
-        if (sv != NULL && keel__partition_part_of(
+        if (sv != NULL && part != NULL && keel__partition_part_of(
                               part, vars, i, &t->parts[t->n_parts].whole,
                               &t->parts[t->n_parts].row_begin,
                               &t->parts[t->n_parts].row_end))
