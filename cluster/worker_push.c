@@ -251,6 +251,32 @@ take_push_reply(keel_cluster_backend *w, const push_req *q, int p,
     return keel__worker_end_reply(&r, p, st, q->new_step);
 }
 
+/* The PUSH to ps from..to-1 (sent to all first, then each reply taken:
+ * the ps work in parallel); a failed send gives up the pushes already
+ * sent. *aggregated counts the AGGREGATE answers. */
+static keel_status
+push_range(keel_cluster_backend *w, const push_req *q, int from, int to,
+           int *aggregated)
+{
+    keel_status first = KEEL_OK;
+    int sent;
+    for (sent = from; sent < to; sent++)
+        if ((first = send_push(w, q, sent)) != KEEL_OK)
+            break;
+    *q->t_sent = keel__now_mono_ns();
+    for (int p = from; p < sent; p++) {
+        keel_status st;
+        if (first != KEEL_OK) {
+            first = give_up_push(w, p, first, q->local_step);
+            continue;
+        }
+        st = take_push_reply(w, q, p, aggregated);
+        if (st != KEEL_OK && first == KEEL_OK)
+            first = st;
+    }
+    return first;
+}
+
 /* A test's pause between the phases of an elastic step: with the
  * variable env set to "STEP:FILE", the replica writes the step into FILE
  * at that point of step STEP and waits until the file is gone (at most
@@ -328,29 +354,13 @@ commit_follower(keel_cluster_backend *w, const push_req *q, int p,
 static keel_status
 push_round_elastic(keel_cluster_backend *w, const push_req *q)
 {
-    keel_status first = KEEL_OK;
-    int sent, aggregated = 0;
+    keel_status first;
+    int aggregated = 0;
     uint32_t e = KEEL__MEMBERSHIP_EPOCH(w->membership);
-    for (sent = 1; sent < w->n_ps; sent++)
-        if ((first = send_push(w, q, sent)) != KEEL_OK)
-            break;
-    *q->t_sent = keel__now_mono_ns();
-    for (int p = 1; p < sent; p++) {
-        keel_status st;
-        if (first != KEEL_OK) {
-            first = give_up_push(w, p, first, q->local_step);
-            continue;
-        }
-        st = take_push_reply(w, q, p, &aggregated);
-        if (st != KEEL_OK && first == KEEL_OK)
-            first = st;
-    }
-    if (first != KEEL_OK)
+    if ((first = push_range(w, q, 1, w->n_ps, &aggregated)) != KEEL_OK)
         return first;
     test_pause("KEEL_TEST_PAUSE_ELASTIC_BEFORE_PS0", q->local_step);
-    if ((first = send_push(w, q, 0)) != KEEL_OK)
-        return first;
-    if ((first = take_push_reply(w, q, 0, &aggregated)) != KEEL_OK)
+    if ((first = push_range(w, q, 0, 1, &aggregated)) != KEEL_OK)
         return first;
     test_pause("KEEL_TEST_PAUSE_ELASTIC_BEFORE_COMMIT", q->local_step);
     for (int p = 1; p < w->n_ps && first == KEEL_OK; p++)
@@ -368,32 +378,19 @@ push_round_elastic(keel_cluster_backend *w, const push_req *q)
 static keel_status
 push_round(keel_cluster_backend *w, const push_req *q)
 {
-    keel_status first = KEEL_OK;
-    int sent, aggregated = 0;
+    keel_status first;
+    int aggregated = 0;
     if (w->o.in.elastic && w->n_ps > 1 && q->mean == NULL)
         return push_round_elastic(w, q);
     if (w->o.in.elastic)
         test_pause("KEEL_TEST_PAUSE_ELASTIC_BEFORE_PS0", q->local_step);
-    for (sent = 0; sent < w->n_ps; sent++)
-        if ((first = send_push(w, q, sent)) != KEEL_OK)
-            break;
-    *q->t_sent = keel__now_mono_ns();
-    for (int p = 0; p < sent; p++) {
-        keel_status st;
-        if (first != KEEL_OK) {
-            first = give_up_push(w, p, first, q->local_step);
-            continue;
-        }
-        st = take_push_reply(w, q, p, &aggregated);
-        if (st != KEEL_OK && first == KEEL_OK)
-            first = st;
-    }
+    first = push_range(w, q, 0, w->n_ps, &aggregated);
     if (first == KEEL_OK && aggregated > 0)
-        first = aggregated == sent
+        first = aggregated == w->n_ps
             ? chief_commit(w, q->vs, q->mean, q->local_step, q->new_step)
             : keel__fail(KEEL_EABORTED, "step %lld: %d of %d ps sent the "
                          "mean gradient for the chief's update",
-                         (long long)q->local_step, aggregated, sent);
+                         (long long)q->local_step, aggregated, w->n_ps);
     return first;
 }
 
